@@ -1,0 +1,29 @@
+"""An uncaught ClusterError is one clear line on stderr, not a traceback.
+
+Errors stay ordinary exceptions (a program may catch them); only when nothing does, this hook
+prints `cluster: <ErrorName>: <message>` instead of the traceback. Other exceptions are left to
+the hook that was there before.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+
+from cluster.errors import ClusterError
+
+_previous = sys.excepthook
+
+
+def _hook(
+    kind: type[BaseException], value: BaseException, traceback: TracebackType | None
+) -> None:
+    if isinstance(value, ClusterError):
+        print(f"cluster: {kind.__name__}: {value}", file=sys.stderr, flush=True)
+        return
+    _previous(kind, value, traceback)
+
+
+def install() -> None:
+    if sys.excepthook is not _hook:
+        sys.excepthook = _hook

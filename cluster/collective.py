@@ -1,0 +1,79 @@
+"""Control-plane collectives and the job's key-value store, over the scheduler.
+
+For coordination (who has which checkpoint, a shared seed, a rendezvous address), not for
+tensors: values travel through the scheduler and are limited to 64 MiB per call. Every rank
+must call the same collectives in the same order, as with any collective library; a mismatch
+is reported, not deadlocked on.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from cluster import _runtime
+from cluster.errors import ClusterError
+
+DEFAULT_WAIT_S = 300.0
+
+
+def barrier() -> None:
+    """Return once every worker has called barrier()."""
+    session = _runtime.session()
+    session.call(session.agent.exchange("barrier", b""))
+
+
+def allgather_object(obj: Any) -> list[Any]:
+    """Every worker's `obj` (picklable), in rank order, on every worker."""
+    session = _runtime.session()
+    values = session.call(session.agent.exchange("allgather", pickle.dumps(obj)))
+    return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
+
+
+def broadcast_object(obj: Any, root: int = 0) -> Any:
+    """The `obj` of rank `root`, on every worker (other ranks' `obj` is ignored)."""
+    session = _runtime.session()
+    topology = session.topology
+    size = 0 if topology is None else topology.size
+    if not 0 <= root < size:
+        raise ClusterError(f"broadcast_object root={root} is not a rank: use 0-{size - 1}")
+    mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
+    (value,) = session.call(session.agent.exchange("broadcast", mine, root=root))
+    return pickle.loads(value)  # noqa: S301 - peers of the same job
+
+
+class KeyValueStore:
+    """The job's key-value store, shared by every node: set, get, wait, add.
+
+    Values are bytes (str is encoded as UTF-8). Counters made by `add` are stored as decimal
+    text, as in torch's TCPStore.
+    """
+
+    def set(self, key: str, value: bytes | str) -> None:
+        session = _runtime.session()
+        data = value.encode() if isinstance(value, str) else value
+        session.call(session.agent.kv_set(key, data))
+
+    def get(self, key: str) -> bytes:
+        """The value of `key`; KeyError when it is not set (use wait to block for it)."""
+        session = _runtime.session()
+        values, missing = session.call(session.agent.kv_get([key]))
+        if missing:
+            raise KeyError(key)
+        return values[0]
+
+    def wait(self, keys: list[str], timeout_s: float = DEFAULT_WAIT_S) -> list[bytes]:
+        """Block until every key is set; their values, in order. CollectiveError on timeout."""
+        session = _runtime.session()
+        return session.call(session.agent.kv_wait(list(keys), timeout_s))
+
+    def add(self, key: str, amount: int = 1) -> int:
+        """Add to a counter atomically (missing counts as 0); the new value."""
+        session = _runtime.session()
+        return session.call(session.agent.kv_add(key, amount))
+
+
+def store() -> KeyValueStore:
+    """The job's key-value store (needs `cluster.init()` first)."""
+    _runtime.session()
+    return KeyValueStore()

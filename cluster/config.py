@@ -1,0 +1,220 @@
+"""The launch environment, parsed and validated in one place.
+
+The variable names and defaults are MindSpore's (see the README's environment table); knobs that
+MindSpore does not have are named CLUSTER_*. Parsing is pure (`from_env` takes a mapping); the
+one check that touches the disk, that a recovery path is writable, is in `check_recovery_path`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.errors import ConfigError
+
+DEFAULT_TOPO_TIMEOUT_S = 1800.0
+DEFAULT_NODE_TIMEOUT_S = 30.0
+# Heartbeats are sent this often at most; faster when MS_NODE_TIMEOUT is short, so that a
+# timeout always spans several missed heartbeats.
+MAX_HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEATS_PER_TIMEOUT = 5
+
+_NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class Role(enum.Enum):
+    """A process's role, named as in MS_ROLE."""
+
+    SCHEDULER = "MS_SCHED"
+    WORKER = "MS_WORKER"
+    SERVER = "MS_PSERVER"
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    path: Path
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    role: Role
+    worker_num: int
+    server_num: int
+    sched_host: str
+    sched_port: int
+    node_id: str | None
+    recovery: RecoveryConfig | None
+    topo_timeout_s: float
+    node_timeout_s: float
+    heartbeat_enabled: bool
+    heartbeat_interval_s: float
+
+    @property
+    def sched_address(self) -> str:
+        host = f"[{self.sched_host}]" if ":" in self.sched_host else self.sched_host
+        return f"{host}:{self.sched_port}"
+
+    @property
+    def expected_nodes(self) -> int:
+        return self.worker_num + self.server_num
+
+
+def _require(env: Mapping[str, str], name: str, rule: str) -> str:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        raise ConfigError(f"{name} is not set: it is required ({rule})")
+    return value.strip()
+
+
+def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None) -> int:
+    """An integer within [minimum, maximum], or a ConfigError naming `name`, `value` and the rule."""
+    bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+    try:
+        number = int(value.strip(), 10)
+    except ValueError:
+        raise ConfigError(f"{name}={value!r} is not an integer: it must be {bounds}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        raise ConfigError(f"{name}={value!r} is out of range: it must be {bounds}")
+    return number
+
+
+def parse_seconds(name: str, value: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{name}={value!r} is not a number: it must be a positive number of seconds"
+        ) from None
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"{name}={value!r} is out of range: it must be a positive number of seconds")
+    return number
+
+
+def parse_bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+
+
+def parse_port(name: str, value: str) -> int:
+    return parse_int(name, value, minimum=1, maximum=65535)
+
+
+def parse_node_id(name: str, value: str) -> str:
+    node_id = value.strip()
+    if not _NODE_ID_RE.match(node_id):
+        raise ConfigError(
+            f"{name}={value!r} is not a valid node id: use 1-128 characters of letters, digits "
+            "and . _ : @ -, starting with a letter or digit"
+        )
+    return canonical_node_id(node_id)
+
+
+def canonical_node_id(node_id: str) -> str:
+    """A numeric node id is a rank: '007' and '7' are the same node."""
+    return str(int(node_id)) if node_id.isdigit() else node_id
+
+
+def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
+    """Parse the launch environment (os.environ by default) into a ClusterConfig."""
+    env = os.environ if env is None else env
+    role_value = _require(env, "MS_ROLE", "one of MS_SCHED, MS_WORKER, MS_PSERVER")
+    try:
+        role = Role(role_value)
+    except ValueError:
+        raise ConfigError(
+            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, MS_PSERVER"
+        ) from None
+    worker_num = parse_int(
+        "MS_WORKER_NUM", _require(env, "MS_WORKER_NUM", "the number of workers, >= 1"), minimum=1
+    )
+    server_num = parse_int("MS_SERVER_NUM", env.get("MS_SERVER_NUM", "0") or "0", minimum=0)
+    if role is Role.SERVER and server_num == 0:
+        raise ConfigError("MS_ROLE='MS_PSERVER' needs MS_SERVER_NUM >= 1, but MS_SERVER_NUM is 0")
+    sched_host = _require(env, "MS_SCHED_HOST", "the scheduler's host name or IP address")
+    sched_port = parse_port(
+        "MS_SCHED_PORT", _require(env, "MS_SCHED_PORT", "the scheduler's port, 1-65535")
+    )
+    raw_node_id = env.get("MS_NODE_ID", "").strip()
+    node_id = parse_node_id("MS_NODE_ID", raw_node_id) if raw_node_id else None
+    if node_id is not None and node_id.isdigit():
+        limit = server_num if role is Role.SERVER else worker_num
+        if int(node_id) >= limit and role is not Role.SCHEDULER:
+            raise ConfigError(
+                f"MS_NODE_ID={raw_node_id!r} is numeric, so it is the rank, and must be below "
+                f"{'MS_SERVER_NUM' if role is Role.SERVER else 'MS_WORKER_NUM'}={limit}"
+            )
+
+    recovery_on = parse_bool("MS_ENABLE_RECOVERY", env.get("MS_ENABLE_RECOVERY", "0"))
+    recovery: RecoveryConfig | None = None
+    if recovery_on:
+        path = env.get("MS_RECOVERY_PATH", "").strip()
+        if not path:
+            raise ConfigError(
+                "MS_ENABLE_RECOVERY=1 needs MS_RECOVERY_PATH: set it to a directory where the "
+                "job's state can be written"
+            )
+        recovery = RecoveryConfig(Path(path))
+
+    topo_timeout = parse_seconds(
+        "MS_TOPO_TIMEOUT", env.get("MS_TOPO_TIMEOUT", "") or str(DEFAULT_TOPO_TIMEOUT_S)
+    )
+    node_timeout = parse_seconds(
+        "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S)
+    )
+    heartbeat_enabled = not parse_bool(
+        "MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0")
+    )
+    interval_value = env.get("CLUSTER_HEARTBEAT_INTERVAL", "").strip()
+    if interval_value:
+        interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)
+        if interval >= node_timeout:
+            raise ConfigError(
+                f"CLUSTER_HEARTBEAT_INTERVAL={interval_value!r} must be shorter than "
+                f"MS_NODE_TIMEOUT ({node_timeout:g} s), or every node would time out"
+            )
+    else:
+        interval = default_heartbeat_interval(node_timeout)
+    return ClusterConfig(
+        role=role,
+        worker_num=worker_num,
+        server_num=server_num,
+        sched_host=sched_host,
+        sched_port=sched_port,
+        node_id=node_id,
+        recovery=recovery,
+        topo_timeout_s=topo_timeout,
+        node_timeout_s=node_timeout,
+        heartbeat_enabled=heartbeat_enabled,
+        heartbeat_interval_s=interval,
+    )
+
+
+def default_heartbeat_interval(node_timeout_s: float) -> float:
+    return min(MAX_HEARTBEAT_INTERVAL_S, node_timeout_s / HEARTBEATS_PER_TIMEOUT)
+
+
+def check_recovery_path(recovery: RecoveryConfig) -> None:
+    """Create the recovery directory if needed and prove it is writable, or raise ConfigError."""
+    path = recovery.path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"MS_RECOVERY_PATH={str(path)!r} is not a writable directory ({exc.strerror}): "
+            "point it at a directory this process can create files in"
+        ) from None

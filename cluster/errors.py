@@ -1,0 +1,43 @@
+"""Every user-facing failure of `cluster` is a ClusterError.
+
+Messages say what was wrong, with the value and the rule, and what to do. An uncaught
+ClusterError is printed as one line without a traceback (see `cluster._excepthook`).
+"""
+
+from __future__ import annotations
+
+
+class ClusterError(Exception):
+    """Base of all errors raised by `cluster`."""
+
+
+class ConfigError(ClusterError):
+    """A setting (environment variable, file, argument) has a bad value."""
+
+
+class TLSConfigError(ConfigError):
+    """The TLS configuration or one of its files is unusable."""
+
+
+class NotInitializedError(ClusterError):
+    """An API call that needs `cluster.init()` came before it."""
+
+
+class RegistrationRefused(ClusterError):
+    """The scheduler refused this node for a reason that waiting cannot clear."""
+
+
+class TopologyTimeoutError(ClusterError):
+    """Not every node registered within MS_TOPO_TIMEOUT."""
+
+
+class SchedulerUnreachableError(ClusterError):
+    """The scheduler could not be reached, or stopped answering, for too long."""
+
+
+class JobFailedError(ClusterError):
+    """The job was stopped: a node died, or the scheduler gave up."""
+
+
+class CollectiveError(ClusterError):
+    """A control-plane collective or key-value operation could not complete."""

@@ -1,0 +1,127 @@
+"""State-machine records <-> protobuf messages, in one place."""
+
+from __future__ import annotations
+
+from cluster import state
+from cluster.v1 import scheduler_pb2 as pb
+
+_ROLE_TO_PB = {state.NodeRole.WORKER: pb.ROLE_WORKER, state.NodeRole.SERVER: pb.ROLE_SERVER}
+_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
+_REFUSAL_TO_PB = {
+    state.Refusal.CLUSTER_FULL: pb.REFUSAL_CLUSTER_FULL,
+    state.Refusal.WORKER_NUM_MISMATCH: pb.REFUSAL_WORKER_NUM_MISMATCH,
+    state.Refusal.FOREIGN_JOB: pb.REFUSAL_FOREIGN_JOB,
+    state.Refusal.INVALID_NODE: pb.REFUSAL_INVALID_NODE,
+    state.Refusal.JOB_OVER: pb.REFUSAL_JOB_OVER,
+    state.Refusal.NODE_ALIVE: pb.REFUSAL_NODE_ALIVE,
+}
+
+
+def role_from_pb(role: int) -> state.NodeRole | None:
+    return _ROLE_FROM_PB.get(role)  # type: ignore[call-overload]
+
+
+def role_to_pb(role: state.NodeRole) -> pb.Role:
+    return _ROLE_TO_PB[role]
+
+
+def registration_from_pb(req: pb.RegisterRequest, role: state.NodeRole) -> state.Registration:
+    return state.Registration(
+        node_id=req.node_id,
+        role=role,
+        host=req.host,
+        port=req.port,
+        incarnation=req.incarnation,
+        worker_num=req.worker_num,
+        server_num=req.server_num,
+        cluster_id=req.cluster_id,
+    )
+
+
+def register_response(
+    outcome: state.Accepted | state.Refused, heartbeat_interval_s: float, node_timeout_s: float
+) -> pb.RegisterResponse:
+    if isinstance(outcome, state.Refused):
+        return pb.RegisterResponse(
+            refused=pb.Refusal(
+                reason=_REFUSAL_TO_PB[outcome.reason],
+                message=outcome.message,
+                retry_after_s=outcome.retry_after_s,
+            )
+        )
+    return pb.RegisterResponse(
+        accepted=pb.Accepted(
+            cluster_id=outcome.cluster_id,
+            registered=outcome.registered,
+            expected=outcome.expected,
+            rejoined=outcome.rejoined,
+            generation=outcome.generation,
+            heartbeat_interval_s=heartbeat_interval_s,
+            node_timeout_s=node_timeout_s,
+        )
+    )
+
+
+def peer_to_pb(peer: state.PeerInfo) -> pb.Peer:
+    return pb.Peer(
+        rank=peer.rank,
+        node_id=peer.node_id,
+        host=peer.host,
+        port=peer.port,
+        role=role_to_pb(peer.role),
+        local_rank=peer.local_rank,
+        local_size=peer.local_size,
+    )
+
+
+def event_to_pb(event: state.Event) -> pb.Event:
+    if isinstance(event, state.ProgressEvent):
+        return pb.Event(progress=pb.Progress(registered=event.registered, expected=event.expected))
+    if isinstance(event, state.TopologyReadyEvent):
+        return pb.Event(
+            topology_ready=pb.TopologyReady(
+                generation=event.generation, peers=[peer_to_pb(p) for p in event.peers]
+            )
+        )
+    if isinstance(event, state.NodeFailedEvent):
+        return pb.Event(
+            node_failed=pb.NodeFailed(
+                rank=max(event.rank, 0),
+                node_id=event.node_id,
+                reason=event.reason,
+                generation=event.generation,
+            )
+        )
+    return pb.Event(shutdown=pb.Shutdown(ok=event.ok, reason=event.reason))
+
+
+def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
+    nodes = sorted(
+        st.members.values(),
+        key=lambda m: (m.role is state.NodeRole.SERVER, -1 if m.rank is None else m.rank, m.node_id),
+    )
+    return pb.StatusResponse(
+        cluster_id=st.cluster_id,
+        phase=st.phase.value,
+        generation=st.generation,
+        worker_num=st.worker_num,
+        server_num=st.server_num,
+        uptime_s=now - st.started,
+        recovery=st.recovery,
+        detail=st.detail,
+        nodes=[
+            pb.NodeStatus(
+                node_id=m.node_id,
+                role=role_to_pb(m.role),
+                rank=-1 if m.rank is None else m.rank,
+                host=m.host,
+                port=m.port,
+                state=m.state.value,
+                seconds_since_heartbeat=max(0.0, now - m.last_seen),
+                incarnation=m.incarnation,
+                restarts=m.restarts,
+                connected=m.connected,
+            )
+            for m in nodes
+        ],
+    )

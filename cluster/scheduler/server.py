@@ -1,0 +1,159 @@
+"""The scheduler's lifecycle: bind, serve until the job is over, drain, stop.
+
+`SchedulerServer` is the library form (an async context manager that binds port 0 in tests and
+reports the port it got); `run` is the blocking form used by `cluster.init()` in the scheduler
+role and by `mscluster scheduler`, returning the process exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cluster.config import ClusterConfig
+from cluster.errors import ConfigError
+from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.scheduler.servicer import SchedulerServicer
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+log = logging.getLogger("cluster.scheduler")
+
+SERVICE_NAME = "cluster.v1.Scheduler"
+# After the job ends, how long the nodes get to receive the final event before the server stops.
+DRAIN_S = 2.0
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS = [
+    # grpc enables SO_REUSEPORT by default, which would let a second scheduler bind the same port
+    # without an error and steal half the connections.
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Nodes keep one stream open for the whole job and ping it; allow that.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.max_concurrent_streams", 100_000),
+]
+
+
+def settings_from_config(config: ClusterConfig) -> CoreSettings:
+    return CoreSettings(
+        worker_num=config.worker_num,
+        server_num=config.server_num,
+        node_timeout_s=config.node_timeout_s,
+        topo_timeout_s=config.topo_timeout_s,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        heartbeat_enabled=config.heartbeat_enabled,
+        recovery=config.recovery is not None,
+    )
+
+
+def bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class SchedulerServer:
+    """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves."""
+
+    def __init__(self, settings: CoreSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.core = SchedulerCore(settings)
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._monitor: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return bind_address(self.host, self.port)
+
+    async def start(self) -> int:
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        where = bind_address(self.host, self.requested_port)
+        try:
+            self.port = server.add_insecure_port(where)
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"the scheduler cannot listen on {where}: the port is in use or the address is "
+                f"not one of this host's ({exc}); check MS_SCHED_HOST / MS_SCHED_PORT"
+            ) from None
+        if self.port == 0:
+            raise ConfigError(f"the scheduler cannot listen on {where}; check MS_SCHED_HOST / MS_SCHED_PORT")
+        await server.start()
+        self._server = server
+        await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self._monitor = asyncio.create_task(self.core.monitor())
+        log.info(
+            "listening on %s for %d workers%s",
+            self.address,
+            self.core.settings.worker_num,
+            f" and {self.core.settings.server_num} servers" if self.core.settings.server_num else "",
+        )
+        return self.port
+
+    async def wait_done(self) -> bool:
+        """Wait until the job is over; True when every node finished."""
+        await self.core.done.wait()
+        return self.core.ok
+
+    async def stop(self, drain_s: float = DRAIN_S) -> None:
+        """Give the nodes `drain_s` to hear the end, then stop."""
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        while self.core.open_streams and loop.time() < deadline:
+            await asyncio.sleep(0.02)  # polling a counter; bounded by drain_s
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        await self._server.stop(grace=0.5)
+        self._server = None
+
+    async def __aenter__(self) -> SchedulerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.core.done.is_set():
+            self.core.abort("scheduler stopped")
+        await self.stop(drain_s=0.5)
+
+
+async def serve(config: ClusterConfig) -> int:
+    """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
+    server = SchedulerServer(settings_from_config(config), config.sched_host, config.sched_port)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(
+            signum, server.core.abort, f"scheduler stopped by {signal.Signals(signum).name}"
+        )
+    try:
+        ok = await server.wait_done()
+    finally:
+        await server.stop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return 0 if ok else 1
+
+
+def run(config: ClusterConfig) -> int:
+    """Blocking form of `serve`."""
+    return asyncio.run(serve(config))

@@ -1,0 +1,153 @@
+"""The gRPC face of the scheduler: requests to `SchedulerCore` calls, errors to status codes.
+
+No cluster logic lives here. `_STATUS_FOR` is the one place where failures become codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from cluster import state
+from cluster.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.scheduler import convert
+from cluster.scheduler.core import EvictedError, SchedulerCore
+from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+_STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (state.UnknownNodeError, grpc.StatusCode.NOT_FOUND),
+    (EvictedError, grpc.StatusCode.ABORTED),
+    (JobFailedError, grpc.StatusCode.ABORTED),
+    (CollectiveError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+_OPS = {pb.EXCHANGE_BARRIER: BARRIER, pb.EXCHANGE_ALLGATHER: ALLGATHER, pb.EXCHANGE_BROADCAST: BROADCAST}
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
+    for kind, code in _STATUS_FOR:
+        if isinstance(exc, kind):
+            await context.abort(code, str(exc))
+    raise exc
+
+
+def _mapped(
+    handler: Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]],
+) -> Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
+        try:
+            return await handler(self, request, context)
+        except (ClusterError, state.UnknownNodeError) as exc:
+            await _abort(context, exc)
+
+    wrapper.__name__ = handler.__name__
+    return wrapper
+
+
+class SchedulerServicer(pb_grpc.SchedulerServicer):
+    def __init__(self, core: SchedulerCore) -> None:
+        self._core = core
+
+    @_mapped
+    async def Register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RegisterResponse:
+        role = convert.role_from_pb(request.role)
+        if role is None or not request.node_id:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Register needs a node_id and a role"
+            )
+        outcome = self._core.register(convert.registration_from_pb(request, role))
+        settings = self._core.settings
+        return convert.register_response(
+            outcome, settings.heartbeat_interval_s, settings.node_timeout_s
+        )
+
+    async def Watch(
+        self,
+        request_iterator: AsyncIterator[pb.WatchRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.Event]:
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("hello"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Watch must start with Hello")
+        node_id, incarnation = first.hello.node_id, first.hello.incarnation
+        reader = asyncio.create_task(self._read_heartbeats(request_iterator, node_id, incarnation))
+        try:
+            async for event in self._core.watch(node_id, incarnation):
+                yield event
+        except (ClusterError, state.UnknownNodeError) as exc:
+            await _abort(context, exc)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def _read_heartbeats(
+        self, requests: AsyncIterator[pb.WatchRequest], node_id: str, incarnation: int
+    ) -> None:
+        with contextlib.suppress(state.UnknownNodeError):
+            async for _ in requests:
+                self._core.heartbeat(node_id, incarnation)
+        self._core.stream_closed(node_id, incarnation)
+
+    @_mapped
+    async def Exchange(
+        self, request: pb.ExchangeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ExchangeResponse:
+        op = _OPS.get(request.op)
+        if op is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Exchange needs an op")
+        values = await self._core.exchange(
+            request.node_id, request.generation, request.seq, op, request.root, request.value
+        )
+        return pb.ExchangeResponse(values=values)
+
+    @_mapped
+    async def KvSet(
+        self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.KvSetResponse:
+        self._core.kv.set(request.key, request.value)
+        return pb.KvSetResponse()
+
+    @_mapped
+    async def KvGet(
+        self, request: pb.KvGetRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.KvGetResponse:
+        values, missing = self._core.kv.get(list(request.keys))
+        return pb.KvGetResponse(values=values, missing=missing)
+
+    @_mapped
+    async def KvWait(
+        self, request: pb.KvWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.KvWaitResponse:
+        values = await self._core.kv.wait(list(request.keys), request.timeout_s)
+        return pb.KvWaitResponse(values=values)
+
+    @_mapped
+    async def KvAdd(
+        self, request: pb.KvAddRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.KvAddResponse:
+        return pb.KvAddResponse(value=self._core.kv.add(request.key, request.amount))
+
+    @_mapped
+    async def Finish(
+        self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.FinishResponse:
+        self._core.finish(request.node_id, request.incarnation)
+        return pb.FinishResponse()
+
+    @_mapped
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.StatusResponse:
+        return self._core.status()

@@ -1,0 +1,331 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_WORKER: _ClassVar[Role]
+    ROLE_SERVER: _ClassVar[Role]
+
+class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_UNSPECIFIED: _ClassVar[RefusalReason]
+    REFUSAL_CLUSTER_FULL: _ClassVar[RefusalReason]
+    REFUSAL_WORKER_NUM_MISMATCH: _ClassVar[RefusalReason]
+    REFUSAL_FOREIGN_JOB: _ClassVar[RefusalReason]
+    REFUSAL_INVALID_NODE: _ClassVar[RefusalReason]
+    REFUSAL_JOB_OVER: _ClassVar[RefusalReason]
+    REFUSAL_NODE_ALIVE: _ClassVar[RefusalReason]
+
+class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXCHANGE_UNSPECIFIED: _ClassVar[ExchangeOp]
+    EXCHANGE_BARRIER: _ClassVar[ExchangeOp]
+    EXCHANGE_ALLGATHER: _ClassVar[ExchangeOp]
+    EXCHANGE_BROADCAST: _ClassVar[ExchangeOp]
+ROLE_UNSPECIFIED: Role
+ROLE_WORKER: Role
+ROLE_SERVER: Role
+REFUSAL_UNSPECIFIED: RefusalReason
+REFUSAL_CLUSTER_FULL: RefusalReason
+REFUSAL_WORKER_NUM_MISMATCH: RefusalReason
+REFUSAL_FOREIGN_JOB: RefusalReason
+REFUSAL_INVALID_NODE: RefusalReason
+REFUSAL_JOB_OVER: RefusalReason
+REFUSAL_NODE_ALIVE: RefusalReason
+EXCHANGE_UNSPECIFIED: ExchangeOp
+EXCHANGE_BARRIER: ExchangeOp
+EXCHANGE_ALLGATHER: ExchangeOp
+EXCHANGE_BROADCAST: ExchangeOp
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    SERVER_NUM_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    role: Role
+    host: str
+    port: int
+    incarnation: int
+    worker_num: int
+    server_num: int
+    cluster_id: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("reason", "message", "retry_after_s")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    reason: RefusalReason
+    message: str
+    retry_after_s: float
+    def __init__(self, reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+
+class Accepted(_message.Message):
+    __slots__ = ("cluster_id", "registered", "expected", "rejoined", "generation", "heartbeat_interval_s", "node_timeout_s")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    REJOINED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    registered: int
+    expected: int
+    rejoined: bool
+    generation: int
+    heartbeat_interval_s: float
+    node_timeout_s: float
+    def __init__(self, cluster_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., rejoined: _Optional[bool] = ..., generation: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., node_timeout_s: _Optional[float] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("accepted", "refused")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    accepted: Accepted
+    refused: Refusal
+    def __init__(self, accepted: _Optional[_Union[Accepted, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node_id", "incarnation")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class NodeHeartbeat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("hello", "heartbeat")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: NodeHeartbeat
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[NodeHeartbeat, _Mapping]] = ...) -> None: ...
+
+class Peer(_message.Message):
+    __slots__ = ("rank", "node_id", "host", "port", "role", "local_rank", "local_size")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node_id: str
+    host: str
+    port: int
+    role: Role
+    local_rank: int
+    local_size: int
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("registered", "expected")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    registered: int
+    expected: int
+    def __init__(self, registered: _Optional[int] = ..., expected: _Optional[int] = ...) -> None: ...
+
+class TopologyReady(_message.Message):
+    __slots__ = ("generation", "peers")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    peers: _containers.RepeatedCompositeFieldContainer[Peer]
+    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ...) -> None: ...
+
+class NodeFailed(_message.Message):
+    __slots__ = ("rank", "node_id", "reason", "generation")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node_id: str
+    reason: str
+    generation: int
+    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("ok", "reason")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    reason: str
+    def __init__(self, ok: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SchedulerHeartbeat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("progress", "topology_ready", "node_failed", "shutdown", "heartbeat")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_READY_FIELD_NUMBER: _ClassVar[int]
+    NODE_FAILED_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    progress: Progress
+    topology_ready: TopologyReady
+    node_failed: NodeFailed
+    shutdown: Shutdown
+    heartbeat: SchedulerHeartbeat
+    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., topology_ready: _Optional[_Union[TopologyReady, _Mapping]] = ..., node_failed: _Optional[_Union[NodeFailed, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., heartbeat: _Optional[_Union[SchedulerHeartbeat, _Mapping]] = ...) -> None: ...
+
+class ExchangeRequest(_message.Message):
+    __slots__ = ("node_id", "generation", "seq", "op", "root", "value")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    generation: int
+    seq: int
+    op: ExchangeOp
+    root: int
+    value: bytes
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[_Union[ExchangeOp, str]] = ..., root: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class ExchangeResponse(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class KvSetRequest(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class KvSetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KvGetRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KvGetResponse(_message.Message):
+    __slots__ = ("values", "missing")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KvWaitRequest(_message.Message):
+    __slots__ = ("keys", "timeout_s")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    timeout_s: float
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class KvWaitResponse(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class KvAddRequest(_message.Message):
+    __slots__ = ("key", "amount")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    amount: int
+    def __init__(self, key: _Optional[str] = ..., amount: _Optional[int] = ...) -> None: ...
+
+class KvAddResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    def __init__(self, value: _Optional[int] = ...) -> None: ...
+
+class FinishRequest(_message.Message):
+    __slots__ = ("node_id", "incarnation")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    incarnation: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class FinishResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "role", "rank", "host", "port", "state", "seconds_since_heartbeat", "incarnation", "restarts", "connected")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    role: Role
+    rank: int
+    host: str
+    port: int
+    state: str
+    seconds_since_heartbeat: float
+    incarnation: int
+    restarts: int
+    connected: bool
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
+    SERVER_NUM_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    phase: str
+    generation: int
+    worker_num: int
+    server_num: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    uptime_s: float
+    recovery: bool
+    detail: str
+    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...

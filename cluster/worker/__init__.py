@@ -1,0 +1,1 @@
+"""The worker side: the asynchronous agent and its synchronous session."""

@@ -1,0 +1,420 @@
+"""The worker's side of the protocol, asynchronous: register, watch, heartbeat, call.
+
+`WorkerAgent` runs on a background event loop (see `cluster.worker.session`). It registers with
+retries until MS_TOPO_TIMEOUT, keeps one Watch stream open (sending heartbeats, reading events
+and the scheduler's heartbeats), reconnects when the stream is lost, and reports a failure that
+ends the job through `on_fatal` exactly once. Every call it makes for the user races against that
+failure, so no caller waits on a job that is already over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from cluster.config import ClusterConfig, Role
+from cluster.errors import (
+    ClusterError,
+    CollectiveError,
+    JobFailedError,
+    RegistrationRefused,
+    SchedulerUnreachableError,
+    TopologyTimeoutError,
+)
+from cluster.topology import Peer, Topology
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.identity import NodeIdentity
+
+T = TypeVar("T")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    # Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's
+    # default 1 s first backoff is start-up time lost.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # One connection per agent, as a real worker process has (matters when many agents share a
+    # process, as in the benchmarks).
+    ("grpc.use_local_subchannel_pool", 1),
+]
+# Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
+# that the scheduler's own timeout, which names the missing nodes, is what the user sees.
+TOPOLOGY_MARGIN_S = 3.0
+# Progress lines while waiting: the first after this long, then at this interval.
+FIRST_REPORT_AFTER_S = 2.0
+REPORT_EVERY_S = 5.0
+# A call that tries to reach the scheduler gives up on one attempt after this long.
+ATTEMPT_TIMEOUT_S = 3.0
+
+
+_EXCHANGE_OPS = {
+    "barrier": pb.EXCHANGE_BARRIER,
+    "allgather": pb.EXCHANGE_ALLGATHER,
+    "broadcast": pb.EXCHANGE_BROADCAST,
+}
+
+
+class _StreamLost(Exception):
+    def __init__(self, reason: str, *, silent: bool = False, unknown: bool = False) -> None:
+        super().__init__(reason)
+        self.silent = silent
+        self.unknown = unknown
+
+
+class _Reporter:
+    """Prints a waiting message now and then, not on every poll."""
+
+    def __init__(self, say: Callable[[str], None], clock: Callable[[], float]) -> None:
+        self._say = say
+        self._clock = clock
+        self._since = clock()
+        self._next = self._since + FIRST_REPORT_AFTER_S
+
+    def reset(self) -> None:
+        self._since = self._clock()
+        self._next = self._since + FIRST_REPORT_AFTER_S
+
+    def __call__(self, message: str) -> None:
+        now = self._clock()
+        if now >= self._next:
+            self._next = now + REPORT_EVERY_S
+            self._say(f"{message} ({now - self._since:.0f} s)")
+
+
+class WorkerAgent:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        identity: NodeIdentity,
+        *,
+        say: Callable[[str], None],
+        on_fatal: Callable[[ClusterError], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self._say = say
+        self._on_fatal = on_fatal
+        self._clock = clock
+        self._channel = grpc.aio.insecure_channel(config.sched_address, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.SchedulerStub(self._channel)
+        self._role = pb.ROLE_SERVER if config.role is Role.SERVER else pb.ROLE_WORKER
+        self.cluster_id = ""
+        self.topology: Topology | None = None
+        self.rejoined = False
+        self.job_finished = False
+        self._heartbeat_interval = config.heartbeat_interval_s
+        self._progress = (0, config.expected_nodes)
+        self._seq = 0
+        self._closing = False
+        loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[Topology] = loop.create_future()
+        self._fatal: asyncio.Future[ClusterError] = loop.create_future()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._report = _Reporter(say, clock)
+
+    @property
+    def where(self) -> str:
+        return f"the scheduler at {self.config.sched_address}"
+
+    @property
+    def fatal(self) -> ClusterError | None:
+        return self._fatal.result() if self._fatal.done() else None
+
+    # -- start -------------------------------------------------------------------------------
+
+    async def start(self) -> Topology:
+        """Register and wait until the whole topology is ready."""
+        started = self._clock()
+        deadline = started + self.config.topo_timeout_s
+        accepted = await self._register(deadline)
+        self.cluster_id = accepted.cluster_id
+        self.rejoined = accepted.rejoined
+        self._watch_task = asyncio.create_task(self._watch_forever(deadline))
+        wait_s = max(deadline + TOPOLOGY_MARGIN_S - self._clock(), 0.0)
+        try:
+            return await self._guarded(asyncio.wait_for(asyncio.shield(self._ready), wait_s))
+        except TimeoutError:
+            registered, expected = self._progress
+            raise TopologyTimeoutError(
+                f"the job did not form within MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: "
+                f"{registered} of {expected} nodes had registered with {self.where}"
+            ) from None
+
+    async def _register(self, deadline: float) -> pb.Accepted:
+        request = pb.RegisterRequest(
+            node_id=self.identity.node_id,
+            role=self._role,
+            host=self.identity.host,
+            port=self.identity.port,
+            incarnation=self.identity.incarnation,
+            worker_num=self.config.worker_num,
+            server_num=self.config.server_num,
+            cluster_id=self.cluster_id,
+        )
+        self._report.reset()
+        while True:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise TopologyTimeoutError(
+                    f"{self.where} did not accept this node within "
+                    f"MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: is it running, and are "
+                    "MS_SCHED_HOST / MS_SCHED_PORT right?"
+                )
+            try:
+                response = await self._stub.Register(
+                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S), wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._report(f"waiting for {self.where} to answer")
+                    await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
+                    continue
+                raise ClusterError(f"{self.where} rejected registration: {exc.details()}") from None
+            if response.HasField("accepted"):
+                self._heartbeat_interval = (
+                    response.accepted.heartbeat_interval_s or self._heartbeat_interval
+                )
+                self._progress = (response.accepted.registered, response.accepted.expected)
+                return response.accepted
+            refusal = response.refused
+            if refusal.reason != pb.REFUSAL_NODE_ALIVE:
+                raise RegistrationRefused(f"{self.where} refused this node: {refusal.message}")
+            self._say(f"registration refused for now: {refusal.message}")
+            pause = min(max(refusal.retry_after_s, 0.05), max(deadline - self._clock(), 0.0))
+            await asyncio.sleep(pause)
+
+    # -- the stream --------------------------------------------------------------------------
+
+    async def _watch_forever(self, topo_deadline: float) -> None:
+        while not self._closing:
+            try:
+                await self._watch_once()
+                return
+            except _StreamLost as lost:
+                if self._closing or self.job_finished:
+                    return
+                if not await self._reconnect(lost, topo_deadline):
+                    return
+            except ClusterError as exc:
+                self._fail(exc)
+                return
+
+    async def _watch_once(self) -> None:
+        call = self._stub.Watch()
+        try:
+            await call.write(
+                pb.WatchRequest(
+                    hello=pb.Hello(
+                        node_id=self.identity.node_id, incarnation=self.identity.incarnation
+                    )
+                )
+            )
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            raise _StreamLost(f"could not open the event stream: {exc}") from None
+        beats = asyncio.create_task(self._send_heartbeats(call))
+        silence = self.config.node_timeout_s if self.config.heartbeat_enabled else None
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(call.read(), silence)
+                except TimeoutError:
+                    raise _StreamLost(
+                        f"no heartbeat from {self.where} for {silence:g} s (hung or cut off?)",
+                        silent=True,
+                    ) from None
+                except grpc.aio.AioRpcError as exc:
+                    raise _StreamLost(
+                        exc.details() or exc.code().name,
+                        unknown=exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED),
+                    ) from None
+                if event is grpc.aio.EOF:
+                    raise _StreamLost("the scheduler closed the event stream")
+                assert isinstance(event, pb.Event)
+                if self._handle(event):
+                    return
+        finally:
+            beats.cancel()
+            call.cancel()
+
+    async def _send_heartbeats(self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]) -> None:
+        if not self.config.heartbeat_enabled:
+            return
+        beat = pb.WatchRequest(heartbeat=pb.NodeHeartbeat())
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            while True:
+                await asyncio.sleep(self._heartbeat_interval)
+                await call.write(beat)
+
+    def _handle(self, event: pb.Event) -> bool:
+        """Act on one event; True when the stream has said its last word."""
+        kind = event.WhichOneof("kind")
+        if kind == "progress":
+            self._progress = (event.progress.registered, event.progress.expected)
+            if not self._ready.done():
+                self._report(
+                    f"waiting for the job to form: {event.progress.registered} of "
+                    f"{event.progress.expected} nodes registered"
+                )
+        elif kind == "topology_ready":
+            self.topology = self._topology_from(event.topology_ready)
+            if not self._ready.done():
+                self._ready.set_result(self.topology)
+        elif kind == "shutdown":
+            if event.shutdown.ok:
+                self.job_finished = True
+            else:
+                self._fail(JobFailedError(f"job failed: {event.shutdown.reason}"))
+            return True
+        return False
+
+    def _topology_from(self, ready: pb.TopologyReady) -> Topology:
+        workers = [p for p in ready.peers if p.role == pb.ROLE_WORKER]
+        own = [p for p in ready.peers if p.node_id == self.identity.node_id]
+        if not own:
+            raise ClusterError(f"{self.where} sent a topology without this node")
+        me = own[0]
+        return Topology(
+            generation=ready.generation,
+            rank=me.rank,
+            local_rank=me.local_rank,
+            local_size=me.local_size,
+            peers=tuple(Peer(p.rank, p.node_id, p.host, p.port) for p in workers),
+        )
+
+    async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> bool:
+        """Get the stream back after `lost`; False (after reporting the failure) when it can't."""
+        if self.topology is None:
+            deadline = topo_deadline  # still forming: MS_TOPO_TIMEOUT bounds everything
+        elif lost.silent:
+            self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {lost}"))
+            return False
+        else:
+            deadline = self._clock() + self.config.node_timeout_s
+            self._say(
+                f"lost {self.where} ({lost}); reconnecting for up to "
+                f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
+            )
+        try:
+            await self._register(deadline)
+        except TopologyTimeoutError:
+            self._fail(
+                SchedulerUnreachableError(
+                    f"{self.where} is unreachable: {lost}, and it did not come back within "
+                    f"{self.config.node_timeout_s:g} s"
+                    if self.topology is not None
+                    else f"{self.where} is unreachable: {lost}"
+                )
+            )
+            return False
+        except ClusterError as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    # -- failure -----------------------------------------------------------------------------
+
+    def _fail(self, error: ClusterError) -> None:
+        if self._fatal.done() or self._closing:
+            return
+        self._fatal.set_result(error)
+        if not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()  # retrieved here: start() reports it through _guarded
+        self._on_fatal(error)
+
+    async def _guarded(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable` unless the job fails first; then raise that failure."""
+        if self._fatal.done():
+            raise self._fatal.result()
+        task = asyncio.ensure_future(awaitable)
+        await asyncio.wait({task, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise self._fatal.result()
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def _require_topology(self) -> Topology:
+        if self.topology is None:
+            raise ClusterError("the job has not formed yet: cluster.init() has not returned")
+        return self.topology
+
+    async def _call(self, what: str, rpc: Awaitable[T]) -> T:
+        try:
+            return await self._guarded(rpc)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.ABORTED:
+                raise JobFailedError(f"{what} failed: {exc.details()}") from None
+            raise CollectiveError(f"{what} failed: {exc.details() or exc.code().name}") from None
+
+    async def exchange(self, op: str, value: bytes, root: int = 0) -> list[bytes]:
+        """One control-plane collective; `op` is "barrier", "allgather" or "broadcast"."""
+        topology = self._require_topology()
+        self._seq += 1
+        request = pb.ExchangeRequest(
+            node_id=self.identity.node_id,
+            generation=topology.generation,
+            seq=self._seq,
+            op=_EXCHANGE_OPS[op],
+            root=root,
+            value=value,
+        )
+        response = await self._call(op, self._stub.Exchange(request, wait_for_ready=True))
+        return list(response.values)
+
+    async def kv_set(self, key: str, value: bytes) -> None:
+        await self._call("kv set", self._stub.KvSet(pb.KvSetRequest(key=key, value=value)))
+
+    async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
+        response = await self._call("kv get", self._stub.KvGet(pb.KvGetRequest(keys=keys)))
+        return list(response.values), list(response.missing)
+
+    async def kv_wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
+        response = await self._call(
+            "kv wait",
+            self._stub.KvWait(
+                pb.KvWaitRequest(keys=keys, timeout_s=timeout_s), timeout=timeout_s + 5.0
+            ),
+        )
+        return list(response.values)
+
+    async def kv_add(self, key: str, amount: int) -> int:
+        response = await self._call(
+            "kv add", self._stub.KvAdd(pb.KvAddRequest(key=key, amount=amount))
+        )
+        return int(response.value)
+
+    # -- end ---------------------------------------------------------------------------------
+
+    async def finish(self, timeout_s: float = 5.0) -> None:
+        """Tell the scheduler this node is done (best effort when the job is over anyway)."""
+        if self._fatal.done() or not self.cluster_id:
+            return
+        request = pb.FinishRequest(
+            node_id=self.identity.node_id, incarnation=self.identity.incarnation
+        )
+        try:
+            await self._stub.Finish(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch_task
+        await self._channel.close(grace=None)

@@ -1,0 +1,68 @@
+"""Who this process is to the scheduler: node id, incarnation, and the address peers reach it at."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+
+from cluster.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    node_id: str
+    # Random per process: a restarted process with the same node id is a new incarnation.
+    incarnation: int
+    host: str
+    port: int
+
+
+def new_incarnation() -> int:
+    return secrets.randbits(63) or 1
+
+
+def generated_node_id() -> str:
+    """A node id for a process started without MS_NODE_ID: unique, and sorted by host."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The local IP address this host uses to reach host:port (no packet is sent)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"MS_SCHED_HOST={host!r} does not resolve ({exc.strerror}): use the scheduler's IP "
+            "address or a host name this machine can resolve"
+        ) from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(sockaddr)
+        except OSError as exc:
+            raise ConfigError(
+                f"no route from this host to MS_SCHED_HOST={host!r} ({exc.strerror})"
+            ) from None
+        return str(probe.getsockname()[0])
+
+
+def free_port(host: str) -> int:
+    """A port that is free on host now: advertised to peers for the data plane."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def make_identity(node_id: str | None, sched_host: str, sched_port: int) -> NodeIdentity:
+    host = os.environ.get("CLUSTER_ADVERTISE_HOST", "").strip() or local_address_towards(
+        sched_host, sched_port
+    )
+    return NodeIdentity(
+        node_id=node_id or generated_node_id(),
+        incarnation=new_incarnation(),
+        host=host,
+        port=free_port(host),
+    )

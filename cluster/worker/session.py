@@ -1,0 +1,140 @@
+"""The synchronous face of a worker: a `WorkerAgent` on a background event loop.
+
+The user's training loop runs in the main thread and is never asked to be async. The agent lives
+on a daemon thread's loop, so heartbeats go on while the main thread computes. When the job
+fails (recovery off), the process must not linger: a call that is waiting raises the failure in
+the main thread, and otherwise the process exits at once with a message naming what died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import sys
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from cluster.config import ClusterConfig
+from cluster.errors import ClusterError
+from cluster.topology import Topology
+from cluster.worker.agent import WorkerAgent
+from cluster.worker.identity import NodeIdentity
+
+T = TypeVar("T")
+
+# A failure that ends the job while the main thread waits in a cluster call is raised there; if
+# the program catches it and carries on regardless, the process is ended after this long.
+EXIT_GRACE_S = 5.0
+FATAL_EXIT_CODE = 1
+
+
+class BackgroundLoop:
+    """An asyncio loop on a daemon thread, with a blocking `run` for the main thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        # Stopped: let what is left (grpc's own call tasks among it) end cleanly, so nothing is
+        # destroyed while pending.
+        leftover = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            self.loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout_s)
+
+
+def _say(prefix: str, message: str) -> None:
+    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+
+
+class WorkerSession:
+    def __init__(self, config: ClusterConfig, identity: NodeIdentity) -> None:
+        self.config = config
+        self.identity = identity
+        self._prefix = f"cluster[{identity.node_id}]"
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
+        self.agent: WorkerAgent = self._background.run(self._make_agent())
+        self.topology: Topology | None = None
+        self._closed = False
+
+    async def _make_agent(self) -> WorkerAgent:
+        return WorkerAgent(
+            self.config,
+            self.identity,
+            say=self.say,
+            on_fatal=self._on_fatal,
+        )
+
+    def say(self, message: str) -> None:
+        _say(self._prefix, message)
+
+    def start(self) -> Topology:
+        self.topology = self.call(self.agent.start())
+        if self.topology is not None:
+            self._prefix = f"cluster[rank {self.topology.rank}]"
+        return self.topology
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run an agent coroutine to its end from the main thread."""
+        with self._pending_lock:
+            self._pending += 1
+        try:
+            return self._background.run(coro, timeout_s)
+        finally:
+            with self._pending_lock:
+                self._pending -= 1
+
+    def _on_fatal(self, error: ClusterError) -> None:
+        """The job is over for this process (runs on the agent's thread)."""
+        with self._pending_lock:
+            waiting = self._pending > 0
+        if waiting:
+            # The waiting call raises `error` in the main thread; see that the process ends.
+            timer = threading.Timer(EXIT_GRACE_S, self._exit_now, args=(error,))
+            timer.daemon = True
+            timer.start()
+            return
+        self._exit_now(error)
+
+    def _exit_now(self, error: ClusterError) -> None:
+        self.say(str(error))
+        sys.stdout.flush()
+        os._exit(FATAL_EXIT_CODE)
+
+    def finalize(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.agent.fatal is None:
+                self._background.run(self.agent.finish(), timeout_s=10.0)
+            self._background.run(self.agent.close(), timeout_s=5.0)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # exiting anyway; the scheduler sees the stream close
+        finally:
+            self._background.stop()

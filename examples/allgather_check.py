@@ -1,0 +1,35 @@
+"""The tutorial's AllGather check, over `cluster`'s control plane.
+
+Every worker joins the job, gathers every rank from every worker and prints one line:
+
+    allgather rank=<r> size=<n> result=[0, 1, ..., n-1]
+
+Start it once per worker and once more as the scheduler, with only MS_ROLE differing (see the
+README). With --hold S a worker then stays in the job for S seconds, heartbeating, so that
+failures can be injected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import cluster
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hold", type=float, default=0.0, help="stay in the job this many seconds")
+    args = parser.parse_args()
+
+    cluster.init()  # in the scheduler role this serves the job and exits
+    rank, size = cluster.get_rank(), cluster.get_group_size()
+    result = cluster.allgather_object(rank)
+    print(f"allgather rank={rank} size={size} result={result}", flush=True)
+    if args.hold > 0:
+        time.sleep(args.hold)
+    cluster.finalize()
+
+
+if __name__ == "__main__":
+    main()

@@ -15,9 +15,7 @@ from cluster.errors import ClusterError
 _previous = sys.excepthook
 
 
-def _hook(
-    kind: type[BaseException], value: BaseException, traceback: TracebackType | None
-) -> None:
+def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
     if isinstance(value, ClusterError):
         print(f"cluster: {kind.__name__}: {value}", file=sys.stderr, flush=True)
         return

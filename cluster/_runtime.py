@@ -10,6 +10,7 @@ import threading
 from cluster import config as config_module
 from cluster.config import ClusterConfig, Role
 from cluster.errors import ClusterError, NotInitializedError
+from cluster.scheduler import server as scheduler_server
 from cluster.topology import Peer, Topology
 from cluster.worker.identity import make_identity
 from cluster.worker.session import WorkerSession
@@ -53,10 +54,8 @@ def init(config: ClusterConfig | None = None) -> None:
 
 
 def _run_scheduler(cfg: ClusterConfig) -> None:
-    from cluster.scheduler import server  # the scheduler's imports are not a worker's business
-
     configure_logging("scheduler")
-    sys.exit(server.run(cfg))
+    sys.exit(scheduler_server.run(cfg))
 
 
 def configure_logging(who: str) -> None:

@@ -75,7 +75,7 @@ def _require(env: Mapping[str, str], name: str, rule: str) -> str:
 
 
 def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None) -> int:
-    """An integer within [minimum, maximum], or a ConfigError naming `name`, `value` and the rule."""
+    """An integer in [minimum, maximum], or a ConfigError naming `name`, `value` and the rule."""
     bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
     try:
         number = int(value.strip(), 10)
@@ -95,7 +95,9 @@ def parse_seconds(name: str, value: str) -> float:
             f"{name}={value!r} is not a number: it must be a positive number of seconds"
         ) from None
     if not math.isfinite(number) or number <= 0:
-        raise ConfigError(f"{name}={value!r} is out of range: it must be a positive number of seconds")
+        raise ConfigError(
+            f"{name}={value!r} is out of range: it must be a positive number of seconds"
+        )
     return number
 
 
@@ -135,7 +137,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         role = Role(role_value)
     except ValueError:
         raise ConfigError(
-            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, MS_PSERVER"
+            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, "
+            "MS_PSERVER"
         ) from None
     worker_num = parse_int(
         "MS_WORKER_NUM", _require(env, "MS_WORKER_NUM", "the number of workers, >= 1"), minimum=1
@@ -174,9 +177,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     node_timeout = parse_seconds(
         "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S)
     )
-    heartbeat_enabled = not parse_bool(
-        "MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0")
-    )
+    heartbeat_enabled = not parse_bool("MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0"))
     interval_value = env.get("CLUSTER_HEARTBEAT_INTERVAL", "").strip()
     if interval_value:
         interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)

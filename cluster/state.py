@@ -302,7 +302,11 @@ class SchedulerState:
 
     def _check_job(self, reg: Registration) -> Refused | None:
         if reg.cluster_id and reg.cluster_id != self.cluster_id:
-            how = "" if self.recovery else " (recovery is off, so a restarted scheduler starts a new job)"
+            how = (
+                ""
+                if self.recovery
+                else " (recovery is off, so a restarted scheduler starts a new job)"
+            )
             return Refused(
                 Refusal.FOREIGN_JOB,
                 f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "

@@ -18,9 +18,8 @@ PROTO_ROOT = ROOT / "protos"
 
 def generate(out_dir: Path) -> list[Path]:
     """Compile every proto under protos/ into out_dir; return the files written."""
-    from grpc_tools import protoc  # dev dependency: only needed to regenerate
-
-    import grpc_tools
+    import grpc_tools  # noqa: PLC0415 - a dev dependency, needed only to regenerate
+    from grpc_tools import protoc  # noqa: PLC0415
 
     protos = sorted(PROTO_ROOT.rglob("*.proto"))
     include = Path(grpc_tools.__file__).parent / "_proto"

@@ -3,4 +3,11 @@
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.server import SchedulerServer, run, serve, settings_from_config
 
-__all__ = ["CoreSettings", "SchedulerCore", "SchedulerServer", "run", "serve", "settings_from_config"]
+__all__ = [
+    "CoreSettings",
+    "SchedulerCore",
+    "SchedulerServer",
+    "run",
+    "serve",
+    "settings_from_config",
+]

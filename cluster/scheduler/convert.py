@@ -6,7 +6,7 @@ from cluster import state
 from cluster.v1 import scheduler_pb2 as pb
 
 _ROLE_TO_PB = {state.NodeRole.WORKER: pb.ROLE_WORKER, state.NodeRole.SERVER: pb.ROLE_SERVER}
-_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
+_ROLE_FROM_PB: dict[int, state.NodeRole] = {int(v): k for k, v in _ROLE_TO_PB.items()}
 _REFUSAL_TO_PB = {
     state.Refusal.CLUSTER_FULL: pb.REFUSAL_CLUSTER_FULL,
     state.Refusal.WORKER_NUM_MISMATCH: pb.REFUSAL_WORKER_NUM_MISMATCH,
@@ -18,7 +18,7 @@ _REFUSAL_TO_PB = {
 
 
 def role_from_pb(role: int) -> state.NodeRole | None:
-    return _ROLE_FROM_PB.get(role)  # type: ignore[call-overload]
+    return _ROLE_FROM_PB.get(int(role))
 
 
 def role_to_pb(role: state.NodeRole) -> pb.Role:
@@ -98,7 +98,11 @@ def event_to_pb(event: state.Event) -> pb.Event:
 def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
     nodes = sorted(
         st.members.values(),
-        key=lambda m: (m.role is state.NodeRole.SERVER, -1 if m.rank is None else m.rank, m.node_id),
+        key=lambda m: (
+            m.role is state.NodeRole.SERVER,
+            -1 if m.rank is None else m.rank,
+            m.node_id,
+        ),
     )
     return pb.StatusResponse(
         cluster_id=st.cluster_id,

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from cluster import state
+from cluster.config import canonical_node_id
 from cluster.errors import ClusterError, CollectiveError, JobFailedError
 from cluster.scheduler import convert
 from cluster.scheduler.exchange import ExchangeTable
@@ -54,9 +55,7 @@ class CoreSettings:
 
 
 class SchedulerCore:
-    def __init__(
-        self, settings: CoreSettings, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, settings: CoreSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self._clock = clock
         self.state = state.SchedulerState(
@@ -73,6 +72,8 @@ class SchedulerCore:
         self.exchanges = ExchangeTable()
         self._watchers: dict[tuple[str, int], _Watcher] = {}
         self.done = asyncio.Event()
+        self.streams_closed = asyncio.Event()
+        self.streams_closed.set()
         self._last_progress_log = 0.0
         self._pending_progress: state.ProgressEvent | None = None
         self._last_progress_broadcast = 0.0
@@ -115,6 +116,7 @@ class SchedulerCore:
         key = (self.state.member(node_id, incarnation).node_id, incarnation)
         watcher = _Watcher()
         self._watchers[key] = watcher
+        self.streams_closed.clear()
         heartbeat = pb.Event(heartbeat=pb.SchedulerHeartbeat())
         try:
             for event in welcome:
@@ -137,6 +139,8 @@ class SchedulerCore:
         finally:
             if self._watchers.get(key) is watcher:
                 del self._watchers[key]
+            if not self._watchers:
+                self.streams_closed.set()
             self._apply(self.state.disconnect(node_id, incarnation))
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
@@ -144,7 +148,7 @@ class SchedulerCore:
 
     def stream_closed(self, node_id: str, incarnation: int) -> None:
         """The node half-closed its stream: end ours too."""
-        watcher = self._watchers.get((state.canonical_node_id(node_id), incarnation))
+        watcher = self._watchers.get((canonical_node_id(node_id), incarnation))
         if watcher is not None:
             watcher.queue.put_nowait(None)
 
@@ -152,12 +156,12 @@ class SchedulerCore:
         self._apply(self.state.finish(node_id, incarnation))
 
     async def exchange(
-        self, node_id: str, generation: int, seq: int, op: str, root: int, value: bytes
+        self, node_id: str, *, generation: int, seq: int, op: str, root: int, value: bytes
     ) -> list[bytes]:
         st = self.state
         if st.phase is not state.Phase.READY:
             raise JobFailedError(f"job is {st.phase.value}: {st.detail or 'not formed yet'}")
-        member = st.members.get(state.canonical_node_id(node_id))
+        member = st.members.get(canonical_node_id(node_id))
         if member is None or member.rank is None or member.role is not state.NodeRole.WORKER:
             raise CollectiveError(f"node {node_id!r} is not a ranked worker of this job")
         if generation != st.generation:

@@ -58,7 +58,7 @@ class ExchangeTable:
             gathered = await asyncio.shield(rnd.done)
         finally:
             rnd.answered += 1
-            if rnd.answered >= rnd.size or rnd.done.done() and rnd.done.exception():
+            if rnd.answered >= rnd.size or (rnd.done.done() and rnd.done.exception()):
                 self._rounds.pop(key, None)
         if op == ALLGATHER:
             return gathered

@@ -14,7 +14,8 @@ import signal
 from types import TracebackType
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import _async as health_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
@@ -66,7 +67,7 @@ class SchedulerServer:
         self.requested_port = port
         self.port = 0
         self._server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = health_aio.HealthServicer()
         self._monitor: asyncio.Task[None] | None = None
 
     @property
@@ -86,7 +87,9 @@ class SchedulerServer:
                 f"not one of this host's ({exc}); check MS_SCHED_HOST / MS_SCHED_PORT"
             ) from None
         if self.port == 0:
-            raise ConfigError(f"the scheduler cannot listen on {where}; check MS_SCHED_HOST / MS_SCHED_PORT")
+            raise ConfigError(
+                f"the scheduler cannot listen on {where}; check MS_SCHED_HOST / MS_SCHED_PORT"
+            )
         await server.start()
         self._server = server
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
@@ -96,7 +99,9 @@ class SchedulerServer:
             "listening on %s for %d workers%s",
             self.address,
             self.core.settings.worker_num,
-            f" and {self.core.settings.server_num} servers" if self.core.settings.server_num else "",
+            f" and {self.core.settings.server_num} servers"
+            if self.core.settings.server_num
+            else "",
         )
         return self.port
 
@@ -112,8 +117,8 @@ class SchedulerServer:
         await self._health.enter_graceful_shutdown()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s
-        while self.core.open_streams and loop.time() < deadline:
-            await asyncio.sleep(0.02)  # polling a counter; bounded by drain_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.core.streams_closed.wait(), max(deadline - loop.time(), 0))
         if self._monitor is not None:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):

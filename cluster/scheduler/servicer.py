@@ -27,7 +27,11 @@ _STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (CollectiveError, grpc.StatusCode.FAILED_PRECONDITION),
     (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
 )
-_OPS = {pb.EXCHANGE_BARRIER: BARRIER, pb.EXCHANGE_ALLGATHER: ALLGATHER, pb.EXCHANGE_BROADCAST: BROADCAST}
+_OPS = {
+    pb.EXCHANGE_BARRIER: BARRIER,
+    pb.EXCHANGE_ALLGATHER: ALLGATHER,
+    pb.EXCHANGE_BROADCAST: BROADCAST,
+}
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -53,7 +57,7 @@ def _mapped(
     return wrapper
 
 
-class SchedulerServicer(pb_grpc.SchedulerServicer):
+class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped base
     def __init__(self, core: SchedulerCore) -> None:
         self._core = core
 
@@ -108,7 +112,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         if op is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Exchange needs an op")
         values = await self._core.exchange(
-            request.node_id, request.generation, request.seq, op, request.root, request.value
+            request.node_id,
+            generation=request.generation,
+            seq=request.seq,
+            op=op,
+            root=request.root,
+            value=request.value,
         )
         return pb.ExchangeResponse(values=values)
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -180,12 +180,12 @@ class WorkerAgent:
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
                 raise ClusterError(f"{self.where} rejected registration: {exc.details()}") from None
+            assert isinstance(response, pb.RegisterResponse)
             if response.HasField("accepted"):
-                self._heartbeat_interval = (
-                    response.accepted.heartbeat_interval_s or self._heartbeat_interval
-                )
-                self._progress = (response.accepted.registered, response.accepted.expected)
-                return response.accepted
+                accepted = response.accepted
+                self._heartbeat_interval = accepted.heartbeat_interval_s or self._heartbeat_interval
+                self._progress = (accepted.registered, accepted.expected)
+                return accepted
             refusal = response.refused
             if refusal.reason != pb.REFUSAL_NODE_ALIVE:
                 raise RegistrationRefused(f"{self.where} refused this node: {refusal.message}")
@@ -237,7 +237,7 @@ class WorkerAgent:
                         exc.details() or exc.code().name,
                         unknown=exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED),
                     ) from None
-                if event is grpc.aio.EOF:
+                if event is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
                     raise _StreamLost("the scheduler closed the event stream")
                 assert isinstance(event, pb.Event)
                 if self._handle(event):
@@ -246,7 +246,9 @@ class WorkerAgent:
             beats.cancel()
             call.cancel()
 
-    async def _send_heartbeats(self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]) -> None:
+    async def _send_heartbeats(
+        self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]
+    ) -> None:
         if not self.config.heartbeat_enabled:
             return
         beat = pb.WatchRequest(heartbeat=pb.NodeHeartbeat())
@@ -337,7 +339,8 @@ class WorkerAgent:
         if self._fatal.done():
             raise self._fatal.result()
         task = asyncio.ensure_future(awaitable)
-        await asyncio.wait({task, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        racers: list[asyncio.Future[Any]] = [task, self._fatal]
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
         task.cancel()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 from types import TracebackType
 
 import grpc
@@ -54,6 +56,33 @@ def settings_from_config(config: ClusterConfig) -> CoreSettings:
     )
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Fail with a precise ConfigError where grpc would only say "failed to bind"."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"the scheduler cannot listen on {host!r}: MS_SCHED_HOST does not resolve "
+            f"({exc.strerror}); use an address or host name of this machine"
+        ) from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            where = bind_address(host, port)
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"the scheduler cannot listen on {where}: the port is already in use "
+                    "(another scheduler still running?); free it or choose another MS_SCHED_PORT"
+                ) from None
+            raise ConfigError(
+                f"the scheduler cannot listen on {where}: {exc.strerror} (MS_SCHED_HOST must be "
+                "an address of the machine the scheduler runs on)"
+            ) from None
+
+
 def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -75,6 +104,7 @@ class SchedulerServer:
         return bind_address(self.host, self.port)
 
     async def start(self) -> int:
+        check_bindable(self.host, self.requested_port)
         server = grpc.aio.server(options=SERVER_OPTIONS)
         pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

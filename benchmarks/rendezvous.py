@@ -1,0 +1,608 @@
+"""Rendezvous benchmark: time from "all workers started" to "every worker has the whole peer table".
+
+Two implementations run the same workload, N simulated workers spread over `--procs` client
+processes (multiprocessing, "spawn" start method), against one server in its own process:
+
+cluster (the system under test)
+    Server: `cluster.scheduler.SchedulerServer` (a real grpc.aio scheduler, port 0) in its own
+    process, expecting N workers.
+    Each simulated worker is one `cluster.worker.agent.WorkerAgent` with its own gRPC channel
+    (its own TCP connection), all agents of a client process on that process's asyncio loop.
+    After the start signal each worker: creates its agent (channel), `agent.start()`, which is
+    Register (one unary RPC carrying its address) + opening the Watch stream (Hello) + reading
+    events until TopologyReady arrives with the N peers. Its time is taken when `start()`
+    returns and `len(topology.peers) == N` is checked.
+    Outside the timing: `agent.finish()` (Finish RPC) and `agent.close()`; the scheduler sees
+    every node finished, ends the job and its process exits.
+
+torch TCPStore (the peer, when torch is importable)
+    Server: `torch.distributed.TCPStore(127.0.0.1, port=0, world_size=N, is_master=True,
+    wait_for_workers=False)` (default backend, libuv) in its own process.
+    Each simulated worker is one blocking TCPStore client object (its own TCP connection) on its
+    own thread; the threads of a client process are created before the start signal and wait
+    on a threading.Event. After the start signal each worker: constructs its client
+    (`is_master=False, wait_for_workers=False`: connect + handshake), `set("addr/<i>", address)`,
+    `n = add("count", 1)`; the worker whose add returns N does `set("done", "1")`; every worker
+    `wait(["done"])` then `multi_get(["addr/0", ..., "addr/<N-1>"])`. Its time is taken when
+    multi_get has returned the N addresses (checked). Outside the timing: the clients are
+    dropped (connections closed) and the server process is stopped.
+
+Both sides: one connection per worker, the worker publishes its address, the server counts the
+workers, and every worker ends up holding the N addresses. Client processes import everything
+and initialise their runtime (grpc.aio / torch.distributed) before they report ready, so process
+spawn and import time are excluded. The parent then takes `t0 = time.time()` and sets a
+multiprocessing Event; each client process reports the wall time at which its last worker had
+the full table; the figure of a run is `max(those) - t0` (it includes the Event wake-up).
+
+Second part (`--real 8`, 0 to skip): a real job of 8 worker processes, each a spawned process
+that imports `cluster` (and so grpc), records `started = time.time()`, then calls
+`cluster.init()` (MS_* environment, scheduler spawned beforehand) and records `returned`. The
+figure is `max(returned) - max(started)`: how long the last process to start waits for the
+job to form. Every process then calls `cluster.finalize()`.
+
+Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs 4]
+       [--real 8] [--timeout 180] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.context import SpawnContext, SpawnProcess
+from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+# The advertised data-plane port of simulated worker i (never bound: it is only an address).
+BASE_DATA_PORT = 30000
+# How long a spawned process may take to import and report ready.
+SPAWN_TIMEOUT_S = 60.0
+# How long a process gets to exit by itself before it is terminated, then killed.
+JOIN_TIMEOUT_S = 15.0
+
+# Imports of grpc, cluster and torch are local to the children, deliberately.
+# ruff: noqa: PLC0415
+
+
+# -- process plumbing ------------------------------------------------------------------------
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+Message = tuple[str, int, Any]  # (kind, process index, payload)
+
+
+class Children:
+    """Spawned processes of one run; whatever is still alive at exit is terminated, then killed."""
+
+    def __init__(self, ctx: SpawnContext) -> None:
+        self.ctx = ctx
+        self.procs: list[SpawnProcess] = []
+
+    def spawn(self, target: Callable[..., None], *args: Any, name: str) -> SpawnProcess:
+        proc = self.ctx.Process(target=target, args=args, name=name, daemon=True)
+        proc.start()
+        self.procs.append(proc)
+        return proc
+
+    def join_all(self, deadline: float) -> None:
+        """Wait for every child to exit by itself; raise if one does not or exits non-zero."""
+        for proc in self.procs:
+            proc.join(max(deadline - time.monotonic(), 0.1))
+            if proc.is_alive():
+                raise BenchError(f"{proc.name} did not exit in time")
+            if proc.exitcode != 0:
+                raise BenchError(f"{proc.name} exited with code {proc.exitcode}")
+
+    def reap(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        self.procs.clear()
+
+
+@contextlib.contextmanager
+def children(ctx: SpawnContext) -> Iterator[Children]:
+    group = Children(ctx)
+    try:
+        yield group
+    finally:
+        group.reap()
+
+
+class Mailbox:
+    """Messages from the children of one run, taken by kind; other kinds wait their turn."""
+
+    def __init__(self, q: mp.Queue[Message], group: Children) -> None:
+        self.q = q
+        self.group = group
+        self.stash: list[Message] = []
+
+    def collect(self, kind: str, count: int, deadline: float) -> dict[int, Any]:
+        """`count` messages of `kind` (one per process index), or BenchError on error/death/time."""
+        got: dict[int, Any] = {}
+        for message in [m for m in self.stash if m[0] == kind][:count]:
+            self.stash.remove(message)
+            got[message[1]] = message[2]
+        while len(got) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(f"timed out waiting for {count - len(got)} '{kind}' message(s)")
+            try:
+                what, index, payload = self.q.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [p for p in self.group.procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise BenchError(
+                        f"{dead[0].name} died with exit code {dead[0].exitcode} while waiting "
+                        f"for '{kind}'"
+                    ) from None
+                continue
+            if what == "error":
+                raise BenchError(f"child {index}: {payload}")
+            if what == kind:
+                got[index] = payload
+            else:
+                self.stash.append((what, index, payload))
+        return got
+
+
+def split(ids: Sequence[int], parts: int) -> list[list[int]]:
+    """Contiguous, near-equal chunks."""
+    size, extra = divmod(len(ids), parts)
+    out: list[list[int]] = []
+    start = 0
+    for k in range(parts):
+        end = start + size + (1 if k < extra else 0)
+        out.append(list(ids[start:end]))
+        start = end
+    return out
+
+
+def _report_errors(q: mp.Queue[Message], index: int, body: Callable[[], None]) -> None:
+    try:
+        body()
+    except BaseException as exc:
+        q.put(("error", index, f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def raise_fd_limit() -> None:
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 65536
+        if soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+# -- cluster: children -----------------------------------------------------------------------
+
+
+def cluster_scheduler_main(n: int, q: mp.Queue[Message], timeout_s: float) -> None:
+    raise_fd_limit()
+
+    async def serve() -> None:
+        from cluster.scheduler import CoreSettings, SchedulerServer
+
+        settings = CoreSettings(
+            worker_num=n,
+            server_num=0,
+            node_timeout_s=30,
+            topo_timeout_s=120,
+            heartbeat_interval_s=1.0,
+        )
+        server = SchedulerServer(settings, host=HOST, port=0)
+        port = await server.start()
+        try:
+            q.put(("port", -1, port))
+            try:
+                ok = await asyncio.wait_for(server.wait_done(), timeout_s)
+            except TimeoutError:
+                server.core.abort("benchmark timed out")
+                ok = False
+            q.put(("done", -1, ok))
+        finally:
+            await server.stop()
+
+    _report_errors(q, -1, lambda: asyncio.run(serve()))
+
+
+def cluster_clients_main(
+    index: int,
+    ids: list[int],
+    n: int,
+    port: int,
+    start: MpEvent,
+    q: mp.Queue[Message],
+    timeout_s: float,
+) -> None:
+    raise_fd_limit()
+
+    async def run() -> None:
+        import grpc
+
+        from cluster import config as cluster_config
+        from cluster.errors import ClusterError
+        from cluster.worker.agent import WorkerAgent
+        from cluster.worker.identity import NodeIdentity, new_incarnation
+
+        # Initialise grpc.aio on this loop (its poller) before the clock starts.
+        warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
+        await warm.close()
+        messages: list[str] = []
+        fatal: list[ClusterError] = []
+        agents: list[WorkerAgent] = []
+
+        async def one(i: int) -> float:
+            config = cluster_config.from_env(
+                {
+                    "MS_ROLE": "MS_WORKER",
+                    "MS_WORKER_NUM": str(n),
+                    "MS_SCHED_HOST": HOST,
+                    "MS_SCHED_PORT": str(port),
+                    "MS_NODE_ID": str(i),
+                    "MS_TOPO_TIMEOUT": "120",
+                    "MS_NODE_TIMEOUT": "30",
+                }
+            )
+            identity = NodeIdentity(
+                node_id=str(i),
+                incarnation=new_incarnation(),
+                host=HOST,
+                port=BASE_DATA_PORT + i,
+            )
+            agent = WorkerAgent(config, identity, say=messages.append, on_fatal=fatal.append)
+            agents.append(agent)
+            topology = await agent.start()
+            done = time.time()
+            if len(topology.peers) != n:
+                raise BenchError(f"worker {i} got {len(topology.peers)} peers, expected {n}")
+            return done
+
+        q.put(("ready", index, None))
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, start.wait, SPAWN_TIMEOUT_S + timeout_s):
+            raise BenchError("no start signal")
+        try:
+            finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
+            q.put(("timing", index, max(finished)))
+            await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 30.0)
+        finally:
+            await asyncio.wait_for(
+                asyncio.gather(*(a.close() for a in agents), return_exceptions=True), 30.0
+            )
+        if fatal:
+            raise BenchError(f"{len(fatal)} agent(s) failed, first: {fatal[0]}")
+        q.put(("closed", index, len(messages)))
+
+    _report_errors(q, index, lambda: asyncio.run(run()))
+
+
+# -- TCPStore: children ----------------------------------------------------------------------
+
+
+def tcpstore_server_main(n: int, q: mp.Queue[Message], stop: MpEvent, timeout_s: float) -> None:
+    raise_fd_limit()
+
+    def body() -> None:
+        from torch.distributed import TCPStore
+
+        store = TCPStore(
+            HOST,
+            0,
+            world_size=n,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        q.put(("port", -1, int(store.port)))
+        stop.wait(SPAWN_TIMEOUT_S + 2 * timeout_s)
+        del store
+
+    _report_errors(q, -1, body)
+
+
+def tcpstore_clients_main(
+    index: int,
+    ids: list[int],
+    n: int,
+    port: int,
+    start: MpEvent,
+    q: mp.Queue[Message],
+    timeout_s: float,
+) -> None:
+    raise_fd_limit()
+
+    def body() -> None:
+        from torch.distributed import TCPStore
+
+        keys = [f"addr/{j}" for j in range(n)]
+        timeout = datetime.timedelta(seconds=timeout_s)
+        go = threading.Event()
+        finished: dict[int, float] = {}
+        errors: list[str] = []
+        stores: list[Any] = []
+        lock = threading.Lock()
+
+        def worker(i: int) -> None:
+            try:
+                if not go.wait(SPAWN_TIMEOUT_S + timeout_s):
+                    return
+                store = TCPStore(
+                    HOST,
+                    port,
+                    world_size=n,
+                    is_master=False,
+                    wait_for_workers=False,
+                    timeout=timeout,
+                )
+                store.set(f"addr/{i}", f"{HOST}:{BASE_DATA_PORT + i}")
+                if store.add("count", 1) == n:
+                    store.set("done", "1")
+                store.wait(["done"])
+                values = store.multi_get(keys)
+                done = time.time()
+                if len(values) != n:
+                    raise BenchError(f"worker {i} got {len(values)} addresses, expected {n}")
+                with lock:
+                    finished[i] = done
+                    stores.append(store)
+            except Exception as exc:
+                with lock:
+                    errors.append(f"worker {i}: {type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in ids]
+        for thread in threads:
+            thread.start()
+        q.put(("ready", index, None))
+        if not start.wait(SPAWN_TIMEOUT_S + timeout_s):
+            raise BenchError("no start signal")
+        go.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.1))
+        if errors:
+            raise BenchError(f"{len(errors)} worker(s) failed, first: {errors[0]}")
+        if len(finished) != len(ids):
+            raise BenchError(f"only {len(finished)} of {len(ids)} workers finished in time")
+        q.put(("timing", index, max(finished.values())))
+        stores.clear()
+        q.put(("closed", index, 0))
+
+    _report_errors(q, index, body)
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+def run_once(ctx: SpawnContext, system: str, n: int, procs: int, timeout_s: float) -> float:
+    """One rendezvous of `n` workers; seconds from the start signal to the last full table."""
+    procs = min(procs, n)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S + timeout_s
+    q: mp.Queue[Message] = ctx.Queue()
+    start = ctx.Event()
+    stop = ctx.Event()
+    with children(ctx) as group:
+        box = Mailbox(q, group)
+        if system == "cluster":
+            group.spawn(cluster_scheduler_main, n, q, timeout_s, name="scheduler")
+            client_main: Callable[..., None] = cluster_clients_main
+        else:
+            group.spawn(tcpstore_server_main, n, q, stop, timeout_s, name="tcpstore-server")
+            client_main = tcpstore_clients_main
+        port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
+        for k, ids in enumerate(split(range(n), procs)):
+            group.spawn(client_main, k, ids, n, port, start, q, timeout_s, name=f"clients-{k}")
+        box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
+        t0 = time.time()
+        start.set()
+        timings = box.collect("timing", procs, deadline)
+        elapsed = max(timings.values()) - t0
+        box.collect("closed", procs, time.monotonic() + 60.0)
+        if system == "cluster":
+            ok = box.collect("done", 1, time.monotonic() + 60.0)[-1]
+            if not ok:
+                raise BenchError("the scheduler did not see every worker finish")
+        stop.set()
+        group.join_all(time.monotonic() + JOIN_TIMEOUT_S)
+    return elapsed
+
+
+# -- real processes --------------------------------------------------------------------------
+
+
+def real_worker_main(i: int, env: dict[str, str], q: mp.Queue[Message]) -> None:
+    def body() -> None:
+        os.environ.update(env)
+        import cluster  # imports grpc
+
+        started = time.time()
+        q.put(("started", i, started))
+        cluster.init()
+        returned = time.time()
+        size = cluster.get_group_size()
+        q.put(("returned", i, (returned, size)))
+        cluster.finalize()
+
+    _report_errors(q, i, body)
+
+
+def run_real_once(ctx: SpawnContext, n: int, timeout_s: float) -> dict[str, float]:
+    q: mp.Queue[Message] = ctx.Queue()
+    with children(ctx) as group:
+        box = Mailbox(q, group)
+        group.spawn(cluster_scheduler_main, n, q, timeout_s, name="scheduler")
+        port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
+        env = {
+            "MS_ROLE": "MS_WORKER",
+            "MS_WORKER_NUM": str(n),
+            "MS_SCHED_HOST": HOST,
+            "MS_SCHED_PORT": str(port),
+            "MS_TOPO_TIMEOUT": "120",
+            "MS_NODE_TIMEOUT": "30",
+        }
+        for i in range(n):
+            group.spawn(real_worker_main, i, {**env, "MS_NODE_ID": str(i)}, q, name=f"worker-{i}")
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S + timeout_s
+        started: dict[int, float] = box.collect("started", n, deadline)
+        returned: dict[int, float] = {}
+        for i, (when, size) in box.collect("returned", n, deadline).items():
+            if size != n:
+                raise BenchError(f"real worker {i} sees a job of {size}, expected {n}")
+            returned[i] = when
+        ok = box.collect("done", 1, time.monotonic() + 60.0)[-1]
+        if not ok:
+            raise BenchError("real job: the scheduler did not see every worker finish")
+        group.join_all(time.monotonic() + JOIN_TIMEOUT_S)
+    return {
+        "last_start_to_last_init": max(returned.values()) - max(started.values()),
+        "first_start_to_last_init": max(returned.values()) - min(started.values()),
+    }
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def torch_version() -> str | None:
+    try:
+        import torch
+        import torch.distributed
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def fmt_s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 10 else f"{value:.1f} s"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--sizes", default="8,64,256,1024", help="comma-separated worker counts")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per size (median reported)")
+    parser.add_argument("--procs", type=int, default=4, help="client processes per run")
+    parser.add_argument(
+        "--real", type=int, default=8, help="workers of the real-process job (0: skip)"
+    )
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per run, at most")
+    parser.add_argument("--no-torch", action="store_true", help="skip the TCPStore comparison")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--sizes {args.sizes!r}: comma-separated integers expected")
+    if not args.sizes or min(args.sizes) < 1:
+        parser.error("--sizes: worker counts must be >= 1")
+    if args.repeat < 1 or args.procs < 1 or args.real < 0 or args.timeout <= 0:
+        parser.error("--repeat and --procs must be >= 1, --real >= 0, --timeout > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    raise_fd_limit()
+    ctx = mp.get_context("spawn")
+    tv = None if args.no_torch else torch_version()
+    systems = ["cluster"] + (["tcpstore"] if tv else [])
+    print(
+        f"rendezvous: sizes={args.sizes} repeat={args.repeat} procs={args.procs} "
+        f"cpus={os.cpu_count()} python={platform.python_version()} "
+        f"torch={tv or 'not used'}",
+        flush=True,
+    )
+    results: dict[str, Any] = {
+        "sizes": {},
+        "repeat": args.repeat,
+        "procs": args.procs,
+        "cpus": os.cpu_count(),
+        "torch": tv,
+    }
+    for n in args.sizes:
+        runs: dict[str, list[float]] = {s: [] for s in systems}
+        for r in range(args.repeat):
+            for system in systems:
+                elapsed = run_once(ctx, system, n, args.procs, args.timeout)
+                runs[system].append(elapsed)
+                print(
+                    f"  N={n:<5} run {r + 1}/{args.repeat} {system:<8} {fmt_s(elapsed)}", flush=True
+                )
+        entry: dict[str, Any] = {"runs": runs}
+        for system in systems:
+            entry[f"{system}_median_s"] = statistics.median(runs[system])
+        results["sizes"][str(n)] = entry
+
+    real: dict[str, Any] | None = None
+    if args.real:
+        samples = [run_real_once(ctx, args.real, args.timeout) for _ in range(args.repeat)]
+        real = {
+            "workers": args.real,
+            "runs": samples,
+            "last_start_to_last_init_median_s": statistics.median(
+                s["last_start_to_last_init"] for s in samples
+            ),
+            "first_start_to_last_init_median_s": statistics.median(
+                s["first_start_to_last_init"] for s in samples
+            ),
+        }
+        results["real"] = real
+
+    print()
+    print(
+        f"median of {args.repeat} run(s), {args.procs} client processes, wall time from the "
+        "start signal to the last worker holding the full peer table"
+    )
+    header = f"{'N':>6} | {'cluster':>10} | {'TCPStore':>10} | {'TCPStore/cluster':>16}"
+    print(header)
+    print("-" * len(header))
+    for n in args.sizes:
+        entry = results["sizes"][str(n)]
+        ours = entry["cluster_median_s"]
+        peer = entry.get("tcpstore_median_s")
+        ratio = f"{peer / ours:.2f}x" if peer is not None and ours > 0 else "-"
+        print(f"{n:>6} | {fmt_s(ours):>10} | {fmt_s(peer):>10} | {ratio:>16}")
+    if real is not None:
+        print()
+        print(
+            f"real job, {real['workers']} worker processes: last process started -> last "
+            f"init() returned: median {fmt_s(real['last_start_to_last_init_median_s'])} "
+            f"(runs: {', '.join(fmt_s(s['last_start_to_last_init']) for s in real['runs'])}); "
+            f"first started -> last returned: "
+            f"{fmt_s(real['first_start_to_last_init_median_s'])}"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"rendezvous benchmark failed: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import Procs, procs
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Procs]:
+    with procs(tmp_path) as group:
+        yield group

@@ -1,0 +1,51 @@
+"""Exercise the public API in a real worker and print what it saw as one JSON line."""
+
+from __future__ import annotations
+
+import json
+
+import cluster
+
+cluster.init()
+rank, size = cluster.get_rank(), cluster.get_group_size()
+kv = cluster.store()
+kv.set(f"addr/{rank}", f"10.0.0.{rank}:{rank + 1000}")
+counted = kv.add("arrived", 1)
+addresses = [v.decode() for v in kv.wait([f"addr/{r}" for r in range(size)], timeout_s=30)]
+cluster.barrier()
+final_count = int(kv.get("arrived"))
+seed = cluster.broadcast_object({"seed": 1234 + rank}, root=size - 1)
+gathered = cluster.allgather_object({"rank": rank, "peers": len(cluster.get_peers())})
+try:
+    kv.get("never-set")
+    missing = "no error"
+except KeyError:
+    missing = "KeyError"
+try:
+    kv.wait(["never-set"], timeout_s=0.2)
+    wait_timeout = "no error"
+except cluster.CollectiveError as exc:
+    wait_timeout = str(exc)
+print(
+    json.dumps(
+        {
+            "rank": rank,
+            "size": size,
+            "local_rank": cluster.get_local_rank(),
+            "local_size": cluster.get_local_size(),
+            "generation": cluster.get_generation(),
+            "rejoin": cluster.is_rejoin(),
+            "node_id": cluster.get_node_id(),
+            "peers": [[p.rank, p.node_id, p.host, p.port] for p in cluster.get_peers()],
+            "counted": counted,
+            "final_count": final_count,
+            "addresses": addresses,
+            "seed": seed,
+            "gathered": gathered,
+            "missing": missing,
+            "wait_timeout": wait_timeout,
+        }
+    ),
+    flush=True,
+)
+cluster.finalize()

@@ -1,0 +1,208 @@
+"""The public API in real worker processes, and the protocol against a real in-process server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import cluster
+from cluster.config import from_env
+from cluster.errors import JobFailedError, RegistrationRefused
+from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.agent import WorkerAgent
+from cluster.worker.identity import NodeIdentity, new_incarnation
+from tests.procs import PYTHON, ROOT, Procs, free_port, job_env
+
+PROBE = [str(ROOT / "tests" / "integration" / "scripts" / "api_probe.py")]
+
+
+def test_public_api_in_real_workers(processes: Procs) -> None:
+    port = free_port()
+    base = job_env(3, port)
+    sched = processes.start_role("scheduler", "MS_SCHED", PROBE, base)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", PROBE, {**base, "MS_NODE_ID": f"n{i}"})
+        for i in range(3)
+    ]
+    for w in workers:
+        assert w.wait(30) == 0, w.output
+    assert sched.wait(30) == 0, sched.output
+    seen = [json.loads(w.output.strip().splitlines()[-1]) for w in workers]
+    seen.sort(key=lambda s: s["rank"])
+    assert [s["rank"] for s in seen] == [0, 1, 2]
+    # Same host for all: ranks by node id, local ranks equal ranks, local size 3.
+    assert [s["node_id"] for s in seen] == ["n0", "n1", "n2"]
+    assert all(s["local_rank"] == s["rank"] and s["local_size"] == 3 for s in seen)
+    assert all(s["size"] == 3 and s["generation"] == 1 and s["rejoin"] is False for s in seen)
+    assert all(s["peers"] == seen[0]["peers"] for s in seen)
+    assert [p[:2] for p in seen[0]["peers"]] == [[0, "n0"], [1, "n1"], [2, "n2"]]
+    assert sorted(s["counted"] for s in seen) == [1, 2, 3]
+    assert all(s["final_count"] == 3 for s in seen)
+    assert all(s["addresses"] == [f"10.0.0.{r}:{r + 1000}" for r in range(3)] for s in seen)
+    assert all(s["seed"] == {"seed": 1236} for s in seen)
+    assert all(s["gathered"] == [{"rank": r, "peers": 3} for r in range(3)] for s in seen)
+    assert all(s["missing"] == "KeyError" for s in seen)
+    assert all("still missing 'never-set'" in s["wait_timeout"] for s in seen)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        cluster.get_rank,
+        cluster.get_group_size,
+        cluster.get_local_rank,
+        cluster.get_local_size,
+        cluster.get_peers,
+        cluster.barrier,
+        lambda: cluster.allgather_object(1),
+        lambda: cluster.broadcast_object(1),
+        cluster.store,
+    ],
+)
+def test_calls_before_init_say_to_call_init(call: object) -> None:
+    with pytest.raises(cluster.NotInitializedError, match=r"call cluster\.init\(\) first"):
+        call()  # type: ignore[operator]
+
+
+def test_uncaught_cluster_error_is_one_line_without_traceback() -> None:
+    result = subprocess.run(
+        [PYTHON, "-c", "import cluster; cluster.get_rank()"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "cluster: NotInitializedError: this needs the job to be formed: call cluster.init() "
+        "first (in every worker)"
+    ]
+
+
+# -- the protocol against a real in-process scheduler ----------------------------------------
+
+
+def settings(n: int, **kw: float) -> CoreSettings:
+    values = {"node_timeout_s": 30.0, "topo_timeout_s": 60.0, "heartbeat_interval_s": 0.5}
+    values.update(kw)
+    return CoreSettings(worker_num=n, server_num=0, **values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[SchedulerServer]:
+    async with SchedulerServer(settings(2)) as srv:
+        yield srv
+
+
+def make_agent(port: int, n: int, node_id: str, **env: str) -> WorkerAgent:
+    config = from_env(
+        {
+            "MS_ROLE": "MS_WORKER",
+            "MS_WORKER_NUM": str(n),
+            "MS_SCHED_HOST": "127.0.0.1",
+            "MS_SCHED_PORT": str(port),
+            "MS_TOPO_TIMEOUT": "20",
+            **env,
+        }
+    )
+    identity = NodeIdentity(node_id, new_incarnation(), "127.0.0.1", 40000)
+    return WorkerAgent(config, identity, say=lambda _: None, on_fatal=lambda _: None)
+
+
+async def test_two_agents_form_a_job_and_gather(server: SchedulerServer) -> None:
+    a, b = make_agent(server.port, 2, "a"), make_agent(server.port, 2, "b")
+    ta, tb = await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+    assert (ta.rank, tb.rank) == (0, 1)
+    assert ta.peers == tb.peers
+    got = await asyncio.wait_for(
+        asyncio.gather(a.exchange("allgather", b"A"), b.exchange("allgather", b"B")), 10
+    )
+    assert got == [[b"A", b"B"], [b"A", b"B"]]
+    await asyncio.gather(a.finish(), b.finish())
+    assert await asyncio.wait_for(server.wait_done(), 10) is True
+    await asyncio.gather(a.close(), b.close())
+
+
+async def test_mismatched_collectives_are_reported_not_deadlocked(server: SchedulerServer) -> None:
+    a, b = make_agent(server.port, 2, "a"), make_agent(server.port, 2, "b")
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+    first = asyncio.create_task(a.exchange("barrier", b""))
+    with pytest.raises(cluster.CollectiveError, match="same collectives in the same order"):
+        await asyncio.wait_for(b.exchange("allgather", b"x"), 10)
+    first.cancel()
+    await asyncio.gather(a.close(), b.close())
+
+
+async def test_second_process_with_a_live_node_id_is_refused(server: SchedulerServer) -> None:
+    a = make_agent(server.port, 2, "a")
+    start = asyncio.create_task(a.start())
+    stub = pb_grpc.SchedulerStub(grpc.aio.insecure_channel(f"127.0.0.1:{server.port}"))
+    request = pb.RegisterRequest(
+        node_id="a", role=pb.ROLE_WORKER, host="127.0.0.1", port=1, incarnation=7, worker_num=2
+    )
+    # Wait until "a" is in (observable through Status), then try to take its id.
+    for _ in range(500):
+        status = await stub.Status(pb.StatusRequest(), timeout=5)
+        if status.nodes:
+            break
+        await asyncio.sleep(0.01)
+    response = await stub.Register(request, timeout=5)
+    assert response.refused.reason == pb.REFUSAL_NODE_ALIVE
+    assert "MS_NODE_TIMEOUT" in response.refused.message
+    assert 29 < response.refused.retry_after_s <= 30
+    start.cancel()
+    await a.close()
+
+
+async def test_worker_num_mismatch_is_refused_clearly(server: SchedulerServer) -> None:
+    agent = make_agent(server.port, 3, "a")
+    with pytest.raises(RegistrationRefused, match="MS_WORKER_NUM=3.*MS_WORKER_NUM=2"):
+        await asyncio.wait_for(agent.start(), 20)
+    await agent.close()
+
+
+async def test_one_node_too_many_is_refused(server: SchedulerServer) -> None:
+    agents = [make_agent(server.port, 2, name) for name in ("a", "b")]
+    await asyncio.wait_for(asyncio.gather(*(x.start() for x in agents)), 20)
+    extra = make_agent(server.port, 2, "c")
+    with pytest.raises(RegistrationRefused, match="already has all 2 workers"):
+        await asyncio.wait_for(extra.start(), 20)
+    for x in [*agents, extra]:
+        await x.close()
+
+
+async def test_status_and_health(server: SchedulerServer) -> None:
+    a, b = make_agent(server.port, 2, "a"), make_agent(server.port, 2, "b")
+    await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        status = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=5)
+        health = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="cluster.v1.Scheduler"), timeout=5
+        )
+    assert status.phase == "ready" and status.generation == 1
+    assert [(n.rank, n.node_id, n.state, n.connected) for n in status.nodes] == [
+        (0, "a", "alive", True),
+        (1, "b", "alive", True),
+    ]
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    await asyncio.gather(a.close(), b.close())
+
+
+async def test_a_dead_peer_fails_a_waiting_collective() -> None:
+    async with SchedulerServer(settings(2)) as srv:
+        a, b = make_agent(srv.port, 2, "a"), make_agent(srv.port, 2, "b")
+        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+        waiting = asyncio.create_task(a.exchange("barrier", b""))
+        await b.close()  # b's stream breaks: b is dead to the scheduler
+        with pytest.raises(JobFailedError, match="rank 1"):
+            await asyncio.wait_for(waiting, 10)
+        assert await asyncio.wait_for(srv.wait_done(), 10) is False
+        await a.close()

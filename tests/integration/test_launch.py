@@ -1,0 +1,205 @@
+"""The launch contract with real processes: MindSpore-style launch loops, failures, timeouts."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procs import PYTHON, ROOT, Procs, free_port, job_env
+
+EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
+LINE = re.compile(r"^allgather rank=(\d+) size=(\d+) result=(\[.*\])$", re.MULTILINE)
+
+
+def start_job(
+    processes: Procs, n: int, *, hold: float = 0.0, workers: int | None = None, **env: str
+) -> tuple[object, list]:
+    port = free_port()
+    base = job_env(n, port, **env)
+    args = [*EXAMPLE, "--hold", str(hold)] if hold else EXAMPLE
+    sched = processes.start_role("scheduler", "MS_SCHED", args, base)
+    started = [
+        processes.start_role(f"worker{i}", "MS_WORKER", args, base)
+        for i in range(n if workers is None else workers)
+    ]
+    return sched, started
+
+
+def test_tutorial_shell_loop_runs_unchanged(tmp_path: Path) -> None:
+    """The tutorial's loop: N workers and a scheduler of one script, only MS_ROLE differs."""
+    script = ROOT / "examples" / "run_allgather.sh"
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(script)],
+        env={**job_env(8, free_port()), "LOG_DIR": str(tmp_path), "PYTHON": PYTHON},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = []
+    for i in range(8):
+        lines += LINE.findall((tmp_path / f"worker_{i}.log").read_text())
+    ranks = sorted(int(rank) for rank, _, _ in lines)
+    assert ranks == list(range(8)), lines
+    assert {(size, res) for _, size, res in lines} == {("8", str(list(range(8))))}
+    print(f"8-worker tutorial launch took {elapsed:.2f} s")
+
+
+def test_every_worker_prints_one_line_and_all_exit_zero(processes: Procs) -> None:
+    sched, workers = start_job(processes, 4)
+    for w in workers:
+        assert w.wait(30) == 0, w.output
+    assert sched.wait(30) == 0, sched.output
+    outputs = [LINE.findall(w.output) for w in workers]
+    assert all(len(found) == 1 for found in outputs), [w.output for w in workers]
+    assert sorted(int(found[0][0]) for found in outputs) == [0, 1, 2, 3]
+    assert "Traceback" not in "".join(w.output for w in [sched, *workers])
+
+
+def test_workers_started_before_the_scheduler_wait_for_it(processes: Procs) -> None:
+    port = free_port()
+    base = job_env(2, port)
+    workers = [processes.start_role(f"w{i}", "MS_WORKER", EXAMPLE, base) for i in range(2)]
+    workers[0].wait_for_output("waiting for the scheduler at 127.0.0.1", 20)
+    sched = processes.start_role("scheduler", "MS_SCHED", EXAMPLE, base)
+    for w in workers:
+        assert w.wait(30) == 0, w.output
+    assert sched.wait(30) == 0, sched.output
+
+
+def test_sigkill_of_a_worker_stops_every_process_naming_the_rank(processes: Procs) -> None:
+    sched, workers = start_job(processes, 4, hold=60)
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    victim = workers[2]
+    rank = LINE.search(victim.output).group(1)  # type: ignore[union-attr]
+    victim.popen.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    survivors = [w for w in workers if w is not victim]
+    for proc in [*survivors, sched]:
+        assert proc.wait(10) != 0, proc.output
+    took = time.monotonic() - killed_at
+    for proc in [*survivors, sched]:
+        assert f"rank {rank} (node" in proc.output, proc.output
+        assert "died" in proc.output
+        assert "Traceback" not in proc.output
+    print(f"all processes exited {took:.2f} s after the SIGKILL")
+
+
+def test_hung_worker_is_detected_by_heartbeat_silence(processes: Procs) -> None:
+    sched, workers = start_job(processes, 3, hold=60, MS_NODE_TIMEOUT="2")
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    victim = workers[0]
+    victim.popen.send_signal(signal.SIGSTOP)
+    try:
+        for proc in [workers[1], workers[2], sched]:
+            assert proc.wait(20) != 0, proc.output
+            assert "no heartbeat for" in proc.output, proc.output
+    finally:
+        victim.popen.send_signal(signal.SIGKILL)
+
+
+def test_dead_scheduler_makes_workers_exit_naming_its_address(processes: Procs) -> None:
+    sched, workers = start_job(processes, 2, hold=60, MS_NODE_TIMEOUT="2")
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    sched.popen.send_signal(signal.SIGKILL)
+    for w in workers:
+        assert w.wait(20) != 0, w.output
+        assert "the scheduler at 127.0.0.1:" in w.output
+        assert "unreachable" in w.output, w.output
+        assert "Traceback" not in w.output
+
+
+def test_hung_scheduler_makes_workers_exit(processes: Procs) -> None:
+    sched, workers = start_job(processes, 2, hold=60, MS_NODE_TIMEOUT="2")
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    sched.popen.send_signal(signal.SIGSTOP)
+    try:
+        for w in workers:
+            assert w.wait(20) != 0, w.output
+            assert "unreachable" in w.output and "no heartbeat" in w.output, w.output
+    finally:
+        sched.popen.send_signal(signal.SIGKILL)
+
+
+def test_topology_timeout_names_what_is_missing(processes: Procs) -> None:
+    sched, workers = start_job(processes, 4, workers=3, MS_TOPO_TIMEOUT="4")
+    for proc in [sched, *workers]:
+        assert proc.wait(15) != 0, proc.output
+        assert "Traceback" not in proc.output, proc.output
+        assert "3 of 4 workers registered after" in proc.output, proc.output
+    # Each worker says it in one line.
+    for w in workers:
+        assert len([ln for ln in w.output.splitlines() if "3 of 4" in ln]) == 1, w.output
+
+
+def test_numeric_node_ids_are_the_ranks_and_missing_ranks_are_named(processes: Procs) -> None:
+    port = free_port()
+    base = job_env(3, port, MS_TOPO_TIMEOUT="3")
+    sched = processes.start_role("scheduler", "MS_SCHED", EXAMPLE, base)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", EXAMPLE, {**base, "MS_NODE_ID": str(i)})
+        for i in (0, 2)
+    ]
+    assert sched.wait(15) != 0
+    assert "missing: rank 1" in sched.output, sched.output
+    for w in workers:
+        assert w.wait(15) != 0
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"MS_ROLE": ""}, "MS_ROLE is not set"),
+        ({"MS_ROLE": "MS_BOSS"}, "MS_ROLE='MS_BOSS'"),
+        ({"MS_SCHED_PORT": "abc"}, "MS_SCHED_PORT='abc' is not an integer"),
+        ({"MS_SCHED_PORT": "70000"}, "MS_SCHED_PORT='70000' is out of range"),
+        ({"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM='0' is out of range"),
+        ({"MS_TOPO_TIMEOUT": "-5"}, "MS_TOPO_TIMEOUT='-5' is out of range"),
+        ({"MS_NODE_TIMEOUT": "soon"}, "MS_NODE_TIMEOUT='soon' is not a number"),
+        ({"MS_ENABLE_RECOVERY": "1"}, "MS_ENABLE_RECOVERY=1 needs MS_RECOVERY_PATH"),
+        ({"MS_SCHED_HOST": "no-such-host.invalid"}, "does not resolve"),
+    ],
+)
+@pytest.mark.parametrize("role", ["MS_WORKER", "MS_SCHED"])
+def test_bad_environment_is_one_clear_line(role: str, env: dict[str, str], expected: str) -> None:
+    full = {**job_env(2, free_port(), MS_ROLE=role), **env}
+    result = subprocess.run(
+        [PYTHON, *EXAMPLE], env=full, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0], lines[0]
+    assert lines[0].startswith("cluster: ConfigError: ")
+
+
+def test_scheduler_port_in_use_is_one_clear_line(processes: Procs) -> None:
+    port = free_port()
+    base = job_env(1, port)
+    first = processes.start_role("first", "MS_SCHED", EXAMPLE, base)
+    first.wait_for_output("listening on", 20)
+    result = subprocess.run(
+        [PYTHON, *EXAMPLE],
+        env={**base, "MS_ROLE": "MS_SCHED"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -1,0 +1,299 @@
+"""Unit tests of cluster.config: the launch environment parsed into a frozen ClusterConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cluster.config import (
+    ClusterConfig,
+    RecoveryConfig,
+    Role,
+    check_recovery_path,
+    from_env,
+)
+from cluster.errors import ConfigError
+
+
+def env(**overrides: str | None) -> dict[str, str]:
+    """A minimal valid worker environment, with overrides (None removes a variable)."""
+    base = {
+        "MS_ROLE": "MS_WORKER",
+        "MS_WORKER_NUM": "4",
+        "MS_SCHED_HOST": "10.0.0.1",
+        "MS_SCHED_PORT": "8118",
+    }
+    for name, value in overrides.items():
+        if value is None:
+            base.pop(name, None)
+        else:
+            base[name] = value
+    return base
+
+
+# -- valid environments -----------------------------------------------------------------------
+
+
+def test_minimal_environment_gets_the_mindspore_defaults() -> None:
+    cfg = from_env(env())
+    assert cfg == ClusterConfig(
+        role=Role.WORKER,
+        worker_num=4,
+        server_num=0,
+        sched_host="10.0.0.1",
+        sched_port=8118,
+        node_id=None,
+        recovery=None,
+        topo_timeout_s=1800.0,
+        node_timeout_s=30.0,
+        heartbeat_enabled=True,
+        heartbeat_interval_s=1.0,
+    )
+    assert cfg.sched_address == "10.0.0.1:8118"
+    assert cfg.expected_nodes == 4
+
+
+def test_full_environment(tmp_path: Path) -> None:
+    cfg = from_env(
+        {
+            "MS_ROLE": "MS_SCHED",
+            "MS_WORKER_NUM": "8",
+            "MS_SERVER_NUM": "2",
+            "MS_SCHED_HOST": "sched.example",
+            "MS_SCHED_PORT": "65535",
+            "MS_NODE_ID": "scheduler-0",
+            "MS_ENABLE_RECOVERY": "1",
+            "MS_RECOVERY_PATH": str(tmp_path / "state"),
+            "MS_TOPO_TIMEOUT": "120",
+            "MS_NODE_TIMEOUT": "2.5",
+            "MS_DISABLE_HEARTBEAT": "0",
+            "CLUSTER_HEARTBEAT_INTERVAL": "0.25",
+        }
+    )
+    assert cfg.role is Role.SCHEDULER
+    assert cfg.worker_num == 8
+    assert cfg.server_num == 2
+    assert cfg.expected_nodes == 10
+    assert cfg.sched_host == "sched.example"
+    assert cfg.sched_port == 65535
+    assert cfg.node_id == "scheduler-0"
+    assert cfg.recovery == RecoveryConfig(tmp_path / "state")
+    assert cfg.topo_timeout_s == 120.0
+    assert cfg.node_timeout_s == 2.5
+    assert cfg.heartbeat_enabled is True
+    assert cfg.heartbeat_interval_s == 0.25
+
+
+def test_config_is_frozen() -> None:
+    cfg = from_env(env())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.worker_num = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"),
+    [("MS_SCHED", Role.SCHEDULER), ("MS_WORKER", Role.WORKER), ("MS_PSERVER", Role.SERVER)],
+)
+def test_roles(role: str, expected: Role) -> None:
+    cfg = from_env(env(MS_ROLE=role, MS_SERVER_NUM="1"))
+    assert cfg.role is expected
+
+
+def test_disable_heartbeat() -> None:
+    assert from_env(env(MS_DISABLE_HEARTBEAT="1")).heartbeat_enabled is False
+    assert from_env(env(MS_DISABLE_HEARTBEAT="true")).heartbeat_enabled is False
+    assert from_env(env(MS_DISABLE_HEARTBEAT="off")).heartbeat_enabled is True
+
+
+def test_default_heartbeat_interval_follows_short_node_timeout() -> None:
+    # At most 1 s, and at least 5 heartbeats per node timeout.
+    assert from_env(env(MS_NODE_TIMEOUT="2")).heartbeat_interval_s == pytest.approx(0.4)
+    assert from_env(env(MS_NODE_TIMEOUT="100")).heartbeat_interval_s == 1.0
+
+
+def test_ipv6_scheduler_address_is_bracketed() -> None:
+    assert from_env(env(MS_SCHED_HOST="::1")).sched_address == "[::1]:8118"
+
+
+@pytest.mark.parametrize(("raw", "canonical"), [("007", "7"), ("0", "0"), ("3", "3")])
+def test_numeric_node_id_is_canonicalised(raw: str, canonical: str) -> None:
+    assert from_env(env(MS_NODE_ID=raw, MS_WORKER_NUM="8")).node_id == canonical
+
+
+@pytest.mark.parametrize(
+    "node_id", ["worker-a", "host.example:1", "a@b", "w_1", "x" * 128, "A0", "9lives"]
+)
+def test_valid_non_numeric_node_ids_are_kept(node_id: str) -> None:
+    assert from_env(env(MS_NODE_ID=node_id)).node_id == node_id
+
+
+def test_node_id_surrounding_whitespace_is_stripped() -> None:
+    assert from_env(env(MS_NODE_ID="  worker-a  ")).node_id == "worker-a"
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_node_id_means_generated(value: str) -> None:
+    # MindSpore reads unset and empty variables alike (common::GetEnv returns ""), so an empty
+    # MS_NODE_ID means "no id given", as for every other optional variable here.
+    assert from_env(env(MS_NODE_ID=value)).node_id is None
+
+
+def test_scheduler_numeric_node_id_is_not_bounded_by_worker_num() -> None:
+    assert from_env(env(MS_ROLE="MS_SCHED", MS_NODE_ID="99")).node_id == "99"
+
+
+def test_server_numeric_node_id_is_bounded_by_server_num() -> None:
+    assert from_env(env(MS_ROLE="MS_PSERVER", MS_SERVER_NUM="2", MS_NODE_ID="1")).node_id == "1"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
+def test_recovery_truthy_values(value: str, tmp_path: Path) -> None:
+    cfg = from_env(env(MS_ENABLE_RECOVERY=value, MS_RECOVERY_PATH=str(tmp_path)))
+    assert cfg.recovery == RecoveryConfig(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "no", "off", ""])
+def test_recovery_falsy_values_ignore_the_path(value: str, tmp_path: Path) -> None:
+    assert from_env(env(MS_ENABLE_RECOVERY=value, MS_RECOVERY_PATH=str(tmp_path))).recovery is None
+
+
+@pytest.mark.parametrize("port", ["1", "65535", " 8118 "])
+def test_port_bounds_inclusive(port: str) -> None:
+    assert from_env(env(MS_SCHED_PORT=port)).sched_port == int(port)
+
+
+# -- bad environments -------------------------------------------------------------------------
+
+# (overrides, variable, value shown in the message, words of the rule)
+BAD: list[tuple[dict[str, str | None], str, str, tuple[str, ...]]] = [
+    ({"MS_ROLE": None}, "MS_ROLE", "not set", ("MS_SCHED", "MS_WORKER", "MS_PSERVER")),
+    ({"MS_ROLE": ""}, "MS_ROLE", "not set", ("MS_SCHED", "MS_WORKER", "MS_PSERVER")),
+    ({"MS_ROLE": "MS_BOSS"}, "MS_ROLE", "'MS_BOSS'", ("MS_SCHED", "MS_WORKER", "MS_PSERVER")),
+    ({"MS_ROLE": "ms_worker"}, "MS_ROLE", "'ms_worker'", ("one of",)),
+    ({"MS_SCHED_PORT": "abc"}, "MS_SCHED_PORT", "'abc'", ("integer", "1", "65535")),
+    ({"MS_SCHED_PORT": "70000"}, "MS_SCHED_PORT", "'70000'", ("1", "65535")),
+    ({"MS_SCHED_PORT": "0"}, "MS_SCHED_PORT", "'0'", ("1", "65535")),
+    ({"MS_SCHED_PORT": "-1"}, "MS_SCHED_PORT", "'-1'", ("1", "65535")),
+    ({"MS_SCHED_PORT": "80.5"}, "MS_SCHED_PORT", "'80.5'", ("integer",)),
+    ({"MS_SCHED_PORT": None}, "MS_SCHED_PORT", "not set", ("1-65535",)),
+    ({"MS_SCHED_HOST": None}, "MS_SCHED_HOST", "not set", ("host",)),
+    ({"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM", "'0'", (">= 1",)),
+    ({"MS_WORKER_NUM": "x"}, "MS_WORKER_NUM", "'x'", ("integer", ">= 1")),
+    ({"MS_WORKER_NUM": "-3"}, "MS_WORKER_NUM", "'-3'", (">= 1",)),
+    ({"MS_WORKER_NUM": None}, "MS_WORKER_NUM", "not set", (">= 1",)),
+    ({"MS_SERVER_NUM": "-1"}, "MS_SERVER_NUM", "'-1'", (">= 0",)),
+    ({"MS_SERVER_NUM": "two"}, "MS_SERVER_NUM", "'two'", ("integer",)),
+    *[
+        ({name: value}, name, repr(value), ("positive number of seconds",))
+        for name in ("MS_TOPO_TIMEOUT", "MS_NODE_TIMEOUT")
+        for value in ("-1", "0", "-0.5", "abc", "nan", "inf", "-inf", "1e999")
+    ],
+    (
+        {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": None},
+        "MS_RECOVERY_PATH",
+        "MS_ENABLE_RECOVERY=1",
+        ("directory",),
+    ),
+    (
+        {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": "  "},
+        "MS_RECOVERY_PATH",
+        "MS_ENABLE_RECOVERY=1",
+        ("directory",),
+    ),
+    ({"MS_ENABLE_RECOVERY": "maybe"}, "MS_ENABLE_RECOVERY", "'maybe'", ("1/0", "true/false")),
+    ({"MS_ENABLE_RECOVERY": "2"}, "MS_ENABLE_RECOVERY", "'2'", ("1/0",)),
+    ({"MS_DISABLE_HEARTBEAT": "sometimes"}, "MS_DISABLE_HEARTBEAT", "'sometimes'", ("1/0",)),
+    ({"MS_NODE_ID": "node 1"}, "MS_NODE_ID", "'node 1'", ("1-128 characters",)),
+    ({"MS_NODE_ID": "a\tb"}, "MS_NODE_ID", "'a\\tb'", ("1-128 characters",)),
+    ({"MS_NODE_ID": "x" * 129}, "MS_NODE_ID", repr("x" * 129), ("1-128 characters",)),
+    ({"MS_NODE_ID": "-lead"}, "MS_NODE_ID", "'-lead'", ("starting with a letter or digit",)),
+    ({"MS_NODE_ID": "a/b"}, "MS_NODE_ID", "'a/b'", ("1-128 characters",)),
+    ({"MS_NODE_ID": "4"}, "MS_NODE_ID", "'4'", ("MS_WORKER_NUM=4", "below")),
+    ({"MS_NODE_ID": "0010"}, "MS_NODE_ID", "'0010'", ("MS_WORKER_NUM=4", "below")),
+    (
+        {"MS_ROLE": "MS_PSERVER", "MS_SERVER_NUM": "2", "MS_NODE_ID": "2"},
+        "MS_NODE_ID",
+        "'2'",
+        ("MS_SERVER_NUM=2", "below"),
+    ),
+    ({"MS_ROLE": "MS_PSERVER"}, "MS_SERVER_NUM", "MS_PSERVER", ("MS_SERVER_NUM >= 1", "is 0")),
+    (
+        {"MS_ROLE": "MS_PSERVER", "MS_SERVER_NUM": "0"},
+        "MS_SERVER_NUM",
+        "MS_PSERVER",
+        ("MS_SERVER_NUM >= 1",),
+    ),
+    (
+        {"MS_NODE_TIMEOUT": "2", "CLUSTER_HEARTBEAT_INTERVAL": "2"},
+        "CLUSTER_HEARTBEAT_INTERVAL",
+        "'2'",
+        ("shorter than", "MS_NODE_TIMEOUT", "2 s"),
+    ),
+    (
+        {"CLUSTER_HEARTBEAT_INTERVAL": "45"},
+        "CLUSTER_HEARTBEAT_INTERVAL",
+        "'45'",
+        ("shorter than", "MS_NODE_TIMEOUT", "30 s"),
+    ),
+    (
+        {"CLUSTER_HEARTBEAT_INTERVAL": "0"},
+        "CLUSTER_HEARTBEAT_INTERVAL",
+        "'0'",
+        ("positive number of seconds",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "variable", "value", "rule"),
+    BAD,
+    ids=[f"{case[1]}={case[2]}-{i}" for i, case in enumerate(BAD)],
+)
+def test_bad_value_names_variable_value_and_rule(
+    overrides: dict[str, str | None], variable: str, value: str, rule: tuple[str, ...]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_env(env(**overrides))
+    message = str(info.value)
+    assert variable in message
+    assert value in message
+    for words in rule:
+        assert words in message
+
+
+def test_config_error_is_a_cluster_error() -> None:
+    from cluster.errors import ClusterError
+
+    with pytest.raises(ClusterError):
+        from_env({})
+
+
+# -- the recovery path on disk ----------------------------------------------------------------
+
+
+def test_check_recovery_path_creates_the_directory(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "state"
+    check_recovery_path(RecoveryConfig(target))
+    assert target.is_dir()
+    assert list(target.iterdir()) == []  # the probe file is gone
+
+
+def test_check_recovery_path_accepts_an_existing_directory(tmp_path: Path) -> None:
+    (tmp_path / "keep").write_text("x")
+    check_recovery_path(RecoveryConfig(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"]
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_check_recovery_path_under_a_regular_file_is_refused(tmp_path: Path, below: str) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    target = blocker / below if below else blocker
+    with pytest.raises(ConfigError) as info:
+        check_recovery_path(RecoveryConfig(target))
+    message = str(info.value)
+    assert "MS_RECOVERY_PATH" in message
+    assert repr(str(target)) in message
+    assert "writable directory" in message

@@ -13,9 +13,14 @@ from types import TracebackType
 from cluster.errors import ClusterError
 
 _previous = sys.excepthook
+# Set when the program dies of an uncaught exception: the finalize that runs at exit then must
+# not tell the scheduler that this node finished well.
+crashed = False
 
 
 def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
+    global crashed
+    crashed = True
     if isinstance(value, ClusterError):
         print(f"cluster: {kind.__name__}: {value}", file=sys.stderr, flush=True)
         return

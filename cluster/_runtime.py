@@ -7,6 +7,7 @@ import logging
 import sys
 import threading
 
+from cluster import _excepthook
 from cluster import config as config_module
 from cluster.config import ClusterConfig, Role
 from cluster.errors import ClusterError, NotInitializedError
@@ -49,7 +50,7 @@ def init(config: ClusterConfig | None = None) -> None:
             raise ClusterError("cluster.init() was already called in this process")
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
         _session = WorkerSession(cfg, identity)
-        atexit.register(finalize)
+        atexit.register(_finalize_at_exit)
     _session.start()
 
 
@@ -72,11 +73,21 @@ def configure_logging(who: str) -> None:
 
 def finalize() -> None:
     """Tell the scheduler this worker is done and close the connection. Safe to call twice."""
+    _close(finished=True)
+
+
+def _finalize_at_exit() -> None:
+    # A program that dies of an uncaught exception has not finished its part of the job: close
+    # without Finish, so the scheduler sees a failure instead of a success.
+    _close(finished=not _excepthook.crashed)
+
+
+def _close(*, finished: bool) -> None:
     global _session
     with _lock:
         current, _session = _session, None
     if current is not None:
-        current.finalize()
+        current.finalize(finished=finished)
 
 
 def is_initialized() -> bool:

@@ -153,7 +153,14 @@ class SchedulerCore:
             watcher.queue.put_nowait(None)
 
     def finish(self, node_id: str, incarnation: int) -> None:
+        member = self.state.member(node_id, incarnation)
         self._apply(self.state.finish(node_id, incarnation))
+        if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
+            self.exchanges.fail_all(
+                f"{member.describe()} has finished (called cluster.finalize()) while others were "
+                "still in a collective; every rank must take part in every collective",
+                kind=CollectiveError,
+            )
 
     async def exchange(
         self, node_id: str, *, generation: int, seq: int, op: str, root: int, value: bytes
@@ -168,6 +175,12 @@ class SchedulerCore:
             raise CollectiveError(
                 f"collective of generation {generation}, but the job is at generation "
                 f"{st.generation}"
+            )
+        gone = [m for m in st.members.values() if m.state is state.NodeState.FINISHED]
+        if gone:
+            raise CollectiveError(
+                f"{op} cannot complete: {gone[0].describe()} has already finished "
+                "(called cluster.finalize()); every rank must take part in every collective"
             )
         if op == "broadcast" and not 0 <= root < st.worker_num:
             raise CollectiveError(f"broadcast root {root} is not a rank (0-{st.worker_num - 1})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from cluster.errors import CollectiveError, JobFailedError
+from cluster.errors import ClusterError, CollectiveError, JobFailedError
 
 BARRIER = "barrier"
 ALLGATHER = "allgather"
@@ -66,11 +66,11 @@ class ExchangeTable:
             return [gathered[root]]
         return []
 
-    def fail_all(self, reason: str) -> None:
-        """Fail every open round: a node died or the job ended."""
+    def fail_all(self, reason: str, kind: type[ClusterError] = JobFailedError) -> None:
+        """Fail every open round: a node died or left, or the job ended."""
         for rnd in self._rounds.values():
             if rnd.done is not None and not rnd.done.done():
-                rnd.done.set_exception(JobFailedError(reason))
+                rnd.done.set_exception(kind(reason))
                 # Mark retrieved: a round nobody waits on any more must not log a warning.
                 rnd.done.exception()
         self._rounds.clear()

@@ -125,13 +125,12 @@ class SchedulerServer:
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._monitor = asyncio.create_task(self.core.monitor())
+        settings = self.core.settings
         log.info(
-            "listening on %s for %d workers%s",
+            "listening on %s for %s%s",
             self.address,
-            self.core.settings.worker_num,
-            f" and {self.core.settings.server_num} servers"
-            if self.core.settings.server_num
-            else "",
+            _count(settings.worker_num, "worker"),
+            f" and {_count(settings.server_num, 'server')}" if settings.server_num else "",
         )
         return self.port
 
@@ -169,6 +168,10 @@ class SchedulerServer:
         if not self.core.done.is_set():
             self.core.abort("scheduler stopped")
         await self.stop(drain_s=0.5)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 async def serve(config: ClusterConfig) -> int:

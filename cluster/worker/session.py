@@ -126,12 +126,12 @@ class WorkerSession:
         sys.stdout.flush()
         os._exit(FATAL_EXIT_CODE)
 
-    def finalize(self) -> None:
+    def finalize(self, *, finished: bool = True) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            if self.agent.fatal is None:
+            if finished and self.agent.fatal is None:
                 self._background.run(self.agent.finish(), timeout_s=10.0)
             self._background.run(self.agent.close(), timeout_s=5.0)
         except (concurrent.futures.TimeoutError, RuntimeError):

@@ -203,3 +203,55 @@ def test_scheduler_port_in_use_is_one_clear_line(processes: Procs) -> None:
     assert "Traceback" not in result.stderr, result.stderr
     assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_crashed_worker_fails_the_job_instead_of_finishing_it(processes: Procs) -> None:
+    script = [str(ROOT / "tests" / "integration" / "scripts" / "crash_or_leave.py"), "crash"]
+    port = free_port()
+    base = job_env(3, port)
+    sched = processes.start_role("scheduler", "MS_SCHED", script, base)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", script, {**base, "MS_NODE_ID": str(i)})
+        for i in range(3)
+    ]
+    assert workers[0].wait(30) == 1
+    assert "RuntimeError: boom" in workers[0].output
+    for proc in [*workers[1:], sched]:
+        assert proc.wait(30) != 0, proc.output
+        assert "rank 0" in proc.output, proc.output
+
+
+def test_a_rank_that_leaves_early_fails_the_collective_it_skips(processes: Procs) -> None:
+    script = [str(ROOT / "tests" / "integration" / "scripts" / "crash_or_leave.py"), "leave"]
+    port = free_port()
+    base = job_env(2, port)
+    sched = processes.start_role("scheduler", "MS_SCHED", script, base)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", script, {**base, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    assert workers[0].wait(30) == 0, workers[0].output
+    assert workers[1].wait(30) != 0, workers[1].output
+    assert "rank 0" in workers[1].output, workers[1].output
+    assert "finished" in workers[1].output, workers[1].output
+    assert "Traceback" not in workers[1].output
+    assert sched.wait(30) != 0
+
+
+def test_restarted_scheduler_without_recovery_refuses_the_old_job(processes: Procs) -> None:
+    port = free_port()
+    base = job_env(2, port, MS_NODE_TIMEOUT="10")
+    args = [*EXAMPLE, "--hold", "60"]
+    sched = processes.start_role("scheduler", "MS_SCHED", args, base)
+    workers = [processes.start_role(f"w{i}", "MS_WORKER", args, base) for i in range(2)]
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    sched.popen.send_signal(signal.SIGKILL)
+    sched.wait(10)
+    workers[0].wait_for_output("reconnecting", 10)
+    second = processes.start_role("scheduler2", "MS_SCHED", args, base)
+    for w in workers:
+        assert w.wait(20) != 0, w.output
+        assert "recovery is off" in w.output, w.output
+    second.popen.send_signal(signal.SIGTERM)
+    assert second.wait(20) != 0

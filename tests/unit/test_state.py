@@ -1,0 +1,911 @@
+"""Unit and property tests of cluster.state.SchedulerState, driven with a fake clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from cluster.state import (
+    Accepted,
+    Effect,
+    Evict,
+    NodeFailedEvent,
+    NodeRole,
+    NodeState,
+    Phase,
+    ProgressEvent,
+    Refusal,
+    Refused,
+    Registration,
+    SchedulerState,
+    ShutdownEvent,
+    TopologyReadyEvent,
+    UnknownNodeError,
+)
+
+JOB = "job-1"
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_state(
+    clock: FakeClock,
+    *,
+    worker_num: int = 4,
+    server_num: int = 0,
+    node_timeout_s: float = 10.0,
+    topo_timeout_s: float = 60.0,
+    heartbeat_enabled: bool = True,
+) -> SchedulerState:
+    return SchedulerState(
+        cluster_id=JOB,
+        worker_num=worker_num,
+        server_num=server_num,
+        node_timeout_s=node_timeout_s,
+        topo_timeout_s=topo_timeout_s,
+        clock=clock,
+        heartbeat_enabled=heartbeat_enabled,
+    )
+
+
+def reg(
+    state: SchedulerState,
+    node_id: str,
+    *,
+    host: str = "h0",
+    role: NodeRole = NodeRole.WORKER,
+    incarnation: int = 1,
+    port: int = 5000,
+    worker_num: int | None = None,
+    server_num: int | None = None,
+    cluster_id: str = "",
+) -> Registration:
+    return Registration(
+        node_id=node_id,
+        role=role,
+        host=host,
+        port=port,
+        incarnation=incarnation,
+        worker_num=state.worker_num if worker_num is None else worker_num,
+        server_num=state.server_num if server_num is None else server_num,
+        cluster_id=cluster_id,
+    )
+
+
+def accept(state: SchedulerState, registration: Registration) -> list[Effect]:
+    outcome, effects = state.register(registration)
+    assert isinstance(outcome, Accepted), outcome
+    return effects
+
+
+def refuse(state: SchedulerState, registration: Registration, reason: Refusal) -> Refused:
+    before = {k: (m.incarnation, m.state) for k, m in state.members.items()}
+    phase = state.phase
+    outcome, effects = state.register(registration)
+    assert isinstance(outcome, Refused), outcome
+    assert outcome.reason is reason
+    assert outcome.message.strip()
+    assert effects == []
+    # A refusal changes nothing.
+    assert {k: (m.incarnation, m.state) for k, m in state.members.items()} == before
+    assert state.phase is phase
+    return outcome
+
+
+def ready_state(
+    clock: FakeClock, ids: list[str], hosts: list[str] | None = None, **kwargs: object
+) -> SchedulerState:
+    state = make_state(clock, worker_num=len(ids), **kwargs)  # type: ignore[arg-type]
+    for i, node_id in enumerate(ids):
+        accept(state, reg(state, node_id, host=(hosts[i] if hosts else "h0"), port=6000 + i))
+    assert state.phase is Phase.READY
+    return state
+
+
+def ranks(state: SchedulerState) -> dict[str, int | None]:
+    return {m.node_id: m.rank for m in state.members.values()}
+
+
+# -- ranks ------------------------------------------------------------------------------------
+
+
+def test_numeric_node_ids_are_the_ranks() -> None:
+    state = ready_state(FakeClock(), ["3", "1", "0", "2"])
+    assert ranks(state) == {"0": 0, "1": 1, "2": 2, "3": 3}
+    assert [(p.rank, p.node_id) for p in state.peers()] == [(i, str(i)) for i in range(4)]
+
+
+def test_numeric_node_ids_are_canonical() -> None:
+    state = ready_state(FakeClock(), ["001", "0"])
+    assert ranks(state) == {"0": 0, "1": 1}
+    assert state.member("01", 1).rank == 1
+
+
+def test_non_numeric_ids_are_ranked_by_host_then_id() -> None:
+    state = ready_state(FakeClock(), ["b", "a", "z", "c"], hosts=["h2", "h2", "h1", "h1"])
+    assert ranks(state) == {"c": 0, "z": 1, "a": 2, "b": 3}
+    assert [(p.rank, p.node_id, p.host) for p in state.peers()] == [
+        (0, "c", "h1"),
+        (1, "z", "h1"),
+        (2, "a", "h2"),
+        (3, "b", "h2"),
+    ]
+
+
+def test_mixed_ids_fill_the_free_ranks() -> None:
+    state = ready_state(FakeClock(), ["2", "x", "a", "m"], hosts=["h9", "h1", "h1", "h0"])
+    # '2' keeps rank 2; the others take 0, 1, 3 in (host, id) order.
+    assert ranks(state) == {"2": 2, "m": 0, "a": 1, "x": 3}
+
+
+def test_local_rank_and_size_grouped_by_host() -> None:
+    state = ready_state(FakeClock(), ["0", "1", "2", "3", "4"], hosts=["h1", "h0", "h1", "h1", "h0"])
+    local = {p.rank: (p.host, p.local_rank, p.local_size) for p in state.peers()}
+    assert local == {
+        0: ("h1", 0, 3),
+        1: ("h0", 0, 2),
+        2: ("h1", 1, 3),
+        3: ("h1", 2, 3),
+        4: ("h0", 1, 2),
+    }
+
+
+def test_non_numeric_workers_of_a_host_are_contiguous() -> None:
+    state = ready_state(
+        FakeClock(), ["w3", "w0", "w2", "w1"], hosts=["hostB", "hostA", "hostB", "hostA"]
+    )
+    local = {p.node_id: (p.rank, p.local_rank, p.local_size) for p in state.peers()}
+    assert local == {
+        "w0": (0, 0, 2),
+        "w1": (1, 1, 2),
+        "w2": (2, 0, 2),
+        "w3": (3, 1, 2),
+    }
+
+
+# -- forming the topology ---------------------------------------------------------------------
+
+
+def test_waiting_until_all_workers_then_ready_with_generation_1() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=3)
+    assert state.phase is Phase.WAITING
+    for i, node_id in enumerate(["a", "b"]):
+        outcome, effects = state.register(reg(state, node_id))
+        assert outcome == Accepted(JOB, i + 1, 3, rejoined=False, generation=0)
+        assert effects == [ProgressEvent(i + 1, 3)]
+        assert state.phase is Phase.WAITING
+        assert state.generation == 0
+    outcome, effects = state.register(reg(state, "c", host="h1", port=7))
+    assert outcome == Accepted(JOB, 3, 3, rejoined=False, generation=1)
+    assert state.phase is Phase.READY
+    assert state.generation == 1
+    assert len(effects) == 2
+    assert effects[0] == ProgressEvent(3, 3)
+    ready = effects[1]
+    assert isinstance(ready, TopologyReadyEvent)
+    assert ready.generation == 1
+    assert ready.peers == state.peers()
+    assert [(p.rank, p.node_id, p.host, p.port, p.role) for p in ready.peers] == [
+        (0, "a", "h0", 5000, NodeRole.WORKER),
+        (1, "b", "h0", 5000, NodeRole.WORKER),
+        (2, "c", "h1", 7, NodeRole.WORKER),
+    ]
+
+
+def test_parameter_servers_have_their_own_rank_space() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, server_num=2)
+    accept(state, reg(state, "w-b"))
+    accept(state, reg(state, "w-a"))
+    accept(state, reg(state, "1", role=NodeRole.SERVER, host="ps"))
+    assert state.phase is Phase.WAITING  # 3 of 4 nodes
+    effects = accept(state, reg(state, "ps-x", role=NodeRole.SERVER, host="ps"))
+    assert state.phase is Phase.READY
+    assert effects[0] == ProgressEvent(4, 4)
+    assert isinstance(effects[1], TopologyReadyEvent)
+    assert [(p.role, p.rank, p.node_id) for p in state.peers()] == [
+        (NodeRole.WORKER, 0, "w-a"),
+        (NodeRole.WORKER, 1, "w-b"),
+        (NodeRole.SERVER, 0, "ps-x"),
+        (NodeRole.SERVER, 1, "1"),
+    ]
+    # Servers on host "ps" and workers on "h0" are grouped separately.
+    assert [(p.local_rank, p.local_size) for p in state.peers()] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+
+
+def test_numeric_server_id_is_checked_against_server_num() -> None:
+    state = make_state(FakeClock(), worker_num=4, server_num=2)
+    refusal = refuse(state, reg(state, "2", role=NodeRole.SERVER), Refusal.INVALID_NODE)
+    assert "(2)" in refusal.message
+    assert "servers" in refusal.message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="state.py keys members by node id alone, so a server's numeric id (its server rank, "
+    "which config.from_env accepts) collides with the worker of the same number",
+)
+def test_worker_and_server_may_both_use_numeric_id_0() -> None:
+    state = make_state(FakeClock(), worker_num=1, server_num=1)
+    accept(state, reg(state, "0", role=NodeRole.WORKER))
+    accept(state, reg(state, "0", role=NodeRole.SERVER, incarnation=2, host="ps"))
+    assert state.phase is Phase.READY
+    assert [(p.role, p.rank) for p in state.peers()] == [
+        (NodeRole.WORKER, 0),
+        (NodeRole.SERVER, 0),
+    ]
+
+
+# -- refusals ---------------------------------------------------------------------------------
+
+
+def test_cluster_full_while_waiting() -> None:
+    state = make_state(FakeClock(), worker_num=2, server_num=1)
+    accept(state, reg(state, "a"))
+    accept(state, reg(state, "b"))
+    refusal = refuse(state, reg(state, "c"), Refusal.CLUSTER_FULL)
+    assert "'c'" in refusal.message
+    assert "MS_WORKER_NUM=2" in refusal.message
+    assert refusal.retry_after_s == 0.0
+
+
+def test_cluster_full_when_ready() -> None:
+    state = ready_state(FakeClock(), ["a", "b"])
+    refusal = refuse(state, reg(state, "c"), Refusal.CLUSTER_FULL)
+    assert "one too many" in refusal.message
+
+
+@pytest.mark.parametrize(("worker_num", "server_num"), [(3, 0), (5, 0), (4, 1)])
+def test_worker_num_mismatch(worker_num: int, server_num: int) -> None:
+    state = make_state(FakeClock(), worker_num=4)
+    refusal = refuse(
+        state,
+        reg(state, "a", worker_num=worker_num, server_num=server_num),
+        Refusal.WORKER_NUM_MISMATCH,
+    )
+    assert f"MS_WORKER_NUM={worker_num}" in refusal.message
+    assert "MS_WORKER_NUM=4" in refusal.message
+    assert state.members == {}
+
+
+def test_foreign_job() -> None:
+    state = make_state(FakeClock())
+    refusal = refuse(state, reg(state, "a", cluster_id="job-0"), Refusal.FOREIGN_JOB)
+    assert "job-0" in refusal.message
+    assert JOB in refusal.message
+    # The node's own job id, or none, is fine.
+    accept(state, reg(state, "a", cluster_id=JOB))
+    accept(state, reg(state, "b", cluster_id=""))
+
+
+def test_numeric_id_out_of_range_is_invalid() -> None:
+    state = make_state(FakeClock(), worker_num=4)
+    refusal = refuse(state, reg(state, "4"), Refusal.INVALID_NODE)
+    assert "MS_NODE_ID=4" in refusal.message
+    assert "(4)" in refusal.message
+    refuse(state, reg(state, "0100"), Refusal.INVALID_NODE)
+
+
+def test_server_without_servers_is_invalid() -> None:
+    state = make_state(FakeClock(), worker_num=4, server_num=0)
+    refusal = refuse(state, reg(state, "ps", role=NodeRole.SERVER), Refusal.INVALID_NODE)
+    assert "MS_SERVER_NUM=0" in refusal.message
+
+
+def test_job_over_after_failure() -> None:
+    state = ready_state(FakeClock(), ["0", "1"])
+    state.disconnect("1", 1)
+    assert state.phase is Phase.FAILED
+    for node_id, incarnation in [("2", 1), ("1", 2), ("1", 1), ("0", 1)]:
+        refusal = refuse(state, reg(state, node_id, incarnation=incarnation), Refusal.JOB_OVER)
+        assert "failed" in refusal.message
+
+
+def test_job_over_after_finish() -> None:
+    state = ready_state(FakeClock(), ["0", "1"])
+    state.finish("0", 1)
+    state.finish("1", 1)
+    assert state.phase is Phase.FINISHED
+    refusal = refuse(state, reg(state, "0", incarnation=2), Refusal.JOB_OVER)
+    assert "finished" in refusal.message
+
+
+def test_finished_node_cannot_come_back_with_a_new_incarnation() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"])
+    state.finish("0", 1)
+    clock.advance(100)
+    refusal = refuse(state, reg(state, "0", incarnation=2), Refusal.JOB_OVER)
+    assert "already finished" in refusal.message
+
+
+def test_failed_node_cannot_rejoin_without_recovery() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], heartbeat_enabled=False)
+    clock.advance(11)  # past the guard, but nothing noticed the silence
+    refusal = refuse(state, reg(state, "0", incarnation=2), Refusal.JOB_OVER)
+    assert "recovery is off" in refusal.message
+
+
+def test_node_alive_guard_with_retry_after() -> None:
+    clock = FakeClock()
+    state = make_state(clock, node_timeout_s=10.0)
+    accept(state, reg(state, "a", incarnation=1))
+    clock.advance(4.0)
+    refusal = refuse(state, reg(state, "a", incarnation=2), Refusal.NODE_ALIVE)
+    assert refusal.retry_after_s == pytest.approx(6.0)
+    assert refusal.reason.transient
+    assert "MS_NODE_TIMEOUT=10 s" in refusal.message
+    assert "retry in 6.0 s" in refusal.message
+    # A heartbeat from the live process pushes the guard out again.
+    state.heartbeat("a", 1)
+    clock.advance(1.0)
+    refusal = refuse(state, reg(state, "a", incarnation=2), Refusal.NODE_ALIVE)
+    assert refusal.retry_after_s == pytest.approx(9.0)
+
+
+def test_node_alive_guard_applies_when_ready() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"])
+    clock.advance(2.5)
+    refusal = refuse(state, reg(state, "1", incarnation=9), Refusal.NODE_ALIVE)
+    assert refusal.retry_after_s == pytest.approx(7.5)
+
+
+def test_only_node_alive_is_transient() -> None:
+    assert [r for r in Refusal if r.transient] == [Refusal.NODE_ALIVE]
+
+
+def test_same_incarnation_registers_again_idempotently() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2)
+    accept(state, reg(state, "a", port=1))
+    clock.advance(3)
+    outcome, effects = state.register(reg(state, "a", port=2, host="h9"))
+    assert outcome == Accepted(JOB, 1, 2, rejoined=False, generation=0)
+    assert effects == []
+    assert len(state.members) == 1
+    member = state.member("a", 1)
+    assert (member.host, member.port, member.last_seen) == ("h9", 2, clock.now)
+    # Also once the job is formed.
+    accept(state, reg(state, "b"))
+    outcome, effects = state.register(reg(state, "b"))
+    assert outcome == Accepted(JOB, 2, 2, rejoined=False, generation=1)
+    assert effects == []
+    assert state.generation == 1
+
+
+# -- losing nodes -----------------------------------------------------------------------------
+
+
+def test_disconnect_when_ready_fails_the_job_naming_the_rank() -> None:
+    state = ready_state(FakeClock(), ["0", "1", "2"])
+    effects = state.disconnect("2", 1)
+    assert len(effects) == 2
+    failed, shutdown = effects
+    assert isinstance(failed, NodeFailedEvent)
+    assert (failed.rank, failed.node_id, failed.generation) == (2, "2", 1)
+    assert "connection" in failed.reason
+    assert isinstance(shutdown, ShutdownEvent)
+    assert shutdown.ok is False
+    assert "rank 2" in shutdown.reason
+    assert state.phase is Phase.FAILED
+    assert state.member("2", 1).state is NodeState.FAILED
+    # A second disconnect, or another node's, adds nothing.
+    assert state.disconnect("2", 1) == []
+    assert state.disconnect("0", 1) == []
+
+
+def test_disconnect_while_waiting_forgets_the_node() -> None:
+    state = make_state(FakeClock(), worker_num=3)
+    accept(state, reg(state, "a"))
+    accept(state, reg(state, "b"))
+    effects = state.disconnect("a", 1)
+    assert len(effects) == 2
+    assert isinstance(effects[0], Evict)
+    assert (effects[0].node_id, effects[0].incarnation) == ("a", 1)
+    assert effects[1] == ProgressEvent(1, 3)
+    assert set(state.members) == {"b"}
+    assert state.phase is Phase.WAITING
+    # A new process takes its place at once: no guard for a forgotten node.
+    outcome, effects = state.register(reg(state, "a", incarnation=2))
+    assert isinstance(outcome, Accepted)
+    assert effects == [ProgressEvent(2, 3)]
+
+
+def test_heartbeat_silence_fails_the_node_when_ready() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1", "2"], node_timeout_s=10.0)
+    clock.advance(6)
+    state.heartbeat("0", 1)
+    state.heartbeat("2", 1)
+    assert state.tick() == []
+    clock.advance(4.5)  # rank 1 silent for 10.5 s, the others for 4.5 s
+    effects = state.tick()
+    assert len(effects) == 2
+    failed, shutdown = effects
+    assert isinstance(failed, NodeFailedEvent)
+    assert failed.rank == 1
+    assert "no heartbeat for 10.5 s" in failed.reason
+    assert isinstance(shutdown, ShutdownEvent)
+    assert shutdown.ok is False
+    assert "rank 1" in shutdown.reason
+    assert state.phase is Phase.FAILED
+
+
+def test_heartbeats_keep_nodes_alive() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0)
+    for _ in range(50):
+        clock.advance(9.0)
+        state.heartbeat("0", 1)
+        state.heartbeat("1", 1)
+        assert state.tick() == []
+    assert state.phase is Phase.READY
+
+
+def test_no_failure_detection_without_heartbeat() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0, heartbeat_enabled=False)
+    clock.advance(10_000)
+    assert state.tick() == []
+    assert state.phase is Phase.READY
+
+
+def test_heartbeat_silence_while_waiting_forgets_the_node() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=3, node_timeout_s=10.0)
+    accept(state, reg(state, "a"))
+    clock.advance(5)
+    accept(state, reg(state, "b"))
+    clock.advance(6)
+    effects = state.tick()
+    assert len(effects) == 2
+    assert isinstance(effects[0], Evict)
+    assert effects[0].node_id == "a"
+    assert effects[1] == ProgressEvent(1, 3)
+    assert set(state.members) == {"b"}
+    assert state.phase is Phase.WAITING
+
+
+def test_connect_counts_as_seen() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, node_timeout_s=10.0)
+    accept(state, reg(state, "a"))
+    clock.advance(8)
+    assert state.connect("a", 1) == [ProgressEvent(1, 2)]
+    assert state.member("a", 1).connected is True
+    clock.advance(8)
+    assert state.tick() == []
+
+
+# -- topology timeout -------------------------------------------------------------------------
+
+
+def test_topology_timeout_names_the_missing_rank() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=4, topo_timeout_s=5.0, node_timeout_s=30.0)
+    for node_id in ["0", "2", "1"]:
+        accept(state, reg(state, node_id))
+    clock.advance(5.0)
+    assert state.tick() == []  # not yet past the timeout
+    clock.advance(0.1)
+    effects = state.tick()
+    assert effects == [
+        ShutdownEvent(
+            ok=False,
+            reason="3 of 4 workers registered after 5 s (MS_TOPO_TIMEOUT); missing: rank 3",
+        )
+    ]
+    assert state.phase is Phase.FAILED
+    assert state.welcome() == effects
+
+
+def test_topology_timeout_names_missing_rank_ranges() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=8, topo_timeout_s=5.0, node_timeout_s=30.0)
+    for node_id in ["0", "4", "5"]:
+        accept(state, reg(state, node_id))
+    clock.advance(5.2)
+    (shutdown,) = state.tick()
+    assert isinstance(shutdown, ShutdownEvent)
+    assert shutdown.reason.endswith("; missing: ranks 1-3, 6-7")
+    assert shutdown.reason.startswith("3 of 8 workers registered after 5 s")
+
+
+def test_topology_timeout_lists_registered_non_numeric_ids() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=4, topo_timeout_s=5.0, node_timeout_s=30.0)
+    accept(state, reg(state, "worker-b"))
+    accept(state, reg(state, "worker-a"))
+    clock.advance(5.4)
+    assert state.tick() == [
+        ShutdownEvent(
+            ok=False,
+            reason="2 of 4 workers registered after 5 s (MS_TOPO_TIMEOUT); "
+            "registered node ids: worker-a, worker-b",
+        )
+    ]
+
+
+def test_topology_timeout_with_nobody() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, server_num=1, topo_timeout_s=5.0)
+    clock.advance(5.4)
+    (shutdown,) = state.tick()
+    assert isinstance(shutdown, ShutdownEvent)
+    assert shutdown.reason == (
+        "0 of 2 workers and 0 of 1 servers registered after 5 s (MS_TOPO_TIMEOUT); "
+        "missing: ranks 0-1"
+    )
+
+
+def test_no_topology_timeout_once_ready() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], topo_timeout_s=5.0, heartbeat_enabled=False)
+    clock.advance(100)
+    assert state.tick() == []
+    assert state.phase is Phase.READY
+
+
+# -- finishing --------------------------------------------------------------------------------
+
+
+def test_finish_of_all_ends_the_job_ok() -> None:
+    state = ready_state(FakeClock(), ["0", "1", "2"])
+    assert state.finish("1", 1) == []
+    assert state.finish("0", 1) == []
+    assert state.phase is Phase.READY
+    effects = state.finish("2", 1)
+    assert effects == [ShutdownEvent(ok=True, reason="all 3 nodes finished")]
+    assert state.phase is Phase.FINISHED
+    assert state.welcome() == effects
+
+
+def test_finish_is_idempotent() -> None:
+    state = ready_state(FakeClock(), ["0", "1"])
+    assert state.finish("0", 1) == []
+    assert state.finish("0", 1) == []
+    assert state.phase is Phase.READY
+
+
+def test_finish_while_waiting_frees_the_slot() -> None:
+    state = make_state(FakeClock(), worker_num=2)
+    accept(state, reg(state, "a"))
+    assert state.finish("a", 1) == [ProgressEvent(0, 2)]
+    assert state.members == {}
+    accept(state, reg(state, "b"))
+    accept(state, reg(state, "c"))
+    assert state.phase is Phase.READY
+    assert ranks(state) == {"b": 0, "c": 1}
+
+
+def test_disconnect_after_finish_is_not_a_failure() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0)
+    state.finish("0", 1)
+    assert state.disconnect("0", 1) == []
+    clock.advance(60)
+    state.heartbeat("1", 1)
+    assert state.tick() == []
+    assert state.phase is Phase.READY
+    assert state.finish("1", 1) == [ShutdownEvent(ok=True, reason="all 2 nodes finished")]
+
+
+def test_finish_of_unknown_node_raises() -> None:
+    state = ready_state(FakeClock(), ["0", "1"])
+    with pytest.raises(UnknownNodeError):
+        state.finish("0", 2)
+
+
+# -- incarnations -----------------------------------------------------------------------------
+
+
+def test_new_incarnation_replaces_a_silent_node_while_waiting() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, node_timeout_s=10.0, heartbeat_enabled=False)
+    accept(state, reg(state, "a", incarnation=1, port=1))
+    clock.advance(10.5)
+    outcome, effects = state.register(reg(state, "a", incarnation=2, port=2))
+    assert isinstance(outcome, Accepted)
+    assert effects == [Evict("a", 1, "replaced by a new process")]
+    member = state.member("a", 2)
+    assert (member.port, member.restarts) == (2, 1)
+    # The old incarnation's stream closing late is ignored.
+    assert state.disconnect("a", 1) == []
+    assert state.member("a", 2) is member
+    with pytest.raises(UnknownNodeError):
+        state.member("a", 1)
+    with pytest.raises(UnknownNodeError):
+        state.heartbeat("a", 1)
+
+
+def test_old_incarnation_disconnect_ignored_when_ready() -> None:
+    state = ready_state(FakeClock(), ["0", "1"])
+    assert state.disconnect("1", 0) == []
+    assert state.disconnect("nobody", 1) == []
+    assert state.phase is Phase.READY
+
+
+def test_member_lookup() -> None:
+    state = make_state(FakeClock(), worker_num=8)
+    accept(state, reg(state, "7", incarnation=42))
+    assert state.member("007", 42).node_id == "7"
+    with pytest.raises(UnknownNodeError, match="register first"):
+        state.member("7", 41)
+    with pytest.raises(UnknownNodeError, match="'ghost'"):
+        state.member("ghost", 42)
+    with pytest.raises(UnknownNodeError):
+        state.connect("ghost", 1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="config.canonical_node_id calls int() on any str.isdigit() id, and '²'.isdigit() is "
+    "True but int('²') raises ValueError",
+)
+def test_member_lookup_of_unicode_digit_id_raises_unknown_node() -> None:
+    state = make_state(FakeClock(), worker_num=2)
+    with pytest.raises(UnknownNodeError):
+        state.member("²", 1)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="register() canonicalises the id with int() and raises ValueError for '²'",
+)
+def test_register_of_unicode_digit_id_answers() -> None:
+    state = make_state(FakeClock(), worker_num=2)
+    outcome, _ = state.register(reg(state, "²"))
+    assert isinstance(outcome, Accepted | Refused)
+
+
+# -- welcome ----------------------------------------------------------------------------------
+
+
+def test_welcome_per_phase() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2)
+    assert state.welcome() == [ProgressEvent(0, 2)]
+    accept(state, reg(state, "a"))
+    assert state.welcome() == [ProgressEvent(1, 2)]
+    assert state.connect("a", 1) == [ProgressEvent(1, 2)]
+    accept(state, reg(state, "b"))
+    assert state.welcome() == [TopologyReadyEvent(1, state.peers())]
+    assert len(state.peers()) == 2
+    failed_state = ready_state(FakeClock(), ["0", "1"])
+    failed_state.abort("operator pressed Ctrl-C")
+    assert failed_state.welcome() == [ShutdownEvent(ok=False, reason="operator pressed Ctrl-C")]
+    state.finish("a", 1)
+    state.finish("b", 1)
+    assert state.welcome() == [ShutdownEvent(ok=True, reason="all 2 nodes finished")]
+
+
+def test_abort_once() -> None:
+    state = make_state(FakeClock(), worker_num=2)
+    assert state.abort("stop") == [ShutdownEvent(ok=False, reason="stop")]
+    assert state.phase is Phase.FAILED
+    assert state.abort("again") == []
+    assert state.detail == "stop"
+
+
+# -- properties -------------------------------------------------------------------------------
+
+WORKER_IDS = ["0", "1", "2", "3", "03", "a", "b", "c", "d", "e"]
+SERVER_IDS = ["ps-a", "ps-b", "ps-c"]
+HOSTS = ["h0", "h1", "h2"]
+FORWARD = {
+    Phase.WAITING: {Phase.WAITING, Phase.READY, Phase.FAILED},
+    Phase.READY: {Phase.READY, Phase.FINISHED, Phase.FAILED},
+    Phase.FINISHED: {Phase.FINISHED},
+    Phase.FAILED: {Phase.FAILED},
+}
+NODE_TIMEOUT_S = 10.0
+
+node_ids = st.sampled_from(WORKER_IDS + SERVER_IDS)
+incarnations = st.integers(min_value=1, max_value=3)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Random registrations, disconnects, heartbeats, finishes and passing time."""
+
+    @initialize(
+        worker_num=st.integers(min_value=1, max_value=4),
+        server_num=st.integers(min_value=0, max_value=2),
+        heartbeat_enabled=st.booleans(),
+        topo_timeout_s=st.sampled_from([15.0, 60.0, 1e9]),
+    )
+    def setup(
+        self, worker_num: int, server_num: int, heartbeat_enabled: bool, topo_timeout_s: float
+    ) -> None:
+        self.clock = FakeClock()
+        self.state = make_state(
+            self.clock,
+            worker_num=worker_num,
+            server_num=server_num,
+            node_timeout_s=NODE_TIMEOUT_S,
+            topo_timeout_s=topo_timeout_s,
+            heartbeat_enabled=heartbeat_enabled,
+        )
+        self.phase = Phase.WAITING
+        self.assigned: dict[str, int] = {}
+
+    def _after(self, effects: list[Effect]) -> None:
+        new = self.state.phase
+        assert new in FORWARD[self.phase], f"{self.phase} -> {new}"
+        shutdowns = [e for e in effects if isinstance(e, ShutdownEvent)]
+        readies = [e for e in effects if isinstance(e, TopologyReadyEvent)]
+        if new is not self.phase and new in (Phase.FINISHED, Phase.FAILED):
+            assert len(shutdowns) == 1
+            assert shutdowns[0].ok is (new is Phase.FINISHED)
+            assert shutdowns[0].reason
+        else:
+            assert shutdowns == []
+        if new is Phase.READY and self.phase is Phase.WAITING:
+            assert len(readies) == 1
+            assert readies[0].generation == 1
+            assert len(readies[0].peers) == self.state.expected
+        else:
+            assert readies == []
+        self.phase = new
+
+    @rule(
+        node_id=node_ids,
+        host=st.sampled_from(HOSTS),
+        incarnation=incarnations,
+        matching=st.integers(min_value=0, max_value=9),
+        cluster_id=st.sampled_from(["", "", "", JOB, "other-job"]),
+    )
+    def register(
+        self, node_id: str, host: str, incarnation: int, matching: int, cluster_id: str
+    ) -> None:
+        role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
+        worker_num = self.state.worker_num + (1 if matching == 0 else 0)
+        registration = reg(
+            self.state,
+            node_id,
+            host=host,
+            role=role,
+            incarnation=incarnation,
+            worker_num=worker_num,
+            cluster_id=cluster_id,
+        )
+        before = len(self.state.members)
+        outcome, effects = self.state.register(registration)
+        if isinstance(outcome, Refused):
+            assert isinstance(outcome.reason, Refusal)
+            assert outcome.message.strip()
+            if outcome.reason is Refusal.NODE_ALIVE:
+                assert outcome.retry_after_s > 0
+                assert outcome.retry_after_s <= NODE_TIMEOUT_S
+            else:
+                assert outcome.retry_after_s == 0
+            assert effects == []
+            assert len(self.state.members) == before
+        else:
+            assert isinstance(outcome, Accepted)
+            assert outcome.cluster_id == JOB
+            assert outcome.expected == self.state.expected
+            assert outcome.registered == len(self.state.members)
+            member = self.state.member(node_id, incarnation)
+            assert member.role is role
+            assert member.host == host
+        self._after(effects)
+
+    @rule(node_id=node_ids, incarnation=incarnations)
+    def connect(self, node_id: str, incarnation: int) -> None:
+        try:
+            welcome = self.state.connect(node_id, incarnation)
+        except UnknownNodeError:
+            return
+        assert welcome == self.state.welcome()
+
+    @rule(node_id=node_ids, incarnation=incarnations)
+    def disconnect(self, node_id: str, incarnation: int) -> None:
+        self._after(self.state.disconnect(node_id, incarnation))
+
+    @rule(node_id=node_ids, incarnation=incarnations)
+    def heartbeat(self, node_id: str, incarnation: int) -> None:
+        try:
+            self.state.heartbeat(node_id, incarnation)
+        except UnknownNodeError:
+            return
+        assert self.state.member(node_id, incarnation).last_seen == self.clock.now
+
+    @rule()
+    def heartbeat_all(self) -> None:
+        for member in list(self.state.members.values()):
+            self.state.heartbeat(member.node_id, member.incarnation)
+
+    @rule(node_id=node_ids, incarnation=incarnations)
+    def finish(self, node_id: str, incarnation: int) -> None:
+        try:
+            effects = self.state.finish(node_id, incarnation)
+        except UnknownNodeError:
+            return
+        self._after(effects)
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 9.0, 11.0, 40.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule()
+    def tick(self) -> None:
+        self._after(self.state.tick())
+
+    @invariant()
+    def never_too_many_members(self) -> None:
+        if not hasattr(self, "state"):
+            return
+        state = self.state
+        assert len(state.members) <= state.expected
+        roles = Counter(m.role for m in state.members.values())
+        assert roles[NodeRole.WORKER] <= state.worker_num
+        assert roles[NodeRole.SERVER] <= state.server_num
+
+    @invariant()
+    def ranks_dense_unique_and_stable(self) -> None:
+        if not hasattr(self, "state"):
+            return
+        state = self.state
+        members = list(state.members.values())
+        if state.generation == 0:
+            assert all(m.rank is None for m in members)
+            assert state.phase in (Phase.WAITING, Phase.FAILED)
+            return
+        assert state.generation == 1
+        assert state.phase is not Phase.WAITING
+        for role, space in ((NodeRole.WORKER, state.worker_num), (NodeRole.SERVER, state.server_num)):
+            group = [m for m in members if m.role is role]
+            assert sorted(m.rank for m in group if m.rank is not None) == list(range(space))
+            # Numeric ids are their rank; the others follow (host, node id) order.
+            for m in group:
+                if m.node_id.isdigit():
+                    assert m.rank == int(m.node_id)
+            named = sorted((m for m in group if not m.node_id.isdigit()), key=lambda m: m.rank or 0)
+            keys = [(m.host, m.node_id) for m in named]
+            assert keys == sorted(keys)
+            # Local ranks count the role's members of the same host in rank order.
+            by_host: dict[str, list[int]] = {}
+            for m in sorted(group, key=lambda m: m.rank or 0):
+                by_host.setdefault(m.host, []).append(m.local_rank)
+                assert m.local_size == sum(1 for o in group if o.host == m.host)
+            for local_ranks in by_host.values():
+                assert local_ranks == list(range(len(local_ranks)))
+        for m in members:
+            assert m.rank is not None
+            assert self.assigned.setdefault(m.node_id, m.rank) == m.rank
+
+    @invariant()
+    def phase_matches_member_states(self) -> None:
+        if not hasattr(self, "state"):
+            return
+        state = self.state
+        states = [m.state for m in state.members.values()]
+        if state.phase is Phase.WAITING:
+            assert all(s is NodeState.ALIVE for s in states)
+        if state.phase is Phase.FINISHED:
+            assert all(s is NodeState.FINISHED for s in states)
+        if state.phase is Phase.READY:
+            assert NodeState.FAILED not in states
+            assert NodeState.ALIVE in states
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=200, stateful_step_count=40, deadline=None
+)
+TestSchedulerProperties = SchedulerMachine.TestCase

@@ -124,9 +124,18 @@ def parse_node_id(name: str, value: str) -> str:
     return canonical_node_id(node_id)
 
 
+def is_numeric_node_id(node_id: str) -> bool:
+    """A node id of ASCII digits is a rank ('²'.isdigit() is true, but it is no rank)."""
+    return node_id.isascii() and node_id.isdigit()
+
+
+def valid_node_id(node_id: str) -> bool:
+    return bool(_NODE_ID_RE.match(node_id))
+
+
 def canonical_node_id(node_id: str) -> str:
     """A numeric node id is a rank: '007' and '7' are the same node."""
-    return str(int(node_id)) if node_id.isdigit() else node_id
+    return str(int(node_id)) if is_numeric_node_id(node_id) else node_id
 
 
 def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
@@ -152,7 +161,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     )
     raw_node_id = env.get("MS_NODE_ID", "").strip()
     node_id = parse_node_id("MS_NODE_ID", raw_node_id) if raw_node_id else None
-    if node_id is not None and node_id.isdigit():
+    if node_id is not None and is_numeric_node_id(node_id):
         limit = server_num if role is Role.SERVER else worker_num
         if int(node_id) >= limit and role is not Role.SCHEDULER:
             raise ConfigError(
@@ -166,8 +175,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         path = env.get("MS_RECOVERY_PATH", "").strip()
         if not path:
             raise ConfigError(
-                "MS_ENABLE_RECOVERY=1 needs MS_RECOVERY_PATH: set it to a directory where the "
-                "job's state can be written"
+                f"MS_ENABLE_RECOVERY={env.get('MS_ENABLE_RECOVERY', '').strip()} needs "
+                "MS_RECOVERY_PATH: set it to a directory where the job's state can be written"
             )
         recovery = RecoveryConfig(Path(path))
 

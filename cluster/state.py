@@ -13,7 +13,7 @@ import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from cluster.config import canonical_node_id
+from cluster.config import canonical_node_id, is_numeric_node_id, valid_node_id
 
 
 class Phase(enum.Enum):
@@ -217,12 +217,25 @@ class SchedulerState:
     # -- inputs --------------------------------------------------------------------------------
 
     def register(self, reg: Registration) -> tuple[Accepted | Refused, list[Effect]]:
+        if not valid_node_id(reg.node_id):
+            return Refused(
+                Refusal.INVALID_NODE,
+                f"node id {reg.node_id[:140]!r} is not valid: use 1-128 characters of letters, "
+                "digits and . _ : @ -, starting with a letter or digit",
+            ), []
         node_id = canonical_node_id(reg.node_id)
         refusal = self._check_job(reg)
         if refusal is not None:
             return refusal, []
         now = self.clock()
         known = self.members.get(node_id)
+        if known is not None and known.role is not reg.role:
+            return Refused(
+                Refusal.INVALID_NODE,
+                f"node id {node_id!r} is already used by a {known.role.value}; node ids are "
+                f"unique across roles, so give this {reg.role.value} another MS_NODE_ID "
+                "(e.g. 'ps0' for a parameter server)",
+            ), []
         if known is not None:
             return self._register_known(known, reg, now)
         refusal = self._check_new(node_id, reg)
@@ -336,7 +349,7 @@ class SchedulerState:
                 Refusal.INVALID_NODE,
                 f"node {node_id!r} is a parameter server, but the job has MS_SERVER_NUM=0",
             )
-        if node_id.isdigit() and int(node_id) >= space:
+        if is_numeric_node_id(node_id) and int(node_id) >= space:
             return Refused(
                 Refusal.INVALID_NODE,
                 f"MS_NODE_ID={node_id} is numeric, so it is the rank, and must be below "
@@ -356,9 +369,11 @@ class SchedulerState:
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted | Refused, list[Effect]]:
         if member.incarnation == reg.incarnation:
-            # The same process again: a retry after a lost answer, or a reconnect.
+            # The same process again: a retry after a lost answer, or a reconnect. Its address
+            # may change only while the job forms; after that, peers hold the published table.
             member.last_seen = now
-            member.host, member.port = reg.host, reg.port
+            if self.phase is Phase.WAITING:
+                member.host, member.port = reg.host, reg.port
             return self._accepted(rejoined=False), []
         if member.state is NodeState.FINISHED:
             return Refused(
@@ -434,6 +449,9 @@ class SchedulerState:
             parts.append(f"{len(servers)} of {self.server_num} servers")
         head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
         missing = _missing_ranks(workers, self.worker_num)
+        if missing == []:
+            names = ", ".join(sorted(m.node_id for m in servers)) or "none"
+            return f"{head}; registered servers: {names}"
         if missing is not None:
             return f"{head}; missing: rank{'s' if len(missing) > 1 else ''} {_ranges(missing)}"
         names = ", ".join(sorted(m.node_id for m in workers)) or "none"
@@ -442,11 +460,11 @@ class SchedulerState:
 
 def _assign_ranks(members: list[Member], space: int) -> None:
     """Numeric node ids keep their number; the others fill the free ranks by (host, node id)."""
-    taken = {int(m.node_id) for m in members if m.node_id.isdigit()}
+    taken = {int(m.node_id) for m in members if is_numeric_node_id(m.node_id)}
     free = iter(r for r in range(space) if r not in taken)
     for m in sorted(members, key=lambda m: (m.host, m.node_id)):
         if m.rank is None:
-            m.rank = int(m.node_id) if m.node_id.isdigit() else next(free)
+            m.rank = int(m.node_id) if is_numeric_node_id(m.node_id) else next(free)
     by_host: dict[str, list[Member]] = {}
     for m in sorted(members, key=lambda m: m.rank if m.rank is not None else -1):
         by_host.setdefault(m.host, []).append(m)
@@ -458,7 +476,7 @@ def _assign_ranks(members: list[Member], space: int) -> None:
 def _missing_ranks(workers: Iterable[Member], worker_num: int) -> list[int] | None:
     """The missing ranks, when every registered worker has a numeric id (so ranks are known)."""
     ids = [m.node_id for m in workers]
-    if not all(i.isdigit() for i in ids):
+    if not all(is_numeric_node_id(i) for i in ids):
         return None
     held = {int(i) for i in ids}
     return [r for r in range(worker_num) if r not in held]

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,13 +82,15 @@ class Procs:
     tmp: Path
     started: list[Proc] = field(default_factory=list)
 
-    def start(
-        self, name: str, args: list[str], env: Mapping[str, str], cwd: Path = ROOT
-    ) -> Proc:
+    def start(self, name: str, args: list[str], env: Mapping[str, str], cwd: Path = ROOT) -> Proc:
         log = self.tmp / f"{name}.log"
         handle = log.open("wb")
         popen = subprocess.Popen(
-            args, env=dict(env), cwd=cwd, stdout=handle, stderr=subprocess.STDOUT,
+            args,
+            env=dict(env),
+            cwd=cwd,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         handle.close()
@@ -96,18 +98,14 @@ class Procs:
         self.started.append(proc)
         return proc
 
-    def start_role(
-        self, name: str, role: str, script: list[str], env: Mapping[str, str]
-    ) -> Proc:
+    def start_role(self, name: str, role: str, script: list[str], env: Mapping[str, str]) -> Proc:
         return self.start(name, [PYTHON, *script], {**env, "MS_ROLE": role})
 
     def kill_all(self) -> None:
         for proc in self.started:
             if proc.popen.poll() is None:
-                try:
+                with suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.popen.wait(10)
 
 

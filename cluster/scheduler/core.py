@@ -95,7 +95,7 @@ class SchedulerCore:
             self._flush_progress()
             try:
                 await asyncio.wait_for(self.done.wait(), TICK_S)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
                 continue
 
     def abort(self, reason: str) -> None:
@@ -126,7 +126,7 @@ class SchedulerCore:
                     item = await asyncio.wait_for(
                         watcher.queue.get(), self.settings.heartbeat_interval_s
                     )
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
                     yield heartbeat
                     continue
                 if item is None:  # the node closed its side

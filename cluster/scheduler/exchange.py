@@ -58,8 +58,10 @@ class ExchangeTable:
             gathered = await asyncio.shield(rnd.done)
         finally:
             rnd.answered += 1
-            if rnd.answered >= rnd.size or (rnd.done.done() and rnd.done.exception()):
-                self._rounds.pop(key, None)
+            finished = rnd.answered >= rnd.size or (rnd.done.done() and rnd.done.exception())
+            # fail_all may have replaced this round under the same key: forget only our own.
+            if finished and self._rounds.get(key) is rnd:
+                del self._rounds[key]
         if op == ALLGATHER:
             return gathered
         if op == BROADCAST:

@@ -68,7 +68,7 @@ class KvStore:
             remaining = deadline - loop.time()
             try:
                 await asyncio.wait_for(waiter, max(remaining, 0.0))
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
                 shown = ", ".join(repr(k) for k in missing[:5])
                 more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
                 raise CollectiveError(

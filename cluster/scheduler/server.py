@@ -146,7 +146,7 @@ class SchedulerServer:
         await self._health.enter_graceful_shutdown()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.core.streams_closed.wait(), max(deadline - loop.time(), 0))
         if self._monitor is not None:
             self._monitor.cancel()

@@ -143,7 +143,7 @@ class WorkerAgent:
         wait_s = max(deadline + TOPOLOGY_MARGIN_S - self._clock(), 0.0)
         try:
             return await self._guarded(asyncio.wait_for(asyncio.shield(self._ready), wait_s))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
             registered, expected = self._progress
             raise TopologyTimeoutError(
                 f"the job did not form within MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: "
@@ -227,7 +227,7 @@ class WorkerAgent:
             while True:
                 try:
                     event = await asyncio.wait_for(call.read(), silence)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
                     raise _StreamLost(
                         f"no heartbeat from {self.where} for {silence:g} s (hung or cut off?)",
                         silent=True,

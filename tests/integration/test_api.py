@@ -164,7 +164,7 @@ async def test_second_process_with_a_live_node_id_is_refused(server: SchedulerSe
 
 async def test_worker_num_mismatch_is_refused_clearly(server: SchedulerServer) -> None:
     agent = make_agent(server.port, 3, "a")
-    with pytest.raises(RegistrationRefused, match="MS_WORKER_NUM=3.*MS_WORKER_NUM=2"):
+    with pytest.raises(RegistrationRefused, match=r"MS_WORKER_NUM=3.*MS_WORKER_NUM=2"):
         await asyncio.wait_for(agent.start(), 20)
     await agent.close()
 
@@ -187,7 +187,8 @@ async def test_status_and_health(server: SchedulerServer) -> None:
         health = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service="cluster.v1.Scheduler"), timeout=5
         )
-    assert status.phase == "ready" and status.generation == 1
+    assert status.phase == "ready"
+    assert status.generation == 1
     assert [(n.rank, n.node_id, n.state, n.connected) for n in status.nodes] == [
         (0, "a", "alive", True),
         (1, "b", "alive", True),

@@ -128,7 +128,8 @@ def test_hung_scheduler_makes_workers_exit(processes: Procs) -> None:
     try:
         for w in workers:
             assert w.wait(20) != 0, w.output
-            assert "unreachable" in w.output and "no heartbeat" in w.output, w.output
+            assert "unreachable" in w.output, w.output
+            assert "no heartbeat" in w.output, w.output
     finally:
         sched.popen.send_signal(signal.SIGKILL)
 

@@ -14,7 +14,7 @@ from cluster.config import (
     check_recovery_path,
     from_env,
 )
-from cluster.errors import ConfigError
+from cluster.errors import ClusterError, ConfigError
 
 
 def env(**overrides: str | None) -> dict[str, str]:
@@ -264,8 +264,6 @@ def test_bad_value_names_variable_value_and_rule(
 
 
 def test_config_error_is_a_cluster_error() -> None:
-    from cluster.errors import ClusterError
-
     with pytest.raises(ClusterError):
         from_env({})
 

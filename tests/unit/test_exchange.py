@@ -1,0 +1,197 @@
+"""Unit tests of cluster.scheduler.exchange.ExchangeTable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from cluster.errors import CollectiveError, JobFailedError
+from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, ExchangeTable
+
+BOUND_S = 5.0  # upper bound on any await that could hang if the code under test is wrong
+
+
+async def settle(condition: Callable[[], bool], rounds: int = 100) -> None:
+    """Let other tasks run until `condition` holds, without sleeping on the clock."""
+    for _ in range(rounds):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached after yielding to the event loop")
+
+
+def contribute(
+    table: ExchangeTable,
+    rank: int,
+    *,
+    size: int,
+    op: str = ALLGATHER,
+    seq: int = 1,
+    generation: int = 1,
+    root: int = 0,
+    value: bytes | None = None,
+) -> asyncio.Task[list[bytes]]:
+    return asyncio.create_task(
+        table.contribute(
+            generation=generation,
+            seq=seq,
+            rank=rank,
+            size=size,
+            op=op,
+            root=root,
+            value=f"v{rank}".encode() if value is None else value,
+        )
+    )
+
+
+async def run_round(table: ExchangeTable, size: int, **kwargs: object) -> list[list[bytes]]:
+    # Contribute in reverse rank order: the answer must not depend on arrival order.
+    tasks = [contribute(table, rank, size=size, **kwargs) for rank in reversed(range(size))]  # type: ignore[arg-type]
+    results = await asyncio.wait_for(asyncio.gather(*tasks), BOUND_S)
+    return list(reversed(results))
+
+
+async def test_allgather_returns_values_in_rank_order_to_all() -> None:
+    table = ExchangeTable()
+    results = await run_round(table, 4, op=ALLGATHER)
+    assert results == [[b"v0", b"v1", b"v2", b"v3"]] * 4
+    assert len(table) == 0
+
+
+async def test_allgather_of_one() -> None:
+    table = ExchangeTable()
+    assert await run_round(table, 1, op=ALLGATHER) == [[b"v0"]]
+    assert len(table) == 0
+
+
+async def test_barrier_returns_nothing() -> None:
+    table = ExchangeTable()
+    assert await run_round(table, 3, op=BARRIER) == [[], [], []]
+    assert len(table) == 0
+
+
+@pytest.mark.parametrize("root", [0, 2])
+async def test_broadcast_returns_only_the_roots_value(root: int) -> None:
+    table = ExchangeTable()
+    results = await run_round(table, 3, op=BROADCAST, root=root)
+    assert results == [[f"v{root}".encode()]] * 3
+    assert len(table) == 0
+
+
+async def test_round_waits_for_every_rank() -> None:
+    table = ExchangeTable()
+    first = contribute(table, 0, size=2)
+    await settle(lambda: len(table) == 1)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not first.done()
+    assert len(table) == 1
+    second = contribute(table, 1, size=2)
+    assert await asyncio.wait_for(first, BOUND_S) == [b"v0", b"v1"]
+    assert await asyncio.wait_for(second, BOUND_S) == [b"v0", b"v1"]
+    assert len(table) == 0
+
+
+async def test_rounds_are_keyed_by_generation_and_seq() -> None:
+    table = ExchangeTable()
+    tasks = {
+        (gen, seq, rank): contribute(
+            table, rank, size=2, generation=gen, seq=seq, value=f"{gen}.{seq}.{rank}".encode()
+        )
+        for gen in (1, 2)
+        for seq in (1, 2)
+        for rank in (0, 1)
+        if rank == 0
+    }
+    await settle(lambda: len(table) == 4)
+    for (gen, seq, _), _task in list(tasks.items()):
+        tasks[(gen, seq, 1)] = contribute(
+            table, 1, size=2, generation=gen, seq=seq, value=f"{gen}.{seq}.1".encode()
+        )
+    await asyncio.wait_for(asyncio.gather(*tasks.values()), BOUND_S)
+    for (gen, seq, _), task in tasks.items():
+        assert task.result() == [f"{gen}.{seq}.0".encode(), f"{gen}.{seq}.1".encode()]
+    assert len(table) == 0
+
+
+async def test_same_seq_can_be_used_again_after_the_round() -> None:
+    table = ExchangeTable()
+    assert await run_round(table, 2, value=b"a") == [[b"a", b"a"]] * 2
+    assert await run_round(table, 2, op=BARRIER) == [[], []]
+    assert len(table) == 0
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "words"),
+    [
+        ((ALLGATHER, 0), (BARRIER, 0), ("barrier", "allgather")),
+        ((BARRIER, 0), (BROADCAST, 1), ("broadcast(root=1)", "barrier")),
+        ((BROADCAST, 0), (BROADCAST, 1), ("broadcast(root=1)", "broadcast(root=0)")),
+    ],
+)
+async def test_mismatched_op_at_same_seq(
+    first: tuple[str, int], second: tuple[str, int], words: tuple[str, str]
+) -> None:
+    table = ExchangeTable()
+    waiting = contribute(table, 0, size=2, op=first[0], root=first[1], seq=7)
+    await settle(lambda: len(table) == 1)
+    with pytest.raises(CollectiveError) as info:
+        await asyncio.wait_for(
+            table.contribute(
+                generation=1, seq=7, rank=1, size=2, op=second[0], root=second[1], value=b"x"
+            ),
+            BOUND_S,
+        )
+    message = str(info.value)
+    assert "rank 1 called " + words[0] in message
+    assert "another rank called " + words[1] in message
+    assert "#7" in message
+    # The first caller is still waiting; ending the job releases it.
+    assert not waiting.done()
+    table.fail_all("test over")
+    with pytest.raises(JobFailedError):
+        await asyncio.wait_for(waiting, BOUND_S)
+
+
+async def test_fail_all_fails_every_waiting_contributor() -> None:
+    table = ExchangeTable()
+    round_a = [contribute(table, rank, size=3, seq=1) for rank in (0, 1)]
+    round_b = [contribute(table, 2, size=3, seq=2, op=BARRIER)]
+    await settle(lambda: len(table) == 2)
+    table.fail_all("rank 2 ('2') failed")
+    assert len(table) == 0
+    results = await asyncio.wait_for(
+        asyncio.gather(*round_a, *round_b, return_exceptions=True), BOUND_S
+    )
+    assert len(results) == 3
+    for result in results:
+        assert isinstance(result, JobFailedError)
+        assert str(result) == "rank 2 ('2') failed"
+    assert len(table) == 0
+
+
+async def test_fail_all_with_nothing_open() -> None:
+    table = ExchangeTable()
+    table.fail_all("nothing to fail")
+    assert len(table) == 0
+    assert await run_round(table, 2) == [[b"v0", b"v1"]] * 2
+
+
+async def test_new_round_after_fail_all_survives_the_old_waiters() -> None:
+    table = ExchangeTable()
+    old = contribute(table, 0, size=2, seq=1)
+    await settle(lambda: len(table) == 1)
+    table.fail_all("rank 0 left")
+    # Rank 1 arrives for the same collective before the old waiter has run again.
+    late = contribute(table, 1, size=2, seq=1)
+    with pytest.raises(JobFailedError):
+        await asyncio.wait_for(old, BOUND_S)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not late.done()
+    assert len(table) == 1  # the late caller's round is still known...
+    table.fail_all("job over")  # ...so that ending the job releases it
+    with pytest.raises(JobFailedError):
+        await asyncio.wait_for(late, 1.0)

@@ -1,0 +1,230 @@
+"""Unit tests of cluster.scheduler.kv.KvStore."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from cluster.errors import CollectiveError
+from cluster.scheduler.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES, KvStore
+
+BOUND_S = 5.0  # upper bound on any await that could hang if the code under test is wrong
+
+
+async def settle(condition: Callable[[], bool], rounds: int = 100) -> None:
+    """Let other tasks run until `condition` holds, without sleeping on the clock."""
+    for _ in range(rounds):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached after yielding to the event loop")
+
+
+def waiting(kv: KvStore) -> int:
+    return sum(len(w) for w in kv._waiters.values())
+
+
+# -- set / get --------------------------------------------------------------------------------
+
+
+def test_set_and_get() -> None:
+    kv = KvStore()
+    kv.set("a", b"1")
+    kv.set("c", b"")
+    assert len(kv) == 2
+    assert kv.get(["c", "b", "a"]) == ([b"", b"1"], ["b"])
+    kv.set("a", b"2")
+    assert kv.get(["a"]) == ([b"2"], [])
+    assert len(kv) == 2
+
+
+def test_get_missing() -> None:
+    kv = KvStore()
+    assert kv.get(["x", "y"]) == ([], ["x", "y"])
+    assert kv.get([]) == ([], [])
+
+
+def test_value_limit() -> None:
+    kv = KvStore()
+    kv.set("big", b"x" * MAX_VALUE_BYTES)
+    with pytest.raises(CollectiveError) as info:
+        kv.set("too-big", b"x" * (MAX_VALUE_BYTES + 1))
+    assert "'too-big'" in str(info.value)
+    assert str(MAX_VALUE_BYTES + 1) in str(info.value)
+    assert kv.get(["too-big"]) == ([], ["too-big"])
+    assert len(kv) == 1
+
+
+@pytest.mark.parametrize("key", ["", "k" * (MAX_KEY_BYTES + 1), "é" * (MAX_KEY_BYTES // 2 + 1)])
+def test_bad_keys_rejected_by_set(key: str) -> None:
+    kv = KvStore()
+    with pytest.raises(CollectiveError, match=f"1-{MAX_KEY_BYTES} bytes"):
+        kv.set(key, b"v")
+    assert len(kv) == 0
+
+
+def test_longest_key_accepted() -> None:
+    kv = KvStore()
+    kv.set("k" * MAX_KEY_BYTES, b"v")
+    assert kv.get(["k" * MAX_KEY_BYTES]) == ([b"v"], [])
+
+
+def test_empty_key_rejected_by_add() -> None:
+    kv = KvStore()
+    with pytest.raises(CollectiveError):
+        kv.add("", 1)
+    assert len(kv) == 0
+
+
+async def test_empty_key_rejected_by_wait() -> None:
+    kv = KvStore()
+    with pytest.raises(CollectiveError, match="bytes long"):
+        await asyncio.wait_for(kv.wait(["ok", ""], timeout_s=1.0), BOUND_S)
+    assert kv._waiters == {}
+
+
+# -- add --------------------------------------------------------------------------------------
+
+
+def test_add_on_missing_key_starts_at_zero() -> None:
+    kv = KvStore()
+    assert kv.add("n", 5) == 5
+    assert kv.get(["n"]) == ([b"5"], [])
+
+
+def test_add_on_existing_counter() -> None:
+    kv = KvStore()
+    kv.set("n", b"40")
+    assert kv.add("n", 2) == 42
+    assert kv.add("n", -50) == -8
+    assert kv.add("n", 0) == -8
+    assert kv.get(["n"]) == ([b"-8"], [])
+
+
+@pytest.mark.parametrize("value", [b"hello", b"1.5", b"\xff\xfe", b""])
+def test_add_on_non_counter_raises(value: bytes) -> None:
+    kv = KvStore()
+    kv.set("k", value)
+    with pytest.raises(CollectiveError) as info:
+        kv.add("k", 1)
+    assert "'k'" in str(info.value)
+    assert "not a counter" in str(info.value)
+    assert kv.get(["k"]) == ([value], [])
+
+
+# -- wait -------------------------------------------------------------------------------------
+
+
+async def test_wait_for_present_keys_returns_at_once() -> None:
+    kv = KvStore()
+    kv.set("a", b"1")
+    kv.set("b", b"2")
+    assert await asyncio.wait_for(kv.wait(["b", "a", "b"], timeout_s=1.0), BOUND_S) == [
+        b"2",
+        b"1",
+        b"2",
+    ]
+    assert await asyncio.wait_for(kv.wait([], timeout_s=1.0), BOUND_S) == []
+
+
+async def test_wait_returns_when_keys_are_set_later() -> None:
+    kv = KvStore()
+    kv.set("b", b"early")
+    task = asyncio.create_task(kv.wait(["a", "b", "c"], timeout_s=60.0))
+    await settle(lambda: "a" in kv._waiters)
+    kv.set("c", b"3")  # not the key it waits on first: it keeps waiting
+    for _ in range(5):  # give it every chance to (wrongly) return
+        await asyncio.sleep(0)
+    assert not task.done()
+    assert "a" in kv._waiters
+    kv.set("a", b"1")
+    assert await asyncio.wait_for(task, BOUND_S) == [b"1", b"early", b"3"]
+    assert kv._waiters == {}
+
+
+async def test_wait_wakes_on_each_missing_key_in_turn() -> None:
+    kv = KvStore()
+    task = asyncio.create_task(kv.wait(["x", "y"], timeout_s=60.0))
+    await settle(lambda: "x" in kv._waiters)
+    kv.set("x", b"1")
+    await settle(lambda: "y" in kv._waiters)
+    assert not task.done()
+    kv.set("y", b"2")
+    assert await asyncio.wait_for(task, BOUND_S) == [b"1", b"2"]
+    assert kv._waiters == {}
+
+
+async def test_many_waiters_on_one_key_all_wake() -> None:
+    kv = KvStore()
+    tasks = [asyncio.create_task(kv.wait(["go"], timeout_s=60.0)) for _ in range(5)]
+    await settle(lambda: waiting(kv) == 5)
+    assert kv.add("go", 1) == 1  # add sets the key too
+    results = await asyncio.wait_for(asyncio.gather(*tasks), BOUND_S)
+    assert results == [[b"1"]] * 5
+    assert kv._waiters == {}
+
+
+async def test_wait_set_by_another_task_after_an_event() -> None:
+    kv = KvStore()
+    ready = asyncio.Event()
+
+    async def producer() -> None:
+        await ready.wait()
+        kv.set("k", b"v")
+
+    waiter = asyncio.create_task(kv.wait(["k"], timeout_s=60.0))
+    setter = asyncio.create_task(producer())
+    await settle(lambda: "k" in kv._waiters)
+    ready.set()
+    assert await asyncio.wait_for(waiter, BOUND_S) == [b"v"]
+    await asyncio.wait_for(setter, BOUND_S)
+
+
+async def test_wait_timeout_names_the_missing_key() -> None:
+    kv = KvStore()
+    kv.set("present", b"1")
+    with pytest.raises(CollectiveError) as info:
+        await asyncio.wait_for(kv.wait(["present", "absent"], timeout_s=0.01), BOUND_S)
+    message = str(info.value)
+    assert "timed out after 0.01 s" in message
+    assert "'absent'" in message
+    assert "'present'" not in message
+    assert kv._waiters == {}
+
+
+async def test_wait_timeout_shows_at_most_five_keys() -> None:
+    kv = KvStore()
+    keys = [f"k{i}" for i in range(8)]
+    with pytest.raises(CollectiveError) as info:
+        await asyncio.wait_for(kv.wait(keys, timeout_s=0.0), BOUND_S)
+    message = str(info.value)
+    assert "'k0', 'k1', 'k2', 'k3', 'k4' and 3 more" in message
+    assert "'k5'" not in message
+    assert kv._waiters == {}
+
+
+async def test_no_waiter_leaked_after_timeouts_while_others_wait() -> None:
+    kv = KvStore()
+    patient = asyncio.create_task(kv.wait(["k"], timeout_s=60.0))
+    await settle(lambda: waiting(kv) == 1)
+    for _ in range(3):
+        with pytest.raises(CollectiveError):
+            await asyncio.wait_for(kv.wait(["k"], timeout_s=0.0), BOUND_S)
+    assert waiting(kv) == 1  # only the patient one
+    kv.set("k", b"v")
+    assert await asyncio.wait_for(patient, BOUND_S) == [b"v"]
+    assert kv._waiters == {}
+
+
+async def test_no_waiter_leaked_after_cancel() -> None:
+    kv = KvStore()
+    task = asyncio.create_task(kv.wait(["k"], timeout_s=60.0))
+    await settle(lambda: waiting(kv) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, BOUND_S)
+    assert kv._waiters == {}
+    kv.set("k", b"v")  # no stale waiter to resolve
+    assert kv.get(["k"]) == ([b"v"], [])

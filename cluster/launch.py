@@ -1,0 +1,496 @@
+"""`mscluster run`: start a job's local processes, watch them, and end them all together.
+
+One launcher per host. It starts the scheduler when the master address is this host's (and the
+node rank is 0 or unset), starts the local workers with the full MS_* environment, writes each
+process's output to `<log-dir>/scheduler.log` and `<log-dir>/worker_<i>.log`, shows progress,
+restarts a failed worker when asked and when the job can still take it back, and stops everything
+it started when the job fails or when it is told to stop. No child outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import grpc
+
+from cluster import status as status_module
+from cluster.errors import ClusterError, ConfigError
+from cluster.status import JobView
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SIGNAL_BASE = 128
+# Children get this long to stop after SIGTERM before SIGKILL.
+STOP_GRACE_S = 5.0
+# After the first failure, wait this long for the other exits it causes, so the report names
+# the process that died first (the cause) rather than one that stopped because of it.
+SETTLE_S = 0.3
+POLL_STATUS_S = 0.5
+LOG_TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    script: Path
+    script_args: tuple[str, ...]
+    worker_num: int
+    local_worker_num: int
+    master_addr: str
+    master_port: int
+    node_rank: int = -1
+    log_dir: Path = Path("logs")
+    join: bool = False
+    cluster_time_out: float | None = None
+    node_timeout: float | None = None
+    enable_recovery: bool = False
+    recovery_path: Path | None = None
+    max_restarts: int = 0
+    tls_config: Path | None = None
+    python: str = sys.executable
+
+
+def resolve_host(name: str) -> str:
+    """The IP address of `name`, or a ConfigError."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"--master-addr {name!r} does not resolve ({exc.strerror}): use the scheduler host's "
+            "IP address or a name this machine can resolve"
+        ) from None
+    return str(infos[0][4][0])
+
+
+def is_local_address(ip: str) -> bool:
+    """True when `ip` is an address of this host (binding to it works)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
+def check_port_free(ip: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--master-port {port} is already in use on {ip} (another job's scheduler?): "
+                    "stop it or choose another port"
+                ) from None
+            raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
+
+
+def validate(options: LaunchOptions) -> None:
+    """Every check that needs no child process; ConfigError naming the option otherwise."""
+    if options.worker_num < 1:
+        raise ConfigError(f"--worker-num {options.worker_num} must be >= 1")
+    if not 1 <= options.local_worker_num <= options.worker_num:
+        raise ConfigError(
+            f"--local-worker-num {options.local_worker_num} must be between 1 and --worker-num "
+            f"({options.worker_num})"
+        )
+    if not 1 <= options.master_port <= 65535:
+        raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
+    if not options.script.is_file():
+        raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
+    if options.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
+    if options.enable_recovery and options.recovery_path is None:
+        raise ConfigError(
+            "--enable-recovery needs --recovery-path DIR, where the job's state lives"
+        )
+    if (
+        options.node_rank >= 0
+        and (options.node_rank + 1) * options.local_worker_num > options.worker_num
+    ):
+        raise ConfigError(
+            f"--node-rank {options.node_rank} with --local-worker-num {options.local_worker_num} "
+            f"would start ranks up to {(options.node_rank + 1) * options.local_worker_num - 1}, "
+            f"but --worker-num is {options.worker_num}"
+        )
+
+
+def node_ids(options: LaunchOptions) -> list[str]:
+    """The MS_NODE_ID of each local worker: numeric (so the rank) when it can be."""
+    local = options.local_worker_num
+    if options.node_rank >= 0:
+        return [str(options.node_rank * local + i) for i in range(local)]
+    if local == options.worker_num:  # the whole job is here: worker i is rank i
+        return [str(i) for i in range(local)]
+    return [f"{socket.gethostname()}-{os.getpid()}-{i:04d}" for i in range(local)]
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+@dataclass
+class Child:
+    name: str
+    log: Path
+    node_id: str | None = None
+    index: int | None = None
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    pump: asyncio.Task[None] | None = None
+    reaper: asyncio.Task[None] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Launcher:
+    def __init__(self, options: LaunchOptions, out: IO[str] = sys.stderr) -> None:
+        self.options = options
+        self.out = out
+        self.ip = resolve_host(options.master_addr)
+        self.with_scheduler = is_local_address(self.ip) and options.node_rank in (-1, 0)
+        self.address = (
+            f"[{self.ip}]:{options.master_port}"
+            if ":" in self.ip
+            else f"{self.ip}:{options.master_port}"
+        )
+        self.scheduler: Child | None = None
+        self.workers: list[Child] = []
+        self.view: JobView | None = None
+        self._stop_signal: int | None = None
+        self._wake = asyncio.Event()
+        self._started = time.monotonic()
+        self._tty = out.isatty()
+        self._last_line = ""
+
+    # -- environment ---------------------------------------------------------------------------
+
+    def _base_env(self) -> dict[str, str]:
+        o = self.options
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
+        env.update(
+            MS_WORKER_NUM=str(o.worker_num),
+            MS_SCHED_HOST=self.ip,
+            MS_SCHED_PORT=str(o.master_port),
+            PYTHONUNBUFFERED="1",
+        )
+        if o.cluster_time_out is not None:
+            env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
+        if o.node_timeout is not None:
+            env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
+        if o.enable_recovery and o.recovery_path is not None:
+            env["MS_ENABLE_RECOVERY"] = "1"
+            env["MS_RECOVERY_PATH"] = str(o.recovery_path.resolve())
+        if o.tls_config is not None:
+            env["CLUSTER_TLS_CONFIG"] = str(o.tls_config.resolve())
+        return env
+
+    # -- processes -----------------------------------------------------------------------------
+
+    async def _spawn(self, child: Child, args: list[str], env: dict[str, str]) -> None:
+        mode = "ab" if child.restarts else "wb"
+        if self.options.join and child.index is not None:
+            child.process = await asyncio.create_subprocess_exec(
+                *args,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # our own process group: we stop it, not the terminal
+            )
+            child.pump = asyncio.create_task(self._pump(child, mode))
+        else:
+            with child.log.open(mode) as log:
+                child.process = await asyncio.create_subprocess_exec(
+                    *args,
+                    env=env,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        child.exit_code = None
+        child.exited.clear()
+        child.reaper = asyncio.create_task(self._reap(child))
+
+    async def _pump(self, child: Child, mode: str) -> None:
+        """--join: copy a worker's output to its log and, prefixed, to the terminal."""
+        assert child.process is not None
+        assert child.process.stdout is not None
+        with child.log.open(mode) as log:
+            async for raw in child.process.stdout:
+                log.write(raw)
+                log.flush()
+                rank = self._rank_of(child)
+                prefix = f"[rank {rank}]" if rank is not None else f"[{child.name}]"
+                self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}")
+
+    async def _reap(self, child: Child) -> None:
+        assert child.process is not None
+        code = await child.process.wait()
+        if child.pump is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.pump, 2.0)
+        child.exit_code = code
+        child.exited.set()
+        self._wake.set()
+
+    async def _start_scheduler(self) -> None:
+        env = self._base_env()
+        env["MS_ROLE"] = "MS_SCHED"
+        self.scheduler = Child("scheduler", self.options.log_dir / "scheduler.log")
+        await self._spawn(self.scheduler, [self.options.python, "-m", "cluster", "scheduler"], env)
+
+    async def _start_worker(self, child: Child) -> None:
+        env = self._base_env()
+        env["MS_ROLE"] = "MS_WORKER"
+        assert child.node_id is not None
+        env["MS_NODE_ID"] = child.node_id
+        args = [self.options.python, str(self.options.script), *self.options.script_args]
+        await self._spawn(child, args, env)
+
+    async def _stop_all(self) -> None:
+        """SIGTERM every running child's process group; SIGKILL what is left after the grace."""
+        children = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for child in children:
+                if child.running and child.process is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child.process.pid, sig)
+            waits = [c.exited.wait() for c in children]
+            try:
+                await asyncio.wait_for(asyncio.gather(*waits), STOP_GRACE_S)
+                return
+            except asyncio.TimeoutError:
+                continue
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def _rank_of(self, child: Child) -> int | None:
+        if child.node_id is not None and self.view is not None:
+            rank = self.view.rank_of(child.node_id)
+            if rank is not None:
+                return rank
+        if child.node_id is not None and child.node_id.isdigit():
+            return int(child.node_id)
+        return None
+
+    def _who(self, child: Child) -> str:
+        rank = self._rank_of(child)
+        where = f"rank {rank}, " if rank is not None else ""
+        return f"worker {child.index} ({where}node id {child.node_id!r})"
+
+    async def _poll_status(self) -> None:
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            while True:
+                with contextlib.suppress(ClusterError):
+                    self.view = await status_module.fetch(channel, self.address, POLL_STATUS_S * 2)
+                self._progress()
+                await asyncio.sleep(POLL_STATUS_S)
+
+    def _progress(self) -> None:
+        running = sum(1 for w in self.workers if w.running)
+        restarts = sum(w.restarts for w in self.workers)
+        job = (
+            f"{self.view.registered}/{self.view.expected} registered ({self.view.phase})"
+            if self.view is not None
+            else "scheduler not answering yet"
+        )
+        line = (
+            f"mscluster: {job} | local workers running {running}/{len(self.workers)} | "
+            f"restarts {restarts}"
+        )
+        if self._tty and not self.options.join:
+            elapsed = time.monotonic() - self._started
+            self.out.write(f"\r\x1b[K{line} | {elapsed:.0f} s")
+            self.out.flush()
+            self._last_line = line
+        elif line != self._last_line:
+            self._last_line = line
+            self._print(line)
+
+    def _print(self, line: str) -> None:
+        if self._tty and not self.options.join:
+            self.out.write("\r\x1b[K")
+        print(line, file=self.out, flush=True)
+
+    async def _can_restart(self, child: Child) -> str | None:
+        """None when `child` may be started again; otherwise why not."""
+        if child.restarts >= self.options.max_restarts:
+            return f"no restarts left (--max-restarts {self.options.max_restarts})"
+        if self.scheduler is not None and not self.scheduler.running:
+            return "the scheduler has exited" + (
+                "; recovery is off" if self.view is not None and not self.view.recovery else ""
+            )
+        try:
+            async with grpc.aio.insecure_channel(self.address) as channel:
+                view = await status_module.fetch(channel, self.address)
+        except ClusterError as exc:
+            # Not answering (yet): a job that has not formed can still take the worker; one that
+            # had formed and went silent cannot.
+            last = self.view
+            if last is None or last.phase == "waiting":
+                return None
+            off = "" if last.recovery else "; recovery is off, so the job cannot take it back"
+            return f"the job had formed and its scheduler is gone ({exc}){off}"
+        if view.phase in ("failed", "finished"):
+            off = "" if view.recovery else " and recovery is off"
+            return f"the job is {view.phase} ({view.detail}){off}"
+        return None
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int) -> None:
+        if self._stop_signal is None:
+            self._stop_signal = signum
+            self._wake.set()
+
+    async def run(self) -> int:
+        o = self.options
+        if self.with_scheduler:
+            check_port_free(self.ip, o.master_port)
+        o.log_dir.mkdir(parents=True, exist_ok=True)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        poller: asyncio.Task[None] | None = None
+        try:
+            if self.with_scheduler:
+                await self._start_scheduler()
+            ids = node_ids(o)
+            self.workers = [
+                Child(f"worker {i}", o.log_dir / f"worker_{i}.log", node_id=ids[i], index=i)
+                for i in range(o.local_worker_num)
+            ]
+            for child in self.workers:
+                await self._start_worker(child)
+            where = "with the scheduler" if self.with_scheduler else f"scheduler at {self.address}"
+            self._print(
+                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} "
+                f"({self.address}); logs in {o.log_dir}/"
+            )
+            poller = asyncio.create_task(self._poll_status())
+            return await self._watch()
+        finally:
+            if poller is not None:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
+            await self._stop_all()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+
+    async def _watch(self) -> int:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stop_signal is not None:
+                name = signal.Signals(self._stop_signal).name
+                self._print(f"mscluster: {name} received; stopping every process of the job")
+                return EXIT_SIGNAL_BASE + self._stop_signal
+            failed = [w for w in self.workers if w.exit_code not in (None, 0)]
+            for child in failed:
+                why_not = await self._can_restart(child)
+                if why_not is None:
+                    child.restarts += 1
+                    self._print(
+                        f"mscluster: {self._who(child)} {_describe_exit(child.exit_code or 0)}; "
+                        f"restarting it (restart {child.restarts} of {self.options.max_restarts})"
+                    )
+                    await self._start_worker(child)
+                    continue
+                return await self._fail(child, why_not)
+            if all(w.exit_code == 0 for w in self.workers):
+                return await self._finish()
+            sched = self.scheduler
+            if sched is not None and sched.exit_code not in (None, 0):
+                return await self._fail(sched, None)
+
+    async def _settle(self) -> None:
+        """Let the exits that a first failure causes arrive, to tell cause from effect."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(deadline - time.monotonic(), 0))
+
+    async def _fail(self, first: Child, why_not_restarted: str | None) -> int:
+        await self._settle()
+        # The cause: a worker killed by a signal beats one that exited because of it.
+        failed = [w for w in self.workers if w.exit_code not in (None, 0)]
+        signalled = [w for w in failed if (w.exit_code or 0) < 0]
+        cause = signalled[0] if signalled else first
+        what = self._who(cause) if cause.index is not None else "the scheduler"
+        self._print(f"mscluster: {what} {_describe_exit(cause.exit_code or 0)}")
+        if why_not_restarted and cause is first and self.options.max_restarts:
+            self._print(f"mscluster: not restarting it: {why_not_restarted}")
+        tail = _tail(cause.log)
+        if tail:
+            self._print(f"mscluster: last lines of {cause.log}:")
+            for line in tail:
+                self._print(f"    {line}")
+        running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
+        if running:
+            self._print(f"mscluster: stopping the {len(running)} other running processes")
+        self._print("mscluster: job failed")
+        return EXIT_FAILED
+
+    async def _finish(self) -> int:
+        sched = self.scheduler
+        if sched is not None:
+            try:
+                await asyncio.wait_for(sched.exited.wait(), 30)
+            except asyncio.TimeoutError:
+                self._print(
+                    "mscluster: every local worker finished, but the scheduler did not exit"
+                )
+                return EXIT_FAILED
+            if sched.exit_code != 0:
+                return await self._fail(sched, None)
+        restarts = sum(w.restarts for w in self.workers)
+        took = time.monotonic() - self._started
+        self._print(
+            f"mscluster: job finished: {len(self.workers)} local workers exited 0 in {took:.1f} s"
+            + (f", after {restarts} restarts" if restarts else "")
+        )
+        return EXIT_OK
+
+
+def run(options: LaunchOptions, out: IO[str] = sys.stderr) -> int:
+    """Validate, launch, and return the exit code (2 for a usage error)."""
+    validate(options)
+    launcher = Launcher(options, out)
+    return asyncio.run(launcher.run())

@@ -1,0 +1,150 @@
+"""Asking a scheduler how its job is doing, and showing the answer to a person or a script."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+
+from cluster.errors import SchedulerUnreachableError
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+STATUS_TIMEOUT_S = 3.0
+_ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    rank: int | None
+    node_id: str
+    role: str
+    address: str
+    state: str
+    connected: bool
+    seconds_since_heartbeat: float
+    incarnation: int
+    restarts: int
+
+
+@dataclass(frozen=True)
+class JobView:
+    address: str
+    cluster_id: str
+    phase: str
+    generation: int
+    worker_num: int
+    server_num: int
+    registered: int
+    recovery: bool
+    uptime_s: float
+    detail: str
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def expected(self) -> int:
+        return self.worker_num + self.server_num
+
+    def rank_of(self, node_id: str) -> int | None:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node.rank
+        return None
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = asdict(self)
+        return json.dumps(data, indent=2)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def job_view(address: str, response: pb.StatusResponse) -> JobView:
+    nodes = tuple(
+        NodeView(
+            rank=None if n.rank < 0 else n.rank,
+            node_id=n.node_id,
+            role=_ROLE_NAMES.get(n.role, "?"),
+            address=_address(n.host, n.port),
+            state=n.state,
+            connected=n.connected,
+            seconds_since_heartbeat=round(n.seconds_since_heartbeat, 3),
+            incarnation=n.incarnation,
+            restarts=n.restarts,
+        )
+        for n in response.nodes
+    )
+    return JobView(
+        address=address,
+        cluster_id=response.cluster_id,
+        phase=response.phase,
+        generation=response.generation,
+        worker_num=response.worker_num,
+        server_num=response.server_num,
+        registered=len(nodes),
+        recovery=response.recovery,
+        uptime_s=round(response.uptime_s, 3),
+        detail=response.detail,
+        nodes=nodes,
+    )
+
+
+async def fetch(
+    channel: grpc.aio.Channel, address: str, timeout_s: float = STATUS_TIMEOUT_S
+) -> JobView:
+    """The job's status from the scheduler behind `channel`, or SchedulerUnreachableError."""
+    stub = pb_grpc.SchedulerStub(channel)
+    try:
+        response = await stub.Status(pb.StatusRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        raise SchedulerUnreachableError(
+            f"no scheduler answers at {address}: {exc.details() or exc.code().name}"
+        ) from None
+    assert isinstance(response, pb.StatusResponse)
+    return job_view(address, response)
+
+
+def render(view: JobView) -> str:
+    """A table for a terminal."""
+    head = (
+        f"job {view.cluster_id} at {view.address}: {view.phase}, generation {view.generation}, "
+        f"{view.registered}/{view.expected} registered, recovery {'on' if view.recovery else 'off'}"
+        f", up {view.uptime_s:.0f} s"
+    )
+    lines = [head]
+    if view.detail:
+        lines.append(f"  {view.detail}")
+    columns = (
+        "rank",
+        "node id",
+        "role",
+        "address",
+        "state",
+        "heartbeat",
+        "incarnation",
+        "restarts",
+    )
+    rows = [
+        (
+            "-" if n.rank is None else str(n.rank),
+            n.node_id,
+            n.role,
+            n.address,
+            n.state if n.connected or n.state != "alive" else "alive (no stream)",
+            f"{n.seconds_since_heartbeat:.1f} s ago",
+            f"{n.incarnation:x}",
+            str(n.restarts),
+        )
+        for n in view.nodes
+    ]
+    widths = [
+        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)
+    ]
+    lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    lines.extend(
+        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+    return "\n".join(lines)

@@ -1,0 +1,397 @@
+"""`mscluster run`, `mscluster status`: real launcher processes, real signals, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.netns import two_hosts
+from tests.procs import PYTHON, ROOT, Procs, free_port, wait_until
+
+EXAMPLE = ROOT / "examples" / "allgather_check.py"
+MSCLUSTER = [PYTHON, "-m", "cluster"]
+
+
+def private_copy(tmp_path: Path, source: Path = EXAMPLE) -> Path:
+    """The script under a path unique to this test, to find every process of the job by it."""
+    target = tmp_path / "job" / source.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, target)
+    return target
+
+
+def processes_running(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def run_args(tmp_path: Path, script: Path, port: int, *extra: str) -> list[str]:
+    return [
+        *MSCLUSTER,
+        "run",
+        "--master-port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "logs"),
+        *extra,
+        str(script),
+    ]
+
+
+def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    port = free_port()
+    args = run_args(tmp_path, script, port, "--worker-num", "4", "--local-worker-num", "4")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    logs = tmp_path / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "scheduler.log",
+        "worker_0.log",
+        "worker_1.log",
+        "worker_2.log",
+        "worker_3.log",
+    ]
+    for i in range(4):
+        text = (logs / f"worker_{i}.log").read_text()
+        assert f"allgather rank={i} size=4 result=[0, 1, 2, 3]" in text
+    assert "job finished" in (logs / "scheduler.log").read_text()
+    assert "job finished: 4 local workers exited 0" in result.stderr
+    assert not processes_running(str(script))
+
+
+def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
+    processes: Procs, tmp_path: Path
+) -> None:
+    script = private_copy(tmp_path)
+    port = free_port()
+    run = processes.start(
+        "run", [*run_args(tmp_path, script, port, "--worker-num", "4"), "--hold", "60"], os.environ
+    )
+    logs = tmp_path / "logs"
+    wait_until(
+        lambda: (
+            all(
+                "allgather" in (logs / f"worker_{i}.log").read_text()
+                for i in range(4)
+                if (logs / f"worker_{i}.log").exists()
+            )
+            and len(list(logs.glob("worker_*.log"))) == 4
+        ),
+        30,
+        "every worker's allgather line",
+    )
+    victims = [
+        p
+        for p in processes_running(str(script))
+        if "--hold" in Path(f"/proc/{p}/cmdline").read_text()
+    ]
+    # Worker 2's process: its environment says MS_NODE_ID=2.
+    victim = next(
+        p for p in victims if b"MS_NODE_ID=2\x00" in Path(f"/proc/{p}/environ").read_bytes()
+    )
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    assert run.wait(15) == 1, run.output
+    took = time.monotonic() - killed
+    assert "worker 2 (rank 2, node id '2') was killed by SIGKILL" in run.output, run.output
+    assert "last lines of" in run.output
+    assert "allgather rank=2" in run.output  # the tail of the dead worker's log
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+    print(f"mscluster run exited {took:.2f} s after the SIGKILL")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_every_process(processes: Procs, tmp_path: Path, sig: int, code: int) -> None:
+    script = private_copy(tmp_path)
+    port = free_port()
+    run = processes.start(
+        "run", [*run_args(tmp_path, script, port, "--worker-num", "3"), "--hold", "60"], os.environ
+    )
+    run.wait_for_output("3/3 registered (ready)", 30)
+    run.popen.send_signal(sig)
+    assert run.wait(10) == code, run.output
+    assert f"{signal.Signals(sig).name} received" in run.output
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+def test_join_streams_output_prefixed_by_rank(tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    args = run_args(tmp_path, script, free_port(), "--worker-num", "2", "--join")
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "[rank 0] allgather rank=0 size=2 result=[0, 1]" in result.stderr
+    assert "[rank 1] allgather rank=1 size=2 result=[0, 1]" in result.stderr
+    assert "allgather rank=1" in (tmp_path / "logs" / "worker_1.log").read_text()
+
+
+def test_two_invocations_form_one_job(processes: Procs, tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    port = free_port()
+    common = ["--worker-num", "4", "--local-worker-num", "2", "--master-port", str(port)]
+    runs = [
+        processes.start(
+            f"node{rank}",
+            [
+                *MSCLUSTER,
+                "run",
+                *common,
+                "--node-rank",
+                str(rank),
+                "--log-dir",
+                str(tmp_path / f"node{rank}"),
+                str(script),
+            ],
+            os.environ,
+        )
+        for rank in (0, 1)
+    ]
+    for run in runs:
+        assert run.wait(60) == 0, run.output
+    assert (tmp_path / "node0" / "scheduler.log").exists()
+    assert not (tmp_path / "node1" / "scheduler.log").exists()
+    lines = [
+        (tmp_path / f"node{node}" / f"worker_{i}.log").read_text().strip()
+        for node in (0, 1)
+        for i in (0, 1)
+    ]
+    assert lines == [f"allgather rank={r} size=4 result=[0, 1, 2, 3]" for r in range(4)]
+
+
+FLAKY = """
+import os, sys
+from pathlib import Path
+marker = Path(os.environ["FLAKY_DIR"]) / ("started-" + os.environ["MS_NODE_ID"])
+if os.environ["MS_NODE_ID"] == "1" and not marker.exists():
+    marker.write_text("once")
+    sys.exit(3)  # fails once, before joining the job
+import cluster
+cluster.init()
+print("joined", cluster.get_rank(), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("restarts", "expected"), [(1, 0), (0, 1)])
+def test_max_restarts_restarts_a_worker_that_failed_before_the_job_formed(
+    tmp_path: Path, restarts: int, expected: int
+) -> None:
+    script = tmp_path / "job" / "flaky.py"
+    script.parent.mkdir()
+    script.write_text(FLAKY)
+    args = run_args(
+        tmp_path, script, free_port(), "--worker-num", "2", "--max-restarts", str(restarts)
+    )
+    env = {**os.environ, "FLAKY_DIR": str(tmp_path)}
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert result.returncode == expected, result.stderr
+    if restarts:
+        assert (
+            "worker 1 (rank 1, node id '1') exited with code 3; restarting it (restart 1 of 1)"
+            in (result.stderr)
+        )
+        assert "after 1 restarts" in result.stderr
+        assert "joined 1" in (tmp_path / "logs" / "worker_1.log").read_text()
+    else:
+        assert "worker 1 (rank 1, node id '1') exited with code 3" in result.stderr
+        assert "restarting" not in result.stderr
+    assert not processes_running(str(script))
+
+
+def test_no_restart_once_the_job_has_failed_without_recovery(
+    processes: Procs, tmp_path: Path
+) -> None:
+    script = private_copy(tmp_path)
+    run = processes.start(
+        "run",
+        [
+            *run_args(tmp_path, script, free_port(), "--worker-num", "2", "--max-restarts", "2"),
+            "--hold",
+            "60",
+        ],
+        os.environ,
+    )
+    run.wait_for_output("2/2 registered (ready)", 30)
+    victim = next(
+        p
+        for p in processes_running(str(script))
+        if b"MS_NODE_ID=0\x00" in Path(f"/proc/{p}/environ").read_bytes()
+    )
+    os.kill(victim, signal.SIGKILL)
+    assert run.wait(15) == 1, run.output
+    assert "not restarting it" in run.output
+    assert "recovery is off" in run.output
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--master-addr", "no-such-host.invalid"],
+            "--master-addr 'no-such-host.invalid' does not resolve",
+        ),
+        (
+            ["--worker-num", "2", "--local-worker-num", "3"],
+            "--local-worker-num 3 must be between 1",
+        ),
+        (["--worker-num", "0"], "--worker-num 0 must be >= 1"),
+        (["--enable-recovery"], "--enable-recovery needs --recovery-path"),
+        (["--node-rank", "2", "--worker-num", "4", "--local-worker-num", "2"], "--node-rank 2"),
+    ],
+)
+def test_bad_run_options_are_one_clear_line(
+    tmp_path: Path, extra: list[str], expected: str
+) -> None:
+    script = private_copy(tmp_path)
+    args = run_args(tmp_path, script, free_port(), *extra)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert expected in lines[0]
+    assert not processes_running(str(script))
+
+
+def test_missing_script_is_one_clear_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        run_args(tmp_path, tmp_path / "nope.py", free_port()),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    missing = str(tmp_path / "nope.py")
+    assert result.stderr.strip().splitlines() == [
+        f"mscluster: ConfigError: script {missing!r} does not exist (or is not a file)"
+    ]
+
+
+def test_port_in_use_is_one_clear_line(processes: Procs, tmp_path: Path) -> None:
+    port = free_port()
+    holder = processes.start(
+        "holder", [*MSCLUSTER, "scheduler", "--port", str(port), "--worker-num", "1"], os.environ
+    )
+    holder.wait_for_output("listening on", 20)
+    script = private_copy(tmp_path)
+    result = subprocess.run(
+        run_args(tmp_path, script, port, "--worker-num", "1"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"--master-port {port} is already in use" in lines[0]
+    assert not processes_running(str(script))
+
+
+def test_status_lists_every_worker(processes: Procs, tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    port = free_port()
+    run = processes.start(
+        "run", [*run_args(tmp_path, script, port, "--worker-num", "3"), "--hold", "60"], os.environ
+    )
+    run.wait_for_output("3/3 registered (ready)", 30)
+    table = subprocess.run(
+        [*MSCLUSTER, "status", "--addr", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    assert re.search(r"ready, generation 1, 3/3 registered, recovery off", table), table
+    for rank in range(3):
+        assert re.search(rf"^{rank}\s+{rank}\s+worker\s+127\.0\.0\.1:\d+\s+alive\s", table, re.M), (
+            table
+        )
+    data = json.loads(
+        subprocess.run(
+            [*MSCLUSTER, "status", "--addr", f"127.0.0.1:{port}", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    )
+    assert data["phase"] == "ready"
+    assert [(n["rank"], n["state"]) for n in data["nodes"]] == [
+        (0, "alive"),
+        (1, "alive"),
+        (2, "alive"),
+    ]
+    run.popen.send_signal(signal.SIGINT)
+    assert run.wait(15) == 130
+
+
+def test_status_of_a_dead_address_is_one_clear_line() -> None:
+    port = free_port()
+    result = subprocess.run(
+        [*MSCLUSTER, "status", "--addr", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"mscluster: no scheduler answers at 127.0.0.1:{port}")
+
+
+def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    port = 8118  # each namespace has its own ports: the default works
+    with two_hosts() as (a, b):
+        common = ["--worker-num", "4", "--local-worker-num", "2", "--master-addr", a.ip]
+        runs = [
+            processes.start(
+                f"host{rank}",
+                host.command(
+                    [
+                        *MSCLUSTER,
+                        "run",
+                        *common,
+                        "--master-port",
+                        str(port),
+                        "--node-rank",
+                        str(rank),
+                        "--log-dir",
+                        str(tmp_path / f"host{rank}"),
+                        str(script),
+                    ]
+                ),
+                os.environ,
+            )
+            for rank, host in enumerate((a, b))
+        ]
+        for run in runs:
+            assert run.wait(60) == 0, run.output
+    lines = [
+        (tmp_path / f"host{node}" / f"worker_{i}.log").read_text().strip()
+        for node in (0, 1)
+        for i in (0, 1)
+    ]
+    assert lines == [f"allgather rank={r} size=4 result=[0, 1, 2, 3]" for r in range(4)]
+    status_note = (tmp_path / "host0" / "scheduler.log").read_text()
+    assert f"listening on {a.ip}:{port}" in status_note

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -395,3 +397,35 @@ def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path
     assert lines == [f"allgather rank={r} size=4 result=[0, 1, 2, 3]" for r in range(4)]
     status_note = (tmp_path / "host0" / "scheduler.log").read_text()
     assert f"listening on {a.ip}:{port}" in status_note
+
+
+def test_progress_is_one_live_line_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal the progress line is rewritten in place (carriage return + clear line)."""
+    script = private_copy(tmp_path)
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [*run_args(tmp_path, script, free_port(), "--worker-num", "2"), "--hold", "1"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=terminal,
+        )
+        os.close(terminal)
+        output = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(controller, 4096)
+                except OSError:  # the terminal closed: every writer exited
+                    break
+                if not chunk:
+                    break
+                output += chunk
+        assert proc.wait(10) == 0
+    finally:
+        os.close(controller)
+    text = output.decode(errors="replace")
+    assert "\r\x1b[Kmscluster: 2/2 registered (ready) | local workers running 2/2" in text, text
+    assert "job finished" in text

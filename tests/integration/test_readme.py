@@ -58,3 +58,24 @@ def test_readme_names_every_environment_variable() -> None:
     assert names, "no variable names found in the source"
     missing = sorted(n for n in names if f"`{n}`" not in README)
     assert not missing, f"README's environment table lacks {missing}"
+
+
+def test_readme_launcher_command_runs(tmp_path: Path) -> None:
+    (command,) = [
+        line
+        for block in code_blocks("bash")
+        for line in block.splitlines()
+        if line.startswith("mscluster run --worker-num 4 --local-worker-num 4")
+    ]
+    args = command.split()
+    args[-1] = str(ROOT / args[-1])
+    result = subprocess.run(
+        [PYTHON, "-m", "cluster", *args[1:3], "--master-port", str(free_port()), *args[3:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "allgather rank=3" in (tmp_path / "logs" / "worker_3.log").read_text()

@@ -70,7 +70,7 @@ def test_readme_launcher_command_runs(tmp_path: Path) -> None:
     args = command.split()
     args[-1] = str(ROOT / args[-1])
     result = subprocess.run(
-        [PYTHON, "-m", "cluster", *args[1:3], "--master-port", str(free_port()), *args[3:]],
+        [PYTHON, "-m", "cluster", args[1], "--master-port", str(free_port()), *args[2:]],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from cluster import _excepthook, _runtime, launch, status
+from cluster import _excepthook, _orphan, _runtime, launch, status
 from cluster.config import ClusterConfig, from_env
 from cluster.errors import ClusterError, ConfigError, SchedulerUnreachableError
 from cluster.scheduler import server as scheduler_server
@@ -49,6 +49,7 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
 
 def _cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
+    _orphan.watch_launcher()
     _runtime.configure_logging("scheduler")
     return scheduler_server.run(config)
 

@@ -206,6 +206,7 @@ class Launcher:
             MS_SCHED_HOST=self.ip,
             MS_SCHED_PORT=str(o.master_port),
             PYTHONUNBUFFERED="1",
+            CLUSTER_LAUNCHER_PID=str(os.getpid()),  # children stop when we are gone
         )
         if o.cluster_time_out is not None:
             env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from cluster import _orphan
 from cluster.config import ClusterConfig
 from cluster.errors import ClusterError
 from cluster.topology import Topology
@@ -81,6 +82,7 @@ class WorkerSession:
         self.agent: WorkerAgent = self._background.run(self._make_agent())
         self.topology: Topology | None = None
         self._closed = False
+        _orphan.watch_launcher()
 
     async def _make_agent(self) -> WorkerAgent:
         return WorkerAgent(

@@ -429,3 +429,38 @@ def test_progress_is_one_live_line_on_a_terminal(tmp_path: Path) -> None:
     text = output.decode(errors="replace")
     assert "\r\x1b[Kmscluster: 2/2 registered (ready) | local workers running 2/2" in text, text
     assert "job finished" in text
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_of_the_launcher_leaves_no_process(processes: Procs, tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    run = processes.start(
+        "run",
+        [*run_args(tmp_path, script, free_port(), "--worker-num", "2"), "--hold", "60"],
+        os.environ,
+    )
+    run.wait_for_output("2/2 registered (ready)", 30)
+    children = children_of(run.pid)
+    assert len(children) == 3  # the scheduler and two workers
+    run.popen.send_signal(signal.SIGKILL)
+    run.wait(10)
+    wait_until(lambda: not any(alive(p) for p in children), 15, "the orphans to stop")

@@ -17,6 +17,7 @@ from cluster._runtime import (
     init,
     is_initialized,
     is_rejoin,
+    set_ps_context,
 )
 from cluster.collective import KeyValueStore, allgather_object, barrier, broadcast_object, store
 from cluster.errors import (
@@ -60,5 +61,6 @@ __all__ = [
     "init",
     "is_initialized",
     "is_rejoin",
+    "set_ps_context",
     "store",
 ]

@@ -1,23 +1,37 @@
-"""The process-wide job membership behind `cluster.init()` and friends."""
+"""The process-wide job membership behind `cluster.init()` and friends.
+
+`import cluster` must not import grpc: grpc reads its TLS cipher list (GRPC_SSL_CIPHER_SUITES)
+once, when it is imported, and `set_ps_context()` / `init()` set that variable from ssl.json
+first. So the worker session and the scheduler server, which import grpc, are imported in
+`init()`, and `cluster.tls` (which imports cryptography) only when TLS is on.
+"""
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
+import os
 import sys
 import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster import _excepthook
 from cluster import config as config_module
-from cluster.config import ClusterConfig, Role
-from cluster.errors import ClusterError, NotInitializedError
-from cluster.scheduler import server as scheduler_server
+from cluster.config import ClusterConfig, Role, TLSOptions
+from cluster.errors import ClusterError, NotInitializedError, TLSConfigError
 from cluster.topology import Peer, Topology
 from cluster.worker.identity import make_identity
-from cluster.worker.session import WorkerSession
+
+if TYPE_CHECKING:
+    from cluster.worker.session import WorkerSession
 
 _lock = threading.Lock()
 _session: WorkerSession | None = None
+# TLS as set_ps_context() decided it (None: off); when it was not called, the environment decides.
+_ps_context_called = False
+_ps_context_tls: TLSOptions | None = None
 
 
 def session() -> WorkerSession:
@@ -43,8 +57,14 @@ def init(config: ClusterConfig | None = None) -> None:
     """
     global _session
     cfg = config if config is not None else config_module.from_env()
+    if _ps_context_called:
+        cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
+    if cfg.tls is not None:
+        _apply_cipher_suites(cfg.tls)
     if cfg.role is Role.SCHEDULER:
         _run_scheduler(cfg)
+    from cluster.worker.session import WorkerSession  # noqa: PLC0415 - imports grpc; see above
+
     with _lock:
         if _session is not None:
             raise ClusterError("cluster.init() was already called in this process")
@@ -55,8 +75,59 @@ def init(config: ClusterConfig | None = None) -> None:
 
 
 def _run_scheduler(cfg: ClusterConfig) -> None:
+    from cluster.scheduler import server as scheduler_server  # noqa: PLC0415 - imports grpc
+
     configure_logging("scheduler")
     sys.exit(scheduler_server.run(cfg))
+
+
+def _apply_cipher_suites(options: TLSOptions) -> None:
+    from cluster import tls  # noqa: PLC0415 - imports cryptography, needed only with TLS
+
+    tls.apply_cipher_suites(tls.load_settings(options.config_path))
+
+
+def _password(value: str | bytes | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
+
+
+def set_ps_context(
+    enable_ssl: bool = False,
+    config_file_path: str | os.PathLike[str] | None = None,
+    client_password: str | bytes | None = None,
+    server_password: str | bytes | None = None,
+) -> None:
+    """Turn TLS on (or off) for this process, as MindSpore's set_ps_context does; call it
+    before cluster.init() and before anything imports grpc.
+
+    `config_file_path` is the ssl.json (default: CLUSTER_TLS_CONFIG). A password given here
+    wins over the CLUSTER_TLS_*_PASSWORD(_FILE) variables; without one, those and then the
+    password files named in ssl.json are used. This call wins over the environment, so
+    `enable_ssl=False` turns TLS off even when CLUSTER_TLS_CONFIG is set.
+    """
+    global _ps_context_called, _ps_context_tls
+    if _session is not None:
+        raise ClusterError("cluster.set_ps_context() must come before cluster.init()")
+    if not enable_ssl:
+        _ps_context_called, _ps_context_tls = True, None
+        return
+    path = Path(config_file_path) if config_file_path else None
+    options = config_module.tls_options_from_env(os.environ, path)
+    if options is None:
+        raise TLSConfigError(
+            "set_ps_context(enable_ssl=True) needs config_file_path (an ssl.json), or "
+            "CLUSTER_TLS_CONFIG naming one"
+        )
+    if client_password is not None:
+        options = dataclasses.replace(
+            options, client_password=_password(client_password), client_password_file=None
+        )
+    if server_password is not None:
+        options = dataclasses.replace(
+            options, server_password=_password(server_password), server_password_file=None
+        )
+    _apply_cipher_suites(options)  # now, while grpc may not be imported yet
+    _ps_context_called, _ps_context_tls = True, options
 
 
 def configure_logging(who: str) -> None:

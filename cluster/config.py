@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.errors import ConfigError
@@ -44,6 +44,23 @@ class RecoveryConfig:
 
 
 @dataclass(frozen=True)
+class TLSOptions:
+    """Where TLS comes from: the ssl.json and the p12 passwords (see the README, "TLS").
+
+    Only the sources: `cluster.tls` opens the files. A password given here (from the environment
+    or `set_ps_context`) is never shown in a repr; a password file is preferred to it.
+    """
+
+    config_path: Path
+    client_password: bytes | None = field(default=None, repr=False)
+    server_password: bytes | None = field(default=None, repr=False)
+    client_password_file: Path | None = None
+    server_password_file: Path | None = None
+    # The name the scheduler's certificate is checked against when it is not MS_SCHED_HOST.
+    server_name: str | None = None
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     role: Role
     worker_num: int
@@ -56,6 +73,7 @@ class ClusterConfig:
     node_timeout_s: float
     heartbeat_enabled: bool
     heartbeat_interval_s: float
+    tls: TLSOptions | None = None
 
     @property
     def sched_address(self) -> str:
@@ -209,6 +227,39 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         node_timeout_s=node_timeout,
         heartbeat_enabled=heartbeat_enabled,
         heartbeat_interval_s=interval,
+        tls=tls_options_from_env(env),
+    )
+
+
+def tls_options_from_env(
+    env: Mapping[str, str], config_path: Path | None = None
+) -> TLSOptions | None:
+    """TLS from CLUSTER_TLS_CONFIG (or `config_path`) and the CLUSTER_TLS_* password variables.
+
+    None when no ssl.json is named: TLS is off.
+    """
+    if config_path is None:
+        raw = env.get("CLUSTER_TLS_CONFIG", "").strip()
+        if not raw:
+            return None
+        config_path = Path(raw)
+
+    def password(name: str) -> bytes | None:
+        value = env.get(name)
+        return value.encode() if value else None
+
+    def path(name: str) -> Path | None:
+        value = env.get(name, "").strip()
+        return Path(value) if value else None
+
+    server_name = env.get("CLUSTER_TLS_SERVER_NAME", "").strip() or None
+    return TLSOptions(
+        config_path=config_path,
+        client_password=password("CLUSTER_TLS_CLIENT_PASSWORD"),
+        server_password=password("CLUSTER_TLS_SERVER_PASSWORD"),
+        client_password_file=path("CLUSTER_TLS_CLIENT_PASSWORD_FILE"),
+        server_password_file=path("CLUSTER_TLS_SERVER_PASSWORD_FILE"),
+        server_name=server_name,
     )
 
 

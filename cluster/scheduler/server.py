@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import inspect
 import logging
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cluster import tls as tls_module
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
 from cluster.scheduler.core import CoreSettings, SchedulerCore
@@ -87,17 +91,121 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class SchedulerServer:
-    """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves."""
+if TYPE_CHECKING:  # generic in grpc-stubs only
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+    Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+else:
+    _Interceptor = grpc.aio.ServerInterceptor
 
-    def __init__(self, settings: CoreSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+
+class PeerCertificateCheck(_Interceptor):
+    """Refuses every call whose client certificate is revoked (by the CRL as it is at that call)
+    or expired. gRPC checked the CA at the handshake; it has no CRL, and a connection outlives
+    the moment a certificate is revoked."""
+
+    def __init__(self, check: tls_module.PeerCheck) -> None:
+        self._check = check
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(details)
+        return None if handler is None else _guarded(handler, self._refuse)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        pems = list(context.auth_context().get("x509_pem_cert", []))
+        if not pems:
+            problem = "this node presented no client certificate"
+        else:
+            cert = self._check.certificate(pems[0])
+            found = self._check.problem(cert)
+            if found is None:
+                return
+            problem = f"this node's certificate ({tls_module.describe(cert)}) {found}"
+        log.warning("refused a call from %s: %s", context.peer(), problem)
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"{problem}: use a valid certificate of the job's CA",
+        )
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler[Any, Any], check: Check
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, with `check` run before its behaviour on every call."""
+
+    def wrap(behavior: Any) -> Any:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def streaming(request: Any, context: Any) -> Any:
+                await check(context)
+                async for response in behavior(request, context):
+                    yield response
+
+            return streaming
+
+        async def unary(request: Any, context: Any) -> Any:
+            await check(context)
+            return await behavior(request, context)
+
+        return unary
+
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    for attribute, make in kinds:
+        behavior = getattr(handler, attribute)
+        if behavior is not None:
+            return make(
+                wrap(behavior),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
+
+
+def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:
+    """Mutual TLS: the scheduler's certificate, and a client certificate of the CA required."""
+    return grpc.ssl_server_credentials(
+        [(identity.key_pem, identity.chain_pem)],
+        root_certificates=identity.ca_pem,
+        require_client_auth=True,
+    )
+
+
+class SchedulerServer:
+    """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves.
+
+    With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, and re-checks its own
+    certificate's expiry every `expiry_check_period_s`.
+    """
+
+    def __init__(
+        self,
+        settings: CoreSettings,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tls: tls_module.Identity | None = None,
+        expiry_check_period_s: float = tls_module.EXPIRY_CHECK_PERIOD_S,
+    ) -> None:
         self.core = SchedulerCore(settings)
         self.host = host
         self.requested_port = port
         self.port = 0
+        self.tls = tls
+        self._expiry_check_period_s = expiry_check_period_s
         self._server: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._monitor: asyncio.Task[None] | None = None
+        self._expiry: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
@@ -105,12 +213,18 @@ class SchedulerServer:
 
     async def start(self) -> int:
         check_bindable(self.host, self.requested_port)
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        interceptors = (
+            [] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]
+        )
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)
         try:
-            self.port = server.add_insecure_port(where)
+            if self.tls is None:
+                self.port = server.add_insecure_port(where)
+            else:
+                self.port = server.add_secure_port(where, server_credentials(self.tls))
         except RuntimeError as exc:
             raise ConfigError(
                 f"the scheduler cannot listen on {where}: the port is in use or the address is "
@@ -127,11 +241,18 @@ class SchedulerServer:
         self._monitor = asyncio.create_task(self.core.monitor())
         settings = self.core.settings
         log.info(
-            "listening on %s for %s%s",
+            "listening on %s for %s%s%s",
             self.address,
             _count(settings.worker_num, "worker"),
             f" and {_count(settings.server_num, 'server')}" if settings.server_num else "",
+            "" if self.tls is None else f" (mutual TLS, {self.tls.what})",
         )
+        if self.tls is not None:
+            for warning in tls_module.expiry_warnings(self.tls):
+                log.warning("%s", warning)
+            self._expiry = asyncio.create_task(
+                tls_module.recheck_expiry(self.tls, log.warning, self._expiry_check_period_s)
+            )
         return self.port
 
     async def wait_done(self) -> bool:
@@ -148,10 +269,11 @@ class SchedulerServer:
         deadline = loop.time() + drain_s
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.core.streams_closed.wait(), max(deadline - loop.time(), 0))
-        if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+        for task in (self._monitor, self._expiry):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._server.stop(grace=0.5)
         self._server = None
 
@@ -176,7 +298,10 @@ def _count(n: int, noun: str) -> str:
 
 async def serve(config: ClusterConfig) -> int:
     """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
-    server = SchedulerServer(settings_from_config(config), config.sched_host, config.sched_port)
+    identity = None if config.tls is None else tls_module.prepare(config.tls, server=True)
+    server = SchedulerServer(
+        settings_from_config(config), config.sched_host, config.sched_port, tls=identity
+    )
     await server.start()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from cluster import channel as scheduler_channel
+from cluster import tls
 from cluster.config import ClusterConfig, Role
 from cluster.errors import (
     ClusterError,
@@ -99,13 +101,22 @@ class WorkerAgent:
         say: Callable[[str], None],
         on_fatal: Callable[[ClusterError], None],
         clock: Callable[[], float] = time.monotonic,
+        expiry_check_period_s: float = tls.EXPIRY_CHECK_PERIOD_S,
     ) -> None:
         self.config = config
         self.identity = identity
         self._say = say
         self._on_fatal = on_fatal
         self._clock = clock
-        self._channel = grpc.aio.insecure_channel(config.sched_address, options=CHANNEL_OPTIONS)
+        self._tls = None if config.tls is None else tls.prepare(config.tls, server=False)
+        if self._tls is not None:
+            for warning in tls.expiry_warnings(self._tls):
+                say(warning)
+        self._expiry_check_period_s = expiry_check_period_s
+        self._expiry: asyncio.Task[None] | None = None
+        self._channel = scheduler_channel.open_channel(
+            config.sched_address, self._tls, CHANNEL_OPTIONS
+        )
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._role = pb.ROLE_SERVER if config.role is Role.SERVER else pb.ROLE_WORKER
         self.cluster_id = ""
@@ -136,6 +147,10 @@ class WorkerAgent:
         """Register and wait until the whole topology is ready."""
         started = self._clock()
         deadline = started + self.config.topo_timeout_s
+        if self._tls is not None:
+            self._expiry = asyncio.create_task(
+                tls.recheck_expiry(self._tls, self._say, self._expiry_check_period_s)
+            )
         accepted = await self._register(deadline)
         self.cluster_id = accepted.cluster_id
         self.rejoined = accepted.rejoined
@@ -162,6 +177,9 @@ class WorkerAgent:
             cluster_id=self.cluster_id,
         )
         self._report.reset()
+        # With TLS nothing is sent before the scheduler's certificate passed the CRL; without,
+        # the check only runs when a call fails, to tell "down" from "speaks TLS".
+        checked = self._tls is None
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -170,12 +188,24 @@ class WorkerAgent:
                     f"MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: is it running, and are "
                     "MS_SCHED_HOST / MS_SCHED_PORT right?"
                 )
+            if not checked:
+                checked = await scheduler_channel.check_scheduler(
+                    self.config.sched_host,
+                    self.config.sched_port,
+                    self._tls,
+                    min(remaining, ATTEMPT_TIMEOUT_S),
+                )
+                if not checked:
+                    self._report(f"waiting for {self.where} to answer")
+                    await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
+                    continue
             try:
                 response = await self._stub.Register(
                     request, timeout=min(remaining, ATTEMPT_TIMEOUT_S), wait_for_ready=True
                 )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    checked = False
                     self._report(f"waiting for {self.where} to answer")
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
@@ -416,8 +446,9 @@ class WorkerAgent:
 
     async def close(self) -> None:
         self._closing = True
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._watch_task
+        for task in (self._watch_task, self._expiry):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         await self._channel.close(grace=None)

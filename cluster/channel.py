@@ -1,0 +1,239 @@
+"""A client's way to the scheduler: one grpc.aio channel, plaintext or mutual TLS, and a check.
+
+`open_channel` is what the worker agent and `mscluster status` use. With TLS, grpc verifies that
+the scheduler's certificate comes from the CA and names the host, but it cannot consult a CRL and
+says no more than "unavailable" when the two sides disagree about TLS. So `check_scheduler` makes
+one handshake of its own first, with Python's ssl and the same CA, client certificate, name and
+cipher list: it refuses a scheduler whose certificate is revoked or of another CA, and it tells a
+plaintext scheduler from a TLS one in either direction, so a mismatch is one clear error at once
+instead of a wait until MS_TOPO_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import secrets
+import ssl
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from cluster import tls
+from cluster.errors import TLSConfigError
+
+# The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with SETTINGS.
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 0x04
+_FRAME_HEADER = 9
+
+
+def open_channel(
+    address: str, identity: tls.Identity | None, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    """A channel to the scheduler at `address`: mutual TLS with `identity`, else plaintext."""
+    if identity is None:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=identity.ca_pem,
+        private_key=identity.key_pem,
+        certificate_chain=identity.chain_pem,
+    )
+    extra = []
+    if identity.server_name:
+        extra.append(("grpc.ssl_target_name_override", identity.server_name))
+    return grpc.aio.secure_channel(address, credentials, options=[*options, *extra])
+
+
+async def check_scheduler(
+    host: str, port: int, identity: tls.Identity | None, timeout_s: float
+) -> bool:
+    """Whether the scheduler answers in this node's protocol; False when it is not reachable.
+
+    Raises TLSConfigError when it speaks the other protocol, when its certificate is refused
+    here (other CA, wrong name, revoked, expired), or when it refuses this node's certificate.
+    """
+    where = f"the scheduler at {_address(host, port)}"
+    if identity is None:
+        return await _check_plaintext(host, port, where, timeout_s)
+    return await _check_tls(host, port, identity, where, timeout_s)
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(exc: ssl.SSLError) -> str:
+    return str(exc.reason or exc.strerror or exc).lower().replace("_", " ")
+
+
+def _is_alert(exc: ssl.SSLError) -> bool:
+    """The peer spoke TLS and refused us (an alert), as opposed to not speaking TLS at all."""
+    return "ALERT" in str(exc.reason or "")
+
+
+async def _open(
+    host: str, port: int, context: ssl.SSLContext | None, name: str | None, timeout_s: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=context, server_hostname=name),
+        timeout_s,
+    )
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
+    try:
+        reader, writer = await _open(host, port, None, None, timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        writer.write(_PREFACE)
+        head = await asyncio.wait_for(reader.read(_FRAME_HEADER), timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        await _close(writer)
+    return len(head) == _FRAME_HEADER and head[3] == _SETTINGS
+
+
+async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -> bool:
+    """A TLS hello, no certificate shown or checked: a reply in TLS means a TLS scheduler."""
+    try:
+        _, writer = await _open(host, port, plain_probe_context(), host, timeout_s)
+    except ssl.SSLError as exc:
+        if not _is_alert(exc):
+            return True  # it answered the hello in plaintext HTTP/2: a plaintext scheduler
+    except (OSError, asyncio.TimeoutError):
+        return False
+    else:
+        await _close(writer)
+    raise TLSConfigError(
+        f"{where} uses TLS and this node does not: start it with CLUSTER_TLS_CONFIG naming the "
+        "job's ssl.json (mscluster run --tls-config does that), or call "
+        "cluster.set_ps_context(enable_ssl=True, config_file_path=...) before cluster.init()"
+    )
+
+
+async def _check_tls(
+    host: str, port: int, identity: tls.Identity, where: str, timeout_s: float
+) -> bool:
+    name = identity.server_name or host
+    try:
+        reader, writer = await _open(host, port, client_context(identity), name, timeout_s)
+    except ssl.SSLCertVerificationError as exc:
+        raise TLSConfigError(_untrusted(where, identity, name, exc)) from None
+    except ssl.SSLError as exc:
+        if not _is_alert(exc) and await _speaks_plain_http2(host, port, timeout_s):
+            raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
+        raise TLSConfigError(_refused(where, identity, exc)) from None
+    except (ConnectionResetError, asyncio.IncompleteReadError):
+        if await _speaks_plain_http2(host, port, timeout_s):
+            raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
+        return False
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        ssl_object = writer.get_extra_info("ssl_object")
+        peer = x509.load_der_x509_certificate(ssl_object.getpeercert(binary_form=True))
+        problem = tls.PeerCheck(identity).problem(peer)
+        if problem is not None:
+            raise TLSConfigError(
+                f"{where} is refused: its certificate ({tls.describe(peer)}) {problem}"
+            )
+        # In TLS 1.3 the scheduler judges this node's certificate after the handshake, so only
+        # its first answer tells whether it accepted it.
+        writer.write(_PREFACE)
+        try:
+            head = await asyncio.wait_for(reader.read(_FRAME_HEADER), timeout_s)
+        except ssl.SSLError as exc:
+            raise TLSConfigError(_refused(where, identity, exc)) from None
+        except (OSError, asyncio.TimeoutError):
+            return False
+        if not head:
+            raise TLSConfigError(
+                f"{where} closed the connection after the TLS handshake: it did not accept "
+                f"this node's certificate ({identity.what}); is it signed by the CA the "
+                "scheduler trusts, and not revoked?"
+            )
+        return True
+    finally:
+        await _close(writer)
+
+
+def _untrusted(
+    where: str, identity: tls.Identity, name: str, exc: ssl.SSLCertVerificationError
+) -> str:
+    message = str(exc.verify_message or exc.reason)
+    if "hostname" in message.lower() or "ip address mismatch" in message.lower():
+        return (
+            f"{where} is refused: its certificate does not name {name!r} ({message}); reach it "
+            "by a name its certificate carries, or set CLUSTER_TLS_SERVER_NAME to one"
+        )
+    return (
+        f"{where} is refused: its certificate does not check out against ca_cert_path "
+        f"{identity.settings.ca_cert_path} ({message})"
+    )
+
+
+def _plaintext_scheduler(where: str, identity: tls.Identity) -> str:
+    return (
+        f"{where} does not use TLS, but this node does (TLS config {identity.settings.path}): "
+        "start the scheduler with the same CLUSTER_TLS_CONFIG, or run this node without it"
+    )
+
+
+def _refused(where: str, identity: tls.Identity, exc: ssl.SSLError) -> str:
+    reason = _reason(exc)
+    if "certificate" in reason or "unknown ca" in reason:
+        hint = (
+            f"it does not accept this node's certificate ({identity.what}): is it signed by the "
+            "CA the scheduler trusts, and not expired?"
+        )
+    elif "handshake failure" in reason or "protocol version" in reason:
+        hint = "no TLS version or cipher suite in common: compare the cipher_list of both sides"
+    else:
+        hint = "see the scheduler's log"
+    return f"{where} refused the TLS handshake ({reason}): {hint}"
+
+
+@functools.lru_cache(maxsize=8)
+def client_context(identity: tls.Identity) -> ssl.SSLContext:
+    """Python ssl with this worker's certificate, the CA, TLS >= 1.2 and the cipher list."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_ciphers(":".join(identity.settings.ciphers))
+    context.set_alpn_protocols(["h2"])
+    context.load_verify_locations(cadata=identity.ca_pem.decode())
+    # The ssl module loads keys from files only: the key goes there encrypted with a one-time
+    # password that never leaves memory, and the file is gone when this returns.
+    one_time = secrets.token_bytes(32)
+    encrypted = identity.key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(one_time),
+    )
+    with tempfile.NamedTemporaryFile(prefix="cluster-tls-", suffix=".pem") as handle:
+        handle.write(identity.chain_pem + encrypted)
+        handle.flush()
+        context.load_cert_chain(handle.name, password=one_time)
+    return context
+
+
+def plain_probe_context() -> ssl.SSLContext:
+    """A context that only asks "do you speak TLS?": no certificate is shown or checked."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    return context

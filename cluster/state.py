@@ -177,6 +177,12 @@ class SchedulerState:
     detail: str = ""
     members: dict[str, Member] = field(default_factory=dict)
     started: float = field(init=False)
+    # Kept up to date with `members`, so that no input costs O(members): a 1024-node job
+    # registers and finishes 1024 times.
+    _role_counts: dict[NodeRole, int] = field(init=False, repr=False, default_factory=dict)
+    _finished: int = field(init=False, repr=False, default=0)
+    # The topology as last published; every late watcher gets this same event.
+    _published: TopologyReadyEvent | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -210,8 +216,8 @@ class SchedulerState:
         """What a node that has just opened its stream must hear to catch up."""
         if self.phase is Phase.WAITING:
             return [ProgressEvent(len(self.members), self.expected)]
-        if self.phase is Phase.READY:
-            return [TopologyReadyEvent(self.generation, self.peers())]
+        if self.phase is Phase.READY and self._published is not None:
+            return [self._published]
         return [ShutdownEvent(self.phase is Phase.FINISHED, self.detail)]
 
     # -- inputs --------------------------------------------------------------------------------
@@ -241,6 +247,7 @@ class SchedulerState:
         refusal = self._check_new(node_id, reg)
         if refusal is not None:
             return refusal, []
+        self._role_counts[reg.role] = self._role_counts.get(reg.role, 0) + 1
         self.members[node_id] = Member(
             node_id=node_id,
             role=reg.role,
@@ -280,13 +287,12 @@ class SchedulerState:
         member = self.member(node_id, incarnation)
         if self.phase is Phase.WAITING:
             # Leaving before the job formed: free the slot, nobody depends on it yet.
-            del self.members[member.node_id]
+            self._forget(member)
             return [ProgressEvent(len(self.members), self.expected)]
         if member.state is NodeState.ALIVE:
             member.state = NodeState.FINISHED
-        if self.phase is Phase.READY and all(
-            m.state is NodeState.FINISHED for m in self.members.values()
-        ):
+            self._finished += 1
+        if self.phase is Phase.READY and self._finished == len(self.members):
             return self._end(ok=True, detail=f"all {len(self.members)} nodes finished")
         return []
 
@@ -355,7 +361,7 @@ class SchedulerState:
                 f"MS_NODE_ID={node_id} is numeric, so it is the rank, and must be below "
                 f"the number of {reg.role.value}s ({space})",
             )
-        same_role = sum(1 for m in self.members.values() if m.role is reg.role)
+        same_role = self._role_counts.get(reg.role, 0)
         if self.phase is not Phase.WAITING or same_role >= space:
             return Refused(
                 Refusal.CLUSTER_FULL,
@@ -418,12 +424,13 @@ class SchedulerState:
             _assign_ranks([m for m in self.members.values() if m.role is role], space)
         self.phase = Phase.READY
         self.generation += 1
-        return [TopologyReadyEvent(self.generation, self.peers())]
+        self._published = TopologyReadyEvent(self.generation, self.peers())
+        return [self._published]
 
     def _lose(self, member: Member, why: str) -> list[Effect]:
         if self.phase is Phase.WAITING:
             # No rank yet, nobody depends on it: forget it so that a restart can take its place.
-            del self.members[member.node_id]
+            self._forget(member)
             return [
                 Evict(member.node_id, member.incarnation, why),
                 ProgressEvent(len(self.members), self.expected),
@@ -434,6 +441,10 @@ class SchedulerState:
         if self.phase is not Phase.READY:
             return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
+
+    def _forget(self, member: Member) -> None:
+        del self.members[member.node_id]
+        self._role_counts[member.role] -= 1
 
     def _end(self, *, ok: bool, detail: str) -> list[Effect]:
         self.phase = Phase.FINISHED if ok else Phase.FAILED

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -17,14 +18,29 @@ class Peer:
 
 @dataclass(frozen=True)
 class Topology:
-    """This process's view of the job at one generation."""
+    """This process's view of the job at one generation.
+
+    The peer table is kept in columns, as it arrives, and `peers` builds the Peer records on
+    first use: a worker of a large job that never asks for them never pays for them.
+    """
 
     generation: int
     rank: int
     local_rank: int
     local_size: int
-    peers: tuple[Peer, ...]  # workers, in rank order
+    node_ids: tuple[str, ...]  # workers, in rank order
+    hosts: tuple[str, ...]
+    ports: tuple[int, ...]
 
     @property
     def size(self) -> int:
-        return len(self.peers)
+        return len(self.node_ids)
+
+    @functools.cached_property
+    def peers(self) -> tuple[Peer, ...]:
+        return tuple(
+            Peer(rank, node_id, host, port)
+            for rank, (node_id, host, port) in enumerate(
+                zip(self.node_ids, self.hosts, self.ports, strict=True)
+            )
+        )

@@ -62,15 +62,15 @@ def register_response(
     )
 
 
-def peer_to_pb(peer: state.PeerInfo) -> pb.Peer:
-    return pb.Peer(
-        rank=peer.rank,
-        node_id=peer.node_id,
-        host=peer.host,
-        port=peer.port,
-        role=role_to_pb(peer.role),
-        local_rank=peer.local_rank,
-        local_size=peer.local_size,
+def peer_table(peers: tuple[state.PeerInfo, ...]) -> pb.PeerTable:
+    return pb.PeerTable(
+        ranks=[p.rank for p in peers],
+        node_ids=[p.node_id for p in peers],
+        hosts=[p.host for p in peers],
+        ports=[p.port for p in peers],
+        roles=[_ROLE_TO_PB[p.role] for p in peers],
+        local_ranks=[p.local_rank for p in peers],
+        local_sizes=[p.local_size for p in peers],
     )
 
 
@@ -80,7 +80,7 @@ def event_to_pb(event: state.Event) -> pb.Event:
     if isinstance(event, state.TopologyReadyEvent):
         return pb.Event(
             topology_ready=pb.TopologyReady(
-                generation=event.generation, peers=[peer_to_pb(p) for p in event.peers]
+                generation=event.generation, peers=peer_table(event.peers)
             )
         )
     if isinstance(event, state.NodeFailedEvent):

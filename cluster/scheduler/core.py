@@ -76,6 +76,7 @@ class SchedulerCore:
         self.streams_closed.set()
         self._last_progress_log = 0.0
         self._pending_progress: state.ProgressEvent | None = None
+        self._topology_pb: tuple[state.TopologyReadyEvent, pb.Event] | None = None
         self._last_progress_broadcast = 0.0
 
     @property
@@ -120,7 +121,7 @@ class SchedulerCore:
         heartbeat = pb.Event(heartbeat=pb.SchedulerHeartbeat())
         try:
             for event in welcome:
-                yield convert.event_to_pb(event)
+                yield self._to_pb(event)
             while True:
                 try:
                     item = await asyncio.wait_for(
@@ -214,13 +215,24 @@ class SchedulerCore:
                 self._pending_progress = None
             self._broadcast(effect)
             if isinstance(effect, state.NodeFailedEvent):
-                self.exchanges.fail_all(f"rank {effect.rank} ({effect.node_id!r}) failed")
+                self.exchanges.fail_all(
+                    f"rank {effect.rank} (node {effect.node_id!r}) died: {effect.reason}"
+                )
             if isinstance(effect, state.ShutdownEvent):
                 self.exchanges.fail_all(effect.reason)
                 self.done.set()
 
+    def _to_pb(self, event: state.Event) -> pb.Event:
+        """Convert once per topology: it goes to every node, and is large in a large job."""
+        if isinstance(event, state.TopologyReadyEvent):
+            cached = self._topology_pb
+            if cached is None or cached[0] is not event:
+                cached = self._topology_pb = (event, convert.event_to_pb(event))
+            return cached[1]
+        return convert.event_to_pb(event)
+
     def _broadcast(self, event: state.Event) -> None:
-        message = convert.event_to_pb(event)
+        message = self._to_pb(event)
         for watcher in self._watchers.values():
             watcher.queue.put_nowait(message)
 

@@ -120,24 +120,6 @@ class WatchRequest(_message.Message):
     heartbeat: NodeHeartbeat
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[NodeHeartbeat, _Mapping]] = ...) -> None: ...
 
-class Peer(_message.Message):
-    __slots__ = ("rank", "node_id", "host", "port", "role", "local_rank", "local_size")
-    RANK_FIELD_NUMBER: _ClassVar[int]
-    NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    HOST_FIELD_NUMBER: _ClassVar[int]
-    PORT_FIELD_NUMBER: _ClassVar[int]
-    ROLE_FIELD_NUMBER: _ClassVar[int]
-    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
-    LOCAL_SIZE_FIELD_NUMBER: _ClassVar[int]
-    rank: int
-    node_id: str
-    host: str
-    port: int
-    role: Role
-    local_rank: int
-    local_size: int
-    def __init__(self, rank: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ...) -> None: ...
-
 class Progress(_message.Message):
     __slots__ = ("registered", "expected")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
@@ -146,13 +128,31 @@ class Progress(_message.Message):
     expected: int
     def __init__(self, registered: _Optional[int] = ..., expected: _Optional[int] = ...) -> None: ...
 
+class PeerTable(_message.Message):
+    __slots__ = ("ranks", "node_ids", "hosts", "ports", "roles", "local_ranks", "local_sizes")
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANKS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SIZES_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    node_ids: _containers.RepeatedScalarFieldContainer[str]
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    roles: _containers.RepeatedScalarFieldContainer[Role]
+    local_ranks: _containers.RepeatedScalarFieldContainer[int]
+    local_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ranks: _Optional[_Iterable[int]] = ..., node_ids: _Optional[_Iterable[str]] = ..., hosts: _Optional[_Iterable[str]] = ..., ports: _Optional[_Iterable[int]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., local_ranks: _Optional[_Iterable[int]] = ..., local_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class TopologyReady(_message.Message):
     __slots__ = ("generation", "peers")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     generation: int
-    peers: _containers.RepeatedCompositeFieldContainer[Peer]
-    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ...) -> None: ...
+    peers: PeerTable
+    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ...) -> None: ...
 
 class NodeFailed(_message.Message):
     __slots__ = ("rank", "node_id", "reason", "generation")

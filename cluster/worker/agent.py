@@ -28,7 +28,7 @@ from cluster.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
-from cluster.topology import Peer, Topology
+from cluster.topology import Topology
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.identity import NodeIdentity
@@ -310,17 +310,21 @@ class WorkerAgent:
         return False
 
     def _topology_from(self, ready: pb.TopologyReady) -> Topology:
-        workers = [p for p in ready.peers if p.role == pb.ROLE_WORKER]
-        own = [p for p in ready.peers if p.node_id == self.identity.node_id]
-        if not own:
-            raise ClusterError(f"{self.where} sent a topology without this node")
-        me = own[0]
+        table = ready.peers
+        node_ids = list(table.node_ids)  # one C-level copy; no per-peer Python work below
+        try:
+            me = node_ids.index(self.identity.node_id)
+        except ValueError:
+            raise ClusterError(f"{self.where} sent a topology without this node") from None
+        workers = list(table.roles).count(pb.ROLE_WORKER)  # workers come first, in rank order
         return Topology(
             generation=ready.generation,
-            rank=me.rank,
-            local_rank=me.local_rank,
-            local_size=me.local_size,
-            peers=tuple(Peer(p.rank, p.node_id, p.host, p.port) for p in workers),
+            rank=table.ranks[me],
+            local_rank=table.local_ranks[me],
+            local_size=table.local_sizes[me],
+            node_ids=tuple(node_ids[:workers]),
+            hosts=tuple(table.hosts[:workers]),
+            ports=tuple(table.ports[:workers]),
         )
 
     async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> bool:

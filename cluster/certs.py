@@ -195,6 +195,17 @@ def p12_bytes(
     )
 
 
+def write_p12(
+    path: Path,
+    key: PrivateKey,
+    cert: x509.Certificate,
+    password: bytes | None,
+    ca: Authority | None = None,
+) -> Path:
+    write_private(path, p12_bytes(key, cert, password, ca))
+    return path
+
+
 def crl_pem(
     ca: Authority, revoked: Sequence[x509.Certificate], *, days: int = DEFAULT_DAYS
 ) -> bytes:
@@ -286,12 +297,10 @@ def make_pki(
     server_password, client_password = new_password(), new_password()
 
     (out_dir / "ca.pem").write_bytes(cert_pem(ca.cert))
-    write_private(out_dir / "server.p12", p12_bytes(server_key, server_cert, server_password, ca))
-    write_private(out_dir / "client.p12", p12_bytes(client_key, client_cert, client_password, ca))
+    write_p12(out_dir / "server.p12", server_key, server_cert, server_password, ca)
+    write_p12(out_dir / "client.p12", client_key, client_cert, client_password, ca)
     # Same password as client.p12, so that pointing client_cert_path at it is the only change.
-    write_private(
-        out_dir / "client-revoked.p12", p12_bytes(revoked_key, revoked_cert, client_password, ca)
-    )
+    write_p12(out_dir / "client-revoked.p12", revoked_key, revoked_cert, client_password, ca)
     (out_dir / "crl.pem").write_bytes(crl_pem(ca, [revoked_cert], days=days))
     write_private(out_dir / "server.pass", server_password + b"\n")
     write_private(out_dir / "client.pass", client_password + b"\n")

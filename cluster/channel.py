@@ -39,14 +39,14 @@ def open_channel(
     """A channel to the scheduler at `address`: mutual TLS with `identity`, else plaintext."""
     if identity is None:
         return grpc.aio.insecure_channel(address, options=list(options))
+    extra = []
+    if identity.server_name:
+        extra.append(("grpc.ssl_target_name_override", identity.server_name))
     credentials = grpc.ssl_channel_credentials(
         root_certificates=identity.ca_pem,
         private_key=identity.key_pem,
         certificate_chain=identity.chain_pem,
     )
-    extra = []
-    if identity.server_name:
-        extra.append(("grpc.ssl_target_name_override", identity.server_name))
     return grpc.aio.secure_channel(address, credentials, options=[*options, *extra])
 
 
@@ -87,9 +87,11 @@ async def _open(
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
-    writer.close()
+    # Abort, not close: a TLS close waits for the peer's close_notify, which gRPC never sends,
+    # and every worker's start would wait out that timeout.
+    writer.transport.abort()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
+        await writer.wait_closed()
 
 
 async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:

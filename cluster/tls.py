@@ -478,10 +478,52 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
     )
 
 
+_Stamp = tuple[tuple[str, int, int], ...]
+# Identities already loaded in this process, with the state of their files then: many agents
+# in one process (tests, benchmarks) share one instead of each decrypting the p12 again.
+_prepared: dict[tuple[TLSOptions, bool], tuple[_Stamp, Identity]] = {}
+
+
+def _stamp(options: TLSOptions, settings: TLSSettings) -> _Stamp:
+    files = [
+        settings.path,
+        settings.server_cert_path,
+        settings.client_cert_path,
+        settings.ca_cert_path,
+        settings.crl_path,
+        settings.server_password_file,
+        settings.client_password_file,
+        options.server_password_file,
+        options.client_password_file,
+    ]
+    stamps = []
+    for path in files:
+        if path is None:
+            continue
+        try:
+            info = path.stat()
+        except OSError:
+            stamps.append((str(path), -1, -1))
+        else:
+            stamps.append((str(path), info.st_mtime_ns, info.st_size))
+    return tuple(stamps)
+
+
 def prepare(options: TLSOptions, *, server: bool) -> Identity:
     """Everything a process does before it uses TLS: the cipher list for grpc, then its p12."""
-    apply_cipher_suites(load_settings(options.config_path))
-    return load_identity(options, server=server)
+    settings = load_settings(options.config_path)
+    apply_cipher_suites(settings)
+    stamp = _stamp(options, settings)
+    cached = _prepared.get((options, server))
+    if cached is not None and cached[0] == stamp:
+        identity, now = cached[1], now_utc()
+        _check_dates(identity.cert, identity.what, now)  # time passes even when files do not
+        for ca in identity.cas:
+            _check_dates(ca, f"the CA certificate {describe(ca)} in {settings.ca_cert_path}", now)
+        return identity
+    identity = load_identity(options, server=server)
+    _prepared[(options, server)] = (stamp, identity)
+    return identity
 
 
 # -- checks while running --------------------------------------------------------------------

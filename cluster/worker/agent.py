@@ -177,9 +177,10 @@ class WorkerAgent:
             cluster_id=self.cluster_id,
         )
         self._report.reset()
-        # With TLS nothing is sent before the scheduler's certificate passed the CRL; without,
-        # the check only runs when a call fails, to tell "down" from "speaks TLS".
-        checked = self._tls is None
+        # With a CRL nothing is sent before the scheduler's certificate passed it (gRPC cannot
+        # check one); otherwise the check, a handshake of its own, runs only when a call fails,
+        # to tell "down" from "speaks the other protocol" or "has a certificate we refuse".
+        checked = self._tls is None or self._tls.revocation is None
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:

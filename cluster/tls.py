@@ -20,12 +20,15 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificatePublicKeyTypes,
+    PrivateKeyTypes,
+)
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from cluster.config import TLSOptions
@@ -145,7 +148,7 @@ def load_settings(path: Path) -> TLSSettings:
     )
 
 
-def _warning_days(value: Any, path: Path) -> int:
+def _warning_days(value: object, path: Path) -> int:
     if value is None:
         return DEFAULT_WARNING_DAYS
     if (
@@ -250,7 +253,7 @@ def _check_dates(cert: x509.Certificate, what: str, now: dt.datetime) -> None:
         )
 
 
-def _check_key_size(public_key: Any, what: str) -> None:
+def _check_key_size(public_key: CertificatePublicKeyTypes, what: str) -> None:
     if isinstance(public_key, rsa.RSAPublicKey) and public_key.key_size < MIN_RSA_BITS:
         raise TLSConfigError(
             f"{what} has a {public_key.key_size}-bit RSA key, too weak: use at least "
@@ -318,15 +321,8 @@ class Revocation:
     def __init__(self, path: Path, cas: tuple[x509.Certificate, ...]) -> None:
         self.path = path
         self._cas = cas
-        self._stamp = self._stat()
+        self._stamp = _file_state(self.path)
         self.crl = self._load()
-
-    def _stat(self) -> tuple[int, int]:
-        try:
-            info = self.path.stat()
-        except OSError:
-            return (0, 0)
-        return (info.st_mtime_ns, info.st_size)
 
     def _load(self) -> x509.CertificateRevocationList:
         data = _read(self.path, "crl_path")
@@ -350,7 +346,7 @@ class Revocation:
         return crl
 
     def current(self) -> x509.CertificateRevocationList:
-        stamp = self._stat()
+        stamp = _file_state(self.path)
         if stamp != self._stamp:
             self._stamp = stamp
             try:
@@ -378,7 +374,7 @@ class Identity:
     settings: TLSSettings
     server: bool
     p12_path: Path
-    key: Any = field(repr=False)
+    key: PrivateKeyTypes = field(repr=False)
     key_pem: bytes = field(repr=False)
     chain_pem: bytes
     cert: x509.Certificate
@@ -485,7 +481,7 @@ _prepared: dict[tuple[TLSOptions, bool], tuple[_Stamp, Identity]] = {}
 
 
 def _stamp(options: TLSOptions, settings: TLSSettings) -> _Stamp:
-    files = [
+    files = (
         settings.path,
         settings.server_cert_path,
         settings.client_cert_path,
@@ -495,18 +491,16 @@ def _stamp(options: TLSOptions, settings: TLSSettings) -> _Stamp:
         settings.client_password_file,
         options.server_password_file,
         options.client_password_file,
-    ]
-    stamps = []
-    for path in files:
-        if path is None:
-            continue
-        try:
-            info = path.stat()
-        except OSError:
-            stamps.append((str(path), -1, -1))
-        else:
-            stamps.append((str(path), info.st_mtime_ns, info.st_size))
-    return tuple(stamps)
+    )
+    return tuple((str(path), *_file_state(path)) for path in files if path is not None)
+
+
+def _file_state(path: Path) -> tuple[int, int]:
+    try:
+        info = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (info.st_mtime_ns, info.st_size)
 
 
 def prepare(options: TLSOptions, *, server: bool) -> Identity:

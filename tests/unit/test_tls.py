@@ -428,3 +428,15 @@ def test_enable_ssl_without_a_config_is_an_error() -> None:
         "cluster: TLSConfigError: set_ps_context(enable_ssl=True) needs config_file_path "
         "(an ssl.json), or CLUSTER_TLS_CONFIG naming one"
     )
+
+
+def test_prepare_reuses_an_identity_until_a_file_changes(
+    pki: certs.Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # prepare() may set GRPC_SSL_CIPHER_SUITES; monkeypatch puts the environment back after.
+    monkeypatch.setenv("GRPC_SSL_CIPHER_SUITES", ":".join(tls.GRPC_DEFAULT_SUITES))
+    path = config(pki, tmp_path)
+    first = tls.prepare(TLSOptions(path), server=False)
+    assert tls.prepare(TLSOptions(path), server=False) is first
+    os.utime(path, ns=(1, 1))
+    assert tls.prepare(TLSOptions(path), server=False) is not first

@@ -3,8 +3,12 @@
     mscluster run [options] SCRIPT [ARGS...]   start a job's local processes (like msrun/torchrun)
     mscluster scheduler [options]              a standalone scheduler
     mscluster status --addr HOST:PORT          what a running job looks like
+    mscluster certs --out DIR                  a CA, p12 files, a CRL and ssl.json for trials
 
 Exit codes: 0 success, 1 the job failed, 2 a usage or configuration error, 128+N a signal.
+
+grpc reads its TLS cipher list only when it is first imported, so the commands import what
+speaks grpc only once they have set GRPC_SSL_CIPHER_SUITES from the TLS config.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
-
-from cluster import _excepthook, _orphan, _runtime, launch, status
-from cluster.config import ClusterConfig, from_env
+from cluster import _excepthook, _orphan, _runtime, tls
+from cluster.config import ClusterConfig, from_env, tls_options_from_env
 from cluster.errors import ClusterError, ConfigError, SchedulerUnreachableError
-from cluster.scheduler import server as scheduler_server
+
+if TYPE_CHECKING:
+    from cluster.status import JobView
 
 EXIT_USAGE = 2
 DEFAULT_MASTER_PORT = 8118
@@ -51,10 +56,17 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
     _orphan.watch_launcher()
     _runtime.configure_logging("scheduler")
-    return scheduler_server.run(config)
+    from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
+
+    return server.run(config)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.tls_config:
+        # This process polls the scheduler over TLS too: same cipher list as the children.
+        os.environ.update(tls.launch_environment(Path(args.tls_config).resolve()))
+    from cluster import launch  # noqa: PLC0415 - imports grpc
+
     local = args.local_worker_num if args.local_worker_num is not None else args.worker_num
     options = launch.LaunchOptions(
         script=Path(args.script),
@@ -83,19 +95,49 @@ def _split_addr(addr: str) -> str:
     return addr
 
 
-async def _status(addr: str) -> status.JobView:
-    async with grpc.aio.insecure_channel(addr) as channel:
-        return await status.fetch(channel, addr)
+async def _status(addr: str, identity: tls.Identity | None) -> JobView:
+    from cluster import channel, status  # noqa: PLC0415 - imports grpc
+
+    async with channel.open_channel(addr, identity) as opened:
+        try:
+            return await status.fetch(opened, addr)
+        except SchedulerUnreachableError:
+            # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
+            host, _, port = addr.rpartition(":")
+            await channel.check_scheduler(host.strip("[]"), int(port), identity, 3.0)
+            raise
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
     addr = _split_addr(args.addr)
+    options = tls_options_from_env(
+        os.environ, Path(args.tls_config).resolve() if args.tls_config else None
+    )
+    identity = None
+    if options is not None:
+        os.environ.update(tls.launch_environment(options.config_path))
+        identity = tls.load_identity(options, server=False)
     try:
-        view = asyncio.run(_status(addr))
+        view = asyncio.run(_status(addr, identity))
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {exc}", file=sys.stderr)
         return 1
+    from cluster import status  # noqa: PLC0415
+
     print(view.to_json() if args.json else status.render(view))
+    return 0
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from cluster import certs  # noqa: PLC0415 - only this command needs key generation
+
+    out = Path(args.out)
+    try:
+        pki = certs.make_pki(out, hosts=args.host or (), overwrite=args.force)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (mscluster certs --force overwrites)") from None
+    print(f"wrote a CA, server/client/revoked-client p12 files, a CRL and passwords to {out}/")
+    print(f"use it: mscluster run --tls-config {pki.ssl_json} ...")
     return 0
 
 
@@ -166,7 +208,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stat.add_argument("--addr", required=True, help="the scheduler's HOST:PORT")
     stat.add_argument("--json", action="store_true", help="machine-readable output")
+    stat.add_argument("--tls-config", help="ssl.json, when the job uses TLS (CLUSTER_TLS_CONFIG)")
     stat.set_defaults(func=_cmd_status)
+
+    cert = commands.add_parser(
+        "certs",
+        help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
+        description="Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the "
+        "p12 passwords (server.pass, client.pass) and DIR/ssl.json, a complete TLS config for "
+        "`mscluster run --tls-config DIR/ssl.json`. Not for production keys: see certs/README.md.",
+    )
+    cert.add_argument("--out", required=True, help="directory to write to")
+    cert.add_argument(
+        "--host",
+        action="append",
+        help="another name or address of the scheduler for its certificate (repeatable); "
+        "127.0.0.1, ::1 and localhost are always in",
+    )
+    cert.add_argument("--force", action="store_true", help="overwrite existing files")
+    cert.set_defaults(func=_cmd_certs)
     return parser
 
 

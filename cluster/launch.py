@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import grpc
-
+from cluster import channel as scheduler_channel
 from cluster import status as status_module
+from cluster import tls
+from cluster.config import tls_options_from_env
 from cluster.errors import ClusterError, ConfigError
 from cluster.status import JobView
 
@@ -187,6 +188,12 @@ class Launcher:
             if ":" in self.ip
             else f"{self.ip}:{options.master_port}"
         )
+        # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
+        self._identity: tls.Identity | None = None
+        if options.tls_config is not None:
+            tls_options = tls_options_from_env(os.environ, options.tls_config.resolve())
+            assert tls_options is not None  # a config path was given
+            self._identity = tls.load_identity(tls_options, server=False)
         self.scheduler: Child | None = None
         self.workers: list[Child] = []
         self.view: JobView | None = None
@@ -216,7 +223,7 @@ class Launcher:
             env["MS_ENABLE_RECOVERY"] = "1"
             env["MS_RECOVERY_PATH"] = str(o.recovery_path.resolve())
         if o.tls_config is not None:
-            env["CLUSTER_TLS_CONFIG"] = str(o.tls_config.resolve())
+            env.update(tls.launch_environment(o.tls_config.resolve()))
         return env
 
     # -- processes -----------------------------------------------------------------------------
@@ -315,7 +322,7 @@ class Launcher:
         return f"worker {child.index} ({where}node id {child.node_id!r})"
 
     async def _poll_status(self) -> None:
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with scheduler_channel.open_channel(self.address, self._identity) as channel:
             while True:
                 with contextlib.suppress(ClusterError):
                     self.view = await status_module.fetch(channel, self.address, POLL_STATUS_S * 2)
@@ -357,7 +364,7 @@ class Launcher:
                 "; recovery is off" if self.view is not None and not self.view.recovery else ""
             )
         try:
-            async with grpc.aio.insecure_channel(self.address) as channel:
+            async with scheduler_channel.open_channel(self.address, self._identity) as channel:
                 view = await status_module.fetch(channel, self.address)
         except ClusterError as exc:
             # Not answering (yet): a job that has not formed can still take the worker; one that
@@ -456,8 +463,9 @@ class Launcher:
         cause = signalled[0] if signalled else first
         what = self._who(cause) if cause.index is not None else "the scheduler"
         self._print(f"mscluster: {what} {_describe_exit(cause.exit_code or 0)}")
-        if why_not_restarted and cause is first and self.options.max_restarts:
-            self._print(f"mscluster: not restarting it: {why_not_restarted}")
+        if self.options.max_restarts and cause.index is not None:
+            why = why_not_restarted if cause is first else await self._can_restart(cause)
+            self._print(f"mscluster: not restarting it: {why or 'the job is ending'}")
         tail = _tail(cause.log)
         if tail:
             self._print(f"mscluster: last lines of {cause.log}:")

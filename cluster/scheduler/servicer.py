@@ -65,6 +65,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RegisterResponse:
+        return await self._register(request, context)
+
+    async def _register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RegisterResponse:
         role = convert.role_from_pb(request.role)
         if role is None or not request.node_id:
             await context.abort(
@@ -82,9 +87,20 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.Event]:
         first = await anext(request_iterator, None)
-        if first is None or not first.HasField("hello"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Watch must start with Hello")
-        node_id, incarnation = first.hello.node_id, first.hello.incarnation
+        kind = None if first is None else first.WhichOneof("kind")
+        if first is None or kind not in ("register", "hello"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Watch must start with a RegisterRequest or Hello"
+            )
+        if kind == "register":
+            answer = await self._register(first.register, context)
+            if answer.HasField("refused"):
+                yield pb.Event(refused=answer.refused)
+                return
+            yield pb.Event(accepted=answer.accepted)
+            node_id, incarnation = first.register.node_id, first.register.incarnation
+        else:
+            node_id, incarnation = first.hello.node_id, first.hello.incarnation
         reader = asyncio.create_task(self._read_heartbeats(request_iterator, node_id, incarnation))
         try:
             async for event in self._core.watch(node_id, incarnation):

@@ -113,12 +113,14 @@ class NodeHeartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("hello", "heartbeat")
+    __slots__ = ("hello", "heartbeat", "register")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: NodeHeartbeat
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[NodeHeartbeat, _Mapping]] = ...) -> None: ...
+    register: RegisterRequest
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[NodeHeartbeat, _Mapping]] = ..., register: _Optional[_Union[RegisterRequest, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("registered", "expected")
@@ -179,18 +181,22 @@ class SchedulerHeartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("progress", "topology_ready", "node_failed", "shutdown", "heartbeat")
+    __slots__ = ("progress", "topology_ready", "node_failed", "shutdown", "heartbeat", "accepted", "refused")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_READY_FIELD_NUMBER: _ClassVar[int]
     NODE_FAILED_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     progress: Progress
     topology_ready: TopologyReady
     node_failed: NodeFailed
     shutdown: Shutdown
     heartbeat: SchedulerHeartbeat
-    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., topology_ready: _Optional[_Union[TopologyReady, _Mapping]] = ..., node_failed: _Optional[_Union[NodeFailed, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., heartbeat: _Optional[_Union[SchedulerHeartbeat, _Mapping]] = ...) -> None: ...
+    accepted: Accepted
+    refused: Refusal
+    def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., topology_ready: _Optional[_Union[TopologyReady, _Mapping]] = ..., node_failed: _Optional[_Union[NodeFailed, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., heartbeat: _Optional[_Union[SchedulerHeartbeat, _Mapping]] = ..., accepted: _Optional[_Union[Accepted, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class ExchangeRequest(_message.Message):
     __slots__ = ("node_id", "generation", "seq", "op", "root", "value")

@@ -93,8 +93,10 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request_iterator, context):
-        """The node's lifeline. The node sends a Hello first, then heartbeats; the scheduler sends
-        events and its own heartbeats. A broken stream means a dead process.
+        """The node's lifeline. The node's first message registers it (a RegisterRequest, answered by
+        an Accepted or a Refusal event, so that joining costs one call, not two) or, for a node
+        already registered, says Hello; then it sends heartbeats. The scheduler sends events and its
+        own heartbeats. A broken stream means a dead process.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

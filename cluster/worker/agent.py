@@ -65,6 +65,9 @@ _EXCHANGE_OPS = {
 }
 
 
+_Call = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]
+
+
 class _StreamLost(Exception):
     def __init__(self, reason: str, *, silent: bool = False, unknown: bool = False) -> None:
         super().__init__(reason)
@@ -151,10 +154,10 @@ class WorkerAgent:
             self._expiry = asyncio.create_task(
                 tls.recheck_expiry(self._tls, self._say, self._expiry_check_period_s)
             )
-        accepted = await self._register(deadline)
+        call, accepted = await self._join(deadline)
         self.cluster_id = accepted.cluster_id
         self.rejoined = accepted.rejoined
-        self._watch_task = asyncio.create_task(self._watch_forever(deadline))
+        self._watch_task = asyncio.create_task(self._watch_forever(call, deadline))
         wait_s = max(deadline + TOPOLOGY_MARGIN_S - self._clock(), 0.0)
         try:
             return await self._guarded(asyncio.wait_for(asyncio.shield(self._ready), wait_s))
@@ -165,21 +168,24 @@ class WorkerAgent:
                 f"{registered} of {expected} nodes had registered with {self.where}"
             ) from None
 
-    async def _register(self, deadline: float) -> pb.Accepted:
-        request = pb.RegisterRequest(
-            node_id=self.identity.node_id,
-            role=self._role,
-            host=self.identity.host,
-            port=self.identity.port,
-            incarnation=self.identity.incarnation,
-            worker_num=self.config.worker_num,
-            server_num=self.config.server_num,
-            cluster_id=self.cluster_id,
+    async def _join(self, deadline: float) -> tuple[_Call, pb.Accepted]:
+        """Open this node's stream by registering on it; retry what can clear until `deadline`."""
+        request = pb.WatchRequest(
+            register=pb.RegisterRequest(
+                node_id=self.identity.node_id,
+                role=self._role,
+                host=self.identity.host,
+                port=self.identity.port,
+                incarnation=self.identity.incarnation,
+                worker_num=self.config.worker_num,
+                server_num=self.config.server_num,
+                cluster_id=self.cluster_id,
+            )
         )
         self._report.reset()
-        # With a CRL nothing is sent before the scheduler's certificate passed it (gRPC cannot
-        # check one); otherwise the check, a handshake of its own, runs only when a call fails,
-        # to tell "down" from "speaks the other protocol" or "has a certificate we refuse".
+        # With a CRL nothing is sent before the scheduler's certificate passed it (grpc cannot
+        # check one); otherwise the check only runs when an attempt fails, to tell "down" from
+        # "speaks the other protocol".
         checked = self._tls is None or self._tls.revocation is None
         while True:
             remaining = deadline - self._clock()
@@ -200,58 +206,65 @@ class WorkerAgent:
                     self._report(f"waiting for {self.where} to answer")
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
+            call: _Call = self._stub.Watch(wait_for_ready=True)
             try:
-                response = await self._stub.Register(
-                    request, timeout=min(remaining, ATTEMPT_TIMEOUT_S), wait_for_ready=True
+                first = await asyncio.wait_for(
+                    self._first_answer(call, request), min(remaining, ATTEMPT_TIMEOUT_S)
                 )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    checked = False
-                    self._report(f"waiting for {self.where} to answer")
-                    await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
-                    continue
-                raise ClusterError(f"{self.where} rejected registration: {exc.details()}") from None
-            assert isinstance(response, pb.RegisterResponse)
-            if response.HasField("accepted"):
-                accepted = response.accepted
+            except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                call.cancel()
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.CANCELLED,
+                ):
+                    raise ClusterError(
+                        f"{self.where} rejected registration: {exc.details()}"
+                    ) from None
+                checked = False  # down, or speaking TLS to our plaintext: the check tells which
+                self._report(f"waiting for {self.where} to answer")
+                await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
+                continue
+            if first.HasField("accepted"):
+                accepted = first.accepted
                 self._heartbeat_interval = accepted.heartbeat_interval_s or self._heartbeat_interval
                 self._progress = (accepted.registered, accepted.expected)
-                return accepted
-            refusal = response.refused
+                return call, accepted
+            call.cancel()
+            refusal = first.refused
             if refusal.reason != pb.REFUSAL_NODE_ALIVE:
                 raise RegistrationRefused(f"{self.where} refused this node: {refusal.message}")
             self._say(f"registration refused for now: {refusal.message}")
             pause = min(max(refusal.retry_after_s, 0.05), max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
+    async def _first_answer(self, call: _Call, request: pb.WatchRequest) -> pb.Event:
+        await call.write(request)
+        first = await call.read()
+        if first is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
+            raise asyncio.InvalidStateError("the scheduler closed the stream without an answer")
+        assert isinstance(first, pb.Event)
+        if first.WhichOneof("kind") not in ("accepted", "refused"):
+            raise ClusterError(f"{self.where} answered registration with {first}")
+        return first
+
     # -- the stream --------------------------------------------------------------------------
 
-    async def _watch_forever(self, topo_deadline: float) -> None:
-        while not self._closing:
+    async def _watch_forever(self, call: _Call, topo_deadline: float) -> None:
+        current: _Call | None = call
+        while current is not None and not self._closing:
             try:
-                await self._watch_once()
+                await self._watch_once(current)
                 return
             except _StreamLost as lost:
                 if self._closing or self.job_finished:
                     return
-                if not await self._reconnect(lost, topo_deadline):
-                    return
+                current = await self._reconnect(lost, topo_deadline)
             except ClusterError as exc:
                 self._fail(exc)
                 return
 
-    async def _watch_once(self) -> None:
-        call = self._stub.Watch()
-        try:
-            await call.write(
-                pb.WatchRequest(
-                    hello=pb.Hello(
-                        node_id=self.identity.node_id, incarnation=self.identity.incarnation
-                    )
-                )
-            )
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            raise _StreamLost(f"could not open the event stream: {exc}") from None
+    async def _watch_once(self, call: _Call) -> None:
         beats = asyncio.create_task(self._send_heartbeats(call))
         silence = self.config.node_timeout_s if self.config.heartbeat_enabled else None
         try:
@@ -277,9 +290,7 @@ class WorkerAgent:
             beats.cancel()
             call.cancel()
 
-    async def _send_heartbeats(
-        self, call: grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]
-    ) -> None:
+    async def _send_heartbeats(self, call: _Call) -> None:
         if not self.config.heartbeat_enabled:
             return
         beat = pb.WatchRequest(heartbeat=pb.NodeHeartbeat())
@@ -328,13 +339,15 @@ class WorkerAgent:
             ports=tuple(table.ports[:workers]),
         )
 
-    async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> bool:
-        """Get the stream back after `lost`; False (after reporting the failure) when it can't."""
+    async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> _Call | None:
+        """The stream back after `lost`; None (after reporting the failure) when it can't be."""
         if self.topology is None:
-            deadline = topo_deadline  # still forming: MS_TOPO_TIMEOUT bounds everything
+            # Still forming: MS_TOPO_TIMEOUT bounds everything, and a scheduler that accepted us
+            # and then vanished gets MS_NODE_TIMEOUT to come back, like a formed job's.
+            deadline = min(topo_deadline, self._clock() + self.config.node_timeout_s)
         elif lost.silent:
             self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {lost}"))
-            return False
+            return None
         else:
             deadline = self._clock() + self.config.node_timeout_s
             self._say(
@@ -342,7 +355,7 @@ class WorkerAgent:
                 f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
             )
         try:
-            await self._register(deadline)
+            call, _ = await self._join(deadline)
         except TopologyTimeoutError:
             self._fail(
                 SchedulerUnreachableError(
@@ -352,11 +365,11 @@ class WorkerAgent:
                     else f"{self.where} is unreachable: {lost}"
                 )
             )
-            return False
+            return None
         except ClusterError as exc:
             self._fail(exc)
-            return False
-        return True
+            return None
+        return call
 
     # -- failure -----------------------------------------------------------------------------
 

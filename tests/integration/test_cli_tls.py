@@ -1,0 +1,108 @@
+"""`mscluster certs`, then `mscluster run --tls-config` and `mscluster status --tls-config`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.procs import PYTHON, ROOT, Procs, free_port
+
+EXAMPLE = str(ROOT / "examples" / "allgather_check.py")
+MSCLUSTER = [PYTHON, "-m", "cluster"]
+
+
+def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*MSCLUSTER, "certs", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_certs_then_a_tls_job_through_the_launcher(tmp_path: Path) -> None:
+    made = certs(tmp_path / "pki")
+    assert made.returncode == 0, made.stderr
+    assert f"--tls-config {tmp_path / 'pki' / 'ssl.json'}" in made.stdout
+    result = subprocess.run(
+        [
+            *MSCLUSTER,
+            "run",
+            "--worker-num",
+            "4",
+            "--master-port",
+            str(free_port()),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--tls-config",
+            str(tmp_path / "pki" / "ssl.json"),
+            EXAMPLE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for i in range(4):
+        assert "allgather rank=" in (tmp_path / "logs" / f"worker_{i}.log").read_text()
+
+
+def test_certs_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    assert certs(tmp_path).returncode == 0
+    again = certs(tmp_path)
+    assert again.returncode == 2
+    assert "--force" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert certs(tmp_path, "--force").returncode == 0
+
+
+def test_status_of_a_tls_job(processes: Procs, tmp_path: Path) -> None:
+    assert certs(tmp_path / "pki").returncode == 0
+    ssl_json = str(tmp_path / "pki" / "ssl.json")
+    port = free_port()
+    run = processes.start(
+        "run",
+        [
+            *MSCLUSTER,
+            "run",
+            "--worker-num",
+            "2",
+            "--master-port",
+            str(port),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--tls-config",
+            ssl_json,
+            EXAMPLE,
+            "--hold",
+            "60",
+        ],
+        os.environ,
+    )
+    run.wait_for_output("2/2 registered (ready)", 60)  # the launcher polls over TLS
+    addr = f"127.0.0.1:{port}"
+    table = subprocess.run(
+        [*MSCLUSTER, "status", "--addr", addr, "--tls-config", ssl_json],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert table.returncode == 0, table.stderr
+    assert "2/2 registered" in table.stdout
+    plain = subprocess.run(
+        [*MSCLUSTER, "status", "--addr", addr],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_TLS")},
+    )
+    assert plain.returncode == 2
+    assert "uses TLS and this node does not" in plain.stderr
+    run.popen.send_signal(signal.SIGINT)
+    assert run.wait(20) == 130

@@ -8,10 +8,13 @@ cluster (the system under test)
     process, expecting N workers.
     Each simulated worker is one `cluster.worker.agent.WorkerAgent` with its own gRPC channel
     (its own TCP connection), all agents of a client process on that process's asyncio loop.
-    After the start signal each worker: creates its agent (channel), `agent.start()`, which is
-    Register (one unary RPC carrying its address) + opening the Watch stream (Hello) + reading
-    events until TopologyReady arrives with the N peers. Its time is taken when `start()`
-    returns and `len(topology.peers) == N` is checked.
+    After the start signal each worker: creates its agent (channel), `agent.start()`, which
+    registers (its address) and opens its event stream (in the current protocol one Watch
+    stream whose first message is the registration), then reads events until TopologyReady
+    arrives with the N peers. Its time is taken when `start()`
+    returns; `topology.size == N` is checked (the table as received; `topology.peers`, the
+    Peer records, may be built lazily on first use, so one agent per process checks every
+    entry of it after the clock has stopped, as one TCPStore client per process does).
     Outside the timing: `agent.finish()` (Finish RPC) and `agent.close()`; the scheduler sees
     every node finished, ends the job and its process exits.
 
@@ -24,7 +27,8 @@ torch TCPStore (the peer, when torch is importable)
     (`is_master=False, wait_for_workers=False`: connect + handshake), `set("addr/<i>", address)`,
     `n = add("count", 1)`; the worker whose add returns N does `set("done", "1")`; every worker
     `wait(["done"])` then `multi_get(["addr/0", ..., "addr/<N-1>"])`. Its time is taken when
-    multi_get has returned the N addresses (checked). Outside the timing: the clients are
+    multi_get has returned the N addresses (count checked; one client per process checks every
+    value). Outside the timing: the clients are
     dropped (connections closed) and the server process is stopped.
 
 Both sides: one connection per worker, the worker publishes its address, the server counts the
@@ -34,14 +38,27 @@ spawn and import time are excluded. The parent then takes `t0 = time.time()` and
 multiprocessing Event; each client process reports the wall time at which its last worker had
 the full table; the figure of a run is `max(those) - t0` (it includes the Event wake-up).
 
+Name resolution: every TCPStore client does a reverse DNS lookup (getnameinfo) of the store's
+address when it connects. Where the resolver answers over UDP and drops packets under a burst
+(as the sandbox this was written in does: 64 concurrent lookups already hit glibc's 5 s
+retransmit timeout), TCPStore would be charged 5-10 s of resolver timeouts per run. By default
+(`--resolver tcp`) the benchmark therefore sets RES_OPTIONS=use-vc for all its processes, so that
+glibc asks over TCP: the lookups are still made and timed, but none is lost (that sandbox's
+resolver refuses TCP at once, so each lookup costs about a millisecond, like an answered UDP
+query, and torch logs a warning per client, which TORCH_CPP_LOG_LEVEL=ERROR silences).
+`--resolver system` leaves the resolver as configured. cluster makes no DNS lookups here (the
+addresses are IP literals and gRPC does not reverse-resolve).
+
 Second part (`--real 8`, 0 to skip): a real job of 8 worker processes, each a spawned process
-that imports `cluster` (and so grpc), records `started = time.time()`, then calls
+that imports `cluster`, grpc and `cluster.worker.session` (what `init()` imports), records
+`started = time.time()`, then calls
 `cluster.init()` (MS_* environment, scheduler spawned beforehand) and records `returned`. The
 figure is `max(returned) - max(started)`: how long the last process to start waits for the
 job to form. Every process then calls `cluster.finalize()`.
 
 Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs 4]
-       [--real 8] [--timeout 180] [--json PATH]
+       [--real 8] [--timeout 180] [--retries 2]
+       [--systems cluster,tcpstore] [--resolver tcp|system] [--json PATH]
 """
 
 from __future__ import annotations
@@ -50,6 +67,8 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import functools
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -61,9 +80,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.context import SpawnContext, SpawnProcess
+from multiprocessing.queues import Queue as MpQueue
 from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 HOST = "127.0.0.1"
 # The advertised data-plane port of simulated worker i (never bound: it is only an address).
@@ -133,7 +155,7 @@ def children(ctx: SpawnContext) -> Iterator[Children]:
 class Mailbox:
     """Messages from the children of one run, taken by kind; other kinds wait their turn."""
 
-    def __init__(self, q: mp.Queue[Message], group: Children) -> None:
+    def __init__(self, q: MpQueue[Message], group: Children) -> None:
         self.q = q
         self.group = group
         self.stash: list[Message] = []
@@ -179,12 +201,22 @@ def split(ids: Sequence[int], parts: int) -> list[list[int]]:
     return out
 
 
-def _report_errors(q: mp.Queue[Message], index: int, body: Callable[[], None]) -> None:
+def _report_errors(q: MpQueue[Message], index: int, body: Callable[[], None]) -> None:
     try:
         body()
     except BaseException as exc:
         q.put(("error", index, f"{type(exc).__name__}: {exc}"))
         raise
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def raise_fd_limit() -> None:
@@ -200,7 +232,16 @@ def raise_fd_limit() -> None:
 # -- cluster: children -----------------------------------------------------------------------
 
 
-def cluster_scheduler_main(n: int, q: mp.Queue[Message], timeout_s: float) -> None:
+def check_table(topology: Any, n: int) -> None:
+    """One full check per process (after the clock): rank r is node "r" at BASE_DATA_PORT + r."""
+    peers = list(topology.peers)
+    got = [(p.rank, p.node_id, p.host, p.port) for p in peers]
+    want = [(r, str(r), HOST, BASE_DATA_PORT + r) for r in range(n)]
+    if got != want:
+        raise BenchError(f"wrong peer table: {got[:3]}... expected {want[:3]}...")
+
+
+def cluster_scheduler_main(n: int, q: MpQueue[Message], timeout_s: float) -> None:
     raise_fd_limit()
 
     async def serve() -> None:
@@ -235,7 +276,8 @@ def cluster_clients_main(
     n: int,
     port: int,
     start: MpEvent,
-    q: mp.Queue[Message],
+    proceed: MpEvent,
+    q: MpQueue[Message],
     timeout_s: float,
 ) -> None:
     raise_fd_limit()
@@ -250,7 +292,7 @@ def cluster_clients_main(
 
         # Initialise grpc.aio on this loop (its poller) before the clock starts.
         warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
-        await warm.close()
+        await warm.close(grace=None)
         messages: list[str] = []
         fatal: list[ClusterError] = []
         agents: list[WorkerAgent] = []
@@ -273,29 +315,40 @@ def cluster_clients_main(
                 host=HOST,
                 port=BASE_DATA_PORT + i,
             )
-            agent = WorkerAgent(config, identity, say=messages.append, on_fatal=fatal.append)
+            agent = WorkerAgent(
+                config,
+                identity,
+                say=lambda message: messages.append(f"worker {i}: {message}"),
+                on_fatal=fatal.append,
+            )
             agents.append(agent)
             topology = await agent.start()
             done = time.time()
-            if len(topology.peers) != n:
-                raise BenchError(f"worker {i} got {len(topology.peers)} peers, expected {n}")
+            if topology.size != n:
+                raise BenchError(f"worker {i} got a table of {topology.size} peers, expected {n}")
             return done
 
         q.put(("ready", index, None))
         loop = asyncio.get_running_loop()
         if not await loop.run_in_executor(None, start.wait, SPAWN_TIMEOUT_S + timeout_s):
             raise BenchError("no start signal")
+        cpu0 = time.process_time()
         try:
             finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
-            q.put(("timing", index, max(finished)))
+            q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
+            check_table(agents[0].topology, n)
+            if not await loop.run_in_executor(None, proceed.wait, timeout_s):
+                raise BenchError("no signal to finish")
             await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 30.0)
         finally:
             await asyncio.wait_for(
                 asyncio.gather(*(a.close() for a in agents), return_exceptions=True), 30.0
             )
         if fatal:
-            raise BenchError(f"{len(fatal)} agent(s) failed, first: {fatal[0]}")
-        q.put(("closed", index, len(messages)))
+            raise BenchError(
+                f"{len(fatal)} agent(s) failed, first: {fatal[0]}; what agents said: {messages[:3]}"
+            )
+        q.put(("closed", index, messages))
 
     _report_errors(q, index, lambda: asyncio.run(run()))
 
@@ -303,11 +356,11 @@ def cluster_clients_main(
 # -- TCPStore: children ----------------------------------------------------------------------
 
 
-def tcpstore_server_main(n: int, q: mp.Queue[Message], stop: MpEvent, timeout_s: float) -> None:
+def tcpstore_server_main(n: int, q: MpQueue[Message], stop: MpEvent, timeout_s: float) -> None:
     raise_fd_limit()
 
     def body() -> None:
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
         store = TCPStore(
             HOST,
@@ -330,13 +383,14 @@ def tcpstore_clients_main(
     n: int,
     port: int,
     start: MpEvent,
-    q: mp.Queue[Message],
+    proceed: MpEvent,
+    q: MpQueue[Message],
     timeout_s: float,
 ) -> None:
     raise_fd_limit()
 
     def body() -> None:
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
         keys = [f"addr/{j}" for j in range(n)]
         timeout = datetime.timedelta(seconds=timeout_s)
@@ -366,6 +420,10 @@ def tcpstore_clients_main(
                 done = time.time()
                 if len(values) != n:
                     raise BenchError(f"worker {i} got {len(values)} addresses, expected {n}")
+                if i == ids[0]:  # one full check per process
+                    want = [f"{HOST}:{BASE_DATA_PORT + j}".encode() for j in range(n)]
+                    if list(values) != want:
+                        raise BenchError(f"worker {i} got wrong addresses")
                 with lock:
                     finished[i] = done
                     stores.append(store)
@@ -379,6 +437,7 @@ def tcpstore_clients_main(
         q.put(("ready", index, None))
         if not start.wait(SPAWN_TIMEOUT_S + timeout_s):
             raise BenchError("no start signal")
+        cpu0 = time.process_time()
         go.set()
         deadline = time.monotonic() + timeout_s
         for thread in threads:
@@ -387,9 +446,11 @@ def tcpstore_clients_main(
             raise BenchError(f"{len(errors)} worker(s) failed, first: {errors[0]}")
         if len(finished) != len(ids):
             raise BenchError(f"only {len(finished)} of {len(ids)} workers finished in time")
-        q.put(("timing", index, max(finished.values())))
+        q.put(("timing", index, (max(finished.values()), time.process_time() - cpu0)))
+        if not proceed.wait(timeout_s):
+            raise BenchError("no signal to finish")
         stores.clear()
-        q.put(("closed", index, 0))
+        q.put(("closed", index, []))
 
     _report_errors(q, index, body)
 
@@ -397,47 +458,72 @@ def tcpstore_clients_main(
 # -- one run ---------------------------------------------------------------------------------
 
 
-def run_once(ctx: SpawnContext, system: str, n: int, procs: int, timeout_s: float) -> float:
-    """One rendezvous of `n` workers; seconds from the start signal to the last full table."""
+def run_once(
+    ctx: SpawnContext, system: str, n: int, procs: int, timeout_s: float
+) -> dict[str, float | None]:
+    """One rendezvous of `n` workers: seconds from the start signal to the last full table, and
+    the CPU seconds the client processes (sum) and the server process used meanwhile."""
     procs = min(procs, n)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S + timeout_s
-    q: mp.Queue[Message] = ctx.Queue()
+    q: MpQueue[Message] = ctx.Queue()
     start = ctx.Event()
+    proceed = ctx.Event()
     stop = ctx.Event()
     with children(ctx) as group:
         box = Mailbox(q, group)
         if system == "cluster":
-            group.spawn(cluster_scheduler_main, n, q, timeout_s, name="scheduler")
+            server = group.spawn(cluster_scheduler_main, n, q, timeout_s, name="scheduler")
             client_main: Callable[..., None] = cluster_clients_main
         else:
-            group.spawn(tcpstore_server_main, n, q, stop, timeout_s, name="tcpstore-server")
+            server = group.spawn(
+                tcpstore_server_main, n, q, stop, timeout_s, name="tcpstore-server"
+            )
             client_main = tcpstore_clients_main
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
         for k, ids in enumerate(split(range(n), procs)):
-            group.spawn(client_main, k, ids, n, port, start, q, timeout_s, name=f"clients-{k}")
+            group.spawn(
+                client_main, k, ids, n, port, start, proceed, q, timeout_s, name=f"clients-{k}"
+            )
         box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
+        server_cpu0 = cpu_seconds(server.pid)
         t0 = time.time()
         start.set()
         timings = box.collect("timing", procs, deadline)
-        elapsed = max(timings.values()) - t0
-        box.collect("closed", procs, time.monotonic() + 60.0)
+        server_cpu1 = cpu_seconds(server.pid)
+        proceed.set()
+        elapsed = max(end for end, _ in timings.values()) - t0
+        said = [
+            m for ms in box.collect("closed", procs, time.monotonic() + 60.0).values() for m in ms
+        ]
         if system == "cluster":
             ok = box.collect("done", 1, time.monotonic() + 60.0)[-1]
             if not ok:
-                raise BenchError("the scheduler did not see every worker finish")
+                raise BenchError(
+                    f"the scheduler did not see every worker finish; the agents said "
+                    f"{len(said)} thing(s), first: {said[:3]}"
+                )
         stop.set()
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S)
-    return elapsed
+    server_cpu = None if server_cpu0 is None or server_cpu1 is None else server_cpu1 - server_cpu0
+    return {
+        "elapsed_s": elapsed,
+        "client_cpu_s": sum(cpu for _, cpu in timings.values()),
+        "server_cpu_s": server_cpu,
+    }
 
 
 # -- real processes --------------------------------------------------------------------------
 
 
-def real_worker_main(i: int, env: dict[str, str], q: mp.Queue[Message]) -> None:
+def real_worker_main(i: int, env: dict[str, str], q: MpQueue[Message]) -> None:
     def body() -> None:
         os.environ.update(env)
-        import cluster  # imports grpc
+        import cluster
 
+        # `import cluster` alone does not import grpc (init() does, for TLS's sake): import what
+        # init() will, so that "started" is taken with grpc loaded, as the brief defines it.
+        importlib.import_module("grpc")
+        importlib.import_module("cluster.worker.session")
         started = time.time()
         q.put(("started", i, started))
         cluster.init()
@@ -450,7 +536,7 @@ def real_worker_main(i: int, env: dict[str, str], q: mp.Queue[Message]) -> None:
 
 
 def run_real_once(ctx: SpawnContext, n: int, timeout_s: float) -> dict[str, float]:
-    q: mp.Queue[Message] = ctx.Queue()
+    q: MpQueue[Message] = ctx.Queue()
     with children(ctx) as group:
         box = Mailbox(q, group)
         group.spawn(cluster_scheduler_main, n, q, timeout_s, name="scheduler")
@@ -509,7 +595,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--real", type=int, default=8, help="workers of the real-process job (0: skip)"
     )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per run, at most")
-    parser.add_argument("--no-torch", action="store_true", help="skip the TCPStore comparison")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="a failed run is reported and run again, at most this many times per run",
+    )
+    parser.add_argument(
+        "--systems",
+        default="cluster,tcpstore",
+        help="comma-separated: cluster, tcpstore (skipped when torch is not importable)",
+    )
+    parser.add_argument(
+        "--resolver",
+        choices=("tcp", "system"),
+        default="tcp",
+        help="tcp: RES_OPTIONS=use-vc in every process (see above); system: as configured",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     try:
@@ -520,45 +622,98 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--sizes: worker counts must be >= 1")
     if args.repeat < 1 or args.procs < 1 or args.real < 0 or args.timeout <= 0:
         parser.error("--repeat and --procs must be >= 1, --real >= 0, --timeout > 0")
+    if args.retries < 0:
+        parser.error("--retries must be >= 0")
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(args.systems) - {"cluster", "tcpstore"}
+    if unknown or not args.systems:
+        parser.error(f"--systems: choose among cluster, tcpstore (got {args.systems})")
     return args
+
+
+def with_retries(
+    what: str, retries: int, failures: list[dict[str, str]], attempt: Callable[[], T]
+) -> T:
+    """Run `attempt`; a failure is printed, recorded and retried up to `retries` times."""
+    for k in range(retries + 1):
+        try:
+            return attempt()
+        except BenchError as exc:
+            failures.append({"run": what, "error": str(exc)})
+            print(f"  {what}: FAILED ({exc})", flush=True)
+            if k == retries:
+                raise
+    raise AssertionError("unreachable")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     raise_fd_limit()
+    if args.resolver == "tcp":
+        # Inherited by every spawned process; glibc reads it when its resolver first runs.
+        opts = os.environ.get("RES_OPTIONS", "")
+        if "use-vc" not in opts.split():
+            os.environ["RES_OPTIONS"] = f"{opts} use-vc".strip()
+        # One "hostname of the client socket cannot be retrieved" warning per TCPStore client.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ctx = mp.get_context("spawn")
-    tv = None if args.no_torch else torch_version()
-    systems = ["cluster"] + (["tcpstore"] if tv else [])
+    tv = torch_version() if "tcpstore" in args.systems else None
+    systems = [s for s in args.systems if s != "tcpstore" or tv]
     print(
         f"rendezvous: sizes={args.sizes} repeat={args.repeat} procs={args.procs} "
         f"cpus={os.cpu_count()} python={platform.python_version()} "
-        f"torch={tv or 'not used'}",
+        f"torch={tv or 'not used'} resolver={args.resolver}",
         flush=True,
     )
+    failures: list[dict[str, str]] = []
     results: dict[str, Any] = {
         "sizes": {},
         "repeat": args.repeat,
         "procs": args.procs,
         "cpus": os.cpu_count(),
+        "python": platform.python_version(),
         "torch": tv,
+        "resolver": args.resolver,
+        "failures": failures,
     }
     for n in args.sizes:
-        runs: dict[str, list[float]] = {s: [] for s in systems}
+        runs: dict[str, list[dict[str, float | None]]] = {s: [] for s in systems}
         for r in range(args.repeat):
             for system in systems:
-                elapsed = run_once(ctx, system, n, args.procs, args.timeout)
-                runs[system].append(elapsed)
+                what = f"N={n:<5} run {r + 1}/{args.repeat} {system:<8}"
+                run = with_retries(
+                    what,
+                    args.retries,
+                    failures,
+                    functools.partial(run_once, ctx, system, n, args.procs, args.timeout),
+                )
+                runs[system].append(run)
                 print(
-                    f"  N={n:<5} run {r + 1}/{args.repeat} {system:<8} {fmt_s(elapsed)}", flush=True
+                    f"  {what} {fmt_s(run['elapsed_s']):>8}   CPU meanwhile: clients "
+                    f"{fmt_s(run['client_cpu_s'])}, server {fmt_s(run['server_cpu_s'])}",
+                    flush=True,
                 )
         entry: dict[str, Any] = {"runs": runs}
         for system in systems:
-            entry[f"{system}_median_s"] = statistics.median(runs[system])
+            for key in ("elapsed_s", "client_cpu_s", "server_cpu_s"):
+                values = [v for v in (run[key] for run in runs[system]) if v is not None]
+                median_key = f"{system}_median_{key}"
+                entry[median_key] = statistics.median(values) if values else None
         results["sizes"][str(n)] = entry
 
     real: dict[str, Any] | None = None
     if args.real:
-        samples = [run_real_once(ctx, args.real, args.timeout) for _ in range(args.repeat)]
+        samples: list[dict[str, float]] = []
+        for r in range(args.repeat):
+            what = f"real job of {args.real} processes, run {r + 1}/{args.repeat}"
+            sample = with_retries(
+                what,
+                args.retries,
+                failures,
+                functools.partial(run_real_once, ctx, args.real, args.timeout),
+            )
+            samples.append(sample)
+            print(f"  {what}: {fmt_s(sample['last_start_to_last_init'])}", flush=True)
         real = {
             "workers": args.real,
             "runs": samples,
@@ -573,27 +728,47 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(
-        f"median of {args.repeat} run(s), {args.procs} client processes, wall time from the "
-        "start signal to the last worker holding the full peer table"
+        f"Median of {args.repeat} run(s); {args.procs} client processes; wall time from the start "
+        "signal to the last worker holding the full peer table."
     )
     header = f"{'N':>6} | {'cluster':>10} | {'TCPStore':>10} | {'TCPStore/cluster':>16}"
     print(header)
     print("-" * len(header))
     for n in args.sizes:
         entry = results["sizes"][str(n)]
-        ours = entry["cluster_median_s"]
-        peer = entry.get("tcpstore_median_s")
-        ratio = f"{peer / ours:.2f}x" if peer is not None and ours > 0 else "-"
+        ours = entry.get("cluster_median_elapsed_s")
+        peer = entry.get("tcpstore_median_elapsed_s")
+        ratio = f"{peer / ours:.2f}" if peer is not None and ours else "-"
         print(f"{n:>6} | {fmt_s(ours):>10} | {fmt_s(peer):>10} | {ratio:>16}")
+    print("(ratio > 1: cluster is faster)")
+    print()
+    print("Median CPU time used during the rendezvous (client processes summed / server process):")
+    header = f"{'N':>6} | {'cluster clients':>15} | {'scheduler':>10} | "
+    header += f"{'TCPStore clients':>16} | {'TCPStore server':>15}"
+    print(header)
+    print("-" * len(header))
+    for n in args.sizes:
+        entry = results["sizes"][str(n)]
+        print(
+            f"{n:>6} | {fmt_s(entry.get('cluster_median_client_cpu_s')):>15} | "
+            f"{fmt_s(entry.get('cluster_median_server_cpu_s')):>10} | "
+            f"{fmt_s(entry.get('tcpstore_median_client_cpu_s')):>16} | "
+            f"{fmt_s(entry.get('tcpstore_median_server_cpu_s')):>15}"
+        )
     if real is not None:
         print()
         print(
-            f"real job, {real['workers']} worker processes: last process started -> last "
-            f"init() returned: median {fmt_s(real['last_start_to_last_init_median_s'])} "
+            f"Real job, {real['workers']} worker processes (cluster.init()): last process started "
+            f"-> last init() returned: median {fmt_s(real['last_start_to_last_init_median_s'])} "
             f"(runs: {', '.join(fmt_s(s['last_start_to_last_init']) for s in real['runs'])}); "
-            f"first started -> last returned: "
-            f"{fmt_s(real['first_start_to_last_init_median_s'])}"
+            f"first started -> last returned: median "
+            f"{fmt_s(real['first_start_to_last_init_median_s'])}."
         )
+    if failures:
+        print()
+        print(f"{len(failures)} failed run(s), each run again (see above):")
+        for failure in failures:
+            print(f"  {failure['run'].strip()}: {failure['error']}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nwrote {args.json}")

@@ -213,9 +213,14 @@ class SchedulerState:
         return member
 
     def welcome(self) -> list[Event]:
-        """What a node that has just opened its stream must hear to catch up."""
+        """What a node that has just opened its stream must hear to catch up.
+
+        Nothing while the job forms: the node's Accepted carries the count, and the periodic
+        progress broadcast follows. (One message per joining node is 1024 writes in a
+        1024-node rendezvous, for no news.)
+        """
         if self.phase is Phase.WAITING:
-            return [ProgressEvent(len(self.members), self.expected)]
+            return []
         if self.phase is Phase.READY and self._published is not None:
             return [self._published]
         return [ShutdownEvent(self.phase is Phase.FINISHED, self.detail)]

@@ -30,7 +30,7 @@ log = logging.getLogger("cluster.scheduler")
 TICK_S = 0.1
 # Registration progress is coalesced: at most one broadcast per interval (not one per
 # registration, which would be N^2 messages for N nodes), and one log line per PROGRESS_LOG_EVERY_S.
-PROGRESS_BROADCAST_EVERY_S = 1.0
+PROGRESS_BROADCAST_EVERY_S = 2.0
 PROGRESS_LOG_EVERY_S = 5.0
 
 

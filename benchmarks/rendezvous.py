@@ -74,8 +74,10 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -241,10 +243,18 @@ def check_table(topology: Any, n: int) -> None:
         raise BenchError(f"wrong peer table: {got[:3]}... expected {want[:3]}...")
 
 
-def cluster_scheduler_main(n: int, q: MpQueue[Message], timeout_s: float) -> None:
+def cluster_scheduler_main(
+    n: int, q: MpQueue[Message], timeout_s: float, ssl_json: str | None = None
+) -> None:
     raise_fd_limit()
 
     async def serve() -> None:
+        identity = None
+        if ssl_json:  # before grpc is imported: it reads the cipher list once
+            from cluster import tls
+            from cluster.config import TLSOptions
+
+            identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=True)
         from cluster.scheduler import CoreSettings, SchedulerServer
 
         settings = CoreSettings(
@@ -254,7 +264,7 @@ def cluster_scheduler_main(n: int, q: MpQueue[Message], timeout_s: float) -> Non
             topo_timeout_s=120,
             heartbeat_interval_s=1.0,
         )
-        server = SchedulerServer(settings, host=HOST, port=0)
+        server = SchedulerServer(settings, host=HOST, port=0, tls=identity)
         port = await server.start()
         try:
             q.put(("port", -1, port))
@@ -279,8 +289,11 @@ def cluster_clients_main(
     proceed: MpEvent,
     q: MpQueue[Message],
     timeout_s: float,
+    ssl_json: str | None = None,
 ) -> None:
     raise_fd_limit()
+    if ssl_json:
+        os.environ["CLUSTER_TLS_CONFIG"] = ssl_json
 
     async def run() -> None:
         import grpc
@@ -307,6 +320,7 @@ def cluster_clients_main(
                     "MS_NODE_ID": str(i),
                     "MS_TOPO_TIMEOUT": "120",
                     "MS_NODE_TIMEOUT": "30",
+                    **({"CLUSTER_TLS_CONFIG": ssl_json} if ssl_json else {}),
                 }
             )
             identity = NodeIdentity(
@@ -459,7 +473,12 @@ def tcpstore_clients_main(
 
 
 def run_once(
-    ctx: SpawnContext, system: str, n: int, procs: int, timeout_s: float
+    ctx: SpawnContext,
+    system: str,
+    n: int,
+    procs: int,
+    timeout_s: float,
+    ssl_json: str | None = None,
 ) -> dict[str, float | None]:
     """One rendezvous of `n` workers: seconds from the start signal to the last full table, and
     the CPU seconds the client processes (sum) and the server process used meanwhile."""
@@ -471,9 +490,13 @@ def run_once(
     stop = ctx.Event()
     with children(ctx) as group:
         box = Mailbox(q, group)
-        if system == "cluster":
-            server = group.spawn(cluster_scheduler_main, n, q, timeout_s, name="scheduler")
+        extra: tuple[Any, ...] = ()
+        if system.startswith("cluster"):
+            server = group.spawn(
+                cluster_scheduler_main, n, q, timeout_s, ssl_json, name="scheduler"
+            )
             client_main: Callable[..., None] = cluster_clients_main
+            extra = (ssl_json,)
         else:
             server = group.spawn(
                 tcpstore_server_main, n, q, stop, timeout_s, name="tcpstore-server"
@@ -482,7 +505,17 @@ def run_once(
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
         for k, ids in enumerate(split(range(n), procs)):
             group.spawn(
-                client_main, k, ids, n, port, start, proceed, q, timeout_s, name=f"clients-{k}"
+                client_main,
+                k,
+                ids,
+                n,
+                port,
+                start,
+                proceed,
+                q,
+                timeout_s,
+                *extra,
+                name=f"clients-{k}",
             )
         box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
         server_cpu0 = cpu_seconds(server.pid)
@@ -495,7 +528,7 @@ def run_once(
         said = [
             m for ms in box.collect("closed", procs, time.monotonic() + 60.0).values() for m in ms
         ]
-        if system == "cluster":
+        if system.startswith("cluster"):
             ok = box.collect("done", 1, time.monotonic() + 60.0)[-1]
             if not ok:
                 raise BenchError(
@@ -604,7 +637,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--systems",
         default="cluster,tcpstore",
-        help="comma-separated: cluster, tcpstore (skipped when torch is not importable)",
+        help="comma-separated: cluster, tcpstore (skipped when torch is not importable), "
+        "cluster-tls (mutual TLS, no CRL), cluster-tls-crl (mutual TLS with a CRL)",
     )
     parser.add_argument(
         "--resolver",
@@ -625,9 +659,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.retries < 0:
         parser.error("--retries must be >= 0")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(args.systems) - {"cluster", "tcpstore"}
+    unknown = set(args.systems) - {"cluster", "tcpstore", *TLS_SYSTEMS}
     if unknown or not args.systems:
-        parser.error(f"--systems: choose among cluster, tcpstore (got {args.systems})")
+        parser.error(
+            f"--systems: choose among cluster, tcpstore, {', '.join(TLS_SYSTEMS)} "
+            f"(got {args.systems})"
+        )
     return args
 
 
@@ -646,8 +683,25 @@ def with_retries(
     raise AssertionError("unreachable")
 
 
+TLS_SYSTEMS = ("cluster-tls", "cluster-tls-crl")
+
+
+def make_tls_configs(directory: Path) -> dict[str, str]:
+    """A test PKI (cluster.certs) and one ssl.json per TLS system: without and with the CRL."""
+    from cluster import certs
+
+    pki = certs.make_pki(directory)
+    with_crl = json.loads(pki.ssl_json.read_text())
+    without = {**with_crl, "crl_path": ""}
+    plain = directory / "ssl-no-crl.json"
+    plain.write_text(json.dumps(without))
+    return {"cluster-tls": str(plain), "cluster-tls-crl": str(pki.ssl_json)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    tls_dir = Path(tempfile.mkdtemp(prefix="rendezvous-tls-"))
+    ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & set(TLS_SYSTEMS) else {}
     raise_fd_limit()
     if args.resolver == "tcp":
         # Inherited by every spawned process; glibc reads it when its resolver first runs.
@@ -685,7 +739,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     what,
                     args.retries,
                     failures,
-                    functools.partial(run_once, ctx, system, n, args.procs, args.timeout),
+                    functools.partial(
+                        run_once, ctx, system, n, args.procs, args.timeout, ssl_jsons.get(system)
+                    ),
                 )
                 runs[system].append(run)
                 print(
@@ -755,6 +811,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{fmt_s(entry.get('tcpstore_median_client_cpu_s')):>16} | "
             f"{fmt_s(entry.get('tcpstore_median_server_cpu_s')):>15}"
         )
+    tls_systems = [s for s in TLS_SYSTEMS if s in args.systems]
+    if tls_systems and "cluster" in args.systems:
+        print()
+        print("TLS: median wall time, and its ratio to plaintext cluster (target: < 2):")
+        header = f"{'N':>6} | {'plaintext':>10} | " + " | ".join(
+            f"{s:>15} | {'ratio':>6}" for s in tls_systems
+        )
+        print(header)
+        print("-" * len(header))
+        for n in args.sizes:
+            entry = results["sizes"][str(n)]
+            plain = entry.get("cluster_median_elapsed_s")
+            cells = []
+            for s in tls_systems:
+                secured = entry.get(f"{s}_median_elapsed_s")
+                ratio = f"{secured / plain:.2f}" if secured is not None and plain else "-"
+                cells.append(f"{fmt_s(secured):>15} | {ratio:>6}")
+            print(f"{n:>6} | {fmt_s(plain):>10} | " + " | ".join(cells))
+    shutil.rmtree(tls_dir, ignore_errors=True)
     if real is not None:
         print()
         print(

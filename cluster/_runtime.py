@@ -61,6 +61,8 @@ def init(config: ClusterConfig | None = None) -> None:
         cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
     if cfg.tls is not None:
         _apply_cipher_suites(cfg.tls)
+    if cfg.recovery is not None:
+        config_module.check_recovery_path(cfg.recovery)
     if cfg.role is Role.SCHEDULER:
         _run_scheduler(cfg)
     from cluster.worker.session import WorkerSession  # noqa: PLC0415 - imports grpc; see above

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster import _excepthook, _orphan, _runtime, tls
-from cluster.config import ClusterConfig, from_env, tls_options_from_env
+from cluster.config import ClusterConfig, check_recovery_path, from_env, tls_options_from_env
 from cluster.errors import ClusterError, ConfigError, SchedulerUnreachableError
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
 
 def _cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
+    if config.recovery is not None:
+        check_recovery_path(config.recovery)
     _orphan.watch_launcher()
     _runtime.configure_logging("scheduler")
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers

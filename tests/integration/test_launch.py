@@ -140,9 +140,11 @@ def test_topology_timeout_names_what_is_missing(processes: Procs) -> None:
         assert proc.wait(15) != 0, proc.output
         assert "Traceback" not in proc.output, proc.output
         assert "3 of 4 workers registered after" in proc.output, proc.output
-    # Each worker says it in one line.
+    # Each worker says it in one line (progress lines before it are "k of 4 nodes registered").
     for w in workers:
-        assert len([ln for ln in w.output.splitlines() if "3 of 4" in ln]) == 1, w.output
+        said = [ln for ln in w.output.splitlines() if "registered after" in ln]
+        assert len(said) == 1, w.output
+        assert said[0].startswith("cluster: JobFailedError: job failed: 3 of 4 workers"), said
 
 
 def test_numeric_node_ids_are_the_ranks_and_missing_ranks_are_named(processes: Procs) -> None:

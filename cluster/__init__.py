@@ -19,7 +19,13 @@ from cluster._runtime import (
     is_rejoin,
     set_ps_context,
 )
-from cluster.collective import KeyValueStore, allgather_object, barrier, broadcast_object, store
+from cluster.collective import (
+    KeyValueStore,
+    allgather_object,
+    barrier,
+    broadcast_object,
+    kv_store,
+)
 from cluster.errors import (
     ClusterError,
     CollectiveError,
@@ -61,6 +67,6 @@ __all__ = [
     "init",
     "is_initialized",
     "is_rejoin",
+    "kv_store",
     "set_ps_context",
-    "store",
 ]

@@ -73,7 +73,7 @@ class KeyValueStore:
         return session.call(session.agent.kv_add(key, amount))
 
 
-def store() -> KeyValueStore:
+def kv_store() -> KeyValueStore:
     """The job's key-value store (needs `cluster.init()` first)."""
     _runtime.session()
     return KeyValueStore()

@@ -41,3 +41,7 @@ class JobFailedError(ClusterError):
 
 class CollectiveError(ClusterError):
     """A control-plane collective or key-value operation could not complete."""
+
+
+class StateFileError(ClusterError):
+    """A recovery state file is torn, truncated, foreign or of a newer format."""

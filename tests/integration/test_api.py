@@ -64,7 +64,7 @@ def test_public_api_in_real_workers(processes: Procs) -> None:
         cluster.barrier,
         lambda: cluster.allgather_object(1),
         lambda: cluster.broadcast_object(1),
-        cluster.store,
+        cluster.kv_store,
     ],
 )
 def test_calls_before_init_say_to_call_init(call: object) -> None:

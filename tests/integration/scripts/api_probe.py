@@ -8,7 +8,7 @@ import cluster
 
 cluster.init()
 rank, size = cluster.get_rank(), cluster.get_group_size()
-kv = cluster.store()
+kv = cluster.kv_store()
 kv.set(f"addr/{rank}", f"10.0.0.{rank}:{rank + 1000}")
 counted = kv.add("arrived", 1)
 addresses = [v.decode() for v in kv.wait([f"addr/{r}" for r in range(size)], timeout_s=30)]

@@ -1,0 +1,146 @@
+"""Recovery state on disk: atomic, versioned, checksummed files under MS_RECOVERY_PATH.
+
+A save writes a temporary file, fsyncs it, renames it over the old one and fsyncs the directory,
+so a crash at any moment leaves either the old state or the new one, never a mix. Every file is
+an envelope `{"format", "version", "kind", "sha256", "payload"}`: a torn, truncated, edited,
+foreign or newer file is reported in one clear StateFileError and never half-loaded; nothing here
+overwrites a file it could not read. `RecoveryLock` keeps a second scheduler off the same path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cluster.errors import ConfigError, StateFileError
+
+FORMAT = "cluster-state"
+VERSION = 1
+LOCK_NAME = "scheduler.lock"
+
+
+def _canonical(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+
+
+def checksum(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(payload)).hexdigest()
+
+
+def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
+    """Replace `path` with `payload` atomically and durably."""
+    envelope = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": kind,
+        "sha256": checksum(payload),
+        "payload": payload,
+    }
+    data = json.dumps(envelope, sort_keys=True, indent=1).encode() + b"\n"
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise StateFileError(
+            f"cannot save the recovery state to {path} ({exc.strerror}); the previous state, if "
+            "any, is unchanged"
+        ) from None
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(path: Path, kind: str) -> dict[str, Any] | None:
+    """The payload saved at `path`, None when there is no file; StateFileError when unusable."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StateFileError(f"cannot read the recovery state {path} ({exc.strerror})") from None
+    advice = "move it away to start a new job, or restore it from a backup"
+    try:
+        envelope = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise StateFileError(
+            f"the recovery state {path} is truncated or corrupt (not valid JSON{where}, "
+            f"{len(data)} bytes): {advice}"
+        ) from None
+    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+        raise StateFileError(f"{path} is not a cluster recovery state file: {advice}")
+    version = envelope.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise StateFileError(
+            f"the recovery state {path} has format version {version!r}, but this cluster reads "
+            f"version {VERSION} at most: use the cluster release that wrote it, or {advice}"
+        )
+    if envelope.get("kind") != kind:
+        raise StateFileError(
+            f"{path} holds the recovery state of a {envelope.get('kind')!r}, not of a {kind!r}: "
+            "two roles share one file name; give each its own MS_RECOVERY_PATH or file"
+        )
+    payload = envelope.get("payload")
+    if not isinstance(payload, dict) or envelope.get("sha256") != checksum(payload):
+        raise StateFileError(
+            f"the recovery state {path} fails its checksum: it was torn or edited; {advice}"
+        )
+    return payload
+
+
+class RecoveryLock:
+    """An exclusive lock on a recovery directory, held while a scheduler runs on it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"another scheduler (pid {holder}) is running on MS_RECOVERY_PATH="
+                f"{str(self.path.parent)!r}: two schedulers cannot share a recovery path; stop "
+                "it, or give this job its own path"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RecoveryLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

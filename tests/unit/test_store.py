@@ -1,0 +1,132 @@
+"""cluster.store: atomic, versioned, checksummed recovery files, and the recovery-path lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import store
+from cluster.errors import ConfigError, StateFileError
+
+PAYLOAD = {"job_id": "abc", "generation": 3, "nodes": [{"node_id": "0", "rank": 0}]}
+
+
+def test_save_then_load_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.json"
+    store.save(path, "scheduler", PAYLOAD)
+    assert store.load(path, "scheduler") == PAYLOAD
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["scheduler.json"]  # no temporary left
+
+
+def test_missing_file_is_none(tmp_path: Path) -> None:
+    assert store.load(tmp_path / "nothing.json", "scheduler") is None
+
+
+def test_save_replaces_the_previous_state(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    store.save(path, "scheduler", PAYLOAD)
+    store.save(path, "scheduler", {**PAYLOAD, "generation": 4})
+    loaded = store.load(path, "scheduler")
+    assert loaded is not None
+    assert loaded["generation"] == 4
+
+
+@pytest.mark.parametrize("keep", [0, 1, 10, 0.5])
+def test_truncated_file_is_reported_not_loaded(tmp_path: Path, keep: float) -> None:
+    path = tmp_path / "s.json"
+    store.save(path, "scheduler", PAYLOAD)
+    data = path.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep
+    path.write_bytes(data[:cut])
+    with pytest.raises(StateFileError, match=r"truncated or corrupt.*move it away"):
+        store.load(path, "scheduler")
+    assert path.read_bytes() == data[:cut]  # reading never rewrites
+
+
+def test_edited_payload_fails_the_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    store.save(path, "scheduler", PAYLOAD)
+    envelope = json.loads(path.read_text())
+    envelope["payload"]["generation"] = 99
+    path.write_text(json.dumps(envelope))
+    with pytest.raises(StateFileError, match="fails its checksum"):
+        store.load(path, "scheduler")
+
+
+def test_newer_format_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    store.save(path, "scheduler", PAYLOAD)
+    envelope = json.loads(path.read_text())
+    envelope["version"] = store.VERSION + 1
+    path.write_text(json.dumps(envelope))
+    with pytest.raises(StateFileError, match=rf"format version {store.VERSION + 1}"):
+        store.load(path, "scheduler")
+
+
+def test_foreign_file_and_other_kind_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"hello": "world"}))
+    with pytest.raises(StateFileError, match="not a cluster recovery state file"):
+        store.load(path, "scheduler")
+    store.save(path, "worker", PAYLOAD)
+    with pytest.raises(StateFileError, match="of a 'worker', not of a 'scheduler'"):
+        store.load(path, "scheduler")
+
+
+def test_a_failed_save_leaves_the_old_state_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.json"
+    store.save(path, "scheduler", PAYLOAD)
+    before = path.read_bytes()
+
+    def broken_replace(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(StateFileError, match="previous state, if any, is unchanged"):
+        store.save(path, "scheduler", {**PAYLOAD, "generation": 5})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_a_killed_writer_never_leaves_a_half_file(tmp_path: Path) -> None:
+    """SIGKILL a process in the middle of many saves: the file is always whole."""
+    path = tmp_path / "s.json"
+    script = (
+        "import sys; from pathlib import Path; from cluster import store\n"
+        "p = Path(sys.argv[1])\n"
+        "for i in range(100000):\n"
+        "    store.save(p, 'scheduler', {'i': i, 'pad': 'x' * 20000})\n"
+        "    if i == 5: print('saving', flush=True)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True
+    ) as writer:
+        try:
+            assert writer.stdout is not None
+            assert writer.stdout.readline().strip() == "saving"
+        finally:
+            writer.kill()
+            writer.wait(10)
+    loaded = store.load(path, "scheduler")
+    assert loaded is not None
+    assert loaded["i"] >= 5
+
+
+def test_one_scheduler_per_recovery_path(tmp_path: Path) -> None:
+    first = store.RecoveryLock(tmp_path)
+    first.acquire()
+    try:
+        with pytest.raises(ConfigError, match=rf"pid {os.getpid()}.*cannot share a recovery path"):
+            store.RecoveryLock(tmp_path).acquire()
+    finally:
+        first.release()
+    with store.RecoveryLock(tmp_path):  # free again once released
+        pass

@@ -38,6 +38,13 @@ STOP_GRACE_S = 5.0
 # the process that died first (the cause) rather than one that stopped because of it.
 SETTLE_S = 0.3
 POLL_STATUS_S = 0.5
+# The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
+# backoff (1 s, then 1.6x), or a short job ends before the first answer.
+POLL_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 LOG_TAIL_LINES = 12
 
 
@@ -322,7 +329,9 @@ class Launcher:
         return f"worker {child.index} ({where}node id {child.node_id!r})"
 
     async def _poll_status(self) -> None:
-        async with scheduler_channel.open_channel(self.address, self._identity) as channel:
+        async with scheduler_channel.open_channel(
+            self.address, self._identity, POLL_CHANNEL_OPTIONS
+        ) as channel:
             while True:
                 with contextlib.suppress(ClusterError):
                     self.view = await status_module.fetch(channel, self.address, POLL_STATUS_S * 2)
@@ -364,7 +373,9 @@ class Launcher:
                 "; recovery is off" if self.view is not None and not self.view.recovery else ""
             )
         try:
-            async with scheduler_channel.open_channel(self.address, self._identity) as channel:
+            async with scheduler_channel.open_channel(
+                self.address, self._identity, POLL_CHANNEL_OPTIONS
+            ) as channel:
                 view = await status_module.fetch(channel, self.address)
         except ClusterError as exc:
             # Not answering (yet): a job that has not formed can still take the worker; one that

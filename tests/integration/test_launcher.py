@@ -405,7 +405,7 @@ def test_progress_is_one_live_line_on_a_terminal(tmp_path: Path) -> None:
     controller, terminal = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [*run_args(tmp_path, script, free_port(), "--worker-num", "2"), "--hold", "1"],
+            [*run_args(tmp_path, script, free_port(), "--worker-num", "2"), "--hold", "3"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=terminal,

@@ -54,6 +54,8 @@ TOPOLOGY_MARGIN_S = 3.0
 # Progress lines while waiting: the first after this long, then at this interval.
 FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
+# How long a call that the scheduler cut off waits for the reason to arrive on the stream.
+FATAL_WAIT_S = 2.0
 # A call that tries to reach the scheduler gives up on one attempt after this long.
 ATTEMPT_TIMEOUT_S = 3.0
 
@@ -409,6 +411,13 @@ class WorkerAgent:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.ABORTED:
                 raise JobFailedError(f"{what} failed: {exc.details()}") from None
+            if exc.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+                # The scheduler stopping mid-call: its reason is on the event stream, an instant
+                # behind; report that rather than a bare "CANCELLED".
+                with contextlib.suppress(asyncio.TimeoutError):
+                    raise await asyncio.wait_for(
+                        asyncio.shield(self._fatal), FATAL_WAIT_S
+                    ) from None
             raise CollectiveError(f"{what} failed: {exc.details() or exc.code().name}") from None
 
     async def exchange(self, op: str, value: bytes, root: int = 0) -> list[bytes]:

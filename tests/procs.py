@@ -34,7 +34,7 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(POLL_S)
+        time.sleep(POLL_S)  # sleep-ok: polls an observable, bounded by timeout_s
 
 
 def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:

@@ -159,7 +159,7 @@ async def test_second_process_with_a_live_node_id_is_refused(server: SchedulerSe
         status = await stub.Status(pb.StatusRequest(), timeout=5)
         if status.nodes:
             break
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # sleep-ok: polls Status, at most 500 rounds
     response = await stub.Register(request, timeout=5)
     assert response.refused.reason == pb.REFUSAL_NODE_ALIVE
     assert "MS_NODE_TIMEOUT" in response.refused.message

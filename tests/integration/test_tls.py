@@ -333,7 +333,7 @@ def agent(port: int, config: Path, say: Callable[[str], None], **kw: Any) -> Wor
 async def until(predicate: Callable[[], bool], timeout_s: float = 10) -> None:
     async def poll() -> None:
         while not predicate():
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # sleep-ok: polls predicate, bounded by wait_for
 
     await asyncio.wait_for(poll(), timeout_s)
 

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from cluster.errors import CollectiveError, JobFailedError
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, ExchangeTable
-
-BOUND_S = 5.0  # upper bound on any await that could hang if the code under test is wrong
-
-
-async def settle(condition: Callable[[], bool], rounds: int = 100) -> None:
-    """Let other tasks run until `condition` holds, without sleeping on the clock."""
-    for _ in range(rounds):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached after yielding to the event loop")
+from tests.aio import BOUND_S, settle
 
 
 def contribute(
@@ -85,7 +74,7 @@ async def test_round_waits_for_every_rank() -> None:
     first = contribute(table, 0, size=2)
     await settle(lambda: len(table) == 1)
     for _ in range(5):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: a yield to the loop, not a wait on time
     assert not first.done()
     assert len(table) == 1
     second = contribute(table, 1, size=2)
@@ -189,7 +178,7 @@ async def test_new_round_after_fail_all_survives_the_old_waiters() -> None:
     with pytest.raises(JobFailedError):
         await asyncio.wait_for(old, BOUND_S)
     for _ in range(5):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: a yield to the loop, not a wait on time
     assert not late.done()
     assert len(table) == 1  # the late caller's round is still known...
     table.fail_all("job over")  # ...so that ending the job releases it

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
 from cluster.errors import CollectiveError
 from cluster.scheduler.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES, KvStore
-
-BOUND_S = 5.0  # upper bound on any await that could hang if the code under test is wrong
-
-
-async def settle(condition: Callable[[], bool], rounds: int = 100) -> None:
-    """Let other tasks run until `condition` holds, without sleeping on the clock."""
-    for _ in range(rounds):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition not reached after yielding to the event loop")
+from tests.aio import BOUND_S, settle
 
 
 def waiting(kv: KvStore) -> int:
@@ -136,7 +125,7 @@ async def test_wait_returns_when_keys_are_set_later() -> None:
     await settle(lambda: "a" in kv._waiters)
     kv.set("c", b"3")  # not the key it waits on first: it keeps waiting
     for _ in range(5):  # give it every chance to (wrongly) return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: a yield to the loop, not a wait on time
     assert not task.done()
     assert "a" in kv._waiters
     kv.set("a", b"1")

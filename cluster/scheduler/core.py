@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cluster import state
 from cluster.config import canonical_node_id
@@ -21,6 +21,7 @@ from cluster.errors import ClusterError, CollectiveError, JobFailedError
 from cluster.scheduler import convert
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
+from cluster.scheduler.streams import Streams
 from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")
@@ -38,9 +39,8 @@ class EvictedError(ClusterError):
     """This stream's node was removed from the job (replaced, or silent while forming)."""
 
 
-@dataclass
-class _Watcher:
-    queue: asyncio.Queue[pb.Event | state.Evict | None] = field(default_factory=asyncio.Queue)
+# The scheduler's heartbeat, serialized once.
+_HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,17 @@ class SchedulerCore:
         )
         self.kv = KvStore()
         self.exchanges = ExchangeTable()
-        self._watchers: dict[tuple[str, int], _Watcher] = {}
+        self._streams = Streams(clock)
         self.done = asyncio.Event()
         self.streams_closed = asyncio.Event()
         self.streams_closed.set()
         self._last_progress_log = 0.0
         self._pending_progress: state.ProgressEvent | None = None
-        self._topology_pb: tuple[state.TopologyReadyEvent, pb.Event] | None = None
+        # The published topology, serialized once: it goes to every node, and is large.
+        self._topology_bytes: tuple[state.TopologyReadyEvent, bytes] | None = None
         self._last_progress_broadcast = 0.0
+        # The Shutdown event as sent: a stream ends after writing it.
+        self._final: bytes | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,7 +88,7 @@ class SchedulerCore:
 
     @property
     def open_streams(self) -> int:
-        return len(self._watchers)
+        return len(self._streams)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -94,6 +97,7 @@ class SchedulerCore:
         while not self.done.is_set():
             self._apply(self.state.tick())
             self._flush_progress()
+            self._streams.idle(self.settings.heartbeat_interval_s, _HEARTBEAT)
             try:
                 await asyncio.wait_for(self.done.wait(), TICK_S)
             except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
@@ -111,47 +115,41 @@ class SchedulerCore:
         self._apply(effects)
         return outcome
 
-    async def watch(self, node_id: str, incarnation: int) -> AsyncIterator[pb.Event]:
-        """The event stream of one node, with the scheduler's heartbeats in the gaps."""
+    async def watch(self, node_id: str, incarnation: int) -> AsyncIterator[pb.Event | bytes]:
+        """The event stream of one node (events, some serialized already), with the
+        scheduler's heartbeats in the gaps (sent by `monitor`)."""
         welcome = self.state.connect(node_id, incarnation)
         key = (self.state.member(node_id, incarnation).node_id, incarnation)
-        watcher = _Watcher()
-        self._watchers[key] = watcher
+        box = self._streams.open(key)
         self.streams_closed.clear()
-        heartbeat = pb.Event(heartbeat=pb.SchedulerHeartbeat())
+        current = True
         try:
             for event in welcome:
-                yield self._to_pb(event)
+                yield self._serialized(event)
             while True:
-                try:
-                    item = await asyncio.wait_for(
-                        watcher.queue.get(), self.settings.heartbeat_interval_s
-                    )
-                except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
-                    yield heartbeat
-                    continue
+                item = await box.get()
                 if item is None:  # the node closed its side
                     return
                 if isinstance(item, state.Evict):
                     raise EvictedError(f"node {node_id!r} was removed from the job: {item.reason}")
                 yield item
-                if item.HasField("shutdown"):
+                if item is self._final:
                     return
         finally:
-            if self._watchers.get(key) is watcher:
-                del self._watchers[key]
-            if not self._watchers:
+            current = self._streams.close(key, box)
+            if not self._streams:
                 self.streams_closed.set()
-            self._apply(self.state.disconnect(node_id, incarnation))
+            if current:
+                # Only the node's current stream speaks for it: an older one (a registration
+                # attempt the node gave up on and made again) ending late is not a failure.
+                self._apply(self.state.disconnect(node_id, incarnation))
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         self.state.heartbeat(node_id, incarnation)
 
     def stream_closed(self, node_id: str, incarnation: int) -> None:
         """The node half-closed its stream: end ours too."""
-        watcher = self._watchers.get((canonical_node_id(node_id), incarnation))
-        if watcher is not None:
-            watcher.queue.put_nowait(None)
+        self._streams.put((canonical_node_id(node_id), incarnation), None)
 
     def finish(self, node_id: str, incarnation: int) -> None:
         member = self.state.member(node_id, incarnation)
@@ -203,9 +201,7 @@ class SchedulerCore:
     def _apply(self, effects: list[state.Effect]) -> None:
         for effect in effects:
             if isinstance(effect, state.Evict):
-                watcher = self._watchers.get((effect.node_id, effect.incarnation))
-                if watcher is not None:
-                    watcher.queue.put_nowait(effect)
+                self._streams.put((effect.node_id, effect.incarnation), effect)
                 continue
             self._log(effect)
             if isinstance(effect, state.ProgressEvent):
@@ -222,19 +218,21 @@ class SchedulerCore:
                 self.exchanges.fail_all(effect.reason)
                 self.done.set()
 
-    def _to_pb(self, event: state.Event) -> pb.Event:
-        """Convert once per topology: it goes to every node, and is large in a large job."""
+    def _serialized(self, event: state.Event) -> bytes:
+        """The event on the wire; the topology converted and serialized once per generation."""
         if isinstance(event, state.TopologyReadyEvent):
-            cached = self._topology_pb
+            cached = self._topology_bytes
             if cached is None or cached[0] is not event:
-                cached = self._topology_pb = (event, convert.event_to_pb(event))
+                cached = (event, convert.event_to_pb(event).SerializeToString())
+                self._topology_bytes = cached
             return cached[1]
-        return convert.event_to_pb(event)
+        data = convert.event_to_pb(event).SerializeToString()
+        if isinstance(event, state.ShutdownEvent):
+            self._final = data
+        return data
 
     def _broadcast(self, event: state.Event) -> None:
-        message = self._to_pb(event)
-        for watcher in self._watchers.values():
-            watcher.queue.put_nowait(message)
+        self._streams.broadcast(self._serialized(event))
 
     def _flush_progress(self) -> None:
         now = self._clock()

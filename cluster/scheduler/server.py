@@ -26,8 +26,7 @@ from cluster import tls as tls_module
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
 from cluster.scheduler.core import CoreSettings, SchedulerCore
-from cluster.scheduler.servicer import SchedulerServicer
-from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -217,7 +216,7 @@ class SchedulerServer:
             [] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]
         )
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-        pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(self.core), server)
+        add_to_server(SchedulerServicer(self.core), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)
         try:

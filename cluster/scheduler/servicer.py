@@ -85,7 +85,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self,
         request_iterator: AsyncIterator[pb.WatchRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[pb.Event]:
+    ) -> AsyncIterator[pb.Event | bytes]:
         first = await anext(request_iterator, None)
         kind = None if first is None else first.WhichOneof("kind")
         if first is None or kind not in ("register", "hello"):
@@ -176,3 +176,40 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.StatusResponse:
         return self._core.status()
+
+
+def _event_bytes(event: pb.Event | bytes) -> bytes:
+    """Watch's serializer: an event that goes to every stream is serialized once, by the core."""
+    return event if isinstance(event, bytes) else event.SerializeToString()
+
+
+class _Capture:
+    """Stands in for the server while the generated code registers the handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers come again, by name, below
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
+    """`add_SchedulerServicer_to_server`, with Watch writing pre-serialized events as they are."""
+    capture = _Capture()
+    pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
+    watch = capture.handlers["Watch"]
+    capture.handlers["Watch"] = grpc.stream_stream_rpc_method_handler(
+        servicer.Watch,
+        request_deserializer=watch.request_deserializer,
+        response_serializer=_event_bytes,
+    )
+    service = "cluster.v1.Scheduler"
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, capture.handlers),)
+    )
+    server.add_registered_method_handlers(service, capture.handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs

@@ -19,7 +19,7 @@ import grpc
 
 from cluster import channel as scheduler_channel
 from cluster import tls
-from cluster.config import ClusterConfig, Role
+from cluster.config import ClusterConfig, Role, is_numeric_node_id
 from cluster.errors import (
     ClusterError,
     CollectiveError,
@@ -75,6 +75,33 @@ class _StreamLost(Exception):
         super().__init__(reason)
         self.silent = silent
         self.unknown = unknown
+
+
+class _Silence:
+    """Cancels `call` when nothing has arrived on it for `limit_s`; one timer per stream,
+    re-armed only when it runs out (not a task and a timer per message)."""
+
+    def __init__(self, call: _Call, limit_s: float) -> None:
+        self._call = call
+        self.limit_s = limit_s
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self.fired = False
+        self._timer = self._loop.call_at(self._last + limit_s, self._check)
+
+    def heard(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self.limit_s
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self.fired = True
+        self._call.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 class _Reporter:
@@ -161,14 +188,18 @@ class WorkerAgent:
         self.rejoined = accepted.rejoined
         self._watch_task = asyncio.create_task(self._watch_forever(call, deadline))
         wait_s = max(deadline + TOPOLOGY_MARGIN_S - self._clock(), 0.0)
-        try:
-            return await self._guarded(asyncio.wait_for(asyncio.shield(self._ready), wait_s))
-        except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
+        # A failure of the job also settles _ready (see _fail); asyncio.wait neither wraps it in
+        # a task nor cancels it when this caller is cancelled.
+        await asyncio.wait((self._ready,), timeout=wait_s)
+        if self._fatal.done():
+            raise self._fatal.result()
+        if not self._ready.done():
             registered, expected = self._progress
             raise TopologyTimeoutError(
                 f"the job did not form within MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: "
                 f"{registered} of {expected} nodes had registered with {self.where}"
-            ) from None
+            )
+        return self._ready.result()
 
     async def _join(self, deadline: float) -> tuple[_Call, pb.Accepted]:
         """Open this node's stream by registering on it; retry what can clear until `deadline`."""
@@ -210,8 +241,13 @@ class WorkerAgent:
                     continue
             call: _Call = self._stub.Watch(wait_for_ready=True)
             try:
+                # Reaching the scheduler is bounded per attempt; once the registration is on its
+                # way the answer is awaited until the deadline. A scheduler busy with a burst of
+                # registrations answers late, and giving up on a registration it is about to
+                # accept only makes it do the work again.
+                await asyncio.wait_for(call.write(request), min(remaining, ATTEMPT_TIMEOUT_S))
                 first = await asyncio.wait_for(
-                    self._first_answer(call, request), min(remaining, ATTEMPT_TIMEOUT_S)
+                    self._first_answer(call), max(deadline - self._clock(), 0.0)
                 )
             except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 call.cancel()
@@ -240,8 +276,7 @@ class WorkerAgent:
             pause = min(max(refusal.retry_after_s, 0.05), max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
-    async def _first_answer(self, call: _Call, request: pb.WatchRequest) -> pb.Event:
-        await call.write(request)
+    async def _first_answer(self, call: _Call) -> pb.Event:
         first = await call.read()
         if first is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
             raise asyncio.InvalidStateError("the scheduler closed the stream without an answer")
@@ -268,27 +303,36 @@ class WorkerAgent:
 
     async def _watch_once(self, call: _Call) -> None:
         beats = asyncio.create_task(self._send_heartbeats(call))
-        silence = self.config.node_timeout_s if self.config.heartbeat_enabled else None
+        silence = (
+            _Silence(call, self.config.node_timeout_s) if self.config.heartbeat_enabled else None
+        )
         try:
             while True:
                 try:
-                    event = await asyncio.wait_for(call.read(), silence)
-                except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
-                    raise _StreamLost(
-                        f"no heartbeat from {self.where} for {silence:g} s (hung or cut off?)",
-                        silent=True,
-                    ) from None
-                except grpc.aio.AioRpcError as exc:
+                    event = await call.read()
+                except (asyncio.CancelledError, grpc.aio.AioRpcError) as exc:
+                    if silence is not None and silence.fired:
+                        raise _StreamLost(
+                            f"no heartbeat from {self.where} for {silence.limit_s:g} s "
+                            "(hung or cut off?)",
+                            silent=True,
+                        ) from None
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
                     raise _StreamLost(
                         exc.details() or exc.code().name,
                         unknown=exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED),
                     ) from None
+                if silence is not None:
+                    silence.heard()
                 if event is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
                     raise _StreamLost("the scheduler closed the event stream")
                 assert isinstance(event, pb.Event)
                 if self._handle(event):
                     return
         finally:
+            if silence is not None:
+                silence.stop()
             beats.cancel()
             call.cancel()
 
@@ -324,21 +368,28 @@ class WorkerAgent:
         return False
 
     def _topology_from(self, ready: pb.TopologyReady) -> Topology:
+        """This node's view, in O(1) where it can be: the columns stay as they arrived."""
         table = ready.peers
-        node_ids = list(table.node_ids)  # one C-level copy; no per-peer Python work below
-        try:
-            me = node_ids.index(self.identity.node_id)
-        except ValueError:
-            raise ClusterError(f"{self.where} sent a topology without this node") from None
-        workers = list(table.roles).count(pb.ROLE_WORKER)  # workers come first, in rank order
+        node_id = self.identity.node_id
+        # Workers come first in rank order, then servers: a numeric node id is its rank, so
+        # its row is known; any other id is looked up.
+        me = -1
+        if is_numeric_node_id(node_id):
+            guess = int(node_id) + (self.config.worker_num if self._role == pb.ROLE_SERVER else 0)
+            if guess < len(table.node_ids) and table.node_ids[guess] == node_id:
+                me = guess
+        if me < 0:
+            try:
+                me = list(table.node_ids).index(node_id)
+            except ValueError:
+                raise ClusterError(f"{self.where} sent a topology without this node") from None
         return Topology(
             generation=ready.generation,
             rank=table.ranks[me],
             local_rank=table.local_ranks[me],
             local_size=table.local_sizes[me],
-            node_ids=tuple(node_ids[:workers]),
-            hosts=tuple(table.hosts[:workers]),
-            ports=tuple(table.ports[:workers]),
+            size=self.config.worker_num,  # the scheduler refuses a node with another count
+            table=table,
         )
 
     async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> _Call | None:

@@ -1,0 +1,105 @@
+"""The scheduler's open Watch streams: one mailbox per stream, and heartbeats for the idle ones.
+
+A large job holds one stream per node for its whole life, so what a stream costs while it waits
+matters: 1024 streams that each wait on `asyncio.wait_for(queue.get(), interval)` create a task
+and a timer per message and per heartbeat. Here a stream waits on one future, and one sweep
+(`Streams.idle`, run by the scheduler's monitor) finds the streams that have been quiet for a
+heartbeat interval, in time proportional to the number it finds: streams are kept in the order
+of their last message.
+
+Messages are `pb.Event`s or `bytes` already serialized (a broadcast is serialized once, not once
+per stream); the servicer's serializer passes bytes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+
+from cluster import state
+from cluster.v1 import scheduler_pb2 as pb
+
+Item = pb.Event | bytes | state.Evict | None  # None: the node closed its side
+Key = tuple[str, int]  # (canonical node id, incarnation)
+
+
+class Mailbox:
+    """What is waiting to be written to one stream."""
+
+    __slots__ = ("_items", "_waiter", "last_put")
+
+    def __init__(self, now: float) -> None:
+        self._items: collections.deque[Item] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.last_put = now
+
+    def put(self, item: Item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Item:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
+class Streams:
+    """The open streams by node, oldest last message first."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._boxes: dict[Key, Mailbox] = {}
+
+    def __len__(self) -> int:
+        return len(self._boxes)
+
+    def open(self, key: Key) -> Mailbox:
+        self._boxes.pop(key, None)  # a newer stream of the same node replaces the old one
+        box = self._boxes[key] = Mailbox(self._clock())
+        return box
+
+    def close(self, key: Key, box: Mailbox) -> bool:
+        """Forget `box`; False when the node has opened a newer stream since (nothing closed)."""
+        if self._boxes.get(key) is not box:
+            return False
+        del self._boxes[key]
+        return True
+
+    def get(self, key: Key) -> Mailbox | None:
+        return self._boxes.get(key)
+
+    def put(self, key: Key, item: Item) -> None:
+        box = self._boxes.get(key)
+        if box is not None:
+            self._put(key, box, item, self._clock())
+
+    def broadcast(self, item: Item) -> None:
+        now = self._clock()
+        for box in self._boxes.values():
+            box.put(item)
+            box.last_put = now
+        # Every stream just had a message: the order by last message is unchanged.
+
+    def idle(self, interval_s: float, heartbeat: Item) -> None:
+        """Send `heartbeat` to every stream that has had no message for `interval_s`."""
+        now = self._clock()
+        due: list[tuple[Key, Mailbox]] = []
+        for key, box in self._boxes.items():
+            if now - box.last_put < interval_s:
+                break  # the rest are newer
+            due.append((key, box))
+        for key, box in due:
+            self._put(key, box, heartbeat, now)
+
+    def _put(self, key: Key, box: Mailbox, item: Item, now: float) -> None:
+        box.put(item)
+        box.last_put = now
+        del self._boxes[key]  # to the end: the newest
+        self._boxes[key] = box

@@ -17,6 +17,7 @@ import functools
 import secrets
 import ssl
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,12 @@ from cluster.errors import TLSConfigError
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _SETTINGS = 0x04
 _FRAME_HEADER = 9
+# How long a scheduler whose certificate passed `check_scheduler` is taken as checked by the
+# other agents of this process (while the CRL stays the same): long enough for the agents that
+# start together to share one check, short enough that a scheduler restarted on the same
+# address is checked again.
+CHECK_KEPT_S = 30.0
+_passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
 
 
 def open_channel(
@@ -62,6 +69,16 @@ async def check_scheduler(
     if identity is None:
         return await _check_plaintext(host, port, where, timeout_s)
     return await _check_tls(host, port, identity, where, timeout_s)
+
+
+def passed_recently(host: str, port: int, identity: tls.Identity) -> bool:
+    """Whether the scheduler at host:port passed `check_scheduler` in this process within
+    CHECK_KEPT_S, under the CRL as it is now."""
+    entry = _passed.get((host, port, identity))
+    if entry is None:
+        return False
+    crl = None if identity.revocation is None else identity.revocation.current()
+    return entry[0] is crl and time.monotonic() - entry[1] < CHECK_KEPT_S
 
 
 def _address(host: str, port: int) -> str:
@@ -168,6 +185,8 @@ async def _check_tls(
                 f"this node's certificate ({identity.what}); is it signed by the CA the "
                 "scheduler trusts, and not revoked?"
             )
+        crl = None if identity.revocation is None else identity.revocation.current()
+        _passed[(host, port, identity)] = (crl, time.monotonic())
         return True
     finally:
         await _close(writer)

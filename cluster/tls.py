@@ -525,28 +525,55 @@ def prepare(options: TLSOptions, *, server: bool) -> Identity:
 
 class PeerCheck:
     """Whether a peer's certificate may still be served: not revoked (by the CRL as it is now)
-    and not expired. gRPC verified the CA at the handshake but knows no CRL."""
+    and not expired. gRPC verified the CA at the handshake but knows no CRL.
+
+    The scheduler asks on every call, so the answer is kept per certificate: parsing it and
+    looking it up in the CRL happen once per certificate and CRL version (a reloaded CRL is a
+    new object, which makes every kept answer stale); what remains per call is a dictionary
+    lookup, the CRL file's stat, and a comparison with the expiry date.
+    """
+
+    _MAX_KEPT = 4096
 
     def __init__(self, identity: Identity, clock: Callable[[], dt.datetime] = now_utc) -> None:
         self._revocation = identity.revocation
         self._clock = clock
         self._parsed: dict[bytes, x509.Certificate] = {}
+        # Per certificate: its expiry, and whether it is revoked by the CRL object named.
+        self._verdicts: dict[int, _Verdict] = {}
 
     def certificate(self, pem: bytes) -> x509.Certificate:
         cert = self._parsed.get(pem)
         if cert is None:
-            if len(self._parsed) > 4096:
+            if len(self._parsed) > self._MAX_KEPT:
                 self._parsed.clear()
+                self._verdicts.clear()
             cert = self._parsed[pem] = x509.load_pem_x509_certificate(pem)
         return cert
 
     def problem(self, cert: x509.Certificate) -> str | None:
         """Why `cert` must be refused now ("is revoked ..."), or None."""
-        if self._clock() > cert.not_valid_after_utc:
-            return f"expired on {_date(cert.not_valid_after_utc)}"
-        if self._revocation is not None and self._revocation.revoked(cert):
+        crl = None if self._revocation is None else self._revocation.current()
+        verdict = self._verdicts.get(id(cert))
+        if verdict is None or verdict.cert is not cert or verdict.crl is not crl:
+            if len(self._verdicts) > self._MAX_KEPT:
+                self._verdicts.clear()
+            revoked = self._revocation is not None and self._revocation.revoked(cert)
+            verdict = _Verdict(cert, crl, cert.not_valid_after_utc, revoked)
+            self._verdicts[id(cert)] = verdict
+        if self._clock() > verdict.not_after:
+            return f"expired on {_date(verdict.not_after)}"
+        if verdict.revoked:
             return "is revoked (the CRL lists it)"
         return None
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    cert: x509.Certificate  # kept alive, so that id(cert) is not reused while this is kept
+    crl: x509.CertificateRevocationList | None
+    not_after: dt.datetime
+    revoked: bool
 
 
 def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[str]:

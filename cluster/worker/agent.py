@@ -217,9 +217,15 @@ class WorkerAgent:
         )
         self._report.reset()
         # With a CRL nothing is sent before the scheduler's certificate passed it (grpc cannot
-        # check one); otherwise the check only runs when an attempt fails, to tell "down" from
-        # "speaks the other protocol".
-        checked = self._tls is None or self._tls.revocation is None
+        # check one), here or, a moment ago, for another agent of this process; otherwise the
+        # check only runs when an attempt fails, to tell "down" from "speaks the other protocol".
+        checked = (
+            self._tls is None
+            or self._tls.revocation is None
+            or scheduler_channel.passed_recently(
+                self.config.sched_host, self.config.sched_port, self._tls
+            )
+        )
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:

@@ -38,6 +38,7 @@ _FRAME_HEADER = 9
 # address is checked again.
 CHECK_KEPT_S = 30.0
 _passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
+_running: dict[tuple[Any, ...], asyncio.Future[bool]] = {}
 
 
 def open_channel(
@@ -68,7 +69,20 @@ async def check_scheduler(
     where = f"the scheduler at {_address(host, port)}"
     if identity is None:
         return await _check_plaintext(host, port, where, timeout_s)
-    return await _check_tls(host, port, identity, where, timeout_s)
+    # Agents of one process that start together make one check, not one each.
+    key = (host, port, identity, asyncio.get_running_loop())
+    running = _running.get(key)
+    if running is None:
+        running = asyncio.ensure_future(_check_tls(host, port, identity, where, timeout_s))
+        _running[key] = running
+        running.add_done_callback(functools.partial(_checked, key))
+    return await asyncio.shield(running)
+
+
+def _checked(key: tuple[Any, ...], task: asyncio.Future[bool]) -> None:
+    del _running[key]
+    if not task.cancelled():
+        task.exception()  # retrieved: every waiter may have given up
 
 
 def passed_recently(host: str, port: int, identity: tls.Identity) -> bool:

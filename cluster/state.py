@@ -539,17 +539,7 @@ class SchedulerState:
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted | Refused, list[Effect]]:
         if member.incarnation == reg.incarnation:
-            # The same process again: a retry after a lost answer, or a reconnect. Its address
-            # may change only while the job forms; after that, peers hold the published table.
-            member.last_seen = now
-            if self.phase is Phase.WAITING:
-                member.host, member.port = reg.host, reg.port
-            if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
-                # The same process, back after it was declared failed (its connection broke,
-                # or it was cut off): no other process can hold the id, so no guard; but the
-                # others have moved on without it, so it comes back in a new generation.
-                return self._rejoin(member, reg, now, restarted=False)
-            return self._accepted(rejoined=False), []
+            return self._register_again(member, reg, now)
         if member.state is NodeState.FINISHED:
             return Refused(
                 Refusal.JOB_OVER,
@@ -582,6 +572,22 @@ class SchedulerState:
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
             "rejoin; restart the whole job",
         ), []
+
+    def _register_again(
+        self, member: Member, reg: Registration, now: float
+    ) -> tuple[Accepted | Refused, list[Effect]]:
+        """The same process again: a retry after a lost answer, or a reconnect."""
+        member.last_seen = now
+        if self.phase is Phase.WAITING:
+            # Its address may change only while the job forms; after that, peers hold the
+            # published table.
+            member.host, member.port = reg.host, reg.port
+        if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
+            # Back after it was declared failed (its connection broke, or it was cut off): no
+            # other process can hold the id, so no guard; but the others have moved on
+            # without it, so it comes back in a new generation.
+            return self._rejoin(member, reg, now, restarted=False)
+        return self._accepted(rejoined=False), []
 
     def _rejoin(
         self, member: Member, reg: Registration, now: float, *, restarted: bool = True

@@ -75,7 +75,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "Register needs a node_id and a role"
             )
-        outcome = self._core.register(convert.registration_from_pb(request, role))
+        outcome = await self._core.register(convert.registration_from_pb(request, role))
         settings = self._core.settings
         return convert.register_response(
             outcome, settings.heartbeat_interval_s, settings.node_timeout_s
@@ -168,7 +168,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def Finish(
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
-        self._core.finish(request.node_id, request.incarnation)
+        await self._core.finish(request.node_id, request.incarnation)
         return pb.FinishResponse()
 
     @_mapped

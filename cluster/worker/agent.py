@@ -5,6 +5,11 @@ retries until MS_TOPO_TIMEOUT, keeps one Watch stream open (sending heartbeats, 
 and the scheduler's heartbeats), reconnects when the stream is lost, and reports a failure that
 ends the job through `on_fatal` exactly once. Every call it makes for the user races against that
 failure, so no caller waits on a job that is already over.
+
+With recovery on, losing the scheduler is not a failure: the worker goes on (the data plane does
+not pass through the scheduler), reconnects for up to the longer of MS_NODE_TIMEOUT and
+MS_TOPO_TIMEOUT, and calls cut off by the scheduler's death are made again once it is back.
+A peer's failure is reported and the worker waits for the new generation.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ REPORT_EVERY_S = 5.0
 FATAL_WAIT_S = 2.0
 # A call that tries to reach the scheduler gives up on one attempt after this long.
 ATTEMPT_TIMEOUT_S = 3.0
+# With recovery, a call cut off by the scheduler's death is made again after this pause.
+RETRY_PAUSE_S = 0.05
 
 
 _EXCHANGE_OPS = {
@@ -107,7 +114,10 @@ class WorkerAgent:
         on_fatal: Callable[[ClusterError], None],
         clock: Callable[[], float] = time.monotonic,
         expiry_check_period_s: float = tls.EXPIRY_CHECK_PERIOD_S,
+        cluster_id: str = "",
     ) -> None:
+        """`cluster_id`: the job this node belonged to before its process restarted (its saved
+        recovery file), so that a scheduler running another job refuses it."""
         self.config = config
         self.identity = identity
         self._say = say
@@ -124,7 +134,8 @@ class WorkerAgent:
         )
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._role = pb.ROLE_SERVER if config.role is Role.SERVER else pb.ROLE_WORKER
-        self.cluster_id = ""
+        self.cluster_id = cluster_id
+        self.recovery = config.recovery is not None
         self.topology: Topology | None = None
         self.rejoined = False
         self.job_finished = False
@@ -141,6 +152,13 @@ class WorkerAgent:
     @property
     def where(self) -> str:
         return f"the scheduler at {self.config.sched_address}"
+
+    @property
+    def reconnect_window_s(self) -> float:
+        """How long a formed job's worker tries to get its scheduler back."""
+        if self.recovery:
+            return max(self.config.node_timeout_s, self.config.topo_timeout_s)
+        return self.config.node_timeout_s
 
     @property
     def fatal(self) -> ClusterError | None:
@@ -193,8 +211,7 @@ class WorkerAgent:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise TopologyTimeoutError(
-                    f"{self.where} did not accept this node within "
-                    f"MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: is it running, and are "
+                    f"{self.where} did not accept this node in time: is it running, and are "
                     "MS_SCHED_HOST / MS_SCHED_PORT right?"
                 )
             if not checked:
@@ -237,7 +254,8 @@ class WorkerAgent:
             if refusal.reason != pb.REFUSAL_NODE_ALIVE:
                 raise RegistrationRefused(f"{self.where} refused this node: {refusal.message}")
             self._say(f"registration refused for now: {refusal.message}")
-            pause = min(max(refusal.retry_after_s, 0.05), max(deadline - self._clock(), 0.0))
+            # A little past the guard's end, so that the next attempt is not early by a hair.
+            pause = min(refusal.retry_after_s + 0.02, max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
     async def _first_answer(self, call: _Call, request: pb.WatchRequest) -> pb.Event:
@@ -312,9 +330,23 @@ class WorkerAgent:
                     f"{event.progress.expected} nodes registered"
                 )
         elif kind == "topology_ready":
+            previous = self.topology
             self.topology = self._topology_from(event.topology_ready)
+            if previous is not None and self.topology.generation != previous.generation:
+                self._seq = 0  # collectives are numbered per generation
+                self._say(
+                    f"the job is now at generation {self.topology.generation}: a failed node "
+                    "rejoined with its rank"
+                )
             if not self._ready.done():
                 self._ready.set_result(self.topology)
+        elif kind == "node_failed":
+            failed = event.node_failed
+            if self.recovery and failed.node_id != self.identity.node_id:
+                self._say(
+                    f"rank {failed.rank} (node {failed.node_id!r}) failed: {failed.reason}; the "
+                    "job waits for it to rejoin (recovery is on)"
+                )
         elif kind == "shutdown":
             if event.shutdown.ok:
                 self.job_finished = True
@@ -347,17 +379,21 @@ class WorkerAgent:
             # Still forming: MS_TOPO_TIMEOUT bounds everything, and a scheduler that accepted us
             # and then vanished gets MS_NODE_TIMEOUT to come back, like a formed job's.
             deadline = min(topo_deadline, self._clock() + self.config.node_timeout_s)
-        elif lost.silent:
+        elif lost.silent and not self.recovery:
             self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {lost}"))
             return None
         else:
-            deadline = self._clock() + self.config.node_timeout_s
+            window = self.reconnect_window_s
+            deadline = self._clock() + window
             self._say(
-                f"lost {self.where} ({lost}); reconnecting for up to "
+                f"lost {self.where} ({lost}); training goes on (recovery is on), reconnecting for "
+                f"up to {window:g} s"
+                if self.recovery
+                else f"lost {self.where} ({lost}); reconnecting for up to "
                 f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
             )
         try:
-            call, _ = await self._join(deadline)
+            call, accepted = await self._join(deadline)
         except TopologyTimeoutError:
             self._fail(
                 SchedulerUnreachableError(
@@ -371,6 +407,14 @@ class WorkerAgent:
         except ClusterError as exc:
             self._fail(exc)
             return None
+        if self.topology is not None:
+            if accepted.rejoined:
+                self._say(
+                    f"back with {self.where}, which had given this node up: it rejoins the job in "
+                    f"generation {accepted.generation}"
+                )
+            else:
+                self._say(f"back with {self.where}")
         return call
 
     # -- failure -----------------------------------------------------------------------------
@@ -405,20 +449,33 @@ class WorkerAgent:
             raise ClusterError("the job has not formed yet: cluster.init() has not returned")
         return self.topology
 
-    async def _call(self, what: str, rpc: Awaitable[T]) -> T:
-        try:
-            return await self._guarded(rpc)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.ABORTED:
-                raise JobFailedError(f"{what} failed: {exc.details()}") from None
-            if exc.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+    async def _call(self, what: str, rpc: Callable[[], Awaitable[T]]) -> T:
+        """Make the call `rpc()` makes; again, with recovery, if the scheduler died during it."""
+        while True:
+            try:
+                return await self._guarded(rpc())
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.ABORTED:
+                    raise JobFailedError(f"{what} failed: {exc.details()}") from None
+                if exc.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+                    raise CollectiveError(
+                        f"{what} failed: {exc.details() or exc.code().name}"
+                    ) from None
+                if self.recovery and not self._closing:
+                    # The scheduler went away mid-call. Ask again: the call waits for the
+                    # channel to be back, and the reconnect window ends the wait (as a fatal
+                    # failure, which the call above races against).
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                    continue
                 # The scheduler stopping mid-call: its reason is on the event stream, an instant
                 # behind; report that rather than a bare "CANCELLED".
                 with contextlib.suppress(asyncio.TimeoutError):
                     raise await asyncio.wait_for(
                         asyncio.shield(self._fatal), FATAL_WAIT_S
                     ) from None
-            raise CollectiveError(f"{what} failed: {exc.details() or exc.code().name}") from None
+                raise CollectiveError(
+                    f"{what} failed: {exc.details() or exc.code().name}"
+                ) from None
 
     async def exchange(self, op: str, value: bytes, root: int = 0) -> list[bytes]:
         """One control-plane collective; `op` is "barrier", "allgather" or "broadcast"."""
@@ -432,37 +489,42 @@ class WorkerAgent:
             root=root,
             value=value,
         )
-        response = await self._call(op, self._stub.Exchange(request, wait_for_ready=True))
+        response = await self._call(op, lambda: self._stub.Exchange(request, wait_for_ready=True))
         return list(response.values)
 
     async def kv_set(self, key: str, value: bytes) -> None:
-        await self._call("kv set", self._stub.KvSet(pb.KvSetRequest(key=key, value=value)))
+        request = pb.KvSetRequest(key=key, value=value)
+        await self._call("kv set", lambda: self._stub.KvSet(request, wait_for_ready=True))
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        response = await self._call("kv get", self._stub.KvGet(pb.KvGetRequest(keys=keys)))
+        request = pb.KvGetRequest(keys=keys)
+        response = await self._call(
+            "kv get", lambda: self._stub.KvGet(request, wait_for_ready=True)
+        )
         return list(response.values), list(response.missing)
 
     async def kv_wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
+        request = pb.KvWaitRequest(keys=keys, timeout_s=timeout_s)
         response = await self._call(
             "kv wait",
-            self._stub.KvWait(
-                pb.KvWaitRequest(keys=keys, timeout_s=timeout_s), timeout=timeout_s + 5.0
-            ),
+            lambda: self._stub.KvWait(request, timeout=timeout_s + 5.0, wait_for_ready=True),
         )
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
+        request = pb.KvAddRequest(key=key, amount=amount)
         response = await self._call(
-            "kv add", self._stub.KvAdd(pb.KvAddRequest(key=key, amount=amount))
+            "kv add", lambda: self._stub.KvAdd(request, wait_for_ready=True)
         )
         return int(response.value)
 
     # -- end ---------------------------------------------------------------------------------
 
-    async def finish(self, timeout_s: float = 5.0) -> None:
-        """Tell the scheduler this node is done (best effort when the job is over anyway)."""
+    async def finish(self, timeout_s: float = 5.0) -> bool:
+        """Tell the scheduler this node is done (best effort when the job is over anyway);
+        True when it heard."""
         if self._fatal.done() or not self.cluster_id:
-            return
+            return False
         request = pb.FinishRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation
         )
@@ -470,6 +532,8 @@ class WorkerAgent:
             await self._stub.Finish(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
+            return False
+        return True
 
     async def close(self) -> None:
         self._closing = True

@@ -1227,7 +1227,7 @@ def test_an_ended_job_is_not_resumed_and_its_nodes_may_join_the_next() -> None:
 
 
 def test_restore_with_other_worker_num_is_refused() -> None:
-    with pytest.raises(SnapshotError, match="MS_WORKER_NUM=3.*MS_WORKER_NUM=4"):
+    with pytest.raises(SnapshotError, match=r"MS_WORKER_NUM=3.*MS_WORKER_NUM=4"):
         restore(recovering(FakeClock()).snapshot(), FakeClock(), worker_num=4)
 
 

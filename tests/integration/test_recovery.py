@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -13,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, job_env, wait_until
+from tests.procs import (
+    PYTHON,
+    ROOT,
+    Proc,
+    Procs,
+    free_port,
+    job_env,
+    private_copy,
+    processes_running,
+    wait_until,
+)
 
 WORKER = [str(ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py")]
 NODE_TIMEOUT_S = 5
@@ -281,3 +292,99 @@ def test_kill_everything_then_start_the_whole_job_again(processes: Procs, tmp_pa
         worker.wait_for_output("rejoined rank=", NODE_TIMEOUT_S + 20)
     assert job.status()["cluster_id"] == cluster_id
     job.finish(workers)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_scheduler_killed_at_random_moments_always_resumes(
+    processes: Procs, tmp_path: Path, seed: int
+) -> None:
+    """SIGKILL the scheduler while the job forms and again while a worker rejoins (each at a
+    random moment), restarting it each time: it starts from a consistent state every time and
+    the job completes."""
+    rng = random.Random(seed)
+    port = free_port()
+    state_dir = tmp_path / "recovery"
+    release = tmp_path / "release"
+    env = job_env(
+        3,
+        port,
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(state_dir),
+        MS_NODE_TIMEOUT=str(NODE_TIMEOUT_S),
+    )
+    args = [*WORKER, "--release", str(release)]
+
+    def scheduler(name: str) -> Proc:
+        return processes.start_role(name, "MS_SCHED", args, env)
+
+    def worker(i: int, name: str) -> Proc:
+        return processes.start_role(name, "MS_WORKER", args, {**env, "MS_NODE_ID": str(i)})
+
+    def kill_and_restart(victim: Proc, at_s: float, name: str) -> Proc:
+        time.sleep(at_s)  # sleep-ok: the fault lands at a random moment; nothing is awaited
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        restarted = scheduler(name)
+        restarted.wait_for_output("listening on", 20)
+        return restarted
+
+    sched = scheduler("scheduler")
+    sched.wait_for_output("listening on", 20)
+    workers = [worker(i, f"worker{i}") for i in range(3)]
+    sched = kill_and_restart(sched, rng.uniform(0.0, 1.5), "scheduler-2")  # while forming
+    for w in workers:
+        w.wait_for_output("allgather rank=", 40)
+    workers[1].popen.send_signal(signal.SIGKILL)
+    workers[1].wait(10)
+    workers[1] = worker(1, "worker1-restarted")
+    sched = kill_and_restart(sched, rng.uniform(0.0, NODE_TIMEOUT_S + 1.0), "scheduler-3")
+    workers[1].wait_for_output("rejoined rank=1 size=3", 3 * NODE_TIMEOUT_S + 20)
+    release.touch()
+    for w in workers:
+        assert w.wait(40) == 0, w.output
+        assert re.search(r"^after rank=\d generation=2 result=\[0, 1, 2\]$", w.output, re.M), (
+            w.output
+        )
+    assert sched.wait(30) == 0, sched.output
+
+
+def test_launcher_restarts_a_killed_worker_which_rejoins(tmp_path: Path, processes: Procs) -> None:
+    script = private_copy(tmp_path)
+    run = processes.start(
+        "run",
+        [
+            PYTHON,
+            "-m",
+            "cluster",
+            "run",
+            "--worker-num",
+            "3",
+            "--local-worker-num",
+            "3",
+            "--master-port",
+            str(free_port()),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--enable-recovery",
+            "--recovery-path",
+            str(tmp_path / "recovery"),
+            "--max-restarts",
+            "1",
+            str(script),
+            "--hold",
+            "12",
+        ],
+        {**job_env(3, 0), "MS_NODE_TIMEOUT": str(NODE_TIMEOUT_S)},
+    )
+    run.wait_for_output("3/3 registered (ready)", 30)
+    victim = next(
+        pid
+        for pid in processes_running(str(script))
+        if b"MS_NODE_ID=2\x00" in Path(f"/proc/{pid}/environ").read_bytes()
+    )
+    os.kill(victim, signal.SIGKILL)
+    run.wait_for_output("restarting it (restart 1 of 1)", 15)
+    assert run.wait(60) == 0, run.output
+    log = (tmp_path / "logs" / "worker_2.log").read_text()
+    assert "registration refused for now" in log
+    assert "rejoined rank=2 size=3" in log

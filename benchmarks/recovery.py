@@ -122,9 +122,10 @@ class StatusPoller:
     """Status of the scheduler at host:port, fetched in this process over one channel."""
 
     def __init__(self, port: int) -> None:
-        from cluster import channel, status  # noqa: PLC0415 - grpc only where needed
+        from cluster import channel, errors, status  # noqa: PLC0415 - grpc only where needed
 
         self._status = status
+        self._errors = errors
         self.address = f"{HOST}:{port}"
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)  # grpc.aio binds a channel to the current loop
@@ -140,7 +141,7 @@ class StatusPoller:
     def fetch(self) -> Any:
         try:
             return self.loop.run_until_complete(self._status.fetch(self.channel, self.address, 1.0))
-        except Exception:  # noqa: BLE001 - not answering (yet) is what we poll through
+        except self._errors.ClusterError:  # not answering (yet) is what we poll through
             return None
 
     def wait(self, predicate: Any, timeout_s: float, what: str) -> tuple[float, Any]:
@@ -248,17 +249,22 @@ def clients_main(ids: list[int]) -> None:
         from cluster.worker.identity import NodeIdentity, new_incarnation  # noqa: PLC0415
 
         fatal: list[Exception] = []
+        failed = asyncio.Event()
+
+        def on_fatal(error: Exception) -> None:
+            fatal.append(error)
+            failed.set()
+
         agents = []
         for i in ids:
             config = cluster_config.from_env(
                 {**os.environ, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)}
             )
             identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
-            agents.append(WorkerAgent(config, identity, say=lambda _m: None, on_fatal=fatal.append))
+            agents.append(WorkerAgent(config, identity, say=lambda _m: None, on_fatal=on_fatal))
         await asyncio.gather(*(agent.start() for agent in agents))
         print(f"ready: {len(agents)} agents", flush=True)
-        while not fatal:
-            await asyncio.sleep(0.5)  # the agents work in the background; this only watches
+        await failed.wait()  # the agents work in the background until the benchmark kills us
         raise SystemExit(f"an agent failed: {fatal[0]}")
 
     asyncio.run(run())

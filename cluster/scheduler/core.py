@@ -261,6 +261,12 @@ class SchedulerCore:
                 f"collective of generation {generation}, but the job is at generation "
                 f"{st.generation}"
             )
+        down = [m for m in st.members.values() if m.state is state.NodeState.FAILED]
+        if down:
+            raise PeerFailedError(
+                f"{op} cannot complete: {down[0].describe()} has failed ({down[0].failure}); "
+                "the job waits for it to rejoin in a new generation"
+            )
         gone = [m for m in st.members.values() if m.state is state.NodeState.FINISHED]
         if gone:
             raise CollectiveError(
@@ -310,6 +316,12 @@ class SchedulerCore:
                 continue
             if isinstance(effect, state.TopologyReadyEvent):
                 self._pending_progress = None
+                if effect.generation > 1:
+                    self.exchanges.fail_all(
+                        f"the job moved to generation {effect.generation} (a failed node "
+                        "rejoined) during this collective",
+                        kind=PeerFailedError,
+                    )
             self._broadcast(effect)
             if isinstance(effect, state.NodeFailedEvent):
                 self.exchanges.fail_all(

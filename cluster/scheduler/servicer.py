@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from cluster import state
-from cluster.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.errors import ClusterError, CollectiveError, JobFailedError, PeerFailedError
 from cluster.scheduler import convert
 from cluster.scheduler.core import EvictedError, SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
@@ -37,7 +37,16 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
+# Trailing metadata naming the error class, for the errors a worker must tell apart from others
+# of the same status code.
+ERROR_KIND_KEY = "cluster-error"
+_NAMED = (PeerFailedError,)
+
+
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
+    for named in _NAMED:
+        if isinstance(exc, named):
+            context.set_trailing_metadata(((ERROR_KIND_KEY, named.__name__),))
     for kind, code in _STATUS_FOR:
         if isinstance(exc, kind):
             await context.abort(code, str(exc))

@@ -29,6 +29,7 @@ from cluster.errors import (
     ClusterError,
     CollectiveError,
     JobFailedError,
+    PeerFailedError,
     RegistrationRefused,
     SchedulerUnreachableError,
     TopologyTimeoutError,
@@ -77,6 +78,15 @@ _EXCHANGE_OPS = {
 
 
 _Call = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]
+
+
+def _error_kind(exc: grpc.aio.AioRpcError) -> str:
+    """The scheduler's name for the error, when it sent one (see servicer.ERROR_KIND_KEY)."""
+    metadata: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
+    for key, value in metadata:
+        if key == "cluster-error":
+            return str(value)
+    return ""
 
 
 class _StreamLost(Exception):
@@ -459,6 +469,8 @@ class WorkerAgent:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.ABORTED:
                     raise JobFailedError(f"{what} failed: {exc.details()}") from None
+                if _error_kind(exc) == PeerFailedError.__name__:
+                    raise PeerFailedError(exc.details() or what) from None
                 if exc.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
                     raise CollectiveError(
                         f"{what} failed: {exc.details() or exc.code().name}"

@@ -388,3 +388,26 @@ def test_launcher_restarts_a_killed_worker_which_rejoins(tmp_path: Path, process
     log = (tmp_path / "logs" / "worker_2.log").read_text()
     assert "registration refused for now" in log
     assert "rejoined rank=2 size=3" in log
+
+
+def test_a_collective_with_a_failed_peer_raises_peer_failed(
+    processes: Procs, tmp_path: Path
+) -> None:
+    script = [str(ROOT / "tests" / "integration" / "scripts" / "peer_failure.py")]
+    env = job_env(
+        2, free_port(), MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(tmp_path / "recovery")
+    )
+    processes.start_role("scheduler", "MS_SCHED", script, env)
+    rank0 = processes.start_role("w0", "MS_WORKER", script, {**env, "MS_NODE_ID": "0"})
+    rank1 = processes.start_role("w1", "MS_WORKER", script, {**env, "MS_NODE_ID": "1"})
+    rank1.wait_for_output("rank 1 ready", 30)
+    rank0.wait_for_output("gathering (in flight)", 30)
+    rank1.popen.send_signal(signal.SIGKILL)
+    rank0.wait_for_output("afterwards: PeerFailedError", 15)
+    # Killed while rank 0 waits (usually) or just before its call arrives: a PeerFailedError.
+    assert re.search(
+        r"in flight: PeerFailedError: (rank 1 \(node '1'\) died|allgather cannot complete)",
+        rank0.output,
+    )
+    assert "afterwards: PeerFailedError: allgather cannot complete: rank 1" in rank0.output
+    assert "waits for it to rejoin" in rank0.output

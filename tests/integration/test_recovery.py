@@ -411,3 +411,35 @@ def test_a_collective_with_a_failed_peer_raises_peer_failed(
     )
     assert "afterwards: PeerFailedError: allgather cannot complete: rank 1" in rank0.output
     assert "waits for it to rejoin" in rank0.output
+
+
+def test_standalone_scheduler_with_recovery_path(processes: Procs, tmp_path: Path) -> None:
+    port = free_port()
+    state_dir = tmp_path / "state"
+    sched = processes.start(
+        "scheduler",
+        [
+            PYTHON,
+            "-m",
+            "cluster",
+            "scheduler",
+            "--port",
+            str(port),
+            "--worker-num",
+            "1",
+            "--recovery-path",
+            str(state_dir),
+        ],
+        job_env(1, port),
+    )
+    env = job_env(1, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(state_dir))
+    (tmp_path / "release").touch()
+    worker = processes.start_role(
+        "worker",
+        "MS_WORKER",
+        [*WORKER, "--release", str(tmp_path / "release")],
+        {**env, "MS_NODE_ID": "0"},
+    )
+    assert worker.wait(30) == 0, worker.output
+    assert sched.wait(30) == 0, sched.output
+    assert json.loads((state_dir / "scheduler.json").read_text())["payload"]["phase"] == "finished"

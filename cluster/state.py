@@ -13,6 +13,12 @@ it. With `recovery` on, a node that dies after the job formed fails alone: the o
 and wait; the same node id is taken back, with its rank, once it has been silent for the guard
 (MS_NODE_TIMEOUT), and a new generation is published. A failed node that has not rejoined within
 MS_TOPO_TIMEOUT after its guard ended fails the job, so that nothing waits forever.
+
+Rollback: workers report the checkpoint steps they hold; every generation names the step all
+workers resume from, the newest step that every worker holds (0, the beginning, when none has
+any). Taking "the minimum of each rank's newest", as MindSpore does, can name a step that some
+rank has already pruned; the newest common step cannot. When the ranks hold checkpoints but none
+in common, the job fails with a message listing what each holds.
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class ProgressEvent:
 class TopologyReadyEvent:
     generation: int
     peers: tuple[PeerInfo, ...]
+    rollback_step: int = 0
+    reason: str = "formed"
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,7 @@ class Member:
     connected: bool = False
     restarts: int = 0
     failure: str = ""  # why it failed, while it is FAILED
+    checkpoints: tuple[int, ...] = ()  # the steps it last reported holding
 
     def describe(self) -> str:
         who = f"node {self.node_id!r} at {self.host}:{self.port}"
@@ -207,6 +216,9 @@ class SchedulerState:
     previous_cluster_id: str = ""
     # Restored from a snapshot: nodes not yet back since the restart.
     awaiting: set[str] = field(init=False, default_factory=set)
+    # The generation the scheduler was restored in (0: never restored): collectives of that
+    # generation may have been cut in two by the restart.
+    restored_generation: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -226,6 +238,10 @@ class SchedulerState:
             for m in ranked
             if m.rank is not None
         )
+
+    @property
+    def published_rollback_step(self) -> int:
+        return 0 if self._published is None else self._published.rollback_step
 
     def member(self, node_id: str, incarnation: int) -> Member:
         member = self.members.get(canonical_node_id(node_id))
@@ -301,6 +317,40 @@ class SchedulerState:
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         member = self.member(node_id, incarnation)
         member.last_seen = self.clock()
+
+    def report_checkpoints(self, node_id: str, incarnation: int, steps: Iterable[int]) -> None:
+        """The worker holds these checkpoint steps now (complete ones, after pruning)."""
+        member = self.member(node_id, incarnation)
+        held = tuple(sorted({int(s) for s in steps if int(s) >= 0}))
+        if held != member.checkpoints:
+            member.checkpoints = held
+            self.revision += 1
+
+    def rollback_step(self) -> int | str:
+        """The newest step every worker holds; 0 when none holds any; a message when the
+        workers hold checkpoints but none in common."""
+        workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
+        if not any(m.checkpoints for m in workers):
+            return 0
+        common = set(workers[0].checkpoints).intersection(*(m.checkpoints for m in workers[1:]))
+        if common:
+            return max(common)
+        held = "; ".join(
+            f"{m.describe()}: {', '.join(map(str, m.checkpoints)) or 'none'}"
+            for m in sorted(workers, key=lambda m: m.rank if m.rank is not None else -1)
+        )
+        return (
+            "no checkpoint step is held by every worker, so the job cannot roll back to a "
+            f"consistent state ({held}); keep more checkpoints (keep_checkpoint_max) or restore "
+            "the missing files"
+        )
+
+    def reform(self, reason: str) -> list[Effect]:
+        """Start a new generation with the same members: everyone rolls back (e.g. a collective
+        was cut in two by a scheduler restart and cannot be completed)."""
+        if self.phase is not Phase.READY:
+            return []
+        return self._publish(reason)
 
     def disconnect(self, node_id: str, incarnation: int) -> list[Effect]:
         """The node's stream broke: its process is gone (or its connection is)."""
@@ -379,6 +429,10 @@ class SchedulerState:
             "detail": self.detail,
             "generation": self.generation,
             "revision": self.revision,
+            # The published generation's own rollback step and reason (a restarted scheduler
+            # must tell reconnecting nodes the same, not recompute them from newer reports).
+            "rollback_step": self.published_rollback_step,
+            "reason": "" if self._published is None else self._published.reason,
             "members": []
             if forming
             else [
@@ -394,6 +448,7 @@ class SchedulerState:
                     "local_size": m.local_size,
                     "restarts": m.restarts,
                     "failure": m.failure,
+                    "checkpoints": list(m.checkpoints),
                 }
                 for m in self.members.values()
             ],
@@ -465,6 +520,7 @@ class SchedulerState:
                 local_size=int(saved_member["local_size"]),
                 restarts=int(saved_member["restarts"]),
                 failure=str(saved_member.get("failure", "")),
+                checkpoints=tuple(int(s) for s in saved_member.get("checkpoints", ())),
             )
             fresh.members[member.node_id] = member
             fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
@@ -478,7 +534,11 @@ class SchedulerState:
                 f"{len(fresh.members)} nodes instead of {fresh.expected}"
             )
         fresh.phase = Phase.READY
-        fresh._published = TopologyReadyEvent(fresh.generation, fresh.peers())
+        fresh.restored_generation = fresh.generation
+        saved_step = snapshot.get("rollback_step", 0)
+        fresh._published = TopologyReadyEvent(
+            fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
+        )
         return fresh
 
     # -- rules ---------------------------------------------------------------------------------
@@ -605,7 +665,7 @@ class SchedulerState:
         member.state = NodeState.ALIVE
         member.failure = ""
         self.awaiting.discard(member.node_id)
-        effects.extend(self._publish())
+        effects.extend(self._publish(f"{member.describe()} rejoined"))
         return self._accepted(rejoined=True), effects
 
     def _accepted(self, *, rejoined: bool) -> Accepted:
@@ -621,12 +681,15 @@ class SchedulerState:
         for role, space in ((NodeRole.WORKER, self.worker_num), (NodeRole.SERVER, self.server_num)):
             _assign_ranks([m for m in self.members.values() if m.role is role], space)
         self.phase = Phase.READY
-        return self._publish()
+        return self._publish("formed")
 
-    def _publish(self) -> list[Effect]:
+    def _publish(self, reason: str) -> list[Effect]:
+        step = self.rollback_step()
+        if isinstance(step, str):
+            return self._end(ok=False, detail=step)
         self.generation += 1
         self.revision += 1
-        self._published = TopologyReadyEvent(self.generation, self.peers())
+        self._published = TopologyReadyEvent(self.generation, self.peers(), step, reason)
         return [self._published]
 
     def _lose(self, member: Member, why: str) -> list[Effect]:

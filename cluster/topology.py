@@ -31,6 +31,9 @@ class Topology:
     node_ids: tuple[str, ...]  # workers, in rank order
     hosts: tuple[str, ...]
     ports: tuple[int, ...]
+    # Where training (re)starts in this generation: the newest checkpoint step every worker holds.
+    rollback_step: int = 0
+    reason: str = "formed"
 
     @property
     def size(self) -> int:

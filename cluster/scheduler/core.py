@@ -230,6 +230,11 @@ class SchedulerCore:
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         self.state.heartbeat(node_id, incarnation)
 
+    async def report_checkpoints(self, node_id: str, incarnation: int, steps: list[int]) -> None:
+        self.state.report_checkpoints(node_id, incarnation, steps)
+        self._apply([])  # saves the new holdings (nothing to tell anyone)
+        await self.durable()
+
     def stream_closed(self, node_id: str, incarnation: int) -> None:
         """The node half-closed its stream: end ours too."""
         watcher = self._watchers.get((canonical_node_id(node_id), incarnation))
@@ -275,6 +280,17 @@ class SchedulerCore:
             )
         if op == "broadcast" and not 0 <= root < st.worker_num:
             raise CollectiveError(f"broadcast root {root} is not a rank (0-{st.worker_num - 1})")
+        if st.restored_generation == generation and self.exchanges.cut_off(generation, seq):
+            # Some ranks got this generation's collective #k from the scheduler that died and
+            # went on to #k+1; the others never got #k, and its answer died with it. Nobody can
+            # go on: start a new generation, in which everyone rolls back.
+            reason = (
+                f"collective #{seq} of generation {generation} was cut in two by the scheduler's "
+                "restart"
+            )
+            log.warning("%s; re-forming the job so that every worker rolls back", reason)
+            self._apply(st.reform(reason))
+            raise PeerFailedError(f"{op} cannot complete: {reason}")
         return await self.exchanges.contribute(
             generation=generation,
             seq=seq,

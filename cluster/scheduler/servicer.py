@@ -181,6 +181,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         return pb.FinishResponse()
 
     @_mapped
+    async def ReportCheckpoints(
+        self, request: pb.ReportCheckpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReportCheckpointsResponse:
+        await self._core.report_checkpoints(
+            request.node_id, request.incarnation, list(request.steps)
+        )
+        return pb.ReportCheckpointsResponse()
+
+    @_mapped
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.StatusResponse:

@@ -160,6 +160,8 @@ class WorkerAgent:
         self._fatal: asyncio.Future[ClusterError] = loop.create_future()
         self._watch_task: asyncio.Task[None] | None = None
         self._report = _Reporter(say, clock)
+        # Set, and replaced by a fresh one, whenever a new generation arrives.
+        self._new_generation = asyncio.Event()
 
     @property
     def where(self) -> str:
@@ -347,9 +349,12 @@ class WorkerAgent:
             if previous is not None and self.topology.generation != previous.generation:
                 self._seq = 0  # collectives are numbered per generation
                 self._say(
-                    f"the job is now at generation {self.topology.generation}: a failed node "
-                    "rejoined with its rank"
+                    f"the job is now at generation {self.topology.generation} "
+                    f"({self.topology.reason}); training resumes from step "
+                    f"{self.topology.rollback_step}"
                 )
+                self._new_generation.set()
+                self._new_generation = asyncio.Event()
             if not self._ready.done():
                 self._ready.set_result(self.topology)
         elif kind == "node_failed":
@@ -383,6 +388,8 @@ class WorkerAgent:
             node_ids=tuple(node_ids[:workers]),
             hosts=tuple(table.hosts[:workers]),
             ports=tuple(table.ports[:workers]),
+            rollback_step=ready.rollback_step,
+            reason=ready.reason,
         )
 
     async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> _Call | None:
@@ -505,6 +512,24 @@ class WorkerAgent:
         )
         response = await self._call(op, lambda: self._stub.Exchange(request, wait_for_ready=True))
         return list(response.values)
+
+    async def wait_generation(self, newer_than: int) -> Topology:
+        """The topology once its generation is above `newer_than` (the job's failure, if it
+        comes first, is raised)."""
+        while True:
+            topology = self._require_topology()
+            if topology.generation > newer_than:
+                return topology
+            await self._guarded(self._new_generation.wait())
+
+    async def report_checkpoints(self, steps: list[int]) -> None:
+        request = pb.ReportCheckpointsRequest(
+            node_id=self.identity.node_id, incarnation=self.identity.incarnation, steps=steps
+        )
+        await self._call(
+            "checkpoint report",
+            lambda: self._stub.ReportCheckpoints(request, wait_for_ready=True),
+        )
 
     async def kv_set(self, key: str, value: bytes) -> None:
         request = pb.KvSetRequest(key=key, value=value)

@@ -1184,7 +1184,10 @@ def test_restored_scheduler_takes_back_its_nodes_with_their_ranks() -> None:
     assert isinstance(outcome, Accepted)
     assert not outcome.rejoined
     assert effects == []
-    assert restored.connect("1", 2) == [TopologyReadyEvent(2, state.peers())]
+    assert restored.connect("1", 2) == state.welcome()
+    assert state.welcome() == [
+        TopologyReadyEvent(2, state.peers(), 0, "rank 1 (node '1' at h0:7001) rejoined")
+    ]
     assert restored.awaiting == {"0", "2"}
 
 
@@ -1237,3 +1240,68 @@ def test_restore_of_a_snapshot_missing_fields_is_refused() -> None:
             {"cluster_id": "x", "worker_num": 1, "server_num": 0, "phase": "ready", "members": []},
             FakeClock(),
         )
+
+
+# -- rollback ---------------------------------------------------------------------------------
+
+
+def test_rollback_is_the_newest_step_every_worker_holds() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    state.report_checkpoints("0", 1, [10, 20, 30])
+    state.report_checkpoints("1", 1, [20, 30])
+    state.report_checkpoints("2", 1, [10, 20])  # has not saved 30 (yet)
+    assert state.rollback_step() == 20
+    state.disconnect("2", 1)
+    clock.advance(11.0)
+    _, effects = state.register(reg(state, "2", incarnation=2))
+    (ready,) = [e for e in effects if isinstance(e, TopologyReadyEvent)]
+    assert (ready.generation, ready.rollback_step) == (2, 20)
+    assert "rank 2" in ready.reason
+
+
+def test_rollback_is_the_beginning_when_nobody_has_a_checkpoint() -> None:
+    state = recovering(FakeClock())
+    assert state.rollback_step() == 0
+    assert state.welcome() == [TopologyReadyEvent(1, state.peers(), 0, "formed")]
+
+
+def test_no_common_checkpoint_fails_the_job_with_what_each_holds() -> None:
+    clock = FakeClock()
+    state = recovering(clock, n=2)
+    state.report_checkpoints("0", 1, [40, 50])
+    state.report_checkpoints("1", 1, [10])
+    state.disconnect("1", 1)
+    clock.advance(11.0)
+    _, effects = state.register(reg(state, "1", incarnation=2))
+    assert state.phase is Phase.FAILED
+    assert isinstance(effects[-1], ShutdownEvent)
+    assert "no checkpoint step is held by every worker" in effects[-1].reason
+    assert "40, 50" in effects[-1].reason
+
+
+def test_checkpoint_reports_are_saved_and_restored() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    revision = state.revision
+    state.report_checkpoints("1", 1, [5, 10])
+    assert state.revision > revision
+    revision = state.revision
+    state.report_checkpoints("1", 1, [10, 5])
+    assert state.revision == revision  # the same holdings: nothing to save
+    restored = restore(state.snapshot(), clock)
+    assert restored.members["1"].checkpoints == (5, 10)
+    assert restored.restored_generation == 1
+
+
+def test_reform_publishes_a_new_generation_with_the_rollback_step() -> None:
+    state = recovering(FakeClock(), n=2)
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [7])
+    (ready,) = state.reform("a collective was cut off")
+    assert isinstance(ready, TopologyReadyEvent)
+    assert (ready.generation, ready.rollback_step, ready.reason) == (
+        2,
+        7,
+        "a collective was cut off",
+    )

@@ -50,3 +50,7 @@ class PeerFailedError(CollectiveError):
 
 class StateFileError(ClusterError):
     """A recovery state file is torn, truncated, foreign or of a newer format."""
+
+
+class CheckpointError(ClusterError):
+    """A checkpoint could not be saved, or a checkpoint file is missing, torn or corrupt."""

@@ -217,3 +217,16 @@ def report_checkpoints(steps: list[int]) -> None:
     """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does)."""
     current = session()
     current.call(current.agent.report_checkpoints(sorted(steps)))
+
+
+def peer_failed(generation: int, wait_s: float = 0.0) -> bool:
+    """Whether a peer of `generation` has failed (or the job moved past it), waiting up to
+    `wait_s` for the scheduler's word."""
+    current = session()
+    return current.call(current.agent.peer_failed(generation, wait_s))
+
+
+def failure_wait_s() -> float:
+    """How long the scheduler may take to name a failed peer: a hung one is named after
+    MS_NODE_TIMEOUT, and the word takes a moment to arrive."""
+    return session().config.node_timeout_s + 2.0

@@ -87,11 +87,20 @@ class TrainingLoop:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """Around one step's work: a peer's failure in it ends the step early, for a rollback."""
+        """Around one step's work: a peer's failure in it ends the step early, for a rollback.
+
+        That is a PeerFailedError from a cluster collective, or any other error (from gloo,
+        NCCL, ...) when the scheduler confirms, within MS_NODE_TIMEOUT, that a peer of this
+        generation failed; other errors are raised as they are.
+        """
         try:
             yield
         except PeerFailedError as exc:
             self._interrupted = exc
+        except Exception as exc:
+            if not _runtime.peer_failed(self._generation, _runtime.failure_wait_s()):
+                raise
+            self._interrupted = PeerFailedError(f"a peer failed during the step: {exc}")
 
     def run(self, train_step: Callable[[int], None]) -> None:
         """The whole loop: `train_step(step)` for each step, rolled back as needed."""

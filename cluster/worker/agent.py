@@ -162,6 +162,8 @@ class WorkerAgent:
         self._report = _Reporter(say, clock)
         # Set, and replaced by a fresh one, whenever a new generation arrives.
         self._new_generation = asyncio.Event()
+        # Set when a peer of the current generation failed (replaced with each generation).
+        self._peer_failed = asyncio.Event()
 
     @property
     def where(self) -> str:
@@ -355,10 +357,13 @@ class WorkerAgent:
                 )
                 self._new_generation.set()
                 self._new_generation = asyncio.Event()
+                self._peer_failed = asyncio.Event()
             if not self._ready.done():
                 self._ready.set_result(self.topology)
         elif kind == "node_failed":
             failed = event.node_failed
+            if self.topology is not None and failed.generation == self.topology.generation:
+                self._peer_failed.set()
             if self.recovery and failed.node_id != self.identity.node_id:
                 self._say(
                     f"rank {failed.rank} (node {failed.node_id!r}) failed: {failed.reason}; the "
@@ -521,6 +526,22 @@ class WorkerAgent:
             if topology.generation > newer_than:
                 return topology
             await self._guarded(self._new_generation.wait())
+
+    async def peer_failed(self, generation: int, wait_s: float) -> bool:
+        """Whether a peer of `generation` failed (or the job moved past it), waiting up to
+        `wait_s` for the scheduler to say so: an error of a data-plane library (gloo, NCCL)
+        often arrives a moment before the scheduler's word."""
+        topology = self._require_topology()
+        if topology.generation != generation:
+            return True
+        peer_failed, moved = self._peer_failed, self._new_generation
+        waiters = [asyncio.ensure_future(peer_failed.wait()), asyncio.ensure_future(moved.wait())]
+        try:
+            await self._guarded(asyncio.wait(waiters, timeout=wait_s))
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return peer_failed.is_set() or moved.is_set()
 
     async def report_checkpoints(self, steps: list[int]) -> None:
         request = pb.ReportCheckpointsRequest(

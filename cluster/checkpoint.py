@@ -626,9 +626,10 @@ def _allocate(entry: dict[str, Any]) -> tuple[Any, memoryview]:
             raise _Corrupt(f"unknown torch dtype {entry['dtype']!r}")
         if count * dtype.itemsize != nbytes:
             raise _Corrupt(f"a {entry['dtype']} tensor of shape {shape} cannot have {nbytes} bytes")
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype), memoryview(b"")
         buffer = np.empty(nbytes, np.uint8)
-        tensor = torch.from_numpy(buffer).view(dtype).reshape(shape)
-        return tensor, buffer.data
+        return torch.from_numpy(buffer).view(dtype).reshape(shape), buffer.data
     try:
         np_dtype = np.dtype(entry["dtype"])
     except TypeError:

@@ -224,9 +224,12 @@ class CheckpointManager:
 
     def _remove_temporaries(self) -> None:
         """Temporaries left by a save that was killed (one process writes a rank's directory)."""
-        for stale in self.directory.glob(f".{self.prefix}-*{SUFFIX}.*.tmp"):
-            with contextlib.suppress(OSError):
-                stale.unlink()
+        # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
+        stale = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}\.\d+\.tmp$")
+        for name in os.listdir(self.directory):
+            if stale.match(name):
+                with contextlib.suppress(OSError):
+                    (self.directory / name).unlink()
 
 
 def _check_step(step: int) -> int:

@@ -292,6 +292,10 @@ def test_prefixes_share_a_directory_without_mixing(tmp_path: Path) -> None:
     ema.save(2, {"e": 2})
     assert model.steps() == [1]
     assert ema.steps() == [2]
+    ema_temporary = ema.directory / ".model-ema-00000003.ckpt.123.tmp"
+    ema_temporary.write_bytes(b"being written")
+    model.save(2, {"m": 2})  # removes its own temporaries only
+    assert ema_temporary.exists()
 
 
 def test_foreign_and_non_canonical_names_are_ignored(tmp_path: Path) -> None:

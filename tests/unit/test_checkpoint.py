@@ -15,12 +15,13 @@ import time
 from collections import OrderedDict
 from contextlib import suppress
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from cluster import checkpoint
+from cluster import _runtime, checkpoint
 from cluster.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.errors import CheckpointError, ClusterError, ConfigError
 
@@ -283,6 +284,25 @@ def test_defaults_without_cluster_init(tmp_path: Path, monkeypatch: pytest.Monke
     ckpt.save(1, {"a": 1})  # the default report is a no-op before cluster.init()
 
 
+def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank, recovery and the report come from the joined job (faked here: no network)."""
+    reported: list[list[int]] = []
+    session = SimpleNamespace(config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)))
+    monkeypatch.setattr(_runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(_runtime, "get_rank", lambda: 3)
+    monkeypatch.setattr(_runtime, "session", lambda: session)
+    monkeypatch.setattr(_runtime, "report_checkpoints", reported.append, raising=False)
+    monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
+    with pytest.raises(ConfigError, match="recovery on"):
+        CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=1))
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=2))
+    assert (ckpt.rank, ckpt.recovery) == (3, True)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"a": step})
+    assert reported == [[1], [1, 2], [2, 3]]
+    assert (tmp_path / "rank_3" / "p-00000003.ckpt").is_file()
+
+
 def test_prefixes_share_a_directory_without_mixing(tmp_path: Path) -> None:
     config = CheckpointConfig(keep_checkpoint_max=1)
     model = CheckpointManager(tmp_path, "model", config, rank=0, recovery=False)
@@ -428,7 +448,7 @@ def test_when_every_checkpoint_is_corrupt_latest_is_none(
 SAVER = """
 import os, signal, sys
 import numpy as np
-from cluster import checkpoint
+from cluster import _runtime, checkpoint
 from cluster.checkpoint import CheckpointConfig, CheckpointManager
 
 directory, size, kill_at = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -537,7 +537,10 @@ class WorkerAgent:
         peer_failed, moved = self._peer_failed, self._new_generation
         waiters = [asyncio.ensure_future(peer_failed.wait()), asyncio.ensure_future(moved.wait())]
         try:
-            await self._guarded(asyncio.wait(waiters, timeout=wait_s))
+            # FIRST_COMPLETED: either event answers; the default (all) waited out wait_s.
+            await self._guarded(
+                asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            )
         finally:
             for waiter in waiters:
                 waiter.cancel()

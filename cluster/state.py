@@ -660,10 +660,14 @@ class SchedulerState:
             effects.append(Evict(member.node_id, member.incarnation, "replaced by a new process"))
             member.restarts += 1
         member.incarnation = reg.incarnation
-        member.host, member.port = reg.host, reg.port
         member.last_seen = now
         member.state = NodeState.ALIVE
         member.failure = ""
+        if (member.host, member.port) != (reg.host, reg.port):
+            member.host, member.port = reg.host, reg.port
+            # Perhaps on another host now: local ranks follow the hosts (ranks do not change).
+            space = self.server_num if member.role is NodeRole.SERVER else self.worker_num
+            _assign_ranks([m for m in self.members.values() if m.role is member.role], space)
         self.awaiting.discard(member.node_id)
         effects.extend(self._publish(f"{member.describe()} rejoined"))
         return self._accepted(rejoined=True), effects
@@ -705,8 +709,12 @@ class SchedulerState:
         self.revision += 1
         rank = -1 if member.rank is None else member.rank
         failed = NodeFailedEvent(rank, member.node_id, why, self.generation)
-        if self.phase is not Phase.READY or self.recovery:
-            return [failed]  # with recovery the others wait for it to rejoin
+        if self.phase is Phase.READY and self.recovery:
+            # The others wait for it to rejoin. Its stream, if it is only cut off, is ended: a
+            # node must register again to come back, so that its return is a new generation.
+            return [failed, Evict(member.node_id, member.incarnation, why)]
+        if self.phase is not Phase.READY:
+            return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
 
     def _forget(self, member: Member) -> None:

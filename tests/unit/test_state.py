@@ -1068,11 +1068,26 @@ def recovering(clock: FakeClock, n: int = 3) -> SchedulerState:
 def test_with_recovery_a_dead_node_fails_alone() -> None:
     state = recovering(FakeClock())
     effects = state.disconnect("1", 1)
-    assert [type(e) for e in effects] == [NodeFailedEvent]
+    assert [type(e) for e in effects] == [NodeFailedEvent, Evict]
     assert isinstance(effects[0], NodeFailedEvent)
     assert effects[0].rank == 1
     assert state.phase is Phase.READY
     assert state.members["1"].state is NodeState.FAILED
+
+
+def test_a_silent_node_is_failed_and_its_stream_ended_so_it_must_register_again() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    clock.advance(10.5)
+    for node_id in ("0", "2"):
+        state.heartbeat(node_id, 1)
+    effects = state.tick()
+    assert Evict("1", 1, effects[0].reason) in effects  # type: ignore[union-attr]
+    # Back with the same process when the network returns: a new generation, no guard.
+    outcome, effects = state.register(reg(state, "1", incarnation=1))
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    assert state.generation == 2
 
 
 def test_restarted_node_waits_for_the_guard_then_rejoins_with_its_rank() -> None:
@@ -1201,7 +1216,7 @@ def test_restored_nodes_that_do_not_reconnect_fail() -> None:
     for node_id in ("0", "1"):
         restored.heartbeat(node_id, 1)
     effects = restored.tick()
-    assert [type(e) for e in effects] == [NodeFailedEvent]
+    assert [type(e) for e in effects] == [NodeFailedEvent, Evict]
     assert isinstance(effects[0], NodeFailedEvent)
     assert "did not reconnect" in effects[0].reason
     assert restored.phase is Phase.READY

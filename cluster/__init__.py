@@ -14,34 +14,54 @@ from cluster._runtime import (
     get_node_id,
     get_peers,
     get_rank,
+    get_rollback_step,
     init,
     is_initialized,
     is_rejoin,
     set_ps_context,
+    wait_for_generation,
 )
 from cluster.collective import (
     KeyValueStore,
     allgather_object,
+    allreduce,
     barrier,
     broadcast_object,
     kv_store,
 )
 from cluster.errors import (
+    CheckpointError,
     ClusterError,
     CollectiveError,
     ConfigError,
     JobFailedError,
     NotInitializedError,
+    PeerFailedError,
     RegistrationRefused,
     SchedulerUnreachableError,
     TLSConfigError,
     TopologyTimeoutError,
 )
 from cluster.topology import Peer
+from cluster.training import TrainingLoop
 
 _excepthook.install()
 
+
+def __getattr__(name: str) -> object:
+    # The checkpoint classes import numpy: only for the programs that use them, so that
+    # `import cluster` stays quick for those that do not.
+    if name in ("CheckpointConfig", "CheckpointManager"):
+        from cluster import checkpoint  # noqa: PLC0415
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'cluster' has no attribute {name!r}")
+
+
 __all__ = [
+    "CheckpointConfig",
+    "CheckpointError",
+    "CheckpointManager",
     "ClusterError",
     "CollectiveError",
     "ConfigError",
@@ -49,11 +69,14 @@ __all__ = [
     "KeyValueStore",
     "NotInitializedError",
     "Peer",
+    "PeerFailedError",
     "RegistrationRefused",
     "SchedulerUnreachableError",
     "TLSConfigError",
     "TopologyTimeoutError",
+    "TrainingLoop",
     "allgather_object",
+    "allreduce",
     "barrier",
     "broadcast_object",
     "finalize",
@@ -64,9 +87,11 @@ __all__ = [
     "get_node_id",
     "get_peers",
     "get_rank",
+    "get_rollback_step",
     "init",
     "is_initialized",
     "is_rejoin",
     "kv_store",
     "set_ps_context",
+    "wait_for_generation",
 ]

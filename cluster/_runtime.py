@@ -198,3 +198,35 @@ def get_node_id() -> str:
 def is_rejoin() -> bool:
     """True when this process took the place of a failed one in a running job."""
     return session().agent.rejoined
+
+
+def get_rollback_step() -> int:
+    """The step training (re)starts from in the current generation: the newest checkpoint step
+    every worker holds (0: the beginning)."""
+    return topology().rollback_step
+
+
+def wait_for_generation(newer_than: int, timeout_s: float | None = None) -> int:
+    """Block until the job is at a generation above `newer_than` (after a failed worker
+    rejoined); the new generation. Raises the job's failure if it comes first."""
+    current = session()
+    return current.call(current.agent.wait_generation(newer_than), timeout_s).generation
+
+
+def report_checkpoints(steps: list[int]) -> None:
+    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does)."""
+    current = session()
+    current.call(current.agent.report_checkpoints(sorted(steps)))
+
+
+def peer_failed(generation: int, wait_s: float = 0.0) -> bool:
+    """Whether a peer of `generation` has failed (or the job moved past it), waiting up to
+    `wait_s` for the scheduler's word."""
+    current = session()
+    return current.call(current.agent.peer_failed(generation, wait_s))
+
+
+def failure_wait_s() -> float:
+    """How long the scheduler may take to name a failed peer: a hung one is named after
+    MS_NODE_TIMEOUT, and the word takes a moment to arrive."""
+    return session().config.node_timeout_s + 2.0

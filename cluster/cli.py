@@ -42,6 +42,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_SERVER_NUM": args.server_num,
         "MS_NODE_TIMEOUT": args.node_timeout,
         "MS_TOPO_TIMEOUT": args.topo_timeout,
+        "MS_RECOVERY_PATH": args.recovery_path,
+        "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
     }
     env.update({k: str(v) for k, v in overrides.items() if v is not None})
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
@@ -201,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--server-num", type=int, help="number of parameter servers")
     sched.add_argument("--node-timeout", type=float, help="seconds (MS_NODE_TIMEOUT)")
     sched.add_argument("--topo-timeout", type=float, help="seconds (MS_TOPO_TIMEOUT)")
+    sched.add_argument(
+        "--recovery-path",
+        help="recovery on, the job's state in this directory (MS_ENABLE_RECOVERY, "
+        "MS_RECOVERY_PATH); started again with it, the scheduler resumes the job",
+    )
     sched.set_defaults(func=_cmd_scheduler)
 
     stat = commands.add_parser(

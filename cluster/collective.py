@@ -42,6 +42,58 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     return pickle.loads(value)  # noqa: S301 - peers of the same job
 
 
+# What one control-plane collective may carry in all (a gRPC message), less room for framing.
+MAX_COLLECTIVE_BYTES = 64 * 1024 * 1024 - 64 * 1024
+_REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+
+
+def allreduce(array: Any, op: str = "sum") -> Any:
+    """The element-wise `op` ("sum", "mean", "max", "min", "prod") of every worker's numpy
+    array, on every worker, the same bits everywhere.
+
+    The arrays are gathered through the scheduler and reduced in rank order on each worker, so
+    the result does not depend on timing (float addition is not associative). For small arrays
+    (gradients of small models, metrics): the array's size times the number of workers must stay
+    under 64 MiB.
+    """
+    import numpy as np  # noqa: PLC0415 - numpy only for those who use it
+
+    if op not in _REDUCE_OPS:
+        raise ClusterError(f"allreduce op={op!r} is not one of {', '.join(_REDUCE_OPS)}")
+    mine = np.ascontiguousarray(array)
+    if mine.dtype.hasobject:
+        raise ClusterError("allreduce needs a numeric numpy array, not one of Python objects")
+    session = _runtime.session()
+    size = session.topology.size if session.topology is not None else 1
+    if mine.nbytes * size > MAX_COLLECTIVE_BYTES:
+        raise ClusterError(
+            f"allreduce of {mine.nbytes} bytes from each of {size} workers exceeds the "
+            f"{MAX_COLLECTIVE_BYTES // 2**20} MiB a control-plane collective carries: reduce "
+            "in chunks, or use a data-plane library (torch.distributed) for tensors this large"
+        )
+    header = pickle.dumps((mine.dtype.str, mine.shape))
+    payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
+    arrays = []
+    for value in session.call(session.agent.exchange("allgather", payload)):
+        length = int.from_bytes(value[:4], "little")
+        dtype, shape = pickle.loads(value[4 : 4 + length])  # noqa: S301 - peers of the job
+        if (dtype, shape) != (mine.dtype.str, mine.shape):
+            raise ClusterError(
+                f"allreduce got an array of {dtype} {shape} from a peer, but this worker's is "
+                f"{mine.dtype.str} {mine.shape}: every worker must pass the same dtype and shape"
+            )
+        arrays.append(np.frombuffer(value, dtype=mine.dtype, offset=4 + length).reshape(shape))
+    reduce = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}.get(
+        op, np.multiply
+    )
+    result = arrays[0].copy()
+    for other in arrays[1:]:
+        reduce(result, other, out=result)
+    if op == "mean":
+        return result / len(arrays)
+    return result
+
+
 class KeyValueStore:
     """The job's key-value store, shared by every node: set, get, wait, add.
 

@@ -197,6 +197,12 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
                 "MS_RECOVERY_PATH: set it to a directory where the job's state can be written"
             )
         recovery = RecoveryConfig(Path(path))
+        if node_id is None and role is not Role.SCHEDULER:
+            raise ConfigError(
+                "MS_ENABLE_RECOVERY=1 needs MS_NODE_ID for every worker and server: a restarted "
+                "process is taken back by its node id, so give each one a fixed, unique MS_NODE_ID "
+                "(e.g. its rank); mscluster run sets it for you"
+            )
 
     topo_timeout = parse_seconds(
         "MS_TOPO_TIMEOUT", env.get("MS_TOPO_TIMEOUT", "") or str(DEFAULT_TOPO_TIMEOUT_S)

@@ -43,5 +43,14 @@ class CollectiveError(ClusterError):
     """A control-plane collective or key-value operation could not complete."""
 
 
+class PeerFailedError(CollectiveError):
+    """A collective could not complete because a peer died; with recovery on, the job goes on
+    and the peer's rank comes back in a new generation."""
+
+
 class StateFileError(ClusterError):
     """A recovery state file is torn, truncated, foreign or of a newer format."""
+
+
+class CheckpointError(ClusterError):
+    """A checkpoint could not be saved, or a checkpoint file is missing, torn or corrupt."""

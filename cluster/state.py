@@ -5,6 +5,20 @@ input (a registration, a stream opening or breaking, a heartbeat, a finish, the 
 is a method call that returns what the outside world must be told: `Event`s to broadcast to every
 watching node and `Evict`s that end one node's stream. The scheduler package turns those into
 gRPC messages; the tests drive this class directly with a fake clock.
+
+Recovery: every change that a restarted scheduler must know (the topology formed, a node failed
+or rejoined, a node finished, the job ended) bumps `revision`; `snapshot()` is then what must be
+saved, before the change is told to anyone, and `SchedulerState.restore` rebuilds the job from
+it. With `recovery` on, a node that dies after the job formed fails alone: the others are told
+and wait; the same node id is taken back, with its rank, once it has been silent for the guard
+(MS_NODE_TIMEOUT), and a new generation is published. A failed node that has not rejoined within
+MS_TOPO_TIMEOUT after its guard ended fails the job, so that nothing waits forever.
+
+Rollback: workers report the checkpoint steps they hold; every generation names the step all
+workers resume from, the newest step that every worker holds (0, the beginning, when none has
+any). Taking "the minimum of each rank's newest", as MindSpore does, can name a step that some
+rank has already pruned; the newest common step cannot. When the ranks hold checkpoints but none
+in common, the job fails with a message listing what each holds.
 """
 
 from __future__ import annotations
@@ -12,6 +26,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cluster.config import canonical_node_id, is_numeric_node_id, valid_node_id
 
@@ -97,6 +112,8 @@ class ProgressEvent:
 class TopologyReadyEvent:
     generation: int
     peers: tuple[PeerInfo, ...]
+    rollback_step: int = 0
+    reason: str = "formed"
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,8 @@ class Member:
     local_size: int = 1
     connected: bool = False
     restarts: int = 0
+    failure: str = ""  # why it failed, while it is FAILED
+    checkpoints: tuple[int, ...] = ()  # the steps it last reported holding
 
     def describe(self) -> str:
         who = f"node {self.node_id!r} at {self.host}:{self.port}"
@@ -150,6 +169,13 @@ class Member:
 
 class UnknownNodeError(Exception):
     """A stream or call named a node id / incarnation that is not a current member."""
+
+
+class SnapshotError(Exception):
+    """A saved snapshot cannot be restored into this scheduler (message says why and what to do)."""
+
+
+SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
 
 
 @dataclass
@@ -183,6 +209,16 @@ class SchedulerState:
     _finished: int = field(init=False, repr=False, default=0)
     # The topology as last published; every late watcher gets this same event.
     _published: TopologyReadyEvent | None = field(init=False, repr=False, default=None)
+    # Bumped by every change a restarted scheduler must know about (see the module docstring).
+    revision: int = field(init=False, default=0)
+    # The job this one replaced on the same recovery path (it had ended): its nodes' saved
+    # files name it, and they are welcome in this job as new nodes.
+    previous_cluster_id: str = ""
+    # Restored from a snapshot: nodes not yet back since the restart.
+    awaiting: set[str] = field(init=False, default_factory=set)
+    # The generation the scheduler was restored in (0: never restored): collectives of that
+    # generation may have been cut in two by the restart.
+    restored_generation: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -202,6 +238,10 @@ class SchedulerState:
             for m in ranked
             if m.rank is not None
         )
+
+    @property
+    def published_rollback_step(self) -> int:
+        return 0 if self._published is None else self._published.rollback_step
 
     def member(self, node_id: str, incarnation: int) -> Member:
         member = self.members.get(canonical_node_id(node_id))
@@ -271,11 +311,46 @@ class SchedulerState:
         member = self.member(node_id, incarnation)
         member.connected = True
         member.last_seen = self.clock()
+        self.awaiting.discard(member.node_id)
         return self.welcome()
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         member = self.member(node_id, incarnation)
         member.last_seen = self.clock()
+
+    def report_checkpoints(self, node_id: str, incarnation: int, steps: Iterable[int]) -> None:
+        """The worker holds these checkpoint steps now (complete ones, after pruning)."""
+        member = self.member(node_id, incarnation)
+        held = tuple(sorted({int(s) for s in steps if int(s) >= 0}))
+        if held != member.checkpoints:
+            member.checkpoints = held
+            self.revision += 1
+
+    def rollback_step(self) -> int | str:
+        """The newest step every worker holds; 0 when none holds any; a message when the
+        workers hold checkpoints but none in common."""
+        workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
+        if not any(m.checkpoints for m in workers):
+            return 0
+        common = set(workers[0].checkpoints).intersection(*(m.checkpoints for m in workers[1:]))
+        if common:
+            return max(common)
+        held = "; ".join(
+            f"{m.describe()}: {', '.join(map(str, m.checkpoints)) or 'none'}"
+            for m in sorted(workers, key=lambda m: m.rank if m.rank is not None else -1)
+        )
+        return (
+            "no checkpoint step is held by every worker, so the job cannot roll back to a "
+            f"consistent state ({held}); keep more checkpoints (keep_checkpoint_max) or restore "
+            "the missing files"
+        )
+
+    def reform(self, reason: str) -> list[Effect]:
+        """Start a new generation with the same members: everyone rolls back (e.g. a collective
+        was cut in two by a scheduler restart and cannot be completed)."""
+        if self.phase is not Phase.READY:
+            return []
+        return self._publish(reason)
 
     def disconnect(self, node_id: str, incarnation: int) -> list[Effect]:
         """The node's stream broke: its process is gone (or its connection is)."""
@@ -297,6 +372,7 @@ class SchedulerState:
         if member.state is NodeState.ALIVE:
             member.state = NodeState.FINISHED
             self._finished += 1
+            self.revision += 1
         if self.phase is Phase.READY and self._finished == len(self.members):
             return self._end(ok=True, detail=f"all {len(self.members)} nodes finished")
         return []
@@ -307,13 +383,26 @@ class SchedulerState:
         effects: list[Effect] = []
         if self.phase is Phase.WAITING and now - self.started > self.topo_timeout_s:
             return self._end(ok=False, detail=self._describe_missing(now))
-        if self.heartbeat_enabled:
-            for member in list(self.members.values()):
-                silent = now - member.last_seen
-                if member.state is NodeState.ALIVE and silent > self.node_timeout_s:
-                    effects.extend(
-                        self._lose(member, f"no heartbeat for {silent:.1f} s (hung or cut off?)")
-                    )
+        for member in list(self.members.values()):
+            silent = now - member.last_seen
+            if member.state is NodeState.ALIVE and silent > self.node_timeout_s:
+                if member.node_id in self.awaiting:
+                    why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
+                elif self.heartbeat_enabled:
+                    why = f"no heartbeat for {silent:.1f} s (hung or cut off?)"
+                else:
+                    continue
+                effects.extend(self._lose(member, why))
+            elif (
+                member.state is NodeState.FAILED
+                and self.phase is Phase.READY
+                and silent > self.node_timeout_s + self.topo_timeout_s
+            ):
+                return self._end(
+                    ok=False,
+                    detail=f"{member.describe()} failed ({member.failure}) and did not rejoin "
+                    f"within MS_TOPO_TIMEOUT={self.topo_timeout_s:g} s after its guard ended",
+                )
         return effects
 
     def abort(self, reason: str) -> list[Effect]:
@@ -322,10 +411,140 @@ class SchedulerState:
             return []
         return self._end(ok=False, detail=reason)
 
+    # -- persistence ---------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a restarted scheduler needs, as plain JSON-able data.
+
+        Nodes that registered while the job forms are not in it: they have no rank yet, and
+        after a restart they simply register again (their job id is the saved one).
+        """
+        forming = self.phase is Phase.WAITING
+        return {
+            "cluster_id": self.cluster_id,
+            "previous_cluster_id": self.previous_cluster_id,
+            "worker_num": self.worker_num,
+            "server_num": self.server_num,
+            "phase": self.phase.value,
+            "detail": self.detail,
+            "generation": self.generation,
+            "revision": self.revision,
+            # The published generation's own rollback step and reason (a restarted scheduler
+            # must tell reconnecting nodes the same, not recompute them from newer reports).
+            "rollback_step": self.published_rollback_step,
+            "reason": "" if self._published is None else self._published.reason,
+            "members": []
+            if forming
+            else [
+                {
+                    "node_id": m.node_id,
+                    "role": m.role.value,
+                    "host": m.host,
+                    "port": m.port,
+                    "incarnation": m.incarnation,
+                    "state": m.state.value,
+                    "rank": m.rank,
+                    "local_rank": m.local_rank,
+                    "local_size": m.local_size,
+                    "restarts": m.restarts,
+                    "failure": m.failure,
+                    "checkpoints": list(m.checkpoints),
+                }
+                for m in self.members.values()
+            ],
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: dict[str, Any],
+        *,
+        worker_num: int,
+        server_num: int,
+        node_timeout_s: float,
+        topo_timeout_s: float,
+        clock: Callable[[], float],
+        new_cluster_id: str,
+        heartbeat_enabled: bool = True,
+    ) -> SchedulerState:
+        """The job saved in `snapshot`, every node given MS_NODE_TIMEOUT to reconnect.
+
+        A job that had ended is not resumed: a new job `new_cluster_id` starts, and the old
+        job's nodes are welcome in it as new nodes.
+        """
+        missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
+        if missing:
+            raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
+        saved = (snapshot["worker_num"], snapshot["server_num"])
+        fresh = cls(
+            cluster_id=new_cluster_id,
+            worker_num=worker_num,
+            server_num=server_num,
+            node_timeout_s=node_timeout_s,
+            topo_timeout_s=topo_timeout_s,
+            clock=clock,
+            heartbeat_enabled=heartbeat_enabled,
+            recovery=True,
+        )
+        phase = Phase(snapshot["phase"])
+        if phase in (Phase.FINISHED, Phase.FAILED):
+            fresh.previous_cluster_id = str(snapshot["cluster_id"])
+            return fresh
+        if saved != (worker_num, server_num):
+            raise SnapshotError(
+                f"it holds job {snapshot['cluster_id']} with MS_WORKER_NUM={saved[0]}, "
+                f"MS_SERVER_NUM={saved[1]}, but this scheduler has MS_WORKER_NUM={worker_num}, "
+                f"MS_SERVER_NUM={server_num}: restart it with the job's values"
+            )
+        fresh.cluster_id = str(snapshot["cluster_id"])
+        fresh.previous_cluster_id = str(snapshot.get("previous_cluster_id", ""))
+        fresh.generation = int(snapshot["generation"])
+        fresh.revision = int(snapshot.get("revision", 0))
+        fresh.detail = str(snapshot.get("detail", ""))
+        if phase is Phase.WAITING:
+            return fresh
+        now = clock()
+        for saved_member in snapshot["members"]:
+            member = Member(
+                node_id=str(saved_member["node_id"]),
+                role=NodeRole(saved_member["role"]),
+                host=str(saved_member["host"]),
+                port=int(saved_member["port"]),
+                incarnation=int(saved_member["incarnation"]),
+                # Every node, failed ones too, gets the guard from now: the scheduler cannot
+                # know what happened while it was down.
+                last_seen=now,
+                state=NodeState(saved_member["state"]),
+                rank=None if saved_member["rank"] is None else int(saved_member["rank"]),
+                local_rank=int(saved_member["local_rank"]),
+                local_size=int(saved_member["local_size"]),
+                restarts=int(saved_member["restarts"]),
+                failure=str(saved_member.get("failure", "")),
+                checkpoints=tuple(int(s) for s in saved_member.get("checkpoints", ())),
+            )
+            fresh.members[member.node_id] = member
+            fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
+            if member.state is NodeState.FINISHED:
+                fresh._finished += 1
+            elif member.state is NodeState.ALIVE:
+                fresh.awaiting.add(member.node_id)
+        if len(fresh.members) != fresh.expected:
+            raise SnapshotError(
+                f"job {fresh.cluster_id} had formed, but the saved state names "
+                f"{len(fresh.members)} nodes instead of {fresh.expected}"
+            )
+        fresh.phase = Phase.READY
+        fresh.restored_generation = fresh.generation
+        saved_step = snapshot.get("rollback_step", 0)
+        fresh._published = TopologyReadyEvent(
+            fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
+        )
+        return fresh
+
     # -- rules ---------------------------------------------------------------------------------
 
     def _check_job(self, reg: Registration) -> Refused | None:
-        if reg.cluster_id and reg.cluster_id != self.cluster_id:
+        if reg.cluster_id and reg.cluster_id not in (self.cluster_id, self.previous_cluster_id):
             how = (
                 ""
                 if self.recovery
@@ -380,12 +599,7 @@ class SchedulerState:
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted | Refused, list[Effect]]:
         if member.incarnation == reg.incarnation:
-            # The same process again: a retry after a lost answer, or a reconnect. Its address
-            # may change only while the job forms; after that, peers hold the published table.
-            member.last_seen = now
-            if self.phase is Phase.WAITING:
-                member.host, member.port = reg.host, reg.port
-            return self._accepted(rejoined=False), []
+            return self._register_again(member, reg, now)
         if member.state is NodeState.FINISHED:
             return Refused(
                 Refusal.JOB_OVER,
@@ -393,11 +607,13 @@ class SchedulerState:
             ), []
         remaining = member.last_seen + self.node_timeout_s - now
         if remaining > 0:
+            failed = " (failed)" if member.state is NodeState.FAILED else ""
             return Refused(
                 Refusal.NODE_ALIVE,
-                f"node id {member.node_id!r} was alive {now - member.last_seen:.1f} s ago; the "
-                f"scheduler refuses a second process with that id until it has been silent for "
-                f"MS_NODE_TIMEOUT={self.node_timeout_s:g} s (retry in {remaining:.1f} s)",
+                f"node id {member.node_id!r}{failed} was last seen alive "
+                f"{now - member.last_seen:.1f} s ago; the scheduler takes a new process with that "
+                f"id only after MS_NODE_TIMEOUT={self.node_timeout_s:g} s of silence, against "
+                f"network jitter and identity takeover (retry in {remaining:.1f} s)",
                 retry_after_s=remaining,
             ), []
         # Silent past the guard. Rejoining a running job needs recovery (a later issue); while
@@ -409,11 +625,52 @@ class SchedulerState:
             member.last_seen = now
             member.restarts += 1
             return self._accepted(rejoined=False), [evict]
+        if self.recovery and self.phase is Phase.READY:
+            return self._rejoin(member, reg, now)
         return Refused(
             Refusal.JOB_OVER,
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
             "rejoin; restart the whole job",
         ), []
+
+    def _register_again(
+        self, member: Member, reg: Registration, now: float
+    ) -> tuple[Accepted | Refused, list[Effect]]:
+        """The same process again: a retry after a lost answer, or a reconnect."""
+        member.last_seen = now
+        if self.phase is Phase.WAITING:
+            # Its address may change only while the job forms; after that, peers hold the
+            # published table.
+            member.host, member.port = reg.host, reg.port
+        if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
+            # Back after it was declared failed (its connection broke, or it was cut off): no
+            # other process can hold the id, so no guard; but the others have moved on
+            # without it, so it comes back in a new generation.
+            return self._rejoin(member, reg, now, restarted=False)
+        return self._accepted(rejoined=False), []
+
+    def _rejoin(
+        self, member: Member, reg: Registration, now: float, *, restarted: bool = True
+    ) -> tuple[Accepted, list[Effect]]:
+        """A failed (or silent) node takes its rank back: a new generation."""
+        effects: list[Effect] = []
+        if member.state is NodeState.ALIVE:  # silent past the guard, not yet noticed by tick()
+            effects.extend(self._lose(member, "a new process registered with its node id"))
+        if restarted:
+            effects.append(Evict(member.node_id, member.incarnation, "replaced by a new process"))
+            member.restarts += 1
+        member.incarnation = reg.incarnation
+        member.last_seen = now
+        member.state = NodeState.ALIVE
+        member.failure = ""
+        if (member.host, member.port) != (reg.host, reg.port):
+            member.host, member.port = reg.host, reg.port
+            # Perhaps on another host now: local ranks follow the hosts (ranks do not change).
+            space = self.server_num if member.role is NodeRole.SERVER else self.worker_num
+            _assign_ranks([m for m in self.members.values() if m.role is member.role], space)
+        self.awaiting.discard(member.node_id)
+        effects.extend(self._publish(f"{member.describe()} rejoined"))
+        return self._accepted(rejoined=True), effects
 
     def _accepted(self, *, rejoined: bool) -> Accepted:
         return Accepted(
@@ -428,8 +685,15 @@ class SchedulerState:
         for role, space in ((NodeRole.WORKER, self.worker_num), (NodeRole.SERVER, self.server_num)):
             _assign_ranks([m for m in self.members.values() if m.role is role], space)
         self.phase = Phase.READY
+        return self._publish("formed")
+
+    def _publish(self, reason: str) -> list[Effect]:
+        step = self.rollback_step()
+        if isinstance(step, str):
+            return self._end(ok=False, detail=step)
         self.generation += 1
-        self._published = TopologyReadyEvent(self.generation, self.peers())
+        self.revision += 1
+        self._published = TopologyReadyEvent(self.generation, self.peers(), step, reason)
         return [self._published]
 
     def _lose(self, member: Member, why: str) -> list[Effect]:
@@ -441,8 +705,14 @@ class SchedulerState:
                 ProgressEvent(len(self.members), self.expected),
             ]
         member.state = NodeState.FAILED
+        member.failure = why
+        self.revision += 1
         rank = -1 if member.rank is None else member.rank
         failed = NodeFailedEvent(rank, member.node_id, why, self.generation)
+        if self.phase is Phase.READY and self.recovery:
+            # The others wait for it to rejoin. Its stream, if it is only cut off, is ended: a
+            # node must register again to come back, so that its return is a new generation.
+            return [failed, Evict(member.node_id, member.incarnation, why)]
         if self.phase is not Phase.READY:
             return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
@@ -454,6 +724,7 @@ class SchedulerState:
     def _end(self, *, ok: bool, detail: str) -> list[Effect]:
         self.phase = Phase.FINISHED if ok else Phase.FAILED
         self.detail = detail
+        self.revision += 1
         return [ShutdownEvent(ok, detail)]
 
     def _describe_missing(self, now: float) -> str:

@@ -53,6 +53,7 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
         finally:
             os.close(fd)
         os.replace(temporary, path)
+        _remove_stale_temporaries(path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             temporary.unlink()
@@ -61,6 +62,14 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
             "any, is unchanged"
         ) from None
     _fsync_directory(path.parent)
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporaries of `path` left by a process killed mid-save (one writer per file at a time:
+    the scheduler holds the lock, each worker writes only its own file)."""
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -47,6 +47,9 @@ class Topology:
     local_size: int
     size: int  # the number of workers
     table: PeerColumns = field(repr=False, compare=False)
+    # Where training (re)starts in this generation: the newest checkpoint step every worker holds.
+    rollback_step: int = 0
+    reason: str = "formed"
 
     @functools.cached_property
     def node_ids(self) -> tuple[str, ...]:

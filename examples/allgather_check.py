@@ -6,7 +6,8 @@ Every worker joins the job, gathers every rank from every worker and prints one 
 
 Start it once per worker and once more as the scheduler, with only MS_ROLE differing (see the
 README). With --hold S a worker then stays in the job for S seconds, heartbeating, so that
-failures can be injected.
+failures can be injected. A worker restarted into a running job (recovery on) prints
+`rejoined rank=<r> size=<n>` instead, and holds as asked.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ def main() -> None:
 
     cluster.init()  # in the scheduler role this serves the job and exits
     rank, size = cluster.get_rank(), cluster.get_group_size()
-    result = cluster.allgather_object(rank)
-    print(f"allgather rank={rank} size={size} result={result}", flush=True)
+    if cluster.is_rejoin():
+        # The others are past their gather (a restarted worker, with recovery on): join them.
+        print(f"rejoined rank={rank} size={size}", flush=True)
+    else:
+        result = cluster.allgather_object(rank)
+        print(f"allgather rank={rank} size={size} result={result}", flush=True)
     if args.hold > 0:
         time.sleep(args.hold)
     cluster.finalize()

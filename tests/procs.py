@@ -7,6 +7,7 @@ none sleeps to synchronize.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +48,29 @@ def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def private_copy(tmp_path: Path, source: Path = ROOT / "examples" / "allgather_check.py") -> Path:
+    """The script under a path unique to this test, to find every process of the job by it."""
+    target = tmp_path / "job" / source.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, target)
+    return target
+
+
+def processes_running(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass

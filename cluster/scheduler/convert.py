@@ -80,7 +80,10 @@ def event_to_pb(event: state.Event) -> pb.Event:
     if isinstance(event, state.TopologyReadyEvent):
         return pb.Event(
             topology_ready=pb.TopologyReady(
-                generation=event.generation, peers=peer_table(event.peers)
+                generation=event.generation,
+                peers=peer_table(event.peers),
+                rollback_step=event.rollback_step,
+                reason=event.reason,
             )
         )
     if isinstance(event, state.NodeFailedEvent):
@@ -113,6 +116,7 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
         uptime_s=now - st.started,
         recovery=st.recovery,
         detail=st.detail,
+        rollback_step=st.published_rollback_step,
         nodes=[
             pb.NodeStatus(
                 node_id=m.node_id,
@@ -125,6 +129,7 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
                 incarnation=m.incarnation,
                 restarts=m.restarts,
                 connected=m.connected,
+                checkpoints=m.checkpoints,
             )
             for m in nodes
         ],

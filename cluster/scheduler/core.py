@@ -4,6 +4,10 @@
 collective rounds, all on one asyncio loop (so none of it needs a lock). Every input goes to the
 state machine; the effects it returns are applied here: events fan out to every stream, an
 eviction ends one stream, a shutdown fails open collectives and marks the job done.
+
+With recovery on, effects that follow a change of the saved state wait until the change is on
+disk (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that made
+it: what a node has been told, a restarted scheduler knows.
 """
 
 from __future__ import annotations
@@ -12,15 +16,24 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from cluster import state
+from cluster import state, store
 from cluster.config import canonical_node_id
-from cluster.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.errors import (
+    ClusterError,
+    CollectiveError,
+    JobFailedError,
+    PeerFailedError,
+    StateFileError,
+)
 from cluster.scheduler import convert
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
+from cluster.scheduler.persist import STATE_KIND, StatePersister, state_path
 from cluster.scheduler.streams import Streams
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -54,12 +67,24 @@ class CoreSettings:
     recovery: bool = False
 
 
+def new_cluster_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 class SchedulerCore:
-    def __init__(self, settings: CoreSettings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: CoreSettings,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        restored: state.SchedulerState | None = None,
+        state_file: Path | None = None,
+    ) -> None:
+        """`restored`: the job as loaded from `state_file`; `state_file`: where to save it."""
         self.settings = settings
         self._clock = clock
-        self.state = state.SchedulerState(
-            cluster_id=uuid.uuid4().hex[:12],
+        self.state = restored or state.SchedulerState(
+            cluster_id=new_cluster_id(),
             worker_num=settings.worker_num,
             server_num=settings.server_num,
             node_timeout_s=settings.node_timeout_s,
@@ -67,6 +92,13 @@ class SchedulerCore:
             heartbeat_enabled=settings.heartbeat_enabled,
             recovery=settings.recovery,
             clock=clock,
+        )
+        # Effects held back until the state they follow from is saved, in order.
+        self._held: deque[tuple[int, list[state.Effect]]] = deque()
+        self.persister = (
+            None
+            if state_file is None
+            else StatePersister(state_file, self.state.snapshot, self._release, saved_revision=-1)
         )
         self.kv = KvStore()
         self.exchanges = ExchangeTable()
@@ -81,6 +113,37 @@ class SchedulerCore:
         self._last_progress_broadcast = 0.0
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
+
+    @classmethod
+    def recovering(
+        cls, settings: CoreSettings, directory: Path, clock: Callable[[], float] = time.monotonic
+    ) -> SchedulerCore:
+        """A core that saves its job under `directory`, resuming the job saved there if any.
+
+        A file that cannot be used raises StateFileError and is left as it is.
+        """
+        path = state_path(directory)
+        snapshot = store.load(path, STATE_KIND)
+        restored = None
+        if snapshot is not None:
+            try:
+                restored = state.SchedulerState.restore(
+                    snapshot,
+                    worker_num=settings.worker_num,
+                    server_num=settings.server_num,
+                    node_timeout_s=settings.node_timeout_s,
+                    topo_timeout_s=settings.topo_timeout_s,
+                    clock=clock,
+                    new_cluster_id=new_cluster_id(),
+                    heartbeat_enabled=settings.heartbeat_enabled,
+                )
+            except (state.SnapshotError, KeyError, TypeError, ValueError) as exc:
+                raise StateFileError(
+                    f"the recovery state {path} cannot be resumed: {exc}; move it away to start "
+                    "a new job"
+                ) from None
+            _log_restored(restored, snapshot, path)
+        return cls(settings, clock, restored=restored, state_file=path)
 
     @property
     def ok(self) -> bool:
@@ -106,24 +169,44 @@ class SchedulerCore:
     def abort(self, reason: str) -> None:
         self._apply(self.state.abort(reason))
 
+    async def durable(self) -> None:
+        """Wait until everything decided so far is saved (at once without recovery)."""
+        if self.persister is not None and self.persister.saved < self.state.revision:
+            await self.persister.flushed(self.state.revision)
+
     # -- node calls ----------------------------------------------------------------------------
 
-    def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
+    async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
         outcome, effects = self.state.register(reg)
         if isinstance(outcome, state.Refused):
             log.info("refused node %r: %s", reg.node_id, outcome.message)
+        elif outcome.rejoined:
+            log.info(
+                "node %r rejoined: generation %d (restart %d of that node)",
+                reg.node_id,
+                outcome.generation,
+                self.state.members[canonical_node_id(reg.node_id)].restarts,
+            )
         self._apply(effects)
+        await self.durable()
         return outcome
 
     async def watch(self, node_id: str, incarnation: int) -> AsyncIterator[pb.Event | bytes]:
         """The event stream of one node (events, some serialized already), with the
         scheduler's heartbeats in the gaps (sent by `monitor`)."""
+        awaited = bool(self.state.awaiting)
         welcome = self.state.connect(node_id, incarnation)
+        if awaited and not self.state.awaiting:
+            log.info(
+                "every node is back after the scheduler's restart (%.2f s after start)",
+                self._clock() - self.state.started,
+            )
         key = (self.state.member(node_id, incarnation).node_id, incarnation)
         box = self._streams.open(key)
         self.streams_closed.clear()
         current = True
         try:
+            await self.durable()  # a welcome names no generation a crash could forget
             for event in welcome:
                 yield self._serialized(event)
             while True:
@@ -147,11 +230,16 @@ class SchedulerCore:
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         self.state.heartbeat(node_id, incarnation)
 
+    async def report_checkpoints(self, node_id: str, incarnation: int, steps: list[int]) -> None:
+        self.state.report_checkpoints(node_id, incarnation, steps)
+        self._apply([])  # saves the new holdings (nothing to tell anyone)
+        await self.durable()
+
     def stream_closed(self, node_id: str, incarnation: int) -> None:
         """The node half-closed its stream: end ours too."""
         self._streams.put((canonical_node_id(node_id), incarnation), None)
 
-    def finish(self, node_id: str, incarnation: int) -> None:
+    async def finish(self, node_id: str, incarnation: int) -> None:
         member = self.state.member(node_id, incarnation)
         self._apply(self.state.finish(node_id, incarnation))
         if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
@@ -160,6 +248,7 @@ class SchedulerCore:
                 "still in a collective; every rank must take part in every collective",
                 kind=CollectiveError,
             )
+        await self.durable()
 
     async def exchange(
         self, node_id: str, *, generation: int, seq: int, op: str, root: int, value: bytes
@@ -175,6 +264,12 @@ class SchedulerCore:
                 f"collective of generation {generation}, but the job is at generation "
                 f"{st.generation}"
             )
+        down = [m for m in st.members.values() if m.state is state.NodeState.FAILED]
+        if down:
+            raise PeerFailedError(
+                f"{op} cannot complete: {down[0].describe()} has failed ({down[0].failure}); "
+                "the job waits for it to rejoin in a new generation"
+            )
         gone = [m for m in st.members.values() if m.state is state.NodeState.FINISHED]
         if gone:
             raise CollectiveError(
@@ -183,6 +278,17 @@ class SchedulerCore:
             )
         if op == "broadcast" and not 0 <= root < st.worker_num:
             raise CollectiveError(f"broadcast root {root} is not a rank (0-{st.worker_num - 1})")
+        if st.restored_generation == generation and self.exchanges.cut_off(generation, seq):
+            # Some ranks got this generation's collective #k from the scheduler that died and
+            # went on to #k+1; the others never got #k, and its answer died with it. Nobody can
+            # go on: start a new generation, in which everyone rolls back.
+            reason = (
+                f"collective #{seq} of generation {generation} was cut in two by the scheduler's "
+                "restart"
+            )
+            log.warning("%s; re-forming the job so that every worker rolls back", reason)
+            self._apply(st.reform(reason))
+            raise PeerFailedError(f"{op} cannot complete: {reason}")
         return await self.exchanges.contribute(
             generation=generation,
             seq=seq,
@@ -199,6 +305,19 @@ class SchedulerCore:
     # -- effects -------------------------------------------------------------------------------
 
     def _apply(self, effects: list[state.Effect]) -> None:
+        persister = self.persister
+        if persister is not None and (self._held or self.state.revision > persister.requested):
+            persister.request(self.state.revision)
+            self._held.append((self.state.revision, effects))
+            return
+        self._apply_now(effects)
+
+    def _release(self, saved_revision: int) -> None:
+        """The state up to `saved_revision` is on disk: tell what followed from it."""
+        while self._held and self._held[0][0] <= saved_revision:
+            self._apply_now(self._held.popleft()[1])
+
+    def _apply_now(self, effects: list[state.Effect]) -> None:
         for effect in effects:
             if isinstance(effect, state.Evict):
                 self._streams.put((effect.node_id, effect.incarnation), effect)
@@ -209,10 +328,17 @@ class SchedulerCore:
                 continue
             if isinstance(effect, state.TopologyReadyEvent):
                 self._pending_progress = None
+                if effect.generation > 1:
+                    self.exchanges.fail_all(
+                        f"the job moved to generation {effect.generation} (a failed node "
+                        "rejoined) during this collective",
+                        kind=PeerFailedError,
+                    )
             self._broadcast(effect)
             if isinstance(effect, state.NodeFailedEvent):
                 self.exchanges.fail_all(
-                    f"rank {effect.rank} (node {effect.node_id!r}) died: {effect.reason}"
+                    f"rank {effect.rank} (node {effect.node_id!r}) died: {effect.reason}",
+                    kind=PeerFailedError if self.state.recovery else JobFailedError,
                 )
             if isinstance(effect, state.ShutdownEvent):
                 self.exchanges.fail_all(effect.reason)
@@ -266,3 +392,26 @@ class SchedulerCore:
             log.info("job finished: %s", event.reason)
         else:
             log.error("job failed: %s", event.reason)
+
+
+def _log_restored(restored: state.SchedulerState, snapshot: dict[str, object], path: Path) -> None:
+    if restored.previous_cluster_id == snapshot["cluster_id"]:
+        log.info(
+            "the job saved in %s (%s) had ended (%s); starting a new job %s",
+            path,
+            snapshot["cluster_id"],
+            snapshot["phase"],
+            restored.cluster_id,
+        )
+    elif restored.phase is state.Phase.READY:
+        log.info(
+            "resuming job %s from %s: generation %d, waiting up to MS_NODE_TIMEOUT=%g s for "
+            "its %d nodes to reconnect",
+            restored.cluster_id,
+            path,
+            restored.generation,
+            restored.node_timeout_s,
+            len(restored.awaiting),
+        )
+    else:
+        log.info("resuming job %s from %s: still forming", restored.cluster_id, path)

@@ -68,6 +68,15 @@ class ExchangeTable:
             return [gathered[root]]
         return []
 
+    def cut_off(self, generation: int, seq: int) -> bool:
+        """True when an unfinished round of `generation` has another number than `seq`: ranks
+        that call the same collectives in the same order never do that, unless some of them got
+        an answer the others can no longer get (the scheduler was restarted in between)."""
+        return any(
+            key[0] == generation and key[1] != seq and rnd.done is not None and not rnd.done.done()
+            for key, rnd in self._rounds.items()
+        )
+
     def fail_all(self, reason: str, kind: type[ClusterError] = JobFailedError) -> None:
         """Fail every open round: a node died or left, or the job ended."""
         for rnd in self._rounds.values():

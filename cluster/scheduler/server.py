@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
+from cluster.store import RecoveryLock
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -183,7 +185,8 @@ class SchedulerServer:
     """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves.
 
     With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, and re-checks its own
-    certificate's expiry every `expiry_check_period_s`.
+    certificate's expiry every `expiry_check_period_s`. With `recovery_path` it locks that
+    directory, resumes the job saved there (if any) and saves the job's state there.
     """
 
     def __init__(
@@ -194,8 +197,11 @@ class SchedulerServer:
         *,
         tls: tls_module.Identity | None = None,
         expiry_check_period_s: float = tls_module.EXPIRY_CHECK_PERIOD_S,
+        recovery_path: Path | None = None,
     ) -> None:
         self.core = SchedulerCore(settings)
+        self.recovery_path = recovery_path
+        self._lock: RecoveryLock | None = None
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -212,6 +218,21 @@ class SchedulerServer:
 
     async def start(self) -> int:
         check_bindable(self.host, self.requested_port)
+        if self.recovery_path is not None:
+            self._lock = RecoveryLock(self.recovery_path)
+            self._lock.acquire()
+        try:
+            return await self._start()
+        except BaseException:
+            if self.core.persister is not None:
+                await self.core.persister.stop()
+            self._release_lock()
+            raise
+
+    async def _start(self) -> int:
+        if self.recovery_path is not None:
+            self.core = SchedulerCore.recovering(self.core.settings, self.recovery_path)
+            await self._save_first_state()
         interceptors = (
             [] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]
         )
@@ -254,6 +275,21 @@ class SchedulerServer:
             )
         return self.port
 
+    async def _save_first_state(self) -> None:
+        """The job id is on disk before any node hears it (or a restart would deny it)."""
+        persister = self.core.persister
+        assert persister is not None
+        persister.start()
+        persister.request(self.core.state.revision)
+        await self.core.durable()
+        if persister.error is not None:
+            raise ConfigError(f"MS_RECOVERY_PATH is not usable: {persister.error}")
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     async def wait_done(self) -> bool:
         """Wait until the job is over; True when every node finished."""
         await self.core.done.wait()
@@ -275,6 +311,9 @@ class SchedulerServer:
                     await task
         await self._server.stop(grace=0.5)
         self._server = None
+        if self.core.persister is not None:
+            await self.core.persister.stop()
+        self._release_lock()
 
     async def __aenter__(self) -> SchedulerServer:
         await self.start()
@@ -299,7 +338,11 @@ async def serve(config: ClusterConfig) -> int:
     """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
     identity = None if config.tls is None else tls_module.prepare(config.tls, server=True)
     server = SchedulerServer(
-        settings_from_config(config), config.sched_host, config.sched_port, tls=identity
+        settings_from_config(config),
+        config.sched_host,
+        config.sched_port,
+        tls=identity,
+        recovery_path=None if config.recovery is None else config.recovery.path,
     )
     await server.start()
     loop = asyncio.get_running_loop()

@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from cluster import state
-from cluster.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.errors import ClusterError, CollectiveError, JobFailedError, PeerFailedError
 from cluster.scheduler import convert
 from cluster.scheduler.core import EvictedError, SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
@@ -37,7 +37,16 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
+# Trailing metadata naming the error class, for the errors a worker must tell apart from others
+# of the same status code.
+ERROR_KIND_KEY = "cluster-error"
+_NAMED = (PeerFailedError,)
+
+
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
+    for named in _NAMED:
+        if isinstance(exc, named):
+            context.set_trailing_metadata(((ERROR_KIND_KEY, named.__name__),))
     for kind, code in _STATUS_FOR:
         if isinstance(exc, kind):
             await context.abort(code, str(exc))
@@ -75,7 +84,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "Register needs a node_id and a role"
             )
-        outcome = self._core.register(convert.registration_from_pb(request, role))
+        outcome = await self._core.register(convert.registration_from_pb(request, role))
         settings = self._core.settings
         return convert.register_response(
             outcome, settings.heartbeat_interval_s, settings.node_timeout_s
@@ -168,8 +177,17 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def Finish(
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
-        self._core.finish(request.node_id, request.incarnation)
+        await self._core.finish(request.node_id, request.incarnation)
         return pb.FinishResponse()
+
+    @_mapped
+    async def ReportCheckpoints(
+        self, request: pb.ReportCheckpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ReportCheckpointsResponse:
+        await self._core.report_checkpoints(
+            request.node_id, request.incarnation, list(request.steps)
+        )
+        return pb.ReportCheckpointsResponse()
 
     @_mapped
     async def Status(

@@ -149,12 +149,16 @@ class PeerTable(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[int]] = ..., node_ids: _Optional[_Iterable[str]] = ..., hosts: _Optional[_Iterable[str]] = ..., ports: _Optional[_Iterable[int]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., local_ranks: _Optional[_Iterable[int]] = ..., local_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TopologyReady(_message.Message):
-    __slots__ = ("generation", "peers")
+    __slots__ = ("generation", "peers", "rollback_step", "reason")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     generation: int
     peers: PeerTable
-    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ...) -> None: ...
+    rollback_step: int
+    reason: str
+    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ..., rollback_step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NodeFailed(_message.Message):
     __slots__ = ("rank", "node_id", "reason", "generation")
@@ -286,12 +290,26 @@ class FinishResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReportCheckpointsRequest(_message.Message):
+    __slots__ = ("node_id", "incarnation", "steps")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    incarnation: int
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., steps: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReportCheckpointsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "rank", "host", "port", "state", "seconds_since_heartbeat", "incarnation", "restarts", "connected")
+    __slots__ = ("node_id", "role", "rank", "host", "port", "state", "seconds_since_heartbeat", "incarnation", "restarts", "connected", "checkpoints")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +320,7 @@ class NodeStatus(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     rank: int
@@ -312,10 +331,11 @@ class NodeStatus(_message.Message):
     incarnation: int
     restarts: int
     connected: bool
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ...) -> None: ...
+    checkpoints: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail")
+    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +345,7 @@ class StatusResponse(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     phase: str
     generation: int
@@ -334,4 +355,5 @@ class StatusResponse(_message.Message):
     uptime_s: float
     recovery: bool
     detail: str
-    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+    rollback_step: int
+    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ...) -> None: ...

@@ -74,6 +74,11 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.FinishRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.FinishResponse.FromString,
                 _registered_method=True)
+        self.ReportCheckpoints = channel.unary_unary(
+                '/cluster.v1.Scheduler/ReportCheckpoints',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.ReportCheckpointsRequest.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.ReportCheckpointsResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/cluster.v1.Scheduler/Status',
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
@@ -142,6 +147,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCheckpoints(self, request, context):
+        """The checkpoints a worker holds (complete ones, after pruning), sent after every save: the
+        scheduler rolls a re-formed job back to the newest step that every rank holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """For operators: the whole picture.
         """
@@ -191,6 +204,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Finish,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.FinishRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.FinishResponse.SerializeToString,
+            ),
+            'ReportCheckpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoints,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.ReportCheckpointsRequest.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.ReportCheckpointsResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -414,6 +432,33 @@ class Scheduler:
             '/cluster.v1.Scheduler/Finish',
             cluster_dot_v1_dot_scheduler__pb2.FinishRequest.SerializeToString,
             cluster_dot_v1_dot_scheduler__pb2.FinishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster.v1.Scheduler/ReportCheckpoints',
+            cluster_dot_v1_dot_scheduler__pb2.ReportCheckpointsRequest.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.ReportCheckpointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

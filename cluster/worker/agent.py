@@ -5,6 +5,11 @@ retries until MS_TOPO_TIMEOUT, keeps one Watch stream open (sending heartbeats, 
 and the scheduler's heartbeats), reconnects when the stream is lost, and reports a failure that
 ends the job through `on_fatal` exactly once. Every call it makes for the user races against that
 failure, so no caller waits on a job that is already over.
+
+With recovery on, losing the scheduler is not a failure: the worker goes on (the data plane does
+not pass through the scheduler), reconnects for up to the longer of MS_NODE_TIMEOUT and
+MS_TOPO_TIMEOUT, and calls cut off by the scheduler's death are made again once it is back.
+A peer's failure is reported and the worker waits for the new generation.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from cluster.errors import (
     ClusterError,
     CollectiveError,
     JobFailedError,
+    PeerFailedError,
     RegistrationRefused,
     SchedulerUnreachableError,
     TopologyTimeoutError,
@@ -38,10 +44,12 @@ T = TypeVar("T")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     # Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's
-    # default 1 s first backoff is start-up time lost.
+    # default 1 s first backoff is start-up time lost. The ceiling is low too: a restarted
+    # scheduler should have every worker back within a fraction of a second of listening, and a
+    # connection attempt to a closed port costs the scheduler's host next to nothing.
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 300),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # One connection per agent, as a real worker process has (matters when many agents share a
@@ -58,6 +66,8 @@ REPORT_EVERY_S = 5.0
 FATAL_WAIT_S = 2.0
 # A call that tries to reach the scheduler gives up on one attempt after this long.
 ATTEMPT_TIMEOUT_S = 3.0
+# With recovery, a call cut off by the scheduler's death is made again after this pause.
+RETRY_PAUSE_S = 0.05
 
 
 _EXCHANGE_OPS = {
@@ -68,6 +78,15 @@ _EXCHANGE_OPS = {
 
 
 _Call = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]
+
+
+def _error_kind(exc: grpc.aio.AioRpcError) -> str:
+    """The scheduler's name for the error, when it sent one (see servicer.ERROR_KIND_KEY)."""
+    metadata: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
+    for key, value in metadata:
+        if key == "cluster-error":
+            return str(value)
+    return ""
 
 
 class _StreamLost(Exception):
@@ -134,7 +153,10 @@ class WorkerAgent:
         on_fatal: Callable[[ClusterError], None],
         clock: Callable[[], float] = time.monotonic,
         expiry_check_period_s: float = tls.EXPIRY_CHECK_PERIOD_S,
+        cluster_id: str = "",
     ) -> None:
+        """`cluster_id`: the job this node belonged to before its process restarted (its saved
+        recovery file), so that a scheduler running another job refuses it."""
         self.config = config
         self.identity = identity
         self._say = say
@@ -151,7 +173,8 @@ class WorkerAgent:
         )
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._role = pb.ROLE_SERVER if config.role is Role.SERVER else pb.ROLE_WORKER
-        self.cluster_id = ""
+        self.cluster_id = cluster_id
+        self.recovery = config.recovery is not None
         self.topology: Topology | None = None
         self.rejoined = False
         self.job_finished = False
@@ -164,10 +187,21 @@ class WorkerAgent:
         self._fatal: asyncio.Future[ClusterError] = loop.create_future()
         self._watch_task: asyncio.Task[None] | None = None
         self._report = _Reporter(say, clock)
+        # Set, and replaced by a fresh one, whenever a new generation arrives.
+        self._new_generation = asyncio.Event()
+        # Set when a peer of the current generation failed (replaced with each generation).
+        self._peer_failed = asyncio.Event()
 
     @property
     def where(self) -> str:
         return f"the scheduler at {self.config.sched_address}"
+
+    @property
+    def reconnect_window_s(self) -> float:
+        """How long a formed job's worker tries to get its scheduler back."""
+        if self.recovery:
+            return max(self.config.node_timeout_s, self.config.topo_timeout_s)
+        return self.config.node_timeout_s
 
     @property
     def fatal(self) -> ClusterError | None:
@@ -230,8 +264,7 @@ class WorkerAgent:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise TopologyTimeoutError(
-                    f"{self.where} did not accept this node within "
-                    f"MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: is it running, and are "
+                    f"{self.where} did not accept this node in time: is it running, and are "
                     "MS_SCHED_HOST / MS_SCHED_PORT right?"
                 )
             if not checked:
@@ -279,7 +312,8 @@ class WorkerAgent:
             if refusal.reason != pb.REFUSAL_NODE_ALIVE:
                 raise RegistrationRefused(f"{self.where} refused this node: {refusal.message}")
             self._say(f"registration refused for now: {refusal.message}")
-            pause = min(max(refusal.retry_after_s, 0.05), max(deadline - self._clock(), 0.0))
+            # A little past the guard's end, so that the next attempt is not early by a hair.
+            pause = min(refusal.retry_after_s + 0.02, max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
     async def _first_answer(self, call: _Call) -> pb.Event:
@@ -362,9 +396,29 @@ class WorkerAgent:
                     f"{event.progress.expected} nodes registered"
                 )
         elif kind == "topology_ready":
+            previous = self.topology
             self.topology = self._topology_from(event.topology_ready)
+            if previous is not None and self.topology.generation != previous.generation:
+                self._seq = 0  # collectives are numbered per generation
+                self._say(
+                    f"the job is now at generation {self.topology.generation} "
+                    f"({self.topology.reason}); training resumes from step "
+                    f"{self.topology.rollback_step}"
+                )
+                self._new_generation.set()
+                self._new_generation = asyncio.Event()
+                self._peer_failed = asyncio.Event()
             if not self._ready.done():
                 self._ready.set_result(self.topology)
+        elif kind == "node_failed":
+            failed = event.node_failed
+            if self.topology is not None and failed.generation == self.topology.generation:
+                self._peer_failed.set()
+            if self.recovery and failed.node_id != self.identity.node_id:
+                self._say(
+                    f"rank {failed.rank} (node {failed.node_id!r}) failed: {failed.reason}; the "
+                    "job waits for it to rejoin (recovery is on)"
+                )
         elif kind == "shutdown":
             if event.shutdown.ok:
                 self.job_finished = True
@@ -396,6 +450,8 @@ class WorkerAgent:
             local_size=table.local_sizes[me],
             size=self.config.worker_num,  # the scheduler refuses a node with another count
             table=table,
+            rollback_step=ready.rollback_step,
+            reason=ready.reason,
         )
 
     async def _reconnect(self, lost: _StreamLost, topo_deadline: float) -> _Call | None:
@@ -404,17 +460,21 @@ class WorkerAgent:
             # Still forming: MS_TOPO_TIMEOUT bounds everything, and a scheduler that accepted us
             # and then vanished gets MS_NODE_TIMEOUT to come back, like a formed job's.
             deadline = min(topo_deadline, self._clock() + self.config.node_timeout_s)
-        elif lost.silent:
+        elif lost.silent and not self.recovery:
             self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {lost}"))
             return None
         else:
-            deadline = self._clock() + self.config.node_timeout_s
+            window = self.reconnect_window_s
+            deadline = self._clock() + window
             self._say(
-                f"lost {self.where} ({lost}); reconnecting for up to "
+                f"lost {self.where} ({lost}); training goes on (recovery is on), reconnecting for "
+                f"up to {window:g} s"
+                if self.recovery
+                else f"lost {self.where} ({lost}); reconnecting for up to "
                 f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
             )
         try:
-            call, _ = await self._join(deadline)
+            call, accepted = await self._join(deadline)
         except TopologyTimeoutError:
             self._fail(
                 SchedulerUnreachableError(
@@ -428,6 +488,14 @@ class WorkerAgent:
         except ClusterError as exc:
             self._fail(exc)
             return None
+        if self.topology is not None:
+            if accepted.rejoined:
+                self._say(
+                    f"back with {self.where}, which had given this node up: it rejoins the job in "
+                    f"generation {accepted.generation}"
+                )
+            else:
+                self._say(f"back with {self.where}")
         return call
 
     # -- failure -----------------------------------------------------------------------------
@@ -462,20 +530,35 @@ class WorkerAgent:
             raise ClusterError("the job has not formed yet: cluster.init() has not returned")
         return self.topology
 
-    async def _call(self, what: str, rpc: Awaitable[T]) -> T:
-        try:
-            return await self._guarded(rpc)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.ABORTED:
-                raise JobFailedError(f"{what} failed: {exc.details()}") from None
-            if exc.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+    async def _call(self, what: str, rpc: Callable[[], Awaitable[T]]) -> T:
+        """Make the call `rpc()` makes; again, with recovery, if the scheduler died during it."""
+        while True:
+            try:
+                return await self._guarded(rpc())
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.ABORTED:
+                    raise JobFailedError(f"{what} failed: {exc.details()}") from None
+                if _error_kind(exc) == PeerFailedError.__name__:
+                    raise PeerFailedError(exc.details() or what) from None
+                if exc.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+                    raise CollectiveError(
+                        f"{what} failed: {exc.details() or exc.code().name}"
+                    ) from None
+                if self.recovery and not self._closing:
+                    # The scheduler went away mid-call. Ask again: the call waits for the
+                    # channel to be back, and the reconnect window ends the wait (as a fatal
+                    # failure, which the call above races against).
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                    continue
                 # The scheduler stopping mid-call: its reason is on the event stream, an instant
                 # behind; report that rather than a bare "CANCELLED".
                 with contextlib.suppress(asyncio.TimeoutError):
                     raise await asyncio.wait_for(
                         asyncio.shield(self._fatal), FATAL_WAIT_S
                     ) from None
-            raise CollectiveError(f"{what} failed: {exc.details() or exc.code().name}") from None
+                raise CollectiveError(
+                    f"{what} failed: {exc.details() or exc.code().name}"
+                ) from None
 
     async def exchange(self, op: str, value: bytes, root: int = 0) -> list[bytes]:
         """One control-plane collective; `op` is "barrier", "allgather" or "broadcast"."""
@@ -489,37 +572,79 @@ class WorkerAgent:
             root=root,
             value=value,
         )
-        response = await self._call(op, self._stub.Exchange(request, wait_for_ready=True))
+        response = await self._call(op, lambda: self._stub.Exchange(request, wait_for_ready=True))
         return list(response.values)
 
+    async def wait_generation(self, newer_than: int) -> Topology:
+        """The topology once its generation is above `newer_than` (the job's failure, if it
+        comes first, is raised)."""
+        while True:
+            topology = self._require_topology()
+            if topology.generation > newer_than:
+                return topology
+            await self._guarded(self._new_generation.wait())
+
+    async def peer_failed(self, generation: int, wait_s: float) -> bool:
+        """Whether a peer of `generation` failed (or the job moved past it), waiting up to
+        `wait_s` for the scheduler to say so: an error of a data-plane library (gloo, NCCL)
+        often arrives a moment before the scheduler's word."""
+        topology = self._require_topology()
+        if topology.generation != generation:
+            return True
+        peer_failed, moved = self._peer_failed, self._new_generation
+        waiters = [asyncio.ensure_future(peer_failed.wait()), asyncio.ensure_future(moved.wait())]
+        try:
+            # FIRST_COMPLETED: either event answers; the default (all) waited out wait_s.
+            await self._guarded(
+                asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            )
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return peer_failed.is_set() or moved.is_set()
+
+    async def report_checkpoints(self, steps: list[int]) -> None:
+        request = pb.ReportCheckpointsRequest(
+            node_id=self.identity.node_id, incarnation=self.identity.incarnation, steps=steps
+        )
+        await self._call(
+            "checkpoint report",
+            lambda: self._stub.ReportCheckpoints(request, wait_for_ready=True),
+        )
+
     async def kv_set(self, key: str, value: bytes) -> None:
-        await self._call("kv set", self._stub.KvSet(pb.KvSetRequest(key=key, value=value)))
+        request = pb.KvSetRequest(key=key, value=value)
+        await self._call("kv set", lambda: self._stub.KvSet(request, wait_for_ready=True))
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        response = await self._call("kv get", self._stub.KvGet(pb.KvGetRequest(keys=keys)))
+        request = pb.KvGetRequest(keys=keys)
+        response = await self._call(
+            "kv get", lambda: self._stub.KvGet(request, wait_for_ready=True)
+        )
         return list(response.values), list(response.missing)
 
     async def kv_wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
+        request = pb.KvWaitRequest(keys=keys, timeout_s=timeout_s)
         response = await self._call(
             "kv wait",
-            self._stub.KvWait(
-                pb.KvWaitRequest(keys=keys, timeout_s=timeout_s), timeout=timeout_s + 5.0
-            ),
+            lambda: self._stub.KvWait(request, timeout=timeout_s + 5.0, wait_for_ready=True),
         )
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
+        request = pb.KvAddRequest(key=key, amount=amount)
         response = await self._call(
-            "kv add", self._stub.KvAdd(pb.KvAddRequest(key=key, amount=amount))
+            "kv add", lambda: self._stub.KvAdd(request, wait_for_ready=True)
         )
         return int(response.value)
 
     # -- end ---------------------------------------------------------------------------------
 
-    async def finish(self, timeout_s: float = 5.0) -> None:
-        """Tell the scheduler this node is done (best effort when the job is over anyway)."""
+    async def finish(self, timeout_s: float = 5.0) -> bool:
+        """Tell the scheduler this node is done (best effort when the job is over anyway);
+        True when it heard."""
         if self._fatal.done() or not self.cluster_id:
-            return
+            return False
         request = pb.FinishRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation
         )
@@ -527,6 +652,8 @@ class WorkerAgent:
             await self._stub.Finish(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
+            return False
+        return True
 
     async def close(self) -> None:
         self._closing = True

@@ -20,6 +20,7 @@ from cluster import _orphan
 from cluster.config import ClusterConfig
 from cluster.errors import ClusterError
 from cluster.topology import Topology
+from cluster.worker import node_file
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity
 
@@ -78,28 +79,61 @@ class WorkerSession:
         self._prefix = f"cluster[{identity.node_id}]"
         self._pending = 0
         self._pending_lock = threading.Lock()
+        self._recovery_dir = None if config.recovery is None else config.recovery.path
+        self._record = (
+            None
+            if self._recovery_dir is None
+            else node_file.load(self._recovery_dir, identity.node_id)
+        )
+        previous_job = (
+            self._record.cluster_id
+            if self._record is not None and not self._record.finished
+            else ""
+        )
         self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
-        self.agent: WorkerAgent = self._background.run(self._make_agent())
-        self.topology: Topology | None = None
+        self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+        self._started = False
         self._closed = False
         _orphan.watch_launcher()
 
-    async def _make_agent(self) -> WorkerAgent:
+    async def _make_agent(self, cluster_id: str) -> WorkerAgent:
         return WorkerAgent(
             self.config,
             self.identity,
             say=self.say,
             on_fatal=self._on_fatal,
+            cluster_id=cluster_id,
         )
+
+    @property
+    def topology(self) -> Topology | None:
+        """The job as it is now (a new generation after a rejoin); None before start() returns."""
+        return self.agent.topology if self._started else None
 
     def say(self, message: str) -> None:
         _say(self._prefix, message)
 
     def start(self) -> Topology:
-        self.topology = self.call(self.agent.start())
-        if self.topology is not None:
-            self._prefix = f"cluster[rank {self.topology.rank}]"
-        return self.topology
+        topology = self.call(self.agent.start())
+        self._started = True
+        self._prefix = f"cluster[rank {topology.rank}]"
+        self._save_record(topology, finished=False)
+        return topology
+
+    def _save_record(self, topology: Topology, *, finished: bool) -> None:
+        if self._recovery_dir is None:
+            return
+        record = node_file.NodeRecord(
+            cluster_id=self.agent.cluster_id,
+            node_id=self.identity.node_id,
+            rank=topology.rank,
+            generation=topology.generation,
+            finished=finished,
+        )
+        try:
+            node_file.save(self._recovery_dir, record)
+        except ClusterError as exc:
+            self.say(f"{exc}; a restart of this process would not know its job")
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run an agent coroutine to its end from the main thread."""
@@ -134,7 +168,10 @@ class WorkerSession:
         self._closed = True
         try:
             if finished and self.agent.fatal is None:
-                self._background.run(self.agent.finish(), timeout_s=10.0)
+                heard = self._background.run(self.agent.finish(), timeout_s=10.0)
+                topology = self.topology
+                if heard and topology is not None:
+                    self._save_record(topology, finished=True)
             self._background.run(self.agent.close(), timeout_s=5.0)
         except (concurrent.futures.TimeoutError, RuntimeError):
             pass  # exiting anyway; the scheduler sees the stream close

@@ -173,7 +173,11 @@ def test_numeric_node_ids_are_the_ranks_and_missing_ranks_are_named(processes: P
         ({"MS_NODE_TIMEOUT": "soon"}, "MS_NODE_TIMEOUT='soon' is not a number"),
         ({"MS_ENABLE_RECOVERY": "1"}, "MS_ENABLE_RECOVERY=1 needs MS_RECOVERY_PATH"),
         (
-            {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": "/proc/cluster-no-such-dir"},
+            {
+                "MS_ENABLE_RECOVERY": "1",
+                "MS_RECOVERY_PATH": "/proc/cluster-no-such-dir",
+                "MS_NODE_ID": "0",
+            },
             "MS_RECOVERY_PATH='/proc/cluster-no-such-dir' is not a writable directory",
         ),
         ({"MS_SCHED_HOST": "no-such-host.invalid"}, "does not resolve"),

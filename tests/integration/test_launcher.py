@@ -7,7 +7,6 @@ import os
 import pty
 import re
 import select
-import shutil
 import signal
 import subprocess
 import time
@@ -16,33 +15,18 @@ from pathlib import Path
 import pytest
 
 from tests.netns import two_hosts
-from tests.procs import PYTHON, ROOT, Procs, free_port, wait_until
+from tests.procs import (
+    PYTHON,
+    ROOT,
+    Procs,
+    free_port,
+    private_copy,
+    processes_running,
+    wait_until,
+)
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
 MSCLUSTER = [PYTHON, "-m", "cluster"]
-
-
-def private_copy(tmp_path: Path, source: Path = EXAMPLE) -> Path:
-    """The script under a path unique to this test, to find every process of the job by it."""
-    target = tmp_path / "job" / source.name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source, target)
-    return target
-
-
-def processes_running(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def run_args(tmp_path: Path, script: Path, port: int, *extra: str) -> list[str]:

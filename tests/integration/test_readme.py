@@ -79,3 +79,46 @@ def test_readme_launcher_command_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "allgather rank=3" in (tmp_path / "logs" / "worker_3.log").read_text()
+
+
+def test_readme_recovery_example_script_runs(tmp_path: Path) -> None:
+    assert "examples/run_recovery.sh" in README
+    result = subprocess.run(
+        ["bash", str(ROOT / "examples" / "run_recovery.sh")],
+        env={
+            **job_env(2, free_port()),
+            "LOG_DIR": str(tmp_path),
+            "PYTHON": PYTHON,
+            "HOLD": "10",
+            "MS_NODE_TIMEOUT": "3",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rejoined rank=1 size=2" in result.stdout
+    assert "every node is back after the scheduler's restart" in result.stdout
+    assert "job exit status: 0" in result.stdout
+
+
+def test_readme_demo_ends_as_the_readme_says(tmp_path: Path) -> None:
+    """The quick start's demo (without its set-up step): both runs end with the README's hash."""
+    (shown,) = re.findall(r"```\n(final parameters without faults.*?)```", README, re.DOTALL)
+    result = subprocess.run(
+        ["bash", str(ROOT / "examples" / "run_training_demo.sh")],
+        env={
+            **job_env(1, 1),
+            "OUT": str(tmp_path / "demo"),
+            "PYTHON": PYTHON,
+            "PORT": str(free_port()),
+        },
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in shown.strip().splitlines():
+        assert line in result.stdout, result.stdout

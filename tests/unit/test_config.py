@@ -150,7 +150,7 @@ def test_server_numeric_node_id_is_bounded_by_server_num() -> None:
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
 def test_recovery_truthy_values(value: str, tmp_path: Path) -> None:
-    cfg = from_env(env(MS_ENABLE_RECOVERY=value, MS_RECOVERY_PATH=str(tmp_path)))
+    cfg = from_env(env(MS_ENABLE_RECOVERY=value, MS_RECOVERY_PATH=str(tmp_path), MS_NODE_ID="w1"))
     assert cfg.recovery == RecoveryConfig(tmp_path)
 
 
@@ -201,6 +201,12 @@ BAD: list[tuple[dict[str, str | None], str, str, tuple[str, ...]]] = [
         "MS_RECOVERY_PATH",
         "MS_ENABLE_RECOVERY=1",
         ("directory",),
+    ),
+    (
+        {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": "/tmp/r"},
+        "MS_NODE_ID",
+        "MS_ENABLE_RECOVERY=1",
+        ("restarted process is taken back by its node id", "mscluster run"),
     ),
     ({"MS_ENABLE_RECOVERY": "maybe"}, "MS_ENABLE_RECOVERY", "'maybe'", ("1/0", "true/false")),
     ({"MS_ENABLE_RECOVERY": "2"}, "MS_ENABLE_RECOVERY", "'2'", ("1/0",)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -24,6 +25,7 @@ from cluster.state import (
     Registration,
     SchedulerState,
     ShutdownEvent,
+    SnapshotError,
     TopologyReadyEvent,
     UnknownNodeError,
 )
@@ -50,6 +52,7 @@ def make_state(
     node_timeout_s: float = 10.0,
     topo_timeout_s: float = 60.0,
     heartbeat_enabled: bool = True,
+    recovery: bool = False,
 ) -> SchedulerState:
     return SchedulerState(
         cluster_id=JOB,
@@ -59,6 +62,7 @@ def make_state(
         topo_timeout_s=topo_timeout_s,
         clock=clock,
         heartbeat_enabled=heartbeat_enabled,
+        recovery=recovery,
     )
 
 
@@ -726,7 +730,7 @@ FORWARD = {
 NODE_TIMEOUT_S = 10.0
 
 node_ids = st.sampled_from(WORKER_IDS + SERVER_IDS)
-incarnations = st.integers(min_value=1, max_value=3)
+incarnations = st.integers(min_value=1, max_value=3)  # restarts in the machine add 10
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -737,9 +741,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         server_num=st.integers(min_value=0, max_value=2),
         heartbeat_enabled=st.booleans(),
         topo_timeout_s=st.sampled_from([15.0, 60.0, 1e9]),
+        recovery=st.booleans(),
     )
     def setup(
-        self, worker_num: int, server_num: int, heartbeat_enabled: bool, topo_timeout_s: float
+        self,
+        worker_num: int,
+        server_num: int,
+        heartbeat_enabled: bool,
+        topo_timeout_s: float,
+        recovery: bool,
     ) -> None:
         self.clock = FakeClock()
         self.state = make_state(
@@ -749,7 +759,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             node_timeout_s=NODE_TIMEOUT_S,
             topo_timeout_s=topo_timeout_s,
             heartbeat_enabled=heartbeat_enabled,
+            recovery=recovery,
         )
+        self.generation = 0
+        self.saved = _durable(self.state)
         self.phase = Phase.WAITING
         self.assigned: dict[str, int] = {}
         # One process keeps its host: the same (node id, incarnation) always registers from the
@@ -771,8 +784,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert len(readies) == 1
             assert readies[0].generation == 1
             assert len(readies[0].peers) == self.state.expected
+        elif self.state.recovery and readies:
+            # A rejoin: exactly one new generation, with the whole table.
+            assert len(readies) == 1
+            assert readies[0].generation == self.generation + 1
+            assert len(readies[0].peers) == self.state.expected
+            event("rejoined")
         else:
             assert readies == []
+        assert self.state.generation == self.generation + len(readies)
+        self.generation = self.state.generation
+        # Whatever a restarted scheduler would need to know differently bumps the revision,
+        # so that the scheduler saves it before telling anyone.
+        durable = _durable(self.state)
+        if durable[0] != self.saved[0]:
+            assert durable[1] != self.saved[1], (self.saved[0], durable[0])
+        self.saved = durable
         self.phase = new
         event(f"reached {new.value}")
 
@@ -902,6 +929,51 @@ class SchedulerMachine(RuleBasedStateMachine):
     def tick(self) -> None:
         self._after(self.state.tick())
 
+    @rule(index=st.integers(min_value=0, max_value=20), wait=st.sampled_from([3.0, 11.0]))
+    def kill_and_restart(self, index: int, wait: float) -> None:
+        """A node's process dies and is started again with the same id (a new incarnation)."""
+        picked = self._pick(index)
+        if picked is None:
+            return
+        node_id, incarnation = picked
+        self._after(self.state.disconnect(node_id, incarnation))
+        self.clock.advance(wait)
+        host = self.state.members[node_id].host if node_id in self.state.members else "h0"
+        self.hosts[(node_id, incarnation + 10)] = host
+        self.register(node_id, host, incarnation=incarnation + 10, matching=1, cluster_id=JOB)
+
+    @rule()
+    def restart_scheduler(self) -> None:
+        """Save, lose everything in memory, restore: the job goes on with what was saved."""
+        state = self.state
+        if not state.recovery or state.phase in (Phase.FINISHED, Phase.FAILED):
+            return
+        saved = json.loads(json.dumps(state.snapshot()))
+        restored = SchedulerState.restore(
+            saved,
+            worker_num=state.worker_num,
+            server_num=state.server_num,
+            node_timeout_s=state.node_timeout_s,
+            topo_timeout_s=state.topo_timeout_s,
+            clock=self.clock,
+            new_cluster_id="unused",
+            heartbeat_enabled=state.heartbeat_enabled,
+        )
+        assert restored.cluster_id == JOB
+        assert restored.generation == state.generation
+        assert restored.phase is state.phase
+        if state.phase is Phase.READY:
+            assert restored.peers() == state.peers()
+            assert restored.welcome() == state.welcome()
+            assert {k: (m.state, m.incarnation) for k, m in restored.members.items()} == {
+                k: (m.state, m.incarnation) for k, m in state.members.items()
+            }
+        else:
+            assert restored.members == {}
+        self.state = restored
+        self.saved = _durable(restored)
+        event(f"scheduler restarted while {restored.phase.value}")
+
     @invariant()
     def never_too_many_members(self) -> None:
         if not hasattr(self, "state"):
@@ -922,7 +994,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert all(m.rank is None for m in members)
             assert state.phase in (Phase.WAITING, Phase.FAILED)
             return
-        assert state.generation == 1
+        assert state.generation == 1 or state.recovery
         assert state.phase is not Phase.WAITING
         for role, space in (
             (NodeRole.WORKER, state.worker_num),
@@ -958,9 +1030,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert all(s is NodeState.ALIVE for s in states)
         if state.phase is Phase.FINISHED:
             assert all(s is NodeState.FINISHED for s in states)
-        if state.phase is Phase.READY:
+        if state.phase is Phase.READY and not state.recovery:
             assert NodeState.FAILED not in states
-            assert NodeState.ALIVE in states
+        if state.phase is Phase.READY:
+            assert NodeState.ALIVE in states or NodeState.FAILED in states
+
+
+def _durable(state: SchedulerState) -> tuple[dict[str, object], int]:
+    snapshot = state.snapshot()
+    revision = snapshot.pop("revision")
+    assert isinstance(revision, int)
+    return snapshot, revision
 
 
 SchedulerMachine.TestCase.settings = settings(
@@ -976,3 +1056,267 @@ def test_same_incarnation_from_another_host_keeps_peers_consistent() -> None:
         same_host = [p for p in state.peers() if p.host == peer.host]
         assert peer.local_size == len(same_host)
         assert peer.local_rank == same_host.index(peer)
+
+
+# -- recovery ---------------------------------------------------------------------------------
+
+
+def recovering(clock: FakeClock, n: int = 3) -> SchedulerState:
+    return ready_state(clock, [str(i) for i in range(n)], recovery=True)
+
+
+def test_with_recovery_a_dead_node_fails_alone() -> None:
+    state = recovering(FakeClock())
+    effects = state.disconnect("1", 1)
+    assert [type(e) for e in effects] == [NodeFailedEvent, Evict]
+    assert isinstance(effects[0], NodeFailedEvent)
+    assert effects[0].rank == 1
+    assert state.phase is Phase.READY
+    assert state.members["1"].state is NodeState.FAILED
+
+
+def test_a_silent_node_is_failed_and_its_stream_ended_so_it_must_register_again() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    clock.advance(10.5)
+    for node_id in ("0", "2"):
+        state.heartbeat(node_id, 1)
+    effects = state.tick()
+    assert Evict("1", 1, effects[0].reason) in effects  # type: ignore[union-attr]
+    # Back with the same process when the network returns: a new generation, no guard.
+    outcome, effects = state.register(reg(state, "1", incarnation=1))
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    assert state.generation == 2
+
+
+def test_restarted_node_waits_for_the_guard_then_rejoins_with_its_rank() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    revision = state.revision
+    state.disconnect("1", 1)
+    assert state.revision > revision
+    clock.advance(3.0)
+    refusal = refuse(state, reg(state, "1", incarnation=2, port=7001), Refusal.NODE_ALIVE)
+    assert refusal.retry_after_s == pytest.approx(7.0)
+    assert "(failed)" in refusal.message
+    clock.advance(7.01)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, port=7001, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    assert outcome.generation == 2
+    assert Evict("1", 1, "replaced by a new process") in effects
+    ready = [e for e in effects if isinstance(e, TopologyReadyEvent)]
+    assert len(ready) == 1
+    assert ready[0].generation == 2
+    assert [(p.rank, p.port) for p in ready[0].peers] == [(0, 6000), (1, 7001), (2, 6002)]
+    member = state.members["1"]
+    assert (member.rank, member.state, member.restarts) == (1, NodeState.ALIVE, 1)
+    assert state.welcome() == ready
+
+
+def test_a_live_node_id_cannot_be_taken_over() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    for _ in range(5):
+        clock.advance(8.0)
+        state.heartbeat("2", 1)
+        refuse(state, reg(state, "2", incarnation=99), Refusal.NODE_ALIVE)
+    assert state.members["2"].incarnation == 1
+    assert state.generation == 1
+
+
+def test_a_failed_node_that_never_comes_back_fails_the_job() -> None:
+    clock = FakeClock()
+    state = recovering(clock)  # node timeout 10 s, topology timeout 60 s
+    state.disconnect("0", 1)
+    for member in state.members.values():
+        member.last_seen = clock.now
+    clock.advance(69.0)
+    for node_id in ("1", "2"):
+        state.heartbeat(node_id, 1)
+    assert state.tick() == []
+    clock.advance(2.0)
+    for node_id in ("1", "2"):
+        state.heartbeat(node_id, 1)
+    effects = state.tick()
+    assert state.phase is Phase.FAILED
+    assert isinstance(effects[-1], ShutdownEvent)
+    assert "rank 0" in effects[-1].reason
+    assert "did not rejoin within MS_TOPO_TIMEOUT=60 s" in effects[-1].reason
+
+
+def test_job_with_a_failed_node_ends_only_when_it_rejoined_and_finished() -> None:
+    clock = FakeClock()
+    state = recovering(clock, n=2)
+    state.disconnect("1", 1)
+    assert state.finish("0", 1) == []
+    clock.advance(11.0)
+    accept(state, reg(state, "1", incarnation=2))
+    effects = state.finish("1", 2)
+    assert effects == [ShutdownEvent(True, "all 2 nodes finished")]
+
+
+def test_same_process_back_after_it_was_declared_failed_rejoins_without_guard() -> None:
+    state = recovering(FakeClock())
+    state.disconnect("2", 1)
+    outcome, effects = state.register(reg(state, "2", incarnation=1, port=6002))
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    assert not any(isinstance(e, Evict) for e in effects)
+    assert state.members["2"].restarts == 0
+    assert state.generation == 2
+
+
+def restore(snapshot: dict[str, object], clock: FakeClock, **kwargs: object) -> SchedulerState:
+    settings: dict[str, object] = {
+        "worker_num": 3,
+        "server_num": 0,
+        "node_timeout_s": 10.0,
+        "topo_timeout_s": 60.0,
+        "new_cluster_id": "job-2",
+    }
+    settings.update(kwargs)
+    return SchedulerState.restore(
+        json.loads(json.dumps(snapshot)),
+        clock=clock,
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def test_restored_scheduler_takes_back_its_nodes_with_their_ranks() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    state.disconnect("1", 1)
+    clock.advance(11.0)
+    accept(state, reg(state, "1", incarnation=2, port=7001))
+    clock.advance(100.0)
+    restored = restore(state.snapshot(), clock)
+    assert (restored.cluster_id, restored.generation, restored.phase) == (JOB, 2, Phase.READY)
+    assert restored.peers() == state.peers()
+    assert restored.awaiting == {"0", "1", "2"}
+    outcome, effects = restored.register(reg(restored, "1", incarnation=2, port=7001))
+    assert isinstance(outcome, Accepted)
+    assert not outcome.rejoined
+    assert effects == []
+    assert restored.connect("1", 2) == state.welcome()
+    assert state.welcome() == [
+        TopologyReadyEvent(2, state.peers(), 0, "rank 1 (node '1' at h0:7001) rejoined")
+    ]
+    assert restored.awaiting == {"0", "2"}
+
+
+def test_restored_nodes_that_do_not_reconnect_fail() -> None:
+    clock = FakeClock()
+    restored = restore(recovering(clock).snapshot(), clock)
+    for node_id in ("0", "1"):
+        accept(restored, reg(restored, node_id))
+        restored.connect(node_id, 1)
+    clock.advance(10.5)
+    for node_id in ("0", "1"):
+        restored.heartbeat(node_id, 1)
+    effects = restored.tick()
+    assert [type(e) for e in effects] == [NodeFailedEvent, Evict]
+    assert isinstance(effects[0], NodeFailedEvent)
+    assert "did not reconnect" in effects[0].reason
+    assert restored.phase is Phase.READY
+
+
+def test_snapshot_while_forming_keeps_the_job_id_only() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=3, recovery=True)
+    accept(state, reg(state, "0"))
+    restored = restore(state.snapshot(), clock)
+    assert (restored.cluster_id, restored.phase, restored.members) == (JOB, Phase.WAITING, {})
+    accept(restored, reg(restored, "0", cluster_id=JOB))
+
+
+def test_an_ended_job_is_not_resumed_and_its_nodes_may_join_the_next() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    for node_id in ("0", "1", "2"):
+        state.finish(node_id, 1)
+    restored = restore(state.snapshot(), clock)
+    assert (restored.cluster_id, restored.previous_cluster_id) == ("job-2", JOB)
+    assert restored.phase is Phase.WAITING
+    accept(restored, reg(restored, "0", cluster_id=JOB))
+    refusal = refuse(restored, reg(restored, "1", cluster_id="job-0"), Refusal.FOREIGN_JOB)
+    assert "job-0" in refusal.message
+
+
+def test_restore_with_other_worker_num_is_refused() -> None:
+    with pytest.raises(SnapshotError, match=r"MS_WORKER_NUM=3.*MS_WORKER_NUM=4"):
+        restore(recovering(FakeClock()).snapshot(), FakeClock(), worker_num=4)
+
+
+def test_restore_of_a_snapshot_missing_fields_is_refused() -> None:
+    with pytest.raises(SnapshotError, match="lacks generation"):
+        restore(
+            {"cluster_id": "x", "worker_num": 1, "server_num": 0, "phase": "ready", "members": []},
+            FakeClock(),
+        )
+
+
+# -- rollback ---------------------------------------------------------------------------------
+
+
+def test_rollback_is_the_newest_step_every_worker_holds() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    state.report_checkpoints("0", 1, [10, 20, 30])
+    state.report_checkpoints("1", 1, [20, 30])
+    state.report_checkpoints("2", 1, [10, 20])  # has not saved 30 (yet)
+    assert state.rollback_step() == 20
+    state.disconnect("2", 1)
+    clock.advance(11.0)
+    _, effects = state.register(reg(state, "2", incarnation=2))
+    (ready,) = [e for e in effects if isinstance(e, TopologyReadyEvent)]
+    assert (ready.generation, ready.rollback_step) == (2, 20)
+    assert "rank 2" in ready.reason
+
+
+def test_rollback_is_the_beginning_when_nobody_has_a_checkpoint() -> None:
+    state = recovering(FakeClock())
+    assert state.rollback_step() == 0
+    assert state.welcome() == [TopologyReadyEvent(1, state.peers(), 0, "formed")]
+
+
+def test_no_common_checkpoint_fails_the_job_with_what_each_holds() -> None:
+    clock = FakeClock()
+    state = recovering(clock, n=2)
+    state.report_checkpoints("0", 1, [40, 50])
+    state.report_checkpoints("1", 1, [10])
+    state.disconnect("1", 1)
+    clock.advance(11.0)
+    _, effects = state.register(reg(state, "1", incarnation=2))
+    assert state.phase is Phase.FAILED
+    assert isinstance(effects[-1], ShutdownEvent)
+    assert "no checkpoint step is held by every worker" in effects[-1].reason
+    assert "40, 50" in effects[-1].reason
+
+
+def test_checkpoint_reports_are_saved_and_restored() -> None:
+    clock = FakeClock()
+    state = recovering(clock)
+    revision = state.revision
+    state.report_checkpoints("1", 1, [5, 10])
+    assert state.revision > revision
+    revision = state.revision
+    state.report_checkpoints("1", 1, [10, 5])
+    assert state.revision == revision  # the same holdings: nothing to save
+    restored = restore(state.snapshot(), clock)
+    assert restored.members["1"].checkpoints == (5, 10)
+    assert restored.restored_generation == 1
+
+
+def test_reform_publishes_a_new_generation_with_the_rollback_step() -> None:
+    state = recovering(FakeClock(), n=2)
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [7])
+    (ready,) = state.reform("a collective was cut off")
+    assert isinstance(ready, TopologyReadyEvent)
+    assert (ready.generation, ready.rollback_step, ready.reason) == (
+        2,
+        7,
+        "a collective was cut off",
+    )

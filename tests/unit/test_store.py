@@ -130,3 +130,44 @@ def test_one_scheduler_per_recovery_path(tmp_path: Path) -> None:
         first.release()
     with store.RecoveryLock(tmp_path):  # free again once released
         pass
+
+
+SAVER = """
+import sys
+from pathlib import Path
+from cluster import store
+path = Path(sys.argv[1])
+for count in range(1, 100_000):
+    # Large enough that a write takes a while, so kills land inside writes too.
+    store.save(path, "scheduler", {"count": count, "padding": "x" * 200_000})
+    print(count, flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sigkill_at_a_random_moment_leaves_the_last_completed_save(
+    tmp_path: Path, seed: int
+) -> None:
+    """A real process saving in a loop is SIGKILLed after a random number of saves: the file
+    holds a complete save, at least the last one the process reported done."""
+    path = tmp_path / "scheduler.json"
+    saver = subprocess.Popen(
+        [sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert saver.stdout is not None
+    target = 3 + (seed * 7919) % 40
+    try:
+        for _ in range(target):
+            line = saver.stdout.readline()
+            assert line, "the saver stopped early"
+        done = int(line)
+    finally:
+        saver.kill()
+        saver.wait(10)
+        saver.stdout.close()
+    loaded = store.load(path, "scheduler")
+    assert loaded is not None
+    assert loaded["count"] >= done
+    assert len(loaded["padding"]) == 200_000
+    store.save(path, "scheduler", {"count": 0})  # the next save clears the killed one's litter
+    assert [p.name for p in tmp_path.iterdir()] == ["scheduler.json"]

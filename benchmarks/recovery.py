@@ -1,0 +1,396 @@
+"""Recovery benchmark: how fast a job gets back to normal after a scheduler or worker restart.
+
+Part 1, scheduler restart. A job with recovery on forms (N workers); the scheduler process is
+SIGKILLed and started again at once with the same environment. Measured: from the moment the new
+scheduler process is spawned to the moment its Status shows all N workers alive and connected
+again with their ranks ("restart to all back", which includes the Python start-up and imports of
+the new process), and the scheduler's own figure from the moment it restored its state (its log
+line "every node is back after the scheduler's restart (X s after start)"). Workers are either
+real processes (`--real 8`: examples/allgather_check.py --hold, one process each) or simulated
+(`--simulated 256`: `cluster.worker.agent.WorkerAgent`s, one gRPC connection each, spread over
+`--procs` client processes). Target: under 1 s for both.
+
+Part 2, the guard. A real job of `--guard-workers` workers with MS_NODE_TIMEOUT=T; one worker is
+SIGKILLed and started again at once; it is refused until the guard ends (T after the scheduler
+last heard from it) and then rejoins. Measured: from the end of the guard (the last heartbeat,
+as Status reports it, plus T) to the new generation visible in Status. Target: under 0.5 s.
+
+Part 3, rollback (`--rollback-steps N`, 0 to skip). examples/train_mlp.py on 4 real workers with
+recovery on; worker 2 is SIGKILLed at a step and started again at once. Measured: the time lost
+to the failure, from the kill to worker 0 training past the newest step any worker had reached at
+the kill, less the guard (which only waits out MS_NODE_TIMEOUT): the detection, the rejoin, the
+rollback and the steps computed again. Target: under 2 s.
+
+For comparison (figures from the issue, measured on this machine): MindSpore 2.10 takes 29.5 s to
+re-form its cluster after a scheduler restart, and has no guard (a restarted worker is accepted at
+once, then the job crashes 30 s later).
+
+Usage: python benchmarks/recovery.py [--real 8] [--simulated 256] [--procs 4] [--repeat 3]
+       [--guard-workers 4] [--node-timeout 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "allgather_check.py"
+TRAIN = ROOT / "examples" / "train_mlp.py"
+STEP_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss", re.MULTILINE)
+STEPS_PER_EPOCH = 16  # train_mlp.py: 1024 samples, global batch 64
+HOST = "127.0.0.1"
+POLL_S = 0.005
+BASE_DATA_PORT = 40000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class Job:
+    """The processes of one benchmark job; all are killed when it ends."""
+
+    def __init__(self, workdir: Path, n: int, node_timeout_s: float) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))},
+            "MS_WORKER_NUM": str(n),
+            "MS_SCHED_HOST": HOST,
+            "MS_SCHED_PORT": str(self.port),
+            "MS_ENABLE_RECOVERY": "1",
+            "MS_RECOVERY_PATH": str(workdir / "recovery"),
+            "MS_NODE_TIMEOUT": f"{node_timeout_s:g}",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.scheduler = self.start_scheduler()
+
+    def spawn(self, args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[bytes]:
+        with (self.workdir / log).open("ab") as out:
+            proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def start_scheduler(self) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            [sys.executable, "-m", "cluster", "scheduler"],
+            {**self.env, "MS_ROLE": "MS_SCHED"},
+            "scheduler.log",
+        )
+
+    def start_worker(self, i: int, hold_s: float) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            [sys.executable, str(EXAMPLE), "--hold", str(hold_s)],
+            {**self.env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)},
+            f"worker_{i}.log",
+        )
+
+    def start_trainer(self, i: int, args: list[str]) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            [sys.executable, str(TRAIN), *args],
+            {**self.env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)},
+            f"worker_{i}.log",
+        )
+
+    def start_clients(self, ids: list[int], index: int) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            [sys.executable, __file__, "--clients", ",".join(map(str, ids))],
+            self.env,
+            f"clients_{index}.log",
+        )
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def job(n: int, node_timeout_s: float) -> Iterator[Job]:
+    with tempfile.TemporaryDirectory(prefix="cluster-recovery-bench-") as tmp:
+        running = Job(Path(tmp), n, node_timeout_s)
+        try:
+            yield running
+        finally:
+            running.kill()
+
+
+class StatusPoller:
+    """Status of the scheduler at host:port, fetched in this process over one channel."""
+
+    def __init__(self, port: int) -> None:
+        from cluster import channel, errors, status  # noqa: PLC0415 - grpc only where needed
+
+        self._status = status
+        self._errors = errors
+        self.address = f"{HOST}:{port}"
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)  # grpc.aio binds a channel to the current loop
+        # The instrument must not lag: reconnect every 20 ms while the scheduler is down (grpc's
+        # default backoff would add up to seconds to the figure).
+        fast = [
+            ("grpc.initial_reconnect_backoff_ms", 20),
+            ("grpc.min_reconnect_backoff_ms", 20),
+            ("grpc.max_reconnect_backoff_ms", 20),
+        ]
+        self.channel = channel.open_channel(self.address, None, fast)
+
+    def fetch(self) -> Any:
+        try:
+            return self.loop.run_until_complete(self._status.fetch(self.channel, self.address, 1.0))
+        except self._errors.ClusterError:  # not answering (yet) is what we poll through
+            return None
+
+    def wait(self, predicate: Any, timeout_s: float, what: str) -> tuple[float, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            view = self.fetch()
+            if view is not None and predicate(view):
+                return time.monotonic(), view
+            time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+        raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.channel.close())
+        self.loop.close()
+
+
+def all_back(n: int) -> Any:
+    def check(view: Any) -> bool:
+        ranks = sorted(
+            node.rank
+            for node in view.nodes
+            if node.state == "alive" and node.connected and node.rank is not None
+        )
+        return view.phase == "ready" and ranks == list(range(n))
+
+    return check
+
+
+def scheduler_own_figure(log: Path) -> float | None:
+    found = re.findall(
+        r"every node is back after the scheduler's restart \((\d+\.\d+) s", log.read_text()
+    )
+    return float(found[-1]) if found else None
+
+
+def bench_scheduler_restart(n: int, real: bool, procs: int, repeat: int) -> dict[str, Any]:
+    with job(n, node_timeout_s=30) as running:
+        if real:
+            for i in range(n):
+                running.start_worker(i, hold_s=600)
+        else:
+            ids = list(range(n))
+            for k in range(procs):
+                running.start_clients(ids[k::procs], k)
+        poller = StatusPoller(running.port)
+        try:
+            poller.wait(all_back(n), 120, f"{n} workers to form the job")
+            totals, own = [], []
+            for _ in range(repeat):
+                running.scheduler.send_signal(signal.SIGKILL)
+                running.scheduler.wait(10)
+                spawned = time.monotonic()
+                running.scheduler = running.start_scheduler()
+                back, _ = poller.wait(all_back(n), 60, f"{n} workers back")
+                totals.append(back - spawned)
+                own.append(scheduler_own_figure(running.workdir / "scheduler.log"))
+        finally:
+            poller.close()
+    return {
+        "workers": n,
+        "kind": "real processes" if real else f"simulated in {procs} processes",
+        "restart_to_all_back_s": totals,
+        "scheduler_restore_to_all_back_s": own,
+    }
+
+
+def bench_guard(n: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:
+    gaps: list[float] = []
+    with job(n, node_timeout_s) as running:
+        workers = [running.start_worker(i, hold_s=600) for i in range(n)]
+        poller = StatusPoller(running.port)
+        try:
+            poller.wait(all_back(n), 60, f"{n} workers to form the job")
+            for round_ in range(repeat):
+                generation = round_ + 1
+                workers[1].send_signal(signal.SIGKILL)
+                workers[1].wait(10)
+                workers[1] = running.start_worker(1, hold_s=600)
+                seen, view = poller.wait(
+                    lambda v: any(x.node_id == "1" and x.state == "failed" for x in v.nodes),
+                    30,
+                    "the node marked failed",
+                )
+                silent = next(x for x in view.nodes if x.node_id == "1").seconds_since_heartbeat
+                guard_end = seen - silent + node_timeout_s
+                published, _ = poller.wait(
+                    lambda v, g=generation: v.generation > g,
+                    node_timeout_s + 30,
+                    "a new generation",
+                )
+                gaps.append(published - guard_end)
+                poller.wait(all_back(n), 30, "everyone back")
+        finally:
+            poller.close()
+    return {"workers": n, "node_timeout_s": node_timeout_s, "guard_end_to_generation_s": gaps}
+
+
+def steps_printed(log: Path) -> list[int]:
+    """The global step numbers (1-based) a train_mlp.py worker has printed, in order."""
+    text = log.read_text() if log.exists() else ""
+    return [(int(e) - 1) * STEPS_PER_EPOCH + int(s) for e, s in STEP_LINE.findall(text)]
+
+
+def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:
+    lost: list[float] = []
+    redone: list[int] = []
+    for _ in range(repeat):
+        with job(4, node_timeout_s) as running:
+            args = ["--steps", str(steps), "--save-every", "10", "--step-delay", "0.02"]
+            args += ["--out", str(running.workdir / "out")]
+            workers = [running.start_trainer(i, args) for i in range(4)]
+            poller = StatusPoller(running.port)
+            try:
+                logs = [running.workdir / f"worker_{i}.log" for i in range(4)]
+                kill_at = steps // 2
+                deadline = time.monotonic() + 60
+                while len(steps_printed(logs[2])) < kill_at:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the job did not reach the step to kill at")
+                    time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+                workers[2].send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                reached = max(max(steps_printed(log), default=0) for log in logs)
+                workers[2].wait(10)
+                workers[2] = running.start_trainer(2, args)
+                seen, view = poller.wait(
+                    lambda v: any(x.node_id == "2" and x.state == "failed" for x in v.nodes),
+                    30,
+                    "the node marked failed",
+                )
+                silent = next(x for x in view.nodes if x.node_id == "2").seconds_since_heartbeat
+                guard_s = seen - silent + node_timeout_s - killed
+                printed_before = len(steps_printed(logs[0]))
+                deadline = time.monotonic() + 60
+                while not any(s > reached for s in steps_printed(logs[0])[printed_before:]):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("training did not get past the step of the kill")
+                    time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+                lost.append(time.monotonic() - killed - guard_s)
+                after = steps_printed(logs[0])[printed_before:]
+                redone.append(reached - min(after) + 1 if after else 0)
+                for worker in workers:
+                    if worker.wait(120) != 0:
+                        raise RuntimeError("a worker of the rollback run failed")
+            finally:
+                poller.close()
+    return {"workers": 4, "time_lost_s": lost, "steps_redone": redone}
+
+
+# -- simulated workers (a child process) ---------------------------------------------------------
+
+
+def clients_main(ids: list[int]) -> None:
+    async def run() -> None:
+        from cluster import config as cluster_config  # noqa: PLC0415
+        from cluster.worker.agent import WorkerAgent  # noqa: PLC0415
+        from cluster.worker.identity import NodeIdentity, new_incarnation  # noqa: PLC0415
+
+        fatal: list[Exception] = []
+        failed = asyncio.Event()
+
+        def on_fatal(error: Exception) -> None:
+            fatal.append(error)
+            failed.set()
+
+        agents = []
+        for i in ids:
+            config = cluster_config.from_env(
+                {**os.environ, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)}
+            )
+            identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
+            agents.append(WorkerAgent(config, identity, say=lambda _m: None, on_fatal=on_fatal))
+        await asyncio.gather(*(agent.start() for agent in agents))
+        print(f"ready: {len(agents)} agents", flush=True)
+        await failed.wait()  # the agents work in the background until the benchmark kills us
+        raise SystemExit(f"an agent failed: {fatal[0]}")
+
+    asyncio.run(run())
+
+
+def median(values: list[float | None]) -> str:
+    real = [v for v in values if v is not None]
+    return f"{statistics.median(real) * 1000:.0f} ms" if real else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", type=int, default=8, help="real worker processes (0: skip)")
+    parser.add_argument("--simulated", type=int, default=256, help="simulated workers (0: skip)")
+    parser.add_argument("--procs", type=int, default=4, help="client processes for simulated")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--guard-workers", type=int, default=4, help="0: skip the guard part")
+    parser.add_argument("--node-timeout", type=float, default=3.0, help="the guard, in seconds")
+    parser.add_argument("--rollback-steps", type=int, default=100, help="0: skip part 3")
+    parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--clients", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.clients:
+        clients_main([int(i) for i in args.clients.split(",")])
+        return 0
+    results: list[dict[str, Any]] = []
+    print("scheduler SIGKILL + restart -> all workers back (median of", args.repeat, "runs)")
+    print(f"{'workers':>8}  {'kind':<28}  {'from spawn':>10}  {'from restore':>12}")
+    for n, real in ((args.real, True), (args.simulated, False)):
+        if n <= 0:
+            continue
+        result = bench_scheduler_restart(n, real, args.procs, args.repeat)
+        results.append(result)
+        print(
+            f"{n:>8}  {result['kind']:<28}  {median(result['restart_to_all_back_s']):>10}  "
+            f"{median(result['scheduler_restore_to_all_back_s']):>12}"
+        )
+    if args.guard_workers > 0:
+        result = bench_guard(args.guard_workers, args.node_timeout, args.repeat)
+        results.append(result)
+        gaps = result["guard_end_to_generation_s"]
+        print(
+            f"guard end -> new generation ({args.guard_workers} real workers, MS_NODE_TIMEOUT="
+            f"{args.node_timeout:g}): median {median(gaps)}, max {max(gaps) * 1000:.0f} ms"
+        )
+    if args.rollback_steps > 0:
+        result = bench_rollback(args.rollback_steps, args.node_timeout, args.repeat)
+        results.append(result)
+        lost = result["time_lost_s"]
+        print(
+            f"time lost to one worker SIGKILL, guard excluded (train_mlp.py, 4 workers, "
+            f"checkpoint every 10 steps, 20 ms steps): median {median(lost)}, max "
+            f"{max(lost) * 1000:.0f} ms; steps computed again: {result['steps_redone']}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

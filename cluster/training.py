@@ -1,0 +1,154 @@
+"""A training loop that survives worker failures: checkpoints, and a cluster-wide rollback.
+
+A plain loop becomes recoverable with two lines:
+
+    loop = cluster.TrainingLoop(steps, checkpoints, get_state, set_state)
+    for step in loop:            # was: for step in range(steps):
+        with loop.step():        # a peer's failure inside is handled, not raised
+            train_one_step(step)
+
+Every generation of the job names a rollback step (the newest checkpoint every worker holds).
+The loop starts from it, saves checkpoints when they are due, and when a peer fails (a
+`PeerFailedError` in a collective) or the job moves to a new generation between two steps, it
+waits for the new generation, puts the state of its rollback step back with `set_state`, and
+goes on from that step. Every worker does the same, the restarted one from its start, so a job
+with faults ends with exactly the parameters of the same job without faults, provided a step
+depends only on the state and the step number (derive the batch from the step; initialise every
+rank the same way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from cluster import _runtime
+from cluster.collective import barrier
+from cluster.errors import ClusterError, PeerFailedError
+
+if TYPE_CHECKING:
+    from cluster.checkpoint import CheckpointManager
+
+
+class TrainingLoop:
+    """`for step in loop:` with `with loop.step():` around the step's work; see the module."""
+
+    def __init__(
+        self,
+        steps: int,
+        checkpoints: CheckpointManager,
+        get_state: Callable[[], Mapping[str, Any]],
+        set_state: Callable[[dict[str, Any]], None],
+        *,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        """`get_state()`: what a checkpoint holds (parameters, optimizer state, ...);
+        `set_state(state)`: put such a state back. The state at construction is the state of
+        step 0."""
+        if steps < 0:
+            raise ClusterError(f"TrainingLoop steps={steps} must be >= 0")
+        self.steps = steps
+        self.checkpoints = checkpoints
+        self._get_state = get_state
+        self._set_state = set_state
+        self._say = say or _say
+        self._initial = copy.deepcopy(dict(get_state()))
+        self._generation = 0
+        self._interrupted: PeerFailedError | None = None
+        self._furthest = 0
+        self.rollbacks = 0
+        # Steps this worker computed again after rollbacks (work lost to failures).
+        self.steps_redone = 0
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[int]:
+        step = self._start()
+        while True:
+            if _runtime.topology().generation != self._generation:
+                step = self._roll_back(waited=False)
+            elif step < self.steps:
+                self._interrupted = None
+                yield step
+                if self._interrupted is not None:
+                    step = self._roll_back(waited=True)
+                else:
+                    step += 1
+                    self._furthest = max(self._furthest, step)
+                    if self.checkpoints.should_save(step) or step == self.steps:
+                        self.checkpoints.save(step, self._get_state())
+            elif self._agree_on_the_end():
+                return
+            else:
+                step = self._roll_back(waited=True)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Around one step's work: a peer's failure in it ends the step early, for a rollback.
+
+        That is a PeerFailedError from a cluster collective, or any other error (from gloo,
+        NCCL, ...) when the scheduler confirms, within MS_NODE_TIMEOUT, that a peer of this
+        generation failed; other errors are raised as they are.
+        """
+        try:
+            yield
+        except PeerFailedError as exc:
+            self._interrupted = exc
+        except Exception as exc:
+            if not _runtime.peer_failed(self._generation, _runtime.failure_wait_s()):
+                raise
+            self._interrupted = PeerFailedError(f"a peer failed during the step: {exc}")
+
+    def run(self, train_step: Callable[[int], None]) -> None:
+        """The whole loop: `train_step(step)` for each step, rolled back as needed."""
+        for step in self:
+            with self.step():
+                train_step(step)
+
+    # -- rollback ----------------------------------------------------------------------------
+
+    def _start(self) -> int:
+        topology = _runtime.topology()
+        self._generation = topology.generation
+        if topology.rollback_step == 0 and not _runtime.is_rejoin():
+            return 0  # a first start: the state as constructed
+        return self._restore(topology.rollback_step, topology.generation, topology.reason)
+
+    def _roll_back(self, *, waited: bool) -> int:
+        if waited:
+            self._say(
+                "a peer failed; waiting for the job's next generation"
+                if self._interrupted is not None
+                else "waiting for the job's next generation"
+            )
+            _runtime.wait_for_generation(self._generation)
+        topology = _runtime.topology()
+        self._generation = topology.generation
+        self.rollbacks += 1
+        self.steps_redone += max(self._furthest - topology.rollback_step, 0)
+        return self._restore(topology.rollback_step, topology.generation, topology.reason)
+
+    def _restore(self, step: int, generation: int, reason: str) -> int:
+        state = copy.deepcopy(self._initial) if step == 0 else self.checkpoints.load(step)
+        self._set_state(state)
+        self._furthest = max(self._furthest, step)
+        self._say(f"generation {generation} ({reason}): resuming from step {step}")
+        return step
+
+    def _agree_on_the_end(self) -> bool:
+        """True once every worker holds the final state; False after a peer failed first."""
+        if _runtime.topology().rollback_step >= self.steps:
+            return True  # every worker saved the final state already: nothing to wait for
+        try:
+            barrier()
+        except PeerFailedError as exc:
+            self._interrupted = exc
+            return False
+        return True
+
+
+def _say(message: str) -> None:
+    print(f"cluster[rank {_runtime.get_rank()}]: {message}", file=sys.stderr, flush=True)

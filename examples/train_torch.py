@@ -1,0 +1,166 @@
+"""The tutorials' quick-start network, data parallel over every worker, in torch (DDP on gloo).
+
+examples/train_mlp.py with torch: Dense(32->16), ReLU, Dense(16->16), MSE loss, Momentum(lr=0.2,
+momentum=0.1) as torch.optim.SGD (with dampening 0 and without Nesterov, torch's momentum is
+MindSpore's: v = momentum * v + grad; w -= lr * v). The same fixed data and initial parameters
+as train_mlp.py, the same batches by step; gradients are averaged by DistributedDataParallel
+over a gloo process group that `cluster.torch` makes from the job. A `cluster.TrainingLoop`
+saves the model's and the optimizer's state dicts and, after a failure, rolls every worker back
+and re-makes the process group for the job's new generation, so a run with faults ends with
+bit-for-bit the parameters of a run without: float64, deterministic algorithms, one thread.
+
+    mscluster run --worker-num 4 --local-worker-num 4 --enable-recovery \\
+        --recovery-path state --max-restarts 2 examples/train_torch.py --out out
+
+Each step prints `epoch: <e> step: <s>, loss is <x>` (the loss of the whole global batch). With
+--out DIR, rank 0 writes the final parameters to DIR/final.npz and their SHA-256 (of their
+float64 bytes, in the model's parameter order) to DIR/final.sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import cluster
+import cluster.torch
+
+SAMPLES = 1024
+GLOBAL_BATCH = 64
+IN, HIDDEN, OUT = 32, 16, 16
+LR, MOMENTUM = 0.2, 0.1
+
+
+def dataset() -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets, the same on every worker (fixed seed; train_mlp.py's data)."""
+    rng = np.random.default_rng(2024)
+    x = rng.standard_normal((SAMPLES, IN))
+    teacher = rng.standard_normal((IN, OUT)) / np.sqrt(IN)
+    y = np.tanh(x @ teacher) + 0.05 * rng.standard_normal((SAMPLES, OUT))
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def network() -> nn.Sequential:
+    """The network, initialised the same on every worker (fixed seed; train_mlp.py's values)."""
+    rng = np.random.default_rng(7)
+    w1 = rng.standard_normal((IN, HIDDEN)) * np.sqrt(2.0 / IN)
+    w2 = rng.standard_normal((HIDDEN, OUT)) * np.sqrt(1.0 / HIDDEN)
+    net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, OUT)).double()
+    with torch.no_grad():
+        for layer, weight in ((net[0], w1), (net[2], w2)):
+            layer.weight.copy_(torch.from_numpy(weight.T))  # torch stores (out, in)
+            layer.bias.zero_()
+    return net
+
+
+def shard(step: int, rank: int, size: int) -> slice:
+    """This rank's rows of the step's global batch: the data position follows the step."""
+    start = (step * GLOBAL_BATCH) % SAMPLES
+    per_rank = GLOBAL_BATCH // size
+    return slice(start + rank * per_rank, start + (rank + 1) * per_rank)
+
+
+def digest(net: nn.Module) -> str:
+    sha = hashlib.sha256()
+    for param in net.parameters():
+        sha.update(param.detach().to(torch.float64).contiguous().numpy().tobytes())
+    return sha.hexdigest()
+
+
+class Trainer:
+    """The network, its optimizer, and its DDP wrapper over the current generation's group."""
+
+    def __init__(self, per_rank: int) -> None:
+        self.per_rank = per_rank
+        self.net = network()
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
+        self.model = self._data_parallel()
+
+    def _data_parallel(self) -> DistributedDataParallel:
+        """DDP over the process group of the job's current generation. init_sync=False: every
+        rank holds the same parameters already (the same seed, or the same checkpoint step),
+        and then the wrapping makes no collective, so one rank may repeat it alone."""
+        cluster.torch.init_process_group("gloo")
+        return DistributedDataParallel(self.net, init_sync=False)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def set_state(self, saved: dict[str, Any]) -> None:
+        """Put a checkpoint back, for a new generation: a new group (the old one has a dead or
+        replaced peer), and a new wrapper over it (the old one's gradient hooks go with it)."""
+        self.net.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        del self.model
+        self.model = self._data_parallel()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One step on this rank's rows; the summed squared error of the whole global batch."""
+        self.optimizer.zero_grad(set_to_none=True)
+        squared = ((self.model(x) - y) ** 2).sum()
+        # DDP averages the ranks' gradients: this is the gradient of the summed squared error
+        # averaged over the global batch, train_mlp.py's.
+        (squared / self.per_rank).backward()
+        self.optimizer.step()
+        total = squared.detach().clone()
+        dist.all_reduce(total)  # for the log line
+        return total.item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--save-every", type=int, default=10, help="checkpoint every k steps")
+    parser.add_argument("--keep", type=int, default=3, help="checkpoints kept per rank")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step")
+    parser.add_argument("--out", type=Path, help="rank 0 writes final.npz and final.sha256 here")
+    parser.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
+    args = parser.parse_args()
+
+    cluster.init()  # in the scheduler role this serves the job and exits
+    # Bit-for-bit repeatable arithmetic: one thread (the same reduction order in every kernel)
+    # and deterministic kernels only.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    rank, size = cluster.get_rank(), cluster.get_group_size()
+    if GLOBAL_BATCH % size:
+        raise SystemExit(f"the global batch ({GLOBAL_BATCH}) must divide among {size} workers")
+    x, y = dataset()
+    trainer = Trainer(GLOBAL_BATCH // size)
+    directory = args.checkpoint_dir or (args.out or Path("checkpoints")) / "checkpoints"
+    checkpoints = cluster.CheckpointManager(
+        directory, "torch", cluster.CheckpointConfig(args.save_every, args.keep)
+    )
+    loop = cluster.TrainingLoop(args.steps, checkpoints, trainer.get_state, trainer.set_state)
+    steps_per_epoch = SAMPLES // GLOBAL_BATCH
+    for step in loop:
+        with loop.step():
+            rows = shard(step, rank, size)
+            loss = trainer.step(x[rows], y[rows]) / GLOBAL_BATCH / OUT
+            epoch, in_epoch = divmod(step, steps_per_epoch)
+            print(f"epoch: {epoch + 1} step: {in_epoch + 1}, loss is {loss:.6f}", flush=True)
+            if args.step_delay > 0:
+                time.sleep(args.step_delay)
+    if rank == 0 and args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        arrays = {name: p.detach().numpy() for name, p in trainer.net.named_parameters()}
+        np.savez(args.out / "final.npz", **arrays)
+        (args.out / "final.sha256").write_text(digest(trainer.net) + "\n")
+        print(
+            f"final parameters: {args.out / 'final.npz'} sha256 {digest(trainer.net)}", flush=True
+        )
+    cluster.torch.destroy_process_group()
+    cluster.finalize()
+
+
+if __name__ == "__main__":
+    main()

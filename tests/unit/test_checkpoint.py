@@ -1,0 +1,675 @@
+"""cluster.checkpoint: round trips, pruning, per-rank directories, corrupt files, SIGKILL."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import random
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+from contextlib import suppress
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cluster import _runtime, checkpoint
+from cluster.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.errors import CheckpointError, ClusterError, ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manager(tmp_path: Path, keep: int = 5, every: int = 1, **kwargs: Any) -> CheckpointManager:
+    kwargs.setdefault("recovery", False)
+    kwargs.setdefault("rank", 0)
+    config = CheckpointConfig(save_checkpoint_steps=every, keep_checkpoint_max=keep)
+    return CheckpointManager(tmp_path / "ckpt", "net", config, **kwargs)
+
+
+def assert_same_array(got: Any, want: np.ndarray) -> None:
+    assert isinstance(got, np.ndarray)
+    assert got.dtype == want.dtype
+    assert got.shape == want.shape
+    assert got.tobytes() == want.tobytes()  # bit-identical, NaN payloads included
+
+
+# Round trips
+
+
+ARRAYS = {
+    "float32": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+    "float64": np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-308, 5e-324]),
+    "int64": np.arange(-5, 5, dtype=np.int64) * (2**60),
+    "int8": np.array([-128, 0, 127], dtype=np.int8),
+    "uint16": np.arange(7, dtype=np.uint16),
+    "float16": np.array([1.5, -2.25], dtype=np.float16),
+    "bool": np.array([[True, False], [False, True]]),
+    "complex128": np.array([1 + 2j, -3.5j]),
+    "big-endian": np.arange(4, dtype=">f4"),
+    "unicode": np.array(["a", "bcd", "é€"]),
+    "bytes": np.array([b"x", b"yz"]),
+    "datetime": np.array(["2024-01-01T00:00", "1970-01-01"], dtype="datetime64[ns]"),
+    "0-d": np.array(3.25, dtype=np.float64),
+    "empty": np.zeros((0, 3), dtype=np.float32),
+    "empty-1d": np.array([], dtype=np.int64),
+    "transposed": np.arange(12, dtype=np.float32).reshape(3, 4).T,
+    "strided": np.arange(40, dtype=np.int32)[::3],
+    "fortran": np.asfortranarray(np.arange(6, dtype=np.float64).reshape(2, 3)),
+}
+
+
+@pytest.mark.parametrize("name", list(ARRAYS))
+def test_numpy_arrays_round_trip_bit_identical(tmp_path: Path, name: str) -> None:
+    ckpt = manager(tmp_path)
+    array = ARRAYS[name]
+    ckpt.save(1, {"x": array, "nested": {"y": [array]}})
+    loaded = ckpt.load(1)
+    assert_same_array(loaded["x"], array)
+    assert_same_array(loaded["nested"]["y"][0], array)
+
+
+def test_python_values_round_trip_with_their_types(tmp_path: Path) -> None:
+    state = {
+        "none": None,
+        "flags": [True, False],
+        "ints": [0, -1, 2**100],
+        "floats": [0.1, -0.0, math.inf, -math.inf, 1e-310],
+        "text": 'ünïcødé \u2603 \n"quoted" $',
+        "tuple": (1, "a", (2.5, None)),
+        "int_keys": {0: "zero", 1: {"nested": [1, 2]}},
+        "mixed_keys": {None: 1, True: 2, 2.5: 3, ("a", 1): 4, "$": 5},
+        "ordered": OrderedDict([("b", 1), ("a", 2)]),
+        "empty": [[], {}, ()],
+        "raw": b"\x00\xffbytes",
+        "numpy_scalars": [np.float32(1.5), np.int64(-7), np.bool_(True), np.float64(2.0)],
+    }
+    ckpt = manager(tmp_path)
+    ckpt.save(3, state)
+    loaded = ckpt.load(3)
+    assert loaded == state
+    assert type(loaded["tuple"]) is tuple
+    assert type(loaded["tuple"][2]) is tuple
+    assert type(loaded["flags"][0]) is bool
+    assert type(loaded["int_keys"]) is dict
+    assert list(loaded["int_keys"]) == [0, 1]
+    assert type(loaded["ordered"]) is OrderedDict
+    assert list(loaded["ordered"]) == ["b", "a"]
+    assert math.copysign(1.0, loaded["floats"][1]) == -1.0
+    assert loaded["raw"] == b"\x00\xffbytes"
+    assert [type(v) for v in loaded["numpy_scalars"]] == [
+        np.float32,
+        np.int64,
+        np.bool_,
+        np.float64,
+    ]
+    nan = manager(tmp_path / "nan")
+    nan.save(1, {"nan": math.nan})
+    assert math.isnan(nan.load(1)["nan"])
+
+
+def test_torch_state_dicts_round_trip(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(6, 8)).square().sum().backward()
+    optimizer.step()
+    extra = {
+        "bf16": torch.randn(5).to(torch.bfloat16),
+        "int64": torch.arange(10, dtype=torch.int64),
+        "bool": torch.tensor([True, False]),
+        "0-d": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.zeros(0, 3),
+        "transposed": torch.arange(12.0).reshape(3, 4).t(),
+        "half": torch.tensor([1.0, 65504.0], dtype=torch.float16),
+        "complex": torch.tensor([1 + 2j]),
+        "grad": torch.ones(2, requires_grad=True) * 3,
+    }
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict(), "extra": extra}
+    ckpt = manager(tmp_path)
+    ckpt.save(1, state)
+    loaded = ckpt.load(1)
+
+    for name, want in {**state["model"], **extra}.items():
+        got = loaded["model"][name] if name in state["model"] else loaded["extra"][name]
+        assert isinstance(got, torch.Tensor), name
+        assert got.dtype == want.dtype, name
+        assert got.shape == want.shape, name
+        assert torch.equal(got, want.detach()), name
+        assert not got.requires_grad
+    assert type(loaded["model"]) is OrderedDict
+    assert loaded["model"]._metadata == state["model"]._metadata
+    assert loaded["optim"]["param_groups"] == state["optim"]["param_groups"]
+    for index, moments in state["optim"]["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(loaded["optim"]["state"][index][key], value)
+
+    # The loaded dicts drive the real torch loaders, and training goes on identically.
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.5)
+    fresh.load_state_dict(loaded["model"])
+    fresh_optimizer.load_state_dict(loaded["optim"])
+    batch = torch.randn(6, 8)
+    for net, opt in ((model, optimizer), (fresh, fresh_optimizer)):
+        opt.zero_grad()
+        net(batch).square().sum().backward()
+        opt.step()
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_loading_tensors_without_torch_says_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    ckpt = manager(tmp_path)
+    ckpt.save(1, {"w": torch.ones(2)})
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(CheckpointError, match="install torch"):
+        ckpt.load(1)
+
+
+def test_numpy_state_never_imports_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys; from cluster.checkpoint import *\n"
+        "m = CheckpointManager(sys.argv[1], 'p', CheckpointConfig(), rank=0, recovery=False)\n"
+        "import numpy as np; m.save(1, {'a': np.ones(3)}); m.load(1)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        ({1, 2}, r"state\['bad'\]\[0\] is a set"),
+        (object(), r"state\['bad'\]\[0\] is a object"),
+        (np.array([object()]), "dtype object"),
+        (np.zeros(2, dtype=[("a", "f4"), ("b", "i4")]), "records"),
+        ({frozenset(): 1}, "dict keys"),
+    ],
+)
+def test_unsupported_values_are_refused_before_writing(
+    tmp_path: Path, value: object, what: str
+) -> None:
+    ckpt = manager(tmp_path)
+    with pytest.raises(CheckpointError, match=what):
+        ckpt.save(1, {"bad": [value]})
+    assert list(ckpt.directory.iterdir()) == []
+
+
+def test_state_must_be_a_mapping_of_str(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    with pytest.raises(CheckpointError, match="keys are str"):
+        ckpt.save(1, {1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(CheckpointError, match="mapping"):
+        ckpt.save(1, [1, 2])  # type: ignore[arg-type]
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    with pytest.raises(CheckpointError, match="contains itself"):
+        ckpt.save(1, loop)
+
+
+# Files, pruning, ranks, reports
+
+
+def test_file_name_and_no_temporary_left(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    path = ckpt.save(7, {"a": 1})
+    assert path == tmp_path / "ckpt" / "rank_0" / "net-00000007.ckpt"
+    assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000007.ckpt"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, keep=3, report=reports.append)
+    for step in range(1, 7):
+        ckpt.save(step, {"step": step})
+    assert ckpt.steps() == [4, 5, 6]
+    assert sorted(p.name for p in ckpt.directory.iterdir()) == [
+        "net-00000004.ckpt",
+        "net-00000005.ckpt",
+        "net-00000006.ckpt",
+    ]
+    assert reports == [[1], [1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6]]
+    assert ckpt.latest() == (6, {"step": 6})
+
+
+def test_saving_an_older_step_drops_the_newer_ones(tmp_path: Path) -> None:
+    """After a rollback to step 2, checkpoints 3 and 4 of the abandoned run must go."""
+    ckpt = manager(tmp_path, keep=5)
+    for step in range(1, 5):
+        ckpt.save(step, {"run": 1, "step": step})
+    ckpt.save(3, {"run": 2, "step": 3})
+    assert ckpt.steps() == [1, 2, 3]
+    assert ckpt.load(3) == {"run": 2, "step": 3}
+
+
+def test_should_save_every_k_steps(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path, every=3)
+    assert [s for s in range(1, 10) if ckpt.should_save(s)] == [3, 6, 9]
+    with pytest.raises(CheckpointError, match="step=0"):
+        ckpt.should_save(0)
+
+
+def test_each_rank_has_its_own_directory(tmp_path: Path) -> None:
+    zero, one = manager(tmp_path, rank=0), manager(tmp_path, rank=1)
+    zero.save(1, {"rank": 0})
+    one.save(1, {"rank": 1})
+    one.save(2, {"rank": 1})
+    assert (tmp_path / "ckpt" / "rank_0" / "net-00000001.ckpt").is_file()
+    assert (tmp_path / "ckpt" / "rank_1" / "net-00000002.ckpt").is_file()
+    assert zero.steps() == [1]
+    assert one.steps() == [1, 2]
+    assert zero.load(1) == {"rank": 0}
+    assert one.latest() == (2, {"rank": 1})
+
+
+def test_defaults_without_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig())
+    assert ckpt.rank == 0
+    assert ckpt.recovery is False
+    assert ckpt.directory == tmp_path / "rank_0"
+    ckpt.save(1, {"a": 1})  # the default report is a no-op before cluster.init()
+
+
+def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank, recovery and the report come from the joined job (faked here: no network)."""
+    reported: list[list[int]] = []
+    session = SimpleNamespace(config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)))
+    monkeypatch.setattr(_runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(_runtime, "get_rank", lambda: 3)
+    monkeypatch.setattr(_runtime, "session", lambda: session)
+    monkeypatch.setattr(_runtime, "report_checkpoints", reported.append, raising=False)
+    monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
+    with pytest.raises(ConfigError, match="recovery on"):
+        CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=1))
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=2))
+    assert (ckpt.rank, ckpt.recovery) == (3, True)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"a": step})
+    assert reported == [[1], [1, 2], [2, 3]]
+    assert (tmp_path / "rank_3" / "p-00000003.ckpt").is_file()
+
+
+def test_prefixes_share_a_directory_without_mixing(tmp_path: Path) -> None:
+    config = CheckpointConfig(keep_checkpoint_max=1)
+    model = CheckpointManager(tmp_path, "model", config, rank=0, recovery=False)
+    ema = CheckpointManager(tmp_path, "model-ema", config, rank=0, recovery=False)
+    model.save(1, {"m": 1})
+    ema.save(1, {"e": 1})
+    ema.save(2, {"e": 2})
+    assert model.steps() == [1]
+    assert ema.steps() == [2]
+    ema_temporary = ema.directory / ".model-ema-00000003.ckpt.123.tmp"
+    ema_temporary.write_bytes(b"being written")
+    model.save(2, {"m": 2})  # removes its own temporaries only
+    assert ema_temporary.exists()
+
+
+def test_foreign_and_non_canonical_names_are_ignored(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    ckpt.save(1, {"a": 1})
+    for name in ("net-1.ckpt", "net-00000000.ckpt", "net-000000002.ckpt", "other-00000003.ckpt"):
+        (ckpt.directory / name).write_bytes(b"junk")
+    assert ckpt.steps() == [1]
+    ckpt.save(2, {"a": 2})
+    assert (ckpt.directory / "other-00000003.ckpt").exists()
+
+
+def test_missing_step_names_the_steps_held(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    assert ckpt.latest() is None
+    ckpt.save(2, {"a": 1})
+    with pytest.raises(CheckpointError, match=r"no checkpoint of step 5 .*holds steps \[2\]"):
+        ckpt.load(5)
+
+
+def test_a_leftover_temporary_is_ignored_then_removed(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    ckpt.save(1, {"a": 1})
+    stale = ckpt.directory / ".net-00000002.ckpt.999999.tmp"
+    stale.write_bytes(ckpt.path(1).read_bytes()[:100])
+    assert ckpt.steps() == [1]
+    assert ckpt.latest() == (1, {"a": 1})
+    ckpt.save(2, {"a": 2})
+    assert not stale.exists()
+
+
+def test_a_failed_save_leaves_the_older_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = manager(tmp_path)
+    ckpt.save(1, {"a": np.ones(1000)})
+    calls = []
+
+    def disk_full(fd: int, data: memoryview) -> None:
+        calls.append(data.nbytes)
+        if len(calls) == 2:  # the header went out, the first array does not
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        original(fd, data)
+
+    original = checkpoint._write_all
+    monkeypatch.setattr(checkpoint, "_write_all", disk_full)
+    with pytest.raises(CheckpointError, match=r"step 2 .*No space left on device.*unchanged"):
+        ckpt.save(2, {"a": np.ones(1000)})
+    assert ckpt.steps() == [1]
+    assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000001.ckpt"]
+
+
+# Corrupt files
+
+
+def saved_pair(tmp_path: Path) -> tuple[CheckpointManager, Path]:
+    """Steps 1 and 2 saved; the path of step 2, the one the tests damage."""
+    ckpt = manager(tmp_path)
+    ckpt.save(1, {"w": np.arange(1000, dtype=np.float32), "step": 1})
+    ckpt.save(2, {"w": np.arange(1000, dtype=np.float32) * 2, "step": 2})
+    return ckpt, ckpt.path(2)
+
+
+def assert_refused(ckpt: CheckpointManager, path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(CheckpointError, match=rf"{path.name}.*(torn|corrupt)") as info:
+        ckpt.load(2)
+    assert str(path) in str(info.value)
+    with caplog.at_level(logging.WARNING, logger="cluster.checkpoint"):
+        latest = ckpt.latest()
+    assert latest is not None
+    assert latest[0] == 1
+    assert latest[1]["step"] == 1
+    assert any(str(path) in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 31, 100, 0.5, -1, -40])
+def test_truncated_files_are_refused_and_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, keep: float
+) -> None:
+    ckpt, path = saved_pair(tmp_path)
+    data = path.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep % len(data)
+    path.write_bytes(data[:cut])
+    assert ckpt.steps() == [1]  # the cheap check sees a short file
+    assert_refused(ckpt, path, caplog)
+
+
+@pytest.mark.parametrize("where", [0, 9, 20, 40, 60, 0.3, 0.6, 0.9, -41, -20, -1])
+def test_a_flipped_bit_anywhere_is_detected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: float
+) -> None:
+    ckpt, path = saved_pair(tmp_path)
+    data = bytearray(path.read_bytes())
+    index = int(len(data) * where) if isinstance(where, float) else where % len(data)
+    data[index] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert_refused(ckpt, path, caplog)
+
+
+def test_a_renamed_file_is_not_taken_for_another_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt, path = saved_pair(tmp_path)
+    path.write_bytes(ckpt.path(1).read_bytes())
+    with pytest.raises(CheckpointError, match="holds step 1, not 2"):
+        ckpt.load(2)
+
+
+def test_a_foreign_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ckpt, path = saved_pair(tmp_path)
+    path.write_bytes(b"PK\x03\x04" + bytes(200))
+    assert ckpt.steps() == [1]
+    assert_refused(ckpt, path, caplog)
+
+
+def test_when_every_checkpoint_is_corrupt_latest_is_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt, _ = saved_pair(tmp_path)
+    for step in (1, 2):
+        ckpt.path(step).write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="cluster.checkpoint"):
+        assert ckpt.latest() is None
+    assert len(caplog.records) == 2
+    assert ckpt.steps() == []
+
+
+# A process killed in the middle of saving
+
+SAVER = """
+import os, signal, sys
+import numpy as np
+from cluster import _runtime, checkpoint
+from cluster.checkpoint import CheckpointConfig, CheckpointManager
+
+directory, size, kill_at = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ckpt = CheckpointManager(directory, "big", CheckpointConfig(keep_checkpoint_max=2), rank=0,
+                         recovery=False)
+
+# kill_at "<step>:<point>[:<fraction>]": SIGKILL this process itself at that point of that save.
+if kill_at != "none":
+    kill_step, point, *rest = kill_at.split(":")
+    saving = [0]
+
+    def die(where):
+        if saving[0] == int(kill_step) and where == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def wrap(module, name, where, before=True):
+        original = getattr(module, name)
+        def wrapper(*args):
+            if before:
+                die(where)
+            result = original(*args)
+            if not before:
+                die(where)
+            return result
+        setattr(module, name, wrapper)
+
+    written = [0]
+    original_write_all = checkpoint._write_all
+    def write_all(fd, data):
+        if saving[0] == int(kill_step) and point == "write":
+            cut = int(size * 4 * float(rest[0])) - written[0]
+            if 0 <= cut < data.nbytes:
+                original_write_all(fd, data[:cut])
+                die("write")
+            written[0] += data.nbytes
+        original_write_all(fd, data)
+    checkpoint._write_all = write_all
+    wrap(checkpoint.os, "fsync", "fsync")
+    wrap(checkpoint.os, "replace", "replace", before=False)
+    wrap(checkpoint.Path, "unlink", "prune", before=False)
+
+for step in range(1, 10_000):
+    state = {"step": step, "w": np.full(size, step, dtype=np.float32),
+             "b": np.arange(step % 97, dtype=np.int64)}
+    print("saving", step, flush=True)
+    if kill_at != "none":
+        saving[0] = step
+    ckpt.save(step, state)
+    print("saved", step, flush=True)
+"""
+
+
+def read_lines(process: subprocess.Popen[bytes], count: int, timeout_s: float) -> list[str]:
+    """The lines the process prints, until `count` lines or its exit, waiting `timeout_s` at
+    most in all."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    buffer, lines = b"", []
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while len(lines) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {count} lines")
+            if not selector.select(remaining):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            lines.extend(line.decode() for line in complete)
+    return lines[:count]
+
+
+def run_saver(
+    tmp_path: Path, size: int, lines: int, kill_at: str = "none", written: float | None = None
+) -> int:
+    """Run SAVER until it printed `lines` lines (or killed itself) and, with `written`, until
+    the checkpoint it is saving has that fraction of its bytes in the temporary file (or is
+    complete); SIGKILL it. The last step it reported saved."""
+    saver = subprocess.Popen(
+        [sys.executable, "-c", SAVER, str(tmp_path), str(size), kill_at],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        printed = read_lines(saver, lines, timeout_s=60)
+        if written is not None:
+            wait_for_bytes(tmp_path / "rank_0", int(printed[-1].split()[1]), written * size * 4)
+    finally:
+        saver.kill()
+        returncode = saver.wait(10)
+        assert saver.stdout is not None
+        saver.stdout.close()
+    assert returncode == -signal.SIGKILL, printed
+    saved = [int(line.split()[1]) for line in printed if line.startswith("saved")]
+    return saved[-1] if saved else 0
+
+
+def wait_for_bytes(directory: Path, step: int, count: float) -> None:
+    """Until the temporary of `step` holds `count` bytes, or the checkpoint is complete."""
+    name = f"big-{step:08d}.ckpt"
+
+    def reached() -> bool:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name == name:
+                    return True
+                if entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp"):
+                    with suppress(FileNotFoundError):  # renamed since it was listed
+                        if entry.stat().st_size >= count:
+                            return True
+        return False
+
+    deadline = time.monotonic() + 30
+    while not reached():
+        assert time.monotonic() < deadline, f"the saver never wrote {count} bytes of {name}"
+        time.sleep(0.0005)  # sleep-ok: polls an observable (the file), bounded by the deadline
+
+
+def check_after_kill(tmp_path: Path, size: int, done: int) -> list[int]:
+    """Every checkpoint left is whole, the last one reported saved among them."""
+    ckpt = CheckpointManager(
+        tmp_path, "big", CheckpointConfig(keep_checkpoint_max=2), rank=0, recovery=False
+    )
+    steps = ckpt.steps()
+    assert done in steps
+    assert set(steps) <= {done - 1, done, done + 1}
+    for step in steps:
+        state = ckpt.load(step)
+        assert state["step"] == step
+        assert_same_array(state["w"], np.full(size, step, dtype=np.float32))
+    latest = ckpt.latest()
+    assert latest is not None
+    assert latest[0] == max(steps)
+    ckpt.save(done + 5, {"step": done + 5})
+    assert not list(ckpt.directory.glob(".*.tmp"))
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sigkill_at_a_random_moment_leaves_only_complete_checkpoints(
+    tmp_path: Path, seed: int
+) -> None:
+    """A process saving 16-44 MB checkpoints in a loop ("saving k" before a save, "saved k"
+    after) is SIGKILLed in its n-th save once a random part of it is in the temporary file, or
+    right after its n-th save: every checkpoint left loads, the last one it reported saved is
+    there, and the next save clears the temporary."""
+    rng = random.Random(seed)
+    size = rng.randrange(4, 12) * 2**20  # float32 elements
+    saves = rng.randrange(1, 5)
+    if seed % 4 == 3:
+        done = run_saver(tmp_path, size, lines=2 * saves)
+    else:
+        done = run_saver(tmp_path, size, lines=2 * saves + 1, written=rng.random())
+    assert done == saves
+    check_after_kill(tmp_path, size, done)
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["write:0.0", "write:0.37", "write:0.999", "write:1.0", "fsync", "replace", "prune"],
+)
+def test_sigkill_at_each_point_of_a_save(tmp_path: Path, point: str) -> None:
+    """The saver kills itself inside its fourth save: part-way through the data, before an
+    fsync, after the rename, in the middle of pruning."""
+    size = 2**20
+    done = run_saver(tmp_path, size, lines=100, kill_at=f"4:{point}")
+    assert done == 3
+    steps = check_after_kill(tmp_path, size, done)
+    # After the rename the new checkpoint is whole, and it is kept.
+    assert (4 in steps) == (point in ("replace", "prune"))
+
+
+# Configuration
+
+
+@pytest.mark.parametrize("field", ["save_checkpoint_steps", "keep_checkpoint_max"])
+@pytest.mark.parametrize("value", [0, -3, 1.5, "2", True, None])
+def test_bad_config_values_name_the_field_value_and_rule(field: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        CheckpointConfig(**{field: value})  # type: ignore[arg-type]
+    message = str(info.value)
+    assert f"{field}={value!r}" in message
+    assert "integer >= 1" in message
+    assert isinstance(info.value, ClusterError)
+
+
+def test_recovery_needs_two_checkpoints_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = CheckpointConfig(keep_checkpoint_max=1)
+    with pytest.raises(ConfigError, match=r"keep_checkpoint_max=1 .*recovery on.*>= 2"):
+        CheckpointManager(tmp_path, "p", one, rank=0, recovery=True)
+    CheckpointManager(tmp_path, "p", one, rank=0, recovery=False)
+    CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=2), recovery=True)
+
+    monkeypatch.setenv("MS_ENABLE_RECOVERY", "1")
+    with pytest.raises(ConfigError, match="keep_checkpoint_max=1"):
+        CheckpointManager(tmp_path, "p", one, rank=0)
+    monkeypatch.setenv("MS_ENABLE_RECOVERY", "maybe")
+    with pytest.raises(ConfigError, match="MS_ENABLE_RECOVERY='maybe' is not a boolean"):
+        CheckpointManager(tmp_path, "p", one, rank=0)
+
+
+@pytest.mark.parametrize("prefix", ["", "a/b", "../x", ".hidden", "x" * 129, 5])
+def test_bad_prefix(tmp_path: Path, prefix: object) -> None:
+    with pytest.raises(ConfigError, match="prefix="):
+        CheckpointManager(tmp_path, prefix, CheckpointConfig(), rank=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", [-1, True, 1.0, "0"])
+def test_bad_rank(tmp_path: Path, rank: object) -> None:
+    with pytest.raises(ConfigError, match="rank="):
+        CheckpointManager(tmp_path, "p", CheckpointConfig(), rank=rank)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("step", [0, -1, True, 1.0, "3"])
+def test_bad_step(tmp_path: Path, step: object) -> None:
+    ckpt = manager(tmp_path)
+    with pytest.raises(CheckpointError, match=r"step=.*integer >= 1"):
+        ckpt.save(step, {})  # type: ignore[arg-type]

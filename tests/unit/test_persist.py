@@ -14,6 +14,7 @@ from cluster.errors import StateFileError
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.state import Accepted, NodeRole, Registration
+from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, settle
 
 SETTINGS = CoreSettings(
@@ -81,7 +82,10 @@ async def test_answers_and_events_wait_for_the_save(
     assert saved(tmp_path)["phase"] == "waiting"
     gate.set()
     assert isinstance(await asyncio.wait_for(answer, BOUND_S), Accepted)
-    assert (await asyncio.wait_for(event, BOUND_S)).topology_ready.generation == 1
+    sent = await asyncio.wait_for(event, BOUND_S)
+    if isinstance(sent, bytes):  # broadcasts go out serialized once
+        sent = pb.Event.FromString(sent)
+    assert sent.topology_ready.generation == 1
     assert saved(tmp_path)["phase"] == "ready"
     await asyncio.wait_for(core.finish("0", 1), BOUND_S)
     members = saved(tmp_path)["members"]

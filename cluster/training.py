@@ -134,6 +134,7 @@ class TrainingLoop:
     def _restore(self, step: int, generation: int, reason: str) -> int:
         state = copy.deepcopy(self._initial) if step == 0 else self.checkpoints.load(step)
         self._set_state(state)
+        self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)
         self._say(f"generation {generation} ({reason}): resuming from step {step}")
         return step

@@ -128,7 +128,12 @@ class TrainingLoop:
         topology = _runtime.topology()
         self._generation = topology.generation
         self.rollbacks += 1
-        self.steps_redone += max(self._furthest - topology.rollback_step, 0)
+        lost = max(self._furthest - topology.rollback_step, 0)
+        self.steps_redone += lost
+        self._say(
+            f"rolled back from step {self._furthest} to step {topology.rollback_step} "
+            f"({lost} steps to compute again)"
+        )
         return self._restore(topology.rollback_step, topology.generation, topology.reason)
 
     def _restore(self, step: int, generation: int, reason: str) -> int:

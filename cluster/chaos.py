@@ -93,8 +93,10 @@ class Chaos:
         every_s: float = 5.0,
         duration_s: float = 60.0,
         seed: int = 0,
+        count: int | None = None,
         out: IO[str] = sys.stderr,
     ) -> None:
+        """`count`: stop injecting after this many faults (None: until `duration_s`)."""
         unknown = sorted(set(faults) - set(FAULTS))
         if unknown or not faults:
             raise ClusterError(
@@ -107,7 +109,9 @@ class Chaos:
         self.faults = list(faults)
         self.every_s = every_s
         self.duration_s = duration_s
+        self.count = count
         self.rng = random.Random(seed)
+        self._bag: list[str] = []
         self.report = ChaosReport(seed=seed)
         self._out = out
 
@@ -117,13 +121,13 @@ class Chaos:
             self.job.start()
             self.job.wait_formed()
             formed = time.monotonic()
-            while True:
+            while self.count is None or len(self.report.faults) < self.count:
                 pause = self.rng.uniform(0.5, 1.5) * self.every_s
                 if time.monotonic() + pause - formed > self.duration_s:
                     break
                 if not self._sleep_while_running(pause):
                     break  # the job is ending: no more faults
-                fault = self._inject(self.rng.choice(self.faults), time.monotonic() - formed)
+                fault = self._inject(self._next_kind(), time.monotonic() - formed)
                 self.report.faults.append(fault)
                 self._say(self._describe(fault))
             self.report.exit_code = self.job.wait(FINISH_TIMEOUT_S)
@@ -136,6 +140,14 @@ class Chaos:
         return self.report
 
     # -- faults --------------------------------------------------------------------------------
+
+    def _next_kind(self) -> str:
+        """Kinds drawn from a shuffled bag: every kind comes once before any comes again, so
+        a short run still sees all of them."""
+        if not self._bag:
+            self._bag = list(self.faults)
+            self.rng.shuffle(self._bag)
+        return self._bag.pop()
 
     def _inject(self, kind: str, at_s: float) -> Fault:
         if kind == "scheduler":
@@ -262,6 +274,7 @@ def run_chaos(
     duration_s: float,
     seed: int,
     report_path: Path | None,
+    count: int | None = None,
     out: IO[str] = sys.stderr,
     make_job: Callable[..., LocalJob] = LocalJob,
 ) -> ChaosReport:
@@ -280,7 +293,13 @@ def run_chaos(
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         report = Chaos(
-            job, faults=faults, every_s=every_s, duration_s=duration_s, seed=seed, out=out
+            job,
+            faults=faults,
+            every_s=every_s,
+            duration_s=duration_s,
+            seed=seed,
+            count=count,
+            out=out,
         ).run()
     finally:
         job.close()

@@ -173,6 +173,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         seed=args.seed,
         report_path=Path(args.report) if args.report else None,
+        count=args.count,
     )
     return 0 if report.ok else 1
 
@@ -287,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--every", type=float, default=5.0, help="mean seconds between faults (5)")
     chaos.add_argument("--seed", type=int, default=0, help="random seed (0)")
     chaos.add_argument("--duration", type=float, default=60.0, help="seconds of faults (60)")
+    chaos.add_argument("--count", type=int, help="stop after this many faults (no limit)")
     chaos.add_argument("--report", help="the JSON report (default LOG_DIR/chaos-report.json)")
     chaos.add_argument("run_options", nargs=argparse.REMAINDER, help="-- mscluster run options")
     chaos.set_defaults(func=_cmd_chaos)

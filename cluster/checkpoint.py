@@ -172,6 +172,19 @@ class CheckpointManager:
         self._report(self.steps())
         return path
 
+    def discard_newer(self, step: int) -> None:
+        """Remove this rank's checkpoints newer than `step` and report what is left: after a
+        rollback to `step` they belong to the abandoned run, and must not be named as a rollback
+        step again before this rank's next save replaces them."""
+        removed = False
+        for newer, path in self._files().items():
+            if newer > step:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                removed = True
+        if removed:
+            self._report(self.steps())
+
     def steps(self) -> list[int]:
         """The steps of this rank's complete checkpoints, ascending (a cheap check of each file:
         its preamble, size and footer; `load` verifies the checksum)."""

@@ -4,6 +4,7 @@
     mscluster scheduler [options]              a standalone scheduler
     mscluster status --addr HOST:PORT          what a running job looks like
     mscluster certs --out DIR                  a CA, p12 files, a CRL and ssl.json for trials
+    mscluster chaos [options] -- RUN-OPTIONS SCRIPT [ARGS...]   a training run under faults
 
 Exit codes: 0 success, 1 the job failed, 2 a usage or configuration error, 128+N a signal.
 
@@ -145,18 +146,39 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mscluster", description="Scheduler/worker networking for distributed training."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    from cluster import chaos  # noqa: PLC0415 - imports grpc
 
-    run = commands.add_parser(
-        "run",
-        help="start the local processes of a job (like msrun / torchrun)",
-        description="Start the scheduler (when --master-addr is this host and --node-rank is 0 "
-        "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
+    remainder = list(args.run_options)
+    if remainder[:1] == ["--"]:
+        remainder = remainder[1:]
+    run_parser = argparse.ArgumentParser(prog="mscluster chaos -- ", add_help=False)
+    _add_run_arguments(run_parser)
+    run = run_parser.parse_args(remainder)
+    local = run.local_worker_num if run.local_worker_num is not None else run.worker_num
+    if local != run.worker_num or run.node_rank >= 0:
+        raise ConfigError(
+            "mscluster chaos runs the whole job on this host: give --local-worker-num equal to "
+            "--worker-num, and no --node-rank"
+        )
+    report = chaos.run_chaos(
+        Path(run.script),
+        run.script_args,
+        workers=run.worker_num,
+        # A short guard by default, so that a run of a minute sees many faults.
+        node_timeout_s=run.node_timeout if run.node_timeout is not None else 3.0,
+        log_dir=Path(run.log_dir),
+        faults=[f.strip() for f in args.faults.split(",") if f.strip()],
+        every_s=args.every,
+        duration_s=args.duration,
+        seed=args.seed,
+        report_path=Path(args.report) if args.report else None,
+        count=args.count,
     )
+    return 0 if report.ok else 1
+
+
+def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--worker-num", type=int, default=8, help="workers in the whole job (8)")
     run.add_argument(
         "--local-worker-num", type=int, help="workers on this host (default: --worker-num)"
@@ -189,6 +211,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
     run.add_argument("script", help="the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mscluster", description="Scheduler/worker networking for distributed training."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="start the local processes of a job (like msrun / torchrun)",
+        description="Start the scheduler (when --master-addr is this host and --node-rank is 0 "
+        "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
+    )
+    _add_run_arguments(run)
     run.set_defaults(func=_cmd_run)
 
     sched = commands.add_parser(
@@ -236,6 +273,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cert.add_argument("--force", action="store_true", help="overwrite existing files")
     cert.set_defaults(func=_cmd_certs)
+
+    chaos = commands.add_parser(
+        "chaos",
+        help="run a job under random faults and report how it coped",
+        description="Run the whole job of `mscluster run` options on this host with recovery on, "
+        "inject faults at random moments (reproducible with --seed), restart what was killed, "
+        "and report each fault's detection and recovery time and the steps lost; exit 0 only "
+        "when the job finished correctly. The run options follow `--`.",
+    )
+    chaos.add_argument(
+        "--faults", default="kill,stop,scheduler", help="of kill,stop,scheduler (all)"
+    )
+    chaos.add_argument("--every", type=float, default=5.0, help="mean seconds between faults (5)")
+    chaos.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    chaos.add_argument("--duration", type=float, default=60.0, help="seconds of faults (60)")
+    chaos.add_argument("--count", type=int, help="stop after this many faults (no limit)")
+    chaos.add_argument("--report", help="the JSON report (default LOG_DIR/chaos-report.json)")
+    chaos.add_argument("run_options", nargs=argparse.REMAINDER, help="-- mscluster run options")
+    chaos.set_defaults(func=_cmd_chaos)
     return parser
 
 

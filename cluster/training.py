@@ -128,12 +128,18 @@ class TrainingLoop:
         topology = _runtime.topology()
         self._generation = topology.generation
         self.rollbacks += 1
-        self.steps_redone += max(self._furthest - topology.rollback_step, 0)
+        lost = max(self._furthest - topology.rollback_step, 0)
+        self.steps_redone += lost
+        self._say(
+            f"rolled back from step {self._furthest} to step {topology.rollback_step} "
+            f"({lost} steps to compute again)"
+        )
         return self._restore(topology.rollback_step, topology.generation, topology.reason)
 
     def _restore(self, step: int, generation: int, reason: str) -> int:
         state = copy.deepcopy(self._initial) if step == 0 else self.checkpoints.load(step)
         self._set_state(state)
+        self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)
         self._say(f"generation {generation} ({reason}): resuming from step {step}")
         return step

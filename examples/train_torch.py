@@ -90,7 +90,11 @@ class Trainer:
         rank holds the same parameters already (the same seed, or the same checkpoint step),
         and then the wrapping makes no collective, so one rank may repeat it alone."""
         cluster.torch.init_process_group("gloo")
-        return DistributedDataParallel(self.net, init_sync=False)
+        model = DistributedDataParallel(self.net, init_sync=False)
+        # Gradients added in rank order: the same bits whether or not a rollback re-made the
+        # wrapper (and with it DDP's bucket layout) before this step.
+        model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)
+        return model
 
     def get_state(self) -> dict[str, Any]:
         return {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -12,3 +12,7 @@ from tests.procs import Procs, procs
 def processes(tmp_path: Path) -> Iterator[Procs]:
     with procs(tmp_path) as group:
         yield group
+
+
+# The fault-injection fixture users get (cluster.testing.local_job).
+pytest_plugins = ["cluster.testing"]

@@ -673,3 +673,17 @@ def test_bad_step(tmp_path: Path, step: object) -> None:
     ckpt = manager(tmp_path)
     with pytest.raises(CheckpointError, match=r"step=.*integer >= 1"):
         ckpt.save(step, {})  # type: ignore[arg-type]
+
+
+def test_discard_newer_removes_the_abandoned_steps_and_reports(tmp_path: Path) -> None:
+    reports: list[list[int]] = []
+    ckpt = CheckpointManager(
+        tmp_path, "net", CheckpointConfig(1, 5), rank=0, recovery=False, report=reports.append
+    )
+    for step in (1, 2, 3, 4):
+        ckpt.save(step, {"step": step})
+    ckpt.discard_newer(2)
+    assert ckpt.steps() == [1, 2]
+    assert reports[-1] == [1, 2]
+    ckpt.discard_newer(2)  # nothing newer: nothing to report
+    assert len(reports) == 5

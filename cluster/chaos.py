@@ -1,0 +1,311 @@
+"""Fault injection over a whole training run: `mscluster chaos`.
+
+`Chaos` runs a job as a `cluster.testing.LocalJob` (recovery on), injects faults at random
+moments (reproducible from the seed), restarts what it killed, waits for the job to recover
+before the next fault, and reports each fault: when it was injected, how long the scheduler took
+to see it, how long the job took to get back to normal, and how many steps had to be computed
+again (from the workers' "rolled back from step F to step S" lines, which `TrainingLoop` prints).
+
+Faults:
+    kill       SIGKILL a random worker, start it again at once (it rejoins after the guard)
+    stop       SIGSTOP a random worker for 0.3-2x MS_NODE_TIMEOUT, then SIGCONT: a short stop is
+               tolerated, a long one is a failure the same process recovers from
+    scheduler  SIGKILL the scheduler, start it again at once
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from cluster.errors import ClusterError
+from cluster.testing import LocalJob, wait_until
+
+FAULTS = ("kill", "stop", "scheduler")
+ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
+# How long the job gets to end after the last fault.
+FINISH_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    injected_at_s: float  # since the job formed
+    detected_after_s: float | None = None  # by the scheduler; None: not a failure (tolerated)
+    recovered_after_s: float | None = None  # back to every worker alive and connected
+    steps_lost: int | None = None  # steps computed again; None: no rollback seen
+    note: str = ""
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    faults: list[Fault] = field(default_factory=list)
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["ok"] = self.ok
+        return json.dumps(data, indent=2)
+
+    def render(self) -> str:
+        lines = [f"chaos report (seed {self.seed}): {len(self.faults)} faults"]
+        header = f"{'#':>3}  {'at':>7}  {'fault':<9}  {'target':<9}  {'detected':>9}  "
+        header += f"{'recovered':>9}  {'steps lost':>10}  note"
+        lines.append(header)
+        for n, fault in enumerate(self.faults, 1):
+            lines.append(
+                f"{n:>3}  {fault.injected_at_s:>6.1f}s  {fault.kind:<9}  {fault.target:<9}  "
+                f"{_seconds(fault.detected_after_s):>9}  {_seconds(fault.recovered_after_s):>9}  "
+                f"{'-' if fault.steps_lost is None else fault.steps_lost:>10}  {fault.note}"
+            )
+        verdict = "finished correctly" if self.ok else f"FAILED ({self.detail})"
+        lines.append(f"the job {verdict}, exit code {self.exit_code}, {self.duration_s:.1f} s")
+        return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+class Chaos:
+    def __init__(
+        self,
+        job: LocalJob,
+        *,
+        faults: Sequence[str] = FAULTS,
+        every_s: float = 5.0,
+        duration_s: float = 60.0,
+        seed: int = 0,
+        count: int | None = None,
+        out: IO[str] = sys.stderr,
+    ) -> None:
+        """`count`: stop injecting after this many faults (None: until `duration_s`)."""
+        unknown = sorted(set(faults) - set(FAULTS))
+        if unknown or not faults:
+            raise ClusterError(
+                f"--faults {','.join(faults)}: {', '.join(unknown) or 'none given'}; choose "
+                f"from {','.join(FAULTS)}"
+            )
+        if every_s <= 0 or duration_s < 0:
+            raise ClusterError("--every must be > 0 and --duration >= 0 seconds")
+        self.job = job
+        self.faults = list(faults)
+        self.every_s = every_s
+        self.duration_s = duration_s
+        self.count = count
+        self.rng = random.Random(seed)
+        self._bag: list[str] = []
+        self.report = ChaosReport(seed=seed)
+        self._out = out
+
+    def run(self) -> ChaosReport:
+        started = time.monotonic()
+        try:
+            self.job.start()
+            self.job.wait_formed()
+            formed = time.monotonic()
+            while self.count is None or len(self.report.faults) < self.count:
+                pause = self.rng.uniform(0.5, 1.5) * self.every_s
+                if time.monotonic() + pause - formed > self.duration_s:
+                    break
+                if not self._sleep_while_running(pause):
+                    break  # the job is ending: no more faults
+                fault = self._inject(self._next_kind(), time.monotonic() - formed)
+                self.report.faults.append(fault)
+                self._say(self._describe(fault))
+            self.report.exit_code = self.job.wait(FINISH_TIMEOUT_S)
+            if self.report.exit_code != 0:
+                self.report.detail = self._first_failure()
+        except (ClusterError, OSError) as exc:
+            self.report.detail = str(exc)
+        finally:
+            self.report.duration_s = time.monotonic() - started
+        return self.report
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _next_kind(self) -> str:
+        """Kinds drawn from a shuffled bag: every kind comes once before any comes again, so
+        a short run still sees all of them."""
+        if not self._bag:
+            self._bag = list(self.faults)
+            self.rng.shuffle(self._bag)
+        return self._bag.pop()
+
+    def _inject(self, kind: str, at_s: float) -> Fault:
+        if kind == "scheduler":
+            return self._scheduler(at_s)
+        target = self.rng.randrange(self.job.worker_num)
+        rolled = self._rollbacks()
+        fault = self._kill(target, at_s) if kind == "kill" else self._stop(target, at_s)
+        fault.steps_lost = self._steps_lost(rolled)
+        return fault
+
+    def _kill(self, i: int, at_s: float) -> Fault:
+        fault = Fault("kill", f"worker {i}", at_s)
+        generation = self._generation()
+        fault.detected_after_s = self.job.kill_worker(i)
+        self.job.restart_worker(i, wait=False)
+        fault.recovered_after_s = fault.detected_after_s + self._back_after(generation)
+        return fault
+
+    def _stop(self, i: int, at_s: float) -> Fault:
+        timeout = self.job.node_timeout_s
+        hold = self.rng.uniform(0.3, 2.0) * timeout
+        fault = Fault("stop", f"worker {i}", at_s, note=f"stopped {hold:.1f} s")
+        generation = self._generation()
+        self.job.stop_worker(i)
+        stopped = time.monotonic()
+        detected: float | None = None
+        while time.monotonic() - stopped < hold:
+            if detected is None and self._failed(i):
+                detected = time.monotonic() - stopped
+            time.sleep(0.05)
+        self.job.continue_worker(i)
+        if detected is None and hold > timeout:
+            # Silent past MS_NODE_TIMEOUT: the scheduler says so on its next tick.
+            wait_until(lambda: self._failed(i) or self._generation() > generation, 10, "failed")
+            detected = time.monotonic() - stopped
+        fault.detected_after_s = detected
+        if detected is None:
+            fault.note += f" (< MS_NODE_TIMEOUT={timeout:g} s: tolerated)"
+            fault.recovered_after_s = 0.0
+        else:
+            fault.recovered_after_s = time.monotonic() - stopped + self._back_after(generation)
+        return fault
+
+    def _scheduler(self, at_s: float) -> Fault:
+        fault = Fault("scheduler", "scheduler", at_s, detected_after_s=0.0)
+        self.job.kill_scheduler()
+        fault.recovered_after_s = self.job.restart_scheduler()
+        return fault
+
+    # -- observations --------------------------------------------------------------------------
+
+    def _generation(self) -> int:
+        view = self.job.status()
+        return 0 if view is None else int(view.generation)
+
+    def _failed(self, i: int) -> bool:
+        view = self.job.status()
+        node = None if view is None else self.job._node(view, i)
+        return node is not None and node.state == "failed"
+
+    def _back_after(self, generation: int) -> float:
+        """Seconds until the job is at a newer generation with every worker alive."""
+        started = time.monotonic()
+        self.job.wait_status(
+            lambda v: v.generation > generation and self.job._everyone_back(v),
+            "the job back in a new generation",
+        )
+        return time.monotonic() - started
+
+    def _rollbacks(self) -> list[int]:
+        """How many rollback lines each worker's log holds so far."""
+        return [len(ROLLED_BACK.findall(self.job.log(i))) for i in range(self.job.worker_num)]
+
+    def _steps_lost(self, before: list[int]) -> int | None:
+        """The most steps any worker had to compute again after this fault."""
+        deadline = time.monotonic() + 5.0
+        lost: list[int] = []
+        while time.monotonic() < deadline and not lost:
+            for i, seen in enumerate(before):
+                for furthest, step in ROLLED_BACK.findall(self.job.log(i))[seen:]:
+                    lost.append(int(furthest) - int(step))
+            if not lost:
+                time.sleep(0.05)
+        return max(lost) if lost else None
+
+    def _sleep_while_running(self, seconds: float) -> bool:
+        """Wait `seconds`; False as soon as a worker has exited (the job is ending)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if any(w is not None and not w.running for w in self.job.workers):
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _first_failure(self) -> str:
+        for proc in [self.job.scheduler, *self.job.workers]:
+            if proc is not None and proc.popen.returncode not in (0, None):
+                tail = proc.output.strip().splitlines()[-1:] or ["(no output)"]
+                return f"{proc.name} exited {proc.popen.returncode}: {tail[0]}"
+        return "a process did not exit 0"
+
+    def _describe(self, fault: Fault) -> str:
+        return (
+            f"mscluster chaos: {fault.kind} {fault.target} at {fault.injected_at_s:.1f} s: "
+            f"detected after {_seconds(fault.detected_after_s)}, recovered after "
+            f"{_seconds(fault.recovered_after_s)}"
+            + (f", {fault.steps_lost} steps lost" if fault.steps_lost is not None else "")
+            + (f" ({fault.note})" if fault.note else "")
+        )
+
+    def _say(self, line: str) -> None:
+        print(line, file=self._out, flush=True)
+
+
+def run_chaos(
+    script: Path,
+    script_args: Sequence[str],
+    *,
+    workers: int,
+    node_timeout_s: float,
+    log_dir: Path,
+    faults: Sequence[str],
+    every_s: float,
+    duration_s: float,
+    seed: int,
+    report_path: Path | None,
+    count: int | None = None,
+    out: IO[str] = sys.stderr,
+    make_job: Callable[..., LocalJob] = LocalJob,
+) -> ChaosReport:
+    """The whole command: run, report to `out` and `report_path` (JSON)."""
+    if not script.is_file():
+        raise ClusterError(f"the script {str(script)!r} does not exist")
+    job = make_job(
+        script,
+        script_args,
+        workers=workers,
+        node_timeout_s=node_timeout_s,
+        workdir=log_dir,
+        timeout_s=max(60.0, 6 * node_timeout_s),
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report = Chaos(
+            job,
+            faults=faults,
+            every_s=every_s,
+            duration_s=duration_s,
+            seed=seed,
+            count=count,
+            out=out,
+        ).run()
+    finally:
+        job.close()
+        signal.signal(signal.SIGTERM, previous)
+    print(report.render(), file=out, flush=True)
+    path = report_path or log_dir / "chaos-report.json"
+    path.write_text(report.to_json() + "\n")
+    print(f"mscluster chaos: report written to {path}", file=out, flush=True)
+    return report

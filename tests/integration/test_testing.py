@@ -1,0 +1,44 @@
+"""cluster.testing: the fault-injection API and fixture, on real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cluster.testing import LocalJob
+from tests.procs import ROOT
+
+WORKER = ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py"
+
+
+def test_every_fault_waits_for_its_effect(
+    local_job: Callable[..., LocalJob], tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    job = local_job(WORKER, ["--release", str(release)], workers=3, node_timeout_s=2)
+    formed = job.wait_formed()
+    assert formed.generation == 1
+
+    detected = job.kill_worker(1)
+    assert detected < 2.0  # a killed process is seen through its broken stream
+    job.restart_worker(1)
+    assert job.status().generation == 2
+    assert "rejoined rank=1 size=3" in job.log(1)
+
+    job.kill_scheduler()
+    job.restart_scheduler()
+    assert job.status().generation == 2
+
+    job.stop_worker(0)  # hung for less than MS_NODE_TIMEOUT: tolerated
+    job.continue_worker(0)
+    assert job.status().generation == 2
+
+    job.stop_worker(2)  # hung for longer: failed, then back with the same process
+    job.wait_status(lambda v: job._node(v, 2).state == "failed", "worker 2 failed")
+    job.continue_worker(2)
+    job.wait_status(lambda v: v.generation == 3 and job._everyone_back(v), "generation 3")
+
+    release.touch()
+    assert job.wait() == 0
+    for i in range(3):
+        assert "after rank=" in job.log(i)

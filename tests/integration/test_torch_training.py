@@ -1,0 +1,235 @@
+"""cluster.torch and examples/train_torch.py (DDP on gloo): a survivor's collective fails fast
+when its peer is SIGKILLed, and training with SIGKILLs of workers and of the scheduler ends with
+bit-for-bit the parameters of the run without faults."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procs import (
+    PYTHON,
+    ROOT,
+    Proc,
+    Procs,
+    free_port,
+    job_env,
+    private_copy,
+    processes_running,
+    wait_until,
+)
+
+pytest.importorskip("torch", reason="cluster.torch needs torch: pip install 'cluster[torch]'")
+
+TRAIN = ROOT / "examples" / "train_torch.py"
+PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
+WORKERS = 4
+STEPS = 60
+NODE_TIMEOUT_S = "2"
+# Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
+START_S = 90
+STEP_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\d+\.\d+)$", re.MULTILINE)
+
+pytestmark = pytest.mark.slow
+
+
+def train_args(out: Path) -> list[str]:
+    return ["--steps", str(STEPS), "--save-every", "5", "--step-delay", "0.03", "--out", str(out)]
+
+
+def steps_done(proc: Proc) -> int:
+    return len(STEP_LINE.findall(proc.output))
+
+
+class Job:
+    """A standalone scheduler and WORKERS workers of train_torch.py, recovery on. The scheduler
+    is `python -m cluster scheduler`, not the script: it would import torch for nothing."""
+
+    def __init__(self, processes: Procs, tmp: Path, name: str) -> None:
+        self.processes = processes
+        self.out = tmp / name
+        self.env = job_env(
+            WORKERS,
+            free_port(),
+            MS_ENABLE_RECOVERY="1",
+            MS_RECOVERY_PATH=str(tmp / f"{name}-recovery"),
+            MS_NODE_TIMEOUT=NODE_TIMEOUT_S,
+        )
+        self.name = name
+        self.schedulers = 0
+        self.scheduler = self.start_scheduler()
+        self.workers = [self.start_worker(i) for i in range(WORKERS)]
+
+    def start_scheduler(self) -> Proc:
+        self.schedulers += 1
+        return self.processes.start(
+            f"{self.name}-sched{self.schedulers}", [PYTHON, "-m", "cluster", "scheduler"], self.env
+        )
+
+    def start_worker(self, i: int) -> Proc:
+        index = sum(1 for p in self.processes.started if p.name.startswith(f"{self.name}-w{i}."))
+        return self.processes.start_role(
+            f"{self.name}-w{i}.{index}",
+            "MS_WORKER",
+            [str(TRAIN), *train_args(self.out)],
+            {**self.env, "MS_NODE_ID": str(i)},
+        )
+
+    def kill_worker_at(self, i: int, step: int) -> None:
+        victim = self.workers[i]
+        wait_until(lambda: steps_done(victim) >= step, START_S, f"worker {i} at step {step}")
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        self.workers[i] = self.start_worker(i)
+
+    def kill_scheduler_at(self, step: int) -> None:
+        wait_until(lambda: steps_done(self.workers[0]) >= step, START_S, f"step {step}")
+        self.scheduler.popen.send_signal(signal.SIGKILL)
+        self.scheduler.wait(10)
+        self.scheduler = self.start_scheduler()
+
+    def final_hash(self) -> str:
+        for worker in self.workers:
+            assert worker.wait(START_S) == 0, worker.output
+        assert self.scheduler.wait(30) == 0, self.scheduler.output
+        return (self.out / "final.sha256").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
+    tmp = tmp_path_factory.mktemp("torch-fault-free")
+    procs = Procs(tmp)
+    try:
+        job = Job(procs, tmp, "clean")
+        digest = job.final_hash()
+        lines = STEP_LINE.findall(job.workers[0].output)
+        assert len(lines) == STEPS
+        assert lines[0][:2] == ("1", "1")
+        assert float(lines[-1][2]) < float(lines[0][2])  # it learns
+        # The same network, data and initial values as the numpy example: the same losses.
+        mlp = procs.start(
+            "mlp",
+            [
+                PYTHON,
+                "-m",
+                "cluster",
+                "run",
+                "--worker-num",
+                str(WORKERS),
+                "--master-port",
+                str(free_port()),
+                "--log-dir",
+                str(tmp / "mlp-logs"),
+                str(ROOT / "examples" / "train_mlp.py"),
+                "--steps",
+                str(STEPS),
+            ],
+            job_env(WORKERS, 0),
+        )
+        assert mlp.wait(60) == 0, mlp.output
+        assert STEP_LINE.findall((tmp / "mlp-logs" / "worker_0.log").read_text()) == lines
+        return digest
+    finally:
+        procs.kill_all()
+
+
+def test_a_survivors_all_reduce_fails_at_once_when_its_peer_is_killed(
+    processes: Procs, tmp_path: Path
+) -> None:
+    env = job_env(
+        2,
+        free_port(),
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        MS_NODE_TIMEOUT="30",  # the group's timeout too: a failure within seconds is not it
+    )
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    survivor, victim = (
+        processes.start_role(
+            f"w{i}", "MS_WORKER", [str(PEER_FAILURE)], {**env, "MS_NODE_ID": str(i)}
+        )
+        for i in range(2)
+    )
+    victim.wait_for_output("rank 1 ready", START_S)
+    survivor.wait_for_output("reducing", START_S)
+    assert "rank 0 sum 3.0 timeout 30.0" in survivor.output
+    killed = time.monotonic()
+    victim.popen.send_signal(signal.SIGKILL)
+    survivor.wait_for_output("all_reduce failed after", 5)
+    # What TrainingLoop.step() then asks, answered at once too (not after its 32 s bound).
+    survivor.wait_for_output("the scheduler confirms a peer failed: True", 5)
+    assert time.monotonic() - killed < 5
+
+
+def test_fault_free_runs_are_reproducible(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    assert Job(processes, tmp_path, "again").final_hash() == fault_free_hash
+
+
+def test_worker_killed_mid_run_rejoins_and_the_result_is_exact(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    job = Job(processes, tmp_path, "kill1")
+    job.kill_worker_at(2, 23)
+    assert job.final_hash() == fault_free_hash
+    assert "resuming from step 20" in job.workers[2].output
+    assert "a peer failed" in job.workers[0].output
+
+
+def test_scheduler_killed_mid_run_and_restarted_the_result_is_exact(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    job = Job(processes, tmp_path, "sched")
+    job.kill_scheduler_at(17)
+    assert job.final_hash() == fault_free_hash
+    assert "resuming job" in job.scheduler.output
+
+
+def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    script = private_copy(tmp_path, TRAIN)
+    out = tmp_path / "launched"
+    run = processes.start(
+        "run",
+        [
+            PYTHON,
+            "-m",
+            "cluster",
+            "run",
+            "--worker-num",
+            str(WORKERS),
+            "--master-port",
+            str(free_port()),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--enable-recovery",
+            "--recovery-path",
+            str(tmp_path / "recovery"),
+            "--max-restarts",
+            "2",
+            "--node-timeout",
+            NODE_TIMEOUT_S,
+            str(script),
+            *train_args(out),
+        ],
+        job_env(WORKERS, 0),
+    )
+    log = tmp_path / "logs" / "worker_1.log"
+    wait_until(
+        lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= 25, START_S, "step 25"
+    )
+    victim = next(
+        pid
+        for pid in processes_running(str(script))
+        if b"MS_NODE_ID=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
+    )
+    os.kill(victim, signal.SIGKILL)
+    assert run.wait(START_S) == 0, run.output
+    assert (out / "final.sha256").read_text().strip() == fault_free_hash

@@ -178,6 +178,7 @@ class WorkerAgent:
         self.topology: Topology | None = None
         self.rejoined = False
         self.job_finished = False
+        self._finished_here = False  # this node's Finish was heard
         self._heartbeat_interval = config.heartbeat_interval_s
         self._progress = (0, config.expected_nodes)
         self._seq = 0
@@ -501,7 +502,9 @@ class WorkerAgent:
     # -- failure -----------------------------------------------------------------------------
 
     def _fail(self, error: ClusterError) -> None:
-        if self._fatal.done() or self._closing:
+        if self._fatal.done() or self._closing or self._finished_here:
+            # After this node's Finish was heard, what happens to the others is theirs to
+            # report: this process did its part and exits as it means to.
             return
         self._fatal.set_result(error)
         if not self._ready.done():
@@ -653,6 +656,7 @@ class WorkerAgent:
         except grpc.aio.AioRpcError as exc:
             self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
             return False
+        self._finished_here = True
         return True
 
     async def close(self) -> None:

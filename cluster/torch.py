@@ -5,6 +5,7 @@
     cluster.init()
     cluster.torch.init_process_group()      # gloo, ranks and size from the job
     model = DistributedDataParallel(net, init_sync=False)
+    model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
 
 `init_process_group()` makes torch.distributed's default group for the job's current generation,
 without a fixed port: rank 0 of the generation starts a `TCPStore` on port 0 at its advertised

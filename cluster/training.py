@@ -115,30 +115,46 @@ class TrainingLoop:
         self._generation = topology.generation
         if topology.rollback_step == 0 and not _runtime.is_rejoin():
             return 0  # a first start: the state as constructed
-        return self._restore(topology.rollback_step, topology.generation, topology.reason)
+        restored = self._restore(topology.rollback_step, topology.generation, topology.reason)
+        return self._roll_back(waited=True) if restored is None else restored
 
     def _roll_back(self, *, waited: bool) -> int:
-        if waited:
+        while True:
+            if waited:
+                self._say(
+                    "a peer failed; waiting for the job's next generation"
+                    if self._interrupted is not None
+                    else "waiting for the job's next generation"
+                )
+                _runtime.wait_for_generation(self._generation)
+            topology = _runtime.topology()
+            self._generation = topology.generation
+            self.rollbacks += 1
+            lost = max(self._furthest - topology.rollback_step, 0)
+            self.steps_redone += lost
             self._say(
-                "a peer failed; waiting for the job's next generation"
-                if self._interrupted is not None
-                else "waiting for the job's next generation"
+                f"rolled back from step {self._furthest} to step {topology.rollback_step} "
+                f"({lost} steps to compute again)"
             )
-            _runtime.wait_for_generation(self._generation)
-        topology = _runtime.topology()
-        self._generation = topology.generation
-        self.rollbacks += 1
-        lost = max(self._furthest - topology.rollback_step, 0)
-        self.steps_redone += lost
-        self._say(
-            f"rolled back from step {self._furthest} to step {topology.rollback_step} "
-            f"({lost} steps to compute again)"
-        )
-        return self._restore(topology.rollback_step, topology.generation, topology.reason)
+            restored = self._restore(topology.rollback_step, topology.generation, topology.reason)
+            if restored is not None:
+                return restored
+            waited = True  # a peer failed while the state was put back: the next generation
 
-    def _restore(self, step: int, generation: int, reason: str) -> int:
+    def _restore(self, step: int, generation: int, reason: str) -> int | None:
+        """Put the state of `step` back; None when a peer failed meanwhile (set_state may
+        make a process group, which needs every peer)."""
         state = copy.deepcopy(self._initial) if step == 0 else self.checkpoints.load(step)
-        self._set_state(state)
+        try:
+            self._set_state(state)
+        except PeerFailedError as exc:
+            self._interrupted = exc
+            return None
+        except Exception as exc:
+            if not _runtime.peer_failed(generation, _runtime.failure_wait_s()):
+                raise
+            self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
+            return None
         self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)
         self._say(f"generation {generation} ({reason}): resuming from step {step}")

@@ -295,6 +295,9 @@ class WorkerAgent:
                     grpc.StatusCode.UNAVAILABLE,
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     grpc.StatusCode.CANCELLED,
+                    # "Internal error from Core": a connection torn down under the call (seen
+                    # when a scheduler restarts); trying again is what helps.
+                    grpc.StatusCode.INTERNAL,
                 ):
                     raise ClusterError(
                         f"{self.where} rejected registration: {exc.details()}"

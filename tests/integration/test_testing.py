@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster.testing import LocalJob
+from cluster.testing import LocalJob, wait_until
 from tests.procs import ROOT
 
 WORKER = ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py"
@@ -18,6 +18,8 @@ def test_every_fault_waits_for_its_effect(
     job = local_job(WORKER, ["--release", str(release)], workers=3, node_timeout_s=2)
     formed = job.wait_formed()
     assert formed.generation == 1
+    # The script's first gather must be done: a failure during it is not handled there.
+    wait_until(lambda: all("allgather rank=" in job.log(i) for i in range(3)), 30, "gathers")
 
     detected = job.kill_worker(1)
     assert detected < 2.0  # a killed process is seen through its broken stream

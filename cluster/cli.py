@@ -204,7 +204,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--node-timeout", type=float, help="heartbeat timeout (MS_NODE_TIMEOUT)")
     run.add_argument("--enable-recovery", action="store_true", help="MS_ENABLE_RECOVERY=1")
-    run.add_argument("--recovery-path", help="MS_RECOVERY_PATH")
+    run.add_argument("--recovery-path", help="MS_RECOVERY_PATH (default LOG_DIR/recovery)")
     run.add_argument(
         "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
     )

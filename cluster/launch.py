@@ -121,10 +121,6 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
     if options.max_restarts < 0:
         raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
-    if options.enable_recovery and options.recovery_path is None:
-        raise ConfigError(
-            "--enable-recovery needs --recovery-path DIR, where the job's state lives"
-        )
     if (
         options.node_rank >= 0
         and (options.node_rank + 1) * options.local_worker_num > options.worker_num
@@ -210,6 +206,12 @@ class Launcher:
         self._tty = out.isatty()
         self._last_line = ""
 
+    @property
+    def recovery_path(self) -> Path:
+        """--recovery-path, or LOG_DIR/recovery: the job's state beside its logs."""
+        o = self.options
+        return o.recovery_path if o.recovery_path is not None else o.log_dir / "recovery"
+
     # -- environment ---------------------------------------------------------------------------
 
     def _base_env(self) -> dict[str, str]:
@@ -226,9 +228,9 @@ class Launcher:
             env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
         if o.node_timeout is not None:
             env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
-        if o.enable_recovery and o.recovery_path is not None:
+        if o.enable_recovery:
             env["MS_ENABLE_RECOVERY"] = "1"
-            env["MS_RECOVERY_PATH"] = str(o.recovery_path.resolve())
+            env["MS_RECOVERY_PATH"] = str(self.recovery_path.resolve())
         if o.tls_config is not None:
             env.update(tls.launch_environment(o.tls_config.resolve()))
         return env

@@ -10,6 +10,12 @@
         job.restart_scheduler()     # returns once every worker is back
         assert job.wait() == 0      # every process exited 0
 
+Network faults (as root, with iproute2): `LocalJob(..., network=NetworkLab(workers))` starts each
+worker in its own network namespace, joined to this host by a veth pair, with the scheduler on an
+address of this host; `job.partition(i)` cuts worker i's link (link down), `job.heal(i)` brings
+it back, `job.impair(i, delay_ms=..., loss_percent=...)` adds delay and loss (tc netem). The
+namespaces, links and address are always removed.
+
 Every action waits for what it should cause to be visible (the node marked failed, the new
 generation, the nodes back), with a bound, never for a fixed time. The job runs with recovery
 on, on a free port, with its recovery path and logs in a temporary directory (or `workdir`).
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,6 +107,113 @@ class Process:
             self.popen.wait(10)
 
 
+class NetemUnavailableError(ClusterError):
+    """The kernel has no netem queueing discipline: no delay or loss injection."""
+
+
+class NetworkLab:
+    """Worker i in namespace `ns(i)` at 10.T.i.2, linked by a veth pair to this host's 10.T.i.1;
+    the scheduler at 10.T.250.1 on this host's loopback. Needs root and iproute2."""
+
+    _made_labs = 0  # in this process: each lab its own names
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        NetworkLab._made_labs += 1
+        tag = (os.getpid() % 10_000) * 10 + NetworkLab._made_labs % 10
+        self._tag = tag
+        self._net = 100 + tag % 100
+        self.scheduler_ip = f"10.{self._net}.250.1"
+        self._made: list[Callable[[], None]] = []
+
+    @staticmethod
+    def why_not_available() -> str | None:
+        """Why network faults cannot run here, or None."""
+        if os.geteuid() != 0:
+            return "network namespaces need root"
+        if shutil.which("ip") is None or shutil.which("tc") is None:
+            return "iproute2 (`ip`, `tc`) is not installed"
+        return None
+
+    def namespace(self, i: int) -> str:
+        return f"cluster-{self._tag}-w{i}"
+
+    def host_link(self, i: int) -> str:
+        return f"cl{self._tag}h{i}"
+
+    def worker_ip(self, i: int) -> str:
+        return f"10.{self._net}.{i}.2"
+
+    def command(self, i: int, args: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace(i), *args]
+
+    def setup(self) -> None:
+        why = self.why_not_available()
+        if why:
+            raise ClusterError(f"network faults are not available: {why}")
+        try:
+            _ip("addr", "add", f"{self.scheduler_ip}/32", "dev", "lo")
+            self._made.append(lambda: _ip("addr", "del", f"{self.scheduler_ip}/32", "dev", "lo"))
+            for i in range(self.workers):
+                self._link(i)
+        except BaseException:
+            self.teardown()
+            raise
+
+    def _link(self, i: int) -> None:
+        ns, host, peer = self.namespace(i), self.host_link(i), f"cl{self._tag}p{i}"
+        _ip("netns", "add", ns)
+        # Deleting the namespace deletes its end of the veth pair, and so the pair.
+        self._made.append(lambda: _ip("netns", "delete", ns))
+        _ip("link", "add", host, "type", "veth", "peer", "name", peer)
+        # Deleted explicitly too: a namespace's links go away only when the kernel gets to it.
+        self._made.append(lambda: _run(["ip", "link", "del", host], check=False))
+        _ip("link", "set", peer, "netns", ns)
+        _ip("addr", "add", f"10.{self._net}.{i}.1/24", "dev", host)
+        _ip("link", "set", host, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "addr", "add", f"{self.worker_ip(i)}/24", "dev", peer)
+        _ip("-n", ns, "link", "set", peer, "up")
+        _ip("-n", ns, "route", "add", "default", "via", f"10.{self._net}.{i}.1")
+
+    def teardown(self) -> None:
+        while self._made:
+            with contextlib.suppress(ClusterError, OSError):
+                self._made.pop()()
+
+    def cut(self, i: int) -> None:
+        _ip("link", "set", self.host_link(i), "down")
+
+    def heal(self, i: int) -> None:
+        _ip("link", "set", self.host_link(i), "up")
+
+    def impair(self, i: int, *, delay_ms: float = 0.0, loss_percent: float = 0.0) -> None:
+        """Delay and lose the packets this host sends to worker i (tc netem); 0, 0 clears."""
+        link = self.host_link(i)
+        _run(["tc", "qdisc", "del", "dev", link, "root"], check=False)  # none there is fine
+        if delay_ms or loss_percent:
+            netem = ["delay", f"{delay_ms:g}ms", "loss", f"{loss_percent:g}%"]
+            try:
+                _run(["tc", "qdisc", "add", "dev", link, "root", "netem", *netem])
+            except ClusterError as exc:
+                if "unknown" in str(exc):
+                    raise NetemUnavailableError(
+                        "tc netem is not available in this kernel (module sch_netem): delay "
+                        "and loss cannot be injected here; cutting links still works"
+                    ) from None
+                raise
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+def _run(args: list[str], *, check: bool = True) -> None:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    if check and result.returncode != 0:
+        raise ClusterError(f"{' '.join(args)} failed: {result.stderr.strip()}")
+
+
 class LocalJob:
     """A scheduler and `workers` workers of `script` on this machine, recovery on."""
 
@@ -115,8 +229,10 @@ class LocalJob:
         env: dict[str, str] | None = None,
         python: str = sys.executable,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        network: NetworkLab | None = None,
     ) -> None:
-        """`env`: extra environment for every process; `timeout_s`: the bound of each wait."""
+        """`env`: extra environment for every process; `timeout_s`: the bound of each wait;
+        `network`: put each worker in its own network namespace (set up by `start`)."""
         if workers < 1:
             raise ClusterError(f"LocalJob workers={workers} must be >= 1")
         self.script = Path(script)
@@ -127,12 +243,14 @@ class LocalJob:
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="cluster-")
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.network = network
+        host = "127.0.0.1" if network is None else network.scheduler_ip
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{host}:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
         self.env.update(
             MS_WORKER_NUM=str(workers),
-            MS_SCHED_HOST="127.0.0.1",
+            MS_SCHED_HOST=host,
             MS_SCHED_PORT=str(self.port),
             MS_NODE_TIMEOUT=f"{node_timeout_s:g}",
             PYTHONUNBUFFERED="1",
@@ -150,6 +268,8 @@ class LocalJob:
 
     def start(self) -> LocalJob:
         """Start the scheduler and every worker (they form the job in the background)."""
+        if self.network is not None:
+            self.network.setup()
         self.scheduler = self._spawn("scheduler", "MS_SCHED", None)
         for i in range(self.worker_num):
             self.workers[i] = self._spawn(f"worker_{i}", "MS_WORKER", str(i))
@@ -159,7 +279,9 @@ class LocalJob:
         env = {**self.env, "MS_ROLE": role}
         if node_id is not None:
             env["MS_NODE_ID"] = node_id
-        args = [self.python, str(self.script), *self.args]
+        args = [self.python, str(self.script.resolve()), *self.args]
+        if self.network is not None and node_id is not None:
+            args = self.network.command(int(node_id), args)
         return Process(name, args, env, self.workdir / f"{name}.log")
 
     def worker(self, i: int) -> Process:
@@ -253,6 +375,23 @@ class LocalJob:
             )
         return time.monotonic() - started
 
+    def partition(self, i: int) -> None:
+        """Cut worker i off the network (needs `network`)."""
+        self._lab().cut(i)
+
+    def heal(self, i: int) -> None:
+        """Give worker i its network back."""
+        self._lab().heal(i)
+
+    def impair(self, i: int, *, delay_ms: float = 0.0, loss_percent: float = 0.0) -> None:
+        """Delay and lose worker i's traffic from this host; impair(i) clears it."""
+        self._lab().impair(i, delay_ms=delay_ms, loss_percent=loss_percent)
+
+    def _lab(self) -> NetworkLab:
+        if self.network is None:
+            raise ClusterError("network faults need LocalJob(..., network=NetworkLab(workers))")
+        return self.network
+
     def kill_scheduler(self) -> None:
         """SIGKILL the scheduler; returns once it is gone."""
         if self.scheduler is not None:
@@ -292,6 +431,8 @@ class LocalJob:
         if self._status is not None:
             self._status.close()
             self._status = None
+        if self.network is not None:
+            self.network.teardown()
         if self._tmp is not None:
             self._tmp.cleanup()
 

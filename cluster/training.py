@@ -173,4 +173,5 @@ class TrainingLoop:
 
 
 def _say(message: str) -> None:
-    print(f"cluster[rank {_runtime.get_rank()}]: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"cluster[rank {_runtime.get_rank()}]: {message}\n")  # one write: see
+    sys.stderr.flush()  # cluster.worker.session._say

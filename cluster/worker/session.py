@@ -69,7 +69,10 @@ class BackgroundLoop:
 
 
 def _say(prefix: str, message: str) -> None:
-    print(f"{prefix}: {message}", file=sys.stderr, flush=True)
+    # One write with its newline: print() writes the newline apart, and another thread's
+    # output (the program's own lines on stdout, to the same log) can land in between.
+    sys.stderr.write(f"{prefix}: {message}\n")
+    sys.stderr.flush()
 
 
 class WorkerSession:

@@ -239,7 +239,6 @@ def test_no_restart_once_the_job_has_failed_without_recovery(
             "--local-worker-num 3 must be between 1",
         ),
         (["--worker-num", "0"], "--worker-num 0 must be >= 1"),
-        (["--enable-recovery"], "--enable-recovery needs --recovery-path"),
         (["--node-rank", "2", "--worker-num", "4", "--local-worker-num", "2"], "--node-rank 2"),
     ],
 )

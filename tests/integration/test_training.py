@@ -181,9 +181,7 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
             str(free_port()),
             "--log-dir",
             str(tmp_path / "logs"),
-            "--enable-recovery",
-            "--recovery-path",
-            str(tmp_path / "recovery"),
+            "--enable-recovery",  # the state goes to LOG_DIR/recovery
             "--max-restarts",
             "2",
             "--node-timeout",
@@ -205,3 +203,4 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
     os.kill(victim, signal.SIGKILL)
     assert run.wait(120) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
+    assert (tmp_path / "logs" / "recovery" / "scheduler.json").is_file()

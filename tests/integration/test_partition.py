@@ -1,0 +1,93 @@
+"""Network partitions (as root): each worker in its own network namespace, its link cut and
+healed. A partition shorter than MS_NODE_TIMEOUT is tolerated; a longer one is detected, and when
+the link returns the worker rejoins, everyone rolls back, and the job finishes with the
+parameters of the run without faults."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from cluster.testing import LocalJob, NetemUnavailableError, NetworkLab, wait_until
+from tests.procs import ROOT
+
+pytestmark = pytest.mark.root
+
+TRAIN = ROOT / "examples" / "train_mlp.py"
+NODE_TIMEOUT_S = 3.0
+ARGS = ["--steps", "150", "--save-every", "10", "--step-delay", "0.03"]
+
+
+@pytest.fixture
+def network_or_skip() -> None:
+    why = NetworkLab.why_not_available()
+    if why:
+        pytest.skip(why)
+
+
+def steps_done(job: LocalJob, i: int) -> int:
+    return job.log(i).count("loss is")
+
+
+def test_short_partition_is_tolerated_and_long_one_recovered(
+    network_or_skip: None,
+    local_job: Callable[..., LocalJob],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    clean_out = tmp_path_factory.mktemp("clean")
+    clean = local_job(
+        TRAIN, [*ARGS, "--out", str(clean_out)], workers=4, node_timeout_s=NODE_TIMEOUT_S
+    )
+    assert clean.wait(120) == 0
+    out = tmp_path_factory.mktemp("partitioned")
+    job = local_job(
+        TRAIN,
+        [*ARGS, "--out", str(out)],
+        workers=4,
+        node_timeout_s=NODE_TIMEOUT_S,
+        network=NetworkLab(4),
+    )
+    job.wait_formed()
+    wait_until(lambda: steps_done(job, 1) >= 10, 60, "step 10")
+
+    job.partition(1)  # shorter than MS_NODE_TIMEOUT: nobody fails
+    cut = time.monotonic()
+    wait_until(lambda: time.monotonic() - cut > NODE_TIMEOUT_S / 3, 5, "a short partition")
+    job.heal(1)
+    wait_until(lambda: steps_done(job, 0) >= 40, 60, "step 40")
+    assert job.status().generation == 1
+
+    job.partition(2)  # longer: detected, then back in a new generation
+    job.wait_status(lambda v: job._node(v, 2).state == "failed", "worker 2 marked failed")
+    job.heal(2)
+    job.wait_status(lambda v: v.generation == 2 and job._everyone_back(v), "worker 2 back")
+    assert job.wait(120) == 0
+    assert "rolled back from step" in job.log(0)
+    assert (out / "final.sha256").read_text() == (clean_out / "final.sha256").read_text()
+
+
+def test_delay_and_loss_below_the_timeout_do_not_fail_the_job(
+    network_or_skip: None,
+    local_job: Callable[..., LocalJob],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    out = tmp_path_factory.mktemp("impaired")
+    job = local_job(
+        TRAIN,
+        [*ARGS, "--out", str(out)],
+        workers=2,
+        node_timeout_s=NODE_TIMEOUT_S,
+        network=NetworkLab(2),
+    )
+    job.wait_formed()
+    try:
+        job.impair(0, delay_ms=50, loss_percent=10)
+    except NetemUnavailableError as exc:
+        pytest.skip(str(exc))
+    wait_until(lambda: steps_done(job, 0) >= 30, 60, "step 30 under delay and loss")
+    job.impair(0)
+    assert job.wait(120) == 0
+    assert job.status() is None or job.status().generation == 1
+    assert "rolled back" not in job.log(0)

@@ -11,6 +11,8 @@ Faults:
     stop       SIGSTOP a random worker for 0.3-2x MS_NODE_TIMEOUT, then SIGCONT: a short stop is
                tolerated, a long one is a failure the same process recovers from
     scheduler  SIGKILL the scheduler, start it again at once
+    partition  (root) cut a random worker's network link for 0.3-2x MS_NODE_TIMEOUT, then heal
+               it: every worker runs in its own network namespace (`cluster.testing.NetworkLab`)
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from pathlib import Path
 from typing import IO
 
 from cluster.errors import ClusterError
-from cluster.testing import LocalJob, wait_until
+from cluster.testing import LocalJob, NetworkLab, wait_until
 
-FAULTS = ("kill", "stop", "scheduler")
+FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
 # How long the job gets to end after the last fault.
 FINISH_TIMEOUT_S = 600.0
@@ -154,7 +156,8 @@ class Chaos:
             return self._scheduler(at_s)
         target = self.rng.randrange(self.job.worker_num)
         rolled = self._rollbacks()
-        fault = self._kill(target, at_s) if kind == "kill" else self._stop(target, at_s)
+        kill = kind == "kill"
+        fault = self._kill(target, at_s) if kill else self._interrupt(kind, target, at_s)
         fault.steps_lost = self._steps_lost(rolled)
         return fault
 
@@ -166,19 +169,27 @@ class Chaos:
         fault.recovered_after_s = fault.detected_after_s + self._back_after(generation)
         return fault
 
-    def _stop(self, i: int, at_s: float) -> Fault:
+    def _interrupt(self, kind: str, i: int, at_s: float) -> Fault:
+        """A stop (SIGSTOP) or a partition (link down) of worker i, then its end."""
         timeout = self.job.node_timeout_s
         hold = self.rng.uniform(0.3, 2.0) * timeout
-        fault = Fault("stop", f"worker {i}", at_s, note=f"stopped {hold:.1f} s")
+        what = "stopped" if kind == "stop" else "cut off"
+        fault = Fault(kind, f"worker {i}", at_s, note=f"{what} {hold:.1f} s")
         generation = self._generation()
-        self.job.stop_worker(i)
+        if kind == "stop":
+            self.job.stop_worker(i)
+        else:
+            self.job.partition(i)
         stopped = time.monotonic()
         detected: float | None = None
         while time.monotonic() - stopped < hold:
             if detected is None and self._failed(i):
                 detected = time.monotonic() - stopped
             time.sleep(0.05)
-        self.job.continue_worker(i)
+        if kind == "stop":
+            self.job.continue_worker(i)
+        else:
+            self.job.heal(i)
         if detected is None and hold > timeout:
             # Silent past MS_NODE_TIMEOUT: the scheduler says so on its next tick.
             wait_until(lambda: self._failed(i) or self._generation() > generation, 10, "failed")
@@ -281,6 +292,12 @@ def run_chaos(
     """The whole command: run, report to `out` and `report_path` (JSON)."""
     if not script.is_file():
         raise ClusterError(f"the script {str(script)!r} does not exist")
+    network = None
+    if "partition" in faults:
+        why = NetworkLab.why_not_available()
+        if why:
+            raise ClusterError(f"--faults partition needs network namespaces: {why}")
+        network = NetworkLab(workers)
     job = make_job(
         script,
         script_args,
@@ -288,6 +305,7 @@ def run_chaos(
         node_timeout_s=node_timeout_s,
         workdir=log_dir,
         timeout_s=max(60.0, 6 * node_timeout_s),
+        network=network,
     )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -283,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         "when the job finished correctly. The run options follow `--`.",
     )
     chaos.add_argument(
-        "--faults", default="kill,stop,scheduler", help="of kill,stop,scheduler (all)"
+        "--faults",
+        default="kill,stop,scheduler",
+        help="of kill,stop,scheduler,partition (kill,stop,scheduler; partition needs root)",
     )
     chaos.add_argument("--every", type=float, default=5.0, help="mean seconds between faults (5)")
     chaos.add_argument("--seed", type=int, default=0, help="random seed (0)")

@@ -5,13 +5,16 @@ parameters of the run without faults."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from cluster.testing import LocalJob, NetemUnavailableError, NetworkLab, wait_until
-from tests.procs import ROOT
+from tests.procs import PYTHON, ROOT
 
 pytestmark = pytest.mark.root
 
@@ -91,3 +94,30 @@ def test_delay_and_loss_below_the_timeout_do_not_fail_the_job(
     assert job.wait(120) == 0
     assert job.status() is None or job.status().generation == 1
     assert "rolled back" not in job.log(0)
+
+
+def test_chaos_partitions_leave_the_result_exact(
+    network_or_skip: None, tmp_path: Path, local_job: Callable[..., LocalJob]
+) -> None:
+    args = ["--steps", "400", "--save-every", "10", "--step-delay", "0.03"]
+    clean_out = tmp_path / "clean"
+    clean = local_job(TRAIN, [*args, "--out", str(clean_out)], workers=4, node_timeout_s=3)
+    assert clean.wait(120) == 0
+    result = subprocess.run(
+        [
+            *(PYTHON, "-m", "cluster", "chaos", "--faults", "partition", "--seed", "2"),
+            *("--every", "1.5", "--count", "2", "--report", str(tmp_path / "report.json")),
+            *("--", "--worker-num", "4", "--log-dir", str(tmp_path / "logs")),
+            *(str(TRAIN), *args, "--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    faults = json.loads((tmp_path / "report.json").read_text())["faults"]
+    assert [f["kind"] for f in faults] == ["partition", "partition"]
+    assert (tmp_path / "out" / "final.sha256").read_text() == (
+        clean_out / "final.sha256"
+    ).read_text()

@@ -167,7 +167,7 @@ class StatusPoller:
             if view is not None and predicate(view):
                 return time.monotonic(), view
             time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
-        raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+        raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}: {self.fetch()}")
 
     def close(self) -> None:
         self.loop.run_until_complete(self.channel.close())
@@ -231,6 +231,13 @@ def bench_guard(n: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:
         poller = StatusPoller(running.port)
         try:
             poller.wait(all_back(n), 60, f"{n} workers to form the job")
+            # Their gather done: allgather_check.py does not survive a failure during it.
+            logs = [running.workdir / f"worker_{i}.log" for i in range(n)]
+            deadline = time.monotonic() + 60
+            while not all(log.exists() and "allgather rank=" in log.read_text() for log in logs):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the workers did not gather")
+                time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
             for round_ in range(repeat):
                 generation = round_ + 1
                 workers[1].send_signal(signal.SIGKILL)

@@ -27,6 +27,7 @@ class NodeView:
     seconds_since_heartbeat: float
     incarnation: int
     restarts: int
+    checkpoints: tuple[int, ...] = ()  # the steps it reported holding
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class JobView:
     uptime_s: float
     detail: str
     nodes: tuple[NodeView, ...]
+    rollback_step: int = 0  # where the current generation (re)started training
 
     @property
     def expected(self) -> int:
@@ -74,6 +76,7 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
             seconds_since_heartbeat=round(n.seconds_since_heartbeat, 3),
             incarnation=n.incarnation,
             restarts=n.restarts,
+            checkpoints=tuple(n.checkpoints),
         )
         for n in response.nodes
     )
@@ -89,6 +92,7 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
         uptime_s=round(response.uptime_s, 3),
         detail=response.detail,
         nodes=nodes,
+        rollback_step=response.rollback_step,
     )
 
 
@@ -113,6 +117,7 @@ def render(view: JobView) -> str:
         f"job {view.cluster_id} at {view.address}: {view.phase}, generation {view.generation}, "
         f"{view.registered}/{view.expected} registered, recovery {'on' if view.recovery else 'off'}"
         f", up {view.uptime_s:.0f} s"
+        + (f", rollback step {view.rollback_step}" if view.rollback_step else "")
     )
     lines = [head]
     if view.detail:
@@ -126,6 +131,7 @@ def render(view: JobView) -> str:
         "heartbeat",
         "incarnation",
         "restarts",
+        "checkpoints",
     )
     rows = [
         (
@@ -137,6 +143,7 @@ def render(view: JobView) -> str:
             f"{n.seconds_since_heartbeat:.1f} s ago",
             f"{n.incarnation:x}",
             str(n.restarts),
+            _steps(n.checkpoints),
         )
         for n in view.nodes
     ]
@@ -148,3 +155,11 @@ def render(view: JobView) -> str:
         "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )
     return "\n".join(lines)
+
+
+def _steps(steps: tuple[int, ...]) -> str:
+    """The newest few checkpoint steps a node holds, for a table cell."""
+    if not steps:
+        return "-"
+    shown = ", ".join(map(str, steps[-3:]))
+    return f"..., {shown}" if len(steps) > 3 else shown

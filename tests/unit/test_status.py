@@ -1,0 +1,43 @@
+"""cluster.status: the scheduler's answer as a person and a script see it."""
+
+from __future__ import annotations
+
+import json
+
+from cluster.scheduler import convert
+from cluster.state import NodeRole, Registration, SchedulerState
+from cluster.status import job_view, render
+
+
+def formed_job() -> SchedulerState:
+    state = SchedulerState(
+        cluster_id="job-1",
+        worker_num=2,
+        server_num=0,
+        node_timeout_s=10.0,
+        topo_timeout_s=60.0,
+        clock=lambda: 100.0,
+        recovery=True,
+    )
+    for i in range(2):
+        state.register(Registration(str(i), NodeRole.WORKER, "h0", 6000 + i, 1, 2, 0))
+    return state
+
+
+def test_status_shows_generation_recovery_incarnations_restarts_and_checkpoints() -> None:
+    state = formed_job()
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [10, 20, 30, 40])
+    state.disconnect("1", 1)
+    state.clock = lambda: 111.0
+    state.register(Registration("1", NodeRole.WORKER, "h0", 7001, 2, 2, 0, "job-1"))
+    view = job_view("127.0.0.1:8118", convert.status_to_pb(state, 111.0))
+    assert (view.generation, view.recovery, view.rollback_step) == (2, True, 40)
+    assert [(n.rank, n.incarnation, n.restarts) for n in view.nodes] == [(0, 1, 0), (1, 2, 1)]
+    assert view.nodes[0].checkpoints == (10, 20, 30, 40)
+    table = render(view)
+    assert "generation 2" in table
+    assert "recovery on" in table
+    assert "rollback step 40" in table
+    assert "..., 20, 30, 40" in table
+    assert json.loads(view.to_json())["nodes"][1]["restarts"] == 1

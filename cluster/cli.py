@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster import _excepthook, _orphan, _runtime, tls
+from cluster import _excepthook, _orphan, _runtime
 from cluster.config import ClusterConfig, check_recovery_path, from_env, tls_options_from_env
 from cluster.errors import ClusterError, ConfigError, SchedulerUnreachableError
 
 if TYPE_CHECKING:
+    from cluster import tls
     from cluster.status import JobView
 
 EXIT_USAGE = 2
@@ -69,6 +70,8 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.tls_config:
         # This process polls the scheduler over TLS too: same cipher list as the children.
+        from cluster import tls  # noqa: PLC0415 - cryptography, only with TLS
+
         os.environ.update(tls.launch_environment(Path(args.tls_config).resolve()))
     from cluster import launch  # noqa: PLC0415 - imports grpc
 
@@ -120,6 +123,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     )
     identity = None
     if options is not None:
+        from cluster import tls  # noqa: PLC0415 - cryptography, only with TLS
+
         os.environ.update(tls.launch_environment(options.config_path))
         identity = tls.load_identity(options, server=False)
     try:

@@ -255,6 +255,7 @@ def cluster_scheduler_main(
             from cluster.config import TLSOptions
 
             identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=True)
+        from cluster.config import default_heartbeat_interval
         from cluster.scheduler import CoreSettings, SchedulerServer
 
         settings = CoreSettings(
@@ -262,7 +263,7 @@ def cluster_scheduler_main(
             server_num=0,
             node_timeout_s=30,
             topo_timeout_s=120,
-            heartbeat_interval_s=1.0,
+            heartbeat_interval_s=default_heartbeat_interval(30),  # as a real scheduler's
         )
         server = SchedulerServer(settings, host=HOST, port=0, tls=identity)
         port = await server.start()

@@ -20,13 +20,15 @@ DEFAULT_WAIT_S = 300.0
 def barrier() -> None:
     """Return once every worker has called barrier()."""
     session = _runtime.session()
-    session.call(session.agent.exchange("barrier", b""))
+    session.call(session.agent.exchange("barrier", b"", generation=session.generation_pin))
 
 
 def allgather_object(obj: Any) -> list[Any]:
     """Every worker's `obj` (picklable), in rank order, on every worker."""
     session = _runtime.session()
-    values = session.call(session.agent.exchange("allgather", pickle.dumps(obj)))
+    values = session.call(
+        session.agent.exchange("allgather", pickle.dumps(obj), generation=session.generation_pin)
+    )
     return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
 
 
@@ -38,7 +40,9 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     if not 0 <= root < size:
         raise ClusterError(f"broadcast_object root={root} is not a rank: use 0-{size - 1}")
     mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
-    (value,) = session.call(session.agent.exchange("broadcast", mine, root=root))
+    (value,) = session.call(
+        session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
+    )
     return pickle.loads(value)  # noqa: S301 - peers of the same job
 
 
@@ -74,7 +78,8 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     header = pickle.dumps((mine.dtype.str, mine.shape))
     payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
     arrays = []
-    for value in session.call(session.agent.exchange("allgather", payload)):
+    gathered = session.agent.exchange("allgather", payload, generation=session.generation_pin)
+    for value in session.call(gathered):
         length = int.from_bytes(value[:4], "little")
         dtype, shape = pickle.loads(value[4 : 4 + length])  # noqa: S301 - peers of the job
         if (dtype, shape) != (mine.dtype.str, mine.shape):

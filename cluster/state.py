@@ -361,6 +361,9 @@ class SchedulerState:
         member.connected = False
         if member.state is not NodeState.ALIVE or self.phase in (Phase.FINISHED, Phase.FAILED):
             return []
+        # Alive until its connection broke: the guard counts from now, not from its last
+        # heartbeat (which may be an interval older).
+        member.last_seen = self.clock()
         return self._lose(member, "its connection to the scheduler broke (process exited?)")
 
     def finish(self, node_id: str, incarnation: int) -> list[Effect]:

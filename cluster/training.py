@@ -93,6 +93,10 @@ class TrainingLoop:
         NCCL, ...) when the scheduler confirms, within MS_NODE_TIMEOUT, that a peer of this
         generation failed; other errors are raised as they are.
         """
+        session = _runtime.session()
+        # The step's collectives belong to the generation it began in: if the job moves on
+        # meanwhile, they fail (a PeerFailedError) instead of joining the new generation's.
+        session.generation_pin = self._generation
         try:
             yield
         except PeerFailedError as exc:
@@ -101,6 +105,8 @@ class TrainingLoop:
             if not _runtime.peer_failed(self._generation, _runtime.failure_wait_s()):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed during the step: {exc}")
+        finally:
+            session.generation_pin = None
 
     def run(self, train_step: Callable[[int], None]) -> None:
         """The whole loop: `train_step(step)` for each step, rolled back as needed."""
@@ -164,11 +170,15 @@ class TrainingLoop:
         """True once every worker holds the final state; False after a peer failed first."""
         if _runtime.topology().rollback_step >= self.steps:
             return True  # every worker saved the final state already: nothing to wait for
+        session = _runtime.session()
+        session.generation_pin = self._generation
         try:
             barrier()
         except PeerFailedError as exc:
             self._interrupted = exc
             return False
+        finally:
+            session.generation_pin = None
         return True
 
 

@@ -110,7 +110,9 @@ class SchedulerCore:
         self._pending_progress: state.ProgressEvent | None = None
         # The published topology, serialized once: it goes to every node, and is large.
         self._topology_bytes: tuple[state.TopologyReadyEvent, bytes] | None = None
-        self._last_progress_broadcast = 0.0
+        # The first progress broadcast comes one interval after the start: a worker learns the
+        # count when it is accepted, and reports progress only after waiting a while itself.
+        self._last_progress_broadcast = clock()
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
 
@@ -259,6 +261,11 @@ class SchedulerCore:
         member = st.members.get(canonical_node_id(node_id))
         if member is None or member.rank is None or member.role is not state.NodeRole.WORKER:
             raise CollectiveError(f"node {node_id!r} is not a ranked worker of this job")
+        if generation < st.generation:
+            raise PeerFailedError(
+                f"{op} belongs to generation {generation}, but the job has moved on to "
+                f"generation {st.generation} (a failed node rejoined): roll back and go on"
+            )
         if generation != st.generation:
             raise CollectiveError(
                 f"collective of generation {generation}, but the job is at generation "

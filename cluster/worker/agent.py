@@ -181,7 +181,9 @@ class WorkerAgent:
         self._finished_here = False  # this node's Finish was heard
         self._heartbeat_interval = config.heartbeat_interval_s
         self._progress = (0, config.expected_nodes)
-        self._seq = 0
+        # Collectives are numbered per generation: a call made for an old generation (by a
+        # step that began before the job moved on) must not shift the new one's numbers.
+        self._seqs: dict[int, int] = {}
         self._closing = False
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
@@ -403,7 +405,6 @@ class WorkerAgent:
             previous = self.topology
             self.topology = self._topology_from(event.topology_ready)
             if previous is not None and self.topology.generation != previous.generation:
-                self._seq = 0  # collectives are numbered per generation
                 self._say(
                     f"the job is now at generation {self.topology.generation} "
                     f"({self.topology.reason}); training resumes from step "
@@ -566,14 +567,22 @@ class WorkerAgent:
                     f"{what} failed: {exc.details() or exc.code().name}"
                 ) from None
 
-    async def exchange(self, op: str, value: bytes, root: int = 0) -> list[bytes]:
-        """One control-plane collective; `op` is "barrier", "allgather" or "broadcast"."""
+    async def exchange(
+        self, op: str, value: bytes, root: int = 0, generation: int | None = None
+    ) -> list[bytes]:
+        """One control-plane collective; `op` is "barrier", "allgather" or "broadcast".
+
+        `generation`: the one the caller's work belongs to (a training step that began before
+        the job moved on must not take part in the new generation's collectives); default: the
+        current one.
+        """
         topology = self._require_topology()
-        self._seq += 1
+        generation = topology.generation if generation is None else generation
+        seq = self._seqs[generation] = self._seqs.get(generation, 0) + 1
         request = pb.ExchangeRequest(
             node_id=self.identity.node_id,
-            generation=topology.generation,
-            seq=self._seq,
+            generation=generation,
+            seq=seq,
             op=_EXCHANGE_OPS[op],
             root=root,
             value=value,

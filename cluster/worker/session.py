@@ -97,6 +97,8 @@ class WorkerSession:
         self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
         self._started = False
         self._closed = False
+        # Set by a TrainingLoop around each step: the generation its collectives belong to.
+        self.generation_pin: int | None = None
         _orphan.watch_launcher()
 
     async def _make_agent(self, cluster_id: str) -> WorkerAgent:

@@ -16,7 +16,7 @@ import pytest
 from cluster.testing import LocalJob, NetemUnavailableError, NetworkLab, wait_until
 from tests.procs import PYTHON, ROOT
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
 NODE_TIMEOUT_S = 3.0
@@ -51,6 +51,7 @@ def test_short_partition_is_tolerated_and_long_one_recovered(
         workers=4,
         node_timeout_s=NODE_TIMEOUT_S,
         network=NetworkLab(4),
+        workdir=out / "logs",  # kept, for a failure's post-mortem
     )
     job.wait_formed()
     wait_until(lambda: steps_done(job, 1) >= 10, 60, "step 10")
@@ -66,7 +67,7 @@ def test_short_partition_is_tolerated_and_long_one_recovered(
     job.wait_status(lambda v: job._node(v, 2).state == "failed", "worker 2 marked failed")
     job.heal(2)
     job.wait_status(lambda v: v.generation == 2 and job._everyone_back(v), "worker 2 back")
-    assert job.wait(120) == 0
+    assert job.wait(150) == 0, "\n".join(job.log(i)[-2000:] for i in range(4))
     assert "rolled back from step" in job.log(0)
     assert (out / "final.sha256").read_text() == (clean_out / "final.sha256").read_text()
 

@@ -5,7 +5,6 @@ bit-for-bit the parameters of the run without faults."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -15,7 +14,6 @@ import pytest
 from tests.procs import (
     PYTHON,
     ROOT,
-    Proc,
     Procs,
     free_port,
     job_env,
@@ -23,81 +21,30 @@ from tests.procs import (
     processes_running,
     wait_until,
 )
+from tests.training_job import (
+    NODE_TIMEOUT_S,
+    STEP_LINE,
+    STEPS,
+    WORKERS,
+    TrainingJob,
+    train_args,
+)
 
 pytest.importorskip("torch", reason="cluster.torch needs torch: pip install 'cluster[torch]'")
 
 TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
-WORKERS = 4
-STEPS = 60
-NODE_TIMEOUT_S = "2"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
-STEP_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\d+\.\d+)$", re.MULTILINE)
 
 pytestmark = pytest.mark.slow
 
 
-def train_args(out: Path) -> list[str]:
-    return ["--steps", str(STEPS), "--save-every", "5", "--step-delay", "0.03", "--out", str(out)]
-
-
-def steps_done(proc: Proc) -> int:
-    return len(STEP_LINE.findall(proc.output))
-
-
-class Job:
-    """A standalone scheduler and WORKERS workers of train_torch.py, recovery on. The scheduler
-    is `python -m cluster scheduler`, not the script: it would import torch for nothing."""
-
-    def __init__(self, processes: Procs, tmp: Path, name: str) -> None:
-        self.processes = processes
-        self.out = tmp / name
-        self.env = job_env(
-            WORKERS,
-            free_port(),
-            MS_ENABLE_RECOVERY="1",
-            MS_RECOVERY_PATH=str(tmp / f"{name}-recovery"),
-            MS_NODE_TIMEOUT=NODE_TIMEOUT_S,
-        )
-        self.name = name
-        self.schedulers = 0
-        self.scheduler = self.start_scheduler()
-        self.workers = [self.start_worker(i) for i in range(WORKERS)]
-
-    def start_scheduler(self) -> Proc:
-        self.schedulers += 1
-        return self.processes.start(
-            f"{self.name}-sched{self.schedulers}", [PYTHON, "-m", "cluster", "scheduler"], self.env
-        )
-
-    def start_worker(self, i: int) -> Proc:
-        index = sum(1 for p in self.processes.started if p.name.startswith(f"{self.name}-w{i}."))
-        return self.processes.start_role(
-            f"{self.name}-w{i}.{index}",
-            "MS_WORKER",
-            [str(TRAIN), *train_args(self.out)],
-            {**self.env, "MS_NODE_ID": str(i)},
-        )
-
-    def kill_worker_at(self, i: int, step: int) -> None:
-        victim = self.workers[i]
-        wait_until(lambda: steps_done(victim) >= step, START_S, f"worker {i} at step {step}")
-        victim.popen.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        self.workers[i] = self.start_worker(i)
-
-    def kill_scheduler_at(self, step: int) -> None:
-        wait_until(lambda: steps_done(self.workers[0]) >= step, START_S, f"step {step}")
-        self.scheduler.popen.send_signal(signal.SIGKILL)
-        self.scheduler.wait(10)
-        self.scheduler = self.start_scheduler()
-
-    def final_hash(self) -> str:
-        for worker in self.workers:
-            assert worker.wait(START_S) == 0, worker.output
-        assert self.scheduler.wait(30) == 0, self.scheduler.output
-        return (self.out / "final.sha256").read_text().strip()
+def Job(processes: Procs, tmp: Path, name: str) -> TrainingJob:
+    """The scheduler is `python -m cluster scheduler`: the script would import torch for nothing."""
+    return TrainingJob(
+        processes, tmp, name, TRAIN, standalone_scheduler=True, wait_s=START_S, exit_s=START_S
+    )
 
 
 @pytest.fixture(scope="module")

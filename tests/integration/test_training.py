@@ -4,16 +4,15 @@ scheduler ends with bit-for-bit the parameters of the run without faults."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.procs import (
     PYTHON,
     ROOT,
-    Proc,
     Procs,
     free_port,
     job_env,
@@ -21,81 +20,22 @@ from tests.procs import (
     processes_running,
     wait_until,
 )
+from tests.training_job import (
+    NODE_TIMEOUT_S,
+    STEP_LINE,
+    STEPS,
+    WORKERS,
+    TrainingJob,
+    train_args,
+)
 
 pytest.importorskip("numpy")
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
-WORKERS = 4
-STEPS = 60
-NODE_TIMEOUT_S = "2"
-STEP_LINE = re.compile(r"^epoch: (\d+) step: (\d+), loss is (\d+\.\d+)$", re.MULTILINE)
 
 
-def train_args(out: Path) -> list[str]:
-    return [
-        "--steps",
-        str(STEPS),
-        "--save-every",
-        "5",
-        "--step-delay",
-        "0.03",
-        "--out",
-        str(out),
-    ]
-
-
-def steps_done(proc: Proc) -> int:
-    return len(STEP_LINE.findall(proc.output))
-
-
-class Job:
-    """A scheduler and WORKERS workers of train_mlp.py started by hand, recovery on."""
-
-    def __init__(self, processes: Procs, tmp: Path, name: str) -> None:
-        self.processes = processes
-        self.out = tmp / name
-        self.env = job_env(
-            WORKERS,
-            free_port(),
-            MS_ENABLE_RECOVERY="1",
-            MS_RECOVERY_PATH=str(tmp / f"{name}-recovery"),
-            MS_NODE_TIMEOUT=NODE_TIMEOUT_S,
-        )
-        self.args = [str(TRAIN), *train_args(self.out)]
-        self.name = name
-        self.scheduler = self.start_scheduler()
-        self.workers = [self.start_worker(i) for i in range(WORKERS)]
-
-    def start_scheduler(self) -> Proc:
-        index = sum(1 for p in self.processes.started if p.name.startswith(f"{self.name}-sched"))
-        return self.processes.start_role(
-            f"{self.name}-sched{index}", "MS_SCHED", self.args, self.env
-        )
-
-    def start_worker(self, i: int) -> Proc:
-        index = sum(1 for p in self.processes.started if p.name.startswith(f"{self.name}-w{i}."))
-        return self.processes.start_role(
-            f"{self.name}-w{i}.{index}", "MS_WORKER", self.args, {**self.env, "MS_NODE_ID": str(i)}
-        )
-
-    def kill_worker_at(self, i: int, step: int) -> None:
-        victim = self.workers[i]
-        wait_until(lambda: steps_done(victim) >= step, 60, f"worker {i} at step {step}")
-        victim.popen.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        self.workers[i] = self.start_worker(i)
-
-    def kill_scheduler_at(self, step: int) -> None:
-        wait_until(lambda: steps_done(self.workers[0]) >= step, 60, f"step {step}")
-        self.scheduler.popen.send_signal(signal.SIGKILL)
-        self.scheduler.wait(10)
-        self.scheduler = self.start_scheduler()
-
-    def final_hash(self) -> str:
-        for worker in self.workers:
-            assert worker.wait(120) == 0, worker.output
-        assert self.scheduler.wait(30) == 0, self.scheduler.output
-        return (self.out / "final.sha256").read_text().strip()
+def Job(processes: Procs, tmp: Path, name: str, **options: Any) -> TrainingJob:
+    return TrainingJob(processes, tmp, name, TRAIN, **options)
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +95,7 @@ def test_worker_killed_while_saving_every_step(
     processes: Procs, tmp_path: Path, fault_free_hash: str
 ) -> None:
     """With a checkpoint every step, a kill lands in or next to a checkpoint write."""
-    job = Job(processes, tmp_path, "ckpt")
-    job.args[job.args.index("--save-every") + 1] = "1"
+    job = Job(processes, tmp_path, "ckpt", save_every=1)
     job.kill_worker_at(3, 9)
     assert job.final_hash() == fault_free_hash
 

@@ -216,14 +216,14 @@ class Chaos:
 
     def _failed(self, i: int) -> bool:
         view = self.job.status()
-        node = None if view is None else self.job._node(view, i)
+        node = None if view is None else self.job.node(view, i)
         return node is not None and node.state == "failed"
 
     def _back_after(self, generation: int) -> float:
         """Seconds until the job is at a newer generation with every worker alive."""
         started = time.monotonic()
         self.job.wait_status(
-            lambda v: v.generation > generation and self.job._everyone_back(v),
+            lambda v: v.generation > generation and self.job.everyone_back(v),
             "the job back in a new generation",
         )
         return time.monotonic() - started

@@ -320,13 +320,15 @@ class LocalJob:
 
     def wait_formed(self) -> Any:
         """Wait until every worker is in the job, alive and connected."""
-        return self.wait_status(self._everyone_back, f"all {self.worker_num} workers in the job")
+        return self.wait_status(self.everyone_back, f"all {self.worker_num} workers in the job")
 
-    def _everyone_back(self, view: Any) -> bool:
+    def everyone_back(self, view: Any) -> bool:
+        """In `view` (a status), every worker alive and connected, the job ready."""
         alive = [n for n in view.nodes if n.state == "alive" and n.connected]
         return view.phase == "ready" and len(alive) == self.worker_num
 
-    def _node(self, view: Any, i: int) -> Any:
+    def node(self, view: Any, i: int) -> Any:
+        """Worker i's row of `view` (a status), or None."""
         return next((n for n in view.nodes if n.node_id == str(i)), None)
 
     # -- faults --------------------------------------------------------------------------------
@@ -339,7 +341,7 @@ class LocalJob:
         sent = time.monotonic()
         proc.popen.wait(self.timeout_s)
         self.wait_status(
-            lambda v: getattr(self._node(v, i), "state", "") == "failed",
+            lambda v: getattr(self.node(v, i), "state", "") == "failed",
             f"worker {i} marked failed",
         )
         return time.monotonic() - sent
@@ -370,7 +372,7 @@ class LocalJob:
         started = time.monotonic()
         if wait:
             self.wait_status(
-                lambda v: v.generation > generation and self._everyone_back(v),
+                lambda v: v.generation > generation and self.everyone_back(v),
                 f"worker {i} back in a new generation",
             )
         return time.monotonic() - started

@@ -64,9 +64,9 @@ def test_short_partition_is_tolerated_and_long_one_recovered(
     assert job.status().generation == 1
 
     job.partition(2)  # longer: detected, then back in a new generation
-    job.wait_status(lambda v: job._node(v, 2).state == "failed", "worker 2 marked failed")
+    job.wait_status(lambda v: job.node(v, 2).state == "failed", "worker 2 marked failed")
     job.heal(2)
-    job.wait_status(lambda v: v.generation == 2 and job._everyone_back(v), "worker 2 back")
+    job.wait_status(lambda v: v.generation == 2 and job.everyone_back(v), "worker 2 back")
     assert job.wait(150) == 0, "\n".join(job.log(i)[-2000:] for i in range(4))
     assert "rolled back from step" in job.log(0)
     assert (out / "final.sha256").read_text() == (clean_out / "final.sha256").read_text()

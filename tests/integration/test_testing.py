@@ -36,9 +36,9 @@ def test_every_fault_waits_for_its_effect(
     assert job.status().generation == 2
 
     job.stop_worker(2)  # hung for longer: failed, then back with the same process
-    job.wait_status(lambda v: job._node(v, 2).state == "failed", "worker 2 failed")
+    job.wait_status(lambda v: job.node(v, 2).state == "failed", "worker 2 failed")
     job.continue_worker(2)
-    job.wait_status(lambda v: v.generation == 3 and job._everyone_back(v), "generation 3")
+    job.wait_status(lambda v: v.generation == 3 and job.everyone_back(v), "generation 3")
 
     release.touch()
     assert job.wait() == 0

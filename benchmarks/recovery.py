@@ -147,11 +147,7 @@ class StatusPoller:
         asyncio.set_event_loop(self.loop)  # grpc.aio binds a channel to the current loop
         # The instrument must not lag: reconnect every 20 ms while the scheduler is down (grpc's
         # default backoff would add up to seconds to the figure).
-        fast = [
-            ("grpc.initial_reconnect_backoff_ms", 20),
-            ("grpc.min_reconnect_backoff_ms", 20),
-            ("grpc.max_reconnect_backoff_ms", 20),
-        ]
+        fast = channel.reconnect_options(20, 20)
         self.channel = channel.open_channel(self.address, None, fast)
 
     def fetch(self) -> Any:

@@ -40,11 +40,7 @@ SETTLE_S = 0.3
 POLL_STATUS_S = 0.5
 # The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
-POLL_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 500),
-]
+POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
 
 

@@ -461,11 +461,7 @@ class _StatusClient:
         self._loop = BackgroundLoop("cluster-testing-status")
         # Reconnect every 50 ms while the scheduler is down, so that the status after a
         # restart is seen at once (grpc's default backoff reaches seconds).
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", 50),
-            ("grpc.min_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 50),
-        ]
+        options = channel.reconnect_options(50, 50)
 
         async def make() -> Any:
             return channel.open_channel(address, None, options)

@@ -45,11 +45,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     # Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's
     # default 1 s first backoff is start-up time lost. The ceiling is low too: a restarted
-    # scheduler should have every worker back within a fraction of a second of listening, and a
-    # connection attempt to a closed port costs the scheduler's host next to nothing.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 300),
+    # scheduler should have every worker back within a fraction of a second of listening.
+    *scheduler_channel.reconnect_options(100, 300),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # One connection per agent, as a real worker process has (matters when many agents share a

@@ -31,6 +31,13 @@ torch TCPStore (the peer, when torch is importable)
     value). Outside the timing: the clients are
     dropped (connections closed) and the server process is stopped.
 
+gRPC floor (`--systems grpc,grpc-tls`, for the TLS figure)
+    Server: a bare grpc.aio server with only the standard health service, plaintext or with the
+    scheduler's mutual-TLS credentials (the same PKI, no CRL). Each simulated worker opens its
+    own channel (`cluster.channel.open_channel`, one connection each) and makes one empty
+    health Check. No table, no registration: what one connection and one call cost in gRPC,
+    so that the TLS ratio of cluster can be read against gRPC's own.
+
 Both sides: one connection per worker, the worker publishes its address, the server counts the
 workers, and every worker ends up holding the N addresses. Client processes import everything
 and initialise their runtime (grpc.aio / torch.distributed) before they report ready, so process
@@ -58,7 +65,8 @@ job to form. Every process then calls `cluster.finalize()`.
 
 Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs 4]
        [--real 8] [--timeout 180] [--retries 2]
-       [--systems cluster,tcpstore] [--resolver tcp|system] [--json PATH]
+       [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls]
+       [--resolver tcp|system] [--json PATH]
 """
 
 from __future__ import annotations
@@ -368,6 +376,99 @@ def cluster_clients_main(
     _report_errors(q, index, lambda: asyncio.run(run()))
 
 
+# -- gRPC floor: children -------------------------------------------------------------------
+
+
+def grpc_floor_server_main(
+    n: int, q: MpQueue[Message], stop: MpEvent, timeout_s: float, ssl_json: str | None = None
+) -> None:
+    raise_fd_limit()
+
+    async def serve() -> None:
+        identity = None
+        if ssl_json:  # before grpc is imported, as the scheduler does
+            from cluster import tls
+            from cluster.config import TLSOptions
+
+            identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=True)
+        import grpc
+        from grpc_health.v1 import health, health_pb2_grpc
+
+        from cluster.scheduler.server import server_credentials
+
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+        where = f"{HOST}:0"
+        if identity is None:
+            port = server.add_insecure_port(where)
+        else:
+            port = server.add_secure_port(where, server_credentials(identity))
+        await server.start()
+        try:
+            q.put(("port", -1, port))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, stop.wait, SPAWN_TIMEOUT_S + 2 * timeout_s)
+        finally:
+            await server.stop(None)
+
+    _report_errors(q, -1, lambda: asyncio.run(serve()))
+
+
+def grpc_floor_clients_main(
+    index: int,
+    ids: list[int],
+    n: int,
+    port: int,
+    start: MpEvent,
+    proceed: MpEvent,
+    q: MpQueue[Message],
+    timeout_s: float,
+    ssl_json: str | None = None,
+) -> None:
+    raise_fd_limit()
+
+    async def run() -> None:
+        identity = None
+        if ssl_json:
+            from cluster import tls
+            from cluster.config import TLSOptions
+
+            identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=False)
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        from cluster.channel import open_channel
+        from cluster.worker.agent import CHANNEL_OPTIONS
+
+        warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
+        await warm.close(grace=None)
+        channels: list[grpc.aio.Channel] = []
+
+        async def one(i: int) -> float:
+            channel = open_channel(f"{HOST}:{port}", identity, CHANNEL_OPTIONS)
+            channels.append(channel)
+            await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), wait_for_ready=True
+            )
+            return time.time()
+
+        q.put(("ready", index, None))
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, start.wait, SPAWN_TIMEOUT_S + timeout_s):
+            raise BenchError("no start signal")
+        cpu0 = time.process_time()
+        try:
+            finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
+            q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
+            if not await loop.run_in_executor(None, proceed.wait, timeout_s):
+                raise BenchError("no signal to finish")
+        finally:
+            await asyncio.gather(*(c.close(grace=None) for c in channels))
+        q.put(("closed", index, []))
+
+    _report_errors(q, index, lambda: asyncio.run(run()))
+
+
 # -- TCPStore: children ----------------------------------------------------------------------
 
 
@@ -497,6 +598,12 @@ def run_once(
                 cluster_scheduler_main, n, q, timeout_s, ssl_json, name="scheduler"
             )
             client_main: Callable[..., None] = cluster_clients_main
+            extra = (ssl_json,)
+        elif system.startswith("grpc"):
+            server = group.spawn(
+                grpc_floor_server_main, n, q, stop, timeout_s, ssl_json, name="grpc-server"
+            )
+            client_main = grpc_floor_clients_main
             extra = (ssl_json,)
         else:
             server = group.spawn(
@@ -639,7 +746,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--systems",
         default="cluster,tcpstore",
         help="comma-separated: cluster, tcpstore (skipped when torch is not importable), "
-        "cluster-tls (mutual TLS, no CRL), cluster-tls-crl (mutual TLS with a CRL)",
+        "cluster-tls (mutual TLS, no CRL), cluster-tls-crl (mutual TLS with a CRL), "
+        "grpc and grpc-tls (gRPC's floor: one connection and one empty call per worker)",
     )
     parser.add_argument(
         "--resolver",
@@ -660,12 +768,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.retries < 0:
         parser.error("--retries must be >= 0")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(args.systems) - {"cluster", "tcpstore", *TLS_SYSTEMS}
+    known = ("cluster", "tcpstore", *TLS_SYSTEMS, *FLOOR_SYSTEMS)
+    unknown = set(args.systems) - set(known)
     if unknown or not args.systems:
-        parser.error(
-            f"--systems: choose among cluster, tcpstore, {', '.join(TLS_SYSTEMS)} "
-            f"(got {args.systems})"
-        )
+        parser.error(f"--systems: choose among {', '.join(known)} (got {args.systems})")
     return args
 
 
@@ -685,6 +791,7 @@ def with_retries(
 
 
 TLS_SYSTEMS = ("cluster-tls", "cluster-tls-crl")
+FLOOR_SYSTEMS = ("grpc", "grpc-tls")
 
 
 def make_tls_configs(directory: Path) -> dict[str, str]:
@@ -696,13 +803,13 @@ def make_tls_configs(directory: Path) -> dict[str, str]:
     without = {**with_crl, "crl_path": ""}
     plain = directory / "ssl-no-crl.json"
     plain.write_text(json.dumps(without))
-    return {"cluster-tls": str(plain), "cluster-tls-crl": str(pki.ssl_json)}
+    return {"cluster-tls": str(plain), "cluster-tls-crl": str(pki.ssl_json), "grpc-tls": str(plain)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tls_dir = Path(tempfile.mkdtemp(prefix="rendezvous-tls-"))
-    ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & set(TLS_SYSTEMS) else {}
+    ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & {*TLS_SYSTEMS, "grpc-tls"} else {}
     raise_fd_limit()
     if args.resolver == "tcp":
         # Inherited by every spawned process; glibc reads it when its resolver first runs.
@@ -830,6 +937,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ratio = f"{secured / plain:.2f}" if secured is not None and plain else "-"
                 cells.append(f"{fmt_s(secured):>15} | {ratio:>6}")
             print(f"{n:>6} | {fmt_s(plain):>10} | " + " | ".join(cells))
+    if set(FLOOR_SYSTEMS) <= set(args.systems):
+        print()
+        print("gRPC's floor: one connection and one empty call per worker, plaintext and TLS:")
+        header = f"{'N':>6} | {'grpc':>10} | {'grpc-tls':>10} | {'ratio':>6}"
+        print(header)
+        print("-" * len(header))
+        for n in args.sizes:
+            entry = results["sizes"][str(n)]
+            plain = entry.get("grpc_median_elapsed_s")
+            secured = entry.get("grpc-tls_median_elapsed_s")
+            ratio = f"{secured / plain:.2f}" if secured is not None and plain else "-"
+            print(f"{n:>6} | {fmt_s(plain):>10} | {fmt_s(secured):>10} | {ratio:>6}")
     shutil.rmtree(tls_dir, ignore_errors=True)
     if real is not None:
         print()

@@ -213,8 +213,6 @@ class SchedulerCore:
                 yield self._serialized(event)
             while True:
                 item = await box.get()
-                if item is None:  # the node closed its side
-                    return
                 if isinstance(item, state.Evict):
                     raise EvictedError(f"node {node_id!r} was removed from the job: {item.reason}")
                 yield item
@@ -236,10 +234,6 @@ class SchedulerCore:
         self.state.report_checkpoints(node_id, incarnation, steps)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
-
-    def stream_closed(self, node_id: str, incarnation: int) -> None:
-        """The node half-closed its stream: end ours too."""
-        self._streams.put((canonical_node_id(node_id), incarnation), None)
 
     async def finish(self, node_id: str, incarnation: int) -> None:
         member = self.state.member(node_id, incarnation)

@@ -5,8 +5,6 @@ No cluster logic lives here. `_STATUS_FOR` is the one place where failures becom
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -91,43 +89,36 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         )
 
     async def Watch(
-        self,
-        request_iterator: AsyncIterator[pb.WatchRequest],
-        context: grpc.aio.ServicerContext[Any, Any],
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.Event | bytes]:
-        first = await anext(request_iterator, None)
-        kind = None if first is None else first.WhichOneof("kind")
-        if first is None or kind not in ("register", "hello"):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "Watch must start with a RegisterRequest or Hello"
-            )
+        kind = request.WhichOneof("kind")
         if kind == "register":
-            answer = await self._register(first.register, context)
+            answer = await self._register(request.register, context)
             if answer.HasField("refused"):
                 yield pb.Event(refused=answer.refused)
                 return
             yield pb.Event(accepted=answer.accepted)
-            node_id, incarnation = first.register.node_id, first.register.incarnation
+            node_id, incarnation = request.register.node_id, request.register.incarnation
+        elif kind == "hello":
+            node_id, incarnation = request.hello.node_id, request.hello.incarnation
         else:
-            node_id, incarnation = first.hello.node_id, first.hello.incarnation
-        reader = asyncio.create_task(self._read_heartbeats(request_iterator, node_id, incarnation))
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Watch needs a RegisterRequest or a Hello"
+            )
+        # The node going away (its process dead, its connection cut) cancels this call, which
+        # ends the core's stream and tells the core.
         try:
             async for event in self._core.watch(node_id, incarnation):
                 yield event
         except (ClusterError, state.UnknownNodeError) as exc:
             await _abort(context, exc)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
 
-    async def _read_heartbeats(
-        self, requests: AsyncIterator[pb.WatchRequest], node_id: str, incarnation: int
-    ) -> None:
-        with contextlib.suppress(state.UnknownNodeError):
-            async for _ in requests:
-                self._core.heartbeat(node_id, incarnation)
-        self._core.stream_closed(node_id, incarnation)
+    @_mapped
+    async def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.HeartbeatResponse:
+        self._core.heartbeat(request.node_id, request.incarnation)
+        return pb.HeartbeatResponse()
 
     @_mapped
     async def Exchange(
@@ -221,7 +212,7 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
     capture = _Capture()
     pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
     watch = capture.handlers["Watch"]
-    capture.handlers["Watch"] = grpc.stream_stream_rpc_method_handler(
+    capture.handlers["Watch"] = grpc.unary_stream_rpc_method_handler(
         servicer.Watch,
         request_deserializer=watch.request_deserializer,
         response_serializer=_event_bytes,

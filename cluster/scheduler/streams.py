@@ -20,7 +20,7 @@ from collections.abc import Callable
 from cluster import state
 from cluster.v1 import scheduler_pb2 as pb
 
-Item = pb.Event | bytes | state.Evict | None  # None: the node closed its side
+Item = pb.Event | bytes | state.Evict
 Key = tuple[str, int]  # (canonical node id, incarnation)
 
 

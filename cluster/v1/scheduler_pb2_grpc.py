@@ -39,10 +39,15 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.RegisterRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.RegisterResponse.FromString,
                 _registered_method=True)
-        self.Watch = channel.stream_stream(
+        self.Watch = channel.unary_stream(
                 '/cluster.v1.Scheduler/Watch',
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.WatchRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.Event.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/cluster.v1.Scheduler/Heartbeat',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
         self.Exchange = channel.unary_unary(
                 '/cluster.v1.Scheduler/Exchange',
@@ -97,11 +102,20 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Watch(self, request_iterator, context):
-        """The node's lifeline. The node's first message registers it (a RegisterRequest, answered by
-        an Accepted or a Refusal event, so that joining costs one call, not two) or, for a node
-        already registered, says Hello; then it sends heartbeats. The scheduler sends events and its
-        own heartbeats. A broken stream means a dead process.
+    def Watch(self, request, context):
+        """The node's lifeline. The request registers the node (a RegisterRequest, answered by an
+        Accepted or a Refusal event, so that joining costs one call, not two) or, for a node already
+        registered, says Hello. The scheduler sends events and its own heartbeats. A broken stream
+        means a dead process. (A server stream, not a bidirectional one: its request travels with
+        the call, which makes joining a third cheaper in gRPC than a first message written on it.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """The node is alive and its process is not hung: sent every heartbeat interval. A scheduler
+        that has not heard it for MS_NODE_TIMEOUT declares the node dead.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,10 +184,15 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.RegisterRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.RegisterResponse.SerializeToString,
             ),
-            'Watch': grpc.stream_stream_rpc_method_handler(
+            'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.WatchRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.Event.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatRequest.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatResponse.SerializeToString,
             ),
             'Exchange': grpc.unary_unary_rpc_method_handler(
                     servicer.Exchange,
@@ -254,7 +273,7 @@ class Scheduler:
             _registered_method=True)
 
     @staticmethod
-    def Watch(request_iterator,
+    def Watch(request,
             target,
             options=(),
             channel_credentials=None,
@@ -264,12 +283,39 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
+        return grpc.experimental.unary_stream(
+            request,
             target,
             '/cluster.v1.Scheduler/Watch',
             cluster_dot_v1_dot_scheduler__pb2.WatchRequest.SerializeToString,
             cluster_dot_v1_dot_scheduler__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster.v1.Scheduler/Heartbeat',
+            cluster_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

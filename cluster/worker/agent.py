@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -36,8 +36,8 @@ from cluster.errors import (
 )
 from cluster.topology import Topology
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.identity import NodeIdentity
+from cluster.worker.stub import LazyStub
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ _EXCHANGE_OPS = {
 }
 
 
-_Call = grpc.aio.StreamStreamCall[pb.WatchRequest, pb.Event]
+_Call = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
 
 
 def _error_kind(exc: grpc.aio.AioRpcError) -> str:
@@ -118,6 +118,54 @@ class _Silence:
 
     def stop(self) -> None:
         self._timer.cancel()
+
+
+class _AnswerLimit:
+    """Cancels a registration `call` that has not reached the scheduler within `attempt_s`, or
+    that has and is still unanswered after `answer_s`."""
+
+    def __init__(
+        self, call: _Call, channel: grpc.aio.Channel, attempt_s: float, answer_s: float
+    ) -> None:
+        self._call = call
+        self._channel = channel
+        self._loop = asyncio.get_running_loop()
+        self._answer_by = self._loop.time() + max(answer_s, 0.0)
+        self.expired = False
+        self._timer = self._loop.call_later(max(min(attempt_s, answer_s), 0.0), self._check)
+
+    def _check(self) -> None:
+        connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        if connected and self._loop.time() < self._answer_by:
+            self._timer = self._loop.call_at(self._answer_by, self._check)
+            return
+        self.expired = True
+        self._call.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class _Heartbeats:
+    """Calls `beat` every `interval_s`: a timer, and a task only while a beat is on its way (not
+    a task per stream that sleeps)."""
+
+    def __init__(self, beat: Callable[[], Coroutine[Any, Any, None]], interval_s: float) -> None:
+        self._beat = beat
+        self._interval_s = interval_s
+        self._loop = asyncio.get_running_loop()
+        self._sending: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(interval_s, self._due)
+
+    def _due(self) -> None:
+        if self._sending is None or self._sending.done():
+            self._sending = self._loop.create_task(self._beat())
+        self._timer = self._loop.call_later(self._interval_s, self._due)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._sending is not None:
+            self._sending.cancel()
 
 
 class _Reporter:
@@ -168,7 +216,7 @@ class WorkerAgent:
         self._channel = scheduler_channel.open_channel(
             config.sched_address, self._tls, CHANNEL_OPTIONS
         )
-        self._stub = pb_grpc.SchedulerStub(self._channel)
+        self._stub = LazyStub(self._channel)
         self._role = pb.ROLE_SERVER if config.role is Role.SERVER else pb.ROLE_WORKER
         self.cluster_id = cluster_id
         self.recovery = config.recovery is not None
@@ -278,16 +326,9 @@ class WorkerAgent:
                     self._report(f"waiting for {self.where} to answer")
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
-            call: _Call = self._stub.Watch(wait_for_ready=True)
+            call: _Call = self._stub.Watch(request, wait_for_ready=True)
             try:
-                # Reaching the scheduler is bounded per attempt; once the registration is on its
-                # way the answer is awaited until the deadline. A scheduler busy with a burst of
-                # registrations answers late, and giving up on a registration it is about to
-                # accept only makes it do the work again.
-                await asyncio.wait_for(call.write(request), min(remaining, ATTEMPT_TIMEOUT_S))
-                first = await asyncio.wait_for(
-                    self._first_answer(call), max(deadline - self._clock(), 0.0)
-                )
+                first = await self._answer(call, min(remaining, ATTEMPT_TIMEOUT_S), deadline)
             except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 call.cancel()
                 if isinstance(exc, grpc.aio.AioRpcError) and exc.code() not in (
@@ -319,6 +360,22 @@ class WorkerAgent:
             pause = min(refusal.retry_after_s + 0.02, max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
+    async def _answer(self, call: _Call, attempt_s: float, deadline: float) -> pb.Event:
+        """The scheduler's answer to the registration on `call`. Reaching the scheduler is
+        bounded per attempt; once connected, the answer is awaited until `deadline`: a scheduler
+        busy with a burst of registrations answers late, and giving up on a registration it is
+        about to accept only makes it do the work again. (A timer that cancels the call, not a
+        task and a timeout per attempt.)"""
+        limit = _AnswerLimit(call, self._channel, attempt_s, deadline - self._clock())
+        try:
+            return await self._first_answer(call)
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            if limit.expired:
+                raise asyncio.TimeoutError from None
+            raise
+        finally:
+            limit.stop()
+
     async def _first_answer(self, call: _Call) -> pb.Event:
         first = await call.read()
         if first is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
@@ -345,7 +402,11 @@ class WorkerAgent:
                 return
 
     async def _watch_once(self, call: _Call) -> None:
-        beats = asyncio.create_task(self._send_heartbeats(call))
+        beats = (
+            _Heartbeats(self._beat, self._heartbeat_interval)
+            if self.config.heartbeat_enabled
+            else None
+        )
         silence = (
             _Silence(call, self.config.node_timeout_s) if self.config.heartbeat_enabled else None
         )
@@ -376,17 +437,18 @@ class WorkerAgent:
         finally:
             if silence is not None:
                 silence.stop()
-            beats.cancel()
+            if beats is not None:
+                beats.stop()
             call.cancel()
 
-    async def _send_heartbeats(self, call: _Call) -> None:
-        if not self.config.heartbeat_enabled:
-            return
-        beat = pb.WatchRequest(heartbeat=pb.NodeHeartbeat())
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            while True:
-                await asyncio.sleep(self._heartbeat_interval)
-                await call.write(beat)
+    async def _beat(self) -> None:
+        beat = pb.HeartbeatRequest(
+            node_id=self.identity.node_id, incarnation=self.identity.incarnation
+        )
+        # A beat that fails is not this node's concern: the event stream tells whether the
+        # scheduler is there, and the next beat goes out on time either way.
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self._stub.Heartbeat(beat, timeout=self._heartbeat_interval)
 
     def _handle(self, event: pb.Event) -> bool:
         """Act on one event; True when the stream has said its last word."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -13,8 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cluster
 from cluster.config import from_env
-from cluster.errors import JobFailedError, RegistrationRefused
+from cluster.errors import ClusterError, JobFailedError, RegistrationRefused
 from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.state import NodeState, Phase
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.agent import WorkerAgent
@@ -213,3 +215,42 @@ async def test_a_dead_peer_fails_a_waiting_collective() -> None:
             await asyncio.wait_for(waiting, 10)
         assert await asyncio.wait_for(srv.wait_done(), 10) is False
         await a.close()
+
+
+def watched_agent(
+    port: int, node_id: str, failures: asyncio.Queue[ClusterError], **env: str
+) -> WorkerAgent:
+    return WorkerAgent(
+        make_agent(port, 2, node_id, **env).config,
+        NodeIdentity(node_id, new_incarnation(), "127.0.0.1", 40000),
+        say=lambda _: None,
+        on_fatal=failures.put_nowait,
+    )
+
+
+async def test_heartbeat_calls_keep_nodes_in() -> None:
+    async with SchedulerServer(settings(2, node_timeout_s=1.0, heartbeat_interval_s=0.2)) as srv:
+        failures: asyncio.Queue[ClusterError] = asyncio.Queue()
+        a, b = (watched_agent(srv.port, n, failures) for n in "ab")
+        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+        # Over twice MS_NODE_TIMEOUT: only the nodes' Heartbeat calls keep them in.
+        await asyncio.sleep(2.5)  # sleep-ok: showing that nothing happens takes the time
+        assert failures.empty(), failures.get_nowait()
+        assert srv.core.state.phase is Phase.READY
+        for member in srv.core.state.members.values():
+            assert member.state is NodeState.ALIVE
+            assert time.monotonic() - member.last_seen < 1.0
+        await asyncio.gather(a.finish(), b.finish())
+        await asyncio.gather(a.close(), b.close())
+
+
+async def test_a_node_without_heartbeats_is_failed_after_the_node_timeout() -> None:
+    async with SchedulerServer(settings(2, node_timeout_s=1.0, heartbeat_interval_s=0.2)) as srv:
+        failures: asyncio.Queue[ClusterError] = asyncio.Queue()
+        a = watched_agent(srv.port, "a", failures)
+        b = watched_agent(srv.port, "b", failures, MS_DISABLE_HEARTBEAT="1")
+        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+        failure = await asyncio.wait_for(failures.get(), 10)
+        assert "'b'" in str(failure), failure
+        assert "no heartbeat for" in str(failure), failure
+        await asyncio.gather(a.close(), b.close())

@@ -1,0 +1,56 @@
+"""The scheduler's client stub, made method by method as the agent first uses each one.
+
+The generated `SchedulerStub` registers all of the service's methods with the channel when it is
+made, a C call each. A worker uses three of them in most of its life, and a benchmark process
+that simulates hundreds of workers paid for the rest at every start. This stub asks the generated
+code once per process what each method is (path, kind, serializers) and makes a method's
+multicallable on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import grpc
+
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+
+class _Recorder:
+    """Stands in for a channel while the generated stub names its methods."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, kind: str) -> Any:
+        def make(path: str, **options: Any) -> tuple[str, str, dict[str, Any]]:
+            made = (kind, path, options)
+            self.made.append(made)
+            return made
+
+        return make
+
+
+@functools.cache
+def _methods() -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """Attribute name -> (channel method, path, options), as the generated stub makes them."""
+    recorder = _Recorder()
+    stub = pb_grpc.SchedulerStub(recorder)
+    return {name: made for name, made in vars(stub).items() if made in recorder.made}
+
+
+class LazyStub:
+    """`SchedulerStub(channel)`, each method made when it is first used."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            kind, path, options = _methods()[name]
+        except KeyError:
+            raise AttributeError(f"the Scheduler service has no method {name!r}") from None
+        method = getattr(self._channel, kind)(path, **options)
+        setattr(self, name, method)
+        return method

@@ -709,6 +709,16 @@ def run_real_once(ctx: SpawnContext, n: int, timeout_s: float) -> dict[str, floa
     }
 
 
+def use_tcp_resolver() -> None:
+    """RES_OPTIONS=use-vc for this process and the ones it spawns (see the module's text)."""
+    # Inherited by every spawned process; glibc reads it when its resolver first runs.
+    opts = os.environ.get("RES_OPTIONS", "")
+    if "use-vc" not in opts.split():
+        os.environ["RES_OPTIONS"] = f"{opts} use-vc".strip()
+    # One "hostname of the client socket cannot be retrieved" warning per TCPStore client.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -812,12 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & {*TLS_SYSTEMS, "grpc-tls"} else {}
     raise_fd_limit()
     if args.resolver == "tcp":
-        # Inherited by every spawned process; glibc reads it when its resolver first runs.
-        opts = os.environ.get("RES_OPTIONS", "")
-        if "use-vc" not in opts.split():
-            os.environ["RES_OPTIONS"] = f"{opts} use-vc".strip()
-        # One "hostname of the client socket cannot be retrieved" warning per TCPStore client.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        use_tcp_resolver()
     ctx = mp.get_context("spawn")
     tv = torch_version() if "tcpstore" in args.systems else None
     systems = [s for s in args.systems if s != "tcpstore" or tv]

@@ -113,11 +113,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         except (ClusterError, state.UnknownNodeError) as exc:
             await _abort(context, exc)
 
-    @_mapped
     async def Heartbeat(
-        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        request_iterator: AsyncIterator[pb.HeartbeatRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.HeartbeatResponse:
-        self._core.heartbeat(request.node_id, request.incarnation)
+        try:
+            async for beat in request_iterator:
+                self._core.heartbeat(beat.node_id, beat.incarnation)
+        except state.UnknownNodeError as exc:
+            await _abort(context, exc)
         return pb.HeartbeatResponse()
 
     @_mapped

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -75,6 +75,7 @@ _EXCHANGE_OPS = {
 
 
 _Call = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
+_Beats = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
 
 
 def _error_kind(exc: grpc.aio.AioRpcError) -> str:
@@ -147,25 +148,43 @@ class _AnswerLimit:
 
 
 class _Heartbeats:
-    """Calls `beat` every `interval_s`: a timer, and a task only while a beat is on its way (not
-    a task per stream that sleeps)."""
+    """Writes `beat` every `interval_s` on a Heartbeat stream, opened by `open_stream` at the
+    first beat and again after it broke: a timer, and a task only while a beat is on its way
+    (not a task per stream that sleeps)."""
 
-    def __init__(self, beat: Callable[[], Coroutine[Any, Any, None]], interval_s: float) -> None:
+    def __init__(
+        self, open_stream: Callable[[], _Beats], beat: pb.HeartbeatRequest, interval_s: float
+    ) -> None:
+        self._open_stream = open_stream
         self._beat = beat
         self._interval_s = interval_s
         self._loop = asyncio.get_running_loop()
+        self._stream: _Beats | None = None
         self._sending: asyncio.Task[None] | None = None
         self._timer = self._loop.call_later(interval_s, self._due)
 
     def _due(self) -> None:
         if self._sending is None or self._sending.done():
-            self._sending = self._loop.create_task(self._beat())
+            self._sending = self._loop.create_task(self._send())
         self._timer = self._loop.call_later(self._interval_s, self._due)
+
+    async def _send(self) -> None:
+        if self._stream is None or self._stream.done():
+            self._stream = self._open_stream()
+        # A beat that fails is not this node's concern: the event stream tells whether the
+        # scheduler is there, and the next beat opens a new stream.
+        try:
+            await self._stream.write(self._beat)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            self._stream.cancel()
+            self._stream = None
 
     def stop(self) -> None:
         self._timer.cancel()
         if self._sending is not None:
             self._sending.cancel()
+        if self._stream is not None:
+            self._stream.cancel()
 
 
 class _Reporter:
@@ -403,7 +422,13 @@ class WorkerAgent:
 
     async def _watch_once(self, call: _Call) -> None:
         beats = (
-            _Heartbeats(self._beat, self._heartbeat_interval)
+            _Heartbeats(
+                self._stub.Heartbeat,
+                pb.HeartbeatRequest(
+                    node_id=self.identity.node_id, incarnation=self.identity.incarnation
+                ),
+                self._heartbeat_interval,
+            )
             if self.config.heartbeat_enabled
             else None
         )
@@ -440,15 +465,6 @@ class WorkerAgent:
             if beats is not None:
                 beats.stop()
             call.cancel()
-
-    async def _beat(self) -> None:
-        beat = pb.HeartbeatRequest(
-            node_id=self.identity.node_id, incarnation=self.identity.incarnation
-        )
-        # A beat that fails is not this node's concern: the event stream tells whether the
-        # scheduler is there, and the next beat goes out on time either way.
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await self._stub.Heartbeat(beat, timeout=self._heartbeat_interval)
 
     def _handle(self, event: pb.Event) -> bool:
         """Act on one event; True when the stream has said its last word."""

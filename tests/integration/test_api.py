@@ -228,12 +228,12 @@ def watched_agent(
     )
 
 
-async def test_heartbeat_calls_keep_nodes_in() -> None:
+async def test_heartbeats_keep_nodes_in() -> None:
     async with SchedulerServer(settings(2, node_timeout_s=1.0, heartbeat_interval_s=0.2)) as srv:
         failures: asyncio.Queue[ClusterError] = asyncio.Queue()
         a, b = (watched_agent(srv.port, n, failures) for n in "ab")
         await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
-        # Over twice MS_NODE_TIMEOUT: only the nodes' Heartbeat calls keep them in.
+        # Over twice MS_NODE_TIMEOUT: only the nodes' heartbeats keep them in.
         await asyncio.sleep(2.5)  # sleep-ok: showing that nothing happens takes the time
         assert failures.empty(), failures.get_nowait()
         assert srv.core.state.phase is Phase.READY

@@ -1,0 +1,287 @@
+"""Heartbeat load: what N formed, idle workers cost the server, per second of the job's life.
+
+cluster (the system under test)
+    A real scheduler process (`SchedulerServer`, port 0, heartbeat interval `--interval`); N
+    simulated workers (`WorkerAgent`s, spread over `--procs` client processes) join it. Once
+    every worker holds the peer table the parent measures, over `--window` seconds, the CPU time
+    of the scheduler process and of the client processes. Meanwhile every agent makes one
+    `Heartbeat` call per interval and the scheduler writes its own heartbeat on every stream
+    once per interval (the idle sweep), as in a real job between collectives.
+
+torch TCPStore (the peer, when torch is importable)
+    What torch's elastic c10d rendezvous does to keep its members alive: every member writes its
+    own keep-alive key to the store every `keep_alive_interval` (5 s by default). Here a TCPStore
+    server process and N clients (one connection each, threads over `--procs` processes), each
+    setting "hb/<i>" to the time once per interval, the first beat at a random point of the
+    first interval. The same window is measured.
+
+Name resolution as in rendezvous.py (RES_OPTIONS=use-vc, so that no TCPStore client's reverse
+lookup is lost to a dropped UDP packet).
+
+Both: the figure is CPU seconds per second of wall time (1.0 = one core busy), the server's and
+the clients' summed. The window starts after every worker is in and beating.
+
+Usage: python benchmarks/heartbeats.py [--workers 1024] [--interval 5] [--window 20]
+       [--procs 4] [--systems cluster,tcpstore]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import random
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.context import SpawnContext
+from multiprocessing.queues import Queue as MpQueue
+from multiprocessing.synchronize import Event as MpEvent
+from typing import Any
+
+from rendezvous import (
+    BASE_DATA_PORT,
+    HOST,
+    JOIN_TIMEOUT_S,
+    SPAWN_TIMEOUT_S,
+    BenchError,
+    Mailbox,
+    Message,
+    _report_errors,
+    children,
+    cpu_seconds,
+    raise_fd_limit,
+    split,
+    torch_version,
+    use_tcp_resolver,
+)
+
+# ruff: noqa: PLC0415  (grpc, cluster and torch are imported in the children only)
+
+JOIN_TIMEOUT = 120.0
+
+
+def cluster_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent) -> None:
+    raise_fd_limit()
+
+    async def serve() -> None:
+        from cluster.scheduler import CoreSettings, SchedulerServer
+
+        settings = CoreSettings(
+            worker_num=n,
+            server_num=0,
+            node_timeout_s=max(30.0, 6 * interval_s),
+            topo_timeout_s=JOIN_TIMEOUT,
+            heartbeat_interval_s=interval_s,
+        )
+        server = SchedulerServer(settings, host=HOST, port=0)
+        port = await server.start()
+        try:
+            q.put(("port", -1, port))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, stop.wait, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+            await asyncio.wait_for(server.wait_done(), 60.0)
+        finally:
+            await server.stop()
+
+    _report_errors(q, -1, lambda: asyncio.run(serve()))
+
+
+def cluster_clients_main(
+    index: int, ids: list[int], n: int, port: int, q: MpQueue[Message], stop: MpEvent
+) -> None:
+    raise_fd_limit()
+
+    async def run() -> None:
+        from cluster import config as cluster_config
+        from cluster.errors import ClusterError
+        from cluster.worker.agent import WorkerAgent
+        from cluster.worker.identity import NodeIdentity, new_incarnation
+
+        fatal: list[ClusterError] = []
+
+        def agent(i: int) -> WorkerAgent:
+            config = cluster_config.from_env(
+                {
+                    "MS_ROLE": "MS_WORKER",
+                    "MS_WORKER_NUM": str(n),
+                    "MS_SCHED_HOST": HOST,
+                    "MS_SCHED_PORT": str(port),
+                    "MS_NODE_ID": str(i),
+                    "MS_TOPO_TIMEOUT": str(JOIN_TIMEOUT),
+                }
+            )
+            identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
+            return WorkerAgent(config, identity, say=lambda _: None, on_fatal=fatal.append)
+
+        agents = [agent(i) for i in ids]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), JOIN_TIMEOUT)
+            q.put(("in", index, None))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, stop.wait, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+            if fatal:
+                raise BenchError(f"{len(fatal)} agent(s) failed, first: {fatal[0]}")
+            await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 60.0)
+        finally:
+            await asyncio.gather(*(a.close() for a in agents), return_exceptions=True)
+        q.put(("closed", index, None))
+
+    _report_errors(q, index, lambda: asyncio.run(run()))
+
+
+def tcpstore_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent) -> None:
+    raise_fd_limit()
+
+    def body() -> None:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+        store = TCPStore(HOST, 0, world_size=n, is_master=True, wait_for_workers=False)
+        q.put(("port", -1, int(store.port)))
+        stop.wait(SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+        del store
+
+    _report_errors(q, -1, body)
+
+
+def tcpstore_clients_main(
+    index: int,
+    ids: list[int],
+    n: int,
+    port: int,
+    interval_s: float,
+    q: MpQueue[Message],
+    stop: MpEvent,
+) -> None:
+    raise_fd_limit()
+
+    def body() -> None:
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+        timeout = datetime.timedelta(seconds=JOIN_TIMEOUT)
+        done = threading.Event()
+        joined = threading.Semaphore(0)
+        errors: list[str] = []
+
+        def member(i: int) -> None:
+            try:
+                store = TCPStore(
+                    HOST, port, world_size=n, is_master=False, wait_for_workers=False,
+                    timeout=timeout,
+                )  # fmt: skip
+                joined.release()
+                if done.wait(random.uniform(0, interval_s)):
+                    return
+                while True:
+                    store.set(f"hb/{i}", str(time.time()))
+                    if done.wait(interval_s):
+                        return
+            except Exception as exc:
+                errors.append(f"member {i}: {type(exc).__name__}: {exc}")
+                joined.release()
+
+        threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in ids]
+        for thread in threads:
+            thread.start()
+        for _ in ids:
+            if not joined.acquire(timeout=JOIN_TIMEOUT):
+                raise BenchError("members did not connect in time")
+        if errors:
+            raise BenchError(f"{len(errors)} member(s) failed, first: {errors[0]}")
+        q.put(("in", index, None))
+        stop.wait(SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+        done.set()
+        for thread in threads:
+            thread.join(10.0)
+        q.put(("closed", index, None))
+
+    _report_errors(q, index, body)
+
+
+def run(
+    ctx: SpawnContext, system: str, n: int, interval_s: float, window_s: float, procs: int
+) -> dict[str, float]:
+    """Server and client CPU seconds per wall second over the window, N workers in and beating."""
+    q: MpQueue[Message] = ctx.Queue()
+    stop = ctx.Event()
+    with children(ctx) as group:
+        box = Mailbox(q, group)
+        if system == "cluster":
+            server = group.spawn(cluster_server_main, n, interval_s, q, stop, name="scheduler")
+        else:
+            server = group.spawn(tcpstore_server_main, n, interval_s, q, stop, name="store")
+        port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
+        parts = split(range(n), min(procs, n))
+        clients = []
+        for k, ids in enumerate(parts):
+            if system == "cluster":
+                args: tuple[Any, ...] = (k, ids, n, port, q, stop)
+                clients.append(group.spawn(cluster_clients_main, *args, name=f"clients-{k}"))
+            else:
+                args = (k, ids, n, port, interval_s, q, stop)
+                clients.append(group.spawn(tcpstore_clients_main, *args, name=f"clients-{k}"))
+        box.collect("in", len(parts), time.monotonic() + SPAWN_TIMEOUT_S + JOIN_TIMEOUT)
+        # One interval first: every worker's beat is on its schedule when the window opens.
+        time.sleep(interval_s)
+        pids = [server.pid, *(c.pid for c in clients)]
+        before = [cpu_seconds(pid) for pid in pids]
+        start = time.monotonic()
+        time.sleep(window_s)
+        after = [cpu_seconds(pid) for pid in pids]
+        wall = time.monotonic() - start
+        if any(v is None for v in [*before, *after]):
+            raise BenchError("a process ended during the window")
+        used = [b - a for a, b in zip(before, after, strict=True)]  # type: ignore[operator]
+        stop.set()
+        box.collect("closed", len(parts), time.monotonic() + 120.0)
+        group.join_all(time.monotonic() + JOIN_TIMEOUT_S + 60.0)
+    return {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--workers", type=int, default=1024)
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between beats")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds measured")
+    parser.add_argument("--procs", type=int, default=4, help="client processes")
+    parser.add_argument("--systems", default="cluster,tcpstore")
+    args = parser.parse_args(argv)
+    if args.workers < 1 or args.procs < 1 or args.interval <= 0 or args.window <= 0:
+        parser.error("--workers and --procs must be >= 1, --interval and --window > 0")
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not args.systems or set(args.systems) - {"cluster", "tcpstore"}:
+        parser.error(f"--systems: choose among cluster, tcpstore (got {args.systems})")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import multiprocessing as mp
+
+    args = parse_args(argv)
+    raise_fd_limit()
+    use_tcp_resolver()
+    systems = [s for s in args.systems if s != "tcpstore" or torch_version()]
+    ctx = mp.get_context("spawn")
+    print(
+        f"heartbeats: {args.workers} workers, one beat per {args.interval:g} s, "
+        f"{args.window:g} s measured, {args.procs} client processes",
+        flush=True,
+    )
+    results = {}
+    for system in systems:
+        results[system] = run(ctx, system, args.workers, args.interval, args.window, args.procs)
+        print(
+            f"  {system:<8} server {results[system]['server'] * 100:5.1f}% of a core, "
+            f"clients {results[system]['clients'] * 100:5.1f}%",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"heartbeat benchmark failed: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,7 +1,8 @@
 """Heartbeat load: what N formed, idle workers cost the server, per second of the job's life.
 
 cluster (the system under test)
-    A real scheduler process (`SchedulerServer`, port 0, heartbeat interval `--interval`); N
+    A real scheduler process (`SchedulerServer`, port 0; the heartbeat interval a job of N
+    workers gets by default at MS_NODE_TIMEOUT=30, or `--interval`); N
     simulated workers (`WorkerAgent`s, spread over `--procs` client processes) join it. Once
     every worker holds the peer table the parent measures, over `--window` seconds, the CPU time
     of the scheduler process and of the client processes. Meanwhile every agent makes one
@@ -10,10 +11,10 @@ cluster (the system under test)
 
 torch TCPStore (the peer, when torch is importable)
     What torch's elastic c10d rendezvous does to keep its members alive: every member writes its
-    own keep-alive key to the store every `keep_alive_interval` (5 s by default). Here a TCPStore
-    server process and N clients (one connection each, threads over `--procs` processes), each
-    setting "hb/<i>" to the time once per interval, the first beat at a random point of the
-    first interval. The same window is measured.
+    own keep-alive key to the store every `keep_alive_interval` (5 s by default, or `--interval`).
+    Here a TCPStore server process and N clients (one connection each, threads over `--procs`
+    processes), each setting "hb/<i>" to the time once per interval, the first beat at a random
+    point of the first interval. The same window is measured.
 
 Name resolution as in rendezvous.py (RES_OPTIONS=use-vc, so that no TCPStore client's reverse
 lookup is lost to a dropped UDP packet).
@@ -21,7 +22,7 @@ lookup is lost to a dropped UDP packet).
 Both: the figure is CPU seconds per second of wall time (1.0 = one core busy), the server's and
 the clients' summed. The window starts after every worker is in and beating.
 
-Usage: python benchmarks/heartbeats.py [--workers 1024] [--interval 5] [--window 20]
+Usage: python benchmarks/heartbeats.py [--workers 1024] [--interval S] [--window 20]
        [--procs 4] [--systems cluster,tcpstore]
 """
 
@@ -60,6 +61,8 @@ from rendezvous import (
 # ruff: noqa: PLC0415  (grpc, cluster and torch are imported in the children only)
 
 JOIN_TIMEOUT = 120.0
+# torch.distributed.elastic's c10d rendezvous: keep_alive_interval's default.
+TORCH_KEEP_ALIVE_INTERVAL_S = 5.0
 
 
 def cluster_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent) -> None:
@@ -242,12 +245,18 @@ def run(
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--workers", type=int, default=1024)
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between beats")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        help="seconds between beats, for both (default: each system's own default)",
+    )
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured")
     parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--systems", default="cluster,tcpstore")
     args = parser.parse_args(argv)
-    if args.workers < 1 or args.procs < 1 or args.interval <= 0 or args.window <= 0:
+    if args.interval is not None and args.interval <= 0:
+        parser.error("--interval must be > 0")
+    if args.workers < 1 or args.procs < 1 or args.window <= 0:
         parser.error("--workers and --procs must be >= 1, --interval and --window > 0")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not args.systems or set(args.systems) - {"cluster", "tcpstore"}:
@@ -258,22 +267,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     import multiprocessing as mp
 
+    from cluster.config import DEFAULT_NODE_TIMEOUT_S, default_heartbeat_interval
+
     args = parse_args(argv)
+    intervals = {
+        "cluster": args.interval
+        or default_heartbeat_interval(DEFAULT_NODE_TIMEOUT_S, args.workers),
+        "tcpstore": args.interval or TORCH_KEEP_ALIVE_INTERVAL_S,
+    }
     raise_fd_limit()
     use_tcp_resolver()
     systems = [s for s in args.systems if s != "tcpstore" or torch_version()]
     ctx = mp.get_context("spawn")
     print(
-        f"heartbeats: {args.workers} workers, one beat per {args.interval:g} s, "
-        f"{args.window:g} s measured, {args.procs} client processes",
+        f"heartbeats: {args.workers} workers, {args.window:g} s measured, "
+        f"{args.procs} client processes",
         flush=True,
     )
     results = {}
     for system in systems:
-        results[system] = run(ctx, system, args.workers, args.interval, args.window, args.procs)
+        interval = intervals[system]
+        used = results[system] = run(ctx, system, args.workers, interval, args.window, args.procs)
         print(
-            f"  {system:<8} server {results[system]['server'] * 100:5.1f}% of a core, "
-            f"clients {results[system]['clients'] * 100:5.1f}%",
+            f"  {system:<8} one beat per {interval:g} s: server {used['server'] * 100:5.1f}% "
+            f"of a core, clients {used['clients'] * 100:5.1f}%",
             flush=True,
         )
     return 0

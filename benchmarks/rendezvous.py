@@ -271,7 +271,7 @@ def cluster_scheduler_main(
             server_num=0,
             node_timeout_s=30,
             topo_timeout_s=120,
-            heartbeat_interval_s=default_heartbeat_interval(30),  # as a real scheduler's
+            heartbeat_interval_s=default_heartbeat_interval(30, n),  # as a real scheduler's
         )
         server = SchedulerServer(settings, host=HOST, port=0, tls=identity)
         port = await server.start()

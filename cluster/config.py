@@ -26,6 +26,11 @@ DEFAULT_NODE_TIMEOUT_S = 30.0
 # of 1024 workers. A dead process is seen at once anyway (its connection breaks).
 MAX_HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEATS_PER_TIMEOUT = 5
+# A large job's heartbeats are a steady load on the scheduler (about 0.35 ms of its CPU each):
+# past 500 nodes the interval grows so that it receives at most this many a second, while a
+# timeout still spans at least MIN_HEARTBEATS_PER_TIMEOUT of them (benchmarks/heartbeats.py).
+MAX_SCHEDULER_BEATS_PER_S = 100
+MIN_HEARTBEATS_PER_TIMEOUT = 3
 
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _TRUE = {"1", "true", "yes", "on"}
@@ -222,7 +227,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
                 f"MS_NODE_TIMEOUT ({node_timeout:g} s), or every node would time out"
             )
     else:
-        interval = default_heartbeat_interval(node_timeout)
+        interval = default_heartbeat_interval(node_timeout, worker_num + server_num)
     return ClusterConfig(
         role=role,
         worker_num=worker_num,
@@ -271,8 +276,12 @@ def tls_options_from_env(
     )
 
 
-def default_heartbeat_interval(node_timeout_s: float) -> float:
-    return min(MAX_HEARTBEAT_INTERVAL_S, node_timeout_s / HEARTBEATS_PER_TIMEOUT)
+def default_heartbeat_interval(node_timeout_s: float, nodes: int = 1) -> float:
+    """Seconds between heartbeats in a job of `nodes` nodes, unless CLUSTER_HEARTBEAT_INTERVAL
+    says otherwise."""
+    interval = min(MAX_HEARTBEAT_INTERVAL_S, node_timeout_s / HEARTBEATS_PER_TIMEOUT)
+    for_load = min(nodes / MAX_SCHEDULER_BEATS_PER_S, node_timeout_s / MIN_HEARTBEATS_PER_TIMEOUT)
+    return max(interval, for_load)
 
 
 def check_recovery_path(recovery: RecoveryConfig) -> None:

@@ -114,6 +114,20 @@ def test_default_heartbeat_interval_follows_short_node_timeout() -> None:
     assert from_env(env(MS_NODE_TIMEOUT="100")).heartbeat_interval_s == 5.0
 
 
+@pytest.mark.parametrize(
+    ("workers", "node_timeout", "interval"),
+    [
+        ("256", "30", 5.0),  # 51 beats a second: the usual interval
+        ("1024", "30", 10.0),  # 102 a second at most would be 10.24 s; a third of the timeout
+        ("1024", "100", 10.24),  # at most 100 beats a second
+        ("4096", "30", 10.0),  # never fewer than 3 beats per timeout
+    ],
+)
+def test_large_jobs_beat_less_often(workers: str, node_timeout: str, interval: float) -> None:
+    config = from_env(env(MS_WORKER_NUM=workers, MS_NODE_TIMEOUT=node_timeout))
+    assert config.heartbeat_interval_s == pytest.approx(interval)
+
+
 def test_ipv6_scheduler_address_is_bracketed() -> None:
     assert from_env(env(MS_SCHED_HOST="::1")).sched_address == "[::1]:8118"
 

@@ -53,7 +53,9 @@ from rendezvous import (
     children,
     cpu_seconds,
     raise_fd_limit,
+    signalled,
     split,
+    tcpstore_server_main,
     torch_version,
     use_tcp_resolver,
 )
@@ -82,8 +84,7 @@ def cluster_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: Mp
         port = await server.start()
         try:
             q.put(("port", -1, port))
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, stop.wait, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+            await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
             await asyncio.wait_for(server.wait_done(), 60.0)
         finally:
             await server.stop()
@@ -122,8 +123,7 @@ def cluster_clients_main(
         try:
             await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), JOIN_TIMEOUT)
             q.put(("in", index, None))
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, stop.wait, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+            await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
             if fatal:
                 raise BenchError(f"{len(fatal)} agent(s) failed, first: {fatal[0]}")
             await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 60.0)
@@ -132,20 +132,6 @@ def cluster_clients_main(
         q.put(("closed", index, None))
 
     _report_errors(q, index, lambda: asyncio.run(run()))
-
-
-def tcpstore_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent) -> None:
-    raise_fd_limit()
-
-    def body() -> None:
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-        store = TCPStore(HOST, 0, world_size=n, is_master=True, wait_for_workers=False)
-        q.put(("port", -1, int(store.port)))
-        stop.wait(SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
-        del store
-
-    _report_errors(q, -1, body)
 
 
 def tcpstore_clients_main(
@@ -213,7 +199,9 @@ def run(
         if system == "cluster":
             server = group.spawn(cluster_server_main, n, interval_s, q, stop, name="scheduler")
         else:
-            server = group.spawn(tcpstore_server_main, n, interval_s, q, stop, name="store")
+            # Stopped by the parent; bounded, like every wait here, should the parent die.
+            store_timeout_s = SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT
+            server = group.spawn(tcpstore_server_main, n, q, stop, store_timeout_s, name="store")
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
         parts = split(range(n), min(procs, n))
         clients = []

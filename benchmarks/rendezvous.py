@@ -88,7 +88,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.queues import Queue as MpQueue
 from multiprocessing.synchronize import Event as MpEvent
@@ -239,6 +239,41 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
+def tls_identity(ssl_json: str | None, *, server: bool) -> Any:
+    """The process's TLS identity from `ssl_json` (None: plaintext). Call it before grpc is
+    imported: grpc reads the cipher list once, when it is imported."""
+    if not ssl_json:
+        return None
+    from cluster import tls
+    from cluster.config import TLSOptions
+
+    return tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=server)
+
+
+async def signalled(signal: MpEvent, timeout_s: float) -> bool:
+    """Wait for the parent's `signal` without blocking the loop; False if it did not come."""
+    loop = asyncio.get_running_loop()
+    return bool(await loop.run_in_executor(None, signal.wait, timeout_s))
+
+
+async def timed(
+    index: int,
+    ids: list[int],
+    one: Callable[[int], Awaitable[float]],
+    start: MpEvent,
+    q: MpQueue[Message],
+    timeout_s: float,
+) -> None:
+    """Report ready, wait for the start signal, then run `one(i)` for every worker of this
+    process and report when the last one had its table, and the CPU used meanwhile."""
+    q.put(("ready", index, None))
+    if not await signalled(start, SPAWN_TIMEOUT_S + timeout_s):
+        raise BenchError("no start signal")
+    cpu0 = time.process_time()
+    finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
+    q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
+
+
 # -- cluster: children -----------------------------------------------------------------------
 
 
@@ -257,12 +292,7 @@ def cluster_scheduler_main(
     raise_fd_limit()
 
     async def serve() -> None:
-        identity = None
-        if ssl_json:  # before grpc is imported: it reads the cipher list once
-            from cluster import tls
-            from cluster.config import TLSOptions
-
-            identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=True)
+        identity = tls_identity(ssl_json, server=True)
         from cluster.config import default_heartbeat_interval
         from cluster.scheduler import CoreSettings, SchedulerServer
 
@@ -351,16 +381,10 @@ def cluster_clients_main(
                 raise BenchError(f"worker {i} got a table of {topology.size} peers, expected {n}")
             return done
 
-        q.put(("ready", index, None))
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, start.wait, SPAWN_TIMEOUT_S + timeout_s):
-            raise BenchError("no start signal")
-        cpu0 = time.process_time()
         try:
-            finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
-            q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
+            await timed(index, ids, one, start, q, timeout_s)
             check_table(agents[0].topology, n)
-            if not await loop.run_in_executor(None, proceed.wait, timeout_s):
+            if not await signalled(proceed, timeout_s):
                 raise BenchError("no signal to finish")
             await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 30.0)
         finally:
@@ -385,12 +409,7 @@ def grpc_floor_server_main(
     raise_fd_limit()
 
     async def serve() -> None:
-        identity = None
-        if ssl_json:  # before grpc is imported, as the scheduler does
-            from cluster import tls
-            from cluster.config import TLSOptions
-
-            identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=True)
+        identity = tls_identity(ssl_json, server=True)
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
@@ -406,8 +425,7 @@ def grpc_floor_server_main(
         await server.start()
         try:
             q.put(("port", -1, port))
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, stop.wait, SPAWN_TIMEOUT_S + 2 * timeout_s)
+            await signalled(stop, SPAWN_TIMEOUT_S + 2 * timeout_s)
         finally:
             await server.stop(None)
 
@@ -428,12 +446,7 @@ def grpc_floor_clients_main(
     raise_fd_limit()
 
     async def run() -> None:
-        identity = None
-        if ssl_json:
-            from cluster import tls
-            from cluster.config import TLSOptions
-
-            identity = tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=False)
+        identity = tls_identity(ssl_json, server=False)
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -452,15 +465,9 @@ def grpc_floor_clients_main(
             )
             return time.time()
 
-        q.put(("ready", index, None))
-        loop = asyncio.get_running_loop()
-        if not await loop.run_in_executor(None, start.wait, SPAWN_TIMEOUT_S + timeout_s):
-            raise BenchError("no start signal")
-        cpu0 = time.process_time()
         try:
-            finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
-            q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
-            if not await loop.run_in_executor(None, proceed.wait, timeout_s):
+            await timed(index, ids, one, start, q, timeout_s)
+            if not await signalled(proceed, timeout_s):
                 raise BenchError("no signal to finish")
         finally:
             await asyncio.gather(*(c.close(grace=None) for c in channels))

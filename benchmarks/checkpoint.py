@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from cluster.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 
 try:
     import torch

@@ -98,8 +98,8 @@ def cluster_clients_main(
     raise_fd_limit()
 
     async def run() -> None:
-        from cluster import config as cluster_config
-        from cluster.errors import ClusterError
+        from cluster.protocol import config as cluster_config
+        from cluster.protocol.errors import ClusterError
         from cluster.worker.agent import WorkerAgent
         from cluster.worker.identity import NodeIdentity, new_incarnation
 
@@ -255,7 +255,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     import multiprocessing as mp
 
-    from cluster.config import DEFAULT_NODE_TIMEOUT_S, default_heartbeat_interval
+    from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S, default_heartbeat_interval
 
     args = parse_args(argv)
     intervals = {

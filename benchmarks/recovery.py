@@ -138,7 +138,9 @@ class StatusPoller:
     """Status of the scheduler at host:port, fetched in this process over one channel."""
 
     def __init__(self, port: int) -> None:
-        from cluster import channel, errors, status  # noqa: PLC0415 - grpc only where needed
+        from cluster.protocol import errors  # noqa: PLC0415 - grpc only where needed
+        from cluster.tools import status  # noqa: PLC0415 - grpc only where needed
+        from cluster.transport import channel  # noqa: PLC0415 - grpc only where needed
 
         self._status = status
         self._errors = errors
@@ -315,7 +317,7 @@ def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, 
 
 def clients_main(ids: list[int]) -> None:
     async def run() -> None:
-        from cluster import config as cluster_config  # noqa: PLC0415
+        from cluster.protocol import config as cluster_config  # noqa: PLC0415
         from cluster.worker.agent import WorkerAgent  # noqa: PLC0415
         from cluster.worker.identity import NodeIdentity, new_incarnation  # noqa: PLC0415
 

@@ -244,8 +244,8 @@ def tls_identity(ssl_json: str | None, *, server: bool) -> Any:
     imported: grpc reads the cipher list once, when it is imported."""
     if not ssl_json:
         return None
-    from cluster import tls
-    from cluster.config import TLSOptions
+    from cluster.protocol.config import TLSOptions
+    from cluster.transport import tls
 
     return tls.prepare(TLSOptions(config_path=Path(ssl_json)), server=server)
 
@@ -293,7 +293,7 @@ def cluster_scheduler_main(
 
     async def serve() -> None:
         identity = tls_identity(ssl_json, server=True)
-        from cluster.config import default_heartbeat_interval
+        from cluster.protocol.config import default_heartbeat_interval
         from cluster.scheduler import CoreSettings, SchedulerServer
 
         settings = CoreSettings(
@@ -337,8 +337,8 @@ def cluster_clients_main(
     async def run() -> None:
         import grpc
 
-        from cluster import config as cluster_config
-        from cluster.errors import ClusterError
+        from cluster.protocol import config as cluster_config
+        from cluster.protocol.errors import ClusterError
         from cluster.worker.agent import WorkerAgent
         from cluster.worker.identity import NodeIdentity, new_incarnation
 
@@ -450,7 +450,7 @@ def grpc_floor_clients_main(
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        from cluster.channel import open_channel
+        from cluster.transport.channel import open_channel
         from cluster.worker.agent import CHANNEL_OPTIONS
 
         warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
@@ -813,7 +813,7 @@ FLOOR_SYSTEMS = ("grpc", "grpc-tls")
 
 def make_tls_configs(directory: Path) -> dict[str, str]:
     """A test PKI (cluster.certs) and one ssl.json per TLS system: without and with the CRL."""
-    from cluster import certs
+    from cluster.transport import certs
 
     pki = certs.make_pki(directory)
     with_crl = json.loads(pki.ssl_json.read_text())

@@ -4,8 +4,16 @@ The public API. Start every process of a job with the MS_* launch environment an
 `cluster.init()`; see the README.
 """
 
-from cluster import _excepthook
-from cluster._runtime import (
+from cluster.api import excepthook as _excepthook
+from cluster.api.collective import (
+    KeyValueStore,
+    allgather_object,
+    allreduce,
+    barrier,
+    broadcast_object,
+    kv_store,
+)
+from cluster.api.runtime import (
     finalize,
     get_generation,
     get_group_size,
@@ -21,15 +29,8 @@ from cluster._runtime import (
     set_ps_context,
     wait_for_generation,
 )
-from cluster.collective import (
-    KeyValueStore,
-    allgather_object,
-    allreduce,
-    barrier,
-    broadcast_object,
-    kv_store,
-)
-from cluster.errors import (
+from cluster.api.training import TrainingLoop
+from cluster.protocol.errors import (
     CheckpointError,
     ClusterError,
     CollectiveError,
@@ -42,8 +43,7 @@ from cluster.errors import (
     TLSConfigError,
     TopologyTimeoutError,
 )
-from cluster.topology import Peer
-from cluster.training import TrainingLoop
+from cluster.protocol.topology import Peer
 
 _excepthook.install()
 
@@ -52,7 +52,7 @@ def __getattr__(name: str) -> object:
     # The checkpoint classes import numpy: only for the programs that use them, so that
     # `import cluster` stays quick for those that do not.
     if name in ("CheckpointConfig", "CheckpointManager"):
-        from cluster import checkpoint  # noqa: PLC0415
+        from cluster.api import checkpoint  # noqa: PLC0415
 
         return getattr(checkpoint, name)
     raise AttributeError(f"module 'cluster' has no attribute {name!r}")

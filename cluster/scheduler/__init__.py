@@ -1,4 +1,14 @@
-"""The scheduler: a grpc.aio server around the state machine of `cluster.state`."""
+"""The scheduler's I/O shell: a grpc.aio server around the state machine of
+`cluster.protocol.state`.
+
+Here: the engine that applies the state machine's effects (`core`), the thin gRPC servicer
+(`servicer`, no cluster logic), the server's lifecycle (`server`), write-ahead saving
+(`persist`), open streams, the key-value store and collective rounds, and the protobuf
+conversions (`convert`).
+
+May import: `cluster.protocol`, `cluster.transport`, `cluster.storage`, `cluster.v1`, grpc and
+asyncio. Never the worker, the training API or the tools.
+"""
 
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.server import SchedulerServer, run, serve, settings_from_config

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cluster import state
+from cluster.protocol import state
 from cluster.v1 import scheduler_pb2 as pb
 
 _ROLE_TO_PB = {state.NodeRole.WORKER: pb.ROLE_WORKER, state.NodeRole.SERVER: pb.ROLE_SERVER}

@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster import state, store
-from cluster.config import canonical_node_id
-from cluster.errors import (
+from cluster.protocol import state
+from cluster.protocol.config import canonical_node_id
+from cluster.protocol.errors import (
     ClusterError,
     CollectiveError,
     JobFailedError,
@@ -35,6 +35,7 @@ from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.persist import STATE_KIND, StatePersister, state_path
 from cluster.scheduler.streams import Streams
+from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from cluster.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.protocol.errors import ClusterError, CollectiveError, JobFailedError
 
 BARRIER = "barrier"
 ALLGATHER = "allgather"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.errors import CollectiveError
+from cluster.protocol.errors import CollectiveError
 
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cluster import store
-from cluster.errors import StateFileError
+from cluster.protocol.errors import StateFileError
+from cluster.storage import store
 
 log = logging.getLogger("cluster.scheduler")
 

@@ -23,12 +23,12 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster import tls as tls_module
-from cluster.config import ClusterConfig
-from cluster.errors import ConfigError
+from cluster.protocol.config import ClusterConfig
+from cluster.protocol.errors import ConfigError
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
-from cluster.store import RecoveryLock
+from cluster.storage.store import RecoveryLock
+from cluster.transport import tls as tls_module
 
 log = logging.getLogger("cluster.scheduler")
 

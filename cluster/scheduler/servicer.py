@@ -10,8 +10,8 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from cluster import state
-from cluster.errors import ClusterError, CollectiveError, JobFailedError, PeerFailedError
+from cluster.protocol import state
+from cluster.protocol.errors import ClusterError, CollectiveError, JobFailedError, PeerFailedError
 from cluster.scheduler import convert
 from cluster.scheduler.core import EvictedError, SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST

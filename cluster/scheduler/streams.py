@@ -17,7 +17,7 @@ import asyncio
 import collections
 from collections.abc import Callable
 
-from cluster import state
+from cluster.protocol import state
 from cluster.v1 import scheduler_pb2 as pb
 
 Item = pb.Event | bytes | state.Evict

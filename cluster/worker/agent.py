@@ -22,10 +22,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster import channel as scheduler_channel
-from cluster import tls
-from cluster.config import ClusterConfig, Role, is_numeric_node_id
-from cluster.errors import (
+from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id
+from cluster.protocol.errors import (
     ClusterError,
     CollectiveError,
     JobFailedError,
@@ -34,10 +32,12 @@ from cluster.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
-from cluster.topology import Topology
+from cluster.protocol.topology import Topology
+from cluster.transport import channel as scheduler_channel
+from cluster.transport import tls
+from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker.identity import NodeIdentity
-from cluster.worker.stub import LazyStub
 
 T = TypeVar("T")
 

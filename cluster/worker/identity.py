@@ -7,7 +7,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 
-from cluster.errors import ConfigError
+from cluster.protocol.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cluster import store
-from cluster.errors import StateFileError
+from cluster.protocol.errors import StateFileError
+from cluster.storage import store
 
 KIND = "worker"
 

@@ -16,11 +16,10 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from cluster import _orphan
-from cluster.config import ClusterConfig
-from cluster.errors import ClusterError
-from cluster.topology import Topology
-from cluster.worker import node_file
+from cluster.protocol.config import ClusterConfig
+from cluster.protocol.errors import ClusterError
+from cluster.protocol.topology import Topology
+from cluster.worker import node_file, orphan
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity
 
@@ -99,7 +98,7 @@ class WorkerSession:
         self._closed = False
         # Set by a TrainingLoop around each step: the generation its collectives belong to.
         self.generation_pin: int | None = None
-        _orphan.watch_launcher()
+        orphan.watch_launcher()
 
     async def _make_agent(self, cluster_id: str) -> WorkerAgent:
         return WorkerAgent(

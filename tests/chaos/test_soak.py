@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster import store
+from cluster.storage import store
 from tests.procs import PYTHON, ROOT, free_port, private_copy, processes_running
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]

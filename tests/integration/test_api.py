@@ -13,10 +13,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cluster
-from cluster.config import from_env
-from cluster.errors import ClusterError, JobFailedError, RegistrationRefused
+from cluster.protocol.config import from_env
+from cluster.protocol.errors import ClusterError, JobFailedError, RegistrationRefused
+from cluster.protocol.state import NodeState, Phase
 from cluster.scheduler import CoreSettings, SchedulerServer
-from cluster.state import NodeState, Phase
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.agent import WorkerAgent

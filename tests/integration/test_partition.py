@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import LocalJob, NetemUnavailableError, NetworkLab, wait_until
+from cluster.tools.testing import LocalJob, NetemUnavailableError, NetworkLab, wait_until
 from tests.procs import PYTHON, ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from cluster.testing import LocalJob, wait_until
+from cluster.tools.testing import LocalJob, wait_until
 from tests.procs import ROOT
 
 WORKER = ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py"

@@ -24,11 +24,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from cluster import certs
-from cluster.config import TLSOptions, from_env
-from cluster.errors import CollectiveError, TLSConfigError
+from cluster.protocol.config import TLSOptions, from_env
+from cluster.protocol.errors import CollectiveError, TLSConfigError
 from cluster.scheduler import CoreSettings, SchedulerServer
-from cluster.tls import load_identity
+from cluster.transport import certs
+from cluster.transport.tls import load_identity
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, job_env

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster import _runtime, checkpoint
-from cluster.checkpoint import CheckpointConfig, CheckpointManager
-from cluster.errors import CheckpointError, ClusterError, ConfigError
+from cluster.api import checkpoint, runtime
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,7 +180,7 @@ def test_loading_tensors_without_torch_says_to_install_it(
 
 def test_numpy_state_never_imports_torch(tmp_path: Path) -> None:
     code = (
-        "import sys; from cluster.checkpoint import *\n"
+        "import sys; from cluster.api.checkpoint import *\n"
         "m = CheckpointManager(sys.argv[1], 'p', CheckpointConfig(), rank=0, recovery=False)\n"
         "import numpy as np; m.save(1, {'a': np.ones(3)}); m.load(1)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
@@ -288,10 +288,10 @@ def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyP
     """Rank, recovery and the report come from the joined job (faked here: no network)."""
     reported: list[list[int]] = []
     session = SimpleNamespace(config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)))
-    monkeypatch.setattr(_runtime, "is_initialized", lambda: True)
-    monkeypatch.setattr(_runtime, "get_rank", lambda: 3)
-    monkeypatch.setattr(_runtime, "session", lambda: session)
-    monkeypatch.setattr(_runtime, "report_checkpoints", reported.append, raising=False)
+    monkeypatch.setattr(runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(runtime, "get_rank", lambda: 3)
+    monkeypatch.setattr(runtime, "session", lambda: session)
+    monkeypatch.setattr(runtime, "report_checkpoints", reported.append, raising=False)
     monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
     with pytest.raises(ConfigError, match="recovery on"):
         CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=1))
@@ -383,7 +383,7 @@ def assert_refused(ckpt: CheckpointManager, path: Path, caplog: pytest.LogCaptur
     with pytest.raises(CheckpointError, match=rf"{path.name}.*(torn|corrupt)") as info:
         ckpt.load(2)
     assert str(path) in str(info.value)
-    with caplog.at_level(logging.WARNING, logger="cluster.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="cluster.api.checkpoint"):
         latest = ckpt.latest()
     assert latest is not None
     assert latest[0] == 1
@@ -437,7 +437,7 @@ def test_when_every_checkpoint_is_corrupt_latest_is_none(
     ckpt, _ = saved_pair(tmp_path)
     for step in (1, 2):
         ckpt.path(step).write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="cluster.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="cluster.api.checkpoint"):
         assert ckpt.latest() is None
     assert len(caplog.records) == 2
     assert ckpt.steps() == []
@@ -448,8 +448,9 @@ def test_when_every_checkpoint_is_corrupt_latest_is_none(
 SAVER = """
 import os, signal, sys
 import numpy as np
-from cluster import _runtime, checkpoint
-from cluster.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.api import runtime
+from cluster.api import checkpoint
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 
 directory, size, kill_at = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ckpt = CheckpointManager(directory, "big", CheckpointConfig(keep_checkpoint_max=2), rank=0,

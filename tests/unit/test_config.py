@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import (
+from cluster.protocol.config import (
     ClusterConfig,
     RecoveryConfig,
     Role,
     check_recovery_path,
     from_env,
 )
-from cluster.errors import ClusterError, ConfigError
+from cluster.protocol.errors import ClusterError, ConfigError
 
 
 def env(**overrides: str | None) -> dict[str, str]:

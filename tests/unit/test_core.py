@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from cluster.errors import CollectiveError, PeerFailedError
+from cluster.protocol.errors import CollectiveError, PeerFailedError
+from cluster.protocol.state import NodeRole, Registration
 from cluster.scheduler.core import CoreSettings, SchedulerCore
-from cluster.state import NodeRole, Registration
 from tests.aio import BOUND_S
 
 SETTINGS = CoreSettings(

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cluster.errors import CollectiveError, JobFailedError
+from cluster.protocol.errors import CollectiveError, JobFailedError
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, ExchangeTable
 from tests.aio import BOUND_S, settle
 

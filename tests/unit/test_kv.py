@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cluster.errors import CollectiveError
+from cluster.protocol.errors import CollectiveError
 from cluster.scheduler.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES, KvStore
 from tests.aio import BOUND_S, settle
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from cluster import store
-from cluster.errors import StateFileError
+from cluster.protocol.errors import StateFileError
+from cluster.protocol.state import Accepted, NodeRole, Registration
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
-from cluster.state import Accepted, NodeRole, Registration
+from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, settle
 

@@ -10,8 +10,8 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from cluster.config import canonical_node_id
-from cluster.state import (
+from cluster.protocol.config import canonical_node_id
+from cluster.protocol.state import (
     Accepted,
     Effect,
     Evict,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from cluster.protocol.state import NodeRole, Registration, SchedulerState
 from cluster.scheduler import convert
-from cluster.state import NodeRole, Registration, SchedulerState
-from cluster.status import job_view, render
+from cluster.tools.status import job_view, render
 
 
 def formed_job() -> SchedulerState:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import store
-from cluster.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.storage import store
 
 PAYLOAD = {"job_id": "abc", "generation": 3, "nodes": [{"node_id": "0", "rank": 0}]}
 
@@ -100,7 +100,7 @@ def test_a_killed_writer_never_leaves_a_half_file(tmp_path: Path) -> None:
     """SIGKILL a process in the middle of many saves: the file is always whole."""
     path = tmp_path / "s.json"
     script = (
-        "import sys; from pathlib import Path; from cluster import store\n"
+        "import sys; from pathlib import Path; from cluster.storage import store\n"
         "p = Path(sys.argv[1])\n"
         "for i in range(100000):\n"
         "    store.save(p, 'scheduler', {'i': i, 'pad': 'x' * 20000})\n"
@@ -135,7 +135,7 @@ def test_one_scheduler_per_recovery_path(tmp_path: Path) -> None:
 SAVER = """
 import sys
 from pathlib import Path
-from cluster import store
+from cluster.storage import store
 path = Path(sys.argv[1])
 for count in range(1, 100_000):
     # Large enough that a write takes a while, so kills land inside writes too.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from cluster.worker.stub import LazyStub
 
 
 class RecordingChannel:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from cluster import certs, tls
-from cluster.config import TLSOptions, from_env, tls_options_from_env
-from cluster.errors import ConfigError, TLSConfigError
+from cluster.protocol.config import TLSOptions, from_env, tls_options_from_env
+from cluster.protocol.errors import ConfigError, TLSConfigError
+from cluster.transport import certs, tls
 from tests.procs import PYTHON, ROOT
 
 TUTORIAL_CIPHERS = (

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 import cluster
-import cluster.torch
-from cluster import _runtime
+import cluster.api.torch
+from cluster.api import runtime
 
 cluster.init()
 cluster.torch.init_process_group()
@@ -30,5 +30,5 @@ else:
     except Exception as exc:
         print(f"all_reduce failed after {time.monotonic() - start:.2f} s: {exc}", flush=True)
         # What TrainingLoop.step() asks before it rolls back instead of raising.
-        confirmed = _runtime.peer_failed(cluster.get_generation(), _runtime.failure_wait_s())
+        confirmed = runtime.peer_failed(cluster.get_generation(), runtime.failure_wait_s())
         print(f"the scheduler confirms a peer failed: {confirmed}", flush=True)

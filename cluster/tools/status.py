@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from cluster.errors import SchedulerUnreachableError
+from cluster.protocol.errors import SchedulerUnreachableError
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 

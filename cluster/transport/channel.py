@@ -25,8 +25,8 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from cluster import tls
-from cluster.errors import TLSConfigError
+from cluster.protocol.errors import TLSConfigError
+from cluster.transport import tls
 
 # The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with SETTINGS.
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
-from cluster.errors import ClusterError
+from cluster.protocol.errors import ClusterError
 
 _previous = sys.excepthook
 # Set when the program dies of an uncaught exception: the finalize that runs at exit then must

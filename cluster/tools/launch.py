@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster import channel as scheduler_channel
-from cluster import status as status_module
-from cluster import tls
-from cluster.config import tls_options_from_env
-from cluster.errors import ClusterError, ConfigError
-from cluster.status import JobView
+from cluster.protocol.config import tls_options_from_env
+from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.tools import status as status_module
+from cluster.tools.status import JobView
+from cluster.transport import channel as scheduler_channel
+from cluster.transport import tls
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -25,12 +25,12 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cluster import _runtime
-from cluster.collective import barrier
-from cluster.errors import ClusterError, PeerFailedError
+from cluster.api import runtime
+from cluster.api.collective import barrier
+from cluster.protocol.errors import ClusterError, PeerFailedError
 
 if TYPE_CHECKING:
-    from cluster.checkpoint import CheckpointManager
+    from cluster.api.checkpoint import CheckpointManager
 
 
 class TrainingLoop:
@@ -68,7 +68,7 @@ class TrainingLoop:
     def __iter__(self) -> Iterator[int]:
         step = self._start()
         while True:
-            if _runtime.topology().generation != self._generation:
+            if runtime.topology().generation != self._generation:
                 step = self._roll_back(waited=False)
             elif step < self.steps:
                 self._interrupted = None
@@ -93,7 +93,7 @@ class TrainingLoop:
         NCCL, ...) when the scheduler confirms, within MS_NODE_TIMEOUT, that a peer of this
         generation failed; other errors are raised as they are.
         """
-        session = _runtime.session()
+        session = runtime.session()
         # The step's collectives belong to the generation it began in: if the job moves on
         # meanwhile, they fail (a PeerFailedError) instead of joining the new generation's.
         session.generation_pin = self._generation
@@ -102,7 +102,7 @@ class TrainingLoop:
         except PeerFailedError as exc:
             self._interrupted = exc
         except Exception as exc:
-            if not _runtime.peer_failed(self._generation, _runtime.failure_wait_s()):
+            if not runtime.peer_failed(self._generation, runtime.failure_wait_s()):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed during the step: {exc}")
         finally:
@@ -117,9 +117,9 @@ class TrainingLoop:
     # -- rollback ----------------------------------------------------------------------------
 
     def _start(self) -> int:
-        topology = _runtime.topology()
+        topology = runtime.topology()
         self._generation = topology.generation
-        if topology.rollback_step == 0 and not _runtime.is_rejoin():
+        if topology.rollback_step == 0 and not runtime.is_rejoin():
             return 0  # a first start: the state as constructed
         restored = self._restore(topology.rollback_step, topology.generation, topology.reason)
         return self._roll_back(waited=True) if restored is None else restored
@@ -132,8 +132,8 @@ class TrainingLoop:
                     if self._interrupted is not None
                     else "waiting for the job's next generation"
                 )
-                _runtime.wait_for_generation(self._generation)
-            topology = _runtime.topology()
+                runtime.wait_for_generation(self._generation)
+            topology = runtime.topology()
             self._generation = topology.generation
             self.rollbacks += 1
             lost = max(self._furthest - topology.rollback_step, 0)
@@ -157,7 +157,7 @@ class TrainingLoop:
             self._interrupted = exc
             return None
         except Exception as exc:
-            if not _runtime.peer_failed(generation, _runtime.failure_wait_s()):
+            if not runtime.peer_failed(generation, runtime.failure_wait_s()):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
             return None
@@ -168,9 +168,9 @@ class TrainingLoop:
 
     def _agree_on_the_end(self) -> bool:
         """True once every worker holds the final state; False after a peer failed first."""
-        if _runtime.topology().rollback_step >= self.steps:
+        if runtime.topology().rollback_step >= self.steps:
             return True  # every worker saved the final state already: nothing to wait for
-        session = _runtime.session()
+        session = runtime.session()
         session.generation_pin = self._generation
         try:
             barrier()
@@ -183,5 +183,5 @@ class TrainingLoop:
 
 
 def _say(message: str) -> None:
-    sys.stderr.write(f"cluster[rank {_runtime.get_rank()}]: {message}\n")  # one write: see
+    sys.stderr.write(f"cluster[rank {runtime.get_rank()}]: {message}\n")  # one write: see
     sys.stderr.flush()  # cluster.worker.session._say

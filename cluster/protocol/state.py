@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.config import canonical_node_id, is_numeric_node_id, valid_node_id
+from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
 
 
 class Phase(enum.Enum):

@@ -23,13 +23,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster import _excepthook, _orphan, _runtime
-from cluster.config import ClusterConfig, check_recovery_path, from_env, tls_options_from_env
-from cluster.errors import ClusterError, ConfigError, SchedulerUnreachableError
+from cluster.api import excepthook, runtime
+from cluster.protocol.config import (
+    ClusterConfig,
+    check_recovery_path,
+    from_env,
+    tls_options_from_env,
+)
+from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
+from cluster.worker import orphan
 
 if TYPE_CHECKING:
-    from cluster import tls
-    from cluster.status import JobView
+    from cluster.tools.status import JobView
+    from cluster.transport import tls
 
 EXIT_USAGE = 2
 DEFAULT_MASTER_PORT = 8118
@@ -60,8 +66,8 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
     if config.recovery is not None:
         check_recovery_path(config.recovery)
-    _orphan.watch_launcher()
-    _runtime.configure_logging("scheduler")
+    orphan.watch_launcher()
+    runtime.configure_logging("scheduler")
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
 
     return server.run(config)
@@ -70,10 +76,10 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.tls_config:
         # This process polls the scheduler over TLS too: same cipher list as the children.
-        from cluster import tls  # noqa: PLC0415 - cryptography, only with TLS
+        from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
 
         os.environ.update(tls.launch_environment(Path(args.tls_config).resolve()))
-    from cluster import launch  # noqa: PLC0415 - imports grpc
+    from cluster.tools import launch  # noqa: PLC0415 - imports grpc
 
     local = args.local_worker_num if args.local_worker_num is not None else args.worker_num
     options = launch.LaunchOptions(
@@ -104,7 +110,8 @@ def _split_addr(addr: str) -> str:
 
 
 async def _status(addr: str, identity: tls.Identity | None) -> JobView:
-    from cluster import channel, status  # noqa: PLC0415 - imports grpc
+    from cluster.tools import status  # noqa: PLC0415 - imports grpc
+    from cluster.transport import channel  # noqa: PLC0415 - imports grpc
 
     async with channel.open_channel(addr, identity) as opened:
         try:
@@ -123,7 +130,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     )
     identity = None
     if options is not None:
-        from cluster import tls  # noqa: PLC0415 - cryptography, only with TLS
+        from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
 
         os.environ.update(tls.launch_environment(options.config_path))
         identity = tls.load_identity(options, server=False)
@@ -132,14 +139,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {exc}", file=sys.stderr)
         return 1
-    from cluster import status  # noqa: PLC0415
+    from cluster.tools import status  # noqa: PLC0415
 
     print(view.to_json() if args.json else status.render(view))
     return 0
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    from cluster import certs  # noqa: PLC0415 - only this command needs key generation
+    from cluster.transport import certs  # noqa: PLC0415 - only this command needs key generation
 
     out = Path(args.out)
     try:
@@ -152,7 +159,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
-    from cluster import chaos  # noqa: PLC0415 - imports grpc
+    from cluster.tools import chaos  # noqa: PLC0415 - imports grpc
 
     remainder = list(args.run_options)
     if remainder[:1] == ["--"]:
@@ -303,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _excepthook.install()
+    excepthook.install()
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.errors import ConfigError
+from cluster.protocol.errors import ConfigError
 
 DEFAULT_TOPO_TIMEOUT_S = 1800.0
 DEFAULT_NODE_TIMEOUT_S = 30.0

@@ -44,8 +44,8 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from cluster.config import parse_bool
-from cluster.errors import CheckpointError, ConfigError
+from cluster.protocol.config import parse_bool
+from cluster.protocol.errors import CheckpointError, ConfigError
 
 FORMAT = "cluster-checkpoint"
 VERSION = 1
@@ -259,24 +259,24 @@ def _kind(value: object) -> str:
 
 
 def _default_rank() -> int:
-    from cluster import _runtime  # noqa: PLC0415 - cluster/__init__ imports this module
+    from cluster.api import runtime  # noqa: PLC0415 - cluster/__init__ imports this module
 
-    return _runtime.get_rank() if _runtime.is_initialized() else 0
+    return runtime.get_rank() if runtime.is_initialized() else 0
 
 
 def _recovery_on() -> bool:
-    from cluster import _runtime  # noqa: PLC0415 - cluster/__init__ imports this module
+    from cluster.api import runtime  # noqa: PLC0415 - cluster/__init__ imports this module
 
-    if _runtime.is_initialized():
-        return _runtime.session().config.recovery is not None
+    if runtime.is_initialized():
+        return runtime.session().config.recovery is not None
     return parse_bool("MS_ENABLE_RECOVERY", os.environ.get("MS_ENABLE_RECOVERY", "0"))
 
 
 def _report_to_scheduler(steps: list[int]) -> None:
-    from cluster import _runtime  # noqa: PLC0415 - cluster/__init__ imports this module
+    from cluster.api import runtime  # noqa: PLC0415 - cluster/__init__ imports this module
 
-    report: Report | None = getattr(_runtime, "report_checkpoints", None)
-    if report is not None and _runtime.is_initialized():
+    report: Report | None = getattr(runtime, "report_checkpoints", None)
+    if report is not None and runtime.is_initialized():
         report(steps)
 
 

@@ -17,11 +17,11 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster import _excepthook
-from cluster import config as config_module
-from cluster.config import ClusterConfig, Role, TLSOptions
-from cluster.errors import ClusterError, NotInitializedError, TLSConfigError
-from cluster.topology import Peer, Topology
+from cluster.api import excepthook
+from cluster.protocol import config as config_module
+from cluster.protocol.config import ClusterConfig, Role, TLSOptions
+from cluster.protocol.errors import ClusterError, NotInitializedError, TLSConfigError
+from cluster.protocol.topology import Peer, Topology
 from cluster.worker.identity import make_identity
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def _run_scheduler(cfg: ClusterConfig) -> None:
 
 
 def _apply_cipher_suites(options: TLSOptions) -> None:
-    from cluster import tls  # noqa: PLC0415 - imports cryptography, needed only with TLS
+    from cluster.transport import tls  # noqa: PLC0415 - imports cryptography, needed only with TLS
 
     tls.apply_cipher_suites(tls.load_settings(options.config_path))
 
@@ -152,7 +152,7 @@ def finalize() -> None:
 def _finalize_at_exit() -> None:
     # A program that dies of an uncaught exception has not finished its part of the job: close
     # without Finish, so the scheduler sees a failure instead of a success.
-    _close(finished=not _excepthook.crashed)
+    _close(finished=not excepthook.crashed)
 
 
 def _close(*, finished: bool) -> None:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cluster.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, StateFileError
 
 FORMAT = "cluster-state"
 VERSION = 1

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.errors import ClusterError
-from cluster.testing import LocalJob, NetworkLab, wait_until
+from cluster.protocol.errors import ClusterError
+from cluster.tools.testing import LocalJob, NetworkLab, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")

@@ -11,21 +11,21 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from cluster import _runtime
-from cluster.errors import ClusterError
+from cluster.api import runtime
+from cluster.protocol.errors import ClusterError
 
 DEFAULT_WAIT_S = 300.0
 
 
 def barrier() -> None:
     """Return once every worker has called barrier()."""
-    session = _runtime.session()
+    session = runtime.session()
     session.call(session.agent.exchange("barrier", b"", generation=session.generation_pin))
 
 
 def allgather_object(obj: Any) -> list[Any]:
     """Every worker's `obj` (picklable), in rank order, on every worker."""
-    session = _runtime.session()
+    session = runtime.session()
     values = session.call(
         session.agent.exchange("allgather", pickle.dumps(obj), generation=session.generation_pin)
     )
@@ -34,7 +34,7 @@ def allgather_object(obj: Any) -> list[Any]:
 
 def broadcast_object(obj: Any, root: int = 0) -> Any:
     """The `obj` of rank `root`, on every worker (other ranks' `obj` is ignored)."""
-    session = _runtime.session()
+    session = runtime.session()
     topology = session.topology
     size = 0 if topology is None else topology.size
     if not 0 <= root < size:
@@ -67,7 +67,7 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     mine = np.ascontiguousarray(array)
     if mine.dtype.hasobject:
         raise ClusterError("allreduce needs a numeric numpy array, not one of Python objects")
-    session = _runtime.session()
+    session = runtime.session()
     size = session.topology.size if session.topology is not None else 1
     if mine.nbytes * size > MAX_COLLECTIVE_BYTES:
         raise ClusterError(
@@ -107,13 +107,13 @@ class KeyValueStore:
     """
 
     def set(self, key: str, value: bytes | str) -> None:
-        session = _runtime.session()
+        session = runtime.session()
         data = value.encode() if isinstance(value, str) else value
         session.call(session.agent.kv_set(key, data))
 
     def get(self, key: str) -> bytes:
         """The value of `key`; KeyError when it is not set (use wait to block for it)."""
-        session = _runtime.session()
+        session = runtime.session()
         values, missing = session.call(session.agent.kv_get([key]))
         if missing:
             raise KeyError(key)
@@ -121,16 +121,16 @@ class KeyValueStore:
 
     def wait(self, keys: list[str], timeout_s: float = DEFAULT_WAIT_S) -> list[bytes]:
         """Block until every key is set; their values, in order. CollectiveError on timeout."""
-        session = _runtime.session()
+        session = runtime.session()
         return session.call(session.agent.kv_wait(list(keys), timeout_s))
 
     def add(self, key: str, amount: int = 1) -> int:
         """Add to a counter atomically (missing counts as 0); the new value."""
-        session = _runtime.session()
+        session = runtime.session()
         return session.call(session.agent.kv_add(key, amount))
 
 
 def kv_store() -> KeyValueStore:
     """The job's key-value store (needs `cluster.init()` first)."""
-    _runtime.session()
+    runtime.session()
     return KeyValueStore()

@@ -1,0 +1,209 @@
+"""torch.distributed process groups bootstrapped from the cluster job, one per generation.
+
+    import cluster, cluster.torch
+
+    cluster.init()
+    cluster.torch.init_process_group()      # gloo, ranks and size from the job
+    model = DistributedDataParallel(net, init_sync=False)
+    model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
+
+`init_process_group()` makes torch.distributed's default group for the job's current generation,
+without a fixed port: rank 0 of the generation starts a `TCPStore` on port 0 at its advertised
+address and tells the others where it is; the group is then formed over that store. Called again
+in the same generation it does nothing; in a later one (after a failed worker rejoined) it
+destroys the old group and makes a fresh one, so call it from the `set_state` of a
+`cluster.TrainingLoop`, which runs for every new generation, the restarted worker's included.
+
+Why a TCPStore and not a torch Store backed by `cluster.kv_store()`: gloo's rendezvous is a burst
+of set/get/wait calls, which a TCPStore answers locally in microseconds while the kv store makes
+a scheduler round trip each; the kv store also lacks the store calls torch uses beyond those
+(compare_set, delete_key, ...) and does not survive a scheduler restart. The TCPStore lives in
+rank 0's process and dies with it, which is harmless: the group dies with it too, and the next
+generation makes a new store at its own rank 0.
+
+The address is published with `cluster.broadcast_object`, not with kv_store().set/wait:
+a collective fails at once with `PeerFailedError` when a peer of the generation dies (a kv wait
+would wait out its timeout), and one cut off by a scheduler restart is made again by every worker
+(a key set before the restart would be lost with the scheduler's store).
+
+Timeouts. A SIGKILLed (or crashed) peer closes its sockets, and gloo fails the collectives of the
+ranks connected to it at once. A rank that waits on a live neighbour instead (in a ring
+allreduce of 4, rank 0 waits on rank 3 when rank 2 dies) and every rank waiting on a hung peer
+(SIGSTOP, a silent network) learn of it only from gloo's timeout: gloo cannot be interrupted
+from outside (ProcessGroupGloo.abort() and shutdown() leave a blocked recv blocked, in torch
+2.13). So the default timeout is MS_NODE_TIMEOUT (at least `MIN_TIMEOUT_S`): the time the job
+already grants a silent node before declaring it dead, and the earliest a restarted worker can
+rejoin (its guard), so a survivor stuck in gloo is free again before the new generation can form
+and no time is lost to it. The price: a rank that keeps its peers waiting inside one collective
+for longer than that (a straggler, a long save between two collectives) fails them as a hung
+peer would. gloo's own default, 30 minutes, would stall every recovery for that long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+try:
+    import torch
+    import torch.distributed as dist
+
+    # The public names (torch.distributed.TCPStore) are re-exported without `as`, which mypy
+    # --strict refuses; these are the same classes.
+    from torch._C._distributed_c10d import GradBucket, PrefixStore, TCPStore
+except ImportError as exc:  # say how to get it, not just that it is missing
+    raise ImportError("cluster.torch needs torch: pip install 'cluster[torch]'") from exc
+
+from cluster.api import runtime
+from cluster.api.collective import broadcast_object
+from cluster.protocol.errors import ClusterError, PeerFailedError
+
+BACKENDS = ("gloo", "nccl")
+# Below this, scheduling jitter of a loaded host (4 workers on 2 cores, a checkpoint's fsync) is
+# enough to fail a healthy collective.
+MIN_TIMEOUT_S = 5.0
+_PREFIX = "cluster.torch"
+
+
+@dataclasses.dataclass
+class _Group:
+    generation: int
+    backend: str
+    # Rank 0's TCPStore serves the others for as long as the group lives; kept referenced here.
+    store: TCPStore
+
+
+_current: _Group | None = None
+
+
+def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> None:
+    """Make torch.distributed's default process group for the job's current generation.
+
+    Every worker of the generation must call it (it is a collective); rank and world size come
+    from the job. A no-op when the group of this generation exists; the group of an older
+    generation is destroyed first. `backend`: "gloo" (CPU tensors) or "nccl" (CUDA tensors; call
+    `torch.cuda.set_device(cluster.get_local_rank())` first). `timeout_s`: how long a collective
+    may wait for a peer before it fails (default: MS_NODE_TIMEOUT, at least 5 s; see the module).
+
+    Raises PeerFailedError when a peer of the generation failed meanwhile (the job's next
+    generation needs a new group), ClusterError for a bad argument.
+    """
+    global _current
+    if backend not in BACKENDS:
+        raise ClusterError(
+            f"cluster.torch backend={backend!r} is not supported: use one of {', '.join(BACKENDS)}"
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
+    topology = runtime.topology()
+    generation = topology.generation
+    if _current is not None and _current.generation == generation and dist.is_initialized():
+        if _current.backend != backend:
+            raise ClusterError(
+                f"the process group of generation {generation} uses {_current.backend}, not "
+                f"{backend}: call destroy_process_group() first to change the backend"
+            )
+        return
+    destroy_process_group()
+    if dist.is_initialized():
+        raise ClusterError(
+            "torch.distributed already has a default process group that cluster.torch did not "
+            "make: destroy it (torch.distributed.destroy_process_group()) or let cluster.torch "
+            "make it"
+        )
+    seconds = timeout_s if timeout_s is not None else default_timeout_s()
+    timeout = datetime.timedelta(seconds=seconds)
+    try:
+        store = _rendezvous_store(topology.rank, topology.size, topology.peers[0].host, timeout)
+        dist.init_process_group(
+            backend,
+            store=PrefixStore(f"{_PREFIX}/{generation}/", store),
+            rank=topology.rank,
+            world_size=topology.size,
+            timeout=timeout,
+        )
+    except PeerFailedError:
+        raise
+    except Exception as exc:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if runtime.peer_failed(generation, runtime.failure_wait_s()):
+            raise PeerFailedError(
+                f"a peer of generation {generation} failed while the {backend} process group "
+                f"was being made ({exc}); make it again in the next generation"
+            ) from exc
+        raise
+    _current = _Group(generation, backend, store)
+
+
+def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedelta) -> TCPStore:
+    """A TCPStore served by rank 0 on a free port of its advertised host, reached by the others."""
+    if rank == 0:
+        # wait_for_workers=False: the others connect after the broadcast below, which needs
+        # this call to have returned.
+        store = TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+        broadcast_object((host, store.port), root=0)
+        return store
+    host, port = broadcast_object(None, root=0)
+    return TCPStore(host, port, size, is_master=False, timeout=timeout)
+
+
+def destroy_process_group() -> None:
+    """Destroy the process group cluster.torch made, if any (also done before a new one is
+    made, and at the end of the process by torch)."""
+    global _current
+    if _current is None:
+        return
+    _current = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def process_group_generation() -> int | None:
+    """The generation the current process group was made for (None: there is none)."""
+    return _current.generation if _current is not None and dist.is_initialized() else None
+
+
+def default_timeout_s() -> float:
+    """MS_NODE_TIMEOUT, at least MIN_TIMEOUT_S: see the module for why."""
+    return max(runtime.session().config.node_timeout_s, MIN_TIMEOUT_S)
+
+
+def allreduce_in_rank_order(
+    state: object, bucket: GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """A DistributedDataParallel comm hook: the mean of the ranks' gradients, added in rank
+    order, so that a run rolled back and resumed ends with bit-for-bit the parameters of a run
+    without faults.
+
+        model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)
+
+    Why: DDP's own allreduce (gloo's ring) adds an element's contributions in an order that
+    depends on where the element lies in the gradient bucket, and DDP lays its buckets out anew
+    after the first step of every new wrapper (in the order the gradients became ready), so the
+    first step after a rollback rounds differently from the same step of a run without one.
+    Gathering every rank's bucket and adding them in rank order gives every element the same
+    order whatever the layout. It moves `size` times the data of a ring allreduce: for small
+    models, or when exact reproducibility matters more than bandwidth.
+    """
+    group = state if isinstance(state, dist.ProcessGroup) else None
+    tensor = bucket.buffer()
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    # all_gather is not annotated (mypy sees Any); with async_op=True it returns a Work.
+    work: dist.Work = dist.all_gather(gathered, tensor, group=group, async_op=True)
+
+    def mean(_: torch.futures.Future[Any]) -> torch.Tensor:
+        total = gathered[0].clone()
+        for other in gathered[1:]:
+            total += other
+        return total.div_(len(gathered))
+
+    return work.get_future().then(mean)
+
+
+# DDP's register_comm_hook compares the annotations with the classes themselves, and
+# `from __future__ import annotations` made them strings.
+allreduce_in_rank_order.__annotations__.update(
+    {"bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
+)

@@ -1,0 +1,10 @@
+"""The protocol core: what a job is and how it changes, with no I/O.
+
+Here: the error tree (`errors`), the launch environment turned into frozen settings
+(`config`), the scheduler's state machine (`state`, an injected clock, effects returned, never
+sent) and what a worker knows of the job (`topology`).
+
+May import: the standard library and itself. Never grpc, asyncio or the generated protobuf
+code (import-linter contracts in pyproject.toml enforce it): everything here is tested without a
+network.
+"""

@@ -1,0 +1,330 @@
+"""A throwaway PKI for tests and first trials: a CA, PKCS#12 identities, a CRL and a ssl.json.
+
+`make_pki(out_dir)` writes everything a TLS job needs (see certs/README.md); the functions below it
+let tests make the odd certificates they need (expired, of another CA, revoked, weak keys).
+Nothing here is for production: a real cluster's certificates come from the operator's own CA.
+The CA's private key is returned to the caller but never written, so a generated directory
+cannot be used to issue more certificates.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from cluster.protocol.errors import ConfigError
+
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+# The names the scheduler is reached by on one machine; others are added with `hosts`.
+LOCAL_NAMES = ("127.0.0.1", "::1", "localhost")
+# gRPC's own default TLS 1.2 suites, all ECDHE AEAD: written out so the file shows the key, and
+# chosen so that the generated config agrees with a process that imported grpc before `cluster`.
+DEFAULT_CIPHER_LIST = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+    "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384"
+)
+DEFAULT_DAYS = 365
+# Files make_pki writes; it refuses to overwrite them unless asked, so that a second run cannot
+# silently replace a CA that other machines already trust.
+PKI_FILES = (
+    "ca.pem",
+    "server.p12",
+    "client.p12",
+    "client-revoked.p12",
+    "crl.pem",
+    "server.pass",
+    "client.pass",
+    "ssl.json",
+)
+
+
+@dataclass(frozen=True)
+class Authority:
+    cert: x509.Certificate
+    key: PrivateKey = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """What make_pki wrote, and the CA key (in memory only) for tests that issue more."""
+
+    dir: Path
+    ssl_json: Path
+    ca: Authority
+    ca_pem: Path
+    server_p12: Path
+    client_p12: Path
+    revoked_client_p12: Path
+    crl: Path
+    server_password_file: Path
+    client_password_file: Path
+    server_password: bytes = field(repr=False)
+    client_password: bytes = field(repr=False)
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def new_key(kind: str = "ec", rsa_bits: int = 2048) -> PrivateKey:
+    """An EC P-256 key (fast handshakes), or an RSA key of `rsa_bits`."""
+    if kind == "ec":
+        return ec.generate_private_key(ec.SECP256R1())
+    return rsa.generate_private_key(public_exponent=65537, key_size=rsa_bits)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "cluster test PKI"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def new_ca(
+    common_name: str = "cluster test CA",
+    *,
+    days: int = DEFAULT_DAYS,
+    not_before: dt.datetime | None = None,
+    key: PrivateKey | None = None,
+) -> Authority:
+    key = key if key is not None else new_key()
+    start = not_before if not_before is not None else now_utc() - dt.timedelta(minutes=5)
+    name = _name(common_name)
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ski, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return Authority(cert, key)
+
+
+def _san(names: Sequence[str]) -> x509.SubjectAlternativeName:
+    entries: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            entries.append(x509.DNSName(name))
+    return x509.SubjectAlternativeName(entries)
+
+
+def issue(
+    ca: Authority,
+    common_name: str,
+    *,
+    server: bool,
+    names: Sequence[str] = (),
+    days: int = DEFAULT_DAYS,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+    key: PrivateKey | None = None,
+) -> tuple[PrivateKey, x509.Certificate]:
+    """A leaf certificate signed by `ca`: for a server (with SANs `names`) or a client."""
+    key = key if key is not None else new_key()
+    start = not_before if not_before is not None else now_utc() - dt.timedelta(minutes=5)
+    end = not_after if not_after is not None else start + dt.timedelta(days=days)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
+    )
+    if names:
+        builder = builder.add_extension(_san(names), critical=False)
+    return key, builder.sign(ca.key, hashes.SHA256())
+
+
+def p12_bytes(
+    key: PrivateKey, cert: x509.Certificate, password: bytes | None, ca: Authority | None = None
+) -> bytes:
+    encryption = (
+        serialization.BestAvailableEncryption(password)
+        if password
+        else serialization.NoEncryption()
+    )
+    name = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    return pkcs12.serialize_key_and_certificates(
+        str(name).encode(), key, cert, [ca.cert] if ca is not None else None, encryption
+    )
+
+
+def write_p12(
+    path: Path,
+    key: PrivateKey,
+    cert: x509.Certificate,
+    password: bytes | None,
+    ca: Authority | None = None,
+) -> Path:
+    write_private(path, p12_bytes(key, cert, password, ca))
+    return path
+
+
+def crl_pem(
+    ca: Authority, revoked: Sequence[x509.Certificate], *, days: int = DEFAULT_DAYS
+) -> bytes:
+    now = now_utc() - dt.timedelta(minutes=5)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.cert.subject)
+        .last_update(now)
+        .next_update(now + dt.timedelta(days=days))
+    )
+    for cert in revoked:
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder()
+            .serial_number(cert.serial_number)
+            .revocation_date(now)
+            .build()
+        )
+    return builder.sign(ca.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a secret (p12, password) readable by its owner only, from the first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def new_password() -> bytes:
+    return secrets.token_urlsafe(18).encode()
+
+
+def ssl_json(
+    *,
+    server_cert_path: str,
+    client_cert_path: str,
+    ca_cert_path: str,
+    crl_path: str = "",
+    cipher_list: str = DEFAULT_CIPHER_LIST,
+    cert_expire_warning_time_in_day: int = 90,
+    server_password_file: str | None = None,
+    client_password_file: str | None = None,
+) -> str:
+    """The text of a ssl.json; relative paths are taken from the file's directory."""
+    data: dict[str, object] = {
+        "server_cert_path": server_cert_path,
+        "client_cert_path": client_cert_path,
+        "ca_cert_path": ca_cert_path,
+        "crl_path": crl_path,
+        "cipher_list": cipher_list,
+        "cert_expire_warning_time_in_day": cert_expire_warning_time_in_day,
+    }
+    if server_password_file is not None:
+        data["server_password_file"] = server_password_file
+    if client_password_file is not None:
+        data["client_password_file"] = client_password_file
+    return json.dumps(data, indent=2) + "\n"
+
+
+def make_pki(
+    out_dir: Path,
+    *,
+    hosts: Sequence[str] = (),
+    days: int = DEFAULT_DAYS,
+    overwrite: bool = False,
+) -> Pki:
+    """Write a CA, server/client/revoked-client p12 files, a CRL, passwords and ssl.json.
+
+    The server certificate names 127.0.0.1, ::1 and localhost, plus `hosts` (the names or
+    addresses by which workers on other machines reach the scheduler). `out_dir/ssl.json` is a
+    complete config: `CLUSTER_TLS_CONFIG=out_dir/ssl.json` turns TLS on as it is.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = [name for name in PKI_FILES if (out_dir / name).exists()]
+    if existing and not overwrite:
+        raise ConfigError(
+            f"{out_dir} already holds {', '.join(existing)}: choose an empty directory, or "
+            "overwrite on purpose (certificates issued by the old CA stop working)"
+        )
+    ca = new_ca(days=days)
+    names = list(dict.fromkeys([*LOCAL_NAMES, *hosts]))
+    server_key, server_cert = issue(ca, "cluster scheduler", server=True, names=names, days=days)
+    client_key, client_cert = issue(ca, "cluster worker", server=False, days=days)
+    revoked_key, revoked_cert = issue(ca, "cluster worker (revoked)", server=False, days=days)
+    server_password, client_password = new_password(), new_password()
+
+    (out_dir / "ca.pem").write_bytes(cert_pem(ca.cert))
+    write_p12(out_dir / "server.p12", server_key, server_cert, server_password, ca)
+    write_p12(out_dir / "client.p12", client_key, client_cert, client_password, ca)
+    # Same password as client.p12, so that pointing client_cert_path at it is the only change.
+    write_p12(out_dir / "client-revoked.p12", revoked_key, revoked_cert, client_password, ca)
+    (out_dir / "crl.pem").write_bytes(crl_pem(ca, [revoked_cert], days=days))
+    write_private(out_dir / "server.pass", server_password + b"\n")
+    write_private(out_dir / "client.pass", client_password + b"\n")
+    (out_dir / "ssl.json").write_text(
+        ssl_json(
+            server_cert_path="server.p12",
+            client_cert_path="client.p12",
+            ca_cert_path="ca.pem",
+            crl_path="crl.pem",
+            server_password_file="server.pass",  # noqa: S106 - a file name, not a password
+            client_password_file="client.pass",  # noqa: S106 - a file name, not a password
+        )
+    )
+    return Pki(
+        dir=out_dir,
+        ssl_json=out_dir / "ssl.json",
+        ca=ca,
+        ca_pem=out_dir / "ca.pem",
+        server_p12=out_dir / "server.p12",
+        client_p12=out_dir / "client.p12",
+        revoked_client_p12=out_dir / "client-revoked.p12",
+        crl=out_dir / "crl.pem",
+        server_password_file=out_dir / "server.pass",
+        client_password_file=out_dir / "client.pass",
+        server_password=server_password,
+        client_password=client_password,
+    )

@@ -100,9 +100,7 @@ def test_a_scheduler_that_is_not_ours_is_not_watched() -> None:
     assert decide(Seen(workers(None), own_scheduler=False, scheduler_exit=1)).action is Action.WAIT
 
 
-def test_the_cause_is_the_worker_killed_by_a_signal_not_one_that_exited_because_of_it() -> (
-    None
-):
+def test_the_cause_is_the_worker_killed_by_a_signal_not_one_that_exited_because_of_it() -> None:
     assert cause(workers(1, KILLED, 1), first=0) == 1
     assert cause(workers(1, 1), first=0) == 0
     assert cause(workers(None, None), first=None) is None

@@ -20,4 +20,7 @@ pytest_plugins = [
     "cluster.testing",
     "tests.servers.plugin",
     "tests.servers.etcd",
+    "tests.servers.prometheus",
+    "tests.servers.slurm",
+    "tests.servers.browser",
 ]

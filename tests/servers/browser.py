@@ -21,8 +21,10 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+from _pytest.nodes import Node  # what request.node is
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.procs import processes_running
 from tests.servers import require
@@ -73,7 +75,7 @@ def start_chromium(profile: Path, driver_log: Path) -> webdriver.Chrome:
     return driver
 
 
-def artifact_dir(node: pytest.Item | pytest.Node, tmp_path: Path) -> Path:
+def artifact_dir(node: Node, tmp_path: Path) -> Path:
     """Where a test's artifacts go: $CLUSTER_TEST_ARTIFACTS/<test> when set (to keep them after
     the run), else the test's temporary directory."""
     root = os.environ.get(ARTIFACTS_ENV)
@@ -84,7 +86,7 @@ def artifact_dir(node: pytest.Item | pytest.Node, tmp_path: Path) -> Path:
     return target
 
 
-def save_screenshot(driver: webdriver.Chrome, directory: Path, name: str) -> Path:
+def save_screenshot(driver: WebDriver, directory: Path, name: str) -> Path:
     """Save what the page shows as `directory/name.png`; its path."""
     path = directory / f"{name}.png"
     if not driver.save_screenshot(str(path)):

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -172,11 +173,14 @@ class EtcdCluster:
             for other in rest:
                 with suppress(ServerError):
                     wait_for(
-                        lambda other=other, left=len(rest) - 1: self._active_peers(other) <= left,
+                        partial(self._sees_at_most, other, len(rest) - 1),
                         STOP_TIMEOUT_S,
                         f"{other.name} to see {member.name} gone",
                         [other.process],
                     )
+
+    def _sees_at_most(self, member: Member, peers: int) -> bool:
+        return self._active_peers(member) <= peers
 
     def _active_peers(self, member: Member) -> int:
         """How many peers `member` is connected to, from its etcd_network_active_peers."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _pytest.nodes import Node  # what request.node is
 
 from tests.servers._process import tail
 
@@ -26,16 +27,14 @@ LOGS = pytest.StashKey[list[AttachedLog]]()
 REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
-def attach_log(
-    node: pytest.Item | pytest.Node, name: str, path: Path, *, whole: bool = False
-) -> None:
+def attach_log(node: Node, name: str, path: Path, *, whole: bool = False) -> None:
     """Show `path` in the report of `node` if it fails: what is written from now on, or the
     whole file (its last lines)."""
     offset = path.stat().st_size if path.exists() and not whole else 0
     node.stash.setdefault(LOGS, []).append(AttachedLog(name, path, offset))
 
 
-def failed(node: pytest.Item | pytest.Node) -> bool:
+def failed(node: Node) -> bool:
     """Whether the test has failed so far (for a fixture's teardown)."""
     return any(report.failed for report in node.stash.get(REPORTS, {}).values())
 

@@ -101,15 +101,17 @@ def browser(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[webdrive
     attach_log(request.node, "chromedriver", driver_log)
     profile = tmp_path / "chromium-profile"
     profile.mkdir()
-    driver = start_chromium(profile, driver_log)
+    driver: webdriver.Chrome | None = None
     try:
+        driver = start_chromium(profile, driver_log)
         yield driver
         if failed(request.node):
             path = save_screenshot(driver, artifact_dir(request.node, tmp_path), "on-failure")
             print(f"screenshot of the failed test's page: {path}")
     finally:
         try:
-            driver.quit()
+            if driver is not None:
+                driver.quit()
         finally:
             # Whatever of this Chromium outlived quit() (a crashed driver leaves its browser).
             for pid in processes_running(str(profile)):

@@ -48,6 +48,17 @@ async def test_etcd_cluster_keeps_serving_with_its_leader_killed(etcd_cluster: E
     assert got.value == b"two"  # the restarted member caught up
 
 
+async def test_etcd_cluster_keeps_its_data_across_a_full_stop(etcd_cluster: EtcdCluster) -> None:
+    key = f"{etcd_cluster.prefix}kept".encode()
+    await _put_then_get(etcd_cluster, 2, key, b"before the stop")
+    etcd_cluster.stop()
+    assert not any(etcd_cluster.running(i) for i in range(3))
+    etcd_cluster.start()
+    assert etcd_cluster.etcdctl("get", "--print-value-only", key.decode()).strip() == (
+        "before the stop"
+    )
+
+
 def test_prometheus_scrapes_a_counter_from_an_exporter(prometheus: Prometheus) -> None:
     registry = CollectorRegistry()
     events = Counter("cluster_test_events", "Events counted by the test.", registry=registry)

@@ -15,7 +15,7 @@ def processes(tmp_path: Path) -> Iterator[Procs]:
 
 
 # The fault-injection fixture users get (cluster.testing.local_job), and the real servers'
-# fixtures (tests/servers/: etcd_cluster, make_etcd_cluster, prometheus, slurm, browser).
+# fixtures (tests/servers/: etcd_cluster, prometheus, slurm, scontrol_env, browser, ...).
 pytest_plugins = [
     "cluster.testing",
     "tests.servers.plugin",

@@ -22,7 +22,11 @@ slurm.conf (slurmstepd and the tasks it runs start sessions of their own) is kil
 Needs root. The munge socket's directory must be reachable by everyone (munged checks), which
 pytest's 0700 temporary directories are not, and socket paths are limited to 108 bytes: the
 munge and spool directories live in a short directory under /tmp of their own, removed after.
-Fixture: `slurm` (function scope; about 2 s to start).
+Fixture: `slurm` (function scope; about 1-2 s to start).
+
+`scontrol show hostnames` needs a slurm.conf but no daemon: `scontrol_env` (fixture) and
+`offline_env` give scontrol a two-line one, without root, and `scontrol_hostnames` expands a node
+list with it.
 """
 
 from __future__ import annotations
@@ -328,6 +332,45 @@ def _kill_all(pids: list[int]) -> list[int]:
         with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return pids
+
+
+def why_scontrol_unavailable() -> str | None:
+    if shutil.which("scontrol") is None:
+        return (
+            "this test needs `scontrol` (Debian package slurm-client; "
+            "scripts/setup installs slurm-wlm when run as root)"
+        )
+    return None
+
+
+def offline_env(directory: Path) -> dict[str, str]:
+    """The environment for scontrol's commands that ask no daemon (`show hostnames`,
+    `show hostlist`): they still read a slurm.conf, and two lines are enough. No root needed."""
+    conf = directory / "offline-slurm.conf"
+    conf.write_text("ClusterName=clustertests\nSlurmctldHost=localhost\n")
+    return {**_clean_env(), "SLURM_CONF": str(conf)}
+
+
+def scontrol_hostnames(nodelist: str, env: dict[str, str]) -> list[str]:
+    """Slurm's own expansion of a node list (`a[1-3],b08` -> a1 a2 a3 b08)."""
+    done = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise ServerError(f"scontrol show hostnames {nodelist!r}: {done.stderr.strip()}")
+    return done.stdout.split()
+
+
+@pytest.fixture
+def scontrol_env(tmp_path: Path) -> dict[str, str]:
+    """`offline_env`: scontrol without a running Slurm (for node-list tests)."""
+    require(why_scontrol_unavailable())
+    return offline_env(tmp_path)
 
 
 @pytest.fixture

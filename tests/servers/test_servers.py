@@ -15,7 +15,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.servers.browser import save_screenshot
 from tests.servers.etcd import EtcdCluster
 from tests.servers.prometheus import Prometheus, value_is
-from tests.servers.slurm import Slurm, short_hostname
+from tests.servers.slurm import Slurm, scontrol_hostnames, short_hostname
 
 
 async def _put_then_get(cluster: EtcdCluster, member: int, key: bytes, value: bytes) -> None:
@@ -102,6 +102,17 @@ def test_slurm_runs_a_job_on_one_node_and_on_both(slurm: Slurm) -> None:
 
     done = slurm.run(["scontrol", "show", "hostnames", "a[1-3],b[08-10]"], timeout_s=20)
     assert done.stdout.split() == ["a1", "a2", "a3", "b08", "b09", "b10"]
+
+
+def test_scontrol_expands_node_lists_without_a_running_slurm(scontrol_env: dict[str, str]) -> None:
+    assert scontrol_hostnames("a[1-3],b[08-10]", scontrol_env) == [
+        *("a1", "a2", "a3"),
+        *("b08", "b09", "b10"),
+    ]
+    assert scontrol_hostnames("node[1-2,7],gpu-x", scontrol_env) == [
+        *("node1", "node2", "node7"),
+        "gpu-x",
+    ]
 
 
 PAGE = """<!doctype html>

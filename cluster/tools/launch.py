@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import os
 import signal
@@ -22,10 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import is_numeric_node_id, tls_options_from_env
+from cluster.protocol.config import tls_options_from_env
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.tools import launch_policy as policy
+from cluster.tools import slurm_io
 from cluster.tools import status as status_module
+from cluster.tools.launch_plan import (
+    LaunchOptions,
+    Plan,
+    Process,
+    child_environment,
+    make_plan,
+    render,
+)
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -44,26 +54,6 @@ POLL_STATUS_S = 0.5
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    script: Path
-    script_args: tuple[str, ...]
-    worker_num: int
-    local_worker_num: int
-    master_addr: str
-    master_port: int
-    node_rank: int = -1
-    log_dir: Path = Path("logs")
-    join: bool = False
-    cluster_time_out: float | None = None
-    node_timeout: float | None = None
-    enable_recovery: bool = False
-    recovery_path: Path | None = None
-    max_restarts: int = 0
-    tls_config: Path | None = None
-    python: str = sys.executable
 
 
 def resolve_host(name: str) -> str:
@@ -130,16 +120,6 @@ def validate(options: LaunchOptions) -> None:
         )
 
 
-def node_ids(options: LaunchOptions) -> list[str]:
-    """The MS_NODE_ID of each local worker: numeric (so the rank) when it can be."""
-    local = options.local_worker_num
-    if options.node_rank >= 0:
-        return [str(options.node_rank * local + i) for i in range(local)]
-    if local == options.worker_num:  # the whole job is here: worker i is rank i
-        return [str(i) for i in range(local)]
-    return [f"{socket.gethostname()}-{os.getpid()}-{i:04d}" for i in range(local)]
-
-
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     try:
         with path.open("rb") as handle:
@@ -153,10 +133,7 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
 
 @dataclass
 class Child:
-    name: str
-    log: Path
-    node_id: str | None = None
-    index: int | None = None
+    planned: Process
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
@@ -168,24 +145,36 @@ class Child:
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
+    @property
+    def name(self) -> str:
+        return self.planned.name
+
+    @property
+    def log(self) -> Path:
+        return self.planned.log
+
+    @property
+    def node_id(self) -> str | None:
+        return self.planned.node_id
+
+    @property
+    def index(self) -> int | None:
+        return self.planned.index
+
 
 class Launcher:
     def __init__(
         self,
         options: LaunchOptions,
+        plan: Plan,
         out: IO[str] = sys.stderr,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
+        self.plan = plan
         self._clock = clock
         self.out = out
-        self.ip = resolve_host(options.master_addr)
-        self.with_scheduler = is_local_address(self.ip) and options.node_rank in (-1, 0)
-        self.address = (
-            f"[{self.ip}]:{options.master_port}"
-            if ":" in self.ip
-            else f"{self.ip}:{options.master_port}"
-        )
+        self.address = plan.address
         # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
         self._identity: tls.Identity | None = None
         if options.tls_config is not None:
@@ -200,35 +189,6 @@ class Launcher:
         self._started = clock()
         self._tty = out.isatty()
         self._last_line = ""
-
-    @property
-    def recovery_path(self) -> Path:
-        """--recovery-path, or LOG_DIR/recovery: the job's state beside its logs."""
-        o = self.options
-        return o.recovery_path if o.recovery_path is not None else o.log_dir / "recovery"
-
-    # -- environment ---------------------------------------------------------------------------
-
-    def _base_env(self) -> dict[str, str]:
-        o = self.options
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
-        env.update(
-            MS_WORKER_NUM=str(o.worker_num),
-            MS_SCHED_HOST=self.ip,
-            MS_SCHED_PORT=str(o.master_port),
-            PYTHONUNBUFFERED="1",
-            CLUSTER_LAUNCHER_PID=str(os.getpid()),  # children stop when we are gone
-        )
-        if o.cluster_time_out is not None:
-            env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
-        if o.node_timeout is not None:
-            env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
-        if o.enable_recovery:
-            env["MS_ENABLE_RECOVERY"] = "1"
-            env["MS_RECOVERY_PATH"] = str(self.recovery_path.resolve())
-        if o.tls_config is not None:
-            env.update(tls.launch_environment(o.tls_config.resolve()))
-        return env
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -280,19 +240,9 @@ class Launcher:
         child.exited.set()
         self._wake.set()
 
-    async def _start_scheduler(self) -> None:
-        env = self._base_env()
-        env["MS_ROLE"] = "MS_SCHED"
-        self.scheduler = Child("scheduler", self.options.log_dir / "scheduler.log")
-        await self._spawn(self.scheduler, [self.options.python, "-m", "cluster", "scheduler"], env)
-
-    async def _start_worker(self, child: Child) -> None:
-        env = self._base_env()
-        env["MS_ROLE"] = "MS_WORKER"
-        assert child.node_id is not None
-        env["MS_NODE_ID"] = child.node_id
-        args = [self.options.python, str(self.options.script), *self.options.script_args]
-        await self._spawn(child, args, env)
+    async def _start(self, child: Child) -> None:
+        planned = child.planned
+        await self._spawn(child, list(planned.args), child_environment(os.environ, planned))
 
     async def _stop_all(self) -> None:
         """SIGTERM every running child's process group; SIGKILL what is left after the grace."""
@@ -316,9 +266,7 @@ class Launcher:
             rank = self.view.rank_of(child.node_id)
             if rank is not None:
                 return rank
-        if child.node_id is not None and is_numeric_node_id(child.node_id):
-            return int(child.node_id)
-        return None
+        return child.planned.rank
 
     def _who(self, child: Child) -> str:
         rank = self._rank_of(child)
@@ -397,24 +345,19 @@ class Launcher:
 
     async def run(self) -> int:
         o = self.options
-        if self.with_scheduler:
-            check_port_free(self.ip, o.master_port)
         o.log_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal, signum)
         poller: asyncio.Task[None] | None = None
         try:
-            if self.with_scheduler:
-                await self._start_scheduler()
-            ids = node_ids(o)
-            self.workers = [
-                Child(f"worker {i}", o.log_dir / f"worker_{i}.log", node_id=ids[i], index=i)
-                for i in range(o.local_worker_num)
-            ]
+            if self.plan.scheduler is not None:
+                self.scheduler = Child(self.plan.scheduler)
+                await self._start(self.scheduler)
+            self.workers = [Child(planned) for planned in self.plan.workers]
             for child in self.workers:
-                await self._start_worker(child)
-            where = "with the scheduler" if self.with_scheduler else f"scheduler at {self.address}"
+                await self._start(child)
+            where = "with the scheduler" if self.scheduler else f"scheduler at {self.address}"
             self._print(
                 f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} "
                 f"({self.address}); logs in {o.log_dir}/"
@@ -449,7 +392,7 @@ class Launcher:
                     f"{policy.describe_exit(child.exit_code or 0)}; restarting it "
                     f"(restart {child.restarts} of {self.options.max_restarts})"
                 )
-                await self._start_worker(child)
+                await self._start(child)
                 self._wake.set()  # another failed worker may be waiting for its turn
             elif decision.action is policy.Action.FAIL:
                 return await self._fail(decision.worker, decision.reason)
@@ -511,11 +454,71 @@ class Launcher:
         return EXIT_OK
 
 
-def run(options: LaunchOptions, out: IO[str] = sys.stderr) -> int:
-    """Validate, launch, and return the exit code (2 for a usage error)."""
+def plan_job(options: LaunchOptions) -> Plan:
+    """What to start on this host: the master address resolved, whether the scheduler runs
+    here, the TLS variables read from the config."""
+    ip, notes = resolve_master(options)
+    with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
+    tls_env = {}
+    if options.tls_config is not None:
+        tls_env = tls.launch_environment(options.tls_config.resolve())
+    if options.job_secret_file is not None and options.allocation is not None:
+        notes.append(
+            f"job secret: node 0 writes {options.allocation.secret_path} in the working "
+            f"directory, every node copies it to {options.job_secret_file}"
+        )
+    return make_plan(
+        options,
+        ip=ip,
+        with_scheduler=with_scheduler,
+        hostname=socket.gethostname(),
+        launcher_pid=os.getpid(),
+        tls_env=tls_env,
+        notes=notes,
+    )
+
+
+def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
+    """The scheduler's IP address, and how it was found when that is worth saying. A Slurm node
+    name that does not resolve is reached at the NodeAddr scontrol shows for it."""
+    name = options.master_addr
+    try:
+        return resolve_host(name), []
+    except ConfigError:
+        if not options.master_is_node:
+            raise
+    address = slurm_io.node_address(name)
+    if address is None:
+        raise ConfigError(
+            f"the scheduler's node {name!r} (the first of the Slurm node list) does not resolve "
+            "here and `scontrol show node` gives no NodeAddr for it: give --master-addr"
+        )
+    return resolve_host(address), [f"node {name} does not resolve: NodeAddr {address} (scontrol)"]
+
+
+def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = False) -> int:
+    """Validate, launch, and return the exit code (2 for a usage error). With `dry_run`, print
+    what would start to stdout instead, and start nothing."""
     validate(options)
-    launcher = Launcher(options, out)
-    return asyncio.run(launcher.run())
+    allocation = options.allocation
+    # The Slurm step whose nodes share a secret that node 0 makes (None: no such sharing).
+    sharing = allocation if slurm_io.shares_secret(allocation, os.environ) else None
+    if sharing is not None:
+        secret_file = slurm_io.local_secret_file(options.log_dir)
+        options = dataclasses.replace(options, job_secret_file=secret_file)
+    plan = plan_job(options)
+    if dry_run:
+        print(render(plan, options, os.environ), flush=True)
+        return EXIT_OK
+    if plan.scheduler is not None:
+        check_port_free(plan.ip, options.master_port)
+    if sharing is not None:
+        slurm_io.share_secret(sharing, options.log_dir)
+    try:
+        return asyncio.run(Launcher(options, plan, out).run())
+    finally:
+        if sharing is not None:
+            slurm_io.remove_shared_secret(sharing)
 
 
 def _job_seen(view: JobView | None) -> policy.JobSeen | None:

@@ -10,6 +10,7 @@ import grpc
 
 from cluster.protocol.errors import SchedulerUnreachableError
 from cluster.protocol.state import Phase
+from cluster.tools.table import format_table
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -159,13 +160,7 @@ def render(view: JobView) -> str:
         )
         for n in view.nodes
     ]
-    widths = [
-        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)
-    ]
-    lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    lines.extend(
-        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    lines.extend(format_table(columns, rows))
     return "\n".join(lines)
 
 

@@ -357,10 +357,10 @@ class Launcher:
             self.workers = [Child(planned) for planned in self.plan.workers]
             for child in self.workers:
                 await self._start(child)
-            where = "with the scheduler" if self.scheduler else f"scheduler at {self.address}"
+            where = "with the scheduler" if self.scheduler else "for the scheduler"
             self._print(
-                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} "
-                f"({self.address}); logs in {o.log_dir}/"
+                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} at "
+                f"{self.address}; logs in {o.log_dir}/"
             )
             poller = asyncio.create_task(self._poll_status())
             return await self._watch()

@@ -5,6 +5,10 @@ node rank is 0 or unset), starts the local workers with the full MS_* environmen
 process's output to `<log-dir>/scheduler.log` and `<log-dir>/worker_<i>.log`, shows progress,
 restarts a failed worker when asked and when the job can still take it back, and stops everything
 it started when the job fails or when it is told to stop. No child outlives it.
+
+What it starts is decided first (`launch_setup.plan_job`, `launch_plan`): `--dry-run` prints that
+plan and stops there. Under a Slurm step of several nodes without a given job secret, the nodes'
+launchers share one that node 0 makes (`slurm_io`) before anything starts.
 """
 
 from __future__ import annotations
@@ -12,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import errno
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -24,18 +26,12 @@ from pathlib import Path
 from typing import IO
 
 from cluster.protocol.config import tls_options_from_env
-from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
+from cluster.tools import launch_setup as setup
 from cluster.tools import slurm_io
 from cluster.tools import status as status_module
-from cluster.tools.launch_plan import (
-    LaunchOptions,
-    Plan,
-    Process,
-    child_environment,
-    make_plan,
-    render,
-)
+from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, render
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -54,70 +50,6 @@ POLL_STATUS_S = 0.5
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
-
-
-def resolve_host(name: str) -> str:
-    """The IP address of `name`, or a ConfigError."""
-    try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ConfigError(
-            f"--master-addr {name!r} does not resolve ({exc.strerror}): use the scheduler host's "
-            "IP address or a name this machine can resolve"
-        ) from None
-    return str(infos[0][4][0])
-
-
-def is_local_address(ip: str) -> bool:
-    """True when `ip` is an address of this host (binding to it works)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((ip, 0))
-        except OSError:
-            return False
-    return True
-
-
-def check_port_free(ip: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((ip, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"--master-port {port} is already in use on {ip} (another job's scheduler?): "
-                    "stop it or choose another port"
-                ) from None
-            raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
-
-
-def validate(options: LaunchOptions) -> None:
-    """Every check that needs no child process; ConfigError naming the option otherwise."""
-    if options.worker_num < 1:
-        raise ConfigError(f"--worker-num {options.worker_num} must be >= 1")
-    if not 1 <= options.local_worker_num <= options.worker_num:
-        raise ConfigError(
-            f"--local-worker-num {options.local_worker_num} must be between 1 and --worker-num "
-            f"({options.worker_num})"
-        )
-    if not 1 <= options.master_port <= 65535:
-        raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
-    if not options.script.is_file():
-        raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
-    if options.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
-    if (
-        options.node_rank >= 0
-        and (options.node_rank + 1) * options.local_worker_num > options.worker_num
-    ):
-        raise ConfigError(
-            f"--node-rank {options.node_rank} with --local-worker-num {options.local_worker_num} "
-            f"would start ranks up to {(options.node_rank + 1) * options.local_worker_num - 1}, "
-            f"but --worker-num is {options.worker_num}"
-        )
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -454,64 +386,22 @@ class Launcher:
         return EXIT_OK
 
 
-def plan_job(options: LaunchOptions) -> Plan:
-    """What to start on this host: the master address resolved, whether the scheduler runs
-    here, the TLS variables read from the config."""
-    ip, notes = resolve_master(options)
-    with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
-    tls_env = {}
-    if options.tls_config is not None:
-        tls_env = tls.launch_environment(options.tls_config.resolve())
-    if options.job_secret_file is not None and options.allocation is not None:
-        notes.append(
-            f"job secret: node 0 writes {options.allocation.secret_path} in the working "
-            f"directory, every node copies it to {options.job_secret_file}"
-        )
-    return make_plan(
-        options,
-        ip=ip,
-        with_scheduler=with_scheduler,
-        hostname=socket.gethostname(),
-        launcher_pid=os.getpid(),
-        tls_env=tls_env,
-        notes=notes,
-    )
-
-
-def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
-    """The scheduler's IP address, and how it was found when that is worth saying. A Slurm node
-    name that does not resolve is reached at the NodeAddr scontrol shows for it."""
-    name = options.master_addr
-    try:
-        return resolve_host(name), []
-    except ConfigError:
-        if not options.master_is_node:
-            raise
-    address = slurm_io.node_address(name)
-    if address is None:
-        raise ConfigError(
-            f"the scheduler's node {name!r} (the first of the Slurm node list) does not resolve "
-            "here and `scontrol show node` gives no NodeAddr for it: give --master-addr"
-        )
-    return resolve_host(address), [f"node {name} does not resolve: NodeAddr {address} (scontrol)"]
-
-
 def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = False) -> int:
     """Validate, launch, and return the exit code (2 for a usage error). With `dry_run`, print
     what would start to stdout instead, and start nothing."""
-    validate(options)
+    setup.validate(options)
     allocation = options.allocation
     # The Slurm step whose nodes share a secret that node 0 makes (None: no such sharing).
     sharing = allocation if slurm_io.shares_secret(allocation, os.environ) else None
     if sharing is not None:
         secret_file = slurm_io.local_secret_file(options.log_dir)
         options = dataclasses.replace(options, job_secret_file=secret_file)
-    plan = plan_job(options)
+    plan = setup.plan_job(options)
     if dry_run:
         print(render(plan, options, os.environ), flush=True)
         return EXIT_OK
     if plan.scheduler is not None:
-        check_port_free(plan.ip, options.master_port)
+        setup.check_port_free(plan.ip, options.master_port)
     if sharing is not None:
         slurm_io.share_secret(sharing, options.log_dir)
     try:

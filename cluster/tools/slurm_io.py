@@ -79,6 +79,16 @@ def remove_shared_secret(allocation: Allocation) -> None:
 
 def _write_private(path: Path, text: str, directory_mode: int | None) -> None:
     """`text` in `path`, mode 0600, whole or not at all (temporary file, then rename)."""
+    try:
+        _write_whole(path, text, directory_mode)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the job secret to {path.absolute()} ({exc.strerror}): run the job "
+            "from a directory it may write, or give CLUSTER_JOB_SECRET_FILE"
+        ) from None
+
+
+def _write_whole(path: Path, text: str, directory_mode: int | None) -> None:
     if directory_mode is None:
         path.parent.mkdir(parents=True, exist_ok=True)
     else:
@@ -101,6 +111,11 @@ def _wait_for(shared: Path, allocation: Allocation, wait_s: float) -> str:
             text = shared.read_text()
         except FileNotFoundError:
             text = ""
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the job secret {shared.absolute()} ({exc.strerror}): give "
+                "CLUSTER_JOB_SECRET_FILE"
+            ) from None
         if text.strip():
             return text
         if time.monotonic() >= deadline:

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import random
+import re
 import selectors
 import signal
 import subprocess
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.api import checkpoint, runtime
+from cluster.api import runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
+from cluster.storage import atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -225,6 +227,7 @@ def test_state_must_be_a_mapping_of_str(tmp_path: Path) -> None:
 def test_file_name_and_no_temporary_left(tmp_path: Path) -> None:
     ckpt = manager(tmp_path)
     path = ckpt.save(7, {"a": 1})
+    ckpt.flush()
     assert path == tmp_path / "ckpt" / "rank_0" / "net-00000007.ckpt"
     assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000007.ckpt"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
@@ -267,6 +270,8 @@ def test_each_rank_has_its_own_directory(tmp_path: Path) -> None:
     zero.save(1, {"rank": 0})
     one.save(1, {"rank": 1})
     one.save(2, {"rank": 1})
+    zero.flush()
+    one.flush()
     assert (tmp_path / "ckpt" / "rank_0" / "net-00000001.ckpt").is_file()
     assert (tmp_path / "ckpt" / "rank_1" / "net-00000002.ckpt").is_file()
     assert zero.steps() == [1]
@@ -299,6 +304,7 @@ def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (ckpt.rank, ckpt.recovery) == (3, True)
     for step in (1, 2, 3):
         ckpt.save(step, {"a": step})
+    ckpt.flush()
     assert reported == [[1], [1, 2], [2, 3]]
     assert (tmp_path / "rank_3" / "p-00000003.ckpt").is_file()
 
@@ -315,6 +321,7 @@ def test_prefixes_share_a_directory_without_mixing(tmp_path: Path) -> None:
     ema_temporary = ema.directory / ".model-ema-00000003.ckpt.123.tmp"
     ema_temporary.write_bytes(b"being written")
     model.save(2, {"m": 2})  # removes its own temporaries only
+    model.flush()
     assert ema_temporary.exists()
 
 
@@ -339,33 +346,49 @@ def test_missing_step_names_the_steps_held(tmp_path: Path) -> None:
 def test_a_leftover_temporary_is_ignored_then_removed(tmp_path: Path) -> None:
     ckpt = manager(tmp_path)
     ckpt.save(1, {"a": 1})
+    ckpt.flush()
     stale = ckpt.directory / ".net-00000002.ckpt.999999.tmp"
     stale.write_bytes(ckpt.path(1).read_bytes()[:100])
     assert ckpt.steps() == [1]
     assert ckpt.latest() == (1, {"a": 1})
     ckpt.save(2, {"a": 2})
+    ckpt.flush()
     assert not stale.exists()
 
 
 def test_a_failed_save_leaves_the_older_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ckpt = manager(tmp_path)
+    """A full disk in the background: the next save raises it (naming the file and the cause),
+    the step is never reported, and saving works again once the disk has room."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, report=reports.append)
     ckpt.save(1, {"a": np.ones(1000)})
-    calls = []
+    ckpt.flush()
+    full = [True]
 
-    def disk_full(fd: int, data: memoryview) -> None:
-        calls.append(data.nbytes)
-        if len(calls) == 2:  # the header went out, the first array does not
+    def disk_full(fd: int, data: memoryview | bytes) -> None:
+        if full[0] and len(data) >= 8000:  # the header went out, the array does not
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         original(fd, data)
 
-    original = checkpoint._write_all
-    monkeypatch.setattr(checkpoint, "_write_all", disk_full)
-    with pytest.raises(CheckpointError, match=r"step 2 .*No space left on device.*unchanged"):
-        ckpt.save(2, {"a": np.ones(1000)})
-    assert ckpt.steps() == [1]
+    original = atomic.write_all
+    monkeypatch.setattr(atomic, "write_all", disk_full)
+    ckpt.save(2, {"a": np.ones(1000)})  # returns: the write fails in the background
+    assert ckpt.steps() == [1]  # (once the writer is done)
+    message = rf"step 2 to {re.escape(str(ckpt.path(2)))} .*No space left on device.*unchanged"
+    with pytest.raises(CheckpointError, match=message):
+        ckpt.save(3, {"a": np.ones(1000)})
     assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000001.ckpt"]
+    assert reports == [[1]]
+    ckpt.save(2, {"a": np.ones(1000)})
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        ckpt.flush()
+    full[0] = False
+    ckpt.save(2, {"a": np.ones(1000) * 2})
+    ckpt.flush()
+    assert reports == [[1], [1, 2]]
+    assert_same_array(ckpt.load(2)["a"], np.ones(1000) * 2)
 
 
 # Corrupt files
@@ -376,6 +399,7 @@ def saved_pair(tmp_path: Path) -> tuple[CheckpointManager, Path]:
     ckpt = manager(tmp_path)
     ckpt.save(1, {"w": np.arange(1000, dtype=np.float32), "step": 1})
     ckpt.save(2, {"w": np.arange(1000, dtype=np.float32) * 2, "step": 2})
+    ckpt.flush()
     return ckpt, ckpt.path(2)
 
 

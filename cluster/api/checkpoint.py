@@ -173,8 +173,10 @@ class CheckpointManager:
         self._writer.flush()
 
     def close(self) -> None:
-        """Flush, then free the memory of the snapshots (a later save makes them again)."""
+        """Flush, then end the writer's thread and free the memory of the snapshots (a later
+        save makes them again)."""
         self.flush()
+        self._writer.close()
         if self._latest is not None:
             self._pool.release(self._latest)
             self._latest = None

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from cluster.storage import checkpoint_files
+from cluster.storage.background import WAIT_WARNING_S
 from cluster.storage.checkpoint_tree import Encoded, copy_into
 
 _log = logging.getLogger(__name__)
-# A wait longer than this is logged (and goes on): a disk that stopped answering is not silent.
-_WAIT_WARNING_S = 30.0
 
 
 class Snapshot:
@@ -125,7 +124,7 @@ class SnapshotPool:
                 self._waits += 1
                 start = time.monotonic()
                 while (free := self._free()) is None:
-                    if not self._changed.wait(_WAIT_WARNING_S):
+                    if not self._changed.wait(WAIT_WARNING_S):
                         _log.warning(
                             "a checkpoint save has waited %.0f s for the writer to finish the "
                             "previous ones (a slow or stuck disk?)",

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import cluster
-import cluster.api.torch
+import cluster.torch
 from cluster.api import runtime
 
 cluster.init()

@@ -29,11 +29,14 @@ so they measure the CPU cost of reading, checking and rebuilding the state, not 
 Part 2, training throughput (`--steps`; skipped with `--steps 0`): the loop body of
 examples/train_torch.py (its Trainer: DDP over a gloo group made by cluster.torch, one worker, a
 real scheduler process) in a `cluster.TrainingLoop`, in this process, with no checkpoint but the
-final one, with one every step, and with one every step written synchronously; the three
-alternate, `--repeat` runs each, median steps/s.
+final one, with one every step, and with one every step written synchronously; the runs
+alternate, `--repeat` runs each, median steps/s. Each step also sleeps for each of
+`--step-delays` seconds in turn (train_torch.py's --step-delay: a step whose time is spent
+waiting, as for a GPU), since whether a checkpoint every step is free depends on how long a step
+takes against how long the disk takes to write one. `--sizes ""` runs part 2 only.
 
 Usage: python benchmarks/checkpoint.py [--sizes 100,1000] [--arrays 4] [--repeat 5]
-       [--steps 300] [--baseline COMMIT] [--dir DIR] [--json PATH]
+       [--steps 300] [--step-delays 0,0.02] [--baseline COMMIT] [--dir DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arrays", type=int, default=4, help="number of float32 arrays")
     parser.add_argument("--repeat", type=int, default=5, help="rounds (median reported)")
     parser.add_argument("--steps", type=int, default=300, help="steps per throughput run")
+    parser.add_argument(
+        "--step-delays", default="0,0.02", help="seconds each step also waits (a device's step)"
+    )
     parser.add_argument("--baseline", default=BASELINE, help="commit of the 'before' rows")
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--json", help="write the results here too")
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {"arrays": args.arrays, "repeat": args.repeat, "sizes": {}}
     rng = np.random.default_rng(0)
-    for mb in (float(s) for s in args.sizes.split(",")):
+    for mb in (float(s) for s in args.sizes.split(",") if s):
         per_array = int(mb * 1e6 / 4 / args.arrays)
         arrays = {f"w{i}": rng.random(per_array, dtype=np.float32) for i in range(args.arrays)}
         size = sum(a.nbytes for a in arrays.values())
@@ -134,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         from checkpoint_training import throughput  # noqa: PLC0415 - it imports cluster.torch
 
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="ckpt-train-") as tmp:
-            results["throughput"] = throughput(Path(tmp), args.steps, args.repeat)
+            delays = [float(d) for d in args.step_delays.split(",")]
+            results["throughput"] = throughput(Path(tmp), args.steps, args.repeat, delays)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

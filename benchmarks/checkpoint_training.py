@@ -66,7 +66,9 @@ def join_job(directory: Path) -> subprocess.Popen[bytes]:
     return scheduler
 
 
-def run(module: ModuleType, trainer: Any, directory: Path, mode: str, steps: int) -> float:
+def run(
+    module: ModuleType, trainer: Any, directory: Path, mode: str, steps: int, delay_s: float
+) -> float:
     """Steps per second of one run of `steps` steps."""
     every = steps if mode == MODES[0] else 1
     kind = FlushingManager if mode == MODES[2] else CheckpointManager
@@ -78,24 +80,27 @@ def run(module: ModuleType, trainer: Any, directory: Path, mode: str, steps: int
         with loop.step():
             rows = module.shard(step, 0, 1)
             trainer.step(x[rows], y[rows])
+            if delay_s > 0:
+                time.sleep(delay_s)  # train_torch.py --step-delay: a step that waits (a device)
     elapsed = time.perf_counter() - start
     checkpoints.close()
     return steps / elapsed
 
 
-def throughput(directory: Path, steps: int, repeat: int) -> dict[str, Any]:
+def throughput(directory: Path, steps: int, repeat: int, delays: list[float]) -> dict[str, Any]:
     module = example()
     scheduler = join_job(directory)
     try:
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         trainer = module.Trainer(module.GLOBAL_BATCH)
-        rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+        rates = {(d, mode): [] for d in delays for mode in MODES}
         for round_ in range(repeat + 1):  # round 0 warms up
-            for index, mode in enumerate(MODES):
-                rate = run(module, trainer, directory / f"{round_}-{index}", mode, steps)
+            for (delay_s, mode), measured in rates.items():
+                where = directory / f"{round_}-{len(measured)}-{delay_s}-{MODES.index(mode)}"
+                rate = run(module, trainer, where, mode, steps, delay_s)
                 if round_ > 0:
-                    rates[mode].append(rate)
+                    measured.append(rate)
         cluster.torch.destroy_process_group()
         cluster.finalize()
         scheduler.wait(30)
@@ -103,13 +108,21 @@ def throughput(directory: Path, steps: int, repeat: int) -> dict[str, Any]:
         if scheduler.poll() is None:
             scheduler.kill()
             scheduler.wait()
-    base = statistics.median(rates[MODES[0]])
+    return report(rates, steps, repeat)
+
+
+def report(rates: dict[tuple[float, str], list[float]], steps: int, repeat: int) -> dict[str, Any]:
     print(
         f"\ntraining throughput, examples/train_torch.py's loop body, 1 worker, {steps} steps a "
         f"run, median of {repeat} runs"
     )
-    print(f"{'checkpoints':<28}  {'steps/s':>8}  {'ms/step':>8}  {'of none':>7}")
-    for mode, measured in rates.items():
+    print(
+        f"{'--step-delay':>12}  {'checkpoints':<26}  {'steps/s':>8}  {'ms/step':>8}  {'of none':>7}"
+    )
+    results: dict[str, Any] = {}
+    for (delay_s, mode), measured in rates.items():
         rate = statistics.median(measured)
-        print(f"{mode:<28}  {rate:8.1f}  {1e3 / rate:8.2f}  {rate / base:7.0%}")
-    return {mode: {"steps_s": statistics.median(m), "all": m} for mode, m in rates.items()}
+        base = statistics.median(rates[(delay_s, MODES[0])])
+        print(f"{delay_s:12g}  {mode:<26}  {rate:8.1f}  {1e3 / rate:8.2f}  {rate / base:7.0%}")
+        results[f"{delay_s} {mode}"] = {"steps_s": rate, "of_none": rate / base, "all": measured}
+    return results

@@ -117,7 +117,6 @@ class CheckpointManager:
         self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
         self._pool = SnapshotPool(_SNAPSHOTS)
         self._writer = BackgroundWriter(f"checkpoint-writer-{prefix}-rank{self.rank}")
-        self._latest: Snapshot | None = None  # the newest step copied, held
         self._saves = 0
         self._pause_s = 0.0
         try:
@@ -160,9 +159,7 @@ class CheckpointManager:
         except BaseException:
             self._pool.release(snapshot)
             raise
-        previous, self._latest = self._latest, snapshot  # the acquire's hold stays, for it
-        if previous is not None:
-            self._pool.release(previous)
+        self._pool.set_latest(snapshot)  # the acquire's hold becomes the latest's
         self._saves += 1
         self._pause_s += time.perf_counter() - start
         return path
@@ -177,9 +174,7 @@ class CheckpointManager:
         save makes them again)."""
         self.flush()
         self._writer.close()
-        if self._latest is not None:
-            self._pool.release(self._latest)
-            self._latest = None
+        self._pool.set_latest(None)
         self._pool.clear()
 
     def __enter__(self) -> CheckpointManager:
@@ -201,9 +196,7 @@ class CheckpointManager:
         reuse until the block ends: to send it to a peer (`chunks()` are its file's bytes,
         `checksum()` its footer's) without reading the disk. `persisted` says whether its file
         is complete on disk yet."""
-        snapshot = self._latest
-        if snapshot is not None:
-            self._pool.hold(snapshot)
+        snapshot = self._pool.hold_latest()
         try:
             yield snapshot
         finally:

@@ -112,6 +112,7 @@ class SnapshotPool:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._snapshots: list[Snapshot] = []
+        self._latest: Snapshot | None = None  # the newest step copied, held by the pool
         self._changed = threading.Condition()
         self._waits = 0
         self._wait_s = 0.0
@@ -152,6 +153,22 @@ class SnapshotPool:
             assert snapshot._holds > 0, "a snapshot released more often than held"
             snapshot._holds -= 1
             self._changed.notify_all()
+
+    def set_latest(self, snapshot: Snapshot | None) -> None:
+        """Make `snapshot` the newest step, taking over a hold the caller has on it, and
+        release the hold of the one before."""
+        with self._changed:
+            previous, self._latest = self._latest, snapshot
+            if previous is not None:
+                previous._holds -= 1
+                self._changed.notify_all()
+
+    def hold_latest(self) -> Snapshot | None:
+        """The newest step, held for the caller (who releases it), or None."""
+        with self._changed:
+            if self._latest is not None:
+                self._latest._holds += 1
+            return self._latest
 
     def clear(self) -> None:
         """Drop the buffers nobody holds (they are made again when needed)."""

@@ -179,7 +179,7 @@ def all_back(n: int) -> Any:
             for node in view.nodes
             if node.state == "alive" and node.connected and node.rank is not None
         )
-        return view.phase == "ready" and ranks == list(range(n))
+        return view.phase.value == "ready" and ranks == list(range(n))
 
     return check
 

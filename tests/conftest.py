@@ -14,5 +14,13 @@ def processes(tmp_path: Path) -> Iterator[Procs]:
         yield group
 
 
-# The fault-injection fixture users get (cluster.testing.local_job).
-pytest_plugins = ["cluster.testing"]
+# The fault-injection fixture users get (cluster.testing.local_job), and the real servers'
+# fixtures (tests/servers/: etcd_cluster, prometheus, slurm, scontrol_env, browser, ...).
+pytest_plugins = [
+    "cluster.testing",
+    "tests.servers.plugin",
+    "tests.servers.etcd",
+    "tests.servers.prometheus",
+    "tests.servers.slurm",
+    "tests.servers.browser",
+]

@@ -17,12 +17,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import tls_options_from_env
+from cluster.protocol.config import is_numeric_node_id, tls_options_from_env
 from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.tools import launch_policy as policy
 from cluster.tools import status as status_module
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
@@ -138,15 +140,6 @@ def node_ids(options: LaunchOptions) -> list[str]:
     return [f"{socket.gethostname()}-{os.getpid()}-{i:04d}" for i in range(local)]
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     try:
         with path.open("rb") as handle:
@@ -177,8 +170,14 @@ class Child:
 
 
 class Launcher:
-    def __init__(self, options: LaunchOptions, out: IO[str] = sys.stderr) -> None:
+    def __init__(
+        self,
+        options: LaunchOptions,
+        out: IO[str] = sys.stderr,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.options = options
+        self._clock = clock
         self.out = out
         self.ip = resolve_host(options.master_addr)
         self.with_scheduler = is_local_address(self.ip) and options.node_rank in (-1, 0)
@@ -198,7 +197,7 @@ class Launcher:
         self.view: JobView | None = None
         self._stop_signal: int | None = None
         self._wake = asyncio.Event()
-        self._started = time.monotonic()
+        self._started = clock()
         self._tty = out.isatty()
         self._last_line = ""
 
@@ -317,7 +316,7 @@ class Launcher:
             rank = self.view.rank_of(child.node_id)
             if rank is not None:
                 return rank
-        if child.node_id is not None and child.node_id.isdigit():
+        if child.node_id is not None and is_numeric_node_id(child.node_id):
             return int(child.node_id)
         return None
 
@@ -340,7 +339,7 @@ class Launcher:
         running = sum(1 for w in self.workers if w.running)
         restarts = sum(w.restarts for w in self.workers)
         job = (
-            f"{self.view.registered}/{self.view.expected} registered ({self.view.phase})"
+            f"{self.view.registered}/{self.view.expected} registered ({self.view.phase.value})"
             if self.view is not None
             else "scheduler not answering yet"
         )
@@ -349,7 +348,7 @@ class Launcher:
             f"restarts {restarts}"
         )
         if self._tty and not self.options.join:
-            elapsed = time.monotonic() - self._started
+            elapsed = self._clock() - self._started
             self.out.write(f"\r\x1b[K{line} | {elapsed:.0f} s")
             self.out.flush()
             self._last_line = line
@@ -362,31 +361,32 @@ class Launcher:
             self.out.write("\r\x1b[K")
         print(line, file=self.out, flush=True)
 
-    async def _can_restart(self, child: Child) -> str | None:
-        """None when `child` may be started again; otherwise why not."""
-        if child.restarts >= self.options.max_restarts:
-            return f"no restarts left (--max-restarts {self.options.max_restarts})"
-        if self.scheduler is not None and not self.scheduler.running:
-            return "the scheduler has exited" + (
-                "; recovery is off" if self.view is not None and not self.view.recovery else ""
-            )
-        try:
-            async with scheduler_channel.open_channel(
-                self.address, self._identity, POLL_CHANNEL_OPTIONS
-            ) as channel:
-                view = await status_module.fetch(channel, self.address)
-        except ClusterError as exc:
-            # Not answering (yet): a job that has not formed can still take the worker; one that
-            # had formed and went silent cannot.
-            last = self.view
-            if last is None or last.phase == "waiting":
-                return None
-            off = "" if last.recovery else "; recovery is off, so the job cannot take it back"
-            return f"the job had formed and its scheduler is gone ({exc}){off}"
-        if view.phase in ("failed", "finished"):
-            off = "" if view.recovery else " and recovery is off"
-            return f"the job is {view.phase} ({view.detail}){off}"
-        return None
+    async def _seen(self, *, ask: bool) -> policy.Seen:
+        """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
+        scheduler too (a worker has failed: may the job take it back?)."""
+        now: JobView | None = None
+        unreachable = ""
+        if ask:
+            try:
+                async with scheduler_channel.open_channel(
+                    self.address, self._identity, POLL_CHANNEL_OPTIONS
+                ) as channel:
+                    now = await status_module.fetch(channel, self.address)
+            except ClusterError as exc:
+                unreachable = str(exc)
+        sched = self.scheduler
+        return policy.Seen(
+            workers=tuple(
+                policy.WorkerSeen(w.index or 0, w.exit_code, w.restarts) for w in self.workers
+            ),
+            max_restarts=self.options.max_restarts,
+            own_scheduler=sched is not None,
+            scheduler_exit=None if sched is None else sched.exit_code,
+            stop_signal=self._stop_signal,
+            last=_job_seen(self.view),
+            now=_job_seen(now),
+            unreachable=unreachable,
+        )
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -434,47 +434,51 @@ class Launcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._stop_signal is not None:
+            failed = any(w.exit_code not in (None, 0) for w in self.workers)
+            decision = policy.decide(await self._seen(ask=failed))
+            if decision.action is policy.Action.STOP:
+                assert self._stop_signal is not None
                 name = signal.Signals(self._stop_signal).name
                 self._print(f"mscluster: {name} received; stopping every process of the job")
                 return EXIT_SIGNAL_BASE + self._stop_signal
-            failed = [w for w in self.workers if w.exit_code not in (None, 0)]
-            for child in failed:
-                why_not = await self._can_restart(child)
-                if why_not is None:
-                    child.restarts += 1
-                    self._print(
-                        f"mscluster: {self._who(child)} {_describe_exit(child.exit_code or 0)}; "
-                        f"restarting it (restart {child.restarts} of {self.options.max_restarts})"
-                    )
-                    await self._start_worker(child)
-                    continue
-                return await self._fail(child, why_not)
-            if all(w.exit_code == 0 for w in self.workers):
+            if decision.action is policy.Action.RESTART:
+                child = self.workers[decision.worker or 0]
+                child.restarts += 1
+                self._print(
+                    f"mscluster: {self._who(child)} "
+                    f"{policy.describe_exit(child.exit_code or 0)}; restarting it "
+                    f"(restart {child.restarts} of {self.options.max_restarts})"
+                )
+                await self._start_worker(child)
+                self._wake.set()  # another failed worker may be waiting for its turn
+            elif decision.action is policy.Action.FAIL:
+                return await self._fail(decision.worker, decision.reason)
+            elif decision.action is policy.Action.FINISH:
                 return await self._finish()
-            sched = self.scheduler
-            if sched is not None and sched.exit_code not in (None, 0):
-                return await self._fail(sched, None)
 
     async def _settle(self) -> None:
         """Let the exits that a first failure causes arrive, to tell cause from effect."""
-        deadline = time.monotonic() + SETTLE_S
-        while time.monotonic() < deadline:
+        deadline = self._clock() + SETTLE_S
+        while self._clock() < deadline:
             self._wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(deadline - time.monotonic(), 0))
+                await asyncio.wait_for(self._wake.wait(), max(deadline - self._clock(), 0))
 
-    async def _fail(self, first: Child, why_not_restarted: str | None) -> int:
+    async def _fail(self, first: int | None, why_not_restarted: str) -> int:
+        """`first`: the failed worker's index, or None for the scheduler."""
         await self._settle()
-        # The cause: a worker killed by a signal beats one that exited because of it.
-        failed = [w for w in self.workers if w.exit_code not in (None, 0)]
-        signalled = [w for w in failed if (w.exit_code or 0) < 0]
-        cause = signalled[0] if signalled else first
-        what = self._who(cause) if cause.index is not None else "the scheduler"
-        self._print(f"mscluster: {what} {_describe_exit(cause.exit_code or 0)}")
-        if self.options.max_restarts and cause.index is not None:
-            why = why_not_restarted if cause is first else await self._can_restart(cause)
-            self._print(f"mscluster: not restarting it: {why or 'the job is ending'}")
+        seen = await self._seen(ask=False)
+        index = policy.cause(seen.workers, first)
+        cause = self.scheduler if index is None else self.workers[index]
+        assert cause is not None
+        what = "the scheduler" if index is None else self._who(cause)
+        self._print(f"mscluster: {what} {policy.describe_exit(cause.exit_code or 0)}")
+        if self.options.max_restarts and index is not None:
+            if index != first:
+                why_not_restarted = (
+                    policy.why_not_restart(seen.workers[index], seen) or "the job is ending"
+                )
+            self._print(f"mscluster: not restarting it: {why_not_restarted}")
         tail = _tail(cause.log)
         if tail:
             self._print(f"mscluster: last lines of {cause.log}:")
@@ -497,9 +501,9 @@ class Launcher:
                 )
                 return EXIT_FAILED
             if sched.exit_code != 0:
-                return await self._fail(sched, None)
+                return await self._fail(None, "")
         restarts = sum(w.restarts for w in self.workers)
-        took = time.monotonic() - self._started
+        took = self._clock() - self._started
         self._print(
             f"mscluster: job finished: {len(self.workers)} local workers exited 0 in {took:.1f} s"
             + (f", after {restarts} restarts" if restarts else "")
@@ -512,3 +516,7 @@ def run(options: LaunchOptions, out: IO[str] = sys.stderr) -> int:
     validate(options)
     launcher = Launcher(options, out)
     return asyncio.run(launcher.run())
+
+
+def _job_seen(view: JobView | None) -> policy.JobSeen | None:
+    return None if view is None else policy.JobSeen(view.phase, view.recovery, view.detail)

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from cluster.protocol.errors import SchedulerUnreachableError
+from cluster.protocol.state import Phase
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -34,7 +35,7 @@ class NodeView:
 class JobView:
     address: str
     cluster_id: str
-    phase: str
+    phase: Phase
     generation: int
     worker_num: int
     server_num: int
@@ -57,7 +58,17 @@ class JobView:
 
     def to_json(self) -> str:
         data: dict[str, Any] = asdict(self)
+        data["phase"] = self.phase.value
         return json.dumps(data, indent=2)
+
+
+def _phase(name: str) -> Phase:
+    try:
+        return Phase(name)
+    except ValueError:
+        raise SchedulerUnreachableError(
+            f"the scheduler reported an unknown job phase {name!r}: is it a newer version?"
+        ) from None
 
 
 def _address(host: str, port: int) -> str:
@@ -83,7 +94,7 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
     return JobView(
         address=address,
         cluster_id=response.cluster_id,
-        phase=response.phase,
+        phase=_phase(response.phase),
         generation=response.generation,
         worker_num=response.worker_num,
         server_num=response.server_num,
@@ -114,7 +125,8 @@ async def fetch(
 def render(view: JobView) -> str:
     """A table for a terminal."""
     head = (
-        f"job {view.cluster_id} at {view.address}: {view.phase}, generation {view.generation}, "
+        f"job {view.cluster_id} at {view.address}: {view.phase.value}, "
+        f"generation {view.generation}, "
         f"{view.registered}/{view.expected} registered, recovery {'on' if view.recovery else 'off'}"
         f", up {view.uptime_s:.0f} s"
         + (f", rollback step {view.rollback_step}" if view.rollback_step else "")

@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Any
 
 from cluster.protocol.errors import ClusterError
+from cluster.protocol.state import Phase
 
 POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
@@ -325,7 +326,7 @@ class LocalJob:
     def everyone_back(self, view: Any) -> bool:
         """In `view` (a status), every worker alive and connected, the job ready."""
         alive = [n for n in view.nodes if n.state == "alive" and n.connected]
-        return view.phase == "ready" and len(alive) == self.worker_num
+        return view.phase is Phase.READY and len(alive) == self.worker_num
 
     def node(self, view: Any, i: int) -> Any:
         """Worker i's row of `view` (a status), or None."""

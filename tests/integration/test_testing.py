@@ -25,7 +25,8 @@ def test_every_fault_waits_for_its_effect(
     assert detected < 2.0  # a killed process is seen through its broken stream
     job.restart_worker(1)
     assert job.status().generation == 2
-    assert "rejoined rank=1 size=3" in job.log(1)
+    # The scheduler publishes the generation before the rejoined process prints it.
+    wait_until(lambda: "rejoined rank=1 size=3" in job.log(1), 30, "worker 1's rejoin line")
 
     job.kill_scheduler()
     job.restart_scheduler()

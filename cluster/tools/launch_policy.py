@@ -1,0 +1,129 @@
+"""What `mscluster run` does next, decided from what it has seen.
+
+Pure: no processes, no sockets, no clock. The launcher (`cluster.tools.launch`) gathers what it
+observed into a `Seen` (its children's exit codes, the scheduler's last answer, a fresh answer
+when a worker has just failed) and carries out the `Decision` this module returns. Keeping the
+rules here means each of them is a unit test: when a failed worker is started again and why not,
+which process caused a failure, when the job is over.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster.protocol.state import Phase
+
+
+class Action(enum.Enum):
+    WAIT = "wait"  # nothing to do until something else happens
+    STOP = "stop"  # a signal asked the launcher to stop the job
+    RESTART = "restart"  # start `worker` again
+    FAIL = "fail"  # the job has failed: stop everything, report `worker` (None: the scheduler)
+    FINISH = "finish"  # every local worker finished: wait for the scheduler, report
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    index: int
+    exit_code: int | None  # None while it runs
+    restarts: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code is not None and self.exit_code != 0
+
+
+@dataclass(frozen=True)
+class JobSeen:
+    """What the scheduler said about the job (see `cluster.tools.status.JobView`)."""
+
+    phase: Phase
+    recovery: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Seen:
+    workers: tuple[WorkerSeen, ...]
+    max_restarts: int = 0
+    # This launcher started the scheduler; its exit code (None while it runs).
+    own_scheduler: bool = False
+    scheduler_exit: int | None = None
+    stop_signal: int | None = None
+    # The scheduler's last answer before this decision (None: it never answered).
+    last: JobSeen | None = None
+    # An answer asked for this decision, when a worker has failed; None: no answer, and then
+    # `unreachable` says why.
+    now: JobSeen | None = None
+    unreachable: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    worker: int | None = None
+    # FAIL: why the failed worker was not started again ("" when restarts were not asked for).
+    reason: str = ""
+
+
+def decide(seen: Seen) -> Decision:
+    """The next step. A signal wins; then a failed worker (restart it, or fail the job); then
+    the end of the job; then a failed scheduler."""
+    if seen.stop_signal is not None:
+        return Decision(Action.STOP)
+    for worker in seen.workers:
+        if not worker.failed:
+            continue
+        why_not = why_not_restart(worker, seen)
+        if why_not is None:
+            return Decision(Action.RESTART, worker.index)
+        return Decision(Action.FAIL, worker.index, why_not)
+    if seen.workers and all(w.exit_code == 0 for w in seen.workers):
+        return Decision(Action.FINISH)
+    if seen.own_scheduler and seen.scheduler_exit not in (None, 0):
+        return Decision(Action.FAIL, None)
+    return Decision(Action.WAIT)
+
+
+def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:
+    """None when `worker` may be started again; otherwise why not, in words for the user."""
+    if worker.restarts >= seen.max_restarts:
+        return f"no restarts left (--max-restarts {seen.max_restarts})"
+    if seen.own_scheduler and seen.scheduler_exit is not None:
+        off = "; recovery is off" if seen.last is not None and not seen.last.recovery else ""
+        return f"the scheduler has exited{off}"
+    if seen.now is None:
+        # Not answering (yet): a job that has not formed can still take the worker; one that
+        # had formed and went silent cannot.
+        last = seen.last
+        if last is None or last.phase is Phase.WAITING:
+            return None
+        off = "" if last.recovery else "; recovery is off, so the job cannot take it back"
+        return f"the job had formed and its scheduler is gone ({seen.unreachable}){off}"
+    if seen.now.phase in (Phase.FAILED, Phase.FINISHED):
+        off = "" if seen.now.recovery else " and recovery is off"
+        return f"the job is {seen.now.phase.value} ({seen.now.detail}){off}"
+    return None
+
+
+def cause(workers: Sequence[WorkerSeen], first: int | None) -> int | None:
+    """Which process to blame once the exits a failure causes have arrived: a worker killed by a
+    signal (the cause) beats one that exited because of it, and otherwise the first to fail
+    (`first`: a worker's index, None for the scheduler)."""
+    for worker in workers:
+        if worker.exit_code is not None and worker.exit_code < 0:
+            return worker.index
+    return first
+
+
+def describe_exit(code: int) -> str:
+    """'exited with code 3', 'was killed by SIGKILL'."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

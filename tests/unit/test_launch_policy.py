@@ -1,0 +1,156 @@
+"""cluster.tools.launch_policy: what `mscluster run` does next, from what it has seen."""
+
+from __future__ import annotations
+
+import signal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster.protocol.state import Phase
+from cluster.tools.launch_policy import (
+    Action,
+    Decision,
+    JobSeen,
+    Seen,
+    WorkerSeen,
+    cause,
+    decide,
+    describe_exit,
+    why_not_restart,
+)
+
+READY = JobSeen(Phase.READY, recovery=True)
+READY_NO_RECOVERY = JobSeen(Phase.READY, recovery=False)
+KILLED = -signal.SIGKILL
+
+
+def workers(*codes: int | None, restarts: int = 0) -> tuple[WorkerSeen, ...]:
+    return tuple(WorkerSeen(i, code, restarts) for i, code in enumerate(codes))
+
+
+def test_a_signal_stops_the_job_whatever_else_happened() -> None:
+    seen = Seen(workers(KILLED, 0), max_restarts=3, stop_signal=signal.SIGINT, now=READY)
+    assert decide(seen) == Decision(Action.STOP)
+
+
+def test_running_workers_mean_wait() -> None:
+    assert decide(Seen(workers(None, None, 0))) == Decision(Action.WAIT)
+
+
+def test_every_worker_exiting_0_finishes_the_job() -> None:
+    assert decide(Seen(workers(0, 0), own_scheduler=True)) == Decision(Action.FINISH)
+
+
+def test_a_failed_worker_is_restarted_while_restarts_are_left_and_the_job_can_take_it() -> None:
+    seen = Seen(workers(None, KILLED), max_restarts=2, last=READY, now=READY)
+    assert decide(seen) == Decision(Action.RESTART, 1)
+
+
+def test_no_restarts_asked_for_fails_the_job_naming_the_option() -> None:
+    decision = decide(Seen(workers(None, 1), max_restarts=0, last=READY, now=READY))
+    assert decision == Decision(Action.FAIL, 1, "no restarts left (--max-restarts 0)")
+
+
+def test_restarts_used_up_fail_the_job() -> None:
+    seen = Seen(workers(1, restarts=2), max_restarts=2, last=READY, now=READY)
+    assert decide(seen).action is Action.FAIL
+
+
+def test_a_job_that_is_over_does_not_take_a_restarted_worker() -> None:
+    over = JobSeen(Phase.FAILED, recovery=False, detail="rank 0 died")
+    seen = Seen(workers(1), max_restarts=3, last=READY_NO_RECOVERY, now=over)
+    assert decide(seen) == Decision(
+        Action.FAIL, 0, "the job is failed (rank 0 died) and recovery is off"
+    )
+
+
+def test_an_exited_scheduler_of_ours_takes_no_worker_back() -> None:
+    seen = Seen(
+        workers(1),
+        max_restarts=3,
+        own_scheduler=True,
+        scheduler_exit=1,
+        last=READY_NO_RECOVERY,
+    )
+    assert why_not_restart(seen.workers[0], seen) == "the scheduler has exited; recovery is off"
+
+
+def test_a_silent_scheduler_of_a_job_still_forming_can_take_the_worker() -> None:
+    forming = JobSeen(Phase.WAITING, recovery=False)
+    for last in (None, forming):
+        seen = Seen(workers(1), max_restarts=1, last=last, now=None, unreachable="refused")
+        assert decide(seen) == Decision(Action.RESTART, 0)
+
+
+def test_a_silent_scheduler_of_a_formed_job_cannot() -> None:
+    seen = Seen(workers(1), max_restarts=1, last=READY_NO_RECOVERY, unreachable="refused")
+    reason = why_not_restart(seen.workers[0], seen)
+    assert reason is not None
+    assert "its scheduler is gone (refused)" in reason
+    assert "recovery is off" in reason
+
+
+def test_a_failed_scheduler_of_ours_fails_the_job() -> None:
+    seen = Seen(workers(None, None), own_scheduler=True, scheduler_exit=1)
+    assert decide(seen) == Decision(Action.FAIL, None)
+
+
+def test_a_scheduler_that_is_not_ours_is_not_watched() -> None:
+    assert decide(Seen(workers(None), own_scheduler=False, scheduler_exit=1)).action is Action.WAIT
+
+
+def test_the_cause_is_the_worker_killed_by_a_signal_not_one_that_exited_because_of_it() -> None:
+    assert cause(workers(1, KILLED, 1), first=0) == 1
+    assert cause(workers(1, 1), first=0) == 0
+    assert cause(workers(None, None), first=None) is None
+
+
+def test_exits_are_described_in_words() -> None:
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(KILLED) == "was killed by SIGKILL"
+    assert describe_exit(-200) == "was killed by signal 200"
+
+
+codes = st.one_of(st.none(), st.integers(-15, 3))
+jobs = st.one_of(
+    st.none(),
+    st.builds(JobSeen, st.sampled_from(list(Phase)), st.booleans(), st.text(max_size=5)),
+)
+
+
+@given(
+    st.lists(st.tuples(codes, st.integers(0, 3)), min_size=1, max_size=5),
+    st.integers(0, 3),
+    st.booleans(),
+    st.one_of(st.none(), st.integers(-9, 2)),
+    jobs,
+    jobs,
+)
+def test_decisions_respect_the_rules(
+    seen_workers: list[tuple[int | None, int]],
+    max_restarts: int,
+    own: bool,
+    sched_exit: int | None,
+    last: JobSeen | None,
+    now: JobSeen | None,
+) -> None:
+    seen = Seen(
+        tuple(WorkerSeen(i, c, r) for i, (c, r) in enumerate(seen_workers)),
+        max_restarts=max_restarts,
+        own_scheduler=own,
+        scheduler_exit=sched_exit if own else None,
+        last=last,
+        now=now,
+    )
+    decision = decide(seen)
+    if decision.action is Action.RESTART:
+        assert decision.worker is not None
+        worker = seen.workers[decision.worker]
+        assert worker.failed  # only a failed worker is started again
+        assert worker.restarts < max_restarts  # never beyond --max-restarts
+        assert now is None or now.phase not in (Phase.FAILED, Phase.FINISHED)
+    if decision.action is Action.FINISH:
+        assert all(w.exit_code == 0 for w in seen.workers)
+    if any(w.failed for w in seen.workers):  # a failure is never waited out
+        assert decision.action in (Action.RESTART, Action.FAIL)

@@ -61,7 +61,14 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
             f"cannot save the recovery state to {path} ({exc.strerror}); the previous state, if "
             "any, is unchanged"
         ) from None
-    _fsync_directory(path.parent)
+    try:
+        _fsync_directory(path.parent)
+    except OSError as exc:
+        # The rename may not survive a crash: not saved, as far as anyone may be told.
+        raise StateFileError(
+            f"cannot save the recovery state to {path}: syncing its directory failed "
+            f"({exc.strerror})"
+        ) from None
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -126,7 +133,10 @@ class RecoveryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._unusable(exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -137,9 +147,20 @@ class RecoveryLock:
                 f"{str(self.path.parent)!r}: two schedulers cannot share a recovery path; stop "
                 "it, or give this job its own path"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)  # the lock goes with it
+            raise self._unusable(exc) from None
         self._fd = fd
+
+    def _unusable(self, exc: OSError) -> ConfigError:
+        return ConfigError(
+            f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot hold the job's state: writing "
+            f"{self.path.name} failed ({exc.strerror}); free space there or point "
+            "MS_RECOVERY_PATH at a writable directory"
+        )
 
     def release(self) -> None:
         if self._fd is not None:

@@ -235,11 +235,6 @@ class SchedulerServer:
 
     async def start(self) -> int:
         check_bindable(self.host, self.requested_port)
-        files = limits.raise_open_files()
-        log.info("%s", files.describe())
-        warning = files.too_low(self.core.settings.worker_num + self.core.settings.server_num)
-        if warning is not None:
-            log.warning("%s", warning)
         if self.recovery_path is not None:
             self._lock = RecoveryLock(self.recovery_path)
             self._lock.acquire()
@@ -255,6 +250,7 @@ class SchedulerServer:
         if self.recovery_path is not None:
             self.core = SchedulerCore.recovering(self.core.settings, self.recovery_path)
             await self._save_first_state()
+        self._raise_open_files()
         interceptors = (
             [] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]
         )
@@ -308,6 +304,13 @@ class SchedulerServer:
         persister.start()
         if self.core.restored_note:
             log.info("%s", self.core.restored_note)
+
+    def _raise_open_files(self) -> None:
+        files = limits.raise_open_files()
+        log.info("%s", files.describe())
+        warning = files.too_low(self.core.settings.worker_num + self.core.settings.server_num)
+        if warning is not None:
+            log.warning("%s", warning)
 
     def _release_lock(self) -> None:
         if self._lock is not None:

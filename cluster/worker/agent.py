@@ -354,21 +354,8 @@ class WorkerAgent:
                     )
                 )
             if not checked:
-                checked = await scheduler_channel.check_scheduler(
-                    self.config.sched_host,
-                    self.config.sched_port,
-                    self._tls,
-                    min(remaining, ATTEMPT_TIMEOUT_S),
-                )
-                self.unreachable = scheduler_channel.unreachable_reason(
-                    self.config.sched_host, self.config.sched_port
-                )
+                checked = await self._check(min(remaining, ATTEMPT_TIMEOUT_S))
                 if not checked:
-                    self._report(
-                        f"waiting for {self.where}: {self.unreachable}"
-                        if self.unreachable
-                        else f"waiting for {self.where} to answer"
-                    )
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
             call: _Call = self._stub.Watch(request, wait_for_ready=True)
@@ -387,8 +374,8 @@ class WorkerAgent:
                     raise ClusterError(
                         f"{self.where} rejected registration: {exc.details()}"
                     ) from None
-                checked = False  # down, or speaking TLS to our plaintext: the check tells which
-                self._report(f"waiting for {self.where} to answer")
+                # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
+                checked = False
                 await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                 continue
             if first.HasField("accepted"):
@@ -404,6 +391,20 @@ class WorkerAgent:
             # A little past the guard's end, so that the next attempt is not early by a hair.
             pause = min(refusal.retry_after_s + 0.02, max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
+
+    async def _check(self, timeout_s: float) -> bool:
+        """Whether the scheduler answers in this node's protocol (`check_scheduler`); says why
+        not, now and then, while it waits."""
+        host, port = self.config.sched_host, self.config.sched_port
+        checked = await scheduler_channel.check_scheduler(host, port, self._tls, timeout_s)
+        self.unreachable = scheduler_channel.unreachable_reason(host, port)
+        self._report(
+            f"waiting for {self.where}: {self.unreachable}"
+            if self.unreachable
+            else f"waiting for {self.where} to answer: it takes connections, but this node's "
+            "last attempt got no answer in time (busy or overloaded? see its log)"
+        )
+        return checked
 
     async def _answer(self, call: _Call, attempt_s: float, deadline: float) -> pb.Event:
         """The scheduler's answer to the registration on `call`. Reaching the scheduler is

@@ -215,6 +215,8 @@ class SchedulerCore:
     async def _durable_keeping_alive(self, node_id: str, incarnation: int) -> None:
         """`durable()`, with the node counted alive meanwhile: its call waiting for the answer
         is its sign of life (its heartbeats begin once it has the answer)."""
+        if self.persister is None or self.persister.saved >= self.state.revision:
+            return  # the common case: no task, no timer
         waiter = asyncio.ensure_future(self.durable())
         try:
             while not waiter.done():

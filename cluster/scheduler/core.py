@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +118,10 @@ class SchedulerCore:
         self.done = asyncio.Event()
         self.streams_closed = asyncio.Event()
         self.streams_closed.set()
+        # The nodes' Heartbeat calls in progress, and an event set while there are none.
+        self._beating = 0
+        self.beats_closed = asyncio.Event()
+        self.beats_closed.set()
         self._last_progress_log = 0.0
         self._pending_progress: state.ProgressEvent | None = None
         # The published topology, serialized once: it goes to every node, and is large.
@@ -265,6 +269,20 @@ class SchedulerCore:
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         self.state.heartbeat(node_id, incarnation)
 
+    @contextlib.contextmanager
+    def heartbeat_call(self) -> Iterator[None]:
+        """Around one node's Heartbeat call, so that the server stops only once the nodes have
+        ended theirs: a call still open when it stops is cancelled by the server while its
+        node's cancel is on the way, and gRPC prints that double cancel as a traceback."""
+        self._beating += 1
+        self.beats_closed.clear()
+        try:
+            yield
+        finally:
+            self._beating -= 1
+            if not self._beating:
+                self.beats_closed.set()
+
     async def report_checkpoints(self, node_id: str, incarnation: int, steps: list[int]) -> None:
         self.state.report_checkpoints(node_id, incarnation, steps)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
@@ -341,24 +359,9 @@ class SchedulerCore:
         """The job as the scheduler sees it, with phase, generation and rollback step as the
         nodes were told (with recovery: as on disk), and how saving goes."""
         response = convert.status_to_pb(self.state, self._clock())
-        told = self._told[0] if self._told else None
-        phase = state.Phase.WAITING if told is None else state.Phase.READY
-        if isinstance(told, state.ShutdownEvent):
-            phase = state.Phase.FINISHED if told.ok else state.Phase.FAILED
-        response.phase = phase.value
-        topology = self._told_topology
-        response.generation = 0 if topology is None else topology.generation
-        response.rollback_step = 0 if topology is None else topology.rollback_step
-        persister = self.persister
-        if persister is not None:
-            response.saving.CopyFrom(
-                pb.StateSaving(
-                    error=persister.error or "",
-                    failing_for_s=persister.failing_for_s(),
-                    failures=persister.failures,
-                    unsaved_changes=max(self.state.revision - persister.saved, 0),
-                )
-            )
+        convert.as_told(response, self._told, self._told_topology)
+        if self.persister is not None:
+            response.saving.CopyFrom(self.persister.status(self.state.revision))
         return response
 
     # -- effects -------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 
 from cluster.protocol.errors import StateFileError
 from cluster.storage import store
+from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -108,6 +109,15 @@ class StatePersister:
     def failing_for_s(self) -> float:
         """Seconds since saves started failing; 0 while they succeed."""
         return 0.0 if self.failing_since is None else self._clock() - self.failing_since
+
+    def status(self, revision: int) -> pb.StateSaving:
+        """How saving goes, for Status; `revision`: the newest decided."""
+        return pb.StateSaving(
+            error=self.error or "",
+            failing_for_s=self.failing_for_s(),
+            failures=self.failures,
+            unsaved_changes=max(revision - self.saved, 0),
+        )
 
     async def flushed(self, revision: int) -> None:
         """Wait until `revision` (or a newer one) is on disk: however long the disk fails."""

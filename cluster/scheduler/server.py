@@ -345,8 +345,10 @@ class SchedulerServer:
         await self._health.enter_graceful_shutdown()
         ended = self.core.done.is_set()
         if ended:
+            # The nodes hear the end on their streams and close them, and their heartbeats.
+            closed = asyncio.gather(self.core.streams_closed.wait(), self.core.beats_closed.wait())
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.core.streams_closed.wait(), drain_s)
+                await asyncio.wait_for(closed, drain_s)
         for task in (self._monitor, self._expiry):
             if task is not None:
                 task.cancel()

@@ -134,3 +134,19 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
             for m in nodes
         ],
     )
+
+
+def as_told(
+    response: pb.StatusResponse,
+    told: list[state.Event],
+    topology: state.TopologyReadyEvent | None,
+) -> None:
+    """Phase, generation and rollback step of `response` as the nodes were told them: `told`
+    is what a node connecting now is welcomed with, `topology` the last topology told."""
+    last = told[0] if told else None
+    phase = state.Phase.WAITING if last is None else state.Phase.READY
+    if isinstance(last, state.ShutdownEvent):
+        phase = state.Phase.FINISHED if last.ok else state.Phase.FAILED
+    response.phase = phase.value
+    response.generation = 0 if topology is None else topology.generation
+    response.rollback_step = 0 if topology is None else topology.rollback_step

@@ -108,7 +108,10 @@ class RecoveryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._unusable(exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,9 +122,20 @@ class RecoveryLock:
                 f"{str(self.path.parent)!r}: two schedulers cannot share a recovery path; stop "
                 "it, or give this job its own path"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)  # the lock goes with it
+            raise self._unusable(exc) from None
         self._fd = fd
+
+    def _unusable(self, exc: OSError) -> ConfigError:
+        return ConfigError(
+            f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot hold the job's state: writing "
+            f"{self.path.name} failed ({exc.strerror}); free space there or point "
+            "MS_RECOVERY_PATH at a writable directory"
+        )
 
     def release(self) -> None:
         if self._fd is not None:

@@ -46,6 +46,11 @@ class JobView:
     detail: str
     nodes: tuple[NodeView, ...]
     rollback_step: int = 0  # where the current generation (re)started training
+    # With recovery: saving the job's state (see StateSaving in the proto).
+    save_error: str = ""  # empty while saves succeed
+    save_failing_for_s: float = 0.0
+    save_failures: int = 0  # failed attempts since the scheduler started
+    unsaved_changes: int = 0  # decided, not on disk, not told to the nodes
 
     @property
     def expected(self) -> int:
@@ -105,6 +110,10 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
         detail=response.detail,
         nodes=nodes,
         rollback_step=response.rollback_step,
+        save_error=response.saving.error,
+        save_failing_for_s=round(response.saving.failing_for_s, 3),
+        save_failures=response.saving.failures,
+        unsaved_changes=response.saving.unsaved_changes,
     )
 
 
@@ -135,6 +144,12 @@ def render(view: JobView) -> str:
     lines = [head]
     if view.detail:
         lines.append(f"  {view.detail}")
+    if view.save_error:
+        lines.append(
+            f"  SAVES FAILING for {view.save_failing_for_s:.0f} s ({view.save_failures} attempts): "
+            f"{view.save_error}; {view.unsaved_changes} changes not saved, not told to the "
+            "nodes until a save lands"
+        )
     columns = (
         "rank",
         "node id",

@@ -103,6 +103,12 @@ def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
     assert "allgather rank=2" in run.output  # the tail of the dead worker's log
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
     print(f"mscluster run exited {took:.2f} s after the SIGKILL")
+    # A job failing without recovery: each process says so in one line, and nothing else.
+    assert "job failed: rank 2" in (logs / "scheduler.log").read_text()
+    for name in ("scheduler", "worker_0", "worker_1", "worker_3"):
+        text = (logs / f"{name}.log").read_text()
+        for unwanted in ("Traceback", "CancelledError", "never awaited"):
+            assert unwanted not in text, f"{name}.log:\n{text}"
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -287,32 +287,43 @@ class SchedulerState(Admission):
         return []
 
     def tick(self) -> list[Effect]:
-        """Let time pass: heartbeat silence and the topology timeout."""
+        """Let time pass: heartbeat silence, the rejoin window and the topology timeout.
+
+        Every effect found is returned, in order, also when a later member's silence ends the
+        job in the same tick: the state changes behind them are applied (and saved), so they
+        must be told. Nothing is looked at once the job is over.
+        """
         now = self.clock()
-        effects: list[Effect] = []
         if self.phase is Phase.WAITING and now - self.started > self.topo_timeout_s:
             return self._end(ok=False, detail=self._describe_missing(now))
+        effects: list[Effect] = []
         for member in list(self.members.values()):
-            silent = now - member.last_seen
-            if member.state is NodeState.ALIVE and silent > self.node_timeout_s:
-                if member.node_id in self.awaiting:
-                    why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
-                elif self.heartbeat_enabled:
-                    why = f"no heartbeat for {silent:.1f} s (hung or cut off?)"
-                else:
-                    continue
-                effects.extend(self._lose(member, why))
-            elif (
-                member.state is NodeState.FAILED
-                and self.phase is Phase.READY
-                and silent > self.node_timeout_s + self.topo_timeout_s
-            ):
-                return self._end(
-                    ok=False,
-                    detail=f"{member.describe()} failed ({member.failure}) and did not rejoin "
-                    f"within MS_TOPO_TIMEOUT={self.topo_timeout_s:g} s after its guard ended",
-                )
+            if self.phase in (Phase.FINISHED, Phase.FAILED):
+                break
+            effects.extend(self._tick_member(member, now))
         return effects
+
+    def _tick_member(self, member: Member, now: float) -> list[Effect]:
+        silent = now - member.last_seen
+        if member.state is NodeState.ALIVE and silent > self.node_timeout_s:
+            if member.node_id in self.awaiting:
+                why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
+            elif self.heartbeat_enabled:
+                why = f"no heartbeat for {silent:.1f} s (hung or cut off?)"
+            else:
+                return []
+            return self._lose(member, why)
+        if (
+            member.state is NodeState.FAILED
+            and self.phase is Phase.READY
+            and silent > self.node_timeout_s + self.topo_timeout_s
+        ):
+            return self._end(
+                ok=False,
+                detail=f"{member.describe()} failed ({member.failure}) and did not rejoin "
+                f"within MS_TOPO_TIMEOUT={self.topo_timeout_s:g} s after its guard ended",
+            )
+        return []
 
     def abort(self, reason: str) -> list[Effect]:
         """End the job as failed from outside (an operator, a signal)."""

@@ -822,8 +822,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One process keeps its host: the same (node id, incarnation) always registers from the
         # host it first used (see test_same_incarnation_from_another_host_keeps_peers_consistent).
         self.hosts: dict[tuple[str, int], str] = {}
+        # Each member's incarnation and state after the last input: what the next may change.
+        self.known = _known(self.state)
 
-    def _after(self, effects: list[Effect]) -> None:
+    def _after(self, effects: list[Effect], *, leaving: bool = False) -> None:
+        """`leaving`: the input was a node's own Finish (while forming, it frees its slot)."""
+        self._all_told(effects, leaving=leaving)
         new = self.state.phase
         assert new in FORWARD[self.phase], f"{self.phase} -> {new}"
         shutdowns = [e for e in effects if isinstance(e, ShutdownEvent)]
@@ -856,6 +860,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.saved = durable
         self.phase = new
         event(f"reached {new.value}")
+
+    def _all_told(self, effects: list[Effect], *, leaving: bool) -> None:
+        """No effect whose state change was applied is lost: a member that failed is told to
+        the others, a process that is no longer a member has its stream ended."""
+        failed = {e.node_id for e in effects if isinstance(e, NodeFailedEvent)}
+        evicted = {(e.node_id, e.incarnation) for e in effects if isinstance(e, Evict)}
+        for node_id, (incarnation, was) in self.known.items():
+            member = self.state.members.get(node_id)
+            if member is None or member.incarnation != incarnation:
+                assert leaving or (node_id, incarnation) in evicted, (node_id, effects)
+            elif was is NodeState.ALIVE and member.state is NodeState.FAILED:
+                assert node_id in failed, (node_id, effects)
+                event("a failure told")
+        self.known = _known(self.state)
 
     @rule(
         node_id=node_ids,
@@ -913,16 +931,29 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(hosts=st.lists(st.sampled_from(HOSTS), min_size=6, max_size=6))
     def fill(self, hosts: list[str]) -> None:
-        """Fresh nodes until the job is full (or nobody can join any more)."""
+        """Fresh nodes that fit until the job is full (or nobody can join any more)."""
         for host in hosts:
-            if self.state.phase is not Phase.WAITING:
+            node_id = self._fitting()
+            if self.state.phase is not Phase.WAITING or node_id is None:
                 return
-            self.register_fresh(len(self.state.members) * 7, host)
+            self.register(node_id, host, incarnation=1, matching=1, cluster_id="")
+
+    def _fitting(self) -> str | None:
+        """A node id not taken, of a role the job still lacks, that is a valid rank."""
+        state = self.state
+        taken = {canonical_node_id(i) for i in state.members}
+        workers = sum(1 for m in state.members.values() if m.role is NodeRole.WORKER)
+        if workers < state.worker_num:
+            fitting = [i for i in WORKER_IDS if not i.isdigit() or int(i) < state.worker_num]
+        else:
+            fitting = SERVER_IDS
+        fresh = [i for i in fitting if canonical_node_id(i) not in taken]
+        return fresh[0] if fresh else None
 
     @rule()
     def finish_all(self) -> None:
         for member in sorted(self.state.members.values(), key=lambda m: m.node_id):
-            self._after(self.state.finish(member.node_id, member.incarnation))
+            self._after(self.state.finish(member.node_id, member.incarnation), leaving=True)
 
     def _pick(self, index: int) -> tuple[str, int] | None:
         members = sorted(self.state.members.values(), key=lambda m: m.node_id)
@@ -935,13 +966,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     def finish_member(self, index: int) -> None:
         picked = self._pick(index)
         if picked is not None:
-            self._after(self.state.finish(*picked))
+            self._after(self.state.finish(*picked), leaving=True)
 
     @rule(index=st.integers(min_value=0, max_value=20))
     def disconnect_member(self, index: int) -> None:
         picked = self._pick(index)
         if picked is not None:
             self._after(self.state.disconnect(*picked))
+
+    @rule()
+    def disconnect_newest(self) -> None:
+        """The member that registered last loses its connection (the others, registered
+        before it, come first in every pass over the members)."""
+        if self.state.members:
+            member = list(self.state.members.values())[-1]
+            self._after(self.state.disconnect(member.node_id, member.incarnation))
 
     @rule(node_id=node_ids, incarnation=incarnations)
     def connect(self, node_id: str, incarnation: int) -> None:
@@ -974,7 +1013,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             effects = self.state.finish(node_id, incarnation)
         except UnknownNodeError:
             return
-        self._after(effects)
+        self._after(effects, leaving=True)
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 9.0, 11.0, 40.0]))
     def advance(self, seconds: float) -> None:
@@ -983,6 +1022,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def tick(self) -> None:
         self._after(self.state.tick())
+
+    @rule(seconds=st.sampled_from([11.0, 40.0]))
+    def time_passes(self, seconds: float) -> None:
+        """Time passes for every node at once, as the scheduler's monitor sees it: several may
+        fail, or end the job, in one tick."""
+        self.advance(seconds)
+        self.tick()
 
     @rule(index=st.integers(min_value=0, max_value=20), wait=st.sampled_from([3.0, 11.0]))
     def kill_and_restart(self, index: int, wait: float) -> None:
@@ -1028,6 +1074,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert restored.members == {}
         self.state = restored
         self.saved = _durable(restored)
+        self.known = _known(restored)
         # The nonces seen are not saved: a replay is refused only within one scheduler's life.
         self.sent = []
         event(f"scheduler restarted while {restored.phase.value}")
@@ -1200,6 +1247,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert NodeState.FAILED not in states
         if state.phase is Phase.READY:
             assert NodeState.ALIVE in states or NodeState.FAILED in states
+
+
+def _known(state: SchedulerState) -> dict[str, tuple[int, NodeState]]:
+    return {k: (m.incarnation, m.state) for k, m in state.members.items()}
 
 
 def _durable(state: SchedulerState) -> tuple[dict[str, object], int]:
@@ -1486,3 +1537,24 @@ def test_reform_publishes_a_new_generation_with_the_rollback_step() -> None:
         7,
         "a collective was cut off",
     )
+
+
+def test_a_tick_that_ends_the_job_keeps_the_failures_it_found_before() -> None:
+    """One tick: node 0 goes silent (failed, its stream ended) and node 1's rejoin window ends
+    (the job fails). The failure of node 0 is applied to the state, so it must be told too."""
+    clock = FakeClock()
+    state = recovering(clock)  # node timeout 10 s, topology timeout 60 s
+    state.disconnect("1", 1)
+    clock.advance(65.0)
+    for node_id in ("0", "2"):
+        state.heartbeat(node_id, 1)
+    clock.advance(10.5)  # node 0 silent past the guard; node 1 failed 75.5 s ago
+    state.heartbeat("2", 1)
+    effects = state.tick()
+    assert state.members["0"].state is NodeState.FAILED
+    assert state.phase is Phase.FAILED
+    failed = [e for e in effects if isinstance(e, NodeFailedEvent)]
+    assert [e.node_id for e in failed] == ["0"]
+    assert Evict("0", 1, failed[0].reason) in effects
+    assert isinstance(effects[-1], ShutdownEvent)
+    assert "rank 1" in effects[-1].reason

@@ -5,8 +5,8 @@ reports) is admitted here before anything changes: the node id must be a member'
 incarnation (when the call names one) that member's current one, and the call must carry the
 credential of that incarnation (see `cluster.protocol.auth`). A collective is also checked
 against the phase, the generation and the other members. The answer is a `Denied` with a kind
-(which the scheduler turns into a status code) or what the call may go on with; a refused call
-changes nothing.
+(whose `error()` the scheduler sends back as a status code) or what the call may go on with; a
+refused call changes nothing.
 
 `Admission` is a mixin of `SchedulerState`: queries only, no input is changed here.
 """
@@ -18,6 +18,15 @@ from dataclasses import dataclass
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id, valid_node_id
+from cluster.protocol.errors import (
+    CapacityError,
+    ClusterError,
+    CollectiveError,
+    JobFailedError,
+    NotAuthenticatedError,
+    PeerFailedError,
+    UnknownNodeError,
+)
 from cluster.protocol.records import Member, NodeRole, NodeState, Phase
 
 BARRIER = "barrier"
@@ -39,10 +48,26 @@ class Denial(enum.Enum):
     OVER_CAP = "over_cap"  # more than the scheduler holds for a caller
 
 
+# The error a refused call raises, in the scheduler and (sent back) in the caller.
+_ERRORS: dict[Denial, type[ClusterError]] = {
+    Denial.UNAUTHENTICATED: NotAuthenticatedError,
+    Denial.NOT_A_MEMBER: UnknownNodeError,
+    Denial.JOB_OVER: JobFailedError,
+    Denial.PEER_FAILED: PeerFailedError,
+    Denial.WRONG_GENERATION: CollectiveError,
+    Denial.COLLECTIVE_MISUSE: CollectiveError,
+    Denial.OVER_CAP: CapacityError,
+}
+
+
 @dataclass(frozen=True)
 class Denied:
     kind: Denial
     message: str
+
+    def error(self) -> ClusterError:
+        """The refusal as the error the call raises."""
+        return _ERRORS[self.kind](self.message)
 
 
 @dataclass(frozen=True)

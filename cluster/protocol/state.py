@@ -36,6 +36,7 @@ from typing import Any
 from cluster.protocol import auth
 from cluster.protocol.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
+from cluster.protocol.errors import SnapshotError, UnknownNodeError
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -52,9 +53,7 @@ from cluster.protocol.records import (
     Refused,
     Registration,
     ShutdownEvent,
-    SnapshotError,
     TopologyReadyEvent,
-    UnknownNodeError,
 )
 
 __all__ = [
@@ -67,6 +66,7 @@ __all__ = [
     "Evict",
     "ExchangeTicket",
     "Member",
+    "NoCommonStep",
     "NodeFailedEvent",
     "NodeRole",
     "NodeState",
@@ -78,10 +78,15 @@ __all__ = [
     "Registration",
     "SchedulerState",
     "ShutdownEvent",
-    "SnapshotError",
     "TopologyReadyEvent",
-    "UnknownNodeError",
 ]
+
+
+@dataclass(frozen=True)
+class NoCommonStep:
+    """The workers hold checkpoints, but no step is held by all: the job cannot roll back."""
+
+    message: str
 
 
 SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
@@ -232,8 +237,8 @@ class SchedulerState(Admission):
             member.checkpoints = held
             self.revision += 1
 
-    def rollback_step(self) -> int | str:
-        """The newest step every worker holds; 0 when none holds any; a message when the
+    def rollback_step(self) -> int | NoCommonStep:
+        """The newest step every worker holds; 0 when none holds any; NoCommonStep when the
         workers hold checkpoints but none in common."""
         workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
         if not any(m.checkpoints for m in workers):
@@ -245,7 +250,7 @@ class SchedulerState(Admission):
             f"{m.describe()}: {', '.join(map(str, m.checkpoints)) or 'none'}"
             for m in sorted(workers, key=lambda m: m.rank if m.rank is not None else -1)
         )
-        return (
+        return NoCommonStep(
             "no checkpoint step is held by every worker, so the job cannot roll back to a "
             f"consistent state ({held}); keep more checkpoints (keep_checkpoint_max) or restore "
             "the missing files"
@@ -393,8 +398,37 @@ class SchedulerState(Admission):
         """The job saved in `snapshot`, every node given MS_NODE_TIMEOUT to reconnect.
 
         A job that had ended is not resumed: a new job `new_cluster_id` starts, and the old
-        job's nodes are welcome in it as new nodes.
+        job's nodes are welcome in it as new nodes. SnapshotError when it cannot be restored.
         """
+        try:
+            return cls._restore(
+                snapshot,
+                worker_num=worker_num,
+                server_num=server_num,
+                node_timeout_s=node_timeout_s,
+                topo_timeout_s=topo_timeout_s,
+                clock=clock,
+                new_cluster_id=new_cluster_id,
+                heartbeat_enabled=heartbeat_enabled,
+                job_secret=job_secret,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"the saved state is malformed ({exc!r})") from None
+
+    @classmethod
+    def _restore(
+        cls,
+        snapshot: dict[str, Any],
+        *,
+        worker_num: int,
+        server_num: int,
+        node_timeout_s: float,
+        topo_timeout_s: float,
+        clock: Callable[[], float],
+        new_cluster_id: str,
+        heartbeat_enabled: bool,
+        job_secret: bytes | None,
+    ) -> SchedulerState:
         missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
         if missing:
             raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
@@ -651,8 +685,8 @@ class SchedulerState(Admission):
 
     def _publish(self, reason: str) -> list[Effect]:
         step = self.rollback_step()
-        if isinstance(step, str):
-            return self._end(ok=False, detail=step)
+        if isinstance(step, NoCommonStep):
+            return self._end(ok=False, detail=step.message)
         self.generation += 1
         self.revision += 1
         self._published = TopologyReadyEvent(self.generation, self.peers(), step, reason)

@@ -7,8 +7,8 @@ eviction ends one stream, a shutdown fails open collectives and marks the job do
 
 Every call of a node is admitted by the state machine first (`SchedulerState.admit*`: its
 membership, its credential, and for a collective the phase, the generation and the peers); a
-refused call raises `CallRefused` with the kind of refusal, which the servicer turns into a
-status code, and changes nothing.
+refused call raises the ClusterError of its refusal (`Denied.error()`), which the servicer turns
+into a status code, and changes nothing.
 
 With recovery on, effects that follow a change of the saved state wait until the change is on
 disk (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that made
@@ -31,11 +31,13 @@ from typing import TypeVar
 from cluster.protocol import state
 from cluster.protocol.config import Limits, canonical_node_id
 from cluster.protocol.errors import (
-    ClusterError,
     CollectiveError,
+    EvictedError,
     JobFailedError,
     PeerFailedError,
+    SnapshotError,
     StateFileError,
+    UnknownNodeError,
 )
 from cluster.scheduler import convert
 from cluster.scheduler.exchange import ExchangeTable
@@ -59,22 +61,10 @@ PROGRESS_BROADCAST_EVERY_S = 2.0
 PROGRESS_LOG_EVERY_S = 5.0
 
 
-class EvictedError(ClusterError):
-    """This stream's node was removed from the job (replaced, or silent while forming)."""
-
-
-class CallRefused(ClusterError):
-    """The state machine did not admit a call (see `cluster.protocol.admission`)."""
-
-    def __init__(self, denied: state.Denied) -> None:
-        super().__init__(denied.message)
-        self.kind = denied.kind
-
-
 def admitted(verdict: T | state.Denied) -> T:
-    """What an admission allows, or CallRefused."""
+    """What an admission allows, or the error of its refusal."""
     if isinstance(verdict, state.Denied):
-        raise CallRefused(verdict)
+        raise verdict.error()
     return verdict
 
 
@@ -185,7 +175,7 @@ class SchedulerCore:
                     heartbeat_enabled=settings.heartbeat_enabled,
                     job_secret=settings.job_secret,
                 )
-            except (state.SnapshotError, KeyError, TypeError, ValueError) as exc:
+            except SnapshotError as exc:
                 raise StateFileError(
                     f"the recovery state {path} cannot be resumed: {exc}; move it away to start "
                     "a new job"
@@ -255,7 +245,7 @@ class SchedulerCore:
         try:
             while not waiter.done():
                 await asyncio.wait((waiter,), timeout=self.settings.heartbeat_interval_s)
-                with contextlib.suppress(state.UnknownNodeError):
+                with contextlib.suppress(UnknownNodeError):
                     self.state.heartbeat(node_id, incarnation)
             waiter.result()
         finally:

@@ -25,7 +25,6 @@ import grpc
 from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id, read_job_secret
 from cluster.protocol.errors import (
     ClusterError,
-    CollectiveError,
     JobFailedError,
     RegistrationRefused,
     SchedulerUnreachableError,
@@ -33,10 +32,9 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import membership, tls
+from cluster.transport import failures, membership, tls
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker.call_errors import call_error
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.registration import register_request
 
@@ -80,10 +78,9 @@ _Beats = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
 
 
 class _StreamLost(Exception):
-    def __init__(self, reason: str, *, silent: bool = False, unknown: bool = False) -> None:
+    def __init__(self, reason: str, *, silent: bool = False) -> None:
         super().__init__(reason)
         self.silent = silent
-        self.unknown = unknown
 
 
 class _Silence:
@@ -353,16 +350,12 @@ class WorkerAgent:
                 first = await self._answer(call, min(remaining, ATTEMPT_TIMEOUT_S), deadline)
             except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 call.cancel()
-                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    grpc.StatusCode.CANCELLED,
-                    # "Internal error from Core": a connection torn down under the call (seen
-                    # when a scheduler restarts); trying again is what helps.
-                    grpc.StatusCode.INTERNAL,
-                ):
-                    raise ClusterError(
-                        f"{self.where} rejected registration: {exc.details()}"
+                failure = (
+                    failures.failure_of(exc) if isinstance(exc, grpc.aio.AioRpcError) else None
+                )
+                if failure is not None and failure.kind is not None:
+                    raise failure.kind(
+                        f"{self.where} rejected registration: {failure.details}"
                     ) from None
                 # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
                 checked = False
@@ -473,10 +466,7 @@ class WorkerAgent:
                         ) from None
                     if isinstance(exc, asyncio.CancelledError):
                         raise
-                    raise _StreamLost(
-                        exc.details() or exc.code().name,
-                        unknown=exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED),
-                    ) from None
+                    raise _StreamLost(failures.failure_of(exc).details) from None
                 if silence is not None:
                     silence.heard()
                 if event is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
@@ -646,9 +636,9 @@ class WorkerAgent:
             try:
                 return await self._guarded(rpc())
             except grpc.aio.AioRpcError as exc:
-                refused = call_error(what, exc)
-                if refused is not None:
-                    raise refused from None
+                failure = failures.failure_of(exc)
+                if not failure.cut_off:
+                    raise failure.error(what) from None
                 if self.recovery and not self._closing:
                     # The scheduler went away mid-call. Ask again: the call waits for the
                     # channel to be back, and the reconnect window ends the wait (as a fatal
@@ -661,9 +651,7 @@ class WorkerAgent:
                     raise await asyncio.wait_for(
                         asyncio.shield(self._fatal), FATAL_WAIT_S
                     ) from None
-                raise CollectiveError(
-                    f"{what} failed: {exc.details() or exc.code().name}"
-                ) from None
+                raise failure.error(what) from None
 
     async def exchange(
         self, op: str, value: bytes, root: int = 0, generation: int | None = None
@@ -776,7 +764,8 @@ class WorkerAgent:
         try:
             await self._stub.Finish(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.recovery:
+            failure = failures.failure_of(exc)
+            if failure.timed_out and self.recovery:
                 # The scheduler answers once the finish is saved: its saves are failing.
                 self._say(
                     f"{self.where} did not confirm within {timeout_s:g} s that it saved this "
@@ -784,7 +773,7 @@ class WorkerAgent:
                     "this node exits anyway, and the scheduler ends the job once it can save"
                 )
                 return False
-            self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
+            self._say(f"could not tell {self.where} that this node finished: {failure.details}")
             return False
         self._finished_here = True
         return True

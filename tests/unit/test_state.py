@@ -14,12 +14,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
+from cluster.protocol.errors import SnapshotError, UnknownNodeError
 from cluster.protocol.state import (
     Accepted,
     Denial,
     Denied,
     Effect,
     Evict,
+    NoCommonStep,
     NodeFailedEvent,
     NodeRole,
     NodeState,
@@ -30,9 +32,7 @@ from cluster.protocol.state import (
     Registration,
     SchedulerState,
     ShutdownEvent,
-    SnapshotError,
     TopologyReadyEvent,
-    UnknownNodeError,
 )
 from tests.credentials import digest
 
@@ -1503,6 +1503,9 @@ def test_no_common_checkpoint_fails_the_job_with_what_each_holds() -> None:
     state = recovering(clock, n=2)
     state.report_checkpoints("0", 1, [40, 50])
     state.report_checkpoints("1", 1, [10])
+    none = state.rollback_step()
+    assert isinstance(none, NoCommonStep)
+    assert "rank 0 (node '0' at h0:6000): 40, 50; rank 1 (node '1' at h0:6001): 10" in none.message
     state.disconnect("1", 1)
     clock.advance(11.0)
     _, effects = state.register(reg(state, "1", incarnation=2))

@@ -28,6 +28,7 @@ from cluster.protocol.errors import (
     UnknownNodeError,
 )
 from cluster.protocol.records import Member, NodeRole, NodeState, Phase
+from cluster.protocol.settings import JobSettings
 
 BARRIER = "barrier"
 ALLGATHER = "allgather"
@@ -82,7 +83,7 @@ class Admission:
     """The admission queries of `SchedulerState` (which provides these attributes)."""
 
     cluster_id: str
-    worker_num: int
+    settings: JobSettings
     phase: Phase
     detail: str
     generation: int
@@ -147,7 +148,7 @@ class Admission:
         if op not in COLLECTIVE_OPS:
             return Denied(Denial.COLLECTIVE_MISUSE, f"{op!r} is not a collective")
         return self._check_round(generation, op, root) or ExchangeTicket(
-            member.rank, self.worker_num
+            member.rank, self.settings.worker_num
         )
 
     def _check_round(self, generation: int, op: str, root: int) -> Denied | None:
@@ -177,9 +178,9 @@ class Admission:
                 f"{op} cannot complete: {gone[0].describe()} has already finished "
                 "(called cluster.finalize()); every rank must take part in every collective",
             )
-        if op == BROADCAST and not 0 <= root < self.worker_num:
+        if op == BROADCAST and not 0 <= root < self.settings.worker_num:
             return Denied(
                 Denial.COLLECTIVE_MISUSE,
-                f"broadcast root {root} is not a rank (0-{self.worker_num - 1})",
+                f"broadcast root {root} is not a rank (0-{self.settings.worker_num - 1})",
             )
         return None

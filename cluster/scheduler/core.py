@@ -24,12 +24,11 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from cluster.protocol import state
-from cluster.protocol.config import Limits, canonical_node_id
+from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
     EvictedError,
@@ -39,6 +38,7 @@ from cluster.protocol.errors import (
     StateFileError,
     UnknownNodeError,
 )
+from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
@@ -72,18 +72,8 @@ def admitted(verdict: T | state.Denied) -> T:
 _HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
 
-@dataclass(frozen=True)
-class CoreSettings:
-    worker_num: int
-    server_num: int
-    node_timeout_s: float
-    topo_timeout_s: float
-    heartbeat_interval_s: float
-    heartbeat_enabled: bool = True
-    recovery: bool = False
-    # With a job secret, registrations must prove it (CLUSTER_JOB_SECRET[_FILE]).
-    job_secret: bytes | None = field(default=None, repr=False)
-    limits: Limits = field(default_factory=Limits)
+# The name of JobSettings before it was the job's one settings object (kept for its callers).
+CoreSettings = JobSettings
 
 
 def new_cluster_id() -> str:
@@ -93,7 +83,7 @@ def new_cluster_id() -> str:
 class SchedulerCore:
     def __init__(
         self,
-        settings: CoreSettings,
+        settings: JobSettings,
         clock: Callable[[], float] = time.monotonic,
         *,
         restored: state.SchedulerState | None = None,
@@ -102,17 +92,7 @@ class SchedulerCore:
         """`restored`: the job as loaded from `state_file`; `state_file`: where to save it."""
         self.settings = settings
         self._clock = clock
-        self.state = restored or state.SchedulerState(
-            cluster_id=new_cluster_id(),
-            worker_num=settings.worker_num,
-            server_num=settings.server_num,
-            node_timeout_s=settings.node_timeout_s,
-            topo_timeout_s=settings.topo_timeout_s,
-            heartbeat_enabled=settings.heartbeat_enabled,
-            recovery=settings.recovery,
-            job_secret=settings.job_secret,
-            clock=clock,
-        )
+        self.state = restored or state.SchedulerState(new_cluster_id(), settings, clock)
         # Set by `recovering` when it resumed a saved job: what to log once it is saved again.
         self.restored_note = ""
         # Effects held back until the state they follow from is saved, in order.
@@ -153,7 +133,7 @@ class SchedulerCore:
 
     @classmethod
     def recovering(
-        cls, settings: CoreSettings, directory: Path, clock: Callable[[], float] = time.monotonic
+        cls, settings: JobSettings, directory: Path, clock: Callable[[], float] = time.monotonic
     ) -> SchedulerCore:
         """A core that saves its job under `directory`, resuming the job saved there if any.
 
@@ -165,15 +145,7 @@ class SchedulerCore:
         if snapshot is not None:
             try:
                 restored = state.SchedulerState.restore(
-                    snapshot,
-                    worker_num=settings.worker_num,
-                    server_num=settings.server_num,
-                    node_timeout_s=settings.node_timeout_s,
-                    topo_timeout_s=settings.topo_timeout_s,
-                    clock=clock,
-                    new_cluster_id=new_cluster_id(),
-                    heartbeat_enabled=settings.heartbeat_enabled,
-                    job_secret=settings.job_secret,
+                    snapshot, settings, clock, new_cluster_id=new_cluster_id()
                 )
             except SnapshotError as exc:
                 raise StateFileError(
@@ -498,7 +470,7 @@ def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], 
     if restored.phase is state.Phase.READY:
         return (
             f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
-            f"waiting up to MS_NODE_TIMEOUT={restored.node_timeout_s:g} s for its "
+            f"waiting up to MS_NODE_TIMEOUT={restored.settings.node_timeout_s:g} s for its "
             f"{len(restored.awaiting)} nodes to reconnect"
         )
     return f"resuming job {restored.cluster_id} from {path}: still forming"

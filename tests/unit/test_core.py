@@ -7,11 +7,12 @@ import asyncio
 import pytest
 
 from cluster.protocol.errors import CollectiveError, PeerFailedError
-from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.protocol.settings import JobSettings
+from cluster.scheduler.core import SchedulerCore
 from tests.aio import BOUND_S
 from tests.credentials import caller, registration
 
-SETTINGS = CoreSettings(
+SETTINGS = JobSettings(
     worker_num=2,
     server_num=0,
     node_timeout_s=5.0,

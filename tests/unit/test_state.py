@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
+from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import (
     Accepted,
     Denial,
@@ -61,17 +62,17 @@ def make_state(
     recovery: bool = False,
     job_secret: bytes | None = None,
 ) -> SchedulerState:
-    return SchedulerState(
-        cluster_id=JOB,
+    settings = JobSettings(
         worker_num=worker_num,
         server_num=server_num,
         node_timeout_s=node_timeout_s,
         topo_timeout_s=topo_timeout_s,
-        clock=clock,
+        heartbeat_interval_s=1.0,
         heartbeat_enabled=heartbeat_enabled,
         recovery=recovery,
         job_secret=job_secret,
     )
+    return SchedulerState(JOB, settings, clock)
 
 
 _nonces = itertools.count(1)
@@ -98,12 +99,12 @@ def reg(
         host=host,
         port=port,
         incarnation=incarnation,
-        worker_num=state.worker_num if worker_num is None else worker_num,
-        server_num=state.server_num if server_num is None else server_num,
+        worker_num=state.settings.worker_num if worker_num is None else worker_num,
+        server_num=state.settings.server_num if server_num is None else server_num,
         cluster_id=cluster_id,
         credential_digest=digest(node_id, incarnation),
     )
-    secret = state.job_secret if secret is None else secret
+    secret = state.settings.job_secret if secret is None else secret
     if secret is None:
         return registration
     registration = dataclasses.replace(
@@ -887,7 +888,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     ) -> None:
         role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
         host = self.hosts.setdefault((canonical_node_id(node_id), incarnation), host)
-        worker_num = self.state.worker_num + (1 if matching == 0 else 0)
+        worker_num = self.state.settings.worker_num + (1 if matching == 0 else 0)
         registration = reg(
             self.state,
             node_id,
@@ -943,8 +944,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.state
         taken = {canonical_node_id(i) for i in state.members}
         workers = sum(1 for m in state.members.values() if m.role is NodeRole.WORKER)
-        if workers < state.worker_num:
-            fitting = [i for i in WORKER_IDS if not i.isdigit() or int(i) < state.worker_num]
+        if workers < state.settings.worker_num:
+            fitting = [
+                i for i in WORKER_IDS if not i.isdigit() or int(i) < state.settings.worker_num
+            ]
         else:
             fitting = SERVER_IDS
         fresh = [i for i in fitting if canonical_node_id(i) not in taken]
@@ -1051,15 +1054,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         saved = json.loads(json.dumps(state.snapshot()))
         restored = SchedulerState.restore(
-            saved,
-            worker_num=state.worker_num,
-            server_num=state.server_num,
-            node_timeout_s=state.node_timeout_s,
-            topo_timeout_s=state.topo_timeout_s,
-            clock=self.clock,
-            new_cluster_id="unused",
-            heartbeat_enabled=state.heartbeat_enabled,
-            job_secret=state.job_secret,
+            saved, state.settings, self.clock, new_cluster_id="unused"
         )
         assert restored.cluster_id == JOB
         assert restored.generation == state.generation
@@ -1137,10 +1132,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             registration = dataclasses.replace(
                 registration, credential_digest=digest(node_id + "x", incarnation)
             )
-            if self.state.job_secret is not None:  # the forger knows the secret, even
+            if self.state.settings.job_secret is not None:  # the forger knows the secret, even
                 registration = dataclasses.replace(
                     registration,
-                    proof=auth.prove(self.state.job_secret, registration.message()),
+                    proof=auth.prove(self.state.settings.job_secret, registration.message()),
                 )
         before = _everything(self.state)
         outcome, effects = self.state.register(registration)
@@ -1155,7 +1150,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def outsider_registers(self, node_id: str, forgery: str) -> None:
         """A registration that does not prove the job secret, when the job has one."""
-        if self.state.job_secret is None:
+        if self.state.settings.job_secret is None:
             return
         role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
         if forgery == "replay":
@@ -1194,8 +1189,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.state
         assert len(state.members) <= state.expected
         roles = Counter(m.role for m in state.members.values())
-        assert roles[NodeRole.WORKER] <= state.worker_num
-        assert roles[NodeRole.SERVER] <= state.server_num
+        assert roles[NodeRole.WORKER] <= state.settings.worker_num
+        assert roles[NodeRole.SERVER] <= state.settings.server_num
 
     @invariant()
     def ranks_dense_unique_and_stable(self) -> None:
@@ -1210,8 +1205,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert state.generation == 1 or state.recovery
         assert state.phase is not Phase.WAITING
         for role, space in (
-            (NodeRole.WORKER, state.worker_num),
-            (NodeRole.SERVER, state.server_num),
+            (NodeRole.WORKER, state.settings.worker_num),
+            (NodeRole.SERVER, state.settings.server_num),
         ):
             group = [m for m in members if m.role is role]
             assert sorted(m.rank for m in group if m.rank is not None) == list(range(space))
@@ -1385,19 +1380,20 @@ def test_same_process_back_after_it_was_declared_failed_rejoins_without_guard() 
     assert state.generation == 2
 
 
-def restore(snapshot: dict[str, object], clock: FakeClock, **kwargs: object) -> SchedulerState:
-    settings: dict[str, object] = {
-        "worker_num": 3,
-        "server_num": 0,
-        "node_timeout_s": 10.0,
-        "topo_timeout_s": 60.0,
-        "new_cluster_id": "job-2",
-    }
-    settings.update(kwargs)
+def restore(
+    snapshot: dict[str, object], clock: FakeClock, *, worker_num: int = 3
+) -> SchedulerState:
+    """`snapshot` restored by a scheduler of `worker_num` workers (a new job's id: job-2)."""
+    settings = JobSettings(
+        worker_num=worker_num,
+        server_num=0,
+        node_timeout_s=10.0,
+        topo_timeout_s=60.0,
+        heartbeat_interval_s=1.0,
+        recovery=True,
+    )
     return SchedulerState.restore(
-        json.loads(json.dumps(snapshot)),
-        clock=clock,
-        **settings,  # type: ignore[arg-type]
+        json.loads(json.dumps(snapshot)), settings, clock, new_cluster_id="job-2"
     )
 
 

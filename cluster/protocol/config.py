@@ -68,6 +68,20 @@ class TLSOptions:
 
 
 @dataclass(frozen=True)
+class ObserveConfig:
+    """What a process shows of itself (see the README, "Observing a job"); all off by default.
+
+    `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged);
+    `event_log`: the scheduler's JSON-lines event log; `worker_metrics_port`: a worker's
+    /metrics on this port + its local rank.
+    """
+
+    metrics_port: int | None = None
+    event_log: Path | None = None
+    worker_metrics_port: int | None = None
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     role: Role
     worker_num: int
@@ -81,6 +95,7 @@ class ClusterConfig:
     heartbeat_enabled: bool
     heartbeat_interval_s: float
     tls: TLSOptions | None = None
+    observe: ObserveConfig = ObserveConfig()
 
     @property
     def sched_address(self) -> str:
@@ -241,6 +256,23 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         heartbeat_enabled=heartbeat_enabled,
         heartbeat_interval_s=interval,
         tls=tls_options_from_env(env),
+        observe=observe_from_env(env),
+    )
+
+
+def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
+    """CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG and CLUSTER_WORKER_METRICS_PORT."""
+    metrics = env.get("CLUSTER_METRICS_PORT", "").strip()
+    event_log = env.get("CLUSTER_EVENT_LOG", "").strip()
+    worker = env.get("CLUSTER_WORKER_METRICS_PORT", "").strip()
+    return ObserveConfig(
+        metrics_port=(
+            parse_int("CLUSTER_METRICS_PORT", metrics, minimum=0, maximum=65535)
+            if metrics
+            else None
+        ),
+        event_log=Path(event_log) if event_log else None,
+        worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,
     )
 
 

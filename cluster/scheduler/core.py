@@ -31,6 +31,7 @@ from cluster.protocol.errors import (
     StateFileError,
 )
 from cluster.scheduler import convert
+from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.persist import STATE_KIND, StatePersister, state_path
@@ -101,6 +102,7 @@ class SchedulerCore:
             if state_file is None
             else StatePersister(state_file, self.state.snapshot, self._release, saved_revision=-1)
         )
+        self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         self.kv = KvStore()
         self.exchanges = ExchangeTable()
         self._streams = Streams(clock)
@@ -180,7 +182,9 @@ class SchedulerCore:
     # -- node calls ----------------------------------------------------------------------------
 
     async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
+        prior = self.journal.incarnation_of(reg.node_id)
         outcome, effects = self.state.register(reg)
+        self.journal.registration(reg, prior, outcome)
         if isinstance(outcome, state.Refused):
             log.info("refused node %r: %s", reg.node_id, outcome.message)
         elif outcome.rejoined:
@@ -204,6 +208,7 @@ class SchedulerCore:
                 "every node is back after the scheduler's restart (%.2f s after start)",
                 self._clock() - self.state.started,
             )
+            self.journal.nodes_back(self._clock() - self.state.started)
         key = (self.state.member(node_id, incarnation).node_id, incarnation)
         box = self._streams.open(key)
         self.streams_closed.clear()
@@ -325,6 +330,7 @@ class SchedulerCore:
                 self._streams.put((effect.node_id, effect.incarnation), effect)
                 continue
             self._log(effect)
+            self.journal.effect(effect)
             if isinstance(effect, state.ProgressEvent):
                 self._pending_progress = effect
                 continue

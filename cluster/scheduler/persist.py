@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ class StatePersister:
         self._task: asyncio.Task[None] | None = None
         # The last save failed: its error, until one succeeds.
         self.error: str | None = None
+        # Told how each save ended, its seconds and error (None: it landed): the scheduler's
+        # event log and metrics (cluster.scheduler.observe).
+        self.observer: Callable[[float, str | None], None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -88,6 +92,7 @@ class StatePersister:
                 continue
             snapshot = self._snapshot()  # on the loop: consistent with what was decided
             revision = int(snapshot["revision"])
+            started = time.perf_counter()
             try:
                 await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
             except StateFileError as exc:
@@ -101,6 +106,8 @@ class StatePersister:
                 if self.error is not None:
                     log.info("recovery state saved again to %s", self.path)
                 self.error = None
+            if self.observer is not None:
+                self.observer(time.perf_counter() - started, self.error)
             self.saved = max(self.saved, revision)
             self._on_saved(self.saved)
             async with self._progress:

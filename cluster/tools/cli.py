@@ -52,6 +52,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_TOPO_TIMEOUT": args.topo_timeout,
         "MS_RECOVERY_PATH": args.recovery_path,
         "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
+        "CLUSTER_METRICS_PORT": args.metrics_port,
+        "CLUSTER_EVENT_LOG": args.event_log,
     }
     env.update({k: str(v) for k, v in overrides.items() if v is not None})
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
@@ -257,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="recovery on, the job's state in this directory (MS_ENABLE_RECOVERY, "
         "MS_RECOVERY_PATH); started again with it, the scheduler resumes the job",
     )
+    sched.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port, 0 for any (CLUSTER_METRICS_PORT; off)",
+    )
+    sched.add_argument("--event-log", help="append the job's events here (CLUSTER_EVENT_LOG)")
     sched.set_defaults(func=_cmd_scheduler)
 
     stat = commands.add_parser(

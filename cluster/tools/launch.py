@@ -63,6 +63,7 @@ class LaunchOptions:
     recovery_path: Path | None = None
     max_restarts: int = 0
     tls_config: Path | None = None
+    metrics_port: int | None = None  # the scheduler's /metrics (CLUSTER_METRICS_PORT)
     python: str = sys.executable
 
 
@@ -119,6 +120,8 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
     if options.max_restarts < 0:
         raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
+    if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
     if (
         options.node_rank >= 0
         and (options.node_rank + 1) * options.local_worker_num > options.worker_num
@@ -283,6 +286,9 @@ class Launcher:
     async def _start_scheduler(self) -> None:
         env = self._base_env()
         env["MS_ROLE"] = "MS_SCHED"
+        env.setdefault("CLUSTER_EVENT_LOG", str((self.options.log_dir / "events.jsonl").resolve()))
+        if self.options.metrics_port is not None:
+            env["CLUSTER_METRICS_PORT"] = str(self.options.metrics_port)
         self.scheduler = Child("scheduler", self.options.log_dir / "scheduler.log")
         await self._spawn(self.scheduler, [self.options.python, "-m", "cluster", "scheduler"], env)
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from cluster.protocol import events
 from cluster.protocol.config import ObserveConfig
 from cluster.scheduler.core import SchedulerCore
-from cluster.scheduler.metrics import MetricsServer, SchedulerMetrics
-from cluster.scheduler.rpc_metrics import RpcMetrics
+
+if TYPE_CHECKING:
+    from cluster.scheduler.metrics import MetricsServer, SchedulerMetrics
+    from cluster.scheduler.rpc_metrics import RpcMetrics
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -24,7 +27,13 @@ class Observability:
     def __init__(self, config: ObserveConfig, host: str) -> None:
         self.config = config
         self.host = host
-        self.metrics = SchedulerMetrics() if config.metrics_port is not None else None
+        self.metrics: SchedulerMetrics | None = None
+        if config.metrics_port is not None:
+            # prometheus_client only when metrics are on: importing it costs a restarted
+            # scheduler 70 ms or more, which it would spend before taking its nodes back.
+            from cluster.scheduler.metrics import SchedulerMetrics  # noqa: PLC0415
+
+            self.metrics = SchedulerMetrics()
         self._http: MetricsServer | None = None
         self._core: SchedulerCore | None = None
 
@@ -43,6 +52,8 @@ class Observability:
         if core.persister is not None:
             core.persister.observer = self._saved
         if self.metrics is not None and self.config.metrics_port is not None:
+            from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
+
             self.metrics.attach(core, asyncio.get_running_loop())
             self._http = MetricsServer(self.metrics.registry, self.host, self.config.metrics_port)
             port = self._http.start()

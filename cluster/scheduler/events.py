@@ -136,12 +136,13 @@ class EventJournal:
         last event or the journal's close. FellBehindError when the reader is too slow."""
         follower = _Follower()
         past = self.history(after)
-        if follow and not any(e.kind in FINAL for e in past):
+        following = follow and not any(e.kind in FINAL for e in past)
+        if following:
             self._followers.add(follower)  # in the same step as the history: nothing missed
         try:
             for event in past:
                 yield event
-            if follower not in self._followers:
+            if not following:
                 return
             while True:
                 news = await follower.queue.get()

@@ -4,7 +4,7 @@
 pass over the nodes); `JobCollector` turns it into metric families for prometheus_client at
 each scrape. Nothing here runs between scrapes: a heartbeat costs no more with metrics on.
 
-Series per node (`cluster_node_*`, labelled by rank and node id) exist only in jobs of at most
+Series per node (`cluster_member_*`, labelled by rank and node id) exist only in jobs of at most
 NODE_LABEL_LIMIT nodes; past it, the ages are a histogram and a maximum only.
 """
 
@@ -235,17 +235,17 @@ def _per_node(g: JobGauges) -> Iterator[Metric]:
         return
     labels = ["rank", "node_id"]
     alive = GaugeMetricFamily(
-        "cluster_node_alive",
+        "cluster_member_alive",
         f"1 while the node is alive (jobs of at most {NODE_LABEL_LIMIT} nodes).",
         labels=labels,
     )
     age = GaugeMetricFamily(
-        "cluster_node_heartbeat_age_seconds",
+        "cluster_member_heartbeat_age_seconds",
         "Seconds since the node's last sign of life.",
         labels=labels,
     )
     step = GaugeMetricFamily(
-        "cluster_node_checkpoint_step",
+        "cluster_member_checkpoint_step",
         "The newest checkpoint step the node reported (-1: none).",
         labels=labels,
     )

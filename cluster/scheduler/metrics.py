@@ -16,7 +16,7 @@ prometheus_client's HTTP server runs on a thread of its own; a scrape reads the 
 scheduler's loop (`JobGauges.of`), so it never sees a change half applied.
 
 Label values are bounded: roles, states, phases, causes and refusal reasons are enums, methods
-and codes are gRPC's; series per node (`cluster_node_*`, labelled by rank and node id) exist only
+and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id) exist only
 in jobs of at most NODE_LABEL_LIMIT nodes.
 """
 

@@ -109,10 +109,13 @@ def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
             if not pending.endswith("\n"):
                 continue  # a line still being written
             line, pending = pending, ""
-            for event in parse(iter([line]), str(path)):
-                yield event
-                if event.kind in FINAL:
-                    return
+            try:
+                event = JobEvent.from_json(line)
+            except ValueError:
+                continue  # not an event (a line of something else): skipped
+            yield event
+            if event.kind in FINAL:
+                return
 
 
 async def from_scheduler(

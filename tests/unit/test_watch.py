@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.events import JobEvent
@@ -117,7 +118,7 @@ def test_the_table_highlights_exactly_the_changed_cells() -> None:
     }
     assert styled == {("state", "failed"), ("stream", "no")}
     title = grid.title
-    assert title is not None and not isinstance(title, str)
+    assert isinstance(title, Text)
     assert [span.style for span in title.spans if span.style == HIGHLIGHT] == [HIGHLIGHT]
     out = io.StringIO()
     Console(file=out, width=160).print(grid)

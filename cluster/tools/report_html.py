@@ -104,7 +104,7 @@ def _axis(scale: _Scale, top: float, bottom: float) -> list[str]:
 
 def _scheduler_lane(report: Mapping[str, Any], scale: _Scale, y: float) -> list[str]:
     parts = [f'<g class="scheduler-lane"><text x="4" y="{y + 13}">scheduler</text>']
-    width = scale.x(scale.span_s) - LEFT
+    width = scale.x(timeline.end_of(report.get("events", []), scale.span_s)) - LEFT
     parts.append(f'<rect class="seg up" x="{LEFT}" y="{y}" width="{width:.1f}" height="{LANE_H}"/>')
     for fault in report.get("faults", []):
         if fault["kind"] == "scheduler":
@@ -271,7 +271,8 @@ def render(report: Mapping[str, Any]) -> str:
 <h1>chaos report: seed {seed}, {len(faults)} faults, {_e(report.get("workers", "?"))} workers</h1>
 <p class="verdict {"ok" if ok else "bad"}">the job {_e(verdict)}, {ending}</p>
 <h2>Timeline (seconds since the job formed)</h2>
-<p class="legend">{legend} &nbsp; faults: {kinds}; dashed: detected, dotted: recovered</p>
+<p class="legend">{legend} &nbsp; faults: {kinds}<br>
+after a fault: dashed when detected, dotted when recovered</p>
 {timeline_svg(report)}
 <h2>Training step (each rank's newest checkpoint)</h2>
 {steps_svg(report)}

@@ -45,6 +45,12 @@ class Lane:
         self.since = end
 
 
+def end_of(events: Iterable[Mapping[str, Any]], default: float) -> float:
+    """When the job ended (its last event), or `default`."""
+    ends = [float(e["t"]) for e in events if e["event"] in ("finished", "job_failed")]
+    return min(ends) if ends else default
+
+
 def lanes(events: Iterable[Mapping[str, Any]], workers: int, end: float) -> list[Lane]:
     """One lane per rank, from 0 (the job formed) to `end` seconds (or the job's last event)."""
     by_rank = [Lane(rank) for rank in range(workers)]
@@ -58,7 +64,7 @@ def lanes(events: Iterable[Mapping[str, Any]], workers: int, end: float) -> list
         if rank is None and node_id is not None:
             rank = rank_of.get(str(node_id))
         if kind in ("finished", "job_failed"):
-            end = min(end, t) if end > 0 else t
+            end = min(end, t)
             continue
         if not isinstance(rank, int) or not 0 <= rank < workers:
             continue

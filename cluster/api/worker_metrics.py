@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cluster.api import runtime
 
@@ -134,19 +134,13 @@ def rolled_back(steps_lost: int) -> None:
         m.steps_redone.inc(steps_lost)
 
 
-@contextlib.contextmanager
-def checkpoint(step: int) -> Iterator[None]:
+def checkpoint(step: int) -> contextlib.AbstractContextManager[None]:
     """Around a checkpoint save of `step`: the loop's pause; its persist ends at the report."""
     m = _metrics
     if m is None:
-        yield
-        return
-    started = time.perf_counter()
-    m.saving[step] = started
-    try:
-        yield
-    finally:
-        m.pause.observe(time.perf_counter() - started)
+        return contextlib.nullcontext()
+    m.saving[step] = time.perf_counter()
+    return _timed(m.pause.observe)
 
 
 def reported(steps: list[int]) -> None:
@@ -161,14 +155,16 @@ def reported(steps: list[int]) -> None:
             m.persist.observe(now - started)
 
 
+def collective(op: str) -> contextlib.AbstractContextManager[None]:
+    """Around a collective call of `op` (a job without a TrainingLoop starts metrics here)."""
+    m = start()
+    return contextlib.nullcontext() if m is None else _timed(m.collective.labels(op).observe)
+
+
 @contextlib.contextmanager
-def collective(op: str) -> Iterator[None]:
-    m = _metrics
-    if m is None:
-        yield
-        return
+def _timed(observe: Callable[[float], None]) -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
     finally:
-        m.collective.labels(op).observe(time.perf_counter() - started)
+        observe(time.perf_counter() - started)

@@ -2,7 +2,8 @@
 
 Here: the error tree (`errors`), the launch environment turned into frozen settings
 (`config`), the scheduler's state machine (`state`, an injected clock, effects returned, never
-sent) and what a worker knows of the job (`topology`).
+sent), the job's history as events (`events`) and what a worker knows of the job
+(`topology`).
 
 May import: the standard library and itself. Never grpc, asyncio or the generated protobuf
 code (import-linter contracts in pyproject.toml enforce it): everything here is tested without a

@@ -1,8 +1,9 @@
 """Tools: what an operator runs around a job.
 
 Here: the `mscluster` command (`cli`, thin over the library), the launcher (`launch`), the
-status view (`status`), fault injection (`chaos`) and the test harness (`testing`, public as
-`cluster.testing`).
+status view (`status`, live in `watch`), the event log reader (`events`), fault injection
+(`chaos`, with what it records in `chaos_record` and its picture in `timeline` and
+`report_html`) and the test harness (`testing`, public as `cluster.testing`).
 
 May import: anything in `cluster`. Nothing in `cluster` imports the tools.
 """

@@ -158,6 +158,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _cmd_events(args: argparse.Namespace) -> int:
     from cluster.tools import events  # noqa: PLC0415 - imports grpc
 
@@ -168,7 +172,8 @@ def _cmd_events(args: argparse.Namespace) -> int:
             asyncio.run(events.show_stream(stream, sys.stdout, as_json=args.json))
         else:
             path = Path(args.file or "logs/events.jsonl")
-            events.show(events.from_file(path, follow=args.follow), sys.stdout, as_json=args.json)
+            found = events.from_file(path, follow=args.follow, say=_to_stderr)
+            events.show(found, sys.stdout, as_json=args.json)
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,7 @@ import asyncio
 import datetime
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,9 +79,11 @@ def parse(lines: Iterator[str], source: str) -> Iterator[JobEvent]:
         raise ConfigError(f"{source} is not an event log: none of its {seen} lines is an event")
 
 
-def from_file(path: Path, *, follow: bool, poll_s: float = POLL_S) -> Iterator[JobEvent]:
+def from_file(
+    path: Path, *, follow: bool, poll_s: float = POLL_S, say: Callable[[str], None] = print
+) -> Iterator[JobEvent]:
     """The events in `path`; with `follow`, then each one appended, until the job's last (a
-    file not there yet is waited for)."""
+    file not there yet is waited for, and `say` says so)."""
     if not follow:
         try:
             text = path.read_text(errors="replace")
@@ -92,6 +94,8 @@ def from_file(path: Path, *, follow: bool, poll_s: float = POLL_S) -> Iterator[J
             ) from None
         yield from parse(iter(text.splitlines()), str(path))
         return
+    if not path.exists():
+        say(f"mscluster: waiting for {path} (the scheduler writes it once it has started)")
     yield from _follow_file(path, poll_s)
 
 

@@ -1,13 +1,16 @@
 """Seeing a job: a real `mscluster run --metrics-port` job with recovery on, one worker
-SIGKILLed and started again by the launcher, watched by a real Prometheus (its HTTP query API),
-by `mscluster events` (the scheduler's WatchEvents stream, and the event log file afterwards)
-and by `mscluster status --watch` with its output in a file (plain lines)."""
+SIGKILLed and started again by the launcher, watched by a real Prometheus (its HTTP query API)
+scraping the scheduler and the workers (CLUSTER_WORKER_METRICS_PORT), by `mscluster events`
+(the scheduler's WatchEvents stream, and the event log file afterwards) and by
+`mscluster status --watch` with its output in a file (plain lines)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,21 @@ pytestmark = pytest.mark.slow
 MSCLUSTER = [PYTHON, "-m", "cluster"]
 # What `mscluster events` must list for this job, in this order (other events between them).
 SEQUENCE = ["formed", "failed", "guard_refusal", "rejoined", "generation 2", "finished"]
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free right now (workers take base + local rank)."""
+    for _ in range(50):
+        base = free_port()
+        with ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise AssertionError(f"no {count} consecutive free ports")
 
 
 def worker_pid(script: Path, node_id: str) -> int:
@@ -57,7 +75,7 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
     prometheus: Prometheus, processes: Procs, tmp_path: Path
 ) -> None:
     script = private_copy(tmp_path, ROOT / "examples" / "train_mlp.py")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, workers_base = free_port(), free_port(), free_ports(4)
     logs = tmp_path / "logs"
     run = processes.start(
         "run",
@@ -67,10 +85,11 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
             "--node-timeout", "2", "--metrics-port", str(metrics_port),
             str(script), "--steps", "500", "--step-delay", "0.04", "--out", str(tmp_path / "out"),
         ],
-        os.environ,
+        {**os.environ, "CLUSTER_WORKER_METRICS_PORT": str(workers_base)},
     )  # fmt: skip
     target = f"127.0.0.1:{metrics_port}"
-    prometheus.set_targets([target])
+    rank0 = f"127.0.0.1:{workers_base}"  # a survivor: worker 0 is rank 0, local rank 0
+    prometheus.set_targets([target, *(f"127.0.0.1:{workers_base + i}" for i in range(4))])
     failures = 'cluster_node_failures_total{cause="stream_broken"}'
     # Scraped at 0 before the kill: Prometheus sees the counter rise by one.
     prometheus.wait_for(f'up{{instance="{target}"}}', value_is(1), timeout_s=60)
@@ -96,6 +115,22 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
     prometheus.wait_for("cluster_rejoins_total", value_is(1), timeout_s=10)
     guard = prometheus.query("cluster_guard_refusals_total")
     assert guard[0].value >= 1, guard
+    # The workers' own metrics: rank 0 rolled back once, and it trains, saves and reduces.
+    prometheus.wait_for(
+        f'cluster_worker_rollbacks_total{{instance="{rank0}"}}', value_is(1), timeout_s=30
+    )
+    for name, labels in (
+        ("cluster_worker_steps_total", ""),
+        ("cluster_worker_step_seconds_count", ""),
+        ("cluster_worker_collective_seconds_count", 'op="allreduce", '),
+        ("cluster_worker_checkpoint_pause_seconds_count", ""),
+        ("cluster_worker_checkpoint_persist_seconds_count", ""),
+    ):
+        prometheus.wait_for(
+            f'{name}{{{labels}instance="{rank0}"}}',
+            lambda samples: len(samples) == 1 and samples[0].value > 0,
+            timeout_s=30,
+        )
 
     assert run.wait(120) == 0, run.output
     assert "worker 2 (rank 2, node id '2') was killed by SIGKILL; restarting it" in run.output

@@ -7,8 +7,10 @@ the job's phase, generation, rollback step and registrations, and per node its r
 stream, incarnation, restarts and newest checkpoint; heartbeat ages move at every refresh and
 are shown, not reported.
 
-A scheduler that stops answering (a restart) is said once and asked again; the watch ends when
-the job has ended, or on Ctrl-C (exit 130).
+It refreshes at once when the scheduler reports an event (its WatchEvents stream), so it also
+learns of the job's end when the scheduler exits right after it. A scheduler that stops
+answering (a restart) is said once and asked again. The watch ends when the job has ended:
+exit 0 when it finished, 1 when it failed (or when nothing answered at first); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -241,7 +243,8 @@ class Watcher:
 
     def _ending(self) -> str:
         assert self.ended is not None
-        return f"the job {self.ended.kind.replace('_', ' ')}: {self.ended.fields.get('detail', '')}"
+        how = "finished" if self.ended.kind == "finished" else "failed"
+        return f"the job {how}: {self.ended.fields.get('detail', '')}"
 
     def _line(self, text: str) -> None:
         if not self.terminal:
@@ -259,6 +262,7 @@ class Watcher:
                 for line in lines(found):
                     self._line(line)
                 if view.phase in _OVER:
+                    self._line(f"the job {view.phase.value}: {view.detail}")
                     print(status.render(view), file=self.out, flush=True)
                     return self._code(view)
             elif self.ended is not None:

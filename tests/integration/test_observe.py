@@ -82,8 +82,8 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
         [
             *MSCLUSTER, "run", "--worker-num", "4", "--master-port", str(port),
             "--log-dir", str(logs), "--enable-recovery", "--max-restarts", "1",
-            "--node-timeout", "2", "--metrics-port", str(metrics_port),
-            str(script), "--steps", "500", "--step-delay", "0.04", "--out", str(tmp_path / "out"),
+            "--node-timeout", "6", "--metrics-port", str(metrics_port),
+            str(script), "--steps", "600", "--step-delay", "0.04", "--out", str(tmp_path / "out"),
         ],
         {**os.environ, "CLUSTER_WORKER_METRICS_PORT": str(workers_base)},
     )  # fmt: skip
@@ -106,6 +106,8 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
     watched.wait_for_output("rank  node id", 30)  # the first table: it is watching
     wait_until(lambda: "formed" in followed.output, 30, "the followed events up to formed")
 
+    # MS_NODE_TIMEOUT=6 s: the launcher's new worker 2 registers well within it, and the
+    # re-registration guard refuses it until the 6 s are over.
     os.kill(worker_pid(script, "2"), signal.SIGKILL)
 
     prometheus.wait_for(failures, value_is(1), timeout_s=30)

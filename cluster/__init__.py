@@ -44,8 +44,12 @@ from cluster.protocol.errors import (
     TopologyTimeoutError,
 )
 from cluster.protocol.topology import Peer
+from cluster.transport import grpc_log as _grpc_log
 
 _excepthook.install()
+# Before anything imports grpc (nothing above does): its log lines are errors only, unless the
+# user chose otherwise.
+_grpc_log.quiet_by_default()
 
 
 def __getattr__(name: str) -> object:

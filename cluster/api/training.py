@@ -8,7 +8,9 @@ A plain loop becomes recoverable with two lines:
             train_one_step(step)
 
 Every generation of the job names a rollback step (the newest checkpoint every worker holds).
-The loop starts from it, saves checkpoints when they are due, and when a peer fails (a
+The loop starts from it, saves checkpoints when they are due (a save costs the loop a copy of
+the state into memory; the file is written in the background, and the loop waits for the last
+one before it ends), and when a peer fails (a
 `PeerFailedError` in a collective) or the job moves to a new generation between two steps, it
 waits for the new generation, puts the state of its rollback step back with `set_state`, and
 goes on from that step. Every worker does the same, the restarted one from its start, so a job
@@ -53,6 +55,8 @@ class TrainingLoop:
             raise ClusterError(f"TrainingLoop steps={steps} must be >= 0")
         self.steps = steps
         self.checkpoints = checkpoints
+        if checkpoints.report is None:  # made before cluster.init(): the scheduler must know
+            checkpoints.report = runtime.report_checkpoints
         self._get_state = get_state
         self._set_state = set_state
         self._say = say or _say
@@ -174,6 +178,7 @@ class TrainingLoop:
 
     def _agree_on_the_end(self) -> bool:
         """True once every worker holds the final state; False after a peer failed first."""
+        self.checkpoints.flush()  # the final state on disk and reported, before the barrier
         if runtime.topology().rollback_step >= self.steps:
             return True  # every worker saved the final state already: nothing to wait for
         session = runtime.session()

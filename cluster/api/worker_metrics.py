@@ -144,14 +144,16 @@ def checkpoint(step: int) -> contextlib.AbstractContextManager[None]:
 
 
 def reported(steps: list[int]) -> None:
-    """The worker reported the checkpoint steps it holds: those saved here are on disk."""
+    """The worker reported the checkpoint steps it holds: those saved here are on disk. (Called
+    by a background writer's thread while the loop saves on: `saving` is read as a copy.)"""
     m = _metrics
     if m is None or not m.saving:
         return
     now = time.perf_counter()
-    for step in [s for s in m.saving if s in steps or s < max(steps, default=0)]:
-        started = m.saving.pop(step)
-        if step in steps:
+    newest = max(steps, default=0)
+    for step in [s for s in list(m.saving) if s <= newest]:
+        started = m.saving.pop(step, None)
+        if started is not None and step in steps:
             m.persist.observe(now - started)
 
 

@@ -139,6 +139,22 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
     )
 
 
+def as_told(
+    response: pb.StatusResponse,
+    told: list[state.Event],
+    topology: state.TopologyReadyEvent | None,
+) -> None:
+    """Phase, generation and rollback step of `response` as the nodes were told them: `told`
+    is what a node connecting now is welcomed with, `topology` the last topology told."""
+    last = told[0] if told else None
+    phase = state.Phase.WAITING if last is None else state.Phase.READY
+    if isinstance(last, state.ShutdownEvent):
+        phase = state.Phase.FINISHED if last.ok else state.Phase.FAILED
+    response.phase = phase.value
+    response.generation = 0 if topology is None else topology.generation
+    response.rollback_step = 0 if topology is None else topology.rollback_step
+
+
 def job_event_to_pb(event: JobEvent) -> pb.JobEvent:
     return pb.JobEvent(
         seq=event.seq,

@@ -13,11 +13,12 @@ it: what a node has been told, a restarted scheduler knows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,12 +96,22 @@ class SchedulerCore:
             recovery=settings.recovery,
             clock=clock,
         )
+        # Set by `recovering` when it resumed a saved job: what to log once it is saved again.
+        self.restored_note = ""
         # Effects held back until the state they follow from is saved, in order.
         self._held: deque[tuple[int, list[state.Effect]]] = deque()
         self.persister = (
             None
             if state_file is None
-            else StatePersister(state_file, self.state.snapshot, self._release, saved_revision=-1)
+            else StatePersister(
+                state_file, self.state.snapshot, self._release, saved_revision=-1, clock=clock
+            )
+        )
+        # What the nodes have been told (the topology, the job's end): with recovery, what is
+        # on disk. Late watchers are welcomed with it, and Status shows it.
+        self._told: list[state.Event] = self.state.welcome()
+        self._told_topology = next(
+            (e for e in self._told if isinstance(e, state.TopologyReadyEvent)), None
         )
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         self.kv = KvStore()
@@ -109,6 +120,10 @@ class SchedulerCore:
         self.done = asyncio.Event()
         self.streams_closed = asyncio.Event()
         self.streams_closed.set()
+        # The nodes' Heartbeat calls in progress, and an event set while there are none.
+        self._beating = 0
+        self.beats_closed = asyncio.Event()
+        self.beats_closed.set()
         self._last_progress_log = 0.0
         self._pending_progress: state.ProgressEvent | None = None
         # The published topology, serialized once: it goes to every node, and is large.
@@ -147,8 +162,10 @@ class SchedulerCore:
                     f"the recovery state {path} cannot be resumed: {exc}; move it away to start "
                     "a new job"
                 ) from None
-            _log_restored(restored, snapshot, path)
-        return cls(settings, clock, restored=restored, state_file=path)
+        core = cls(settings, clock, restored=restored, state_file=path)
+        if restored is not None and snapshot is not None:
+            core.restored_note = _restored_note(restored, snapshot, path)
+        return core
 
     @property
     def ok(self) -> bool:
@@ -195,14 +212,34 @@ class SchedulerCore:
                 self.state.members[canonical_node_id(reg.node_id)].restarts,
             )
         self._apply(effects)
-        await self.durable()
+        if isinstance(outcome, state.Accepted):
+            await self._durable_keeping_alive(reg.node_id, reg.incarnation)
+        elif not outcome.reason.transient:
+            await self.durable()  # a final no rests on what is saved (the job's end, ...)
+        # A transient refusal (the guard) says nothing the disk must know: at once, so that
+        # the node's next attempt comes when the guard ends, saves failing or not.
         return outcome
+
+    async def _durable_keeping_alive(self, node_id: str, incarnation: int) -> None:
+        """`durable()`, with the node counted alive meanwhile: its call waiting for the answer
+        is its sign of life (its heartbeats begin once it has the answer)."""
+        if self.persister is None or self.persister.saved >= self.state.revision:
+            return  # the common case: no task, no timer
+        waiter = asyncio.ensure_future(self.durable())
+        try:
+            while not waiter.done():
+                await asyncio.wait((waiter,), timeout=self.settings.heartbeat_interval_s)
+                with contextlib.suppress(state.UnknownNodeError):
+                    self.state.heartbeat(node_id, incarnation)
+            waiter.result()
+        finally:
+            waiter.cancel()
 
     async def watch(self, node_id: str, incarnation: int) -> AsyncIterator[pb.Event | bytes]:
         """The event stream of one node (events, some serialized already), with the
         scheduler's heartbeats in the gaps (sent by `monitor`)."""
         awaited = bool(self.state.awaiting)
-        welcome = self.state.connect(node_id, incarnation)
+        self.state.connect(node_id, incarnation)
         if awaited and not self.state.awaiting:
             log.info(
                 "every node is back after the scheduler's restart (%.2f s after start)",
@@ -214,8 +251,9 @@ class SchedulerCore:
         self.streams_closed.clear()
         current = True
         try:
-            await self.durable()  # a welcome names no generation a crash could forget
-            for event in welcome:
+            # What was told so far (so on disk), and, through `box`, what is told from now on:
+            # a welcome never names a generation that a crash could forget.
+            for event in self._told:
                 yield self._serialized(event)
             while True:
                 item = await box.get()
@@ -235,6 +273,20 @@ class SchedulerCore:
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         self.state.heartbeat(node_id, incarnation)
+
+    @contextlib.contextmanager
+    def heartbeat_call(self) -> Iterator[None]:
+        """Around one node's Heartbeat call, so that the server stops only once the nodes have
+        ended theirs: a call still open when it stops is cancelled by the server while its
+        node's cancel is on the way, and gRPC prints that double cancel as a traceback."""
+        self._beating += 1
+        self.beats_closed.clear()
+        try:
+            yield
+        finally:
+            self._beating -= 1
+            if not self._beating:
+                self.beats_closed.set()
 
     async def report_checkpoints(self, node_id: str, incarnation: int, steps: list[int]) -> None:
         self.state.report_checkpoints(node_id, incarnation, steps)
@@ -256,6 +308,8 @@ class SchedulerCore:
         self, node_id: str, *, generation: int, seq: int, op: str, root: int, value: bytes
     ) -> list[bytes]:
         st = self.state
+        if st.phase in (state.Phase.FINISHED, state.Phase.FAILED):
+            await self.durable()  # the job's end is told once it is saved, not before
         if st.phase is not state.Phase.READY:
             raise JobFailedError(f"job is {st.phase.value}: {st.detail or 'not formed yet'}")
         member = st.members.get(canonical_node_id(node_id))
@@ -307,7 +361,13 @@ class SchedulerCore:
         )
 
     def status(self) -> pb.StatusResponse:
-        return convert.status_to_pb(self.state, self._clock())
+        """The job as the scheduler sees it, with phase, generation and rollback step as the
+        nodes were told (with recovery: as on disk), and how saving goes."""
+        response = convert.status_to_pb(self.state, self._clock())
+        convert.as_told(response, self._told, self._told_topology)
+        if self.persister is not None:
+            response.saving.CopyFrom(self.persister.status(self.state.revision))
+        return response
 
     # -- effects -------------------------------------------------------------------------------
 
@@ -316,6 +376,13 @@ class SchedulerCore:
         if persister is not None and (self._held or self.state.revision > persister.requested):
             persister.request(self.state.revision)
             self._held.append((self.state.revision, effects))
+            ended = next((e for e in effects if isinstance(e, state.ShutdownEvent)), None)
+            if ended is not None and persister.error is not None:
+                log.error(
+                    "the job has ended (%s), but its state cannot be saved: the nodes are told "
+                    "and this scheduler exits once a save lands (SIGTERM stops it sooner)",
+                    ended.reason,
+                )
             return
         self._apply_now(effects)
 
@@ -334,7 +401,10 @@ class SchedulerCore:
             if isinstance(effect, state.ProgressEvent):
                 self._pending_progress = effect
                 continue
+            if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
+                self._told = [effect]
             if isinstance(effect, state.TopologyReadyEvent):
+                self._told_topology = effect
                 self._pending_progress = None
                 if effect.generation > 1:
                     self.exchanges.fail_all(
@@ -360,10 +430,12 @@ class SchedulerCore:
                 cached = (event, convert.event_to_pb(event).SerializeToString())
                 self._topology_bytes = cached
             return cached[1]
-        data = convert.event_to_pb(event).SerializeToString()
         if isinstance(event, state.ShutdownEvent):
-            self._final = data
-        return data
+            # Once: a stream ends after writing this very object (see `watch`).
+            if self._final is None:
+                self._final = convert.event_to_pb(event).SerializeToString()
+            return self._final
+        return convert.event_to_pb(event).SerializeToString()
 
     def _broadcast(self, event: state.Event) -> None:
         self._streams.broadcast(self._serialized(event))
@@ -402,24 +474,17 @@ class SchedulerCore:
             log.error("job failed: %s", event.reason)
 
 
-def _log_restored(restored: state.SchedulerState, snapshot: dict[str, object], path: Path) -> None:
+def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], path: Path) -> str:
+    """What the scheduler logs once it knows it can go on from `snapshot` (saved again)."""
     if restored.previous_cluster_id == snapshot["cluster_id"]:
-        log.info(
-            "the job saved in %s (%s) had ended (%s); starting a new job %s",
-            path,
-            snapshot["cluster_id"],
-            snapshot["phase"],
-            restored.cluster_id,
+        return (
+            f"the job saved in {path} ({snapshot['cluster_id']}) had ended "
+            f"({snapshot['phase']}); starting a new job {restored.cluster_id}"
         )
-    elif restored.phase is state.Phase.READY:
-        log.info(
-            "resuming job %s from %s: generation %d, waiting up to MS_NODE_TIMEOUT=%g s for "
-            "its %d nodes to reconnect",
-            restored.cluster_id,
-            path,
-            restored.generation,
-            restored.node_timeout_s,
-            len(restored.awaiting),
+    if restored.phase is state.Phase.READY:
+        return (
+            f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
+            f"waiting up to MS_NODE_TIMEOUT={restored.node_timeout_s:g} s for its "
+            f"{len(restored.awaiting)} nodes to reconnect"
         )
-    else:
-        log.info("resuming job %s from %s: still forming", restored.cluster_id, path)
+    return f"resuming job {restored.cluster_id} from {path}: still forming"

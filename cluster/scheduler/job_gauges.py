@@ -1,8 +1,9 @@
 """The job as it is, for Prometheus: gauges computed at scrape time from the scheduler's state.
 
-`JobGauges.of(core, now)` reads what the gauges show in one step on the scheduler's loop (one
-pass over the nodes); `JobCollector` turns it into metric families for prometheus_client at
-each scrape. Nothing here runs between scrapes: a heartbeat costs no more with metrics on.
+`JobGauges.of(core)` reads what the gauges show in one step on the scheduler's loop, from the
+scheduler's own Status (one pass over the nodes); `JobCollector` turns it into metric families
+for prometheus_client at each scrape. Nothing here runs between scrapes: a heartbeat costs no
+more with metrics on.
 
 Series per node (`cluster_member_*`, labelled by rank and node id) exist only in jobs of at most
 NODE_LABEL_LIMIT nodes; past it, the ages are a histogram and a maximum only.
@@ -19,12 +20,14 @@ from prometheus_client.registry import Collector
 
 from cluster.protocol import state
 from cluster.scheduler.core import SchedulerCore
+from cluster.v1 import scheduler_pb2 as pb
 
 # Jobs of at most this many nodes also get one series per node (rank and node id as labels).
 NODE_LABEL_LIMIT = 64
 HEARTBEAT_AGE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 _ROLES = tuple(r.value for r in state.NodeRole)
 _STATES = tuple(s.value for s in state.NodeState)
+_ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
 
 
 @dataclass(frozen=True)
@@ -59,30 +62,27 @@ class JobGauges:
     watch_streams: int
 
     @classmethod
-    def of(cls, core: SchedulerCore, now: float) -> JobGauges:
-        st = core.state
+    def of(cls, core: SchedulerCore) -> JobGauges:
+        """From the scheduler's own Status: phase, generation and rollback step as the nodes
+        were told (with recovery, as on disk), the same as `mscluster status` shows."""
+        told = core.status()
         nodes: dict[tuple[str, str], int] = {}
         ages: list[float] = []
-        for m in st.members.values():
-            key = (m.role.value, m.state.value)
+        for n in told.nodes:
+            key = (_ROLE_NAMES.get(n.role, "worker"), n.state)
             nodes[key] = nodes.get(key, 0) + 1
-            if m.state is state.NodeState.ALIVE:
-                ages.append(max(now - m.last_seen, 0.0))
-        per_node = (
-            ()
-            if len(st.members) > NODE_LABEL_LIMIT
-            else tuple(_node(m, now) for m in st.members.values())
-        )
-        persister = core.persister
+            if n.state == state.NodeState.ALIVE.value:
+                ages.append(n.seconds_since_heartbeat)
+        per_node = () if len(told.nodes) > NODE_LABEL_LIMIT else tuple(map(_node, told.nodes))
         kv_bytes, kv_max_bytes, kv_max_keys = _kv_usage(core)
         return cls(
-            cluster_id=st.cluster_id,
-            phase=st.phase.value,
-            generation=st.generation,
-            rollback_step=st.published_rollback_step,
-            worker_num=st.worker_num,
-            server_num=st.server_num,
-            node_timeout_s=st.node_timeout_s,
+            cluster_id=told.cluster_id,
+            phase=told.phase,
+            generation=told.generation,
+            rollback_step=told.rollback_step,
+            worker_num=told.worker_num,
+            server_num=told.server_num,
+            node_timeout_s=core.settings.node_timeout_s,
             heartbeat_interval_s=core.settings.heartbeat_interval_s,
             nodes=nodes,
             heartbeat_ages=tuple(ages),
@@ -91,18 +91,18 @@ class JobGauges:
             kv_keys=len(core.kv),
             kv_max_bytes=kv_max_bytes,
             kv_max_keys=kv_max_keys,
-            saves_pending=0 if persister is None else max(st.revision - persister.saved, 0),
+            saves_pending=told.saving.unsaved_changes,
             watch_streams=core.open_streams,
         )
 
 
-def _node(m: state.Member, now: float) -> NodeGauge:
+def _node(n: pb.NodeStatus) -> NodeGauge:
     return NodeGauge(
-        rank="" if m.rank is None else str(m.rank),
-        node_id=m.node_id,
-        alive=m.state is state.NodeState.ALIVE,
-        heartbeat_age_s=max(now - m.last_seen, 0.0),
-        checkpoint_step=m.checkpoints[-1] if m.checkpoints else -1,
+        rank="" if n.rank < 0 else str(n.rank),
+        node_id=n.node_id,
+        alive=n.state == state.NodeState.ALIVE.value,
+        heartbeat_age_s=n.seconds_since_heartbeat,
+        checkpoint_step=n.checkpoints[-1] if n.checkpoints else -1,
     )
 
 

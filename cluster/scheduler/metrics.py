@@ -139,9 +139,7 @@ class SchedulerMetrics:
     def attach(self, core: SchedulerCore, loop: asyncio.AbstractEventLoop) -> None:
         """Count `core`'s events from now on, and read its gauges at each scrape."""
         core.journal.listeners.append(self.count)
-        self.registry.register(
-            JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core, core.state.clock())))
-        )
+        self.registry.register(JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core))))
 
     def count(self, event: JobEvent) -> None:
         kind = event.kind

@@ -6,6 +6,12 @@ is done, so no node ever hears of a topology that a crash could forget. Saves ru
 thread (an fsync must not stall heartbeats) and are coalesced: while one write is on disk, any
 number of further changes wait for the next, which takes the newest snapshot. A 1024-node job
 finishing therefore costs a few writes, not 1024.
+
+A save that fails (the disk full or read-only, an I/O error) releases nothing: it is tried
+again with backoff (RETRY_FIRST_S doubling to RETRY_MAX_S), each attempt with the newest
+snapshot, until one lands; only then does what was held back go out, in order. The failure is
+logged once when it starts and once when it ends, and `failing_since`, `error` and `failures`
+tell `Status` (and a metrics exporter) about it meanwhile.
 """
 
 from __future__ import annotations
@@ -20,11 +26,16 @@ from typing import Any
 
 from cluster.protocol.errors import StateFileError
 from cluster.storage import store
+from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")
 
 STATE_FILE = "scheduler.json"
 STATE_KIND = "scheduler"
+# A failed save is tried again after RETRY_FIRST_S, doubling up to RETRY_MAX_S: soon after the
+# disk has room again, without spinning on a disk that stays full.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
 
 
 def state_path(directory: Path) -> Path:
@@ -32,7 +43,8 @@ def state_path(directory: Path) -> Path:
 
 
 class StatePersister:
-    """Saves `snapshot()` whenever a newer revision is requested; `on_saved(revision)` follows."""
+    """Saves `snapshot()` whenever a newer revision is requested; `on_saved(revision)` follows
+    each save that landed, never a failed one."""
 
     def __init__(
         self,
@@ -40,17 +52,27 @@ class StatePersister:
         snapshot: Callable[[], dict[str, Any]],
         on_saved: Callable[[int], None],
         saved_revision: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        retry_first_s: float = RETRY_FIRST_S,
+        retry_max_s: float = RETRY_MAX_S,
     ) -> None:
         self.path = path
         self._snapshot = snapshot
         self._on_saved = on_saved
+        self._clock = clock
+        self._retry_first_s = retry_first_s
+        self._retry_max_s = retry_max_s
         self.requested = saved_revision
         self.saved = saved_revision
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        # The last save failed: its error, until one succeeds.
+        # While saves fail: the last error (names the file and the cause) and since when (clock).
         self.error: str | None = None
+        self.failing_since: float | None = None
+        # Failed attempts since the start, a counter (never reset).
+        self.failures = 0
         # Told how each save ended, its seconds and error (None: it landed): the scheduler's
         # event log and metrics (cluster.scheduler.observe).
         self.observer: Callable[[float, str | None], None] | None = None
@@ -58,15 +80,25 @@ class StatePersister:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
 
-    async def stop(self) -> None:
-        """Save what is still pending, then stop."""
+    async def save_first(self) -> None:
+        """Save the current snapshot once, now; StateFileError when that fails (at start-up, a
+        directory that cannot take the state is an error to report, not to wait out)."""
+        snapshot = self._snapshot()
+        await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
+        self.requested = self.saved = max(self.saved, int(snapshot["revision"]))
+
+    async def stop(self, timeout_s: float | None = None) -> bool:
+        """Save what is still pending (trying for up to `timeout_s` while saves fail), then
+        stop; True when everything requested is on disk."""
         if self._task is None:
-            return
-        await self.flushed(self.requested)
+            return not self.pending
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.flushed(self.requested), timeout_s)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
+        return not self.pending
 
     def request(self, revision: int) -> None:
         if revision > self.requested:
@@ -77,38 +109,82 @@ class StatePersister:
     def pending(self) -> bool:
         return self.saved < self.requested
 
+    def failing_for_s(self) -> float:
+        """Seconds since saves started failing; 0 while they succeed."""
+        return 0.0 if self.failing_since is None else self._clock() - self.failing_since
+
+    def status(self, revision: int) -> pb.StateSaving:
+        """How saving goes, for Status; `revision`: the newest decided."""
+        return pb.StateSaving(
+            error=self.error or "",
+            failing_for_s=self.failing_for_s(),
+            failures=self.failures,
+            unsaved_changes=max(revision - self.saved, 0),
+        )
+
     async def flushed(self, revision: int) -> None:
-        """Wait until `revision` (or a newer one) is on disk, or its save has failed."""
+        """Wait until `revision` (or a newer one) is on disk: however long the disk fails."""
         if self.saved >= revision:
             return
         async with self._progress:
             await self._progress.wait_for(lambda: self.saved >= revision)
 
     async def _run(self) -> None:
+        delay = self._retry_first_s
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not self.pending:
                 continue
-            snapshot = self._snapshot()  # on the loop: consistent with what was decided
-            revision = int(snapshot["revision"])
-            started = time.perf_counter()
-            try:
-                await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
-            except StateFileError as exc:
-                # The job goes on; only a scheduler restart would need the lost state. Say so
-                # loudly, once per run of failures.
-                if self.error is None:
-                    # One line: the error names the file and the cause; a traceback adds nothing.
-                    log.error("%s; a restarted scheduler would not know this change", exc)  # noqa: TRY400
-                self.error = str(exc)
-            else:
-                if self.error is not None:
-                    log.info("recovery state saved again to %s", self.path)
-                self.error = None
-            if self.observer is not None:
-                self.observer(time.perf_counter() - started, self.error)
-            self.saved = max(self.saved, revision)
-            self._on_saved(self.saved)
-            async with self._progress:
-                self._progress.notify_all()
+            if await self._save():
+                delay = self._retry_first_s
+                continue
+            # The newest snapshot goes in the next attempt, whatever was requested meanwhile.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._retry_max_s)
+            self._wake.set()
+
+    async def _save(self) -> bool:
+        snapshot = self._snapshot()  # on the loop: consistent with what was decided
+        revision = int(snapshot["revision"])
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
+        except (StateFileError, OSError) as exc:
+            self._failed(exc)
+            self._observe(started)
+            return False
+        if self.failing_since is not None:
+            log.info(
+                "recovery state saved again to %s after %.1f s of failed saves; what was held "
+                "back goes out now",
+                self.path,
+                self.failing_for_s(),
+            )
+        self.error = None
+        self.failing_since = None
+        self._observe(started)
+        self.saved = max(self.saved, revision)
+        self._on_saved(self.saved)
+        async with self._progress:
+            self._progress.notify_all()
+        return True
+
+    def _observe(self, started: float) -> None:
+        if self.observer is not None:
+            self.observer(time.perf_counter() - started, self.error)
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        self.error = str(exc)
+        if self.failing_since is not None:
+            return
+        self.failing_since = self._clock()
+        # One line: the error names the file and the cause; a traceback adds nothing.
+        log.error(
+            "%s; retrying every %g s at most. Until a save lands, the nodes are not told of "
+            "changes (a new generation, a registration, the job's end); the job goes on as it "
+            "was",
+            self.error,
+            self._retry_max_s,
+        )

@@ -24,16 +24,22 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol.config import ClusterConfig, ObserveConfig
-from cluster.protocol.errors import ConfigError
+from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.scheduler import limits
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.store import RecoveryLock
+from cluster.transport import channel
 from cluster.transport import tls as tls_module
 
 log = logging.getLogger("cluster.scheduler")
 
 SERVICE_NAME = "cluster.v1.Scheduler"
+IDLE_CONNECTION_MS = 10_000
+# Stopped (SIGTERM, SIGINT) while saves of the recovery state fail: how long it keeps trying to
+# save what was decided before it stops anyway, leaving the older state on disk.
+STOP_SAVE_WAIT_S = 3.0  # with the server's own stop, within the launcher's 5 s before SIGKILL
 # After the job ends, how long the nodes get to receive the final event before the server stops.
 DRAIN_S = 2.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -47,6 +53,14 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),
     ("grpc.max_concurrent_streams", 100_000),
+    # A connection holds a file descriptor: one that does not finish its handshake (TLS and
+    # HTTP/2 settings) in time is dropped. The time is the one a node gives a connection attempt
+    # before it abandons it and tries again, so no real node is refused by it; 2,000 idle
+    # sockets held for grpc's default of 2 minutes kept every real node out.
+    ("grpc.server_handshake_timeout_ms", channel.CONNECT_TIMEOUT_MS),
+    # A connection with no call for this long is closed (GOAWAY). A node is never idle: it keeps
+    # its Watch stream open. Status pollers reconnect when they next ask.
+    ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
 ]
 
 
@@ -215,6 +229,9 @@ class SchedulerServer:
         self._health = health_aio.HealthServicer()
         self._monitor: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
+        self._stop_requested = asyncio.Event()
+        # Set by `stop` when it had to stop with decided changes not on disk.
+        self.unsaved: str | None = None
 
     @property
     def address(self) -> str:
@@ -230,7 +247,7 @@ class SchedulerServer:
         except BaseException:
             await self.observing.stop()
             if self.core.persister is not None:
-                await self.core.persister.stop()
+                await self.core.persister.stop(0)
             self._release_lock()
             raise
 
@@ -240,6 +257,7 @@ class SchedulerServer:
         await self.observing.start(self.core)
         if self.recovery_path is not None:
             await self._save_first_state()
+        self._raise_open_files()
         interceptors: list[_Interceptor] = [
             *([] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]),
             *self.observing.interceptors(),
@@ -287,11 +305,20 @@ class SchedulerServer:
         """The job id is on disk before any node hears it (or a restart would deny it)."""
         persister = self.core.persister
         assert persister is not None
+        try:
+            await persister.save_first()
+        except StateFileError as exc:
+            raise ConfigError(f"MS_RECOVERY_PATH is not usable: {exc}") from None
         persister.start()
-        persister.request(self.core.state.revision)
-        await self.core.durable()
-        if persister.error is not None:
-            raise ConfigError(f"MS_RECOVERY_PATH is not usable: {persister.error}")
+        if self.core.restored_note:
+            log.info("%s", self.core.restored_note)
+
+    def _raise_open_files(self) -> None:
+        files = limits.raise_open_files()
+        log.info("%s", files.describe())
+        warning = files.too_low(self.core.settings.worker_num + self.core.settings.server_num)
+        if warning is not None:
+            log.warning("%s", warning)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -299,19 +326,37 @@ class SchedulerServer:
             self._lock = None
 
     async def wait_done(self) -> bool:
-        """Wait until the job is over; True when every node finished."""
-        await self.core.done.wait()
-        return self.core.ok
+        """Wait until the job is over (or, after `request_stop`, at most STOP_SAVE_WAIT_S more
+        for its end to be saved); True when every node finished."""
+        done = asyncio.ensure_future(self.core.done.wait())
+        stop = asyncio.ensure_future(self._stop_requested.wait())
+        try:
+            await asyncio.wait((done, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done():
+                await asyncio.wait((done,), timeout=STOP_SAVE_WAIT_S)
+        finally:
+            done.cancel()
+            stop.cancel()
+        return self.core.ok and self.core.done.is_set()
+
+    def request_stop(self, reason: str) -> None:
+        """End the job as failed (a signal, an operator) and stop serving soon: at once when
+        that end is saved, after STOP_SAVE_WAIT_S when saves fail."""
+        self.core.abort(reason)
+        self._stop_requested.set()
 
     async def stop(self, drain_s: float = DRAIN_S) -> None:
-        """Give the nodes `drain_s` to hear the end, then stop."""
+        """Give the nodes `drain_s` to hear the end, then stop. (An end that could not be
+        saved was not told: then there is nothing to hear.)"""
         if self._server is None:
             return
         await self._health.enter_graceful_shutdown()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + drain_s
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.core.streams_closed.wait(), max(deadline - loop.time(), 0))
+        ended = self.core.done.is_set()
+        if ended:
+            # The nodes hear the end on their streams and close them, and their heartbeats.
+            closed = asyncio.gather(self.core.streams_closed.wait(), self.core.beats_closed.wait())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(closed, drain_s)
         for task in (self._monitor, self._expiry):
             if task is not None:
                 task.cancel()
@@ -319,8 +364,15 @@ class SchedulerServer:
                     await task
         await self._server.stop(grace=0.5)
         self._server = None
-        if self.core.persister is not None:
-            await self.core.persister.stop()
+        persister = self.core.persister
+        if persister is not None and not await persister.stop(STOP_SAVE_WAIT_S if ended else 0):
+            self.unsaved = (
+                f"stopped with decided changes not saved: the recovery state in "
+                f"{persister.path} is older than what this scheduler decided ({persister.error})"
+                "; the nodes were not told of those changes, so a scheduler started again on "
+                "it, once it can be written, resumes the job as saved"
+            )
+            log.error("%s", self.unsaved)
         await self.observing.stop()
         self._release_lock()
 
@@ -335,7 +387,8 @@ class SchedulerServer:
         tb: TracebackType | None,
     ) -> None:
         if not self.core.done.is_set():
-            self.core.abort("scheduler stopped")
+            self.request_stop("scheduler stopped")
+            await self.wait_done()
         await self.stop(drain_s=0.5)
 
 
@@ -358,7 +411,7 @@ async def serve(config: ClusterConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(
-            signum, server.core.abort, f"scheduler stopped by {signal.Signals(signum).name}"
+            signum, server.request_stop, f"scheduler stopped by {signal.Signals(signum).name}"
         )
     try:
         ok = await server.wait_done()

@@ -119,8 +119,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.HeartbeatResponse:
         try:
-            async for beat in request_iterator:
-                self._core.heartbeat(beat.node_id, beat.incarnation)
+            with self._core.heartbeat_call():
+                async for beat in request_iterator:
+                    self._core.heartbeat(beat.node_id, beat.incarnation)
         except state.UnknownNodeError as exc:
             await _abort(context, exc)
         return pb.HeartbeatResponse()

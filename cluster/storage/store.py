@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.storage import atomic
 
 FORMAT = "cluster-state"
 VERSION = 1
@@ -42,26 +43,15 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
         "payload": payload,
     }
     data = json.dumps(envelope, sort_keys=True, indent=1).encode() + b"\n"
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-        _remove_stale_temporaries(path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise StateFileError(
+
+    def failed(exc: OSError) -> StateFileError:
+        return StateFileError(
             f"cannot save the recovery state to {path} ({exc.strerror}); the previous state, if "
             "any, is unchanged"
-        ) from None
-    _fsync_directory(path.parent)
+        )
+
+    atomic.write_atomically(path, lambda fd: atomic.write_all(fd, data), failed)
+    _remove_stale_temporaries(path)
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -70,14 +60,6 @@ def _remove_stale_temporaries(path: Path) -> None:
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         with contextlib.suppress(OSError):
             stale.unlink()
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load(path: Path, kind: str) -> dict[str, Any] | None:
@@ -126,7 +108,10 @@ class RecoveryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._unusable(exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -137,9 +122,20 @@ class RecoveryLock:
                 f"{str(self.path.parent)!r}: two schedulers cannot share a recovery path; stop "
                 "it, or give this job its own path"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)  # the lock goes with it
+            raise self._unusable(exc) from None
         self._fd = fd
+
+    def _unusable(self, exc: OSError) -> ConfigError:
+        return ConfigError(
+            f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot hold the job's state: writing "
+            f"{self.path.name} failed ({exc.strerror}); free space there or point "
+            "MS_RECOVERY_PATH at a writable directory"
+        )
 
     def release(self) -> None:
         if self._fd is not None:

@@ -32,6 +32,8 @@ from cluster.protocol.config import (
     tls_options_from_env,
 )
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
+from cluster.tools import placement, slurm
+from cluster.tools.launch_plan import LaunchOptions
 from cluster.worker import orphan
 
 if TYPE_CHECKING:
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
     from cluster.transport import tls
 
 EXIT_USAGE = 2
-DEFAULT_MASTER_PORT = 8118
 
 
 def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
@@ -84,16 +85,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         os.environ.update(tls.launch_environment(Path(args.tls_config).resolve()))
     from cluster.tools import launch  # noqa: PLC0415 - imports grpc
 
-    local = args.local_worker_num if args.local_worker_num is not None else args.worker_num
-    options = launch.LaunchOptions(
+    where = placement.place(_requested(args), slurm.allocation_from_env(os.environ))
+    options = LaunchOptions(
         script=Path(args.script),
         script_args=tuple(args.script_args),
-        worker_num=args.worker_num,
-        local_worker_num=local,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        node_rank=args.node_rank,
-        log_dir=Path(args.log_dir),
+        worker_num=where.worker_num,
+        local_worker_num=where.local_worker_num,
+        master_addr=where.master_addr,
+        master_port=where.master_port,
+        node_rank=where.node_rank,
+        log_dir=where.log_dir,
         join=args.join,
         cluster_time_out=args.cluster_time_out,
         node_timeout=args.node_timeout,
@@ -102,8 +103,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         tls_config=Path(args.tls_config) if args.tls_config else None,
         metrics_port=args.metrics_port,
+        allocation=where.allocation,
+        master_is_node=where.master_is_node,
     )
-    return launch.run(options)
+    return launch.run(options, dry_run=args.dry_run)
+
+
+def _requested(args: argparse.Namespace) -> placement.Requested:
+    return placement.Requested(
+        worker_num=args.worker_num,
+        local_worker_num=args.local_worker_num,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        node_rank=args.node_rank,
+        log_dir=Path(args.log_dir) if args.log_dir is not None else None,
+    )
 
 
 def _split_addr(addr: str) -> str:
@@ -204,8 +218,8 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     run_parser = argparse.ArgumentParser(prog="mscluster chaos -- ", add_help=False)
     _add_run_arguments(run_parser)
     run = run_parser.parse_args(remainder)
-    local = run.local_worker_num if run.local_worker_num is not None else run.worker_num
-    if local != run.worker_num or run.node_rank >= 0:
+    where = placement.place(_requested(run), None)  # the whole job here, whatever Slurm says
+    if where.local_worker_num != where.worker_num or where.node_rank >= 0:
         raise ConfigError(
             "mscluster chaos runs the whole job on this host: give --local-worker-num equal to "
             "--worker-num, and no --node-rank"
@@ -213,10 +227,10 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     report = chaos.run_chaos(
         Path(run.script),
         run.script_args,
-        workers=run.worker_num,
+        workers=where.worker_num,
         # A short guard by default, so that a run of a minute sees many faults.
         node_timeout_s=run.node_timeout if run.node_timeout is not None else 3.0,
-        log_dir=Path(run.log_dir),
+        log_dir=where.log_dir,
         faults=[f.strip() for f in args.faults.split(",") if f.strip()],
         every_s=args.every,
         duration_s=args.duration,
@@ -228,21 +242,35 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--worker-num", type=int, default=8, help="workers in the whole job (8)")
     run.add_argument(
-        "--local-worker-num", type=int, help="workers on this host (default: --worker-num)"
+        "--worker-num",
+        type=int,
+        help="workers in the whole job (8; under Slurm: nodes x --local-worker-num)",
     )
-    run.add_argument("--master-addr", default="127.0.0.1", help="scheduler host (127.0.0.1)")
     run.add_argument(
-        "--master-port", type=int, default=DEFAULT_MASTER_PORT, help="scheduler port (8118)"
+        "--local-worker-num",
+        type=int,
+        help="workers on this host (--worker-num; under Slurm: SLURM_GPUS_ON_NODE, else 1)",
+    )
+    run.add_argument(
+        "--master-addr",
+        help="scheduler host (127.0.0.1; under Slurm: the first node of the step)",
+    )
+    run.add_argument(
+        "--master-port",
+        type=int,
+        help="scheduler port (8118; under Slurm: 10000 + job id %% 20000)",
     )
     run.add_argument(
         "--node-rank",
         type=int,
-        default=-1,
-        help="this host's index; its workers get node ids node_rank*local_worker_num+i",
+        help="this host's index; its workers get node ids node_rank*local_worker_num+i "
+        "(under Slurm: SLURM_NODEID)",
     )
-    run.add_argument("--log-dir", default="logs", help="where scheduler.log, worker_<i>.log go")
+    run.add_argument(
+        "--log-dir",
+        help="where scheduler.log, worker_<i>.log go (logs; Slurm, several nodes: LOG_DIR/node<R>)",
+    )
     run.add_argument(
         "--join", action="store_true", help="also stream the workers' output, prefixed by rank"
     )
@@ -280,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
     )
     _add_run_arguments(run)
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would start on this host (processes, node ids, ranks, environment "
+        "without secrets, logs) and exit",
+    )
     run.set_defaults(func=_cmd_run)
 
     sched = commands.add_parser(

@@ -5,16 +5,19 @@ node rank is 0 or unset), starts the local workers with the full MS_* environmen
 process's output to `<log-dir>/scheduler.log` and `<log-dir>/worker_<i>.log`, shows progress,
 restarts a failed worker when asked and when the job can still take it back, and stops everything
 it started when the job fails or when it is told to stop. No child outlives it.
+
+What it starts is decided first (`launch_setup.plan_job`, `launch_plan`): `--dry-run` prints that
+plan and stops there. Under a Slurm step of several nodes without a given job secret, the nodes'
+launchers share one that node 0 makes (`slurm_io`) before anything starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
+import dataclasses
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -22,10 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import is_numeric_node_id, tls_options_from_env
-from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.protocol.config import tls_options_from_env
+from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
+from cluster.tools import launch_setup as setup
+from cluster.tools import slurm_io
 from cluster.tools import status as status_module
+from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, render
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -46,103 +52,6 @@ POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
 
 
-@dataclass(frozen=True)
-class LaunchOptions:
-    script: Path
-    script_args: tuple[str, ...]
-    worker_num: int
-    local_worker_num: int
-    master_addr: str
-    master_port: int
-    node_rank: int = -1
-    log_dir: Path = Path("logs")
-    join: bool = False
-    cluster_time_out: float | None = None
-    node_timeout: float | None = None
-    enable_recovery: bool = False
-    recovery_path: Path | None = None
-    max_restarts: int = 0
-    tls_config: Path | None = None
-    metrics_port: int | None = None  # the scheduler's /metrics (CLUSTER_METRICS_PORT)
-    python: str = sys.executable
-
-
-def resolve_host(name: str) -> str:
-    """The IP address of `name`, or a ConfigError."""
-    try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ConfigError(
-            f"--master-addr {name!r} does not resolve ({exc.strerror}): use the scheduler host's "
-            "IP address or a name this machine can resolve"
-        ) from None
-    return str(infos[0][4][0])
-
-
-def is_local_address(ip: str) -> bool:
-    """True when `ip` is an address of this host (binding to it works)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((ip, 0))
-        except OSError:
-            return False
-    return True
-
-
-def check_port_free(ip: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((ip, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(
-                    f"--master-port {port} is already in use on {ip} (another job's scheduler?): "
-                    "stop it or choose another port"
-                ) from None
-            raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
-
-
-def validate(options: LaunchOptions) -> None:
-    """Every check that needs no child process; ConfigError naming the option otherwise."""
-    if options.worker_num < 1:
-        raise ConfigError(f"--worker-num {options.worker_num} must be >= 1")
-    if not 1 <= options.local_worker_num <= options.worker_num:
-        raise ConfigError(
-            f"--local-worker-num {options.local_worker_num} must be between 1 and --worker-num "
-            f"({options.worker_num})"
-        )
-    if not 1 <= options.master_port <= 65535:
-        raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
-    if not options.script.is_file():
-        raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
-    if options.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
-    if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
-        raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
-    if (
-        options.node_rank >= 0
-        and (options.node_rank + 1) * options.local_worker_num > options.worker_num
-    ):
-        raise ConfigError(
-            f"--node-rank {options.node_rank} with --local-worker-num {options.local_worker_num} "
-            f"would start ranks up to {(options.node_rank + 1) * options.local_worker_num - 1}, "
-            f"but --worker-num is {options.worker_num}"
-        )
-
-
-def node_ids(options: LaunchOptions) -> list[str]:
-    """The MS_NODE_ID of each local worker: numeric (so the rank) when it can be."""
-    local = options.local_worker_num
-    if options.node_rank >= 0:
-        return [str(options.node_rank * local + i) for i in range(local)]
-    if local == options.worker_num:  # the whole job is here: worker i is rank i
-        return [str(i) for i in range(local)]
-    return [f"{socket.gethostname()}-{os.getpid()}-{i:04d}" for i in range(local)]
-
-
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     try:
         with path.open("rb") as handle:
@@ -156,10 +65,7 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
 
 @dataclass
 class Child:
-    name: str
-    log: Path
-    node_id: str | None = None
-    index: int | None = None
+    planned: Process
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
@@ -171,24 +77,36 @@ class Child:
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
+    @property
+    def name(self) -> str:
+        return self.planned.name
+
+    @property
+    def log(self) -> Path:
+        return self.planned.log
+
+    @property
+    def node_id(self) -> str | None:
+        return self.planned.node_id
+
+    @property
+    def index(self) -> int | None:
+        return self.planned.index
+
 
 class Launcher:
     def __init__(
         self,
         options: LaunchOptions,
+        plan: Plan,
         out: IO[str] = sys.stderr,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.options = options
+        self.plan = plan
         self._clock = clock
         self.out = out
-        self.ip = resolve_host(options.master_addr)
-        self.with_scheduler = is_local_address(self.ip) and options.node_rank in (-1, 0)
-        self.address = (
-            f"[{self.ip}]:{options.master_port}"
-            if ":" in self.ip
-            else f"{self.ip}:{options.master_port}"
-        )
+        self.address = plan.address
         # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
         self._identity: tls.Identity | None = None
         if options.tls_config is not None:
@@ -203,35 +121,6 @@ class Launcher:
         self._started = clock()
         self._tty = out.isatty()
         self._last_line = ""
-
-    @property
-    def recovery_path(self) -> Path:
-        """--recovery-path, or LOG_DIR/recovery: the job's state beside its logs."""
-        o = self.options
-        return o.recovery_path if o.recovery_path is not None else o.log_dir / "recovery"
-
-    # -- environment ---------------------------------------------------------------------------
-
-    def _base_env(self) -> dict[str, str]:
-        o = self.options
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
-        env.update(
-            MS_WORKER_NUM=str(o.worker_num),
-            MS_SCHED_HOST=self.ip,
-            MS_SCHED_PORT=str(o.master_port),
-            PYTHONUNBUFFERED="1",
-            CLUSTER_LAUNCHER_PID=str(os.getpid()),  # children stop when we are gone
-        )
-        if o.cluster_time_out is not None:
-            env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
-        if o.node_timeout is not None:
-            env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
-        if o.enable_recovery:
-            env["MS_ENABLE_RECOVERY"] = "1"
-            env["MS_RECOVERY_PATH"] = str(self.recovery_path.resolve())
-        if o.tls_config is not None:
-            env.update(tls.launch_environment(o.tls_config.resolve()))
-        return env
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -283,22 +172,9 @@ class Launcher:
         child.exited.set()
         self._wake.set()
 
-    async def _start_scheduler(self) -> None:
-        env = self._base_env()
-        env["MS_ROLE"] = "MS_SCHED"
-        env.setdefault("CLUSTER_EVENT_LOG", str((self.options.log_dir / "events.jsonl").resolve()))
-        if self.options.metrics_port is not None:
-            env["CLUSTER_METRICS_PORT"] = str(self.options.metrics_port)
-        self.scheduler = Child("scheduler", self.options.log_dir / "scheduler.log")
-        await self._spawn(self.scheduler, [self.options.python, "-m", "cluster", "scheduler"], env)
-
-    async def _start_worker(self, child: Child) -> None:
-        env = self._base_env()
-        env["MS_ROLE"] = "MS_WORKER"
-        assert child.node_id is not None
-        env["MS_NODE_ID"] = child.node_id
-        args = [self.options.python, str(self.options.script), *self.options.script_args]
-        await self._spawn(child, args, env)
+    async def _start(self, child: Child) -> None:
+        planned = child.planned
+        await self._spawn(child, list(planned.args), child_environment(os.environ, planned))
 
     async def _stop_all(self) -> None:
         """SIGTERM every running child's process group; SIGKILL what is left after the grace."""
@@ -322,9 +198,7 @@ class Launcher:
             rank = self.view.rank_of(child.node_id)
             if rank is not None:
                 return rank
-        if child.node_id is not None and is_numeric_node_id(child.node_id):
-            return int(child.node_id)
-        return None
+        return child.planned.rank
 
     def _who(self, child: Child) -> str:
         rank = self._rank_of(child)
@@ -403,27 +277,22 @@ class Launcher:
 
     async def run(self) -> int:
         o = self.options
-        if self.with_scheduler:
-            check_port_free(self.ip, o.master_port)
         o.log_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self._on_signal, signum)
         poller: asyncio.Task[None] | None = None
         try:
-            if self.with_scheduler:
-                await self._start_scheduler()
-            ids = node_ids(o)
-            self.workers = [
-                Child(f"worker {i}", o.log_dir / f"worker_{i}.log", node_id=ids[i], index=i)
-                for i in range(o.local_worker_num)
-            ]
+            if self.plan.scheduler is not None:
+                self.scheduler = Child(self.plan.scheduler)
+                await self._start(self.scheduler)
+            self.workers = [Child(planned) for planned in self.plan.workers]
             for child in self.workers:
-                await self._start_worker(child)
-            where = "with the scheduler" if self.with_scheduler else f"scheduler at {self.address}"
+                await self._start(child)
+            where = "with the scheduler" if self.scheduler else "for the scheduler"
             self._print(
-                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} "
-                f"({self.address}); logs in {o.log_dir}/"
+                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} at "
+                f"{self.address}; logs in {o.log_dir}/"
             )
             poller = asyncio.create_task(self._poll_status())
             return await self._watch()
@@ -455,7 +324,7 @@ class Launcher:
                     f"{policy.describe_exit(child.exit_code or 0)}; restarting it "
                     f"(restart {child.restarts} of {self.options.max_restarts})"
                 )
-                await self._start_worker(child)
+                await self._start(child)
                 self._wake.set()  # another failed worker may be waiting for its turn
             elif decision.action is policy.Action.FAIL:
                 return await self._fail(decision.worker, decision.reason)
@@ -517,11 +386,29 @@ class Launcher:
         return EXIT_OK
 
 
-def run(options: LaunchOptions, out: IO[str] = sys.stderr) -> int:
-    """Validate, launch, and return the exit code (2 for a usage error)."""
-    validate(options)
-    launcher = Launcher(options, out)
-    return asyncio.run(launcher.run())
+def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = False) -> int:
+    """Validate, launch, and return the exit code (2 for a usage error). With `dry_run`, print
+    what would start to stdout instead, and start nothing."""
+    setup.validate(options)
+    allocation = options.allocation
+    # The Slurm step whose nodes share a secret that node 0 makes (None: no such sharing).
+    sharing = allocation if slurm_io.shares_secret(allocation, os.environ) else None
+    if sharing is not None:
+        secret_file = slurm_io.local_secret_file(options.log_dir)
+        options = dataclasses.replace(options, job_secret_file=secret_file)
+    plan = setup.plan_job(options)
+    if dry_run:
+        print(render(plan, options, os.environ), flush=True)
+        return EXIT_OK
+    if plan.scheduler is not None:
+        setup.check_port_free(plan.ip, options.master_port)
+    if sharing is not None:
+        slurm_io.share_secret(sharing, options.log_dir)
+    try:
+        return asyncio.run(Launcher(options, plan, out).run())
+    finally:
+        if sharing is not None:
+            slurm_io.remove_shared_secret(sharing)
 
 
 def _job_seen(view: JobView | None) -> policy.JobSeen | None:

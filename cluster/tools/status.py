@@ -10,6 +10,7 @@ import grpc
 
 from cluster.protocol.errors import SchedulerUnreachableError
 from cluster.protocol.state import Phase
+from cluster.tools.table import format_table
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -45,6 +46,11 @@ class JobView:
     detail: str
     nodes: tuple[NodeView, ...]
     rollback_step: int = 0  # where the current generation (re)started training
+    # With recovery: saving the job's state (see StateSaving in the proto).
+    save_error: str = ""  # empty while saves succeed
+    save_failing_for_s: float = 0.0
+    save_failures: int = 0  # failed attempts since the scheduler started
+    unsaved_changes: int = 0  # decided, not on disk, not told to the nodes
 
     @property
     def expected(self) -> int:
@@ -104,6 +110,10 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
         detail=response.detail,
         nodes=nodes,
         rollback_step=response.rollback_step,
+        save_error=response.saving.error,
+        save_failing_for_s=round(response.saving.failing_for_s, 3),
+        save_failures=response.saving.failures,
+        unsaved_changes=response.saving.unsaved_changes,
     )
 
 
@@ -134,6 +144,12 @@ def render(view: JobView) -> str:
     lines = [head]
     if view.detail:
         lines.append(f"  {view.detail}")
+    if view.save_error:
+        lines.append(
+            f"  SAVES FAILING for {view.save_failing_for_s:.0f} s ({view.save_failures} attempts): "
+            f"{view.save_error}; {view.unsaved_changes} changes not saved, not told to the "
+            "nodes until a save lands"
+        )
     columns = (
         "rank",
         "node id",
@@ -159,13 +175,7 @@ def render(view: JobView) -> str:
         )
         for n in view.nodes
     ]
-    widths = [
-        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)
-    ]
-    lines.append("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    lines.extend(
-        "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
+    lines.extend(format_table(columns, rows))
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import secrets
+import socket
 import ssl
 import tempfile
 import time
@@ -128,13 +129,97 @@ def _is_alert(exc: ssl.SSLError) -> bool:
     return "ALERT" in str(exc.reason or "")
 
 
+def unreachable_reason(host: str, port: int) -> str:
+    """Why the last `check_scheduler` of host:port in this process found it unreachable: refused
+    (nothing listens), timed out (no answer: address, firewall, partition), or accepted and
+    dropped (an overloaded scheduler); "" when it was not found unreachable."""
+    return _unreachable.get((host, port), "")
+
+
 async def _open(
-    host: str, port: int, context: ssl.SSLContext | None, name: str | None, timeout_s: float
+    host: str,
+    port: int,
+    context: ssl.SSLContext | None,
+    name: str | None,
+    timeout_s: float,
+    *,
+    record: bool = True,
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=context, server_hostname=name),
-        timeout_s,
-    )
+    """A connection (TLS with `context`), the TCP connection and the handshake each bounded by
+    `timeout_s`; with `record`, why either failed is kept for `unreachable_reason`."""
+    key = (host, port) if record else (host, -1)
+    _unreachable.pop(key, None)
+    try:
+        sock = await _connect(host, port, timeout_s)
+    except (OSError, asyncio.TimeoutError) as exc:
+        _unreachable[key] = _connect_failure(host, exc, timeout_s)
+        raise
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_connection(
+                sock=sock, ssl=context, server_hostname=name if context else None
+            ),
+            timeout_s,
+        )
+    except BaseException as exc:
+        sock.close()
+        if isinstance(exc, asyncio.TimeoutError):
+            _unreachable[key] = (
+                "it accepts connections but did not answer on one within "
+                f"{timeout_s:g} s: {_OVERLOADED}"
+            )
+        elif isinstance(exc, ssl.SSLEOFError | ConnectionError):
+            _unreachable[key] = (
+                f"it accepts connections, then drops them ({_strerror(exc)}): {_OVERLOADED}"
+            )
+        raise
+
+
+_OVERLOADED = "it is overloaded (out of open files? see its log) or hung"
+_unreachable: dict[tuple[str, int], str] = {}
+
+
+async def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
+    """A TCP connection to the first address of `host` that takes one."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: BaseException = OSError(f"{host} has no address")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, address), timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            sock.close()
+            error = exc
+            continue
+        return sock
+    raise error
+
+
+def _connect_failure(host: str, exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            "nothing listens there (connection refused): the scheduler is not running (yet), or "
+            "MS_SCHED_HOST / MS_SCHED_PORT point elsewhere"
+        )
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return (
+            f"no answer to a connection attempt within {timeout_s:g} s (timed out): a wrong "
+            "MS_SCHED_HOST, a firewall or a network partition, or a scheduler too overloaded "
+            "to take connections"
+        )
+    if isinstance(exc, socket.gaierror):
+        return f"{host!r} does not resolve ({_strerror(exc)}): check MS_SCHED_HOST"
+    return f"it cannot be reached ({_strerror(exc)}): check MS_SCHED_HOST and the network"
+
+
+def _strerror(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLEOFError):
+        return "closed during the TLS handshake"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -147,7 +232,7 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
     try:
-        reader, writer = await _open(host, port, None, None, timeout_s)
+        reader, writer = await _open(host, port, None, None, timeout_s, record=False)
     except (OSError, asyncio.TimeoutError):
         return False
     try:
@@ -164,6 +249,8 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
     """A TLS hello, no certificate shown or checked: a reply in TLS means a TLS scheduler."""
     try:
         _, writer = await _open(host, port, plain_probe_context(), host, timeout_s)
+    except ssl.SSLEOFError:
+        return False  # taken and dropped: see unreachable_reason
     except ssl.SSLError as exc:
         if not _is_alert(exc):
             return True  # it answered the hello in plaintext HTTP/2: a plaintext scheduler
@@ -186,14 +273,15 @@ async def _check_tls(
         reader, writer = await _open(host, port, client_context(identity), name, timeout_s)
     except ssl.SSLCertVerificationError as exc:
         raise TLSConfigError(_untrusted(where, identity, name, exc)) from None
+    except (ConnectionResetError, asyncio.IncompleteReadError, ssl.SSLEOFError):
+        # Dropped mid-handshake: a plaintext scheduler, or an overloaded one.
+        if await _speaks_plain_http2(host, port, timeout_s):
+            raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
+        return False
     except ssl.SSLError as exc:
         if not _is_alert(exc) and await _speaks_plain_http2(host, port, timeout_s):
             raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
         raise TLSConfigError(_refused(where, identity, exc)) from None
-    except (ConnectionResetError, asyncio.IncompleteReadError):
-        if await _speaks_plain_http2(host, port, timeout_s):
-            raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
-        return False
     except (OSError, asyncio.TimeoutError):
         return False
     try:

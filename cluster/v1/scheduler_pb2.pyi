@@ -341,7 +341,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step")
+    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +352,7 @@ class StatusResponse(_message.Message):
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
+    SAVING_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     phase: str
     generation: int
@@ -362,7 +363,20 @@ class StatusResponse(_message.Message):
     recovery: bool
     detail: str
     rollback_step: int
-    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ...) -> None: ...
+    saving: StateSaving
+    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ...) -> None: ...
+
+class StateSaving(_message.Message):
+    __slots__ = ("error", "failing_for_s", "failures", "unsaved_changes")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILING_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    UNSAVED_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    failing_for_s: float
+    failures: int
+    unsaved_changes: int
+    def __init__(self, error: _Optional[str] = ..., failing_for_s: _Optional[float] = ..., failures: _Optional[int] = ..., unsaved_changes: _Optional[int] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("follow", "after_seq")

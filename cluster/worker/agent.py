@@ -123,22 +123,35 @@ class _Silence:
 
 class _AnswerLimit:
     """Cancels a registration `call` that has not reached the scheduler within `attempt_s`, or
-    that has and is still unanswered after `answer_s`."""
+    that has and is still unanswered after `answer_s`; calls `waiting(seconds)` every
+    REPORT_EVERY_S while it waits for the answer."""
 
     def __init__(
-        self, call: _Call, channel: grpc.aio.Channel, attempt_s: float, answer_s: float
+        self,
+        call: _Call,
+        channel: grpc.aio.Channel,
+        attempt_s: float,
+        answer_s: float,
+        waiting: Callable[[float], None],
     ) -> None:
         self._call = call
         self._channel = channel
+        self._waiting = waiting
         self._loop = asyncio.get_running_loop()
-        self._answer_by = self._loop.time() + max(answer_s, 0.0)
+        self._started = self._loop.time()
+        self._answer_by = self._started + max(answer_s, 0.0)
         self.expired = False
         self._timer = self._loop.call_later(max(min(attempt_s, answer_s), 0.0), self._check)
 
     def _check(self) -> None:
         connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
-        if connected and self._loop.time() < self._answer_by:
-            self._timer = self._loop.call_at(self._answer_by, self._check)
+        now = self._loop.time()
+        if connected and now < self._answer_by:
+            if now - self._started >= REPORT_EVERY_S:
+                self._waiting(now - self._started)
+            self._timer = self._loop.call_at(
+                min(self._answer_by, now + REPORT_EVERY_S), self._check
+            )
             return
         self.expired = True
         self._call.cancel()
@@ -241,6 +254,8 @@ class WorkerAgent:
         self.recovery = config.recovery is not None
         self.topology: Topology | None = None
         self.rejoined = False
+        # Why the scheduler could not be reached at the last check ("" when it could).
+        self.unreachable = ""
         self.job_finished = False
         self._finished_here = False  # this node's Finish was heard
         self._heartbeat_interval = config.heartbeat_interval_s
@@ -327,22 +342,20 @@ class WorkerAgent:
                 self.config.sched_host, self.config.sched_port, self._tls
             )
         )
+        self.unreachable = ""
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise TopologyTimeoutError(
-                    f"{self.where} did not accept this node in time: is it running, and are "
-                    "MS_SCHED_HOST / MS_SCHED_PORT right?"
+                    f"{self.where} did not accept this node in time: "
+                    + (
+                        self.unreachable
+                        or "is it running, and are MS_SCHED_HOST / MS_SCHED_PORT right?"
+                    )
                 )
             if not checked:
-                checked = await scheduler_channel.check_scheduler(
-                    self.config.sched_host,
-                    self.config.sched_port,
-                    self._tls,
-                    min(remaining, ATTEMPT_TIMEOUT_S),
-                )
+                checked = await self._check(min(remaining, ATTEMPT_TIMEOUT_S))
                 if not checked:
-                    self._report(f"waiting for {self.where} to answer")
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
             call: _Call = self._stub.Watch(request, wait_for_ready=True)
@@ -361,8 +374,8 @@ class WorkerAgent:
                     raise ClusterError(
                         f"{self.where} rejected registration: {exc.details()}"
                     ) from None
-                checked = False  # down, or speaking TLS to our plaintext: the check tells which
-                self._report(f"waiting for {self.where} to answer")
+                # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
+                checked = False
                 await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                 continue
             if first.HasField("accepted"):
@@ -379,13 +392,29 @@ class WorkerAgent:
             pause = min(refusal.retry_after_s + 0.02, max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
+    async def _check(self, timeout_s: float) -> bool:
+        """Whether the scheduler answers in this node's protocol (`check_scheduler`); says why
+        not, now and then, while it waits."""
+        host, port = self.config.sched_host, self.config.sched_port
+        checked = await scheduler_channel.check_scheduler(host, port, self._tls, timeout_s)
+        self.unreachable = scheduler_channel.unreachable_reason(host, port)
+        self._report(
+            f"waiting for {self.where}: {self.unreachable}"
+            if self.unreachable
+            else f"waiting for {self.where} to answer: it takes connections, but this node's "
+            "last attempt got no answer in time (busy or overloaded? see its log)"
+        )
+        return checked
+
     async def _answer(self, call: _Call, attempt_s: float, deadline: float) -> pb.Event:
         """The scheduler's answer to the registration on `call`. Reaching the scheduler is
         bounded per attempt; once connected, the answer is awaited until `deadline`: a scheduler
         busy with a burst of registrations answers late, and giving up on a registration it is
         about to accept only makes it do the work again. (A timer that cancels the call, not a
         task and a timeout per attempt.)"""
-        limit = _AnswerLimit(call, self._channel, attempt_s, deadline - self._clock())
+        limit = _AnswerLimit(
+            call, self._channel, attempt_s, deadline - self._clock(), self._answer_late
+        )
         try:
             return await self._first_answer(call)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
@@ -394,6 +423,12 @@ class WorkerAgent:
             raise
         finally:
             limit.stop()
+
+    def _answer_late(self, waited_s: float) -> None:
+        self._say(
+            f"{self.where} has not answered this node's registration for {waited_s:.0f} s; it "
+            "answers once it has saved what the registration changes (see its log if this lasts)"
+        )
 
     async def _first_answer(self, call: _Call) -> pb.Event:
         first = await call.read()
@@ -556,12 +591,13 @@ class WorkerAgent:
         try:
             call, accepted = await self._join(deadline)
         except TopologyTimeoutError:
+            why = f" ({self.unreachable})" if self.unreachable else ""
             self._fail(
                 SchedulerUnreachableError(
                     f"{self.where} is unreachable: {lost}, and it did not come back within "
-                    f"{self.config.node_timeout_s:g} s"
+                    f"{self.config.node_timeout_s:g} s{why}"
                     if self.topology is not None
-                    else f"{self.where} is unreachable: {lost}"
+                    else f"{self.where} is unreachable: {lost}{why}"
                 )
             )
             return None
@@ -594,6 +630,8 @@ class WorkerAgent:
     async def _guarded(self, awaitable: Awaitable[T]) -> T:
         """Await `awaitable` unless the job fails first; then raise that failure."""
         if self._fatal.done():
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()  # never started: no "was never awaited" warning at exit
             raise self._fatal.result()
         task = asyncio.ensure_future(awaitable)
         racers: list[asyncio.Future[Any]] = [task, self._fatal]
@@ -741,6 +779,14 @@ class WorkerAgent:
         try:
             await self._stub.Finish(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.recovery:
+                # The scheduler answers once the finish is saved: its saves are failing.
+                self._say(
+                    f"{self.where} did not confirm within {timeout_s:g} s that it saved this "
+                    "node's finish (is its MS_RECOVERY_PATH full or read-only? see its log); "
+                    "this node exits anyway, and the scheduler ends the job once it can save"
+                )
+                return False
             self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
             return False
         self._finished_here = True

@@ -82,6 +82,7 @@ class WorkerSession:
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._recovery_dir = None if config.recovery is None else config.recovery.path
+        self._record_unsaved = False  # the last save of this node's file failed
         self._record = (
             None
             if self._recovery_dir is None
@@ -137,7 +138,11 @@ class WorkerSession:
         try:
             node_file.save(self._recovery_dir, record)
         except ClusterError as exc:
-            self.say(f"{exc}; a restart of this process would not know its job")
+            if not self._record_unsaved:  # once: the next failure says nothing new
+                self.say(f"{exc}; a restart of this process would not know its job")
+            self._record_unsaved = True
+        else:
+            self._record_unsaved = False
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run an agent coroutine to its end from the main thread."""

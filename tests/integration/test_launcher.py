@@ -103,6 +103,12 @@ def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
     assert "allgather rank=2" in run.output  # the tail of the dead worker's log
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
     print(f"mscluster run exited {took:.2f} s after the SIGKILL")
+    # A job failing without recovery: each process says so in one line, and nothing else.
+    assert "job failed: rank 2" in (logs / "scheduler.log").read_text()
+    for name in ("scheduler", "worker_0", "worker_1", "worker_3"):
+        text = (logs / f"{name}.log").read_text()
+        for unwanted in ("Traceback", "CancelledError", "never awaited"):
+            assert unwanted not in text, f"{name}.log:\n{text}"
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -268,6 +274,42 @@ def test_missing_script_is_one_clear_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"mscluster: ConfigError: script {missing!r} does not exist (or is not a file)"
     ]
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
+    script = private_copy(tmp_path)
+    port = free_port()
+    args = run_args(tmp_path, script, port, "--dry-run", "--worker-num", "3", "--enable-recovery")
+    env = {**os.environ, "CLUSTER_JOB_SECRET": "hunter2", "MS_ROLE": "MS_SCHED"}
+    result = subprocess.run(
+        [*args, "--hold", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "placement: the options given" in text
+    assert f"scheduler: 127.0.0.1:{port} (--master-addr 127.0.0.1), started here" in text
+    # The table: process, role, node id, rank, log, command.
+    table = [line for line in text.splitlines() if line.startswith(("scheduler ", "worker "))]
+    rows = [line.split() for line in table]
+    assert rows[0][1:5] == ["MS_SCHED", "-", "-", str(tmp_path / "logs" / "scheduler.log")]
+    assert rows[0][5:] == [PYTHON, "-m", "cluster", "scheduler"]
+    for i, row in enumerate(rows[1:]):
+        log = str(tmp_path / "logs" / f"worker_{i}.log")
+        assert row[:6] == ["worker", str(i), "MS_WORKER", str(i), str(i), log]
+        assert row[6:] == [PYTHON, str(script), "--hold", "5"]
+    assert len(rows) == 4
+    assert "MS_ENABLE_RECOVERY=1" in text
+    assert f"MS_RECOVERY_PATH={tmp_path / 'logs' / 'recovery'}" in text
+    assert "CLUSTER_JOB_SECRET=<hidden>" in text
+    assert "hunter2" not in text + result.stderr
+    assert "not passed on (the job's own are set): MS_ROLE" in text
+    assert not (tmp_path / "logs").exists()
+    assert not processes_running(str(script))
 
 
 def test_port_in_use_is_one_clear_line(processes: Procs, tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ list with it.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -269,6 +270,9 @@ class Slurm:
         host = short_hostname()
         lines = [
             "ClusterName=clustertests",
+            # Job ids from a random start: two test runs on one machine then seldom share a job
+            # id, nor what is derived from it (mscluster run's default port, its secret's name).
+            f"FirstJobId={secrets.randbelow(900_000) + 1000}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}",

@@ -3,9 +3,11 @@ over HTTP and parsed with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -98,13 +100,29 @@ async def test_a_failing_save_is_counted_and_is_one_event(
         def broken(*args: object, **kwargs: object) -> None:
             raise StateFileError("cannot write the recovery state: the disk is full")
 
-        monkeypatch.setattr(store, "save", broken)
+        def kinds() -> list[str]:
+            return [e.kind for e in server.core.journal.history()]
+
         await form(server)
+        monkeypatch.setattr(store, "save", broken)
+        node = server.core.state.members["1"]
+        server.core.state.report_checkpoints("1", node.incarnation, [10])  # a change to save
+        server.core._apply([])
+        await poll(lambda: "save_failed" in kinds())
         seen = await scrape(server)
-        kinds = [e.kind for e in server.core.journal.history()]
-        monkeypatch.undo()
+        monkeypatch.undo()  # the disk works again: the next retry lands
+        await poll(lambda: "save_recovered" in kinds())
     assert value(seen, "cluster_state_save_failures_total") >= 1
-    assert kinds.count("save_failed") == 1
+    assert value(seen, "cluster_state_saves_pending") >= 1
+    assert kinds().count("save_failed") == 1  # said once, however many retries failed
+
+
+async def poll(condition: Callable[[], bool], timeout_s: float = BOUND_S) -> None:
+    """Until `condition` holds (a save runs on a thread: yielding alone may not be enough)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)  # sleep-ok: polls an observable, bounded by timeout_s
 
 
 async def test_a_metrics_port_in_use_is_a_clear_error() -> None:

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cluster.protocol.errors import StateFileError
-from cluster.protocol.state import Accepted, NodeRole, Registration
+from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.state import Accepted, NodeRole, Refused, Registration
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
+from cluster.scheduler.server import SchedulerServer
 from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
-from tests.aio import BOUND_S, settle
+from tests.aio import BOUND_S, eventually, settle
 
 SETTINGS = CoreSettings(
     worker_num=2,
@@ -113,19 +117,120 @@ async def test_a_restarted_core_resumes_the_saved_job(tmp_path: Path) -> None:
     await again.persister.stop()
 
 
-async def test_a_failing_save_is_reported_and_does_not_stall_the_job(
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def break_saves(directory: Path) -> Path:
+    """Make every save fail as a full disk would (a directory where the file is renamed to)."""
+    path = directory / STATE_FILE
+    path.unlink()
+    path.mkdir()
+    return path
+
+
+def as_event(item: object) -> pb.Event:
+    return pb.Event.FromString(item) if isinstance(item, bytes) else item  # type: ignore[return-value]
+
+
+async def test_a_failing_save_releases_nothing_until_a_save_lands(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Write-ahead is absolute: a failed save tells nobody anything; the retry that lands does."""
+    caplog.set_level(logging.INFO, logger="cluster")
     core = await started(tmp_path)
-    (tmp_path / STATE_FILE).unlink()
-    (tmp_path / STATE_FILE).mkdir()  # os.replace onto a directory fails
+    persister = core.persister
+    assert persister is not None
+    await asyncio.wait_for(core.register(registration("0")), BOUND_S)
+    stream = core.watch("0", 1)
+    event = asyncio.ensure_future(anext(stream))
+    fault = break_saves(tmp_path)
+    answer = asyncio.ensure_future(core.register(registration("1")))
+    await eventually(lambda: persister.failures >= 3, "three failed saves")
+    assert core.state.generation == 1  # formed in memory...
+    assert not answer.done()  # ...but neither the answer
+    assert not event.done()  # nor the topology went out
+    status = core.status()
+    assert (status.phase, status.generation) == ("waiting", 0)  # as told, as on disk
+    assert "(Is a directory)" in status.saving.error
+    assert str(tmp_path / STATE_FILE) in status.saving.error
+    assert status.saving.failing_for_s >= 0
+    assert status.saving.unsaved_changes >= 1
+    assert caplog.text.count("cannot save the recovery state") == 1  # once, not per attempt
+    fault.rmdir()
+    assert isinstance(await asyncio.wait_for(answer, BOUND_S), Accepted)
+    assert as_event(await asyncio.wait_for(event, BOUND_S)).topology_ready.generation == 1
+    assert saved(tmp_path)["phase"] == "ready"
+    status = core.status()
+    assert (status.phase, status.generation, status.saving.error) == ("ready", 1, "")
+    assert status.saving.failures >= 3  # a counter: it stays
+    assert caplog.text.count("recovery state saved again") == 1
+    await stream.aclose()
+    await persister.stop()
+
+
+async def test_held_events_go_out_in_order_once_saved_and_the_rejoining_node_stays_alive(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    settings = dataclasses.replace(SETTINGS, heartbeat_interval_s=0.02)
+    core = SchedulerCore.recovering(settings, tmp_path, clock)
+    persister = core.persister
+    assert persister is not None
+    await persister.save_first()
+    persister.start()
     for node_id in ("0", "1"):
-        outcome = await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
-        assert isinstance(outcome, Accepted)
-    assert core.persister is not None
-    assert core.persister.error is not None
-    assert "cannot save the recovery state" in caplog.text
-    await core.persister.stop()
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    streams = [core.watch(node_id, 1) for node_id in ("0", "1")]
+    for stream in streams:  # the welcome: generation 1
+        assert as_event(await asyncio.wait_for(anext(stream), BOUND_S)).topology_ready.generation
+    fault = break_saves(tmp_path)
+    await streams[1].aclose()  # node 1's process died: a failure, to be saved
+    survivor = asyncio.ensure_future(anext(streams[0]))
+    # The guard's refusal says nothing the disk must know: it is answered at once.
+    refused = await asyncio.wait_for(core.register(registration("1", 2)), BOUND_S)
+    assert isinstance(refused, Refused)
+    clock.now += SETTINGS.node_timeout_s + 1  # the guard is over
+    cluster_id = core.state.cluster_id
+    answer = asyncio.ensure_future(core.register(registration("1", 2, cluster_id)))
+    await eventually(lambda: core.state.generation == 2, "the rejoin decided")
+    clock.now += SETTINGS.node_timeout_s + 1  # longer than a silent node may live
+    member = core.state.members["1"]
+    await eventually(lambda: member.last_seen == clock.now, "the waiting node counted alive")
+    core.heartbeat("0", 1)
+    assert core.state.tick() == []  # nobody failed for the wait
+    assert not survivor.done()
+    assert not answer.done()
+    assert core.status().generation == 1
+    fault.rmdir()
+    failed = as_event(await asyncio.wait_for(survivor, BOUND_S))
+    assert failed.node_failed.node_id == "1"
+    ready = as_event(await asyncio.wait_for(anext(streams[0]), BOUND_S))
+    assert ready.topology_ready.generation == 2
+    outcome = await asyncio.wait_for(answer, BOUND_S)
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    assert core.status().generation == 2
+    assert saved(tmp_path)["generation"] == 2
+    await streams[0].aclose()
+    await persister.stop()
+
+
+async def test_stopping_while_saves_fail_is_bounded_and_says_so(tmp_path: Path) -> None:
+    core = await started(tmp_path)
+    persister = core.persister
+    assert persister is not None
+    break_saves(tmp_path)
+    answers = [asyncio.ensure_future(core.register(registration(n))) for n in ("0", "1")]
+    await eventually(lambda: persister.failures >= 1, "a failed save")
+    assert not await asyncio.wait_for(persister.stop(0.2), BOUND_S)
+    assert persister.pending
+    assert not answers[1].done()  # nobody was told of the formed job
+    for answer in answers:
+        answer.cancel()
 
 
 def test_an_unusable_state_file_is_left_alone(tmp_path: Path) -> None:
@@ -133,3 +238,18 @@ def test_an_unusable_state_file_is_left_alone(tmp_path: Path) -> None:
     with pytest.raises(StateFileError, match="truncated or corrupt"):
         SchedulerCore.recovering(SETTINGS, tmp_path)
     assert (tmp_path / STATE_FILE).read_text() == "{ torn"
+
+
+async def test_a_scheduler_on_a_directory_that_cannot_take_its_state_does_not_start(
+    tmp_path: Path,
+) -> None:
+    # Every save fails: its temporary file cannot be created.
+    (tmp_path / f".{STATE_FILE}.{os.getpid()}.tmp").mkdir()
+    server = SchedulerServer(SETTINGS, recovery_path=tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        await asyncio.wait_for(server.start(), BOUND_S)
+    assert "MS_RECOVERY_PATH is not usable: cannot save the recovery state to" in str(caught.value)
+    assert "(Is a directory)" in str(caught.value)
+    # Nothing left behind: the lock is free for the next try.
+    with store.RecoveryLock(tmp_path):
+        pass

@@ -41,3 +41,19 @@ def test_status_shows_generation_recovery_incarnations_restarts_and_checkpoints(
     assert "rollback step 40" in table
     assert "..., 20, 30, 40" in table
     assert json.loads(view.to_json())["nodes"][1]["restarts"] == 1
+
+
+def test_failing_saves_are_shown_with_their_cause_and_duration() -> None:
+    response = convert.status_to_pb(formed_job(), 100.0)
+    response.saving.error = "cannot save the recovery state to /r/scheduler.json (No space left)"
+    response.saving.failing_for_s = 12.4
+    response.saving.failures = 7
+    response.saving.unsaved_changes = 2
+    view = job_view("127.0.0.1:8118", response)
+    table = render(view)
+    assert "SAVES FAILING for 12 s (7 attempts)" in table
+    assert "/r/scheduler.json (No space left)" in table
+    assert "2 changes not saved" in table
+    data = json.loads(view.to_json())
+    assert (data["save_failures"], data["unsaved_changes"]) == (7, 2)
+    assert "not saved" not in render(job_view("a:1", convert.status_to_pb(formed_job(), 100.0)))

@@ -171,3 +171,12 @@ def test_sigkill_at_a_random_moment_leaves_the_last_completed_save(
     assert len(loaded["padding"]) == 200_000
     store.save(path, "scheduler", {"count": 0})  # the next save clears the killed one's litter
     assert [p.name for p in tmp_path.iterdir()] == ["scheduler.json"]
+
+
+def test_a_recovery_directory_that_cannot_take_the_lock_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / store.LOCK_NAME).mkdir()  # opening it for writing fails, as on a broken disk
+    with pytest.raises(ConfigError) as caught:
+        store.RecoveryLock(tmp_path).acquire()
+    message = str(caught.value)
+    assert f"MS_RECOVERY_PATH={str(tmp_path)!r} cannot hold the job's state" in message
+    assert "(Is a directory)" in message

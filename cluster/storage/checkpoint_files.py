@@ -1,0 +1,256 @@
+"""Checkpoint files: layout, checksum, write, read and verify.
+
+File layout (version 2), integers little-endian:
+
+    preamble  MAGIC, version u32, flags u32 (0), header length u64, file size u64   (32 bytes)
+    header    JSON, UTF-8 (format, version, step, rank, prefix, data_bytes, entries, state);
+              zero padding to a multiple of 64
+    data      each array's bytes at 64-byte-aligned offsets (zero padding between)
+    footer    END_MAGIC, XXH3-128 of every byte before the footer                  (24 bytes)
+
+Version 1 (written before the background writer) is the same with a SHA-256 footer (40 bytes);
+it is still read and verified, so a job upgraded mid-run keeps its checkpoints. XXH3 (the
+`xxhash` package, which releases the GIL while it hashes) checks 100 MB in about 10 ms on one
+core, against 70 ms for SHA-256: it is there to catch torn, truncated and damaged files, not
+forgeries (a checkpoint directory is as trusted as the code that reads it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import queue
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import xxhash
+
+from cluster.protocol.errors import CheckpointError
+from cluster.storage import atomic
+from cluster.storage.checkpoint_tree import (
+    Corrupt,
+    Encoded,
+    aligned,
+    allocate,
+    check_entry,
+    decode_state,
+    is_count,
+)
+
+FORMAT = "cluster-checkpoint"
+VERSION = 2
+MAGIC = b"CLCKPT\r\n"
+END_MAGIC = b"CLCKEND\n"
+SUFFIX = ".ckpt"
+
+PREAMBLE = struct.Struct("<8sIIQQ")
+# The checksum of each version: what makes a fresh hash object, and its digest size.
+_DIGESTS: dict[int, tuple[Any, int]] = {1: (hashlib.sha256, 32), 2: (xxhash.xxh3_128, 16)}
+FOOTER_SIZE = len(END_MAGIC) + _DIGESTS[VERSION][1]
+# Reads are hashed in slices of this size, so hashing one slice overlaps reading the next.
+_READ_SLICE = 8 << 20
+
+
+class Hash(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+    def digest(self) -> bytes: ...
+
+
+def new_hash() -> Hash:
+    """The checksum of the current version, empty."""
+    made: Hash = _DIGESTS[VERSION][0]()
+    return made
+
+
+def head(step: int, rank: int, prefix: str, encoded: Encoded) -> bytes:
+    """Everything before the data: preamble, header, padding (a file of the current version)."""
+    header = json.dumps(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": step,
+            "rank": rank,
+            "prefix": prefix,
+            "data_bytes": encoded.data_bytes,
+            "entries": encoded.entries,
+            "state": encoded.tree,
+        },
+        separators=(",", ":"),
+    ).encode()
+    data_start = aligned(PREAMBLE.size + len(header))
+    size = data_start + encoded.data_bytes + FOOTER_SIZE
+    preamble = PREAMBLE.pack(MAGIC, VERSION, 0, len(header), size)
+    return preamble + header + bytes(data_start - PREAMBLE.size - len(header))
+
+
+def footer(digest: bytes) -> bytes:
+    return END_MAGIC + digest
+
+
+def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
+    """Write a checkpoint file made of `parts` (head, data, footer) atomically and durably."""
+
+    def write_parts(fd: int) -> None:
+        for part in parts:
+            atomic.write_all(fd, part)
+
+    def failed(exc: OSError) -> CheckpointError:
+        return CheckpointError(
+            f"cannot save the checkpoint of step {step} to {path} ({exc.strerror}); the "
+            "checkpoints saved before are unchanged"
+        )
+
+    atomic.write_atomically(path, write_parts, failed)
+
+
+def looks_complete(path: Path) -> bool:
+    """The preamble, size and footer are right: a cheap check that the file was written whole
+    (`read` verifies the checksum)."""
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < PREAMBLE.size + len(END_MAGIC):
+                return False
+            magic, version, _flags, _length, recorded = PREAMBLE.unpack(file.read(PREAMBLE.size))
+            if magic != MAGIC or version not in _DIGESTS or recorded != size:
+                return False
+            file.seek(size - len(END_MAGIC) - _DIGESTS[version][1])
+            return file.read(len(END_MAGIC)) == END_MAGIC
+    except OSError:
+        return False
+
+
+def read(path: Path, step: int) -> dict[str, Any]:
+    """The state in the checkpoint file of `step`, verified; CheckpointError naming the file
+    when it is torn, corrupt, of another step or unreadable."""
+    try:
+        with open(path, "rb", buffering=0) as file:
+            return _read_file(file, step)
+    except Corrupt as exc:
+        raise CheckpointError(
+            f"the checkpoint {path} is torn or corrupt ({exc}): it was not loaded; an older "
+            "checkpoint may still be whole (CheckpointManager.latest() skips corrupt ones)"
+        ) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path} ({exc.strerror})") from None
+
+
+def _read_file(file: io.FileIO, step: int) -> dict[str, Any]:
+    size = os.fstat(file.fileno()).st_size
+    if size < PREAMBLE.size + len(END_MAGIC):
+        raise Corrupt(f"{size} bytes, shorter than the smallest checkpoint")
+    preamble = _read_exactly(file, PREAMBLE.size)
+    magic, version, _flags, header_length, recorded = PREAMBLE.unpack(preamble)
+    if magic != MAGIC:
+        raise Corrupt("not a cluster checkpoint: wrong magic bytes")
+    if version not in _DIGESTS:
+        raise Corrupt(f"format version {version}; this cluster reads versions 1 to {VERSION}")
+    make_hash, digest_size = _DIGESTS[version]
+    footer_size = len(END_MAGIC) + digest_size
+    if recorded != size:
+        raise Corrupt(f"{size} bytes, but it was written with {recorded}: truncated")
+    if header_length > size - PREAMBLE.size - footer_size:
+        raise Corrupt(f"header length {header_length} exceeds the file")
+    header_data = _read_exactly(file, header_length)
+    header = _parse_header(header_data)
+    data_start = aligned(PREAMBLE.size + header_length)
+    data_bytes = header["data_bytes"]
+    if data_start + data_bytes + footer_size != size:
+        raise Corrupt(f"the header's data size {data_bytes} does not match the file size {size}")
+    with _Digest(make_hash()) as digest:
+        digest.feed(preamble)
+        digest.feed(header_data)
+        digest.feed(_read_exactly(file, data_start - PREAMBLE.size - header_length))
+        values: list[Any] = []
+        cursor = 0
+        for entry in header["entries"]:
+            digest.feed(_read_exactly(file, entry["offset"] - cursor))
+            value, raw = allocate(entry)
+            for start in range(0, raw.nbytes, _READ_SLICE):
+                piece = raw[start : start + _READ_SLICE]
+                _read_into(file, piece)
+                digest.feed(piece)
+            values.append(value)
+            cursor = entry["offset"] + entry["nbytes"]
+        digest.feed(_read_exactly(file, data_bytes - cursor))
+        end = _read_exactly(file, footer_size)
+        if end[: len(END_MAGIC)] != END_MAGIC or end[len(END_MAGIC) :] != digest.digest():
+            name = "SHA-256" if version == 1 else "XXH3-128 checksum"
+            raise Corrupt(f"its {name} does not match its content")
+    if header["step"] != step:
+        raise Corrupt(f"it holds step {header['step']!r}, not {step}")
+    return decode_state(header["state"], values)
+
+
+def _parse_header(data: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise Corrupt("its header is not valid JSON") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise Corrupt("its header is not a cluster checkpoint header")
+    if not is_count(header.get("data_bytes")) or not isinstance(header.get("entries"), list):
+        raise Corrupt("its header lacks the data layout")
+    cursor = 0
+    for entry in header["entries"]:
+        check_entry(entry, cursor)
+        cursor = entry["offset"] + entry["nbytes"]
+    if cursor > header["data_bytes"]:
+        raise Corrupt("an array lies past the end of the data")
+    return header
+
+
+class _Digest:
+    """A checksum of a stream of buffers, computed on a helper thread: hashing overlaps the
+    file's reads (xxhash, hashlib and readinto release the GIL on large buffers)."""
+
+    def __init__(self, hash_: Hash) -> None:
+        self._hash = hash_
+        self._queue: queue.SimpleQueue[memoryview | bytes | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="checkpoint-digest", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            self._hash.update(item)
+
+    def feed(self, data: memoryview | bytes) -> None:
+        """Hash `data` next; it must not change until `digest()` returns."""
+        self._queue.put(data)
+
+    def digest(self) -> bytes:
+        self.close()
+        return self._hash.digest()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> _Digest:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _read_exactly(file: io.FileIO, count: int) -> bytes:
+    data = bytearray(count)
+    _read_into(file, memoryview(data))
+    return bytes(data)
+
+
+def _read_into(file: io.FileIO, view: memoryview) -> None:
+    while view:
+        count = file.readinto(view)
+        if not count:
+            raise Corrupt("it ends early: truncated")
+        view = view[count:]

@@ -1,0 +1,181 @@
+"""One step's checkpoint held in memory: the bytes of its file, in buffers that are reused.
+
+A `Snapshot` is what `CheckpointManager.save` copies a state into before it returns: the file's
+head (preamble, header, padding) and its data area, one numpy buffer in which every array lies at
+its offset, copied there in one pass (not pickled, whatever its strides or device). The
+checksum is computed once, on first use, by whoever needs it first (the background writer), not
+by the training loop. The same bytes go to disk (`chunks()` is the file) and could go to a peer
+that takes a rank over: the receiver writes them with `checkpoint_files.write` and verifies
+them with `checkpoint_files.read`, as for any file.
+
+A `SnapshotPool` owns a fixed number of snapshots and hands out one that nobody holds; holds are
+counted (the writer holds a snapshot until it is on disk, the manager holds the newest one, a
+peer transfer would hold the one it sends). When every snapshot is held, `acquire` waits: that is
+the back-pressure that bounds the memory of a loop that saves faster than the disk writes, and
+each wait is counted. Buffers are kept from one save to the next, so a steady state of saves of
+the same layout allocates nothing (a fresh buffer costs a page fault per 4 KiB on first touch,
+ten times the copy itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from cluster.storage import checkpoint_files
+from cluster.storage.background import WAIT_WARNING_S
+from cluster.storage.checkpoint_tree import Encoded, copy_into
+
+_log = logging.getLogger(__name__)
+
+
+class Snapshot:
+    """The checkpoint of `step`, owned by a pool; see the module."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        # Whether this step's file is complete on disk (set by the writer after its rename).
+        self.persisted = False
+        self._head = b""
+        self._buffer = np.zeros(0, np.uint8)
+        self._data_bytes = 0
+        self._layout: list[tuple[int, int]] = []
+        self._digest: bytes | None = None
+        self._digest_lock = threading.Lock()
+        self._holds = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the checkpoint file these bytes make."""
+        return len(self._head) + self._data_bytes + checkpoint_files.FOOTER_SIZE
+
+    def fill(self, step: int, rank: int, prefix: str, encoded: Encoded) -> None:
+        """Copy an encoded state into this snapshot's buffers (grown only when too small)."""
+        layout = [(entry["offset"], entry["nbytes"]) for entry in encoded.entries]
+        if self._buffer.nbytes < encoded.data_bytes:
+            # np.zeros: the padding between arrays is zero, and the pages are touched (faulted
+            # in) by the copies below, once.
+            self._buffer = np.zeros(encoded.data_bytes, np.uint8)
+        elif layout != self._layout:
+            self._zero_gaps(layout, encoded.data_bytes)
+        for entry, source in zip(encoded.entries, encoded.sources, strict=True):
+            copy_into(source, entry, self._buffer)
+        self.step = step
+        self.persisted = False
+        self._head = checkpoint_files.head(step, rank, prefix, encoded)
+        self._data_bytes = encoded.data_bytes
+        self._layout = layout
+        with self._digest_lock:
+            self._digest = None
+
+    def _zero_gaps(self, layout: list[tuple[int, int]], data_bytes: int) -> None:
+        """Zero the padding of a new layout (it may hold bytes of the old one): files of the
+        same state are the same bytes."""
+        cursor = 0
+        for offset, nbytes in layout:
+            self._buffer[cursor:offset] = 0
+            cursor = offset + nbytes
+        self._buffer[cursor:data_bytes] = 0
+
+    def checksum(self) -> bytes:
+        """The checksum in the file's footer (computed on first use, then kept)."""
+        with self._digest_lock:
+            if self._digest is None:
+                hash_ = checkpoint_files.new_hash()
+                hash_.update(self._head)
+                hash_.update(self._data())
+                self._digest = hash_.digest()
+            return self._digest
+
+    def chunks(self) -> list[memoryview]:
+        """The bytes of the checkpoint file, in order: head, data, footer."""
+        footer = checkpoint_files.footer(self.checksum())
+        return [memoryview(self._head), self._data(), memoryview(footer)]
+
+    def _data(self) -> memoryview:
+        return self._buffer[: self._data_bytes].data
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    waits: int  # acquisitions that found every snapshot held
+    wait_s: float  # the time they waited, in all
+
+
+class SnapshotPool:
+    """At most `capacity` snapshots, handed out when nobody holds them; see the module."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._snapshots: list[Snapshot] = []
+        self._latest: Snapshot | None = None  # the newest step copied, held by the pool
+        self._changed = threading.Condition()
+        self._waits = 0
+        self._wait_s = 0.0
+
+    def acquire(self) -> Snapshot:
+        """A snapshot nobody holds, held once for the caller; waits while every one is held."""
+        with self._changed:
+            free = self._free()
+            if free is None:
+                self._waits += 1
+                start = time.monotonic()
+                while (free := self._free()) is None:
+                    if not self._changed.wait(WAIT_WARNING_S):
+                        _log.warning(
+                            "a checkpoint save has waited %.0f s for the writer to finish the "
+                            "previous ones (a slow or stuck disk?)",
+                            time.monotonic() - start,
+                        )
+                self._wait_s += time.monotonic() - start
+            free._holds += 1
+            return free
+
+    def _free(self) -> Snapshot | None:
+        for snapshot in self._snapshots:
+            if snapshot._holds == 0:
+                return snapshot
+        if len(self._snapshots) < self._capacity:
+            self._snapshots.append(Snapshot())
+            return self._snapshots[-1]
+        return None
+
+    def hold(self, snapshot: Snapshot) -> None:
+        with self._changed:
+            snapshot._holds += 1
+
+    def release(self, snapshot: Snapshot) -> None:
+        with self._changed:
+            assert snapshot._holds > 0, "a snapshot released more often than held"
+            snapshot._holds -= 1
+            self._changed.notify_all()
+
+    def set_latest(self, snapshot: Snapshot | None) -> None:
+        """Make `snapshot` the newest step, taking over a hold the caller has on it, and
+        release the hold of the one before."""
+        with self._changed:
+            previous, self._latest = self._latest, snapshot
+            if previous is not None:
+                previous._holds -= 1
+                self._changed.notify_all()
+
+    def hold_latest(self) -> Snapshot | None:
+        """The newest step, held for the caller (who releases it), or None."""
+        with self._changed:
+            if self._latest is not None:
+                self._latest._holds += 1
+            return self._latest
+
+    def clear(self) -> None:
+        """Drop the buffers nobody holds (they are made again when needed)."""
+        with self._changed:
+            self._snapshots = [s for s in self._snapshots if s._holds > 0]
+
+    @property
+    def stats(self) -> PoolStats:
+        with self._changed:
+            return PoolStats(self._waits, self._wait_s)

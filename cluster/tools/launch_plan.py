@@ -1,0 +1,235 @@
+"""What `mscluster run` starts on this host: each process's role, node id, command, environment
+and log file, decided before anything starts.
+
+Pure: the shell (`cluster.tools.launch`) resolves the master address, reads the TLS config and
+finds the job secret, then asks `make_plan` what to start, and starts exactly that;
+`mscluster run --dry-run` prints the same plan with `render` instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.protocol.config import is_numeric_node_id
+from cluster.tools.slurm import Allocation
+from cluster.tools.table import format_table
+
+HIDDEN = "<hidden>"
+# Variables of the launcher's own environment that matter to the job, shown by --dry-run.
+SHOWN_PREFIXES = ("CLUSTER_", "GRPC_")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    script: Path
+    script_args: tuple[str, ...]
+    worker_num: int
+    local_worker_num: int
+    master_addr: str
+    master_port: int
+    node_rank: int = -1
+    log_dir: Path = Path("logs")
+    join: bool = False
+    cluster_time_out: float | None = None
+    node_timeout: float | None = None
+    enable_recovery: bool = False
+    recovery_path: Path | None = None
+    max_restarts: int = 0
+    tls_config: Path | None = None
+    metrics_port: int | None = None  # the scheduler's /metrics (CLUSTER_METRICS_PORT)
+    python: str = sys.executable
+    # The Slurm allocation the placement came from (None: not under Slurm, or not used).
+    allocation: Allocation | None = None
+    # The master address is a Slurm node name: reach it at its NodeAddr when it does not resolve.
+    master_is_node: bool = False
+    # CLUSTER_JOB_SECRET_FILE for every process (None: what the environment gives, if anything).
+    job_secret_file: Path | None = None
+
+    @property
+    def job_recovery_path(self) -> Path:
+        """--recovery-path, or LOG_DIR/recovery: the job's state beside its logs."""
+        return self.recovery_path if self.recovery_path is not None else self.log_dir / "recovery"
+
+
+@dataclass(frozen=True)
+class Process:
+    name: str  # "scheduler", "worker 0"
+    role: str  # MS_SCHED, MS_WORKER
+    args: tuple[str, ...]
+    env: Mapping[str, str]  # what the launcher sets, on top of its own environment
+    log: Path
+    node_id: str | None = None
+    index: int | None = None  # a worker's index on this host
+
+    @property
+    def rank(self) -> int | None:
+        """Known in advance for a numeric node id (it is the rank), else given at registration."""
+        if self.node_id is not None and is_numeric_node_id(self.node_id):
+            return int(self.node_id)
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    ip: str  # the scheduler's address
+    address: str  # where the scheduler is reached, HOST:PORT
+    scheduler: Process | None  # None: it runs on another host
+    workers: tuple[Process, ...]
+    notes: tuple[str, ...] = field(default=())  # what the shell found out, for --dry-run
+
+    @property
+    def processes(self) -> tuple[Process, ...]:
+        return self.workers if self.scheduler is None else (self.scheduler, *self.workers)
+
+
+def node_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
+    """The MS_NODE_ID of each local worker: numeric (so the rank) when it can be."""
+    local = options.local_worker_num
+    if options.node_rank >= 0:
+        return [str(options.node_rank * local + i) for i in range(local)]
+    if local == options.worker_num:  # the whole job is here: worker i is rank i
+        return [str(i) for i in range(local)]
+    return [f"{hostname}-{pid}-{i:04d}" for i in range(local)]
+
+
+def job_environment(
+    options: LaunchOptions, ip: str, launcher_pid: int, tls_env: Mapping[str, str]
+) -> dict[str, str]:
+    """The variables every process of the job gets from the launcher."""
+    o = options
+    env = {
+        "MS_WORKER_NUM": str(o.worker_num),
+        "MS_SCHED_HOST": ip,
+        "MS_SCHED_PORT": str(o.master_port),
+        "PYTHONUNBUFFERED": "1",
+        "CLUSTER_LAUNCHER_PID": str(launcher_pid),  # children stop when the launcher is gone
+    }
+    if o.cluster_time_out is not None:
+        env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
+    if o.node_timeout is not None:
+        env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
+    if o.enable_recovery:
+        env["MS_ENABLE_RECOVERY"] = "1"
+        env["MS_RECOVERY_PATH"] = str(o.job_recovery_path.resolve())
+    env.update(tls_env)
+    if o.job_secret_file is not None:
+        env["CLUSTER_JOB_SECRET_FILE"] = str(o.job_secret_file.resolve())
+    return env
+
+
+def observe_environment(options: LaunchOptions) -> dict[str, str]:
+    """The scheduler's: its event log beside the logs, and its metrics port when asked for."""
+    env = {"CLUSTER_EVENT_LOG": str((options.log_dir / "events.jsonl").resolve())}
+    if options.metrics_port is not None:
+        env["CLUSTER_METRICS_PORT"] = str(options.metrics_port)
+    return env
+
+
+def make_plan(
+    options: LaunchOptions,
+    *,
+    ip: str,
+    with_scheduler: bool,
+    hostname: str,
+    launcher_pid: int,
+    tls_env: Mapping[str, str],
+    notes: Sequence[str] = (),
+) -> Plan:
+    o = options
+    base = job_environment(o, ip, launcher_pid, tls_env)
+    scheduler = None
+    if with_scheduler:
+        scheduler = Process(
+            "scheduler",
+            "MS_SCHED",
+            (o.python, "-m", "cluster", "scheduler"),  # the script is not imported twice
+            {**base, "MS_ROLE": "MS_SCHED", **observe_environment(o)},
+            o.log_dir / "scheduler.log",
+        )
+    workers = tuple(
+        Process(
+            f"worker {i}",
+            "MS_WORKER",
+            (o.python, str(o.script), *o.script_args),
+            {**base, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id},
+            o.log_dir / f"worker_{i}.log",
+            node_id=node_id,
+            index=i,
+        )
+        for i, node_id in enumerate(node_ids(o, hostname, launcher_pid))
+    )
+    address = f"[{ip}]:{o.master_port}" if ":" in ip else f"{ip}:{o.master_port}"
+    return Plan(ip, address, scheduler, workers, tuple(notes))
+
+
+def child_environment(inherited: Mapping[str, str], process: Process) -> dict[str, str]:
+    """A child's whole environment: the launcher's own without its MS_* (the job's are set
+    afresh), then the process's."""
+    env = {k: v for k, v in inherited.items() if not k.startswith("MS_")}
+    env.update(process.env)
+    return env
+
+
+def shown_value(name: str, value: str) -> str:
+    """`value`, unless `name` holds a secret or a password itself (a *_FILE path is shown)."""
+    secret = "SECRET" in name or "PASSWORD" in name
+    return HIDDEN if secret and not name.endswith("_FILE") else value
+
+
+def render(plan: Plan, options: LaunchOptions, inherited: Mapping[str, str]) -> str:
+    """What `mscluster run --dry-run` prints: the plan, without any secret's value."""
+    o = options
+    where = o.allocation.describe() if o.allocation is not None else "the options given"
+    lines = [
+        "mscluster run --dry-run: nothing is started; this host would run:",
+        f"placement: {where}",
+        f"scheduler: {plan.address} (--master-addr {o.master_addr}), {_scheduler_here(plan, o)}",
+        f"workers: {len(plan.workers)} of {o.worker_num} here; restarts up to "
+        f"{o.max_restarts} each; recovery {'on' if o.enable_recovery else 'off'}",
+        *(f"note: {note}" for note in plan.notes),
+        "",
+    ]
+    rows = [
+        (
+            p.name,
+            p.role,
+            p.node_id or "-",
+            "-" if p.rank is None else str(p.rank),
+            str(p.log),
+            " ".join(p.args),
+        )
+        for p in plan.processes
+    ]
+    lines += format_table(("process", "role", "node id", "rank", "log", "command"), rows)
+    lines += _environment(plan, inherited)
+    return "\n".join(lines)
+
+
+def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
+    if plan.scheduler is not None:
+        return "started here"
+    if options.node_rank > 0:
+        return f"not started here: this is node rank {options.node_rank}, node 0 starts it"
+    return "not started here: the address is not this host's"
+
+
+def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
+    """The job's variables, those of the launcher's environment that matter, and its MS_* that
+    are not passed on."""
+    per_process = {"MS_ROLE", "MS_NODE_ID"}
+    common = {k: v for k, v in plan.processes[0].env.items() if k not in per_process}
+    lines = ["", "environment of every process (MS_ROLE and MS_NODE_ID as in the table):"]
+    lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
+    passed = {
+        k: v for k, v in inherited.items() if k.startswith(SHOWN_PREFIXES) and k not in common
+    }
+    if passed:
+        lines.append("passed on from this environment (with the rest of it):")
+        lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(passed.items())]
+    dropped = sorted(k for k in inherited if k.startswith("MS_"))
+    if dropped:
+        lines.append(f"not passed on (the job's own are set): {', '.join(dropped)}")
+    return lines

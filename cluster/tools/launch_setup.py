@@ -1,0 +1,124 @@
+"""Before `mscluster run` starts anything: check the options, find the scheduler's address and
+whether it runs here, and make the plan of this host's processes (`cluster.tools.launch_plan`).
+
+Every failure here is a ConfigError (one line, exit 2) with nothing started.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from cluster.protocol.errors import ConfigError
+from cluster.tools import slurm_io
+from cluster.tools.launch_plan import LaunchOptions, Plan, make_plan
+from cluster.transport import tls
+
+
+def resolve_host(name: str) -> str:
+    """The IP address of `name`, or a ConfigError."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(
+            f"--master-addr {name!r} does not resolve ({exc.strerror}): use the scheduler host's "
+            "IP address or a name this machine can resolve"
+        ) from None
+    return str(infos[0][4][0])
+
+
+def is_local_address(ip: str) -> bool:
+    """True when `ip` is an address of this host (binding to it works)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
+def check_port_free(ip: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--master-port {port} is already in use on {ip} (another job's scheduler?): "
+                    "stop it or choose another port"
+                ) from None
+            raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
+
+
+def validate(options: LaunchOptions) -> None:
+    """Every check that needs no child process; ConfigError naming the option otherwise."""
+    if options.worker_num < 1:
+        raise ConfigError(f"--worker-num {options.worker_num} must be >= 1")
+    if not 1 <= options.local_worker_num <= options.worker_num:
+        raise ConfigError(
+            f"--local-worker-num {options.local_worker_num} must be between 1 and --worker-num "
+            f"({options.worker_num})"
+        )
+    if not 1 <= options.master_port <= 65535:
+        raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
+    if not options.script.is_file():
+        raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
+    if options.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
+    if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
+    if (
+        options.node_rank >= 0
+        and (options.node_rank + 1) * options.local_worker_num > options.worker_num
+    ):
+        raise ConfigError(
+            f"--node-rank {options.node_rank} with --local-worker-num {options.local_worker_num} "
+            f"would start ranks up to {(options.node_rank + 1) * options.local_worker_num - 1}, "
+            f"but --worker-num is {options.worker_num}"
+        )
+
+
+def plan_job(options: LaunchOptions) -> Plan:
+    """What to start on this host: the master address resolved, whether the scheduler runs
+    here, the TLS variables read from the config."""
+    ip, notes = resolve_master(options)
+    with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
+    tls_env = {}
+    if options.tls_config is not None:
+        tls_env = tls.launch_environment(options.tls_config.resolve())
+    if options.job_secret_file is not None and options.allocation is not None:
+        notes.append(
+            f"job secret: node 0 writes {options.allocation.secret_path} in the working "
+            f"directory, every node copies it to {options.job_secret_file}"
+        )
+    return make_plan(
+        options,
+        ip=ip,
+        with_scheduler=with_scheduler,
+        hostname=socket.gethostname(),
+        launcher_pid=os.getpid(),
+        tls_env=tls_env,
+        notes=notes,
+    )
+
+
+def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
+    """The scheduler's IP address, and how it was found when that is worth saying. A Slurm node
+    name that does not resolve is reached at the NodeAddr scontrol shows for it."""
+    name = options.master_addr
+    try:
+        return resolve_host(name), []
+    except ConfigError:
+        if not options.master_is_node:
+            raise
+    address = slurm_io.node_address(name)
+    if address is None:
+        raise ConfigError(
+            f"the scheduler's node {name!r} (the first of the Slurm node list) does not resolve "
+            "here and `scontrol show node` gives no NodeAddr for it: give --master-addr"
+        )
+    return resolve_host(address), [f"node {name} does not resolve: NodeAddr {address} (scontrol)"]

@@ -1,0 +1,129 @@
+"""What `mscluster run` does with a Slurm allocation that needs more than the environment:
+asking scontrol for a node's address, and sharing one job secret among the nodes of a step.
+
+The job secret (README, "Running on Slurm"): when the step spans several nodes and no
+CLUSTER_JOB_SECRET[_FILE] is given, node 0's launcher writes 32 random bytes, hex, to
+`.mscluster/slurm-<job>.<step>.secret` under the job's working directory (a directory of mode
+0700, the file 0600, written to a temporary name and renamed, so no node reads half of it). Every
+node's launcher, node 0's too, waits for it (bounded), copies it to `<log-dir>/job.secret` (0600)
+and gives that file to its processes as CLUSTER_JOB_SECRET_FILE; node 0 removes the shared file
+when its launcher ends. The secret is random, so nothing about the job (its id, its nodes)
+guesses it, and it is readable only by the job's user.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from cluster.protocol.errors import ConfigError
+from cluster.tools.slurm import Allocation, node_addr
+
+SCONTROL_TIMEOUT_S = 10.0
+# How long the other nodes wait for node 0's launcher to write the shared secret.
+SECRET_WAIT_S = 60.0
+SECRET_POLL_S = 0.1
+LOCAL_SECRET = "job.secret"  # noqa: S105 - the file's name, not a secret
+
+
+def node_address(name: str) -> str | None:
+    """The NodeAddr Slurm reaches node `name` at (`scontrol show node -o NAME`); None when
+    scontrol is missing, fails or shows none."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    try:
+        done = subprocess.run(
+            [scontrol, "show", "node", "-o", name],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return node_addr(done.stdout) if done.returncode == 0 else None
+
+
+def shares_secret(allocation: Allocation | None, env: Mapping[str, str]) -> bool:
+    """Whether this step's nodes share a secret made by node 0: several nodes, none given."""
+    given = env.get("CLUSTER_JOB_SECRET_FILE", "").strip() or "CLUSTER_JOB_SECRET" in env
+    return allocation is not None and allocation.node_count > 1 and not given
+
+
+def local_secret_file(log_dir: Path) -> Path:
+    return log_dir / LOCAL_SECRET
+
+
+def share_secret(allocation: Allocation, log_dir: Path, wait_s: float = SECRET_WAIT_S) -> Path:
+    """Node 0 makes the step's secret; every node copies it to LOG_DIR/job.secret, returned."""
+    shared = allocation.secret_path
+    if allocation.node_rank == 0:
+        _write_private(shared, secrets.token_hex(32) + "\n", directory_mode=0o700)
+    secret = _wait_for(shared, allocation, wait_s)
+    local = local_secret_file(log_dir)
+    _write_private(local, secret, directory_mode=None)
+    return local
+
+
+def remove_shared_secret(allocation: Allocation) -> None:
+    """Node 0, at the end: the shared copy has served (each node keeps its own)."""
+    if allocation.node_rank == 0:
+        allocation.secret_path.unlink(missing_ok=True)
+
+
+def _write_private(path: Path, text: str, directory_mode: int | None) -> None:
+    """`text` in `path`, mode 0600, whole or not at all (temporary file, then rename)."""
+    try:
+        _write_whole(path, text, directory_mode)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the job secret to {path.absolute()} ({exc.strerror}): run the job "
+            "from a directory it may write, or give CLUSTER_JOB_SECRET_FILE"
+        ) from None
+
+
+def _write_whole(path: Path, text: str, directory_mode: int | None) -> None:
+    if directory_mode is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        path.parent.mkdir(mode=directory_mode, parents=True, exist_ok=True)
+        path.parent.chmod(directory_mode)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    temporary.replace(path)
+
+
+def _wait_for(shared: Path, allocation: Allocation, wait_s: float) -> str:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = shared.read_text()
+        except FileNotFoundError:
+            text = ""
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read the job secret {shared.absolute()} ({exc.strerror}): give "
+                "CLUSTER_JOB_SECRET_FILE"
+            ) from None
+        if text.strip():
+            return text
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"node 0 of {allocation.describe()} did not write the job secret "
+                f"{Path.cwd() / shared} within {wait_s:g} s: is the working directory shared by "
+                "the nodes, and did node 0's mscluster run start? Otherwise make the secret in "
+                "the batch script and pass it (CLUSTER_JOB_SECRET_FILE, a file of mode 0600 every "
+                "node can read)"
+            )
+        time.sleep(SECRET_POLL_S)

@@ -1,0 +1,233 @@
+"""Where a host's part of a job comes from: the options, else the Slurm allocation, else the
+defaults; and the plan of processes that `mscluster run` (and --dry-run) makes from it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.protocol.errors import ConfigError
+from cluster.tools import launch_plan, placement, slurm
+from cluster.tools.launch_plan import LaunchOptions
+from cluster.tools.placement import Requested
+
+STEP = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "3",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_JOB_NUM_NODES": "4",
+    "SLURM_JOB_NODELIST": "gpu[05-08]",
+    "SLURMD_NODENAME": "gpu08",
+}
+# The batch script of a two-node job, outside srun (what Slurm 22.05 sets there).
+BATCH = {
+    "SLURM_JOB_ID": "17",
+    "SLURM_NODEID": "0",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+}
+
+
+def allocation(**changes: str) -> slurm.Allocation:
+    found = slurm.allocation_from_env({**STEP, **changes})
+    assert found is not None
+    return found
+
+
+def test_outside_slurm_there_is_no_allocation() -> None:
+    assert slurm.allocation_from_env({"HOME": "/root"}) is None
+
+
+def test_a_step_is_read_from_the_steps_variables_not_the_jobs() -> None:
+    # `srun -N2` inside a four-node allocation: the job of this launcher has two nodes.
+    found = allocation()
+    assert (found.job_id, found.step_id, found.node_rank) == (4242, 3, 1)
+    assert (found.node_count, found.nodelist, found.first_node) == (2, "gpu[07-08]", "gpu07")
+    assert found.describe() == "Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])"
+    assert found.secret_path == Path(".mscluster/slurm-4242.3.secret")
+    assert found.default_port == 10000 + 4242
+
+
+def test_the_batch_script_is_read_from_the_jobs_variables() -> None:
+    found = slurm.allocation_from_env(BATCH)
+    assert found is not None
+    assert (found.step_id, found.node_count, found.first_node) == (None, 2, "node1")
+    assert found.describe() == "Slurm job 17 batch script, node 0 of 2 (node[1-2])"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"SLURM_NODEID": "x"}, "SLURM_NODEID='x' is not an integer"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is not below the node count"),
+        ({"SLURM_STEP_NODELIST": ""}, "SLURM_STEP_NODELIST is not set"),
+        ({"SLURM_STEP_NUM_TASKS": "4"}, "srun started 4 tasks on 2 nodes"),
+        ({"SLURM_STEP_ID": ""}, "SLURM_STEP_ID is not set although SLURM_JOB_ID is"),
+        ({"SLURM_GPUS_ON_NODE": "two"}, "SLURM_GPUS_ON_NODE='two' is not an integer"),
+    ],
+)
+def test_a_broken_allocation_is_a_config_error_naming_the_variable(
+    changes: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        slurm.allocation_from_env({**STEP, **changes})
+
+
+def test_the_defaults_outside_slurm_are_todays() -> None:
+    where = placement.place(Requested(), None)
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (8, 8, -1)
+    assert (where.master_addr, where.master_port) == ("127.0.0.1", 8118)
+    assert where.log_dir == Path("logs")
+    where = placement.place(Requested(worker_num=4, local_worker_num=2, node_rank=1), None)
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (4, 2, 1)
+
+
+def test_slurm_gives_what_was_not_typed() -> None:
+    where = placement.place(Requested(), allocation(SLURM_GPUS_ON_NODE="4"))
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (8, 4, 1)
+    assert (where.master_addr, where.master_port) == ("gpu07", 14242)
+    assert where.master_is_node
+    # The nodes share the working directory: each writes its logs apart.
+    assert where.log_dir == Path("logs/node1")
+    # Without GPUs, one worker per node.
+    assert placement.place(Requested(), allocation()).local_worker_num == 1
+
+
+def test_explicit_options_win_over_slurm() -> None:
+    typed = Requested(
+        worker_num=6,
+        local_worker_num=3,
+        master_addr="10.0.0.1",
+        master_port=9000,
+        node_rank=0,
+        log_dir=Path("/var/log/job"),
+    )
+    where = placement.place(typed, allocation(SLURM_GPUS_ON_NODE="4"))
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (6, 3, 0)
+    assert (where.master_addr, where.master_port) == ("10.0.0.1", 9000)
+    assert not where.master_is_node
+    assert where.log_dir == Path("/var/log/job/node0")
+
+
+def test_a_typed_worker_num_is_spread_over_the_nodes() -> None:
+    where = placement.place(Requested(worker_num=4), allocation(SLURM_GPUS_ON_NODE="8"))
+    assert (where.worker_num, where.local_worker_num) == (4, 2)
+    with pytest.raises(ConfigError, match="--worker-num 5 does not divide among the 2 nodes"):
+        placement.place(Requested(worker_num=5), allocation())
+
+
+def test_one_node_keeps_the_log_dir_as_it_is() -> None:
+    one = allocation(SLURM_NODEID="0", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NUM_TASKS="1")
+    where = placement.place(Requested(worker_num=2, local_worker_num=2), one)
+    assert (where.worker_num, where.node_rank, where.log_dir) == (2, 0, Path("logs"))
+
+
+def test_the_batch_script_of_several_nodes_asks_for_srun() -> None:
+    batch = slurm.allocation_from_env(BATCH)
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=1 mscluster run"):
+        placement.place(Requested(), batch)
+    # With --worker-num, a job of the batch node alone.
+    where = placement.place(Requested(worker_num=2), batch)
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (2, 2, 0)
+
+
+def options(**changes: Any) -> LaunchOptions:
+    base = LaunchOptions(
+        script=Path("train.py"),
+        script_args=("--lr", "0.1"),
+        worker_num=4,
+        local_worker_num=2,
+        master_addr="gpu07",
+        master_port=14242,
+        node_rank=1,
+        log_dir=Path("logs/node1"),
+        python="/usr/bin/python3",
+        allocation=allocation(),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def plan(opts: LaunchOptions, *, with_scheduler: bool = False) -> launch_plan.Plan:
+    return launch_plan.make_plan(
+        opts,
+        ip="10.1.1.7",
+        with_scheduler=with_scheduler,
+        hostname="gpu08",
+        launcher_pid=99,
+        tls_env={"CLUSTER_TLS_CONFIG": "/etc/ssl.json"},
+    )
+
+
+def test_the_plan_names_each_process_its_node_id_rank_and_log() -> None:
+    made = plan(options(enable_recovery=True, job_secret_file=Path("/j/job.secret")))
+    assert made.scheduler is None
+    assert made.address == "10.1.1.7:14242"
+    assert [(p.name, p.node_id, p.rank, p.log) for p in made.workers] == [
+        ("worker 0", "2", 2, Path("logs/node1/worker_0.log")),
+        ("worker 1", "3", 3, Path("logs/node1/worker_1.log")),
+    ]
+    env = made.workers[1].env
+    assert env["MS_ROLE"] == "MS_WORKER"
+    assert env["MS_NODE_ID"] == "3"
+    assert env["MS_SCHED_HOST"] == "10.1.1.7"
+    assert env["MS_ENABLE_RECOVERY"] == "1"
+    assert env["MS_RECOVERY_PATH"].endswith("logs/node1/recovery")
+    assert env["CLUSTER_JOB_SECRET_FILE"] == "/j/job.secret"
+    assert env["CLUSTER_TLS_CONFIG"] == "/etc/ssl.json"
+    assert made.workers[0].args == ("/usr/bin/python3", "train.py", "--lr", "0.1")
+
+
+def test_node_zero_plans_the_scheduler_without_the_script() -> None:
+    made = plan(options(node_rank=0, log_dir=Path("logs/node0")), with_scheduler=True)
+    assert made.scheduler is not None
+    assert made.scheduler.args == ("/usr/bin/python3", "-m", "cluster", "scheduler")
+    assert made.scheduler.env["MS_ROLE"] == "MS_SCHED"
+    assert made.scheduler.log == Path("logs/node0/scheduler.log")
+    assert [p.node_id for p in made.workers] == ["0", "1"]
+
+
+def test_without_a_node_rank_a_multi_host_job_gets_host_unique_ids() -> None:
+    made = plan(options(node_rank=-1, allocation=None))
+    assert [(p.node_id, p.rank) for p in made.workers] == [
+        ("gpu08-99-0000", None),
+        ("gpu08-99-0001", None),
+    ]
+
+
+def test_a_child_gets_the_launchers_environment_without_its_ms_variables() -> None:
+    made = plan(options())
+    inherited = {"PATH": "/bin", "MS_ROLE": "MS_SCHED", "MS_NODE_ID": "7", "MS_SERVER_NUM": "2"}
+    env = launch_plan.child_environment(inherited, made.workers[0])
+    assert env["PATH"] == "/bin"
+    assert (env["MS_ROLE"], env["MS_NODE_ID"]) == ("MS_WORKER", "2")
+    assert "MS_SERVER_NUM" not in env
+
+
+def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
+    opts = options(job_secret_file=Path("/j/job.secret"))
+    inherited = {
+        "CLUSTER_JOB_SECRET": "s3cr3t",
+        "CLUSTER_TLS_CLIENT_PASSWORD": "pa55",
+        "CLUSTER_TLS_CLIENT_PASSWORD_FILE": "/etc/client.pass",
+        "MS_ROLE": "MS_WORKER",
+        "HOME": "/root",
+    }
+    text = launch_plan.render(plan(opts), opts, inherited)
+    assert "placement: Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])" in text
+    assert "not started here: this is node rank 1, node 0 starts it" in text
+    row = next(line for line in text.splitlines() if line.startswith("worker 1 "))
+    assert row.split()[:6] == ["worker", "1", "MS_WORKER", "3", "3", "logs/node1/worker_1.log"]
+    assert "CLUSTER_JOB_SECRET_FILE=/j/job.secret" in text
+    assert "CLUSTER_JOB_SECRET=<hidden>" in text
+    assert "CLUSTER_TLS_CLIENT_PASSWORD=<hidden>" in text
+    assert "CLUSTER_TLS_CLIENT_PASSWORD_FILE=/etc/client.pass" in text
+    assert "s3cr3t" not in text
+    assert "pa55" not in text
+    assert "HOME" not in text  # the rest of the environment is passed on, not listed
+    assert "not passed on (the job's own are set): MS_ROLE" in text

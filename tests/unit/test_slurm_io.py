@@ -1,0 +1,87 @@
+"""The job secret that the nodes of a Slurm step share through their working directory."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.errors import ConfigError
+from cluster.tools import slurm, slurm_io
+
+STEP = {
+    "SLURM_JOB_ID": "31",
+    "SLURM_STEP_ID": "2",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NODELIST": "n[1-2]",
+}
+
+
+def node(rank: int, nodes: int = 2) -> slurm.Allocation:
+    env = {**STEP, "SLURM_NODEID": str(rank), "SLURM_STEP_NUM_NODES": str(nodes)}
+    found = slurm.allocation_from_env({**env, "SLURM_STEP_NUM_TASKS": str(nodes)})
+    assert found is not None
+    return found
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_node_zero_makes_the_secret_and_every_node_copies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the job's working directory, shared by the nodes
+    first = slurm_io.share_secret(node(0), Path("logs/node0"))
+    second = slurm_io.share_secret(node(1), Path("logs/node1"))
+    shared = tmp_path / ".mscluster" / "slurm-31.2.secret"
+    assert first == Path("logs/node0/job.secret")
+    assert first.read_text() == second.read_text() == shared.read_text()
+    assert len(first.read_text().strip()) == 64  # 32 random bytes, hex
+    assert mode(shared.parent) == 0o700
+    assert (mode(shared), mode(first), mode(second)) == (0o600, 0o600, 0o600)
+    assert sorted(p.name for p in shared.parent.iterdir()) == [shared.name]  # no temporary left
+    slurm_io.remove_shared_secret(node(1))  # not node 0's: it stays
+    assert shared.exists()
+    slurm_io.remove_shared_secret(node(0))
+    assert not shared.exists()
+
+
+def test_every_step_gets_a_new_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    one = slurm_io.share_secret(node(0), Path("a")).read_text()
+    two = slurm_io.share_secret(node(0), Path("b")).read_text()
+    assert one != two
+
+
+def test_a_node_waits_for_node_zero_and_then_says_what_to_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        slurm_io.share_secret(node(1), Path("logs/node1"), wait_s=0.3)
+    message = str(caught.value)
+    assert "node 0 of Slurm job 31 step 2, node 1 of 2 (n[1-2]) did not write" in message
+    assert str(tmp_path / ".mscluster" / "slurm-31.2.secret") in message
+    assert "is the working directory shared by the nodes" in message
+    assert "CLUSTER_JOB_SECRET_FILE" in message
+    assert not (tmp_path / "logs").exists()
+
+
+def test_an_unwritable_place_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").write_text("a file where the log directory should be")
+    with pytest.raises(ConfigError, match=r"cannot write the job secret to .*logs/node0/job"):
+        slurm_io.share_secret(node(0), Path("logs/node0"))
+
+
+def test_a_secret_is_shared_only_by_several_nodes_when_none_is_given() -> None:
+    assert slurm_io.shares_secret(node(0), {})
+    assert not slurm_io.shares_secret(node(0, nodes=1), {})
+    assert not slurm_io.shares_secret(None, {})
+    assert not slurm_io.shares_secret(node(0), {"CLUSTER_JOB_SECRET_FILE": "/etc/job.secret"})
+    assert not slurm_io.shares_secret(node(0), {"CLUSTER_JOB_SECRET": "s"})

@@ -198,10 +198,10 @@ def tcpstore_clients_main(
     _report_errors(q, index, body)
 
 
-def scrape_while(metrics_port: int, every_s: float, until: float) -> int:
-    """GET /metrics every `every_s` until `until` (monotonic); how many scrapes answered."""
+def scrape_while(metrics_port: int, every_s: float, until: float, most: int | None = None) -> int:
+    """GET /metrics every `every_s` until `until` (monotonic) or `most` scrapes; how many."""
     answered = 0
-    while True:
+    while most is None or answered < most:
         started = time.monotonic()
         with urllib.request.urlopen(f"http://{HOST}:{metrics_port}/metrics", timeout=10) as page:
             if b"cluster_nodes" not in page.read():
@@ -211,6 +211,7 @@ def scrape_while(metrics_port: int, every_s: float, until: float) -> int:
         if time.monotonic() + pause >= until:
             return answered
         time.sleep(max(pause, 0.0))
+    return answered
 
 
 def run(
@@ -262,10 +263,26 @@ def run(
         if any(v is None for v in [*before, *after]):
             raise BenchError("a process ended during the window")
         used = [b - a for a, b in zip(before, after, strict=True)]  # type: ignore[operator]
+        per_scrape = None
+        if scrape_s is not None and metrics_port is not None:
+            per_scrape = scrape_cost(metrics_port, server.pid)
         stop.set()
         box.collect("closed", len(parts), time.monotonic() + 120.0)
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S + 60.0)
-    return {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+    result = {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+    if per_scrape is not None:
+        result["scrape_s"] = per_scrape
+    return result
+
+
+def scrape_cost(metrics_port: int, pid: int | None, scrapes: int = 50) -> float:
+    """The scheduler's CPU seconds per scrape, over `scrapes` back-to-back scrapes."""
+    before = cpu_seconds(pid)
+    scrape_while(metrics_port, 0.0, float("inf"), scrapes)
+    after = cpu_seconds(pid)
+    if before is None or after is None:
+        raise BenchError("the scheduler ended while it was scraped")
+    return (after - before) / scrapes
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -328,7 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  {system:<8} one beat per {interval:g} s: server {used['server'] * 100:5.1f}% "
             f"of a core, clients {used['clients'] * 100:5.1f}%"
-            + (f" (metrics scraped every {scrape:g} s)" if scrape else ""),
+            + (f" (metrics scraped every {scrape:g} s)" if scrape else "")
+            + (
+                f"; a scrape costs the scheduler {used['scrape_s'] * 1000:.1f} ms of CPU"
+                if "scrape_s" in used
+                else ""
+            ),
             flush=True,
         )
     return 0

@@ -175,23 +175,42 @@ async def _watch(
 # -- the command -------------------------------------------------------------------------------
 
 
+class Printer:
+    """Prints events as they come: the table (its header before the first row) or JSON lines."""
+
+    def __init__(self, out: IO[str], *, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.count = 0
+
+    def __call__(self, event: JobEvent) -> None:
+        if self.count == 0:
+            self._header()
+        print(event.to_json() if self.as_json else row(event), file=self.out, flush=True)
+        self.count += 1
+
+    def done(self) -> int:
+        """How many were printed (an empty table still has its header)."""
+        if self.count == 0:
+            self._header()
+        return self.count
+
+    def _header(self) -> None:
+        if not self.as_json:
+            print(HEADER, file=self.out, flush=True)
+
+
 def show(events: Iterator[JobEvent], out: IO[str], *, as_json: bool) -> int:
     """Print `events` as they come; how many."""
-    count = 0
-    if not as_json:
-        print(HEADER, file=out, flush=True)
+    printer = Printer(out, as_json=as_json)
     for event in events:
-        print(event.to_json() if as_json else row(event), file=out, flush=True)
-        count += 1
-    return count
+        printer(event)
+    return printer.done()
 
 
 async def show_stream(events: AsyncIterator[JobEvent], out: IO[str], *, as_json: bool) -> int:
     """`show` for a scheduler's stream."""
-    count = 0
-    if not as_json:
-        print(HEADER, file=out, flush=True)
+    printer = Printer(out, as_json=as_json)
     async for event in events:
-        print(event.to_json() if as_json else row(event), file=out, flush=True)
-        count += 1
-    return count
+        printer(event)
+    return printer.done()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import IO
@@ -309,7 +310,7 @@ def run(address: str, identity: tls.Identity | None, *, interval_s: float, out: 
     try:
         return asyncio.run(main())
     except SchedulerUnreachableError as exc:
-        print(f"mscluster: {exc}", file=out)
+        print(f"mscluster: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -54,8 +54,9 @@ log = logging.getLogger("cluster.scheduler")
 T = TypeVar("T")
 
 SAVE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-# How long a scrape waits for the scheduler's loop to read the job.
-READ_TIMEOUT_S = 5.0
+# How long a scrape waits for the scheduler's loop to read the job: Prometheus's default scrape
+# timeout (it has given up by then).
+READ_TIMEOUT_S = 10.0
 
 
 def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | None:
@@ -70,8 +71,16 @@ def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | 
 
     try:
         loop.call_soon_threadsafe(run)
+    except RuntimeError:  # the loop is closed: the scheduler is stopping
+        return None
+    try:
         return future.result(READ_TIMEOUT_S)
-    except (RuntimeError, concurrent.futures.TimeoutError):  # loop closed, or too busy
+    except concurrent.futures.TimeoutError:
+        log.warning(
+            "a metrics scrape waited %g s for the scheduler's loop and got no answer: it has "
+            "only the process and RPC metrics",
+            READ_TIMEOUT_S,
+        )
         return None
 
 

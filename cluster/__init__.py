@@ -31,6 +31,8 @@ from cluster.api.runtime import (
 )
 from cluster.api.training import TrainingLoop
 from cluster.protocol.errors import (
+    AccessDeniedError,
+    CapacityError,
     CheckpointError,
     ClusterError,
     CollectiveError,
@@ -63,6 +65,8 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AccessDeniedError",
+    "CapacityError",
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointManager",

@@ -12,6 +12,7 @@ from cluster.protocol.config import ObserveConfig
 from cluster.protocol.state import NodeRole, Registration
 from cluster.scheduler import CoreSettings, SchedulerServer
 from tests.aio import BOUND_S
+from tests.credentials import digest
 
 ON = ObserveConfig(metrics_port=0)
 
@@ -28,7 +29,17 @@ def settings(workers: int = 2, *, recovery: bool = False) -> CoreSettings:
 
 
 def reg(node_id: str, workers: int = 2) -> Registration:
-    return Registration(node_id, NodeRole.WORKER, "127.0.0.1", 6000 + int(node_id), 1, workers, 0)
+    """Worker `node_id` of a job of `workers`, with its own credential."""
+    return Registration(
+        node_id,
+        NodeRole.WORKER,
+        "127.0.0.1",
+        6000 + int(node_id),
+        1,
+        workers,
+        0,
+        credential_digest=digest(node_id, 1),
+    )
 
 
 async def scrape(server: SchedulerServer) -> dict[str, list[Sample]]:

@@ -4,10 +4,17 @@ For coordination (who has which checkpoint, a shared seed, a rendezvous address)
 tensors: values travel through the scheduler and are limited to 64 MiB per call. Every rank
 must call the same collectives in the same order, as with any collective library; a mismatch
 is reported, not deadlocked on.
+
+What is unpickled: only what `allgather_object` and `broadcast_object` deliver, which the
+scheduler takes only from the job's members (every call proves its node's credential), as
+torch.distributed's object collectives trust their group. `allreduce` and `broadcast_bytes`
+never unpickle: an array travels as a small JSON header (a numeric dtype, the shape) and its raw
+bytes.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
@@ -52,9 +59,21 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     return pickle.loads(value)  # noqa: S301 - peers of the same job
 
 
+def broadcast_bytes(data: bytes, root: int = 0) -> bytes:
+    """Rank `root`'s `data` on every worker, never unpickled (other ranks' `data` is ignored)."""
+    session = runtime.session()
+    topology = session.topology
+    mine = data if topology is not None and topology.rank == root else b""
+    (value,) = session.call(
+        session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
+    )
+    return bytes(value)
+
+
 # What one control-plane collective may carry in all (a gRPC message), less room for framing.
 MAX_COLLECTIVE_BYTES = 64 * 1024 * 1024 - 64 * 1024
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+_NUMERIC_KINDS = "biufc"  # numpy dtype kinds allreduce takes: bool, int, uint, float, complex
 
 
 def allreduce(array: Any, op: str = "sum") -> Any:
@@ -71,8 +90,11 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     if op not in _REDUCE_OPS:
         raise ClusterError(f"allreduce op={op!r} is not one of {', '.join(_REDUCE_OPS)}")
     mine = np.ascontiguousarray(array)
-    if mine.dtype.hasobject:
-        raise ClusterError("allreduce needs a numeric numpy array, not one of Python objects")
+    if mine.dtype.kind not in _NUMERIC_KINDS or mine.dtype.hasobject:
+        raise ClusterError(
+            f"allreduce needs a numeric numpy array (bool, integer, float or complex), not one "
+            f"of {mine.dtype}"
+        )
     session = runtime.session()
     size = session.topology.size if session.topology is not None else 1
     if mine.nbytes * size > MAX_COLLECTIVE_BYTES:
@@ -81,7 +103,7 @@ def allreduce(array: Any, op: str = "sum") -> Any:
             f"{MAX_COLLECTIVE_BYTES // 2**20} MiB a control-plane collective carries: reduce "
             "in chunks, or use a data-plane library (torch.distributed) for tensors this large"
         )
-    header = pickle.dumps((mine.dtype.str, mine.shape))
+    header = json.dumps({"dtype": mine.dtype.str, "shape": list(mine.shape)}).encode()
     payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
     arrays = []
     gathered = session.agent.exchange("allgather", payload, generation=session.generation_pin)
@@ -89,11 +111,16 @@ def allreduce(array: Any, op: str = "sum") -> Any:
         values = session.call(gathered)
     for value in values:
         length = int.from_bytes(value[:4], "little")
-        dtype, shape = pickle.loads(value[4 : 4 + length])  # noqa: S301 - peers of the job
+        dtype, shape = _array_header(value[4 : 4 + length])
         if (dtype, shape) != (mine.dtype.str, mine.shape):
             raise ClusterError(
                 f"allreduce got an array of {dtype} {shape} from a peer, but this worker's is "
                 f"{mine.dtype.str} {mine.shape}: every worker must pass the same dtype and shape"
+            )
+        if len(value) != 4 + length + mine.nbytes:
+            raise ClusterError(
+                f"allreduce got {len(value) - 4 - length} bytes of array data from a peer for "
+                f"{mine.dtype.str} {mine.shape} ({mine.nbytes} bytes)"
             )
         arrays.append(np.frombuffer(value, dtype=mine.dtype, offset=4 + length).reshape(shape))
     reduce = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}.get(
@@ -105,6 +132,16 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     if op == "mean":
         return result / len(arrays)
     return result
+
+
+def _array_header(raw: bytes) -> tuple[str, tuple[int, ...]]:
+    """(dtype string, shape) of a peer's allreduce header; ClusterError if it is not one."""
+    try:
+        header = json.loads(raw)
+        dtype, shape = str(header["dtype"]), tuple(int(n) for n in header["shape"])
+    except (ValueError, KeyError, TypeError):
+        raise ClusterError("allreduce got an array header it cannot read from a peer") from None
+    return dtype, shape
 
 
 class KeyValueStore:

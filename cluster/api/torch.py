@@ -21,7 +21,8 @@ a scheduler round trip each; the kv store also lacks the store calls torch uses 
 rank 0's process and dies with it, which is harmless: the group dies with it too, and the next
 generation makes a new store at its own rank 0.
 
-The address is published with `cluster.broadcast_object`, not with kv_store().set/wait:
+The store's port is published with a broadcast (`broadcast_bytes`: two bytes, never unpickled;
+the host is rank 0's, from the peer table), not with kv_store().set/wait:
 a collective fails at once with `PeerFailedError` when a peer of the generation dies (a kv wait
 would wait out its timeout), and one cut off by a scheduler restart is made again by every worker
 (a key set before the restart would be lost with the scheduler's store).
@@ -56,7 +57,7 @@ except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'cluster[torch]'") from exc
 
 from cluster.api import runtime
-from cluster.api.collective import broadcast_object
+from cluster.api.collective import broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
 
 BACKENDS = ("gloo", "nccl")
@@ -143,10 +144,14 @@ def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedel
         # wait_for_workers=False: the others connect after the broadcast below, which needs
         # this call to have returned.
         store = TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        broadcast_object((host, store.port), root=0)
+        broadcast_bytes(store.port.to_bytes(2, "big"), root=0)
         return store
-    host, port = broadcast_object(None, root=0)
-    return TCPStore(host, port, size, is_master=False, timeout=timeout)
+    # The host is rank 0's advertised one, from the peer table: only the port travels, as two
+    # bytes (nothing from the wire is unpickled).
+    port = broadcast_bytes(b"", root=0)
+    if len(port) != 2:
+        raise ClusterError(f"rank 0 sent {len(port)} bytes for its store's port, not 2")
+    return TCPStore(host, int.from_bytes(port, "big"), size, is_master=False, timeout=timeout)
 
 
 def destroy_process_group() -> None:

@@ -32,6 +32,11 @@ HEARTBEATS_PER_TIMEOUT = 5
 MAX_SCHEDULER_BEATS_PER_S = 100
 MIN_HEARTBEATS_PER_TIMEOUT = 3
 
+# Caps on what callers can make the scheduler hold (README, "Security model").
+DEFAULT_KV_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_KV_MAX_KEYS = 100_000
+DEFAULT_COLLECTIVE_MAX_BYTES = 1024 * 1024 * 1024
+
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -82,6 +87,24 @@ class ObserveConfig:
 
 
 @dataclass(frozen=True)
+class JobSecretSource:
+    """Where the job secret comes from: CLUSTER_JOB_SECRET_FILE (preferred) or
+    CLUSTER_JOB_SECRET. Only the source: `read_job_secret` opens the file."""
+
+    value: bytes | None = field(default=None, repr=False)
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the scheduler holds for its callers at most (CLUSTER_KV_MAX_BYTES, ...)."""
+
+    kv_max_bytes: int = DEFAULT_KV_MAX_BYTES
+    kv_max_keys: int = DEFAULT_KV_MAX_KEYS
+    collective_max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     role: Role
     worker_num: int
@@ -95,7 +118,9 @@ class ClusterConfig:
     heartbeat_enabled: bool
     heartbeat_interval_s: float
     tls: TLSOptions | None = None
-    observe: ObserveConfig = ObserveConfig()
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+    job_secret: JobSecretSource | None = None
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def sched_address(self) -> str:
@@ -257,6 +282,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         heartbeat_interval_s=interval,
         tls=tls_options_from_env(env),
         observe=observe_from_env(env),
+        job_secret=job_secret_from_env(env),
+        limits=limits_from_env(env),
     )
 
 
@@ -273,6 +300,61 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
         ),
         event_log=Path(event_log) if event_log else None,
         worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,
+    )
+
+
+def job_secret_from_env(env: Mapping[str, str]) -> JobSecretSource | None:
+    """CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET; None when neither is set."""
+    path = env.get("CLUSTER_JOB_SECRET_FILE", "").strip()
+    if path:
+        return JobSecretSource(path=Path(path))
+    if "CLUSTER_JOB_SECRET" not in env:
+        return None
+    value = env["CLUSTER_JOB_SECRET"].strip()
+    if not value:
+        raise ConfigError(
+            "CLUSTER_JOB_SECRET is set but empty: an empty secret proves nothing; give every "
+            "process of the job the same secret (e.g. `openssl rand -hex 32`), or unset it"
+        )
+    return JobSecretSource(value=value.encode())
+
+
+def read_job_secret(source: JobSecretSource) -> bytes:
+    """The secret itself; ConfigError when its file is missing, empty or readable by others."""
+    if source.path is None:
+        assert source.value is not None
+        return source.value
+    where = f"CLUSTER_JOB_SECRET_FILE={str(source.path)!r}"
+    try:
+        mode = source.path.stat().st_mode
+        data = source.path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"{where} cannot be read ({exc.strerror}): point it at the job's secret file"
+        ) from None
+    if mode & 0o007:
+        raise ConfigError(
+            f"{where} is readable or writable by every user (mode {mode & 0o777:o}), so the job "
+            f"is open to them: `chmod 600 {source.path}`"
+        )
+    secret = data.rstrip(b"\r\n").strip()
+    if not secret:
+        raise ConfigError(
+            f"{where} is empty: an empty secret proves nothing; write the job's secret in it "
+            "(e.g. `openssl rand -hex 32 > FILE`)"
+        )
+    return secret
+
+
+def limits_from_env(env: Mapping[str, str]) -> Limits:
+    def cap(name: str, default: int) -> int:
+        raw = env.get(name, "").strip()
+        return parse_int(name, raw, minimum=1) if raw else default
+
+    return Limits(
+        kv_max_bytes=cap("CLUSTER_KV_MAX_BYTES", DEFAULT_KV_MAX_BYTES),
+        kv_max_keys=cap("CLUSTER_KV_MAX_KEYS", DEFAULT_KV_MAX_KEYS),
+        collective_max_bytes=cap("CLUSTER_COLLECTIVE_MAX_BYTES", DEFAULT_COLLECTIVE_MAX_BYTES),
     )
 
 

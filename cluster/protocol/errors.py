@@ -48,6 +48,17 @@ class PeerFailedError(CollectiveError):
     and the peer's rank comes back in a new generation."""
 
 
+class AccessDeniedError(CollectiveError):
+    """The scheduler refused a call of this process: it did not prove that it is the member it
+    speaks for (node credential, job secret, certificate), or it is no longer a member."""
+
+
+class CapacityError(CollectiveError):
+    """The scheduler refused a call that would make it hold more than a cap allows (the key-value
+    store's CLUSTER_KV_MAX_BYTES / CLUSTER_KV_MAX_KEYS, open collectives'
+    CLUSTER_COLLECTIVE_MAX_BYTES); the job goes on."""
+
+
 class StateFileError(ClusterError):
     """A recovery state file is torn, truncated, foreign or of a newer format."""
 

@@ -6,6 +6,12 @@ is a method call that returns what the outside world must be told: `Event`s to b
 watching node and `Evict`s that end one node's stream. The scheduler package turns those into
 gRPC messages; the tests drive this class directly with a fake clock.
 
+Trust: a registration carries the hash of the node's credential (and, when the job has a
+secret, proof of it: `cluster.protocol.auth`); a member keeps that hash, and every later call of
+the node is admitted by `admit*` (`cluster.protocol.admission`) before any input method runs. A
+registration of a live node's own incarnation must carry the same credential and address: it is
+a retry, never an update.
+
 Recovery: every change that a restarted scheduler must know (the topology formed, a node failed
 or rejoined, a node finished, the job ended) bumps `revision`; `snapshot()` is then what must be
 saved, before the change is told to anyone, and `SchedulerState.restore` rebuilds the job from
@@ -23,171 +29,66 @@ in common, the job fails with a message listing what each holds.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.protocol import auth
+from cluster.protocol.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
+from cluster.protocol.records import (
+    Accepted,
+    Effect,
+    Event,
+    Evict,
+    Member,
+    NodeFailedEvent,
+    NodeRole,
+    NodeState,
+    PeerInfo,
+    Phase,
+    ProgressEvent,
+    Refusal,
+    Refused,
+    Registration,
+    ShutdownEvent,
+    SnapshotError,
+    TopologyReadyEvent,
+    UnknownNodeError,
+)
 
-
-class Phase(enum.Enum):
-    WAITING = "waiting"  # for nodes to register
-    READY = "ready"  # every node is in and has its rank
-    FINISHED = "finished"  # every node called Finish
-    FAILED = "failed"  # a node died, or the topology timed out
-
-
-class NodeRole(enum.Enum):
-    WORKER = "worker"
-    SERVER = "server"
-
-
-class NodeState(enum.Enum):
-    ALIVE = "alive"
-    FAILED = "failed"
-    FINISHED = "finished"
-
-
-class Refusal(enum.Enum):
-    CLUSTER_FULL = "cluster_full"
-    WORKER_NUM_MISMATCH = "worker_num_mismatch"
-    FOREIGN_JOB = "foreign_job"
-    INVALID_NODE = "invalid_node"
-    JOB_OVER = "job_over"
-    NODE_ALIVE = "node_alive"  # transient: the guard
-
-    @property
-    def transient(self) -> bool:
-        return self is Refusal.NODE_ALIVE
-
-
-@dataclass(frozen=True)
-class Registration:
-    node_id: str
-    role: NodeRole
-    host: str
-    port: int
-    incarnation: int
-    worker_num: int
-    server_num: int
-    cluster_id: str = ""
-
-
-@dataclass(frozen=True)
-class Accepted:
-    cluster_id: str
-    registered: int
-    expected: int
-    rejoined: bool
-    generation: int
-
-
-@dataclass(frozen=True)
-class Refused:
-    reason: Refusal
-    message: str
-    retry_after_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class PeerInfo:
-    rank: int
-    node_id: str
-    host: str
-    port: int
-    role: NodeRole
-    local_rank: int
-    local_size: int
-
-
-# Events broadcast to every watching node.
-@dataclass(frozen=True)
-class ProgressEvent:
-    registered: int
-    expected: int
-
-
-@dataclass(frozen=True)
-class TopologyReadyEvent:
-    generation: int
-    peers: tuple[PeerInfo, ...]
-    rollback_step: int = 0
-    reason: str = "formed"
-
-
-@dataclass(frozen=True)
-class NodeFailedEvent:
-    rank: int
-    node_id: str
-    reason: str
-    generation: int
-
-
-@dataclass(frozen=True)
-class ShutdownEvent:
-    ok: bool
-    reason: str
-
-
-Event = ProgressEvent | TopologyReadyEvent | NodeFailedEvent | ShutdownEvent
-
-
-@dataclass(frozen=True)
-class Evict:
-    """End this incarnation's stream: it is no longer a member and must register again."""
-
-    node_id: str
-    incarnation: int
-    reason: str
-
-
-Effect = Event | Evict
-
-
-@dataclass
-class Member:
-    node_id: str
-    role: NodeRole
-    host: str
-    port: int
-    incarnation: int
-    last_seen: float
-    state: NodeState = NodeState.ALIVE
-    rank: int | None = None
-    local_rank: int = 0
-    local_size: int = 1
-    connected: bool = False
-    restarts: int = 0
-    failure: str = ""  # why it failed, while it is FAILED
-    checkpoints: tuple[int, ...] = ()  # the steps it last reported holding
-
-    def describe(self) -> str:
-        who = f"node {self.node_id!r} at {self.host}:{self.port}"
-        return who if self.rank is None else f"rank {self.rank} ({who})"
-
-
-class UnknownNodeError(Exception):
-    """A stream or call named a node id / incarnation that is not a current member."""
-
-
-class SnapshotError(Exception):
-    """A saved snapshot cannot be restored into this scheduler (message says why and what to do)."""
+__all__ = [
+    "Accepted",
+    "Admission",
+    "Denial",
+    "Denied",
+    "Effect",
+    "Event",
+    "Evict",
+    "ExchangeTicket",
+    "Member",
+    "NodeFailedEvent",
+    "NodeRole",
+    "NodeState",
+    "PeerInfo",
+    "Phase",
+    "ProgressEvent",
+    "Refusal",
+    "Refused",
+    "Registration",
+    "SchedulerState",
+    "ShutdownEvent",
+    "SnapshotError",
+    "TopologyReadyEvent",
+    "UnknownNodeError",
+]
 
 
 SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
 
 
 @dataclass
-class _Timing:
-    started: float
-    node_timeout_s: float
-    topo_timeout_s: float
-    heartbeat_enabled: bool
-
-
-@dataclass
-class SchedulerState:
+class SchedulerState(Admission):
     """The job as the scheduler sees it. All methods are synchronous and free of I/O."""
 
     cluster_id: str
@@ -198,6 +99,8 @@ class SchedulerState:
     clock: Callable[[], float]
     heartbeat_enabled: bool = True
     recovery: bool = False
+    # With a job secret, a registration must prove it (see `cluster.protocol.auth`).
+    job_secret: bytes | None = field(default=None, repr=False)
     phase: Phase = Phase.WAITING
     generation: int = 0
     detail: str = ""
@@ -219,6 +122,8 @@ class SchedulerState:
     # The generation the scheduler was restored in (0: never restored): collectives of that
     # generation may have been cut in two by the restart.
     restored_generation: int = field(init=False, default=0)
+    # The job-secret nonces seen (not saved: a restarted scheduler starts with none).
+    _nonces: auth.ReplayCache = field(init=False, repr=False, default_factory=auth.ReplayCache)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -275,7 +180,7 @@ class SchedulerState:
                 "digits and . _ : @ -, starting with a letter or digit",
             ), []
         node_id = canonical_node_id(reg.node_id)
-        refusal = self._check_job(reg)
+        refusal = self._check_proof(reg) or self._check_job(reg)
         if refusal is not None:
             return refusal, []
         now = self.clock()
@@ -300,6 +205,7 @@ class SchedulerState:
             port=reg.port,
             incarnation=reg.incarnation,
             last_seen=now,
+            credential_digest=reg.credential_digest,
         )
         effects: list[Effect] = [ProgressEvent(len(self.members), self.expected)]
         if len(self.members) == self.expected:
@@ -452,6 +358,8 @@ class SchedulerState:
                     "restarts": m.restarts,
                     "failure": m.failure,
                     "checkpoints": list(m.checkpoints),
+                    # The hash only: the credential itself is never saved.
+                    "credential_sha256": m.credential_digest.hex(),
                 }
                 for m in self.members.values()
             ],
@@ -469,6 +377,7 @@ class SchedulerState:
         clock: Callable[[], float],
         new_cluster_id: str,
         heartbeat_enabled: bool = True,
+        job_secret: bytes | None = None,
     ) -> SchedulerState:
         """The job saved in `snapshot`, every node given MS_NODE_TIMEOUT to reconnect.
 
@@ -488,6 +397,7 @@ class SchedulerState:
             clock=clock,
             heartbeat_enabled=heartbeat_enabled,
             recovery=True,
+            job_secret=job_secret,
         )
         phase = Phase(snapshot["phase"])
         if phase in (Phase.FINISHED, Phase.FAILED):
@@ -524,6 +434,7 @@ class SchedulerState:
                 restarts=int(saved_member["restarts"]),
                 failure=str(saved_member.get("failure", "")),
                 checkpoints=tuple(int(s) for s in saved_member.get("checkpoints", ())),
+                credential_digest=bytes.fromhex(str(saved_member.get("credential_sha256", ""))),
             )
             fresh.members[member.node_id] = member
             fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
@@ -545,6 +456,33 @@ class SchedulerState:
         return fresh
 
     # -- rules ---------------------------------------------------------------------------------
+
+    def _check_proof(self, reg: Registration) -> Refused | None:
+        """The node's credential, and with a job secret its proof of the secret."""
+        if len(reg.credential_digest) != auth.DIGEST_BYTES:
+            return Refused(
+                Refusal.INVALID_NODE,
+                f"node {reg.node_id!r} sent no node credential: it must draw one per process "
+                "and send it with its registration (is it an older version of cluster?)",
+            )
+        if self.job_secret is None:
+            return None
+        if not reg.proof:
+            problem = "did not prove it"
+        elif len(reg.nonce) < auth.NONCE_BYTES or not auth.proven(
+            self.job_secret, reg.message(), reg.proof
+        ):
+            problem = "proved another secret"
+        elif not self._nonces.first_time(reg.nonce):
+            problem = "sent a registration seen before (a replay)"
+        else:
+            return None
+        return Refused(
+            Refusal.NOT_A_MEMBER,
+            f"node {reg.node_id!r} is not a member of this job: this scheduler needs the job "
+            f"secret (CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET) and the node {problem}; "
+            "start every process of the job with the same secret",
+        )
 
     def _check_job(self, reg: Registration) -> Refused | None:
         if reg.cluster_id and reg.cluster_id not in (self.cluster_id, self.previous_cluster_id):
@@ -624,6 +562,7 @@ class SchedulerState:
         if self.phase is Phase.WAITING:
             evict = Evict(member.node_id, member.incarnation, "replaced by a new process")
             member.incarnation = reg.incarnation
+            member.credential_digest = reg.credential_digest
             member.host, member.port = reg.host, reg.port
             member.last_seen = now
             member.restarts += 1
@@ -639,12 +578,20 @@ class SchedulerState:
     def _register_again(
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted | Refused, list[Effect]]:
-        """The same process again: a retry after a lost answer, or a reconnect."""
+        """The same process again: a retry after a lost answer, or a reconnect. It proves it
+        is the same with its credential, and its address cannot change (a process keeps the
+        one it started with; a registration that would move a node is a forgery)."""
+        if not auth.same_digest(member.credential_digest, reg.credential_digest) or (
+            member.host,
+            member.port,
+        ) != (reg.host, reg.port):
+            return Refused(
+                Refusal.UNAUTHENTICATED,
+                f"{member.describe()} is registered with incarnation {member.incarnation}, and "
+                "this registration of that incarnation has another credential or address: only "
+                "the node's own process may register it again, from the same address",
+            ), []
         member.last_seen = now
-        if self.phase is Phase.WAITING:
-            # Its address may change only while the job forms; after that, peers hold the
-            # published table.
-            member.host, member.port = reg.host, reg.port
         if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
             # Back after it was declared failed (its connection broke, or it was cut off): no
             # other process can hold the id, so no guard; but the others have moved on
@@ -663,6 +610,7 @@ class SchedulerState:
             effects.append(Evict(member.node_id, member.incarnation, "replaced by a new process"))
             member.restarts += 1
         member.incarnation = reg.incarnation
+        member.credential_digest = reg.credential_digest
         member.last_seen = now
         member.state = NodeState.ALIVE
         member.failure = ""

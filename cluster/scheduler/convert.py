@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cluster.protocol import state
+from cluster.protocol import auth, state
 from cluster.protocol.events import JobEvent
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -16,6 +16,8 @@ _REFUSAL_TO_PB = {
     state.Refusal.FOREIGN_JOB: pb.REFUSAL_FOREIGN_JOB,
     state.Refusal.INVALID_NODE: pb.REFUSAL_INVALID_NODE,
     state.Refusal.JOB_OVER: pb.REFUSAL_JOB_OVER,
+    state.Refusal.NOT_A_MEMBER: pb.REFUSAL_NOT_A_MEMBER,
+    state.Refusal.UNAUTHENTICATED: pb.REFUSAL_UNAUTHENTICATED,
     state.Refusal.NODE_ALIVE: pb.REFUSAL_NODE_ALIVE,
 }
 
@@ -29,6 +31,9 @@ def role_to_pb(role: state.NodeRole) -> pb.Role:
 
 
 def registration_from_pb(req: pb.RegisterRequest, role: state.NodeRole) -> state.Registration:
+    """The registration as the state machine sees it: the credential's hash, not the
+    credential (none when the request carries none, or something else than a credential)."""
+    credential = req.credential if len(req.credential) == auth.CREDENTIAL_BYTES else b""
     return state.Registration(
         node_id=req.node_id,
         role=role,
@@ -38,6 +43,9 @@ def registration_from_pb(req: pb.RegisterRequest, role: state.NodeRole) -> state
         worker_num=req.worker_num,
         server_num=req.server_num,
         cluster_id=req.cluster_id,
+        credential_digest=auth.credential_digest(credential) if credential else b"",
+        nonce=req.nonce,
+        proof=req.proof,
     )
 
 

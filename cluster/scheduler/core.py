@@ -5,6 +5,11 @@ collective rounds, all on one asyncio loop (so none of it needs a lock). Every i
 state machine; the effects it returns are applied here: events fan out to every stream, an
 eviction ends one stream, a shutdown fails open collectives and marks the job done.
 
+Every call of a node is admitted by the state machine first (`SchedulerState.admit*`: its
+membership, its credential, and for a collective the phase, the generation and the peers); a
+refused call raises `CallRefused` with the kind of refusal, which the servicer turns into a
+status code, and changes nothing.
+
 With recovery on, effects that follow a change of the saved state wait until the change is on
 disk (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that made
 it: what a node has been told, a restarted scheduler knows.
@@ -19,11 +24,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from cluster.protocol import state
-from cluster.protocol.config import canonical_node_id
+from cluster.protocol.config import Limits, canonical_node_id
 from cluster.protocol.errors import (
     ClusterError,
     CollectiveError,
@@ -38,7 +44,10 @@ from cluster.scheduler.kv import KvStore
 from cluster.scheduler.persist import STATE_KIND, StatePersister, state_path
 from cluster.scheduler.streams import Streams
 from cluster.storage import store
+from cluster.transport.membership import Caller
 from cluster.v1 import scheduler_pb2 as pb
+
+T = TypeVar("T")
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -55,6 +64,21 @@ class EvictedError(ClusterError):
     """This stream's node was removed from the job (replaced, or silent while forming)."""
 
 
+class CallRefused(ClusterError):
+    """The state machine did not admit a call (see `cluster.protocol.admission`)."""
+
+    def __init__(self, denied: state.Denied) -> None:
+        super().__init__(denied.message)
+        self.kind = denied.kind
+
+
+def admitted(verdict: T | state.Denied) -> T:
+    """What an admission allows, or CallRefused."""
+    if isinstance(verdict, state.Denied):
+        raise CallRefused(verdict)
+    return verdict
+
+
 # The scheduler's heartbeat, serialized once.
 _HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
@@ -68,6 +92,9 @@ class CoreSettings:
     heartbeat_interval_s: float
     heartbeat_enabled: bool = True
     recovery: bool = False
+    # With a job secret, registrations must prove it (CLUSTER_JOB_SECRET[_FILE]).
+    job_secret: bytes | None = field(default=None, repr=False)
+    limits: Limits = field(default_factory=Limits)
 
 
 def new_cluster_id() -> str:
@@ -94,6 +121,7 @@ class SchedulerCore:
             topo_timeout_s=settings.topo_timeout_s,
             heartbeat_enabled=settings.heartbeat_enabled,
             recovery=settings.recovery,
+            job_secret=settings.job_secret,
             clock=clock,
         )
         # Set by `recovering` when it resumed a saved job: what to log once it is saved again.
@@ -114,8 +142,9 @@ class SchedulerCore:
             (e for e in self._told if isinstance(e, state.TopologyReadyEvent)), None
         )
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
-        self.kv = KvStore()
-        self.exchanges = ExchangeTable()
+        limits = settings.limits
+        self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
+        self.exchanges = ExchangeTable(limits.collective_max_bytes)
         self._streams = Streams(clock)
         self.done = asyncio.Event()
         self.streams_closed = asyncio.Event()
@@ -156,6 +185,7 @@ class SchedulerCore:
                     clock=clock,
                     new_cluster_id=new_cluster_id(),
                     heartbeat_enabled=settings.heartbeat_enabled,
+                    job_secret=settings.job_secret,
                 )
             except (state.SnapshotError, KeyError, TypeError, ValueError) as exc:
                 raise StateFileError(
@@ -235,9 +265,14 @@ class SchedulerCore:
         finally:
             waiter.cancel()
 
-    async def watch(self, node_id: str, incarnation: int) -> AsyncIterator[pb.Event | bytes]:
+    async def watch(
+        self, node_id: str, incarnation: int, caller: Caller | None = None
+    ) -> AsyncIterator[pb.Event | bytes]:
         """The event stream of one node (events, some serialized already), with the
-        scheduler's heartbeats in the gaps (sent by `monitor`)."""
+        scheduler's heartbeats in the gaps (sent by `monitor`). `caller`: who opens it with a
+        hello (None: the registration on the stream was just accepted)."""
+        if caller is not None:
+            admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
         awaited = bool(self.state.awaiting)
         self.state.connect(node_id, incarnation)
         if awaited and not self.state.awaiting:
@@ -271,7 +306,8 @@ class SchedulerCore:
                 # attempt the node gave up on and made again) ending late is not a failure.
                 self._apply(self.state.disconnect(node_id, incarnation))
 
-    def heartbeat(self, node_id: str, incarnation: int) -> None:
+    def heartbeat(self, node_id: str, incarnation: int, caller: Caller) -> None:
+        admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
         self.state.heartbeat(node_id, incarnation)
 
     @contextlib.contextmanager
@@ -288,13 +324,23 @@ class SchedulerCore:
             if not self._beating:
                 self.beats_closed.set()
 
-    async def report_checkpoints(self, node_id: str, incarnation: int, steps: list[int]) -> None:
+    async def report_checkpoints(
+        self, node_id: str, incarnation: int, steps: list[int], caller: Caller
+    ) -> None:
+        admitted(
+            self.state.admit_report(node_id, incarnation, caller.credential_digest, len(steps))
+        )
         self.state.report_checkpoints(node_id, incarnation, steps)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
 
-    async def finish(self, node_id: str, incarnation: int) -> None:
-        member = self.state.member(node_id, incarnation)
+    def kv_for(self, caller: Caller) -> KvStore:
+        """The key-value store, for a member (only members use it)."""
+        admitted(self.state.admit(caller.node_id, caller.incarnation, caller.credential_digest))
+        return self.kv
+
+    async def finish(self, node_id: str, incarnation: int, caller: Caller) -> None:
+        member = admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
         self._apply(self.state.finish(node_id, incarnation))
         if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
             self.exchanges.fail_all(
@@ -305,40 +351,24 @@ class SchedulerCore:
         await self.durable()
 
     async def exchange(
-        self, node_id: str, *, generation: int, seq: int, op: str, root: int, value: bytes
+        self,
+        node_id: str,
+        caller: Caller,
+        *,
+        generation: int,
+        seq: int,
+        op: str,
+        root: int,
+        value: bytes,
     ) -> list[bytes]:
         st = self.state
         if st.phase in (state.Phase.FINISHED, state.Phase.FAILED):
             await self.durable()  # the job's end is told once it is saved, not before
-        if st.phase is not state.Phase.READY:
-            raise JobFailedError(f"job is {st.phase.value}: {st.detail or 'not formed yet'}")
-        member = st.members.get(canonical_node_id(node_id))
-        if member is None or member.rank is None or member.role is not state.NodeRole.WORKER:
-            raise CollectiveError(f"node {node_id!r} is not a ranked worker of this job")
-        if generation < st.generation:
-            raise PeerFailedError(
-                f"{op} belongs to generation {generation}, but the job has moved on to "
-                f"generation {st.generation} (a failed node rejoined): roll back and go on"
+        ticket = admitted(
+            st.admit_exchange(
+                node_id, caller.credential_digest, generation=generation, op=op, root=root
             )
-        if generation != st.generation:
-            raise CollectiveError(
-                f"collective of generation {generation}, but the job is at generation "
-                f"{st.generation}"
-            )
-        down = [m for m in st.members.values() if m.state is state.NodeState.FAILED]
-        if down:
-            raise PeerFailedError(
-                f"{op} cannot complete: {down[0].describe()} has failed ({down[0].failure}); "
-                "the job waits for it to rejoin in a new generation"
-            )
-        gone = [m for m in st.members.values() if m.state is state.NodeState.FINISHED]
-        if gone:
-            raise CollectiveError(
-                f"{op} cannot complete: {gone[0].describe()} has already finished "
-                "(called cluster.finalize()); every rank must take part in every collective"
-            )
-        if op == "broadcast" and not 0 <= root < st.worker_num:
-            raise CollectiveError(f"broadcast root {root} is not a rank (0-{st.worker_num - 1})")
+        )
         if st.restored_generation == generation and self.exchanges.cut_off(generation, seq):
             # Some ranks got this generation's collective #k from the scheduler that died and
             # went on to #k+1; the others never got #k, and its answer died with it. Nobody can
@@ -353,8 +383,8 @@ class SchedulerCore:
         return await self.exchanges.contribute(
             generation=generation,
             seq=seq,
-            rank=member.rank,
-            size=st.worker_num,
+            rank=ticket.rank,
+            size=ticket.size,
             op=op,
             root=root,
             value=value,

@@ -56,8 +56,8 @@ class JobGauges:
     per_node: tuple[NodeGauge, ...]  # empty past NODE_LABEL_LIMIT nodes
     kv_bytes: int
     kv_keys: int
-    kv_max_bytes: int | None  # None: no cap (before #12's caps)
-    kv_max_keys: int | None
+    kv_max_bytes: int  # CLUSTER_KV_MAX_BYTES
+    kv_max_keys: int  # CLUSTER_KV_MAX_KEYS
     saves_pending: int
     watch_streams: int
 
@@ -74,7 +74,6 @@ class JobGauges:
             if n.state == state.NodeState.ALIVE.value:
                 ages.append(n.seconds_since_heartbeat)
         per_node = () if len(told.nodes) > NODE_LABEL_LIMIT else tuple(map(_node, told.nodes))
-        kv_bytes, kv_max_bytes, kv_max_keys = _kv_usage(core)
         return cls(
             cluster_id=told.cluster_id,
             phase=told.phase,
@@ -87,10 +86,10 @@ class JobGauges:
             nodes=nodes,
             heartbeat_ages=tuple(ages),
             per_node=per_node,
-            kv_bytes=kv_bytes,
+            kv_bytes=core.kv.held_bytes,
             kv_keys=len(core.kv),
-            kv_max_bytes=kv_max_bytes,
-            kv_max_keys=kv_max_keys,
+            kv_max_bytes=core.kv.max_bytes,
+            kv_max_keys=core.kv.max_keys,
             saves_pending=told.saving.unsaved_changes,
             watch_streams=core.open_streams,
         )
@@ -104,17 +103,6 @@ def _node(n: pb.NodeStatus) -> NodeGauge:
         heartbeat_age_s=n.seconds_since_heartbeat,
         checkpoint_step=n.checkpoints[-1] if n.checkpoints else -1,
     )
-
-
-def _kv_usage(core: SchedulerCore) -> tuple[int, int | None, int | None]:
-    """Bytes held, and the caps when the store has them (#12 adds held_bytes and the caps;
-    until then the bytes are summed here, once per scrape)."""
-    kv = core.kv
-    held = getattr(kv, "held_bytes", None)
-    if held is None:
-        data: dict[str, bytes] = vars(kv).get("_data", {})
-        held = sum(len(k.encode()) + len(v) for k, v in data.items())
-    return int(held), getattr(kv, "max_bytes", None), getattr(kv, "max_keys", None)
 
 
 class JobCollector(Collector):
@@ -169,18 +157,14 @@ class JobCollector(Collector):
             "cluster_kv_bytes", "Bytes of keys and values in the job's key-value store.", g.kv_bytes
         )
         yield _gauge("cluster_kv_keys", "Keys in the job's key-value store.", g.kv_keys)
-        if g.kv_max_bytes is not None:
-            yield _gauge(
-                "cluster_kv_max_bytes",
-                "The store's cap on bytes (CLUSTER_KV_MAX_BYTES).",
-                g.kv_max_bytes,
-            )
-        if g.kv_max_keys is not None:
-            yield _gauge(
-                "cluster_kv_max_keys",
-                "The store's cap on keys (CLUSTER_KV_MAX_KEYS).",
-                g.kv_max_keys,
-            )
+        yield _gauge(
+            "cluster_kv_max_bytes",
+            "The store's cap on bytes (CLUSTER_KV_MAX_BYTES).",
+            g.kv_max_bytes,
+        )
+        yield _gauge(
+            "cluster_kv_max_keys", "The store's cap on keys (CLUSTER_KV_MAX_KEYS).", g.kv_max_keys
+        )
         yield _gauge(
             "cluster_state_saves_pending",
             "Changes decided but not yet saved (with recovery): the nodes hear of them once saved.",

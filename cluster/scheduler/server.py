@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.config import ClusterConfig, ObserveConfig
+from cluster.protocol.config import ClusterConfig, ObserveConfig, read_job_secret
 from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.scheduler import limits
 from cluster.scheduler.core import CoreSettings, SchedulerCore
@@ -73,6 +73,8 @@ def settings_from_config(config: ClusterConfig) -> CoreSettings:
         heartbeat_interval_s=config.heartbeat_interval_s,
         heartbeat_enabled=config.heartbeat_enabled,
         recovery=config.recovery is not None,
+        job_secret=None if config.job_secret is None else read_job_secret(config.job_secret),
+        limits=config.limits,
     )
 
 
@@ -392,6 +394,20 @@ class SchedulerServer:
         await self.stop(drain_s=0.5)
 
 
+def _who_may_join(server: SchedulerServer) -> str:
+    secret = server.core.settings.job_secret is not None
+    if server.tls is not None:
+        return "nodes join with a certificate of the job's CA" + (
+            " and proof of the job secret" if secret else ""
+        )
+    if secret:
+        return "nodes join with proof of the job secret (CLUSTER_JOB_SECRET_FILE)"
+    return (
+        "the job is open: any process that reaches this port can join it (no TLS and no job "
+        "secret; set CLUSTER_JOB_SECRET_FILE on every process of the job to close it)"
+    )
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -408,6 +424,7 @@ async def serve(config: ClusterConfig) -> int:
         observe=config.observe,
     )
     await server.start()
+    log.info("%s", _who_may_join(server))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(

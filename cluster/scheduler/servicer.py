@@ -1,30 +1,61 @@
 """The gRPC face of the scheduler: requests to `SchedulerCore` calls, errors to status codes.
 
-No cluster logic lives here. `_STATUS_FOR` is the one place where failures become codes.
+No cluster logic lives here. `_STATUS_FOR` and `_DENIALS` are the one place where failures
+become codes. A code is set on the call, not raised with `context.abort`: an aborted call's
+request stays reachable from the exception's frames until the garbage collector runs, so a
+flood of refused 4 MiB calls held hundreds of MiB. Each failure also names its kind in the
+trailing metadata (`cluster-error`), so that a worker tells an evicted node from a failed job,
+or a failed peer from a misuse, without reading messages. Who a call comes from is read from
+its metadata (`cluster.transport.membership`) and admitted by the core.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from cluster.protocol import state
-from cluster.protocol.errors import ClusterError, CollectiveError, JobFailedError, PeerFailedError
+from cluster.protocol.errors import (
+    AccessDeniedError,
+    CapacityError,
+    ClusterError,
+    CollectiveError,
+    JobFailedError,
+    PeerFailedError,
+)
 from cluster.scheduler import convert
-from cluster.scheduler.core import EvictedError, SchedulerCore
+from cluster.scheduler.core import CallRefused, EvictedError, SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
+from cluster.transport import membership
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
+
+class BadRequest(ClusterError):
+    """A request without what its call needs."""
+
+
 _STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (state.UnknownNodeError, grpc.StatusCode.NOT_FOUND),
     (EvictedError, grpc.StatusCode.ABORTED),
     (JobFailedError, grpc.StatusCode.ABORTED),
+    (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CollectiveError, grpc.StatusCode.FAILED_PRECONDITION),
     (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
 )
+# A refused call: its code, and the error a worker raises for it.
+_DENIALS: dict[state.Denial, tuple[grpc.StatusCode, type[ClusterError]]] = {
+    state.Denial.UNAUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED, AccessDeniedError),
+    state.Denial.NOT_A_MEMBER: (grpc.StatusCode.NOT_FOUND, AccessDeniedError),
+    state.Denial.JOB_OVER: (grpc.StatusCode.ABORTED, JobFailedError),
+    state.Denial.PEER_FAILED: (grpc.StatusCode.FAILED_PRECONDITION, PeerFailedError),
+    state.Denial.WRONG_GENERATION: (grpc.StatusCode.FAILED_PRECONDITION, CollectiveError),
+    state.Denial.COLLECTIVE_MISUSE: (grpc.StatusCode.FAILED_PRECONDITION, CollectiveError),
+    state.Denial.OVER_CAP: (grpc.StatusCode.RESOURCE_EXHAUSTED, CapacityError),
+}
 _OPS = {
     pb.EXCHANGE_BARRIER: BARRIER,
     pb.EXCHANGE_ALLGATHER: ALLGATHER,
@@ -38,27 +69,36 @@ Resp = TypeVar("Resp")
 # Trailing metadata naming the error class, for the errors a worker must tell apart from others
 # of the same status code.
 ERROR_KIND_KEY = "cluster-error"
-_NAMED = (PeerFailedError,)
 
 
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> NoReturn:
-    for named in _NAMED:
-        if isinstance(exc, named):
-            context.set_trailing_metadata(((ERROR_KIND_KEY, named.__name__),))
-    for kind, code in _STATUS_FOR:
-        if isinstance(exc, kind):
-            await context.abort(code, str(exc))
-    raise exc
+def _refuse(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
+    """End the call with the status of `exc` (its handler then returns without an answer)."""
+    if isinstance(exc, CallRefused):
+        code, error = _DENIALS[exc.kind]
+        name = error.__name__
+    else:
+        code = next(code for kind, code in _STATUS_FOR if isinstance(exc, kind))
+        name = type(exc).__name__
+    context.set_trailing_metadata(((ERROR_KIND_KEY, name),))
+    context.set_code(code)
+    context.set_details(str(exc))
+
+
+def _caller(context: grpc.aio.ServicerContext[Any, Any]) -> membership.Caller:
+    return membership.caller(context.invocation_metadata())
 
 
 def _mapped(
     handler: Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]],
-) -> Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]:
-    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]) -> Resp:
+) -> Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp | None]]:
+    async def wrapper(
+        self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Resp | None:
         try:
             return await handler(self, request, context)
         except (ClusterError, state.UnknownNodeError) as exc:
-            await _abort(context, exc)
+            _refuse(context, exc)
+            return None
 
     wrapper.__name__ = handler.__name__
     return wrapper
@@ -79,9 +119,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.RegisterResponse:
         role = convert.role_from_pb(request.role)
         if role is None or not request.node_id:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "Register needs a node_id and a role"
-            )
+            raise BadRequest("Register needs a node_id and a role")
         outcome = await self._core.register(convert.registration_from_pb(request, role))
         settings = self._core.settings
         return convert.register_response(
@@ -89,6 +127,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         )
 
     async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.Event | bytes]:
+        try:
+            async for event in self._watch(request, context):
+                yield event
+        except (ClusterError, state.UnknownNodeError) as exc:
+            _refuse(context, exc)
+
+    async def _watch(
         self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.Event | bytes]:
         kind = request.WhichOneof("kind")
@@ -102,28 +149,26 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         elif kind == "hello":
             node_id, incarnation = request.hello.node_id, request.hello.incarnation
         else:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "Watch needs a RegisterRequest or a Hello"
-            )
+            raise BadRequest("Watch needs a RegisterRequest or a Hello")
+        caller = _caller(context) if kind == "hello" else None
         # The node going away (its process dead, its connection cut) cancels this call, which
         # ends the core's stream and tells the core.
-        try:
-            async for event in self._core.watch(node_id, incarnation):
-                yield event
-        except (ClusterError, state.UnknownNodeError) as exc:
-            await _abort(context, exc)
+        async for event in self._core.watch(node_id, incarnation, caller):
+            yield event
 
     async def Heartbeat(
         self,
         request_iterator: AsyncIterator[pb.HeartbeatRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> pb.HeartbeatResponse:
+    ) -> pb.HeartbeatResponse | None:
+        caller = _caller(context)
         try:
             with self._core.heartbeat_call():
                 async for beat in request_iterator:
-                    self._core.heartbeat(beat.node_id, beat.incarnation)
-        except state.UnknownNodeError as exc:
-            await _abort(context, exc)
+                    self._core.heartbeat(beat.node_id, beat.incarnation, caller)
+        except (CallRefused, state.UnknownNodeError) as exc:
+            _refuse(context, exc)
+            return None
         return pb.HeartbeatResponse()
 
     @_mapped
@@ -132,9 +177,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.ExchangeResponse:
         op = _OPS.get(request.op)
         if op is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Exchange needs an op")
+            raise BadRequest("Exchange needs an op")
         values = await self._core.exchange(
             request.node_id,
+            _caller(context),
             generation=request.generation,
             seq=request.seq,
             op=op,
@@ -147,34 +193,36 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvSet(
         self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvSetResponse:
-        self._core.kv.set(request.key, request.value)
+        self._core.kv_for(_caller(context)).set(request.key, request.value)
         return pb.KvSetResponse()
 
     @_mapped
     async def KvGet(
         self, request: pb.KvGetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvGetResponse:
-        values, missing = self._core.kv.get(list(request.keys))
+        values, missing = self._core.kv_for(_caller(context)).get(list(request.keys))
         return pb.KvGetResponse(values=values, missing=missing)
 
     @_mapped
     async def KvWait(
         self, request: pb.KvWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvWaitResponse:
-        values = await self._core.kv.wait(list(request.keys), request.timeout_s)
+        store = self._core.kv_for(_caller(context))
+        values = await store.wait(list(request.keys), request.timeout_s)
         return pb.KvWaitResponse(values=values)
 
     @_mapped
     async def KvAdd(
         self, request: pb.KvAddRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvAddResponse:
-        return pb.KvAddResponse(value=self._core.kv.add(request.key, request.amount))
+        store = self._core.kv_for(_caller(context))
+        return pb.KvAddResponse(value=store.add(request.key, request.amount))
 
     @_mapped
     async def Finish(
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
-        await self._core.finish(request.node_id, request.incarnation)
+        await self._core.finish(request.node_id, request.incarnation, _caller(context))
         return pb.FinishResponse()
 
     @_mapped
@@ -182,7 +230,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.ReportCheckpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReportCheckpointsResponse:
         await self._core.report_checkpoints(
-            request.node_id, request.incarnation, list(request.steps)
+            request.node_id, request.incarnation, list(request.steps), _caller(context)
         )
         return pb.ReportCheckpointsResponse()
 
@@ -199,7 +247,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             async for event in self._core.journal.follow(request.after_seq, follow=request.follow):
                 yield convert.job_event_to_pb(event)
         except ClusterError as exc:
-            await _abort(context, exc)
+            _refuse(context, exc)
 
 
 def _event_bytes(event: pb.Event | bytes) -> bytes:

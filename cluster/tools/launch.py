@@ -9,6 +9,11 @@ it started when the job fails or when it is told to stop. No child outlives it.
 What it starts is decided first (`launch_setup.plan_job`, `launch_plan`): `--dry-run` prints that
 plan and stops there. Under a Slurm step of several nodes without a given job secret, the nodes'
 launchers share one that node 0 makes (`slurm_io`) before anything starts.
+
+A job whose every worker runs here is closed to outsiders: the launcher makes a job secret
+(`<log-dir>/job.secret`, mode 0600) and gives it to every process it starts
+(CLUSTER_JOB_SECRET_FILE), unless CLUSTER_JOB_SECRET[_FILE] gives one, which is then used as it
+is (that is how the launchers of several hosts share one).
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import tls_options_from_env
+from cluster.protocol.config import job_secret_from_env, read_job_secret, tls_options_from_env
 from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import slurm_io
 from cluster.tools import status as status_module
 from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, render
+from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -397,6 +403,10 @@ def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = Fa
         secret_file = slurm_io.local_secret_file(options.log_dir)
         options = dataclasses.replace(options, job_secret_file=secret_file)
     plan = setup.plan_job(options)
+    made_here = _closes_the_job(options, plan, out)
+    if made_here:
+        options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
+        plan = setup.plan_job(options)
     if dry_run:
         print(render(plan, options, os.environ), flush=True)
         return EXIT_OK
@@ -404,11 +414,38 @@ def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = Fa
         setup.check_port_free(plan.ip, options.master_port)
     if sharing is not None:
         slurm_io.share_secret(sharing, options.log_dir)
+    if made_here:
+        options.log_dir.mkdir(parents=True, exist_ok=True)
+        write_job_secret(options.log_dir)
     try:
         return asyncio.run(Launcher(options, plan, out).run())
     finally:
         if sharing is not None:
             slurm_io.remove_shared_secret(sharing)
+
+
+def _closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
+    """True when this launcher must make the job's secret (every worker is here, none given);
+    a given secret is checked now (one line when it is bad); a job that spans hosts with
+    neither a secret nor TLS is said to be open."""
+    given = job_secret_from_env(os.environ)
+    if given is not None:
+        read_job_secret(given)
+        return False
+    if options.job_secret_file is not None:  # shared by a Slurm step's nodes
+        return False
+    if options.local_worker_num == options.worker_num and plan.scheduler is not None:
+        return True
+    if options.tls_config is None:
+        print(
+            f"mscluster: the job spans hosts and has no job secret, so any process that "
+            f"reaches {plan.address} can join it; to close it, give every host's mscluster "
+            "run the same secret (CLUSTER_JOB_SECRET_FILE, a file of mode 0600) or use "
+            "--tls-config",
+            file=out,
+            flush=True,
+        )
+    return False
 
 
 def _job_seen(view: JobView | None) -> policy.JobSeen | None:

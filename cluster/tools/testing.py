@@ -41,6 +41,7 @@ from typing import Any
 
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.state import Phase
+from cluster.tools.secret import write_job_secret
 
 POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
@@ -258,6 +259,8 @@ class LocalJob:
         )
         if recovery:
             self.env.update(MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(self.workdir / "state"))
+        # Closed to outsiders, as a launched job is (unless `env` gives the secret).
+        self.env["CLUSTER_JOB_SECRET_FILE"] = str(write_job_secret(self.workdir))
         self.env.update(env or {})
         self.python = python
         self.scheduler: Process | None = None

@@ -21,6 +21,8 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_FOREIGN_JOB: _ClassVar[RefusalReason]
     REFUSAL_INVALID_NODE: _ClassVar[RefusalReason]
     REFUSAL_JOB_OVER: _ClassVar[RefusalReason]
+    REFUSAL_NOT_A_MEMBER: _ClassVar[RefusalReason]
+    REFUSAL_UNAUTHENTICATED: _ClassVar[RefusalReason]
     REFUSAL_NODE_ALIVE: _ClassVar[RefusalReason]
 
 class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -38,6 +40,8 @@ REFUSAL_WORKER_NUM_MISMATCH: RefusalReason
 REFUSAL_FOREIGN_JOB: RefusalReason
 REFUSAL_INVALID_NODE: RefusalReason
 REFUSAL_JOB_OVER: RefusalReason
+REFUSAL_NOT_A_MEMBER: RefusalReason
+REFUSAL_UNAUTHENTICATED: RefusalReason
 REFUSAL_NODE_ALIVE: RefusalReason
 EXCHANGE_UNSPECIFIED: ExchangeOp
 EXCHANGE_BARRIER: ExchangeOp
@@ -45,7 +49,7 @@ EXCHANGE_ALLGATHER: ExchangeOp
 EXCHANGE_BROADCAST: ExchangeOp
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id")
+    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +58,9 @@ class RegisterRequest(_message.Message):
     WORKER_NUM_FIELD_NUMBER: _ClassVar[int]
     SERVER_NUM_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     host: str
@@ -62,7 +69,10 @@ class RegisterRequest(_message.Message):
     worker_num: int
     server_num: int
     cluster_id: str
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+    credential: bytes
+    nonce: bytes
+    proof: bytes
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("reason", "message", "retry_after_s")

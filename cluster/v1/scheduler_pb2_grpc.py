@@ -26,7 +26,13 @@ if _version_not_supported:
 
 
 class SchedulerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every call of a node but Register, Watch(register) and Status carries call metadata naming it:
+    `cluster-node-id`, `cluster-incarnation` and `cluster-credential` (the hex of the credential it
+    registered with). A call without the credential of the node it speaks for is refused with
+    UNAUTHENTICATED, a call for a node that is not a member with NOT_FOUND, and nothing changes.
+    Failures name their kind in the trailing metadata `cluster-error` (e.g. `PeerFailedError`,
+    `JobFailedError`, `EvictedError`, `CapacityError` with RESOURCE_EXHAUSTED).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -97,7 +103,13 @@ class SchedulerStub:
 
 
 class SchedulerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every call of a node but Register, Watch(register) and Status carries call metadata naming it:
+    `cluster-node-id`, `cluster-incarnation` and `cluster-credential` (the hex of the credential it
+    registered with). A call without the credential of the node it speaks for is refused with
+    UNAUTHENTICATED, a call for a node that is not a member with NOT_FOUND, and nothing changes.
+    Failures name their kind in the trailing metadata `cluster-error` (e.g. `PeerFailedError`,
+    `JobFailedError`, `EvictedError`, `CapacityError` with RESOURCE_EXHAUSTED).
+    """
 
     def Register(self, request, context):
         """Join the job. Refusals are answers, not errors: they carry a reason and, where waiting can
@@ -264,7 +276,13 @@ def add_SchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Scheduler:
-    """Missing associated documentation comment in .proto file."""
+    """Every call of a node but Register, Watch(register) and Status carries call metadata naming it:
+    `cluster-node-id`, `cluster-incarnation` and `cluster-credential` (the hex of the credential it
+    registered with). A call without the credential of the node it speaks for is refused with
+    UNAUTHENTICATED, a call for a node that is not a member with NOT_FOUND, and nothing changes.
+    Failures name their kind in the trailing metadata `cluster-error` (e.g. `PeerFailedError`,
+    `JobFailedError`, `EvictedError`, `CapacityError` with RESOURCE_EXHAUSTED).
+    """
 
     @staticmethod
     def Register(request,

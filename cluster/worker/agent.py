@@ -22,22 +22,23 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id
+from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id, read_job_secret
 from cluster.protocol.errors import (
     ClusterError,
     CollectiveError,
     JobFailedError,
-    PeerFailedError,
     RegistrationRefused,
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import tls
+from cluster.transport import membership, tls
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker.call_errors import call_error
 from cluster.worker.identity import NodeIdentity
+from cluster.worker.registration import register_request
 
 T = TypeVar("T")
 
@@ -76,15 +77,6 @@ _EXCHANGE_OPS = {
 
 _Call = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
 _Beats = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
-
-
-def _error_kind(exc: grpc.aio.AioRpcError) -> str:
-    """The scheduler's name for the error, when it sent one (see servicer.ERROR_KIND_KEY)."""
-    metadata: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
-    for key, value in metadata:
-        if key == "cluster-error":
-            return str(value)
-    return ""
 
 
 class _StreamLost(Exception):
@@ -245,6 +237,11 @@ class WorkerAgent:
                 say(warning)
         self._expiry_check_period_s = expiry_check_period_s
         self._expiry: asyncio.Task[None] | None = None
+        self._job_secret = None if config.job_secret is None else read_job_secret(config.job_secret)
+        # Every call after the registration says which node makes it, with its credential.
+        self._metadata = membership.call_metadata(
+            identity.node_id, identity.incarnation, identity.credential
+        )
         self._channel = scheduler_channel.open_channel(
             config.sched_address, self._tls, CHANNEL_OPTIONS
         )
@@ -319,18 +316,6 @@ class WorkerAgent:
 
     async def _join(self, deadline: float) -> tuple[_Call, pb.Accepted]:
         """Open this node's stream by registering on it; retry what can clear until `deadline`."""
-        request = pb.WatchRequest(
-            register=pb.RegisterRequest(
-                node_id=self.identity.node_id,
-                role=self._role,
-                host=self.identity.host,
-                port=self.identity.port,
-                incarnation=self.identity.incarnation,
-                worker_num=self.config.worker_num,
-                server_num=self.config.server_num,
-                cluster_id=self.cluster_id,
-            )
-        )
         self._report.reset()
         # With a CRL nothing is sent before the scheduler's certificate passed it (grpc cannot
         # check one), here or, a moment ago, for another agent of this process; otherwise the
@@ -358,6 +343,11 @@ class WorkerAgent:
                 if not checked:
                     await asyncio.sleep(min(0.1, max(deadline - self._clock(), 0.0)))
                     continue
+            request = pb.WatchRequest(
+                register=register_request(
+                    self.config, self.identity, self.cluster_id, self._job_secret
+                )
+            )
             call: _Call = self._stub.Watch(request, wait_for_ready=True)
             try:
                 first = await self._answer(call, min(remaining, ATTEMPT_TIMEOUT_S), deadline)
@@ -458,7 +448,7 @@ class WorkerAgent:
     async def _watch_once(self, call: _Call) -> None:
         beats = (
             _Heartbeats(
-                self._stub.Heartbeat,
+                lambda: self._stub.Heartbeat(metadata=self._metadata),
                 pb.HeartbeatRequest(
                     node_id=self.identity.node_id, incarnation=self.identity.incarnation
                 ),
@@ -656,14 +646,9 @@ class WorkerAgent:
             try:
                 return await self._guarded(rpc())
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.ABORTED:
-                    raise JobFailedError(f"{what} failed: {exc.details()}") from None
-                if _error_kind(exc) == PeerFailedError.__name__:
-                    raise PeerFailedError(exc.details() or what) from None
-                if exc.code() not in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
-                    raise CollectiveError(
-                        f"{what} failed: {exc.details() or exc.code().name}"
-                    ) from None
+                refused = call_error(what, exc)
+                if refused is not None:
+                    raise refused from None
                 if self.recovery and not self._closing:
                     # The scheduler went away mid-call. Ask again: the call waits for the
                     # channel to be back, and the reconnect window ends the wait (as a fatal
@@ -700,7 +685,10 @@ class WorkerAgent:
             root=root,
             value=value,
         )
-        response = await self._call(op, lambda: self._stub.Exchange(request, wait_for_ready=True))
+        response = await self._call(
+            op,
+            lambda: self._stub.Exchange(request, wait_for_ready=True, metadata=self._metadata),
+        )
         return list(response.values)
 
     async def wait_generation(self, newer_than: int) -> Topology:
@@ -737,17 +725,23 @@ class WorkerAgent:
         )
         await self._call(
             "checkpoint report",
-            lambda: self._stub.ReportCheckpoints(request, wait_for_ready=True),
+            lambda: self._stub.ReportCheckpoints(
+                request, wait_for_ready=True, metadata=self._metadata
+            ),
         )
 
     async def kv_set(self, key: str, value: bytes) -> None:
         request = pb.KvSetRequest(key=key, value=value)
-        await self._call("kv set", lambda: self._stub.KvSet(request, wait_for_ready=True))
+        await self._call(
+            "kv set",
+            lambda: self._stub.KvSet(request, wait_for_ready=True, metadata=self._metadata),
+        )
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
         request = pb.KvGetRequest(keys=keys)
         response = await self._call(
-            "kv get", lambda: self._stub.KvGet(request, wait_for_ready=True)
+            "kv get",
+            lambda: self._stub.KvGet(request, wait_for_ready=True, metadata=self._metadata),
         )
         return list(response.values), list(response.missing)
 
@@ -755,14 +749,17 @@ class WorkerAgent:
         request = pb.KvWaitRequest(keys=keys, timeout_s=timeout_s)
         response = await self._call(
             "kv wait",
-            lambda: self._stub.KvWait(request, timeout=timeout_s + 5.0, wait_for_ready=True),
+            lambda: self._stub.KvWait(
+                request, timeout=timeout_s + 5.0, wait_for_ready=True, metadata=self._metadata
+            ),
         )
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
         request = pb.KvAddRequest(key=key, amount=amount)
         response = await self._call(
-            "kv add", lambda: self._stub.KvAdd(request, wait_for_ready=True)
+            "kv add",
+            lambda: self._stub.KvAdd(request, wait_for_ready=True, metadata=self._metadata),
         )
         return int(response.value)
 
@@ -777,7 +774,7 @@ class WorkerAgent:
             node_id=self.identity.node_id, incarnation=self.identity.incarnation
         )
         try:
-            await self._stub.Finish(request, timeout=timeout_s)
+            await self._stub.Finish(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.recovery:
                 # The scheduler answers once the finish is saved: its saves are failing.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from cluster.protocol import auth
 from cluster.protocol.errors import ConfigError
 
 
@@ -17,6 +18,9 @@ class NodeIdentity:
     incarnation: int
     host: str
     port: int
+    # Random per process too, and secret: it proves to the scheduler that a call comes from this
+    # process (see cluster.protocol.auth). Only in memory: it is never written anywhere.
+    credential: bytes = field(default_factory=auth.new_credential, repr=False)
 
 
 def new_incarnation() -> int:

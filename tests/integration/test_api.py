@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import time
@@ -13,8 +14,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cluster
-from cluster.protocol.config import from_env
-from cluster.protocol.errors import ClusterError, JobFailedError, RegistrationRefused
+from cluster.protocol.config import Limits, from_env
+from cluster.protocol.errors import (
+    AccessDeniedError,
+    CapacityError,
+    ClusterError,
+    JobFailedError,
+    RegistrationRefused,
+)
 from cluster.protocol.state import NodeState, Phase
 from cluster.scheduler import CoreSettings, SchedulerServer
 from cluster.v1 import scheduler_pb2 as pb
@@ -154,7 +161,13 @@ async def test_second_process_with_a_live_node_id_is_refused(server: SchedulerSe
     start = asyncio.create_task(a.start())
     stub = pb_grpc.SchedulerStub(grpc.aio.insecure_channel(f"127.0.0.1:{server.port}"))
     request = pb.RegisterRequest(
-        node_id="a", role=pb.ROLE_WORKER, host="127.0.0.1", port=1, incarnation=7, worker_num=2
+        node_id="a",
+        role=pb.ROLE_WORKER,
+        host="127.0.0.1",
+        port=1,
+        incarnation=7,
+        worker_num=2,
+        credential=b"c" * 32,
     )
     # Wait until "a" is in (observable through Status), then try to take its id.
     for _ in range(500):
@@ -253,4 +266,26 @@ async def test_a_node_without_heartbeats_is_failed_after_the_node_timeout() -> N
         failure = await asyncio.wait_for(failures.get(), 10)
         assert "'b'" in str(failure), failure
         assert "no heartbeat for" in str(failure), failure
+        await asyncio.gather(a.close(), b.close())
+
+
+async def test_refusals_reach_the_caller_as_clear_errors() -> None:
+    """UNAUTHENTICATED and RESOURCE_EXHAUSTED become AccessDeniedError and CapacityError, with
+    the scheduler's message."""
+    limits = Limits(kv_max_bytes=64, kv_max_keys=10)
+    async with SchedulerServer(dataclasses.replace(settings(2), limits=limits)) as srv:
+        a, b = make_agent(srv.port, 2, "a"), make_agent(srv.port, 2, "b")
+        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+        with pytest.raises(
+            CapacityError, match=r"kv set refused by the scheduler: .*CLUSTER_KV_MAX_BYTES=64"
+        ):
+            await a.kv_set("big", b"x" * 100)
+        await a.kv_set("small", b"x")
+        # Speaking for "a" with b's credential: refused, and "a" is untouched.
+        a._metadata = (a._metadata[0], a._metadata[1], b._metadata[2])
+        with pytest.raises(AccessDeniedError, match="does not carry its credential"):
+            await a.kv_get(["small"])
+        with pytest.raises(AccessDeniedError, match="does not carry its credential"):
+            await a.exchange("barrier", b"")
+        assert srv.core.state.members["a"].state is NodeState.ALIVE
         await asyncio.gather(a.close(), b.close())

@@ -51,16 +51,26 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     assert sorted(p.name for p in logs.iterdir()) == [
         "events.jsonl",  # the scheduler's event log
+        "job.secret",
         "scheduler.log",
         "worker_0.log",
         "worker_1.log",
         "worker_2.log",
         "worker_3.log",
     ]
+    # The job's own secret, readable by its owner only, and in no log.
+    secret = logs / "job.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    token = secret.read_text().strip()
+    assert len(token) == 64
     for i in range(4):
         text = (logs / f"worker_{i}.log").read_text()
         assert f"allgather rank={i} size=4 result=[0, 1, 2, 3]" in text
-    assert "job finished" in (logs / "scheduler.log").read_text()
+        assert token not in text
+    scheduler_log = (logs / "scheduler.log").read_text()
+    assert "job finished" in scheduler_log
+    assert "nodes join with proof of the job secret" in scheduler_log
+    assert token not in scheduler_log + result.stderr
     assert "job finished: 4 local workers exited 0" in result.stderr
     assert not processes_running(str(script))
 
@@ -136,9 +146,20 @@ def test_join_streams_output_prefixed_by_rank(tmp_path: Path) -> None:
     assert "allgather rank=1" in (tmp_path / "logs" / "worker_1.log").read_text()
 
 
-def test_two_invocations_form_one_job(processes: Procs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shared_secret", [False, True], ids=["open", "shared-secret"])
+def test_two_invocations_form_one_job(
+    processes: Procs, tmp_path: Path, shared_secret: bool
+) -> None:
+    """Launchers of a job across hosts share the secret they are given; without one, each says
+    that the job is open, and neither invents one the other could not know."""
     script = private_copy(tmp_path)
     port = free_port()
+    env = dict(os.environ)
+    if shared_secret:
+        secret = tmp_path / "shared.secret"
+        secret.write_text("a secret both hosts hold\n")
+        secret.chmod(0o600)
+        env["CLUSTER_JOB_SECRET_FILE"] = str(secret)
     common = ["--worker-num", "4", "--local-worker-num", "2", "--master-port", str(port)]
     runs = [
         processes.start(
@@ -153,14 +174,22 @@ def test_two_invocations_form_one_job(processes: Procs, tmp_path: Path) -> None:
                 str(tmp_path / f"node{rank}"),
                 str(script),
             ],
-            os.environ,
+            env,
         )
         for rank in (0, 1)
     ]
     for run in runs:
         assert run.wait(60) == 0, run.output
+        says_open = "the job spans hosts and has no job secret" in run.output
+        assert says_open is not shared_secret, run.output
     assert (tmp_path / "node0" / "scheduler.log").exists()
     assert not (tmp_path / "node1" / "scheduler.log").exists()
+    assert not list(tmp_path.glob("node*/job.secret"))
+    joining = (
+        "nodes join with proof of the job secret"
+        in (tmp_path / "node0" / "scheduler.log").read_text()
+    )
+    assert joining is shared_secret
     lines = [
         (tmp_path / f"node{node}" / f"worker_{i}.log").read_text().strip()
         for node in (0, 1)
@@ -259,6 +288,40 @@ def test_bad_run_options_are_one_clear_line(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert expected in lines[0]
+    assert not processes_running(str(script))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("CLUSTER_JOB_SECRET", " ", "CLUSTER_JOB_SECRET is set but empty"),
+        ("CLUSTER_JOB_SECRET_FILE", "readable", "chmod 600"),
+        ("CLUSTER_JOB_SECRET_FILE", "missing", "cannot be read"),
+    ],
+)
+def test_a_bad_job_secret_is_one_clear_line(
+    tmp_path: Path, variable: str, value: str, expected: str
+) -> None:
+    script = private_copy(tmp_path)
+    if variable.endswith("_FILE"):
+        path = tmp_path / value
+        if value == "readable":
+            path.write_text("secret")
+            path.chmod(0o644)
+        value = str(path)
+    result = subprocess.run(
+        run_args(tmp_path, script, free_port()),
+        env={**os.environ, variable: value},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("mscluster: ConfigError: ")
+    assert expected in line
+    assert "secret\n" not in line
     assert not processes_running(str(script))
 
 

@@ -8,11 +8,17 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol.config import (
+    DEFAULT_COLLECTIVE_MAX_BYTES,
+    DEFAULT_KV_MAX_BYTES,
+    DEFAULT_KV_MAX_KEYS,
     ClusterConfig,
+    JobSecretSource,
+    Limits,
     RecoveryConfig,
     Role,
     check_recovery_path,
     from_env,
+    read_job_secret,
 )
 from cluster.protocol.errors import ClusterError, ConfigError
 
@@ -264,6 +270,13 @@ BAD: list[tuple[dict[str, str | None], str, str, tuple[str, ...]]] = [
         "'0'",
         ("positive number of seconds",),
     ),
+    ({"CLUSTER_JOB_SECRET": ""}, "CLUSTER_JOB_SECRET", "empty", ("proves nothing",)),
+    ({"CLUSTER_JOB_SECRET": "  "}, "CLUSTER_JOB_SECRET", "empty", ("same secret",)),
+    *[
+        ({name: value}, name, repr(value), (">= 1",))
+        for name in ("CLUSTER_KV_MAX_BYTES", "CLUSTER_KV_MAX_KEYS", "CLUSTER_COLLECTIVE_MAX_BYTES")
+        for value in ("0", "-5", "1GiB", "2.5")
+    ],
 ]
 
 
@@ -316,6 +329,67 @@ def test_check_recovery_path_under_a_regular_file_is_refused(tmp_path: Path, bel
     assert "MS_RECOVERY_PATH" in message
     assert repr(str(target)) in message
     assert "writable directory" in message
+
+
+# -- job secret and caps ----------------------------------------------------------------------
+
+
+def test_no_job_secret_and_default_caps() -> None:
+    config = from_env(env())
+    assert config.job_secret is None
+    assert config.limits == Limits(
+        DEFAULT_KV_MAX_BYTES, DEFAULT_KV_MAX_KEYS, DEFAULT_COLLECTIVE_MAX_BYTES
+    )
+    assert (DEFAULT_KV_MAX_BYTES, DEFAULT_KV_MAX_KEYS) == (256 * 2**20, 100_000)
+
+
+def test_caps_from_the_environment() -> None:
+    config = from_env(
+        env(
+            CLUSTER_KV_MAX_BYTES="1048576",
+            CLUSTER_KV_MAX_KEYS="10",
+            CLUSTER_COLLECTIVE_MAX_BYTES="2048",
+        )
+    )
+    assert config.limits == Limits(1048576, 10, 2048)
+
+
+def test_job_secret_from_the_variable_is_never_shown() -> None:
+    config = from_env(env(CLUSTER_JOB_SECRET=" s3cret-value "))
+    assert config.job_secret is not None
+    assert read_job_secret(config.job_secret) == b"s3cret-value"
+    assert "s3cret" not in repr(config)
+
+
+def test_job_secret_file_is_preferred_and_read_apart(tmp_path: Path) -> None:
+    path = tmp_path / "job.secret"
+    config = from_env(env(CLUSTER_JOB_SECRET="ignored", CLUSTER_JOB_SECRET_FILE=str(path)))
+    assert config.job_secret == JobSecretSource(path=path)  # parsing opens nothing
+    path.write_bytes(b"from-the-file\n")
+    path.chmod(0o600)
+    assert read_job_secret(config.job_secret) == b"from-the-file"
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "words"),
+    [
+        (None, 0o600, "cannot be read"),
+        (b"\n", 0o600, "is empty"),
+        (b"secret", 0o644, "chmod 600"),
+        (b"secret", 0o602, "chmod 600"),
+    ],
+)
+def test_bad_job_secret_file_is_one_clear_error(
+    tmp_path: Path, content: bytes | None, mode: int, words: str
+) -> None:
+    path = tmp_path / "job.secret"
+    if content is not None:
+        path.write_bytes(content)
+        path.chmod(mode)
+    with pytest.raises(ConfigError, match="CLUSTER_JOB_SECRET_FILE=") as info:
+        read_job_secret(JobSecretSource(path=path))
+    assert words in str(info.value)
+    assert "secret\n" not in str(info.value)
 
 
 # -- observing (CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG, CLUSTER_WORKER_METRICS_PORT) ----------

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from cluster.protocol.errors import CollectiveError, PeerFailedError
-from cluster.protocol.state import NodeRole, Registration
-from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.protocol.state import Denial
+from cluster.scheduler.core import CallRefused, CoreSettings, SchedulerCore
 from tests.aio import BOUND_S
+from tests.credentials import caller, registration
 
 SETTINGS = CoreSettings(
     worker_num=2,
@@ -28,10 +28,6 @@ class Clock:
         return self.now
 
 
-def registration(node_id: str, incarnation: int = 1) -> Registration:
-    return Registration(node_id, NodeRole.WORKER, "127.0.0.1", 6000, incarnation, 2, 0)
-
-
 async def test_a_collective_of_an_older_generation_is_a_peer_failure() -> None:
     """A step that began before a rejoin must not join the new generation's collectives."""
     clock = Clock()
@@ -42,7 +38,15 @@ async def test_a_collective_of_an_older_generation_is_a_peer_failure() -> None:
     clock.now += 6.0
     await asyncio.wait_for(core.register(registration("1", incarnation=2)), BOUND_S)
     assert core.state.generation == 2
-    with pytest.raises(PeerFailedError, match=r"belongs to generation 1.*moved on to generation 2"):
-        await core.exchange("0", generation=1, seq=7, op="allgather", root=0, value=b"x")
-    with pytest.raises(CollectiveError, match="generation 3"):
-        await core.exchange("0", generation=3, seq=1, op="allgather", root=0, value=b"x")
+    with pytest.raises(
+        CallRefused, match=r"belongs to generation 1.*moved on to generation 2"
+    ) as info:
+        await core.exchange(
+            "0", caller("0", 1), generation=1, seq=7, op="allgather", root=0, value=b"x"
+        )
+    assert info.value.kind is Denial.PEER_FAILED
+    with pytest.raises(CallRefused, match="generation 3") as info:
+        await core.exchange(
+            "0", caller("0", 1), generation=3, seq=1, op="allgather", root=0, value=b"x"
+        )
+    assert info.value.kind is Denial.WRONG_GENERATION

@@ -25,6 +25,7 @@ from cluster.protocol.state import (
 )
 from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal, FellBehindError
 from tests.aio import BOUND_S, settle
+from tests.credentials import digest
 from tests.procs import wait_until
 
 
@@ -49,7 +50,16 @@ def make_state(clock: Clock, workers: int = 2, *, recovery: bool = True) -> Sche
 
 
 def reg(node_id: str, incarnation: int = 1, workers: int = 2) -> Registration:
-    return Registration(node_id, NodeRole.WORKER, "h0", 6000, incarnation, workers, 0)
+    return Registration(
+        node_id,
+        NodeRole.WORKER,
+        "h0",
+        6000,
+        incarnation,
+        workers,
+        0,
+        credential_digest=digest(node_id, incarnation),
+    )
 
 
 def formed(clock: Clock, workers: int = 2) -> SchedulerState:

@@ -6,8 +6,15 @@ import asyncio
 
 import pytest
 
-from cluster.protocol.errors import CollectiveError, JobFailedError
-from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, ExchangeTable
+from cluster.protocol.errors import CapacityError, CollectiveError, JobFailedError
+from cluster.scheduler.exchange import (
+    ALLGATHER,
+    BARRIER,
+    BROADCAST,
+    MAX_ANSWER_BYTES,
+    MAX_OPEN_ROUNDS,
+    ExchangeTable,
+)
 from tests.aio import BOUND_S, settle
 
 
@@ -184,3 +191,123 @@ async def test_new_round_after_fail_all_survives_the_old_waiters() -> None:
     table.fail_all("job over")  # ...so that ending the job releases it
     with pytest.raises(JobFailedError):
         await asyncio.wait_for(late, 1.0)
+
+
+# -- bounds -------------------------------------------------------------------------------------
+
+
+async def test_the_same_contribution_again_is_the_same_call_and_gets_the_same_answer() -> None:
+    table = ExchangeTable()
+    first = contribute(table, 0, size=2, value=b"a")
+    await settle(lambda: len(table) == 1)
+    again = contribute(table, 0, size=2, value=b"a")  # a retry after a lost connection
+    await settle(lambda: table.held_bytes == 1)
+    with pytest.raises(CollectiveError, match="twice, with different values"):
+        await asyncio.wait_for(
+            table.contribute(
+                generation=1, seq=1, rank=0, size=2, op=ALLGATHER, root=0, value=b"forged"
+            ),
+            BOUND_S,
+        )
+    last = contribute(table, 1, size=2, value=b"b")
+    results = await asyncio.wait_for(asyncio.gather(first, again, last), BOUND_S)
+    assert results == [[b"a", b"b"]] * 3
+    assert (len(table), table.held_bytes) == (0, 0)
+
+
+async def test_a_call_cancelled_after_the_round_is_complete_is_not_an_answer() -> None:
+    """The round stays until the rank's call made again is answered."""
+    table = ExchangeTable()
+    cut = contribute(table, 0, size=2, value=b"a")
+    await settle(lambda: len(table) == 1)
+    # Rank 1 completes the round; rank 0's call is cut before it could write the answer.
+    other = await table.contribute(
+        generation=1, seq=1, rank=1, size=2, op=ALLGATHER, root=0, value=b"b"
+    )
+    assert other == [b"a", b"b"]
+    cut.cancel()
+    await asyncio.gather(cut, return_exceptions=True)
+    assert len(table) == 1  # rank 0 has not had its answer
+    again = contribute(table, 0, size=2, value=b"a")
+    assert await asyncio.wait_for(again, BOUND_S) == [b"a", b"b"]
+    assert (len(table), table.held_bytes) == (0, 0)
+
+
+async def test_a_call_cancelled_before_the_round_is_complete_takes_its_value_back() -> None:
+    """Nobody waits for it: it is not held (the call made again brings it back)."""
+    table = ExchangeTable()
+    cut = contribute(table, 0, size=2, value=b"abc")
+    await settle(lambda: table.held_bytes == 3)
+    cut.cancel()
+    await asyncio.gather(cut, return_exceptions=True)
+    assert (len(table), table.held_bytes) == (0, 0)
+    other = contribute(table, 1, size=2, value=b"b")
+    await settle(lambda: table.held_bytes == 1)
+    retried = contribute(table, 0, size=2, value=b"abc")
+    assert await asyncio.wait_for(asyncio.gather(other, retried), BOUND_S) == [[b"abc", b"b"]] * 2
+
+
+async def test_a_value_still_awaited_by_a_retry_is_kept() -> None:
+    table = ExchangeTable()
+    first = contribute(table, 0, size=2, value=b"a")
+    retry = contribute(table, 0, size=2, value=b"a")  # made again before the first was cut
+    await settle(lambda: table.held_bytes == 1 and len(table) == 1)
+    for _ in range(5):
+        await asyncio.sleep(0)  # sleep-ok: a yield to the loop, not a wait on time
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    assert table.held_bytes == 1
+    last = contribute(table, 1, size=2, value=b"b")
+    assert await asyncio.wait_for(asyncio.gather(retry, last), BOUND_S) == [[b"a", b"b"]] * 2
+
+
+async def test_rounds_open_at_once_are_bounded() -> None:
+    table = ExchangeTable()
+    waiting = [contribute(table, 0, size=2, seq=seq) for seq in range(1, MAX_OPEN_ROUNDS + 1)]
+    await settle(lambda: len(table) == MAX_OPEN_ROUNDS)
+    with pytest.raises(CapacityError, match=f"{MAX_OPEN_ROUNDS} others are open"):
+        await asyncio.wait_for(
+            table.contribute(
+                generation=1, seq=99, rank=0, size=2, op=ALLGATHER, root=0, value=b"x"
+            ),
+            BOUND_S,
+        )
+    # Another generation's rounds are counted apart, and the open ones still complete.
+    assert await run_round(table, 2, generation=2) == [[b"v0", b"v1"]] * 2
+    for seq in range(1, MAX_OPEN_ROUNDS + 1):
+        contribute(table, 1, size=2, seq=seq)
+    await asyncio.wait_for(asyncio.gather(*waiting), BOUND_S)
+    await settle(lambda: len(table) == 0)
+
+
+async def test_bytes_held_are_capped_and_the_whole_round_fails() -> None:
+    table = ExchangeTable(max_bytes=10)
+    first = contribute(table, 0, size=3, value=b"x" * 6)
+    await settle(lambda: table.held_bytes == 6)
+    with pytest.raises(CapacityError) as info:
+        await asyncio.wait_for(
+            table.contribute(
+                generation=1, seq=1, rank=1, size=3, op=ALLGATHER, root=0, value=b"y" * 6
+            ),
+            BOUND_S,
+        )
+    assert "CLUSTER_COLLECTIVE_MAX_BYTES=10" in str(info.value)
+    with pytest.raises(CapacityError):
+        await asyncio.wait_for(first, BOUND_S)  # no rank of the round waits for ever
+    with pytest.raises(CapacityError):
+        await asyncio.wait_for(contribute(table, 2, size=3, value=b""), BOUND_S)  # late rank
+    assert (len(table), table.held_bytes) == (0, 0)
+    # The job goes on: the next collective works.
+    assert await run_round(table, 3, seq=2) == [[b"v0", b"v1", b"v2"]] * 3
+
+
+async def test_an_allgather_too_large_to_answer_fails_at_once() -> None:
+    table = ExchangeTable(max_bytes=2**40)
+    big = b"x" * (MAX_ANSWER_BYTES // 2 + 1)
+    first = contribute(table, 0, size=3, value=big)
+    await settle(lambda: len(table) == 1)
+    with pytest.raises(CollectiveError, match="cannot carry"):
+        await asyncio.wait_for(contribute(table, 1, size=3, value=big), BOUND_S)
+    with pytest.raises(CollectiveError, match="cannot carry"):
+        await asyncio.wait_for(first, BOUND_S)
+    assert table.held_bytes == 0

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from cluster.protocol.errors import CollectiveError
+from cluster.protocol.errors import CapacityError, CollectiveError
 from cluster.scheduler.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES, KvStore
 from tests.aio import BOUND_S, settle
 
@@ -217,3 +217,65 @@ async def test_no_waiter_leaked_after_cancel() -> None:
     assert kv._waiters == {}
     kv.set("k", b"v")  # no stale waiter to resolve
     assert kv.get(["k"]) == ([b"v"], [])
+
+
+# -- caps ---------------------------------------------------------------------------------------
+
+
+def test_total_bytes_are_capped_and_counted_as_they_change() -> None:
+    kv = KvStore(max_bytes=100, max_keys=10)
+    kv.set("a", b"x" * 40)  # 41 bytes with its key
+    kv.set("b", b"x" * 40)
+    assert kv.held_bytes == 82
+    with pytest.raises(CapacityError) as info:
+        kv.set("c", b"x" * 40)
+    message = str(info.value)
+    for words in ("'c'", "CLUSTER_KV_MAX_BYTES=100", "82 bytes", "coordination"):
+        assert words in message
+    assert kv.get(["c"]) == ([], ["c"])
+    assert kv.held_bytes == 82
+    kv.set("a", b"")  # overwriting gives room back
+    assert kv.held_bytes == 42
+    kv.set("c", b"x" * 40)
+    assert kv.held_bytes == 83
+
+
+def test_keys_are_capped() -> None:
+    kv = KvStore(max_bytes=1000, max_keys=2)
+    kv.set("a", b"1")
+    kv.add("b", 1)
+    with pytest.raises(CapacityError, match=r"CLUSTER_KV_MAX_KEYS=2"):
+        kv.set("c", b"1")
+    with pytest.raises(CapacityError, match=r"'d'"):
+        kv.add("d", 1)
+    kv.set("a", b"22")  # an existing key may change
+    assert kv.add("b", 5) == 6
+    assert len(kv) == 2
+
+
+def test_a_capacity_error_is_a_collective_error() -> None:
+    assert issubclass(CapacityError, CollectiveError)
+
+
+async def test_pending_waits_are_capped_and_freed() -> None:
+    kv = KvStore(max_waits=3)
+    waits = [asyncio.create_task(kv.wait([f"k{i}"], BOUND_S)) for i in range(3)]
+    await settle(lambda: kv.pending_waits == 3)
+    with pytest.raises(CapacityError, match="3 key-value waits are pending"):
+        await kv.wait(["k9"], BOUND_S)
+    assert await kv.wait([], BOUND_S) == []  # nothing to wait for: answered at once
+    kv.set("k0", b"v")
+    assert await asyncio.wait_for(waits[0], BOUND_S) == [b"v"]
+    for task in waits[1:]:
+        task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+    assert kv.pending_waits == 0
+    assert waiting(kv) == 0
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0])
+async def test_a_wait_needs_a_number_of_seconds(timeout: float) -> None:
+    kv = KvStore()
+    with pytest.raises(CollectiveError, match="not a number of seconds"):
+        await kv.wait(["k"], timeout)
+    assert kv.pending_waits == 0

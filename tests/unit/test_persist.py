@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from cluster.protocol.errors import ConfigError, StateFileError
-from cluster.protocol.state import Accepted, NodeRole, Refused, Registration
+from cluster.protocol.state import Accepted, Refused
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.scheduler.server import SchedulerServer
 from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually, settle
+from tests.credentials import caller, registration
 
 SETTINGS = CoreSettings(
     worker_num=2,
@@ -29,10 +30,6 @@ SETTINGS = CoreSettings(
     heartbeat_interval_s=1.0,
     recovery=True,
 )
-
-
-def registration(node_id: str, incarnation: int = 1, cluster_id: str = "") -> Registration:
-    return Registration(node_id, NodeRole.WORKER, "127.0.0.1", 6000, incarnation, 2, 0, cluster_id)
 
 
 async def started(directory: Path) -> SchedulerCore:
@@ -91,7 +88,7 @@ async def test_answers_and_events_wait_for_the_save(
         sent = pb.Event.FromString(sent)
     assert sent.topology_ready.generation == 1
     assert saved(tmp_path)["phase"] == "ready"
-    await asyncio.wait_for(core.finish("0", 1), BOUND_S)
+    await asyncio.wait_for(core.finish("0", 1, caller("0", 1)), BOUND_S)
     members = saved(tmp_path)["members"]
     assert isinstance(members, list)
     assert {m["node_id"]: m["state"] for m in members} == {"0": "finished", "1": "alive"}
@@ -200,7 +197,7 @@ async def test_held_events_go_out_in_order_once_saved_and_the_rejoining_node_sta
     clock.now += SETTINGS.node_timeout_s + 1  # longer than a silent node may live
     member = core.state.members["1"]
     await eventually(lambda: member.last_seen == clock.now, "the waiting node counted alive")
-    core.heartbeat("0", 1)
+    core.heartbeat("0", 1, caller("0", 1))
     assert core.state.tick() == []  # nobody failed for the wait
     assert not survivor.done()
     assert not answer.done()

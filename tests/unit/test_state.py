@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 from collections import Counter
 
@@ -10,9 +12,12 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.state import (
     Accepted,
+    Denial,
+    Denied,
     Effect,
     Evict,
     NodeFailedEvent,
@@ -29,6 +34,7 @@ from cluster.protocol.state import (
     TopologyReadyEvent,
     UnknownNodeError,
 )
+from tests.credentials import digest
 
 JOB = "job-1"
 
@@ -53,6 +59,7 @@ def make_state(
     topo_timeout_s: float = 60.0,
     heartbeat_enabled: bool = True,
     recovery: bool = False,
+    job_secret: bytes | None = None,
 ) -> SchedulerState:
     return SchedulerState(
         cluster_id=JOB,
@@ -63,7 +70,11 @@ def make_state(
         clock=clock,
         heartbeat_enabled=heartbeat_enabled,
         recovery=recovery,
+        job_secret=job_secret,
     )
+
+
+_nonces = itertools.count(1)
 
 
 def reg(
@@ -77,8 +88,11 @@ def reg(
     worker_num: int | None = None,
     server_num: int | None = None,
     cluster_id: str = "",
+    secret: bytes | None = None,
 ) -> Registration:
-    return Registration(
+    """The registration of the process (node_id, incarnation), with its own credential; with a
+    job secret (the state's, unless `secret` says otherwise), a fresh nonce and the proof."""
+    registration = Registration(
         node_id=node_id,
         role=role,
         host=host,
@@ -87,7 +101,15 @@ def reg(
         worker_num=state.worker_num if worker_num is None else worker_num,
         server_num=state.server_num if server_num is None else server_num,
         cluster_id=cluster_id,
+        credential_digest=digest(node_id, incarnation),
     )
+    secret = state.job_secret if secret is None else secret
+    if secret is None:
+        return registration
+    registration = dataclasses.replace(
+        registration, nonce=next(_nonces).to_bytes(auth.NONCE_BYTES, "big")
+    )
+    return dataclasses.replace(registration, proof=auth.prove(secret, registration.message()))
 
 
 def accept(state: SchedulerState, registration: Registration) -> list[Effect]:
@@ -381,12 +403,12 @@ def test_same_incarnation_registers_again_idempotently() -> None:
     state = make_state(clock, worker_num=2)
     accept(state, reg(state, "a", port=1))
     clock.advance(3)
-    outcome, effects = state.register(reg(state, "a", port=2, host="h9"))
+    outcome, effects = state.register(reg(state, "a", port=1))
     assert outcome == Accepted(JOB, 1, 2, rejoined=False, generation=0)
     assert effects == []
     assert len(state.members) == 1
     member = state.member("a", 1)
-    assert (member.host, member.port, member.last_seen) == ("h9", 2, clock.now)
+    assert (member.host, member.port, member.last_seen) == ("h0", 1, clock.now)
     # Also once the job is formed.
     accept(state, reg(state, "b"))
     outcome, effects = state.register(reg(state, "b"))
@@ -733,8 +755,35 @@ node_ids = st.sampled_from(WORKER_IDS + SERVER_IDS)
 incarnations = st.integers(min_value=1, max_value=3)  # restarts in the machine add 10
 
 
+def _everything(state: SchedulerState) -> object:
+    """All a call could change: the saved state and every member's fields in memory."""
+    return (
+        json.dumps(state.snapshot(), sort_keys=True),
+        [dataclasses.astuple(m) for m in state.members.values()],
+        state.phase,
+        state.generation,
+        state.detail,
+        sorted(state.awaiting),
+    )
+
+
+FORGERIES = ["none", "another node's", "an older incarnation's", "garbage"]
+
+
+def forged_digest(forgery: str, node_id: str, incarnation: int) -> bytes:
+    """A credential hash that is not (node_id, incarnation)'s, as a forger would present."""
+    if forgery == "none":
+        return b""
+    if forgery == "another node's":
+        return digest(node_id + "x", incarnation)
+    if forgery == "an older incarnation's":
+        return digest(node_id, incarnation - 1)
+    return b"\x00" * 32
+
+
 class SchedulerMachine(RuleBasedStateMachine):
-    """Random registrations, disconnects, heartbeats, finishes and passing time."""
+    """Random registrations, disconnects, heartbeats, finishes and passing time; and forged
+    calls and registrations, which must be refused and change nothing."""
 
     @initialize(
         worker_num=st.integers(min_value=1, max_value=4),
@@ -742,6 +791,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         heartbeat_enabled=st.booleans(),
         topo_timeout_s=st.sampled_from([15.0, 60.0, 1e9]),
         recovery=st.booleans(),
+        job_secret=st.sampled_from([None, b"the job's secret"]),
     )
     def setup(
         self,
@@ -750,6 +800,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         heartbeat_enabled: bool,
         topo_timeout_s: float,
         recovery: bool,
+        job_secret: bytes | None,
     ) -> None:
         self.clock = FakeClock()
         self.state = make_state(
@@ -760,7 +811,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             topo_timeout_s=topo_timeout_s,
             heartbeat_enabled=heartbeat_enabled,
             recovery=recovery,
+            job_secret=job_secret,
         )
+        # Registrations sent so far (the latest few): a forger may replay them.
+        self.sent: list[Registration] = []
         self.generation = 0
         self.saved = _durable(self.state)
         self.phase = Phase.WAITING
@@ -826,6 +880,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             cluster_id=cluster_id,
         )
         before = len(self.state.members)
+        self.sent = [*self.sent[-4:], registration]
         outcome, effects = self.state.register(registration)
         if isinstance(outcome, Refused):
             assert isinstance(outcome.reason, Refusal)
@@ -958,6 +1013,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             clock=self.clock,
             new_cluster_id="unused",
             heartbeat_enabled=state.heartbeat_enabled,
+            job_secret=state.job_secret,
         )
         assert restored.cluster_id == JOB
         assert restored.generation == state.generation
@@ -972,7 +1028,117 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert restored.members == {}
         self.state = restored
         self.saved = _durable(restored)
+        # The nonces seen are not saved: a replay is refused only within one scheduler's life.
+        self.sent = []
         event(f"scheduler restarted while {restored.phase.value}")
+
+    # -- forgeries: refused, and nothing changes ------------------------------------------------
+
+    def _forged_target(self, index: int) -> tuple[str, int]:
+        picked = self._pick(index)
+        return picked if picked is not None else (WORKER_IDS[index % len(WORKER_IDS)], 1)
+
+    @rule(
+        index=st.integers(min_value=0, max_value=20),
+        forgery=st.sampled_from(FORGERIES),
+        call=st.sampled_from(["hello", "heartbeat", "finish", "kv", "report", "exchange"]),
+        stale=st.booleans(),
+    )
+    def forged_call(self, index: int, forgery: str, call: str, stale: bool) -> None:
+        """A call that speaks for a member (or a stale incarnation of it) without its
+        credential."""
+        node_id, incarnation = self._forged_target(index)
+        if stale:  # the incarnation Status showed before the node was restarted
+            incarnation += 7
+        presented = forged_digest(forgery, node_id, incarnation)
+        before = _everything(self.state)
+        if call == "exchange":
+            verdict: object = self.state.admit_exchange(
+                node_id, presented, generation=self.state.generation, op="allgather", root=0
+            )
+        elif call == "report":
+            verdict = self.state.admit_report(node_id, incarnation, presented, 3)
+        else:
+            verdict = self.state.admit(node_id, None if call == "kv" else incarnation, presented)
+        assert isinstance(verdict, Denied), verdict
+        assert verdict.kind in (Denial.UNAUTHENTICATED, Denial.NOT_A_MEMBER)
+        assert verdict.message.strip()
+        assert _everything(self.state) == before
+        event(f"forged {call} refused: {verdict.kind.value}")
+
+    @rule(
+        index=st.integers(min_value=0, max_value=20),
+        forgery=st.sampled_from(["other host", "other credential", "both"]),
+    )
+    def forged_register_of_a_member(self, index: int, forgery: str) -> None:
+        """Register a member's own incarnation again from elsewhere (the 6.6.6.6 attack)."""
+        picked = self._pick(index)
+        if picked is None:
+            return
+        node_id, incarnation = picked
+        member = self.state.members[node_id]
+        registration = reg(
+            self.state,
+            node_id,
+            host="6.6.6.6" if forgery != "other credential" else member.host,
+            port=member.port,
+            role=member.role,
+            incarnation=incarnation,
+            cluster_id=JOB,
+        )
+        if forgery != "other host":
+            registration = dataclasses.replace(
+                registration, credential_digest=digest(node_id + "x", incarnation)
+            )
+            if self.state.job_secret is not None:  # the forger knows the secret, even
+                registration = dataclasses.replace(
+                    registration,
+                    proof=auth.prove(self.state.job_secret, registration.message()),
+                )
+        before = _everything(self.state)
+        outcome, effects = self.state.register(registration)
+        assert isinstance(outcome, Refused), outcome
+        assert effects == []
+        assert _everything(self.state) == before
+        event(f"forged registration refused: {outcome.reason.value}")
+
+    @rule(
+        node_id=node_ids,
+        forgery=st.sampled_from(["no proof", "wrong secret", "replay"]),
+    )
+    def outsider_registers(self, node_id: str, forgery: str) -> None:
+        """A registration that does not prove the job secret, when the job has one."""
+        if self.state.job_secret is None:
+            return
+        role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
+        if forgery == "replay":
+            if not self.sent:
+                return
+            registration = self.sent[-1]
+        elif forgery == "wrong secret":
+            registration = reg(self.state, node_id, role=role, incarnation=5, secret=b"guess")
+        else:
+            registration = dataclasses.replace(
+                reg(self.state, node_id, role=role, incarnation=5), proof=b""
+            )
+        before = _everything(self.state)
+        outcome, effects = self.state.register(registration)
+        assert isinstance(outcome, Refused), outcome
+        assert outcome.reason in (Refusal.NOT_A_MEMBER, Refusal.INVALID_NODE), outcome
+        assert effects == []
+        assert _everything(self.state) == before
+        event(f"outsider refused ({forgery})")
+
+    @invariant()
+    def members_admit_their_own_process_only(self) -> None:
+        """Each member's calls are admitted with the credential of its current incarnation,
+        also after restarts of the node or of the scheduler."""
+        if not hasattr(self, "state"):
+            return
+        for member in self.state.members.values():
+            own = digest(member.node_id, member.incarnation)
+            assert self.state.admit(member.node_id, member.incarnation, own) is member
+            assert self.state.admit(member.node_id, None, own) is member
 
     @invariant()
     def never_too_many_members(self) -> None:
@@ -1084,7 +1250,7 @@ def test_a_silent_node_is_failed_and_its_stream_ended_so_it_must_register_again(
     effects = state.tick()
     assert Evict("1", 1, effects[0].reason) in effects  # type: ignore[union-attr]
     # Back with the same process when the network returns: a new generation, no guard.
-    outcome, effects = state.register(reg(state, "1", incarnation=1))
+    outcome, effects = state.register(reg(state, "1", incarnation=1, port=6001))
     assert isinstance(outcome, Accepted)
     assert outcome.rejoined
     assert state.generation == 2
@@ -1210,7 +1376,7 @@ def test_restored_nodes_that_do_not_reconnect_fail() -> None:
     clock = FakeClock()
     restored = restore(recovering(clock).snapshot(), clock)
     for node_id in ("0", "1"):
-        accept(restored, reg(restored, node_id))
+        accept(restored, reg(restored, node_id, port=6000 + int(node_id)))
         restored.connect(node_id, 1)
     clock.advance(10.5)
     for node_id in ("0", "1"):

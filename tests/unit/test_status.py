@@ -7,6 +7,7 @@ import json
 from cluster.protocol.state import NodeRole, Registration, SchedulerState
 from cluster.scheduler import convert
 from cluster.tools.status import job_view, render
+from tests.credentials import digest
 
 
 def formed_job() -> SchedulerState:
@@ -20,7 +21,18 @@ def formed_job() -> SchedulerState:
         recovery=True,
     )
     for i in range(2):
-        state.register(Registration(str(i), NodeRole.WORKER, "h0", 6000 + i, 1, 2, 0))
+        state.register(
+            Registration(
+                str(i),
+                NodeRole.WORKER,
+                "h0",
+                6000 + i,
+                1,
+                2,
+                0,
+                credential_digest=digest(str(i), 1),
+            )
+        )
     return state
 
 
@@ -30,7 +42,11 @@ def test_status_shows_generation_recovery_incarnations_restarts_and_checkpoints(
         state.report_checkpoints(node_id, 1, [10, 20, 30, 40])
     state.disconnect("1", 1)
     state.clock = lambda: 111.0
-    state.register(Registration("1", NodeRole.WORKER, "h0", 7001, 2, 2, 0, "job-1"))
+    state.register(
+        Registration(
+            "1", NodeRole.WORKER, "h0", 7001, 2, 2, 0, "job-1", credential_digest=digest("1", 2)
+        )
+    )
     view = job_view("127.0.0.1:8118", convert.status_to_pb(state, 111.0))
     assert (view.generation, view.recovery, view.rollback_step) == (2, True, 40)
     assert [(n.rank, n.incarnation, n.restarts) for n in view.nodes] == [(0, 1, 0), (1, 2, 1)]

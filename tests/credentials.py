@@ -1,0 +1,38 @@
+"""Node credentials for tests that drive the state machine or the core directly: each
+(node id, incarnation) has its own, as each real process draws its own."""
+
+from __future__ import annotations
+
+from cluster.protocol import auth
+from cluster.protocol.config import canonical_node_id
+from cluster.protocol.state import NodeRole, Registration
+from cluster.transport.membership import Caller
+
+
+def credential(node_id: str, incarnation: int) -> bytes:
+    return auth.credential_digest(f"{canonical_node_id(node_id)}/{incarnation}".encode())[:32]
+
+
+def digest(node_id: str, incarnation: int) -> bytes:
+    """The hash the scheduler keeps of that process's credential."""
+    return auth.credential_digest(credential(node_id, incarnation))
+
+
+def caller(node_id: str, incarnation: int) -> Caller:
+    """What the scheduler reads from a call of that process."""
+    return Caller(node_id, incarnation, digest(node_id, incarnation))
+
+
+def registration(node_id: str, incarnation: int = 1, cluster_id: str = "") -> Registration:
+    """A worker of a 2-worker job at 127.0.0.1:6000, with its own credential."""
+    return Registration(
+        node_id,
+        NodeRole.WORKER,
+        "127.0.0.1",
+        6000,
+        incarnation,
+        2,
+        0,
+        cluster_id,
+        credential_digest=digest(node_id, incarnation),
+    )

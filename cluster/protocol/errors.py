@@ -109,6 +109,10 @@ class CapacityError(CollectiveError):
     CLUSTER_COLLECTIVE_MAX_BYTES); the job goes on."""
 
 
+class FellBehindError(ClusterError):
+    """A WatchEvents stream did not read its events fast enough (over the backlog's cap)."""
+
+
 class BadRequestError(ClusterError):
     """A request lacks what its call needs (not sent by this package's own workers)."""
 

@@ -25,6 +25,7 @@ from cluster.protocol.errors import (
     ClusterError,
     CollectiveError,
     EvictedError,
+    FellBehindError,
     JobFailedError,
     NotAuthenticatedError,
     NotLeaderError,
@@ -56,6 +57,7 @@ _KINDS: dict[str, type[ClusterError]] = {
         AccessDeniedError,
         PeerFailedError,
         CollectiveError,
+        FellBehindError,
     )
 }
 # A call refused without a kind.

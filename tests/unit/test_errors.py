@@ -18,6 +18,7 @@ from cluster.protocol.errors import (
     ClusterError,
     CollectiveError,
     EvictedError,
+    FellBehindError,
     JobFailedError,
     NotAuthenticatedError,
     NotLeaderError,
@@ -25,6 +26,7 @@ from cluster.protocol.errors import (
     UnknownNodeError,
 )
 from cluster.transport.failures import failure_of, status_of
+from cluster.worker import convert, steps
 
 
 def _modules() -> list[str]:
@@ -79,6 +81,7 @@ def _rpc_error(error: ClusterError) -> grpc.aio.AioRpcError:
         UnknownNodeError("not a member: register first"),
         CapacityError("over CLUSTER_KV_MAX_BYTES=64"),
         CollectiveError("broadcast root 9 is not a rank"),
+        FellBehindError("this event stream fell 10000 events behind"),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -123,3 +126,19 @@ def test_a_failure_without_a_kind_is_read_from_its_code(
     failure = failure_of(error)
     assert failure.kind is kind
     assert failure.cut_off is (kind is None)
+
+
+def test_the_worker_core_hears_a_standby_as_the_way_to_its_leader() -> None:
+    """A registration or stream ended by a standby becomes the core's NotLeader, which it
+    follows at once; any other refusal of a registration ends this node's part."""
+    standby = _rpc_error(NotLeaderError("this scheduler is a standby", "10.0.0.2:8118"))
+    assert convert.rpc_failure(standby, "the scheduler") == steps.NotLeader("10.0.0.2:8118")
+    assert convert.lost(standby) == steps.NotLeader("10.0.0.2:8118")
+    refused = convert.rpc_failure(_rpc_error(EvictedError("replaced")), "the scheduler")
+    assert isinstance(refused, steps.Fatal)
+    assert isinstance(refused.error, EvictedError)
+    cut_off = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="gone"
+    )
+    assert convert.rpc_failure(cut_off, "the scheduler") == steps.Unanswered()
+    assert convert.lost(cut_off) == steps.StreamLost("gone")

@@ -165,6 +165,10 @@ class WorkerAgent:
             await asyncio.wait((self._ready,), timeout=wait_s)
             if not self._ready.done():
                 await self._run(self.core.step(steps.DeadlinePassed()), report=False)
+                if self.core.over and not self._fatal.done():
+                    raise ClusterError(
+                        f"this node was closed before the job formed at {self.where}"
+                    )
         if self._fatal.done():
             raise self._fatal.result()
         return self._ready.result()
@@ -199,7 +203,11 @@ class WorkerAgent:
         if isinstance(action, steps.Say):
             self._say(action.text)
         elif isinstance(action, steps.Register):
-            return self.core.step(await self._register(action))
+            decided = self.core.step(await self._register(action))
+            if self._accepted is not None and not any(isinstance(a, steps.Watch) for a in decided):
+                self._accepted.cancel()  # accepted, but not to be read (closed meanwhile)
+                self._accepted = None
+            return decided
         elif isinstance(action, steps.CheckScheduler):
             host, port = self._host, self._port
             ok = await scheduler_channel.check_scheduler(host, port, self._tls, action.timeout_s)

@@ -321,6 +321,10 @@ class WorkerCore:
         return actions
 
     def _shutdown(self, event: steps.Shutdown) -> Actions:
+        if event.ok and self.topology is None:
+            # Not this node's job that finished: it never had its topology.
+            error = JobFailedError(f"the job finished before this node joined it: {event.reason}")
+            return [*self._fail(error), steps.Done()]
         if event.ok:
             self.lifecycle = Lifecycle.FINISHED
             return [steps.Done()]

@@ -507,3 +507,12 @@ WorkerCoreMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
 test_worker_core_machine = WorkerCoreMachine.TestCase
+
+
+def test_a_job_that_finished_before_this_node_had_its_topology_is_not_its_finish() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    core.step(accepted())
+    actions = core.step(steps.Shutdown(ok=True, reason="every node finished"))
+    assert kinds(actions) == [steps.Fail, steps.Done]
+    assert core.lifecycle is Lifecycle.FAILED

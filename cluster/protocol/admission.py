@@ -88,13 +88,17 @@ class Admission:
     detail: str
     generation: int
     members: dict[str, Member]
+    spares: dict[str, Member]
 
     def admit(
         self, node_id: str, incarnation: int | None, credential_digest: bytes
     ) -> Member | Denied:
         """The member this call speaks for, if it may; `incarnation` None: any (the credential
         is per incarnation anyway)."""
-        member = self.members.get(canonical_node_id(node_id)) if valid_node_id(node_id) else None
+        member = None
+        if valid_node_id(node_id):
+            key = canonical_node_id(node_id)
+            member = self.members.get(key) or self.spares.get(key)
         if member is None or (incarnation is not None and member.incarnation != incarnation):
             which = "" if incarnation is None else f" (incarnation {incarnation})"
             return Denied(

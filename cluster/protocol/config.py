@@ -36,6 +36,9 @@ MIN_HEARTBEATS_PER_TIMEOUT = 3
 DEFAULT_KV_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_KV_MAX_KEYS = 100_000
 DEFAULT_COLLECTIVE_MAX_BYTES = 1024 * 1024 * 1024
+# Spares a scheduler takes at most: enough for the failures between two restarts of a node, few
+# enough that registrations cannot exhaust the scheduler (CLUSTER_MAX_SPARES).
+DEFAULT_MAX_SPARES = 8
 
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _TRUE = {"1", "true", "yes", "on"}
@@ -102,6 +105,8 @@ class Limits:
     kv_max_bytes: int = DEFAULT_KV_MAX_BYTES
     kv_max_keys: int = DEFAULT_KV_MAX_KEYS
     collective_max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES
+    # Spare workers the scheduler takes at most (CLUSTER_MAX_SPARES; 0: none).
+    max_spares: int = DEFAULT_MAX_SPARES
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,8 @@ class ClusterConfig:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     job_secret: JobSecretSource | None = None
     limits: Limits = field(default_factory=Limits)
+    # CLUSTER_SPARE=1: a worker without a rank, waiting to take a failed worker's.
+    spare: bool = False
 
     @property
     def sched_address(self) -> str:
@@ -268,6 +275,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
             )
     else:
         interval = default_heartbeat_interval(node_timeout, worker_num + server_num)
+    spare = _spare_from_env(env, role, recovery is not None)
     return ClusterConfig(
         role=role,
         worker_num=worker_num,
@@ -284,7 +292,25 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         observe=observe_from_env(env),
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
+        spare=spare,
     )
+
+
+def _spare_from_env(env: Mapping[str, str], role: Role, recovery: bool) -> bool:
+    """CLUSTER_SPARE: only a worker of a job with recovery can be a spare (without recovery
+    a failed worker ends the job, so nobody would ever take its rank)."""
+    raw = env.get("CLUSTER_SPARE", "").strip()
+    spare = parse_bool("CLUSTER_SPARE", raw) if raw else False
+    if spare and role is not Role.WORKER:
+        raise ConfigError(
+            f"CLUSTER_SPARE={raw} is for workers only, but MS_ROLE={role.value!r}: unset it"
+        )
+    if spare and not recovery:
+        raise ConfigError(
+            f"CLUSTER_SPARE={raw} needs MS_ENABLE_RECOVERY=1: a spare takes a failed worker's "
+            "rank, and without recovery a failed worker ends the job"
+        )
+    return spare
 
 
 def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
@@ -355,6 +381,9 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
         kv_max_bytes=cap("CLUSTER_KV_MAX_BYTES", DEFAULT_KV_MAX_BYTES),
         kv_max_keys=cap("CLUSTER_KV_MAX_KEYS", DEFAULT_KV_MAX_KEYS),
         collective_max_bytes=cap("CLUSTER_COLLECTIVE_MAX_BYTES", DEFAULT_COLLECTIVE_MAX_BYTES),
+        max_spares=parse_int("CLUSTER_MAX_SPARES", spares, minimum=0)
+        if (spares := env.get("CLUSTER_MAX_SPARES", "").strip())
+        else DEFAULT_MAX_SPARES,
     )
 
 

@@ -39,7 +39,8 @@ class Kind(enum.Enum):
     SAVE_RECOVERED = "save_recovered"  # a save landed again
     FINISHED = "finished"  # every node finished
     JOB_FAILED = "job_failed"  # the job ended failed
-    # Spares and standby schedulers (later issues) add "promoted" and "leader_change" here.
+    PROMOTED = "promoted"  # a spare took a failed worker's rank: a new generation
+    # Standby schedulers (a later issue) add "leader_change" here.
 
 
 class Cause(enum.Enum):
@@ -96,7 +97,7 @@ def of_registration(
             Kind.REFUSED,
             {"node_id": node_id, "reason": outcome.reason.value, "message": outcome.message},
         )
-    member = st.members.get(node_id)
+    member = st.find(node_id)
     if outcome.rejoined:
         return Record(
             Kind.REJOINED,
@@ -118,6 +119,7 @@ def of_registration(
             "registered": outcome.registered,
             "expected": outcome.expected,
             **({"replaced": True} if prior_incarnation is not None else {}),
+            **({"spare": True} if outcome.spare else {}),
         },
     )
 
@@ -132,6 +134,18 @@ def of_effect(effect: state.Effect, st: state.SchedulerState) -> Record | None:
                     "generation": 1,
                     "nodes": len(effect.peers),
                     "seconds": round(st.clock() - st.started, 3),
+                },
+            )
+        if effect.promoted:
+            promoted = st.find(effect.promoted)
+            return Record(
+                Kind.PROMOTED,
+                {
+                    "node_id": effect.promoted,
+                    "rank": None if promoted is None else promoted.rank,
+                    "generation": effect.generation,
+                    "rollback_step": effect.rollback_step,
+                    "reason": effect.reason,
                 },
             )
         return Record(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from cluster.protocol import auth
 
@@ -41,6 +42,9 @@ class Refusal(enum.Enum):
     # A registration of a live node's own incarnation with another credential or address.
     UNAUTHENTICATED = "unauthenticated"
     NODE_ALIVE = "node_alive"  # transient: the guard
+    # The job finished well: a node still waiting to (re)join it, a spare or a restarted node
+    # waiting out its guard, has nothing left to do and exits 0.
+    JOB_FINISHED = "job_finished"
 
     @property
     def transient(self) -> bool:
@@ -62,6 +66,8 @@ class Registration:
     # With a job secret: a fresh nonce and the HMAC of `message()` under the secret.
     nonce: bytes = b""
     proof: bytes = field(default=b"", repr=False)
+    # CLUSTER_SPARE=1: a worker without a rank, waiting to take a failed worker's.
+    spare: bool = False
 
     def message(self) -> bytes:
         """What a job-secret proof covers: every field above but the proof."""
@@ -77,6 +83,7 @@ class Registration:
                 self.cluster_id,
                 self.credential_digest,
                 self.nonce,
+                *(("spare",) if self.spare else ()),
             )
         )
 
@@ -88,6 +95,8 @@ class Accepted:
     expected: int
     rejoined: bool
     generation: int
+    # Accepted as a spare: no rank until the scheduler gives it a failed worker's.
+    spare: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,8 @@ class TopologyReadyEvent:
     peers: tuple[PeerInfo, ...]
     rollback_step: int = 0
     reason: str = "formed"
+    # The node id of a spare that took a failed worker's rank in this generation ("" if none).
+    promoted: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,51 @@ class Member:
     checkpoints: tuple[int, ...] = ()  # the steps it last reported holding
     # SHA-256 of the credential of this incarnation: every call of the node must match it.
     credential_digest: bytes = field(default=b"", repr=False)
+    # A failed worker whose rank a spare took: that spare's node id ("" otherwise).
+    replaced_by: str = ""
 
     def describe(self) -> str:
         who = f"node {self.node_id!r} at {self.host}:{self.port}"
         return who if self.rank is None else f"rank {self.rank} ({who})"
+
+    def saved(self) -> dict[str, Any]:
+        """This member as the scheduler's snapshot holds it."""
+        return {
+            "node_id": self.node_id,
+            "role": self.role.value,
+            "host": self.host,
+            "port": self.port,
+            "incarnation": self.incarnation,
+            "state": self.state.value,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "local_size": self.local_size,
+            "restarts": self.restarts,
+            "failure": self.failure,
+            "checkpoints": list(self.checkpoints),
+            # The hash only: the credential itself is never saved.
+            "credential_sha256": self.credential_digest.hex(),
+            "replaced_by": self.replaced_by,
+        }
+
+    @classmethod
+    def loaded(cls, saved: dict[str, Any], now: float) -> Member:
+        """A saved member, given the guard from `now`: a restarted scheduler cannot know what
+        happened while it was down."""
+        return cls(
+            node_id=str(saved["node_id"]),
+            role=NodeRole(saved["role"]),
+            host=str(saved["host"]),
+            port=int(saved["port"]),
+            incarnation=int(saved["incarnation"]),
+            last_seen=now,
+            state=NodeState(saved["state"]),
+            rank=None if saved["rank"] is None else int(saved["rank"]),
+            local_rank=int(saved["local_rank"]),
+            local_size=int(saved["local_size"]),
+            restarts=int(saved["restarts"]),
+            failure=str(saved.get("failure", "")),
+            checkpoints=tuple(int(s) for s in saved.get("checkpoints", ())),
+            credential_digest=bytes.fromhex(str(saved.get("credential_sha256", ""))),
+            replaced_by=str(saved.get("replaced_by", "")),
+        )

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.protocol import auth
+from cluster.protocol import auth, spares
 from cluster.protocol.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
@@ -104,6 +104,10 @@ class SchedulerState(Admission):
     generation: int = 0
     detail: str = ""
     members: dict[str, Member] = field(default_factory=dict)
+    # Spares (no rank; `cluster.protocol.spares`), and failed nodes whose rank a spare took,
+    # kept for their guard.
+    spares: dict[str, Member] = field(default_factory=dict)
+    promotions: int = field(init=False, default=0)  # ranks handed to a spare so far
     started: float = field(init=False)
     # Kept up to date with `members`, so that no input costs O(members): a 1024-node job
     # registers and finishes 1024 times.
@@ -151,8 +155,12 @@ class SchedulerState(Admission):
     def published_rollback_step(self) -> int:
         return 0 if self._published is None else self._published.rollback_step
 
+    def find(self, node_id: str) -> Member | None:
+        """The member or spare with this (canonical) node id."""
+        return self.members.get(node_id) or self.spares.get(node_id)
+
     def member(self, node_id: str, incarnation: int) -> Member:
-        member = self.members.get(canonical_node_id(node_id))
+        member = self.find(canonical_node_id(node_id))
         if member is None or member.incarnation != incarnation:
             raise UnknownNodeError(
                 f"node {node_id!r} (incarnation {incarnation}) is not a member of job "
@@ -187,7 +195,7 @@ class SchedulerState(Admission):
         if refusal is not None:
             return refusal, []
         now = self.clock()
-        known = self.members.get(node_id)
+        known = self.find(node_id)
         if known is not None and known.role is not reg.role:
             return Refused(
                 Refusal.INVALID_NODE,
@@ -197,11 +205,18 @@ class SchedulerState(Admission):
             ), []
         if known is not None:
             return self._register_known(known, reg, now)
-        refusal = self._check_new(node_id, reg)
+        return self._register_new(node_id, reg, now)
+
+    def _register_new(
+        self, node_id: str, reg: Registration, now: float
+    ) -> tuple[Accepted | Refused, list[Effect]]:
+        if reg.spare:
+            refusal = spares.check_new_spare(node_id, reg, self.spares, self.settings)
+        else:
+            refusal = self._check_new(node_id, reg)
         if refusal is not None:
             return refusal, []
-        self._role_counts[reg.role] = self._role_counts.get(reg.role, 0) + 1
-        self.members[node_id] = Member(
+        member = Member(
             node_id=node_id,
             role=reg.role,
             host=reg.host,
@@ -210,6 +225,12 @@ class SchedulerState(Admission):
             last_seen=now,
             credential_digest=reg.credential_digest,
         )
+        if reg.spare:
+            self.spares[node_id] = member
+            self.revision += 1
+            return self._accepted(rejoined=False, spare=True), self._fill_down_rank()
+        self._role_counts[reg.role] = self._role_counts.get(reg.role, 0) + 1
+        self.members[node_id] = member
         effects: list[Effect] = [ProgressEvent(len(self.members), self.expected)]
         if len(self.members) == self.expected:
             effects.extend(self._form_topology())
@@ -270,6 +291,8 @@ class SchedulerState(Admission):
         member.connected = False
         if member.state is not NodeState.ALIVE or self.phase in (Phase.FINISHED, Phase.FAILED):
             return []
+        if member.node_id in self.spares:
+            return self._spare_died(member, self.clock(), "its connection to the scheduler broke")
         # Alive until its connection broke: the guard counts from now, not from its last
         # heartbeat (which may be an interval older).
         member.last_seen = self.clock()
@@ -277,6 +300,8 @@ class SchedulerState(Admission):
 
     def finish(self, node_id: str, incarnation: int) -> list[Effect]:
         member = self.member(node_id, incarnation)
+        if member.node_id in self.spares:
+            return self._drop_spare(member) if member.state is NodeState.ALIVE else []
         if self.phase is Phase.WAITING:
             # Leaving before the job formed: free the slot, nobody depends on it yet.
             self._forget(member)
@@ -304,6 +329,12 @@ class SchedulerState(Admission):
             if self.phase in (Phase.FINISHED, Phase.FAILED):
                 break
             effects.extend(self._tick_member(member, now))
+        for member in list(self.spares.values()):
+            silent = now - member.last_seen
+            if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
+                self._spare_died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
+            elif spares.expired(member, now, self.settings):
+                self._drop_spare(member)
         return effects
 
     def _tick_member(self, member: Member, now: float) -> list[Effect]:
@@ -356,27 +387,8 @@ class SchedulerState(Admission):
             # must tell reconnecting nodes the same, not recompute them from newer reports).
             "rollback_step": self.published_rollback_step,
             "reason": "" if self._published is None else self._published.reason,
-            "members": []
-            if forming
-            else [
-                {
-                    "node_id": m.node_id,
-                    "role": m.role.value,
-                    "host": m.host,
-                    "port": m.port,
-                    "incarnation": m.incarnation,
-                    "state": m.state.value,
-                    "rank": m.rank,
-                    "local_rank": m.local_rank,
-                    "local_size": m.local_size,
-                    "restarts": m.restarts,
-                    "failure": m.failure,
-                    "checkpoints": list(m.checkpoints),
-                    # The hash only: the credential itself is never saved.
-                    "credential_sha256": m.credential_digest.hex(),
-                }
-                for m in self.members.values()
-            ],
+            "members": [] if forming else [m.saved() for m in self.members.values()],
+            "spares": [] if forming else [m.saved() for m in self.spares.values()],
         }
 
     @classmethod
@@ -431,30 +443,16 @@ class SchedulerState(Admission):
             return fresh
         now = clock()
         for saved_member in snapshot["members"]:
-            member = Member(
-                node_id=str(saved_member["node_id"]),
-                role=NodeRole(saved_member["role"]),
-                host=str(saved_member["host"]),
-                port=int(saved_member["port"]),
-                incarnation=int(saved_member["incarnation"]),
-                # Every node, failed ones too, gets the guard from now: the scheduler cannot
-                # know what happened while it was down.
-                last_seen=now,
-                state=NodeState(saved_member["state"]),
-                rank=None if saved_member["rank"] is None else int(saved_member["rank"]),
-                local_rank=int(saved_member["local_rank"]),
-                local_size=int(saved_member["local_size"]),
-                restarts=int(saved_member["restarts"]),
-                failure=str(saved_member.get("failure", "")),
-                checkpoints=tuple(int(s) for s in saved_member.get("checkpoints", ())),
-                credential_digest=bytes.fromhex(str(saved_member.get("credential_sha256", ""))),
-            )
+            member = Member.loaded(saved_member, now)
             fresh.members[member.node_id] = member
             fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
             if member.state is NodeState.FINISHED:
                 fresh._finished += 1
             elif member.state is NodeState.ALIVE:
                 fresh.awaiting.add(member.node_id)
+        for saved_spare in snapshot.get("spares", ()):
+            spare = Member.loaded(saved_spare, now)
+            fresh.spares[spare.node_id] = spare
         if len(fresh.members) != fresh.expected:
             raise SnapshotError(
                 f"job {fresh.cluster_id} had formed, but the saved state names "
@@ -520,7 +518,7 @@ class SchedulerState(Admission):
             )
         if self.phase in (Phase.FINISHED, Phase.FAILED):
             return Refused(
-                Refusal.JOB_OVER,
+                Refusal.JOB_FINISHED if self.phase is Phase.FINISHED else Refusal.JOB_OVER,
                 f"job {self.cluster_id} is over ({self.phase.value}: {self.detail}); start a new "
                 "scheduler for a new job",
             )
@@ -582,7 +580,9 @@ class SchedulerState(Admission):
             member.restarts += 1
             return self._accepted(rejoined=False), [evict]
         if self.recovery and self.phase is Phase.READY:
-            return self._rejoin(member, reg, now)
+            # Its rank taken by a spare meanwhile: a spare itself; else its rank back.
+            back = self._respare if member.node_id in self.spares else self._rejoin
+            return back(member, reg, now)
         return Refused(
             Refusal.JOB_OVER,
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
@@ -605,6 +605,18 @@ class SchedulerState(Admission):
                 "this registration of that incarnation has another credential or address: only "
                 "the node's own process may register it again, from the same address",
             ), []
+        if member.node_id in self.spares and not member.replaced_by:
+            # A spare's own process back (its connection broke): a spare again.
+            member.last_seen, member.state, member.failure = now, NodeState.ALIVE, ""
+            self.revision += 1
+            return self._accepted(rejoined=False, spare=True), self._fill_down_rank()
+        if member.node_id in self.spares:
+            return Refused(
+                Refusal.JOB_OVER,
+                f"{member.describe()} was cut off, and its rank went to a spare meanwhile: this "
+                "process cannot go on with it; start it again, and it joins as a spare once "
+                f"MS_NODE_TIMEOUT={self.settings.node_timeout_s:g} s have passed",
+            ), []
         member.last_seen = now
         if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
             # Back after it was declared failed (its connection broke, or it was cut off): no
@@ -619,7 +631,8 @@ class SchedulerState(Admission):
         """A failed (or silent) node takes its rank back: a new generation."""
         effects: list[Effect] = []
         if member.state is NodeState.ALIVE:  # silent past the guard, not yet noticed by tick()
-            effects.extend(self._lose(member, "a new process registered with its node id"))
+            why = "a new process registered with its node id"
+            effects.extend(self._lose(member, why, promote=False))
         if restarted:
             effects.append(Evict(member.node_id, member.incarnation, "replaced by a new process"))
             member.restarts += 1
@@ -637,13 +650,14 @@ class SchedulerState(Admission):
         effects.extend(self._publish(f"{member.describe()} rejoined"))
         return self._accepted(rejoined=True), effects
 
-    def _accepted(self, *, rejoined: bool) -> Accepted:
+    def _accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
         return Accepted(
             cluster_id=self.cluster_id,
             registered=len(self.members),
             expected=self.expected,
             rejoined=rejoined,
             generation=self.generation,
+            spare=spare,
         )
 
     def _form_topology(self) -> list[Effect]:
@@ -654,16 +668,18 @@ class SchedulerState(Admission):
         self.phase = Phase.READY
         return self._publish("formed")
 
-    def _publish(self, reason: str) -> list[Effect]:
+    def _publish(self, reason: str, promoted: str = "") -> list[Effect]:
         step = self.rollback_step()
         if isinstance(step, NoCommonStep):
             return self._end(ok=False, detail=step.message)
         self.generation += 1
         self.revision += 1
-        self._published = TopologyReadyEvent(self.generation, self.peers(), step, reason)
+        self._published = TopologyReadyEvent(
+            self.generation, self.peers(), step, reason, promoted=promoted
+        )
         return [self._published]
 
-    def _lose(self, member: Member, why: str) -> list[Effect]:
+    def _lose(self, member: Member, why: str, *, promote: bool = True) -> list[Effect]:
         if self.phase is Phase.WAITING:
             # No rank yet, nobody depends on it: forget it so that a restart can take its place.
             self._forget(member)
@@ -677,12 +693,67 @@ class SchedulerState(Admission):
         rank = -1 if member.rank is None else member.rank
         failed = NodeFailedEvent(rank, member.node_id, why, self.generation)
         if self.phase is Phase.READY and self.recovery:
-            # The others wait for it to rejoin. Its stream, if it is only cut off, is ended: a
-            # node must register again to come back, so that its return is a new generation.
-            return [failed, Evict(member.node_id, member.incarnation, why)]
+            # The others wait for it to rejoin (or a spare takes its rank at once). Its stream,
+            # if it is only cut off, is ended: a node must register again to come back, so
+            # that its return is a new generation.
+            evict = Evict(member.node_id, member.incarnation, why)
+            spare = spares.pick(self.spares.values(), member) if promote else None
+            return [failed, evict, *([] if spare is None else self._promote(spare, member))]
         if self.phase is not Phase.READY:
             return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
+
+    def _promote(self, spare: Member, failed: Member) -> list[Effect]:
+        """`spare` takes the rank of `failed` (a ranked worker that failed): a new generation;
+        `failed` waits out its guard among the spares."""
+        spares.hand_over(failed, spare)
+        del self.members[failed.node_id], self.spares[spare.node_id]
+        self.members[spare.node_id], self.spares[failed.node_id] = spare, failed
+        workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
+        _assign_ranks(workers, self.settings.worker_num)
+        self.promotions += 1
+        reason = f"spare {spare.node_id!r} took rank {spare.rank} of node {failed.node_id!r}"
+        return self._publish(reason, promoted=spare.node_id)
+
+    def _fill_down_rank(self) -> list[Effect]:
+        """A spare came (back) while a rank is down: it takes that rank at once."""
+        if self.phase is not Phase.READY or not self.recovery:
+            return []
+        down = [m for m in self.members.values() if m.state is NodeState.FAILED]
+        if not down:
+            return []
+        failed = min(down, key=lambda m: (m.role is NodeRole.SERVER, m.rank))
+        spare = (
+            spares.pick(self.spares.values(), failed) if failed.role is NodeRole.WORKER else None
+        )
+        return [] if spare is None else self._promote(spare, failed)
+
+    def _respare(
+        self, member: Member, reg: Registration, now: float
+    ) -> tuple[Accepted, list[Effect]]:
+        """A node id back after its guard, with its rank taken meanwhile (or a spare's new
+        process): a spare, with no new generation unless a rank is down."""
+        effects: list[Effect] = [
+            Evict(member.node_id, member.incarnation, "replaced by a new process")
+        ]
+        member.incarnation, member.credential_digest = reg.incarnation, reg.credential_digest
+        member.host, member.port, member.last_seen = reg.host, reg.port, now
+        member.state, member.failure, member.replaced_by = NodeState.ALIVE, "", ""
+        member.restarts += 1
+        self.revision += 1
+        return self._accepted(rejoined=False, spare=True), effects + self._fill_down_rank()
+
+    def _spare_died(self, member: Member, last_seen: float, why: str) -> list[Effect]:
+        """Nobody waits for a spare: its record only keeps its id refused for the guard."""
+        member.state, member.failure, member.last_seen = NodeState.FAILED, why, last_seen
+        self.revision += 1
+        return []
+
+    def _drop_spare(self, member: Member) -> list[Effect]:
+        """A spare that left, or a failed record past its window (`spares.expired`): gone."""
+        del self.spares[member.node_id]
+        self.revision += 1
+        return []
 
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]

@@ -19,6 +19,7 @@ _REFUSAL_TO_PB = {
     state.Refusal.NOT_A_MEMBER: pb.REFUSAL_NOT_A_MEMBER,
     state.Refusal.UNAUTHENTICATED: pb.REFUSAL_UNAUTHENTICATED,
     state.Refusal.NODE_ALIVE: pb.REFUSAL_NODE_ALIVE,
+    state.Refusal.JOB_FINISHED: pb.REFUSAL_JOB_FINISHED,
 }
 
 
@@ -46,6 +47,7 @@ def registration_from_pb(req: pb.RegisterRequest, role: state.NodeRole) -> state
         credential_digest=auth.credential_digest(credential) if credential else b"",
         nonce=req.nonce,
         proof=req.proof,
+        spare=req.spare,
     )
 
 
@@ -69,6 +71,7 @@ def register_response(
             generation=outcome.generation,
             heartbeat_interval_s=heartbeat_interval_s,
             node_timeout_s=node_timeout_s,
+            spare=outcome.spare,
         )
     )
 
@@ -117,7 +120,7 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
             -1 if m.rank is None else m.rank,
             m.node_id,
         ),
-    )
+    ) + sorted(st.spares.values(), key=lambda m: m.node_id)
     return pb.StatusResponse(
         cluster_id=st.cluster_id,
         phase=st.phase.value,
@@ -141,6 +144,7 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
                 restarts=m.restarts,
                 connected=m.connected,
                 checkpoints=m.checkpoints,
+                spare=m.node_id in st.spares,
             )
             for m in nodes
         ],

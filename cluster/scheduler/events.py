@@ -58,7 +58,7 @@ class EventJournal:
 
     def incarnation_of(self, node_id: str) -> int | None:
         """The incarnation the node has now (None: not a member); taken before a registration."""
-        member = self._state.members.get(canonical_node_id(node_id))
+        member = self._state.find(canonical_node_id(node_id))
         return None if member is None else member.incarnation
 
     def registration(

@@ -60,6 +60,7 @@ class JobGauges:
     kv_max_keys: int  # CLUSTER_KV_MAX_KEYS
     saves_pending: int
     watch_streams: int
+    spares: int = 0  # live spares (connected workers without a rank)
 
     @classmethod
     def of(cls, core: SchedulerCore) -> JobGauges:
@@ -68,7 +69,10 @@ class JobGauges:
         told = core.status()
         nodes: dict[tuple[str, str], int] = {}
         ages: list[float] = []
+        spares = 0
         for n in told.nodes:
+            if n.spare and n.state == state.NodeState.ALIVE.value:
+                spares += 1
             key = (_ROLE_NAMES.get(n.role, "worker"), n.state)
             nodes[key] = nodes.get(key, 0) + 1
             if n.state == state.NodeState.ALIVE.value:
@@ -92,6 +96,7 @@ class JobGauges:
             kv_max_keys=core.kv.max_keys,
             saves_pending=told.saving.unsaved_changes,
             watch_streams=core.open_streams,
+            spares=spares,
         )
 
 
@@ -173,9 +178,9 @@ class JobCollector(Collector):
         yield _gauge(
             "cluster_watch_streams", "Open Watch streams (one per connected node).", g.watch_streams
         )
-        # Spares and standby schedulers (later issues) add their gauges here: cluster_spares
-        # (connected workers without a rank) and cluster_leader (1 on the leading scheduler);
-        # cluster_leader_changes_total is a counter of SchedulerMetrics, fed by the journal.
+        yield _gauge("cluster_spares", "Live spare workers: registered, without a rank.", g.spares)
+        # Standby schedulers (a later issue) add cluster_leader (1 on the leading scheduler)
+        # here; cluster_leader_changes_total is a counter of SchedulerMetrics, fed by the journal.
 
 
 def _gauge(name: str, documentation: str, value: float, **labels: str) -> GaugeMetricFamily:

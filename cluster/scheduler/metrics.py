@@ -119,6 +119,11 @@ class SchedulerMetrics:
             "New generations after the first: each rolls every worker back.",
             registry=r,
         )
+        self.promotions = Counter(
+            "cluster_promotions",
+            "Failed workers' ranks taken by a spare (each also a new generation).",
+            registry=r,
+        )
         self.formation = Gauge(
             "cluster_formation_seconds",
             "Seconds from the scheduler's start to the job formed (0 until then).",
@@ -165,6 +170,9 @@ class SchedulerMetrics:
             self.failures.labels(str(event.fields["cause"])).inc()
         elif kind == Kind.GENERATION.value:
             self.rollbacks.inc()
+        elif kind == Kind.PROMOTED.value:
+            self.rollbacks.inc()
+            self.promotions.inc()
         elif kind == Kind.FORMED.value:
             self.formation.set(float(event.fields["seconds"]))
 

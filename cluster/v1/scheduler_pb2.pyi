@@ -23,6 +23,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_JOB_OVER: _ClassVar[RefusalReason]
     REFUSAL_NOT_A_MEMBER: _ClassVar[RefusalReason]
     REFUSAL_UNAUTHENTICATED: _ClassVar[RefusalReason]
+    REFUSAL_JOB_FINISHED: _ClassVar[RefusalReason]
     REFUSAL_NODE_ALIVE: _ClassVar[RefusalReason]
 
 class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -42,6 +43,7 @@ REFUSAL_INVALID_NODE: RefusalReason
 REFUSAL_JOB_OVER: RefusalReason
 REFUSAL_NOT_A_MEMBER: RefusalReason
 REFUSAL_UNAUTHENTICATED: RefusalReason
+REFUSAL_JOB_FINISHED: RefusalReason
 REFUSAL_NODE_ALIVE: RefusalReason
 EXCHANGE_UNSPECIFIED: ExchangeOp
 EXCHANGE_BARRIER: ExchangeOp
@@ -49,7 +51,7 @@ EXCHANGE_ALLGATHER: ExchangeOp
 EXCHANGE_BROADCAST: ExchangeOp
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof")
+    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +63,7 @@ class RegisterRequest(_message.Message):
     CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     host: str
@@ -72,7 +75,8 @@ class RegisterRequest(_message.Message):
     credential: bytes
     nonce: bytes
     proof: bytes
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
+    spare: bool
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("reason", "message", "retry_after_s")
@@ -85,7 +89,7 @@ class Refusal(_message.Message):
     def __init__(self, reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class Accepted(_message.Message):
-    __slots__ = ("cluster_id", "registered", "expected", "rejoined", "generation", "heartbeat_interval_s", "node_timeout_s")
+    __slots__ = ("cluster_id", "registered", "expected", "rejoined", "generation", "heartbeat_interval_s", "node_timeout_s", "spare")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +97,7 @@ class Accepted(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     NODE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     registered: int
     expected: int
@@ -100,7 +105,8 @@ class Accepted(_message.Message):
     generation: int
     heartbeat_interval_s: float
     node_timeout_s: float
-    def __init__(self, cluster_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., rejoined: _Optional[bool] = ..., generation: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., node_timeout_s: _Optional[float] = ...) -> None: ...
+    spare: bool
+    def __init__(self, cluster_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., rejoined: _Optional[bool] = ..., generation: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., node_timeout_s: _Optional[float] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("accepted", "refused")
@@ -325,7 +331,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node_id", "role", "rank", "host", "port", "state", "seconds_since_heartbeat", "incarnation", "restarts", "connected", "checkpoints")
+    __slots__ = ("node_id", "role", "rank", "host", "port", "state", "seconds_since_heartbeat", "incarnation", "restarts", "connected", "checkpoints", "spare")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +343,7 @@ class NodeStatus(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     rank: int
@@ -348,7 +355,8 @@ class NodeStatus(_message.Message):
     restarts: int
     connected: bool
     checkpoints: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ...) -> None: ...
+    spare: bool
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving")

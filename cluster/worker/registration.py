@@ -30,6 +30,7 @@ def register_request(
         cluster_id=cluster_id,
         credential_digest=auth.credential_digest(identity.credential),
         nonce=auth.new_nonce() if job_secret is not None else b"",
+        spare=config.spare,
     )
     proof = b"" if job_secret is None else auth.prove(job_secret, registration.message())
     return pb.RegisterRequest(
@@ -44,4 +45,5 @@ def register_request(
         credential=identity.credential,
         nonce=registration.nonce,
         proof=proof,
+        spare=registration.spare,
     )

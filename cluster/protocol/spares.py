@@ -1,0 +1,83 @@
+"""Hot spares: the state machine's decisions about workers that hold no rank (issue #15).
+
+Pure, like `cluster.protocol.state`, which uses it. A spare is a member of the job without a
+rank: admitted like any node (node credential, job secret), heartbeating, not counted in
+MS_WORKER_NUM, and capped (CLUSTER_MAX_SPARES) so that registrations cannot exhaust the
+scheduler. The scheduler keeps them apart from the ranked members, in `SchedulerState.spares`,
+with the records of failed ranked nodes whose rank a spare took: such a node id stays refused
+for the guard (MS_NODE_TIMEOUT, the seeds' rule), and when it comes back it is a spare too.
+
+The rules:
+- A ranked worker that fails with recovery on hands its rank to a live spare at once (the
+  spare on the failed node's host first, so that it can read the rank's checkpoint files, then
+  by node id); the spare inherits the failed node's reported checkpoints, since it holds that
+  rank's files from now on, and the job goes on in a new generation.
+- A spare that registers while a rank is down takes that rank at once.
+- A spare that dies is just gone: nobody waits for it; its record keeps its id refused for the
+  guard, like any node's, and is then dropped. A spare that finishes is gone at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from cluster.protocol.records import Member, NodeRole, NodeState, Refusal, Refused, Registration
+from cluster.protocol.settings import JobSettings
+
+
+def check_new_spare(
+    node_id: str, reg: Registration, spares: Mapping[str, Member], settings: JobSettings
+) -> Refused | None:
+    """Whether a new node id may register as a spare (None: it may)."""
+    if reg.role is not NodeRole.WORKER:
+        return Refused(
+            Refusal.INVALID_NODE,
+            f"node {node_id!r} registers as a spare, but only workers can be spares "
+            "(unset CLUSTER_SPARE for parameter servers)",
+        )
+    if not settings.recovery:
+        return Refused(
+            Refusal.INVALID_NODE,
+            f"node {node_id!r} registers as a spare, but this job runs without recovery "
+            "(MS_ENABLE_RECOVERY), so no rank is ever handed over: start the job with recovery",
+        )
+    cap = settings.limits.max_spares
+    if len(spares) >= cap:
+        return Refused(
+            Refusal.CLUSTER_FULL,
+            f"the job already holds {len(spares)} spares and failed nodes waiting out their "
+            f"guard, the most it takes (CLUSTER_MAX_SPARES={cap}); node {node_id!r} is one too "
+            "many: start fewer spares, or raise CLUSTER_MAX_SPARES on the scheduler",
+        )
+    return None
+
+
+def live(spares: Iterable[Member]) -> list[Member]:
+    """The spares that can take a rank now."""
+    return [m for m in spares if m.state is NodeState.ALIVE and m.rank is None]
+
+
+def pick(spares: Iterable[Member], failed: Member) -> Member | None:
+    """The spare to take `failed`'s rank: one on its host first, then by node id."""
+    candidates = live(spares)
+    if not candidates:
+        return None
+    return min(candidates, key=lambda m: (m.host != failed.host, m.node_id))
+
+
+def hand_over(failed: Member, spare: Member) -> None:
+    """`spare` takes `failed`'s rank and the checkpoints reported for it; `failed` keeps its
+    record, rankless, for the guard."""
+    spare.rank, failed.rank = failed.rank, None
+    spare.checkpoints, failed.checkpoints = failed.checkpoints, ()
+    spare.local_rank, spare.local_size = failed.local_rank, failed.local_size
+    failed.local_rank, failed.local_size = 0, 1
+    failed.replaced_by = spare.node_id
+
+
+def expired(member: Member, now: float, settings: JobSettings) -> bool:
+    """Whether a failed record among the spares is dropped: a dead spare's after its guard, a
+    replaced worker's after its guard and MS_TOPO_TIMEOUT (its restart comes back as a spare
+    within that window, as a failed worker's does with its rank)."""
+    window = settings.node_timeout_s + (settings.topo_timeout_s if member.replaced_by else 0.0)
+    return member.state is NodeState.FAILED and now - member.last_seen > window

@@ -1,0 +1,322 @@
+"""Hot spares in the scheduler's state machine (issue #15): the rules by name, and a hypothesis
+machine of their invariants (a rank has at most one live holder, a guarded id never holds a
+rank during its guard, the number of ranks never changes, a refused call changes nothing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from cluster.protocol.config import Limits
+from cluster.protocol.state import (
+    Accepted,
+    Effect,
+    Evict,
+    NodeFailedEvent,
+    NodeState,
+    Phase,
+    Refusal,
+    Refused,
+    Registration,
+    SchedulerState,
+    ShutdownEvent,
+    TopologyReadyEvent,
+)
+from tests.unit.test_state import JOB, FakeClock, make_state, reg
+
+GUARD = 10.0  # make_state's MS_NODE_TIMEOUT
+
+
+def spare_reg(state: SchedulerState, node_id: str, **kwargs: object) -> Registration:
+    return dataclasses.replace(reg(state, node_id, **kwargs), spare=True)  # type: ignore[arg-type]
+
+
+def job(
+    clock: FakeClock, n: int = 3, spares: tuple[str, ...] = ("s0",), **kw: object
+) -> SchedulerState:
+    """A formed job of `n` workers with recovery, and these spares registered and connected."""
+    state = make_state(clock, worker_num=n, recovery=True, **kw)  # type: ignore[arg-type]
+    for node_id in spares:
+        outcome, _ = state.register(spare_reg(state, node_id, port=7000))
+        assert isinstance(outcome, Accepted)
+        assert outcome.spare
+        state.connect(node_id, 1)
+    for i in range(n):
+        outcome, _ = state.register(reg(state, str(i), port=6000 + i))
+        assert isinstance(outcome, Accepted)
+        assert not outcome.spare
+        state.connect(str(i), 1)
+    assert state.phase is Phase.READY
+    return state
+
+
+def ready_events(effects: list[Effect]) -> list[TopologyReadyEvent]:
+    return [e for e in effects if isinstance(e, TopologyReadyEvent)]
+
+
+def test_a_spare_holds_no_rank_and_is_not_counted_in_ms_worker_num() -> None:
+    state = job(FakeClock(), 2, ("s0", "s1"))
+    assert [p.node_id for p in state.peers()] == ["0", "1"]
+    assert set(state.spares) == {"s0", "s1"}
+    assert all(m.rank is None for m in state.spares.values())
+
+
+def test_a_failed_rank_goes_to_a_live_spare_at_once_with_a_new_generation() -> None:
+    state = job(FakeClock())
+    state.report_checkpoints("0", 1, [5, 10])
+    state.report_checkpoints("1", 1, [5, 10])
+    state.report_checkpoints("2", 1, [5])
+    effects = state.disconnect("1", 1)
+    assert isinstance(effects[0], NodeFailedEvent)
+    assert Evict("1", 1, effects[0].reason) in effects
+    (ready,) = ready_events(effects)
+    assert (ready.generation, ready.promoted, ready.rollback_step) == (2, "s0", 5)
+    assert [(p.rank, p.node_id) for p in ready.peers] == [(0, "0"), (1, "s0"), (2, "2")]
+    # The spare holds rank 1's files from now on; the failed id waits out its guard as a spare.
+    assert state.members["s0"].checkpoints == (5, 10)
+    assert state.spares["1"].state is NodeState.FAILED
+    assert state.spares["1"].rank is None
+    assert state.promotions == 1
+
+
+def test_the_failed_id_stays_refused_for_the_guard_then_comes_back_as_a_spare() -> None:
+    clock = FakeClock()
+    state = job(clock)
+    state.disconnect("1", 1)
+    clock.advance(GUARD - 1)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is Refusal.NODE_ALIVE
+    assert effects == []
+    clock.advance(1.5)
+    generation = state.generation
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    assert not outcome.rejoined
+    assert ready_events(effects) == []  # no new generation
+    assert state.generation == generation
+    assert state.spares["1"].state is NodeState.ALIVE
+    assert state.spares["1"].restarts == 1
+
+
+def test_with_no_spare_todays_path_and_a_spare_arriving_takes_the_down_rank() -> None:
+    clock = FakeClock()
+    state = job(clock, spares=())
+    effects = state.disconnect("2", 1)
+    assert ready_events(effects) == []
+    assert state.members["2"].state is NodeState.FAILED
+    outcome, effects = state.register(spare_reg(state, "s9"))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    (ready,) = ready_events(effects)
+    assert ready.promoted == "s9"
+    assert state.members["s9"].rank == 2
+
+
+def test_two_failures_with_one_spare_the_second_waits_for_the_first_back_as_a_spare() -> None:
+    clock = FakeClock()
+    state = job(clock)
+    state.disconnect("1", 1)  # s0 takes rank 1
+    effects = state.disconnect("2", 1)  # no spare left: rank 2 waits
+    assert ready_events(effects) == []
+    clock.advance(GUARD + 0.1)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    (ready,) = ready_events(effects)
+    assert ready.promoted == "1"
+    assert state.members["1"].rank == 2
+    assert state.generation == 3
+    assert sorted(p.rank for p in ready.peers) == [0, 1, 2]
+
+
+def test_a_spare_that_dies_is_just_gone() -> None:
+    clock = FakeClock()
+    state = job(clock, spares=("s0", "s1"))
+    assert state.disconnect("s0", 1) == []
+    # Nobody waits for it; its id stays refused for the guard, like any node's.
+    assert state.spares["s0"].state is NodeState.FAILED
+    assert state.generation == 1
+    clock.advance(GUARD + 0.1)
+    for i in range(3):
+        state.heartbeat(str(i), 1)
+    assert state.tick() == []  # s1 went silent: gone too, nobody told
+    assert state.spares["s1"].state is NodeState.FAILED
+    assert "s0" not in state.spares
+    clock.advance(GUARD + 0.1)
+    for i in range(3):
+        state.heartbeat(str(i), 1)
+    assert state.tick() == []
+    assert state.spares == {}
+    assert state.phase is Phase.READY
+
+
+def test_spares_are_capped() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, recovery=True)
+    state = dataclasses.replace(
+        state, settings=dataclasses.replace(state.settings, limits=Limits(max_spares=2))
+    )
+    for node_id in ("s0", "s1"):
+        assert isinstance(state.register(spare_reg(state, node_id))[0], Accepted)
+    before = json.dumps(state.snapshot(), sort_keys=True), set(state.spares)
+    outcome, effects = state.register(spare_reg(state, "s2"))
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is Refusal.CLUSTER_FULL
+    assert "CLUSTER_MAX_SPARES=2" in outcome.message
+    assert effects == []
+    assert (json.dumps(state.snapshot(), sort_keys=True), set(state.spares)) == before
+
+
+def test_a_spare_needs_recovery() -> None:
+    state = make_state(FakeClock(), worker_num=2)
+    outcome, _ = state.register(spare_reg(state, "s0"))
+    assert isinstance(outcome, Refused)
+    assert "MS_ENABLE_RECOVERY" in outcome.message
+    assert state.spares == {}
+
+
+def test_a_live_spares_id_cannot_be_claimed() -> None:
+    clock = FakeClock()
+    state = job(clock)
+    clock.advance(GUARD - 2)
+    state.heartbeat("s0", 1)
+    for forged in (spare_reg(state, "s0", incarnation=7), reg(state, "s0", incarnation=7)):
+        outcome, effects = state.register(forged)
+        assert isinstance(outcome, Refused)
+        assert outcome.reason is Refusal.NODE_ALIVE
+        assert effects == []
+    # The same incarnation from elsewhere, or with another credential: a forgery.
+    outcome, _ = state.register(spare_reg(state, "s0", port=7999))
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is Refusal.UNAUTHENTICATED
+    assert state.spares["s0"].incarnation == 1
+    assert state.spares["s0"].port == 7000
+
+
+def test_a_cut_off_ranked_node_whose_rank_went_to_a_spare_is_told_to_restart() -> None:
+    clock = FakeClock()
+    state = job(clock)
+    clock.advance(GUARD + 0.5)
+    for node_id in ("0", "2", "s0"):
+        state.heartbeat(node_id, 1)
+    state.tick()  # "1" went silent: s0 took its rank
+    outcome, _ = state.register(reg(state, "1", incarnation=1, port=6001))
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is Refusal.JOB_OVER
+    assert "went to a spare" in outcome.message
+    assert state.members["s0"].rank == 1
+
+
+def test_the_end_of_the_job_is_told_to_spares_and_refuses_waiting_nodes_as_finished() -> None:
+    clock = FakeClock()
+    state = job(clock)
+    state.disconnect("1", 1)
+    for node_id in ("0", "s0"):
+        state.finish(node_id, 1)
+    effects = state.finish("2", 1)
+    assert effects == [ShutdownEvent(True, "all 3 nodes finished")]
+    outcome, _ = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Refused)
+    assert outcome.reason is Refusal.JOB_FINISHED
+
+
+def test_a_restarted_scheduler_knows_its_spares() -> None:
+    clock = FakeClock()
+    state = job(clock, spares=("s0", "s1"))
+    state.disconnect("1", 1)
+    restored = SchedulerState.restore(
+        json.loads(json.dumps(state.snapshot())), state.settings, clock, new_cluster_id="other"
+    )
+    assert set(restored.spares) == {"s1", "1"}
+    assert restored.spares["1"].state is NodeState.FAILED
+    assert restored.members["s0"].rank == 1
+    assert isinstance(restored.register(spare_reg(restored, "s1", port=7000))[0], Accepted)
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+N = 3
+IDS = [str(i) for i in range(N)] + ["s0", "s1", "s2"]
+
+
+class SparesMachine(RuleBasedStateMachine):
+    """Workers and spares join, die, come back and get promoted; time passes."""
+
+    @initialize(spares=st.integers(min_value=0, max_value=3))
+    def start(self, spares: int) -> None:
+        self.clock = FakeClock()
+        self.state = job(self.clock, N, tuple(f"s{i}" for i in range(spares)))
+        self.incarnations = {node_id: 1 for node_id in IDS}
+        # When each id was last seen alive before it failed (its guard runs from there).
+        self.failed_at: dict[str, float] = {}
+
+    def _live(self) -> list[str]:
+        everyone = [*self.state.members.values(), *self.state.spares.values()]
+        return [m.node_id for m in everyone if m.state is NodeState.ALIVE]
+
+    @rule(index=st.integers(min_value=0, max_value=10))
+    def kill(self, index: int) -> None:
+        live = self._live()
+        if not live or self.state.phase is not Phase.READY:
+            return
+        node_id = live[index % len(live)]
+        member = self.state.find(node_id)
+        assert member is not None
+        self.failed_at[node_id] = self.clock()
+        self.state.disconnect(node_id, member.incarnation)
+
+    @rule(node_id=st.sampled_from(IDS), spare=st.booleans())
+    def restart(self, node_id: str, spare: bool) -> None:
+        self.incarnations[node_id] += 1
+        registration = reg(
+            self.state, node_id, incarnation=self.incarnations[node_id], cluster_id=JOB
+        )
+        registration = dataclasses.replace(registration, spare=spare)
+        before = json.dumps(self.state.snapshot(), sort_keys=True)
+        outcome, effects = self.state.register(registration)
+        if isinstance(outcome, Refused):
+            assert effects == []
+            assert json.dumps(self.state.snapshot(), sort_keys=True) == before
+            return
+        self.state.connect(node_id, self.incarnations[node_id])
+
+    @rule(seconds=st.sampled_from([1.0, 6.0, 11.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        for node_id in self._live():
+            member = self.state.find(node_id)
+            assert member is not None
+            self.state.heartbeat(node_id, member.incarnation)
+        self.state.tick()
+
+    @invariant()
+    def ranks_never_change_and_have_at_most_one_live_holder(self) -> None:
+        if self.state.phase is Phase.WAITING:
+            return
+        ranks = [m.rank for m in self.state.members.values()]
+        assert sorted(r for r in ranks if r is not None) == list(range(N))
+        assert all(m.rank is None for m in self.state.spares.values())
+        assert not set(self.state.members) & set(self.state.spares)
+
+    @invariant()
+    def a_guarded_id_never_holds_a_rank(self) -> None:
+        for node_id, member in self.state.members.items():
+            failed = self.failed_at.get(node_id)
+            if member.state is NodeState.ALIVE and failed is not None:
+                # Back with a rank: only after its guard (or it is the same process, which a
+                # disconnect in this machine never is).
+                assert self.clock() - failed >= GUARD
+
+    @invariant()
+    def spares_are_bounded(self) -> None:
+        assert len(self.state.spares) <= self.state.settings.limits.max_spares
+
+
+TestSparesMachine = SparesMachine.TestCase
+TestSparesMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)

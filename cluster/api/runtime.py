@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING
 from cluster.api import excepthook
 from cluster.protocol import config as config_module
 from cluster.protocol.config import ClusterConfig, Role, TLSOptions
-from cluster.protocol.errors import ClusterError, NotInitializedError, TLSConfigError
+from cluster.protocol.errors import (
+    ClusterError,
+    NotInitializedError,
+    ReleasedError,
+    TLSConfigError,
+)
 from cluster.protocol.topology import Peer, Topology
 from cluster.worker.identity import make_identity
 
@@ -73,7 +78,14 @@ def init(config: ClusterConfig | None = None) -> None:
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
         _session = WorkerSession(cfg, identity)
         atexit.register(_finalize_at_exit)
-    _session.start()
+    try:
+        _session.start()
+    except ReleasedError as released:
+        # A spare (or a restarted node waiting out its guard) that the job did not need: the
+        # job's exit code is its ranked workers'.
+        _session.say(str(released))
+        _session.finalize(finished=False)
+        raise SystemExit(0) from None
 
 
 def _run_scheduler(cfg: ClusterConfig) -> None:

@@ -75,6 +75,11 @@ class JobFailedError(ClusterError):
     """The job was stopped: a node died, or the scheduler gave up."""
 
 
+class ReleasedError(ClusterError):
+    """The job ended well while this process waited for a rank (a spare, or a restarted node
+    waiting out its guard): it has nothing left to do, and exits 0."""
+
+
 class CollectiveError(ClusterError):
     """A control-plane collective or key-value operation could not complete."""
 

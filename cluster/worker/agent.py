@@ -224,6 +224,10 @@ class WorkerAgent:
             self._peer_failed.set()
         elif isinstance(action, steps.Fail):
             self._failed(action.error, report=report)
+        elif isinstance(action, steps.Released):
+            # Only ever while start() waits (no topology yet): it raises it, and the process
+            # exits 0 (cluster.init).
+            self._failed(action.error, report=False)
         elif isinstance(action, steps.Done):
             self._stream_done = True
         return []

@@ -28,12 +28,14 @@ def answer(first: pb.Event) -> steps.Accepted | steps.Refused:
             registered=accepted.registered,
             expected=accepted.expected,
             heartbeat_interval_s=accepted.heartbeat_interval_s,
+            spare=accepted.spare,
         )
     refusal = first.refused
     return steps.Refused(
         refusal.message,
         transient=refusal.reason == pb.REFUSAL_NODE_ALIVE,
         retry_after_s=refusal.retry_after_s,
+        finished=refusal.reason == pb.REFUSAL_JOB_FINISHED,
     )
 
 
@@ -58,18 +60,25 @@ def lost(exc: grpc.aio.AioRpcError) -> steps.StreamLost | steps.NotLeader:
 
 def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.Event | None:
     """An event of the stream as the core's event; None for the scheduler's heartbeat (its
-    arrival is all it says). ClusterError for a topology without this node."""
+    arrival is all it says). A topology without this node is `Unplaced`: a spare's."""
     kind = event.WhichOneof("kind")
     if kind == "progress":
         return steps.Progress(event.progress.registered, event.progress.expected)
     if kind == "topology_ready":
-        return steps.TopologyReady(topology(event.topology_ready, config, node_id))
+        try:
+            return steps.TopologyReady(topology(event.topology_ready, config, node_id))
+        except Unplaced:
+            return steps.Unplaced(event.topology_ready.generation)  # a spare, not promoted yet
     if kind == "node_failed":
         failed = event.node_failed
         return steps.NodeFailed(failed.rank, failed.node_id, failed.reason, failed.generation)
     if kind == "shutdown":
         return steps.Shutdown(event.shutdown.ok, event.shutdown.reason)
     return None
+
+
+class Unplaced(ClusterError):
+    """A topology without this node."""
 
 
 def topology(ready: pb.TopologyReady, config: ClusterConfig, node_id: str) -> Topology:
@@ -86,7 +95,7 @@ def topology(ready: pb.TopologyReady, config: ClusterConfig, node_id: str) -> To
         try:
             me = list(table.node_ids).index(node_id)
         except ValueError:
-            raise ClusterError(
+            raise Unplaced(
                 f"the scheduler at {config.sched_address} sent a topology without this node"
             ) from None
     return Topology(

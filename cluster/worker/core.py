@@ -18,6 +18,12 @@ The rules it keeps:
   is on its way, a failure waits for the answer, so the order in which the answer and the
   job's end arrive does not matter.
 - A "not the leader" answer is followed at once, to the leader it names.
+- Spares (issue #15): a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
+  rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
+  it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
+  0). A node waiting out its guard asks again at least every GUARD_POLL_S, so that it hears of
+  the job's end at once. A ranked node left out of a new topology (its rank went to a spare
+  while it was cut off) fails.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from cluster.protocol.errors import (
     ClusterError,
     JobFailedError,
     RegistrationRefused,
+    ReleasedError,
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
@@ -53,11 +60,17 @@ GUARD_MARGIN_S = 0.02
 CALL_RETRY_PAUSE_S = 0.05
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
+# A node refused by the guard asks again at least this often (the job may end meanwhile).
+GUARD_POLL_S = 1.0
+# A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
+# its stream, whose loss it notices); this only keeps the wait a finite number.
+SPARE_WAIT_S = 365 * 24 * 3600.0
 
 
 class Lifecycle(enum.Enum):
     JOINING = "joining"  # registering for the first time
     FORMING = "forming"  # accepted; the job has not formed yet
+    SPARE = "spare"  # accepted as a spare: waiting for a topology that names this node
     READY = "ready"  # the topology is here
     RECONNECTING = "reconnecting"  # the stream was lost; registering again
     FINISHED = "finished"  # this node's Finish was heard, or the job finished
@@ -101,6 +114,7 @@ class WorkerCore:
         self._lost = ""
         self._finish = _Finish.NOT_SENT
         self._held: ClusterError | None = None  # a failure heard while Finish is on its way
+        self._guard_said = False  # the first guard refusal is said; the next ones now and then
         self._report_since = self._report_next = 0.0
         # Collectives are numbered per generation: a call made for an old generation (by a
         # step that began before the job moved on) must not shift the new one's numbers.
@@ -116,6 +130,7 @@ class WorkerCore:
             steps.NotLeader: self._not_leader,
             steps.Progress: self._progress,
             steps.TopologyReady: self._topology_ready,
+            steps.Unplaced: self._unplaced,
             steps.NodeFailed: self._node_failed,
             steps.Shutdown: self._shutdown,
             steps.StreamLost: self._stream_lost,
@@ -218,13 +233,21 @@ class WorkerCore:
         ]
 
     def _refused(self, event: steps.Refused) -> Actions:
+        if event.finished and self.topology is None and (self.cluster_id or self.config.spare):
+            return self._release(
+                f"the job finished while this node waited to rejoin it ({event.message})"
+            )
         if not event.transient:
             return self._fail(
                 RegistrationRefused(f"{self.where} refused this node: {event.message}")
             )
-        said = [steps.Say(f"registration refused for now: {event.message}")]
-        # A little past the guard's end, so that the next attempt is not early by a hair.
-        return said + self._pause(event.retry_after_s + GUARD_MARGIN_S)
+        said: Actions = [steps.Say(f"registration refused for now: {event.message}")]
+        if self._guard_said:
+            said = self._report(f"waiting out the guard: {event.message}")
+        self._guard_said = True
+        # A little past the guard's end, so that the next attempt is not early by a hair; and
+        # soon enough to hear that the job ended meanwhile.
+        return said + self._pause(min(event.retry_after_s + GUARD_MARGIN_S, GUARD_POLL_S))
 
     def _accepted(self, event: steps.Accepted) -> Actions:
         if self.over:
@@ -245,6 +268,15 @@ class WorkerCore:
         self.progress = (event.registered, event.expected)
         self.heartbeat_interval_s = event.heartbeat_interval_s or self.heartbeat_interval_s
         self.lifecycle = Lifecycle.FORMING if self.topology is None else Lifecycle.READY
+        if event.spare and self.topology is None:
+            self.lifecycle = Lifecycle.SPARE
+            self.ready_by = self._topo_deadline = self.clock() + SPARE_WAIT_S
+            said.append(
+                steps.Say(
+                    f"accepted by {self.where} as a spare: this node waits, without a rank, to "
+                    "take a failed worker's"
+                )
+            )
         return [*said, steps.Watch(self.heartbeat_interval_s)]
 
     def _not_leader(self, event: steps.NotLeader) -> Actions:
@@ -293,10 +325,18 @@ class WorkerCore:
 
     def _topology_ready(self, event: steps.TopologyReady) -> Actions:
         previous, self.topology = self.topology, event.topology
+        said: Actions = []
+        if self.lifecycle is Lifecycle.SPARE:
+            said.append(
+                steps.Say(
+                    f"promoted: this spare takes rank {event.topology.rank} in generation "
+                    f"{event.topology.generation} ({event.topology.reason}); training starts "
+                    f"from step {event.topology.rollback_step}"
+                )
+            )
         if self.lifecycle is not Lifecycle.FINISHED:
             self.lifecycle = Lifecycle.READY
         new = previous is not None and event.topology.generation != previous.generation
-        said: Actions = []
         if new:
             said.append(
                 steps.Say(
@@ -306,6 +346,16 @@ class WorkerCore:
                 )
             )
         return [*said, steps.Deliver(event.topology, new_generation=new)]
+
+    def _unplaced(self, event: steps.Unplaced) -> Actions:
+        if self.topology is None:
+            return []  # a spare, not promoted in this generation
+        return self._fail(
+            JobFailedError(
+                f"generation {event.generation} of the job does not name this node: its rank "
+                "went to a spare while it was cut off; start it again to join as a spare"
+            )
+        )
 
     def _node_failed(self, event: steps.NodeFailed) -> Actions:
         actions: Actions = []
@@ -321,6 +371,8 @@ class WorkerCore:
         return actions
 
     def _shutdown(self, event: steps.Shutdown) -> Actions:
+        if event.ok and self.topology is None and self.lifecycle is Lifecycle.SPARE:
+            return self._release(f"the job finished while this node was a spare: {event.reason}")
         if event.ok and self.topology is None:
             # Not this node's job that finished: it never had its topology.
             error = JobFailedError(f"the job finished before this node joined it: {event.reason}")
@@ -390,6 +442,11 @@ class WorkerCore:
         self.lifecycle = Lifecycle.FAILED
         self.error = error
         return [steps.Fail(error)]
+
+    def _release(self, why: str) -> Actions:
+        """The job ended well without needing this node: nothing to report, exit 0."""
+        self.lifecycle = Lifecycle.FINISHED
+        return [steps.Released(ReleasedError(why)), steps.Done()]
 
     def _finish_sent(self, _: steps.FinishSent) -> Actions:
         self._finish = _Finish.SENT

@@ -47,6 +47,7 @@ class Accepted:
     registered: int
     expected: int
     heartbeat_interval_s: float = 0.0  # 0: keep the one this node has
+    spare: bool = False  # accepted as a spare: no rank until a topology names this node
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Refused:
     message: str
     transient: bool = False
     retry_after_s: float = 0.0
+    finished: bool = False  # the job finished well (REFUSAL_JOB_FINISHED)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,13 @@ class Progress:
 @dataclass(frozen=True)
 class TopologyReady:
     topology: Topology
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """A topology that does not name this node: what a spare hears until it is promoted."""
+
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,7 @@ Event = (
     | NotLeader
     | Progress
     | TopologyReady
+    | Unplaced
     | NodeFailed
     | Shutdown
     | StreamLost
@@ -247,6 +257,14 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class Released:
+    """The job ended well while this node waited for a rank: it exits 0 (a `ReleasedError`
+    from `start`)."""
+
+    error: ClusterError
+
+
+@dataclass(frozen=True)
 class Done:
     """The stream has said its last word: stop reading it."""
 
@@ -276,6 +294,7 @@ Action = (
     | Deliver
     | PeerFailed
     | Fail
+    | Released
     | Done
     | RetryCall
     | AwaitFatal

@@ -5,6 +5,7 @@ attempt starts after its deadline; a finished node reports no failure)."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,12 +19,19 @@ from cluster.protocol.errors import (
     ClusterError,
     JobFailedError,
     RegistrationRefused,
+    ReleasedError,
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
-from cluster.worker.core import GUARD_MARGIN_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
+from cluster.worker.core import (
+    GUARD_MARGIN_S,
+    GUARD_POLL_S,
+    TOPOLOGY_MARGIN_S,
+    Lifecycle,
+    WorkerCore,
+)
 
 TOPO_S = 60.0
 NODE_S = 30.0
@@ -137,9 +145,79 @@ def test_a_pause_never_outlasts_the_deadline() -> None:
 def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
     core = WorkerCore(config(), Clock())
     core.step(steps.Start())
-    actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=5.0))
-    assert actions[-1] == steps.Pause(5.0 + GUARD_MARGIN_S)
+    actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=0.5))
+    assert actions[-1] == steps.Pause(0.5 + GUARD_MARGIN_S)
     assert core.lifecycle is Lifecycle.JOINING
+
+
+def test_a_node_waiting_out_its_guard_asks_again_often_enough_to_hear_the_jobs_end() -> None:
+    clock = Clock()
+    core = WorkerCore(config(recovery=True), clock, cluster_id="job-1")
+    core.step(steps.Start())
+    actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))
+    assert actions == [
+        steps.Say("registration refused for now: node 0 is alive"),
+        steps.Pause(GUARD_POLL_S),
+    ]
+    # The next refusals are said now and then, not at every attempt.
+    assert core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=24.0)) == [
+        steps.Pause(GUARD_POLL_S)
+    ]
+    actions = core.step(steps.Refused("job job-1 is over", finished=True))
+    assert kinds(actions) == [steps.Released, steps.Done]
+    assert isinstance(actions[0], steps.Released)
+    assert isinstance(actions[0].error, ReleasedError)
+    assert core.lifecycle is Lifecycle.FINISHED
+    assert core.error is None
+
+
+def spare_core() -> tuple[WorkerCore, Clock]:
+    clock = Clock()
+    core = WorkerCore(config(recovery=True), clock)
+    core.step(steps.Start())
+    actions = core.step(dataclasses.replace(accepted(), spare=True))
+    assert kinds(actions) == [steps.Say, steps.Watch]
+    assert core.lifecycle is Lifecycle.SPARE
+    return core, clock
+
+
+def test_a_spare_waits_without_a_deadline_until_a_topology_names_it() -> None:
+    core, clock = spare_core()
+    assert core.step(steps.Unplaced(1)) == []
+    clock.now += TOPO_S * 10
+    assert core.step(steps.DeadlinePassed()) == []
+    actions = core.step(steps.TopologyReady(topology(2)))
+    assert kinds(actions) == [steps.Say, steps.Deliver]
+    assert "promoted" in actions[0].text  # type: ignore[union-attr]
+    assert core.lifecycle is Lifecycle.READY
+
+
+def test_a_spare_that_loses_its_scheduler_comes_back_as_a_spare() -> None:
+    core, clock = spare_core()
+    clock.now += TOPO_S * 10  # long after MS_TOPO_TIMEOUT: its reconnect window is still open
+    actions = core.step(steps.StreamLost("connection reset"))
+    assert kinds(actions) == [steps.Register]
+    core.step(dataclasses.replace(accepted(), spare=True))
+    assert core.lifecycle is Lifecycle.SPARE
+
+
+def test_the_job_ending_while_a_node_is_a_spare_releases_it() -> None:
+    core, _ = spare_core()
+    actions = core.step(steps.Shutdown(True, "all 2 nodes finished"))
+    assert kinds(actions) == [steps.Released, steps.Done]
+    assert core.error is None
+
+
+def test_a_job_failing_while_a_node_is_a_spare_fails_it() -> None:
+    core, _ = spare_core()
+    (error,) = fails(core.step(steps.Shutdown(False, "rank 1 died")))
+    assert isinstance(error, JobFailedError)
+
+
+def test_a_ranked_node_left_out_of_a_new_generation_fails() -> None:
+    core, _ = ready_core(recovery=True)
+    (error,) = fails(core.step(steps.Unplaced(2)))
+    assert "went to a spare" in str(error)
 
 
 def test_a_refusal_that_waiting_cannot_clear_fails_the_node() -> None:

@@ -317,6 +317,7 @@ def run_chaos(
     count: int | None = None,
     out: IO[str] = sys.stderr,
     make_job: Callable[..., LocalJob] = LocalJob,
+    spares: int = 0,
 ) -> ChaosReport:
     """The whole command: run, report to `out` and `report_path` (JSON)."""
     if not script.is_file():
@@ -338,6 +339,7 @@ def run_chaos(
         timeout_s=max(60.0, 6 * node_timeout_s),
         network=network,
         env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
+        **({"spares": spares} if spares else {}),
     )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -101,6 +101,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         enable_recovery=args.enable_recovery,
         recovery_path=Path(args.recovery_path) if args.recovery_path else None,
         max_restarts=args.max_restarts,
+        spares=args.spares,
         tls_config=Path(args.tls_config) if args.tls_config else None,
         metrics_port=args.metrics_port,
         allocation=where.allocation,
@@ -237,6 +238,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         seed=args.seed,
         report_path=Path(args.report) if args.report else None,
         count=args.count,
+        spares=run.spares,
     )
     return 0 if report.ok else 1
 
@@ -284,6 +286,13 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--recovery-path", help="MS_RECOVERY_PATH (default LOG_DIR/recovery)")
     run.add_argument(
         "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
+    )
+    run.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="also start K spare workers here (CLUSTER_SPARE=1): each takes a failed worker's "
+        "rank at once (needs --enable-recovery)",
     )
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
     run.add_argument(

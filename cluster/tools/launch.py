@@ -206,10 +206,17 @@ class Launcher:
                 return rank
         return child.planned.rank
 
+    @staticmethod
+    def _spare(child: Child, view: JobView | None) -> bool:
+        """Whether `child` holds no rank now (the scheduler's word; else how it started)."""
+        known = None if view is None or child.node_id is None else view.is_spare(child.node_id)
+        return child.planned.spare if known is None else known
+
     def _who(self, child: Child) -> str:
         rank = self._rank_of(child)
         where = f"rank {rank}, " if rank is not None else ""
-        return f"worker {child.index} ({where}node id {child.node_id!r})"
+        name = child.name if child.planned.spare else f"worker {child.index}"
+        return f"{name} ({where}node id {child.node_id!r})"
 
     async def _poll_status(self) -> None:
         async with scheduler_channel.open_channel(
@@ -229,6 +236,8 @@ class Launcher:
             if self.view is not None
             else "scheduler not answering yet"
         )
+        if self.options.spares or (self.view is not None and self.view.spares):
+            job += f" | spares {0 if self.view is None else self.view.spares}"
         line = (
             f"mscluster: {job} | local workers running {running}/{len(self.workers)} | "
             f"restarts {restarts}"
@@ -261,9 +270,11 @@ class Launcher:
             except ClusterError as exc:
                 unreachable = str(exc)
         sched = self.scheduler
+        view = now or self.view
         return policy.Seen(
             workers=tuple(
-                policy.WorkerSeen(w.index or 0, w.exit_code, w.restarts) for w in self.workers
+                policy.WorkerSeen(w.index or 0, w.exit_code, w.restarts, self._spare(w, view))
+                for w in self.workers
             ),
             max_restarts=self.options.max_restarts,
             own_scheduler=sched is not None,
@@ -296,9 +307,10 @@ class Launcher:
             for child in self.workers:
                 await self._start(child)
             where = "with the scheduler" if self.scheduler else "for the scheduler"
+            spares = f" and {o.spares} spares" if o.spares else ""
             self._print(
-                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers {where} at "
-                f"{self.address}; logs in {o.log_dir}/"
+                f"mscluster: started {o.local_worker_num} of {o.worker_num} workers{spares} "
+                f"{where} at {self.address}; logs in {o.log_dir}/"
             )
             poller = asyncio.create_task(self._poll_status())
             return await self._watch()

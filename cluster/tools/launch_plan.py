@@ -38,6 +38,7 @@ class LaunchOptions:
     enable_recovery: bool = False
     recovery_path: Path | None = None
     max_restarts: int = 0
+    spares: int = 0  # spare workers started here (CLUSTER_SPARE=1)
     tls_config: Path | None = None
     metrics_port: int | None = None  # the scheduler's /metrics (CLUSTER_METRICS_PORT)
     python: str = sys.executable
@@ -62,7 +63,8 @@ class Process:
     env: Mapping[str, str]  # what the launcher sets, on top of its own environment
     log: Path
     node_id: str | None = None
-    index: int | None = None  # a worker's index on this host
+    index: int | None = None  # a worker's index on this host (spares follow the workers)
+    spare: bool = False  # started as a spare (CLUSTER_SPARE=1)
 
     @property
     def rank(self) -> int | None:
@@ -93,6 +95,16 @@ def node_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
     if local == options.worker_num:  # the whole job is here: worker i is rank i
         return [str(i) for i in range(local)]
     return [f"{hostname}-{pid}-{i:04d}" for i in range(local)]
+
+
+def spare_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
+    """The MS_NODE_ID of each local spare: never numeric (a numeric id is a rank), unique
+    across the job's hosts."""
+    if options.local_worker_num == options.worker_num:
+        return [f"spare-{i}" for i in range(options.spares)]
+    if options.node_rank >= 0:
+        return [f"spare-{options.node_rank}-{i}" for i in range(options.spares)]
+    return [f"spare-{hostname}-{pid}-{i}" for i in range(options.spares)]
 
 
 def job_environment(
@@ -161,6 +173,20 @@ def make_plan(
         )
         for i, node_id in enumerate(node_ids(o, hostname, launcher_pid))
     )
+    spares = tuple(
+        Process(
+            f"spare {i}",
+            "MS_WORKER",
+            (o.python, str(o.script), *o.script_args),
+            {**base, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, "CLUSTER_SPARE": "1"},
+            o.log_dir / f"spare_{i}.log",
+            node_id=node_id,
+            index=o.local_worker_num + i,
+            spare=True,
+        )
+        for i, node_id in enumerate(spare_ids(o, hostname, launcher_pid))
+    )
+    workers = workers + spares
     address = f"[{ip}]:{o.master_port}" if ":" in ip else f"{ip}:{o.master_port}"
     return Plan(ip, address, scheduler, workers, tuple(notes))
 
@@ -187,7 +213,9 @@ def render(plan: Plan, options: LaunchOptions, inherited: Mapping[str, str]) -> 
         "mscluster run --dry-run: nothing is started; this host would run:",
         f"placement: {where}",
         f"scheduler: {plan.address} (--master-addr {o.master_addr}), {_scheduler_here(plan, o)}",
-        f"workers: {len(plan.workers)} of {o.worker_num} here; restarts up to "
+        f"workers: {len(plan.workers) - o.spares} of {o.worker_num} here"
+        + (f", and {o.spares} spare{'s' if o.spares > 1 else ''}" if o.spares else "")
+        + "; restarts up to "
         f"{o.max_restarts} each; recovery {'on' if o.enable_recovery else 'off'}",
         *(f"note: {note}" for note in plan.notes),
         "",
@@ -219,9 +247,13 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     """The job's variables, those of the launcher's environment that matter, and its MS_* that
     are not passed on."""
-    per_process = {"MS_ROLE", "MS_NODE_ID"}
+    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE"}
     common = {k: v for k, v in plan.processes[0].env.items() if k not in per_process}
-    lines = ["", "environment of every process (MS_ROLE and MS_NODE_ID as in the table):"]
+    lines = [
+        "",
+        "environment of every process (MS_ROLE and MS_NODE_ID as in the table; CLUSTER_SPARE=1 "
+        "for the spares):",
+    ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
     passed = {
         k: v for k, v in inherited.items() if k.startswith(SHOWN_PREFIXES) and k not in common

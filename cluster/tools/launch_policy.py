@@ -30,6 +30,9 @@ class WorkerSeen:
     index: int
     exit_code: int | None  # None while it runs
     restarts: int = 0
+    # Holds no rank now: a spare, or a worker whose rank a spare took (the scheduler says so;
+    # before it answers, how it was started). Its exit never fails the job.
+    spare: bool = False
 
     @property
     def failed(self) -> bool:
@@ -70,8 +73,10 @@ class Decision:
 
 
 def decide(seen: Seen) -> Decision:
-    """The next step. A signal wins; then a failed worker (restart it, or fail the job); then
-    the end of the job; then a failed scheduler."""
+    """The next step. A signal wins; then a failed worker (restart it, or fail the job; a
+    failed spare is restarted when it may be, and otherwise left alone: the job does not need
+    it); then the end of the job (every ranked worker exited 0, every spare exited); then a
+    failed scheduler."""
     if seen.stop_signal is not None:
         return Decision(Action.STOP)
     for worker in seen.workers:
@@ -80,8 +85,14 @@ def decide(seen: Seen) -> Decision:
         why_not = why_not_restart(worker, seen)
         if why_not is None:
             return Decision(Action.RESTART, worker.index)
-        return Decision(Action.FAIL, worker.index, why_not)
-    if seen.workers and all(w.exit_code == 0 for w in seen.workers):
+        if not worker.spare:
+            return Decision(Action.FAIL, worker.index, why_not)
+    ranked = [w for w in seen.workers if not w.spare]
+    if (
+        ranked
+        and all(w.exit_code == 0 for w in ranked)
+        and all(w.exit_code is not None for w in seen.workers)
+    ):
         return Decision(Action.FINISH)
     if seen.own_scheduler and seen.scheduler_exit not in (None, 0):
         return Decision(Action.FAIL, None)

@@ -69,6 +69,13 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
     if options.max_restarts < 0:
         raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
+    if options.spares < 0:
+        raise ConfigError(f"--spares {options.spares} must be >= 0")
+    if options.spares and not options.enable_recovery:
+        raise ConfigError(
+            f"--spares {options.spares} needs --enable-recovery: a spare takes a failed worker's "
+            "rank, and without recovery a failed worker ends the job"
+        )
     if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
         raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
     if (

@@ -31,6 +31,8 @@ class NodeView:
     incarnation: int
     restarts: int
     checkpoints: tuple[int, ...] = ()  # the steps it reported holding
+    # A spare (no rank), or a failed node whose rank a spare took, waiting out its guard.
+    spare: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,18 @@ class JobView:
     @property
     def expected(self) -> int:
         return self.worker_num + self.server_num
+
+    @property
+    def spares(self) -> int:
+        """Live spares: registered workers without a rank."""
+        return sum(1 for n in self.nodes if n.spare and n.state == "alive")
+
+    def is_spare(self, node_id: str) -> bool | None:
+        """Whether the node is among the spares now (None: the scheduler does not know it)."""
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node.spare
+        return None
 
     def rank_of(self, node_id: str) -> int | None:
         for node in self.nodes:
@@ -95,6 +109,7 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
             incarnation=n.incarnation,
             restarts=n.restarts,
             checkpoints=tuple(n.checkpoints),
+            spare=n.spare,
         )
         for n in response.nodes
     )
@@ -105,7 +120,7 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
         generation=response.generation,
         worker_num=response.worker_num,
         server_num=response.server_num,
-        registered=len(nodes),
+        registered=sum(1 for n in nodes if not n.spare),
         recovery=response.recovery,
         uptime_s=round(response.uptime_s, 3),
         detail=response.detail,
@@ -138,7 +153,9 @@ def render(view: JobView) -> str:
     head = (
         f"job {view.cluster_id} at {view.address}: {view.phase.value}, "
         f"generation {view.generation}, "
-        f"{view.registered}/{view.expected} registered, recovery {'on' if view.recovery else 'off'}"
+        f"{view.registered}/{view.expected} registered, "
+        + (f"{view.spares} spares, " if any(n.spare for n in view.nodes) else "")
+        + f"recovery {'on' if view.recovery else 'off'}"
         f", up {view.uptime_s:.0f} s"
         + (f", rollback step {view.rollback_step}" if view.rollback_step else "")
     )
@@ -166,7 +183,7 @@ def render(view: JobView) -> str:
         (
             "-" if n.rank is None else str(n.rank),
             n.node_id,
-            n.role,
+            f"{n.role} (spare)" if n.spare else n.role,
             n.address,
             n.state if n.connected or n.state != "alive" else "alive (no stream)",
             f"{n.seconds_since_heartbeat:.1f} s ago",

@@ -224,9 +224,11 @@ class LocalJob:
         python: str = sys.executable,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         network: NetworkLab | None = None,
+        spares: int = 0,
     ) -> None:
         """`env`: extra environment for every process; `timeout_s`: the bound of each wait;
-        `network`: put each worker in its own network namespace (set up by `start`)."""
+        `network`: put each worker in its own network namespace (set up by `start`); `spares`:
+        spare workers (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log)."""
         if workers < 1:
             raise ClusterError(f"LocalJob workers={workers} must be >= 1")
         self.script = Path(script)
@@ -258,6 +260,8 @@ class LocalJob:
         self.scheduler: Process | None = None
         self.workers: list[Process | None] = [None] * workers
         self.restarts = [0] * workers
+        self.spare_num = spares
+        self.spares: list[Process] = []
         self._status: _StatusClient | None = None
 
     # -- starting ------------------------------------------------------------------------------
@@ -269,12 +273,17 @@ class LocalJob:
         self.scheduler = self._spawn("scheduler", "MS_SCHED", None)
         for i in range(self.worker_num):
             self.workers[i] = self._spawn(f"worker_{i}", "MS_WORKER", str(i))
+        for i in range(self.spare_num):
+            spare = self._spawn(f"spare_{i}", "MS_WORKER", f"spare-{i}")
+            self.spares.append(spare)
         return self
 
     def _spawn(self, name: str, role: str, node_id: str | None) -> Process:
         env = {**self.env, "MS_ROLE": role}
         if node_id is not None:
             env["MS_NODE_ID"] = node_id
+        if name.startswith("spare_"):
+            env["CLUSTER_SPARE"] = "1"
         args = [self.python, str(self.script.resolve()), *self.args]
         if self.network is not None and node_id is not None:
             args = self.network.command(int(node_id), args)
@@ -320,7 +329,7 @@ class LocalJob:
 
     def everyone_back(self, view: Any) -> bool:
         """In `view` (a status), every worker alive and connected, the job ready."""
-        alive = [n for n in view.nodes if n.state == "alive" and n.connected]
+        alive = [n for n in view.nodes if n.state == "alive" and n.connected and not n.spare]
         return view.phase is Phase.READY and len(alive) == self.worker_num
 
     def node(self, view: Any, i: int) -> Any:
@@ -410,7 +419,7 @@ class LocalJob:
         """Wait for every process to exit; 0 when all exited 0, else the first other code."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         codes = []
-        for proc in [self.scheduler, *self.workers]:
+        for proc in [self.scheduler, *self.workers, *self.spares]:
             if proc is None:
                 continue
             try:
@@ -423,7 +432,7 @@ class LocalJob:
 
     def close(self) -> None:
         """Kill whatever is still running (every process group) and clean up."""
-        for proc in [self.scheduler, *self.workers]:
+        for proc in [self.scheduler, *self.workers, *self.spares]:
             if proc is not None:
                 proc.kill_group()
         if self._status is not None:

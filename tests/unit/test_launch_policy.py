@@ -152,5 +152,32 @@ def test_decisions_respect_the_rules(
         assert now is None or now.phase not in (Phase.FAILED, Phase.FINISHED)
     if decision.action is Action.FINISH:
         assert all(w.exit_code == 0 for w in seen.workers)
-    if any(w.failed for w in seen.workers):  # a failure is never waited out
+    if any(w.failed for w in seen.workers):  # a ranked worker's failure is never waited out
         assert decision.action in (Action.RESTART, Action.FAIL)
+
+
+# -- spares (issue #15) -----------------------------------------------------------------------
+
+
+def test_a_failed_spare_never_fails_the_job() -> None:
+    spare = WorkerSeen(2, KILLED, spare=True)
+    seen = Seen((*workers(None, None), spare), max_restarts=0, last=READY, now=READY)
+    assert decide(seen) == Decision(Action.WAIT)
+
+
+def test_a_killed_worker_whose_rank_a_spare_took_is_restarted_to_come_back_as_a_spare() -> None:
+    replaced = WorkerSeen(1, KILLED, spare=True)
+    seen = Seen((WorkerSeen(0, None), replaced), max_restarts=2, last=READY, now=READY)
+    assert decide(seen) == Decision(Action.RESTART, 1)
+    # With no restarts left, it is left alone: the job has its rank.
+    used_up = Seen((WorkerSeen(0, None), replaced), max_restarts=0, last=READY, now=READY)
+    assert decide(used_up) == Decision(Action.WAIT)
+
+
+def test_the_job_finishes_when_its_ranked_workers_exited_0_and_every_spare_exited() -> None:
+    ranked = workers(0, 0)
+    waiting = Seen((*ranked, WorkerSeen(2, None, spare=True)), own_scheduler=True)
+    assert decide(waiting) == Decision(Action.WAIT)
+    for code in (0, KILLED):
+        done = Seen((*ranked, WorkerSeen(2, code, spare=True)), own_scheduler=True, now=READY)
+        assert decide(done) == Decision(Action.FINISH)

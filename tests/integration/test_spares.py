@@ -1,0 +1,197 @@
+"""Hot spares (issue #15): real `mscluster run --spares` jobs of examples/train_mlp.py, a real
+SIGKILL of a ranked worker, the same final parameters as the fault-free run; and a spare's
+identity and the job's secret held against a real attacker's registrations."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cluster.protocol.config import from_env
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.identity import NodeIdentity, new_incarnation
+from cluster.worker.registration import register_request
+from tests.procs import (
+    PYTHON,
+    ROOT,
+    Procs,
+    free_port,
+    job_env,
+    private_copy,
+    processes_running,
+    wait_until,
+)
+from tests.training_job import STEP_LINE, STEPS, WORKERS
+
+pytest.importorskip("numpy")
+
+TRAIN = ROOT / "examples" / "train_mlp.py"
+CALL_S = 5.0
+
+
+class Launched:
+    """`mscluster run --worker-num 4 --local-worker-num 4 --spares K --enable-recovery
+    --max-restarts 2 train_mlp.py --out OUT`, started by `processes`."""
+
+    def __init__(
+        self,
+        processes: Procs,
+        tmp: Path,
+        name: str,
+        *,
+        spares: int = 1,
+        node_timeout: str | None = None,
+        step_delay: str = "0.03",
+    ) -> None:
+        self.script = private_copy(tmp / name, TRAIN)
+        self.out = tmp / name / "out"
+        self.logs = tmp / name / "logs"
+        self.port = free_port()
+        extra = [] if node_timeout is None else ["--node-timeout", node_timeout]
+        args = [
+            *(PYTHON, "-m", "cluster", "run", "--worker-num", str(WORKERS)),
+            *("--local-worker-num", str(WORKERS), "--spares", str(spares)),
+            *("--enable-recovery", "--max-restarts", "2", *extra),
+            *("--master-port", str(self.port), "--log-dir", str(self.logs)),
+            str(self.script),
+            *("--steps", str(STEPS), "--save-every", "5", "--step-delay", step_delay),
+            *("--out", str(self.out)),
+        ]
+        self.started = time.monotonic()
+        self.run = processes.start(f"run-{name}", args, job_env(WORKERS, 0))
+
+    def steps(self, log: str) -> int:
+        path = self.logs / log
+        return len(STEP_LINE.findall(path.read_text())) if path.exists() else 0
+
+    def pid_of(self, node_id: str) -> int:
+        return next(
+            pid
+            for pid in processes_running(str(self.script))
+            if f"MS_NODE_ID={node_id}\x00".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        )
+
+    def kill(self, node_id: str) -> None:
+        os.kill(self.pid_of(node_id), signal.SIGKILL)
+
+    def finish(self, timeout_s: float = 120) -> tuple[str, float]:
+        """The final hash, and the run's wall time; the run must exit 0, leaving no process."""
+        assert self.run.wait(timeout_s) == 0, self.run.output
+        took = time.monotonic() - self.started
+        wait_until(lambda: not processes_running(str(self.script)), 10, "no process left")
+        return (self.out / "final.sha256").read_text().strip(), took
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, float]:
+    """The fault-free run with one spare: its hash and wall time (measured just before the
+    faulty run's, in this module)."""
+    tmp = tmp_path_factory.mktemp("fault-free")
+    procs = Procs(tmp)
+    try:
+        job = Launched(procs, tmp, "clean")
+        digest, took = job.finish()
+        assert "job finished while this node was a spare" in (job.logs / "spare_0.log").read_text()
+        return digest, took
+    finally:
+        procs.kill_all()
+
+
+def test_a_sigkilled_ranked_worker_is_replaced_by_the_spare_and_the_result_is_exact(
+    processes: Procs, tmp_path: Path, fault_free: tuple[str, float]
+) -> None:
+    """The issue's first acceptance, with the default MS_NODE_TIMEOUT (30 s)."""
+    job = Launched(processes, tmp_path, "faulty")
+    wait_until(lambda: job.steps("worker_1.log") >= 25, 60, "step 25 on rank 1")
+    job.kill("1")
+    digest, took = job.finish()
+    assert digest == fault_free[0]
+    spare_log = (job.logs / "spare_0.log").read_text()
+    assert "promoted: this spare takes rank 1" in spare_log, spare_log
+    assert job.steps("spare_0.log") > 0
+    # The killed worker was restarted, waited out its guard, and was let go when the job ended.
+    restarted = (job.logs / "worker_1.log").read_text()
+    assert "the job finished while this node waited to rejoin it" in restarted, restarted
+    events = (job.logs / "events.jsonl").read_text()
+    assert '"event":"promoted"' in events
+    print(
+        f"fault-free run {fault_free[1]:.2f} s, with a SIGKILLed worker and one spare "
+        f"{took:.2f} s ({took - fault_free[1]:+.2f} s; MS_NODE_TIMEOUT=30)"
+    )
+
+
+def test_two_failures_with_one_spare_the_second_waits_for_a_node_back_after_its_guard(
+    processes: Procs, tmp_path: Path, fault_free: tuple[str, float]
+) -> None:
+    job = Launched(processes, tmp_path, "twice", node_timeout="3", step_delay="0.1")
+    wait_until(lambda: job.steps("worker_1.log") >= 10, 60, "step 10 on rank 1")
+    job.kill("1")  # the spare takes rank 1
+    wait_until(lambda: job.steps("spare_0.log") >= 3, 60, "the promoted spare's steps")
+    job.kill("2")  # no spare left: rank 2 waits for node 1 (a spare after its guard) or node 2
+    digest, _ = job.finish()
+    assert digest == fault_free[0]
+    events = (job.logs / "events.jsonl").read_text()
+    assert events.count('"event":"promoted"') + events.count('"event":"rejoined"') >= 2, events
+
+
+def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
+    processes: Procs, tmp_path: Path
+) -> None:
+    script = private_copy(tmp_path, ROOT / "examples" / "allgather_check.py")
+    port = free_port()
+    logs = tmp_path / "logs"
+    args = [
+        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--local-worker-num", "2"),
+        *("--spares", "1", "--enable-recovery", "--master-port", str(port)),
+        *("--log-dir", str(logs), str(script), "--hold", "60"),
+    ]
+    processes.start("run", args, job_env(2, 0))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.SchedulerStub(channel)
+
+    def spare_row() -> pb.NodeStatus | None:
+        try:
+            status = stub.Status(pb.StatusRequest(), timeout=CALL_S)
+        except grpc.RpcError:
+            return None
+        rows = [n for n in status.nodes if n.node_id == "spare-0" and n.connected]
+        return rows[0] if rows else None
+
+    wait_until(lambda: spare_row() is not None, 60, "the spare connected")
+    before = spare_row()
+    secret = (logs / "job.secret").read_bytes().strip()
+    env = job_env(2, port, MS_ROLE="MS_WORKER", MS_ENABLE_RECOVERY="1")
+    config = from_env(
+        {**env, "MS_RECOVERY_PATH": str(tmp_path / "r"), "CLUSTER_SPARE": "1", "MS_NODE_ID": "x"}
+    )
+
+    def register(node_id: str, job_secret: bytes | None) -> pb.Refusal:
+        identity = NodeIdentity(node_id, new_incarnation(), "127.0.0.1", 4444)
+        request = pb.WatchRequest(register=register_request(config, identity, "", job_secret))
+        call = stub.Watch(request, timeout=CALL_S)
+        try:
+            first = next(iter(call))
+        finally:
+            call.cancel()
+        assert first.HasField("refused"), first
+        return first.refused
+
+    claimed = register("spare-0", secret)
+    assert claimed.reason == pb.REFUSAL_NODE_ALIVE, claimed
+    for wrong in (b"not the secret", None):
+        outsider = register("spare-9", wrong)
+        assert outsider.reason == pb.REFUSAL_NOT_A_MEMBER, outsider
+        assert "job secret" in outsider.message
+    after = spare_row()
+    assert after is not None
+    assert before is not None
+    assert (after.incarnation, after.state) == (before.incarnation, before.state)
+    status = stub.Status(pb.StatusRequest(), timeout=CALL_S)
+    assert "spare-9" not in {n.node_id for n in status.nodes}
+    channel.close()

@@ -24,6 +24,12 @@ from collections.abc import Iterable, Mapping
 from cluster.protocol.records import Member, NodeRole, NodeState, Refusal, Refused, Registration
 from cluster.protocol.settings import JobSettings
 
+# A node refused by the guard (a restarted worker, perhaps one that will be a spare) asks again
+# at least this often, so that it hears at once that the job ended; once the job ends, the
+# scheduler waits up to this long and a little more for those refused lately to ask again.
+GUARD_POLL_S = 1.0
+GUARD_POLL_MARGIN_S = 0.5
+
 
 def check_new_spare(
     node_id: str, reg: Registration, spares: Mapping[str, Member], settings: JobSettings

@@ -125,6 +125,9 @@ class SchedulerState(Admission):
     # The generation the scheduler was restored in (0: never restored): collectives of that
     # generation may have been cut in two by the restart.
     restored_generation: int = field(init=False, default=0)
+    # Nodes refused by the guard lately (node id -> when), until they hear that the job is
+    # over: the scheduler waits a moment for them at the end (not saved, like the nonces).
+    guard_waiting: dict[str, float] = field(init=False, repr=False, default_factory=dict)
     # The job-secret nonces seen (not saved: a restarted scheduler starts with none).
     _nonces: auth.ReplayCache = field(init=False, repr=False, default_factory=auth.ReplayCache)
 
@@ -193,6 +196,8 @@ class SchedulerState(Admission):
         node_id = canonical_node_id(reg.node_id)
         refusal = self._check_proof(reg) or self._check_job(reg)
         if refusal is not None:
+            if refusal.reason in (Refusal.JOB_OVER, Refusal.JOB_FINISHED):
+                self.guard_waiting.pop(node_id, None)  # told
             return refusal, []
         now = self.clock()
         known = self.find(node_id)
@@ -358,6 +363,13 @@ class SchedulerState(Admission):
                 f"within MS_TOPO_TIMEOUT={self.settings.topo_timeout_s:g} s after its guard ended",
             )
         return []
+
+    def awaited_after_end(self) -> bool:
+        """Whether a node refused by the guard lately may still ask again and hear that the job
+        is over (it asks every `spares.GUARD_POLL_S`)."""
+        window = spares.GUARD_POLL_S + spares.GUARD_POLL_MARGIN_S
+        now = self.clock()
+        return any(now - refused <= window for refused in self.guard_waiting.values())
 
     def abort(self, reason: str) -> list[Effect]:
         """End the job as failed from outside (an operator, a signal)."""
@@ -560,6 +572,7 @@ class SchedulerState(Admission):
         guard_s = self.settings.node_timeout_s
         remaining = member.last_seen + guard_s - now
         if remaining > 0:
+            self.guard_waiting[member.node_id] = now
             failed = " (failed)" if member.state is NodeState.FAILED else ""
             return Refused(
                 Refusal.NODE_ALIVE,

@@ -117,6 +117,8 @@ class SchedulerCore:
         self.exchanges = ExchangeTable(limits.collective_max_bytes)
         self._streams = Streams(clock)
         self.done = asyncio.Event()
+        # Set at every registration answered (the end waits for nodes refused by the guard).
+        self.registrations = asyncio.Event()
         self.streams_closed = asyncio.Event()
         self.streams_closed.set()
         # The nodes' Heartbeat calls in progress, and an event set while there are none.
@@ -193,6 +195,7 @@ class SchedulerCore:
     async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
         prior = self.journal.incarnation_of(reg.node_id)
         outcome, effects = self.state.register(reg)
+        self.registrations.set()
         self.journal.registration(reg, prior, outcome)
         if isinstance(outcome, state.Refused):
             log.info("refused node %r: %s", reg.node_id, outcome.message)

@@ -43,6 +43,9 @@ IDLE_CONNECTION_MS = 10_000
 STOP_SAVE_WAIT_S = 3.0  # with the server's own stop, within the launcher's 5 s before SIGKILL
 # After the job ends, how long the nodes get to receive the final event before the server stops.
 DRAIN_S = 2.0
+# The end waits for nodes waiting out their guard to ask again; it looks again at least this
+# often (a node's window to ask closes without any call).
+GUARD_WAITER_RECHECK_S = 0.25
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     # grpc enables SO_REUSEPORT by default, which would let a second scheduler bind the same port
@@ -334,6 +337,16 @@ class SchedulerServer:
         self.core.abort(reason)
         self._stop_requested.set()
 
+    async def _tell_guard_waiters(self, deadline: float) -> None:
+        """Nodes waiting out their guard have no stream: they hear of the end when they ask
+        again (every GUARD_POLL_S). Serve them until they did, or until `deadline`."""
+        loop = asyncio.get_running_loop()
+        while self.core.state.awaited_after_end() and loop.time() < deadline:
+            self.core.registrations.clear()
+            wait_s = min(deadline - loop.time(), GUARD_WAITER_RECHECK_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.core.registrations.wait(), wait_s)
+
     async def stop(self, drain_s: float = DRAIN_S) -> None:
         """Give the nodes `drain_s` to hear the end, then stop. (An end that could not be
         saved was not told: then there is nothing to hear.)"""
@@ -344,8 +357,10 @@ class SchedulerServer:
         if ended:
             # The nodes hear the end on their streams and close them, and their heartbeats.
             closed = asyncio.gather(self.core.streams_closed.wait(), self.core.beats_closed.wait())
+            deadline = asyncio.get_running_loop().time() + drain_s
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(closed, drain_s)
+            await self._tell_guard_waiters(deadline)
         for task in (self._monitor, self._expiry):
             if task is not None:
                 task.cancel()

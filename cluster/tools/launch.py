@@ -52,6 +52,8 @@ STOP_GRACE_S = 5.0
 # the process that died first (the cause) rather than one that stopped because of it.
 SETTLE_S = 0.3
 POLL_STATUS_S = 0.5
+# Once the job finished, how long the processes holding no rank get to exit by themselves.
+SPARE_EXIT_S = 2.0
 # The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
@@ -383,6 +385,20 @@ class Launcher:
         self._print("mscluster: job failed")
         return EXIT_FAILED
 
+    async def _let_spares_go(self) -> None:
+        """The processes holding no rank hear of the end from the scheduler and exit 0; one that
+        could not (restarted while the job ended, it found no scheduler) is stopped after
+        SPARE_EXIT_S: the job's exit code is its ranked workers'."""
+        left = [w for w in self.workers if w.running]
+        if not left:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(w.exited.wait() for w in left)), SPARE_EXIT_S)
+        stopped = [w for w in left if w.running]
+        if stopped:
+            names = ", ".join(self._who(w) for w in stopped)
+            self._print(f"mscluster: the job is over; stopping {names}, which holds no rank")
+
     async def _finish(self) -> int:
         sched = self.scheduler
         if sched is not None:
@@ -395,6 +411,7 @@ class Launcher:
                 return EXIT_FAILED
             if sched.exit_code != 0:
                 return await self._fail(None, "")
+        await self._let_spares_go()
         restarts = sum(w.restarts for w in self.workers)
         took = self._clock() - self._started
         self._print(

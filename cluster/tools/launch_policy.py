@@ -75,8 +75,8 @@ class Decision:
 def decide(seen: Seen) -> Decision:
     """The next step. A signal wins; then a failed worker (restart it, or fail the job; a
     failed spare is restarted when it may be, and otherwise left alone: the job does not need
-    it); then the end of the job (every ranked worker exited 0, every spare exited); then a
-    failed scheduler."""
+    it); then the end of the job (every ranked worker exited 0: the spares are told by the
+    scheduler, and the launcher stops those that could not hear it); then a failed scheduler."""
     if seen.stop_signal is not None:
         return Decision(Action.STOP)
     for worker in seen.workers:
@@ -88,11 +88,7 @@ def decide(seen: Seen) -> Decision:
         if not worker.spare:
             return Decision(Action.FAIL, worker.index, why_not)
     ranked = [w for w in seen.workers if not w.spare]
-    if (
-        ranked
-        and all(w.exit_code == 0 for w in ranked)
-        and all(w.exit_code is not None for w in seen.workers)
-    ):
+    if ranked and all(w.exit_code == 0 for w in ranked):
         return Decision(Action.FINISH)
     if seen.own_scheduler and seen.scheduler_exit not in (None, 0):
         return Decision(Action.FAIL, None)

@@ -41,6 +41,7 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
+from cluster.protocol.spares import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
 
@@ -60,8 +61,6 @@ GUARD_MARGIN_S = 0.02
 CALL_RETRY_PAUSE_S = 0.05
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
-# A node refused by the guard asks again at least this often (the job may end meanwhile).
-GUARD_POLL_S = 1.0
 # A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
 # its stream, whose loss it notices); this only keeps the wait a finite number.
 SPARE_WAIT_S = 365 * 24 * 3600.0

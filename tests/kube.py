@@ -269,3 +269,14 @@ def pod_template(workload: Manifest, pod: Pod) -> Manifest:
     spec["volumes"] = [*spec.get("volumes", []), *claims]
     template["spec"] = spec
     return template
+
+
+def dns_names(objects: Sequence[Manifest], pod: Pod, sts: Manifest) -> list[str]:
+    """The names cluster DNS gives a StatefulSet pod through its headless Service: the pod's own
+    (`cluster-scheduler-0.cluster-scheduler`) and the Service's, short and in full."""
+    service = find(objects, "Service", sts["spec"]["serviceName"])
+    if service["spec"].get("clusterIP") != "None":
+        raise ManifestError(f"Service {service['metadata']['name']!r} is not headless")
+    name = service["metadata"]["name"]
+    full = f"{name}.{pod.namespace}.svc.cluster.local"
+    return [f"{pod.name}.{name}", f"{pod.name}.{full}", name, full]

@@ -171,3 +171,13 @@ def test_the_variants_load_with_their_base() -> None:
             ("Service", "cluster-scheduler"),
             ("StatefulSet", "cluster-scheduler"),
         ]
+
+
+def test_statefulset_pods_are_named_by_their_headless_service() -> None:
+    objects = kube.load_kustomization(DEPLOY / "directory")
+    sts = kube.find(objects, "StatefulSet", "cluster-scheduler")
+    pod = kube.statefulset_pod(sts, 0, "127.0.0.10")
+    names = kube.dns_names(objects, pod, sts)
+    assert names[0] == "cluster-scheduler-0.cluster-scheduler"
+    config = kube.find(objects, "ConfigMap", "cluster-job")
+    assert config["data"]["MS_SCHED_HOST"] in names  # what the workers dial resolves

@@ -9,11 +9,13 @@ import secrets
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
+from cluster.transport import certs
 from tests import kube
 from tests.kube_local import LocalCluster, image_env, local_cluster, why_not_available
 from tests.procs import ROOT, Proc, Procs, wait_until
@@ -116,6 +118,22 @@ def wait_epoch(proc: Proc, epoch: int, job: list[Proc]) -> None:
     wait_until(reached, JOB_S, f"{proc.name} in epoch {epoch}")
 
 
+def status(local: LocalCluster, pod: kube.Pod, *tls: str) -> dict[str, Any]:
+    """`mscluster status --json` as `kubectl exec` into the scheduler's pod would run it, by the
+    pod's Service name (the name its certificate carries)."""
+    name = f"{pod.name}.cluster-scheduler"
+    done = local.run(["mscluster", "status", "--addr", f"{name}:8118", "--json", *tls], 60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return cast("dict[str, Any]", json.loads(done.stdout))
+
+
+def start_workers(local: LocalCluster) -> tuple[kube.Manifest, list[Proc]]:
+    job = kube.find(local.objects, "Job", "cluster-workers")
+    count = job["spec"]["completions"]
+    pods = [kube.indexed_job_pod(job, i, local.address()) for i in range(count)]
+    return job, [local.start(job, pod, "worker") for pod in pods]
+
+
 @pytest.mark.timeout(300)
 def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     network_or_skip: None, tmp_path: Path, processes: Procs
@@ -124,10 +142,7 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     with local_cluster(objects, job_secrets(), tmp_path / "k8s", processes) as local:
         _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
         wait_serving(local, scheduler_pod, 8118)
-        job = kube.find(objects, "Job", "cluster-workers")
-        count = job["spec"]["completions"]
-        pods = [kube.indexed_job_pod(job, i, local.address()) for i in range(count)]
-        workers = [local.start(job, pod, "worker") for pod in pods]
+        job, workers = start_workers(local)
         # Mid-run (checkpoints every 10 steps), pod 2's process is killed; as its pod failure
         # policy has the Job controller do, a new pod of index 2 starts once it has ended.
         wait_epoch(workers[2], 3, [scheduler, *workers])
@@ -135,6 +150,7 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
         assert workers[2].wait(30) == -signal.SIGKILL
         replacement = kube.indexed_job_pod(job, 2, local.address(), attempt=1)
         workers[2] = local.start(job, replacement, "worker")
+        wait_until(lambda: status(local, scheduler_pod)["generation"] == 2, JOB_S, "generation 2")
         for proc in [*workers, scheduler]:
             assert proc.wait(JOB_S) == 0, proc.output[-3000:]
     shared = tmp_path / "k8s" / "claims" / "cluster-shared"
@@ -147,6 +163,28 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     assert kinds[-1] == "finished"
     generations = [e["generation"] for e in events if e["event"] == "generation"]
     assert generations == [2], events
+
+
+@pytest.mark.timeout(300)
+def test_directory_variant_with_mutual_tls_from_its_secret(
+    network_or_skip: None, tmp_path: Path, processes: Procs
+) -> None:
+    # The README's steps: the certificates name the scheduler's Service name; the Secret holds
+    # every file; the ConfigMap turns TLS on.
+    objects = kube.load_kustomization(DEPLOY / "directory")
+    config = kube.find(objects, "ConfigMap", "cluster-job")["data"]
+    config["CLUSTER_TLS_CONFIG"] = "/etc/cluster/tls/ssl.json"
+    made = tmp_path / "tls"
+    certs.make_pki(made, hosts=[config["MS_SCHED_HOST"]])
+    found = {"cluster-tls": {f.name: f.read_bytes() for f in made.iterdir()}, **job_secrets()}
+    with local_cluster(objects, found, tmp_path / "k8s", processes) as local:
+        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
+        _, workers = start_workers(local)
+        wait_epoch(workers[0], 2, [scheduler, *workers])
+        tls = local.root / "pods" / scheduler_pod.name / "volumes" / "tls" / "ssl.json"
+        assert status(local, scheduler_pod, "--tls-config", str(tls))["phase"] == "ready"
+        for proc in [*workers, scheduler]:
+            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
 
 
 def scheduler_has_state_url() -> bool:
@@ -179,12 +217,7 @@ def test_etcd_variant_survives_the_leader_pod(
         objects, job_secrets(), tmp_path / "k8s", processes, private_network=False
     ) as local:
         _, schedulers, scheduler_pods = start_schedulers(local)
-        job = kube.find(objects, "Job", "cluster-workers")
-        count = job["spec"]["completions"]
-        workers = [
-            local.start(job, kube.indexed_job_pod(job, i, local.address()), "worker")
-            for i in range(count)
-        ]
+        _, workers = start_workers(local)
         wait_epoch(workers[0], 3, [*schedulers, *workers])
         leader = next(i for i, proc in enumerate(schedulers) if "leader" in proc.output)
         schedulers[leader].popen.send_signal(signal.SIGKILL)

@@ -7,9 +7,9 @@ become files to write, claims and emptyDirs directories. Paths inside the contai
 points, the image's own directories) are rewritten to directories of this machine, longest
 prefix first, wherever an argument or an environment value names them.
 
-`load_kustomization` reads a kustomize directory whose kustomization uses `resources` only (the
-manifests here use nothing else, so that a test reads exactly what `kubectl apply -k` applies);
-any other field is refused rather than ignored.
+`load_kustomization` reads a kustomize directory whose kustomization uses `resources` and
+`images` only (the manifests here use nothing else, so that a test reads exactly what `kubectl
+apply -k` applies); any other field is refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import yaml
 
 Manifest = dict[str, Any]
 
-KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources"}
+KUSTOMIZATION_FIELDS = {"apiVersion", "kind", "resources", "images"}
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _FIELD = re.compile(r"^metadata\.(annotations|labels)\['([^']+)'\]$")
@@ -47,7 +47,27 @@ def load_kustomization(directory: Path) -> list[Manifest]:
             objects.extend(load_kustomization(path))
         else:
             objects.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    for image in kustomization.get("images", []):
+        for obj in objects:
+            for box in containers(obj):
+                if box["image"].partition(":")[0] == image["name"]:
+                    box["image"] = _image(image, box["image"])
     return objects
+
+
+def containers(obj: Manifest) -> list[Manifest]:
+    spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def _image(rule: Manifest, image: str) -> str:
+    """kustomize's `images` rule applied to `image` (newName, then newTag or digest)."""
+    name, _, tag = image.partition(":")
+    name = rule.get("newName", name)
+    if "digest" in rule:
+        return f"{name}@{rule['digest']}"
+    tag = str(rule.get("newTag", tag))
+    return f"{name}:{tag}" if tag else name
 
 
 def find(objects: Sequence[Manifest], kind: str, name: str) -> Manifest:

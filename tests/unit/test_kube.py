@@ -181,3 +181,16 @@ def test_statefulset_pods_are_named_by_their_headless_service() -> None:
     assert names[0] == "cluster-scheduler-0.cluster-scheduler"
     config = kube.find(objects, "ConfigMap", "cluster-job")
     assert config["data"]["MS_SCHED_HOST"] in names  # what the workers dial resolves
+
+
+def test_kustomize_images_rename_the_image_as_kustomize_edit_set_image_does(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{DEPLOY / 'directory'}]\n"
+        "images:\n  - name: mscluster\n    newName: registry.example.com/ml/mscluster\n"
+        "    newTag: '1.2'\n"
+    )
+    objects = kube.load_kustomization(tmp_path)
+    images = {box["image"] for obj in objects for box in kube.containers(obj)}
+    assert images == {"registry.example.com/ml/mscluster:1.2"}

@@ -18,7 +18,7 @@ from kubernetes_validate import utils as kubernetes_validate
 from cluster.transport import certs
 from tests import kube
 from tests.kube_local import LocalCluster, image_env, local_cluster, why_not_available
-from tests.procs import ROOT, Proc, Procs, wait_until
+from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, wait_until
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
@@ -154,7 +154,7 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
         for proc in [*workers, scheduler]:
             assert proc.wait(JOB_S) == 0, proc.output[-3000:]
     shared = tmp_path / "k8s" / "claims" / "cluster-shared"
-    assert (shared / "out" / "final.sha256").exists()
+    assert (shared / "out" / "final.sha256").read_text() == fault_free_hash(tmp_path, job)
     state = tmp_path / "k8s" / "claims" / f"state-{scheduler_pod.name}"
     events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
     kinds = [event["event"] for event in events]
@@ -185,6 +185,27 @@ def test_directory_variant_with_mutual_tls_from_its_secret(
         assert status(local, scheduler_pod, "--tls-config", str(tls))["phase"] == "ready"
         for proc in [*workers, scheduler]:
             assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+
+
+def fault_free_hash(tmp_path: Path, job: kube.Manifest) -> str:
+    """The result of the workers' training without the kill (mscluster run on this host, the
+    same arguments but the per-step sleep, which changes nothing computed)."""
+    (box,) = job["spec"]["template"]["spec"]["containers"]
+    args = list(box["args"])
+    args[args.index("--out") + 1] = str(tmp_path / "fault-free")
+    delay = args.index("--step-delay")
+    del args[delay : delay + 2]
+    run = [PYTHON, "-m", "cluster", "run", "--worker-num", "4", "--local-worker-num", "4"]
+    run += ["--master-port", str(free_port()), "--log-dir", str(tmp_path / "fault-free-logs")]
+    done = subprocess.run(
+        [*run, str(ROOT / "examples" / "train_mlp.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=JOB_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / "fault-free" / "final.sha256").read_text()
 
 
 def scheduler_has_state_url() -> bool:
@@ -219,7 +240,8 @@ def test_etcd_variant_survives_the_leader_pod(
         _, schedulers, scheduler_pods = start_schedulers(local)
         _, workers = start_workers(local)
         wait_epoch(workers[0], 3, [*schedulers, *workers])
-        leader = next(i for i, proc in enumerate(schedulers) if "leader" in proc.output)
+        # The leader is the one that formed the job (a standby only waits).
+        leader = next(i for i, p in enumerate(schedulers) if "topology ready" in p.output)
         schedulers[leader].popen.send_signal(signal.SIGKILL)
         assert schedulers[leader].wait(30) == -signal.SIGKILL
         # The StatefulSet's pod comes back (same name, same address): a standby now.

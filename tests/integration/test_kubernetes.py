@@ -72,6 +72,30 @@ def test_every_variant_is_what_the_readme_says(variant: str) -> None:
         assert sts["spec"]["volumeClaimTemplates"]
 
 
+def test_a_failed_worker_pod_is_replaced_alone_with_its_index() -> None:
+    objects = kube.load_kustomization(DEPLOY / "base")
+    spec = kube.find(objects, "Job", "cluster-workers")["spec"]
+    assert spec["podReplacementPolicy"] == "Failed"  # never two processes of one rank
+    assert spec["maxFailedIndexes"] == 0  # an index out of retries ends the whole Job
+    assert "backoffLimit" not in spec  # retries per index, not shared by all
+    (ignore,) = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "Ignore"]
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget"}]
+    (box,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in box["env"]}
+    index = f"metadata.annotations['{kube.INDEX_ANNOTATION}']"
+    assert env["MS_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+
+
+def test_spares_are_written_but_not_applied_until_they_exist() -> None:
+    spares = yaml.safe_load((DEPLOY / "base" / "spares.yaml").read_text())
+    (box,) = spares["spec"]["template"]["spec"]["containers"]
+    assert {"name": "CLUSTER_SPARE", "value": "1"} in box["env"]
+    assert spares["spec"]["completionMode"] == "Indexed"
+    for variant in ("directory", "etcd"):
+        names = [o["metadata"]["name"] for o in kube.load_kustomization(DEPLOY / variant)]
+        assert "cluster-spares" not in names
+
+
 @pytest.fixture
 def network_or_skip() -> None:
     why = why_not_available()

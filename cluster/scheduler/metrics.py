@@ -119,11 +119,7 @@ class SchedulerMetrics:
             "New generations after the first: each rolls every worker back.",
             registry=r,
         )
-        self.promotions = Counter(
-            "cluster_promotions",
-            "Failed workers' ranks taken by a spare (each also a new generation).",
-            registry=r,
-        )
+        self.promotions = Counter("cluster_promotions", "Ranks taken by spares.", registry=r)
         self.formation = Gauge(
             "cluster_formation_seconds",
             "Seconds from the scheduler's start to the job formed (0 until then).",

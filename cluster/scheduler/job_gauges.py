@@ -179,8 +179,7 @@ class JobCollector(Collector):
             "cluster_watch_streams", "Open Watch streams (one per connected node).", g.watch_streams
         )
         yield _gauge("cluster_spares", "Live spare workers: registered, without a rank.", g.spares)
-        # Standby schedulers (a later issue) add cluster_leader (1 on the leading scheduler)
-        # here; cluster_leader_changes_total is a counter of SchedulerMetrics, fed by the journal.
+        # Standby schedulers (a later issue) add cluster_leader here (1 on the leader).
 
 
 def _gauge(name: str, documentation: str, value: float, **labels: str) -> GaugeMetricFamily:

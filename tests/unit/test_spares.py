@@ -295,6 +295,18 @@ class SparesMachine(RuleBasedStateMachine):
             self.state.heartbeat(node_id, member.incarnation)
         self.state.tick()
 
+    @rule()
+    def scheduler_restarts(self) -> None:
+        """From its own snapshot; the live nodes reconnect (their guard starts afresh)."""
+        saved = json.loads(json.dumps(self.state.snapshot()))
+        settings = self.state.settings
+        self.state = SchedulerState.restore(saved, settings, self.clock, new_cluster_id="next")
+        assert {m["node_id"] for m in saved["spares"]} == set(self.state.spares)
+        for node_id in self._live():
+            member = self.state.find(node_id)
+            assert member is not None
+            self.state.connect(node_id, member.incarnation)
+
     @invariant()
     def ranks_never_change_and_have_at_most_one_live_holder(self) -> None:
         if self.state.phase is Phase.WAITING:

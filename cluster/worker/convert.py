@@ -65,10 +65,11 @@ def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.
     if kind == "progress":
         return steps.Progress(event.progress.registered, event.progress.expected)
     if kind == "topology_ready":
-        try:
-            return steps.TopologyReady(topology(event.topology_ready, config, node_id))
-        except Unplaced:
-            return steps.Unplaced(event.topology_ready.generation)  # a spare, not promoted yet
+        ready = event.topology_ready
+        row = _row(ready.peers, config, node_id)
+        if row is None:
+            return steps.Unplaced(ready.generation)  # a spare, not promoted (yet)
+        return steps.TopologyReady(_topology(ready, config, row))
     if kind == "node_failed":
         failed = event.node_failed
         return steps.NodeFailed(failed.rank, failed.node_id, failed.reason, failed.generation)
@@ -77,27 +78,33 @@ def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.
     return None
 
 
-class Unplaced(ClusterError):
-    """A topology without this node."""
-
-
 def topology(ready: pb.TopologyReady, config: ClusterConfig, node_id: str) -> Topology:
-    """This node's view, in O(1) where it can be: the columns stay as they arrived."""
-    table = ready.peers
+    """This node's view; ClusterError when the topology does not name it."""
+    row = _row(ready.peers, config, node_id)
+    if row is None:
+        raise ClusterError(
+            f"the scheduler at {config.sched_address} sent a topology without this node"
+        )
+    return _topology(ready, config, row)
+
+
+def _row(table: pb.PeerTable, config: ClusterConfig, node_id: str) -> int | None:
+    """This node's row of the peer table, in O(1) where it can be; None: not in it."""
     # Workers come first in rank order, then servers: a numeric node id is its rank, so
     # its row is known; any other id is looked up.
-    me = -1
     if is_numeric_node_id(node_id):
         guess = int(node_id) + (config.worker_num if config.role is Role.SERVER else 0)
         if guess < len(table.node_ids) and table.node_ids[guess] == node_id:
-            me = guess
-    if me < 0:
-        try:
-            me = list(table.node_ids).index(node_id)
-        except ValueError:
-            raise Unplaced(
-                f"the scheduler at {config.sched_address} sent a topology without this node"
-            ) from None
+            return guess
+    try:
+        return list(table.node_ids).index(node_id)
+    except ValueError:
+        return None
+
+
+def _topology(ready: pb.TopologyReady, config: ClusterConfig, me: int) -> Topology:
+    """The view of the node in row `me`: the columns stay as they arrived."""
+    table = ready.peers
     return Topology(
         generation=ready.generation,
         rank=table.ranks[me],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -199,3 +200,34 @@ def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
     status = stub.Status(pb.StatusRequest(), timeout=CALL_S)
     assert "spare-9" not in {n.node_id for n in status.nodes}
     channel.close()
+
+
+def test_dry_run_shows_the_spares_and_spares_need_recovery(tmp_path: Path) -> None:
+    script = private_copy(tmp_path, TRAIN)
+    base = [*(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--spares", "2")]
+    base += ["--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs")]
+    dry = subprocess.run(
+        [*base, "--enable-recovery", "--dry-run", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "workers: 2 of 2 here, and 2 spares" in dry.stdout
+    rows = [line.split() for line in dry.stdout.splitlines() if line.startswith("spare ")]
+    logs = tmp_path / "logs"
+    assert [row[:6] for row in rows] == [
+        ["spare", str(i), "MS_WORKER", f"spare-{i}", "-", str(logs / f"spare_{i}.log")]
+        for i in range(2)
+    ]
+    assert "CLUSTER_SPARE=1 for the spares" in dry.stdout
+    refused = subprocess.run(
+        [*base, str(script)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "mscluster: ConfigError: --spares 2 needs --enable-recovery: a spare takes a failed "
+        "worker's rank, and without recovery a failed worker ends the job"
+    ]
+    assert not logs.exists()

@@ -428,3 +428,22 @@ def test_observing_variables_are_parsed() -> None:
 def test_a_bad_observing_port_names_the_variable(name: str, value: str, rule: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
         from_env(env(**{name: value}))
+
+
+def test_a_spare_is_a_worker_of_a_job_with_recovery(tmp_path: Path) -> None:
+    recovery = {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": str(tmp_path), "MS_NODE_ID": "s0"}
+    assert from_env(env(CLUSTER_SPARE="1", **recovery)).spare
+    assert not from_env(env(**recovery)).spare
+    with pytest.raises(ConfigError, match="CLUSTER_SPARE=1 needs MS_ENABLE_RECOVERY=1"):
+        from_env(env(CLUSTER_SPARE="1"))
+    with pytest.raises(ConfigError, match="for workers only"):
+        from_env(env(CLUSTER_SPARE="1", MS_ROLE="MS_SCHED", **recovery))
+    with pytest.raises(ConfigError, match="CLUSTER_SPARE"):
+        from_env(env(CLUSTER_SPARE="maybe", **recovery))
+
+
+def test_the_spares_cap() -> None:
+    assert from_env(env()).limits.max_spares == 8
+    assert from_env(env(CLUSTER_MAX_SPARES="0")).limits.max_spares == 0
+    with pytest.raises(ConfigError, match="CLUSTER_MAX_SPARES"):
+        from_env(env(CLUSTER_MAX_SPARES="-1"))

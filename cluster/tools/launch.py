@@ -414,8 +414,9 @@ class Launcher:
         await self._let_spares_go()
         restarts = sum(w.restarts for w in self.workers)
         took = self._clock() - self._started
+        exited = sum(1 for w in self.workers if w.exit_code == 0)
         self._print(
-            f"mscluster: job finished: {len(self.workers)} local workers exited 0 in {took:.1f} s"
+            f"mscluster: job finished: {exited} local workers exited 0 in {took:.1f} s"
             + (f", after {restarts} restarts" if restarts else "")
         )
         return EXIT_OK

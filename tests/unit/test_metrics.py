@@ -4,6 +4,7 @@ over HTTP and parsed with prometheus_client's own parser."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S
-from tests.scrape import ON, form, scrape, settings, value
+from tests.credentials import digest
+from tests.scrape import ON, form, reg, scrape, settings, value
 
 
 async def test_a_formed_job_and_a_failure_as_metrics() -> None:
@@ -50,6 +52,26 @@ async def test_a_formed_job_and_a_failure_as_metrics() -> None:
         assert value(seen, "cluster_nodes", role="worker", state="failed") == 1
         assert value(seen, "cluster_job_phase", phase="failed") == 1  # recovery is off
         assert value(seen, "cluster_member_alive", rank="1") == 0
+
+
+async def test_spares_and_promotions_as_metrics() -> None:
+    async with SchedulerServer(settings(recovery=True), observe=ON) as server:
+        await form(server)
+        spare = dataclasses.replace(reg("0"), node_id="spare-0", port=7000, spare=True)
+        spare = dataclasses.replace(spare, credential_digest=digest("spare-0", 1))
+        await asyncio.wait_for(server.core.register(spare), BOUND_S)
+        seen = await scrape(server)
+        assert value(seen, "cluster_spares") == 1
+        assert value(seen, "cluster_promotions_total") == 0
+        core = server.core
+        core.state.connect("1", 1)
+        core._apply(core.state.disconnect("1", 1))
+        seen = await scrape(server)
+        assert value(seen, "cluster_spares") == 0  # it holds rank 1 now
+        assert value(seen, "cluster_promotions_total") == 1
+        assert value(seen, "cluster_rollbacks_total") == 1
+        assert value(seen, "cluster_generation") == 2
+        assert value(seen, "cluster_member_alive", rank="1", node_id="spare-0") == 1
 
 
 async def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:

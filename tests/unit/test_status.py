@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from cluster.protocol.settings import JobSettings
@@ -69,3 +70,25 @@ def test_failing_saves_are_shown_with_their_cause_and_duration() -> None:
     data = json.loads(view.to_json())
     assert (data["save_failures"], data["unsaved_changes"]) == (7, 2)
     assert "not saved" not in render(job_view("a:1", convert.status_to_pb(formed_job(), 100.0)))
+
+
+def test_status_shows_the_spares_and_does_not_count_them_as_registered() -> None:
+    state = formed_job()
+    spare = Registration(
+        "spare-0", NodeRole.WORKER, "h0", 7000, 1, 2, 0, credential_digest=digest("spare-0", 1)
+    )
+    state.register(dataclasses.replace(spare, spare=True))
+    view = job_view("127.0.0.1:8118", convert.status_to_pb(state, 100.0))
+    assert (view.registered, view.spares) == (2, 1)
+    assert view.is_spare("spare-0") is True
+    assert view.is_spare("0") is False
+    assert view.is_spare("nobody") is None
+    table = render(view)
+    assert "2/2 registered, 1 spares" in table
+    row = next(line for line in table.splitlines() if "spare-0" in line)
+    assert row.split()[:3] == ["-", "spare-0", "worker"]
+    assert "(spare)" in row
+    state.disconnect("1", 1)  # the spare takes rank 1; node 1 waits out its guard as a spare
+    view = job_view("127.0.0.1:8118", convert.status_to_pb(state, 100.0))
+    assert view.rank_of("spare-0") == 1
+    assert (view.is_spare("1"), view.spares) == (True, 0)

@@ -21,7 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from cluster.protocol.records import Member, NodeRole, NodeState, Refusal, Refused, Registration
+from cluster.protocol.records import (
+    Accepted,
+    Effect,
+    Evict,
+    Member,
+    NodeRole,
+    NodeState,
+    Phase,
+    Refusal,
+    Refused,
+    Registration,
+)
 from cluster.protocol.settings import JobSettings
 
 # A node refused by the guard (a restarted worker, perhaps one that will be a spare) asks again
@@ -87,3 +98,77 @@ def expired(member: Member, now: float, settings: JobSettings) -> bool:
     within that window, as a failed worker's does with its rank)."""
     window = settings.node_timeout_s + (settings.topo_timeout_s if member.replaced_by else 0.0)
     return member.state is NodeState.FAILED and now - member.last_seen > window
+
+
+class SpareRules:
+    """The spares' inputs of `SchedulerState` (a mixin, as `Admission` is): it provides these
+    attributes and the three methods below."""
+
+    settings: JobSettings
+    phase: Phase
+    members: dict[str, Member]
+    spares: dict[str, Member]
+    promotions: int
+    revision: int
+
+    @property
+    def recovery(self) -> bool:
+        return self.settings.recovery
+
+    def _publish(self, reason: str, promoted: str = "") -> list[Effect]:
+        raise NotImplementedError
+
+    def _accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
+        raise NotImplementedError
+
+    def _place_workers(self) -> None:
+        raise NotImplementedError
+
+    def _promote(self, spare: Member, failed: Member) -> list[Effect]:
+        """`spare` takes the rank of `failed` (a ranked worker that failed): a new generation;
+        `failed` waits out its guard among the spares."""
+        hand_over(failed, spare)
+        del self.members[failed.node_id], self.spares[spare.node_id]
+        self.members[spare.node_id], self.spares[failed.node_id] = spare, failed
+        self._place_workers()
+        self.promotions += 1
+        reason = f"spare {spare.node_id!r} took rank {spare.rank} of node {failed.node_id!r}"
+        return self._publish(reason, promoted=spare.node_id)
+
+    def _fill_down_rank(self) -> list[Effect]:
+        """A spare came (back) while a rank is down: it takes that rank at once."""
+        if self.phase is not Phase.READY or not self.recovery:
+            return []
+        down = [m for m in self.members.values() if m.state is NodeState.FAILED]
+        if not down:
+            return []
+        failed = min(down, key=lambda m: (m.role is NodeRole.SERVER, m.rank))
+        spare = pick(self.spares.values(), failed) if failed.role is NodeRole.WORKER else None
+        return [] if spare is None else self._promote(spare, failed)
+
+    def _respare(
+        self, member: Member, reg: Registration, now: float
+    ) -> tuple[Accepted, list[Effect]]:
+        """A node id back after its guard, with its rank taken meanwhile (or a spare's new
+        process): a spare, with no new generation unless a rank is down."""
+        effects: list[Effect] = [
+            Evict(member.node_id, member.incarnation, "replaced by a new process")
+        ]
+        member.incarnation, member.credential_digest = reg.incarnation, reg.credential_digest
+        member.host, member.port, member.last_seen = reg.host, reg.port, now
+        member.state, member.failure, member.replaced_by = NodeState.ALIVE, "", ""
+        member.restarts += 1
+        self.revision += 1
+        return self._accepted(rejoined=False, spare=True), effects + self._fill_down_rank()
+
+    def _spare_died(self, member: Member, last_seen: float, why: str) -> list[Effect]:
+        """Nobody waits for a spare: its record only keeps its id refused for the guard."""
+        member.state, member.failure, member.last_seen = NodeState.FAILED, why, last_seen
+        self.revision += 1
+        return []
+
+    def _drop_spare(self, member: Member) -> list[Effect]:
+        """A spare that left, or a failed record past its window (`spares.expired`): gone."""
+        del self.spares[member.node_id]
+        self.revision += 1
+        return []

@@ -94,7 +94,7 @@ SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation"
 
 
 @dataclass
-class SchedulerState(Admission):
+class SchedulerState(Admission, spares.SpareRules):
     """The job as the scheduler sees it. All methods are synchronous and free of I/O."""
 
     cluster_id: str
@@ -716,57 +716,9 @@ class SchedulerState(Admission):
             return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
 
-    def _promote(self, spare: Member, failed: Member) -> list[Effect]:
-        """`spare` takes the rank of `failed` (a ranked worker that failed): a new generation;
-        `failed` waits out its guard among the spares."""
-        spares.hand_over(failed, spare)
-        del self.members[failed.node_id], self.spares[spare.node_id]
-        self.members[spare.node_id], self.spares[failed.node_id] = spare, failed
+    def _place_workers(self) -> None:
         workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
         _assign_ranks(workers, self.settings.worker_num)
-        self.promotions += 1
-        reason = f"spare {spare.node_id!r} took rank {spare.rank} of node {failed.node_id!r}"
-        return self._publish(reason, promoted=spare.node_id)
-
-    def _fill_down_rank(self) -> list[Effect]:
-        """A spare came (back) while a rank is down: it takes that rank at once."""
-        if self.phase is not Phase.READY or not self.recovery:
-            return []
-        down = [m for m in self.members.values() if m.state is NodeState.FAILED]
-        if not down:
-            return []
-        failed = min(down, key=lambda m: (m.role is NodeRole.SERVER, m.rank))
-        spare = (
-            spares.pick(self.spares.values(), failed) if failed.role is NodeRole.WORKER else None
-        )
-        return [] if spare is None else self._promote(spare, failed)
-
-    def _respare(
-        self, member: Member, reg: Registration, now: float
-    ) -> tuple[Accepted, list[Effect]]:
-        """A node id back after its guard, with its rank taken meanwhile (or a spare's new
-        process): a spare, with no new generation unless a rank is down."""
-        effects: list[Effect] = [
-            Evict(member.node_id, member.incarnation, "replaced by a new process")
-        ]
-        member.incarnation, member.credential_digest = reg.incarnation, reg.credential_digest
-        member.host, member.port, member.last_seen = reg.host, reg.port, now
-        member.state, member.failure, member.replaced_by = NodeState.ALIVE, "", ""
-        member.restarts += 1
-        self.revision += 1
-        return self._accepted(rejoined=False, spare=True), effects + self._fill_down_rank()
-
-    def _spare_died(self, member: Member, last_seen: float, why: str) -> list[Effect]:
-        """Nobody waits for a spare: its record only keeps its id refused for the guard."""
-        member.state, member.failure, member.last_seen = NodeState.FAILED, why, last_seen
-        self.revision += 1
-        return []
-
-    def _drop_spare(self, member: Member) -> list[Effect]:
-        """A spare that left, or a failed record past its window (`spares.expired`): gone."""
-        del self.spares[member.node_id]
-        self.revision += 1
-        return []
 
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]

@@ -440,8 +440,13 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert 0 <= action.seconds <= max(self.core.deadline - now, 0.0) + 1e-9
                 self.asked = steps.Pause
             elif isinstance(action, steps.Watch):
-                assert self.core.lifecycle in (Lifecycle.FORMING, Lifecycle.READY)
+                assert self.core.lifecycle in (Lifecycle.FORMING, Lifecycle.READY, Lifecycle.SPARE)
                 self.asked = steps.Watch
+            elif isinstance(action, steps.Released):
+                # Let go (exit 0) only when the job ended well without needing this node.
+                assert self.core.topology is None
+                assert not self.failures
+                self.finished = True
             elif isinstance(action, steps.Deliver):
                 assert not self.failures, "never both failed and ready"
                 assert self.core.topology is action.topology
@@ -457,14 +462,16 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     # -- answers to what the core asked ---------------------------------------------------------
 
     @precondition(lambda self: self.asked is steps.Register)
-    @rule(rejoined=st.booleans())
-    def accepted(self, rejoined: bool) -> None:
-        self.step(accepted(max(self.generation, 1), rejoined))
+    @rule(rejoined=st.booleans(), spare=st.booleans())
+    def accepted(self, rejoined: bool, spare: bool) -> None:
+        answer = accepted(max(self.generation, 1), rejoined)
+        self.step(dataclasses.replace(answer, spare=spare and not rejoined))
 
     @precondition(lambda self: self.asked is steps.Register)
-    @rule(transient=st.booleans(), retry=st.sampled_from([0.0, 1.0, 29.0]))
-    def refused(self, transient: bool, retry: float) -> None:
-        self.step(steps.Refused("refused", transient=transient, retry_after_s=retry))
+    @rule(transient=st.booleans(), retry=st.sampled_from([0.0, 1.0, 29.0]), ended=st.booleans())
+    def refused(self, transient: bool, retry: float, ended: bool) -> None:
+        finished = ended and not transient
+        self.step(steps.Refused("refused", transient, retry_after_s=retry, finished=finished))
 
     @precondition(lambda self: self.asked is steps.Register)
     @rule(seconds=st.sampled_from([0.1, 3.0]))
@@ -519,9 +526,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.step(steps.StreamLost("connection reset", NODE_S if silent else None))
 
     @precondition(lambda self: self.asked is steps.Watch)
-    @rule()
-    def a_topology_without_this_node(self) -> None:
-        self.step(steps.Fatal(ClusterError("a topology without this node")))
+    @rule(spare=st.booleans())
+    def a_topology_without_this_node(self, spare: bool) -> None:
+        if spare:
+            self.step(steps.Unplaced(self.generation + 1))
+        else:
+            self.step(steps.Fatal(ClusterError("a topology without this node")))
 
     # -- the user's side and time --------------------------------------------------------------
 

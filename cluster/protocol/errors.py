@@ -65,3 +65,12 @@ class StateFileError(ClusterError):
 
 class CheckpointError(ClusterError):
     """A checkpoint could not be saved, or a checkpoint file is missing, torn or corrupt."""
+
+
+class NotLeaderError(ClusterError):
+    """This scheduler does not lead the job (a standby, or a leader that lost its lease): ask
+    the leader, whose address `leader` names ("" while none leads)."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader

@@ -90,6 +90,7 @@ class EtcdStore:
     def __init__(self, connection: EtcdConnection, election: EtcdElection) -> None:
         self.connection = connection
         self.election = election
+        self.name = "CLUSTER_STATE_URL"
         self.where = str(connection.url)
         prefix = connection.url.prefix.encode()
         self.state_key = prefix + b"state"

@@ -40,7 +40,8 @@ class DirectoryStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / STATE_FILE
-        self.where = f"MS_RECOVERY_PATH={str(directory)!r}"
+        self.name = "MS_RECOVERY_PATH"
+        self.where = str(self.path)
         self._lock = store.RecoveryLock(directory)
         self._held = False
         self._kv = KvLog(directory)
@@ -71,36 +72,48 @@ class DirectoryStore:
 
     async def save(self, snapshot: dict[str, Any], token: str) -> Written:
         if not self._held:
-            raise FencedError(f"this scheduler does not hold the lock of {self.where}")
+            raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
         return await asyncio.to_thread(self._save, snapshot, token)
 
     def _save(self, snapshot: dict[str, Any], token: str) -> Written:
         current = self._current_token()
-        if current != token:
+        if current is not None and current != token:
             return Written(False, self._load())
         store.save(self.path, SCHEDULER_KIND, snapshot)
         written = store.checksum(snapshot)
         self._seen = (_identity(self.path), written)
         return Written(True, Stored(snapshot, written))
 
-    def _current_token(self) -> str:
+    def _current_token(self) -> str | None:
+        """The token of what is on disk; None when there is no file to read (a disk fault
+        behind the lock, not another writer: the save writes it again, or says what the disk
+        refused)."""
+        try:
+            identity = _identity(self.path)
+        except OSError:
+            return None
         seen = self._seen
-        if seen is not None and seen[0] == _identity(self.path):
+        if seen is not None and seen[0] == identity:
             return seen[1]
         try:
-            return self._load().token
+            data = self.path.read_bytes()
+        except OSError:
+            return None  # gone or unreadable (a disk fault, not another writer): rewritten
+        try:
+            snapshot = store.decode(data, SCHEDULER_KIND, str(self.path), store.FILE_ADVICE)
         except StateFileError:
-            return "unreadable"  # matches no token: never overwritten blindly
+            return "unreadable"  # not a state this scheduler saved: never overwritten blindly
+        return store.checksum(snapshot)
 
     async def load_kv(self, job: str) -> dict[str, bytes]:
         return await asyncio.to_thread(self._kv.load, job)
 
     async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
         if not self._held:
-            raise FencedError(f"this scheduler does not hold the lock of {self.where}")
+            raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
         await asyncio.to_thread(self._kv.append, job, dict(changes))
 
     async def clear_kv(self, job: str) -> None:
         if not self._held:
-            raise FencedError(f"this scheduler does not hold the lock of {self.where}")
+            raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
         await asyncio.to_thread(self._kv.reset, job)

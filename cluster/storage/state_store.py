@@ -50,7 +50,10 @@ class Written:
 
 
 class StateStore(Protocol):
-    # Where the state is, for messages: "MS_RECOVERY_PATH='/var/tmp/job1'", "etcd://h:p/jobs/a".
+    # What names the store (the setting), and where the state is, for messages:
+    # "MS_RECOVERY_PATH" and "/var/tmp/job1/scheduler.json"; "CLUSTER_STATE_URL" and
+    # "etcd://h:p/jobs/a".
+    name: str
     where: str
     # Whether a scheduler that finds the store held may wait for it (standby schedulers).
     standby: bool

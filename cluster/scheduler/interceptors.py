@@ -17,13 +17,13 @@ log = logging.getLogger("cluster.scheduler")
 
 
 if TYPE_CHECKING:  # generic in grpc-stubs only
-    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+    Interceptor = grpc.aio.ServerInterceptor[Any, Any]
     Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
 else:
-    _Interceptor = grpc.aio.ServerInterceptor
+    Interceptor = grpc.aio.ServerInterceptor
 
 
-class PeerCertificateCheck(_Interceptor):
+class PeerCertificateCheck(Interceptor):
     """Refuses every call whose client certificate is revoked (by the CRL as it is at that call)
     or expired. gRPC checked the CA at the handshake; it has no CRL, and a connection outlives
     the moment a certificate is revoked."""

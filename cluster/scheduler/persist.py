@@ -80,6 +80,9 @@ class StatePersister:
         self.failing_since: float | None = None
         # Failed attempts since the start, a counter (never reset).
         self.failures = 0
+        # Told how each save ended, its seconds and error (None: it landed): the scheduler's
+        # event log and metrics (cluster.scheduler.observe).
+        self.observer: Callable[[float, str | None], None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -167,6 +170,7 @@ class StatePersister:
     async def _save(self) -> bool:
         snapshot = self._snapshot()  # on the loop: consistent with what was decided
         revision = int(snapshot["revision"])
+        started = time.perf_counter()
         try:
             self._check(await self.store.save(snapshot, self.token))
         except FencedError as exc:
@@ -174,6 +178,7 @@ class StatePersister:
             return False
         except (StateFileError, OSError) as exc:
             self._failed(exc)
+            self._observe(started)
             return False
         if self.failing_since is not None:
             log.info(
@@ -184,6 +189,7 @@ class StatePersister:
             )
         self.error = None
         self.failing_since = None
+        self._observe(started)
         self.saved = max(self.saved, revision)
         self._on_saved(self.saved)
         async with self._progress:
@@ -197,6 +203,10 @@ class StatePersister:
         self._on_fenced(why)
         async with self._progress:
             self._progress.notify_all()
+
+    def _observe(self, started: float) -> None:
+        if self.observer is not None:
+            self.observer(time.perf_counter() - started, self.error)
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1

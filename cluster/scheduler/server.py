@@ -21,13 +21,14 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.config import ClusterConfig, read_job_secret
+from cluster.protocol.config import ClusterConfig, ObserveConfig, read_job_secret
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.scheduler import limits
 from cluster.scheduler.core import CoreSettings, SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.ha import HighAvailability
-from cluster.scheduler.interceptors import PeerCertificateCheck, server_credentials
+from cluster.scheduler.interceptors import Interceptor, PeerCertificateCheck, server_credentials
+from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import StateStore
@@ -136,6 +137,7 @@ class SchedulerServer:
         recovery_path: Path | None = None,
         state_store: StateStore | None = None,
         election: EtcdElection | None = None,
+        observe: ObserveConfig | None = None,
     ) -> None:
         self.settings = settings
         self.core = SchedulerCore(settings)
@@ -144,6 +146,8 @@ class SchedulerServer:
         self.store = state_store
         self.gate = Gate(self.core)
         self.ha = None if election is None else HighAvailability(self, election)
+        # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
+        self.observing = Observability(observe or ObserveConfig(), host)
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -173,9 +177,12 @@ class SchedulerServer:
                 if store is not None:
                     await store.acquire()  # ConfigError naming the holder when it is held
                     await self.install(await self._resume())
+                else:
+                    await self.observing.start(self.core)
                 await self._serve()
             return self.port
         except BaseException:
+            await self.observing.stop()
             await self.core.stop_saving(0)
             if self._server is not None:
                 await self._server.stop(grace=None)
@@ -197,6 +204,10 @@ class SchedulerServer:
 
     async def install(self, core: SchedulerCore) -> None:
         """Answer for the job with `core` from now on (it saves in the background)."""
+        if self.observing.started:
+            self.observing.adopt(core)
+        else:
+            await self.observing.start(core)
         core.start_saving()
         self.core = self.gate.core = core
         if self._server is not None:
@@ -216,9 +227,10 @@ class SchedulerServer:
 
     async def _serve(self) -> None:
         self._raise_open_files()
-        interceptors = (
-            [] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]
-        )
+        interceptors: list[Interceptor] = [
+            *([] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]),
+            *self.observing.interceptors(),
+        ]
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         add_to_server(SchedulerServicer(self.gate), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -319,6 +331,7 @@ class SchedulerServer:
             log.error("%s", self.unsaved)
         if self.store is not None:
             await self.store.close()
+        await self.observing.stop()
 
     async def __aenter__(self) -> SchedulerServer:
         await self.start()
@@ -380,6 +393,7 @@ async def serve(config: ClusterConfig) -> int:
         recovery_path=None if config.recovery is None else config.recovery.path,
         state_store=store,
         election=election,
+        observe=config.observe,
     )
     await server.start()
     log.info("%s", _who_may_join(server))

@@ -57,7 +57,9 @@ class Gate:
         """This scheduler's part in the election, for Status."""
         leadership = self.leadership
         assert leadership is not None
-        leading = leadership.serving()
+        # A leader answers once its core is in (the job loaded and saved again), not before.
+        core = self.core
+        leading = core is not None and core.fenced is None and leadership.serving()
         return pb.Leadership(
             role="leader" if leading else "standby",
             leader=self.address if leading else self.leader(),

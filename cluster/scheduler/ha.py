@@ -68,6 +68,7 @@ class HighAvailability:
             self.election.address,
             store.where,
         )
+        gate.schedulers = self.leading.schedulers  # kept current by the election
         self._task = asyncio.create_task(self._run(), name="cluster-election")
 
     async def _run(self) -> None:

@@ -147,7 +147,7 @@ class Leading:
             peers = await self.election.peers()
         except StateFileError:
             return
-        self.schedulers = [p.address for p in peers]
+        self.schedulers[:] = [p.address for p in peers]  # in place: the gate shows it
 
     async def _unreachable(self, exc: StateFileError) -> None:
         self._note(exc)

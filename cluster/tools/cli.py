@@ -56,6 +56,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
         "CLUSTER_METRICS_PORT": args.metrics_port,
         "CLUSTER_EVENT_LOG": args.event_log,
+        "CLUSTER_STATE_URL": args.state_url,
+        "CLUSTER_LEASE_S": args.lease,
     }
     env.update({k: str(v) for k, v in overrides.items() if v is not None})
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
@@ -339,6 +341,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port, 0 for any (CLUSTER_METRICS_PORT; off)",
     )
     sched.add_argument("--event-log", help="append the job's events here (CLUSTER_EVENT_LOG)")
+    sched.add_argument(
+        "--state-url",
+        help="keep the job's state in etcd: etcd://HOST:PORT[,HOST:PORT...]/PREFIX or etcds:// "
+        "(CLUSTER_STATE_URL); recovery on, and any number of schedulers with the same URL: one "
+        "leads, the others stand by",
+    )
+    sched.add_argument(
+        "--lease",
+        type=int,
+        help="seconds of the leader's etcd lease (CLUSTER_LEASE_S; default 5): a dead leader's "
+        "standby takes over within about this long",
+    )
     sched.set_defaults(func=_cmd_scheduler)
 
     stat = commands.add_parser(

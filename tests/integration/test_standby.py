@@ -1,0 +1,181 @@
+"""Standby schedulers on a real 3-member etcd: real `mscluster scheduler` processes with the
+same --state-url, one leads, the others answer every call with the leader's address; SIGKILL of
+the leader: a standby takes the lease, resumes the job as saved (its id, its generation, its
+nodes awaiting their reconnection, its key-value store), and the old one comes back a standby.
+
+Nodes are played here by raw gRPC calls, as a worker makes them (its registration, its
+credential in the call metadata)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from cluster.scheduler.gate import LEADER_KEY
+from cluster.transport.membership import call_metadata
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.procs import PYTHON, Proc, Procs, free_port, job_env, wait_until
+from tests.servers.etcd import EtcdCluster
+
+LEASE_S = 2
+HOSTS = ("127.0.0.1", "127.0.0.2")
+CREDENTIALS = {"0": b"a" * 32, "1": b"b" * 32}
+
+
+class Schedulers:
+    """Two `mscluster scheduler` processes, one per loopback address, on one port."""
+
+    def __init__(self, processes: Procs, etcd: EtcdCluster) -> None:
+        self.processes = processes
+        self.url = etcd.state_url()
+        self.port = free_port()
+        self.procs = {host: self.start(host) for host in HOSTS}
+
+    def start(self, host: str) -> Proc:
+        args = ["--host", host, "--port", str(self.port), "--worker-num", "2"]
+        args += ["--node-timeout", "5", "--state-url", self.url, "--lease", str(LEASE_S)]
+        return self.processes.start(
+            f"scheduler-{host}",
+            [PYTHON, "-m", "cluster", "scheduler", *args],
+            job_env(2, self.port),
+        )
+
+    def address(self, host: str) -> str:
+        return f"{host}:{self.port}"
+
+    def status(self, host: str) -> pb.StatusResponse | None:
+        with grpc.insecure_channel(self.address(host)) as channel:
+            try:
+                return pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=2)
+            except grpc.RpcError:
+                return None
+
+    def role(self, host: str) -> str:
+        status = self.status(host)
+        return "" if status is None else status.leadership.role
+
+    def leader(self) -> str:
+        """The host that leads, once one leads and every scheduler names it."""
+        found: list[str] = []
+
+        def one_leads() -> bool:
+            named = {host: self.status(host) for host in HOSTS}
+            found[:] = [h for h, s in named.items() if s and s.leadership.role == "leader"]
+            return len(found) == 1 and all(
+                s is not None and s.leadership.leader == self.address(found[0])
+                for s in named.values()
+            )
+
+        wait_until(one_leads, 30, "one scheduler leading, named by every scheduler")
+        return found[0]
+
+
+@pytest.fixture
+def schedulers(processes: Procs, etcd_cluster: EtcdCluster) -> Iterator[Schedulers]:
+    yield Schedulers(processes, etcd_cluster)
+
+
+def stub(address: str) -> Iterator[pb_grpc.SchedulerStub]:
+    with grpc.insecure_channel(address) as channel:
+        yield pb_grpc.SchedulerStub(channel)
+
+
+def register(address: str, node_id: str, cluster_id: str = "") -> pb.RegisterResponse:
+    request = pb.RegisterRequest(
+        node_id=node_id,
+        role=pb.ROLE_WORKER,
+        host="127.0.0.1",
+        port=6000 + int(node_id),
+        incarnation=1,
+        worker_num=2,
+        credential=CREDENTIALS[node_id],
+        cluster_id=cluster_id,
+    )
+    with grpc.insecure_channel(address) as channel:
+        response = pb_grpc.SchedulerStub(channel).Register(request, timeout=10)
+    assert isinstance(response, pb.RegisterResponse)
+    return response
+
+
+def kv_call(address: str, method: str, request: object) -> object:
+    metadata = call_metadata("0", 1, CREDENTIALS["0"])
+    with grpc.insecure_channel(address) as channel:
+        return getattr(pb_grpc.SchedulerStub(channel), method)(
+            request, timeout=10, metadata=metadata
+        )
+
+
+def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_killed(
+    schedulers: Schedulers,
+) -> None:
+    leader = schedulers.leader()
+    standby = next(host for host in HOSTS if host != leader)
+    here, there = schedulers.address(leader), schedulers.address(standby)
+
+    # A standby refuses a registration with the leader's address, in a Refusal the worker
+    # follows, and any other call with UNAVAILABLE and the address in the trailing metadata.
+    refused = register(there, "0").refused
+    assert (refused.reason, refused.leader) == (pb.REFUSAL_NOT_LEADER, here)
+    with pytest.raises(grpc.RpcError) as raised:
+        kv_call(there, "KvSet", pb.KvSetRequest(key="plan", value=b"v"))
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (LEADER_KEY, here) in tuple(raised.value.trailing_metadata() or ())
+    status = schedulers.status(standby)
+    assert status is not None
+    assert (status.leadership.leader, status.cluster_id) == (here, "")
+    assert sorted(status.leadership.schedulers) == sorted([here, there])
+
+    # The job forms on the leader, with a key set.
+    accepted = [register(here, node_id).accepted for node_id in ("0", "1")]
+    job = accepted[0].cluster_id
+    assert job
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v"))
+
+    os.kill(schedulers.procs[leader].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_until(lambda: schedulers.role(standby) == "leader", LEASE_S + 5, "the standby to lead")
+    took_over_s = time.monotonic() - killed_at
+    status = schedulers.status(standby)
+    assert status is not None
+    assert (status.cluster_id, status.generation, status.leadership.leader) == (job, 1, there)
+    assert {node.node_id for node in status.nodes} == {"0", "1"}
+    answer = kv_call(there, "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v"]  # type: ignore[attr-defined]
+    # A node of the job comes back to the new leader, as a member of the same job.
+    again = register(there, "1", cluster_id=job).accepted
+    assert (again.cluster_id, again.generation) == (job, 1)  # reconnected, not a rejoin
+
+    # The old leader, started again, stands by behind the new one.
+    schedulers.procs[leader] = schedulers.start(leader)
+
+    def names_the_new_leader() -> bool:
+        status = schedulers.status(leader)
+        return status is not None and status.leadership.leader == there
+
+    wait_until(names_the_new_leader, 30, "the old leader to stand by behind the new one")
+    assert schedulers.role(leader) == "standby"
+    assert register(here, "0", cluster_id=job).refused.leader == there
+    print(f"the standby led {took_over_s:.2f} s after the leader's SIGKILL (lease {LEASE_S} s)")
+
+
+def test_mscluster_status_names_the_leader_from_either_address(schedulers: Schedulers) -> None:
+    leader = schedulers.leader()
+    for host in HOSTS:
+        result = subprocess.run(
+            [PYTHON, "-m", "cluster", "status", "--json", "--addr", schedulers.address(host)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        shown = json.loads(result.stdout)
+        assert shown["leadership"]["leader"] == schedulers.address(leader), shown

@@ -129,18 +129,25 @@ def _split_addr(addr: str) -> str:
     return addr
 
 
-async def _status(addr: str, identity: tls.Identity | None) -> JobView:
+def _split_addrs(addrs: str) -> list[str]:
+    """--addr H:P[,H:P...]: every scheduler of the job (standbys answer with the leader)."""
+    return [_split_addr(one.strip()) for one in addrs.split(",") if one.strip()] or [
+        _split_addr(addrs)
+    ]
+
+
+async def _status(addrs: list[str], identity: tls.Identity | None) -> JobView:
     from cluster.tools import status  # noqa: PLC0415 - imports grpc
     from cluster.transport import channel  # noqa: PLC0415 - imports grpc
 
-    async with channel.open_channel(addr, identity) as opened:
-        try:
-            return await status.fetch(opened, addr)
-        except SchedulerUnreachableError:
+    try:
+        return await status.fetch_any(addrs, identity)
+    except SchedulerUnreachableError:
+        if len(addrs) == 1:
             # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
-            host, _, port = addr.rpartition(":")
+            host, _, port = addrs[0].rpartition(":")
             await channel.check_scheduler(host.strip("[]"), int(port), identity, 3.0)
-            raise
+        raise
 
 
 def _client_identity(args: argparse.Namespace) -> tls.Identity | None:
@@ -157,14 +164,14 @@ def _client_identity(args: argparse.Namespace) -> tls.Identity | None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    addr = _split_addr(args.addr)
+    addrs = _split_addrs(args.addr)
     identity = _client_identity(args)
     if args.watch:
         from cluster.tools import watch  # noqa: PLC0415 - imports grpc
 
-        return watch.run(addr, identity, interval_s=args.interval, out=sys.stdout)
+        return watch.run(addrs[0], identity, interval_s=args.interval, out=sys.stdout)
     try:
-        view = asyncio.run(_status(addr, identity))
+        view = asyncio.run(_status(addrs, identity))
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {exc}", file=sys.stderr)
         return 1
@@ -360,7 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a running job's nodes, ranks and health",
         description="Ask the scheduler at --addr for the job's phase, generation and nodes.",
     )
-    stat.add_argument("--addr", required=True, help="the scheduler's HOST:PORT")
+    stat.add_argument(
+        "--addr",
+        required=True,
+        help="the scheduler's HOST:PORT; with standbys, any of them or several, comma-separated "
+        "(each is tried; a standby names the leader, which answers)",
+    )
     stat.add_argument("--json", action="store_true", help="machine-readable output")
     stat.add_argument("--tls-config", help="ssl.json, when the job uses TLS (CLUSTER_TLS_CONFIG)")
     stat.add_argument(

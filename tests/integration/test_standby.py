@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -79,13 +78,8 @@ class Schedulers:
 
 
 @pytest.fixture
-def schedulers(processes: Procs, etcd_cluster: EtcdCluster) -> Iterator[Schedulers]:
-    yield Schedulers(processes, etcd_cluster)
-
-
-def stub(address: str) -> Iterator[pb_grpc.SchedulerStub]:
-    with grpc.insecure_channel(address) as channel:
-        yield pb_grpc.SchedulerStub(channel)
+def schedulers(processes: Procs, etcd_cluster: EtcdCluster) -> Schedulers:
+    return Schedulers(processes, etcd_cluster)
 
 
 def register(address: str, node_id: str, cluster_id: str = "") -> pb.RegisterResponse:
@@ -166,16 +160,36 @@ def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_ki
     print(f"the standby led {took_over_s:.2f} s after the leader's SIGKILL (lease {LEASE_S} s)")
 
 
-def test_mscluster_status_names_the_leader_from_either_address(schedulers: Schedulers) -> None:
+def status(addr: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "cluster", "status", "--addr", addr, *extra],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+
+
+def test_mscluster_status_names_the_leader_from_any_address(schedulers: Schedulers) -> None:
     leader = schedulers.leader()
+    here = schedulers.address(leader)
+    others = [schedulers.address(host) for host in HOSTS if host != leader]
     for host in HOSTS:
-        result = subprocess.run(
-            [PYTHON, "-m", "cluster", "status", "--json", "--addr", schedulers.address(host)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        result = status(schedulers.address(host), "--json")
         assert result.returncode == 0, result.stderr
         shown = json.loads(result.stdout)
-        assert shown["leadership"]["leader"] == schedulers.address(leader), shown
+        assert shown["address"] == here  # a standby's answer led to the leader
+        assert shown["leadership"]["leader"] == here
+        assert sorted(shown["leadership"]["schedulers"]) == sorted([here, *others])
+    # Several addresses, the first with nobody behind it: the next answers.
+    nobody = f"127.0.0.3:{free_port()}"
+    result = status(f"{nobody},{others[0]}")
+    assert result.returncode == 0, result.stderr
+    assert f"leader {here} (lease {LEASE_S} s" in result.stdout
+    assert f"standbys: {others[0]}" in result.stdout
+    # Nobody anywhere: one line that says what each address answered.
+    result = status(f"{nobody},127.0.0.4:{free_port()}")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "127.0.0.3" in result.stderr
+    assert "127.0.0.4" in result.stderr

@@ -22,8 +22,12 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from cluster.protocol.errors import StateFileError
 from cluster.scheduler.etcd_client import EtcdConnection
 from cluster.storage.state_store import FencedError
+
+# What etcd says of a request on a lease it no longer has.
+LEASE_GONE = "requested lease not found"
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,12 @@ class EtcdElection:
                 failure=[t.get(self.leader_key)],
             )
 
-        won, responses = await self.connection.call(attempt, "campaign for leadership")
+        try:
+            won, responses = await self.connection.call(attempt, "campaign for leadership")
+        except StateFileError as exc:
+            if LEASE_GONE in str(exc):  # it ended while etcd was away: a new one next time
+                self.lease_id = None
+            raise
         found = _leader_of(responses[-1])
         if won and found is not None:
             self.fence = found.revision
@@ -137,6 +146,21 @@ class EtcdElection:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(watch.cancel(), 1.0)
+
+    async def drop_stale(self, found: LeaderKey) -> None:
+        """The leader key names this scheduler though it does not lead (it stepped down while
+        etcd was away, and its lease outlived that): delete it, so that a leader is elected
+        again instead of every scheduler standing by behind it."""
+
+        async def attempt(client: Any) -> Any:
+            t = client.transactions
+            return await client.transaction(
+                compare=[t.create(self.leader_key) == found.revision],
+                success=[t.delete(self.leader_key)],
+                failure=[],
+            )
+
+        await self.connection.call(attempt, "delete this scheduler's stale leader key")
 
     async def resign(self) -> None:
         """Delete our leader key if it is still ours (a standby may lead at once)."""

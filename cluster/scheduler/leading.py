@@ -84,6 +84,9 @@ class Leading:
                 await self._stepped_down()
                 raise
             return
+        if holder.address == self.election.address:
+            await self.election.drop_stale(holder)  # ours, from before we stepped down
+            return  # and campaign again
         self._known = holder
         if self.leadership.lost(holder.address) is Step.STAND_BY:
             log.info("standing by: the leader is %s", holder.address or "(changing)")
@@ -131,6 +134,9 @@ class Leading:
         await self._refresh_schedulers()
         await self.election.wait_for_change(self._known, every)
         found = await self.election.leader()
+        if found is not None and found.address == self.election.address:
+            await self.election.drop_stale(found)  # ours, from before we stepped down
+            found = None
         if found != self._known:
             self._known = found
             if found is not None:

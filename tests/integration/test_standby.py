@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import grpc
@@ -193,3 +194,91 @@ def test_mscluster_status_names_the_leader_from_any_address(schedulers: Schedule
     assert result.stderr.count("\n") == 1
     assert "127.0.0.3" in result.stderr
     assert "127.0.0.4" in result.stderr
+
+
+def kv_set_in_thread(address: str, value: bytes) -> tuple[threading.Thread, list[object]]:
+    """A KvSet sent now, answered whenever the scheduler gets to it: (thread, [outcome])."""
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(kv_call(address, "KvSet", pb.KvSetRequest(key="plan", value=value)))
+        except grpc.RpcError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_leader_that_lost_its_lease_while_paused_answers_not_the_leader_and_writes_nothing(
+    schedulers: Schedulers,
+) -> None:
+    """The leader is frozen (SIGSTOP: a long GC pause, a swapped-out host) with a key set on
+    its way to it; its lease ends, the standby takes the job over and a node sets the key
+    there; the old leader wakes up (SIGCONT) and finds the set: it answers "not the leader",
+    names the new one, and its value is nowhere."""
+    leader = schedulers.leader()
+    standby = next(host for host in HOSTS if host != leader)
+    here, there = schedulers.address(leader), schedulers.address(standby)
+    job = register(here, "0").accepted.cluster_id
+    register(here, "1")
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v1"))
+
+    old = schedulers.procs[leader]
+    os.kill(old.pid, signal.SIGSTOP)
+    try:
+        thread, outcome = kv_set_in_thread(here, b"stale")
+        wait_until(lambda: schedulers.role(standby) == "leader", 30, "the standby to lead")
+        kv_call(there, "KvSet", pb.KvSetRequest(key="plan", value=b"v2"))
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+    thread.join(20)
+    assert outcome, "the paused leader never answered the set it found on waking"
+    refused = outcome[0]
+    assert isinstance(refused, grpc.RpcError), refused
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+    assert "not the leader" in (refused.details() or "")
+    wait_until(lambda: schedulers.role(leader) == "standby", 30, "the old leader to stand by")
+    answer = kv_call(there, "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v2"]  # type: ignore[attr-defined]
+    status = schedulers.status(standby)
+    assert status is not None
+    assert (status.cluster_id, status.leadership.leader) == (job, there)
+    assert "Traceback" not in old.output
+
+
+def test_etcd_down_the_leader_steps_down_within_its_lease_and_the_job_resumes_when_it_is_back(
+    schedulers: Schedulers, etcd_cluster: EtcdCluster
+) -> None:
+    leader = schedulers.leader()
+    here = schedulers.address(leader)
+    job = register(here, "0").accepted.cluster_id
+    register(here, "1")
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v1"))
+
+    for member in range(3):
+        etcd_cluster.kill(member)
+    down_at = time.monotonic()
+    wait_until(lambda: schedulers.role(leader) != "leader", LEASE_S + 10, "the leader to step down")
+    stepped_down_s = time.monotonic() - down_at
+    refused = register(here, "0", cluster_id=job).refused
+    assert refused.reason == pb.REFUSAL_NOT_LEADER  # no leader: the node tries again later
+    assert refused.retry_after_s > 0
+
+    etcd_cluster.start()
+    found: list[str] = []
+
+    def one_leads() -> bool:
+        found[:] = [host for host in HOSTS if schedulers.role(host) == "leader"]
+        return len(found) == 1
+
+    wait_until(one_leads, 60, "a scheduler to lead once etcd is back")
+    status = schedulers.status(found[0])
+    assert status is not None
+    assert (status.cluster_id, status.generation) == (job, 1)
+    answer = kv_call(schedulers.address(found[0]), "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v1"]  # type: ignore[attr-defined]
+    for proc in schedulers.procs.values():
+        assert "Traceback" not in proc.output
+    print(f"the leader stepped down {stepped_down_s:.2f} s after etcd went (lease {LEASE_S} s)")

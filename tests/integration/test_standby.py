@@ -69,12 +69,15 @@ class Schedulers:
         def one_leads() -> bool:
             named = {host: self.status(host) for host in HOSTS}
             found[:] = [h for h, s in named.items() if s and s.leadership.role == "leader"]
+            everyone = sorted(self.address(host) for host in HOSTS)
             return len(found) == 1 and all(
-                s is not None and s.leadership.leader == self.address(found[0])
+                s is not None
+                and s.leadership.leader == self.address(found[0])
+                and sorted(s.leadership.schedulers) == everyone
                 for s in named.values()
             )
 
-        wait_until(one_leads, 30, "one scheduler leading, named by every scheduler")
+        wait_until(one_leads, 30, "one scheduler leading, known to every scheduler")
         return found[0]
 
 

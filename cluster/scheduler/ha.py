@@ -20,6 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from cluster.protocol import events
 from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.protocol.leadership import Leadership
 from cluster.protocol.state import Phase
@@ -104,6 +105,8 @@ class HighAvailability:
         await core.save_first()  # fenced: lands only while our leader key stands
         core.on_fenced = self._on_fenced
         await server.install(core)
+        term = self.leadership.terms
+        core.journal.emit(events.of_leader_change(True, self.election.address, term))
         await self._unwatch()
         self._watching = asyncio.create_task(self._watch(core))
 
@@ -120,6 +123,12 @@ class HighAvailability:
 
     async def _step_down(self, why: str) -> None:
         await self._unwatch()
+        core = self.server.gate.core
+        if core is not None:
+            change = events.of_leader_change(
+                False, self.election.address, self.leadership.terms, why
+            )
+            core.journal.emit(change)
         await self.server.uninstall(self.server.gate.not_leader())
 
     def _on_fenced(self, why: str) -> None:

@@ -136,6 +136,16 @@ class SchedulerMetrics:
             buckets=SAVE_SECONDS_BUCKETS,
             registry=r,
         )
+        self.leader = Gauge(
+            "cluster_leader",
+            "1 while this scheduler leads the job, 0 while it stands by (with standby schedulers).",
+            registry=r,
+        )
+        self.leader_changes = Counter(
+            "cluster_leader_changes",
+            "Times this scheduler took the job's leadership or gave it up.",
+            registry=r,
+        )
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
         )
@@ -167,6 +177,9 @@ class SchedulerMetrics:
             self.failures.labels(str(event.fields["cause"])).inc()
         elif kind == Kind.GENERATION.value:
             self.rollbacks.inc()
+        elif kind == Kind.LEADER_CHANGE.value:
+            self.leader_changes.inc()
+            self.leader.set(1.0 if event.fields["role"] == "leader" else 0.0)
         elif kind == Kind.FORMED.value:
             self.formation.set(float(event.fields["seconds"]))
 

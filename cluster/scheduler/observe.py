@@ -45,9 +45,11 @@ class Observability:
     def interceptors(self) -> list[RpcMetrics]:
         return [] if self.metrics is None else [self.metrics.rpc]
 
-    async def start(self, core: SchedulerCore) -> None:
-        """Observe `core` (and serve /metrics when asked): once, when the first core answers."""
-        self.adopt(core)
+    async def start(self, core: SchedulerCore, *, announce: bool = True) -> None:
+        """Observe `core` (and serve /metrics when asked): once, at start. A standby starts
+        with a core of no job (`announce` False: no "started" event), and adopts the job's
+        core when it leads."""
+        self.adopt(core, announce=announce)
         if self.metrics is not None and self.config.metrics_port is not None:
             from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
 
@@ -65,7 +67,7 @@ class Observability:
         assert self._core is not None
         return self._core
 
-    def adopt(self, core: SchedulerCore) -> None:
+    def adopt(self, core: SchedulerCore, *, announce: bool = True) -> None:
         """Observe `core` from now on (a standby that takes the job over answers with a core of
         its own): its events go to the log and the metrics, its saves are counted."""
         if self._core is not None and self._core is not core:
@@ -77,7 +79,8 @@ class Observability:
             core.persister.observer = self._saved
         if self.metrics is not None:
             core.journal.listeners.append(self.metrics.count)
-        core.journal.emit(events.of_start(core.state))
+        if announce:
+            core.journal.emit(events.of_start(core.state))
 
     def _saved(self, seconds: float, error: str | None) -> None:
         core = self._core

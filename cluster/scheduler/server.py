@@ -171,6 +171,7 @@ class SchedulerServer:
         try:
             if self.ha is not None:
                 self.gate.core = None  # nothing is answered before this scheduler leads
+                await self.observing.start(self.core, announce=False)
                 await self._serve()
                 await self.ha.start()
             else:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -37,10 +38,12 @@ class Schedulers:
         self.processes = processes
         self.url = etcd.state_url()
         self.port = free_port()
+        self.metrics_ports = {host: free_port() for host in HOSTS}
         self.procs = {host: self.start(host) for host in HOSTS}
 
     def start(self, host: str) -> Proc:
         args = ["--host", host, "--port", str(self.port), "--worker-num", "2"]
+        args += ["--metrics-port", str(self.metrics_ports[host])]
         args += ["--node-timeout", "5", "--state-url", self.url, "--lease", str(LEASE_S)]
         return self.processes.start(
             f"scheduler-{host}",
@@ -57,6 +60,11 @@ class Schedulers:
                 return pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=2)
             except grpc.RpcError:
                 return None
+
+    def metrics(self, host: str) -> str:
+        url = f"http://{host}:{self.metrics_ports[host]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
 
     def role(self, host: str) -> str:
         status = self.status(host)
@@ -141,6 +149,9 @@ def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_ki
     killed_at = time.monotonic()
     wait_until(lambda: schedulers.role(standby) == "leader", LEASE_S + 5, "the standby to lead")
     took_over_s = time.monotonic() - killed_at
+    shown = schedulers.metrics(standby)
+    assert "\ncluster_leader 1.0" in shown
+    assert "\ncluster_leader_changes_total 1.0" in shown
     status = schedulers.status(standby)
     assert status is not None
     assert (status.cluster_id, status.generation, status.leadership.leader) == (job, 1, there)

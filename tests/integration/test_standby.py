@@ -296,3 +296,37 @@ def test_etcd_down_the_leader_steps_down_within_its_lease_and_the_job_resumes_wh
     for proc in schedulers.procs.values():
         assert "Traceback" not in proc.output
     print(f"the leader stepped down {stepped_down_s:.2f} s after etcd went (lease {LEASE_S} s)")
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("etcd://127.0.0.1:{port}/job", "cannot be used: cannot read the leader key"),
+        ("etcd://127.0.0.1/job", "without HOST:PORT"),
+        ("etcds://127.0.0.1:{port}/job", "names no CA"),
+    ],
+)
+def test_an_unreachable_or_misconfigured_etcd_is_one_line_at_start(url: str, said: str) -> None:
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "cluster",
+            "scheduler",
+            "--worker-num",
+            "1",
+            "--port",
+            "0",
+            "--state-url",
+            url.format(port=free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=job_env(1, 1),
+    )
+    assert result.returncode != 0
+    assert said in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "mscluster:" in line]) == 1

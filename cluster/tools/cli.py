@@ -100,11 +100,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         join=args.join,
         cluster_time_out=args.cluster_time_out,
         node_timeout=args.node_timeout,
-        enable_recovery=args.enable_recovery,
+        enable_recovery=args.enable_recovery or bool(args.state_url),
         recovery_path=Path(args.recovery_path) if args.recovery_path else None,
         max_restarts=args.max_restarts,
         tls_config=Path(args.tls_config) if args.tls_config else None,
         metrics_port=args.metrics_port,
+        state_url=args.state_url,
+        lease_s=args.lease,
         allocation=where.allocation,
         master_is_node=where.master_is_node,
     )
@@ -291,6 +293,12 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--node-timeout", type=float, help="heartbeat timeout (MS_NODE_TIMEOUT)")
     run.add_argument("--enable-recovery", action="store_true", help="MS_ENABLE_RECOVERY=1")
     run.add_argument("--recovery-path", help="MS_RECOVERY_PATH (default LOG_DIR/recovery)")
+    run.add_argument(
+        "--state-url",
+        help="the scheduler keeps the job's state in etcd (CLUSTER_STATE_URL: "
+        "etcd://HOST:PORT[,HOST:PORT...]/PREFIX); implies --enable-recovery",
+    )
+    run.add_argument("--lease", type=int, help="with --state-url: CLUSTER_LEASE_S (default 5)")
     run.add_argument(
         "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
     )

@@ -141,19 +141,6 @@ class SchedulerCore:
         # Set when saves were refused because another scheduler holds the store: why.
         self.fenced: str | None = None
         self.on_fenced: Callable[[str], None] = lambda why: None
-        self.persister = (
-            None
-            if state_store is None
-            else StatePersister(
-                state_store,
-                self.state.snapshot,
-                self._release,
-                saved_revision=-1,
-                token=token,
-                on_fenced=self._fence,
-                clock=clock,
-            )
-        )
         # What the nodes have been told (the topology, the job's end): with recovery, what is
         # on disk. Late watchers are welcomed with it, and Status shows it.
         self._told: list[state.Event] = self.state.welcome()
@@ -165,11 +152,10 @@ class SchedulerCore:
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
         if kv:
             self.kv.restore(kv)
-        self.kv_journal = (
-            None
-            if state_store is None
-            else KvJournal(state_store, self.state.cluster_id, self.kv.commit, self._fence)
-        )
+        self.persister: StatePersister | None = None
+        self.kv_journal: KvJournal | None = None
+        if state_store is not None:
+            self._save_in(state_store, token)
         self.exchanges = ExchangeTable(limits.collective_max_bytes)
         self._streams = Streams(clock)
         self.done = asyncio.Event()
@@ -188,6 +174,20 @@ class SchedulerCore:
         self._last_progress_broadcast = clock()
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
+
+    def _save_in(self, state_store: StateStore, token: str) -> None:
+        """Save the state (write-ahead) and the key-value store in `state_store`, whose
+        current content `token` names."""
+        self.persister = StatePersister(
+            state_store,
+            self.state.snapshot,
+            self._release,
+            saved_revision=-1,
+            token=token,
+            on_fenced=self._fence,
+            clock=self._clock,
+        )
+        self.kv_journal = KvJournal(state_store, self.state.cluster_id, self.kv.commit, self._fence)
 
     @classmethod
     async def resume(

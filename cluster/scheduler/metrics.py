@@ -136,16 +136,7 @@ class SchedulerMetrics:
             buckets=SAVE_SECONDS_BUCKETS,
             registry=r,
         )
-        self.leader = Gauge(
-            "cluster_leader",
-            "1 while this scheduler leads the job, 0 while it stands by (with standby schedulers).",
-            registry=r,
-        )
-        self.leader_changes = Counter(
-            "cluster_leader_changes",
-            "Times this scheduler took the job's leadership or gave it up.",
-            registry=r,
-        )
+        self.leader, self.leader_changes = _leadership_metrics(r)
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
         )
@@ -193,6 +184,21 @@ class SchedulerMetrics:
         if path is not None:
             with contextlib.suppress(OSError):
                 self.save_bytes.set(path.stat().st_size)
+
+
+def _leadership_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
+    """With standby schedulers: whether this one leads, and how often that changed."""
+    leader = Gauge(
+        "cluster_leader",
+        "1 while this scheduler leads the job, 0 while it stands by (with standby schedulers).",
+        registry=r,
+    )
+    changes = Counter(
+        "cluster_leader_changes",
+        "Times this scheduler took the job's leadership or gave it up.",
+        registry=r,
+    )
+    return leader, changes
 
 
 class MetricsServer:

@@ -56,6 +56,8 @@ CHANNEL_OPTIONS = [
 ]
 # Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
 # that the scheduler's own timeout, which names the missing nodes, is what the user sees.
+# A standby scheduler's refusal (REFUSAL_NOT_LEADER): asked again after this long, at least.
+NOT_LEADER_RETRY_S = 0.5
 TOPOLOGY_MARGIN_S = 3.0
 # Progress lines while waiting: the first after this long, then at this interval.
 FIRST_REPORT_AFTER_S = 2.0
@@ -375,11 +377,14 @@ class WorkerAgent:
                 return call, accepted
             call.cancel()
             refusal = first.refused
-            if refusal.reason != pb.REFUSAL_NODE_ALIVE:
+            if refusal.reason not in (pb.REFUSAL_NODE_ALIVE, pb.REFUSAL_NOT_LEADER):
                 raise RegistrationRefused(f"{self.where} refused this node: {refusal.message}")
             self._say(f"registration refused for now: {refusal.message}")
             # A little past the guard's end, so that the next attempt is not early by a hair.
-            pause = min(refusal.retry_after_s + 0.02, max(deadline - self._clock(), 0.0))
+            # A standby (one address known: it may lead soon) is asked again every half second.
+            floor = NOT_LEADER_RETRY_S if refusal.reason == pb.REFUSAL_NOT_LEADER else 0.0
+            wait = max(refusal.retry_after_s, floor)
+            pause = min(wait + 0.02, max(deadline - self._clock(), 0.0))
             await asyncio.sleep(pause)
 
     async def _check(self, timeout_s: float) -> bool:

@@ -101,9 +101,9 @@ def test_worker_killed_while_saving_every_step(
     assert job.final_hash() == fault_free_hash
 
 
-def launch_training(processes: Procs, tmp_path: Path, out: Path) -> tuple[Proc, Path]:
-    """`mscluster run --enable-recovery --max-restarts 2` of train_mlp.py; the run and the
-    script's private copy (every worker's command line names it)."""
+def launch_training(processes: Procs, tmp_path: Path, out: Path, *extra: str) -> tuple[Proc, Path]:
+    """`mscluster run --enable-recovery --max-restarts 2` of train_mlp.py (and `extra`
+    options); the run and the script's private copy (every worker's command line names it)."""
     script = private_copy(tmp_path, TRAIN)
     run = processes.start(
         "run",
@@ -125,6 +125,7 @@ def launch_training(processes: Procs, tmp_path: Path, out: Path) -> tuple[Proc, 
             "2",
             "--node-timeout",
             NODE_TIMEOUT_S,
+            *extra,
             str(script),
             *train_args(out),
         ],
@@ -159,14 +160,25 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
     assert (tmp_path / "logs" / "recovery" / "scheduler.json").is_file()
 
 
+@pytest.mark.parametrize("store", ["directory", "etcd"])
 def test_launcher_restarts_its_killed_scheduler_and_the_result_is_exact(
-    processes: Procs, tmp_path: Path, fault_free_hash: str
+    processes: Procs,
+    tmp_path: Path,
+    fault_free_hash: str,
+    store: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """The issue's first acceptance: SIGKILL of the scheduler `mscluster run` started, mid-run:
     the launcher starts it again at once, the job goes on and exits 0 with the fault-free
-    parameters; the restart is counted apart from the workers'."""
+    parameters; the restart is counted apart from the workers'. With the state in etcd
+    (--state-url) the scheduler started again at the dead one's address takes the leadership
+    at once."""
     out = tmp_path / "launched"
-    run, _ = launch_training(processes, tmp_path, out)
+    extra: list[str] = []
+    if store == "etcd":
+        etcd = request.getfixturevalue("etcd_cluster")
+        extra = ["--state-url", etcd.state_url(), "--lease", "2"]
+    run, _ = launch_training(processes, tmp_path, out, *extra)
     wait_for_step(tmp_path, 0, 17)
     marker = f"CLUSTER_LAUNCHER_PID={run.pid}\x00".encode()
     scheduler = next(

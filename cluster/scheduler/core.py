@@ -7,8 +7,8 @@ eviction ends one stream, a shutdown fails open collectives and marks the job do
 
 Every call of a node is admitted by the state machine first (`SchedulerState.admit*`: its
 membership, its credential, and for a collective the phase, the generation and the peers); a
-refused call raises `CallRefused` with the kind of refusal, which the servicer turns into a
-status code, and changes nothing.
+refused call raises the ClusterError of its refusal (`Denied.error()`), which the servicer turns
+into a status code, and changes nothing.
 
 With recovery on, effects that follow a change of the saved state wait until the change is
 saved in the state store (see `cluster.scheduler.persist`), and so do the answers to Register
@@ -26,19 +26,22 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cluster.protocol import state
-from cluster.protocol.config import Limits, canonical_node_id
+from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
-    ClusterError,
     CollectiveError,
+    EvictedError,
+    FencedError,
     JobFailedError,
     NotLeaderError,
     PeerFailedError,
+    SnapshotError,
     StateFileError,
+    UnknownNodeError,
 )
+from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
@@ -46,7 +49,7 @@ from cluster.scheduler.kv import KvStore
 from cluster.scheduler.kv_journal import KvJournal
 from cluster.scheduler.persist import StatePersister
 from cluster.scheduler.streams import Streams
-from cluster.storage.state_store import FencedError, StateStore
+from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -63,22 +66,10 @@ PROGRESS_BROADCAST_EVERY_S = 2.0
 PROGRESS_LOG_EVERY_S = 5.0
 
 
-class EvictedError(ClusterError):
-    """This stream's node was removed from the job (replaced, or silent while forming)."""
-
-
-class CallRefused(ClusterError):
-    """The state machine did not admit a call (see `cluster.protocol.admission`)."""
-
-    def __init__(self, denied: state.Denied) -> None:
-        super().__init__(denied.message)
-        self.kind = denied.kind
-
-
 def admitted(verdict: T | state.Denied) -> T:
-    """What an admission allows, or CallRefused."""
+    """What an admission allows, or the error of its refusal."""
     if isinstance(verdict, state.Denied):
-        raise CallRefused(verdict)
+        raise verdict.error()
     return verdict
 
 
@@ -86,18 +77,8 @@ def admitted(verdict: T | state.Denied) -> T:
 _HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
 
-@dataclass(frozen=True)
-class CoreSettings:
-    worker_num: int
-    server_num: int
-    node_timeout_s: float
-    topo_timeout_s: float
-    heartbeat_interval_s: float
-    heartbeat_enabled: bool = True
-    recovery: bool = False
-    # With a job secret, registrations must prove it (CLUSTER_JOB_SECRET[_FILE]).
-    job_secret: bytes | None = field(default=None, repr=False)
-    limits: Limits = field(default_factory=Limits)
+# The name of JobSettings before it was the job's one settings object (kept for its callers).
+CoreSettings = JobSettings
 
 
 def new_cluster_id() -> str:
@@ -107,7 +88,7 @@ def new_cluster_id() -> str:
 class SchedulerCore:
     def __init__(
         self,
-        settings: CoreSettings,
+        settings: JobSettings,
         clock: Callable[[], float] = time.monotonic,
         *,
         restored: state.SchedulerState | None = None,
@@ -119,17 +100,7 @@ class SchedulerCore:
         key-value store `kv`; `state_store`: where to save it (None: nothing is saved)."""
         self.settings = settings
         self._clock = clock
-        self.state = restored or state.SchedulerState(
-            cluster_id=new_cluster_id(),
-            worker_num=settings.worker_num,
-            server_num=settings.server_num,
-            node_timeout_s=settings.node_timeout_s,
-            topo_timeout_s=settings.topo_timeout_s,
-            heartbeat_enabled=settings.heartbeat_enabled,
-            recovery=settings.recovery,
-            job_secret=settings.job_secret,
-            clock=clock,
-        )
+        self.state = restored or state.SchedulerState(new_cluster_id(), settings, clock)
         # Set by `resume` when it resumed a saved job: what to log once it is saved again.
         self.restored_note = ""
         # Set by `resume` when the saved job had ended: its id, and whether it finished.
@@ -208,17 +179,9 @@ class SchedulerCore:
         if snapshot is not None:
             try:
                 restored = state.SchedulerState.restore(
-                    snapshot,
-                    worker_num=settings.worker_num,
-                    server_num=settings.server_num,
-                    node_timeout_s=settings.node_timeout_s,
-                    topo_timeout_s=settings.topo_timeout_s,
-                    clock=clock,
-                    new_cluster_id=new_cluster_id(),
-                    heartbeat_enabled=settings.heartbeat_enabled,
-                    job_secret=settings.job_secret,
+                    snapshot, settings, clock, new_cluster_id=new_cluster_id()
                 )
-            except (state.SnapshotError, KeyError, TypeError, ValueError) as exc:
+            except SnapshotError as exc:
                 raise StateFileError(
                     f"the recovery state {where} cannot be resumed: {exc}; move it away to "
                     "start a new job"
@@ -343,7 +306,7 @@ class SchedulerCore:
         try:
             while not waiter.done():
                 await asyncio.wait((waiter,), timeout=self.settings.heartbeat_interval_s)
-                with contextlib.suppress(state.UnknownNodeError):
+                with contextlib.suppress(UnknownNodeError):
                     self.state.heartbeat(node_id, incarnation)
             waiter.result()
         finally:
@@ -618,7 +581,7 @@ def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], 
     if restored.phase is state.Phase.READY:
         return (
             f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
-            f"waiting up to MS_NODE_TIMEOUT={restored.node_timeout_s:g} s for its "
+            f"waiting up to MS_NODE_TIMEOUT={restored.settings.node_timeout_s:g} s for its "
             f"{len(restored.awaiting)} nodes to reconnect"
         )
     return f"resuming job {restored.cluster_id} from {path}: still forming"

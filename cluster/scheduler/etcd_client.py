@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, EtcdUnavailable, StateFileError
 from cluster.protocol.state_url import StateUrl
 
 if TYPE_CHECKING:
@@ -41,10 +41,6 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.min_reconnect_backoff_ms", 1000),
 ]
-
-
-class EtcdUnavailable(StateFileError):
-    """No member of the etcd cluster answered."""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.scheduler.etcd_client import EtcdConnection
-from cluster.storage.state_store import FencedError
 
 # What etcd says of a request on a lease it no longer has.
 LEASE_GONE = "requested lease not found"

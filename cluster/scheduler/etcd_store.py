@@ -32,11 +32,11 @@ from typing import Any
 
 import xxhash
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.scheduler.etcd_client import EtcdConnection
 from cluster.scheduler.etcd_election import EtcdElection
 from cluster.storage import store
-from cluster.storage.state_store import SCHEDULER_KIND, FencedError, Stored, Written
+from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
 INLINE = b"\x00"
 CHUNKED = b"\x01"

@@ -16,8 +16,6 @@ from cluster.protocol.leadership import Leadership, Role
 from cluster.scheduler.core import SchedulerCore
 from cluster.v1 import scheduler_pb2 as pb
 
-LEADER_KEY = "cluster-leader"
-
 
 class Gate:
     def __init__(self, core: SchedulerCore | None, address: str = "") -> None:

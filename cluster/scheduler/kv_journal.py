@@ -18,8 +18,8 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from cluster.protocol.errors import NotLeaderError, StateFileError
-from cluster.storage.state_store import FencedError, StateStore
+from cluster.protocol.errors import FencedError, NotLeaderError, StateFileError
+from cluster.storage.state_store import StateStore
 
 log = logging.getLogger("cluster.scheduler")
 

@@ -15,10 +15,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.protocol.leadership import Leadership, Role, Step
 from cluster.scheduler.etcd_election import EtcdElection, LeaderKey
-from cluster.storage.state_store import FencedError
 
 log = logging.getLogger("cluster.scheduler")
 

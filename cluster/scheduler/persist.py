@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage.directory_store import STATE_FILE
-from cluster.storage.state_store import SCHEDULER_KIND, FencedError, StateStore, Written
+from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Written
 from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")

@@ -21,10 +21,11 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.config import ClusterConfig, ObserveConfig, read_job_secret
+from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
+from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
-from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.ha import HighAvailability
 from cluster.scheduler.interceptors import Interceptor, PeerCertificateCheck, server_credentials
@@ -38,7 +39,7 @@ from cluster.transport import tls as tls_module
 if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection
 
-__all__ = ["SchedulerServer", "run", "serve", "server_credentials", "settings_from_config"]
+__all__ = ["SchedulerServer", "run", "serve", "server_credentials"]
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -69,20 +70,6 @@ SERVER_OPTIONS = [
     # its Watch stream open. Status pollers reconnect when they next ask.
     ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
 ]
-
-
-def settings_from_config(config: ClusterConfig) -> CoreSettings:
-    return CoreSettings(
-        worker_num=config.worker_num,
-        server_num=config.server_num,
-        node_timeout_s=config.node_timeout_s,
-        topo_timeout_s=config.topo_timeout_s,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        heartbeat_enabled=config.heartbeat_enabled,
-        recovery=config.recovery is not None or config.state_url is not None,
-        job_secret=None if config.job_secret is None else read_job_secret(config.job_secret),
-        limits=config.limits,
-    )
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -128,7 +115,7 @@ class SchedulerServer:
 
     def __init__(
         self,
-        settings: CoreSettings,
+        settings: JobSettings,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
@@ -274,7 +261,7 @@ class SchedulerServer:
     def _raise_open_files(self) -> None:
         files = limits.raise_open_files()
         log.info("%s", files.describe())
-        warning = files.too_low(self.settings.worker_num + self.settings.server_num)
+        warning = files.too_low(self.settings.expected)
         if warning is not None:
             log.warning("%s", warning)
 
@@ -387,7 +374,7 @@ async def serve(config: ClusterConfig) -> int:
         store = await stores.open_etcd(config.state_url, address, config.lease_s, config.tls)
         election = getattr(store, "election", None)
     server = SchedulerServer(
-        settings_from_config(config),
+        JobSettings.from_config(config),
         config.sched_host,
         config.sched_port,
         tls=identity,

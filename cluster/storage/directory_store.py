@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage import store
 from cluster.storage.kv_log import KvLog
-from cluster.storage.state_store import SCHEDULER_KIND, FencedError, Stored, Written
+from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
 STATE_FILE = "scheduler.json"
 _Identity = tuple[int, int, int]

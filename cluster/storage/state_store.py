@@ -22,15 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cluster.protocol.errors import StateFileError
-
 SCHEDULER_KIND = "scheduler"
-
-
-class FencedError(StateFileError):
-    """A write refused because this process no longer holds the store (its lease ended, another
-    scheduler leads), or because what is stored is not what it last read: it must stop acting
-    on its view of the job."""
 
 
 @dataclass(frozen=True)

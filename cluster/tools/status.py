@@ -8,11 +8,11 @@ from typing import Any
 
 import grpc
 
-from cluster.protocol.errors import SchedulerUnreachableError
+from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.state import Phase
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module
-from cluster.transport import tls
+from cluster.transport import failures, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -47,14 +47,6 @@ class LeadershipView:
     @property
     def standbys(self) -> tuple[str, ...]:
         return tuple(s for s in self.schedulers if s != self.leader)
-
-
-class NotLeaderAnswer(SchedulerUnreachableError):
-    """The scheduler asked stands by: it has no job of its own; `leader` has ("" none now)."""
-
-    def __init__(self, message: str, leader: str) -> None:
-        super().__init__(message)
-        self.leader = leader
 
 
 @dataclass(frozen=True)
@@ -165,7 +157,7 @@ async def fetch(
         response = await stub.Status(pb.StatusRequest(), timeout=timeout_s)
     except grpc.aio.AioRpcError as exc:
         raise SchedulerUnreachableError(
-            f"no scheduler answers at {address}: {exc.details() or exc.code().name}"
+            f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
     assert isinstance(response, pb.StatusResponse)
     leadership = response.leadership

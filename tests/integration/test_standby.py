@@ -19,7 +19,7 @@ import urllib.request
 import grpc
 import pytest
 
-from cluster.scheduler.gate import LEADER_KEY
+from cluster.transport.failures import LEADER_KEY
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc

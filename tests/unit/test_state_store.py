@@ -13,13 +13,13 @@ from typing import Any
 import aetcd
 import pytest
 
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, FencedError, StateFileError
 from cluster.protocol.state_url import parse_state_url
 from cluster.scheduler import stores
 from cluster.scheduler.etcd_store import INLINE_MAX_BYTES, TXN_OPS
 from cluster.storage import store as envelope
 from cluster.storage.directory_store import DirectoryStore
-from cluster.storage.state_store import FencedError, StateStore
+from cluster.storage.state_store import StateStore
 from tests.servers.etcd import EtcdCluster
 
 

@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.state_url import (
+    DEFAULT_LEASE_S,
+    StateUrl,
+    lease_from_env,
+    state_url_from_env,
+)
 
 DEFAULT_TOPO_TIMEOUT_S = 1800.0
 DEFAULT_NODE_TIMEOUT_S = 30.0
@@ -121,6 +127,10 @@ class ClusterConfig:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     job_secret: JobSecretSource | None = None
     limits: Limits = field(default_factory=Limits)
+    # Scheduler: its state in etcd (CLUSTER_STATE_URL; recovery on, standbys possible), and the
+    # leader's lease (CLUSTER_LEASE_S).
+    state_url: StateUrl | None = None
+    lease_s: int = DEFAULT_LEASE_S
 
     @property
     def sched_address(self) -> str:
@@ -235,8 +245,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
             )
 
     recovery_on = parse_bool("MS_ENABLE_RECOVERY", env.get("MS_ENABLE_RECOVERY", "0"))
+    state_url = state_url_from_env(env) if role is Role.SCHEDULER else None
     recovery: RecoveryConfig | None = None
-    if recovery_on:
+    if recovery_on and not (state_url is not None and not env.get("MS_RECOVERY_PATH", "").strip()):
         path = env.get("MS_RECOVERY_PATH", "").strip()
         if not path:
             raise ConfigError(
@@ -284,6 +295,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         observe=observe_from_env(env),
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
+        state_url=state_url,
+        lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
     )
 
 

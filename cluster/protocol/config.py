@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.state_url import (
+    DEFAULT_LEASE_S,
+    StateUrl,
+    lease_from_env,
+    state_url_from_env,
+)
 
 DEFAULT_TOPO_TIMEOUT_S = 1800.0
 DEFAULT_NODE_TIMEOUT_S = 30.0
@@ -128,6 +134,10 @@ class ClusterConfig:
     limits: Limits = field(default_factory=Limits)
     # CLUSTER_SPARE=1: a worker without a rank, waiting to take a failed worker's.
     spare: bool = False
+    # Scheduler: its state in etcd (CLUSTER_STATE_URL; recovery on, standbys possible), and the
+    # leader's lease (CLUSTER_LEASE_S).
+    state_url: StateUrl | None = None
+    lease_s: int = DEFAULT_LEASE_S
 
     @property
     def sched_address(self) -> str:
@@ -242,8 +252,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
             )
 
     recovery_on = parse_bool("MS_ENABLE_RECOVERY", env.get("MS_ENABLE_RECOVERY", "0"))
+    state_url = state_url_from_env(env) if role is Role.SCHEDULER else None
     recovery: RecoveryConfig | None = None
-    if recovery_on:
+    if recovery_on and not (state_url is not None and not env.get("MS_RECOVERY_PATH", "").strip()):
         path = env.get("MS_RECOVERY_PATH", "").strip()
         if not path:
             raise ConfigError(
@@ -293,6 +304,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
         spare=spare,
+        state_url=state_url,
+        lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
     )
 
 

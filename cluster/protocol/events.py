@@ -40,7 +40,9 @@ class Kind(enum.Enum):
     FINISHED = "finished"  # every node finished
     JOB_FAILED = "job_failed"  # the job ended failed
     PROMOTED = "promoted"  # a spare took a failed worker's rank: a new generation
-    # Standby schedulers (a later issue) add "leader_change" here.
+    # With standby schedulers: this scheduler took the job's leadership (role "leader") or
+    # gave it up (role "standby", with why), its address and the leader's.
+    LEADER_CHANGE = "leader_change"
 
 
 class Cause(enum.Enum):
@@ -209,3 +211,12 @@ class JobEvent:
             raise ValueError("not an event: it needs time, seq and event")
         when = datetime.datetime.fromisoformat(str(data.pop("time")))
         return cls(int(data.pop("seq")), when.timestamp(), str(data.pop("event")), data)
+
+
+def of_leader_change(leading: bool, address: str, term: int, why: str = "") -> Record:
+    """This scheduler (at `address`) took the job's leadership (its `term`-th), or let it go."""
+    fields: dict[str, Any] = {"role": "leader" if leading else "standby", "address": address}
+    fields["term"] = term
+    if why:
+        fields["detail"] = why
+    return Record(Kind.LEADER_CHANGE, fields)

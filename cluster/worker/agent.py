@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol.config import ClusterConfig, read_job_secret
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, membership, tls
@@ -409,7 +409,8 @@ class WorkerAgent:
                 return await self._guarded(rpc())
             except grpc.aio.AioRpcError as exc:
                 failure = failures.failure_of(exc)
-                if not failure.cut_off:
+                # A scheduler that does not lead (yet) answers for nothing: as one cut off.
+                if not failure.cut_off and failure.kind is not NotLeaderError:
                     raise failure.error(what) from None
                 decided = self.core.step(steps.CallCutOff())
                 retry = next((a for a in decided if isinstance(a, steps.RetryCall)), None)

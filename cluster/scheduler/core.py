@@ -279,11 +279,19 @@ class SchedulerCore:
 
     async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
         prior = self.journal.incarnation_of(reg.node_id)
+        # A node waiting out its guard asks every second: its first refusal is logged.
+        waiting = canonical_node_id(reg.node_id) in self.state.guard_waiting
         outcome, effects = self.state.register(reg)
         self.registrations.set()
         self.journal.registration(reg, prior, outcome)
         if isinstance(outcome, state.Refused):
-            log.info("refused node %r: %s", reg.node_id, outcome.message)
+            quiet = waiting and outcome.reason is state.Refusal.NODE_ALIVE
+            log.log(
+                logging.DEBUG if quiet else logging.INFO,
+                "refused node %r: %s",
+                reg.node_id,
+                outcome.message,
+            )
         elif outcome.rejoined:
             log.info(
                 "node %r rejoined: generation %d (restart %d of that node)",

@@ -124,6 +124,7 @@ class Chaos:
         self.count = count
         self.rng = random.Random(seed)
         self._bag: list[str] = []
+        self._after_the_end: set[int] = set()  # workers killed after they had finished
         self.report = ChaosReport(seed=seed, workers=job.worker_num)
         self._out = out
 
@@ -147,7 +148,9 @@ class Chaos:
                 fault = self._inject(self._next_kind(), time.monotonic() - formed)
                 self.report.faults.append(fault)
                 self._say(self._describe(fault))
-            self.report.exit_code = self.job.wait(FINISH_TIMEOUT_S)
+                if self._after_the_end:
+                    break
+            self.report.exit_code = self._wait_for_the_end()
             if self.report.exit_code != 0:
                 self.report.detail = self._first_failure()
         except (ClusterError, OSError) as exc:
@@ -181,10 +184,39 @@ class Chaos:
     def _kill(self, i: int, at_s: float) -> Fault:
         fault = Fault("kill", f"worker {i}", at_s)
         generation = self._generation()
-        fault.detected_after_s = self.job.kill_worker(i)
+        detected = self._kill_and_watch(i)
+        if detected is None:
+            # It had finished an instant before: the job is over, nothing to recover.
+            self._after_the_end.add(i)
+            fault.note = "after it finished: not a fault of the job"
+            return fault
+        fault.detected_after_s = detected
         self.job.restart_worker(i, wait=False)
         fault.recovered_after_s = fault.detected_after_s + self._back_after(generation)
         return fault
+
+    def _kill_and_watch(self, i: int) -> float | None:
+        """SIGKILL worker i; the seconds until the scheduler marks it failed, or None when the
+        job turns out to be over (the worker had finished, or the scheduler has ended)."""
+        proc = self.job.worker(i)
+        proc.signal(signal.SIGKILL)
+        sent = time.monotonic()
+        proc.popen.wait(self.job.timeout_s)
+        seen: list[str] = []
+
+        def settled() -> bool:
+            scheduler = self.job.scheduler
+            view = self.job.status()
+            node = None if view is None else self.job.node(view, i)
+            state = "" if node is None else str(node.state)
+            if state == "failed":
+                seen.append(state)
+                return True
+            over = view is not None and view.phase in (Phase.FINISHED, Phase.FAILED)
+            return state == "finished" or over or (scheduler is not None and not scheduler.running)
+
+        wait_until(settled, self.job.timeout_s, f"worker {i} marked failed")
+        return time.monotonic() - sent if seen else None
 
     def _interrupt(self, kind: str, i: int, at_s: float) -> Fault:
         """A stop (SIGSTOP) or a partition (link down) of worker i, then its end."""
@@ -281,6 +313,16 @@ class Chaos:
                 return False
             time.sleep(0.05)
         return True
+
+    def _wait_for_the_end(self) -> int:
+        """Every process's end; 0 when all exited 0, else the first other code. A worker this
+        run killed after it had finished does not count."""
+        self.job.wait(FINISH_TIMEOUT_S)
+        procs = [self.job.scheduler] + [
+            w for i, w in enumerate(self.job.workers) if i not in self._after_the_end
+        ]
+        codes = [p.popen.returncode for p in procs if p is not None]
+        return next((code for code in codes if code != 0), 0)
 
     def _first_failure(self) -> str:
         for proc in [self.job.scheduler, *self.job.workers]:

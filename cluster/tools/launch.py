@@ -53,7 +53,7 @@ STOP_GRACE_S = 5.0
 SETTLE_S = 0.3
 POLL_STATUS_S = 0.5
 # Once the job finished, how long the processes holding no rank get to exit by themselves.
-SPARE_EXIT_S = 2.0
+SPARE_EXIT_S = 1.0
 # The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)

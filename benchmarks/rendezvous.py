@@ -413,9 +413,11 @@ def grpc_floor_server_main(
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
-        from cluster.scheduler.server import server_credentials
+        from cluster.scheduler.server import server_credentials, server_options
 
-        server = grpc.aio.server()
+        # The scheduler's server options: gRPC's defaults cancel calls at random once 1,000 wait
+        # to be taken up, which failed this floor from 2,048 workers on.
+        server = grpc.aio.server(options=server_options(n))
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
         where = f"{HOST}:0"
         if identity is None:

@@ -57,6 +57,12 @@ TICK_S = 0.1
 # registration, which would be N^2 messages for N nodes), and one log line per PROGRESS_LOG_EVERY_S.
 PROGRESS_BROADCAST_EVERY_S = 2.0
 PROGRESS_LOG_EVERY_S = 5.0
+# A monitor tick this much later than due means the scheduler itself did not run (its process
+# stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
+# is not held against them (`SchedulerState.excuse`). One this long is logged (a burst of a
+# large job's registrations on a busy machine makes shorter ones).
+STALL_S = 1.0
+STALL_LOG_S = 5.0
 
 
 class EvictedError(ClusterError):
@@ -160,6 +166,9 @@ class SchedulerCore:
         self._last_progress_broadcast = clock()
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
+        # The event loop's lag as the monitor saw it: the largest, and stalls past STALL_S.
+        self.loop_lag_max_s = 0.0
+        self.stalls = 0
 
     @classmethod
     def recovering(
@@ -207,14 +216,32 @@ class SchedulerCore:
 
     async def monitor(self) -> None:
         """Let time pass for the state machine until the job is over."""
+        due = self._clock() + TICK_S
         while not self.done.is_set():
+            self._stalled(self._clock() - due)
             self._apply(self.state.tick())
             self._flush_progress()
             self._streams.idle(self.settings.heartbeat_interval_s, _HEARTBEAT)
+            due = self._clock() + TICK_S
             try:
                 await asyncio.wait_for(self.done.wait(), TICK_S)
             except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
                 continue
+
+    def _stalled(self, late_s: float) -> None:
+        """The monitor ran `late_s` after it was due: the event loop's lag."""
+        self.loop_lag_max_s = max(self.loop_lag_max_s, late_s)
+        if late_s < STALL_S:
+            return
+        self.stalls += 1
+        self.state.excuse(late_s)
+        if late_s < STALL_LOG_S:
+            return
+        log.warning(
+            "the scheduler did not run for %.1f s (its process was stopped, or the machine is "
+            "overloaded); the nodes' silence meanwhile is not counted against them",
+            late_s,
+        )
 
     def abort(self, reason: str) -> None:
         self._apply(self.state.abort(reason))

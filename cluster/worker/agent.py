@@ -66,6 +66,17 @@ FATAL_WAIT_S = 2.0
 ATTEMPT_TIMEOUT_S = 3.0
 # With recovery, a call cut off by the scheduler's death is made again after this pause.
 RETRY_PAUSE_S = 0.05
+# A Finish waits this long for its answer, then is made again (a finish counts once, so a
+# repeat is harmless) while the scheduler's stream is up, for up to MS_NODE_TIMEOUT in all: a
+# scheduler busy with a whole job's finishes answers late, and a node that left unanswered
+# would be taken for a dead one. (With recovery, the answer also waits for the finish to be
+# saved: a scheduler whose saves fail never answers, and the node exits after the wait.)
+FINISH_ATTEMPT_S = 5.0
+_FINISH_RETRIED = (
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+)
 
 
 _EXCHANGE_OPS = {
@@ -86,6 +97,12 @@ class _StreamLost(Exception):
         self.unknown = unknown
 
 
+# A silence timer that runs this much later than due means this process did not run meanwhile
+# (stopped, or starved of CPU): it could not hear the scheduler either, so that time is not
+# counted as the scheduler's silence (what arrived meanwhile is read after the timer runs).
+OWN_STALL_S = 1.0
+
+
 class _Silence:
     """Cancels `call` when nothing has arrived on it for `limit_s`; one timer per stream,
     re-armed only when it runs out (not a task and a timer per message)."""
@@ -102,6 +119,9 @@ class _Silence:
         self._last = self._loop.time()
 
     def _check(self) -> None:
+        late = self._loop.time() - self._timer.when()
+        if late > OWN_STALL_S:
+            self._last += late
         due = self._last + self.limit_s
         if self._loop.time() < due:
             self._timer = self._loop.call_at(due, self._check)
@@ -255,6 +275,7 @@ class WorkerAgent:
         self.unreachable = ""
         self.job_finished = False
         self._finished_here = False  # this node's Finish was heard
+        self._stream_up = False  # an accepted event stream is open (the scheduler is there)
         self._heartbeat_interval = config.heartbeat_interval_s
         self._progress = (0, config.expected_nodes)
         # Collectives are numbered per generation: a call made for an old generation (by a
@@ -460,6 +481,7 @@ class WorkerAgent:
         silence = (
             _Silence(call, self.config.node_timeout_s) if self.config.heartbeat_enabled else None
         )
+        self._stream_up = True
         try:
             while True:
                 try:
@@ -485,6 +507,7 @@ class WorkerAgent:
                 if self._handle(event):
                     return
         finally:
+            self._stream_up = False
             if silence is not None:
                 silence.stop()
             if beats is not None:
@@ -765,29 +788,69 @@ class WorkerAgent:
 
     # -- end ---------------------------------------------------------------------------------
 
-    async def finish(self, timeout_s: float = 5.0) -> bool:
+    @property
+    def finish_wait_s(self) -> float:
+        """The longest `finish()` keeps asking."""
+        return max(self.config.node_timeout_s, FINISH_ATTEMPT_S) + FINISH_ATTEMPT_S
+
+    async def finish(self, attempt_s: float = FINISH_ATTEMPT_S) -> bool:
         """Tell the scheduler this node is done (best effort when the job is over anyway);
-        True when it heard."""
+        True when it heard. An answer that is late is asked for again while the scheduler's
+        stream is up (see FINISH_ATTEMPT_S)."""
         if self._fatal.done() or not self.cluster_id:
             return False
         request = pb.FinishRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation
         )
-        try:
-            await self._stub.Finish(request, timeout=timeout_s, metadata=self._metadata)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.recovery:
-                # The scheduler answers once the finish is saved: its saves are failing.
-                self._say(
-                    f"{self.where} did not confirm within {timeout_s:g} s that it saved this "
-                    "node's finish (is its MS_RECOVERY_PATH full or read-only? see its log); "
-                    "this node exits anyway, and the scheduler ends the job once it can save"
+        give_up = self._clock() + self.finish_wait_s - attempt_s
+        late = False
+        while True:
+            try:
+                await self._stub.Finish(
+                    request, timeout=attempt_s, wait_for_ready=True, metadata=self._metadata
                 )
-                return False
-            self._say(f"could not tell {self.where} that this node finished: {exc.details()}")
-            return False
-        self._finished_here = True
-        return True
+            except grpc.aio.AioRpcError as exc:
+                if self.job_finished:  # every node's finish was counted, this one's too
+                    self._finished_here = True
+                    return True
+                if not self._finish_again(exc, give_up):
+                    self._say(self._finish_unheard(exc, attempt_s, late))
+                    return False
+                if not late and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    late = True
+                    self._say(
+                        f"{self.where} has not confirmed this node's finish within "
+                        f"{attempt_s:g} s (busy with the other nodes'"
+                        + (
+                            ", or its MS_RECOVERY_PATH is full or read-only: see its log)"
+                            if self.recovery
+                            else ")"
+                        )
+                        + f"; asking again for up to {give_up - self._clock():.0f} s"
+                    )
+                continue
+            self._finished_here = True
+            return True
+
+    def _finish_again(self, exc: grpc.aio.AioRpcError, give_up: float) -> bool:
+        """Whether a Finish that failed with `exc` is made again: a late or cut-off answer,
+        while the scheduler's stream is up and the wait has not run out."""
+        return (
+            exc.code() in _FINISH_RETRIED
+            and self._stream_up
+            and not self._fatal.done()
+            and self._clock() < give_up
+        )
+
+    def _finish_unheard(self, exc: grpc.aio.AioRpcError, attempt_s: float, late: bool) -> str:
+        if late and self.recovery:
+            # The scheduler answers once the finish is saved: its saves are failing.
+            return (
+                f"{self.where} did not confirm that it saved this node's finish (is its "
+                "MS_RECOVERY_PATH full or read-only? see its log); this node exits anyway, and "
+                "the scheduler ends the job once it can save"
+            )
+        return f"could not tell {self.where} that this node finished: {exc.details()}"
 
     async def close(self) -> None:
         self._closing = True

@@ -510,6 +510,43 @@ def test_heartbeat_silence_while_waiting_forgets_the_node() -> None:
     assert state.phase is Phase.WAITING
 
 
+def test_a_node_that_joins_after_a_tick_found_nobody_is_still_watched() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, node_timeout_s=10.0)
+    assert state.tick() == []  # nobody to watch: the next look is "never"
+    accept(state, reg(state, "a"))
+    clock.advance(10.5)
+    effects = state.tick()
+    assert [type(e) for e in effects] == [Evict, ProgressEvent]
+
+
+def test_ticks_between_silence_limits_look_at_no_member() -> None:
+    """A tick costs O(members) only when some member's silence can have reached its limit."""
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0)
+    state.tick()
+    for member in state.members.values():
+        member.last_seen = -1e9  # would be long silent, were they looked at
+    clock.advance(9.0)
+    assert state.tick() == []
+    clock.advance(1.5)  # past the first limit: now they are looked at
+    assert any(isinstance(e, NodeFailedEvent) for e in state.tick())
+
+
+def test_the_schedulers_own_stall_is_not_the_nodes_silence() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0)
+    clock.advance(6.0)
+    state.heartbeat("0", 1)
+    clock.advance(8.0)  # stopped for 8 s: rank 1 last heard 14 s ago, rank 0 8 s ago
+    state.excuse(8.0)
+    assert state.tick() == []
+    clock.advance(4.5)  # 10.5 s of silence that the scheduler heard (6 + 4.5): rank 1 fails
+    (failed, _shutdown) = state.tick()
+    assert isinstance(failed, NodeFailedEvent)
+    assert failed.rank == 1
+
+
 def test_connect_counts_as_seen() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, node_timeout_s=10.0)
@@ -983,6 +1020,23 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def tick(self) -> None:
         self._after(self.state.tick())
+        # However seldom a tick looks at the members, none is left past its limit (while the
+        # job runs: a tick that ends it stops there).
+        now = self.clock.now
+        running = self.state.phase in (Phase.WAITING, Phase.READY)
+        for m in self.state.members.values() if running else ():
+            watched = self.state.heartbeat_enabled or m.node_id in self.state.awaiting
+            if m.state is NodeState.ALIVE and watched:
+                assert now - m.last_seen <= self.state.node_timeout_s, m
+            if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
+                limit = self.state.node_timeout_s + self.state.topo_timeout_s
+                assert now - m.last_seen <= limit, m
+
+    @rule(seconds=st.sampled_from([2.0, 12.0]))
+    def stall(self, seconds: float) -> None:
+        """The scheduler's process did not run for a while."""
+        self.clock.advance(seconds)
+        self.state.excuse(seconds)
 
     @rule(index=st.integers(min_value=0, max_value=20), wait=st.sampled_from([3.0, 11.0]))
     def kill_and_restart(self, index: int, wait: float) -> None:

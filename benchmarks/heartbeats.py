@@ -22,8 +22,13 @@ lookup is lost to a dropped UDP packet).
 Both: the figure is CPU seconds per second of wall time (1.0 = one core busy), the server's and
 the clients' summed. The window starts after every worker is in and beating.
 
+--metrics: the scheduler serves its Prometheus metrics (as with CLUSTER_METRICS_PORT), and the
+parent scrapes /metrics every `--scrape-interval` seconds (5; Prometheus's default is 15) during
+the window, as a Prometheus server would: the scheduler's figure includes what the scrapes cost.
+Compare runs with and without it (interleaved: the machine is shared).
+
 Usage: python benchmarks/heartbeats.py [--workers 1024] [--interval S] [--window 20]
-       [--procs 4] [--systems cluster,tcpstore]
+       [--procs 4] [--systems cluster,tcpstore] [--metrics [--scrape-interval 5]]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import random
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from multiprocessing.context import SpawnContext
 from multiprocessing.queues import Queue as MpQueue
@@ -67,10 +73,13 @@ JOIN_TIMEOUT = 120.0
 TORCH_KEEP_ALIVE_INTERVAL_S = 5.0
 
 
-def cluster_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent) -> None:
+def cluster_server_main(
+    n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent, metrics: bool = False
+) -> None:
     raise_fd_limit()
 
     async def serve() -> None:
+        from cluster.protocol.config import ObserveConfig
         from cluster.scheduler import CoreSettings, SchedulerServer
 
         settings = CoreSettings(
@@ -80,10 +89,11 @@ def cluster_server_main(n: int, interval_s: float, q: MpQueue[Message], stop: Mp
             topo_timeout_s=JOIN_TIMEOUT,
             heartbeat_interval_s=interval_s,
         )
-        server = SchedulerServer(settings, host=HOST, port=0)
+        observe = ObserveConfig(metrics_port=0) if metrics else None
+        server = SchedulerServer(settings, host=HOST, port=0, observe=observe)
         port = await server.start()
         try:
-            q.put(("port", -1, port))
+            q.put(("port", -1, (port, server.observing.metrics_port)))
             await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
             await asyncio.wait_for(server.wait_done(), 60.0)
         finally:
@@ -188,21 +198,48 @@ def tcpstore_clients_main(
     _report_errors(q, index, body)
 
 
+def scrape_while(metrics_port: int, every_s: float, until: float, most: int | None = None) -> int:
+    """GET /metrics every `every_s` until `until` (monotonic) or `most` scrapes; how many."""
+    answered = 0
+    while most is None or answered < most:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://{HOST}:{metrics_port}/metrics", timeout=10) as page:
+            if b"cluster_nodes" not in page.read():
+                raise BenchError("the scheduler's /metrics has no cluster_nodes")
+        answered += 1
+        pause = every_s - (time.monotonic() - started)
+        if time.monotonic() + pause >= until:
+            return answered
+        time.sleep(max(pause, 0.0))
+    return answered
+
+
 def run(
-    ctx: SpawnContext, system: str, n: int, interval_s: float, window_s: float, procs: int
+    ctx: SpawnContext,
+    system: str,
+    n: int,
+    interval_s: float,
+    window_s: float,
+    procs: int,
+    scrape_s: float | None = None,
 ) -> dict[str, float]:
-    """Server and client CPU seconds per wall second over the window, N workers in and beating."""
+    """Server and client CPU seconds per wall second over the window, N workers in and beating
+    (`scrape_s`: the cluster scheduler serves metrics, scraped this often)."""
     q: MpQueue[Message] = ctx.Queue()
     stop = ctx.Event()
     with children(ctx) as group:
         box = Mailbox(q, group)
         if system == "cluster":
-            server = group.spawn(cluster_server_main, n, interval_s, q, stop, name="scheduler")
+            metrics = scrape_s is not None
+            server = group.spawn(
+                cluster_server_main, n, interval_s, q, stop, metrics, name="scheduler"
+            )
         else:
             # Stopped by the parent; bounded, like every wait here, should the parent die.
             store_timeout_s = SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT
             server = group.spawn(tcpstore_server_main, n, q, stop, store_timeout_s, name="store")
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
+        port, metrics_port = port if isinstance(port, tuple) else (port, None)
         parts = split(range(n), min(procs, n))
         clients = []
         for k, ids in enumerate(parts):
@@ -218,16 +255,34 @@ def run(
         pids = [server.pid, *(c.pid for c in clients)]
         before = [cpu_seconds(pid) for pid in pids]
         start = time.monotonic()
-        time.sleep(window_s)
+        if scrape_s is not None and metrics_port is not None:
+            scrape_while(metrics_port, scrape_s, start + window_s)
+        time.sleep(max(start + window_s - time.monotonic(), 0.0))
         after = [cpu_seconds(pid) for pid in pids]
         wall = time.monotonic() - start
         if any(v is None for v in [*before, *after]):
             raise BenchError("a process ended during the window")
         used = [b - a for a, b in zip(before, after, strict=True)]  # type: ignore[operator]
+        per_scrape = None
+        if scrape_s is not None and metrics_port is not None:
+            per_scrape = scrape_cost(metrics_port, server.pid)
         stop.set()
         box.collect("closed", len(parts), time.monotonic() + 120.0)
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S + 60.0)
-    return {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+    result = {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+    if per_scrape is not None:
+        result["scrape_s"] = per_scrape
+    return result
+
+
+def scrape_cost(metrics_port: int, pid: int | None, scrapes: int = 50) -> float:
+    """The scheduler's CPU seconds per scrape, over `scrapes` back-to-back scrapes."""
+    before = cpu_seconds(pid)
+    scrape_while(metrics_port, 0.0, float("inf"), scrapes)
+    after = cpu_seconds(pid)
+    if before is None or after is None:
+        raise BenchError("the scheduler ended while it was scraped")
+    return (after - before) / scrapes
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -241,7 +296,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured")
     parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--systems", default="cluster,tcpstore")
+    parser.add_argument(
+        "--metrics", action="store_true", help="cluster: serve /metrics, scraped in the window"
+    )
+    parser.add_argument(
+        "--scrape-interval", type=float, default=5.0, help="--metrics: seconds between scrapes"
+    )
     args = parser.parse_args(argv)
+    if args.scrape_interval <= 0:
+        parser.error("--scrape-interval must be > 0")
     if args.interval is not None and args.interval <= 0:
         parser.error("--interval must be > 0")
     if args.workers < 1 or args.procs < 1 or args.window <= 0:
@@ -275,10 +338,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {}
     for system in systems:
         interval = intervals[system]
-        used = results[system] = run(ctx, system, args.workers, interval, args.window, args.procs)
+        scrape = args.scrape_interval if args.metrics and system == "cluster" else None
+        used = results[system] = run(
+            ctx, system, args.workers, interval, args.window, args.procs, scrape
+        )
         print(
             f"  {system:<8} one beat per {interval:g} s: server {used['server'] * 100:5.1f}% "
-            f"of a core, clients {used['clients'] * 100:5.1f}%",
+            f"of a core, clients {used['clients'] * 100:5.1f}%"
+            + (f" (metrics scraped every {scrape:g} s)" if scrape else "")
+            + (
+                f"; a scrape costs the scheduler {used['scrape_s'] * 1000:.1f} ms of CPU"
+                if "scrape_s" in used
+                else ""
+            ),
             flush=True,
         )
     return 0

@@ -19,6 +19,7 @@ import pickle
 from typing import Any
 
 from cluster.api import runtime
+from cluster.api.worker_metrics import collective as timed
 from cluster.protocol.errors import ClusterError
 
 DEFAULT_WAIT_S = 300.0
@@ -27,15 +28,19 @@ DEFAULT_WAIT_S = 300.0
 def barrier() -> None:
     """Return once every worker has called barrier()."""
     session = runtime.session()
-    session.call(session.agent.exchange("barrier", b"", generation=session.generation_pin))
+    with timed("barrier"):
+        session.call(session.agent.exchange("barrier", b"", generation=session.generation_pin))
 
 
 def allgather_object(obj: Any) -> list[Any]:
     """Every worker's `obj` (picklable), in rank order, on every worker."""
     session = runtime.session()
-    values = session.call(
-        session.agent.exchange("allgather", pickle.dumps(obj), generation=session.generation_pin)
-    )
+    with timed("allgather"):
+        values = session.call(
+            session.agent.exchange(
+                "allgather", pickle.dumps(obj), generation=session.generation_pin
+            )
+        )
     return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
 
 
@@ -47,9 +52,10 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     if not 0 <= root < size:
         raise ClusterError(f"broadcast_object root={root} is not a rank: use 0-{size - 1}")
     mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
-    (value,) = session.call(
-        session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
-    )
+    with timed("broadcast"):
+        (value,) = session.call(
+            session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
+        )
     return pickle.loads(value)  # noqa: S301 - peers of the same job
 
 
@@ -101,7 +107,9 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
     arrays = []
     gathered = session.agent.exchange("allgather", payload, generation=session.generation_pin)
-    for value in session.call(gathered):
+    with timed("allreduce"):
+        values = session.call(gathered)
+    for value in values:
         length = int.from_bytes(value[:4], "little")
         dtype, shape = _array_header(value[4 : 4 + length])
         if (dtype, shape) != (mine.dtype.str, mine.shape):

@@ -217,6 +217,9 @@ def report_checkpoints(steps: list[int]) -> None:
     """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does)."""
     current = session()
     current.call(current.agent.report_checkpoints(sorted(steps)))
+    from cluster.api import worker_metrics  # noqa: PLC0415 - prometheus_client, when used
+
+    worker_metrics.reported(steps)
 
 
 def peer_failed(generation: int, wait_s: float = 0.0) -> bool:

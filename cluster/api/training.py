@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cluster.api import runtime
+from cluster.api import runtime, worker_metrics
 from cluster.api.collective import barrier
 from cluster.protocol.errors import ClusterError, PeerFailedError
 
@@ -66,6 +67,7 @@ class TrainingLoop:
         self.rollbacks = 0
         # Steps this worker computed again after rollbacks (work lost to failures).
         self.steps_redone = 0
+        worker_metrics.start()  # CLUSTER_WORKER_METRICS_PORT: off unless set
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -76,14 +78,17 @@ class TrainingLoop:
                 step = self._roll_back(waited=False)
             elif step < self.steps:
                 self._interrupted = None
+                started = time.perf_counter()
                 yield step
                 if self._interrupted is not None:
                     step = self._roll_back(waited=True)
                 else:
                     step += 1
+                    worker_metrics.step_done(started)
                     self._furthest = max(self._furthest, step)
                     if self.checkpoints.should_save(step) or step == self.steps:
-                        self.checkpoints.save(step, self._get_state())
+                        with worker_metrics.checkpoint(step):
+                            self.checkpoints.save(step, self._get_state())
             elif self._agree_on_the_end():
                 return
             else:
@@ -142,6 +147,7 @@ class TrainingLoop:
             self.rollbacks += 1
             lost = max(self._furthest - topology.rollback_step, 0)
             self.steps_redone += lost
+            worker_metrics.rolled_back(lost)
             self._say(
                 f"rolled back from step {self._furthest} to step {topology.rollback_step} "
                 f"({lost} steps to compute again)"

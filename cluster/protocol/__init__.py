@@ -3,7 +3,8 @@
 Here: the error tree (`errors`), the launch environment turned into frozen settings
 (`config`), the scheduler's state machine (`state`, an injected clock, effects returned, never
 sent; its records in `records`, who may make a call in `admission`), node credentials and
-job-secret proofs (`auth`) and what a worker knows of the job (`topology`).
+job-secret proofs (`auth`), the job's history as events (`events`) and what a worker knows of
+the job (`topology`).
 
 May import: the standard library and itself. Never grpc, asyncio or the generated protobuf
 code (import-linter contracts in pyproject.toml enforce it): everything here is tested without a

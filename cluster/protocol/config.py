@@ -73,6 +73,20 @@ class TLSOptions:
 
 
 @dataclass(frozen=True)
+class ObserveConfig:
+    """What a process shows of itself (see the README, "Observing a job"); all off by default.
+
+    `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged);
+    `event_log`: the scheduler's JSON-lines event log; `worker_metrics_port`: a worker's
+    /metrics on this port + its local rank.
+    """
+
+    metrics_port: int | None = None
+    event_log: Path | None = None
+    worker_metrics_port: int | None = None
+
+
+@dataclass(frozen=True)
 class JobSecretSource:
     """Where the job secret comes from: CLUSTER_JOB_SECRET_FILE (preferred) or
     CLUSTER_JOB_SECRET. Only the source: `read_job_secret` opens the file."""
@@ -104,6 +118,7 @@ class ClusterConfig:
     heartbeat_enabled: bool
     heartbeat_interval_s: float
     tls: TLSOptions | None = None
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
     job_secret: JobSecretSource | None = None
     limits: Limits = field(default_factory=Limits)
 
@@ -266,8 +281,25 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         heartbeat_enabled=heartbeat_enabled,
         heartbeat_interval_s=interval,
         tls=tls_options_from_env(env),
+        observe=observe_from_env(env),
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
+    )
+
+
+def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
+    """CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG and CLUSTER_WORKER_METRICS_PORT."""
+    metrics = env.get("CLUSTER_METRICS_PORT", "").strip()
+    event_log = env.get("CLUSTER_EVENT_LOG", "").strip()
+    worker = env.get("CLUSTER_WORKER_METRICS_PORT", "").strip()
+    return ObserveConfig(
+        metrics_port=(
+            parse_int("CLUSTER_METRICS_PORT", metrics, minimum=0, maximum=65535)
+            if metrics
+            else None
+        ),
+        event_log=Path(event_log) if event_log else None,
+        worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,
     )
 
 

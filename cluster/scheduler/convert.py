@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from cluster.protocol import auth, state
+from cluster.protocol.events import JobEvent
 from cluster.v1 import scheduler_pb2 as pb
 
 _ROLE_TO_PB = {state.NodeRole.WORKER: pb.ROLE_WORKER, state.NodeRole.SERVER: pb.ROLE_SERVER}
@@ -158,3 +161,12 @@ def as_told(
     response.phase = phase.value
     response.generation = 0 if topology is None else topology.generation
     response.rollback_step = 0 if topology is None else topology.rollback_step
+
+
+def job_event_to_pb(event: JobEvent) -> pb.JobEvent:
+    return pb.JobEvent(
+        seq=event.seq,
+        time=event.time,
+        event=event.kind,
+        fields_json=json.dumps(dict(event.fields), separators=(",", ":")),
+    )

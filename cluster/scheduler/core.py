@@ -38,6 +38,7 @@ from cluster.protocol.errors import (
     StateFileError,
 )
 from cluster.scheduler import convert
+from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.persist import STATE_KIND, StatePersister, state_path
@@ -146,6 +147,7 @@ class SchedulerCore:
         self._told_topology = next(
             (e for e in self._told if isinstance(e, state.TopologyReadyEvent)), None
         )
+        self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         limits = settings.limits
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
         self.exchanges = ExchangeTable(limits.collective_max_bytes)
@@ -254,7 +256,9 @@ class SchedulerCore:
     # -- node calls ----------------------------------------------------------------------------
 
     async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
+        prior = self.journal.incarnation_of(reg.node_id)
         outcome, effects = self.state.register(reg)
+        self.journal.registration(reg, prior, outcome)
         if isinstance(outcome, state.Refused):
             log.info("refused node %r: %s", reg.node_id, outcome.message)
         elif outcome.rejoined:
@@ -303,6 +307,7 @@ class SchedulerCore:
                 "every node is back after the scheduler's restart (%.2f s after start)",
                 self._clock() - self.state.started,
             )
+            self.journal.nodes_back(self._clock() - self.state.started)
         key = (self.state.member(node_id, incarnation).node_id, incarnation)
         box = self._streams.open(key)
         self.streams_closed.clear()
@@ -449,6 +454,7 @@ class SchedulerCore:
                 self._streams.put((effect.node_id, effect.incarnation), effect)
                 continue
             self._log(effect)
+            self.journal.effect(effect)
             if isinstance(effect, state.ProgressEvent):
                 self._pending_progress = effect
                 continue

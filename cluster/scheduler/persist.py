@@ -73,6 +73,9 @@ class StatePersister:
         self.failing_since: float | None = None
         # Failed attempts since the start, a counter (never reset).
         self.failures = 0
+        # Told how each save ended, its seconds and error (None: it landed): the scheduler's
+        # event log and metrics (cluster.scheduler.observe).
+        self.observer: Callable[[float, str | None], None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -144,10 +147,12 @@ class StatePersister:
     async def _save(self) -> bool:
         snapshot = self._snapshot()  # on the loop: consistent with what was decided
         revision = int(snapshot["revision"])
+        started = time.perf_counter()
         try:
             await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
         except (StateFileError, OSError) as exc:
             self._failed(exc)
+            self._observe(started)
             return False
         if self.failing_since is not None:
             log.info(
@@ -158,11 +163,16 @@ class StatePersister:
             )
         self.error = None
         self.failing_since = None
+        self._observe(started)
         self.saved = max(self.saved, revision)
         self._on_saved(self.saved)
         async with self._progress:
             self._progress.notify_all()
         return True
+
+    def _observe(self, started: float) -> None:
+        if self.observer is not None:
+            self.observer(time.perf_counter() - started, self.error)
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1

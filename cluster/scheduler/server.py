@@ -23,10 +23,11 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.config import ClusterConfig, read_job_secret
+from cluster.protocol.config import ClusterConfig, ObserveConfig, read_job_secret
 from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.scheduler import limits
 from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.store import RecoveryLock
 from cluster.transport import channel
@@ -243,8 +244,11 @@ class SchedulerServer:
         tls: tls_module.Identity | None = None,
         expiry_check_period_s: float = tls_module.EXPIRY_CHECK_PERIOD_S,
         recovery_path: Path | None = None,
+        observe: ObserveConfig | None = None,
     ) -> None:
         self.core = SchedulerCore(settings)
+        # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
+        self.observing = Observability(observe or ObserveConfig(), host)
         self.recovery_path = recovery_path
         self._lock: RecoveryLock | None = None
         self.host = host
@@ -272,6 +276,7 @@ class SchedulerServer:
         try:
             return await self._start()
         except BaseException:
+            await self.observing.stop()
             if self.core.persister is not None:
                 await self.core.persister.stop(0)
             self._release_lock()
@@ -280,11 +285,14 @@ class SchedulerServer:
     async def _start(self) -> int:
         if self.recovery_path is not None:
             self.core = SchedulerCore.recovering(self.core.settings, self.recovery_path)
+        await self.observing.start(self.core)
+        if self.recovery_path is not None:
             await self._save_first_state()
         self._raise_open_files()
-        interceptors = (
-            [] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]
-        )
+        interceptors: list[_Interceptor] = [
+            *([] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]),
+            *self.observing.interceptors(),
+        ]
         settings = self.core.settings
         server = grpc.aio.server(
             options=server_options(settings.worker_num + settings.server_num),
@@ -399,6 +407,7 @@ class SchedulerServer:
                 "it, once it can be written, resumes the job as saved"
             )
             log.error("%s", self.unsaved)
+        await self.observing.stop()
         self._release_lock()
 
     async def __aenter__(self) -> SchedulerServer:
@@ -444,6 +453,7 @@ async def serve(config: ClusterConfig) -> int:
         config.sched_port,
         tls=identity,
         recovery_path=None if config.recovery is None else config.recovery.path,
+        observe=config.observe,
     )
     await server.start()
     log.info("%s", _who_may_join(server))

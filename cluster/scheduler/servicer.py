@@ -240,6 +240,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.StatusResponse:
         return self._core.status()
 
+    async def WatchEvents(
+        self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.JobEvent]:
+        try:
+            async for event in self._core.journal.follow(request.after_seq, follow=request.follow):
+                yield convert.job_event_to_pb(event)
+        except ClusterError as exc:
+            _refuse(context, exc)
+
 
 def _event_bytes(event: pb.Event | bytes) -> bytes:
     """Watch's serializer: an event that goes to every stream is serialized once, by the core."""

@@ -3,8 +3,9 @@
 Here: the `mscluster` command (`cli`, thin over the library); the launcher (`launch`), what it
 starts (`launch_plan`, pure) and where its values come from (`placement`, pure: the options, a
 Slurm allocation read by `slurm` with node lists by `hostlist`, and `slurm_io` for scontrol and
-the shared job secret); the status view (`status`), fault injection (`chaos`) and the test
-harness (`testing`, public as `cluster.testing`).
+the shared job secret); the status view (`status`, live in `watch`), the event log reader
+(`events`), fault injection (`chaos`, with what it records in `chaos_record` and its picture in
+`timeline` and `report_html`) and the test harness (`testing`, public as `cluster.testing`).
 
 May import: anything in `cluster`. Nothing in `cluster` imports the tools.
 """

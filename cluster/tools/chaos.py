@@ -27,9 +27,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cluster.protocol.errors import ClusterError
+from cluster.tools import report_html
+from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
 from cluster.tools.testing import LocalJob, NetworkLab, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
@@ -56,6 +58,13 @@ class ChaosReport:
     exit_code: int | None = None
     duration_s: float = 0.0
     detail: str = ""
+    # For the picture (chaos-report.html): the job's size, when it formed (wall clock), the
+    # scheduler's events and each rank's newest checkpoint over time ([t, rank, step]), with t
+    # in seconds since it formed.
+    workers: int = 0
+    started_at: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[list[float]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -114,15 +123,18 @@ class Chaos:
         self.count = count
         self.rng = random.Random(seed)
         self._bag: list[str] = []
-        self.report = ChaosReport(seed=seed)
+        self.report = ChaosReport(seed=seed, workers=job.worker_num)
         self._out = out
 
     def run(self) -> ChaosReport:
         started = time.monotonic()
+        sampler: StepSampler | None = None
         try:
             self.job.start()
             self.job.wait_formed()
             formed = time.monotonic()
+            self.report.started_at = time.time()
+            sampler = StepSampler(self.job, self.report.started_at).start()
             while self.count is None or len(self.report.faults) < self.count:
                 pause = self.rng.uniform(0.5, 1.5) * self.every_s
                 if time.monotonic() + pause - formed > self.duration_s:
@@ -139,6 +151,8 @@ class Chaos:
             self.report.detail = str(exc)
         finally:
             self.report.duration_s = time.monotonic() - started
+            if sampler is not None:
+                self.report.steps = sampler.stop()
         return self.report
 
     # -- faults --------------------------------------------------------------------------------
@@ -298,6 +312,8 @@ def run_chaos(
         if why:
             raise ClusterError(f"--faults partition needs network namespaces: {why}")
         network = NetworkLab(workers)
+    events_path = log_dir / EVENT_LOG
+    events_path.unlink(missing_ok=True)  # this run's events only
     job = make_job(
         script,
         script_args,
@@ -306,6 +322,7 @@ def run_chaos(
         workdir=log_dir,
         timeout_s=max(60.0, 6 * node_timeout_s),
         network=network,
+        env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
     )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -323,7 +340,11 @@ def run_chaos(
         job.close()
         signal.signal(signal.SIGTERM, previous)
     print(report.render(), file=out, flush=True)
+    if report.started_at:
+        report.events = load_events(events_path, report.started_at)
     path = report_path or log_dir / "chaos-report.json"
     path.write_text(report.to_json() + "\n")
-    print(f"mscluster chaos: report written to {path}", file=out, flush=True)
+    page = path.with_suffix(".html")
+    page.write_text(report_html.render(json.loads(report.to_json())))
+    print(f"mscluster chaos: report written to {path} and {page}", file=out, flush=True)
     return report

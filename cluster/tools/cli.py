@@ -2,7 +2,8 @@
 
     mscluster run [options] SCRIPT [ARGS...]   start a job's local processes (like msrun/torchrun)
     mscluster scheduler [options]              a standalone scheduler
-    mscluster status --addr HOST:PORT          what a running job looks like
+    mscluster status --addr HOST:PORT          what a running job looks like (--watch: live)
+    mscluster events [--file PATH | --addr HOST:PORT] [--follow]   the job's events
     mscluster certs --out DIR                  a CA, p12 files, a CRL and ssl.json for trials
     mscluster chaos [options] -- RUN-OPTIONS SCRIPT [ARGS...]   a training run under faults
 
@@ -53,6 +54,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_TOPO_TIMEOUT": args.topo_timeout,
         "MS_RECOVERY_PATH": args.recovery_path,
         "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
+        "CLUSTER_METRICS_PORT": args.metrics_port,
+        "CLUSTER_EVENT_LOG": args.event_log,
     }
     env.update({k: str(v) for k, v in overrides.items() if v is not None})
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
@@ -99,6 +102,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         recovery_path=Path(args.recovery_path) if args.recovery_path else None,
         max_restarts=args.max_restarts,
         tls_config=Path(args.tls_config) if args.tls_config else None,
+        metrics_port=args.metrics_port,
         allocation=where.allocation,
         master_is_node=where.master_is_node,
     )
@@ -137,17 +141,26 @@ async def _status(addr: str, identity: tls.Identity | None) -> JobView:
             raise
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    addr = _split_addr(args.addr)
+def _client_identity(args: argparse.Namespace) -> tls.Identity | None:
+    """This client's TLS identity when the job uses TLS (--tls-config, CLUSTER_TLS_CONFIG)."""
     options = tls_options_from_env(
         os.environ, Path(args.tls_config).resolve() if args.tls_config else None
     )
-    identity = None
-    if options is not None:
-        from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
+    if options is None:
+        return None
+    from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
 
-        os.environ.update(tls.launch_environment(options.config_path))
-        identity = tls.load_identity(options, server=False)
+    os.environ.update(tls.launch_environment(options.config_path))
+    return tls.load_identity(options, server=False)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    addr = _split_addr(args.addr)
+    identity = _client_identity(args)
+    if args.watch:
+        from cluster.tools import watch  # noqa: PLC0415 - imports grpc
+
+        return watch.run(addr, identity, interval_s=args.interval, out=sys.stdout)
     try:
         view = asyncio.run(_status(addr, identity))
     except SchedulerUnreachableError as exc:
@@ -156,6 +169,30 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from cluster.tools import status  # noqa: PLC0415
 
     print(view.to_json() if args.json else status.render(view))
+    return 0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _cmd_events(args: argparse.Namespace) -> int:
+    from cluster.tools import events  # noqa: PLC0415 - imports grpc
+
+    try:
+        if args.addr is not None:
+            addr, identity = _split_addr(args.addr), _client_identity(args)
+            stream = events.from_scheduler(addr, identity, follow=args.follow)
+            asyncio.run(events.show_stream(stream, sys.stdout, as_json=args.json))
+        else:
+            path = Path(args.file or "logs/events.jsonl")
+            found = events.from_file(path, follow=args.follow, say=_to_stderr)
+            events.show(found, sys.stdout, as_json=args.json)
+    except SchedulerUnreachableError as exc:
+        print(f"mscluster: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
@@ -249,6 +286,11 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
     )
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="the scheduler serves Prometheus metrics on this port (CLUSTER_METRICS_PORT; off)",
+    )
     run.add_argument("script", help="the training script")
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -291,6 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="recovery on, the job's state in this directory (MS_ENABLE_RECOVERY, "
         "MS_RECOVERY_PATH); started again with it, the scheduler resumes the job",
     )
+    sched.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port, 0 for any (CLUSTER_METRICS_PORT; off)",
+    )
+    sched.add_argument("--event-log", help="append the job's events here (CLUSTER_EVENT_LOG)")
     sched.set_defaults(func=_cmd_scheduler)
 
     stat = commands.add_parser(
@@ -301,7 +349,30 @@ def build_parser() -> argparse.ArgumentParser:
     stat.add_argument("--addr", required=True, help="the scheduler's HOST:PORT")
     stat.add_argument("--json", action="store_true", help="machine-readable output")
     stat.add_argument("--tls-config", help="ssl.json, when the job uses TLS (CLUSTER_TLS_CONFIG)")
+    stat.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh until the job ends, changes highlighted (plain lines when not a terminal)",
+    )
+    stat.add_argument("--interval", type=float, default=1.0, help="--watch: seconds (1)")
     stat.set_defaults(func=_cmd_status)
+
+    ev = commands.add_parser(
+        "events",
+        help="show the job's events (formed, failed, rejoined, ...) as a table",
+        description="The job's events, from the event log `mscluster run` writes "
+        "(LOG_DIR/events.jsonl; default logs/events.jsonl) or the scheduler's CLUSTER_EVENT_LOG, "
+        "or from a running scheduler (--addr).",
+    )
+    where = ev.add_mutually_exclusive_group()
+    where.add_argument("--file", help="an event log (default logs/events.jsonl)")
+    where.add_argument("--addr", help="a running scheduler's HOST:PORT")
+    ev.add_argument(
+        "--follow", action="store_true", help="then each new event, until the job's last"
+    )
+    ev.add_argument("--json", action="store_true", help="the JSON lines, not a table")
+    ev.add_argument("--tls-config", help="with --addr: ssl.json, when the job uses TLS")
+    ev.set_defaults(func=_cmd_events)
 
     cert = commands.add_parser(
         "certs",

@@ -39,6 +39,7 @@ class LaunchOptions:
     recovery_path: Path | None = None
     max_restarts: int = 0
     tls_config: Path | None = None
+    metrics_port: int | None = None  # the scheduler's /metrics (CLUSTER_METRICS_PORT)
     python: str = sys.executable
     # The Slurm allocation the placement came from (None: not under Slurm, or not used).
     allocation: Allocation | None = None
@@ -119,6 +120,14 @@ def job_environment(
     return env
 
 
+def observe_environment(options: LaunchOptions) -> dict[str, str]:
+    """The scheduler's: its event log beside the logs, and its metrics port when asked for."""
+    env = {"CLUSTER_EVENT_LOG": str((options.log_dir / "events.jsonl").resolve())}
+    if options.metrics_port is not None:
+        env["CLUSTER_METRICS_PORT"] = str(options.metrics_port)
+    return env
+
+
 def make_plan(
     options: LaunchOptions,
     *,
@@ -137,7 +146,7 @@ def make_plan(
             "scheduler",
             "MS_SCHED",
             (o.python, "-m", "cluster", "scheduler"),  # the script is not imported twice
-            {**base, "MS_ROLE": "MS_SCHED"},
+            {**base, "MS_ROLE": "MS_SCHED", **observe_environment(o)},
             o.log_dir / "scheduler.log",
         )
     workers = tuple(

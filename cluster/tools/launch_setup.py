@@ -69,6 +69,8 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(f"script {str(options.script)!r} does not exist (or is not a file)")
     if options.max_restarts < 0:
         raise ConfigError(f"--max-restarts {options.max_restarts} must be >= 0")
+    if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
     if (
         options.node_rank >= 0
         and (options.node_rank + 1) * options.local_worker_num > options.worker_num

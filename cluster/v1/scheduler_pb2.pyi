@@ -387,3 +387,23 @@ class StateSaving(_message.Message):
     failures: int
     unsaved_changes: int
     def __init__(self, error: _Optional[str] = ..., failing_for_s: _Optional[float] = ..., failures: _Optional[int] = ..., unsaved_changes: _Optional[int] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("follow", "after_seq")
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    follow: bool
+    after_seq: int
+    def __init__(self, follow: _Optional[bool] = ..., after_seq: _Optional[int] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("seq", "time", "event", "fields_json")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    time: float
+    event: str
+    fields_json: str
+    def __init__(self, seq: _Optional[int] = ..., time: _Optional[float] = ..., event: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...

@@ -95,6 +95,11 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/cluster.v1.Scheduler/WatchEvents',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.JobEvent.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -190,6 +195,15 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEvents(self, request, context):
+        """For operators: the job's events (what the event log holds), the retained ones first and,
+        with follow, each as it happens, until the job's last one. Readable by whoever may read
+        Status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +261,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.StatusRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.StatusResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.WatchEventsRequest.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.JobEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -552,6 +571,33 @@ class Scheduler:
             '/cluster.v1.Scheduler/Status',
             cluster_dot_v1_dot_scheduler__pb2.StatusRequest.SerializeToString,
             cluster_dot_v1_dot_scheduler__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cluster.v1.Scheduler/WatchEvents',
+            cluster_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.JobEvent.FromString,
             options,
             channel_credentials,
             insecure,

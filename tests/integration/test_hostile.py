@@ -36,7 +36,7 @@ from cluster.transport import certs
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.integration.test_launcher import run_args
-from tests.integration.test_tls import pem_files
+from tests.integration.test_tls import pem_bytes
 from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, job_env, wait_until
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
@@ -116,7 +116,8 @@ def attacker(port: int, pki: certs.Pki | None, tmp: Path) -> Iterator[Attacker]:
     if pki is None:
         channel = grpc.insecure_channel(target, options)
     else:
-        pem = pem_files(pki.client_p12, pki.client_password, tmp).read_bytes()
+        # In memory: two squatter threads build their channels at once.
+        pem = pem_bytes(pki.client_p12, pki.client_password)
         key, cert = pem.split(b"-----BEGIN CERTIFICATE-----", 1)
         credentials = grpc.ssl_channel_credentials(
             root_certificates=pki.ca_pem.read_bytes(),

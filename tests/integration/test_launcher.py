@@ -50,6 +50,7 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     logs = tmp_path / "logs"
     assert sorted(p.name for p in logs.iterdir()) == [
+        "events.jsonl",  # the scheduler's event log
         "job.secret",
         "scheduler.log",
         "worker_0.log",

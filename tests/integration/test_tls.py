@@ -85,20 +85,22 @@ def one_line(proc: Proc) -> str:
     return lines[0]
 
 
-def pem_files(p12: Path, password: bytes, tmp: Path) -> Path:
-    """The p12's key and certificate as one PEM file, for openssl and Python's ssl."""
+def pem_bytes(p12: Path, password: bytes) -> bytes:
+    """The p12's key and certificate as one PEM text (key first), read in memory."""
     key, cert, _ = pkcs12.load_key_and_certificates(p12.read_bytes(), password)
     assert key is not None
     assert cert is not None
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ) + cert.public_bytes(serialization.Encoding.PEM)
+
+
+def pem_files(p12: Path, password: bytes, tmp: Path) -> Path:
+    """The p12's key and certificate as one PEM file, for openssl and Python's ssl."""
     path = tmp / f"{p12.stem}.pem"
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        + cert.public_bytes(serialization.Encoding.PEM)
-    )
+    path.write_bytes(pem_bytes(p12, password))
     return path
 
 

@@ -390,3 +390,41 @@ def test_bad_job_secret_file_is_one_clear_error(
         read_job_secret(JobSecretSource(path=path))
     assert words in str(info.value)
     assert "secret\n" not in str(info.value)
+
+
+# -- observing (CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG, CLUSTER_WORKER_METRICS_PORT) ----------
+
+
+def test_observing_is_off_by_default() -> None:
+    observe = from_env(env()).observe
+    assert (observe.metrics_port, observe.event_log, observe.worker_metrics_port) == (
+        None,
+        None,
+        None,
+    )
+
+
+def test_observing_variables_are_parsed() -> None:
+    observe = from_env(
+        env(
+            CLUSTER_METRICS_PORT="0",
+            CLUSTER_EVENT_LOG="logs/events.jsonl",
+            CLUSTER_WORKER_METRICS_PORT=" 9100 ",
+        )
+    ).observe
+    assert observe.metrics_port == 0  # any free port, logged
+    assert observe.event_log == Path("logs/events.jsonl")
+    assert observe.worker_metrics_port == 9100
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        ("CLUSTER_METRICS_PORT", "http", "is not an integer: it must be between 0 and 65535"),
+        ("CLUSTER_METRICS_PORT", "70000", "is out of range: it must be between 0 and 65535"),
+        ("CLUSTER_WORKER_METRICS_PORT", "0", "is out of range: it must be between 1 and 65535"),
+    ],
+)
+def test_a_bad_observing_port_names_the_variable(name: str, value: str, rule: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
+        from_env(env(**{name: value}))

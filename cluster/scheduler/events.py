@@ -1,0 +1,161 @@
+"""The scheduler's journal: every change of the job as an event, kept, followed and logged.
+
+The core hands in what happened (a registration and its outcome, an effect it has just told
+the nodes, every node back after a restart, a save failing); `cluster.protocol.events` decides
+whether that is an event and what it says; the journal stamps it (sequence number, wall-clock
+time), keeps the last `RETAINED_EVENTS`, hands it to its listeners (the metrics), to every
+`WatchEvents` stream, and to the event log file when there is one. It never blocks: the file
+is written by a thread of its own (`cluster.scheduler.event_file`), and a stream that falls
+`FOLLOWER_BACKLOG` events behind is ended (it can reconnect with the last number it got).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from cluster.protocol import events, state
+from cluster.protocol.config import canonical_node_id
+from cluster.protocol.errors import ClusterError
+from cluster.protocol.events import JobEvent, Kind, Record
+from cluster.scheduler.event_file import EventFile, last_seq
+
+# Events kept in memory for `WatchEvents` (a 1024-node job's registrations fit twice).
+RETAINED_EVENTS = 4096
+# Events a `WatchEvents` stream may be behind before it is ended.
+FOLLOWER_BACKLOG = 10_000
+# The job's last events: a following stream ends after one.
+FINAL = frozenset({Kind.FINISHED.value, Kind.JOB_FAILED.value})
+
+
+class FellBehindError(ClusterError):
+    """A WatchEvents stream did not read its events fast enough."""
+
+
+class _Follower:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[JobEvent | None] = asyncio.Queue()
+        self.behind = False
+
+
+class EventJournal:
+    def __init__(
+        self,
+        st: state.SchedulerState,
+        wall: Callable[[], float] = time.time,
+        retain: int = RETAINED_EVENTS,
+    ) -> None:
+        self._state = st
+        self._wall = wall
+        self._events: deque[JobEvent] = deque(maxlen=retain)
+        self.seq = 0
+        self._file: EventFile | None = None
+        self._followers: set[_Follower] = set()
+        self._saves_failing = False
+        # Called with every event, on the loop (the metrics count them).
+        self.listeners: list[Callable[[JobEvent], None]] = []
+
+    # -- what happened -------------------------------------------------------------------------
+
+    def incarnation_of(self, node_id: str) -> int | None:
+        """The incarnation the node has now (None: not a member); taken before a registration."""
+        member = self._state.members.get(canonical_node_id(node_id))
+        return None if member is None else member.incarnation
+
+    def registration(
+        self,
+        reg: state.Registration,
+        prior_incarnation: int | None,
+        outcome: state.Accepted | state.Refused,
+    ) -> None:
+        record = events.of_registration(reg, prior_incarnation, outcome, self._state)
+        if record is not None:
+            self.emit(record)
+
+    def effect(self, effect: state.Effect) -> None:
+        record = events.of_effect(effect, self._state)
+        if record is not None:
+            self.emit(record)
+
+    def nodes_back(self, seconds: float) -> None:
+        self.emit(Record(Kind.NODES_BACK, {"seconds": round(seconds, 3)}))
+
+    def save(self, ok: bool, error: str = "") -> None:
+        """A save of the recovery state ended: said when saves start and stop failing."""
+        if ok and self._saves_failing:
+            self._saves_failing = False
+            self.emit(Record(Kind.SAVE_RECOVERED))
+        elif not ok and not self._saves_failing:
+            self._saves_failing = True
+            self.emit(Record(Kind.SAVE_FAILED, {"error": error}))
+
+    def emit(self, record: Record) -> JobEvent:
+        self.seq += 1
+        event = JobEvent(self.seq, self._wall(), record.kind.value, record.fields)
+        self._events.append(event)
+        for listener in self.listeners:
+            listener(event)
+        if self._file is not None:
+            self._file.write(event.to_json())
+        for follower in list(self._followers):
+            if follower.queue.qsize() >= FOLLOWER_BACKLOG:
+                follower.behind = True
+                self._followers.discard(follower)
+                follower.queue.put_nowait(None)
+            else:
+                follower.queue.put_nowait(event)
+        return event
+
+    # -- the log file --------------------------------------------------------------------------
+
+    def open(self, path: Path) -> None:
+        """Append every event from now on to `path`, numbered on from its last one."""
+        self.seq = max(self.seq, last_seq(path))
+        self._file = EventFile(path)
+
+    def close(self) -> None:
+        """End every following stream and write out the file."""
+        for follower in self._followers:
+            follower.queue.put_nowait(None)
+        self._followers.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -- readers -------------------------------------------------------------------------------
+
+    def history(self, after: int = 0) -> list[JobEvent]:
+        """The retained events numbered above `after`, oldest first."""
+        return [e for e in self._events if e.seq > after]
+
+    async def follow(self, after: int = 0, *, follow: bool = True) -> AsyncIterator[JobEvent]:
+        """The retained events after `after`, then (with `follow`) each new one, until the job's
+        last event or the journal's close. FellBehindError when the reader is too slow."""
+        follower = _Follower()
+        past = self.history(after)
+        following = follow and not any(e.kind in FINAL for e in past)
+        if following:
+            self._followers.add(follower)  # in the same step as the history: nothing missed
+        try:
+            for event in past:
+                yield event
+            if not following:
+                return
+            while True:
+                news = await follower.queue.get()
+                if news is None:
+                    if follower.behind:
+                        raise FellBehindError(
+                            f"this event stream fell {FOLLOWER_BACKLOG} events behind and was "
+                            "ended; read faster, or reconnect asking for the events after the "
+                            "last one you got"
+                        )
+                    return
+                yield news
+                if news.kind in FINAL:
+                    return
+        finally:
+            self._followers.discard(follower)

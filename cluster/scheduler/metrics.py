@@ -1,0 +1,216 @@
+"""The scheduler's Prometheus metrics (prometheus_client), served on /metrics when asked for.
+
+Off by default, and then nothing of this module runs: no registry, no interceptor, no work per
+call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS_PORT):
+
+- counters of what happened, fed by the event journal (registrations, refusals, node failures
+  by cause, rejoins, rollbacks, guard refusals) and by the persister (saves, their seconds and
+  bytes, failures);
+- gauges of the job as it is, computed at scrape time from the state by a custom collector
+  (`JobCollector`): nodes by role and state, phase, generation, rollback step, heartbeat ages,
+  key-value usage, saves pending. A scrape costs one pass over the nodes; a heartbeat costs
+  nothing more than without metrics;
+- RPCs by method and status code, with latency (`cluster.scheduler.rpc_metrics`).
+
+prometheus_client's HTTP server runs on a thread of its own; a scrape reads the job on the
+scheduler's loop (`JobGauges.of`), so it never sees a change half applied.
+
+Label values are bounded: roles, states, phases, causes and refusal reasons are enums, methods
+and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id) exist only
+in jobs of at most NODE_LABEL_LIMIT nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.process_collector import ProcessCollector
+
+from cluster.protocol import state
+from cluster.protocol.errors import ConfigError
+from cluster.protocol.events import Cause, JobEvent, Kind
+from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.job_gauges import JobCollector, JobGauges
+from cluster.scheduler.rpc_metrics import RpcMetrics
+
+log = logging.getLogger("cluster.scheduler")
+
+T = TypeVar("T")
+
+SAVE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# How long a scrape waits for the scheduler's loop to read the job: Prometheus's default scrape
+# timeout (it has given up by then).
+READ_TIMEOUT_S = 10.0
+
+
+def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | None:
+    """`read()` run on `loop` (from another thread); None when the loop does not answer."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(read())
+        except Exception as exc:  # handed to the waiting thread
+            future.set_exception(exc)
+
+    try:
+        loop.call_soon_threadsafe(run)
+    except RuntimeError:  # the loop is closed: the scheduler is stopping
+        return None
+    try:
+        return future.result(READ_TIMEOUT_S)
+    except concurrent.futures.TimeoutError:
+        log.warning(
+            "a metrics scrape waited %g s for the scheduler's loop and got no answer: it has "
+            "only the process and RPC metrics",
+            READ_TIMEOUT_S,
+        )
+        return None
+
+
+class SchedulerMetrics:
+    """Every metric of one scheduler, in a registry of its own."""
+
+    def __init__(self) -> None:
+        # No `_created` series beside every counter: they double what a scrape carries, and
+        # Prometheus does not need them (process-wide; this process is the scheduler).
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in the library
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open fds
+        self.registrations = Counter(
+            "cluster_registrations",
+            "Processes accepted into the job (first joins and rejoins).",
+            registry=r,
+        )
+        self.refusals = Counter(
+            "cluster_registration_refusals",
+            "Registrations refused, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.guard_refusals = Counter(
+            "cluster_guard_refusals",
+            "Registrations refused by the re-registration guard (the node id was alive within "
+            "MS_NODE_TIMEOUT).",
+            registry=r,
+        )
+        self.failures = Counter(
+            "cluster_node_failures", "Nodes failed, by cause.", ["cause"], registry=r
+        )
+        self.rejoins = Counter("cluster_rejoins", "Failed nodes that rejoined the job.", registry=r)
+        self.rollbacks = Counter(
+            "cluster_rollbacks",
+            "New generations after the first: each rolls every worker back.",
+            registry=r,
+        )
+        self.formation = Gauge(
+            "cluster_formation_seconds",
+            "Seconds from the scheduler's start to the job formed (0 until then).",
+            registry=r,
+        )
+        self.saves = Counter(
+            "cluster_state_saves", "Saves of the recovery state that landed.", registry=r
+        )
+        self.save_failures = Counter(
+            "cluster_state_save_failures", "Saves of the recovery state that failed.", registry=r
+        )
+        self.save_seconds = Histogram(
+            "cluster_state_save_seconds",
+            "Seconds a save of the recovery state took.",
+            buckets=SAVE_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.save_bytes = Gauge(
+            "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
+        )
+        for reason in state.Refusal:
+            self.refusals.labels(reason.value)
+        for cause in Cause:
+            self.failures.labels(cause.value)
+        self.rpc = RpcMetrics(r)
+
+    def attach(self, core: SchedulerCore, loop: asyncio.AbstractEventLoop) -> None:
+        """Count `core`'s events from now on, and read its gauges at each scrape."""
+        core.journal.listeners.append(self.count)
+        self.registry.register(JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core))))
+
+    def count(self, event: JobEvent) -> None:
+        kind = event.kind
+        if kind in (Kind.REGISTERED.value, Kind.REJOINED.value):
+            self.registrations.inc()
+            if kind == Kind.REJOINED.value:
+                self.rejoins.inc()
+        elif kind == Kind.GUARD_REFUSAL.value:
+            self.guard_refusals.inc()
+            self.refusals.labels(state.Refusal.NODE_ALIVE.value).inc()
+        elif kind == Kind.REFUSED.value:
+            self.refusals.labels(str(event.fields["reason"])).inc()
+        elif kind == Kind.FAILED.value:
+            self.failures.labels(str(event.fields["cause"])).inc()
+        elif kind == Kind.GENERATION.value:
+            self.rollbacks.inc()
+        elif kind == Kind.FORMED.value:
+            self.formation.set(float(event.fields["seconds"]))
+
+    def saved(self, seconds: float, ok: bool, path: Path) -> None:
+        """A save of the recovery state to `path` ended."""
+        if not ok:
+            self.save_failures.inc()
+            return
+        self.saves.inc()
+        self.save_seconds.observe(seconds)
+        with contextlib.suppress(OSError):
+            self.save_bytes.set(path.stat().st_size)
+
+
+class MetricsServer:
+    """prometheus_client's HTTP server for `registry`, on a thread: /metrics at host:port."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self.registry = registry
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        try:
+            server, thread = start_http_server(
+                self.requested_port, addr=self.host, registry=self.registry
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"CLUSTER_METRICS_PORT={self.requested_port}: the scheduler cannot serve metrics "
+                f"on {self.host}:{self.requested_port} ({exc.strerror or exc}); choose a free port "
+                "(0: any)"
+            ) from None
+        self._server, self._thread = server, thread
+        self.port = int(server.server_port)
+        return self.port
+
+    async def stop(self) -> None:
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(5.0)

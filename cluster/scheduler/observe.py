@@ -1,0 +1,76 @@
+"""What the scheduler shows of itself: its event log and, when asked for, Prometheus metrics.
+
+`SchedulerServer` makes one `Observability` from the `ObserveConfig` (CLUSTER_EVENT_LOG,
+CLUSTER_METRICS_PORT), installs its interceptors in the gRPC server, starts it once its core is
+final (a restarted scheduler's is loaded from disk) and stops it last. The journal of events
+exists whatever the config (`WatchEvents` reads it); the file and the metrics only when asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from cluster.protocol import events
+from cluster.protocol.config import ObserveConfig
+from cluster.scheduler.core import SchedulerCore
+
+if TYPE_CHECKING:
+    from cluster.scheduler.metrics import MetricsServer, SchedulerMetrics
+    from cluster.scheduler.rpc_metrics import RpcMetrics
+
+log = logging.getLogger("cluster.scheduler")
+
+
+class Observability:
+    def __init__(self, config: ObserveConfig, host: str) -> None:
+        self.config = config
+        self.host = host
+        self.metrics: SchedulerMetrics | None = None
+        if config.metrics_port is not None:
+            # prometheus_client only when metrics are on: importing it costs a restarted
+            # scheduler 70 ms or more, which it would spend before taking its nodes back.
+            from cluster.scheduler.metrics import SchedulerMetrics  # noqa: PLC0415
+
+            self.metrics = SchedulerMetrics()
+        self._http: MetricsServer | None = None
+        self._core: SchedulerCore | None = None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Where /metrics is served (None: metrics are off, or not started yet)."""
+        return None if self._http is None else self._http.port
+
+    def interceptors(self) -> list[RpcMetrics]:
+        return [] if self.metrics is None else [self.metrics.rpc]
+
+    async def start(self, core: SchedulerCore) -> None:
+        self._core = core
+        if self.config.event_log is not None:
+            core.journal.open(self.config.event_log)
+        if core.persister is not None:
+            core.persister.observer = self._saved
+        if self.metrics is not None and self.config.metrics_port is not None:
+            from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
+
+            self.metrics.attach(core, asyncio.get_running_loop())
+            self._http = MetricsServer(self.metrics.registry, self.host, self.config.metrics_port)
+            port = self._http.start()
+            where = f"[{self.host}]" if ":" in self.host else self.host
+            log.info("metrics at http://%s:%d/metrics", where, port)
+        core.journal.emit(events.of_start(core.state))
+
+    def _saved(self, seconds: float, error: str | None) -> None:
+        core = self._core
+        assert core is not None
+        core.journal.save(error is None, error or "")
+        if self.metrics is not None and core.persister is not None:
+            self.metrics.saved(seconds, error is None, core.persister.path)
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
+        if self._core is not None:
+            self._core.journal.close()

@@ -1,0 +1,129 @@
+"""RPCs by method and status code, and the latency of unary calls: a grpc.aio interceptor.
+
+Installed only when metrics are on. It counts every call the scheduler serves when it ends
+(`cluster_rpc_requests_total{method,code}`), and times the unary ones
+(`cluster_rpc_duration_seconds{method}`); a stream (Watch, Heartbeat, WatchEvents) lives as
+long as its node, so its length says nothing of latency and is not timed. Heartbeats are
+messages on a stream, not calls: they cost the interceptor nothing.
+
+Labels are bounded: `method` is a method of the services the scheduler serves (a call to any
+other has no handler and is not counted), `code` a gRPC status code name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+RPC_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30)
+
+if TYPE_CHECKING:  # generic in grpc-stubs only
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+    Context = grpc.aio.ServicerContext[Any, Any]
+else:
+    _Interceptor = grpc.aio.ServerInterceptor
+    Context = Any
+
+
+def _code(context: Context, error: BaseException | None) -> str:
+    """The call's status code as it ended: as set (abort, set_code), else OK, CANCELLED when
+    the client went away, UNKNOWN for an exception that set none."""
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if error is None:
+        return "OK"
+    return "CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN"
+
+
+class RpcMetrics(_Interceptor):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "cluster_rpc_requests",
+            "Calls the scheduler served, by method and status code, counted when they end.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "cluster_rpc_duration_seconds",
+            "Seconds the scheduler took to answer a unary call, by method.",
+            ["method"],
+            buckets=RPC_SECONDS_BUCKETS,
+            registry=registry,
+        )
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = str(details.method).rsplit("/", 1)[-1]
+        return self._wrapped(handler, method)
+
+    def _wrapped(
+        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        requests, duration = self.requests, self.duration
+
+        def unary(behavior: Any, timed: bool) -> Any:
+            async def call(request: Any, context: Context) -> Any:
+                started = time.perf_counter()
+                error: BaseException | None = None
+                try:
+                    return await behavior(request, context)
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    if timed:
+                        duration.labels(method).observe(time.perf_counter() - started)
+                    requests.labels(method, _code(context, error)).inc()
+
+            return call
+
+        def streaming(behavior: Any) -> Any:
+            async def call(request: Any, context: Context) -> Any:
+                error: BaseException | None = None
+                try:
+                    async for response in behavior(request, context):
+                        yield response
+                except BaseException as exc:
+                    error = exc
+                    raise
+                finally:
+                    requests.labels(method, _code(context, error)).inc()
+
+            return call
+
+        kinds = (
+            ("unary_unary", grpc.unary_unary_rpc_method_handler, True),
+            ("unary_stream", grpc.unary_stream_rpc_method_handler, False),
+            ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+            ("stream_stream", grpc.stream_stream_rpc_method_handler, False),
+        )
+        for attribute, make, timed in kinds:
+            behavior = getattr(handler, attribute)
+            if behavior is None:
+                continue
+            wrapped = (
+                streaming(behavior)
+                if inspect.isasyncgenfunction(behavior)
+                else unary(behavior, timed)
+            )
+            return make(
+                wrapped,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

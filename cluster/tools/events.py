@@ -1,0 +1,216 @@
+"""`mscluster events`: the job's events as a table, from its event log or a running scheduler.
+
+    mscluster events                              LOG_DIR/events.jsonl of `mscluster run` (logs/)
+    mscluster events --file PATH --follow         and each new one, until the job's last
+    mscluster events --addr HOST:PORT [--follow]  from the scheduler (WatchEvents)
+    mscluster events ... --json                   the JSON lines themselves
+
+A followed scheduler that restarts is asked again (for up to RECONNECT_S), and the events
+already shown are not shown twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+
+from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
+from cluster.protocol.events import JobEvent
+from cluster.transport import channel as scheduler_channel
+from cluster.transport import tls
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+FINAL = frozenset({"finished", "job_failed"})
+POLL_S = 0.25
+RECONNECT_S = 60.0
+_SHOWN_APART = ("rank", "node_id")
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+HEADER = f"{'time':<12}  {'event':<14}  {'who':<9}  details"
+
+
+def row(event: JobEvent) -> str:
+    """One event as a line of the table: local time, what, who, and the rest as key=value."""
+    clock = datetime.datetime.fromtimestamp(event.time).strftime("%H:%M:%S.%f")[:-3]
+    fields = event.fields
+    if fields.get("rank") is not None:
+        who = f"rank {fields['rank']}"
+    elif fields.get("node_id") is not None:
+        who = f"node {fields['node_id']}"
+    else:
+        who = ""
+    rest = " ".join(f"{k}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART)
+    return f"{clock:<12}  {event.kind:<14}  {who:<9}  {rest}".rstrip()
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, str):
+        return value if value and " " not in value and '"' not in value else json.dumps(value)
+    return json.dumps(value)
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+def parse(lines: Iterator[str], source: str) -> Iterator[JobEvent]:
+    """The events of JSON lines; a line that is not one is skipped, unless none is."""
+    seen = parsed = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        seen += 1
+        try:
+            event = JobEvent.from_json(line)
+        except ValueError:
+            continue
+        parsed += 1
+        yield event
+    if seen and not parsed:
+        raise ConfigError(f"{source} is not an event log: none of its {seen} lines is an event")
+
+
+def from_file(
+    path: Path, *, follow: bool, poll_s: float = POLL_S, say: Callable[[str], None] = print
+) -> Iterator[JobEvent]:
+    """The events in `path`; with `follow`, then each one appended, until the job's last (a
+    file not there yet is waited for, and `say` says so)."""
+    if not follow:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            raise ConfigError(
+                f"no event log at {path} ({exc.strerror}): give the one `mscluster run` wrote "
+                "(LOG_DIR/events.jsonl), or the scheduler's CLUSTER_EVENT_LOG, or --addr"
+            ) from None
+        yield from parse(iter(text.splitlines()), str(path))
+        return
+    if not path.exists():
+        say(f"mscluster: waiting for {path} (the scheduler writes it once it has started)")
+    yield from _follow_file(path, poll_s)
+
+
+def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
+    while not path.exists():
+        time.sleep(poll_s)
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        pending = ""
+        while True:
+            chunk = handle.readline()
+            if not chunk:
+                time.sleep(poll_s)
+                continue
+            pending += chunk
+            if not pending.endswith("\n"):
+                continue  # a line still being written
+            line, pending = pending, ""
+            try:
+                event = JobEvent.from_json(line)
+            except ValueError:
+                continue  # not an event (a line of something else): skipped
+            yield event
+            if event.kind in FINAL:
+                return
+
+
+async def from_scheduler(
+    address: str,
+    identity: tls.Identity | None,
+    *,
+    follow: bool,
+    reconnect_s: float = RECONNECT_S,
+) -> AsyncGenerator[JobEvent, None]:
+    """The scheduler's retained events; with `follow`, then each new one until the job's last,
+    asking again (for up to `reconnect_s`) when the scheduler restarts."""
+    newest = 0.0  # the time of the newest event shown: nothing older is shown again
+    lost_at: float | None = None
+    options = scheduler_channel.reconnect_options(100, 1000)
+    while True:
+        try:
+            async for event in _watch(address, identity, follow=follow, options=options):
+                lost_at = None
+                if event.time <= newest:
+                    continue
+                newest = event.time
+                yield event
+                if event.kind in FINAL:
+                    return
+            return
+        except SchedulerUnreachableError:
+            now = time.monotonic()
+            lost_at = now if lost_at is None else lost_at
+            if not follow or newest == 0.0 or now - lost_at > reconnect_s:
+                raise
+            await asyncio.sleep(POLL_S)
+
+
+async def _watch(
+    address: str, identity: tls.Identity | None, *, follow: bool, options: list[tuple[str, int]]
+) -> AsyncIterator[JobEvent]:
+    async with scheduler_channel.open_channel(address, identity, options) as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        call = stub.WatchEvents(
+            pb.WatchEventsRequest(follow=follow), timeout=None if follow else 10.0
+        )
+        try:
+            async for message in call:
+                yield JobEvent(
+                    message.seq, message.time, message.event, json.loads(message.fields_json)
+                )
+        except grpc.aio.AioRpcError as exc:
+            raise SchedulerUnreachableError(
+                f"no scheduler answers at {address}: {exc.details() or exc.code().name}"
+            ) from None
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+class Printer:
+    """Prints events as they come: the table (its header before the first row) or JSON lines."""
+
+    def __init__(self, out: IO[str], *, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.count = 0
+
+    def __call__(self, event: JobEvent) -> None:
+        if self.count == 0:
+            self._header()
+        print(event.to_json() if self.as_json else row(event), file=self.out, flush=True)
+        self.count += 1
+
+    def done(self) -> int:
+        """How many were printed (an empty table still has its header)."""
+        if self.count == 0:
+            self._header()
+        return self.count
+
+    def _header(self) -> None:
+        if not self.as_json:
+            print(HEADER, file=self.out, flush=True)
+
+
+def show(events: Iterator[JobEvent], out: IO[str], *, as_json: bool) -> int:
+    """Print `events` as they come; how many."""
+    printer = Printer(out, as_json=as_json)
+    for event in events:
+        printer(event)
+    return printer.done()
+
+
+async def show_stream(events: AsyncIterator[JobEvent], out: IO[str], *, as_json: bool) -> int:
+    """`show` for a scheduler's stream."""
+    printer = Printer(out, as_json=as_json)
+    async for event in events:
+        printer(event)
+    return printer.done()

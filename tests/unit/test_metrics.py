@@ -1,0 +1,156 @@
+"""The scheduler's /metrics: a real scheduler (grpc.aio on loopback, metrics on port 0), read
+over HTTP and parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cluster.protocol.config import ObserveConfig
+from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.scheduler import SchedulerServer
+from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
+from cluster.storage import store
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.aio import BOUND_S
+from tests.scrape import ON, form, scrape, settings, value
+
+
+async def test_a_formed_job_and_a_failure_as_metrics() -> None:
+    async with SchedulerServer(settings(), observe=ON) as server:
+        await form(server)
+        seen = await scrape(server)
+        assert value(seen, "cluster_nodes", role="worker", state="alive") == 2
+        assert value(seen, "cluster_nodes", role="server", state="failed") == 0
+        assert value(seen, "cluster_expected_workers") == 2
+        assert value(seen, "cluster_generation") == 1
+        assert value(seen, "cluster_job_phase", phase="ready") == 1
+        assert value(seen, "cluster_job_phase", phase="waiting") == 0
+        assert value(seen, "cluster_registrations_total") == 2
+        assert value(seen, "cluster_formation_seconds") >= 0
+        assert value(seen, "cluster_heartbeat_age_seconds_gcount") == 2
+        assert value(seen, "cluster_heartbeat_age_seconds_bucket", le="+Inf") == 2
+        assert value(seen, "cluster_member_alive", rank="1", node_id="1") == 1
+        assert value(seen, "cluster_member_checkpoint_step", rank="0") == -1
+        assert value(seen, "cluster_node_failures_total", cause="stream_broken") == 0
+
+        core = server.core
+        core.state.connect("1", 1)
+        core._apply(core.state.disconnect("1", 1))
+        seen = await scrape(server)
+        assert value(seen, "cluster_node_failures_total", cause="stream_broken") == 1
+        assert value(seen, "cluster_nodes", role="worker", state="failed") == 1
+        assert value(seen, "cluster_job_phase", phase="failed") == 1  # recovery is off
+        assert value(seen, "cluster_member_alive", rank="1") == 0
+
+
+async def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> None:
+    async with SchedulerServer(settings(), observe=ON) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.SchedulerStub(channel)
+            await stub.Status(pb.StatusRequest(), timeout=BOUND_S)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Finish(pb.FinishRequest(node_id="nobody", incarnation=1), timeout=5)
+            assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+        seen = await scrape(server)
+    assert value(seen, "cluster_rpc_requests_total", method="Status", code="OK") == 1
+    assert value(seen, "cluster_rpc_requests_total", method="Finish", code="NOT_FOUND") == 1
+    assert value(seen, "cluster_rpc_duration_seconds_count", method="Status") == 1
+    assert value(seen, "cluster_rpc_duration_seconds_bucket", method="Status", le="+Inf") == 1
+
+
+async def test_no_series_per_node_past_the_limit() -> None:
+    workers = NODE_LABEL_LIMIT + 1
+    async with SchedulerServer(settings(workers), observe=ON) as server:
+        await form(server, workers)
+        seen = await scrape(server)
+    assert value(seen, "cluster_nodes", role="worker", state="alive") == workers
+    assert value(seen, "cluster_heartbeat_age_seconds_gcount") == workers
+    assert not [name for name in seen if name.startswith("cluster_member_")]
+
+
+async def test_saves_of_the_recovery_state_are_counted_timed_and_sized(tmp_path: Path) -> None:
+    async with SchedulerServer(
+        settings(recovery=True), recovery_path=tmp_path, observe=ON
+    ) as server:
+        await form(server)
+        seen = await scrape(server)
+    assert value(seen, "cluster_state_saves_total") >= 1
+    assert value(seen, "cluster_state_save_seconds_count") >= 1
+    assert value(seen, "cluster_state_save_bytes") > 100  # the file, as last saved
+    assert value(seen, "cluster_state_save_failures_total") == 0
+    assert value(seen, "cluster_state_saves_pending") == 0
+
+
+async def test_a_failing_save_is_counted_and_is_one_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with SchedulerServer(
+        settings(recovery=True), recovery_path=tmp_path, observe=ON
+    ) as server:
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise StateFileError("cannot write the recovery state: the disk is full")
+
+        def kinds() -> list[str]:
+            return [e.kind for e in server.core.journal.history()]
+
+        await form(server)
+        monkeypatch.setattr(store, "save", broken)
+        node = server.core.state.members["1"]
+        server.core.state.report_checkpoints("1", node.incarnation, [10])  # a change to save
+        server.core._apply([])
+        await poll(lambda: "save_failed" in kinds())
+        seen = await scrape(server)
+        monkeypatch.undo()  # the disk works again: the next retry lands
+        await poll(lambda: "save_recovered" in kinds())
+    assert value(seen, "cluster_state_save_failures_total") >= 1
+    assert value(seen, "cluster_state_saves_pending") >= 1
+    assert kinds().count("save_failed") == 1  # said once, however many retries failed
+
+
+async def poll(condition: Callable[[], bool], timeout_s: float = BOUND_S) -> None:
+    """Until `condition` holds (a save runs on a thread: yielding alone may not be enough)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)  # sleep-ok: polls an observable, bounded by timeout_s
+
+
+async def test_a_metrics_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = SchedulerServer(settings(), observe=ObserveConfig(metrics_port=port))
+        with pytest.raises(ConfigError, match=rf"CLUSTER_METRICS_PORT={port}: .*choose a free"):
+            await server.start()
+    assert server.port == 0  # the scheduler did not start serving
+
+
+def test_metrics_off_by_default_import_and_install_nothing() -> None:
+    probe = """
+import asyncio, sys
+from cluster.scheduler import CoreSettings, SchedulerServer
+
+async def main():
+    async with SchedulerServer(CoreSettings(2, 0, 5.0, 60.0, 1.0)) as server:
+        assert server.observing.metrics is None and server.observing.interceptors() == []
+        assert server.observing.metrics_port is None
+    print("prometheus_client" in sys.modules)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

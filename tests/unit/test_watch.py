@@ -1,0 +1,166 @@
+"""`mscluster status --watch`: what changed between two views (pure), as lines and as
+highlighted cells; and `mscluster events`' table and sources."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from rich.text import Text
+
+from cluster.protocol.errors import ConfigError
+from cluster.protocol.events import JobEvent
+from cluster.protocol.state import Phase
+from cluster.tools import events
+from cluster.tools.status import JobView, NodeView
+from cluster.tools.watch import HIGHLIGHT, Change, changes, lines, table
+
+
+def node(i: int, **changed: object) -> NodeView:
+    base = NodeView(
+        rank=i,
+        node_id=str(i),
+        role="worker",
+        address=f"127.0.0.1:{6000 + i}",
+        state="alive",
+        connected=True,
+        seconds_since_heartbeat=0.5,
+        incarnation=0xA0 + i,
+        restarts=0,
+        checkpoints=(10, 20),
+    )
+    return dataclasses.replace(base, **changed)  # type: ignore[arg-type]
+
+
+def view(*nodes: NodeView, **changed: object) -> JobView:
+    base = JobView(
+        address="127.0.0.1:8118",
+        cluster_id="job-1",
+        phase=Phase.READY,
+        generation=1,
+        worker_num=len(nodes),
+        server_num=0,
+        registered=len(nodes),
+        recovery=True,
+        uptime_s=3.0,
+        detail="",
+        nodes=tuple(nodes),
+    )
+    return dataclasses.replace(base, **changed)  # type: ignore[arg-type]
+
+
+def test_the_first_view_and_an_unchanged_one_have_no_changes() -> None:
+    first = view(node(0), node(1))
+    assert changes(None, first) == []
+    aged = view(node(0, seconds_since_heartbeat=4.0), node(1), uptime_s=9.0)
+    assert changes(first, aged) == []  # ages and uptime move at every refresh
+
+
+def test_a_failure_and_a_rejoin_are_the_changes_they_are() -> None:
+    before = view(node(0), node(1), node(2))
+    failed = view(node(0), node(1), node(2, state="failed", connected=False))
+    assert changes(before, failed) == [
+        Change("2", "state", "alive", "failed"),
+        Change("2", "connected", "yes", "no"),
+    ]
+    back = view(
+        node(0),
+        node(1),
+        node(2, incarnation=0xBEEF, restarts=1),
+        generation=2,
+        rollback_step=20,
+    )
+    assert changes(failed, back) == [
+        Change(None, "generation", "1", "2"),
+        Change(None, "rollback_step", "0", "20"),
+        Change("2", "state", "failed", "alive"),
+        Change("2", "connected", "no", "yes"),
+        Change("2", "incarnation", "a2", "beef"),
+        Change("2", "restarts", "0", "1"),
+    ]
+
+
+def test_nodes_that_come_and_go_and_the_newest_checkpoint() -> None:
+    before = view(node(0), node(1), phase=Phase.WAITING, worker_num=3)
+    after = view(node(0, checkpoints=(10, 20, 30)), node(2), phase=Phase.WAITING, worker_num=3)
+    assert changes(before, after) == [
+        Change("0", "checkpoint", "20", "30"),
+        Change("2", "state", "new", "alive"),
+        Change("1", "state", "alive", "gone"),
+    ]
+
+
+def test_lines_put_the_nodes_that_changed_alike_together() -> None:
+    found = [
+        Change(None, "generation", "1", "2"),
+        *(Change(str(i), "checkpoint", "20", "30") for i in range(10)),
+        Change("3", "state", "alive", "failed"),
+    ]
+    assert lines(found) == [
+        "job: generation 1 -> 2",
+        "nodes 0, 1, 2, 3, 4, 5, 6, 7 and 2 more: checkpoint 20 -> 30",
+        "node 3: state alive -> failed",
+    ]
+
+
+def test_the_table_highlights_exactly_the_changed_cells() -> None:
+    before = view(node(0), node(1))
+    after = view(node(0), node(1, state="failed", connected=False), generation=2)
+    grid = table(after, changes(before, after))
+    styled = {
+        (column.header, str(cell))
+        for column in grid.columns
+        for cell in column._cells
+        if getattr(cell, "style", "") == HIGHLIGHT
+    }
+    assert styled == {("state", "failed"), ("stream", "no")}
+    title = grid.title
+    assert isinstance(title, Text)
+    assert [span.style for span in title.spans if span.style == HIGHLIGHT] == [HIGHLIGHT]
+    out = io.StringIO()
+    Console(file=out, width=160).print(grid)
+    assert "job job-1 at 127.0.0.1:8118" in out.getvalue()
+    assert "failed" in out.getvalue()
+
+
+# -- mscluster events: the table and its sources -----------------------------------------------
+
+
+def test_an_event_row_names_who_and_shows_the_rest() -> None:
+    failed = JobEvent(
+        5,
+        1_700_000_000.0,
+        "failed",
+        {"rank": 2, "node_id": "2", "cause": "stream_broken", "reason": "it broke"},
+    )
+    row = events.row(failed)
+    assert row.split()[1:5] == ["failed", "rank", "2", "cause=stream_broken"]
+    assert row.endswith('reason="it broke"')
+    refused = JobEvent(6, 1_700_000_001.0, "guard_refusal", {"node_id": "2", "retry_after_s": 1.5})
+    assert "node 2" in events.row(refused)
+    assert events.HEADER.split() == ["time", "event", "who", "details"]
+
+
+def test_a_file_that_is_not_an_event_log_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.log"
+    path.write_text("cluster[scheduler]: listening on 127.0.0.1:8118 for 2 workers\n")
+    with pytest.raises(ConfigError, match="is not an event log"):
+        list(events.from_file(path, follow=False))
+    with pytest.raises(ConfigError, match=r"no event log at .*missing.jsonl"):
+        list(events.from_file(tmp_path / "missing.jsonl", follow=False))
+
+
+def test_a_followed_file_ends_with_the_jobs_last_event(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    lines_ = [
+        JobEvent(1, 1.0, "formed", {"generation": 1}).to_json(),
+        "a torn line",
+        JobEvent(2, 2.0, "finished", {"detail": "done"}).to_json(),
+        JobEvent(3, 3.0, "started", {}).to_json(),  # the next job's: not followed
+    ]
+    path.write_text("\n".join(lines_) + "\n")
+    kinds = [e.kind for e in events.from_file(path, follow=True, poll_s=0.01)]
+    assert kinds == ["formed", "finished"]

@@ -229,14 +229,63 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
-def raise_fd_limit() -> None:
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
+def rss_bytes(pid: int | None) -> int | None:
+    """Resident set size of a process now (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = hard if hard != resource.RLIM_INFINITY else 65536
-        if soft < want:
+
+# The open-files limit a process of the benchmark asks for: a scheduler of N nodes holds N
+# connections, and a client process one per agent (as root, the hard limit is raised too).
+WANT_OPEN_FILES = 65536
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-files limit as far as it may go; the limit it has now."""
+    try:
+        import resource
+    except ImportError:
+        return WANT_OPEN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if hard != infinite and hard < WANT_OPEN_FILES:
+        with contextlib.suppress(ValueError, OSError):  # needs CAP_SYS_RESOURCE
+            resource.setrlimit(resource.RLIMIT_NOFILE, (WANT_OPEN_FILES, WANT_OPEN_FILES))
+            soft, hard = WANT_OPEN_FILES, WANT_OPEN_FILES
+    want = WANT_OPEN_FILES if hard == infinite else hard
+    if soft < want:
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    return int(soft) if soft != infinite else WANT_OPEN_FILES
+
+
+class LagProbe:
+    """How late this process's event loop runs a timer due every `every_s`: the loop's lag
+    (its largest value), the time a callback waits behind the others' work."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self.every_s = every_s
+        self.max_s = 0.0
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time() + every_s
+        self._timer = self._loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        self.max_s = max(self.max_s, now - self._due)
+        self._due = now + self.every_s
+        self._timer = self._loop.call_at(self._due, self._tick)
+
+    def stop(self) -> float:
+        self._timer.cancel()
+        return self.max_s
 
 
 def tls_identity(ssl_json: str | None, *, server: bool) -> Any:
@@ -270,8 +319,12 @@ async def timed(
     if not await signalled(start, SPAWN_TIMEOUT_S + timeout_s):
         raise BenchError("no start signal")
     cpu0 = time.process_time()
-    finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
-    q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
+    lag = LagProbe()
+    try:
+        finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
+    finally:
+        lag_s = lag.stop()
+    q.put(("timing", index, (max(finished), time.process_time() - cpu0, lag_s)))
 
 
 # -- cluster: children -----------------------------------------------------------------------
@@ -312,7 +365,8 @@ def cluster_scheduler_main(
             except TimeoutError:
                 server.core.abort("benchmark timed out")
                 ok = False
-            q.put(("done", -1, ok))
+            core = server.core
+            q.put(("done", -1, (ok, core.loop_lag_max_s, core.stalls)))
         finally:
             await server.stop()
 
@@ -348,6 +402,13 @@ def cluster_clients_main(
         messages: list[str] = []
         fatal: list[ClusterError] = []
         agents: list[WorkerAgent] = []
+        # Per worker, wall-clock times of its stages: connected, accepted, topology.
+        stages: list[tuple[float, float, float]] = []
+        wall = time.time() - time.monotonic()  # the agents' clock (monotonic) -> wall time
+
+        async def connected(channel: grpc.aio.Channel) -> float:
+            await channel.channel_ready()
+            return time.time()
 
         async def one(i: int) -> float:
             config = cluster_config.from_env(
@@ -375,18 +436,26 @@ def cluster_clients_main(
                 on_fatal=fatal.append,
             )
             agents.append(agent)
+            connect = asyncio.ensure_future(connected(agent._channel))
             topology = await agent.start()
             done = time.time()
             if topology.size != n:
                 raise BenchError(f"worker {i} got a table of {topology.size} peers, expected {n}")
+            accepted = done if agent.accepted_at is None else agent.accepted_at + wall
+            stages.append((await connect, accepted, done))
             return done
 
         try:
             await timed(index, ids, one, start, q, timeout_s)
             check_table(agents[0].topology, n)
+            q.put(("stages", index, stages))
             if not await signalled(proceed, timeout_s):
                 raise BenchError("no signal to finish")
-            await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 30.0)
+            finish0 = time.time()
+            heard = await asyncio.wait_for(
+                asyncio.gather(*(a.finish() for a in agents)), agents[0].finish_wait_s + 5.0
+            )
+            q.put(("finished", index, (time.time() - finish0, heard.count(False))))
         finally:
             await asyncio.wait_for(
                 asyncio.gather(*(a.close() for a in agents), return_exceptions=True), 30.0
@@ -571,7 +640,8 @@ def tcpstore_clients_main(
             raise BenchError(f"{len(errors)} worker(s) failed, first: {errors[0]}")
         if len(finished) != len(ids):
             raise BenchError(f"only {len(finished)} of {len(ids)} workers finished in time")
-        q.put(("timing", index, (max(finished.values()), time.process_time() - cpu0)))
+        # Threads, not an event loop: no loop lag to report.
+        q.put(("timing", index, (max(finished.values()), time.process_time() - cpu0, None)))
         if not proceed.wait(timeout_s):
             raise BenchError("no signal to finish")
         stores.clear()
@@ -635,31 +705,57 @@ def run_once(
                 name=f"clients-{k}",
             )
         box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
-        server_cpu0 = cpu_seconds(server.pid)
+        server_cpu0, server_rss0 = cpu_seconds(server.pid), rss_bytes(server.pid)
         t0 = time.time()
         start.set()
         timings = box.collect("timing", procs, deadline)
-        server_cpu1 = cpu_seconds(server.pid)
+        server_cpu1, server_rss1 = cpu_seconds(server.pid), rss_bytes(server.pid)
+        result: dict[str, float | None] = {
+            "elapsed_s": max(end for end, _, _ in timings.values()) - t0,
+            "client_cpu_s": sum(cpu for _, cpu, _ in timings.values()),
+            "client_lag_max_s": max(
+                (lag for _, _, lag in timings.values() if lag is not None), default=None
+            ),
+            "server_cpu_s": None
+            if server_cpu0 is None or server_cpu1 is None
+            else server_cpu1 - server_cpu0,
+            "server_rss_per_node_b": None
+            if server_rss0 is None or server_rss1 is None
+            else (server_rss1 - server_rss0) / n,
+        }
+        if system.startswith("cluster"):
+            result.update(stage_figures(box.collect("stages", procs, deadline), t0))
         proceed.set()
-        elapsed = max(end for end, _ in timings.values()) - t0
         said = [
             m for ms in box.collect("closed", procs, time.monotonic() + 60.0).values() for m in ms
         ]
         if system.startswith("cluster"):
-            ok = box.collect("done", 1, time.monotonic() + 60.0)[-1]
-            if not ok:
+            finished = box.collect("finished", procs, time.monotonic() + 60.0).values()
+            result["finish_s"] = max(seconds for seconds, _ in finished)
+            unheard = sum(count for _, count in finished)
+            ok, lag_s, stalls = box.collect("done", 1, time.monotonic() + 60.0)[-1]
+            result["server_lag_max_s"], result["server_stalls"] = lag_s, stalls
+            if not ok or unheard:
                 raise BenchError(
-                    f"the scheduler did not see every worker finish; the agents said "
-                    f"{len(said)} thing(s), first: {said[:3]}"
+                    f"the scheduler did not see every worker finish ({unheard} finish(es) "
+                    f"unheard); the agents said {len(said)} thing(s), first: {said[:3]}"
                 )
         stop.set()
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S)
-    server_cpu = None if server_cpu0 is None or server_cpu1 is None else server_cpu1 - server_cpu0
-    return {
-        "elapsed_s": elapsed,
-        "client_cpu_s": sum(cpu for _, cpu in timings.values()),
-        "server_cpu_s": server_cpu,
-    }
+    return result
+
+
+def stage_figures(
+    per_process: dict[int, list[tuple[float, float, float]]], t0: float
+) -> dict[str, float | None]:
+    """The median and the last of each stage over every worker, in seconds after `t0`."""
+    figures: dict[str, float | None] = {}
+    rows = [row for rows in per_process.values() for row in rows]
+    for k, stage in enumerate(("connected", "accepted", "topology")):
+        times = [row[k] - t0 for row in rows]
+        figures[f"{stage}_p50_s"] = statistics.median(times) if times else None
+        figures[f"{stage}_max_s"] = max(times) if times else None
+    return figures
 
 
 # -- real processes --------------------------------------------------------------------------
@@ -740,6 +836,55 @@ def torch_version() -> str | None:
     return str(torch.__version__)
 
 
+def stages_line(run: dict[str, float | None]) -> str:
+    """A cluster run's stages (median / last worker, after the start signal) and lags."""
+    parts = [
+        f"{stage} {fmt_s(run.get(f'{stage}_p50_s'))}/{fmt_s(run.get(f'{stage}_max_s'))}"
+        for stage in ("connected", "accepted", "topology")
+    ]
+    return (
+        ", ".join(parts)
+        + f"; finish {fmt_s(run.get('finish_s'))}; loop lag: scheduler "
+        + f"{fmt_s(run.get('server_lag_max_s'))}, clients {fmt_s(run.get('client_lag_max_s'))}"
+    )
+
+
+def print_per_node(results: dict[str, Any], sizes: Sequence[int], systems: Sequence[str]) -> None:
+    """Per size and system (medians): wall time, server CPU, server RSS per node (the growth
+    from before the workers came to when every worker held the table), client CPU per node."""
+    print("Per node (median): wall, server CPU, server RSS per node, client CPU per node")
+    header = f"{'N':>6} | {'system':<15} | {'wall':>8} | {'server CPU':>10} | "
+    header += f"{'RSS/node':>9} | {'client CPU/node':>15}"
+    print(header)
+    print("-" * len(header))
+    for n in sizes:
+        entry = results["sizes"][str(n)]
+        for system in systems:
+
+            def median(key: str, system: str = system, entry: Any = entry) -> float | None:
+                value = entry.get(f"{system}_median_{key}")
+                return None if value is None else float(value)
+
+            rss, client = median("server_rss_per_node_b"), median("client_cpu_s")
+            print(
+                f"{n:>6} | {system:<15} | {fmt_s(median('elapsed_s')):>8} | "
+                f"{fmt_s(median('server_cpu_s')):>10} | "
+                f"{'-' if rss is None else f'{rss / 1024:.1f} KiB':>9} | "
+                f"{'-' if client is None else f'{client / n * 1e6:.0f} us':>15}"
+            )
+    if "cluster" in systems:
+        print()
+        print("cluster's stages (median): seconds after the start signal, median / last worker")
+        for n in sizes:
+            entry = results["sizes"][str(n)]
+            run = {
+                key.removeprefix("cluster_median_"): value
+                for key, value in entry.items()
+                if key.startswith("cluster_median_")
+            }
+            print(f"{n:>6} | {stages_line(run)}")
+
+
 def fmt_s(value: float | None) -> str:
     if value is None:
         return "-"
@@ -750,7 +895,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="8,64,256,1024", help="comma-separated worker counts")
     parser.add_argument("--repeat", type=int, default=3, help="runs per size (median reported)")
-    parser.add_argument("--procs", type=int, default=4, help="client processes per run")
+    parser.add_argument(
+        "--procs",
+        default="auto",
+        help="client processes per run; auto: one per AGENTS_PER_PROCESS workers, at least 4",
+    )
     parser.add_argument(
         "--real", type=int, default=8, help="workers of the real-process job (0: skip)"
     )
@@ -782,7 +931,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--sizes {args.sizes!r}: comma-separated integers expected")
     if not args.sizes or min(args.sizes) < 1:
         parser.error("--sizes: worker counts must be >= 1")
-    if args.repeat < 1 or args.procs < 1 or args.real < 0 or args.timeout <= 0:
+    if args.procs != "auto":
+        try:
+            args.procs = int(args.procs)
+        except ValueError:
+            parser.error(f"--procs {args.procs!r}: an integer or 'auto' expected")
+    bad_procs = args.procs != "auto" and args.procs < 1
+    if args.repeat < 1 or bad_procs or args.real < 0 or args.timeout <= 0:
         parser.error("--repeat and --procs must be >= 1, --real >= 0, --timeout > 0")
     if args.retries < 0:
         parser.error("--retries must be >= 0")
@@ -792,6 +947,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown or not args.systems:
         parser.error(f"--systems: choose among {', '.join(known)} (got {args.systems})")
     return args
+
+
+# Simulated workers per client process with --procs auto. Each process runs its agents on one
+# asyncio loop: 2,048 agents on one loop made that loop the bottleneck of the run (late reads
+# of the scheduler's answers, a lag of seconds), while more processes than this on 2 cores only
+# add switches between them.
+AGENTS_PER_PROCESS = 1024
+MIN_PROCS = 4
+
+
+def procs_for(procs: int | str, n: int) -> int:
+    """Client processes for a run of `n` workers (`procs`: a number, or "auto")."""
+    if procs == "auto":
+        return min(n, max(MIN_PROCS, -(-n // AGENTS_PER_PROCESS)))
+    return min(int(procs), n)
+
+
+def check_open_files(limit: int, sizes: Sequence[int], procs: int | str) -> None:
+    """A run needs a descriptor per connection in the server and in each client process."""
+    need = max(max(n, -(-n // procs_for(procs, n))) for n in sizes) + 512
+    if limit < need:
+        raise BenchError(
+            f"the open-files limit is {limit}, and the largest run needs about {need}: raise it "
+            f"(ulimit -n {need} in this shell; as root the benchmark raises it itself) or run "
+            "smaller sizes"
+        )
 
 
 def with_retries(
@@ -829,7 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tls_dir = Path(tempfile.mkdtemp(prefix="rendezvous-tls-"))
     ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & {*TLS_SYSTEMS, "grpc-tls"} else {}
-    raise_fd_limit()
+    check_open_files(raise_fd_limit(), args.sizes, args.procs)
     if args.resolver == "tcp":
         use_tcp_resolver()
     ctx = mp.get_context("spawn")
@@ -862,18 +1043,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.retries,
                     failures,
                     functools.partial(
-                        run_once, ctx, system, n, args.procs, args.timeout, ssl_jsons.get(system)
+                        run_once,
+                        ctx,
+                        system,
+                        n,
+                        procs_for(args.procs, n),
+                        args.timeout,
+                        ssl_jsons.get(system),
                     ),
                 )
                 runs[system].append(run)
                 print(
                     f"  {what} {fmt_s(run['elapsed_s']):>8}   CPU meanwhile: clients "
-                    f"{fmt_s(run['client_cpu_s'])}, server {fmt_s(run['server_cpu_s'])}",
+                    f"{fmt_s(run['client_cpu_s'])}, server {fmt_s(run['server_cpu_s'])}"
+                    + (f"; {stages_line(run)}" if system.startswith("cluster") else ""),
                     flush=True,
                 )
-        entry: dict[str, Any] = {"runs": runs}
+        entry: dict[str, Any] = {"runs": runs, "procs": procs_for(args.procs, n)}
         for system in systems:
-            for key in ("elapsed_s", "client_cpu_s", "server_cpu_s"):
+            for key in sorted({key for run in runs[system] for key in run}):
                 values = [v for v in (run[key] for run in runs[system]) if v is not None]
                 median_key = f"{system}_median_{key}"
                 entry[median_key] = statistics.median(values) if values else None
@@ -905,9 +1093,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["real"] = real
 
     print()
+    print_per_node(results, args.sizes, systems)
+    print()
     print(
-        f"Median of {args.repeat} run(s); {args.procs} client processes; wall time from the start "
-        "signal to the last worker holding the full peer table."
+        f"Median of {args.repeat} run(s); client processes: "
+        + ", ".join(f"{procs_for(args.procs, n)} at N={n}" for n in args.sizes)
+        + "; wall time from the start signal to the last worker holding the full peer table."
     )
     header = f"{'N':>6} | {'cluster':>10} | {'TCPStore':>10} | {'TCPStore/cluster':>16}"
     print(header)

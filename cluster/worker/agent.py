@@ -275,6 +275,8 @@ class WorkerAgent:
         self.unreachable = ""
         self.job_finished = False
         self._finished_here = False  # this node's Finish was heard
+        # When (this agent's clock) the scheduler accepted this node: a stage of the benchmarks.
+        self.accepted_at: float | None = None
         self._stream_up = False  # an accepted event stream is open (the scheduler is there)
         self._heartbeat_interval = config.heartbeat_interval_s
         self._progress = (0, config.expected_nodes)
@@ -318,6 +320,7 @@ class WorkerAgent:
                 tls.recheck_expiry(self._tls, self._say, self._expiry_check_period_s)
             )
         call, accepted = await self._join(deadline)
+        self.accepted_at = self._clock()
         self.cluster_id = accepted.cluster_id
         self.rejoined = accepted.rejoined
         self._watch_task = asyncio.create_task(self._watch_forever(call, deadline))

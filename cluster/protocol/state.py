@@ -128,6 +128,13 @@ class SchedulerState(Admission):
     # forward, see `_seen`), so `tick` looks at the members only then: a pass over 8,192
     # members ten times a second was most of an idle scheduler's work.
     _next_scan: float = field(init=False, repr=False, default=float("-inf"))
+    # When the scheduler last accepted a registration. A node's heartbeats wait in gRPC's queue
+    # of calls behind the registrations that arrived before them, and a large job's start is a
+    # burst of thousands: a live node's first beat was taken up only after 30 s of them (at
+    # 8,192 nodes). So a live node's silence counts from the end of the burst at the earliest
+    # (`silence`); a burst never ends while registrations are being accepted, and a hung node is
+    # still found MS_NODE_TIMEOUT after it.
+    _last_accepted: float = field(init=False, repr=False, default=float("-inf"))
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -301,7 +308,7 @@ class SchedulerState(Admission):
             return effects
         self._next_scan = float("inf")
         for member in list(self.members.values()):
-            silent = now - member.last_seen
+            silent = self.silence(member, now)
             if member.state is NodeState.ALIVE and silent > self.node_timeout_s:
                 if member.node_id in self.awaiting:
                     why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
@@ -313,7 +320,7 @@ class SchedulerState(Admission):
             elif (
                 member.state is NodeState.FAILED
                 and self.phase is Phase.READY
-                and silent > self.node_timeout_s + self.topo_timeout_s
+                and now - member.last_seen > self.node_timeout_s + self.topo_timeout_s
             ):
                 return self._end(
                     ok=False,
@@ -338,12 +345,17 @@ class SchedulerState(Admission):
         member.last_seen = now
         self._next_scan = min(self._next_scan, now + self.node_timeout_s)
 
+    def silence(self, member: Member, now: float) -> float:
+        """How long a live `member` has been silent, as far as it counts: not before the last
+        accepted registration (see `_last_accepted`)."""
+        return now - max(member.last_seen, self._last_accepted)
+
     def _due(self, member: Member) -> float:
         """When `member`'s silence would reach its limit in its present state."""
         if member.state is NodeState.FAILED:
             return member.last_seen + self.node_timeout_s + self.topo_timeout_s
         if member.state is NodeState.ALIVE:
-            return member.last_seen + self.node_timeout_s
+            return max(member.last_seen, self._last_accepted) + self.node_timeout_s
         return float("inf")
 
     def abort(self, reason: str) -> list[Effect]:
@@ -656,6 +668,7 @@ class SchedulerState(Admission):
         return self._accepted(rejoined=True), effects
 
     def _accepted(self, *, rejoined: bool) -> Accepted:
+        self._last_accepted = self.clock()
         return Accepted(
             cluster_id=self.cluster_id,
             registered=len(self.members),

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from cluster.protocol import state
+from cluster.protocol import state, topology
 from cluster.protocol.config import Limits, canonical_node_id
 from cluster.protocol.errors import (
     ClusterError,
@@ -458,6 +458,7 @@ class SchedulerCore:
             if isinstance(effect, state.ProgressEvent):
                 self._pending_progress = effect
                 continue
+            previous = self._told_topology
             if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
                 self._told = [effect]
             if isinstance(effect, state.TopologyReadyEvent):
@@ -469,7 +470,10 @@ class SchedulerCore:
                         "rejoined) during this collective",
                         kind=PeerFailedError,
                     )
-            self._broadcast(effect)
+            if isinstance(effect, state.TopologyReadyEvent):
+                self._streams.broadcast(self._topology_change(effect, previous))
+            else:
+                self._broadcast(effect)
             if isinstance(effect, state.NodeFailedEvent):
                 self.exchanges.fail_all(
                     f"rank {effect.rank} (node {effect.node_id!r}) died: {effect.reason}",
@@ -493,6 +497,21 @@ class SchedulerCore:
                 self._final = convert.event_to_pb(event).SerializeToString()
             return self._final
         return convert.event_to_pb(event).SerializeToString()
+
+    def _topology_change(
+        self, event: state.TopologyReadyEvent, previous: state.TopologyReadyEvent | None
+    ) -> bytes:
+        """`event` for the open streams, which were all told `previous` (or a newer welcome:
+        a stream's first topology is the whole table): only the rows that changed since, when
+        that is smaller than the whole table. Serialized once for every stream."""
+        rows = (
+            None
+            if previous is None or previous.generation >= event.generation
+            else topology.changed_rows(previous.peers, event.peers)
+        )
+        if previous is None or rows is None:
+            return self._serialized(event)
+        return convert.topology_delta_to_pb(event, previous.generation, rows).SerializeToString()
 
     def _broadcast(self, event: state.Event) -> None:
         self._streams.broadcast(self._serialized(event))

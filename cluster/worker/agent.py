@@ -36,6 +36,7 @@ from cluster.transport import channel as scheduler_channel
 from cluster.transport import membership, tls
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker import peer_table
 from cluster.worker.call_errors import call_error
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.registration import register_request
@@ -560,7 +561,16 @@ class WorkerAgent:
 
     def _topology_from(self, ready: pb.TopologyReady) -> Topology:
         """This node's view, in O(1) where it can be: the columns stay as they arrived."""
-        table = ready.peers
+        held = self.topology
+        try:
+            table = peer_table.table_of(
+                ready,
+                None
+                if held is None or not isinstance(held.table, pb.PeerTable)
+                else (held.generation, held.table),
+            )
+        except peer_table.MissedChange as exc:
+            raise _StreamLost(f"{exc}; reconnecting for the whole table") from None
         node_id = self.identity.node_id
         # Workers come first in rank order, then servers: a numeric node id is its rank, so
         # its row is known; any other id is looked up.

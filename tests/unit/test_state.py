@@ -501,6 +501,9 @@ def test_heartbeat_silence_while_waiting_forgets_the_node() -> None:
     clock.advance(5)
     accept(state, reg(state, "b"))
     clock.advance(6)
+    assert state.tick() == []  # a registration 6 s ago: a's beats may wait behind it
+    state.heartbeat("b", 1)
+    clock.advance(4.5)  # 10.5 s since the last registration, and a was not heard since
     effects = state.tick()
     assert len(effects) == 2
     assert isinstance(effects[0], Evict)
@@ -508,6 +511,25 @@ def test_heartbeat_silence_while_waiting_forgets_the_node() -> None:
     assert effects[1] == ProgressEvent(1, 3)
     assert set(state.members) == {"b"}
     assert state.phase is Phase.WAITING
+
+
+def test_a_burst_of_registrations_holds_back_everyones_silence() -> None:
+    """A node's heartbeats wait in gRPC's queue behind the registrations that came before
+    them: while registrations are accepted, nobody's silence counts; after the burst, a silent
+    node is found MS_NODE_TIMEOUT later."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=4, node_timeout_s=10.0)
+    accept(state, reg(state, "a"))
+    for name in ("b", "c"):
+        clock.advance(8.0)
+        accept(state, reg(state, name))
+    clock.advance(9.0)  # "a" unheard for 25 s, but the last registration was 9 s ago
+    assert state.tick() == []
+    state.heartbeat("c", 1)
+    clock.advance(1.5)
+    forgotten = [e.node_id for e in state.tick() if isinstance(e, Evict)]
+    assert sorted(forgotten) == ["a", "b"]
+    assert set(state.members) == {"c"}
 
 
 def test_a_node_that_joins_after_a_tick_found_nobody_is_still_watched() -> None:
@@ -1027,7 +1049,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for m in self.state.members.values() if running else ():
             watched = self.state.heartbeat_enabled or m.node_id in self.state.awaiting
             if m.state is NodeState.ALIVE and watched:
-                assert now - m.last_seen <= self.state.node_timeout_s, m
+                assert self.state.silence(m, now) <= self.state.node_timeout_s, m
             if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
                 limit = self.state.node_timeout_s + self.state.topo_timeout_s
                 assert now - m.last_seen <= limit, m

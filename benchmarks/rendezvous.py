@@ -82,6 +82,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import re
 import shutil
 import statistics
 import sys
@@ -330,6 +331,16 @@ async def timed(
 # -- cluster: children -----------------------------------------------------------------------
 
 
+def said_summary(messages: Sequence[str], most: int = 4) -> str:
+    """What the agents of a process said, by kind (numbers left out), most frequent first."""
+    kinds: dict[str, int] = {}
+    for message in messages:
+        kind = re.sub(r"\d+(\.\d+)?", "#", message.split(": ", 1)[-1])[:160]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ranked = sorted(kinds.items(), key=lambda item: -item[1])[:most]
+    return "; ".join(f"{count} x {kind!r}" for kind, count in ranked) or "nothing"
+
+
 def check_table(topology: Any, n: int) -> None:
     """One full check per process (after the clock): rank r is node "r" at BASE_DATA_PORT + r."""
     peers = list(topology.peers)
@@ -446,7 +457,10 @@ def cluster_clients_main(
             return done
 
         try:
-            await timed(index, ids, one, start, q, timeout_s)
+            try:
+                await timed(index, ids, one, start, q, timeout_s)
+            except ClusterError as exc:
+                raise BenchError(f"{exc}; the agents said: {said_summary(messages)}") from None
             check_table(agents[0].topology, n)
             q.put(("stages", index, stages))
             if not await signalled(proceed, timeout_s):

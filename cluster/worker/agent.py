@@ -63,8 +63,11 @@ FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
-# A call that tries to reach the scheduler gives up on one attempt after this long.
+# A call that tries to reach the scheduler gives up on one attempt after this long, unless its
+# connection is on its way (see _AnswerLimit), which is looked at again every
+# CONNECTING_RECHECK_S.
 ATTEMPT_TIMEOUT_S = 3.0
+CONNECTING_RECHECK_S = 1.0
 # With recovery, a call cut off by the scheduler's death is made again after this pause.
 RETRY_PAUSE_S = 0.05
 # A Finish waits this long for its answer, then is made again (a finish counts once, so a
@@ -135,9 +138,9 @@ class _Silence:
 
 
 class _AnswerLimit:
-    """Cancels a registration `call` that has not reached the scheduler within `attempt_s`, or
-    that has and is still unanswered after `answer_s`; calls `waiting(seconds)` every
-    REPORT_EVERY_S while it waits for the answer."""
+    """Cancels a registration `call` whose channel is neither connected nor connecting after
+    `attempt_s`, or that is still unanswered after `answer_s`; calls `waiting(seconds,
+    connected)` now and then while it waits for the connection or the answer."""
 
     def __init__(
         self,
@@ -145,29 +148,43 @@ class _AnswerLimit:
         channel: grpc.aio.Channel,
         attempt_s: float,
         answer_s: float,
-        waiting: Callable[[float], None],
+        waiting: Callable[[float, bool], None],
     ) -> None:
         self._call = call
         self._channel = channel
         self._waiting = waiting
         self._loop = asyncio.get_running_loop()
-        self._started = self._loop.time()
+        self._started = self._reported = self._loop.time()
         self._answer_by = self._started + max(answer_s, 0.0)
         self.expired = False
         self._timer = self._loop.call_later(max(min(attempt_s, answer_s), 0.0), self._check)
 
     def _check(self) -> None:
-        connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        state = self._channel.get_state()
         now = self._loop.time()
-        if connected and now < self._answer_by:
-            if now - self._started >= REPORT_EVERY_S:
-                self._waiting(now - self._started)
+        if state is grpc.ChannelConnectivity.READY and now < self._answer_by:
+            self._report(now, connected=True)
             self._timer = self._loop.call_at(
                 min(self._answer_by, now + REPORT_EVERY_S), self._check
             )
             return
+        if state is grpc.ChannelConnectivity.CONNECTING and now < self._answer_by:
+            # A connection on its way: a scheduler that thousands of nodes connect to at once
+            # takes seconds to accept each and shake hands (its accept queue full, the SYN
+            # sent again), and gRPC bounds each attempt itself. Abandoning it only starts
+            # another, and a storm of them kept 6,000 of 8,192 nodes out for 120 s.
+            self._report(now, connected=False)
+            self._timer = self._loop.call_at(
+                min(self._answer_by, now + CONNECTING_RECHECK_S), self._check
+            )
+            return
         self.expired = True
         self._call.cancel()
+
+    def _report(self, now: float, *, connected: bool) -> None:
+        if now - self._reported >= REPORT_EVERY_S:
+            self._reported = now
+            self._waiting(now - self._started, connected)
 
     def stop(self) -> None:
         self._timer.cancel()
@@ -439,10 +456,13 @@ class WorkerAgent:
         finally:
             limit.stop()
 
-    def _answer_late(self, waited_s: float) -> None:
+    def _answer_late(self, waited_s: float, connected: bool) -> None:
         self._say(
             f"{self.where} has not answered this node's registration for {waited_s:.0f} s; it "
             "answers once it has saved what the registration changes (see its log if this lasts)"
+            if connected
+            else f"{self.where} has not taken this node's connection for {waited_s:.0f} s (busy "
+            "with many nodes' connections, or overloaded: see its log if this lasts)"
         )
 
     async def _first_answer(self, call: _Call) -> pb.Event:

@@ -381,7 +381,23 @@ def cluster_scheduler_main(
         finally:
             await server.stop()
 
-    _report_errors(q, -1, lambda: asyncio.run(serve()))
+    _report_errors(q, -1, lambda: profiled("scheduler", lambda: asyncio.run(serve())))
+
+
+def profiled(name: str, body: Callable[[], None]) -> None:
+    """Run `body`, under cProfile when BENCH_PROFILE_DIR names a directory (the profile is
+    written there as `name`.prof): where a process's time goes, for the stages above."""
+    directory = os.environ.get("BENCH_PROFILE_DIR")
+    if not directory:
+        body()
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(body)
+    finally:
+        profile.dump_stats(str(Path(directory) / f"{name}.prof"))
 
 
 def cluster_clients_main(

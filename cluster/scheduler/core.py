@@ -57,6 +57,11 @@ TICK_S = 0.1
 # Registration progress is coalesced: at most one broadcast per interval (not one per
 # registration, which would be N^2 messages for N nodes), and one log line per PROGRESS_LOG_EVERY_S.
 PROGRESS_BROADCAST_EVERY_S = 2.0
+# ... and at most this many progress messages a second in all: a broadcast is one write per open
+# stream, and a job forms in a time that grows with its size, so at a fixed interval the
+# broadcasts of a forming job cost N x T writes. At 8,192 nodes they filled the scheduler's loop,
+# which takes up one new call per turn, and registrations waited behind them for minutes.
+PROGRESS_WRITES_PER_S = 1000.0
 PROGRESS_LOG_EVERY_S = 5.0
 # A monitor tick this much later than due means the scheduler itself did not run (its process
 # stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
@@ -168,6 +173,8 @@ class SchedulerCore:
         self._last_progress_broadcast = clock()
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
+        nodes = settings.worker_num + settings.server_num
+        self._progress_every_s = max(PROGRESS_BROADCAST_EVERY_S, nodes / PROGRESS_WRITES_PER_S)
         # The event loop's lag as the monitor saw it: the largest, and stalls past STALL_S.
         self.loop_lag_max_s = 0.0
         self.stalls = 0
@@ -520,7 +527,7 @@ class SchedulerCore:
         now = self._clock()
         if self._pending_progress is None:
             return
-        if now - self._last_progress_broadcast < PROGRESS_BROADCAST_EVERY_S:
+        if now - self._last_progress_broadcast < self._progress_every_s:
             return
         if self.state.phase is state.Phase.WAITING:
             self._broadcast(self._pending_progress)

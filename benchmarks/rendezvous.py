@@ -267,6 +267,13 @@ def raise_fd_limit() -> int:
     return int(soft) if soft != infinite else WANT_OPEN_FILES
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
 class LagProbe:
     """How late this process's event loop runs a timer due every `every_s`: the loop's lag
     (its largest value), the time a callback waits behind the others' work."""
@@ -326,6 +333,7 @@ async def timed(
     finally:
         lag_s = lag.stop()
     q.put(("timing", index, (max(finished), time.process_time() - cpu0, lag_s)))
+    q.put(("rss", index, peak_rss_bytes()))
 
 
 # -- cluster: children -----------------------------------------------------------------------
@@ -364,7 +372,7 @@ def cluster_scheduler_main(
             worker_num=n,
             server_num=0,
             node_timeout_s=30,
-            topo_timeout_s=120,
+            topo_timeout_s=timeout_s,  # the run's own bound: a job that forms in it passes
             heartbeat_interval_s=default_heartbeat_interval(30, n),  # as a real scheduler's
         )
         server = SchedulerServer(settings, host=HOST, port=0, tls=identity)
@@ -445,7 +453,7 @@ def cluster_clients_main(
                     "MS_SCHED_HOST": HOST,
                     "MS_SCHED_PORT": str(port),
                     "MS_NODE_ID": str(i),
-                    "MS_TOPO_TIMEOUT": "120",
+                    "MS_TOPO_TIMEOUT": str(timeout_s),
                     "MS_NODE_TIMEOUT": "30",
                     **({"CLUSTER_TLS_CONFIG": ssl_json} if ssl_json else {}),
                 }
@@ -496,7 +504,7 @@ def cluster_clients_main(
             )
         q.put(("closed", index, messages))
 
-    _report_errors(q, index, lambda: asyncio.run(run()))
+    _report_errors(q, index, lambda: profiled(f"clients-{index}", lambda: asyncio.run(run())))
 
 
 # -- gRPC floor: children -------------------------------------------------------------------
@@ -753,6 +761,9 @@ def run_once(
             if server_rss0 is None or server_rss1 is None
             else (server_rss1 - server_rss0) / n,
         }
+        if system.startswith(("cluster", "grpc")):
+            peaks = box.collect("rss", procs, deadline).values()
+            result["client_peak_rss_per_node_b"] = sum(peaks) / n
         if system.startswith("cluster"):
             result.update(stage_figures(box.collect("stages", procs, deadline), t0))
         proceed.set()
@@ -881,10 +892,11 @@ def stages_line(run: dict[str, float | None]) -> str:
 
 def print_per_node(results: dict[str, Any], sizes: Sequence[int], systems: Sequence[str]) -> None:
     """Per size and system (medians): wall time, server CPU, server RSS per node (the growth
-    from before the workers came to when every worker held the table), client CPU per node."""
-    print("Per node (median): wall, server CPU, server RSS per node, client CPU per node")
+    from before the workers came to when every worker held the table), client CPU per node,
+    client processes' peak RSS per node (a simulated worker's share)."""
+    print("Per node (median): wall, server CPU, server RSS per node, client CPU and RSS per node")
     header = f"{'N':>6} | {'system':<15} | {'wall':>8} | {'server CPU':>10} | "
-    header += f"{'RSS/node':>9} | {'client CPU/node':>15}"
+    header += f"{'RSS/node':>9} | {'client CPU/node':>15} | {'client RSS/node':>15}"
     print(header)
     print("-" * len(header))
     for n in sizes:
@@ -896,11 +908,13 @@ def print_per_node(results: dict[str, Any], sizes: Sequence[int], systems: Seque
                 return None if value is None else float(value)
 
             rss, client = median("server_rss_per_node_b"), median("client_cpu_s")
+            peak = median("client_peak_rss_per_node_b")
             print(
                 f"{n:>6} | {system:<15} | {fmt_s(median('elapsed_s')):>8} | "
                 f"{fmt_s(median('server_cpu_s')):>10} | "
                 f"{'-' if rss is None else f'{rss / 1024:.1f} KiB':>9} | "
-                f"{'-' if client is None else f'{client / n * 1e6:.0f} us':>15}"
+                f"{'-' if client is None else f'{client / n * 1e6:.0f} us':>15} | "
+                f"{'-' if peak is None else f'{peak / 1024:.0f} KiB':>15}"
             )
     if "cluster" in systems:
         print()

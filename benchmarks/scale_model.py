@@ -201,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(
         "(form: bytes the scheduler sends while the job forms; network: every copy of the "
-        "table on a network link (a relay hands it to its host's workers locally); rejoin: bytes the scheduler sends after one rejoin; steady: "
-        "scheduler cores busy with heartbeats)"
+        "table on a network link (a relay hands it to its host's workers locally); rejoin: "
+        "bytes the scheduler sends after one rejoin; steady: scheduler cores busy with "
+        "heartbeats)"
     )
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(f) for f in rows], indent=2) + "\n")

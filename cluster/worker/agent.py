@@ -108,12 +108,13 @@ OWN_STALL_S = 1.0
 
 
 class _Silence:
-    """Cancels `call` when nothing has arrived on it for `limit_s`; one timer per stream,
-    re-armed only when it runs out (not a task and a timer per message)."""
+    """Cancels `call` when nothing has arrived on it for `limit_s` while `armed()`; one timer
+    per stream, re-armed only when it runs out (not a task and a timer per message)."""
 
-    def __init__(self, call: _Call, limit_s: float) -> None:
+    def __init__(self, call: _Call, limit_s: float, armed: Callable[[], bool]) -> None:
         self._call = call
         self.limit_s = limit_s
+        self._armed = armed
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
         self.fired = False
@@ -127,6 +128,8 @@ class _Silence:
         if late > OWN_STALL_S:
             self._last += late
         due = self._last + self.limit_s
+        if not self._armed():
+            due = max(due, self._loop.time() + self.limit_s)
         if self._loop.time() < due:
             self._timer = self._loop.call_at(due, self._check)
             return
@@ -503,7 +506,9 @@ class WorkerAgent:
             else None
         )
         silence = (
-            _Silence(call, self.config.node_timeout_s) if self.config.heartbeat_enabled else None
+            _Silence(call, self.config.node_timeout_s, self._silence_counts)
+            if self.config.heartbeat_enabled
+            else None
         )
         self._stream_up = True
         try:
@@ -537,6 +542,14 @@ class WorkerAgent:
             if beats is not None:
                 beats.stop()
             call.cancel()
+
+    def _silence_counts(self) -> bool:
+        """Whether the scheduler's silence ends this node's stream: once the job has formed.
+        While it forms, a scheduler busy with thousands of registrations can be silent for
+        longer than MS_NODE_TIMEOUT, and a node that gave up on its stream would only register
+        again, adding to the burst; MS_TOPO_TIMEOUT bounds that wait (a scheduler that died
+        breaks the stream at once)."""
+        return self.topology is not None
 
     def _handle(self, event: pb.Event) -> bool:
         """Act on one event; True when the stream has said its last word."""

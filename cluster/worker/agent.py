@@ -44,17 +44,41 @@ from cluster.worker.registration import register_request
 T = TypeVar("T")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    # Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's
-    # default 1 s first backoff is start-up time lost. The ceiling is low too: a restarted
-    # scheduler should have every worker back within a fraction of a second of listening.
-    *scheduler_channel.reconnect_options(100, 300),
+# Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's default
+# 1 s first backoff is start-up time lost. The ceiling is low too: a restarted scheduler should
+# have every worker back within a fraction of a second of listening. In a large job it grows
+# with the job (see reconnect_ceiling_ms).
+FIRST_RECONNECT_MS = 100
+RECONNECT_CEILING_MS = 300
+# A job's nodes try to reconnect at most about this often in all, once backed off: at 8,192
+# nodes with a 300 ms ceiling, a scheduler slow to take connections got 27,000 attempts a
+# second, each abandoned one taking the place of a connection it could have finished.
+RECONNECTS_PER_S = 1000
+_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # One connection per agent, as a real worker process has (matters when many agents share a
     # process, as in the benchmarks).
     ("grpc.use_local_subchannel_pool", 1),
 ]
+
+
+def reconnect_ceiling_ms(nodes: int) -> int:
+    """The longest pause between a node's connection attempts in a job of `nodes`."""
+    return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
+
+
+def channel_options(nodes: int) -> list[tuple[str, Any]]:
+    """The options of a node's channel to the scheduler, in a job of `nodes`."""
+    return [
+        *scheduler_channel.reconnect_options(FIRST_RECONNECT_MS, reconnect_ceiling_ms(nodes)),
+        *_OPTIONS,
+    ]
+
+
+CHANNEL_OPTIONS = channel_options(1)
+
+
 # Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
 # that the scheduler's own timeout, which names the missing nodes, is what the user sees.
 TOPOLOGY_MARGIN_S = 3.0
@@ -142,8 +166,9 @@ class _Silence:
 
 class _AnswerLimit:
     """Cancels a registration `call` whose channel is neither connected nor connecting after
-    `attempt_s`, or that is still unanswered after `answer_s`; calls `waiting(seconds,
-    connected)` now and then while it waits for the connection or the answer."""
+    `attempt_s` (unless `found_up()`: the scheduler was found there a moment ago), or that is
+    still unanswered after `answer_s`; calls `waiting(seconds, connected)` now and then while
+    it waits for the connection or the answer."""
 
     def __init__(
         self,
@@ -152,8 +177,11 @@ class _AnswerLimit:
         attempt_s: float,
         answer_s: float,
         waiting: Callable[[float, bool], None],
+        *,
+        found_up: Callable[[], bool],
     ) -> None:
         self._call = call
+        self._found_up = found_up
         self._channel = channel
         self._waiting = waiting
         self._loop = asyncio.get_running_loop()
@@ -171,11 +199,15 @@ class _AnswerLimit:
                 min(self._answer_by, now + REPORT_EVERY_S), self._check
             )
             return
-        if state is grpc.ChannelConnectivity.CONNECTING and now < self._answer_by:
-            # A connection on its way: a scheduler that thousands of nodes connect to at once
-            # takes seconds to accept each and shake hands (its accept queue full, the SYN
-            # sent again), and gRPC bounds each attempt itself. Abandoning it only starts
-            # another, and a storm of them kept 6,000 of 8,192 nodes out for 120 s.
+        on_its_way = state is grpc.ChannelConnectivity.CONNECTING or self._found_up()
+        if on_its_way and now < self._answer_by:
+            # A connection on its way, or a scheduler this process found up a moment ago
+            # (its connection failing for now, and gRPC trying again by itself): a scheduler
+            # that thousands of nodes connect to at once takes seconds to accept each and
+            # shake hands (its accept queue full, the SYN sent again). Abandoning the call
+            # only makes another, with a check of its own: a storm of them kept 6,000 of 8,192
+            # nodes out for 120 s, and under it a cancel alone held a process's loop for
+            # seconds.
             self._report(now, connected=False)
             self._timer = self._loop.call_at(
                 min(self._answer_by, now + CONNECTING_RECHECK_S), self._check
@@ -284,7 +316,7 @@ class WorkerAgent:
             identity.node_id, identity.incarnation, identity.credential
         )
         self._channel = scheduler_channel.open_channel(
-            config.sched_address, self._tls, CHANNEL_OPTIONS
+            config.sched_address, self._tls, channel_options(config.expected_nodes)
         )
         self._stub = LazyStub(self._channel)
         self._role = pb.ROLE_SERVER if config.role is Role.SERVER else pb.ROLE_WORKER
@@ -448,7 +480,14 @@ class WorkerAgent:
         about to accept only makes it do the work again. (A timer that cancels the call, not a
         task and a timeout per attempt.)"""
         limit = _AnswerLimit(
-            call, self._channel, attempt_s, deadline - self._clock(), self._answer_late
+            call,
+            self._channel,
+            attempt_s,
+            deadline - self._clock(),
+            self._answer_late,
+            found_up=lambda: scheduler_channel.found_up(
+                self.config.sched_host, self.config.sched_port
+            ),
         )
         try:
             return await self._first_answer(call)

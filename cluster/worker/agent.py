@@ -87,11 +87,10 @@ FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
-# A call that tries to reach the scheduler gives up on one attempt after this long, unless its
-# connection is on its way (see _AnswerLimit), which is looked at again every
-# CONNECTING_RECHECK_S.
+# A call that tries to reach the scheduler is looked at after this long: not connected, the
+# scheduler is checked (on the side, see _AnswerLimit), and again every UNREACHED_RECHECK_S.
 ATTEMPT_TIMEOUT_S = 3.0
-CONNECTING_RECHECK_S = 1.0
+UNREACHED_RECHECK_S = 3.0
 # With recovery, a call cut off by the scheduler's death is made again after this pause.
 RETRY_PAUSE_S = 0.05
 # A Finish waits this long for its answer, then is made again (a finish counts once, so a
@@ -165,10 +164,16 @@ class _Silence:
 
 
 class _AnswerLimit:
-    """Cancels a registration `call` whose channel is neither connected nor connecting after
-    `attempt_s` (unless `found_up()`: the scheduler was found there a moment ago), or that is
-    still unanswered after `answer_s`; calls `waiting(seconds, connected)` now and then while
-    it waits for the connection or the answer."""
+    """Cancels a registration `call` that is still unanswered after `answer_s`; calls
+    `waiting(seconds)` now and then while it waits, connected, for the answer.
+
+    Its channel not connected after `attempt_s`: with `unreached` it calls `unreached()` (find
+    out why, on the side) and goes on waiting, gRPC reconnecting by itself; without it, it
+    cancels the call (to be checked and made again). A scheduler that thousands of nodes connect
+    to at once takes seconds to accept each (its accept queue full, the SYN sent again), and
+    abandoning a call only made another, with a check of its own: a storm of them kept 6,000 of
+    8,192 nodes out for minutes, and under it each cancel held its process's loop for a while.
+    """
 
     def __init__(
         self,
@@ -176,12 +181,12 @@ class _AnswerLimit:
         channel: grpc.aio.Channel,
         attempt_s: float,
         answer_s: float,
-        waiting: Callable[[float, bool], None],
+        waiting: Callable[[float], None],
         *,
-        found_up: Callable[[], bool],
+        unreached: Callable[[], None] | None,
     ) -> None:
         self._call = call
-        self._found_up = found_up
+        self._unreached = unreached
         self._channel = channel
         self._waiting = waiting
         self._loop = asyncio.get_running_loop()
@@ -191,38 +196,53 @@ class _AnswerLimit:
         self._timer = self._loop.call_later(max(min(attempt_s, answer_s), 0.0), self._check)
 
     def _check(self) -> None:
-        state = self._channel.get_state()
         now = self._loop.time()
-        if state is grpc.ChannelConnectivity.READY and now < self._answer_by:
-            self._report(now, connected=True)
-            self._timer = self._loop.call_at(
-                min(self._answer_by, now + REPORT_EVERY_S), self._check
-            )
+        if now >= self._answer_by:
+            self.expired = True
+            self._call.cancel()
             return
-        on_its_way = state is grpc.ChannelConnectivity.CONNECTING or self._found_up()
-        if on_its_way and now < self._answer_by:
-            # A connection on its way, or a scheduler this process found up a moment ago
-            # (its connection failing for now, and gRPC trying again by itself): a scheduler
-            # that thousands of nodes connect to at once takes seconds to accept each and
-            # shake hands (its accept queue full, the SYN sent again). Abandoning the call
-            # only makes another, with a check of its own: a storm of them kept 6,000 of 8,192
-            # nodes out for 120 s, and under it a cancel alone held a process's loop for
-            # seconds.
-            self._report(now, connected=False)
-            self._timer = self._loop.call_at(
-                min(self._answer_by, now + CONNECTING_RECHECK_S), self._check
-            )
-            return
-        self.expired = True
-        self._call.cancel()
-
-    def _report(self, now: float, *, connected: bool) -> None:
-        if now - self._reported >= REPORT_EVERY_S:
+        connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        if not connected:
+            if self._unreached is None:
+                self.expired = True
+                self._call.cancel()
+                return
+            self._unreached()
+        elif now - self._reported >= REPORT_EVERY_S:
             self._reported = now
-            self._waiting(now - self._started, connected)
+            self._waiting(now - self._started)
+        every = REPORT_EVERY_S if connected else UNREACHED_RECHECK_S
+        self._timer = self._loop.call_at(min(self._answer_by, now + every), self._check)
 
     def stop(self) -> None:
         self._timer.cancel()
+
+
+class _Diagnosis:
+    """Why a registration's channel is not connected: `check(timeout_s)` run on the side, one
+    at a time, while the call waits; a check that finds an error (the scheduler speaks the
+    other protocol, refuses this node's certificate) cancels the call, and `error` says why."""
+
+    def __init__(self, check: Callable[[float], Awaitable[bool]], call: _Call) -> None:
+        self._check = check
+        self._call = call
+        self._task: asyncio.Task[None] | None = None
+        self.error: ClusterError | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        try:
+            await self._check(ATTEMPT_TIMEOUT_S)
+        except ClusterError as exc:
+            self.error = exc
+            self._call.cancel()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 class _Heartbeats:
@@ -479,32 +499,34 @@ class WorkerAgent:
         busy with a burst of registrations answers late, and giving up on a registration it is
         about to accept only makes it do the work again. (A timer that cancels the call, not a
         task and a timeout per attempt.)"""
+        # With a CRL, nothing may go to a scheduler whose certificate has not passed it: a call
+        # whose channel is not up is made again after a check, not left to connect by itself.
+        patient = self._tls is None or self._tls.revocation is None
+        diagnosis = _Diagnosis(self._check, call)
         limit = _AnswerLimit(
             call,
             self._channel,
             attempt_s,
             deadline - self._clock(),
             self._answer_late,
-            found_up=lambda: scheduler_channel.found_up(
-                self.config.sched_host, self.config.sched_port
-            ),
+            unreached=diagnosis.start if patient else None,
         )
         try:
             return await self._first_answer(call)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            if diagnosis.error is not None:
+                raise diagnosis.error from None
             if limit.expired:
                 raise asyncio.TimeoutError from None
             raise
         finally:
             limit.stop()
+            diagnosis.stop()
 
-    def _answer_late(self, waited_s: float, connected: bool) -> None:
+    def _answer_late(self, waited_s: float) -> None:
         self._say(
             f"{self.where} has not answered this node's registration for {waited_s:.0f} s; it "
             "answers once it has saved what the registration changes (see its log if this lasts)"
-            if connected
-            else f"{self.where} has not taken this node's connection for {waited_s:.0f} s (busy "
-            "with many nodes' connections, or overloaded: see its log if this lasts)"
         )
 
     async def _first_answer(self, call: _Call) -> pb.Event:

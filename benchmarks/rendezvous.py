@@ -63,7 +63,14 @@ that imports `cluster`, grpc and `cluster.worker.session` (what `init()` imports
 figure is `max(returned) - max(started)`: how long the last process to start waits for the
 job to form. Every process then calls `cluster.finalize()`.
 
-Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs 4]
+Reported per run besides the wall time: cluster's stages (when each worker was connected, had
+its registration accepted, held the table: median and last, after the start signal), the
+finish storm's length, the event-loop lag of the scheduler and of the client processes (how late
+a 0.1 s timer ran, at most), the server's CPU and RSS growth per node, and the client processes'
+CPU and peak RSS per node. BENCH_PROFILE_DIR=dir writes cProfile files of the scheduler and the
+client processes there.
+
+Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs auto|N]
        [--real 8] [--timeout 180] [--retries 2]
        [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls]
        [--resolver tcp|system] [--json PATH]

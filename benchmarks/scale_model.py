@@ -41,18 +41,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cluster.protocol.config import default_heartbeat_interval
 from cluster.v1 import scheduler_pb2 as pb
 
-# Measured per-node figures (README, "Scale"): scheduler CPU per registration (connection,
-# answer, table write included) during a rendezvous, its CPU per heartbeat in the steady state,
-# and its memory per idle node.
-REGISTER_CPU_S = 0.0018
+# Measured per-node figures (README, "Scale"): scheduler CPU per node during a rendezvous of
+# 4,096 (connection, registration, answer and the table's write: 5.9 s), its CPU per heartbeat
+# message in the steady state (1,024 idle workers, one beat each way per 10 s: 4.7% of a core),
+# and its memory per node (48 KiB at 2,048 and 4,096).
+REGISTER_CPU_S = 0.0014
 # Of which the state machine's decision (benchmarked alone: 8,192 registrations in 0.6 s); the
 # rest is the node's connection and calls, which a relay takes over.
 DECIDE_CPU_S = 0.000075
 # Memory for one member's record in the state machine (no connection).
 MEMBER_B = 1024
-BEAT_CPU_S = 0.00005
-RSS_PER_NODE_B = 40 * 1024
-# CPU per byte written to a stream (gRPC framing and the copy into its buffers).
+BEAT_CPU_S = 0.00023
+RSS_PER_NODE_B = 48 * 1024
+# CPU per byte written to a stream (gRPC framing and the copy into its buffers; counted apart
+# from REGISTER_CPU_S only for the bytes the design adds or removes).
 SEND_CPU_S_PER_B = 1e-9
 NODE_TIMEOUT_S = 30.0
 

@@ -89,9 +89,9 @@ def cluster_server_main(
 
     async def serve() -> None:
         from cluster.protocol.config import ObserveConfig
-        from cluster.scheduler import CoreSettings, SchedulerServer
+        from cluster.scheduler import JobSettings, SchedulerServer
 
-        settings = CoreSettings(
+        settings = JobSettings(
             worker_num=n,
             server_num=0,
             node_timeout_s=max(30.0, 6 * interval_s),

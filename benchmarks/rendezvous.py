@@ -378,9 +378,9 @@ def cluster_scheduler_main(
     async def serve() -> None:
         identity = tls_identity(ssl_json, server=True)
         from cluster.protocol.config import default_heartbeat_interval
-        from cluster.scheduler import CoreSettings, SchedulerServer
+        from cluster.scheduler import JobSettings, SchedulerServer
 
-        settings = CoreSettings(
+        settings = JobSettings(
             worker_num=n,
             server_num=0,
             node_timeout_s=SIMULATED_NODE_TIMEOUT_S,

@@ -1,7 +1,8 @@
 """The protocol core: what a job is and how it changes, with no I/O.
 
 Here: the error tree (`errors`), the launch environment turned into frozen settings
-(`config`), the scheduler's state machine (`state`, an injected clock, effects returned, never
+(`config`) and the job's parameters as the scheduler uses them (`settings`), the scheduler's
+state machine (`state`, an injected clock, effects returned, never
 sent; its records in `records`, who may make a call in `admission`), node credentials and
 job-secret proofs (`auth`), the job's history as events (`events`) and what a worker knows of
 the job (`topology`).

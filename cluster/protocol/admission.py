@@ -5,8 +5,8 @@ reports) is admitted here before anything changes: the node id must be a member'
 incarnation (when the call names one) that member's current one, and the call must carry the
 credential of that incarnation (see `cluster.protocol.auth`). A collective is also checked
 against the phase, the generation and the other members. The answer is a `Denied` with a kind
-(which the scheduler turns into a status code) or what the call may go on with; a refused call
-changes nothing.
+(whose `error()` the scheduler sends back as a status code) or what the call may go on with; a
+refused call changes nothing.
 
 `Admission` is a mixin of `SchedulerState`: queries only, no input is changed here.
 """
@@ -18,7 +18,17 @@ from dataclasses import dataclass
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id, valid_node_id
+from cluster.protocol.errors import (
+    CapacityError,
+    ClusterError,
+    CollectiveError,
+    JobFailedError,
+    NotAuthenticatedError,
+    PeerFailedError,
+    UnknownNodeError,
+)
 from cluster.protocol.records import Member, NodeRole, NodeState, Phase
+from cluster.protocol.settings import JobSettings
 
 BARRIER = "barrier"
 ALLGATHER = "allgather"
@@ -39,10 +49,26 @@ class Denial(enum.Enum):
     OVER_CAP = "over_cap"  # more than the scheduler holds for a caller
 
 
+# The error a refused call raises, in the scheduler and (sent back) in the caller.
+_ERRORS: dict[Denial, type[ClusterError]] = {
+    Denial.UNAUTHENTICATED: NotAuthenticatedError,
+    Denial.NOT_A_MEMBER: UnknownNodeError,
+    Denial.JOB_OVER: JobFailedError,
+    Denial.PEER_FAILED: PeerFailedError,
+    Denial.WRONG_GENERATION: CollectiveError,
+    Denial.COLLECTIVE_MISUSE: CollectiveError,
+    Denial.OVER_CAP: CapacityError,
+}
+
+
 @dataclass(frozen=True)
 class Denied:
     kind: Denial
     message: str
+
+    def error(self) -> ClusterError:
+        """The refusal as the error the call raises."""
+        return _ERRORS[self.kind](self.message)
 
 
 @dataclass(frozen=True)
@@ -57,7 +83,7 @@ class Admission:
     """The admission queries of `SchedulerState` (which provides these attributes)."""
 
     cluster_id: str
-    worker_num: int
+    settings: JobSettings
     phase: Phase
     detail: str
     generation: int
@@ -122,7 +148,7 @@ class Admission:
         if op not in COLLECTIVE_OPS:
             return Denied(Denial.COLLECTIVE_MISUSE, f"{op!r} is not a collective")
         return self._check_round(generation, op, root) or ExchangeTicket(
-            member.rank, self.worker_num
+            member.rank, self.settings.worker_num
         )
 
     def _check_round(self, generation: int, op: str, root: int) -> Denied | None:
@@ -152,9 +178,9 @@ class Admission:
                 f"{op} cannot complete: {gone[0].describe()} has already finished "
                 "(called cluster.finalize()); every rank must take part in every collective",
             )
-        if op == BROADCAST and not 0 <= root < self.worker_num:
+        if op == BROADCAST and not 0 <= root < self.settings.worker_num:
             return Denied(
                 Denial.COLLECTIVE_MISUSE,
-                f"broadcast root {root} is not a rank (0-{self.worker_num - 1})",
+                f"broadcast root {root} is not a rank (0-{self.settings.worker_num - 1})",
             )
         return None

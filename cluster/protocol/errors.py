@@ -1,7 +1,34 @@
-"""Every user-facing failure of `cluster` is a ClusterError.
+"""Every failure of `cluster` is a ClusterError: the one error tree of the package.
 
 Messages say what was wrong, with the value and the rule, and what to do. An uncaught
-ClusterError is printed as one line without a traceback (see `cluster._excepthook`).
+ClusterError is printed as one line without a traceback (see `cluster.api.excepthook`).
+
+    ClusterError
+      ConfigError                 a setting has a bad value
+        TLSConfigError
+      NotInitializedError         an API call before cluster.init()
+      RegistrationRefused         the scheduler refused this node for good
+      TopologyTimeoutError        the job did not form within MS_TOPO_TIMEOUT
+      SchedulerUnreachableError   the scheduler is gone, or silent, for too long
+      NotLeaderError              this scheduler is a standby; the leader is elsewhere
+      JobFailedError              the job was stopped
+      CollectiveError             a collective or key-value call could not complete
+        PeerFailedError
+        AccessDeniedError         the caller is not (or no longer) the member it speaks for
+          NotAuthenticatedError
+          UnknownNodeError
+          EvictedError
+        CapacityError             over a cap of what the scheduler holds
+      BadRequestError             a request without what its call needs
+      StateFileError              the recovery state cannot be used
+        SnapshotError
+      CheckpointError             a checkpoint cannot be saved or loaded
+        CorruptCheckpointError
+      JobTimeoutError             cluster.testing waited in vain
+      NetemUnavailableError       cluster.testing: no delay or loss injection here
+
+The scheduler sends each failure of a call as a gRPC status code with the class's name in the
+trailing metadata; `cluster.transport.status` holds both directions of that table.
 """
 
 from __future__ import annotations
@@ -35,6 +62,15 @@ class SchedulerUnreachableError(ClusterError):
     """The scheduler could not be reached, or stopped answering, for too long."""
 
 
+class NotLeaderError(ClusterError):
+    """The scheduler that answered is a standby: the job's leader is at `leader` ("host:port",
+    empty while none leads). A worker follows it at once; nothing is wrong."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 class JobFailedError(ClusterError):
     """The job was stopped: a node died, or the scheduler gave up."""
 
@@ -53,15 +89,60 @@ class AccessDeniedError(CollectiveError):
     speaks for (node credential, job secret, certificate), or it is no longer a member."""
 
 
+class NotAuthenticatedError(AccessDeniedError):
+    """A call speaks for a member without that member's node credential."""
+
+
+class UnknownNodeError(AccessDeniedError):
+    """A stream or call named a node id / incarnation that is not a current member."""
+
+
+class EvictedError(AccessDeniedError):
+    """This node's stream was ended by the scheduler: the node was removed from the job
+    (replaced by a new process, silent while the job formed, or failed with recovery on) and
+    must register again to come back."""
+
+
 class CapacityError(CollectiveError):
     """The scheduler refused a call that would make it hold more than a cap allows (the key-value
     store's CLUSTER_KV_MAX_BYTES / CLUSTER_KV_MAX_KEYS, open collectives'
     CLUSTER_COLLECTIVE_MAX_BYTES); the job goes on."""
 
 
+class FellBehindError(ClusterError):
+    """A WatchEvents stream did not read its events fast enough (over the backlog's cap)."""
+
+
+class BadRequestError(ClusterError):
+    """A request lacks what its call needs (not sent by this package's own workers)."""
+
+
 class StateFileError(ClusterError):
     """A recovery state file is torn, truncated, foreign or of a newer format."""
 
 
+class SnapshotError(StateFileError):
+    """A saved snapshot cannot be restored into this scheduler (the message says why and what
+    to do)."""
+
+
 class CheckpointError(ClusterError):
     """A checkpoint could not be saved, or a checkpoint file is missing, torn or corrupt."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """What is wrong with a checkpoint's content; the reader names the file."""
+
+
+class JobTimeoutError(ClusterError):
+    """A `cluster.testing` action (a LocalJob's, or `wait_until`) did not see its effect in
+    time."""
+
+
+class NetemUnavailableError(ClusterError):
+    """The kernel has no netem queueing discipline: no delay or loss injection."""
+
+
+class MissedTableChange(ClusterError):
+    """A change of the peer table (a delta) that does not follow the table this node holds: it
+    reconnects, and gets the whole table."""

@@ -162,8 +162,8 @@ def of_start(st: state.SchedulerState) -> Record:
     """The scheduler's first event: a new job, or one resumed from its saved state."""
     fields: dict[str, Any] = {
         "cluster_id": st.cluster_id,
-        "worker_num": st.worker_num,
-        "server_num": st.server_num,
+        "worker_num": st.settings.worker_num,
+        "server_num": st.settings.server_num,
         "recovery": st.recovery,
     }
     if st.phase is state.Phase.READY:

@@ -174,11 +174,3 @@ class Member:
     def describe(self) -> str:
         who = f"node {self.node_id!r} at {self.host}:{self.port}"
         return who if self.rank is None else f"rank {self.rank} ({who})"
-
-
-class UnknownNodeError(Exception):
-    """A stream or call named a node id / incarnation that is not a current member."""
-
-
-class SnapshotError(Exception):
-    """A saved snapshot cannot be restored into this scheduler (message says why and what to do)."""

@@ -30,12 +30,13 @@ in common, the job fails with a message listing what each holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cluster.protocol import auth
 from cluster.protocol.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
+from cluster.protocol.errors import SnapshotError, UnknownNodeError
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -52,10 +53,9 @@ from cluster.protocol.records import (
     Refused,
     Registration,
     ShutdownEvent,
-    SnapshotError,
     TopologyReadyEvent,
-    UnknownNodeError,
 )
+from cluster.protocol.settings import JobSettings
 
 __all__ = [
     "Accepted",
@@ -67,6 +67,7 @@ __all__ = [
     "Evict",
     "ExchangeTicket",
     "Member",
+    "NoCommonStep",
     "NodeFailedEvent",
     "NodeRole",
     "NodeState",
@@ -78,10 +79,15 @@ __all__ = [
     "Registration",
     "SchedulerState",
     "ShutdownEvent",
-    "SnapshotError",
     "TopologyReadyEvent",
-    "UnknownNodeError",
 ]
+
+
+@dataclass(frozen=True)
+class NoCommonStep:
+    """The workers hold checkpoints, but no step is held by all: the job cannot roll back."""
+
+    message: str
 
 
 SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
@@ -92,15 +98,8 @@ class SchedulerState(Admission):
     """The job as the scheduler sees it. All methods are synchronous and free of I/O."""
 
     cluster_id: str
-    worker_num: int
-    server_num: int
-    node_timeout_s: float
-    topo_timeout_s: float
+    settings: JobSettings
     clock: Callable[[], float]
-    heartbeat_enabled: bool = True
-    recovery: bool = False
-    # With a job secret, a registration must prove it (see `cluster.protocol.auth`).
-    job_secret: bytes | None = field(default=None, repr=False)
     phase: Phase = Phase.WAITING
     generation: int = 0
     detail: str = ""
@@ -143,7 +142,11 @@ class SchedulerState(Admission):
 
     @property
     def expected(self) -> int:
-        return self.worker_num + self.server_num
+        return self.settings.expected
+
+    @property
+    def recovery(self) -> bool:
+        return self.settings.recovery
 
     def peers(self) -> tuple[PeerInfo, ...]:
         """Ranked members: workers in rank order, then servers in rank order."""
@@ -244,8 +247,8 @@ class SchedulerState(Admission):
             member.checkpoints = held
             self.revision += 1
 
-    def rollback_step(self) -> int | str:
-        """The newest step every worker holds; 0 when none holds any; a message when the
+    def rollback_step(self) -> int | NoCommonStep:
+        """The newest step every worker holds; 0 when none holds any; NoCommonStep when the
         workers hold checkpoints but none in common."""
         workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
         if not any(m.checkpoints for m in workers):
@@ -257,7 +260,7 @@ class SchedulerState(Admission):
             f"{m.describe()}: {', '.join(map(str, m.checkpoints)) or 'none'}"
             for m in sorted(workers, key=lambda m: m.rank if m.rank is not None else -1)
         )
-        return (
+        return NoCommonStep(
             "no checkpoint step is held by every worker, so the job cannot roll back to a "
             f"consistent state ({held}); keep more checkpoints (keep_checkpoint_max) or restore "
             "the missing files"
@@ -299,36 +302,47 @@ class SchedulerState(Admission):
         return []
 
     def tick(self) -> list[Effect]:
-        """Let time pass: heartbeat silence and the topology timeout."""
+        """Let time pass: heartbeat silence, the rejoin window and the topology timeout.
+
+        Every effect found is returned, in order, also when a later member's silence ends the
+        job in the same tick: the state changes behind them are applied (and saved), so they
+        must be told. Nothing is looked at once the job is over.
+        """
         now = self.clock()
-        effects: list[Effect] = []
-        if self.phase is Phase.WAITING and now - self.started > self.topo_timeout_s:
+        if self.phase is Phase.WAITING and now - self.started > self.settings.topo_timeout_s:
             return self._end(ok=False, detail=self._describe_missing(now))
         if now < self._next_scan:
-            return effects
+            return []
         self._next_scan = float("inf")
+        effects: list[Effect] = []
         for member in list(self.members.values()):
-            silent = self.silence(member, now)
-            if member.state is NodeState.ALIVE and silent > self.node_timeout_s:
-                if member.node_id in self.awaiting:
-                    why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
-                elif self.heartbeat_enabled:
-                    why = f"no heartbeat for {silent:.1f} s (hung or cut off?)"
-                else:
-                    continue
-                effects.extend(self._lose(member, why))
-            elif (
-                member.state is NodeState.FAILED
-                and self.phase is Phase.READY
-                and now - member.last_seen > self.node_timeout_s + self.topo_timeout_s
-            ):
-                return self._end(
-                    ok=False,
-                    detail=f"{member.describe()} failed ({member.failure}) and did not rejoin "
-                    f"within MS_TOPO_TIMEOUT={self.topo_timeout_s:g} s after its guard ended",
-                )
+            if self.phase in (Phase.FINISHED, Phase.FAILED):
+                break
+            effects.extend(self._tick_member(member, now))
             self._next_scan = min(self._next_scan, self._due(member))
         return effects
+
+    def _tick_member(self, member: Member, now: float) -> list[Effect]:
+        silent = self.silence(member, now)
+        if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
+            if member.node_id in self.awaiting:
+                why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
+            elif self.settings.heartbeat_enabled:
+                why = f"no heartbeat for {silent:.1f} s (hung or cut off?)"
+            else:
+                return []
+            return self._lose(member, why)
+        if (
+            member.state is NodeState.FAILED
+            and self.phase is Phase.READY
+            and now - member.last_seen > self.settings.node_timeout_s + self.settings.topo_timeout_s
+        ):
+            return self._end(
+                ok=False,
+                detail=f"{member.describe()} failed ({member.failure}) and did not rejoin "
+                f"within MS_TOPO_TIMEOUT={self.settings.topo_timeout_s:g} s after its guard ended",
+            )
+        return []
 
     def excuse(self, seconds: float) -> None:
         """The scheduler itself did not run for `seconds` (its process was stopped, or starved
@@ -343,7 +357,7 @@ class SchedulerState(Admission):
     def _seen(self, member: Member, now: float) -> None:
         """`member` was alive at `now` (its silence limit moves on, never back)."""
         member.last_seen = now
-        self._next_scan = min(self._next_scan, now + self.node_timeout_s)
+        self._next_scan = min(self._next_scan, now + self.settings.node_timeout_s)
 
     def silence(self, member: Member, now: float) -> float:
         """How long a live `member` has been silent, as far as it counts: not before the last
@@ -353,9 +367,9 @@ class SchedulerState(Admission):
     def _due(self, member: Member) -> float:
         """When `member`'s silence would reach its limit in its present state."""
         if member.state is NodeState.FAILED:
-            return member.last_seen + self.node_timeout_s + self.topo_timeout_s
+            return member.last_seen + self.settings.node_timeout_s + self.settings.topo_timeout_s
         if member.state is NodeState.ALIVE:
-            return max(member.last_seen, self._last_accepted) + self.node_timeout_s
+            return max(member.last_seen, self._last_accepted) + self.settings.node_timeout_s
         return float("inf")
 
     def abort(self, reason: str) -> list[Effect]:
@@ -376,8 +390,8 @@ class SchedulerState(Admission):
         return {
             "cluster_id": self.cluster_id,
             "previous_cluster_id": self.previous_cluster_id,
-            "worker_num": self.worker_num,
-            "server_num": self.server_num,
+            "worker_num": self.settings.worker_num,
+            "server_num": self.settings.server_num,
             "phase": self.phase.value,
             "detail": self.detail,
             "generation": self.generation,
@@ -413,45 +427,44 @@ class SchedulerState(Admission):
     def restore(
         cls,
         snapshot: dict[str, Any],
-        *,
-        worker_num: int,
-        server_num: int,
-        node_timeout_s: float,
-        topo_timeout_s: float,
+        settings: JobSettings,
         clock: Callable[[], float],
+        *,
         new_cluster_id: str,
-        heartbeat_enabled: bool = True,
-        job_secret: bytes | None = None,
     ) -> SchedulerState:
-        """The job saved in `snapshot`, every node given MS_NODE_TIMEOUT to reconnect.
+        """The job saved in `snapshot`, every node given MS_NODE_TIMEOUT to reconnect (a saved
+        job is a job with recovery, whatever `settings` say).
 
         A job that had ended is not resumed: a new job `new_cluster_id` starts, and the old
-        job's nodes are welcome in it as new nodes.
+        job's nodes are welcome in it as new nodes. SnapshotError when it cannot be restored.
         """
+        try:
+            return cls._restore(snapshot, replace(settings, recovery=True), clock, new_cluster_id)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"the saved state is malformed ({exc!r})") from None
+
+    @classmethod
+    def _restore(
+        cls,
+        snapshot: dict[str, Any],
+        settings: JobSettings,
+        clock: Callable[[], float],
+        new_cluster_id: str,
+    ) -> SchedulerState:
         missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
         if missing:
             raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
         saved = (snapshot["worker_num"], snapshot["server_num"])
-        fresh = cls(
-            cluster_id=new_cluster_id,
-            worker_num=worker_num,
-            server_num=server_num,
-            node_timeout_s=node_timeout_s,
-            topo_timeout_s=topo_timeout_s,
-            clock=clock,
-            heartbeat_enabled=heartbeat_enabled,
-            recovery=True,
-            job_secret=job_secret,
-        )
+        fresh = cls(cluster_id=new_cluster_id, settings=settings, clock=clock)
         phase = Phase(snapshot["phase"])
         if phase in (Phase.FINISHED, Phase.FAILED):
             fresh.previous_cluster_id = str(snapshot["cluster_id"])
             return fresh
-        if saved != (worker_num, server_num):
+        if saved != (settings.worker_num, settings.server_num):
             raise SnapshotError(
                 f"it holds job {snapshot['cluster_id']} with MS_WORKER_NUM={saved[0]}, "
-                f"MS_SERVER_NUM={saved[1]}, but this scheduler has MS_WORKER_NUM={worker_num}, "
-                f"MS_SERVER_NUM={server_num}: restart it with the job's values"
+                f"MS_SERVER_NUM={saved[1]}, but this scheduler has {settings.describe_counts()}: "
+                "restart it with the job's values"
             )
         fresh.cluster_id = str(snapshot["cluster_id"])
         fresh.previous_cluster_id = str(snapshot.get("previous_cluster_id", ""))
@@ -509,12 +522,12 @@ class SchedulerState(Admission):
                 f"node {reg.node_id!r} sent no node credential: it must draw one per process "
                 "and send it with its registration (is it an older version of cluster?)",
             )
-        if self.job_secret is None:
+        if self.settings.job_secret is None:
             return None
         if not reg.proof:
             problem = "did not prove it"
         elif len(reg.nonce) < auth.NONCE_BYTES or not auth.proven(
-            self.job_secret, reg.message(), reg.proof
+            self.settings.job_secret, reg.message(), reg.proof
         ):
             problem = "proved another secret"
         elif not self._nonces.first_time(reg.nonce):
@@ -541,13 +554,13 @@ class SchedulerState(Admission):
                 f"job {self.cluster_id}{how}: start the node again without its old state to join "
                 "the new job",
             )
-        if reg.worker_num != self.worker_num or reg.server_num != self.server_num:
+        if reg.worker_num != self.settings.worker_num or reg.server_num != self.settings.server_num:
             return Refused(
                 Refusal.WORKER_NUM_MISMATCH,
                 f"node {reg.node_id!r} has MS_WORKER_NUM={reg.worker_num}, "
                 f"MS_SERVER_NUM={reg.server_num}, but the scheduler has "
-                f"MS_WORKER_NUM={self.worker_num}, MS_SERVER_NUM={self.server_num}: start every "
-                "process of the job with the same values",
+                f"{self.settings.describe_counts()}: start every process of the job with the "
+                "same values",
             )
         if self.phase in (Phase.FINISHED, Phase.FAILED):
             return Refused(
@@ -558,8 +571,8 @@ class SchedulerState(Admission):
         return None
 
     def _check_new(self, node_id: str, reg: Registration) -> Refused | None:
-        space = self.server_num if reg.role is NodeRole.SERVER else self.worker_num
-        if reg.role is NodeRole.SERVER and self.server_num == 0:
+        space = self.settings.space(reg.role)
+        if reg.role is NodeRole.SERVER and self.settings.server_num == 0:
             return Refused(
                 Refusal.INVALID_NODE,
                 f"node {node_id!r} is a parameter server, but the job has MS_SERVER_NUM=0",
@@ -574,9 +587,9 @@ class SchedulerState(Admission):
         if self.phase is not Phase.WAITING or same_role >= space:
             return Refused(
                 Refusal.CLUSTER_FULL,
-                f"the job already has all {space} {reg.role.value}s (MS_WORKER_NUM="
-                f"{self.worker_num}, MS_SERVER_NUM={self.server_num}); node {node_id!r} is one too "
-                "many: check the numbers, or that no old process of the same job is still running",
+                f"the job already has all {space} {reg.role.value}s "
+                f"({self.settings.describe_counts()}); node {node_id!r} is one too many: check the "
+                "numbers, or that no old process of the same job is still running",
             )
         return None
 
@@ -590,15 +603,16 @@ class SchedulerState(Admission):
                 Refusal.JOB_OVER,
                 f"{member.describe()} has already finished this job; a node id finishes once",
             ), []
-        remaining = member.last_seen + self.node_timeout_s - now
+        guard_s = self.settings.node_timeout_s
+        remaining = member.last_seen + guard_s - now
         if remaining > 0:
             failed = " (failed)" if member.state is NodeState.FAILED else ""
             return Refused(
                 Refusal.NODE_ALIVE,
                 f"node id {member.node_id!r}{failed} was last seen alive "
                 f"{now - member.last_seen:.1f} s ago; the scheduler takes a new process with that "
-                f"id only after MS_NODE_TIMEOUT={self.node_timeout_s:g} s of silence, against "
-                f"network jitter and identity takeover (retry in {remaining:.1f} s)",
+                f"id only after MS_NODE_TIMEOUT={guard_s:g} s of silence, against network "
+                f"jitter and identity takeover (retry in {remaining:.1f} s)",
                 retry_after_s=remaining,
             ), []
         # Silent past the guard. Rejoining a running job needs recovery (a later issue); while
@@ -661,7 +675,7 @@ class SchedulerState(Admission):
         if (member.host, member.port) != (reg.host, reg.port):
             member.host, member.port = reg.host, reg.port
             # Perhaps on another host now: local ranks follow the hosts (ranks do not change).
-            space = self.server_num if member.role is NodeRole.SERVER else self.worker_num
+            space = self.settings.space(member.role)
             _assign_ranks([m for m in self.members.values() if m.role is member.role], space)
         self.awaiting.discard(member.node_id)
         effects.extend(self._publish(f"{member.describe()} rejoined"))
@@ -678,15 +692,17 @@ class SchedulerState(Admission):
         )
 
     def _form_topology(self) -> list[Effect]:
-        for role, space in ((NodeRole.WORKER, self.worker_num), (NodeRole.SERVER, self.server_num)):
-            _assign_ranks([m for m in self.members.values() if m.role is role], space)
+        for role in NodeRole:
+            _assign_ranks(
+                [m for m in self.members.values() if m.role is role], self.settings.space(role)
+            )
         self.phase = Phase.READY
         return self._publish("formed")
 
     def _publish(self, reason: str) -> list[Effect]:
         step = self.rollback_step()
-        if isinstance(step, str):
-            return self._end(ok=False, detail=step)
+        if isinstance(step, NoCommonStep):
+            return self._end(ok=False, detail=step.message)
         self.generation += 1
         self.revision += 1
         self._published = TopologyReadyEvent(self.generation, self.peers(), step, reason)
@@ -727,11 +743,11 @@ class SchedulerState(Admission):
         workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
         servers = [m for m in self.members.values() if m.role is NodeRole.SERVER]
         waited = now - self.started
-        parts = [f"{len(workers)} of {self.worker_num} workers"]
-        if self.server_num:
-            parts.append(f"{len(servers)} of {self.server_num} servers")
+        parts = [f"{len(workers)} of {self.settings.worker_num} workers"]
+        if self.settings.server_num:
+            parts.append(f"{len(servers)} of {self.settings.server_num} servers")
         head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
-        missing = _missing_ranks(workers, self.worker_num)
+        missing = _missing_ranks(workers, self.settings.worker_num)
         if missing == []:
             names = ", ".join(sorted(m.node_id for m in servers)) or "none"
             return f"{head}; registered servers: {names}"

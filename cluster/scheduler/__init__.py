@@ -12,14 +12,15 @@ May import: `cluster.protocol`, `cluster.transport`, `cluster.storage`, `cluster
 asyncio. Never the worker, the training API or the tools.
 """
 
+from cluster.protocol.settings import JobSettings
 from cluster.scheduler.core import CoreSettings, SchedulerCore
-from cluster.scheduler.server import SchedulerServer, run, serve, settings_from_config
+from cluster.scheduler.server import SchedulerServer, run, serve
 
 __all__ = [
     "CoreSettings",
+    "JobSettings",
     "SchedulerCore",
     "SchedulerServer",
     "run",
     "serve",
-    "settings_from_config",
 ]

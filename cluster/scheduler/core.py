@@ -7,8 +7,8 @@ eviction ends one stream, a shutdown fails open collectives and marks the job do
 
 Every call of a node is admitted by the state machine first (`SchedulerState.admit*`: its
 membership, its credential, and for a collective the phase, the generation and the peers); a
-refused call raises `CallRefused` with the kind of refusal, which the servicer turns into a
-status code, and changes nothing.
+refused call raises the ClusterError of its refusal (`Denied.error()`), which the servicer turns
+into a status code, and changes nothing.
 
 With recovery on, effects that follow a change of the saved state wait until the change is on
 disk (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that made
@@ -24,19 +24,21 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from cluster.protocol import state, topology
-from cluster.protocol.config import Limits, canonical_node_id
+from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
-    ClusterError,
     CollectiveError,
+    EvictedError,
     JobFailedError,
     PeerFailedError,
+    SnapshotError,
     StateFileError,
+    UnknownNodeError,
 )
+from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
@@ -71,22 +73,10 @@ STALL_S = 1.0
 STALL_LOG_S = 5.0
 
 
-class EvictedError(ClusterError):
-    """This stream's node was removed from the job (replaced, or silent while forming)."""
-
-
-class CallRefused(ClusterError):
-    """The state machine did not admit a call (see `cluster.protocol.admission`)."""
-
-    def __init__(self, denied: state.Denied) -> None:
-        super().__init__(denied.message)
-        self.kind = denied.kind
-
-
 def admitted(verdict: T | state.Denied) -> T:
-    """What an admission allows, or CallRefused."""
+    """What an admission allows, or the error of its refusal."""
     if isinstance(verdict, state.Denied):
-        raise CallRefused(verdict)
+        raise verdict.error()
     return verdict
 
 
@@ -94,18 +84,8 @@ def admitted(verdict: T | state.Denied) -> T:
 _HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
 
-@dataclass(frozen=True)
-class CoreSettings:
-    worker_num: int
-    server_num: int
-    node_timeout_s: float
-    topo_timeout_s: float
-    heartbeat_interval_s: float
-    heartbeat_enabled: bool = True
-    recovery: bool = False
-    # With a job secret, registrations must prove it (CLUSTER_JOB_SECRET[_FILE]).
-    job_secret: bytes | None = field(default=None, repr=False)
-    limits: Limits = field(default_factory=Limits)
+# The name of JobSettings before it was the job's one settings object (kept for its callers).
+CoreSettings = JobSettings
 
 
 def new_cluster_id() -> str:
@@ -115,7 +95,7 @@ def new_cluster_id() -> str:
 class SchedulerCore:
     def __init__(
         self,
-        settings: CoreSettings,
+        settings: JobSettings,
         clock: Callable[[], float] = time.monotonic,
         *,
         restored: state.SchedulerState | None = None,
@@ -124,17 +104,7 @@ class SchedulerCore:
         """`restored`: the job as loaded from `state_file`; `state_file`: where to save it."""
         self.settings = settings
         self._clock = clock
-        self.state = restored or state.SchedulerState(
-            cluster_id=new_cluster_id(),
-            worker_num=settings.worker_num,
-            server_num=settings.server_num,
-            node_timeout_s=settings.node_timeout_s,
-            topo_timeout_s=settings.topo_timeout_s,
-            heartbeat_enabled=settings.heartbeat_enabled,
-            recovery=settings.recovery,
-            job_secret=settings.job_secret,
-            clock=clock,
-        )
+        self.state = restored or state.SchedulerState(new_cluster_id(), settings, clock)
         # Set by `recovering` when it resumed a saved job: what to log once it is saved again.
         self.restored_note = ""
         # Effects held back until the state they follow from is saved, in order.
@@ -181,7 +151,7 @@ class SchedulerCore:
 
     @classmethod
     def recovering(
-        cls, settings: CoreSettings, directory: Path, clock: Callable[[], float] = time.monotonic
+        cls, settings: JobSettings, directory: Path, clock: Callable[[], float] = time.monotonic
     ) -> SchedulerCore:
         """A core that saves its job under `directory`, resuming the job saved there if any.
 
@@ -193,17 +163,9 @@ class SchedulerCore:
         if snapshot is not None:
             try:
                 restored = state.SchedulerState.restore(
-                    snapshot,
-                    worker_num=settings.worker_num,
-                    server_num=settings.server_num,
-                    node_timeout_s=settings.node_timeout_s,
-                    topo_timeout_s=settings.topo_timeout_s,
-                    clock=clock,
-                    new_cluster_id=new_cluster_id(),
-                    heartbeat_enabled=settings.heartbeat_enabled,
-                    job_secret=settings.job_secret,
+                    snapshot, settings, clock, new_cluster_id=new_cluster_id()
                 )
-            except (state.SnapshotError, KeyError, TypeError, ValueError) as exc:
+            except SnapshotError as exc:
                 raise StateFileError(
                     f"the recovery state {path} cannot be resumed: {exc}; move it away to start "
                     "a new job"
@@ -293,7 +255,7 @@ class SchedulerCore:
         try:
             while not waiter.done():
                 await asyncio.wait((waiter,), timeout=self.settings.heartbeat_interval_s)
-                with contextlib.suppress(state.UnknownNodeError):
+                with contextlib.suppress(UnknownNodeError):
                     self.state.heartbeat(node_id, incarnation)
             waiter.result()
         finally:
@@ -567,7 +529,7 @@ def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], 
     if restored.phase is state.Phase.READY:
         return (
             f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
-            f"waiting up to MS_NODE_TIMEOUT={restored.node_timeout_s:g} s for its "
+            f"waiting up to MS_NODE_TIMEOUT={restored.settings.node_timeout_s:g} s for its "
             f"{len(restored.awaiting)} nodes to reconnect"
         )
     return f"resuming job {restored.cluster_id} from {path}: still forming"

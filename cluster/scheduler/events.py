@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cluster.protocol import events, state
 from cluster.protocol.config import canonical_node_id
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import FellBehindError
 from cluster.protocol.events import JobEvent, Kind, Record
 from cluster.scheduler.event_file import EventFile, last_seq
 
@@ -29,10 +29,6 @@ RETAINED_EVENTS = 4096
 FOLLOWER_BACKLOG = 10_000
 # The job's last events: a following stream ends after one.
 FINAL = frozenset({Kind.FINISHED.value, Kind.JOB_FAILED.value})
-
-
-class FellBehindError(ClusterError):
-    """A WatchEvents stream did not read its events fast enough."""
 
 
 class _Follower:

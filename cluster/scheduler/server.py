@@ -23,10 +23,11 @@ import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.config import ClusterConfig, ObserveConfig, read_job_secret
+from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
-from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.store import RecoveryLock
@@ -91,20 +92,6 @@ def server_options(nodes: int) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests", limit),
         ("grpc.server.max_pending_requests_hard_limit", limit),
     ]
-
-
-def settings_from_config(config: ClusterConfig) -> CoreSettings:
-    return CoreSettings(
-        worker_num=config.worker_num,
-        server_num=config.server_num,
-        node_timeout_s=config.node_timeout_s,
-        topo_timeout_s=config.topo_timeout_s,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        heartbeat_enabled=config.heartbeat_enabled,
-        recovery=config.recovery is not None,
-        job_secret=None if config.job_secret is None else read_job_secret(config.job_secret),
-        limits=config.limits,
-    )
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -237,7 +224,7 @@ class SchedulerServer:
 
     def __init__(
         self,
-        settings: CoreSettings,
+        settings: JobSettings,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
@@ -350,7 +337,7 @@ class SchedulerServer:
     def _raise_open_files(self) -> None:
         files = limits.raise_open_files()
         log.info("%s", files.describe())
-        warning = files.too_low(self.core.settings.worker_num + self.core.settings.server_num)
+        warning = files.too_low(self.core.settings.expected)
         if warning is not None:
             log.warning("%s", warning)
 
@@ -448,7 +435,7 @@ async def serve(config: ClusterConfig) -> int:
     """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
     identity = None if config.tls is None else tls_module.prepare(config.tls, server=True)
     server = SchedulerServer(
-        settings_from_config(config),
+        JobSettings.from_config(config),
         config.sched_host,
         config.sched_port,
         tls=identity,

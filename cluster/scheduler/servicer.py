@@ -1,12 +1,11 @@
 """The gRPC face of the scheduler: requests to `SchedulerCore` calls, errors to status codes.
 
-No cluster logic lives here. `_STATUS_FOR` and `_DENIALS` are the one place where failures
-become codes. A code is set on the call, not raised with `context.abort`: an aborted call's
-request stays reachable from the exception's frames until the garbage collector runs, so a
-flood of refused 4 MiB calls held hundreds of MiB. Each failure also names its kind in the
-trailing metadata (`cluster-error`), so that a worker tells an evicted node from a failed job,
-or a failed peer from a misuse, without reading messages. Who a call comes from is read from
-its metadata (`cluster.transport.membership`) and admitted by the core.
+No cluster logic lives here. A failure becomes a status code and its kind in the trailing
+metadata through the one table of `cluster.transport.failures`. A code is set on the call, not
+raised with `context.abort`: an aborted call's request stays reachable from the exception's
+frames until the garbage collector runs, so a flood of refused 4 MiB calls held hundreds of
+MiB. Who a call comes from is read from its metadata (`cluster.transport.membership`) and
+admitted by the core.
 """
 
 from __future__ import annotations
@@ -16,46 +15,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol import state
-from cluster.protocol.errors import (
-    AccessDeniedError,
-    CapacityError,
-    ClusterError,
-    CollectiveError,
-    JobFailedError,
-    PeerFailedError,
-)
+from cluster.protocol.errors import BadRequestError, ClusterError
 from cluster.scheduler import convert
-from cluster.scheduler.core import CallRefused, EvictedError, SchedulerCore
+from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
-from cluster.transport import membership
+from cluster.transport import failures, membership
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
-
-class BadRequest(ClusterError):
-    """A request without what its call needs."""
-
-
-_STATUS_FOR: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
-    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
-    (state.UnknownNodeError, grpc.StatusCode.NOT_FOUND),
-    (EvictedError, grpc.StatusCode.ABORTED),
-    (JobFailedError, grpc.StatusCode.ABORTED),
-    (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (CollectiveError, grpc.StatusCode.FAILED_PRECONDITION),
-    (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
-)
-# A refused call: its code, and the error a worker raises for it.
-_DENIALS: dict[state.Denial, tuple[grpc.StatusCode, type[ClusterError]]] = {
-    state.Denial.UNAUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED, AccessDeniedError),
-    state.Denial.NOT_A_MEMBER: (grpc.StatusCode.NOT_FOUND, AccessDeniedError),
-    state.Denial.JOB_OVER: (grpc.StatusCode.ABORTED, JobFailedError),
-    state.Denial.PEER_FAILED: (grpc.StatusCode.FAILED_PRECONDITION, PeerFailedError),
-    state.Denial.WRONG_GENERATION: (grpc.StatusCode.FAILED_PRECONDITION, CollectiveError),
-    state.Denial.COLLECTIVE_MISUSE: (grpc.StatusCode.FAILED_PRECONDITION, CollectiveError),
-    state.Denial.OVER_CAP: (grpc.StatusCode.RESOURCE_EXHAUSTED, CapacityError),
-}
 _OPS = {
     pb.EXCHANGE_BARRIER: BARRIER,
     pb.EXCHANGE_ALLGATHER: ALLGATHER,
@@ -66,20 +33,10 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-# Trailing metadata naming the error class, for the errors a worker must tell apart from others
-# of the same status code.
-ERROR_KIND_KEY = "cluster-error"
-
-
-def _refuse(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
+def _refuse(context: grpc.aio.ServicerContext[Any, Any], exc: ClusterError) -> None:
     """End the call with the status of `exc` (its handler then returns without an answer)."""
-    if isinstance(exc, CallRefused):
-        code, error = _DENIALS[exc.kind]
-        name = error.__name__
-    else:
-        code = next(code for kind, code in _STATUS_FOR if isinstance(exc, kind))
-        name = type(exc).__name__
-    context.set_trailing_metadata(((ERROR_KIND_KEY, name),))
+    code, metadata = failures.status_of(exc)
+    context.set_trailing_metadata(metadata)
     context.set_code(code)
     context.set_details(str(exc))
 
@@ -96,7 +53,7 @@ def _mapped(
     ) -> Resp | None:
         try:
             return await handler(self, request, context)
-        except (ClusterError, state.UnknownNodeError) as exc:
+        except ClusterError as exc:
             _refuse(context, exc)
             return None
 
@@ -119,7 +76,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.RegisterResponse:
         role = convert.role_from_pb(request.role)
         if role is None or not request.node_id:
-            raise BadRequest("Register needs a node_id and a role")
+            raise BadRequestError("Register needs a node_id and a role")
         outcome = await self._core.register(convert.registration_from_pb(request, role))
         settings = self._core.settings
         return convert.register_response(
@@ -132,7 +89,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         try:
             async for event in self._watch(request, context):
                 yield event
-        except (ClusterError, state.UnknownNodeError) as exc:
+        except ClusterError as exc:
             _refuse(context, exc)
 
     async def _watch(
@@ -149,7 +106,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         elif kind == "hello":
             node_id, incarnation = request.hello.node_id, request.hello.incarnation
         else:
-            raise BadRequest("Watch needs a RegisterRequest or a Hello")
+            raise BadRequestError("Watch needs a RegisterRequest or a Hello")
         caller = _caller(context) if kind == "hello" else None
         # The node going away (its process dead, its connection cut) cancels this call, which
         # ends the core's stream and tells the core.
@@ -166,7 +123,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             with self._core.heartbeat_call():
                 async for beat in request_iterator:
                     self._core.heartbeat(beat.node_id, beat.incarnation, caller)
-        except (CallRefused, state.UnknownNodeError) as exc:
+        except ClusterError as exc:
             _refuse(context, exc)
             return None
         return pb.HeartbeatResponse()
@@ -177,7 +134,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.ExchangeResponse:
         op = _OPS.get(request.op)
         if op is None:
-            raise BadRequest("Exchange needs an op")
+            raise BadRequestError("Exchange needs an op")
         values = await self._core.exchange(
             request.node_id,
             _caller(context),

@@ -31,10 +31,9 @@ from typing import Any, Protocol
 
 import xxhash
 
-from cluster.protocol.errors import CheckpointError
+from cluster.protocol.errors import CheckpointError, CorruptCheckpointError
 from cluster.storage import atomic
 from cluster.storage.checkpoint_tree import (
-    Corrupt,
     Encoded,
     aligned,
     allocate,
@@ -132,7 +131,7 @@ def read(path: Path, step: int) -> dict[str, Any]:
     try:
         with open(path, "rb", buffering=0) as file:
             return _read_file(file, step)
-    except Corrupt as exc:
+    except CorruptCheckpointError as exc:
         raise CheckpointError(
             f"the checkpoint {path} is torn or corrupt ({exc}): it was not loaded; an older "
             "checkpoint may still be whole (CheckpointManager.latest() skips corrupt ones)"
@@ -144,25 +143,29 @@ def read(path: Path, step: int) -> dict[str, Any]:
 def _read_file(file: io.FileIO, step: int) -> dict[str, Any]:
     size = os.fstat(file.fileno()).st_size
     if size < PREAMBLE.size + len(END_MAGIC):
-        raise Corrupt(f"{size} bytes, shorter than the smallest checkpoint")
+        raise CorruptCheckpointError(f"{size} bytes, shorter than the smallest checkpoint")
     preamble = _read_exactly(file, PREAMBLE.size)
     magic, version, _flags, header_length, recorded = PREAMBLE.unpack(preamble)
     if magic != MAGIC:
-        raise Corrupt("not a cluster checkpoint: wrong magic bytes")
+        raise CorruptCheckpointError("not a cluster checkpoint: wrong magic bytes")
     if version not in _DIGESTS:
-        raise Corrupt(f"format version {version}; this cluster reads versions 1 to {VERSION}")
+        raise CorruptCheckpointError(
+            f"format version {version}; this cluster reads versions 1 to {VERSION}"
+        )
     make_hash, digest_size = _DIGESTS[version]
     footer_size = len(END_MAGIC) + digest_size
     if recorded != size:
-        raise Corrupt(f"{size} bytes, but it was written with {recorded}: truncated")
+        raise CorruptCheckpointError(f"{size} bytes, but it was written with {recorded}: truncated")
     if header_length > size - PREAMBLE.size - footer_size:
-        raise Corrupt(f"header length {header_length} exceeds the file")
+        raise CorruptCheckpointError(f"header length {header_length} exceeds the file")
     header_data = _read_exactly(file, header_length)
     header = _parse_header(header_data)
     data_start = aligned(PREAMBLE.size + header_length)
     data_bytes = header["data_bytes"]
     if data_start + data_bytes + footer_size != size:
-        raise Corrupt(f"the header's data size {data_bytes} does not match the file size {size}")
+        raise CorruptCheckpointError(
+            f"the header's data size {data_bytes} does not match the file size {size}"
+        )
     with _Digest(make_hash()) as digest:
         digest.feed(preamble)
         digest.feed(header_data)
@@ -182,9 +185,9 @@ def _read_file(file: io.FileIO, step: int) -> dict[str, Any]:
         end = _read_exactly(file, footer_size)
         if end[: len(END_MAGIC)] != END_MAGIC or end[len(END_MAGIC) :] != digest.digest():
             name = "SHA-256" if version == 1 else "XXH3-128 checksum"
-            raise Corrupt(f"its {name} does not match its content")
+            raise CorruptCheckpointError(f"its {name} does not match its content")
     if header["step"] != step:
-        raise Corrupt(f"it holds step {header['step']!r}, not {step}")
+        raise CorruptCheckpointError(f"it holds step {header['step']!r}, not {step}")
     return decode_state(header["state"], values)
 
 
@@ -192,17 +195,17 @@ def _parse_header(data: bytes) -> dict[str, Any]:
     try:
         header = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise Corrupt("its header is not valid JSON") from None
+        raise CorruptCheckpointError("its header is not valid JSON") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise Corrupt("its header is not a cluster checkpoint header")
+        raise CorruptCheckpointError("its header is not a cluster checkpoint header")
     if not is_count(header.get("data_bytes")) or not isinstance(header.get("entries"), list):
-        raise Corrupt("its header lacks the data layout")
+        raise CorruptCheckpointError("its header lacks the data layout")
     cursor = 0
     for entry in header["entries"]:
         check_entry(entry, cursor)
         cursor = entry["offset"] + entry["nbytes"]
     if cursor > header["data_bytes"]:
-        raise Corrupt("an array lies past the end of the data")
+        raise CorruptCheckpointError("an array lies past the end of the data")
     return header
 
 
@@ -252,5 +255,5 @@ def _read_into(file: io.FileIO, view: memoryview) -> None:
     while view:
         count = file.readinto(view)
         if not count:
-            raise Corrupt("it ends early: truncated")
+            raise CorruptCheckpointError("it ends early: truncated")
         view = view[count:]

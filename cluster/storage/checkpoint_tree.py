@@ -22,7 +22,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from cluster.protocol.errors import CheckpointError
+from cluster.protocol.errors import CheckpointError, CorruptCheckpointError
 
 ALIGN = 64
 KINDS = ("ndarray", "scalar", "tensor", "bytes")
@@ -30,10 +30,6 @@ SUPPORTED = (
     "numpy arrays, torch tensors, bytes, None, bool, int, float, str, and lists, tuples and "
     "dicts of them"
 )
-
-
-class Corrupt(Exception):
-    """What is wrong with a checkpoint's content; the reader names the file."""
 
 
 def aligned(offset: int) -> int:
@@ -172,14 +168,14 @@ def copy_into(source: Any, entry: dict[str, Any], data: np.ndarray[Any, Any]) ->
 def check_entry(entry: Any, cursor: int) -> None:
     """Check an entry's layout before anything is allocated for it."""
     if not isinstance(entry, dict) or entry.get("kind") not in KINDS:
-        raise Corrupt(f"an array entry is malformed: {entry!r:.200}")
+        raise CorruptCheckpointError(f"an array entry is malformed: {entry!r:.200}")
     offset, nbytes, shape = entry.get("offset"), entry.get("nbytes"), entry.get("shape")
     if not (is_count(offset) and is_count(nbytes)) or offset < cursor:
-        raise Corrupt(f"an array entry has a bad offset or size: {entry!r:.200}")
+        raise CorruptCheckpointError(f"an array entry has a bad offset or size: {entry!r:.200}")
     if not isinstance(shape, list) or not all(is_count(n) for n in shape):
-        raise Corrupt(f"an array entry has a bad shape: {entry!r:.200}")
+        raise CorruptCheckpointError(f"an array entry has a bad shape: {entry!r:.200}")
     if not isinstance(entry.get("dtype"), str):
-        raise Corrupt(f"an array entry has a bad dtype: {entry!r:.200}")
+        raise CorruptCheckpointError(f"an array entry has a bad dtype: {entry!r:.200}")
 
 
 def is_count(value: object) -> TypeGuard[int]:
@@ -192,16 +188,18 @@ def allocate(entry: dict[str, Any]) -> tuple[Any, memoryview]:
     count = math.prod(shape)
     if kind == "bytes":
         if shape != (nbytes,):
-            raise Corrupt(f"a bytes entry has shape {shape} but {nbytes} bytes")
+            raise CorruptCheckpointError(f"a bytes entry has shape {shape} but {nbytes} bytes")
         raw = bytearray(nbytes)
         return raw, memoryview(raw)
     if kind == "tensor":
         torch = _import_torch()
         dtype = getattr(torch, entry["dtype"], None)
         if not isinstance(dtype, torch.dtype):
-            raise Corrupt(f"unknown torch dtype {entry['dtype']!r}")
+            raise CorruptCheckpointError(f"unknown torch dtype {entry['dtype']!r}")
         if count * dtype.itemsize != nbytes:
-            raise Corrupt(f"a {entry['dtype']} tensor of shape {shape} cannot have {nbytes} bytes")
+            raise CorruptCheckpointError(
+                f"a {entry['dtype']} tensor of shape {shape} cannot have {nbytes} bytes"
+            )
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype), memoryview(b"")
         buffer = np.empty(nbytes, np.uint8)
@@ -209,11 +207,15 @@ def allocate(entry: dict[str, Any]) -> tuple[Any, memoryview]:
     try:
         np_dtype = np.dtype(entry["dtype"])
     except TypeError:
-        raise Corrupt(f"unknown numpy dtype {entry['dtype']!r}") from None
+        raise CorruptCheckpointError(f"unknown numpy dtype {entry['dtype']!r}") from None
     if np_dtype.hasobject or np_dtype.fields is not None or np_dtype.subdtype is not None:
-        raise Corrupt(f"numpy dtype {entry['dtype']!r} is not one a checkpoint holds")
+        raise CorruptCheckpointError(
+            f"numpy dtype {entry['dtype']!r} is not one a checkpoint holds"
+        )
     if count * np_dtype.itemsize != nbytes or (kind == "scalar" and shape != ()):
-        raise Corrupt(f"an array of dtype {np_dtype} and shape {shape} cannot have {nbytes} bytes")
+        raise CorruptCheckpointError(
+            f"an array of dtype {np_dtype} and shape {shape} cannot have {nbytes} bytes"
+        )
     array = np.empty(shape, np_dtype)
     return array, (array.reshape(-1).view(np.uint8).data if nbytes else memoryview(b""))
 
@@ -232,9 +234,9 @@ def decode_state(tree: Any, values: list[Any]) -> dict[str, Any]:
     try:
         state = _decode(tree, values)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise Corrupt(f"its state tree is malformed ({exc})") from None
+        raise CorruptCheckpointError(f"its state tree is malformed ({exc})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
-        raise Corrupt("its state is not a mapping of str keys")
+        raise CorruptCheckpointError("its state is not a mapping of str keys")
     return state
 
 

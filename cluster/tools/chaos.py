@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cluster.protocol.errors import ClusterError
+from cluster.protocol.records import Phase
 from cluster.tools import report_html
 from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
 from cluster.tools.testing import LocalJob, NetworkLab, wait_until
@@ -141,6 +142,8 @@ class Chaos:
                     break
                 if not self._sleep_while_running(pause):
                     break  # the job is ending: no more faults
+                if self._winding_down():
+                    break  # a rank already finished: a fault now would hit a job that ended
                 fault = self._inject(self._next_kind(), time.monotonic() - formed)
                 self.report.faults.append(fault)
                 self._say(self._describe(fault))
@@ -257,6 +260,18 @@ class Chaos:
             if not lost:
                 time.sleep(0.05)
         return max(lost) if lost else None
+
+    def _winding_down(self) -> bool:
+        """True once the job is ending: a worker exited, a rank called Finish, or the job is
+        over. A fault injected then would wait for a recovery that a finished job never makes."""
+        if any(w is not None and not w.running for w in self.job.workers):
+            return True
+        view = self.job.status()
+        if view is None:
+            return False  # not known (the scheduler restarting): the fault's own waits decide
+        if view.phase in (Phase.FINISHED, Phase.FAILED):
+            return True
+        return any(n.state == "finished" for n in view.nodes)
 
     def _sleep_while_running(self, seconds: float) -> bool:
         """Wait `seconds`; False as soon as a worker has exited (the job is ending)."""

@@ -24,7 +24,7 @@ import grpc
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import tls
+from cluster.transport import failures, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -167,9 +167,9 @@ async def _watch(
                     message.seq, message.time, message.event, json.loads(message.fields_json)
                 )
         except grpc.aio.AioRpcError as exc:
-            raise SchedulerUnreachableError(
-                f"no scheduler answers at {address}: {exc.details() or exc.code().name}"
-            ) from None
+            failure = failures.failure_of(exc)
+            said = "no scheduler answers" if failure.cut_off else "the event stream ended"
+            raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None
 
 
 # -- the command -------------------------------------------------------------------------------

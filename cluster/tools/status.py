@@ -11,6 +11,7 @@ import grpc
 from cluster.protocol.errors import SchedulerUnreachableError
 from cluster.protocol.state import Phase
 from cluster.tools.table import format_table
+from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -126,7 +127,7 @@ async def fetch(
         response = await stub.Status(pb.StatusRequest(), timeout=timeout_s)
     except grpc.aio.AioRpcError as exc:
         raise SchedulerUnreachableError(
-            f"no scheduler answers at {address}: {exc.details() or exc.code().name}"
+            f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
     assert isinstance(response, pb.StatusResponse)
     return job_view(address, response)

@@ -39,16 +39,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
 from cluster.tools.secret import write_job_secret
 
 POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
-
-
-class JobTimeoutError(ClusterError):
-    """A LocalJob action did not see its effect in time."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,10 +103,6 @@ class Process:
                 os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
-
-
-class NetemUnavailableError(ClusterError):
-    """The kernel has no netem queueing discipline: no delay or loss injection."""
 
 
 class NetworkLab:

@@ -8,13 +8,12 @@ brings the whole table again.
 
 from __future__ import annotations
 
+from cluster.protocol.errors import MissedTableChange
 from cluster.v1 import scheduler_pb2 as pb
 
+MissedChange = MissedTableChange  # what `table_of` raises
+
 _COLUMNS = ("ranks", "node_ids", "hosts", "ports", "roles", "local_ranks", "local_sizes")
-
-
-class MissedChange(Exception):
-    """A delta that does not follow the table this node holds."""
 
 
 def table_of(ready: pb.TopologyReady, held: tuple[int, pb.PeerTable] | None) -> pb.PeerTable:

@@ -72,3 +72,28 @@ def test_random_faults_of_every_kind_leave_the_result_exact(tmp_path: Path) -> N
         saved = store.load(state / f"worker-{i}.json", "worker")
         assert saved is not None
         assert saved["finished"] is True
+
+
+def test_faults_stop_when_the_job_ends_before_the_count(tmp_path: Path) -> None:
+    """A short job and many faults asked for: chaos stops injecting once a rank finishes (a
+    fault then would wait for a recovery a finished job never makes) and reports success."""
+    script = private_copy(tmp_path, ROOT / "examples" / "train_mlp.py")
+    report_path = tmp_path / "report.json"
+    chaos = subprocess.run(
+        [
+            *(PYTHON, "-m", "cluster", "chaos", "--seed", "3", "--every", "0.3"),
+            *("--faults", "kill", "--count", "50", "--report", str(report_path), "--"),
+            *("--worker-num", "2", "--local-worker-num", "2", "--log-dir", str(tmp_path / "logs")),
+            *(str(script), "--steps", "40", "--save-every", "5", "--step-delay", "0.02"),
+            *("--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert chaos.returncode == 0, chaos.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["ok"] is True, report
+    assert len(report["faults"]) < 50
+    assert processes_running(str(script)) == []

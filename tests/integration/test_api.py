@@ -23,7 +23,7 @@ from cluster.protocol.errors import (
     RegistrationRefused,
 )
 from cluster.protocol.state import NodeState, Phase
-from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.agent import WorkerAgent
@@ -99,10 +99,10 @@ def test_uncaught_cluster_error_is_one_line_without_traceback() -> None:
 # -- the protocol against a real in-process scheduler ----------------------------------------
 
 
-def settings(n: int, **kw: float) -> CoreSettings:
+def settings(n: int, **kw: float) -> JobSettings:
     values = {"node_timeout_s": 30.0, "topo_timeout_s": 60.0, "heartbeat_interval_s": 0.5}
     values.update(kw)
-    return CoreSettings(worker_num=n, server_num=0, **values)  # type: ignore[arg-type]
+    return JobSettings(worker_num=n, server_num=0, **values)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from cluster.protocol.config import TLSOptions, from_env
 from cluster.protocol.errors import CollectiveError, TLSConfigError
-from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.transport import certs
 from cluster.transport.tls import load_identity
 from cluster.worker.agent import WorkerAgent
@@ -320,8 +320,8 @@ def test_start_up_errors_are_one_clear_line(
 # -- in-process: the CRL on every call, expiry re-checks, the server name ----------------------
 
 
-def settings(n: int) -> CoreSettings:
-    return CoreSettings(
+def settings(n: int) -> JobSettings:
+    return JobSettings(
         worker_num=n, server_num=0, node_timeout_s=30, topo_timeout_s=60, heartbeat_interval_s=0.5
     )
 

@@ -82,15 +82,7 @@ def test_credentials_survive_a_scheduler_restart_as_hashes() -> None:
     state = ready_state(clock, ["0", "1"], recovery=True)
     saved = state.snapshot()
     assert saved["members"][0]["credential_sha256"] == digest("0", 1).hex()
-    restored = type(state).restore(
-        saved,
-        worker_num=2,
-        server_num=0,
-        node_timeout_s=10.0,
-        topo_timeout_s=60.0,
-        clock=clock,
-        new_cluster_id="unused",
-    )
+    restored = type(state).restore(saved, state.settings, clock, new_cluster_id="unused")
     assert isinstance(restored.admit("1", 1, digest("1", 1)), Member)
     denied(restored.admit("1", 1, digest("0", 1)), Denial.UNAUTHENTICATED)
     # The node reconnects with its registration of the same incarnation.

@@ -8,14 +8,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cluster.protocol.state import Denial
-from cluster.scheduler.core import CallRefused, CoreSettings, SchedulerCore
+from cluster.protocol.errors import CollectiveError, PeerFailedError
+from cluster.protocol.settings import JobSettings
+from cluster.scheduler.core import SchedulerCore
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from tests.aio import BOUND_S
 from tests.credentials import caller, registration
 
-SETTINGS = CoreSettings(
+SETTINGS = JobSettings(
     worker_num=2,
     server_num=0,
     node_timeout_s=5.0,
@@ -42,18 +43,15 @@ async def test_a_collective_of_an_older_generation_is_a_peer_failure() -> None:
     clock.now += 6.0
     await asyncio.wait_for(core.register(registration("1", incarnation=2)), BOUND_S)
     assert core.state.generation == 2
-    with pytest.raises(
-        CallRefused, match=r"belongs to generation 1.*moved on to generation 2"
-    ) as info:
+    with pytest.raises(PeerFailedError, match=r"belongs to generation 1.*moved on to generation 2"):
         await core.exchange(
             "0", caller("0", 1), generation=1, seq=7, op="allgather", root=0, value=b"x"
         )
-    assert info.value.kind is Denial.PEER_FAILED
-    with pytest.raises(CallRefused, match="generation 3") as info:
+    with pytest.raises(CollectiveError, match="generation 3") as info:
         await core.exchange(
             "0", caller("0", 1), generation=3, seq=1, op="allgather", root=0, value=b"x"
         )
-    assert info.value.kind is Denial.WRONG_GENERATION
+    assert type(info.value) is CollectiveError  # not a peer's failure: a misuse
 
 
 async def _next_event(stream: AsyncIterator[pb.Event | bytes]) -> pb.Event:

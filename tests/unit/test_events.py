@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol import events
+from cluster.protocol.errors import FellBehindError
 from cluster.protocol.events import Cause, JobEvent, Kind, Record
+from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import (
     Accepted,
     NodeFailedEvent,
@@ -23,7 +25,7 @@ from cluster.protocol.state import (
     SchedulerState,
     TopologyReadyEvent,
 )
-from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal, FellBehindError
+from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal
 from tests.aio import BOUND_S, settle
 from tests.credentials import digest
 from tests.procs import wait_until
@@ -38,15 +40,15 @@ class Clock:
 
 
 def make_state(clock: Clock, workers: int = 2, *, recovery: bool = True) -> SchedulerState:
-    return SchedulerState(
-        cluster_id="job-1",
+    settings = JobSettings(
         worker_num=workers,
         server_num=0,
         node_timeout_s=10.0,
         topo_timeout_s=60.0,
-        clock=clock,
+        heartbeat_interval_s=1.0,
         recovery=recovery,
     )
+    return SchedulerState("job-1", settings, clock)
 
 
 def reg(node_id: str, incarnation: int = 1, workers: int = 2) -> Registration:
@@ -95,14 +97,9 @@ def test_heartbeat_silence_is_cause_heartbeat_silence() -> None:
 
 def test_not_reconnecting_after_a_restart_is_cause_no_reconnect() -> None:
     clock = Clock()
+    state = formed(clock)
     restored = SchedulerState.restore(
-        formed(clock).snapshot(),
-        worker_num=2,
-        server_num=0,
-        node_timeout_s=10.0,
-        topo_timeout_s=60.0,
-        clock=clock,
-        new_cluster_id="job-2",
+        state.snapshot(), state.settings, clock, new_cluster_id="job-2"
     )
     clock.now += 11.0
     found = failures(restored.tick())

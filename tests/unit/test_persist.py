@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import Accepted, Refused
-from cluster.scheduler.core import CoreSettings, SchedulerCore
+from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.scheduler.server import SchedulerServer
 from cluster.storage import store
@@ -22,7 +23,7 @@ from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually, settle
 from tests.credentials import caller, registration
 
-SETTINGS = CoreSettings(
+SETTINGS = JobSettings(
     worker_num=2,
     server_num=0,
     node_timeout_s=5.0,

@@ -14,12 +14,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
+from cluster.protocol.errors import SnapshotError, UnknownNodeError
+from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import (
     Accepted,
     Denial,
     Denied,
     Effect,
     Evict,
+    NoCommonStep,
     NodeFailedEvent,
     NodeRole,
     NodeState,
@@ -30,9 +33,7 @@ from cluster.protocol.state import (
     Registration,
     SchedulerState,
     ShutdownEvent,
-    SnapshotError,
     TopologyReadyEvent,
-    UnknownNodeError,
 )
 from tests.credentials import digest
 
@@ -61,17 +62,17 @@ def make_state(
     recovery: bool = False,
     job_secret: bytes | None = None,
 ) -> SchedulerState:
-    return SchedulerState(
-        cluster_id=JOB,
+    settings = JobSettings(
         worker_num=worker_num,
         server_num=server_num,
         node_timeout_s=node_timeout_s,
         topo_timeout_s=topo_timeout_s,
-        clock=clock,
+        heartbeat_interval_s=1.0,
         heartbeat_enabled=heartbeat_enabled,
         recovery=recovery,
         job_secret=job_secret,
     )
+    return SchedulerState(JOB, settings, clock)
 
 
 _nonces = itertools.count(1)
@@ -98,12 +99,12 @@ def reg(
         host=host,
         port=port,
         incarnation=incarnation,
-        worker_num=state.worker_num if worker_num is None else worker_num,
-        server_num=state.server_num if server_num is None else server_num,
+        worker_num=state.settings.worker_num if worker_num is None else worker_num,
+        server_num=state.settings.server_num if server_num is None else server_num,
         cluster_id=cluster_id,
         credential_digest=digest(node_id, incarnation),
     )
-    secret = state.job_secret if secret is None else secret
+    secret = state.settings.job_secret if secret is None else secret
     if secret is None:
         return registration
     registration = dataclasses.replace(
@@ -881,8 +882,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         # One process keeps its host: the same (node id, incarnation) always registers from the
         # host it first used (see test_same_incarnation_from_another_host_keeps_peers_consistent).
         self.hosts: dict[tuple[str, int], str] = {}
+        # Each member's incarnation and state after the last input: what the next may change.
+        self.known = _known(self.state)
 
-    def _after(self, effects: list[Effect]) -> None:
+    def _after(self, effects: list[Effect], *, leaving: bool = False) -> None:
+        """`leaving`: the input was a node's own Finish (while forming, it frees its slot)."""
+        self._all_told(effects, leaving=leaving)
         new = self.state.phase
         assert new in FORWARD[self.phase], f"{self.phase} -> {new}"
         shutdowns = [e for e in effects if isinstance(e, ShutdownEvent)]
@@ -916,6 +921,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.phase = new
         event(f"reached {new.value}")
 
+    def _all_told(self, effects: list[Effect], *, leaving: bool) -> None:
+        """No effect whose state change was applied is lost: a member that failed is told to
+        the others, a process that is no longer a member has its stream ended."""
+        failed = {e.node_id for e in effects if isinstance(e, NodeFailedEvent)}
+        evicted = {(e.node_id, e.incarnation) for e in effects if isinstance(e, Evict)}
+        for node_id, (incarnation, was) in self.known.items():
+            member = self.state.members.get(node_id)
+            if member is None or member.incarnation != incarnation:
+                assert leaving or (node_id, incarnation) in evicted, (node_id, effects)
+            elif was is NodeState.ALIVE and member.state is NodeState.FAILED:
+                assert node_id in failed, (node_id, effects)
+                event("a failure told")
+        self.known = _known(self.state)
+
     @rule(
         node_id=node_ids,
         host=st.sampled_from(HOSTS),
@@ -928,7 +947,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     ) -> None:
         role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
         host = self.hosts.setdefault((canonical_node_id(node_id), incarnation), host)
-        worker_num = self.state.worker_num + (1 if matching == 0 else 0)
+        worker_num = self.state.settings.worker_num + (1 if matching == 0 else 0)
         registration = reg(
             self.state,
             node_id,
@@ -972,16 +991,31 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(hosts=st.lists(st.sampled_from(HOSTS), min_size=6, max_size=6))
     def fill(self, hosts: list[str]) -> None:
-        """Fresh nodes until the job is full (or nobody can join any more)."""
+        """Fresh nodes that fit until the job is full (or nobody can join any more)."""
         for host in hosts:
-            if self.state.phase is not Phase.WAITING:
+            node_id = self._fitting()
+            if self.state.phase is not Phase.WAITING or node_id is None:
                 return
-            self.register_fresh(len(self.state.members) * 7, host)
+            self.register(node_id, host, incarnation=1, matching=1, cluster_id="")
+
+    def _fitting(self) -> str | None:
+        """A node id not taken, of a role the job still lacks, that is a valid rank."""
+        state = self.state
+        taken = {canonical_node_id(i) for i in state.members}
+        workers = sum(1 for m in state.members.values() if m.role is NodeRole.WORKER)
+        if workers < state.settings.worker_num:
+            fitting = [
+                i for i in WORKER_IDS if not i.isdigit() or int(i) < state.settings.worker_num
+            ]
+        else:
+            fitting = SERVER_IDS
+        fresh = [i for i in fitting if canonical_node_id(i) not in taken]
+        return fresh[0] if fresh else None
 
     @rule()
     def finish_all(self) -> None:
         for member in sorted(self.state.members.values(), key=lambda m: m.node_id):
-            self._after(self.state.finish(member.node_id, member.incarnation))
+            self._after(self.state.finish(member.node_id, member.incarnation), leaving=True)
 
     def _pick(self, index: int) -> tuple[str, int] | None:
         members = sorted(self.state.members.values(), key=lambda m: m.node_id)
@@ -994,13 +1028,21 @@ class SchedulerMachine(RuleBasedStateMachine):
     def finish_member(self, index: int) -> None:
         picked = self._pick(index)
         if picked is not None:
-            self._after(self.state.finish(*picked))
+            self._after(self.state.finish(*picked), leaving=True)
 
     @rule(index=st.integers(min_value=0, max_value=20))
     def disconnect_member(self, index: int) -> None:
         picked = self._pick(index)
         if picked is not None:
             self._after(self.state.disconnect(*picked))
+
+    @rule()
+    def disconnect_newest(self) -> None:
+        """The member that registered last loses its connection (the others, registered
+        before it, come first in every pass over the members)."""
+        if self.state.members:
+            member = list(self.state.members.values())[-1]
+            self._after(self.state.disconnect(member.node_id, member.incarnation))
 
     @rule(node_id=node_ids, incarnation=incarnations)
     def connect(self, node_id: str, incarnation: int) -> None:
@@ -1033,7 +1075,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             effects = self.state.finish(node_id, incarnation)
         except UnknownNodeError:
             return
-        self._after(effects)
+        self._after(effects, leaving=True)
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 9.0, 11.0, 40.0]))
     def advance(self, seconds: float) -> None:
@@ -1047,11 +1089,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         now = self.clock.now
         running = self.state.phase in (Phase.WAITING, Phase.READY)
         for m in self.state.members.values() if running else ():
-            watched = self.state.heartbeat_enabled or m.node_id in self.state.awaiting
+            watched = self.state.settings.heartbeat_enabled or m.node_id in self.state.awaiting
             if m.state is NodeState.ALIVE and watched:
-                assert self.state.silence(m, now) <= self.state.node_timeout_s, m
+                assert self.state.silence(m, now) <= self.state.settings.node_timeout_s, m
             if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
-                limit = self.state.node_timeout_s + self.state.topo_timeout_s
+                limit = self.state.settings.node_timeout_s + self.state.settings.topo_timeout_s
                 assert now - m.last_seen <= limit, m
 
     @rule(seconds=st.sampled_from([2.0, 12.0]))
@@ -1059,6 +1101,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         """The scheduler's process did not run for a while."""
         self.clock.advance(seconds)
         self.state.excuse(seconds)
+
+    @rule(seconds=st.sampled_from([11.0, 40.0]))
+    def time_passes(self, seconds: float) -> None:
+        """Time passes for every node at once, as the scheduler's monitor sees it: several may
+        fail, or end the job, in one tick."""
+        self.advance(seconds)
+        self.tick()
 
     @rule(index=st.integers(min_value=0, max_value=20), wait=st.sampled_from([3.0, 11.0]))
     def kill_and_restart(self, index: int, wait: float) -> None:
@@ -1081,15 +1130,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         saved = json.loads(json.dumps(state.snapshot()))
         restored = SchedulerState.restore(
-            saved,
-            worker_num=state.worker_num,
-            server_num=state.server_num,
-            node_timeout_s=state.node_timeout_s,
-            topo_timeout_s=state.topo_timeout_s,
-            clock=self.clock,
-            new_cluster_id="unused",
-            heartbeat_enabled=state.heartbeat_enabled,
-            job_secret=state.job_secret,
+            saved, state.settings, self.clock, new_cluster_id="unused"
         )
         assert restored.cluster_id == JOB
         assert restored.generation == state.generation
@@ -1104,6 +1145,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert restored.members == {}
         self.state = restored
         self.saved = _durable(restored)
+        self.known = _known(restored)
         # The nonces seen are not saved: a replay is refused only within one scheduler's life.
         self.sent = []
         event(f"scheduler restarted while {restored.phase.value}")
@@ -1166,10 +1208,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             registration = dataclasses.replace(
                 registration, credential_digest=digest(node_id + "x", incarnation)
             )
-            if self.state.job_secret is not None:  # the forger knows the secret, even
+            if self.state.settings.job_secret is not None:  # the forger knows the secret, even
                 registration = dataclasses.replace(
                     registration,
-                    proof=auth.prove(self.state.job_secret, registration.message()),
+                    proof=auth.prove(self.state.settings.job_secret, registration.message()),
                 )
         before = _everything(self.state)
         outcome, effects = self.state.register(registration)
@@ -1184,7 +1226,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def outsider_registers(self, node_id: str, forgery: str) -> None:
         """A registration that does not prove the job secret, when the job has one."""
-        if self.state.job_secret is None:
+        if self.state.settings.job_secret is None:
             return
         role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
         if forgery == "replay":
@@ -1223,8 +1265,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.state
         assert len(state.members) <= state.expected
         roles = Counter(m.role for m in state.members.values())
-        assert roles[NodeRole.WORKER] <= state.worker_num
-        assert roles[NodeRole.SERVER] <= state.server_num
+        assert roles[NodeRole.WORKER] <= state.settings.worker_num
+        assert roles[NodeRole.SERVER] <= state.settings.server_num
 
     @invariant()
     def ranks_dense_unique_and_stable(self) -> None:
@@ -1239,8 +1281,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert state.generation == 1 or state.recovery
         assert state.phase is not Phase.WAITING
         for role, space in (
-            (NodeRole.WORKER, state.worker_num),
-            (NodeRole.SERVER, state.server_num),
+            (NodeRole.WORKER, state.settings.worker_num),
+            (NodeRole.SERVER, state.settings.server_num),
         ):
             group = [m for m in members if m.role is role]
             assert sorted(m.rank for m in group if m.rank is not None) == list(range(space))
@@ -1276,6 +1318,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert NodeState.FAILED not in states
         if state.phase is Phase.READY:
             assert NodeState.ALIVE in states or NodeState.FAILED in states
+
+
+def _known(state: SchedulerState) -> dict[str, tuple[int, NodeState]]:
+    return {k: (m.incarnation, m.state) for k, m in state.members.items()}
 
 
 def _durable(state: SchedulerState) -> tuple[dict[str, object], int]:
@@ -1410,19 +1456,20 @@ def test_same_process_back_after_it_was_declared_failed_rejoins_without_guard() 
     assert state.generation == 2
 
 
-def restore(snapshot: dict[str, object], clock: FakeClock, **kwargs: object) -> SchedulerState:
-    settings: dict[str, object] = {
-        "worker_num": 3,
-        "server_num": 0,
-        "node_timeout_s": 10.0,
-        "topo_timeout_s": 60.0,
-        "new_cluster_id": "job-2",
-    }
-    settings.update(kwargs)
+def restore(
+    snapshot: dict[str, object], clock: FakeClock, *, worker_num: int = 3
+) -> SchedulerState:
+    """`snapshot` restored by a scheduler of `worker_num` workers (a new job's id: job-2)."""
+    settings = JobSettings(
+        worker_num=worker_num,
+        server_num=0,
+        node_timeout_s=10.0,
+        topo_timeout_s=60.0,
+        heartbeat_interval_s=1.0,
+        recovery=True,
+    )
     return SchedulerState.restore(
-        json.loads(json.dumps(snapshot)),
-        clock=clock,
-        **settings,  # type: ignore[arg-type]
+        json.loads(json.dumps(snapshot)), settings, clock, new_cluster_id="job-2"
     )
 
 
@@ -1528,6 +1575,9 @@ def test_no_common_checkpoint_fails_the_job_with_what_each_holds() -> None:
     state = recovering(clock, n=2)
     state.report_checkpoints("0", 1, [40, 50])
     state.report_checkpoints("1", 1, [10])
+    none = state.rollback_step()
+    assert isinstance(none, NoCommonStep)
+    assert "rank 0 (node '0' at h0:6000): 40, 50; rank 1 (node '1' at h0:6001): 10" in none.message
     state.disconnect("1", 1)
     clock.advance(11.0)
     _, effects = state.register(reg(state, "1", incarnation=2))
@@ -1562,3 +1612,24 @@ def test_reform_publishes_a_new_generation_with_the_rollback_step() -> None:
         7,
         "a collective was cut off",
     )
+
+
+def test_a_tick_that_ends_the_job_keeps_the_failures_it_found_before() -> None:
+    """One tick: node 0 goes silent (failed, its stream ended) and node 1's rejoin window ends
+    (the job fails). The failure of node 0 is applied to the state, so it must be told too."""
+    clock = FakeClock()
+    state = recovering(clock)  # node timeout 10 s, topology timeout 60 s
+    state.disconnect("1", 1)
+    clock.advance(65.0)
+    for node_id in ("0", "2"):
+        state.heartbeat(node_id, 1)
+    clock.advance(10.5)  # node 0 silent past the guard; node 1 failed 75.5 s ago
+    state.heartbeat("2", 1)
+    effects = state.tick()
+    assert state.members["0"].state is NodeState.FAILED
+    assert state.phase is Phase.FAILED
+    failed = [e for e in effects if isinstance(e, NodeFailedEvent)]
+    assert [e.node_id for e in failed] == ["0"]
+    assert Evict("0", 1, failed[0].reason) in effects
+    assert isinstance(effects[-1], ShutdownEvent)
+    assert "rank 1" in effects[-1].reason

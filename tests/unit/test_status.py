@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import NodeRole, Registration, SchedulerState
 from cluster.scheduler import convert
 from cluster.tools.status import job_view, render
@@ -11,15 +12,10 @@ from tests.credentials import digest
 
 
 def formed_job() -> SchedulerState:
-    state = SchedulerState(
-        cluster_id="job-1",
-        worker_num=2,
-        server_num=0,
-        node_timeout_s=10.0,
-        topo_timeout_s=60.0,
-        clock=lambda: 100.0,
-        recovery=True,
+    settings = JobSettings(
+        2, 0, node_timeout_s=10.0, topo_timeout_s=60.0, heartbeat_interval_s=1.0, recovery=True
     )
+    state = SchedulerState("job-1", settings, lambda: 100.0)
     for i in range(2):
         state.register(
             Registration(

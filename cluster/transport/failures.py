@@ -1,0 +1,127 @@
+"""Failures on the wire, both ways: the one table from ClusterError to gRPC status and back.
+
+The scheduler ends a refused call with `status_of(error)`: a status code, and the error's class
+name in the trailing metadata (`cluster-error`), so that a worker tells an evicted node from a
+failed job, or a failed peer from a misuse, without reading messages; a standby scheduler adds
+where the leader is (`cluster-leader`). A client turns what came back into a `CallFailure` with
+`failure_of`: the error class to raise, or `cut_off` when the call was not answered at all (the
+scheduler or the connection went away), which only the caller knows how to handle.
+
+A call refused without a kind (by gRPC itself, by the TLS certificate check) is classified by
+its code alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from cluster.protocol.errors import (
+    AccessDeniedError,
+    BadRequestError,
+    CapacityError,
+    ClusterError,
+    CollectiveError,
+    EvictedError,
+    FellBehindError,
+    JobFailedError,
+    NotAuthenticatedError,
+    NotLeaderError,
+    PeerFailedError,
+    UnknownNodeError,
+)
+
+ERROR_KIND_KEY = "cluster-error"
+LEADER_KEY = "cluster-leader"
+Metadata = tuple[tuple[str, str], ...]
+
+# Each error's status code: the first row whose class it is an instance of.
+_CODES: tuple[tuple[type[ClusterError], grpc.StatusCode], ...] = (
+    (BadRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotAuthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (UnknownNodeError, grpc.StatusCode.NOT_FOUND),
+    (EvictedError, grpc.StatusCode.ABORTED),
+    (JobFailedError, grpc.StatusCode.ABORTED),
+    # A standby: a client that does not know the kind retries, which is not wrong either.
+    (NotLeaderError, grpc.StatusCode.UNAVAILABLE),
+    (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+# The kinds a client knows by name: every class above, and those a refusal raises.
+_KINDS: dict[str, type[ClusterError]] = {
+    kind.__name__: kind
+    for kind in (
+        *(kind for kind, _ in _CODES),
+        AccessDeniedError,
+        PeerFailedError,
+        CollectiveError,
+        FellBehindError,
+    )
+}
+# A call refused without a kind.
+_BY_CODE: dict[grpc.StatusCode, type[ClusterError]] = {
+    grpc.StatusCode.UNAUTHENTICATED: AccessDeniedError,
+    grpc.StatusCode.NOT_FOUND: AccessDeniedError,
+    grpc.StatusCode.PERMISSION_DENIED: AccessDeniedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: CapacityError,
+    grpc.StatusCode.ABORTED: JobFailedError,
+}
+# Not an answer: the scheduler or the connection went away under the call. (INTERNAL is
+# "Internal error from Core", seen when a connection is torn down under a call.)
+_CUT_OFF = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
+
+
+def status_of(error: ClusterError) -> tuple[grpc.StatusCode, Metadata]:
+    """How the scheduler ends a call that failed with `error`: its code and trailing metadata."""
+    code = next(code for kind, code in _CODES if isinstance(error, kind))
+    metadata: Metadata = ((ERROR_KIND_KEY, type(error).__name__),)
+    if isinstance(error, NotLeaderError):
+        metadata += ((LEADER_KEY, error.leader),)
+    return code, metadata
+
+
+@dataclass(frozen=True)
+class CallFailure:
+    """What a failed call means to its caller. `kind` None: cut off, not refused."""
+
+    kind: type[ClusterError] | None
+    details: str
+    code: str  # the status code's name, for messages
+    leader: str = ""
+
+    @property
+    def cut_off(self) -> bool:
+        return self.kind is None
+
+    @property
+    def timed_out(self) -> bool:
+        """The caller's own deadline passed (the scheduler may still do what was asked)."""
+        return self.code == grpc.StatusCode.DEADLINE_EXCEEDED.name
+
+    def error(self, what: str) -> ClusterError:
+        """The error the call `what` raises for the user (a cut-off one: a CollectiveError)."""
+        kind = self.kind or CollectiveError
+        if kind is NotLeaderError:
+            return NotLeaderError(f"{what}: {self.details}", self.leader)
+        if issubclass(kind, PeerFailedError):
+            return kind(self.details)
+        if issubclass(kind, AccessDeniedError | CapacityError):
+            return kind(f"{what} refused by the scheduler: {self.details}")
+        return kind(f"{what} failed: {self.details}")
+
+
+def failure_of(exc: grpc.aio.AioRpcError) -> CallFailure:
+    """The meaning of a failed call, from its status code and trailing metadata."""
+    code, named = exc.code(), _metadata(exc)
+    details = exc.details() or code.name
+    kind = _KINDS.get(named.get(ERROR_KIND_KEY, ""))
+    if kind is None and code not in _CUT_OFF:
+        kind = _BY_CODE.get(code, CollectiveError)
+    return CallFailure(kind, details, code.name, named.get(LEADER_KEY, ""))
+
+
+def _metadata(exc: grpc.aio.AioRpcError) -> dict[str, str]:
+    pairs: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
+    return {str(key): str(value) for key, value in pairs}

@@ -1,0 +1,101 @@
+"""The scheduler's messages as the worker core's events: protobuf in, plain data out.
+
+The worker's counterpart of `cluster.scheduler.convert`: the core never sees protobuf, so the
+shell converts every answer and stream event here, and every failed call through the one table
+of `cluster.transport.failures`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id
+from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.topology import Topology
+from cluster.transport import failures
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker import steps
+
+
+def answer(first: pb.Event) -> steps.Accepted | steps.Refused:
+    """The scheduler's answer to a registration (the first event of its stream)."""
+    if first.HasField("accepted"):
+        accepted = first.accepted
+        return steps.Accepted(
+            cluster_id=accepted.cluster_id,
+            rejoined=accepted.rejoined,
+            generation=accepted.generation,
+            registered=accepted.registered,
+            expected=accepted.expected,
+            heartbeat_interval_s=accepted.heartbeat_interval_s,
+        )
+    refusal = first.refused
+    return steps.Refused(
+        refusal.message,
+        transient=refusal.reason == pb.REFUSAL_NODE_ALIVE,
+        retry_after_s=refusal.retry_after_s,
+    )
+
+
+def rpc_failure(exc: grpc.aio.AioRpcError, where: str) -> steps.Event:
+    """What a registration that ended with a status means: cut off (try again), a standby's
+    pointer to its leader, or a refusal that ends this node's part."""
+    failure = failures.failure_of(exc)
+    if failure.kind is NotLeaderError:
+        return steps.NotLeader(failure.leader)
+    if failure.kind is None:
+        return steps.Unanswered()
+    return steps.Fatal(failure.kind(f"{where} rejected registration: {failure.details}"))
+
+
+def lost(exc: grpc.aio.AioRpcError) -> steps.StreamLost | steps.NotLeader:
+    """What an event stream that ended with a status means."""
+    failure = failures.failure_of(exc)
+    if failure.kind is NotLeaderError:
+        return steps.NotLeader(failure.leader)
+    return steps.StreamLost(failure.details)
+
+
+def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.Event | None:
+    """An event of the stream as the core's event; None for the scheduler's heartbeat (its
+    arrival is all it says). ClusterError for a topology without this node."""
+    kind = event.WhichOneof("kind")
+    if kind == "progress":
+        return steps.Progress(event.progress.registered, event.progress.expected)
+    if kind == "topology_ready":
+        return steps.TopologyReady(topology(event.topology_ready, config, node_id))
+    if kind == "node_failed":
+        failed = event.node_failed
+        return steps.NodeFailed(failed.rank, failed.node_id, failed.reason, failed.generation)
+    if kind == "shutdown":
+        return steps.Shutdown(event.shutdown.ok, event.shutdown.reason)
+    return None
+
+
+def topology(ready: pb.TopologyReady, config: ClusterConfig, node_id: str) -> Topology:
+    """This node's view, in O(1) where it can be: the columns stay as they arrived."""
+    table = ready.peers
+    # Workers come first in rank order, then servers: a numeric node id is its rank, so
+    # its row is known; any other id is looked up.
+    me = -1
+    if is_numeric_node_id(node_id):
+        guess = int(node_id) + (config.worker_num if config.role is Role.SERVER else 0)
+        if guess < len(table.node_ids) and table.node_ids[guess] == node_id:
+            me = guess
+    if me < 0:
+        try:
+            me = list(table.node_ids).index(node_id)
+        except ValueError:
+            raise ClusterError(
+                f"the scheduler at {config.sched_address} sent a topology without this node"
+            ) from None
+    return Topology(
+        generation=ready.generation,
+        rank=table.ranks[me],
+        local_rank=table.local_ranks[me],
+        local_size=table.local_sizes[me],
+        size=config.worker_num,  # the scheduler refuses a node with another count
+        table=table,
+        rollback_step=ready.rollback_step,
+        reason=ready.reason,
+    )

@@ -1,0 +1,440 @@
+"""The worker's decisions, pure: what happened in, what to do out (etcd's raft/RawNode split).
+
+`WorkerCore` is stepped with the events of `cluster.worker.steps` (an answer to a registration,
+an event of the scheduler's stream, the stream lost, a deadline passed, this node's Finish
+heard, closing) and returns the actions the agent must carry out (register now, pause, follow
+the leader, read the stream, deliver this topology, report this peer's failure, fail with this
+error, say this line). It holds the worker's one lifecycle, an injected clock, and no grpc,
+asyncio or protobuf (an import-linter contract keeps it so), so it is tested without a network.
+
+The rules it keeps:
+- Registration is retried until a deadline (MS_TOPO_TIMEOUT at the start; the reconnect window
+  after the stream is lost: MS_NODE_TIMEOUT, with recovery the longer of it and MS_TOPO_TIMEOUT);
+  no attempt starts after it, and passing it fails the node.
+- With recovery off, a silent scheduler fails a formed job's node at once; a broken stream is
+  reconnected within MS_NODE_TIMEOUT (a restarted scheduler refuses the old job, and says so).
+- A failure is reported once and is final. A node whose Finish the scheduler heard, or whose job
+  finished, reports no failure: what happens to the others is theirs to report. While its Finish
+  is on its way, a failure waits for the answer, so the order in which the answer and the
+  job's end arrive does not matter.
+- A "not the leader" answer is followed at once, to the leader it names.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+from cluster.protocol.config import ClusterConfig
+from cluster.protocol.errors import (
+    ClusterError,
+    JobFailedError,
+    RegistrationRefused,
+    SchedulerUnreachableError,
+    TopologyTimeoutError,
+)
+from cluster.protocol.topology import Topology
+from cluster.worker import steps
+
+# Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
+# that the scheduler's own timeout, which names the missing nodes, is what the user sees.
+TOPOLOGY_MARGIN_S = 3.0
+# Progress lines while waiting: the first after this long, then at this interval.
+FIRST_REPORT_AFTER_S = 2.0
+REPORT_EVERY_S = 5.0
+# A registration attempt gives up on reaching the scheduler after this long.
+ATTEMPT_TIMEOUT_S = 3.0
+# Between attempts that got no answer.
+RETRY_PAUSE_S = 0.1
+# A transient refusal (the guard) is retried this long after it says it clears.
+GUARD_MARGIN_S = 0.02
+# With recovery, a call cut off by the scheduler's death is made again after this pause.
+CALL_RETRY_PAUSE_S = 0.05
+# How long a call that the scheduler cut off waits for the reason to arrive on the stream.
+FATAL_WAIT_S = 2.0
+
+
+class Lifecycle(enum.Enum):
+    JOINING = "joining"  # registering for the first time
+    FORMING = "forming"  # accepted; the job has not formed yet
+    READY = "ready"  # the topology is here
+    RECONNECTING = "reconnecting"  # the stream was lost; registering again
+    FINISHED = "finished"  # this node's Finish was heard, or the job finished
+    FAILED = "failed"  # the job is over for this node with an error (final)
+    CLOSED = "closed"  # closed by its owner (final)
+
+
+class _Finish(enum.Enum):
+    NOT_SENT = "not sent"
+    SENT = "sent"
+    HEARD = "heard"
+
+
+Actions = list[steps.Action]
+
+
+class WorkerCore:
+    """One worker's view of its membership, stepped by events; see the module docstring."""
+
+    def __init__(
+        self, config: ClusterConfig, clock: Callable[[], float], *, cluster_id: str = ""
+    ) -> None:
+        """`cluster_id`: the job this node belonged to before its process restarted."""
+        self.config = config
+        self.clock = clock
+        self.address = config.sched_address
+        self.recovery = config.recovery is not None
+        self.lifecycle = Lifecycle.JOINING
+        self.cluster_id = cluster_id
+        self.rejoined = False
+        self.topology: Topology | None = None
+        self.progress = (0, config.expected_nodes)
+        self.heartbeat_interval_s = config.heartbeat_interval_s
+        self.error: ClusterError | None = None  # the failure, once FAILED
+        # Why the scheduler could not be reached at the last check ("" when it could).
+        self.unreachable = ""
+        self.deadline = 0.0  # no registration attempt starts after it
+        self.ready_by = 0.0  # the topology must have arrived by then
+        self._topo_deadline = 0.0
+        self._verified = True
+        self._lost = ""
+        self._finish = _Finish.NOT_SENT
+        self._held: ClusterError | None = None  # a failure heard while Finish is on its way
+        self._report_since = self._report_next = 0.0
+        # Collectives are numbered per generation: a call made for an old generation (by a
+        # step that began before the job moved on) must not shift the new one's numbers.
+        self._seqs: dict[int, int] = {}
+        self._handlers: dict[type[Any], Callable[[Any], Actions]] = {
+            steps.Start: self._start,
+            steps.Checked: self._checked,
+            steps.PauseOver: lambda _: self._next_attempt(),
+            steps.Accepted: self._accepted,
+            steps.Refused: self._refused,
+            steps.Unanswered: self._unanswered,
+            steps.AnswerLate: self._answer_late,
+            steps.NotLeader: self._not_leader,
+            steps.Progress: self._progress,
+            steps.TopologyReady: self._topology_ready,
+            steps.NodeFailed: self._node_failed,
+            steps.Shutdown: self._shutdown,
+            steps.StreamLost: self._stream_lost,
+            steps.Fatal: lambda event: self._fail(event.error),
+            steps.DeadlinePassed: self._deadline_passed,
+            steps.FinishSent: self._finish_sent,
+            steps.FinishAnswered: self._finish_answered,
+            steps.CallCutOff: self._call_cut_off,
+            steps.Close: self._close,
+        }
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def where(self) -> str:
+        return f"the scheduler at {self.address}"
+
+    @property
+    def over(self) -> bool:
+        """Nothing more happens for this node (failed, closed, or finished)."""
+        return self.lifecycle in (Lifecycle.FAILED, Lifecycle.CLOSED, Lifecycle.FINISHED)
+
+    @property
+    def may_finish(self) -> bool:
+        """Whether a Finish is worth sending: the node joined and has not failed."""
+        return bool(self.cluster_id) and self.lifecycle not in (Lifecycle.FAILED, Lifecycle.CLOSED)
+
+    @property
+    def reconnect_window_s(self) -> float:
+        """How long a formed job's worker tries to get its scheduler back."""
+        if self.recovery:
+            return max(self.config.node_timeout_s, self.config.topo_timeout_s)
+        return self.config.node_timeout_s
+
+    def next_seq(self, generation: int) -> int:
+        """The number of this node's next collective of `generation`."""
+        self._seqs[generation] = self._seqs.get(generation, 0) + 1
+        return self._seqs[generation]
+
+    # -- the one input -------------------------------------------------------------------------
+
+    def step(self, event: steps.Event) -> Actions:
+        """What to do now that `event` happened. A failed or closed node does nothing more."""
+        if self.lifecycle in (Lifecycle.FAILED, Lifecycle.CLOSED):
+            return []
+        return self._handlers[type(event)](event)
+
+    # -- registering ---------------------------------------------------------------------------
+
+    def _start(self, event: steps.Start) -> Actions:
+        now = self.clock()
+        self.deadline = self._topo_deadline = now + self.config.topo_timeout_s
+        self.ready_by = self.deadline + TOPOLOGY_MARGIN_S
+        self._begin_attempts(now, event.verified)
+        return self._next_attempt()
+
+    def _begin_attempts(self, now: float, verified: bool) -> None:
+        self._verified = verified
+        self.unreachable = ""
+        self._report_since, self._report_next = now, now + FIRST_REPORT_AFTER_S
+
+    def _next_attempt(self) -> Actions:
+        if self.over:
+            return []  # finished while registering again: nothing left to join
+        remaining = self.deadline - self.clock()
+        if remaining <= 0:
+            return self._fail(self._registration_timeout())
+        if not self._verified:
+            return [steps.CheckScheduler(min(remaining, ATTEMPT_TIMEOUT_S))]
+        return [steps.Register(min(remaining, ATTEMPT_TIMEOUT_S), remaining)]
+
+    def _pause(self, seconds: float) -> Actions:
+        return [steps.Pause(min(seconds, max(self.deadline - self.clock(), 0.0)))]
+
+    def _checked(self, event: steps.Checked) -> Actions:
+        self.unreachable = event.unreachable
+        said = self._report(
+            f"waiting for {self.where}: {event.unreachable}"
+            if event.unreachable
+            else f"waiting for {self.where} to answer: it takes connections, but this node's "
+            "last attempt got no answer in time (busy or overloaded? see its log)"
+        )
+        if not event.ok:
+            return said + self._pause(RETRY_PAUSE_S)
+        self._verified = True
+        return said + self._next_attempt()
+
+    def _unanswered(self, _: steps.Unanswered) -> Actions:
+        # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
+        self._verified = False
+        return self._pause(RETRY_PAUSE_S)
+
+    def _answer_late(self, event: steps.AnswerLate) -> Actions:
+        return [
+            steps.Say(
+                f"{self.where} has not answered this node's registration for "
+                f"{event.waited_s:.0f} s; it answers once it has saved what the registration "
+                "changes (see its log if this lasts)"
+            )
+        ]
+
+    def _refused(self, event: steps.Refused) -> Actions:
+        if not event.transient:
+            return self._fail(
+                RegistrationRefused(f"{self.where} refused this node: {event.message}")
+            )
+        said = [steps.Say(f"registration refused for now: {event.message}")]
+        # A little past the guard's end, so that the next attempt is not early by a hair.
+        return said + self._pause(event.retry_after_s + GUARD_MARGIN_S)
+
+    def _accepted(self, event: steps.Accepted) -> Actions:
+        if self.over:
+            return []  # finished meanwhile: the accepted stream is not read
+        said: Actions = []
+        if self.lifecycle is Lifecycle.JOINING:
+            self.rejoined = event.rejoined
+        elif self.topology is not None:
+            said.append(
+                steps.Say(
+                    f"back with {self.where}, which had given this node up: it rejoins the job "
+                    f"in generation {event.generation}"
+                    if event.rejoined
+                    else f"back with {self.where}"
+                )
+            )
+        self.cluster_id = event.cluster_id
+        self.progress = (event.registered, event.expected)
+        self.heartbeat_interval_s = event.heartbeat_interval_s or self.heartbeat_interval_s
+        self.lifecycle = Lifecycle.FORMING if self.topology is None else Lifecycle.READY
+        return [*said, steps.Watch(self.heartbeat_interval_s)]
+
+    def _not_leader(self, event: steps.NotLeader) -> Actions:
+        if not event.leader or event.leader == self.address:
+            # No leader yet (an election under way): ask again shortly.
+            return self._unanswered(steps.Unanswered())
+        said: Actions = [
+            steps.Say(f"{self.where} is a standby; following the leader at {event.leader}"),
+            steps.Follow(event.leader),
+        ]
+        self.address = event.leader
+        if self.lifecycle in (Lifecycle.FORMING, Lifecycle.READY):
+            self._lost = "the scheduler became a standby"
+            self._reconnect_window(self.clock())
+            self.lifecycle = Lifecycle.RECONNECTING
+        self._verified = event.verified
+        return said + self._next_attempt()
+
+    def _registration_timeout(self) -> ClusterError:
+        """The error of a registration deadline passed."""
+        if self.lifecycle is Lifecycle.JOINING:
+            return TopologyTimeoutError(
+                f"{self.where} did not accept this node in time: "
+                + (
+                    self.unreachable
+                    or "is it running, and are MS_SCHED_HOST / MS_SCHED_PORT right?"
+                )
+            )
+        why = f" ({self.unreachable})" if self.unreachable else ""
+        if self.topology is None:
+            return SchedulerUnreachableError(f"{self.where} is unreachable: {self._lost}{why}")
+        return SchedulerUnreachableError(
+            f"{self.where} is unreachable: {self._lost}, and it did not come back within "
+            f"{self.config.node_timeout_s:g} s{why}"
+        )
+
+    # -- the stream ----------------------------------------------------------------------------
+
+    def _progress(self, event: steps.Progress) -> Actions:
+        self.progress = (event.registered, event.expected)
+        if self.topology is not None:
+            return []
+        return self._report(
+            f"waiting for the job to form: {event.registered} of {event.expected} nodes registered"
+        )
+
+    def _topology_ready(self, event: steps.TopologyReady) -> Actions:
+        previous, self.topology = self.topology, event.topology
+        if self.lifecycle is not Lifecycle.FINISHED:
+            self.lifecycle = Lifecycle.READY
+        new = previous is not None and event.topology.generation != previous.generation
+        said: Actions = []
+        if new:
+            said.append(
+                steps.Say(
+                    f"the job is now at generation {event.topology.generation} "
+                    f"({event.topology.reason}); training resumes from step "
+                    f"{event.topology.rollback_step}"
+                )
+            )
+        return [*said, steps.Deliver(event.topology, new_generation=new)]
+
+    def _node_failed(self, event: steps.NodeFailed) -> Actions:
+        actions: Actions = []
+        if self.topology is not None and event.generation == self.topology.generation:
+            actions.append(steps.PeerFailed(event.generation))
+        if self.recovery and event.node_id != self.config.node_id:
+            actions.append(
+                steps.Say(
+                    f"rank {event.rank} (node {event.node_id!r}) failed: {event.reason}; the job "
+                    "waits for it to rejoin (recovery is on)"
+                )
+            )
+        return actions
+
+    def _shutdown(self, event: steps.Shutdown) -> Actions:
+        if event.ok and self.topology is None:
+            # Not this node's job that finished: it never had its topology.
+            error = JobFailedError(f"the job finished before this node joined it: {event.reason}")
+            return [*self._fail(error), steps.Done()]
+        if event.ok:
+            self.lifecycle = Lifecycle.FINISHED
+            return [steps.Done()]
+        return [*self._fail(JobFailedError(f"job failed: {event.reason}")), steps.Done()]
+
+    def _stream_lost(self, event: steps.StreamLost) -> Actions:
+        if self.lifecycle is Lifecycle.FINISHED:
+            return [steps.Done()]
+        now = self.clock()
+        reason = event.reason
+        if event.silent_s is not None:
+            reason = f"no heartbeat from {self.where} for {event.silent_s:g} s (hung or cut off?)"
+        self._lost = reason
+        if self.topology is not None and event.silent_s is not None and not self.recovery:
+            return self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {reason}"))
+        window = self._reconnect_window(now)
+        said: Actions = []
+        if self.topology is not None:
+            said.append(
+                steps.Say(
+                    f"lost {self.where} ({reason}); training goes on (recovery is on), "
+                    f"reconnecting for up to {window:g} s"
+                    if self.recovery
+                    else f"lost {self.where} ({reason}); reconnecting for up to "
+                    f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
+                )
+            )
+        self.lifecycle = Lifecycle.RECONNECTING
+        self._begin_attempts(now, event.verified)
+        return said + self._next_attempt()
+
+    def _reconnect_window(self, now: float) -> float:
+        """Set the deadline of registering again from `now`; the window's length."""
+        if self.topology is None:
+            # Still forming: MS_TOPO_TIMEOUT bounds everything, and a scheduler that accepted us
+            # and then vanished gets MS_NODE_TIMEOUT to come back, like a formed job's.
+            self.deadline = min(self._topo_deadline, now + self.config.node_timeout_s)
+        else:
+            self.deadline = now + self.reconnect_window_s
+        return self.deadline - now
+
+    def _deadline_passed(self, _: steps.DeadlinePassed) -> Actions:
+        if self.topology is not None or self.over or self.clock() < self.ready_by:
+            return []
+        registered, expected = self.progress
+        return self._fail(
+            TopologyTimeoutError(
+                f"the job did not form within MS_TOPO_TIMEOUT={self.config.topo_timeout_s:g} s: "
+                f"{registered} of {expected} nodes had registered with {self.where}"
+            )
+        )
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def _fail(self, error: ClusterError) -> Actions:
+        if self.over:
+            # After this node's Finish was heard, what happens to the others is theirs to
+            # report: this process did its part and exits as it means to.
+            return []
+        if self._finish is _Finish.SENT:
+            self._held = self._held or error  # decided by the Finish's answer
+            return []
+        self.lifecycle = Lifecycle.FAILED
+        self.error = error
+        return [steps.Fail(error)]
+
+    def _finish_sent(self, _: steps.FinishSent) -> Actions:
+        self._finish = _Finish.SENT
+        return []
+
+    def _finish_answered(self, event: steps.FinishAnswered) -> Actions:
+        if event.heard:
+            self._finish = _Finish.HEARD
+            self.lifecycle = Lifecycle.FINISHED
+            self._held = None
+            return []
+        self._finish = _Finish.NOT_SENT
+        if event.timed_out and self.recovery:
+            # The scheduler answers once the finish is saved: its saves are failing.
+            said = steps.Say(
+                f"{self.where} did not confirm within {event.waited_s:g} s that it saved this "
+                "node's finish (is its MS_RECOVERY_PATH full or read-only? see its log); this "
+                "node exits anyway, and the scheduler ends the job once it can save"
+            )
+        else:
+            said = steps.Say(
+                f"could not tell {self.where} that this node finished: {event.details}"
+            )
+        held, self._held = self._held, None
+        return [said, *([] if held is None else self._fail(held))]
+
+    def _call_cut_off(self, _: steps.CallCutOff) -> Actions:
+        if self.recovery and not self.over:
+            # The scheduler went away mid-call. Ask again: the call waits for the channel to be
+            # back, and the reconnect window ends the wait (as a failure it races against).
+            return [steps.RetryCall(CALL_RETRY_PAUSE_S)]
+        # The scheduler stopping mid-call: its reason is on the event stream, an instant
+        # behind; report that rather than a bare "CANCELLED".
+        return [steps.AwaitFatal(FATAL_WAIT_S)]
+
+    def _close(self, _: steps.Close) -> Actions:
+        self.lifecycle = Lifecycle.CLOSED
+        return []
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _report(self, message: str) -> Actions:
+        """A waiting message now and then, not on every poll."""
+        now = self.clock()
+        if now < self._report_next:
+            return []
+        self._report_next = now + REPORT_EVERY_S
+        return [steps.Say(f"{message} ({now - self._report_since:.0f} s)")]

@@ -1,0 +1,282 @@
+"""What the worker core is told, and what it answers: plain data, no grpc, no asyncio.
+
+The agent (`cluster.worker.agent`) turns what happened on the wire into an event below, steps
+the core with it (`WorkerCore.step`), and carries out the actions it gets back, in order. The
+events from the scheduler's stream arrive converted from protobuf (`cluster.worker.convert`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cluster.protocol.errors import ClusterError
+from cluster.protocol.topology import Topology
+
+# -- events: what happened ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """Join the job. `verified`: the scheduler's certificate need not be checked before the first
+    attempt (no TLS, no CRL, or checked a moment ago)."""
+
+    verified: bool = True
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The scheduler was probed (`CheckScheduler`): whether it answers in this node's protocol,
+    and why it cannot be reached ("" when it can)."""
+
+    ok: bool
+    unreachable: str = ""
+
+
+@dataclass(frozen=True)
+class PauseOver:
+    """The pause of a `Pause` action has passed."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The scheduler accepted the registration; its stream is open."""
+
+    cluster_id: str
+    rejoined: bool
+    generation: int
+    registered: int
+    expected: int
+    heartbeat_interval_s: float = 0.0  # 0: keep the one this node has
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The scheduler refused the registration; `transient` ones (the guard) clear in
+    `retry_after_s`."""
+
+    message: str
+    transient: bool = False
+    retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A registration attempt got no answer: the scheduler is down, busy, or speaks another
+    protocol; or the attempt was cut off."""
+
+
+@dataclass(frozen=True)
+class AnswerLate:
+    """The scheduler took the connection and has not answered the registration for a while."""
+
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class NotLeader:
+    """The scheduler that answered is a standby; the job's leader is at `leader` ("host:port",
+    "" while none leads)."""
+
+    leader: str
+    verified: bool = True  # as in Start, for the leader's address
+
+
+@dataclass(frozen=True)
+class Progress:
+    registered: int
+    expected: int
+
+
+@dataclass(frozen=True)
+class TopologyReady:
+    topology: Topology
+
+
+@dataclass(frozen=True)
+class NodeFailed:
+    rank: int
+    node_id: str
+    reason: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class StreamLost:
+    """The event stream ended or broke; `silent_s`: nothing had arrived on it for that long (the
+    scheduler hung, or the network is cut), None: it broke or closed."""
+
+    reason: str
+    silent_s: float | None = None
+    verified: bool = True  # as in Start, for the registration that follows
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """Something the shell found ends the job for this node (a registration rejected by a status
+    code, a malformed answer, a topology without this node)."""
+
+    error: ClusterError
+
+
+@dataclass(frozen=True)
+class DeadlinePassed:
+    """The time the core gave for the topology to arrive (`WorkerCore.ready_by`) has passed."""
+
+
+@dataclass(frozen=True)
+class FinishSent:
+    """This node's Finish is on its way to the scheduler."""
+
+
+@dataclass(frozen=True)
+class FinishAnswered:
+    """The answer to this node's Finish: `heard`, or not (`timed_out`: no answer within
+    `waited_s`)."""
+
+    heard: bool
+    timed_out: bool = False
+    waited_s: float = 0.0
+    details: str = ""
+
+
+@dataclass(frozen=True)
+class CallCutOff:
+    """A call for the user was cut off by the scheduler or the connection going away."""
+
+
+@dataclass(frozen=True)
+class Close:
+    """The owner closes the agent."""
+
+
+Event = (
+    Start
+    | Checked
+    | PauseOver
+    | Accepted
+    | Refused
+    | Unanswered
+    | AnswerLate
+    | NotLeader
+    | Progress
+    | TopologyReady
+    | NodeFailed
+    | Shutdown
+    | StreamLost
+    | Fatal
+    | DeadlinePassed
+    | FinishSent
+    | FinishAnswered
+    | CallCutOff
+    | Close
+)
+
+# -- actions: what to do -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Say:
+    """Print this line for the user."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CheckScheduler:
+    """Probe whether the scheduler answers in this node's protocol; then step `Checked`."""
+
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Register:
+    """Send a registration now: give up on reaching the scheduler after `attempt_s`, and on its
+    answer, once connected, after `answer_s`; then step its outcome."""
+
+    attempt_s: float
+    answer_s: float
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Wait this long, then step `PauseOver`."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Talk to the scheduler at `address` from now on (the leader)."""
+
+    address: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Read the accepted stream, sending heartbeats every `heartbeat_interval_s`."""
+
+    heartbeat_interval_s: float
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """The job's topology is this (`new_generation`: a new one, after a rejoin)."""
+
+    topology: Topology = field(repr=False)
+    new_generation: bool = False
+
+
+@dataclass(frozen=True)
+class PeerFailed:
+    """A peer of `generation` failed: collectives of that generation cannot complete."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job is over for this node with `error`: report it (once, ever)."""
+
+    error: ClusterError
+
+
+@dataclass(frozen=True)
+class Done:
+    """The stream has said its last word: stop reading it."""
+
+
+@dataclass(frozen=True)
+class RetryCall:
+    """Make the cut-off call again after this pause."""
+
+    pause_s: float
+
+
+@dataclass(frozen=True)
+class AwaitFatal:
+    """The cut-off call fails: wait up to `wait_s` for the failure the stream is about to
+    report, and raise that (or the call's own error)."""
+
+    wait_s: float
+
+
+Action = (
+    Say
+    | CheckScheduler
+    | Register
+    | Pause
+    | Follow
+    | Watch
+    | Deliver
+    | PeerFailed
+    | Fail
+    | Done
+    | RetryCall
+    | AwaitFatal
+)

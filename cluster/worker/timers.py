@@ -1,0 +1,154 @@
+"""The agent's timers on the event loop: one timer per stream or call, not a task per message.
+
+`Silence` cancels an event stream on which nothing arrived for too long, `AnswerLimit` a
+registration that did not reach the scheduler or was not answered in time, and `Heartbeats`
+writes this node's heartbeats on their own stream. Each only does I/O; what a cancelled call
+means is for the worker core to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+
+from cluster.v1 import scheduler_pb2 as pb
+
+# While a registration waits for its answer, how often `waiting` is called.
+REPORT_EVERY_S = 5.0
+
+Call = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
+Beats = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
+
+
+# A silence timer that runs this much later than due means this process did not run meanwhile
+# (stopped, or starved of CPU): it could not hear the scheduler either, so that time is not
+# counted as the scheduler's silence (what arrived meanwhile is read after the timer runs).
+OWN_STALL_S = 1.0
+# A registration whose channel is connecting is looked at again after this long.
+CONNECTING_RECHECK_S = 1.0
+
+
+class Silence:
+    """Cancels `call` when nothing has arrived on it for `limit_s` while `armed()`; one timer
+    per stream, re-armed only when it runs out (not a task and a timer per message)."""
+
+    def __init__(
+        self, call: Call, limit_s: float, armed: Callable[[], bool] = lambda: True
+    ) -> None:
+        self._call = call
+        self.limit_s = limit_s
+        self._armed = armed
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self.fired = False
+        self._timer = self._loop.call_at(self._last + limit_s, self._check)
+
+    def heard(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        late = self._loop.time() - self._timer.when()
+        if late > OWN_STALL_S:
+            self._last += late
+        due = self._last + self.limit_s
+        if not self._armed():
+            due = max(due, self._loop.time() + self.limit_s)
+        if self._loop.time() < due:
+            self._timer = self._loop.call_at(due, self._check)
+            return
+        self.fired = True
+        self._call.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class AnswerLimit:
+    """Cancels a registration `call` that has not reached the scheduler within `attempt_s`
+    (unless its connection is on its way: CONNECTING), or that has and is still unanswered
+    after `answer_s`; calls `waiting(seconds)` every
+    REPORT_EVERY_S while it waits for the answer."""
+
+    def __init__(
+        self,
+        call: Call,
+        channel: grpc.aio.Channel,
+        attempt_s: float,
+        answer_s: float,
+        waiting: Callable[[float], None],
+    ) -> None:
+        self._call = call
+        self._channel = channel
+        self._waiting = waiting
+        self._loop = asyncio.get_running_loop()
+        self._started = self._loop.time()
+        self._answer_by = self._started + max(answer_s, 0.0)
+        self.expired = False
+        self._timer = self._loop.call_later(max(min(attempt_s, answer_s), 0.0), self._check)
+
+    def _check(self) -> None:
+        state = self._channel.get_state()
+        now = self._loop.time()
+        if state is grpc.ChannelConnectivity.READY and now < self._answer_by:
+            if now - self._started >= REPORT_EVERY_S:
+                self._waiting(now - self._started)
+            self._timer = self._loop.call_at(
+                min(self._answer_by, now + REPORT_EVERY_S), self._check
+            )
+            return
+        if state is grpc.ChannelConnectivity.CONNECTING and now < self._answer_by:
+            # A connection on its way: a scheduler that thousands of nodes connect to at once
+            # takes seconds to accept each (its accept queue full, the SYN sent again), and
+            # gRPC bounds each attempt itself. Abandoning the call only makes another, with a
+            # check of its own: a storm of them kept 6,000 of 8,192 nodes out for minutes.
+            self._timer = self._loop.call_at(
+                min(self._answer_by, now + CONNECTING_RECHECK_S), self._check
+            )
+            return
+        self.expired = True
+        self._call.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class Heartbeats:
+    """Writes `beat` every `interval_s` on a Heartbeat stream, opened by `open_stream` at the
+    first beat and again after it broke: a timer, and a task only while a beat is on its way
+    (not a task per stream that sleeps)."""
+
+    def __init__(
+        self, open_stream: Callable[[], Beats], beat: pb.HeartbeatRequest, interval_s: float
+    ) -> None:
+        self._open_stream = open_stream
+        self._beat = beat
+        self._interval_s = interval_s
+        self._loop = asyncio.get_running_loop()
+        self._stream: Beats | None = None
+        self._sending: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(interval_s, self._due)
+
+    def _due(self) -> None:
+        if self._sending is None or self._sending.done():
+            self._sending = self._loop.create_task(self._send())
+        self._timer = self._loop.call_later(self._interval_s, self._due)
+
+    async def _send(self) -> None:
+        if self._stream is None or self._stream.done():
+            self._stream = self._open_stream()
+        # A beat that fails is not this node's concern: the event stream tells whether the
+        # scheduler is there, and the next beat opens a new stream.
+        try:
+            await self._stream.write(self._beat)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            self._stream.cancel()
+            self._stream = None
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._sending is not None:
+            self._sending.cancel()
+        if self._stream is not None:
+            self._stream.cancel()

@@ -1,0 +1,518 @@
+"""The worker core's decisions, without a network: each test is named after the rule it checks,
+and a hypothesis rule-based machine drives the core as its agent would, checking the invariants
+after every step (never both failed and ready; a fatal decision is final; no registration
+attempt starts after its deadline; a finished node reports no failure)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from cluster.protocol.config import ClusterConfig, from_env
+from cluster.protocol.errors import (
+    ClusterError,
+    JobFailedError,
+    RegistrationRefused,
+    SchedulerUnreachableError,
+    TopologyTimeoutError,
+)
+from cluster.protocol.topology import Topology
+from cluster.worker import steps
+from cluster.worker.core import GUARD_MARGIN_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
+
+TOPO_S = 60.0
+NODE_S = 30.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def config(*, recovery: bool = False, tmp: str = "/tmp/unused-recovery") -> ClusterConfig:
+    env = {
+        "MS_ROLE": "MS_WORKER",
+        "MS_WORKER_NUM": "2",
+        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_SCHED_PORT": "8118",
+        "MS_TOPO_TIMEOUT": f"{TOPO_S:g}",
+        "MS_NODE_TIMEOUT": f"{NODE_S:g}",
+        "MS_NODE_ID": "0",
+    }
+    if recovery:
+        env |= {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": tmp}
+    return from_env(env)
+
+
+def topology(generation: int = 1) -> Topology:
+    table: Any = SimpleNamespace(node_ids=["0", "1"])
+    return Topology(generation, 0, 0, 1, 2, table)
+
+
+def accepted(generation: int = 1, rejoined: bool = False) -> steps.Accepted:
+    return steps.Accepted("job-1", rejoined, generation, 1, 2, 1.0)
+
+
+def kinds(actions: list[steps.Action]) -> list[type[Any]]:
+    return [type(action) for action in actions]
+
+
+def fails(actions: list[steps.Action]) -> list[ClusterError]:
+    return [action.error for action in actions if isinstance(action, steps.Fail)]
+
+
+def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, Clock]:
+    clock = Clock()
+    core = WorkerCore(config(recovery=recovery), clock)
+    core.step(steps.Start())
+    core.step(accepted())
+    core.step(steps.TopologyReady(topology()))
+    assert core.lifecycle is Lifecycle.READY
+    return core, clock
+
+
+# -- registering -------------------------------------------------------------------------------
+
+
+def test_start_registers_at_once_and_is_bounded_by_MS_TOPO_TIMEOUT() -> None:
+    clock = Clock()
+    core = WorkerCore(config(), clock)
+    (register,) = core.step(steps.Start())
+    assert isinstance(register, steps.Register)
+    assert register.answer_s == TOPO_S
+    assert core.deadline == clock.now + TOPO_S
+    assert core.ready_by == core.deadline + TOPOLOGY_MARGIN_S
+    assert core.lifecycle is Lifecycle.JOINING
+
+
+def test_an_unverified_scheduler_is_probed_before_the_first_attempt() -> None:
+    core = WorkerCore(config(), Clock())
+    assert kinds(core.step(steps.Start(verified=False))) == [steps.CheckScheduler]
+    assert kinds(core.step(steps.Checked(ok=True))) == [steps.Register]
+
+
+def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    assert kinds(core.step(steps.Unanswered())) == [steps.Pause]
+    assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
+    assert kinds(core.step(steps.Checked(ok=False, unreachable="connection refused"))) == [
+        steps.Pause
+    ]
+
+
+def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> None:
+    clock = Clock()
+    core = WorkerCore(config(), clock)
+    core.step(steps.Start())
+    core.step(steps.Unanswered())
+    core.step(steps.PauseOver())
+    core.step(steps.Checked(ok=False, unreachable="nothing listens on port 8118"))
+    clock.now += TOPO_S
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert isinstance(error, TopologyTimeoutError)
+    assert "nothing listens on port 8118" in str(error)
+    assert core.lifecycle is Lifecycle.FAILED
+
+
+def test_a_pause_never_outlasts_the_deadline() -> None:
+    clock = Clock()
+    core = WorkerCore(config(), clock)
+    core.step(steps.Start())
+    clock.now += TOPO_S - 1.0
+    (said, pause) = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25))
+    assert isinstance(said, steps.Say)
+    assert isinstance(pause, steps.Pause)
+    assert pause.seconds == pytest.approx(1.0)
+
+
+def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=5.0))
+    assert actions[-1] == steps.Pause(5.0 + GUARD_MARGIN_S)
+    assert core.lifecycle is Lifecycle.JOINING
+
+
+def test_a_refusal_that_waiting_cannot_clear_fails_the_node() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    (error,) = fails(core.step(steps.Refused("MS_WORKER_NUM=3 does not match 2")))
+    assert isinstance(error, RegistrationRefused)
+    assert "MS_WORKER_NUM=3 does not match 2" in str(error)
+
+
+def test_accepted_reads_the_stream_with_the_schedulers_heartbeat_interval() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    assert core.step(steps.Accepted("job-1", False, 1, 1, 2, 0.25)) == [steps.Watch(0.25)]
+    assert core.lifecycle is Lifecycle.FORMING
+    assert core.cluster_id == "job-1"
+
+
+# -- the leader (issue #14) --------------------------------------------------------------------
+
+
+def test_a_standby_is_left_for_the_leader_it_names_at_once() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    actions = core.step(steps.NotLeader("10.0.0.2:8118"))
+    assert kinds(actions) == [steps.Say, steps.Follow, steps.Register]
+    assert actions[1] == steps.Follow("10.0.0.2:8118")
+    assert core.where == "the scheduler at 10.0.0.2:8118"
+
+
+def test_a_standby_that_knows_no_leader_is_asked_again_after_a_pause() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    assert kinds(core.step(steps.NotLeader(""))) == [steps.Pause]
+
+
+def test_a_formed_job_follows_a_new_leader_within_the_reconnect_window() -> None:
+    core, clock = ready_core()
+    actions = core.step(steps.NotLeader("10.0.0.2:8118"))
+    assert steps.Follow("10.0.0.2:8118") in actions
+    assert core.lifecycle is Lifecycle.RECONNECTING
+    assert core.deadline == clock.now + NODE_S
+
+
+# -- the stream --------------------------------------------------------------------------------
+
+
+def test_the_topology_is_delivered_and_a_new_generation_is_said() -> None:
+    core, _ = ready_core()
+    actions = core.step(steps.TopologyReady(topology(2)))
+    assert kinds(actions) == [steps.Say, steps.Deliver]
+    deliver = actions[1]
+    assert isinstance(deliver, steps.Deliver)
+    assert deliver.new_generation
+
+
+def test_only_a_failed_peer_of_the_current_generation_fails_its_collectives() -> None:
+    core, _ = ready_core(recovery=True)
+    assert steps.PeerFailed(1) in core.step(steps.NodeFailed(1, "1", "killed", 1))
+    assert kinds(core.step(steps.NodeFailed(1, "1", "killed", 0))) == [steps.Say]
+
+
+def test_a_failed_job_fails_the_node_and_ends_the_stream() -> None:
+    core, _ = ready_core()
+    actions = core.step(steps.Shutdown(ok=False, reason="rank 1 died"))
+    assert kinds(actions) == [steps.Fail, steps.Done]
+    (error,) = fails(actions)
+    assert isinstance(error, JobFailedError)
+    assert "rank 1 died" in str(error)
+
+
+def test_without_recovery_a_silent_scheduler_fails_a_formed_node_at_once() -> None:
+    core, _ = ready_core()
+    (error,) = fails(core.step(steps.StreamLost("", silent_s=NODE_S)))
+    assert isinstance(error, SchedulerUnreachableError)
+    assert "no heartbeat" in str(error)
+
+
+def test_a_broken_stream_is_reconnected_within_MS_NODE_TIMEOUT() -> None:
+    core, clock = ready_core()
+    actions = core.step(steps.StreamLost("connection reset"))
+    assert kinds(actions) == [steps.Say, steps.Register]
+    assert core.lifecycle is Lifecycle.RECONNECTING
+    assert core.deadline == clock.now + NODE_S
+    core.step(steps.Unanswered())
+    clock.now += NODE_S
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert isinstance(error, SchedulerUnreachableError)
+    assert "did not come back within 30 s" in str(error)
+
+
+def test_with_recovery_the_reconnect_window_is_the_longer_timeout() -> None:
+    core, clock = ready_core(recovery=True)
+    actions = core.step(steps.StreamLost("", silent_s=NODE_S))
+    assert fails(actions) == []
+    assert core.deadline == clock.now + max(NODE_S, TOPO_S)
+
+
+def test_back_after_a_reconnect_the_node_is_ready_again() -> None:
+    core, _ = ready_core()
+    core.step(steps.StreamLost("connection reset"))
+    actions = core.step(accepted(rejoined=True, generation=2))
+    assert kinds(actions) == [steps.Say, steps.Watch]
+    assert core.lifecycle is Lifecycle.READY
+
+
+def test_the_job_that_did_not_form_by_the_deadline_fails_the_node() -> None:
+    clock = Clock()
+    core = WorkerCore(config(), clock)
+    core.step(steps.Start())
+    core.step(accepted())
+    core.step(steps.Progress(1, 2))
+    assert core.step(steps.DeadlinePassed()) == []  # too early: nothing
+    clock.now = core.ready_by
+    (error,) = fails(core.step(steps.DeadlinePassed()))
+    assert isinstance(error, TopologyTimeoutError)
+    assert "1 of 2 nodes had registered" in str(error)
+
+
+# -- the end -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shutdown_first", [True, False])
+def test_the_order_of_finish_heard_and_a_failed_jobs_shutdown_does_not_matter(
+    shutdown_first: bool,
+) -> None:
+    """A rank that leaves early: its Finish is heard, and the job it left fails; the stream's
+    Shutdown may arrive before the Finish's answer (the intermittent failure of
+    test_a_rank_that_leaves_early_fails_the_collective_it_skips)."""
+    core, _ = ready_core()
+    core.step(steps.FinishSent())
+    shutdown = steps.Shutdown(ok=False, reason="rank 1 failed")
+    if shutdown_first:
+        assert fails(core.step(shutdown)) == []
+        assert fails(core.step(steps.FinishAnswered(heard=True))) == []
+    else:
+        assert fails(core.step(steps.FinishAnswered(heard=True))) == []
+        assert fails(core.step(shutdown)) == []
+    assert core.lifecycle is Lifecycle.FINISHED
+    assert core.error is None
+
+
+def test_a_failure_held_while_finish_was_on_its_way_is_reported_if_it_was_not_heard() -> None:
+    core, _ = ready_core()
+    core.step(steps.FinishSent())
+    assert fails(core.step(steps.Shutdown(ok=False, reason="rank 1 failed"))) == []
+    actions = core.step(steps.FinishAnswered(heard=False, details="UNAVAILABLE"))
+    (error,) = fails(actions)
+    assert isinstance(error, JobFailedError)
+    assert core.lifecycle is Lifecycle.FAILED
+
+
+def test_a_finished_node_neither_reconnects_nor_reports_a_lost_scheduler() -> None:
+    core, _ = ready_core()
+    core.step(steps.Shutdown(ok=True, reason="done"))
+    assert core.step(steps.StreamLost("", silent_s=NODE_S)) == [steps.Done()]
+    assert core.lifecycle is Lifecycle.FINISHED
+
+
+def test_a_call_cut_off_is_made_again_with_recovery_and_fails_with_the_streams_reason_without() -> (
+    None
+):
+    core, _ = ready_core(recovery=True)
+    assert kinds(core.step(steps.CallCutOff())) == [steps.RetryCall]
+    core, _ = ready_core()
+    assert kinds(core.step(steps.CallCutOff())) == [steps.AwaitFatal]
+
+
+def test_a_failed_node_does_nothing_more() -> None:
+    core, _ = ready_core()
+    core.step(steps.Fatal(ClusterError("topology without this node")))
+    for event in (accepted(), steps.TopologyReady(topology(2)), steps.StreamLost("x")):
+        assert core.step(event) == []
+    assert core.lifecycle is Lifecycle.FAILED
+
+
+def test_collectives_are_numbered_per_generation() -> None:
+    core, _ = ready_core()
+    assert [core.next_seq(1), core.next_seq(1), core.next_seq(2), core.next_seq(1)] == [1, 2, 1, 3]
+
+
+# -- the invariants, under any order of what can happen ----------------------------------------
+
+FINAL = (Lifecycle.FAILED, Lifecycle.CLOSED)
+
+
+class WorkerCoreMachine(RuleBasedStateMachine):
+    """Drives the core as the agent does: an answer only to what the core asked for (a
+    registration, a probe, a pause), stream events only while it reads a stream."""
+
+    @initialize(recovery=st.booleans(), verified=st.booleans())
+    def start(self, recovery: bool, verified: bool) -> None:
+        self.clock = Clock()
+        self.core = WorkerCore(config(recovery=recovery), self.clock)
+        self.asked: type[Any] | None = None  # the I/O the core waits on
+        self.failures: list[ClusterError] = []
+        self.finished = False  # this node's Finish heard, or the job finished
+        self.finish_sent = False
+        self.generation = 0
+        self.take(self.core.step(steps.Start(verified)))
+
+    def take(self, actions: list[steps.Action]) -> None:
+        """Check what the core decided, as the agent would carry it out."""
+        now = self.clock()
+        for action in actions:
+            assert self.core.lifecycle not in FINAL or isinstance(action, steps.Fail | steps.Done)
+            if isinstance(action, steps.Fail):
+                assert not self.finished, "a finished node reports no failure"
+                assert str(action.error).strip()
+                self.failures.append(action.error)
+                self.asked = None
+            elif isinstance(action, steps.Register | steps.CheckScheduler):
+                # Reconnect deadlines are honoured: no attempt starts after its deadline, nor
+                # outlasts it.
+                assert now < self.core.deadline
+                limit = action.attempt_s if isinstance(action, steps.Register) else action.timeout_s
+                assert 0 < limit <= self.core.deadline - now + 1e-9
+                self.asked = type(action)
+            elif isinstance(action, steps.Pause):
+                assert 0 <= action.seconds <= max(self.core.deadline - now, 0.0) + 1e-9
+                self.asked = steps.Pause
+            elif isinstance(action, steps.Watch):
+                assert self.core.lifecycle in (Lifecycle.FORMING, Lifecycle.READY)
+                self.asked = steps.Watch
+            elif isinstance(action, steps.Deliver):
+                assert not self.failures, "never both failed and ready"
+                assert self.core.topology is action.topology
+            elif isinstance(action, steps.Done):
+                self.asked = None
+
+    def step(self, event: steps.Event) -> None:
+        before = self.core.lifecycle
+        self.take(self.core.step(event))
+        if before in FINAL:
+            assert self.core.lifecycle is before, "a fatal decision is final"
+
+    # -- answers to what the core asked ---------------------------------------------------------
+
+    @precondition(lambda self: self.asked is steps.Register)
+    @rule(rejoined=st.booleans())
+    def accepted(self, rejoined: bool) -> None:
+        self.step(accepted(max(self.generation, 1), rejoined))
+
+    @precondition(lambda self: self.asked is steps.Register)
+    @rule(transient=st.booleans(), retry=st.sampled_from([0.0, 1.0, 29.0]))
+    def refused(self, transient: bool, retry: float) -> None:
+        self.step(steps.Refused("refused", transient=transient, retry_after_s=retry))
+
+    @precondition(lambda self: self.asked is steps.Register)
+    @rule(seconds=st.sampled_from([0.1, 3.0]))
+    def unanswered(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.step(steps.Unanswered())
+
+    @precondition(lambda self: self.asked in (steps.Register, steps.Watch))
+    @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
+    def not_leader(self, leader: str) -> None:
+        self.step(steps.NotLeader(leader))
+
+    @precondition(lambda self: self.asked is steps.CheckScheduler)
+    @rule(ok=st.booleans())
+    def checked(self, ok: bool) -> None:
+        self.step(steps.Checked(ok, "" if ok else "connection refused"))
+
+    @precondition(lambda self: self.asked is steps.Pause)
+    @rule(overslept=st.sampled_from([0.0, 5.0]))
+    def pause_over(self, overslept: float) -> None:
+        self.clock.now += overslept
+        self.step(steps.PauseOver())
+
+    # -- the stream -----------------------------------------------------------------------------
+
+    @precondition(lambda self: self.asked is steps.Watch)
+    @rule(registered=st.integers(0, 2))
+    def progress(self, registered: int) -> None:
+        self.step(steps.Progress(registered, 2))
+
+    @precondition(lambda self: self.asked is steps.Watch)
+    @rule(newer=st.booleans())
+    def topology_ready(self, newer: bool) -> None:
+        self.generation = max(self.generation, 1) + int(newer)
+        self.step(steps.TopologyReady(topology(self.generation)))
+
+    @precondition(lambda self: self.asked is steps.Watch)
+    @rule(node_id=st.sampled_from(["0", "1"]), older=st.booleans())
+    def node_failed(self, node_id: str, older: bool) -> None:
+        self.step(steps.NodeFailed(int(node_id), node_id, "killed", self.generation - older))
+
+    @precondition(lambda self: self.asked is steps.Watch)
+    @rule(ok=st.booleans())
+    def shutdown(self, ok: bool) -> None:
+        self.step(steps.Shutdown(ok, "done" if ok else "rank 1 failed"))
+        if ok and self.core.lifecycle is Lifecycle.FINISHED:
+            self.finished = True
+
+    @precondition(lambda self: self.asked is steps.Watch)
+    @rule(silent=st.booleans())
+    def stream_lost(self, silent: bool) -> None:
+        self.step(steps.StreamLost("connection reset", NODE_S if silent else None))
+
+    @precondition(lambda self: self.asked is steps.Watch)
+    @rule()
+    def a_topology_without_this_node(self) -> None:
+        self.step(steps.Fatal(ClusterError("a topology without this node")))
+
+    # -- the user's side and time --------------------------------------------------------------
+
+    @precondition(lambda self: self.core.may_finish and not self.finish_sent)
+    @rule()
+    def finish_sent(self) -> None:
+        self.finish_sent = True
+        self.step(steps.FinishSent())
+
+    @precondition(lambda self: self.finish_sent)
+    @rule(heard=st.booleans())
+    def finish_answered(self, heard: bool) -> None:
+        self.finish_sent = False
+        self.step(steps.FinishAnswered(heard, details="" if heard else "UNAVAILABLE"))
+        if heard:
+            self.finished = True
+
+    @rule()
+    def call_cut_off(self) -> None:
+        decided = self.core.step(steps.CallCutOff())
+        assert all(isinstance(a, steps.RetryCall | steps.AwaitFatal) for a in decided)
+
+    @rule(seconds=st.sampled_from([1.0, 10.0, 31.0, 70.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.step(steps.DeadlinePassed())
+
+    @rule()
+    def close(self) -> None:
+        self.step(steps.Close())
+        self.asked = None
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    @invariant()
+    def a_failure_is_reported_once_and_only_when_failed(self) -> None:
+        assert len(self.failures) <= 1
+        if self.core.lifecycle is Lifecycle.FAILED:
+            assert self.failures == [self.core.error]
+        elif self.core.lifecycle is not Lifecycle.CLOSED:
+            assert self.failures == []
+
+    @invariant()
+    def ready_means_a_topology(self) -> None:
+        if self.core.lifecycle is Lifecycle.READY:
+            assert self.core.topology is not None
+        if self.core.lifecycle is Lifecycle.FORMING:
+            assert self.core.topology is None
+
+    @invariant()
+    def a_registration_past_its_deadline_is_failed_at_its_next_step(self) -> None:
+        registering = self.core.lifecycle in (Lifecycle.JOINING, Lifecycle.RECONNECTING)
+        due = self.asked is steps.Pause and self.clock() >= self.core.deadline
+        if registering and due and not self.finish_sent:
+            actions = self.core.step(steps.PauseOver())
+            assert kinds(actions) == [steps.Fail]
+            self.take(actions)
+
+
+WorkerCoreMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
+test_worker_core_machine = WorkerCoreMachine.TestCase
+
+
+def test_a_job_that_finished_before_this_node_had_its_topology_is_not_its_finish() -> None:
+    core = WorkerCore(config(), Clock())
+    core.step(steps.Start())
+    core.step(accepted())
+    actions = core.step(steps.Shutdown(ok=True, reason="every node finished"))
+    assert kinds(actions) == [steps.Fail, steps.Done]
+    assert core.lifecycle is Lifecycle.FAILED

@@ -40,6 +40,7 @@ _FRAME_HEADER = 9
 CHECK_KEPT_S = 30.0
 _passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
 _running: dict[tuple[Any, ...], asyncio.Future[bool]] = {}
+_up: dict[tuple[Any, ...], float] = {}  # (host, port) -> when a check last found it up
 # How long grpc gives one connection attempt (TCP connect, TLS and HTTP/2 handshakes) before it
 # abandons it and tries again. grpc takes this from "grpc.min_reconnect_backoff_ms", which is
 # not a backoff at all: set to 100 ms with the backoff, it made a burst of 1024 registrations
@@ -106,8 +107,20 @@ async def check_scheduler(
 
 def _checked(key: tuple[Any, ...], task: asyncio.Future[bool]) -> None:
     del _running[key]
-    if not task.cancelled():
-        task.exception()  # retrieved: every waiter may have given up
+    if task.cancelled():
+        return
+    # Retrieved: every waiter may have given up.
+    if task.exception() is None and task.result():
+        _up[key[:2]] = time.monotonic()
+    else:
+        _up.pop(key[:2], None)
+
+
+def found_up(host: str, port: int) -> bool:
+    """Whether the last `check_scheduler` of host:port in this process, within CHECK_KEPT_S,
+    found the scheduler there and speaking this node's protocol."""
+    when = _up.get((host, port))
+    return when is not None and time.monotonic() - when < CHECK_KEPT_S
 
 
 def passed_recently(host: str, port: int, identity: tls.Identity) -> bool:

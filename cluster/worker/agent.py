@@ -329,7 +329,12 @@ class WorkerAgent:
         accept only makes it do the work again. (A timer that cancels the call, not a task and a
         timeout per attempt.)"""
         limit = AnswerLimit(
-            call, self._channel, action.attempt_s, action.answer_s, self._answer_late
+            call,
+            self._channel,
+            action.attempt_s,
+            action.answer_s,
+            self._answer_late,
+            patient=lambda: scheduler_channel.found_up(self._host, self._port),
         )
         try:
             return await self._first_answer(call)

@@ -67,9 +67,9 @@ class Silence:
 
 class AnswerLimit:
     """Cancels a registration `call` that has not reached the scheduler within `attempt_s`
-    (unless its connection is on its way: CONNECTING), or that has and is still unanswered
-    after `answer_s`; calls `waiting(seconds)` every
-    REPORT_EVERY_S while it waits for the answer."""
+    (unless its connection is on its way, CONNECTING, and `patient()`: the scheduler was found
+    up a moment ago), or that has and is still unanswered after `answer_s`; calls
+    `waiting(seconds)` every REPORT_EVERY_S while it waits for the answer."""
 
     def __init__(
         self,
@@ -78,8 +78,11 @@ class AnswerLimit:
         attempt_s: float,
         answer_s: float,
         waiting: Callable[[float], None],
+        *,
+        patient: Callable[[], bool] = lambda: False,
     ) -> None:
         self._call = call
+        self._patient = patient
         self._channel = channel
         self._waiting = waiting
         self._loop = asyncio.get_running_loop()
@@ -98,8 +101,10 @@ class AnswerLimit:
                 min(self._answer_by, now + REPORT_EVERY_S), self._check
             )
             return
-        if state is grpc.ChannelConnectivity.CONNECTING and now < self._answer_by:
-            # A connection on its way: a scheduler that thousands of nodes connect to at once
+        connecting = state is grpc.ChannelConnectivity.CONNECTING
+        if connecting and self._patient() and now < self._answer_by:
+            # A connection on its way to a scheduler this process found up a moment ago: a
+            # scheduler that thousands of nodes connect to at once
             # takes seconds to accept each (its accept queue full, the SYN sent again), and
             # gRPC bounds each attempt itself. Abandoning the call only makes another, with a
             # check of its own: a storm of them kept 6,000 of 8,192 nodes out for minutes.

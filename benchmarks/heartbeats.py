@@ -59,6 +59,7 @@ from rendezvous import (
     children,
     cpu_seconds,
     raise_fd_limit,
+    rss_bytes,
     signalled,
     split,
     tcpstore_server_main,
@@ -69,6 +70,14 @@ from rendezvous import (
 # ruff: noqa: PLC0415  (grpc, cluster and torch are imported in the children only)
 
 JOIN_TIMEOUT = 120.0
+# ... and 10 s more per 1,000 workers: 8,192 simulated workers on 2 cores form in minutes.
+JOIN_TIMEOUT_PER_NODE_S = 0.01
+
+
+def join_timeout(n: int) -> float:
+    return JOIN_TIMEOUT + n * JOIN_TIMEOUT_PER_NODE_S
+
+
 # torch.distributed.elastic's c10d rendezvous: keep_alive_interval's default.
 TORCH_KEEP_ALIVE_INTERVAL_S = 5.0
 
@@ -86,7 +95,7 @@ def cluster_server_main(
             worker_num=n,
             server_num=0,
             node_timeout_s=max(30.0, 6 * interval_s),
-            topo_timeout_s=JOIN_TIMEOUT,
+            topo_timeout_s=join_timeout(n),
             heartbeat_interval_s=interval_s,
         )
         observe = ObserveConfig(metrics_port=0) if metrics else None
@@ -123,7 +132,7 @@ def cluster_clients_main(
                     "MS_SCHED_HOST": HOST,
                     "MS_SCHED_PORT": str(port),
                     "MS_NODE_ID": str(i),
-                    "MS_TOPO_TIMEOUT": str(JOIN_TIMEOUT),
+                    "MS_TOPO_TIMEOUT": str(join_timeout(n)),
                 }
             )
             identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
@@ -131,7 +140,7 @@ def cluster_clients_main(
 
         agents = [agent(i) for i in ids]
         try:
-            await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), JOIN_TIMEOUT)
+            await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), join_timeout(n))
             q.put(("in", index, None))
             await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
             if fatal:
@@ -239,6 +248,7 @@ def run(
             store_timeout_s = SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT
             server = group.spawn(tcpstore_server_main, n, q, stop, store_timeout_s, name="store")
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
+        empty_rss = rss_bytes(server.pid)  # before any worker came
         port, metrics_port = port if isinstance(port, tuple) else (port, None)
         parts = split(range(n), min(procs, n))
         clients = []
@@ -249,11 +259,12 @@ def run(
             else:
                 args = (k, ids, n, port, interval_s, q, stop)
                 clients.append(group.spawn(tcpstore_clients_main, *args, name=f"clients-{k}"))
-        box.collect("in", len(parts), time.monotonic() + SPAWN_TIMEOUT_S + JOIN_TIMEOUT)
+        box.collect("in", len(parts), time.monotonic() + SPAWN_TIMEOUT_S + join_timeout(n))
         # One interval first: every worker's beat is on its schedule when the window opens.
         time.sleep(interval_s)
         pids = [server.pid, *(c.pid for c in clients)]
         before = [cpu_seconds(pid) for pid in pids]
+        idle_rss = rss_bytes(server.pid)
         start = time.monotonic()
         if scrape_s is not None and metrics_port is not None:
             scrape_while(metrics_port, scrape_s, start + window_s)
@@ -270,6 +281,8 @@ def run(
         box.collect("closed", len(parts), time.monotonic() + 120.0)
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S + 60.0)
     result = {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+    if empty_rss is not None and idle_rss is not None:
+        result["rss_per_node_b"] = (idle_rss - empty_rss) / n
     if per_scrape is not None:
         result["scrape_s"] = per_scrape
     return result
@@ -345,6 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  {system:<8} one beat per {interval:g} s: server {used['server'] * 100:5.1f}% "
             f"of a core, clients {used['clients'] * 100:5.1f}%"
+            + (
+                f"; server memory {used['rss_per_node_b'] / 1024:.1f} KiB per idle worker"
+                if "rss_per_node_b" in used
+                else ""
+            )
             + (f" (metrics scraped every {scrape:g} s)" if scrape else "")
             + (
                 f"; a scrape costs the scheduler {used['scrape_s'] * 1000:.1f} ms of CPU"

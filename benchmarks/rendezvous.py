@@ -63,7 +63,14 @@ that imports `cluster`, grpc and `cluster.worker.session` (what `init()` imports
 figure is `max(returned) - max(started)`: how long the last process to start waits for the
 job to form. Every process then calls `cluster.finalize()`.
 
-Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs 4]
+Reported per run besides the wall time: cluster's stages (when each worker was connected, had
+its registration accepted, held the table: median and last, after the start signal), the
+finish storm's length, the event-loop lag of the scheduler and of the client processes (how late
+a 0.1 s timer ran, at most), the server's CPU and RSS growth per node, and the client processes'
+CPU and peak RSS per node. BENCH_PROFILE_DIR=dir writes cProfile files of the scheduler and the
+client processes there.
+
+Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs auto|N]
        [--real 8] [--timeout 180] [--retries 2]
        [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls]
        [--resolver tcp|system] [--json PATH]
@@ -82,6 +89,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import re
 import shutil
 import statistics
 import sys
@@ -105,6 +113,11 @@ SPAWN_TIMEOUT_S = 60.0
 # How long a process gets to exit by itself before it is terminated, then killed.
 JOIN_TIMEOUT_S = 15.0
 
+# MS_NODE_TIMEOUT of the simulated workers. A client process runs 1,024 of them on one event
+# loop, and on a busy 2-core machine that loop lags by up to 15 s while the job forms and the
+# tables arrive: their heartbeats are late together, which a real worker (a process of its own)
+# is not, and at MindSpore's 30 s the scheduler took that harness for 1,024 hung workers.
+SIMULATED_NODE_TIMEOUT_S = 60
 # Imports of grpc, cluster and torch are local to the children, deliberately.
 # ruff: noqa: PLC0415
 
@@ -229,14 +242,70 @@ def cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
-def raise_fd_limit() -> None:
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
+def rss_bytes(pid: int | None) -> int | None:
+    """Resident set size of a process now (Linux /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = hard if hard != resource.RLIM_INFINITY else 65536
-        if soft < want:
+
+# The open-files limit a process of the benchmark asks for: a scheduler of N nodes holds N
+# connections, and a client process one per agent (as root, the hard limit is raised too).
+WANT_OPEN_FILES = 65536
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-files limit as far as it may go; the limit it has now."""
+    try:
+        import resource
+    except ImportError:
+        return WANT_OPEN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    if hard != infinite and hard < WANT_OPEN_FILES:
+        with contextlib.suppress(ValueError, OSError):  # needs CAP_SYS_RESOURCE
+            resource.setrlimit(resource.RLIMIT_NOFILE, (WANT_OPEN_FILES, WANT_OPEN_FILES))
+            soft, hard = WANT_OPEN_FILES, WANT_OPEN_FILES
+    want = WANT_OPEN_FILES if hard == infinite else hard
+    if soft < want:
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    return int(soft) if soft != infinite else WANT_OPEN_FILES
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+class LagProbe:
+    """How late this process's event loop runs a timer due every `every_s`: the loop's lag
+    (its largest value), the time a callback waits behind the others' work."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self.every_s = every_s
+        self.max_s = 0.0
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time() + every_s
+        self._timer = self._loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        self.max_s = max(self.max_s, now - self._due)
+        self._due = now + self.every_s
+        self._timer = self._loop.call_at(self._due, self._tick)
+
+    def stop(self) -> float:
+        self._timer.cancel()
+        return self.max_s
 
 
 def tls_identity(ssl_json: str | None, *, server: bool) -> Any:
@@ -270,11 +339,26 @@ async def timed(
     if not await signalled(start, SPAWN_TIMEOUT_S + timeout_s):
         raise BenchError("no start signal")
     cpu0 = time.process_time()
-    finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
-    q.put(("timing", index, (max(finished), time.process_time() - cpu0)))
+    lag = LagProbe()
+    try:
+        finished = await asyncio.wait_for(asyncio.gather(*(one(i) for i in ids)), timeout_s)
+    finally:
+        lag_s = lag.stop()
+    q.put(("timing", index, (max(finished), time.process_time() - cpu0, lag_s)))
+    q.put(("rss", index, peak_rss_bytes()))
 
 
 # -- cluster: children -----------------------------------------------------------------------
+
+
+def said_summary(messages: Sequence[str], most: int = 4) -> str:
+    """What the agents of a process said, by kind (numbers left out), most frequent first."""
+    kinds: dict[str, int] = {}
+    for message in messages:
+        kind = re.sub(r"\d+(\.\d+)?", "#", message.split(": ", 1)[-1])[:240]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    ranked = sorted(kinds.items(), key=lambda item: -item[1])[:most]
+    return "; ".join(f"{count} x {kind!r}" for kind, count in ranked) or "nothing"
 
 
 def check_table(topology: Any, n: int) -> None:
@@ -299,9 +383,10 @@ def cluster_scheduler_main(
         settings = JobSettings(
             worker_num=n,
             server_num=0,
-            node_timeout_s=30,
-            topo_timeout_s=120,
-            heartbeat_interval_s=default_heartbeat_interval(30, n),  # as a real scheduler's
+            node_timeout_s=SIMULATED_NODE_TIMEOUT_S,
+            topo_timeout_s=timeout_s,  # the run's own bound: a job that forms in it passes
+            # as a real scheduler's
+            heartbeat_interval_s=default_heartbeat_interval(SIMULATED_NODE_TIMEOUT_S, n),
         )
         server = SchedulerServer(settings, host=HOST, port=0, tls=identity)
         port = await server.start()
@@ -312,11 +397,28 @@ def cluster_scheduler_main(
             except TimeoutError:
                 server.core.abort("benchmark timed out")
                 ok = False
-            q.put(("done", -1, ok))
+            core = server.core
+            q.put(("done", -1, (ok, core.loop_lag_max_s, core.stalls)))
         finally:
             await server.stop()
 
-    _report_errors(q, -1, lambda: asyncio.run(serve()))
+    _report_errors(q, -1, lambda: profiled("scheduler", lambda: asyncio.run(serve())))
+
+
+def profiled(name: str, body: Callable[[], None]) -> None:
+    """Run `body`, under cProfile when BENCH_PROFILE_DIR names a directory (the profile is
+    written there as `name`.prof): where a process's time goes, for the stages above."""
+    directory = os.environ.get("BENCH_PROFILE_DIR")
+    if not directory:
+        body()
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(body)
+    finally:
+        profile.dump_stats(str(Path(directory) / f"{name}.prof"))
 
 
 def cluster_clients_main(
@@ -348,6 +450,13 @@ def cluster_clients_main(
         messages: list[str] = []
         fatal: list[ClusterError] = []
         agents: list[WorkerAgent] = []
+        # Per worker, wall-clock times of its stages: connected, accepted, topology.
+        stages: list[tuple[float, float, float]] = []
+        wall = time.time() - time.monotonic()  # the agents' clock (monotonic) -> wall time
+
+        async def connected(channel: grpc.aio.Channel) -> float:
+            await channel.channel_ready()
+            return time.time()
 
         async def one(i: int) -> float:
             config = cluster_config.from_env(
@@ -357,8 +466,8 @@ def cluster_clients_main(
                     "MS_SCHED_HOST": HOST,
                     "MS_SCHED_PORT": str(port),
                     "MS_NODE_ID": str(i),
-                    "MS_TOPO_TIMEOUT": "120",
-                    "MS_NODE_TIMEOUT": "30",
+                    "MS_TOPO_TIMEOUT": str(timeout_s),
+                    "MS_NODE_TIMEOUT": str(SIMULATED_NODE_TIMEOUT_S),
                     **({"CLUSTER_TLS_CONFIG": ssl_json} if ssl_json else {}),
                 }
             )
@@ -375,18 +484,29 @@ def cluster_clients_main(
                 on_fatal=fatal.append,
             )
             agents.append(agent)
+            connect = asyncio.ensure_future(connected(agent._channel))
             topology = await agent.start()
             done = time.time()
             if topology.size != n:
                 raise BenchError(f"worker {i} got a table of {topology.size} peers, expected {n}")
+            accepted = done if agent.accepted_at is None else agent.accepted_at + wall
+            stages.append((await connect, accepted, done))
             return done
 
         try:
-            await timed(index, ids, one, start, q, timeout_s)
+            try:
+                await timed(index, ids, one, start, q, timeout_s)
+            except ClusterError as exc:
+                raise BenchError(f"{exc}; the agents said: {said_summary(messages)}") from None
             check_table(agents[0].topology, n)
+            q.put(("stages", index, stages))
             if not await signalled(proceed, timeout_s):
                 raise BenchError("no signal to finish")
-            await asyncio.wait_for(asyncio.gather(*(a.finish() for a in agents)), 30.0)
+            finish0 = time.time()
+            heard = await asyncio.wait_for(
+                asyncio.gather(*(a.finish() for a in agents)), agents[0].finish_wait_s + 5.0
+            )
+            q.put(("finished", index, (time.time() - finish0, heard.count(False))))
         finally:
             await asyncio.wait_for(
                 asyncio.gather(*(a.close() for a in agents), return_exceptions=True), 30.0
@@ -397,7 +517,7 @@ def cluster_clients_main(
             )
         q.put(("closed", index, messages))
 
-    _report_errors(q, index, lambda: asyncio.run(run()))
+    _report_errors(q, index, lambda: profiled(f"clients-{index}", lambda: asyncio.run(run())))
 
 
 # -- gRPC floor: children -------------------------------------------------------------------
@@ -413,9 +533,11 @@ def grpc_floor_server_main(
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
-        from cluster.scheduler.server import server_credentials
+        from cluster.scheduler.server import server_credentials, server_options
 
-        server = grpc.aio.server()
+        # The scheduler's server options: gRPC's defaults cancel calls at random once 1,000 wait
+        # to be taken up, which failed this floor from 2,048 workers on.
+        server = grpc.aio.server(options=server_options(n))
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
         where = f"{HOST}:0"
         if identity is None:
@@ -569,7 +691,8 @@ def tcpstore_clients_main(
             raise BenchError(f"{len(errors)} worker(s) failed, first: {errors[0]}")
         if len(finished) != len(ids):
             raise BenchError(f"only {len(finished)} of {len(ids)} workers finished in time")
-        q.put(("timing", index, (max(finished.values()), time.process_time() - cpu0)))
+        # Threads, not an event loop: no loop lag to report.
+        q.put(("timing", index, (max(finished.values()), time.process_time() - cpu0, None)))
         if not proceed.wait(timeout_s):
             raise BenchError("no signal to finish")
         stores.clear()
@@ -633,31 +756,60 @@ def run_once(
                 name=f"clients-{k}",
             )
         box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
-        server_cpu0 = cpu_seconds(server.pid)
+        server_cpu0, server_rss0 = cpu_seconds(server.pid), rss_bytes(server.pid)
         t0 = time.time()
         start.set()
         timings = box.collect("timing", procs, deadline)
-        server_cpu1 = cpu_seconds(server.pid)
+        server_cpu1, server_rss1 = cpu_seconds(server.pid), rss_bytes(server.pid)
+        result: dict[str, float | None] = {
+            "elapsed_s": max(end for end, _, _ in timings.values()) - t0,
+            "client_cpu_s": sum(cpu for _, cpu, _ in timings.values()),
+            "client_lag_max_s": max(
+                (lag for _, _, lag in timings.values() if lag is not None), default=None
+            ),
+            "server_cpu_s": None
+            if server_cpu0 is None or server_cpu1 is None
+            else server_cpu1 - server_cpu0,
+            "server_rss_per_node_b": None
+            if server_rss0 is None or server_rss1 is None
+            else (server_rss1 - server_rss0) / n,
+        }
+        if system.startswith(("cluster", "grpc")):
+            peaks = box.collect("rss", procs, deadline).values()
+            result["client_peak_rss_per_node_b"] = sum(peaks) / n
+        if system.startswith("cluster"):
+            result.update(stage_figures(box.collect("stages", procs, deadline), t0))
         proceed.set()
-        elapsed = max(end for end, _ in timings.values()) - t0
         said = [
             m for ms in box.collect("closed", procs, time.monotonic() + 60.0).values() for m in ms
         ]
         if system.startswith("cluster"):
-            ok = box.collect("done", 1, time.monotonic() + 60.0)[-1]
-            if not ok:
+            finished = box.collect("finished", procs, time.monotonic() + 60.0).values()
+            result["finish_s"] = max(seconds for seconds, _ in finished)
+            unheard = sum(count for _, count in finished)
+            ok, lag_s, stalls = box.collect("done", 1, time.monotonic() + 60.0)[-1]
+            result["server_lag_max_s"], result["server_stalls"] = lag_s, stalls
+            if not ok or unheard:
                 raise BenchError(
-                    f"the scheduler did not see every worker finish; the agents said "
-                    f"{len(said)} thing(s), first: {said[:3]}"
+                    f"the scheduler did not see every worker finish ({unheard} finish(es) "
+                    f"unheard); the agents said: {said_summary(said, most=6)}"
                 )
         stop.set()
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S)
-    server_cpu = None if server_cpu0 is None or server_cpu1 is None else server_cpu1 - server_cpu0
-    return {
-        "elapsed_s": elapsed,
-        "client_cpu_s": sum(cpu for _, cpu in timings.values()),
-        "server_cpu_s": server_cpu,
-    }
+    return result
+
+
+def stage_figures(
+    per_process: dict[int, list[tuple[float, float, float]]], t0: float
+) -> dict[str, float | None]:
+    """The median and the last of each stage over every worker, in seconds after `t0`."""
+    figures: dict[str, float | None] = {}
+    rows = [row for rows in per_process.values() for row in rows]
+    for k, stage in enumerate(("connected", "accepted", "topology")):
+        times = [row[k] - t0 for row in rows]
+        figures[f"{stage}_p50_s"] = statistics.median(times) if times else None
+        figures[f"{stage}_max_s"] = max(times) if times else None
+    return figures
 
 
 # -- real processes --------------------------------------------------------------------------
@@ -738,6 +890,58 @@ def torch_version() -> str | None:
     return str(torch.__version__)
 
 
+def stages_line(run: dict[str, float | None]) -> str:
+    """A cluster run's stages (median / last worker, after the start signal) and lags."""
+    parts = [
+        f"{stage} {fmt_s(run.get(f'{stage}_p50_s'))}/{fmt_s(run.get(f'{stage}_max_s'))}"
+        for stage in ("connected", "accepted", "topology")
+    ]
+    return (
+        ", ".join(parts)
+        + f"; finish {fmt_s(run.get('finish_s'))}; loop lag: scheduler "
+        + f"{fmt_s(run.get('server_lag_max_s'))}, clients {fmt_s(run.get('client_lag_max_s'))}"
+    )
+
+
+def print_per_node(results: dict[str, Any], sizes: Sequence[int], systems: Sequence[str]) -> None:
+    """Per size and system (medians): wall time, server CPU, server RSS per node (the growth
+    from before the workers came to when every worker held the table), client CPU per node,
+    client processes' peak RSS per node (a simulated worker's share)."""
+    print("Per node (median): wall, server CPU, server RSS per node, client CPU and RSS per node")
+    header = f"{'N':>6} | {'system':<15} | {'wall':>8} | {'server CPU':>10} | "
+    header += f"{'RSS/node':>9} | {'client CPU/node':>15} | {'client RSS/node':>15}"
+    print(header)
+    print("-" * len(header))
+    for n in sizes:
+        entry = results["sizes"][str(n)]
+        for system in systems:
+
+            def median(key: str, system: str = system, entry: Any = entry) -> float | None:
+                value = entry.get(f"{system}_median_{key}")
+                return None if value is None else float(value)
+
+            rss, client = median("server_rss_per_node_b"), median("client_cpu_s")
+            peak = median("client_peak_rss_per_node_b")
+            print(
+                f"{n:>6} | {system:<15} | {fmt_s(median('elapsed_s')):>8} | "
+                f"{fmt_s(median('server_cpu_s')):>10} | "
+                f"{'-' if rss is None else f'{rss / 1024:.1f} KiB':>9} | "
+                f"{'-' if client is None else f'{client / n * 1e6:.0f} us':>15} | "
+                f"{'-' if peak is None else f'{peak / 1024:.0f} KiB':>15}"
+            )
+    if "cluster" in systems:
+        print()
+        print("cluster's stages (median): seconds after the start signal, median / last worker")
+        for n in sizes:
+            entry = results["sizes"][str(n)]
+            run = {
+                key.removeprefix("cluster_median_"): value
+                for key, value in entry.items()
+                if key.startswith("cluster_median_")
+            }
+            print(f"{n:>6} | {stages_line(run)}")
+
+
 def fmt_s(value: float | None) -> str:
     if value is None:
         return "-"
@@ -748,7 +952,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="8,64,256,1024", help="comma-separated worker counts")
     parser.add_argument("--repeat", type=int, default=3, help="runs per size (median reported)")
-    parser.add_argument("--procs", type=int, default=4, help="client processes per run")
+    parser.add_argument(
+        "--procs",
+        default="auto",
+        help="client processes per run; auto: one per AGENTS_PER_PROCESS workers, at least 4",
+    )
     parser.add_argument(
         "--real", type=int, default=8, help="workers of the real-process job (0: skip)"
     )
@@ -780,7 +988,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--sizes {args.sizes!r}: comma-separated integers expected")
     if not args.sizes or min(args.sizes) < 1:
         parser.error("--sizes: worker counts must be >= 1")
-    if args.repeat < 1 or args.procs < 1 or args.real < 0 or args.timeout <= 0:
+    if args.procs != "auto":
+        try:
+            args.procs = int(args.procs)
+        except ValueError:
+            parser.error(f"--procs {args.procs!r}: an integer or 'auto' expected")
+    bad_procs = args.procs != "auto" and args.procs < 1
+    if args.repeat < 1 or bad_procs or args.real < 0 or args.timeout <= 0:
         parser.error("--repeat and --procs must be >= 1, --real >= 0, --timeout > 0")
     if args.retries < 0:
         parser.error("--retries must be >= 0")
@@ -790,6 +1004,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if unknown or not args.systems:
         parser.error(f"--systems: choose among {', '.join(known)} (got {args.systems})")
     return args
+
+
+# Simulated workers per client process with --procs auto. Each process runs its agents on one
+# asyncio loop: 2,048 agents on one loop made that loop the bottleneck of the run (late reads
+# of the scheduler's answers, a lag of seconds), while more processes than this on 2 cores only
+# add switches between them.
+AGENTS_PER_PROCESS = 1024
+MIN_PROCS = 4
+
+
+def procs_for(procs: int | str, n: int) -> int:
+    """Client processes for a run of `n` workers (`procs`: a number, or "auto")."""
+    if procs == "auto":
+        return min(n, max(MIN_PROCS, -(-n // AGENTS_PER_PROCESS)))
+    return min(int(procs), n)
+
+
+def check_open_files(limit: int, sizes: Sequence[int], procs: int | str) -> None:
+    """A run needs a descriptor per connection in the server and in each client process."""
+    need = max(max(n, -(-n // procs_for(procs, n))) for n in sizes) + 512
+    if limit < need:
+        raise BenchError(
+            f"the open-files limit is {limit}, and the largest run needs about {need}: raise it "
+            f"(ulimit -n {need} in this shell; as root the benchmark raises it itself) or run "
+            "smaller sizes"
+        )
 
 
 def with_retries(
@@ -827,7 +1067,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tls_dir = Path(tempfile.mkdtemp(prefix="rendezvous-tls-"))
     ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & {*TLS_SYSTEMS, "grpc-tls"} else {}
-    raise_fd_limit()
+    check_open_files(raise_fd_limit(), args.sizes, args.procs)
     if args.resolver == "tcp":
         use_tcp_resolver()
     ctx = mp.get_context("spawn")
@@ -860,18 +1100,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.retries,
                     failures,
                     functools.partial(
-                        run_once, ctx, system, n, args.procs, args.timeout, ssl_jsons.get(system)
+                        run_once,
+                        ctx,
+                        system,
+                        n,
+                        procs_for(args.procs, n),
+                        args.timeout,
+                        ssl_jsons.get(system),
                     ),
                 )
                 runs[system].append(run)
                 print(
                     f"  {what} {fmt_s(run['elapsed_s']):>8}   CPU meanwhile: clients "
-                    f"{fmt_s(run['client_cpu_s'])}, server {fmt_s(run['server_cpu_s'])}",
+                    f"{fmt_s(run['client_cpu_s'])}, server {fmt_s(run['server_cpu_s'])}"
+                    + (f"; {stages_line(run)}" if system.startswith("cluster") else ""),
                     flush=True,
                 )
-        entry: dict[str, Any] = {"runs": runs}
+        entry: dict[str, Any] = {"runs": runs, "procs": procs_for(args.procs, n)}
         for system in systems:
-            for key in ("elapsed_s", "client_cpu_s", "server_cpu_s"):
+            for key in sorted({key for run in runs[system] for key in run}):
                 values = [v for v in (run[key] for run in runs[system]) if v is not None]
                 median_key = f"{system}_median_{key}"
                 entry[median_key] = statistics.median(values) if values else None
@@ -903,9 +1150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["real"] = real
 
     print()
+    print_per_node(results, args.sizes, systems)
+    print()
     print(
-        f"Median of {args.repeat} run(s); {args.procs} client processes; wall time from the start "
-        "signal to the last worker holding the full peer table."
+        f"Median of {args.repeat} run(s); client processes: "
+        + ", ".join(f"{procs_for(args.procs, n)} at N={n}" for n in args.sizes)
+        + "; wall time from the start signal to the last worker holding the full peer table."
     )
     header = f"{'N':>6} | {'cluster':>10} | {'TCPStore':>10} | {'TCPStore/cluster':>16}"
     print(header)

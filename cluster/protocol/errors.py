@@ -165,3 +165,8 @@ class NotLeaderAnswer(SchedulerUnreachableError):
     def __init__(self, message: str, leader: str) -> None:
         super().__init__(message)
         self.leader = leader
+
+
+class MissedTableChange(ClusterError):
+    """A change of the peer table (a delta) that does not follow the table this node holds: it
+    reconnects, and gets the whole table."""

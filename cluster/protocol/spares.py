@@ -92,12 +92,12 @@ def hand_over(failed: Member, spare: Member) -> None:
     failed.replaced_by = spare.node_id
 
 
-def expired(member: Member, now: float, settings: JobSettings) -> bool:
-    """Whether a failed record among the spares is dropped: a dead spare's after its guard, a
+def expiry(member: Member, settings: JobSettings) -> float:
+    """When a failed record among the spares is dropped: a dead spare's after its guard, a
     replaced worker's after its guard and MS_TOPO_TIMEOUT (its restart comes back as a spare
     within that window, as a failed worker's does with its rank)."""
     window = settings.node_timeout_s + (settings.topo_timeout_s if member.replaced_by else 0.0)
-    return member.state is NodeState.FAILED and now - member.last_seen > window
+    return member.last_seen + window
 
 
 class SpareRules:
@@ -110,6 +110,7 @@ class SpareRules:
     spares: dict[str, Member]
     promotions: int
     revision: int
+    _next_scan: float
 
     @property
     def recovery(self) -> bool:
@@ -123,6 +124,28 @@ class SpareRules:
 
     def _place_workers(self) -> None:
         raise NotImplementedError
+
+    def _seen(self, member: Member, now: float) -> None:
+        raise NotImplementedError
+
+    def silence(self, member: Member, now: float) -> float:
+        raise NotImplementedError
+
+    def _due(self, member: Member) -> float:
+        raise NotImplementedError
+
+    def _tick_spare(self, member: Member, now: float) -> list[Effect]:
+        """Time passes for a spare, or a failed record among them; the next scan includes it."""
+        silent = self.silence(member, now)
+        if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
+            self._spare_died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
+        elif member.state is NodeState.FAILED and now > expiry(member, self.settings):
+            return self._drop_spare(member)
+        due = (
+            self._due(member) if member.state is NodeState.ALIVE else expiry(member, self.settings)
+        )
+        self._next_scan = min(self._next_scan, due)
+        return []
 
     def _promote(self, spare: Member, failed: Member) -> list[Effect]:
         """`spare` takes the rank of `failed` (a ranked worker that failed): a new generation;
@@ -155,7 +178,8 @@ class SpareRules:
             Evict(member.node_id, member.incarnation, "replaced by a new process")
         ]
         member.incarnation, member.credential_digest = reg.incarnation, reg.credential_digest
-        member.host, member.port, member.last_seen = reg.host, reg.port, now
+        member.host, member.port = reg.host, reg.port
+        self._seen(member, now)
         member.state, member.failure, member.replaced_by = NodeState.ALIVE, "", ""
         member.restarts += 1
         self.revision += 1
@@ -165,10 +189,11 @@ class SpareRules:
         """Nobody waits for a spare: its record only keeps its id refused for the guard."""
         member.state, member.failure, member.last_seen = NodeState.FAILED, why, last_seen
         self.revision += 1
+        self._next_scan = min(self._next_scan, expiry(member, self.settings))
         return []
 
     def _drop_spare(self, member: Member) -> list[Effect]:
-        """A spare that left, or a failed record past its window (`spares.expired`): gone."""
+        """A spare that left, or a failed record past its `expiry`: gone."""
         del self.spares[member.node_id]
         self.revision += 1
         return []

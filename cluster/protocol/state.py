@@ -130,6 +130,17 @@ class SchedulerState(Admission, spares.SpareRules):
     guard_waiting: dict[str, float] = field(init=False, repr=False, default_factory=dict)
     # The job-secret nonces seen (not saved: a restarted scheduler starts with none).
     _nonces: auth.ReplayCache = field(init=False, repr=False, default_factory=auth.ReplayCache)
+    # No member's silence can reach a limit before this time (a member's last_seen only moves
+    # forward, see `_seen`), so `tick` looks at the members only then: a pass over 8,192
+    # members ten times a second was most of an idle scheduler's work.
+    _next_scan: float = field(init=False, repr=False, default=float("-inf"))
+    # When the scheduler last accepted a registration. A node's heartbeats wait in gRPC's queue
+    # of calls behind the registrations that arrived before them, and a large job's start is a
+    # burst of thousands: a live node's first beat was taken up only after 30 s of them (at
+    # 8,192 nodes). So a live node's silence counts from the end of the burst at the earliest
+    # (`silence`); a burst never ends while registrations are being accepted, and a hung node is
+    # still found MS_NODE_TIMEOUT after it.
+    _last_accepted: float = field(init=False, repr=False, default=float("-inf"))
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -230,6 +241,7 @@ class SchedulerState(Admission, spares.SpareRules):
             last_seen=now,
             credential_digest=reg.credential_digest,
         )
+        self._seen(member, now)
         if reg.spare:
             self.spares[node_id] = member
             self.revision += 1
@@ -245,13 +257,13 @@ class SchedulerState(Admission, spares.SpareRules):
         """The node opened its Watch stream; returns what it must hear first."""
         member = self.member(node_id, incarnation)
         member.connected = True
-        member.last_seen = self.clock()
+        self._seen(member, self.clock())
         self.awaiting.discard(member.node_id)
         return self.welcome()
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         member = self.member(node_id, incarnation)
-        member.last_seen = self.clock()
+        self._seen(member, self.clock())
 
     def report_checkpoints(self, node_id: str, incarnation: int, steps: Iterable[int]) -> None:
         """The worker holds these checkpoint steps now (complete ones, after pruning)."""
@@ -300,7 +312,7 @@ class SchedulerState(Admission, spares.SpareRules):
             return self._spare_died(member, self.clock(), "its connection to the scheduler broke")
         # Alive until its connection broke: the guard counts from now, not from its last
         # heartbeat (which may be an interval older).
-        member.last_seen = self.clock()
+        self._seen(member, self.clock())
         return self._lose(member, "its connection to the scheduler broke (process exited?)")
 
     def finish(self, node_id: str, incarnation: int) -> list[Effect]:
@@ -329,21 +341,21 @@ class SchedulerState(Admission, spares.SpareRules):
         now = self.clock()
         if self.phase is Phase.WAITING and now - self.started > self.settings.topo_timeout_s:
             return self._end(ok=False, detail=self._describe_missing(now))
+        if now < self._next_scan:
+            return []
+        self._next_scan = float("inf")
         effects: list[Effect] = []
         for member in list(self.members.values()):
             if self.phase in (Phase.FINISHED, Phase.FAILED):
                 break
             effects.extend(self._tick_member(member, now))
+            self._next_scan = min(self._next_scan, self._due(member))
         for member in list(self.spares.values()):
-            silent = now - member.last_seen
-            if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
-                self._spare_died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
-            elif spares.expired(member, now, self.settings):
-                self._drop_spare(member)
+            effects.extend(self._tick_spare(member, now))
         return effects
 
     def _tick_member(self, member: Member, now: float) -> list[Effect]:
-        silent = now - member.last_seen
+        silent = self.silence(member, now)
         if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
             if member.node_id in self.awaiting:
                 why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
@@ -355,7 +367,7 @@ class SchedulerState(Admission, spares.SpareRules):
         if (
             member.state is NodeState.FAILED
             and self.phase is Phase.READY
-            and silent > self.settings.node_timeout_s + self.settings.topo_timeout_s
+            and now - member.last_seen > self.settings.node_timeout_s + self.settings.topo_timeout_s
         ):
             return self._end(
                 ok=False,
@@ -370,6 +382,34 @@ class SchedulerState(Admission, spares.SpareRules):
         window = spares.GUARD_POLL_S + spares.GUARD_POLL_MARGIN_S
         now = self.clock()
         return any(now - refused <= window for refused in self.guard_waiting.values())
+
+    def excuse(self, seconds: float) -> None:
+        """The scheduler itself did not run for `seconds` (its process was stopped, or starved
+        of CPU): it could not hear anyone meanwhile, so nobody's silence during it counts. (The
+        heartbeats that arrived meanwhile wait in its sockets, and may be read only after the
+        next tick.)"""
+        now = self.clock()
+        for member in [*self.members.values(), *self.spares.values()]:
+            member.last_seen = min(member.last_seen + seconds, now)
+        self._next_scan = float("-inf")
+
+    def _seen(self, member: Member, now: float) -> None:
+        """`member` was alive at `now` (its silence limit moves on, never back)."""
+        member.last_seen = now
+        self._next_scan = min(self._next_scan, now + self.settings.node_timeout_s)
+
+    def silence(self, member: Member, now: float) -> float:
+        """How long a live `member` has been silent, as far as it counts: not before the last
+        accepted registration (see `_last_accepted`)."""
+        return now - max(member.last_seen, self._last_accepted)
+
+    def _due(self, member: Member) -> float:
+        """When `member`'s silence would reach its limit in its present state."""
+        if member.state is NodeState.FAILED:
+            return member.last_seen + self.settings.node_timeout_s + self.settings.topo_timeout_s
+        if member.state is NodeState.ALIVE:
+            return max(member.last_seen, self._last_accepted) + self.settings.node_timeout_s
+        return float("inf")
 
     def abort(self, reason: str) -> list[Effect]:
         """End the job as failed from outside (an operator, a signal)."""
@@ -589,7 +629,7 @@ class SchedulerState(Admission, spares.SpareRules):
             member.incarnation = reg.incarnation
             member.credential_digest = reg.credential_digest
             member.host, member.port = reg.host, reg.port
-            member.last_seen = now
+            self._seen(member, now)
             member.restarts += 1
             return self._accepted(rejoined=False), [evict]
         if self.recovery and self.phase is Phase.READY:
@@ -620,7 +660,8 @@ class SchedulerState(Admission, spares.SpareRules):
             ), []
         if member.node_id in self.spares and not member.replaced_by:
             # A spare's own process back (its connection broke): a spare again.
-            member.last_seen, member.state, member.failure = now, NodeState.ALIVE, ""
+            self._seen(member, now)
+            member.state, member.failure = NodeState.ALIVE, ""
             self.revision += 1
             return self._accepted(rejoined=False, spare=True), self._fill_down_rank()
         if member.node_id in self.spares:
@@ -630,7 +671,7 @@ class SchedulerState(Admission, spares.SpareRules):
                 "process cannot go on with it; start it again, and it joins as a spare once "
                 f"MS_NODE_TIMEOUT={self.settings.node_timeout_s:g} s have passed",
             ), []
-        member.last_seen = now
+        self._seen(member, now)
         if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
             # Back after it was declared failed (its connection broke, or it was cut off): no
             # other process can hold the id, so no guard; but the others have moved on
@@ -651,7 +692,7 @@ class SchedulerState(Admission, spares.SpareRules):
             member.restarts += 1
         member.incarnation = reg.incarnation
         member.credential_digest = reg.credential_digest
-        member.last_seen = now
+        self._seen(member, now)
         member.state = NodeState.ALIVE
         member.failure = ""
         if (member.host, member.port) != (reg.host, reg.port):
@@ -664,6 +705,7 @@ class SchedulerState(Admission, spares.SpareRules):
         return self._accepted(rejoined=True), effects
 
     def _accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
+        self._last_accepted = self.clock()
         return Accepted(
             cluster_id=self.cluster_id,
             registered=len(self.members),

@@ -72,3 +72,16 @@ class Topology:
                 zip(self.node_ids, self.hosts, self.ports, strict=True)
             )
         )
+
+
+def changed_rows(old: Sequence[object], new: Sequence[object]) -> list[int] | None:
+    """The rows of peer table `new` that differ from `old` (in order), or None when a delta
+    would not be smaller than the whole table: another size, or every row changed.
+
+    After a rejoin only the rejoined node's row can change (its address), so a new generation
+    travels to the nodes that held the old one as a delta of one row, or of none.
+    """
+    if len(old) != len(new):
+        return None
+    rows = [row for row, (was, now) in enumerate(zip(old, new, strict=True)) if was != now]
+    return rows if len(rows) < len(new) else None

@@ -128,6 +128,22 @@ def event_to_pb(event: state.Event) -> pb.Event:
     return pb.Event(shutdown=pb.Shutdown(ok=event.ok, reason=event.reason))
 
 
+def topology_delta_to_pb(
+    event: state.TopologyReadyEvent, delta_from: int, rows: list[int]
+) -> pb.Event:
+    """`event` as the change from generation `delta_from`: only the peer table's `rows`."""
+    return pb.Event(
+        topology_ready=pb.TopologyReady(
+            generation=event.generation,
+            peers=peer_table(tuple(event.peers[row] for row in rows)),
+            rollback_step=event.rollback_step,
+            reason=event.reason,
+            delta_from=delta_from,
+            changed_rows=rows,
+        )
+    )
+
+
 def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
     nodes = sorted(
         st.members.values(),

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from cluster.protocol import state
+from cluster.protocol import state, topology
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
@@ -63,7 +63,18 @@ TICK_S = 0.1
 # Registration progress is coalesced: at most one broadcast per interval (not one per
 # registration, which would be N^2 messages for N nodes), and one log line per PROGRESS_LOG_EVERY_S.
 PROGRESS_BROADCAST_EVERY_S = 2.0
+# ... and at most this many progress messages a second in all: a broadcast is one write per open
+# stream, and a job forms in a time that grows with its size, so at a fixed interval the
+# broadcasts of a forming job cost N x T writes. At 8,192 nodes they filled the scheduler's loop,
+# which takes up one new call per turn, and registrations waited behind them for minutes.
+PROGRESS_WRITES_PER_S = 1000.0
 PROGRESS_LOG_EVERY_S = 5.0
+# A monitor tick this much later than due means the scheduler itself did not run (its process
+# stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
+# is not held against them (`SchedulerState.excuse`). One this long is logged (a burst of a
+# large job's registrations on a busy machine makes shorter ones).
+STALL_S = 1.0
+STALL_LOG_S = 5.0
 
 
 def admitted(verdict: T | state.Denied) -> T:
@@ -147,6 +158,11 @@ class SchedulerCore:
         self._last_progress_broadcast = clock()
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
+        nodes = settings.worker_num + settings.server_num
+        self._progress_every_s = max(PROGRESS_BROADCAST_EVERY_S, nodes / PROGRESS_WRITES_PER_S)
+        # The event loop's lag as the monitor saw it: the largest, and stalls past STALL_S.
+        self.loop_lag_max_s = 0.0
+        self.stalls = 0
 
     def _save_in(self, state_store: StateStore, token: str) -> None:
         """Save the state (write-ahead) and the key-value store in `state_store`, whose
@@ -214,14 +230,32 @@ class SchedulerCore:
     async def monitor(self) -> None:
         """Let time pass for the state machine until the job is over (or this scheduler no
         longer answers for it)."""
+        due = self._clock() + TICK_S
         while not self.done.is_set() and self.fenced is None:
+            self._stalled(self._clock() - due)
             self._apply(self.state.tick())
             self._flush_progress()
             self._streams.idle(self.settings.heartbeat_interval_s, _HEARTBEAT)
+            due = self._clock() + TICK_S
             try:
                 await asyncio.wait_for(self.done.wait(), TICK_S)
             except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
                 continue
+
+    def _stalled(self, late_s: float) -> None:
+        """The monitor ran `late_s` after it was due: the event loop's lag."""
+        self.loop_lag_max_s = max(self.loop_lag_max_s, late_s)
+        if late_s < STALL_S:
+            return
+        self.stalls += 1
+        self.state.excuse(late_s)
+        if late_s < STALL_LOG_S:
+            return
+        log.warning(
+            "the scheduler did not run for %.1f s (its process was stopped, or the machine is "
+            "overloaded); the nodes' silence meanwhile is not counted against them",
+            late_s,
+        )
 
     def abort(self, reason: str) -> None:
         self._apply(self.state.abort(reason))
@@ -509,6 +543,7 @@ class SchedulerCore:
             if isinstance(effect, state.ProgressEvent):
                 self._pending_progress = effect
                 continue
+            previous = self._told_topology
             if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
                 self._told = [effect]
             if isinstance(effect, state.TopologyReadyEvent):
@@ -520,7 +555,10 @@ class SchedulerCore:
                         "rejoined) during this collective",
                         kind=PeerFailedError,
                     )
-            self._broadcast(effect)
+            if isinstance(effect, state.TopologyReadyEvent):
+                self._streams.broadcast(self._topology_change(effect, previous))
+            else:
+                self._broadcast(effect)
             if isinstance(effect, state.NodeFailedEvent):
                 self.exchanges.fail_all(
                     f"rank {effect.rank} (node {effect.node_id!r}) died: {effect.reason}",
@@ -545,6 +583,21 @@ class SchedulerCore:
             return self._final
         return convert.event_to_pb(event).SerializeToString()
 
+    def _topology_change(
+        self, event: state.TopologyReadyEvent, previous: state.TopologyReadyEvent | None
+    ) -> bytes:
+        """`event` for the open streams, which were all told `previous` (or a newer welcome:
+        a stream's first topology is the whole table): only the rows that changed since, when
+        that is smaller than the whole table. Serialized once for every stream."""
+        rows = (
+            None
+            if previous is None or previous.generation >= event.generation
+            else topology.changed_rows(previous.peers, event.peers)
+        )
+        if previous is None or rows is None:
+            return self._serialized(event)
+        return convert.topology_delta_to_pb(event, previous.generation, rows).SerializeToString()
+
     def _broadcast(self, event: state.Event) -> None:
         self._streams.broadcast(self._serialized(event))
 
@@ -552,7 +605,7 @@ class SchedulerCore:
         now = self._clock()
         if self._pending_progress is None:
             return
-        if now - self._last_progress_broadcast < PROGRESS_BROADCAST_EVERY_S:
+        if now - self._last_progress_broadcast < self._progress_every_s:
             return
         if self.state.phase is state.Phase.WAITING:
             self._broadcast(self._pending_progress)

@@ -73,6 +73,35 @@ SERVER_OPTIONS = [
     # its Watch stream open. Status pollers reconnect when they next ask.
     ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
 ]
+# Calls a node may have open at once: its Watch stream, its Heartbeat stream, and one call of
+# its own (a collective, a store call, Finish, a checkpoint report).
+CALLS_PER_NODE = 4
+# Room for calls of anyone else (`mscluster status`, the health service, a stray client).
+CALLS_BESIDE_NODES = 3000
+
+
+def pending_calls_limit(nodes: int) -> int:
+    """How many calls gRPC may hold for the scheduler before it has taken them up."""
+    return CALLS_PER_NODE * nodes + CALLS_BESIDE_NODES
+
+
+def server_options(nodes: int) -> list[tuple[str, int]]:
+    """SERVER_OPTIONS, with gRPC's queue of calls not yet taken up sized for `nodes`.
+
+    A grpc.aio server takes up one call per method at a time; the calls that arrive meanwhile
+    wait in gRPC's queue. Past 1,000 of them gRPC cancels new calls at random, and past 3,000
+    all of them (its defaults, "grpc.server.max_pending_requests" and its hard limit): every
+    node of a job sends its Watch at start and its Finish at the end, so a job of 1,536 nodes
+    had registrations and finishes cancelled by gRPC itself (CANCELLED), and a node whose Finish
+    was cancelled left, which the scheduler took for a death. The queue holds what the nodes
+    can send at once; past it, calls are refused, not queued without end.
+    """
+    limit = pending_calls_limit(nodes)
+    return [
+        *SERVER_OPTIONS,
+        ("grpc.server.max_pending_requests", limit),
+        ("grpc.server.max_pending_requests_hard_limit", limit),
+    ]
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -222,7 +251,11 @@ class SchedulerServer:
             *([] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]),
             *self.observing.interceptors(),
         ]
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+        settings = self.settings
+        server = grpc.aio.server(
+            options=server_options(settings.worker_num + settings.server_num),
+            interceptors=interceptors,
+        )
         add_to_server(SchedulerServicer(self.gate), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)

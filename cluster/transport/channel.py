@@ -40,6 +40,7 @@ _FRAME_HEADER = 9
 CHECK_KEPT_S = 30.0
 _passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
 _running: dict[tuple[Any, ...], asyncio.Future[bool]] = {}
+_up: dict[tuple[Any, ...], float] = {}  # (host, port) -> when a check last found it up
 # How long grpc gives one connection attempt (TCP connect, TLS and HTTP/2 handshakes) before it
 # abandons it and tries again. grpc takes this from "grpc.min_reconnect_backoff_ms", which is
 # not a backoff at all: set to 100 ms with the backoff, it made a burst of 1024 registrations
@@ -88,13 +89,17 @@ async def check_scheduler(
     here (other CA, wrong name, revoked, expired), or when it refuses this node's certificate.
     """
     where = f"the scheduler at {_address(host, port)}"
-    if identity is None:
-        return await _check_plaintext(host, port, where, timeout_s)
-    # Agents of one process that start together make one check, not one each.
+    # Agents of one process that start together make one check, not one each (a thousand
+    # simulated workers of a benchmark process, or their retries under load).
     key = (host, port, identity, asyncio.get_running_loop())
     running = _running.get(key)
     if running is None:
-        running = asyncio.ensure_future(_check_tls(host, port, identity, where, timeout_s))
+        check = (
+            _check_plaintext(host, port, where, timeout_s)
+            if identity is None
+            else _check_tls(host, port, identity, where, timeout_s)
+        )
+        running = asyncio.ensure_future(check)
         _running[key] = running
         running.add_done_callback(functools.partial(_checked, key))
     return await asyncio.shield(running)
@@ -102,8 +107,20 @@ async def check_scheduler(
 
 def _checked(key: tuple[Any, ...], task: asyncio.Future[bool]) -> None:
     del _running[key]
-    if not task.cancelled():
-        task.exception()  # retrieved: every waiter may have given up
+    if task.cancelled():
+        return
+    # Retrieved: every waiter may have given up.
+    if task.exception() is None and task.result():
+        _up[key[:2]] = time.monotonic()
+    else:
+        _up.pop(key[:2], None)
+
+
+def found_up(host: str, port: int) -> bool:
+    """Whether the last `check_scheduler` of host:port in this process, within CHECK_KEPT_S,
+    found the scheduler there and speaking this node's protocol."""
+    when = _up.get((host, port))
+    return when is not None and time.monotonic() - when < CHECK_KEPT_S
 
 
 def passed_recently(host: str, port: int, identity: tls.Identity) -> bool:

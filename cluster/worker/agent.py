@@ -29,7 +29,7 @@ from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, membership, tls
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker import convert, steps
+from cluster.worker import convert, peer_table, steps
 from cluster.worker.core import WorkerCore
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.registration import register_request
@@ -38,17 +38,49 @@ from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Silence
 T = TypeVar("T")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    # Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's
-    # default 1 s first backoff is start-up time lost. The ceiling is low too: a restarted
-    # scheduler should have every worker back within a fraction of a second of listening.
-    *scheduler_channel.reconnect_options(100, 300),
+# Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's default
+# 1 s first backoff is start-up time lost. The ceiling is low too: a restarted scheduler should
+# have every worker back within a fraction of a second of listening. In a large job it grows
+# with the job (see reconnect_ceiling_ms).
+FIRST_RECONNECT_MS = 100
+RECONNECT_CEILING_MS = 300
+# A job's nodes try to reconnect at most about this often in all, once backed off: at 8,192
+# nodes with a 300 ms ceiling, a scheduler slow to take connections got 27,000 attempts a
+# second, each abandoned one taking the place of a connection it could have finished.
+RECONNECTS_PER_S = 1000
+_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # One connection per agent, as a real worker process has (matters when many agents share a
     # process, as in the benchmarks).
     ("grpc.use_local_subchannel_pool", 1),
 ]
+# A Finish waits this long for its answer, then is made again (a finish counts once, so a
+# repeat is harmless) while the node's stream is up, for up to MS_NODE_TIMEOUT in all: a
+# scheduler busy with a whole job's finishes answers late, and a node that left unanswered was
+# taken for a dead one (the job failed at 4,096 nodes).
+FINISH_ATTEMPT_S = 5.0
+FINISH_RETRIED = (
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+)
+
+
+def reconnect_ceiling_ms(nodes: int) -> int:
+    """The longest pause between a node's connection attempts in a job of `nodes`."""
+    return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
+
+
+def channel_options(nodes: int) -> list[tuple[str, Any]]:
+    """The options of a node's channel to the scheduler, in a job of `nodes`."""
+    return [
+        *scheduler_channel.reconnect_options(FIRST_RECONNECT_MS, reconnect_ceiling_ms(nodes)),
+        *_OPTIONS,
+    ]
+
+
+CHANNEL_OPTIONS = channel_options(1)
 
 _EXCHANGE_OPS = {
     "barrier": pb.EXCHANGE_BARRIER,
@@ -96,12 +128,15 @@ class WorkerAgent:
         )
         self._host, self._port = config.sched_host, config.sched_port
         self._channel = scheduler_channel.open_channel(
-            config.sched_address, self._tls, CHANNEL_OPTIONS
+            config.sched_address, self._tls, channel_options(config.expected_nodes)
         )
         self._stub = LazyStub(self._channel)
         self._old_channels: set[asyncio.Task[None]] = set()
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
         self._stream_done = False  # the stream said its last word (a Done action)
+        self._stream_up = False  # an accepted event stream is being read
+        # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
+        self.accepted_at: float | None = None
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
         self._fatal: asyncio.Future[ClusterError] = loop.create_future()
@@ -244,7 +279,9 @@ class WorkerAgent:
         """Talk to the scheduler at `address` from now on; the old channel closes aside."""
         self._host, self._port = _host_port(address)
         old = self._channel
-        self._channel = scheduler_channel.open_channel(address, self._tls, CHANNEL_OPTIONS)
+        self._channel = scheduler_channel.open_channel(
+            address, self._tls, channel_options(self.config.expected_nodes)
+        )
         self._stub = LazyStub(self._channel)
         closing = asyncio.create_task(old.close(grace=None))
         self._old_channels.add(closing)
@@ -283,6 +320,8 @@ class WorkerAgent:
             return steps.Fatal(exc)
         if isinstance(answer, steps.Accepted):
             self._accepted = call
+            if self.accepted_at is None:
+                self.accepted_at = self._clock()
         else:
             call.cancel()
         return answer
@@ -294,7 +333,12 @@ class WorkerAgent:
         accept only makes it do the work again. (A timer that cancels the call, not a task and a
         timeout per attempt.)"""
         limit = AnswerLimit(
-            call, self._channel, action.attempt_s, action.answer_s, self._answer_late
+            call,
+            self._channel,
+            action.attempt_s,
+            action.answer_s,
+            self._answer_late,
+            patient=lambda: scheduler_channel.found_up(self._host, self._port),
         )
         try:
             return await self._first_answer(call)
@@ -341,8 +385,13 @@ class WorkerAgent:
             if self.config.heartbeat_enabled
             else None
         )
-        silence = Silence(call, self.config.node_timeout_s) if beats is not None else None
+        silence = (
+            Silence(call, self.config.node_timeout_s, armed=lambda: self.topology is not None)
+            if beats is not None
+            else None
+        )
         self._stream_done = False
+        self._stream_up = True
         try:
             while not self._stream_done and not self.core.over:
                 try:
@@ -358,11 +407,16 @@ class WorkerAgent:
                 if message is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from stubs
                     return self._lost(steps.StreamLost("the scheduler closed the event stream"))
                 assert isinstance(message, pb.Event)
+                try:
+                    self._make_whole(message)
+                except peer_table.MissedChange as exc:
+                    return self._lost(steps.StreamLost(f"{exc}; reconnecting for the whole table"))
                 event = self._event(message)
                 if event is not None:  # None: the scheduler's heartbeat, heard above
                     await self._run(self.core.step(event))
             return None
         finally:
+            self._stream_up = False
             if silence is not None:
                 silence.stop()
             if beats is not None:
@@ -371,6 +425,21 @@ class WorkerAgent:
 
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())
+
+    def _make_whole(self, message: pb.Event) -> None:
+        """A delta of the peer table in `message` made the whole table, with the table this
+        node holds (see `peer_table`); MissedChange when it does not hold the delta's base."""
+        if message.WhichOneof("kind") != "topology_ready" or not message.topology_ready.delta_from:
+            return
+        ready, held = message.topology_ready, self.topology
+        base = (
+            None
+            if held is None or not isinstance(held.table, pb.PeerTable)
+            else (held.generation, held.table)
+        )
+        ready.peers.CopyFrom(peer_table.table_of(ready, base))
+        ready.delta_from = 0
+        del ready.changed_rows[:]
 
     def _event(self, message: pb.Event) -> steps.Event | None:
         try:
@@ -526,17 +595,32 @@ class WorkerAgent:
 
     # -- end ---------------------------------------------------------------------------------
 
-    async def finish(self, timeout_s: float = 5.0) -> bool:
+    @property
+    def finish_wait_s(self) -> float:
+        """The longest `finish()` keeps asking."""
+        return max(self.config.node_timeout_s, FINISH_ATTEMPT_S) + FINISH_ATTEMPT_S
+
+    async def finish(self, timeout_s: float = FINISH_ATTEMPT_S) -> bool:
         """Tell the scheduler this node is done (best effort when the job is over anyway);
-        True when it heard. A failure heard meanwhile waits for the answer (see the core)."""
+        True when it heard. A failure heard meanwhile waits for the answer (see the core). A
+        late or cut-off answer is asked for again while this node's stream is up (see
+        FINISH_ATTEMPT_S)."""
         if self._fatal.done() or not self.core.may_finish:
             return False
         request = pb.FinishRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation
         )
         self.core.step(steps.FinishSent())
+        give_up = self._clock() + self.finish_wait_s - timeout_s
         try:
-            await self._stub.Finish(request, timeout=timeout_s, metadata=self._metadata)
+            while True:
+                try:
+                    await self._stub.Finish(request, timeout=timeout_s, metadata=self._metadata)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    again = exc.code() in FINISH_RETRIED and self._stream_up
+                    if not again or self._fatal.done() or self._clock() >= give_up:
+                        raise
         except grpc.aio.AioRpcError as exc:
             failure = failures.failure_of(exc)
             answered = steps.FinishAnswered(

@@ -177,7 +177,9 @@ class WorkerSession:
         self._closed = True
         try:
             if finished and self.agent.fatal is None:
-                heard = self._background.run(self.agent.finish(), timeout_s=10.0)
+                heard = self._background.run(
+                    self.agent.finish(), timeout_s=self.agent.finish_wait_s + EXIT_GRACE_S
+                )
                 topology = self.topology
                 if heard and topology is not None:
                     self._save_record(topology, finished=True)

@@ -22,13 +22,24 @@ Call = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
 Beats = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
 
 
-class Silence:
-    """Cancels `call` when nothing has arrived on it for `limit_s`; one timer per stream,
-    re-armed only when it runs out (not a task and a timer per message)."""
+# A silence timer that runs this much later than due means this process did not run meanwhile
+# (stopped, or starved of CPU): it could not hear the scheduler either, so that time is not
+# counted as the scheduler's silence (what arrived meanwhile is read after the timer runs).
+OWN_STALL_S = 1.0
+# A registration whose channel is connecting is looked at again after this long.
+CONNECTING_RECHECK_S = 1.0
 
-    def __init__(self, call: Call, limit_s: float) -> None:
+
+class Silence:
+    """Cancels `call` when nothing has arrived on it for `limit_s` while `armed()`; one timer
+    per stream, re-armed only when it runs out (not a task and a timer per message)."""
+
+    def __init__(
+        self, call: Call, limit_s: float, armed: Callable[[], bool] = lambda: True
+    ) -> None:
         self._call = call
         self.limit_s = limit_s
+        self._armed = armed
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
         self.fired = False
@@ -38,7 +49,12 @@ class Silence:
         self._last = self._loop.time()
 
     def _check(self) -> None:
+        late = self._loop.time() - self._timer.when()
+        if late > OWN_STALL_S:
+            self._last += late
         due = self._last + self.limit_s
+        if not self._armed():
+            due = max(due, self._loop.time() + self.limit_s)
         if self._loop.time() < due:
             self._timer = self._loop.call_at(due, self._check)
             return
@@ -50,9 +66,10 @@ class Silence:
 
 
 class AnswerLimit:
-    """Cancels a registration `call` that has not reached the scheduler within `attempt_s`, or
-    that has and is still unanswered after `answer_s`; calls `waiting(seconds)` every
-    REPORT_EVERY_S while it waits for the answer."""
+    """Cancels a registration `call` that has not reached the scheduler within `attempt_s`
+    (unless its connection is on its way, CONNECTING, and `patient()`: the scheduler was found
+    up a moment ago), or that has and is still unanswered after `answer_s`; calls
+    `waiting(seconds)` every REPORT_EVERY_S while it waits for the answer."""
 
     def __init__(
         self,
@@ -61,8 +78,11 @@ class AnswerLimit:
         attempt_s: float,
         answer_s: float,
         waiting: Callable[[float], None],
+        *,
+        patient: Callable[[], bool] = lambda: False,
     ) -> None:
         self._call = call
+        self._patient = patient
         self._channel = channel
         self._waiting = waiting
         self._loop = asyncio.get_running_loop()
@@ -72,13 +92,24 @@ class AnswerLimit:
         self._timer = self._loop.call_later(max(min(attempt_s, answer_s), 0.0), self._check)
 
     def _check(self) -> None:
-        connected = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        state = self._channel.get_state()
         now = self._loop.time()
-        if connected and now < self._answer_by:
+        if state is grpc.ChannelConnectivity.READY and now < self._answer_by:
             if now - self._started >= REPORT_EVERY_S:
                 self._waiting(now - self._started)
             self._timer = self._loop.call_at(
                 min(self._answer_by, now + REPORT_EVERY_S), self._check
+            )
+            return
+        connecting = state is grpc.ChannelConnectivity.CONNECTING
+        if connecting and self._patient() and now < self._answer_by:
+            # A connection on its way to a scheduler this process found up a moment ago: a
+            # scheduler that thousands of nodes connect to at once
+            # takes seconds to accept each (its accept queue full, the SYN sent again), and
+            # gRPC bounds each attempt itself. Abandoning the call only makes another, with a
+            # check of its own: a storm of them kept 6,000 of 8,192 nodes out for minutes.
+            self._timer = self._loop.call_at(
+                min(self._answer_by, now + CONNECTING_RECHECK_S), self._check
             )
             return
         self.expired = True

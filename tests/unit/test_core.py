@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
 
 import pytest
 
 from cluster.protocol.errors import CollectiveError, PeerFailedError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.core import SchedulerCore
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker import peer_table
 from tests.aio import BOUND_S
 from tests.credentials import caller, registration
 
@@ -48,3 +52,36 @@ async def test_a_collective_of_an_older_generation_is_a_peer_failure() -> None:
             "0", caller("0", 1), generation=3, seq=1, op="allgather", root=0, value=b"x"
         )
     assert type(info.value) is CollectiveError  # not a peer's failure: a misuse
+
+
+async def _next_event(stream: AsyncIterator[pb.Event | bytes]) -> pb.Event:
+    item = await asyncio.wait_for(anext(stream), BOUND_S)
+    return item if isinstance(item, pb.Event) else pb.Event.FromString(item)
+
+
+async def test_a_rejoin_reaches_open_streams_as_a_delta_and_a_new_stream_as_the_table() -> None:
+    """After a rejoin only the rejoined node's row travels to the nodes that hold the table; a
+    stream opened later (a node that reconnected, so may have missed that change) gets the
+    whole table, and the delta applied to the old table is that whole table."""
+    clock = Clock()
+    core = SchedulerCore(SETTINGS, clock)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    stream = core.watch("0", 1)
+    first = (await _next_event(stream)).topology_ready
+    assert (first.generation, first.delta_from, list(first.peers.ports)) == (1, 0, [6000, 6000])
+    core._apply(core.state.disconnect("1", 1))
+    clock.now += 6.0
+    moved = dataclasses.replace(registration("1", incarnation=2), port=7001)
+    await asyncio.wait_for(core.register(moved), BOUND_S)
+    assert (await _next_event(stream)).WhichOneof("kind") == "node_failed"
+    delta = (await _next_event(stream)).topology_ready
+    assert (delta.generation, delta.delta_from, list(delta.changed_rows)) == (2, 1, [1])
+    assert (list(delta.peers.node_ids), list(delta.peers.ports)) == (["1"], [7001])
+    whole = (await _next_event(core.watch("1", 2))).topology_ready
+    assert (whole.generation, whole.delta_from, list(whole.peers.ports)) == (2, 0, [6000, 7001])
+    assert peer_table.table_of(delta, (1, first.peers)) == whole.peers
+    with pytest.raises(peer_table.MissedChange, match="from generation 1 to 2"):
+        peer_table.table_of(delta, (2, whole.peers))
+    with pytest.raises(peer_table.MissedChange, match="holds no table"):
+        peer_table.table_of(delta, None)

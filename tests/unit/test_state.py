@@ -503,6 +503,9 @@ def test_heartbeat_silence_while_waiting_forgets_the_node() -> None:
     clock.advance(5)
     accept(state, reg(state, "b"))
     clock.advance(6)
+    assert state.tick() == []  # a registration 6 s ago: a's beats may wait behind it
+    state.heartbeat("b", 1)
+    clock.advance(4.5)  # 10.5 s since the last registration, and a was not heard since
     effects = state.tick()
     assert len(effects) == 2
     assert isinstance(effects[0], Evict)
@@ -510,6 +513,62 @@ def test_heartbeat_silence_while_waiting_forgets_the_node() -> None:
     assert effects[1] == ProgressEvent(1, 3)
     assert set(state.members) == {"b"}
     assert state.phase is Phase.WAITING
+
+
+def test_a_burst_of_registrations_holds_back_everyones_silence() -> None:
+    """A node's heartbeats wait in gRPC's queue behind the registrations that came before
+    them: while registrations are accepted, nobody's silence counts; after the burst, a silent
+    node is found MS_NODE_TIMEOUT later."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=4, node_timeout_s=10.0)
+    accept(state, reg(state, "a"))
+    for name in ("b", "c"):
+        clock.advance(8.0)
+        accept(state, reg(state, name))
+    clock.advance(9.0)  # "a" unheard for 25 s, but the last registration was 9 s ago
+    assert state.tick() == []
+    state.heartbeat("c", 1)
+    clock.advance(1.5)
+    forgotten = [e.node_id for e in state.tick() if isinstance(e, Evict)]
+    assert sorted(forgotten) == ["a", "b"]
+    assert set(state.members) == {"c"}
+
+
+def test_a_node_that_joins_after_a_tick_found_nobody_is_still_watched() -> None:
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, node_timeout_s=10.0)
+    assert state.tick() == []  # nobody to watch: the next look is "never"
+    accept(state, reg(state, "a"))
+    clock.advance(10.5)
+    effects = state.tick()
+    assert [type(e) for e in effects] == [Evict, ProgressEvent]
+
+
+def test_ticks_between_silence_limits_look_at_no_member() -> None:
+    """A tick costs O(members) only when some member's silence can have reached its limit."""
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0)
+    state.tick()
+    for member in state.members.values():
+        member.last_seen = -1e9  # would be long silent, were they looked at
+    clock.advance(9.0)
+    assert state.tick() == []
+    clock.advance(1.5)  # past the first limit: now they are looked at
+    assert any(isinstance(e, NodeFailedEvent) for e in state.tick())
+
+
+def test_the_schedulers_own_stall_is_not_the_nodes_silence() -> None:
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], node_timeout_s=10.0)
+    clock.advance(6.0)
+    state.heartbeat("0", 1)
+    clock.advance(8.0)  # stopped for 8 s: rank 1 last heard 14 s ago, rank 0 8 s ago
+    state.excuse(8.0)
+    assert state.tick() == []
+    clock.advance(4.5)  # 10.5 s of silence that the scheduler heard (6 + 4.5): rank 1 fails
+    (failed, _shutdown) = state.tick()
+    assert isinstance(failed, NodeFailedEvent)
+    assert failed.rank == 1
 
 
 def test_connect_counts_as_seen() -> None:
@@ -1026,6 +1085,25 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def tick(self) -> None:
         self._after(self.state.tick())
+        # However seldom a tick looks at the members, none is left past its limit (while the
+        # job runs: a tick that ends it stops there).
+        now = self.clock.now
+        running = self.state.phase in (Phase.WAITING, Phase.READY)
+        for m in self.state.members.values() if running else ():
+            watched = self.state.settings.heartbeat_enabled or m.node_id in self.state.awaiting
+            if m.state is NodeState.ALIVE and watched:
+                assert self.state.silence(m, now) <= self.state.settings.node_timeout_s, m
+            if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
+                # Failed in this very tick, it may be past its rejoin window already: the
+                # next tick must look at it by then.
+                limit = self.state.settings.node_timeout_s + self.state.settings.topo_timeout_s
+                assert self.state._next_scan <= m.last_seen + limit, m
+
+    @rule(seconds=st.sampled_from([2.0, 12.0]))
+    def stall(self, seconds: float) -> None:
+        """The scheduler's process did not run for a while."""
+        self.clock.advance(seconds)
+        self.state.excuse(seconds)
 
     @rule(seconds=st.sampled_from([11.0, 40.0]))
     def time_passes(self, seconds: float) -> None:

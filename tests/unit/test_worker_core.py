@@ -422,8 +422,14 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     def take(self, actions: list[steps.Action]) -> None:
         """Check what the core decided, as the agent would carry it out."""
         now = self.clock()
+        # A fatal decision is final: a batch that leaves the core failed or closed holds the
+        # Fail or Done that did it (a note may come first), and nothing after it.
+        ending = [i for i, a in enumerate(actions) if isinstance(a, steps.Fail | steps.Done)]
+        if self.core.lifecycle in FINAL and actions:
+            assert ending, actions
+        if ending:
+            assert all(isinstance(a, steps.Fail | steps.Done) for a in actions[ending[0] :])
         for action in actions:
-            assert self.core.lifecycle not in FINAL or isinstance(action, steps.Fail | steps.Done)
             if isinstance(action, steps.Fail):
                 assert not self.finished, "a finished node reports no failure"
                 assert str(action.error).strip()

@@ -134,6 +134,8 @@ class WorkerAgent:
         self._old_channels: set[asyncio.Task[None]] = set()
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
         self._stream_done = False  # the stream said its last word (a Done action)
+        # The last whole peer table heard (generation, table): the base of the next delta.
+        self._last_table: tuple[int, pb.PeerTable] | None = None
         self._stream_up = False  # an accepted event stream is being read
         # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
         self.accepted_at: float | None = None
@@ -427,19 +429,17 @@ class WorkerAgent:
         return dataclasses.replace(event, verified=self._verified())
 
     def _make_whole(self, message: pb.Event) -> None:
-        """A delta of the peer table in `message` made the whole table, with the table this
-        node holds (see `peer_table`); MissedChange when it does not hold the delta's base."""
-        if message.WhichOneof("kind") != "topology_ready" or not message.topology_ready.delta_from:
+        """A delta of the peer table in `message` made the whole table, with the last table
+        this node heard (see `peer_table`; a spare holds no topology, but hears every table);
+        MissedChange when it does not hold the delta's base."""
+        if message.WhichOneof("kind") != "topology_ready":
             return
-        ready, held = message.topology_ready, self.topology
-        base = (
-            None
-            if held is None or not isinstance(held.table, pb.PeerTable)
-            else (held.generation, held.table)
-        )
-        ready.peers.CopyFrom(peer_table.table_of(ready, base))
-        ready.delta_from = 0
-        del ready.changed_rows[:]
+        ready = message.topology_ready
+        if ready.delta_from:
+            ready.peers.CopyFrom(peer_table.table_of(ready, self._last_table))
+            ready.delta_from = 0
+            del ready.changed_rows[:]
+        self._last_table = (ready.generation, ready.peers)
 
     def _event(self, message: pb.Event) -> steps.Event | None:
         try:

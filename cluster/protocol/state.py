@@ -431,30 +431,7 @@ class SchedulerState(Admission):
             return fresh
         now = clock()
         for saved_member in snapshot["members"]:
-            member = Member(
-                node_id=str(saved_member["node_id"]),
-                role=NodeRole(saved_member["role"]),
-                host=str(saved_member["host"]),
-                port=int(saved_member["port"]),
-                incarnation=int(saved_member["incarnation"]),
-                # Every node, failed ones too, gets the guard from now: the scheduler cannot
-                # know what happened while it was down.
-                last_seen=now,
-                state=NodeState(saved_member["state"]),
-                rank=None if saved_member["rank"] is None else int(saved_member["rank"]),
-                local_rank=int(saved_member["local_rank"]),
-                local_size=int(saved_member["local_size"]),
-                restarts=int(saved_member["restarts"]),
-                failure=str(saved_member.get("failure", "")),
-                checkpoints=tuple(int(s) for s in saved_member.get("checkpoints", ())),
-                credential_digest=bytes.fromhex(str(saved_member.get("credential_sha256", ""))),
-            )
-            fresh.members[member.node_id] = member
-            fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
-            if member.state is NodeState.FINISHED:
-                fresh._finished += 1
-            elif member.state is NodeState.ALIVE:
-                fresh.awaiting.add(member.node_id)
+            fresh._add_restored(_member_from_snapshot(saved_member, now))
         if len(fresh.members) != fresh.expected:
             raise SnapshotError(
                 f"job {fresh.cluster_id} had formed, but the saved state names "
@@ -467,6 +444,15 @@ class SchedulerState(Admission):
             fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
         )
         return fresh
+
+    def _add_restored(self, member: Member) -> None:
+        """A member read back from a snapshot, counted as registration would have counted it."""
+        self.members[member.node_id] = member
+        self._role_counts[member.role] = self._role_counts.get(member.role, 0) + 1
+        if member.state is NodeState.FINISHED:
+            self._finished += 1
+        elif member.state is NodeState.ALIVE:
+            self.awaiting.add(member.node_id)
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -748,3 +734,24 @@ def _ranges(numbers: list[int]) -> str:
         if n is not None:
             start = prev = n
     return ", ".join(spans)
+
+
+def _member_from_snapshot(saved: dict[str, Any], now: float) -> Member:
+    """One member as `SchedulerState.snapshot()` saved it. Every node, failed ones too, gets
+    the guard from `now`: the scheduler cannot know what happened while it was down."""
+    return Member(
+        node_id=str(saved["node_id"]),
+        role=NodeRole(saved["role"]),
+        host=str(saved["host"]),
+        port=int(saved["port"]),
+        incarnation=int(saved["incarnation"]),
+        last_seen=now,
+        state=NodeState(saved["state"]),
+        rank=None if saved["rank"] is None else int(saved["rank"]),
+        local_rank=int(saved["local_rank"]),
+        local_size=int(saved["local_size"]),
+        restarts=int(saved["restarts"]),
+        failure=str(saved.get("failure", "")),
+        checkpoints=tuple(int(s) for s in saved.get("checkpoints", ())),
+        credential_digest=bytes.fromhex(str(saved.get("credential_sha256", ""))),
+    )

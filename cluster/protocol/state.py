@@ -394,24 +394,21 @@ class SchedulerState(Admission):
         A job that had ended is not resumed: a new job `new_cluster_id` starts, and the old
         job's nodes are welcome in it as new nodes. SnapshotError when it cannot be restored.
         """
+        fresh = cls(
+            cluster_id=new_cluster_id, settings=replace(settings, recovery=True), clock=clock
+        )
         try:
-            return cls._restore(snapshot, replace(settings, recovery=True), clock, new_cluster_id)
+            return fresh._resume(snapshot)
         except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"the saved state is malformed ({exc!r})") from None
 
-    @classmethod
-    def _restore(
-        cls,
-        snapshot: dict[str, Any],
-        settings: JobSettings,
-        clock: Callable[[], float],
-        new_cluster_id: str,
-    ) -> SchedulerState:
+    def _resume(self, snapshot: dict[str, Any]) -> SchedulerState:
+        """This new state made the one `snapshot` saved (itself, when that job had ended)."""
+        fresh, settings = self, self.settings
         missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
         if missing:
             raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
         saved = (snapshot["worker_num"], snapshot["server_num"])
-        fresh = cls(cluster_id=new_cluster_id, settings=settings, clock=clock)
         phase = Phase(snapshot["phase"])
         if phase in (Phase.FINISHED, Phase.FAILED):
             fresh.previous_cluster_id = str(snapshot["cluster_id"])
@@ -429,7 +426,7 @@ class SchedulerState(Admission):
         fresh.detail = str(snapshot.get("detail", ""))
         if phase is Phase.WAITING:
             return fresh
-        now = clock()
+        now = self.clock()
         for saved_member in snapshot["members"]:
             fresh._add_restored(_member_from_snapshot(saved_member, now))
         if len(fresh.members) != fresh.expected:

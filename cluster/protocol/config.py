@@ -189,9 +189,24 @@ def parse_node_id(name: str, value: str) -> str:
     return canonical_node_id(node_id)
 
 
+def is_decimal(text: str) -> bool:
+    """`text` is ASCII digits, so int(text) is a plain decimal number: '²'.isdigit() is true,
+    but int('²') fails; and ' 7' or '+7' are not what the sender meant by a number."""
+    return text.isascii() and text.isdigit()
+
+
 def is_numeric_node_id(node_id: str) -> bool:
-    """A node id of ASCII digits is a rank ('²'.isdigit() is true, but it is no rank)."""
-    return node_id.isascii() and node_id.isdigit()
+    """A node id of ASCII digits is a rank."""
+    return is_decimal(node_id)
+
+
+def split_address(name: str, address: str) -> tuple[str, int]:
+    """("host", port) of "host:port" (an IPv6 host in brackets loses them); a ConfigError
+    naming `name` when it is not HOST:PORT with a port in 1-65535."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not is_decimal(port) or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{name} {address!r} must be HOST:PORT with a port in 1-65535")
+    return host.strip("[]"), int(port)
 
 
 def valid_node_id(node_id: str) -> bool:

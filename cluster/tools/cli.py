@@ -29,6 +29,7 @@ from cluster.protocol.config import (
     ClusterConfig,
     check_recovery_path,
     from_env,
+    split_address,
     tls_options_from_env,
 )
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
@@ -121,9 +122,7 @@ def _requested(args: argparse.Namespace) -> placement.Requested:
 
 
 def _split_addr(addr: str) -> str:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"--addr {addr!r} must be HOST:PORT with a port in 1-65535")
+    split_address("--addr", addr)
     return addr
 
 
@@ -136,8 +135,8 @@ async def _status(addr: str, identity: tls.Identity | None) -> JobView:
             return await status.fetch(opened, addr)
         except SchedulerUnreachableError:
             # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
-            host, _, port = addr.rpartition(":")
-            await channel.check_scheduler(host.strip("[]"), int(port), identity, 3.0)
+            host, port = split_address("--addr", addr)
+            await channel.check_scheduler(host, port, identity, 3.0)
             raise
 
 

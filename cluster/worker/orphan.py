@@ -13,6 +13,8 @@ import signal
 import sys
 import threading
 
+from cluster.protocol.config import is_decimal
+
 ENV = "CLUSTER_LAUNCHER_PID"
 CHECK_EVERY_S = 0.5
 GRACE_S = 5.0
@@ -36,7 +38,7 @@ def _watch(launcher_pid: int, stop: threading.Event) -> None:
 def watch_launcher() -> threading.Event | None:
     """Start watching the launcher named in the environment; set the returned event to stop."""
     value = os.environ.get(ENV, "")
-    if not value.isdigit() or int(value) != os.getppid():
+    if not is_decimal(value) or int(value) != os.getppid():
         return None
     stop = threading.Event()
     threading.Thread(

@@ -289,7 +289,7 @@ class LocalJob:
         self.scheduler: Process | None = None
         self.workers: list[Process | None] = [None] * workers
         self.restarts = [0] * workers
-        self._status: _StatusClient | None = None
+        self._status: StatusClient | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -328,7 +328,7 @@ class LocalJob:
     def status(self) -> Any:
         """The scheduler's view (`cluster.status.JobView`), or None when it does not answer."""
         if self._status is None:
-            self._status = _StatusClient(self.address)
+            self._status = StatusClient(self.address)
         return self._status.fetch()
 
     def wait_status(self, predicate: Callable[[Any], bool], what: str) -> Any:
@@ -477,18 +477,19 @@ class LocalJob:
         self.close()
 
 
-class _StatusClient:
-    """Status calls from synchronous code: a grpc.aio channel on a background loop."""
+class StatusClient:
+    """Status calls from synchronous code: a grpc.aio channel on a background loop, which
+    reconnects every `reconnect_ms` while the scheduler is down."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, reconnect_ms: int = 50) -> None:
         from cluster.transport import channel  # noqa: PLC0415 - grpc only for those who ask
         from cluster.worker.session import BackgroundLoop  # noqa: PLC0415
 
         self.address = address
         self._loop = BackgroundLoop("cluster-testing-status")
-        # Reconnect every 50 ms while the scheduler is down, so that the status after a
-        # restart is seen at once (grpc's default backoff reaches seconds).
-        options = channel.reconnect_options(50, 50)
+        # Reconnect often while the scheduler is down, so that the status after a restart is
+        # seen at once (grpc's default backoff reaches seconds).
+        options = channel.reconnect_options(reconnect_ms, reconnect_ms)
 
         async def make() -> Any:
             return channel.open_channel(address, None, options)

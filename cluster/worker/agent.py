@@ -108,33 +108,12 @@ class WorkerAgent:
     # -- what the core knows -------------------------------------------------------------------
 
     @property
-    def where(self) -> str:
-        return self.core.where
-
-    @property
     def cluster_id(self) -> str:
         return self.core.cluster_id
 
     @property
     def topology(self) -> Topology | None:
         return self.core.topology
-
-    @property
-    def rejoined(self) -> bool:
-        return self.core.rejoined
-
-    @property
-    def recovery(self) -> bool:
-        return self.core.recovery
-
-    @property
-    def unreachable(self) -> str:
-        """Why the scheduler could not be reached at the last check ("" when it could)."""
-        return self.core.unreachable
-
-    @property
-    def reconnect_window_s(self) -> float:
-        return self.core.reconnect_window_s
 
     @property
     def fatal(self) -> ClusterError | None:
@@ -161,7 +140,7 @@ class WorkerAgent:
                 await self._run(self.core.step(steps.DeadlinePassed()), report=False)
                 if self.core.over and not self._fatal.done():
                     raise ClusterError(
-                        f"this node was closed before the job formed at {self.where}"
+                        f"this node was closed before the job formed at {self.core.where}"
                     )
         if self._fatal.done():
             raise self._fatal.result()
@@ -267,7 +246,7 @@ class WorkerAgent:
             return steps.Unanswered()
         except grpc.aio.AioRpcError as exc:
             call.cancel()
-            return convert.rpc_failure(exc, self.where)
+            return convert.rpc_failure(exc, self.core.where)
         except ClusterError as exc:
             call.cancel()
             return steps.Fatal(exc)
@@ -306,7 +285,7 @@ class WorkerAgent:
             raise asyncio.InvalidStateError("the scheduler closed the stream without an answer")
         assert isinstance(first, pb.Event)
         if first.WhichOneof("kind") not in ("accepted", "refused"):
-            raise ClusterError(f"{self.where} answered registration with {first}")
+            raise ClusterError(f"{self.core.where} answered registration with {first}")
         return first
 
     # -- the stream ----------------------------------------------------------------------------

@@ -1,0 +1,278 @@
+"""deploy/kubernetes: every manifest is valid Kubernetes, and its containers, run exactly as the
+manifests say (tests/kube.py, tests/kube_local.py), form a job that survives a killed worker
+pod's process and finishes."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+from kubernetes_validate import utils as kubernetes_validate
+
+from cluster.transport import certs
+from tests import kube
+from tests.kube_local import LocalCluster, image_env, local_cluster, why_not_available
+from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, wait_until
+
+DEPLOY = ROOT / "deploy" / "kubernetes"
+MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
+# The newest schema kubernetes-validate ships (it validates offline, from its own copies).
+KUBERNETES = kubernetes_validate.latest_version()
+JOB_S = 90
+
+
+def test_the_schema_is_of_a_current_release() -> None:
+    major, minor = (int(part) for part in KUBERNETES.split(".")[:2])
+    assert (major, minor) >= (1, 33)  # backoffLimitPerIndex is GA from 1.33
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_manifest_validates_against_the_kubernetes_schema(path: Path) -> None:
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert documents
+    for doc in documents:
+        # strict: a misspelt or misplaced field is an error, not silently dropped
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize("variant", ["directory", "etcd"])
+def test_every_variant_is_what_the_readme_says(variant: str) -> None:
+    objects = kube.load_kustomization(DEPLOY / variant)
+    config = kube.find(objects, "ConfigMap", "cluster-job")["data"]
+    workers = kube.find(objects, "Job", "cluster-workers")["spec"]
+    sts = kube.find(objects, "StatefulSet", "cluster-scheduler")
+    assert workers["completions"] == workers["parallelism"] == int(config["MS_WORKER_NUM"])
+    assert workers["completionMode"] == "Indexed"
+    assert workers["template"]["spec"]["restartPolicy"] == "Never"
+    assert workers["backoffLimitPerIndex"] >= 1
+    hosts = config["MS_SCHED_HOST"].split(",")
+    assert len(hosts) == sts["spec"]["replicas"]
+    for ordinal, host in enumerate(hosts):
+        pod = kube.statefulset_pod(sts, ordinal, "10.0.0.1")
+        assert host in kube.dns_names(objects, pod, sts)
+    template = sts["spec"]["template"]
+    (box,) = template["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in box["ports"]}
+    assert ports["grpc"] == int(config["MS_SCHED_PORT"])
+    assert box["livenessProbe"]["grpc"]["port"] == ports["grpc"]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    metrics = [e["value"] for e in box["env"] if e["name"] == "CLUSTER_METRICS_PORT"]
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"] == int(metrics[0])
+    if variant == "etcd":
+        assert config["CLUSTER_STATE_URL"].startswith("etcd://")
+    else:
+        assert sts["spec"]["replicas"] == 1
+        assert sts["spec"]["volumeClaimTemplates"]
+
+
+def test_a_failed_worker_pod_is_replaced_alone_with_its_index() -> None:
+    objects = kube.load_kustomization(DEPLOY / "base")
+    spec = kube.find(objects, "Job", "cluster-workers")["spec"]
+    assert spec["podReplacementPolicy"] == "Failed"  # never two processes of one rank
+    assert spec["maxFailedIndexes"] == 0  # an index out of retries ends the whole Job
+    assert "backoffLimit" not in spec  # retries per index, not shared by all
+    (ignore,) = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "Ignore"]
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget"}]
+    (box,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in box["env"]}
+    index = f"metadata.annotations['{kube.INDEX_ANNOTATION}']"
+    assert env["MS_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+
+
+def test_spares_are_written_but_not_applied_until_they_exist() -> None:
+    spares = yaml.safe_load((DEPLOY / "base" / "spares.yaml").read_text())
+    (box,) = spares["spec"]["template"]["spec"]["containers"]
+    assert {"name": "CLUSTER_SPARE", "value": "1"} in box["env"]
+    assert spares["spec"]["completionMode"] == "Indexed"
+    for variant in ("directory", "etcd"):
+        names = [o["metadata"]["name"] for o in kube.load_kustomization(DEPLOY / variant)]
+        assert "cluster-spares" not in names
+
+
+@pytest.fixture
+def network_or_skip() -> None:
+    why = why_not_available()
+    if why:
+        pytest.skip(why)
+
+
+def job_secrets() -> dict[str, dict[str, bytes]]:
+    # What `kubectl create secret generic cluster-job-secret --from-file=job.secret` holds.
+    return {"cluster-job-secret": {"job.secret": secrets.token_hex(32).encode()}}
+
+
+def start_schedulers(local: LocalCluster) -> tuple[kube.Manifest, list[Proc], list[kube.Pod]]:
+    sts = kube.find(local.objects, "StatefulSet", "cluster-scheduler")
+    pods = [kube.statefulset_pod(sts, i, local.address()) for i in range(sts["spec"]["replicas"])]
+    local.name_pods(sts, pods)
+    return sts, [local.start(sts, pod, "scheduler") for pod in pods], pods
+
+
+def wait_serving(local: LocalCluster, pod: kube.Pod, port: int) -> None:
+    """The kubelet's gRPC probe: grpc.health.v1 Check on the pod's IP answers SERVING."""
+    probe = (
+        "import grpc, sys\n"
+        "from grpc_health.v1 import health_pb2, health_pb2_grpc\n"
+        "channel = grpc.insecure_channel(sys.argv[1])\n"
+        "grpc.channel_ready_future(channel).result(timeout=30)\n"
+        "reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), "
+        "timeout=5)\n"
+        "print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))\n"
+    )
+    done = local.run(["python", "-c", probe, f"{pod.ip}:{port}"], timeout_s=60)
+    assert done.stdout.strip() == "SERVING", done.stdout + done.stderr
+
+
+def wait_epoch(proc: Proc, epoch: int, job: list[Proc]) -> None:
+    """Until `proc` has begun training epoch `epoch` (16 steps each); a process of the job
+    that ends first is a failure at once, with its output."""
+
+    def reached() -> bool:
+        for other in job:
+            assert other.popen.poll() is None, f"{other.name} ended:\n{other.output[-3000:]}"
+        return f"epoch: {epoch} step: 1," in proc.output
+
+    wait_until(reached, JOB_S, f"{proc.name} in epoch {epoch}")
+
+
+def status(local: LocalCluster, pod: kube.Pod, *tls: str) -> dict[str, Any]:
+    """`mscluster status --json` as `kubectl exec` into the scheduler's pod would run it, by the
+    pod's Service name (the name its certificate carries)."""
+    name = f"{pod.name}.cluster-scheduler"
+    done = local.run(["mscluster", "status", "--addr", f"{name}:8118", "--json", *tls], 60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return cast("dict[str, Any]", json.loads(done.stdout))
+
+
+def start_workers(local: LocalCluster) -> tuple[kube.Manifest, list[Proc]]:
+    job = kube.find(local.objects, "Job", "cluster-workers")
+    count = job["spec"]["completions"]
+    pods = [kube.indexed_job_pod(job, i, local.address()) for i in range(count)]
+    return job, [local.start(job, pod, "worker") for pod in pods]
+
+
+@pytest.mark.timeout(300)
+def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
+    network_or_skip: None, tmp_path: Path, processes: Procs
+) -> None:
+    objects = kube.load_kustomization(DEPLOY / "directory")
+    with local_cluster(objects, job_secrets(), tmp_path / "k8s", processes) as local:
+        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
+        wait_serving(local, scheduler_pod, 8118)
+        job, workers = start_workers(local)
+        # Mid-run (checkpoints every 10 steps), pod 2's process is killed; as its pod failure
+        # policy has the Job controller do, a new pod of index 2 starts once it has ended.
+        wait_epoch(workers[2], 3, [scheduler, *workers])
+        workers[2].popen.send_signal(signal.SIGKILL)
+        assert workers[2].wait(30) == -signal.SIGKILL
+        replacement = kube.indexed_job_pod(job, 2, local.address(), attempt=1)
+        workers[2] = local.start(job, replacement, "worker")
+        wait_until(lambda: status(local, scheduler_pod)["generation"] == 2, JOB_S, "generation 2")
+        for proc in [*workers, scheduler]:
+            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+    shared = tmp_path / "k8s" / "claims" / "cluster-shared"
+    assert (shared / "out" / "final.sha256").read_text() == fault_free_hash(tmp_path, job)
+    state = tmp_path / "k8s" / "claims" / f"state-{scheduler_pod.name}"
+    events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
+    kinds = [event["event"] for event in events]
+    assert kinds.count("failed") == 1, kinds
+    assert kinds.count("rejoined") == 1, kinds
+    assert kinds[-1] == "finished"
+    generations = [e["generation"] for e in events if e["event"] == "generation"]
+    assert generations == [2], events
+
+
+@pytest.mark.timeout(300)
+def test_directory_variant_with_mutual_tls_from_its_secret(
+    network_or_skip: None, tmp_path: Path, processes: Procs
+) -> None:
+    # The README's steps: the certificates name the scheduler's Service name; the Secret holds
+    # every file; the ConfigMap turns TLS on.
+    objects = kube.load_kustomization(DEPLOY / "directory")
+    config = kube.find(objects, "ConfigMap", "cluster-job")["data"]
+    config["CLUSTER_TLS_CONFIG"] = "/etc/cluster/tls/ssl.json"
+    made = tmp_path / "tls"
+    certs.make_pki(made, hosts=[config["MS_SCHED_HOST"]])
+    found = {"cluster-tls": {f.name: f.read_bytes() for f in made.iterdir()}, **job_secrets()}
+    with local_cluster(objects, found, tmp_path / "k8s", processes) as local:
+        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
+        _, workers = start_workers(local)
+        wait_epoch(workers[0], 2, [scheduler, *workers])
+        tls = local.root / "pods" / scheduler_pod.name / "volumes" / "tls" / "ssl.json"
+        assert status(local, scheduler_pod, "--tls-config", str(tls))["phase"] == "ready"
+        for proc in [*workers, scheduler]:
+            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+
+
+def fault_free_hash(tmp_path: Path, job: kube.Manifest) -> str:
+    """The result of the workers' training without the kill (mscluster run on this host, the
+    same arguments but the per-step sleep, which changes nothing computed)."""
+    (box,) = job["spec"]["template"]["spec"]["containers"]
+    args = list(box["args"])
+    args[args.index("--out") + 1] = str(tmp_path / "fault-free")
+    delay = args.index("--step-delay")
+    del args[delay : delay + 2]
+    run = [PYTHON, "-m", "cluster", "run", "--worker-num", "4", "--local-worker-num", "4"]
+    run += ["--master-port", str(free_port()), "--log-dir", str(tmp_path / "fault-free-logs")]
+    done = subprocess.run(
+        [*run, str(ROOT / "examples" / "train_mlp.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=JOB_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / "fault-free" / "final.sha256").read_text()
+
+
+def scheduler_has_state_url() -> bool:
+    done = subprocess.run(
+        ["mscluster", "scheduler", "--help"],
+        env=image_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return "--state-url" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_etcd_variant_survives_the_leader_pod(
+    network_or_skip: None, tmp_path: Path, processes: Procs, request: pytest.FixtureRequest
+) -> None:
+    if not scheduler_has_state_url():
+        pytest.skip(
+            "standby schedulers on etcd (`mscluster scheduler --state-url`, CLUSTER_STATE_URL, "
+            "MS_SCHED_HOST=h1,h2; issue #14, branch ha) are not on this branch yet"
+        )
+    etcd = request.getfixturevalue("etcd_cluster")
+    objects = kube.load_kustomization(DEPLOY / "etcd")
+    config = kube.find(objects, "ConfigMap", "cluster-job")
+    config["data"]["CLUSTER_STATE_URL"] = etcd.state_url()  # your etcd's Service: the fixture's
+    # On this host's network, to reach the etcd fixture; each pod on an address of its own.
+    with local_cluster(
+        objects, job_secrets(), tmp_path / "k8s", processes, private_network=False
+    ) as local:
+        _, schedulers, scheduler_pods = start_schedulers(local)
+        _, workers = start_workers(local)
+        wait_epoch(workers[0], 3, [*schedulers, *workers])
+        # The leader is the one that formed the job (a standby only waits).
+        leader = next(i for i, p in enumerate(schedulers) if "topology ready" in p.output)
+        schedulers[leader].popen.send_signal(signal.SIGKILL)
+        assert schedulers[leader].wait(30) == -signal.SIGKILL
+        # The StatefulSet's pod comes back (same name, same address): a standby now.
+        schedulers[leader] = local.start(
+            kube.find(objects, "StatefulSet", "cluster-scheduler"),
+            scheduler_pods[leader],
+            "scheduler",
+        )
+        for proc in workers:
+            assert proc.wait(JOB_S) == 0, proc.output[-3000:]

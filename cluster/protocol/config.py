@@ -17,6 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import is_decimal
+from cluster.protocol.state_url import (
+    DEFAULT_LEASE_S,
+    StateUrl,
+    lease_from_env,
+    state_url_from_env,
+)
 
 DEFAULT_TOPO_TIMEOUT_S = 1800.0
 DEFAULT_NODE_TIMEOUT_S = 30.0
@@ -121,6 +128,10 @@ class ClusterConfig:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     job_secret: JobSecretSource | None = None
     limits: Limits = field(default_factory=Limits)
+    # Scheduler: its state in etcd (CLUSTER_STATE_URL; recovery on, standbys possible), and the
+    # leader's lease (CLUSTER_LEASE_S).
+    state_url: StateUrl | None = None
+    lease_s: int = DEFAULT_LEASE_S
 
     @property
     def sched_address(self) -> str:
@@ -189,24 +200,9 @@ def parse_node_id(name: str, value: str) -> str:
     return canonical_node_id(node_id)
 
 
-def is_decimal(text: str) -> bool:
-    """`text` is ASCII digits, so int(text) is a plain decimal number: '²'.isdigit() is true,
-    but int('²') fails; and ' 7' or '+7' are not what the sender meant by a number."""
-    return text.isascii() and text.isdigit()
-
-
 def is_numeric_node_id(node_id: str) -> bool:
     """A node id of ASCII digits is a rank."""
     return is_decimal(node_id)
-
-
-def split_address(name: str, address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" (an IPv6 host in brackets loses them); a ConfigError
-    naming `name` when it is not HOST:PORT with a port in 1-65535."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not is_decimal(port) or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{name} {address!r} must be HOST:PORT with a port in 1-65535")
-    return host.strip("[]"), int(port)
 
 
 def valid_node_id(node_id: str) -> bool:
@@ -250,8 +246,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
             )
 
     recovery_on = parse_bool("MS_ENABLE_RECOVERY", env.get("MS_ENABLE_RECOVERY", "0"))
+    state_url = state_url_from_env(env) if role is Role.SCHEDULER else None
     recovery: RecoveryConfig | None = None
-    if recovery_on:
+    if recovery_on and not (state_url is not None and not env.get("MS_RECOVERY_PATH", "").strip()):
         path = env.get("MS_RECOVERY_PATH", "").strip()
         if not path:
             raise ConfigError(
@@ -299,6 +296,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         observe=observe_from_env(env),
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
+        state_url=state_url,
+        lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
     )
 
 

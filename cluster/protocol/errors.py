@@ -141,3 +141,22 @@ class JobTimeoutError(ClusterError):
 
 class NetemUnavailableError(ClusterError):
     """The kernel has no netem queueing discipline: no delay or loss injection."""
+
+
+class FencedError(StateFileError):
+    """A write to the state store refused because this process no longer holds the store (its
+    lease ended, another scheduler leads), or because what is stored is not what it last read:
+    it must stop acting on its view of the job."""
+
+
+class EtcdUnavailable(StateFileError):
+    """No member of the etcd cluster answered."""
+
+
+class NotLeaderAnswer(SchedulerUnreachableError):
+    """The scheduler asked for the job's status stands by: it has no job of its own; `leader`
+    has ("" none leads right now)."""
+
+    def __init__(self, message: str, leader: str) -> None:
+        super().__init__(message)
+        self.leader = leader

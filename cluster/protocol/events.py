@@ -39,7 +39,10 @@ class Kind(enum.Enum):
     SAVE_RECOVERED = "save_recovered"  # a save landed again
     FINISHED = "finished"  # every node finished
     JOB_FAILED = "job_failed"  # the job ended failed
-    # Spares and standby schedulers (later issues) add "promoted" and "leader_change" here.
+    # With standby schedulers: this scheduler took the job's leadership (role "leader") or
+    # gave it up (role "standby", with why), its address and the leader's.
+    LEADER_CHANGE = "leader_change"
+    # Spares (a later issue) add "promoted" here.
 
 
 class Cause(enum.Enum):
@@ -195,3 +198,12 @@ class JobEvent:
             raise ValueError("not an event: it needs time, seq and event")
         when = datetime.datetime.fromisoformat(str(data.pop("time")))
         return cls(int(data.pop("seq")), when.timestamp(), str(data.pop("event")), data)
+
+
+def of_leader_change(leading: bool, address: str, term: int, why: str = "") -> Record:
+    """This scheduler (at `address`) took the job's leadership (its `term`-th), or let it go."""
+    fields: dict[str, Any] = {"role": "leader" if leading else "standby", "address": address}
+    fields["term"] = term
+    if why:
+        fields["detail"] = why
+    return Record(Kind.LEADER_CHANGE, fields)

@@ -50,7 +50,8 @@ class JobSettings:
             topo_timeout_s=config.topo_timeout_s,
             heartbeat_interval_s=config.heartbeat_interval_s,
             heartbeat_enabled=config.heartbeat_enabled,
-            recovery=config.recovery is not None,
+            # The state in etcd (CLUSTER_STATE_URL) is recovery too, without MS_RECOVERY_PATH.
+            recovery=config.recovery is not None or config.state_url is not None,
             job_secret=None if config.job_secret is None else read_job_secret(config.job_secret),
             limits=config.limits,
         )

@@ -73,6 +73,22 @@ def register_response(
     )
 
 
+# A registration refused by a standby that knows no leader is tried again after this long.
+NO_LEADER_RETRY_S = 0.5
+
+
+def not_leader_response(message: str, leader: str) -> pb.RegisterResponse:
+    """A standby's answer to a registration: go to `leader` ("" none leads right now)."""
+    return pb.RegisterResponse(
+        refused=pb.Refusal(
+            reason=pb.REFUSAL_NOT_LEADER,
+            message=message,
+            retry_after_s=0.0 if leader else NO_LEADER_RETRY_S,
+            leader=leader,
+        )
+    )
+
+
 def peer_table(peers: tuple[state.PeerInfo, ...]) -> pb.PeerTable:
     return pb.PeerTable(
         ranks=[p.rank for p in peers],

@@ -10,9 +10,11 @@ membership, its credential, and for a collective the phase, the generation and t
 refused call raises the ClusterError of its refusal (`Denied.error()`), which the servicer turns
 into a status code, and changes nothing.
 
-With recovery on, effects that follow a change of the saved state wait until the change is on
-disk (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that made
-it: what a node has been told, a restarted scheduler knows.
+With recovery on, effects that follow a change of the saved state wait until the change is
+saved in the state store (see `cluster.scheduler.persist`), and so do the answers to Register
+and Finish that made it, and to a key set (`cluster.scheduler.kv_journal`): what a node has been
+told, a restarted scheduler (or a standby taking over) knows. A core whose saves are refused
+because another scheduler holds the store (fenced) answers nothing more: NotLeaderError.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import TypeVar
 
 from cluster.protocol import state
@@ -32,7 +33,9 @@ from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
     EvictedError,
+    FencedError,
     JobFailedError,
+    NotLeaderError,
     PeerFailedError,
     SnapshotError,
     StateFileError,
@@ -43,9 +46,10 @@ from cluster.scheduler import convert
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
-from cluster.scheduler.persist import STATE_KIND, StatePersister, state_path
+from cluster.scheduler.kv_journal import KvJournal
+from cluster.scheduler.persist import StatePersister
 from cluster.scheduler.streams import Streams
-from cluster.storage import store
+from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -88,23 +92,26 @@ class SchedulerCore:
         clock: Callable[[], float] = time.monotonic,
         *,
         restored: state.SchedulerState | None = None,
-        state_file: Path | None = None,
+        state_store: StateStore | None = None,
+        token: str = "",
+        kv: dict[str, bytes] | None = None,
     ) -> None:
-        """`restored`: the job as loaded from `state_file`; `state_file`: where to save it."""
+        """`restored`: the job as loaded from `state_store` (named there by `token`), with its
+        key-value store `kv`; `state_store`: where to save it (None: nothing is saved)."""
         self.settings = settings
         self._clock = clock
         self.state = restored or state.SchedulerState(new_cluster_id(), settings, clock)
-        # Set by `recovering` when it resumed a saved job: what to log once it is saved again.
+        # Set by `resume` when it resumed a saved job: what to log once it is saved again.
         self.restored_note = ""
+        # Set by `resume` when the saved job had ended: its id, and whether it finished.
+        self.ended_job: tuple[str, bool] | None = None
         # Effects held back until the state they follow from is saved, in order.
         self._held: deque[tuple[int, list[state.Effect]]] = deque()
-        self.persister = (
-            None
-            if state_file is None
-            else StatePersister(
-                state_file, self.state.snapshot, self._release, saved_revision=-1, clock=clock
-            )
-        )
+        # The store's key-value part is another job's (or none): `save_first` claims it.
+        self._kv_to_claim = False
+        # Set when saves were refused because another scheduler holds the store: why.
+        self.fenced: str | None = None
+        self.on_fenced: Callable[[str], None] = lambda why: None
         # What the nodes have been told (the topology, the job's end): with recovery, what is
         # on disk. Late watchers are welcomed with it, and Status shows it.
         self._told: list[state.Event] = self.state.welcome()
@@ -114,6 +121,12 @@ class SchedulerCore:
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         limits = settings.limits
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
+        if kv:
+            self.kv.restore(kv)
+        self.persister: StatePersister | None = None
+        self.kv_journal: KvJournal | None = None
+        if state_store is not None:
+            self._save_in(state_store, token)
         self.exchanges = ExchangeTable(limits.collective_max_bytes)
         self._streams = Streams(clock)
         self.done = asyncio.Event()
@@ -133,17 +146,36 @@ class SchedulerCore:
         # The Shutdown event as sent: a stream ends after writing it.
         self._final: bytes | None = None
 
-    @classmethod
-    def recovering(
-        cls, settings: JobSettings, directory: Path, clock: Callable[[], float] = time.monotonic
-    ) -> SchedulerCore:
-        """A core that saves its job under `directory`, resuming the job saved there if any.
+    def _save_in(self, state_store: StateStore, token: str) -> None:
+        """Save the state (write-ahead) and the key-value store in `state_store`, whose
+        current content `token` names."""
+        self.persister = StatePersister(
+            state_store,
+            self.state.snapshot,
+            self._release,
+            saved_revision=-1,
+            token=token,
+            on_fenced=self._fence,
+            clock=self._clock,
+        )
+        self.kv_journal = KvJournal(state_store, self.state.cluster_id, self.kv.commit, self._fence)
 
-        A file that cannot be used raises StateFileError and is left as it is.
+    @classmethod
+    async def resume(
+        cls,
+        settings: CoreSettings,
+        state_store: StateStore,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> SchedulerCore:
+        """A core that saves its job in `state_store` (held by this process), resuming the job
+        saved there if any, with its key-value store.
+
+        A state that cannot be used raises StateFileError and is left as it is.
         """
-        path = state_path(directory)
-        snapshot = store.load(path, STATE_KIND)
+        stored = await state_store.load()
+        snapshot = stored.snapshot
         restored = None
+        where = state_store.where
         if snapshot is not None:
             try:
                 restored = state.SchedulerState.restore(
@@ -151,12 +183,20 @@ class SchedulerCore:
                 )
             except SnapshotError as exc:
                 raise StateFileError(
-                    f"the recovery state {path} cannot be resumed: {exc}; move it away to start "
-                    "a new job"
+                    f"the recovery state {where} cannot be resumed: {exc}; move it away to "
+                    "start a new job"
                 ) from None
-        core = cls(settings, clock, restored=restored, state_file=path)
+        job = restored.cluster_id if restored is not None else ""
+        kv = await state_store.load_kv(job) if job else {}
+        core = cls(
+            settings, clock, restored=restored, state_store=state_store, token=stored.token, kv=kv
+        )
+        core._kv_to_claim = not kv
         if restored is not None and snapshot is not None:
-            core.restored_note = _restored_note(restored, snapshot, path)
+            core.restored_note = _restored_note(restored, snapshot, where)
+            if restored.previous_cluster_id == snapshot["cluster_id"]:
+                ended = str(snapshot["cluster_id"])
+                core.ended_job = (ended, snapshot["phase"] == state.Phase.FINISHED.value)
         return core
 
     @property
@@ -170,8 +210,9 @@ class SchedulerCore:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def monitor(self) -> None:
-        """Let time pass for the state machine until the job is over."""
-        while not self.done.is_set():
+        """Let time pass for the state machine until the job is over (or this scheduler no
+        longer answers for it)."""
+        while not self.done.is_set() and self.fenced is None:
             self._apply(self.state.tick())
             self._flush_progress()
             self._streams.idle(self.settings.heartbeat_interval_s, _HEARTBEAT)
@@ -183,10 +224,54 @@ class SchedulerCore:
     def abort(self, reason: str) -> None:
         self._apply(self.state.abort(reason))
 
+    async def save_first(self) -> None:
+        """Save the job once, now, and claim the key-value store for it when it is new (a new
+        job, or a store another job left): before any node hears of the job. StateFileError
+        when that fails."""
+        if self.persister is None:
+            return
+        await self.persister.save_first()
+        if self._kv_to_claim:
+            await self.persister.store.clear_kv(self.state.cluster_id)
+            self._kv_to_claim = False
+
+    def start_saving(self) -> None:
+        """Save from now on, in the background (after the first save, `persister.save_first`)."""
+        if self.persister is not None:
+            self.persister.start()
+        if self.kv_journal is not None:
+            self.kv_journal.start()
+
+    async def stop_saving(self, timeout_s: float | None) -> bool:
+        """Save what is decided (trying for up to `timeout_s` while saves fail), then stop;
+        True when everything decided is saved."""
+        kv_saved = self.kv_journal is None or await self.kv_journal.stop(timeout_s)
+        state_saved = self.persister is None or await self.persister.stop(timeout_s)
+        return kv_saved and state_saved
+
+    def _fence(self, why: str) -> None:
+        """Another scheduler holds the store: this core tells nothing more."""
+        if self.fenced is None:
+            self.fenced = why
+            self.on_fenced(why)
+
+    def stand_down(self, error: NotLeaderError) -> None:
+        """Answer nothing more for the job (this scheduler no longer leads it): every open
+        stream, collective and key-value wait ends with `error`, which names the leader."""
+        if self.fenced is None:
+            self.fenced = str(error)
+        self._streams.broadcast(error)
+        self.exchanges.fail_all(str(error), kind=NotLeaderError)
+        self.kv.abandon(error)
+
     async def durable(self) -> None:
-        """Wait until everything decided so far is saved (at once without recovery)."""
+        """Wait until everything decided so far is saved (at once without recovery);
+        NotLeaderError when it never will be (another scheduler holds the job)."""
         if self.persister is not None and self.persister.saved < self.state.revision:
-            await self.persister.flushed(self.state.revision)
+            try:
+                await self.persister.flushed(self.state.revision)
+            except FencedError as exc:
+                raise NotLeaderError(f"this scheduler no longer leads the job: {exc}") from None
 
     # -- node calls ----------------------------------------------------------------------------
 
@@ -256,6 +341,8 @@ class SchedulerCore:
                 item = await box.get()
                 if isinstance(item, state.Evict):
                     raise EvictedError(f"node {node_id!r} was removed from the job: {item.reason}")
+                if isinstance(item, NotLeaderError):
+                    raise item
                 yield item
                 if item is self._final:
                     return
@@ -300,6 +387,24 @@ class SchedulerCore:
         """The key-value store, for a member (only members use it)."""
         admitted(self.state.admit(caller.node_id, caller.incarnation, caller.credential_digest))
         return self.kv
+
+    async def kv_set(self, caller: Caller, key: str, value: bytes) -> None:
+        """Set a key; with recovery, answered (and visible) once it is saved."""
+        kv = self.kv_for(caller)
+        if self.kv_journal is None:
+            kv.set(key, value)
+            return
+        kv.stage(key, value)
+        await self.kv_journal.write(key, value)
+
+    async def kv_add(self, caller: Caller, key: str, amount: int) -> int:
+        """Add to a counter; with recovery, answered (and visible) once it is saved."""
+        kv = self.kv_for(caller)
+        if self.kv_journal is None:
+            return kv.add(key, amount)
+        number = kv.stage_add(key, amount)
+        await self.kv_journal.write(key, str(number).encode("ascii"))
+        return number
 
     async def finish(self, node_id: str, incarnation: int, caller: Caller) -> None:
         member = admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
@@ -466,7 +571,7 @@ class SchedulerCore:
             log.error("job failed: %s", event.reason)
 
 
-def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], path: Path) -> str:
+def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], path: str) -> str:
     """What the scheduler logs once it knows it can go on from `snapshot` (saved again)."""
     if restored.previous_cluster_id == snapshot["cluster_id"]:
         return (

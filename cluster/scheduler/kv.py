@@ -7,6 +7,11 @@ counter can be read with get like any other key.
 What it holds is capped (CLUSTER_KV_MAX_BYTES of keys and values, CLUSTER_KV_MAX_KEYS keys, a
 number of pending waits), counted as it changes: a set past a cap is refused with a
 `CapacityError` that names the cap, and nothing else changes.
+
+With recovery, a set is in two steps (write-ahead): `stage` takes the value (caps are counted
+on the newest values, staged or not, and `add` counts on from the newest), and `commit`, once it
+is saved (`cluster.scheduler.kv_journal`), makes it visible to `get` and `wait`. So no node
+reads a value that a crash could forget. Without recovery `set` does both at once.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ class KvStore:
         max_waits: int | None = None,
     ) -> None:
         """`nodes`: the job's, which sizes the pending waits kept (unless `max_waits` says)."""
-        self._data: dict[str, bytes] = {}
+        self._data: dict[str, bytes] = {}  # committed: what get and wait see
+        # Staged, not yet committed: the newest value of a key, and how many sets are in flight.
+        self._staged: dict[str, tuple[bytes, int]] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.max_bytes = max_bytes
         self.max_keys = max_keys
@@ -45,20 +52,48 @@ class KvStore:
         self.pending_waits = 0
 
     def __len__(self) -> int:
-        return len(self._data)
+        """Keys held, staged ones included (keys are never removed)."""
+        return len(self._data) + sum(1 for k in self._staged if k not in self._data)
+
+    def restore(self, values: dict[str, bytes]) -> None:
+        """Start from `values` (the saved store of a resumed job), committed."""
+        self._data = dict(values)
+        self._staged = {}
+        self.held_bytes = sum(len(k.encode()) + len(v) for k, v in values.items())
+
+    def _newest(self, key: str) -> bytes | None:
+        staged = self._staged.get(key)
+        return staged[0] if staged is not None else self._data.get(key)
 
     def set(self, key: str, value: bytes) -> None:
+        """Stage and commit at once (no saving)."""
+        self.stage(key, value)
+        self.commit(key, value)
+
+    def stage(self, key: str, value: bytes) -> None:
+        """Take `value` for `key`, counted against the caps, not yet visible."""
         _check_key(key)
         if len(value) > MAX_VALUE_BYTES:
             raise CollectiveError(
                 f"value for key {key!r} has {len(value)} bytes; the store takes at most "
                 f"{MAX_VALUE_BYTES} (it is for control data, not tensors)"
             )
-        old = self._data.get(key)
+        old = self._newest(key)
         grows = len(value) + (len(key.encode()) if old is None else -len(old))
         self._check_room(key, new_key=old is None, grows=grows)
-        self._data[key] = value
         self.held_bytes += grows
+        pending = self._staged.get(key, (b"", 0))[1]
+        self._staged[key] = (value, pending + 1)
+
+    def commit(self, key: str, value: bytes) -> None:
+        """A staged `value` of `key` is saved: visible from now on, waiters woken."""
+        self._data[key] = value
+        staged = self._staged.get(key)
+        if staged is not None:
+            if staged[1] <= 1:
+                del self._staged[key]
+            else:
+                self._staged[key] = (staged[0], staged[1] - 1)
         for waiter in self._waiters.pop(key, []):
             if not waiter.done():
                 waiter.set_result(None)
@@ -70,21 +105,28 @@ class KvStore:
         return values, missing
 
     def add(self, key: str, amount: int) -> int:
-        current = self._data.get(key, b"0")
+        """Add to a counter (stage and commit at once); its new value."""
+        number = self.stage_add(key, amount)
+        self.commit(key, str(number).encode("ascii"))
+        return number
+
+    def stage_add(self, key: str, amount: int) -> int:
+        """Stage the counter's new value, counted from its newest (staged) value; returns it."""
+        current = self._newest(key)
         try:
-            number = int(current.decode("ascii"))
+            number = int((b"0" if current is None else current).decode("ascii"))
         except (UnicodeDecodeError, ValueError):
             raise CollectiveError(
                 f"key {key!r} holds a value that is not a counter; add works on counters only"
             ) from None
         number += amount
-        self.set(key, str(number).encode("ascii"))
+        self.stage(key, str(number).encode("ascii"))
         return number
 
     def _check_room(self, key: str, *, new_key: bool, grows: int) -> None:
-        if new_key and len(self._data) >= self.max_keys:
+        if new_key and len(self) >= self.max_keys:
             raise CapacityError(
-                f"the key-value store is full: it holds {len(self._data)} keys, its cap "
+                f"the key-value store is full: it holds {len(self)} keys, its cap "
                 f"(CLUSTER_KV_MAX_KEYS={self.max_keys}), so key {key[:40]!r} cannot be added; "
                 "it is for coordination, not data: reuse keys, or start the scheduler with a "
                 "larger CLUSTER_KV_MAX_KEYS"
@@ -137,6 +179,15 @@ class KvStore:
                 ) from None
             finally:
                 self._discard(missing[0], waiter)
+
+    def abandon(self, error: Exception) -> None:
+        """End every pending wait with `error` (this scheduler stops answering for the job)."""
+        waiters, self._waiters = self._waiters, {}
+        for futures in waiters.values():
+            for waiter in futures:
+                if not waiter.done():
+                    waiter.set_exception(error)
+                    waiter.exception()  # retrieved: its call may be gone
 
     def _discard(self, key: str, waiter: asyncio.Future[None]) -> None:
         waiters = self._waiters.get(key)

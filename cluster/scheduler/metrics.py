@@ -136,6 +136,7 @@ class SchedulerMetrics:
             buckets=SAVE_SECONDS_BUCKETS,
             registry=r,
         )
+        self.leader, self.leader_changes = _leadership_metrics(r)
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
         )
@@ -145,10 +146,12 @@ class SchedulerMetrics:
             self.failures.labels(cause.value)
         self.rpc = RpcMetrics(r)
 
-    def attach(self, core: SchedulerCore, loop: asyncio.AbstractEventLoop) -> None:
-        """Count `core`'s events from now on, and read its gauges at each scrape."""
-        core.journal.listeners.append(self.count)
-        self.registry.register(JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core))))
+    def attach(self, core: Callable[[], SchedulerCore], loop: asyncio.AbstractEventLoop) -> None:
+        """Read the gauges of the core that answers (`core()`: a standby that takes over
+        answers with another) at each scrape; its events are counted by `count`."""
+        self.registry.register(
+            JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core())))
+        )
 
     def count(self, event: JobEvent) -> None:
         kind = event.kind
@@ -165,18 +168,37 @@ class SchedulerMetrics:
             self.failures.labels(str(event.fields["cause"])).inc()
         elif kind == Kind.GENERATION.value:
             self.rollbacks.inc()
+        elif kind == Kind.LEADER_CHANGE.value:
+            self.leader_changes.inc()
+            self.leader.set(1.0 if event.fields["role"] == "leader" else 0.0)
         elif kind == Kind.FORMED.value:
             self.formation.set(float(event.fields["seconds"]))
 
-    def saved(self, seconds: float, ok: bool, path: Path) -> None:
-        """A save of the recovery state to `path` ended."""
+    def saved(self, seconds: float, ok: bool, path: Path | None) -> None:
+        """A save of the recovery state to `path` (None: not a file) ended."""
         if not ok:
             self.save_failures.inc()
             return
         self.saves.inc()
         self.save_seconds.observe(seconds)
-        with contextlib.suppress(OSError):
-            self.save_bytes.set(path.stat().st_size)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                self.save_bytes.set(path.stat().st_size)
+
+
+def _leadership_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
+    """With standby schedulers: whether this one leads, and how often that changed."""
+    leader = Gauge(
+        "cluster_leader",
+        "1 while this scheduler leads the job, 0 while it stands by (with standby schedulers).",
+        registry=r,
+    )
+    changes = Counter(
+        "cluster_leader_changes",
+        "Times this scheduler took the job's leadership or gave it up.",
+        registry=r,
+    )
+    return leader, changes
 
 
 class MetricsServer:

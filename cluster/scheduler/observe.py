@@ -45,28 +45,50 @@ class Observability:
     def interceptors(self) -> list[RpcMetrics]:
         return [] if self.metrics is None else [self.metrics.rpc]
 
-    async def start(self, core: SchedulerCore) -> None:
+    async def start(self, core: SchedulerCore, *, announce: bool = True) -> None:
+        """Observe `core` (and serve /metrics when asked): once, at start. A standby starts
+        with a core of no job (`announce` False: no "started" event), and adopts the job's
+        core when it leads."""
+        self.adopt(core, announce=announce)
+        if self.metrics is not None and self.config.metrics_port is not None:
+            from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
+
+            self.metrics.attach(self._current, asyncio.get_running_loop())
+            self._http = MetricsServer(self.metrics.registry, self.host, self.config.metrics_port)
+            port = self._http.start()
+            where = f"[{self.host}]" if ":" in self.host else self.host
+            log.info("metrics at http://%s:%d/metrics", where, port)
+
+    @property
+    def started(self) -> bool:
+        return self._core is not None
+
+    def _current(self) -> SchedulerCore:
+        assert self._core is not None
+        return self._core
+
+    def adopt(self, core: SchedulerCore, *, announce: bool = True) -> None:
+        """Observe `core` from now on (a standby that takes the job over answers with a core of
+        its own): its events go to the log and the metrics, its saves are counted."""
+        if self._core is not None and self._core is not core:
+            self._core.journal.close()
         self._core = core
         if self.config.event_log is not None:
             core.journal.open(self.config.event_log)
         if core.persister is not None:
             core.persister.observer = self._saved
-        if self.metrics is not None and self.config.metrics_port is not None:
-            from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
-
-            self.metrics.attach(core, asyncio.get_running_loop())
-            self._http = MetricsServer(self.metrics.registry, self.host, self.config.metrics_port)
-            port = self._http.start()
-            where = f"[{self.host}]" if ":" in self.host else self.host
-            log.info("metrics at http://%s:%d/metrics", where, port)
-        core.journal.emit(events.of_start(core.state))
+        if self.metrics is not None:
+            core.journal.listeners.append(self.metrics.count)
+        if announce:
+            core.journal.emit(events.of_start(core.state))
 
     def _saved(self, seconds: float, error: str | None) -> None:
         core = self._core
         assert core is not None
         core.journal.save(error is None, error or "")
         if self.metrics is not None and core.persister is not None:
-            self.metrics.saved(seconds, error is None, core.persister.path)
+            path = getattr(core.persister.store, "path", None)  # the directory store's file
+            self.metrics.saved(seconds, error is None, path)
 
     async def stop(self) -> None:
         if self._http is not None:

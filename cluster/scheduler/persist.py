@@ -1,4 +1,4 @@
-"""Write-ahead saving of the scheduler's state under MS_RECOVERY_PATH.
+"""Write-ahead saving of the scheduler's state in its state store (MS_RECOVERY_PATH, etcd).
 
 The state machine bumps its revision on every change a restarted scheduler must know. The core
 asks for that revision to be saved and holds back what it would tell the nodes until the save
@@ -12,6 +12,11 @@ again with backoff (RETRY_FIRST_S doubling to RETRY_MAX_S), each attempt with th
 snapshot, until one lands; only then does what was held back go out, in order. The failure is
 logged once when it starts and once when it ends, and `failing_since`, `error` and `failures`
 tell `Status` (and a metrics exporter) about it meanwhile.
+
+Every save is a compare-and-set on the token of the last save (`StateStore.save`). A save that
+is refused because this scheduler no longer holds the store, or because the stored state is not
+the one it saved last, is not retried: the persister stops for good (`fenced`), nothing held
+back is ever told, and `on_fenced` tells the scheduler to stop serving.
 """
 
 from __future__ import annotations
@@ -21,25 +26,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from cluster.protocol.errors import StateFileError
-from cluster.storage import store
+from cluster.protocol.errors import FencedError, StateFileError
+from cluster.storage.directory_store import STATE_FILE
+from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Written
 from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")
 
-STATE_FILE = "scheduler.json"
-STATE_KIND = "scheduler"
+STATE_KIND = SCHEDULER_KIND
+__all__ = ["STATE_FILE", "STATE_KIND", "StatePersister"]
 # A failed save is tried again after RETRY_FIRST_S, doubling up to RETRY_MAX_S: soon after the
 # disk has room again, without spinning on a disk that stays full.
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
-
-
-def state_path(directory: Path) -> Path:
-    return directory / STATE_FILE
 
 
 class StatePersister:
@@ -48,16 +49,22 @@ class StatePersister:
 
     def __init__(
         self,
-        path: Path,
+        store: StateStore,
         snapshot: Callable[[], dict[str, Any]],
         on_saved: Callable[[int], None],
         saved_revision: int,
         *,
+        token: str = "",
+        on_fenced: Callable[[str], None] = lambda why: None,
         clock: Callable[[], float] = time.monotonic,
         retry_first_s: float = RETRY_FIRST_S,
         retry_max_s: float = RETRY_MAX_S,
     ) -> None:
-        self.path = path
+        self.store = store
+        self.where = store.where
+        self.token = token  # of what is stored, as this scheduler saved or read it
+        self._on_fenced = on_fenced
+        self.fenced: str | None = None  # why saves stopped for good
         self._snapshot = snapshot
         self._on_saved = on_saved
         self._clock = clock
@@ -82,10 +89,21 @@ class StatePersister:
 
     async def save_first(self) -> None:
         """Save the current snapshot once, now; StateFileError when that fails (at start-up, a
-        directory that cannot take the state is an error to report, not to wait out)."""
+        store that cannot take the state is an error to report, not to wait out)."""
         snapshot = self._snapshot()
-        await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
+        self._check(await self.store.save(snapshot, self.token))
         self.requested = self.saved = max(self.saved, int(snapshot["revision"]))
+
+    def _check(self, written: Written) -> None:
+        """Take the token of a save that landed; FencedError for one that did not."""
+        if not written.ok:
+            theirs = written.current.snapshot or {}
+            raise FencedError(
+                f"the state in {self.where} is not the one this scheduler saved last (it holds "
+                f"job {theirs.get('cluster_id')!r} at revision {theirs.get('revision')!r}): "
+                "another scheduler has written it"
+            )
+        self.token = written.current.token
 
     async def stop(self, timeout_s: float | None = None) -> bool:
         """Save what is still pending (trying for up to `timeout_s` while saves fail), then
@@ -123,11 +141,14 @@ class StatePersister:
         )
 
     async def flushed(self, revision: int) -> None:
-        """Wait until `revision` (or a newer one) is on disk: however long the disk fails."""
+        """Wait until `revision` (or a newer one) is on disk: however long the disk fails.
+        FencedError when it never will be (another scheduler holds the job)."""
         if self.saved >= revision:
             return
         async with self._progress:
-            await self._progress.wait_for(lambda: self.saved >= revision)
+            await self._progress.wait_for(lambda: self.saved >= revision or bool(self.fenced))
+        if self.saved < revision:
+            raise FencedError(self.fenced or "saving has stopped")
 
     async def _run(self) -> None:
         delay = self._retry_first_s
@@ -139,6 +160,8 @@ class StatePersister:
             if await self._save():
                 delay = self._retry_first_s
                 continue
+            if self.fenced is not None:
+                return  # for good: another scheduler holds the job
             # The newest snapshot goes in the next attempt, whatever was requested meanwhile.
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._retry_max_s)
@@ -149,7 +172,10 @@ class StatePersister:
         revision = int(snapshot["revision"])
         started = time.perf_counter()
         try:
-            await asyncio.to_thread(store.save, self.path, STATE_KIND, snapshot)
+            self._check(await self.store.save(snapshot, self.token))
+        except FencedError as exc:
+            await self._fence(str(exc))
+            return False
         except (StateFileError, OSError) as exc:
             self._failed(exc)
             self._observe(started)
@@ -158,7 +184,7 @@ class StatePersister:
             log.info(
                 "recovery state saved again to %s after %.1f s of failed saves; what was held "
                 "back goes out now",
-                self.path,
+                self.where,
                 self.failing_for_s(),
             )
         self.error = None
@@ -169,6 +195,14 @@ class StatePersister:
         async with self._progress:
             self._progress.notify_all()
         return True
+
+    async def _fence(self, why: str) -> None:
+        """Saves are refused for good: another scheduler holds the job."""
+        self.fenced = self.error = why
+        log.error("%s; nothing more is saved or told by this scheduler", why)
+        self._on_fenced(why)
+        async with self._progress:
+            self._progress.notify_all()
 
     def _observe(self, started: float) -> None:
         if self.observer is not None:

@@ -10,29 +10,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import inspect
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol.config import ClusterConfig, ObserveConfig
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.gate import Gate
+from cluster.scheduler.ha import HighAvailability
+from cluster.scheduler.interceptors import Interceptor, PeerCertificateCheck, server_credentials
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
-from cluster.storage.store import RecoveryLock
+from cluster.storage.directory_store import DirectoryStore
+from cluster.storage.state_store import StateStore
 from cluster.transport import channel
 from cluster.transport import tls as tls_module
+
+if TYPE_CHECKING:
+    from cluster.scheduler.etcd_election import EtcdElection
+
+__all__ = ["SchedulerServer", "run", "serve", "server_credentials"]
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -96,101 +103,14 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-if TYPE_CHECKING:  # generic in grpc-stubs only
-    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
-    Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
-else:
-    _Interceptor = grpc.aio.ServerInterceptor
-
-
-class PeerCertificateCheck(_Interceptor):
-    """Refuses every call whose client certificate is revoked (by the CRL as it is at that call)
-    or expired. gRPC checked the CA at the handshake; it has no CRL, and a connection outlives
-    the moment a certificate is revoked."""
-
-    def __init__(self, check: tls_module.PeerCheck) -> None:
-        self._check = check
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
-        handler = await continuation(details)
-        return None if handler is None else _guarded(handler, self._refuse)
-
-    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        pems = list(context.auth_context().get("x509_pem_cert", []))
-        if not pems:
-            problem = "this node presented no client certificate"
-        else:
-            cert = self._check.certificate(pems[0])
-            found = self._check.problem(cert)
-            if found is None:
-                return
-            problem = f"this node's certificate ({tls_module.describe(cert)}) {found}"
-        log.warning("refused a call from %s: %s", context.peer(), problem)
-        await context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            f"{problem}: use a valid certificate of the job's CA",
-        )
-
-
-def _guarded(
-    handler: grpc.RpcMethodHandler[Any, Any], check: Check
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """The same handler, with `check` run before its behaviour on every call."""
-
-    def wrap(behavior: Any) -> Any:
-        if inspect.isasyncgenfunction(behavior):
-
-            async def streaming(request: Any, context: Any) -> Any:
-                await check(context)
-                async for response in behavior(request, context):
-                    yield response
-
-            return streaming
-
-        async def unary(request: Any, context: Any) -> Any:
-            await check(context)
-            return await behavior(request, context)
-
-        return unary
-
-    kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler),
-    )
-    for attribute, make in kinds:
-        behavior = getattr(handler, attribute)
-        if behavior is not None:
-            return make(
-                wrap(behavior),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-    return handler
-
-
-def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:
-    """Mutual TLS: the scheduler's certificate, and a client certificate of the CA required."""
-    return grpc.ssl_server_credentials(
-        [(identity.key_pem, identity.chain_pem)],
-        root_certificates=identity.ca_pem,
-        require_client_auth=True,
-    )
-
-
 class SchedulerServer:
     """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves.
 
     With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, and re-checks its own
-    certificate's expiry every `expiry_check_period_s`. With `recovery_path` it locks that
-    directory, resumes the job saved there (if any) and saves the job's state there.
+    certificate's expiry every `expiry_check_period_s`. With `recovery_path` (or a
+    `state_store`) it holds that store, resumes the job saved there (if any) and saves the
+    job's state there. With a store that has standbys (etcd, `election`), it serves the port
+    at once and answers for the job only while it leads (`cluster.scheduler.ha`).
     """
 
     def __init__(
@@ -202,13 +122,19 @@ class SchedulerServer:
         tls: tls_module.Identity | None = None,
         expiry_check_period_s: float = tls_module.EXPIRY_CHECK_PERIOD_S,
         recovery_path: Path | None = None,
+        state_store: StateStore | None = None,
+        election: EtcdElection | None = None,
         observe: ObserveConfig | None = None,
     ) -> None:
+        self.settings = settings
         self.core = SchedulerCore(settings)
+        if state_store is None and recovery_path is not None:
+            state_store = DirectoryStore(recovery_path)
+        self.store = state_store
+        self.gate = Gate(self.core)
+        self.ha = None if election is None else HighAvailability(self, election)
         # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
         self.observing = Observability(observe or ObserveConfig(), host)
-        self.recovery_path = recovery_path
-        self._lock: RecoveryLock | None = None
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -219,7 +145,7 @@ class SchedulerServer:
         self._monitor: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._stop_requested = asyncio.Event()
-        # Set by `stop` when it had to stop with decided changes not on disk.
+        # Set by `stop` when it had to stop with decided changes not saved.
         self.unsaved: str | None = None
 
     @property
@@ -228,31 +154,73 @@ class SchedulerServer:
 
     async def start(self) -> int:
         check_bindable(self.host, self.requested_port)
-        if self.recovery_path is not None:
-            self._lock = RecoveryLock(self.recovery_path)
-            self._lock.acquire()
+        store = self.store
         try:
-            return await self._start()
+            if self.ha is not None:
+                self.gate.core = None  # nothing is answered before this scheduler leads
+                await self.observing.start(self.core, announce=False)
+                await self._serve()
+                await self.ha.start()
+            else:
+                if store is not None:
+                    await store.acquire()  # ConfigError naming the holder when it is held
+                    await self.install(await self._resume())
+                else:
+                    await self.observing.start(self.core)
+                await self._serve()
+            return self.port
         except BaseException:
             await self.observing.stop()
-            if self.core.persister is not None:
-                await self.core.persister.stop(0)
-            self._release_lock()
+            await self.core.stop_saving(0)
+            if self._server is not None:
+                await self._server.stop(grace=None)
+                self._server = None
+            if store is not None:
+                await store.close()
             raise
 
-    async def _start(self) -> int:
-        if self.recovery_path is not None:
-            self.core = SchedulerCore.recovering(self.core.settings, self.recovery_path)
-        await self.observing.start(self.core)
-        if self.recovery_path is not None:
-            await self._save_first_state()
+    async def _resume(self) -> SchedulerCore:
+        """The core of the job saved in the store, its job id saved before anyone hears it
+        (or a restart would deny it)."""
+        assert self.store is not None
+        try:
+            core = await SchedulerCore.resume(self.settings, self.store)
+            await core.save_first()
+        except StateFileError as exc:
+            raise ConfigError(f"{self.store.name} is not usable: {exc}") from None
+        return core
+
+    async def install(self, core: SchedulerCore) -> None:
+        """Answer for the job with `core` from now on (it saves in the background)."""
+        if self.observing.started:
+            self.observing.adopt(core)
+        else:
+            await self.observing.start(core)
+        core.start_saving()
+        self.core = self.gate.core = core
+        if self._server is not None:
+            self._monitor = asyncio.create_task(core.monitor())
+        if core.restored_note:
+            log.info("%s", core.restored_note)
+
+    async def uninstall(self, error: NotLeaderError) -> None:
+        """Answer nothing more for the job: this scheduler no longer leads it."""
+        core, self.gate.core = self.gate.core, None
+        if core is None:
+            return
+        core.stand_down(error)
+        await _cancel(self._monitor)
+        self._monitor = None
+        await core.stop_saving(0)
+
+    async def _serve(self) -> None:
         self._raise_open_files()
-        interceptors: list[_Interceptor] = [
+        interceptors: list[Interceptor] = [
             *([] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]),
             *self.observing.interceptors(),
         ]
         server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
-        add_to_server(SchedulerServicer(self.core), server)
+        add_to_server(SchedulerServicer(self.gate), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)
         try:
@@ -273,8 +241,9 @@ class SchedulerServer:
         self._server = server
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._monitor = asyncio.create_task(self.core.monitor())
-        settings = self.core.settings
+        if self.gate.core is not None:
+            self._monitor = asyncio.create_task(self.gate.core.monitor())
+        settings = self.settings
         log.info(
             "listening on %s for %s%s%s",
             self.address,
@@ -288,35 +257,19 @@ class SchedulerServer:
             self._expiry = asyncio.create_task(
                 tls_module.recheck_expiry(self.tls, log.warning, self._expiry_check_period_s)
             )
-        return self.port
-
-    async def _save_first_state(self) -> None:
-        """The job id is on disk before any node hears it (or a restart would deny it)."""
-        persister = self.core.persister
-        assert persister is not None
-        try:
-            await persister.save_first()
-        except StateFileError as exc:
-            raise ConfigError(f"MS_RECOVERY_PATH is not usable: {exc}") from None
-        persister.start()
-        if self.core.restored_note:
-            log.info("%s", self.core.restored_note)
 
     def _raise_open_files(self) -> None:
         files = limits.raise_open_files()
         log.info("%s", files.describe())
-        warning = files.too_low(self.core.settings.expected)
+        warning = files.too_low(self.settings.expected)
         if warning is not None:
             log.warning("%s", warning)
-
-    def _release_lock(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
 
     async def wait_done(self) -> bool:
         """Wait until the job is over (or, after `request_stop`, at most STOP_SAVE_WAIT_S more
         for its end to be saved); True when every node finished."""
+        if self.ha is not None:
+            return await self.ha.wait_done(self._stop_requested)
         done = asyncio.ensure_future(self.core.done.wait())
         stop = asyncio.ensure_future(self._stop_requested.wait())
         try:
@@ -330,8 +283,9 @@ class SchedulerServer:
 
     def request_stop(self, reason: str) -> None:
         """End the job as failed (a signal, an operator) and stop serving soon: at once when
-        that end is saved, after STOP_SAVE_WAIT_S when saves fail."""
-        self.core.abort(reason)
+        that end is saved, after STOP_SAVE_WAIT_S when saves fail. A standby only stops."""
+        if self.gate.core is not None:
+            self.gate.core.abort(reason)
         self._stop_requested.set()
 
     async def stop(self, drain_s: float = DRAIN_S) -> None:
@@ -340,30 +294,32 @@ class SchedulerServer:
         if self._server is None:
             return
         await self._health.enter_graceful_shutdown()
-        ended = self.core.done.is_set()
+        core = self.core
+        ended = core.done.is_set() and self.gate.core is core
         if ended:
             # The nodes hear the end on their streams and close them, and their heartbeats.
-            closed = asyncio.gather(self.core.streams_closed.wait(), self.core.beats_closed.wait())
+            closed = asyncio.gather(core.streams_closed.wait(), core.beats_closed.wait())
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(closed, drain_s)
+        if self.ha is not None:
+            await self.ha.stop()
         for task in (self._monitor, self._expiry):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _cancel(task)
         await self._server.stop(grace=0.5)
         self._server = None
-        persister = self.core.persister
-        if persister is not None and not await persister.stop(STOP_SAVE_WAIT_S if ended else 0):
+        if self.gate.core is core and not await core.stop_saving(STOP_SAVE_WAIT_S if ended else 0):
+            persister = core.persister
             self.unsaved = (
                 f"stopped with decided changes not saved: the recovery state in "
-                f"{persister.path} is older than what this scheduler decided ({persister.error})"
-                "; the nodes were not told of those changes, so a scheduler started again on "
-                "it, once it can be written, resumes the job as saved"
+                f"{self.store.where if self.store else '?'} is older than what this scheduler "
+                f"decided ({persister.error if persister else ''}); the nodes were not told of "
+                "those changes, so a scheduler started again on it, once it can be written, "
+                "resumes the job as saved"
             )
             log.error("%s", self.unsaved)
+        if self.store is not None:
+            await self.store.close()
         await self.observing.stop()
-        self._release_lock()
 
     async def __aenter__(self) -> SchedulerServer:
         await self.start()
@@ -379,6 +335,13 @@ class SchedulerServer:
             self.request_stop("scheduler stopped")
             await self.wait_done()
         await self.stop(drain_s=0.5)
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _who_may_join(server: SchedulerServer) -> str:
@@ -402,12 +365,22 @@ def _count(n: int, noun: str) -> str:
 async def serve(config: ClusterConfig) -> int:
     """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
     identity = None if config.tls is None else tls_module.prepare(config.tls, server=True)
+    store: StateStore | None = None
+    election = None
+    if config.state_url is not None:
+        from cluster.scheduler import stores  # noqa: PLC0415 - aetcd only for an etcd URL
+
+        address = stores.advertised(config.sched_host, config.sched_port)
+        store = await stores.open_etcd(config.state_url, address, config.lease_s, config.tls)
+        election = getattr(store, "election", None)
     server = SchedulerServer(
         JobSettings.from_config(config),
         config.sched_host,
         config.sched_port,
         tls=identity,
         recovery_path=None if config.recovery is None else config.recovery.path,
+        state_store=store,
+        election=election,
         observe=config.observe,
     )
     await server.start()

@@ -1,11 +1,12 @@
 """The gRPC face of the scheduler: requests to `SchedulerCore` calls, errors to status codes.
 
-No cluster logic lives here. A failure becomes a status code and its kind in the trailing
-metadata through the one table of `cluster.transport.failures`. A code is set on the call, not
-raised with `context.abort`: an aborted call's request stays reachable from the exception's
-frames until the garbage collector runs, so a flood of refused 4 MiB calls held hundreds of
-MiB. Who a call comes from is read from its metadata (`cluster.transport.membership`) and
-admitted by the core.
+No cluster logic lives here. Every call first asks the gate for the core that answers
+(`cluster.scheduler.gate`): a scheduler that does not lead refuses it, naming the leader. A
+failure becomes a status code and its kind in the trailing metadata through the one table of
+`cluster.transport.failures`. A code is set on the call, not raised with `context.abort`: an
+aborted call's request stays reachable from the exception's frames until the garbage collector
+runs, so a flood of refused 4 MiB calls held hundreds of MiB. Who a call comes from is read
+from its metadata (`cluster.transport.membership`) and admitted by the core.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.errors import BadRequestError, ClusterError
+from cluster.protocol.errors import BadRequestError, ClusterError, NotLeaderError
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
+from cluster.scheduler.gate import Gate
 from cluster.transport import failures, membership
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
@@ -62,8 +64,13 @@ def _mapped(
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped base
-    def __init__(self, core: SchedulerCore) -> None:
-        self._core = core
+    def __init__(self, gate: Gate | SchedulerCore) -> None:
+        self._gate = gate if isinstance(gate, Gate) else Gate(gate)
+
+    @property
+    def _core(self) -> SchedulerCore:
+        """The core that answers this call (NotLeaderError when this scheduler does not lead)."""
+        return self._gate.current()
 
     @_mapped
     async def Register(
@@ -77,8 +84,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         role = convert.role_from_pb(request.role)
         if role is None or not request.node_id:
             raise BadRequestError("Register needs a node_id and a role")
-        outcome = await self._core.register(convert.registration_from_pb(request, role))
-        settings = self._core.settings
+        try:
+            core = self._core
+        except NotLeaderError as exc:
+            return convert.not_leader_response(str(exc), exc.leader)
+        outcome = await core.register(convert.registration_from_pb(request, role))
+        settings = core.settings
         return convert.register_response(
             outcome, settings.heartbeat_interval_s, settings.node_timeout_s
         )
@@ -109,7 +120,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             raise BadRequestError("Watch needs a RegisterRequest or a Hello")
         caller = _caller(context) if kind == "hello" else None
         # The node going away (its process dead, its connection cut) cancels this call, which
-        # ends the core's stream and tells the core.
+        # ends the core's stream and tells the core. (A registration just accepted is answered
+        # by the core that accepted it, even if a step-down came in between: its stream ends
+        # at once then, with NotLeaderError.)
         async for event in self._core.watch(node_id, incarnation, caller):
             yield event
 
@@ -120,7 +133,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.HeartbeatResponse | None:
         caller = _caller(context)
         try:
-            with self._core.heartbeat_call():
+            core = self._core
+            with core.heartbeat_call():
                 async for beat in request_iterator:
                     self._core.heartbeat(beat.node_id, beat.incarnation, caller)
         except ClusterError as exc:
@@ -150,7 +164,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvSet(
         self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvSetResponse:
-        self._core.kv_for(_caller(context)).set(request.key, request.value)
+        await self._core.kv_set(_caller(context), request.key, request.value)
         return pb.KvSetResponse()
 
     @_mapped
@@ -172,8 +186,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvAdd(
         self, request: pb.KvAddRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvAddResponse:
-        store = self._core.kv_for(_caller(context))
-        return pb.KvAddResponse(value=store.add(request.key, request.amount))
+        value = await self._core.kv_add(_caller(context), request.key, request.amount)
+        return pb.KvAddResponse(value=value)
 
     @_mapped
     async def Finish(
@@ -195,7 +209,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.StatusResponse:
-        return self._core.status()
+        try:
+            response = self._core.status()
+        except NotLeaderError:
+            response = pb.StatusResponse()  # a standby: no job of its own, only who leads
+        if self._gate.leadership is not None:
+            response.leadership.CopyFrom(self._gate.leadership_pb())
+        return response
 
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext[Any, Any]

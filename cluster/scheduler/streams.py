@@ -18,9 +18,12 @@ import collections
 from collections.abc import Callable
 
 from cluster.protocol import state
+from cluster.protocol.errors import NotLeaderError
 from cluster.v1 import scheduler_pb2 as pb
 
-Item = pb.Event | bytes | state.Evict
+# An event to write, or why the stream ends: its node was evicted, or this scheduler no longer
+# leads the job.
+Item = pb.Event | bytes | state.Evict | NotLeaderError
 Key = tuple[str, int]  # (canonical node id, incarnation)
 
 

@@ -33,8 +33,8 @@ def checksum(payload: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(payload)).hexdigest()
 
 
-def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
-    """Replace `path` with `payload` atomically and durably."""
+def encode(kind: str, payload: dict[str, Any]) -> bytes:
+    """The envelope of `payload` as it is stored (in a file, or as an etcd value)."""
     envelope = {
         "format": FORMAT,
         "version": VERSION,
@@ -42,7 +42,12 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
         "sha256": checksum(payload),
         "payload": payload,
     }
-    data = json.dumps(envelope, sort_keys=True, indent=1).encode() + b"\n"
+    return json.dumps(envelope, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
+    """Replace `path` with `payload` atomically and durably."""
+    data = encode(kind, payload)
 
     def failed(exc: OSError) -> StateFileError:
         return StateFileError(
@@ -62,6 +67,9 @@ def _remove_stale_temporaries(path: Path) -> None:
             stale.unlink()
 
 
+FILE_ADVICE = "move it away to start a new job, or restore it from a backup"
+
+
 def load(path: Path, kind: str) -> dict[str, Any] | None:
     """The payload saved at `path`, None when there is no file; StateFileError when unusable."""
     try:
@@ -70,32 +78,37 @@ def load(path: Path, kind: str) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         raise StateFileError(f"cannot read the recovery state {path} ({exc.strerror})") from None
-    advice = "move it away to start a new job, or restore it from a backup"
+    return decode(data, kind, str(path), FILE_ADVICE)
+
+
+def decode(data: bytes, kind: str, where: str, advice: str) -> dict[str, Any]:
+    """The payload of an envelope read from `where`; StateFileError, naming `where` and ending
+    with `advice`, when it is torn, foreign, of a newer format or of another kind."""
     try:
         envelope = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
+        at = f" at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else ""
         raise StateFileError(
-            f"the recovery state {path} is truncated or corrupt (not valid JSON{where}, "
+            f"the recovery state {where} is truncated or corrupt (not valid JSON{at}, "
             f"{len(data)} bytes): {advice}"
         ) from None
     if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
-        raise StateFileError(f"{path} is not a cluster recovery state file: {advice}")
+        raise StateFileError(f"{where} is not a cluster recovery state: {advice}")
     version = envelope.get("version")
     if not isinstance(version, int) or version > VERSION:
         raise StateFileError(
-            f"the recovery state {path} has format version {version!r}, but this cluster reads "
+            f"the recovery state {where} has format version {version!r}, but this cluster reads "
             f"version {VERSION} at most: use the cluster release that wrote it, or {advice}"
         )
     if envelope.get("kind") != kind:
         raise StateFileError(
-            f"{path} holds the recovery state of a {envelope.get('kind')!r}, not of a {kind!r}: "
+            f"{where} holds the recovery state of a {envelope.get('kind')!r}, not of a {kind!r}: "
             "two roles share one file name; give each its own MS_RECOVERY_PATH or file"
         )
     payload = envelope.get("payload")
     if not isinstance(payload, dict) or envelope.get("sha256") != checksum(payload):
         raise StateFileError(
-            f"the recovery state {path} fails its checksum: it was torn or edited; {advice}"
+            f"the recovery state {where} fails its checksum: it was torn or edited; {advice}"
         )
     return payload
 

@@ -29,10 +29,10 @@ from cluster.protocol.config import (
     ClusterConfig,
     check_recovery_path,
     from_env,
-    split_address,
     tls_options_from_env,
 )
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
+from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.worker import orphan
@@ -57,6 +57,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
         "CLUSTER_METRICS_PORT": args.metrics_port,
         "CLUSTER_EVENT_LOG": args.event_log,
+        "CLUSTER_STATE_URL": args.state_url,
+        "CLUSTER_LEASE_S": args.lease,
     }
     env.update({k: str(v) for k, v in overrides.items() if v is not None})
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
@@ -99,11 +101,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         join=args.join,
         cluster_time_out=args.cluster_time_out,
         node_timeout=args.node_timeout,
-        enable_recovery=args.enable_recovery,
+        enable_recovery=args.enable_recovery or bool(args.state_url),
         recovery_path=Path(args.recovery_path) if args.recovery_path else None,
         max_restarts=args.max_restarts,
         tls_config=Path(args.tls_config) if args.tls_config else None,
         metrics_port=args.metrics_port,
+        state_url=args.state_url,
+        lease_s=args.lease,
         allocation=where.allocation,
         master_is_node=where.master_is_node,
     )
@@ -126,18 +130,25 @@ def _split_addr(addr: str) -> str:
     return addr
 
 
-async def _status(addr: str, identity: tls.Identity | None) -> JobView:
+def _split_addrs(addrs: str) -> list[str]:
+    """--addr H:P[,H:P...]: every scheduler of the job (standbys answer with the leader)."""
+    return [_split_addr(one.strip()) for one in addrs.split(",") if one.strip()] or [
+        _split_addr(addrs)
+    ]
+
+
+async def _status(addrs: list[str], identity: tls.Identity | None) -> JobView:
     from cluster.tools import status  # noqa: PLC0415 - imports grpc
     from cluster.transport import channel  # noqa: PLC0415 - imports grpc
 
-    async with channel.open_channel(addr, identity) as opened:
-        try:
-            return await status.fetch(opened, addr)
-        except SchedulerUnreachableError:
+    try:
+        return await status.fetch_any(addrs, identity)
+    except SchedulerUnreachableError:
+        if len(addrs) == 1:
             # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
-            host, port = split_address("--addr", addr)
+            host, port = split_address("--addr", addrs[0])
             await channel.check_scheduler(host, port, identity, 3.0)
-            raise
+        raise
 
 
 def _client_identity(args: argparse.Namespace) -> tls.Identity | None:
@@ -154,14 +165,14 @@ def _client_identity(args: argparse.Namespace) -> tls.Identity | None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    addr = _split_addr(args.addr)
+    addrs = _split_addrs(args.addr)
     identity = _client_identity(args)
     if args.watch:
         from cluster.tools import watch  # noqa: PLC0415 - imports grpc
 
-        return watch.run(addr, identity, interval_s=args.interval, out=sys.stdout)
+        return watch.run(addrs[0], identity, interval_s=args.interval, out=sys.stdout)
     try:
-        view = asyncio.run(_status(addr, identity))
+        view = asyncio.run(_status(addrs, identity))
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {exc}", file=sys.stderr)
         return 1
@@ -282,6 +293,12 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--enable-recovery", action="store_true", help="MS_ENABLE_RECOVERY=1")
     run.add_argument("--recovery-path", help="MS_RECOVERY_PATH (default LOG_DIR/recovery)")
     run.add_argument(
+        "--state-url",
+        help="the scheduler keeps the job's state in etcd (CLUSTER_STATE_URL: "
+        "etcd://HOST:PORT[,HOST:PORT...]/PREFIX); implies --enable-recovery",
+    )
+    run.add_argument("--lease", type=int, help="with --state-url: CLUSTER_LEASE_S (default 5)")
+    run.add_argument(
         "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
     )
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
@@ -338,6 +355,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on this port, 0 for any (CLUSTER_METRICS_PORT; off)",
     )
     sched.add_argument("--event-log", help="append the job's events here (CLUSTER_EVENT_LOG)")
+    sched.add_argument(
+        "--state-url",
+        help="keep the job's state in etcd: etcd://HOST:PORT[,HOST:PORT...]/PREFIX or etcds:// "
+        "(CLUSTER_STATE_URL); recovery on, and any number of schedulers with the same URL: one "
+        "leads, the others stand by",
+    )
+    sched.add_argument(
+        "--lease",
+        type=int,
+        help="seconds of the leader's etcd lease (CLUSTER_LEASE_S; default 5): a dead leader's "
+        "standby takes over within about this long",
+    )
     sched.set_defaults(func=_cmd_scheduler)
 
     stat = commands.add_parser(
@@ -345,7 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="show a running job's nodes, ranks and health",
         description="Ask the scheduler at --addr for the job's phase, generation and nodes.",
     )
-    stat.add_argument("--addr", required=True, help="the scheduler's HOST:PORT")
+    stat.add_argument(
+        "--addr",
+        required=True,
+        help="the scheduler's HOST:PORT; with standbys, any of them or several, comma-separated "
+        "(each is tried; a standby names the leader, which answers)",
+    )
     stat.add_argument("--json", action="store_true", help="machine-readable output")
     stat.add_argument("--tls-config", help="ssl.json, when the job uses TLS (CLUSTER_TLS_CONFIG)")
     stat.add_argument(

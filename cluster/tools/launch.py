@@ -207,7 +207,6 @@ class Launcher:
 
     def _progress(self) -> None:
         running = sum(1 for w in self.workers if w.running)
-        restarts = sum(w.restarts for w in self.workers)
         job = (
             f"{self.view.registered}/{self.view.expected} registered ({self.view.phase.value})"
             if self.view is not None
@@ -215,7 +214,7 @@ class Launcher:
         )
         line = (
             f"mscluster: {job} | local workers running {running}/{len(self.workers)} | "
-            f"restarts {restarts}"
+            f"restarts {self._restarts()}"
         )
         if self._tty and not self.options.join:
             elapsed = self._clock() - self._started
@@ -225,6 +224,12 @@ class Launcher:
         elif line != self._last_line:
             self._last_line = line
             self._print(line)
+
+    def _restarts(self) -> str:
+        """'3' (the workers'), '3, scheduler 1' once the scheduler has been started again."""
+        workers = sum(w.restarts for w in self.workers)
+        sched = 0 if self.scheduler is None else self.scheduler.restarts
+        return f"{workers}, scheduler {sched}" if sched else str(workers)
 
     def _print(self, line: str) -> None:
         if self._tty and not self.options.join:
@@ -253,6 +258,8 @@ class Launcher:
             max_restarts=self.options.max_restarts,
             own_scheduler=sched is not None,
             scheduler_exit=None if sched is None else sched.exit_code,
+            scheduler_restarts=0 if sched is None else sched.restarts,
+            recovery=self.options.enable_recovery,
             stop_signal=self._stop_signal,
             last=_job_seen(self.view),
             now=_job_seen(now),
@@ -317,10 +324,26 @@ class Launcher:
                 )
                 await self._start(child)
                 self._wake.set()  # another failed worker may be waiting for its turn
+            elif decision.action is policy.Action.RESTART_SCHEDULER:
+                await self._restart_scheduler()
             elif decision.action is policy.Action.FAIL:
                 return await self._fail(decision.worker, decision.reason)
             elif decision.action is policy.Action.FINISH:
                 return await self._finish()
+
+    async def _restart_scheduler(self) -> None:
+        """Start the scheduler that died again, on the same address and state: it resumes the
+        job from what it saved, and the workers, which go on training, reconnect to it."""
+        sched = self.scheduler
+        assert sched is not None
+        sched.restarts += 1
+        self._print(
+            f"mscluster: the scheduler {policy.describe_exit(sched.exit_code or 0)}; starting it "
+            f"again (scheduler restart {sched.restarts} of {self.options.max_restarts}): it "
+            "resumes the job from its saved state, and the workers train on meanwhile"
+        )
+        await self._start(sched)
+        self._wake.set()  # a worker that failed meanwhile is decided on next
 
     async def _settle(self) -> None:
         """Let the exits that a first failure causes arrive, to tell cause from effect."""
@@ -339,6 +362,8 @@ class Launcher:
         assert cause is not None
         what = "the scheduler" if index is None else self._who(cause)
         self._print(f"mscluster: {what} {policy.describe_exit(cause.exit_code or 0)}")
+        if index is None and why_not_restarted and self.options.enable_recovery:
+            self._print(f"mscluster: not restarting it: {why_not_restarted}")
         if self.options.max_restarts and index is not None:
             if index != first:
                 why_not_restarted = (
@@ -369,10 +394,18 @@ class Launcher:
             if sched.exit_code != 0:
                 return await self._fail(None, "")
         restarts = sum(w.restarts for w in self.workers)
+        sched_restarts = 0 if sched is None else sched.restarts
         took = self._clock() - self._started
+        after = [
+            f"{restarts} restart{'' if restarts == 1 else 's'}" if restarts else "",
+            f"{sched_restarts} scheduler restart{'' if sched_restarts == 1 else 's'}"
+            if sched_restarts
+            else "",
+        ]
+        after = [a for a in after if a]
         self._print(
             f"mscluster: job finished: {len(self.workers)} local workers exited 0 in {took:.1f} s"
-            + (f", after {restarts} restarts" if restarts else "")
+            + (f", after {' and '.join(after)}" if after else "")
         )
         return EXIT_OK
 

@@ -40,6 +40,9 @@ class LaunchOptions:
     max_restarts: int = 0
     tls_config: Path | None = None
     metrics_port: int | None = None  # the scheduler's /metrics (CLUSTER_METRICS_PORT)
+    # The scheduler's state in etcd (CLUSTER_STATE_URL; implies recovery), its lease.
+    state_url: str | None = None
+    lease_s: int | None = None
     python: str = sys.executable
     # The Slurm allocation the placement came from (None: not under Slurm, or not used).
     allocation: Allocation | None = None
@@ -121,10 +124,15 @@ def job_environment(
 
 
 def observe_environment(options: LaunchOptions) -> dict[str, str]:
-    """The scheduler's: its event log beside the logs, and its metrics port when asked for."""
+    """The scheduler's: its event log beside the logs, its metrics port when asked for, and
+    its state in etcd (--state-url)."""
     env = {"CLUSTER_EVENT_LOG": str((options.log_dir / "events.jsonl").resolve())}
     if options.metrics_port is not None:
         env["CLUSTER_METRICS_PORT"] = str(options.metrics_port)
+    if options.state_url is not None:
+        env["CLUSTER_STATE_URL"] = options.state_url
+    if options.lease_s is not None:
+        env["CLUSTER_LEASE_S"] = str(options.lease_s)
     return env
 
 

@@ -21,6 +21,7 @@ class Action(enum.Enum):
     WAIT = "wait"  # nothing to do until something else happens
     STOP = "stop"  # a signal asked the launcher to stop the job
     RESTART = "restart"  # start `worker` again
+    RESTART_SCHEDULER = "restart-scheduler"  # start this launcher's scheduler again
     FAIL = "fail"  # the job has failed: stop everything, report `worker` (None: the scheduler)
     FINISH = "finish"  # every local worker finished: wait for the scheduler, report
 
@@ -52,6 +53,10 @@ class Seen:
     # This launcher started the scheduler; its exit code (None while it runs).
     own_scheduler: bool = False
     scheduler_exit: int | None = None
+    # How often this launcher has started its scheduler again (counted apart from the workers').
+    scheduler_restarts: int = 0
+    # This launcher started the job with recovery on (--enable-recovery).
+    recovery: bool = False
     stop_signal: int | None = None
     # The scheduler's last answer before this decision (None: it never answered).
     last: JobSeen | None = None
@@ -70,10 +75,27 @@ class Decision:
 
 
 def decide(seen: Seen) -> Decision:
-    """The next step. A signal wins; then a failed worker (restart it, or fail the job); then
-    the end of the job; then a failed scheduler."""
+    """The next step. A signal wins; then a scheduler of ours that died and may be started
+    again; then a failed worker (restart it, or fail the job); then the end of the job; then a
+    failed scheduler."""
     if seen.stop_signal is not None:
         return Decision(Action.STOP)
+    scheduler_died = seen.own_scheduler and seen.scheduler_exit not in (None, 0)
+    why_not_scheduler = why_not_restart_scheduler(seen) if scheduler_died else None
+    if scheduler_died and why_not_scheduler is None:
+        return Decision(Action.RESTART_SCHEDULER)
+    failed = _failed_worker(seen)
+    if failed is not None:
+        return failed
+    if seen.workers and all(w.exit_code == 0 for w in seen.workers):
+        return Decision(Action.FINISH)
+    if scheduler_died:
+        return Decision(Action.FAIL, None, why_not_scheduler or "")
+    return Decision(Action.WAIT)
+
+
+def _failed_worker(seen: Seen) -> Decision | None:
+    """The first failed worker: started again, or the job fails with it; None: none failed."""
     for worker in seen.workers:
         if not worker.failed:
             continue
@@ -81,11 +103,29 @@ def decide(seen: Seen) -> Decision:
         if why_not is None:
             return Decision(Action.RESTART, worker.index)
         return Decision(Action.FAIL, worker.index, why_not)
-    if seen.workers and all(w.exit_code == 0 for w in seen.workers):
-        return Decision(Action.FINISH)
-    if seen.own_scheduler and seen.scheduler_exit not in (None, 0):
-        return Decision(Action.FAIL, None)
-    return Decision(Action.WAIT)
+    return None
+
+
+def why_not_restart_scheduler(seen: Seen) -> str | None:
+    """None when this launcher's scheduler, which has exited, may be started again; otherwise
+    why not, in words for the user.
+
+    Only a scheduler that died (killed by a signal: SIGKILL, the OOM killer, a crash) is
+    started again, and only with recovery on: it then resumes the job from its saved state.
+    One that exited by itself ended the job (1: failed) or could not start (2: its settings);
+    starting it again would begin a new job, or fail the same way.
+    """
+    code = seen.scheduler_exit
+    if code is None or code >= 0:
+        return f"it {describe_exit(code or 0)}, which ends the job"
+    if not seen.recovery:
+        return "recovery is off, so a scheduler started again would not know the job"
+    last = seen.last
+    if last is not None and last.phase in (Phase.FAILED, Phase.FINISHED):
+        return f"the job was already {last.phase.value}"
+    if seen.scheduler_restarts >= seen.max_restarts:
+        return f"no restarts left (--max-restarts {seen.max_restarts})"
+    return None
 
 
 def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:

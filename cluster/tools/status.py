@@ -8,10 +8,11 @@ from typing import Any
 
 import grpc
 
-from cluster.protocol.errors import SchedulerUnreachableError
+from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.state import Phase
 from cluster.tools.table import format_table
-from cluster.transport import failures
+from cluster.transport import channel as channel_module
+from cluster.transport import failures, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -34,6 +35,21 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class LeadershipView:
+    """With standby schedulers (the etcd store): who leads, who stands by, the lease."""
+
+    leader: str
+    schedulers: tuple[str, ...]
+    lease_s: float
+    lease_left_s: float  # how long the leader holds its lease for sure without a keepalive
+    state_store: str
+
+    @property
+    def standbys(self) -> tuple[str, ...]:
+        return tuple(s for s in self.schedulers if s != self.leader)
+
+
+@dataclass(frozen=True)
 class JobView:
     address: str
     cluster_id: str
@@ -52,6 +68,7 @@ class JobView:
     save_failing_for_s: float = 0.0
     save_failures: int = 0  # failed attempts since the scheduler started
     unsaved_changes: int = 0  # decided, not on disk, not told to the nodes
+    leadership: LeadershipView | None = None  # None: a scheduler without standbys
 
     @property
     def expected(self) -> int:
@@ -115,6 +132,19 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
         save_failing_for_s=round(response.saving.failing_for_s, 3),
         save_failures=response.saving.failures,
         unsaved_changes=response.saving.unsaved_changes,
+        leadership=_leadership(response.leadership),
+    )
+
+
+def _leadership(found: pb.Leadership) -> LeadershipView | None:
+    if not found.role:
+        return None
+    return LeadershipView(
+        leader=found.leader,
+        schedulers=tuple(found.schedulers),
+        lease_s=found.lease_s,
+        lease_left_s=round(found.lease_left_s, 3),
+        state_store=found.state_store,
     )
 
 
@@ -130,7 +160,35 @@ async def fetch(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
     assert isinstance(response, pb.StatusResponse)
+    leadership = response.leadership
+    if leadership.role and leadership.role != "leader":
+        where = f"the leader is {leadership.leader}" if leadership.leader else "none leads now"
+        raise NotLeaderAnswer(f"the scheduler at {address} stands by ({where})", leadership.leader)
     return job_view(address, response)
+
+
+async def fetch_any(
+    addresses: list[str], identity: tls.Identity | None, timeout_s: float = STATUS_TIMEOUT_S
+) -> JobView:
+    """The job's status from the leader among `addresses` (each tried in turn; a standby's
+    answer names the leader, asked next), or SchedulerUnreachableError saying what each
+    answered."""
+    queue, tried, said = list(addresses), set(), []
+    while queue:
+        address = queue.pop(0)
+        if address in tried:
+            continue
+        tried.add(address)
+        try:
+            async with channel_module.open_channel(address, identity) as opened:
+                return await fetch(opened, address, timeout_s)
+        except NotLeaderAnswer as exc:
+            said.append(str(exc))
+            if exc.leader:
+                queue.insert(0, exc.leader)
+        except SchedulerUnreachableError as exc:
+            said.append(str(exc))
+    raise SchedulerUnreachableError("; ".join(said) or "no scheduler address given")
 
 
 def render(view: JobView) -> str:
@@ -143,6 +201,8 @@ def render(view: JobView) -> str:
         + (f", rollback step {view.rollback_step}" if view.rollback_step else "")
     )
     lines = [head]
+    if view.leadership is not None:
+        lines.append(_leaders(view.leadership))
     if view.detail:
         lines.append(f"  {view.detail}")
     if view.save_error:
@@ -178,6 +238,14 @@ def render(view: JobView) -> str:
     ]
     lines.extend(format_table(columns, rows))
     return "\n".join(lines)
+
+
+def _leaders(shown: LeadershipView) -> str:
+    standbys = ", ".join(shown.standbys) or "none"
+    return (
+        f"  leader {shown.leader} (lease {shown.lease_s:g} s, held for sure "
+        f"{shown.lease_left_s:.1f} s more), standbys: {standbys}; state in {shown.state_store}"
+    )
 
 
 def _steps(steps: tuple[int, ...]) -> str:

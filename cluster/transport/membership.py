@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.protocol import auth
-from cluster.protocol.config import is_decimal
+from cluster.protocol.parse import is_decimal
 
 NODE_ID_KEY = "cluster-node-id"
 INCARNATION_KEY = "cluster-incarnation"

@@ -24,6 +24,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_NOT_A_MEMBER: _ClassVar[RefusalReason]
     REFUSAL_UNAUTHENTICATED: _ClassVar[RefusalReason]
     REFUSAL_NODE_ALIVE: _ClassVar[RefusalReason]
+    REFUSAL_NOT_LEADER: _ClassVar[RefusalReason]
 
 class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +44,7 @@ REFUSAL_JOB_OVER: RefusalReason
 REFUSAL_NOT_A_MEMBER: RefusalReason
 REFUSAL_UNAUTHENTICATED: RefusalReason
 REFUSAL_NODE_ALIVE: RefusalReason
+REFUSAL_NOT_LEADER: RefusalReason
 EXCHANGE_UNSPECIFIED: ExchangeOp
 EXCHANGE_BARRIER: ExchangeOp
 EXCHANGE_ALLGATHER: ExchangeOp
@@ -75,14 +77,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ...) -> None: ...
 
 class Refusal(_message.Message):
-    __slots__ = ("reason", "message", "retry_after_s")
+    __slots__ = ("reason", "message", "retry_after_s", "leader")
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     reason: RefusalReason
     message: str
     retry_after_s: float
-    def __init__(self, reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    leader: str
+    def __init__(self, reason: _Optional[_Union[RefusalReason, str]] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class Accepted(_message.Message):
     __slots__ = ("cluster_id", "registered", "expected", "rejoined", "generation", "heartbeat_interval_s", "node_timeout_s")
@@ -351,7 +355,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving")
+    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving", "leadership")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +367,7 @@ class StatusResponse(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
     SAVING_FIELD_NUMBER: _ClassVar[int]
+    LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     phase: str
     generation: int
@@ -374,7 +379,24 @@ class StatusResponse(_message.Message):
     detail: str
     rollback_step: int
     saving: StateSaving
-    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ...) -> None: ...
+    leadership: Leadership
+    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
+
+class Leadership(_message.Message):
+    __slots__ = ("role", "leader", "schedulers", "lease_s", "lease_left_s", "state_store")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    STATE_STORE_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    leader: str
+    schedulers: _containers.RepeatedScalarFieldContainer[str]
+    lease_s: float
+    lease_left_s: float
+    state_store: str
+    def __init__(self, role: _Optional[str] = ..., leader: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ..., lease_left_s: _Optional[float] = ..., state_store: _Optional[str] = ...) -> None: ...
 
 class StateSaving(_message.Message):
     __slots__ = ("error", "failing_for_s", "failures", "unsaved_changes")

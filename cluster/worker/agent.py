@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.config import ClusterConfig, read_job_secret, split_address
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.config import ClusterConfig, read_job_secret
+from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.parse import split_address
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, membership, tls
@@ -378,7 +379,8 @@ class WorkerAgent:
                 return await self._guarded(rpc())
             except grpc.aio.AioRpcError as exc:
                 failure = failures.failure_of(exc)
-                if not failure.cut_off:
+                # A scheduler that does not lead (yet) answers for nothing: as one cut off.
+                if not failure.cut_off and failure.kind is not NotLeaderError:
                     raise failure.error(what) from None
                 decided = self.core.step(steps.CallCutOff())
                 retry = next((a for a in decided if isinstance(a, steps.RetryCall)), None)

@@ -16,6 +16,9 @@ from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import steps
 
+# A standby scheduler's refusal (REFUSAL_NOT_LEADER): asked again after this long, at least.
+NOT_LEADER_RETRY_S = 0.5
+
 
 def answer(first: pb.Event) -> steps.Accepted | steps.Refused:
     """The scheduler's answer to a registration (the first event of its stream)."""
@@ -30,10 +33,13 @@ def answer(first: pb.Event) -> steps.Accepted | steps.Refused:
             heartbeat_interval_s=accepted.heartbeat_interval_s,
         )
     refusal = first.refused
+    # A standby's refusal is for now too: asked again at least every NOT_LEADER_RETRY_S (a
+    # node that knows one address waits for it to lead).
+    not_leader = refusal.reason == pb.REFUSAL_NOT_LEADER
     return steps.Refused(
         refusal.message,
-        transient=refusal.reason == pb.REFUSAL_NODE_ALIVE,
-        retry_after_s=refusal.retry_after_s,
+        transient=refusal.reason == pb.REFUSAL_NODE_ALIVE or not_leader,
+        retry_after_s=max(refusal.retry_after_s, NOT_LEADER_RETRY_S if not_leader else 0.0),
     )
 
 

@@ -16,8 +16,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from cluster.protocol.config import is_decimal
 from cluster.protocol.errors import ClusterError, JobFailedError
+from cluster.protocol.parse import is_decimal
 
 ENV = "CLUSTER_LAUNCHER_PID"
 CHECK_EVERY_S = 0.5

@@ -242,7 +242,10 @@ def scheduler_has_state_url() -> bool:
         timeout=60,
         check=False,
     )
-    return "--state-url" in done.stdout
+    # The workers must also know every scheduler address (MS_SCHED_HOST=h1,h2 or
+    # CLUSTER_SCHED_ADDRS; issue #14's second phase): until then the pods cannot follow a leader.
+    config = (ROOT / "cluster" / "protocol" / "config.py").read_text()
+    return "--state-url" in done.stdout and "CLUSTER_SCHED_ADDRS" in config
 
 
 @pytest.mark.timeout(300)

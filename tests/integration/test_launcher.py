@@ -222,7 +222,7 @@ def test_max_restarts_restarts_a_worker_that_failed_before_the_job_formed(
             "worker 1 (rank 1, node id '1') exited with code 3; restarting it (restart 1 of 1)"
             in (result.stderr)
         )
-        assert "after 1 restarts" in result.stderr
+        assert "after 1 restart" in result.stderr
         assert "joined 1" in (tmp_path / "logs" / "worker_1.log").read_text()
     else:
         assert "worker 1 (rank 1, node id '1') exited with code 3" in result.stderr

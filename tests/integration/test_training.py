@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cluster.testing import free_port, wait_until
+from cluster.testing import Process, free_port, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
 from tests.training_job import (
     NODE_TIMEOUT_S,
@@ -92,11 +92,12 @@ def test_worker_killed_while_saving_every_step(
     assert job.final_hash() == fault_free_hash
 
 
-def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
-    processes: Procs, tmp_path: Path, fault_free_hash: str
-) -> None:
+def launch_training(
+    processes: Procs, tmp_path: Path, out: Path, *extra: str
+) -> tuple[Process, Path]:
+    """`mscluster run --enable-recovery --max-restarts 2` of train_mlp.py (and `extra`
+    options); the run and the script's private copy (every worker's command line names it)."""
     script = private_copy(tmp_path, TRAIN)
-    out = tmp_path / "launched"
     run = processes.start(
         "run",
         [
@@ -117,15 +118,30 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
             "2",
             "--node-timeout",
             NODE_TIMEOUT_S,
+            *extra,
             str(script),
             *train_args(out),
         ],
         job_env(WORKERS, 0),
     )
-    log = tmp_path / "logs" / "worker_1.log"
+    return run, script
+
+
+def wait_for_step(tmp_path: Path, worker: int, step: int) -> None:
+    log = tmp_path / "logs" / f"worker_{worker}.log"
     wait_until(
-        lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= 25, 60, "step 25"
+        lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= step,
+        60,
+        f"worker {worker} at step {step}",
     )
+
+
+def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    out = tmp_path / "launched"
+    run, script = launch_training(processes, tmp_path, out)
+    wait_for_step(tmp_path, 1, 25)
     victim = next(
         pid
         for pid in processes_running(str(script))
@@ -135,3 +151,39 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
     assert run.wait(120) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
     assert (tmp_path / "logs" / "recovery" / "scheduler.json").is_file()
+
+
+@pytest.mark.parametrize("store", ["directory", "etcd"])
+def test_launcher_restarts_its_killed_scheduler_and_the_result_is_exact(
+    processes: Procs,
+    tmp_path: Path,
+    fault_free_hash: str,
+    store: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The issue's first acceptance: SIGKILL of the scheduler `mscluster run` started, mid-run:
+    the launcher starts it again at once, the job goes on and exits 0 with the fault-free
+    parameters; the restart is counted apart from the workers'. With the state in etcd
+    (--state-url) the scheduler started again at the dead one's address takes the leadership
+    at once."""
+    out = tmp_path / "launched"
+    extra: list[str] = []
+    if store == "etcd":
+        etcd = request.getfixturevalue("etcd_cluster")
+        extra = ["--state-url", etcd.state_url(), "--lease", "2"]
+    run, _ = launch_training(processes, tmp_path, out, *extra)
+    wait_for_step(tmp_path, 0, 17)
+    marker = f"CLUSTER_LAUNCHER_PID={run.pid}\x00".encode()
+    scheduler = next(
+        pid
+        for pid in processes_running("cluster scheduler".replace(" ", "\x00"))
+        if marker in Path(f"/proc/{pid}/environ").read_bytes()
+    )
+    os.kill(scheduler, signal.SIGKILL)
+    assert run.wait(120) == 0, run.output
+    assert (out / "final.sha256").read_text().strip() == fault_free_hash
+    assert "the scheduler was killed by SIGKILL; starting it again" in run.output
+    assert "after 1 scheduler restart" in run.output
+    scheduler_log = (tmp_path / "logs" / "scheduler.log").read_text()
+    assert "resuming job" in scheduler_log
+    assert "Traceback" not in scheduler_log

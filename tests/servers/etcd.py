@@ -83,6 +83,9 @@ class Member:
     def client_url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
+    def listen_url(self, any_address: bool) -> str:
+        return f"http://0.0.0.0:{self.client_port}" if any_address else self.client_url
+
     @property
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
@@ -101,13 +104,16 @@ class EtcdCluster:
     """`n` etcd members on loopback; files under `base_dir`. Use as a context manager, or call
     `start()` and `close()`."""
 
-    def __init__(self, base_dir: Path, n: int = 3) -> None:
+    def __init__(self, base_dir: Path, n: int = 3, *, listen_any: bool = False) -> None:
+        """`listen_any`: clients reach the members on every address of this host (network
+        namespaces joined to it by veth pairs), not on loopback only."""
         if n < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {n}")
         self.base_dir = base_dir
         self.n = n
         self.members: list[Member] = []
         self.prefix = "/"  # the fixture gives each test its own
+        self.listen_any = listen_any
         self._bootstraps = 0
 
     # -- what tests use ------------------------------------------------------------------------
@@ -295,7 +301,7 @@ class EtcdCluster:
                 "etcd",
                 f"--name={m.name}",
                 f"--data-dir={m.data_dir}",
-                f"--listen-client-urls={m.client_url}",
+                f"--listen-client-urls={m.listen_url(self.listen_any)}",
                 f"--advertise-client-urls={m.client_url}",
                 f"--listen-peer-urls={m.peer_url}",
                 f"--initial-advertise-peer-urls={m.peer_url}",
@@ -336,8 +342,8 @@ def make_etcd_cluster(
     require(why_unavailable())
     made: list[EtcdCluster] = []
 
-    def make(n: int = 3) -> EtcdCluster:
-        cluster = EtcdCluster(tmp_path / f"etcd{len(made)}", n)
+    def make(n: int = 3, *, listen_any: bool = False) -> EtcdCluster:
+        cluster = EtcdCluster(tmp_path / f"etcd{len(made)}", n, listen_any=listen_any)
         made.append(cluster)
         cluster.start()
         for member in cluster.members:

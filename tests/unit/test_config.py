@@ -18,11 +18,10 @@ from cluster.protocol.config import (
     Role,
     check_recovery_path,
     from_env,
-    is_decimal,
     read_job_secret,
-    split_address,
 )
 from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.protocol.parse import is_decimal, split_address
 
 
 def env(**overrides: str | None) -> dict[str, str]:

@@ -18,6 +18,7 @@ from cluster.tools.launch_policy import (
     decide,
     describe_exit,
     why_not_restart,
+    why_not_restart_scheduler,
 )
 
 READY = JobSeen(Phase.READY, recovery=True)
@@ -93,7 +94,77 @@ def test_a_silent_scheduler_of_a_formed_job_cannot() -> None:
 
 def test_a_failed_scheduler_of_ours_fails_the_job() -> None:
     seen = Seen(workers(None, None), own_scheduler=True, scheduler_exit=1)
-    assert decide(seen) == Decision(Action.FAIL, None)
+    assert decide(seen) == Decision(Action.FAIL, None, "it exited with code 1, which ends the job")
+
+
+def test_a_killed_scheduler_of_ours_is_started_again_with_recovery() -> None:
+    seen = Seen(
+        workers(None, None),
+        max_restarts=1,
+        own_scheduler=True,
+        scheduler_exit=KILLED,
+        recovery=True,
+        last=READY,
+    )
+    assert decide(seen) == Decision(Action.RESTART_SCHEDULER)
+
+
+def test_a_scheduler_that_never_answered_is_started_again_too() -> None:
+    seen = Seen(workers(None), 1, own_scheduler=True, scheduler_exit=KILLED, recovery=True)
+    assert decide(seen) == Decision(Action.RESTART_SCHEDULER)
+
+
+def test_scheduler_restarts_are_counted_apart_from_the_workers() -> None:
+    # The workers used theirs up; the scheduler has its own.
+    seen = Seen(
+        workers(None, restarts=2),
+        max_restarts=2,
+        own_scheduler=True,
+        scheduler_exit=KILLED,
+        scheduler_restarts=1,
+        recovery=True,
+        last=READY,
+    )
+    assert decide(seen) == Decision(Action.RESTART_SCHEDULER)
+    used_up = Seen(**{**seen.__dict__, "scheduler_restarts": 2})
+    assert decide(used_up) == Decision(Action.FAIL, None, "no restarts left (--max-restarts 2)")
+
+
+def test_without_recovery_a_killed_scheduler_fails_the_job_as_before() -> None:
+    seen = Seen(workers(None), 3, own_scheduler=True, scheduler_exit=KILLED, last=READY)
+    decision = decide(seen)
+    assert decision.action is Action.FAIL
+    assert decision.worker is None
+    assert "recovery is off" in decision.reason
+
+
+def test_a_scheduler_that_exited_by_itself_ended_the_job_and_is_not_started_again() -> None:
+    # Exit 1: it ended the job as failed (or could not go on); 2: it could not start. Started
+    # again it would begin a new job, or fail the same way.
+    for code in (1, 2):
+        seen = Seen(workers(None), 3, own_scheduler=True, scheduler_exit=code, recovery=True)
+        assert why_not_restart_scheduler(seen) == f"it exited with code {code}, which ends the job"
+        assert decide(seen).action is Action.FAIL
+
+
+def test_a_scheduler_killed_after_the_job_ended_is_not_started_again() -> None:
+    over = JobSeen(Phase.FAILED, recovery=True, detail="rank 1 never came back")
+    seen = Seen(
+        workers(None), 3, own_scheduler=True, scheduler_exit=KILLED, recovery=True, last=over
+    )
+    assert why_not_restart_scheduler(seen) == "the job was already failed"
+
+
+def test_a_signal_wins_over_a_scheduler_restart() -> None:
+    seen = Seen(
+        workers(None),
+        3,
+        own_scheduler=True,
+        scheduler_exit=KILLED,
+        recovery=True,
+        stop_signal=signal.SIGTERM,
+    )
+    assert decide(seen) == Decision(Action.STOP)
 
 
 def test_a_scheduler_that_is_not_ours_is_not_watched() -> None:
@@ -124,6 +195,8 @@ jobs = st.one_of(
     st.integers(0, 3),
     st.booleans(),
     st.one_of(st.none(), st.integers(-9, 2)),
+    st.integers(0, 3),
+    st.booleans(),
     jobs,
     jobs,
 )
@@ -132,6 +205,8 @@ def test_decisions_respect_the_rules(
     max_restarts: int,
     own: bool,
     sched_exit: int | None,
+    sched_restarts: int,
+    recovery: bool,
     last: JobSeen | None,
     now: JobSeen | None,
 ) -> None:
@@ -140,10 +215,19 @@ def test_decisions_respect_the_rules(
         max_restarts=max_restarts,
         own_scheduler=own,
         scheduler_exit=sched_exit if own else None,
+        scheduler_restarts=sched_restarts,
+        recovery=recovery,
         last=last,
         now=now,
     )
     decision = decide(seen)
+    if decision.action is Action.RESTART_SCHEDULER:
+        assert own  # only our own,
+        assert recovery  # and only when it can resume the job
+        assert sched_exit is not None
+        assert sched_exit < 0  # it died; it did not end the job
+        assert sched_restarts < max_restarts  # never beyond --max-restarts
+        assert last is None or last.phase not in (Phase.FAILED, Phase.FINISHED)
     if decision.action is Action.RESTART:
         assert decision.worker is not None
         worker = seen.workers[decision.worker]
@@ -153,4 +237,6 @@ def test_decisions_respect_the_rules(
     if decision.action is Action.FINISH:
         assert all(w.exit_code == 0 for w in seen.workers)
     if any(w.failed for w in seen.workers):  # a failure is never waited out
-        assert decision.action in (Action.RESTART, Action.FAIL)
+        assert decision.action in (Action.RESTART, Action.RESTART_SCHEDULER, Action.FAIL)
+    if own and sched_exit not in (None, 0):  # nor is a dead scheduler of ours
+        assert decision.action is not Action.WAIT

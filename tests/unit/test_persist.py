@@ -19,6 +19,7 @@ from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.scheduler.server import SchedulerServer
 from cluster.storage import store
+from cluster.storage.directory_store import DirectoryStore
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually, settle
 from tests.conftest import FakeClock
@@ -34,12 +35,17 @@ SETTINGS = JobSettings(
 )
 
 
+async def held(directory: Path) -> DirectoryStore:
+    state_store = DirectoryStore(directory)
+    await state_store.acquire()
+    return state_store
+
+
 async def started(directory: Path) -> SchedulerCore:
-    core = SchedulerCore.recovering(SETTINGS, directory)
+    core = await SchedulerCore.resume(SETTINGS, await held(directory))
     assert core.persister is not None
-    core.persister.start()
-    core.persister.request(core.state.revision)
-    await asyncio.wait_for(core.durable(), BOUND_S)
+    await core.save_first()
+    core.start_saving()
     return core
 
 
@@ -105,6 +111,7 @@ async def test_a_restarted_core_resumes_the_saved_job(tmp_path: Path) -> None:
         await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
     assert core.persister is not None
     await core.persister.stop()
+    await core.persister.store.close()  # the lock goes, as with the process
     again = await started(tmp_path)
     assert (again.state.cluster_id, again.state.generation) == (core.state.cluster_id, 1)
     outcome = await asyncio.wait_for(
@@ -169,10 +176,10 @@ async def test_held_events_go_out_in_order_once_saved_and_the_rejoining_node_sta
 ) -> None:
     clock = FakeClock(100.0)
     settings = dataclasses.replace(SETTINGS, heartbeat_interval_s=0.02)
-    core = SchedulerCore.recovering(settings, tmp_path, clock)
+    core = await SchedulerCore.resume(settings, await held(tmp_path), clock)
     persister = core.persister
     assert persister is not None
-    await persister.save_first()
+    await core.save_first()
     persister.start()
     for node_id in ("0", "1"):
         await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
@@ -225,10 +232,10 @@ async def test_stopping_while_saves_fail_is_bounded_and_says_so(tmp_path: Path) 
         answer.cancel()
 
 
-def test_an_unusable_state_file_is_left_alone(tmp_path: Path) -> None:
+async def test_an_unusable_state_file_is_left_alone(tmp_path: Path) -> None:
     (tmp_path / STATE_FILE).write_text("{ torn")
     with pytest.raises(StateFileError, match="truncated or corrupt"):
-        SchedulerCore.recovering(SETTINGS, tmp_path)
+        await SchedulerCore.resume(SETTINGS, await held(tmp_path))
     assert (tmp_path / STATE_FILE).read_text() == "{ torn"
 
 

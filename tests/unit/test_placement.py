@@ -231,3 +231,14 @@ def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
     assert "pa55" not in text
     assert "HOME" not in text  # the rest of the environment is passed on, not listed
     assert "not passed on (the job's own are set): MS_ROLE" in text
+
+
+def test_the_state_url_and_lease_go_to_the_scheduler_alone() -> None:
+    url = "etcd://e1:2379,e2:2379/jobs/a"
+    made = plan(options(enable_recovery=True, state_url=url, lease_s=3), with_scheduler=True)
+    assert made.scheduler is not None
+    assert made.scheduler.env["CLUSTER_STATE_URL"] == url
+    assert made.scheduler.env["CLUSTER_LEASE_S"] == "3"
+    for worker in made.workers:
+        assert "CLUSTER_STATE_URL" not in worker.env
+        assert worker.env["MS_ENABLE_RECOVERY"] == "1"

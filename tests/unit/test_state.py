@@ -8,7 +8,7 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import event, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -1200,12 +1200,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         ):
             group = [m for m in members if m.role is role]
             assert sorted(m.rank for m in group if m.rank is not None) == list(range(space))
-            # Numeric ids are their rank; the others follow (host, node id) order.
+            # Numeric ids are their rank; the others follow (host, node id) order as the job
+            # formed (a node that rejoins from another host keeps its rank: ranks are stable).
+            if not hasattr(self, "formed_hosts"):
+                self.formed_hosts = {m.node_id: m.host for m in members}
             for m in group:
                 if m.node_id.isdigit():
                     assert m.rank == int(m.node_id)
             named = sorted((m for m in group if not m.node_id.isdigit()), key=lambda m: m.rank or 0)
-            keys = [(m.host, m.node_id) for m in named]
+            keys = [(self.formed_hosts.get(m.node_id, m.host), m.node_id) for m in named]
             assert keys == sorted(keys)
             # Local ranks count the role's members of the same host in rank order.
             by_host: dict[str, list[int]] = {}
@@ -1547,3 +1550,29 @@ def test_a_tick_that_ends_the_job_keeps_the_failures_it_found_before() -> None:
     assert Evict("0", 1, failed[0].reason) in effects
     assert isinstance(effects[-1], ShutdownEvent)
     assert "rank 1" in effects[-1].reason
+
+
+@settings(max_examples=1, database=None)
+@given(st.none())
+def test_a_named_node_rejoining_from_another_host_keeps_its_rank(nothing: None) -> None:
+    """A case the machine found: ps-a rejoins from h1 after the job formed on h0. Its rank is
+    stable, so the ranks no longer follow the hosts' order, only the order the job formed in.
+    (Under `given` so that the machine's rules may record hypothesis events.)"""
+    machine = SchedulerMachine()
+    machine.setup(
+        worker_num=1,
+        server_num=2,
+        heartbeat_enabled=False,
+        topo_timeout_s=15.0,
+        recovery=True,
+        job_secret=None,
+    )
+    machine.fill(hosts=["h0"] * 6)
+    machine.ranks_dense_unique_and_stable()
+    rank = machine.state.members["ps-a"].rank
+    machine.advance(seconds=11.0)
+    machine.register(cluster_id="", host="h1", incarnation=2, matching=1, node_id="ps-a")
+    machine.ranks_dense_unique_and_stable()
+    assert machine.state.members["ps-a"].host == "h1"
+    assert machine.state.members["ps-a"].rank == rank
+    machine.teardown()

@@ -72,7 +72,7 @@ def test_newer_format_is_refused(tmp_path: Path) -> None:
 def test_foreign_file_and_other_kind_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(json.dumps({"hello": "world"}))
-    with pytest.raises(StateFileError, match="not a cluster recovery state file"):
+    with pytest.raises(StateFileError, match="not a cluster recovery state"):
         store.load(path, "scheduler")
     store.save(path, "worker", PAYLOAD)
     with pytest.raises(StateFileError, match="of a 'worker', not of a 'scheduler'"):

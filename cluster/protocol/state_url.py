@@ -1,0 +1,148 @@
+"""Where a scheduler keeps its job's state: CLUSTER_STATE_URL and CLUSTER_LEASE_S, parsed.
+
+    etcd://HOST:PORT[,HOST:PORT...]/PREFIX     etcd v3, plaintext
+    etcds://HOST:PORT[,HOST:PORT...]/PREFIX    etcd v3 over TLS (see `EtcdTLS`)
+
+The prefix names the job: every key of its state lives under it, so several jobs share one etcd
+cluster with a prefix each. Pure: `parse_state_url` takes a string and raises ConfigError naming
+the variable, the value and the rule; nothing here opens a file or a connection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import is_decimal
+
+STATE_URL_ENV = "CLUSTER_STATE_URL"
+LEASE_ENV = "CLUSTER_LEASE_S"
+# etcd grants leases in whole seconds, and no shorter than 1.5 election timeouts (2 s with
+# etcd's defaults): a shorter lease would be lengthened by etcd anyway.
+MIN_LEASE_S = 2
+MAX_LEASE_S = 3600
+# Failover after a leader's death takes about the lease: 5 s keeps it short while a scheduler
+# stalled for a few seconds (a swapped-out host, a slow etcd) does not lose its job to a standby.
+DEFAULT_LEASE_S = 5
+_SCHEMES = {"etcd": False, "etcds": True}
+_USAGE = "it must be etcd://HOST:PORT[,HOST:PORT...]/PREFIX (or etcds:// for TLS)"
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """The etcd client's TLS files (PEM), from CLUSTER_ETCD_CA_FILE, CLUSTER_ETCD_CERT_FILE and
+    CLUSTER_ETCD_KEY_FILE; any left out come from the job's ssl.json (its CA, its client
+    certificate). Only the paths: the transport layer opens them."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class StateUrl:
+    """A parsed CLUSTER_STATE_URL."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    prefix: str  # "/jobs/a/": starts and ends with one "/"
+    tls: bool = False
+    tls_files: EtcdTLS = field(default_factory=EtcdTLS)
+
+    def __str__(self) -> str:
+        hosts = ",".join(_endpoint(host, port) for host, port in self.endpoints)
+        return f"{'etcds' if self.tls else 'etcd'}://{hosts}{self.prefix.rstrip('/')}"
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _fail(name: str, value: str, problem: str) -> ConfigError:
+    return ConfigError(f"{name}={value!r} {problem}: {_USAGE}")
+
+
+def parse_state_url(value: str, name: str = STATE_URL_ENV) -> StateUrl:
+    """`value` as a StateUrl, or ConfigError naming `name`, the value and the rule."""
+    text = value.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in _SCHEMES:
+        raise _fail(name, value, f"has no known scheme ({scheme!r})" if sep else "is no URL")
+    hosts, slash, path = rest.partition("/")
+    prefix = "/" + "/".join(part for part in path.split("/") if part)
+    if not slash or prefix == "/":
+        raise _fail(name, value, "has no key prefix (the job's name in etcd)")
+    if any(c.isspace() or not c.isprintable() for c in prefix):
+        raise _fail(name, value, "has a prefix with spaces or control characters")
+    endpoints = tuple(_parse_endpoint(name, value, part) for part in hosts.split(","))
+    if len(set(endpoints)) != len(endpoints):
+        raise _fail(name, value, "names an endpoint twice")
+    return StateUrl(endpoints, prefix + "/", tls=_SCHEMES[scheme])
+
+
+def _parse_endpoint(name: str, value: str, part: str) -> tuple[str, int]:
+    part = part.strip()
+    if part.startswith("["):
+        host, close, port_text = part[1:].partition("]")
+        port_text = port_text[1:] if close and port_text.startswith(":") else ""
+    else:
+        host, _, port_text = part.rpartition(":")
+    if not host or (":" in host and not part.startswith("[")):
+        raise _fail(name, value, f"has an endpoint {part!r} without HOST:PORT")
+    if not is_decimal(port_text) or not 1 <= int(port_text) <= 65535:
+        raise _fail(name, value, f"has an endpoint {part!r} whose port is not in 1-65535")
+    return host, int(port_text)
+
+
+def parse_lease(value: str, name: str = LEASE_ENV) -> int:
+    """Seconds of the leader's etcd lease: a whole number in MIN_LEASE_S..MAX_LEASE_S."""
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number != int(number):
+        raise ConfigError(
+            f"{name}={value!r} is not a whole number of seconds: etcd grants leases in seconds"
+        )
+    if not MIN_LEASE_S <= number <= MAX_LEASE_S:
+        raise ConfigError(
+            f"{name}={value!r} must be between {MIN_LEASE_S} and {MAX_LEASE_S} seconds (etcd "
+            f"lengthens a lease shorter than {MIN_LEASE_S} s anyway)"
+        )
+    return int(number)
+
+
+def state_url_from_env(env: Mapping[str, str], given: str | None = None) -> StateUrl | None:
+    """The state URL (`given`, e.g. --state-url, else CLUSTER_STATE_URL) with the etcd TLS
+    files of the environment; None when neither names one."""
+    raw = given if given is not None else env.get(STATE_URL_ENV, "")
+    if not raw.strip():
+        return None
+    url = parse_state_url(raw, "--state-url" if given is not None else STATE_URL_ENV)
+
+    def path(var: str) -> Path | None:
+        text = env.get(var, "").strip()
+        return Path(text) if text else None
+
+    files = EtcdTLS(
+        path("CLUSTER_ETCD_CA_FILE"), path("CLUSTER_ETCD_CERT_FILE"), path("CLUSTER_ETCD_KEY_FILE")
+    )
+    if (files.cert_file is None) != (files.key_file is None):
+        raise ConfigError(
+            "CLUSTER_ETCD_CERT_FILE and CLUSTER_ETCD_KEY_FILE go together: set both (the etcd "
+            "client's certificate and its key) or neither"
+        )
+    if not url.tls and files != EtcdTLS():
+        raise ConfigError(
+            f"CLUSTER_ETCD_*_FILE are set, but the state URL {str(url)!r} is plaintext: use "
+            "etcds:// to speak TLS to etcd"
+        )
+    return StateUrl(url.endpoints, url.prefix, url.tls, files)
+
+
+def lease_from_env(env: Mapping[str, str]) -> int:
+    raw = env.get(LEASE_ENV, "").strip()
+    return parse_lease(raw) if raw else DEFAULT_LEASE_S

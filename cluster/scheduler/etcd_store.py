@@ -1,0 +1,356 @@
+"""The state store on etcd v3 (CLUSTER_STATE_URL=etcd://...): fenced, compare-and-set writes.
+
+Keys under the job's PREFIX:
+
+    leader, schedulers/<address>    leadership (`etcd_election`)
+    state                           the scheduler's state: the envelope of `storage.store`
+    kvjob                           the job whose key-value store is kept
+    kv/<key>                        one etcd key per key of the job's key-value store
+    stateblob/<id>/<n>, kvblob/<id>/<n>   chunks of a value too large for one request
+
+Every write is one transaction conditioned on the create revision of this scheduler's leader
+key (its fence): a scheduler whose lease ended, or that never led, writes nothing, and learns
+so (`FencedError`). A state save is also conditioned on the state key's mod revision (the
+compare-and-set token) and answers with what is stored either way.
+
+etcd refuses a request over 1.5 MiB by default, and a transaction of more than 128 operations:
+a value over INLINE_MAX_BYTES (a large state, a key-value value of up to 4 MiB) is written as
+chunks first, each in a fenced transaction of its own, then named by a small manifest written
+with the compare-and-set; a chunk of a save that did not land is never named, and is removed by
+the next leader (`collect_garbage`). A batch of key-value changes goes in transactions of at
+most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically, and the batch is
+acknowledged once all of them are.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import xxhash
+
+from cluster.protocol.errors import FencedError, StateFileError
+from cluster.scheduler.etcd_client import EtcdConnection
+from cluster.scheduler.etcd_election import EtcdElection
+from cluster.storage import store
+from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
+
+INLINE = b"\x00"
+CHUNKED = b"\x01"
+INLINE_MAX_BYTES = 512 * 1024
+CHUNK_BYTES = 1024 * 1024
+TXN_BYTES = 1024 * 1024
+TXN_OPS = 64
+PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
+
+
+# A transaction's comparisons and operations, built on the client's `transactions` when sent.
+Op = Callable[[Any], Any]
+
+
+def _created(key: bytes, revision: int) -> Op:
+    return lambda t: t.create(key) == revision
+
+
+def _modified(key: bytes, revision: int) -> Op:
+    return lambda t: t.mod(key) == revision
+
+
+def _holds(key: bytes, value: bytes) -> Op:
+    return lambda t: t.value(key) == value
+
+
+def _put(key: bytes, value: bytes) -> Op:
+    return lambda t: t.put(key, value)
+
+
+def _get(key: bytes) -> Op:
+    return lambda t: t.get(key)
+
+
+def _delete_prefix(prefix: bytes) -> Op:
+    return lambda t: t.delete(prefix, range_end=range_end(prefix))
+
+
+def range_end(prefix: bytes) -> bytes:
+    """The end of the key range of `prefix` (etcd's convention: the prefix plus one)."""
+    last = bytearray(prefix)
+    while last and last[-1] == 0xFF:
+        last.pop()
+    last[-1] += 1
+    return bytes(last)
+
+
+class EtcdStore:
+    standby = True
+
+    def __init__(self, connection: EtcdConnection, election: EtcdElection) -> None:
+        self.connection = connection
+        self.election = election
+        self.name = "CLUSTER_STATE_URL"
+        self.where = str(connection.url)
+        prefix = connection.url.prefix.encode()
+        self.state_key = prefix + b"state"
+        self.state_blobs = prefix + b"stateblob/"
+        self.kv_job_key = prefix + b"kvjob"
+        self.kv_prefix = prefix + b"kv/"
+        self.kv_blobs = prefix + b"kvblob/"
+        self._advice = f"delete it (etcdctl del {self.state_key.decode()}) to start a new job"
+        self._state_blob: str | None = None  # the chunks of the stored state, if any
+        self._kv_blob: dict[str, str] = {}  # key-value keys stored as chunks -> their id
+
+    # -- holding ---------------------------------------------------------------------------
+
+    async def acquire(self) -> str | None:
+        leader = await self.election.campaign()
+        return None if leader is None else leader.address or "(changing)"
+
+    async def release(self) -> None:
+        await self.election.resign()
+
+    async def close(self) -> None:
+        await self.election.close()
+        await self.connection.close()
+
+    def _fence(self) -> int:
+        fence = self.election.fence
+        if fence is None:
+            raise FencedError(f"this scheduler does not lead the job in {self.where}")
+        return fence
+
+    async def _txn(
+        self, compare: list[Any], success: list[Any], failure: list[Any], what: str
+    ) -> tuple[bool, list[Any]]:
+        async def attempt(client: Any) -> tuple[bool, list[Any]]:
+            t = client.transactions
+            return await client.transaction(  # type: ignore[no-any-return]
+                compare=[c(t) for c in compare],
+                success=[op(t) for op in success],
+                failure=[op(t) for op in failure],
+            )
+
+        return await self.connection.call(attempt, what)
+
+    def _fenced(self, responses: list[Any], fence: int) -> None:
+        """Raise FencedError when the leader key in `responses[0]` is not ours any more."""
+        got = responses[0] if responses else []
+        if not got or got[0][1].create_revision != fence:
+            self.election.fence = None
+            raise FencedError(
+                f"this scheduler no longer leads the job in {self.where} (its lease ended, "
+                "and another scheduler may lead): its view of the job is stale"
+            )
+
+    # -- the state -------------------------------------------------------------------------
+
+    async def load(self) -> Stored:
+        got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
+        if got is None:
+            self._state_blob = None
+            return Stored(None, "")
+        return await self._decode_state(got.value, got.mod_revision)
+
+    async def _decode_state(self, raw: bytes, revision: int) -> Stored:
+        where = f"{self.where} (key {self.state_key.decode()})"
+        data, blob = await self._value(raw, self.state_blobs, where, self._advice)
+        snapshot = store.decode(data, SCHEDULER_KIND, where, self._advice)
+        self._state_blob = blob
+        return Stored(snapshot, str(revision))
+
+    async def save(self, snapshot: dict[str, Any], token: str) -> Written:
+        fence = self._fence()
+        value, blob = await self._stored_form(
+            store.encode(SCHEDULER_KIND, snapshot), self.state_blobs, fence
+        )
+        leader, state = self.election.leader_key, self.state_key
+        success = [lambda t: t.put(state, value)]
+        old = self._state_blob
+        if old is not None and old != blob:
+            old_chunks = self.state_blobs + old.encode() + b"/"
+            success.append(lambda t: t.delete(old_chunks, range_end=range_end(old_chunks)))
+        ok, responses = await self._txn(
+            [lambda t: t.create(leader) == fence, lambda t: t.mod(state) == int(token or 0)],
+            [*success, lambda t: t.get(leader)],
+            [lambda t: t.get(leader), lambda t: t.get(state)],
+            "save the state",
+        )
+        if ok:
+            self._state_blob = blob
+            revision = responses[-1][0][1].header.revision
+            return Written(True, Stored(snapshot, str(revision)))
+        self._fenced(responses, fence)
+        if not responses[1]:
+            self._state_blob = None
+            return Written(False, Stored(None, ""))
+        raw, meta = responses[1][0]
+        return Written(False, await self._decode_state(raw, meta.mod_revision))
+
+    # -- values and their chunks -----------------------------------------------------------
+
+    async def _stored_form(self, data: bytes, blobs: bytes, fence: int) -> tuple[bytes, str | None]:
+        """`data` as it goes in its key: inline, or a manifest of chunks written first."""
+        if len(data) <= INLINE_MAX_BYTES:
+            return INLINE + data, None
+        blob = uuid.uuid4().hex
+        leader = self.election.leader_key
+        for n, start in enumerate(range(0, len(data), CHUNK_BYTES)):
+            key = blobs + f"{blob}/{n:06d}".encode()
+            chunk = data[start : start + CHUNK_BYTES]
+            ok, responses = await self._txn(
+                [lambda t: t.create(leader) == fence],
+                [lambda t, k=key, c=chunk: t.put(k, c)],
+                [lambda t: t.get(leader)],
+                "save a chunk",
+            )
+            if not ok:
+                self._fenced(responses, fence)
+        manifest = {"id": blob, "size": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)}
+        return CHUNKED + json.dumps(manifest).encode(), blob
+
+    async def _value(
+        self, raw: bytes, blobs: bytes, where: str, advice: str
+    ) -> tuple[bytes, str | None]:
+        """The data a key holds (its chunks gathered and checked) and its chunks' id."""
+        if raw[:1] == INLINE:
+            return raw[1:], None
+        if raw[:1] != CHUNKED:
+            raise StateFileError(f"{where} does not hold a value of cluster's: {advice}")
+        try:
+            manifest = json.loads(raw[1:])
+            blob, size, digest = str(manifest["id"]), int(manifest["size"]), manifest["xxh3"]
+        except (ValueError, KeyError, TypeError):
+            raise StateFileError(f"{where} holds a torn chunk manifest: {advice}") from None
+        chunks = blobs + blob.encode() + b"/"
+        found = await self.connection.call(lambda c: c.get_prefix(chunks), "read chunks")
+        data = b"".join(kv.value for kv in found)
+        if len(data) != size or xxhash.xxh3_128_hexdigest(data) != digest:
+            raise StateFileError(
+                f"{where} names chunks that are missing or torn ({len(data)} of {size} bytes "
+                f"found): {advice}"
+            )
+        return data, blob
+
+    # -- the key-value store ---------------------------------------------------------------
+
+    async def load_kv(self, job: str) -> dict[str, bytes]:
+        owner = await self.connection.call(lambda c: c.get(self.kv_job_key), "read the kv owner")
+        if owner is None or owner.value != job.encode():
+            return {}
+        values: dict[str, bytes] = {}
+        self._kv_blob = {}
+        start, end = self.kv_prefix, range_end(self.kv_prefix)
+        advice = "delete it to go on without that key"
+        while True:
+            page = await self.connection.call(
+                functools.partial(_range, start=start, end=end, limit=PAGE_KEYS),
+                "read the key-value store",
+            )
+            for kv in page.kvs:
+                key = kv.key[len(self.kv_prefix) :].decode(errors="replace")
+                where = f"{self.where} (key-value key {key!r})"
+                values[key], blob = await self._value(kv.value, self.kv_blobs, where, advice)
+                if blob is not None:
+                    self._kv_blob[key] = blob
+            if not page.more or not page.kvs:
+                return values
+            start = page.kvs[-1].key + b"\x00"
+
+    async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
+        fence = self._fence()
+        batch: list[Op] = []
+        size = 0
+        written: dict[str, str | None] = {}
+        for key, value in changes.items():
+            stored, blob = await self._stored_form(value, self.kv_blobs, fence)
+            ops = [_put(self.kv_prefix + key.encode(), stored)]
+            old = self._kv_blob.get(key)
+            if old is not None:
+                chunks = self.kv_blobs + old.encode() + b"/"
+                ops.append(_delete_prefix(chunks))
+            if batch and (len(batch) + len(ops) > TXN_OPS or size + len(stored) > TXN_BYTES):
+                await self._kv_txn(job, fence, batch, written)
+                batch, size, written = [], 0, {}
+            batch.extend(ops)
+            size += len(stored) + len(key)
+            written[key] = blob
+        if batch:
+            await self._kv_txn(job, fence, batch, written)
+
+    async def _kv_txn(
+        self, job: str, fence: int, ops: list[Op], written: dict[str, str | None]
+    ) -> None:
+        leader, owner = self.election.leader_key, self.kv_job_key
+        ok, responses = await self._txn(
+            [_created(leader, fence), _holds(owner, job.encode())],
+            ops,
+            [_get(leader)],
+            "save key-value changes",
+        )
+        if not ok:
+            self._fenced(responses, fence)
+            raise FencedError(
+                f"the key-value store in {self.where} is no longer job {job}'s: another "
+                "scheduler started a new job there"
+            )
+        for key, blob in written.items():
+            if blob is None:
+                self._kv_blob.pop(key, None)
+            else:
+                self._kv_blob[key] = blob
+
+    async def clear_kv(self, job: str) -> None:
+        fence = self._fence()
+        leader, kv, blobs, owner = (
+            self.election.leader_key,
+            self.kv_prefix,
+            self.kv_blobs,
+            self.kv_job_key,
+        )
+        ok, responses = await self._txn(
+            [_created(leader, fence)],
+            [_delete_prefix(kv), _delete_prefix(blobs), _put(owner, job.encode())],
+            [_get(leader)],
+            "clear the key-value store",
+        )
+        if not ok:
+            self._fenced(responses, fence)
+        self._kv_blob = {}
+
+    async def collect_garbage(self) -> int:
+        """Remove chunks no key names (a leader died between writing them and naming them);
+        the number of chunk sets removed."""
+        fence = self._fence()
+        named = set(self._kv_blob.values()) | {self._state_blob}
+        leader = self.election.leader_key
+        removed = 0
+        for blobs in (self.state_blobs, self.kv_blobs):
+            found = await self.connection.call(
+                functools.partial(_range, start=blobs, end=range_end(blobs), keys_only=True),
+                "list chunks",
+            )
+            ids = {kv.key[len(blobs) :].split(b"/", 1)[0].decode() for kv in found.kvs}
+            for blob in ids - named:
+                chunks = blobs + blob.encode() + b"/"
+                ok, responses = await self._txn(
+                    [_created(leader, fence)],
+                    [_delete_prefix(chunks)],
+                    [_get(leader)],
+                    "remove unnamed chunks",
+                )
+                if not ok:
+                    self._fenced(responses, fence)
+                removed += 1
+        return removed
+
+
+async def _range(
+    client: Any, *, start: bytes, end: bytes, limit: int = 0, keys_only: bool = False
+) -> Any:
+    """One page of a range read (aetcd's get_prefix reads it all at once)."""
+    from aetcd import rpc  # noqa: PLC0415 - aetcd only when an etcd URL is used
+
+    request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
+    return await client.kvstub.Range(request, timeout=client._timeout)

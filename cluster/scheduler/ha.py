@@ -1,0 +1,164 @@
+"""A scheduler among standbys (the etcd store): lead the job while the election says so.
+
+The server serves its port from the start; what answers there is decided by the election
+(`cluster.scheduler.leading`, with the pure rules of `cluster.protocol.leadership`):
+
+- leading: the job is loaded from etcd as a restarted scheduler loads it (every known node
+  awaits its reconnection, with its rank and generation), its first save (fenced by the new
+  leader key) lands, and only then does the gate let calls through;
+- standing by, or stepped down: every call is answered with the leader's address;
+- the job is over: the leader ends as a single scheduler does; a standby that takes over and
+  finds the job it stood by for ended (not one that had ended before it started) exits with
+  that job's result instead of starting a new one, so every scheduler of a job ends with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from cluster.protocol import events
+from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.leadership import Leadership
+from cluster.protocol.state import Phase
+from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.leading import Leading
+
+if TYPE_CHECKING:
+    from cluster.scheduler.etcd_election import EtcdElection
+    from cluster.scheduler.server import SchedulerServer
+
+log = logging.getLogger("cluster.scheduler")
+
+# A leader stopped by a signal: how long it waits for the job's end to be saved.
+STOP_SAVE_WAIT_S = 3.0
+_ENDED = (Phase.FINISHED.value, Phase.FAILED.value)
+
+
+class HighAvailability:
+    def __init__(self, server: SchedulerServer, election: EtcdElection) -> None:
+        self.server = server
+        self.election = election
+        self.leadership = Leadership(float(election.lease_s), time.monotonic)
+        self.leading = Leading(election, self.leadership, self._lead, self._step_down)
+        self._task: asyncio.Task[None] | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._finished: asyncio.Future[bool] | None = None
+        # The job whose end was saved when this scheduler started (a new job may replace it).
+        self._ended_at_start: str | None = None
+
+    async def start(self) -> None:
+        """After the server listens: publish its address, read the state once, elect."""
+        server = self.server
+        store = server.store
+        assert store is not None
+        self.election.address = _advertised(server.host, server.port)
+        self._finished = asyncio.get_running_loop().create_future()
+        try:
+            stored = await store.load()
+        except StateFileError as exc:
+            raise ConfigError(f"{store.name}={store.where!r} is not usable: {exc}") from None
+        if stored.snapshot is not None and stored.snapshot.get("phase") in _ENDED:
+            self._ended_at_start = str(stored.snapshot.get("cluster_id"))
+        gate = server.gate
+        gate.leadership, gate.address, gate.state_store = (
+            self.leadership,
+            self.election.address,
+            store.where,
+        )
+        gate.schedulers = self.leading.schedulers  # kept current by the election
+        self._task = asyncio.create_task(self._run(), name="cluster-election")
+
+    async def _run(self) -> None:
+        try:
+            await self.leading.run()
+        except Exception as exc:  # a bug: say it and end, rather than serve half
+            log.exception("the election stopped")
+            self._finish(exc)
+
+    def _finish(self, result: bool | BaseException) -> None:
+        finished = self._finished
+        if finished is None or finished.done():
+            return
+        if isinstance(result, BaseException):
+            finished.set_exception(result)
+        else:
+            finished.set_result(result)
+
+    async def _lead(self) -> None:
+        server = self.server
+        assert server.store is not None
+        core = await SchedulerCore.resume(server.settings, server.store)
+        ended = core.ended_job
+        if ended is not None and ended[0] != self._ended_at_start:
+            log.info(
+                "the job %s has %s (as saved in %s): this scheduler's part is over",
+                ended[0],
+                "finished" if ended[1] else "failed",
+                server.store.where,
+            )
+            self._finish(ended[1])
+            return
+        await core.save_first()  # fenced: lands only while our leader key stands
+        core.on_fenced = self._on_fenced
+        await server.install(core)
+        term = self.leadership.terms
+        core.journal.emit(events.of_leader_change(True, self.election.address, term))
+        await self._unwatch()
+        self._watching = asyncio.create_task(self._watch(core))
+
+    async def _watch(self, core: SchedulerCore) -> None:
+        await core.done.wait()
+        self._finish(core.ok)
+
+    async def _unwatch(self) -> None:
+        task, self._watching = self._watching, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _step_down(self, why: str) -> None:
+        await self._unwatch()
+        core = self.server.gate.core
+        if core is not None:
+            change = events.of_leader_change(
+                False, self.election.address, self.leadership.terms, why
+            )
+            core.journal.emit(change)
+        await self.server.uninstall(self.server.gate.not_leader())
+
+    def _on_fenced(self, why: str) -> None:
+        """A save of the leading core was refused: our leader key is gone."""
+        asyncio.ensure_future(self.leading.fenced(why))  # noqa: RUF006 - awaited by no one
+
+    async def wait_done(self, stop_requested: asyncio.Event) -> bool:
+        """Until the job is over here (led to its end, or found ended), or a stop: a leader
+        then waits for the end it saves, a standby just goes."""
+        finished = self._finished
+        assert finished is not None
+        stop = asyncio.ensure_future(stop_requested.wait())
+        try:
+            await asyncio.wait((finished, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not finished.done() and self.server.gate.core is not None:
+                await asyncio.wait((finished,), timeout=STOP_SAVE_WAIT_S)
+        finally:
+            stop.cancel()
+        return finished.done() and finished.result()
+
+    async def stop(self) -> None:
+        await self._unwatch()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _advertised(host: str, port: int) -> str:
+    from cluster.scheduler.stores import advertised  # noqa: PLC0415 - one helper, no cycle
+
+    return advertised(host, port)

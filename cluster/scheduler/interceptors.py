@@ -1,0 +1,105 @@
+"""What the scheduler's gRPC server runs around every call: the client certificate's check
+against the CRL and its expiry on each call (gRPC checks the CA only at the handshake), and the
+server's mutual-TLS credentials."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cluster.transport import tls as tls_module
+
+log = logging.getLogger("cluster.scheduler")
+
+
+if TYPE_CHECKING:  # generic in grpc-stubs only
+    Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+    Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+else:
+    Interceptor = grpc.aio.ServerInterceptor
+
+
+class PeerCertificateCheck(Interceptor):
+    """Refuses every call whose client certificate is revoked (by the CRL as it is at that call)
+    or expired. gRPC checked the CA at the handshake; it has no CRL, and a connection outlives
+    the moment a certificate is revoked."""
+
+    def __init__(self, check: tls_module.PeerCheck) -> None:
+        self._check = check
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(details)
+        return None if handler is None else _guarded(handler, self._refuse)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        pems = list(context.auth_context().get("x509_pem_cert", []))
+        if not pems:
+            problem = "this node presented no client certificate"
+        else:
+            cert = self._check.certificate(pems[0])
+            found = self._check.problem(cert)
+            if found is None:
+                return
+            problem = f"this node's certificate ({tls_module.describe(cert)}) {found}"
+        log.warning("refused a call from %s: %s", context.peer(), problem)
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            f"{problem}: use a valid certificate of the job's CA",
+        )
+
+
+def _guarded(
+    handler: grpc.RpcMethodHandler[Any, Any], check: Check
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """The same handler, with `check` run before its behaviour on every call."""
+
+    def wrap(behavior: Any) -> Any:
+        if inspect.isasyncgenfunction(behavior):
+
+            async def streaming(request: Any, context: Any) -> Any:
+                await check(context)
+                async for response in behavior(request, context):
+                    yield response
+
+            return streaming
+
+        async def unary(request: Any, context: Any) -> Any:
+            await check(context)
+            return await behavior(request, context)
+
+        return unary
+
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    for attribute, make in kinds:
+        behavior = getattr(handler, attribute)
+        if behavior is not None:
+            return make(
+                wrap(behavior),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
+
+
+def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:
+    """Mutual TLS: the scheduler's certificate, and a client certificate of the CA required."""
+    return grpc.ssl_server_credentials(
+        [(identity.key_pem, identity.chain_pem)],
+        root_certificates=identity.ca_pem,
+        require_client_auth=True,
+    )

@@ -1,0 +1,174 @@
+"""The election's I/O loop: campaign, keep the lease alive, follow the leader, step down.
+
+It reports what etcd answered to the pure `Leadership` (`cluster.protocol.leadership`) and does
+what it decides: `lead()` (the server loads the job and serves it) and `step_down(why)` (the
+server stops answering for the job). A leader's keepalive is bounded by the time its lease
+surely has left, so a leader cut off from etcd steps down when that time is up, not when the
+request gives up. A standby keeps its own lease alive too (its registration, for Status), and
+waits on a watch of the leader key, read again at least every keepalive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from cluster.protocol.errors import FencedError, StateFileError
+from cluster.protocol.leadership import Leadership, Role, Step
+from cluster.scheduler.etcd_election import EtcdElection, LeaderKey
+
+log = logging.getLogger("cluster.scheduler")
+
+# While etcd does not answer: the first retry after this long, doubling up to RETRY_MAX_S.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
+
+
+class Leading:
+    def __init__(
+        self,
+        election: EtcdElection,
+        leadership: Leadership,
+        lead: Callable[[], Awaitable[None]],
+        step_down: Callable[[str], Awaitable[None]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.election = election
+        self.leadership = leadership
+        self._lead = lead
+        self._step_down = step_down
+        self._clock = clock
+        self._known: LeaderKey | None = None
+        self._retry_s = RETRY_FIRST_S
+        self.unreachable = ""  # why etcd did not answer last ("" when it did)
+        self.schedulers: list[str] = []
+
+    async def run(self) -> None:
+        """Until cancelled (the server stops, or the job is over)."""
+        while True:
+            role = self.leadership.role
+            try:
+                if role is Role.CANDIDATE:
+                    await self._campaign()
+                    self._reachable()
+                elif role is Role.LEADER:
+                    await self._keep()
+                else:
+                    await self._follow()
+                    self._reachable()
+            except StateFileError as exc:  # etcd did not answer (fenced is handled below)
+                await self._unreachable(exc)
+
+    async def _campaign(self) -> None:
+        sent = self._clock()
+        holder = await self.election.campaign()
+        if holder is None:
+            step = self.leadership.won(sent, self.election.granted_s, self.election.address)
+            log.info(
+                "leading the job (term %d): holding the leader key in %s on a %g s lease",
+                self.leadership.terms,
+                self.election.connection.url,
+                self.leadership.lease_s,
+            )
+            if step is not Step.LEAD:
+                await self._step_down(self.leadership.reason)
+                return
+            try:
+                await self._lead()
+            except StateFileError as exc:  # the job could not be loaded or saved: let go
+                self.leadership.fenced(f"it could not take the job over ({exc})")
+                await self._stepped_down()
+                raise
+            return
+        if holder.address == self.election.address:
+            await self.election.drop_stale(holder)  # ours, from before we stepped down
+            return  # and campaign again
+        self._known = holder
+        if self.leadership.lost(holder.address) is Step.STAND_BY:
+            log.info("standing by: the leader is %s", holder.address or "(changing)")
+
+    async def _keep(self) -> None:
+        """One keepalive, bounded by the time the lease surely has; then a pause."""
+        leadership = self.leadership
+        sent = self._clock()
+        budget = leadership.valid_until - sent
+        try:
+            ttl = await asyncio.wait_for(self.election.keepalive(), max(budget, 0.0))
+        except FencedError:
+            step = leadership.lease_ended()
+        except (StateFileError, asyncio.TimeoutError) as exc:
+            step = leadership.tick()
+            if step is Step.NOTHING:
+                self._note(exc)
+        else:
+            step = leadership.kept(sent, ttl)
+            self._reachable()
+        if step is Step.STEP_DOWN:
+            await self._stepped_down()
+            return
+        await self._refresh_schedulers()
+        pause = min(leadership.keepalive_every_s, max(leadership.valid_until - self._clock(), 0))
+        await asyncio.sleep(pause)
+        if leadership.tick() is Step.STEP_DOWN:
+            await self._stepped_down()
+
+    async def _stepped_down(self) -> None:
+        why = self.leadership.reason
+        log.error("stepping down: %s; no call is answered until this scheduler leads again", why)
+        await self.election.resign()
+        await self._step_down(why)
+
+    async def _follow(self) -> None:
+        """A standby: keep its lease, and wait for the leader key to change."""
+        every = self.leadership.keepalive_every_s
+        try:
+            await asyncio.wait_for(self.election.keepalive(), every)
+        except FencedError:
+            await self.election.ensure_lease()  # ended while etcd was away: a new one
+        except asyncio.TimeoutError:
+            pass
+        await self._refresh_schedulers()
+        await self.election.wait_for_change(self._known, every)
+        found = await self.election.leader()
+        if found is not None and found.address == self.election.address:
+            await self.election.drop_stale(found)  # ours, from before we stepped down
+            found = None
+        if found != self._known:
+            self._known = found
+            if found is not None:
+                log.info("standing by: the leader is now %s", found.address or "(changing)")
+        self.leadership.leader_seen(None if found is None else found.address)
+
+    async def fenced(self, why: str) -> None:
+        """A write was refused: our leader key is gone (called by the server)."""
+        if self.leadership.fenced(why) is Step.STEP_DOWN:
+            await self._stepped_down()
+
+    async def _refresh_schedulers(self) -> None:
+        try:
+            peers = await self.election.peers()
+        except StateFileError:
+            return
+        self.schedulers[:] = [p.address for p in peers]  # in place: the gate shows it
+
+    async def _unreachable(self, exc: StateFileError) -> None:
+        self._note(exc)
+        if self.leadership.tick() is Step.STEP_DOWN:
+            await self._stepped_down()
+        await asyncio.sleep(self._retry_s)
+        self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+
+    def _note(self, exc: BaseException) -> None:
+        why = str(exc) or "no answer in time"
+        if not self.unreachable:
+            log.warning("etcd does not answer: %s; trying again", why)
+        self.unreachable = why
+
+    def _reachable(self) -> None:
+        if self.unreachable:
+            log.info("etcd answers again")
+        self.unreachable = ""
+        self._retry_s = RETRY_FIRST_S

@@ -1,0 +1,119 @@
+"""The state store of MS_RECOVERY_PATH: today's files and lock behind the `StateStore` interface.
+
+`scheduler.json` (the state, `store.save`/`store.load`), `scheduler.lock` (held while a
+scheduler runs on the directory: the store's "acquire") and `kv.log` (the key-value store,
+`kv_log`). The compare-and-set token is the SHA-256 of the saved payload. Under the lock this
+process is the only writer, so it knows what is on disk: a save checks the file's identity
+(inode, size, modification time) against the one it last wrote or read, and reads the file
+again only when another process changed it behind the lock.
+
+Blocking file I/O runs on a worker thread (an fsync must not stall the scheduler's loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cluster.protocol.errors import FencedError, StateFileError
+from cluster.storage import store
+from cluster.storage.kv_log import KvLog
+from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
+
+STATE_FILE = "scheduler.json"
+_Identity = tuple[int, int, int]
+
+
+def _identity(path: Path) -> _Identity | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class DirectoryStore:
+    standby = False
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / STATE_FILE
+        self.name = "MS_RECOVERY_PATH"
+        self.where = str(self.path)
+        self._lock = store.RecoveryLock(directory)
+        self._held = False
+        self._kv = KvLog(directory)
+        # What this process last read or wrote: the file's identity and its token.
+        self._seen: tuple[_Identity | None, str] | None = None
+
+    async def acquire(self) -> str | None:
+        self._lock.acquire()  # ConfigError naming the holder when another scheduler has it
+        self._held = True
+        return None
+
+    async def release(self) -> None:
+        self._lock.release()
+        self._held = False
+
+    async def close(self) -> None:
+        await self.release()
+
+    async def load(self) -> Stored:
+        return await asyncio.to_thread(self._load)
+
+    def _load(self) -> Stored:
+        identity = _identity(self.path)
+        snapshot = store.load(self.path, SCHEDULER_KIND)
+        token = "" if snapshot is None else store.checksum(snapshot)
+        self._seen = (identity, token)
+        return Stored(snapshot, token)
+
+    async def save(self, snapshot: dict[str, Any], token: str) -> Written:
+        if not self._held:
+            raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
+        return await asyncio.to_thread(self._save, snapshot, token)
+
+    def _save(self, snapshot: dict[str, Any], token: str) -> Written:
+        current = self._current_token()
+        if current is not None and current != token:
+            return Written(False, self._load())
+        store.save(self.path, SCHEDULER_KIND, snapshot)
+        written = store.checksum(snapshot)
+        self._seen = (_identity(self.path), written)
+        return Written(True, Stored(snapshot, written))
+
+    def _current_token(self) -> str | None:
+        """The token of what is on disk; None when there is no file to read (a disk fault
+        behind the lock, not another writer: the save writes it again, or says what the disk
+        refused)."""
+        try:
+            identity = _identity(self.path)
+        except OSError:
+            return None
+        seen = self._seen
+        if seen is not None and seen[0] == identity:
+            return seen[1]
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return None  # gone or unreadable (a disk fault, not another writer): rewritten
+        try:
+            snapshot = store.decode(data, SCHEDULER_KIND, str(self.path), store.FILE_ADVICE)
+        except StateFileError:
+            return "unreadable"  # not a state this scheduler saved: never overwritten blindly
+        return store.checksum(snapshot)
+
+    async def load_kv(self, job: str) -> dict[str, bytes]:
+        return await asyncio.to_thread(self._kv.load, job)
+
+    async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
+        if not self._held:
+            raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
+        await asyncio.to_thread(self._kv.append, job, dict(changes))
+
+    async def clear_kv(self, job: str) -> None:
+        if not self._held:
+            raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
+        await asyncio.to_thread(self._kv.reset, job)

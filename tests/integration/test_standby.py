@@ -1,0 +1,333 @@
+"""Standby schedulers on a real 3-member etcd: real `mscluster scheduler` processes with the
+same --state-url, one leads, the others answer every call with the leader's address; SIGKILL of
+the leader: a standby takes the lease, resumes the job as saved (its id, its generation, its
+nodes awaiting their reconnection, its key-value store), and the old one comes back a standby.
+
+Nodes are played here by raw gRPC calls, as a worker makes them (its registration, its
+credential in the call metadata)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from cluster.testing import Process, free_port, wait_until
+from cluster.transport.failures import LEADER_KEY
+from cluster.transport.membership import call_metadata
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.procs import PYTHON, Procs, job_env
+from tests.servers.etcd import EtcdCluster
+
+LEASE_S = 2
+HOSTS = ("127.0.0.1", "127.0.0.2")
+CREDENTIALS = {"0": b"a" * 32, "1": b"b" * 32}
+
+
+class Schedulers:
+    """Two `mscluster scheduler` processes, one per loopback address, on one port."""
+
+    def __init__(self, processes: Procs, etcd: EtcdCluster) -> None:
+        self.processes = processes
+        self.url = etcd.state_url()
+        self.port = free_port()
+        self.metrics_ports = {host: free_port() for host in HOSTS}
+        self.procs = {host: self.start(host) for host in HOSTS}
+
+    def start(self, host: str) -> Process:
+        args = ["--host", host, "--port", str(self.port), "--worker-num", "2"]
+        args += ["--metrics-port", str(self.metrics_ports[host])]
+        args += ["--node-timeout", "5", "--state-url", self.url, "--lease", str(LEASE_S)]
+        return self.processes.start(
+            f"scheduler-{host}",
+            [PYTHON, "-m", "cluster", "scheduler", *args],
+            job_env(2, self.port),
+        )
+
+    def address(self, host: str) -> str:
+        return f"{host}:{self.port}"
+
+    def status(self, host: str) -> pb.StatusResponse | None:
+        with grpc.insecure_channel(self.address(host)) as channel:
+            try:
+                return pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=2)
+            except grpc.RpcError:
+                return None
+
+    def metrics(self, host: str) -> str:
+        url = f"http://{host}:{self.metrics_ports[host]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
+
+    def role(self, host: str) -> str:
+        status = self.status(host)
+        return "" if status is None else status.leadership.role
+
+    def leader(self) -> str:
+        """The host that leads, once one leads and every scheduler names it."""
+        found: list[str] = []
+
+        def one_leads() -> bool:
+            named = {host: self.status(host) for host in HOSTS}
+            found[:] = [h for h, s in named.items() if s and s.leadership.role == "leader"]
+            everyone = sorted(self.address(host) for host in HOSTS)
+            return len(found) == 1 and all(
+                s is not None
+                and s.leadership.leader == self.address(found[0])
+                and sorted(s.leadership.schedulers) == everyone
+                for s in named.values()
+            )
+
+        wait_until(one_leads, 30, "one scheduler leading, known to every scheduler")
+        return found[0]
+
+
+@pytest.fixture
+def schedulers(processes: Procs, etcd_cluster: EtcdCluster) -> Schedulers:
+    return Schedulers(processes, etcd_cluster)
+
+
+def register(address: str, node_id: str, cluster_id: str = "") -> pb.RegisterResponse:
+    request = pb.RegisterRequest(
+        node_id=node_id,
+        role=pb.ROLE_WORKER,
+        host="127.0.0.1",
+        port=6000 + int(node_id),
+        incarnation=1,
+        worker_num=2,
+        credential=CREDENTIALS[node_id],
+        cluster_id=cluster_id,
+    )
+    with grpc.insecure_channel(address) as channel:
+        response = pb_grpc.SchedulerStub(channel).Register(request, timeout=10)
+    assert isinstance(response, pb.RegisterResponse)
+    return response
+
+
+def kv_call(address: str, method: str, request: object) -> object:
+    metadata = call_metadata("0", 1, CREDENTIALS["0"])
+    with grpc.insecure_channel(address) as channel:
+        return getattr(pb_grpc.SchedulerStub(channel), method)(
+            request, timeout=10, metadata=metadata
+        )
+
+
+def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_killed(
+    schedulers: Schedulers,
+) -> None:
+    leader = schedulers.leader()
+    standby = next(host for host in HOSTS if host != leader)
+    here, there = schedulers.address(leader), schedulers.address(standby)
+
+    # A standby refuses a registration with the leader's address, in a Refusal the worker
+    # follows, and any other call with UNAVAILABLE and the address in the trailing metadata.
+    refused = register(there, "0").refused
+    assert (refused.reason, refused.leader) == (pb.REFUSAL_NOT_LEADER, here)
+    with pytest.raises(grpc.RpcError) as raised:
+        kv_call(there, "KvSet", pb.KvSetRequest(key="plan", value=b"v"))
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (LEADER_KEY, here) in tuple(raised.value.trailing_metadata() or ())
+    status = schedulers.status(standby)
+    assert status is not None
+    assert (status.leadership.leader, status.cluster_id) == (here, "")
+    assert sorted(status.leadership.schedulers) == sorted([here, there])
+
+    # The job forms on the leader, with a key set.
+    accepted = [register(here, node_id).accepted for node_id in ("0", "1")]
+    job = accepted[0].cluster_id
+    assert job
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v"))
+
+    os.kill(schedulers.procs[leader].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_until(lambda: schedulers.role(standby) == "leader", LEASE_S + 5, "the standby to lead")
+    took_over_s = time.monotonic() - killed_at
+    shown = schedulers.metrics(standby)
+    assert "\ncluster_leader 1.0" in shown
+    assert "\ncluster_leader_changes_total 1.0" in shown
+    status = schedulers.status(standby)
+    assert status is not None
+    assert (status.cluster_id, status.generation, status.leadership.leader) == (job, 1, there)
+    assert {node.node_id for node in status.nodes} == {"0", "1"}
+    answer = kv_call(there, "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v"]  # type: ignore[attr-defined]
+    # A node of the job comes back to the new leader, as a member of the same job.
+    again = register(there, "1", cluster_id=job).accepted
+    assert (again.cluster_id, again.generation) == (job, 1)  # reconnected, not a rejoin
+
+    # The old leader, started again, stands by behind the new one.
+    schedulers.procs[leader] = schedulers.start(leader)
+
+    def names_the_new_leader() -> bool:
+        status = schedulers.status(leader)
+        return status is not None and status.leadership.leader == there
+
+    wait_until(names_the_new_leader, 30, "the old leader to stand by behind the new one")
+    assert schedulers.role(leader) == "standby"
+    assert register(here, "0", cluster_id=job).refused.leader == there
+    print(f"the standby led {took_over_s:.2f} s after the leader's SIGKILL (lease {LEASE_S} s)")
+
+
+def status(addr: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "cluster", "status", "--addr", addr, *extra],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+
+
+def test_mscluster_status_names_the_leader_from_any_address(schedulers: Schedulers) -> None:
+    leader = schedulers.leader()
+    here = schedulers.address(leader)
+    others = [schedulers.address(host) for host in HOSTS if host != leader]
+    for host in HOSTS:
+        result = status(schedulers.address(host), "--json")
+        assert result.returncode == 0, result.stderr
+        shown = json.loads(result.stdout)
+        assert shown["address"] == here  # a standby's answer led to the leader
+        assert shown["leadership"]["leader"] == here
+        assert sorted(shown["leadership"]["schedulers"]) == sorted([here, *others])
+    # Several addresses, the first with nobody behind it: the next answers.
+    nobody = f"127.0.0.3:{free_port()}"
+    result = status(f"{nobody},{others[0]}")
+    assert result.returncode == 0, result.stderr
+    assert f"leader {here} (lease {LEASE_S} s" in result.stdout
+    assert f"standbys: {others[0]}" in result.stdout
+    # Nobody anywhere: one line that says what each address answered.
+    result = status(f"{nobody},127.0.0.4:{free_port()}")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "127.0.0.3" in result.stderr
+    assert "127.0.0.4" in result.stderr
+
+
+def kv_set_in_thread(address: str, value: bytes) -> tuple[threading.Thread, list[object]]:
+    """A KvSet sent now, answered whenever the scheduler gets to it: (thread, [outcome])."""
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(kv_call(address, "KvSet", pb.KvSetRequest(key="plan", value=value)))
+        except grpc.RpcError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_leader_that_lost_its_lease_while_paused_answers_not_the_leader_and_writes_nothing(
+    schedulers: Schedulers,
+) -> None:
+    """The leader is frozen (SIGSTOP: a long GC pause, a swapped-out host) with a key set on
+    its way to it; its lease ends, the standby takes the job over and a node sets the key
+    there; the old leader wakes up (SIGCONT) and finds the set: it answers "not the leader",
+    names the new one, and its value is nowhere."""
+    leader = schedulers.leader()
+    standby = next(host for host in HOSTS if host != leader)
+    here, there = schedulers.address(leader), schedulers.address(standby)
+    job = register(here, "0").accepted.cluster_id
+    register(here, "1")
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v1"))
+
+    old = schedulers.procs[leader]
+    os.kill(old.pid, signal.SIGSTOP)
+    try:
+        thread, outcome = kv_set_in_thread(here, b"stale")
+        wait_until(lambda: schedulers.role(standby) == "leader", 30, "the standby to lead")
+        kv_call(there, "KvSet", pb.KvSetRequest(key="plan", value=b"v2"))
+    finally:
+        os.kill(old.pid, signal.SIGCONT)
+    thread.join(20)
+    assert outcome, "the paused leader never answered the set it found on waking"
+    refused = outcome[0]
+    assert isinstance(refused, grpc.RpcError), refused
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+    assert "not the leader" in (refused.details() or "")
+    wait_until(lambda: schedulers.role(leader) == "standby", 30, "the old leader to stand by")
+    answer = kv_call(there, "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v2"]  # type: ignore[attr-defined]
+    status = schedulers.status(standby)
+    assert status is not None
+    assert (status.cluster_id, status.leadership.leader) == (job, there)
+    assert "Traceback" not in old.output
+
+
+def test_etcd_down_the_leader_steps_down_within_its_lease_and_the_job_resumes_when_it_is_back(
+    schedulers: Schedulers, etcd_cluster: EtcdCluster
+) -> None:
+    leader = schedulers.leader()
+    here = schedulers.address(leader)
+    job = register(here, "0").accepted.cluster_id
+    register(here, "1")
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v1"))
+
+    for member in range(3):
+        etcd_cluster.kill(member)
+    down_at = time.monotonic()
+    wait_until(lambda: schedulers.role(leader) != "leader", LEASE_S + 10, "the leader to step down")
+    stepped_down_s = time.monotonic() - down_at
+    refused = register(here, "0", cluster_id=job).refused
+    assert refused.reason == pb.REFUSAL_NOT_LEADER  # no leader: the node tries again later
+    assert refused.retry_after_s > 0
+
+    etcd_cluster.start()
+    found: list[str] = []
+
+    def one_leads() -> bool:
+        found[:] = [host for host in HOSTS if schedulers.role(host) == "leader"]
+        return len(found) == 1
+
+    wait_until(one_leads, 60, "a scheduler to lead once etcd is back")
+    status = schedulers.status(found[0])
+    assert status is not None
+    assert (status.cluster_id, status.generation) == (job, 1)
+    answer = kv_call(schedulers.address(found[0]), "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v1"]  # type: ignore[attr-defined]
+    for proc in schedulers.procs.values():
+        assert "Traceback" not in proc.output
+    print(f"the leader stepped down {stepped_down_s:.2f} s after etcd went (lease {LEASE_S} s)")
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("etcd://127.0.0.1:{port}/job", "cannot be used: cannot read the leader key"),
+        ("etcd://127.0.0.1/job", "without HOST:PORT"),
+        ("etcds://127.0.0.1:{port}/job", "names no CA"),
+    ],
+)
+def test_an_unreachable_or_misconfigured_etcd_is_one_line_at_start(url: str, said: str) -> None:
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "cluster",
+            "scheduler",
+            "--worker-num",
+            "1",
+            "--port",
+            "0",
+            "--state-url",
+            url.format(port=free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=job_env(1, 1),
+    )
+    assert result.returncode != 0
+    assert said in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if "mscluster:" in line]) == 1

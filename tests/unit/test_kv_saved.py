@@ -1,0 +1,89 @@
+"""The job's key-value store is part of its saved state: a set is answered, and seen by `get`
+and `wait`, only once it is saved; a restarted scheduler has every key it answered."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from cluster.scheduler.core import SchedulerCore
+from cluster.storage.kv_log import FILE_NAME
+from tests.aio import BOUND_S, eventually
+from tests.credentials import caller, registration
+from tests.unit.test_persist import started
+
+
+async def formed(directory: Path) -> SchedulerCore:
+    core = await started(directory)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    return core
+
+
+async def ended(core: SchedulerCore) -> None:
+    """Stop as the process would: what is decided saved, the store let go."""
+    assert await core.stop_saving(BOUND_S)
+    assert core.persister is not None
+    await core.persister.store.close()
+
+
+async def test_keys_set_before_a_restart_are_there_after_it(tmp_path: Path) -> None:
+    core = await formed(tmp_path)
+    node = caller("0", 1)
+    await asyncio.wait_for(core.kv_set(node, "plan", b"v1"), BOUND_S)
+    await asyncio.wait_for(core.kv_set(node, "plan", b"v2"), BOUND_S)
+    assert await asyncio.wait_for(core.kv_add(node, "count", 3), BOUND_S) == 3
+    await ended(core)
+    again = await started(tmp_path)
+    assert again.state.cluster_id == core.state.cluster_id
+    assert again.kv.get(["plan", "count"]) == ([b"v2", b"3"], [])
+    await ended(again)
+
+
+async def test_a_new_job_does_not_see_the_keys_of_the_one_before(tmp_path: Path) -> None:
+    core = await formed(tmp_path)
+    await asyncio.wait_for(core.kv_set(caller("0", 1), "plan", b"old"), BOUND_S)
+    await ended(core)
+    (tmp_path / "scheduler.json").unlink()  # the operator starts a new job here
+    again = await started(tmp_path)
+    assert again.state.cluster_id != core.state.cluster_id
+    assert again.kv.get(["plan"]) == ([], ["plan"])
+    await ended(again)
+    third = await started(tmp_path)  # and the old job's keys do not come back later
+    assert third.kv.get(["plan"]) == ([], ["plan"])
+    await ended(third)
+
+
+async def test_a_set_whose_save_fails_is_neither_answered_nor_seen_until_it_lands(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="cluster")
+    core = await formed(tmp_path)
+    node = caller("1", 1)
+    await asyncio.wait_for(core.kv_set(node, "a", b"1"), BOUND_S)
+    log_file = tmp_path / FILE_NAME
+    aside = tmp_path / "kv.log.aside"
+    log_file.rename(aside)
+    log_file.mkdir()  # every append now fails, as on a broken disk
+    answer = asyncio.ensure_future(core.kv_set(node, "a", b"2"))
+    counter = asyncio.ensure_future(core.kv_add(node, "n", 5))
+    waiter = asyncio.ensure_future(core.kv.wait(["n"], BOUND_S))
+    journal = core.kv_journal
+    assert journal is not None
+    await eventually(lambda: journal.error is not None, "a failed save of the key-value store")
+    assert not any(call.done() for call in (answer, counter, waiter))
+    assert core.kv.get(["a", "n"]) == ([b"1"], ["n"])  # the saved value, not the staged one
+    assert caplog.text.count("the key-value calls wait meanwhile") == 1
+    log_file.rmdir()
+    aside.rename(log_file)
+    await asyncio.wait_for(answer, BOUND_S)
+    assert await asyncio.wait_for(counter, BOUND_S) == 5
+    assert await asyncio.wait_for(waiter, BOUND_S) == [b"5"]
+    assert core.kv.get(["a", "n"]) == ([b"2", b"5"], [])
+    await ended(core)
+    again = await started(tmp_path)
+    assert again.kv.get(["a", "n"]) == ([b"2", b"5"], [])
+    await ended(again)

@@ -311,12 +311,8 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mscluster", description="Scheduler/worker networking for distributed training."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`mscluster run`: the launcher's options, then the script and its arguments."""
     run = commands.add_parser(
         "run",
         help="start the local processes of a job (like msrun / torchrun)",
@@ -332,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
+
+def _add_scheduler_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`mscluster scheduler`: one standalone scheduler."""
     sched = commands.add_parser(
         "scheduler",
         help="run a standalone scheduler for one job",
@@ -369,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched.set_defaults(func=_cmd_scheduler)
 
+
+def _add_status_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`mscluster status`: a running job's nodes, ranks and health."""
     stat = commands.add_parser(
         "status",
         help="show a running job's nodes, ranks and health",
@@ -390,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     stat.add_argument("--interval", type=float, default=1.0, help="--watch: seconds (1)")
     stat.set_defaults(func=_cmd_status)
 
+
+def _add_events_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`mscluster events`: the job's events from the log or a running scheduler."""
     ev = commands.add_parser(
         "events",
         help="show the job's events (formed, failed, rejoined, ...) as a table",
@@ -407,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tls-config", help="with --addr: ssl.json, when the job uses TLS")
     ev.set_defaults(func=_cmd_events)
 
+
+def _add_certs_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`mscluster certs`: test certificates and ssl.json."""
     cert = commands.add_parser(
         "certs",
         help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
@@ -424,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--force", action="store_true", help="overwrite existing files")
     cert.set_defaults(func=_cmd_certs)
 
+
+def _add_chaos_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`mscluster chaos`: a job under random faults."""
     chaos = commands.add_parser(
         "chaos",
         help="run a job under random faults and report how it coped",
@@ -444,6 +455,19 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--report", help="the JSON report (default LOG_DIR/chaos-report.json)")
     chaos.add_argument("run_options", nargs=argparse.REMAINDER, help="-- mscluster run options")
     chaos.set_defaults(func=_cmd_chaos)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mscluster", description="Scheduler/worker networking for distributed training."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_run_command(commands)
+    _add_scheduler_command(commands)
+    _add_status_command(commands)
+    _add_events_command(commands)
+    _add_certs_command(commands)
+    _add_chaos_command(commands)
     return parser
 
 

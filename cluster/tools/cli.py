@@ -311,14 +311,8 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_run_options(run: argparse.ArgumentParser) -> None:
     """`mscluster run`: the launcher's options, then the script and its arguments."""
-    run = commands.add_parser(
-        "run",
-        help="start the local processes of a job (like msrun / torchrun)",
-        description="Start the scheduler (when --master-addr is this host and --node-rank is 0 "
-        "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
-    )
     _add_run_arguments(run)
     run.add_argument(
         "--dry-run",
@@ -329,14 +323,8 @@ def _add_run_command(commands: argparse._SubParsersAction[argparse.ArgumentParse
     run.set_defaults(func=_cmd_run)
 
 
-def _add_scheduler_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_scheduler_options(sched: argparse.ArgumentParser) -> None:
     """`mscluster scheduler`: one standalone scheduler."""
-    sched = commands.add_parser(
-        "scheduler",
-        help="run a standalone scheduler for one job",
-        description="Serve one job until every worker finished (exit 0) or it failed (exit 1). "
-        "Options default to the MS_* environment variables.",
-    )
     sched.add_argument("--host", help="address to listen on (MS_SCHED_HOST; default 127.0.0.1)")
     sched.add_argument("--port", type=int, help="port to listen on, 0 for any (MS_SCHED_PORT)")
     sched.add_argument("--worker-num", type=int, help="number of workers (MS_WORKER_NUM)")
@@ -369,13 +357,8 @@ def _add_scheduler_command(commands: argparse._SubParsersAction[argparse.Argumen
     sched.set_defaults(func=_cmd_scheduler)
 
 
-def _add_status_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_status_options(stat: argparse.ArgumentParser) -> None:
     """`mscluster status`: a running job's nodes, ranks and health."""
-    stat = commands.add_parser(
-        "status",
-        help="show a running job's nodes, ranks and health",
-        description="Ask the scheduler at --addr for the job's phase, generation and nodes.",
-    )
     stat.add_argument(
         "--addr",
         required=True,
@@ -393,15 +376,8 @@ def _add_status_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     stat.set_defaults(func=_cmd_status)
 
 
-def _add_events_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_events_options(ev: argparse.ArgumentParser) -> None:
     """`mscluster events`: the job's events from the log or a running scheduler."""
-    ev = commands.add_parser(
-        "events",
-        help="show the job's events (formed, failed, rejoined, ...) as a table",
-        description="The job's events, from the event log `mscluster run` writes "
-        "(LOG_DIR/events.jsonl; default logs/events.jsonl) or the scheduler's CLUSTER_EVENT_LOG, "
-        "or from a running scheduler (--addr).",
-    )
     where = ev.add_mutually_exclusive_group()
     where.add_argument("--file", help="an event log (default logs/events.jsonl)")
     where.add_argument("--addr", help="a running scheduler's HOST:PORT")
@@ -413,15 +389,8 @@ def _add_events_command(commands: argparse._SubParsersAction[argparse.ArgumentPa
     ev.set_defaults(func=_cmd_events)
 
 
-def _add_certs_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_certs_options(cert: argparse.ArgumentParser) -> None:
     """`mscluster certs`: test certificates and ssl.json."""
-    cert = commands.add_parser(
-        "certs",
-        help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
-        description="Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the "
-        "p12 passwords (server.pass, client.pass) and DIR/ssl.json, a complete TLS config for "
-        "`mscluster run --tls-config DIR/ssl.json`. Not for production keys: see certs/README.md.",
-    )
     cert.add_argument("--out", required=True, help="directory to write to")
     cert.add_argument(
         "--host",
@@ -433,16 +402,8 @@ def _add_certs_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     cert.set_defaults(func=_cmd_certs)
 
 
-def _add_chaos_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_chaos_options(chaos: argparse.ArgumentParser) -> None:
     """`mscluster chaos`: a job under random faults."""
-    chaos = commands.add_parser(
-        "chaos",
-        help="run a job under random faults and report how it coped",
-        description="Run the whole job of `mscluster run` options on this host with recovery on, "
-        "inject faults at random moments (reproducible with --seed), restart what was killed, "
-        "and report each fault's detection and recovery time and the steps lost; exit 0 only "
-        "when the job finished correctly. The run options follow `--`.",
-    )
     chaos.add_argument(
         "--faults",
         default="kill,stop,scheduler",
@@ -462,12 +423,51 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mscluster", description="Scheduler/worker networking for distributed training."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    _add_run_command(commands)
-    _add_scheduler_command(commands)
-    _add_status_command(commands)
-    _add_events_command(commands)
-    _add_certs_command(commands)
-    _add_chaos_command(commands)
+    run = commands.add_parser(
+        "run",
+        help="start the local processes of a job (like msrun / torchrun)",
+        description="Start the scheduler (when --master-addr is this host and --node-rank is 0 "
+        "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
+    )
+    _add_run_options(run)
+    sched = commands.add_parser(
+        "scheduler",
+        help="run a standalone scheduler for one job",
+        description="Serve one job until every worker finished (exit 0) or it failed (exit 1). "
+        "Options default to the MS_* environment variables.",
+    )
+    _add_scheduler_options(sched)
+    stat = commands.add_parser(
+        "status",
+        help="show a running job's nodes, ranks and health",
+        description="Ask the scheduler at --addr for the job's phase, generation and nodes.",
+    )
+    _add_status_options(stat)
+    ev = commands.add_parser(
+        "events",
+        help="show the job's events (formed, failed, rejoined, ...) as a table",
+        description="The job's events, from the event log `mscluster run` writes "
+        "(LOG_DIR/events.jsonl; default logs/events.jsonl) or the scheduler's CLUSTER_EVENT_LOG, "
+        "or from a running scheduler (--addr).",
+    )
+    _add_events_options(ev)
+    cert = commands.add_parser(
+        "certs",
+        help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
+        description="Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the "
+        "p12 passwords (server.pass, client.pass) and DIR/ssl.json, a complete TLS config for "
+        "`mscluster run --tls-config DIR/ssl.json`. Not for production keys: see certs/README.md.",
+    )
+    _add_certs_options(cert)
+    chaos = commands.add_parser(
+        "chaos",
+        help="run a job under random faults and report how it coped",
+        description="Run the whole job of `mscluster run` options on this host with recovery on, "
+        "inject faults at random moments (reproducible with --seed), restart what was killed, "
+        "and report each fault's detection and recovery time and the steps lost; exit 0 only "
+        "when the job finished correctly. The run options follow `--`.",
+    )
+    _add_chaos_options(chaos)
     return parser
 
 

@@ -438,24 +438,21 @@ class SchedulerState(Admission):
         A job that had ended is not resumed: a new job `new_cluster_id` starts, and the old
         job's nodes are welcome in it as new nodes. SnapshotError when it cannot be restored.
         """
+        fresh = cls(
+            cluster_id=new_cluster_id, settings=replace(settings, recovery=True), clock=clock
+        )
         try:
-            return cls._restore(snapshot, replace(settings, recovery=True), clock, new_cluster_id)
+            return fresh._resume(snapshot)
         except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"the saved state is malformed ({exc!r})") from None
 
-    @classmethod
-    def _restore(
-        cls,
-        snapshot: dict[str, Any],
-        settings: JobSettings,
-        clock: Callable[[], float],
-        new_cluster_id: str,
-    ) -> SchedulerState:
+    def _resume(self, snapshot: dict[str, Any]) -> SchedulerState:
+        """This new state made the one `snapshot` saved (itself, when that job had ended)."""
+        fresh, settings = self, self.settings
         missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
         if missing:
             raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
         saved = (snapshot["worker_num"], snapshot["server_num"])
-        fresh = cls(cluster_id=new_cluster_id, settings=settings, clock=clock)
         phase = Phase(snapshot["phase"])
         if phase in (Phase.FINISHED, Phase.FAILED):
             fresh.previous_cluster_id = str(snapshot["cluster_id"])
@@ -473,32 +470,9 @@ class SchedulerState(Admission):
         fresh.detail = str(snapshot.get("detail", ""))
         if phase is Phase.WAITING:
             return fresh
-        now = clock()
+        now = self.clock()
         for saved_member in snapshot["members"]:
-            member = Member(
-                node_id=str(saved_member["node_id"]),
-                role=NodeRole(saved_member["role"]),
-                host=str(saved_member["host"]),
-                port=int(saved_member["port"]),
-                incarnation=int(saved_member["incarnation"]),
-                # Every node, failed ones too, gets the guard from now: the scheduler cannot
-                # know what happened while it was down.
-                last_seen=now,
-                state=NodeState(saved_member["state"]),
-                rank=None if saved_member["rank"] is None else int(saved_member["rank"]),
-                local_rank=int(saved_member["local_rank"]),
-                local_size=int(saved_member["local_size"]),
-                restarts=int(saved_member["restarts"]),
-                failure=str(saved_member.get("failure", "")),
-                checkpoints=tuple(int(s) for s in saved_member.get("checkpoints", ())),
-                credential_digest=bytes.fromhex(str(saved_member.get("credential_sha256", ""))),
-            )
-            fresh.members[member.node_id] = member
-            fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
-            if member.state is NodeState.FINISHED:
-                fresh._finished += 1
-            elif member.state is NodeState.ALIVE:
-                fresh.awaiting.add(member.node_id)
+            fresh._add_restored(_member_from_snapshot(saved_member, now))
         if len(fresh.members) != fresh.expected:
             raise SnapshotError(
                 f"job {fresh.cluster_id} had formed, but the saved state names "
@@ -511,6 +485,15 @@ class SchedulerState(Admission):
             fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
         )
         return fresh
+
+    def _add_restored(self, member: Member) -> None:
+        """A member read back from a snapshot, counted as registration would have counted it."""
+        self.members[member.node_id] = member
+        self._role_counts[member.role] = self._role_counts.get(member.role, 0) + 1
+        if member.state is NodeState.FINISHED:
+            self._finished += 1
+        elif member.state is NodeState.ALIVE:
+            self.awaiting.add(member.node_id)
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -793,3 +776,24 @@ def _ranges(numbers: list[int]) -> str:
         if n is not None:
             start = prev = n
     return ", ".join(spans)
+
+
+def _member_from_snapshot(saved: dict[str, Any], now: float) -> Member:
+    """One member as `SchedulerState.snapshot()` saved it. Every node, failed ones too, gets
+    the guard from `now`: the scheduler cannot know what happened while it was down."""
+    return Member(
+        node_id=str(saved["node_id"]),
+        role=NodeRole(saved["role"]),
+        host=str(saved["host"]),
+        port=int(saved["port"]),
+        incarnation=int(saved["incarnation"]),
+        last_seen=now,
+        state=NodeState(saved["state"]),
+        rank=None if saved["rank"] is None else int(saved["rank"]),
+        local_rank=int(saved["local_rank"]),
+        local_size=int(saved["local_size"]),
+        restarts=int(saved["restarts"]),
+        failure=str(saved.get("failure", "")),
+        checkpoints=tuple(int(s) for s in saved.get("checkpoints", ())),
+        credential_digest=bytes.fromhex(str(saved.get("credential_sha256", ""))),
+    )

@@ -21,6 +21,7 @@ from cluster.protocol.config import (
     read_job_secret,
 )
 from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.protocol.parse import is_decimal, split_address
 
 
 def env(**overrides: str | None) -> dict[str, str]:
@@ -428,3 +429,31 @@ def test_observing_variables_are_parsed() -> None:
 def test_a_bad_observing_port_names_the_variable(name: str, value: str, rule: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
         from_env(env(**{name: value}))
+
+
+@pytest.mark.parametrize(
+    ("text", "decimal"),
+    [
+        ("7", True),
+        ("007", True),
+        ("", False),
+        ("\u00b2", False),
+        ("\u0663", False),
+        (" 7", False),
+        ("+7", False),
+        ("-1", False),
+        ("7.0", False),
+    ],
+)
+def test_the_one_digit_check_takes_ascii_digits_only(text: str, decimal: bool) -> None:
+    assert is_decimal(text) is decimal
+
+
+def test_an_address_is_split_once_for_every_caller() -> None:
+    assert split_address("--addr", "10.0.0.1:8118") == ("10.0.0.1", 8118)
+    assert split_address("--addr", "[::1]:8118") == ("::1", 8118)
+    for bad in ("8118", ":8118", "host:", "host:0", "host:65536", "host:\u00b2", "host:+1"):
+        with pytest.raises(
+            ConfigError, match=r"^--addr .* must be HOST:PORT with a port in 1-65535$"
+        ):
+            split_address("--addr", bad)

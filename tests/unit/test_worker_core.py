@@ -24,17 +24,10 @@ from cluster.protocol.errors import (
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
 from cluster.worker.core import GUARD_MARGIN_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
+from tests.conftest import FakeClock
 
 TOPO_S = 60.0
 NODE_S = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config(*, recovery: bool = False, tmp: str = "/tmp/unused-recovery") -> ClusterConfig:
@@ -69,8 +62,8 @@ def fails(actions: list[steps.Action]) -> list[ClusterError]:
     return [action.error for action in actions if isinstance(action, steps.Fail)]
 
 
-def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, Clock]:
-    clock = Clock()
+def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, FakeClock]:
+    clock = FakeClock()
     core = WorkerCore(config(recovery=recovery), clock)
     core.step(steps.Start())
     core.step(accepted())
@@ -83,7 +76,7 @@ def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, Clock]:
 
 
 def test_start_registers_at_once_and_is_bounded_by_MS_TOPO_TIMEOUT() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     (register,) = core.step(steps.Start())
     assert isinstance(register, steps.Register)
@@ -94,13 +87,13 @@ def test_start_registers_at_once_and_is_bounded_by_MS_TOPO_TIMEOUT() -> None:
 
 
 def test_an_unverified_scheduler_is_probed_before_the_first_attempt() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     assert kinds(core.step(steps.Start(verified=False))) == [steps.CheckScheduler]
     assert kinds(core.step(steps.Checked(ok=True))) == [steps.Register]
 
 
 def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     assert kinds(core.step(steps.Unanswered())) == [steps.Pause]
     assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
@@ -110,7 +103,7 @@ def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
 
 
 def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
     core.step(steps.Unanswered())
@@ -124,7 +117,7 @@ def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> 
 
 
 def test_a_pause_never_outlasts_the_deadline() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
     clock.now += TOPO_S - 1.0
@@ -135,7 +128,7 @@ def test_a_pause_never_outlasts_the_deadline() -> None:
 
 
 def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=5.0))
     assert actions[-1] == steps.Pause(5.0 + GUARD_MARGIN_S)
@@ -143,7 +136,7 @@ def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
 
 
 def test_a_refusal_that_waiting_cannot_clear_fails_the_node() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     (error,) = fails(core.step(steps.Refused("MS_WORKER_NUM=3 does not match 2")))
     assert isinstance(error, RegistrationRefused)
@@ -151,7 +144,7 @@ def test_a_refusal_that_waiting_cannot_clear_fails_the_node() -> None:
 
 
 def test_accepted_reads_the_stream_with_the_schedulers_heartbeat_interval() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     assert core.step(steps.Accepted("job-1", False, 1, 1, 2, 0.25)) == [steps.Watch(0.25)]
     assert core.lifecycle is Lifecycle.FORMING
@@ -162,7 +155,7 @@ def test_accepted_reads_the_stream_with_the_schedulers_heartbeat_interval() -> N
 
 
 def test_a_standby_is_left_for_the_leader_it_names_at_once() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     actions = core.step(steps.NotLeader("10.0.0.2:8118"))
     assert kinds(actions) == [steps.Say, steps.Follow, steps.Register]
@@ -171,7 +164,7 @@ def test_a_standby_is_left_for_the_leader_it_names_at_once() -> None:
 
 
 def test_a_standby_that_knows_no_leader_is_asked_again_after_a_pause() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     assert kinds(core.step(steps.NotLeader(""))) == [steps.Pause]
 
@@ -247,7 +240,7 @@ def test_back_after_a_reconnect_the_node_is_ready_again() -> None:
 
 
 def test_the_job_that_did_not_form_by_the_deadline_fails_the_node() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
     core.step(accepted())
@@ -332,7 +325,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
 
     @initialize(recovery=st.booleans(), verified=st.booleans())
     def start(self, recovery: bool, verified: bool) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.core = WorkerCore(config(recovery=recovery), self.clock)
         self.asked: type[Any] | None = None  # the I/O the core waits on
         self.failures: list[ClusterError] = []
@@ -516,7 +509,7 @@ test_worker_core_machine = WorkerCoreMachine.TestCase
 
 
 def test_a_job_that_finished_before_this_node_had_its_topology_is_not_its_finish() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     core.step(accepted())
     actions = core.step(steps.Shutdown(ok=True, reason="every node finished"))

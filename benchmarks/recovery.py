@@ -38,15 +38,16 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from cluster.testing import StatusClient, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
@@ -56,12 +57,6 @@ STEPS_PER_EPOCH = 16  # train_mlp.py: 1024 samples, global batch 64
 HOST = "127.0.0.1"
 POLL_S = 0.005
 BASE_DATA_PORT = 40000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class Job:
@@ -135,41 +130,26 @@ def job(n: int, node_timeout_s: float) -> Iterator[Job]:
 
 
 class StatusPoller:
-    """Status of the scheduler at host:port, fetched in this process over one channel."""
+    """Status of the scheduler at host:port, polled from this process over one channel."""
 
     def __init__(self, port: int) -> None:
-        from cluster.protocol import errors  # noqa: PLC0415 - grpc only where needed
-        from cluster.tools import status  # noqa: PLC0415 - grpc only where needed
-        from cluster.transport import channel  # noqa: PLC0415 - grpc only where needed
-
-        self._status = status
-        self._errors = errors
-        self.address = f"{HOST}:{port}"
-        self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)  # grpc.aio binds a channel to the current loop
-        # The instrument must not lag: reconnect every 20 ms while the scheduler is down (grpc's
-        # default backoff would add up to seconds to the figure).
-        fast = channel.reconnect_options(20, 20)
-        self.channel = channel.open_channel(self.address, None, fast)
-
-    def fetch(self) -> Any:
-        try:
-            return self.loop.run_until_complete(self._status.fetch(self.channel, self.address, 1.0))
-        except self._errors.ClusterError:  # not answering (yet) is what we poll through
-            return None
+        # The instrument must not lag: reconnect every 20 ms while the scheduler is down.
+        self.client = StatusClient(f"{HOST}:{port}", reconnect_ms=20)
 
     def wait(self, predicate: Any, timeout_s: float, what: str) -> tuple[float, Any]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            view = self.fetch()
+        seen: list[tuple[float, Any]] = []
+
+        def check() -> bool:
+            view = self.client.fetch()
             if view is not None and predicate(view):
-                return time.monotonic(), view
-            time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
-        raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}: {self.fetch()}")
+                seen.append((time.monotonic(), view))
+            return bool(seen)
+
+        wait_until(check, timeout_s, what, poll_s=POLL_S)
+        return seen[0]
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.channel.close())
-        self.loop.close()
+        self.client.close()
 
 
 def all_back(n: int) -> Any:
@@ -231,11 +211,12 @@ def bench_guard(n: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:
             poller.wait(all_back(n), 60, f"{n} workers to form the job")
             # Their gather done: allgather_check.py does not survive a failure during it.
             logs = [running.workdir / f"worker_{i}.log" for i in range(n)]
-            deadline = time.monotonic() + 60
-            while not all(log.exists() and "allgather rank=" in log.read_text() for log in logs):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the workers did not gather")
-                time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+            wait_until(
+                lambda: all(log.exists() and "allgather rank=" in log.read_text() for log in logs),
+                60,
+                "the workers to gather",
+                poll_s=POLL_S,
+            )
             for round_ in range(repeat):
                 generation = round_ + 1
                 workers[1].send_signal(signal.SIGKILL)
@@ -266,6 +247,16 @@ def steps_printed(log: Path) -> list[int]:
     return [(int(e) - 1) * STEPS_PER_EPOCH + int(s) for e, s in STEP_LINE.findall(text)]
 
 
+def printed_up_to(log: Path, step: int) -> Callable[[], bool]:
+    """Whether the worker logging to `log` printed `step` steps."""
+    return lambda: len(steps_printed(log)) >= step
+
+
+def printed_past(log: Path, step: int, skip: int) -> Callable[[], bool]:
+    """Whether a step after `step` is among the steps `log` printed after its first `skip`."""
+    return lambda: any(s > step for s in steps_printed(log)[skip:])
+
+
 def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:
     lost: list[float] = []
     redone: list[int] = []
@@ -278,11 +269,12 @@ def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, 
             try:
                 logs = [running.workdir / f"worker_{i}.log" for i in range(4)]
                 kill_at = steps // 2
-                deadline = time.monotonic() + 60
-                while len(steps_printed(logs[2])) < kill_at:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the job did not reach the step to kill at")
-                    time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+                wait_until(
+                    printed_up_to(logs[2], kill_at),
+                    60,
+                    "the job to reach the step to kill at",
+                    poll_s=POLL_S,
+                )
                 workers[2].send_signal(signal.SIGKILL)
                 killed = time.monotonic()
                 reached = max(max(steps_printed(log), default=0) for log in logs)
@@ -296,11 +288,12 @@ def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, 
                 silent = next(x for x in view.nodes if x.node_id == "2").seconds_since_heartbeat
                 guard_s = seen - silent + node_timeout_s - killed
                 printed_before = len(steps_printed(logs[0]))
-                deadline = time.monotonic() + 60
-                while not any(s > reached for s in steps_printed(logs[0])[printed_before:]):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("training did not get past the step of the kill")
-                    time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+                wait_until(
+                    printed_past(logs[0], reached, printed_before),
+                    60,
+                    "training to get past the step of the kill",
+                    poll_s=POLL_S,
+                )
                 lost.append(time.monotonic() - killed - guard_s)
                 after = steps_printed(logs[0])[printed_before:]
                 redone.append(reached - min(after) + 1 if after else 0)

@@ -3,10 +3,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.procs import Procs, procs
+if TYPE_CHECKING:
+    from tests.procs import Procs
 
 
 @pytest.fixture(autouse=True)
@@ -18,8 +20,30 @@ def _outside_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
+class FakeClock:
+    """The clock the pure cores take (`clock()` -> seconds), moved only by the test."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Procs]:
+    # Imported here: tests.procs imports cluster.testing, which pytest must first load as the
+    # plugin below (so that its asserts are rewritten).
+    from tests.procs import procs  # noqa: PLC0415
+
     with procs(tmp_path) as group:
         yield group
 

@@ -19,9 +19,10 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.testing import Process
 from tests import kube
 from tests.netns import why_not_available
-from tests.procs import ROOT, Proc, Procs
+from tests.procs import ROOT, Procs
 
 __all__ = ["LocalCluster", "local_cluster", "why_not_available"]
 
@@ -89,7 +90,7 @@ class LocalCluster:
         self.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         self.hosts_file.write_text("\n".join(lines) + "\n")
 
-    def start(self, workload: kube.Manifest, pod: kube.Pod, container: str) -> Proc:
+    def start(self, workload: kube.Manifest, pod: kube.Pod, container: str) -> Process:
         """The pod's container as a process: its files written, then run as rendered."""
         process = kube.render(self.cluster, kube.pod_template(workload, pod), pod, container)
         for directory in process.directories:

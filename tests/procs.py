@@ -1,41 +1,24 @@
 """Real processes for tests: start a job's processes, wait on what they print, never orphan.
 
-Every wait here is bounded and polls an observable (a process's exit, a line in its output);
-none sleeps to synchronize.
+What is not only for tests (a free port, `wait_until`, a `Process` with its log) is the public
+`cluster.testing`; here are the test-only pieces: the environment of a job on this checkout, a
+private copy of a script, the processes running it, and a group killed when the test ends.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster.testing import Process
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-POLL_S = 0.02
-
-
-def free_port() -> int:
-    """A port free right now, for MS_SCHED_PORT (the launch contract fixes it in advance)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(POLL_S)  # sleep-ok: polls an observable, bounded by timeout_s
 
 
 def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:
@@ -74,63 +57,29 @@ def processes_running(marker: str) -> list[int]:
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            return self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"{self.name} did not exit within {timeout_s} s; its output:\n{self.output}"
-            ) from None
-
-    def wait_for_output(self, text: str, timeout_s: float) -> None:
-        wait_until(lambda: text in self.output, timeout_s, f"{text!r} in {self.name}'s output")
-
-
-@dataclass
 class Procs:
     """Processes started by one test; all are killed when the test ends."""
 
     tmp: Path
-    started: list[Proc] = field(default_factory=list)
+    started: list[Process] = field(default_factory=list)
 
-    def start(self, name: str, args: list[str], env: Mapping[str, str], cwd: Path = ROOT) -> Proc:
+    def start(
+        self, name: str, args: list[str], env: Mapping[str, str], cwd: Path = ROOT
+    ) -> Process:
         log = self.tmp / f"{name}.log"
-        handle = log.open("wb")
-        popen = subprocess.Popen(
-            args,
-            env=dict(env),
-            cwd=cwd,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        handle.close()
-        proc = Proc(name, popen, log)
+        log.unlink(missing_ok=True)  # a name started again: only the new process's output
+        proc = Process(name, args, dict(env), log, cwd=cwd)
         self.started.append(proc)
         return proc
 
-    def start_role(self, name: str, role: str, script: list[str], env: Mapping[str, str]) -> Proc:
+    def start_role(
+        self, name: str, role: str, script: list[str], env: Mapping[str, str]
+    ) -> Process:
         return self.start(name, [PYTHON, *script], {**env, "MS_ROLE": role})
 
     def kill_all(self) -> None:
         for proc in self.started:
-            if proc.popen.poll() is None:
-                with suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.popen.wait(10)
+            proc.kill_group()
 
 
 @contextmanager

@@ -7,7 +7,8 @@ import re
 import signal
 from pathlib import Path
 
-from tests.procs import PYTHON, Proc, Procs, free_port, job_env, wait_until
+from cluster.testing import Process, free_port, wait_until
+from tests.procs import PYTHON, Procs, job_env
 
 WORKERS = 4
 STEPS = 60
@@ -22,7 +23,7 @@ def train_args(out: Path, *, save_every: int = 5) -> list[str]:
     ]
 
 
-def steps_done(proc: Proc) -> int:
+def steps_done(proc: Process) -> int:
     return len(STEP_LINE.findall(proc.output))
 
 
@@ -65,13 +66,13 @@ class TrainingJob:
         index = sum(1 for p in self.processes.started if p.name.startswith(prefix))
         return f"{prefix}{index}"
 
-    def start_scheduler(self) -> Proc:
+    def start_scheduler(self) -> Process:
         name = self._next_name(f"{self.name}-sched")
         if self.standalone_scheduler:
             return self.processes.start(name, [PYTHON, "-m", "cluster", "scheduler"], self.env)
         return self.processes.start_role(name, "MS_SCHED", self.args, self.env)
 
-    def start_worker(self, i: int) -> Proc:
+    def start_worker(self, i: int) -> Process:
         return self.processes.start_role(
             self._next_name(f"{self.name}-w{i}."),
             "MS_WORKER",

@@ -209,7 +209,7 @@ def get_node_id() -> str:
 
 def is_rejoin() -> bool:
     """True when this process took the place of a failed one in a running job."""
-    return session().agent.rejoined
+    return session().agent.core.rejoined
 
 
 def get_rollback_step() -> int:

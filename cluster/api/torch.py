@@ -165,11 +165,6 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def process_group_generation() -> int | None:
-    """The generation the current process group was made for (None: there is none)."""
-    return _current.generation if _current is not None and dist.is_initialized() else None
-
-
 def default_timeout_s() -> float:
     """MS_NODE_TIMEOUT, at least MIN_TIMEOUT_S: see the module for why."""
     return max(runtime.session().config.node_timeout_s, MIN_TIMEOUT_S)

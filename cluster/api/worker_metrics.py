@@ -47,36 +47,29 @@ class WorkerMetrics:
         )
         info.labels(str(rank), node_id).set(1)
         self.steps = Counter("cluster_worker_steps", "Training steps completed.", registry=r)
-        self.step_seconds = Histogram(
-            "cluster_worker_step_seconds",
-            "Seconds per training step.",
-            buckets=SECONDS_BUCKETS,
-            registry=r,
-        )
+
+        def seconds(name: str, documentation: str, *labels: str) -> Histogram:
+            return Histogram(name, documentation, labels, buckets=SECONDS_BUCKETS, registry=r)
+
+        self.step_seconds = seconds("cluster_worker_step_seconds", "Seconds per training step.")
         self.rollbacks = Counter(
             "cluster_worker_rollbacks", "Rollbacks to a generation's rollback step.", registry=r
         )
         self.steps_redone = Counter(
             "cluster_worker_steps_redone", "Steps computed again after rollbacks.", registry=r
         )
-        self.pause = Histogram(
+        self.pause = seconds(
             "cluster_worker_checkpoint_pause_seconds",
             "Seconds the training loop spent in a checkpoint save.",
-            buckets=SECONDS_BUCKETS,
-            registry=r,
         )
-        self.persist = Histogram(
+        self.persist = seconds(
             "cluster_worker_checkpoint_persist_seconds",
             "Seconds from a checkpoint save to its report to the scheduler (complete on disk).",
-            buckets=SECONDS_BUCKETS,
-            registry=r,
         )
-        self.collective = Histogram(
+        self.collective = seconds(
             "cluster_worker_collective_seconds",
             "Seconds in a control-plane collective, by op.",
-            ["op"],
-            buckets=SECONDS_BUCKETS,
-            registry=r,
+            "op",
         )
         for op in OPS:
             self.collective.labels(op)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import is_decimal
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
@@ -207,8 +208,8 @@ def parse_node_id(name: str, value: str) -> str:
 
 
 def is_numeric_node_id(node_id: str) -> bool:
-    """A node id of ASCII digits is a rank ('²'.isdigit() is true, but it is no rank)."""
-    return node_id.isascii() and node_id.isdigit()
+    """A node id of ASCII digits is a rank."""
+    return is_decimal(node_id)
 
 
 def valid_node_id(node_id: str) -> bool:
@@ -223,14 +224,7 @@ def canonical_node_id(node_id: str) -> str:
 def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     """Parse the launch environment (os.environ by default) into a ClusterConfig."""
     env = os.environ if env is None else env
-    role_value = _require(env, "MS_ROLE", "one of MS_SCHED, MS_WORKER, MS_PSERVER")
-    try:
-        role = Role(role_value)
-    except ValueError:
-        raise ConfigError(
-            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, "
-            "MS_PSERVER"
-        ) from None
+    role = _role_from_env(env)
     worker_num = parse_int(
         "MS_WORKER_NUM", _require(env, "MS_WORKER_NUM", "the number of workers, >= 1"), minimum=1
     )
@@ -241,52 +235,15 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     sched_port = parse_port(
         "MS_SCHED_PORT", _require(env, "MS_SCHED_PORT", "the scheduler's port, 1-65535")
     )
-    raw_node_id = env.get("MS_NODE_ID", "").strip()
-    node_id = parse_node_id("MS_NODE_ID", raw_node_id) if raw_node_id else None
-    if node_id is not None and is_numeric_node_id(node_id):
-        limit = server_num if role is Role.SERVER else worker_num
-        if int(node_id) >= limit and role is not Role.SCHEDULER:
-            raise ConfigError(
-                f"MS_NODE_ID={raw_node_id!r} is numeric, so it is the rank, and must be below "
-                f"{'MS_SERVER_NUM' if role is Role.SERVER else 'MS_WORKER_NUM'}={limit}"
-            )
-
-    recovery_on = parse_bool("MS_ENABLE_RECOVERY", env.get("MS_ENABLE_RECOVERY", "0"))
+    node_id = _node_id_from_env(env, role, worker_num, server_num)
     state_url = state_url_from_env(env) if role is Role.SCHEDULER else None
-    recovery: RecoveryConfig | None = None
-    if recovery_on and not (state_url is not None and not env.get("MS_RECOVERY_PATH", "").strip()):
-        path = env.get("MS_RECOVERY_PATH", "").strip()
-        if not path:
-            raise ConfigError(
-                f"MS_ENABLE_RECOVERY={env.get('MS_ENABLE_RECOVERY', '').strip()} needs "
-                "MS_RECOVERY_PATH: set it to a directory where the job's state can be written"
-            )
-        recovery = RecoveryConfig(Path(path))
-        if node_id is None and role is not Role.SCHEDULER:
-            raise ConfigError(
-                "MS_ENABLE_RECOVERY=1 needs MS_NODE_ID for every worker and server: a restarted "
-                "process is taken back by its node id, so give each one a fixed, unique MS_NODE_ID "
-                "(e.g. its rank); mscluster run sets it for you"
-            )
-
+    recovery = _recovery_from_env(env, role, node_id, state_url)
     topo_timeout = parse_seconds(
         "MS_TOPO_TIMEOUT", env.get("MS_TOPO_TIMEOUT", "") or str(DEFAULT_TOPO_TIMEOUT_S)
     )
     node_timeout = parse_seconds(
         "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S)
     )
-    heartbeat_enabled = not parse_bool("MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0"))
-    interval_value = env.get("CLUSTER_HEARTBEAT_INTERVAL", "").strip()
-    if interval_value:
-        interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)
-        if interval >= node_timeout:
-            raise ConfigError(
-                f"CLUSTER_HEARTBEAT_INTERVAL={interval_value!r} must be shorter than "
-                f"MS_NODE_TIMEOUT ({node_timeout:g} s), or every node would time out"
-            )
-    else:
-        interval = default_heartbeat_interval(node_timeout, worker_num + server_num)
-    spare = _spare_from_env(env, role, recovery is not None)
     return ClusterConfig(
         role=role,
         worker_num=worker_num,
@@ -297,13 +254,17 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         recovery=recovery,
         topo_timeout_s=topo_timeout,
         node_timeout_s=node_timeout,
-        heartbeat_enabled=heartbeat_enabled,
-        heartbeat_interval_s=interval,
+        heartbeat_enabled=not parse_bool(
+            "MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0")
+        ),
+        heartbeat_interval_s=_heartbeat_interval_from_env(
+            env, node_timeout, worker_num + server_num
+        ),
         tls=tls_options_from_env(env),
         observe=observe_from_env(env),
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
-        spare=spare,
+        spare=_spare_from_env(env, role, recovery is not None),
         state_url=state_url,
         lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
     )
@@ -324,6 +285,69 @@ def _spare_from_env(env: Mapping[str, str], role: Role, recovery: bool) -> bool:
             "rank, and without recovery a failed worker ends the job"
         )
     return spare
+
+
+def _role_from_env(env: Mapping[str, str]) -> Role:
+    role_value = _require(env, "MS_ROLE", "one of MS_SCHED, MS_WORKER, MS_PSERVER")
+    try:
+        return Role(role_value)
+    except ValueError:
+        raise ConfigError(
+            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, "
+            "MS_PSERVER"
+        ) from None
+
+
+def _node_id_from_env(
+    env: Mapping[str, str], role: Role, worker_num: int, server_num: int
+) -> str | None:
+    """MS_NODE_ID (None: not given); a numeric one is the rank, so it must be in range."""
+    raw_node_id = env.get("MS_NODE_ID", "").strip()
+    node_id = parse_node_id("MS_NODE_ID", raw_node_id) if raw_node_id else None
+    if node_id is not None and is_numeric_node_id(node_id):
+        limit = server_num if role is Role.SERVER else worker_num
+        if int(node_id) >= limit and role is not Role.SCHEDULER:
+            raise ConfigError(
+                f"MS_NODE_ID={raw_node_id!r} is numeric, so it is the rank, and must be below "
+                f"{'MS_SERVER_NUM' if role is Role.SERVER else 'MS_WORKER_NUM'}={limit}"
+            )
+    return node_id
+
+
+def _recovery_from_env(
+    env: Mapping[str, str], role: Role, node_id: str | None, state_url: StateUrl | None
+) -> RecoveryConfig | None:
+    """MS_ENABLE_RECOVERY with its MS_RECOVERY_PATH (a scheduler on a state URL needs none)."""
+    recovery_on = parse_bool("MS_ENABLE_RECOVERY", env.get("MS_ENABLE_RECOVERY", "0"))
+    path = env.get("MS_RECOVERY_PATH", "").strip()
+    if not recovery_on or (state_url is not None and not path):
+        return None
+    if not path:
+        raise ConfigError(
+            f"MS_ENABLE_RECOVERY={env.get('MS_ENABLE_RECOVERY', '').strip()} needs "
+            "MS_RECOVERY_PATH: set it to a directory where the job's state can be written"
+        )
+    if node_id is None and role is not Role.SCHEDULER:
+        raise ConfigError(
+            "MS_ENABLE_RECOVERY=1 needs MS_NODE_ID for every worker and server: a restarted "
+            "process is taken back by its node id, so give each one a fixed, unique MS_NODE_ID "
+            "(e.g. its rank); mscluster run sets it for you"
+        )
+    return RecoveryConfig(Path(path))
+
+
+def _heartbeat_interval_from_env(env: Mapping[str, str], node_timeout: float, nodes: int) -> float:
+    """CLUSTER_HEARTBEAT_INTERVAL, shorter than MS_NODE_TIMEOUT; else the default for `nodes`."""
+    interval_value = env.get("CLUSTER_HEARTBEAT_INTERVAL", "").strip()
+    if not interval_value:
+        return default_heartbeat_interval(node_timeout, nodes)
+    interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)
+    if interval >= node_timeout:
+        raise ConfigError(
+            f"CLUSTER_HEARTBEAT_INTERVAL={interval_value!r} must be shorter than "
+            f"MS_NODE_TIMEOUT ({node_timeout:g} s), or every node would time out"
+        )
+    return interval
 
 
 def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:

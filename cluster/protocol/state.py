@@ -458,24 +458,21 @@ class SchedulerState(Admission, spares.SpareRules):
         A job that had ended is not resumed: a new job `new_cluster_id` starts, and the old
         job's nodes are welcome in it as new nodes. SnapshotError when it cannot be restored.
         """
+        fresh = cls(
+            cluster_id=new_cluster_id, settings=replace(settings, recovery=True), clock=clock
+        )
         try:
-            return cls._restore(snapshot, replace(settings, recovery=True), clock, new_cluster_id)
+            return fresh._resume(snapshot)
         except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"the saved state is malformed ({exc!r})") from None
 
-    @classmethod
-    def _restore(
-        cls,
-        snapshot: dict[str, Any],
-        settings: JobSettings,
-        clock: Callable[[], float],
-        new_cluster_id: str,
-    ) -> SchedulerState:
+    def _resume(self, snapshot: dict[str, Any]) -> SchedulerState:
+        """This new state made the one `snapshot` saved (itself, when that job had ended)."""
+        fresh, settings = self, self.settings
         missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
         if missing:
             raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
         saved = (snapshot["worker_num"], snapshot["server_num"])
-        fresh = cls(cluster_id=new_cluster_id, settings=settings, clock=clock)
         phase = Phase(snapshot["phase"])
         if phase in (Phase.FINISHED, Phase.FAILED):
             fresh.previous_cluster_id = str(snapshot["cluster_id"])
@@ -493,15 +490,9 @@ class SchedulerState(Admission, spares.SpareRules):
         fresh.detail = str(snapshot.get("detail", ""))
         if phase is Phase.WAITING:
             return fresh
-        now = clock()
+        now = self.clock()
         for saved_member in snapshot["members"]:
-            member = Member.loaded(saved_member, now)
-            fresh.members[member.node_id] = member
-            fresh._role_counts[member.role] = fresh._role_counts.get(member.role, 0) + 1
-            if member.state is NodeState.FINISHED:
-                fresh._finished += 1
-            elif member.state is NodeState.ALIVE:
-                fresh.awaiting.add(member.node_id)
+            fresh._add_restored(Member.loaded(saved_member, now))
         for saved_spare in snapshot.get("spares", ()):
             spare = Member.loaded(saved_spare, now)
             fresh.spares[spare.node_id] = spare
@@ -517,6 +508,15 @@ class SchedulerState(Admission, spares.SpareRules):
             fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
         )
         return fresh
+
+    def _add_restored(self, member: Member) -> None:
+        """A member read back from a snapshot, counted as registration would have counted it."""
+        self.members[member.node_id] = member
+        self._role_counts[member.role] = self._role_counts.get(member.role, 0) + 1
+        if member.state is NodeState.FINISHED:
+            self._finished += 1
+        elif member.state is NodeState.ALIVE:
+            self.awaiting.add(member.node_id)
 
     # -- rules ---------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import is_decimal
 
 STATE_URL_ENV = "CLUSTER_STATE_URL"
 LEASE_ENV = "CLUSTER_LEASE_S"
@@ -90,7 +91,7 @@ def _parse_endpoint(name: str, value: str, part: str) -> tuple[str, int]:
         host, _, port_text = part.rpartition(":")
     if not host or (":" in host and not part.startswith("[")):
         raise _fail(name, value, f"has an endpoint {part!r} without HOST:PORT")
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not is_decimal(port_text) or not 1 <= int(port_text) <= 65535:
         raise _fail(name, value, f"has an endpoint {part!r} whose port is not in 1-65535")
     return host, int(port_text)
 

@@ -120,66 +120,79 @@ class JobCollector(Collector):
         g = self._read()
         if g is None:
             return
-        yield _gauge(
-            "cluster_job_info", "The job (its id as a label); always 1.", 1, cluster_id=g.cluster_id
-        )
-        phases = GaugeMetricFamily(
-            "cluster_job_phase",
-            "1 for the job's current phase, 0 for the others.",
-            labels=["phase"],
-        )
-        for phase in state.Phase:
-            phases.add_metric([phase.value], 1.0 if phase.value == g.phase else 0.0)
-        yield phases
-        yield _gauge(
-            "cluster_generation",
-            "The topology generation (1 once formed, +1 per re-formation).",
-            g.generation,
-        )
-        yield _gauge(
-            "cluster_rollback_step",
-            "The step the current generation (re)started training from.",
-            g.rollback_step,
-        )
-        yield _gauge(
-            "cluster_expected_workers", "Workers the job has (MS_WORKER_NUM).", g.worker_num
-        )
-        yield _gauge(
-            "cluster_expected_servers",
-            "Parameter servers the job has (MS_SERVER_NUM).",
-            g.server_num,
-        )
-        nodes = GaugeMetricFamily(
-            "cluster_nodes", "Registered nodes by role and state.", labels=["role", "state"]
-        )
-        for role in _ROLES:
-            for node_state in _STATES:
-                nodes.add_metric([role, node_state], g.nodes.get((role, node_state), 0))
-        yield nodes
+        yield from _job(g)
+        yield from _nodes(g)
         yield from _heartbeats(g)
         yield from _per_node(g)
-        yield _gauge(
-            "cluster_kv_bytes", "Bytes of keys and values in the job's key-value store.", g.kv_bytes
-        )
-        yield _gauge("cluster_kv_keys", "Keys in the job's key-value store.", g.kv_keys)
-        yield _gauge(
-            "cluster_kv_max_bytes",
-            "The store's cap on bytes (CLUSTER_KV_MAX_BYTES).",
-            g.kv_max_bytes,
-        )
-        yield _gauge(
-            "cluster_kv_max_keys", "The store's cap on keys (CLUSTER_KV_MAX_KEYS).", g.kv_max_keys
-        )
-        yield _gauge(
-            "cluster_state_saves_pending",
-            "Changes decided but not yet saved (with recovery): the nodes hear of them once saved.",
-            g.saves_pending,
-        )
-        yield _gauge(
-            "cluster_watch_streams", "Open Watch streams (one per connected node).", g.watch_streams
-        )
+        yield from _store(g)
         yield _gauge("cluster_spares", "Live spare workers: registered, without a rank.", g.spares)
-        # Standby schedulers (a later issue) add cluster_leader here (1 on the leader).
+        # Standby schedulers add cluster_leader here (1 on the leading scheduler).
+
+
+def _job(g: JobGauges) -> Iterator[Metric]:
+    """The job as a whole: its id, phase, generation, rollback step and size."""
+    yield _gauge(
+        "cluster_job_info", "The job (its id as a label); always 1.", 1, cluster_id=g.cluster_id
+    )
+    phases = GaugeMetricFamily(
+        "cluster_job_phase",
+        "1 for the job's current phase, 0 for the others.",
+        labels=["phase"],
+    )
+    for phase in state.Phase:
+        phases.add_metric([phase.value], 1.0 if phase.value == g.phase else 0.0)
+    yield phases
+    yield _gauge(
+        "cluster_generation",
+        "The topology generation (1 once formed, +1 per re-formation).",
+        g.generation,
+    )
+    yield _gauge(
+        "cluster_rollback_step",
+        "The step the current generation (re)started training from.",
+        g.rollback_step,
+    )
+    yield _gauge("cluster_expected_workers", "Workers the job has (MS_WORKER_NUM).", g.worker_num)
+    yield _gauge(
+        "cluster_expected_servers",
+        "Parameter servers the job has (MS_SERVER_NUM).",
+        g.server_num,
+    )
+
+
+def _nodes(g: JobGauges) -> Iterator[Metric]:
+    """Registered nodes by role and state."""
+    nodes = GaugeMetricFamily(
+        "cluster_nodes", "Registered nodes by role and state.", labels=["role", "state"]
+    )
+    for role in _ROLES:
+        for node_state in _STATES:
+            nodes.add_metric([role, node_state], g.nodes.get((role, node_state), 0))
+    yield nodes
+
+
+def _store(g: JobGauges) -> Iterator[Metric]:
+    """The key-value store against its caps, the saves held back and the open streams."""
+    yield _gauge(
+        "cluster_kv_bytes", "Bytes of keys and values in the job's key-value store.", g.kv_bytes
+    )
+    yield _gauge("cluster_kv_keys", "Keys in the job's key-value store.", g.kv_keys)
+    yield _gauge(
+        "cluster_kv_max_bytes",
+        "The store's cap on bytes (CLUSTER_KV_MAX_BYTES).",
+        g.kv_max_bytes,
+    )
+    yield _gauge(
+        "cluster_kv_max_keys", "The store's cap on keys (CLUSTER_KV_MAX_KEYS).", g.kv_max_keys
+    )
+    yield _gauge(
+        "cluster_state_saves_pending",
+        "Changes decided but not yet saved (with recovery): the nodes hear of them once saved.",
+        g.saves_pending,
+    )
+    yield _gauge(
+        "cluster_watch_streams", "Open Watch streams (one per connected node).", g.watch_streams
+    )
 
 
 def _gauge(name: str, documentation: str, value: float, **labels: str) -> GaugeMetricFamily:

@@ -1,11 +1,14 @@
 """Tools: what an operator runs around a job.
 
-Here: the `mscluster` command (`cli`, thin over the library); the launcher (`launch`), what it
-starts (`launch_plan`, pure) and where its values come from (`placement`, pure: the options, a
-Slurm allocation read by `slurm` with node lists by `hostlist`, and `slurm_io` for scontrol and
-the shared job secret); the status view (`status`, live in `watch`), the event log reader
-(`events`), fault injection (`chaos`, with what it records in `chaos_record` and its picture in
-`timeline` and `report_html`) and the test harness (`testing`, public as `cluster.testing`).
+Here: the `mscluster` command (`cli`, thin over the library); the launcher (`launch`, the
+supervisor), its decisions (`launch_policy`, pure: restart or not, who failed first, when the
+job is over), its checks before anything starts (`launch_setup`), what it starts (`launch_plan`,
+pure), the job secret it makes (`secret`) and where its values come from (`placement`, pure: the
+options, a Slurm allocation read by `slurm` with node lists by `hostlist`, and `slurm_io` for
+scontrol and the shared job secret); the status view (`status`, live in `watch`, its tables in
+`table`), the event log reader (`events`), fault injection (`chaos`, with what it records in
+`chaos_record` and its picture in `timeline` and `report_html`) and the test harness (`testing`,
+public as `cluster.testing`).
 
 May import: anything in `cluster`. Nothing in `cluster` imports the tools.
 """

@@ -364,12 +364,7 @@ def run_chaos(
     """The whole command: run, report to `out` and `report_path` (JSON)."""
     if not script.is_file():
         raise ClusterError(f"the script {str(script)!r} does not exist")
-    network = None
-    if "partition" in faults:
-        why = NetworkLab.why_not_available()
-        if why:
-            raise ClusterError(f"--faults partition needs network namespaces: {why}")
-        network = NetworkLab(workers)
+    network = _network(workers) if "partition" in faults else None
     events_path = log_dir / EVENT_LOG
     events_path.unlink(missing_ok=True)  # this run's events only
     job = make_job(
@@ -401,9 +396,21 @@ def run_chaos(
     print(report.render(), file=out, flush=True)
     if report.started_at:
         report.events = load_events(events_path, report.started_at)
-    path = report_path or log_dir / "chaos-report.json"
+    _write_report(report, report_path or log_dir / "chaos-report.json", out)
+    return report
+
+
+def _network(workers: int) -> NetworkLab:
+    """The namespaces a partition needs, or a ClusterError that says why they cannot be made."""
+    why = NetworkLab.why_not_available()
+    if why:
+        raise ClusterError(f"--faults partition needs network namespaces: {why}")
+    return NetworkLab(workers)
+
+
+def _write_report(report: ChaosReport, path: Path, out: IO[str]) -> None:
+    """The report as JSON at `path` and as a page beside it (.html)."""
     path.write_text(report.to_json() + "\n")
     page = path.with_suffix(".html")
     page.write_text(report_html.render(json.loads(report.to_json())))
     print(f"mscluster chaos: report written to {path} and {page}", file=out, flush=True)
-    return report

@@ -32,6 +32,7 @@ from cluster.protocol.config import (
     tls_options_from_env,
 )
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
+from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.worker import orphan
@@ -126,9 +127,7 @@ def _requested(args: argparse.Namespace) -> placement.Requested:
 
 
 def _split_addr(addr: str) -> str:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"--addr {addr!r} must be HOST:PORT with a port in 1-65535")
+    split_address("--addr", addr)
     return addr
 
 
@@ -148,8 +147,8 @@ async def _status(addrs: list[str], identity: tls.Identity | None) -> JobView:
     except SchedulerUnreachableError:
         if len(addrs) == 1:
             # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
-            host, _, port = addrs[0].rpartition(":")
-            await channel.check_scheduler(host.strip("[]"), int(port), identity, 3.0)
+            host, port = split_address("--addr", addrs[0])
+            await channel.check_scheduler(host, port, identity, 3.0)
         raise
 
 
@@ -304,13 +303,7 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
     )
-    run.add_argument(
-        "--spares",
-        type=int,
-        default=0,
-        help="also start K spare workers here (CLUSTER_SPARE=1): each takes a failed worker's "
-        "rank at once (needs --enable-recovery)",
-    )
+    run.add_argument("--spares", type=int, default=0, help="hot spare workers here (CLUSTER_SPARE)")
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
     run.add_argument(
         "--metrics-port",
@@ -321,18 +314,8 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mscluster", description="Scheduler/worker networking for distributed training."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    run = commands.add_parser(
-        "run",
-        help="start the local processes of a job (like msrun / torchrun)",
-        description="Start the scheduler (when --master-addr is this host and --node-rank is 0 "
-        "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
-    )
+def _add_run_options(run: argparse.ArgumentParser) -> None:
+    """`mscluster run`: the launcher's options, then the script and its arguments."""
     _add_run_arguments(run)
     run.add_argument(
         "--dry-run",
@@ -342,12 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_cmd_run)
 
-    sched = commands.add_parser(
-        "scheduler",
-        help="run a standalone scheduler for one job",
-        description="Serve one job until every worker finished (exit 0) or it failed (exit 1). "
-        "Options default to the MS_* environment variables.",
-    )
+
+def _add_scheduler_options(sched: argparse.ArgumentParser) -> None:
+    """`mscluster scheduler`: one standalone scheduler."""
     sched.add_argument("--host", help="address to listen on (MS_SCHED_HOST; default 127.0.0.1)")
     sched.add_argument("--port", type=int, help="port to listen on, 0 for any (MS_SCHED_PORT)")
     sched.add_argument("--worker-num", type=int, help="number of workers (MS_WORKER_NUM)")
@@ -379,11 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched.set_defaults(func=_cmd_scheduler)
 
-    stat = commands.add_parser(
-        "status",
-        help="show a running job's nodes, ranks and health",
-        description="Ask the scheduler at --addr for the job's phase, generation and nodes.",
-    )
+
+def _add_status_options(stat: argparse.ArgumentParser) -> None:
+    """`mscluster status`: a running job's nodes, ranks and health."""
     stat.add_argument(
         "--addr",
         required=True,
@@ -400,13 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     stat.add_argument("--interval", type=float, default=1.0, help="--watch: seconds (1)")
     stat.set_defaults(func=_cmd_status)
 
-    ev = commands.add_parser(
-        "events",
-        help="show the job's events (formed, failed, rejoined, ...) as a table",
-        description="The job's events, from the event log `mscluster run` writes "
-        "(LOG_DIR/events.jsonl; default logs/events.jsonl) or the scheduler's CLUSTER_EVENT_LOG, "
-        "or from a running scheduler (--addr).",
-    )
+
+def _add_events_options(ev: argparse.ArgumentParser) -> None:
+    """`mscluster events`: the job's events from the log or a running scheduler."""
     where = ev.add_mutually_exclusive_group()
     where.add_argument("--file", help="an event log (default logs/events.jsonl)")
     where.add_argument("--addr", help="a running scheduler's HOST:PORT")
@@ -417,13 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tls-config", help="with --addr: ssl.json, when the job uses TLS")
     ev.set_defaults(func=_cmd_events)
 
-    cert = commands.add_parser(
-        "certs",
-        help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
-        description="Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the "
-        "p12 passwords (server.pass, client.pass) and DIR/ssl.json, a complete TLS config for "
-        "`mscluster run --tls-config DIR/ssl.json`. Not for production keys: see certs/README.md.",
-    )
+
+def _add_certs_options(cert: argparse.ArgumentParser) -> None:
+    """`mscluster certs`: test certificates and ssl.json."""
     cert.add_argument("--out", required=True, help="directory to write to")
     cert.add_argument(
         "--host",
@@ -434,14 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     cert.add_argument("--force", action="store_true", help="overwrite existing files")
     cert.set_defaults(func=_cmd_certs)
 
-    chaos = commands.add_parser(
-        "chaos",
-        help="run a job under random faults and report how it coped",
-        description="Run the whole job of `mscluster run` options on this host with recovery on, "
-        "inject faults at random moments (reproducible with --seed), restart what was killed, "
-        "and report each fault's detection and recovery time and the steps lost; exit 0 only "
-        "when the job finished correctly. The run options follow `--`.",
-    )
+
+def _add_chaos_options(chaos: argparse.ArgumentParser) -> None:
+    """`mscluster chaos`: a job under random faults."""
     chaos.add_argument(
         "--faults",
         default="kill,stop,scheduler",
@@ -454,6 +419,58 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--report", help="the JSON report (default LOG_DIR/chaos-report.json)")
     chaos.add_argument("run_options", nargs=argparse.REMAINDER, help="-- mscluster run options")
     chaos.set_defaults(func=_cmd_chaos)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mscluster", description="Scheduler/worker networking for distributed training."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="start the local processes of a job (like msrun / torchrun)",
+        description="Start the scheduler (when --master-addr is this host and --node-rank is 0 "
+        "or unset) and this host's workers of SCRIPT; watch them; stop them all together.",
+    )
+    _add_run_options(run)
+    sched = commands.add_parser(
+        "scheduler",
+        help="run a standalone scheduler for one job",
+        description="Serve one job until every worker finished (exit 0) or it failed (exit 1). "
+        "Options default to the MS_* environment variables.",
+    )
+    _add_scheduler_options(sched)
+    stat = commands.add_parser(
+        "status",
+        help="show a running job's nodes, ranks and health",
+        description="Ask the scheduler at --addr for the job's phase, generation and nodes.",
+    )
+    _add_status_options(stat)
+    ev = commands.add_parser(
+        "events",
+        help="show the job's events (formed, failed, rejoined, ...) as a table",
+        description="The job's events, from the event log `mscluster run` writes "
+        "(LOG_DIR/events.jsonl; default logs/events.jsonl) or the scheduler's CLUSTER_EVENT_LOG, "
+        "or from a running scheduler (--addr).",
+    )
+    _add_events_options(ev)
+    cert = commands.add_parser(
+        "certs",
+        help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
+        description="Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the "
+        "p12 passwords (server.pass, client.pass) and DIR/ssl.json, a complete TLS config for "
+        "`mscluster run --tls-config DIR/ssl.json`. Not for production keys: see certs/README.md.",
+    )
+    _add_certs_options(cert)
+    chaos = commands.add_parser(
+        "chaos",
+        help="run a job under random faults and report how it coped",
+        description="Run the whole job of `mscluster run` options on this host with recovery on, "
+        "inject faults at random moments (reproducible with --seed), restart what was killed, "
+        "and report each fault's detection and recovery time and the steps lost; exit 0 only "
+        "when the job finished correctly. The run options follow `--`.",
+    )
+    _add_chaos_options(chaos)
     return parser
 
 

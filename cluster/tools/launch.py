@@ -85,22 +85,6 @@ class Child:
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
 
-    @property
-    def name(self) -> str:
-        return self.planned.name
-
-    @property
-    def log(self) -> Path:
-        return self.planned.log
-
-    @property
-    def node_id(self) -> str | None:
-        return self.planned.node_id
-
-    @property
-    def index(self) -> int | None:
-        return self.planned.index
-
 
 class Launcher:
     def __init__(
@@ -134,7 +118,7 @@ class Launcher:
 
     async def _spawn(self, child: Child, args: list[str], env: dict[str, str]) -> None:
         mode = "ab" if child.restarts else "wb"
-        if self.options.join and child.index is not None:
+        if self.options.join and child.planned.index is not None:
             child.process = await asyncio.create_subprocess_exec(
                 *args,
                 env=env,
@@ -145,7 +129,7 @@ class Launcher:
             )
             child.pump = asyncio.create_task(self._pump(child, mode))
         else:
-            with child.log.open(mode) as log:
+            with child.planned.log.open(mode) as log:
                 child.process = await asyncio.create_subprocess_exec(
                     *args,
                     env=env,
@@ -162,12 +146,12 @@ class Launcher:
         """--join: copy a worker's output to its log and, prefixed, to the terminal."""
         assert child.process is not None
         assert child.process.stdout is not None
-        with child.log.open(mode) as log:
+        with child.planned.log.open(mode) as log:
             async for raw in child.process.stdout:
                 log.write(raw)
                 log.flush()
                 rank = self._rank_of(child)
-                prefix = f"[rank {rank}]" if rank is not None else f"[{child.name}]"
+                prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
                 self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}")
 
     async def _reap(self, child: Child) -> None:
@@ -202,8 +186,8 @@ class Launcher:
     # -- watching ------------------------------------------------------------------------------
 
     def _rank_of(self, child: Child) -> int | None:
-        if child.node_id is not None and self.view is not None:
-            rank = self.view.rank_of(child.node_id)
+        if child.planned.node_id is not None and self.view is not None:
+            rank = self.view.rank_of(child.planned.node_id)
             if rank is not None:
                 return rank
         return child.planned.rank
@@ -211,14 +195,16 @@ class Launcher:
     @staticmethod
     def _spare(child: Child, view: JobView | None) -> bool:
         """Whether `child` holds no rank now (the scheduler's word; else how it started)."""
-        known = None if view is None or child.node_id is None else view.is_spare(child.node_id)
+        node_id = child.planned.node_id
+        known = None if view is None or node_id is None else view.is_spare(node_id)
         return child.planned.spare if known is None else known
 
     def _who(self, child: Child) -> str:
         rank = self._rank_of(child)
         where = f"rank {rank}, " if rank is not None else ""
-        name = child.name if child.planned.spare else f"worker {child.index}"
-        return f"{name} ({where}node id {child.node_id!r})"
+        planned = child.planned
+        name = planned.name if planned.spare else f"worker {planned.index}"
+        return f"{name} ({where}node id {planned.node_id!r})"
 
     async def _poll_status(self) -> None:
         async with scheduler_channel.open_channel(
@@ -280,7 +266,9 @@ class Launcher:
         view = now or self.view
         return policy.Seen(
             workers=tuple(
-                policy.WorkerSeen(w.index or 0, w.exit_code, w.restarts, self._spare(w, view))
+                policy.WorkerSeen(
+                    w.planned.index or 0, w.exit_code, w.restarts, self._spare(w, view)
+                )
                 for w in self.workers
             ),
             max_restarts=self.options.max_restarts,
@@ -399,9 +387,9 @@ class Launcher:
                     policy.why_not_restart(seen.workers[index], seen) or "the job is ending"
                 )
             self._print(f"mscluster: not restarting it: {why_not_restarted}")
-        tail = _tail(cause.log)
+        tail = _tail(cause.planned.log)
         if tail:
-            self._print(f"mscluster: last lines of {cause.log}:")
+            self._print(f"mscluster: last lines of {cause.planned.log}:")
             for line in tail:
                 self._print(f"    {line}")
         running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]

@@ -29,7 +29,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,35 +41,54 @@ from typing import Any
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
 from cluster.tools.secret import write_job_secret
+from cluster.worker import identity
 
 POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port free on `host` right now, for MS_SCHED_PORT (the launch contract fixes it in
+    advance; another process may still take it before the scheduler binds it)."""
+    return identity.free_port(host)
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `predicate` until it holds; JobTimeoutError naming `what` after `timeout_s`."""
+def wait_until(
+    predicate: Callable[[], bool], timeout_s: float, what: str, *, poll_s: float = POLL_S
+) -> None:
+    """Poll `predicate` every `poll_s` until it holds; JobTimeoutError naming `what` after
+    `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise JobTimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
 class Process:
     """One process of the job: its Popen, its log, and its start time."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        cwd: Path | None = None,
+    ) -> None:
+        """Start `args` in a session of its own (so its group can be killed), its output
+        appended to `log`."""
         self.name = name
         self.log = log
         with log.open("ab") as out:
             self.popen = subprocess.Popen(
-                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                args,
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.started = time.monotonic()
 
@@ -85,6 +103,19 @@ class Process:
     @property
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait(self, timeout_s: float) -> int:
+        """Its exit code; JobTimeoutError with its output when it runs past `timeout_s`."""
+        try:
+            return self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise JobTimeoutError(
+                f"{self.name} did not exit within {timeout_s:g} s; its output:\n{self.output}"
+            ) from None
+
+    def wait_for_output(self, text: str, timeout_s: float) -> None:
+        """Until `text` is in its output; JobTimeoutError after `timeout_s`."""
+        wait_until(lambda: text in self.output, timeout_s, f"{text!r} in {self.name}'s output")
 
     def signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -262,7 +293,7 @@ class LocalJob:
         self.restarts = [0] * workers
         self.spare_num = spares
         self.spares: list[Process] = []
-        self._status: _StatusClient | None = None
+        self._status: StatusClient | None = None
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -306,7 +337,7 @@ class LocalJob:
     def status(self) -> Any:
         """The scheduler's view (`cluster.status.JobView`), or None when it does not answer."""
         if self._status is None:
-            self._status = _StatusClient(self.address)
+            self._status = StatusClient(self.address)
         return self._status.fetch()
 
     def wait_status(self, predicate: Callable[[Any], bool], what: str) -> Any:
@@ -455,18 +486,19 @@ class LocalJob:
         self.close()
 
 
-class _StatusClient:
-    """Status calls from synchronous code: a grpc.aio channel on a background loop."""
+class StatusClient:
+    """Status calls from synchronous code: a grpc.aio channel on a background loop, which
+    reconnects every `reconnect_ms` while the scheduler is down."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, reconnect_ms: int = 50) -> None:
         from cluster.transport import channel  # noqa: PLC0415 - grpc only for those who ask
         from cluster.worker.session import BackgroundLoop  # noqa: PLC0415
 
         self.address = address
         self._loop = BackgroundLoop("cluster-testing-status")
-        # Reconnect every 50 ms while the scheduler is down, so that the status after a
-        # restart is seen at once (grpc's default backoff reaches seconds).
-        options = channel.reconnect_options(50, 50)
+        # Reconnect often while the scheduler is down, so that the status after a restart is
+        # seen at once (grpc's default backoff reaches seconds).
+        options = channel.reconnect_options(reconnect_ms, reconnect_ms)
 
         async def make() -> Any:
             return channel.open_channel(address, None, options)

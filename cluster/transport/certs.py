@@ -115,20 +115,7 @@ def new_ca(
         .not_valid_before(start)
         .not_valid_after(start + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage("digital_signature", "key_cert_sign", "crl_sign"), critical=True)
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -179,6 +166,24 @@ def issue(
     if names:
         builder = builder.add_extension(_san(names), critical=False)
     return key, builder.sign(ca.key, hashes.SHA256())
+
+
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """A key usage extension that allows `allowed` and nothing else."""
+    return x509.KeyUsage(**{usage: usage in allowed for usage in _KEY_USAGES})
 
 
 def p12_bytes(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.protocol import auth
+from cluster.protocol.parse import is_decimal
 
 NODE_ID_KEY = "cluster-node-id"
 INCARNATION_KEY = "cluster-incarnation"
@@ -44,7 +45,7 @@ def caller(metadata: Iterable[tuple[str, Any]] | None) -> Caller:
     values = {str(key): value for key, value in metadata or ()}
     incarnation: int | None = None
     raw_incarnation = str(values.get(INCARNATION_KEY, ""))
-    if raw_incarnation.isascii() and raw_incarnation.isdigit() and len(raw_incarnation) <= 20:
+    if is_decimal(raw_incarnation) and len(raw_incarnation) <= 20:
         incarnation = int(raw_incarnation)
     digest = b""
     raw = str(values.get(CREDENTIAL_KEY, ""))

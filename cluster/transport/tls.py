@@ -418,40 +418,12 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
     key_name = "server_cert_path" if server else "client_cert_path"
     path = settings.server_cert_path if server else settings.client_cert_path
     what = f"{key_name} {path}"
-    password = _password(options, settings, server)
-    data = _read(path, key_name)
-    try:
-        key, cert, extra = pkcs12.load_key_and_certificates(data, password)
-    except ValueError:
-        if not _looks_like_pkcs12(data):
-            raise TLSConfigError(f"{what} is not a PKCS#12 (.p12) file") from None
-        if password is None:
-            raise TLSConfigError(
-                f"{what} needs a password and none was given: set "
-                f"{_PASSWORD_ENV[server]}_FILE, or pass it to cluster.set_ps_context()"
-            ) from None
-        raise TLSConfigError(f"wrong password for {what}") from None
-    if key is None or cert is None:
-        raise TLSConfigError(f"{what} must hold a private key and its certificate")
-    if key.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    ) != cert.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    ):
-        raise TLSConfigError(f"{what}: the private key does not belong to the certificate")
+    key, cert, extra = _open_p12(
+        _read(path, key_name), _password(options, settings, server), what, server
+    )
     _check_key_size(cert.public_key(), what)
     _check_dates(cert, what, now)
-    cas = load_cas(settings.ca_cert_path, now)
-    if not _chains_to(cert, extra, cas):
-        raise TLSConfigError(
-            f"{what} ({describe(cert)}) is not signed by the CA in ca_cert_path "
-            f"{settings.ca_cert_path}"
-        )
-    revocation = Revocation(settings.crl_path, cas) if settings.crl_path else None
-    if revocation is not None and revocation.revoked(cert):
-        raise TLSConfigError(
-            f"{what} ({describe(cert)}) is revoked: the CRL {settings.crl_path} lists it"
-        )
+    cas, revocation = _check_trust(cert, extra, settings, what, now)
     intermediates = [c for c in extra if c.subject != c.issuer]
     return Identity(
         settings=settings,
@@ -472,6 +444,55 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
         revocation=revocation,
         server_name=options.server_name,
     )
+
+
+def _open_p12(
+    data: bytes, password: bytes | None, what: str, server: bool
+) -> tuple[PrivateKeyTypes, x509.Certificate, list[x509.Certificate]]:
+    """The key, its certificate and the extra certificates of a p12, the key checked to be the
+    certificate's; a TLSConfigError that says which of file, password or content is wrong."""
+    try:
+        key, cert, extra = pkcs12.load_key_and_certificates(data, password)
+    except ValueError:
+        if not _looks_like_pkcs12(data):
+            raise TLSConfigError(f"{what} is not a PKCS#12 (.p12) file") from None
+        if password is None:
+            raise TLSConfigError(
+                f"{what} needs a password and none was given: set "
+                f"{_PASSWORD_ENV[server]}_FILE, or pass it to cluster.set_ps_context()"
+            ) from None
+        raise TLSConfigError(f"wrong password for {what}") from None
+    if key is None or cert is None:
+        raise TLSConfigError(f"{what} must hold a private key and its certificate")
+    if key.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) != cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    ):
+        raise TLSConfigError(f"{what}: the private key does not belong to the certificate")
+    return key, cert, list(extra)
+
+
+def _check_trust(
+    cert: x509.Certificate,
+    extra: list[x509.Certificate],
+    settings: TLSSettings,
+    what: str,
+    now: dt.datetime,
+) -> tuple[tuple[x509.Certificate, ...], Revocation | None]:
+    """The job's CAs and its CRL, `cert` checked to chain to one and not to be revoked."""
+    cas = load_cas(settings.ca_cert_path, now)
+    if not _chains_to(cert, extra, cas):
+        raise TLSConfigError(
+            f"{what} ({describe(cert)}) is not signed by the CA in ca_cert_path "
+            f"{settings.ca_cert_path}"
+        )
+    revocation = Revocation(settings.crl_path, cas) if settings.crl_path else None
+    if revocation is not None and revocation.revoked(cert):
+        raise TLSConfigError(
+            f"{what} ({describe(cert)}) is revoked: the CRL {settings.crl_path} lists it"
+        )
+    return cas, revocation
 
 
 _Stamp = tuple[tuple[str, int, int], ...]

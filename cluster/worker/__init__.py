@@ -1,10 +1,15 @@
-"""The worker's side of the protocol.
+"""The worker's side of the protocol: a pure core and its I/O shell.
 
-Here: the asynchronous agent (`agent`: register, watch, heartbeat, calls), its synchronous
-session on a background loop (`session`), the node's identity (with its credential), its
-signed registration (`registration`) and saved node file, and the watch on the launcher
-(`orphan`).
+Here: the pure core (`core` decides: what happened in, what to do out, with an injected clock;
+`steps` holds those events and actions); the shell that carries its actions out: the
+asynchronous agent (`agent`: the channel, registration, the watch stream, heartbeats, calls),
+its timers (`timers`), protobuf turned into the core's events (`convert`), the synchronous
+session on a background loop (`session`), how the process ends when the job is over for it
+(`ending`: the error raised in the main thread, os._exit only as the last resort), the node's
+identity (with its credential), its signed registration (`registration`) and saved node file
+(`node_file`), and the watch on the launcher (`orphan`).
 
 May import: `cluster.protocol`, `cluster.transport`, `cluster.storage`, `cluster.v1`, grpc and
-asyncio. Never the scheduler, the training API or the tools.
+asyncio; `core` and `steps` only `cluster.protocol` (no grpc, asyncio, wire format or transport:
+an import-linter contract). Never the scheduler, the training API or the tools.
 """

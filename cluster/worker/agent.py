@@ -24,6 +24,7 @@ import grpc
 
 from cluster.protocol.config import ClusterConfig, read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.parse import split_address
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, membership, tls
@@ -89,12 +90,6 @@ _EXCHANGE_OPS = {
 }
 
 
-def _host_port(address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" (an IPv6 host in brackets loses them)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 class WorkerAgent:
     def __init__(
         self,
@@ -151,33 +146,12 @@ class WorkerAgent:
     # -- what the core knows -------------------------------------------------------------------
 
     @property
-    def where(self) -> str:
-        return self.core.where
-
-    @property
     def cluster_id(self) -> str:
         return self.core.cluster_id
 
     @property
     def topology(self) -> Topology | None:
         return self.core.topology
-
-    @property
-    def rejoined(self) -> bool:
-        return self.core.rejoined
-
-    @property
-    def recovery(self) -> bool:
-        return self.core.recovery
-
-    @property
-    def unreachable(self) -> str:
-        """Why the scheduler could not be reached at the last check ("" when it could)."""
-        return self.core.unreachable
-
-    @property
-    def reconnect_window_s(self) -> float:
-        return self.core.reconnect_window_s
 
     @property
     def fatal(self) -> ClusterError | None:
@@ -204,7 +178,7 @@ class WorkerAgent:
                 await self._run(self.core.step(steps.DeadlinePassed()), report=False)
                 if self.core.over and not self._fatal.done():
                     raise ClusterError(
-                        f"this node was closed before the job formed at {self.where}"
+                        f"this node was closed before the job formed at {self.core.where}"
                     )
         if self._fatal.done():
             raise self._fatal.result()
@@ -279,7 +253,7 @@ class WorkerAgent:
 
     def _follow(self, address: str) -> None:
         """Talk to the scheduler at `address` from now on; the old channel closes aside."""
-        self._host, self._port = _host_port(address)
+        self._host, self._port = split_address("the scheduler address", address)
         old = self._channel
         self._channel = scheduler_channel.open_channel(
             address, self._tls, channel_options(self.config.expected_nodes)
@@ -316,7 +290,7 @@ class WorkerAgent:
             return steps.Unanswered()
         except grpc.aio.AioRpcError as exc:
             call.cancel()
-            return convert.rpc_failure(exc, self.where)
+            return convert.rpc_failure(exc, self.core.where)
         except ClusterError as exc:
             call.cancel()
             return steps.Fatal(exc)
@@ -362,7 +336,7 @@ class WorkerAgent:
             raise asyncio.InvalidStateError("the scheduler closed the stream without an answer")
         assert isinstance(first, pb.Event)
         if first.WhichOneof("kind") not in ("accepted", "refused"):
-            raise ClusterError(f"{self.where} answered registration with {first}")
+            raise ClusterError(f"{self.core.where} answered registration with {first}")
         return first
 
     # -- the stream ----------------------------------------------------------------------------

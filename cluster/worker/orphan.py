@@ -2,8 +2,10 @@
 
 The launcher sets CLUSTER_LAUNCHER_PID in every child's environment. A child whose parent is
 that launcher watches it from a daemon thread; when the launcher is gone (the child has been
-re-parented), the child does what the launcher would have done: SIGTERM to itself, and a hard
-exit if that did not end it. Processes not started by the launcher are unaffected.
+re-parented), the child ends itself: a worker's session raises a JobFailedError in its main
+thread (see `ending`); the scheduler, whose main thread runs its event loop, gets the SIGTERM the
+launcher would have sent. Either way with a hard exit if that did not end it within a grace.
+Processes not started by the launcher are unaffected.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+
+from cluster.protocol.errors import ClusterError, JobFailedError
+from cluster.protocol.parse import is_decimal
 
 ENV = "CLUSTER_LAUNCHER_PID"
 CHECK_EVERY_S = 0.5
@@ -19,27 +25,32 @@ GRACE_S = 5.0
 EXIT_CODE = 1
 
 
-def _watch(launcher_pid: int, stop: threading.Event) -> None:
+def _watch(launcher_pid: int, stop: threading.Event, end: Callable[[ClusterError], None]) -> None:
     while not stop.wait(CHECK_EVERY_S):
         if os.getppid() != launcher_pid:
-            print(
-                f"cluster: the launcher (pid {launcher_pid}) is gone; stopping this process",
-                file=sys.stderr,
-                flush=True,
-            )
-            os.kill(os.getpid(), signal.SIGTERM)
-            if not stop.wait(GRACE_S):
-                os._exit(EXIT_CODE)
+            end(JobFailedError(f"the launcher (pid {launcher_pid}) is gone; stopping this process"))
             return
 
 
-def watch_launcher() -> threading.Event | None:
-    """Start watching the launcher named in the environment; set the returned event to stop."""
+def terminate(error: ClusterError) -> None:
+    """What the launcher would have done: SIGTERM to this process (a server stops on it), and
+    the hard exit if that did not end it within GRACE_S."""
+    print(f"cluster: {error}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    threading.Event().wait(GRACE_S)
+    os._exit(EXIT_CODE)
+
+
+def watch_launcher(
+    end: Callable[[ClusterError], None] = terminate,
+) -> threading.Event | None:
+    """Start watching the launcher named in the environment, calling `end` with the error
+    once it is gone; set the returned event to stop."""
     value = os.environ.get(ENV, "")
-    if not value.isdigit() or int(value) != os.getppid():
+    if not is_decimal(value) or int(value) != os.getppid():
         return None
     stop = threading.Event()
     threading.Thread(
-        target=_watch, args=(int(value), stop), name="cluster-launcher-watch", daemon=True
+        target=_watch, args=(int(value), stop, end), name="cluster-launcher-watch", daemon=True
     ).start()
     return stop

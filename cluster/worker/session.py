@@ -3,14 +3,16 @@
 The user's training loop runs in the main thread and is never asked to be async. The agent lives
 on a daemon thread's loop, so heartbeats go on while the main thread computes. When the job
 fails (recovery off), the process must not linger: a call that is waiting raises the failure in
-the main thread, and otherwise the process exits at once with a message naming what died.
+the main thread, and otherwise the failure is raised in the main thread wherever it is
+(`ending.Ending`); a main thread that does not end the process within a grace (it caught the
+error and carried on, or it is stuck in a C call) gets the last resort, an exit at once with a
+message naming what died.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import sys
 import threading
 from collections.abc import Coroutine
@@ -19,16 +21,11 @@ from typing import Any, TypeVar
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.topology import Topology
-from cluster.worker import node_file, orphan
+from cluster.worker import ending, node_file, orphan
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity
 
 T = TypeVar("T")
-
-# A failure that ends the job while the main thread waits in a cluster call is raised there; if
-# the program catches it and carries on regardless, the process is ended after this long.
-EXIT_GRACE_S = 5.0
-FATAL_EXIT_CODE = 1
 
 
 class BackgroundLoop:
@@ -93,13 +90,15 @@ class WorkerSession:
             if self._record is not None and not self._record.finished
             else ""
         )
+        # Made here, in the main thread, where the signal that interrupts it can be set up.
+        self._ending = ending.Ending(self.say)
         self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
         self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
         self._started = False
         self._closed = False
         # Set by a TrainingLoop around each step: the generation its collectives belong to.
         self.generation_pin: int | None = None
-        orphan.watch_launcher()
+        orphan.watch_launcher(self._ending.end)
 
     async def _make_agent(self, cluster_id: str) -> WorkerAgent:
         return WorkerAgent(
@@ -158,18 +157,9 @@ class WorkerSession:
         """The job is over for this process (runs on the agent's thread)."""
         with self._pending_lock:
             waiting = self._pending > 0
-        if waiting:
-            # The waiting call raises `error` in the main thread; see that the process ends.
-            timer = threading.Timer(EXIT_GRACE_S, self._exit_now, args=(error,))
-            timer.daemon = True
-            timer.start()
-            return
-        self._exit_now(error)
-
-    def _exit_now(self, error: ClusterError) -> None:
-        self.say(str(error))
-        sys.stdout.flush()
-        os._exit(FATAL_EXIT_CODE)
+        # A waiting call raises `error` in the main thread itself; otherwise the main thread is
+        # interrupted wherever it is. Either way the process ends within the grace.
+        self._ending.end(error, raised=waiting)
 
     def finalize(self, *, finished: bool = True) -> None:
         if self._closed:
@@ -178,7 +168,7 @@ class WorkerSession:
         try:
             if finished and self.agent.fatal is None:
                 heard = self._background.run(
-                    self.agent.finish(), timeout_s=self.agent.finish_wait_s + EXIT_GRACE_S
+                    self.agent.finish(), timeout_s=self.agent.finish_wait_s + ending.GRACE_S
                 )
                 topology = self.topology
                 if heard and topology is not None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cluster.storage import store
-from tests.procs import PYTHON, ROOT, free_port, private_copy, processes_running
+from cluster.testing import free_port
+from tests.procs import PYTHON, ROOT, private_copy, processes_running
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 

@@ -24,11 +24,12 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.state import NodeState, Phase
 from cluster.scheduler import JobSettings, SchedulerServer
+from cluster.testing import free_port
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
-from tests.procs import PYTHON, ROOT, Procs, free_port, job_env
+from tests.procs import PYTHON, ROOT, Procs, job_env
 
 PROBE = [str(ROOT / "tests" / "integration" / "scripts" / "api_probe.py")]
 

@@ -7,7 +7,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.procs import PYTHON, ROOT, Procs, free_port
+from cluster.testing import free_port
+from tests.procs import PYTHON, ROOT, Procs
 
 EXAMPLE = str(ROOT / "examples" / "allgather_check.py")
 MSCLUSTER = [PYTHON, "-m", "cluster"]

@@ -13,8 +13,9 @@ import socket
 import subprocess
 from collections.abc import Iterator
 
+from cluster.testing import free_port
 from cluster.tools.testing import wait_until
-from tests.procs import PYTHON, ROOT, Procs, free_port, job_env
+from tests.procs import PYTHON, ROOT, Procs, job_env
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
 FILES = 256

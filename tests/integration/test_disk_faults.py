@@ -15,9 +15,10 @@ import pytest
 
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.storage import store
+from cluster.testing import free_port
 from cluster.tools.testing import LocalJob, wait_until
 from tests import tmpfs
-from tests.procs import PYTHON, ROOT, free_port, job_env
+from tests.procs import PYTHON, ROOT, job_env
 
 WORKER = ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py"
 NODE_TIMEOUT_S = 2.0

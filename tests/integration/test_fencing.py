@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
+from cluster.testing import Process, free_port, wait_until
 from cluster.tools.testing import NetworkLab
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.integration.test_standby import kv_call, kv_set_in_thread, register
-from tests.procs import PYTHON, Proc, Procs, free_port, job_env, wait_until
+from tests.procs import PYTHON, Procs, job_env
 from tests.servers.etcd import EtcdCluster
 
 LEASE_S = 2
@@ -67,7 +68,7 @@ def test_a_partitioned_leader_is_fenced_and_stands_by_once_healed(
 
     def scheduler(
         name: str, host: str, etcd_host: str, wrap: Callable[[list[str]], list[str]]
-    ) -> Proc:
+    ) -> Process:
         url = f"etcd://{','.join(f'{etcd_host}:{p}' for p in ports)}{prefix}"
         args = [PYTHON, "-m", "cluster", "scheduler", "--host", host, "--port", str(port)]
         args += ["--worker-num", "2", "--node-timeout", "5", "--state-url", url]

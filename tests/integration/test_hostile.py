@@ -32,12 +32,13 @@ import pytest
 from cluster.scheduler.exchange import MAX_OPEN_ROUNDS
 from cluster.scheduler.persist import STATE_KIND
 from cluster.storage import store
+from cluster.testing import Process, free_port, wait_until
 from cluster.transport import certs
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.integration.test_launcher import run_args
 from tests.integration.test_tls import pem_bytes
-from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, job_env, wait_until
+from tests.procs import PYTHON, ROOT, Procs, job_env
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 TARGET = SCRIPTS / "hostile_target.py"
@@ -146,13 +147,13 @@ def env_for(port: int, tmp: Path, pki: certs.Pki | None, **extra: str) -> dict[s
     return job_env(2, port, MS_TOPO_TIMEOUT="60", **tls, **extra)
 
 
-def start_scheduler(processes: Procs, env: dict[str, str]) -> Proc:
+def start_scheduler(processes: Procs, env: dict[str, str]) -> Process:
     sched = processes.start("scheduler", [PYTHON, "-m", "cluster", "scheduler"], env)
     sched.wait_for_output("listening on", START_S)
     return sched
 
 
-def start_worker(processes: Procs, i: int, env: dict[str, str], script: list[str]) -> Proc:
+def start_worker(processes: Procs, i: int, env: dict[str, str], script: list[str]) -> Process:
     return processes.start(
         f"worker{i}", [PYTHON, *script], {**env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)}
     )
@@ -174,7 +175,7 @@ def nodes(status: pb.StatusResponse) -> dict[str, tuple[Any, ...]]:
     }
 
 
-def finished_at_generation_1(sched: Proc, workers: list[Proc]) -> None:
+def finished_at_generation_1(sched: Process, workers: list[Process]) -> None:
     for worker in workers:
         assert worker.wait(START_S) == 0, worker.output
     assert sched.wait(START_S) == 0, sched.output
@@ -443,7 +444,7 @@ def peak_rss_kb(pid: int) -> int:
 
 def flood(
     processes: Procs, tmp_path: Path, args: list[str], **extra: str
-) -> tuple[Proc, list[Proc]]:
+) -> tuple[Process, list[Process]]:
     """A job of hostile_member.py: returns once every worker flooded (and waits for GO)."""
     port = free_port()
     env = env_for(port, tmp_path, None, **extra)
@@ -455,7 +456,7 @@ def flood(
     return sched, workers
 
 
-def goes_on(sched: Proc, workers: list[Proc], go: Path) -> None:
+def goes_on(sched: Process, workers: list[Process], go: Path) -> None:
     go.touch()
     for rank, worker in enumerate(workers):
         assert worker.wait(START_S) == 0, worker.output

@@ -15,10 +15,11 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
+from cluster.testing import Process, free_port, wait_until
 from cluster.transport import certs
 from tests import kube
 from tests.kube_local import LocalCluster, image_env, local_cluster, why_not_available
-from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, wait_until
+from tests.procs import PYTHON, ROOT, Procs
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
@@ -108,7 +109,7 @@ def job_secrets() -> dict[str, dict[str, bytes]]:
     return {"cluster-job-secret": {"job.secret": secrets.token_hex(32).encode()}}
 
 
-def start_schedulers(local: LocalCluster) -> tuple[kube.Manifest, list[Proc], list[kube.Pod]]:
+def start_schedulers(local: LocalCluster) -> tuple[kube.Manifest, list[Process], list[kube.Pod]]:
     sts = kube.find(local.objects, "StatefulSet", "cluster-scheduler")
     pods = [kube.statefulset_pod(sts, i, local.address()) for i in range(sts["spec"]["replicas"])]
     local.name_pods(sts, pods)
@@ -130,7 +131,7 @@ def wait_serving(local: LocalCluster, pod: kube.Pod, port: int) -> None:
     assert done.stdout.strip() == "SERVING", done.stdout + done.stderr
 
 
-def wait_epoch(proc: Proc, epoch: int, job: list[Proc]) -> None:
+def wait_epoch(proc: Process, epoch: int, job: list[Process]) -> None:
     """Until `proc` has begun training epoch `epoch` (16 steps each); a process of the job
     that ends first is a failure at once, with its output."""
 
@@ -151,7 +152,7 @@ def status(local: LocalCluster, pod: kube.Pod, *tls: str) -> dict[str, Any]:
     return cast("dict[str, Any]", json.loads(done.stdout))
 
 
-def start_workers(local: LocalCluster) -> tuple[kube.Manifest, list[Proc]]:
+def start_workers(local: LocalCluster) -> tuple[kube.Manifest, list[Process]]:
     job = kube.find(local.objects, "Job", "cluster-workers")
     count = job["spec"]["completions"]
     pods = [kube.indexed_job_pod(job, i, local.address()) for i in range(count)]

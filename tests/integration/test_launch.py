@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, Procs, free_port, job_env
+from cluster.testing import free_port
+from tests.procs import PYTHON, ROOT, Procs, job_env
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
 LINE = re.compile(r"^allgather rank=(\d+) size=(\d+) result=(\[.*\])$", re.MULTILINE)

@@ -14,16 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster.testing import free_port, wait_until
 from tests.netns import two_hosts
-from tests.procs import (
-    PYTHON,
-    ROOT,
-    Procs,
-    free_port,
-    private_copy,
-    processes_running,
-    wait_until,
-)
+from tests.procs import PYTHON, ROOT, Procs, private_copy, processes_running
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
 MSCLUSTER = [PYTHON, "-m", "cluster"]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster.testing import free_port
 from cluster.transport import certs
-from tests.procs import ROOT, Procs, free_port, job_env
+from tests.procs import ROOT, Procs, job_env
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, Procs, free_port, private_copy, processes_running, wait_until
+from cluster.testing import free_port, wait_until
+from tests.procs import PYTHON, ROOT, Procs, private_copy, processes_running
 from tests.servers.prometheus import Prometheus, value_is
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.procs import PYTHON, ROOT, Procs, free_port, job_env
+from cluster.testing import free_port
+from tests.procs import PYTHON, ROOT, Procs, job_env
 
 README = (ROOT / "README.md").read_text()
 

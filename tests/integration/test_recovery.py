@@ -14,17 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import (
-    PYTHON,
-    ROOT,
-    Proc,
-    Procs,
-    free_port,
-    job_env,
-    private_copy,
-    processes_running,
-    wait_until,
-)
+from cluster.testing import Process, free_port, wait_until
+from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
 
 WORKER = [str(ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py")]
 NODE_TIMEOUT_S = 5
@@ -54,10 +45,10 @@ class Job:
         for worker in self.workers:
             worker.wait_for_output("allgather rank=", 30)
 
-    def start_scheduler(self, name: str = "scheduler") -> Proc:
+    def start_scheduler(self, name: str = "scheduler") -> Process:
         return self.processes.start_role(name, "MS_SCHED", self.args, self.env)
 
-    def start_worker(self, index: int, name: str | None = None) -> Proc:
+    def start_worker(self, index: int, name: str | None = None) -> Process:
         return self.processes.start_role(
             name or f"worker{index}", "MS_WORKER", self.args, {**self.env, "MS_NODE_ID": str(index)}
         )
@@ -76,7 +67,7 @@ class Job:
         assert isinstance(status, dict)
         return status
 
-    def finish(self, workers: list[Proc]) -> None:
+    def finish(self, workers: list[Process]) -> None:
         self.release_file.touch()
         for worker in workers:
             assert worker.wait(30) == 0, worker.output
@@ -314,13 +305,13 @@ def test_scheduler_killed_at_random_moments_always_resumes(
     )
     args = [*WORKER, "--release", str(release)]
 
-    def scheduler(name: str) -> Proc:
+    def scheduler(name: str) -> Process:
         return processes.start_role(name, "MS_SCHED", args, env)
 
-    def worker(i: int, name: str) -> Proc:
+    def worker(i: int, name: str) -> Process:
         return processes.start_role(name, "MS_WORKER", args, {**env, "MS_NODE_ID": str(i)})
 
-    def kill_and_restart(victim: Proc, at_s: float, name: str) -> Proc:
+    def kill_and_restart(victim: Process, at_s: float, name: str) -> Process:
         time.sleep(at_s)  # sleep-ok: the fault lands at a random moment; nothing is awaited
         victim.popen.send_signal(signal.SIGKILL)
         victim.wait(10)

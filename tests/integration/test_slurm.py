@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ROOT, Procs, processes_running, wait_until
+from cluster.testing import wait_until
+from tests.procs import PYTHON, ROOT, Procs, processes_running
 from tests.servers.slurm import Slurm
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"

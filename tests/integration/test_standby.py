@@ -19,11 +19,12 @@ import urllib.request
 import grpc
 import pytest
 
+from cluster.testing import Process, free_port, wait_until
 from cluster.transport.failures import LEADER_KEY
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.procs import PYTHON, Proc, Procs, free_port, job_env, wait_until
+from tests.procs import PYTHON, Procs, job_env
 from tests.servers.etcd import EtcdCluster
 
 LEASE_S = 2
@@ -41,7 +42,7 @@ class Schedulers:
         self.metrics_ports = {host: free_port() for host in HOSTS}
         self.procs = {host: self.start(host) for host in HOSTS}
 
-    def start(self, host: str) -> Proc:
+    def start(self, host: str) -> Process:
         args = ["--host", host, "--port", str(self.port), "--worker-num", "2"]
         args += ["--metrics-port", str(self.metrics_ports[host])]
         args += ["--node-timeout", "5", "--state-url", self.url, "--lease", str(LEASE_S)]

@@ -27,11 +27,13 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cluster.protocol.config import TLSOptions, from_env
 from cluster.protocol.errors import CollectiveError, TLSConfigError
 from cluster.scheduler import JobSettings, SchedulerServer
+from cluster.testing import Process, free_port
 from cluster.transport import certs
 from cluster.transport.tls import load_identity
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
-from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, job_env
+from tests.aio import eventually
+from tests.procs import PYTHON, ROOT, Procs, job_env
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
 LINE = re.compile(r"^allgather rank=(\d+) size=(\d+) result=(\[.*\])$", re.MULTILINE)
@@ -62,7 +64,7 @@ def tls_env(n: int, port: int, config: Path | None, **extra: str) -> dict[str, s
     return job_env(n, port, MS_TOPO_TIMEOUT="20", **tls, **extra)
 
 
-def start_scheduler(processes: Procs, n: int, config: Path | None, **extra: str) -> Proc:
+def start_scheduler(processes: Procs, n: int, config: Path | None, **extra: str) -> Process:
     port = free_port()
     sched = processes.start_role(
         "scheduler", "MS_SCHED", EXAMPLE, tls_env(n, port, config, **extra)
@@ -72,12 +74,14 @@ def start_scheduler(processes: Procs, n: int, config: Path | None, **extra: str)
     return sched
 
 
-def start_worker(processes: Procs, sched: Proc, n: int, config: Path | None, name: str) -> Proc:
+def start_worker(
+    processes: Procs, sched: Process, n: int, config: Path | None, name: str
+) -> Process:
     env = tls_env(n, sched.port, config)  # type: ignore[attr-defined]
     return processes.start_role(name, "MS_WORKER", EXAMPLE, env)
 
 
-def one_line(proc: Proc) -> str:
+def one_line(proc: Process) -> str:
     """The process's output is one `cluster: ...` line (and maybe waiting notes): return it."""
     assert "Traceback" not in proc.output, proc.output
     lines = [ln for ln in proc.output.splitlines() if ln.startswith("cluster: ")]
@@ -132,7 +136,7 @@ def expired_p12(pki: certs.Pki, tmp: Path, *, server: bool) -> Path:
     return certs.write_p12(tmp / f"expired-{server}.p12", key, cert, password, pki.ca)
 
 
-def finish_job(processes: Procs, sched: Proc, n: int, config: Path) -> None:
+def finish_job(processes: Procs, sched: Process, n: int, config: Path) -> None:
     workers = [start_worker(processes, sched, n, config, f"good{i}") for i in range(n)]
     for w in workers:
         assert w.wait(30) == 0, w.output
@@ -332,14 +336,6 @@ def agent(port: int, config: Path, say: Callable[[str], None], **kw: Any) -> Wor
     return WorkerAgent(from_env(env), identity, say=say, on_fatal=lambda _: None, **kw)
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float = 10) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.01)  # sleep-ok: polls predicate, bounded by wait_for
-
-    await asyncio.wait_for(poll(), timeout_s)
-
-
 async def test_a_certificate_revoked_while_running_is_refused_on_its_next_call(
     pki: certs.Pki, tmp_path: Path
 ) -> None:
@@ -382,8 +378,10 @@ async def test_expiry_is_rechecked_while_running(
             return sum("server_cert_path" in r.getMessage() for r in caplog.records)
 
         # One warning at start and then one per period, on both sides.
-        await until(lambda: scheduler_warnings() >= 3)
-        await until(lambda: sum("client_cert_path" in s for s in said) >= 3)
+        await eventually(lambda: scheduler_warnings() >= 3, "three scheduler warnings", 10)
+        await eventually(
+            lambda: sum("client_cert_path" in s for s in said) >= 3, "three client warnings", 10
+        )
         await worker.close()
     assert all("expires in 19 days" in s for s in said if "client_cert_path" in s)
 

@@ -11,16 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import (
-    PYTHON,
-    ROOT,
-    Procs,
-    free_port,
-    job_env,
-    private_copy,
-    processes_running,
-    wait_until,
-)
+from cluster.testing import free_port, wait_until
+from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,

@@ -10,17 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.procs import (
-    PYTHON,
-    ROOT,
-    Proc,
-    Procs,
-    free_port,
-    job_env,
-    private_copy,
-    processes_running,
-    wait_until,
-)
+from cluster.testing import Process, free_port, wait_until
+from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,
@@ -101,7 +92,9 @@ def test_worker_killed_while_saving_every_step(
     assert job.final_hash() == fault_free_hash
 
 
-def launch_training(processes: Procs, tmp_path: Path, out: Path, *extra: str) -> tuple[Proc, Path]:
+def launch_training(
+    processes: Procs, tmp_path: Path, out: Path, *extra: str
+) -> tuple[Process, Path]:
     """`mscluster run --enable-recovery --max-restarts 2` of train_mlp.py (and `extra`
     options); the run and the script's private copy (every worker's command line names it)."""
     script = private_copy(tmp_path, TRAIN)

@@ -27,6 +27,7 @@ from cluster.api import runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 from cluster.storage import atomic
+from cluster.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -616,10 +617,8 @@ def wait_for_bytes(directory: Path, step: int, count: float) -> None:
                             return True
         return False
 
-    deadline = time.monotonic() + 30
-    while not reached():
-        assert time.monotonic() < deadline, f"the saver never wrote {count} bytes of {name}"
-        time.sleep(0.0005)  # sleep-ok: polls an observable (the file), bounded by the deadline
+    # Polled often: the test kills the saver while it writes, not after.
+    wait_until(reached, 30, f"the saver to write {count} bytes of {name}", poll_s=0.0005)
 
 
 def check_after_kill(tmp_path: Path, size: int, printed: list[str]) -> tuple[int, list[int]]:

@@ -8,7 +8,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, SchedulerUnreachableError
 from cluster.storage import checkpoint_files
+from cluster.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,13 +27,6 @@ def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
     kwargs.setdefault("recovery", False)
     kwargs.setdefault("rank", 0)
     return CheckpointManager(tmp_path / "ckpt", "net", CheckpointConfig(1, 3), **kwargs)
-
-
-def wait_for(predicate: Any, what: str, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)  # sleep-ok: polls an observable, bounded by the deadline
 
 
 def test_the_caller_may_change_its_state_as_soon_as_save_returns(tmp_path: Path) -> None:
@@ -71,12 +64,12 @@ def test_a_third_save_waits_for_the_writer_and_the_wait_is_counted(
     monkeypatch.setattr(checkpoint_files, "write", slow_write)
     ckpt = manager(tmp_path)
     ckpt.save(1, {"step": 1})
-    wait_for(lambda: writing == [1], "the writer to start on step 1")
+    wait_until(lambda: writing == [1], 10, "the writer to start on step 1", poll_s=0.001)
     ckpt.save(2, {"step": 2})  # copied: the second snapshot
     assert ckpt.stats.waits == 0
     third = threading.Thread(target=ckpt.save, args=(3, {"step": 3}))
     third.start()
-    wait_for(lambda: ckpt.stats.waits == 1, "the third save to wait")
+    wait_until(lambda: ckpt.stats.waits == 1, 10, "the third save to wait", poll_s=0.001)
     assert third.is_alive()
     disk.set()
     third.join(30)

@@ -21,6 +21,7 @@ from cluster.protocol.config import (
     read_job_secret,
 )
 from cluster.protocol.errors import ClusterError, ConfigError
+from cluster.protocol.parse import is_decimal, split_address
 
 
 def env(**overrides: str | None) -> dict[str, str]:
@@ -447,3 +448,31 @@ def test_the_spares_cap() -> None:
     assert from_env(env(CLUSTER_MAX_SPARES="0")).limits.max_spares == 0
     with pytest.raises(ConfigError, match="CLUSTER_MAX_SPARES"):
         from_env(env(CLUSTER_MAX_SPARES="-1"))
+
+
+@pytest.mark.parametrize(
+    ("text", "decimal"),
+    [
+        ("7", True),
+        ("007", True),
+        ("", False),
+        ("\u00b2", False),
+        ("\u0663", False),
+        (" 7", False),
+        ("+7", False),
+        ("-1", False),
+        ("7.0", False),
+    ],
+)
+def test_the_one_digit_check_takes_ascii_digits_only(text: str, decimal: bool) -> None:
+    assert is_decimal(text) is decimal
+
+
+def test_an_address_is_split_once_for_every_caller() -> None:
+    assert split_address("--addr", "10.0.0.1:8118") == ("10.0.0.1", 8118)
+    assert split_address("--addr", "[::1]:8118") == ("::1", 8118)
+    for bad in ("8118", ":8118", "host:", "host:0", "host:65536", "host:\u00b2", "host:+1"):
+        with pytest.raises(
+            ConfigError, match=r"^--addr .* must be HOST:PORT with a port in 1-65535$"
+        ):
+            split_address("--addr", bad)

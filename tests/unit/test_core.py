@@ -14,6 +14,7 @@ from cluster.scheduler.core import SchedulerCore
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from tests.aio import BOUND_S
+from tests.conftest import FakeClock
 from tests.credentials import caller, registration
 
 SETTINGS = JobSettings(
@@ -26,16 +27,9 @@ SETTINGS = JobSettings(
 )
 
 
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_collective_of_an_older_generation_is_a_peer_failure() -> None:
     """A step that began before a rejoin must not join the new generation's collectives."""
-    clock = Clock()
+    clock = FakeClock(100.0)
     core = SchedulerCore(SETTINGS, clock)
     for node_id in ("0", "1"):
         await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
@@ -63,7 +57,7 @@ async def test_a_rejoin_reaches_open_streams_as_a_delta_and_a_new_stream_as_the_
     """After a rejoin only the rejoined node's row travels to the nodes that hold the table; a
     stream opened later (a node that reconnected, so may have missed that change) gets the
     whole table, and the delta applied to the old table is that whole table."""
-    clock = Clock()
+    clock = FakeClock()
     core = SchedulerCore(SETTINGS, clock)
     for node_id in ("0", "1"):
         await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)

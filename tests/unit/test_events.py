@@ -26,20 +26,13 @@ from cluster.protocol.state import (
     TopologyReadyEvent,
 )
 from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal
+from cluster.testing import wait_until
 from tests.aio import BOUND_S, settle
+from tests.conftest import FakeClock
 from tests.credentials import digest
-from tests.procs import wait_until
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_state(clock: Clock, workers: int = 2, *, recovery: bool = True) -> SchedulerState:
+def make_state(clock: FakeClock, workers: int = 2, *, recovery: bool = True) -> SchedulerState:
     settings = JobSettings(
         worker_num=workers,
         server_num=0,
@@ -64,7 +57,7 @@ def reg(node_id: str, incarnation: int = 1, workers: int = 2) -> Registration:
     )
 
 
-def formed(clock: Clock, workers: int = 2) -> SchedulerState:
+def formed(clock: FakeClock, workers: int = 2) -> SchedulerState:
     st = make_state(clock, workers)
     for i in range(workers):
         st.register(reg(str(i), workers=workers))
@@ -80,14 +73,14 @@ def failures(effects: list[object]) -> list[NodeFailedEvent]:
 
 
 def test_a_broken_stream_is_cause_stream_broken() -> None:
-    st = formed(Clock())
+    st = formed(FakeClock())
     st.connect("1", 1)
     (failed,) = failures(st.disconnect("1", 1))
     assert events.failure_cause(failed.reason) is Cause.STREAM_BROKEN
 
 
 def test_heartbeat_silence_is_cause_heartbeat_silence() -> None:
-    clock = Clock()
+    clock = FakeClock()
     st = formed(clock)
     clock.now += 11.0
     found = failures(st.tick())
@@ -96,7 +89,7 @@ def test_heartbeat_silence_is_cause_heartbeat_silence() -> None:
 
 
 def test_not_reconnecting_after_a_restart_is_cause_no_reconnect() -> None:
-    clock = Clock()
+    clock = FakeClock()
     state = formed(clock)
     restored = SchedulerState.restore(
         state.snapshot(), state.settings, clock, new_cluster_id="job-2"
@@ -107,7 +100,7 @@ def test_not_reconnecting_after_a_restart_is_cause_no_reconnect() -> None:
 
 
 def test_a_new_process_taking_a_silent_nodes_id_is_cause_replaced() -> None:
-    clock = Clock()
+    clock = FakeClock()
     st = formed(clock)
     clock.now += 10.5  # past the guard, before the next tick notices the silence
     _, effects = st.register(reg("1", incarnation=2))
@@ -123,7 +116,7 @@ def test_an_unknown_reason_is_cause_other() -> None:
 
 
 def test_registrations_are_events_and_a_retry_is_none() -> None:
-    clock = Clock()
+    clock = FakeClock()
     st = make_state(clock)
     outcome, _ = st.register(reg("0"))
     record = events.of_registration(reg("0"), None, outcome, st)
@@ -141,7 +134,7 @@ def test_registrations_are_events_and_a_retry_is_none() -> None:
 
 
 def test_a_guard_refusal_and_a_refusal_are_told_apart() -> None:
-    clock = Clock()
+    clock = FakeClock()
     st = formed(clock)
     guarded, _ = st.register(reg("1", incarnation=2))
     record = events.of_registration(reg("1", 2), 1, guarded, st)
@@ -159,7 +152,7 @@ def test_a_guard_refusal_and_a_refusal_are_told_apart() -> None:
 
 
 def test_a_rejoin_names_the_rank_and_the_new_generation_its_rollback_step() -> None:
-    clock = Clock()
+    clock = FakeClock()
     st = formed(clock)
     st.connect("1", 1)
     st.disconnect("1", 1)
@@ -178,7 +171,7 @@ def test_a_rejoin_names_the_rank_and_the_new_generation_its_rollback_step() -> N
 
 
 def test_formed_failed_and_the_end_are_events_and_progress_is_not() -> None:
-    clock = Clock()
+    clock = FakeClock()
     st = make_state(clock)
     _, first = st.register(reg("0"))
     assert [events.of_effect(e, st) for e in first] == [None]  # a progress count
@@ -217,7 +210,7 @@ def test_an_event_line_reads_back() -> None:
 
 
 def journal(retain: int = 100) -> tuple[EventJournal, SchedulerState]:
-    st = make_state(Clock())
+    st = make_state(FakeClock())
     return EventJournal(st, wall=lambda: 1_700_000_000.0, retain=retain), st
 
 

@@ -10,26 +10,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from cluster.protocol.leadership import Leadership, Role, Step
+from tests.conftest import FakeClock
 
 LEASE_S = 2.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def leader(clock: Clock) -> Leadership:
+def leader(clock: FakeClock) -> Leadership:
     leading = Leadership(LEASE_S, clock)
     assert leading.won(clock.now, LEASE_S, "127.0.0.1:8118") is Step.LEAD
     return leading
 
 
 def test_a_won_campaign_leads_and_serves() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     leading = leader(clock)
     assert leading.role is Role.LEADER
     assert leading.serving()
@@ -38,7 +31,7 @@ def test_a_won_campaign_leads_and_serves() -> None:
 
 
 def test_a_lost_campaign_stands_by_naming_the_leader() -> None:
-    standby = Leadership(LEASE_S, Clock())
+    standby = Leadership(LEASE_S, FakeClock(100.0))
     assert standby.lost("127.0.0.2:8118") is Step.STAND_BY
     assert standby.role is Role.STANDBY
     assert not standby.serving()
@@ -46,7 +39,7 @@ def test_a_lost_campaign_stands_by_naming_the_leader() -> None:
 
 
 def test_a_standby_campaigns_when_the_leader_key_is_gone() -> None:
-    standby = Leadership(LEASE_S, Clock())
+    standby = Leadership(LEASE_S, FakeClock(100.0))
     standby.lost("127.0.0.2:8118")
     assert standby.leader_seen("127.0.0.2:8118") is Step.NOTHING
     assert standby.leader_seen(None) is Step.CAMPAIGN
@@ -54,7 +47,7 @@ def test_a_standby_campaigns_when_the_leader_key_is_gone() -> None:
 
 
 def test_the_leader_serves_until_its_lease_could_end_counted_from_the_keepalive_sent() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     leading = leader(clock)
     sent = clock.now + 0.5
     clock.now = sent + 0.3  # the answer took 0.3 s: etcd counts from when it got it, later
@@ -66,7 +59,7 @@ def test_the_leader_serves_until_its_lease_could_end_counted_from_the_keepalive_
 
 
 def test_a_leader_cut_off_from_etcd_keeps_the_job_for_its_lease_then_steps_down() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     leading = leader(clock)
     clock.now += LEASE_S - leading.margin_s - 0.01  # no keepalive lands meanwhile
     assert leading.serving()
@@ -78,7 +71,7 @@ def test_a_leader_cut_off_from_etcd_keeps_the_job_for_its_lease_then_steps_down(
 
 
 def test_a_keepalive_that_lands_too_late_does_not_revive_the_leader() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     leading = leader(clock)
     sent = clock.now
     clock.now += LEASE_S  # past the deadline: a standby may lead by now
@@ -88,7 +81,7 @@ def test_a_keepalive_that_lands_too_late_does_not_revive_the_leader() -> None:
 
 def test_an_ended_lease_or_a_fenced_write_steps_the_leader_down() -> None:
     for event in ("lease", "fenced"):
-        clock = Clock()
+        clock = FakeClock(100.0)
         leading = leader(clock)
         step = leading.lease_ended() if event == "lease" else leading.fenced("leader key gone")
         assert step is Step.STEP_DOWN
@@ -97,7 +90,7 @@ def test_an_ended_lease_or_a_fenced_write_steps_the_leader_down() -> None:
 
 
 def test_a_late_answer_to_the_campaign_leads_nothing() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     leading = Leadership(LEASE_S, clock)
     sent = clock.now
     clock.now += LEASE_S
@@ -106,7 +99,7 @@ def test_a_late_answer_to_the_campaign_leads_nothing() -> None:
 
 
 def test_a_lease_longer_than_asked_is_not_trusted_beyond_what_was_asked() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     leading = Leadership(LEASE_S, clock)
     leading.won(clock.now, 60.0, "127.0.0.1:8118")
     assert leading.valid_until == clock.now + LEASE_S - leading.margin_s
@@ -118,7 +111,7 @@ class LeaseModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = FakeClock(100.0)
         self.leading = Leadership(LEASE_S, self.clock)
         self.expiry = -math.inf  # when etcd lets the lease go
 

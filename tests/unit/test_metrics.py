@@ -8,7 +8,6 @@ import dataclasses
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -21,7 +20,7 @@ from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
 from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.aio import BOUND_S
+from tests.aio import BOUND_S, eventually
 from tests.credentials import digest
 from tests.scrape import ON, form, reg, scrape, settings, value
 
@@ -130,21 +129,13 @@ async def test_a_failing_save_is_counted_and_is_one_event(
         node = server.core.state.members["1"]
         server.core.state.report_checkpoints("1", node.incarnation, [10])  # a change to save
         server.core._apply([])
-        await poll(lambda: "save_failed" in kinds())
+        await eventually(lambda: "save_failed" in kinds(), "a failed save")
         seen = await scrape(server)
         monkeypatch.undo()  # the disk works again: the next retry lands
-        await poll(lambda: "save_recovered" in kinds())
+        await eventually(lambda: "save_recovered" in kinds(), "a save that landed again")
     assert value(seen, "cluster_state_save_failures_total") >= 1
     assert value(seen, "cluster_state_saves_pending") >= 1
     assert kinds().count("save_failed") == 1  # said once, however many retries failed
-
-
-async def poll(condition: Callable[[], bool], timeout_s: float = BOUND_S) -> None:
-    """Until `condition` holds (a save runs on a thread: yielding alone may not be enough)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)  # sleep-ok: polls an observable, bounded by timeout_s
 
 
 async def test_a_metrics_port_in_use_is_a_clear_error() -> None:

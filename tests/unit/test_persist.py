@@ -22,6 +22,7 @@ from cluster.storage import store
 from cluster.storage.directory_store import DirectoryStore
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually, settle
+from tests.conftest import FakeClock
 from tests.credentials import caller, registration
 
 SETTINGS = JobSettings(
@@ -122,13 +123,6 @@ async def test_a_restarted_core_resumes_the_saved_job(tmp_path: Path) -> None:
     await again.persister.stop()
 
 
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def break_saves(directory: Path) -> Path:
     """Make every save fail as a full disk would (a directory where the file is renamed to)."""
     path = directory / STATE_FILE
@@ -180,7 +174,7 @@ async def test_a_failing_save_releases_nothing_until_a_save_lands(
 async def test_held_events_go_out_in_order_once_saved_and_the_rejoining_node_stays_alive(
     tmp_path: Path,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     settings = dataclasses.replace(SETTINGS, heartbeat_interval_s=0.02)
     core = await SchedulerCore.resume(settings, await held(tmp_path), clock)
     persister = core.persister

@@ -35,20 +35,10 @@ from cluster.protocol.state import (
     ShutdownEvent,
     TopologyReadyEvent,
 )
+from tests.conftest import FakeClock
 from tests.credentials import digest
 
 JOB = "job-1"
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def make_state(

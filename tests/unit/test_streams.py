@@ -5,14 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from cluster.scheduler.streams import Streams
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import FakeClock
 
 
 def drain(streams: Streams, key: tuple[str, int]) -> list[object]:
@@ -25,7 +18,7 @@ def drain(streams: Streams, key: tuple[str, int]) -> list[object]:
 
 
 def test_idle_streams_get_a_heartbeat_and_busy_ones_do_not() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     streams = Streams(clock)
     streams.open(("a", 1))
     clock.now = 0.5
@@ -49,7 +42,7 @@ def test_idle_streams_get_a_heartbeat_and_busy_ones_do_not() -> None:
 
 
 def test_only_the_current_stream_of_a_node_closes_it() -> None:
-    streams = Streams(Clock())
+    streams = Streams(FakeClock(0.0))
     old = streams.open(("a", 1))
     new = streams.open(("a", 1))
     assert not streams.close(("a", 1), old)
@@ -59,7 +52,7 @@ def test_only_the_current_stream_of_a_node_closes_it() -> None:
 
 
 async def test_a_waiting_stream_wakes_on_put() -> None:
-    streams = Streams(Clock())
+    streams = Streams(FakeClock(0.0))
     box = streams.open(("a", 1))
     # Runs once get() has found the mailbox empty and waits.
     asyncio.get_running_loop().call_soon(streams.put, ("a", 1), b"x")

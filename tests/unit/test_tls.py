@@ -19,6 +19,7 @@ import pytest
 from cluster.protocol.config import TLSOptions, from_env, tls_options_from_env
 from cluster.protocol.errors import ConfigError, TLSConfigError
 from cluster.transport import certs, tls
+from tests.aio import eventually
 from tests.procs import PYTHON, ROOT
 
 TUTORIAL_CIPHERS = (
@@ -317,15 +318,10 @@ async def test_expiry_is_rechecked_with_an_injected_period(pki: certs.Pki, tmp_p
     reports: list[str] = []
     task = asyncio.create_task(tls.recheck_expiry(identity, reports.append, period_s=0.01))
     try:
-        await asyncio.wait_for(_until(lambda: len(reports) >= 3), 10)
+        await eventually(lambda: len(reports) >= 3, "three expiry reports", 10)
     finally:
         task.cancel()
     assert all("soon.p12 expires in" in r for r in reports)
-
-
-async def _until(predicate: Any) -> None:
-    while not predicate():
-        await asyncio.sleep(0.01)  # sleep-ok: polls predicate; callers bound it
 
 
 def test_peer_check_follows_the_crl_file(pki: certs.Pki, tmp_path: Path) -> None:

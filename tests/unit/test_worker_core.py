@@ -32,17 +32,10 @@ from cluster.worker.core import (
     Lifecycle,
     WorkerCore,
 )
+from tests.conftest import FakeClock
 
 TOPO_S = 60.0
 NODE_S = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config(*, recovery: bool = False, tmp: str = "/tmp/unused-recovery") -> ClusterConfig:
@@ -77,8 +70,8 @@ def fails(actions: list[steps.Action]) -> list[ClusterError]:
     return [action.error for action in actions if isinstance(action, steps.Fail)]
 
 
-def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, Clock]:
-    clock = Clock()
+def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, FakeClock]:
+    clock = FakeClock()
     core = WorkerCore(config(recovery=recovery), clock)
     core.step(steps.Start())
     core.step(accepted())
@@ -91,7 +84,7 @@ def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, Clock]:
 
 
 def test_start_registers_at_once_and_is_bounded_by_MS_TOPO_TIMEOUT() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     (register,) = core.step(steps.Start())
     assert isinstance(register, steps.Register)
@@ -102,13 +95,13 @@ def test_start_registers_at_once_and_is_bounded_by_MS_TOPO_TIMEOUT() -> None:
 
 
 def test_an_unverified_scheduler_is_probed_before_the_first_attempt() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     assert kinds(core.step(steps.Start(verified=False))) == [steps.CheckScheduler]
     assert kinds(core.step(steps.Checked(ok=True))) == [steps.Register]
 
 
 def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     assert kinds(core.step(steps.Unanswered())) == [steps.Pause]
     assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
@@ -118,7 +111,7 @@ def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
 
 
 def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
     core.step(steps.Unanswered())
@@ -132,7 +125,7 @@ def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> 
 
 
 def test_a_pause_never_outlasts_the_deadline() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
     clock.now += TOPO_S - 1.0
@@ -143,7 +136,7 @@ def test_a_pause_never_outlasts_the_deadline() -> None:
 
 
 def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=0.5))
     assert actions[-1] == steps.Pause(0.5 + GUARD_MARGIN_S)
@@ -151,7 +144,7 @@ def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
 
 
 def test_a_node_waiting_out_its_guard_asks_again_often_enough_to_hear_the_jobs_end() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(recovery=True), clock, cluster_id="job-1")
     core.step(steps.Start())
     actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))
@@ -171,8 +164,8 @@ def test_a_node_waiting_out_its_guard_asks_again_often_enough_to_hear_the_jobs_e
     assert core.error is None
 
 
-def spare_core() -> tuple[WorkerCore, Clock]:
-    clock = Clock()
+def spare_core() -> tuple[WorkerCore, FakeClock]:
+    clock = FakeClock()
     core = WorkerCore(config(recovery=True), clock)
     core.step(steps.Start())
     actions = core.step(dataclasses.replace(accepted(), spare=True))
@@ -221,7 +214,7 @@ def test_a_ranked_node_left_out_of_a_new_generation_fails() -> None:
 
 
 def test_a_refusal_that_waiting_cannot_clear_fails_the_node() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     (error,) = fails(core.step(steps.Refused("MS_WORKER_NUM=3 does not match 2")))
     assert isinstance(error, RegistrationRefused)
@@ -229,7 +222,7 @@ def test_a_refusal_that_waiting_cannot_clear_fails_the_node() -> None:
 
 
 def test_accepted_reads_the_stream_with_the_schedulers_heartbeat_interval() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     assert core.step(steps.Accepted("job-1", False, 1, 1, 2, 0.25)) == [steps.Watch(0.25)]
     assert core.lifecycle is Lifecycle.FORMING
@@ -240,7 +233,7 @@ def test_accepted_reads_the_stream_with_the_schedulers_heartbeat_interval() -> N
 
 
 def test_a_standby_is_left_for_the_leader_it_names_at_once() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     actions = core.step(steps.NotLeader("10.0.0.2:8118"))
     assert kinds(actions) == [steps.Say, steps.Follow, steps.Register]
@@ -249,7 +242,7 @@ def test_a_standby_is_left_for_the_leader_it_names_at_once() -> None:
 
 
 def test_a_standby_that_knows_no_leader_is_asked_again_after_a_pause() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     assert kinds(core.step(steps.NotLeader(""))) == [steps.Pause]
 
@@ -325,7 +318,7 @@ def test_back_after_a_reconnect_the_node_is_ready_again() -> None:
 
 
 def test_the_job_that_did_not_form_by_the_deadline_fails_the_node() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
     core.step(accepted())
@@ -410,7 +403,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
 
     @initialize(recovery=st.booleans(), verified=st.booleans())
     def start(self, recovery: bool, verified: bool) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.core = WorkerCore(config(recovery=recovery), self.clock)
         self.asked: type[Any] | None = None  # the I/O the core waits on
         self.failures: list[ClusterError] = []
@@ -604,7 +597,7 @@ test_worker_core_machine = WorkerCoreMachine.TestCase
 
 
 def test_a_job_that_finished_before_this_node_had_its_topology_is_not_its_finish() -> None:
-    core = WorkerCore(config(), Clock())
+    core = WorkerCore(config(), FakeClock())
     core.step(steps.Start())
     core.step(accepted())
     actions = core.step(steps.Shutdown(ok=True, reason="every node finished"))

@@ -16,10 +16,11 @@ import asyncio
 from pathlib import Path
 
 import grpc
-from hostile_target import wait_for  # this script's folder is on sys.path
+from hostile_target import WAIT_S  # this script's folder is on sys.path
 
 import cluster
 from cluster.api import runtime
+from cluster.testing import wait_until
 from cluster.v1 import scheduler_pb2 as pb
 
 MIB = 1024 * 1024
@@ -93,7 +94,7 @@ def main() -> None:
     if rank == 0 and args.rounds:
         rounds_flood(args.rounds, args.round_mib)
     print(f"flooded rank={rank}", flush=True)
-    wait_for(args.go)
+    wait_until(args.go.exists, WAIT_S, f"{args.go} to appear")
     # The job goes on: the store, a collective and a barrier work.
     cluster.kv_store().set(f"after/{rank}", b"ok")
     assert cluster.kv_store().get(f"after/{rank}") == b"ok"

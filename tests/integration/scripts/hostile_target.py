@@ -8,20 +8,12 @@ barrier, print their generation and finish.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import cluster
+from cluster.testing import wait_until
 
 WAIT_S = 120.0
-
-
-def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{path} did not appear within {WAIT_S:g} s")
-        time.sleep(0.02)  # sleep-ok: polls the test's file, bounded by WAIT_S
 
 
 def main() -> None:
@@ -35,7 +27,7 @@ def main() -> None:
     if rank == 0:
         print("gathering", flush=True)
     else:
-        wait_for(args.go)
+        wait_until(args.go.exists, WAIT_S, f"{args.go} to appear")
     result = cluster.allgather_object(rank)
     print(f"gathered rank={rank} result={result}", flush=True)
     cluster.barrier()

@@ -1,0 +1,83 @@
+"""Ending the process from a background thread, the way a library should.
+
+The agent's thread learns that the job is over for this process (a peer failed with recovery
+off, the job failed, the launcher is gone) while the main thread runs the user's program. The
+process must not linger, but it should end as a program ends: the job's `ClusterError` is raised
+in the main thread (a signal sent to that thread, whose handler raises it), so that its `finally`
+blocks and atexit handlers run and the process prints one line (`cluster.api.excepthook`) and
+exits 1.
+
+`os._exit` stays, as the bounded last resort: Python runs a signal handler only between
+bytecodes of the main thread, so a main thread stuck in a C call that restarts after signals (a
+gloo or NCCL collective waiting for the dead peer, a read with SA_RESTART) never sees the
+error. When the process has not ended within the grace, it says the error and exits at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from cluster.protocol.errors import ClusterError
+
+# The signal that carries "raise the job's error" to the main thread. Taken only while it has
+# its default action: a program with its own handler keeps it (and gets the last resort).
+SIGNAL = signal.SIGUSR2
+GRACE_S = 5.0
+EXIT_CODE = 1
+
+
+class Ending:
+    """Ends this process with one `ClusterError`, once, from any thread.
+
+    Made in the main thread (where a signal handler can be installed); `end()` from any other.
+    """
+
+    def __init__(self, say: Callable[[str], None], *, grace_s: float = GRACE_S) -> None:
+        self._say = say
+        self._grace_s = grace_s
+        self._error: ClusterError | None = None
+        self._lock = threading.Lock()
+        self._main = threading.main_thread()
+        self.interrupts = self._install()
+
+    def _install(self) -> bool:
+        """Whether the main thread can be interrupted: this is it, and the signal is free."""
+        if threading.current_thread() is not self._main:
+            return False
+        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, self._raise):
+            return False
+        signal.signal(SIGNAL, self._raise)
+        return True
+
+    def _raise(self, signum: int, frame: FrameType | None) -> None:
+        """The handler, in the main thread: the job's error, raised where the program is."""
+        error = self._error
+        if error is not None:
+            raise error
+
+    def end(self, error: ClusterError, *, raised: bool = False) -> None:
+        """End the process with `error`. `raised`: a call of the main thread already raised it
+        there (only the last resort is left, should the program carry on regardless)."""
+        with self._lock:
+            if self._error is not None:
+                return  # already ending
+            self._error = error
+        if not raised:
+            if not self.interrupts or self._main.ident is None:
+                self.last_resort(error)
+                return
+            signal.pthread_kill(self._main.ident, SIGNAL)
+        timer = threading.Timer(self._grace_s, self.last_resort, args=(error,))
+        timer.daemon = True  # the process ending as it should ends the timer too
+        timer.start()
+
+    def last_resort(self, error: ClusterError) -> None:
+        """The main thread did not end the process: say why, and exit now."""
+        self._say(str(error))
+        sys.stdout.flush()
+        os._exit(EXIT_CODE)

@@ -1,0 +1,122 @@
+"""cluster.worker.ending: a background thread ends the process by raising the job's error in the
+main thread (finally blocks and atexit run, one line, exit 1); os._exit only as the last resort,
+when the main thread does not end the process within the grace. Real processes, real signals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from cluster.worker import ending
+
+GRACE_S = 1.0
+BOUND_S = 30.0
+
+PRELUDE = f"""
+import atexit, os, signal, sys, threading
+from cluster.api import excepthook
+from cluster.protocol.errors import JobFailedError
+from cluster.worker.ending import SIGNAL, Ending
+
+excepthook.install()
+atexit.register(lambda: print("atexit ran", flush=True))
+end = Ending(lambda line: sys.stderr.write(f"cluster: {{line}}\\n"), grace_s={GRACE_S})
+error = JobFailedError("rank 1 (node 1) failed: its process ended")
+"""
+
+
+def run(body: str) -> subprocess.CompletedProcess[str]:
+    script = PRELUDE + textwrap.dedent(body)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        check=False,
+    )
+    return result
+
+
+def test_a_main_thread_in_python_gets_the_error_and_ends_as_a_program_ends() -> None:
+    result = run(
+        """
+        threading.Timer(0.2, end.end, args=(error,)).start()
+        try:
+            while True:
+                sum(range(1000))  # pure Python: the handler runs between bytecodes
+        finally:
+            print("finally ran", flush=True)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE, result.stderr
+    assert result.stdout.splitlines() == ["finally ran", "atexit ran"]
+    assert result.stderr.splitlines() == [
+        "cluster: JobFailedError: rank 1 (node 1) failed: its process ended"
+    ]
+
+
+def test_a_main_thread_stuck_in_a_c_call_still_ends_within_the_grace() -> None:
+    # A read that the kernel restarts after the signal (SA_RESTART): Python's handler never
+    # runs, as in a gloo collective waiting for the dead peer.
+    result = run(
+        """
+        signal.siginterrupt(SIGNAL, False)
+        read_end, _ = os.pipe()
+        threading.Timer(0.2, end.end, args=(error,)).start()
+        try:
+            os.read(read_end, 1)
+        finally:
+            print("finally ran", flush=True)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE, result.stderr
+    assert result.stdout == ""  # the last resort: nothing of the program ran after
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_a_program_that_swallows_the_error_is_ended_by_the_last_resort() -> None:
+    result = run(
+        """
+        threading.Timer(0.2, end.end, args=(error,)).start()
+        while True:
+            try:
+                while True:
+                    sum(range(1000))
+            except JobFailedError:
+                print("caught, carrying on", flush=True)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert result.stdout.splitlines() == ["caught, carrying on"]  # raised once, not again
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_a_program_with_its_own_handler_keeps_it_and_gets_the_exit_at_once() -> None:
+    result = run(
+        """
+        signal.signal(SIGNAL, lambda *_: print("the program's handler", flush=True))
+        own = Ending(lambda line: sys.stderr.write(f"cluster: {line}\\n"))
+        assert not own.interrupts
+        threading.Thread(target=own.end, args=(error,)).start()
+        threading.Event().wait(20)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert "the program's handler" not in result.stdout
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_an_error_already_raised_by_a_waiting_call_gets_only_the_last_resort() -> None:
+    result = run(
+        """
+        end.end(error, raised=True)  # a waiting cluster call raised it in the main thread
+        try:
+            threading.Event().wait(20)
+        except JobFailedError:
+            print("raised again", flush=True)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert "raised again" not in result.stdout
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]

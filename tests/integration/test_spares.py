@@ -14,20 +14,12 @@ import grpc
 import pytest
 
 from cluster.protocol.config import from_env
+from cluster.testing import free_port, wait_until
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from cluster.worker.registration import register_request
-from tests.procs import (
-    PYTHON,
-    ROOT,
-    Procs,
-    free_port,
-    job_env,
-    private_copy,
-    processes_running,
-    wait_until,
-)
+from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
 from tests.training_job import STEP_LINE, STEPS, WORKERS
 
 pytest.importorskip("numpy")

@@ -139,6 +139,10 @@ class SchedulerCore:
         if state_store is not None:
             self._save_in(state_store, token)
         self.exchanges = ExchangeTable(limits.collective_max_bytes)
+        self._init_delivery(settings, clock)
+
+    def _init_delivery(self, settings: JobSettings, clock: Callable[[], float]) -> None:
+        """What carries the job's events to the nodes: streams, beats, progress, the loop's lag."""
         self._streams = Streams(clock)
         self.done = asyncio.Event()
         self.streams_closed = asyncio.Event()

@@ -57,7 +57,7 @@ async def test_a_rejoin_reaches_open_streams_as_a_delta_and_a_new_stream_as_the_
     """After a rejoin only the rejoined node's row travels to the nodes that hold the table; a
     stream opened later (a node that reconnected, so may have missed that change) gets the
     whole table, and the delta applied to the old table is that whole table."""
-    clock = Clock()
+    clock = FakeClock()
     core = SchedulerCore(SETTINGS, clock)
     for node_id in ("0", "1"):
         await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.config import ClusterConfig, read_job_secret
+from cluster.protocol.config import ClusterConfig, read_job_secret, split_address
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
@@ -55,12 +55,6 @@ _EXCHANGE_OPS = {
     "allgather": pb.EXCHANGE_ALLGATHER,
     "broadcast": pb.EXCHANGE_BROADCAST,
 }
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" (an IPv6 host in brackets loses them)."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class WorkerAgent:
@@ -96,7 +90,7 @@ class WorkerAgent:
         )
         self._host, self._port = config.sched_host, config.sched_port
         self._channel = scheduler_channel.open_channel(
-            config.sched_address, self._tls, CHANNEL_OPTIONS
+            self.core.address, self._tls, CHANNEL_OPTIONS
         )
         self._stub = LazyStub(self._channel)
         self._old_channels: set[asyncio.Task[None]] = set()
@@ -238,7 +232,7 @@ class WorkerAgent:
 
     def _follow(self, address: str) -> None:
         """Talk to the scheduler at `address` from now on; the old channel closes aside."""
-        self._host, self._port = _host_port(address)
+        self._host, self._port = split_address("the scheduler address", address)
         old = self._channel
         self._channel = scheduler_channel.open_channel(address, self._tls, CHANNEL_OPTIONS)
         self._stub = LazyStub(self._channel)
@@ -279,8 +273,12 @@ class WorkerAgent:
             return steps.Fatal(exc)
         if isinstance(answer, steps.Accepted):
             self._accepted = call
-        else:
-            call.cancel()
+            return answer
+        call.cancel()
+        if isinstance(answer, steps.NotLeader):
+            # The leader's certificate is checked before registering only with a CRL.
+            verified = self._tls is None or self._tls.revocation is None
+            return dataclasses.replace(answer, verified=verified)
         return answer
 
     async def _answer(self, call: Call, action: steps.Register) -> pb.Event:

@@ -23,7 +23,13 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
-from cluster.worker.core import GUARD_MARGIN_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
+from cluster.worker.core import (
+    DOWN_FOR_S,
+    GUARD_MARGIN_S,
+    TOPOLOGY_MARGIN_S,
+    Lifecycle,
+    WorkerCore,
+)
 
 TOPO_S = 60.0
 NODE_S = 30.0
@@ -37,11 +43,13 @@ class Clock:
         return self.now
 
 
-def config(*, recovery: bool = False, tmp: str = "/tmp/unused-recovery") -> ClusterConfig:
+def config(
+    *, recovery: bool = False, tmp: str = "/tmp/unused-recovery", hosts: str = "127.0.0.1"
+) -> ClusterConfig:
     env = {
         "MS_ROLE": "MS_WORKER",
         "MS_WORKER_NUM": "2",
-        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_SCHED_HOST": hosts,
         "MS_SCHED_PORT": "8118",
         "MS_TOPO_TIMEOUT": f"{TOPO_S:g}",
         "MS_NODE_TIMEOUT": f"{NODE_S:g}",
@@ -69,9 +77,9 @@ def fails(actions: list[steps.Action]) -> list[ClusterError]:
     return [action.error for action in actions if isinstance(action, steps.Fail)]
 
 
-def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, Clock]:
+def ready_core(*, recovery: bool = False, hosts: str = "127.0.0.1") -> tuple[WorkerCore, Clock]:
     clock = Clock()
-    core = WorkerCore(config(recovery=recovery), clock)
+    core = WorkerCore(config(recovery=recovery, hosts=hosts), clock)
     core.step(steps.Start())
     core.step(accepted())
     core.step(steps.TopologyReady(topology()))
@@ -330,10 +338,15 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     """Drives the core as the agent does: an answer only to what the core asked for (a
     registration, a probe, a pause), stream events only while it reads a stream."""
 
-    @initialize(recovery=st.booleans(), verified=st.booleans())
-    def start(self, recovery: bool, verified: bool) -> None:
+    @initialize(
+        recovery=st.booleans(),
+        verified=st.booleans(),
+        hosts=st.sampled_from(["127.0.0.1", "127.0.0.1,127.0.0.2,127.0.0.3"]),
+    )
+    def start(self, recovery: bool, verified: bool, hosts: str) -> None:
         self.clock = Clock()
-        self.core = WorkerCore(config(recovery=recovery), self.clock)
+        self.core = WorkerCore(config(recovery=recovery, hosts=hosts), self.clock)
+        self.named: set[str] = set()  # the leaders the schedulers named
         self.asked: type[Any] | None = None  # the I/O the core waits on
         self.failures: list[ClusterError] = []
         self.finished = False  # this node's Finish heard, or the job finished
@@ -369,6 +382,10 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert self.core.topology is action.topology
             elif isinstance(action, steps.Done):
                 self.asked = None
+            elif isinstance(action, steps.Follow):
+                # Only an address of the configuration, or one a scheduler named, is followed.
+                assert action.address in self.core.config.addresses or action.address in self.named
+                assert self.core.address == action.address
 
     def step(self, event: steps.Event) -> None:
         before = self.core.lifecycle
@@ -397,7 +414,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.asked in (steps.Register, steps.Watch))
     @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
     def not_leader(self, leader: str) -> None:
-        self.step(steps.NotLeader(leader))
+        self.named.add(leader)
+        self.step(steps.NotLeader(leader, retry_after_s=0.5))
 
     @precondition(lambda self: self.asked is steps.CheckScheduler)
     @rule(ok=st.booleans())

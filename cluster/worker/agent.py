@@ -399,8 +399,13 @@ class WorkerAgent:
         """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
         with recovery on)."""
         while True:
+            channel = self._channel
             try:
                 return await self._guarded(rpc())
+            except asyncio.CancelledError:
+                if self._left_behind(channel):
+                    continue  # on the channel closed for a new leader: made again on the new one
+                raise
             except grpc.aio.AioRpcError as exc:
                 failure = failures.failure_of(exc)
                 # A scheduler that does not lead (yet) answers for nothing: as one cut off.
@@ -419,6 +424,13 @@ class WorkerAgent:
                             fatal = asyncio.shield(self._fatal)
                             raise await asyncio.wait_for(fatal, action.wait_s) from None
                 raise failure.error(what) from None
+
+    def _left_behind(self, channel: grpc.aio.Channel) -> bool:
+        """Whether a call cancelled on `channel` was cut off by following a new leader (the
+        channel was closed for another), not by cancelling this task."""
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11 on
+        return channel is not self._channel and not (cancelling is not None and cancelling())
 
     async def exchange(
         self, op: str, value: bytes, root: int = 0, generation: int | None = None

@@ -192,6 +192,60 @@ def test_a_formed_job_follows_a_new_leader_within_the_reconnect_window() -> None
     assert core.deadline == clock.now + NODE_S
 
 
+def test_several_addresses_are_tried_in_turn_when_one_is_down() -> None:
+    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), Clock())
+    assert core.address == "127.0.0.1:8118"
+    assert kinds(core.step(steps.Start(verified=False))) == [steps.CheckScheduler]
+    actions = core.step(steps.Checked(False, "connection refused"))
+    assert actions[0] == steps.Follow("127.0.0.2:8118")
+    assert kinds(actions[1:]) == [steps.Pause]
+    assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
+    back = core.step(steps.Checked(False, "connection refused"))
+    assert back[0] == steps.Follow("127.0.0.1:8118")
+
+
+def test_a_standby_with_no_leader_sends_the_node_to_the_next_address() -> None:
+    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), Clock())
+    core.step(steps.Start())
+    actions = core.step(steps.NotLeader("", retry_after_s=0.5))
+    assert actions == [steps.Follow("127.0.0.2:8118"), steps.Pause(0.5)]
+
+
+def test_a_leader_found_down_a_moment_ago_is_not_followed_back_at_once() -> None:
+    core, clock = ready_core(recovery=True, hosts="127.0.0.1,127.0.0.2")
+    # The leader (the first address) dies: the stream is lost, the probe finds it down.
+    assert kinds(core.step(steps.StreamLost("connection reset")))[-1] is steps.CheckScheduler
+    moved = core.step(steps.Checked(False, "connection refused"))
+    assert moved[0] == steps.Follow("127.0.0.2:8118")
+    core.step(steps.PauseOver())
+    core.step(steps.Checked(True))
+    # The standby still names the dead leader (its lease has not ended): it is asked again.
+    actions = core.step(steps.NotLeader("127.0.0.1:8118", retry_after_s=0.5))
+    assert actions == [steps.Pause(0.5)]
+    assert core.address == "127.0.0.2:8118"
+    clock.now += DOWN_FOR_S
+    actions = core.step(steps.NotLeader("127.0.0.1:8118", retry_after_s=0.5))
+    assert steps.Follow("127.0.0.1:8118") in actions
+    assert kinds(actions)[-1] is steps.CheckScheduler  # probed first: it was down
+    # Down still: the standby, which leads now, accepts the node; it stays there.
+    core.step(steps.Checked(False, "connection refused"))
+    core.step(steps.PauseOver())
+    core.step(steps.Checked(True))
+    assert kinds(core.step(accepted(2))) == [steps.Say, steps.Watch]
+    assert core.address == "127.0.0.2:8118"
+
+
+def test_a_named_leader_outside_the_list_is_followed() -> None:
+    core = WorkerCore(config(hosts="sched-0,sched-1"), Clock())
+    core.step(steps.Start())
+    actions = core.step(steps.NotLeader("10.1.2.3:8118"))
+    assert steps.Follow("10.1.2.3:8118") in actions
+    # Found down later, it is left for the list, from its start.
+    core.step(steps.Unanswered())
+    core.step(steps.PauseOver())
+    assert core.step(steps.Checked(False, "timed out"))[0] == steps.Follow("sched-0:8118")
+
+
 # -- the stream --------------------------------------------------------------------------------
 
 

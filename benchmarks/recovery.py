@@ -267,10 +267,22 @@ def leads_with_all_back(n: int, address: str) -> Any:
 def bench_failover(
     n: int, real: bool, procs: int, repeat: int, url: str, lease_s: int
 ) -> dict[str, Any]:
-    """Leader SIGKILL -> every worker back on the standby, which leads; the killed one is
-    started again (a standby now) before the next round."""
+    """Leader SIGKILL -> every worker back on the standby, which leads; a fresh job each round."""
+    totals = [
+        failover_once(n, real, procs, f"{url.rstrip('/')}/bench-{os.getpid()}-{r}", lease_s)
+        for r in range(repeat)
+    ]
+    return {
+        "workers": n,
+        "kind": "real processes" if real else f"simulated in {procs} processes",
+        "lease_s": lease_s,
+        "leader_kill_to_all_back_s": totals,
+    }
+
+
+def failover_once(n: int, real: bool, procs: int, url: str, lease_s: int) -> float:
     with tempfile.TemporaryDirectory(prefix="cluster-failover-bench-") as tmp:
-        running = FailoverJob(Path(tmp), n, f"{url.rstrip('/')}/bench-{os.getpid()}", lease_s)
+        running = FailoverJob(Path(tmp), n, url, lease_s)
         pollers = {host: StatusPoller(running.port, host) for host in FAILOVER_HOSTS}
         try:
             if real:
@@ -283,32 +295,17 @@ def bench_failover(
             _, view = first.wait(lambda v: v.leadership is not None, 120, "a leader")
             leader = view.leadership.leader.rsplit(":", 1)[0]
             pollers[leader].wait(leads_with_all_back(n, pollers[leader].address), 120, "the job")
-            totals = []
-            for _ in range(repeat):
-                standby = next(h for h in FAILOVER_HOSTS if h != leader)
-                running.schedulers[leader].send_signal(signal.SIGKILL)
-                running.schedulers[leader].wait(10)
-                killed = time.monotonic()
-                target = pollers[standby].address
-                back, _ = pollers[standby].wait(leads_with_all_back(n, target), 60, "failover")
-                totals.append(back - killed)
-                running.schedulers[leader] = running.start_at(leader)
-                pollers[leader].wait(
-                    lambda v, t=target: v.leadership is not None and v.leadership.leader == t,
-                    60,
-                    "a standby again",
-                )
-                leader = standby
+            standby = next(h for h in FAILOVER_HOSTS if h != leader)
+            running.schedulers[leader].send_signal(signal.SIGKILL)
+            running.schedulers[leader].wait(10)
+            killed = time.monotonic()
+            target = pollers[standby].address
+            back, _ = pollers[standby].wait(leads_with_all_back(n, target), 60, "failover")
+            return back - killed
         finally:
             for poller in pollers.values():
                 poller.close()
             running.kill()
-    return {
-        "workers": n,
-        "kind": "real processes" if real else f"simulated in {procs} processes",
-        "lease_s": lease_s,
-        "leader_kill_to_all_back_s": totals,
-    }
 
 
 def bench_guard(n: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:

@@ -264,6 +264,18 @@ def leads_with_all_back(n: int, address: str) -> Any:
     )
 
 
+def wait_leader(pollers: dict[str, StatusPoller], n: int) -> str:
+    """The host whose scheduler leads with all `n` workers (a standby's Status says nothing)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for host, poller in pollers.items():
+            view = poller.fetch()
+            if view is not None and leads_with_all_back(n, poller.address)(view):
+                return host
+        time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+    raise RuntimeError(f"timed out after 120 s waiting for a leader with {n} workers")
+
+
 def bench_failover(
     n: int, real: bool, procs: int, repeat: int, url: str, lease_s: int
 ) -> dict[str, Any]:
@@ -291,10 +303,7 @@ def failover_once(n: int, real: bool, procs: int, url: str, lease_s: int) -> flo
             else:
                 for k in range(procs):
                     running.start_clients(list(range(n))[k::procs], k)
-            first = pollers[FAILOVER_HOSTS[0]]
-            _, view = first.wait(lambda v: v.leadership is not None, 120, "a leader")
-            leader = view.leadership.leader.rsplit(":", 1)[0]
-            pollers[leader].wait(leads_with_all_back(n, pollers[leader].address), 120, "the job")
+            leader = wait_leader(pollers, n)
             standby = next(h for h in FAILOVER_HOSTS if h != leader)
             running.schedulers[leader].send_signal(signal.SIGKILL)
             running.schedulers[leader].wait(10)

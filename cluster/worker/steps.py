@@ -79,6 +79,7 @@ class NotLeader:
 
     leader: str
     verified: bool = True  # as in Start, for the leader's address
+    retry_after_s: float = 0.0  # with no leader named: ask a scheduler again after this long
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cluster.testing import Process, free_port, wait_until
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.procs import PYTHON, ROOT, Proc, Procs, free_port, job_env, wait_until
+from tests.procs import PYTHON, ROOT, Procs, job_env
 from tests.servers.etcd import EtcdCluster
 from tests.training_job import STEP_LINE, WORKERS, TrainingJob, steps_done, train_args
 
@@ -56,7 +57,7 @@ class HaJob:
             for i in range(WORKERS)
         ]
 
-    def _scheduler(self, host: str) -> Proc:
+    def _scheduler(self, host: str) -> Process:
         args = ["--host", host, "--port", str(self.port), "--worker-num", str(WORKERS)]
         args += ["--node-timeout", "2", "--state-url", self.url, "--lease", str(LEASE_S)]
         return self.processes.start(

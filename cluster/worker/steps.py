@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cluster.protocol.errors import ClusterError
+from cluster.protocol.records import NodeFailedEvent, ProgressEvent, ShutdownEvent
 from cluster.protocol.topology import Topology
 
 # -- events: what happened ---------------------------------------------------------------------
@@ -82,29 +83,17 @@ class NotLeader:
     retry_after_s: float = 0.0  # with no leader named: ask a scheduler again after this long
 
 
-@dataclass(frozen=True)
-class Progress:
-    registered: int
-    expected: int
+# The scheduler's own events, as its state machine makes them, reach the core unchanged:
+# Progress(registered, expected), NodeFailed(rank, node_id, reason, generation) and
+# Shutdown(ok, reason) are the records of cluster.protocol.records.
+Progress = ProgressEvent
+NodeFailed = NodeFailedEvent
+Shutdown = ShutdownEvent
 
 
 @dataclass(frozen=True)
 class TopologyReady:
     topology: Topology
-
-
-@dataclass(frozen=True)
-class NodeFailed:
-    rank: int
-    node_id: str
-    reason: str
-    generation: int
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    ok: bool
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,14 @@ For comparison (figures from the issue, measured on this machine): MindSpore 2.1
 re-form its cluster after a scheduler restart, and has no guard (a restarted worker is accepted at
 once, then the job crashes 30 s later).
 
+Part 4, failover (`--etcd etcd://HOST:PORT/PREFIX`, skipped without): two schedulers on
+127.0.0.1 and 127.0.0.2 on the etcd store (`--lease`, 2 s by default), the workers (real and
+simulated, as in part 1) given both (MS_SCHED_HOST=127.0.0.1,127.0.0.2). The leader is
+SIGKILLed. Measured: from the kill to the standby leading with every worker back. Target: under
+3 s with a 2 s lease.
+
 Usage: python benchmarks/recovery.py [--real 8] [--simulated 256] [--procs 4] [--repeat 3]
-       [--guard-workers 4] [--node-timeout 3] [--json PATH]
+       [--guard-workers 4] [--node-timeout 3] [--etcd URL [--lease 2]] [--json PATH]
 """
 
 from __future__ import annotations
@@ -132,9 +138,13 @@ def job(n: int, node_timeout_s: float) -> Iterator[Job]:
 class StatusPoller:
     """Status of the scheduler at host:port, polled from this process over one channel."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, host: str = HOST) -> None:
+        self.address = f"{host}:{port}"
         # The instrument must not lag: reconnect every 20 ms while the scheduler is down.
-        self.client = StatusClient(f"{HOST}:{port}", reconnect_ms=20)
+        self.client = StatusClient(self.address, reconnect_ms=20)
+
+    def fetch(self) -> Any:
+        return self.client.fetch()
 
     def wait(self, predicate: Any, timeout_s: float, what: str) -> tuple[float, Any]:
         seen: list[tuple[float, Any]] = []
@@ -200,6 +210,95 @@ def bench_scheduler_restart(n: int, real: bool, procs: int, repeat: int) -> dict
         "restart_to_all_back_s": totals,
         "scheduler_restore_to_all_back_s": own,
     }
+
+
+FAILOVER_HOSTS = ("127.0.0.1", "127.0.0.2")
+
+
+class FailoverJob(Job):
+    """Two schedulers on etcd (one leads, one stands by) for workers that know both."""
+
+    def __init__(self, workdir: Path, n: int, url: str, lease_s: int) -> None:
+        self.url, self.lease_s = url, lease_s
+        self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
+        super().__init__(workdir, n, node_timeout_s=30)
+        self.env["MS_SCHED_HOST"] = ",".join(FAILOVER_HOSTS)
+
+    def start_scheduler(self) -> subprocess.Popen[bytes]:
+        for host in FAILOVER_HOSTS:
+            self.schedulers[host] = self.start_at(host)
+        return self.schedulers[FAILOVER_HOSTS[0]]
+
+    def start_at(self, host: str) -> subprocess.Popen[bytes]:
+        env = {
+            k: v for k, v in self.env.items() if k not in ("MS_RECOVERY_PATH", "MS_ENABLE_RECOVERY")
+        }
+        args = ["--host", host, "--port", str(self.port), "--state-url", self.url]
+        return self.spawn(
+            [sys.executable, "-m", "cluster", "scheduler", *args, "--lease", str(self.lease_s)],
+            {**env, "MS_ROLE": "MS_SCHED"},
+            f"scheduler-{host}.log",
+        )
+
+
+def leads_with_all_back(n: int, address: str) -> Any:
+    back = all_back(n)
+    return lambda view: (
+        view.leadership is not None and view.leadership.leader == address and back(view)
+    )
+
+
+def wait_leader(pollers: dict[str, StatusPoller], n: int) -> str:
+    """The host whose scheduler leads with all `n` workers (a standby's Status says nothing)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for host, poller in pollers.items():
+            view = poller.fetch()
+            if view is not None and leads_with_all_back(n, poller.address)(view):
+                return host
+        time.sleep(POLL_S)  # a poll of an observable, bounded by the deadline
+    raise RuntimeError(f"timed out after 120 s waiting for a leader with {n} workers")
+
+
+def bench_failover(
+    n: int, real: bool, procs: int, repeat: int, url: str, lease_s: int
+) -> dict[str, Any]:
+    """Leader SIGKILL -> every worker back on the standby, which leads; a fresh job each round."""
+    totals = [
+        failover_once(n, real, procs, f"{url.rstrip('/')}/bench-{os.getpid()}-{r}", lease_s)
+        for r in range(repeat)
+    ]
+    return {
+        "workers": n,
+        "kind": "real processes" if real else f"simulated in {procs} processes",
+        "lease_s": lease_s,
+        "leader_kill_to_all_back_s": totals,
+    }
+
+
+def failover_once(n: int, real: bool, procs: int, url: str, lease_s: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="cluster-failover-bench-") as tmp:
+        running = FailoverJob(Path(tmp), n, url, lease_s)
+        pollers = {host: StatusPoller(running.port, host) for host in FAILOVER_HOSTS}
+        try:
+            if real:
+                for i in range(n):
+                    running.start_worker(i, hold_s=600)
+            else:
+                for k in range(procs):
+                    running.start_clients(list(range(n))[k::procs], k)
+            leader = wait_leader(pollers, n)
+            standby = next(h for h in FAILOVER_HOSTS if h != leader)
+            running.schedulers[leader].send_signal(signal.SIGKILL)
+            running.schedulers[leader].wait(10)
+            killed = time.monotonic()
+            target = pollers[standby].address
+            back, _ = pollers[standby].wait(leads_with_all_back(n, target), 60, "failover")
+            return back - killed
+        finally:
+            for poller in pollers.values():
+                poller.close()
+            running.kill()
 
 
 def bench_guard(n: int, node_timeout_s: float, repeat: int) -> dict[str, Any]:
@@ -351,6 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-timeout", type=float, default=3.0, help="the guard, in seconds")
     parser.add_argument("--rollback-steps", type=int, default=100, help="0: skip part 3")
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument(
+        "--etcd", help="etcd://HOST:PORT[,...]/PREFIX: also the failover to a standby (part 4)"
+    )
+    parser.add_argument("--lease", type=int, default=2, help="the leader's lease for --etcd")
     parser.add_argument("--clients", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.clients:
@@ -368,6 +471,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{n:>8}  {result['kind']:<28}  {median(result['restart_to_all_back_s']):>10}  "
             f"{median(result['scheduler_restore_to_all_back_s']):>12}"
         )
+    if args.etcd:
+        print(f"leader SIGKILL -> all workers back on the standby (etcd, {args.lease} s lease)")
+        for n, real in ((args.real, True), (args.simulated, False)):
+            if n <= 0:
+                continue
+            result = bench_failover(n, real, args.procs, args.repeat, args.etcd, args.lease)
+            results.append(result)
+            figures = result["leader_kill_to_all_back_s"]
+            print(
+                f"{n:>8}  {result['kind']:<28}  median {median(figures)}, "
+                f"max {max(figures) * 1000:.0f} ms"
+            )
     if args.guard_workers > 0:
         result = bench_guard(args.guard_workers, args.node_timeout, args.repeat)
         results.append(result)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal
+from cluster.protocol.parse import is_decimal, split_address
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
@@ -139,11 +139,19 @@ class ClusterConfig:
     # leader's lease (CLUSTER_LEASE_S).
     state_url: StateUrl | None = None
     lease_s: int = DEFAULT_LEASE_S
+    # Every scheduler of the job as "host:port", the leader among them (MS_SCHED_HOST=h1,h2 or
+    # CLUSTER_SCHED_ADDRS); empty: the one at sched_host:sched_port.
+    sched_addresses: tuple[str, ...] = ()
 
     @property
     def sched_address(self) -> str:
         host = f"[{self.sched_host}]" if ":" in self.sched_host else self.sched_host
         return f"{host}:{self.sched_port}"
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every scheduler address a worker may try, the first first."""
+        return self.sched_addresses or (self.sched_address,)
 
     @property
     def expected_nodes(self) -> int:
@@ -212,6 +220,37 @@ def is_numeric_node_id(node_id: str) -> bool:
     return is_decimal(node_id)
 
 
+def join_address(host: str, port: int) -> str:
+    """ "host:port", an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
+    """Every scheduler address: CLUSTER_SCHED_ADDRS=h1:p1,h2:p2, else MS_SCHED_HOST=h1,h2 with
+    MS_SCHED_PORT. A ConfigError naming the variable for an empty entry or a bad port."""
+    listed = env.get("CLUSTER_SCHED_ADDRS", "").strip()
+    if listed:
+        entries = [entry.strip() for entry in listed.split(",")]
+        if not all(entries):
+            raise ConfigError(
+                f"CLUSTER_SCHED_ADDRS={listed!r} has an empty entry: list HOST:PORT,HOST:PORT"
+            )
+        return tuple(
+            join_address(*split_address("CLUSTER_SCHED_ADDRS entry", entry)) for entry in entries
+        )
+    hosts_value = _require(env, "MS_SCHED_HOST", "the scheduler's host name or IP address")
+    hosts = [host.strip() for host in hosts_value.split(",")]
+    if not all(hosts):
+        raise ConfigError(
+            f"MS_SCHED_HOST={hosts_value!r} has an empty entry: give one host, or several "
+            "separated by commas (h1,h2), all listening on MS_SCHED_PORT"
+        )
+    port = parse_port(
+        "MS_SCHED_PORT", _require(env, "MS_SCHED_PORT", "the scheduler's port, 1-65535")
+    )
+    return tuple(join_address(host.strip("[]"), port) for host in hosts)
+
+
 def valid_node_id(node_id: str) -> bool:
     return bool(_NODE_ID_RE.match(node_id))
 
@@ -231,10 +270,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     server_num = parse_int("MS_SERVER_NUM", env.get("MS_SERVER_NUM", "0") or "0", minimum=0)
     if role is Role.SERVER and server_num == 0:
         raise ConfigError("MS_ROLE='MS_PSERVER' needs MS_SERVER_NUM >= 1, but MS_SERVER_NUM is 0")
-    sched_host = _require(env, "MS_SCHED_HOST", "the scheduler's host name or IP address")
-    sched_port = parse_port(
-        "MS_SCHED_PORT", _require(env, "MS_SCHED_PORT", "the scheduler's port, 1-65535")
-    )
+    addresses = sched_addresses_from_env(env)
+    sched_host, sched_port = split_address("the scheduler address", addresses[0])
     node_id = _node_id_from_env(env, role, worker_num, server_num)
     state_url = state_url_from_env(env) if role is Role.SCHEDULER else None
     recovery = _recovery_from_env(env, role, node_id, state_url)
@@ -267,6 +304,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         spare=_spare_from_env(env, role, recovery is not None),
         state_url=state_url,
         lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
+        sched_addresses=addresses if len(addresses) > 1 else (),
     )
 
 

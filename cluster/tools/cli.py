@@ -266,7 +266,8 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--master-addr",
-        help="scheduler host (127.0.0.1; under Slurm: the first node of the step)",
+        help="scheduler host (127.0.0.1; under Slurm: the first node of the step); with standby "
+        "schedulers every host, the first one's first (h1,h2: the workers get MS_SCHED_HOST=h1,h2)",
     )
     run.add_argument(
         "--master-port",

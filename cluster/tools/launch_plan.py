@@ -110,6 +110,16 @@ def spare_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
     return [f"spare-{hostname}-{pid}-{i}" for i in range(options.spares)]
 
 
+def master_host(master_addr: str) -> str:
+    """The scheduler host of `--master-addr h1[,h2...]`: the first."""
+    return master_addr.split(",", maxsplit=1)[0].strip()
+
+
+def standby_hosts(master_addr: str) -> list[str]:
+    """The standby schedulers' hosts of `--master-addr h1,h2,...`: all but the first."""
+    return [host.strip() for host in master_addr.split(",")[1:]]
+
+
 def job_environment(
     options: LaunchOptions, ip: str, launcher_pid: int, tls_env: Mapping[str, str]
 ) -> dict[str, str]:
@@ -117,7 +127,8 @@ def job_environment(
     o = options
     env = {
         "MS_WORKER_NUM": str(o.worker_num),
-        "MS_SCHED_HOST": ip,
+        # The standbys' hosts after the master's (--master-addr h1,h2): workers follow the leader.
+        "MS_SCHED_HOST": ",".join([ip, *standby_hosts(o.master_addr)]),
         "MS_SCHED_PORT": str(o.master_port),
         "PYTHONUNBUFFERED": "1",
         "CLUSTER_LAUNCHER_PID": str(launcher_pid),  # children stop when the launcher is gone

@@ -12,7 +12,7 @@ import socket
 
 from cluster.protocol.errors import ConfigError
 from cluster.tools import slurm_io
-from cluster.tools.launch_plan import LaunchOptions, Plan, make_plan
+from cluster.tools.launch_plan import LaunchOptions, Plan, make_plan, master_host
 from cluster.transport import tls
 
 
@@ -62,6 +62,11 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(
             f"--local-worker-num {options.local_worker_num} must be between 1 and --worker-num "
             f"({options.worker_num})"
+        )
+    if not all(host.strip() for host in options.master_addr.split(",")):
+        raise ConfigError(
+            f"--master-addr {options.master_addr!r} has an empty entry: give the scheduler's host, "
+            "or every scheduler's host separated by commas (h1,h2)"
         )
     if not 1 <= options.master_port <= 65535:
         raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
@@ -116,7 +121,7 @@ def plan_job(options: LaunchOptions) -> Plan:
 def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
     """The scheduler's IP address, and how it was found when that is worth saying. A Slurm node
     name that does not resolve is reached at the NodeAddr scontrol shows for it."""
-    name = options.master_addr
+    name = master_host(options.master_addr)
     try:
         return resolve_host(name), []
     except ConfigError:

@@ -123,7 +123,7 @@ class WorkerAgent:
         )
         self._host, self._port = config.sched_host, config.sched_port
         self._channel = scheduler_channel.open_channel(
-            config.sched_address, self._tls, channel_options(config.expected_nodes)
+            self.core.address, self._tls, channel_options(config.expected_nodes)
         )
         self._stub = LazyStub(self._channel)
         self._old_channels: set[asyncio.Task[None]] = set()
@@ -298,8 +298,12 @@ class WorkerAgent:
             self._accepted = call
             if self.accepted_at is None:
                 self.accepted_at = self._clock()
-        else:
-            call.cancel()
+            return answer
+        call.cancel()
+        if isinstance(answer, steps.NotLeader):
+            # The leader's certificate is checked before registering only with a CRL.
+            verified = self._tls is None or self._tls.revocation is None
+            return dataclasses.replace(answer, verified=verified)
         return answer
 
     async def _answer(self, call: Call, action: steps.Register) -> pb.Event:
@@ -448,8 +452,13 @@ class WorkerAgent:
         """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
         with recovery on)."""
         while True:
+            channel = self._channel
             try:
                 return await self._guarded(rpc())
+            except asyncio.CancelledError:
+                if self._left_behind(channel):
+                    continue  # on the channel closed for a new leader: made again on the new one
+                raise
             except grpc.aio.AioRpcError as exc:
                 failure = failures.failure_of(exc)
                 # A scheduler that does not lead (yet) answers for nothing: as one cut off.
@@ -468,6 +477,13 @@ class WorkerAgent:
                             fatal = asyncio.shield(self._fatal)
                             raise await asyncio.wait_for(fatal, action.wait_s) from None
                 raise failure.error(what) from None
+
+    def _left_behind(self, channel: grpc.aio.Channel) -> bool:
+        """Whether a call cancelled on `channel` was cut off by following a new leader (the
+        channel was closed for another), not by cancelling this task."""
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11 on
+        return channel is not self._channel and not (cancelling is not None and cancelling())
 
     async def exchange(
         self, op: str, value: bytes, root: int = 0, generation: int | None = None

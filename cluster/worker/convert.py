@@ -20,7 +20,7 @@ from cluster.worker import steps
 NOT_LEADER_RETRY_S = 0.5
 
 
-def answer(first: pb.Event) -> steps.Accepted | steps.Refused:
+def answer(first: pb.Event) -> steps.Accepted | steps.Refused | steps.NotLeader:
     """The scheduler's answer to a registration (the first event of its stream)."""
     if first.HasField("accepted"):
         accepted = first.accepted
@@ -34,13 +34,16 @@ def answer(first: pb.Event) -> steps.Accepted | steps.Refused:
             spare=accepted.spare,
         )
     refusal = first.refused
-    # A standby's refusal is for now too: asked again at least every NOT_LEADER_RETRY_S (a
-    # node that knows one address waits for it to lead).
-    not_leader = refusal.reason == pb.REFUSAL_NOT_LEADER
+    if refusal.reason == pb.REFUSAL_NOT_LEADER:
+        # A standby: the core follows the leader it names, or asks again (this or another
+        # scheduler of the job) after at least NOT_LEADER_RETRY_S.
+        return steps.NotLeader(
+            refusal.leader, retry_after_s=max(refusal.retry_after_s, NOT_LEADER_RETRY_S)
+        )
     return steps.Refused(
         refusal.message,
-        transient=refusal.reason == pb.REFUSAL_NODE_ALIVE or not_leader,
-        retry_after_s=max(refusal.retry_after_s, NOT_LEADER_RETRY_S if not_leader else 0.0),
+        transient=refusal.reason == pb.REFUSAL_NODE_ALIVE,
+        retry_after_s=refusal.retry_after_s,
         finished=refusal.reason == pb.REFUSAL_JOB_FINISHED,
     )
 
@@ -50,7 +53,7 @@ def rpc_failure(exc: grpc.aio.AioRpcError, where: str) -> steps.Event:
     pointer to its leader, or a refusal that ends this node's part."""
     failure = failures.failure_of(exc)
     if failure.kind is NotLeaderError:
-        return steps.NotLeader(failure.leader)
+        return steps.NotLeader(failure.leader, retry_after_s=NOT_LEADER_RETRY_S)
     if failure.kind is None:
         return steps.Unanswered()
     return steps.Fatal(failure.kind(f"{where} rejected registration: {failure.details}"))
@@ -60,7 +63,7 @@ def lost(exc: grpc.aio.AioRpcError) -> steps.StreamLost | steps.NotLeader:
     """What an event stream that ended with a status means."""
     failure = failures.failure_of(exc)
     if failure.kind is NotLeaderError:
-        return steps.NotLeader(failure.leader)
+        return steps.NotLeader(failure.leader, retry_after_s=NOT_LEADER_RETRY_S)
     return steps.StreamLost(failure.details)
 
 

@@ -17,7 +17,10 @@ The rules it keeps:
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
   job's end arrive does not matter.
-- A "not the leader" answer is followed at once, to the leader it names.
+- A "not the leader" answer is followed at once, to the leader it names. With several scheduler
+  addresses (MS_SCHED_HOST=h1,h2 or CLUSTER_SCHED_ADDRS), a scheduler found down, or a standby
+  that names no leader, or names one found down a moment ago, sends the node to the next address
+  in turn. Only an address of the configuration or one a scheduler named is ever followed.
 - Spares (issue #15): a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
@@ -51,8 +54,12 @@ TOPOLOGY_MARGIN_S = 3.0
 # Progress lines while waiting: the first after this long, then at this interval.
 FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
-# A registration attempt gives up on reaching the scheduler after this long.
+# A registration attempt gives up on reaching the scheduler after this long; with several
+# scheduler addresses sooner, so that the next one is tried.
 ATTEMPT_TIMEOUT_S = 3.0
+FAILOVER_ATTEMPT_S = 1.0
+# A leader named by a standby but found down this recently is not followed again yet.
+DOWN_FOR_S = 1.0
 # Between attempts that got no answer.
 RETRY_PAUSE_S = 0.1
 # A transient refusal (the guard) is retried this long after it says it clears.
@@ -95,7 +102,11 @@ class WorkerCore:
         """`cluster_id`: the job this node belonged to before its process restarted."""
         self.config = config
         self.clock = clock
-        self.address = config.sched_address
+        self.addresses = config.addresses
+        self.address = self.addresses[0]
+        # When each address was last found down (since the last acceptance).
+        self._down: dict[str, float] = {}
+        self._announced = ""  # the leader last said to be followed
         self.recovery = config.recovery is not None
         self.lifecycle = Lifecycle.JOINING
         self.cluster_id = cluster_id
@@ -197,9 +208,10 @@ class WorkerCore:
         remaining = self.deadline - self.clock()
         if remaining <= 0:
             return self._fail(self._registration_timeout())
+        attempt = ATTEMPT_TIMEOUT_S if len(self.addresses) == 1 else FAILOVER_ATTEMPT_S
         if not self._verified:
-            return [steps.CheckScheduler(min(remaining, ATTEMPT_TIMEOUT_S))]
-        return [steps.Register(min(remaining, ATTEMPT_TIMEOUT_S), remaining)]
+            return [steps.CheckScheduler(min(remaining, attempt))]
+        return [steps.Register(min(remaining, attempt), remaining)]
 
     def _pause(self, seconds: float) -> Actions:
         return [steps.Pause(min(seconds, max(self.deadline - self.clock(), 0.0)))]
@@ -213,7 +225,8 @@ class WorkerCore:
             "last attempt got no answer in time (busy or overloaded? see its log)"
         )
         if not event.ok:
-            return said + self._pause(RETRY_PAUSE_S)
+            self._down[self.address] = self.clock()
+            return said + self._next_address() + self._pause(RETRY_PAUSE_S)
         self._verified = True
         return said + self._next_attempt()
 
@@ -264,6 +277,7 @@ class WorkerCore:
                 )
             )
         self.cluster_id = event.cluster_id
+        self._down.clear()
         self.progress = (event.registered, event.expected)
         self.heartbeat_interval_s = event.heartbeat_interval_s or self.heartbeat_interval_s
         self.lifecycle = Lifecycle.FORMING if self.topology is None else Lifecycle.READY
@@ -279,20 +293,38 @@ class WorkerCore:
         return [*said, steps.Watch(self.heartbeat_interval_s)]
 
     def _not_leader(self, event: steps.NotLeader) -> Actions:
-        if not event.leader or event.leader == self.address:
-            # No leader yet (an election under way): ask again shortly.
-            return self._unanswered(steps.Unanswered())
-        said: Actions = [
-            steps.Say(f"{self.where} is a standby; following the leader at {event.leader}"),
-            steps.Follow(event.leader),
-        ]
-        self.address = event.leader
+        now = self.clock()
         if self.lifecycle in (Lifecycle.FORMING, Lifecycle.READY):
             self._lost = "the scheduler became a standby"
-            self._reconnect_window(self.clock())
+            self._reconnect_window(now)
             self.lifecycle = Lifecycle.RECONNECTING
-        self._verified = event.verified
-        return said + self._next_attempt()
+        leader = event.leader
+        if (
+            not leader
+            or leader == self.address
+            or now - self._down.get(leader, -DOWN_FOR_S) < DOWN_FOR_S
+        ):
+            # No leader yet (an election under way), or one just found down (its lease has not
+            # ended yet): ask again shortly, the next scheduler when there are several.
+            moved = self._next_address() if not leader else []
+            return moved + self._pause(max(event.retry_after_s, RETRY_PAUSE_S))
+        said: Actions = []
+        if leader != self._announced:
+            self._announced = leader
+            said.append(steps.Say(f"{self.where} is a standby; following the leader at {leader}"))
+        self.address = leader
+        # A leader found down before is probed before it is registered with.
+        self._verified = event.verified and leader not in self._down
+        return [*said, steps.Follow(leader), *self._next_attempt()]
+
+    def _next_address(self) -> Actions:
+        """Follow the next scheduler address in turn (none with only one)."""
+        if len(self.addresses) == 1:
+            return []
+        index = self.addresses.index(self.address) if self.address in self.addresses else -1
+        self.address = self.addresses[(index + 1) % len(self.addresses)]
+        self._verified = False  # probed first: a down one is passed over at once
+        return [steps.Follow(self.address)]
 
     def _registration_timeout(self) -> ClusterError:
         """The error of a registration deadline passed."""
@@ -404,7 +436,8 @@ class WorkerCore:
                 )
             )
         self.lifecycle = Lifecycle.RECONNECTING
-        self._begin_attempts(now, event.verified)
+        # With several schedulers, probe first: a dead leader is passed over at once.
+        self._begin_attempts(now, event.verified and len(self.addresses) == 1)
         return said + self._next_attempt()
 
     def _reconnect_window(self, now: float) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cluster.protocol.errors import ClusterError
+from cluster.protocol.records import NodeFailedEvent, ProgressEvent, ShutdownEvent
 from cluster.protocol.topology import Topology
 
 # -- events: what happened ---------------------------------------------------------------------
@@ -81,12 +82,15 @@ class NotLeader:
 
     leader: str
     verified: bool = True  # as in Start, for the leader's address
+    retry_after_s: float = 0.0  # with no leader named: ask a scheduler again after this long
 
 
-@dataclass(frozen=True)
-class Progress:
-    registered: int
-    expected: int
+# The scheduler's own events, as its state machine makes them, reach the core unchanged:
+# Progress(registered, expected), NodeFailed(rank, node_id, reason, generation) and
+# Shutdown(ok, reason) are the records of cluster.protocol.records.
+Progress = ProgressEvent
+NodeFailed = NodeFailedEvent
+Shutdown = ShutdownEvent
 
 
 @dataclass(frozen=True)
@@ -99,20 +103,6 @@ class Unplaced:
     """A topology that does not name this node: what a spare hears until it is promoted."""
 
     generation: int
-
-
-@dataclass(frozen=True)
-class NodeFailed:
-    rank: int
-    node_id: str
-    reason: str
-    generation: int
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    ok: bool
-    reason: str
 
 
 @dataclass(frozen=True)

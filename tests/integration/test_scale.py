@@ -13,11 +13,12 @@ import pytest
 
 from cluster.protocol.config import from_env
 from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.testing import free_port, wait_until
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
-from tests.procs import Procs, free_port, job_env, wait_until
+from tests.procs import Procs, job_env
 
 from .test_launch import EXAMPLE, LINE
 
@@ -127,7 +128,7 @@ async def test_after_a_rejoin_every_worker_holds_the_new_table(tmp_path: Path) -
         await agents[2].close()  # its stream breaks: rank 2 failed
         back = agent_at(server.port, 3, "2", 7102, tmp_path)
         topology = await asyncio.wait_for(back.start(), 30)
-        assert back.rejoined
+        assert back.core.rejoined
         assert topology.generation == 2
         stayed = [await asyncio.wait_for(a.wait_generation(1), 30) for a in agents[:2]]
         for held in [*stayed, topology]:

@@ -476,3 +476,41 @@ def test_an_address_is_split_once_for_every_caller() -> None:
             ConfigError, match=r"^--addr .* must be HOST:PORT with a port in 1-65535$"
         ):
             split_address("--addr", bad)
+
+
+# -- several scheduler addresses (issue #14) -----------------------------------------------------
+
+
+def test_one_scheduler_host_keeps_one_address() -> None:
+    cfg = from_env(env())
+    assert cfg.sched_addresses == ()
+    assert cfg.addresses == (cfg.sched_address,)
+
+
+def test_several_scheduler_hosts_share_the_port() -> None:
+    cfg = from_env(env(MS_SCHED_HOST="h1, h2,::1", MS_SCHED_PORT="8118"))
+    assert cfg.addresses == ("h1:8118", "h2:8118", "[::1]:8118")
+    assert (cfg.sched_host, cfg.sched_port) == ("h1", 8118)
+
+
+def test_cluster_sched_addrs_gives_each_its_port() -> None:
+    cfg = from_env(env(CLUSTER_SCHED_ADDRS="h1:8118,h2:9000", MS_SCHED_HOST=None))
+    assert cfg.addresses == ("h1:8118", "h2:9000")
+    assert (cfg.sched_host, cfg.sched_port) == ("h1", 8118)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"MS_SCHED_HOST": "h1,,h2"}, "MS_SCHED_HOST='h1,,h2' has an empty entry"),
+        ({"CLUSTER_SCHED_ADDRS": "h1:8118,"}, "CLUSTER_SCHED_ADDRS='h1:8118,' has an empty"),
+        ({"CLUSTER_SCHED_ADDRS": "h1"}, "CLUSTER_SCHED_ADDRS entry 'h1' must be HOST:PORT"),
+        ({"CLUSTER_SCHED_ADDRS": "h1:0"}, "CLUSTER_SCHED_ADDRS entry 'h1:0' must be HOST:PORT"),
+        ({"CLUSTER_SCHED_ADDRS": "h1:x"}, "CLUSTER_SCHED_ADDRS entry 'h1:x' must be HOST:PORT"),
+    ],
+)
+def test_bad_scheduler_address_lists_are_one_line(overrides: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_env(env(**overrides))
+    assert named in str(caught.value)
+    assert "\n" not in str(caught.value)

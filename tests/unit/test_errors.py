@@ -132,8 +132,9 @@ def test_the_worker_core_hears_a_standby_as_the_way_to_its_leader() -> None:
     """A registration or stream ended by a standby becomes the core's NotLeader, which it
     follows at once; any other refusal of a registration ends this node's part."""
     standby = _rpc_error(NotLeaderError("this scheduler is a standby", "10.0.0.2:8118"))
-    assert convert.rpc_failure(standby, "the scheduler") == steps.NotLeader("10.0.0.2:8118")
-    assert convert.lost(standby) == steps.NotLeader("10.0.0.2:8118")
+    follow = steps.NotLeader("10.0.0.2:8118", retry_after_s=convert.NOT_LEADER_RETRY_S)
+    assert convert.rpc_failure(standby, "the scheduler") == follow
+    assert convert.lost(standby) == follow
     refused = convert.rpc_failure(_rpc_error(EvictedError("replaced")), "the scheduler")
     assert isinstance(refused, steps.Fatal)
     assert isinstance(refused.error, EvictedError)

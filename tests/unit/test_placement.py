@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cluster.protocol.errors import ConfigError
-from cluster.tools import launch_plan, placement, slurm
+from cluster.tools import launch_plan, launch_setup, placement, slurm
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.placement import Requested
 
@@ -242,3 +242,11 @@ def test_the_state_url_and_lease_go_to_the_scheduler_alone() -> None:
     for worker in made.workers:
         assert "CLUSTER_STATE_URL" not in worker.env
         assert worker.env["MS_ENABLE_RECOVERY"] == "1"
+
+
+def test_several_master_hosts_give_the_workers_every_scheduler() -> None:
+    made = plan(options(master_addr="gpu07, gpu09"))
+    assert {p.env["MS_SCHED_HOST"] for p in made.workers} == {"10.1.1.7,gpu09"}
+    assert launch_plan.master_host("gpu07, gpu09") == "gpu07"
+    with pytest.raises(ConfigError, match="--master-addr 'gpu07,' has an empty entry"):
+        launch_setup.validate(options(master_addr="gpu07,"))

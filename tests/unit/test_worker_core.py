@@ -26,6 +26,7 @@ from cluster.protocol.errors import (
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
 from cluster.worker.core import (
+    DOWN_FOR_S,
     GUARD_MARGIN_S,
     GUARD_POLL_S,
     TOPOLOGY_MARGIN_S,
@@ -38,11 +39,13 @@ TOPO_S = 60.0
 NODE_S = 30.0
 
 
-def config(*, recovery: bool = False, tmp: str = "/tmp/unused-recovery") -> ClusterConfig:
+def config(
+    *, recovery: bool = False, tmp: str = "/tmp/unused-recovery", hosts: str = "127.0.0.1"
+) -> ClusterConfig:
     env = {
         "MS_ROLE": "MS_WORKER",
         "MS_WORKER_NUM": "2",
-        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_SCHED_HOST": hosts,
         "MS_SCHED_PORT": "8118",
         "MS_TOPO_TIMEOUT": f"{TOPO_S:g}",
         "MS_NODE_TIMEOUT": f"{NODE_S:g}",
@@ -70,9 +73,9 @@ def fails(actions: list[steps.Action]) -> list[ClusterError]:
     return [action.error for action in actions if isinstance(action, steps.Fail)]
 
 
-def ready_core(*, recovery: bool = False) -> tuple[WorkerCore, FakeClock]:
+def ready_core(*, recovery: bool = False, hosts: str = "127.0.0.1") -> tuple[WorkerCore, FakeClock]:
     clock = FakeClock()
-    core = WorkerCore(config(recovery=recovery), clock)
+    core = WorkerCore(config(recovery=recovery, hosts=hosts), clock)
     core.step(steps.Start())
     core.step(accepted())
     core.step(steps.TopologyReady(topology()))
@@ -255,6 +258,60 @@ def test_a_formed_job_follows_a_new_leader_within_the_reconnect_window() -> None
     assert core.deadline == clock.now + NODE_S
 
 
+def test_several_addresses_are_tried_in_turn_when_one_is_down() -> None:
+    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), FakeClock())
+    assert core.address == "127.0.0.1:8118"
+    assert kinds(core.step(steps.Start(verified=False))) == [steps.CheckScheduler]
+    actions = core.step(steps.Checked(False, "connection refused"))
+    assert actions[0] == steps.Follow("127.0.0.2:8118")
+    assert kinds(actions[1:]) == [steps.Pause]
+    assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
+    back = core.step(steps.Checked(False, "connection refused"))
+    assert back[0] == steps.Follow("127.0.0.1:8118")
+
+
+def test_a_standby_with_no_leader_sends_the_node_to_the_next_address() -> None:
+    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), FakeClock())
+    core.step(steps.Start())
+    actions = core.step(steps.NotLeader("", retry_after_s=0.5))
+    assert actions == [steps.Follow("127.0.0.2:8118"), steps.Pause(0.5)]
+
+
+def test_a_leader_found_down_a_moment_ago_is_not_followed_back_at_once() -> None:
+    core, clock = ready_core(recovery=True, hosts="127.0.0.1,127.0.0.2")
+    # The leader (the first address) dies: the stream is lost, the probe finds it down.
+    assert kinds(core.step(steps.StreamLost("connection reset")))[-1] is steps.CheckScheduler
+    moved = core.step(steps.Checked(False, "connection refused"))
+    assert moved[0] == steps.Follow("127.0.0.2:8118")
+    core.step(steps.PauseOver())
+    core.step(steps.Checked(True))
+    # The standby still names the dead leader (its lease has not ended): it is asked again.
+    actions = core.step(steps.NotLeader("127.0.0.1:8118", retry_after_s=0.5))
+    assert actions == [steps.Pause(0.5)]
+    assert core.address == "127.0.0.2:8118"
+    clock.now += DOWN_FOR_S
+    actions = core.step(steps.NotLeader("127.0.0.1:8118", retry_after_s=0.5))
+    assert steps.Follow("127.0.0.1:8118") in actions
+    assert kinds(actions)[-1] is steps.CheckScheduler  # probed first: it was down
+    # Down still: the standby, which leads now, accepts the node; it stays there.
+    core.step(steps.Checked(False, "connection refused"))
+    core.step(steps.PauseOver())
+    core.step(steps.Checked(True))
+    assert kinds(core.step(accepted(2))) == [steps.Say, steps.Watch]
+    assert core.address == "127.0.0.2:8118"
+
+
+def test_a_named_leader_outside_the_list_is_followed() -> None:
+    core = WorkerCore(config(hosts="sched-0,sched-1"), FakeClock())
+    core.step(steps.Start())
+    actions = core.step(steps.NotLeader("10.1.2.3:8118"))
+    assert steps.Follow("10.1.2.3:8118") in actions
+    # Found down later, it is left for the list, from its start.
+    core.step(steps.Unanswered())
+    core.step(steps.PauseOver())
+    assert core.step(steps.Checked(False, "timed out"))[0] == steps.Follow("sched-0:8118")
+
+
 # -- the stream --------------------------------------------------------------------------------
 
 
@@ -401,10 +458,15 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     """Drives the core as the agent does: an answer only to what the core asked for (a
     registration, a probe, a pause), stream events only while it reads a stream."""
 
-    @initialize(recovery=st.booleans(), verified=st.booleans())
-    def start(self, recovery: bool, verified: bool) -> None:
+    @initialize(
+        recovery=st.booleans(),
+        verified=st.booleans(),
+        hosts=st.sampled_from(["127.0.0.1", "127.0.0.1,127.0.0.2,127.0.0.3"]),
+    )
+    def start(self, recovery: bool, verified: bool, hosts: str) -> None:
         self.clock = FakeClock()
-        self.core = WorkerCore(config(recovery=recovery), self.clock)
+        self.core = WorkerCore(config(recovery=recovery, hosts=hosts), self.clock)
+        self.named: set[str] = set()  # the leaders the schedulers named
         self.asked: type[Any] | None = None  # the I/O the core waits on
         self.failures: list[ClusterError] = []
         self.finished = False  # this node's Finish heard, or the job finished
@@ -451,6 +513,10 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert self.core.topology is action.topology
             elif isinstance(action, steps.Done):
                 self.asked = None
+            elif isinstance(action, steps.Follow):
+                # Only an address of the configuration, or one a scheduler named, is followed.
+                assert action.address in self.core.config.addresses or action.address in self.named
+                assert self.core.address == action.address
 
     def step(self, event: steps.Event) -> None:
         before = self.core.lifecycle
@@ -481,7 +547,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.asked in (steps.Register, steps.Watch))
     @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
     def not_leader(self, leader: str) -> None:
-        self.step(steps.NotLeader(leader))
+        self.named.add(leader)
+        self.step(steps.NotLeader(leader, retry_after_s=0.5))
 
     @precondition(lambda self: self.asked is steps.CheckScheduler)
     @rule(ok=st.booleans())

@@ -40,6 +40,9 @@ from cluster.storage.snapshot import Snapshot, SnapshotPool
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
+# 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
+# (see README "Measured"); larger states opt in.
+MEMORY_SNAPSHOT_DEFAULT = 1 << 30
 
 _log = logging.getLogger(__name__)
 
@@ -48,10 +51,16 @@ Report = Callable[[list[int]], None]
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """When to save and how many checkpoints to keep (MindSpore's CheckpointConfig names)."""
+    """When to save and how many checkpoints to keep (MindSpore's CheckpointConfig names).
+
+    `memory_snapshot`: the bytes of state a `TrainingLoop` may keep in memory, a copy of its
+    last step boundary, so that a failure between steps costs at most the interrupted step
+    instead of the rollback to disk (0: off; a larger state rolls back to disk, as without it).
+    """
 
     save_checkpoint_steps: int = 1
     keep_checkpoint_max: int = 5
+    memory_snapshot: int = MEMORY_SNAPSHOT_DEFAULT
 
     def __post_init__(self) -> None:
         for name in ("save_checkpoint_steps", "keep_checkpoint_max"):
@@ -60,6 +69,12 @@ class CheckpointConfig:
                 raise ConfigError(
                     f"CheckpointConfig {name}={value!r} is invalid: it must be an integer >= 1"
                 )
+        limit = self.memory_snapshot
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(
+                f"CheckpointConfig memory_snapshot={limit!r} is invalid: it must be a number of "
+                "bytes >= 0 (0 turns the in-memory copy of the last step off)"
+            )
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ is reported, not deadlocked on.
 
 What is unpickled: only what `allgather_object` and `broadcast_object` deliver, which the
 scheduler takes only from the job's members (every call proves its node's credential), as
-torch.distributed's object collectives trust their group. `allreduce` and `broadcast_bytes`
-never unpickle: an array travels as a small JSON header (a numeric dtype, the shape) and its raw
-bytes.
+torch.distributed's object collectives trust their group. `allreduce`, `allgather_bytes` and
+`broadcast_bytes` never unpickle: an array travels as a small JSON header (a numeric dtype, the
+shape) and its raw bytes.
 """
 
 from __future__ import annotations
@@ -34,14 +34,18 @@ def barrier() -> None:
 
 def allgather_object(obj: Any) -> list[Any]:
     """Every worker's `obj` (picklable), in rank order, on every worker."""
+    values = allgather_bytes(pickle.dumps(obj))
+    return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
+
+
+def allgather_bytes(data: bytes) -> list[bytes]:
+    """Every worker's `data`, in rank order, on every worker, never unpickled."""
     session = runtime.session()
     with timed("allgather"):
         values = session.call(
-            session.agent.exchange(
-                "allgather", pickle.dumps(obj), generation=session.generation_pin
-            )
+            session.agent.exchange("allgather", data, generation=session.generation_pin)
         )
-    return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
+    return [bytes(v) for v in values]
 
 
 def broadcast_object(obj: Any, root: int = 0) -> Any:

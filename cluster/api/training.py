@@ -17,6 +17,15 @@ goes on from that step. Every worker does the same, the restarted one from its s
 with faults ends with exactly the parameters of the same job without faults, provided a step
 depends only on the state and the step number (derive the batch from the step; initialise every
 rank the same way).
+
+The loop also keeps a copy of the state of its last step boundary in memory (`StepMemory`,
+bounded by `CheckpointConfig.memory_snapshot`). On taking a new generation, every worker tells
+the others, in one allgather, which step it holds so; when every worker can get the state of
+the same step that way (the survivors their own copy, a newcomer a peer's), the job resumes
+from that step instead of the rollback step on disk (`cluster.protocol.resume`), so a failure
+costs at most the step it interrupted. That allgather is the first collective of every
+generation after the first: a program that makes a collective of its own before the loop's
+first step in a new generation (a process group made outside `set_state`) would meet it.
 """
 
 from __future__ import annotations
@@ -29,11 +38,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime, worker_metrics
-from cluster.api.collective import barrier
+from cluster.api.collective import allgather_bytes, barrier
+from cluster.api.memory import StepMemory
+from cluster.protocol import resume
 from cluster.protocol.errors import ClusterError, PeerFailedError
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
+    from cluster.protocol.topology import Topology
 
 
 class TrainingLoop:
@@ -65,6 +77,8 @@ class TrainingLoop:
         self._interrupted: PeerFailedError | None = None
         self._furthest = 0
         self.rollbacks = 0
+        # The state of the last step boundary, a copy (CheckpointConfig.memory_snapshot).
+        self.memory = StepMemory(checkpoints, self._say)
         # Steps this worker computed again after rollbacks (work lost to failures).
         self.steps_redone = 0
         worker_metrics.start()  # CLUSTER_WORKER_METRICS_PORT: off unless set
@@ -86,13 +100,21 @@ class TrainingLoop:
                     step += 1
                     worker_metrics.step_done(started)
                     self._furthest = max(self._furthest, step)
-                    if self.checkpoints.should_save(step) or step == self.steps:
-                        with worker_metrics.checkpoint(step):
-                            self.checkpoints.save(step, self._get_state())
+                    self._boundary(step)
             elif self._agree_on_the_end():
+                self.memory.close()
                 return
             else:
                 step = self._roll_back(waited=True)
+
+    def _boundary(self, step: int) -> None:
+        """The state of `step` is complete: save it when due, and keep it in memory."""
+        state = self._get_state()
+        saved = self.checkpoints.should_save(step) or step == self.steps
+        if saved:
+            with worker_metrics.checkpoint(step):
+                self.checkpoints.save(step, state)
+        self.memory.keep(step, state, saved=saved)
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -128,9 +150,10 @@ class TrainingLoop:
     def _start(self) -> int:
         topology = runtime.topology()
         self._generation = topology.generation
-        if topology.rollback_step == 0 and not runtime.is_rejoin():
+        if topology.generation == 1 and topology.rollback_step == 0 and not runtime.is_rejoin():
+            self.memory.keep(0, self._get_state(), saved=False)
             return 0  # a first start: the state as constructed
-        restored = self._restore(topology.rollback_step, topology.generation, topology.reason)
+        restored = self._take(topology, rolled_back=False)
         return self._roll_back(waited=True) if restored is None else restored
 
     def _roll_back(self, *, waited: bool) -> int:
@@ -144,24 +167,58 @@ class TrainingLoop:
                 runtime.wait_for_generation(self._generation)
             topology = runtime.topology()
             self._generation = topology.generation
-            self.rollbacks += 1
-            lost = max(self._furthest - topology.rollback_step, 0)
-            self.steps_redone += lost
-            worker_metrics.rolled_back(lost)
-            self._say(
-                f"rolled back from step {self._furthest} to step {topology.rollback_step} "
-                f"({lost} steps to compute again)"
-            )
-            restored = self._restore(topology.rollback_step, topology.generation, topology.reason)
+            restored = self._take(topology, rolled_back=True)
             if restored is not None:
                 return restored
             waited = True  # a peer failed while the state was put back: the next generation
 
-    def _restore(self, step: int, generation: int, reason: str) -> int | None:
-        """Put the state of `step` back; None when a peer failed meanwhile (set_state may
-        make a process group, which needs every peer)."""
-        state = copy.deepcopy(self._initial) if step == 0 else self.checkpoints.load(step)
+    def _take(self, topology: Topology, *, rolled_back: bool) -> int | None:
+        """Resume in `topology`'s generation; the step, or None when a peer failed meanwhile."""
+        where = self._where(topology)
+        if where is None:
+            return None
+        if rolled_back:
+            self.rollbacks += 1
+            lost = max(self._furthest - where.step, 0)
+            self.steps_redone += lost
+            worker_metrics.rolled_back(lost)
+            self._say(
+                f"rolled back from step {self._furthest} to step {where.step} "
+                f"({lost} steps to compute again)"
+            )
+        return self._restore(where, topology)
+
+    def _where(self, topology: Topology) -> resume.Resume | None:
+        """Where the generation resumes: every worker contributes the step it holds in memory
+        to one allgather and decides alike (`cluster.protocol.resume`); None when a peer failed
+        meanwhile. The first generation, and one whose rollback step is the end, need none."""
+        disk = topology.rollback_step
+        if topology.generation == 1 or disk >= self.steps:
+            return resume.Resume(disk, False, (), "the rollback step")
+        session = runtime.session()
+        session.generation_pin = topology.generation
         try:
+            gathered = allgather_bytes(resume.encode(self.memory.step))
+        except PeerFailedError as exc:
+            self._interrupted = exc
+            return None
+        finally:
+            session.generation_pin = None
+        held = [resume.decode(value) for value in gathered]
+        # A newcomer fetches the step from a peer's memory: only with the checkpoint server.
+        fetches = hasattr(self.checkpoints, "serve_memory")
+        replicated = fetches and getattr(self.checkpoints.config, "replicated", True)
+        return resume.decide(held, disk, replicated=replicated)
+
+    def _restore(self, where: resume.Resume, topology: Topology) -> int | None:
+        """Put the state of `where.step` back; None when a peer failed meanwhile (set_state may
+        make a process group, which needs every peer; a peer may die while it serves)."""
+        step, generation = where.step, topology.generation
+        source = where.source(topology.rank, self.memory.step)
+        state = None if source == "peer" and step > 0 else self._state_of(step, source)
+        try:
+            if state is None:  # from a server's memory, which may fail meanwhile
+                state = self.checkpoints.load(step)
             self._set_state(state)
         except PeerFailedError as exc:
             self._interrupted = exc
@@ -173,8 +230,17 @@ class TrainingLoop:
             return None
         self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)
-        self._say(f"generation {generation} ({reason}): resuming from step {step}")
+        if self.memory.step != step:
+            self.memory.keep(step, self._get_state(), saved=False)
+        self._say(f"generation {generation} ({topology.reason}): {_resuming(where, source)}")
         return step
+
+    def _state_of(self, step: int, source: str) -> dict[str, Any]:
+        if source == "own":
+            return self.memory.state()
+        if step == 0:
+            return copy.deepcopy(self._initial)
+        return self.checkpoints.load(step)
 
     def _agree_on_the_end(self) -> bool:
         """True once every worker holds the final state; False after a peer failed first."""
@@ -191,6 +257,13 @@ class TrainingLoop:
         finally:
             session.generation_pin = None
         return True
+
+
+def _resuming(where: resume.Resume, source: str) -> str:
+    if not where.in_memory:
+        return f"resuming from step {where.step}"
+    mine = {"own": "this worker's copy", "peer": "a peer's copy"}[source]
+    return f"resuming from step {where.step} in memory ({mine}; {where.why})"
 
 
 def _say(message: str) -> None:

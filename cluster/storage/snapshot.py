@@ -6,7 +6,9 @@ its offset, copied there in one pass (not pickled, whatever its strides or devic
 checksum is computed once, on first use, by whoever needs it first (the background writer), not
 by the training loop. The same bytes go to disk (`chunks()` is the file) and could go to a peer
 that takes a rank over: the receiver writes them with `checkpoint_files.write` and verifies
-them with `checkpoint_files.read`, as for any file.
+them with `checkpoint_files.read`, as for any file. A `TrainingLoop` also keeps the state of
+its last step boundary in one (`cluster.api.memory`), and `state()` decodes a copy of it to put
+that step back without reading a file.
 
 A `SnapshotPool` owns a fixed number of snapshots and hands out one that nobody holds; holds are
 counted (the writer holds a snapshot until it is on disk, the manager holds the newest one, a
@@ -23,12 +25,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from cluster.storage import checkpoint_files
 from cluster.storage.background import WAIT_WARNING_S
-from cluster.storage.checkpoint_tree import Encoded, copy_into
+from cluster.storage.checkpoint_tree import Encoded, allocate, copy_into, decode_state
 
 _log = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ class Snapshot:
         self._buffer = np.zeros(0, np.uint8)
         self._data_bytes = 0
         self._layout: list[tuple[int, int]] = []
+        self._tree: Any = None
+        self._entries: list[dict[str, Any]] = []
         self._digest: bytes | None = None
         self._digest_lock = threading.Lock()
         self._holds = 0
@@ -69,8 +74,22 @@ class Snapshot:
         self._head = checkpoint_files.head(step, rank, prefix, encoded)
         self._data_bytes = encoded.data_bytes
         self._layout = layout
+        self._tree, self._entries = encoded.tree, encoded.entries
         with self._digest_lock:
             self._digest = None
+
+    def state(self) -> dict[str, Any]:
+        """A decoded copy of the state held: new arrays and tensors, as `checkpoint_files.read`
+        makes from the file (without the checksum: these bytes never left this process), and
+        the snapshot unchanged, so the same step can be put back again."""
+        values = []
+        for entry in self._entries:
+            value, raw = allocate(entry)
+            start, nbytes = entry["offset"], entry["nbytes"]
+            if nbytes:
+                raw[:] = self._buffer.data[start : start + nbytes]
+            values.append(value)
+        return decode_state(self._tree, values)
 
     def _zero_gaps(self, layout: list[tuple[int, int]], data_bytes: int) -> None:
         """Zero the padding of a new layout (it may hold bytes of the old one): files of the

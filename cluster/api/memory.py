@@ -1,0 +1,100 @@
+"""The state of a training loop's last step boundary, kept in memory (one step, a copy).
+
+A `TrainingLoop` keeps it so that when a worker fails between two steps (or its step is
+abandoned), the survivors put that step back from memory and a newcomer fetches it from them,
+instead of every worker rolling back to the newest checkpoint on disk (`cluster.protocol.resume`
+decides which). It is a copy, not a reference: a step may change the state before its collective
+fails. The copy is a `Snapshot` (`cluster.storage.snapshot`): the bytes of a checkpoint file of
+this rank, copied in one pass into a buffer reused from step to step, so a steady loop allocates
+nothing. At a step the manager saves, the manager's own snapshot of that step is held instead:
+one copy, not two. Whatever is held is also what the checkpoint server hands a peer that asks
+for this step (`CheckpointManager.serve_memory`).
+
+`CheckpointConfig.memory_snapshot` bounds it: a state larger than that many bytes is not kept
+(said once), and the job rolls back to disk as without it; 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from cluster.storage import checkpoint_tree
+from cluster.storage.snapshot import Snapshot, SnapshotPool
+
+if TYPE_CHECKING:
+    from cluster.api.checkpoint import CheckpointManager
+
+
+class StepMemory:
+    """One step's state in memory, for a `TrainingLoop`; see the module."""
+
+    def __init__(self, checkpoints: CheckpointManager, say: Callable[[str], None]) -> None:
+        self._checkpoints = checkpoints
+        self._say = say
+        self.limit = checkpoints.config.memory_snapshot
+        self._pool = SnapshotPool(1)  # the loop's own buffer, for steps that are not saved
+        self._held: Snapshot | None = None
+        self._hold = contextlib.ExitStack()  # releases what is held
+        self._over_said = False
+
+    @property
+    def step(self) -> int | None:
+        """The step whose state is held; None when nothing is."""
+        return None if self._held is None else self._held.step
+
+    def keep(self, step: int, state: Mapping[str, Any], *, saved: bool) -> None:
+        """Hold the state of `step` (the loop's boundary), instead of what was held. `saved`:
+        the manager has just saved this very state as `step`, and its snapshot is shared."""
+        if self.limit == 0:
+            return
+        self.drop()
+        if saved:
+            snapshot = self._hold.enter_context(self._checkpoints.latest_snapshot())
+            if snapshot is None or snapshot.step != step or not self._fits(snapshot.nbytes):
+                self.drop()
+                return
+        else:
+            encoded = checkpoint_tree.encode(state)  # a bad state is refused here
+            if not self._fits(encoded.data_bytes):
+                return
+            snapshot = self._pool.acquire()
+            self._hold.callback(self._pool.release, snapshot)
+            snapshot.fill(step, self._checkpoints.rank, self._checkpoints.prefix, encoded)
+        self._held = snapshot
+        self._serve(step, snapshot)
+
+    def state(self) -> dict[str, Any]:
+        """A decoded copy of the state held (the snapshot stays, to serve peers)."""
+        assert self._held is not None, "StepMemory.state() with nothing held"
+        return self._held.state()
+
+    def drop(self) -> None:
+        """Hold nothing: no longer serve it, and free it for reuse."""
+        if self._held is not None:
+            self._serve(self._held.step, None)
+            self._held = None
+        self._hold.close()
+
+    def close(self) -> None:
+        """Drop what is held and free the loop's own buffer."""
+        self.drop()
+        self._pool.clear()
+
+    def _fits(self, nbytes: int) -> bool:
+        if nbytes <= self.limit:
+            return True
+        if not self._over_said:
+            self._over_said = True
+            self._say(
+                f"the state ({nbytes / 2**20:.1f} MiB) is larger than CheckpointConfig("
+                f"memory_snapshot={self.limit}): no copy of the last step is kept in memory, "
+                "and a failure rolls back to the newest checkpoint on disk"
+            )
+        return False
+
+    def _serve(self, step: int, snapshot: Snapshot | None) -> None:
+        serve = getattr(self._checkpoints, "serve_memory", None)  # until #15 item 2 lands
+        if serve is not None:
+            serve(step, snapshot)

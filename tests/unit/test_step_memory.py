@@ -1,0 +1,170 @@
+"""The training loop's copy of its last step boundary (cluster.api.memory.StepMemory): a copy,
+not a reference; bounded by CheckpointConfig(memory_snapshot=...); one buffer reused from step
+to step; the manager's snapshot shared at a step it saves; what the checkpoint server is told."""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cluster.api.checkpoint import MEMORY_SNAPSHOT_DEFAULT, CheckpointConfig, CheckpointManager
+from cluster.api.memory import StepMemory
+from cluster.protocol.errors import ConfigError
+from cluster.storage.snapshot import Snapshot
+
+
+class Served(CheckpointManager):
+    """A manager that records what the loop tells its checkpoint server to serve from memory."""
+
+    served: list[tuple[int, Snapshot | None]]
+
+    def serve_memory(self, step: int, snapshot: Snapshot | None) -> None:
+        self.__dict__.setdefault("served", []).append((step, snapshot))
+
+
+def memory(tmp_path: Path, limit: int = MEMORY_SNAPSHOT_DEFAULT) -> tuple[StepMemory, list[str]]:
+    said: list[str] = []
+    config = CheckpointConfig(10, 3, memory_snapshot=limit)
+    ckpt = Served(tmp_path / "ckpt", "net", config, rank=2, recovery=False)
+    return StepMemory(ckpt, said.append), said
+
+
+def test_the_memory_is_a_copy_not_a_reference(tmp_path: Path) -> None:
+    """A step may change the state before its collective fails: the boundary's state stays."""
+    mem, _ = memory(tmp_path)
+    weights = np.arange(1000, dtype=np.float64)
+    transposed = np.arange(12.0).reshape(3, 4).T
+    state = {"w": weights, "t": transposed, "lists": [1, [2]], "n": np.float32(1.5)}
+    mem.keep(7, state, saved=False)
+    weights[:] = -1
+    transposed[:] = 0
+    state["lists"][1].append(3)
+    back = mem.state()
+    assert mem.step == 7
+    assert np.array_equal(back["w"], np.arange(1000, dtype=np.float64))
+    assert np.array_equal(back["t"], np.arange(12.0).reshape(3, 4).T)
+    assert back["lists"] == [1, [2]]
+    assert back["n"] == np.float32(1.5)
+    assert isinstance(back["n"], np.float32)
+    # What comes back is a copy too: putting it back and training on cannot change the memory.
+    back["w"][:] = 5
+    assert np.array_equal(mem.state()["w"], np.arange(1000, dtype=np.float64))
+
+
+def test_torch_state_dicts_come_back_as_they_were(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    mem, _ = memory(tmp_path)
+    net = torch.nn.Linear(4, 3).double()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+    optimizer.step()
+    state = {"model": net.state_dict(), "optimizer": optimizer.state_dict()}
+    mem.keep(3, state, saved=False)
+    expected = {k: v.clone() for k, v in net.state_dict().items()}
+    with torch.no_grad():
+        net.weight.add_(1.0)
+    back = mem.state()
+    assert isinstance(back["model"], OrderedDict)
+    assert all(torch.equal(back["model"][k], v) for k, v in expected.items())
+    net.load_state_dict(back["model"])
+    optimizer.load_state_dict(back["optimizer"])
+    assert torch.equal(net.weight, expected["weight"])
+
+
+def test_a_state_over_the_limit_is_not_kept_and_that_is_said_once(tmp_path: Path) -> None:
+    mem, said = memory(tmp_path, limit=1000)
+    small = {"w": np.zeros(100)}  # 800 bytes
+    mem.keep(1, small, saved=False)
+    assert mem.step == 1
+    big = {"w": np.zeros(200)}  # 1600 bytes
+    mem.keep(2, big, saved=False)
+    mem.keep(3, big, saved=False)
+    assert mem.step is None  # nothing held: not the older step either
+    assert len(said) == 1
+    assert "larger than CheckpointConfig(memory_snapshot=1000)" in said[0]
+    assert "rolls back to the newest checkpoint on disk" in said[0]
+
+
+def test_zero_turns_it_off_without_a_word(tmp_path: Path) -> None:
+    mem, said = memory(tmp_path, limit=0)
+    mem.keep(1, {"w": np.zeros(10)}, saved=False)
+    assert (mem.step, said) == (None, [])
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "1G", None])
+def test_a_bad_limit_is_a_config_error_that_names_it(bad: Any) -> None:
+    with pytest.raises(ConfigError, match=r"memory_snapshot=.* must be a number of bytes >= 0"):
+        CheckpointConfig(memory_snapshot=bad)
+
+
+def test_steady_state_keeps_reuse_one_buffer_and_allocate_nothing(tmp_path: Path) -> None:
+    mem, _ = memory(tmp_path)
+    state = {"w": np.ones(4_000_000, dtype=np.float32), "step": 0}
+    mem.keep(1, state, saved=False)
+    first = mem._held
+    tracemalloc.start()
+    try:
+        for step in range(2, 7):
+            state["step"] = step
+            state["w"] += 1
+            mem.keep(step, state, saved=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000, f"{peak} bytes allocated by keeps of a 16 MB state"
+    assert mem._held is first  # the same snapshot, refilled
+    back = mem.state()
+    assert (back["step"], back["w"][0]) == (6, 6.0)
+
+
+def test_a_saved_step_shares_the_managers_copy(tmp_path: Path) -> None:
+    """A step that is also saved is copied once: the loop holds the manager's snapshot."""
+    mem, _ = memory(tmp_path)
+    ckpt = mem._checkpoints
+    state = {"w": np.arange(1000.0)}
+    ckpt.save(10, state)
+    mem.keep(10, state, saved=True)
+    with ckpt.latest_snapshot() as latest:
+        assert latest is mem._held
+    assert mem._pool._snapshots == []  # the loop's own buffer was never made
+    state["w"][:] = 0
+    assert np.array_equal(mem.state()["w"], np.arange(1000.0))
+    # Saves go on while the loop holds one of the manager's two snapshots.
+    for step in range(11, 16):
+        ckpt.save(step, state)
+        mem.keep(step, state, saved=True)
+    ckpt.flush()
+    assert mem.step == 15
+    assert ckpt.steps() == [13, 14, 15]
+
+
+def test_the_checkpoint_server_serves_what_is_held_and_nothing_else(tmp_path: Path) -> None:
+    mem, _ = memory(tmp_path, limit=10_000)
+    ckpt = mem._checkpoints
+    assert isinstance(ckpt, Served)
+    mem.keep(1, {"w": np.zeros(10)}, saved=False)
+    held = mem._held
+    mem.keep(2, {"w": np.ones(10)}, saved=False)
+    mem.keep(3, {"w": np.zeros(10_000)}, saved=False)  # over the limit
+    assert ckpt.served == [(1, held), (1, None), (2, held), (2, None)]
+    mem.keep(4, {"w": np.zeros(10)}, saved=False)
+    mem.close()
+    assert ckpt.served[-2:] == [(4, held), (4, None)]
+    assert mem.step is None
+
+
+def test_what_is_held_is_a_checkpoint_file_of_this_rank(tmp_path: Path) -> None:
+    """The bytes a peer gets from memory are the file this rank would have written."""
+    mem, _ = memory(tmp_path)
+    ckpt = mem._checkpoints
+    state = {"w": np.arange(100.0), "text": "seven"}
+    mem.keep(7, state, saved=False)
+    ckpt.save(7, state)
+    ckpt.flush()
+    assert mem._held is not None
+    assert b"".join(bytes(c) for c in mem._held.chunks()) == ckpt.path(7).read_bytes()

@@ -130,6 +130,8 @@ def main() -> None:
             )
             if args.step_delay > 0:
                 time.sleep(args.step_delay)
+    # What failures cost this worker: steps it computed again, and the rollbacks.
+    print(f"steps redone: {loop.steps_redone} in {loop.rollbacks} rollbacks", flush=True)
     if rank == 0 and args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez(args.out / "final.npz", **{k: state[k] for k in PARAMS})

@@ -77,13 +77,19 @@ def digest(net: nn.Module) -> str:
 
 
 class Trainer:
-    """The network, its optimizer, and its DDP wrapper over the current generation's group."""
+    """The network, its optimizer, and its DDP wrapper over the current generation's group.
+
+    The wrapper (and the process group under it) is made at the first step, and again by
+    set_state in every later generation, never before the loop: in a generation after the
+    first, the loop's first collective is the workers' agreement on where to resume, and a
+    newcomer (a promoted spare, a restarted worker) must meet the survivors there.
+    """
 
     def __init__(self, per_rank: int) -> None:
         self.per_rank = per_rank
         self.net = network()
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
-        self.model = self._data_parallel()
+        self.model: DistributedDataParallel | None = None
 
     def _data_parallel(self) -> DistributedDataParallel:
         """DDP over the process group of the job's current generation. init_sync=False: every
@@ -104,11 +110,13 @@ class Trainer:
         replaced peer), and a new wrapper over it (the old one's gradient hooks go with it)."""
         self.net.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
-        del self.model
+        self.model = None
         self.model = self._data_parallel()
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One step on this rank's rows; the summed squared error of the whole global batch."""
+        if self.model is None:  # the first step of the first generation
+            self.model = self._data_parallel()
         self.optimizer.zero_grad(set_to_none=True)
         squared = ((self.model(x) - y) ** 2).sum()
         # DDP averages the ranks' gradients: this is the gradient of the summed squared error
@@ -154,6 +162,7 @@ def main() -> None:
             print(f"epoch: {epoch + 1} step: {in_epoch + 1}, loss is {loss:.6f}", flush=True)
             if args.step_delay > 0:
                 time.sleep(args.step_delay)
+    print(f"steps redone: {loop.steps_redone} in {loop.rollbacks} rollbacks", flush=True)
     if rank == 0 and args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         arrays = {name: p.detach().numpy() for name, p in trainer.net.named_parameters()}

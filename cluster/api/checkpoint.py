@@ -35,6 +35,7 @@ from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 from cluster.storage import checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
+from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -60,6 +61,10 @@ class CheckpointConfig:
 
     save_checkpoint_steps: int = 1
     keep_checkpoint_max: int = 5
+    # Every rank's state is the same (data parallel): a rank without its checkpoint may take any
+    # live peer's. False: states differ per rank (optimizer shards, ...), only the rank's own
+    # files will do.
+    replicated: bool = True
     memory_snapshot: int = MEMORY_SNAPSHOT_DEFAULT
 
     def __post_init__(self) -> None:
@@ -69,6 +74,11 @@ class CheckpointConfig:
                 raise ConfigError(
                     f"CheckpointConfig {name}={value!r} is invalid: it must be an integer >= 1"
                 )
+        if not isinstance(self.replicated, bool):
+            raise ConfigError(
+                f"CheckpointConfig replicated={self.replicated!r} is invalid: it must be True "
+                "(every rank's state is the same) or False (states differ per rank)"
+            )
         limit = self.memory_snapshot
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigError(
@@ -127,13 +137,16 @@ class CheckpointManager:
             )
         self.prefix = prefix
         self.config = config
-        self.directory = Path(directory) / f"rank_{self.rank}"
+        self.root = Path(directory)
+        self.directory = checkpoint_files.rank_directory(self.root, self.rank)
         self.report: Report | None = report or (runtime.report_checkpoints if in_job else None)
         self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
         self._pool = SnapshotPool(_SNAPSHOTS)
         self._writer = BackgroundWriter(f"checkpoint-writer-{prefix}-rank{self.rank}")
         self._saves = 0
         self._pause_s = 0.0
+        # What this rank offers to peers that take a rank without its checkpoints.
+        self.served = ServedCheckpoints(self.root, prefix, self.rank)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -143,7 +156,7 @@ class CheckpointManager:
             ) from None
 
     def path(self, step: int) -> Path:
-        return self.directory / f"{self.prefix}-{_check_step(step):08d}{SUFFIX}"
+        return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
 
     def should_save(self, step: int) -> bool:
         """Whether `step` (the number of completed training steps) is a saving step."""
@@ -217,6 +230,18 @@ class CheckpointManager:
         finally:
             if snapshot is not None:
                 self._pool.release(snapshot)
+
+    def serve_memory(self, step: int, snapshot: Snapshot | None) -> None:
+        """Offer `snapshot` to peers as this rank's checkpoint of `step` (held in memory, never
+        written here), until the next call replaces it; None withdraws it.
+
+        The caller must not change a snapshot while it is served: replace it (or withdraw it)
+        first. Once this returns, the previous snapshot is the caller's again: a peer's
+        transfer of it that is under way goes on from a copy made here (copy-on-replace).
+        """
+        if snapshot is not None:
+            _check_step(step)
+        self.served.set_memory(step, snapshot)
 
     def _persist(self, snapshot: Snapshot, path: Path) -> None:
         """The writer's job: the file, pruning, the report; then the snapshot is free again."""
@@ -302,7 +327,7 @@ class CheckpointManager:
             match = self._name_re.match(name)
             step = int(match.group(1)) if match else 0
             # Only the canonical spelling: 'p-000000001.ckpt' is not the file of step 1.
-            if step >= 1 and name == f"{self.prefix}-{step:08d}{SUFFIX}":
+            if step >= 1 and name == checkpoint_files.file_name(self.prefix, step):
                 files[step] = self.directory / name
         return files
 

@@ -95,6 +95,5 @@ class StepMemory:
         return False
 
     def _serve(self, step: int, snapshot: Snapshot | None) -> None:
-        serve = getattr(self._checkpoints, "serve_memory", None)  # until #15 item 2 lands
-        if serve is not None:
-            serve(step, snapshot)
+        # Step 0 is nobody's to fetch: every worker makes the state as constructed.
+        self._checkpoints.serve_memory(step, snapshot if step > 0 else None)

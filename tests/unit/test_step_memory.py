@@ -15,22 +15,12 @@ import pytest
 from cluster.api.checkpoint import MEMORY_SNAPSHOT_DEFAULT, CheckpointConfig, CheckpointManager
 from cluster.api.memory import StepMemory
 from cluster.protocol.errors import ConfigError
-from cluster.storage.snapshot import Snapshot
-
-
-class Served(CheckpointManager):
-    """A manager that records what the loop tells its checkpoint server to serve from memory."""
-
-    served: list[tuple[int, Snapshot | None]]
-
-    def serve_memory(self, step: int, snapshot: Snapshot | None) -> None:
-        self.__dict__.setdefault("served", []).append((step, snapshot))
 
 
 def memory(tmp_path: Path, limit: int = MEMORY_SNAPSHOT_DEFAULT) -> tuple[StepMemory, list[str]]:
     said: list[str] = []
     config = CheckpointConfig(10, 3, memory_snapshot=limit)
-    ckpt = Served(tmp_path / "ckpt", "net", config, rank=2, recovery=False)
+    ckpt = CheckpointManager(tmp_path / "ckpt", "net", config, rank=2, recovery=False)
     return StepMemory(ckpt, said.append), said
 
 
@@ -145,17 +135,24 @@ def test_a_saved_step_shares_the_managers_copy(tmp_path: Path) -> None:
 
 def test_the_checkpoint_server_serves_what_is_held_and_nothing_else(tmp_path: Path) -> None:
     mem, _ = memory(tmp_path, limit=10_000)
-    ckpt = mem._checkpoints
-    assert isinstance(ckpt, Served)
+    served = mem._checkpoints.served
+    mem.keep(0, {"w": np.zeros(10)}, saved=False)
+    assert (mem.step, served.memory_step()) == (0, None)  # step 0: every worker has it
     mem.keep(1, {"w": np.zeros(10)}, saved=False)
-    held = mem._held
+    assert served.memory_step() == 1
+    source = served.open(2, 1, any_rank=False)
+    assert source is not None
+    sent = b"".join(source.pieces())
+    source.close()
+    assert mem._held is not None
+    assert sent == b"".join(bytes(c) for c in mem._held.chunks())
     mem.keep(2, {"w": np.ones(10)}, saved=False)
-    mem.keep(3, {"w": np.zeros(10_000)}, saved=False)  # over the limit
-    assert ckpt.served == [(1, held), (1, None), (2, held), (2, None)]
+    assert served.memory_step() == 2
+    mem.keep(3, {"w": np.zeros(10_000)}, saved=False)  # over the limit: nothing served
+    assert (mem.step, served.memory_step()) == (None, None)
     mem.keep(4, {"w": np.zeros(10)}, saved=False)
     mem.close()
-    assert ckpt.served[-2:] == [(4, held), (4, None)]
-    assert mem.step is None
+    assert (mem.step, served.memory_step()) == (None, None)
 
 
 def test_what_is_held_is_a_checkpoint_file_of_this_rank(tmp_path: Path) -> None:

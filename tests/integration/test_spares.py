@@ -5,6 +5,7 @@ identity and the job's secret held against a real attacker's registrations."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -25,6 +26,8 @@ from tests.training_job import STEP_LINE, STEPS, WORKERS
 pytest.importorskip("numpy")
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
+RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
+REDONE = re.compile(r"^steps redone: (\d+) in \d+ rollbacks$", re.MULTILINE)
 CALL_S = 5.0
 
 
@@ -41,6 +44,7 @@ class Launched:
         spares: int = 1,
         node_timeout: str | None = None,
         step_delay: str = "0.03",
+        save_every: str = "5",
     ) -> None:
         self.script = private_copy(tmp / name, TRAIN)
         self.out = tmp / name / "out"
@@ -53,7 +57,7 @@ class Launched:
             *("--enable-recovery", "--max-restarts", "2", *extra),
             *("--master-port", str(self.port), "--log-dir", str(self.logs)),
             str(self.script),
-            *("--steps", str(STEPS), "--save-every", "5", "--step-delay", step_delay),
+            *("--steps", str(STEPS), "--save-every", save_every, "--step-delay", step_delay),
             *("--out", str(self.out)),
         ]
         self.started = time.monotonic()
@@ -121,6 +125,33 @@ def test_a_sigkilled_ranked_worker_is_replaced_by_the_spare_and_the_result_is_ex
         f"fault-free run {fault_free[1]:.2f} s, with a SIGKILLed worker and one spare "
         f"{took:.2f} s ({took - fault_free[1]:+.2f} s; MS_NODE_TIMEOUT=30)"
     )
+
+
+def test_a_failure_between_steps_resumes_from_the_survivors_step_in_memory(
+    processes: Procs, tmp_path: Path, fault_free: tuple[str, float]
+) -> None:
+    """#15 item 3: every survivor finished the same step, so the job resumes from it (the
+    survivors from their own copy, the promoted spare from theirs), not from the newest
+    checkpoint on disk: at most the interrupted step is computed again. Saves every 20 steps,
+    so the rollback to disk would cost up to 19."""
+    job = Launched(processes, tmp_path, "memory", save_every="20")
+    wait_until(lambda: job.steps("worker_1.log") >= 25, 60, "step 25 on rank 1")
+    job.kill("1")
+    digest, _ = job.finish()
+    assert digest == fault_free[0]
+    resumed = set()
+    for name in ("worker_0.log", "worker_2.log", "worker_3.log", "spare_0.log"):
+        text = (job.logs / name).read_text()
+        found = RESUMED.findall(text)
+        assert len(found) == 1, text
+        step, whose = found[0]
+        assert whose == ("a peer's copy" if name == "spare_0.log" else "this worker's copy")
+        resumed.add(int(step))
+        assert [int(n) for n in REDONE.findall(text)] in ([0], [1]), text
+    (step,) = resumed
+    assert 25 <= step < 40, step  # newer than the newest checkpoint every rank holds (20)
+    # Rank 0 prints each step it completes: none twice (the interrupted one never completed).
+    assert job.steps("worker_0.log") <= STEPS + 1
 
 
 def test_two_failures_with_one_spare_the_second_waits_for_a_node_back_after_its_guard(

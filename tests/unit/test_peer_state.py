@@ -92,7 +92,8 @@ def test_a_good_fetch_is_the_peers_file_byte_for_byte_verified_and_stored(
     fetched = state_fetch.fetch(loop, [serving.holder], wanted(), dest)
     source = tmp_path / "peer" / "rank_2" / dest.name
     assert dest.read_bytes() == source.read_bytes()
-    assert fetched.holder == serving.holder and fetched.failures == []
+    assert fetched.holder == serving.holder
+    assert fetched.failures == []
     assert fetched.state["w"].tobytes() == state()["w"].tobytes()
     assert [p.name for p in dest.parent.iterdir()] == [dest.name]  # no temporary left
     assert serving.server.sent == 1
@@ -117,7 +118,8 @@ def test_a_checksum_mismatch_leaves_nothing_and_the_next_peer_gives_it(
         assert nothing_left(dest.parent)
         fetched = state_fetch.fetch(loop, [bad.holder, serving.holder], wanted(), dest)
         assert fetched.holder == serving.holder
-        assert len(fetched.failures) == 1 and "rank 3" in fetched.failures[0]
+        assert len(fetched.failures) == 1
+        assert "rank 3" in fetched.failures[0]
         assert [p.name for p in dest.parent.iterdir()] == [dest.name]
     finally:
         bad.close()
@@ -256,7 +258,8 @@ def test_with_tls_a_member_with_the_jobs_certificate_fetches_and_others_are_refu
             state_fetch.fetch(
                 loop, [served.holder], wanted(), dest, state_fetch.Client(bad, "localhost")
             )
-        assert "UNAUTHENTICATED" in str(refused.value) and "revoked" in str(refused.value)
+        assert "UNAUTHENTICATED" in str(refused.value)
+        assert "revoked" in str(refused.value)
         assert nothing_left(dest.parent)
         assert served.server.sent == 1
     finally:

@@ -27,23 +27,26 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
+from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
 # 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
 # (see README "Measured"); larger states opt in.
 MEMORY_SNAPSHOT_DEFAULT = 1 << 30
+
+if TYPE_CHECKING:
+    from cluster.worker.state_fetch import Fetched
 
 _log = logging.getLogger(__name__)
 
@@ -117,7 +120,7 @@ class CheckpointManager:
         recovery: bool | None = None,
         report: Report | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
             raise ConfigError(
                 f"checkpoint prefix={prefix!r} is invalid: use 1-128 letters, digits and . _ -, "
                 "starting with a letter or digit"
@@ -154,6 +157,10 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
+        if self._peers_serve():
+            from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+            peer_state.serve(self.served)
 
     def path(self, step: int) -> Path:
         return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
@@ -202,6 +209,11 @@ class CheckpointManager:
         save makes them again)."""
         self.flush()
         self._writer.close()
+        if self._peers_serve():
+            from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+            peer_state.withdraw(self.prefix)
+        self.served.set_memory(0, None)
         self._pool.set_latest(None)
         self._pool.clear()
 
@@ -290,15 +302,59 @@ class CheckpointManager:
 
     def load(self, step: int) -> dict[str, Any]:
         """The state saved at `step`, read from its file and verified (after the saves made so
-        far are written); CheckpointError when it is missing, torn or corrupt."""
+        far are written); CheckpointError when it is missing, torn or corrupt.
+
+        In a job with recovery on, a file that is missing here (a spare that took this rank, a
+        worker restarted on another host) is fetched from a live peer first (see `fetch`)."""
         self._writer.wait()
         path = self.path(step)
         if not path.exists():
+            if self._peers_serve():
+                return self._fetch(step).state
             raise CheckpointError(
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
                 f"{self._complete_steps()}"
             )
         return checkpoint_files.read(path, step)
+
+    def fetch(self, step: int) -> Path:
+        """Get this rank's checkpoint of `step` from a live peer of the job, verify it and
+        store it as this rank's file (replacing one held here); its path.
+
+        With `CheckpointConfig(replicated=True)` any live rank's state of `step` will do; with
+        False, only this rank's own files (a peer that can read them: on its disk, or on
+        storage shared with the rank's last holder). A peer that fails mid-transfer, or whose
+        bytes do not verify, is left for the next; nothing half-written is left. Needs a job
+        with recovery on; CheckpointError naming the rank, the step and the places looked at
+        when no peer has it."""
+        self._writer.wait()
+        if not self._peers_serve():
+            raise CheckpointError(
+                f"cannot fetch the checkpoint of step {step} from peers: that needs "
+                "cluster.init() in a job with recovery on (MS_ENABLE_RECOVERY=1)"
+            )
+        self._fetch(step)
+        return self.path(step)
+
+    def _peers_serve(self) -> bool:
+        return self.recovery and runtime.is_initialized()
+
+    def _fetch(self, step: int) -> Fetched:
+        from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+        fetched = peer_state.fetch(
+            self.served, step, self.path(step), replicated=self.config.replicated
+        )
+        _log.info(
+            "rank %d: fetched the checkpoint of step %d (%d bytes) from %s",
+            self.rank,
+            step,
+            fetched.nbytes,
+            fetched.holder,
+        )
+        if self.report is not None:
+            self.report(self._complete_steps())
+        return fetched
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
         """The newest checkpoint that loads, as (step, state); None when there is none.

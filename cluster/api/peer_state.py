@@ -1,0 +1,165 @@
+"""State from live peers, for `CheckpointManager`: this process's state server, and fetching.
+
+With recovery on, the first `CheckpointManager` of a worker process starts the process's state
+server (`cluster.worker.state_server`) on its advertised host, port 0, on an event loop of its
+own, and publishes where it is, with its serving token, in the job's key-value store under
+`cluster/peer-state/<node id>` (members only). Every manager of the process offers its
+checkpoints there. The server stops at interpreter exit (no thread or port is left).
+
+`fetch` gets a rank's checkpoint of a step from the live ranked peers of the current
+generation, same host first, then by rank after this one (so that several newcomers spread
+over the peers); see `cluster.worker.state_fetch`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster.api import runtime
+from cluster.protocol import peer_state
+from cluster.protocol.errors import CheckpointError, ClusterError
+from cluster.storage.served import ServedCheckpoints
+from cluster.transport import tls
+from cluster.worker import state_fetch
+from cluster.worker.session import BackgroundLoop
+from cluster.worker.state_server import StateServer
+
+log = logging.getLogger("cluster.worker")
+
+_lock = threading.Lock()
+# Stopping at exit: transfers under way get this long to end.
+STOP_GRACE_S = 0.5
+
+
+@dataclass
+class _Service:
+    loop: BackgroundLoop
+    server: StateServer
+    client: state_fetch.Client
+
+
+_service: _Service | None = None
+
+
+def serve(served: ServedCheckpoints) -> None:
+    """Offer `served` to the job's members (starting and publishing the state server first, in
+    the first call of the process). A server that cannot start is logged, not raised: the job
+    goes on, and peers that need this rank's state ask another peer."""
+    try:
+        service = _started()
+    except (ClusterError, RuntimeError, OSError) as exc:
+        runtime.session().say(f"this worker does not serve its checkpoints to peers: {exc}")
+        return
+    service.server.offer(served)
+
+
+def withdraw(prefix: str) -> None:
+    if _service is not None:
+        _service.server.withdraw(prefix)
+
+
+def _started() -> _Service:
+    global _service
+    with _lock:
+        if _service is None:
+            _service = _start()
+            atexit.register(stop)
+        return _service
+
+
+def _start() -> _Service:
+    session = runtime.session()
+    config = session.config
+    server_identity = client_identity = None
+    if config.tls is not None:
+        server_identity = tls.prepare(config.tls, server=True)
+        client_identity = tls.prepare(config.tls, server=False)
+    server = StateServer(session.identity.host, config.worker_num, server_identity)
+    loop = BackgroundLoop("cluster-peer-state")
+    try:
+        loop.run(server.start(), timeout_s=10.0)
+        published = server.published
+        session.call(
+            session.agent.kv_set(peer_state.key(session.identity.node_id), published.encode())
+        )
+    except BaseException:
+        loop.run(server.stop(0), timeout_s=5.0)
+        loop.stop()
+        raise
+    name = config.tls.server_name if config.tls is not None else None
+    client = state_fetch.Client(client_identity, name or config.sched_host)
+    session.say(f"serving this worker's checkpoints to peers at {published.address}")
+    return _Service(loop, server, client)
+
+
+def stop() -> None:
+    """Stop the state server (at exit; safe to call twice)."""
+    global _service
+    with _lock:
+        service, _service = _service, None
+    if service is None:
+        return
+    try:
+        service.loop.run(service.server.stop(STOP_GRACE_S), timeout_s=STOP_GRACE_S + 2.0)
+    except Exception as exc:  # exiting anyway
+        log.debug("stopping the state server: %s", exc)
+    service.loop.stop()
+
+
+def holders() -> list[state_fetch.Holder]:
+    """The live ranked peers of this generation that publish a state server, in the order to
+    ask them: on this host first, then by rank after this one's."""
+    session = runtime.session()
+    topology = runtime.topology()
+    me = topology.rank
+    others = [p for p in topology.peers if p.rank != me]
+    here = topology.hosts[me]
+    others.sort(key=lambda p: (p.host != here, (p.rank - me) % topology.size))
+    if not others:
+        return []
+    values, missing = session.call(
+        session.agent.kv_get([peer_state.key(p.node_id) for p in others])
+    )
+    missing_keys = set(missing)
+    found = iter(values)
+    result = []
+    for peer in others:
+        if peer_state.key(peer.node_id) in missing_keys:
+            continue
+        published = peer_state.Published.decode(next(found), peer.node_id)
+        result.append(state_fetch.Holder(peer.rank, peer.node_id, published))
+    return result
+
+
+def fetch(
+    served: ServedCheckpoints, step: int, path: Path, *, replicated: bool
+) -> state_fetch.Fetched:
+    """This rank's checkpoint of `step` from a live peer, stored as `path` and verified.
+    CheckpointError naming the rank, the step and every place looked at when none has it."""
+    wanted = peer_state.Request(served.prefix, served.rank, step, replicated)
+    service = _started()
+    asked = holders()
+    try:
+        fetched = state_fetch.fetch(service.loop, asked, wanted, path, service.client)
+    except state_fetch.NotFetched as exc:
+        whose = (
+            "any rank's (the states are replicas)" if replicated else f"rank {served.rank}'s own"
+        )
+        raise CheckpointError(
+            f"rank {served.rank} needs the checkpoint of step {step} and cannot get it: it is "
+            f"not in {path}, and no live peer gave {whose} "
+            f"({exc if asked else 'no live peer serves checkpoints'}); "
+            + (
+                "keep the checkpoint directory on storage the workers share, or keep the "
+                "rank's holder alive until it is fetched"
+                if not replicated
+                else "start the job again from its checkpoints"
+            )
+        ) from None
+    if fetched.failures:
+        log.warning("state from a peer: asked first %s", "; ".join(fetched.failures))
+    return fetched

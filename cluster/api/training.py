@@ -47,8 +47,6 @@ if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
     from cluster.protocol.topology import Topology
 
-_NEWCOMERS_FETCH = False
-
 
 class TrainingLoop:
     """`for step in loop:` with `with loop.step():` around the step's work; see the module."""
@@ -207,8 +205,7 @@ class TrainingLoop:
         finally:
             session.generation_pin = None
         held = [resume.decode(value) for value in gathered]
-        # A newcomer fetches the step from a peer's memory: once load() fetches (#15 item 2).
-        replicated = _NEWCOMERS_FETCH and self.checkpoints.config.replicated
+        replicated = self.checkpoints.config.replicated
         return resume.decide(held, disk, replicated=replicated)
 
     def _restore(self, where: resume.Resume, topology: Topology) -> int | None:

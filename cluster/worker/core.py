@@ -361,8 +361,8 @@ class WorkerCore:
             said.append(
                 steps.Say(
                     f"promoted: this spare takes rank {event.topology.rank} in generation "
-                    f"{event.topology.generation} ({event.topology.reason}); training starts "
-                    f"from step {event.topology.rollback_step}"
+                    f"{event.topology.generation} ({event.topology.reason}); the newest "
+                    f"checkpoint every rank holds is step {event.topology.rollback_step}"
                 )
             )
         if self.lifecycle is not Lifecycle.FINISHED:

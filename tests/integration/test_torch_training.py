@@ -5,6 +5,7 @@ bit-for-bit the parameters of the run without faults."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -28,6 +29,8 @@ TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
+RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
+REDONE = re.compile(r"^steps redone: (\d+) in \d+ rollbacks$", re.MULTILINE)
 
 pytestmark = pytest.mark.slow
 
@@ -158,3 +161,50 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
     os.kill(victim, signal.SIGKILL)
     assert run.wait(START_S) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
+
+
+def test_a_spare_takes_a_sigkilled_rank_and_the_state_moves_from_peers_memory(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    """#15 items 3 and 4: `mscluster run --spares 1` with the default MS_NODE_TIMEOUT (30 s),
+    a ranked worker SIGKILLed mid-run. The spare (torch imported already, waiting in
+    cluster.init()) takes the rank; every worker makes the new generation's gloo group; the
+    survivors resume from their own copy of the last step, the spare from theirs, peer to
+    peer; at most the interrupted step is computed again, and the result is exact."""
+    script = private_copy(tmp_path, TRAIN)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    args = [
+        *(PYTHON, "-m", "cluster", "run", "--worker-num", str(WORKERS)),
+        *("--local-worker-num", str(WORKERS), "--spares", "1", "--enable-recovery"),
+        *("--max-restarts", "2", "--master-port", str(free_port()), "--log-dir", str(logs)),
+        *(str(script), *train_args(out, save_every=20)),
+    ]
+    run = processes.start("run", args, job_env(WORKERS, 0))
+    log = logs / "worker_1.log"
+    wait_until(
+        lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= 25, START_S, "step 25"
+    )
+    victim = next(
+        pid
+        for pid in processes_running(str(script))
+        if b"MS_NODE_ID=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
+    )
+    os.kill(victim, signal.SIGKILL)
+    assert run.wait(START_S * 2) == 0, run.output
+    assert (out / "final.sha256").read_text().strip() == fault_free_hash
+    spare = (logs / "spare_0.log").read_text()
+    assert "promoted: this spare takes rank 1" in spare, spare
+    resumed = {}
+    for name in ("worker_0.log", "worker_2.log", "worker_3.log", "spare_0.log"):
+        text = (logs / name).read_text()
+        found = RESUMED.findall(text)
+        assert len(found) == 1, text
+        resumed[name] = found[0]
+        assert [int(n) for n in REDONE.findall(text)] in ([0], [1]), text
+    steps = {int(step) for step, _ in resumed.values()}
+    assert len(steps) == 1, resumed
+    assert 25 <= steps.pop() < 40  # newer than the newest checkpoint every rank holds (20)
+    assert resumed["spare_0.log"][1] == "a peer's copy"
+    assert {whose for name, (_, whose) in resumed.items() if name != "spare_0.log"} == {
+        "this worker's copy"
+    }

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,9 @@ _session: WorkerSession | None = None
 # TLS as set_ps_context() decided it (None: off); when it was not called, the environment decides.
 _ps_context_called = False
 _ps_context_tls: TLSOptions | None = None
+# What this worker lets go of when its generation is over (see on_generation_over).
+_releases: list[Callable[[], None]] = []
+_log = logging.getLogger(__name__)
 
 
 def session() -> WorkerSession:
@@ -245,3 +249,22 @@ def failure_wait_s() -> float:
     """How long the scheduler may take to name a failed peer: a hung one is named after
     MS_NODE_TIMEOUT, and the word takes a moment to arrive."""
     return session().config.node_timeout_s + 2.0
+
+
+def on_generation_over(release: Callable[[], None]) -> None:
+    """Have `release()` called each time a `TrainingLoop` learns that its generation is over
+    (a peer failed, or the job moved on), before it waits for the next one. cluster.torch
+    closes its process group's connections there, so that a peer blocked in a collective on
+    this worker fails at once instead of after the group's timeout."""
+    if release not in _releases:
+        _releases.append(release)
+
+
+def generation_over() -> None:
+    """Call what `on_generation_over` registered; a release that fails is logged, not raised
+    (the rollback goes on: the next generation makes what it needs anew)."""
+    for release in list(_releases):
+        try:
+            release()
+        except Exception as exc:  # any failure of a release is only logged
+            _log.warning("letting go of the old generation's resources failed: %s", exc)

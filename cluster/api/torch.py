@@ -38,12 +38,23 @@ rejoin (its guard), so a survivor stuck in gloo is free again before the new gen
 and no time is lost to it. The price: a rank that keeps its peers waiting inside one collective
 for longer than that (a straggler, a long save between two collectives) fails them as a hung
 peer would. gloo's own default, 30 minutes, would stall every recovery for that long.
+
+With hot spares the new generation forms at once, so waiting out the timeout would be the
+whole cost of a failure. So a `TrainingLoop` releases the group as soon as it learns its
+generation is over (`release_process_group`, registered with `runtime.on_generation_over`):
+it shuts down the group's connections, and a rank blocked on this one fails at once with
+"connection closed", then does the same for the ranks blocked on it. Only a hung peer (or a
+silent network) still costs the timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import os
+import socket
+import stat
 from typing import Any
 
 try:
@@ -73,6 +84,8 @@ class _Group:
     backend: str
     # Rank 0's TCPStore serves the others for as long as the group lives; kept referenced here.
     store: TCPStore
+    # The inodes of the sockets gloo opened for the group (its listener and its connections).
+    sockets: frozenset[int] = frozenset()
 
 
 _current: _Group | None = None
@@ -117,6 +130,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     timeout = datetime.timedelta(seconds=seconds)
     try:
         store = _rendezvous_store(topology.rank, topology.size, topology.peers[0].host, timeout)
+        before = _socket_inodes()
         dist.init_process_group(
             backend,
             store=PrefixStore(f"{_PREFIX}/{generation}/", store),
@@ -124,6 +138,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
             world_size=topology.size,
             timeout=timeout,
         )
+        sockets = _socket_inodes() - before if backend == "gloo" else frozenset()
     except PeerFailedError:
         raise
     except Exception as exc:
@@ -135,7 +150,8 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
                 f"was being made ({exc}); make it again in the next generation"
             ) from exc
         raise
-    _current = _Group(generation, backend, store)
+    _current = _Group(generation, backend, store, sockets)
+    runtime.on_generation_over(release_process_group)
 
 
 def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedelta) -> TCPStore:
@@ -163,6 +179,62 @@ def destroy_process_group() -> None:
     _current = None
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def release_process_group() -> None:
+    """Close the connections of the gloo group cluster.torch made, then destroy it: called by
+    a `TrainingLoop` as soon as it learns its generation is over, before it waits for the next.
+
+    A peer blocked in a collective on this worker (in a ring, waiting on a live neighbour of
+    the failed rank) then fails at once, its read ends by "connection closed", instead of
+    waiting out the group's timeout; it does the same in turn for its own neighbours. gloo's
+    abort() and shutdown() leave its sockets open in torch 2.13, so each connection is shut
+    down (SHUT_RDWR) through a duplicate of its descriptor, found by the socket's inode among
+    those gloo opened; its listener is left alone (gloo's accept thread would abort)."""
+    group = _current
+    if group is not None and group.sockets:
+        for fd in _descriptors():
+            _shut_down(fd, group.sockets)
+    destroy_process_group()
+
+
+def _socket_inodes() -> frozenset[int]:
+    inodes = set()
+    for fd in _descriptors():
+        with contextlib.suppress(OSError):
+            status = os.fstat(fd)
+            if stat.S_ISSOCK(status.st_mode):
+                inodes.add(status.st_ino)
+    return frozenset(inodes)
+
+
+def _descriptors() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # not Linux: nothing found, nothing shut down (the group's timeout holds)
+        return []
+
+
+def _shut_down(fd: int, inodes: frozenset[int]) -> None:
+    """Shut down the connection behind `fd` if it is one of `inodes` and not a listener."""
+    try:
+        # A duplicate: the number may be closed and reused meanwhile, so the duplicate's own
+        # inode is what is checked, and closing it leaves gloo's descriptor as it was.
+        duplicate = os.dup(fd)
+    except OSError:
+        return
+    try:
+        status = os.fstat(duplicate)
+        if not stat.S_ISSOCK(status.st_mode) or status.st_ino not in inodes:
+            os.close(duplicate)
+            return
+        sock = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        return
+    with sock, contextlib.suppress(OSError):
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def default_timeout_s() -> float:

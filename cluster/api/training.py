@@ -158,6 +158,7 @@ class TrainingLoop:
 
     def _roll_back(self, *, waited: bool) -> int:
         while True:
+            runtime.generation_over()  # a process group's connections: peers blocked on them
             if waited:
                 self._say(
                     "a peer failed; waiting for the job's next generation"

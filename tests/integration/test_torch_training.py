@@ -27,6 +27,7 @@ pytest.importorskip("torch", reason="cluster.torch needs torch: pip install 'clu
 
 TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
+RELEASE = ROOT / "tests" / "integration" / "scripts" / "torch_release.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -98,6 +99,25 @@ def test_a_survivors_all_reduce_fails_at_once_when_its_peer_is_killed(
     # What TrainingLoop.step() then asks, answered at once too (not after its 32 s bound).
     survivor.wait_for_output("the scheduler confirms a peer failed: True", 5)
     assert time.monotonic() - killed < 5
+
+
+def test_a_peer_blocked_on_a_worker_fails_at_once_when_that_worker_releases_its_group(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """What frees a survivor stuck in gloo waiting on a live neighbour (a ring, the failed rank
+    beyond it): the neighbour's TrainingLoop releases its group as soon as its generation is
+    over, and the stuck read ends at once instead of after the group's 30 s timeout."""
+    env = job_env(2, free_port())
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", [str(RELEASE)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    workers[0].wait_for_output("rank 0 released; group left: False", START_S)
+    workers[1].wait_for_output("recv failed after", 10)
+    failed_after = float(re.search(r"recv failed after (\d+\.\d+) s", workers[1].output)[1])
+    assert failed_after < 25, workers[1].output  # not the timeout (30 s): the release
+    assert all(w.wait(30) == 0 for w in workers), [w.output for w in workers]
 
 
 def test_fault_free_runs_are_reproducible(

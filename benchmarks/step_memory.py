@@ -1,11 +1,12 @@
 """What the in-memory copy of the last step (CheckpointConfig(memory_snapshot=...)) costs the
 training loop, and what it saves when a step is put back.
 
-One real worker in this process (a real scheduler process beside it, as in
-checkpoint_training.py) runs a `cluster.TrainingLoop` over a state of `--size` MB (`--arrays`
-float32 arrays of random values); each step changes one element of each array, so the step
-itself costs next to nothing and the loop's time per step is what the loop adds. The runs
-alternate, `--repeat` runs of `--steps` steps each, median ms per step:
+One real worker in this process, with recovery on (without it the loop keeps no copy), and a
+real scheduler process beside it (as in checkpoint_training.py), runs a `cluster.TrainingLoop`
+over a state of `--size` MB (`--arrays` float32 arrays of random values); each step changes
+one element of each array, so the step itself costs next to nothing and the loop's time per
+step is what the loop adds. The runs alternate, `--repeat` runs of `--steps` steps each,
+median ms per step:
 
 - memory_snapshot=0: no copy, no checkpoint but the final one (the loop's floor);
 - default limit (1 GiB): a copy of the state at every step boundary, into one buffer reused
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -54,7 +56,7 @@ def run(directory: Path, state: dict[str, Any], mode: str, steps: int) -> float:
     """Milliseconds per step of one run."""
     limit, every = MODES[mode]
     config = CheckpointConfig(1 if every else steps, 2, memory_snapshot=limit)
-    checkpoints = CheckpointManager(directory, "bench", config, rank=0, recovery=False)
+    checkpoints = CheckpointManager(directory, "bench", config)
     loop = cluster.TrainingLoop(steps, checkpoints, lambda: state, state.update)
     start = time.perf_counter()
     for step in loop:
@@ -69,7 +71,7 @@ def run(directory: Path, state: dict[str, Any], mode: str, steps: int) -> float:
 def restore_times(directory: Path, state: dict[str, Any], repeat: int) -> dict[str, float]:
     """Median seconds to put a step back: from memory, and from its file."""
     config = CheckpointConfig(1, 2)
-    checkpoints = CheckpointManager(directory, "restore", config, rank=0, recovery=False)
+    checkpoints = CheckpointManager(directory, "restore", config)
     loop = cluster.TrainingLoop(1, checkpoints, lambda: state, state.update)
     loop.memory.keep(1, state, saved=False)
     checkpoints.save(1, state)
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         directory = Path(tmp)
+        (directory / "recovery").mkdir()
+        recovery = {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": str(directory / "recovery")}
+        os.environ.update({**recovery, "MS_NODE_ID": "0"})  # the scheduler's and this worker's
         scheduler = join_job(directory)
         try:
             state = state_of(args.size, args.arrays)

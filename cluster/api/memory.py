@@ -11,7 +11,8 @@ one copy, not two. Whatever is held is also what the checkpoint server hands a p
 for this step (`CheckpointManager.serve_memory`).
 
 `CheckpointConfig.memory_snapshot` bounds it: a state larger than that many bytes is not kept
-(said once), and the job rolls back to disk as without it; 0 turns it off.
+(said once), and the job rolls back to disk as without it; 0 turns it off. Without recovery
+nothing is kept (a failure ends the job).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class StepMemory:
     def __init__(self, checkpoints: CheckpointManager, say: Callable[[str], None]) -> None:
         self._checkpoints = checkpoints
         self._say = say
-        self.limit = checkpoints.config.memory_snapshot
+        # Without recovery a failure ends the job: nothing would ever resume from the copy.
+        self.limit = checkpoints.config.memory_snapshot if checkpoints.recovery else 0
         self._pool = SnapshotPool(1)  # the loop's own buffer, for steps that are not saved
         self._held: Snapshot | None = None
         self._hold = contextlib.ExitStack()  # releases what is held

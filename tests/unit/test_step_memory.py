@@ -20,7 +20,7 @@ from cluster.protocol.errors import ConfigError
 def memory(tmp_path: Path, limit: int = MEMORY_SNAPSHOT_DEFAULT) -> tuple[StepMemory, list[str]]:
     said: list[str] = []
     config = CheckpointConfig(10, 3, memory_snapshot=limit)
-    ckpt = CheckpointManager(tmp_path / "ckpt", "net", config, rank=2, recovery=False)
+    ckpt = CheckpointManager(tmp_path / "ckpt", "net", config, rank=2, recovery=True)
     return StepMemory(ckpt, said.append), said
 
 
@@ -84,6 +84,14 @@ def test_zero_turns_it_off_without_a_word(tmp_path: Path) -> None:
     mem, said = memory(tmp_path, limit=0)
     mem.keep(1, {"w": np.zeros(10)}, saved=False)
     assert (mem.step, said) == (None, [])
+
+
+def test_without_recovery_nothing_is_kept(tmp_path: Path) -> None:
+    """A failure ends a job without recovery: the copy would never be used, so it is not made."""
+    ckpt = CheckpointManager(tmp_path / "ckpt", "net", CheckpointConfig(10, 3), recovery=False)
+    mem = StepMemory(ckpt, print)
+    mem.keep(1, {"w": np.zeros(10)}, saved=False)
+    assert (mem.limit, mem.step) == (0, None)
 
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "1G", None])

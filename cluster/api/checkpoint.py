@@ -327,15 +327,13 @@ class CheckpointManager:
     def _fetch(self, step: int) -> Fetched:
         from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
 
+        start = time.perf_counter()
         fetched = peer_state.fetch(
             self.served, step, self.path(step), replicated=self.config.replicated
         )
-        _log.info(
-            "rank %d: fetched the checkpoint of step %d (%d bytes) from %s",
-            self.rank,
-            step,
-            fetched.nbytes,
-            fetched.holder,
+        runtime.session().say(
+            f"fetched the checkpoint of step {step} ({fetched.nbytes} bytes) from "
+            f"{fetched.holder} in {time.perf_counter() - start:.2f} s"
         )
         if self.report is not None:
             self.report(self._complete_steps())

@@ -146,20 +146,27 @@ def fetch(
     try:
         fetched = state_fetch.fetch(service.loop, asked, wanted, path, service.client)
     except state_fetch.NotFetched as exc:
-        whose = (
-            "any rank's (the states are replicas)" if replicated else f"rank {served.rank}'s own"
-        )
-        raise CheckpointError(
-            f"rank {served.rank} needs the checkpoint of step {step} and cannot get it: it is "
-            f"not in {path}, and no live peer gave {whose} "
-            f"({exc if asked else 'no live peer serves checkpoints'}); "
-            + (
-                "keep the checkpoint directory on storage the workers share, or keep the "
-                "rank's holder alive until it is fetched"
-                if not replicated
-                else "start the job again from its checkpoints"
-            )
-        ) from None
+        raise CheckpointError(_not_fetched(served.rank, step, path, replicated, exc)) from None
     if fetched.failures:
-        log.warning("state from a peer: asked first %s", "; ".join(fetched.failures))
+        session = runtime.session()
+        session.say(f"state from a peer: asked first {'; '.join(fetched.failures)}")
     return fetched
+
+
+def _not_fetched(
+    rank: int, step: int, path: Path, replicated: bool, exc: state_fetch.NotFetched
+) -> str:
+    whose = (
+        "any rank's state (the states are replicas)" if replicated else f"rank {rank}'s own file"
+    )
+    asked = str(exc) if exc.failures else "no live peer serves checkpoints"
+    fix = (
+        "start the job again from the checkpoints on disk"
+        if replicated
+        else "keep the checkpoint directory on storage the workers share, or a peer that can "
+        "read the rank's files alive until it is fetched"
+    )
+    return (
+        f"rank {rank} needs the checkpoint of step {step} and cannot get it: it is not in "
+        f"{path}, and no live peer gave {whose} ({asked}); {fix}"
+    )

@@ -12,17 +12,20 @@ import socket
 import threading
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
-from cluster.protocol import peer_state
+from cluster.protocol import auth, peer_state
 from cluster.storage import checkpoint_files
 from cluster.testing import Process, free_port, wait_until
+from cluster.v1 import peer_state_pb2 as pb
+from cluster.v1 import peer_state_pb2_grpc as pb_grpc
 from cluster.worker import state_fetch
 from cluster.worker.session import BackgroundLoop
 from tests.procs import PYTHON, ROOT, Procs, job_env
-from tests.training_job import TrainingJob, steps_done
+from tests.training_job import WORKERS, TrainingJob, steps_done, train_args
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
@@ -230,3 +233,84 @@ def test_a_workers_state_server_leaves_nothing_when_the_process_ends(
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def served_at(worker: Process) -> str:
+    line = worker.output.split("serving this worker's checkpoints to peers at ")[1]
+    return line.split()[0]
+
+
+def forged(ask: peer_state.Request, token: bytes) -> pb.FetchRequest:
+    nonce = auth.new_nonce()
+    return pb.FetchRequest(
+        prefix=ask.prefix,
+        rank=ask.rank,
+        step=ask.step,
+        any_rank=ask.any_rank,
+        nonce=nonce,
+        proof=ask.prove(token, nonce),
+    )
+
+
+def refusal(address: str, request: pb.FetchRequest) -> grpc.StatusCode:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            list(pb_grpc.PeerStateStub(channel).Fetch(request, timeout=10))
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+    raise AssertionError(f"{address} sent a state to an outsider")
+
+
+def test_outsiders_get_nothing_from_the_workers_state_servers_and_training_goes_on(
+    processes: Procs, tmp_path: Path, fault_free: str
+) -> None:
+    """An attacker that reaches every worker's state server (it found the ports) but cannot
+    read the job's key-value store: forged and absent proofs, fields out of range, an absurd
+    request and a flood of 200 at once are all refused; the job ends at generation 1 with the
+    fault-free parameters."""
+    env = job_env(
+        WORKERS,
+        free_port(),
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+    )
+    out = tmp_path / "attacked"
+    args = [str(TRAIN), *train_args(out)]
+    args[args.index("--step-delay") + 1] = "0.15"  # time for the attack while it trains
+    scheduler = processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", args, {**env, "MS_NODE_ID": str(i)})
+        for i in range(WORKERS)
+    ]
+    for worker in workers:
+        worker.wait_for_output("serving this worker's checkpoints to peers at", 60)
+    addresses = [served_at(w) for w in workers]
+    guess = peer_state.new_token()
+    for address in addresses:
+        assert refusal(address, forged(peer_state.Request("mlp", 1, 5, True), guess)) == (
+            grpc.StatusCode.UNAUTHENTICATED
+        )
+        absent = pb.FetchRequest(prefix="mlp", rank=1, step=5, any_rank=True)
+        assert refusal(address, absent) == grpc.StatusCode.INVALID_ARGUMENT  # no nonce
+        bad_rank = forged(peer_state.Request("mlp", 99, 5, True), guess)
+        assert refusal(address, bad_rank) == grpc.StatusCode.INVALID_ARGUMENT
+        huge = forged(peer_state.Request("mlp", 1, 5, True), guess)
+        huge.proof = b"x" * (1 << 20)
+        assert refusal(address, huge) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    flood = [forged(peer_state.Request("mlp", 0, 5, True), guess) for _ in range(200)]
+    codes: list[grpc.StatusCode] = []
+    threads = [
+        threading.Thread(target=lambda r=r: codes.append(refusal(addresses[0], r))) for r in flood
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(codes) == 200
+    assert set(codes) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    for worker in workers:
+        assert worker.wait(120) == 0, worker.output
+        assert "rolled back" not in worker.output
+    assert scheduler.wait(30) == 0, scheduler.output
+    assert (out / "final.sha256").read_text().strip() == fault_free
+    assert "state server: refused a request" in workers[0].output

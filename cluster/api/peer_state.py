@@ -92,7 +92,8 @@ def _start() -> _Service:
         raise
     name = config.tls.server_name if config.tls is not None else None
     client = state_fetch.Client(client_identity, name or config.sched_host)
-    session.say(f"serving this worker's checkpoints to peers at {published.address}")
+    how = "" if server_identity is None else " (mutual TLS, the job's server certificate)"
+    session.say(f"serving this worker's checkpoints to peers at {published.address}{how}")
     return _Service(loop, server, client)
 
 

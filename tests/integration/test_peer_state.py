@@ -20,6 +20,7 @@ from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol import auth, peer_state
 from cluster.storage import checkpoint_files
 from cluster.testing import Process, free_port, wait_until
+from cluster.transport import certs
 from cluster.v1 import peer_state_pb2 as pb
 from cluster.v1 import peer_state_pb2_grpc as pb_grpc
 from cluster.worker import state_fetch
@@ -143,15 +144,17 @@ def test_a_transfer_cut_by_a_sigkill_of_the_serving_peer_starts_again_from_anoth
 
 
 def sharded_job(
-    processes: Procs, tmp_path: Path, roots: list[Path]
+    processes: Procs, tmp_path: Path, roots: list[Path], tls: certs.Pki | None = None
 ) -> tuple[list[Process], Process]:
     """Two workers of sharded_state.py (worker i's checkpoints under roots[i]) and a spare
-    under a directory of its own; rank 1 is SIGKILLed at step 6, and the spare takes its rank."""
+    under a directory of its own; rank 1 is SIGKILLed at step 6, and the spare takes its rank.
+    With `tls`, every process of the job runs with its ssl.json."""
     env = job_env(
         2,
         free_port(),
         MS_ENABLE_RECOVERY="1",
         MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        **({} if tls is None else {"CLUSTER_TLS_CONFIG": str(tls.ssl_json)}),
     )
     script = [str(SCRIPTS / "sharded_state.py")]
     processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
@@ -172,13 +175,20 @@ def sharded_job(
     return workers, spare
 
 
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
+    return certs.make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.mark.parametrize("with_tls", [False, True], ids=["plaintext", "mutual-tls"])
 def test_per_rank_states_come_from_a_peer_that_holds_the_ranks_own_files(
-    processes: Procs, tmp_path: Path
+    processes: Procs, tmp_path: Path, pki: certs.Pki, with_tls: bool
 ) -> None:
     """Ranks 0 and 1 keep their checkpoints on one directory (a host's disk, shared storage):
-    the spare, elsewhere, gets rank 1's own file from rank 0, not rank 0's state."""
+    the spare, elsewhere, gets rank 1's own file from rank 0, not rank 0's state; with TLS on,
+    over mutual TLS with the job's certificates."""
     shared = tmp_path / "host01"
-    workers, spare = sharded_job(processes, tmp_path, [shared, shared])
+    workers, spare = sharded_job(processes, tmp_path, [shared, shared], pki if with_tls else None)
     assert spare.wait(60) == 0, spare.output
     assert workers[0].wait(60) == 0, workers[0].output
     assert "fetched the checkpoint of step" in spare.output

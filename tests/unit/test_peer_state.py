@@ -16,6 +16,7 @@ import pytest
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol import auth, peer_state
 from cluster.protocol.config import TLSOptions
+from cluster.protocol.errors import ClusterError
 from cluster.storage import checkpoint_files, checkpoint_tree
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot
@@ -321,3 +322,12 @@ def call_at(address: str, ask: pb.FetchRequest) -> grpc.RpcError:
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
         list(pb_grpc.PeerStateStub(channel).Fetch(ask, timeout=10))
     return refused.value
+
+
+def test_a_published_address_round_trips_and_garbage_is_named() -> None:
+    published = peer_state.Published("10.0.0.5", 41234, peer_state.new_token())
+    assert peer_state.Published.decode(published.encode(), "n1") == published
+    assert peer_state.Published("::1", 5, b"t").address == "[::1]:5"
+    for garbage in (b"", b"{}", b'{"host": "h", "port": 0, "token": "00"}', b"\xff"):
+        with pytest.raises(ClusterError, match="'cluster/peer-state/n1'"):
+            peer_state.Published.decode(garbage, "n1")

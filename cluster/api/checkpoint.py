@@ -157,10 +157,8 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
-        if self._peers_serve():
-            from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
-
-            peer_state.serve(self.served)
+        self._offered = False
+        self._serve_peers()
 
     def path(self, step: int) -> Path:
         return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
@@ -180,6 +178,7 @@ class CheckpointManager:
         was rolled back to an older step, and the job must not restart from them.
         """
         start = time.perf_counter()
+        self._serve_peers()
         path = self.path(step)
         encoded = checkpoint_tree.encode(state)  # a bad state is refused here, in the caller
         snapshot = self._pool.acquire()  # waits while one snapshot is written, one queued
@@ -209,10 +208,11 @@ class CheckpointManager:
         save makes them again)."""
         self.flush()
         self._writer.close()
-        if self._peers_serve():
+        if self._offered:
             from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
 
             peer_state.withdraw(self.prefix)
+            self._offered = False
         self.served.set_memory(0, None)
         self._pool.set_latest(None)
         self._pool.clear()
@@ -309,7 +309,7 @@ class CheckpointManager:
         self._writer.wait()
         path = self.path(step)
         if not path.exists():
-            if self._peers_serve():
+            if self._serve_peers():
                 return self._fetch(step).state
             raise CheckpointError(
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
@@ -328,7 +328,7 @@ class CheckpointManager:
         with recovery on; CheckpointError naming the rank, the step and the places looked at
         when no peer has it."""
         self._writer.wait()
-        if not self._peers_serve():
+        if not self._serve_peers():
             raise CheckpointError(
                 f"cannot fetch the checkpoint of step {step} from peers: that needs "
                 "cluster.init() in a job with recovery on (MS_ENABLE_RECOVERY=1)"
@@ -336,21 +336,29 @@ class CheckpointManager:
         self._fetch(step)
         return self.path(step)
 
-    def _peers_serve(self) -> bool:
-        return self.recovery and runtime.is_initialized()
+    def _serve_peers(self) -> bool:
+        """Whether peers are in play (a job with recovery on). The first time they are, this
+        manager's checkpoints are offered to them (also for a manager made before
+        cluster.init(), at its first save or load after it)."""
+        if not (self.recovery and runtime.is_initialized()):
+            return False
+        if not self._offered:
+            from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+            self._offered = True
+            peer_state.serve(self.served)
+        return True
 
     def _fetch(self, step: int) -> Fetched:
         from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
 
+        start = time.perf_counter()
         fetched = peer_state.fetch(
             self.served, step, self.path(step), replicated=self.config.replicated
         )
-        _log.info(
-            "rank %d: fetched the checkpoint of step %d (%d bytes) from %s",
-            self.rank,
-            step,
-            fetched.nbytes,
-            fetched.holder,
+        runtime.session().say(
+            f"fetched the checkpoint of step {step} ({fetched.nbytes} bytes) from "
+            f"{fetched.holder} in {time.perf_counter() - start:.2f} s"
         )
         if self.report is not None:
             self.report(self._complete_steps())

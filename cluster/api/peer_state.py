@@ -38,7 +38,7 @@ STOP_GRACE_S = 0.5
 @dataclass
 class _Service:
     loop: BackgroundLoop
-    server: StateServer
+    server: StateServer | None  # None: this process could not serve (it said why)
     client: state_fetch.Client
 
 
@@ -47,18 +47,14 @@ _service: _Service | None = None
 
 def serve(served: ServedCheckpoints) -> None:
     """Offer `served` to the job's members (starting and publishing the state server first, in
-    the first call of the process). A server that cannot start is logged, not raised: the job
-    goes on, and peers that need this rank's state ask another peer."""
-    try:
-        service = _started()
-    except (ClusterError, RuntimeError, OSError) as exc:
-        runtime.session().say(f"this worker does not serve its checkpoints to peers: {exc}")
-        return
-    service.server.offer(served)
+    the first call of the process)."""
+    service = _started()
+    if service.server is not None:
+        service.server.offer(served)
 
 
 def withdraw(prefix: str) -> None:
-    if _service is not None:
+    if _service is not None and _service.server is not None:
         _service.server.withdraw(prefix)
 
 
@@ -66,34 +62,40 @@ def _started() -> _Service:
     global _service
     with _lock:
         if _service is None:
-            _service = _start()
+            session = runtime.session()
+            config = session.config
+            loop = BackgroundLoop("cluster-peer-state")
+            identity = None if config.tls is None else tls.prepare(config.tls, server=False)
+            name = config.tls.server_name if config.tls is not None else None
+            client = state_fetch.Client(identity, name or config.sched_host)
+            _service = _Service(loop, _start_server(loop), client)
             atexit.register(stop)
         return _service
 
 
-def _start() -> _Service:
+def _start_server(loop: BackgroundLoop) -> StateServer | None:
+    """This process's state server, listening and published; None when it cannot start (said
+    in one line, not raised: the job goes on, and a peer that needs this rank's state asks
+    another peer)."""
     session = runtime.session()
     config = session.config
-    server_identity = client_identity = None
-    if config.tls is not None:
-        server_identity = tls.prepare(config.tls, server=True)
-        client_identity = tls.prepare(config.tls, server=False)
-    server = StateServer(session.identity.host, config.worker_num, server_identity)
-    loop = BackgroundLoop("cluster-peer-state")
+    server: StateServer | None = None
     try:
+        identity = None if config.tls is None else tls.prepare(config.tls, server=True)
+        server = StateServer(session.identity.host, config.worker_num, identity)
         loop.run(server.start(), timeout_s=10.0)
         published = server.published
         session.call(
             session.agent.kv_set(peer_state.key(session.identity.node_id), published.encode())
         )
-    except BaseException:
-        loop.run(server.stop(0), timeout_s=5.0)
-        loop.stop()
-        raise
-    name = config.tls.server_name if config.tls is not None else None
-    client = state_fetch.Client(client_identity, name or config.sched_host)
-    session.say(f"serving this worker's checkpoints to peers at {published.address}")
-    return _Service(loop, server, client)
+    except (ClusterError, RuntimeError, OSError, TimeoutError) as exc:
+        if server is not None:
+            loop.run(server.stop(0), timeout_s=5.0)
+        session.say(f"this worker does not serve its checkpoints to peers: {exc}")
+        return None
+    how = "" if identity is None else " (mutual TLS, the job's server certificate)"
+    session.say(f"serving this worker's checkpoints to peers at {published.address}{how}")
+    return server
 
 
 def stop() -> None:
@@ -104,7 +106,8 @@ def stop() -> None:
     if service is None:
         return
     try:
-        service.loop.run(service.server.stop(STOP_GRACE_S), timeout_s=STOP_GRACE_S + 2.0)
+        if service.server is not None:
+            service.loop.run(service.server.stop(STOP_GRACE_S), timeout_s=STOP_GRACE_S + 2.0)
     except Exception as exc:  # exiting anyway
         log.debug("stopping the state server: %s", exc)
     service.loop.stop()
@@ -146,20 +149,27 @@ def fetch(
     try:
         fetched = state_fetch.fetch(service.loop, asked, wanted, path, service.client)
     except state_fetch.NotFetched as exc:
-        whose = (
-            "any rank's (the states are replicas)" if replicated else f"rank {served.rank}'s own"
-        )
-        raise CheckpointError(
-            f"rank {served.rank} needs the checkpoint of step {step} and cannot get it: it is "
-            f"not in {path}, and no live peer gave {whose} "
-            f"({exc if asked else 'no live peer serves checkpoints'}); "
-            + (
-                "keep the checkpoint directory on storage the workers share, or keep the "
-                "rank's holder alive until it is fetched"
-                if not replicated
-                else "start the job again from its checkpoints"
-            )
-        ) from None
+        raise CheckpointError(_not_fetched(served.rank, step, path, replicated, exc)) from None
     if fetched.failures:
-        log.warning("state from a peer: asked first %s", "; ".join(fetched.failures))
+        session = runtime.session()
+        session.say(f"state from a peer: asked first {'; '.join(fetched.failures)}")
     return fetched
+
+
+def _not_fetched(
+    rank: int, step: int, path: Path, replicated: bool, exc: state_fetch.NotFetched
+) -> str:
+    whose = (
+        "any rank's state (the states are replicas)" if replicated else f"rank {rank}'s own file"
+    )
+    asked = str(exc) if exc.failures else "no live peer serves checkpoints"
+    fix = (
+        "start the job again from the checkpoints on disk"
+        if replicated
+        else "keep the checkpoint directory on storage the workers share, or a peer that can "
+        "read the rank's files alive until it is fetched"
+    )
+    return (
+        f"rank {rank} needs the checkpoint of step {step} and cannot get it: it is not in "
+        f"{path}, and no live peer gave {whose} ({asked}); {fix}"
+    )

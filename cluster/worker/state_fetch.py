@@ -17,7 +17,9 @@ writes nothing until it has the bytes' verdict.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from cluster.worker.session import BackgroundLoop
 
 # A peer that sends nothing for this long (a hung process, a silent network) is given up on.
 PIECE_WAIT_S = 10.0
+# Written bytes are handed to the disk (fdatasync on a helper thread) every this many.
+SYNC_EVERY_BYTES = 8 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", PIECE_BYTES + 4096),
     ("grpc.max_send_message_length", 4096),
@@ -165,18 +169,36 @@ async def receive(
 async def _read_into(call: Any, fd: int) -> int:
     expected: int | None = None
     received = 0
-    while True:
-        chunk = await asyncio.wait_for(call.read(), PIECE_WAIT_S)
-        if chunk is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
-            break
-        if expected is None:
-            expected = chunk.file_bytes
-        received += len(chunk.data)
-        if received > expected:
-            raise PeerFailure(f"it sent more than the {expected} bytes it announced")
-        atomic.write_all(fd, chunk.data)
+    # The disk writes back what has arrived while the rest arrives: the fsync before the
+    # rename then has only the tail to wait for (it was most of a transfer's time).
+    syncing: asyncio.Future[None] | None = None
+    synced = 0
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            chunk = await asyncio.wait_for(call.read(), PIECE_WAIT_S)
+            if chunk is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
+                break
+            if expected is None:
+                expected = chunk.file_bytes
+            received += len(chunk.data)
+            if received > expected:
+                raise PeerFailure(f"it sent more than the {expected} bytes it announced")
+            atomic.write_all(fd, chunk.data)
+            if received - synced >= SYNC_EVERY_BYTES and (syncing is None or syncing.done()):
+                syncing, synced = loop.run_in_executor(None, _write_back, fd), received
+    finally:
+        if syncing is not None:
+            await asyncio.shield(syncing)  # before the caller closes fd
     if expected is None or received != expected:
         raise PeerFailure(
             f"the transfer ended after {received} of {expected or 0} bytes: it was cut off"
         )
     return received
+
+
+def _write_back(fd: int) -> None:
+    """Have the disk take what is written so far; an error here is the final fsync's to
+    report (a file that cannot be synced, such as /dev/null, is just not synced early)."""
+    with contextlib.suppress(OSError):
+        os.fdatasync(fd)

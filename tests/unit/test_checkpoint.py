@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.api import runtime
+from cluster.api import peer_state, runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 from cluster.storage import atomic
@@ -299,11 +299,14 @@ def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(runtime, "get_rank", lambda: 3)
     monkeypatch.setattr(runtime, "session", lambda: session)
     monkeypatch.setattr(runtime, "report_checkpoints", reported.append, raising=False)
+    offered: list[Any] = []  # the state server (tests/unit/test_peer_state.py) is not started
+    monkeypatch.setattr(peer_state, "serve", offered.append)
     monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
     with pytest.raises(ConfigError, match="recovery on"):
         CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=1))
     ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=2))
     assert (ckpt.rank, ckpt.recovery) == (3, True)
+    assert offered == [ckpt.served]  # with recovery on, offered to the job's members
     for step in (1, 2, 3):
         ckpt.save(step, {"a": step})
     ckpt.flush()

@@ -16,8 +16,10 @@ import pytest
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol import auth, peer_state
 from cluster.protocol.config import TLSOptions
-from cluster.storage import checkpoint_files
+from cluster.protocol.errors import ClusterError
+from cluster.storage import checkpoint_files, checkpoint_tree
 from cluster.storage.served import ServedCheckpoints
+from cluster.storage.snapshot import Snapshot
 from cluster.transport import certs, tls
 from cluster.v1 import peer_state_pb2 as pb
 from cluster.v1 import peer_state_pb2_grpc as pb_grpc
@@ -127,11 +129,7 @@ def test_a_checksum_mismatch_leaves_nothing_and_the_next_peer_gives_it(
 
 def call(served: Served, request: pb.FetchRequest) -> grpc.RpcError:
     """The refusal of `request` (a plain client, as an attacker has)."""
-    with grpc.insecure_channel(served.holder.published.address) as channel:
-        stub = pb_grpc.PeerStateStub(channel)
-        with pytest.raises(grpc.RpcError) as refused:
-            list(stub.Fetch(request, timeout=10))
-    return refused.value
+    return call_at(served.holder.published.address, request)
 
 
 def request(
@@ -278,3 +276,58 @@ def _identity_of(pki: certs.Pki, p12: Path, tmp: Path) -> tls.Identity:
     path = tmp / "revoked-ssl.json"
     path.write_text(json.dumps(data))
     return tls.load_identity(TLSOptions(path), server=False)
+
+
+def test_the_in_memory_step_is_fetched_as_its_file_and_a_replacement_mid_transfer_is_not_torn(
+    loop: BackgroundLoop, tmp_path: Path
+) -> None:
+    """`serve_memory` (issue #15 item 3's hook) through the real server: the step held in
+    memory arrives as the bytes its file would have; replaced (and the old snapshot refilled at
+    once) while a transfer of it is under way, that transfer still gets the old step whole."""
+    config = CheckpointConfig(save_checkpoint_steps=1, keep_checkpoint_max=3)
+    checkpoints = CheckpointManager(tmp_path / "live", "net", config, rank=0, recovery=False)
+    server = StateServer("127.0.0.1", WORKERS)
+    server.offer(checkpoints.served)
+    loop.run(server.start(), timeout_s=10)
+    try:
+        old = Snapshot()
+        old.fill(STEP, 0, "net", checkpoint_tree.encode(state(5.0, size=4_000_000)))
+        expected = b"".join(old.chunks())
+        checkpoints.serve_memory(STEP, old)
+        with grpc.insecure_channel(server.published.address) as channel:
+            stub = pb_grpc.PeerStateStub(channel)
+            stream = stub.Fetch(request(server.token), timeout=30)
+            first = next(stream)  # under way
+            new = Snapshot()
+            new.fill(STEP + 1, 0, "net", checkpoint_tree.encode(state(6.0)))
+            checkpoints.serve_memory(STEP + 1, new)
+            old.fill(STEP + 2, 0, "net", checkpoint_tree.encode(state(7.0, size=4_000_000)))
+            got = first.data + b"".join(c.data for c in stream)
+        assert got == expected
+        dest = tmp_path / "newcomer" / checkpoint_files.file_name("net", STEP + 1)
+        dest.parent.mkdir()
+        holder = state_fetch.Holder(0, "live", server.published)
+        fetched = state_fetch.fetch(loop, [holder], wanted(step=STEP + 1), dest)
+        assert dest.read_bytes() == b"".join(new.chunks())
+        assert fetched.state["w"].tobytes() == state(6.0)["w"].tobytes()
+        checkpoints.serve_memory(STEP + 1, None)
+        gone = call_at(server.published.address, request(server.token, wanted(step=STEP + 1)))
+        assert gone.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        loop.run(server.stop(0), timeout_s=10)
+        checkpoints.close()
+
+
+def call_at(address: str, ask: pb.FetchRequest) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        list(pb_grpc.PeerStateStub(channel).Fetch(ask, timeout=10))
+    return refused.value
+
+
+def test_a_published_address_round_trips_and_garbage_is_named() -> None:
+    published = peer_state.Published("10.0.0.5", 41234, peer_state.new_token())
+    assert peer_state.Published.decode(published.encode(), "n1") == published
+    assert peer_state.Published("::1", 5, b"t").address == "[::1]:5"
+    for garbage in (b"", b"{}", b'{"host": "h", "port": 0, "token": "00"}', b"\xff"):
+        with pytest.raises(ClusterError, match="'cluster/peer-state/n1'"):
+            peer_state.Published.decode(garbage, "n1")

@@ -91,6 +91,12 @@ def main() -> None:
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step")
     parser.add_argument("--out", type=Path, help="rank 0 writes final.npz and final.sha256 here")
     parser.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
+    parser.add_argument(
+        "--memory-snapshot",
+        type=int,
+        default=cluster.CheckpointConfig.memory_snapshot,
+        help="bytes of state kept in memory at each step boundary (0: off, roll back to disk)",
+    )
     args = parser.parse_args()
 
     cluster.init()  # in the scheduler role this serves the job and exits
@@ -101,7 +107,9 @@ def main() -> None:
     state = initial_state()
     directory = args.checkpoint_dir or (args.out or Path("checkpoints")) / "checkpoints"
     checkpoints = cluster.CheckpointManager(
-        directory, "mlp", cluster.CheckpointConfig(args.save_every, args.keep)
+        directory,
+        "mlp",
+        cluster.CheckpointConfig(args.save_every, args.keep, memory_snapshot=args.memory_snapshot),
     )
 
     def set_state(saved: dict[str, np.ndarray]) -> None:

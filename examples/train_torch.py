@@ -136,6 +136,12 @@ def main() -> None:
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per step")
     parser.add_argument("--out", type=Path, help="rank 0 writes final.npz and final.sha256 here")
     parser.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
+    parser.add_argument(
+        "--memory-snapshot",
+        type=int,
+        default=cluster.CheckpointConfig.memory_snapshot,
+        help="bytes of state kept in memory at each step boundary (0: off, roll back to disk)",
+    )
     args = parser.parse_args()
 
     # Bit-for-bit repeatable arithmetic: one thread (the same reduction order in every kernel)
@@ -153,7 +159,9 @@ def main() -> None:
     trainer = Trainer(GLOBAL_BATCH // size)
     directory = args.checkpoint_dir or (args.out or Path("checkpoints")) / "checkpoints"
     checkpoints = cluster.CheckpointManager(
-        directory, "torch", cluster.CheckpointConfig(args.save_every, args.keep)
+        directory,
+        "torch",
+        cluster.CheckpointConfig(args.save_every, args.keep, memory_snapshot=args.memory_snapshot),
     )
     loop = cluster.TrainingLoop(args.steps, checkpoints, trainer.get_state, trainer.set_state)
     steps_per_epoch = SAMPLES // GLOBAL_BATCH

@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
-from cluster.api.memory import StepMemory
 from cluster.protocol import resume
 from cluster.protocol.errors import ClusterError, PeerFailedError
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
+    from cluster.api.memory import StepMemory
     from cluster.protocol.topology import Topology
 
 
@@ -77,8 +77,11 @@ class TrainingLoop:
         self._interrupted: PeerFailedError | None = None
         self._furthest = 0
         self.rollbacks = 0
-        # The state of the last step boundary, a copy (CheckpointConfig.memory_snapshot).
-        self.memory = StepMemory(checkpoints, self._say)
+        # The state of the last step boundary, a copy (CheckpointConfig.memory_snapshot). Its
+        # module imports numpy, as the manager's does: not at `import cluster`.
+        from cluster.api.memory import StepMemory  # noqa: PLC0415
+
+        self.memory: StepMemory = StepMemory(checkpoints, self._say)
         # Steps this worker computed again after rollbacks (work lost to failures).
         self.steps_redone = 0
         worker_metrics.start()  # CLUSTER_WORKER_METRICS_PORT: off unless set

@@ -70,6 +70,7 @@ except ImportError as exc:  # say how to get it, not just that it is missing
 from cluster.api import runtime
 from cluster.api.collective import broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
+from cluster.protocol.topology import Topology
 
 BACKENDS = ("gloo", "nccl")
 # Below this, scheduling jitter of a loaded host (4 workers on 2 cores, a checkpoint's fsync) is
@@ -130,15 +131,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     timeout = datetime.timedelta(seconds=seconds)
     try:
         store = _rendezvous_store(topology.rank, topology.size, topology.peers[0].host, timeout)
-        before = _socket_inodes()
-        dist.init_process_group(
-            backend,
-            store=PrefixStore(f"{_PREFIX}/{generation}/", store),
-            rank=topology.rank,
-            world_size=topology.size,
-            timeout=timeout,
-        )
-        sockets = _socket_inodes() - before if backend == "gloo" else frozenset()
+        sockets = _make_group(backend, store, topology, timeout)
     except PeerFailedError:
         raise
     except Exception as exc:
@@ -152,6 +145,21 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         raise
     _current = _Group(generation, backend, store, sockets)
     runtime.on_generation_over(release_process_group)
+
+
+def _make_group(
+    backend: str, store: TCPStore, topology: Topology, timeout: datetime.timedelta
+) -> frozenset[int]:
+    """torch.distributed's default group over `store`; the sockets gloo opened for it."""
+    before = _socket_inodes()
+    dist.init_process_group(
+        backend,
+        store=PrefixStore(f"{_PREFIX}/{topology.generation}/", store),
+        rank=topology.rank,
+        world_size=topology.size,
+        timeout=timeout,
+    )
+    return _socket_inodes() - before if backend == "gloo" else frozenset()
 
 
 def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedelta) -> TCPStore:

@@ -132,7 +132,7 @@ def test_a_worker_then_the_scheduler_killed_mid_run_the_result_is_exact(
     """Both faults in one job: each job costs seconds of torch imports on every worker."""
     job = Job(processes, tmp_path, "kill")
     job.kill_worker_at(2, 23)
-    job.workers[2].wait_for_output("resuming from step 20", START_S)
+    job.workers[2].wait_for_output("in memory (a peer's copy", START_S)  # not step 20's file
     assert "a peer failed" in job.workers[0].output
     job.kill_scheduler_at(23 + 20)  # worker 0's step lines, the redone ones included
     assert job.final_hash() == fault_free_hash

@@ -47,8 +47,8 @@ class Leading:
         self.schedulers: list[str] = []
 
     async def run(self) -> None:
-        """Until cancelled (the server stops, or the job is over)."""
-        while True:
+        """Until cancelled (the server stops, or the job is over), or resigned."""
+        while not self.leadership.resigned:
             role = self.leadership.role
             try:
                 if role is Role.CANDIDATE:

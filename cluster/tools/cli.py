@@ -171,7 +171,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.watch:
         from cluster.tools import watch  # noqa: PLC0415 - imports grpc
 
-        return watch.run(addrs[0], identity, interval_s=args.interval, out=sys.stdout)
+        return watch.run(addrs, identity, interval_s=args.interval, out=sys.stdout)
     try:
         view = asyncio.run(_status(addrs, identity))
     except SchedulerUnreachableError as exc:

@@ -107,6 +107,13 @@ def test_the_leader_killed_mid_run_the_standby_leads_and_the_result_is_exact(
     job = HaJob(processes, tmp_path, etcd_cluster)
     leader = job.first_leader
     standby = next(host for host in HOSTS if host != leader)
+    addresses = ",".join(f"{host}:{job.port}" for host in HOSTS)
+    watch = processes.start(
+        "watch",
+        [PYTHON, "-m", "cluster", "status", "--watch", "--addr", addresses, "--interval", "0.5"],
+        job_env(WORKERS, job.port),
+    )
+    watch.wait_for_output("rank  node id", 30)  # the first table: it is watching the leader
     wait_until(lambda: steps_done(job.workers[0]) >= 17, 60, "step 17")
     job.schedulers[leader].popen.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
@@ -128,6 +135,11 @@ def test_the_leader_killed_mid_run_the_standby_leads_and_the_result_is_exact(
     assert job.final_hash() == fault_free_hash
     assert all(len(STEP_LINE.findall(w.output)) >= 1 for w in job.workers)
     assert all(f"back with the scheduler at {standby}:{job.port}" in w.output for w in job.workers)
+    # `mscluster status --watch` moved to the new leader, said so in one line, and saw the end.
+    assert watch.wait(30) == 0, watch.output
+    moved = f"following the leader at {standby}:{job.port} (the scheduler at {leader}:{job.port}"
+    assert watch.output.count(moved) == 1, watch.output
+    assert "the job finished" in watch.output
 
 
 def test_one_etcd_member_killed_under_the_running_job_goes_unnoticed(

@@ -396,11 +396,7 @@ def run_chaos(
     schedulers beside the first, on `state_url` (etcd) with a lease of `lease_s`."""
     if not script.is_file():
         raise ClusterError(f"the script {str(script)!r} does not exist")
-    if standbys and state_url is None:
-        raise ClusterError(
-            f"--standbys {standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
-            "standby schedulers share the job's state in etcd"
-        )
+    schedulers = _schedulers(standbys, state_url, lease_s)
     network = _network(workers, standbys + 1) if "partition" in faults else None
     events_path = log_dir / EVENT_LOG
     events_path.unlink(missing_ok=True)  # this run's events only
@@ -414,7 +410,7 @@ def run_chaos(
         network=network,
         env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
         **({"spares": spares} if spares else {}),
-        **_schedulers(standbys, state_url, lease_s),
+        **schedulers,
     )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -447,7 +443,13 @@ def _network(workers: int, schedulers: int) -> NetworkLab:
 
 
 def _schedulers(standbys: int, state_url: str | None, lease_s: int | None) -> dict[str, Any]:
-    """LocalJob's arguments for the schedulers: none beyond the defaults without a state URL."""
+    """LocalJob's arguments for the schedulers: none beyond the defaults without a state URL;
+    a ClusterError for standbys without one."""
+    if standbys and state_url is None:
+        raise ClusterError(
+            f"--standbys {standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
+            "standby schedulers share the job's state in etcd"
+        )
     if state_url is None:
         return {}
     found: dict[str, Any] = {"standbys": standbys, "state_url": state_url}

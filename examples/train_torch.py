@@ -130,15 +130,18 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", type=Path, help="default: OUT/checkpoints")
     args = parser.parse_args()
 
-    cluster.init()  # in the scheduler role this serves the job and exits
     # Bit-for-bit repeatable arithmetic: one thread (the same reduction order in every kernel)
-    # and deterministic kernels only.
+    # and deterministic kernels only. Done before cluster.init(), with everything else that does
+    # not depend on the rank: a hot spare waits inside init() until it takes a failed worker's
+    # rank, and what it has done by then costs the job nothing when it does (torch's first
+    # settings alone take over a second).
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    x, y = dataset()
+    cluster.init()  # in the scheduler role this serves the job and exits
     rank, size = cluster.get_rank(), cluster.get_group_size()
     if GLOBAL_BATCH % size:
         raise SystemExit(f"the global batch ({GLOBAL_BATCH}) must divide among {size} workers")
-    x, y = dataset()
     trainer = Trainer(GLOBAL_BATCH // size)
     directory = args.checkpoint_dir or (args.out or Path("checkpoints")) / "checkpoints"
     checkpoints = cluster.CheckpointManager(

@@ -29,7 +29,9 @@ class Kind(enum.Enum):
     RESUMED = "resumed"  # a restarted scheduler took the job back from its saved state
     REGISTERED = "registered"  # a node joined (while the job forms)
     REFUSED = "refused"  # a registration was refused (reason)
-    GUARD_REFUSAL = "guard_refusal"  # refused for now: its node id was alive MS_NODE_TIMEOUT ago
+    # Refused for now: its node id was alive MS_NODE_TIMEOUT ago. Once per wait: a node waiting
+    # out its guard asks again every second, and those refusals are not events.
+    GUARD_REFUSAL = "guard_refusal"
     FORMED = "formed"  # every node in: generation 1 published
     FAILED = "failed"  # a node failed (cause)
     REJOINED = "rejoined"  # a failed node's id is back
@@ -85,12 +87,17 @@ def of_registration(
     prior_incarnation: int | None,
     outcome: state.Accepted | state.Refused,
     st: state.SchedulerState,
+    *,
+    was_waiting: bool = False,
 ) -> Record | None:
     """The event of a registration; `prior_incarnation`: the node's before it (None: not a
-    member). A retry of the same process is no event."""
+    member); `was_waiting`: the node was waiting out its guard before it (its refusal again is
+    no event). A retry of the same process is no event."""
     node_id = canonical_node_id(reg.node_id)
     if isinstance(outcome, state.Refused):
         if outcome.reason is state.Refusal.NODE_ALIVE:
+            if was_waiting:
+                return None
             return Record(
                 Kind.GUARD_REFUSAL,
                 {"node_id": node_id, "retry_after_s": round(outcome.retry_after_s, 3)},

@@ -317,11 +317,12 @@ class SchedulerCore:
 
     async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
         prior = self.journal.incarnation_of(reg.node_id)
-        # A node waiting out its guard asks every second: its first refusal is logged.
+        # A node waiting out its guard asks every second: its first refusal is logged and
+        # journaled, the others are not.
         waiting = canonical_node_id(reg.node_id) in self.state.guard_waiting
         outcome, effects = self.state.register(reg)
         self.registrations.set()
-        self.journal.registration(reg, prior, outcome)
+        self.journal.registration(reg, prior, outcome, was_waiting=waiting)
         if isinstance(outcome, state.Refused):
             quiet = waiting and outcome.reason is state.Refusal.NODE_ALIVE
             log.log(

@@ -66,8 +66,12 @@ class EventJournal:
         reg: state.Registration,
         prior_incarnation: int | None,
         outcome: state.Accepted | state.Refused,
+        *,
+        was_waiting: bool = False,
     ) -> None:
-        record = events.of_registration(reg, prior_incarnation, outcome, self._state)
+        record = events.of_registration(
+            reg, prior_incarnation, outcome, self._state, was_waiting=was_waiting
+        )
         if record is not None:
             self.emit(record)
 

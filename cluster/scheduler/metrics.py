@@ -106,8 +106,8 @@ class SchedulerMetrics:
         )
         self.guard_refusals = Counter(
             "cluster_guard_refusals",
-            "Registrations refused by the re-registration guard (the node id was alive within "
-            "MS_NODE_TIMEOUT).",
+            "Restarted nodes refused by the re-registration guard (the node id was alive within "
+            "MS_NODE_TIMEOUT): once per wait, not per retry.",
             registry=r,
         )
         self.failures = Counter(

@@ -87,14 +87,25 @@ def test_a_failed_worker_pod_is_replaced_alone_with_its_index() -> None:
     assert env["MS_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == index
 
 
-def test_spares_are_written_but_not_applied_until_they_exist() -> None:
-    spares = yaml.safe_load((DEPLOY / "base" / "spares.yaml").read_text())
-    (box,) = spares["spec"]["template"]["spec"]["containers"]
-    assert {"name": "CLUSTER_SPARE", "value": "1"} in box["env"]
-    assert spares["spec"]["completionMode"] == "Indexed"
-    for variant in ("directory", "etcd"):
-        names = [o["metadata"]["name"] for o in kube.load_kustomization(DEPLOY / variant)]
-        assert "cluster-spares" not in names
+@pytest.mark.parametrize("variant", ["directory", "etcd"])
+def test_the_spares_run_the_workers_container_as_spares(variant: str) -> None:
+    objects = kube.load_kustomization(DEPLOY / variant)
+    workers = kube.find(objects, "Job", "cluster-workers")["spec"]
+    spares = kube.find(objects, "Job", "cluster-spares")["spec"]
+    (worker,) = workers["template"]["spec"]["containers"]
+    (spare,) = spares["template"]["spec"]["containers"]
+    # The same program on the same files: a spare that takes a rank trains as its worker did.
+    for key in ("image", "command", "args", "envFrom", "volumeMounts", "resources"):
+        assert spare[key] == worker[key], key
+    assert spares["template"]["spec"]["volumes"] == workers["template"]["spec"]["volumes"]
+    env = {e["name"]: e for e in spare["env"]}
+    assert env["CLUSTER_SPARE"]["value"] == "1"
+    index = f"metadata.annotations['{kube.INDEX_ANNOTATION}']"
+    assert env["SPARE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == index
+    assert env["MS_NODE_ID"]["value"] == "spare-$(SPARE_INDEX)"  # never a worker's index
+    assert spares["completionMode"] == "Indexed"
+    assert spares["completions"] == spares["parallelism"] >= 1
+    assert spares["podReplacementPolicy"] == "Failed"
 
 
 @pytest.fixture
@@ -163,6 +174,7 @@ def start_workers(local: LocalCluster) -> tuple[kube.Manifest, list[Process]]:
 def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     network_or_skip: None, tmp_path: Path, processes: Procs
 ) -> None:
+    # The spares Job scaled to 0 (its pods are not started): the job waits for the replacement.
     objects = kube.load_kustomization(DEPLOY / "directory")
     with local_cluster(objects, job_secrets(), tmp_path / "k8s", processes) as local:
         _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
@@ -188,6 +200,54 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     assert kinds[-1] == "finished"
     generations = [e["generation"] for e in events if e["event"] == "generation"]
     assert generations == [2], events
+
+
+def start_spare(local: LocalCluster, index: int = 0) -> Process:
+    job = kube.find(local.objects, "Job", "cluster-spares")
+    return local.start(job, kube.indexed_job_pod(job, index, local.address()), "worker")
+
+
+def node(local: LocalCluster, pod: kube.Pod, node_id: str) -> dict[str, Any] | None:
+    nodes = status(local, pod)["nodes"]
+    return next((n for n in nodes if n["node_id"] == node_id), None)
+
+
+@pytest.mark.timeout(300)
+def test_directory_variant_with_its_spare_replaces_a_killed_worker_pod_at_once(
+    network_or_skip: None, tmp_path: Path, processes: Procs
+) -> None:
+    # The whole kustomization: scheduler, 4 worker pods and the spare pod. Worker pod 2's process
+    # is killed: the spare takes rank 2 at once (no MS_NODE_TIMEOUT wait); the Job's new pod of
+    # index 2 waits out its guard and comes back as a spare; every process exits 0.
+    objects = kube.load_kustomization(DEPLOY / "directory")
+    with local_cluster(objects, job_secrets(), tmp_path / "k8s", processes) as local:
+        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
+        wait_serving(local, scheduler_pod, 8118)
+        job, workers = start_workers(local)
+        spare = start_spare(local)
+        every = [scheduler, spare, *workers]
+        wait_epoch(workers[2], 3, every)
+        waiting = node(local, scheduler_pod, "spare-0")
+        assert waiting is not None
+        assert (waiting["spare"], waiting["rank"]) == (True, None), waiting
+        workers[2].popen.send_signal(signal.SIGKILL)
+        assert workers[2].wait(30) == -signal.SIGKILL
+        wait_until(lambda: status(local, scheduler_pod)["generation"] == 2, JOB_S, "generation 2")
+        promoted = node(local, scheduler_pod, "spare-0")
+        assert promoted is not None
+        assert (promoted["spare"], promoted["rank"]) == (False, 2), promoted
+        replacement = kube.indexed_job_pod(job, 2, local.address(), attempt=1)
+        workers[2] = local.start(job, replacement, "worker")
+        for proc in [*workers, spare, scheduler]:
+            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+    shared = tmp_path / "k8s" / "claims" / "cluster-shared"
+    assert (shared / "out" / "final.sha256").read_text() == fault_free_hash(tmp_path, job)
+    state = tmp_path / "k8s" / "claims" / f"state-{scheduler_pod.name}"
+    events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
+    kinds = [event["event"] for event in events]
+    assert kinds.count("failed") == 1, kinds
+    assert kinds.count("promoted") == 1, kinds
+    assert kinds[-1] == "finished"
 
 
 @pytest.mark.timeout(300)

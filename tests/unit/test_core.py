@@ -79,3 +79,19 @@ async def test_a_rejoin_reaches_open_streams_as_a_delta_and_a_new_stream_as_the_
         peer_table.table_of(delta, (2, whole.peers))
     with pytest.raises(peer_table.MissedChange, match="holds no table"):
         peer_table.table_of(delta, None)
+
+
+async def test_a_node_waiting_out_its_guard_is_journaled_once_not_once_a_second() -> None:
+    clock = FakeClock(100.0)
+    core = SchedulerCore(SETTINGS, clock)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    core._apply(core.state.disconnect("1", 1))
+    for _ in range(4):  # the restarted process asks every second within the 5 s guard
+        await asyncio.wait_for(core.register(registration("1", incarnation=2)), BOUND_S)
+        clock.now += 1.0
+    clock.now += 2.0
+    await asyncio.wait_for(core.register(registration("1", incarnation=2)), BOUND_S)
+    kinds = [event.kind for event in core.journal.history()]
+    assert kinds.count("guard_refusal") == 1, kinds
+    assert kinds.count("rejoined") == 1, kinds

@@ -21,6 +21,7 @@ from cluster.protocol.state import (
     NodeRole,
     Phase,
     Refusal,
+    Refused,
     Registration,
     SchedulerState,
     TopologyReadyEvent,
@@ -287,3 +288,14 @@ def test_a_failing_event_log_is_said_once_and_the_job_goes_on(
     assert caplog.text.count("cannot write the event log") == 1
     assert "mscluster events --addr" in caplog.text
     assert [e.seq for e in book.history()] == [1, 2, 3]  # kept in memory all the same
+
+
+def test_a_node_waiting_out_its_guard_is_one_event_not_one_per_retry() -> None:
+    clock = FakeClock()
+    st = formed(clock)
+    first, _ = st.register(reg("1", incarnation=2))
+    assert events.of_registration(reg("1", 2), 1, first, st) is not None
+    clock.now += 1.0  # it asks again a second later, still within the guard
+    again, _ = st.register(reg("1", incarnation=2))
+    assert isinstance(again, Refused)
+    assert events.of_registration(reg("1", 2), 1, again, st, was_waiting=True) is None

@@ -166,6 +166,7 @@ def test_the_variants_load_with_their_base() -> None:
         kinds = sorted((o["kind"], o["metadata"]["name"]) for o in objects)
         assert kinds == [
             ("ConfigMap", "cluster-job"),
+            ("Job", "cluster-spares"),
             ("Job", "cluster-workers"),
             ("PersistentVolumeClaim", "cluster-shared"),
             ("Service", "cluster-scheduler"),

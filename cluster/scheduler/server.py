@@ -239,14 +239,18 @@ class SchedulerServer:
 
     async def uninstall(self, error: NotLeaderError, *, save_s: float = 0) -> bool:
         """Answer nothing more for the job: this scheduler no longer leads it. Saves what is
-        pending for up to `save_s` (while saves fail); True when everything decided is saved."""
+        pending for up to `save_s` (while saves fail), then ends every open stream and wait
+        with `error`; True when everything decided is saved. Saving stops first: the nodes
+        that leave when their streams end are failed here only, never in the saved state
+        that the next leader resumes."""
         core, self.gate.core = self.gate.core, None
         if core is None:
             return True
-        core.stand_down(error)
         await _cancel(self._monitor)
         self._monitor = None
-        return await core.stop_saving(save_s)
+        saved = await core.stop_saving(save_s)
+        core.stand_down(error)
+        return saved
 
     async def _serve(self) -> None:
         self._raise_open_files()

@@ -182,6 +182,10 @@ def test_sigterm_to_the_leader_hands_the_job_over_at_once_and_the_result_is_exac
     assert job.final_hash() == fault_free_hash
     assert all(f"back with the scheduler at {standby}:{job.port}" in w.output for w in job.workers)
     assert "job finished" in job.schedulers[standby].output
+    # Handed over as it was: no node was failed on the way, nobody rolled back.
+    assert " failed: " not in stopped.output
+    assert "rejoined" not in job.schedulers[standby].output
+    assert not any("rolled back" in w.output for w in job.workers)
 
 
 def test_sigterm_to_a_standby_ends_only_the_standby(

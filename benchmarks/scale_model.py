@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cluster.protocol.config import default_heartbeat_interval
+from cluster.scheduler import convert
 from cluster.v1 import scheduler_pb2 as pb
 
 # Measured per-node figures (README, "Scale"): scheduler CPU per node during a rendezvous of
@@ -94,10 +95,10 @@ def table_event(n: int, per_host: int, rows: Sequence[int] | None = None) -> byt
         local_ranks=[r % per_host for r in picked],
         local_sizes=[per_host] * len(hosts),
     )
-    ready = pb.TopologyReady(generation=1 if rows is None else 2, peers=table)
-    if rows is not None:
-        ready.delta_from = 1
-        ready.changed_rows.extend(rows)
+    if rows is None:  # compressed as the scheduler compresses a whole table
+        ready = convert.whole_table(pb.TopologyReady(generation=1), table)
+    else:
+        ready = pb.TopologyReady(generation=2, peers=table, delta_from=1, changed_rows=rows)
     return pb.Event(topology_ready=ready).SerializeToString()
 
 

@@ -18,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from cluster.protocol.backoff import Backoff
 from cluster.protocol.errors import FencedError, NotLeaderError, StateFileError
 from cluster.storage.state_store import StateStore
 
@@ -88,7 +89,7 @@ class KvJournal:
         self, changes: list[tuple[str, bytes]], waiters: list[asyncio.Future[None]]
     ) -> bool:
         """Save `changes` (joined by what arrives while saves fail); False when fenced."""
-        delay = self._retry_first_s
+        backoff = Backoff(self._retry_first_s, self._retry_max_s)
         while True:
             try:
                 await self._store.save_kv(self._job, dict(changes))
@@ -97,8 +98,7 @@ class KvJournal:
                 return False
             except StateFileError as exc:
                 self._failed(str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._retry_max_s)
+                await asyncio.sleep(backoff.next_s())
                 changes.extend(self._pending)
                 waiters.extend(self._waiters)
                 self._pending, self._waiters = [], []

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cluster.protocol.backoff import Backoff
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage.directory_store import STATE_FILE
 from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Written
@@ -151,20 +152,19 @@ class StatePersister:
             raise FencedError(self.fenced or "saving has stopped")
 
     async def _run(self) -> None:
-        delay = self._retry_first_s
+        backoff = Backoff(self._retry_first_s, self._retry_max_s)
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not self.pending:
                 continue
             if await self._save():
-                delay = self._retry_first_s
+                backoff.reset()
                 continue
             if self.fenced is not None:
                 return  # for good: another scheduler holds the job
             # The newest snapshot goes in the next attempt, whatever was requested meanwhile.
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._retry_max_s)
+            await asyncio.sleep(backoff.next_s())
             self._wake.set()
 
     async def _save(self) -> bool:

@@ -175,20 +175,22 @@ class PeerTable(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[int]] = ..., node_ids: _Optional[_Iterable[str]] = ..., hosts: _Optional[_Iterable[str]] = ..., ports: _Optional[_Iterable[int]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., local_ranks: _Optional[_Iterable[int]] = ..., local_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TopologyReady(_message.Message):
-    __slots__ = ("generation", "peers", "rollback_step", "reason", "delta_from", "changed_rows")
+    __slots__ = ("generation", "peers", "rollback_step", "reason", "delta_from", "changed_rows", "peers_zlib")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DELTA_FROM_FIELD_NUMBER: _ClassVar[int]
     CHANGED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_ZLIB_FIELD_NUMBER: _ClassVar[int]
     generation: int
     peers: PeerTable
     rollback_step: int
     reason: str
     delta_from: int
     changed_rows: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ..., rollback_step: _Optional[int] = ..., reason: _Optional[str] = ..., delta_from: _Optional[int] = ..., changed_rows: _Optional[_Iterable[int]] = ...) -> None: ...
+    peers_zlib: bytes
+    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ..., rollback_step: _Optional[int] = ..., reason: _Optional[str] = ..., delta_from: _Optional[int] = ..., changed_rows: _Optional[_Iterable[int]] = ..., peers_zlib: _Optional[bytes] = ...) -> None: ...
 
 class NodeFailed(_message.Message):
     __slots__ = ("rank", "node_id", "reason", "generation")

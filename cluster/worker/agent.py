@@ -407,12 +407,13 @@ class WorkerAgent:
         return dataclasses.replace(event, verified=self._verified())
 
     def _make_whole(self, message: pb.Event) -> None:
-        """A delta of the peer table in `message` made the whole table, with the last table
-        this node heard (see `peer_table`; a spare holds no topology, but hears every table);
-        MissedChange when it does not hold the delta's base."""
+        """A compressed peer table in `message` inflated, and a delta made the whole table with
+        the last table this node heard (see `peer_table`; a spare holds no topology, but hears
+        every table); MissedChange when it does not hold the delta's base."""
         if message.WhichOneof("kind") != "topology_ready":
             return
         ready = message.topology_ready
+        peer_table.inflate(ready)
         if ready.delta_from:
             ready.peers.CopyFrom(peer_table.table_of(ready, self._last_table))
             ready.delta_from = 0

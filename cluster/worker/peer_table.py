@@ -3,15 +3,46 @@
 A stream's first topology is the whole table; a later one may be a delta (`delta_from`, see
 the protocol), applied here to the table of the generation it names. A delta from any other
 generation means this node missed a change: `MissedChange`, and the agent reconnects, which
-brings the whole table again.
+brings the whole table again. A large whole table arrives compressed (`peers_zlib`): `inflate`
+puts it in `peers`.
 """
 
 from __future__ import annotations
 
+import zlib
+
+from google.protobuf.message import DecodeError
+
 from cluster.protocol.errors import MissedTableChange
 from cluster.v1 import scheduler_pb2 as pb
 
-MissedChange = MissedTableChange  # what `table_of` raises
+MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
+
+# A compressed table inflates to at most this (a gRPC message's limit here: 2.6 million nodes
+# at 24 bytes each); more is refused, not allocated.
+MAX_TABLE_BYTES = 64 * 1024 * 1024
+
+
+def inflate(ready: pb.TopologyReady) -> None:
+    """Put a compressed whole table (`peers_zlib`) in `peers`; MissedChange when it does not
+    inflate to a table (the node reconnects for the whole table again)."""
+    if not ready.peers_zlib:
+        return
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(ready.peers_zlib, MAX_TABLE_BYTES)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise MissedChange(
+                f"the scheduler sent a compressed peer table that does not inflate whole within "
+                f"{MAX_TABLE_BYTES} bytes"
+            )
+        ready.peers.ParseFromString(data)
+    except (zlib.error, DecodeError) as exc:
+        raise MissedChange(
+            f"the scheduler sent a compressed peer table that is damaged ({exc})"
+        ) from None
+    ready.peers_zlib = b""
+
 
 _COLUMNS = ("ranks", "node_ids", "hosts", "ports", "roles", "local_ranks", "local_sizes")
 

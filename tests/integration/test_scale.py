@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from cluster.protocol.config import from_env
-from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.protocol.records import NodeRole, PeerInfo
+from cluster.scheduler import CoreSettings, SchedulerServer, convert
 from cluster.testing import free_port, wait_until
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
@@ -138,3 +139,38 @@ async def test_after_a_rejoin_every_worker_holds_the_new_table(tmp_path: Path) -
         await asyncio.gather(*(a.finish() for a in [*agents[:2], back]))
         assert await asyncio.wait_for(server.wait_done(), 30) is True
         await asyncio.gather(*(a.close() for a in [*agents[:2], back]))
+
+
+async def test_a_table_large_enough_to_travel_compressed_reaches_every_worker(
+    tmp_path: Path,
+) -> None:
+    """256 workers: the whole table is over COMPRESS_TABLE_ABOVE, so it travels compressed;
+    every worker holds all of it, and after a rejoin the one-row change applies to it."""
+    n = 256
+    settings = CoreSettings(
+        worker_num=n,
+        server_num=0,
+        node_timeout_s=GUARD_S,
+        topo_timeout_s=60.0,
+        heartbeat_interval_s=2.0,
+        recovery=True,
+    )
+    peers = tuple(
+        PeerInfo(i, str(i), "127.0.0.1", 7000 + i, NodeRole.WORKER, i, n) for i in range(n)
+    )
+    assert convert.peer_table(peers).ByteSize() > convert.COMPRESS_TABLE_ABOVE
+    async with SchedulerServer(settings, recovery_path=tmp_path) as server:
+        agents = [agent_at(server.port, n, str(i), 7000 + i, tmp_path) for i in range(n)]
+        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 120)
+        ports = tuple(range(7000, 7000 + n))
+        assert {a.topology.ports for a in agents if a.topology} == {ports}
+        await agents[7].close()
+        back = agent_at(server.port, n, "7", 9007, tmp_path)
+        topology = await asyncio.wait_for(back.start(), 60)
+        stayed = [a for i, a in enumerate(agents) if i != 7]
+        held = [await asyncio.wait_for(a.wait_generation(1), 60) for a in stayed]
+        moved = (*ports[:7], 9007, *ports[8:])
+        assert {t.ports for t in [*held, topology]} == {moved}
+        await asyncio.gather(*(a.finish() for a in [*stayed, back]))
+        assert await asyncio.wait_for(server.wait_done(), 60) is True
+        await asyncio.gather(*(a.close() for a in [*stayed, back]))

@@ -300,13 +300,17 @@ def bench_failover(
     """Leader SIGKILL (or, with `cut`, its link cut: the workers hear nothing for
     `node_timeout_s` before they look elsewhere) -> every worker back on the standby, which
     leads; a fresh job each round."""
+    # A prefix of its own for every job: a job on another's prefix would resume that job (of
+    # another size), which the schedulers refuse; the 256-worker rounds once used the 8-worker
+    # rounds' prefixes and never formed.
+    kind = f"{n}{'r' if real else 's'}-{'cut' if cut else 'kill'}"
+    prefix = f"{url.rstrip('/')}/bench-{os.getpid()}-{kind}"
     totals = [
-        partition_once(n, real, procs, f"{url.rstrip('/')}/bench-{os.getpid()}-c{r}", lease_s,
-                       node_timeout_s)
+        partition_once(n, real, procs, f"{prefix}-{r}", lease_s, node_timeout_s)
         if cut
-        else failover_once(n, real, procs, f"{url.rstrip('/')}/bench-{os.getpid()}-{r}", lease_s)
+        else failover_once(n, real, procs, f"{prefix}-{r}", lease_s)
         for r in range(repeat)
-    ]  # fmt: skip
+    ]
     return {
         "workers": n,
         "kind": "real processes" if real else f"simulated in {procs} processes",

@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.protocol import events
-from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
+from cluster.protocol.errors import ConfigError, NotLeaderError, SnapshotError, StateFileError
 from cluster.protocol.leadership import Leadership
-from cluster.protocol.state import Phase
+from cluster.protocol.state import Phase, SchedulerState
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.leading import Leading
 
@@ -63,6 +63,8 @@ class HighAvailability:
             raise ConfigError(f"{store.name}={store.where!r} is not usable: {exc}") from None
         if stored.snapshot is not None and stored.snapshot.get("phase") in _ENDED:
             self._ended_at_start = str(stored.snapshot.get("cluster_id"))
+        elif stored.snapshot is not None:
+            _check_resumable(stored.snapshot, server, store.name, store.where)
         gate = server.gate
         gate.leadership, gate.address, gate.state_store = (
             self.leadership,
@@ -195,6 +197,19 @@ class HighAvailability:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _check_resumable(
+    snapshot: dict[str, Any], server: SchedulerServer, name: str, where: str
+) -> None:
+    """A ConfigError at start when this scheduler could never lead the job saved there (its
+    worker or server count differs), rather than campaigning, failing and campaigning again."""
+    try:
+        SchedulerState.restore(snapshot, server.settings, time.monotonic, new_cluster_id="")
+    except SnapshotError as exc:
+        raise ConfigError(
+            f"{name}={where!r} cannot be used: {exc} (or give this job a prefix of its own)"
+        ) from None
 
 
 def _advertised(host: str, port: int) -> str:

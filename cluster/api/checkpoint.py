@@ -27,23 +27,28 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
+from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
+from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
 
+if TYPE_CHECKING:
+    from cluster.worker.state_fetch import Fetched
+
 _log = logging.getLogger(__name__)
 
-Report = Callable[[list[int]], None]
+# Reports the steps a rank holds; may answer a step every rank holds, which it then keeps.
+Report = Callable[[list[int]], int | None]
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,10 @@ class CheckpointConfig:
 
     save_checkpoint_steps: int = 1
     keep_checkpoint_max: int = 5
+    # Every rank's state is the same (data parallel): a rank without its checkpoint may take any
+    # live peer's. False: states differ per rank (optimizer shards, ...), only the rank's own
+    # files will do.
+    replicated: bool = True
 
     def __post_init__(self) -> None:
         for name in ("save_checkpoint_steps", "keep_checkpoint_max"):
@@ -60,6 +69,11 @@ class CheckpointConfig:
                 raise ConfigError(
                     f"CheckpointConfig {name}={value!r} is invalid: it must be an integer >= 1"
                 )
+        if not isinstance(self.replicated, bool):
+            raise ConfigError(
+                f"CheckpointConfig replicated={self.replicated!r} is invalid: it must be True "
+                "(every rank's state is the same) or False (states differ per rank)"
+            )
 
 
 @dataclass(frozen=True)
@@ -92,7 +106,7 @@ class CheckpointManager:
         recovery: bool | None = None,
         report: Report | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        if not isinstance(prefix, str) or not PREFIX_RE.match(prefix):
             raise ConfigError(
                 f"checkpoint prefix={prefix!r} is invalid: use 1-128 letters, digits and . _ -, "
                 "starting with a letter or digit"
@@ -112,13 +126,18 @@ class CheckpointManager:
             )
         self.prefix = prefix
         self.config = config
-        self.directory = Path(directory) / f"rank_{self.rank}"
+        self.root = Path(directory)
+        self.directory = checkpoint_files.rank_directory(self.root, self.rank)
         self.report: Report | None = report or (runtime.report_checkpoints if in_job else None)
         self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
         self._pool = SnapshotPool(_SNAPSHOTS)
         self._writer = BackgroundWriter(f"checkpoint-writer-{prefix}-rank{self.rank}")
         self._saves = 0
         self._pause_s = 0.0
+        # A step every rank holds, as the scheduler last answered a report (0: none heard).
+        self._held_by_all = 0
+        # What this rank offers to peers that take a rank without its checkpoints.
+        self.served = ServedCheckpoints(self.root, prefix, self.rank)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -126,9 +145,11 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
+        self._offered = False
+        self._serve_peers()
 
     def path(self, step: int) -> Path:
-        return self.directory / f"{self.prefix}-{_check_step(step):08d}{SUFFIX}"
+        return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
 
     def should_save(self, step: int) -> bool:
         """Whether `step` (the number of completed training steps) is a saving step."""
@@ -145,6 +166,7 @@ class CheckpointManager:
         was rolled back to an older step, and the job must not restart from them.
         """
         start = time.perf_counter()
+        self._serve_peers()
         path = self.path(step)
         encoded = checkpoint_tree.encode(state)  # a bad state is refused here, in the caller
         snapshot = self._pool.acquire()  # waits while one snapshot is written, one queued
@@ -174,6 +196,12 @@ class CheckpointManager:
         save makes them again)."""
         self.flush()
         self._writer.close()
+        if self._offered:
+            from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+            peer_state.withdraw(self.prefix)
+            self._offered = False
+        self.served.set_memory(0, None)
         self._pool.set_latest(None)
         self._pool.clear()
 
@@ -203,6 +231,18 @@ class CheckpointManager:
             if snapshot is not None:
                 self._pool.release(snapshot)
 
+    def serve_memory(self, step: int, snapshot: Snapshot | None) -> None:
+        """Offer `snapshot` to peers as this rank's checkpoint of `step` (held in memory, never
+        written here), until the next call replaces it; None withdraws it.
+
+        The caller must not change a snapshot while it is served: replace it (or withdraw it)
+        first. Once this returns, the previous snapshot is the caller's again: a peer's
+        transfer of it that is under way goes on from a copy made here (copy-on-replace).
+        """
+        if snapshot is not None:
+            _check_step(step)
+        self.served.set_memory(step, snapshot)
+
     def _persist(self, snapshot: Snapshot, path: Path) -> None:
         """The writer's job: the file, pruning, the report; then the snapshot is free again."""
         try:
@@ -218,7 +258,7 @@ class CheckpointManager:
         if self.report is None:
             return
         try:
-            self.report(self._complete_steps())
+            self._heard(self.report(self._complete_steps()))
         except ClusterError as exc:
             raise CheckpointError(
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
@@ -239,7 +279,7 @@ class CheckpointManager:
                     path.unlink()
                 removed = True
         if removed and self.report is not None:
-            self.report(self._complete_steps())
+            self._heard(self.report(self._complete_steps()))
 
     def steps(self) -> list[int]:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
@@ -250,15 +290,67 @@ class CheckpointManager:
 
     def load(self, step: int) -> dict[str, Any]:
         """The state saved at `step`, read from its file and verified (after the saves made so
-        far are written); CheckpointError when it is missing, torn or corrupt."""
+        far are written); CheckpointError when it is missing, torn or corrupt.
+
+        In a job with recovery on, a file that is missing here (a spare that took this rank, a
+        worker restarted on another host) is fetched from a live peer first (see `fetch`)."""
         self._writer.wait()
         path = self.path(step)
         if not path.exists():
+            if self._serve_peers():
+                return self._fetch(step).state
             raise CheckpointError(
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
                 f"{self._complete_steps()}"
             )
         return checkpoint_files.read(path, step)
+
+    def fetch(self, step: int) -> Path:
+        """Get this rank's checkpoint of `step` from a live peer of the job, verify it and
+        store it as this rank's file (replacing one held here); its path.
+
+        With `CheckpointConfig(replicated=True)` any live rank's state of `step` will do; with
+        False, only this rank's own files (a peer that can read them: on its disk, or on
+        storage shared with the rank's last holder). A peer that fails mid-transfer, or whose
+        bytes do not verify, is left for the next; nothing half-written is left. Needs a job
+        with recovery on; CheckpointError naming the rank, the step and the places looked at
+        when no peer has it."""
+        self._writer.wait()
+        if not self._serve_peers():
+            raise CheckpointError(
+                f"cannot fetch the checkpoint of step {step} from peers: that needs "
+                "cluster.init() in a job with recovery on (MS_ENABLE_RECOVERY=1)"
+            )
+        self._fetch(step)
+        return self.path(step)
+
+    def _serve_peers(self) -> bool:
+        """Whether peers are in play (a job with recovery on). The first time they are, this
+        manager's checkpoints are offered to them (also for a manager made before
+        cluster.init(), at its first save or load after it)."""
+        if not (self.recovery and runtime.is_initialized()):
+            return False
+        if not self._offered:
+            from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+            self._offered = True
+            peer_state.serve(self.served)
+        return True
+
+    def _fetch(self, step: int) -> Fetched:
+        from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
+
+        start = time.perf_counter()
+        fetched = peer_state.fetch(
+            self.served, step, self.path(step), replicated=self.config.replicated
+        )
+        runtime.session().say(
+            f"fetched the checkpoint of step {step} ({fetched.nbytes} bytes) from "
+            f"{fetched.holder} in {time.perf_counter() - start:.2f} s"
+        )
+        if self.report is not None:
+            self._heard(self.report(self._complete_steps()))
+        return fetched
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
         """The newest checkpoint that loads, as (step, state); None when there is none.
@@ -287,16 +379,25 @@ class CheckpointManager:
             match = self._name_re.match(name)
             step = int(match.group(1)) if match else 0
             # Only the canonical spelling: 'p-000000001.ckpt' is not the file of step 1.
-            if step >= 1 and name == f"{self.prefix}-{step:08d}{SUFFIX}":
+            if step >= 1 and name == checkpoint_files.file_name(self.prefix, step):
                 files[step] = self.directory / name
         return files
 
+    def _heard(self, held_by_all: int | None) -> None:
+        """The scheduler's answer to a report: a step every rank holds, kept from now on."""
+        if held_by_all:
+            self._held_by_all = held_by_all
+
     def _prune(self, step: int) -> None:
+        """Keep the newest `keep_checkpoint_max` complete steps up to `step`, and every step from
+        the one every rank holds (as last heard) on: this rank's writer runs ahead of the other
+        ranks' reports, and the newest step they all hold is where the job rolls back to."""
         files = self._files()
         complete = [
             s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
         ]
         keep = set(complete[-self.config.keep_checkpoint_max :])
+        keep.update(s for s in complete if s >= self._held_by_all > 0)
         for old_step, path in files.items():
             if old_step not in keep:
                 with contextlib.suppress(FileNotFoundError):

@@ -28,13 +28,13 @@ from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.ha import HighAvailability
-from cluster.scheduler.interceptors import Interceptor, PeerCertificateCheck, server_credentials
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import StateStore
 from cluster.transport import channel
 from cluster.transport import tls as tls_module
+from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
 
 if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection

@@ -6,8 +6,9 @@ with compare-and-set (`state_store`) and its directory implementation under MS_R
 (`directory_store`, over `store`: versioned, checksummed files with the directory lock); the
 key-value store's append-only log (`kv_log`); and the checkpoint files: the state's encoding
 (`checkpoint_tree`), the file format with its checksum (`checkpoint_files`), a step held in
-memory in reused buffers (`snapshot`) and the thread that writes them in the background
-(`background`).
+memory in reused buffers (`snapshot`), the thread that writes them in the background
+(`background`), and what a worker offers to peers that take a rank without its checkpoints
+(`served`: files as on disk, a step in memory copied only when replaced mid-transfer).
 
 May import: `cluster.protocol`, numpy, xxhash and the standard library (torch only when a state
 holds tensors). Never grpc, the scheduler, the worker, the training API or anything above them.

@@ -4,7 +4,8 @@
 the rename cannot cross file systems), lets `write(fd)` fill it, fsyncs it, renames it over
 `path` and fsyncs the directory, so the rename itself survives a power cut. Every OSError on the
 way becomes the caller's own ClusterError, made by `fail(exc)` in this one place, and the
-temporary is removed; the previous file, if any, is untouched. The recovery state files
+temporary is removed (as it is when `write` raises anything else); the previous file, if any,
+is untouched. The recovery state files
 (`store`) and the checkpoints (`checkpoint_files`) are both written this way.
 """
 
@@ -43,6 +44,10 @@ def write_atomically(
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise fail(exc) from None
+    except BaseException:  # the writer gave up (a transfer broke, bytes refused): no torn file
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
 
 
 def write_all(fd: int, data: memoryview | bytes) -> None:

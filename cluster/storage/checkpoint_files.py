@@ -67,6 +67,16 @@ def new_hash() -> Hash:
     return made
 
 
+def rank_directory(root: Path, rank: int) -> Path:
+    """Where the checkpoints of `rank` lie under a checkpoint directory."""
+    return root / f"rank_{rank}"
+
+
+def file_name(prefix: str, step: int) -> str:
+    """The file name of the checkpoint of `step` (the one canonical spelling)."""
+    return f"{prefix}-{step:08d}{SUFFIX}"
+
+
 def head(step: int, rank: int, prefix: str, encoded: Encoded) -> bytes:
     """Everything before the data: preamble, header, padding (a file of the current version)."""
     header = json.dumps(

@@ -7,7 +7,8 @@ its timers (`timers`), protobuf turned into the core's events (`convert`), the s
 session on a background loop (`session`), how the process ends when the job is over for it
 (`ending`: the error raised in the main thread, os._exit only as the last resort), the node's
 identity (with its credential), its signed registration (`registration`) and saved node file
-(`node_file`), and the watch on the launcher (`orphan`).
+(`node_file`), the watch on the launcher (`orphan`), and state from peers: the worker's state
+server (`state_server`) and the fetcher (`state_fetch`).
 
 May import: `cluster.protocol`, `cluster.transport`, `cluster.storage`, `cluster.v1`, grpc and
 asyncio; `core` and `steps` only `cluster.protocol` (no grpc, asyncio, wire format or transport:

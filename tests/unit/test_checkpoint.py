@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.api import runtime
+from cluster.api import peer_state, runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 from cluster.storage import atomic
@@ -250,6 +250,27 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     assert ckpt.latest() == (6, {"step": 6})
 
 
+def test_the_step_every_rank_holds_is_kept_past_keep_checkpoint_max(tmp_path: Path) -> None:
+    """This rank's writer runs ahead of the others' reports: the step the scheduler answers as
+    held by every rank (the job's rollback step) stays, with every newer one, until the
+    answer moves on."""
+    held_by_all = 2
+
+    def report(steps: list[int]) -> int:
+        return held_by_all
+
+    ckpt = manager(tmp_path, keep=2, report=report)
+    for step in range(1, 6):
+        ckpt.save(step, {"step": step})
+    ckpt.flush()
+    assert ckpt.steps() == [2, 3, 4, 5]  # 1 went before the answer said 2
+    held_by_all = 4  # answered to the report of step 6, which follows its pruning
+    ckpt.save(6, {"step": 6})
+    ckpt.save(7, {"step": 7})
+    ckpt.flush()
+    assert ckpt.steps() == [4, 5, 6, 7]
+
+
 def test_saving_an_older_step_drops_the_newer_ones(tmp_path: Path) -> None:
     """After a rollback to step 2, checkpoints 3 and 4 of the abandoned run must go."""
     ckpt = manager(tmp_path, keep=5)
@@ -299,11 +320,14 @@ def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(runtime, "get_rank", lambda: 3)
     monkeypatch.setattr(runtime, "session", lambda: session)
     monkeypatch.setattr(runtime, "report_checkpoints", reported.append, raising=False)
+    offered: list[Any] = []  # the state server (tests/unit/test_peer_state.py) is not started
+    monkeypatch.setattr(peer_state, "serve", offered.append)
     monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
     with pytest.raises(ConfigError, match="recovery on"):
         CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=1))
     ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=2))
     assert (ckpt.rank, ckpt.recovery) == (3, True)
+    assert offered == [ckpt.served]  # with recovery on, offered to the job's members
     for step in (1, 2, 3):
         ckpt.save(step, {"a": step})
     ckpt.flush()

@@ -1,6 +1,6 @@
-"""What the scheduler's gRPC server runs around every call: the client certificate's check
-against the CRL and its expiry on each call (gRPC checks the CA only at the handshake), and the
-server's mutual-TLS credentials."""
+"""What a mutual-TLS gRPC server of the job (the scheduler's, a worker's state server) runs
+around every call: the client certificate's check against the CRL and its expiry on each call
+(gRPC checks the CA only at the handshake), and the server's mutual-TLS credentials."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import grpc
 
 from cluster.transport import tls as tls_module
 
-log = logging.getLogger("cluster.scheduler")
+log = logging.getLogger("cluster.transport")
 
 
 if TYPE_CHECKING:  # generic in grpc-stubs only
@@ -97,7 +97,7 @@ def _guarded(
 
 
 def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:
-    """Mutual TLS: the scheduler's certificate, and a client certificate of the CA required."""
+    """Mutual TLS: the job's server certificate, and a client certificate of the CA required."""
     return grpc.ssl_server_credentials(
         [(identity.key_pem, identity.chain_pem)],
         root_certificates=identity.ca_pem,

@@ -1,0 +1,209 @@
+"""A worker's state server: its checkpoints, sent to a member of the job that takes a rank
+without them (a promoted spare, a worker restarted on another host), peer to peer.
+
+`StateServer` is a grpc.aio server (service `cluster.v1.PeerState`, one server-streaming
+`Fetch`) on the worker's advertised host, port 0, run on an event loop of its own (not the
+agent's, so that a transfer or a flood of requests never delays the node's heartbeats, and never
+on the training thread). It serves what the `CheckpointManager`s of the process offer
+(`cluster.storage.served`): a complete file read as it is on disk, or the step held in memory
+encoded as the same bytes, in pieces of `served.PIECE_BYTES`.
+
+Who may fetch: a request proves, with a fresh nonce, the serving token that the worker
+published in the job's key-value store (members only; `cluster.protocol.peer_state`); with TLS
+on, the server holds the job's server certificate and requires a client certificate of the
+job's CA, checked against the CRL on every call, as the scheduler does. Every refusal is a
+status with a message that names what was wrong, and changes nothing:
+
+- a field out of range (rank, step, prefix, nonce): INVALID_ARGUMENT;
+- a proof that does not match (a forged token, none) or a nonce seen before (a replay):
+  UNAUTHENTICATED;
+- more than `max_streams` states being sent at once: RESOURCE_EXHAUSTED;
+- a step this worker does not hold: NOT_FOUND.
+
+Bounds: requests of at most `REQUEST_BYTES`, `max_streams` transfers at once (gRPC itself holds
+at most `MAX_CALLS` calls, refusing more), connections that do not finish their handshake in
+5 s dropped, and idle ones closed after 10 s.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from cluster.protocol import auth, peer_state
+from cluster.storage.served import PIECE_BYTES, ServedCheckpoints
+from cluster.transport import channel, tls
+from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
+from cluster.v1 import peer_state_pb2 as pb
+from cluster.v1 import peer_state_pb2_grpc as pb_grpc
+
+log = logging.getLogger("cluster.worker")
+
+# States sent at once by one worker: a newcomer needs one; more are other newcomers (or a flood).
+MAX_STREAMS = 4
+# Calls gRPC holds at once (refused past it), whatever they are.
+MAX_CALLS = 64
+# A FetchRequest is a few hundred bytes.
+REQUEST_BYTES = 4096
+IDLE_CONNECTION_MS = 10_000
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_receive_message_length", REQUEST_BYTES),
+    ("grpc.max_send_message_length", PIECE_BYTES + 4096),
+    ("grpc.server_handshake_timeout_ms", channel.CONNECT_TIMEOUT_MS),
+    ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
+]
+
+
+class StateServer:
+    """The state server of one worker process; `start()` and `stop()` on its event loop."""
+
+    def __init__(
+        self,
+        host: str,
+        worker_num: int,
+        identity: tls.Identity | None = None,
+        *,
+        max_streams: int = MAX_STREAMS,
+    ) -> None:
+        self.host = host
+        self.worker_num = worker_num
+        self.max_streams = max_streams
+        self.token = peer_state.new_token()
+        self.port = 0
+        self.sent = 0  # states sent whole
+        self.refused: collections.Counter[str] = collections.Counter()
+        self._identity = identity
+        self._served: dict[str, ServedCheckpoints] = {}
+        self._replays = auth.ReplayCache()
+        self._active = 0
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def published(self) -> peer_state.Published:
+        return peer_state.Published(self.host, self.port, self.token)
+
+    def offer(self, served: ServedCheckpoints) -> None:
+        """Serve what `served` holds (replacing what was served under its prefix)."""
+        self._served = {**self._served, served.prefix: served}
+
+    def withdraw(self, prefix: str) -> None:
+        self._served = {p: s for p, s in self._served.items() if p != prefix}
+
+    async def start(self) -> int:
+        """Listen on host, a free port; the port."""
+        interceptors: list[Interceptor] = []
+        if self._identity is not None:
+            interceptors.append(PeerCertificateCheck(tls.PeerCheck(self._identity)))
+        server = grpc.aio.server(
+            options=SERVER_OPTIONS, interceptors=interceptors, maximum_concurrent_rpcs=MAX_CALLS
+        )
+        pb_grpc.add_PeerStateServicer_to_server(_Servicer(self), server)
+        where = f"[{self.host}]:0" if ":" in self.host else f"{self.host}:0"
+        if self._identity is None:
+            self.port = server.add_insecure_port(where)
+        else:
+            self.port = server.add_secure_port(where, server_credentials(self._identity))
+        await server.start()
+        self._server = server
+        return self.port
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop listening; transfers under way get `grace_s` to end, then are cancelled."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace_s)
+
+    async def fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.FetchChunk]:
+        wanted = peer_state.Request(request.prefix, request.rank, request.step, request.any_rank)
+        await self._admit(wanted, request, context)
+        served = self._served.get(wanted.prefix)
+        source = (
+            None
+            if served is None
+            else served.open(wanted.rank, wanted.step, any_rank=wanted.any_rank)
+        )
+        if source is None:
+            await self._refuse(
+                context,
+                grpc.StatusCode.NOT_FOUND,
+                f"this worker holds no complete checkpoint {wanted.prefix!r} of step "
+                f"{wanted.step} for rank {wanted.rank}: ask another peer",
+            )
+            return
+        self._active += 1
+        try:
+            first = True
+            for piece in source.pieces():
+                yield pb.FetchChunk(file_bytes=source.nbytes if first else 0, data=piece)
+                first = False
+            self.sent += 1
+        finally:
+            self._active -= 1
+            source.close()
+
+    async def _admit(
+        self,
+        wanted: peer_state.Request,
+        request: pb.FetchRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Refuse (abort) a request that is invalid, unproven, replayed or one too many."""
+        problem = wanted.problem(self.worker_num, request.nonce)
+        if problem is not None:
+            await self._refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {problem}")
+        if not peer_state.proven(self.token, wanted, request.nonce, request.proof):
+            await self._refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "not a member of this job: the request's proof does not match this worker's "
+                "serving token (members read it from the job's key-value store)",
+            )
+        if not self._replays.first_time(request.nonce):
+            await self._refuse(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "this request was seen before (a replay): a request is good once; make a new "
+                "one with a fresh nonce",
+            )
+        if self._active >= self.max_streams:
+            await self._refuse(
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this worker is sending {self._active} states, as many as it sends at once: "
+                "ask another peer, or again later",
+            )
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str
+    ) -> None:
+        self.refused[code.name] += 1
+        count = self.refused[code.name]
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: a flood does not flood the log
+            log.warning(
+                "state server: refused a request from %s (%s, %d so far): %s",
+                context.peer(),
+                code.name,
+                count,
+                message,
+            )
+        await context.abort(code, message)
+
+
+class _Servicer:
+    """What add_PeerStateServicer_to_server registers: `Fetch`, served by the StateServer."""
+
+    def __init__(self, server: StateServer) -> None:
+        self._server = server
+
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.FetchChunk]:
+        async for chunk in self._server.fetch(request, context):
+            yield chunk

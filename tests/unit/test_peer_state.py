@@ -1,0 +1,333 @@
+"""A worker's state server and the fetcher, on loopback: a real grpc.aio server on port 0, real
+files, real TLS with certificates made here. The good fetch, a checksum mismatch, and the
+refusals of a forged, absent or replayed proof, of fields out of range, of an absurd request and
+of a flood, each with nothing changed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.protocol import auth, peer_state
+from cluster.protocol.config import TLSOptions
+from cluster.protocol.errors import ClusterError
+from cluster.storage import checkpoint_files, checkpoint_tree
+from cluster.storage.served import ServedCheckpoints
+from cluster.storage.snapshot import Snapshot
+from cluster.transport import certs, tls
+from cluster.v1 import peer_state_pb2 as pb
+from cluster.v1 import peer_state_pb2_grpc as pb_grpc
+from cluster.worker import state_fetch
+from cluster.worker.session import BackgroundLoop
+from cluster.worker.state_server import StateServer
+
+WORKERS = 4
+STEP = 10
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[BackgroundLoop]:
+    background = BackgroundLoop("test-peer-state")
+    yield background
+    background.stop()
+
+
+def saved(root: Path, rank: int, state: dict[str, np.ndarray], step: int = STEP) -> Path:
+    config = CheckpointConfig(save_checkpoint_steps=1, keep_checkpoint_max=3)
+    with CheckpointManager(root, "net", config, rank=rank, recovery=False) as checkpoints:
+        checkpoints.save(step, state)
+    return checkpoints.path(step)
+
+
+def state(value: float = 1.0, size: int = 300_000) -> dict[str, np.ndarray]:
+    return {"w": np.full(size, value), "step": np.array([STEP])}
+
+
+class Served:
+    """A StateServer serving `root` (rank `rank`), started on `loop`; stopped by `close`."""
+
+    def __init__(
+        self,
+        loop: BackgroundLoop,
+        root: Path,
+        rank: int,
+        identity: tls.Identity | None = None,
+        **options: int,
+    ) -> None:
+        self.loop = loop
+        self.server = StateServer("127.0.0.1", WORKERS, identity, **options)
+        self.server.offer(ServedCheckpoints(root, "net", rank))
+        loop.run(self.server.start(), timeout_s=10)
+        self.holder = state_fetch.Holder(rank, f"node-{rank}", self.server.published)
+
+    def close(self) -> None:
+        self.loop.run(self.server.stop(0), timeout_s=10)
+
+
+@pytest.fixture
+def serving(loop: BackgroundLoop, tmp_path: Path) -> Iterator[Served]:
+    saved(tmp_path / "peer", 2, state())
+    served = Served(loop, tmp_path / "peer", 2)
+    yield served
+    served.close()
+
+
+def wanted(rank: int = 1, step: int = STEP, any_rank: bool = True) -> peer_state.Request:
+    return peer_state.Request("net", rank, step, any_rank)
+
+
+def nothing_left(directory: Path) -> bool:
+    return not directory.exists() or not any(directory.iterdir())
+
+
+def test_a_good_fetch_is_the_peers_file_byte_for_byte_verified_and_stored(
+    loop: BackgroundLoop, serving: Served, tmp_path: Path
+) -> None:
+    dest = tmp_path / "newcomer" / "rank_1" / checkpoint_files.file_name("net", STEP)
+    dest.parent.mkdir(parents=True)
+    fetched = state_fetch.fetch(loop, [serving.holder], wanted(), dest)
+    source = tmp_path / "peer" / "rank_2" / dest.name
+    assert dest.read_bytes() == source.read_bytes()
+    assert fetched.holder == serving.holder
+    assert fetched.failures == []
+    assert fetched.state["w"].tobytes() == state()["w"].tobytes()
+    assert [p.name for p in dest.parent.iterdir()] == [dest.name]  # no temporary left
+    assert serving.server.sent == 1
+
+
+def test_a_checksum_mismatch_leaves_nothing_and_the_next_peer_gives_it(
+    loop: BackgroundLoop, serving: Served, tmp_path: Path
+) -> None:
+    saved(tmp_path / "bad", 3, state())
+    corrupt = tmp_path / "bad" / "rank_3" / checkpoint_files.file_name("net", STEP)
+    data = bytearray(corrupt.read_bytes())
+    data[len(data) // 2] ^= 0x40  # a bit flipped in the payload: it still looks complete
+    corrupt.write_bytes(bytes(data))
+    bad = Served(loop, tmp_path / "bad", 3)
+    try:
+        dest = tmp_path / "newcomer" / corrupt.name
+        dest.parent.mkdir()
+        with pytest.raises(state_fetch.NotFetched) as refused:
+            state_fetch.fetch(loop, [bad.holder], wanted(), dest)
+        assert "does not verify" in str(refused.value)
+        assert "checksum does not match" in str(refused.value)
+        assert nothing_left(dest.parent)
+        fetched = state_fetch.fetch(loop, [bad.holder, serving.holder], wanted(), dest)
+        assert fetched.holder == serving.holder
+        assert len(fetched.failures) == 1
+        assert "rank 3" in fetched.failures[0]
+        assert [p.name for p in dest.parent.iterdir()] == [dest.name]
+    finally:
+        bad.close()
+
+
+def call(served: Served, request: pb.FetchRequest) -> grpc.RpcError:
+    """The refusal of `request` (a plain client, as an attacker has)."""
+    return call_at(served.holder.published.address, request)
+
+
+def request(
+    token: bytes, ask: peer_state.Request | None = None, nonce: bytes | None = None
+) -> pb.FetchRequest:
+    ask = ask or wanted()
+    nonce = auth.new_nonce() if nonce is None else nonce
+    return pb.FetchRequest(
+        prefix=ask.prefix,
+        rank=ask.rank,
+        step=ask.step,
+        any_rank=ask.any_rank,
+        nonce=nonce,
+        proof=ask.prove(token, nonce),
+    )
+
+
+def test_a_forged_or_absent_proof_is_refused_and_nothing_is_sent(serving: Served) -> None:
+    for forged in (
+        request(peer_state.new_token()),  # a token guessed
+        pb.FetchRequest(prefix="net", rank=1, step=STEP, any_rank=True, nonce=auth.new_nonce()),
+    ):
+        refused = call(serving, forged)
+        assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "not a member of this job" in str(refused.details())
+    # A proof made for another request proves nothing for this one.
+    nonce = auth.new_nonce()
+    other = request(serving.server.token, wanted(step=STEP - 1), nonce)
+    other.step = STEP
+    assert call(serving, other).code() == grpc.StatusCode.UNAUTHENTICATED
+    assert serving.server.sent == 0
+    assert serving.server.refused["UNAUTHENTICATED"] == 3
+
+
+def test_a_replayed_request_is_refused(serving: Served) -> None:
+    good = request(serving.server.token)
+    with grpc.insecure_channel(serving.holder.published.address) as channel:
+        chunks = list(pb_grpc.PeerStateStub(channel).Fetch(good, timeout=10))
+    assert sum(len(c.data) for c in chunks) == chunks[0].file_bytes
+    refused = call(serving, good)
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "seen before (a replay)" in str(refused.details())
+    assert serving.server.sent == 1
+
+
+@pytest.mark.parametrize(
+    ("ask", "nonce", "says"),
+    [
+        (wanted(rank=WORKERS), None, f"rank {WORKERS} is out of range: the job has 4 workers"),
+        (wanted(step=0), None, "step 0 is out of range"),
+        (wanted(step=peer_state.MAX_STEP + 1), None, "out of range"),
+        (peer_state.Request("../../etc", 1, STEP, True), None, "is not a checkpoint prefix"),
+        (wanted(), b"short", "the nonce has 5 bytes, not 16"),
+    ],
+)
+def test_fields_out_of_range_are_refused_by_name(
+    serving: Served, ask: peer_state.Request, nonce: bytes | None, says: str
+) -> None:
+    refused = call(serving, request(serving.server.token, ask, nonce))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in str(refused.details())
+
+
+def test_a_step_not_held_is_not_found_and_an_absurd_request_is_refused(serving: Served) -> None:
+    refused = call(serving, request(serving.server.token, wanted(step=STEP + 1)))
+    assert refused.code() == grpc.StatusCode.NOT_FOUND
+    assert "holds no complete checkpoint 'net' of step 11" in str(refused.details())
+    absurd = request(serving.server.token)
+    absurd.prefix = "x" * 100_000  # far past what a request may be
+    assert call(serving, absurd).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The server still serves members.
+    ok = request(serving.server.token)
+    with grpc.insecure_channel(serving.holder.published.address) as channel:
+        assert list(pb_grpc.PeerStateStub(channel).Fetch(ok, timeout=10))
+
+
+def test_a_flood_past_the_streams_allowed_is_refused_while_the_transfer_goes_on(
+    loop: BackgroundLoop, tmp_path: Path
+) -> None:
+    saved(tmp_path / "big", 0, state(size=4_000_000))  # 32 MB: held by flow control
+    served = Served(loop, tmp_path / "big", 0, max_streams=1)
+    try:
+        with grpc.insecure_channel(served.holder.published.address) as channel:
+            stub = pb_grpc.PeerStateStub(channel)
+            first = stub.Fetch(request(served.server.token), timeout=30)
+            head = next(first)  # under way, and not read further: the server waits on us
+            refused = [call(served, request(served.server.token)) for _ in range(20)]
+            assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+            assert "as many as it sends at once" in str(refused[0].details())
+            rest = sum(len(c.data) for c in first)
+            assert len(head.data) + rest == head.file_bytes
+        assert served.server.sent == 1
+    finally:
+        served.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
+    return certs.make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def test_with_tls_a_member_with_the_jobs_certificate_fetches_and_others_are_refused(
+    loop: BackgroundLoop, pki: certs.Pki, tmp_path: Path
+) -> None:
+    options = TLSOptions(pki.ssl_json)
+    server_identity = tls.load_identity(options, server=True)
+    client_identity = tls.load_identity(options, server=False)
+    saved(tmp_path / "peer", 2, state())
+    served = Served(loop, tmp_path / "peer", 2, server_identity)
+    try:
+        dest = tmp_path / "newcomer" / checkpoint_files.file_name("net", STEP)
+        dest.parent.mkdir()
+        # The peer is dialled at its own address; the job's server certificate names the
+        # scheduler's (`localhost` here stands for that name).
+        client = state_fetch.Client(client_identity, "localhost")
+        fetched = state_fetch.fetch(loop, [served.holder], wanted(), dest, client)
+        assert fetched.state["w"].tobytes() == state()["w"].tobytes()
+        dest.unlink()
+        # Plaintext, and a certificate the CRL revokes: refused, nothing stored.
+        with pytest.raises(state_fetch.NotFetched):
+            state_fetch.fetch(loop, [served.holder], wanted(), dest, state_fetch.Client())
+        bad = _identity_of(pki, pki.revoked_client_p12, tmp_path)
+        with pytest.raises(state_fetch.NotFetched) as refused:
+            state_fetch.fetch(
+                loop, [served.holder], wanted(), dest, state_fetch.Client(bad, "localhost")
+            )
+        assert "UNAUTHENTICATED" in str(refused.value)
+        assert "revoked" in str(refused.value)
+        assert nothing_left(dest.parent)
+        assert served.server.sent == 1
+    finally:
+        served.close()
+
+
+def _identity_of(pki: certs.Pki, p12: Path, tmp: Path) -> tls.Identity:
+    """A client identity whose certificate is `p12` (the rest of the job's ssl.json, but the
+    CRL)."""
+    data = json.loads(pki.ssl_json.read_text())
+    for key, value in data.items():
+        if key.endswith(("_path", "_file")) and value:
+            data[key] = str(pki.dir / value)
+    data["client_cert_path"] = str(p12)
+    data["crl_path"] = ""  # this client does not check itself; the server does
+    path = tmp / "revoked-ssl.json"
+    path.write_text(json.dumps(data))
+    return tls.load_identity(TLSOptions(path), server=False)
+
+
+def test_the_in_memory_step_is_fetched_as_its_file_and_a_replacement_mid_transfer_is_not_torn(
+    loop: BackgroundLoop, tmp_path: Path
+) -> None:
+    """`serve_memory` (issue #15 item 3's hook) through the real server: the step held in
+    memory arrives as the bytes its file would have; replaced (and the old snapshot refilled at
+    once) while a transfer of it is under way, that transfer still gets the old step whole."""
+    config = CheckpointConfig(save_checkpoint_steps=1, keep_checkpoint_max=3)
+    checkpoints = CheckpointManager(tmp_path / "live", "net", config, rank=0, recovery=False)
+    server = StateServer("127.0.0.1", WORKERS)
+    server.offer(checkpoints.served)
+    loop.run(server.start(), timeout_s=10)
+    try:
+        old = Snapshot()
+        old.fill(STEP, 0, "net", checkpoint_tree.encode(state(5.0, size=4_000_000)))
+        expected = b"".join(old.chunks())
+        checkpoints.serve_memory(STEP, old)
+        with grpc.insecure_channel(server.published.address) as channel:
+            stub = pb_grpc.PeerStateStub(channel)
+            stream = stub.Fetch(request(server.token), timeout=30)
+            first = next(stream)  # under way
+            new = Snapshot()
+            new.fill(STEP + 1, 0, "net", checkpoint_tree.encode(state(6.0)))
+            checkpoints.serve_memory(STEP + 1, new)
+            old.fill(STEP + 2, 0, "net", checkpoint_tree.encode(state(7.0, size=4_000_000)))
+            got = first.data + b"".join(c.data for c in stream)
+        assert got == expected
+        dest = tmp_path / "newcomer" / checkpoint_files.file_name("net", STEP + 1)
+        dest.parent.mkdir()
+        holder = state_fetch.Holder(0, "live", server.published)
+        fetched = state_fetch.fetch(loop, [holder], wanted(step=STEP + 1), dest)
+        assert dest.read_bytes() == b"".join(new.chunks())
+        assert fetched.state["w"].tobytes() == state(6.0)["w"].tobytes()
+        checkpoints.serve_memory(STEP + 1, None)
+        gone = call_at(server.published.address, request(server.token, wanted(step=STEP + 1)))
+        assert gone.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        loop.run(server.stop(0), timeout_s=10)
+        checkpoints.close()
+
+
+def call_at(address: str, ask: pb.FetchRequest) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+        list(pb_grpc.PeerStateStub(channel).Fetch(ask, timeout=10))
+    return refused.value
+
+
+def test_a_published_address_round_trips_and_garbage_is_named() -> None:
+    published = peer_state.Published("10.0.0.5", 41234, peer_state.new_token())
+    assert peer_state.Published.decode(published.encode(), "n1") == published
+    assert peer_state.Published("::1", 5, b"t").address == "[::1]:5"
+    for garbage in (b"", b"{}", b'{"host": "h", "port": 0, "token": "00"}', b"\xff"):
+        with pytest.raises(ClusterError, match="'cluster/peer-state/n1'"):
+            peer_state.Published.decode(garbage, "n1")

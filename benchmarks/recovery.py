@@ -29,10 +29,17 @@ Part 4, failover (`--etcd etcd://HOST:PORT/PREFIX`, skipped without): two schedu
 127.0.0.1 and 127.0.0.2 on the etcd store (`--lease`, 2 s by default), the workers (real and
 simulated, as in part 1) given both (MS_SCHED_HOST=127.0.0.1,127.0.0.2). The leader is
 SIGKILLed. Measured: from the kill to the standby leading with every worker back. Target: under
-3 s with a 2 s lease.
+3 s with a 2 s lease. With `--partition` (root, iproute2; etcd listening on every address of this
+host, not only loopback), also the leader partitioned: the leader runs in a network namespace
+(`cluster.testing.NetworkLab`) and reaches etcd through this host's address on its veth link;
+once it leads with every worker, that link is cut (etcd and the workers alike). Measured: from
+the cut to the standby (127.0.0.1) leading with every worker back: the old leader's lease must
+end in etcd, and the workers must notice that their scheduler went silent, which they do after
+MS_NODE_TIMEOUT (`--node-timeout`, 3 s here) without a word from it.
 
 Usage: python benchmarks/recovery.py [--real 8] [--simulated 256] [--procs 4] [--repeat 3]
-       [--guard-workers 4] [--node-timeout 3] [--etcd URL [--lease 2]] [--json PATH]
+       [--guard-workers 4] [--node-timeout 3] [--etcd URL [--lease 2] [--partition]]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cluster.testing import StatusClient, free_port, wait_until
+from cluster.testing import NetworkLab, StatusClient, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
@@ -216,26 +223,45 @@ FAILOVER_HOSTS = ("127.0.0.1", "127.0.0.2")
 
 
 class FailoverJob(Job):
-    """Two schedulers on etcd (one leads, one stands by) for workers that know both."""
+    """Two schedulers on etcd (one leads, one stands by) for workers that know both. With a
+    `lab`, the first runs in the lab's namespace 0 (at its address, reaching etcd through this
+    host's end of the link) and only it is started: `start_at` starts the standby."""
 
-    def __init__(self, workdir: Path, n: int, url: str, lease_s: int) -> None:
-        self.url, self.lease_s = url, lease_s
+    def __init__(
+        self,
+        workdir: Path,
+        n: int,
+        url: str,
+        lease_s: int,
+        lab: NetworkLab | None = None,
+        node_timeout_s: float = 30,
+    ) -> None:
+        self.url, self.lease_s, self.lab = url, lease_s, lab
+        self.hosts = FAILOVER_HOSTS if lab is None else (lab.worker_ip(0), HOST)
         self.schedulers: dict[str, subprocess.Popen[bytes]] = {}
-        super().__init__(workdir, n, node_timeout_s=30)
-        self.env["MS_SCHED_HOST"] = ",".join(FAILOVER_HOSTS)
+        super().__init__(workdir, n, node_timeout_s=node_timeout_s)
+        self.env["MS_SCHED_HOST"] = ",".join(self.hosts)
 
     def start_scheduler(self) -> subprocess.Popen[bytes]:
-        for host in FAILOVER_HOSTS:
+        for host in self.hosts[: 1 if self.lab else None]:
             self.schedulers[host] = self.start_at(host)
-        return self.schedulers[FAILOVER_HOSTS[0]]
+        return self.schedulers[self.hosts[0]]
 
     def start_at(self, host: str) -> subprocess.Popen[bytes]:
         env = {
             k: v for k, v in self.env.items() if k not in ("MS_RECOVERY_PATH", "MS_ENABLE_RECOVERY")
         }
-        args = ["--host", host, "--port", str(self.port), "--state-url", self.url]
+        env["MS_SCHED_HOST"] = host
+        url, wrap = self.url, list
+        if self.lab is not None and host == self.hosts[0]:
+            gateway = self.lab.worker_ip(0).rsplit(".", 1)[0] + ".1"  # this host, seen from ns 0
+            url = self.url.replace("127.0.0.1", gateway)
+            wrap = lambda args: self.lab.command(0, args)  # type: ignore[union-attr] # noqa: E731
+        args = ["--host", host, "--port", str(self.port), "--state-url", url]
         return self.spawn(
-            [sys.executable, "-m", "cluster", "scheduler", *args, "--lease", str(self.lease_s)],
+            wrap(
+                [sys.executable, "-m", "cluster", "scheduler", *args, "--lease", str(self.lease_s)]
+            ),
             {**env, "MS_ROLE": "MS_SCHED"},
             f"scheduler-{host}.log",
         )
@@ -261,19 +287,77 @@ def wait_leader(pollers: dict[str, StatusPoller], n: int) -> str:
 
 
 def bench_failover(
-    n: int, real: bool, procs: int, repeat: int, url: str, lease_s: int
+    n: int,
+    real: bool,
+    procs: int,
+    repeat: int,
+    url: str,
+    lease_s: int,
+    *,
+    cut: bool = False,
+    node_timeout_s: float = 30,
 ) -> dict[str, Any]:
-    """Leader SIGKILL -> every worker back on the standby, which leads; a fresh job each round."""
+    """Leader SIGKILL (or, with `cut`, its link cut: the workers hear nothing for
+    `node_timeout_s` before they look elsewhere) -> every worker back on the standby, which
+    leads; a fresh job each round."""
+    # A prefix of its own for every job: a job on another's prefix would resume that job (of
+    # another size), which the schedulers refuse; the 256-worker rounds once used the 8-worker
+    # rounds' prefixes and never formed.
+    kind = f"{n}{'r' if real else 's'}-{'cut' if cut else 'kill'}"
+    prefix = f"{url.rstrip('/')}/bench-{os.getpid()}-{kind}"
     totals = [
-        failover_once(n, real, procs, f"{url.rstrip('/')}/bench-{os.getpid()}-{r}", lease_s)
+        partition_once(n, real, procs, f"{prefix}-{r}", lease_s, node_timeout_s)
+        if cut
+        else failover_once(n, real, procs, f"{prefix}-{r}", lease_s)
         for r in range(repeat)
     ]
     return {
         "workers": n,
         "kind": "real processes" if real else f"simulated in {procs} processes",
         "lease_s": lease_s,
+        "fault": "leader partitioned" if cut else "leader SIGKILL",
+        **({"node_timeout_s": node_timeout_s} if cut else {}),
         "leader_kill_to_all_back_s": totals,
     }
+
+
+def start_workers(running: Job, n: int, real: bool, procs: int) -> None:
+    if real:
+        for i in range(n):
+            running.start_worker(i, hold_s=600)
+    else:
+        for k in range(procs):
+            running.start_clients(list(range(n))[k::procs], k)
+
+
+def partition_once(
+    n: int, real: bool, procs: int, url: str, lease_s: int, node_timeout_s: float
+) -> float:
+    """The leader in a namespace leads every worker; its link is cut; the seconds until the
+    standby leads with every worker back."""
+    lab = NetworkLab(1)
+    lab.setup()
+    try:
+        with tempfile.TemporaryDirectory(prefix="cluster-partition-bench-") as tmp:
+            running = FailoverJob(Path(tmp), n, url, lease_s, lab, node_timeout_s)
+            leader, standby = running.hosts
+            pollers = {host: StatusPoller(running.port, host) for host in running.hosts}
+            try:
+                pollers[leader].wait(lambda view: True, 60, "the namespaced scheduler to lead")
+                running.schedulers[standby] = running.start_at(standby)
+                start_workers(running, n, real, procs)
+                pollers[leader].wait(leads_with_all_back(n, pollers[leader].address), 120, "form")
+                lab.cut(0)
+                cut = time.monotonic()
+                target = pollers[standby].address
+                back, _ = pollers[standby].wait(leads_with_all_back(n, target), 120, "failover")
+                return back - cut
+            finally:
+                for poller in pollers.values():
+                    poller.close()
+                running.kill()
+    finally:
+        lab.teardown()
 
 
 def failover_once(n: int, real: bool, procs: int, url: str, lease_s: int) -> float:
@@ -281,12 +365,7 @@ def failover_once(n: int, real: bool, procs: int, url: str, lease_s: int) -> flo
         running = FailoverJob(Path(tmp), n, url, lease_s)
         pollers = {host: StatusPoller(running.port, host) for host in FAILOVER_HOSTS}
         try:
-            if real:
-                for i in range(n):
-                    running.start_worker(i, hold_s=600)
-            else:
-                for k in range(procs):
-                    running.start_clients(list(range(n))[k::procs], k)
+            start_workers(running, n, real, procs)
             leader = wait_leader(pollers, n)
             standby = next(h for h in FAILOVER_HOSTS if h != leader)
             running.schedulers[leader].send_signal(signal.SIGKILL)
@@ -454,6 +533,11 @@ def main(argv: list[str] | None = None) -> int:
         "--etcd", help="etcd://HOST:PORT[,...]/PREFIX: also the failover to a standby (part 4)"
     )
     parser.add_argument("--lease", type=int, default=2, help="the leader's lease for --etcd")
+    parser.add_argument(
+        "--partition",
+        action="store_true",
+        help="with --etcd (root; etcd on every address): also the leader's link cut",
+    )
     parser.add_argument("--clients", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.clients:
@@ -472,17 +556,28 @@ def main(argv: list[str] | None = None) -> int:
             f"{median(result['scheduler_restore_to_all_back_s']):>12}"
         )
     if args.etcd:
-        print(f"leader SIGKILL -> all workers back on the standby (etcd, {args.lease} s lease)")
-        for n, real in ((args.real, True), (args.simulated, False)):
-            if n <= 0:
-                continue
-            result = bench_failover(n, real, args.procs, args.repeat, args.etcd, args.lease)
-            results.append(result)
-            figures = result["leader_kill_to_all_back_s"]
-            print(
-                f"{n:>8}  {result['kind']:<28}  median {median(figures)}, "
-                f"max {max(figures) * 1000:.0f} ms"
-            )
+        for cut in (False, True) if args.partition else (False,):
+            fault = f"partitioned (MS_NODE_TIMEOUT={args.node_timeout:g})" if cut else "SIGKILL"
+            print(f"leader {fault} -> all workers back on the standby (etcd, {args.lease} s lease)")
+            for n, real in ((args.real, True), (args.simulated, False)):
+                if n <= 0:
+                    continue
+                result = bench_failover(
+                    n,
+                    real,
+                    args.procs,
+                    args.repeat,
+                    args.etcd,
+                    args.lease,
+                    cut=cut,
+                    node_timeout_s=args.node_timeout,
+                )
+                results.append(result)
+                figures = result["leader_kill_to_all_back_s"]
+                print(
+                    f"{n:>8}  {result['kind']:<28}  median {median(figures)}, "
+                    f"max {max(figures) * 1000:.0f} ms"
+                )
     if args.guard_workers > 0:
         result = bench_guard(args.guard_workers, args.node_timeout, args.repeat)
         results.append(result)

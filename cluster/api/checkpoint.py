@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-Report = Callable[[list[int]], None]
+# Reports the steps a rank holds; may answer a step every rank holds, which it then keeps.
+Report = Callable[[list[int]], int | None]
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,8 @@ class CheckpointManager:
         self._writer = BackgroundWriter(f"checkpoint-writer-{prefix}-rank{self.rank}")
         self._saves = 0
         self._pause_s = 0.0
+        # A step every rank holds, as the scheduler last answered a report (0: none heard).
+        self._held_by_all = 0
         # What this rank offers to peers that take a rank without its checkpoints.
         self.served = ServedCheckpoints(self.root, prefix, self.rank)
         try:
@@ -270,7 +273,7 @@ class CheckpointManager:
         if self.report is None:
             return
         try:
-            self.report(self._complete_steps())
+            self._heard(self.report(self._complete_steps()))
         except ClusterError as exc:
             raise CheckpointError(
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
@@ -291,7 +294,7 @@ class CheckpointManager:
                     path.unlink()
                 removed = True
         if removed and self.report is not None:
-            self.report(self._complete_steps())
+            self._heard(self.report(self._complete_steps()))
 
     def steps(self) -> list[int]:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
@@ -361,7 +364,7 @@ class CheckpointManager:
             f"{fetched.holder} in {time.perf_counter() - start:.2f} s"
         )
         if self.report is not None:
-            self.report(self._complete_steps())
+            self._heard(self.report(self._complete_steps()))
         return fetched
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
@@ -395,12 +398,21 @@ class CheckpointManager:
                 files[step] = self.directory / name
         return files
 
+    def _heard(self, held_by_all: int | None) -> None:
+        """The scheduler's answer to a report: a step every rank holds, kept from now on."""
+        if held_by_all:
+            self._held_by_all = held_by_all
+
     def _prune(self, step: int) -> None:
+        """Keep the newest `keep_checkpoint_max` complete steps up to `step`, and every step from
+        the one every rank holds (as last heard) on: this rank's writer runs ahead of the other
+        ranks' reports, and the newest step they all hold is where the job rolls back to."""
         files = self._files()
         complete = [
             s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
         ]
         keep = set(complete[-self.config.keep_checkpoint_max :])
+        keep.update(s for s in complete if s >= self._held_by_all > 0)
         for old_step, path in files.items():
             if old_step not in keep:
                 with contextlib.suppress(FileNotFoundError):

@@ -229,13 +229,15 @@ def wait_for_generation(newer_than: int, timeout_s: float | None = None) -> int:
     return current.call(current.agent.wait_generation(newer_than), timeout_s).generation
 
 
-def report_checkpoints(steps: list[int]) -> None:
-    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does)."""
+def report_checkpoints(steps: list[int]) -> int:
+    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does); a
+    step every worker holds (0: none), which this worker must keep."""
     current = session()
-    current.call(current.agent.report_checkpoints(sorted(steps)))
+    held_by_all = current.call(current.agent.report_checkpoints(sorted(steps)))
     from cluster.api import worker_metrics  # noqa: PLC0415 - prometheus_client, when used
 
     worker_metrics.reported(steps)
+    return held_by_all
 
 
 def peer_failed(generation: int, wait_s: float = 0.0) -> bool:

@@ -139,6 +139,19 @@ class CorruptCheckpointError(CheckpointError):
     """What is wrong with a checkpoint's content; the reader names the file."""
 
 
+class PeerStateError(CheckpointError):
+    """One live peer could not give a checkpoint (killed, cut off, no such step, a bad
+    checksum); the fetcher asks the next one. The message says why."""
+
+
+class NoPeerStateError(CheckpointError):
+    """No live peer gave the checkpoint; `failures` holds each peer's answer."""
+
+    def __init__(self, failures: list[str]) -> None:
+        super().__init__("; ".join(failures) or "no live peer serves checkpoints")
+        self.failures = failures
+
+
 class JobTimeoutError(ClusterError):
     """A `cluster.testing` action (a LocalJob's, or `wait_until`) did not see its effect in
     time."""

@@ -14,6 +14,9 @@ does the I/O). The rules:
 - A leader steps down when its deadline passes without a keepalive that landed, when etcd says
   its lease has ended, or when a write is refused because its leader key is gone (fenced).
   Stepping down makes it a candidate again: it campaigns when etcd answers.
+- A scheduler stopped by its operator (SIGTERM) resigns: it stops serving at once and never
+  campaigns again; the shell saves what is pending, then deletes its leader key and revokes its
+  lease, so that a standby leads at once instead of after the lease.
 
 Pure: the shell reports what happened (`won`, `lost`, `kept`, ...) and does what the returned
 `Step` says; `serving()` is asked before every call the scheduler answers.
@@ -58,6 +61,8 @@ class Leadership:
     valid_until: float = -math.inf
     # Why it stepped down last ("" never).
     reason: str = ""
+    # Resigned for good (the process is stopping): it never leads again.
+    resigned: bool = False
     _terms: int = field(default=0, repr=False)
 
     @property
@@ -84,6 +89,9 @@ class Leadership:
 
     def won(self, sent_at: float, ttl_s: float, address: str) -> Step:
         """The campaign sent at `sent_at` created our leader key, on a lease of `ttl_s` left."""
+        if self.resigned:  # a campaign that was on its way when it resigned
+            self.role, self.leader, self.valid_until = Role.CANDIDATE, "", -math.inf
+            return Step.STEP_DOWN
         self.role, self.leader = Role.LEADER, address
         self.valid_until = sent_at + min(ttl_s, self.lease_s) - self.margin_s
         if not self.serving():  # the answer came too late to be sure of anything
@@ -124,8 +132,17 @@ class Leadership:
             return Step.NOTHING
         if leader is None:
             self.role, self.leader = Role.CANDIDATE, ""
-            return Step.CAMPAIGN
+            return Step.NOTHING if self.resigned else Step.CAMPAIGN
         self.role, self.leader = Role.STANDBY, leader
+        return Step.NOTHING
+
+    def resign(self, why: str) -> Step:
+        """The operator stops this scheduler: it serves no more, from now on and for good;
+        STEP_DOWN when it was leading (save what is pending, then release the key and lease)."""
+        self.resigned = True
+        if self.role is Role.LEADER:
+            return self._step_down(why)
+        self.role, self.leader, self.valid_until = Role.CANDIDATE, "", -math.inf
         return Step.NOTHING
 
     def tick(self) -> Step:

@@ -425,13 +425,15 @@ class SchedulerCore:
 
     async def report_checkpoints(
         self, node_id: str, incarnation: int, steps: list[int], caller: Caller
-    ) -> None:
+    ) -> int:
+        """Record the steps the node holds; a step every worker holds (see `held_by_all`)."""
         admitted(
             self.state.admit_report(node_id, incarnation, caller.credential_digest, len(steps))
         )
         self.state.report_checkpoints(node_id, incarnation, steps)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
+        return self.state.held_by_all()
 
     def kv_for(self, caller: Caller) -> KvStore:
         """The key-value store, for a member (only members use it)."""

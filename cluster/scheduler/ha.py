@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster.protocol import events
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, NotLeaderError, SnapshotError, StateFileError
 from cluster.protocol.leadership import Leadership
-from cluster.protocol.state import Phase
+from cluster.protocol.state import Phase, SchedulerState
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.leading import Leading
 
@@ -63,6 +63,8 @@ class HighAvailability:
             raise ConfigError(f"{store.name}={store.where!r} is not usable: {exc}") from None
         if stored.snapshot is not None and stored.snapshot.get("phase") in _ENDED:
             self._ended_at_start = str(stored.snapshot.get("cluster_id"))
+        elif stored.snapshot is not None:
+            _check_resumable(stored.snapshot, server, store.name, store.where)
         gate = server.gate
         gate.leadership, gate.address, gate.state_store = (
             self.leadership,
@@ -136,18 +138,57 @@ class HighAvailability:
         asyncio.ensure_future(self.leading.fenced(why))  # noqa: RUF006 - awaited by no one
 
     async def wait_done(self, stop_requested: asyncio.Event) -> bool:
-        """Until the job is over here (led to its end, or found ended), or a stop: a leader
-        then waits for the end it saves, a standby just goes."""
+        """Until the job is over here (led to its end, or found ended), or a stop: when the
+        server is handing over (SIGTERM), the job goes to a standby (`hand_over`); otherwise a
+        leader waits for the end it saves, a standby just goes."""
         finished = self._finished
         assert finished is not None
         stop = asyncio.ensure_future(stop_requested.wait())
         try:
             await asyncio.wait((finished, stop), return_when=asyncio.FIRST_COMPLETED)
-            if not finished.done() and self.server.gate.core is not None:
+            if not finished.done() and self.server.handing_over is not None:
+                await self.hand_over(self.server.handing_over)
+            elif not finished.done() and self.server.gate.core is not None:
                 await asyncio.wait((finished,), timeout=STOP_SAVE_WAIT_S)
         finally:
             stop.cancel()
         return finished.done() and finished.result()
+
+    async def hand_over(self, why: str) -> None:
+        """The operator stops this scheduler (SIGTERM) and the job goes on: a leader stops
+        answering, saves what it decided, then deletes its leader key and revokes its lease, so
+        that a standby leads at once, not after the lease; a standby revokes its lease."""
+        task, self._task = self._task, None
+        if task is not None:  # no campaign, no keepalive from now on
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.leadership.resign(why)
+        core = self.server.gate.core
+        if core is not None:
+            await self._unwatch()
+            term = self.leadership.terms
+            core.journal.emit(events.of_leader_change(False, self.election.address, term, why))
+            error = NotLeaderError(
+                f"not the leader: the scheduler at {self.election.address} is stopping ({why}); "
+                "a standby takes the job over at once",
+            )
+            saved = await self.server.uninstall(error, save_s=STOP_SAVE_WAIT_S)
+            standbys = [a for a in self.leading.schedulers if a != self.election.address]
+            where = self.server.store.where if self.server.store is not None else "etcd"
+            log.info(
+                "handing the job over (%s): %s; releasing the leader key and the lease: %s",
+                why,
+                f"everything decided is saved in {where}"
+                if saved
+                else "saves failed, the newest saved state is what the next leader resumes",
+                f"{', '.join(standbys)} may lead at once"
+                if standbys
+                else "no standby is registered: the job waits (the workers keep training) "
+                "until a scheduler is started on this state URL",
+            )
+        await self.election.close()
+        self._finish(True)
 
     async def stop(self) -> None:
         await self._unwatch()
@@ -156,6 +197,19 @@ class HighAvailability:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _check_resumable(
+    snapshot: dict[str, Any], server: SchedulerServer, name: str, where: str
+) -> None:
+    """A ConfigError at start when this scheduler could never lead the job saved there (its
+    worker or server count differs), rather than campaigning, failing and campaigning again."""
+    try:
+        SchedulerState.restore(snapshot, server.settings, time.monotonic, new_cluster_id="")
+    except SnapshotError as exc:
+        raise ConfigError(
+            f"{name}={where!r} cannot be used: {exc} (or give this job a prefix of its own)"
+        ) from None
 
 
 def _advertised(host: str, port: int) -> str:

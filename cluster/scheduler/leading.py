@@ -15,7 +15,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from cluster.protocol.errors import FencedError, StateFileError
+from cluster.protocol.backoff import Backoff
+from cluster.protocol.errors import EtcdUnavailable, FencedError, StateFileError
 from cluster.protocol.leadership import Leadership, Role, Step
 from cluster.scheduler.etcd_election import EtcdElection, LeaderKey
 
@@ -42,13 +43,13 @@ class Leading:
         self._step_down = step_down
         self._clock = clock
         self._known: LeaderKey | None = None
-        self._retry_s = RETRY_FIRST_S
+        self._retry = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         self.unreachable = ""  # why etcd did not answer last ("" when it did)
         self.schedulers: list[str] = []
 
     async def run(self) -> None:
-        """Until cancelled (the server stops, or the job is over)."""
-        while True:
+        """Until cancelled (the server stops, or the job is over), or resigned."""
+        while not self.leadership.resigned:
             role = self.leadership.role
             try:
                 if role is Role.CANDIDATE:
@@ -158,17 +159,19 @@ class Leading:
         self._note(exc)
         if self.leadership.tick() is Step.STEP_DOWN:
             await self._stepped_down()
-        await asyncio.sleep(self._retry_s)
-        self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+        await asyncio.sleep(self._retry.next_s())
 
     def _note(self, exc: BaseException) -> None:
         why = str(exc) or "no answer in time"
         if not self.unreachable:
-            log.warning("etcd does not answer: %s; trying again", why)
+            if isinstance(exc, (EtcdUnavailable, asyncio.TimeoutError)):
+                log.warning("etcd does not answer: %s; trying again", why)
+            else:  # etcd answered, and what it holds or said is the trouble
+                log.warning("cannot use the job's state in etcd: %s; trying again", why)
         self.unreachable = why
 
     def _reachable(self) -> None:
         if self.unreachable:
             log.info("etcd answers again")
         self.unreachable = ""
-        self._retry_s = RETRY_FIRST_S
+        self._retry.reset()

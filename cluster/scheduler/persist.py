@@ -31,7 +31,7 @@ from typing import Any
 from cluster.protocol.backoff import Backoff
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage.directory_store import STATE_FILE
-from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Written
+from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Stored, Written
 from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")
@@ -42,6 +42,9 @@ __all__ = ["STATE_FILE", "STATE_KIND", "StatePersister"]
 # disk has room again, without spinning on a disk that stays full.
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
+# Failed saves remembered as perhaps landed (see `_landed_unanswered`): far more than fail in a
+# row before one lands, as every retry saves the newest state.
+UNANSWERED_KEPT = 1024
 
 
 class StatePersister:
@@ -64,6 +67,8 @@ class StatePersister:
         self.store = store
         self.where = store.where
         self.token = token  # of what is stored, as this scheduler saved or read it
+        # The saves since the last one answered that failed without saying whether they landed.
+        self._unanswered: set[tuple[object, object]] = set()
         self._on_fenced = on_fenced
         self.fenced: str | None = None  # why saves stopped for good
         self._snapshot = snapshot
@@ -172,11 +177,19 @@ class StatePersister:
         revision = int(snapshot["revision"])
         started = time.perf_counter()
         try:
-            self._check(await self.store.save(snapshot, self.token))
+            written = await self.store.save(snapshot, self.token)
+            if not written.ok and self._landed_unanswered(written.current):
+                self.token = written.current.token  # ours: save over it
+                written = await self.store.save(snapshot, self.token)
+            self._unanswered.clear()
+            self._check(written)
         except FencedError as exc:
             await self._fence(str(exc))
             return False
         except (StateFileError, OSError) as exc:
+            # Its outcome is unknown: an etcd transaction whose answer timed out may have landed.
+            if len(self._unanswered) < UNANSWERED_KEPT:
+                self._unanswered.add(_identity(snapshot))
             self._failed(exc)
             self._observe(started)
             return False
@@ -195,6 +208,13 @@ class StatePersister:
         async with self._progress:
             self._progress.notify_all()
         return True
+
+    def _landed_unanswered(self, stored: Stored) -> bool:
+        """Whether `stored`, which replaced the state this scheduler last knew of, is its own
+        save whose answer was lost (a timeout after the write landed), not another scheduler's:
+        the same job at the same revision. Another scheduler cannot have written meanwhile, or
+        the store would have said this one is fenced."""
+        return stored.snapshot is not None and _identity(stored.snapshot) in self._unanswered
 
     async def _fence(self, why: str) -> None:
         """Saves are refused for good: another scheduler holds the job."""
@@ -222,3 +242,8 @@ class StatePersister:
             self.error,
             self._retry_max_s,
         )
+
+
+def _identity(snapshot: dict[str, Any]) -> tuple[object, object]:
+    """What tells one saved state from another: its job and its revision."""
+    return snapshot.get("cluster_id"), snapshot.get("revision")

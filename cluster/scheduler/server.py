@@ -177,6 +177,8 @@ class SchedulerServer:
         self._monitor: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
         self._stop_requested = asyncio.Event()
+        # Why, once the operator stopped a scheduler with standbys: the job goes to a standby.
+        self.handing_over: str | None = None
         # Set by `stop` when it had to stop with decided changes not saved.
         self.unsaved: str | None = None
 
@@ -235,15 +237,20 @@ class SchedulerServer:
         if core.restored_note:
             log.info("%s", core.restored_note)
 
-    async def uninstall(self, error: NotLeaderError) -> None:
-        """Answer nothing more for the job: this scheduler no longer leads it."""
+    async def uninstall(self, error: NotLeaderError, *, save_s: float = 0) -> bool:
+        """Answer nothing more for the job: this scheduler no longer leads it. Saves what is
+        pending for up to `save_s` (while saves fail), then ends every open stream and wait
+        with `error`; True when everything decided is saved. Saving stops first: the nodes
+        that leave when their streams end are failed here only, never in the saved state
+        that the next leader resumes."""
         core, self.gate.core = self.gate.core, None
         if core is None:
-            return
-        core.stand_down(error)
+            return True
         await _cancel(self._monitor)
         self._monitor = None
-        await core.stop_saving(0)
+        saved = await core.stop_saving(save_s)
+        core.stand_down(error)
+        return saved
 
     async def _serve(self) -> None:
         self._raise_open_files()
@@ -322,6 +329,15 @@ class SchedulerServer:
         that end is saved, after STOP_SAVE_WAIT_S when saves fail. A standby only stops."""
         if self.gate.core is not None:
             self.gate.core.abort(reason)
+        self._stop_requested.set()
+
+    def request_handover(self, reason: str) -> None:
+        """With standbys: stop serving and give the job to a standby (the job goes on, this
+        process exits 0). Without: end the job, as `request_stop`."""
+        if self.ha is None:
+            self.request_stop(reason)
+            return
+        self.handing_over = reason
         self._stop_requested.set()
 
     async def _tell_guard_waiters(self, core: SchedulerCore, deadline: float) -> None:
@@ -434,10 +450,10 @@ async def serve(config: ClusterConfig) -> int:
     await server.start()
     log.info("%s", _who_may_join(server))
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(
-            signum, server.request_stop, f"scheduler stopped by {signal.Signals(signum).name}"
-        )
+    # SIGINT (Ctrl-C, the launcher stopping its job) ends the job; SIGTERM (a host stopped for
+    # maintenance, a pod deleted) hands it over to a standby where there are standbys.
+    loop.add_signal_handler(signal.SIGINT, server.request_stop, "scheduler stopped by SIGINT")
+    loop.add_signal_handler(signal.SIGTERM, server.request_handover, "scheduler stopped by SIGTERM")
     try:
         ok = await server.wait_done()
     finally:

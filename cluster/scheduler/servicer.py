@@ -200,10 +200,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def ReportCheckpoints(
         self, request: pb.ReportCheckpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReportCheckpointsResponse:
-        await self._core.report_checkpoints(
+        held_by_all = await self._core.report_checkpoints(
             request.node_id, request.incarnation, list(request.steps), _caller(context)
         )
-        return pb.ReportCheckpointsResponse()
+        return pb.ReportCheckpointsResponse(held_by_all=held_by_all)
 
     @_mapped
     async def Status(

@@ -10,7 +10,9 @@ Faults:
     kill       SIGKILL a random worker, start it again at once (it rejoins after the guard)
     stop       SIGSTOP a random worker for 0.3-2x MS_NODE_TIMEOUT, then SIGCONT: a short stop is
                tolerated, a long one is a failure the same process recovers from
-    scheduler  SIGKILL the scheduler, start it again at once
+    scheduler  SIGKILL the scheduler, start it again at once; with standby schedulers, SIGKILL the
+               leader (found through Status), wait for the job to be back on the standby that
+               takes over, then start the killed one again (it stands by)
     partition  (root) cut a random worker's network link for 0.3-2x MS_NODE_TIMEOUT, then heal
                it: every worker runs in its own network namespace (`cluster.testing.NetworkLab`)
 """
@@ -33,7 +35,8 @@ from cluster.protocol.errors import ClusterError
 from cluster.protocol.records import Phase
 from cluster.tools import report_html
 from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
-from cluster.tools.testing import LocalJob, NetworkLab, wait_until
+from cluster.tools.netlab import NetworkLab
+from cluster.tools.testing import LocalJob, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
@@ -50,6 +53,7 @@ class Fault:
     recovered_after_s: float | None = None  # back to every worker alive and connected
     steps_lost: int | None = None  # steps computed again; None: no rollback seen
     note: str = ""
+    took_over: str = ""  # a scheduler fault with standbys: the scheduler that leads after it
 
 
 @dataclass
@@ -252,9 +256,33 @@ class Chaos:
         return fault
 
     def _scheduler(self, at_s: float) -> Fault:
+        if self.job.standby_num:
+            return self._failover(at_s)
         fault = Fault("scheduler", "scheduler", at_s, detected_after_s=0.0)
         self.job.kill_scheduler()
         fault.recovered_after_s = self.job.restart_scheduler()
+        return fault
+
+    def _failover(self, at_s: float) -> Fault:
+        """SIGKILL the leader; `detected`: until another scheduler leads, `recovered`: until
+        every worker is back on it. Then the killed one is started again, as a standby."""
+        job = self.job
+        killed = job.leader()
+        gone = job.addresses[killed]
+        fault = Fault("scheduler", f"leader {gone}", at_s)
+        job.kill_scheduler(killed)
+        sent = time.monotonic()
+        job.wait_status(lambda view: job.leader_index != killed, f"a leader other than {gone}")
+        fault.detected_after_s = time.monotonic() - sent
+        new, _ = job.wait_new_leader(killed)
+        fault.recovered_after_s = time.monotonic() - sent
+        fault.took_over = job.addresses[new]
+        job.restart_scheduler(killed, wait=False)
+        job.wait_status(
+            lambda view: view.leadership is not None and gone in view.leadership.schedulers,
+            f"{gone} back as a standby",
+        )
+        fault.note = f"{fault.took_over} took over, {gone} back as a standby"
         return fault
 
     # -- observations --------------------------------------------------------------------------
@@ -318,14 +346,14 @@ class Chaos:
         """Every process's end; 0 when all exited 0, else the first other code. A worker this
         run killed after it had finished does not count."""
         self.job.wait(FINISH_TIMEOUT_S)
-        procs = [self.job.scheduler] + [
+        procs = [*self.job.schedulers] + [
             w for i, w in enumerate(self.job.workers) if i not in self._after_the_end
         ]
         codes = [p.popen.returncode for p in procs if p is not None]
         return next((code for code in codes if code != 0), 0)
 
     def _first_failure(self) -> str:
-        for proc in [self.job.scheduler, *self.job.workers]:
+        for proc in [*self.job.schedulers, *self.job.workers]:
             if proc is not None and proc.popen.returncode not in (0, None):
                 tail = proc.output.strip().splitlines()[-1:] or ["(no output)"]
                 return f"{proc.name} exited {proc.popen.returncode}: {tail[0]}"
@@ -360,11 +388,16 @@ def run_chaos(
     out: IO[str] = sys.stderr,
     make_job: Callable[..., LocalJob] = LocalJob,
     spares: int = 0,
+    standbys: int = 0,
+    state_url: str | None = None,
+    lease_s: int | None = None,
 ) -> ChaosReport:
-    """The whole command: run, report to `out` and `report_path` (JSON)."""
+    """The whole command: run, report to `out` and `report_path` (JSON). `standbys`:
+    schedulers beside the first, on `state_url` (etcd) with a lease of `lease_s`."""
     if not script.is_file():
         raise ClusterError(f"the script {str(script)!r} does not exist")
-    network = _network(workers) if "partition" in faults else None
+    schedulers = _schedulers(standbys, state_url, lease_s)
+    network = _network(workers, standbys + 1) if "partition" in faults else None
     events_path = log_dir / EVENT_LOG
     events_path.unlink(missing_ok=True)  # this run's events only
     job = make_job(
@@ -377,6 +410,7 @@ def run_chaos(
         network=network,
         env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
         **({"spares": spares} if spares else {}),
+        **schedulers,
     )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -400,12 +434,28 @@ def run_chaos(
     return report
 
 
-def _network(workers: int) -> NetworkLab:
+def _network(workers: int, schedulers: int) -> NetworkLab:
     """The namespaces a partition needs, or a ClusterError that says why they cannot be made."""
     why = NetworkLab.why_not_available()
     if why:
         raise ClusterError(f"--faults partition needs network namespaces: {why}")
-    return NetworkLab(workers)
+    return NetworkLab(workers, schedulers=schedulers)
+
+
+def _schedulers(standbys: int, state_url: str | None, lease_s: int | None) -> dict[str, Any]:
+    """LocalJob's arguments for the schedulers: none beyond the defaults without a state URL;
+    a ClusterError for standbys without one."""
+    if standbys and state_url is None:
+        raise ClusterError(
+            f"--standbys {standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
+            "standby schedulers share the job's state in etcd"
+        )
+    if state_url is None:
+        return {}
+    found: dict[str, Any] = {"standbys": standbys, "state_url": state_url}
+    if lease_s is not None:
+        found["lease_s"] = lease_s
+    return found
 
 
 def _write_report(report: ChaosReport, path: Path, out: IO[str]) -> None:

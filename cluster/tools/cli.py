@@ -171,7 +171,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.watch:
         from cluster.tools import watch  # noqa: PLC0415 - imports grpc
 
-        return watch.run(addrs[0], identity, interval_s=args.interval, out=sys.stdout)
+        return watch.run(addrs, identity, interval_s=args.interval, out=sys.stdout)
     try:
         view = asyncio.run(_status(addrs, identity))
     except SchedulerUnreachableError as exc:
@@ -249,6 +249,9 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         report_path=Path(args.report) if args.report else None,
         count=args.count,
         spares=run.spares,
+        standbys=args.standbys,
+        state_url=run.state_url,
+        lease_s=run.lease,
     )
     return 0 if report.ok else 1
 
@@ -417,6 +420,13 @@ def _add_chaos_options(chaos: argparse.ArgumentParser) -> None:
     chaos.add_argument("--seed", type=int, default=0, help="random seed (0)")
     chaos.add_argument("--duration", type=float, default=60.0, help="seconds of faults (60)")
     chaos.add_argument("--count", type=int, help="stop after this many faults (no limit)")
+    chaos.add_argument(
+        "--standbys",
+        type=int,
+        default=0,
+        help="standby schedulers beside the first, on 127.0.0.2, 127.0.0.3, ... (needs "
+        "--state-url etcd://... among the run options); the scheduler fault kills the leader (0)",
+    )
     chaos.add_argument("--report", help="the JSON report (default LOG_DIR/chaos-report.json)")
     chaos.add_argument("run_options", nargs=argparse.REMAINDER, help="-- mscluster run options")
     chaos.set_defaults(func=_cmd_chaos)

@@ -128,15 +128,18 @@ async def from_scheduler(
     *,
     follow: bool,
     reconnect_s: float = RECONNECT_S,
+    where: Callable[[], str] | None = None,
 ) -> AsyncGenerator[JobEvent, None]:
     """The scheduler's retained events; with `follow`, then each new one until the job's last,
-    asking again (for up to `reconnect_s`) when the scheduler restarts."""
+    asking again (for up to `reconnect_s`) when the scheduler restarts; `where`: the address
+    to ask at each (re)connection instead of `address` (the leader, as it changes)."""
     newest = 0.0  # the time of the newest event shown: nothing older is shown again
     lost_at: float | None = None
     options = scheduler_channel.reconnect_options(100, 1000)
     while True:
+        asked = address if where is None else where()
         try:
-            async for event in _watch(address, identity, follow=follow, options=options):
+            async for event in _watch(asked, identity, follow=follow, options=options):
                 lost_at = None
                 if event.time <= newest:
                     continue

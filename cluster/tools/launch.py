@@ -169,13 +169,15 @@ class Launcher:
         await self._spawn(child, list(planned.args), child_environment(os.environ, planned))
 
     async def _stop_all(self) -> None:
-        """SIGTERM every running child's process group; SIGKILL what is left after the grace."""
+        """SIGTERM every running child's process group (SIGINT the scheduler's: the job ends,
+        where SIGTERM would hand it to a standby); SIGKILL what is left after the grace."""
         children = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for child in children:
                 if child.running and child.process is not None:
+                    first = signal.SIGINT if child is self.scheduler else signal.SIGTERM
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(child.process.pid, sig)
+                        os.killpg(child.process.pid, first if sig == signal.SIGTERM else sig)
             waits = [c.exited.wait() for c in children]
             try:
                 await asyncio.wait_for(asyncio.gather(*waits), STOP_GRACE_S)

@@ -111,9 +111,12 @@ def _scheduler_lane(report: Mapping[str, Any], scale: _Scale, y: float) -> list[
             start = fault["injected_at_s"]
             end = start + (fault.get("recovered_after_s") or 0.0)
             x0, x1 = scale.x(start), scale.x(end)
+            who = f"{fault['target']} " if fault.get("took_over") else ""
+            after = f", then {fault['took_over']} led" if fault.get("took_over") else ""
             parts.append(
                 f'<rect class="seg down" x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 1.5):.1f}" '
-                f'height="{LANE_H}"><title>down {start:.2f}-{end:.2f} s</title></rect>'
+                f'height="{LANE_H}"><title>{_e(who)}down {start:.2f}-{end:.2f} s{_e(after)}'
+                "</title></rect>"
             )
     parts.append("</g>")
     return parts
@@ -150,6 +153,7 @@ def _fault(
     what = (
         f"#{number} {fault['kind']} {fault['target']} at {at:.2f} s: detected after "
         f"{_seconds(detected)}, recovered after {_seconds(recovered)}"
+        + (f"; {fault['took_over']} took over" if fault.get("took_over") else "")
     )
     parts = [
         f'<g class="fault" data-fault="{number}" data-kind="{_e(fault["kind"])}" '

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,8 +40,21 @@ from typing import Any
 
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
+from cluster.tools.netlab import NetworkLab
 from cluster.tools.secret import write_job_secret
+from cluster.tools.status_client import StatusClient
 from cluster.worker import identity
+
+__all__ = [
+    "JobTimeoutError",
+    "LocalJob",
+    "NetemUnavailableError",
+    "NetworkLab",
+    "Process",
+    "StatusClient",
+    "free_port",
+    "wait_until",
+]
 
 POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
@@ -136,111 +149,9 @@ class Process:
             self.popen.wait(10)
 
 
-class NetworkLab:
-    """Worker i in namespace `ns(i)` at 10.T.i.2, linked by a veth pair to this host's 10.T.i.1;
-    the scheduler at 10.T.250.1 on this host's loopback. Needs root and iproute2."""
-
-    _made_labs = 0  # in this process: each lab its own names
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        NetworkLab._made_labs += 1
-        tag = (os.getpid() % 10_000) * 10 + NetworkLab._made_labs % 10
-        self._tag = tag
-        self._net = 100 + tag % 100
-        self.scheduler_ip = f"10.{self._net}.250.1"
-        self._made: list[Callable[[], None]] = []
-
-    @staticmethod
-    def why_not_available() -> str | None:
-        """Why network faults cannot run here, or None."""
-        if os.geteuid() != 0:
-            return "network namespaces need root"
-        if shutil.which("ip") is None or shutil.which("tc") is None:
-            return "iproute2 (`ip`, `tc`) is not installed"
-        return None
-
-    def namespace(self, i: int) -> str:
-        return f"cluster-{self._tag}-w{i}"
-
-    def host_link(self, i: int) -> str:
-        return f"cl{self._tag}h{i}"
-
-    def worker_ip(self, i: int) -> str:
-        return f"10.{self._net}.{i}.2"
-
-    def command(self, i: int, args: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.namespace(i), *args]
-
-    def setup(self) -> None:
-        why = self.why_not_available()
-        if why:
-            raise ClusterError(f"network faults are not available: {why}")
-        try:
-            _ip("addr", "add", f"{self.scheduler_ip}/32", "dev", "lo")
-            self._made.append(lambda: _ip("addr", "del", f"{self.scheduler_ip}/32", "dev", "lo"))
-            for i in range(self.workers):
-                self._link(i)
-        except BaseException:
-            self.teardown()
-            raise
-
-    def _link(self, i: int) -> None:
-        ns, host, peer = self.namespace(i), self.host_link(i), f"cl{self._tag}p{i}"
-        _ip("netns", "add", ns)
-        # Deleting the namespace deletes its end of the veth pair, and so the pair.
-        self._made.append(lambda: _ip("netns", "delete", ns))
-        _ip("link", "add", host, "type", "veth", "peer", "name", peer)
-        # Deleted explicitly too: a namespace's links go away only when the kernel gets to it.
-        self._made.append(lambda: _run(["ip", "link", "del", host], check=False))
-        _ip("link", "set", peer, "netns", ns)
-        _ip("addr", "add", f"10.{self._net}.{i}.1/24", "dev", host)
-        _ip("link", "set", host, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", ns, "addr", "add", f"{self.worker_ip(i)}/24", "dev", peer)
-        _ip("-n", ns, "link", "set", peer, "up")
-        _ip("-n", ns, "route", "add", "default", "via", f"10.{self._net}.{i}.1")
-
-    def teardown(self) -> None:
-        while self._made:
-            with contextlib.suppress(ClusterError, OSError):
-                self._made.pop()()
-
-    def cut(self, i: int) -> None:
-        _ip("link", "set", self.host_link(i), "down")
-
-    def heal(self, i: int) -> None:
-        _ip("link", "set", self.host_link(i), "up")
-
-    def impair(self, i: int, *, delay_ms: float = 0.0, loss_percent: float = 0.0) -> None:
-        """Delay and lose the packets this host sends to worker i (tc netem); 0, 0 clears."""
-        link = self.host_link(i)
-        _run(["tc", "qdisc", "del", "dev", link, "root"], check=False)  # none there is fine
-        if delay_ms or loss_percent:
-            netem = ["delay", f"{delay_ms:g}ms", "loss", f"{loss_percent:g}%"]
-            try:
-                _run(["tc", "qdisc", "add", "dev", link, "root", "netem", *netem])
-            except ClusterError as exc:
-                if "unknown" in str(exc):
-                    raise NetemUnavailableError(
-                        "tc netem is not available in this kernel (module sch_netem): delay "
-                        "and loss cannot be injected here; cutting links still works"
-                    ) from None
-                raise
-
-
-def _ip(*args: str) -> None:
-    _run(["ip", *args])
-
-
-def _run(args: list[str], *, check: bool = True) -> None:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
-    if check and result.returncode != 0:
-        raise ClusterError(f"{' '.join(args)} failed: {result.stderr.strip()}")
-
-
 class LocalJob:
-    """A scheduler and `workers` workers of `script` on this machine, recovery on."""
+    """A scheduler and `workers` workers of `script` on this machine, recovery on; with
+    `standbys`, as many more schedulers on one etcd state URL, the workers knowing them all."""
 
     def __init__(
         self,
@@ -256,12 +167,19 @@ class LocalJob:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         network: NetworkLab | None = None,
         spares: int = 0,
+        standbys: int = 0,
+        state_url: str | None = None,
+        lease_s: int = 2,
     ) -> None:
         """`env`: extra environment for every process; `timeout_s`: the bound of each wait;
         `network`: put each worker in its own network namespace (set up by `start`); `spares`:
-        spare workers (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log)."""
+        spare workers (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log); `state_url`:
+        the schedulers keep the job in etcd (CLUSTER_STATE_URL, lease `lease_s`); `standbys`:
+        schedulers beside the first (needs `state_url`), scheduler k on 127.0.0.<k+1> (or the
+        lab's k-th scheduler address), all on one port, logs scheduler_<k>.log."""
         if workers < 1:
             raise ClusterError(f"LocalJob workers={workers} must be >= 1")
+        self.hosts = _scheduler_hosts(standbys, state_url, network)
         self.script = Path(script)
         self.args = list(args)
         self.worker_num = workers
@@ -271,29 +189,45 @@ class LocalJob:
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.network = network
-        host = "127.0.0.1" if network is None else network.scheduler_ip
-        self.port = free_port()
-        self.address = f"{host}:{self.port}"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
-        self.env.update(
-            MS_WORKER_NUM=str(workers),
-            MS_SCHED_HOST=host,
-            MS_SCHED_PORT=str(self.port),
-            MS_NODE_TIMEOUT=f"{node_timeout_s:g}",
-            PYTHONUNBUFFERED="1",
-        )
-        if recovery:
-            self.env.update(MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(self.workdir / "state"))
-        # Closed to outsiders, as a launched job is (unless `env` gives the secret).
-        self.env["CLUSTER_JOB_SECRET_FILE"] = str(write_job_secret(self.workdir))
+        self.port = _free_port_on(self.hosts)
+        self.addresses = [f"{host}:{self.port}" for host in self.hosts]
+        self.address = self.addresses[0]
+        self.env = self._environment(recovery, state_url, lease_s)
         self.env.update(env or {})
         self.python = python
-        self.scheduler: Process | None = None
+        self.schedulers: list[Process | None] = [None] * len(self.hosts)
+        self.leader_index = 0  # the scheduler that led when last seen
         self.workers: list[Process | None] = [None] * workers
         self.restarts = [0] * workers
         self.spare_num = spares
         self.spares: list[Process] = []
         self._status: StatusClient | None = None
+
+    def _environment(self, recovery: bool, state_url: str | None, lease_s: int) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+        env.update(
+            MS_WORKER_NUM=str(self.worker_num),
+            MS_SCHED_HOST=",".join(self.hosts),
+            MS_SCHED_PORT=str(self.port),
+            MS_NODE_TIMEOUT=f"{self.node_timeout_s:g}",
+            PYTHONUNBUFFERED="1",
+        )
+        if recovery:
+            env.update(MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(self.workdir / "state"))
+        if state_url is not None:
+            env.update(CLUSTER_STATE_URL=state_url, CLUSTER_LEASE_S=str(lease_s))
+        # Closed to outsiders, as a launched job is (unless `env` gives the secret).
+        env["CLUSTER_JOB_SECRET_FILE"] = str(write_job_secret(self.workdir))
+        return env
+
+    @property
+    def standby_num(self) -> int:
+        return len(self.hosts) - 1
+
+    @property
+    def scheduler(self) -> Process | None:
+        """The scheduler that leads (as last seen; the only one without standbys)."""
+        return self.schedulers[self.leader_index]
 
     # -- starting ------------------------------------------------------------------------------
 
@@ -301,7 +235,8 @@ class LocalJob:
         """Start the scheduler and every worker (they form the job in the background)."""
         if self.network is not None:
             self.network.setup()
-        self.scheduler = self._spawn("scheduler", "MS_SCHED", None)
+        for k in range(len(self.hosts)):
+            self.schedulers[k] = self._spawn_scheduler(k)
         for i in range(self.worker_num):
             self.workers[i] = self._spawn(f"worker_{i}", "MS_WORKER", str(i))
         for i in range(self.spare_num):
@@ -320,6 +255,11 @@ class LocalJob:
             args = self.network.command(int(node_id), args)
         return Process(name, args, env, self.workdir / f"{name}.log")
 
+    def _spawn_scheduler(self, k: int) -> Process:
+        env = {**self.env, "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": self.hosts[k]}
+        args = [self.python, str(self.script.resolve()), *self.args]
+        return Process(scheduler_name(k), args, env, self.workdir / f"{scheduler_name(k)}.log")
+
     def worker(self, i: int) -> Process:
         proc = self.workers[i]
         if proc is None:
@@ -337,8 +277,11 @@ class LocalJob:
     def status(self) -> Any:
         """The scheduler's view (`cluster.status.JobView`), or None when it does not answer."""
         if self._status is None:
-            self._status = StatusClient(self.address)
-        return self._status.fetch()
+            self._status = StatusClient(self.addresses)
+        view = self._status.fetch()
+        if view is not None and view.address in self.addresses:
+            self.leader_index = self.addresses.index(view.address)
+        return view
 
     def wait_status(self, predicate: Callable[[Any], bool], what: str) -> Any:
         """Poll the status until `predicate(view)` holds; the view."""
@@ -430,19 +373,40 @@ class LocalJob:
             raise ClusterError("network faults need LocalJob(..., network=NetworkLab(workers))")
         return self.network
 
-    def kill_scheduler(self) -> None:
-        """SIGKILL the scheduler; returns once it is gone."""
-        if self.scheduler is not None:
-            self.scheduler.signal(signal.SIGKILL)
-            self.scheduler.popen.wait(self.timeout_s)
+    def leader(self) -> int:
+        """The index of the scheduler that leads now (waits for one, bounded)."""
+        self.wait_status(lambda view: True, "a scheduler leading the job")
+        return self.leader_index
 
-    def restart_scheduler(self, *, wait: bool = True) -> float:
-        """Start the scheduler again; with `wait`, once every worker is back, the seconds."""
-        self.scheduler = self._spawn("scheduler", "MS_SCHED", None)
+    def kill_scheduler(self, k: int | None = None) -> int:
+        """SIGKILL scheduler k (by default the one that led when last seen); returns once it
+        is gone, its index."""
+        k = self.leader_index if k is None else k
+        proc = self.schedulers[k]
+        if proc is not None:
+            proc.signal(signal.SIGKILL)
+            proc.popen.wait(self.timeout_s)
+        return k
+
+    def restart_scheduler(self, k: int | None = None, *, wait: bool = True) -> float:
+        """Start scheduler k (by default the one that led when last seen) again; with `wait`,
+        once every worker is back, the seconds."""
+        k = self.leader_index if k is None else k
+        self.schedulers[k] = self._spawn_scheduler(k)
         started = time.monotonic()
         if wait:
             self.wait_formed()
         return time.monotonic() - started
+
+    def wait_new_leader(self, killed: int) -> tuple[int, float]:
+        """After the leader `killed` died: once another scheduler leads with every worker back
+        on it, its index and the seconds that took."""
+        started = time.monotonic()
+        self.wait_status(
+            lambda view: self.leader_index != killed and self.everyone_back(view),
+            f"the job back on a scheduler other than {self.addresses[killed]}",
+        )
+        return self.leader_index, time.monotonic() - started
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -450,7 +414,7 @@ class LocalJob:
         """Wait for every process to exit; 0 when all exited 0, else the first other code."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         codes = []
-        for proc in [self.scheduler, *self.workers, *self.spares]:
+        for proc in [*self.schedulers, *self.workers, *self.spares]:
             if proc is None:
                 continue
             try:
@@ -463,7 +427,7 @@ class LocalJob:
 
     def close(self) -> None:
         """Kill whatever is still running (every process group) and clean up."""
-        for proc in [self.scheduler, *self.workers, *self.spares]:
+        for proc in [*self.schedulers, *self.workers, *self.spares]:
             if proc is not None:
                 proc.kill_group()
         if self._status is not None:
@@ -486,37 +450,43 @@ class LocalJob:
         self.close()
 
 
-class StatusClient:
-    """Status calls from synchronous code: a grpc.aio channel on a background loop, which
-    reconnects every `reconnect_ms` while the scheduler is down."""
+def scheduler_name(k: int) -> str:
+    """Scheduler k's process and log name: "scheduler" for the first, as without standbys."""
+    return "scheduler" if k == 0 else f"scheduler_{k}"
 
-    def __init__(self, address: str, *, reconnect_ms: int = 50) -> None:
-        from cluster.transport import channel  # noqa: PLC0415 - grpc only for those who ask
-        from cluster.worker.session import BackgroundLoop  # noqa: PLC0415
 
-        self.address = address
-        self._loop = BackgroundLoop("cluster-testing-status")
-        # Reconnect often while the scheduler is down, so that the status after a restart is
-        # seen at once (grpc's default backoff reaches seconds).
-        options = channel.reconnect_options(reconnect_ms, reconnect_ms)
+def _scheduler_hosts(standbys: int, state_url: str | None, network: NetworkLab | None) -> list[str]:
+    """The schedulers' hosts: 127.0.0.1, 127.0.0.2, ... (the lab's addresses with a lab)."""
+    if standbys < 0 or (standbys and state_url is None):
+        raise ClusterError(
+            f"LocalJob standbys={standbys}: standby schedulers need state_url='etcd://...' "
+            "(they share the job's state in etcd) and a count >= 0"
+        )
+    if network is None:
+        return [f"127.0.0.{k + 1}" for k in range(standbys + 1)]
+    if len(network.scheduler_ips) < standbys + 1:
+        raise ClusterError(
+            f"LocalJob standbys={standbys} needs NetworkLab(..., schedulers={standbys + 1})"
+        )
+    return network.scheduler_ips[: standbys + 1]
 
-        async def make() -> Any:
-            return channel.open_channel(address, None, options)
 
-        self._channel = self._loop.run(make())
+def _free_port_on(hosts: list[str]) -> int:
+    """A port free on every loopback host of `hosts` now (a lab's hosts do not exist yet)."""
+    for _ in range(100):
+        port = free_port()
+        if all(_bindable(host, port) for host in hosts if host.startswith("127.")):
+            return port
+    raise ClusterError(f"no port is free on every one of {', '.join(hosts)}")
 
-    def fetch(self) -> Any:
-        from cluster.tools import status  # noqa: PLC0415
 
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
-            return self._loop.run(status.fetch(self._channel, self.address, 1.0))
-        except ClusterError:
-            return None
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._loop.run(self._channel.close(), timeout_s=5.0)
-        self._loop.stop()
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 # -- pytest --------------------------------------------------------------------------------------
@@ -540,3 +510,5 @@ else:
         yield make
         for job in jobs:
             job.close()
+
+    __all__ += ["local_job"]

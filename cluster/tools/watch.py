@@ -33,8 +33,8 @@ from cluster.protocol.events import JobEvent
 from cluster.protocol.state import Phase
 from cluster.tools import events, status
 from cluster.tools.events import FINAL
+from cluster.tools.following import Following
 from cluster.tools.status import JobView, NodeView
-from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
 
 JOB_FIELDS = ("phase", "generation", "rollback_step", "registered")
@@ -195,7 +195,13 @@ class Watcher:
         self.view: JobView | None = None
         self.ended: JobEvent | None = None  # the job's last event, once seen
         self._lost = False
+        self._moved = ""  # the last move to another scheduler, not shown yet on a terminal
         self._wake = asyncio.Event()
+
+    def say(self, text: str) -> None:
+        """One line about the watch itself (it follows another scheduler now)."""
+        self._moved = text
+        self._line(text)
 
     async def run(self) -> int:
         """0 once the job has finished, 1 once it has failed."""
@@ -227,7 +233,10 @@ class Watcher:
             return None
         if self._lost:
             self._lost = False
-            self._line("scheduler answering again")
+            if not self._moved:  # a move said it already
+                self._line("scheduler answering again")
+        if not self.terminal:
+            self._moved = ""
         found = changes(self.view, view)
         self.view = view
         return view, found
@@ -277,7 +286,7 @@ class Watcher:
                 seen = await self._poll()
                 if seen is not None:
                     view, found = seen
-                    screen.update(table(view, found), refresh=True)
+                    screen.update(table(view, found, self._moved), refresh=True)
                     if view.phase in _OVER:
                         return self._code(view)
                 elif self.view is not None:
@@ -288,24 +297,38 @@ class Watcher:
                 await self._pause()
 
 
-def run(address: str, identity: tls.Identity | None, *, interval_s: float, out: IO[str]) -> int:
-    """The whole command: 0 once the job has finished, 1 when it failed or when the scheduler
-    did not answer at first."""
+def run(
+    addresses: str | list[str],
+    identity: tls.Identity | None,
+    *,
+    interval_s: float,
+    out: IO[str],
+) -> int:
+    """The whole command: 0 once the job has finished, 1 when it failed or when no scheduler
+    answered at first. With several addresses it follows the leader among them."""
     if not interval_s > 0:
         raise ConfigError(f"--interval {interval_s} must be a positive number of seconds")
+    listed = [addresses] if isinstance(addresses, str) else list(addresses)
 
     async def main() -> int:
-        options = scheduler_channel.reconnect_options(100, 1000)
-        async with scheduler_channel.open_channel(address, identity, options) as channel:
-            await status.fetch(channel, address)  # nothing to watch: say so, exit 1
+        said: list[str] = []
+        following = Following(listed, identity, said.append)
+        try:
+            await following.fetch()  # nothing to watch: say so, exit 1
+            said.clear()  # the first leader found is not a move
             watcher = Watcher(
-                lambda: status.fetch(channel, address),
-                lambda: events.from_scheduler(address, identity, follow=True),
+                following.fetch,
+                lambda: events.from_scheduler(
+                    following.address, identity, follow=True, where=lambda: following.address
+                ),
                 out,
                 interval_s=interval_s,
                 terminal=out.isatty(),
             )
+            following.say = watcher.say
             return await watcher.run()
+        finally:
+            await following.close()
 
     try:
         return asyncio.run(main())

@@ -333,8 +333,10 @@ class ReportCheckpointsRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportCheckpointsResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("held_by_all",)
+    HELD_BY_ALL_FIELD_NUMBER: _ClassVar[int]
+    held_by_all: int
+    def __init__(self, held_by_all: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

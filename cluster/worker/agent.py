@@ -540,16 +540,18 @@ class WorkerAgent:
                 waiter.cancel()
         return peer_failed.is_set() or moved.is_set()
 
-    async def report_checkpoints(self, steps: list[int]) -> None:
+    async def report_checkpoints(self, steps: list[int]) -> int:
+        """Report the steps held; a step every worker holds (0: none), to keep."""
         request = pb.ReportCheckpointsRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation, steps=steps
         )
-        await self._call(
+        answer = await self._call(
             "checkpoint report",
             lambda: self._stub.ReportCheckpoints(
                 request, wait_for_ready=True, metadata=self._metadata
             ),
         )
+        return int(answer.held_by_all)
 
     async def kv_set(self, key: str, value: bytes) -> None:
         request = pb.KvSetRequest(key=key, value=value)

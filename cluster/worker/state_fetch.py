@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from cluster.protocol import auth, peer_state
-from cluster.protocol.errors import CheckpointError
+from cluster.protocol.errors import CheckpointError, NoPeerStateError, PeerStateError
 from cluster.storage import atomic, checkpoint_files
 from cluster.storage.served import PIECE_BYTES
 from cluster.transport import channel, tls
@@ -74,8 +74,8 @@ class Client:
         return channel.open_channel(address, identity, CHANNEL_OPTIONS)
 
 
-class PeerFailure(Exception):
-    """One holder could not give the checkpoint; the message says why."""
+PeerFailure = PeerStateError  # one holder could not give the checkpoint
+NotFetched = NoPeerStateError  # none could
 
 
 @dataclass
@@ -106,12 +106,6 @@ def fetch(
             continue
         return Fetched(state, holder, nbytes, failures)
     raise NotFetched(failures)
-
-
-class NotFetched(Exception):
-    def __init__(self, failures: list[str]) -> None:
-        super().__init__("; ".join(failures) or "no live peer serves checkpoints")
-        self.failures = failures
 
 
 def _fetch_from(

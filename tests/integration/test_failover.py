@@ -5,6 +5,8 @@ one --state-url), and 4 workers of examples/train_mlp.py that know both addresse
 (MS_SCHED_HOST=127.0.0.1,127.0.0.2) with recovery on. The leader is SIGKILLed mid-run: the
 standby leads within the lease and a second, the workers follow it, and the job ends with the
 parameters of a run without faults. One etcd member killed under a running job goes unnoticed.
+SIGTERM to the leader (a host stopped for maintenance) hands the job over: the standby leads at
+once, well within the lease, and the stopped leader exits 0; SIGTERM to a standby changes nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ HOSTS = ("127.0.0.1", "127.0.0.2")
 class HaJob:
     """Two schedulers on etcd and WORKERS workers of train_mlp.py that know both."""
 
-    def __init__(self, processes: Procs, tmp: Path, etcd: EtcdCluster) -> None:
+    def __init__(
+        self, processes: Procs, tmp: Path, etcd: EtcdCluster, lease_s: int = LEASE_S
+    ) -> None:
         self.processes = processes
+        self.lease_s = lease_s
         self.port = free_port()
         self.url = etcd.state_url()
         self.out = tmp / "ha"
@@ -59,7 +64,7 @@ class HaJob:
 
     def _scheduler(self, host: str) -> Process:
         args = ["--host", host, "--port", str(self.port), "--worker-num", str(WORKERS)]
-        args += ["--node-timeout", "2", "--state-url", self.url, "--lease", str(LEASE_S)]
+        args += ["--node-timeout", "2", "--state-url", self.url, "--lease", str(self.lease_s)]
         return self.processes.start(
             f"scheduler-{host}",
             [PYTHON, "-m", "cluster", "scheduler", *args],
@@ -102,6 +107,13 @@ def test_the_leader_killed_mid_run_the_standby_leads_and_the_result_is_exact(
     job = HaJob(processes, tmp_path, etcd_cluster)
     leader = job.first_leader
     standby = next(host for host in HOSTS if host != leader)
+    addresses = ",".join(f"{host}:{job.port}" for host in HOSTS)
+    watch = processes.start(
+        "watch",
+        [PYTHON, "-m", "cluster", "status", "--watch", "--addr", addresses, "--interval", "0.5"],
+        job_env(WORKERS, job.port),
+    )
+    watch.wait_for_output("rank  node id", 30)  # the first table: it is watching the leader
     wait_until(lambda: steps_done(job.workers[0]) >= 17, 60, "step 17")
     job.schedulers[leader].popen.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
@@ -123,6 +135,11 @@ def test_the_leader_killed_mid_run_the_standby_leads_and_the_result_is_exact(
     assert job.final_hash() == fault_free_hash
     assert all(len(STEP_LINE.findall(w.output)) >= 1 for w in job.workers)
     assert all(f"back with the scheduler at {standby}:{job.port}" in w.output for w in job.workers)
+    # `mscluster status --watch` moved to the new leader, said so in one line, and saw the end.
+    assert watch.wait(30) == 0, watch.output
+    moved = f"following the leader at {standby}:{job.port} (the scheduler at {leader}:{job.port}"
+    assert watch.output.count(moved) == 1, watch.output
+    assert "the job finished" in watch.output
 
 
 def test_one_etcd_member_killed_under_the_running_job_goes_unnoticed(
@@ -137,3 +154,48 @@ def test_one_etcd_member_killed_under_the_running_job_goes_unnoticed(
     assert job.final_hash() == fault_free_hash
     assert not any("lost the scheduler" in w.output for w in job.workers)
     assert "job finished" in job.schedulers[job.first_leader].output
+
+
+# A lease long enough that "at once" and "after the lease" cannot be mistaken for each other.
+LONG_LEASE_S = 20
+
+
+def test_sigterm_to_the_leader_hands_the_job_over_at_once_and_the_result_is_exact(
+    processes: Procs, tmp_path: Path, etcd_cluster: EtcdCluster, fault_free_hash: str
+) -> None:
+    job = HaJob(processes, tmp_path, etcd_cluster, lease_s=LONG_LEASE_S)
+    leader = job.first_leader
+    standby = next(host for host in HOSTS if host != leader)
+    wait_until(lambda: steps_done(job.workers[0]) >= 17, 60, "step 17")
+    job.schedulers[leader].popen.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    wait_until(lambda: job.role(standby) == "leader", LONG_LEASE_S, "the standby to lead")
+    took_over_s = time.monotonic() - sent
+    print(
+        f"the standby led {took_over_s:.2f} s after the leader's SIGTERM (lease {LONG_LEASE_S} s)"
+    )
+    assert took_over_s < LONG_LEASE_S / 2  # it did not wait for the lease to end
+    stopped = job.schedulers[leader]
+    assert stopped.wait(30) == 0, stopped.output
+    assert "handing the job over (scheduler stopped by SIGTERM)" in stopped.output
+    assert "everything decided is saved" in stopped.output
+    assert job.final_hash() == fault_free_hash
+    assert all(f"back with the scheduler at {standby}:{job.port}" in w.output for w in job.workers)
+    assert "job finished" in job.schedulers[standby].output
+    # Handed over as it was: no node was failed on the way, nobody rolled back.
+    assert " failed: " not in stopped.output
+    assert "rejoined" not in job.schedulers[standby].output
+    assert not any("rolled back" in w.output for w in job.workers)
+
+
+def test_sigterm_to_a_standby_ends_only_the_standby(
+    processes: Procs, tmp_path: Path, etcd_cluster: EtcdCluster, fault_free_hash: str
+) -> None:
+    job = HaJob(processes, tmp_path, etcd_cluster, lease_s=LONG_LEASE_S)
+    standby = next(host for host in HOSTS if host != job.first_leader)
+    wait_until(lambda: steps_done(job.workers[0]) >= 10, 60, "step 10")
+    job.schedulers[standby].popen.send_signal(signal.SIGTERM)
+    assert job.schedulers[standby].wait(30) == 0, job.schedulers[standby].output
+    assert job.role(job.first_leader) == "leader"
+    assert job.final_hash() == fault_free_hash
+    assert not any("lost the scheduler" in w.output for w in job.workers)

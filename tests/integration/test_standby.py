@@ -331,3 +331,30 @@ def test_an_unreachable_or_misconfigured_etcd_is_one_line_at_start(url: str, sai
     assert said in result.stderr
     assert "Traceback" not in result.stderr
     assert len([line for line in result.stderr.splitlines() if "mscluster:" in line]) == 1
+
+
+def test_a_scheduler_whose_worker_count_differs_from_the_saved_job_is_one_line_at_start(
+    schedulers: Schedulers, processes: Procs
+) -> None:
+    """Not a campaign that fails and is made again for ever: the job on that prefix (2
+    workers, still running after its leader's SIGKILL) is not this scheduler's (4)."""
+    leader = schedulers.leader()
+    register(schedulers.address(leader), "0")
+    for proc in schedulers.procs.values():
+        proc.popen.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    args = ["--host", "127.0.0.1", "--port", str(free_port()), "--worker-num", "4"]
+    done = subprocess.run(
+        [PYTHON, "-m", "cluster", "scheduler", *args, "--state-url", schedulers.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=job_env(4, schedulers.port),
+    )
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert f"CLUSTER_STATE_URL={schedulers.url.rstrip('/')!r} cannot be used" in said
+    assert "MS_WORKER_NUM=2" in said
+    assert "MS_WORKER_NUM=4" in said
+    assert "Traceback" not in done.stderr

@@ -250,6 +250,27 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     assert ckpt.latest() == (6, {"step": 6})
 
 
+def test_the_step_every_rank_holds_is_kept_past_keep_checkpoint_max(tmp_path: Path) -> None:
+    """This rank's writer runs ahead of the others' reports: the step the scheduler answers as
+    held by every rank (the job's rollback step) stays, with every newer one, until the
+    answer moves on."""
+    held_by_all = 2
+
+    def report(steps: list[int]) -> int:
+        return held_by_all
+
+    ckpt = manager(tmp_path, keep=2, report=report)
+    for step in range(1, 6):
+        ckpt.save(step, {"step": step})
+    ckpt.flush()
+    assert ckpt.steps() == [2, 3, 4, 5]  # 1 went before the answer said 2
+    held_by_all = 4  # answered to the report of step 6, which follows its pruning
+    ckpt.save(6, {"step": 6})
+    ckpt.save(7, {"step": 7})
+    ckpt.flush()
+    assert ckpt.steps() == [4, 5, 6, 7]
+
+
 def test_saving_an_older_step_drops_the_newer_ones(tmp_path: Path) -> None:
     """After a rollback to step 2, checkpoints 3 and 4 of the abandoned run must go."""
     ckpt = manager(tmp_path, keep=5)

@@ -105,6 +105,27 @@ def test_a_lease_longer_than_asked_is_not_trusted_beyond_what_was_asked() -> Non
     assert leading.valid_until == clock.now + LEASE_S - leading.margin_s
 
 
+def test_a_resigned_leader_stops_serving_at_once_and_never_campaigns_again() -> None:
+    clock = FakeClock(100.0)
+    leading = leader(clock)
+    assert leading.resign("scheduler stopped by SIGTERM") is Step.STEP_DOWN
+    assert not leading.serving()
+    assert leading.reason == "scheduler stopped by SIGTERM"
+    assert leading.leader_seen(None) is Step.NOTHING  # the key gone: no campaign
+    # A campaign that was under way when it resigned leads nothing.
+    assert leading.won(clock.now, LEASE_S, "127.0.0.1:8118") is Step.STEP_DOWN
+    assert not leading.serving()
+    assert leading.terms == 1
+
+
+def test_a_resigned_standby_has_nothing_to_hand_over() -> None:
+    standby = Leadership(LEASE_S, FakeClock(100.0))
+    standby.lost("127.0.0.2:8118")
+    assert standby.resign("scheduler stopped by SIGTERM") is Step.NOTHING
+    assert standby.role is Role.CANDIDATE
+    assert standby.leader_seen(None) is Step.NOTHING
+
+
 class LeaseModel(RuleBasedStateMachine):
     """A leader and etcd's view of its lease, under random delays and losses: whenever the
     leader serves, etcd still holds its lease (no standby can have taken over)."""
@@ -142,6 +163,10 @@ class LeaseModel(RuleBasedStateMachine):
         else:
             self.leading.lease_ended()
 
+    @rule()
+    def resign(self) -> None:
+        self.leading.resign("stopped")
+
     @rule(dt=st.floats(0, 1.0))
     def time_passes(self, dt: float) -> None:
         self.clock.now += dt
@@ -151,6 +176,11 @@ class LeaseModel(RuleBasedStateMachine):
     def serving_only_under_a_live_lease(self) -> None:
         if self.leading.serving():
             assert self.clock.now < self.expiry - self.leading.margin_s + 1e-9
+
+    @invariant()
+    def resigned_never_serves(self) -> None:
+        if self.leading.resigned:
+            assert not self.leading.serving()
 
 
 TestLeaseModel = LeaseModel.TestCase

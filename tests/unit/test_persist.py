@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, EtcdUnavailable, StateFileError
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import Accepted, Refused
 from cluster.scheduler.core import SchedulerCore
@@ -20,6 +20,7 @@ from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.scheduler.server import SchedulerServer
 from cluster.storage import store
 from cluster.storage.directory_store import DirectoryStore
+from cluster.storage.state_store import Written
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually, settle
 from tests.conftest import FakeClock
@@ -252,3 +253,38 @@ async def test_a_scheduler_on_a_directory_that_cannot_take_its_state_does_not_st
     # Nothing left behind: the lock is free for the next try.
     with store.RecoveryLock(tmp_path):
         pass
+
+
+class AnswerLost(DirectoryStore):
+    """The real directory store, whose next `lose` saves land on disk but answer as an etcd
+    transaction whose answer timed out does: an error, though the state was written."""
+
+    lose = 0
+
+    async def save(self, snapshot: dict[str, Any], token: str) -> Written:
+        written = await super().save(snapshot, token)
+        if self.lose > 0:
+            self.lose -= 1
+            raise EtcdUnavailable("no etcd member answered within 5 s (DEADLINE_EXCEEDED)")
+        return written
+
+
+async def test_a_save_that_landed_though_its_answer_was_lost_is_not_taken_for_a_rival(
+    tmp_path: Path,
+) -> None:
+    """The saves after it find the state moved on, and it is this scheduler's own: they save
+    over it, and the scheduler goes on leading (it used to step down, taking it for another's)."""
+    state_store = AnswerLost(tmp_path)
+    await state_store.acquire()
+    core = await SchedulerCore.resume(SETTINGS, state_store)
+    persister = core.persister
+    assert persister is not None
+    await core.save_first()
+    core.start_saving()
+    state_store.lose = 2  # two in a row: the first to land is not the last one tried
+    await asyncio.wait_for(core.register(registration("0")), BOUND_S)
+    await asyncio.wait_for(core.register(registration("1")), BOUND_S)
+    assert persister.fenced is None
+    assert persister.failures >= 2
+    assert saved(tmp_path)["phase"] == "ready"
+    await persister.stop()

@@ -17,6 +17,7 @@ from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import (
+    HELD_BY_ALL_EVERY_S,
     Accepted,
     Denial,
     Denied,
@@ -1558,6 +1559,26 @@ def test_rollback_is_the_newest_step_every_worker_holds() -> None:
     (ready,) = [e for e in effects if isinstance(e, TopologyReadyEvent)]
     assert (ready.generation, ready.rollback_step) == (2, 20)
     assert "rank 2" in ready.reason
+
+
+def test_the_step_every_worker_holds_is_computed_at_most_once_a_second() -> None:
+    """What a checkpoint report is answered with: the rollback step as of a moment ago (at most
+    HELD_BY_ALL_EVERY_S), never newer than what every worker holds; 0 when none in common."""
+    clock = FakeClock()
+    state = recovering(clock)
+    assert state.held_by_all() == 0
+    for node_id in ("0", "1", "2"):
+        state.report_checkpoints(node_id, 1, [10, 20])
+    clock.advance(HELD_BY_ALL_EVERY_S)
+    assert state.held_by_all() == 20
+    for node_id in ("0", "1", "2"):
+        state.report_checkpoints(node_id, 1, [20, 30])
+    assert state.held_by_all() == 20  # a moment ago: still held by every worker
+    clock.advance(HELD_BY_ALL_EVERY_S)
+    assert state.held_by_all() == 30 == state.rollback_step()
+    state.report_checkpoints("2", 1, [5])  # no step in common: nothing to keep for it
+    clock.advance(HELD_BY_ALL_EVERY_S)
+    assert state.held_by_all() == 0
 
 
 def test_rollback_is_the_beginning_when_nobody_has_a_checkpoint() -> None:

@@ -26,8 +26,10 @@ def main() -> None:
     cluster.init()
     rank = cluster.get_rank()
     state = {"shard": np.zeros(1000)}
+    # Kept generously: a rank's reports lag its saves, so the job's rollback step can be several
+    # steps behind the newest step a fast rank has written (with 3 kept, a survivor had pruned it).
     config = cluster.CheckpointConfig(
-        save_checkpoint_steps=1, keep_checkpoint_max=3, replicated=False
+        save_checkpoint_steps=1, keep_checkpoint_max=10, replicated=False
     )
     checkpoints = cluster.CheckpointManager(args.directory, "shard", config)
     loop = cluster.TrainingLoop(args.steps, checkpoints, lambda: state, state.update)

@@ -1,0 +1,70 @@
+"""Status calls from synchronous code (tests, benchmarks, `mscluster chaos`): `StatusClient`,
+re-exported by `cluster.testing`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from cluster.protocol.errors import ClusterError, NotLeaderAnswer
+
+
+class StatusClient:
+    """Status calls from synchronous code: grpc.aio channels to every scheduler address on a
+    background loop, each reconnecting every `reconnect_ms` while its scheduler is down. The
+    leader answers: the address that answered last is asked first, then the leader a standby
+    names, then the others in turn."""
+
+    def __init__(self, addresses: str | Sequence[str], *, reconnect_ms: int = 50) -> None:
+        from cluster.worker.session import BackgroundLoop  # noqa: PLC0415 - grpc on demand
+
+        self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+        self.address = self.addresses[0]  # the one that answered last
+        self._loop = BackgroundLoop("cluster-testing-status")
+        self._reconnect_ms = reconnect_ms
+        self._channels: dict[str, Any] = {}
+
+    def _channel(self, address: str) -> Any:
+        from cluster.transport import channel  # noqa: PLC0415 - grpc only for those who ask
+
+        if address not in self._channels:
+            # Reconnect often while the scheduler is down, so that the status after a restart
+            # is seen at once (grpc's default backoff reaches seconds).
+            options = channel.reconnect_options(self._reconnect_ms, self._reconnect_ms)
+
+            async def make() -> Any:
+                return channel.open_channel(address, None, options)
+
+            self._channels[address] = self._loop.run(make())
+        return self._channels[address]
+
+    def fetch(self) -> Any:
+        """The leader's view (`cluster.status.JobView`), or None when none answers."""
+        from cluster.tools import status  # noqa: PLC0415
+
+        queue = [self.address, *(a for a in self.addresses if a != self.address)]
+        tried: set[str] = set()
+        while queue:
+            address = queue.pop(0)
+            if address in tried:
+                continue
+            tried.add(address)
+            try:
+                view = self._loop.run(status.fetch(self._channel(address), address, 1.0))
+            except NotLeaderAnswer as exc:
+                if exc.leader in self.addresses:
+                    queue.insert(0, exc.leader)
+                continue
+            except ClusterError:
+                continue
+            self.address = address
+            return view
+        return None
+
+    def close(self) -> None:
+        for opened in self._channels.values():
+            with contextlib.suppress(Exception):
+                self._loop.run(opened.close(), timeout_s=5.0)
+        self._channels.clear()
+        self._loop.stop()

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.testing import free_port, wait_until
+from cluster.testing import free_port, wait_until, worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = {
@@ -105,22 +105,6 @@ def command(example: Path, mode: str, s: Settings, workdir: Path, memory_flag: b
     return [*run, str(example), *args]
 
 
-def pid_of(example: Path, node_id: str) -> int | None:
-    marker = f"MS_NODE_ID={node_id}\x00".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (
-                str(example) in (entry / "cmdline").read_text(errors="replace")
-                and marker in (entry / "environ").read_bytes()
-            ):
-                return int(entry.name)
-        except OSError:
-            continue
-    return None
-
-
 def steps_in(log: Path) -> int:
     return len(STEP_LINE.findall(log.read_text(errors="replace"))) if log.exists() else 0
 
@@ -155,7 +139,7 @@ def kill_and_watch(example: Path, logs: Path, s: Settings) -> float:
     """SIGKILL node 1's worker at its `kill_at`-th step; the seconds until rank 0 resumes."""
     log = logs / "worker_1.log"
     wait_until(lambda: steps_in(log) >= s.kill_at, 120, "the step to kill at", poll_s=0.01)
-    pid = pid_of(example, "1")
+    pid = worker_pid(str(example), "1")
     if pid is None:
         raise RuntimeError("the worker of node id 1 was not found to kill")
     rank0 = logs / "worker_0.log"

@@ -15,7 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.testing import Process
+from cluster.testing import (
+    Process,
+    processes_running,  # noqa: F401 - the tests import it from here
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -39,21 +42,6 @@ def private_copy(tmp_path: Path, source: Path = ROOT / "examples" / "allgather_c
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, target)
     return target
-
-
-def processes_running(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 @dataclass

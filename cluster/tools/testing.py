@@ -41,6 +41,7 @@ from typing import Any
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
 from cluster.tools.netlab import NetworkLab
+from cluster.tools.processes import processes_running, worker_pid
 from cluster.tools.secret import write_job_secret
 from cluster.tools.status_client import StatusClient
 from cluster.worker import identity
@@ -53,7 +54,9 @@ __all__ = [
     "Process",
     "StatusClient",
     "free_port",
+    "processes_running",
     "wait_until",
+    "worker_pid",
 ]
 
 POLL_S = 0.02

@@ -15,12 +15,12 @@ import grpc
 import pytest
 
 from cluster.protocol.config import from_env
-from cluster.testing import free_port, wait_until
+from cluster.testing import free_port, processes_running, wait_until, worker_pid
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from cluster.worker.registration import register_request
-from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
+from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy
 from tests.training_job import STEP_LINE, STEPS, WORKERS
 
 pytest.importorskip("numpy")
@@ -68,11 +68,9 @@ class Launched:
         return len(STEP_LINE.findall(path.read_text())) if path.exists() else 0
 
     def pid_of(self, node_id: str) -> int:
-        return next(
-            pid
-            for pid in processes_running(str(self.script))
-            if f"MS_NODE_ID={node_id}\x00".encode() in Path(f"/proc/{pid}/environ").read_bytes()
-        )
+        pid = worker_pid(str(self.script), node_id)
+        assert pid is not None, f"no worker process of node {node_id!r}"
+        return pid
 
     def kill(self, node_id: str) -> None:
         os.kill(self.pid_of(node_id), signal.SIGKILL)

@@ -190,10 +190,7 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
         wait_until(lambda: status(local, scheduler_pod)["generation"] == 2, JOB_S, "generation 2")
         for proc in [*workers, scheduler]:
             assert proc.wait(JOB_S) == 0, proc.output[-3000:]
-    shared = tmp_path / "k8s" / "claims" / "cluster-shared"
-    assert (shared / "out" / "final.sha256").read_text() == fault_free_hash(tmp_path, job)
-    state = tmp_path / "k8s" / "claims" / f"state-{scheduler_pod.name}"
-    events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
+    events = finished_as_without_the_kill(tmp_path, job, scheduler_pod)
     kinds = [event["event"] for event in events]
     assert kinds.count("failed") == 1, kinds
     assert kinds.count("rejoined") == 1, kinds
@@ -240,10 +237,7 @@ def test_directory_variant_with_its_spare_replaces_a_killed_worker_pod_at_once(
         workers[2] = local.start(job, replacement, "worker")
         for proc in [*workers, spare, scheduler]:
             assert proc.wait(JOB_S) == 0, proc.output[-3000:]
-    shared = tmp_path / "k8s" / "claims" / "cluster-shared"
-    assert (shared / "out" / "final.sha256").read_text() == fault_free_hash(tmp_path, job)
-    state = tmp_path / "k8s" / "claims" / f"state-{scheduler_pod.name}"
-    events = [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
+    events = finished_as_without_the_kill(tmp_path, job, scheduler_pod)
     kinds = [event["event"] for event in events]
     assert kinds.count("failed") == 1, kinds
     assert kinds.count("promoted") == 1, kinds
@@ -270,6 +264,17 @@ def test_directory_variant_with_mutual_tls_from_its_secret(
         assert status(local, scheduler_pod, "--tls-config", str(tls))["phase"] == "ready"
         for proc in [*workers, scheduler]:
             assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+
+
+def finished_as_without_the_kill(
+    tmp_path: Path, job: kube.Manifest, scheduler_pod: kube.Pod
+) -> list[dict[str, Any]]:
+    """The trained parameters on the claim `cluster-shared` are those of the same training
+    without the kill; the scheduler's event journal, from its claim."""
+    shared = tmp_path / "k8s" / "claims" / "cluster-shared"
+    assert (shared / "out" / "final.sha256").read_text() == fault_free_hash(tmp_path, job)
+    state = tmp_path / "k8s" / "claims" / f"state-{scheduler_pod.name}"
+    return [json.loads(line) for line in (state / "events.jsonl").read_text().splitlines()]
 
 
 def fault_free_hash(tmp_path: Path, job: kube.Manifest) -> str:

@@ -85,6 +85,7 @@ import datetime
 import functools
 import importlib
 import json
+import logging
 import multiprocessing as mp
 import os
 import platform
@@ -407,7 +408,18 @@ def cluster_scheduler_main(
 
 def profiled(name: str, body: Callable[[], None]) -> None:
     """Run `body`, under cProfile when BENCH_PROFILE_DIR names a directory (the profile is
-    written there as `name`.prof): where a process's time goes, for the stages above."""
+    written there as `name`.prof): where a process's time goes, for the stages above. When
+    BENCH_LOG_DIR names a directory, the process's log (INFO, with times) goes to `name`.log
+    there: what the scheduler and the agents decided, and when."""
+    logs = os.environ.get("BENCH_LOG_DIR")
+    if logs:
+        logging.basicConfig(
+            filename=str(Path(logs) / f"{name}.log"),
+            level=logging.INFO,
+            format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s",
+            datefmt="%H:%M:%S",
+            force=True,
+        )
     directory = os.environ.get("BENCH_PROFILE_DIR")
     if not directory:
         body()
@@ -780,11 +792,11 @@ def run_once(
         if system.startswith("cluster"):
             result.update(stage_figures(box.collect("stages", procs, deadline), t0))
         proceed.set()
-        # The agents ask for their finish for up to finish_wait_s (the node timeout and one
-        # attempt more), then close (at most 30 s): a slow finish storm is not a failure.
-        from cluster.worker.agent import FINISH_ATTEMPT_S
+        # The agents wait for their finish's answer for up to finish_wait_s (the node timeout
+        # and its slack), then close (at most 30 s): a slow finish storm is not a failure.
+        from cluster.worker.agent import FINISH_SLACK_S
 
-        closing = time.monotonic() + SIMULATED_NODE_TIMEOUT_S + 2 * FINISH_ATTEMPT_S + 60.0
+        closing = time.monotonic() + SIMULATED_NODE_TIMEOUT_S + 2 * FINISH_SLACK_S + 60.0
         said = [m for ms in box.collect("closed", procs, closing).values() for m in ms]
         if system.startswith("cluster"):
             finished = box.collect("finished", procs, closing).values()

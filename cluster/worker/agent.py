@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from cluster.protocol.backoff import Backoff
 from cluster.protocol.config import ClusterConfig, read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.parse import split_address
@@ -56,16 +57,21 @@ _OPTIONS = [
     # process, as in the benchmarks).
     ("grpc.use_local_subchannel_pool", 1),
 ]
-# A Finish waits this long for its answer, then is made again (a finish counts once, so a
-# repeat is harmless) while the node's stream is up, for up to MS_NODE_TIMEOUT in all: a
-# scheduler busy with a whole job's finishes answers late, and a node that left unanswered was
-# taken for a dead one (the job failed at 4,096 nodes).
-FINISH_ATTEMPT_S = 5.0
+# A node's Finish is one call that waits up to MS_NODE_TIMEOUT (and FINISH_SLACK_S) for its
+# answer: a scheduler busy with a whole job's finishes answers late, and a node that left
+# unanswered was taken for a dead one (the job failed at 4,096 nodes). It is not made again on a
+# short deadline: gRPC keeps an abandoned call in the scheduler's queue until the scheduler takes
+# it up, so at 8,192 nodes each round of 5 s attempts queued 8,192 more dead calls ahead of the
+# live ones, and the finishes of 8,183 nodes went unheard for 65 s. It is made again only when
+# it never reached the scheduler or was cut off with its connection (a finish counts once, so a
+# repeat is harmless), while the node's stream is up, after a pause that doubles.
+FINISH_SLACK_S = 5.0
 FINISH_RETRIED = (
-    grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.CANCELLED,
 )
+FINISH_RETRY_FIRST_S = 0.1
+FINISH_RETRY_MAX_S = 2.0
 
 
 def reconnect_ceiling_ms(nodes: int) -> int:
@@ -591,35 +597,39 @@ class WorkerAgent:
     @property
     def finish_wait_s(self) -> float:
         """The longest `finish()` keeps asking."""
-        return max(self.config.node_timeout_s, FINISH_ATTEMPT_S) + FINISH_ATTEMPT_S
+        return max(self.config.node_timeout_s, FINISH_SLACK_S) + FINISH_SLACK_S
 
-    async def finish(self, timeout_s: float = FINISH_ATTEMPT_S) -> bool:
+    async def finish(self) -> bool:
         """Tell the scheduler this node is done (best effort when the job is over anyway);
-        True when it heard. A failure heard meanwhile waits for the answer (see the core). A
-        late or cut-off answer is asked for again while this node's stream is up (see
-        FINISH_ATTEMPT_S)."""
+        True when it heard. A failure heard meanwhile waits for the answer (see the core). One
+        call, made again only when it never reached the scheduler (see FINISH_RETRIED)."""
         if self._fatal.done() or not self.core.may_finish:
             return False
         request = pb.FinishRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation
         )
         self.core.step(steps.FinishSent())
-        give_up = self._clock() + self.finish_wait_s - timeout_s
+        started = self._clock()
+        give_up = started + self.finish_wait_s
+        pause = Backoff(FINISH_RETRY_FIRST_S, FINISH_RETRY_MAX_S)
         try:
             while True:
+                left = give_up - self._clock()
                 try:
-                    await self._stub.Finish(request, timeout=timeout_s, metadata=self._metadata)
+                    await self._stub.Finish(request, timeout=left, metadata=self._metadata)
                     break
                 except grpc.aio.AioRpcError as exc:
+                    delay = pause.next_s()
                     again = exc.code() in FINISH_RETRIED and self._stream_up
-                    if not again or self._fatal.done() or self._clock() >= give_up:
+                    if not again or self._fatal.done() or self._clock() + delay >= give_up:
                         raise
+                    await asyncio.sleep(delay)
         except grpc.aio.AioRpcError as exc:
             failure = failures.failure_of(exc)
             answered = steps.FinishAnswered(
                 heard=False,
                 timed_out=failure.timed_out,
-                waited_s=timeout_s,
+                waited_s=self._clock() - started,
                 details=failure.details,
             )
             await self._run(self.core.step(answered))

@@ -92,6 +92,40 @@ def test_a_scheduler_stopped_while_nodes_wait_for_their_welcome_still_forms_the_
     assert "the scheduler did not run for" in sched.output, sched.output
 
 
+async def test_a_scheduler_stopped_while_nodes_finish_hears_every_finish(processes: Procs) -> None:
+    """The scheduler's process is stopped for STALL_S while every node of a formed job waits
+    for the answer to its Finish (longer than a Finish attempt used to wait before it was made
+    again): each node's one call is answered once it runs again, and the job ends finished."""
+    n, port = 3, free_port()
+    base = job_env(n, port, MS_NODE_TIMEOUT=str(NODE_TIMEOUT_S))
+    sched = processes.start_role("scheduler", "MS_SCHED", EXAMPLE, base)
+    sched.wait_for_output("listening on", 30)
+    env = {**base, "MS_ROLE": "MS_WORKER"}
+    agents = [
+        WorkerAgent(
+            from_env({**env, "MS_NODE_ID": str(i)}),
+            NodeIdentity(str(i), new_incarnation(), "127.0.0.1", 7000 + i),
+            say=lambda _: None,
+            on_fatal=lambda _: None,
+        )
+        for i in range(n)
+    ]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 60)
+        sched.popen.send_signal(signal.SIGSTOP)
+        try:
+            finishing = asyncio.gather(*(a.finish() for a in agents))
+            answered, _ = await asyncio.wait([finishing], timeout=STALL_S)
+        finally:
+            sched.popen.send_signal(signal.SIGCONT)
+        assert not answered  # nobody was answered, or gave up, while it was stopped
+        assert await asyncio.wait_for(finishing, 60) == [True] * n
+    finally:
+        await asyncio.gather(*(a.close() for a in agents))
+    assert sched.wait(30) == 0, sched.output
+    assert f"all {n} nodes finished" in sched.output, sched.output
+
+
 def agent_at(port: int, n: int, node_id: str, data_port: int, recovery: Path) -> WorkerAgent:
     """A worker of a recovering job of `n`, advertising `data_port`."""
     config = from_env(

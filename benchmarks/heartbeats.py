@@ -70,6 +70,7 @@ from rendezvous import (
 # ruff: noqa: PLC0415  (grpc, cluster and torch are imported in the children only)
 
 JOIN_TIMEOUT = 120.0
+MIN_WINDOW_S = 20.0
 # ... and 10 s more per 1,000 workers: 8,192 simulated workers on 2 cores form in minutes.
 JOIN_TIMEOUT_PER_NODE_S = 0.01
 
@@ -88,13 +89,15 @@ def cluster_server_main(
     raise_fd_limit()
 
     async def serve() -> None:
-        from cluster.protocol.config import ObserveConfig
+        from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S, ObserveConfig
         from cluster.scheduler import JobSettings, SchedulerServer
 
         settings = JobSettings(
             worker_num=n,
             server_num=0,
-            node_timeout_s=max(30.0, 6 * interval_s),
+            # A real job's: its nodes' silence limit follows a longer interval by itself
+            # (config.silence_limit), and gRPC pings every connection for it.
+            node_timeout_s=DEFAULT_NODE_TIMEOUT_S,
             topo_timeout_s=join_timeout(n),
             heartbeat_interval_s=interval_s,
         )
@@ -306,7 +309,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         help="seconds between beats, for both (default: each system's own default)",
     )
-    parser.add_argument("--window", type=float, default=20.0, help="seconds measured")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=None,
+        help="seconds measured (default: one heartbeat interval, at least 20 s, so that every "
+        "node's beat falls in it)",
+    )
     parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--systems", default="cluster,tcpstore")
     parser.add_argument(
@@ -320,7 +329,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--scrape-interval must be > 0")
     if args.interval is not None and args.interval <= 0:
         parser.error("--interval must be > 0")
-    if args.workers < 1 or args.procs < 1 or args.window <= 0:
+    if args.workers < 1 or args.procs < 1 or (args.window is not None and args.window <= 0):
         parser.error("--workers and --procs must be >= 1, --interval and --window > 0")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not args.systems or set(args.systems) - {"cluster", "tcpstore"}:
@@ -344,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems = [s for s in args.systems if s != "tcpstore" or torch_version()]
     ctx = mp.get_context("spawn")
     print(
-        f"heartbeats: {args.workers} workers, {args.window:g} s measured, "
+        f"heartbeats: {args.workers} workers, "
+        f"{'one interval' if args.window is None else f'{args.window:g} s'} measured, "
         f"{args.procs} client processes",
         flush=True,
     )
@@ -352,8 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for system in systems:
         interval = intervals[system]
         scrape = args.scrape_interval if args.metrics and system == "cluster" else None
+        window = args.window or max(MIN_WINDOW_S, interval)
         used = results[system] = run(
-            ctx, system, args.workers, interval, args.window, args.procs, scrape
+            ctx, system, args.workers, interval, window, args.procs, scrape
         )
         print(
             f"  {system:<8} one beat per {interval:g} s: server {used['server'] * 100:5.1f}% "

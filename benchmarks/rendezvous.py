@@ -549,7 +549,7 @@ def grpc_floor_server_main(
 
         # The scheduler's server options: gRPC's defaults cancel calls at random once 1,000 wait
         # to be taken up, which failed this floor from 2,048 workers on.
-        server = grpc.aio.server(options=server_options(n))
+        server = grpc.aio.server(options=server_options(n, SIMULATED_NODE_TIMEOUT_S))
         health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
         where = f"{HOST}:0"
         if identity is None:

@@ -33,9 +33,13 @@ DEFAULT_NODE_TIMEOUT_S = 30.0
 # of 1024 workers. A dead process is seen at once anyway (its connection breaks).
 MAX_HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEATS_PER_TIMEOUT = 5
-# A large job's heartbeats are a steady load on the scheduler (about 0.35 ms of its CPU each):
-# past 500 nodes the interval grows so that it receives at most this many a second, while a
-# timeout still spans at least MIN_HEARTBEATS_PER_TIMEOUT of them (benchmarks/heartbeats.py).
+# A large job's heartbeats are a steady load on the scheduler (about 0.25 ms of its CPU each,
+# one each way per node per interval: 42% of a core for 8,192 nodes beating every 10 s): past
+# 500 nodes the interval grows so that it receives at most this many a second. A node or the
+# scheduler is taken for hung after MIN_HEARTBEATS_PER_TIMEOUT intervals of silence when that
+# is longer than MS_NODE_TIMEOUT (see `silence_limit`); a process stopped or cut off is still
+# found within MS_NODE_TIMEOUT, by gRPC's own pings (`cluster.transport.channel.
+# keepalive_options`), which cost no Python on either side (benchmarks/heartbeats.py).
 MAX_SCHEDULER_BEATS_PER_S = 100
 MIN_HEARTBEATS_PER_TIMEOUT = 3
 
@@ -498,8 +502,15 @@ def default_heartbeat_interval(node_timeout_s: float, nodes: int = 1) -> float:
     """Seconds between heartbeats in a job of `nodes` nodes, unless CLUSTER_HEARTBEAT_INTERVAL
     says otherwise."""
     interval = min(MAX_HEARTBEAT_INTERVAL_S, node_timeout_s / HEARTBEATS_PER_TIMEOUT)
-    for_load = min(nodes / MAX_SCHEDULER_BEATS_PER_S, node_timeout_s / MIN_HEARTBEATS_PER_TIMEOUT)
-    return max(interval, for_load)
+    return max(interval, nodes / MAX_SCHEDULER_BEATS_PER_S)
+
+
+def silence_limit(node_timeout_s: float, heartbeat_interval_s: float) -> float:
+    """How long a live node, or the scheduler, may go unheard before the other side takes it
+    for hung: MS_NODE_TIMEOUT, or MIN_HEARTBEATS_PER_TIMEOUT heartbeat intervals when that is
+    longer (a large job's, see MAX_SCHEDULER_BEATS_PER_S), so that one late beat is never a
+    death."""
+    return max(node_timeout_s, MIN_HEARTBEATS_PER_TIMEOUT * heartbeat_interval_s)
 
 
 def check_recovery_path(recovery: RecoveryConfig) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cluster.protocol.config import ClusterConfig, Limits, read_job_secret
+from cluster.protocol.config import ClusterConfig, Limits, read_job_secret, silence_limit
 from cluster.protocol.records import NodeRole
 
 
@@ -27,6 +27,11 @@ class JobSettings:
     # With a job secret, registrations must prove it (CLUSTER_JOB_SECRET[_FILE]).
     job_secret: bytes | None = field(default=None, repr=False)
     limits: Limits = field(default_factory=Limits)
+
+    @property
+    def silence_limit_s(self) -> float:
+        """How long a live node may go unheard before it is taken for hung (`silence_limit`)."""
+        return silence_limit(self.node_timeout_s, self.heartbeat_interval_s)
 
     @property
     def expected(self) -> int:

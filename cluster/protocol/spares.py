@@ -137,7 +137,7 @@ class SpareRules:
     def _tick_spare(self, member: Member, now: float) -> list[Effect]:
         """Time passes for a spare, or a failed record among them; the next scan includes it."""
         silent = self.silence(member, now)
-        if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
+        if member.state is NodeState.ALIVE and silent > self.settings.silence_limit_s:
             self._spare_died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
         elif member.state is NodeState.FAILED and now > expiry(member, self.settings):
             return self._drop_spare(member)

@@ -333,7 +333,9 @@ class SchedulerState(Admission, spares.SpareRules):
         # Alive until its connection broke: the guard counts from now, not from its last
         # heartbeat (which may be an interval older).
         self._seen(member, self.clock())
-        return self._lose(member, "its connection to the scheduler broke (process exited?)")
+        return self._lose(
+            member, "its connection to the scheduler broke (process exited, stopped or cut off?)"
+        )
 
     def finish(self, node_id: str, incarnation: int) -> list[Effect]:
         member = self.member(node_id, incarnation)
@@ -376,7 +378,7 @@ class SchedulerState(Admission, spares.SpareRules):
 
     def _tick_member(self, member: Member, now: float) -> list[Effect]:
         silent = self.silence(member, now)
-        if member.state is NodeState.ALIVE and silent > self.settings.node_timeout_s:
+        if member.state is NodeState.ALIVE and silent > self.settings.silence_limit_s:
             if member.node_id in self.awaiting:
                 why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
             elif self.settings.heartbeat_enabled:
@@ -416,7 +418,7 @@ class SchedulerState(Admission, spares.SpareRules):
     def _seen(self, member: Member, now: float) -> None:
         """`member` was alive at `now` (its silence limit moves on, never back)."""
         member.last_seen = now
-        self._next_scan = min(self._next_scan, now + self.settings.node_timeout_s)
+        self._next_scan = min(self._next_scan, now + self.settings.silence_limit_s)
 
     def silence(self, member: Member, now: float) -> float:
         """How long a live `member` has been silent, as far as it counts: not before the last
@@ -428,7 +430,7 @@ class SchedulerState(Admission, spares.SpareRules):
         if member.state is NodeState.FAILED:
             return member.last_seen + self.settings.node_timeout_s + self.settings.topo_timeout_s
         if member.state is NodeState.ALIVE:
-            return max(member.last_seen, self._last_accepted) + self.settings.node_timeout_s
+            return max(member.last_seen, self._last_accepted) + self.settings.silence_limit_s
         return float("inf")
 
     def abort(self, reason: str) -> list[Effect]:

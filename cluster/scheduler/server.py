@@ -60,9 +60,10 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Nodes keep one stream open for the whole job and ping it; allow that.
+    # Nodes keep one stream open for the whole job and ping it (`channel.keepalive_options`):
+    # allow that, at up to twice the rate they use.
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.min_ping_interval_without_data_ms", channel.KEEPALIVE_MIN_MS // 2),
     ("grpc.max_concurrent_streams", 100_000),
     # A connection holds a file descriptor: one that does not finish its handshake (TLS and
     # HTTP/2 settings) in time is dropped. The time is the one a node gives a connection attempt
@@ -85,8 +86,9 @@ def pending_calls_limit(nodes: int) -> int:
     return CALLS_PER_NODE * nodes + CALLS_BESIDE_NODES
 
 
-def server_options(nodes: int) -> list[tuple[str, int]]:
-    """SERVER_OPTIONS, with gRPC's queue of calls not yet taken up sized for `nodes`.
+def server_options(nodes: int, node_timeout_s: float) -> list[tuple[str, int]]:
+    """SERVER_OPTIONS, with gRPC's queue of calls not yet taken up sized for `nodes`, and
+    gRPC's pings of every connection (`channel.keepalive_options`) for `node_timeout_s`.
 
     A grpc.aio server takes up one call per method at a time; the calls that arrive meanwhile
     wait in gRPC's queue. Past 1,000 of them gRPC cancels new calls at random, and past 3,000
@@ -99,6 +101,7 @@ def server_options(nodes: int) -> list[tuple[str, int]]:
     limit = pending_calls_limit(nodes)
     return [
         *SERVER_OPTIONS,
+        *channel.keepalive_options(node_timeout_s),
         ("grpc.server.max_pending_requests", limit),
         ("grpc.server.max_pending_requests_hard_limit", limit),
     ]
@@ -260,7 +263,7 @@ class SchedulerServer:
         ]
         settings = self.settings
         server = grpc.aio.server(
-            options=server_options(settings.worker_num + settings.server_num),
+            options=server_options(settings.expected, settings.node_timeout_s),
             interceptors=interceptors,
         )
         add_to_server(SchedulerServicer(self.gate), server)

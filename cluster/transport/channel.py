@@ -63,6 +63,41 @@ def reconnect_options(first_ms: int, ceiling_ms: int) -> list[tuple[str, int]]:
     ]
 
 
+# gRPC's own pings (HTTP/2 PING frames, sent and answered by gRPC's core threads: no Python
+# on either side) watch every connection between a node and the scheduler, both ways. A process
+# that is stopped, or cut off without its connection closing, stops answering them, and the
+# other side's gRPC closes the connection, which ends the node's stream: the scheduler takes the
+# node for failed, the node looks for the scheduler again. Pinged every MS_NODE_TIMEOUT / 3 and
+# given MS_NODE_TIMEOUT and KEEPALIVE_SLACK_MS to answer, a silent process is found between
+# MS_NODE_TIMEOUT and 4/3 of it (and the slack) after it last answered: in a small job always
+# after the heartbeats' own limit has found it (so what it is told names the heartbeat), in a
+# large one whose heartbeats are rarer (see `config.silence_limit`) long before. Not more often
+# than the scheduler lets a client ping (`server.SERVER_OPTIONS`).
+KEEPALIVE_MIN_MS = 1_000
+KEEPALIVE_SLACK_MS = 1_000
+KEEPALIVE_PINGS_PER_TIMEOUT = 3
+
+
+def keepalive_options(node_timeout_s: float) -> list[tuple[str, int]]:
+    """Channel or server options that make gRPC find a silent peer (see KEEPALIVE_MIN_MS)."""
+    timeout_ms = int(node_timeout_s * 1000)
+    return [
+        (
+            "grpc.keepalive_time_ms",
+            max(KEEPALIVE_MIN_MS, timeout_ms // KEEPALIVE_PINGS_PER_TIMEOUT),
+        ),
+        ("grpc.keepalive_timeout_ms", timeout_ms + KEEPALIVE_SLACK_MS),
+        # Any ping, not only the keepalive's: gRPC has one ping in flight at a time, and a
+        # flow-control probe's ping sent just before the peer stopped held the keepalive's back
+        # for gRPC's default minute.
+        ("grpc.http2.ping_timeout_ms", timeout_ms + KEEPALIVE_SLACK_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # Pings go on when nothing else does: a large job's idle connection carries a
+        # heartbeat only every minute or so (gRPC stops after 2 pings without data otherwise).
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 def open_channel(
     address: str, identity: tls.Identity | None, options: Sequence[tuple[str, Any]] = ()
 ) -> grpc.aio.Channel:

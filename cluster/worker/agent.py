@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol.backoff import Backoff
-from cluster.protocol.config import ClusterConfig, read_job_secret
+from cluster.protocol.config import ClusterConfig, read_job_secret, silence_limit
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.parse import split_address
 from cluster.protocol.topology import Topology
@@ -79,15 +79,14 @@ def reconnect_ceiling_ms(nodes: int) -> int:
     return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
 
 
-def channel_options(nodes: int) -> list[tuple[str, Any]]:
+def channel_options(nodes: int, node_timeout_s: float) -> list[tuple[str, Any]]:
     """The options of a node's channel to the scheduler, in a job of `nodes`."""
     return [
         *scheduler_channel.reconnect_options(FIRST_RECONNECT_MS, reconnect_ceiling_ms(nodes)),
+        *scheduler_channel.keepalive_options(node_timeout_s),
         *_OPTIONS,
     ]
 
-
-CHANNEL_OPTIONS = channel_options(1)
 
 _EXCHANGE_OPS = {
     "barrier": pb.EXCHANGE_BARRIER,
@@ -129,7 +128,9 @@ class WorkerAgent:
         )
         self._host, self._port = config.sched_host, config.sched_port
         self._channel = scheduler_channel.open_channel(
-            self.core.address, self._tls, channel_options(config.expected_nodes)
+            self.core.address,
+            self._tls,
+            channel_options(config.expected_nodes, config.node_timeout_s),
         )
         self._stub = LazyStub(self._channel)
         self._old_channels: set[asyncio.Task[None]] = set()
@@ -262,7 +263,9 @@ class WorkerAgent:
         self._host, self._port = split_address("the scheduler address", address)
         old = self._channel
         self._channel = scheduler_channel.open_channel(
-            address, self._tls, channel_options(self.config.expected_nodes)
+            address,
+            self._tls,
+            channel_options(self.config.expected_nodes, self.config.node_timeout_s),
         )
         self._stub = LazyStub(self._channel)
         closing = asyncio.create_task(old.close(grace=None))
@@ -372,7 +375,11 @@ class WorkerAgent:
             else None
         )
         silence = (
-            Silence(call, self.config.node_timeout_s, armed=lambda: self.topology is not None)
+            Silence(
+                call,
+                silence_limit(self.config.node_timeout_s, watch.heartbeat_interval_s),
+                armed=lambda: self.topology is not None,
+            )
             if beats is not None
             else None
         )

@@ -19,9 +19,12 @@ from cluster.protocol.config import (
     check_recovery_path,
     from_env,
     read_job_secret,
+    silence_limit,
 )
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.protocol.parse import is_decimal, split_address
+from cluster.protocol.settings import JobSettings
+from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
 
 
 def env(**overrides: str | None) -> dict[str, str]:
@@ -122,17 +125,36 @@ def test_default_heartbeat_interval_follows_short_node_timeout() -> None:
 
 
 @pytest.mark.parametrize(
-    ("workers", "node_timeout", "interval"),
+    ("workers", "node_timeout", "interval", "silence"),
     [
-        ("256", "30", 5.0),  # 51 beats a second: the usual interval
-        ("1024", "30", 10.0),  # 102 a second at most would be 10.24 s; a third of the timeout
-        ("1024", "100", 10.24),  # at most 100 beats a second
-        ("4096", "30", 10.0),  # never fewer than 3 beats per timeout
+        ("256", "30", 5.0, 30.0),  # 51 beats a second: the usual interval
+        ("1024", "30", 10.24, 30.72),  # at most 100 beats a second
+        ("1024", "100", 10.24, 100.0),
+        # 100 a second at 8,192 workers: a node is taken for hung after 3 silent intervals
+        # (gRPC's pings find a stopped one within MS_NODE_TIMEOUT meanwhile)
+        ("8192", "30", 81.92, 245.76),
     ],
 )
-def test_large_jobs_beat_less_often(workers: str, node_timeout: str, interval: float) -> None:
+def test_large_jobs_beat_less_often(
+    workers: str, node_timeout: str, interval: float, silence: float
+) -> None:
     config = from_env(env(MS_WORKER_NUM=workers, MS_NODE_TIMEOUT=node_timeout))
     assert config.heartbeat_interval_s == pytest.approx(interval)
+    assert silence_limit(config.node_timeout_s, interval) == pytest.approx(silence)
+    settings = JobSettings.from_config(config)
+    assert settings.silence_limit_s == pytest.approx(silence)
+
+
+@pytest.mark.parametrize("node_timeout", [3.0, 30.0, 600.0])
+def test_grpc_pings_find_a_silent_peer_after_the_node_timeout_and_at_most_a_third_more(
+    node_timeout: float,
+) -> None:
+    options = dict(keepalive_options(node_timeout))
+    every, answer = options["grpc.keepalive_time_ms"], options["grpc.keepalive_timeout_ms"]
+    assert every >= KEEPALIVE_MIN_MS  # never more often than the scheduler allows
+    assert answer > node_timeout * 1000  # after the heartbeats' own limit, in a small job
+    assert every + answer <= node_timeout * 1000 * 4 / 3 + KEEPALIVE_SLACK_MS
+    assert options["grpc.http2.max_pings_without_data"] == 0
 
 
 def test_ipv6_scheduler_address_is_bracketed() -> None:

@@ -71,7 +71,7 @@ CPU and peak RSS per node. BENCH_PROFILE_DIR=dir writes cProfile files of the sc
 client processes there.
 
 Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs auto|N]
-       [--real 8] [--timeout 180] [--retries 2]
+       [--real 8] [--timeout S] [--retries 2]
        [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls]
        [--resolver tcp|system] [--json PATH]
 """
@@ -111,6 +111,9 @@ HOST = "127.0.0.1"
 BASE_DATA_PORT = 30000
 # How long a spawned process may take to import and report ready.
 SPAWN_TIMEOUT_S = 60.0
+# A run's default bound: TCPStore's rendezvous grows with N x N (100 s at 4,096 workers).
+MIN_TIMEOUT_S = 180.0
+TIMEOUT_PER_NODE_S = 0.06
 # How long a process gets to exit by itself before it is terminated, then killed.
 JOIN_TIMEOUT_S = 15.0
 
@@ -957,6 +960,11 @@ def print_per_node(results: dict[str, Any], sizes: Sequence[int], systems: Seque
             print(f"{n:>6} | {stages_line(run)}")
 
 
+def timeout_for(given: float | None, n: int) -> float:
+    """A run's bound: `given`, else MIN_TIMEOUT_S, or TIMEOUT_PER_NODE_S a worker when longer."""
+    return given if given is not None else max(MIN_TIMEOUT_S, n * TIMEOUT_PER_NODE_S)
+
+
 def fmt_s(value: float | None) -> str:
     if value is None:
         return "-"
@@ -975,7 +983,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--real", type=int, default=8, help="workers of the real-process job (0: skip)"
     )
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per run, at most")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per run, at most (default: MIN_TIMEOUT_S, or TIMEOUT_PER_NODE_S a worker "
+        "when longer: TCPStore took 100 s at 4,096)",
+    )
     parser.add_argument(
         "--retries",
         type=int,
@@ -984,7 +998,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--systems",
-        default="cluster,tcpstore",
+        default="cluster,tcpstore,grpc",
         help="comma-separated: cluster, tcpstore (skipped when torch is not importable), "
         "cluster-tls (mutual TLS, no CRL), cluster-tls-crl (mutual TLS with a CRL), "
         "grpc and grpc-tls (gRPC's floor: one connection and one empty call per worker)",
@@ -1009,7 +1023,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         except ValueError:
             parser.error(f"--procs {args.procs!r}: an integer or 'auto' expected")
     bad_procs = args.procs != "auto" and args.procs < 1
-    if args.repeat < 1 or bad_procs or args.real < 0 or args.timeout <= 0:
+    if (
+        args.repeat < 1
+        or bad_procs
+        or args.real < 0
+        or (args.timeout is not None and args.timeout <= 0)
+    ):
         parser.error("--repeat and --procs must be >= 1, --real >= 0, --timeout > 0")
     if args.retries < 0:
         parser.error("--retries must be >= 0")
@@ -1120,7 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         system,
                         n,
                         procs_for(args.procs, n),
-                        args.timeout,
+                        timeout_for(args.timeout, n),
                         ssl_jsons.get(system),
                     ),
                 )
@@ -1148,7 +1167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 what,
                 args.retries,
                 failures,
-                functools.partial(run_real_once, ctx, args.real, args.timeout),
+                functools.partial(
+                    run_real_once, ctx, args.real, timeout_for(args.timeout, args.real)
+                ),
             )
             samples.append(sample)
             print(f"  {what}: {fmt_s(sample['last_start_to_last_init'])}", flush=True)

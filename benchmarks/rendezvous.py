@@ -588,14 +588,16 @@ def grpc_floor_clients_main(
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         from cluster.transport.channel import open_channel
-        from cluster.worker.agent import CHANNEL_OPTIONS
+        from cluster.worker.agent import channel_options
 
         warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
         await warm.close(grace=None)
         channels: list[grpc.aio.Channel] = []
 
         async def one(i: int) -> float:
-            channel = open_channel(f"{HOST}:{port}", identity, CHANNEL_OPTIONS)
+            channel = open_channel(
+                f"{HOST}:{port}", identity, channel_options(n, SIMULATED_NODE_TIMEOUT_S)
+            )
             channels.append(channel)
             await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), wait_for_ready=True

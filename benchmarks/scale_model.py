@@ -45,7 +45,9 @@ from cluster.v1 import scheduler_pb2 as pb
 # Measured per-node figures (README, "Scale"): scheduler CPU per node during a rendezvous of
 # 4,096 (connection, registration, answer and the table's write: 5.9 s), its CPU per heartbeat
 # message in the steady state (1,024 idle workers, one beat each way per 10 s: 4.7% of a core),
-# and its memory per node (48 KiB at 2,048 and 4,096).
+# what an idle connection costs it besides (8,192 idle workers beating every 82 s: 17.5% of a
+# core, of which 4.6% the beats; the rest gRPC's core: the connection and its keepalive pings),
+# and its memory per node (48 KiB at 2,048 and 4,096, 71 KiB at 8,192).
 REGISTER_CPU_S = 0.0014
 # Of which the state machine's decision (benchmarked alone: 8,192 registrations in 0.6 s); the
 # rest is the node's connection and calls, which a relay takes over.
@@ -53,7 +55,8 @@ DECIDE_CPU_S = 0.000075
 # Memory for one member's record in the state machine (no connection).
 MEMBER_B = 1024
 BEAT_CPU_S = 0.00023
-RSS_PER_NODE_B = 48 * 1024
+CONNECTION_CPU = 1.57e-5  # cores per idle connection
+RSS_PER_NODE_B = 71 * 1024
 # CPU per byte written to a stream (gRPC framing and the copy into its buffers; counted apart
 # from REGISTER_CPU_S only for the bytes the design adds or removes).
 SEND_CPU_S_PER_B = 1e-9
@@ -124,7 +127,7 @@ def current(n: int, per_host: int, interval_s: float) -> Figures:
         rejoin_bytes=(n - 1) * delta + table,
         beats_per_s=2 * n / interval_s,
         form_cpu_s=n * REGISTER_CPU_S + form_bytes * SEND_CPU_S_PER_B,
-        steady_cpu=2 * n / interval_s * BEAT_CPU_S,
+        steady_cpu=2 * n / interval_s * BEAT_CPU_S + n * CONNECTION_CPU,
         rss_b=n * RSS_PER_NODE_B,
         network_bytes=form_bytes,
     )
@@ -160,7 +163,8 @@ def relays(n: int, per_host: int, fanout: int, interval_s: float) -> Figures:
         form_cpu_s=n * DECIDE_CPU_S
         + children_of_scheduler * (REGISTER_CPU_S - DECIDE_CPU_S)
         + sent * SEND_CPU_S_PER_B,
-        steady_cpu=2 * children_of_scheduler / interval_s * BEAT_CPU_S,
+        steady_cpu=2 * children_of_scheduler / interval_s * BEAT_CPU_S
+        + children_of_scheduler * CONNECTION_CPU,
         rss_b=children_of_scheduler * RSS_PER_NODE_B + n * MEMBER_B,
         network_bytes=network,
     )

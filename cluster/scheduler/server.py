@@ -86,9 +86,10 @@ def pending_calls_limit(nodes: int) -> int:
     return CALLS_PER_NODE * nodes + CALLS_BESIDE_NODES
 
 
-def server_options(nodes: int, node_timeout_s: float) -> list[tuple[str, int]]:
+def server_options(nodes: int, node_timeout_s: float | None) -> list[tuple[str, int]]:
     """SERVER_OPTIONS, with gRPC's queue of calls not yet taken up sized for `nodes`, and
-    gRPC's pings of every connection (`channel.keepalive_options`) for `node_timeout_s`.
+    gRPC's pings of every connection (`channel.keepalive_options`) for `node_timeout_s`
+    (None: no pings, MS_DISABLE_HEARTBEAT).
 
     A grpc.aio server takes up one call per method at a time; the calls that arrive meanwhile
     wait in gRPC's queue. Past 1,000 of them gRPC cancels new calls at random, and past 3,000
@@ -263,7 +264,10 @@ class SchedulerServer:
         ]
         settings = self.settings
         server = grpc.aio.server(
-            options=server_options(settings.expected, settings.node_timeout_s),
+            options=server_options(
+                settings.expected,
+                settings.node_timeout_s if settings.heartbeat_enabled else None,
+            ),
             interceptors=interceptors,
         )
         add_to_server(SchedulerServicer(self.gate), server)

@@ -78,8 +78,11 @@ KEEPALIVE_SLACK_MS = 1_000
 KEEPALIVE_PINGS_PER_TIMEOUT = 3
 
 
-def keepalive_options(node_timeout_s: float) -> list[tuple[str, int]]:
-    """Channel or server options that make gRPC find a silent peer (see KEEPALIVE_MIN_MS)."""
+def keepalive_options(node_timeout_s: float | None) -> list[tuple[str, int]]:
+    """Channel or server options that make gRPC find a silent peer (see KEEPALIVE_MIN_MS);
+    none for None (MS_DISABLE_HEARTBEAT: no silence is looked for)."""
+    if node_timeout_s is None:
+        return []
     timeout_ms = int(node_timeout_s * 1000)
     return [
         (

@@ -79,8 +79,9 @@ def reconnect_ceiling_ms(nodes: int) -> int:
     return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
 
 
-def channel_options(nodes: int, node_timeout_s: float) -> list[tuple[str, Any]]:
-    """The options of a node's channel to the scheduler, in a job of `nodes`."""
+def channel_options(nodes: int, node_timeout_s: float | None) -> list[tuple[str, Any]]:
+    """The options of a node's channel to the scheduler, in a job of `nodes`; gRPC pings
+    it for `node_timeout_s` (None: not at all, see `channel.keepalive_options`)."""
     return [
         *scheduler_channel.reconnect_options(FIRST_RECONNECT_MS, reconnect_ceiling_ms(nodes)),
         *scheduler_channel.keepalive_options(node_timeout_s),
@@ -93,6 +94,11 @@ _EXCHANGE_OPS = {
     "allgather": pb.EXCHANGE_ALLGATHER,
     "broadcast": pb.EXCHANGE_BROADCAST,
 }
+
+
+def _silence_timeout(config: ClusterConfig) -> float | None:
+    """MS_NODE_TIMEOUT, or None with MS_DISABLE_HEARTBEAT (no silence looked for)."""
+    return config.node_timeout_s if config.heartbeat_enabled else None
 
 
 class WorkerAgent:
@@ -130,7 +136,7 @@ class WorkerAgent:
         self._channel = scheduler_channel.open_channel(
             self.core.address,
             self._tls,
-            channel_options(config.expected_nodes, config.node_timeout_s),
+            channel_options(config.expected_nodes, _silence_timeout(config)),
         )
         self._stub = LazyStub(self._channel)
         self._old_channels: set[asyncio.Task[None]] = set()
@@ -265,7 +271,7 @@ class WorkerAgent:
         self._channel = scheduler_channel.open_channel(
             address,
             self._tls,
-            channel_options(self.config.expected_nodes, self.config.node_timeout_s),
+            channel_options(self.config.expected_nodes, _silence_timeout(self.config)),
         )
         self._stub = LazyStub(self._channel)
         closing = asyncio.create_task(old.close(grace=None))

@@ -25,6 +25,7 @@ from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.protocol.parse import is_decimal, split_address
 from cluster.protocol.settings import JobSettings
 from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
+from cluster.worker.agent import channel_options
 
 
 def env(**overrides: str | None) -> dict[str, str]:
@@ -155,6 +156,16 @@ def test_grpc_pings_find_a_silent_peer_after_the_node_timeout_and_at_most_a_thir
     assert answer > node_timeout * 1000  # after the heartbeats' own limit, in a small job
     assert every + answer <= node_timeout * 1000 * 4 / 3 + KEEPALIVE_SLACK_MS
     assert options["grpc.http2.max_pings_without_data"] == 0
+
+
+def test_without_heartbeats_grpc_does_not_ping_either() -> None:
+    """MS_DISABLE_HEARTBEAT: no silence is looked for, by the heartbeats or by gRPC's pings."""
+    assert keepalive_options(None) == []
+    config = from_env(env(MS_DISABLE_HEARTBEAT="1"))
+    assert not any(
+        key.startswith("grpc.keepalive_time")
+        for key, _ in channel_options(config.expected_nodes, None)
+    )
 
 
 def test_ipv6_scheduler_address_is_bracketed() -> None:

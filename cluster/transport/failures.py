@@ -112,10 +112,21 @@ class CallFailure:
         return kind(f"{what} failed: {self.details}")
 
 
+# What gRPC says when a ping of the connection went unanswered (`channel.keepalive_options`),
+# and what a user is told instead.
+_PING_TIMEOUTS = ("ping timeout", "keepalive watchdog timeout")
+PING_TIMEOUT_DETAILS = (
+    "it stopped answering gRPC's pings of the connection for MS_NODE_TIMEOUT (stopped, hung or "
+    "cut off?)"
+)
+
+
 def failure_of(exc: grpc.aio.AioRpcError) -> CallFailure:
     """The meaning of a failed call, from its status code and trailing metadata."""
     code, named = exc.code(), _metadata(exc)
     details = exc.details() or code.name
+    if any(words in details.lower() for words in _PING_TIMEOUTS):
+        details = PING_TIMEOUT_DETAILS
     kind = _KINDS.get(named.get(ERROR_KIND_KEY, ""))
     if kind is None and code not in _CUT_OFF:
         kind = _BY_CODE.get(code, CollectiveError)

@@ -25,7 +25,7 @@ from cluster.protocol.errors import (
     PeerFailedError,
     UnknownNodeError,
 )
-from cluster.transport.failures import failure_of, status_of
+from cluster.transport.failures import PING_TIMEOUT_DETAILS, failure_of, status_of
 from cluster.worker import convert, steps
 
 
@@ -143,3 +143,18 @@ def test_the_worker_core_hears_a_standby_as_the_way_to_its_leader() -> None:
     )
     assert convert.rpc_failure(cut_off, "the scheduler") == steps.Unanswered()
     assert convert.lost(cut_off) == steps.StreamLost("gone")
+
+
+@pytest.mark.parametrize(
+    "said", ["Stream removed (ping timeout)", "keepalive watchdog timeout", "Ping timeout"]
+)
+def test_an_unanswered_grpc_ping_is_told_as_what_it_means(said: str) -> None:
+    """gRPC closes a connection whose ping went unanswered (the peer stopped, hung or was cut
+    off); the user hears that, not gRPC's words."""
+    exc = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=said
+    )
+    failure = failure_of(exc)
+    assert failure.details == PING_TIMEOUT_DETAILS
+    assert "MS_NODE_TIMEOUT" in failure.details
+    assert failure.cut_off  # a lost connection: reconnect, as for any other

@@ -18,9 +18,26 @@ def digest(node_id: str, incarnation: int) -> bytes:
     return auth.credential_digest(credential(node_id, incarnation))
 
 
+_call_numbers = iter(range(1, 1 << 62))
+
+
+def presented(
+    secret: bytes | None, node_id: str, incarnation: int, method: str = "KvGet"
+) -> auth.Presented:
+    """What a call of that process presents: its credential's hash, or with a job secret a
+    fresh call proof over an empty request (as `membership.CallSigner` makes it)."""
+    if secret is None:
+        return auth.Presented(digest(node_id, incarnation))
+    seq = next(_call_numbers)
+    body = auth.body_digest(b"")
+    key = auth.call_key(secret, digest(node_id, incarnation))
+    mac = auth.call_mac(key, (method, canonical_node_id(node_id), incarnation, seq, body))
+    return auth.Presented(call=auth.CallProof(method, seq, mac, body))
+
+
 def caller(node_id: str, incarnation: int) -> Caller:
     """What the scheduler reads from a call of that process."""
-    return Caller(node_id, incarnation, digest(node_id, incarnation))
+    return Caller(node_id, incarnation, auth.Presented(digest(node_id, incarnation)))
 
 
 def registration(node_id: str, incarnation: int = 1, cluster_id: str = "") -> Registration:

@@ -25,6 +25,7 @@ from cluster.protocol.errors import (
     JobFailedError,
     NotAuthenticatedError,
     PeerFailedError,
+    RegistrationPendingError,
     UnknownNodeError,
 )
 from cluster.protocol.records import Member, NodeRole, NodeState, Phase
@@ -47,6 +48,9 @@ class Denial(enum.Enum):
     WRONG_GENERATION = "wrong_generation"  # a generation the job has not reached
     COLLECTIVE_MISUSE = "collective_misuse"  # not a ranked worker, a finished peer, a bad root
     OVER_CAP = "over_cap"  # more than the scheduler holds for a caller
+    # A job secret's call proof of a node that has not registered with this scheduler (it was
+    # restarted, or took over): transient, the node registers again and repeats the call.
+    NOT_REGISTERED_HERE = "not_registered_here"
 
 
 # The error a refused call raises, in the scheduler and (sent back) in the caller.
@@ -58,6 +62,7 @@ _ERRORS: dict[Denial, type[ClusterError]] = {
     Denial.WRONG_GENERATION: CollectiveError,
     Denial.COLLECTIVE_MISUSE: CollectiveError,
     Denial.OVER_CAP: CapacityError,
+    Denial.NOT_REGISTERED_HERE: RegistrationPendingError,
 }
 
 
@@ -90,8 +95,12 @@ class Admission:
     members: dict[str, Member]
     spares: dict[str, Member]
 
+    # Per node: the call numbers seen since it last registered with this scheduler (a job
+    # secret's call proofs; not saved: a restarted scheduler waits for the node's registration).
+    call_windows: dict[str, auth.CallWindow]
+
     def admit(
-        self, node_id: str, incarnation: int | None, credential_digest: bytes
+        self, node_id: str, incarnation: int | None, presented: auth.Presented
     ) -> Member | Denied:
         """The member this call speaks for, if it may; `incarnation` None: any (the credential
         is per incarnation anyway)."""
@@ -106,25 +115,68 @@ class Admission:
                 f"node {node_id[:140]!r}{which} is not a member of job {self.cluster_id}: "
                 "register first",
             )
-        if not credential_digest:
+        secret = self.settings.job_secret
+        problem = (
+            self._check_bearer(member, presented.digest)
+            if secret is None
+            else self._check_call(member, presented.call, secret)
+        )
+        return member if problem is None else problem
+
+    @staticmethod
+    def _check_bearer(member: Member, digest: bytes) -> Denied | None:
+        if not digest:
             return Denied(
                 Denial.UNAUTHENTICATED,
                 f"this call speaks for node {member.node_id!r} but carries no node credential "
                 "(cluster-credential metadata): only that node's own process may make it",
             )
-        if not auth.same_digest(member.credential_digest, credential_digest):
+        if not auth.same_digest(member.credential_digest, digest):
             return Denied(
                 Denial.UNAUTHENTICATED,
                 f"this call speaks for node {member.node_id!r} but does not carry its credential: "
                 "only that node's own process may make it",
             )
-        return member
+        return None
+
+    def _check_call(
+        self, member: Member, call: auth.CallProof | None, secret: bytes
+    ) -> Denied | None:
+        """A call proof under the job secret: the right MAC, a number not seen before."""
+        who = f"this call speaks for node {member.node_id!r}"
+        if call is None:
+            return Denied(
+                Denial.UNAUTHENTICATED,
+                f"{who} but carries no call proof (cluster-call metadata): this job has a "
+                "secret, and only that node's own process may make its calls",
+            )
+        expected = auth.call_mac(
+            auth.call_key(secret, member.credential_digest),
+            (call.method, member.node_id, member.incarnation, call.seq, call.body_digest),
+        )
+        if not auth.same_digest(expected, call.mac):
+            return Denied(
+                Denial.UNAUTHENTICATED,
+                f"{who} but its call proof is not that node's (forged, or another request's): "
+                "only that node's own process may make its calls",
+            )
+        window = self.call_windows.get(member.node_id)
+        if window is None:
+            return Denied(
+                Denial.NOT_REGISTERED_HERE,
+                f"{who}, which has not registered with this scheduler since it started; the "
+                "node registers again on its own, and the call is made again",
+            )
+        replay = window.take(call.seq)
+        if replay is not None:
+            return Denied(Denial.UNAUTHENTICATED, f"{who}, but {replay}: refused")
+        return None
 
     def admit_report(
-        self, node_id: str, incarnation: int, credential_digest: bytes, steps: int
+        self, node_id: str, incarnation: int, presented: auth.Presented, steps: int
     ) -> Member | Denied:
         """A checkpoint report of `steps` steps."""
-        verdict = self.admit(node_id, incarnation, credential_digest)
+        verdict = self.admit(node_id, incarnation, presented)
         if isinstance(verdict, Member) and steps > MAX_REPORTED_CHECKPOINTS:
             return Denied(
                 Denial.OVER_CAP,
@@ -134,10 +186,10 @@ class Admission:
         return verdict
 
     def admit_exchange(
-        self, node_id: str, credential_digest: bytes, *, generation: int, op: str, root: int
+        self, node_id: str, presented: auth.Presented, *, generation: int, op: str, root: int
     ) -> ExchangeTicket | Denied:
         """A contribution to collective `op` of `generation`."""
-        verdict = self.admit(node_id, None, credential_digest)
+        verdict = self.admit(node_id, None, presented)
         if isinstance(verdict, Denied):
             return verdict
         member = verdict

@@ -11,6 +11,20 @@ Pure: hashing and HMAC over bytes, no I/O.
   HMAC-SHA256 under the secret over every field of the registration (the credential's hash
   included), so that the secret never travels and a proof fits one registration only. The
   scheduler remembers the nonces it has seen (a bounded cache) and refuses one seen before.
+- With a job secret nothing captured replays and nothing captured speaks:
+  - the proof binds the scheduler's challenge (`ChallengeIssuer`: a value the scheduler makes
+    and checks itself, under a key drawn at its start, valid for `CHALLENGE_TTL_S`) and the
+    job's id, so a captured registration fails after the scheduler restarts, in another job
+    with the same secret, and (with the nonce cache, which need only span the challenge's life)
+    in this one;
+  - the credential travels wrapped (`wrap`: XOR with a pad derived from the secret and both
+    nonces), so a listener on the path never learns it;
+  - later calls carry no credential but a MAC (`call_mac`) under a key derived from the secret
+    and the credential's hash, over the method, the node, a per-node sequence number and the
+    request's hash; the scheduler refuses a number it has seen or one below the window
+    (`CallWindow`), and the number the node had when it last registered.
+  Without a secret and without TLS the job is open to whoever reaches the port (README,
+  "Security model"); with TLS alone the channel protects the credential.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ import collections
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass, field
 
 CREDENTIAL_BYTES = 32
 NONCE_BYTES = 16
@@ -67,6 +82,138 @@ def prove(secret: bytes, message: bytes) -> bytes:
 
 def proven(secret: bytes, message: bytes, proof: bytes) -> bool:
     return hmac.compare_digest(prove(secret, message), proof)
+
+
+# How long a challenge of the scheduler stays good: a node registers within it of asking for one.
+CHALLENGE_TTL_S = 60.0
+_START_ID_BYTES = 16
+_TAG_BYTES = 16
+CHALLENGE_BYTES = _START_ID_BYTES + 8 + _TAG_BYTES
+# Call sequence numbers a scheduler takes out of order (calls made at once arrive in any order).
+CALL_WINDOW = 1024
+_WRAP = b"cluster.v1.wrap"
+_CALL_KEY = b"cluster.v1.call-key"
+_CALL = b"cluster.v1.call"
+_READ = b"cluster.v1.read"
+
+
+class ChallengeIssuer:
+    """The scheduler's challenges: start id, issue time and a tag under a key of this process.
+
+    Pure: the key and the start id are drawn once (at the scheduler's start), the clock is the
+    caller's. Nothing is remembered per challenge, so asking for them grows nothing.
+    """
+
+    def __init__(self, key: bytes | None = None, start_id: bytes | None = None) -> None:
+        self._key = key if key is not None else secrets.token_bytes(32)
+        self.start_id = start_id if start_id is not None else secrets.token_bytes(_START_ID_BYTES)
+
+    def _tag(self, issued_ms: int) -> bytes:
+        body = self.start_id + issued_ms.to_bytes(8, "big")
+        return hmac.new(self._key, body, hashlib.sha256).digest()[:_TAG_BYTES]
+
+    def issue(self, now_s: float) -> bytes:
+        issued_ms = max(int(now_s * 1000), 0)
+        return self.start_id + issued_ms.to_bytes(8, "big") + self._tag(issued_ms)
+
+    def problem(self, challenge: bytes, now_s: float) -> str | None:
+        """Why `challenge` is not one of this scheduler's good ones, None when it is."""
+        if len(challenge) != CHALLENGE_BYTES:
+            return "it carries no challenge of this scheduler (ask for one with Challenge)"
+        start_id = challenge[:_START_ID_BYTES]
+        issued_ms = int.from_bytes(challenge[_START_ID_BYTES : _START_ID_BYTES + 8], "big")
+        if start_id != self.start_id or not hmac.compare_digest(
+            challenge[_START_ID_BYTES + 8 :], self._tag(issued_ms)
+        ):
+            return "its challenge is not this scheduler's (another job, or before a restart)"
+        age_s = now_s - issued_ms / 1000
+        if not -1.0 <= age_s <= CHALLENGE_TTL_S:
+            return f"its challenge is {age_s:.0f} s old (good for {CHALLENGE_TTL_S:g} s)"
+        return None
+
+
+def _pad(secret: bytes, challenge: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, canonical((_WRAP, challenge, nonce)), hashlib.sha256).digest()
+
+
+def wrap(secret: bytes, challenge: bytes, nonce: bytes, credential: bytes) -> bytes:
+    """The credential as a registration carries it under a job secret (and `unwrap` again)."""
+    pad = _pad(secret, challenge, nonce)
+    if len(credential) != len(pad):
+        return b""
+    return bytes(a ^ b for a, b in zip(credential, pad, strict=True))
+
+
+unwrap = wrap
+
+
+def call_key(secret: bytes, digest: bytes) -> bytes:
+    """The key of a node's call MACs: only the node and the scheduler (holding the secret and
+    the credential's hash) can make it; the saved hash alone is not enough."""
+    return hmac.new(secret, canonical((_CALL_KEY, digest)), hashlib.sha256).digest()
+
+
+def call_mac(key: bytes, call: tuple[str, str, int, int, bytes]) -> bytes:
+    """The MAC of a call: (method, node id, incarnation, call number, request hash)."""
+    return prove(key, canonical((_CALL, *call)))
+
+
+def body_digest(body: bytes) -> bytes:
+    return hashlib.sha256(body).digest()
+
+
+def read_proof(secret: bytes, challenge: bytes, method: str) -> bytes:
+    """An operator's proof of the job secret for reading the job (Status, WatchEvents)."""
+    return prove(secret, canonical((_READ, challenge, method)))
+
+
+@dataclass(frozen=True)
+class CallProof:
+    """What a call of a node carries under a job secret instead of its credential."""
+
+    method: str
+    seq: int
+    mac: bytes = field(repr=False)
+    body_digest: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Presented:
+    """What a call presents for the node it speaks for: the hash of the credential it carried
+    (a job without a secret), or its call proof (a job with one); empty when it presented
+    nothing."""
+
+    digest: bytes = field(default=b"", repr=False)
+    call: CallProof | None = None
+
+
+class CallWindow:
+    """The call numbers of one node seen lately (an anti-replay window, as IPsec's): a number
+    is taken once, above the floor (its number when it registered) and at most `size` below
+    the highest seen."""
+
+    def __init__(self, floor: int, size: int = CALL_WINDOW) -> None:
+        self.floor = floor
+        self.highest = floor
+        self._seen = 0  # bit i: highest - i was seen
+        self._size = size
+
+    def take(self, seq: int) -> str | None:
+        """Record `seq`; why it is refused, None when it is new."""
+        if seq <= self.floor:
+            return f"call number {seq} is not above {self.floor}, the node's at its registration"
+        if seq > self.highest:
+            shift = seq - self.highest
+            self._seen = ((self._seen << shift) | 1) & ((1 << self._size) - 1)
+            self.highest = seq
+            return None
+        back = self.highest - seq
+        if back >= self._size:
+            return f"call number {seq} is too far behind {self.highest} (a replay?)"
+        if self._seen >> back & 1:
+            return f"call number {seq} was seen before (a replay)"
+        self._seen |= 1 << back
+        return None
 
 
 class ReplayCache:

@@ -50,6 +50,12 @@ DEFAULT_COLLECTIVE_MAX_BYTES = 1024 * 1024 * 1024
 # Spares a scheduler takes at most: enough for the failures between two restarts of a node, few
 # enough that registrations cannot exhaust the scheduler (CLUSTER_MAX_SPARES).
 DEFAULT_MAX_SPARES = 8
+# Readers following the job's events at once (`mscluster events --follow`, status --watch), and
+# the bytes of events each may have waiting before it is cut off (CLUSTER_MAX_FOLLOWERS,
+# CLUSTER_FOLLOWER_MAX_BYTES): a few people watch a job; a reader that does not read costs at
+# most this much.
+DEFAULT_MAX_FOLLOWERS = 16
+DEFAULT_FOLLOWER_MAX_BYTES = 4 * 1024 * 1024
 
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _TRUE = {"1", "true", "yes", "on"}
@@ -118,6 +124,9 @@ class Limits:
     collective_max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES
     # Spare workers the scheduler takes at most (CLUSTER_MAX_SPARES; 0: none).
     max_spares: int = DEFAULT_MAX_SPARES
+    # Event followers at once, and the bytes each may have waiting (CLUSTER_MAX_FOLLOWERS, ...).
+    max_followers: int = DEFAULT_MAX_FOLLOWERS
+    follower_max_bytes: int = DEFAULT_FOLLOWER_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -463,6 +472,8 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
         max_spares=parse_int("CLUSTER_MAX_SPARES", spares, minimum=0)
         if (spares := env.get("CLUSTER_MAX_SPARES", "").strip())
         else DEFAULT_MAX_SPARES,
+        max_followers=cap("CLUSTER_MAX_FOLLOWERS", DEFAULT_MAX_FOLLOWERS),
+        follower_max_bytes=cap("CLUSTER_FOLLOWER_MAX_BYTES", DEFAULT_FOLLOWER_MAX_BYTES),
     )
 
 

@@ -98,6 +98,11 @@ class NotAuthenticatedError(AccessDeniedError):
     """A call speaks for a member without that member's node credential."""
 
 
+class RegistrationPendingError(ClusterError):
+    """A call proof of a node that has not registered with this scheduler yet (it restarted or
+    took over): not an answer about the call; the node registers again and repeats it."""
+
+
 class UnknownNodeError(AccessDeniedError):
     """A stream or call named a node id / incarnation that is not a current member."""
 

@@ -42,6 +42,9 @@ class Refusal(enum.Enum):
     # A registration of a live node's own incarnation with another credential or address.
     UNAUTHENTICATED = "unauthenticated"
     NODE_ALIVE = "node_alive"  # transient: the guard
+    # With a job secret: the registration answers a challenge this scheduler did not make, or
+    # made too long ago (before a restart, another job's); the node gets a new one and retries.
+    STALE_CHALLENGE = "stale_challenge"
     # The job finished well: a node still waiting to (re)join it, a spare or a restarted node
     # waiting out its guard, has nothing left to do and exits 0.
     JOB_FINISHED = "job_finished"
@@ -68,6 +71,11 @@ class Registration:
     proof: bytes = field(default=b"", repr=False)
     # CLUSTER_SPARE=1: a worker without a rank, waiting to take a failed worker's.
     spare: bool = False
+    # With a job secret: the scheduler's challenge the proof answers, the job id it came with,
+    # and the node's call number now (its calls from here on are numbered above it).
+    challenge: bytes = b""
+    job_id: str = ""
+    call_seq: int = 0
 
     def message(self) -> bytes:
         """What a job-secret proof covers: every field above but the proof."""
@@ -84,6 +92,9 @@ class Registration:
                 self.credential_digest,
                 self.nonce,
                 *(("spare",) if self.spare else ()),
+                self.challenge,
+                self.job_id,
+                self.call_seq,
             )
         )
 

@@ -131,8 +131,14 @@ class SchedulerState(Admission, spares.SpareRules):
     # Nodes refused by the guard lately (node id -> when), until they hear that the job is
     # over: the scheduler waits a moment for them at the end (not saved, like the nonces).
     guard_waiting: dict[str, float] = field(init=False, repr=False, default_factory=dict)
-    # The job-secret nonces seen (not saved: a restarted scheduler starts with none).
+    # The job-secret nonces seen (not saved: a restarted scheduler starts with none, and its
+    # challenges are new, so no registration made for the one before it is good here).
     _nonces: auth.ReplayCache = field(init=False, repr=False, default_factory=auth.ReplayCache)
+    _challenges: auth.ChallengeIssuer = field(
+        init=False, repr=False, default_factory=auth.ChallengeIssuer
+    )
+    # With a job secret: each node's call numbers since it registered here (`Admission`).
+    call_windows: dict[str, auth.CallWindow] = field(init=False, repr=False, default_factory=dict)
     # No member's silence can reach a limit before this time (a member's last_seen only moves
     # forward, see `_seen`), so `tick` looks at the members only then: a pass over 8,192
     # members ten times a second was most of an idle scheduler's work.
@@ -225,9 +231,30 @@ class SchedulerState(Admission, spares.SpareRules):
                 f"unique across roles, so give this {reg.role.value} another MS_NODE_ID "
                 "(e.g. 'ps0' for a parameter server)",
             ), []
-        if known is not None:
-            return self._register_known(known, reg, now)
-        return self._register_new(node_id, reg, now)
+        outcome = (
+            self._register_new(node_id, reg, now)
+            if known is None
+            else self._register_known(known, reg, now)
+        )
+        if isinstance(outcome[0], Accepted) and self.settings.job_secret is not None:
+            self.call_windows[node_id] = auth.CallWindow(reg.call_seq)
+        return outcome
+
+    def challenge(self) -> bytes:
+        """A challenge for a registration under the job secret (`cluster.protocol.auth`)."""
+        return self._challenges.issue(self.clock())
+
+    def read_problem(self, challenge: bytes, proof: bytes, method: str) -> str | None:
+        """Why an operator's read proof does not prove the job secret; None when it does."""
+        secret = self.settings.job_secret
+        if secret is None:
+            return None
+        stale = self._challenges.problem(challenge, self.clock())
+        if stale is not None:
+            return f"its proof of the job secret cannot be checked: {stale}"
+        if not auth.same_digest(auth.read_proof(secret, challenge, method), proof):
+            return "its proof is not of this job's secret"
+        return None
 
     def _register_new(
         self, node_id: str, reg: Registration, now: float
@@ -552,12 +579,22 @@ class SchedulerState(Admission, spares.SpareRules):
             )
         if self.settings.job_secret is None:
             return None
+        stale = self._challenges.problem(reg.challenge, self.clock()) if reg.proof else None
         if not reg.proof:
             problem = "did not prove it"
+        elif stale is not None:
+            return Refused(
+                Refusal.STALE_CHALLENGE,
+                f"node {reg.node_id!r} sent a registration this scheduler cannot take: {stale}; "
+                "the node asks for a new challenge and registers again",
+                retry_after_s=0.1,
+            )
         elif len(reg.nonce) < auth.NONCE_BYTES or not auth.proven(
             self.settings.job_secret, reg.message(), reg.proof
         ):
             problem = "proved another secret"
+        elif reg.job_id != self.cluster_id:
+            problem = f"proved it for job {reg.job_id[:40]!r}"
         elif not self._nonces.first_time(reg.nonce):
             problem = "sent a registration seen before (a replay)"
         else:

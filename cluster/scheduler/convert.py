@@ -26,6 +26,7 @@ _REFUSAL_TO_PB = {
     state.Refusal.UNAUTHENTICATED: pb.REFUSAL_UNAUTHENTICATED,
     state.Refusal.NODE_ALIVE: pb.REFUSAL_NODE_ALIVE,
     state.Refusal.JOB_FINISHED: pb.REFUSAL_JOB_FINISHED,
+    state.Refusal.STALE_CHALLENGE: pb.REFUSAL_STALE_CHALLENGE,
 }
 
 
@@ -37,10 +38,16 @@ def role_to_pb(role: state.NodeRole) -> pb.Role:
     return _ROLE_TO_PB[role]
 
 
-def registration_from_pb(req: pb.RegisterRequest, role: state.NodeRole) -> state.Registration:
+def registration_from_pb(
+    req: pb.RegisterRequest, role: state.NodeRole, job_secret: bytes | None = None
+) -> state.Registration:
     """The registration as the state machine sees it: the credential's hash, not the
-    credential (none when the request carries none, or something else than a credential)."""
+    credential (none when the request carries none, or something else than a credential).
+    With a job secret the credential comes wrapped (`auth.wrap`); a wrong secret unwraps it
+    into another value, whose hash the proof then does not cover."""
     credential = req.credential if len(req.credential) == auth.CREDENTIAL_BYTES else b""
+    if credential and job_secret is not None:
+        credential = auth.unwrap(job_secret, req.challenge, req.nonce, credential)
     return state.Registration(
         node_id=req.node_id,
         role=role,
@@ -54,6 +61,9 @@ def registration_from_pb(req: pb.RegisterRequest, role: state.NodeRole) -> state
         nonce=req.nonce,
         proof=req.proof,
         spare=req.spare,
+        challenge=req.challenge,
+        job_id=req.job_id,
+        call_seq=req.call_seq,
     )
 
 

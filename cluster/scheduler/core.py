@@ -48,6 +48,7 @@ from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.kv_journal import KvJournal
 from cluster.scheduler.persist import StatePersister
+from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams
 from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
@@ -130,6 +131,8 @@ class SchedulerCore:
             (e for e in self._told if isinstance(e, state.TopologyReadyEvent)), None
         )
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
+        # Refused calls: all counted, a bounded number told (`cluster.scheduler.refusals`).
+        self.refusals = RefusalLimiter(clock)
         limits = settings.limits
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
         if kv:
@@ -315,29 +318,18 @@ class SchedulerCore:
 
     # -- node calls ----------------------------------------------------------------------------
 
-    async def register(self, reg: state.Registration) -> state.Accepted | state.Refused:
+    async def register(
+        self, reg: state.Registration, peer: str = ""
+    ) -> state.Accepted | state.Refused:
+        """`peer`: the caller's address as gRPC names it (its refusals are told at a bounded
+        rate per address, `cluster.scheduler.refusals`)."""
         prior = self.journal.incarnation_of(reg.node_id)
         # A node waiting out its guard asks every second: its first refusal is logged and
         # journaled, the others are not.
         waiting = canonical_node_id(reg.node_id) in self.state.guard_waiting
         outcome, effects = self.state.register(reg)
         self.registrations.set()
-        self.journal.registration(reg, prior, outcome, was_waiting=waiting)
-        if isinstance(outcome, state.Refused):
-            quiet = waiting and outcome.reason is state.Refusal.NODE_ALIVE
-            log.log(
-                logging.DEBUG if quiet else logging.INFO,
-                "refused node %r: %s",
-                reg.node_id,
-                outcome.message,
-            )
-        elif outcome.rejoined:
-            log.info(
-                "node %r rejoined: generation %d (restart %d of that node)",
-                reg.node_id,
-                outcome.generation,
-                self.state.members[canonical_node_id(reg.node_id)].restarts,
-            )
+        self._tell_registration(reg, prior, outcome, waiting=waiting, peer=peer)
         self._apply(effects)
         if isinstance(outcome, state.Accepted):
             await self._durable_keeping_alive(reg.node_id, reg.incarnation)
@@ -346,6 +338,37 @@ class SchedulerCore:
         # A transient refusal (the guard) says nothing the disk must know: at once, so that
         # the node's next attempt comes when the guard ends, saves failing or not.
         return outcome
+
+    def _tell_registration(
+        self,
+        reg: state.Registration,
+        prior: int | None,
+        outcome: state.Accepted | state.Refused,
+        *,
+        waiting: bool,
+        peer: str,
+    ) -> None:
+        """Journal and log a registration's outcome. Refusals other than the guard's can come
+        from anyone, as fast as they like: told at most once an interval per address."""
+        if isinstance(outcome, state.Accepted):
+            self.journal.registration(reg, prior, outcome, was_waiting=waiting)
+            if outcome.rejoined:
+                log.info(
+                    "node %r rejoined: generation %d (restart %d of that node)",
+                    reg.node_id,
+                    outcome.generation,
+                    self.state.members[canonical_node_id(reg.node_id)].restarts,
+                )
+            return
+        if outcome.reason is state.Refusal.NODE_ALIVE:
+            self.journal.registration(reg, prior, outcome, was_waiting=waiting)
+            level = logging.DEBUG if waiting else logging.INFO
+            log.log(level, "refused node %r: %s", reg.node_id, outcome.message)
+            return
+        count = self.refusals.refused(peer, "Register", outcome.reason.value)
+        if count:
+            self.journal.registration(reg, prior, outcome, count=count)
+            log.info("refused node %r: %s", reg.node_id, outcome.message)
 
     async def _durable_keeping_alive(self, node_id: str, incarnation: int) -> None:
         """`durable()`, with the node counted alive meanwhile: its call waiting for the answer
@@ -369,7 +392,7 @@ class SchedulerCore:
         scheduler's heartbeats in the gaps (sent by `monitor`). `caller`: who opens it with a
         hello (None: the registration on the stream was just accepted)."""
         if caller is not None:
-            admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
+            admitted(self.state.admit(node_id, incarnation, caller.presented))
         awaited = bool(self.state.awaiting)
         self.state.connect(node_id, incarnation)
         if awaited and not self.state.awaiting:
@@ -406,7 +429,7 @@ class SchedulerCore:
                 self._apply(self.state.disconnect(node_id, incarnation))
 
     def heartbeat(self, node_id: str, incarnation: int, caller: Caller) -> None:
-        admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
+        admitted(self.state.admit(node_id, incarnation, caller.presented))
         self.state.heartbeat(node_id, incarnation)
 
     @contextlib.contextmanager
@@ -427,9 +450,7 @@ class SchedulerCore:
         self, node_id: str, incarnation: int, steps: list[int], caller: Caller
     ) -> int:
         """Record the steps the node holds; a step every worker holds (see `held_by_all`)."""
-        admitted(
-            self.state.admit_report(node_id, incarnation, caller.credential_digest, len(steps))
-        )
+        admitted(self.state.admit_report(node_id, incarnation, caller.presented, len(steps)))
         self.state.report_checkpoints(node_id, incarnation, steps)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
@@ -437,7 +458,7 @@ class SchedulerCore:
 
     def kv_for(self, caller: Caller) -> KvStore:
         """The key-value store, for a member (only members use it)."""
-        admitted(self.state.admit(caller.node_id, caller.incarnation, caller.credential_digest))
+        admitted(self.state.admit(caller.node_id, caller.incarnation, caller.presented))
         return self.kv
 
     async def kv_set(self, caller: Caller, key: str, value: bytes) -> None:
@@ -459,7 +480,7 @@ class SchedulerCore:
         return number
 
     async def finish(self, node_id: str, incarnation: int, caller: Caller) -> None:
-        member = admitted(self.state.admit(node_id, incarnation, caller.credential_digest))
+        member = admitted(self.state.admit(node_id, incarnation, caller.presented))
         self._apply(self.state.finish(node_id, incarnation))
         if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
             self.exchanges.fail_all(
@@ -484,9 +505,7 @@ class SchedulerCore:
         if st.phase in (state.Phase.FINISHED, state.Phase.FAILED):
             await self.durable()  # the job's end is told once it is saved, not before
         ticket = admitted(
-            st.admit_exchange(
-                node_id, caller.credential_digest, generation=generation, op=op, root=root
-            )
+            st.admit_exchange(node_id, caller.presented, generation=generation, op=op, root=root)
         )
         if st.restored_generation == generation and self.exchanges.cut_off(generation, seq):
             # Some ranks got this generation's collective #k from the scheduler that died and

@@ -6,7 +6,9 @@ whether that is an event and what it says; the journal stamps it (sequence numbe
 time), keeps the last `RETAINED_EVENTS`, hands it to its listeners (the metrics), to every
 `WatchEvents` stream, and to the event log file when there is one. It never blocks: the file
 is written by a thread of its own (`cluster.scheduler.event_file`), and a stream that falls
-`FOLLOWER_BACKLOG` events behind is ended (it can reconnect with the last number it got).
+`FOLLOWER_BACKLOG` events or the job's `follower_max_bytes` behind is ended (it can reconnect
+with the last number it got). At most `max_followers` streams follow at once (a reader that
+never reads holds at most its bytes; CLUSTER_MAX_FOLLOWERS, CLUSTER_FOLLOWER_MAX_BYTES).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from cluster.protocol import events, state
 from cluster.protocol.config import canonical_node_id
-from cluster.protocol.errors import FellBehindError
+from cluster.protocol.errors import CapacityError, FellBehindError
 from cluster.protocol.events import JobEvent, Kind, Record
 from cluster.scheduler.event_file import EventFile, last_seq
 
@@ -33,8 +35,9 @@ FINAL = frozenset({Kind.FINISHED.value, Kind.JOB_FAILED.value})
 
 class _Follower:
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[JobEvent | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[JobEvent, int] | None] = asyncio.Queue()
         self.behind = False
+        self.waiting_bytes = 0  # of the events in `queue`
 
 
 class EventJournal:
@@ -68,11 +71,16 @@ class EventJournal:
         outcome: state.Accepted | state.Refused,
         *,
         was_waiting: bool = False,
+        count: int = 1,
     ) -> None:
+        """`count`: refusals of the caller's address this one stands for (told at a bounded
+        rate, `cluster.scheduler.refusals`)."""
         record = events.of_registration(
             reg, prior_incarnation, outcome, self._state, was_waiting=was_waiting
         )
         if record is not None:
+            if count > 1:
+                record.fields["count"] = count
             self.emit(record)
 
     def effect(self, effect: state.Effect) -> None:
@@ -100,13 +108,20 @@ class EventJournal:
             listener(event)
         if self._file is not None:
             self._file.write(event.to_json())
-        for follower in list(self._followers):
-            if follower.queue.qsize() >= FOLLOWER_BACKLOG:
-                follower.behind = True
-                self._followers.discard(follower)
-                follower.queue.put_nowait(None)
-            else:
-                follower.queue.put_nowait(event)
+        if self._followers:
+            size = len(event.to_json())
+            most = self._state.settings.limits.follower_max_bytes
+            for follower in list(self._followers):
+                if (
+                    follower.queue.qsize() >= FOLLOWER_BACKLOG
+                    or follower.waiting_bytes + size > most
+                ):
+                    follower.behind = True
+                    self._followers.discard(follower)
+                    follower.queue.put_nowait(None)
+                else:
+                    follower.waiting_bytes += size
+                    follower.queue.put_nowait((event, size))
         return event
 
     # -- the log file --------------------------------------------------------------------------
@@ -137,6 +152,12 @@ class EventJournal:
         follower = _Follower()
         past = self.history(after)
         following = follow and not any(e.kind in FINAL for e in past)
+        most = self._state.settings.limits.max_followers
+        if following and len(self._followers) >= most:
+            raise CapacityError(
+                f"{most} readers follow this job's events already, the most it takes "
+                "(CLUSTER_MAX_FOLLOWERS): read without following, or stop another reader"
+            )
         if following:
             self._followers.add(follower)  # in the same step as the history: nothing missed
         try:
@@ -145,15 +166,17 @@ class EventJournal:
             if not following:
                 return
             while True:
-                news = await follower.queue.get()
-                if news is None:
+                item = await follower.queue.get()
+                if item is None:
                     if follower.behind:
                         raise FellBehindError(
-                            f"this event stream fell {FOLLOWER_BACKLOG} events behind and was "
-                            "ended; read faster, or reconnect asking for the events after the "
-                            "last one you got"
+                            f"this event stream fell behind (over {FOLLOWER_BACKLOG} events or "
+                            "CLUSTER_FOLLOWER_MAX_BYTES waiting) and was ended; read faster, or "
+                            "reconnect asking for the events after the last one you got"
                         )
                     return
+                news, size = item
+                follower.waiting_bytes -= size
                 yield news
                 if news.kind in FINAL:
                     return

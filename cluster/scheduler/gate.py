@@ -14,6 +14,7 @@ from __future__ import annotations
 from cluster.protocol.errors import NotLeaderError
 from cluster.protocol.leadership import Leadership, Role
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.refusals import RefusalLimiter
 from cluster.v1 import scheduler_pb2 as pb
 
 
@@ -26,6 +27,8 @@ class Gate:
         # With standbys: every scheduler of the job (host:port), and where the state is kept.
         self.schedulers: list[str] = []
         self.state_store = ""
+        # Calls refused at the edge, before any core (`cluster.transport.edge`).
+        self.refusals = RefusalLimiter()
 
     def current(self) -> SchedulerCore:
         """The core that answers now; NotLeaderError when this scheduler does not lead."""

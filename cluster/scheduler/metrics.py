@@ -164,7 +164,8 @@ class SchedulerMetrics:
             self.guard_refusals.inc()
             self.refusals.labels(state.Refusal.NODE_ALIVE.value).inc()
         elif kind == Kind.REFUSED.value:
-            self.refusals.labels(str(event.fields["reason"])).inc()
+            # One event stands for `count` refusals of one address (told at a bounded rate).
+            self.refusals.labels(str(event.fields["reason"])).inc(int(event.fields.get("count", 1)))
         elif kind == Kind.FAILED.value:
             self.failures.labels(str(event.fields["cause"])).inc()
         elif kind == Kind.GENERATION.value:

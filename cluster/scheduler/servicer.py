@@ -16,12 +16,20 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.errors import BadRequestError, ClusterError, NotLeaderError
+from cluster.protocol import auth
+from cluster.protocol.errors import (
+    BadRequestError,
+    CapacityError,
+    ClusterError,
+    NotLeaderError,
+)
+from cluster.protocol.events import Kind, Record
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
-from cluster.transport import failures, membership
+from cluster.scheduler.refusals import peer_host
+from cluster.transport import edge, failures, membership
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -43,17 +51,26 @@ def _refuse(context: grpc.aio.ServicerContext[Any, Any], exc: ClusterError) -> N
     context.set_details(str(exc))
 
 
-def _caller(context: grpc.aio.ServicerContext[Any, Any]) -> membership.Caller:
-    return membership.caller(context.invocation_metadata())
+def _caller(
+    context: grpc.aio.ServicerContext[Any, Any], method: str, request: Any = None
+) -> membership.Caller:
+    """Who the call speaks for, with what it presents (a call proof covers `request`)."""
+    body = bytes if request is None else request.SerializeToString
+    return membership.caller(context.invocation_metadata(), method, body)
 
 
 def _mapped(
     handler: Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]],
 ) -> Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp | None]]:
+    """A unary handler whose ClusterError ends the call with its status, and which refuses a
+    request over its method's limit (`edge.Oversized`) without looking at it."""
+
     async def wrapper(
         self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Resp | None:
         try:
+            if isinstance(request, edge.Oversized):
+                raise self.at_edge(context, request.method, "oversized", request.message())
             return await handler(self, request, context)
         except ClusterError as exc:
             _refuse(context, exc)
@@ -84,20 +101,84 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         role = convert.role_from_pb(request.role)
         if role is None or not request.node_id:
             raise BadRequestError("Register needs a node_id and a role")
+        problem = edge.registration_problem(
+            request.node_id,
+            request.host,
+            request.port,
+            (request.cluster_id, request.job_id),
+            {
+                name: (getattr(request, name), most)
+                for name, most in edge.REGISTRATION_BLOBS.items()
+            },
+        )
+        if problem is not None:
+            raise self.at_edge(context, "Register", "invalid", f"a registration whose {problem}")
         try:
             core = self._core
         except NotLeaderError as exc:
             return convert.not_leader_response(str(exc), exc.leader)
-        outcome = await core.register(convert.registration_from_pb(request, role))
+        registration = convert.registration_from_pb(request, role, core.settings.job_secret)
+        outcome = await core.register(registration, context.peer())
         settings = core.settings
         return convert.register_response(
             outcome, settings.heartbeat_interval_s, settings.node_timeout_s
         )
 
+    def at_edge(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
+    ) -> ClusterError:
+        """A call refused before it reaches the job: counted, told at a bounded rate (the
+        journal and the log), its values quoted short and escaped by `problem`'s maker."""
+        peer = context.peer() or ""
+        count = self._gate.refusals.log(peer, method, reason, problem)
+        core = self._gate.core
+        if count and core is not None:
+            fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
+            fields.update(reason=reason, message=problem, count=count)
+            core.journal.emit(Record(Kind.REFUSED, fields))
+        error = CapacityError if reason == "oversized" else BadRequestError
+        return error(f"{problem}: refused")
+
+    @_mapped
+    async def Challenge(
+        self, request: pb.ChallengeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ChallengeResponse:
+        try:
+            core = self._core
+        except NotLeaderError:
+            return pb.ChallengeResponse()  # a standby: its refusal names the leader
+        return pb.ChallengeResponse(
+            challenge=core.state.challenge(),
+            job_id=core.state.cluster_id,
+            ttl_s=auth.CHALLENGE_TTL_S,
+        )
+
+    def _check_reader(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
+        """With a job secret, reading the job needs proof of the secret (`mscluster status`
+        and `events` make one from the secret file). With mutual TLS the certificate admitted
+        the caller already; without either, the job is open (README, "Security model")."""
+        core = self._gate.core
+        if core is None or core.settings.job_secret is None:
+            return  # a standby shows only who leads
+        read = membership.read_proof(context.invocation_metadata())
+        problem: str | None = "it carries no proof of the job secret"
+        if read is not None:
+            problem = core.state.read_problem(read[0], read[1], method)
+        if problem is not None:
+            raise self.at_edge(
+                context,
+                method,
+                "unauthenticated",
+                f"a {method} call refused: {problem} (this job has a secret: give "
+                "CLUSTER_JOB_SECRET_FILE or --secret-file to read it)",
+            )
+
     async def Watch(
-        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.WatchRequest | edge.Oversized, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.Event | bytes]:
         try:
+            if isinstance(request, edge.Oversized):
+                raise self.at_edge(context, "Watch", "oversized", request.message())
             async for event in self._watch(request, context):
                 yield event
         except ClusterError as exc:
@@ -118,7 +199,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             node_id, incarnation = request.hello.node_id, request.hello.incarnation
         else:
             raise BadRequestError("Watch needs a RegisterRequest or a Hello")
-        caller = _caller(context) if kind == "hello" else None
+        caller = _caller(context, "Watch", request) if kind == "hello" else None
         # The node going away (its process dead, its connection cut) cancels this call, which
         # ends the core's stream and tells the core. (A registration just accepted is answered
         # by the core that accepted it, even if a step-down came in between: its stream ends
@@ -131,11 +212,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         request_iterator: AsyncIterator[pb.HeartbeatRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.HeartbeatResponse | None:
-        caller = _caller(context)
+        caller = _caller(context, "Heartbeat")
         try:
             core = self._core
             with core.heartbeat_call():
                 async for beat in request_iterator:
+                    if isinstance(beat, edge.Oversized):
+                        raise self.at_edge(context, "Heartbeat", "oversized", beat.message())
                     self._core.heartbeat(beat.node_id, beat.incarnation, caller)
         except ClusterError as exc:
             _refuse(context, exc)
@@ -151,7 +234,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             raise BadRequestError("Exchange needs an op")
         values = await self._core.exchange(
             request.node_id,
-            _caller(context),
+            _caller(context, "Exchange", request),
             generation=request.generation,
             seq=request.seq,
             op=op,
@@ -164,21 +247,22 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvSet(
         self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvSetResponse:
-        await self._core.kv_set(_caller(context), request.key, request.value)
+        await self._core.kv_set(_caller(context, "KvSet", request), request.key, request.value)
         return pb.KvSetResponse()
 
     @_mapped
     async def KvGet(
         self, request: pb.KvGetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvGetResponse:
-        values, missing = self._core.kv_for(_caller(context)).get(list(request.keys))
+        store = self._core.kv_for(_caller(context, "KvGet", request))
+        values, missing = store.get(list(request.keys))
         return pb.KvGetResponse(values=values, missing=missing)
 
     @_mapped
     async def KvWait(
         self, request: pb.KvWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvWaitResponse:
-        store = self._core.kv_for(_caller(context))
+        store = self._core.kv_for(_caller(context, "KvWait", request))
         values = await store.wait(list(request.keys), request.timeout_s)
         return pb.KvWaitResponse(values=values)
 
@@ -186,14 +270,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvAdd(
         self, request: pb.KvAddRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvAddResponse:
-        value = await self._core.kv_add(_caller(context), request.key, request.amount)
+        caller = _caller(context, "KvAdd", request)
+        value = await self._core.kv_add(caller, request.key, request.amount)
         return pb.KvAddResponse(value=value)
 
     @_mapped
     async def Finish(
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
-        await self._core.finish(request.node_id, request.incarnation, _caller(context))
+        caller = _caller(context, "Finish", request)
+        await self._core.finish(request.node_id, request.incarnation, caller)
         return pb.FinishResponse()
 
     @_mapped
@@ -201,7 +287,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.ReportCheckpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReportCheckpointsResponse:
         held_by_all = await self._core.report_checkpoints(
-            request.node_id, request.incarnation, list(request.steps), _caller(context)
+            request.node_id,
+            request.incarnation,
+            list(request.steps),
+            _caller(context, "ReportCheckpoints", request),
         )
         return pb.ReportCheckpointsResponse(held_by_all=held_by_all)
 
@@ -209,6 +298,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.StatusResponse:
+        self._check_reader(context, "Status")
         try:
             response = self._core.status()
         except NotLeaderError:
@@ -221,6 +311,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.JobEvent]:
         try:
+            if isinstance(request, edge.Oversized):
+                raise self.at_edge(context, "WatchEvents", "oversized", request.message())
+            self._check_reader(context, "WatchEvents")
             async for event in self._core.journal.follow(request.after_seq, follow=request.follow):
                 yield convert.job_event_to_pb(event)
         except ClusterError as exc:
@@ -230,6 +323,29 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
 def _event_bytes(event: pb.Event | bytes) -> bytes:
     """Watch's serializer: an event that goes to every stream is serialized once, by the core."""
     return event if isinstance(event, bytes) else event.SerializeToString()
+
+
+def _capped(
+    method: str, handler: grpc.RpcMethodHandler[Any, Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """`handler` with its method's limit on a request's size (`edge.capped`)."""
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    deserializer = handler.request_deserializer
+    assert deserializer is not None  # the generated handlers all have one
+    for attribute, make in kinds:
+        behavior = getattr(handler, attribute)
+        if behavior is not None:
+            return make(
+                behavior,
+                request_deserializer=edge.capped(method, deserializer),
+                response_serializer=handler.response_serializer,
+            )
+    return handler
 
 
 class _Capture:
@@ -251,6 +367,8 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
     """`add_SchedulerServicer_to_server`, with Watch writing pre-serialized events as they are."""
     capture = _Capture()
     pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
+    for method, handler in list(capture.handlers.items()):
+        capture.handlers[method] = _capped(method, handler)
     watch = capture.handlers["Watch"]
     capture.handlers["Watch"] = grpc.unary_stream_rpc_method_handler(
         servicer.Watch,

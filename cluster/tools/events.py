@@ -23,6 +23,7 @@ import grpc
 
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
+from cluster.tools import status
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, tls
 from cluster.v1 import scheduler_pb2 as pb
@@ -161,8 +162,16 @@ async def _watch(
 ) -> AsyncIterator[JobEvent]:
     async with scheduler_channel.open_channel(address, identity, options) as channel:
         stub = pb_grpc.SchedulerStub(channel)
+        try:
+            metadata = await status.read_metadata(stub, "WatchEvents", status.FROM_ENV, 10.0)
+        except grpc.aio.AioRpcError as exc:
+            raise SchedulerUnreachableError(
+                f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
+            ) from None
         call = stub.WatchEvents(
-            pb.WatchEventsRequest(follow=follow), timeout=None if follow else 10.0
+            pb.WatchEventsRequest(follow=follow),
+            timeout=None if follow else 10.0,
+            metadata=metadata,
         )
         try:
             async for message in call:

@@ -30,7 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import job_secret_from_env, read_job_secret, tls_options_from_env
+from cluster.protocol.config import (
+    JobSecretSource,
+    job_secret_from_env,
+    read_job_secret,
+    tls_options_from_env,
+)
 from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
@@ -108,6 +113,7 @@ class Launcher:
         self.scheduler: Child | None = None
         self.workers: list[Child] = []
         self.view: JobView | None = None
+        self._secret: bytes | None = None  # the job secret, once read (it proves our reads)
         self._stop_signal: int | None = None
         self._wake = asyncio.Event()
         self._started = clock()
@@ -214,9 +220,21 @@ class Launcher:
         ) as channel:
             while True:
                 with contextlib.suppress(ClusterError):
-                    self.view = await status_module.fetch(channel, self.address, POLL_STATUS_S * 2)
+                    self.view = await status_module.fetch(
+                        channel, self.address, POLL_STATUS_S * 2, self._job_secret()
+                    )
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
+
+    def _job_secret(self) -> bytes | None:
+        """The secret the job's processes get (the launcher's reads of the job prove it)."""
+        if self._secret is None:
+            source = job_secret_from_env(os.environ)
+            path = self.options.job_secret_file
+            if path is not None and path.exists():
+                source = JobSecretSource(path=path)
+            self._secret = None if source is None else read_job_secret(source)
+        return self._secret
 
     def _progress(self) -> None:
         running = sum(1 for w in self.workers if w.running)
@@ -261,7 +279,9 @@ class Launcher:
                 async with scheduler_channel.open_channel(
                     self.address, self._identity, POLL_CHANNEL_OPTIONS
                 ) as channel:
-                    now = await status_module.fetch(channel, self.address)
+                    now = await status_module.fetch(
+                        channel, self.address, secret=self._job_secret()
+                    )
             except ClusterError as exc:
                 unreachable = str(exc)
         sched = self.scheduler

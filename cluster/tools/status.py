@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
 
+from cluster.protocol.config import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.state import Phase
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module
-from cluster.transport import failures, tls
+from cluster.transport import failures, membership, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -163,13 +165,46 @@ def _leadership(found: pb.Leadership) -> LeadershipView | None:
     )
 
 
+class FromEnvironment:
+    """The job secret of CLUSTER_JOB_SECRET_FILE (or CLUSTER_JOB_SECRET), if set."""
+
+
+FROM_ENV = FromEnvironment()
+
+
+def env_secret() -> bytes | None:
+    """The job secret the environment names (a ConfigError when it cannot be read)."""
+    source = job_secret_from_env(os.environ)
+    return None if source is None else read_job_secret(source)
+
+
+async def read_metadata(
+    stub: Any, method: str, secret: bytes | FromEnvironment | None, timeout_s: float
+) -> membership.Metadata:
+    """What a read of the job (Status, WatchEvents) carries: with a job secret, a proof of it
+    that answers the scheduler's challenge (a standby, which has none, needs none)."""
+    if isinstance(secret, FromEnvironment):
+        secret = env_secret()
+    if secret is None:
+        return ()
+    answer = await stub.Challenge(pb.ChallengeRequest(), timeout=timeout_s)
+    if not answer.challenge:
+        return ()
+    return membership.read_metadata(secret, answer.challenge, method)
+
+
 async def fetch(
-    channel: grpc.aio.Channel, address: str, timeout_s: float = STATUS_TIMEOUT_S
+    channel: grpc.aio.Channel,
+    address: str,
+    timeout_s: float = STATUS_TIMEOUT_S,
+    secret: bytes | FromEnvironment | None = FROM_ENV,
 ) -> JobView:
-    """The job's status from the scheduler behind `channel`, or SchedulerUnreachableError."""
+    """The job's status from the scheduler behind `channel`, or SchedulerUnreachableError.
+    `secret`: the job secret that proves this reader (by default the environment's)."""
     stub = pb_grpc.SchedulerStub(channel)
     try:
-        response = await stub.Status(pb.StatusRequest(), timeout=timeout_s)
+        metadata = await read_metadata(stub, "Status", secret, timeout_s)
+        response = await stub.Status(pb.StatusRequest(), timeout=timeout_s, metadata=metadata)
     except grpc.aio.AioRpcError as exc:
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"

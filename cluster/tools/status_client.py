@@ -16,7 +16,14 @@ class StatusClient:
     leader answers: the address that answered last is asked first, then the leader a standby
     names, then the others in turn."""
 
-    def __init__(self, addresses: str | Sequence[str], *, reconnect_ms: int = 50) -> None:
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        reconnect_ms: int = 50,
+        secret: bytes | None = None,
+    ) -> None:
+        """`secret`: the job secret (a job with one answers Status to its holders only)."""
         from cluster.worker.session import BackgroundLoop  # noqa: PLC0415 - grpc on demand
 
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
@@ -24,6 +31,7 @@ class StatusClient:
         self._loop = BackgroundLoop("cluster-testing-status")
         self._reconnect_ms = reconnect_ms
         self._channels: dict[str, Any] = {}
+        self._secret = secret
 
     def _channel(self, address: str) -> Any:
         from cluster.transport import channel  # noqa: PLC0415 - grpc only for those who ask
@@ -51,7 +59,9 @@ class StatusClient:
                 continue
             tried.add(address)
             try:
-                view = self._loop.run(status.fetch(self._channel(address), address, 1.0))
+                view = self._loop.run(
+                    status.fetch(self._channel(address), address, 1.0, self._secret)
+                )
             except NotLeaderAnswer as exc:
                 if exc.leader in self.addresses:
                     queue.insert(0, exc.leader)

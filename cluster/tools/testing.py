@@ -38,6 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cluster.protocol.config import JobSecretSource, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
 from cluster.tools.netlab import NetworkLab
@@ -280,7 +281,11 @@ class LocalJob:
     def status(self) -> Any:
         """The scheduler's view (`cluster.status.JobView`), or None when it does not answer."""
         if self._status is None:
-            self._status = StatusClient(self.addresses)
+            secret_file = self.env.get("CLUSTER_JOB_SECRET_FILE")
+            secret = (
+                read_job_secret(JobSecretSource(path=Path(secret_file))) if secret_file else None
+            )
+            self._status = StatusClient(self.addresses, secret=secret)
         view = self._status.fetch()
         if view is not None and view.address in self.addresses:
             self.leader_index = self.addresses.index(view.address)

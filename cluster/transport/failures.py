@@ -30,6 +30,7 @@ from cluster.protocol.errors import (
     NotAuthenticatedError,
     NotLeaderError,
     PeerFailedError,
+    RegistrationPendingError,
     UnknownNodeError,
 )
 
@@ -47,13 +48,15 @@ _CODES: tuple[tuple[type[ClusterError], grpc.StatusCode], ...] = (
     # A standby: a client that does not know the kind retries, which is not wrong either.
     (NotLeaderError, grpc.StatusCode.UNAVAILABLE),
     (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    # Not an answer: a node's caller takes it as cut off (made again once it registered).
+    (RegistrationPendingError, grpc.StatusCode.UNAVAILABLE),
     (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 # The kinds a client knows by name: every class above, and those a refusal raises.
 _KINDS: dict[str, type[ClusterError]] = {
     kind.__name__: kind
     for kind in (
-        *(kind for kind, _ in _CODES),
+        *(kind for kind, _ in _CODES if kind is not RegistrationPendingError),
         AccessDeniedError,
         PeerFailedError,
         CollectiveError,

@@ -26,6 +26,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_JOB_FINISHED: _ClassVar[RefusalReason]
     REFUSAL_NODE_ALIVE: _ClassVar[RefusalReason]
     REFUSAL_NOT_LEADER: _ClassVar[RefusalReason]
+    REFUSAL_STALE_CHALLENGE: _ClassVar[RefusalReason]
 
 class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -47,13 +48,14 @@ REFUSAL_UNAUTHENTICATED: RefusalReason
 REFUSAL_JOB_FINISHED: RefusalReason
 REFUSAL_NODE_ALIVE: RefusalReason
 REFUSAL_NOT_LEADER: RefusalReason
+REFUSAL_STALE_CHALLENGE: RefusalReason
 EXCHANGE_UNSPECIFIED: ExchangeOp
 EXCHANGE_BARRIER: ExchangeOp
 EXCHANGE_ALLGATHER: ExchangeOp
 EXCHANGE_BROADCAST: ExchangeOp
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare")
+    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare", "challenge", "job_id", "call_seq")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,9 @@ class RegisterRequest(_message.Message):
     NONCE_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     SPARE_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CALL_SEQ_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     host: str
@@ -78,7 +83,24 @@ class RegisterRequest(_message.Message):
     nonce: bytes
     proof: bytes
     spare: bool
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ...) -> None: ...
+    challenge: bytes
+    job_id: str
+    call_seq: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ..., challenge: _Optional[bytes] = ..., job_id: _Optional[str] = ..., call_seq: _Optional[int] = ...) -> None: ...
+
+class ChallengeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChallengeResponse(_message.Message):
+    __slots__ = ("challenge", "job_id", "ttl_s")
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    challenge: bytes
+    job_id: str
+    ttl_s: float
+    def __init__(self, challenge: _Optional[bytes] = ..., job_id: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("reason", "message", "retry_after_s", "leader")

@@ -32,6 +32,14 @@ class SchedulerStub:
     UNAUTHENTICATED, a call for a node that is not a member with NOT_FOUND, and nothing changes.
     Failures name their kind in the trailing metadata `cluster-error` (e.g. `PeerFailedError`,
     `JobFailedError`, `EvictedError`, `CapacityError` with RESOURCE_EXHAUSTED).
+
+    With a job secret (CLUSTER_JOB_SECRET[_FILE]) a node first asks for a Challenge, and its
+    registration answers it: the credential travels wrapped, and every later call carries
+    `cluster-node-id`, `cluster-incarnation` and `cluster-call` ("SEQ.MAC": a call number and an
+    HMAC over the method, the node, that number and the request, under a key only the node and the
+    scheduler can make) instead of the credential (cluster.protocol.auth). An operator reading
+    the job (Status, WatchEvents) of a job with a secret proves it with `cluster-read`
+    ("CHALLENGE.PROOF", hex). With mutual TLS, the certificate admits the reader.
     """
 
     def __init__(self, channel):
@@ -40,6 +48,11 @@ class SchedulerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Challenge = channel.unary_unary(
+                '/cluster.v1.Scheduler/Challenge',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.ChallengeResponse.FromString,
+                _registered_method=True)
         self.Register = channel.unary_unary(
                 '/cluster.v1.Scheduler/Register',
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.RegisterRequest.SerializeToString,
@@ -109,7 +122,23 @@ class SchedulerServicer:
     UNAUTHENTICATED, a call for a node that is not a member with NOT_FOUND, and nothing changes.
     Failures name their kind in the trailing metadata `cluster-error` (e.g. `PeerFailedError`,
     `JobFailedError`, `EvictedError`, `CapacityError` with RESOURCE_EXHAUSTED).
+
+    With a job secret (CLUSTER_JOB_SECRET[_FILE]) a node first asks for a Challenge, and its
+    registration answers it: the credential travels wrapped, and every later call carries
+    `cluster-node-id`, `cluster-incarnation` and `cluster-call` ("SEQ.MAC": a call number and an
+    HMAC over the method, the node, that number and the request, under a key only the node and the
+    scheduler can make) instead of the credential (cluster.protocol.auth). An operator reading
+    the job (Status, WatchEvents) of a job with a secret proves it with `cluster-read`
+    ("CHALLENGE.PROOF", hex). With mutual TLS, the certificate admits the reader.
     """
+
+    def Challenge(self, request, context):
+        """A fresh challenge for a registration under the job secret (open to anyone: it costs the
+        scheduler nothing to make and nothing to keep).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Register(self, request, context):
         """Join the job. Refusals are answers, not errors: they carry a reason and, where waiting can
@@ -207,6 +236,11 @@ class SchedulerServicer:
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.ChallengeRequest.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.ChallengeResponse.SerializeToString,
+            ),
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.RegisterRequest.FromString,
@@ -282,7 +316,42 @@ class Scheduler:
     UNAUTHENTICATED, a call for a node that is not a member with NOT_FOUND, and nothing changes.
     Failures name their kind in the trailing metadata `cluster-error` (e.g. `PeerFailedError`,
     `JobFailedError`, `EvictedError`, `CapacityError` with RESOURCE_EXHAUSTED).
+
+    With a job secret (CLUSTER_JOB_SECRET[_FILE]) a node first asks for a Challenge, and its
+    registration answers it: the credential travels wrapped, and every later call carries
+    `cluster-node-id`, `cluster-incarnation` and `cluster-call` ("SEQ.MAC": a call number and an
+    HMAC over the method, the node, that number and the request, under a key only the node and the
+    scheduler can make) instead of the credential (cluster.protocol.auth). An operator reading
+    the job (Status, WatchEvents) of a job with a secret proves it with `cluster-read`
+    ("CHALLENGE.PROOF", hex). With mutual TLS, the certificate admits the reader.
     """
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster.v1.Scheduler/Challenge',
+            cluster_dot_v1_dot_scheduler__pb2.ChallengeRequest.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.ChallengeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Register(request,

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from cluster.protocol import auth
 from cluster.protocol.backoff import Backoff
 from cluster.protocol.config import ClusterConfig, read_job_secret, silence_limit
 from cluster.protocol.errors import ClusterError, NotLeaderError
@@ -72,6 +73,8 @@ FINISH_RETRIED = (
 )
 FINISH_RETRY_FIRST_S = 0.1
 FINISH_RETRY_MAX_S = 2.0
+# A scheduler's challenge is used for half its life, then asked for again.
+TTL_USE_S = auth.CHALLENGE_TTL_S / 2
 
 
 def reconnect_ceiling_ms(nodes: int) -> int:
@@ -128,10 +131,15 @@ class WorkerAgent:
         self._expiry_check_period_s = expiry_check_period_s
         self._expiry: asyncio.Task[None] | None = None
         self._job_secret = None if config.job_secret is None else read_job_secret(config.job_secret)
-        # Every call after the registration says which node makes it, with its credential.
+        # Every call after the registration says which node makes it: with its credential, or
+        # with a job secret a call proof that never shows it (`membership.CallSigner`).
         self._metadata = membership.call_metadata(
             identity.node_id, identity.incarnation, identity.credential
         )
+        self._signer = membership.signer(self._job_secret, identity)
+        # With a job secret: the scheduler's challenge (its address, the challenge, the job id,
+        # when it came) for the registrations, asked for again when stale.
+        self._challenge: tuple[str, bytes, str, float] | None = None
         self._host, self._port = config.sched_host, config.sched_port
         self._channel = scheduler_channel.open_channel(
             self.core.address,
@@ -290,11 +298,56 @@ class WorkerAgent:
 
     # -- registering ---------------------------------------------------------------------------
 
+    def _signed(self, method: str, request: Any = None) -> membership.Metadata:
+        """The metadata of a call of this node: a fresh call proof with a job secret."""
+        if self._signer is None:
+            return self._metadata
+        body = b"" if request is None else request.SerializeToString()
+        return self._signer.metadata(method, body)
+
+    async def _ask_challenge(self, action: steps.Register) -> tuple[bytes, str] | steps.Event:
+        """The scheduler's challenge for a registration under the job secret (kept for half
+        its life), or what came of asking for it."""
+        now, held = self._clock(), self._challenge
+        if held is not None and held[0] == self.core.address and now - held[3] < TTL_USE_S:
+            return held[1], held[2]
+        try:
+            answer = await self._stub.Challenge(
+                pb.ChallengeRequest(), timeout=action.attempt_s, wait_for_ready=True
+            )
+        except grpc.aio.AioRpcError as exc:
+            return convert.rpc_failure(exc, self.core.where)
+        self._challenge = (self.core.address, answer.challenge, answer.job_id, now)
+        return answer.challenge, answer.job_id
+
     async def _register(self, action: steps.Register) -> steps.Event:
-        """One registration attempt: what came of it, as the core's event."""
+        """One registration attempt: what came of it, as the core's event. (A refusal for a
+        stale challenge, after a restart of the scheduler, is met with a new one at once.)"""
+        for _ in range(2):
+            challenge: tuple[bytes, str] = (b"", "")
+            if self._job_secret is not None:
+                asked = await self._ask_challenge(action)
+                if not isinstance(asked, tuple):
+                    return asked
+                challenge = asked
+            event = await self._register_once(action, challenge)
+            if not (isinstance(event, steps.Refused) and event.stale_challenge):
+                break
+            self._challenge = None
+        return event
+
+    async def _register_once(
+        self, action: steps.Register, challenge: tuple[bytes, str]
+    ) -> steps.Event:
+        seq = 0 if self._signer is None else self._signer.seq
         request = pb.WatchRequest(
             register=register_request(
-                self.config, self.identity, self.core.cluster_id, self._job_secret
+                self.config,
+                self.identity,
+                self.core.cluster_id,
+                self._job_secret,
+                challenge=challenge,
+                call_seq=seq,
             )
         )
         call: Call = self._stub.Watch(request, wait_for_ready=True)
@@ -371,7 +424,7 @@ class WorkerAgent:
         """Read `call` until it says its last word (None) or is lost (what ended it)."""
         beats = (
             Heartbeats(
-                lambda: self._stub.Heartbeat(metadata=self._metadata),
+                lambda: self._stub.Heartbeat(metadata=self._signed("Heartbeat")),
                 pb.HeartbeatRequest(
                     node_id=self.identity.node_id, incarnation=self.identity.incarnation
                 ),
@@ -527,7 +580,9 @@ class WorkerAgent:
         )
         response = await self._call(
             op,
-            lambda: self._stub.Exchange(request, wait_for_ready=True, metadata=self._metadata),
+            lambda: self._stub.Exchange(
+                request, wait_for_ready=True, metadata=self._signed("Exchange", request)
+            ),
         )
         return list(response.values)
 
@@ -567,7 +622,7 @@ class WorkerAgent:
         answer = await self._call(
             "checkpoint report",
             lambda: self._stub.ReportCheckpoints(
-                request, wait_for_ready=True, metadata=self._metadata
+                request, wait_for_ready=True, metadata=self._signed("ReportCheckpoints", request)
             ),
         )
         return int(answer.held_by_all)
@@ -576,14 +631,18 @@ class WorkerAgent:
         request = pb.KvSetRequest(key=key, value=value)
         await self._call(
             "kv set",
-            lambda: self._stub.KvSet(request, wait_for_ready=True, metadata=self._metadata),
+            lambda: self._stub.KvSet(
+                request, wait_for_ready=True, metadata=self._signed("KvSet", request)
+            ),
         )
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
         request = pb.KvGetRequest(keys=keys)
         response = await self._call(
             "kv get",
-            lambda: self._stub.KvGet(request, wait_for_ready=True, metadata=self._metadata),
+            lambda: self._stub.KvGet(
+                request, wait_for_ready=True, metadata=self._signed("KvGet", request)
+            ),
         )
         return list(response.values), list(response.missing)
 
@@ -592,7 +651,10 @@ class WorkerAgent:
         response = await self._call(
             "kv wait",
             lambda: self._stub.KvWait(
-                request, timeout=timeout_s + 5.0, wait_for_ready=True, metadata=self._metadata
+                request,
+                timeout=timeout_s + 5.0,
+                wait_for_ready=True,
+                metadata=self._signed("KvWait", request),
             ),
         )
         return list(response.values)
@@ -601,7 +663,9 @@ class WorkerAgent:
         request = pb.KvAddRequest(key=key, amount=amount)
         response = await self._call(
             "kv add",
-            lambda: self._stub.KvAdd(request, wait_for_ready=True, metadata=self._metadata),
+            lambda: self._stub.KvAdd(
+                request, wait_for_ready=True, metadata=self._signed("KvAdd", request)
+            ),
         )
         return int(response.value)
 
@@ -629,7 +693,9 @@ class WorkerAgent:
             while True:
                 left = give_up - self._clock()
                 try:
-                    await self._stub.Finish(request, timeout=left, metadata=self._metadata)
+                    await self._stub.Finish(
+                        request, timeout=left, metadata=self._signed("Finish", request)
+                    )
                     break
                 except grpc.aio.AioRpcError as exc:
                     delay = pause.next_s()

@@ -42,9 +42,10 @@ def answer(first: pb.Event) -> steps.Accepted | steps.Refused | steps.NotLeader:
         )
     return steps.Refused(
         refusal.message,
-        transient=refusal.reason == pb.REFUSAL_NODE_ALIVE,
+        transient=refusal.reason in (pb.REFUSAL_NODE_ALIVE, pb.REFUSAL_STALE_CHALLENGE),
         retry_after_s=refusal.retry_after_s,
         finished=refusal.reason == pb.REFUSAL_JOB_FINISHED,
+        stale_challenge=refusal.reason == pb.REFUSAL_STALE_CHALLENGE,
     )
 
 

@@ -60,6 +60,8 @@ class Refused:
     transient: bool = False
     retry_after_s: float = 0.0
     finished: bool = False  # the job finished well (REFUSAL_JOB_FINISHED)
+    # The registration's challenge was stale (REFUSAL_STALE_CHALLENGE): ask for a new one.
+    stale_challenge: bool = False
 
 
 @dataclass(frozen=True)

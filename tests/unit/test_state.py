@@ -37,7 +37,7 @@ from cluster.protocol.state import (
     TopologyReadyEvent,
 )
 from tests.conftest import FakeClock
-from tests.credentials import digest
+from tests.credentials import digest, presented
 
 JOB = "job-1"
 
@@ -99,7 +99,10 @@ def reg(
     if secret is None:
         return registration
     registration = dataclasses.replace(
-        registration, nonce=next(_nonces).to_bytes(auth.NONCE_BYTES, "big")
+        registration,
+        nonce=next(_nonces).to_bytes(auth.NONCE_BYTES, "big"),
+        challenge=state.challenge(),  # the answer of the scheduler's Challenge
+        job_id=state.cluster_id,
     )
     return dataclasses.replace(registration, proof=auth.prove(secret, registration.message()))
 
@@ -1162,7 +1165,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         node_id, incarnation = self._forged_target(index)
         if stale:  # the incarnation Status showed before the node was restarted
             incarnation += 7
-        presented = forged_digest(forgery, node_id, incarnation)
+        presented = auth.Presented(forged_digest(forgery, node_id, incarnation))
         before = _everything(self.state)
         if call == "exchange":
             verdict: object = self.state.admit_exchange(
@@ -1247,10 +1250,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         also after restarts of the node or of the scheduler."""
         if not hasattr(self, "state"):
             return
+        secret = self.state.settings.job_secret
         for member in self.state.members.values():
-            own = digest(member.node_id, member.incarnation)
-            assert self.state.admit(member.node_id, member.incarnation, own) is member
-            assert self.state.admit(member.node_id, None, own) is member
+            for incarnation in (member.incarnation, None):
+                own = presented(secret, member.node_id, member.incarnation)
+                verdict = self.state.admit(member.node_id, incarnation, own)
+                if secret is not None and member.node_id not in self.state.call_windows:
+                    # Not registered with this (restarted) scheduler yet: its calls wait.
+                    assert isinstance(verdict, Denied)
+                    assert verdict.kind is Denial.NOT_REGISTERED_HERE
+                else:
+                    assert verdict is member
 
     @invariant()
     def never_too_many_members(self) -> None:

@@ -1,0 +1,137 @@
+"""Limits at the edge: what the scheduler takes from anyone who reaches its port, in one table.
+
+Every field a caller sends has a bound here, checked before the state machine, the journal or a
+log sees the value: a request larger than its method's limit is not even parsed (`capped`), and
+a registration whose fields are out of bounds (`registration_problem`) is refused with a message
+that quotes at most a short, escaped prefix of what was sent. Such refusals are counted and
+journaled at a bounded rate by the scheduler (`cluster.scheduler.refusals`), never with the raw
+value. `Exchange` and `KvSet` carry a member's data: their bounds are the job's caps
+(CLUSTER_COLLECTIVE_MAX_BYTES, CLUSTER_KV_MAX_BYTES, at most `MAX_MESSAGE_BYTES` a message),
+applied after the call is admitted as a member's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cluster.protocol import auth
+from cluster.protocol.config import valid_node_id
+from cluster.protocol.display import safe
+
+# The largest message any method takes (a member's collective contribution or key-value set).
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_KIB = 1024
+# Each method's largest request, in bytes. A registration is a few hundred bytes; a checkpoint
+# report names at most 1,024 steps (`admission.MAX_REPORTED_CHECKPOINTS`, 10 bytes each).
+MESSAGE_LIMITS: dict[str, int] = {
+    "Challenge": 64,
+    "Register": 4 * _KIB,
+    "Watch": 4 * _KIB,
+    "Heartbeat": 1 * _KIB,
+    "Finish": 1 * _KIB,
+    "ReportCheckpoints": 16 * _KIB,
+    "Status": 64,
+    "WatchEvents": 64,
+    "KvGet": 256 * _KIB,
+    "KvWait": 256 * _KIB,
+    "KvAdd": 4 * _KIB,
+    "KvSet": MAX_MESSAGE_BYTES,
+    "Exchange": MAX_MESSAGE_BYTES,
+}
+# A registration's fields.
+MAX_HOST_CHARS = 253  # a DNS name's limit
+MAX_JOB_ID_CHARS = 64
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+# How much of a refused value a message quotes, escaped.
+QUOTED_CHARS = 40
+
+
+def quoted(value: str | bytes) -> str:
+    """A value from the wire as a message may quote it: escaped, at most a short prefix."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return safe(text, limit=QUOTED_CHARS)
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """What a capped deserializer hands the handler instead of a request over its limit."""
+
+    method: str
+    size: int
+
+    @property
+    def limit(self) -> int:
+        return MESSAGE_LIMITS[self.method]
+
+    def message(self) -> str:
+        return (
+            f"a {self.method} request of {self.size:,} bytes; the scheduler takes at most "
+            f"{self.limit:,} (is the caller a node of this version of cluster?)"
+        )
+
+
+def capped(method: str, deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """`deserializer`, which hands over an `Oversized` for a request over the method's limit."""
+    limit = MESSAGE_LIMITS[method]
+
+    def deserialize(data: bytes) -> Any:
+        if len(data) > limit:
+            return Oversized(method, len(data))
+        return deserializer(data)
+
+    return deserialize
+
+
+def valid_host(host: str) -> bool:
+    """A host name (RFC 1123 labels) or an IP address literal, at most 253 characters."""
+    if not host or len(host) > MAX_HOST_CHARS:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return all(_HOST_LABEL.match(label) for label in host.removesuffix(".").split("."))
+
+
+def registration_problem(
+    node_id: str,
+    host: str,
+    port: int,
+    job_ids: tuple[str, ...],
+    blobs: dict[str, tuple[bytes, int]],
+) -> str | None:
+    """What is out of bounds in a registration, None when nothing is. `blobs`: name -> (value,
+    the most bytes it may have)."""
+    if not valid_node_id(node_id):
+        return (
+            f"node id {quoted(node_id)} ({len(node_id)} characters) is not valid: use 1-128 "
+            "characters of letters, digits and . _ : @ -, starting with a letter or digit"
+        )
+    if not valid_host(host):
+        return (
+            f"host {quoted(host)} ({len(host)} characters) is not a host name or an IP address "
+            f"of at most {MAX_HOST_CHARS} characters"
+        )
+    if not 1 <= port <= 65535:
+        return f"port {port} is not a port (1-65535)"
+    for job_id in job_ids:
+        if len(job_id) > MAX_JOB_ID_CHARS or not job_id.isprintable():
+            return f"job id {quoted(job_id)} is not one this scheduler could have made"
+    for name, (value, most) in blobs.items():
+        if len(value) > most:
+            return f"{name} of {len(value)} bytes (at most {most})"
+    return None
+
+
+# The most bytes of each opaque field of a registration.
+REGISTRATION_BLOBS = {
+    "credential": auth.CREDENTIAL_BYTES,
+    "nonce": 64,
+    "proof": auth.DIGEST_BYTES,
+    "challenge": auth.CHALLENGE_BYTES,
+}

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from cluster.protocol import auth
-from cluster.protocol.config import canonical_node_id
+from cluster.protocol.config import canonical_node_id, job_secret_from_env, read_job_secret
 from cluster.protocol.state import NodeRole, Registration
+from cluster.transport import membership
 from cluster.transport.membership import Caller
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 
 def credential(node_id: str, incarnation: int) -> bytes:
@@ -53,3 +59,20 @@ def registration(node_id: str, incarnation: int = 1, cluster_id: str = "") -> Re
         cluster_id,
         credential_digest=digest(node_id, incarnation),
     )
+
+
+def read_metadata(channel: Any, secret: bytes | None, method: str = "Status") -> Any:
+    """What an operator's read (Status, WatchEvents) of a job with `secret` carries, over a
+    synchronous channel (as `cluster.tools.status.read_metadata` makes it)."""
+    if secret is None:
+        return ()
+    answer = pb_grpc.SchedulerStub(channel).Challenge(pb.ChallengeRequest(), timeout=5)
+    if not answer.challenge:
+        return ()
+    return membership.read_metadata(secret, answer.challenge, method)
+
+
+def secret_of(env: Mapping[str, str]) -> bytes | None:
+    """The job secret the environment `env` names."""
+    source = job_secret_from_env(env)
+    return None if source is None else read_job_secret(source)

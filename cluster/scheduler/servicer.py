@@ -21,6 +21,7 @@ from cluster.protocol.errors import (
     BadRequestError,
     CapacityError,
     ClusterError,
+    NotAuthenticatedError,
     NotLeaderError,
 )
 from cluster.protocol.events import Kind, Record
@@ -136,8 +137,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
             fields.update(reason=reason, message=problem, count=count)
             core.journal.emit(Record(Kind.REFUSED, fields))
-        error = CapacityError if reason == "oversized" else BadRequestError
-        return error(f"{problem}: refused")
+        kinds = {"oversized": CapacityError, "unauthenticated": NotAuthenticatedError}
+        return kinds.get(reason, BadRequestError)(f"{problem}: refused")
 
     @_mapped
     async def Challenge(
@@ -169,8 +170,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 context,
                 method,
                 "unauthenticated",
-                f"a {method} call refused: {problem} (this job has a secret: give "
-                "CLUSTER_JOB_SECRET_FILE or --secret-file to read it)",
+                f"a {method} call refused: {problem} (this job has a secret: set "
+                "CLUSTER_JOB_SECRET_FILE to its file, `mscluster run` writes it to "
+                "<log-dir>/job.secret)",
             )
 
     async def Watch(

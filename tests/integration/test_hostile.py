@@ -36,6 +36,7 @@ from cluster.testing import Process, free_port, wait_until
 from cluster.transport import certs
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.credentials import read_metadata, secret_of
 from tests.integration.test_launcher import run_args
 from tests.integration.test_tls import pem_bytes
 from tests.procs import PYTHON, ROOT, Procs, job_env
@@ -69,13 +70,17 @@ class Attacker:
     """A plain gRPC client of the scheduler, over plaintext or with a valid client certificate."""
 
     channel: grpc.Channel
+    # The job secret, for reading Status as the operator does (an outsider cannot: with a
+    # secret, Status needs its proof; the tests here grant the attacker what Status shows).
+    secret: bytes | None = None
 
     @property
     def stub(self) -> pb_grpc.SchedulerStub:
         return pb_grpc.SchedulerStub(self.channel)
 
     def status(self) -> pb.StatusResponse:
-        return self.stub.Status(pb.StatusRequest(), timeout=CALL_S)
+        metadata = read_metadata(self.channel, self.secret)
+        return self.stub.Status(pb.StatusRequest(), timeout=CALL_S, metadata=metadata)
 
     def refused(self, call: Any, request: Any, metadata: Any = None) -> grpc.StatusCode:
         """The code a unary call is refused with (it must be refused)."""
@@ -110,7 +115,9 @@ class Attacker:
 
 
 @contextlib.contextmanager
-def attacker(port: int, pki: certs.Pki | None, tmp: Path) -> Iterator[Attacker]:
+def attacker(
+    port: int, pki: certs.Pki | None, tmp: Path, secret: bytes | None = None
+) -> Iterator[Attacker]:
     target = f"127.0.0.1:{port}"
     # Try again quickly while the scheduler is not listening yet (the squatters start first).
     options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 100)]
@@ -127,7 +134,7 @@ def attacker(port: int, pki: certs.Pki | None, tmp: Path) -> Iterator[Attacker]:
         )
         channel = grpc.secure_channel(target, credentials, options)
     with channel:
-        yield Attacker(channel)
+        yield Attacker(channel, secret)
 
 
 def forged_metadata(node_id: str, incarnation: int) -> list[tuple[tuple[str, str], ...] | None]:
@@ -367,7 +374,7 @@ def test_outsiders_cannot_take_the_slots_of_a_job_with_a_secret(
     go.touch()
     sched = start_scheduler(processes, env)
     assert "nodes join with proof of the job secret" in sched.output
-    with attacker(port, None, tmp_path) as spy:
+    with attacker(port, None, tmp_path, secret_of(env)) as spy:
         for _ in range(2):
             event = spy.first_event(
                 pb.WatchRequest(

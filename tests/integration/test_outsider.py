@@ -1,0 +1,167 @@
+"""Trust II against a real scheduler process: what an outsider on the network sends cannot grow
+it, replay, or reach a person's terminal raw.
+
+- 50 followers of the job's events that never read, then 8 registrations whose node id is
+  8 MiB of escapes, and 8 whose host is: the scheduler's memory grows by far less than 64 MiB,
+  its event log and output by less than 2 MiB together, and `mscluster events` (from the file
+  and from the scheduler) prints no raw escape byte.
+- A real registration, sent again byte for byte (as a proxy on the path would): refused by the
+  running scheduler, by the same job's scheduler restarted from its recovery path, and by a new
+  job that uses the same secret file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cluster.protocol import auth
+from cluster.protocol.config import from_env
+from cluster.testing import free_port
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.identity import NodeIdentity, new_incarnation
+from cluster.worker.registration import register_request
+from tests.integration.test_hostile import env_for, start_scheduler
+from tests.procs import PYTHON, Procs
+
+pytestmark = pytest.mark.slow
+
+CALL_S = 10.0
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\n2026-11-26 rank 0 finished\u202e"
+BIG = 8 * 1024 * 1024
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@contextlib.contextmanager
+def outsider(port: int) -> Iterator[grpc.Channel]:
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options) as channel:
+        grpc.channel_ready_future(channel).result(timeout=CALL_S)
+        yield channel
+
+
+def test_an_outsider_cannot_grow_the_scheduler_or_reach_a_terminal(
+    processes: Procs, tmp_path: Path
+) -> None:
+    port, events = free_port(), tmp_path / "events.jsonl"
+    env = env_for(port, tmp_path, None, CLUSTER_EVENT_LOG=str(events))  # an open job
+    sched = start_scheduler(processes, env)
+    with outsider(port) as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        followers = [
+            stub.WatchEvents(pb.WatchEventsRequest(follow=True), timeout=60) for _ in range(50)
+        ]
+        before = rss_bytes(sched.pid)
+        files_before = events.stat().st_size + len(sched.output)
+        codes = set()
+        for i in range(8):
+            for node_id, host in ((HOSTILE * (BIG // len(HOSTILE)), "h"), (f"n{i}", HOSTILE)):
+                request = pb.WatchRequest(
+                    register=pb.RegisterRequest(
+                        node_id=node_id, role=pb.ROLE_WORKER, host=host, port=1, worker_num=2
+                    )
+                )
+                with pytest.raises(grpc.RpcError) as info:
+                    next(iter(stub.Watch(request, timeout=CALL_S)))
+                codes.add(info.value.code())  # type: ignore[attr-defined]
+        # A host of 4 MiB in a request of the registration's size limit is refused too.
+        small = pb.RegisterRequest(node_id="n", role=pb.ROLE_WORKER, host="h" * 4000, port=1)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Register(small, timeout=CALL_S)
+        assert "host" in (info.value.details() or "")  # type: ignore[attr-defined]
+        grown = rss_bytes(sched.pid) - before
+        files_grown = events.stat().st_size + len(sched.output) - files_before
+        status = stub.Status(pb.StatusRequest(), timeout=CALL_S)
+        for follower in followers:
+            follower.cancel()
+    assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT}
+    assert grown < 64 << 20, f"the scheduler grew by {grown / 2**20:.1f} MiB"
+    assert files_grown < 2 << 20, f"its files grew by {files_grown / 2**20:.1f} MiB"
+    assert status.nodes == []
+    assert "\x1b" not in sched.output
+    shown = subprocess.run(
+        [PYTHON, "-m", "cluster", "events", "--file", str(events)],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert b"\x1b" not in shown.stdout
+    assert b"\x07" not in shown.stdout
+    assert b"\xe2\x80\xae" not in shown.stdout  # U+202E
+    assert b"refused" in shown.stdout
+
+
+def captured_registration(port: int, env: dict[str, str]) -> bytes:
+    """A worker's real registration for the scheduler at `port` (its challenge answered, its
+    proof made with the job secret), as a proxy on the path would have recorded it."""
+    config = from_env({**env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": "0"})
+    secret = Path(env["CLUSTER_JOB_SECRET_FILE"]).read_bytes().strip()
+    with outsider(port) as channel:
+        answer = pb_grpc.SchedulerStub(channel).Challenge(pb.ChallengeRequest(), timeout=CALL_S)
+    identity = NodeIdentity("0", new_incarnation(), "127.0.0.1", 4444)
+    request = register_request(
+        config, identity, "", secret, challenge=(answer.challenge, answer.job_id)
+    )
+    assert request.credential != identity.credential  # wrapped: never in clear
+    assert len(request.credential) == auth.CREDENTIAL_BYTES
+    return pb.WatchRequest(register=request).SerializeToString()
+
+
+def replayed(port: int, captured: bytes) -> pb.Event:
+    with outsider(port) as channel:
+        watch = channel.unary_stream(
+            "/cluster.v1.Scheduler/Watch",
+            request_serializer=lambda raw: raw,
+            response_deserializer=pb.Event.FromString,
+        )
+        call = watch(captured, timeout=CALL_S)
+        event = next(iter(call))
+        call.cancel()
+        return event  # type: ignore[no-any-return]
+
+
+def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Path) -> None:
+    port = free_port()
+    secret = tmp_path / "job.secret"
+    secret.write_text(secrets.token_hex(32))
+    secret.chmod(0o600)
+    state = tmp_path / "state"
+    env = env_for(
+        port,
+        tmp_path,
+        None,
+        CLUSTER_JOB_SECRET_FILE=str(secret),
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(state),
+    )
+    sched = start_scheduler(processes, env)
+    captured = captured_registration(port, env)
+    assert replayed(port, captured).HasField("accepted")  # the real one, once
+    again = replayed(port, captured)
+    assert again.refused.reason == pb.REFUSAL_NOT_A_MEMBER, again
+    assert "seen before" in again.refused.message
+    # The same job's scheduler, restarted from its recovery path.
+    sched.popen.kill()
+    sched.wait(CALL_S)
+    start_scheduler(processes, env)
+    after_restart = replayed(port, captured)
+    assert after_restart.refused.reason == pb.REFUSAL_STALE_CHALLENGE, after_restart
+    # A new job with the same secret file.
+    other_port = free_port()
+    other_env = env_for(other_port, tmp_path / "other", None, CLUSTER_JOB_SECRET_FILE=str(secret))
+    start_scheduler(processes, other_env)
+    elsewhere = replayed(other_port, captured)
+    assert elsewhere.refused.reason == pb.REFUSAL_STALE_CHALLENGE, elsewhere

@@ -161,6 +161,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         core = self._gate.core
         if core is None or core.settings.job_secret is None:
             return  # a standby shows only who leads
+        if context.auth_context().get("transport_security_type") == [b"ssl"]:
+            return  # mutual TLS: the handshake checked a certificate of the job's CA
         read = membership.read_proof(context.invocation_metadata())
         problem: str | None = "it carries no proof of the job secret"
         if read is not None:

@@ -127,6 +127,8 @@ class Limits:
     # Event followers at once, and the bytes each may have waiting (CLUSTER_MAX_FOLLOWERS, ...).
     max_followers: int = DEFAULT_MAX_FOLLOWERS
     follower_max_bytes: int = DEFAULT_FOLLOWER_MAX_BYTES
+    # CLUSTER_READERS_PROVE_SECRET=1: with a job secret, Status and WatchEvents need its proof.
+    readers_prove_secret: bool = False
 
 
 @dataclass(frozen=True)
@@ -474,6 +476,9 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
         else DEFAULT_MAX_SPARES,
         max_followers=cap("CLUSTER_MAX_FOLLOWERS", DEFAULT_MAX_FOLLOWERS),
         follower_max_bytes=cap("CLUSTER_FOLLOWER_MAX_BYTES", DEFAULT_FOLLOWER_MAX_BYTES),
+        readers_prove_secret=parse_bool("CLUSTER_READERS_PROVE_SECRET", readers)
+        if (readers := env.get("CLUSTER_READERS_PROVE_SECRET", "").strip())
+        else False,
     )
 
 

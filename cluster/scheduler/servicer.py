@@ -155,12 +155,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         )
 
     def _check_reader(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
-        """With a job secret, reading the job needs proof of the secret (`mscluster status`
-        and `events` make one from the secret file). With mutual TLS the certificate admitted
-        the caller already; without either, the job is open (README, "Security model")."""
+        """With a job secret and CLUSTER_READERS_PROVE_SECRET, reading the job needs proof of
+        the secret (`mscluster status` and `events` make one from the secret file). With
+        mutual TLS the certificate admitted the caller already; without either, the job is
+        open (README, "Security model")."""
         core = self._gate.core
         if core is None or core.settings.job_secret is None:
             return  # a standby shows only who leads
+        if not core.settings.limits.readers_prove_secret:
+            return
         if context.auth_context().get("transport_security_type") == [b"ssl"]:
             return  # mutual TLS: the handshake checked a certificate of the job's CA
         read = membership.read_proof(context.invocation_metadata())

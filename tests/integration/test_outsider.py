@@ -13,6 +13,7 @@ it, replay, or reach a person's terminal raw.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from cluster.worker.registration import register_request
+from tests.credentials import read_metadata, secret_of
 from tests.integration.test_hostile import env_for, start_scheduler
 from tests.procs import PYTHON, Procs
 
@@ -133,6 +135,30 @@ def replayed(port: int, captured: bytes) -> pb.Event:
         return event  # type: ignore[no-any-return]
 
 
+def readers_prove_the_secret(port: int, env: dict[str, str]) -> None:
+    """Status without the proof is refused; the operator's `mscluster status` makes it."""
+    with outsider(port) as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Status(pb.StatusRequest(), timeout=CALL_S)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+        secret = secret_of(env)
+        answer = stub.Status(
+            pb.StatusRequest(), timeout=CALL_S, metadata=read_metadata(channel, secret)
+        )
+        assert answer.worker_num == 2
+    shown = subprocess.run(
+        [PYTHON, "-m", "cluster", "status", "--addr", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "CLUSTER_JOB_SECRET_FILE": env["CLUSTER_JOB_SECRET_FILE"]},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "0/2 registered" in shown.stdout, shown.stdout
+
+
 def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Path) -> None:
     port = free_port()
     secret = tmp_path / "job.secret"
@@ -146,8 +172,10 @@ def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Pat
         CLUSTER_JOB_SECRET_FILE=str(secret),
         MS_ENABLE_RECOVERY="1",
         MS_RECOVERY_PATH=str(state),
+        CLUSTER_READERS_PROVE_SECRET="1",
     )
     sched = start_scheduler(processes, env)
+    readers_prove_the_secret(port, env)
     captured = captured_registration(port, env)
     assert replayed(port, captured).HasField("accepted")  # the real one, once
     again = replayed(port, captured)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from cluster.api import excepthook
 from cluster.protocol import config as config_module
 from cluster.protocol.config import ClusterConfig, Role, TLSOptions
+from cluster.protocol.display import SafeFormatter
 from cluster.protocol.errors import (
     ClusterError,
     NotInitializedError,
@@ -154,7 +155,7 @@ def configure_logging(who: str) -> None:
     if logger.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"cluster[{who}]: %(message)s"))
+    handler.setFormatter(SafeFormatter(f"cluster[{who}]: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

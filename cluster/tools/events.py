@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import grpc
 
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.transport import channel as scheduler_channel
@@ -32,6 +33,9 @@ FINAL = frozenset({"finished", "job_failed"})
 POLL_S = 0.25
 RECONNECT_S = 60.0
 _SHOWN_APART = ("rank", "node_id")
+# A value of an event is shown escaped (`safe`) and cut to this many characters (a node id is
+# at most 128; a reason a sentence or two): an outsider's 8 MiB id is a line, not a screenful.
+SHOWN_MAX = 512
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -40,23 +44,27 @@ HEADER = f"{'time':<12}  {'event':<14}  {'who':<9}  details"
 
 
 def row(event: JobEvent) -> str:
-    """One event as a line of the table: local time, what, who, and the rest as key=value."""
+    """One event as a line of the table: local time, what, who, and the rest as key=value;
+    every part from the log or the wire escaped (`safe`), so a line is one line of text."""
     clock = datetime.datetime.fromtimestamp(event.time).strftime("%H:%M:%S.%f")[:-3]
     fields = event.fields
     if fields.get("rank") is not None:
-        who = f"rank {fields['rank']}"
+        who = f"rank {_value(fields['rank'])}"
     elif fields.get("node_id") is not None:
-        who = f"node {fields['node_id']}"
+        who = f"node {_value(fields['node_id'])}"
     else:
         who = ""
-    rest = " ".join(f"{k}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART)
-    return f"{clock:<12}  {event.kind:<14}  {who:<9}  {rest}".rstrip()
+    rest = " ".join(
+        f"{safe(k, SHOWN_MAX)}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART
+    )
+    return f"{clock:<12}  {safe(event.kind, SHOWN_MAX):<14}  {who:<9}  {rest}".rstrip()
 
 
 def _value(value: Any) -> str:
     if isinstance(value, str):
-        return value if value and " " not in value and '"' not in value else json.dumps(value)
-    return json.dumps(value)
+        plain = value and " " not in value and '"' not in value
+        return safe(value if plain else json.dumps(value, ensure_ascii=False), SHOWN_MAX)
+    return safe(json.dumps(value, ensure_ascii=False), SHOWN_MAX)
 
 
 # -- sources -----------------------------------------------------------------------------------

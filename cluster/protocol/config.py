@@ -51,6 +51,14 @@ DEFAULT_COLLECTIVE_MAX_BYTES = 1024 * 1024 * 1024
 # enough that registrations cannot exhaust the scheduler (CLUSTER_MAX_SPARES).
 DEFAULT_MAX_SPARES = 8
 
+# Files an outsider can make the scheduler write (its event log, its log) rotate at this size,
+# keeping this many old files (CLUSTER_LOG_MAX_BYTES, CLUSTER_LOG_KEEP): at most
+# (1 + keep) x max bytes each, 256 MiB with the defaults.
+DEFAULT_LOG_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_LOG_KEEP = 3
+LOG_MAX_BYTES_RANGE = (1024, 1 << 40)
+LOG_KEEP_RANGE = (1, 100)
+
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -87,17 +95,30 @@ class TLSOptions:
 
 
 @dataclass(frozen=True)
+class LogRotation:
+    """When a log file is full (`max_bytes`) and how many full ones are kept (`keep`): FILE.1
+    the newest, FILE.<keep> the oldest."""
+
+    max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    keep: int = DEFAULT_LOG_KEEP
+
+
+@dataclass(frozen=True)
 class ObserveConfig:
     """What a process shows of itself (see the README, "Observing a job"); all off by default.
 
     `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged);
     `event_log`: the scheduler's JSON-lines event log; `worker_metrics_port`: a worker's
-    /metrics on this port + its local rank.
+    /metrics on this port + its local rank; `log_file`: the file the scheduler writes its log
+    (and its stdout and stderr) to (CLUSTER_LOG_FILE; None: stderr as it is); `rotation`: how
+    the event log and the log file rotate.
     """
 
     metrics_port: int | None = None
     event_log: Path | None = None
     worker_metrics_port: int | None = None
+    log_file: Path | None = None
+    rotation: LogRotation = field(default_factory=LogRotation)
 
 
 @dataclass(frozen=True)
@@ -397,6 +418,7 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
     metrics = env.get("CLUSTER_METRICS_PORT", "").strip()
     event_log = env.get("CLUSTER_EVENT_LOG", "").strip()
     worker = env.get("CLUSTER_WORKER_METRICS_PORT", "").strip()
+    log_file = env.get("CLUSTER_LOG_FILE", "").strip()
     return ObserveConfig(
         metrics_port=(
             parse_int("CLUSTER_METRICS_PORT", metrics, minimum=0, maximum=65535)
@@ -405,6 +427,24 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
         ),
         event_log=Path(event_log) if event_log else None,
         worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,
+        log_file=Path(log_file) if log_file else None,
+        rotation=log_rotation_from_env(env),
+    )
+
+
+def log_rotation_from_env(env: Mapping[str, str]) -> LogRotation:
+    """CLUSTER_LOG_MAX_BYTES and CLUSTER_LOG_KEEP, each within its bounds."""
+    size = env.get("CLUSTER_LOG_MAX_BYTES", "").strip()
+    keep = env.get("CLUSTER_LOG_KEEP", "").strip()
+    low, high = LOG_MAX_BYTES_RANGE
+    fewest, most = LOG_KEEP_RANGE
+    return LogRotation(
+        max_bytes=parse_int("CLUSTER_LOG_MAX_BYTES", size, minimum=low, maximum=high)
+        if size
+        else DEFAULT_LOG_MAX_BYTES,
+        keep=parse_int("CLUSTER_LOG_KEEP", keep, minimum=fewest, maximum=most)
+        if keep
+        else DEFAULT_LOG_KEEP,
     )
 
 

@@ -75,7 +75,7 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
     if config.recovery is not None:
         check_recovery_path(config.recovery)
     orphan.watch_launcher()
-    runtime.configure_logging("scheduler")
+    runtime.configure_logging("scheduler", config.observe)
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
 
     return server.run(config)

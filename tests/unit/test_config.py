@@ -14,6 +14,7 @@ from cluster.protocol.config import (
     ClusterConfig,
     JobSecretSource,
     Limits,
+    LogRotation,
     RecoveryConfig,
     Role,
     check_recovery_path,
@@ -460,6 +461,41 @@ def test_observing_variables_are_parsed() -> None:
     ],
 )
 def test_a_bad_observing_port_names_the_variable(name: str, value: str, rule: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
+        from_env(env(**{name: value}))
+
+
+def test_log_rotation_defaults_and_variables() -> None:
+    observe = from_env(env()).observe
+    assert observe.rotation == LogRotation(64 * 1024 * 1024, 3)
+    assert observe.log_file is None
+    observe = from_env(
+        env(CLUSTER_LOG_MAX_BYTES="4096", CLUSTER_LOG_KEEP="1", CLUSTER_LOG_FILE="s.log")
+    ).observe
+    assert observe.rotation == LogRotation(4096, 1)
+    assert observe.log_file == Path("s.log")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        (
+            "CLUSTER_LOG_MAX_BYTES",
+            "64M",
+            "is not an integer: it must be between 1024 and 1099511627776",
+        ),
+        (
+            "CLUSTER_LOG_MAX_BYTES",
+            "10",
+            "is out of range: it must be between 1024 and 1099511627776",
+        ),
+        ("CLUSTER_LOG_KEEP", "0", "is out of range: it must be between 1 and 100"),
+        ("CLUSTER_LOG_KEEP", "1000", "is out of range: it must be between 1 and 100"),
+    ],
+)
+def test_a_bad_log_rotation_is_one_line_naming_the_variable(
+    name: str, value: str, rule: str
+) -> None:
     with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
         from_env(env(**{name: value}))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError
 
 _previous = sys.excepthook
@@ -22,7 +23,7 @@ def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackT
     global crashed
     crashed = True
     if isinstance(value, ClusterError):
-        print(f"cluster: {kind.__name__}: {value}", file=sys.stderr, flush=True)
+        print(f"cluster: {kind.__name__}: {safe(value)}", file=sys.stderr, flush=True)
         return
     _previous(kind, value, traceback)
 

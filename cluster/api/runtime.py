@@ -20,14 +20,17 @@ from typing import TYPE_CHECKING
 
 from cluster.api import excepthook
 from cluster.protocol import config as config_module
-from cluster.protocol.config import ClusterConfig, Role, TLSOptions
+from cluster.protocol.config import ClusterConfig, ObserveConfig, Role, TLSOptions
+from cluster.protocol.display import SafeFormatter
 from cluster.protocol.errors import (
     ClusterError,
+    ConfigError,
     NotInitializedError,
     ReleasedError,
     TLSConfigError,
 )
 from cluster.protocol.topology import Peer, Topology
+from cluster.storage import rotation
 from cluster.worker.identity import make_identity
 
 if TYPE_CHECKING:
@@ -95,7 +98,7 @@ def init(config: ClusterConfig | None = None) -> None:
 def _run_scheduler(cfg: ClusterConfig) -> None:
     from cluster.scheduler import server as scheduler_server  # noqa: PLC0415 - imports grpc
 
-    configure_logging("scheduler")
+    configure_logging("scheduler", cfg.observe)
     sys.exit(scheduler_server.run(cfg))
 
 
@@ -148,13 +151,22 @@ def set_ps_context(
     _ps_context_called, _ps_context_tls = True, options
 
 
-def configure_logging(who: str) -> None:
-    """Log `cluster` messages to stderr, unless the program configured logging itself."""
+def configure_logging(who: str, observe: ObserveConfig | None = None) -> None:
+    """Log `cluster` messages to stderr, unless the program configured logging itself; with
+    `observe.log_file` (CLUSTER_LOG_FILE), stderr and stdout go to that file, rotated."""
     logger = logging.getLogger("cluster")
     if logger.handlers or logging.getLogger().handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"cluster[{who}]: %(message)s"))
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    if observe is not None and observe.log_file is not None:
+        try:
+            handler = rotation.OutputFileHandler(observe.log_file, observe.rotation)
+        except OSError as exc:
+            raise ConfigError(
+                f"CLUSTER_LOG_FILE={str(observe.log_file)!r} cannot be written "
+                f"({exc.strerror}): point it at a file this process can create"
+            ) from None
+    handler.setFormatter(SafeFormatter(f"cluster[{who}]: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

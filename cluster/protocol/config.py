@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal, split_address
+from cluster.protocol.parse import check_host, is_decimal, split_address
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
@@ -57,6 +57,20 @@ DEFAULT_MAX_SPARES = 8
 DEFAULT_MAX_FOLLOWERS = 16
 DEFAULT_FOLLOWER_MAX_BYTES = 4 * 1024 * 1024
 
+# The most nodes (MS_WORKER_NUM + MS_SERVER_NUM) a job may have. Every node holds a connection
+# to the scheduler, one descriptor of one process, and Linux lets a process have at most
+# fs.nr_open = 1,048,576 of them by default; the largest job run so far has 8,192 nodes. Past
+# this a number is a typo (10**12 overflowed gRPC's channel arguments), said in one line.
+MAX_NODES = 1_000_000
+
+# Files an outsider can make the scheduler write (its event log, its log) rotate at this size,
+# keeping this many old files (CLUSTER_LOG_MAX_BYTES, CLUSTER_LOG_KEEP): at most
+# (1 + keep) x max bytes each, 256 MiB with the defaults.
+DEFAULT_LOG_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_LOG_KEEP = 3
+LOG_MAX_BYTES_RANGE = (1024, 1 << 40)
+LOG_KEEP_RANGE = (1, 100)
+
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -93,17 +107,30 @@ class TLSOptions:
 
 
 @dataclass(frozen=True)
+class LogRotation:
+    """When a log file is full (`max_bytes`) and how many full ones are kept (`keep`): FILE.1
+    the newest, FILE.<keep> the oldest."""
+
+    max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    keep: int = DEFAULT_LOG_KEEP
+
+
+@dataclass(frozen=True)
 class ObserveConfig:
     """What a process shows of itself (see the README, "Observing a job"); all off by default.
 
     `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged);
     `event_log`: the scheduler's JSON-lines event log; `worker_metrics_port`: a worker's
-    /metrics on this port + its local rank.
+    /metrics on this port + its local rank; `log_file`: the file the scheduler writes its log
+    (and its stdout and stderr) to (CLUSTER_LOG_FILE; None: stderr as it is); `rotation`: how
+    the event log and the log file rotate.
     """
 
     metrics_port: int | None = None
     event_log: Path | None = None
     worker_metrics_port: int | None = None
+    log_file: Path | None = None
+    rotation: LogRotation = field(default_factory=LogRotation)
 
 
 @dataclass(frozen=True)
@@ -263,7 +290,9 @@ def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
     port = parse_port(
         "MS_SCHED_PORT", _require(env, "MS_SCHED_PORT", "the scheduler's port, 1-65535")
     )
-    return tuple(join_address(host.strip("[]"), port) for host in hosts)
+    return tuple(
+        join_address(check_host("MS_SCHED_HOST entry", host.strip("[]")), port) for host in hosts
+    )
 
 
 def valid_node_id(node_id: str) -> bool:
@@ -279,10 +308,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     """Parse the launch environment (os.environ by default) into a ClusterConfig."""
     env = os.environ if env is None else env
     role = _role_from_env(env)
-    worker_num = parse_int(
-        "MS_WORKER_NUM", _require(env, "MS_WORKER_NUM", "the number of workers, >= 1"), minimum=1
-    )
-    server_num = parse_int("MS_SERVER_NUM", env.get("MS_SERVER_NUM", "0") or "0", minimum=0)
+    worker_num, server_num = node_counts_from_env(env)
     if role is Role.SERVER and server_num == 0:
         raise ConfigError("MS_ROLE='MS_PSERVER' needs MS_SERVER_NUM >= 1, but MS_SERVER_NUM is 0")
     addresses = sched_addresses_from_env(env)
@@ -321,6 +347,25 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
         sched_addresses=addresses if len(addresses) > 1 else (),
     )
+
+
+def node_counts_from_env(env: Mapping[str, str]) -> tuple[int, int]:
+    """MS_WORKER_NUM and MS_SERVER_NUM, each and together at most MAX_NODES."""
+    worker_num = parse_int(
+        "MS_WORKER_NUM",
+        _require(env, "MS_WORKER_NUM", "the number of workers, >= 1"),
+        minimum=1,
+        maximum=MAX_NODES,
+    )
+    server_num = parse_int(
+        "MS_SERVER_NUM", env.get("MS_SERVER_NUM", "0") or "0", minimum=0, maximum=MAX_NODES
+    )
+    if worker_num + server_num > MAX_NODES:
+        raise ConfigError(
+            f"MS_WORKER_NUM={worker_num} and MS_SERVER_NUM={server_num} make "
+            f"{worker_num + server_num} nodes: a job has at most {MAX_NODES}"
+        )
+    return worker_num, server_num
 
 
 def _spare_from_env(env: Mapping[str, str], role: Role, recovery: bool) -> bool:
@@ -408,6 +453,7 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
     metrics = env.get("CLUSTER_METRICS_PORT", "").strip()
     event_log = env.get("CLUSTER_EVENT_LOG", "").strip()
     worker = env.get("CLUSTER_WORKER_METRICS_PORT", "").strip()
+    log_file = env.get("CLUSTER_LOG_FILE", "").strip()
     return ObserveConfig(
         metrics_port=(
             parse_int("CLUSTER_METRICS_PORT", metrics, minimum=0, maximum=65535)
@@ -416,6 +462,24 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
         ),
         event_log=Path(event_log) if event_log else None,
         worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,
+        log_file=Path(log_file) if log_file else None,
+        rotation=log_rotation_from_env(env),
+    )
+
+
+def log_rotation_from_env(env: Mapping[str, str]) -> LogRotation:
+    """CLUSTER_LOG_MAX_BYTES and CLUSTER_LOG_KEEP, each within its bounds."""
+    size = env.get("CLUSTER_LOG_MAX_BYTES", "").strip()
+    keep = env.get("CLUSTER_LOG_KEEP", "").strip()
+    low, high = LOG_MAX_BYTES_RANGE
+    fewest, most = LOG_KEEP_RANGE
+    return LogRotation(
+        max_bytes=parse_int("CLUSTER_LOG_MAX_BYTES", size, minimum=low, maximum=high)
+        if size
+        else DEFAULT_LOG_MAX_BYTES,
+        keep=parse_int("CLUSTER_LOG_KEEP", keep, minimum=fewest, maximum=most)
+        if keep
+        else DEFAULT_LOG_KEEP,
     )
 
 
@@ -435,6 +499,15 @@ def job_secret_from_env(env: Mapping[str, str]) -> JobSecretSource | None:
     return JobSecretSource(value=value.encode())
 
 
+def secret_mode_ok(mode: int, owner_uid: int) -> bool:
+    """A job secret file's mode: 0600 or stricter. One exception, PostgreSQL's for its keys: a
+    file root owns may also be read by its group (0640, 0440), as Kubernetes mounts a Secret
+    for a pod's fsGroup whatever its defaultMode says; root gives that group the job."""
+    if owner_uid == 0:
+        return not mode & 0o037
+    return not mode & 0o077
+
+
 def read_job_secret(source: JobSecretSource) -> bytes:
     """The secret itself; ConfigError when its file is missing, empty or readable by others."""
     if source.path is None:
@@ -442,16 +515,17 @@ def read_job_secret(source: JobSecretSource) -> bytes:
         return source.value
     where = f"CLUSTER_JOB_SECRET_FILE={str(source.path)!r}"
     try:
-        mode = source.path.stat().st_mode
+        found = source.path.stat()
         data = source.path.read_bytes()
     except OSError as exc:
         raise ConfigError(
             f"{where} cannot be read ({exc.strerror}): point it at the job's secret file"
         ) from None
-    if mode & 0o007:
+    if not secret_mode_ok(found.st_mode, found.st_uid):
         raise ConfigError(
-            f"{where} is readable or writable by every user (mode {mode & 0o777:o}), so the job "
-            f"is open to them: `chmod 600 {source.path}`"
+            f"{where} has mode {found.st_mode & 0o777:o}: others than its owner may read or "
+            f"change it, and so join the job; it must be 0600 or stricter: "
+            f"`chmod 600 {source.path}`"
         )
     secret = data.rstrip(b"\r\n").strip()
     if not secret:
@@ -504,6 +578,8 @@ def tls_options_from_env(
         return Path(value) if value else None
 
     server_name = env.get("CLUSTER_TLS_SERVER_NAME", "").strip() or None
+    if server_name is not None:
+        check_host("CLUSTER_TLS_SERVER_NAME", server_name)
     return TLSOptions(
         config_path=config_path,
         client_password=password("CLUSTER_TLS_CLIENT_PASSWORD"),

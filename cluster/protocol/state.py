@@ -844,7 +844,8 @@ class SchedulerState(Admission, spares.SpareRules):
             names = ", ".join(sorted(m.node_id for m in servers)) or "none"
             return f"{head}; registered servers: {names}"
         if missing is not None:
-            return f"{head}; missing: rank{'s' if len(missing) > 1 else ''} {_ranges(missing)}"
+            several = len(missing) > 1 or missing[0][0] != missing[0][1]
+            return f"{head}; missing: rank{'s' if several else ''} {_ranges(missing)}"
         names = ", ".join(sorted(m.node_id for m in workers)) or "none"
         return f"{head}; registered node ids: {names}"
 
@@ -864,24 +865,24 @@ def _assign_ranks(members: list[Member], space: int) -> None:
             m.local_rank, m.local_size = local_rank, len(group)
 
 
-def _missing_ranks(workers: Iterable[Member], worker_num: int) -> list[int] | None:
-    """The missing ranks, when every registered worker has a numeric id (so ranks are known)."""
+def _missing_ranks(workers: Iterable[Member], worker_num: int) -> list[tuple[int, int]] | None:
+    """The missing ranks as spans (first, last), when every registered worker has a numeric id
+    (so ranks are known). Walks the registered ranks, never range(worker_num): a job of 10**8
+    workers that timed out would spend its last seconds, and gigabytes, listing them."""
     ids = [m.node_id for m in workers]
     if not all(is_numeric_node_id(i) for i in ids):
         return None
-    held = {int(i) for i in ids}
-    return [r for r in range(worker_num) if r not in held]
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for held in sorted({int(i) for i in ids if int(i) < worker_num}):
+        if held > start:
+            spans.append((start, held - 1))
+        start = held + 1
+    if start < worker_num:
+        spans.append((start, worker_num - 1))
+    return spans
 
 
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    spans: list[str] = []
-    start = prev = numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(spans)
+def _ranges(spans: list[tuple[int, int]]) -> str:
+    """[(0, 2), (5, 5)] -> '0-2, 5'."""
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)

@@ -5,19 +5,21 @@ slow or hung disk never stalls heartbeats. A disk that fails is said once (and o
 works again); the job goes on, its events still in memory and served by `WatchEvents`. Lines
 that pile up past `MAX_QUEUED` (a disk hung for long) are dropped, and that is said once too.
 A scheduler started again on the same file appends to it, numbering on from its last line.
+The file rotates at CLUSTER_LOG_MAX_BYTES, CLUSTER_LOG_KEEP old ones kept (events.jsonl.1 the
+newest; `cluster.storage.rotation`): an outsider's refused registrations are events too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
 import threading
 from pathlib import Path
-from typing import TextIO
 
+from cluster.protocol.config import LogRotation
 from cluster.protocol.events import JobEvent
+from cluster.storage.rotation import RotatingFile, in_order
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -28,7 +30,16 @@ _STOP = object()
 
 
 def last_seq(path: Path) -> int:
-    """The sequence number of the last event in `path` (0: none, or unreadable)."""
+    """The sequence number of the last event in `path`, or in its newest old file when it has
+    none yet (0: none, or unreadable)."""
+    for where in reversed(in_order(path)):
+        seq = _last_seq_in(where)
+        if seq:
+            return seq
+    return 0
+
+
+def _last_seq_in(path: Path) -> int:
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -45,10 +56,11 @@ def last_seq(path: Path) -> int:
 
 
 class EventFile:
-    """Appends lines to `path` on a thread; `write` never blocks."""
+    """Appends lines to `path` on a thread, rotated as `rotation` says; `write` never blocks."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, rotation: LogRotation | None = None) -> None:
         self.path = path
+        self._file = RotatingFile(path, rotation or LogRotation())
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._queued = 0  # approximate: read and written without a lock, for the bound only
         self._failing = False
@@ -77,29 +89,22 @@ class EventFile:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
-        handle: TextIO | None = None
         while True:
             item = self._queue.get()
             if item is _STOP:
                 break
             self._queued -= 1
             try:
-                if handle is None:
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
-                    handle = self.path.open("a", encoding="utf-8")
-                handle.write(f"{item}\n")
-                handle.flush()
+                self._file.write(f"{item}\n".encode())
             except OSError as exc:
-                self._failed(handle, exc)
-                handle = None
+                self._failed(exc)
                 continue
             if self._failing:
                 self._failing = False
                 log.info("the event log %s is written again", self.path)
-        if handle is not None:
-            handle.close()
+        self._file.close()
 
-    def _failed(self, handle: TextIO | None, exc: OSError) -> None:
+    def _failed(self, exc: OSError) -> None:
         if not self._failing:
             self._failing = True
             log.error(
@@ -108,6 +113,4 @@ class EventFile:
                 self.path,
                 exc.strerror or exc,
             )
-        if handle is not None:
-            with contextlib.suppress(OSError):
-                handle.close()
+        self._file.close()

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from cluster.protocol import events, state
-from cluster.protocol.config import canonical_node_id
+from cluster.protocol.config import LogRotation, canonical_node_id
 from cluster.protocol.errors import CapacityError, FellBehindError
 from cluster.protocol.events import JobEvent, Kind, Record
 from cluster.scheduler.event_file import EventFile, last_seq
@@ -126,10 +126,11 @@ class EventJournal:
 
     # -- the log file --------------------------------------------------------------------------
 
-    def open(self, path: Path) -> None:
-        """Append every event from now on to `path`, numbered on from its last one."""
+    def open(self, path: Path, rotation: LogRotation | None = None) -> None:
+        """Append every event from now on to `path` (rotated as `rotation` says), numbered on
+        from its last one."""
         self.seq = max(self.seq, last_seq(path))
-        self._file = EventFile(path)
+        self._file = EventFile(path, rotation)
 
     def close(self) -> None:
         """End every following stream and write out the file."""

@@ -74,7 +74,7 @@ class Observability:
             self._core.journal.close()
         self._core = core
         if self.config.event_log is not None:
-            core.journal.open(self.config.event_log)
+            core.journal.open(self.config.event_log, self.config.rotation)
         if core.persister is not None:
             core.persister.observer = self._saved
         if self.metrics is not None:

@@ -412,26 +412,36 @@ def run_chaos(
         **({"spares": spares} if spares else {}),
         **schedulers,
     )
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        report = Chaos(
-            job,
-            faults=faults,
-            every_s=every_s,
-            duration_s=duration_s,
-            seed=seed,
-            count=count,
-            out=out,
-        ).run()
-    finally:
-        job.close()
-        signal.signal(signal.SIGTERM, previous)
+    chaos = Chaos(
+        job, faults=faults, every_s=every_s, duration_s=duration_s, seed=seed, count=count, out=out
+    )
+    report = _run_stoppable(chaos, job)
     print(report.render(), file=out, flush=True)
     if report.started_at:
         report.events = load_events(events_path, report.started_at)
     _write_report(report, report_path or log_dir / "chaos-report.json", out)
     return report
+
+
+def _run_stoppable(chaos: Chaos, job: LocalJob) -> ChaosReport:
+    """`chaos.run()`, ended through `job.close()` by SIGTERM or SIGINT from outside too."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, _stop)
+    try:
+        return chaos.run()
+    finally:
+        job.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop(signum: int, _frame: object) -> None:
+    """SIGTERM or SIGINT from outside: end the run through its `finally` (the job's processes
+    killed, the network lab torn down), once; a second signal while it ends is ignored."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def _network(workers: int, schedulers: int) -> NetworkLab:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.protocol.events import JobEvent
+from cluster.storage import rotation
 from cluster.tools.testing import LocalJob
 
 SAMPLE_EVERY_S = 0.25
@@ -58,11 +59,14 @@ class StepSampler:
 
 
 def load_events(path: Path, started_at: float) -> list[dict[str, Any]]:
-    """The events in `path`, each as {"t": seconds since `started_at`, "event": kind, ...}."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
+    """The events in `path` (its rotated old files first), each as {"t": seconds since
+    `started_at`, "event": kind, ...}."""
+    lines = []
+    for where in rotation.in_order(path):
+        try:
+            lines.extend(where.read_text(errors="replace").splitlines())
+        except OSError:
+            continue
     found = []
     for line in lines:
         try:

@@ -31,6 +31,7 @@ from cluster.protocol.config import (
     from_env,
     tls_options_from_env,
 )
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
 from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
@@ -74,7 +75,7 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
     if config.recovery is not None:
         check_recovery_path(config.recovery)
     orphan.watch_launcher()
-    runtime.configure_logging("scheduler")
+    runtime.configure_logging("scheduler", config.observe)
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
 
     return server.run(config)
@@ -175,7 +176,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     try:
         view = asyncio.run(_status(addrs, identity))
     except SchedulerUnreachableError as exc:
-        print(f"mscluster: {exc}", file=sys.stderr)
+        print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
     from cluster.tools import status  # noqa: PLC0415
 
@@ -184,7 +185,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    print(safe(line), file=sys.stderr, flush=True)
 
 
 def _cmd_events(args: argparse.Namespace) -> int:
@@ -200,7 +201,7 @@ def _cmd_events(args: argparse.Namespace) -> int:
             found = events.from_file(path, follow=args.follow, say=_to_stderr)
             events.show(found, sys.stdout, as_json=args.json)
     except SchedulerUnreachableError as exc:
-        print(f"mscluster: {exc}", file=sys.stderr)
+        print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -491,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except ClusterError as exc:
-        print(f"mscluster: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"mscluster: {type(exc).__name__}: {safe(exc)}", file=sys.stderr)
         return EXIT_USAGE
     return code
 

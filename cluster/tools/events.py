@@ -12,8 +12,10 @@ already shown are not shown twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
+import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -21,8 +23,10 @@ from typing import IO, Any
 
 import grpc
 
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
+from cluster.storage import rotation
 from cluster.tools import status
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, tls
@@ -33,6 +37,9 @@ FINAL = frozenset({"finished", "job_failed"})
 POLL_S = 0.25
 RECONNECT_S = 60.0
 _SHOWN_APART = ("rank", "node_id")
+# A value of an event is shown escaped (`safe`) and cut to this many characters (a node id is
+# at most 128; a reason a sentence or two): an outsider's 8 MiB id is a line, not a screenful.
+SHOWN_MAX = 512
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -41,23 +48,27 @@ HEADER = f"{'time':<12}  {'event':<14}  {'who':<9}  details"
 
 
 def row(event: JobEvent) -> str:
-    """One event as a line of the table: local time, what, who, and the rest as key=value."""
+    """One event as a line of the table: local time, what, who, and the rest as key=value;
+    every part from the log or the wire escaped (`safe`), so a line is one line of text."""
     clock = datetime.datetime.fromtimestamp(event.time).strftime("%H:%M:%S.%f")[:-3]
     fields = event.fields
     if fields.get("rank") is not None:
-        who = f"rank {fields['rank']}"
+        who = f"rank {_value(fields['rank'])}"
     elif fields.get("node_id") is not None:
-        who = f"node {fields['node_id']}"
+        who = f"node {_value(fields['node_id'])}"
     else:
         who = ""
-    rest = " ".join(f"{k}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART)
-    return f"{clock:<12}  {event.kind:<14}  {who:<9}  {rest}".rstrip()
+    rest = " ".join(
+        f"{safe(k, SHOWN_MAX)}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART
+    )
+    return f"{clock:<12}  {safe(event.kind, SHOWN_MAX):<14}  {who:<9}  {rest}".rstrip()
 
 
 def _value(value: Any) -> str:
     if isinstance(value, str):
-        return value if value and " " not in value and '"' not in value else json.dumps(value)
-    return json.dumps(value)
+        plain = value and " " not in value and '"' not in value
+        return safe(value if plain else json.dumps(value, ensure_ascii=False), SHOWN_MAX)
+    return safe(json.dumps(value, ensure_ascii=False), SHOWN_MAX)
 
 
 # -- sources -----------------------------------------------------------------------------------
@@ -83,32 +94,58 @@ def parse(lines: Iterator[str], source: str) -> Iterator[JobEvent]:
 def from_file(
     path: Path, *, follow: bool, poll_s: float = POLL_S, say: Callable[[str], None] = print
 ) -> Iterator[JobEvent]:
-    """The events in `path`; with `follow`, then each one appended, until the job's last (a
-    file not there yet is waited for, and `say` says so)."""
+    """The events in `path`, its rotated old files first (PATH.<n> ... PATH.1); with `follow`,
+    then each one appended, across rotations, until the job's last (a file not there yet is
+    waited for, and `say` says so)."""
     if not follow:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError as exc:
+        files = rotation.in_order(path)
+        if not files:
             raise ConfigError(
-                f"no event log at {path} ({exc.strerror}): give the one `mscluster run` wrote "
+                f"no event log at {path}: give the one `mscluster run` wrote "
                 "(LOG_DIR/events.jsonl), or the scheduler's CLUSTER_EVENT_LOG, or --addr"
-            ) from None
-        yield from parse(iter(text.splitlines()), str(path))
+            )
+        yield from parse(_lines(files), str(path))
         return
     if not path.exists():
         say(f"mscluster: waiting for {path} (the scheduler writes it once it has started)")
+    old = rotation.in_order(path)[:-1] if path.exists() else rotation.in_order(path)
+    yield from parse(_lines(old), str(path))
     yield from _follow_file(path, poll_s)
 
 
+def _lines(files: list[Path]) -> Iterator[str]:
+    for where in files:
+        try:
+            text = where.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the event log {where} ({exc.strerror})") from None
+        yield from text.splitlines()
+
+
 def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
+    """The events appended to `path`; when the scheduler rotates it (a new file at `path`),
+    the rest of the old one, then the new one from its start."""
     while not path.exists():
         time.sleep(poll_s)
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        pending = ""
+    handle = path.open(encoding="utf-8", errors="replace")
+    try:
+        pending, switching = "", False
         while True:
             chunk = handle.readline()
+            if not chunk and switching:  # the old file read to its very end: the next one
+                try:
+                    following = _after(path, handle).open(encoding="utf-8", errors="replace")
+                except OSError:  # rotated once more meanwhile: asked again
+                    time.sleep(poll_s)
+                    continue
+                handle.close()
+                handle, switching = following, False
+                continue
             if not chunk:
-                time.sleep(poll_s)
+                # Rotated: once more to the end of the old file (written before the rename).
+                switching = _rotated(path, handle)
+                if not switching:
+                    time.sleep(poll_s)
                 continue
             pending += chunk
             if not pending.endswith("\n"):
@@ -121,6 +158,32 @@ def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
             yield event
             if event.kind in FINAL:
                 return
+    finally:
+        handle.close()
+
+
+def _after(path: Path, handle: IO[str]) -> Path:
+    """The file written after the one `handle` reads: the next newer old file (when `path`
+    rotated more than once meanwhile) or `path`; the oldest one left when `handle`'s file is
+    gone already (rotated past CLUSTER_LOG_KEEP: its successors are lost too)."""
+    files = rotation.in_order(path)
+    held = os.fstat(handle.fileno())
+    for number, where in enumerate(files):
+        with contextlib.suppress(OSError):
+            now = where.stat()
+            if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                return files[number + 1] if number + 1 < len(files) else path
+    return files[0] if files else path
+
+
+def _rotated(path: Path, handle: IO[str]) -> bool:
+    """Whether `path` is now another file than the one `handle` reads (read to its end)."""
+    try:
+        now = path.stat()
+    except OSError:
+        return False  # between the rename and the new file
+    held = os.fstat(handle.fileno())
+    return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
 
 
 async def from_scheduler(

@@ -36,6 +36,7 @@ from cluster.protocol.config import (
     read_job_secret,
     tls_options_from_env,
 )
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
@@ -158,7 +159,7 @@ class Launcher:
                 log.flush()
                 rank = self._rank_of(child)
                 prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
-                self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}")
+                self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}", raw=True)
 
     async def _reap(self, child: Child) -> None:
         assert child.process is not None
@@ -264,10 +265,12 @@ class Launcher:
         sched = 0 if self.scheduler is None else self.scheduler.restarts
         return f"{workers}, scheduler {sched}" if sched else str(workers)
 
-    def _print(self, line: str) -> None:
+    def _print(self, line: str, *, raw: bool = False) -> None:
+        """One line for the person at the terminal, escaped (`safe`: a reason from the
+        scheduler, a log's tail); `raw`: a --join worker's own output, colours and all."""
         if self._tty and not self.options.join:
             self.out.write("\r\x1b[K")
-        print(line, file=self.out, flush=True)
+        print(line if raw else safe(line), file=self.out, flush=True)
 
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the

@@ -147,9 +147,13 @@ def job_environment(
 
 
 def observe_environment(options: LaunchOptions) -> dict[str, str]:
-    """The scheduler's: its event log beside the logs, its metrics port when asked for, and
-    its state in etcd (--state-url)."""
-    env = {"CLUSTER_EVENT_LOG": str((options.log_dir / "events.jsonl").resolve())}
+    """The scheduler's: its event log and its log file (which it rotates: the launcher's
+    redirection of its output holds only what comes before its logging starts) beside the
+    logs, its metrics port when asked for, and its state in etcd (--state-url)."""
+    env = {
+        "CLUSTER_EVENT_LOG": str((options.log_dir / "events.jsonl").resolve()),
+        "CLUSTER_LOG_FILE": str((options.log_dir / "scheduler.log").resolve()),
+    }
     if options.metrics_port is not None:
         env["CLUSTER_METRICS_PORT"] = str(options.metrics_port)
     if options.state_url is not None:

@@ -10,7 +10,9 @@ import errno
 import os
 import socket
 
+from cluster.protocol.config import MAX_NODES
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import check_host
 from cluster.tools import slurm_io
 from cluster.tools.launch_plan import LaunchOptions, Plan, make_plan, master_host
 from cluster.transport import tls
@@ -56,8 +58,8 @@ def check_port_free(ip: str, port: int) -> None:
 
 def validate(options: LaunchOptions) -> None:
     """Every check that needs no child process; ConfigError naming the option otherwise."""
-    if options.worker_num < 1:
-        raise ConfigError(f"--worker-num {options.worker_num} must be >= 1")
+    if not 1 <= options.worker_num <= MAX_NODES:
+        raise ConfigError(f"--worker-num {options.worker_num} must be between 1 and {MAX_NODES}")
     if not 1 <= options.local_worker_num <= options.worker_num:
         raise ConfigError(
             f"--local-worker-num {options.local_worker_num} must be between 1 and --worker-num "
@@ -68,6 +70,8 @@ def validate(options: LaunchOptions) -> None:
             f"--master-addr {options.master_addr!r} has an empty entry: give the scheduler's host, "
             "or every scheduler's host separated by commas (h1,h2)"
         )
+    for host in options.master_addr.split(","):
+        check_host("--master-addr entry", host.strip().strip("[]"))
     if not 1 <= options.master_port <= 65535:
         raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
     if not options.script.is_file():

@@ -9,7 +9,10 @@ Labs of several processes run at once (tests in parallel, two chaos runs): each 
 that a live lab has reserved (a file naming its process) or that an address of this host
 already uses (a lab of an older version, or someone else's network), and it is reserved before
 the lock is released. A lab's interface and namespace names carry its subnet, so they are unique
-too. A reservation is released at teardown; one whose process has died is taken again.
+too. A reservation is released at teardown; one whose process has died is reclaimed by the
+next lab that reserves a subnet: the namespaces, links and loopback addresses of that subnet are
+deleted, then it may be taken again. Teardown holds SIGTERM and SIGINT off until it is done,
+and `setup` notes each undo before its deed, so a signal at any moment leaks nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -85,8 +89,9 @@ class NetworkLab:
             raise ClusterError(f"network faults are not available: {why}")
         try:
             for ip in self.scheduler_ips:
-                _ip("addr", "add", f"{ip}/32", "dev", "lo")
+                # Each undo is noted before its deed: a signal between the two leaks nothing.
                 self._made.append(functools.partial(_ip, "addr", "del", f"{ip}/32", "dev", "lo"))
+                _ip("addr", "add", f"{ip}/32", "dev", "lo")
             for i in range(self.workers):
                 self._link(i)
         except BaseException:
@@ -95,12 +100,12 @@ class NetworkLab:
 
     def _link(self, i: int) -> None:
         ns, host, peer = self.namespace(i), self.host_link(i), f"cl{self._tag}p{i}"
-        _ip("netns", "add", ns)
         # Deleting the namespace deletes its end of the veth pair, and so the pair.
         self._made.append(lambda: _ip("netns", "delete", ns))
-        _ip("link", "add", host, "type", "veth", "peer", "name", peer)
+        _ip("netns", "add", ns)
         # Deleted explicitly too: a namespace's links go away only when the kernel gets to it.
         self._made.append(lambda: _run(["ip", "link", "del", host], check=False))
+        _ip("link", "add", host, "type", "veth", "peer", "name", peer)
         _ip("link", "set", peer, "netns", ns)
         _ip("addr", "add", f"10.{self._net}.{i}.1/24", "dev", host)
         _ip("link", "set", host, "up")
@@ -110,10 +115,13 @@ class NetworkLab:
         _ip("-n", ns, "route", "add", "default", "via", f"10.{self._net}.{i}.1")
 
     def teardown(self) -> None:
-        while self._made:
-            with contextlib.suppress(ClusterError, OSError):
-                self._made.pop()()
-        release_net(self._net)
+        """Undo what `setup` made, SIGTERM and SIGINT held off meanwhile (a second one would
+        cut it short and leave namespaces behind); they are taken after it."""
+        with _signals_held():
+            while self._made:
+                with contextlib.suppress(ClusterError, OSError):
+                    self._made.pop()()
+            release_net(self._net)
 
     def cut(self, i: int) -> None:
         _ip("link", "set", self.host_link(i), "down")
@@ -136,6 +144,16 @@ class NetworkLab:
                         "and loss cannot be injected here; cutting links still works"
                     ) from None
                 raise
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    held = {signal.SIGTERM, signal.SIGINT}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 # -- which subnet ----------------------------------------------------------------------------
@@ -192,6 +210,8 @@ def reserve_net(
     process; ClusterError when all of NETS are taken."""
     with _locked(directory):
         taken = in_use()
+        if reclaim_dead(directory, taken):
+            taken = in_use()  # what else may hold them (someone else's network) still counts
         for net in NETS:
             path = directory / str(net)
             if net in taken or _reserved_by_the_living(path):
@@ -203,6 +223,44 @@ def reserve_net(
         f"running lab or an address of this host; end some, or remove stale reservations in "
         f"{directory}"
     )
+
+
+def reclaim_dead(
+    directory: Path, present: set[int], remove: Callable[[int], None] | None = None
+) -> list[int]:
+    """Drop the reservations of labs whose process has died (killed with SIGKILL, or before
+    their teardown) and remove what they left on this host (`present`: the subnets in use
+    here); the subnets whose leftovers were removed. Call with the lock held."""
+    remove = remove or remove_leftovers
+    removed = []
+    for path in sorted(directory.iterdir()):
+        if not path.name.isdigit() or _reserved_by_the_living(path):
+            continue
+        if int(path.name) in present:
+            remove(int(path.name))
+            removed.append(int(path.name))
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def remove_leftovers(net: int) -> None:
+    """Delete the namespaces, links and loopback addresses a lab of subnet `net` makes."""
+    namespaces = _output(["ip", "netns", "list"])
+    for ns in re.findall(rf"^(cluster-{net}-w\d+)\b", namespaces, re.MULTILINE):
+        _run(["ip", "netns", "delete", ns], check=False)
+    for link in re.findall(rf"\b(cl{net}[hp]\d+)\b", _output(["ip", "-o", "link"])):
+        _run(["ip", "link", "del", link], check=False)
+    on_lo = _output(["ip", "-o", "addr", "show", "dev", "lo"])
+    for ip in re.findall(rf"\b(10\.{net}\.{SCHEDULER_OCTET}\.\d+)/32", on_lo):
+        _run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], check=False)
+
+
+def _output(args: list[str]) -> str:
+    try:
+        ran = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return ran.stdout
 
 
 def release_net(net: int, directory: Path = RESERVATIONS) -> None:

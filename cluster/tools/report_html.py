@@ -17,6 +17,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cluster.protocol.display import safe
 from cluster.tools import timeline
 
 WIDTH = 1000
@@ -65,7 +66,9 @@ document.body.dataset.ready = 'yes';
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """A value of the report in HTML: control and bidi characters escaped (`safe`), then
+    HTML's specials."""
+    return html.escape(safe(value), quote=True)
 
 
 def _seconds(value: float | None) -> str:
@@ -123,21 +126,20 @@ def _scheduler_lane(report: Mapping[str, Any], scale: _Scale, y: float) -> list[
 
 
 def _rank_lane(lane: timeline.Lane, scale: _Scale, y: float) -> list[str]:
-    parts = [
-        f'<g class="lane" data-rank="{lane.rank}"><text x="4" y="{y + 13}">rank {lane.rank}</text>'
-    ]
+    rank = _e(lane.rank)
+    parts = [f'<g class="lane" data-rank="{rank}"><text x="4" y="{y + 13}">rank {rank}</text>']
     for seg in lane.segments:
         x0, x1 = scale.x(seg.start), scale.x(seg.end)
         parts.append(
             f'<rect class="seg {_e(seg.state)}" x="{x0:.1f}" y="{y}" '
-            f'width="{max(x1 - x0, 1.0):.1f}" height="{LANE_H}"><title>rank {lane.rank} '
+            f'width="{max(x1 - x0, 1.0):.1f}" height="{LANE_H}"><title>rank {rank} '
             f"{_e(seg.state)} {seg.start:.2f}-{seg.end:.2f} s</title></rect>"
         )
     for t in lane.rejoins:
         x, mid = scale.x(t), y + LANE_H / 2
         parts.append(
             f'<path class="rejoin" d="M{x:.1f},{y - 2} l6,{mid - y + 2} l-6,{mid - y + 2} '
-            f'l-6,-{mid - y + 2} z"><title>rank {lane.rank} rejoined at {t:.2f} s</title></path>'
+            f'l-6,-{mid - y + 2} z"><title>rank {rank} rejoined at {t:.2f} s</title></path>'
         )
     parts.append("</g>")
     return parts
@@ -221,8 +223,9 @@ def steps_svg(report: Mapping[str, Any]) -> str:
             points.append(f"{scale.x(t):.1f},{y:.1f}")
         color = RANK_COLORS[rank % len(RANK_COLORS)]
         parts.append(
-            f'<polyline class="steps" data-rank="{rank}" fill="none" stroke="{color}" '
-            f'stroke-width="1.5" points="{" ".join(points)}"><title>rank {rank}</title></polyline>'
+            f'<polyline class="steps" data-rank="{_e(rank)}" fill="none" stroke="{color}" '
+            f'stroke-width="1.5" points="{" ".join(points)}">'
+            f"<title>rank {_e(rank)}</title></polyline>"
         )
     parts.append("</svg>")
     return "\n".join(parts)

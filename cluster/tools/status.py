@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from cluster.protocol.config import job_secret_from_env, read_job_secret
+from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.state import Phase
 from cluster.tools.table import format_table
@@ -19,6 +20,9 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 STATUS_TIMEOUT_S = 3.0
+# A value from the scheduler is shown escaped (`safe`) and cut to this many characters: a node
+# id is at most 128, a host name at most 253.
+SHOWN_MAX = 256
 _ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
 
 
@@ -241,10 +245,15 @@ async def fetch_any(
     raise SchedulerUnreachableError("; ".join(said) or "no scheduler address given")
 
 
+def shown(text: str) -> str:
+    """A value from the scheduler as a person may see it: escaped, cut to SHOWN_MAX."""
+    return safe(text, SHOWN_MAX)
+
+
 def render(view: JobView) -> str:
-    """A table for a terminal."""
+    """A table for a terminal; every value from the scheduler escaped (`shown`)."""
     head = (
-        f"job {view.cluster_id} at {view.address}: {view.phase.value}, "
+        f"job {shown(view.cluster_id)} at {shown(view.address)}: {view.phase.value}, "
         f"generation {view.generation}, "
         f"{view.registered}/{view.expected} registered, "
         + (f"{view.spares} spares, " if any(n.spare for n in view.nodes) else "")
@@ -256,11 +265,11 @@ def render(view: JobView) -> str:
     if view.leadership is not None:
         lines.append(_leaders(view.leadership))
     if view.detail:
-        lines.append(f"  {view.detail}")
+        lines.append(f"  {shown(view.detail)}")
     if view.save_error:
         lines.append(
             f"  SAVES FAILING for {view.save_failing_for_s:.0f} s ({view.save_failures} attempts): "
-            f"{view.save_error}; {view.unsaved_changes} changes not saved, not told to the "
+            f"{shown(view.save_error)}; {view.unsaved_changes} changes not saved, not told to the "
             "nodes until a save lands"
         )
     columns = (
@@ -277,10 +286,10 @@ def render(view: JobView) -> str:
     rows = [
         (
             "-" if n.rank is None else str(n.rank),
-            n.node_id,
+            shown(n.node_id),
             f"{n.role} (spare)" if n.spare else n.role,
-            n.address,
-            n.state if n.connected or n.state != "alive" else "alive (no stream)",
+            shown(n.address),
+            shown(n.state) if n.connected or n.state != "alive" else "alive (no stream)",
             f"{n.seconds_since_heartbeat:.1f} s ago",
             f"{n.incarnation:x}",
             str(n.restarts),
@@ -292,11 +301,12 @@ def render(view: JobView) -> str:
     return "\n".join(lines)
 
 
-def _leaders(shown: LeadershipView) -> str:
-    standbys = ", ".join(shown.standbys) or "none"
+def _leaders(leadership: LeadershipView) -> str:
+    standbys = ", ".join(map(shown, leadership.standbys)) or "none"
     return (
-        f"  leader {shown.leader} (lease {shown.lease_s:g} s, held for sure "
-        f"{shown.lease_left_s:.1f} s more), standbys: {standbys}; state in {shown.state_store}"
+        f"  leader {shown(leadership.leader)} (lease {leadership.lease_s:g} s, held for sure "
+        f"{leadership.lease_left_s:.1f} s more), standbys: {standbys}; "
+        f"state in {shown(leadership.state_store)}"
     )
 
 
@@ -304,5 +314,5 @@ def _steps(steps: tuple[int, ...]) -> str:
     """The newest few checkpoint steps a node holds, for a table cell."""
     if not steps:
         return "-"
-    shown = ", ".join(map(str, steps[-3:]))
-    return f"..., {shown}" if len(steps) > 3 else shown
+    newest = ", ".join(map(str, steps[-3:]))
+    return f"..., {newest}" if len(steps) > 3 else newest

@@ -28,13 +28,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.protocol.state import Phase
 from cluster.tools import events, status
 from cluster.tools.events import FINAL
 from cluster.tools.following import Following
-from cluster.tools.status import JobView, NodeView
+from cluster.tools.status import JobView, NodeView, shown
 from cluster.transport import tls
 
 JOB_FIELDS = ("phase", "generation", "rollback_step", "registered")
@@ -51,8 +52,8 @@ class Change:
     after: str
 
     def describe(self) -> str:
-        who = "job" if self.node_id is None else f"node {self.node_id}"
-        return f"{who}: {self.field} {self.before} -> {self.after}"
+        who = "job" if self.node_id is None else f"node {shown(self.node_id)}"
+        return f"{who}: {self.field} {shown(self.before)} -> {shown(self.after)}"
 
 
 def _job_values(view: JobView) -> dict[str, str]:
@@ -67,7 +68,7 @@ def _job_values(view: JobView) -> dict[str, str]:
 def _node_values(node: NodeView) -> dict[str, str]:
     return {
         "rank": "-" if node.rank is None else str(node.rank),
-        "state": node.state,
+        "state": shown(node.state),
         "connected": "yes" if node.connected else "no",
         "incarnation": f"{node.incarnation:x}",
         "restarts": str(node.restarts),
@@ -106,14 +107,15 @@ def changes(before: JobView | None, after: JobView) -> list[Change]:
 def table(view: JobView, changed: list[Change], note: str = "") -> Table:
     """The status as a rich table, the changed cells highlighted."""
     marked = {(c.node_id, c.field) for c in changed}
-    title = Text(f"job {view.cluster_id} at {view.address}: ")
+    title = Text(f"job {shown(view.cluster_id)} at {shown(view.address)}: ")
     for name, value in _job_values(view).items():
         title.append(f"{name.replace('_', ' ')} ")
         title.append(value, style=HIGHLIGHT if (None, name) in marked else "bold")
         title.append("  ")
     if note:
-        title.append(note, style="bold red")
-    grid = Table(title=title, title_justify="left", caption=view.detail or None)
+        title.append(shown(note), style="bold red")
+    caption = Text(shown(view.detail)) if view.detail else None  # Text: no rich markup in it
+    grid = Table(title=title, title_justify="left", caption=caption)
     for column in (
         "rank",
         "node id",
@@ -130,8 +132,8 @@ def table(view: JobView, changed: list[Change], note: str = "") -> Table:
         values = _node_values(node)
         cells = [
             values["rank"],
-            node.node_id,
-            node.address,
+            shown(node.node_id),
+            shown(node.address),
             values["state"],
             values["connected"],
             f"{node.seconds_since_heartbeat:.1f} s",
@@ -168,9 +170,11 @@ def lines(found: list[Change]) -> list[str]:
         if c.node_id is not None:
             alike.setdefault((c.field, c.before, c.after), []).append(c.node_id)
     for (name, before, after), ids in alike.items():
-        shown = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
-        who = f"node {shown}" if len(ids) == 1 else f"nodes {shown}"
-        out.append(f"{who}: {name} {before} -> {after}")
+        named = ", ".join(map(shown, ids[:8])) + (
+            f" and {len(ids) - 8} more" if len(ids) > 8 else ""
+        )
+        who = f"node {named}" if len(ids) == 1 else f"nodes {named}"
+        out.append(f"{who}: {name} {shown(before)} -> {shown(after)}")
     return out
 
 
@@ -259,7 +263,7 @@ class Watcher:
     def _line(self, text: str) -> None:
         if not self.terminal:
             stamp = datetime.datetime.now().strftime("%H:%M:%S")
-            print(f"{stamp} {text}", file=self.out, flush=True)
+            print(f"{stamp} {safe(text)}", file=self.out, flush=True)
 
     async def _plain(self) -> int:
         while True:
@@ -333,7 +337,7 @@ def run(
     try:
         return asyncio.run(main())
     except SchedulerUnreachableError as exc:
-        print(f"mscluster: {exc}", file=sys.stderr)
+        print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

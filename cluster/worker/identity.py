@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from cluster.protocol import auth
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import check_host
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,11 @@ def free_port(host: str) -> int:
 
 
 def make_identity(node_id: str | None, sched_host: str, sched_port: int) -> NodeIdentity:
-    host = os.environ.get("CLUSTER_ADVERTISE_HOST", "").strip() or local_address_towards(
-        sched_host, sched_port
+    advertised = os.environ.get("CLUSTER_ADVERTISE_HOST", "").strip()
+    host = (
+        check_host("CLUSTER_ADVERTISE_HOST", advertised)
+        if advertised
+        else local_address_towards(sched_host, sched_port)
     )
     return NodeIdentity(
         node_id=node_id or generated_node_id(),

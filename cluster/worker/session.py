@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from cluster.protocol.config import ClusterConfig
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.topology import Topology
 from cluster.worker import ending, node_file, orphan
@@ -67,7 +68,7 @@ class BackgroundLoop:
 def _say(prefix: str, message: str) -> None:
     # One write with its newline: print() writes the newline apart, and another thread's
     # output (the program's own lines on stdout, to the same log) can land in between.
-    sys.stderr.write(f"{prefix}: {message}\n")
+    sys.stderr.write(f"{prefix}: {safe(message)}\n")  # a reason may quote the wire
     sys.stderr.flush()
 
 

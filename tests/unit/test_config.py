@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,13 @@ from cluster.protocol.config import (
     ClusterConfig,
     JobSecretSource,
     Limits,
+    LogRotation,
     RecoveryConfig,
     Role,
     check_recovery_path,
     from_env,
     read_job_secret,
+    secret_mode_ok,
     silence_limit,
 )
 from cluster.protocol.errors import ClusterError, ConfigError
@@ -234,12 +237,37 @@ BAD: list[tuple[dict[str, str | None], str, str, tuple[str, ...]]] = [
     ({"MS_SCHED_PORT": "80.5"}, "MS_SCHED_PORT", "'80.5'", ("integer",)),
     ({"MS_SCHED_PORT": None}, "MS_SCHED_PORT", "not set", ("1-65535",)),
     ({"MS_SCHED_HOST": None}, "MS_SCHED_HOST", "not set", ("host",)),
-    ({"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM", "'0'", (">= 1",)),
-    ({"MS_WORKER_NUM": "x"}, "MS_WORKER_NUM", "'x'", ("integer", ">= 1")),
-    ({"MS_WORKER_NUM": "-3"}, "MS_WORKER_NUM", "'-3'", (">= 1",)),
+    ({"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM", "'0'", ("between 1 and 1000000",)),
+    ({"MS_WORKER_NUM": "x"}, "MS_WORKER_NUM", "'x'", ("integer", "between 1 and 1000000")),
+    ({"MS_WORKER_NUM": "-3"}, "MS_WORKER_NUM", "'-3'", ("between 1 and 1000000",)),
     ({"MS_WORKER_NUM": None}, "MS_WORKER_NUM", "not set", (">= 1",)),
-    ({"MS_SERVER_NUM": "-1"}, "MS_SERVER_NUM", "'-1'", (">= 0",)),
+    ({"MS_WORKER_NUM": str(10**12)}, "MS_WORKER_NUM", "'1000000000000'", ("out of range",)),
+    ({"MS_WORKER_NUM": str(10**8)}, "MS_WORKER_NUM", "'100000000'", ("1000000",)),
+    ({"MS_SERVER_NUM": "-1"}, "MS_SERVER_NUM", "'-1'", ("between 0 and 1000000",)),
     ({"MS_SERVER_NUM": "two"}, "MS_SERVER_NUM", "'two'", ("integer",)),
+    ({"MS_SERVER_NUM": str(10**7)}, "MS_SERVER_NUM", "'10000000'", ("out of range",)),
+    (
+        {"MS_WORKER_NUM": "600000", "MS_SERVER_NUM": "600000"},
+        "MS_WORKER_NUM",
+        "1200000 nodes",
+        ("at most 1000000",),
+    ),
+    ({"MS_SCHED_HOST": "a\x1b[2J"}, "MS_SCHED_HOST", "'a\\x1b[2J'", ("host name or IP",)),
+    ({"MS_SCHED_HOST": "h1,b\nc"}, "MS_SCHED_HOST", "'b\\nc'", ("host name or IP",)),
+    ({"MS_SCHED_HOST": "a" * 254}, "MS_SCHED_HOST", "...(254 chars)", ("at most 253",)),
+    ({"MS_SCHED_HOST": "x y"}, "MS_SCHED_HOST", "'x y'", ("host name or IP",)),
+    (
+        {"CLUSTER_SCHED_ADDRS": "h1:1,h\u202e2:2"},
+        "CLUSTER_SCHED_ADDRS",
+        "'h\\u202e2'",
+        ("host name or IP",),
+    ),
+    (
+        {"CLUSTER_TLS_CONFIG": "ssl.json", "CLUSTER_TLS_SERVER_NAME": "a\x07"},
+        "CLUSTER_TLS_SERVER_NAME",
+        "'a\\x07'",
+        ("host name or IP",),
+    ),
     *[
         ({name: value}, name, repr(value), ("positive number of seconds",))
         for name in ("MS_TOPO_TIMEOUT", "MS_NODE_TIMEOUT")
@@ -411,6 +439,8 @@ def test_job_secret_file_is_preferred_and_read_apart(tmp_path: Path) -> None:
         (b"\n", 0o600, "is empty"),
         (b"secret", 0o644, "chmod 600"),
         (b"secret", 0o602, "chmod 600"),
+        (b"secret", 0o620, "chmod 600"),
+        (b"secret", 0o610, "chmod 600"),
     ],
 )
 def test_bad_job_secret_file_is_one_clear_error(
@@ -424,6 +454,36 @@ def test_bad_job_secret_file_is_one_clear_error(
         read_job_secret(JobSecretSource(path=path))
     assert words in str(info.value)
     assert "secret\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mode", "uid", "ok"),
+    [
+        (0o600, 1000, True),
+        (0o400, 1000, True),
+        (0o640, 1000, False),  # group-readable: refused
+        (0o440, 1000, False),
+        (0o604, 1000, False),
+        (0o640, 0, True),  # root's, read by its group: Kubernetes' Secret for an fsGroup
+        (0o440, 0, True),
+        (0o660, 0, False),  # but never writable by the group
+        (0o644, 0, False),  # nor readable by every user
+    ],
+)
+def test_a_secret_file_is_0600_or_stricter_unless_root_gives_it_to_a_group(
+    mode: int, uid: int, ok: bool
+) -> None:
+    assert secret_mode_ok(0o100000 | mode, uid) is ok
+
+
+def test_a_group_readable_secret_file_says_chmod_600(tmp_path: Path) -> None:
+    path = tmp_path / "job.secret"
+    path.write_bytes(b"secret")
+    path.chmod(0o640)
+    if os.geteuid() == 0:  # root's own may be read by its group: this one is another user's
+        os.chown(path, 1000, -1)
+    with pytest.raises(ConfigError, match=r"mode 640: .*`chmod 600 .*job.secret`$"):
+        read_job_secret(JobSecretSource(path=path))
 
 
 # -- observing (CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG, CLUSTER_WORKER_METRICS_PORT) ----------
@@ -460,6 +520,41 @@ def test_observing_variables_are_parsed() -> None:
     ],
 )
 def test_a_bad_observing_port_names_the_variable(name: str, value: str, rule: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
+        from_env(env(**{name: value}))
+
+
+def test_log_rotation_defaults_and_variables() -> None:
+    observe = from_env(env()).observe
+    assert observe.rotation == LogRotation(64 * 1024 * 1024, 3)
+    assert observe.log_file is None
+    observe = from_env(
+        env(CLUSTER_LOG_MAX_BYTES="4096", CLUSTER_LOG_KEEP="1", CLUSTER_LOG_FILE="s.log")
+    ).observe
+    assert observe.rotation == LogRotation(4096, 1)
+    assert observe.log_file == Path("s.log")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "rule"),
+    [
+        (
+            "CLUSTER_LOG_MAX_BYTES",
+            "64M",
+            "is not an integer: it must be between 1024 and 1099511627776",
+        ),
+        (
+            "CLUSTER_LOG_MAX_BYTES",
+            "10",
+            "is out of range: it must be between 1024 and 1099511627776",
+        ),
+        ("CLUSTER_LOG_KEEP", "0", "is out of range: it must be between 1 and 100"),
+        ("CLUSTER_LOG_KEEP", "1000", "is out of range: it must be between 1 and 100"),
+    ],
+)
+def test_a_bad_log_rotation_is_one_line_naming_the_variable(
+    name: str, value: str, rule: str
+) -> None:
     with pytest.raises(ConfigError, match=rf"^{name}='{value}' {rule}$"):
         from_env(env(**{name: value}))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol.errors import ClusterError
-from cluster.tools.netlab import NETS, release_net, reserve_net
+from cluster.tools.netlab import NETS, reclaim_dead, release_net, reserve_net
 
 
 def nothing_in_use() -> set[int]:
@@ -66,3 +66,15 @@ def test_labs_reserved_by_processes_running_at_once_are_all_different(tmp_path: 
 def test_every_subnet_taken_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=r"every network lab subnet .* is in use"):
         reserve_net(tmp_path, lambda: set(NETS))
+
+
+def test_a_dead_labs_leftovers_are_removed_before_its_subnet_is_taken(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    (tmp_path / str(NETS[0])).write_text(f"{dead}\n")  # left namespaces behind
+    (tmp_path / str(NETS[1])).write_text(f"{dead}\n")  # left nothing
+    (tmp_path / str(NETS[2])).write_text(f"{os.getppid()}\n")  # alive: never touched
+    removed: list[int] = []
+    assert reclaim_dead(tmp_path, {NETS[0], NETS[2]}, removed.append) == [NETS[0]]
+    assert removed == [NETS[0]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [str(NETS[2])]

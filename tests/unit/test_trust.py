@@ -215,7 +215,7 @@ def test_registration_fields_are_bounded_and_quoted_short_and_escaped() -> None:
     )
 
 
-_UNSAFE = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+_UNSAFE = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 
 
 @given(st.text(), st.none() | st.integers(min_value=0, max_value=50))
@@ -228,7 +228,7 @@ def test_nothing_unsafe_is_ever_shown(text: str, limit: int | None) -> None:
 
 @given(st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E)))
 def test_printable_ascii_is_shown_as_it_is(text: str) -> None:
-    assert safe(text) == text.replace("\\", "\\\\")
+    assert safe(text) == text
 
 
 def test_bidi_overrides_and_c1_controls_are_escaped() -> None:

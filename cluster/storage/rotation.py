@@ -1,0 +1,140 @@
+"""Files that grow by appending, kept within a bound: rotated at a size, a few old ones kept.
+
+The scheduler's event log and its log file hold what callers make happen, so an outsider can
+make them grow. Each is appended to by the one process that writes it; once the next write
+would take it past `LogRotation.max_bytes`, that writer renames FILE to FILE.1 (FILE.1 to
+FILE.2, ..., the oldest, FILE.<keep>, dropped) and opens a new FILE. A file is never cut inside
+a write, so a line stays whole; a single write larger than the bound still lands, alone in its
+file. Files are opened with O_NOFOLLOW: a link planted where the file goes is not written
+through. Readers take the old files first (`in_order`).
+
+The scheduler's log is its stderr: `OutputFileHandler` points descriptors 1 and 2 at the log
+file (CLUSTER_LOG_FILE, which `mscluster run` sets to LOG_DIR/scheduler.log) and rotates it
+from the logging handler, so what is not logged (a traceback, gRPC's own lines) lands in the
+current file too, and the file is checked at every log record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from cluster.protocol.config import LogRotation
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_MODE = 0o644
+
+
+def old_file(path: Path, number: int) -> Path:
+    """FILE.<number>: the number-th newest full file (1: the newest)."""
+    return path.with_name(f"{path.name}.{number}")
+
+
+def in_order(path: Path) -> list[Path]:
+    """The old files of `path` that exist, oldest first, then `path` itself if it exists: the
+    order in which their lines were written. Stops at the first number missing."""
+    olds = []
+    number = 1
+    while old_file(path, number).exists():
+        olds.append(old_file(path, number))
+        number += 1
+    return [*reversed(olds), *([path] if path.exists() else [])]
+
+
+def rotate(path: Path, keep: int) -> None:
+    """FILE -> FILE.1 -> ... -> FILE.<keep>; the oldest beyond `keep` is removed."""
+    with contextlib.suppress(FileNotFoundError):
+        old_file(path, keep).unlink()
+    for number in range(keep - 1, 0, -1):
+        with contextlib.suppress(FileNotFoundError):
+            old_file(path, number).rename(old_file(path, number + 1))
+    with contextlib.suppress(FileNotFoundError):
+        path.rename(old_file(path, 1))
+
+
+def open_for_append(path: Path) -> int:
+    """A descriptor appending to `path` (made if missing, never through a link); OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, _FLAGS, _MODE)
+
+
+class RotatingFile:
+    """Appends to `path`, rotating it as `rotation` says. Not thread-safe: one writer."""
+
+    def __init__(self, path: Path, rotation: LogRotation) -> None:
+        self.path = path
+        self.rotation = rotation
+        self._fd: int | None = None
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        """Append `data` whole (rotating first when it would not fit); OSError."""
+        if self._fd is None:
+            self._open()
+        if self._size and self._size + len(data) > self.rotation.max_bytes:
+            self.close()
+            rotate(self.path, self.rotation.keep)
+            self._open()
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+            self._size += written
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _open(self) -> None:
+        self._fd = open_for_append(self.path)
+        self._size = os.fstat(self._fd).st_size
+
+
+def needs_rotation(fd: int, rotation: LogRotation) -> bool:
+    """Whether the file behind `fd` has reached its bound (False when it is no regular file)."""
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return False
+    return stat.st_size >= rotation.max_bytes and (stat.st_mode & 0o170000) == 0o100000
+
+
+def redirect_output(path: Path) -> None:
+    """Point this process's stdout and stderr (descriptors 1 and 2) at `path`, appended to:
+    whatever writes them (logging, a traceback, gRPC's C core) writes the file. OSError."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    fd = open_for_append(path)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
+class OutputFileHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Logs to stderr, which it points at `path` (`redirect_output`), and rotates that file
+    once a record has taken it to its bound: the process that writes the file rotates it, so
+    every writer of its stderr moves to the new file at once."""
+
+    def __init__(self, path: Path, rotation: LogRotation) -> None:
+        redirect_output(path)
+        super().__init__(sys.stderr)
+        self.path = path
+        self.rotation = rotation
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if needs_rotation(2, self.rotation):
+            try:
+                rotate(self.path, self.rotation.keep)
+                redirect_output(self.path)
+            except OSError:
+                self.handleError(record)

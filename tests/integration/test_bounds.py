@@ -1,0 +1,80 @@
+"""Absurd launch values are one line, not a traceback, and a failed job's scheduler exits.
+
+`MS_WORKER_NUM=10**12` overflowed gRPC's channel arguments (a traceback); a scheduler of 10**8
+workers whose topology timed out spent its last 20 s and gigabytes listing every missing rank;
+an advertise host with an escape was a socket.gaierror. Each is now bounded where it is read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from cluster.protocol.config import MAX_NODES
+from cluster.protocol.errors import ConfigError
+from cluster.worker.identity import make_identity
+from tests.procs import PYTHON, ROOT
+
+EXIT_S = 30.0
+
+
+def scheduler(**env: str) -> subprocess.CompletedProcess[str]:
+    base = {
+        "MS_ROLE": "MS_SCHED",
+        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_SCHED_PORT": "0",
+        "MS_WORKER_NUM": "1",
+    }
+    return subprocess.run(
+        [PYTHON, "-m", "cluster", "scheduler"],
+        env={**os.environ, **base, **env},
+        capture_output=True,
+        text=True,
+        timeout=EXIT_S * 2,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"MS_WORKER_NUM": str(10**12)}, "MS_WORKER_NUM='1000000000000' is out of range"),
+        ({"MS_WORKER_NUM": str(10**8)}, "between 1 and 1000000"),
+        ({"MS_SERVER_NUM": str(10**12)}, "MS_SERVER_NUM='1000000000000' is out of range"),
+        ({"MS_SCHED_HOST": "evil\x1b]0;x\x07"}, "'evil\\x1b]0;x\\x07' is not a host name"),
+        ({"MS_SCHED_HOST": "h" * 4096}, "...(4096 chars)' is not a host name"),
+    ],
+)
+def test_an_absurd_value_is_one_line(env: dict[str, str], said: str) -> None:
+    done = scheduler(**env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert said in lines[0]
+    assert "\x1b" not in lines[0]
+    assert len(lines[0]) < 400
+
+
+def test_a_failed_job_of_the_most_workers_ends_its_scheduler_at_once() -> None:
+    """The topology of MAX_NODES workers times out: the scheduler says so and exits 1, within
+    seconds (the missing ranks are spans of the registered ones, never a list of each)."""
+    started = time.monotonic()
+    done = scheduler(MS_WORKER_NUM=str(MAX_NODES), MS_TOPO_TIMEOUT="1")
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert f"job failed: 0 of {MAX_NODES} workers registered" in done.stderr
+    assert f"missing: ranks 0-{MAX_NODES - 1}" in done.stderr
+    assert took < EXIT_S
+
+
+def test_an_advertised_host_with_an_escape_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CLUSTER_ADVERTISE_HOST", "10.0.0.1\x1b[2J")
+    with pytest.raises(ConfigError, match=r"^CLUSTER_ADVERTISE_HOST '10\.0\.0\.1\\x1b\[2J' is"):
+        make_identity("0", "127.0.0.1", 1)

@@ -1,0 +1,188 @@
+"""Files that outsiders can make grow stay within a bound: the event log and the scheduler's
+log rotate at CLUSTER_LOG_MAX_BYTES, keeping CLUSTER_LOG_KEEP old files, and `mscluster events
+--file` reads a rotated journal whole, oldest first, also while following it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.config import LogRotation
+from cluster.protocol.events import JobEvent
+from cluster.scheduler.event_file import EventFile, last_seq
+from cluster.storage.rotation import RotatingFile, in_order, old_file
+from cluster.tools import events as events_tool
+from tests.procs import PYTHON, ROOT
+
+SMALL = LogRotation(max_bytes=1024, keep=2)
+
+
+def event(seq: int, kind: str = "registered") -> JobEvent:
+    return JobEvent(seq, 1_700_000_000.0 + seq, kind, {"node_id": f"n{seq}", "pad": "x" * 60})
+
+
+def sizes(path: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in path.parent.iterdir()}
+
+
+def test_a_file_rotates_at_its_size_keeps_a_few_and_never_cuts_a_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = RotatingFile(path, SMALL)
+    lines = [f"line {i:04d} {'y' * 90}\n".encode() for i in range(100)]
+    for line in lines:
+        writer.write(line)
+    writer.close()
+    assert sorted(sizes(path)) == ["events.jsonl", "events.jsonl.1", "events.jsonl.2"]
+    assert all(size <= SMALL.max_bytes for size in sizes(path).values())
+    kept = b"".join(p.read_bytes() for p in in_order(path))
+    assert kept == b"".join(lines[-len(kept.splitlines()) :])  # the newest, whole, in order
+
+
+def test_a_write_larger_than_the_bound_lands_alone(tmp_path: Path) -> None:
+    path = tmp_path / "big.log"
+    writer = RotatingFile(path, SMALL)
+    writer.write(b"a\n")
+    writer.write(b"b" * 5000 + b"\n")
+    writer.write(b"c\n")
+    writer.close()
+    assert path.read_bytes() == b"c\n"
+    assert old_file(path, 1).read_bytes() == b"b" * 5000 + b"\n"
+    assert old_file(path, 2).read_bytes() == b"a\n"
+
+
+def test_a_link_planted_where_the_file_goes_is_not_written_through(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_text("kept\n")
+    path = tmp_path / "events.jsonl"
+    path.symlink_to(target)
+    with pytest.raises(OSError):
+        RotatingFile(path, SMALL).write(b"x\n")
+    assert target.read_text() == "kept\n"
+
+
+def test_the_event_log_rotates_and_mscluster_events_reads_it_whole(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventFile(path, LogRotation(max_bytes=1024, keep=100))
+    for seq in range(1, 41):
+        log.write(event(seq).to_json())
+    log.write(event(41, "finished").to_json())
+    log.close()
+    assert len(in_order(path)) > 3
+    shown = list(events_tool.from_file(path, follow=False))
+    assert [e.seq for e in shown] == list(range(1, 42))
+    assert last_seq(path) == 41
+
+
+def test_a_scheduler_started_again_numbers_on_from_a_rotated_log(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = RotatingFile(path, SMALL)
+    writer.write(f"{event(7).to_json()}\n".encode())
+    writer.close()
+    path.rename(old_file(path, 1))
+    path.write_text("")  # rotated just before the scheduler stopped
+    assert last_seq(path) == 7
+
+
+def test_only_the_newest_keep_files_are_kept(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventFile(path, SMALL)
+    for seq in range(1, 200):
+        log.write(event(seq).to_json())
+    log.close()
+    assert sorted(sizes(path)) == ["events.jsonl", "events.jsonl.1", "events.jsonl.2"]
+    assert sum(sizes(path).values()) <= (1 + SMALL.keep) * SMALL.max_bytes
+    shown = [e.seq for e in events_tool.from_file(path, follow=False)]
+    assert shown == list(range(shown[0], 200))  # the newest, in order, none twice
+
+
+def test_following_a_log_goes_on_across_its_rotations(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = RotatingFile(path, SMALL)
+    writer.write(f"{event(1).to_json()}\n".encode())
+    followed = events_tool.from_file(path, follow=True, poll_s=0.01)
+    assert next(followed).seq == 1
+    expected = 2
+    for seq in range(2, 40):  # 7 events a file: a rotation between two reads, now and then
+        writer.write(f"{event(seq).to_json()}\n".encode())
+        if seq % 10 == 0:
+            got = [next(followed).seq for _ in range(expected, seq + 1)]
+            assert got == list(range(expected, seq + 1))
+            expected = seq + 1
+    writer.write(f"{event(40, 'finished').to_json()}\n".encode())
+    assert [e.seq for e in followed] == list(range(expected, 41))
+    writer.close()
+
+
+def test_following_starts_with_the_old_files(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = RotatingFile(path, LogRotation(max_bytes=1024, keep=100))
+    for seq in range(1, 30):
+        writer.write(f"{event(seq).to_json()}\n".encode())
+    writer.write(f"{event(30, 'finished').to_json()}\n".encode())
+    writer.close()
+    assert old_file(path, 1).exists()
+    assert [e.seq for e in events_tool.from_file(path, follow=True, poll_s=0.01)] == list(
+        range(1, 31)
+    )
+
+
+LOGGING_SCRIPT = textwrap.dedent(
+    """
+    import logging, sys
+    from pathlib import Path
+    from cluster.api.runtime import configure_logging
+    from cluster.protocol.config import LogRotation, ObserveConfig
+    path = Path(sys.argv[1])
+    configure_logging("scheduler", ObserveConfig(log_file=path, rotation=LogRotation(2048, 2)))
+    log = logging.getLogger("cluster.scheduler")
+    for i in range(300):
+        log.info("refused node %r: line %d", "x" * 40, i)
+        if i % 50 == 0:
+            print(f"stdout line {i}", flush=True)
+            sys.stderr.write(f"stderr line {i}\\n")
+    log.info("the last line")
+    """
+)
+
+
+def test_the_scheduler_log_is_its_stderr_and_it_rotates_it(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.log"
+    path.write_text("before logging started\n")  # what the launcher's redirection got
+    done = subprocess.run(
+        [PYTHON, "-c", LOGGING_SCRIPT, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == done.stderr == ""  # all of it went to the file
+    assert sorted(sizes(path)) == ["scheduler.log", "scheduler.log.1", "scheduler.log.2"]
+    assert all(size <= 2048 + 200 for size in sizes(path).values())
+    text = "".join(p.read_text() for p in in_order(path))
+    assert text.endswith("cluster[scheduler]: the last line\n")
+    assert "stdout line 250" in text
+    assert "stderr line 250" in text
+
+
+def test_an_unwritable_log_file_is_one_line(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    done = subprocess.run(
+        [PYTHON, "-c", LOGGING_SCRIPT, str(blocked / "scheduler.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "CLUSTER_LOG_FILE=" in done.stderr
+    assert "cannot be written" in done.stderr

@@ -199,7 +199,11 @@ def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
 
     def register(node_id: str, job_secret: bytes | None) -> pb.Refusal:
         identity = NodeIdentity(node_id, new_incarnation(), "127.0.0.1", 4444)
-        request = pb.WatchRequest(register=register_request(config, identity, "", job_secret))
+        asked = stub.Challenge(pb.ChallengeRequest(), timeout=CALL_S)  # as a real node does
+        registration = register_request(
+            config, identity, "", job_secret, challenge=(asked.challenge, asked.job_id)
+        )
+        request = pb.WatchRequest(register=registration)
         call = stub.Watch(request, timeout=CALL_S)
         try:
             first = next(iter(call))

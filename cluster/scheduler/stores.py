@@ -70,11 +70,12 @@ def etcd_login(auth: EtcdAuth | None) -> tuple[str, str] | None:
             "etcd user's password"
         ) from None
     with os.fdopen(fd, "rb") as file:
-        mode = os.fstat(file.fileno()).st_mode
+        info = os.fstat(file.fileno())
         data = file.read(4097)
+    mode = info.st_mode
     if not stat.S_ISREG(mode):
         raise ConfigError(f"{where} is not a regular file: point it at the password file")
-    if mode & 0o077:
+    if mode & 0o077 and not _kubernetes_secret(info):
         raise ConfigError(
             f"{where} is open to other users (mode {stat.S_IMODE(mode):04o}), so etcd's "
             f"password is too: `chmod 600 {path}` (0600 or stricter)"
@@ -86,6 +87,13 @@ def etcd_login(auth: EtcdAuth | None) -> tuple[str, str] | None:
             "etcd user's password in it, alone on one line"
         )
     return auth.user, password
+
+
+def _kubernetes_secret(info: os.stat_result) -> bool:
+    """A file only root and this process's own group may read, as the kubelet mounts a Secret
+    for a pod's fsGroup (root:fsGroup, 0440): no other user of the host is in that group."""
+    groups = {os.getegid(), *os.getgroups()}
+    return info.st_mode & 0o077 == 0o040 and info.st_uid == 0 and info.st_gid in groups
 
 
 async def open_etcd(

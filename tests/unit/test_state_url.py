@@ -3,6 +3,7 @@ names the variable, the value and the rule."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,7 @@ def test_a_password_file_is_read_when_only_its_owner_may(tmp_path: Path) -> None
     ("mode", "content", "said"),
     [
         (0o644, "s3cret", "is open to other users (mode 0644)"),
-        (0o640, "s3cret", "is open to other users (mode 0640)"),
+        (0o604, "s3cret", "is open to other users (mode 0604)"),
         (0o660, "s3cret", "chmod 600"),
         (0o600, "\n", "is empty"),
         (None, "", "cannot be read (No such file or directory)"),
@@ -180,3 +181,19 @@ def test_a_password_file_behind_a_link_is_not_followed(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(target)
     with pytest.raises(ConfigError, match="cannot be read"):
         etcd_login(EtcdAuth("job", tmp_path / "link"))
+
+
+def test_a_password_file_of_root_readable_by_our_group_is_a_kubernetes_secret(
+    tmp_path: Path,
+) -> None:
+    """The kubelet mounts a Secret for the pod's fsGroup as root:fsGroup 0440: taken when the
+    group is this process's; any other group, or a group that may write, is refused."""
+    path = tmp_path / "pw"
+    path.write_text("s3cret\n")
+    os.chown(path, 0, os.getegid())
+    path.chmod(0o440)
+    if os.geteuid() == 0:  # root may chown: the file's group is ours
+        assert etcd_login(EtcdAuth("job", path)) == ("job", "s3cret")
+    path.chmod(0o460)
+    with pytest.raises(ConfigError, match="mode 0460"):
+        etcd_login(EtcdAuth("job", path))

@@ -170,10 +170,13 @@ def wait_epoch(proc: Process, epoch: int, job: list[Process]) -> None:
 
 def status(local: LocalCluster, pod: kube.Pod) -> dict[str, Any]:
     """`mscluster status --json` as `kubectl exec` into the scheduler's pod would run it, by the
-    pod's Service name (the name its certificate carries), with the pod's TLS config."""
+    pod's Service name (the name its certificate carries), with the pod's TLS config and job
+    secret (the container's environment has CLUSTER_JOB_SECRET_FILE)."""
     name = f"{pod.name}.cluster-scheduler"
-    tls = local.root / "pods" / pod.name / "volumes" / "tls" / "ssl.json"
-    argv = ["mscluster", "status", "--addr", f"{name}:8118", "--json", "--tls-config", str(tls)]
+    volumes = local.root / "pods" / pod.name / "volumes"
+    tls = volumes / "tls" / "ssl.json"
+    argv = ["env", f"CLUSTER_JOB_SECRET_FILE={volumes / 'job-secret' / 'job.secret'}"]
+    argv += ["mscluster", "status", "--addr", f"{name}:8118", "--json", "--tls-config", str(tls)]
     done = local.run(argv, 60)
     assert done.returncode == 0, done.stdout + done.stderr
     return cast("dict[str, Any]", json.loads(done.stdout))

@@ -31,9 +31,10 @@ IMAGE_ROOT = "/opt/cluster"  # deploy/kubernetes/Dockerfile: COPY . /opt/cluster
 
 def image_env() -> dict[str, str]:
     """The image's environment: its ENV, and a PATH on which `python` and `mscluster` are this
-    checkout's."""
+    checkout's (PYTHONPATH too: the venv's editable install may be another checkout's)."""
     return {
         "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -176,6 +176,11 @@ class EtcdUnavailable(StateFileError):
     """No member of the etcd cluster answered."""
 
 
+class EtcdRefused(StateFileError):
+    """etcd answered but refused this client: authentication required, a wrong user or password,
+    or no permission on the job's prefix. Retrying cannot help; the operator must."""
+
+
 class NotLeaderAnswer(SchedulerUnreachableError):
     """The scheduler asked for the job's status stands by: it has no job of its own; `leader`
     has ("" none leads right now)."""

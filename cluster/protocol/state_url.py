@@ -3,6 +3,9 @@
     etcd://HOST:PORT[,HOST:PORT...]/PREFIX     etcd v3, plaintext
     etcds://HOST:PORT[,HOST:PORT...]/PREFIX    etcd v3 over TLS (see `EtcdTLS`)
 
+Either may log in to an etcd with authentication on (`EtcdAuth`: CLUSTER_ETCD_USER, the
+password in CLUSTER_ETCD_PASSWORD_FILE).
+
 The prefix names the job: every key of its state lives under it, so several jobs share one etcd
 cluster with a prefix each. Pure: `parse_state_url` takes a string and raises ConfigError naming
 the variable, the value and the rule; nothing here opens a file or a connection.
@@ -43,6 +46,23 @@ class EtcdTLS:
 
 
 @dataclass(frozen=True)
+class EtcdAuth:
+    """etcd's user/password authentication: the user (CLUSTER_ETCD_USER) and the file that holds
+    its password (CLUSTER_ETCD_PASSWORD_FILE, 0600 or stricter). Only the path: the scheduler
+    opens it (`cluster.scheduler.stores`). Never a password in argv or the environment, where
+    `ps e`, /proc/PID/environ, child processes and a pod's spec would show it."""
+
+    user: str
+    password_file: Path
+
+
+USER_ENV = "CLUSTER_ETCD_USER"
+PASSWORD_FILE_ENV = "CLUSTER_ETCD_PASSWORD_FILE"  # noqa: S105 - a variable name
+# etcd's own limit on a user name is none; this one keeps a name printable in one line.
+_MAX_USER_CHARS = 128
+
+
+@dataclass(frozen=True)
 class StateUrl:
     """A parsed CLUSTER_STATE_URL."""
 
@@ -50,6 +70,7 @@ class StateUrl:
     prefix: str  # "/jobs/a/": starts and ends with one "/"
     tls: bool = False
     tls_files: EtcdTLS = field(default_factory=EtcdTLS)
+    auth: EtcdAuth | None = None
 
     def __str__(self) -> str:
         hosts = ",".join(_endpoint(host, port) for host, port in self.endpoints)
@@ -140,7 +161,37 @@ def state_url_from_env(env: Mapping[str, str], given: str | None = None) -> Stat
             f"CLUSTER_ETCD_*_FILE are set, but the state URL {str(url)!r} is plaintext: use "
             "etcds:// to speak TLS to etcd"
         )
-    return StateUrl(url.endpoints, url.prefix, url.tls, files)
+    return StateUrl(url.endpoints, url.prefix, url.tls, files, etcd_auth_from_env(env))
+
+
+def etcd_auth_from_env(env: Mapping[str, str]) -> EtcdAuth | None:
+    """CLUSTER_ETCD_USER with CLUSTER_ETCD_PASSWORD_FILE; None when neither is set."""
+    if env.get("CLUSTER_ETCD_PASSWORD", ""):
+        raise ConfigError(
+            "CLUSTER_ETCD_PASSWORD is not read (a password in the environment is shown to "
+            f"child processes and in a pod's spec): write it to a file, `chmod 600` it and set "
+            f"{PASSWORD_FILE_ENV} to its path"
+        )
+    user = env.get(USER_ENV, "").strip()
+    path = env.get(PASSWORD_FILE_ENV, "").strip()
+    if not user and not path:
+        return None
+    if not path:
+        raise ConfigError(
+            f"{USER_ENV}={user!r} needs its password: set {PASSWORD_FILE_ENV} to a file that "
+            "holds it (mode 0600)"
+        )
+    if not user:
+        raise ConfigError(
+            f"{PASSWORD_FILE_ENV}={path!r} is set without a user: set {USER_ENV} to the etcd "
+            "user whose password it holds"
+        )
+    if len(user) > _MAX_USER_CHARS or any(c.isspace() or not c.isprintable() for c in user):
+        raise ConfigError(
+            f"{USER_ENV}={user[:_MAX_USER_CHARS]!r} is no etcd user name: at most "
+            f"{_MAX_USER_CHARS} printable characters without spaces"
+        )
+    return EtcdAuth(user, Path(path))
 
 
 def lease_from_env(env: Mapping[str, str]) -> int:

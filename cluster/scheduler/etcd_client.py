@@ -3,9 +3,19 @@
 aetcd (the maintained asyncio etcd v3 client) talks to one endpoint over a plaintext channel.
 This module gives it what a scheduler needs beyond that: every endpoint of CLUSTER_STATE_URL,
 tried in turn when the current one fails (a killed or partitioned member costs one request
-timeout, not the job), and mutual TLS for etcds:// (grpc credentials made here, with the
-server name of each endpoint). Each client is handed a channel made here; the requests, the
-leases and the watches are aetcd's.
+timeout, not the job), mutual TLS for etcds:// (grpc credentials made here, with the
+server name of each endpoint), and etcd's user/password authentication. Each client is handed a
+channel made here; the requests, the leases and the watches are aetcd's.
+
+Authentication is etcd's token flow, done here: aetcd logs in only inside its own `connect()`,
+which makes a plaintext channel to one address and which we bypass (`_attach`), and it never
+logs in again when a token ends. So each client calls `Auth.Authenticate` on its channel before
+its first request, sends the token as the `token` metadata of every call (aetcd reads
+`client.metadata`), and logs in again, once, when etcd says the token is no longer valid
+(etcd's simple tokens end after --auth-token-ttl idle seconds, and on a password change).
+
+A refusal that retrying cannot cure (authentication required, a wrong user or password, no
+permission on the prefix) is an `EtcdRefused` in one line that says what to set.
 
 Every failure that names etcd becomes a StateFileError (`EtcdUnavailable` when no member
 answered), so the scheduler's saving treats it as any failed save: retried, never told.
@@ -23,8 +33,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from cluster.protocol.errors import ConfigError, EtcdUnavailable, StateFileError
-from cluster.protocol.state_url import StateUrl
+from cluster.protocol.errors import ConfigError, EtcdRefused, EtcdUnavailable, StateFileError
+from cluster.protocol.state_url import PASSWORD_FILE_ENV, USER_ENV, StateUrl
 
 if TYPE_CHECKING:
     import aetcd
@@ -73,7 +83,9 @@ class EtcdConnection:
         credentials: EtcdCredentials | None = None,
         *,
         timeout_s: float = 2.0,
+        login: tuple[str, str] | None = None,
     ) -> None:
+        """`login`: (user, password) for an etcd with authentication on."""
         if url.tls and credentials is None:
             raise ConfigError(f"{url} uses TLS (etcds://) but no CA was given for it")
         self.url = url
@@ -83,6 +95,8 @@ class EtcdConnection:
         self._clients: dict[int, aetcd.Client] = {}
         self._current = 0
         self.last_error = ""
+        self._login = login
+        self._logged_in: set[int] = set()  # the endpoints whose client holds a token
 
     @property
     def endpoint(self) -> str:
@@ -122,10 +136,13 @@ class EtcdConnection:
         for step in range(count):
             index = (self._current + step) % count
             try:
-                result = await request(self.client(index))
+                result = await self._request(index, request)
+            except EtcdRefused:
+                raise
             except Exception as exc:
                 problem = describe(exc)
                 if not unavailable(exc):
+                    self._refused(exc)
                     raise StateFileError(f"etcd refused to {what}: {problem}") from None
                 errors.append(f"{self._name(index)}: {problem}")
                 continue
@@ -138,6 +155,73 @@ class EtcdConnection:
         raise EtcdUnavailable(
             f"cannot {what}: no etcd member of {self.url} answered ({self.last_error})"
         )
+
+    async def _request(self, index: int, request: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+        """`request` on endpoint `index`, logged in first where a login is set; once more
+        after logging in again when etcd says the token is no longer valid."""
+        client = self.client(index)
+        if self._login is None:
+            return await request(client)
+        if index not in self._logged_in:
+            await self._authenticate(index, client)
+        try:
+            return await request(client)
+        except Exception as exc:
+            if not token_ended(exc):
+                raise
+        log.info("etcd: the token of %s ended; logging in again", self._name(index))
+        await self._authenticate(index, client)
+        return await request(client)
+
+    async def _authenticate(self, index: int, client: aetcd.Client) -> None:
+        """Log in on `client`'s channel; its token goes in the metadata of its later calls."""
+        assert self._login is not None
+        user, password = self._login
+        self._logged_in.discard(index)
+        rpc = self._aetcd.rpc
+        try:
+            reply = await rpc.AuthStub(client.channel).Authenticate(
+                rpc.AuthenticateRequest(name=user, password=password), timeout=self.timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            details = exc.details() or ""
+            if "authentication is not enabled" in details:
+                log.warning(
+                    "etcd at %s has authentication off: %s is not needed there, and the "
+                    "job's keys are open to whoever reaches etcd",
+                    self._name(index),
+                    USER_ENV,
+                )
+                reply = None
+            elif "invalid user ID or password" in details:
+                raise EtcdRefused(
+                    f"etcd at {self.url} refused the scheduler: wrong user or password (user "
+                    f"{user!r}): set {USER_ENV} and {PASSWORD_FILE_ENV}"
+                ) from None
+            else:
+                raise
+        metadata = None if reply is None else (("token", reply.token),)
+        client.metadata = metadata
+        client._watcher._metadata = metadata
+        self._logged_in.add(index)
+
+    def _refused(self, exc: BaseException) -> None:
+        """Raise EtcdRefused when `exc` is etcd refusing this client itself."""
+        details = describe(exc)
+        if "user name is empty" in details or (
+            self._login is None and "invalid auth token" in details
+        ):
+            raise EtcdRefused(
+                f"etcd at {self.url} refused the scheduler: authentication required: set "
+                f"{USER_ENV} and {PASSWORD_FILE_ENV}"
+            )
+        if _status(exc) is grpc.StatusCode.PERMISSION_DENIED:
+            who = "the anonymous user" if self._login is None else f"user {self._login[0]!r}"
+            raise EtcdRefused(
+                f"etcd at {self.url} refused the scheduler: {who} may not read and write "
+                f"{self.url.prefix}: grant its role readwrite on that prefix (etcdctl role "
+                f"grant-permission ROLE --prefix=true readwrite {self.url.prefix})"
+            )
 
     def _name(self, index: int) -> str:
         host, port = self.url.endpoints[index]
@@ -201,6 +285,16 @@ def unavailable(exc: BaseException) -> bool:
         "WatchTimeoutError",
         "ClientError",
     }
+
+
+# What etcd says of a token it no longer knows (ended, or its user's password changed) or of one
+# issued before the auth store changed (a role granted, a user added): log in again.
+_TOKEN_ENDED = ("invalid auth token", "revision of auth store is old")
+
+
+def token_ended(exc: BaseException) -> bool:
+    details = describe(exc)
+    return any(said in details for said in _TOKEN_ENDED)
 
 
 def describe(exc: BaseException) -> str:

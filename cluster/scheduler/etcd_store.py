@@ -353,4 +353,4 @@ async def _range(
     from aetcd import rpc  # noqa: PLC0415 - aetcd only when an etcd URL is used
 
     request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
-    return await client.kvstub.Range(request, timeout=client._timeout)
+    return await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)

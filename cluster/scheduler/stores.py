@@ -8,11 +8,12 @@ ConfigError), not as a traceback from the first save.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from cluster.protocol.config import TLSOptions
-from cluster.protocol.errors import ConfigError, StateFileError
-from cluster.protocol.state_url import StateUrl
+from cluster.protocol.errors import ConfigError, EtcdRefused, StateFileError
+from cluster.protocol.state_url import PASSWORD_FILE_ENV, EtcdAuth, StateUrl
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import StateStore
 from cluster.transport import tls as tls_module
@@ -54,6 +55,47 @@ def etcd_credentials(url: StateUrl, job_tls: TLSOptions | None) -> object | None
     return EtcdCredentials(ca, chain, key)
 
 
+def etcd_login(auth: EtcdAuth | None) -> tuple[str, str] | None:
+    """(user, password) for etcd's authentication, the password read from its file: a
+    ConfigError when the file is missing, empty, or open to anyone but its owner."""
+    if auth is None:
+        return None
+    path = auth.password_file
+    where = f"{PASSWORD_FILE_ENV}={str(path)!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(
+            f"{where} cannot be read ({exc.strerror}): point it at the file that holds the "
+            "etcd user's password"
+        ) from None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        data = file.read(4097)
+    mode = info.st_mode
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"{where} is not a regular file: point it at the password file")
+    if mode & 0o077 and not _kubernetes_secret(info):
+        raise ConfigError(
+            f"{where} is open to other users (mode {stat.S_IMODE(mode):04o}), so etcd's "
+            f"password is too: `chmod 600 {path}` (0600 or stricter)"
+        )
+    password = data.decode("utf-8", errors="replace").rstrip("\r\n")
+    if not password or len(data) > 4096:
+        raise ConfigError(
+            f"{where} is {'empty' if not password else 'over 4 KiB'}: write the "
+            "etcd user's password in it, alone on one line"
+        )
+    return auth.user, password
+
+
+def _kubernetes_secret(info: os.stat_result) -> bool:
+    """A file only root and this process's own group may read, as the kubelet mounts a Secret
+    for a pod's fsGroup (root:fsGroup, 0440): no other user of the host is in that group."""
+    groups = {os.getegid(), *os.getgroups()}
+    return info.st_mode & 0o077 == 0o040 and info.st_uid == 0 and info.st_gid in groups
+
+
 async def open_etcd(
     url: StateUrl, address: str, lease_s: int, job_tls: TLSOptions | None = None
 ) -> StateStore:
@@ -65,10 +107,15 @@ async def open_etcd(
 
     credentials = etcd_credentials(url, job_tls)
     assert credentials is None or isinstance(credentials, EtcdCredentials)
-    connection = EtcdConnection(url, credentials, timeout_s=request_timeout(lease_s))
+    connection = EtcdConnection(
+        url, credentials, timeout_s=request_timeout(lease_s), login=etcd_login(url.auth)
+    )
     store = EtcdStore(connection, EtcdElection(connection, address, lease_s))
     try:
         await store.election.leader()  # one read: is etcd there, and does it take us?
+    except EtcdRefused as exc:
+        await store.close()
+        raise ConfigError(str(exc)) from None
     except StateFileError as exc:
         await store.close()
         raise ConfigError(

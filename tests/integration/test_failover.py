@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -37,10 +38,17 @@ class HaJob:
     """Two schedulers on etcd and WORKERS workers of train_mlp.py that know both."""
 
     def __init__(
-        self, processes: Procs, tmp: Path, etcd: EtcdCluster, lease_s: int = LEASE_S
+        self,
+        processes: Procs,
+        tmp: Path,
+        etcd: EtcdCluster,
+        lease_s: int = LEASE_S,
+        scheduler_env: Mapping[str, str] | None = None,
     ) -> None:
+        """`scheduler_env`: more variables for the schedulers (an etcd login)."""
         self.processes = processes
         self.lease_s = lease_s
+        self.scheduler_env = dict(scheduler_env or {})
         self.port = free_port()
         self.url = etcd.state_url()
         self.out = tmp / "ha"
@@ -68,7 +76,7 @@ class HaJob:
         return self.processes.start(
             f"scheduler-{host}",
             [PYTHON, "-m", "cluster", "scheduler", *args],
-            job_env(WORKERS, self.port),
+            job_env(WORKERS, self.port, **self.scheduler_env),
         )
 
     def role(self, host: str) -> str:

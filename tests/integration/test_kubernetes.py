@@ -61,7 +61,9 @@ def test_every_variant_is_what_the_readme_says(variant: str) -> None:
     (box,) = template["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in box["ports"]}
     assert ports["grpc"] == int(config["MS_SCHED_PORT"])
-    assert box["livenessProbe"]["grpc"]["port"] == ports["grpc"]
+    # TCP probes: the port speaks mutual TLS, which the kubelet's gRPC probe cannot.
+    assert box["livenessProbe"]["tcpSocket"]["port"] == ports["grpc"]
+    assert box["readinessProbe"]["tcpSocket"]["port"] == ports["grpc"]
     annotations = template["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     metrics = [e["value"] for e in box["env"] if e["name"] == "CLUSTER_METRICS_PORT"]
@@ -115,9 +117,16 @@ def network_or_skip() -> None:
         pytest.skip(why)
 
 
-def job_secrets() -> dict[str, dict[str, bytes]]:
-    # What `kubectl create secret generic cluster-job-secret --from-file=job.secret` holds.
-    return {"cluster-job-secret": {"job.secret": secrets.token_hex(32).encode()}}
+def job_secrets(objects: list[kube.Manifest], tmp_path: Path) -> dict[str, dict[str, bytes]]:
+    """What the README's `kubectl create secret` commands make: the job secret, and the
+    certificates of `mscluster certs` for the schedulers' Service names (TLS is on)."""
+    hosts = kube.find(objects, "ConfigMap", "cluster-job")["data"]["MS_SCHED_HOST"].split(",")
+    made = tmp_path / "tls"
+    certs.make_pki(made, hosts=hosts)
+    return {
+        "cluster-job-secret": {"job.secret": secrets.token_hex(32).encode()},
+        "cluster-tls": {f.name: f.read_bytes() for f in made.iterdir()},
+    }
 
 
 def start_schedulers(local: LocalCluster) -> tuple[kube.Manifest, list[Process], list[kube.Pod]]:
@@ -128,18 +137,23 @@ def start_schedulers(local: LocalCluster) -> tuple[kube.Manifest, list[Process],
 
 
 def wait_serving(local: LocalCluster, pod: kube.Pod, port: int) -> None:
-    """The kubelet's gRPC probe: grpc.health.v1 Check on the pod's IP answers SERVING."""
+    """The manifests' tcpSocket probe (the port speaks mutual TLS): a connection to the pod's
+    IP is accepted, within a bound."""
     probe = (
-        "import grpc, sys\n"
-        "from grpc_health.v1 import health_pb2, health_pb2_grpc\n"
-        "channel = grpc.insecure_channel(sys.argv[1])\n"
-        "grpc.channel_ready_future(channel).result(timeout=30)\n"
-        "reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), "
-        "timeout=5)\n"
-        "print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))\n"
+        "import socket, sys, time\n"
+        "end = time.monotonic() + 30\n"
+        "while True:\n"
+        "    try:\n"
+        "        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        if time.monotonic() > end:\n"
+        "            raise\n"
+        "        time.sleep(0.1)\n"
+        "print('listening')\n"
     )
-    done = local.run(["python", "-c", probe, f"{pod.ip}:{port}"], timeout_s=60)
-    assert done.stdout.strip() == "SERVING", done.stdout + done.stderr
+    done = local.run(["python", "-c", probe, pod.ip, str(port)], timeout_s=60)
+    assert done.stdout.strip() == "listening", done.stdout + done.stderr
 
 
 def wait_epoch(proc: Process, epoch: int, job: list[Process]) -> None:
@@ -154,11 +168,16 @@ def wait_epoch(proc: Process, epoch: int, job: list[Process]) -> None:
     wait_until(reached, JOB_S, f"{proc.name} in epoch {epoch}")
 
 
-def status(local: LocalCluster, pod: kube.Pod, *tls: str) -> dict[str, Any]:
+def status(local: LocalCluster, pod: kube.Pod) -> dict[str, Any]:
     """`mscluster status --json` as `kubectl exec` into the scheduler's pod would run it, by the
-    pod's Service name (the name its certificate carries)."""
+    pod's Service name (the name its certificate carries), with the pod's TLS config and job
+    secret (the container's environment has CLUSTER_JOB_SECRET_FILE)."""
     name = f"{pod.name}.cluster-scheduler"
-    done = local.run(["mscluster", "status", "--addr", f"{name}:8118", "--json", *tls], 60)
+    volumes = local.root / "pods" / pod.name / "volumes"
+    tls = volumes / "tls" / "ssl.json"
+    argv = ["env", f"CLUSTER_JOB_SECRET_FILE={volumes / 'job-secret' / 'job.secret'}"]
+    argv += ["mscluster", "status", "--addr", f"{name}:8118", "--json", "--tls-config", str(tls)]
+    done = local.run(argv, 60)
     assert done.returncode == 0, done.stdout + done.stderr
     return cast("dict[str, Any]", json.loads(done.stdout))
 
@@ -176,7 +195,9 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
 ) -> None:
     # The spares Job scaled to 0 (its pods are not started): the job waits for the replacement.
     objects = kube.load_kustomization(DEPLOY / "directory")
-    with local_cluster(objects, job_secrets(), tmp_path / "k8s", processes) as local:
+    with local_cluster(
+        objects, job_secrets(objects, tmp_path), tmp_path / "k8s", processes
+    ) as local:
         _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
         wait_serving(local, scheduler_pod, 8118)
         job, workers = start_workers(local)
@@ -217,7 +238,9 @@ def test_directory_variant_with_its_spare_replaces_a_killed_worker_pod_at_once(
     # is killed: the spare takes rank 2 at once (no MS_NODE_TIMEOUT wait); the Job's new pod of
     # index 2 waits out its guard and comes back as a spare; every process exits 0.
     objects = kube.load_kustomization(DEPLOY / "directory")
-    with local_cluster(objects, job_secrets(), tmp_path / "k8s", processes) as local:
+    with local_cluster(
+        objects, job_secrets(objects, tmp_path), tmp_path / "k8s", processes
+    ) as local:
         _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
         wait_serving(local, scheduler_pod, 8118)
         job, workers = start_workers(local)
@@ -244,26 +267,36 @@ def test_directory_variant_with_its_spare_replaces_a_killed_worker_pod_at_once(
     assert kinds[-1] == "finished"
 
 
-@pytest.mark.timeout(300)
-def test_directory_variant_with_mutual_tls_from_its_secret(
-    network_or_skip: None, tmp_path: Path, processes: Procs
-) -> None:
-    # The README's steps: the certificates name the scheduler's Service name; the Secret holds
-    # every file; the ConfigMap turns TLS on.
-    objects = kube.load_kustomization(DEPLOY / "directory")
-    config = kube.find(objects, "ConfigMap", "cluster-job")["data"]
-    config["CLUSTER_TLS_CONFIG"] = "/etc/cluster/tls/ssl.json"
-    made = tmp_path / "tls"
-    certs.make_pki(made, hosts=[config["MS_SCHED_HOST"]])
-    found = {"cluster-tls": {f.name: f.read_bytes() for f in made.iterdir()}, **job_secrets()}
-    with local_cluster(objects, found, tmp_path / "k8s", processes) as local:
-        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
-        _, workers = start_workers(local)
-        wait_epoch(workers[0], 2, [scheduler, *workers])
-        tls = local.root / "pods" / scheduler_pod.name / "volumes" / "tls" / "ssl.json"
-        assert status(local, scheduler_pod, "--tls-config", str(tls))["phase"] == "ready"
-        for proc in [*workers, scheduler]:
-            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+def test_tls_is_on_by_default_and_every_pod_needs_its_secret() -> None:
+    for variant in ("directory", "etcd"):
+        objects = kube.load_kustomization(DEPLOY / variant)
+        config = kube.find(objects, "ConfigMap", "cluster-job")["data"]
+        assert config["CLUSTER_TLS_CONFIG"] == "/etc/cluster/tls/ssl.json"
+        for obj in objects:
+            spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+            for volume in spec.get("volumes", []):
+                if "secret" in volume:
+                    assert not volume["secret"].get("optional"), (obj["metadata"], volume)
+
+
+def test_every_pod_is_closed_by_default() -> None:
+    """No service-account token, seccomp, non-root, a read-only root with writable volumes
+    only where needed, no capability, limits on every container."""
+    objects = kube.load_kustomization(DEPLOY / "etcd") + kube.load_kustomization(DEPLOY / "base")
+    for obj in objects:
+        spec = obj.get("spec", {}).get("template", {}).get("spec")
+        if spec is None:
+            continue
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for box in kube.containers(obj):
+            context = box["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert {"cpu", "memory"} <= set(box["resources"]["limits"])
+            assert {"cpu", "memory"} <= set(box["resources"]["requests"])
 
 
 def finished_as_without_the_kill(
@@ -322,14 +355,16 @@ def test_etcd_variant_survives_the_leader_pod(
             "standby schedulers on etcd (`mscluster scheduler --state-url`, CLUSTER_STATE_URL, "
             "MS_SCHED_HOST=h1,h2; issue #14, branch ha) are not on this branch yet"
         )
-    etcd = request.getfixturevalue("etcd_cluster")
+    # Your etcd with authentication on, and its user for the job: the fixture's.
+    etcd = request.getfixturevalue("etcd_auth_cluster")
     objects = kube.load_kustomization(DEPLOY / "etcd")
     config = kube.find(objects, "ConfigMap", "cluster-job")
-    config["data"]["CLUSTER_STATE_URL"] = etcd.state_url()  # your etcd's Service: the fixture's
+    config["data"]["CLUSTER_STATE_URL"] = etcd.state_url()
+    config["data"]["CLUSTER_ETCD_USER"] = etcd.user
+    found = job_secrets(objects, tmp_path)
+    found["cluster-etcd-login"] = {"password": etcd.password.encode()}
     # On this host's network, to reach the etcd fixture; each pod on an address of its own.
-    with local_cluster(
-        objects, job_secrets(), tmp_path / "k8s", processes, private_network=False
-    ) as local:
+    with local_cluster(objects, found, tmp_path / "k8s", processes, private_network=False) as local:
         _, schedulers, scheduler_pods = start_schedulers(local)
         _, workers = start_workers(local)
         wait_epoch(workers[0], 3, [*schedulers, *workers])

@@ -16,12 +16,16 @@ Fixtures:
   and start members freely; one that changes the cluster's membership or auth should take its
   own cluster from `make_etcd_cluster`.
 - `make_etcd_cluster(n=3)`: clusters of the test's own, closed after it.
+- `etcd_auth_cluster`: a 1-member cluster with authentication on (a `root` user, `auth enable`),
+  shared by the tests of a module; each test gets a fresh prefix and a user of its own
+  (`etcd_auth_cluster.user`, `.password`) whose role may read and write that prefix only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import uuid
@@ -115,6 +119,11 @@ class EtcdCluster:
         self.prefix = "/"  # the fixture gives each test its own
         self.listen_any = listen_any
         self._bootstraps = 0
+        # With authentication on (`enable_auth`): root's password, which etcdctl then logs in
+        # with, and the test's own user (`add_user`).
+        self.root_password = ""
+        self.user = ""
+        self.password = ""
 
     # -- what tests use ------------------------------------------------------------------------
 
@@ -215,14 +224,26 @@ class EtcdCluster:
         )
 
     def etcdctl(
-        self, *args: str, endpoints: list[str] | None = None, timeout_s: float = COMMAND_TIMEOUT_S
+        self,
+        *args: str,
+        endpoints: list[str] | None = None,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+        stdin: str | None = None,
     ) -> str:
-        """Run `etcdctl --endpoints=... args` against the cluster (or `endpoints`); its stdout.
-        A failure raises ServerError with its output."""
+        """Run `etcdctl --endpoints=... args` against the cluster (or `endpoints`), `stdin` on
+        its standard input; its stdout. A failure raises ServerError with its output."""
         command = ["etcdctl", f"--endpoints={','.join(endpoints or self.endpoints)}", *args]
+        if self.root_password:  # a test cluster's password: argv is fine here
+            command.insert(2, f"--user=root:{self.root_password}")
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout_s, env=_env(), check=False
+                command,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=_env(),
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise ServerError(f"{' '.join(command)} did not end within {timeout_s:g} s") from exc
@@ -231,6 +252,24 @@ class EtcdCluster:
                 f"{' '.join(command)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
             )
         return done.stdout
+
+    def enable_auth(self) -> None:
+        """Turn etcd's authentication on: a `root` user (etcd's rule: it must exist first) with a
+        random password, which `etcdctl` uses from then on."""
+        password = secrets.token_hex(12)
+        self.etcdctl("user", "add", f"root:{password}", "--interactive=false")
+        self.etcdctl("auth", "enable")
+        self.root_password = password
+
+    def add_user(self, user: str, prefix: str) -> str:
+        """A user whose role may read and write the keys under `prefix` only; its password."""
+        password = secrets.token_hex(12)
+        role = f"{user}-role"
+        self.etcdctl("role", "add", role)
+        self.etcdctl("role", "grant-permission", role, "--prefix=true", "readwrite", prefix)
+        self.etcdctl("user", "add", f"{user}:{password}", "--interactive=false")
+        self.etcdctl("user", "grant-role", user, role)
+        return password
 
     def leader(self) -> int:
         """The index of the member that leads now, as the running members see it."""
@@ -330,6 +369,37 @@ def etcd_cluster(_etcd_module_cluster: EtcdCluster, request: pytest.FixtureReque
     cluster = _etcd_module_cluster
     cluster.heal()
     cluster.prefix = f"/tests/{uuid.uuid4().hex[:12]}/"
+    for member in cluster.members:
+        attach_log(request.node, member.process.name, member.process.log)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def _etcd_auth_module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    require(why_unavailable())
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-auth"), n=1)
+    try:
+        cluster.start()
+        cluster.enable_auth()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def etcd_auth_cluster(
+    _etcd_auth_module_cluster: EtcdCluster, request: pytest.FixtureRequest
+) -> EtcdCluster:
+    cluster = _etcd_auth_module_cluster
+    made = cluster._bootstraps
+    cluster.heal()
+    if cluster._bootstraps != made:  # made anew: without its users
+        cluster.root_password = ""
+        cluster.enable_auth()
+    tag = uuid.uuid4().hex[:12]
+    cluster.prefix = f"/tests/{tag}/"
+    cluster.user = f"job-{tag}"
+    cluster.password = cluster.add_user(cluster.user, cluster.prefix)
     for member in cluster.members:
         attach_log(request.node, member.process.name, member.process.log)
     return cluster

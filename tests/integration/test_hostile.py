@@ -333,9 +333,11 @@ def test_forged_heartbeats_do_not_keep_a_stopped_node_alive(
 # -- who may join -------------------------------------------------------------------------------
 
 
-def squat(port: int, pki: certs.Pki | None, tmp: Path, stop: threading.Event) -> list[str]:
-    """Outsiders' registrations with random ids, again and again until `stop`; what they got."""
-    got: list[str] = []
+def squat(
+    port: int, pki: certs.Pki | None, tmp: Path, stop: threading.Event, got: list[str]
+) -> None:
+    """Outsiders' registrations with random ids, again and again until `stop`; what they got is
+    appended to `got` as it comes."""
     with attacker(port, pki, tmp) as spy:
         while not stop.is_set():
             request = pb.WatchRequest(
@@ -359,7 +361,6 @@ def squat(port: int, pki: certs.Pki | None, tmp: Path, stop: threading.Event) ->
                 got.append(event.WhichOneof("kind"))
                 if event.HasField("refused"):
                     got.append(pb.RefusalReason.Name(event.refused.reason))
-    return got
 
 
 def test_outsiders_cannot_take_the_slots_of_a_job_with_a_secret(
@@ -401,17 +402,16 @@ def test_slot_squatting_against_mscluster_run_fails(
     processes: Procs, tmp_path: Path, pki: certs.Pki, tls: bool
 ) -> None:
     """Outsiders register with random ids from before the launch until the job has formed; the
-    launcher's own job secret keeps them out, and the job forms with its own workers."""
+    launcher's own job secret keeps them out, and the job forms with its own workers (which end
+    only when both squatters have been refused: `go` is touched then)."""
     port = free_port()
     go = tmp_path / "go"
-    go.touch()
     stop = threading.Event()
     got: list[list[str]] = [[], []]
-
-    def run_squatter(i: int) -> None:
-        got[i] = squat(port, pki if tls else None, tmp_path, stop)
-
-    squatters = [threading.Thread(target=run_squatter, args=(i,)) for i in range(2)]
+    squatters = [
+        threading.Thread(target=squat, args=(port, pki if tls else None, tmp_path, stop, got[i]))
+        for i in range(2)
+    ]
     for thread in squatters:
         thread.start()
     tls_args = ["--tls-config", str(pki.ssl_json)] if tls else []
@@ -423,6 +423,9 @@ def test_slot_squatting_against_mscluster_run_fails(
             [*args[:-1], *tls_args, *args[-1:], str(go)],
             env,
         )
+        refused = "REFUSAL_NOT_A_MEMBER"
+        wait_until(lambda: all(refused in g for g in got), START_S, "both squatters refused")
+        go.touch()
         assert run.wait(START_S * 2) == 0, run.output
     finally:
         stop.set()

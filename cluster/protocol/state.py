@@ -231,12 +231,17 @@ class SchedulerState(Admission, spares.SpareRules):
                 f"unique across roles, so give this {reg.role.value} another MS_NODE_ID "
                 "(e.g. 'ps0' for a parameter server)",
             ), []
+        # The same process registering again (after a cut) keeps its window: calls it made
+        # before, still on their way, are taken once, as ever. A new incarnation, or this
+        # scheduler's first sight of the node, starts one above the registration's floor.
+        again = known is not None and known.incarnation == reg.incarnation
+        kept = again and node_id in self.call_windows
         outcome = (
             self._register_new(node_id, reg, now)
             if known is None
             else self._register_known(known, reg, now)
         )
-        if isinstance(outcome[0], Accepted) and self.settings.job_secret is not None:
+        if isinstance(outcome[0], Accepted) and self.settings.job_secret is not None and not kept:
             self.call_windows[node_id] = auth.CallWindow(reg.call_seq)
         return outcome
 

@@ -42,7 +42,24 @@ class CallSigner:
         self._key = auth.call_key(secret, auth.credential_digest(credential))
         self._node_id = node_id
         self._incarnation = incarnation
-        self.seq = 0  # the last number used (a registration says it: calls go above it)
+        self.seq = 0  # the last number used
+        self._open: dict[int, None] = {}  # numbers of calls made and not yet answered
+
+    @property
+    def floor(self) -> int:
+        """What a registration says: calls go above it. Below the calls still in flight, which
+        may reach the scheduler after the registration (a queued call on a reconnected channel)
+        and must not be refused for it."""
+        return min(self._open, default=self.seq + 1) - 1
+
+    def hold(self, seqs: range) -> None:
+        """Calls numbered `seqs` are in flight."""
+        self._open.update(dict.fromkeys(seqs))
+
+    def release(self, seqs: range) -> None:
+        """Calls numbered `seqs` are answered (or given up)."""
+        for seq in seqs:
+            self._open.pop(seq, None)
 
     def metadata(self, method: str, body: bytes) -> Metadata:
         self.seq += 1

@@ -339,7 +339,7 @@ class WorkerAgent:
     async def _register_once(
         self, action: steps.Register, challenge: tuple[bytes, str]
     ) -> steps.Event:
-        seq = 0 if self._signer is None else self._signer.seq
+        seq = 0 if self._signer is None else self._signer.floor
         request = pb.WatchRequest(
             register=register_request(
                 self.config,
@@ -525,9 +525,14 @@ class WorkerAgent:
         """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
         with recovery on)."""
         while True:
-            channel = self._channel
+            channel, signer = self._channel, self._signer
+            first = 0 if signer is None else signer.seq
+            call = rpc()  # signs it, synchronously: the numbers taken since `first` are its own
+            taken = range(0) if signer is None else range(first + 1, signer.seq + 1)
+            if signer is not None:
+                signer.hold(taken)
             try:
-                return await self._guarded(rpc())
+                return await self._guarded(call)
             except asyncio.CancelledError:
                 if self._left_behind(channel):
                     continue  # on the channel closed for a new leader: made again on the new one
@@ -550,6 +555,9 @@ class WorkerAgent:
                             fatal = asyncio.shield(self._fatal)
                             raise await asyncio.wait_for(fatal, action.wait_s) from None
                 raise failure.error(what) from None
+            finally:
+                if signer is not None:
+                    signer.release(taken)
 
     def _left_behind(self, channel: grpc.aio.Channel) -> bool:
         """Whether a call cancelled on `channel` was cut off by following a new leader (the

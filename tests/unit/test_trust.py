@@ -254,3 +254,39 @@ def test_a_flood_of_refusals_is_told_once_an_interval_with_its_count() -> None:
 def test_peer_hosts_drop_the_port() -> None:
     assert peer_host("ipv4:10.0.0.9:4000") == "10.0.0.9"
     assert peer_host("ipv6:[::1]:4000") == "[::1]"
+
+
+def test_a_node_registering_again_still_has_its_calls_in_flight_taken() -> None:
+    """Cut off, a worker registers again with its own process; a call it made before, queued
+    on its channel, reaches the scheduler after that registration: taken, and once only."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=1, job_secret=SECRET, recovery=True)
+    accept(state, reg(state, "0"))
+    in_flight, later = presented(SECRET, "0", 1), presented(SECRET, "0", 1)
+    assert later.call is not None
+    assert state.admit("0", 1, later) is _member(state, "0")
+    again = dataclasses.replace(reg(state, "0"), call_seq=later.call.seq)
+    accept(state, dataclasses.replace(again, proof=auth.prove(SECRET, again.message())))
+    assert state.admit("0", 1, in_flight) is _member(state, "0")
+    assert isinstance(state.admit("0", 1, in_flight), Denied)
+    assert isinstance(state.admit("0", 1, later), Denied)
+    # A new process of the node starts a window of its own, above its registration's number.
+    clock.advance(state.settings.node_timeout_s + 1)
+    fresh = dataclasses.replace(reg(state, "0", incarnation=2), call_seq=later.call.seq)
+    accept(state, dataclasses.replace(fresh, proof=auth.prove(SECRET, fresh.message())))
+    assert state.call_windows["0"].floor == later.call.seq
+
+
+def test_a_registration_says_a_number_below_the_calls_still_in_flight() -> None:
+    identity = type("I", (), {"node_id": "0", "incarnation": 1, "credential": credential("0", 1)})
+    signer = membership.signer(SECRET, identity)
+    assert signer is not None
+    assert signer.floor == 0
+    signer.metadata("KvGet", b"")
+    signer.metadata("KvGet", b"")
+    assert signer.floor == 2
+    signer.hold(range(2, 3))  # call 2 is on its way
+    signer.metadata("KvGet", b"")
+    assert signer.floor == 1
+    signer.release(range(2, 3))
+    assert signer.floor == 3

@@ -106,10 +106,11 @@ class EventJournal:
         self._events.append(event)
         for listener in self.listeners:
             listener(event)
+        line = event.to_json() if self._file is not None or self._followers else ""
         if self._file is not None:
-            self._file.write(event.to_json())
+            self._file.write(line)
         if self._followers:
-            size = len(event.to_json())
+            size = len(line)
             most = self._state.settings.limits.follower_max_bytes
             for follower in list(self._followers):
                 if (

@@ -30,7 +30,7 @@ from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.refusals import peer_host
-from cluster.transport import edge, failures, membership
+from cluster.transport import edge, failures, handlers, membership
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -332,29 +332,6 @@ def _event_bytes(event: pb.Event | bytes) -> bytes:
     return event if isinstance(event, bytes) else event.SerializeToString()
 
 
-def _capped(
-    method: str, handler: grpc.RpcMethodHandler[Any, Any]
-) -> grpc.RpcMethodHandler[Any, Any]:
-    """`handler` with its method's limit on a request's size (`edge.capped`)."""
-    kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler),
-    )
-    deserializer = handler.request_deserializer
-    assert deserializer is not None  # the generated handlers all have one
-    for attribute, make in kinds:
-        behavior = getattr(handler, attribute)
-        if behavior is not None:
-            return make(
-                behavior,
-                request_deserializer=edge.capped(method, deserializer),
-                response_serializer=handler.response_serializer,
-            )
-    return handler
-
-
 class _Capture:
     """Stands in for the server while the generated code registers the handlers."""
 
@@ -375,13 +352,13 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
     capture = _Capture()
     pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
     for method, handler in list(capture.handlers.items()):
-        capture.handlers[method] = _capped(method, handler)
-    watch = capture.handlers["Watch"]
-    capture.handlers["Watch"] = grpc.unary_stream_rpc_method_handler(
-        servicer.Watch,
-        request_deserializer=watch.request_deserializer,
-        response_serializer=_event_bytes,
-    )
+        deserializer = handler.request_deserializer
+        assert deserializer is not None  # the generated handlers all have one
+        capture.handlers[method] = handlers.rebuilt(
+            handler,
+            request_deserializer=edge.capped(method, deserializer),
+            response_serializer=_event_bytes if method == "Watch" else None,
+        )
     service = "cluster.v1.Scheduler"
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service, capture.handlers),)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from cluster.transport import handlers
 from cluster.transport import tls as tls_module
 
 log = logging.getLogger("cluster.transport")
@@ -79,21 +80,7 @@ def _guarded(
 
         return unary
 
-    kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler),
-    )
-    for attribute, make in kinds:
-        behavior = getattr(handler, attribute)
-        if behavior is not None:
-            return make(
-                wrap(behavior),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-    return handler
+    return handlers.rebuilt(handler, wrap=wrap)
 
 
 def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:

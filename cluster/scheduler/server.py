@@ -32,7 +32,7 @@ from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import StateStore
-from cluster.transport import channel
+from cluster.transport import allocator, channel
 from cluster.transport import tls as tls_module
 from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
 
@@ -471,5 +471,7 @@ async def serve(config: ClusterConfig) -> int:
 
 
 def run(config: ClusterConfig) -> int:
-    """Blocking form of `serve`."""
+    """Blocking form of `serve`, with the allocator set to give back what a refused large
+    message used (`cluster.transport.allocator`)."""
+    allocator.return_large_buffers()
     return asyncio.run(serve(config))

@@ -290,3 +290,12 @@ def test_a_registration_says_a_number_below_the_calls_still_in_flight() -> None:
     assert signer.floor == 1
     signer.release(range(2, 3))
     assert signer.floor == 3
+
+
+def test_the_scheduler_maps_large_buffers_where_the_c_library_is_glibc() -> None:
+    import platform  # noqa: PLC0415
+
+    from cluster.transport import allocator  # noqa: PLC0415
+
+    expected = platform.libc_ver()[0] == "glibc"
+    assert allocator.return_large_buffers() is expected

@@ -1,0 +1,202 @@
+"""Outsider benchmark: what a stranger on the network can make a job's rendezvous server keep.
+
+The attack of issue 24, against each system's server in the same run:
+
+- `cluster`: a real `mscluster scheduler` (an open job, and one with a job secret), its event log
+  on disk. The outsider opens `--followers` WatchEvents(follow=True) streams that never read,
+  then sends `--count` registrations whose node id is `--mb` MiB of terminal escapes, and as
+  many whose host is.
+- `tcpstore`: torch's TCPStore server (`torch.distributed.TCPStore(is_master=True)`, as torchrun's
+  c10d rendezvous uses it), in a process of its own. The outsider, a TCPStore client, opens
+  `--followers` connections waiting on a key nobody sets, then sets 2 x `--count` keys of `--mb`
+  MiB (a TCPStore has no notion of members: every client may write; it drops a connection that
+  sends a value over 8 MiB, so the values stop 1 KiB short of that).
+
+Measured: the server's resident memory (VmRSS) before and after, and how much its files grew
+(cluster: events.jsonl and its output). Printed as a table.
+
+Usage: python benchmarks/outsider.py [--followers 50] [--count 8] [--mb 8]
+       [--systems cluster,cluster-secret,tcpstore]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import torch.distributed as dist
+
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+HOST = "127.0.0.1"
+CALL_S = 10.0
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\n2026-11-26 rank 0 finished\u202e"
+TCPSTORE_MAX_VALUE = 8 * 1024 * 1024
+TCPSTORE = """
+import sys, time, datetime
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=600))
+print("listening", flush=True)
+time.sleep(3600)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def wait_for(proc: subprocess.Popen[str], text: str, limit_s: float = 60.0) -> None:
+    """Read the server's output until `text` (bounded by `limit_s`)."""
+    found = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if text in line:
+                found.set()
+        found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(limit_s) or proc.poll() is not None:
+        raise RuntimeError(f"the server did not say {text!r} within {limit_s:g} s")
+
+
+@contextlib.contextmanager
+def server(argv: list[str], env: dict[str, str], ready: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for(proc, ready)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def attack_cluster(port: int, args: argparse.Namespace) -> None:
+    big = HOSTILE * (args.mb * 1024 * 1024 // len(HOSTILE))
+    options = [("grpc.max_send_message_length", 256 << 20)]
+    with grpc.insecure_channel(f"{HOST}:{port}", options) as channel:
+        grpc.channel_ready_future(channel).result(timeout=CALL_S)
+        stub = pb_grpc.SchedulerStub(channel)
+        followers = [
+            stub.WatchEvents(pb.WatchEventsRequest(follow=True), timeout=120)
+            for _ in range(args.followers)
+        ]
+        for i in range(args.count):
+            for node_id, host in ((big, "h"), (f"n{i}", big)):
+                register = pb.RegisterRequest(
+                    node_id=node_id, role=pb.ROLE_WORKER, host=host, port=1, worker_num=2
+                )
+                with contextlib.suppress(grpc.RpcError):
+                    next(iter(stub.Watch(pb.WatchRequest(register=register), timeout=CALL_S)))
+        time.sleep(1.0)  # a benchmark, not a test: let the server settle before measuring
+        for follower in followers:
+            follower.cancel()
+
+
+def run_cluster(args: argparse.Namespace, tmp: Path, secret: bool) -> tuple[float, float, float]:
+    port, events = free_port(), tmp / f"events-{secret}.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+    env |= {
+        "MS_ROLE": "MS_SCHED",
+        "MS_WORKER_NUM": "2",
+        "MS_SCHED_HOST": HOST,
+        "MS_SCHED_PORT": str(port),
+        "CLUSTER_EVENT_LOG": str(events),
+    }
+    if secret:
+        path = tmp / "job.secret"
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+        env["CLUSTER_JOB_SECRET_FILE"] = str(path)
+    argv = [sys.executable, "-m", "cluster", "scheduler"]
+    with server(argv, env, "listening on") as proc:
+        before, files_before = rss_mib(proc.pid), events.stat().st_size
+        attack_cluster(port, args)
+        after = rss_mib(proc.pid)
+        files = (events.stat().st_size - files_before) / 2**20
+    return before, after, files
+
+
+def run_tcpstore(args: argparse.Namespace) -> tuple[float, float, float]:
+    port = free_port()
+    argv = [sys.executable, "-c", TCPSTORE, str(port)]
+    with server(argv, dict(os.environ), "listening") as proc:
+        before = rss_mib(proc.pid)
+        timeout = datetime.timedelta(seconds=CALL_S)
+        outsider = dist.TCPStore(HOST, port, is_master=False, timeout=timeout)
+
+        def wait_for_nothing() -> None:
+            with contextlib.suppress(RuntimeError):  # its timeout
+                dist.TCPStore(HOST, port, is_master=False, timeout=timeout).wait(["never"])
+
+        waiters = [
+            threading.Thread(target=wait_for_nothing, daemon=True) for _ in range(args.followers)
+        ]
+        for waiter in waiters:
+            waiter.start()
+        # TCPStore drops a connection whose value is over 8 MiB: just under its limit.
+        value = (HOSTILE * (args.mb * 1024 * 1024 // len(HOSTILE))).encode()
+        value = value[: min(len(value), TCPSTORE_MAX_VALUE - 1024)]
+        for i in range(args.count):
+            outsider.set(f"squatter-{i}", value)
+            outsider.set(f"n{i}", value)
+        time.sleep(1.0)
+        after = rss_mib(proc.pid)
+        for waiter in waiters:
+            waiter.join(CALL_S * 2)  # their waits time out: torch aborts if they outlive us
+        return before, after, 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--followers", type=int, default=50)
+    parser.add_argument("--count", type=int, default=8)
+    parser.add_argument("--mb", type=int, default=8)
+    parser.add_argument("--systems", default="cluster,cluster-secret,tcpstore")
+    args = parser.parse_args()
+    sent = 2 * args.count * args.mb
+    print(
+        f"{args.followers} idle followers, {2 * args.count} messages of {args.mb} MiB "
+        f"({sent} MiB sent)"
+    )
+    print(f"{'system':16} {'RSS before':>11} {'RSS after':>10} {'grown':>8} {'files grown':>12}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for system in args.systems.split(","):
+            if system == "tcpstore":
+                before, after, files = run_tcpstore(args)
+            else:
+                before, after, files = run_cluster(args, Path(tmp), system == "cluster-secret")
+            print(
+                f"{system:16} {before:9.1f}MB {after:8.1f}MB {after - before:6.1f}MB "
+                f"{files:10.2f}MB"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ tests/integration/test_hostile.py; here each rule is checked on its own, with a 
 from __future__ import annotations
 
 import dataclasses
+import platform
 import unicodedata
 
 from hypothesis import given
@@ -18,7 +19,7 @@ from cluster.protocol.display import safe
 from cluster.protocol.state import Denial, Denied, Member, Refusal
 from cluster.scheduler import convert
 from cluster.scheduler.refusals import RefusalLimiter, peer_host
-from cluster.transport import edge, membership
+from cluster.transport import allocator, edge, membership
 from cluster.v1 import scheduler_pb2 as pb
 from tests.conftest import FakeClock
 from tests.credentials import credential, digest, presented
@@ -293,9 +294,5 @@ def test_a_registration_says_a_number_below_the_calls_still_in_flight() -> None:
 
 
 def test_the_scheduler_maps_large_buffers_where_the_c_library_is_glibc() -> None:
-    import platform  # noqa: PLC0415
-
-    from cluster.transport import allocator  # noqa: PLC0415
-
     expected = platform.libc_ver()[0] == "glibc"
     assert allocator.return_large_buffers() is expected

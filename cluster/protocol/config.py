@@ -47,6 +47,9 @@ MIN_HEARTBEATS_PER_TIMEOUT = 3
 DEFAULT_KV_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_KV_MAX_KEYS = 100_000
 DEFAULT_COLLECTIVE_MAX_BYTES = 1024 * 1024 * 1024
+# How long a collective waits for its last rank (CLUSTER_COLLECTIVE_TIMEOUT_S), then fails on
+# every rank naming the ranks that never came: 10 minutes, as NCCL process groups in torch.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 # Spares a scheduler takes at most: enough for the failures between two restarts of a node, few
 # enough that registrations cannot exhaust the scheduler (CLUSTER_MAX_SPARES).
 DEFAULT_MAX_SPARES = 8
@@ -149,6 +152,7 @@ class Limits:
     kv_max_bytes: int = DEFAULT_KV_MAX_BYTES
     kv_max_keys: int = DEFAULT_KV_MAX_KEYS
     collective_max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     # Spare workers the scheduler takes at most (CLUSTER_MAX_SPARES; 0: none).
     max_spares: int = DEFAULT_MAX_SPARES
     # Event followers at once, and the bytes each may have waiting (CLUSTER_MAX_FOLLOWERS, ...).
@@ -545,6 +549,9 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
         kv_max_bytes=cap("CLUSTER_KV_MAX_BYTES", DEFAULT_KV_MAX_BYTES),
         kv_max_keys=cap("CLUSTER_KV_MAX_KEYS", DEFAULT_KV_MAX_KEYS),
         collective_max_bytes=cap("CLUSTER_COLLECTIVE_MAX_BYTES", DEFAULT_COLLECTIVE_MAX_BYTES),
+        collective_timeout_s=parse_seconds("CLUSTER_COLLECTIVE_TIMEOUT_S", timeout)
+        if (timeout := env.get("CLUSTER_COLLECTIVE_TIMEOUT_S", "").strip())
+        else DEFAULT_COLLECTIVE_TIMEOUT_S,
         max_spares=parse_int("CLUSTER_MAX_SPARES", spares, minimum=0)
         if (spares := env.get("CLUSTER_MAX_SPARES", "").strip())
         else DEFAULT_MAX_SPARES,

@@ -141,7 +141,7 @@ class SchedulerCore:
         self.kv_journal: KvJournal | None = None
         if state_store is not None:
             self._save_in(state_store, token)
-        self.exchanges = ExchangeTable(limits.collective_max_bytes)
+        self.exchanges = ExchangeTable(limits.collective_max_bytes, limits.collective_timeout_s)
         self._init_delivery(settings, clock)
 
     def _init_delivery(self, settings: JobSettings, clock: Callable[[], float]) -> None:
@@ -462,22 +462,27 @@ class SchedulerCore:
         return self.kv
 
     async def kv_set(self, caller: Caller, key: str, value: bytes) -> None:
-        """Set a key; with recovery, answered (and visible) once it is saved."""
+        """Set a key (counted to the caller's share); with recovery, answered (and visible)
+        once it is saved."""
         kv = self.kv_for(caller)
         if self.kv_journal is None:
-            kv.set(key, value)
+            kv.set(key, value, caller.node_id)
             return
-        kv.stage(key, value)
+        kv.stage(key, value, caller.node_id)
         await self.kv_journal.write(key, value)
 
     async def kv_add(self, caller: Caller, key: str, amount: int) -> int:
         """Add to a counter; with recovery, answered (and visible) once it is saved."""
         kv = self.kv_for(caller)
         if self.kv_journal is None:
-            return kv.add(key, amount)
-        number = kv.stage_add(key, amount)
+            return kv.add(key, amount, caller.node_id)
+        number = kv.stage_add(key, amount, caller.node_id)
         await self.kv_journal.write(key, str(number).encode("ascii"))
         return number
+
+    async def kv_wait(self, caller: Caller, keys: list[str], timeout_s: float) -> list[bytes]:
+        """Wait for keys, within the caller's share of the pending waits."""
+        return await self.kv_for(caller).wait(keys, timeout_s, caller.node_id)
 
     async def finish(self, node_id: str, incarnation: int, caller: Caller) -> None:
         member = admitted(self.state.admit(node_id, incarnation, caller.presented))

@@ -8,13 +8,21 @@ waits on a peer that will never come.
 
 What the rounds hold is bounded. A rank contributes once per round: the same bytes again are
 the same call made again (after a lost connection) and get the same answer; other bytes are
-refused. At most `MAX_OPEN_ROUNDS` rounds of a generation are open at once: ranks that call the
+refused.
+
+Each rank has its share, so that one runaway member cannot stop the others. Ranks that call the
 same collectives in the same order are never more than one round apart (a rank that has
-contributed to round k waits for its answer before it can call k+1), so two rounds can be open
-(k, answered to some ranks only, and k+1) and four leave room. The bytes held by all open rounds
-are capped (CLUSTER_COLLECTIVE_MAX_BYTES); a contribution past the cap fails its round for every
-rank in it, with a `CapacityError` naming the cap, and a rank that comes to that round later
-gets the same error instead of waiting.
+contributed to round k waits for its answer before it can call k+1): a rank's contributions
+may wait in at most `ROUNDS_PER_RANK` (2) unfinished rounds, and hold at most its share of the
+bytes (CLUSTER_COLLECTIVE_MAX_BYTES / ranks, and never less than two full answers); past either,
+that call alone is refused with a `CapacityError` and the others' rounds go on. The bytes held
+by all open rounds are capped too (CLUSTER_COLLECTIVE_MAX_BYTES); a contribution past that cap
+fails its round for every rank in it, with a `CapacityError` naming the cap, and a rank that
+comes to that round later gets the same error instead of waiting.
+
+A round waits at most CLUSTER_COLLECTIVE_TIMEOUT_S (10 minutes) from its first contribution for
+its last; then it fails for every rank, those waiting and those that come later, with a
+`CollectiveError` that names the ranks that never came.
 """
 
 from __future__ import annotations
@@ -24,12 +32,12 @@ import collections
 from dataclasses import dataclass, field
 
 from cluster.protocol.admission import ALLGATHER, BARRIER, BROADCAST
-from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES
+from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, JobFailedError
 
-__all__ = ["ALLGATHER", "BARRIER", "BROADCAST", "MAX_OPEN_ROUNDS", "ExchangeTable"]
+__all__ = ["ALLGATHER", "BARRIER", "BROADCAST", "ROUNDS_PER_RANK", "ExchangeTable"]
 
-MAX_OPEN_ROUNDS = 4
+ROUNDS_PER_RANK = 2
 # A round's answer is one message: what an allgather gathers must fit in one (gRPC's limit on
 # the scheduler's messages, less room for framing).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024 - 64 * 1024
@@ -49,12 +57,21 @@ class _Round:
     answered: set[int] = field(default_factory=set)
     waiting: collections.Counter[int] = field(default_factory=collections.Counter)
     done: asyncio.Future[list[bytes]] | None = None
+    timer: asyncio.TimerHandle | None = None  # its CLUSTER_COLLECTIVE_TIMEOUT_S
+
+    def missing(self) -> list[int]:
+        return [rank for rank in range(self.size) if rank not in self.values]
 
 
 class ExchangeTable:
-    def __init__(self, max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES,
+        timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    ) -> None:
         self._rounds: dict[Key, _Round] = {}
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
         self.held_bytes = 0
         self._failed: collections.OrderedDict[Key, ClusterError] = collections.OrderedDict()
 
@@ -95,6 +112,24 @@ class ExchangeTable:
             return [gathered[root]]
         return []
 
+    def _expire(self, key: Key, rnd: _Round) -> None:
+        """The round has waited `timeout_s` for its last rank: it fails for every rank."""
+        if rnd.done is None or rnd.done.done() or self._rounds.get(key) is not rnd:
+            return
+        generation, seq = key
+        missing = rnd.missing()
+        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+        self._fail_round(
+            key,
+            rnd,
+            CollectiveError(
+                f"{_describe(rnd.op, rnd.root)} #{seq} of generation {generation} waited "
+                f"{self.timeout_s:g} s for rank(s) {shown}, which never called it "
+                "(CLUSTER_COLLECTIVE_TIMEOUT_S): every rank must call the same collectives in "
+                "the same order; look at what those ranks were doing"
+            ),
+        )
+
     def _round(self, key: Key, *, rank: int, size: int, op: str, root: int) -> _Round:
         """The open round of `key`, made when this is its first contribution."""
         failed = self._failed.get(key)
@@ -102,16 +137,9 @@ class ExchangeTable:
             raise type(failed)(str(failed))
         rnd = self._rounds.get(key)
         if rnd is None:
-            generation, seq = key
-            open_rounds = sum(1 for g, _ in self._rounds if g == generation)
-            if open_rounds >= MAX_OPEN_ROUNDS:
-                raise CapacityError(
-                    f"rank {rank} called collective #{seq} of generation {generation} while "
-                    f"{open_rounds} others are open, the most the scheduler keeps "
-                    f"({MAX_OPEN_ROUNDS}): ranks that call the same collectives in the same order "
-                    "are never more than one apart"
-                )
-            rnd = _Round(op, root, size, done=asyncio.get_running_loop().create_future())
+            loop = asyncio.get_running_loop()
+            rnd = _Round(op, root, size, done=loop.create_future())
+            rnd.timer = loop.call_later(self.timeout_s, self._expire, key, rnd)
             self._rounds[key] = rnd
         elif (rnd.op, rnd.root) != (op, root):
             raise CollectiveError(
@@ -121,9 +149,42 @@ class ExchangeTable:
             )
         return rnd
 
+    def _check_share(self, key: Key, rank: int, size: int, adding: int) -> None:
+        """Refuse `rank`'s call (only it) when its contributions would wait in more than
+        `ROUNDS_PER_RANK` unfinished rounds, or hold more than its share of the bytes."""
+        generation, seq = key
+        mine = [
+            (k, len(r.values[rank]))
+            for k, r in self._rounds.items()
+            if k[0] == generation and rank in r.values and r.done is not None and not r.done.done()
+        ]
+        if len(mine) >= ROUNDS_PER_RANK:
+            numbers = ", ".join(f"#{k[1]}" for k, _ in mine)
+            raise CapacityError(
+                f"rank {rank} called collective #{seq} of generation {generation} while its "
+                f"contributions wait in {len(mine)} unfinished ones ({numbers}), the most the "
+                f"scheduler keeps per rank ({ROUNDS_PER_RANK}): ranks that call the same "
+                "collectives in the same order are never more than one apart"
+            )
+        share = min(self.max_bytes, max(self.max_bytes // max(size, 1), 2 * MAX_ANSWER_BYTES))
+        held = sum(n for _, n in mine)
+        if held + adding > share:
+            raise CapacityError(
+                f"rank {rank}'s {adding} bytes for collective #{seq} of generation {generation} "
+                f"would make its open contributions {held + adding} bytes, past its share "
+                f"({share} bytes of CLUSTER_COLLECTIVE_MAX_BYTES={self.max_bytes}): send less "
+                "per call"
+            )
+
     def _add(self, key: Key, rnd: _Round, rank: int, value: bytes) -> None:
         """Take `rank`'s contribution, or fail the round when it would pass a cap."""
         generation, seq = key
+        try:
+            self._check_share(key, rank, rnd.size, len(value))
+        except CapacityError:
+            if not rnd.values:
+                self._forget(key, rnd)  # made for this call: nothing of it is kept
+            raise
         problem: ClusterError | None = None
         if self.held_bytes + len(value) > self.max_bytes:
             problem = CapacityError(
@@ -149,6 +210,8 @@ class ExchangeTable:
         self.held_bytes += len(value)
         if len(rnd.values) == rnd.size and not rnd.done.done():
             rnd.done.set_result([rnd.values[r] for r in range(rnd.size)])
+            if rnd.timer is not None:
+                rnd.timer.cancel()
 
     def _abandoned(self, key: Key, rnd: _Round, rank: int) -> None:
         """`rank`'s call was cancelled (its caller gone, or its deadline past). Not an answer: a
@@ -178,6 +241,8 @@ class ExchangeTable:
         if self._rounds.get(key) is rnd:
             del self._rounds[key]
             self.held_bytes -= rnd.held
+            if rnd.timer is not None:
+                rnd.timer.cancel()
 
     def cut_off(self, generation: int, seq: int) -> bool:
         """True when an unfinished round of `generation` has another number than `seq`: ranks
@@ -198,6 +263,8 @@ class ExchangeTable:
 
 
 def _fail(rnd: _Round, error: ClusterError) -> None:
+    if rnd.timer is not None:
+        rnd.timer.cancel()
     if rnd.done is not None and not rnd.done.done():
         rnd.done.set_exception(error)
         # Mark retrieved: a round nobody waits on any more must not log a warning.

@@ -269,8 +269,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvWait(
         self, request: pb.KvWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvWaitResponse:
-        store = self._core.kv_for(_caller(context, "KvWait", request))
-        values = await store.wait(list(request.keys), request.timeout_s)
+        caller = _caller(context, "KvWait", request)
+        values = await self._core.kv_wait(caller, list(request.keys), request.timeout_s)
         return pb.KvWaitResponse(values=values)
 
     @_mapped

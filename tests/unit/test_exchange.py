@@ -12,7 +12,7 @@ from cluster.scheduler.exchange import (
     BARRIER,
     BROADCAST,
     MAX_ANSWER_BYTES,
-    MAX_OPEN_ROUNDS,
+    ROUNDS_PER_RANK,
     ExchangeTable,
 )
 from tests.aio import BOUND_S, settle
@@ -261,23 +261,54 @@ async def test_a_value_still_awaited_by_a_retry_is_kept() -> None:
     assert await asyncio.wait_for(asyncio.gather(retry, last), BOUND_S) == [[b"a", b"b"]] * 2
 
 
-async def test_rounds_open_at_once_are_bounded() -> None:
+async def test_a_rank_that_runs_ahead_is_refused_and_the_others_go_on() -> None:
+    """A runaway rank opens rounds far ahead: it may wait in two; its next call alone is
+    refused, and the others' collectives (which need their rounds) complete as ever."""
     table = ExchangeTable()
-    waiting = [contribute(table, 0, size=2, seq=seq) for seq in range(1, MAX_OPEN_ROUNDS + 1)]
-    await settle(lambda: len(table) == MAX_OPEN_ROUNDS)
-    with pytest.raises(CapacityError, match=f"{MAX_OPEN_ROUNDS} others are open"):
-        await asyncio.wait_for(
-            table.contribute(
-                generation=1, seq=99, rank=0, size=2, op=ALLGATHER, root=0, value=b"x"
-            ),
-            BOUND_S,
+    ahead = [contribute(table, 0, size=3, seq=seq) for seq in range(100, 100 + ROUNDS_PER_RANK)]
+    await settle(lambda: len(table) == ROUNDS_PER_RANK)
+    with pytest.raises(CapacityError, match=f"per rank \\({ROUNDS_PER_RANK}\\)"):
+        await asyncio.wait_for(contribute(table, 0, size=3, seq=99), BOUND_S)
+    assert len(table) == ROUNDS_PER_RANK  # the refused call left nothing behind
+    # The job's collectives go on (in another generation here, as after a re-formation),
+    # while the far rounds wait apart.
+    for seq in range(1, 6):
+        honest = [contribute(table, r, size=3, seq=seq, generation=2) for r in range(3)]
+        assert (
+            await asyncio.wait_for(asyncio.gather(*honest), BOUND_S) == [[b"v0", b"v1", b"v2"]] * 3
         )
-    # Another generation's rounds are counted apart, and the open ones still complete.
-    assert await run_round(table, 2, generation=2) == [[b"v0", b"v1"]] * 2
-    for seq in range(1, MAX_OPEN_ROUNDS + 1):
-        contribute(table, 1, size=2, seq=seq)
-    await asyncio.wait_for(asyncio.gather(*waiting), BOUND_S)
+    for seq in range(100, 100 + ROUNDS_PER_RANK):
+        for rank in (1, 2):
+            contribute(table, rank, size=3, seq=seq)
+    await asyncio.wait_for(asyncio.gather(*ahead), BOUND_S)
     await settle(lambda: len(table) == 0)
+
+
+async def test_a_rank_holding_its_share_of_bytes_is_refused_alone() -> None:
+    table = ExchangeTable(max_bytes=4 * MAX_ANSWER_BYTES)  # 2 ranks: a share of 2 answers
+    big = b"x" * (MAX_ANSWER_BYTES // 2)
+    first = contribute(table, 0, size=2, seq=1, value=big)
+    await settle(lambda: table.held_bytes == len(big))
+    with pytest.raises(CapacityError, match="past its share"):
+        await asyncio.wait_for(contribute(table, 0, size=2, seq=2, value=big * 4), BOUND_S)
+    assert len(table) == 1
+    last = contribute(table, 1, size=2, seq=1, value=b"y")
+    assert await asyncio.wait_for(asyncio.gather(first, last), BOUND_S) == [[big, b"y"]] * 2
+
+
+async def test_a_round_waits_its_timeout_then_fails_on_every_rank_naming_the_absent() -> None:
+    table = ExchangeTable(timeout_s=0.05)
+    waiting = [contribute(table, rank, size=4, op=BARRIER) for rank in (0, 2)]
+    for task in waiting:
+        with pytest.raises(CollectiveError, match=r"rank\(s\) 1, 3, which never called"):
+            await asyncio.wait_for(task, BOUND_S)
+    # A rank that comes later gets the same error at once, and nothing is held.
+    with pytest.raises(CollectiveError, match="CLUSTER_COLLECTIVE_TIMEOUT_S"):
+        await asyncio.wait_for(contribute(table, 1, size=4, op=BARRIER), BOUND_S)
+    assert (len(table), table.held_bytes) == (0, 0)
+    # The next collective works.
+    table.timeout_s = 60.0
+    assert await run_round(table, 2, seq=2) == [[b"v0", b"v1"]] * 2
 
 
 async def test_bytes_held_are_capped_and_the_whole_round_fails() -> None:

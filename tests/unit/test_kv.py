@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cluster.protocol.errors import CapacityError, CollectiveError
-from cluster.scheduler.kv import MAX_KEY_BYTES, MAX_VALUE_BYTES, KvStore
+from cluster.scheduler.kv import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    SHARE_FLOOR_BYTES,
+    SHARE_FLOOR_KEYS,
+    KvStore,
+)
 from tests.aio import BOUND_S, settle
 
 
@@ -279,3 +288,67 @@ async def test_a_wait_needs_a_number_of_seconds(timeout: float) -> None:
     with pytest.raises(CollectiveError, match="not a number of seconds"):
         await kv.wait(["k"], timeout)
     assert kv.pending_waits == 0
+
+
+def test_a_runaway_member_is_refused_at_its_share_and_the_others_go_on() -> None:
+    """Four nodes share 64 MiB and 4096 keys: a member that fills its share (16 MiB, 1024 keys,
+    the floors) is refused; another member still sets new keys."""
+    store = KvStore(max_bytes=64 * 1024 * 1024, max_keys=4096, nodes=4)
+    assert (store.byte_share, store.key_share) == (SHARE_FLOOR_BYTES, SHARE_FLOOR_KEYS)
+    value = b"x" * (MAX_VALUE_BYTES // 2)
+    refused = []
+    for i in range(40):
+        try:
+            store.set(f"flood/{i}", value, "0")
+        except CapacityError as exc:
+            refused.append(str(exc))
+    assert refused
+    assert "node '0'" in refused[0]
+    assert "past its share" in refused[0]
+    store.set("mine", b"v", "1")  # the others go on
+    assert store.get(["mine"]) == ([b"v"], [])
+    # Rewriting one's own key moves nothing; a key set by another is counted to it.
+    store.set("flood/0", b"small", "0")
+    store.set("flood/0", value, "0")
+    store.set("flood/1", b"taken", "1")
+    store.set("flood/39", b"now fits", "0")
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["0", "1", "2"]),
+            st.integers(min_value=0, max_value=20),
+            st.integers(min_value=0, max_value=300),
+        ),
+        max_size=200,
+    )
+)
+def test_what_members_hold_adds_up_to_what_the_store_holds(
+    sets: list[tuple[str, int, int]],
+) -> None:
+    store = KvStore(max_bytes=4000, max_keys=16, nodes=3)
+    store.byte_share, store.key_share = 1500, 8  # below the floors, to reach them here
+    for owner, key, size in sets:
+        with contextlib.suppress(CapacityError):
+            store.set(f"k{key}", b"v" * size, owner)
+    assert sum(store._bytes_of.values()) == store.held_bytes
+    assert sum(store._keys_of.values()) == len(store)
+    for owner in ("0", "1", "2"):
+        assert store._bytes_of[owner] <= 1500
+        assert store._keys_of[owner] <= 8
+
+
+async def test_a_member_waits_within_its_share() -> None:
+    store = KvStore(nodes=64)  # 1024 waits in all: 16 for each member
+    waits = [asyncio.create_task(store.wait([f"k{i}"], 60.0, "0")) for i in range(16)]
+    await settle(lambda: store.pending_waits == 16)
+    with pytest.raises(CapacityError, match="its share"):
+        await asyncio.wait_for(store.wait(["k99"], 60.0, "0"), BOUND_S)
+    other = asyncio.create_task(store.wait(["k0"], 60.0, "1"))  # another member still waits
+    store.set("k0", b"v", "1")
+    assert await asyncio.wait_for(other, BOUND_S) == [b"v"]
+    for task in waits:
+        task.cancel()
+    await asyncio.gather(*waits, return_exceptions=True)
+    assert store.pending_waits == 0

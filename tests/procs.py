@@ -2,13 +2,16 @@
 
 What is not only for tests (a free port, `wait_until`, a `Process` with its log) is the public
 `cluster.testing`; here are the test-only pieces: the environment of a job on this checkout, a
-private copy of a script, the processes running it, and a group killed when the test ends.
+private copy of a script, the processes running it, a group killed when the test ends, and
+`mscluster` as the job's operator runs it (with the job's secret file: a job with a secret shows
+Status and its events only to readers that prove it).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +25,7 @@ from cluster.testing import (
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+MSCLUSTER = [PYTHON, "-m", "cluster"]
 
 
 def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:
@@ -34,6 +38,41 @@ def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def reader_env(
+    secret_file: str | os.PathLike[str] | None, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment (`base`, default this process's) of an operator who holds the job's
+    secret file: `mscluster status` and `events` read the job with it (CLUSTER_JOB_SECRET_FILE).
+    None: a reader without it."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()}
+    env.pop("CLUSTER_JOB_SECRET", None)
+    env.pop("CLUSTER_JOB_SECRET_FILE", None)
+    if secret_file is not None:
+        env["CLUSTER_JOB_SECRET_FILE"] = str(secret_file)
+    return env
+
+
+def mscluster(
+    *args: str,
+    secret_file: str | os.PathLike[str] | None,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`mscluster ARGS` (status, events, ...) run to its end as the job's operator, who holds
+    `secret_file` (None: a reader without the job's secret), in `cwd` (where it looks for
+    logs/job.secret last); its output as text."""
+    return subprocess.run(
+        [*MSCLUSTER, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=reader_env(secret_file, env),
+        cwd=cwd,
+    )
 
 
 def private_copy(tmp_path: Path, source: Path = ROOT / "examples" / "allgather_check.py") -> Path:

@@ -158,8 +158,9 @@ class Limits:
     # Event followers at once, and the bytes each may have waiting (CLUSTER_MAX_FOLLOWERS, ...).
     max_followers: int = DEFAULT_MAX_FOLLOWERS
     follower_max_bytes: int = DEFAULT_FOLLOWER_MAX_BYTES
-    # CLUSTER_READERS_PROVE_SECRET=1: with a job secret, Status and WatchEvents need its proof.
-    readers_prove_secret: bool = False
+    # With a job secret, Status and WatchEvents need its proof (or a client certificate);
+    # CLUSTER_READERS_PROVE_SECRET=0 opens the read side to whoever reaches the port.
+    readers_prove_secret: bool = True
 
 
 @dataclass(frozen=True)
@@ -512,12 +513,13 @@ def secret_mode_ok(mode: int, owner_uid: int) -> bool:
     return not mode & 0o077
 
 
-def read_job_secret(source: JobSecretSource) -> bytes:
-    """The secret itself; ConfigError when its file is missing, empty or readable by others."""
+def read_job_secret(source: JobSecretSource, named: str | None = None) -> bytes:
+    """The secret itself; ConfigError when its file is missing, empty or readable by others.
+    `named`: how messages name the file (default: CLUSTER_JOB_SECRET_FILE=PATH)."""
     if source.path is None:
         assert source.value is not None
         return source.value
-    where = f"CLUSTER_JOB_SECRET_FILE={str(source.path)!r}"
+    where = named or f"CLUSTER_JOB_SECRET_FILE={str(source.path)!r}"
     try:
         found = source.path.stat()
         data = source.path.read_bytes()
@@ -559,7 +561,7 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
         follower_max_bytes=cap("CLUSTER_FOLLOWER_MAX_BYTES", DEFAULT_FOLLOWER_MAX_BYTES),
         readers_prove_secret=parse_bool("CLUSTER_READERS_PROVE_SECRET", readers)
         if (readers := env.get("CLUSTER_READERS_PROVE_SECRET", "").strip())
-        else False,
+        else True,
     )
 
 

@@ -10,6 +10,7 @@ ClusterError is printed as one line without a traceback (see `cluster.api.except
       RegistrationRefused         the scheduler refused this node for good
       TopologyTimeoutError        the job did not form within MS_TOPO_TIMEOUT
       SchedulerUnreachableError   the scheduler is gone, or silent, for too long
+      ReadRefusedError            a reader of the job did not prove its secret
       NotLeaderError              this scheduler is a standby; the leader is elsewhere
       JobFailedError              the job was stopped
       CollectiveError             a collective or key-value call could not complete
@@ -60,6 +61,11 @@ class TopologyTimeoutError(ClusterError):
 
 class SchedulerUnreachableError(ClusterError):
     """The scheduler could not be reached, or stopped answering, for too long."""
+
+
+class ReadRefusedError(ClusterError):
+    """The scheduler refused to show the job (Status, WatchEvents) to a reader that did not
+    prove the job secret (README, "Security model"): the reader needs the job's secret file."""
 
 
 class NotLeaderError(ClusterError):

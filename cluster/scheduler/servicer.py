@@ -155,10 +155,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         )
 
     def _check_reader(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
-        """With a job secret and CLUSTER_READERS_PROVE_SECRET, reading the job needs proof of
-        the secret (`mscluster status` and `events` make one from the secret file). With
-        mutual TLS the certificate admitted the caller already; without either, the job is
-        open (README, "Security model")."""
+        """With a job secret, reading the job needs proof of it: a `cluster-read` proof (which
+        `mscluster status` and `events` make from the secret file) or, with mutual TLS, the
+        certificate the handshake checked. CLUSTER_READERS_PROVE_SECRET=0 opens the read side;
+        a job without a secret is open (README, "Security model"). Health stays open."""
         core = self._gate.core
         if core is None or core.settings.job_secret is None:
             return  # a standby shows only who leads
@@ -172,12 +172,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             problem = core.state.read_problem(read[0], read[1], method)
         if problem is not None:
             raise self.at_edge(
-                context,
-                method,
-                "unauthenticated",
-                f"a {method} call refused: {problem} (this job has a secret: set "
-                "CLUSTER_JOB_SECRET_FILE to its file, `mscluster run` writes it to "
-                "<log-dir>/job.secret)",
+                context, method, "unauthenticated", membership.read_refusal(method, problem)
             )
 
     async def Watch(

@@ -6,9 +6,9 @@ job is over), its checks before anything starts (`launch_setup`), what it starts
 pure), the job secret it makes (`secret`) and where its values come from (`placement`, pure: the
 options, a Slurm allocation read by `slurm` with node lists by `hostlist`, and `slurm_io` for
 scontrol and the shared job secret); the status view (`status`, live in `watch`, its tables in
-`table`), the event log reader (`events`), fault injection (`chaos`, with what it records in
-`chaos_record` and its picture in `timeline` and `report_html`) and the test harness (`testing`,
-public as `cluster.testing`).
+`table`), the event log reader (`events`), how both prove the job secret (`reading`), fault
+injection (`chaos`, with what it records in `chaos_record` and its picture in `timeline` and
+`report_html`) and the test harness (`testing`, public as `cluster.testing`).
 
 May import: anything in `cluster`. Nothing in `cluster` imports the tools.
 """

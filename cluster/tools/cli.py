@@ -4,6 +4,10 @@
     mscluster scheduler [options]              a standalone scheduler
     mscluster status --addr HOST:PORT          what a running job looks like (--watch: live)
     mscluster events [--file PATH | --addr HOST:PORT] [--follow]   the job's events
+
+`status` and `events --addr` prove the job secret when the job has one: --secret-file, else
+--log-dir's job.secret, else CLUSTER_JOB_SECRET_FILE, else logs/job.secret
+(`cluster.tools.reading` finds it).
     mscluster certs --out DIR                  a CA, p12 files, a CRL and ssl.json for trials
     mscluster chaos [options] -- RUN-OPTIONS SCRIPT [ARGS...]   a training run under faults
 
@@ -32,13 +36,19 @@ from cluster.protocol.config import (
     tls_options_from_env,
 )
 from cluster.protocol.display import safe
-from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
+from cluster.protocol.errors import (
+    ClusterError,
+    ConfigError,
+    ReadRefusedError,
+    SchedulerUnreachableError,
+)
 from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.worker import orphan
 
 if TYPE_CHECKING:
+    from cluster.tools.reading import ReadSecret
     from cluster.tools.status import JobView
     from cluster.transport import tls
 
@@ -139,12 +149,14 @@ def _split_addrs(addrs: str) -> list[str]:
     ]
 
 
-async def _status(addrs: list[str], identity: tls.Identity | None) -> JobView:
+async def _status(
+    addrs: list[str], identity: tls.Identity | None, secret: ReadSecret | None
+) -> JobView:
     from cluster.tools import status  # noqa: PLC0415 - imports grpc
     from cluster.transport import channel  # noqa: PLC0415 - imports grpc
 
     try:
-        return await status.fetch_any(addrs, identity)
+        return await status.fetch_any(addrs, identity, secret=secret)
     except SchedulerUnreachableError:
         if len(addrs) == 1:
             # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
@@ -166,15 +178,26 @@ def _client_identity(args: argparse.Namespace) -> tls.Identity | None:
     return tls.load_identity(options, server=False)
 
 
+def _reader_secret(args: argparse.Namespace) -> ReadSecret | None:
+    """The job secret this reader proves (after _client_identity: it imports grpc)."""
+    from cluster.tools import reading  # noqa: PLC0415 - imports grpc
+
+    return reading.find_secret(
+        Path(args.secret_file) if args.secret_file else None,
+        Path(args.log_dir) if args.log_dir else None,
+    )
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     addrs = _split_addrs(args.addr)
     identity = _client_identity(args)
+    secret = _reader_secret(args)
     if args.watch:
         from cluster.tools import watch  # noqa: PLC0415 - imports grpc
 
-        return watch.run(addrs, identity, interval_s=args.interval, out=sys.stdout)
+        return watch.run(addrs, identity, interval_s=args.interval, out=sys.stdout, secret=secret)
     try:
-        view = asyncio.run(_status(addrs, identity))
+        view = asyncio.run(_status(addrs, identity, secret))
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
@@ -194,10 +217,11 @@ def _cmd_events(args: argparse.Namespace) -> int:
     try:
         if args.addr is not None:
             addr, identity = _split_addr(args.addr), _client_identity(args)
-            stream = events.from_scheduler(addr, identity, follow=args.follow)
+            secret = _reader_secret(args)
+            stream = events.from_scheduler(addr, identity, follow=args.follow, secret=secret)
             asyncio.run(events.show_stream(stream, sys.stdout, as_json=args.json))
         else:
-            path = Path(args.file or "logs/events.jsonl")
+            path = Path(args.file) if args.file else events.log_of(args.log_dir)
             found = events.from_file(path, follow=args.follow, say=_to_stderr)
             events.show(found, sys.stdout, as_json=args.json)
     except SchedulerUnreachableError as exc:
@@ -381,19 +405,36 @@ def _add_status_options(stat: argparse.ArgumentParser) -> None:
         help="refresh until the job ends, changes highlighted (plain lines when not a terminal)",
     )
     stat.add_argument("--interval", type=float, default=1.0, help="--watch: seconds (1)")
+    _add_reader_options(stat)
     stat.set_defaults(func=_cmd_status)
+
+
+def _add_reader_options(reader: argparse.ArgumentParser, *, events: bool = False) -> None:
+    """How `status` and `events --addr` prove the job secret to a scheduler that asks for it."""
+    reader.add_argument(
+        "--secret-file",
+        help="the job's secret file, to prove to a job with a secret that this reader may read "
+        "it (`mscluster run` writes LOG_DIR/job.secret); default: --log-dir's job.secret, "
+        "else CLUSTER_JOB_SECRET_FILE, else logs/job.secret when there",
+    )
+    reader.add_argument(
+        "--log-dir",
+        help="the job's log directory of `mscluster run` (logs): its job.secret proves this "
+        "reader" + ("; without --addr its events.jsonl is read" if events else ""),
+    )
 
 
 def _add_events_options(ev: argparse.ArgumentParser) -> None:
     """`mscluster events`: the job's events from the log or a running scheduler."""
     where = ev.add_mutually_exclusive_group()
-    where.add_argument("--file", help="an event log (default logs/events.jsonl)")
+    where.add_argument("--file", help="an event log (default LOG_DIR/events.jsonl)")
     where.add_argument("--addr", help="a running scheduler's HOST:PORT")
     ev.add_argument(
         "--follow", action="store_true", help="then each new event, until the job's last"
     )
     ev.add_argument("--json", action="store_true", help="the JSON lines, not a table")
     ev.add_argument("--tls-config", help="with --addr: ssl.json, when the job uses TLS")
+    _add_reader_options(ev, events=True)
     ev.set_defaults(func=_cmd_events)
 
 
@@ -491,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
+    except ReadRefusedError as exc:  # one line that says which secret to give
+        print(f"mscluster: {safe(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     except ClusterError as exc:
         print(f"mscluster: {type(exc).__name__}: {safe(exc)}", file=sys.stderr)
         return EXIT_USAGE

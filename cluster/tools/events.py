@@ -4,6 +4,8 @@
     mscluster events --file PATH --follow         and each new one, until the job's last
     mscluster events --addr HOST:PORT [--follow]  from the scheduler (WatchEvents)
     mscluster events ... --json                   the JSON lines themselves
+    mscluster events --log-dir DIR [--addr ...]   DIR/events.jsonl; with --addr, DIR/job.secret
+                                                  proves this reader (`reading`)
 
 A followed scheduler that restarts is asked again (for up to RECONNECT_S), and the events
 already shown are not shown twice.
@@ -27,13 +29,15 @@ from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.storage import rotation
-from cluster.tools import status
+from cluster.tools import reading
+from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 FINAL = frozenset({"finished", "job_failed"})
+EVENT_LOG = "events.jsonl"  # in the log directory of `mscluster run`
 POLL_S = 0.25
 RECONNECT_S = 60.0
 _SHOWN_APART = ("rank", "node_id")
@@ -72,6 +76,11 @@ def _value(value: Any) -> str:
 
 
 # -- sources -----------------------------------------------------------------------------------
+
+
+def log_of(log_dir: str | Path | None) -> Path:
+    """The event log `mscluster run` writes in `log_dir` (default: its logs/)."""
+    return Path(log_dir if log_dir else DEFAULT_LOG_DIR) / EVENT_LOG
 
 
 def parse(lines: Iterator[str], source: str) -> Iterator[JobEvent]:
@@ -193,17 +202,21 @@ async def from_scheduler(
     follow: bool,
     reconnect_s: float = RECONNECT_S,
     where: Callable[[], str] | None = None,
+    secret: reading.Secret = reading.FROM_ENV,
 ) -> AsyncGenerator[JobEvent, None]:
     """The scheduler's retained events; with `follow`, then each new one until the job's last,
     asking again (for up to `reconnect_s`) when the scheduler restarts; `where`: the address
-    to ask at each (re)connection instead of `address` (the leader, as it changes)."""
+    to ask at each (re)connection instead of `address` (the leader, as it changes); `secret`:
+    what proves this reader (`reading`). ReadRefusedError when the scheduler refuses it."""
+    found = reading.resolve(secret)
     newest = 0.0  # the time of the newest event shown: nothing older is shown again
     lost_at: float | None = None
     options = scheduler_channel.reconnect_options(100, 1000)
     while True:
         asked = address if where is None else where()
         try:
-            async for event in _watch(asked, identity, follow=follow, options=options):
+            watched = _watch(asked, identity, follow=follow, options=options, secret=found)
+            async for event in watched:
                 lost_at = None
                 if event.time <= newest:
                     continue
@@ -221,12 +234,17 @@ async def from_scheduler(
 
 
 async def _watch(
-    address: str, identity: tls.Identity | None, *, follow: bool, options: list[tuple[str, int]]
+    address: str,
+    identity: tls.Identity | None,
+    *,
+    follow: bool,
+    options: list[tuple[str, int]],
+    secret: reading.ReadSecret | None,
 ) -> AsyncIterator[JobEvent]:
     async with scheduler_channel.open_channel(address, identity, options) as channel:
         stub = pb_grpc.SchedulerStub(channel)
         try:
-            metadata = await status.read_metadata(stub, "WatchEvents", status.FROM_ENV, 10.0)
+            metadata = await reading.read_metadata(stub, "WatchEvents", secret, 10.0)
         except grpc.aio.AioRpcError as exc:
             raise SchedulerUnreachableError(
                 f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
@@ -242,6 +260,8 @@ async def _watch(
                     message.seq, message.time, message.event, json.loads(message.fields_json)
                 )
         except grpc.aio.AioRpcError as exc:
+            if reading.refused(exc):
+                raise reading.refusal(address, secret) from None
             failure = failures.failure_of(exc)
             said = "no scheduler answers" if failure.cut_off else "the event stream ended"
             raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None

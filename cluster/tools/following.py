@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
-from cluster.tools import status
+from cluster.tools import reading, status
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -31,12 +31,15 @@ class Following:
         say: Callable[[str], None],
         *,
         timeout_s: float = status.STATUS_TIMEOUT_S,
+        secret: reading.Secret = reading.FROM_ENV,
     ) -> None:
+        """`secret`: what proves this reader (`cluster.tools.reading`)."""
         self.addresses = list(addresses)
         self.address = self.addresses[0]  # the scheduler followed now
         self._identity = identity
         self.say = say  # where a move is said
         self._timeout_s = timeout_s
+        self.secret = reading.resolve(secret)
         self._channel: Any = None
 
     def _opened(self) -> Any:
@@ -48,14 +51,14 @@ class Following:
     async def fetch(self) -> JobView:
         """The leader's view; SchedulerUnreachableError when no scheduler answers as the leader."""
         try:
-            return await status.fetch(self._opened(), self.address, self._timeout_s)
+            return await status.fetch(self._opened(), self.address, self._timeout_s, self.secret)
         except SchedulerUnreachableError as exc:
             if len(self.addresses) == 1:
                 raise
             named = exc.leader if isinstance(exc, NotLeaderAnswer) and exc.leader else None
             others = [a for a in self.addresses if a != self.address]
             order = [*([named] if named else []), *others, self.address]
-            view = await status.fetch_any(order, self._identity, self._timeout_s)
+            view = await status.fetch_any(order, self._identity, self._timeout_s, self.secret)
             await self._follow(view.address, exc)
             return view
 

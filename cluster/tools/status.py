@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
 
-from cluster.protocol.config import job_secret_from_env, read_job_secret
 from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.state import Phase
+from cluster.tools import reading
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module
-from cluster.transport import failures, membership, tls
+from cluster.transport import failures, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -169,47 +168,22 @@ def _leadership(found: pb.Leadership) -> LeadershipView | None:
     )
 
 
-class FromEnvironment:
-    """The job secret of CLUSTER_JOB_SECRET_FILE (or CLUSTER_JOB_SECRET), if set."""
-
-
-FROM_ENV = FromEnvironment()
-
-
-def env_secret() -> bytes | None:
-    """The job secret the environment names (a ConfigError when it cannot be read)."""
-    source = job_secret_from_env(os.environ)
-    return None if source is None else read_job_secret(source)
-
-
-async def read_metadata(
-    stub: Any, method: str, secret: bytes | FromEnvironment | None, timeout_s: float
-) -> membership.Metadata:
-    """What a read of the job (Status, WatchEvents) carries: with a job secret, a proof of it
-    that answers the scheduler's challenge (a standby, which has none, needs none)."""
-    if isinstance(secret, FromEnvironment):
-        secret = env_secret()
-    if secret is None:
-        return ()
-    answer = await stub.Challenge(pb.ChallengeRequest(), timeout=timeout_s)
-    if not answer.challenge:
-        return ()
-    return membership.read_metadata(secret, answer.challenge, method)
-
-
 async def fetch(
     channel: grpc.aio.Channel,
     address: str,
     timeout_s: float = STATUS_TIMEOUT_S,
-    secret: bytes | FromEnvironment | None = FROM_ENV,
+    secret: reading.Secret = reading.FROM_ENV,
 ) -> JobView:
-    """The job's status from the scheduler behind `channel`, or SchedulerUnreachableError.
-    `secret`: the job secret that proves this reader (by default the environment's)."""
+    """The job's status from the scheduler behind `channel`: SchedulerUnreachableError when
+    none answers, ReadRefusedError when it refuses this reader. `secret`: the job secret that
+    proves this reader (`reading`; by default the environment's)."""
     stub = pb_grpc.SchedulerStub(channel)
+    found = reading.resolve(secret)
     try:
-        metadata = await read_metadata(stub, "Status", secret, timeout_s)
-        response = await stub.Status(pb.StatusRequest(), timeout=timeout_s, metadata=metadata)
+        response = await _ask(stub, found, timeout_s)
     except grpc.aio.AioRpcError as exc:
+        if reading.refused(exc):
+            raise reading.refusal(address, found) from None
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
@@ -221,12 +195,28 @@ async def fetch(
     return job_view(address, response)
 
 
+async def _ask(stub: Any, secret: reading.ReadSecret | None, timeout_s: float) -> Any:
+    """Status, with a proof of `secret` when there is one; a refused proof is made once more
+    on a new challenge (the scheduler may have restarted between the challenge and the call)."""
+    for again in (True, False):
+        metadata = await reading.read_metadata(stub, "Status", secret, timeout_s)
+        try:
+            return await stub.Status(pb.StatusRequest(), timeout=timeout_s, metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            if not (again and metadata and reading.refused(exc)):
+                raise
+    raise AssertionError("unreachable")
+
+
 async def fetch_any(
-    addresses: list[str], identity: tls.Identity | None, timeout_s: float = STATUS_TIMEOUT_S
+    addresses: list[str],
+    identity: tls.Identity | None,
+    timeout_s: float = STATUS_TIMEOUT_S,
+    secret: reading.Secret = reading.FROM_ENV,
 ) -> JobView:
     """The job's status from the leader among `addresses` (each tried in turn; a standby's
     answer names the leader, asked next), or SchedulerUnreachableError saying what each
-    answered."""
+    answered (ReadRefusedError at once: the job's schedulers share its secret)."""
     queue, tried, said = list(addresses), set(), []
     while queue:
         address = queue.pop(0)
@@ -235,7 +225,7 @@ async def fetch_any(
         tried.add(address)
         try:
             async with channel_module.open_channel(address, identity) as opened:
-                return await fetch(opened, address, timeout_s)
+                return await fetch(opened, address, timeout_s, secret)
         except NotLeaderAnswer as exc:
             said.append(str(exc))
             if exc.leader:

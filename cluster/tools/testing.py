@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.protocol.config import JobSecretSource, read_job_secret
+from cluster.protocol.config import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
 from cluster.tools.netlab import NetworkLab
@@ -225,6 +225,13 @@ class LocalJob:
         return env
 
     @property
+    def secret_file(self) -> Path | None:
+        """The job secret's file (CLUSTER_JOB_SECRET_FILE of every process): `mscluster status`
+        and `events` read the job with it."""
+        named = self.env.get("CLUSTER_JOB_SECRET_FILE")
+        return Path(named) if named else None
+
+    @property
     def standby_num(self) -> int:
         return len(self.hosts) - 1
 
@@ -281,10 +288,10 @@ class LocalJob:
     def status(self) -> Any:
         """The scheduler's view (`cluster.status.JobView`), or None when it does not answer."""
         if self._status is None:
-            secret_file = self.env.get("CLUSTER_JOB_SECRET_FILE")
-            secret = (
-                read_job_secret(JobSecretSource(path=Path(secret_file))) if secret_file else None
-            )
+            source = job_secret_from_env(
+                self.env
+            )  # a job with a secret shows itself to its holders
+            secret = None if source is None else read_job_secret(source)
             self._status = StatusClient(self.addresses, secret=secret)
         view = self._status.fetch()
         if view is not None and view.address in self.addresses:

@@ -32,7 +32,7 @@ from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.protocol.state import Phase
-from cluster.tools import events, status
+from cluster.tools import events, reading, status
 from cluster.tools.events import FINAL
 from cluster.tools.following import Following
 from cluster.tools.status import JobView, NodeView, shown
@@ -307,23 +307,29 @@ def run(
     *,
     interval_s: float,
     out: IO[str],
+    secret: reading.Secret = reading.FROM_ENV,
 ) -> int:
     """The whole command: 0 once the job has finished, 1 when it failed or when no scheduler
-    answered at first. With several addresses it follows the leader among them."""
+    answered at first. With several addresses it follows the leader among them. `secret`:
+    what proves this reader (`cluster.tools.reading`)."""
     if not interval_s > 0:
         raise ConfigError(f"--interval {interval_s} must be a positive number of seconds")
     listed = [addresses] if isinstance(addresses, str) else list(addresses)
 
     async def main() -> int:
         said: list[str] = []
-        following = Following(listed, identity, said.append)
+        following = Following(listed, identity, said.append, secret=secret)
         try:
             await following.fetch()  # nothing to watch: say so, exit 1
             said.clear()  # the first leader found is not a move
             watcher = Watcher(
                 following.fetch,
                 lambda: events.from_scheduler(
-                    following.address, identity, follow=True, where=lambda: following.address
+                    following.address,
+                    identity,
+                    follow=True,
+                    where=lambda: following.address,
+                    secret=following.secret,
                 ),
                 out,
                 interval_s=interval_s,

@@ -130,6 +130,18 @@ def read_metadata(secret: bytes, challenge: bytes, method: str) -> Metadata:
     return ((READ_KEY, f"{challenge.hex()}.{proof.hex()}"),)
 
 
+# What a reader without the job's proof is told to do (the scheduler, and `mscluster status`).
+READ_FIX = (
+    "this job has a job secret: pass --secret-file <log-dir>/job.secret or set "
+    "CLUSTER_JOB_SECRET_FILE"
+)
+
+
+def read_refusal(method: str, problem: str) -> str:
+    """The scheduler's answer to a read (Status, WatchEvents) that did not prove the secret."""
+    return f"a {method} call refused: {problem}; {READ_FIX}"
+
+
 def read_proof(metadata: Iterable[tuple[str, Any]] | None) -> tuple[bytes, bytes] | None:
     """The (challenge, proof) of an operator's read, None when the call carries none."""
     raw = next((str(v) for k, v in metadata or () if k == READ_KEY), "")

@@ -18,7 +18,7 @@ from cluster.storage import store
 from cluster.testing import free_port
 from cluster.tools.testing import LocalJob, wait_until
 from tests import tmpfs
-from tests.procs import PYTHON, ROOT, job_env
+from tests.procs import PYTHON, ROOT, job_env, mscluster
 
 WORKER = ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py"
 NODE_TIMEOUT_S = 2.0
@@ -82,13 +82,7 @@ def test_a_full_disk_holds_the_new_generation_back_until_space_returns(tmp_path:
             scheduler_log = job.log(None)
             assert scheduler_log.count("cannot save the recovery state") == 1, scheduler_log
             assert f"({NO_SPACE})" in scheduler_log
-            table = subprocess.run(
-                [PYTHON, "-m", "cluster", "status", "--addr", job.address],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
+            table = mscluster("status", "--addr", job.address, secret_file=job.secret_file)
             assert "SAVES FAILING" in table.stdout, table.stdout + table.stderr
             assert "generation 1" in table.stdout
             filler.unlink()  # space returns: the retry lands and generation 2 goes out

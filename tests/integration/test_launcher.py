@@ -16,10 +16,9 @@ import pytest
 
 from cluster.testing import free_port, wait_until
 from tests.netns import two_hosts
-from tests.procs import PYTHON, ROOT, Procs, private_copy, processes_running
+from tests.procs import MSCLUSTER, PYTHON, ROOT, Procs, mscluster, private_copy, processes_running
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
-MSCLUSTER = [PYTHON, "-m", "cluster"]
 
 
 def run_args(tmp_path: Path, script: Path, port: int, *extra: str) -> list[str]:
@@ -398,33 +397,64 @@ def test_status_lists_every_worker(processes: Procs, tmp_path: Path) -> None:
         "run", [*run_args(tmp_path, script, port, "--worker-num", "3"), "--hold", "60"], os.environ
     )
     run.wait_for_output("3/3 registered (ready)", 30)
-    table = subprocess.run(
-        [*MSCLUSTER, "status", "--addr", f"127.0.0.1:{port}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
+    secret_file = tmp_path / "logs" / "job.secret"
+    shown = mscluster("status", "--addr", f"127.0.0.1:{port}", secret_file=secret_file)
+    assert shown.returncode == 0, shown.stderr
+    table = shown.stdout
     assert re.search(r"ready, generation 1, 3/3 registered, recovery off", table), table
     for rank in range(3):
         assert re.search(rf"^{rank}\s+{rank}\s+worker\s+127\.0\.0\.1:\d+\s+alive\s", table, re.M), (
             table
         )
-    data = json.loads(
-        subprocess.run(
-            [*MSCLUSTER, "status", "--addr", f"127.0.0.1:{port}", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    )
+    as_json = mscluster("status", "--addr", f"127.0.0.1:{port}", "--json", secret_file=secret_file)
+    data = json.loads(as_json.stdout)
     assert data["phase"] == "ready"
     assert [(n["rank"], n["state"]) for n in data["nodes"]] == [
         (0, "alive"),
         (1, "alive"),
         (2, "alive"),
     ]
+    run.popen.send_signal(signal.SIGINT)
+    assert run.wait(15) == 130
+
+
+def test_status_and_events_find_the_launchers_secret_or_say_what_to_pass(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """A launched job has a secret, and shows itself only to readers that prove it: `mscluster
+    status` and `events --addr` find it in --secret-file, --log-dir, CLUSTER_JOB_SECRET_FILE,
+    or logs/ of the working directory (the launcher's default); without it, one line."""
+    script = private_copy(tmp_path)
+    port = free_port()
+    run = processes.start(
+        "run", [*run_args(tmp_path, script, port, "--worker-num", "2"), "--hold", "60"], os.environ
+    )
+    run.wait_for_output("2/2 registered (ready)", 30)
+    logs, addr = tmp_path / "logs", f"127.0.0.1:{port}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for args, secret_file, cwd in (
+        (["--secret-file", str(logs / "job.secret")], None, elsewhere),
+        (["--log-dir", str(logs)], None, elsewhere),
+        ([], logs / "job.secret", elsewhere),
+        ([], None, tmp_path),  # logs/job.secret where the user ran `mscluster run`
+    ):
+        shown = mscluster("status", "--addr", addr, *args, secret_file=secret_file, cwd=cwd)
+        assert shown.returncode == 0, (args, shown.stderr)
+        assert "2/2 registered" in shown.stdout, shown.stdout
+    followed = mscluster("events", "--addr", addr, "--log-dir", str(logs), secret_file=None)
+    assert followed.returncode == 0, followed.stderr
+    assert " formed " in followed.stdout, followed.stdout
+    from_file = mscluster("events", "--log-dir", str(logs), secret_file=None, cwd=elsewhere)
+    assert " formed " in from_file.stdout, from_file.stderr
+    for command in ("status", "events"):
+        refused = mscluster(command, "--addr", addr, secret_file=None, cwd=elsewhere)
+        assert refused.returncode == 2
+        assert refused.stderr.splitlines() == [
+            f"mscluster: the scheduler at {addr} shows the job only to holders of its secret: "
+            "this job has a job secret: pass --secret-file <log-dir>/job.secret or set "
+            "CLUSTER_JOB_SECRET_FILE"
+        ], refused.stderr
     run.popen.send_signal(signal.SIGINT)
     assert run.wait(15) == 130
 

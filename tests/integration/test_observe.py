@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, wait_until, worker_pid
-from tests.procs import PYTHON, ROOT, Procs, private_copy
+from tests.procs import MSCLUSTER, ROOT, Procs, private_copy, reader_env
 from tests.servers.prometheus import Prometheus, value_is
 
 pytestmark = pytest.mark.slow
 
-MSCLUSTER = [PYTHON, "-m", "cluster"]
 # What `mscluster events` must list for this job, in this order (other events between them).
 SEQUENCE = ["formed", "failed", "guard_refusal", "rejoined", "generation 2", "finished"]
 
@@ -91,13 +90,13 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
     prometheus.wait_for(f'up{{instance="{target}"}}', value_is(1), timeout_s=60)
     prometheus.wait_for("cluster_generation", value_is(1), timeout_s=30)
     prometheus.wait_for(failures, value_is(0), timeout_s=30)
-    address = f"127.0.0.1:{port}"
+    address, operator = f"127.0.0.1:{port}", reader_env(logs / "job.secret")
     followed = processes.start(
-        "events-follow", [*MSCLUSTER, "events", "--addr", address, "--follow"], os.environ
+        "events-follow", [*MSCLUSTER, "events", "--addr", address, "--follow"], operator
     )
     watched = processes.start(
         "watch", [*MSCLUSTER, "status", "--watch", "--addr", address, "--interval", "0.5"],
-        os.environ,
+        operator,
     )  # fmt: skip
     watched.wait_for_output("rank  node id", 30)  # the first table: it is watching
     wait_until(lambda: "formed" in followed.output, 30, "the followed events up to formed")

@@ -5,6 +5,8 @@ it, replay, or reach a person's terminal raw.
   8 MiB of escapes, and 8 whose host is: the scheduler's memory grows by far less than 64 MiB,
   its event log and output by less than 2 MiB together, and `mscluster events` (from the file
   and from the scheduler) prints no raw escape byte.
+- With a job secret, Status and the events show the job only to readers that prove it (the
+  default); `mscluster status` proves it from the secret file, or says in one line what to pass.
 - A real registration, sent again byte for byte (as a proxy on the path would): refused by the
   running scheduler, by the same job's scheduler restarted from its recovery path, and by a new
   job that uses the same secret file.
@@ -13,7 +15,6 @@ it, replay, or reach a person's terminal raw.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol import auth
 from cluster.protocol.config import from_env
@@ -31,7 +33,7 @@ from cluster.worker.identity import NodeIdentity, new_incarnation
 from cluster.worker.registration import register_request
 from tests.credentials import read_metadata, secret_of
 from tests.integration.test_hostile import env_for, start_scheduler
-from tests.procs import PYTHON, Procs
+from tests.procs import PYTHON, Procs, mscluster
 
 pytestmark = pytest.mark.slow
 
@@ -135,28 +137,42 @@ def replayed(port: int, captured: bytes) -> pb.Event:
         return event  # type: ignore[no-any-return]
 
 
-def readers_prove_the_secret(port: int, env: dict[str, str]) -> None:
-    """Status without the proof is refused; the operator's `mscluster status` makes it."""
+def readers_prove_the_secret(port: int, env: dict[str, str], tmp: Path) -> None:
+    """By default Status and the events without the proof are refused (UNAUTHENTICATED, the
+    answer naming the fix) and health stays open; the operator's `mscluster status` makes the
+    proof from the secret file, and without it says in one line what to pass."""
+    secret = secret_of(env)
     with outsider(port) as channel:
         stub = pb_grpc.SchedulerStub(channel)
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Status(pb.StatusRequest(), timeout=CALL_S)
-        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
-        secret = secret_of(env)
-        answer = stub.Status(
-            pb.StatusRequest(), timeout=CALL_S, metadata=read_metadata(channel, secret)
+        reads = {
+            "Status": lambda metadata: stub.Status(
+                pb.StatusRequest(), timeout=CALL_S, metadata=metadata
+            ),
+            "WatchEvents": lambda metadata: list(
+                stub.WatchEvents(pb.WatchEventsRequest(), timeout=CALL_S, metadata=metadata)
+            ),
+        }
+        for method, read in reads.items():
+            with pytest.raises(grpc.RpcError) as info:
+                read(())
+            assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+            assert "pass --secret-file" in info.value.details()  # type: ignore[attr-defined]
+            assert read(read_metadata(channel, secret, method))
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=CALL_S
         )
-        assert answer.worker_num == 2
-    shown = subprocess.run(
-        [PYTHON, "-m", "cluster", "status", "--addr", f"127.0.0.1:{port}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "CLUSTER_JOB_SECRET_FILE": env["CLUSTER_JOB_SECRET_FILE"]},
-    )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    address = f"127.0.0.1:{port}"
+    shown = mscluster("status", "--addr", address, secret_file=env["CLUSTER_JOB_SECRET_FILE"])
     assert shown.returncode == 0, shown.stderr
     assert "0/2 registered" in shown.stdout, shown.stdout
+    for command in (["status"], ["events"]):
+        refused = mscluster(*command, "--addr", address, secret_file=None, cwd=tmp)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert "pass --secret-file <log-dir>/job.secret or set CLUSTER_JOB_SECRET_FILE" in (
+            refused.stderr
+        )
 
 
 def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Path) -> None:
@@ -172,10 +188,9 @@ def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Pat
         CLUSTER_JOB_SECRET_FILE=str(secret),
         MS_ENABLE_RECOVERY="1",
         MS_RECOVERY_PATH=str(state),
-        CLUSTER_READERS_PROVE_SECRET="1",
     )
     sched = start_scheduler(processes, env)
-    readers_prove_the_secret(port, env)
+    readers_prove_the_secret(port, env, tmp_path)
     captured = captured_registration(port, env)
     assert replayed(port, captured).HasField("accepted")  # the real one, once
     again = replayed(port, captured)

@@ -20,6 +20,7 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from cluster.worker.registration import register_request
+from tests.credentials import read_metadata
 from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy
 from tests.training_job import STEP_LINE, STEPS, WORKERS
 
@@ -181,10 +182,16 @@ def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.SchedulerStub(channel)
 
+    def read_status() -> pb.StatusResponse:
+        """As the operator reads it: with the job's secret, which the launcher wrote."""
+        secret = (logs / "job.secret").read_bytes().strip()
+        metadata = read_metadata(channel, secret)
+        return stub.Status(pb.StatusRequest(), timeout=CALL_S, metadata=metadata)
+
     def spare_row() -> pb.NodeStatus | None:
         try:
-            status = stub.Status(pb.StatusRequest(), timeout=CALL_S)
-        except grpc.RpcError:
+            status = read_status()
+        except (grpc.RpcError, OSError):
             return None
         rows = [n for n in status.nodes if n.node_id == "spare-0" and n.connected]
         return rows[0] if rows else None
@@ -222,8 +229,7 @@ def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
     assert after is not None
     assert before is not None
     assert (after.incarnation, after.state) == (before.incarnation, before.state)
-    status = stub.Status(pb.StatusRequest(), timeout=CALL_S)
-    assert "spare-9" not in {n.node_id for n in status.nodes}
+    assert "spare-9" not in {n.node_id for n in read_status().nodes}
     channel.close()
 
 

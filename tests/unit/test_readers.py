@@ -1,0 +1,187 @@
+"""Readers prove the job secret (README, "Security model"): a real in-process scheduler with a
+job secret refuses Status and WatchEvents to a reader without its proof (UNAUTHENTICATED, the
+message naming the fix), admits one with it, and keeps the health service open; where
+`mscluster status` and `events` find the secret."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cluster.protocol.config import Limits, limits_from_env
+from cluster.protocol.errors import ConfigError, ReadRefusedError
+from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.tools import events, reading, status
+from cluster.transport import membership
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.aio import BOUND_S
+from tests.scrape import settings
+
+SECRET = b"0123456789abcdef" * 4
+Read = Callable[[Any], Awaitable[Any]]
+
+
+def closed(**limits: Any) -> CoreSettings:
+    """A job of two workers with a job secret."""
+    return dataclasses.replace(settings(), job_secret=SECRET, limits=Limits(**limits))
+
+
+def reads(stub: pb_grpc.SchedulerStub) -> dict[str, Read]:
+    """Status and WatchEvents (its retained events), each with the metadata given."""
+
+    async def watch_events(metadata: Any) -> Any:
+        call = stub.WatchEvents(
+            pb.WatchEventsRequest(follow=False), timeout=BOUND_S, metadata=metadata
+        )
+        return [event async for event in call]
+
+    def status_call(metadata: Any) -> Any:
+        return stub.Status(pb.StatusRequest(), timeout=BOUND_S, metadata=metadata)
+
+    return {"Status": status_call, "WatchEvents": watch_events}
+
+
+async def proof(stub: pb_grpc.SchedulerStub, secret: bytes, method: str) -> Any:
+    answer = await stub.Challenge(pb.ChallengeRequest(), timeout=BOUND_S)
+    return membership.read_metadata(secret, answer.challenge, method)
+
+
+async def test_a_job_with_a_secret_shows_itself_only_to_readers_that_prove_it() -> None:
+    async with (
+        SchedulerServer(closed()) as server,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        stub = pb_grpc.SchedulerStub(channel)
+        for method, read in reads(stub).items():
+            for metadata, problem in (
+                ((), "carries no proof of the job secret"),
+                (await proof(stub, b"another secret", method), "not of this job's secret"),
+                (await proof(stub, SECRET, "Status" if method != "Status" else "X"), "not"),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await read(metadata)
+                assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED, method
+                said = refused.value.details() or ""
+                assert problem in said, said
+                assert "pass --secret-file <log-dir>/job.secret" in said, said
+                assert "CLUSTER_JOB_SECRET_FILE" in said, said
+            assert await read(await proof(stub, SECRET, method))
+        health = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="cluster.v1.Scheduler"), timeout=BOUND_S
+        )
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_the_tools_prove_the_secret_and_say_in_one_line_what_is_missing() -> None:
+    async with SchedulerServer(closed()) as server:
+        address = f"127.0.0.1:{server.port}"
+        async with grpc.aio.insecure_channel(address) as channel:
+            view = await status.fetch(channel, address, secret=SECRET)
+            assert view.worker_num == 2
+            with pytest.raises(ReadRefusedError) as without:
+                await status.fetch(channel, address, secret=None)
+            wrong = reading.ReadSecret(b"another secret", "--secret-file 'x'")
+            with pytest.raises(ReadRefusedError) as mistaken:
+                await status.fetch(channel, address, secret=wrong)
+        seen = [
+            e.kind async for e in events.from_scheduler(address, None, follow=False, secret=SECRET)
+        ]
+        assert "started" in seen
+        with pytest.raises(ReadRefusedError) as unproven:
+            async for _ in events.from_scheduler(address, None, follow=False, secret=None):
+                pass
+    for refused in (without, unproven):
+        said = str(refused.value)
+        assert "\n" not in said
+        assert membership.READ_FIX in said, said
+        assert said.endswith(
+            "pass --secret-file <log-dir>/job.secret or set CLUSTER_JOB_SECRET_FILE"
+        ), said
+    said = str(mistaken.value)
+    assert "--secret-file 'x'" in said
+    assert "not this job's secret" in said
+
+
+async def test_readers_prove_secret_0_opens_the_read_side_and_a_job_without_one_is_open() -> None:
+    for open_job in (closed(readers_prove_secret=False), settings()):
+        async with (
+            SchedulerServer(open_job) as server,
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+        ):
+            for read in reads(pb_grpc.SchedulerStub(channel)).values():
+                assert await read(())
+
+
+def test_readers_prove_the_secret_by_default_and_0_opts_out() -> None:
+    assert Limits().readers_prove_secret
+    assert limits_from_env({}).readers_prove_secret
+    assert limits_from_env({"CLUSTER_READERS_PROVE_SECRET": "1"}).readers_prove_secret
+    assert not limits_from_env({"CLUSTER_READERS_PROVE_SECRET": "0"}).readers_prove_secret
+    with pytest.raises(ConfigError, match="CLUSTER_READERS_PROVE_SECRET"):
+        limits_from_env({"CLUSTER_READERS_PROVE_SECRET": "maybe"})
+
+
+def secret_in(path: Path, value: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_the_secret_is_found_first_in_the_options_then_the_environment_then_logs(
+    tmp_path: Path,
+) -> None:
+    given = secret_in(tmp_path / "given.secret", "s3cr3t-given")
+    log_dir = tmp_path / "run"
+    secret_in(log_dir / "job.secret", "log-dir")
+    env_file = secret_in(tmp_path / "env.secret", "env")
+    default = tmp_path / "logs"
+    secret_in(default / "job.secret", "default")
+    env = {"CLUSTER_JOB_SECRET_FILE": str(env_file)}
+
+    def found(*args: Any, **kw: Any) -> bytes | None:
+        secret = reading.find_secret(*args, default_log_dir=default, **kw)
+        return None if secret is None else secret.value
+
+    assert found(given, log_dir, env) == b"s3cr3t-given"
+    assert found(None, log_dir, env) == b"log-dir"
+    assert found(None, tmp_path / "no-secret-here", env) == b"env"
+    assert found(None, None, {"CLUSTER_JOB_SECRET": "plain"}) == b"plain"
+    assert found(None, None, {}) == b"default"
+    assert found(None, tmp_path / "no-secret-here", {}) is None  # --log-dir: no other default
+    assert reading.find_secret(env={}, default_log_dir=tmp_path / "none") is None
+    named = reading.find_secret(given, env={})
+    assert named is not None
+    assert named.source == f"--secret-file {str(given)!r}"
+    assert "s3cr3t" not in repr(named)  # the value never in a repr
+
+
+def test_a_secret_file_found_that_others_may_read_is_one_clear_error(tmp_path: Path) -> None:
+    loose = secret_in(tmp_path / "loose.secret", "s")
+    loose.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"--secret-file .*chmod 600"):
+        reading.find_secret(loose, env={})
+    with pytest.raises(ConfigError, match=r"--secret-file .* cannot be read"):
+        reading.find_secret(tmp_path / "missing", env={})
+
+
+def test_resolve_takes_bytes_a_found_secret_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert reading.resolve(None) is None
+    made = reading.resolve(b"s")
+    assert made is not None
+    assert made.value == b"s"
+    monkeypatch.setitem(os.environ, "CLUSTER_JOB_SECRET_FILE", str(secret_in(tmp_path / "e", "e")))
+    from_env = reading.resolve(reading.FROM_ENV)
+    assert from_env is not None
+    assert from_env.value == b"e"
+    assert "CLUSTER_JOB_SECRET_FILE" in from_env.source

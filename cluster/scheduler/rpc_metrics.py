@@ -21,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from cluster.transport import handlers
+
+# The methods that are streams (one lives as long as a node, or a follower, does).
+STREAMS = frozenset({"Watch", "Heartbeat", "WatchEvents"})
 RPC_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30)
 
 if TYPE_CHECKING:  # generic in grpc-stubs only
@@ -106,24 +110,13 @@ class RpcMetrics(_Interceptor):
 
             return call
 
-        kinds = (
-            ("unary_unary", grpc.unary_unary_rpc_method_handler, True),
-            ("unary_stream", grpc.unary_stream_rpc_method_handler, False),
-            ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
-            ("stream_stream", grpc.stream_stream_rpc_method_handler, False),
-        )
-        for attribute, make, timed in kinds:
-            behavior = getattr(handler, attribute)
-            if behavior is None:
-                continue
-            wrapped = (
-                streaming(behavior)
-                if inspect.isasyncgenfunction(behavior)
-                else unary(behavior, timed)
-            )
-            return make(
-                wrapped,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        # Streams live as long as a node does: counted, not timed. (The server takes every
+        # method as a streaming-request one, `handlers.Arrivals`: the kind does not tell.)
+        timed = method not in STREAMS
+
+        def wrap(behavior: Any) -> Any:
+            if inspect.isasyncgenfunction(behavior):
+                return streaming(behavior)
+            return unary(behavior, timed)
+
+        return handlers.rebuilt(handler, wrap=wrap)

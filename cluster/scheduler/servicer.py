@@ -84,6 +84,13 @@ def _mapped(
 class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped base
     def __init__(self, gate: Gate | SchedulerCore) -> None:
         self._gate = gate if isinstance(gate, Gate) else Gate(gate)
+        self.arrivals = handlers.Arrivals(
+            per_peer=edge.ARRIVALS_PER_PEER,
+            total=edge.ARRIVALS_TOTAL,
+            deadline_s=edge.first_message_s,
+            peer_of=lambda context: peer_host(context.peer() or ""),
+            refuse=self.turned_away,
+        )
 
     @property
     def _core(self) -> SchedulerCore:
@@ -124,6 +131,19 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         return convert.register_response(
             outcome, settings.heartbeat_interval_s, settings.node_timeout_s
         )
+
+    async def turned_away(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
+    ) -> None:
+        """End a call whose request never came in time, or that found too many waiting for
+        theirs (`handlers.Arrivals`): counted and told as every refusal at the edge; a crowded
+        one as UNAVAILABLE, which a real node meets by trying again."""
+        error = self.at_edge(context, method, reason, problem)
+        if reason == "crowded":
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(str(error))
+        else:
+            _refuse(context, error)
 
     def at_edge(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
@@ -349,11 +369,12 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
     for method, handler in list(capture.handlers.items()):
         deserializer = handler.request_deserializer
         assert deserializer is not None  # the generated handlers all have one
-        capture.handlers[method] = handlers.rebuilt(
+        capped = handlers.rebuilt(
             handler,
             request_deserializer=edge.capped(method, deserializer),
             response_serializer=_event_bytes if method == "Watch" else None,
         )
+        capture.handlers[method] = servicer.arrivals.wrap(method, capped)
     service = "cluster.v1.Scheduler"
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service, capture.handlers),)

@@ -255,8 +255,9 @@ async def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
 def _connect_failure(host: str, exc: BaseException, timeout_s: float) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return (
-            "nothing listens there (connection refused): the scheduler is not running (yet), or "
-            "MS_SCHED_HOST / MS_SCHED_PORT point elsewhere"
+            "nothing took the connection (connection refused): the scheduler is not running "
+            "(yet), MS_SCHED_HOST / MS_SCHED_PORT point elsewhere, or the scheduler is out of "
+            'open files (its log then says "File descriptor limit reached")'
         )
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return (

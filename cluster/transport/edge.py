@@ -42,12 +42,29 @@ MESSAGE_LIMITS: dict[str, int] = {
     "KvSet": MAX_MESSAGE_BYTES,
     "Exchange": MAX_MESSAGE_BYTES,
 }
+# How long a call may take to send its request after it started (HTTP/2 headers first, then the
+# message): a stream that never sends it is cut then, not held. A member's large value gets time
+# for 64 MiB on a slow link; everything else is a few KiB.
+FIRST_MESSAGE_S = 5.0
+FIRST_LARGE_MESSAGE_S = 60.0
+# Calls waiting for their request at once, from one peer address and in all; past either a new
+# call is turned away at once (UNAVAILABLE: a real node tries again), so a peer's stalled streams
+# cost a bounded amount. A job's nodes register at once (up to thousands from one host in a
+# test): their requests follow their headers at once, so few of them wait here.
+ARRIVALS_PER_PEER = 512
+ARRIVALS_TOTAL = 8192
 # A registration's fields.
 MAX_HOST_CHARS = 253  # a DNS name's limit
 MAX_JOB_ID_CHARS = 64
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 # How much of a refused value a message quotes, escaped.
 QUOTED_CHARS = 40
+
+
+def first_message_s(method: str) -> float:
+    """How long a call of `method` may take to send its request."""
+    large = MESSAGE_LIMITS.get(method, 0) > 1024 * _KIB
+    return FIRST_LARGE_MESSAGE_S if large else FIRST_MESSAGE_S
 
 
 def quoted(value: str | bytes) -> str:

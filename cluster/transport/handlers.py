@@ -1,19 +1,33 @@
 """Rebuilding a gRPC method handler with other parts: the behaviour wrapped (a check run before
 every call, `server_tls`), another request deserializer (a size cap, `edge.capped`) or another
 response serializer (events serialized once, the scheduler's Watch). gRPC has a constructor
-per kind of call; this picks the handler's own."""
+per kind of call; this picks the handler's own.
+
+`Arrivals` gives a call a bounded time to send its request. gRPC reads a unary request before
+it runs the handler, and holds a stream whose headers came but whose message never does for as
+long as the peer answers pings: thousands of them held the scheduler's memory and descriptors.
+So the server takes each unary-request method as a streaming one (the wire is the same: one
+message, then the end of the stream) and reads that message itself, within its time.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import collections
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 if TYPE_CHECKING:  # generic in grpc-stubs only
     Handler = grpc.RpcMethodHandler[Any, Any]
+    Context = grpc.aio.ServicerContext[Any, Any]
 else:
     Handler = grpc.RpcMethodHandler
+    Context = grpc.aio.ServicerContext
+# Ends a call refused before its request: (context, method, reason, problem).
+Refuse = Callable[[Context, str, str, str], Awaitable[None]]
 
 _KINDS = (
     ("unary_unary", grpc.unary_unary_rpc_method_handler),
@@ -41,3 +55,96 @@ def rebuilt(
                 response_serializer=response_serializer or handler.response_serializer,
             )
     return handler
+
+
+class Arrivals:
+    """Calls whose request has not arrived yet: each has `deadline_s(method)` to send it, and at
+    most `per_peer` from one peer (`peer_of(context)`) and `total` in all wait at once; past
+    either a new call is turned away at once. `refuse` ends a call (reason "stalled", "empty"
+    or "crowded")."""
+
+    def __init__(
+        self,
+        *,
+        per_peer: int,
+        total: int,
+        deadline_s: Callable[[str], float],
+        peer_of: Callable[[Context], str],
+        refuse: Refuse,
+    ) -> None:
+        self.per_peer = per_peer
+        self.total = total
+        self._deadline_s = deadline_s
+        self._peer_of = peer_of
+        self._refuse = refuse
+        self._waiting: collections.Counter[str] = collections.Counter()
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for their request now."""
+        return self._waiting.total()
+
+    async def request(self, requests: AsyncIterator[Any], context: Context, method: str) -> Any:
+        """The call's one request, or None once the call was refused."""
+        peer = self._peer_of(context)
+        if self._waiting[peer] >= self.per_peer or self.waiting >= self.total:
+            await self._refuse(
+                context,
+                method,
+                "crowded",
+                f"{self._waiting[peer]} calls from {peer} ({self.waiting} in all) wait for their "
+                f"request already, the most the scheduler holds ({self.per_peer} a peer, "
+                f"{self.total} in all); try again",
+            )
+            return None
+        self._waiting[peer] += 1
+        deadline = self._deadline_s(method)
+        try:
+            return await asyncio.wait_for(anext(requests), deadline)
+        except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
+            await self._refuse(
+                context, method, "stalled", f"no request within {deadline:g} s of the call's start"
+            )
+        except StopAsyncIteration:
+            await self._refuse(context, method, "empty", "the call ended without a request")
+        finally:
+            self._waiting[peer] -= 1
+            if self._waiting[peer] <= 0:
+                del self._waiting[peer]
+        return None
+
+    def wrap(self, method: str, handler: Handler) -> Handler:
+        """`handler` (unary request) as a streaming-request one that reads its request within
+        its time; a handler that streams its requests is returned as it is."""
+        if handler.unary_unary is not None:
+            unary: Any = handler.unary_unary  # async under grpc.aio; grpc-stubs type it sync
+
+            async def answer(requests: AsyncIterator[Any], context: Context) -> Any:
+                request = await self.request(requests, context, method)
+                return None if request is None else await unary(request, context)
+
+            return grpc.stream_unary_rpc_method_handler(
+                answer,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            streaming: Any = handler.unary_stream
+
+            async def answers(requests: AsyncIterator[Any], context: Context) -> Any:
+                request = await self.request(requests, context, method)
+                if request is None:
+                    return
+                result = streaming(request, context)
+                if inspect.isasyncgen(result):
+                    async for response in result:
+                        yield response
+                else:
+                    await result  # a handler that writes with context.write
+
+            return grpc.stream_stream_rpc_method_handler(
+                answers,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler

@@ -41,7 +41,7 @@ async def why(port: int) -> str:
 
 async def test_nothing_listening_is_a_refusal(listener: socket.socket) -> None:
     port = port_of(listener)  # bound, not listening: the kernel refuses
-    assert "nothing listens there (connection refused)" in await why(port)
+    assert "nothing took the connection (connection refused)" in await why(port)
 
 
 async def test_a_full_accept_queue_is_a_timeout(listener: socket.socket) -> None:

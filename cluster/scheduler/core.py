@@ -428,8 +428,11 @@ class SchedulerCore:
                 # attempt the node gave up on and made again) ending late is not a failure.
                 self._apply(self.state.disconnect(node_id, incarnation))
 
-    def heartbeat(self, node_id: str, incarnation: int, caller: Caller) -> None:
-        admitted(self.state.admit(node_id, incarnation, caller.presented))
+    def heartbeat(self, node_id: str, incarnation: int, caller: Caller | None) -> None:
+        """A beat of the node; `caller` None: a later beat of a Heartbeat call whose first beat
+        was admitted for this node and incarnation (UnknownNodeError if it is no member now)."""
+        if caller is not None:
+            admitted(self.state.admit(node_id, incarnation, caller.presented))
         self.state.heartbeat(node_id, incarnation)
 
     @contextlib.contextmanager

@@ -64,14 +64,15 @@ def _mapped(
     handler: Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]],
 ) -> Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp | None]]:
     """A unary handler whose ClusterError ends the call with its status, and which refuses a
-    request over its method's limit (`edge.Oversized`) without looking at it."""
+    request over its method's limit or that did not parse (`edge.Unparsed`) without looking at
+    it."""
 
     async def wrapper(
         self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Resp | None:
         try:
-            if isinstance(request, edge.Oversized):
-                raise self.at_edge(context, request.method, "oversized", request.message())
+            if isinstance(request, edge.Unparsed):
+                raise self.at_edge(context, request.method, request.reason, request.message())
             return await handler(self, request, context)
         except ClusterError as exc:
             _refuse(context, exc)
@@ -196,11 +197,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             )
 
     async def Watch(
-        self, request: pb.WatchRequest | edge.Oversized, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.WatchRequest | edge.Unparsed, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.Event | bytes]:
         try:
-            if isinstance(request, edge.Oversized):
-                raise self.at_edge(context, "Watch", "oversized", request.message())
+            if isinstance(request, edge.Unparsed):
+                raise self.at_edge(context, "Watch", request.reason, request.message())
             async for event in self._watch(request, context):
                 yield event
         except ClusterError as exc:
@@ -235,13 +236,18 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.HeartbeatResponse | None:
         caller = _caller(context, "Heartbeat")
+        # A call proof is good for one call, and its number is taken once: the first beat is
+        # admitted with it, and the later beats of this call for the same node (else refused).
+        admitted: tuple[str, int] | None = None
         try:
             core = self._core
             with core.heartbeat_call():
                 async for beat in request_iterator:
-                    if isinstance(beat, edge.Oversized):
-                        raise self.at_edge(context, "Heartbeat", "oversized", beat.message())
-                    self._core.heartbeat(beat.node_id, beat.incarnation, caller)
+                    if isinstance(beat, edge.Unparsed):
+                        raise self.at_edge(context, "Heartbeat", beat.reason, beat.message())
+                    who = (beat.node_id, beat.incarnation)
+                    self._core.heartbeat(*who, None if who == admitted else caller)
+                    admitted = who
         except ClusterError as exc:
             _refuse(context, exc)
             return None
@@ -333,8 +339,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.JobEvent]:
         try:
-            if isinstance(request, edge.Oversized):
-                raise self.at_edge(context, "WatchEvents", "oversized", request.message())
+            if isinstance(request, edge.Unparsed):
+                raise self.at_edge(context, "WatchEvents", request.reason, request.message())
             self._check_reader(context, "WatchEvents")
             async for event in self._core.journal.follow(request.after_seq, follow=request.follow):
                 yield convert.job_event_to_pb(event)

@@ -1,8 +1,9 @@
 """Limits at the edge: what the scheduler takes from anyone who reaches its port, in one table.
 
 Every field a caller sends has a bound here, checked before the state machine, the journal or a
-log sees the value: a request larger than its method's limit is not even parsed (`capped`), and
-a registration whose fields are out of bounds (`registration_problem`) is refused with a message
+log sees the value: a request larger than its method's limit is not even parsed (`capped`), one
+that does not parse as its method's message is refused as such (`Malformed`), and a
+registration whose fields are out of bounds (`registration_problem`) is refused with a message
 that quotes at most a short, escaped prefix of what was sent. Such refusals are counted and
 journaled at a bounded rate by the scheduler (`cluster.scheduler.refusals`), never with the raw
 value. `Exchange` and `KvSet` carry a member's data: their bounds are the job's caps
@@ -17,6 +18,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from google.protobuf.message import DecodeError
 
 from cluster.protocol import auth
 from cluster.protocol.config import valid_node_id
@@ -79,6 +82,7 @@ class Oversized:
 
     method: str
     size: int
+    reason = "oversized"
 
     @property
     def limit(self) -> int:
@@ -91,14 +95,39 @@ class Oversized:
         )
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """What a capped deserializer hands the handler instead of bytes that are not a request of
+    its method (random bytes, a cut message, a string that is not UTF-8): without it, gRPC
+    answers UNKNOWN with the parser's exception, a call no refusal counts."""
+
+    method: str
+    size: int
+    reason = "malformed"
+
+    def message(self) -> str:
+        return (
+            f"a {self.method} request of {self.size:,} bytes that is not one "
+            "(is the caller a node of this version of cluster?)"
+        )
+
+
+# What a capped deserializer hands over instead of a request: refused at the edge.
+Unparsed = Oversized | Malformed
+
+
 def capped(method: str, deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-    """`deserializer`, which hands over an `Oversized` for a request over the method's limit."""
+    """`deserializer`, which hands over an `Oversized` for a request over the method's limit,
+    and a `Malformed` for bytes it cannot parse."""
     limit = MESSAGE_LIMITS[method]
 
     def deserialize(data: bytes) -> Any:
         if len(data) > limit:
             return Oversized(method, len(data))
-        return deserializer(data)
+        try:
+            return deserializer(data)
+        except DecodeError:
+            return Malformed(method, len(data))
 
     return deserialize
 

@@ -14,7 +14,8 @@ on, the server holds the job's server certificate and requires a client certific
 job's CA, checked against the CRL on every call, as the scheduler does. Every refusal is a
 status with a message that names what was wrong, and changes nothing:
 
-- a field out of range (rank, step, prefix, nonce): INVALID_ARGUMENT;
+- bytes that are not a FetchRequest, or a field out of range (rank, step, prefix, nonce):
+  INVALID_ARGUMENT;
 - a proof that does not match (a forged token, none) or a nonce seen before (a replay):
   UNAUTHENTICATED;
 - more than `max_streams` states being sent at once: RESOURCE_EXHAUSTED;
@@ -33,13 +34,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from cluster.protocol import auth, peer_state
 from cluster.storage.served import PIECE_BYTES, ServedCheckpoints
 from cluster.transport import channel, tls
 from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
 from cluster.v1 import peer_state_pb2 as pb
-from cluster.v1 import peer_state_pb2_grpc as pb_grpc
 
 log = logging.getLogger("cluster.worker")
 
@@ -102,7 +103,7 @@ class StateServer:
         server = grpc.aio.server(
             options=SERVER_OPTIONS, interceptors=interceptors, maximum_concurrent_rpcs=MAX_CALLS
         )
-        pb_grpc.add_PeerStateServicer_to_server(_Servicer(self), server)
+        _add_to_server(_Servicer(self), server)
         where = f"[{self.host}]:0" if ":" in self.host else f"{self.host}:0"
         if self._identity is None:
             self.port = server.add_insecure_port(where)
@@ -119,8 +120,14 @@ class StateServer:
             await server.stop(grace_s)
 
     async def fetch(
-        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.FetchRequest | None, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.FetchChunk]:
+        """`request` None: bytes that did not parse as a FetchRequest (`_parsed`)."""
+        if request is None:
+            await self._refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "bad request: not a FetchRequest"
+            )
+            return
         wanted = peer_state.Request(request.prefix, request.rank, request.step, request.any_rank)
         await self._admit(wanted, request, context)
         served = self._served.get(wanted.prefix)
@@ -196,14 +203,38 @@ class StateServer:
         await context.abort(code, message)
 
 
+def _parsed(data: bytes) -> pb.FetchRequest | None:
+    """A FetchRequest, or None for bytes that are not one (refused by `fetch`: left to gRPC,
+    they would end as UNKNOWN with the parser's exception)."""
+    try:
+        return pb.FetchRequest.FromString(data)
+    except DecodeError:
+        return None
+
+
+def _add_to_server(servicer: _Servicer, server: grpc.aio.Server) -> None:
+    """`add_PeerStateServicer_to_server`, with a request that does not parse handed to `fetch`
+    as None."""
+    handlers = {
+        "Fetch": grpc.unary_stream_rpc_method_handler(
+            servicer.Fetch,
+            request_deserializer=_parsed,
+            response_serializer=pb.FetchChunk.SerializeToString,
+        )
+    }
+    service = "cluster.v1.PeerState"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs
+
+
 class _Servicer:
-    """What add_PeerStateServicer_to_server registers: `Fetch`, served by the StateServer."""
+    """What `_add_to_server` registers: `Fetch`, served by the StateServer."""
 
     def __init__(self, server: StateServer) -> None:
         self._server = server
 
     async def Fetch(
-        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.FetchRequest | None, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.FetchChunk]:
         async for chunk in self._server.fetch(request, context):
             yield chunk

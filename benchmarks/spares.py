@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.testing import free_port, wait_until, worker_pid
+from cluster.testing import free_port, launched_pid, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = {
@@ -119,7 +119,7 @@ def run_once(example: Path, mode: str, s: Settings, *, kill: bool, memory_flag: 
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
             try:
                 if kill:
-                    resumed = kill_and_watch(example, workdir / "logs", s)
+                    resumed = kill_and_watch(workdir / "logs", s)
                 code = proc.wait(RUN_S)
             finally:
                 if proc.poll() is None:
@@ -135,13 +135,15 @@ def run_once(example: Path, mode: str, s: Settings, *, kill: bool, memory_flag: 
         return Run(wall, digest, redone, resumed)
 
 
-def kill_and_watch(example: Path, logs: Path, s: Settings) -> float:
-    """SIGKILL node 1's worker at its `kill_at`-th step; the seconds until rank 0 resumes."""
+def kill_and_watch(logs: Path, s: Settings) -> float:
+    """SIGKILL node 1's worker at its `kill_at`-th step; the seconds until rank 0 resumes. The
+    worker is the one this run's launcher lists in `logs/pids` (another job on this machine
+    may run the same example with the same node ids)."""
     log = logs / "worker_1.log"
     wait_until(lambda: steps_in(log) >= s.kill_at, 120, "the step to kill at", poll_s=0.01)
-    pid = worker_pid(str(example), "1")
+    pid = launched_pid(logs, "worker_1")
     if pid is None:
-        raise RuntimeError("the worker of node id 1 was not found to kill")
+        raise RuntimeError(f"{logs}/pids lists no running worker_1 of this run to kill")
     rank0 = logs / "worker_0.log"
     before = rank0.stat().st_size
     os.kill(pid, signal.SIGKILL)

@@ -4,49 +4,93 @@
 # rejoins after the guard and every worker rolls back to the newest common checkpoint). Prints
 # both final parameter hashes and exits 0 when they are equal.
 #
+# Worker 2 is found through the launcher this demo started: `mscluster run` lists the pid of each
+# process it started in <log-dir>/pids, and the demo signals that pid only while it is still
+# that launcher's child; never a process found by its script's name on the machine (another job
+# may run train_mlp.py with the same node ids). And the demo fails unless its faulty run shows
+# the fault it injected: the launcher restarting worker 2, the scheduler's `failed` and
+# `rejoined` events for node 2 and a new generation, and worker 2 resuming from a checkpoint.
+#
 #   bash examples/run_training_demo.sh        # logs and results in ./demo
+#
+# STEPS (120) and KILL_STEP (45) size it; SIGNAL (KILL) is what worker 2 gets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
 OUT=${OUT:-demo}
 PORT=${PORT:-8118}
 STEPS=${STEPS:-120}
+KILL_STEP=${KILL_STEP:-45}
+SIGNAL=${SIGNAL:-KILL}
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
-run() {  # $1: name; the job's results go to $OUT/$1
-  "$PYTHON" -m cluster run --worker-num 4 --local-worker-num 4 --master-port "$PORT" \
+run() {  # $1: name; the job's results go to $OUT/$1. It execs: run it in a subshell of its own
+  exec "$PYTHON" -m cluster run --worker-num 4 --local-worker-num 4 --master-port "$PORT" \
     --log-dir "$OUT/$1/logs" --enable-recovery --recovery-path "$OUT/$1/recovery" \
     --max-restarts 2 --node-timeout "${MS_NODE_TIMEOUT:-3}" \
     examples/train_mlp.py --steps "$STEPS" --save-every 10 --step-delay 0.05 --out "$OUT/$1"
 }
 
-pid_of_node() {  # the pid of this demo's train_mlp.py process with MS_NODE_ID=$1
-  local proc
-  for proc in /proc/[0-9]*; do
-    if grep -q "examples/train_mlp.py" "$proc/cmdline" 2>/dev/null &&
-      tr '\0' '\n' < "$proc/environ" 2>/dev/null | grep -qx "MS_NODE_ID=$1"; then
-      echo "${proc#/proc/}"
-      return 0
-    fi
-  done
-  return 1
+parent_of() {  # $1: a pid; its parent's pid (fails when it is gone)
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  read -r -a fields <<< "${stat##*) }"
+  echo "${fields[1]}"
+}
+
+launched_pid() {  # $1: a launcher's pid, $2: its log dir, $3: a name in its pids file (worker_2)
+  local listed pid
+  listed=$(awk '$1 == "launcher" { print $2 }' "$2/pids" 2>/dev/null) || return 1
+  pid=$(awk -v name="$3" '$1 == name { print $2 }' "$2/pids" 2>/dev/null) || return 1
+  [ "$listed" = "$1" ] && [ -n "$pid" ] && [ "$(parent_of "$pid")" = "$1" ] && echo "$pid"
+}
+
+did_not_land() {  # $1: what is missing
+  echo "the kill of worker 2 did not land: $1 (see $OUT/faulty.log and $OUT/faulty/logs/)" >&2
+  exit 1
+}
+
+shows() {  # $1: an extended regular expression, $2: a file; whether it is there
+  grep -Eq -- "$1" "$2" 2>/dev/null
 }
 
 echo "== run 1: no faults"
-run clean > "$OUT/clean.log" 2>&1
-echo "== run 2: worker 2 is SIGKILLed at step 45"
+(run clean) > "$OUT/clean.log" 2>&1
+echo "== run 2: worker 2 is SIG$SIGNAL'd at step $KILL_STEP"
 run faulty > "$OUT/faulty.log" 2>&1 &
 launcher=$!
+trap 'kill -TERM "$launcher" 2>/dev/null || true' EXIT  # this demo's launcher, if still running
+logs="$OUT/faulty/logs"
+steps_of_worker_2() { grep -c "^epoch: " "$logs/worker_2.log" 2>/dev/null || true; }
 for _ in $(seq 600); do
-  grep -q "^epoch: 3 step: 13," "$OUT/faulty/logs/worker_2.log" 2>/dev/null && break
+  [ "$(steps_of_worker_2)" -ge "$KILL_STEP" ] 2>/dev/null && break
+  kill -0 "$launcher" 2>/dev/null || did_not_land "the run ended before step $KILL_STEP"
   sleep 0.1
 done
-kill -9 "$(pid_of_node 2)"
-wait "$launcher"
+[ "$(steps_of_worker_2)" -ge "$KILL_STEP" ] 2>/dev/null ||
+  did_not_land "worker 2 did not reach step $KILL_STEP within 60 s"
+victim=$(launched_pid "$launcher" "$logs" worker_2) ||
+  did_not_land "$logs/pids lists no worker_2 running under this demo's launcher ($launcher)"
+kill -s "$SIGNAL" "$victim"
+echo "sent SIG$SIGNAL to worker 2 (pid $victim, a child of this demo's launcher $launcher)"
+status=0
+wait "$launcher" || status=$?
+trap - EXIT
 
-grep -h "restarting it\|job finished" "$OUT/faulty.log" || true
-grep -h "resuming from step" "$OUT/faulty/logs/worker_2.log" | tail -1 || true
+grep -h "restarting it\|job finished\|job failed" "$OUT/faulty.log" || true
+grep -h "resuming from step" "$logs/worker_2.log" | tail -1 || true
+[ "$status" = 0 ] || { echo "the faulty run exited $status (see $OUT/faulty.log)" >&2; exit 1; }
+shows "worker 2 \(.*\) was killed .*; restarting it" "$OUT/faulty.log" ||
+  did_not_land "no restart of worker 2 in the launcher's output"
+shows '"event":"failed".*"node_id":"2"' "$logs/events.jsonl" ||
+  did_not_land "no 'failed' event for node 2 in $logs/events.jsonl"
+shows '"event":"rejoined".*"node_id":"2"' "$logs/events.jsonl" ||
+  did_not_land "no 'rejoined' event for node 2 in $logs/events.jsonl"
+shows '"event":"generation","generation":([2-9]|[1-9][0-9]+)[,}]' "$logs/events.jsonl" ||
+  did_not_land "no new generation in $logs/events.jsonl"
+shows "resuming from step" "$logs/worker_2.log" ||
+  did_not_land "worker 2 did not resume from a checkpoint ($logs/worker_2.log)"
 clean=$(cat "$OUT/clean/final.sha256")
 faulty=$(cat "$OUT/faulty/final.sha256")
 echo "final parameters without faults: $clean"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cluster.testing import (
     Process,
+    launched_pid,
     processes_running,  # noqa: F401 - the tests import it from here
 )
 
@@ -75,8 +76,20 @@ def mscluster(
     )
 
 
+def launched(log_dir: Path, name: str) -> int:
+    """The pid of process `name` (`worker_2`, `scheduler`) of the `mscluster run` whose log
+    directory is `log_dir`, as that launcher lists it (`<log_dir>/pids`): the process a test
+    signals is its own job's, never one found by its script on the whole machine."""
+    pid = launched_pid(log_dir, name)
+    if pid is None:
+        listed = (log_dir / "pids").read_text() if (log_dir / "pids").exists() else "no file"
+        raise AssertionError(f"no running {name} of the launcher in {log_dir}/pids: {listed}")
+    return pid
+
+
 def private_copy(tmp_path: Path, source: Path = ROOT / "examples" / "allgather_check.py") -> Path:
-    """The script under a path unique to this test, to find every process of the job by it."""
+    """The script under a path unique to this test: a marker of this test's run, to check that
+    none of its processes is left (`processes_running`); to signal one, see `launched`."""
     target = tmp_path / "job" / source.name
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, target)

@@ -5,6 +5,9 @@ node rank is 0 or unset), starts the local workers with the full MS_* environmen
 process's output to `<log-dir>/scheduler.log` and `<log-dir>/worker_<i>.log`, shows progress,
 restarts a failed worker when asked and when the job can still take it back, and stops everything
 it started when the job fails or when it is told to stop. No child outlives it.
+It lists the pid of each process it started (and its own) in `<log-dir>/pids`, rewritten at every
+start and restart: the demo, the tests and the benchmarks find the process to signal there
+(`cluster.tools.processes.launched_pid`), never by a name on the whole machine.
 
 What it starts is decided first (`launch_setup.plan_job`, `launch_plan`): `--dry-run` prints that
 plan and stops there. Under a Slurm step of several nodes without a given job secret, the nodes'
@@ -40,7 +43,7 @@ from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
-from cluster.tools import slurm_io
+from cluster.tools import processes, slurm_io
 from cluster.tools import status as status_module
 from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, render
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
@@ -148,6 +151,15 @@ class Launcher:
         child.exit_code = None
         child.exited.clear()
         child.reaper = asyncio.create_task(self._reap(child))
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """`<log-dir>/pids`: the pid of every process this launcher started (the newest
+        incarnation of each), so that a tool signals this job's processes and no other's."""
+        started = [c for c in [self.scheduler, *self.workers] if c is not None]
+        pids = {_pid_name(c.planned): c.process.pid for c in started if c.process is not None}
+        with contextlib.suppress(OSError):  # a courtesy to tools: never fails the job
+            processes.write_pids(self.options.log_dir, pids)
 
     async def _pump(self, child: Child, mode: str) -> None:
         """--join: copy a worker's output to its log and, prefixed, to the terminal."""
@@ -522,6 +534,11 @@ def _closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
             flush=True,
         )
     return False
+
+
+def _pid_name(planned: Process) -> str:
+    """A process's name in `<log-dir>/pids`: its log's (`scheduler`, `worker_2`, `spare_0`)."""
+    return planned.log.stem
 
 
 def _job_seen(view: JobView | None) -> policy.JobSeen | None:

@@ -1,36 +1,131 @@
-"""The processes of this machine, found by what they run and by their environment (Linux's
-/proc): for the tests and benchmarks that signal one process of a job."""
+"""The processes a tool started, found through what started them (Linux's /proc): for the tools,
+tests and benchmarks that signal one process of a job.
+
+A process to signal is found through the process that started it, never by its name on the
+whole machine (another job may run the same script with the same node ids):
+
+- `launched_pid(log_dir, name)`: `mscluster run` writes the pid of each process it started to
+  `<log-dir>/pids` (`PIDS_FILE`); this reads one and checks that it is still that launcher's
+  child (a pid that exited, or was given to someone else since, is None);
+- `descendants(root)` and `worker_pid(root, node_id)`: the processes below `root` (a launcher,
+  an `sbatch` or a shell the caller started), the worker of a node among them only.
+
+`processes_running(marker)` scans the whole machine, for checks that nothing of a job is left
+(a process that escaped its parent is no one's descendant): give it a marker of this run only
+(the private copy of a script in a temporary directory), and never signal what it finds.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+# The launcher's list of what it started: one `<name> <pid>` line each (`launcher` itself,
+# `scheduler`, `worker_<i>`, `spare_<i>`), the newest incarnation of each.
+PIDS_FILE = "pids"
 
-def processes_running(marker: str) -> list[int]:
-    """The live processes (not zombies) whose command line holds `marker`."""
-    found = []
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """The state letter and the parent pid of `pid`, or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of live process `pid` (not a zombie), or None."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] in "ZX" else stat[1]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    return parent_of(pid) is not None
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below `root` (children, their children, ...), in no set order."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            found.append(int(entry.name))
+        if entry.name.isdigit():
+            parent = parent_of(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found.extend(below)
+        todo.extend(below)
     return found
 
 
-def worker_pid(marker: str, node_id: str) -> int | None:
-    """The live worker process (`MS_ROLE=MS_WORKER`) of node `node_id` whose command line holds
-    `marker` (its script, say); None when there is none."""
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def worker_pid(root: int, node_id: str, marker: str = "") -> int | None:
+    """The live worker process (`MS_ROLE=MS_WORKER`) of node `node_id` below `root` (the
+    launcher or whatever else this caller started), whose command line holds `marker` (its
+    script, say); None when there is none."""
     wanted = (f"MS_NODE_ID={node_id}\0".encode(), b"MS_ROLE=MS_WORKER\0")
-    for pid in processes_running(marker):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if all(item in environ for item in wanted):
+    for pid in descendants(root):
+        if marker in _cmdline(pid) and all(item in _environ(pid) for item in wanted):
             return pid
     return None
+
+
+def launched_pids(log_dir: Path) -> dict[str, int]:
+    """What `<log_dir>/pids` of `mscluster run` lists: name -> pid ({} without the file)."""
+    try:
+        text = (log_dir / PIDS_FILE).read_text()
+    except OSError:
+        return {}
+    pids = {}
+    for line in text.splitlines():
+        name, _, pid = line.partition(" ")
+        if pid.strip().isdigit():
+            pids[name] = int(pid)
+    return pids
+
+
+def launched_pid(log_dir: Path, name: str) -> int | None:
+    """The pid of the process `name` (`worker_2`, `scheduler`) that the launcher whose log
+    directory is `log_dir` started, while it runs as that launcher's child; else None."""
+    pids = launched_pids(log_dir)
+    launcher, pid = pids.get("launcher"), pids.get(name)
+    if launcher is None or pid is None or parent_of(pid) != launcher:
+        return None
+    return pid
+
+
+def write_pids(log_dir: Path, pids: dict[str, int]) -> None:
+    """Replace `<log_dir>/pids` with `pids` (the launcher's own first), at once (a reader sees
+    the old list or the new one)."""
+    lines = [f"launcher {os.getpid()}", *(f"{name} {pid}" for name, pid in pids.items())]
+    path = log_dir / PIDS_FILE
+    temporary = path.with_name(f".{PIDS_FILE}.{os.getpid()}.tmp")
+    temporary.write_text("\n".join(lines) + "\n")
+    os.replace(temporary, path)
+
+
+def processes_running(marker: str) -> list[int]:
+    """The live processes (not zombies) of the whole machine whose command line holds `marker`:
+    to check that none of a run is left, with a marker of that run only. Never signal them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and marker in _cmdline(int(entry.name)) and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found

@@ -42,7 +42,7 @@ from cluster.protocol.config import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.state import Phase
 from cluster.tools.netlab import NetworkLab
-from cluster.tools.processes import processes_running, worker_pid
+from cluster.tools.processes import descendants, launched_pid, processes_running, worker_pid
 from cluster.tools.secret import write_job_secret
 from cluster.tools.status_client import StatusClient
 from cluster.worker import identity
@@ -54,7 +54,9 @@ __all__ = [
     "NetworkLab",
     "Process",
     "StatusClient",
+    "descendants",
     "free_port",
+    "launched_pid",
     "processes_running",
     "wait_until",
     "worker_pid",

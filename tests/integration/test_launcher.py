@@ -16,7 +16,16 @@ import pytest
 
 from cluster.testing import free_port, wait_until
 from tests.netns import two_hosts
-from tests.procs import MSCLUSTER, PYTHON, ROOT, Procs, mscluster, private_copy, processes_running
+from tests.procs import (
+    MSCLUSTER,
+    PYTHON,
+    ROOT,
+    Procs,
+    launched,
+    mscluster,
+    private_copy,
+    processes_running,
+)
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
 
@@ -88,16 +97,7 @@ def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
         30,
         "every worker's allgather line",
     )
-    victims = [
-        p
-        for p in processes_running(str(script))
-        if "--hold" in Path(f"/proc/{p}/cmdline").read_text()
-    ]
-    # Worker 2's process: its environment says MS_NODE_ID=2.
-    victim = next(
-        p for p in victims if b"MS_NODE_ID=2\x00" in Path(f"/proc/{p}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(logs, "worker_2"), signal.SIGKILL)
     killed = time.monotonic()
     assert run.wait(15) == 1, run.output
     took = time.monotonic() - killed
@@ -243,12 +243,7 @@ def test_no_restart_once_the_job_has_failed_without_recovery(
         os.environ,
     )
     run.wait_for_output("2/2 registered (ready)", 30)
-    victim = next(
-        p
-        for p in processes_running(str(script))
-        if b"MS_NODE_ID=0\x00" in Path(f"/proc/{p}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(tmp_path / "logs", "worker_0"), signal.SIGKILL)
     assert run.wait(15) == 1, run.output
     assert "not restarting it" in run.output
     assert "recovery is off" in run.output

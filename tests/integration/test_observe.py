@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import free_port, wait_until, worker_pid
-from tests.procs import MSCLUSTER, ROOT, Procs, private_copy, reader_env
+from cluster.testing import free_port, wait_until
+from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, reader_env
 from tests.servers.prometheus import Prometheus, value_is
 
 pytestmark = pytest.mark.slow
@@ -38,12 +38,6 @@ def free_ports(count: int) -> int:
                 continue
             return base
     raise AssertionError(f"no {count} consecutive free ports")
-
-
-def pid_of_worker(script: Path, node_id: str) -> int:
-    pid = worker_pid(str(script), node_id)
-    assert pid is not None, f"no worker process with MS_NODE_ID={node_id}"
-    return pid
 
 
 def in_order(listed: list[str], wanted: list[str]) -> bool:
@@ -103,7 +97,7 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
 
     # MS_NODE_TIMEOUT=6 s: the launcher's new worker 2 registers well within it, and the
     # re-registration guard refuses it until the 6 s are over.
-    os.kill(pid_of_worker(script, "2"), signal.SIGKILL)
+    os.kill(launched(logs, "worker_2"), signal.SIGKILL)
 
     prometheus.wait_for(failures, value_is(1), timeout_s=30)
     prometheus.wait_for("cluster_generation", value_is(2), timeout_s=30)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import Process, free_port, wait_until
-from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
+from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 
 WORKER = [str(ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py")]
 NODE_TIMEOUT_S = 5
@@ -366,12 +366,7 @@ def test_launcher_restarts_a_killed_worker_which_rejoins(tmp_path: Path, process
         {**job_env(3, 0), "MS_NODE_TIMEOUT": str(NODE_TIMEOUT_S)},
     )
     run.wait_for_output("3/3 registered (ready)", 30)
-    victim = next(
-        pid
-        for pid in processes_running(str(script))
-        if b"MS_NODE_ID=2\x00" in Path(f"/proc/{pid}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(tmp_path / "logs", "worker_2"), signal.SIGKILL)
     run.wait_for_output("restarting it (restart 1 of 1)", 15)
     assert run.wait(60) == 0, run.output
     log = (tmp_path / "logs" / "worker_2.log").read_text()

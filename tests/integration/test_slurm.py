@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import wait_until
-from tests.procs import PYTHON, ROOT, Procs, processes_running
+from tests.procs import PYTHON, ROOT, Procs, launched, processes_running
 from tests.servers.slurm import Slurm
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
@@ -151,12 +151,7 @@ def test_the_example_sbatch_trains_through_a_killed_worker(
     log = work / "logs" / "node1" / "worker_0.log"
     # Steps are numbered within an epoch of 16: epoch 3 is step 32 on.
     wait_until(lambda: log.exists() and "epoch: 3 " in log.read_text(), 60, "step 32 on node 1")
-    victim = next(
-        pid
-        for pid in processes_running(str(script))
-        if b"MS_NODE_ID=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(log.parent, "worker_0"), signal.SIGKILL)  # node 1's launcher's worker
     assert batch.wait(SRUN_TIMEOUT_S) == 0, batch.output + job_output(work)
 
     output = job_output(work)

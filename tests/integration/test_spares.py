@@ -69,8 +69,8 @@ class Launched:
         return len(STEP_LINE.findall(path.read_text())) if path.exists() else 0
 
     def pid_of(self, node_id: str) -> int:
-        pid = worker_pid(str(self.script), node_id)
-        assert pid is not None, f"no worker process of node {node_id!r}"
+        pid = worker_pid(self.run.pid, node_id, str(self.script))  # below this run's launcher
+        assert pid is not None, f"no worker process of node {node_id!r} under {self.run.pid}"
         return pid
 
     def kill(self, node_id: str) -> None:

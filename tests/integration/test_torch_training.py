@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, wait_until
-from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
+from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,
@@ -173,12 +173,7 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
     wait_until(
         lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= 25, START_S, "step 25"
     )
-    victim = next(
-        pid
-        for pid in processes_running(str(script))
-        if b"MS_NODE_ID=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(log.parent, "worker_1"), signal.SIGKILL)
     assert run.wait(START_S) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
 
@@ -204,12 +199,7 @@ def test_a_spare_takes_a_sigkilled_rank_and_the_state_moves_from_peers_memory(
     wait_until(
         lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= 25, START_S, "step 25"
     )
-    victim = next(
-        pid
-        for pid in processes_running(str(script))
-        if b"MS_NODE_ID=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(log.parent, "worker_1"), signal.SIGKILL)
     assert run.wait(START_S * 2) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
     spare = (logs / "spare_0.log").read_text()

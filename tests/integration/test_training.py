@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.testing import Process, free_port, wait_until
-from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy, processes_running
+from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,
@@ -145,14 +145,9 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
     processes: Procs, tmp_path: Path, fault_free_hash: str
 ) -> None:
     out = tmp_path / "launched"
-    run, script = launch_training(processes, tmp_path, out)
+    run, _ = launch_training(processes, tmp_path, out)
     wait_for_step(tmp_path, 1, 25)
-    victim = next(
-        pid
-        for pid in processes_running(str(script))
-        if b"MS_NODE_ID=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
-    )
-    os.kill(victim, signal.SIGKILL)
+    os.kill(launched(tmp_path / "logs", "worker_1"), signal.SIGKILL)
     assert run.wait(120) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
     assert (tmp_path / "logs" / "recovery" / "scheduler.json").is_file()
@@ -178,13 +173,7 @@ def test_launcher_restarts_its_killed_scheduler_and_the_result_is_exact(
         extra = ["--state-url", etcd.state_url(), "--lease", "2"]
     run, _ = launch_training(processes, tmp_path, out, *extra)
     wait_for_step(tmp_path, 0, 17)
-    marker = f"CLUSTER_LAUNCHER_PID={run.pid}\x00".encode()
-    scheduler = next(
-        pid
-        for pid in processes_running("cluster scheduler".replace(" ", "\x00"))
-        if marker in Path(f"/proc/{pid}/environ").read_bytes()
-    )
-    os.kill(scheduler, signal.SIGKILL)
+    os.kill(launched(tmp_path / "logs", "scheduler"), signal.SIGKILL)
     assert run.wait(120) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
     assert "the scheduler was killed by SIGKILL; starting it again" in run.output

@@ -1,0 +1,89 @@
+"""`cluster.tools.processes`: a process to signal is found through what started it (the
+launcher's pids file, the descendants of a process), never by a name on the whole machine."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.tools import processes
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+# A shell that starts a sleeper and waits: the sleeper is a grandchild of this test.
+NESTED = ["bash", "-c", f"{shlex.join(SLEEP)} & wait"]
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    popens: list[subprocess.Popen[bytes]] = []
+    yield popens
+    for popen in popens:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)  # its group: a shell's sleeper too
+        popen.wait(10)
+
+
+def start(started: list[subprocess.Popen[bytes]], args: list[str], **env: str) -> int:
+    popen = subprocess.Popen(args, env={**os.environ, **env}, start_new_session=True)
+    started.append(popen)
+    return popen.pid
+
+
+def test_descendants_holds_children_and_grandchildren_only(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    child = start(started, SLEEP)
+    shell = start(started, NESTED)
+    deadline = time.monotonic() + 10
+    while not processes.descendants(shell) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    below_shell = processes.descendants(shell)
+    assert len(below_shell) == 1
+    mine = processes.descendants(os.getpid())
+    assert {child, shell, *below_shell} <= set(mine)
+    assert os.getpid() not in mine
+    assert 1 not in mine
+    assert child not in below_shell
+
+
+def test_worker_pid_looks_below_the_given_process_only(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    worker = {"MS_ROLE": "MS_WORKER", "MS_NODE_ID": "2"}
+    ours = start(started, SLEEP, **worker)
+    deadline = time.monotonic() + 10
+    while processes.worker_pid(os.getpid(), "2") is None:  # until its exec shows the env
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert processes.worker_pid(os.getpid(), "2") == ours
+    assert processes.worker_pid(os.getpid(), "2", marker="no-such-script") is None
+    assert processes.worker_pid(os.getpid(), "3") is None
+    # A look-alike that is not below the root given is not seen.
+    assert processes.worker_pid(ours, "2") is None
+
+
+def test_launched_pid_gives_a_listed_child_of_the_listed_launcher_only(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    child = start(started, SLEEP)
+    processes.write_pids(tmp_path, {"scheduler": child, "worker_0": 1})  # launcher: this test
+    assert processes.launched_pids(tmp_path) == {
+        "launcher": os.getpid(),
+        "scheduler": child,
+        "worker_0": 1,
+    }
+    assert processes.launched_pid(tmp_path, "scheduler") == child
+    assert processes.launched_pid(tmp_path, "worker_0") is None  # pid 1 is not our child
+    assert processes.launched_pid(tmp_path, "worker_1") is None  # not listed
+    assert processes.launched_pid(tmp_path / "nowhere", "scheduler") is None
+    started[0].kill()
+    started[0].wait(10)  # reaped: no longer a process
+    assert processes.launched_pid(tmp_path, "scheduler") is None  # exited

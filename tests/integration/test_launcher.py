@@ -53,6 +53,7 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     assert sorted(p.name for p in logs.iterdir()) == [
         "events.jsonl",  # the scheduler's event log
         "job.secret",
+        "pids",  # what the launcher started
         "scheduler.log",
         "worker_0.log",
         "worker_1.log",

@@ -9,9 +9,11 @@ would be loaded as its state. The rule, for a process of uid U:
   bit (1777, /tmp's mode) does not make it safe: it keeps others from removing what is there,
   not from creating the names the job has not made yet (its lock, its key-value log, the file
   of a worker that has not started), so such a directory is refused too;
-- every directory above it belongs to root or to U, and one that its group or others may write
-  has the sticky bit (as /tmp has): otherwise someone else could rename the recovery directory
-  away and put one of theirs in its place;
+- every directory above it belongs to root or to U, and one that others may write has the
+  sticky bit (as /tmp has): otherwise anyone could rename the recovery directory away and put
+  one of theirs in its place. A parent that its group may write is accepted: that is how a
+  volume is shared by the pods of one job (Kubernetes' fsGroup makes it 2775), and its group is
+  the job's; the recovery directory inside it is still the job user's alone;
 - every symbolic link on the way belongs to root or to U (so it points where they said).
 
 `problem(...)` takes what stat said of each (`Entry`) and returns the one line that says what is
@@ -73,7 +75,7 @@ def _above(entry: Entry, uid: int, names: Mapping[int, str]) -> str | None:
         )
     if stat.S_ISLNK(entry.mode):
         return None
-    if entry.mode & _WRITABLE_BY_OTHERS and not entry.mode & stat.S_ISVTX:
+    if entry.mode & stat.S_IWOTH and not entry.mode & stat.S_ISVTX:
         return (
             f"the directory {entry.path!r} above it can be written by others without the "
             f"sticky bit ({_mode(entry, names)}), so anyone could put another directory in "

@@ -84,6 +84,11 @@ def test_a_directory_under_one_others_can_write_without_the_sticky_bit_is_refuse
     assert "'/shared' above it can be written by others without the sticky bit" in said
 
 
+def test_a_directory_under_a_volume_shared_by_the_jobs_group_is_safe() -> None:
+    above = [Entry("/shared", 0, DIR | 0o2775), directory(0o755, 0, "/")]  # fsGroup
+    assert problem(directory(0o700, ME, "/shared/recovery"), above, ME, NAMES) is None
+
+
 def test_a_directory_under_another_users_directory_is_refused() -> None:
     above = [Entry("/home/mallory", OTHER, DIR | 0o755), *ROOTS]
     said = problem(directory(0o700, ME, "/home/mallory/job"), above, ME, NAMES)

@@ -33,7 +33,7 @@ from cluster.api import runtime
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 from cluster.protocol.peer_state import PREFIX_RE
-from cluster.storage import checkpoint_files, checkpoint_tree
+from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
 from cluster.storage.served import ServedCheckpoints
@@ -421,9 +421,10 @@ class CheckpointManager:
     def _remove_temporaries(self) -> None:
         """Temporaries left by a save that was killed (one process writes a rank's directory)."""
         # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
-        stale = re.compile(rf"^\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}\.\d+\.tmp$")
+        stem = rf"\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}"
+        stale = re.compile(stem + atomic.TEMPORARY_TAIL)
         for name in os.listdir(self.directory):
-            if stale.match(name):
+            if stale.fullmatch(name):
                 with contextlib.suppress(OSError):
                     (self.directory / name).unlink()
 

@@ -1,38 +1,91 @@
-"""One way to replace a file so that a crash at any moment leaves the old file or the new one.
+"""Files a local user cannot redirect, and one way to replace a file so that a crash at any
+moment leaves the old file or the new one.
 
-`write_atomically(path, write, fail)` writes a temporary file beside `path` (same directory, so
-the rename cannot cross file systems), lets `write(fd)` fill it, fsyncs it, renames it over
-`path` and fsyncs the directory, so the rename itself survives a power cut. Every OSError on the
-way becomes the caller's own ClusterError, made by `fail(exc)` in this one place, and the
+Every file this package writes under a directory (the recovery path, a checkpoint directory, a
+log directory) is opened here, with O_NOFOLLOW: a symbolic link planted where the file goes is
+refused (ELOOP), never written through (`open_no_follow`). A file that is replaced is written
+first to a temporary beside it (same directory, so the rename cannot cross file systems) whose
+name holds 64 random bits, `.NAME.<16 hex digits>.tmp`, created with O_EXCL: a name planted in
+advance is never opened, and the name to plant cannot be guessed (`create_temporary`).
+
+`write_atomically(path, write, fail)` lets `write(fd)` fill such a temporary, fsyncs it, renames
+it over `path` and fsyncs the directory, so the rename itself survives a power cut. Every OSError
+on the way becomes the caller's own ClusterError, made by `fail(exc)` in this one place, and the
 temporary is removed (as it is when `write` raises anything else); the previous file, if any,
-is untouched. The recovery state files
-(`store`) and the checkpoints (`checkpoint_files`) are both written this way.
+is untouched. The recovery state files (`store`), the key-value log (`kv_log`) and the
+checkpoints (`checkpoint_files`) are all written this way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from cluster.protocol.errors import ClusterError
 
+NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+# What follows ".NAME." in a temporary's name: random hex digits (and, from releases before
+# them, a process id), so that a stale one is recognised and never taken for the file.
+TEMPORARY_TAIL = r"\.[0-9a-f]+\.tmp"
+_RANDOM_BYTES = 8
+_TRIES = 16
 
-def temporary_path(path: Path) -> Path:
-    """Where `path` is written before its rename: hidden, and named after this process, so a
-    temporary left by a killed writer is recognised (and never taken for the file)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+def open_no_follow(path: Path, flags: int, mode: int = 0o600) -> int:
+    """`os.open(path, flags, mode)` that never follows a link at `path` (OSError ELOOP)."""
+    return os.open(path, flags | NO_FOLLOW, mode)
+
+
+def read_no_follow(path: Path) -> bytes:
+    """The bytes of the file at `path`, never read through a link there; OSError."""
+    fd = open_no_follow(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as file:
+        return file.read()
+
+
+def temporary_name(path: Path, tag: str) -> Path:
+    return path.with_name(f".{path.name}.{tag}.tmp")
+
+
+def is_temporary_of(name: str, target: str) -> bool:
+    """Whether the file name `name` is a temporary of the file named `target`."""
+    return re.fullmatch(re.escape(f".{target}") + TEMPORARY_TAIL, name) is not None
+
+
+def create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary beside `path` (mode 0600, read-write) and its name; OSError."""
+    for _ in range(_TRIES):
+        temporary = temporary_name(path, secrets.token_hex(_RANDOM_BYTES))
+        try:
+            return open_no_follow(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL), temporary
+        except FileExistsError:
+            continue  # 64 random bits taken: only by chance, and never for long
+    raise FileExistsError(f"no free temporary name beside {path} in {_TRIES} tries")
+
+
+def remove_temporaries(path: Path) -> None:
+    """Remove the temporaries of `path` left by a writer that was killed mid-write (one writer
+    per file at a time: the scheduler holds the lock, each worker writes only its own files).
+    A link planted under such a name is removed, not followed."""
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        if is_temporary_of(stale.name, path.name):
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
 
 def write_atomically(
     path: Path, write: Callable[[int], None], fail: Callable[[OSError], ClusterError]
 ) -> None:
     """Replace `path` with what `write(fd)` writes, atomically and durably; `fail(exc)` is the
-    error raised for an OSError (`exc.strerror` says what the system refused)."""
-    temporary = temporary_path(path)
+    error raised for an OSError (`exc.strerror` says what the system refused). `fd` is open for
+    reading too: `write` may check what it wrote before the rename makes it `path`."""
+    temporary: Path | None = None
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, temporary = create_temporary(path)
         try:
             write(fd)
             os.fsync(fd)
@@ -41,13 +94,17 @@ def write_atomically(
         os.replace(temporary, path)
         fsync_directory(path.parent)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
+        _discard(temporary)
         raise fail(exc) from None
     except BaseException:  # the writer gave up (a transfer broke, bytes refused): no torn file
+        _discard(temporary)
+        raise
+
+
+def _discard(temporary: Path | None) -> None:
+    if temporary is not None:
         with contextlib.suppress(OSError):
             temporary.unlink()
-        raise
 
 
 def write_all(fd: int, data: memoryview | bytes) -> None:
@@ -59,7 +116,7 @@ def write_all(fd: int, data: memoryview | bytes) -> None:
 
 def fsync_directory(directory: Path) -> None:
     """Make a rename (or an unlink) in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

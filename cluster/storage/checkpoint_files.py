@@ -135,11 +135,15 @@ def looks_complete(path: Path) -> bool:
         return False
 
 
-def read(path: Path, step: int) -> dict[str, Any]:
+def read(path: Path, step: int, fd: int | None = None) -> dict[str, Any]:
     """The state in the checkpoint file of `step`, verified; CheckpointError naming the file
-    when it is torn, corrupt, of another step or unreadable."""
+    when it is torn, corrupt, of another step or unreadable. With `fd`, the file read is the one
+    open there (from its start; `fd` stays open), `path` only names it: a temporary being
+    written, checked before its rename makes it `path`."""
     try:
-        with open(path, "rb", buffering=0) as file:
+        opened = os.dup(fd) if fd is not None else atomic.open_no_follow(path, os.O_RDONLY)
+        with open(opened, "rb", buffering=0) as file:
+            file.seek(0)
             return _read_file(file, step)
     except CorruptCheckpointError as exc:
         raise CheckpointError(

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cluster.protocol.config import RecoveryConfig, check_recovery_path
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.storage import store
+from cluster.storage import atomic, store
 from cluster.storage.kv_log import KvLog
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
@@ -28,7 +29,7 @@ _Identity = tuple[int, int, int]
 
 def _identity(path: Path) -> _Identity | None:
     try:
-        st = path.stat()
+        st = path.lstat()
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -49,6 +50,8 @@ class DirectoryStore:
         self._seen: tuple[_Identity | None, str] | None = None
 
     async def acquire(self) -> str | None:
+        # Refused when another user could redirect what is written here (ConfigError, one line).
+        await asyncio.to_thread(check_recovery_path, RecoveryConfig(self.directory))
         self._lock.acquire()  # ConfigError naming the holder when another scheduler has it
         self._held = True
         return None
@@ -96,7 +99,7 @@ class DirectoryStore:
         if seen is not None and seen[0] == identity:
             return seen[1]
         try:
-            data = self.path.read_bytes()
+            data = atomic.read_no_follow(self.path)
         except OSError:
             return None  # gone or unreadable (a disk fault, not another writer): rewritten
         try:

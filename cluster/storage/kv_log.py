@@ -10,14 +10,19 @@ A batch of changes is one write and one fsync, so a key set costs a fraction of 
 many arrive together, and never a rewrite of the whole store. A crash mid-append leaves a torn
 last record: it was never acknowledged (the answer waits for the fsync), so loading drops it and
 the next append overwrites it. A complete record that fails its checksum, or anything that is not
-a record, is corruption and is reported, never half-loaded. When the log has grown past twice
-what it holds (and past COMPACT_MIN_BYTES), it is rewritten atomically with one record per live
-key (`atomic.write_atomically`: a crash leaves the old log or the new one).
+a record, is corruption and is reported, never half-loaded.
+
+The log is compacted: it knows the size of the newest record of each key, so what a compacted
+log would hold (`live`: the header and one record per key) is exact, whatever was rewritten.
+Once the file is larger than twice that and than COMPACT_MIN_BYTES (`needs_compaction`), it is
+rewritten atomically with one record per key (`atomic.write_atomically`: a crash leaves the old
+log or the new one). A key rewritten forever keeps the log under max(COMPACT_MIN_BYTES, 2 x
+live) plus one batch, and a compaction rewrites at most half of what was appended since the last
+one. The file is never opened through a link (`atomic.open_no_follow`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 from collections.abc import Mapping
@@ -38,6 +43,16 @@ COMPACT_MIN_BYTES = 4 * 1024 * 1024
 ADVICE = "move it away (the job's key-value store is then empty after a restart)"
 
 
+def needs_compaction(size: int, live: int) -> bool:
+    """Whether a log of `size` bytes whose compacted form holds `live` bytes is rewritten."""
+    return size > max(COMPACT_MIN_BYTES, 2 * live)
+
+
+def record_size(key: str, value: bytes) -> int:
+    """The bytes of `encode_record(key, value)`."""
+    return len(MAGIC) + 2 * _LENGTH.size + len(key.encode()) + len(value) + _DIGEST
+
+
 def _header(job: str) -> bytes:
     return b"%s %d %s\n" % (FORMAT, VERSION, job.encode())
 
@@ -54,13 +69,14 @@ class KvLog:
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE_NAME
         self._job: str | None = None  # the job of the log on disk, once read or written
-        self._size = 0  # bytes of the file that hold whole records (after load or append)
-        self._live = 0  # bytes of the newest record of each key (estimate after appends)
+        self._size = 0  # bytes of the file that hold the header and whole records
+        self._record_sizes: dict[str, int] = {}  # the size of the newest record of each key
+        self._live = 0  # the header and the newest record of each key: the compacted size
 
     def load(self, job: str) -> dict[str, bytes]:
         """The store of `job`; empty when the log is missing or another job's."""
         try:
-            data = self.path.read_bytes()
+            data = atomic.read_no_follow(self.path)
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -80,12 +96,14 @@ class KvLog:
             return {}  # another job's: the next clear replaces it
         values, end = self._records(data, len(line) + 1)
         self._job, self._size = job, end
-        self._live = sum(len(encode_record(k, v)) for k, v in values.items())
+        self._record_sizes = {key: record_size(key, value) for key, value in values.items()}
+        self._live = len(line) + 1 + sum(self._record_sizes.values())
         return values
 
     def _records(self, data: bytes, start: int) -> tuple[dict[str, bytes], int]:
         """Every whole record from `start`, and where they end (a torn tail is dropped)."""
         values: dict[str, bytes] = {}
+        view = memoryview(data)  # slices of a view copy nothing: each value is copied once
         at = start
         while at < len(data):
             head = data[at : at + 6]
@@ -97,15 +115,15 @@ class KvLog:
             end = at + 6 + length + _DIGEST
             if end > len(data):
                 break  # torn
-            body = data[at + 6 : at + 6 + length]
+            body = view[at + 6 : at + 6 + length]
             if xxhash.xxh3_128_digest(body) != data[end - _DIGEST : end] or length < 4:
                 raise self._corrupt(at, "a record fails its checksum")
             (key_length,) = _LENGTH.unpack(body[:4])
             try:
-                key = body[4 : 4 + key_length].decode()
+                key = str(body[4 : 4 + key_length], "utf-8")
             except UnicodeDecodeError:
                 raise self._corrupt(at, "a key is not UTF-8") from None
-            values[key] = body[4 + key_length :]
+            values[key] = bytes(body[4 + key_length :])
             at = end
         return values, at
 
@@ -118,9 +136,10 @@ class KvLog:
         """Add `changes` to `job`'s log, durably (one write, one fsync)."""
         if self._job != job:
             self.reset(job)
-        data = b"".join(encode_record(k, v) for k, v in changes.items())
+        records = {key: encode_record(key, value) for key, value in changes.items()}
+        data = b"".join(records.values())
         try:
-            fd = os.open(self.path, os.O_WRONLY)
+            fd = atomic.open_no_follow(self.path, os.O_WRONLY)
             try:
                 os.ftruncate(fd, self._size)  # a torn tail from a crash, or a failed write
                 os.lseek(fd, self._size, os.SEEK_SET)
@@ -131,9 +150,21 @@ class KvLog:
         except OSError as exc:
             raise self._failed(exc) from None
         self._size += len(data)
-        self._live += len(data)  # an upper bound: overwritten keys are counted twice
-        if self._size > max(COMPACT_MIN_BYTES, 2 * self._live):
+        for key, record in records.items():
+            self._live += len(record) - self._record_sizes.get(key, 0)
+            self._record_sizes[key] = len(record)
+        if needs_compaction(self._size, self._live):
             self.compact()
+
+    @property
+    def size(self) -> int:
+        """The bytes of the log on disk (header and whole records)."""
+        return self._size
+
+    @property
+    def live(self) -> int:
+        """The bytes the log would hold once compacted."""
+        return self._live
 
     def compact(self) -> None:
         """Rewrite the log with the newest value of each key, atomically."""
@@ -141,21 +172,18 @@ class KvLog:
         values = self.load(self._job)
         data = _header(self._job) + b"".join(encode_record(k, v) for k, v in values.items())
         atomic.write_atomically(self.path, lambda fd: atomic.write_all(fd, data), self._failed)
-        self._size = self._live = len(data)
+        self._size = len(data)  # == self._live, as `load` counted it
+        atomic.remove_temporaries(self.path)
 
     def reset(self, job: str) -> None:
         """An empty log for `job`, replacing any other, atomically."""
         header = _header(job)
         atomic.write_atomically(self.path, lambda fd: atomic.write_all(fd, header), self._failed)
-        self._job, self._size, self._live = job, len(header), 0
+        self._job, self._size, self._live, self._record_sizes = job, len(header), len(header), {}
+        atomic.remove_temporaries(self.path)
 
     def _failed(self, exc: OSError) -> StateFileError:
         return StateFileError(
             f"cannot save the key-value store to {self.path} ({exc.strerror}); what it held "
             "before is unchanged"
         )
-
-    def remove_stale_temporaries(self) -> None:
-        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
-            with contextlib.suppress(OSError):
-                stale.unlink()

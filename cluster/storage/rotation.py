@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 from cluster.protocol.config import LogRotation
+from cluster.storage.atomic import open_no_follow
 
-_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _MODE = 0o644
 
 
@@ -58,7 +59,7 @@ def rotate(path: Path, keep: int) -> None:
 def open_for_append(path: Path) -> int:
     """A descriptor appending to `path` (made if missing, never through a link); OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, _FLAGS, _MODE)
+    return open_no_follow(path, _FLAGS, _MODE)
 
 
 class RotatingFile:

@@ -5,15 +5,18 @@ so a crash at any moment leaves either the old state or the new one, never a mix
 an envelope `{"format", "version", "kind", "sha256", "payload"}`: a torn, truncated, edited,
 foreign or newer file is reported in one clear StateFileError and never half-loaded; nothing here
 overwrites a file it could not read. `RecoveryLock` keeps a second scheduler off the same path.
+Files are read and the lock opened without following a link (`atomic`); the lock is written only
+when it is this user's own regular file with one name, never a file linked in from elsewhere.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +59,7 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
         )
 
     atomic.write_atomically(path, lambda fd: atomic.write_all(fd, data), failed)
-    _remove_stale_temporaries(path)
-
-
-def _remove_stale_temporaries(path: Path) -> None:
-    """Temporaries of `path` left by a process killed mid-save (one writer per file at a time:
-    the scheduler holds the lock, each worker writes only its own file)."""
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            stale.unlink()
+    atomic.remove_temporaries(path)
 
 
 FILE_ADVICE = "move it away to start a new job, or restore it from a backup"
@@ -73,7 +68,7 @@ FILE_ADVICE = "move it away to start a new job, or restore it from a backup"
 def load(path: Path, kind: str) -> dict[str, Any] | None:
     """The payload saved at `path`, None when there is no file; StateFileError when unusable."""
     try:
-        data = path.read_bytes()
+        data = atomic.read_no_follow(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -113,6 +108,17 @@ def decode(data: bytes, kind: str, where: str, advice: str) -> dict[str, Any]:
     return payload
 
 
+def _not_own_file(st: os.stat_result) -> str:
+    """What makes the file behind `st` unfit to be written as this process's lock ('' if fit)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this process (uid {os.geteuid()})"
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} names (a hard link)"
+    return ""
+
+
 class RecoveryLock:
     """An exclusive lock on a recovery directory, held while a scheduler runs on it."""
 
@@ -122,9 +128,17 @@ class RecoveryLock:
 
     def acquire(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise self._unusable(exc) from None
+        planted = _not_own_file(os.fstat(fd))
+        if planted:
+            os.close(fd)
+            raise ConfigError(
+                f"{self.path} is {planted}: it was not made by this job, and writing it would "
+                "change a file elsewhere; remove it, and let only the job's user write "
+                f"MS_RECOVERY_PATH={str(self.path.parent)!r}"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -144,6 +158,12 @@ class RecoveryLock:
         self._fd = fd
 
     def _unusable(self, exc: OSError) -> ConfigError:
+        if exc.errno == errno.ELOOP:
+            return ConfigError(
+                f"{self.path} is a symbolic link: it was not made by this job, and is never "
+                "followed; remove it, and let only the job's user write "
+                f"MS_RECOVERY_PATH={str(self.path.parent)!r}"
+            )
         return ConfigError(
             f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot hold the job's state: writing "
             f"{self.path.name} failed ({exc.strerror}); free space there or point "

@@ -120,7 +120,7 @@ def _fetch_from(
     def write(fd: int) -> None:
         nbytes = loop.run(receive(holder, wanted, fd, client))
         try:  # verified in the temporary file, before the rename makes it this rank's
-            result.append((checkpoint_files.read(atomic.temporary_path(path), wanted.step), nbytes))
+            result.append((checkpoint_files.read(path, wanted.step, fd), nbytes))
         except CheckpointError as exc:
             raise PeerFailure(f"what it sent does not verify: {exc}") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
 import os
 import threading
@@ -18,7 +19,7 @@ from cluster.protocol.state import Accepted, Refused
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.scheduler.server import SchedulerServer
-from cluster.storage import store
+from cluster.storage import atomic, store
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import Written
 from cluster.v1 import scheduler_pb2 as pb
@@ -241,15 +242,18 @@ async def test_an_unusable_state_file_is_left_alone(tmp_path: Path) -> None:
 
 
 async def test_a_scheduler_on_a_directory_that_cannot_take_its_state_does_not_start(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every save fails: its temporary file cannot be created.
-    (tmp_path / f".{STATE_FILE}.{os.getpid()}.tmp").mkdir()
+    # Every save fails: its temporary file cannot be created, as on a full disk.
+    def full(path: Path) -> tuple[int, Path]:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(atomic, "create_temporary", full)
     server = SchedulerServer(SETTINGS, recovery_path=tmp_path)
     with pytest.raises(ConfigError) as caught:
         await asyncio.wait_for(server.start(), BOUND_S)
     assert "MS_RECOVERY_PATH is not usable: cannot save the recovery state to" in str(caught.value)
-    assert "(Is a directory)" in str(caught.value)
+    assert "(No space left on device)" in str(caught.value)
     # Nothing left behind: the lock is free for the next try.
     with store.RecoveryLock(tmp_path):
         pass

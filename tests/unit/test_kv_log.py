@@ -1,0 +1,122 @@
+"""The key-value log on disk stays within a bound of what it holds: it counts the bytes of the
+newest record of each key exactly, and compacts once it is twice that (and past a floor)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster.protocol.errors import StateFileError
+from cluster.storage import atomic, kv_log
+from cluster.storage.kv_log import FILE_NAME, KvLog, encode_record, needs_compaction, record_size
+
+JOB = "job-1"
+FLOOR = 4096  # a small COMPACT_MIN_BYTES, so that short runs compact
+
+
+@pytest.fixture
+def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kv_log, "COMPACT_MIN_BYTES", FLOOR)
+
+
+def header_bytes(job: str) -> int:
+    return len(f"cluster-kv 1 {job}\n".encode())
+
+
+def compacted_size(values: dict[str, bytes], job: str = JOB) -> int:
+    return header_bytes(job) + sum(record_size(k, v) for k, v in values.items())
+
+
+@given(key=st.text(max_size=20), value=st.binary(max_size=100))
+def test_record_size_is_the_size_of_the_encoded_record(key: str, value: bytes) -> None:
+    assert record_size(key, value) == len(encode_record(key, value))
+
+
+def test_a_log_compacts_past_twice_what_it_holds_and_past_the_floor() -> None:
+    floor = kv_log.COMPACT_MIN_BYTES
+    assert not needs_compaction(floor, 10)  # under the floor: never
+    assert needs_compaction(floor + 1, 10)
+    assert not needs_compaction(2 * floor, floor)  # twice what it holds: not yet
+    assert needs_compaction(2 * floor + 1, floor)
+
+
+def test_one_key_rewritten_thousands_of_times_keeps_the_log_small(
+    tmp_path: Path, small_floor: None
+) -> None:
+    log = KvLog(tmp_path)
+    log.load(JOB)
+    largest = 0
+    for i in range(3000):
+        log.append(JOB, {"plan": b"%06d" % i + bytes(1024)})
+        largest = max(largest, (tmp_path / FILE_NAME).stat().st_size)
+    assert log.live == compacted_size({"plan": bytes(1030)})
+    # 3000 records (3 MiB) were appended; the file never held more than the floor.
+    assert largest <= max(FLOOR, 2 * log.live)
+    assert KvLog(tmp_path).load(JOB) == {"plan": b"002999" + bytes(1024)}
+
+
+def test_a_compaction_leaves_no_temporary_and_cleans_stale_ones(
+    tmp_path: Path, small_floor: None
+) -> None:
+    stale = atomic.temporary_name(tmp_path / FILE_NAME, "1234")
+    stale.write_bytes(b"left by a killed scheduler")
+    log = KvLog(tmp_path)
+    log.load(JOB)
+    for i in range(20):
+        log.append(JOB, {"k": bytes(500 + i)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
+
+
+def test_the_log_is_never_written_through_a_link(tmp_path: Path) -> None:
+    log = KvLog(tmp_path)
+    log.load(JOB)
+    log.append(JOB, {"a": b"1"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not the job's")
+    (tmp_path / FILE_NAME).unlink()
+    (tmp_path / FILE_NAME).symlink_to(elsewhere)
+    with pytest.raises(StateFileError, match="cannot save the key-value store"):
+        log.append(JOB, {"a": b"2"})
+    with pytest.raises(StateFileError, match="cannot read the key-value log"):
+        KvLog(tmp_path).load(JOB)
+    assert elsewhere.read_bytes() == b"not the job's"
+
+
+batches = st.lists(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "dé", "e" * 40]),
+        st.binary(max_size=900),
+        min_size=1,
+        max_size=3,
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=batches)
+def test_any_sequence_of_sets_stays_bounded_and_replays_the_same_map(
+    batches: list[dict[str, bytes]],
+) -> None:
+    with pytest.MonkeyPatch.context() as patch, tempfile.TemporaryDirectory() as tmp:
+        patch.setattr(kv_log, "COMPACT_MIN_BYTES", FLOOR)
+        directory = Path(tmp)
+        log = KvLog(directory)
+        assert log.load(JOB) == {}
+        model: dict[str, bytes] = {}
+        for batch in batches:
+            log.append(JOB, batch)
+            model.update(batch)
+            on_disk = os.stat(directory / FILE_NAME).st_size
+            assert log.size == on_disk
+            assert log.live == compacted_size(model)
+            assert on_disk <= max(FLOOR, 2 * log.live)
+        replayed = KvLog(directory)
+        assert replayed.load(JOB) == model
+        assert (replayed.size, replayed.live) == (log.size, log.live)

@@ -10,13 +10,21 @@ both having exited 0 (joined, gathered, finished), or "did not form" after `--li
 connections (`grpc.server_handshake_timeout_ms`, default 2 minutes in gRPC, and
 `grpc.max_connection_idle_ms`, default none), for comparison.
 
+`--stalled N` opens, instead of raw sockets, N calls of `Register` over `--stalled-connections`
+connections that send their headers and never their request (the stream stays open, pings are
+answered): the scheduler cuts each after its first-message time and turns away a peer's calls
+past its share (`cluster.transport.handlers.Arrivals`). `--unbounded` runs the scheduler without
+that (no deadline, no share: gRPC holds such a stream for as long as the peer answers pings), for
+comparison.
+
 Usage: python benchmarks/connections.py [--files 256] [--idle 0,400,1000] [--repeat 3]
-       [--limit 60] [--grpc-defaults]
+       [--limit 60] [--grpc-defaults] [--stalled N --stalled-connections C --unbounded]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import resource
@@ -25,9 +33,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+
+import grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
@@ -37,9 +48,13 @@ POLL_S = 0.01
 SCHEDULER = """
 import sys
 from cluster.scheduler import server
+from cluster.transport import edge
 if sys.argv[1] == "grpc-defaults":
     dropped = ("grpc.server_handshake_timeout_ms", "grpc.max_connection_idle_ms")
     server.SERVER_OPTIONS[:] = [o for o in server.SERVER_OPTIONS if o[0] not in dropped]
+if sys.argv[1] == "unbounded":
+    edge.FIRST_MESSAGE_S = edge.FIRST_LARGE_MESSAGE_S = 10**6
+    edge.ARRIVALS_PER_PEER = edge.ARRIVALS_TOTAL = 10**9
 from cluster.tools.cli import main
 sys.exit(main(["scheduler"]))
 """
@@ -66,6 +81,55 @@ def idle_sockets(port: int, count: int) -> Iterator[None]:
             sock.close()
 
 
+@contextlib.contextmanager
+def stalled_calls(port: int, count: int, connections: int) -> Iterator[None]:
+    """`count` Register calls over `connections` connections, each sending its headers and
+    never its request, held open (from a thread of their own) until the block ends."""
+    opened, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        channels = [
+            grpc.aio.insecure_channel(
+                f"{HOST}:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+            )
+            for _ in range(connections)
+        ]
+        never = asyncio.Event()
+
+        async def no_request() -> AsyncIterator[bytes]:
+            await never.wait()  # the stall: this outsider never sends its request
+            yield b""
+
+        calls = [
+            channels[i % connections].stream_unary(
+                "/cluster.v1.Scheduler/Register",
+                request_serializer=lambda raw: raw,
+                response_deserializer=lambda raw: raw,
+            )(no_request(), timeout=600)
+            for i in range(count)
+        ]
+        done = asyncio.ensure_future(asyncio.gather(*calls, return_exceptions=True))
+        await asyncio.sleep(1.0)  # a benchmark: let the calls reach the scheduler
+        opened.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait)
+        never.set()
+        done.cancel()
+        for channel in channels:
+            await channel.close(None)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    thread = threading.Thread(target=lambda: asyncio.run(hold()), daemon=True)
+    thread.start()
+    try:
+        opened.wait(120)
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def wait_for(predicate: object, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while not predicate():  # type: ignore[operator]
@@ -75,7 +139,9 @@ def wait_for(predicate: object, timeout_s: float) -> bool:
     return True
 
 
-def once(files: int, idle: int, limit_s: float, grpc_defaults: bool) -> float | None:
+def once(
+    files: int, idle: int, limit_s: float, mode: str, stalled: tuple[int, int]
+) -> float | None:
     """Seconds from the workers' spawn to both exited 0; None when the job did not form."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
@@ -92,7 +158,6 @@ def once(files: int, idle: int, limit_s: float, grpc_defaults: bool) -> float | 
 
     with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
         log = Path(tmp) / "scheduler.log"
-        mode = "grpc-defaults" if grpc_defaults else "cluster"
         with log.open("wb") as out:
             scheduler = subprocess.Popen(
                 [sys.executable, "-c", SCHEDULER, mode],
@@ -105,7 +170,8 @@ def once(files: int, idle: int, limit_s: float, grpc_defaults: bool) -> float | 
         try:
             if not wait_for(lambda: "listening on" in log.read_text(), 30):
                 raise SystemExit(f"the scheduler did not start:\n{log.read_text()}")
-            with idle_sockets(port, idle):
+            attack = stalled_calls(port, *stalled) if stalled[0] else idle_sockets(port, idle)
+            with attack:
                 started = time.monotonic()
                 workers = [
                     subprocess.Popen(
@@ -134,12 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--limit", type=float, default=60.0, help="seconds to form, at most")
     parser.add_argument("--grpc-defaults", action="store_true", help="without the two options")
+    parser.add_argument("--stalled", type=int, default=0, help="stalled calls, not sockets")
+    parser.add_argument("--stalled-connections", type=int, default=100)
+    parser.add_argument("--unbounded", action="store_true", help="no first-message deadline")
     args = parser.parse_args(argv)
-    what = "gRPC's defaults" if args.grpc_defaults else "cluster's server options"
-    print(f"2-worker job, scheduler held to {args.files} open files, {what}")
+    mode = "grpc-defaults" if args.grpc_defaults else "cluster"
+    mode = "unbounded" if args.unbounded else mode
+    what = {"grpc-defaults": "gRPC's defaults", "unbounded": "no first-message deadline"}
+    print(f"2-worker job, scheduler held to {args.files} open files, {what.get(mode, mode)}")
+    stalled = (args.stalled, args.stalled_connections)
+    if args.stalled:
+        print(f"{args.stalled} stalled calls over {args.stalled_connections} connections")
+        args.idle = "0"
     print(f"{'idle sockets':>12}  {'median':>8}  runs")
     for idle in (int(n) for n in args.idle.split(",")):
-        runs = [once(args.files, idle, args.limit, args.grpc_defaults) for _ in range(args.repeat)]
+        runs = [once(args.files, idle, args.limit, mode, stalled) for _ in range(args.repeat)]
         formed = [r for r in runs if r is not None]
         median = f"{statistics.median(formed):.2f} s" if len(formed) == len(runs) else "-"
         shown = ", ".join("did not form" if r is None else f"{r:.2f}" for r in runs)

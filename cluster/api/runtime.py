@@ -190,7 +190,8 @@ def _close(*, finished: bool) -> None:
     with _lock:
         current, _session = _session, None
     if current is not None:
-        _run(_closers, "closing what this worker opened for the job")
+        if finished:  # after a crash a closer may block on what failed (a hung NCCL call)
+            _run(_closers, "closing what this worker opened for the job")
         current.finalize(finished=finished)
 
 
@@ -286,7 +287,8 @@ def generation_over() -> None:
 def on_finalize(close: Callable[[], None]) -> None:
     """Have `close()` called when this worker finalizes (cluster.finalize(), or at exit), before
     it tells the scheduler: cluster.torch destroys its process group there, so that torch has
-    nothing left to tear down (or warn about) at exit."""
+    nothing left to tear down (or warn about) at exit. Not after the program died of an
+    uncaught exception: what failed (an NCCL communicator) could block the exit."""
     if close not in _closers:
         _closers.append(close)
 

@@ -35,8 +35,13 @@ alternate, `--repeat` runs each, median steps/s. Each step also sleeps for each 
 waiting, as for a GPU), since whether a checkpoint every step is free depends on how long a step
 takes against how long the disk takes to write one. `--sizes ""` runs part 2 only.
 
+With `--device cuda` the state is CUDA tensors instead, and the rows are the device's
+(`benchmarks/checkpoint_cuda.py`: the D2H floors, pageable and pinned, cluster, dcp.async_save,
+torch.save + fsync); part 2 is not run. Without a GPU it says so in one line and exits 0.
+
 Usage: python benchmarks/checkpoint.py [--sizes 100,1000] [--arrays 4] [--repeat 5]
        [--steps 300] [--step-delays 0,0.02] [--baseline COMMIT] [--dir DIR] [--json PATH]
+       [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -117,7 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default=BASELINE, help="commit of the 'before' rows")
     parser.add_argument("--dir", help="where to write (default: a temporary directory)")
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the state's tensors are"
+    )
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        from checkpoint_cuda import run  # noqa: PLC0415 - only for --device cuda
+
+        cuda_results = run(args, report)
+        if args.json and cuda_results is not None:
+            Path(args.json).write_text(json.dumps(cuda_results, indent=2))
+        return 0
 
     results: dict[str, Any] = {"arrays": args.arrays, "repeat": args.repeat, "sizes": {}}
     rng = np.random.default_rng(0)

@@ -15,12 +15,18 @@ bit-for-bit the parameters of a run without: float64, deterministic algorithms, 
 Each step prints `epoch: <e> step: <s>, loss is <x>` (the loss of the whole global batch). With
 --out DIR, rank 0 writes the final parameters to DIR/final.npz and their SHA-256 (of their
 float64 bytes, in the model's parameter order) to DIR/final.sha256.
+
+On GPUs, one worker per GPU of its host (`torch.cuda.set_device(cluster.get_local_rank())`),
+gradients averaged over NCCL:
+
+    mscluster run --worker-num 2 examples/train_torch.py --device cuda --backend nccl
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -72,7 +78,7 @@ def shard(step: int, rank: int, size: int) -> slice:
 def digest(net: nn.Module) -> str:
     sha = hashlib.sha256()
     for param in net.parameters():
-        sha.update(param.detach().to(torch.float64).contiguous().numpy().tobytes())
+        sha.update(param.detach().cpu().to(torch.float64).contiguous().numpy().tobytes())
     return sha.hexdigest()
 
 
@@ -85,9 +91,10 @@ class Trainer:
     newcomer (a promoted spare, a restarted worker) must meet the survivors there.
     """
 
-    def __init__(self, per_rank: int) -> None:
+    def __init__(self, per_rank: int, device: torch.device, backend: str) -> None:
         self.per_rank = per_rank
-        self.net = network()
+        self.backend = backend
+        self.net = network().to(device)
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=LR, momentum=MOMENTUM)
         self.model: DistributedDataParallel | None = None
 
@@ -95,7 +102,7 @@ class Trainer:
         """DDP over the process group of the job's current generation. init_sync=False: every
         rank holds the same parameters already (the same seed, or the same checkpoint step),
         and then the wrapping makes no collective, so one rank may repeat it alone."""
-        cluster.torch.init_process_group("gloo")
+        cluster.torch.init_process_group(self.backend)
         model = DistributedDataParallel(self.net, init_sync=False)
         # Gradients added in rank order: the same bits whether or not a rollback re-made the
         # wrapper (and with it DDP's bucket layout) before this step.
@@ -128,7 +135,7 @@ class Trainer:
         return total.item()
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--save-every", type=int, default=10, help="checkpoint every k steps")
@@ -142,7 +149,20 @@ def main() -> None:
         default=cluster.CheckpointConfig.memory_snapshot,
         help="bytes of state kept in memory at each step boundary (0: off, roll back to disk)",
     )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--backend", choices=cluster.torch.BACKENDS, help="default: nccl on cuda, else gloo"
+    )
     args = parser.parse_args()
+    args.backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    return args
+
+
+def main() -> None:
+    args = arguments()
+    if args.device == "cuda":
+        # Deterministic cuBLAS needs a fixed workspace (set before CUDA starts).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     # Bit-for-bit repeatable arithmetic: one thread (the same reduction order in every kernel)
     # and deterministic kernels only. Done before cluster.init(), with everything else that does
@@ -156,7 +176,11 @@ def main() -> None:
     rank, size = cluster.get_rank(), cluster.get_group_size()
     if GLOBAL_BATCH % size:
         raise SystemExit(f"the global batch ({GLOBAL_BATCH}) must divide among {size} workers")
-    trainer = Trainer(GLOBAL_BATCH // size)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = gpu_of_this_worker()
+        x, y = x.to(device), y.to(device)
+    trainer = Trainer(GLOBAL_BATCH // size, device, args.backend)
     directory = args.checkpoint_dir or (args.out or Path("checkpoints")) / "checkpoints"
     checkpoints = cluster.CheckpointManager(
         directory,
@@ -176,14 +200,26 @@ def main() -> None:
     print(f"steps redone: {loop.steps_redone} in {loop.rollbacks} rollbacks", flush=True)
     if rank == 0 and args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        arrays = {name: p.detach().numpy() for name, p in trainer.net.named_parameters()}
+        arrays = {name: p.detach().cpu().numpy() for name, p in trainer.net.named_parameters()}
         np.savez(args.out / "final.npz", **arrays)
         (args.out / "final.sha256").write_text(digest(trainer.net) + "\n")
         print(
             f"final parameters: {args.out / 'final.npz'} sha256 {digest(trainer.net)}", flush=True
         )
-    cluster.torch.destroy_process_group()
-    cluster.finalize()
+    cluster.finalize()  # destroys the process group too
+
+
+def gpu_of_this_worker() -> torch.device:
+    """The GPU of this worker's local rank: one worker per GPU (NCCL refuses two ranks on one
+    GPU, with an error that is harder to read than this one)."""
+    local_rank, local_size = cluster.get_local_rank(), cluster.get_local_size()
+    count = torch.cuda.device_count()
+    if local_size > count:
+        raise SystemExit(
+            f"{local_size} workers on this host but {count} GPUs visible: run one worker per GPU"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ _ps_context_called = False
 _ps_context_tls: TLSOptions | None = None
 # What this worker lets go of when its generation is over (see on_generation_over).
 _releases: list[Callable[[], None]] = []
+# What this worker closes at finalize, before it tells the scheduler (see on_finalize).
+_closers: list[Callable[[], None]] = []
 _log = logging.getLogger(__name__)
 
 
@@ -188,6 +190,8 @@ def _close(*, finished: bool) -> None:
     with _lock:
         current, _session = _session, None
     if current is not None:
+        if finished:  # after a crash a closer may block on what failed (a hung NCCL call)
+            _run(_closers, "closing what this worker opened for the job")
         current.finalize(finished=finished)
 
 
@@ -277,8 +281,21 @@ def on_generation_over(release: Callable[[], None]) -> None:
 def generation_over() -> None:
     """Call what `on_generation_over` registered; a release that fails is logged, not raised
     (the rollback goes on: the next generation makes what it needs anew)."""
-    for release in list(_releases):
+    _run(_releases, "letting go of the old generation's resources")
+
+
+def on_finalize(close: Callable[[], None]) -> None:
+    """Have `close()` called when this worker finalizes (cluster.finalize(), or at exit), before
+    it tells the scheduler: cluster.torch destroys its process group there, so that torch has
+    nothing left to tear down (or warn about) at exit. Not after the program died of an
+    uncaught exception: what failed (an NCCL communicator) could block the exit."""
+    if close not in _closers:
+        _closers.append(close)
+
+
+def _run(calls: list[Callable[[], None]], what: str) -> None:
+    for call in list(calls):
         try:
-            release()
-        except Exception as exc:  # any failure of a release is only logged
-            _log.warning("letting go of the old generation's resources failed: %s", exc)
+            call()
+        except Exception as exc:  # any failure is only logged: the worker goes on closing
+            _log.warning("%s failed: %s", what, exc)

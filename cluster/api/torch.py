@@ -13,6 +13,8 @@ address and tells the others where it is; the group is then formed over that sto
 in the same generation it does nothing; in a later one (after a failed worker rejoined) it
 destroys the old group and makes a fresh one, so call it from the `set_state` of a
 `cluster.TrainingLoop`, which runs for every new generation, the restarted worker's included.
+`cluster.finalize()` (and the exit of the process) destroys the group, before it tells the
+scheduler this worker is done: torch finds nothing to tear down (NCCL: nothing to warn about).
 
 Why a TCPStore and not a torch Store backed by `cluster.kv_store()`: gloo's rendezvous is a burst
 of set/get/wait calls, which a TCPStore answers locally in microseconds while the kv store makes
@@ -145,6 +147,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         raise
     _current = _Group(generation, backend, store, sockets)
     runtime.on_generation_over(release_process_group)
+    runtime.on_finalize(destroy_process_group)
 
 
 def _make_group(
@@ -179,8 +182,10 @@ def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedel
 
 
 def destroy_process_group() -> None:
-    """Destroy the process group cluster.torch made, if any (also done before a new one is
-    made, and at the end of the process by torch)."""
+    """Destroy the process group cluster.torch made, if any: done before a new one is made, at
+    the end of a generation (`release_process_group`), and by `cluster.finalize()` (also at
+    exit), so that torch never finds a group left at exit (NCCL warns "destroy_process_group()
+    was not called before program exit")."""
     global _current
     if _current is None:
         return

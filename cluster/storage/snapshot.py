@@ -16,7 +16,10 @@ peer transfer would hold the one it sends). When every snapshot is held, `acquir
 the back-pressure that bounds the memory of a loop that saves faster than the disk writes, and
 each wait is counted. Buffers are kept from one save to the next, so a steady state of saves of
 the same layout allocates nothing (a fresh buffer costs a page fault per 4 KiB on first touch,
-ten times the copy itself).
+ten times the copy itself). A state with CUDA tensors is copied into a pinned buffer (from
+`cluster.storage.host_buffers`, bounded by CLUSTER_PINNED_MAX_BYTES) on a copy stream
+(`cluster.storage.device_copy`), complete when `fill` returns; `state()` puts each tensor back
+on the device it was copied from.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from cluster.storage import checkpoint_files
+from cluster.storage import checkpoint_files, device_copy
 from cluster.storage.background import WAIT_WARNING_S
 from cluster.storage.checkpoint_tree import Encoded, allocate, copy_into, decode_state
+from cluster.storage.host_buffers import HostBuffer, HostBuffers, default_buffers
 
 _log = logging.getLogger(__name__)
 
@@ -39,12 +43,16 @@ _log = logging.getLogger(__name__)
 class Snapshot:
     """The checkpoint of `step`, owned by a pool; see the module."""
 
-    def __init__(self) -> None:
+    def __init__(self, buffers: HostBuffers | None = None) -> None:
         self.step = 0
         # Whether this step's file is complete on disk (set by the writer after its rename).
         self.persisted = False
         self._head = b""
         self._buffer = np.zeros(0, np.uint8)
+        # Where the buffer comes from when pinned (the process's buffers unless given).
+        self._buffers = buffers
+        self._host: HostBuffer | None = None  # the buffer, when it came from `_buffers`
+        self._devices: list[Any] = []  # each entry's CUDA device (None: host)
         self._data_bytes = 0
         self._layout: list[tuple[int, int]] = []
         self._tree: Any = None
@@ -59,16 +67,23 @@ class Snapshot:
         return len(self._head) + self._data_bytes + checkpoint_files.FOOTER_SIZE
 
     def fill(self, step: int, rank: int, prefix: str, encoded: Encoded) -> None:
-        """Copy an encoded state into this snapshot's buffers (grown only when too small)."""
+        """Copy an encoded state into this snapshot's buffers (grown only when too small, or
+        made pinned when the state holds CUDA tensors and the buffer is not)."""
         layout = [(entry["offset"], entry["nbytes"]) for entry in encoded.entries]
-        if self._buffer.nbytes < encoded.data_bytes:
-            # np.zeros: the padding between arrays is zero, and the pages are touched (faulted
-            # in) by the copies below, once.
-            self._buffer = np.zeros(encoded.data_bytes, np.uint8)
+        on_device = any(device_copy.cuda_device(source) is not None for source in encoded.sources)
+        if self._buffer.nbytes < encoded.data_bytes or on_device != (self._host is not None):
+            # Zeroed: the padding between arrays is zero, and the pages are touched (faulted
+            # in) once, here or by the copies below.
+            self._replace_buffer(encoded.data_bytes, pinned=on_device)
         elif layout != self._layout:
             self._zero_gaps(layout, encoded.data_bytes)
-        for entry, source in zip(encoded.entries, encoded.sources, strict=True):
-            copy_into(source, entry, self._buffer)
+        if on_device:
+            owner = self._host.owner if self._host is not None else None
+            self._devices = device_copy.copy_state(encoded, self._buffer, owner)
+        else:
+            for entry, source in zip(encoded.entries, encoded.sources, strict=True):
+                copy_into(source, entry, self._buffer)
+            self._devices = [None] * len(encoded.entries)
         self.step = step
         self.persisted = False
         self._head = checkpoint_files.head(step, rank, prefix, encoded)
@@ -78,16 +93,38 @@ class Snapshot:
         with self._digest_lock:
             self._digest = None
 
+    def _replace_buffer(self, nbytes: int, *, pinned: bool) -> None:
+        self.free()
+        if pinned:
+            if self._buffers is None:
+                self._buffers = default_buffers()
+            self._host = self._buffers.acquire(nbytes, pinned=True)
+            self._buffer = self._host.array
+        else:
+            self._buffer = np.zeros(nbytes, np.uint8)
+
+    def free(self) -> None:
+        """Let go of the buffer (a pinned one goes back to its `HostBuffers` for reuse)."""
+        if self._host is not None and self._buffers is not None:
+            self._buffers.release(self._host)
+        self._host = None
+        self._buffer = np.zeros(0, np.uint8)
+        self._layout = []
+
     def state(self) -> dict[str, Any]:
         """A decoded copy of the state held: new arrays and tensors, as `checkpoint_files.read`
         makes from the file (without the checksum: these bytes never left this process), and
         the snapshot unchanged, so the same step can be put back again."""
         values = []
-        for entry in self._entries:
-            value, raw = allocate(entry)
+        for entry, device in zip(self._entries, self._devices, strict=True):
             start, nbytes = entry["offset"], entry["nbytes"]
+            held = self._buffer.data[start : start + nbytes]
+            if device is not None:  # straight back to its device, from the held bytes
+                values.append(device_copy.to_device(entry, held, device))
+                continue
+            value, raw = allocate(entry)
             if nbytes:
-                raw[:] = self._buffer.data[start : start + nbytes]
+                raw[:] = held
             values.append(value)
         return decode_state(self._tree, values)
 
@@ -128,8 +165,9 @@ class PoolStats:
 class SnapshotPool:
     """At most `capacity` snapshots, handed out when nobody holds them; see the module."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, buffers: HostBuffers | None = None) -> None:
         self._capacity = capacity
+        self._buffers = buffers
         self._snapshots: list[Snapshot] = []
         self._latest: Snapshot | None = None  # the newest step copied, held by the pool
         self._changed = threading.Condition()
@@ -159,7 +197,7 @@ class SnapshotPool:
             if snapshot._holds == 0:
                 return snapshot
         if len(self._snapshots) < self._capacity:
-            self._snapshots.append(Snapshot())
+            self._snapshots.append(Snapshot(self._buffers))
             return self._snapshots[-1]
         return None
 
@@ -190,9 +228,18 @@ class SnapshotPool:
             return self._latest
 
     def clear(self) -> None:
-        """Drop the buffers nobody holds (they are made again when needed)."""
+        """Drop the buffers nobody holds (they are made again when needed); pinned ones are
+        unpinned."""
         with self._changed:
+            sources = set()
+            for snapshot in self._snapshots:
+                if snapshot._holds == 0 and snapshot._buffers is not None:
+                    sources.add(snapshot._buffers)
+                if snapshot._holds == 0:
+                    snapshot.free()
             self._snapshots = [s for s in self._snapshots if s._holds > 0]
+        for buffers in sources:
+            buffers.clear()
 
     @property
     def stats(self) -> PoolStats:

@@ -69,7 +69,8 @@ POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+def _log_end(path: Path) -> list[str]:
+    """The lines of the last 64 KiB of a log."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -77,7 +78,7 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
             text = handle.read().decode(errors="replace")
     except OSError:
         return []
-    return text.splitlines()[-lines:]
+    return text.splitlines()
 
 
 @dataclass
@@ -415,7 +416,12 @@ class Launcher:
         cause = self.scheduler if index is None else self.workers[index]
         assert cause is not None
         what = "the scheduler" if index is None else self._who(cause)
-        self._print(f"mscluster: {what} {policy.describe_exit(cause.exit_code or 0)}")
+        end = _log_end(cause.planned.log)
+        # The cause in the process's own words (an NCCL error, ...): the scheduler only saw its
+        # connection break.
+        error = policy.error_line(end)
+        said = f": {error}" if error else ""
+        self._print(f"mscluster: {what} {policy.describe_exit(cause.exit_code or 0)}{said}")
         if index is None and why_not_restarted and self.options.enable_recovery:
             self._print(f"mscluster: not restarting it: {why_not_restarted}")
         if self.options.max_restarts and index is not None:
@@ -424,7 +430,7 @@ class Launcher:
                     policy.why_not_restart(seen.workers[index], seen) or "the job is ending"
                 )
             self._print(f"mscluster: not restarting it: {why_not_restarted}")
-        tail = _tail(cause.planned.log)
+        tail = end[-LOG_TAIL_LINES:]
         if tail:
             self._print(f"mscluster: last lines of {cause.planned.log}:")
             for line in tail:

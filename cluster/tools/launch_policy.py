@@ -10,6 +10,7 @@ which process caused a failure, when the job is over.
 from __future__ import annotations
 
 import enum
+import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,3 +175,26 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+# The line cluster's excepthook prints for an uncaught ClusterError (no traceback).
+_CLUSTER_ERROR = re.compile(r"^cluster: [A-Za-z_][\w.]*: ")
+ERROR_LINE_CHARS = 300
+
+
+def error_line(lines: Sequence[str]) -> str | None:
+    """The first line of the error a process died of, from the end of its output: the first
+    unindented line after the last traceback's header (an exception's message may go on over
+    several lines, NCCL's does: the first says what failed), else the last line of an uncaught
+    ClusterError; None when there is neither (a signal, os._exit, an error printed otherwise)."""
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
+        if line.strip() == _TRACEBACK:
+            for after in lines[index + 1 :]:
+                if after.strip() and not after[0].isspace():
+                    return after.strip()[:ERROR_LINE_CHARS]
+            return None
+        if _CLUSTER_ERROR.match(line):
+            return line.strip()[:ERROR_LINE_CHARS]
+    return None

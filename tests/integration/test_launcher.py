@@ -77,6 +77,29 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     assert not processes_running(str(script))
 
 
+def test_a_worker_dying_of_an_error_is_named_with_the_error(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The scheduler sees only rank 1's connection break; the launcher names the cause, the
+    first line of the error in the worker's log (a data-plane error, NCCL's, looks like this)."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import cluster\n"
+        "cluster.init()\n"
+        "if cluster.get_rank() == 1:\n"
+        "    raise RuntimeError('NCCL error: Duplicate GPU detected\\nLast error: more')\n"
+        "cluster.barrier()\n"
+    )
+    run = processes.start(
+        "run", run_args(tmp_path, script, free_port(), "--worker-num", "2"), os.environ
+    )
+    assert run.wait(60) == 1, run.output
+    assert (
+        "worker 1 (rank 1, node id '1') exited with code 1: RuntimeError: NCCL error: Duplicate "
+        "GPU detected\n" in run.output
+    ), run.output
+
+
 def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
     processes: Procs, tmp_path: Path
 ) -> None:

@@ -28,6 +28,7 @@ pytest.importorskip("torch", reason="cluster.torch needs torch: pip install 'clu
 TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
 RELEASE = ROOT / "tests" / "integration" / "scripts" / "torch_release.py"
+FINALIZE = ROOT / "tests" / "integration" / "scripts" / "torch_finalize.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -118,6 +119,22 @@ def test_a_peer_blocked_on_a_worker_fails_at_once_when_that_worker_releases_its_
     failed_after = float(re.search(r"recv failed after (\d+\.\d+) s", workers[1].output)[1])
     assert failed_after < 25, workers[1].output  # not the timeout (30 s): the release
     assert all(w.wait(30) == 0 for w in workers), [w.output for w in workers]
+
+
+def test_finalize_destroys_the_process_group(processes: Procs) -> None:
+    """No group is left for torch to tear down at exit (NCCL warns "destroy_process_group() was
+    not called before program exit"; gloo in torch 2.13 does not, so the test asks torch)."""
+    env = job_env(2, free_port())
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", [str(FINALIZE)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    for worker in workers:
+        assert worker.wait(START_S) == 0, worker.output
+        assert "sum 2.0" in worker.output, worker.output
+        assert "after finalize, a group left: False" in worker.output, worker.output
+        assert "destroy_process_group() was not called" not in worker.output
 
 
 def test_fault_free_runs_are_reproducible(

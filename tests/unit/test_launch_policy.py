@@ -17,6 +17,7 @@ from cluster.tools.launch_policy import (
     cause,
     decide,
     describe_exit,
+    error_line,
     why_not_restart,
     why_not_restart_scheduler,
 )
@@ -265,3 +266,42 @@ def test_the_job_finishes_when_its_ranked_workers_exited_0_whatever_the_spares_d
     for code in (None, 0, KILLED):
         done = Seen((*ranked, WorkerSeen(2, code, spare=True)), own_scheduler=True, now=READY)
         assert decide(done) == Decision(Action.FINISH)
+
+
+NCCL_FAILURE = """\
+epoch: 1 step: 1, loss is 0.5
+Traceback (most recent call last):
+  File "train_torch.py", line 90, in <module>
+    main()
+    ~~~~^^
+ValueError: the first error
+\x20
+During handling of the above exception, another exception occurred:
+\x20
+Traceback (most recent call last):
+  File "train_torch.py", line 97, in _data_parallel
+    cluster.torch.init_process_group("nccl")
+torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage
+ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+Last error:
+Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 1a000
+[rank0]:[W ProcessGroupNCCL.cpp:1476] Warning: destroy_process_group() was not called
+"""
+
+
+def test_the_error_line_is_the_first_line_of_the_last_traceback_s_error() -> None:
+    assert error_line(NCCL_FAILURE.splitlines()) == (
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, "
+        "invalid usage"
+    )
+
+
+def test_the_error_line_of_an_uncaught_cluster_error() -> None:
+    lines = ["training", "cluster: PeerFailedError: rank 1 failed: it was killed", "bye"]
+    assert error_line(lines) == "cluster: PeerFailedError: rank 1 failed: it was killed"
+
+
+def test_no_error_line_without_an_error() -> None:
+    assert error_line(["epoch: 1 step: 1, loss is 0.5", "Killed"]) is None
+    assert error_line([]) is None
+    assert error_line(["Traceback (most recent call last):", '  File "x.py"']) is None

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The whole GPU check in one command, for whoever has a GPU (issue 28): the GPU tests, the
+# checkpoint benchmark on CUDA tensors, and examples/train_torch.py over NCCL under
+# `mscluster run --worker-num 1`; then a summary, one line per part. Exit 0 when every part
+# passed, 1 when one failed, 2 when torch sees no CUDA device (nothing was checked).
+#
+#   benchmarks/gpu_check.sh [OUT_DIR]      (default: gpu-check-<date>; logs and JSON land there)
+set -u
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${1:-gpu-check-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+PYTHON="${PYTHON:-python}"
+
+if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_check: torch sees no CUDA device here: nothing checked"
+    exit 2
+fi
+"$PYTHON" -c 'import torch; print("gpu_check:", torch.cuda.device_count(), "x",
+    torch.cuda.get_device_name(), "torch", torch.__version__)' | tee "$OUT/device.txt"
+
+summary=()
+failed=0
+part() {  # part NAME LOG COMMAND...: run it, its output to LOG and the terminal
+    local name="$1" log="$2"
+    shift 2
+    echo "== $name: $*"
+    "$@" 2>&1 | tee "$log"
+    local code="${PIPESTATUS[0]}"
+    if [ "$code" -eq 0 ]; then
+        summary+=("PASS  $name")
+    else
+        summary+=("FAIL  $name (exit $code; see $log)")
+        failed=1
+    fi
+}
+
+part "GPU tests" "$OUT/tests.log" \
+    "$PYTHON" -m pytest -q -rs -p no:cacheprovider tests/integration/test_gpu.py
+part "checkpoint benchmark --device cuda" "$OUT/checkpoint.log" \
+    "$PYTHON" benchmarks/checkpoint.py --device cuda --json "$OUT/checkpoint_cuda.json"
+part "train_torch.py over NCCL" "$OUT/train.log" \
+    "$PYTHON" -m cluster run --worker-num 1 --log-dir "$OUT/train-logs" \
+    examples/train_torch.py --device cuda --backend nccl --steps 100 --out "$OUT/train"
+if grep -q "destroy_process_group() was not called" "$OUT"/train-logs/*.log 2>/dev/null; then
+    summary+=("FAIL  NCCL group left at exit (torch warned; see $OUT/train-logs)")
+    failed=1
+else
+    summary+=("PASS  no NCCL group left at exit")
+fi
+
+echo
+echo "gpu_check summary ($OUT):"
+for line in "${summary[@]}"; do echo "  $line"; done
+grep -E "^(D2H floor|cluster async|torch dcp|torch.save)|MB state" "$OUT/checkpoint.log" | sed 's/^/  /'
+exit "$failed"

@@ -1,0 +1,95 @@
+"""On a GPU: snapshots of CUDA tensors (pinned, complete when save returns, put back on their
+device) and examples/train_torch.py over NCCL. Skipped, saying why, where torch sees no CUDA
+device (CI has none: a plain skip, not `tests.servers.require`, so CLUSTER_REQUIRE_SERVERS=1
+does not fail it). `benchmarks/gpu_check.sh` runs these with the rest of the GPU check.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster import CheckpointConfig, CheckpointManager
+from cluster.storage.checkpoint_tree import encode
+from cluster.storage.host_buffers import HostBuffers
+from cluster.storage.snapshot import Snapshot
+from cluster.testing import free_port
+from tests.procs import PYTHON, ROOT, Procs
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason=f"no CUDA device (torch {torch.__version__}): run benchmarks/gpu_check.sh on a GPU",
+)
+
+NOT_DESTROYED = "destroy_process_group() was not called"
+
+
+def cuda_state() -> dict[str, object]:
+    return {
+        "w": torch.arange(1 << 20, dtype=torch.float32, device="cuda"),
+        "t": torch.rand(64, 32, device="cuda").t(),  # not contiguous
+        "host": torch.ones(8),
+        "step": 3,
+    }
+
+
+def test_pinned_buffers_are_pinned_and_reused() -> None:
+    buffers = HostBuffers(1 << 30)
+    first = buffers.acquire(1 << 20, pinned=True)
+    assert first.pinned
+    assert first.owner.is_pinned()
+    buffers.release(first)
+    assert buffers.acquire(1000, pinned=True) is first
+    assert buffers.allocations == 1
+
+
+def test_a_save_is_complete_when_it_returns(tmp_path: Path) -> None:
+    state = cuda_state()
+    expected = {k: v.cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    with CheckpointManager(tmp_path, "g", CheckpointConfig(), rank=0, recovery=False) as manager:
+        manager.save(1, state)
+        state["w"].add_(1)  # the next step changes the tensors at once
+        state["t"].mul_(0)
+        with manager.latest_snapshot() as snapshot:
+            assert snapshot is not None
+            assert snapshot._host is not None
+            assert snapshot._host.pinned
+        loaded = manager.load(1)
+    for key in ("w", "t", "host"):
+        assert loaded[key].equal(expected[key]), key
+    assert loaded["step"] == 3
+
+
+def test_a_snapshot_puts_tensors_back_on_their_device() -> None:
+    state = cuda_state()
+    snapshot = Snapshot(HostBuffers(1 << 30))
+    snapshot.fill(1, 0, "g", encode(state))
+    back = snapshot.state()
+    assert back["w"].device == state["w"].device
+    assert back["w"].equal(state["w"])
+    assert back["t"].equal(state["t"])
+    assert back["host"].device.type == "cpu"
+    snapshot.free()
+
+
+def test_train_torch_over_nccl_exits_clean(processes: Procs, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    run = processes.start(
+        "run",
+        [
+            *(PYTHON, "-m", "cluster", "run", "--worker-num", "1"),
+            *("--master-port", str(free_port()), "--log-dir", str(logs)),
+            str(ROOT / "examples" / "train_torch.py"),
+            *("--device", "cuda", "--backend", "nccl", "--steps", "40", "--save-every", "5"),
+            *("--out", str(tmp_path / "out")),
+        ],
+        os.environ,
+    )
+    assert run.wait(300) == 0, run.output
+    worker = (logs / "worker_0.log").read_text()
+    assert "final parameters:" in worker, worker
+    assert NOT_DESTROYED not in worker, worker

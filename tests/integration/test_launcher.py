@@ -139,6 +139,28 @@ def test_join_streams_output_prefixed_by_rank(tmp_path: Path) -> None:
     assert "allgather rank=1" in (tmp_path / "logs" / "worker_1.log").read_text()
 
 
+def test_an_msrun_launch_line_runs_with_msrun_replaced(tmp_path: Path) -> None:
+    """The tutorial's 8-worker AllGather started by a MindSpore 2.x msrun line, word for word
+    but for `msrun` -> `mscluster run` (and a free port)."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    line = (
+        "--worker_num=8 --local_worker_num=8 --master_addr=127.0.0.1 "
+        f"--master_port={free_port()} --node_rank=0 --log_dir={logs} --join=True "
+        f"--cluster_time_out=300 {script}"
+    )
+    args = [*MSCLUSTER, "run", *line.split()]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False)
+    assert result.returncode == 0, result.stderr
+    expected = list(range(8))
+    for rank in range(8):
+        found = f"allgather rank={rank} size=8 result={expected}"
+        assert found in (logs / f"worker_{rank}.log").read_text()
+        assert f"[rank {rank}] {found}" in result.stderr  # --join=True: streamed
+    assert "job finished: 8 local workers exited 0" in result.stderr
+    assert not processes_running(str(script))
+
+
 @pytest.mark.parametrize("shared_secret", [False, True], ids=["open", "shared-secret"])
 def test_two_invocations_form_one_job(
     processes: Procs, tmp_path: Path, shared_secret: bool

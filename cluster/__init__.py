@@ -4,6 +4,9 @@ The public API. Start every process of a job with the MS_* launch environment an
 `cluster.init()`; see the README.
 """
 
+# The release; pyproject.toml reads it from here (`mscluster --version` shows the installed one).
+__version__ = "0.1.0"
+
 from cluster.api import excepthook as _excepthook
 from cluster.api.collective import (
     KeyValueStore,

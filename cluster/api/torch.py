@@ -67,7 +67,7 @@ try:
     # --strict refuses; these are the same classes.
     from torch._C._distributed_c10d import GradBucket, PrefixStore, TCPStore
 except ImportError as exc:  # say how to get it, not just that it is missing
-    raise ImportError("cluster.torch needs torch: pip install 'cluster[torch]'") from exc
+    raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
 from cluster.api import runtime
 from cluster.api.collective import broadcast_bytes

@@ -19,7 +19,7 @@ permission on the prefix) is an `EtcdRefused` in one line that says what to set.
 
 Every failure that names etcd becomes a StateFileError (`EtcdUnavailable` when no member
 answered), so the scheduler's saving treats it as any failed save: retried, never told.
-aetcd is imported only when an etcd URL is used (the `cluster[etcd]` extra).
+aetcd is imported only when an etcd URL is used (the `mscluster-grpc[etcd]` extra).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _import_aetcd() -> Any:
     except ImportError:
         raise ConfigError(
             "CLUSTER_STATE_URL names etcd, but the etcd client is not installed: "
-            "pip install 'cluster[etcd]' (it adds aetcd)"
+            "pip install 'mscluster-grpc[etcd]' (it adds aetcd)"
         ) from None
     return aetcd
 

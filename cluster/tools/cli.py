@@ -1,6 +1,7 @@
 """`mscluster`: the command line. Thin: it parses arguments and calls the library.
 
-    mscluster run [options] SCRIPT [ARGS...]   start a job's local processes (like msrun/torchrun)
+    mscluster run [options] SCRIPT [ARGS...]   start a job's local processes (like msrun/torchrun;
+                                               msrun's option names work too: --worker_num=8)
     mscluster scheduler [options]              a standalone scheduler
     mscluster status --addr HOST:PORT          what a running job looks like (--watch: live)
     mscluster events [--file PATH | --addr HOST:PORT] [--follow]   the job's events
@@ -22,12 +23,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import difflib
 import os
 import sys
+from argparse import SUPPRESS
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import cluster
 from cluster.api import excepthook, runtime
 from cluster.protocol.config import (
     ClusterConfig,
@@ -44,7 +49,7 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
-from cluster.tools.launch_plan import LaunchOptions
+from cluster.tools.launch_plan import LaunchOptions, max_restarts_for
 from cluster.worker import orphan
 
 if TYPE_CHECKING:
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
     from cluster.transport import tls
 
 EXIT_USAGE = 2
+# The distribution that installs this command (pyproject.toml's name; the import name is cluster).
+DISTRIBUTION = "mscluster-grpc"
 
 
 def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
@@ -100,6 +107,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from cluster.tools import launch  # noqa: PLC0415 - imports grpc
 
     where = placement.place(_requested(args), slurm.allocation_from_env(os.environ))
+    recovery = args.enable_recovery or bool(args.state_url)
     options = LaunchOptions(
         script=Path(args.script),
         script_args=tuple(args.script_args),
@@ -112,9 +120,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         join=args.join,
         cluster_time_out=args.cluster_time_out,
         node_timeout=args.node_timeout,
-        enable_recovery=args.enable_recovery or bool(args.state_url),
+        enable_recovery=recovery,
         recovery_path=Path(args.recovery_path) if args.recovery_path else None,
-        max_restarts=args.max_restarts,
+        max_restarts=max_restarts_for(args.max_restarts, recovery=recovery),
         spares=args.spares,
         tls_config=Path(args.tls_config) if args.tls_config else None,
         metrics_port=args.metrics_port,
@@ -253,7 +261,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         remainder = remainder[1:]
     run_parser = argparse.ArgumentParser(prog="mscluster chaos -- ", add_help=False)
     _add_run_arguments(run_parser)
-    run = run_parser.parse_args(remainder)
+    run = _parse(run_parser, remainder)
     where = placement.place(_requested(run), None)  # the whole job here, whatever Slurm says
     if where.local_worker_num != where.worker_num or where.node_rank >= 0:
         raise ConfigError(
@@ -282,41 +290,74 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 
 
 def _add_run_arguments(run: argparse.ArgumentParser) -> None:
+    _add_placement_arguments(run)
+    _add_join_arguments(run)
+    _add_job_arguments(run)
+    run.add_argument("script", help="the training script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def _add_placement_arguments(run: argparse.ArgumentParser) -> None:
+    """Where the job's processes go. Each option also under msrun's name (--worker_num), so
+    that an msrun line runs as it is."""
     run.add_argument(
         "--worker-num",
+        "--worker_num",
         type=int,
         help="workers in the whole job (8; under Slurm: nodes x --local-worker-num)",
     )
     run.add_argument(
         "--local-worker-num",
+        "--local_worker_num",
         type=int,
         help="workers on this host (--worker-num; under Slurm: SLURM_GPUS_ON_NODE, else 1)",
     )
     run.add_argument(
         "--master-addr",
+        "--master_addr",
         help="scheduler host (127.0.0.1; under Slurm: the first node of the step); with standby "
         "schedulers every host, the first one's first (h1,h2: the workers get MS_SCHED_HOST=h1,h2)",
     )
     run.add_argument(
         "--master-port",
+        "--master_port",
         type=int,
         help="scheduler port (8118; under Slurm: 10000 + job id %% 20000)",
     )
     run.add_argument(
         "--node-rank",
+        "--node_rank",
         type=int,
         help="this host's index; its workers get node ids node_rank*local_worker_num+i "
         "(under Slurm: SLURM_NODEID)",
     )
     run.add_argument(
         "--log-dir",
+        "--log_dir",
         help="where scheduler.log, worker_<i>.log go (logs; Slurm, several nodes: LOG_DIR/node<R>)",
     )
+
+
+def _add_join_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
-        "--join", action="store_true", help="also stream the workers' output, prefixed by rank"
+        "--join",
+        action="store_true",
+        help="also stream the workers' output, prefixed by rank (msrun's --join=True; "
+        "--join=False: logs only; the launcher always waits for the job)",
     )
+    # msrun's --join takes a value. Whole words, matched before argparse splits at "=", so that
+    # a bare --join still leaves the next word to be the script.
+    for word, action in (("True", "store_true"), ("False", "store_false")):
+        for spelling in (word, word.lower()):
+            run.add_argument(
+                f"--join={spelling}", dest="join", action=action, default=False, help=SUPPRESS
+            )
+
+
+def _add_job_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--cluster-time-out",
+        "--cluster_time_out",
         type=float,
         help="seconds for all workers to register (MS_TOPO_TIMEOUT)",
     )
@@ -330,7 +371,10 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--lease", type=int, help="with --state-url: CLUSTER_LEASE_S (default 5)")
     run.add_argument(
-        "--max-restarts", type=int, default=0, help="restart a failed local worker up to K times"
+        "--max-restarts",
+        type=int,
+        help="restart a failed local worker, and this host's scheduler when it was killed, up to "
+        "K times each (default: 1 with recovery on, else 0)",
     )
     run.add_argument("--spares", type=int, default=0, help="hot spare workers here (CLUSTER_SPARE)")
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
@@ -339,8 +383,6 @@ def _add_run_arguments(run: argparse.ArgumentParser) -> None:
         type=int,
         help="the scheduler serves Prometheus metrics on this port (CLUSTER_METRICS_PORT; off)",
     )
-    run.add_argument("script", help="the training script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
 def _add_run_options(run: argparse.ArgumentParser) -> None:
@@ -474,10 +516,19 @@ def _add_chaos_options(chaos: argparse.ArgumentParser) -> None:
     chaos.set_defaults(func=_cmd_chaos)
 
 
+def _version() -> str:
+    """`mscluster --version`: the installed distribution's, else the package's own."""
+    try:
+        return f"{DISTRIBUTION} {metadata.version(DISTRIBUTION)}"
+    except metadata.PackageNotFoundError:  # run from a checkout, not installed under this name
+        return f"{DISTRIBUTION} {cluster.__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mscluster", description="Scheduler/worker networking for distributed training."
     )
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
@@ -527,9 +578,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """parse_args, but an unknown option is answered with the closest known one."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        known = _known_options(parser, getattr(args, "command", None))
+        hints = []
+        for word in unknown:
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+            hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
+        parser.error(f"unrecognized arguments: {' '.join(hints)}")
+    return args
+
+
+def _known_options(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """The option strings of `parser` and of its subcommand `command`."""
+    known: list[str] = []
+    for action in parser._actions:
+        known += action.option_strings
+        if isinstance(action.choices, dict) and command in action.choices:
+            known += _known_options(action.choices[command], None)
+    return known
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     excepthook.install()
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     try:
         code: int = args.func(args)
     except ReadRefusedError as exc:  # one line that says which secret to give

@@ -22,6 +22,18 @@ HIDDEN = "<hidden>"
 SHOWN_PREFIXES = ("CLUSTER_", "GRPC_")
 
 
+# --max-restarts when not given, with recovery on: a scheduler (or worker) killed once is started
+# again and the job goes on; without recovery a restarted scheduler would not know the job.
+RESTARTS_WITH_RECOVERY = 1
+
+
+def max_restarts_for(given: int | None, *, recovery: bool) -> int:
+    """--max-restarts as given, else its default: RESTARTS_WITH_RECOVERY with recovery, else 0."""
+    if given is not None:
+        return given
+    return RESTARTS_WITH_RECOVERY if recovery else 0
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     script: Path

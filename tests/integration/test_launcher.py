@@ -162,6 +162,43 @@ def test_join_streams_output_prefixed_by_rank(tmp_path: Path) -> None:
     assert "allgather rank=1" in (tmp_path / "logs" / "worker_1.log").read_text()
 
 
+def test_with_recovery_its_killed_scheduler_is_started_again_by_default(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """No --max-restarts: with recovery on, a scheduler killed once is started again and the
+    job goes on (without recovery the default stays 0)."""
+    script = private_copy(tmp_path)
+    args = run_args(tmp_path, script, free_port(), "--worker-num", "2", "--enable-recovery")
+    run = processes.start("run", [*args, "--hold", "6"], {**os.environ, "MS_NODE_TIMEOUT": "5"})
+    run.wait_for_output("2/2 registered (ready)", 30)
+    os.kill(launched(tmp_path / "logs", "scheduler"), signal.SIGKILL)
+    run.wait_for_output("scheduler restart 1 of 1", 15)
+    assert run.wait(60) == 0, run.output
+    assert "after 1 scheduler restart" in run.output
+
+
+def test_an_msrun_launch_line_runs_with_msrun_replaced(tmp_path: Path) -> None:
+    """The tutorial's 8-worker AllGather started by a MindSpore 2.x msrun line, word for word
+    but for `msrun` -> `mscluster run` (and a free port)."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    line = (
+        "--worker_num=8 --local_worker_num=8 --master_addr=127.0.0.1 "
+        f"--master_port={free_port()} --node_rank=0 --log_dir={logs} --join=True "
+        f"--cluster_time_out=300 {script}"
+    )
+    args = [*MSCLUSTER, "run", *line.split()]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False)
+    assert result.returncode == 0, result.stderr
+    expected = list(range(8))
+    for rank in range(8):
+        found = f"allgather rank={rank} size=8 result={expected}"
+        assert found in (logs / f"worker_{rank}.log").read_text()
+        assert f"[rank {rank}] {found}" in result.stderr  # --join=True: streamed
+    assert "job finished: 8 local workers exited 0" in result.stderr
+    assert not processes_running(str(script))
+
+
 @pytest.mark.parametrize("shared_secret", [False, True], ids=["open", "shared-secret"])
 def test_two_invocations_form_one_job(
     processes: Procs, tmp_path: Path, shared_secret: bool
@@ -379,6 +416,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
         assert row[:6] == ["worker", str(i), "MS_WORKER", str(i), str(i), log]
         assert row[6:] == [PYTHON, str(script), "--hold", "5"]
     assert len(rows) == 4
+    assert "restarts up to 1 each; recovery on" in text  # --max-restarts' default with recovery
     assert "MS_ENABLE_RECOVERY=1" in text
     assert f"MS_RECOVERY_PATH={tmp_path / 'logs' / 'recovery'}" in text
     assert "CLUSTER_JOB_SECRET=<hidden>" in text

@@ -23,7 +23,9 @@ from tests.training_job import (
     train_args,
 )
 
-pytest.importorskip("torch", reason="cluster.torch needs torch: pip install 'cluster[torch]'")
+pytest.importorskip(
+    "torch", reason="cluster.torch needs torch: pip install 'mscluster-grpc[torch]'"
+)
 
 TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"

@@ -1,0 +1,104 @@
+"""`mscluster`'s parsing: msrun's spelling, suggestions for a mistyped option, --version, and
+the default of --max-restarts. Nothing is started."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+import cluster
+from cluster.tools import cli
+from cluster.tools.launch_plan import RESTARTS_WITH_RECOVERY, max_restarts_for
+
+MSRUN_LINE = (
+    "--worker_num=8 --local_worker_num=8 --master_addr=127.0.0.1 --master_port=8118 "
+    "--node_rank=0 --log_dir=logs --join=True --cluster_time_out=300 net.py --lr 0.1"
+)
+OUR_LINE = (
+    "--worker-num 8 --local-worker-num 8 --master-addr 127.0.0.1 --master-port 8118 "
+    "--node-rank 0 --log-dir logs --join --cluster-time-out 300 net.py --lr 0.1"
+)
+
+
+def parse(line: str) -> argparse.Namespace:
+    return cli._parse(cli.build_parser(), ["run", *line.split()])
+
+
+def test_an_msrun_line_parses_as_the_same_run_in_our_spelling() -> None:
+    assert vars(parse(MSRUN_LINE)) == vars(parse(OUR_LINE))
+    args = parse(MSRUN_LINE)
+    assert (args.worker_num, args.master_port, args.log_dir, args.join) == (8, 8118, "logs", True)
+    assert (args.script, args.script_args) == ("net.py", ["--lr", "0.1"])
+
+
+@pytest.mark.parametrize(
+    ("options", "join"),
+    [
+        ("", False),
+        ("--join", True),
+        ("--join=True", True),
+        ("--join=true", True),
+        ("--join=False", False),
+        ("--join=false", False),
+    ],
+)
+def test_join_takes_msrun_values_and_a_bare_join_leaves_the_script(
+    options: str, join: bool
+) -> None:
+    args = parse(f"{options} net.py")
+    assert (args.join, args.script, args.script_args) == (join, "net.py", [])
+
+
+def test_options_after_the_script_are_the_scripts() -> None:
+    args = parse("net.py --join=True --worker_num=2")
+    assert (args.join, args.worker_num) == (False, None)
+    assert args.script_args == ["--join=True", "--worker_num=2"]
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("--wokrer-num 2", "--worker-num"),
+        ("--worker_nums=2", "--worker_num"),
+        ("--master-adr=h", "--master-addr"),
+        ("--cluster_timeout=300", "--cluster_time_out"),
+        ("--max-restrats 1", "--max-restarts"),
+    ],
+)
+def test_a_mistyped_option_names_the_right_one(
+    typed: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(f"{typed} net.py")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"(did you mean {meant}?)" in err, err
+
+
+def test_a_mistyped_option_of_another_command_is_suggested_from_that_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli._parse(cli.build_parser(), ["events", "--folow"])
+    assert "(did you mean --follow?)" in capsys.readouterr().err
+
+
+def test_version_prints_the_distribution_and_its_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    name, version = capsys.readouterr().out.split()
+    assert name == cli.DISTRIBUTION == "mscluster-grpc"
+    # From a checkout the package's own; installed, the same release.
+    assert version == cluster.__version__
+
+
+def test_max_restarts_defaults_to_one_with_recovery_and_keeps_what_is_given() -> None:
+    assert parse("net.py").max_restarts is None  # not given: decided with recovery
+    assert max_restarts_for(None, recovery=True) == RESTARTS_WITH_RECOVERY == 1
+    assert max_restarts_for(None, recovery=False) == 0
+    assert max_restarts_for(0, recovery=True) == 0
+    assert max_restarts_for(3, recovery=False) == 3

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -82,9 +82,12 @@ def idle_sockets(port: int, count: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def stalled_calls(port: int, count: int, connections: int) -> Iterator[None]:
+def stalled_calls(
+    port: int, count: int, connections: int, ready: Callable[[], bool]
+) -> Iterator[None]:
     """`count` Register calls over `connections` connections, each sending its headers and
-    never its request, held open (from a thread of their own) until the block ends."""
+    never its request, held open (from a thread of their own) until the block ends; the block
+    starts once `ready()` (the scheduler holds them) or after 120 s."""
     opened, release = threading.Event(), threading.Event()
 
     async def hold() -> None:
@@ -109,11 +112,15 @@ def stalled_calls(port: int, count: int, connections: int) -> Iterator[None]:
             for i in range(count)
         ]
         done = asyncio.ensure_future(asyncio.gather(*calls, return_exceptions=True))
-        await asyncio.sleep(1.0)  # a benchmark: let the calls reach the scheduler
+        deadline = time.monotonic() + 120
+        while not ready() and time.monotonic() < deadline:  # noqa: ASYNC110 - polls /proc
+            await asyncio.sleep(0.1)  # a benchmark: until the scheduler holds the connections
         opened.set()
         await asyncio.get_running_loop().run_in_executor(None, release.wait)
         never.set()
         done.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await done
         for channel in channels:
             await channel.close(None)
 
@@ -122,12 +129,19 @@ def stalled_calls(port: int, count: int, connections: int) -> Iterator[None]:
     thread = threading.Thread(target=lambda: asyncio.run(hold()), daemon=True)
     thread.start()
     try:
-        opened.wait(120)
+        opened.wait(150)
         yield
     finally:
         release.set()
         thread.join(60)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def open_files(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
 
 
 def wait_for(predicate: object, timeout_s: float) -> bool:
@@ -170,7 +184,14 @@ def once(
         try:
             if not wait_for(lambda: "listening on" in log.read_text(), 30):
                 raise SystemExit(f"the scheduler did not start:\n{log.read_text()}")
-            attack = stalled_calls(port, *stalled) if stalled[0] else idle_sockets(port, idle)
+            held = min(stalled[1], files) - 100  # descriptors: one a connection
+
+            def holding() -> bool:
+                return open_files(scheduler.pid) >= held
+
+            attack = (
+                stalled_calls(port, *stalled, holding) if stalled[0] else idle_sockets(port, idle)
+            )
             with attack:
                 started = time.monotonic()
                 workers = [

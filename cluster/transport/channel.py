@@ -23,8 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from cluster.protocol.errors import TLSConfigError
 from cluster.transport import tls
@@ -324,6 +322,8 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
 async def _check_tls(
     host: str, port: int, identity: tls.Identity, where: str, timeout_s: float
 ) -> bool:
+    from cryptography import x509  # noqa: PLC0415 - TLS only
+
     name = identity.server_name or host
     try:
         reader, writer = await _open(host, port, client_context(identity), name, timeout_s)
@@ -409,6 +409,8 @@ def _refused(where: str, identity: tls.Identity, exc: ssl.SSLError) -> str:
 @functools.lru_cache(maxsize=8)
 def client_context(identity: tls.Identity) -> ssl.SSLContext:
     """Python ssl with this worker's certificate, the CA, TLS >= 1.2 and the cipher list."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - TLS only
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers(":".join(identity.settings.ciphers))

@@ -20,12 +20,14 @@ import ssl
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from cluster.protocol.errors import TLSConfigError
-from cluster.transport import tls
+
+if TYPE_CHECKING:
+    from cluster.transport import tls
 
 # The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with SETTINGS.
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -323,6 +325,8 @@ async def _check_tls(
     host: str, port: int, identity: tls.Identity, where: str, timeout_s: float
 ) -> bool:
     from cryptography import x509  # noqa: PLC0415 - TLS only
+
+    from cluster.transport import tls  # noqa: PLC0415 - TLS only
 
     name = identity.server_name or host
     try:

@@ -39,6 +39,7 @@ def modules_after(code: str) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
         env=env,
+        cwd=ROOT,  # `-c` puts the working directory first on sys.path
         capture_output=True,
         text=True,
         check=True,

@@ -7,32 +7,10 @@ The public API. Start every process of a job with the MS_* launch environment an
 # The release; pyproject.toml reads it from here (`mscluster --version` shows the installed one).
 __version__ = "0.1.0"
 
+import importlib
+from typing import TYPE_CHECKING
+
 from cluster.api import excepthook as _excepthook
-from cluster.api.collective import (
-    KeyValueStore,
-    allgather_object,
-    allreduce,
-    barrier,
-    broadcast_object,
-    kv_store,
-)
-from cluster.api.runtime import (
-    finalize,
-    get_generation,
-    get_group_size,
-    get_local_rank,
-    get_local_size,
-    get_node_id,
-    get_peers,
-    get_rank,
-    get_rollback_step,
-    init,
-    is_initialized,
-    is_rejoin,
-    set_ps_context,
-    wait_for_generation,
-)
-from cluster.api.training import TrainingLoop
 from cluster.protocol.errors import (
     AccessDeniedError,
     CapacityError,
@@ -48,23 +26,89 @@ from cluster.protocol.errors import (
     TLSConfigError,
     TopologyTimeoutError,
 )
-from cluster.protocol.topology import Peer
 from cluster.transport import grpc_log as _grpc_log
+
+if TYPE_CHECKING:
+    from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+    from cluster.api.collective import (
+        KeyValueStore,
+        allgather_object,
+        allreduce,
+        barrier,
+        broadcast_object,
+        kv_store,
+    )
+    from cluster.api.runtime import (
+        finalize,
+        get_generation,
+        get_group_size,
+        get_local_rank,
+        get_local_size,
+        get_node_id,
+        get_peers,
+        get_rank,
+        get_rollback_step,
+        init,
+        is_initialized,
+        is_rejoin,
+        set_ps_context,
+        wait_for_generation,
+    )
+    from cluster.api.training import TrainingLoop
+    from cluster.protocol.topology import Peer
 
 _excepthook.install()
 # Before anything imports grpc (nothing above does): its log lines are errors only, unless the
 # user chose otherwise.
 _grpc_log.quiet_by_default()
 
+# Where the rest of the API lives, imported on first use (PEP 562): a process imports only what
+# its role touches. The scheduler (`python -m cluster scheduler`, or a script's cluster.init() as
+# MS_SCHED) never imports the collectives or the training loop, a worker never numpy unless it
+# checkpoints (issue 26, "Cheap to start"; tests/unit/test_import_budget.py holds it to that).
+_LAZY_FROM = {
+    "cluster.api.runtime": (
+        "finalize",
+        "get_generation",
+        "get_group_size",
+        "get_local_rank",
+        "get_local_size",
+        "get_node_id",
+        "get_peers",
+        "get_rank",
+        "get_rollback_step",
+        "init",
+        "is_initialized",
+        "is_rejoin",
+        "set_ps_context",
+        "wait_for_generation",
+    ),
+    "cluster.api.collective": (
+        "KeyValueStore",
+        "allgather_object",
+        "allreduce",
+        "barrier",
+        "broadcast_object",
+        "kv_store",
+    ),
+    "cluster.api.training": ("TrainingLoop",),
+    "cluster.api.checkpoint": ("CheckpointConfig", "CheckpointManager"),
+    "cluster.protocol.topology": ("Peer",),
+}
+_LAZY = {name: module for module, names in _LAZY_FROM.items() for name in names}
+
 
 def __getattr__(name: str) -> object:
-    # The checkpoint classes import numpy: only for the programs that use them, so that
-    # `import cluster` stays quick for those that do not.
-    if name in ("CheckpointConfig", "CheckpointManager"):
-        from cluster.api import checkpoint  # noqa: PLC0415
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'cluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # the next lookup is a plain one
+    return value
 
-        return getattr(checkpoint, name)
-    raise AttributeError(f"module 'cluster' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [

@@ -30,7 +30,6 @@ from cluster.protocol.errors import (
     TLSConfigError,
 )
 from cluster.protocol.topology import Peer, Topology
-from cluster.storage import rotation
 from cluster.worker.identity import make_identity
 
 if TYPE_CHECKING:
@@ -161,6 +160,8 @@ def configure_logging(who: str, observe: ObserveConfig | None = None) -> None:
         return
     handler: logging.Handler = logging.StreamHandler(sys.stderr)
     if observe is not None and observe.log_file is not None:
+        from cluster.storage import rotation  # noqa: PLC0415 - only with a log file
+
         try:
             handler = rotation.OutputFileHandler(observe.log_file, observe.rotation)
         except OSError as exc:

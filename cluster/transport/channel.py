@@ -20,14 +20,14 @@ import ssl
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from cluster.protocol.errors import TLSConfigError
-from cluster.transport import tls
+
+if TYPE_CHECKING:
+    from cluster.transport import tls
 
 # The HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with SETTINGS.
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -324,6 +324,10 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
 async def _check_tls(
     host: str, port: int, identity: tls.Identity, where: str, timeout_s: float
 ) -> bool:
+    from cryptography import x509  # noqa: PLC0415 - TLS only
+
+    from cluster.transport import tls  # noqa: PLC0415 - TLS only
+
     name = identity.server_name or host
     try:
         reader, writer = await _open(host, port, client_context(identity), name, timeout_s)
@@ -409,6 +413,8 @@ def _refused(where: str, identity: tls.Identity, exc: ssl.SSLError) -> str:
 @functools.lru_cache(maxsize=8)
 def client_context(identity: tls.Identity) -> ssl.SSLContext:
     """Python ssl with this worker's certificate, the CA, TLS >= 1.2 and the cipher list."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - TLS only
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers(":".join(identity.settings.ciphers))

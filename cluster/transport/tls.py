@@ -20,19 +20,19 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.hazmat.primitives.asymmetric.types import (
-    CertificatePublicKeyTypes,
-    PrivateKeyTypes,
-)
-from cryptography.hazmat.primitives.serialization import pkcs12
+from typing import TYPE_CHECKING
 
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.errors import TLSConfigError
+
+if TYPE_CHECKING:
+    # cryptography costs a process tens of milliseconds to import: the functions that read
+    # certificates import it, so that a job without TLS never does (issue 26, "Cheap to start").
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import (
+        CertificatePublicKeyTypes,
+        PrivateKeyTypes,
+    )
 
 log = logging.getLogger("cluster.transport.tls")
 
@@ -254,6 +254,8 @@ def _check_dates(cert: x509.Certificate, what: str, now: dt.datetime) -> None:
 
 
 def _check_key_size(public_key: CertificatePublicKeyTypes, what: str) -> None:
+    from cryptography.hazmat.primitives.asymmetric import rsa  # noqa: PLC0415 - TLS only
+
     if isinstance(public_key, rsa.RSAPublicKey) and public_key.key_size < MIN_RSA_BITS:
         raise TLSConfigError(
             f"{what} has a {public_key.key_size}-bit RSA key, too weak: use at least "
@@ -262,6 +264,8 @@ def _check_key_size(public_key: CertificatePublicKeyTypes, what: str) -> None:
 
 
 def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - TLS only
+
     try:
         cert.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature):
@@ -285,6 +289,8 @@ def _chains_to(
 
 
 def load_cas(path: Path, now: dt.datetime) -> tuple[x509.Certificate, ...]:
+    from cryptography import x509  # noqa: PLC0415 - TLS only
+
     data = _read(path, "ca_cert_path")
     try:
         cas = tuple(x509.load_pem_x509_certificates(data))
@@ -325,6 +331,8 @@ class Revocation:
         self.crl = self._load()
 
     def _load(self) -> x509.CertificateRevocationList:
+        from cryptography import x509  # noqa: PLC0415 - TLS only
+
         data = _read(self.path, "crl_path")
         try:
             crl = x509.load_pem_x509_crl(data)
@@ -413,6 +421,8 @@ def _read_password(path: Path, source: str) -> bytes | None:
 
 def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None = None) -> Identity:
     """Open and check the scheduler's (server) or a worker's (client) p12 and what it needs."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - TLS only
+
     settings = load_settings(options.config_path)
     now = now if now is not None else now_utc()
     key_name = "server_cert_path" if server else "client_cert_path"
@@ -451,6 +461,9 @@ def _open_p12(
 ) -> tuple[PrivateKeyTypes, x509.Certificate, list[x509.Certificate]]:
     """The key, its certificate and the extra certificates of a p12, the key checked to be the
     certificate's; a TLSConfigError that says which of file, password or content is wrong."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - TLS only
+    from cryptography.hazmat.primitives.serialization import pkcs12  # noqa: PLC0415 - TLS only
+
     try:
         key, cert, extra = pkcs12.load_key_and_certificates(data, password)
     except ValueError:
@@ -569,6 +582,8 @@ class PeerCheck:
             if len(self._parsed) > self._MAX_KEPT:
                 self._parsed.clear()
                 self._verdicts.clear()
+            from cryptography import x509  # noqa: PLC0415 - TLS only
+
             cert = self._parsed[pem] = x509.load_pem_x509_certificate(pem)
         return cert
 

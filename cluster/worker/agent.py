@@ -18,18 +18,18 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from cluster.protocol import auth
 from cluster.protocol.backoff import Backoff
-from cluster.protocol.config import ClusterConfig, read_job_secret, silence_limit
+from cluster.protocol.config import ClusterConfig, TLSOptions, read_job_secret, silence_limit
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.parse import split_address
 from cluster.protocol.topology import Topology
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import failures, membership, tls
+from cluster.transport import failures, membership
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert, peer_table, steps
@@ -37,6 +37,9 @@ from cluster.worker.core import WorkerCore
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.registration import register_request
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Silence
+
+if TYPE_CHECKING:
+    from cluster.transport import tls
 
 T = TypeVar("T")
 
@@ -104,6 +107,17 @@ def _silence_timeout(config: ClusterConfig) -> float | None:
     return config.node_timeout_s if config.heartbeat_enabled else None
 
 
+def _prepare_tls(options: TLSOptions, say: Callable[[str], None]) -> tls.Identity:
+    """This worker's TLS identity, checked, its expiry warnings said; cryptography (which the
+    TLS module imports) only for a worker with TLS on."""
+    from cluster.transport import tls  # noqa: PLC0415 - TLS only
+
+    identity = tls.prepare(options, server=False)
+    for warning in tls.expiry_warnings(identity):
+        say(warning)
+    return identity
+
+
 class WorkerAgent:
     def __init__(
         self,
@@ -113,21 +127,19 @@ class WorkerAgent:
         say: Callable[[str], None],
         on_fatal: Callable[[ClusterError], None],
         clock: Callable[[], float] = time.monotonic,
-        expiry_check_period_s: float = tls.EXPIRY_CHECK_PERIOD_S,
+        expiry_check_period_s: float | None = None,
         cluster_id: str = "",
     ) -> None:
         """`cluster_id`: the job this node belonged to before its process restarted (its saved
-        recovery file), so that a scheduler running another job refuses it."""
+        recovery file), so that a scheduler running another job refuses it.
+        `expiry_check_period_s`: how often TLS certificates are checked for expiry (None: daily)."""
         self.config = config
         self.identity = identity
         self.core = WorkerCore(config, clock, cluster_id=cluster_id)
         self._say = say
         self._on_fatal = on_fatal
         self._clock = clock
-        self._tls = None if config.tls is None else tls.prepare(config.tls, server=False)
-        if self._tls is not None:
-            for warning in tls.expiry_warnings(self._tls):
-                say(warning)
+        self._tls = None if config.tls is None else _prepare_tls(config.tls, say)
         self._expiry_check_period_s = expiry_check_period_s
         self._expiry: asyncio.Task[None] | None = None
         self._job_secret = None if config.job_secret is None else read_job_secret(config.job_secret)
@@ -184,9 +196,10 @@ class WorkerAgent:
         """Register and wait until the whole topology is ready. A failure to join is raised
         here, not reported through `on_fatal`: the caller is there to hear it."""
         if self._tls is not None:
-            self._expiry = asyncio.create_task(
-                tls.recheck_expiry(self._tls, self._say, self._expiry_check_period_s)
-            )
+            from cluster.transport import tls  # noqa: PLC0415 - TLS only
+
+            period_s = self._expiry_check_period_s or tls.EXPIRY_CHECK_PERIOD_S
+            self._expiry = asyncio.create_task(tls.recheck_expiry(self._tls, self._say, period_s))
         watch = await self._run(self.core.step(steps.Start(self._verified())), report=False)
         if watch is not None:
             self._watch_task = asyncio.create_task(self._watch_forever(watch))

@@ -1,0 +1,170 @@
+"""Start-up benchmark: what a job's processes pay to import before they do anything (issue 26).
+
+Two comparisons, each against gRPC's own import, each measured in this one run, the runs of the
+two sides alternating so that a busy machine slows both alike:
+
+imports
+    A fresh `python -c "import grpc"` against a fresh process importing what a worker needs for
+    `cluster.init()`: `import cluster`, the attributes a training script touches (the tutorial's
+    `examples/allgather_check.py`: init, get_rank, get_group_size, is_rejoin, allgather_object,
+    finalize) and the worker session that `init()` imports before it connects. The wall time of
+    each process, start to exit; `--repeat` runs of each, medians and their ratio.
+    Target: at most 1.25x `import grpc`.
+
+job
+    9 processes importing grpc, started at once, against the README's tutorial job started the
+    tutorial's way: 8 workers and a scheduler of `examples/allgather_check.py` (MS_ROLE the only
+    difference), each worker gathering every rank and printing it. The wall time from the first
+    start to the last exit. Target: at most 1.4x the 9 grpc imports.
+
+`--before DIR` runs the same with PYTHONPATH=DIR (another checkout, e.g. the commit before this
+work: `git worktree add /tmp/before <commit>`), interleaved with this tree's runs. Bytecode is
+compiled first (`compileall`) and PYTHONDONTWRITEBYTECODE is dropped, so every figure is with
+bytecode cached, as a job's restarts see it.
+
+    python benchmarks/startup.py --before /tmp/before
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GRPC = "import grpc"
+WORKER = (
+    "import cluster\n"
+    "cluster.init, cluster.get_rank, cluster.get_group_size, cluster.is_rejoin\n"
+    "cluster.allgather_object, cluster.finalize\n"
+    "import cluster.worker.session\n"
+)
+EXAMPLE = "examples/allgather_check.py"
+
+
+def environment(tree: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def one_process(code: str, env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one fresh process running `code`, in the tree
+    named by PYTHONPATH (`-c` puts the working directory before PYTHONPATH on sys.path)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=env["PYTHONPATH"])
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{code!r} exited {proc.returncode}")
+    return elapsed, usage.ru_utime + usage.ru_stime
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def grpc_nine(env: dict[str, str], n: int) -> float:
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", GRPC], env=env) for _ in range(n)]
+    if any(p.wait() != 0 for p in procs):
+        raise RuntimeError("a grpc import failed")
+    return time.perf_counter() - start
+
+
+def tutorial_job(tree: Path, env: dict[str, str], workers: int) -> float:
+    job = {
+        **env,
+        "MS_WORKER_NUM": str(workers),
+        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_SCHED_PORT": str(free_port()),
+    }
+    script = str(tree / EXAMPLE)
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script],
+            env={**job, "MS_ROLE": role},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for role in ["MS_WORKER"] * workers + ["MS_SCHED"]
+    ]
+    outputs = [p.communicate()[0] for p in procs]
+    elapsed = time.perf_counter() - start
+    for proc, out in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            raise RuntimeError(f"a process of the job exited {proc.returncode}: {out[-2000:]!r}")
+    if sum(b"allgather rank=" in out for out in outputs) != workers:
+        raise RuntimeError("not every worker printed its gather")
+    return elapsed
+
+
+def measure(trees: dict[str, Path], repeat: int, job_repeat: int, workers: int) -> dict[str, float]:
+    envs = {name: environment(tree) for name, tree in trees.items()}
+    for tree in trees.values():
+        compileall.compile_dir(tree / "cluster", quiet=1)
+    samples: dict[str, list[float]] = {}
+    for env in envs.values():  # warm the page cache, untimed
+        one_process(WORKER, env)
+    for _ in range(repeat):
+        for name, env in envs.items():
+            for what, code in (("grpc", GRPC), ("worker", WORKER)):
+                wall, cpu = one_process(code, env)
+                samples.setdefault(f"{name} {what}", []).append(wall)
+                samples.setdefault(f"{name} {what} cpu", []).append(cpu)
+    for _ in range(job_repeat):
+        for name, env in envs.items():
+            samples.setdefault(f"{name} grpc x{workers + 1}", []).append(
+                grpc_nine(env, workers + 1)
+            )
+            samples.setdefault(f"{name} job", []).append(tutorial_job(trees[name], env, workers))
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def report(medians: dict[str, float], names: Sequence[str], workers: int) -> None:
+    nine = f"grpc x{workers + 1}"
+    print(
+        f"{'tree':<8} {'grpc':>7} {'worker':>7} {'ratio':>6} | {'CPU: grpc':>9} {'worker':>7} "
+        f"{'ratio':>6} | {nine:>9} {'job':>7} {'ratio':>6}"
+    )
+    for name in names:
+        m = {key.removeprefix(f"{name} "): value for key, value in medians.items()}
+        print(
+            f"{name:<8} {m['grpc']:7.3f} {m['worker']:7.3f} {m['worker'] / m['grpc']:6.2f} | "
+            f"{m['grpc cpu']:9.3f} {m['worker cpu']:7.3f} {m['worker cpu'] / m['grpc cpu']:6.2f} | "
+            f"{m[nine]:9.3f} {m['job']:7.3f} {m['job'] / m[nine]:6.2f}"
+        )
+    print(f"targets: worker <= 1.25x grpc (wall); job <= 1.40x {nine} (seconds, medians)")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--repeat", type=int, default=15, help="single-process runs per side")
+    parser.add_argument("--job-repeat", type=int, default=5, help="job runs per side")
+    parser.add_argument("--workers", type=int, default=8, help="the tutorial job's workers")
+    parser.add_argument("--before", type=Path, help="another checkout to compare, run alongside")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    trees = {"after": ROOT} if args.before is None else {"before": args.before, "after": ROOT}
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    medians = measure(trees, args.repeat, args.job_repeat, args.workers)
+    report(medians, list(trees), args.workers)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Each process imports only what its role and its options use (issue 26, "Cheap to start").
+
+Starting is most of a small job's life, and a module nobody uses costs every process of every
+restart its import. These tests look at what a fresh interpreter holds in `sys.modules` after
+importing what a role needs, options off; the time it takes is `benchmarks/startup.py`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cluster
+
+ROOT = Path(cluster.__file__).resolve().parent.parent
+
+# What a worker imports for `cluster.init()`: the package, the names the tutorial's script
+# touches, and the session that init() imports before it connects (benchmarks/startup.py).
+WORKER = """
+import cluster
+cluster.init, cluster.get_rank, cluster.get_group_size, cluster.is_rejoin
+cluster.allgather_object, cluster.finalize
+import cluster.worker.session
+"""
+# What `python -m cluster scheduler` (the launcher's scheduler) imports before it serves.
+SCHEDULER = "import cluster.tools.cli, cluster.scheduler.server"
+# Options off: none of these may be imported.
+OPTIONAL = ("cryptography", "prometheus_client", "rich", "aetcd", "etcd3", "numpy", "torch")
+
+
+def modules_after(code: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        env=env,
+        cwd=ROOT,  # `-c` puts the working directory first on sys.path
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def packages(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in names)
+
+
+def test_a_worker_without_options_imports_no_optional_package() -> None:
+    loaded = modules_after(WORKER)
+    assert "grpc" in loaded  # the worker is all there
+    assert "cluster.worker.agent" in loaded
+    assert packages(loaded, OPTIONAL) == []
+
+
+def test_a_worker_imports_no_checkpoint_or_tool_code() -> None:
+    loaded = modules_after(WORKER)
+    unwanted = [
+        m
+        for m in loaded
+        if m.startswith(("cluster.tools", "cluster.scheduler", "cluster.api.checkpoint"))
+    ]
+    assert sorted(unwanted) == []
+
+
+def test_the_scheduler_imports_neither_the_training_api_nor_optional_packages() -> None:
+    loaded = modules_after(SCHEDULER)
+    assert "cluster.scheduler.core" in loaded
+    training = [m for m in ("cluster.api.collective", "cluster.api.training") if m in loaded]
+    assert training == []
+    assert packages(loaded, OPTIONAL) == []
+
+
+def test_import_cluster_alone_imports_no_grpc() -> None:
+    # grpc reads its TLS cipher list when first imported: set_ps_context() must come first.
+    loaded = modules_after("import cluster")
+    assert packages(loaded, ("grpc", "google", "cryptography")) == []
+
+
+@pytest.mark.parametrize("name", cluster.__all__)
+def test_every_public_name_resolves(name: str) -> None:
+    assert getattr(cluster, name) is not None
+    assert name in dir(cluster)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        cluster.no_such_name

@@ -522,7 +522,10 @@ class WorkerAgent:
         task = asyncio.ensure_future(awaitable)
         racers: list[asyncio.Future[Any]] = [task, self._fatal]
         await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
+        # An answer wins; a call that failed as the job did (its channel closed by the job's
+        # end: CANCELLED) reports the job's failure, which is the cause.
+        failed = task.done() and (task.cancelled() or task.exception() is not None)
+        if task.done() and not (failed and self._fatal.done()):
             return task.result()
         task.cancel()
         with contextlib.suppress(BaseException):

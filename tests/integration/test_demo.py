@@ -27,7 +27,7 @@ import signal, sys, time
 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCONT, signal.SIGHUP, signal.SIGUSR1):
     signal.signal(signum, lambda n, _f: print(f"got {signal.Signals(n).name}", flush=True))
 print("decoy running", flush=True)
-time.sleep(600)
+time.sleep(600)  # sleep-ok: the decoy only waits to be looked at
 """
 
 

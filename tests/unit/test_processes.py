@@ -8,15 +8,15 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cluster.testing import wait_until
 from cluster.tools import processes
 
-SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]  # sleep-ok: a target that waits
 # A shell that starts a sleeper and waits: the sleeper is a grandchild of this test.
 NESTED = ["bash", "-c", f"{shlex.join(SLEEP)} & wait"]
 
@@ -42,9 +42,7 @@ def test_descendants_holds_children_and_grandchildren_only(
 ) -> None:
     child = start(started, SLEEP)
     shell = start(started, NESTED)
-    deadline = time.monotonic() + 10
-    while not processes.descendants(shell) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: bool(processes.descendants(shell)), 10, "the shell's child")
     below_shell = processes.descendants(shell)
     assert len(below_shell) == 1
     mine = processes.descendants(os.getpid())
@@ -59,10 +57,9 @@ def test_worker_pid_looks_below_the_given_process_only(
 ) -> None:
     worker = {"MS_ROLE": "MS_WORKER", "MS_NODE_ID": "2"}
     ours = start(started, SLEEP, **worker)
-    deadline = time.monotonic() + 10
-    while processes.worker_pid(os.getpid(), "2") is None:  # until its exec shows the env
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_until(  # until its exec shows the environment
+        lambda: processes.worker_pid(os.getpid(), "2") is not None, 10, "the worker's exec"
+    )
     assert processes.worker_pid(os.getpid(), "2") == ours
     assert processes.worker_pid(os.getpid(), "2", marker="no-such-script") is None
     assert processes.worker_pid(os.getpid(), "3") is None

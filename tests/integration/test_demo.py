@@ -31,7 +31,10 @@ time.sleep(600)  # sleep-ok: the decoy only waits to be looked at
 """
 
 
-def run_demo(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+def run_demo(
+    tmp_path: Path, sizes: dict[str, str] = SMALL, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The demo script, in `tmp_path/demo`, sized by `sizes` ({}: as the README runs it)."""
     return subprocess.run(
         ["bash", str(DEMO)],
         env={
@@ -39,7 +42,7 @@ def run_demo(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
             "OUT": str(tmp_path / "demo"),
             "PYTHON": PYTHON,
             "PORT": str(free_port()),
-            **SMALL,
+            **sizes,
             **extra,
         },
         capture_output=True,

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from cluster.testing import free_port
+from tests.integration.test_demo import run_demo
 from tests.procs import PYTHON, ROOT, Procs, job_env
 
 README = (ROOT / "README.md").read_text()
@@ -107,19 +108,7 @@ def test_readme_recovery_example_script_runs(tmp_path: Path) -> None:
 def test_readme_demo_ends_as_the_readme_says(tmp_path: Path) -> None:
     """The quick start's demo (without its set-up step): both runs end with the README's hash."""
     (shown,) = re.findall(r"```\n(final parameters without faults.*?)```", README, re.DOTALL)
-    result = subprocess.run(
-        ["bash", str(ROOT / "examples" / "run_training_demo.sh")],
-        env={
-            **job_env(1, 1),
-            "OUT": str(tmp_path / "demo"),
-            "PYTHON": PYTHON,
-            "PORT": str(free_port()),
-        },
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = run_demo(tmp_path, sizes={})
     assert result.returncode == 0, result.stdout + result.stderr
     for line in shown.strip().splitlines():
         assert line in result.stdout, result.stdout

@@ -15,7 +15,8 @@ import asyncio
 import concurrent.futures
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from contextvars import Context
 from typing import Any, TypeVar
 
 from cluster.protocol.config import ClusterConfig
@@ -29,11 +30,43 @@ from cluster.worker.identity import NodeIdentity
 T = TypeVar("T")
 
 
+class _Loop(asyncio.SelectorEventLoop):
+    """An event loop that lets grpc hand it a completion after it has closed.
+
+    grpc.aio polls on one loop (the first to use grpc in the process) and passes each event
+    of an object of another loop to that loop with `call_soon_threadsafe`. A worker has two
+    loops (its agent's and its state server's); once one has closed, such an event (a
+    connection of its stopped server torn down, a call still on the way) raised "Event loop is
+    closed" in the other, a traceback at the end of a job that had ended well, and it cut
+    short grpc's handling of the events queued behind it. Nothing can run the callback any
+    more: it is dropped. Anything else handed to a closed loop still raises.
+    """
+
+    def call_soon_threadsafe(  # type: ignore[override]  # same signature, typeshed's TypeVarTuple
+        self, callback: Callable[..., object], *args: Any, context: Context | None = None
+    ) -> asyncio.Handle:
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if not (self.is_closed() and _is_grpc_completion(callback)):
+                raise
+            handle = asyncio.Handle(callback, args, self, context)
+            handle.cancel()
+            return handle
+
+
+def _is_grpc_completion(callback: Callable[..., object]) -> bool:
+    return (
+        getattr(callback, "__module__", None) == "grpc._cython.cygrpc"
+        and getattr(callback, "__name__", None) == "_handle_callback_wrapper"
+    )
+
+
 class BackgroundLoop:
     """An asyncio loop on a daemon thread, with a blocking `run` for the main thread."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _Loop()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 

@@ -412,7 +412,12 @@ class Launcher:
         """`first`: the failed worker's index, or None for the scheduler."""
         await self._settle()
         seen = await self._seen(ask=False)
-        index = policy.cause(seen.workers, first)
+        errors = {
+            w.index: policy.error_line(_log_end(self.workers[w.index].planned.log))
+            for w in seen.workers
+            if w.failed
+        }
+        index = policy.cause(seen.workers, first, errors, seen.scheduler_exit)
         cause = self.scheduler if index is None else self.workers[index]
         assert cause is not None
         what = "the scheduler" if index is None else self._who(cause)

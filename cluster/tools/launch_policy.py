@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cluster.protocol.state import Phase
@@ -157,14 +157,49 @@ def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:
     return None
 
 
-def cause(workers: Sequence[WorkerSeen], first: int | None) -> int | None:
-    """Which process to blame once the exits a failure causes have arrived: a worker killed by a
-    signal (the cause) beats one that exited because of it, and otherwise the first to fail
-    (`first`: a worker's index, None for the scheduler)."""
+def cause(
+    workers: Sequence[WorkerSeen],
+    first: int | None,
+    errors: Mapping[int, str | None] | None = None,
+    scheduler_exit: int | None = None,
+) -> int | None:
+    """Which process to blame once the exits a failure causes have arrived (`first`: the first
+    to fail, a worker's index or None for the scheduler; `errors`: each failed worker's own
+    error line, `error_line`):
+
+    1. a worker killed by a signal: it is the cause, the others exited because of it;
+    2. the scheduler killed by a signal, when it was first;
+    3. a failed worker that died of an error of its own (an NCCL error, a bug in the script),
+       not of the job's failure (`FAILURE_ERRORS`): which exit the launcher sees first is a
+       race, and the scheduler or a peer told of the failure may exit before it;
+    4. otherwise the first to fail.
+    """
     for worker in workers:
         if worker.exit_code is not None and worker.exit_code < 0:
             return worker.index
-    return first
+    if first is None and scheduler_exit is not None and scheduler_exit < 0:
+        return None
+    own = [
+        w.index
+        for w in workers
+        if w.failed and not w.spare and _own_error((errors or {}).get(w.index))
+    ]
+    if first in own or not own:
+        return first
+    return own[0]
+
+
+# The errors a worker dies of when the job failed around it: not a cause.
+FAILURE_ERRORS = ("JobFailedError", "PeerFailedError", "SchedulerUnreachableError")
+
+
+def _own_error(line: str | None) -> bool:
+    """`line`: 'cluster: JobFailedError: ...' (cluster's excepthook) or a traceback's last line,
+    'cluster.protocol.errors.PeerFailedError: ...', 'RuntimeError: NCCL error ...'."""
+    if not line:
+        return False
+    kind = line.removeprefix("cluster: ").split(":", 1)[0].rsplit(".", 1)[-1]
+    return kind not in FAILURE_ERRORS
 
 
 def describe_exit(code: int) -> str:

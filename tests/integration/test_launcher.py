@@ -81,21 +81,16 @@ def test_a_worker_dying_of_an_error_is_named_with_the_error(
     processes: Procs, tmp_path: Path
 ) -> None:
     """The scheduler sees only rank 1's connection break; the launcher names the cause, the
-    first line of the error in the worker's log (a data-plane error, NCCL's, looks like this).
-    Rank 0, told of the failure, stays until the launcher stops it: the launcher names the
-    first worker it sees exit, and in CI rank 0's own exit came first."""
+    first line of the error in the worker's log (a data-plane error, NCCL's, looks like this),
+    though the scheduler and rank 0 (told of the failure, it raises JobFailedError) may exit
+    before the launcher sees rank 1's exit."""
     script = tmp_path / "fails.py"
     script.write_text(
-        "import threading\n"
         "import cluster\n"
         "cluster.init()\n"
         "if cluster.get_rank() == 1:\n"
         "    raise RuntimeError('NCCL error: Duplicate GPU detected\\nLast error: more')\n"
-        "try:\n"
-        "    cluster.barrier()\n"
-        "except cluster.ClusterError:\n"
-        "    threading.Event().wait(50)  # sleep-ok: until the launcher stops this worker\n"
-        "    raise\n"
+        "cluster.barrier()\n"
     )
     run = processes.start(
         "run", run_args(tmp_path, script, free_port(), "--worker-num", "2"), os.environ

@@ -178,6 +178,26 @@ def test_the_cause_is_the_worker_killed_by_a_signal_not_one_that_exited_because_
     assert cause(workers(None, None), first=None) is None
 
 
+def test_the_cause_is_the_worker_that_died_of_its_own_error_whoever_exited_first() -> None:
+    """Rank 1 dies of an NCCL error; the scheduler (told by the broken stream) or rank 0 (told
+    of the job's failure) may exit before the launcher sees rank 1's exit."""
+    nccl = "RuntimeError: NCCL error: Duplicate GPU detected"
+    told = "cluster: JobFailedError: the job failed: node '1' exited"
+    errors = {0: told, 1: nccl}
+    assert cause(workers(1, 1), first=None, errors=errors, scheduler_exit=1) == 1
+    assert cause(workers(1, 1), first=0, errors=errors) == 1
+    assert cause(workers(1, 1), first=1, errors=errors) == 1
+    peer = "cluster.protocol.errors.PeerFailedError: rank 1 died"
+    assert cause(workers(1, 1), first=0, errors={0: peer, 1: nccl}) == 1
+    # Nobody's own error: the first to fail.
+    assert cause(workers(1, 1), first=None, errors={0: told, 1: None}, scheduler_exit=1) is None
+    # The scheduler killed: it is the cause, though the workers print errors.
+    assert cause(workers(1, 1), first=None, errors=errors, scheduler_exit=KILLED) is None
+    # A spare's exit is never the cause.
+    spare = (WorkerSeen(0, 1), WorkerSeen(1, 1, spare=True))
+    assert cause(spare, first=0, errors={0: told, 1: nccl}) == 0
+
+
 def test_exits_are_described_in_words() -> None:
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(KILLED) == "was killed by SIGKILL"

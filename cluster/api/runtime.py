@@ -30,6 +30,7 @@ from cluster.protocol.errors import (
     TLSConfigError,
 )
 from cluster.protocol.topology import Peer, Topology
+from cluster.storage import recovery_dir
 from cluster.worker.identity import make_identity
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ def init(config: ClusterConfig | None = None) -> None:
     if cfg.tls is not None:
         _apply_cipher_suites(cfg.tls)
     if cfg.recovery is not None:
-        config_module.check_recovery_path(cfg.recovery)
+        recovery_dir.check_recovery_path(cfg.recovery)
     if cfg.role is Role.SCHEDULER:
         _run_scheduler(cfg)
     from cluster.worker.session import WorkerSession  # noqa: PLC0415 - imports grpc; see above

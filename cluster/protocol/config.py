@@ -3,22 +3,19 @@
 The variable names and defaults are MindSpore's (see the README's environment table); knobs that
 MindSpore does not have are named CLUSTER_*. Parsing is pure (`from_env` takes a mapping); the
 one check that touches the disk, that a recovery path is safe (`recovery_path` decides) and
-writable, is in `check_recovery_path`.
+writable, is `cluster.storage.recovery_dir.check_recovery_path`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.protocol import recovery_path
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host, is_decimal, split_address
 from cluster.protocol.state_url import (
@@ -615,55 +612,3 @@ def silence_limit(node_timeout_s: float, heartbeat_interval_s: float) -> float:
     longer (a large job's, see MAX_SCHEDULER_BEATS_PER_S), so that one late beat is never a
     death."""
     return max(node_timeout_s, MIN_HEARTBEATS_PER_TIMEOUT * heartbeat_interval_s)
-
-
-def check_recovery_path(recovery: RecoveryConfig) -> None:
-    """Create the recovery directory if needed (mode 0700), refuse it when another user could
-    redirect what the job writes there (`recovery_path.problem`), and prove it is writable;
-    ConfigError otherwise."""
-    path = recovery.path
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        directory, above = _path_entries(path)
-        uids = {os.geteuid(), directory.uid, *(entry.uid for entry in above)}
-        unsafe = recovery_path.problem(directory, above, os.geteuid(), _user_names(uids))
-        if unsafe is None:
-            with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
-                pass
-    except OSError as exc:
-        raise ConfigError(
-            f"MS_RECOVERY_PATH={str(path)!r} is not a writable directory ({exc.strerror}): "
-            "point it at a directory this process can create files in"
-        ) from None
-    if unsafe is not None:
-        raise ConfigError(unsafe)
-
-
-def _path_entries(path: Path) -> tuple[recovery_path.Entry, list[recovery_path.Entry]]:
-    """The recovery directory (links followed) and what lies on the way to it: each link of
-    the path as given, each directory above it as given, and each directory above where it
-    really is."""
-
-    def entry(at: Path, st: os.stat_result) -> recovery_path.Entry:
-        return recovery_path.Entry(str(at), st.st_uid, st.st_mode)
-
-    given = Path(os.path.abspath(path))
-    real = Path(os.path.realpath(path))
-    above = [entry(p, os.lstat(p)) for p in given.parents]
-    if given.is_symlink():
-        above.append(entry(given, os.lstat(given)))
-    above += [entry(p, os.stat(p)) for p in real.parents if p not in given.parents]
-    return entry(given, os.stat(real)), above
-
-
-def _user_names(uids: set[int]) -> dict[int, str]:
-    """The names of the users `uids`, where this machine knows them, to show beside them."""
-    try:
-        import pwd  # noqa: PLC0415 - POSIX only, and only to say who owns a path
-    except ImportError:
-        return {}
-    names = {}
-    for uid in uids:
-        with contextlib.suppress(KeyError):
-            names[uid] = pwd.getpwuid(uid).pw_name
-    return names

@@ -17,7 +17,7 @@ would be loaded as its state. The rule, for a process of uid U:
 - every symbolic link on the way belongs to root or to U (so it points where they said).
 
 `problem(...)` takes what stat said of each (`Entry`) and returns the one line that says what is
-wrong and how to fix it, or None; `cluster.protocol.config.check_recovery_path` gathers the
+wrong and how to fix it, or None; `cluster.storage.recovery_dir.check_recovery_path` gathers the
 entries and raises it as a ConfigError.
 """
 

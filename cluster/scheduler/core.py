@@ -13,8 +13,11 @@ into a status code, and changes nothing.
 With recovery on, effects that follow a change of the saved state wait until the change is
 saved in the state store (see `cluster.scheduler.persist`), and so do the answers to Register
 and Finish that made it, and to a key set (`cluster.scheduler.kv_journal`): what a node has been
-told, a restarted scheduler (or a standby taking over) knows. A core whose saves are refused
-because another scheduler holds the store (fenced) answers nothing more: NotLeaderError.
+told, a restarted scheduler (or a standby taking over) knows. The order is decided by a pure
+machine, `cluster.protocol.ready.Outbox` (raft's Ready/Advance): `step` says what to save and
+what may be told now, `advance` what a landed save releases, with what each effect does to the
+collectives in progress; this engine only carries it out (`_carry_out`). A core whose saves are
+refused because another scheduler holds the store (fenced) answers nothing more: NotLeaderError.
 """
 
 from __future__ import annotations
@@ -24,17 +27,16 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
+from cluster.protocol import ready as ready_
 from cluster.protocol import state, topology
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
     EvictedError,
     FencedError,
-    JobFailedError,
     NotLeaderError,
     PeerFailedError,
     SnapshotError,
@@ -117,8 +119,10 @@ class SchedulerCore:
         self.restored_note = ""
         # Set by `resume` when the saved job had ended: its id, and whether it finished.
         self.ended_job: tuple[str, bool] | None = None
-        # Effects held back until the state they follow from is saved, in order.
-        self._held: deque[tuple[int, list[state.Effect]]] = deque()
+        # The write-ahead order: effects wait until the state they follow from is saved.
+        self.outbox = ready_.Outbox(
+            write_ahead=state_store is not None, saved=-1, recovery=self.state.recovery
+        )
         # The store's key-value part is another job's (or none): `save_first` claims it.
         self._kv_to_claim = False
         # Set when saves were refused because another scheduler holds the store: why.
@@ -274,6 +278,7 @@ class SchedulerCore:
         if self.persister is None:
             return
         await self.persister.save_first()
+        self._release(self.persister.saved)
         if self._kv_to_claim:
             await self.persister.store.clear_kv(self.state.cluster_id)
             self._kv_to_claim = False
@@ -294,6 +299,7 @@ class SchedulerCore:
 
     def _fence(self, why: str) -> None:
         """Another scheduler holds the store: this core tells nothing more."""
+        self.outbox.fence()
         if self.fenced is None:
             self.fenced = why
             self.on_fenced(why)
@@ -301,6 +307,7 @@ class SchedulerCore:
     def stand_down(self, error: NotLeaderError) -> None:
         """Answer nothing more for the job (this scheduler no longer leads it): every open
         stream, collective and key-value wait ends with `error`, which names the leader."""
+        self.outbox.fence()
         if self.fenced is None:
             self.fenced = str(error)
         self._streams.broadcast(error)
@@ -548,59 +555,50 @@ class SchedulerCore:
     # -- effects -------------------------------------------------------------------------------
 
     def _apply(self, effects: list[state.Effect]) -> None:
+        """The state machine decided `effects`: save, then tell (`cluster.protocol.ready`)."""
+        self._carry_out(self.outbox.step(self.state.revision, effects))
         persister = self.persister
-        if persister is not None and (self._held or self.state.revision > persister.requested):
-            persister.request(self.state.revision)
-            self._held.append((self.state.revision, effects))
-            ended = next((e for e in effects if isinstance(e, state.ShutdownEvent)), None)
-            if ended is not None and persister.error is not None:
-                log.error(
-                    "the job has ended (%s), but its state cannot be saved: the nodes are told "
-                    "and this scheduler exits once a save lands (SIGTERM stops it sooner)",
-                    ended.reason,
-                )
-            return
-        self._apply_now(effects)
+        ended = next((e for e in effects if isinstance(e, state.ShutdownEvent)), None)
+        if ended and self.outbox.waiting and persister is not None and persister.error:
+            log.error(
+                "the job has ended (%s), but its state cannot be saved: the nodes are told and "
+                "this scheduler exits once a save lands (SIGTERM stops it sooner)",
+                ended.reason,
+            )
 
     def _release(self, saved_revision: int) -> None:
-        """The state up to `saved_revision` is on disk: tell what followed from it."""
-        while self._held and self._held[0][0] <= saved_revision:
-            self._apply_now(self._held.popleft()[1])
+        """The state up to `saved_revision` is stored: tell what waited for it."""
+        self._carry_out(self.outbox.advance(saved_revision))
 
-    def _apply_now(self, effects: list[state.Effect]) -> None:
-        for effect in effects:
-            if isinstance(effect, state.Evict):
-                self._streams.put((effect.node_id, effect.incarnation), effect)
-                continue
-            self._log(effect)
-            self.journal.effect(effect)
-            if isinstance(effect, state.ProgressEvent):
-                self._pending_progress = effect
-                continue
-            previous = self._told_topology
-            if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
-                self._told = [effect]
-            if isinstance(effect, state.TopologyReadyEvent):
-                self._told_topology = effect
-                self._pending_progress = None
-                if effect.generation > 1:
-                    self.exchanges.fail_all(
-                        f"the job moved to generation {effect.generation} (a failed node "
-                        "rejoined) during this collective",
-                        kind=PeerFailedError,
-                    )
-            if isinstance(effect, state.TopologyReadyEvent):
-                self._streams.broadcast(self._topology_change(effect, previous))
-            else:
-                self._broadcast(effect)
-            if isinstance(effect, state.NodeFailedEvent):
-                self.exchanges.fail_all(
-                    f"rank {effect.rank} (node {effect.node_id!r}) died: {effect.reason}",
-                    kind=PeerFailedError if self.state.recovery else JobFailedError,
-                )
-            if isinstance(effect, state.ShutdownEvent):
-                self.exchanges.fail_all(effect.reason)
-                self.done.set()
+    def _carry_out(self, ready: ready_.Ready) -> None:
+        if ready.save is not None and self.persister is not None:
+            self.persister.request(ready.save)
+        for tell in ready.tell:
+            self._tell(tell)
+
+    def _tell(self, tell: ready_.Tell) -> None:
+        effect = tell.effect
+        if isinstance(effect, state.Evict):
+            self._streams.put((effect.node_id, effect.incarnation), effect)
+            return
+        self._log(effect)
+        self.journal.effect(effect)
+        if tell.fail is not None:
+            self.exchanges.fail_all(tell.fail.reason, kind=tell.fail.error)
+        if isinstance(effect, state.ProgressEvent):
+            self._pending_progress = effect
+            return
+        previous = self._told_topology
+        if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
+            self._told = [effect]
+        if isinstance(effect, state.TopologyReadyEvent):
+            self._told_topology = effect
+            self._pending_progress = None
+            self._streams.broadcast(self._topology_change(effect, previous))
+        else:
+            self._broadcast(effect)
+        if isinstance(effect, state.ShutdownEvent):
+            self.done.set()
 
     def _serialized(self, event: state.Event) -> bytes:
         """The event on the wire; the topology converted and serialized once per generation."""

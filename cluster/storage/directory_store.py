@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cluster.protocol.config import RecoveryConfig, check_recovery_path
+from cluster.protocol.config import RecoveryConfig
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage import atomic, store
 from cluster.storage.kv_log import KvLog
+from cluster.storage.recovery_dir import check_recovery_path
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
 STATE_FILE = "scheduler.json"

@@ -34,12 +34,7 @@ from typing import TYPE_CHECKING
 
 import cluster
 from cluster.api import excepthook, runtime
-from cluster.protocol.config import (
-    ClusterConfig,
-    check_recovery_path,
-    from_env,
-    tls_options_from_env,
-)
+from cluster.protocol.config import ClusterConfig, from_env, tls_options_from_env
 from cluster.protocol.display import safe
 from cluster.protocol.errors import (
     ClusterError,
@@ -48,6 +43,7 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
 )
 from cluster.protocol.parse import split_address
+from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import placement, slurm
 from cluster.tools.launch_plan import LaunchOptions, max_restarts_for
 from cluster.worker import orphan

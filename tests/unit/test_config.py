@@ -18,7 +18,6 @@ from cluster.protocol.config import (
     LogRotation,
     RecoveryConfig,
     Role,
-    check_recovery_path,
     from_env,
     read_job_secret,
     secret_mode_ok,
@@ -27,6 +26,7 @@ from cluster.protocol.config import (
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.protocol.parse import is_decimal, split_address
 from cluster.protocol.settings import JobSettings
+from cluster.storage.recovery_dir import check_recovery_path
 from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
 from cluster.worker.agent import channel_options
 

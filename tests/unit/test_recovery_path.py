@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol.config import RecoveryConfig, check_recovery_path
+from cluster.protocol.config import RecoveryConfig
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.recovery_path import Entry, problem
+from cluster.storage.recovery_dir import check_recovery_path
 
 ME = 1000
 OTHER = 1001

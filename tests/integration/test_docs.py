@@ -61,7 +61,8 @@ def test_every_mark_is_on_a_block_and_runs_are_found() -> None:
     assert any(b.page.name == "README.md" for b in runs)
     for block in _marked("output"):
         before = [b for b in docs_blocks.blocks(block.page) if b.line < block.line]
-        assert before and before[-1].kind == "run", f"{block.where}: no run block before it"
+        assert before, f"{block.where}: no block before it"
+        assert before[-1].kind == "run", f"{block.where}: no run block before it"
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,9 @@ def test_the_pages_examples_do_what_the_page_shows(page: Path, tmp_path: Path) -
 
 def test_the_readme_training_script_runs_as_a_job(processes: Procs, tmp_path: Path) -> None:
     """The README's script, started by hand as its environment says (2 workers)."""
-    (script,) = [b for b in _marked("file") if b.page.name == "README.md" and b.language == "python"]
+    (script,) = [
+        b for b in _marked("file") if b.page.name == "README.md" and b.language == "python"
+    ]
     path = tmp_path / script.argument
     path.write_text(script.text)
     base = job_env(2, free_port())

@@ -1,7 +1,7 @@
 """The picture of a chaos run, in a real headless Chromium: a real `mscluster chaos --count 3`
 run of train_mlp.py writes chaos-report.html beside its JSON, and the page shows one lane per
 rank and one marker per fault. A screenshot is saved with the test's artifacts; with
-CLUSTER_UPDATE_DOCS=1 it also replaces docs/chaos-report.png (the README's)."""
+CLUSTER_UPDATE_DOCS=1 it also replaces docs/chaos-report.png (docs/howto/chaos.md shows it)."""
 
 from __future__ import annotations
 

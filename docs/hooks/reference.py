@@ -1,0 +1,65 @@
+"""The MkDocs hook that puts the generated pages in the site (`hooks:` in mkdocs.yml).
+
+- reference/cli.md, errors.md, metrics.md and protocol.md are made from the code (`refgen`);
+- reference/environment.md keeps its hand-written table of meanings, and the build fails when
+  that table and the variables the code reads disagree; the page gets where each variable is
+  read and the defaults the code computes in place of its `<!-- generated: ... -->` marks;
+- results.md, development.md and changelog.md are benchmarks/RESULTS.md, CONTRIBUTING.md and
+  CHANGELOG.md, whose links into docs/ are made relative to the site.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the reference is this checkout's code, whatever is installed
+    sys.path.insert(0, str(ROOT))
+
+import refgen  # noqa: E402 - MkDocs puts this folder on sys.path while it loads the hook
+
+PAGES: dict[str, Callable[[], str]] = {
+    "reference/cli.md": refgen.cli_page,
+    "reference/errors.md": refgen.errors_page,
+    "reference/metrics.md": refgen.metrics_page,
+    "reference/protocol.md": refgen.protocol_page,
+}
+# Pages that are files of the repository outside docs/, and how their links into docs/ start.
+COPIES: dict[str, tuple[Path, str]] = {
+    "results.md": (ROOT / "benchmarks" / "RESULTS.md", "../docs/"),
+    "development.md": (ROOT / "CONTRIBUTING.md", "docs/"),
+    "changelog.md": (ROOT / "CHANGELOG.md", "docs/"),
+}
+MARKS: dict[str, Callable[[], str]] = {
+    "<!-- generated: environment-where -->": refgen.environment_where,
+    "<!-- generated: environment-defaults -->": refgen.environment_defaults,
+}
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    for uri, make in PAGES.items():
+        files.append(File.generated(config, uri, content=make()))
+    for uri, (source, prefix) in COPIES.items():
+        text = source.read_text().replace(f"]({prefix}", "](")
+        files.append(File.generated(config, uri, content=text))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    if page.file.src_uri != "reference/environment.md":
+        return markdown
+    problems = refgen.environment_check(markdown)
+    if problems:
+        raise PluginError("reference/environment.md: " + "; ".join(problems))
+    for mark, make in MARKS.items():
+        if mark not in markdown:
+            raise PluginError(f"reference/environment.md lacks its mark {mark}")
+        markdown = markdown.replace(mark, make())
+    return markdown

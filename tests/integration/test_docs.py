@@ -1,0 +1,149 @@
+"""The examples of the README and of the docs pages do what the pages show.
+
+Every marked block (tests/docs_blocks.py says how a block is marked) is run as written: in a
+fresh copy of the checkout (each top-level entry linked, so what the commands write stays in the
+test's directory), with this checkout's `python` and `mscluster` first on PATH, as they are in
+the reader's activated virtual environment. Nothing is added to a command: a page that needs
+`logs/` makes it itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.testing import free_port
+from tests import docs_blocks
+from tests.docs_blocks import ROOT, Block
+from tests.integration.test_demo import run_demo
+from tests.procs import PYTHON, Procs, job_env
+
+RUN_S = 120
+# What a checkout holds that is not the reader's: build outputs, caches, virtual environments.
+NOT_CHECKOUT = re.compile(r"^(\.git|\.venv.*|\.ci-venv|logs|demo|checkpoints|site|build|dist)$")
+
+
+def _runnable_pages() -> list[Path]:
+    return [p for p in docs_blocks.pages() if any(b.kind == "run" for b in docs_blocks.blocks(p))]
+
+
+def _marked(kind: str) -> list[Block]:
+    return [b for page in docs_blocks.pages() for b in docs_blocks.blocks(page) if b.kind == kind]
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """The reader's checkout: every top-level entry of this one, linked, in a fresh directory."""
+    where = tmp_path / "checkout"
+    where.mkdir()
+    for entry in ROOT.iterdir():
+        if not NOT_CHECKOUT.match(entry.name) and not entry.name.endswith("_cache"):
+            (where / entry.name).symlink_to(entry)
+    return where
+
+
+def _reader_env() -> dict[str, str]:
+    """The reader's shell: no job variables set, this checkout's python and mscluster first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(ROOT)  # the checkout's code, as `pip install -e .` gives it
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def test_every_mark_is_on_a_block_and_runs_are_found() -> None:
+    runs = _marked("run")
+    assert runs, "no page has a block marked <!-- test: run -->"
+    assert any(b.page.name == "README.md" for b in runs)
+    for block in _marked("output"):
+        before = [b for b in docs_blocks.blocks(block.page) if b.line < block.line]
+        assert before, f"{block.where}: no block before it"
+        assert before[-1].kind == "run", f"{block.where}: no run block before it"
+
+
+@pytest.mark.parametrize(
+    "page", _runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)).replace("/", ".")
+)
+def test_the_pages_examples_do_what_the_page_shows(page: Path, tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    env = _reader_env()
+    printed = ""
+    for block in docs_blocks.blocks(page):
+        if block.kind == "file":
+            (checkout / block.argument).write_text(block.text)
+        elif block.kind == "run":
+            result = subprocess.run(
+                ["bash", "-e", "-c", block.text],
+                cwd=checkout,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=RUN_S,
+                check=False,
+            )
+            printed = result.stdout + result.stderr
+            assert result.returncode == 0, f"{block.where} exited {result.returncode}:\n{printed}"
+        elif block.kind == "output":
+            missing = docs_blocks.shows(block.text, printed)
+            assert not missing, f"{block.where}: not printed: {missing}\nprinted:\n{printed}"
+
+
+def test_the_readme_training_script_runs_as_a_job(processes: Procs, tmp_path: Path) -> None:
+    """The README's script, started by hand as its environment says (2 workers)."""
+    (script,) = [
+        b for b in _marked("file") if b.page.name == "README.md" and b.language == "python"
+    ]
+    path = tmp_path / script.argument
+    path.write_text(script.text)
+    base = job_env(2, free_port())
+    sched = processes.start_role("scheduler", "MS_SCHED", [str(path)], base)
+    workers = [processes.start_role(f"w{i}", "MS_WORKER", [str(path)], base) for i in range(2)]
+    for proc in [*workers, sched]:
+        assert proc.wait(30) == 0, proc.output
+
+
+def test_the_environment_page_names_every_environment_variable() -> None:
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    source = "\n".join(p.read_text() for p in (ROOT / "cluster").rglob("*.py"))
+    names = set(re.findall(r'"((?:MS|CLUSTER)_[A-Z_]+)"', source))
+    assert names, "no variable names found in the source"
+    missing = sorted(n for n in names if f"`{n}`" not in page)
+    assert not missing, f"the environment page's table lacks {missing}"
+
+
+def test_the_recovery_example_script_runs(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "guide" / "recovery.md").read_text()
+    assert "examples/run_recovery.sh" in page
+    result = subprocess.run(
+        ["bash", str(ROOT / "examples" / "run_recovery.sh")],
+        env={
+            **job_env(2, free_port()),
+            "LOG_DIR": str(tmp_path),
+            "PYTHON": PYTHON,
+            "HOLD": "10",
+            "MS_NODE_TIMEOUT": "3",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rejoined rank=1 size=2" in result.stdout
+    assert "every node is back after the scheduler's restart" in result.stdout
+    assert "job exit status: 0" in result.stdout
+
+
+def test_the_demo_ends_as_the_pages_say(tmp_path: Path) -> None:
+    """The demo (without its set-up step): both runs end with the hash the pages show."""
+    shown = _marked("demo-output")
+    assert {b.page.name for b in shown} >= {"README.md", "tutorial.md"}
+    result = run_demo(tmp_path, sizes={})
+    assert result.returncode == 0, result.stdout + result.stderr
+    for block in shown:
+        missing = docs_blocks.shows(block.text, result.stdout)
+        assert not missing, f"{block.where}: not printed: {missing}\n{result.stdout}"

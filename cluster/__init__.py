@@ -1,7 +1,7 @@
 """`cluster`: scheduler/worker networking for distributed training without OpenMPI.
 
 The public API. Start every process of a job with the MS_* launch environment and call
-`cluster.init()`; see the README.
+`cluster.init()`; see docs/guide/training-script.md.
 """
 
 # The release; pyproject.toml reads it from here (`mscluster --version` shows the installed one).

@@ -42,7 +42,7 @@ from cluster.storage.snapshot import Snapshot, SnapshotPool
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
 # 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
-# (see README "Measured"); larger states opt in.
+# (benchmarks/RESULTS.md); larger states opt in.
 MEMORY_SNAPSHOT_DEFAULT = 1 << 30
 
 if TYPE_CHECKING:

@@ -23,8 +23,8 @@ Pure: hashing and HMAC over bytes, no I/O.
     and the credential's hash, over the method, the node, a per-node sequence number and the
     request's hash; the scheduler refuses a number it has seen or one below the window
     (`CallWindow`), and the number the node had when it last registered.
-  Without a secret and without TLS the job is open to whoever reaches the port (README,
-  "Security model"); with TLS alone the channel protects the credential.
+  Without a secret and without TLS the job is open to whoever reaches the port
+  (docs/design/security.md); with TLS alone the channel protects the credential.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The launch environment, parsed and validated in one place.
 
-The variable names and defaults are MindSpore's (see the README's environment table); knobs that
+The variable names and defaults are MindSpore's (docs/reference/environment.md); knobs that
 MindSpore does not have are named CLUSTER_*. Parsing is pure (`from_env` takes a mapping); the
 one check that touches the disk, that a recovery path is safe (`recovery_path` decides) and
 writable, is `cluster.storage.recovery_dir.check_recovery_path`.
@@ -43,7 +43,7 @@ HEARTBEATS_PER_TIMEOUT = 5
 MAX_SCHEDULER_BEATS_PER_S = 100
 MIN_HEARTBEATS_PER_TIMEOUT = 3
 
-# Caps on what callers can make the scheduler hold (README, "Security model").
+# Caps on what callers can make the scheduler hold (docs/design/security.md).
 DEFAULT_KV_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_KV_MAX_KEYS = 100_000
 DEFAULT_COLLECTIVE_MAX_BYTES = 1024 * 1024 * 1024
@@ -94,7 +94,7 @@ class RecoveryConfig:
 
 @dataclass(frozen=True)
 class TLSOptions:
-    """Where TLS comes from: the ssl.json and the p12 passwords (see the README, "TLS").
+    """Where TLS comes from: the ssl.json and the p12 passwords (docs/howto/tls.md).
 
     Only the sources: `cluster.tls` opens the files. A password given here (from the environment
     or `set_ps_context`) is never shown in a repr; a password file is preferred to it.
@@ -120,7 +120,7 @@ class LogRotation:
 
 @dataclass(frozen=True)
 class ObserveConfig:
-    """What a process shows of itself (see the README, "Observing a job"); all off by default.
+    """What a process shows of itself (docs/howto/observing.md); all off by default.
 
     `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged);
     `event_log`: the scheduler's JSON-lines event log; `worker_metrics_port`: a worker's

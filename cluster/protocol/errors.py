@@ -65,7 +65,7 @@ class SchedulerUnreachableError(ClusterError):
 
 class ReadRefusedError(ClusterError):
     """The scheduler refused to show the job (Status, WatchEvents) to a reader that did not
-    prove the job secret (README, "Security model"): the reader needs the job's secret file."""
+    prove the job secret (docs/design/security.md): the reader needs the job's secret file."""
 
 
 class NotLeaderError(ClusterError):

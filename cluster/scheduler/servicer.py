@@ -179,7 +179,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         """With a job secret, reading the job needs proof of it: a `cluster-read` proof (which
         `mscluster status` and `events` make from the secret file) or, with mutual TLS, the
         certificate the handshake checked. CLUSTER_READERS_PROVE_SECRET=0 opens the read side;
-        a job without a secret is open (README, "Security model"). Health stays open."""
+        a job without a secret is open (docs/design/security.md). Health stays open."""
         core = self._gate.core
         if core is None or core.settings.job_secret is None:
             return  # a standby shows only who leads

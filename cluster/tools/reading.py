@@ -3,7 +3,7 @@
 
 With a job secret the scheduler shows Status and WatchEvents only to a reader that proves it (an
 HMAC under the secret of the scheduler's challenge and the method) or that holds a client
-certificate of the job's CA (README, "Security model"). `find_secret` finds the secret for the
+certificate of the job's CA (docs/design/security.md). `find_secret` finds the secret for the
 user, first found first:
 
     --secret-file PATH                    the file named

@@ -1,7 +1,7 @@
 """A job secret made for one job: a file of 64 random hex digits, readable by its owner only.
 
 `mscluster run` and `cluster.testing.LocalJob` make one for every job whose processes they all
-start, and give its path to each of them as CLUSTER_JOB_SECRET_FILE (README, "Security model").
+start, and give its path to each of them as CLUSTER_JOB_SECRET_FILE (docs/design/security.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What `mscluster run` does with a Slurm allocation that needs more than the environment:
 asking scontrol for a node's address, and sharing one job secret among the nodes of a step.
 
-The job secret (README, "Running on Slurm"): when the step spans several nodes and no
+The job secret (docs/howto/slurm.md): when the step spans several nodes and no
 CLUSTER_JOB_SECRET[_FILE] is given, node 0's launcher writes 32 random bytes, hex, to
 `.mscluster/slurm-<job>.<step>.secret` under the job's working directory (a directory of mode
 0700, the file 0600, written to a temporary name and renamed, so no node reads half of it). Every

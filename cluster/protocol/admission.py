@@ -8,16 +8,25 @@ against the phase, the generation and the other members. The answer is a `Denied
 (whose `error()` the scheduler sends back as a status code) or what the call may go on with; a
 refused call changes nothing.
 
-`Admission` is a mixin of `SchedulerState`: queries only, no input is changed here.
+Who may join is decided here too (`check_registration`, `check_new`): the node's credential
+and, with a job secret, its proof of the secret (a fresh challenge, a nonce never seen), the
+job it names, its counts and the room left for its role.
+
+`Admission` is a part of `SchedulerState` (it reads the job through `JobView`) and owns what
+trust remembers: the nonces seen, the challenges issued and each node's call window. None of
+them is saved: a restarted scheduler issues new challenges, and waits for each node's
+registration before it takes the node's call proofs.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from cluster.protocol import auth
-from cluster.protocol.config import canonical_node_id, valid_node_id
+from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
 from cluster.protocol.errors import (
     CapacityError,
     ClusterError,
@@ -28,7 +37,15 @@ from cluster.protocol.errors import (
     RegistrationPendingError,
     UnknownNodeError,
 )
-from cluster.protocol.records import Member, NodeRole, NodeState, Phase
+from cluster.protocol.records import (
+    Member,
+    NodeRole,
+    NodeState,
+    Phase,
+    Refusal,
+    Refused,
+    Registration,
+)
 from cluster.protocol.settings import JobSettings
 
 BARRIER = "barrier"
@@ -84,10 +101,11 @@ class ExchangeTicket:
     size: int
 
 
-class Admission:
-    """The admission queries of `SchedulerState` (which provides these attributes)."""
+class JobView(Protocol):
+    """What admission reads of the job (`SchedulerState`)."""
 
     cluster_id: str
+    previous_cluster_id: str
     settings: JobSettings
     phase: Phase
     detail: str
@@ -95,9 +113,20 @@ class Admission:
     members: dict[str, Member]
     spares: dict[str, Member]
 
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+
+@dataclass
+class Admission:
+    """Who may join the job, and which call a node may make."""
+
+    job: JobView
     # Per node: the call numbers seen since it last registered with this scheduler (a job
-    # secret's call proofs; not saved: a restarted scheduler waits for the node's registration).
-    call_windows: dict[str, auth.CallWindow]
+    # secret's call proofs).
+    call_windows: dict[str, auth.CallWindow] = field(default_factory=dict)
+    _nonces: auth.ReplayCache = field(default_factory=auth.ReplayCache)
+    _challenges: auth.ChallengeIssuer = field(default_factory=auth.ChallengeIssuer)
 
     def admit(
         self, node_id: str, incarnation: int | None, presented: auth.Presented
@@ -107,15 +136,15 @@ class Admission:
         member = None
         if valid_node_id(node_id):
             key = canonical_node_id(node_id)
-            member = self.members.get(key) or self.spares.get(key)
+            member = self.job.members.get(key) or self.job.spares.get(key)
         if member is None or (incarnation is not None and member.incarnation != incarnation):
             which = "" if incarnation is None else f" (incarnation {incarnation})"
             return Denied(
                 Denial.NOT_A_MEMBER,
-                f"node {node_id[:140]!r}{which} is not a member of job {self.cluster_id}: "
+                f"node {node_id[:140]!r}{which} is not a member of job {self.job.cluster_id}: "
                 "register first",
             )
-        secret = self.settings.job_secret
+        secret = self.job.settings.job_secret
         problem = (
             self._check_bearer(member, presented.digest)
             if secret is None
@@ -193,9 +222,10 @@ class Admission:
         if isinstance(verdict, Denied):
             return verdict
         member = verdict
-        if self.phase is not Phase.READY:
+        if self.job.phase is not Phase.READY:
             return Denied(
-                Denial.JOB_OVER, f"job is {self.phase.value}: {self.detail or 'not formed yet'}"
+                Denial.JOB_OVER,
+                f"job is {self.job.phase.value}: {self.job.detail or 'not formed yet'}",
             )
         if member.rank is None or member.role is not NodeRole.WORKER:
             return Denied(
@@ -204,39 +234,162 @@ class Admission:
         if op not in COLLECTIVE_OPS:
             return Denied(Denial.COLLECTIVE_MISUSE, f"{op!r} is not a collective")
         return self._check_round(generation, op, root) or ExchangeTicket(
-            member.rank, self.settings.worker_num
+            member.rank, self.job.settings.worker_num
         )
 
     def _check_round(self, generation: int, op: str, root: int) -> Denied | None:
-        if generation < self.generation:
+        if generation < self.job.generation:
             return Denied(
                 Denial.PEER_FAILED,
                 f"{op} belongs to generation {generation}, but the job has moved on to "
-                f"generation {self.generation} (a failed node rejoined): roll back and go on",
+                f"generation {self.job.generation} (a failed node rejoined): roll back and go on",
             )
-        if generation != self.generation:
+        if generation != self.job.generation:
             return Denied(
                 Denial.WRONG_GENERATION,
                 f"collective of generation {generation}, but the job is at generation "
-                f"{self.generation}",
+                f"{self.job.generation}",
             )
-        down = [m for m in self.members.values() if m.state is NodeState.FAILED]
+        down = [m for m in self.job.members.values() if m.state is NodeState.FAILED]
         if down:
             return Denied(
                 Denial.PEER_FAILED,
                 f"{op} cannot complete: {down[0].describe()} has failed ({down[0].failure}); "
                 "the job waits for it to rejoin in a new generation",
             )
-        gone = [m for m in self.members.values() if m.state is NodeState.FINISHED]
+        gone = [m for m in self.job.members.values() if m.state is NodeState.FINISHED]
         if gone:
             return Denied(
                 Denial.COLLECTIVE_MISUSE,
                 f"{op} cannot complete: {gone[0].describe()} has already finished "
                 "(called cluster.finalize()); every rank must take part in every collective",
             )
-        if op == BROADCAST and not 0 <= root < self.settings.worker_num:
+        if op == BROADCAST and not 0 <= root < self.job.settings.worker_num:
             return Denied(
                 Denial.COLLECTIVE_MISUSE,
-                f"broadcast root {root} is not a rank (0-{self.settings.worker_num - 1})",
+                f"broadcast root {root} is not a rank (0-{self.job.settings.worker_num - 1})",
+            )
+        return None
+
+    # -- joining ---------------------------------------------------------------------------------
+
+    def challenge(self) -> bytes:
+        """A challenge for a registration under the job secret (`cluster.protocol.auth`)."""
+        return self._challenges.issue(self.job.clock())
+
+    def read_problem(self, challenge: bytes, proof: bytes, method: str) -> str | None:
+        """Why an operator's read proof does not prove the job secret; None when it does."""
+        secret = self.job.settings.job_secret
+        if secret is None:
+            return None
+        stale = self._challenges.problem(challenge, self.job.clock())
+        if stale is not None:
+            return f"its proof of the job secret cannot be checked: {stale}"
+        if not auth.same_digest(auth.read_proof(secret, challenge, method), proof):
+            return "its proof is not of this job's secret"
+        return None
+
+    def check_registration(self, reg: Registration) -> Refused | None:
+        """Whether `reg` may be looked at: its credential and proof, its job and counts."""
+        return self._check_proof(reg) or self._check_job(reg)
+
+    def registered(self, node_id: str, reg: Registration, *, again: bool) -> None:
+        """`reg` was accepted. The same process registering again (after a cut, `again`) keeps
+        its window: calls it made before, still on their way, are taken once, as ever. A new
+        incarnation, or this scheduler's first sight of the node, starts one above the
+        registration's floor."""
+        if self.job.settings.job_secret is None:
+            return
+        if not (again and node_id in self.call_windows):
+            self.call_windows[node_id] = auth.CallWindow(reg.call_seq)
+
+    def _check_proof(self, reg: Registration) -> Refused | None:
+        """The node's credential, and with a job secret its proof of the secret."""
+        if len(reg.credential_digest) != auth.DIGEST_BYTES:
+            return Refused(
+                Refusal.INVALID_NODE,
+                f"node {reg.node_id!r} sent no node credential: it must draw one per process "
+                "and send it with its registration (is it an older version of cluster?)",
+            )
+        secret = self.job.settings.job_secret
+        if secret is None:
+            return None
+        stale = self._challenges.problem(reg.challenge, self.job.clock()) if reg.proof else None
+        if not reg.proof:
+            problem = "did not prove it"
+        elif stale is not None:
+            return Refused(
+                Refusal.STALE_CHALLENGE,
+                f"node {reg.node_id!r} sent a registration this scheduler cannot take: {stale}; "
+                "the node asks for a new challenge and registers again",
+                retry_after_s=0.1,
+            )
+        elif len(reg.nonce) < auth.NONCE_BYTES or not auth.proven(secret, reg.message(), reg.proof):
+            problem = "proved another secret"
+        elif reg.job_id != self.job.cluster_id:
+            problem = f"proved it for job {reg.job_id[:40]!r}"
+        elif not self._nonces.first_time(reg.nonce):
+            problem = "sent a registration seen before (a replay)"
+        else:
+            return None
+        return Refused(
+            Refusal.NOT_A_MEMBER,
+            f"node {reg.node_id!r} is not a member of this job: this scheduler needs the job "
+            f"secret (CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET) and the node {problem}; "
+            "start every process of the job with the same secret",
+        )
+
+    def _check_job(self, reg: Registration) -> Refused | None:
+        job, settings = self.job, self.job.settings
+        if reg.cluster_id and reg.cluster_id not in (job.cluster_id, job.previous_cluster_id):
+            how = (
+                ""
+                if settings.recovery
+                else " (recovery is off, so a restarted scheduler starts a new job)"
+            )
+            return Refused(
+                Refusal.FOREIGN_JOB,
+                f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
+                f"job {job.cluster_id}{how}: start the node again without its old state to join "
+                "the new job",
+            )
+        if reg.worker_num != settings.worker_num or reg.server_num != settings.server_num:
+            return Refused(
+                Refusal.WORKER_NUM_MISMATCH,
+                f"node {reg.node_id!r} has MS_WORKER_NUM={reg.worker_num}, "
+                f"MS_SERVER_NUM={reg.server_num}, but the scheduler has "
+                f"{settings.describe_counts()}: start every process of the job with the "
+                "same values",
+            )
+        if job.phase in (Phase.FINISHED, Phase.FAILED):
+            return Refused(
+                Refusal.JOB_FINISHED if job.phase is Phase.FINISHED else Refusal.JOB_OVER,
+                f"job {job.cluster_id} is over ({job.phase.value}: {job.detail}); start a new "
+                "scheduler for a new job",
+            )
+        return None
+
+    def check_new(self, node_id: str, reg: Registration, same_role: int) -> Refused | None:
+        """Whether a node id the job has not seen may join, with `same_role` members of its
+        role already in."""
+        settings = self.job.settings
+        space = settings.space(reg.role)
+        if reg.role is NodeRole.SERVER and settings.server_num == 0:
+            return Refused(
+                Refusal.INVALID_NODE,
+                f"node {node_id!r} is a parameter server, but the job has MS_SERVER_NUM=0",
+            )
+        if is_numeric_node_id(node_id) and int(node_id) >= space:
+            return Refused(
+                Refusal.INVALID_NODE,
+                f"MS_NODE_ID={node_id} is numeric, so it is the rank, and must be below "
+                f"the number of {reg.role.value}s ({space})",
+            )
+        if self.job.phase is not Phase.WAITING or same_role >= space:
+            return Refused(
+                Refusal.CLUSTER_FULL,
+                f"the job already has all {space} {reg.role.value}s "
+                f"({settings.describe_counts()}); node {node_id!r} is one too many: check the "
+                "numbers, or that no old process of the same job is still running",
             )
         return None

@@ -20,7 +20,10 @@ The rules:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
+from cluster.protocol.liveness import Liveness
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -100,76 +103,67 @@ def expiry(member: Member, settings: JobSettings) -> float:
     return member.last_seen + window
 
 
-class SpareRules:
-    """The spares' inputs of `SchedulerState` (a mixin, as `Admission` is): it provides these
-    attributes and the three methods below."""
+class SpareHost(Protocol):
+    """What the spare pool reads and changes of the job (`SchedulerState`)."""
 
     settings: JobSettings
     phase: Phase
     members: dict[str, Member]
     spares: dict[str, Member]
-    promotions: int
     revision: int
-    _next_scan: float
+    liveness: Liveness
 
-    @property
-    def recovery(self) -> bool:
-        return self.settings.recovery
+    def publish(self, reason: str, promoted: str = "") -> list[Effect]: ...
 
-    def _publish(self, reason: str, promoted: str = "") -> list[Effect]:
-        raise NotImplementedError
+    def accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted: ...
 
-    def _accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
-        raise NotImplementedError
+    def place_workers(self) -> None: ...
 
-    def _place_workers(self) -> None:
-        raise NotImplementedError
 
-    def _seen(self, member: Member, now: float) -> None:
-        raise NotImplementedError
+@dataclass
+class SparePool:
+    """The spares' inputs of `SchedulerState`, a part it owns."""
 
-    def silence(self, member: Member, now: float) -> float:
-        raise NotImplementedError
+    job: SpareHost
+    promotions: int = 0  # ranks handed to a spare so far
 
-    def _due(self, member: Member) -> float:
-        raise NotImplementedError
-
-    def _tick_spare(self, member: Member, now: float) -> list[Effect]:
+    def tick(self, member: Member, now: float) -> list[Effect]:
         """Time passes for a spare, or a failed record among them; the next scan includes it."""
-        silent = self.silence(member, now)
-        if member.state is NodeState.ALIVE and silent > self.settings.silence_limit_s:
-            self._spare_died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
-        elif member.state is NodeState.FAILED and now > expiry(member, self.settings):
-            return self._drop_spare(member)
-        due = (
-            self._due(member) if member.state is NodeState.ALIVE else expiry(member, self.settings)
-        )
-        self._next_scan = min(self._next_scan, due)
+        job, liveness = self.job, self.job.liveness
+        silent = liveness.silence(member, now)
+        if member.state is NodeState.ALIVE and silent > job.settings.silence_limit_s:
+            self.died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
+        elif member.state is NodeState.FAILED and now > expiry(member, job.settings):
+            return self.drop(member)
+        alive = member.state is NodeState.ALIVE
+        liveness.found(liveness.due(member) if alive else expiry(member, job.settings))
         return []
 
-    def _promote(self, spare: Member, failed: Member) -> list[Effect]:
+    def promote(self, spare: Member, failed: Member) -> list[Effect]:
         """`spare` takes the rank of `failed` (a ranked worker that failed): a new generation;
         `failed` waits out its guard among the spares."""
+        job = self.job
         hand_over(failed, spare)
-        del self.members[failed.node_id], self.spares[spare.node_id]
-        self.members[spare.node_id], self.spares[failed.node_id] = spare, failed
-        self._place_workers()
+        del job.members[failed.node_id], job.spares[spare.node_id]
+        job.members[spare.node_id], job.spares[failed.node_id] = spare, failed
+        job.place_workers()
         self.promotions += 1
         reason = f"spare {spare.node_id!r} took rank {spare.rank} of node {failed.node_id!r}"
-        return self._publish(reason, promoted=spare.node_id)
+        return job.publish(reason, promoted=spare.node_id)
 
-    def _fill_down_rank(self) -> list[Effect]:
+    def fill_down_rank(self) -> list[Effect]:
         """A spare came (back) while a rank is down: it takes that rank at once."""
-        if self.phase is not Phase.READY or not self.recovery:
+        job = self.job
+        if job.phase is not Phase.READY or not job.settings.recovery:
             return []
-        down = [m for m in self.members.values() if m.state is NodeState.FAILED]
+        down = [m for m in job.members.values() if m.state is NodeState.FAILED]
         if not down:
             return []
         failed = min(down, key=lambda m: (m.role is NodeRole.SERVER, m.rank))
-        spare = pick(self.spares.values(), failed) if failed.role is NodeRole.WORKER else None
-        return [] if spare is None else self._promote(spare, failed)
+        spare = pick(job.spares.values(), failed) if failed.role is NodeRole.WORKER else None
+        return [] if spare is None else self.promote(spare, failed)
 
-    def _respare(
+    def respare(
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted, list[Effect]]:
         """A node id back after its guard, with its rank taken meanwhile (or a spare's new
@@ -179,21 +173,21 @@ class SpareRules:
         ]
         member.incarnation, member.credential_digest = reg.incarnation, reg.credential_digest
         member.host, member.port = reg.host, reg.port
-        self._seen(member, now)
+        self.job.liveness.seen(member, now)
         member.state, member.failure, member.replaced_by = NodeState.ALIVE, "", ""
         member.restarts += 1
-        self.revision += 1
-        return self._accepted(rejoined=False, spare=True), effects + self._fill_down_rank()
+        self.job.revision += 1
+        return self.job.accepted(rejoined=False, spare=True), effects + self.fill_down_rank()
 
-    def _spare_died(self, member: Member, last_seen: float, why: str) -> list[Effect]:
+    def died(self, member: Member, last_seen: float, why: str) -> list[Effect]:
         """Nobody waits for a spare: its record only keeps its id refused for the guard."""
         member.state, member.failure, member.last_seen = NodeState.FAILED, why, last_seen
-        self.revision += 1
-        self._next_scan = min(self._next_scan, expiry(member, self.settings))
+        self.job.revision += 1
+        self.job.liveness.found(expiry(member, self.job.settings))
         return []
 
-    def _drop_spare(self, member: Member) -> list[Effect]:
+    def drop(self, member: Member) -> list[Effect]:
         """A spare that left, or a failed record past its `expiry`: gone."""
-        del self.spares[member.node_id]
-        self.revision += 1
+        del self.job.spares[member.node_id]
+        self.job.revision += 1
         return []

@@ -33,10 +33,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.protocol import auth, spares
+from cluster.protocol import auth, ranks, spares
 from cluster.protocol.admission import Admission, Denial, Denied, ExchangeTicket
-from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
+from cluster.protocol.config import canonical_node_id, valid_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
+from cluster.protocol.liveness import Liveness
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -55,7 +56,9 @@ from cluster.protocol.records import (
     ShutdownEvent,
     TopologyReadyEvent,
 )
+from cluster.protocol.rollback import NoCommonStep, RollbackPlanner, rollback_step
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.spares import SparePool
 
 __all__ = [
     "Accepted",
@@ -83,22 +86,18 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class NoCommonStep:
-    """The workers hold checkpoints, but no step is held by all: the job cannot roll back."""
-
-    message: str
-
-
-# How stale the step every worker holds may be when a checkpoint report asks for it: at most one
-# computation a second however many workers report (at 8,192 workers one takes about a ms).
-HELD_BY_ALL_EVERY_S = 1.0
 SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
 
 
 @dataclass
-class SchedulerState(Admission, spares.SpareRules):
-    """The job as the scheduler sees it. All methods are synchronous and free of I/O."""
+class SchedulerState:
+    """The job as the scheduler sees it. All methods are synchronous and free of I/O.
+
+    Its parts: `admission` (who may join, which call is admitted; `cluster.protocol.admission`),
+    `liveness` (silence and the guard; `cluster.protocol.liveness`), `pool` (the spares;
+    `cluster.protocol.spares`) and `rollback` (the step every worker holds;
+    `cluster.protocol.rollback`); ranks are placed by `cluster.protocol.ranks`.
+    """
 
     cluster_id: str
     settings: JobSettings
@@ -110,7 +109,6 @@ class SchedulerState(Admission, spares.SpareRules):
     # Spares (no rank; `cluster.protocol.spares`), and failed nodes whose rank a spare took,
     # kept for their guard.
     spares: dict[str, Member] = field(default_factory=dict)
-    promotions: int = field(init=False, default=0)  # ranks handed to a spare so far
     started: float = field(init=False)
     # Kept up to date with `members`, so that no input costs O(members): a 1024-node job
     # registers and finishes 1024 times.
@@ -131,31 +129,16 @@ class SchedulerState(Admission, spares.SpareRules):
     # Nodes refused by the guard lately (node id -> when), until they hear that the job is
     # over: the scheduler waits a moment for them at the end (not saved, like the nonces).
     guard_waiting: dict[str, float] = field(init=False, repr=False, default_factory=dict)
-    # The job-secret nonces seen (not saved: a restarted scheduler starts with none, and its
-    # challenges are new, so no registration made for the one before it is good here).
-    _nonces: auth.ReplayCache = field(init=False, repr=False, default_factory=auth.ReplayCache)
-    _challenges: auth.ChallengeIssuer = field(
-        init=False, repr=False, default_factory=auth.ChallengeIssuer
-    )
-    # With a job secret: each node's call numbers since it registered here (`Admission`).
-    call_windows: dict[str, auth.CallWindow] = field(init=False, repr=False, default_factory=dict)
-    # No member's silence can reach a limit before this time (a member's last_seen only moves
-    # forward, see `_seen`), so `tick` looks at the members only then: a pass over 8,192
-    # members ten times a second was most of an idle scheduler's work.
-    _next_scan: float = field(init=False, repr=False, default=float("-inf"))
-    # `held_by_all()` as last computed (generation, when, step): it is asked at every checkpoint
-    # report, and computing it looks at every worker.
-    _held_by_all: tuple[int, float, int] = field(init=False, repr=False, default=(-1, 0.0, 0))
-    # When the scheduler last accepted a registration. A node's heartbeats wait in gRPC's queue
-    # of calls behind the registrations that arrived before them, and a large job's start is a
-    # burst of thousands: a live node's first beat was taken up only after 30 s of them (at
-    # 8,192 nodes). So a live node's silence counts from the end of the burst at the earliest
-    # (`silence`); a burst never ends while registrations are being accepted, and a hung node is
-    # still found MS_NODE_TIMEOUT after it.
-    _last_accepted: float = field(init=False, repr=False, default=float("-inf"))
+    admission: Admission = field(init=False, repr=False)
+    liveness: Liveness = field(init=False, repr=False)
+    pool: SparePool = field(init=False, repr=False)
+    rollback: RollbackPlanner = field(init=False, repr=False, default_factory=RollbackPlanner)
 
     def __post_init__(self) -> None:
         self.started = self.clock()
+        self.admission = Admission(self)
+        self.liveness = Liveness(self.settings)
+        self.pool = SparePool(self)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -217,7 +200,7 @@ class SchedulerState(Admission, spares.SpareRules):
                 "digits and . _ : @ -, starting with a letter or digit",
             ), []
         node_id = canonical_node_id(reg.node_id)
-        refusal = self._check_proof(reg) or self._check_job(reg)
+        refusal = self.admission.check_registration(reg)
         if refusal is not None:
             if refusal.reason in (Refusal.JOB_OVER, Refusal.JOB_FINISHED):
                 self.guard_waiting.pop(node_id, None)  # told
@@ -231,35 +214,15 @@ class SchedulerState(Admission, spares.SpareRules):
                 f"unique across roles, so give this {reg.role.value} another MS_NODE_ID "
                 "(e.g. 'ps0' for a parameter server)",
             ), []
-        # The same process registering again (after a cut) keeps its window: calls it made
-        # before, still on their way, are taken once, as ever. A new incarnation, or this
-        # scheduler's first sight of the node, starts one above the registration's floor.
         again = known is not None and known.incarnation == reg.incarnation
-        kept = again and node_id in self.call_windows
         outcome = (
             self._register_new(node_id, reg, now)
             if known is None
             else self._register_known(known, reg, now)
         )
-        if isinstance(outcome[0], Accepted) and self.settings.job_secret is not None and not kept:
-            self.call_windows[node_id] = auth.CallWindow(reg.call_seq)
+        if isinstance(outcome[0], Accepted):
+            self.admission.registered(node_id, reg, again=again)
         return outcome
-
-    def challenge(self) -> bytes:
-        """A challenge for a registration under the job secret (`cluster.protocol.auth`)."""
-        return self._challenges.issue(self.clock())
-
-    def read_problem(self, challenge: bytes, proof: bytes, method: str) -> str | None:
-        """Why an operator's read proof does not prove the job secret; None when it does."""
-        secret = self.settings.job_secret
-        if secret is None:
-            return None
-        stale = self._challenges.problem(challenge, self.clock())
-        if stale is not None:
-            return f"its proof of the job secret cannot be checked: {stale}"
-        if not auth.same_digest(auth.read_proof(secret, challenge, method), proof):
-            return "its proof is not of this job's secret"
-        return None
 
     def _register_new(
         self, node_id: str, reg: Registration, now: float
@@ -267,7 +230,7 @@ class SchedulerState(Admission, spares.SpareRules):
         if reg.spare:
             refusal = spares.check_new_spare(node_id, reg, self.spares, self.settings)
         else:
-            refusal = self._check_new(node_id, reg)
+            refusal = self.admission.check_new(node_id, reg, self._role_counts.get(reg.role, 0))
         if refusal is not None:
             return refusal, []
         member = Member(
@@ -279,29 +242,29 @@ class SchedulerState(Admission, spares.SpareRules):
             last_seen=now,
             credential_digest=reg.credential_digest,
         )
-        self._seen(member, now)
+        self.liveness.seen(member, now)
         if reg.spare:
             self.spares[node_id] = member
             self.revision += 1
-            return self._accepted(rejoined=False, spare=True), self._fill_down_rank()
+            return self.accepted(rejoined=False, spare=True), self.pool.fill_down_rank()
         self._role_counts[reg.role] = self._role_counts.get(reg.role, 0) + 1
         self.members[node_id] = member
         effects: list[Effect] = [ProgressEvent(len(self.members), self.expected)]
         if len(self.members) == self.expected:
             effects.extend(self._form_topology())
-        return self._accepted(rejoined=False), effects
+        return self.accepted(rejoined=False), effects
 
     def connect(self, node_id: str, incarnation: int) -> list[Event]:
         """The node opened its Watch stream; returns what it must hear first."""
         member = self.member(node_id, incarnation)
         member.connected = True
-        self._seen(member, self.clock())
+        self.liveness.seen(member, self.clock())
         self.awaiting.discard(member.node_id)
         return self.welcome()
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         member = self.member(node_id, incarnation)
-        self._seen(member, self.clock())
+        self.liveness.seen(member, self.clock())
 
     def report_checkpoints(self, node_id: str, incarnation: int, steps: Iterable[int]) -> None:
         """The worker holds these checkpoint steps now (complete ones, after pruning)."""
@@ -311,45 +274,23 @@ class SchedulerState(Admission, spares.SpareRules):
             member.checkpoints = held
             self.revision += 1
 
+    def _workers(self) -> list[Member]:
+        return [m for m in self.members.values() if m.role is NodeRole.WORKER]
+
     def held_by_all(self) -> int:
-        """A step every worker holds, for them to keep (0: none): `rollback_step()`, computed at
-        most every HELD_BY_ALL_EVERY_S. The newest step every worker holds only grows within a
-        generation (a worker prunes no step at or past this one), so a value from a moment ago
-        is still held by every worker; a new generation computes it afresh."""
-        generation, when, step = self._held_by_all
-        now = self.clock()
-        if generation == self.generation and now - when < HELD_BY_ALL_EVERY_S:
-            return step
-        newest = self.rollback_step()
-        step = newest if isinstance(newest, int) else 0
-        self._held_by_all = (self.generation, now, step)
-        return step
+        """A step every worker holds, for them to keep (0: none; `RollbackPlanner`)."""
+        return self.rollback.held_by_all(self.generation, self._workers(), self.clock())
 
     def rollback_step(self) -> int | NoCommonStep:
-        """The newest step every worker holds; 0 when none holds any; NoCommonStep when the
-        workers hold checkpoints but none in common."""
-        workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
-        if not any(m.checkpoints for m in workers):
-            return 0
-        common = set(workers[0].checkpoints).intersection(*(m.checkpoints for m in workers[1:]))
-        if common:
-            return max(common)
-        held = "; ".join(
-            f"{m.describe()}: {', '.join(map(str, m.checkpoints)) or 'none'}"
-            for m in sorted(workers, key=lambda m: m.rank if m.rank is not None else -1)
-        )
-        return NoCommonStep(
-            "no checkpoint step is held by every worker, so the job cannot roll back to a "
-            f"consistent state ({held}); keep more checkpoints (keep_checkpoint_max) or restore "
-            "the missing files"
-        )
+        """The newest step every worker holds (`cluster.protocol.rollback`)."""
+        return rollback_step(self._workers())
 
     def reform(self, reason: str) -> list[Effect]:
         """Start a new generation with the same members: everyone rolls back (e.g. a collective
         was cut in two by a scheduler restart and cannot be completed)."""
         if self.phase is not Phase.READY:
             return []
-        return self._publish(reason)
+        return self.publish(reason)
 
     def disconnect(self, node_id: str, incarnation: int) -> list[Effect]:
         """The node's stream broke: its process is gone (or its connection is)."""
@@ -361,10 +302,10 @@ class SchedulerState(Admission, spares.SpareRules):
         if member.state is not NodeState.ALIVE or self.phase in (Phase.FINISHED, Phase.FAILED):
             return []
         if member.node_id in self.spares:
-            return self._spare_died(member, self.clock(), "its connection to the scheduler broke")
+            return self.pool.died(member, self.clock(), "its connection to the scheduler broke")
         # Alive until its connection broke: the guard counts from now, not from its last
         # heartbeat (which may be an interval older).
-        self._seen(member, self.clock())
+        self.liveness.seen(member, self.clock())
         return self._lose(
             member, "its connection to the scheduler broke (process exited, stopped or cut off?)"
         )
@@ -372,7 +313,7 @@ class SchedulerState(Admission, spares.SpareRules):
     def finish(self, node_id: str, incarnation: int) -> list[Effect]:
         member = self.member(node_id, incarnation)
         if member.node_id in self.spares:
-            return self._drop_spare(member) if member.state is NodeState.ALIVE else []
+            return self.pool.drop(member) if member.state is NodeState.ALIVE else []
         if self.phase is Phase.WAITING:
             # Leaving before the job formed: free the slot, nobody depends on it yet.
             self._forget(member)
@@ -395,21 +336,20 @@ class SchedulerState(Admission, spares.SpareRules):
         now = self.clock()
         if self.phase is Phase.WAITING and now - self.started > self.settings.topo_timeout_s:
             return self._end(ok=False, detail=self._describe_missing(now))
-        if now < self._next_scan:
+        if not self.liveness.scan_due(now):
             return []
-        self._next_scan = float("inf")
         effects: list[Effect] = []
         for member in list(self.members.values()):
             if self.phase in (Phase.FINISHED, Phase.FAILED):
                 break
             effects.extend(self._tick_member(member, now))
-            self._next_scan = min(self._next_scan, self._due(member))
+            self.liveness.found(self.liveness.due(member))
         for member in list(self.spares.values()):
-            effects.extend(self._tick_spare(member, now))
+            effects.extend(self.pool.tick(member, now))
         return effects
 
     def _tick_member(self, member: Member, now: float) -> list[Effect]:
-        silent = self.silence(member, now)
+        silent = self.liveness.silence(member, now)
         if member.state is NodeState.ALIVE and silent > self.settings.silence_limit_s:
             if member.node_id in self.awaiting:
                 why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
@@ -442,28 +382,8 @@ class SchedulerState(Admission, spares.SpareRules):
         of CPU): it could not hear anyone meanwhile, so nobody's silence during it counts. (The
         heartbeats that arrived meanwhile wait in its sockets, and may be read only after the
         next tick.)"""
-        now = self.clock()
-        for member in [*self.members.values(), *self.spares.values()]:
-            member.last_seen = min(member.last_seen + seconds, now)
-        self._next_scan = float("-inf")
-
-    def _seen(self, member: Member, now: float) -> None:
-        """`member` was alive at `now` (its silence limit moves on, never back)."""
-        member.last_seen = now
-        self._next_scan = min(self._next_scan, now + self.settings.silence_limit_s)
-
-    def silence(self, member: Member, now: float) -> float:
-        """How long a live `member` has been silent, as far as it counts: not before the last
-        accepted registration (see `_last_accepted`)."""
-        return now - max(member.last_seen, self._last_accepted)
-
-    def _due(self, member: Member) -> float:
-        """When `member`'s silence would reach its limit in its present state."""
-        if member.state is NodeState.FAILED:
-            return member.last_seen + self.settings.node_timeout_s + self.settings.topo_timeout_s
-        if member.state is NodeState.ALIVE:
-            return max(member.last_seen, self._last_accepted) + self.settings.silence_limit_s
-        return float("inf")
+        members = [*self.members.values(), *self.spares.values()]
+        self.liveness.excuse(members, seconds, self.clock())
 
     def abort(self, reason: str) -> list[Effect]:
         """End the job as failed from outside (an operator, a signal)."""
@@ -574,95 +494,6 @@ class SchedulerState(Admission, spares.SpareRules):
 
     # -- rules ---------------------------------------------------------------------------------
 
-    def _check_proof(self, reg: Registration) -> Refused | None:
-        """The node's credential, and with a job secret its proof of the secret."""
-        if len(reg.credential_digest) != auth.DIGEST_BYTES:
-            return Refused(
-                Refusal.INVALID_NODE,
-                f"node {reg.node_id!r} sent no node credential: it must draw one per process "
-                "and send it with its registration (is it an older version of cluster?)",
-            )
-        if self.settings.job_secret is None:
-            return None
-        stale = self._challenges.problem(reg.challenge, self.clock()) if reg.proof else None
-        if not reg.proof:
-            problem = "did not prove it"
-        elif stale is not None:
-            return Refused(
-                Refusal.STALE_CHALLENGE,
-                f"node {reg.node_id!r} sent a registration this scheduler cannot take: {stale}; "
-                "the node asks for a new challenge and registers again",
-                retry_after_s=0.1,
-            )
-        elif len(reg.nonce) < auth.NONCE_BYTES or not auth.proven(
-            self.settings.job_secret, reg.message(), reg.proof
-        ):
-            problem = "proved another secret"
-        elif reg.job_id != self.cluster_id:
-            problem = f"proved it for job {reg.job_id[:40]!r}"
-        elif not self._nonces.first_time(reg.nonce):
-            problem = "sent a registration seen before (a replay)"
-        else:
-            return None
-        return Refused(
-            Refusal.NOT_A_MEMBER,
-            f"node {reg.node_id!r} is not a member of this job: this scheduler needs the job "
-            f"secret (CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET) and the node {problem}; "
-            "start every process of the job with the same secret",
-        )
-
-    def _check_job(self, reg: Registration) -> Refused | None:
-        if reg.cluster_id and reg.cluster_id not in (self.cluster_id, self.previous_cluster_id):
-            how = (
-                ""
-                if self.recovery
-                else " (recovery is off, so a restarted scheduler starts a new job)"
-            )
-            return Refused(
-                Refusal.FOREIGN_JOB,
-                f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
-                f"job {self.cluster_id}{how}: start the node again without its old state to join "
-                "the new job",
-            )
-        if reg.worker_num != self.settings.worker_num or reg.server_num != self.settings.server_num:
-            return Refused(
-                Refusal.WORKER_NUM_MISMATCH,
-                f"node {reg.node_id!r} has MS_WORKER_NUM={reg.worker_num}, "
-                f"MS_SERVER_NUM={reg.server_num}, but the scheduler has "
-                f"{self.settings.describe_counts()}: start every process of the job with the "
-                "same values",
-            )
-        if self.phase in (Phase.FINISHED, Phase.FAILED):
-            return Refused(
-                Refusal.JOB_FINISHED if self.phase is Phase.FINISHED else Refusal.JOB_OVER,
-                f"job {self.cluster_id} is over ({self.phase.value}: {self.detail}); start a new "
-                "scheduler for a new job",
-            )
-        return None
-
-    def _check_new(self, node_id: str, reg: Registration) -> Refused | None:
-        space = self.settings.space(reg.role)
-        if reg.role is NodeRole.SERVER and self.settings.server_num == 0:
-            return Refused(
-                Refusal.INVALID_NODE,
-                f"node {node_id!r} is a parameter server, but the job has MS_SERVER_NUM=0",
-            )
-        if is_numeric_node_id(node_id) and int(node_id) >= space:
-            return Refused(
-                Refusal.INVALID_NODE,
-                f"MS_NODE_ID={node_id} is numeric, so it is the rank, and must be below "
-                f"the number of {reg.role.value}s ({space})",
-            )
-        same_role = self._role_counts.get(reg.role, 0)
-        if self.phase is not Phase.WAITING or same_role >= space:
-            return Refused(
-                Refusal.CLUSTER_FULL,
-                f"the job already has all {space} {reg.role.value}s "
-                f"({self.settings.describe_counts()}); node {node_id!r} is one too many: check the "
-                "numbers, or that no old process of the same job is still running",
-            )
-        return None
-
     def _register_known(
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted | Refused, list[Effect]]:
@@ -693,12 +524,12 @@ class SchedulerState(Admission, spares.SpareRules):
             member.incarnation = reg.incarnation
             member.credential_digest = reg.credential_digest
             member.host, member.port = reg.host, reg.port
-            self._seen(member, now)
+            self.liveness.seen(member, now)
             member.restarts += 1
-            return self._accepted(rejoined=False), [evict]
+            return self.accepted(rejoined=False), [evict]
         if self.recovery and self.phase is Phase.READY:
             # Its rank taken by a spare meanwhile: a spare itself; else its rank back.
-            back = self._respare if member.node_id in self.spares else self._rejoin
+            back = self.pool.respare if member.node_id in self.spares else self._rejoin
             return back(member, reg, now)
         return Refused(
             Refusal.JOB_OVER,
@@ -724,10 +555,10 @@ class SchedulerState(Admission, spares.SpareRules):
             ), []
         if member.node_id in self.spares and not member.replaced_by:
             # A spare's own process back (its connection broke): a spare again.
-            self._seen(member, now)
+            self.liveness.seen(member, now)
             member.state, member.failure = NodeState.ALIVE, ""
             self.revision += 1
-            return self._accepted(rejoined=False, spare=True), self._fill_down_rank()
+            return self.accepted(rejoined=False, spare=True), self.pool.fill_down_rank()
         if member.node_id in self.spares:
             return Refused(
                 Refusal.JOB_OVER,
@@ -735,13 +566,13 @@ class SchedulerState(Admission, spares.SpareRules):
                 "process cannot go on with it; start it again, and it joins as a spare once "
                 f"MS_NODE_TIMEOUT={self.settings.node_timeout_s:g} s have passed",
             ), []
-        self._seen(member, now)
+        self.liveness.seen(member, now)
         if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
             # Back after it was declared failed (its connection broke, or it was cut off): no
             # other process can hold the id, so no guard; but the others have moved on
             # without it, so it comes back in a new generation.
             return self._rejoin(member, reg, now, restarted=False)
-        return self._accepted(rejoined=False), []
+        return self.accepted(rejoined=False), []
 
     def _rejoin(
         self, member: Member, reg: Registration, now: float, *, restarted: bool = True
@@ -756,20 +587,20 @@ class SchedulerState(Admission, spares.SpareRules):
             member.restarts += 1
         member.incarnation = reg.incarnation
         member.credential_digest = reg.credential_digest
-        self._seen(member, now)
+        self.liveness.seen(member, now)
         member.state = NodeState.ALIVE
         member.failure = ""
         if (member.host, member.port) != (reg.host, reg.port):
             member.host, member.port = reg.host, reg.port
             # Perhaps on another host now: local ranks follow the hosts (ranks do not change).
             space = self.settings.space(member.role)
-            _assign_ranks([m for m in self.members.values() if m.role is member.role], space)
+            ranks.assign_ranks([m for m in self.members.values() if m.role is member.role], space)
         self.awaiting.discard(member.node_id)
-        effects.extend(self._publish(f"{member.describe()} rejoined"))
-        return self._accepted(rejoined=True), effects
+        effects.extend(self.publish(f"{member.describe()} rejoined"))
+        return self.accepted(rejoined=True), effects
 
-    def _accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
-        self._last_accepted = self.clock()
+    def accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
+        self.liveness.accepted(self.clock())
         return Accepted(
             cluster_id=self.cluster_id,
             registered=len(self.members),
@@ -781,13 +612,13 @@ class SchedulerState(Admission, spares.SpareRules):
 
     def _form_topology(self) -> list[Effect]:
         for role in NodeRole:
-            _assign_ranks(
+            ranks.assign_ranks(
                 [m for m in self.members.values() if m.role is role], self.settings.space(role)
             )
         self.phase = Phase.READY
-        return self._publish("formed")
+        return self.publish("formed")
 
-    def _publish(self, reason: str, promoted: str = "") -> list[Effect]:
+    def publish(self, reason: str, promoted: str = "") -> list[Effect]:
         step = self.rollback_step()
         if isinstance(step, NoCommonStep):
             return self._end(ok=False, detail=step.message)
@@ -817,14 +648,14 @@ class SchedulerState(Admission, spares.SpareRules):
             # that its return is a new generation.
             evict = Evict(member.node_id, member.incarnation, why)
             spare = spares.pick(self.spares.values(), member) if promote else None
-            return [failed, evict, *([] if spare is None else self._promote(spare, member))]
+            return [failed, evict, *([] if spare is None else self.pool.promote(spare, member))]
         if self.phase is not Phase.READY:
             return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
 
-    def _place_workers(self) -> None:
+    def place_workers(self) -> None:
         workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
-        _assign_ranks(workers, self.settings.worker_num)
+        ranks.assign_ranks(workers, self.settings.worker_num)
 
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]
@@ -844,50 +675,12 @@ class SchedulerState(Admission, spares.SpareRules):
         if self.settings.server_num:
             parts.append(f"{len(servers)} of {self.settings.server_num} servers")
         head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
-        missing = _missing_ranks(workers, self.settings.worker_num)
+        missing = ranks.missing_ranks(workers, self.settings.worker_num)
         if missing == []:
             names = ", ".join(sorted(m.node_id for m in servers)) or "none"
             return f"{head}; registered servers: {names}"
         if missing is not None:
             several = len(missing) > 1 or missing[0][0] != missing[0][1]
-            return f"{head}; missing: rank{'s' if several else ''} {_ranges(missing)}"
+            return f"{head}; missing: rank{'s' if several else ''} {ranks.ranges(missing)}"
         names = ", ".join(sorted(m.node_id for m in workers)) or "none"
         return f"{head}; registered node ids: {names}"
-
-
-def _assign_ranks(members: list[Member], space: int) -> None:
-    """Numeric node ids keep their number; the others fill the free ranks by (host, node id)."""
-    taken = {int(m.node_id) for m in members if is_numeric_node_id(m.node_id)}
-    free = iter(r for r in range(space) if r not in taken)
-    for m in sorted(members, key=lambda m: (m.host, m.node_id)):
-        if m.rank is None:
-            m.rank = int(m.node_id) if is_numeric_node_id(m.node_id) else next(free)
-    by_host: dict[str, list[Member]] = {}
-    for m in sorted(members, key=lambda m: m.rank if m.rank is not None else -1):
-        by_host.setdefault(m.host, []).append(m)
-    for group in by_host.values():
-        for local_rank, m in enumerate(group):
-            m.local_rank, m.local_size = local_rank, len(group)
-
-
-def _missing_ranks(workers: Iterable[Member], worker_num: int) -> list[tuple[int, int]] | None:
-    """The missing ranks as spans (first, last), when every registered worker has a numeric id
-    (so ranks are known). Walks the registered ranks, never range(worker_num): a job of 10**8
-    workers that timed out would spend its last seconds, and gigabytes, listing them."""
-    ids = [m.node_id for m in workers]
-    if not all(is_numeric_node_id(i) for i in ids):
-        return None
-    spans: list[tuple[int, int]] = []
-    start = 0
-    for held in sorted({int(i) for i in ids if int(i) < worker_num}):
-        if held > start:
-            spans.append((start, held - 1))
-        start = held + 1
-    if start < worker_num:
-        spans.append((start, worker_num - 1))
-    return spans
-
-
-def _ranges(spans: list[tuple[int, int]]) -> str:
-    """[(0, 2), (5, 5)] -> '0-2, 5'."""
-    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)

@@ -399,7 +399,7 @@ class SchedulerCore:
         scheduler's heartbeats in the gaps (sent by `monitor`). `caller`: who opens it with a
         hello (None: the registration on the stream was just accepted)."""
         if caller is not None:
-            admitted(self.state.admit(node_id, incarnation, caller.presented))
+            admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
         awaited = bool(self.state.awaiting)
         self.state.connect(node_id, incarnation)
         if awaited and not self.state.awaiting:
@@ -439,7 +439,7 @@ class SchedulerCore:
         """A beat of the node; `caller` None: a later beat of a Heartbeat call whose first beat
         was admitted for this node and incarnation (UnknownNodeError if it is no member now)."""
         if caller is not None:
-            admitted(self.state.admit(node_id, incarnation, caller.presented))
+            admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
         self.state.heartbeat(node_id, incarnation)
 
     @contextlib.contextmanager
@@ -460,7 +460,9 @@ class SchedulerCore:
         self, node_id: str, incarnation: int, steps: list[int], caller: Caller
     ) -> int:
         """Record the steps the node holds; a step every worker holds (see `held_by_all`)."""
-        admitted(self.state.admit_report(node_id, incarnation, caller.presented, len(steps)))
+        admitted(
+            self.state.admission.admit_report(node_id, incarnation, caller.presented, len(steps))
+        )
         self.state.report_checkpoints(node_id, incarnation, steps)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
@@ -468,7 +470,7 @@ class SchedulerCore:
 
     def kv_for(self, caller: Caller) -> KvStore:
         """The key-value store, for a member (only members use it)."""
-        admitted(self.state.admit(caller.node_id, caller.incarnation, caller.presented))
+        admitted(self.state.admission.admit(caller.node_id, caller.incarnation, caller.presented))
         return self.kv
 
     async def kv_set(self, caller: Caller, key: str, value: bytes) -> None:
@@ -495,7 +497,7 @@ class SchedulerCore:
         return await self.kv_for(caller).wait(keys, timeout_s, caller.node_id)
 
     async def finish(self, node_id: str, incarnation: int, caller: Caller) -> None:
-        member = admitted(self.state.admit(node_id, incarnation, caller.presented))
+        member = admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
         self._apply(self.state.finish(node_id, incarnation))
         if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
             self.exchanges.fail_all(
@@ -520,7 +522,9 @@ class SchedulerCore:
         if st.phase in (state.Phase.FINISHED, state.Phase.FAILED):
             await self.durable()  # the job's end is told once it is saved, not before
         ticket = admitted(
-            st.admit_exchange(node_id, caller.presented, generation=generation, op=op, root=root)
+            st.admission.admit_exchange(
+                node_id, caller.presented, generation=generation, op=op, root=root
+            )
         )
         if st.restored_generation == generation and self.exchanges.cut_off(generation, seq):
             # Some ranks got this generation's collective #k from the scheduler that died and

@@ -170,7 +170,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         except NotLeaderError:
             return pb.ChallengeResponse()  # a standby: its refusal names the leader
         return pb.ChallengeResponse(
-            challenge=core.state.challenge(),
+            challenge=core.state.admission.challenge(),
             job_id=core.state.cluster_id,
             ttl_s=auth.CHALLENGE_TTL_S,
         )
@@ -190,7 +190,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         read = membership.read_proof(context.invocation_metadata())
         problem: str | None = "it carries no proof of the job secret"
         if read is not None:
-            problem = core.state.read_problem(read[0], read[1], method)
+            problem = core.state.admission.read_problem(read[0], read[1], method)
         if problem is not None:
             raise self.at_edge(
                 context, method, "unauthenticated", membership.read_refusal(method, problem)

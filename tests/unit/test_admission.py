@@ -48,40 +48,46 @@ def denied(verdict: object, kind: Denial, *words: str) -> Denied:
 
 def test_a_member_is_admitted_with_its_own_credential_only() -> None:
     state = ready_state(FakeClock(), ["0", "1"])
-    member = state.admit("0", 1, auth.Presented(digest("0", 1)))
+    member = state.admission.admit("0", 1, auth.Presented(digest("0", 1)))
     assert isinstance(member, Member)
     assert member.node_id == "0"
     assert (
-        state.admit("000", None, auth.Presented(digest("0", 1))) is member
+        state.admission.admit("000", None, auth.Presented(digest("0", 1))) is member
     )  # canonical ids, any incarnation
     denied(
-        state.admit("0", 1, auth.Presented(digest("1", 1))),
+        state.admission.admit("0", 1, auth.Presented(digest("1", 1))),
         Denial.UNAUTHENTICATED,
         "'0'",
         "credential",
     )
     denied(
-        state.admit("0", 1, auth.Presented()), Denial.UNAUTHENTICATED, "carries no node credential"
+        state.admission.admit("0", 1, auth.Presented()),
+        Denial.UNAUTHENTICATED,
+        "carries no node credential",
     )
-    denied(state.admit("0", 1, auth.Presented(b"\x00" * 32)), Denial.UNAUTHENTICATED)
+    denied(state.admission.admit("0", 1, auth.Presented(b"\x00" * 32)), Denial.UNAUTHENTICATED)
 
 
 def test_unknown_ids_and_stale_incarnations_are_not_members() -> None:
     state = ready_state(FakeClock(), ["0", "1"])
     denied(
-        state.admit("7", 1, auth.Presented(digest("7", 1))),
+        state.admission.admit("7", 1, auth.Presented(digest("7", 1))),
         Denial.NOT_A_MEMBER,
         "'7'",
         "register first",
     )
     denied(
-        state.admit("0", 2, auth.Presented(digest("0", 2))), Denial.NOT_A_MEMBER, "incarnation 2"
+        state.admission.admit("0", 2, auth.Presented(digest("0", 2))),
+        Denial.NOT_A_MEMBER,
+        "incarnation 2",
     )
-    denied(state.admit("x" * 5000, None, auth.Presented()), Denial.NOT_A_MEMBER)  # shown cut short
     denied(
-        state.admit("9" * 5000, None, auth.Presented()), Denial.NOT_A_MEMBER
+        state.admission.admit("x" * 5000, None, auth.Presented()), Denial.NOT_A_MEMBER
+    )  # shown cut short
+    denied(
+        state.admission.admit("9" * 5000, None, auth.Presented()), Denial.NOT_A_MEMBER
     )  # not parsed as a rank
-    denied(state.admit("²", None, auth.Presented()), Denial.NOT_A_MEMBER)
+    denied(state.admission.admit("²", None, auth.Presented()), Denial.NOT_A_MEMBER)
 
 
 def test_a_restarted_node_has_a_new_credential_and_the_old_one_is_refused() -> None:
@@ -90,9 +96,9 @@ def test_a_restarted_node_has_a_new_credential_and_the_old_one_is_refused() -> N
     state.disconnect("1", 1)
     clock.advance(11.0)
     accept(state, reg(state, "1", incarnation=2, port=6001))
-    assert isinstance(state.admit("1", 2, auth.Presented(digest("1", 2))), Member)
-    denied(state.admit("1", None, auth.Presented(digest("1", 1))), Denial.UNAUTHENTICATED)
-    denied(state.admit("1", 1, auth.Presented(digest("1", 1))), Denial.NOT_A_MEMBER)
+    assert isinstance(state.admission.admit("1", 2, auth.Presented(digest("1", 2))), Member)
+    denied(state.admission.admit("1", None, auth.Presented(digest("1", 1))), Denial.UNAUTHENTICATED)
+    denied(state.admission.admit("1", 1, auth.Presented(digest("1", 1))), Denial.NOT_A_MEMBER)
 
 
 def test_credentials_survive_a_scheduler_restart_as_hashes() -> None:
@@ -101,21 +107,28 @@ def test_credentials_survive_a_scheduler_restart_as_hashes() -> None:
     saved = state.snapshot()
     assert saved["members"][0]["credential_sha256"] == digest("0", 1).hex()
     restored = type(state).restore(saved, state.settings, clock, new_cluster_id="unused")
-    assert isinstance(restored.admit("1", 1, auth.Presented(digest("1", 1))), Member)
-    denied(restored.admit("1", 1, auth.Presented(digest("0", 1))), Denial.UNAUTHENTICATED)
+    assert isinstance(restored.admission.admit("1", 1, auth.Presented(digest("1", 1))), Member)
+    denied(restored.admission.admit("1", 1, auth.Presented(digest("0", 1))), Denial.UNAUTHENTICATED)
     # The node reconnects with its registration of the same incarnation.
     accept(restored, reg(restored, "1", port=6001, cluster_id=JOB))
 
 
 def test_a_checkpoint_report_is_bounded() -> None:
     state = ready_state(FakeClock(), ["0", "1"])
-    assert isinstance(state.admit_report("0", 1, auth.Presented(digest("0", 1)), 3), Member)
+    assert isinstance(
+        state.admission.admit_report("0", 1, auth.Presented(digest("0", 1)), 3), Member
+    )
     denied(
-        state.admit_report("0", 1, auth.Presented(digest("0", 1)), MAX_REPORTED_CHECKPOINTS + 1),
+        state.admission.admit_report(
+            "0", 1, auth.Presented(digest("0", 1)), MAX_REPORTED_CHECKPOINTS + 1
+        ),
         Denial.OVER_CAP,
         "keep_checkpoint_max",
     )
-    denied(state.admit_report("0", 1, auth.Presented(digest("1", 1)), 3), Denial.UNAUTHENTICATED)
+    denied(
+        state.admission.admit_report("0", 1, auth.Presented(digest("1", 1)), 3),
+        Denial.UNAUTHENTICATED,
+    )
 
 
 # -- collectives --------------------------------------------------------------------------------
@@ -124,7 +137,7 @@ def test_a_checkpoint_report_is_bounded() -> None:
 def exchange(state: object, node_id: str, **kwargs: object) -> object:
     options: dict[str, object] = {"generation": 1, "op": "allgather", "root": 0}
     options.update(kwargs)
-    return state.admit_exchange(node_id, auth.Presented(digest(node_id, 1)), **options)  # type: ignore[attr-defined]
+    return state.admission.admit_exchange(node_id, auth.Presented(digest(node_id, 1)), **options)  # type: ignore[attr-defined]
 
 
 def test_an_admitted_collective_knows_its_rank() -> None:
@@ -155,7 +168,7 @@ def test_collectives_are_refused_by_kind() -> None:
 def test_a_collective_as_another_node_is_refused_before_anything_else() -> None:
     state = ready_state(FakeClock(), ["0", "1"])
     before = _everything(state)
-    verdict = state.admit_exchange(
+    verdict = state.admission.admit_exchange(
         "1", auth.Presented(digest("0", 1)), generation=9, op="?", root=99
     )
     denied(verdict, Denial.UNAUTHENTICATED, "'1'")

@@ -80,7 +80,7 @@ def test_a_failed_rank_goes_to_a_live_spare_at_once_with_a_new_generation() -> N
     assert state.members["s0"].checkpoints == (5, 10)
     assert state.spares["1"].state is NodeState.FAILED
     assert state.spares["1"].rank is None
-    assert state.promotions == 1
+    assert state.pool.promotions == 1
 
 
 def test_the_failed_id_stays_refused_for_the_guard_then_comes_back_as_a_spare() -> None:

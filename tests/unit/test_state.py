@@ -15,9 +15,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
+from cluster.protocol.rollback import HELD_BY_ALL_EVERY_S
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import (
-    HELD_BY_ALL_EVERY_S,
     Accepted,
     Denial,
     Denied,
@@ -101,7 +101,7 @@ def reg(
     registration = dataclasses.replace(
         registration,
         nonce=next(_nonces).to_bytes(auth.NONCE_BYTES, "big"),
-        challenge=state.challenge(),  # the answer of the scheduler's Challenge
+        challenge=state.admission.challenge(),  # the answer of the scheduler's Challenge
         job_id=state.cluster_id,
     )
     return dataclasses.replace(registration, proof=auth.prove(secret, registration.message()))
@@ -1086,12 +1086,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         for m in self.state.members.values() if running else ():
             watched = self.state.settings.heartbeat_enabled or m.node_id in self.state.awaiting
             if m.state is NodeState.ALIVE and watched:
-                assert self.state.silence(m, now) <= self.state.settings.node_timeout_s, m
+                assert self.state.liveness.silence(m, now) <= self.state.settings.node_timeout_s, m
             if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
                 # Failed in this very tick, it may be past its rejoin window already: the
                 # next tick must look at it by then.
                 limit = self.state.settings.node_timeout_s + self.state.settings.topo_timeout_s
-                assert self.state._next_scan <= m.last_seen + limit, m
+                assert self.state.liveness.next_scan <= m.last_seen + limit, m
 
     @rule(seconds=st.sampled_from([2.0, 12.0]))
     def stall(self, seconds: float) -> None:
@@ -1168,13 +1168,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         presented = auth.Presented(forged_digest(forgery, node_id, incarnation))
         before = _everything(self.state)
         if call == "exchange":
-            verdict: object = self.state.admit_exchange(
+            verdict: object = self.state.admission.admit_exchange(
                 node_id, presented, generation=self.state.generation, op="allgather", root=0
             )
         elif call == "report":
-            verdict = self.state.admit_report(node_id, incarnation, presented, 3)
+            verdict = self.state.admission.admit_report(node_id, incarnation, presented, 3)
         else:
-            verdict = self.state.admit(node_id, None if call == "kv" else incarnation, presented)
+            verdict = self.state.admission.admit(
+                node_id, None if call == "kv" else incarnation, presented
+            )
         assert isinstance(verdict, Denied), verdict
         assert verdict.kind in (Denial.UNAUTHENTICATED, Denial.NOT_A_MEMBER)
         assert verdict.message.strip()
@@ -1256,8 +1258,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         for member in self.state.members.values():
             for incarnation in (member.incarnation, None):
                 own = presented(secret, member.node_id, member.incarnation)
-                verdict = self.state.admit(member.node_id, incarnation, own)
-                if secret is not None and member.node_id not in self.state.call_windows:
+                verdict = self.state.admission.admit(member.node_id, incarnation, own)
+                if secret is not None and member.node_id not in self.state.admission.call_windows:
                     # Not registered with this (restarted) scheduler yet: its calls wait.
                     assert isinstance(verdict, Denied)
                     assert verdict.kind is Denial.NOT_REGISTERED_HERE

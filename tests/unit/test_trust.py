@@ -110,30 +110,32 @@ def test_with_a_secret_calls_carry_proofs_that_cannot_be_replayed_or_moved() -> 
     accept(state, reg(state, "0"))
     member = _member(state, "0")
     call = presented(SECRET, "0", 1)
-    assert state.admit("0", 1, call) is member
-    replayed = state.admit("0", 1, call)
+    assert state.admission.admit("0", 1, call) is member
+    replayed = state.admission.admit("0", 1, call)
     assert isinstance(replayed, Denied)
     assert replayed.kind is Denial.UNAUTHENTICATED
     assert "seen before" in replayed.message
     # The credential's hash, which a call of an open job carries, is no proof here.
-    bearer = state.admit("0", 1, auth.Presented(digest("0", 1)))
+    bearer = state.admission.admit("0", 1, auth.Presented(digest("0", 1)))
     assert isinstance(bearer, Denied)
     assert "no call proof" in bearer.message
     # A proof moved to another method (or request) is another call's.
     proof = presented(SECRET, "0", 1).call
     assert proof is not None
-    moved = state.admit("0", 1, auth.Presented(call=dataclasses.replace(proof, method="KvSet")))
+    moved = state.admission.admit(
+        "0", 1, auth.Presented(call=dataclasses.replace(proof, method="KvSet"))
+    )
     assert isinstance(moved, Denied)
     assert "not that node's" in moved.message
     # Under another secret.
-    assert isinstance(state.admit("0", 1, presented(b"a guess", "0", 1)), Denied)
+    assert isinstance(state.admission.admit("0", 1, presented(b"a guess", "0", 1)), Denied)
 
 
 def test_calls_wait_for_the_nodes_registration_with_a_restarted_scheduler() -> None:
     state = make_state(FakeClock(), worker_num=1, job_secret=SECRET)
     accept(state, reg(state, "0"))
-    state.call_windows.clear()  # as after a restart: the windows are not saved
-    verdict = state.admit("0", 1, presented(SECRET, "0", 1))
+    state.admission.call_windows.clear()  # as after a restart: the windows are not saved
+    verdict = state.admission.admit("0", 1, presented(SECRET, "0", 1))
     assert isinstance(verdict, Denied)
     assert verdict.kind is Denial.NOT_REGISTERED_HERE
     assert verdict.error().__class__.__name__ == "RegistrationPendingError"
@@ -146,7 +148,7 @@ def test_a_call_number_at_or_below_the_registrations_is_refused() -> None:
         registration, proof=auth.prove(SECRET, registration.message())
     )
     accept(state, registration)
-    old = state.admit("0", 1, presented(SECRET, "0", 1))  # a number from before
+    old = state.admission.admit("0", 1, presented(SECRET, "0", 1))  # a number from before
     assert isinstance(old, Denied)
     assert "not above" in old.message
 
@@ -265,17 +267,17 @@ def test_a_node_registering_again_still_has_its_calls_in_flight_taken() -> None:
     accept(state, reg(state, "0"))
     in_flight, later = presented(SECRET, "0", 1), presented(SECRET, "0", 1)
     assert later.call is not None
-    assert state.admit("0", 1, later) is _member(state, "0")
+    assert state.admission.admit("0", 1, later) is _member(state, "0")
     again = dataclasses.replace(reg(state, "0"), call_seq=later.call.seq)
     accept(state, dataclasses.replace(again, proof=auth.prove(SECRET, again.message())))
-    assert state.admit("0", 1, in_flight) is _member(state, "0")
-    assert isinstance(state.admit("0", 1, in_flight), Denied)
-    assert isinstance(state.admit("0", 1, later), Denied)
+    assert state.admission.admit("0", 1, in_flight) is _member(state, "0")
+    assert isinstance(state.admission.admit("0", 1, in_flight), Denied)
+    assert isinstance(state.admission.admit("0", 1, later), Denied)
     # A new process of the node starts a window of its own, above its registration's number.
     clock.advance(state.settings.node_timeout_s + 1)
     fresh = dataclasses.replace(reg(state, "0", incarnation=2), call_seq=later.call.seq)
     accept(state, dataclasses.replace(fresh, proof=auth.prove(SECRET, fresh.message())))
-    assert state.call_windows["0"].floor == later.call.seq
+    assert state.admission.call_windows["0"].floor == later.call.seq
 
 
 def test_a_registration_says_a_number_below_the_calls_still_in_flight() -> None:

@@ -1,0 +1,72 @@
+"""Liveness, a part of the scheduler's state machine: how long a member has been silent, when
+its silence reaches its limit, and when the machine must look at its members next.
+
+A member's `last_seen` only moves forward (`seen`), so no member's silence can reach a limit
+before `next_scan`: `SchedulerState.tick` looks at the members only then (a pass over 8,192
+members ten times a second was most of an idle scheduler's work).
+
+A node's heartbeats wait in gRPC's queue of calls behind the registrations that arrived before
+them, and a large job's start is a burst of thousands: a live node's first beat was taken up
+only after 30 s of them at 8,192 nodes. So a live node's silence counts from the last accepted
+registration at the earliest (`silence`); a burst never ends while registrations are being
+accepted, and a hung node is still found MS_NODE_TIMEOUT after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cluster.protocol.records import Member, NodeState
+from cluster.protocol.settings import JobSettings
+
+
+@dataclass
+class Liveness:
+    settings: JobSettings
+    # No member's silence can reach a limit before this time.
+    next_scan: float = float("-inf")
+    # When the scheduler last accepted a registration.
+    last_accepted: float = float("-inf")
+
+    def seen(self, member: Member, now: float) -> None:
+        """`member` was alive at `now` (its silence limit moves on, never back)."""
+        member.last_seen = now
+        self.next_scan = min(self.next_scan, now + self.settings.silence_limit_s)
+
+    def accepted(self, now: float) -> None:
+        """A registration was accepted at `now`."""
+        self.last_accepted = now
+
+    def silence(self, member: Member, now: float) -> float:
+        """How long a live `member` has been silent, as far as it counts: not before the last
+        accepted registration."""
+        return now - max(member.last_seen, self.last_accepted)
+
+    def due(self, member: Member) -> float:
+        """When `member`'s silence would reach its limit in its present state."""
+        settings = self.settings
+        if member.state is NodeState.FAILED:
+            return member.last_seen + settings.node_timeout_s + settings.topo_timeout_s
+        if member.state is NodeState.ALIVE:
+            return max(member.last_seen, self.last_accepted) + settings.silence_limit_s
+        return float("inf")
+
+    def scan_due(self, now: float) -> bool:
+        """Whether a member's silence may have reached a limit by `now`; when it may, the next
+        scan is found anew (`found`) while the members are looked at."""
+        if now < self.next_scan:
+            return False
+        self.next_scan = float("inf")
+        return True
+
+    def found(self, when: float) -> None:
+        """A member to look at again at `when` (found during a scan)."""
+        self.next_scan = min(self.next_scan, when)
+
+    def excuse(self, members: Iterable[Member], seconds: float, now: float) -> None:
+        """The scheduler itself did not run for `seconds` (its process was stopped, or starved
+        of CPU): it could not hear anyone meanwhile, so nobody's silence during it counts."""
+        for member in members:
+            member.last_seen = min(member.last_seen + seconds, now)
+        self.next_scan = float("-inf")

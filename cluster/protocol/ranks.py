@@ -1,0 +1,48 @@
+"""Ranks, a part of the scheduler's state machine: which rank and local rank each member holds,
+and which ranks a job that did not form was missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cluster.protocol.config import is_numeric_node_id
+from cluster.protocol.records import Member
+
+
+def assign_ranks(members: list[Member], space: int) -> None:
+    """Numeric node ids keep their number; the others fill the free ranks by (host, node id).
+    Local ranks follow the hosts."""
+    taken = {int(m.node_id) for m in members if is_numeric_node_id(m.node_id)}
+    free = iter(r for r in range(space) if r not in taken)
+    for m in sorted(members, key=lambda m: (m.host, m.node_id)):
+        if m.rank is None:
+            m.rank = int(m.node_id) if is_numeric_node_id(m.node_id) else next(free)
+    by_host: dict[str, list[Member]] = {}
+    for m in sorted(members, key=lambda m: m.rank if m.rank is not None else -1):
+        by_host.setdefault(m.host, []).append(m)
+    for group in by_host.values():
+        for local_rank, m in enumerate(group):
+            m.local_rank, m.local_size = local_rank, len(group)
+
+
+def missing_ranks(workers: Iterable[Member], worker_num: int) -> list[tuple[int, int]] | None:
+    """The missing ranks as spans (first, last), when every registered worker has a numeric id
+    (so ranks are known). Walks the registered ranks, never range(worker_num): a job of 10**8
+    workers that timed out would spend its last seconds, and gigabytes, listing them."""
+    ids = [m.node_id for m in workers]
+    if not all(is_numeric_node_id(i) for i in ids):
+        return None
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for held in sorted({int(i) for i in ids if int(i) < worker_num}):
+        if held > start:
+            spans.append((start, held - 1))
+        start = held + 1
+    if start < worker_num:
+        spans.append((start, worker_num - 1))
+    return spans
+
+
+def ranges(spans: list[tuple[int, int]]) -> str:
+    """[(0, 2), (5, 5)] -> '0-2, 5'."""
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)

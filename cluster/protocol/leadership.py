@@ -157,3 +157,16 @@ class Leadership:
     def _step_down(self, why: str) -> Step:
         self.role, self.leader, self.valid_until, self.reason = Role.CANDIDATE, "", -math.inf, why
         return Step.STEP_DOWN
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A scheduler's part in the election: whether it leads, who does, the schedulers of the
+    job, the lease and what is left of it, and where the job's state is kept."""
+
+    leading: bool
+    leader: str
+    schedulers: tuple[str, ...]
+    lease_s: float
+    lease_left_s: float
+    state_store: str

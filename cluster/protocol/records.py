@@ -163,6 +163,16 @@ Event = ProgressEvent | TopologyReadyEvent | NodeFailedEvent | ShutdownEvent
 
 
 @dataclass(frozen=True)
+class Told:
+    """The job's phase, generation and rollback step as the nodes were told them (with
+    recovery: as saved), which may lag the state machine's by a save."""
+
+    phase: Phase
+    generation: int
+    rollback_step: int
+
+
+@dataclass(frozen=True)
 class Evict:
     """End this incarnation's stream: it is no longer a member and must register again."""
 

@@ -54,6 +54,7 @@ from cluster.protocol.records import (
     Refused,
     Registration,
     ShutdownEvent,
+    Told,
     TopologyReadyEvent,
 )
 from cluster.protocol.rollback import NoCommonStep, RollbackPlanner, rollback_step
@@ -82,6 +83,7 @@ __all__ = [
     "Registration",
     "SchedulerState",
     "ShutdownEvent",
+    "Told",
     "TopologyReadyEvent",
 ]
 

@@ -7,7 +7,12 @@ import zlib
 
 from cluster.protocol import auth, state
 from cluster.protocol.events import JobEvent
+from cluster.protocol.leadership import Standing
+from cluster.scheduler.persist import Saving
 from cluster.v1 import scheduler_pb2 as pb
+
+# What the scheduler writes on an idle stream.
+HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
 # A whole peer table larger than this (about 170 nodes) travels compressed; smaller ones are not
 # worth a step. Level 6: 3 to 6 times smaller, 5 ms for 8,192 nodes, once per generation.
@@ -166,7 +171,15 @@ def topology_delta_to_pb(
     )
 
 
-def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
+def status_to_pb(
+    st: state.SchedulerState,
+    now: float,
+    told: state.Told | None = None,
+    saving: Saving | None = None,
+) -> pb.StatusResponse:
+    """The job as the scheduler sees it; phase, generation and rollback step as `told` (the
+    nodes were told them: with recovery, as on disk; None: as the state machine has them), and
+    how `saving` goes."""
     nodes = sorted(
         st.members.values(),
         key=lambda m: (
@@ -175,50 +188,46 @@ def status_to_pb(st: state.SchedulerState, now: float) -> pb.StatusResponse:
             m.node_id,
         ),
     ) + sorted(st.spares.values(), key=lambda m: m.node_id)
-    return pb.StatusResponse(
+    told = told or state.Told(st.phase, st.generation, st.published_rollback_step)
+    response = pb.StatusResponse(
         cluster_id=st.cluster_id,
-        phase=st.phase.value,
-        generation=st.generation,
+        phase=told.phase.value,
+        generation=told.generation,
         worker_num=st.settings.worker_num,
         server_num=st.settings.server_num,
         uptime_s=now - st.started,
         recovery=st.recovery,
         detail=st.detail,
-        rollback_step=st.published_rollback_step,
-        nodes=[
-            pb.NodeStatus(
-                node_id=m.node_id,
-                role=role_to_pb(m.role),
-                rank=-1 if m.rank is None else m.rank,
-                host=m.host,
-                port=m.port,
-                state=m.state.value,
-                seconds_since_heartbeat=max(0.0, now - m.last_seen),
-                incarnation=m.incarnation,
-                restarts=m.restarts,
-                connected=m.connected,
-                checkpoints=m.checkpoints,
-                spare=m.node_id in st.spares,
-            )
-            for m in nodes
-        ],
+        rollback_step=told.rollback_step,
+        nodes=[_node_status(st, m, now) for m in nodes],
     )
+    if saving is not None:
+        response.saving.CopyFrom(
+            pb.StateSaving(
+                error=saving.error,
+                failing_for_s=saving.failing_for_s,
+                failures=saving.failures,
+                unsaved_changes=saving.unsaved_changes,
+            )
+        )
+    return response
 
 
-def as_told(
-    response: pb.StatusResponse,
-    told: list[state.Event],
-    topology: state.TopologyReadyEvent | None,
-) -> None:
-    """Phase, generation and rollback step of `response` as the nodes were told them: `told`
-    is what a node connecting now is welcomed with, `topology` the last topology told."""
-    last = told[0] if told else None
-    phase = state.Phase.WAITING if last is None else state.Phase.READY
-    if isinstance(last, state.ShutdownEvent):
-        phase = state.Phase.FINISHED if last.ok else state.Phase.FAILED
-    response.phase = phase.value
-    response.generation = 0 if topology is None else topology.generation
-    response.rollback_step = 0 if topology is None else topology.rollback_step
+def _node_status(st: state.SchedulerState, m: state.Member, now: float) -> pb.NodeStatus:
+    return pb.NodeStatus(
+        node_id=m.node_id,
+        role=role_to_pb(m.role),
+        rank=-1 if m.rank is None else m.rank,
+        host=m.host,
+        port=m.port,
+        state=m.state.value,
+        seconds_since_heartbeat=max(0.0, now - m.last_seen),
+        incarnation=m.incarnation,
+        restarts=m.restarts,
+        connected=m.connected,
+        checkpoints=m.checkpoints,
+        spare=m.node_id in st.spares,
+    )
 
 
 def job_event_to_pb(event: JobEvent) -> pb.JobEvent:
@@ -227,4 +236,15 @@ def job_event_to_pb(event: JobEvent) -> pb.JobEvent:
         time=event.time,
         event=event.kind,
         fields_json=json.dumps(dict(event.fields), separators=(",", ":")),
+    )
+
+
+def standing_to_pb(standing: Standing) -> pb.Leadership:
+    return pb.Leadership(
+        role="leader" if standing.leading else "standby",
+        leader=standing.leader,
+        schedulers=standing.schedulers,
+        lease_s=standing.lease_s,
+        lease_left_s=standing.lease_left_s,
+        state_store=standing.state_store,
     )

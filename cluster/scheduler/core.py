@@ -49,12 +49,11 @@ from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.kv_journal import KvJournal
-from cluster.scheduler.persist import StatePersister
+from cluster.scheduler.persist import Saving, StatePersister
 from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams
 from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
-from cluster.v1 import scheduler_pb2 as pb
 
 T = TypeVar("T")
 
@@ -88,7 +87,6 @@ def admitted(verdict: T | state.Denied) -> T:
 
 
 # The scheduler's heartbeat, serialized once.
-_HEARTBEAT = pb.Event(heartbeat=pb.SchedulerHeartbeat()).SerializeToString()
 
 
 # The name of JobSettings before it was the job's one settings object (kept for its callers).
@@ -246,7 +244,7 @@ class SchedulerCore:
             self._stalled(self._clock() - due)
             self._apply(self.state.tick())
             self._flush_progress()
-            self._streams.idle(self.settings.heartbeat_interval_s, _HEARTBEAT)
+            self._streams.idle(self.settings.heartbeat_interval_s, convert.HEARTBEAT)
             due = self._clock() + TICK_S
             try:
                 await asyncio.wait_for(self.done.wait(), TICK_S)
@@ -394,7 +392,7 @@ class SchedulerCore:
 
     async def watch(
         self, node_id: str, incarnation: int, caller: Caller | None = None
-    ) -> AsyncIterator[pb.Event | bytes]:
+    ) -> AsyncIterator[bytes]:
         """The event stream of one node (events, some serialized already), with the
         scheduler's heartbeats in the gaps (sent by `monitor`). `caller`: who opens it with a
         hello (None: the registration on the stream was just accepted)."""
@@ -547,14 +545,24 @@ class SchedulerCore:
             value=value,
         )
 
-    def status(self) -> pb.StatusResponse:
-        """The job as the scheduler sees it, with phase, generation and rollback step as the
-        nodes were told (with recovery: as on disk), and how saving goes."""
-        response = convert.status_to_pb(self.state, self._clock())
-        convert.as_told(response, self._told, self._told_topology)
-        if self.persister is not None:
-            response.saving.CopyFrom(self.persister.status(self.state.revision))
-        return response
+    def now(self) -> float:
+        return self._clock()
+
+    def told(self) -> state.Told:
+        """Phase, generation and rollback step as the nodes were told them (with recovery: as
+        on disk): what a node connecting now is welcomed with."""
+        last = self._told[0] if self._told else None
+        phase = state.Phase.WAITING if last is None else state.Phase.READY
+        if isinstance(last, state.ShutdownEvent):
+            phase = state.Phase.FINISHED if last.ok else state.Phase.FAILED
+        topology = self._told_topology
+        if topology is None:
+            return state.Told(phase, 0, 0)
+        return state.Told(phase, topology.generation, topology.rollback_step)
+
+    def saving(self) -> Saving | None:
+        """How saving goes (None: nothing is saved)."""
+        return None if self.persister is None else self.persister.status(self.state.revision)
 
     # -- effects -------------------------------------------------------------------------------
 

@@ -12,10 +12,9 @@ to the leader at once.
 from __future__ import annotations
 
 from cluster.protocol.errors import NotLeaderError
-from cluster.protocol.leadership import Leadership, Role
+from cluster.protocol.leadership import Leadership, Role, Standing
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.refusals import RefusalLimiter
-from cluster.v1 import scheduler_pb2 as pb
 
 
 class Gate:
@@ -54,17 +53,17 @@ class Gate:
             return ""
         return "" if leadership.leader == self.address else leadership.leader
 
-    def leadership_pb(self) -> pb.Leadership:
+    def standing(self) -> Standing:
         """This scheduler's part in the election, for Status."""
         leadership = self.leadership
         assert leadership is not None
         # A leader answers once its core is in (the job loaded and saved again), not before.
         core = self.core
         leading = core is not None and core.fenced is None and leadership.serving()
-        return pb.Leadership(
-            role="leader" if leading else "standby",
+        return Standing(
+            leading=leading,
             leader=self.address if leading else self.leader(),
-            schedulers=self.schedulers,
+            schedulers=tuple(self.schedulers),
             lease_s=leadership.lease_s,
             lease_left_s=leadership.lease_left_s(),
             state_store=self.state_store,

@@ -1,7 +1,7 @@
 """The job as it is, for Prometheus: gauges computed at scrape time from the scheduler's state.
 
 `JobGauges.of(core)` reads what the gauges show in one step on the scheduler's loop, from the
-scheduler's own Status (one pass over the nodes); `JobCollector` turns it into metric families
+scheduler's state (one pass over the nodes); `JobCollector` turns it into metric families
 for prometheus_client at each scrape. Nothing here runs between scrapes: a heartbeat costs no
 more with metrics on.
 
@@ -20,14 +20,12 @@ from prometheus_client.registry import Collector
 
 from cluster.protocol import state
 from cluster.scheduler.core import SchedulerCore
-from cluster.v1 import scheduler_pb2 as pb
 
 # Jobs of at most this many nodes also get one series per node (rank and node id as labels).
 NODE_LABEL_LIMIT = 64
 HEARTBEAT_AGE_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0)
 _ROLES = tuple(r.value for r in state.NodeRole)
 _STATES = tuple(s.value for s in state.NodeState)
-_ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
 
 
 @dataclass(frozen=True)
@@ -64,27 +62,28 @@ class JobGauges:
 
     @classmethod
     def of(cls, core: SchedulerCore) -> JobGauges:
-        """From the scheduler's own Status: phase, generation and rollback step as the nodes
-        were told (with recovery, as on disk), the same as `mscluster status` shows."""
-        told = core.status()
+        """Phase, generation and rollback step as the nodes were told (with recovery, as on
+        disk), the same as `mscluster status` shows; the nodes as the scheduler sees them."""
+        st, told, saving, now = core.state, core.told(), core.saving(), core.now()
+        members = [*st.members.values(), *st.spares.values()]
         nodes: dict[tuple[str, str], int] = {}
         ages: list[float] = []
-        spares = 0
-        for n in told.nodes:
-            if n.spare and n.state == state.NodeState.ALIVE.value:
-                spares += 1
-            key = (_ROLE_NAMES.get(n.role, "worker"), n.state)
+        for m in members:
+            key = (m.role.value, m.state.value)
             nodes[key] = nodes.get(key, 0) + 1
-            if n.state == state.NodeState.ALIVE.value:
-                ages.append(n.seconds_since_heartbeat)
-        per_node = () if len(told.nodes) > NODE_LABEL_LIMIT else tuple(map(_node, told.nodes))
+            if m.state is state.NodeState.ALIVE:
+                ages.append(max(0.0, now - m.last_seen))
+        live_spares = sum(1 for m in st.spares.values() if m.state is state.NodeState.ALIVE)
+        ranked = sorted(st.members.values(), key=_status_order)
+        ordered = [*ranked, *sorted(st.spares.values(), key=lambda m: m.node_id)]
+        per_node = () if len(members) > NODE_LABEL_LIMIT else tuple(_node(m, now) for m in ordered)
         return cls(
-            cluster_id=told.cluster_id,
-            phase=told.phase,
+            cluster_id=st.cluster_id,
+            phase=told.phase.value,
             generation=told.generation,
             rollback_step=told.rollback_step,
-            worker_num=told.worker_num,
-            server_num=told.server_num,
+            worker_num=st.settings.worker_num,
+            server_num=st.settings.server_num,
             node_timeout_s=core.settings.node_timeout_s,
             heartbeat_interval_s=core.settings.heartbeat_interval_s,
             nodes=nodes,
@@ -94,19 +93,24 @@ class JobGauges:
             kv_keys=len(core.kv),
             kv_max_bytes=core.kv.max_bytes,
             kv_max_keys=core.kv.max_keys,
-            saves_pending=told.saving.unsaved_changes,
+            saves_pending=0 if saving is None else saving.unsaved_changes,
             watch_streams=core.open_streams,
-            spares=spares,
+            spares=live_spares,
         )
 
 
-def _node(n: pb.NodeStatus) -> NodeGauge:
+def _status_order(m: state.Member) -> tuple[bool, int, str]:
+    """The order of `mscluster status`: workers by rank, then servers by rank."""
+    return (m.role is state.NodeRole.SERVER, -1 if m.rank is None else m.rank, m.node_id)
+
+
+def _node(m: state.Member, now: float) -> NodeGauge:
     return NodeGauge(
-        rank="" if n.rank < 0 else str(n.rank),
-        node_id=n.node_id,
-        alive=n.state == state.NodeState.ALIVE.value,
-        heartbeat_age_s=n.seconds_since_heartbeat,
-        checkpoint_step=n.checkpoints[-1] if n.checkpoints else -1,
+        rank="" if m.rank is None else str(m.rank),
+        node_id=m.node_id,
+        alive=m.state is state.NodeState.ALIVE,
+        heartbeat_age_s=max(0.0, now - m.last_seen),
+        checkpoint_step=m.checkpoints[-1] if m.checkpoints else -1,
     )
 
 

@@ -26,13 +26,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cluster.protocol.backoff import Backoff
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage.directory_store import STATE_FILE
 from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Stored, Written
-from cluster.v1 import scheduler_pb2 as pb
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -45,6 +45,17 @@ RETRY_MAX_S = 5.0
 # Failed saves remembered as perhaps landed (see `_landed_unanswered`): far more than fail in a
 # row before one lands, as every retry saves the newest state.
 UNANSWERED_KEPT = 1024
+
+
+@dataclass(frozen=True)
+class Saving:
+    """How saving goes: the last error ("" while saves land), for how long saves have failed,
+    how many attempts failed in all, and how many decided changes are not saved yet."""
+
+    error: str
+    failing_for_s: float
+    failures: int
+    unsaved_changes: int
 
 
 class StatePersister:
@@ -137,9 +148,9 @@ class StatePersister:
         """Seconds since saves started failing; 0 while they succeed."""
         return 0.0 if self.failing_since is None else self._clock() - self.failing_since
 
-    def status(self, revision: int) -> pb.StateSaving:
-        """How saving goes, for Status; `revision`: the newest decided."""
-        return pb.StateSaving(
+    def status(self, revision: int) -> Saving:
+        """How saving goes, for Status and the metrics; `revision`: the newest decided."""
+        return Saving(
             error=self.error or "",
             failing_for_s=self.failing_for_s(),
             failures=self.failures,

@@ -328,11 +328,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> pb.StatusResponse:
         self._check_reader(context, "Status")
         try:
-            response = self._core.status()
+            core = self._core
+            response = convert.status_to_pb(core.state, core.now(), core.told(), core.saving())
         except NotLeaderError:
             response = pb.StatusResponse()  # a standby: no job of its own, only who leads
         if self._gate.leadership is not None:
-            response.leadership.CopyFrom(self._gate.leadership_pb())
+            response.leadership.CopyFrom(convert.standing_to_pb(self._gate.standing()))
         return response
 
     async def WatchEvents(

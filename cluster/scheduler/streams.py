@@ -7,8 +7,8 @@ and a timer per message and per heartbeat. Here a stream waits on one future, an
 heartbeat interval, in time proportional to the number it finds: streams are kept in the order
 of their last message.
 
-Messages are `pb.Event`s or `bytes` already serialized (a broadcast is serialized once, not once
-per stream); the servicer's serializer passes bytes through.
+Messages are events already serialized (a broadcast is serialized once, not once per stream);
+the servicer's serializer passes the bytes through.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from collections.abc import Callable
 
 from cluster.protocol import state
 from cluster.protocol.errors import NotLeaderError
-from cluster.v1 import scheduler_pb2 as pb
 
 # An event to write, or why the stream ends: its node was evicted, or this scheduler no longer
 # leads the job.
-Item = pb.Event | bytes | state.Evict | NotLeaderError
+Item = bytes | state.Evict | NotLeaderError
 Key = tuple[str, int]  # (canonical node id, incarnation)
 
 

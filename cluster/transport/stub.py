@@ -14,7 +14,13 @@ from typing import Any
 
 import grpc
 
+from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+# The calls a worker holds open, as the agent's timers see them.
+WatchCall = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
+BeatsCall = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
+Beat = pb.HeartbeatRequest
 
 
 class _Recorder:

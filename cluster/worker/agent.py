@@ -35,7 +35,6 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert, peer_table, steps
 from cluster.worker.core import WorkerCore
 from cluster.worker.identity import NodeIdentity
-from cluster.worker.registration import register_request
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Silence
 
 if TYPE_CHECKING:
@@ -354,7 +353,7 @@ class WorkerAgent:
     ) -> steps.Event:
         seq = 0 if self._signer is None else self._signer.floor
         request = pb.WatchRequest(
-            register=register_request(
+            register=convert.register_request(
                 self.config,
                 self.identity,
                 self.core.cluster_id,

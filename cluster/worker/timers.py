@@ -13,13 +13,13 @@ from collections.abc import Callable
 
 import grpc
 
-from cluster.v1 import scheduler_pb2 as pb
+from cluster.transport.stub import Beat, BeatsCall, WatchCall
 
 # While a registration waits for its answer, how often `waiting` is called.
 REPORT_EVERY_S = 5.0
 
-Call = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
-Beats = grpc.aio.StreamUnaryCall[pb.HeartbeatRequest, pb.HeartbeatResponse]
+Call = WatchCall
+Beats = BeatsCall
 
 
 # A silence timer that runs this much later than due means this process did not run meanwhile
@@ -124,9 +124,7 @@ class Heartbeats:
     first beat and again after it broke: a timer, and a task only while a beat is on its way
     (not a task per stream that sleeps)."""
 
-    def __init__(
-        self, open_stream: Callable[[], Beats], beat: pb.HeartbeatRequest, interval_s: float
-    ) -> None:
+    def __init__(self, open_stream: Callable[[], Beats], beat: Beat, interval_s: float) -> None:
         self._open_stream = open_stream
         self._beat = beat
         self._interval_s = interval_s

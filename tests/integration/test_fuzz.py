@@ -61,8 +61,8 @@ from cluster.transport import membership
 from cluster.v1 import peer_state_pb2 as ps
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
-from cluster.worker.registration import register_request
 from tests.credentials import read_metadata, secret_of
 from tests.integration.edge_calls import (
     CLIENT_STREAM,

@@ -29,8 +29,8 @@ from cluster.protocol.config import from_env
 from cluster.testing import free_port
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
-from cluster.worker.registration import register_request
 from tests.credentials import read_metadata, secret_of
 from tests.integration.test_hostile import env_for, start_scheduler
 from tests.procs import PYTHON, Procs, mscluster

@@ -18,8 +18,8 @@ from cluster.protocol.config import from_env
 from cluster.testing import free_port, processes_running, wait_until, worker_pid
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
-from cluster.worker.registration import register_request
 from tests.credentials import read_metadata
 from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy
 from tests.training_job import STEP_LINE, STEPS, WORKERS

@@ -28,3 +28,18 @@ class Backoff:
 
     def reset(self) -> None:
         self._next_s = self.first_s
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How something that keeps failing is tried again: after `first_s`, doubling up to
+    `max_s` (a `Backoff` per run of failures)."""
+
+    first_s: float
+    max_s: float
+
+    def __post_init__(self) -> None:
+        self.backoff()  # ValueError for delays that could not wait
+
+    def backoff(self) -> Backoff:
+        return Backoff(self.first_s, self.max_s)

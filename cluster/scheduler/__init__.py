@@ -19,11 +19,12 @@ asyncio. Never the worker, the training API or the tools.
 
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.core import CoreSettings, SchedulerCore
-from cluster.scheduler.server import SchedulerServer, run, serve
+from cluster.scheduler.server import JobStore, SchedulerServer, run, serve
 
 __all__ = [
     "CoreSettings",
     "JobSettings",
+    "JobStore",
     "SchedulerCore",
     "SchedulerServer",
     "run",

@@ -180,7 +180,6 @@ class SchedulerCore:
             state_store,
             self.state.snapshot,
             self._release,
-            saved_revision=-1,
             token=token,
             on_fenced=self._fence,
             clock=self._clock,

@@ -18,14 +18,12 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from cluster.protocol.backoff import Backoff
+from cluster.protocol.backoff import RetryPolicy
 from cluster.protocol.errors import FencedError, NotLeaderError, StateFileError
+from cluster.scheduler.persist import SAVE_RETRY
 from cluster.storage.state_store import StateStore
 
 log = logging.getLogger("cluster.scheduler")
-
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
 
 
 class KvJournal:
@@ -36,15 +34,13 @@ class KvJournal:
         commit: Callable[[str, bytes], None],
         on_fenced: Callable[[str], None],
         *,
-        retry_first_s: float = RETRY_FIRST_S,
-        retry_max_s: float = RETRY_MAX_S,
+        retry: RetryPolicy = SAVE_RETRY,
     ) -> None:
         self._store = store
         self._job = job
         self._commit = commit
         self._on_fenced = on_fenced
-        self._retry_first_s = retry_first_s
-        self._retry_max_s = retry_max_s
+        self._retry = retry
         # Sets not yet in a batch being saved, in order, and who waits for them.
         self._pending: list[tuple[str, bytes]] = []
         self._waiters: list[asyncio.Future[None]] = []
@@ -89,7 +85,7 @@ class KvJournal:
         self, changes: list[tuple[str, bytes]], waiters: list[asyncio.Future[None]]
     ) -> bool:
         """Save `changes` (joined by what arrives while saves fail); False when fenced."""
-        backoff = Backoff(self._retry_first_s, self._retry_max_s)
+        backoff = self._retry.backoff()
         while True:
             try:
                 await self._store.save_kv(self._job, dict(changes))

@@ -8,7 +8,7 @@ number of further changes wait for the next, which takes the newest snapshot. A 
 finishing therefore costs a few writes, not 1024.
 
 A save that fails (the disk full or read-only, an I/O error) releases nothing: it is tried
-again with backoff (RETRY_FIRST_S doubling to RETRY_MAX_S), each attempt with the newest
+again with backoff (SAVE_RETRY: 0.1 s doubling to 5 s), each attempt with the newest
 snapshot, until one lands; only then does what was held back go out, in order. The failure is
 logged once when it starts and once when it ends, and `failing_since`, `error` and `failures`
 tell `Status` (and a metrics exporter) about it meanwhile.
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.protocol.backoff import Backoff
+from cluster.protocol.backoff import RetryPolicy
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage.directory_store import STATE_FILE
 from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Stored, Written
@@ -38,10 +38,9 @@ log = logging.getLogger("cluster.scheduler")
 
 STATE_KIND = SCHEDULER_KIND
 __all__ = ["STATE_FILE", "STATE_KIND", "StatePersister"]
-# A failed save is tried again after RETRY_FIRST_S, doubling up to RETRY_MAX_S: soon after the
-# disk has room again, without spinning on a disk that stays full.
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
+# A failed save is tried again after 0.1 s, doubling up to 5 s: soon after the disk has room
+# again, without spinning on a disk that stays full.
+SAVE_RETRY = RetryPolicy(first_s=0.1, max_s=5.0)
 # Failed saves remembered as perhaps landed (see `_landed_unanswered`): far more than fail in a
 # row before one lands, as every retry saves the newest state.
 UNANSWERED_KEPT = 1024
@@ -67,14 +66,14 @@ class StatePersister:
         store: StateStore,
         snapshot: Callable[[], dict[str, Any]],
         on_saved: Callable[[int], None],
-        saved_revision: int,
         *,
         token: str = "",
         on_fenced: Callable[[str], None] = lambda why: None,
         clock: Callable[[], float] = time.monotonic,
-        retry_first_s: float = RETRY_FIRST_S,
-        retry_max_s: float = RETRY_MAX_S,
+        retry: RetryPolicy = SAVE_RETRY,
     ) -> None:
+        """Nothing is saved by it yet: `save_first` saves the first snapshot, `request` asks
+        for newer ones. `token` names what `store` holds now."""
         self.store = store
         self.where = store.where
         self.token = token  # of what is stored, as this scheduler saved or read it
@@ -85,10 +84,8 @@ class StatePersister:
         self._snapshot = snapshot
         self._on_saved = on_saved
         self._clock = clock
-        self._retry_first_s = retry_first_s
-        self._retry_max_s = retry_max_s
-        self.requested = saved_revision
-        self.saved = saved_revision
+        self._retry = retry
+        self.requested = self.saved = -1  # revisions
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -168,7 +165,7 @@ class StatePersister:
             raise FencedError(self.fenced or "saving has stopped")
 
     async def _run(self) -> None:
-        backoff = Backoff(self._retry_first_s, self._retry_max_s)
+        backoff = self._retry.backoff()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -251,7 +248,7 @@ class StatePersister:
             "changes (a new generation, a registration, the job's end); the job goes on as it "
             "was",
             self.error,
-            self._retry_max_s,
+            self._retry.max_s,
         )
 
 

@@ -13,6 +13,7 @@ import errno
 import logging
 import signal
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -39,7 +40,7 @@ from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, serv
 if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection
 
-__all__ = ["SchedulerServer", "run", "serve", "server_credentials"]
+__all__ = ["JobStore", "SchedulerServer", "run", "serve", "server_credentials"]
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -139,14 +140,28 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@dataclass(frozen=True)
+class JobStore:
+    """Where a scheduler keeps its job: the state store it holds (the recovery directory, or
+    etcd) and, where schedulers stand by for each other, the election that says who leads."""
+
+    state: StateStore
+    election: EtcdElection | None = None
+
+    @classmethod
+    def directory(cls, path: Path) -> JobStore:
+        """The recovery directory `path` (MS_RECOVERY_PATH): one scheduler, no standbys."""
+        return cls(DirectoryStore(path))
+
+
 class SchedulerServer:
     """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves.
 
     With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, and re-checks its own
-    certificate's expiry every `expiry_check_period_s`. With `recovery_path` (or a
-    `state_store`) it holds that store, resumes the job saved there (if any) and saves the
-    job's state there. With a store that has standbys (etcd, `election`), it serves the port
-    at once and answers for the job only while it leads (`cluster.scheduler.ha`).
+    certificate's expiry every `expiry_check_period_s`. With a `store` it holds that store,
+    resumes the job saved there (if any) and saves the job's state there. With an election
+    (etcd's standbys), it serves the port at once and answers for the job only while it leads
+    (`cluster.scheduler.ha`).
     """
 
     def __init__(
@@ -157,17 +172,14 @@ class SchedulerServer:
         *,
         tls: tls_module.Identity | None = None,
         expiry_check_period_s: float = tls_module.EXPIRY_CHECK_PERIOD_S,
-        recovery_path: Path | None = None,
-        state_store: StateStore | None = None,
-        election: EtcdElection | None = None,
+        store: JobStore | None = None,
         observe: ObserveConfig | None = None,
     ) -> None:
         self.settings = settings
         self.core = SchedulerCore(settings)
-        if state_store is None and recovery_path is not None:
-            state_store = DirectoryStore(recovery_path)
-        self.store = state_store
+        self.store = None if store is None else store.state
         self.gate = Gate(self.core)
+        election = None if store is None else store.election
         self.ha = None if election is None else HighAvailability(self, election)
         # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
         self.observing = Observability(observe or ObserveConfig(), host)
@@ -436,22 +448,21 @@ def _count(n: int, noun: str) -> str:
 async def serve(config: ClusterConfig) -> int:
     """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
     identity = None if config.tls is None else tls_module.prepare(config.tls, server=True)
-    store: StateStore | None = None
-    election = None
+    store: JobStore | None = None
     if config.state_url is not None:
         from cluster.scheduler import stores  # noqa: PLC0415 - aetcd only for an etcd URL
 
         address = stores.advertised(config.sched_host, config.sched_port)
-        store = await stores.open_etcd(config.state_url, address, config.lease_s, config.tls)
-        election = getattr(store, "election", None)
+        etcd = await stores.open_etcd(config.state_url, address, config.lease_s, config.tls)
+        store = JobStore(etcd, getattr(etcd, "election", None))
+    elif config.recovery is not None:
+        store = JobStore.directory(config.recovery.path)
     server = SchedulerServer(
         JobSettings.from_config(config),
         config.sched_host,
         config.sched_port,
         tls=identity,
-        recovery_path=None if config.recovery is None else config.recovery.path,
-        state_store=store,
-        election=election,
+        store=store,
         observe=config.observe,
     )
     await server.start()

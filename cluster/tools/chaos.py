@@ -36,7 +36,7 @@ from cluster.protocol.records import Phase
 from cluster.tools import report_html
 from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
 from cluster.tools.netlab import NetworkLab
-from cluster.tools.testing import LocalJob, wait_until
+from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
@@ -372,54 +372,63 @@ class Chaos:
         print(line, file=self._out, flush=True)
 
 
+@dataclass(frozen=True)
+class ChaosSpec:
+    """One `mscluster chaos` run: the job (`script` with `script_args`, `workers` and `spares`,
+    MS_NODE_TIMEOUT `node_timeout_s`, logs in `log_dir`; `standbys` schedulers beside the first,
+    on `state_url` (etcd) with a lease of `lease_s`), the faults (of `faults`, one every
+    `every_s` on average for `duration_s`, at most `count`, drawn from `seed`) and the JSON
+    report (`report_path`, by default LOG_DIR/chaos-report.json)."""
+
+    script: Path
+    script_args: Sequence[str] = ()
+    workers: int = 2
+    node_timeout_s: float = 3.0
+    log_dir: Path = Path("logs")
+    faults: Sequence[str] = FAULTS
+    every_s: float = 5.0
+    duration_s: float = 60.0
+    seed: int = 0
+    count: int | None = None
+    report_path: Path | None = None
+    spares: int = 0
+    standbys: int = 0
+    state_url: str | None = None
+    lease_s: int | None = None
+
+
 def run_chaos(
-    script: Path,
-    script_args: Sequence[str],
-    *,
-    workers: int,
-    node_timeout_s: float,
-    log_dir: Path,
-    faults: Sequence[str],
-    every_s: float,
-    duration_s: float,
-    seed: int,
-    report_path: Path | None,
-    count: int | None = None,
-    out: IO[str] = sys.stderr,
-    make_job: Callable[..., LocalJob] = LocalJob,
-    spares: int = 0,
-    standbys: int = 0,
-    state_url: str | None = None,
-    lease_s: int | None = None,
+    spec: ChaosSpec, *, out: IO[str] = sys.stderr, make_job: Callable[..., LocalJob] = LocalJob
 ) -> ChaosReport:
-    """The whole command: run, report to `out` and `report_path` (JSON). `standbys`:
-    schedulers beside the first, on `state_url` (etcd) with a lease of `lease_s`."""
-    if not script.is_file():
-        raise ClusterError(f"the script {str(script)!r} does not exist")
-    schedulers = _schedulers(standbys, state_url, lease_s)
-    network = _network(workers, standbys + 1) if "partition" in faults else None
-    events_path = log_dir / EVENT_LOG
+    """The whole command: run, report to `out` and the JSON report."""
+    if not spec.script.is_file():
+        raise ClusterError(f"the script {str(spec.script)!r} does not exist")
+    events_path = spec.log_dir / EVENT_LOG
+    options = _job_options(spec, events_path)
     events_path.unlink(missing_ok=True)  # this run's events only
     job = make_job(
-        script,
-        script_args,
-        workers=workers,
-        node_timeout_s=node_timeout_s,
-        workdir=log_dir,
-        timeout_s=max(60.0, 6 * node_timeout_s),
-        network=network,
-        env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
-        **({"spares": spares} if spares else {}),
-        **schedulers,
+        spec.script,
+        spec.script_args,
+        workers=spec.workers,
+        node_timeout_s=spec.node_timeout_s,
+        workdir=spec.log_dir,
+        timeout_s=max(60.0, 6 * spec.node_timeout_s),
+        options=options,
     )
     chaos = Chaos(
-        job, faults=faults, every_s=every_s, duration_s=duration_s, seed=seed, count=count, out=out
+        job,
+        faults=spec.faults,
+        every_s=spec.every_s,
+        duration_s=spec.duration_s,
+        seed=spec.seed,
+        count=spec.count,
+        out=out,
     )
     report = _run_stoppable(chaos, job)
     print(report.render(), file=out, flush=True)
     if report.started_at:
         report.events = load_events(events_path, report.started_at)
-    _write_report(report, report_path or log_dir / "chaos-report.json", out)
+    _write_report(report, spec.report_path or spec.log_dir / "chaos-report.json", out)
     return report
 
 
@@ -452,20 +461,25 @@ def _network(workers: int, schedulers: int) -> NetworkLab:
     return NetworkLab(workers, schedulers=schedulers)
 
 
-def _schedulers(standbys: int, state_url: str | None, lease_s: int | None) -> dict[str, Any]:
-    """LocalJob's arguments for the schedulers: none beyond the defaults without a state URL;
-    a ClusterError for standbys without one."""
-    if standbys and state_url is None:
+def _job_options(spec: ChaosSpec, events_path: Path) -> LocalJobOptions:
+    """The job's options: recovery on, the event log, spares, and schedulers (standbys on the
+    state URL); a ClusterError for standbys without one, or a partition without namespaces."""
+    if spec.standbys and spec.state_url is None:
         raise ClusterError(
-            f"--standbys {standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
+            f"--standbys {spec.standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
             "standby schedulers share the job's state in etcd"
         )
-    if state_url is None:
-        return {}
-    found: dict[str, Any] = {"standbys": standbys, "state_url": state_url}
-    if lease_s is not None:
-        found["lease_s"] = lease_s
-    return found
+    options = LocalJobOptions(
+        env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
+        network=_network(spec.workers, spec.standbys + 1) if "partition" in spec.faults else None,
+        spares=spec.spares,
+    )
+    if spec.state_url is None:
+        return options
+    options = dataclasses.replace(options, standbys=spec.standbys, state_url=spec.state_url)
+    if spec.lease_s is not None:
+        options = dataclasses.replace(options, lease_s=spec.lease_s)
+    return options
 
 
 def _write_report(report: ChaosReport, path: Path, out: IO[str]) -> None:

@@ -264,7 +264,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
             "mscluster chaos runs the whole job on this host: give --local-worker-num equal to "
             "--worker-num, and no --node-rank"
         )
-    report = chaos.run_chaos(
+    spec = chaos.ChaosSpec(
         Path(run.script),
         run.script_args,
         workers=where.worker_num,
@@ -275,13 +275,14 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         every_s=args.every,
         duration_s=args.duration,
         seed=args.seed,
-        report_path=Path(args.report) if args.report else None,
         count=args.count,
+        report_path=Path(args.report) if args.report else None,
         spares=run.spares,
         standbys=args.standbys,
         state_url=run.state_url,
         lease_s=run.lease,
     )
+    report = chaos.run_chaos(spec)
     return 0 if report.ok else 1
 
 

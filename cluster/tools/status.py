@@ -10,6 +10,7 @@ import grpc
 
 from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.leader_search import LeaderSearch
 from cluster.protocol.state import Phase
 from cluster.tools import reading
 from cluster.tools.table import format_table
@@ -217,19 +218,14 @@ async def fetch_any(
     """The job's status from the leader among `addresses` (each tried in turn; a standby's
     answer names the leader, asked next), or SchedulerUnreachableError saying what each
     answered (ReadRefusedError at once: the job's schedulers share its secret)."""
-    queue, tried, said = list(addresses), set(), []
-    while queue:
-        address = queue.pop(0)
-        if address in tried:
-            continue
-        tried.add(address)
+    search, said = LeaderSearch(addresses), []
+    while (address := search.next_address()) is not None:
         try:
             async with channel_module.open_channel(address, identity) as opened:
                 return await fetch(opened, address, timeout_s, secret)
         except NotLeaderAnswer as exc:
             said.append(str(exc))
-            if exc.leader:
-                queue.insert(0, exc.leader)
+            search.standby(exc.leader)
         except SchedulerUnreachableError as exc:
             said.append(str(exc))
     raise SchedulerUnreachableError("; ".join(said) or "no scheduler address given")

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from cluster.protocol.errors import ClusterError, NotLeaderAnswer
+from cluster.protocol.leader_search import LeaderSearch
 
 
 class StatusClient:
     """Status calls from synchronous code: grpc.aio channels to every scheduler address on a
     background loop, each reconnecting every `reconnect_ms` while its scheduler is down. The
     leader answers: the address that answered last is asked first, then the leader a standby
-    names, then the others in turn."""
+    names (one of `addresses`), then the others in turn (`cluster.protocol.leader_search`)."""
 
     def __init__(
         self,
@@ -51,20 +52,14 @@ class StatusClient:
         """The leader's view (`cluster.status.JobView`), or None when none answers."""
         from cluster.tools import status  # noqa: PLC0415
 
-        queue = [self.address, *(a for a in self.addresses if a != self.address)]
-        tried: set[str] = set()
-        while queue:
-            address = queue.pop(0)
-            if address in tried:
-                continue
-            tried.add(address)
+        search = LeaderSearch(self.addresses, self.address, listed_only=True)
+        while (address := search.next_address()) is not None:
             try:
                 view = self._loop.run(
                     status.fetch(self._channel(address), address, 1.0, self._secret)
                 )
             except NotLeaderAnswer as exc:
-                if exc.leader in self.addresses:
-                    queue.insert(0, exc.leader)
+                search.standby(exc.leader)
                 continue
             except ClusterError:
                 continue

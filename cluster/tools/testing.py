@@ -10,11 +10,12 @@
         job.restart_scheduler()     # returns once every worker is back
         assert job.wait() == 0      # every process exited 0
 
-Network faults (as root, with iproute2): `LocalJob(..., network=NetworkLab(workers))` starts each
-worker in its own network namespace, joined to this host by a veth pair, with the scheduler on an
-address of this host; `job.partition(i)` cuts worker i's link (link down), `job.heal(i)` brings
-it back, `job.impair(i, delay_ms=..., loss_percent=...)` adds delay and loss (tc netem). The
-namespaces, links and address are always removed.
+Network faults (as root, with iproute2): `LocalJob(..., options=LocalJobOptions(network=lab))`
+with `lab = NetworkLab(workers)` starts each worker in its own network namespace, joined to this
+host by a veth pair, with the scheduler on an address of this host; `job.partition(i)` cuts
+worker i's link (link down), `job.heal(i)` brings it back, `job.impair(i, delay_ms=...,
+loss_percent=...)` adds delay and loss (tc netem). The namespaces, links and address are always
+removed.
 
 Every action waits for what it should cause to be visible (the node marked failed, the new
 generation, the nodes back), with a bound, never for a fixed time. The job runs with recovery
@@ -33,7 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -50,6 +52,7 @@ from cluster.worker import identity
 __all__ = [
     "JobTimeoutError",
     "LocalJob",
+    "LocalJobOptions",
     "NetemUnavailableError",
     "NetworkLab",
     "Process",
@@ -155,9 +158,32 @@ class Process:
             self.popen.wait(10)
 
 
+@dataclass(frozen=True)
+class LocalJobOptions:
+    """What a `LocalJob` may change beyond its script, size, guard, directory and bound.
+
+    `recovery`: MS_ENABLE_RECOVERY with the recovery path in the job's directory; `env`: extra
+    environment for every process; `python`: the interpreter of every process; `network`: put
+    each worker in its own network namespace (set up by `start`); `spares`: spare workers
+    (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log); `state_url`: the schedulers keep
+    the job in etcd (CLUSTER_STATE_URL, lease `lease_s`); `standbys`: schedulers beside the
+    first (needs `state_url`), scheduler k on 127.0.0.<k+1> (or the lab's k-th scheduler
+    address), all on one port, logs scheduler_<k>.log."""
+
+    recovery: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    network: NetworkLab | None = None
+    spares: int = 0
+    standbys: int = 0
+    state_url: str | None = None
+    lease_s: int = 2
+
+
 class LocalJob:
     """A scheduler and `workers` workers of `script` on this machine, recovery on; with
-    `standbys`, as many more schedulers on one etcd state URL, the workers knowing them all."""
+    standbys (`LocalJobOptions`), as many more schedulers on one etcd state URL, the workers
+    knowing them all."""
 
     def __init__(
         self,
@@ -166,26 +192,15 @@ class LocalJob:
         *,
         workers: int = 2,
         node_timeout_s: float = 5.0,
-        recovery: bool = True,
         workdir: str | os.PathLike[str] | None = None,
-        env: dict[str, str] | None = None,
-        python: str = sys.executable,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        network: NetworkLab | None = None,
-        spares: int = 0,
-        standbys: int = 0,
-        state_url: str | None = None,
-        lease_s: int = 2,
+        options: LocalJobOptions = LocalJobOptions(),
     ) -> None:
-        """`env`: extra environment for every process; `timeout_s`: the bound of each wait;
-        `network`: put each worker in its own network namespace (set up by `start`); `spares`:
-        spare workers (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log); `state_url`:
-        the schedulers keep the job in etcd (CLUSTER_STATE_URL, lease `lease_s`); `standbys`:
-        schedulers beside the first (needs `state_url`), scheduler k on 127.0.0.<k+1> (or the
-        lab's k-th scheduler address), all on one port, logs scheduler_<k>.log."""
+        """`workdir`: the logs and recovery state (a temporary directory by default);
+        `timeout_s`: the bound of each wait; `options`: the rest (`LocalJobOptions`)."""
         if workers < 1:
             raise ClusterError(f"LocalJob workers={workers} must be >= 1")
-        self.hosts = _scheduler_hosts(standbys, state_url, network)
+        self.hosts = _scheduler_hosts(options.standbys, options.state_url, options.network)
         self.script = Path(script)
         self.args = list(args)
         self.worker_num = workers
@@ -194,22 +209,22 @@ class LocalJob:
         self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="cluster-")
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.network = network
+        self.network = options.network
         self.port = _free_port_on(self.hosts)
         self.addresses = [f"{host}:{self.port}" for host in self.hosts]
         self.address = self.addresses[0]
-        self.env = self._environment(recovery, state_url, lease_s)
-        self.env.update(env or {})
-        self.python = python
+        self.env = self._environment(options)
+        self.env.update(options.env)
+        self.python = options.python
         self.schedulers: list[Process | None] = [None] * len(self.hosts)
         self.leader_index = 0  # the scheduler that led when last seen
         self.workers: list[Process | None] = [None] * workers
         self.restarts = [0] * workers
-        self.spare_num = spares
+        self.spare_num = options.spares
         self.spares: list[Process] = []
         self._status: StatusClient | None = None
 
-    def _environment(self, recovery: bool, state_url: str | None, lease_s: int) -> dict[str, str]:
+    def _environment(self, options: LocalJobOptions) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
         env.update(
             MS_WORKER_NUM=str(self.worker_num),
@@ -218,10 +233,10 @@ class LocalJob:
             MS_NODE_TIMEOUT=f"{self.node_timeout_s:g}",
             PYTHONUNBUFFERED="1",
         )
-        if recovery:
+        if options.recovery:
             env.update(MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(self.workdir / "state"))
-        if state_url is not None:
-            env.update(CLUSTER_STATE_URL=state_url, CLUSTER_LEASE_S=str(lease_s))
+        if options.state_url is not None:
+            env.update(CLUSTER_STATE_URL=options.state_url, CLUSTER_LEASE_S=str(options.lease_s))
         # Closed to outsiders, as a launched job is (unless `env` gives the secret).
         env["CLUSTER_JOB_SECRET_FILE"] = str(write_job_secret(self.workdir))
         return env
@@ -387,7 +402,9 @@ class LocalJob:
 
     def _lab(self) -> NetworkLab:
         if self.network is None:
-            raise ClusterError("network faults need LocalJob(..., network=NetworkLab(workers))")
+            raise ClusterError(
+                "network faults need LocalJob(..., options=LocalJobOptions(network=NetworkLab(n)))"
+            )
         return self.network
 
     def leader(self) -> int:

@@ -9,6 +9,7 @@ cannot be used to issue more certificates.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import json
@@ -79,6 +80,24 @@ def now_utc() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+@dataclass(frozen=True)
+class Validity:
+    """When a certificate is valid: from `not_before` (by default five minutes ago, so that a
+    clock a little behind accepts it) for `days`, or until `not_after` when given."""
+
+    days: int = DEFAULT_DAYS
+    not_before: dt.datetime | None = None
+    not_after: dt.datetime | None = None
+
+    def span(self) -> tuple[dt.datetime, dt.datetime]:
+        """Its first and last moment."""
+        start = self.not_before
+        if start is None:
+            start = now_utc() - dt.timedelta(minutes=5)
+        end = self.not_after if self.not_after is not None else start + dt.timedelta(self.days)
+        return start, end
+
+
 def new_key(kind: str = "ec", rsa_bits: int = 2048) -> PrivateKey:
     """An EC P-256 key (fast handshakes), or an RSA key of `rsa_bits`."""
     if kind == "ec":
@@ -98,12 +117,11 @@ def _name(common_name: str) -> x509.Name:
 def new_ca(
     common_name: str = "cluster test CA",
     *,
-    days: int = DEFAULT_DAYS,
-    not_before: dt.datetime | None = None,
+    validity: Validity = Validity(),
     key: PrivateKey | None = None,
 ) -> Authority:
     key = key if key is not None else new_key()
-    start = not_before if not_before is not None else now_utc() - dt.timedelta(minutes=5)
+    start, end = validity.span()
     name = _name(common_name)
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
@@ -113,7 +131,7 @@ def new_ca(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
-        .not_valid_after(start + dt.timedelta(days=days))
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage("digital_signature", "key_cert_sign", "crl_sign"), critical=True)
         .add_extension(ski, critical=False)
@@ -138,15 +156,12 @@ def issue(
     *,
     server: bool,
     names: Sequence[str] = (),
-    days: int = DEFAULT_DAYS,
-    not_before: dt.datetime | None = None,
-    not_after: dt.datetime | None = None,
+    validity: Validity = Validity(),
     key: PrivateKey | None = None,
 ) -> tuple[PrivateKey, x509.Certificate]:
     """A leaf certificate signed by `ca`: for a server (with SANs `names`) or a client."""
     key = key if key is not None else new_key()
-    start = not_before if not_before is not None else now_utc() - dt.timedelta(minutes=5)
-    end = not_after if not_after is not None else start + dt.timedelta(days=days)
+    start, end = validity.span()
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
         x509.CertificateBuilder()
@@ -246,31 +261,35 @@ def new_password() -> bytes:
     return secrets.token_urlsafe(18).encode()
 
 
-def ssl_json(
-    *,
-    server_cert_path: str,
-    client_cert_path: str,
-    ca_cert_path: str,
-    crl_path: str = "",
-    cipher_list: str = DEFAULT_CIPHER_LIST,
-    cert_expire_warning_time_in_day: int = 90,
-    server_password_file: str | None = None,
-    client_password_file: str | None = None,
-) -> str:
-    """The text of a ssl.json; relative paths are taken from the file's directory."""
-    data: dict[str, object] = {
-        "server_cert_path": server_cert_path,
-        "client_cert_path": client_cert_path,
-        "ca_cert_path": ca_cert_path,
-        "crl_path": crl_path,
-        "cipher_list": cipher_list,
-        "cert_expire_warning_time_in_day": cert_expire_warning_time_in_day,
-    }
-    if server_password_file is not None:
-        data["server_password_file"] = server_password_file
-    if client_password_file is not None:
-        data["client_password_file"] = client_password_file
-    return json.dumps(data, indent=2) + "\n"
+@dataclass(frozen=True)
+class SslJson:
+    """The fields of a ssl.json (docs/howto/tls.md); relative paths are taken from the file's
+    directory, and a password file left out is not written."""
+
+    server_cert_path: str
+    client_cert_path: str
+    ca_cert_path: str
+    crl_path: str = ""
+    cipher_list: str = DEFAULT_CIPHER_LIST
+    cert_expire_warning_time_in_day: int = 90
+    server_password_file: str | None = None
+    client_password_file: str | None = None
+
+    def text(self) -> str:
+        """The file's text."""
+        data = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return json.dumps(data, indent=2) + "\n"
+
+
+# The ssl.json that make_pki writes beside the files it names.
+PKI_SSL_JSON = SslJson(
+    server_cert_path="server.p12",
+    client_cert_path="client.p12",
+    ca_cert_path="ca.pem",
+    crl_path="crl.pem",
+    server_password_file="server.pass",  # noqa: S106 - a file name, not a password
+    client_password_file="client.pass",  # noqa: S106 - a file name, not a password
+)
 
 
 def make_pki(
@@ -294,11 +313,16 @@ def make_pki(
             f"{out_dir} already holds {', '.join(existing)}: choose an empty directory, or "
             "overwrite on purpose (certificates issued by the old CA stop working)"
         )
-    ca = new_ca(days=days)
+    validity = Validity(days=days)
+    ca = new_ca(validity=validity)
     names = list(dict.fromkeys([*LOCAL_NAMES, *hosts]))
-    server_key, server_cert = issue(ca, "cluster scheduler", server=True, names=names, days=days)
-    client_key, client_cert = issue(ca, "cluster worker", server=False, days=days)
-    revoked_key, revoked_cert = issue(ca, "cluster worker (revoked)", server=False, days=days)
+    server_key, server_cert = issue(
+        ca, "cluster scheduler", server=True, names=names, validity=validity
+    )
+    client_key, client_cert = issue(ca, "cluster worker", server=False, validity=validity)
+    revoked_key, revoked_cert = issue(
+        ca, "cluster worker (revoked)", server=False, validity=validity
+    )
     server_password, client_password = new_password(), new_password()
 
     (out_dir / "ca.pem").write_bytes(cert_pem(ca.cert))
@@ -309,16 +333,7 @@ def make_pki(
     (out_dir / "crl.pem").write_bytes(crl_pem(ca, [revoked_cert], days=days))
     write_private(out_dir / "server.pass", server_password + b"\n")
     write_private(out_dir / "client.pass", client_password + b"\n")
-    (out_dir / "ssl.json").write_text(
-        ssl_json(
-            server_cert_path="server.p12",
-            client_cert_path="client.p12",
-            ca_cert_path="ca.pem",
-            crl_path="crl.pem",
-            server_password_file="server.pass",  # noqa: S106 - a file name, not a password
-            client_password_file="client.pass",  # noqa: S106 - a file name, not a password
-        )
-    )
+    (out_dir / "ssl.json").write_text(PKI_SSL_JSON.text())
     return Pki(
         dir=out_dir,
         ssl_json=out_dir / "ssl.json",

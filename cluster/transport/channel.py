@@ -20,6 +20,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -39,7 +40,7 @@ _FRAME_HEADER = 9
 # address is checked again.
 CHECK_KEPT_S = 30.0
 _passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
-_running: dict[tuple[Any, ...], asyncio.Future[bool]] = {}
+_running: dict[tuple[Any, ...], asyncio.Future[Reach]] = {}
 _up: dict[tuple[Any, ...], float] = {}  # (host, port) -> when a check last found it up
 # How long grpc gives one connection attempt (TCP connect, TLS and HTTP/2 handshakes) before it
 # abandons it and tries again. grpc takes this from "grpc.min_reconnect_backoff_ms", which is
@@ -118,10 +119,24 @@ def open_channel(
     return grpc.aio.secure_channel(address, credentials, options=[*options, *extra])
 
 
+@dataclass(frozen=True)
+class Reach:
+    """What `check_scheduler` found: `ok` when the scheduler answers in this node's protocol;
+    else `why` it could not be reached: refused (nothing listens), timed out (no answer: the
+    address, a firewall, a partition), or accepted and dropped (an overloaded scheduler); ""
+    when no cause is known."""
+
+    ok: bool
+    why: str = ""
+
+
+REACHED = Reach(ok=True)
+
+
 async def check_scheduler(
     host: str, port: int, identity: tls.Identity | None, timeout_s: float
-) -> bool:
-    """Whether the scheduler answers in this node's protocol; False when it is not reachable.
+) -> Reach:
+    """Whether the scheduler answers in this node's protocol, and why not when it does not.
 
     Raises TLSConfigError when it speaks the other protocol, when its certificate is refused
     here (other CA, wrong name, revoked, expired), or when it refuses this node's certificate.
@@ -143,12 +158,12 @@ async def check_scheduler(
     return await asyncio.shield(running)
 
 
-def _checked(key: tuple[Any, ...], task: asyncio.Future[bool]) -> None:
+def _checked(key: tuple[Any, ...], task: asyncio.Future[Reach]) -> None:
     del _running[key]
     if task.cancelled():
         return
     # Retrieved: every waiter may have given up.
-    if task.exception() is None and task.result():
+    if task.exception() is None and task.result().ok:
         _up[key[:2]] = time.monotonic()
     else:
         _up.pop(key[:2], None)
@@ -184,31 +199,24 @@ def _is_alert(exc: ssl.SSLError) -> bool:
     return "ALERT" in str(exc.reason or "")
 
 
-def unreachable_reason(host: str, port: int) -> str:
-    """Why the last `check_scheduler` of host:port in this process found it unreachable: refused
-    (nothing listens), timed out (no answer: address, firewall, partition), or accepted and
-    dropped (an overloaded scheduler); "" when it was not found unreachable."""
-    return _unreachable.get((host, port), "")
+class _NotConnected(OSError):
+    """No TCP connection to the scheduler: `why`, in words."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 async def _open(
-    host: str,
-    port: int,
-    context: ssl.SSLContext | None,
-    name: str | None,
-    timeout_s: float,
-    *,
-    record: bool = True,
+    host: str, port: int, context: ssl.SSLContext | None, name: str | None, timeout_s: float
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection (TLS with `context`), the TCP connection and the handshake each bounded by
-    `timeout_s`; with `record`, why either failed is kept for `unreachable_reason`."""
-    key = (host, port) if record else (host, -1)
-    _unreachable.pop(key, None)
+    `timeout_s`. _NotConnected (an OSError) when there is no TCP connection; what the
+    handshake raised when it failed (`_unreached` says why in words)."""
     try:
         sock = await _connect(host, port, timeout_s)
     except (OSError, asyncio.TimeoutError) as exc:
-        _unreachable[key] = _connect_failure(host, exc, timeout_s)
-        raise
+        raise _NotConnected(_connect_failure(host, exc, timeout_s)) from exc
     try:
         return await asyncio.wait_for(
             asyncio.open_connection(
@@ -216,22 +224,25 @@ async def _open(
             ),
             timeout_s,
         )
-    except BaseException as exc:
+    except BaseException:
         sock.close()
-        if isinstance(exc, asyncio.TimeoutError):
-            _unreachable[key] = (
-                "it accepts connections but did not answer on one within "
-                f"{timeout_s:g} s: {_OVERLOADED}"
-            )
-        elif isinstance(exc, ssl.SSLEOFError | ConnectionError):
-            _unreachable[key] = (
-                f"it accepts connections, then drops them ({_strerror(exc)}): {_OVERLOADED}"
-            )
         raise
 
 
+def _unreached(exc: BaseException, timeout_s: float) -> Reach:
+    """Not reached, and why, after `_open` raised `exc`."""
+    if isinstance(exc, _NotConnected):
+        return Reach(ok=False, why=exc.why)
+    if isinstance(exc, asyncio.TimeoutError):
+        why = f"it accepts connections but did not answer on one within {timeout_s:g} s"
+        return Reach(ok=False, why=f"{why}: {_OVERLOADED}")
+    if isinstance(exc, ssl.SSLEOFError | ConnectionError):
+        why = f"it accepts connections, then drops them ({_strerror(exc)})"
+        return Reach(ok=False, why=f"{why}: {_OVERLOADED}")
+    return Reach(ok=False)
+
+
 _OVERLOADED = "it is overloaded (out of open files? see its log) or hung"
-_unreachable: dict[tuple[str, int], str] = {}
 
 
 async def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
@@ -288,7 +299,7 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
     try:
-        reader, writer = await _open(host, port, None, None, timeout_s, record=False)
+        reader, writer = await _open(host, port, None, None, timeout_s)
     except (OSError, asyncio.TimeoutError):
         return False
     try:
@@ -301,17 +312,17 @@ async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
     return len(head) == _FRAME_HEADER and head[3] == _SETTINGS
 
 
-async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -> bool:
+async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -> Reach:
     """A TLS hello, no certificate shown or checked: a reply in TLS means a TLS scheduler."""
     try:
         _, writer = await _open(host, port, plain_probe_context(), host, timeout_s)
-    except ssl.SSLEOFError:
-        return False  # taken and dropped: see unreachable_reason
+    except ssl.SSLEOFError as exc:
+        return _unreached(exc, timeout_s)  # taken and dropped
     except ssl.SSLError as exc:
         if not _is_alert(exc):
-            return True  # it answered the hello in plaintext HTTP/2: a plaintext scheduler
-    except (OSError, asyncio.TimeoutError):
-        return False
+            return REACHED  # it answered the hello in plaintext HTTP/2: a plaintext scheduler
+    except (OSError, asyncio.TimeoutError) as exc:
+        return _unreached(exc, timeout_s)
     else:
         await _close(writer)
     raise TLSConfigError(
@@ -323,7 +334,7 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
 
 async def _check_tls(
     host: str, port: int, identity: tls.Identity, where: str, timeout_s: float
-) -> bool:
+) -> Reach:
     from cryptography import x509  # noqa: PLC0415 - TLS only
 
     from cluster.transport import tls  # noqa: PLC0415 - TLS only
@@ -333,17 +344,17 @@ async def _check_tls(
         reader, writer = await _open(host, port, client_context(identity), name, timeout_s)
     except ssl.SSLCertVerificationError as exc:
         raise TLSConfigError(_untrusted(where, identity, name, exc)) from None
-    except (ConnectionResetError, asyncio.IncompleteReadError, ssl.SSLEOFError):
+    except (ConnectionResetError, asyncio.IncompleteReadError, ssl.SSLEOFError) as exc:
         # Dropped mid-handshake: a plaintext scheduler, or an overloaded one.
         if await _speaks_plain_http2(host, port, timeout_s):
             raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
-        return False
+        return _unreached(exc, timeout_s)
     except ssl.SSLError as exc:
         if not _is_alert(exc) and await _speaks_plain_http2(host, port, timeout_s):
             raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
         raise TLSConfigError(_refused(where, identity, exc)) from None
-    except (OSError, asyncio.TimeoutError):
-        return False
+    except (OSError, asyncio.TimeoutError) as exc:
+        return _unreached(exc, timeout_s)
     try:
         ssl_object = writer.get_extra_info("ssl_object")
         peer = x509.load_der_x509_certificate(ssl_object.getpeercert(binary_form=True))
@@ -360,7 +371,7 @@ async def _check_tls(
         except ssl.SSLError as exc:
             raise TLSConfigError(_refused(where, identity, exc)) from None
         except (OSError, asyncio.TimeoutError):
-            return False
+            return Reach(ok=False)
         if not head:
             raise TLSConfigError(
                 f"{where} closed the connection after the TLS handshake: it did not accept "
@@ -369,7 +380,7 @@ async def _check_tls(
             )
         crl = None if identity.revocation is None else identity.revocation.current()
         _passed[(host, port, identity)] = (crl, time.monotonic())
-        return True
+        return REACHED
     finally:
         await _close(writer)
 

@@ -254,9 +254,8 @@ class WorkerAgent:
             return decided
         elif isinstance(action, steps.CheckScheduler):
             host, port = self._host, self._port
-            ok = await scheduler_channel.check_scheduler(host, port, self._tls, action.timeout_s)
-            reason = scheduler_channel.unreachable_reason(host, port)
-            return self.core.step(steps.Checked(ok, reason))
+            reach = await scheduler_channel.check_scheduler(host, port, self._tls, action.timeout_s)
+            return self.core.step(steps.Checked(reach.ok, reach.why))
         elif isinstance(action, steps.Pause):
             await asyncio.sleep(action.seconds)
             return self.core.step(steps.PauseOver())

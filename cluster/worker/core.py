@@ -21,6 +21,7 @@ The rules it keeps:
   addresses (MS_SCHED_HOST=h1,h2 or CLUSTER_SCHED_ADDRS), a scheduler found down, or a standby
   that names no leader, or names one found down a moment ago, sends the node to the next address
   in turn. Only an address of the configuration or one a scheduler named is ever followed.
+  These rules are `cluster.protocol.leader_search`'s, shared with `mscluster status`.
 - Spares (issue #15): a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
@@ -44,6 +45,7 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
+from cluster.protocol.leader_search import leader_to_follow, next_in_turn
 from cluster.protocol.spares import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
@@ -298,15 +300,12 @@ class WorkerCore:
             self._lost = "the scheduler became a standby"
             self._reconnect_window(now)
             self.lifecycle = Lifecycle.RECONNECTING
-        leader = event.leader
-        if (
-            not leader
-            or leader == self.address
-            or now - self._down.get(leader, -DOWN_FOR_S) < DOWN_FOR_S
-        ):
+        lately_down = {a for a, when in self._down.items() if now - when < DOWN_FOR_S}
+        leader = leader_to_follow(self.address, event.leader, lately_down)
+        if leader is None:
             # No leader yet (an election under way), or one just found down (its lease has not
             # ended yet): ask again shortly, the next scheduler when there are several.
-            moved = self._next_address() if not leader else []
+            moved = self._next_address() if not event.leader else []
             return moved + self._pause(max(event.retry_after_s, RETRY_PAUSE_S))
         said: Actions = []
         if leader != self._announced:
@@ -321,8 +320,7 @@ class WorkerCore:
         """Follow the next scheduler address in turn (none with only one)."""
         if len(self.addresses) == 1:
             return []
-        index = self.addresses.index(self.address) if self.address in self.addresses else -1
-        self.address = self.addresses[(index + 1) % len(self.addresses)]
+        self.address = next_in_turn(self.addresses, self.address)
         self._verified = False  # probed first: a down one is passed over at once
         return [steps.Follow(self.address)]
 

@@ -16,7 +16,7 @@ import pytest
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
 from cluster.storage import store
 from cluster.testing import free_port
-from cluster.tools.testing import LocalJob, wait_until
+from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
 from tests import tmpfs
 from tests.procs import PYTHON, ROOT, job_env, mscluster
 
@@ -44,10 +44,9 @@ def start_job(tmp_path: Path, disk: Path) -> tuple[LocalJob, Path]:
         ["--release", str(release), "--limit", "150"],
         workers=2,
         node_timeout_s=NODE_TIMEOUT_S,
-        env={"MS_RECOVERY_PATH": str(disk)},
-        python=PYTHON,
         workdir=tmp_path / "job",
         timeout_s=60,
+        options=LocalJobOptions(env={"MS_RECOVERY_PATH": str(disk)}, python=PYTHON),
     )
     job.start()
     job.wait_formed()

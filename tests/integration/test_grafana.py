@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from cluster.scheduler import SchedulerServer
+from cluster.scheduler import JobStore, SchedulerServer
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S
@@ -56,7 +56,7 @@ def test_the_dashboard_is_well_formed() -> None:
 
 async def test_every_metric_the_dashboard_queries_is_exported(tmp_path: Path) -> None:
     async with SchedulerServer(
-        settings(recovery=True), recovery_path=tmp_path, observe=ON
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
     ) as server:
         await form(server)  # a formed job: the per-node series exist
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

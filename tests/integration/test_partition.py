@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from cluster.tools.testing import LocalJob, NetemUnavailableError, NetworkLab, wait_until
+from cluster.tools.testing import (
+    LocalJob,
+    LocalJobOptions,
+    NetemUnavailableError,
+    NetworkLab,
+    wait_until,
+)
 from tests.procs import PYTHON, ROOT
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
@@ -50,7 +56,7 @@ def test_short_partition_is_tolerated_and_long_one_recovered(
         [*ARGS, "--out", str(out)],
         workers=4,
         node_timeout_s=NODE_TIMEOUT_S,
-        network=NetworkLab(4),
+        options=LocalJobOptions(network=NetworkLab(4)),
         workdir=out / "logs",  # kept, for a failure's post-mortem
     )
     job.wait_formed()
@@ -83,7 +89,7 @@ def test_delay_and_loss_below_the_timeout_do_not_fail_the_job(
         [*ARGS, "--out", str(out)],
         workers=2,
         node_timeout_s=NODE_TIMEOUT_S,
-        network=NetworkLab(2),
+        options=LocalJobOptions(network=NetworkLab(2)),
     )
     job.wait_formed()
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cluster.storage import atomic
-from cluster.tools.testing import LocalJob, wait_until
+from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
 from tests.procs import PYTHON, ROOT
 from tests.servers import require
 
@@ -105,10 +105,9 @@ def job_on(directory: Path, tmp_path: Path) -> LocalJob:
         ["--release", str(tmp_path / "release"), "--limit", "60"],
         workers=2,
         node_timeout_s=3.0,
-        env={"MS_RECOVERY_PATH": str(directory)},
-        python=PYTHON,
         workdir=tmp_path / "job",
         timeout_s=60,
+        options=LocalJobOptions(env={"MS_RECOVERY_PATH": str(directory)}, python=PYTHON),
     )
 
 

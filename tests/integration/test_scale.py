@@ -13,7 +13,7 @@ import pytest
 
 from cluster.protocol.config import from_env
 from cluster.protocol.records import NodeRole, PeerInfo
-from cluster.scheduler import CoreSettings, SchedulerServer, convert
+from cluster.scheduler import CoreSettings, JobStore, SchedulerServer, convert
 from cluster.testing import free_port, wait_until
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
@@ -156,7 +156,7 @@ async def test_after_a_rejoin_every_worker_holds_the_new_table(tmp_path: Path) -
         heartbeat_interval_s=0.5,
         recovery=True,
     )
-    async with SchedulerServer(settings, recovery_path=tmp_path) as server:
+    async with SchedulerServer(settings, store=JobStore.directory(tmp_path)) as server:
         agents = [agent_at(server.port, 3, str(i), 7000 + i, tmp_path) for i in range(3)]
         await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 30)
         assert [a.topology.ports for a in agents if a.topology] == [(7000, 7001, 7002)] * 3
@@ -193,7 +193,7 @@ async def test_a_table_large_enough_to_travel_compressed_reaches_every_worker(
         PeerInfo(i, str(i), "127.0.0.1", 7000 + i, NodeRole.WORKER, i, n) for i in range(n)
     )
     assert convert.peer_table(peers).ByteSize() > convert.COMPRESS_TABLE_ABOVE
-    async with SchedulerServer(settings, recovery_path=tmp_path) as server:
+    async with SchedulerServer(settings, store=JobStore.directory(tmp_path)) as server:
         agents = [agent_at(server.port, n, str(i), 7000 + i, tmp_path) for i in range(n)]
         await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 120)
         ports = tuple(range(7000, 7000 + n))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from cluster.testing import LocalJob, free_port, wait_until
+from cluster.testing import LocalJob, LocalJobOptions, free_port, wait_until
 from cluster.transport import edge
 from tests.integration.test_hostile import START_S, TARGET, env_for, start_scheduler, start_worker
 from tests.procs import PYTHON, ROOT, Procs
@@ -31,11 +31,11 @@ def test_a_collective_missing_a_rank_fails_on_every_rank_within_its_bound(
         SCRIPT,
         [str(go)],
         workers=3,
-        recovery=False,
-        env={"CLUSTER_COLLECTIVE_TIMEOUT_S": str(TIMEOUT_S)},
-        python=PYTHON,
         workdir=tmp_path / "job",
         timeout_s=60,
+        options=LocalJobOptions(
+            recovery=False, env={"CLUSTER_COLLECTIVE_TIMEOUT_S": str(TIMEOUT_S)}, python=PYTHON
+        ),
     )
     with job:
         job.wait_formed()

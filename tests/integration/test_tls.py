@@ -130,7 +130,11 @@ def handshake(port: int, ca: Path, cert_pem: Path | None) -> str | None:
 def expired_p12(pki: certs.Pki, tmp: Path, *, server: bool) -> Path:
     start = certs.now_utc() - dt.timedelta(days=30)
     key, cert = certs.issue(
-        pki.ca, "expired", server=server, names=certs.LOCAL_NAMES, not_before=start, days=10
+        pki.ca,
+        "expired",
+        server=server,
+        names=certs.LOCAL_NAMES,
+        validity=certs.Validity(days=10, not_before=start),
     )
     password = pki.server_password if server else pki.client_password
     return certs.write_p12(tmp / f"expired-{server}.p12", key, cert, password, pki.ca)
@@ -359,7 +363,9 @@ async def test_expiry_is_rechecked_while_running(
     pki: certs.Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     def soon(server: bool) -> Path:
-        key, cert = certs.issue(pki.ca, "soon", server=server, names=certs.LOCAL_NAMES, days=20)
+        key, cert = certs.issue(
+            pki.ca, "soon", server=server, names=certs.LOCAL_NAMES, validity=certs.Validity(20)
+        )
         password = pki.server_password if server else pki.client_password
         return certs.write_p12(tmp_path / f"soon-{server}.p12", key, cert, password, pki.ca)
 

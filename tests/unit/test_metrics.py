@@ -15,7 +15,7 @@ import pytest
 
 from cluster.protocol.config import ObserveConfig
 from cluster.protocol.errors import ConfigError, StateFileError
-from cluster.scheduler import SchedulerServer
+from cluster.scheduler import JobStore, SchedulerServer
 from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
 from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
@@ -100,7 +100,7 @@ async def test_no_series_per_node_past_the_limit() -> None:
 
 async def test_saves_of_the_recovery_state_are_counted_timed_and_sized(tmp_path: Path) -> None:
     async with SchedulerServer(
-        settings(recovery=True), recovery_path=tmp_path, observe=ON
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
     ) as server:
         await form(server)
         seen = await scrape(server)
@@ -115,7 +115,7 @@ async def test_a_failing_save_is_counted_and_is_one_event(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with SchedulerServer(
-        settings(recovery=True), recovery_path=tmp_path, observe=ON
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
     ) as server:
 
         def broken(*args: object, **kwargs: object) -> None:

@@ -19,7 +19,7 @@ from cluster.protocol.state import Accepted, Refused
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.persist import STATE_FILE, STATE_KIND
-from cluster.scheduler.server import SchedulerServer
+from cluster.scheduler.server import JobStore, SchedulerServer
 from cluster.storage import atomic, store
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import Written
@@ -255,7 +255,7 @@ async def test_a_scheduler_on_a_directory_that_cannot_take_its_state_does_not_st
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
     monkeypatch.setattr(atomic, "create_temporary", full)
-    server = SchedulerServer(SETTINGS, recovery_path=tmp_path)
+    server = SchedulerServer(SETTINGS, store=JobStore.directory(tmp_path))
     with pytest.raises(ConfigError) as caught:
         await asyncio.wait_for(server.start(), BOUND_S)
     assert "MS_RECOVERY_PATH is not usable: cannot save the recovery state to" in str(caught.value)

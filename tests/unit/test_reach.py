@@ -34,9 +34,9 @@ def port_of(sock: socket.socket) -> int:
 
 
 async def why(port: int) -> str:
-    reachable = await asyncio.wait_for(channel.check_scheduler(HOST, port, None, PROBE_S), BOUND_S)
-    assert not reachable
-    return channel.unreachable_reason(HOST, port)
+    reach = await asyncio.wait_for(channel.check_scheduler(HOST, port, None, PROBE_S), BOUND_S)
+    assert not reach.ok
+    return reach.why
 
 
 async def test_nothing_listening_is_a_refusal(listener: socket.socket) -> None:
@@ -93,7 +93,7 @@ async def test_a_reachable_scheduler_leaves_no_reason() -> None:
     server = await asyncio.start_server(answer_in_http2, HOST, 0)
     try:
         port = server.sockets[0].getsockname()[1]
-        assert await asyncio.wait_for(channel.check_scheduler(HOST, port, None, PROBE_S), BOUND_S)
+        reach = await asyncio.wait_for(channel.check_scheduler(HOST, port, None, PROBE_S), BOUND_S)
     finally:
         server.close()
-    assert channel.unreachable_reason(HOST, port) == ""
+    assert reach == channel.Reach(ok=True, why="")

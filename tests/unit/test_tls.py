@@ -262,10 +262,12 @@ def test_certificate_of_another_ca(pki: certs.Pki, tmp_path: Path) -> None:
 
 def test_expired_and_not_yet_valid(pki: certs.Pki, tmp_path: Path) -> None:
     now = certs.now_utc()
-    old = own_p12(pki, tmp_path, "old", pki.ca, not_before=now - dt.timedelta(days=30), days=10)
+    old_span = certs.Validity(days=10, not_before=now - dt.timedelta(days=30))
+    old = own_p12(pki, tmp_path, "old", pki.ca, validity=old_span)
     with pytest.raises(TLSConfigError, match=r"old\.p12 has expired: it was valid until"):
         client(config(pki, tmp_path, client_cert_path=str(old)))
-    future = own_p12(pki, tmp_path, "future", pki.ca, not_before=now + dt.timedelta(days=2))
+    future_span = certs.Validity(not_before=now + dt.timedelta(days=2))
+    future = own_p12(pki, tmp_path, "future", pki.ca, validity=future_span)
     with pytest.raises(TLSConfigError, match=r"future\.p12 is not yet valid"):
         client(config(pki, tmp_path, client_cert_path=str(future)))
 
@@ -299,7 +301,7 @@ def test_weak_rsa_key(pki: certs.Pki, tmp_path: Path) -> None:
 
 
 def test_expiry_warning_window(pki: certs.Pki, tmp_path: Path) -> None:
-    soon = own_p12(pki, tmp_path, "soon", pki.ca, days=20)
+    soon = own_p12(pki, tmp_path, "soon", pki.ca, validity=certs.Validity(days=20))
     within = client(config(pki, tmp_path, "a", client_cert_path=str(soon)))
     [warning] = tls.expiry_warnings(within)
     assert "soon.p12 expires in 19 days" in warning
@@ -313,7 +315,7 @@ def test_expiry_warning_window(pki: certs.Pki, tmp_path: Path) -> None:
 
 
 async def test_expiry_is_rechecked_with_an_injected_period(pki: certs.Pki, tmp_path: Path) -> None:
-    soon = own_p12(pki, tmp_path, "soon", pki.ca, days=20)
+    soon = own_p12(pki, tmp_path, "soon", pki.ca, validity=certs.Validity(days=20))
     identity = client(config(pki, tmp_path, client_cert_path=str(soon)))
     reports: list[str] = []
     task = asyncio.create_task(tls.recheck_expiry(identity, reports.append, period_s=0.01))
@@ -337,9 +339,8 @@ def test_peer_check_follows_the_crl_file(pki: certs.Pki, tmp_path: Path) -> None
     # A replacement that does not check out leaves the last good list in force.
     crl.write_bytes(certs.crl_pem(certs.new_ca("another CA"), []))
     assert check.problem(cert) == "is revoked (the CRL lists it)"
-    expired = certs.issue(
-        pki.ca, "old", server=False, not_before=certs.now_utc() - dt.timedelta(days=9), days=1
-    )[1]
+    span = certs.Validity(days=1, not_before=certs.now_utc() - dt.timedelta(days=9))
+    expired = certs.issue(pki.ca, "old", server=False, validity=span)[1]
     assert (check.problem(expired) or "").startswith("expired on")
 
 

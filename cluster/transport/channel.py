@@ -199,24 +199,16 @@ def _is_alert(exc: ssl.SSLError) -> bool:
     return "ALERT" in str(exc.reason or "")
 
 
-class _NotConnected(OSError):
-    """No TCP connection to the scheduler: `why`, in words."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
-
-
 async def _open(
     host: str, port: int, context: ssl.SSLContext | None, name: str | None, timeout_s: float
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | str:
     """A connection (TLS with `context`), the TCP connection and the handshake each bounded by
-    `timeout_s`. _NotConnected (an OSError) when there is no TCP connection; what the
-    handshake raised when it failed (`_unreached` says why in words)."""
+    `timeout_s`; why not, in words, when there is no TCP connection; what the handshake raised
+    when it failed (`_unreached` says why in words)."""
     try:
         sock = await _connect(host, port, timeout_s)
     except (OSError, asyncio.TimeoutError) as exc:
-        raise _NotConnected(_connect_failure(host, exc, timeout_s)) from exc
+        return _connect_failure(host, exc, timeout_s)
     try:
         return await asyncio.wait_for(
             asyncio.open_connection(
@@ -230,9 +222,7 @@ async def _open(
 
 
 def _unreached(exc: BaseException, timeout_s: float) -> Reach:
-    """Not reached, and why, after `_open` raised `exc`."""
-    if isinstance(exc, _NotConnected):
-        return Reach(ok=False, why=exc.why)
+    """Not reached, and why, after `_open`'s handshake raised `exc`."""
     if isinstance(exc, asyncio.TimeoutError):
         why = f"it accepts connections but did not answer on one within {timeout_s:g} s"
         return Reach(ok=False, why=f"{why}: {_OVERLOADED}")
@@ -299,9 +289,12 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
     try:
-        reader, writer = await _open(host, port, None, None, timeout_s)
+        opened = await _open(host, port, None, None, timeout_s)
     except (OSError, asyncio.TimeoutError):
         return False
+    if isinstance(opened, str):
+        return False
+    reader, writer = opened
     try:
         writer.write(_PREFACE)
         head = await asyncio.wait_for(reader.read(_FRAME_HEADER), timeout_s)
@@ -315,7 +308,7 @@ async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
 async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -> Reach:
     """A TLS hello, no certificate shown or checked: a reply in TLS means a TLS scheduler."""
     try:
-        _, writer = await _open(host, port, plain_probe_context(), host, timeout_s)
+        opened = await _open(host, port, plain_probe_context(), host, timeout_s)
     except ssl.SSLEOFError as exc:
         return _unreached(exc, timeout_s)  # taken and dropped
     except ssl.SSLError as exc:
@@ -324,7 +317,9 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
     except (OSError, asyncio.TimeoutError) as exc:
         return _unreached(exc, timeout_s)
     else:
-        await _close(writer)
+        if isinstance(opened, str):
+            return Reach(ok=False, why=opened)
+        await _close(opened[1])
     raise TLSConfigError(
         f"{where} uses TLS and this node does not: start it with CLUSTER_TLS_CONFIG naming the "
         "job's ssl.json (mscluster run --tls-config does that), or call "
@@ -341,7 +336,7 @@ async def _check_tls(
 
     name = identity.server_name or host
     try:
-        reader, writer = await _open(host, port, client_context(identity), name, timeout_s)
+        opened = await _open(host, port, client_context(identity), name, timeout_s)
     except ssl.SSLCertVerificationError as exc:
         raise TLSConfigError(_untrusted(where, identity, name, exc)) from None
     except (ConnectionResetError, asyncio.IncompleteReadError, ssl.SSLEOFError) as exc:
@@ -355,6 +350,9 @@ async def _check_tls(
         raise TLSConfigError(_refused(where, identity, exc)) from None
     except (OSError, asyncio.TimeoutError) as exc:
         return _unreached(exc, timeout_s)
+    if isinstance(opened, str):
+        return Reach(ok=False, why=opened)
+    reader, writer = opened
     try:
         ssl_object = writer.get_extra_info("ssl_object")
         peer = x509.load_der_x509_certificate(ssl_object.getpeercert(binary_form=True))

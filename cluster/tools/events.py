@@ -23,18 +23,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-import grpc
-
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.storage import rotation
-from cluster.tools import reading
+from cluster.tools import reading, status
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import failures, tls
-from cluster.v1 import scheduler_pb2 as pb
-from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.transport import tls
 
 FINAL = frozenset({"finished", "job_failed"})
 EVENT_LOG = "events.jsonl"  # in the log directory of `mscluster run`
@@ -242,29 +238,8 @@ async def _watch(
     secret: reading.ReadSecret | None,
 ) -> AsyncIterator[JobEvent]:
     async with scheduler_channel.open_channel(address, identity, options) as channel:
-        stub = pb_grpc.SchedulerStub(channel)
-        try:
-            metadata = await reading.read_metadata(stub, "WatchEvents", secret, 10.0)
-        except grpc.aio.AioRpcError as exc:
-            raise SchedulerUnreachableError(
-                f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
-            ) from None
-        call = stub.WatchEvents(
-            pb.WatchEventsRequest(follow=follow),
-            timeout=None if follow else 10.0,
-            metadata=metadata,
-        )
-        try:
-            async for message in call:
-                yield JobEvent(
-                    message.seq, message.time, message.event, json.loads(message.fields_json)
-                )
-        except grpc.aio.AioRpcError as exc:
-            if reading.refused(exc):
-                raise reading.refusal(address, secret) from None
-            failure = failures.failure_of(exc)
-            said = "no scheduler answers" if failure.cut_off else "the event stream ended"
-            raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None
+        async for event in status.watch_events(channel, address, follow=follow, secret=secret):
+            yield event
 
 
 # -- the command -------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -31,7 +30,6 @@ from cluster.protocol.errors import ReadRefusedError
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.tools.secret import JOB_SECRET_FILE
 from cluster.transport import membership
-from cluster.v1 import scheduler_pb2 as pb
 
 
 @dataclass(frozen=True)
@@ -97,25 +95,6 @@ def resolve(secret: Secret) -> ReadSecret | None:
     if isinstance(secret, bytes):
         return ReadSecret(secret, "the job secret given")
     return secret
-
-
-async def read_metadata(
-    stub: Any, method: str, secret: ReadSecret | None, timeout_s: float
-) -> membership.Metadata:
-    """What a read of the job (Status, WatchEvents) carries: with a job secret, a proof of it
-    that answers the scheduler's challenge (a standby, which has none, needs none; so does a
-    scheduler that asks for none)."""
-    if secret is None:
-        return ()
-    try:
-        answer = await stub.Challenge(pb.ChallengeRequest(), timeout=timeout_s)
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-            return ()  # a scheduler without challenges checks no proof
-        raise
-    if not answer.challenge:
-        return ()
-    return membership.read_metadata(secret.value, answer.challenge, method)
 
 
 def refused(exc: grpc.aio.AioRpcError) -> bool:

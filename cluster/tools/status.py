@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -10,12 +11,13 @@ import grpc
 
 from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.events import JobEvent
 from cluster.protocol.leader_search import LeaderSearch
 from cluster.protocol.state import Phase
 from cluster.tools import reading
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module
-from cluster.transport import failures, tls
+from cluster.transport import failures, membership, tls
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -196,11 +198,30 @@ async def fetch(
     return job_view(address, response)
 
 
+async def read_metadata(
+    stub: Any, method: str, secret: reading.ReadSecret | None, timeout_s: float
+) -> membership.Metadata:
+    """What a read of the job (Status, WatchEvents) carries: with a job secret, a proof of it
+    that answers the scheduler's challenge (a standby, which has none, needs none; so does a
+    scheduler that asks for none)."""
+    if secret is None:
+        return ()
+    try:
+        answer = await stub.Challenge(pb.ChallengeRequest(), timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+            return ()  # a scheduler without challenges checks no proof
+        raise
+    if not answer.challenge:
+        return ()
+    return membership.read_metadata(secret.value, answer.challenge, method)
+
+
 async def _ask(stub: Any, secret: reading.ReadSecret | None, timeout_s: float) -> Any:
     """Status, with a proof of `secret` when there is one; a refused proof is made once more
     on a new challenge (the scheduler may have restarted between the challenge and the call)."""
     for again in (True, False):
-        metadata = await reading.read_metadata(stub, "Status", secret, timeout_s)
+        metadata = await read_metadata(stub, "Status", secret, timeout_s)
         try:
             return await stub.Status(pb.StatusRequest(), timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
@@ -302,3 +323,33 @@ def _steps(steps: tuple[int, ...]) -> str:
         return "-"
     newest = ", ".join(map(str, steps[-3:]))
     return f"..., {newest}" if len(steps) > 3 else newest
+
+
+async def watch_events(
+    channel: grpc.aio.Channel, address: str, *, follow: bool, secret: reading.ReadSecret | None
+) -> AsyncIterator[JobEvent]:
+    """The job's events from the scheduler behind `channel` (WatchEvents), with a proof of
+    `secret` when there is one; with `follow`, each new one until the job's last."""
+    stub = pb_grpc.SchedulerStub(channel)
+    try:
+        metadata = await read_metadata(stub, "WatchEvents", secret, 10.0)
+    except grpc.aio.AioRpcError as exc:
+        raise SchedulerUnreachableError(
+            f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
+        ) from None
+    call = stub.WatchEvents(
+        pb.WatchEventsRequest(follow=follow),
+        timeout=None if follow else 10.0,
+        metadata=metadata,
+    )
+    try:
+        async for message in call:
+            yield JobEvent(
+                message.seq, message.time, message.event, json.loads(message.fields_json)
+            )
+    except grpc.aio.AioRpcError as exc:
+        if reading.refused(exc):
+            raise reading.refusal(address, secret) from None
+        failure = failures.failure_of(exc)
+        said = "no scheduler answers" if failure.cut_off else "the event stream ended"
+        raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None

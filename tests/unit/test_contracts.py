@@ -3,6 +3,7 @@ them (`lint-imports`, run by scripts/test, fails)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -37,3 +38,47 @@ def test_time_or_asyncio_in_a_pure_machine_breaks_the_contracts(tmp_path: Path) 
     assert found.returncode != 0, found.stdout
     assert "cluster.protocol.state is not allowed to import time" in found.stdout, found.stdout
     assert "cluster.worker.core is not allowed to import asyncio" in found.stdout, found.stdout
+
+
+# The modules that may speak the wire (cluster.v1): the converters, the servicer, the stubs and
+# clients, the agent, the peer table's wire deltas and the peer-state server. Everything else
+# works on the domain's records.
+WIRE_MODULES = {
+    "cluster/scheduler/convert.py",
+    "cluster/scheduler/servicer.py",
+    "cluster/tools/status.py",
+    "cluster/transport/stub.py",
+    "cluster/worker/agent.py",
+    "cluster/worker/convert.py",
+    "cluster/worker/peer_table.py",
+    "cluster/worker/state_fetch.py",
+    "cluster/worker/state_server.py",
+}
+
+
+def _imports_the_wire(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cluster.v1"):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "cluster"
+            and any(alias.name == "v1" for alias in node.names)
+        ):
+            return True
+        if isinstance(node, ast.Import) and any(
+            alias.name.startswith("cluster.v1") for alias in node.names
+        ):
+            return True
+    return False
+
+
+def test_only_the_edge_imports_the_wire_format() -> None:
+    package = ROOT / "cluster"
+    found = {
+        str(path.relative_to(ROOT))
+        for path in package.rglob("*.py")
+        if "v1" not in path.relative_to(package).parts and _imports_the_wire(path)
+    }
+    assert found == WIRE_MODULES
+    assert len(WIRE_MODULES) <= 9

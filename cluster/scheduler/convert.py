@@ -21,6 +21,17 @@ TABLE_ZLIB_LEVEL = 6
 
 _ROLE_TO_PB = {state.NodeRole.WORKER: pb.ROLE_WORKER, state.NodeRole.SERVER: pb.ROLE_SERVER}
 _ROLE_FROM_PB: dict[int, state.NodeRole] = {int(v): k for k, v in _ROLE_TO_PB.items()}
+PHASE_TO_PB = {
+    state.Phase.WAITING: pb.PHASE_WAITING,
+    state.Phase.READY: pb.PHASE_READY,
+    state.Phase.FINISHED: pb.PHASE_FINISHED,
+    state.Phase.FAILED: pb.PHASE_FAILED,
+}
+NODE_STATE_TO_PB = {
+    state.NodeState.ALIVE: pb.NODE_STATE_ALIVE,
+    state.NodeState.FAILED: pb.NODE_STATE_FAILED,
+    state.NodeState.FINISHED: pb.NODE_STATE_FINISHED,
+}
 _REFUSAL_TO_PB = {
     state.Refusal.CLUSTER_FULL: pb.REFUSAL_CLUSTER_FULL,
     state.Refusal.WORKER_NUM_MISMATCH: pb.REFUSAL_WORKER_NUM_MISMATCH,
@@ -191,7 +202,7 @@ def status_to_pb(
     told = told or state.Told(st.phase, st.generation, st.published_rollback_step)
     response = pb.StatusResponse(
         cluster_id=st.cluster_id,
-        phase=told.phase.value,
+        phase=PHASE_TO_PB[told.phase],
         generation=told.generation,
         worker_num=st.settings.worker_num,
         server_num=st.settings.server_num,
@@ -217,10 +228,10 @@ def _node_status(st: state.SchedulerState, m: state.Member, now: float) -> pb.No
     return pb.NodeStatus(
         node_id=m.node_id,
         role=role_to_pb(m.role),
-        rank=-1 if m.rank is None else m.rank,
+        rank=m.rank,
         host=m.host,
         port=m.port,
-        state=m.state.value,
+        state=NODE_STATE_TO_PB[m.state],
         seconds_since_heartbeat=max(0.0, now - m.last_seen),
         incarnation=m.incarnation,
         restarts=m.restarts,
@@ -241,7 +252,7 @@ def job_event_to_pb(event: JobEvent) -> pb.JobEvent:
 
 def standing_to_pb(standing: Standing) -> pb.Leadership:
     return pb.Leadership(
-        role="leader" if standing.leading else "standby",
+        role=pb.SCHEDULER_ROLE_LEADER if standing.leading else pb.SCHEDULER_ROLE_STANDBY,
         leader=standing.leader,
         schedulers=standing.schedulers,
         lease_s=standing.lease_s,

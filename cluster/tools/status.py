@@ -13,7 +13,7 @@ from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.protocol.leader_search import LeaderSearch
-from cluster.protocol.state import Phase
+from cluster.protocol.state import NodeState, Phase
 from cluster.tools import reading
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module
@@ -108,13 +108,32 @@ class JobView:
         return json.dumps(data, indent=2)
 
 
-def _phase(name: str) -> Phase:
-    try:
-        return Phase(name)
-    except ValueError:
+_PHASES: dict[int, Phase] = {
+    pb.PHASE_WAITING: Phase.WAITING,
+    pb.PHASE_READY: Phase.READY,
+    pb.PHASE_FINISHED: Phase.FINISHED,
+    pb.PHASE_FAILED: Phase.FAILED,
+}
+_NODE_STATES: dict[int, NodeState] = {
+    pb.NODE_STATE_ALIVE: NodeState.ALIVE,
+    pb.NODE_STATE_FAILED: NodeState.FAILED,
+    pb.NODE_STATE_FINISHED: NodeState.FINISHED,
+}
+
+
+def _phase(value: int) -> Phase:
+    phase = _PHASES.get(value)
+    if phase is None:
         raise SchedulerUnreachableError(
-            f"the scheduler reported an unknown job phase {name!r}: is it a newer version?"
-        ) from None
+            f"the scheduler reported an unknown job phase ({value}): is it a newer version?"
+        )
+    return phase
+
+
+def _node_state(value: int) -> str:
+    """A node's state in words ("alive", ...), or "?" for one this version does not know."""
+    found = _NODE_STATES.get(value)
+    return "?" if found is None else found.value
 
 
 def _address(host: str, port: int) -> str:
@@ -124,11 +143,11 @@ def _address(host: str, port: int) -> str:
 def job_view(address: str, response: pb.StatusResponse) -> JobView:
     nodes = tuple(
         NodeView(
-            rank=None if n.rank < 0 else n.rank,
+            rank=n.rank if n.HasField("rank") else None,
             node_id=n.node_id,
             role=_ROLE_NAMES.get(n.role, "?"),
             address=_address(n.host, n.port),
-            state=n.state,
+            state=_node_state(n.state),
             connected=n.connected,
             seconds_since_heartbeat=round(n.seconds_since_heartbeat, 3),
             incarnation=n.incarnation,
@@ -159,8 +178,16 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
     )
 
 
+_SCHEDULER_ROLES = {pb.SCHEDULER_ROLE_LEADER: "leader", pb.SCHEDULER_ROLE_STANDBY: "standby"}
+
+
+def scheduler_role(leadership: pb.Leadership) -> str:
+    """'leader', 'standby', or '' for a scheduler without standbys."""
+    return _SCHEDULER_ROLES.get(leadership.role, "")
+
+
 def _leadership(found: pb.Leadership) -> LeadershipView | None:
-    if not found.role:
+    if found.role == pb.SCHEDULER_ROLE_UNSPECIFIED:
         return None
     return LeadershipView(
         leader=found.leader,
@@ -192,7 +219,7 @@ async def fetch(
         ) from None
     assert isinstance(response, pb.StatusResponse)
     leadership = response.leadership
-    if leadership.role and leadership.role != "leader":
+    if leadership.role == pb.SCHEDULER_ROLE_STANDBY:
         where = f"the leader is {leadership.leader}" if leadership.leader else "none leads now"
         raise NotLeaderAnswer(f"the scheduler at {address} stands by ({where})", leadership.leader)
     return job_view(address, response)

@@ -34,6 +34,27 @@ class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXCHANGE_BARRIER: _ClassVar[ExchangeOp]
     EXCHANGE_ALLGATHER: _ClassVar[ExchangeOp]
     EXCHANGE_BROADCAST: _ClassVar[ExchangeOp]
+
+class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHASE_UNSPECIFIED: _ClassVar[Phase]
+    PHASE_WAITING: _ClassVar[Phase]
+    PHASE_READY: _ClassVar[Phase]
+    PHASE_FINISHED: _ClassVar[Phase]
+    PHASE_FAILED: _ClassVar[Phase]
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_STATE_ALIVE: _ClassVar[NodeState]
+    NODE_STATE_FAILED: _ClassVar[NodeState]
+    NODE_STATE_FINISHED: _ClassVar[NodeState]
+
+class SchedulerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCHEDULER_ROLE_UNSPECIFIED: _ClassVar[SchedulerRole]
+    SCHEDULER_ROLE_LEADER: _ClassVar[SchedulerRole]
+    SCHEDULER_ROLE_STANDBY: _ClassVar[SchedulerRole]
 ROLE_UNSPECIFIED: Role
 ROLE_WORKER: Role
 ROLE_SERVER: Role
@@ -53,6 +74,18 @@ EXCHANGE_UNSPECIFIED: ExchangeOp
 EXCHANGE_BARRIER: ExchangeOp
 EXCHANGE_ALLGATHER: ExchangeOp
 EXCHANGE_BROADCAST: ExchangeOp
+PHASE_UNSPECIFIED: Phase
+PHASE_WAITING: Phase
+PHASE_READY: Phase
+PHASE_FINISHED: Phase
+PHASE_FAILED: Phase
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_STATE_ALIVE: NodeState
+NODE_STATE_FAILED: NodeState
+NODE_STATE_FINISHED: NodeState
+SCHEDULER_ROLE_UNSPECIFIED: SchedulerRole
+SCHEDULER_ROLE_LEADER: SchedulerRole
+SCHEDULER_ROLE_STANDBY: SchedulerRole
 
 class RegisterRequest(_message.Message):
     __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare", "challenge", "job_id", "call_seq")
@@ -383,14 +416,14 @@ class NodeStatus(_message.Message):
     rank: int
     host: str
     port: int
-    state: str
+    state: NodeState
     seconds_since_heartbeat: float
     incarnation: int
     restarts: int
     connected: bool
     checkpoints: _containers.RepeatedScalarFieldContainer[int]
     spare: bool
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[str] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ..., spare: _Optional[bool] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[_Union[NodeState, str]] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving", "leadership")
@@ -407,7 +440,7 @@ class StatusResponse(_message.Message):
     SAVING_FIELD_NUMBER: _ClassVar[int]
     LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
-    phase: str
+    phase: Phase
     generation: int
     worker_num: int
     server_num: int
@@ -418,7 +451,7 @@ class StatusResponse(_message.Message):
     rollback_step: int
     saving: StateSaving
     leadership: Leadership
-    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[str] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
+    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
 
 class Leadership(_message.Message):
     __slots__ = ("role", "leader", "schedulers", "lease_s", "lease_left_s", "state_store")
@@ -428,13 +461,13 @@ class Leadership(_message.Message):
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     LEASE_LEFT_S_FIELD_NUMBER: _ClassVar[int]
     STATE_STORE_FIELD_NUMBER: _ClassVar[int]
-    role: str
+    role: SchedulerRole
     leader: str
     schedulers: _containers.RepeatedScalarFieldContainer[str]
     lease_s: float
     lease_left_s: float
     state_store: str
-    def __init__(self, role: _Optional[str] = ..., leader: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ..., lease_left_s: _Optional[float] = ..., state_store: _Optional[str] = ...) -> None: ...
+    def __init__(self, role: _Optional[_Union[SchedulerRole, str]] = ..., leader: _Optional[str] = ..., schedulers: _Optional[_Iterable[str]] = ..., lease_s: _Optional[float] = ..., lease_left_s: _Optional[float] = ..., state_store: _Optional[str] = ...) -> None: ...
 
 class StateSaving(_message.Message):
     __slots__ = ("error", "failing_for_s", "failures", "unsaved_changes")

@@ -209,11 +209,11 @@ async def test_status_and_health(server: SchedulerServer) -> None:
         health = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service="cluster.v1.Scheduler"), timeout=5
         )
-    assert status.phase == "ready"
+    assert status.phase == pb.PHASE_READY
     assert status.generation == 1
     assert [(n.rank, n.node_id, n.state, n.connected) for n in status.nodes] == [
-        (0, "a", "alive", True),
-        (1, "b", "alive", True),
+        (0, "a", pb.NODE_STATE_ALIVE, True),
+        (1, "b", pb.NODE_STATE_ALIVE, True),
     ]
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     await asyncio.gather(a.close(), b.close())

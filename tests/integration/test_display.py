@@ -82,11 +82,11 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
 
     def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
         node = pb.NodeStatus(
-            node_id=HOSTILE, role=pb.ROLE_WORKER, rank=0, host=HOSTILE, port=1, state=HOSTILE
-        )
+            node_id=HOSTILE, role=pb.ROLE_WORKER, rank=0, host=HOSTILE, port=1, state=99
+        )  # a state this version does not know: shown as "?"
         return pb.StatusResponse(
             cluster_id=HOSTILE,
-            phase="finished",
+            phase=pb.PHASE_FINISHED,
             generation=1,
             worker_num=1,
             nodes=[node],

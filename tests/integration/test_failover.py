@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from cluster.testing import Process, free_port, wait_until
+from cluster.tools.status import scheduler_role
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.procs import PYTHON, ROOT, Procs, job_env
@@ -85,7 +86,7 @@ class HaJob:
                 status = pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=1)
             except grpc.RpcError:
                 return ""
-        return str(status.leadership.role)
+        return scheduler_role(status.leadership)
 
     def wait_leader(self) -> str:
         found: list[str] = []

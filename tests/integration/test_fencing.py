@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from cluster.testing import Process, free_port, wait_until
+from cluster.tools.status import scheduler_role
 from cluster.tools.testing import NetworkLab
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
@@ -52,7 +53,7 @@ def status(address: str) -> pb.StatusResponse:
 
 
 def role(address: str) -> str:
-    return status(address).leadership.role
+    return scheduler_role(status(address).leadership)
 
 
 def test_a_partitioned_leader_is_fenced_and_stands_by_once_healed(

@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from cluster.testing import Process, free_port, wait_until
+from cluster.tools.status import scheduler_role
 from cluster.transport.failures import LEADER_KEY
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
@@ -69,7 +70,7 @@ class Schedulers:
 
     def role(self, host: str) -> str:
         status = self.status(host)
-        return "" if status is None else status.leadership.role
+        return "" if status is None else scheduler_role(status.leadership)
 
     def leader(self) -> str:
         """The host that leads, once one leads and every scheduler names it."""
@@ -77,7 +78,9 @@ class Schedulers:
 
         def one_leads() -> bool:
             named = {host: self.status(host) for host in HOSTS}
-            found[:] = [h for h, s in named.items() if s and s.leadership.role == "leader"]
+            found[:] = [
+                h for h, s in named.items() if s and scheduler_role(s.leadership) == "leader"
+            ]
             everyone = sorted(self.address(host) for host in HOSTS)
             return len(found) == 1 and all(
                 s is not None

@@ -161,7 +161,7 @@ async def test_a_failing_save_releases_nothing_until_a_save_lands(
     assert not answer.done()  # ...but neither the answer
     assert not event.done()  # nor the topology went out
     status = status_of(core)
-    assert (status.phase, status.generation) == ("waiting", 0)  # as told, as on disk
+    assert (status.phase, status.generation) == (pb.PHASE_WAITING, 0)  # as told, as on disk
     assert "(Is a directory)" in status.saving.error
     assert str(tmp_path / STATE_FILE) in status.saving.error
     assert status.saving.failing_for_s >= 0
@@ -172,7 +172,7 @@ async def test_a_failing_save_releases_nothing_until_a_save_lands(
     assert as_event(await asyncio.wait_for(event, BOUND_S)).topology_ready.generation == 1
     assert saved(tmp_path)["phase"] == "ready"
     status = status_of(core)
-    assert (status.phase, status.generation, status.saving.error) == ("ready", 1, "")
+    assert (status.phase, status.generation, status.saving.error) == (pb.PHASE_READY, 1, "")
     assert status.saving.failures >= 3  # a counter: it stays
     assert caplog.text.count("recovery state saved again") == 1
     await stream.aclose()

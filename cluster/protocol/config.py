@@ -28,9 +28,8 @@ from cluster.protocol.state_url import (
 DEFAULT_TOPO_TIMEOUT_S = 1800.0
 DEFAULT_NODE_TIMEOUT_S = 30.0
 # Heartbeats are sent every MS_NODE_TIMEOUT / 5, so that a timeout always spans several missed
-# heartbeats, and at least this often. Each one costs both sides CPU for every node: at the
-# default 30 s timeout, one every 5 s instead of every second took a quarter off the rendezvous
-# of 1024 workers. A dead process is seen at once anyway (its connection breaks).
+# heartbeats, and at least this often. Each one costs both sides CPU for every node, and a
+# dead process is seen at once anyway (its connection breaks).
 MAX_HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEATS_PER_TIMEOUT = 5
 # A large job's heartbeats are a steady load on the scheduler (about 0.25 ms of its CPU each,

@@ -2,8 +2,9 @@
 its silence reaches its limit, and when the machine must look at its members next.
 
 A member's `last_seen` only moves forward (`seen`), so no member's silence can reach a limit
-before `next_scan`: `SchedulerState.tick` looks at the members only then (a pass over 8,192
-members ten times a second was most of an idle scheduler's work).
+before `next_scan`: `SchedulerState.tick` looks at the members only then, not at every tick
+(a pass over thousands of members ten times a second would be most of an idle scheduler's
+work).
 
 A node's heartbeats wait in gRPC's queue of calls behind the registrations that arrived before
 them, and a large job's start is a burst of thousands: a live node's first beat was taken up
@@ -64,7 +65,7 @@ class Liveness:
         """A member to look at again at `when` (found during a scan)."""
         self.next_scan = min(self.next_scan, when)
 
-    def excuse(self, members: Iterable[Member], seconds: float, now: float) -> None:
+    def discount_stall(self, members: Iterable[Member], seconds: float, now: float) -> None:
         """The scheduler itself did not run for `seconds` (its process was stopped, or starved
         of CPU): it could not hear anyone meanwhile, so nobody's silence during it counts."""
         for member in members:

@@ -1,4 +1,4 @@
-"""Hot spares: the state machine's decisions about workers that hold no rank (issue #15).
+"""Hot spares: the state machine's decisions about workers that hold no rank.
 
 Pure, like `cluster.protocol.state`, which uses it. A spare is a member of the job without a
 rank: admitted like any node (node credential, job secret), heartbeating, not counted in

@@ -179,7 +179,7 @@ class SchedulerState:
             )
         return member
 
-    def welcome(self) -> list[Event]:
+    def catch_up(self) -> list[Event]:
         """What a node that has just opened its stream must hear to catch up.
 
         Nothing while the job forms: the node's Accepted carries the count, and the periodic
@@ -262,7 +262,7 @@ class SchedulerState:
         member.connected = True
         self.liveness.seen(member, self.clock())
         self.awaiting.discard(member.node_id)
-        return self.welcome()
+        return self.catch_up()
 
     def heartbeat(self, node_id: str, incarnation: int) -> None:
         member = self.member(node_id, incarnation)
@@ -379,13 +379,13 @@ class SchedulerState:
         now = self.clock()
         return any(now - refused <= window for refused in self.guard_waiting.values())
 
-    def excuse(self, seconds: float) -> None:
+    def discount_stall(self, seconds: float) -> None:
         """The scheduler itself did not run for `seconds` (its process was stopped, or starved
         of CPU): it could not hear anyone meanwhile, so nobody's silence during it counts. (The
         heartbeats that arrived meanwhile wait in its sockets, and may be read only after the
         next tick.)"""
         members = [*self.members.values(), *self.spares.values()]
-        self.liveness.excuse(members, seconds, self.clock())
+        self.liveness.discount_stall(members, seconds, self.clock())
 
     def abort(self, reason: str) -> list[Effect]:
         """End the job as failed from outside (an operator, a signal)."""
@@ -519,8 +519,8 @@ class SchedulerState:
                 f"jitter and identity takeover (retry in {remaining:.1f} s)",
                 retry_after_s=remaining,
             ), []
-        # Silent past the guard. Rejoining a running job needs recovery (a later issue); while
-        # the job is still forming, the new process simply takes the old one's place.
+        # Silent past the guard. While the job is still forming, the new process simply takes
+        # the old one's place; a running job takes it back only with recovery.
         if self.phase is Phase.WAITING:
             evict = Evict(member.node_id, member.incarnation, "replaced by a new process")
             member.incarnation = reg.incarnation

@@ -73,7 +73,7 @@ PROGRESS_WRITES_PER_S = 1000.0
 PROGRESS_LOG_EVERY_S = 5.0
 # A monitor tick this much later than due means the scheduler itself did not run (its process
 # stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
-# is not held against them (`SchedulerState.excuse`). One this long is logged (a burst of a
+# is not held against them (`SchedulerState.discount_stall`). One this long is logged (a burst of a
 # large job's registrations on a busy machine makes shorter ones).
 STALL_S = 1.0
 STALL_LOG_S = 5.0
@@ -127,10 +127,10 @@ class SchedulerCore:
         self.fenced: str | None = None
         self.on_fenced: Callable[[str], None] = lambda why: None
         # What the nodes have been told (the topology, the job's end): with recovery, what is
-        # on disk. Late watchers are welcomed with it, and Status shows it.
-        self._told: list[state.Event] = self.state.welcome()
-        self._told_topology = next(
-            (e for e in self._told if isinstance(e, state.TopologyReadyEvent)), None
+        # on disk. A stream opened now starts with it, and Status shows it.
+        self._catch_up: list[state.Event] = self.state.catch_up()
+        self._topology_told = next(
+            (e for e in self._catch_up if isinstance(e, state.TopologyReadyEvent)), None
         )
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         # Refused calls: all counted, a bounded number told (`cluster.scheduler.refusals`).
@@ -256,7 +256,7 @@ class SchedulerCore:
         if late_s < STALL_S:
             return
         self.stalls += 1
-        self.state.excuse(late_s)
+        self.state.discount_stall(late_s)
         if late_s < STALL_LOG_S:
             return
         log.warning(
@@ -406,16 +406,16 @@ class SchedulerCore:
             )
             self.journal.nodes_back(self._clock() - self.state.started)
         key = (self.state.member(node_id, incarnation).node_id, incarnation)
-        box = self._streams.open(key)
+        mailbox = self._streams.open(key)
         self.streams_closed.clear()
         current = True
         try:
-            # What was told so far (so on disk), and, through `box`, what is told from now on:
-            # a welcome never names a generation that a crash could forget.
-            for event in self._told:
+            # What was told so far (so on disk), and, through `mailbox`, what is told from now on:
+            # the catch-up never names a generation that a crash could forget.
+            for event in self._catch_up:
                 yield self._serialized(event)
             while True:
-                item = await box.get()
+                item = await mailbox.get()
                 if isinstance(item, state.Evict):
                     raise EvictedError(f"node {node_id!r} was removed from the job: {item.reason}")
                 if isinstance(item, NotLeaderError):
@@ -424,7 +424,7 @@ class SchedulerCore:
                 if item is self._final:
                     return
         finally:
-            current = self._streams.close(key, box)
+            current = self._streams.close(key, mailbox)
             if not self._streams:
                 self.streams_closed.set()
             if current:
@@ -549,12 +549,12 @@ class SchedulerCore:
 
     def told(self) -> state.Told:
         """Phase, generation and rollback step as the nodes were told them (with recovery: as
-        on disk): what a node connecting now is welcomed with."""
-        last = self._told[0] if self._told else None
+        on disk): what a stream opened now starts with."""
+        last = self._catch_up[0] if self._catch_up else None
         phase = state.Phase.WAITING if last is None else state.Phase.READY
         if isinstance(last, state.ShutdownEvent):
             phase = state.Phase.FINISHED if last.ok else state.Phase.FAILED
-        topology = self._told_topology
+        topology = self._topology_told
         if topology is None:
             return state.Told(phase, 0, 0)
         return state.Told(phase, topology.generation, topology.rollback_step)
@@ -599,11 +599,11 @@ class SchedulerCore:
         if isinstance(effect, state.ProgressEvent):
             self._pending_progress = effect
             return
-        previous = self._told_topology
+        previous = self._topology_told
         if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
-            self._told = [effect]
+            self._catch_up = [effect]
         if isinstance(effect, state.TopologyReadyEvent):
-            self._told_topology = effect
+            self._topology_told = effect
             self._pending_progress = None
             self._streams.broadcast(self._topology_change(effect, previous))
         else:
@@ -629,7 +629,7 @@ class SchedulerCore:
     def _topology_change(
         self, event: state.TopologyReadyEvent, previous: state.TopologyReadyEvent | None
     ) -> bytes:
-        """`event` for the open streams, which were all told `previous` (or a newer welcome:
+        """`event` for the open streams, which were all told `previous` (or a newer catch-up:
         a stream's first topology is the whole table): only the rows that changed since, when
         that is smaller than the whole table. Serialized once for every stream."""
         rows = (

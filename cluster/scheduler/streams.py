@@ -57,51 +57,52 @@ class Streams:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._boxes: dict[Key, Mailbox] = {}
+        self._mailboxes: dict[Key, Mailbox] = {}
 
     def __len__(self) -> int:
-        return len(self._boxes)
+        return len(self._mailboxes)
 
     def open(self, key: Key) -> Mailbox:
-        self._boxes.pop(key, None)  # a newer stream of the same node replaces the old one
-        box = self._boxes[key] = Mailbox(self._clock())
-        return box
+        self._mailboxes.pop(key, None)  # a newer stream of the same node replaces the old one
+        mailbox = self._mailboxes[key] = Mailbox(self._clock())
+        return mailbox
 
-    def close(self, key: Key, box: Mailbox) -> bool:
-        """Forget `box`; False when the node has opened a newer stream since (nothing closed)."""
-        if self._boxes.get(key) is not box:
+    def close(self, key: Key, mailbox: Mailbox) -> bool:
+        """Forget `mailbox`; False when the node has opened a newer stream since (then nothing
+        is closed)."""
+        if self._mailboxes.get(key) is not mailbox:
             return False
-        del self._boxes[key]
+        del self._mailboxes[key]
         return True
 
     def get(self, key: Key) -> Mailbox | None:
-        return self._boxes.get(key)
+        return self._mailboxes.get(key)
 
     def put(self, key: Key, item: Item) -> None:
-        box = self._boxes.get(key)
-        if box is not None:
-            self._put(key, box, item, self._clock())
+        mailbox = self._mailboxes.get(key)
+        if mailbox is not None:
+            self._put(key, mailbox, item, self._clock())
 
     def broadcast(self, item: Item) -> None:
         now = self._clock()
-        for box in self._boxes.values():
-            box.put(item)
-            box.last_put = now
+        for mailbox in self._mailboxes.values():
+            mailbox.put(item)
+            mailbox.last_put = now
         # Every stream just had a message: the order by last message is unchanged.
 
     def idle(self, interval_s: float, heartbeat: Item) -> None:
         """Send `heartbeat` to every stream that has had no message for `interval_s`."""
         now = self._clock()
         due: list[tuple[Key, Mailbox]] = []
-        for key, box in self._boxes.items():
-            if now - box.last_put < interval_s:
+        for key, mailbox in self._mailboxes.items():
+            if now - mailbox.last_put < interval_s:
                 break  # the rest are newer
-            due.append((key, box))
-        for key, box in due:
-            self._put(key, box, heartbeat, now)
+            due.append((key, mailbox))
+        for key, mailbox in due:
+            self._put(key, mailbox, heartbeat, now)
 
-    def _put(self, key: Key, box: Mailbox, item: Item, now: float) -> None:
-        box.put(item)
-        box.last_put = now
-        del self._boxes[key]  # to the end: the newest
-        self._boxes[key] = box
+    def _put(self, key: Key, mailbox: Mailbox, item: Item, now: float) -> None:
+        mailbox.put(item)
+        mailbox.last_put = now
+        del self._mailboxes[key]  # to the end: the newest
+        self._mailboxes[key] = mailbox

@@ -4,8 +4,8 @@
 the job formed) into one lane per rank: segments of `alive`, `failed` (from the failure to the
 first guard refusal of its node id), `guard` (refused by the re-registration guard until it
 rejoined), and `rejoined` marks. A node that comes back without a guard refusal (the same
-process, after a partition or a long stop) goes from `failed` to `alive` directly. Spares
-(a later issue) will add a `spare` state here.
+process, after a partition or a long stop) goes from `failed` to `alive` directly. A spare
+has no lane until it takes a rank.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ The rules it keeps:
   that names no leader, or names one found down a moment ago, sends the node to the next address
   in turn. Only an address of the configuration or one a scheduler named is ever followed.
   These rules are `cluster.protocol.leader_search`'s, shared with `mscluster status`.
-- Spares (issue #15): a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
+- Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
   0). A node waiting out its guard asks again at least every GUARD_POLL_S, so that it hears of

@@ -164,7 +164,7 @@ async def _read_into(call: Any, fd: int) -> int:
     expected: int | None = None
     received = 0
     # The disk writes back what has arrived while the rest arrives: the fsync before the
-    # rename then has only the tail to wait for (it was most of a transfer's time).
+    # rename then has only the tail to wait for, not the whole file.
     syncing: asyncio.Future[None] | None = None
     synced = 0
     loop = asyncio.get_running_loop()

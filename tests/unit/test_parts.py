@@ -66,12 +66,12 @@ def test_a_failed_member_is_due_when_its_guard_and_rejoin_window_end() -> None:
     assert live.due(m) == float("inf")
 
 
-def test_the_scheduler_excuses_its_own_stall() -> None:
+def test_the_scheduler_discounts_its_own_stall() -> None:
     live = Liveness(SETTINGS)
     a, b = member("0"), member("1")
     live.seen(a, 100.0)
     live.seen(b, 108.0)
-    live.excuse([a, b], 8.0, now=110.0)
+    live.discount_stall([a, b], 8.0, now=110.0)
     assert (a.last_seen, b.last_seen) == (108.0, 110.0)  # never past now
     assert live.scan_due(110.0)
 

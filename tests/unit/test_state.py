@@ -557,7 +557,7 @@ def test_the_schedulers_own_stall_is_not_the_nodes_silence() -> None:
     clock.advance(6.0)
     state.heartbeat("0", 1)
     clock.advance(8.0)  # stopped for 8 s: rank 1 last heard 14 s ago, rank 0 8 s ago
-    state.excuse(8.0)
+    state.discount_stall(8.0)
     assert state.tick() == []
     clock.advance(4.5)  # 10.5 s of silence that the scheduler heard (6 + 4.5): rank 1 fails
     (failed, _shutdown) = state.tick()
@@ -595,7 +595,7 @@ def test_topology_timeout_names_the_missing_rank() -> None:
         )
     ]
     assert state.phase is Phase.FAILED
-    assert state.welcome() == effects
+    assert state.catch_up() == effects
 
 
 def test_topology_timeout_names_missing_rank_ranges() -> None:
@@ -672,7 +672,7 @@ def test_finish_of_all_ends_the_job_ok() -> None:
     effects = state.finish("2", 1)
     assert effects == [ShutdownEvent(ok=True, reason="all 3 nodes finished")]
     assert state.phase is Phase.FINISHED
-    assert state.welcome() == effects
+    assert state.catch_up() == effects
 
 
 def test_finish_is_idempotent() -> None:
@@ -764,25 +764,25 @@ def test_register_of_unicode_digit_id_answers() -> None:
     assert isinstance(outcome, Accepted | Refused)
 
 
-# -- welcome ----------------------------------------------------------------------------------
+# -- catch_up ----------------------------------------------------------------------------------
 
 
-def test_welcome_per_phase() -> None:
+def test_catch_up_per_phase() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2)
-    assert state.welcome() == []
+    assert state.catch_up() == []
     accept(state, reg(state, "a"))
-    assert state.welcome() == []
+    assert state.catch_up() == []
     assert state.connect("a", 1) == []
     accept(state, reg(state, "b"))
-    assert state.welcome() == [TopologyReadyEvent(1, state.peers())]
+    assert state.catch_up() == [TopologyReadyEvent(1, state.peers())]
     assert len(state.peers()) == 2
     failed_state = ready_state(FakeClock(), ["0", "1"])
     failed_state.abort("operator pressed Ctrl-C")
-    assert failed_state.welcome() == [ShutdownEvent(ok=False, reason="operator pressed Ctrl-C")]
+    assert failed_state.catch_up() == [ShutdownEvent(ok=False, reason="operator pressed Ctrl-C")]
     state.finish("a", 1)
     state.finish("b", 1)
-    assert state.welcome() == [ShutdownEvent(ok=True, reason="all 2 nodes finished")]
+    assert state.catch_up() == [ShutdownEvent(ok=True, reason="all 2 nodes finished")]
 
 
 def test_abort_once() -> None:
@@ -1045,7 +1045,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             welcome = self.state.connect(node_id, incarnation)
         except UnknownNodeError:
             return
-        assert welcome == self.state.welcome()
+        assert welcome == self.state.catch_up()
 
     @rule(node_id=node_ids, incarnation=incarnations)
     def disconnect(self, node_id: str, incarnation: int) -> None:
@@ -1097,7 +1097,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def stall(self, seconds: float) -> None:
         """The scheduler's process did not run for a while."""
         self.clock.advance(seconds)
-        self.state.excuse(seconds)
+        self.state.discount_stall(seconds)
 
     @rule(seconds=st.sampled_from([11.0, 40.0]))
     def time_passes(self, seconds: float) -> None:
@@ -1134,7 +1134,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert restored.phase is state.phase
         if state.phase is Phase.READY:
             assert restored.peers() == state.peers()
-            assert restored.welcome() == state.welcome()
+            assert restored.catch_up() == state.catch_up()
             assert {k: (m.state, m.incarnation) for k, m in restored.members.items()} == {
                 k: (m.state, m.incarnation) for k, m in state.members.items()
             }
@@ -1411,7 +1411,7 @@ def test_restarted_node_waits_for_the_guard_then_rejoins_with_its_rank() -> None
     assert [(p.rank, p.port) for p in ready[0].peers] == [(0, 6000), (1, 7001), (2, 6002)]
     member = state.members["1"]
     assert (member.rank, member.state, member.restarts) == (1, NodeState.ALIVE, 1)
-    assert state.welcome() == ready
+    assert state.catch_up() == ready
 
 
 def test_a_live_node_id_cannot_be_taken_over() -> None:
@@ -1499,8 +1499,8 @@ def test_restored_scheduler_takes_back_its_nodes_with_their_ranks() -> None:
     assert isinstance(outcome, Accepted)
     assert not outcome.rejoined
     assert effects == []
-    assert restored.connect("1", 2) == state.welcome()
-    assert state.welcome() == [
+    assert restored.connect("1", 2) == state.catch_up()
+    assert state.catch_up() == [
         TopologyReadyEvent(2, state.peers(), 0, "rank 1 (node '1' at h0:7001) rejoined")
     ]
     assert restored.awaiting == {"0", "2"}
@@ -1598,7 +1598,7 @@ def test_the_step_every_worker_holds_is_computed_at_most_once_a_second() -> None
 def test_rollback_is_the_beginning_when_nobody_has_a_checkpoint() -> None:
     state = recovering(FakeClock())
     assert state.rollback_step() == 0
-    assert state.welcome() == [TopologyReadyEvent(1, state.peers(), 0, "formed")]
+    assert state.catch_up() == [TopologyReadyEvent(1, state.peers(), 0, "formed")]
 
 
 def test_no_common_checkpoint_fails_the_job_with_what_each_holds() -> None:

@@ -30,7 +30,6 @@ from cluster.protocol.errors import (
     TLSConfigError,
 )
 from cluster.protocol.topology import Peer, Topology
-from cluster.storage import recovery_dir
 from cluster.worker.identity import make_identity
 
 if TYPE_CHECKING:
@@ -76,6 +75,8 @@ def init(config: ClusterConfig | None = None) -> None:
     if cfg.tls is not None:
         _apply_cipher_suites(cfg.tls)
     if cfg.recovery is not None:
+        from cluster.storage import recovery_dir  # noqa: PLC0415 - only with recovery
+
         recovery_dir.check_recovery_path(cfg.recovery)
     if cfg.role is Role.SCHEDULER:
         _run_scheduler(cfg)

@@ -224,7 +224,7 @@ def forge_the_forming_job(spy: Attacker) -> None:
 
 def forge_the_formed_job(spy: Attacker, marker: Path) -> None:
     status = spy.status()
-    assert (status.phase, status.generation) == ("ready", 1)
+    assert (status.phase, status.generation) == (pb.PHASE_READY, 1)
     before = nodes(status)
     incarnations = {n.node_id: n.incarnation for n in status.nodes}
     bomb = pickle.dumps(Bomb(marker))

@@ -57,6 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -286,13 +287,20 @@ def wait_leader(pollers: dict[str, StatusPoller], n: int) -> str:
     raise RuntimeError(f"timed out after 120 s waiting for a leader with {n} workers")
 
 
+@dataclass(frozen=True)
+class Standbys:
+    """Where the schedulers keep the job (an etcd URL) and their lease."""
+
+    url: str
+    lease_s: int
+
+
 def bench_failover(
     n: int,
     real: bool,
     procs: int,
     repeat: int,
-    url: str,
-    lease_s: int,
+    standbys: Standbys,
     *,
     cut: bool = False,
     node_timeout_s: float = 30,
@@ -300,6 +308,7 @@ def bench_failover(
     """Leader SIGKILL (or, with `cut`, its link cut: the workers hear nothing for
     `node_timeout_s` before they look elsewhere) -> every worker back on the standby, which
     leads; a fresh job each round."""
+    url, lease_s = standbys.url, standbys.lease_s
     # A prefix of its own for every job: a job on another's prefix would resume that job (of
     # another size), which the schedulers refuse; the 256-worker rounds once used the 8-worker
     # rounds' prefixes and never formed.
@@ -567,8 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                     real,
                     args.procs,
                     args.repeat,
-                    args.etcd,
-                    args.lease,
+                    Standbys(args.etcd, args.lease),
                     cut=cut,
                     node_timeout_s=args.node_timeout,
                 )

@@ -98,6 +98,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.queues import Queue as MpQueue
 from multiprocessing.synchronize import Event as MpEvent
@@ -436,17 +437,25 @@ def profiled(name: str, body: Callable[[], None]) -> None:
         profile.dump_stats(str(Path(directory) / f"{name}.prof"))
 
 
-def cluster_clients_main(
-    index: int,
-    ids: list[int],
-    n: int,
-    port: int,
-    start: MpEvent,
-    proceed: MpEvent,
-    q: MpQueue[Message],
-    timeout_s: float,
-    ssl_json: str | None = None,
-) -> None:
+@dataclass(frozen=True)
+class Clients:
+    """One client process's part: its index, the worker ids it simulates of `n`, the server's
+    port, the run's signals and queue, its bound and (cluster, gRPC) TLS configuration."""
+
+    index: int
+    ids: list[int]
+    n: int
+    port: int
+    start: MpEvent
+    proceed: MpEvent
+    q: MpQueue[Message]
+    timeout_s: float
+    ssl_json: str | None = None
+
+
+def cluster_clients_main(c: Clients) -> None:
+    index, ids, n, port, start, proceed, q = c.index, c.ids, c.n, c.port, c.start, c.proceed, c.q
+    timeout_s, ssl_json = c.timeout_s, c.ssl_json
     raise_fd_limit()
     if ssl_json:
         os.environ["CLUSTER_TLS_CONFIG"] = ssl_json
@@ -569,17 +578,9 @@ def grpc_floor_server_main(
     _report_errors(q, -1, lambda: asyncio.run(serve()))
 
 
-def grpc_floor_clients_main(
-    index: int,
-    ids: list[int],
-    n: int,
-    port: int,
-    start: MpEvent,
-    proceed: MpEvent,
-    q: MpQueue[Message],
-    timeout_s: float,
-    ssl_json: str | None = None,
-) -> None:
+def grpc_floor_clients_main(c: Clients) -> None:
+    index, ids, n, port, start, proceed, q = c.index, c.ids, c.n, c.port, c.start, c.proceed, c.q
+    timeout_s, ssl_json = c.timeout_s, c.ssl_json
     raise_fd_limit()
 
     async def run() -> None:
@@ -639,16 +640,9 @@ def tcpstore_server_main(n: int, q: MpQueue[Message], stop: MpEvent, timeout_s: 
     _report_errors(q, -1, body)
 
 
-def tcpstore_clients_main(
-    index: int,
-    ids: list[int],
-    n: int,
-    port: int,
-    start: MpEvent,
-    proceed: MpEvent,
-    q: MpQueue[Message],
-    timeout_s: float,
-) -> None:
+def tcpstore_clients_main(c: Clients) -> None:
+    index, ids, n, port, start, proceed, q = c.index, c.ids, c.n, c.port, c.start, c.proceed, c.q
+    timeout_s = c.timeout_s
     raise_fd_limit()
 
     def body() -> None:
@@ -739,19 +733,19 @@ def run_once(
     stop = ctx.Event()
     with children(ctx) as group:
         box = Mailbox(q, group)
-        extra: tuple[Any, ...] = ()
+        tls_json: str | None = None
         if system.startswith("cluster"):
             server = group.spawn(
                 cluster_scheduler_main, n, q, timeout_s, ssl_json, name="scheduler"
             )
-            client_main: Callable[..., None] = cluster_clients_main
-            extra = (ssl_json,)
+            client_main: Callable[[Clients], None] = cluster_clients_main
+            tls_json = ssl_json
         elif system.startswith("grpc"):
             server = group.spawn(
                 grpc_floor_server_main, n, q, stop, timeout_s, ssl_json, name="grpc-server"
             )
             client_main = grpc_floor_clients_main
-            extra = (ssl_json,)
+            tls_json = ssl_json
         else:
             server = group.spawn(
                 tcpstore_server_main, n, q, stop, timeout_s, name="tcpstore-server"
@@ -759,19 +753,8 @@ def run_once(
             client_main = tcpstore_clients_main
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
         for k, ids in enumerate(split(range(n), procs)):
-            group.spawn(
-                client_main,
-                k,
-                ids,
-                n,
-                port,
-                start,
-                proceed,
-                q,
-                timeout_s,
-                *extra,
-                name=f"clients-{k}",
-            )
+            clients = Clients(k, list(ids), n, port, start, proceed, q, timeout_s, tls_json)
+            group.spawn(client_main, clients, name=f"clients-{k}")
         box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
         server_cpu0, server_rss0 = cpu_seconds(server.pid), rss_bytes(server.pid)
         t0 = time.time()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.testing import Process, free_port, wait_until
@@ -27,6 +28,14 @@ def steps_done(proc: Process) -> int:
     return len(STEP_LINE.findall(proc.output))
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """How long a training job's waits may take: for a step, and for a worker's exit."""
+
+    step_s: float = 60
+    exit_s: float = 120
+
+
 class TrainingJob:
     """A scheduler and WORKERS workers of `script`. With `standalone_scheduler` the scheduler is
     `python -m cluster scheduler` (the script would import torch for nothing); otherwise it is
@@ -41,10 +50,11 @@ class TrainingJob:
         *,
         save_every: int = 5,
         standalone_scheduler: bool = False,
-        wait_s: float = 60,
-        exit_s: float = 120,
+        bounds: Bounds | None = None,
     ) -> None:
-        """`wait_s`: the bound of a wait for a step; `exit_s`: for a worker's exit."""
+        """`bounds`: of a wait for a step, and for a worker's exit."""
+        bounds = bounds or Bounds()
+        wait_s, exit_s = bounds.step_s, bounds.exit_s
         self.processes = processes
         self.out = tmp / name
         self.env = job_env(

@@ -19,6 +19,7 @@ from tests.training_job import (
     STEP_LINE,
     STEPS,
     WORKERS,
+    Bounds,
     TrainingJob,
     train_args,
 )
@@ -41,9 +42,8 @@ pytestmark = pytest.mark.slow
 
 def Job(processes: Procs, tmp: Path, name: str) -> TrainingJob:
     """The scheduler is `python -m cluster scheduler`: the script would import torch for nothing."""
-    return TrainingJob(
-        processes, tmp, name, TRAIN, standalone_scheduler=True, wait_s=START_S, exit_s=START_S
-    )
+    bounds = Bounds(step_s=START_S, exit_s=START_S)
+    return TrainingJob(processes, tmp, name, TRAIN, standalone_scheduler=True, bounds=bounds)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -19,25 +20,18 @@ from tests.aio import BOUND_S, settle
 
 
 def contribute(
-    table: ExchangeTable,
-    rank: int,
-    *,
-    size: int,
-    op: str = ALLGATHER,
-    seq: int = 1,
-    generation: int = 1,
-    root: int = 0,
-    value: bytes | None = None,
+    table: ExchangeTable, rank: int, *, size: int, value: bytes | None = None, **round_: Any
 ) -> asyncio.Task[list[bytes]]:
+    """Rank `rank`'s contribution (`value`, by default v<rank>) to a round of `size` ranks:
+    an allgather of sequence number 1 in generation 1 with root 0, unless `round_` says
+    otherwise (op=, seq=, generation=, root=)."""
+    options = {"op": ALLGATHER, "seq": 1, "generation": 1, "root": 0, **round_}
     return asyncio.create_task(
         table.contribute(
-            generation=generation,
-            seq=seq,
             rank=rank,
             size=size,
-            op=op,
-            root=root,
             value=f"v{rank}".encode() if value is None else value,
+            **options,
         )
     )
 

@@ -211,43 +211,36 @@ jobs = st.one_of(
 )
 
 
-@given(
-    st.lists(st.tuples(codes, st.integers(0, 3)), min_size=1, max_size=5),
-    st.integers(0, 3),
-    st.booleans(),
-    st.one_of(st.none(), st.integers(-9, 2)),
-    st.integers(0, 3),
-    st.booleans(),
-    jobs,
-    jobs,
-)
-def test_decisions_respect_the_rules(
-    seen_workers: list[tuple[int | None, int]],
-    max_restarts: int,
-    own: bool,
-    sched_exit: int | None,
-    sched_restarts: int,
-    recovery: bool,
-    last: JobSeen | None,
-    now: JobSeen | None,
-) -> None:
-    seen = Seen(
-        tuple(WorkerSeen(i, c, r) for i, (c, r) in enumerate(seen_workers)),
-        max_restarts=max_restarts,
+@st.composite
+def seens(draw: st.DrawFn) -> Seen:
+    """What the launcher may have seen: workers' exits and restarts, its own scheduler's, the
+    scheduler's answers."""
+    codes_and_restarts = draw(st.lists(st.tuples(codes, st.integers(0, 3)), min_size=1, max_size=5))
+    own = draw(st.booleans())
+    sched_exit = draw(st.one_of(st.none(), st.integers(-9, 2)))
+    return Seen(
+        tuple(WorkerSeen(i, c, r) for i, (c, r) in enumerate(codes_and_restarts)),
+        max_restarts=draw(st.integers(0, 3)),
         own_scheduler=own,
         scheduler_exit=sched_exit if own else None,
-        scheduler_restarts=sched_restarts,
-        recovery=recovery,
-        last=last,
-        now=now,
+        scheduler_restarts=draw(st.integers(0, 3)),
+        recovery=draw(st.booleans()),
+        last=draw(jobs),
+        now=draw(jobs),
     )
+
+
+@given(seens())
+def test_decisions_respect_the_rules(seen: Seen) -> None:
+    own, sched_exit, max_restarts = seen.own_scheduler, seen.scheduler_exit, seen.max_restarts
+    last, now = seen.last, seen.now
     decision = decide(seen)
     if decision.action is Action.RESTART_SCHEDULER:
         assert own  # only our own,
-        assert recovery  # and only when it can resume the job
+        assert seen.recovery  # and only when it can resume the job
         assert sched_exit is not None
         assert sched_exit < 0  # it died; it did not end the job
-        assert sched_restarts < max_restarts  # never beyond --max-restarts
+        assert seen.scheduler_restarts < max_restarts  # never beyond --max-restarts
         assert last is None or last.phase not in (Phase.FAILED, Phase.FINISHED)
     if decision.action is Action.RESTART:
         assert decision.worker is not None

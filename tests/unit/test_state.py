@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
@@ -42,58 +43,48 @@ from tests.credentials import digest, presented
 JOB = "job-1"
 
 
-def make_state(
-    clock: FakeClock,
-    *,
-    worker_num: int = 4,
-    server_num: int = 0,
-    node_timeout_s: float = 10.0,
-    topo_timeout_s: float = 60.0,
-    heartbeat_enabled: bool = True,
-    recovery: bool = False,
-    job_secret: bytes | None = None,
-) -> SchedulerState:
-    settings = JobSettings(
-        worker_num=worker_num,
-        server_num=server_num,
-        node_timeout_s=node_timeout_s,
-        topo_timeout_s=topo_timeout_s,
-        heartbeat_interval_s=1.0,
-        heartbeat_enabled=heartbeat_enabled,
-        recovery=recovery,
-        job_secret=job_secret,
-    )
-    return SchedulerState(JOB, settings, clock)
+# The job's settings in these tests, unless a test says otherwise (`make_state(**changes)`).
+SETTINGS = JobSettings(
+    worker_num=4,
+    server_num=0,
+    node_timeout_s=10.0,
+    topo_timeout_s=60.0,
+    heartbeat_interval_s=1.0,
+    heartbeat_enabled=True,
+    recovery=False,
+    job_secret=None,
+)
+
+
+def make_state(clock: FakeClock, **changes: Any) -> SchedulerState:
+    """A state machine of job JOB with SETTINGS, but for `changes` (worker_num=2, ...)."""
+    return SchedulerState(JOB, dataclasses.replace(SETTINGS, **changes), clock)
 
 
 _nonces = itertools.count(1)
 
 
 def reg(
-    state: SchedulerState,
-    node_id: str,
-    *,
-    host: str = "h0",
-    role: NodeRole = NodeRole.WORKER,
-    incarnation: int = 1,
-    port: int = 5000,
-    worker_num: int | None = None,
-    server_num: int | None = None,
-    cluster_id: str = "",
-    secret: bytes | None = None,
+    state: SchedulerState, node_id: str, *, secret: bytes | None = None, **fields: Any
 ) -> Registration:
     """The registration of the process (node_id, incarnation), with its own credential; with a
-    job secret (the state's, unless `secret` says otherwise), a fresh nonce and the proof."""
+    job secret (the state's, unless `secret` says otherwise), a fresh nonce and the proof.
+    `fields`: the Registration's fields that differ from a worker's of this job on host h0,
+    port 5000, incarnation 1 (host=, role=, incarnation=, port=, worker_num=, ...)."""
+    incarnation = int(fields.get("incarnation", 1))
     registration = Registration(
-        node_id=node_id,
-        role=role,
-        host=host,
-        port=port,
-        incarnation=incarnation,
-        worker_num=state.settings.worker_num if worker_num is None else worker_num,
-        server_num=state.settings.server_num if server_num is None else server_num,
-        cluster_id=cluster_id,
-        credential_digest=digest(node_id, incarnation),
+        **{
+            "node_id": node_id,
+            "role": NodeRole.WORKER,
+            "host": "h0",
+            "port": 5000,
+            "incarnation": incarnation,
+            "worker_num": state.settings.worker_num,
+            "server_num": state.settings.server_num,
+            "cluster_id": "",
+            "credential_digest": digest(node_id, incarnation),
+            **{k: v for k, v in fields.items() if v is not None},
+        }
     )
     secret = state.settings.job_secret if secret is None else secret
     if secret is None:

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from cluster.protocol.errors import CapacityError, CollectiveError, JobFailedError
+from cluster.protocol.rounds import MAX_ANSWER_BYTES
 from cluster.scheduler.exchange import (
     ALLGATHER,
     BARRIER,
     BROADCAST,
-    MAX_ANSWER_BYTES,
     ROUNDS_PER_RANK,
     ExchangeTable,
 )
@@ -301,7 +301,7 @@ async def test_a_round_waits_its_timeout_then_fails_on_every_rank_naming_the_abs
         await asyncio.wait_for(contribute(table, 1, size=4, op=BARRIER), BOUND_S)
     assert (len(table), table.held_bytes) == (0, 0)
     # The next collective works.
-    table.timeout_s = 60.0
+    table.rounds.timeout_s = 60.0
     assert await run_round(table, 2, seq=2) == [[b"v0", b"v1"]] * 2
 
 

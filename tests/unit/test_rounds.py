@@ -1,0 +1,126 @@
+"""The collectives' rounds as a pure table (`cluster.protocol.rounds`), without a loop: random
+contributions, repeats, cancellations, answers, deadlines and failures of the job keep what is
+held accounted and bounded, and a completed round gathers every rank's bytes in rank order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from cluster.protocol.admission import ALLGATHER, BARRIER
+from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, JobFailedError
+from cluster.protocol.rounds import (
+    ROUNDS_PER_RANK,
+    Completed,
+    Failed,
+    Round,
+    Rounds,
+    Waiting,
+)
+
+SIZE = 3
+
+
+def test_a_round_completes_with_every_rank_in_rank_order() -> None:
+    rounds = Rounds(max_bytes=1000, timeout_s=10.0)
+    first = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=0.0)
+    assert isinstance(first, Waiting)
+    last = rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=1.0)
+    assert isinstance(last, Completed)
+    assert last.gathered == [b"a", b"b"]
+    rounds.answered(last.round, 0)
+    rounds.answered(last.round, 1)
+    assert (rounds.open, rounds.held_bytes) == ({}, 0)
+
+
+def test_the_deadline_fails_the_round_for_late_ranks_too() -> None:
+    rounds = Rounds(max_bytes=1000, timeout_s=10.0)
+    joined = rounds.join((1, 1), rank=0, size=3, op=BARRIER, root=0, value=b"", now=5.0)
+    assert rounds.due(joined.round) == 15.0
+    error = rounds.expire(joined.round)
+    assert isinstance(error, CollectiveError)
+    assert "rank(s) 1, 2, which never called it" in str(error)
+    with pytest.raises(CollectiveError, match="CLUSTER_COLLECTIVE_TIMEOUT_S"):
+        rounds.join((1, 1), rank=1, size=3, op=BARRIER, root=0, value=b"", now=16.0)
+
+
+class RoundsMachine(RuleBasedStateMachine):
+    @initialize(max_bytes=st.sampled_from([8, 64, 10_000]))
+    def setup(self, max_bytes: int) -> None:
+        self.rounds = Rounds(max_bytes=max_bytes, timeout_s=10.0)
+        self.now = 0.0
+        self.waiting: list[tuple[Round, int]] = []  # calls that wait for an outcome
+        self.sent: dict[tuple[Round, int], bytes] = {}  # what each rank put in each round
+
+    @rule(
+        seq=st.integers(1, 4),
+        rank=st.integers(0, SIZE - 1),
+        value=st.binary(max_size=6),
+        generation=st.integers(1, 2),
+    )
+    def join(self, seq: int, rank: int, value: bytes, generation: int) -> None:
+        key = (generation, seq)
+        try:
+            joined = self.rounds.join(
+                key, rank=rank, size=SIZE, op=ALLGATHER, root=0, value=value, now=self.now
+            )
+        except (CapacityError, CollectiveError) as exc:
+            event(f"refused: {type(exc).__name__}")
+            return
+        if isinstance(joined, Failed):
+            event("failed by a cap")
+            return
+        self.sent.setdefault((joined.round, rank), value)
+        self.waiting.append((joined.round, rank))
+        if isinstance(joined, Completed):
+            event("completed")
+            expected = [self.sent[(joined.round, r)] for r in range(SIZE)]
+            assert joined.gathered == expected
+
+    @rule(index=st.integers(0, 20), cancelled=st.booleans())
+    def a_call_ends(self, index: int, cancelled: bool) -> None:
+        if not self.waiting:
+            return
+        rnd, rank = self.waiting.pop(index % len(self.waiting))
+        if rnd.open and cancelled:
+            self.rounds.abandoned(rnd, rank)
+            if rank not in rnd.values:
+                self.sent.pop((rnd, rank), None)  # taken back: the call made again may differ
+        elif not rnd.open:
+            self.rounds.answered(rnd, rank)
+        else:
+            self.waiting.append((rnd, rank))  # still waiting: nothing to answer yet
+
+    @rule()
+    def time_passes(self) -> None:
+        self.now += 11.0
+        for rnd in list(self.rounds.open.values()):
+            if self.rounds.due(rnd) <= self.now:
+                assert isinstance(self.rounds.expire(rnd), CollectiveError)
+
+    @rule()
+    def the_job_fails(self) -> None:
+        for rnd in self.rounds.fail_all(JobFailedError("a node died")):
+            assert isinstance(rnd.outcome, ClusterError)
+
+    @invariant()
+    def what_is_held_is_accounted_and_bounded(self) -> None:
+        rounds = self.rounds
+        if not hasattr(self, "rounds"):
+            return
+        assert rounds.held_bytes == sum(r.held for r in rounds.open.values())
+        assert rounds.held_bytes <= rounds.max_bytes
+        for rnd in rounds.open.values():
+            assert rnd.held == sum(len(v) for v in rnd.values.values())
+        for generation in (1, 2):
+            for rank in range(SIZE):
+                mine = [
+                    r for (g, _), r in rounds.open.items() if g == generation and rank in r.values
+                ]
+                assert len([r for r in mine if r.open]) <= ROUNDS_PER_RANK
+
+
+TestRounds = RoundsMachine.TestCase
+TestRounds.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

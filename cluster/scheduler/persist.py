@@ -31,13 +31,12 @@ from typing import Any
 
 from cluster.protocol.backoff import RetryPolicy
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.storage.directory_store import STATE_FILE
 from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Stored, Written
 
 log = logging.getLogger("cluster.scheduler")
 
 STATE_KIND = SCHEDULER_KIND
-__all__ = ["STATE_FILE", "STATE_KIND", "StatePersister"]
+__all__ = ["STATE_KIND", "StatePersister"]
 # A failed save is tried again after 0.1 s, doubling up to 5 s: soon after the disk has room
 # again, without spinning on a disk that stays full.
 SAVE_RETRY = RetryPolicy(first_s=0.1, max_s=5.0)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.scheduler.persist import STATE_FILE, STATE_KIND
+from cluster.scheduler.persist import STATE_KIND
 from cluster.storage import store
+from cluster.storage.directory_store import STATE_FILE
 from cluster.testing import free_port
 from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
 from tests import tmpfs

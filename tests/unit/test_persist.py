@@ -18,10 +18,10 @@ from cluster.protocol.settings import JobSettings
 from cluster.protocol.state import Accepted, Refused
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
-from cluster.scheduler.persist import STATE_FILE, STATE_KIND
+from cluster.scheduler.persist import STATE_KIND
 from cluster.scheduler.server import JobStore, SchedulerServer
 from cluster.storage import atomic, store
-from cluster.storage.directory_store import DirectoryStore
+from cluster.storage.directory_store import STATE_FILE, DirectoryStore
 from cluster.storage.state_store import Written
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually, settle

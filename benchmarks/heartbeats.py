@@ -122,10 +122,13 @@ def cluster_clients_main(
     async def run() -> None:
         from cluster.protocol import config as cluster_config
         from cluster.protocol.errors import ClusterError
+        from cluster.transport.channel import SchedulerProbe
         from cluster.worker.agent import WorkerAgent
         from cluster.worker.identity import NodeIdentity, new_incarnation
 
         fatal: list[ClusterError] = []
+
+        probe = SchedulerProbe()  # the simulated workers share their checks of the scheduler
 
         def agent(i: int) -> WorkerAgent:
             config = cluster_config.from_env(
@@ -139,7 +142,9 @@ def cluster_clients_main(
                 }
             )
             identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
-            return WorkerAgent(config, identity, say=lambda _: None, on_fatal=fatal.append)
+            return WorkerAgent(
+                config, identity, say=lambda _: None, on_fatal=fatal.append, probe=probe
+            )
 
         agents = [agent(i) for i in ids]
         try:

@@ -498,6 +498,7 @@ def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, 
 def clients_main(ids: list[int]) -> None:
     async def run() -> None:
         from cluster.protocol import config as cluster_config  # noqa: PLC0415
+        from cluster.transport.channel import SchedulerProbe  # noqa: PLC0415
         from cluster.worker.agent import WorkerAgent  # noqa: PLC0415
         from cluster.worker.identity import NodeIdentity, new_incarnation  # noqa: PLC0415
 
@@ -509,12 +510,15 @@ def clients_main(ids: list[int]) -> None:
             failed.set()
 
         agents = []
+        probe = SchedulerProbe()  # the simulated workers share their checks of the scheduler
         for i in ids:
             config = cluster_config.from_env(
                 {**os.environ, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)}
             )
             identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
-            agents.append(WorkerAgent(config, identity, say=lambda _m: None, on_fatal=on_fatal))
+            agents.append(
+                WorkerAgent(config, identity, say=lambda _m: None, on_fatal=on_fatal, probe=probe)
+            )
         await asyncio.gather(*(agent.start() for agent in agents))
         print(f"ready: {len(agents)} agents", flush=True)
         await failed.wait()  # the agents work in the background until the benchmark kills us

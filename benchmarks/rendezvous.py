@@ -465,9 +465,12 @@ def cluster_clients_main(c: Clients) -> None:
 
         from cluster.protocol import config as cluster_config
         from cluster.protocol.errors import ClusterError
+        from cluster.transport.channel import SchedulerProbe
         from cluster.worker.agent import WorkerAgent
         from cluster.worker.identity import NodeIdentity, new_incarnation
 
+        # The simulated workers of this process share their checks of the scheduler.
+        probe = SchedulerProbe()
         # Initialise grpc.aio on this loop (its poller) before the clock starts.
         warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
         await warm.close(grace=None)
@@ -506,6 +509,7 @@ def cluster_clients_main(c: Clients) -> None:
                 identity,
                 say=lambda message: messages.append(f"worker {i}: {message}"),
                 on_fatal=fatal.append,
+                probe=probe,
             )
             agents.append(agent)
             connect = asyncio.ensure_future(connected(agent._channel))
@@ -589,7 +593,7 @@ def grpc_floor_clients_main(c: Clients) -> None:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         from cluster.transport.channel import open_channel
-        from cluster.worker.agent import channel_options
+        from cluster.worker.scheduler_link import channel_options
 
         warm = grpc.aio.insecure_channel(f"{HOST}:{port}")
         await warm.close(grace=None)
@@ -782,7 +786,7 @@ def run_once(
         proceed.set()
         # The agents wait for their finish's answer for up to finish_wait_s (the node timeout
         # and its slack), then close (at most 30 s): a slow finish storm is not a failure.
-        from cluster.worker.agent import FINISH_SLACK_S
+        from cluster.worker.core import FINISH_SLACK_S
 
         closing = time.monotonic() + SIMULATED_NODE_TIMEOUT_S + 2 * FINISH_SLACK_S + 60.0
         said = [m for ms in box.collect("closed", procs, closing).values() for m in ms]

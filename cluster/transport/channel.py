@@ -19,7 +19,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,14 +34,11 @@ if TYPE_CHECKING:
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _SETTINGS = 0x04
 _FRAME_HEADER = 9
-# How long a scheduler whose certificate passed `check_scheduler` is taken as checked by the
-# other agents of this process (while the CRL stays the same): long enough for the agents that
-# start together to share one check, short enough that a scheduler restarted on the same
+# How long a scheduler whose certificate passed a `SchedulerProbe`'s check is taken as checked by
+# the agents that share the probe (while the CRL stays the same): long enough for the agents
+# that start together to share one check, short enough that a scheduler restarted on the same
 # address is checked again.
 CHECK_KEPT_S = 30.0
-_passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
-_running: dict[tuple[Any, ...], asyncio.Future[Reach]] = {}
-_up: dict[tuple[Any, ...], float] = {}  # (host, port) -> when a check last found it up
 # How long grpc gives one connection attempt (TCP connect, TLS and HTTP/2 handshakes) before it
 # abandons it and tries again. grpc takes this from "grpc.min_reconnect_backoff_ms", which is
 # not a backoff at all: set to 100 ms with the backoff, it made a burst of 1024 registrations
@@ -133,57 +130,84 @@ class Reach:
 REACHED = Reach(ok=True)
 
 
+class SchedulerProbe:
+    """Checks of schedulers (`check`), and what they found, for the agents that share it: a
+    worker session's agent, or the thousand simulated workers of a benchmark process. Checks of
+    one scheduler that run together are made once; a scheduler found up, or whose certificate
+    passed under the CRL as it is now, is taken as such for CHECK_KEPT_S."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # (host, port, identity) -> (the CRL it passed under, when)
+        self._passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
+        self._running: dict[tuple[Any, ...], asyncio.Future[Reach]] = {}
+        self._up: dict[tuple[str, int], float] = {}  # when a check last found host:port up
+
+    async def check(
+        self, host: str, port: int, identity: tls.Identity | None, timeout_s: float
+    ) -> Reach:
+        """Whether the scheduler answers in this node's protocol, and why not when it does not.
+
+        Raises TLSConfigError when it speaks the other protocol, when its certificate is refused
+        here (other CA, wrong name, revoked, expired), or when it refuses this node's
+        certificate.
+        """
+        where = f"the scheduler at {_address(host, port)}"
+        key = (host, port, identity, asyncio.get_running_loop())
+        running = self._running.get(key)
+        if running is None:
+            check = (
+                _check_plaintext(host, port, where, timeout_s)
+                if identity is None
+                else _check_tls(
+                    host,
+                    port,
+                    identity,
+                    where,
+                    timeout_s,
+                    functools.partial(self._passed_now, host, port, identity),
+                )
+            )
+            running = asyncio.ensure_future(check)
+            self._running[key] = running
+            running.add_done_callback(functools.partial(self._checked, key))
+        return await asyncio.shield(running)
+
+    def _checked(self, key: tuple[Any, ...], task: asyncio.Future[Reach]) -> None:
+        del self._running[key]
+        if task.cancelled():
+            return
+        # Retrieved: every waiter may have given up.
+        if task.exception() is None and task.result().ok:
+            self._up[key[:2]] = self._clock()
+        else:
+            self._up.pop(key[:2], None)
+
+    def _passed_now(self, host: str, port: int, identity: tls.Identity) -> None:
+        crl = None if identity.revocation is None else identity.revocation.current()
+        self._passed[(host, port, identity)] = (crl, self._clock())
+
+    def found_up(self, host: str, port: int) -> bool:
+        """Whether the last check of host:port, within CHECK_KEPT_S, found the scheduler there
+        and speaking this node's protocol."""
+        when = self._up.get((host, port))
+        return when is not None and self._clock() - when < CHECK_KEPT_S
+
+    def passed_recently(self, host: str, port: int, identity: tls.Identity) -> bool:
+        """Whether the scheduler at host:port passed a check within CHECK_KEPT_S, under the CRL
+        as it is now."""
+        entry = self._passed.get((host, port, identity))
+        if entry is None:
+            return False
+        crl = None if identity.revocation is None else identity.revocation.current()
+        return entry[0] is crl and self._clock() - entry[1] < CHECK_KEPT_S
+
+
 async def check_scheduler(
     host: str, port: int, identity: tls.Identity | None, timeout_s: float
 ) -> Reach:
-    """Whether the scheduler answers in this node's protocol, and why not when it does not.
-
-    Raises TLSConfigError when it speaks the other protocol, when its certificate is refused
-    here (other CA, wrong name, revoked, expired), or when it refuses this node's certificate.
-    """
-    where = f"the scheduler at {_address(host, port)}"
-    # Agents of one process that start together make one check, not one each (a thousand
-    # simulated workers of a benchmark process, or their retries under load).
-    key = (host, port, identity, asyncio.get_running_loop())
-    running = _running.get(key)
-    if running is None:
-        check = (
-            _check_plaintext(host, port, where, timeout_s)
-            if identity is None
-            else _check_tls(host, port, identity, where, timeout_s)
-        )
-        running = asyncio.ensure_future(check)
-        _running[key] = running
-        running.add_done_callback(functools.partial(_checked, key))
-    return await asyncio.shield(running)
-
-
-def _checked(key: tuple[Any, ...], task: asyncio.Future[Reach]) -> None:
-    del _running[key]
-    if task.cancelled():
-        return
-    # Retrieved: every waiter may have given up.
-    if task.exception() is None and task.result().ok:
-        _up[key[:2]] = time.monotonic()
-    else:
-        _up.pop(key[:2], None)
-
-
-def found_up(host: str, port: int) -> bool:
-    """Whether the last `check_scheduler` of host:port in this process, within CHECK_KEPT_S,
-    found the scheduler there and speaking this node's protocol."""
-    when = _up.get((host, port))
-    return when is not None and time.monotonic() - when < CHECK_KEPT_S
-
-
-def passed_recently(host: str, port: int, identity: tls.Identity) -> bool:
-    """Whether the scheduler at host:port passed `check_scheduler` in this process within
-    CHECK_KEPT_S, under the CRL as it is now."""
-    entry = _passed.get((host, port, identity))
-    if entry is None:
-        return False
-    crl = None if identity.revocation is None else identity.revocation.current()
-    return entry[0] is crl and time.monotonic() - entry[1] < CHECK_KEPT_S
+    """One check of the scheduler at host:port, shared with nobody (`SchedulerProbe.check`)."""
+    return await SchedulerProbe().check(host, port, identity, timeout_s)
 
 
 def _address(host: str, port: int) -> str:
@@ -328,8 +352,14 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
 
 
 async def _check_tls(
-    host: str, port: int, identity: tls.Identity, where: str, timeout_s: float
+    host: str,
+    port: int,
+    identity: tls.Identity,
+    where: str,
+    timeout_s: float,
+    passed: Callable[[], None],
 ) -> Reach:
+    """`passed()` once the scheduler's certificate passed, under the CRL as it is now."""
     from cryptography import x509  # noqa: PLC0415 - TLS only
 
     from cluster.transport import tls  # noqa: PLC0415 - TLS only
@@ -376,8 +406,7 @@ async def _check_tls(
                 f"this node's certificate ({identity.what}); is it signed by the CA the "
                 "scheduler trusts, and not revoked?"
             )
-        crl = None if identity.revocation is None else identity.revocation.current()
-        _passed[(host, port, identity)] = (crl, time.monotonic())
+        passed()
         return REACHED
     finally:
         await _close(writer)

@@ -3,11 +3,12 @@
 `WorkerAgent` runs on a background event loop (see `cluster.worker.session`). What it decides is
 decided by `cluster.worker.core.WorkerCore` (registration retries and deadlines, the reconnect
 policy, following a leader, what an event or a lost stream means, when the job is over for this
-node); the agent carries out the core's actions (register, probe, pause, read the Watch stream
-with heartbeats, deliver the topology, report a failure through `on_fatal` exactly once) and
-steps the core with what came of them, converted from protobuf by `cluster.worker.convert`
-(etcd's raft/RawNode split). Every call it makes for the user races against the job's failure,
-so no caller waits on a job that is already over.
+node, whether a call or a Finish is made again); every reaction goes `core.step(event)` ->
+actions -> `_run`, the one interpreter, which carries them out (register, probe, pause, read the
+Watch stream with heartbeats, deliver the topology, send the Finish, report a failure through
+`on_fatal` exactly once) and steps the core with what came of them, converted from protobuf by
+`cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user races
+against the job's failure, so no caller waits on a job that is already over.
 """
 
 from __future__ import annotations
@@ -17,104 +18,38 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import grpc
 
 from cluster.protocol import auth
-from cluster.protocol.backoff import Backoff
-from cluster.protocol.config import ClusterConfig, TLSOptions, read_job_secret, silence_limit
+from cluster.protocol.config import ClusterConfig, read_job_secret, silence_limit
 from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.parse import split_address
 from cluster.protocol.topology import Topology
-from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, membership
+from cluster.transport.channel import SchedulerProbe
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker import convert, peer_table, steps
+from cluster.worker import convert, peer_table, scheduler_link, steps
 from cluster.worker.core import WorkerCore
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Silence
 
-if TYPE_CHECKING:
-    from cluster.transport import tls
-
 T = TypeVar("T")
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's default
-# 1 s first backoff is start-up time lost. The ceiling is low too: a restarted scheduler should
-# have every worker back within a fraction of a second of listening. In a large job it grows
-# with the job (see reconnect_ceiling_ms).
-FIRST_RECONNECT_MS = 100
-RECONNECT_CEILING_MS = 300
-# A job's nodes try to reconnect at most about this often in all, once backed off: at 8,192
-# nodes with a 300 ms ceiling, a scheduler slow to take connections got 27,000 attempts a
-# second, each abandoned one taking the place of a connection it could have finished.
-RECONNECTS_PER_S = 1000
-_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # One connection per agent, as a real worker process has (matters when many agents share a
-    # process, as in the benchmarks).
-    ("grpc.use_local_subchannel_pool", 1),
-]
-# A node's Finish is one call that waits up to MS_NODE_TIMEOUT (and FINISH_SLACK_S) for its
-# answer: a scheduler busy with a whole job's finishes answers late, and a node that left
-# unanswered was taken for a dead one (the job failed at 4,096 nodes). It is not made again on a
-# short deadline: gRPC keeps an abandoned call in the scheduler's queue until the scheduler takes
-# it up, so at 8,192 nodes each round of 5 s attempts queued 8,192 more dead calls ahead of the
-# live ones, and the finishes of 8,183 nodes went unheard for 65 s. It is made again only when
-# it never reached the scheduler or was cut off with its connection (a finish counts once, so a
-# repeat is harmless), while the node's stream is up, after a pause that doubles.
-FINISH_SLACK_S = 5.0
-FINISH_RETRIED = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.CANCELLED,
-)
-FINISH_RETRY_FIRST_S = 0.1
-FINISH_RETRY_MAX_S = 2.0
 # A scheduler's challenge is used for half its life, then asked for again.
 TTL_USE_S = auth.CHALLENGE_TTL_S / 2
-
-
-def reconnect_ceiling_ms(nodes: int) -> int:
-    """The longest pause between a node's connection attempts in a job of `nodes`."""
-    return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
-
-
-def channel_options(nodes: int, node_timeout_s: float | None) -> list[tuple[str, Any]]:
-    """The options of a node's channel to the scheduler, in a job of `nodes`; gRPC pings
-    it for `node_timeout_s` (None: not at all, see `channel.keepalive_options`)."""
-    return [
-        *scheduler_channel.reconnect_options(FIRST_RECONNECT_MS, reconnect_ceiling_ms(nodes)),
-        *scheduler_channel.keepalive_options(node_timeout_s),
-        *_OPTIONS,
-    ]
-
-
 _EXCHANGE_OPS = {
     "barrier": pb.EXCHANGE_BARRIER,
     "allgather": pb.EXCHANGE_ALLGATHER,
     "broadcast": pb.EXCHANGE_BROADCAST,
 }
-
-
-def _silence_timeout(config: ClusterConfig) -> float | None:
-    """MS_NODE_TIMEOUT, or None with MS_DISABLE_HEARTBEAT (no silence looked for)."""
-    return config.node_timeout_s if config.heartbeat_enabled else None
-
-
-def _prepare_tls(options: TLSOptions, say: Callable[[str], None]) -> tls.Identity:
-    """This worker's TLS identity, checked, its expiry warnings said; cryptography (which the
-    TLS module imports) only for a worker with TLS on."""
-    from cluster.transport import tls  # noqa: PLC0415 - TLS only
-
-    identity = tls.prepare(options, server=False)
-    for warning in tls.expiry_warnings(identity):
-        say(warning)
-    return identity
+# What the interpreter hands back to its caller: an accepted stream to read (Watch), a call to
+# make again (RetryCall), or nothing.
+Outcome = steps.Watch | steps.RetryCall | None
 
 
 class WorkerAgent:
@@ -125,20 +60,24 @@ class WorkerAgent:
         *,
         say: Callable[[str], None],
         on_fatal: Callable[[ClusterError], None],
-        clock: Callable[[], float] = time.monotonic,
         expiry_check_period_s: float | None = None,
         cluster_id: str = "",
+        probe: SchedulerProbe | None = None,
     ) -> None:
         """`cluster_id`: the job this node belonged to before its process restarted (its saved
         recovery file), so that a scheduler running another job refuses it.
-        `expiry_check_period_s`: how often TLS certificates are checked for expiry (None: daily)."""
+        `expiry_check_period_s`: how often TLS certificates are checked for expiry (None: daily).
+        `probe`: the scheduler checks this agent shares with its owner's other agents (default:
+        its own)."""
         self.config = config
         self.identity = identity
-        self.core = WorkerCore(config, clock, cluster_id=cluster_id)
+        # The agent's clock is the core's: deadlines the core sets are waited for here.
+        self._clock = time.monotonic
+        self.core = WorkerCore(config, self._clock, cluster_id=cluster_id)
         self._say = say
         self._on_fatal = on_fatal
-        self._clock = clock
-        self._tls = None if config.tls is None else _prepare_tls(config.tls, say)
+        self._tls = None if config.tls is None else scheduler_link.prepare_tls(config.tls, say)
+        self._probe = SchedulerProbe() if probe is None else probe
         self._expiry_check_period_s = expiry_check_period_s
         self._expiry: asyncio.Task[None] | None = None
         self._job_secret = None if config.job_secret is None else read_job_secret(config.job_secret)
@@ -152,13 +91,9 @@ class WorkerAgent:
         # when it came) for the registrations, asked for again when stale.
         self._challenge: tuple[str, bytes, str, float] | None = None
         self._host, self._port = config.sched_host, config.sched_port
-        self._channel = scheduler_channel.open_channel(
-            self.core.address,
-            self._tls,
-            channel_options(config.expected_nodes, _silence_timeout(config)),
-        )
+        self._channel = scheduler_link.open_channel(self.core.address, self._tls, config)
         self._stub = LazyStub(self._channel)
-        self._old_channels: set[asyncio.Task[None]] = set()
+        self._aside: set[asyncio.Task[Any]] = set()  # old channels closing, late answers said
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
         self._stream_done = False  # the stream said its last word (a Done action)
         # The last whole peer table heard (generation, table): the base of the next delta.
@@ -200,7 +135,7 @@ class WorkerAgent:
             period_s = self._expiry_check_period_s or tls.EXPIRY_CHECK_PERIOD_S
             self._expiry = asyncio.create_task(tls.recheck_expiry(self._tls, self._say, period_s))
         watch = await self._run(self.core.step(steps.Start(self._verified())), report=False)
-        if watch is not None:
+        if isinstance(watch, steps.Watch):
             self._watch_task = asyncio.create_task(self._watch_forever(watch))
         while not (self._ready.done() or self._fatal.done()):
             # A failure of the job also settles _ready (see _failed); asyncio.wait neither wraps
@@ -225,55 +160,76 @@ class WorkerAgent:
         return (
             self._tls is None
             or self._tls.revocation is None
-            or scheduler_channel.passed_recently(self._host, self._port, self._tls)
+            or self._probe.passed_recently(self._host, self._port, self._tls)
         )
 
     # -- carrying out the core's actions -------------------------------------------------------
 
-    async def _run(self, actions: list[steps.Action], *, report: bool = True) -> steps.Watch | None:
-        """Carry out `actions` and those that follow from them, until the core says to read an
-        accepted stream (that Watch is returned) or has nothing more to do (None). `report`:
-        a failure goes to `on_fatal` (not while `start` is there to raise it)."""
+    async def _run(self, actions: list[steps.Action], *, report: bool = True) -> Outcome:
+        """Carry out `actions` and those that follow from them, until one is for the caller (an
+        accepted stream to read, a call to make again: returned) or the core has nothing more to
+        do (None). `report`: a failure goes to `on_fatal` (not while `start` is there to raise
+        it)."""
         queue = deque(actions)
         while queue:
-            action = queue.popleft()
-            if isinstance(action, steps.Watch):
-                return action
-            queue.extend(await self._do(action, report))
+            then = await self._do(queue.popleft(), report)
+            if not isinstance(then, list):
+                return then
+            queue.extend(then)
         return None
 
-    async def _do(self, action: steps.Action, report: bool) -> list[steps.Action]:
-        """One action's I/O; what the core says to do next."""
-        if isinstance(action, steps.Say):
-            self._say(action.text)
-        elif isinstance(action, steps.Register):
-            decided = self.core.step(await self._register(action))
-            if self._accepted is not None and not any(isinstance(a, steps.Watch) for a in decided):
-                self._accepted.cancel()  # accepted, but not to be read (closed meanwhile)
-                self._accepted = None
-            return decided
-        elif isinstance(action, steps.CheckScheduler):
-            host, port = self._host, self._port
-            reach = await scheduler_channel.check_scheduler(host, port, self._tls, action.timeout_s)
-            return self.core.step(steps.Checked(reach.ok, reach.why))
-        elif isinstance(action, steps.Pause):
-            await asyncio.sleep(action.seconds)
-            return self.core.step(steps.PauseOver())
-        elif isinstance(action, steps.Follow):
-            self._follow(action.address)
-        elif isinstance(action, steps.Deliver):
-            self._deliver(action)
-        elif isinstance(action, steps.PeerFailed):
-            self._peer_failed.set()
-        elif isinstance(action, steps.Fail):
-            self._failed(action.error, report=report)
-        elif isinstance(action, steps.Released):
-            # Only ever while start() waits (no topology yet): it raises it, and the process
-            # exits 0 (cluster.init).
-            self._failed(action.error, report=False)
-        elif isinstance(action, steps.Done):
-            self._stream_done = True
+    async def _do(  # noqa: PLR0911, PLR0912 - a case an action
+        self, action: steps.Action, report: bool
+    ) -> list[steps.Action] | steps.Watch | steps.RetryCall:
+        """One action's I/O: what the core says to do next, or the outcome for the caller."""
+        match action:
+            case steps.Say(text=text):
+                self._say(text)
+            case steps.Register():
+                return self._registered(self.core.step(await self._register(action)))
+            case steps.CheckScheduler(timeout_s=timeout_s):
+                reach = await self._probe.check(self._host, self._port, self._tls, timeout_s)
+                return self.core.step(steps.Checked(reach.ok, reach.why))
+            case steps.Pause(seconds=seconds):
+                await asyncio.sleep(seconds)
+                return self.core.step(steps.PauseOver())
+            case steps.Follow(address=address):
+                self._follow(address)
+            case steps.Watch() | steps.RetryCall():
+                return action  # the caller reads the stream, or makes the call again
+            case steps.Deliver():
+                self._deliver(action)
+            case steps.PeerFailed():
+                self._peer_failed.set()
+            case steps.Fail(error=error):
+                self._failed(error, report=report)
+            case steps.Released(error=error):
+                # Only ever while start() waits (no topology yet): it raises it, and the process
+                # exits 0 (cluster.init).
+                self._failed(error, report=False)
+            case steps.Done():
+                self._stream_done = True
+            case steps.SendFinish(timeout_s=timeout_s):
+                return self.core.step(await self._send_finish(timeout_s))
+            case steps.RetryFinish(after_s=after_s):
+                await asyncio.sleep(after_s)
+                return self.core.step(steps.FinishRetryDue())
+            case steps.AwaitFatal(wait_s=wait_s):
+                # The cut-off call's reason is on the event stream, an instant behind: raise
+                # that rather than a bare "CANCELLED" (none in time: the caller raises its own).
+                with contextlib.suppress(asyncio.TimeoutError):
+                    raise await asyncio.wait_for(asyncio.shield(self._fatal), wait_s) from None
+            case _:  # mypy checks that no action is left out
+                assert_never(action)
         return []
+
+    def _registered(self, decided: list[steps.Action]) -> list[steps.Action]:
+        """What the core decided on a registration's outcome; an accepted stream it will not
+        have read (the node was closed meanwhile) is cancelled."""
+        if self._accepted is not None and not any(isinstance(a, steps.Watch) for a in decided):
+            self._accepted.cancel()
+            self._accepted = None
+        return decided
 
     def _deliver(self, action: steps.Deliver) -> None:
         if action.new_generation:
@@ -287,15 +243,15 @@ class WorkerAgent:
         """Talk to the scheduler at `address` from now on; the old channel closes aside."""
         self._host, self._port = split_address("the scheduler address", address)
         old = self._channel
-        self._channel = scheduler_channel.open_channel(
-            address,
-            self._tls,
-            channel_options(self.config.expected_nodes, _silence_timeout(self.config)),
-        )
+        self._channel = scheduler_link.open_channel(address, self._tls, self.config)
         self._stub = LazyStub(self._channel)
-        closing = asyncio.create_task(old.close(grace=None))
-        self._old_channels.add(closing)
-        closing.add_done_callback(self._old_channels.discard)
+        self._set_aside(old.close(grace=None))
+
+    def _set_aside(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run `work` beside this agent's tasks (cancelled by `close`)."""
+        task = asyncio.create_task(work)
+        self._aside.add(task)
+        task.add_done_callback(self._aside.discard)
 
     def _failed(self, error: ClusterError, *, report: bool) -> None:
         if self._fatal.done():
@@ -397,7 +353,7 @@ class WorkerAgent:
             action.attempt_s,
             action.answer_s,
             self._answer_late,
-            patient=lambda: scheduler_channel.found_up(self._host, self._port),
+            patient=lambda: self._probe.found_up(self._host, self._port),
         )
         try:
             return await self._first_answer(call)
@@ -409,9 +365,9 @@ class WorkerAgent:
             limit.stop()
 
     def _answer_late(self, waited_s: float) -> None:
-        for action in self.core.step(steps.AnswerLate(waited_s)):
-            if isinstance(action, steps.Say):
-                self._say(action.text)
+        """The registration has waited `waited_s` for its answer (said from a timer: carried out
+        aside)."""
+        self._set_aside(self._run(self.core.step(steps.AnswerLate(waited_s))))
 
     async def _first_answer(self, call: Call) -> pb.Event:
         first = await call.read()
@@ -429,7 +385,8 @@ class WorkerAgent:
         while watch is not None and self._accepted is not None:
             call, self._accepted = self._accepted, None
             lost = await self._watch_once(call, watch)
-            watch = None if lost is None else await self._run(self.core.step(lost))
+            then = None if lost is None else await self._run(self.core.step(lost))
+            watch = then if isinstance(then, steps.Watch) else None
 
     async def _watch_once(self, call: Call, watch: steps.Watch) -> steps.Event | None:
         """Read `call` until it says its last word (None) or is lost (what ended it)."""
@@ -556,18 +513,8 @@ class WorkerAgent:
                 # A scheduler that does not lead (yet) answers for nothing: as one cut off.
                 if not failure.cut_off and failure.kind is not NotLeaderError:
                     raise failure.error(what) from None
-                decided = self.core.step(steps.CallCutOff())
-                retry = next((a for a in decided if isinstance(a, steps.RetryCall)), None)
-                if retry is not None:
-                    await asyncio.sleep(retry.pause_s)
+                if isinstance(await self._run(self.core.step(steps.CallCutOff())), steps.RetryCall):
                     continue
-                for action in decided:
-                    if isinstance(action, steps.AwaitFatal):
-                        # The reason is on the event stream, an instant behind: report that
-                        # rather than a bare "CANCELLED".
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            fatal = asyncio.shield(self._fatal)
-                            raise await asyncio.wait_for(fatal, action.wait_s) from None
                 raise failure.error(what) from None
             finally:
                 if signer is not None:
@@ -696,54 +643,36 @@ class WorkerAgent:
     @property
     def finish_wait_s(self) -> float:
         """The longest `finish()` keeps asking."""
-        return max(self.config.node_timeout_s, FINISH_SLACK_S) + FINISH_SLACK_S
+        return self.core.finish_wait_s
 
     async def finish(self) -> bool:
         """Tell the scheduler this node is done (best effort when the job is over anyway);
-        True when it heard. A failure heard meanwhile waits for the answer (see the core). One
-        call, made again only when it never reached the scheduler (see FINISH_RETRIED)."""
-        if self._fatal.done() or not self.core.may_finish:
-            return False
-        request = pb.FinishRequest(
-            node_id=self.identity.node_id, incarnation=self.identity.incarnation
-        )
-        self.core.step(steps.FinishSent())
-        started = self._clock()
-        give_up = started + self.finish_wait_s
-        pause = Backoff(FINISH_RETRY_FIRST_S, FINISH_RETRY_MAX_S)
+        True when it heard. A failure heard meanwhile waits for the answer; the Finish is sent
+        again only when it never reached the scheduler (see the core)."""
         try:
-            while True:
-                left = give_up - self._clock()
-                try:
-                    await self._stub.Finish(
-                        request, timeout=left, metadata=self._signed("Finish", request)
-                    )
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    delay = pause.next_s()
-                    again = exc.code() in FINISH_RETRIED and self._stream_up
-                    if not again or self._fatal.done() or self._clock() + delay >= give_up:
-                        raise
-                    await asyncio.sleep(delay)
-        except grpc.aio.AioRpcError as exc:
-            failure = failures.failure_of(exc)
-            answered = steps.FinishAnswered(
-                heard=False,
-                timed_out=failure.timed_out,
-                waited_s=self._clock() - started,
-                details=failure.details,
-            )
-            await self._run(self.core.step(answered))
-            return False
+            await self._run(self.core.step(steps.FinishSent()))
         except BaseException:
             await self._run(self.core.step(steps.FinishAnswered(heard=False, details="cancelled")))
             raise
-        self.core.step(steps.FinishAnswered(heard=True))
-        return True
+        return self.core.finish_heard
+
+    async def _send_finish(self, timeout_s: float) -> steps.Event:
+        """One Finish call, waiting up to `timeout_s`: what came of it."""
+        request = pb.FinishRequest(
+            node_id=self.identity.node_id, incarnation=self.identity.incarnation
+        )
+        try:
+            await self._stub.Finish(
+                request, timeout=timeout_s, metadata=self._signed("Finish", request)
+            )
+        except grpc.aio.AioRpcError as exc:
+            failure = failures.failure_of(exc)
+            return steps.FinishFailed(failure.code, failure.details, stream_up=self._stream_up)
+        return steps.FinishAnswered(heard=True)
 
     async def close(self) -> None:
-        self.core.step(steps.Close())
-        for task in (self._watch_task, self._expiry, *self._old_channels):
+        await self._run(self.core.step(steps.Close()))
+        for task in (self._watch_task, self._expiry, *self._aside):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):

@@ -17,6 +17,10 @@ The rules it keeps:
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
   job's end arrive does not matter.
+- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED) while the
+  node's stream is up, after a pause that doubles, and never past `finish_wait_s` after it was
+  first sent. A call for the user cut off by the scheduler is made again with recovery; without,
+  it waits a moment for the reason the stream is about to give.
 - A "not the leader" answer is followed at once, to the leader it names. With several scheduler
   addresses (MS_SCHED_HOST=h1,h2 or CLUSTER_SCHED_ADDRS), a scheduler found down, or a standby
   that names no leader, or names one found down a moment ago, sends the node to the next address
@@ -34,8 +38,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
 
+from cluster.protocol.backoff import RetryPolicy
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -45,6 +49,7 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
+from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.leader_search import leader_to_follow, next_in_turn
 from cluster.protocol.spares import GUARD_POLL_S
 from cluster.protocol.topology import Topology
@@ -70,6 +75,19 @@ GUARD_MARGIN_S = 0.02
 CALL_RETRY_PAUSE_S = 0.05
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
+# A node's Finish is one call that waits up to MS_NODE_TIMEOUT (and FINISH_SLACK_S) for its
+# answer: a scheduler busy with a whole job's finishes answers late, and a node that left
+# unanswered was taken for a dead one (the job failed at 4,096 nodes). It is not made again on a
+# short deadline: gRPC keeps an abandoned call in the scheduler's queue until the scheduler takes
+# it up, so at 8,192 nodes each round of 5 s attempts queued 8,192 more dead calls ahead of the
+# live ones, and the finishes of 8,183 nodes went unheard for 65 s. It is made again only when
+# it never reached the scheduler or was cut off with its connection (a finish counts once, so a
+# repeat is harmless: the status codes FINISH_RETRIED), while the node's stream is up, after a
+# pause that doubles (FINISH_RETRY), and never past FINISH_SLACK_S after MS_NODE_TIMEOUT.
+FINISH_SLACK_S = 5.0
+FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
+FINISH_RETRY = RetryPolicy(first_s=0.1, max_s=2.0)
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
 # A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
 # its stream, whose loss it notices); this only keeps the wait a finite number.
 SPARE_WAIT_S = 365 * 24 * 3600.0
@@ -125,34 +143,15 @@ class WorkerCore:
         self._verified = True
         self._lost = ""
         self._finish = _Finish.NOT_SENT
+        self._finish_since = 0.0  # when this node's Finish was first sent
+        self._finish_pause = FINISH_RETRY.backoff()  # between the sends of one Finish
         self._held: ClusterError | None = None  # a failure heard while Finish is on its way
+        self.released = False  # let go by a job that ended well without it (`Released`)
         self._guard_said = False  # the first guard refusal is said; the next ones now and then
         self._report_since = self._report_next = 0.0
         # Collectives are numbered per generation: a call made for an old generation (by a
         # step that began before the job moved on) must not shift the new one's numbers.
         self._seqs: dict[int, int] = {}
-        self._handlers: dict[type[Any], Callable[[Any], Actions]] = {
-            steps.Start: self._start,
-            steps.Checked: self._checked,
-            steps.PauseOver: lambda _: self._next_attempt(),
-            steps.Accepted: self._accepted,
-            steps.Refused: self._refused,
-            steps.Unanswered: self._unanswered,
-            steps.AnswerLate: self._answer_late,
-            steps.NotLeader: self._not_leader,
-            steps.Progress: self._progress,
-            steps.TopologyReady: self._topology_ready,
-            steps.Unplaced: self._unplaced,
-            steps.NodeFailed: self._node_failed,
-            steps.Shutdown: self._shutdown,
-            steps.StreamLost: self._stream_lost,
-            steps.Fatal: lambda event: self._fail(event.error),
-            steps.DeadlinePassed: self._deadline_passed,
-            steps.FinishSent: self._finish_sent,
-            steps.FinishAnswered: self._finish_answered,
-            steps.CallCutOff: self._call_cut_off,
-            steps.Close: self._close,
-        }
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -167,8 +166,23 @@ class WorkerCore:
 
     @property
     def may_finish(self) -> bool:
-        """Whether a Finish is worth sending: the node joined and has not failed."""
-        return bool(self.cluster_id) and self.lifecycle not in (Lifecycle.FAILED, Lifecycle.CLOSED)
+        """Whether a Finish is worth sending: the node joined, has not failed, and was not let
+        go (`Released`)."""
+        return (
+            bool(self.cluster_id)
+            and self.lifecycle not in (Lifecycle.FAILED, Lifecycle.CLOSED)
+            and not self.released
+        )
+
+    @property
+    def finish_heard(self) -> bool:
+        """Whether the scheduler heard this node's Finish."""
+        return self._finish is _Finish.HEARD
+
+    @property
+    def finish_wait_s(self) -> float:
+        """The longest a Finish is kept asking, from its first send."""
+        return max(self.config.node_timeout_s, FINISH_SLACK_S) + FINISH_SLACK_S
 
     @property
     def reconnect_window_s(self) -> float:
@@ -184,11 +198,58 @@ class WorkerCore:
 
     # -- the one input -------------------------------------------------------------------------
 
-    def step(self, event: steps.Event) -> Actions:
+    def step(self, event: steps.Event) -> Actions:  # noqa: PLR0911, PLR0912 - a case an event
         """What to do now that `event` happened. A failed or closed node does nothing more."""
         if self.lifecycle in (Lifecycle.FAILED, Lifecycle.CLOSED):
             return []
-        return self._handlers[type(event)](event)
+        match event:
+            case steps.Start():
+                return self._start(event)
+            case steps.Checked():
+                return self._checked(event)
+            case steps.PauseOver():
+                return self._next_attempt()
+            case steps.Accepted():
+                return self._accepted(event)
+            case steps.Refused():
+                return self._refused(event)
+            case steps.Unanswered():
+                return self._unanswered()
+            case steps.AnswerLate():
+                return self._answer_late(event)
+            case steps.NotLeader():
+                return self._not_leader(event)
+            case steps.Progress():
+                return self._progress(event)
+            case steps.TopologyReady():
+                return self._topology_ready(event)
+            case steps.Unplaced():
+                return self._unplaced(event)
+            case steps.NodeFailed():
+                return self._node_failed(event)
+            case steps.Shutdown():
+                return self._shutdown(event)
+            case steps.StreamLost():
+                return self._stream_lost(event)
+            case steps.Fatal():
+                return self._fail(event.error)
+            case steps.DeadlinePassed():
+                return self._deadline_passed()
+            case steps.FinishSent():
+                return self._finish_sent()
+            case steps.FinishAnswered():
+                return self._finish_answered(event)
+            case steps.FinishFailed():
+                return self._finish_failed(event)
+            case steps.FinishRetryDue():
+                return self._finish_retry_due()
+            case steps.CallCutOff():
+                return self._call_cut_off()
+            case steps.Close():
+                self.lifecycle = Lifecycle.CLOSED
+                return []
+            case _:  # mypy checks that no event is left out
+                return assert_never(event)
 
     # -- registering ---------------------------------------------------------------------------
 
@@ -232,7 +293,7 @@ class WorkerCore:
         self._verified = True
         return said + self._next_attempt()
 
-    def _unanswered(self, _: steps.Unanswered) -> Actions:
+    def _unanswered(self) -> Actions:
         # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
         self._verified = False
         return self._pause(RETRY_PAUSE_S)
@@ -448,7 +509,7 @@ class WorkerCore:
             self.deadline = now + self.reconnect_window_s
         return self.deadline - now
 
-    def _deadline_passed(self, _: steps.DeadlinePassed) -> Actions:
+    def _deadline_passed(self) -> Actions:
         if self.topology is not None or self.over or self.clock() < self.ready_by:
             return []
         registered, expected = self.progress
@@ -476,34 +537,61 @@ class WorkerCore:
     def _release(self, why: str) -> Actions:
         """The job ended well without needing this node: nothing to report, exit 0."""
         self.lifecycle = Lifecycle.FINISHED
+        self.released = True
         return [steps.Released(ReleasedError(why)), steps.Done()]
 
-    def _finish_sent(self, _: steps.FinishSent) -> Actions:
+    def _finish_sent(self) -> Actions:
+        if not self.may_finish:
+            return []
         self._finish = _Finish.SENT
-        return []
+        self._finish_since = self.clock()
+        self._finish_pause = FINISH_RETRY.backoff()
+        return [steps.SendFinish(self.finish_wait_s)]
+
+    def _finish_failed(self, event: steps.FinishFailed) -> Actions:
+        """Send the Finish again only when it never reached the scheduler or was cut off with its
+        connection, while the node's stream is up, and not past the Finish's give-up time."""
+        if self._finish is not _Finish.SENT:
+            return []
+        now = self.clock()
+        pause_s = self._finish_pause.next_s()
+        again = event.code in FINISH_RETRIED and event.stream_up and not self.released
+        if again and now + pause_s < self._finish_since + self.finish_wait_s:
+            return [steps.RetryFinish(pause_s)]
+        timed_out = event.code == DEADLINE_EXCEEDED
+        return self._finish_unheard(timed_out, now - self._finish_since, event.details)
+
+    def _finish_retry_due(self) -> Actions:
+        if self._finish is not _Finish.SENT:
+            return []
+        return [steps.SendFinish(self._finish_since + self.finish_wait_s - self.clock())]
 
     def _finish_answered(self, event: steps.FinishAnswered) -> Actions:
+        if self._finish is not _Finish.SENT:
+            return []  # answered already (a cancelled Finish's owner reports it once more)
         if event.heard:
             self._finish = _Finish.HEARD
             self.lifecycle = Lifecycle.FINISHED
             self._held = None
             return []
+        return self._finish_unheard(event.timed_out, event.waited_s, event.details)
+
+    def _finish_unheard(self, timed_out: bool, waited_s: float, details: str) -> Actions:
+        """The Finish was not heard: say so, and report the failure held meanwhile."""
         self._finish = _Finish.NOT_SENT
-        if event.timed_out and self.recovery:
+        if timed_out and self.recovery:
             # The scheduler answers once the finish is saved: its saves are failing.
             said = steps.Say(
-                f"{self.where} did not confirm within {event.waited_s:g} s that it saved this "
+                f"{self.where} did not confirm within {waited_s:g} s that it saved this "
                 "node's finish (is its MS_RECOVERY_PATH full or read-only? see its log); this "
                 "node exits anyway, and the scheduler ends the job once it can save"
             )
         else:
-            said = steps.Say(
-                f"could not tell {self.where} that this node finished: {event.details}"
-            )
+            said = steps.Say(f"could not tell {self.where} that this node finished: {details}")
         held, self._held = self._held, None
         return [said, *([] if held is None else self._fail(held))]
 
-    def _call_cut_off(self, _: steps.CallCutOff) -> Actions:
+    def _call_cut_off(self) -> Actions:
         if self.recovery and not self.over:
             # The scheduler went away mid-call. Ask again: the call waits for the channel to be
             # back, and the reconnect window ends the wait (as a failure it races against).
@@ -511,10 +599,6 @@ class WorkerCore:
         # The scheduler stopping mid-call: its reason is on the event stream, an instant
         # behind; report that rather than a bare "CANCELLED".
         return [steps.AwaitFatal(FATAL_WAIT_S)]
-
-    def _close(self, _: steps.Close) -> Actions:
-        self.lifecycle = Lifecycle.CLOSED
-        return []
 
     # -- helpers -------------------------------------------------------------------------------
 

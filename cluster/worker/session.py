@@ -23,6 +23,7 @@ from cluster.protocol.config import ClusterConfig
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.topology import Topology
+from cluster.transport.channel import SchedulerProbe
 from cluster.worker import ending, node_file, orphan
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity
@@ -126,6 +127,8 @@ class WorkerSession:
         )
         # Made here, in the main thread, where the signal that interrupts it can be set up.
         self._ending = ending.Ending(self.say)
+        # What this session's checks of the scheduler found (`SchedulerProbe`): its agent's.
+        self._probe = SchedulerProbe()
         self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
         self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
         self._started = False
@@ -141,6 +144,7 @@ class WorkerSession:
             say=self.say,
             on_fatal=self._on_fatal,
             cluster_id=cluster_id,
+            probe=self._probe,
         )
 
     @property

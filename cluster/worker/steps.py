@@ -132,18 +132,35 @@ class DeadlinePassed:
 
 @dataclass(frozen=True)
 class FinishSent:
-    """This node's Finish is on its way to the scheduler."""
+    """The owner tells the scheduler this node is done: the core answers `SendFinish` when a
+    Finish is worth sending, and nothing when it is not (the node never joined, or failed)."""
 
 
 @dataclass(frozen=True)
 class FinishAnswered:
     """The answer to this node's Finish: `heard`, or not (`timed_out`: no answer within
-    `waited_s`)."""
+    `waited_s`; a Finish cancelled by its owner is not heard either)."""
 
     heard: bool
     timed_out: bool = False
     waited_s: float = 0.0
     details: str = ""
+
+
+@dataclass(frozen=True)
+class FinishFailed:
+    """This node's Finish call failed with the status `code` (its name: "UNAVAILABLE",
+    "DEADLINE_EXCEEDED", ...) and `details`; `stream_up`: this node's event stream was being
+    read when it did."""
+
+    code: str
+    details: str = ""
+    stream_up: bool = False
+
+
+@dataclass(frozen=True)
+class FinishRetryDue:
+    """The pause of a `RetryFinish` has passed."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +192,8 @@ Event = (
     | DeadlinePassed
     | FinishSent
     | FinishAnswered
+    | FinishFailed
+    | FinishRetryDue
     | CallCutOff
     | Close
 )
@@ -262,8 +281,24 @@ class Done:
 
 
 @dataclass(frozen=True)
+class SendFinish:
+    """Send this node's Finish and wait up to `timeout_s` for the answer; then step
+    `FinishAnswered(heard=True)` or `FinishFailed`."""
+
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RetryFinish:
+    """Wait `after_s`, then step `FinishRetryDue` (the Finish is sent again)."""
+
+    after_s: float
+
+
+@dataclass(frozen=True)
 class RetryCall:
-    """Make the cut-off call again after this pause."""
+    """Make the cut-off call again after this pause (the caller's outcome: the agent's
+    interpreter hands it back to the call)."""
 
     pause_s: float
 
@@ -288,6 +323,8 @@ Action = (
     | Fail
     | Released
     | Done
+    | SendFinish
+    | RetryFinish
     | RetryCall
     | AwaitFatal
 )

@@ -28,7 +28,7 @@ from cluster.protocol.parse import is_decimal, split_address
 from cluster.protocol.settings import JobSettings
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
-from cluster.worker.agent import channel_options
+from cluster.worker.scheduler_link import channel_options
 
 
 def env(**overrides: str | None) -> dict[str, str]:

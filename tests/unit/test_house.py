@@ -1,5 +1,6 @@
 """The house rules a reader can check without running anything: every function in `cluster/`
-(generated `cluster/v1` aside) is short enough to read on one screen."""
+(generated `cluster/v1` aside) is short enough to read on one screen, and every module short
+enough to hold one responsibility."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import cluster
 
 MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 700
 PACKAGE = Path(cluster.__file__).parent
 
 
@@ -60,4 +62,16 @@ def test_no_function_in_cluster_is_over_60_lines() -> None:
     assert too_long == [], (
         f"functions over {MAX_FUNCTION_LINES} lines (split them along their responsibilities): "
         + "; ".join(too_long)
+    )
+
+
+def test_no_module_in_cluster_is_over_700_lines() -> None:
+    too_long = [
+        f"{path.relative_to(PACKAGE.parent)} is {lines} lines"
+        for path in _sources()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert too_long == [], (
+        f"modules over {MAX_MODULE_LINES} lines (move a cohesive part into a module of its "
+        "own): " + "; ".join(too_long)
     )

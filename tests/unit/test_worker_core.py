@@ -11,7 +11,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cluster.protocol.config import ClusterConfig, from_env
@@ -26,7 +26,12 @@ from cluster.protocol.errors import (
 from cluster.protocol.topology import Topology
 from cluster.worker import steps
 from cluster.worker.core import (
+    CALL_RETRY_PAUSE_S,
     DOWN_FOR_S,
+    FATAL_WAIT_S,
+    FINISH_RETRIED,
+    FINISH_RETRY,
+    FINISH_SLACK_S,
     GUARD_MARGIN_S,
     GUARD_POLL_S,
     TOPOLOGY_MARGIN_S,
@@ -436,6 +441,160 @@ def test_a_call_cut_off_is_made_again_with_recovery_and_fails_with_the_streams_r
     assert kinds(core.step(steps.CallCutOff())) == [steps.AwaitFatal]
 
 
+# -- the finish and call retries ---------------------------------------------------------------
+
+CODES = ["UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "INTERNAL", "ABORTED"]
+
+
+def finishing_core(*, recovery: bool = False) -> tuple[WorkerCore, FakeClock, float]:
+    """A formed job's core whose Finish was just sent; when it gives the Finish up."""
+    core, clock = ready_core(recovery=recovery)
+    (send,) = core.step(steps.FinishSent())
+    assert send == steps.SendFinish(core.finish_wait_s)
+    return core, clock, clock() + core.finish_wait_s
+
+
+def test_a_finish_waits_up_to_the_node_timeout_and_its_slack() -> None:
+    core, _, _ = finishing_core()
+    assert core.finish_wait_s == max(NODE_S, FINISH_SLACK_S) + FINISH_SLACK_S
+
+
+def test_no_finish_is_sent_by_a_node_that_never_joined_or_failed() -> None:
+    core = WorkerCore(config(), FakeClock())
+    core.step(steps.Start())
+    assert core.step(steps.FinishSent()) == []  # no job to tell
+    core, _ = ready_core()
+    core.step(steps.Fatal(ClusterError("gone")))
+    assert core.step(steps.FinishSent()) == []
+    assert not core.finish_heard
+
+
+def test_a_released_spare_sends_no_finish() -> None:
+    core = WorkerCore(config(), FakeClock())
+    core.step(steps.Start())
+    core.step(dataclasses.replace(accepted(), spare=True))
+    assert kinds(core.step(steps.Shutdown(ok=True, reason="done"))) == [steps.Released, steps.Done]
+    assert core.step(steps.FinishSent()) == []
+
+
+@pytest.mark.parametrize("code", CODES)
+@pytest.mark.parametrize("stream_up", [True, False])
+def test_a_finish_is_sent_again_only_when_it_never_reached_a_scheduler_still_there(
+    code: str, stream_up: bool
+) -> None:
+    """gRPC keeps an abandoned call queued at the scheduler: a Finish that reached it (a
+    deadline, an error) is not made again, nor one whose node lost its stream."""
+    core, _, _ = finishing_core()
+    actions = core.step(steps.FinishFailed(code, "details", stream_up=stream_up))
+    if code in FINISH_RETRIED and stream_up:
+        assert actions == [steps.RetryFinish(FINISH_RETRY.first_s)]
+    else:
+        assert actions == [
+            steps.Say(
+                "could not tell the scheduler at 127.0.0.1:8118 that this node finished: details"
+            )
+        ]
+        assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
+
+
+def test_the_finish_pauses_double_up_to_their_ceiling_and_end_at_the_give_up_time() -> None:
+    core, clock, give_up = finishing_core()
+    pauses: list[float] = []
+    while True:
+        actions = core.step(steps.FinishFailed("UNAVAILABLE", "down", stream_up=True))
+        if kinds(actions) != [steps.RetryFinish]:
+            break
+        (retry,) = actions
+        assert isinstance(retry, steps.RetryFinish)
+        assert clock() + retry.after_s < give_up  # never past the give-up time
+        pauses.append(retry.after_s)
+        clock.advance(retry.after_s)
+        (send,) = core.step(steps.FinishRetryDue())
+        assert send == steps.SendFinish(pytest.approx(give_up - clock()))
+    assert kinds(actions) == [steps.Say]
+    assert pauses[:5] == [0.1, 0.2, 0.4, 0.8, 1.6]
+    assert set(pauses[5:]) == {FINISH_RETRY.max_s}
+    assert give_up - clock() <= FINISH_RETRY.max_s
+    assert not core.finish_heard
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    failures=st.lists(
+        st.tuples(st.sampled_from(CODES), st.booleans(), st.floats(0.0, 12.0)), max_size=40
+    )
+)
+def test_a_finish_is_never_sent_past_its_give_up_time(
+    failures: list[tuple[str, bool, float]],
+) -> None:
+    """Whatever its calls meet, a Finish is sent again only after a failure that never reached
+    the scheduler, with the stream up, before the give-up time, after a pause that grows."""
+    core, clock, give_up = finishing_core()
+    last_pause = 0.0
+    for code, stream_up, took_s in failures:
+        clock.advance(took_s)
+        actions = core.step(steps.FinishFailed(code, "x", stream_up=stream_up))
+        if kinds(actions) != [steps.RetryFinish]:
+            assert kinds(actions) == [steps.Say]
+            assert core.step(steps.FinishRetryDue()) == []
+            return
+        (retry,) = actions
+        assert isinstance(retry, steps.RetryFinish)
+        assert code in FINISH_RETRIED
+        assert stream_up
+        assert clock() + retry.after_s < give_up
+        assert retry.after_s >= last_pause
+        last_pause = retry.after_s
+        clock.advance(retry.after_s)
+        (send,) = core.step(steps.FinishRetryDue())
+        assert isinstance(send, steps.SendFinish)
+        assert 0 < send.timeout_s <= core.finish_wait_s
+
+
+def test_a_finish_that_ran_out_of_time_with_recovery_names_the_schedulers_saves() -> None:
+    core, clock, _ = finishing_core(recovery=True)
+    clock.advance(core.finish_wait_s)
+    (said,) = core.step(steps.FinishFailed("DEADLINE_EXCEEDED", "Deadline Exceeded"))
+    assert isinstance(said, steps.Say)
+    assert f"did not confirm within {core.finish_wait_s:g} s" in said.text
+    assert "MS_RECOVERY_PATH" in said.text
+
+
+def test_a_failure_held_while_the_finish_is_sent_again_waits_for_its_last_answer() -> None:
+    core, clock, _ = finishing_core()
+    assert fails(core.step(steps.Shutdown(ok=False, reason="rank 1 failed"))) == []
+    (retry,) = core.step(steps.FinishFailed("UNAVAILABLE", "down", stream_up=True))
+    assert isinstance(retry, steps.RetryFinish)
+    clock.advance(retry.after_s)
+    core.step(steps.FinishRetryDue())
+    (error,) = fails(core.step(steps.FinishFailed("UNAVAILABLE", "down", stream_up=False)))
+    assert isinstance(error, JobFailedError)
+    # The owner's cancellation after that changes nothing: the answer was had.
+    assert core.step(steps.FinishAnswered(heard=False, details="cancelled")) == []
+
+
+def test_a_finish_heard_after_being_sent_again_finishes_the_node() -> None:
+    core, clock, _ = finishing_core()
+    (retry,) = core.step(steps.FinishFailed("CANCELLED", "cut off", stream_up=True))
+    assert isinstance(retry, steps.RetryFinish)
+    clock.advance(retry.after_s)
+    core.step(steps.FinishRetryDue())
+    assert core.step(steps.FinishAnswered(heard=True)) == []
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+
+
+def test_a_call_cut_off_is_made_again_after_its_pause_every_time_with_recovery() -> None:
+    core, _ = ready_core(recovery=True)
+    for _ in range(3):
+        assert core.step(steps.CallCutOff()) == [steps.RetryCall(CALL_RETRY_PAUSE_S)]
+    core.step(steps.Shutdown(ok=True, reason="done"))
+    # The job is over for this node: the call waits for the stream's word, then fails.
+    assert core.step(steps.CallCutOff()) == [steps.AwaitFatal(FATAL_WAIT_S)]
+    core.step(steps.Close())
+    assert core.step(steps.CallCutOff()) == []  # closed: the call raises its own error
+
+
 def test_a_failed_node_does_nothing_more() -> None:
     core, _ = ready_core()
     core.step(steps.Fatal(ClusterError("topology without this node")))
@@ -471,6 +630,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.failures: list[ClusterError] = []
         self.finished = False  # this node's Finish heard, or the job finished
         self.finish_sent = False
+        self.give_up = 0.0  # when the Finish on its way is given up
         self.generation = 0
         self.take(self.core.step(steps.Start(verified)))
 
@@ -605,7 +765,31 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @rule()
     def finish_sent(self) -> None:
         self.finish_sent = True
-        self.step(steps.FinishSent())
+        self.give_up = self.clock() + self.core.finish_wait_s
+        actions = self.core.step(steps.FinishSent())
+        assert actions == [steps.SendFinish(self.core.finish_wait_s)]
+
+    @precondition(lambda self: self.finish_sent)
+    @rule(
+        code=st.sampled_from(["UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED"]),
+        stream_up=st.booleans(),
+        took_s=st.sampled_from([0.0, 3.0, 30.0]),
+    )
+    def finish_failed(self, code: str, stream_up: bool, took_s: float) -> None:
+        self.clock.now += took_s
+        actions = self.core.step(steps.FinishFailed(code, "x", stream_up=stream_up))
+        retries = [a for a in actions if isinstance(a, steps.RetryFinish)]
+        if not retries:
+            self.finish_sent = False
+            self.take(actions)
+            return
+        assert actions == retries
+        assert code in FINISH_RETRIED
+        assert stream_up
+        assert self.clock() + retries[0].after_s < self.give_up
+        self.clock.now += retries[0].after_s
+        (send,) = self.core.step(steps.FinishRetryDue())
+        assert send == steps.SendFinish(self.give_up - self.clock())
 
     @precondition(lambda self: self.finish_sent)
     @rule(heard=st.booleans())

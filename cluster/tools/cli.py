@@ -27,7 +27,7 @@ import difflib
 import os
 import sys
 from argparse import SUPPRESS
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -192,8 +192,16 @@ def _reader_secret(args: argparse.Namespace) -> ReadSecret | None:
     )
 
 
+def default_scheduler_addr(env: Mapping[str, str]) -> str:
+    """Where `mscluster status` looks without --addr: the job's environment (MS_SCHED_HOST,
+    MS_SCHED_PORT), else a scheduler on this host at `mscluster run`'s default port."""
+    host = env.get("MS_SCHED_HOST") or "127.0.0.1"
+    port = env.get("MS_SCHED_PORT") or str(placement.DEFAULT_MASTER_PORT)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
-    addrs = _split_addrs(args.addr)
+    addrs = _split_addrs(args.addr or default_scheduler_addr(os.environ))
     identity = _client_identity(args)
     secret = _reader_secret(args)
     if args.watch:
@@ -432,9 +440,10 @@ def _add_status_options(stat: argparse.ArgumentParser) -> None:
     """`mscluster status`: a running job's nodes, ranks and health."""
     stat.add_argument(
         "--addr",
-        required=True,
         help="the scheduler's HOST:PORT; with standbys, any of them or several, comma-separated "
-        "(each is tried; a standby names the leader, which answers)",
+        "(each is tried; a standby names the leader, which answers); default: MS_SCHED_HOST and "
+        f"MS_SCHED_PORT, else this host's scheduler on 127.0.0.1:{placement.DEFAULT_MASTER_PORT} "
+        "(mscluster run's default)",
     )
     stat.add_argument("--json", action="store_true", help="machine-readable output")
     stat.add_argument("--tls-config", help="ssl.json, when the job uses TLS (CLUSTER_TLS_CONFIG)")

@@ -12,6 +12,7 @@ the scheduler's edge lets through; the real commands run as processes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ def assert_safe(output: str) -> None:
     assert not forged
 
 
-def mscluster(*args: str) -> subprocess.CompletedProcess[str]:
+def mscluster(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, "-m", "cluster", *args],
         capture_output=True,
@@ -59,6 +60,7 @@ def mscluster(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=RUN_S,
         cwd=ROOT,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -157,6 +159,15 @@ def test_status_with_escapes_in_its_host_prints_none_of_them(fake_scheduler: str
     assert_safe(shown.stdout + shown.stderr)
     as_json = mscluster("status", "--addr", fake_scheduler, "--json")
     assert not any(c in FORBIDDEN for c in as_json.stdout)
+
+
+def test_status_without_addr_asks_the_scheduler_the_environment_names(
+    fake_scheduler: str,
+) -> None:
+    host, port = fake_scheduler.rsplit(":", 1)
+    shown = mscluster("status", "--json", env={"MS_SCHED_HOST": host, "MS_SCHED_PORT": port})
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["phase"] == "finished"
 
 
 def test_status_watch_with_escapes_prints_none_of_them(fake_scheduler: str) -> None:

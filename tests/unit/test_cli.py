@@ -102,3 +102,11 @@ def test_max_restarts_defaults_to_one_with_recovery_and_keeps_what_is_given() ->
     assert max_restarts_for(None, recovery=False) == 0
     assert max_restarts_for(0, recovery=True) == 0
     assert max_restarts_for(3, recovery=False) == 3
+
+
+def test_status_looks_where_the_job_environment_points_else_at_the_local_default() -> None:
+    assert cli.default_scheduler_addr({}) == "127.0.0.1:8118"
+    env = {"MS_SCHED_HOST": "10.0.0.7", "MS_SCHED_PORT": "9000"}
+    assert cli.default_scheduler_addr(env) == "10.0.0.7:9000"
+    assert cli.default_scheduler_addr({"MS_SCHED_HOST": "::1"}) == "[::1]:8118"
+    assert cli.build_parser().parse_args(["status"]).addr is None

@@ -476,7 +476,9 @@ class Launcher:
         restarts = sum(w.restarts for w in self.workers)
         sched_restarts = 0 if sched is None else sched.restarts
         took = self._clock() - self._started
-        exited = sum(1 for w in self.workers if w.exit_code == 0)
+        ranked = [w for w in self.workers if not self._spare(w, self.view)]
+        exited = sum(1 for w in ranked if w.exit_code == 0)
+        spares = len(self.workers) - len(ranked)
         after = [
             f"{restarts} restart{'' if restarts == 1 else 's'}" if restarts else "",
             f"{sched_restarts} scheduler restart{'' if sched_restarts == 1 else 's'}"
@@ -484,9 +486,10 @@ class Launcher:
             else "",
         ]
         after = [a for a in after if a]
+        held = f" ({spares} spare{'' if spares == 1 else 's'} beside them)" if spares else ""
         self._print(
-            f"mscluster: job finished: {exited} local workers exited 0 in {took:.1f} s"
-            + (f", after {' and '.join(after)}" if after else "")
+            f"mscluster: job finished: {exited} local worker{'' if exited == 1 else 's'} exited 0"
+            f"{held} in {took:.1f} s" + (f", after {' and '.join(after)}" if after else "")
         )
         return EXIT_OK
 

@@ -94,6 +94,9 @@ def fault_free(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, float]:
         job = Launched(procs, tmp, "clean")
         digest, took = job.finish()
         assert "job finished while this node was a spare" in (job.logs / "spare_0.log").read_text()
+        # The final line counts the ranked workers; the spare is named apart.
+        finished = f"job finished: {WORKERS} local workers exited 0 (1 spare beside them)"
+        assert finished in job.run.output, job.run.output
         return digest, took
     finally:
         procs.kill_all()

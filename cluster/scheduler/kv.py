@@ -1,43 +1,40 @@
-"""The job's key-value store: set, get, wait with a timeout, and atomic add.
+"""The job's key-value store on the scheduler's loop: the waits, for `cluster.protocol.kv`.
 
-It lives in the scheduler's event loop, so no locks are needed; waiters are futures resolved
-when their last key arrives. Counters are stored as decimal ASCII, as in torch's TCPStore, so a
-counter can be read with get like any other key.
-
-What it holds is capped (CLUSTER_KV_MAX_BYTES of keys and values, CLUSTER_KV_MAX_KEYS keys, a
-number of pending waits), counted as it changes: a set past a cap is refused with a
-`CapacityError` that names the cap, and nothing else changes. Each member has its share of each
-cap (the cap over the job's nodes, and never less than a floor a real job's rank needs): a key is
-counted to the member that set it last, and a member past its share is refused while the others
-go on. So one runaway member cannot fill the store, or hold every wait, for everyone.
-
-With recovery, a set is in two steps (write-ahead): `stage` takes the value (caps are counted
-on the newest values, staged or not, and `add` counts on from the newest), and `commit`, once it
-is saved (`cluster.scheduler.kv_journal`), makes it visible to `get` and `wait`. So no node
-reads a value that a crash could forget. Without recovery `set` does both at once.
+The rules (the caps and shares, staging and committing, counters, which waits are admitted) are
+the pure table `KvTable`'s; this shell holds the futures of the pending waits, each with its
+timeout, and wakes those of a key when a commit makes it visible.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import math
 
 from cluster.protocol.config import DEFAULT_KV_MAX_BYTES, DEFAULT_KV_MAX_KEYS
-from cluster.protocol.errors import CapacityError, CollectiveError
+from cluster.protocol.errors import CollectiveError
+from cluster.protocol.kv import (
+    MAX_KEY_BYTES,
+    MAX_VALUE_BYTES,
+    MIN_MAX_WAITS,
+    SHARE_FLOOR_BYTES,
+    SHARE_FLOOR_KEYS,
+    WAITS_PER_NODE,
+    KvTable,
+)
 
-MAX_KEY_BYTES = 1024
-MAX_VALUE_BYTES = 4 * 1024 * 1024
-# Pending waits: a node waits on a few keys at a time (its threads' rendezvous).
-WAITS_PER_NODE = 16
-MIN_MAX_WAITS = 1024
-# The least share of a member, whatever the job's size: a rank of a large job may still set a
-# few full values and a torch store's keys.
-SHARE_FLOOR_BYTES = 16 * 1024 * 1024
-SHARE_FLOOR_KEYS = 1024
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_VALUE_BYTES",
+    "MIN_MAX_WAITS",
+    "SHARE_FLOOR_BYTES",
+    "SHARE_FLOOR_KEYS",
+    "WAITS_PER_NODE",
+    "KvStore",
+]
 
 
-class KvStore:
+class KvStore(KvTable):
+    """`KvTable` with its waits: a wait is a future per missing key, resolved at its commit."""
+
     def __init__(
         self,
         max_bytes: int = DEFAULT_KV_MAX_BYTES,
@@ -46,186 +43,32 @@ class KvStore:
         nodes: int = 1,
         max_waits: int | None = None,
     ) -> None:
-        """`nodes`: the job's, which sizes the pending waits kept (unless `max_waits` says)."""
-        self._data: dict[str, bytes] = {}  # committed: what get and wait see
-        # Staged, not yet committed: the newest value of a key, and how many sets are in flight.
-        self._staged: dict[str, tuple[bytes, int]] = {}
+        super().__init__(max_bytes, max_keys, nodes=nodes, max_waits=max_waits)
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self.max_bytes = max_bytes
-        self.max_keys = max_keys
-        self.max_waits = (
-            max(MIN_MAX_WAITS, WAITS_PER_NODE * nodes) if max_waits is None else max_waits
-        )
-        self.held_bytes = 0  # keys and values, in bytes
-        self.pending_waits = 0
-        nodes = max(nodes, 1)
-        self.byte_share = min(max_bytes, max(max_bytes // nodes, SHARE_FLOOR_BYTES))
-        self.key_share = min(max_keys, max(max_keys // nodes, SHARE_FLOOR_KEYS))
-        self.wait_share = min(self.max_waits, max(self.max_waits // nodes, WAITS_PER_NODE))
-        # Who set each key last ("": a restored key, or a caller that is nobody's member), and
-        # what each member holds and waits for.
-        self._owner: dict[str, str] = {}
-        self._bytes_of: collections.Counter[str] = collections.Counter()
-        self._keys_of: collections.Counter[str] = collections.Counter()
-        self._waits_of: collections.Counter[str] = collections.Counter()
-
-    def __len__(self) -> int:
-        """Keys held, staged ones included (keys are never removed)."""
-        return len(self._data) + sum(1 for k in self._staged if k not in self._data)
-
-    def restore(self, values: dict[str, bytes]) -> None:
-        """Start from `values` (the saved store of a resumed job), committed."""
-        self._data = dict(values)
-        self._staged = {}
-        self.held_bytes = sum(len(k.encode()) + len(v) for k, v in values.items())
-        self._owner = dict.fromkeys(values, "")
-        self._bytes_of = collections.Counter({"": self.held_bytes})
-        self._keys_of = collections.Counter({"": len(values)})
-
-    def _newest(self, key: str) -> bytes | None:
-        staged = self._staged.get(key)
-        return staged[0] if staged is not None else self._data.get(key)
-
-    def set(self, key: str, value: bytes, owner: str = "") -> None:
-        """Stage and commit at once (no saving)."""
-        self.stage(key, value, owner)
-        self.commit(key, value)
-
-    def stage(self, key: str, value: bytes, owner: str = "") -> None:
-        """Take `value` for `key` from member `owner`, counted against the caps and its share,
-        not yet visible."""
-        _check_key(key)
-        if len(value) > MAX_VALUE_BYTES:
-            raise CollectiveError(
-                f"value for key {key!r} has {len(value)} bytes; the store takes at most "
-                f"{MAX_VALUE_BYTES} (it is for control data, not tensors)"
-            )
-        old = self._newest(key)
-        grows = len(value) + (len(key.encode()) if old is None else -len(old))
-        self._check_room(key, new_key=old is None, grows=grows)
-        self._check_share(key, value, owner, old)
-        self.held_bytes += grows
-        self._charge(key, value, owner, old)
-        pending = self._staged.get(key, (b"", 0))[1]
-        self._staged[key] = (value, pending + 1)
 
     def commit(self, key: str, value: bytes) -> None:
-        """A staged `value` of `key` is saved: visible from now on, waiters woken."""
-        self._data[key] = value
-        staged = self._staged.get(key)
-        if staged is not None:
-            if staged[1] <= 1:
-                del self._staged[key]
-            else:
-                self._staged[key] = (staged[0], staged[1] - 1)
+        """A staged `value` of `key` is saved: visible from now on, its waiters woken."""
+        super().commit(key, value)
         for waiter in self._waiters.pop(key, []):
             if not waiter.done():
                 waiter.set_result(None)
 
-    def get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        """Values of the present keys in request order, and the missing keys."""
-        values = [self._data[k] for k in keys if k in self._data]
-        missing = [k for k in keys if k not in self._data]
-        return values, missing
-
-    def add(self, key: str, amount: int, owner: str = "") -> int:
-        """Add to a counter (stage and commit at once); its new value."""
-        number = self.stage_add(key, amount, owner)
-        self.commit(key, str(number).encode("ascii"))
-        return number
-
-    def stage_add(self, key: str, amount: int, owner: str = "") -> int:
-        """Stage the counter's new value, counted from its newest (staged) value; returns it."""
-        current = self._newest(key)
-        try:
-            number = int((b"0" if current is None else current).decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            raise CollectiveError(
-                f"key {key!r} holds a value that is not a counter; add works on counters only"
-            ) from None
-        number += amount
-        self.stage(key, str(number).encode("ascii"), owner)
-        return number
-
-    def _check_share(self, key: str, value: bytes, owner: str, old: bytes | None) -> None:
-        """Refuse member `owner` (only it) past its share of the bytes or the keys."""
-        if not owner:
-            return
-        own_old = old is not None and self._owner.get(key) == owner
-        freed = len(key.encode()) + len(old) if old is not None and own_old else 0
-        held = self._bytes_of[owner] + len(key.encode()) + len(value) - freed
-        keys = self._keys_of[owner] + (0 if own_old else 1)
-        if keys > self.key_share or held > self.byte_share:
-            raise CapacityError(
-                f"node {owner!r} would hold {keys} keys and {held} bytes of the key-value "
-                f"store, past its share ({self.key_share} keys, {self.byte_share} bytes: "
-                "CLUSTER_KV_MAX_KEYS and CLUSTER_KV_MAX_BYTES over the job's nodes, at least "
-                f"{SHARE_FLOOR_KEYS} keys and {SHARE_FLOOR_BYTES} bytes), so key {key[:40]!r} "
-                "is refused; the other members go on: store less, or reuse keys"
-            )
-
-    def _charge(self, key: str, value: bytes, owner: str, old: bytes | None) -> None:
-        """Count `key`'s new value to `owner`, and its old one no longer to whoever set it."""
-        if old is not None:
-            before = self._owner.get(key, "")
-            self._bytes_of[before] -= len(key.encode()) + len(old)
-            self._keys_of[before] -= 1
-        self._owner[key] = owner
-        self._bytes_of[owner] += len(key.encode()) + len(value)
-        self._keys_of[owner] += 1
-
-    def _check_room(self, key: str, *, new_key: bool, grows: int) -> None:
-        if new_key and len(self) >= self.max_keys:
-            raise CapacityError(
-                f"the key-value store is full: it holds {len(self)} keys, its cap "
-                f"(CLUSTER_KV_MAX_KEYS={self.max_keys}), so key {key[:40]!r} cannot be added; "
-                "it is for coordination, not data: reuse keys, or start the scheduler with a "
-                "larger CLUSTER_KV_MAX_KEYS"
-            )
-        if self.held_bytes + grows > self.max_bytes:
-            raise CapacityError(
-                f"the key-value store is full: it holds {self.held_bytes} bytes of keys and "
-                f"values, and key {key[:40]!r} would add {grows} more, past its cap "
-                f"(CLUSTER_KV_MAX_BYTES={self.max_bytes}); it is for coordination, not data: "
-                "store less, or start the scheduler with a larger CLUSTER_KV_MAX_BYTES"
-            )
-
     async def wait(self, keys: list[str], timeout_s: float, owner: str = "") -> list[bytes]:
         """Wait until every key is set; its values in request order. Member `owner` waits
         within its share of the pending waits."""
-        for key in keys:
-            _check_key(key)
-        if not math.isfinite(timeout_s) or timeout_s < 0:
-            raise CollectiveError(
-                f"key-value wait timeout {timeout_s!r} is not a number of seconds"
-            )
-        if self.pending_waits >= self.max_waits and any(k not in self._data for k in keys):
-            raise CapacityError(
-                f"{self.pending_waits} key-value waits are pending, the most the scheduler keeps "
-                f"for this job (at least {MIN_MAX_WAITS}, {WAITS_PER_NODE} per node): wait for "
-                "fewer keys at a time"
-            )
-        if owner and self._waits_of[owner] >= self.wait_share:
-            raise CapacityError(
-                f"node {owner!r} has {self._waits_of[owner]} key-value waits pending, its share "
-                f"({self.wait_share}: the job's waits over its nodes, at least "
-                f"{WAITS_PER_NODE}): wait for fewer keys at a time"
-            )
-        self.pending_waits += 1
-        self._waits_of[owner] += 1
+        self.admit_wait(keys, timeout_s, owner)
         try:
             return await self._wait(keys, timeout_s)
         finally:
-            self.pending_waits -= 1
-            self._waits_of[owner] -= 1
+            self.wait_ended(owner)
 
     async def _wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            missing = [k for k in keys if k not in self._data]
+            missing = self.missing(keys)
             if not missing:
-                return [self._data[k] for k in keys]
+                return [self.data[k] for k in keys]
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiters.setdefault(missing[0], []).append(waiter)
             remaining = deadline - loop.time()
@@ -255,8 +98,3 @@ class KvStore:
             waiters.remove(waiter)
             if not waiters:
                 del self._waiters[key]
-
-
-def _check_key(key: str) -> None:
-    if not key or len(key.encode()) > MAX_KEY_BYTES:
-        raise CollectiveError(f"key {key[:40]!r} must be 1-{MAX_KEY_BYTES} bytes long")

@@ -1,0 +1,91 @@
+"""The key-value store as a pure table (`cluster.protocol.kv`), without a loop: random sets,
+adds and commits by members, some past their share, keep what is held accounted, within the
+caps and within each member's share; a refused set changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from cluster.protocol.errors import CapacityError, CollectiveError
+from cluster.protocol.kv import KvTable
+
+MEMBERS = ["0", "1", "2"]
+KEYS = ["a", "b", "c", "counter"]
+
+
+def test_a_staged_value_is_seen_only_once_committed() -> None:
+    table = KvTable(max_bytes=1000, max_keys=10)
+    table.stage("a", b"1", "0")
+    assert table.get(["a"]) == ([], ["a"])
+    assert table.missing(["a"]) == ["a"]
+    table.commit("a", b"1")
+    assert table.get(["a"]) == ([b"1"], [])
+
+
+def test_waits_are_admitted_within_their_share() -> None:
+    table = KvTable(max_bytes=1000, max_keys=10, nodes=100, max_waits=1024)
+    for _ in range(table.wait_share):
+        table.admit_wait(["a"], 1.0, "0")
+    table.admit_wait(["a"], 1.0, "1")  # another member goes on
+    with pytest.raises(CapacityError, match="its share"):
+        table.admit_wait(["a"], 1.0, "0")
+    table.wait_ended("0")
+    with pytest.raises(CollectiveError, match="not a number of seconds"):
+        table.admit_wait(["a"], float("nan"), "0")
+
+
+class KvMachine(RuleBasedStateMachine):
+    @initialize(max_bytes=st.sampled_from([40, 200]), max_keys=st.sampled_from([3, 10]))
+    def setup(self, max_bytes: int, max_keys: int) -> None:
+        self.table = KvTable(max_bytes=max_bytes, max_keys=max_keys, nodes=len(MEMBERS))
+        self.table.byte_share = max_bytes // 2  # small enough for a member to reach
+        self.table.key_share = 2
+        self.staged: list[tuple[str, bytes]] = []
+
+    def _counted(self) -> tuple[int, int]:
+        return self.table.held_bytes, len(self.table)
+
+    @rule(
+        key=st.sampled_from(KEYS[:3]), value=st.binary(max_size=12), owner=st.sampled_from(MEMBERS)
+    )
+    def stage(self, key: str, value: bytes, owner: str) -> None:
+        before = self._counted()
+        try:
+            self.table.stage(key, value, owner)
+        except CapacityError:
+            event("refused")
+            assert self._counted() == before  # a refusal changes nothing
+            return
+        self.staged.append((key, value))
+
+    @rule(amount=st.integers(-3, 3), owner=st.sampled_from(MEMBERS))
+    def add(self, amount: int, owner: str) -> None:
+        try:
+            number = self.table.stage_add("counter", amount, owner)
+        except CapacityError:
+            return
+        self.staged.append(("counter", str(number).encode("ascii")))
+
+    @rule()
+    def a_save_lands(self) -> None:
+        if self.staged:
+            key, value = self.staged.pop(0)
+            self.table.commit(key, value)
+
+    @invariant()
+    def held_is_accounted_and_within_caps_and_shares(self) -> None:
+        table = self.table
+        newest = {**table.data, **{k: v for k, (v, _) in table._staged.items()}}
+        assert table.held_bytes == sum(len(k.encode()) + len(v) for k, v in newest.items())
+        assert table.held_bytes <= table.max_bytes
+        assert len(table) <= table.max_keys
+        for owner in MEMBERS:
+            assert table._bytes_of[owner] <= table.byte_share
+            assert table._keys_of[owner] <= table.key_share
+
+
+TestKv = KvMachine.TestCase
+TestKv.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)

@@ -8,7 +8,7 @@ from typing import Any
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id, job_secret_from_env, read_job_secret
-from cluster.protocol.state import NodeRole, Registration
+from cluster.scheduler.machine.state import NodeRole, Registration
 from cluster.transport import membership
 from cluster.transport.membership import Caller
 from cluster.v1 import scheduler_pb2 as pb

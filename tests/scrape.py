@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from cluster.protocol.config import ObserveConfig
-from cluster.protocol.state import NodeRole, Registration
 from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.scheduler.machine.state import NodeRole, Registration
 from tests.aio import BOUND_S
 from tests.credentials import digest
 

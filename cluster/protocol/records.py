@@ -1,7 +1,7 @@
 """The records of the scheduler's state machine: phases, roles, registrations, events, members.
 
-Plain data, no rules: the rules are in `cluster.protocol.state` (what happens) and
-`cluster.protocol.admission` (who may ask).
+Plain data, no rules: the rules are in `cluster.scheduler.machine.state` (what happens) and
+`cluster.scheduler.machine.admission` (who may ask).
 """
 
 from __future__ import annotations
@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.protocol import auth
+
+# A node refused by the guard (a restarted worker, perhaps one that will be a spare) asks again
+# at least this often, so that it hears at once that the job ended; once the job ends, the
+# scheduler waits up to this long and a little more for those refused lately to ask again.
+GUARD_POLL_S = 1.0
+GUARD_POLL_MARGIN_S = 0.5
 
 
 class Phase(enum.Enum):

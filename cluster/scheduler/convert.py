@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import zlib
 
-from cluster.protocol import auth, state
-from cluster.protocol.events import JobEvent
+from cluster.protocol import auth
 from cluster.protocol.leadership import Standing
+from cluster.scheduler.machine import state
+from cluster.scheduler.machine.events import JobEvent
 from cluster.scheduler.persist import Saving
 from cluster.v1 import scheduler_pb2 as pb
 

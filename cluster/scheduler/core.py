@@ -10,15 +10,14 @@ membership, its credential, and for a collective the phase, the generation and t
 refused call raises the ClusterError of its refusal (`Denied.error()`), which the servicer turns
 into a status code, and changes nothing.
 
-With recovery on, effects that follow a change of the saved state wait until the change is
-saved in the state store (see `cluster.scheduler.persist`), and so do the answers to Register
-and Finish that made it, and to a key set (`cluster.scheduler.kv_journal`): what a node has been
-told, a restarted scheduler (or a standby taking over) knows. The order is decided by a pure
-machine, `cluster.protocol.ready.Outbox` (raft's Ready/Advance): `step` says what to save and
-what may be told now, `advance` what a landed save releases, with what each effect does to the
+With recovery on, effects that follow a change of the saved state wait until the change is saved in
+the state store (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that
+made it, and to a key set (`cluster.scheduler.kv_journal`): what a node has been told, a restarted
+scheduler (or a standby taking over) knows. The order is decided by a pure machine,
+`cluster.scheduler.machine.ready.Outbox` (raft's Ready/Advance): `step` says what to save and what
+may be told now, `advance` what a landed save releases, with what each effect does to the
 collectives in progress; this engine only carries it out (`_carry_out`). A core whose saves are
-refused because another scheduler holds the store (fenced) answers nothing more: NotLeaderError.
-"""
+refused because another scheduler holds the store (fenced) answers nothing more: NotLeaderError."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from cluster.protocol import ready as ready_
-from cluster.protocol import state, topology
+from cluster.protocol import topology
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
@@ -49,6 +47,8 @@ from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.kv_journal import KvJournal
+from cluster.scheduler.machine import ready as ready_
+from cluster.scheduler.machine import state
 from cluster.scheduler.persist import Saving, StatePersister
 from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams
@@ -566,7 +566,7 @@ class SchedulerCore:
     # -- effects -------------------------------------------------------------------------------
 
     def _apply(self, effects: list[state.Effect]) -> None:
-        """The state machine decided `effects`: save, then tell (`cluster.protocol.ready`)."""
+        """The state machine decided `effects`: save, then tell (`machine.ready`)."""
         self._carry_out(self.outbox.step(self.state.revision, effects))
         persister = self.persister
         ended = next((e for e in effects if isinstance(e, state.ShutdownEvent)), None)

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from cluster.protocol.config import LogRotation
-from cluster.protocol.events import JobEvent
+from cluster.scheduler.machine.events import JobEvent
 from cluster.storage.rotation import RotatingFile, in_order
 
 log = logging.getLogger("cluster.scheduler")

@@ -1,15 +1,14 @@
 """The scheduler's journal: every change of the job as an event, kept, followed and logged.
 
-The core hands in what happened (a registration and its outcome, an effect it has just told
-the nodes, every node back after a restart, a save failing); `cluster.protocol.events` decides
-whether that is an event and what it says; the journal stamps it (sequence number, wall-clock
-time), keeps the last `RETAINED_EVENTS`, hands it to its listeners (the metrics), to every
-`WatchEvents` stream, and to the event log file when there is one. It never blocks: the file
-is written by a thread of its own (`cluster.scheduler.event_file`), and a stream that falls
-`FOLLOWER_BACKLOG` events or the job's `follower_max_bytes` behind is ended (it can reconnect
-with the last number it got). At most `max_followers` streams follow at once (a reader that
-never reads holds at most its bytes; CLUSTER_MAX_FOLLOWERS, CLUSTER_FOLLOWER_MAX_BYTES).
-"""
+The core hands in what happened (a registration and its outcome, an effect it has just told the
+nodes, every node back after a restart, a save failing); `cluster.scheduler.machine.events` decides
+whether that is an event and what it says; the journal stamps it (sequence number, wall-clock time),
+keeps the last `RETAINED_EVENTS`, hands it to its listeners (the metrics), to every `WatchEvents`
+stream, and to the event log file when there is one. It never blocks: the file is written by a
+thread of its own (`cluster.scheduler.event_file`), and a stream that falls `FOLLOWER_BACKLOG`
+events or the job's `follower_max_bytes` behind is ended (it can reconnect with the last number it
+got). At most `max_followers` streams follow at once (a reader that never reads holds at most its
+bytes; CLUSTER_MAX_FOLLOWERS, CLUSTER_FOLLOWER_MAX_BYTES)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from cluster.protocol import events, state
 from cluster.protocol.config import LogRotation, canonical_node_id
 from cluster.protocol.errors import CapacityError, FellBehindError
-from cluster.protocol.events import JobEvent, Kind, Record
 from cluster.scheduler.event_file import EventFile, last_seq
+from cluster.scheduler.machine import events, state
+from cluster.scheduler.machine.events import JobEvent, Kind, Record
 
 # Events kept in memory for `WatchEvents` (a 1024-node job's registrations fit twice).
 RETAINED_EVENTS = 4096

@@ -1,4 +1,4 @@
-"""The collectives' rounds on the scheduler's loop: what waits, for `cluster.protocol.rounds`.
+"""The collectives' rounds on the scheduler's loop: what waits, for `machine.rounds`.
 
 The rules (one contribution per rank, the shares and caps, the deadline, what fails a round)
 are decided by the pure table `Rounds`; this shell holds, for each open round, the future its
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from cluster.protocol.admission import ALLGATHER, BARRIER, BROADCAST
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
 from cluster.protocol.errors import ClusterError, JobFailedError
-from cluster.protocol.rounds import ROUNDS_PER_RANK, Completed, Failed, Round, Rounds
+from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST
+from cluster.scheduler.machine.rounds import ROUNDS_PER_RANK, Completed, Failed, Round, Rounds
 
 __all__ = ["ALLGATHER", "BARRIER", "BROADCAST", "ROUNDS_PER_RANK", "ExchangeTable"]
 

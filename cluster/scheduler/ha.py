@@ -20,12 +20,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from cluster.protocol import events
 from cluster.protocol.errors import ConfigError, NotLeaderError, SnapshotError, StateFileError
 from cluster.protocol.leadership import Leadership
-from cluster.protocol.state import Phase, SchedulerState
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.leading import Leading
+from cluster.scheduler.machine import events
+from cluster.scheduler.machine.state import Phase, SchedulerState
 
 if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection

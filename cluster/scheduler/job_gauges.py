@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cluster.protocol import state
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.machine import state
 
 # Jobs of at most this many nodes also get one series per node (rank and node id as labels).
 NODE_LABEL_LIMIT = 64

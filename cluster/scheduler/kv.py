@@ -1,4 +1,4 @@
-"""The job's key-value store on the scheduler's loop: the waits, for `cluster.protocol.kv`.
+"""The job's key-value store on the scheduler's loop: the waits, for `cluster.scheduler.machine.kv`.
 
 The rules (the caps and shares, staging and committing, counters, which waits are admitted) are
 the pure table `KvTable`'s; this shell holds the futures of the pending waits, each with its
@@ -11,7 +11,7 @@ import asyncio
 
 from cluster.protocol.config import DEFAULT_KV_MAX_BYTES, DEFAULT_KV_MAX_KEYS
 from cluster.protocol.errors import CollectiveError
-from cluster.protocol.kv import (
+from cluster.scheduler.machine.kv import (
     MAX_KEY_BYTES,
     MAX_VALUE_BYTES,
     MIN_MAX_WAITS,

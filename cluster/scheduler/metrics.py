@@ -42,11 +42,11 @@ from prometheus_client import (
 )
 from prometheus_client.process_collector import ProcessCollector
 
-from cluster.protocol import state
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.events import Cause, JobEvent, Kind
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.job_gauges import JobCollector, JobGauges
+from cluster.scheduler.machine import state
+from cluster.scheduler.machine.events import Cause, JobEvent, Kind
 from cluster.scheduler.rpc_metrics import RpcMetrics
 
 log = logging.getLogger("cluster.scheduler")

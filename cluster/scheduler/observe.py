@@ -12,9 +12,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from cluster.protocol import events
 from cluster.protocol.config import ObserveConfig
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.machine import events
 
 if TYPE_CHECKING:
     from cluster.scheduler.metrics import MetricsServer, SchedulerMetrics

@@ -24,11 +24,11 @@ from cluster.protocol.errors import (
     NotAuthenticatedError,
     NotLeaderError,
 )
-from cluster.protocol.events import Kind, Record
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
+from cluster.scheduler.machine.events import Kind, Record
 from cluster.scheduler.refusals import peer_host
 from cluster.transport import edge, failures, handlers, membership
 from cluster.v1 import scheduler_pb2 as pb

@@ -17,8 +17,8 @@ import asyncio
 import collections
 from collections.abc import Callable
 
-from cluster.protocol import state
 from cluster.protocol.errors import NotLeaderError
+from cluster.scheduler.machine import state
 
 # An event to write, or why the stream ends: its node was evicted, or this scheduler no longer
 # leads the job.

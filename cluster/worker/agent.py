@@ -1,15 +1,14 @@
 """The worker's side of the protocol, asynchronous: the I/O around the pure worker core.
 
 `WorkerAgent` runs on a background event loop (see `cluster.worker.session`). What it decides is
-decided by `cluster.worker.core.WorkerCore` (registration retries and deadlines, the reconnect
-policy, following a leader, what an event or a lost stream means, when the job is over for this
-node, whether a call or a Finish is made again); every reaction goes `core.step(event)` ->
+decided by `cluster.worker.machine.core.WorkerCore` (registration retries and deadlines, the
+reconnect policy, following a leader, what an event or a lost stream means, when the job is over for
+this node, whether a call or a Finish is made again); every reaction goes `core.step(event)` ->
 actions -> `_run`, the one interpreter, which carries them out (register, probe, pause, read the
 Watch stream with heartbeats, deliver the topology, send the Finish, report a failure through
 `on_fatal` exactly once) and steps the core with what came of them, converted from protobuf by
-`cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user races
-against the job's failure, so no caller waits on a job that is already over.
-"""
+`cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user races against
+the job's failure, so no caller waits on a job that is already over."""
 
 from __future__ import annotations
 
@@ -33,9 +32,10 @@ from cluster.transport import failures, membership
 from cluster.transport.channel import SchedulerProbe
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker import convert, peer_table, scheduler_link, steps
-from cluster.worker.core import WorkerCore
+from cluster.worker import convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
+from cluster.worker.machine import steps
+from cluster.worker.machine.core import WorkerCore
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Silence
 
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from cluster.protocol.records import NodeRole, Registration
 from cluster.protocol.topology import Topology
 from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker import steps
 from cluster.worker.identity import NodeIdentity
+from cluster.worker.machine import steps
 
 # A standby scheduler's refusal (REFUSAL_NOT_LEADER): asked again after this long, at least.
 NOT_LEADER_RETRY_S = 0.5

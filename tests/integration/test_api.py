@@ -22,8 +22,8 @@ from cluster.protocol.errors import (
     JobFailedError,
     RegistrationRefused,
 )
-from cluster.protocol.state import NodeState, Phase
 from cluster.scheduler import JobSettings, SchedulerServer
+from cluster.scheduler.machine.state import NodeState, Phase
 from cluster.testing import free_port
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc

@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 
 from cluster.protocol import auth
-from cluster.protocol.admission import MAX_REPORTED_CHECKPOINTS
-from cluster.protocol.state import (
+from cluster.scheduler.machine.admission import MAX_REPORTED_CHECKPOINTS
+from cluster.scheduler.machine.state import (
     Denial,
     Denied,
     ExchangeTicket,

@@ -26,7 +26,8 @@ from cluster.protocol.errors import (
     UnknownNodeError,
 )
 from cluster.transport.failures import PING_TIMEOUT_DETAILS, failure_of, status_of
-from cluster.worker import convert, steps
+from cluster.worker import convert
+from cluster.worker.machine import steps
 
 
 def _modules() -> list[str]:

@@ -1,6 +1,6 @@
-"""The job's events: what the state machine's inputs and effects become (cluster.protocol.events),
-and the scheduler's journal that stamps, keeps, follows and writes them (cluster.scheduler.events).
-"""
+"""The job's events: what the state machine's inputs and effects become
+(cluster.scheduler.machine.events), and the scheduler's journal that stamps, keeps, follows and
+writes them (cluster.scheduler.events)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol import events
 from cluster.protocol.errors import FellBehindError
-from cluster.protocol.events import Cause, JobEvent, Kind, Record
 from cluster.protocol.settings import JobSettings
-from cluster.protocol.state import (
+from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal
+from cluster.scheduler.machine import events
+from cluster.scheduler.machine.events import Cause, JobEvent, Kind, Record
+from cluster.scheduler.machine.state import (
     Accepted,
     NodeFailedEvent,
     NodeRole,
@@ -26,7 +27,6 @@ from cluster.protocol.state import (
     SchedulerState,
     TopologyReadyEvent,
 )
-from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal
 from cluster.testing import wait_until
 from tests.aio import BOUND_S, settle
 from tests.conftest import FakeClock

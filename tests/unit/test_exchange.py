@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from cluster.protocol.errors import CapacityError, CollectiveError, JobFailedError
-from cluster.protocol.rounds import MAX_ANSWER_BYTES
 from cluster.scheduler.exchange import (
     ALLGATHER,
     BARRIER,
@@ -16,6 +15,7 @@ from cluster.scheduler.exchange import (
     ROUNDS_PER_RANK,
     ExchangeTable,
 )
+from cluster.scheduler.machine.rounds import MAX_ANSWER_BYTES
 from tests.aio import BOUND_S, settle
 
 

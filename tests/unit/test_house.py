@@ -40,9 +40,9 @@ def _sources() -> list[Path]:
 
 def test_the_walk_sees_the_package() -> None:
     sources = _sources()
-    assert PACKAGE / "worker" / "core.py" in sources
+    assert PACKAGE / "worker" / "machine" / "core.py" in sources
     assert not any("v1" in p.relative_to(PACKAGE).parts for p in sources)
-    names = {name for name, _, _ in _functions(PACKAGE / "worker" / "core.py")}
+    names = {name for name, _, _ in _functions(PACKAGE / "worker" / "machine" / "core.py")}
     assert "WorkerCore.__init__" in names
 
 

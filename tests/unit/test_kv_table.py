@@ -1,5 +1,5 @@
-"""The key-value store as a pure table (`cluster.protocol.kv`), without a loop: random sets,
-adds and commits by members, some past their share, keep what is held accounted, within the
+"""The key-value store as a pure table (`cluster.scheduler.machine.kv`), without a loop: random
+sets, adds and commits by members, some past their share, keep what is held accounted, within the
 caps and within each member's share; a refused set changes nothing."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cluster.protocol.errors import CapacityError, CollectiveError
-from cluster.protocol.kv import KvTable
+from cluster.scheduler.machine.kv import KvTable
 
 MEMBERS = ["0", "1", "2"]
 KEYS = ["a", "b", "c", "counter"]

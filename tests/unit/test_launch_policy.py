@@ -7,7 +7,7 @@ import signal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.protocol.state import Phase
+from cluster.scheduler.machine.state import Phase
 from cluster.tools.launch_policy import (
     Action,
     Decision,

@@ -6,16 +6,16 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.protocol.liveness import Liveness
-from cluster.protocol.ranks import assign_ranks, missing_ranks, ranges
 from cluster.protocol.records import Member, NodeRole, NodeState
-from cluster.protocol.rollback import (
+from cluster.protocol.settings import JobSettings
+from cluster.scheduler.machine.liveness import Liveness
+from cluster.scheduler.machine.ranks import assign_ranks, missing_ranks, ranges
+from cluster.scheduler.machine.rollback import (
     HELD_BY_ALL_EVERY_S,
     NoCommonStep,
     RollbackPlanner,
     rollback_step,
 )
-from cluster.protocol.settings import JobSettings
 
 SETTINGS = JobSettings(
     worker_num=4, server_num=0, node_timeout_s=10.0, topo_timeout_s=60.0, heartbeat_interval_s=1.0

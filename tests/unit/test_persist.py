@@ -15,9 +15,9 @@ import pytest
 
 from cluster.protocol.errors import ConfigError, EtcdUnavailable, StateFileError
 from cluster.protocol.settings import JobSettings
-from cluster.protocol.state import Accepted, Refused
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.machine.state import Accepted, Refused
 from cluster.scheduler.persist import STATE_KIND
 from cluster.scheduler.server import JobStore, SchedulerServer
 from cluster.storage import atomic, store

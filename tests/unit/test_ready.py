@@ -1,4 +1,4 @@
-"""Ready/Advance (`cluster.protocol.ready`): the write-ahead rule as a property of the pure
+"""Ready/Advance (`cluster.scheduler.machine.ready`): the write-ahead rule as a property of the pure
 machine. The scheduler's state machine takes random registrations, disconnects, finishes,
 aborts and passing time; the saver lands, fails or lags; another scheduler takes the job. No
 effect whose revision is unsaved ever reaches a node, none is lost or reordered, and a planted
@@ -20,7 +20,6 @@ from hypothesis.stateful import (
 )
 
 from cluster.protocol.errors import JobFailedError, PeerFailedError
-from cluster.protocol.ready import Outbox, Ready, Tell, rounds_failed
 from cluster.protocol.records import (
     Effect,
     Evict,
@@ -29,7 +28,8 @@ from cluster.protocol.records import (
     ShutdownEvent,
     TopologyReadyEvent,
 )
-from cluster.protocol.state import SchedulerState
+from cluster.scheduler.machine.ready import Outbox, Ready, Tell, rounds_failed
+from cluster.scheduler.machine.state import SchedulerState
 from tests.conftest import FakeClock
 from tests.unit.test_state import make_state, reg
 

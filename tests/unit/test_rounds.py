@@ -1,6 +1,6 @@
-"""The collectives' rounds as a pure table (`cluster.protocol.rounds`), without a loop: random
-contributions, repeats, cancellations, answers, deadlines and failures of the job keep what is
-held accounted and bounded, and a completed round gathers every rank's bytes in rank order."""
+"""The collectives' rounds as a pure table (`cluster.scheduler.machine.rounds`), without a loop:
+random contributions, repeats, cancellations, answers, deadlines and failures of the job keep what
+is held accounted and bounded, and a completed round gathers every rank's bytes in rank order."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from cluster.protocol.admission import ALLGATHER, BARRIER
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, JobFailedError
-from cluster.protocol.rounds import (
+from cluster.scheduler.machine.admission import ALLGATHER, BARRIER
+from cluster.scheduler.machine.rounds import (
     ROUNDS_PER_RANK,
     Completed,
     Failed,

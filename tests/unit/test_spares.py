@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cluster.protocol.config import Limits
-from cluster.protocol.state import (
+from cluster.scheduler.machine.state import (
     Accepted,
     Effect,
     Evict,

@@ -16,9 +16,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
-from cluster.protocol.rollback import HELD_BY_ALL_EVERY_S
 from cluster.protocol.settings import JobSettings
-from cluster.protocol.state import (
+from cluster.scheduler.machine.rollback import HELD_BY_ALL_EVERY_S
+from cluster.scheduler.machine.state import (
     Accepted,
     Denial,
     Denied,

@@ -6,8 +6,8 @@ import dataclasses
 import json
 
 from cluster.protocol.settings import JobSettings
-from cluster.protocol.state import NodeRole, Registration, SchedulerState
 from cluster.scheduler import convert
+from cluster.scheduler.machine.state import NodeRole, Registration, SchedulerState
 from cluster.tools.status import job_view, render
 from tests.credentials import digest
 

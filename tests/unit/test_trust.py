@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from cluster.protocol import auth
 from cluster.protocol.display import safe
-from cluster.protocol.state import Denial, Denied, Member, Refusal
 from cluster.scheduler import convert
+from cluster.scheduler.machine.state import Denial, Denied, Member, Refusal
 from cluster.scheduler.refusals import RefusalLimiter, peer_host
 from cluster.transport import allocator, edge, membership
 from cluster.v1 import scheduler_pb2 as pb

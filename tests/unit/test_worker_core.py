@@ -24,8 +24,8 @@ from cluster.protocol.errors import (
     TopologyTimeoutError,
 )
 from cluster.protocol.topology import Topology
-from cluster.worker import steps
-from cluster.worker.core import (
+from cluster.worker.machine import steps
+from cluster.worker.machine.core import (
     CALL_RETRY_PAUSE_S,
     DOWN_FOR_S,
     FATAL_WAIT_S,

@@ -1,11 +1,11 @@
 """The worker's decisions, pure: what happened in, what to do out (etcd's raft/RawNode split).
 
-`WorkerCore` is stepped with the events of `cluster.worker.steps` (an answer to a registration,
-an event of the scheduler's stream, the stream lost, a deadline passed, this node's Finish
-heard, closing) and returns the actions the agent must carry out (register now, pause, follow
+`WorkerCore` is stepped with the events of `cluster.worker.machine.steps` (an answer to a
+registration, an event of the scheduler's stream, the stream lost, a deadline passed, this node's
+Finish heard, closing) and returns the actions the agent must carry out (register now, pause, follow
 the leader, read the stream, deliver this topology, report this peer's failure, fail with this
-error, say this line). It holds the worker's one lifecycle, an injected clock, and no grpc,
-asyncio or protobuf (an import-linter contract keeps it so), so it is tested without a network.
+error, say this line). It holds the worker's one lifecycle, an injected clock, and no grpc, asyncio
+or protobuf (an import-linter contract keeps it so), so it is tested without a network.
 
 The rules it keeps:
 - Registration is retried until a deadline (MS_TOPO_TIMEOUT at the start; the reconnect window
@@ -51,9 +51,9 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.leader_search import leader_to_follow, next_in_turn
-from cluster.protocol.spares import GUARD_POLL_S
+from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
-from cluster.worker import steps
+from cluster.worker.machine import steps
 
 # Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
 # that the scheduler's own timeout, which names the missing nodes, is what the user sees.

@@ -1,6 +1,6 @@
 """Hot spares: the state machine's decisions about workers that hold no rank.
 
-Pure, like `cluster.protocol.state`, which uses it. A spare is a member of the job without a
+Pure, like `state`, which uses it. A spare is a member of the job without a
 rank: admitted like any node (node credential, job secret), heartbeating, not counted in
 MS_WORKER_NUM, and capped (CLUSTER_MAX_SPARES) so that registrations cannot exhaust the
 scheduler. The scheduler keeps them apart from the ranked members, in `SchedulerState.spares`,
@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from cluster.protocol.liveness import Liveness
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -37,12 +36,7 @@ from cluster.protocol.records import (
     Registration,
 )
 from cluster.protocol.settings import JobSettings
-
-# A node refused by the guard (a restarted worker, perhaps one that will be a spare) asks again
-# at least this often, so that it hears at once that the job ended; once the job ends, the
-# scheduler waits up to this long and a little more for those refused lately to ask again.
-GUARD_POLL_S = 1.0
-GUARD_POLL_MARGIN_S = 0.5
+from cluster.scheduler.machine.liveness import Liveness
 
 
 def check_new_spare(

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.protocol import state
 from cluster.protocol.config import canonical_node_id
+from cluster.scheduler.machine import state
 
 
 class Kind(enum.Enum):

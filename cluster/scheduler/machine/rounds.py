@@ -35,9 +35,9 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from cluster.protocol.admission import ALLGATHER, BROADCAST
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
+from cluster.scheduler.machine.admission import ALLGATHER, BROADCAST
 
 ROUNDS_PER_RANK = 2
 # A round's answer is one message: what an allgather gathers must fit in one (gRPC's limit on

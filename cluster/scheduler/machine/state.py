@@ -8,7 +8,7 @@ gRPC messages; the tests drive this class directly with a fake clock.
 
 Trust: a registration carries the hash of the node's credential (and, when the job has a
 secret, proof of it: `cluster.protocol.auth`); a member keeps that hash, and every later call of
-the node is admitted by `admit*` (`cluster.protocol.admission`) before any input method runs. A
+the node is admitted by `admission.admit*` before any input method runs. A
 registration of a live node's own incarnation must carry the same credential and address: it is
 a retry, never an update.
 
@@ -33,12 +33,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cluster.protocol import auth, ranks, spares
-from cluster.protocol.admission import Admission, Denial, Denied, ExchangeTicket
+from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id, valid_node_id
 from cluster.protocol.errors import SnapshotError, UnknownNodeError
-from cluster.protocol.liveness import Liveness
 from cluster.protocol.records import (
+    GUARD_POLL_MARGIN_S,
+    GUARD_POLL_S,
     Accepted,
     Effect,
     Event,
@@ -57,9 +57,12 @@ from cluster.protocol.records import (
     Told,
     TopologyReadyEvent,
 )
-from cluster.protocol.rollback import NoCommonStep, RollbackPlanner, rollback_step
 from cluster.protocol.settings import JobSettings
-from cluster.protocol.spares import SparePool
+from cluster.scheduler.machine import ranks, spares
+from cluster.scheduler.machine.admission import Admission, Denial, Denied, ExchangeTicket
+from cluster.scheduler.machine.liveness import Liveness
+from cluster.scheduler.machine.rollback import NoCommonStep, RollbackPlanner, rollback_step
+from cluster.scheduler.machine.spares import SparePool
 
 __all__ = [
     "Accepted",
@@ -95,10 +98,9 @@ SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation"
 class SchedulerState:
     """The job as the scheduler sees it. All methods are synchronous and free of I/O.
 
-    Its parts: `admission` (who may join, which call is admitted; `cluster.protocol.admission`),
-    `liveness` (silence and the guard; `cluster.protocol.liveness`), `pool` (the spares;
-    `cluster.protocol.spares`) and `rollback` (the step every worker holds;
-    `cluster.protocol.rollback`); ranks are placed by `cluster.protocol.ranks`.
+    Its parts, each a module of `cluster.scheduler.machine`: `admission` (who may join, which
+    call is admitted), `liveness` (silence and the guard), `pool` (the spares, `spares`) and
+    `rollback` (the step every worker holds); ranks are placed by `ranks`.
     """
 
     cluster_id: str
@@ -108,8 +110,8 @@ class SchedulerState:
     generation: int = 0
     detail: str = ""
     members: dict[str, Member] = field(default_factory=dict)
-    # Spares (no rank; `cluster.protocol.spares`), and failed nodes whose rank a spare took,
-    # kept for their guard.
+    # Spares (no rank; `spares`), and failed nodes whose rank a spare took, kept for their
+    # guard.
     spares: dict[str, Member] = field(default_factory=dict)
     started: float = field(init=False)
     # Kept up to date with `members`, so that no input costs O(members): a 1024-node job
@@ -284,7 +286,7 @@ class SchedulerState:
         return self.rollback.held_by_all(self.generation, self._workers(), self.clock())
 
     def rollback_step(self) -> int | NoCommonStep:
-        """The newest step every worker holds (`cluster.protocol.rollback`)."""
+        """The newest step every worker holds (`cluster.scheduler.machine.rollback`)."""
         return rollback_step(self._workers())
 
     def reform(self, reason: str) -> list[Effect]:
@@ -374,8 +376,8 @@ class SchedulerState:
 
     def awaited_after_end(self) -> bool:
         """Whether a node refused by the guard lately may still ask again and hear that the job
-        is over (it asks every `spares.GUARD_POLL_S`)."""
-        window = spares.GUARD_POLL_S + spares.GUARD_POLL_MARGIN_S
+        is over (it asks every `GUARD_POLL_S`)."""
+        window = GUARD_POLL_S + GUARD_POLL_MARGIN_S
         now = self.clock()
         return any(now - refused <= window for refused in self.guard_waiting.values())
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cluster.protocol import auth
-from cluster.protocol.config import canonical_node_id, job_secret_from_env, read_job_secret
+from cluster.protocol.config import canonical_node_id
+from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.scheduler.machine.state import NodeRole, Registration
 from cluster.transport import membership
 from cluster.transport.membership import Caller

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.api import excepthook
-from cluster.protocol import config as config_module
+from cluster.protocol import environment
 from cluster.protocol.config import ClusterConfig, ObserveConfig, Role, TLSOptions
 from cluster.protocol.display import SafeFormatter
 from cluster.protocol.errors import (
@@ -69,7 +69,7 @@ def init(config: ClusterConfig | None = None) -> None:
     exits the process, 0 when every worker finished, 1 otherwise.
     """
     global _session
-    cfg = config if config is not None else config_module.from_env()
+    cfg = config if config is not None else environment.from_env()
     if _ps_context_called:
         cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
     if cfg.tls is not None:
@@ -136,7 +136,7 @@ def set_ps_context(
         _ps_context_called, _ps_context_tls = True, None
         return
     path = Path(config_file_path) if config_file_path else None
-    options = config_module.tls_options_from_env(os.environ, path)
+    options = environment.tls_options_from_env(os.environ, path)
     if options is None:
         raise TLSConfigError(
             "set_ps_context(enable_ssl=True) needs config_file_path (an ssl.json), or "

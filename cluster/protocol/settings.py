@@ -1,15 +1,14 @@
 """The job's parameters as the scheduler uses them: one frozen object, built once.
 
-`JobSettings.from_config` turns the launch environment (`ClusterConfig`) into it; the state
-machine, the scheduler's core, its server and the restore of a saved job all take this one
-object, so a parameter is added in one place and cannot be copied wrongly on the way.
-"""
+`cluster.protocol.environment.job_settings` turns the launch environment (`ClusterConfig`) into it;
+the state machine, the scheduler's core, its server and the restore of a saved job all take this one
+object, so a parameter is added in one place and cannot be copied wrongly on the way."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cluster.protocol.config import ClusterConfig, Limits, read_job_secret, silence_limit
+from cluster.protocol.config import Limits, silence_limit
 from cluster.protocol.records import NodeRole
 
 
@@ -44,19 +43,3 @@ class JobSettings:
 
     def describe_counts(self) -> str:
         return f"MS_WORKER_NUM={self.worker_num}, MS_SERVER_NUM={self.server_num}"
-
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> JobSettings:
-        """The settings of `config`'s job (reads the job secret's file, if it names one)."""
-        return cls(
-            worker_num=config.worker_num,
-            server_num=config.server_num,
-            node_timeout_s=config.node_timeout_s,
-            topo_timeout_s=config.topo_timeout_s,
-            heartbeat_interval_s=config.heartbeat_interval_s,
-            heartbeat_enabled=config.heartbeat_enabled,
-            # The state in etcd (CLUSTER_STATE_URL) is recovery too, without MS_RECOVERY_PATH.
-            recovery=config.recovery is not None or config.state_url is not None,
-            job_secret=None if config.job_secret is None else read_job_secret(config.job_secret),
-            limits=config.limits,
-        )

@@ -23,6 +23,7 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol.config import ClusterConfig, ObserveConfig
+from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
@@ -458,7 +459,7 @@ async def serve(config: ClusterConfig) -> int:
     elif config.recovery is not None:
         store = JobStore.directory(config.recovery.path)
     server = SchedulerServer(
-        JobSettings.from_config(config),
+        job_settings(config),
         config.sched_host,
         config.sched_port,
         tls=identity,

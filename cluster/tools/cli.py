@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 
 import cluster
 from cluster.api import excepthook, runtime
-from cluster.protocol.config import ClusterConfig, from_env, tls_options_from_env
+from cluster.protocol.config import ClusterConfig
 from cluster.protocol.display import safe
+from cluster.protocol.environment import from_env, tls_options_from_env
 from cluster.protocol.errors import (
     ClusterError,
     ConfigError,

@@ -33,13 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import (
-    JobSecretSource,
-    job_secret_from_env,
-    read_job_secret,
-    tls_options_from_env,
-)
+from cluster.protocol.config import JobSecretSource
 from cluster.protocol.display import safe
+from cluster.protocol.environment import job_secret_from_env, read_job_secret, tls_options_from_env
 from cluster.protocol.errors import ClusterError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import grpc
 
-from cluster.protocol.config import JobSecretSource, job_secret_from_env, read_job_secret
+from cluster.protocol.config import JobSecretSource
+from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ReadRefusedError
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.tools.secret import JOB_SECRET_FILE

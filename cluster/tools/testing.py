@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.protocol.config import job_secret_from_env, read_job_secret
+from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.scheduler.machine.state import Phase
 from cluster.tools.netlab import NetworkLab

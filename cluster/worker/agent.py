@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol import auth
-from cluster.protocol.config import ClusterConfig, read_job_secret, silence_limit
+from cluster.protocol.config import ClusterConfig, silence_limit
+from cluster.protocol.environment import read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.parse import split_address

@@ -4,7 +4,7 @@ Each function returns a page's Markdown (or a part of one): the command line fro
 parsers of `cluster.tools.cli`, the metrics from their prometheus_client definitions, the wire
 protocol from the comments of `protos/cluster/v1/*.proto`, the errors from the class tree of
 `cluster.protocol.errors`, and the environment variables from the names the code reads and the
-defaults `cluster.protocol.config` computes. `reference.py` (the MkDocs hook) puts them in the
+defaults `cluster.protocol.environment` computes. `reference.py` (the MkDocs hook) puts them in the
 site. Nothing here changes what it reads.
 """
 
@@ -292,12 +292,12 @@ def environment_where() -> str:
 
 
 def environment_defaults() -> str:
-    """The settings `cluster.protocol.config.from_env` makes from the least a job needs."""
-    from cluster.protocol import config  # noqa: PLC0415
+    """The settings `cluster.protocol.environment.from_env` makes from the least a job needs."""
+    from cluster.protocol import environment  # noqa: PLC0415
 
     least = {"MS_ROLE": "MS_SCHED", "MS_WORKER_NUM": "8"}
     least |= {"MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118"}
-    made = config.from_env(least)
+    made = environment.from_env(least)
     rows = ["| setting | value |", "|---|---|"]
     for name, value in _flat(made):
         rows.append(f"| `{name}` | `{value!r}` |")

@@ -14,7 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cluster
-from cluster.protocol.config import Limits, from_env
+from cluster.protocol.config import Limits
+from cluster.protocol.environment import from_env
 from cluster.protocol.errors import (
     AccessDeniedError,
     CapacityError,

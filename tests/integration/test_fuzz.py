@@ -54,7 +54,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from cluster.protocol import peer_state
-from cluster.protocol.config import from_env
+from cluster.protocol.environment import from_env
 from cluster.storage import checkpoint_files
 from cluster.testing import Process, free_port, wait_until
 from cluster.transport import membership

@@ -25,7 +25,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol import auth
-from cluster.protocol.config import from_env
+from cluster.protocol.environment import from_env
 from cluster.testing import free_port
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc

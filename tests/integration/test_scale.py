@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cluster.protocol.config import from_env
+from cluster.protocol.environment import from_env
 from cluster.protocol.records import NodeRole, PeerInfo
 from cluster.scheduler import CoreSettings, JobStore, SchedulerServer, convert
 from cluster.testing import free_port, wait_until

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cluster.protocol.config import from_env
+from cluster.protocol.environment import from_env
 from cluster.testing import free_port, processes_running, wait_until, worker_pid
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc

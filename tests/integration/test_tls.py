@@ -24,7 +24,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from cluster.protocol.config import TLSOptions, from_env
+from cluster.protocol.config import TLSOptions
+from cluster.protocol.environment import from_env
 from cluster.protocol.errors import CollectiveError, TLSConfigError
 from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.testing import Process, free_port

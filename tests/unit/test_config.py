@@ -18,14 +18,12 @@ from cluster.protocol.config import (
     LogRotation,
     RecoveryConfig,
     Role,
-    from_env,
-    read_job_secret,
     secret_mode_ok,
     silence_limit,
 )
+from cluster.protocol.environment import from_env, job_settings, read_job_secret
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.protocol.parse import is_decimal, split_address
-from cluster.protocol.settings import JobSettings
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
 from cluster.worker.scheduler_link import channel_options
@@ -145,7 +143,7 @@ def test_large_jobs_beat_less_often(
     config = from_env(env(MS_WORKER_NUM=workers, MS_NODE_TIMEOUT=node_timeout))
     assert config.heartbeat_interval_s == pytest.approx(interval)
     assert silence_limit(config.node_timeout_s, interval) == pytest.approx(silence)
-    settings = JobSettings.from_config(config)
+    settings = job_settings(config)
     assert settings.silence_limit_s == pytest.approx(silence)
 
 

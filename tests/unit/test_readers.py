@@ -15,7 +15,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cluster.protocol.config import Limits, limits_from_env
+from cluster.protocol.config import Limits
+from cluster.protocol.environment import limits_from_env
 from cluster.protocol.errors import ConfigError, ReadRefusedError
 from cluster.scheduler import CoreSettings, SchedulerServer
 from cluster.tools import events, reading, status

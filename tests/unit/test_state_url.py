@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol.config import from_env
+from cluster.protocol.environment import from_env
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from cluster.protocol.config import TLSOptions, from_env, tls_options_from_env
+from cluster.protocol.config import TLSOptions
+from cluster.protocol.environment import from_env, tls_options_from_env
 from cluster.protocol.errors import ConfigError, TLSConfigError
 from cluster.transport import certs, tls
 from tests.aio import eventually

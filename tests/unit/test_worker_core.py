@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from cluster.protocol.config import ClusterConfig, from_env
+from cluster.protocol.config import ClusterConfig
+from cluster.protocol.environment import from_env
 from cluster.protocol.errors import (
     ClusterError,
     JobFailedError,

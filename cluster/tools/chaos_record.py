@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.scheduler.machine.events import JobEvent
+from cluster.protocol.events import JobEvent
 from cluster.storage import rotation
 from cluster.tools.testing import LocalJob
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
-from cluster.scheduler.machine.events import JobEvent
+from cluster.protocol.events import JobEvent
 from cluster.storage import rotation
 from cluster.tools import reading, status
 from cluster.tools.placement import DEFAULT_LOG_DIR

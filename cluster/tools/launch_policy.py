@@ -15,7 +15,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cluster.scheduler.machine.state import Phase
+from cluster.protocol.records import Phase
 
 
 class Action(enum.Enum):

@@ -11,9 +11,9 @@ import grpc
 
 from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.events import JobEvent
 from cluster.protocol.leader_search import LeaderSearch
-from cluster.scheduler.machine.events import JobEvent
-from cluster.scheduler.machine.state import NodeState, Phase
+from cluster.protocol.records import NodeState, Phase
 from cluster.tools import reading
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module

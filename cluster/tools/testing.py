@@ -42,7 +42,7 @@ from typing import Any
 
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
-from cluster.scheduler.machine.state import Phase
+from cluster.protocol.records import Phase
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.processes import descendants, launched_pid, processes_running, worker_pid
 from cluster.tools.secret import write_job_secret

@@ -30,8 +30,8 @@ from rich.text import Text
 
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
-from cluster.scheduler.machine.events import JobEvent
-from cluster.scheduler.machine.state import Phase
+from cluster.protocol.events import JobEvent
+from cluster.protocol.records import Phase
 from cluster.tools import events, reading, status
 from cluster.tools.events import FINAL
 from cluster.tools.following import Following

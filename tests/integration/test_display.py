@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 
-from cluster.scheduler.machine.events import JobEvent
+from cluster.protocol.events import JobEvent
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.procs import PYTHON, ROOT

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol.config import LogRotation
+from cluster.protocol.events import JobEvent
 from cluster.scheduler.event_file import EventFile, last_seq
-from cluster.scheduler.machine.events import JobEvent
 from cluster.storage.rotation import RotatingFile, in_order, old_file
 from cluster.tools import events as events_tool
 from tests.procs import PYTHON, ROOT

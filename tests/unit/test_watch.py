@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from cluster.protocol.errors import ConfigError
-from cluster.scheduler.machine.events import JobEvent
+from cluster.protocol.events import JobEvent
 from cluster.scheduler.machine.state import Phase
 from cluster.tools import events
 from cluster.tools.status import JobView, NodeView

@@ -59,6 +59,11 @@ class TopologyTimeoutError(ClusterError):
     """Not every node registered within MS_TOPO_TIMEOUT."""
 
 
+class CrowdedError(ClusterError):
+    """The scheduler turned a call away for now: too many calls of its peer (or of everyone)
+    were waiting for their request. Not an answer: the caller tries again."""
+
+
 class SchedulerUnreachableError(ClusterError):
     """The scheduler could not be reached, or stopped answering, for too long."""
 

@@ -21,6 +21,7 @@ from cluster.protocol.errors import (
     BadRequestError,
     CapacityError,
     ClusterError,
+    CrowdedError,
     NotAuthenticatedError,
     NotLeaderError,
 )
@@ -139,12 +140,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         """End a call whose request never came in time, or that found too many waiting for
         theirs (`handlers.Arrivals`): counted and told as every refusal at the edge; a crowded
         one as UNAVAILABLE, which a real node meets by trying again."""
-        error = self.at_edge(context, method, reason, problem)
-        if reason == "crowded":
-            context.set_code(grpc.StatusCode.UNAVAILABLE)
-            context.set_details(str(error))
-        else:
-            _refuse(context, error)
+        _refuse(context, self.at_edge(context, method, reason, problem))
 
     def at_edge(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
@@ -158,7 +154,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
             fields.update(reason=reason, message=problem, count=count)
             core.journal.emit(Record(Kind.REFUSED, fields))
-        kinds = {"oversized": CapacityError, "unauthenticated": NotAuthenticatedError}
+        kinds: dict[str, type[ClusterError]] = {
+            "oversized": CapacityError,
+            "unauthenticated": NotAuthenticatedError,
+            "crowded": CrowdedError,
+        }
         return kinds.get(reason, BadRequestError)(f"{problem}: refused")
 
     @_mapped

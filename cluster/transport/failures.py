@@ -24,6 +24,7 @@ from cluster.protocol.errors import (
     CapacityError,
     ClusterError,
     CollectiveError,
+    CrowdedError,
     EvictedError,
     FellBehindError,
     JobFailedError,
@@ -48,15 +49,17 @@ _CODES: tuple[tuple[type[ClusterError], grpc.StatusCode], ...] = (
     # A standby: a client that does not know the kind retries, which is not wrong either.
     (NotLeaderError, grpc.StatusCode.UNAVAILABLE),
     (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    # Not an answer: a node's caller takes it as cut off (made again once it registered).
+    # Not answers: a node's caller takes them as cut off (made again once it registered, or
+    # once the scheduler is less crowded).
     (RegistrationPendingError, grpc.StatusCode.UNAVAILABLE),
+    (CrowdedError, grpc.StatusCode.UNAVAILABLE),
     (ClusterError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 # The kinds a client knows by name: every class above, and those a refusal raises.
 _KINDS: dict[str, type[ClusterError]] = {
     kind.__name__: kind
     for kind in (
-        *(kind for kind, _ in _CODES if kind is not RegistrationPendingError),
+        *(kind for kind, _ in _CODES if kind not in (RegistrationPendingError, CrowdedError)),
         AccessDeniedError,
         PeerFailedError,
         CollectiveError,

@@ -12,7 +12,7 @@ into a status code, and changes nothing.
 
 With recovery on, effects that follow a change of the saved state wait until the change is saved in
 the state store (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that
-made it, and to a key set (`cluster.scheduler.kv_journal`): what a node has been told, a restarted
+made it, and to a key set (the same saver): what a node has been told, a restarted
 scheduler (or a standby taking over) knows. The order is decided by a pure machine,
 `cluster.scheduler.machine.ready.Outbox` (raft's Ready/Advance): `step` says what to save and what
 may be told now, `advance` what a landed save releases, with what each effect does to the
@@ -46,10 +46,9 @@ from cluster.scheduler import convert
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
-from cluster.scheduler.kv_journal import KvJournal
 from cluster.scheduler.machine import ready as ready_
 from cluster.scheduler.machine import state
-from cluster.scheduler.persist import Saving, StatePersister
+from cluster.scheduler.persist import Saving, WriteAheadSaver
 from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams
 from cluster.storage.state_store import StateStore
@@ -139,8 +138,8 @@ class SchedulerCore:
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
         if kv:
             self.kv.restore(kv)
-        self.persister: StatePersister | None = None
-        self.kv_journal: KvJournal | None = None
+        # The one write-ahead saver: the state and the key-value store (None: nothing saved).
+        self.persister: WriteAheadSaver | None = None
         if state_store is not None:
             self._save_in(state_store, token)
         self.exchanges = ExchangeTable(limits.collective_max_bytes, limits.collective_timeout_s)
@@ -176,7 +175,7 @@ class SchedulerCore:
     def _save_in(self, state_store: StateStore, token: str) -> None:
         """Save the state (write-ahead) and the key-value store in `state_store`, whose
         current content `token` names."""
-        self.persister = StatePersister(
+        self.persister = WriteAheadSaver(
             state_store,
             self.state.snapshot,
             self._release,
@@ -184,7 +183,7 @@ class SchedulerCore:
             on_fenced=self._fence,
             clock=self._clock,
         )
-        self.kv_journal = KvJournal(state_store, self.state.cluster_id, self.kv.commit, self._fence)
+        self.persister.keep_kv(self.state.cluster_id, self.kv.commit)
 
     @classmethod
     async def resume(
@@ -284,15 +283,11 @@ class SchedulerCore:
         """Save from now on, in the background (after the first save, `persister.save_first`)."""
         if self.persister is not None:
             self.persister.start()
-        if self.kv_journal is not None:
-            self.kv_journal.start()
 
     async def stop_saving(self, timeout_s: float | None) -> bool:
         """Save what is decided (trying for up to `timeout_s` while saves fail), then stop;
         True when everything decided is saved."""
-        kv_saved = self.kv_journal is None or await self.kv_journal.stop(timeout_s)
-        state_saved = self.persister is None or await self.persister.stop(timeout_s)
-        return kv_saved and state_saved
+        return self.persister is None or await self.persister.stop(timeout_s)
 
     def _fence(self, why: str) -> None:
         """Another scheduler holds the store: this core tells nothing more."""
@@ -474,19 +469,19 @@ class SchedulerCore:
         """Set a key (counted to the caller's share); with recovery, answered (and visible)
         once it is saved."""
         kv = self.kv_for(caller)
-        if self.kv_journal is None:
+        if self.persister is None:
             kv.set(key, value, caller.node_id)
             return
         kv.stage(key, value, caller.node_id)
-        await self.kv_journal.write(key, value)
+        await self.persister.write_kv(key, value)
 
     async def kv_add(self, caller: Caller, key: str, amount: int) -> int:
         """Add to a counter; with recovery, answered (and visible) once it is saved."""
         kv = self.kv_for(caller)
-        if self.kv_journal is None:
+        if self.persister is None:
             return kv.add(key, amount, caller.node_id)
         number = kv.stage_add(key, amount, caller.node_id)
-        await self.kv_journal.write(key, str(number).encode("ascii"))
+        await self.persister.write_kv(key, str(number).encode("ascii"))
         return number
 
     async def kv_wait(self, caller: Caller, keys: list[str], timeout_s: float) -> list[bytes]:

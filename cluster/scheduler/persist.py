@@ -1,4 +1,5 @@
-"""Write-ahead saving of the scheduler's state in its state store (MS_RECOVERY_PATH, etcd).
+"""Write-ahead saving in the scheduler's state store (MS_RECOVERY_PATH, etcd): one saver for the
+job's state and its key-value store.
 
 The state machine bumps its revision on every change a restarted scheduler must know. The core
 asks for that revision to be saved and holds back what it would tell the nodes until the save
@@ -17,6 +18,14 @@ Every save is a compare-and-set on the token of the last save (`StateStore.save`
 is refused because this scheduler no longer holds the store, or because the stored state is not
 the one it saved last, is not retried: the persister stops for good (`fenced`), nothing held
 back is ever told, and `on_fenced` tells the scheduler to stop serving.
+
+The key-value store is saved by the same saver (`keep_kv`, `write_kv`), in the same rounds, with
+the same retries and the same fence: a key set (or add) is staged in the `KvStore`, handed to
+`write_kv`, and answered once the batch holding it is saved (`StateStore.save_kv`: the changed
+keys only); only then is it committed, visible to `get` and `wait`. Sets that arrive while a
+round is saving go in the next one, so a burst of sets costs a few saves, not one each. A
+failed batch waits for the next round with the newer sets joined to it, and nothing is answered
+meanwhile; a fence fails every waiting set with NotLeaderError (the node asks the leader).
 """
 
 from __future__ import annotations
@@ -30,13 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.protocol.backoff import RetryPolicy
-from cluster.protocol.errors import FencedError, StateFileError
+from cluster.protocol.errors import FencedError, NotLeaderError, StateFileError
 from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Stored, Written
 
 log = logging.getLogger("cluster.scheduler")
 
 STATE_KIND = SCHEDULER_KIND
-__all__ = ["STATE_KIND", "StatePersister"]
+__all__ = ["STATE_KIND", "WriteAheadSaver"]
 # A failed save is tried again after 0.1 s, doubling up to 5 s: soon after the disk has room
 # again, without spinning on a disk that stays full.
 SAVE_RETRY = RetryPolicy(first_s=0.1, max_s=5.0)
@@ -56,9 +65,10 @@ class Saving:
     unsaved_changes: int
 
 
-class StatePersister:
-    """Saves `snapshot()` whenever a newer revision is requested; `on_saved(revision)` follows
-    each save that landed, never a failed one."""
+class WriteAheadSaver:
+    """Saves `snapshot()` whenever a newer revision is requested, and the key-value store's sets
+    as they come (`keep_kv`); `on_saved(revision)` follows each state save that landed, never a
+    failed one."""
 
     def __init__(
         self,
@@ -96,6 +106,29 @@ class StatePersister:
         # Told how each save ended, its seconds and error (None: it landed): the scheduler's
         # event log and metrics (cluster.scheduler.observe).
         self.observer: Callable[[float, str | None], None] | None = None
+        # The key-value store (`keep_kv`): the job it is saved under and what commits a saved
+        # set; the sets not yet in a batch being saved, in order, and who waits for them; those
+        # of the batch being saved; the last failed batch's error, while batches fail.
+        self._kv: tuple[str, Callable[[str, bytes], None]] | None = None
+        self._kv_pending: list[tuple[str, bytes]] = []
+        self._kv_waiters: list[asyncio.Future[None]] = []
+        self._kv_in_flight: list[asyncio.Future[None]] = []
+        self.kv_error: str | None = None
+
+    def keep_kv(self, job: str, commit: Callable[[str, bytes], None]) -> None:
+        """Save the key-value store of `job` too; `commit(key, value)` once a set is saved."""
+        self._kv = (job, commit)
+
+    async def write_kv(self, key: str, value: bytes) -> None:
+        """Return once `key` = `value` is saved (and committed). The save goes on when the
+        caller gives up waiting: what was staged is committed all the same."""
+        if self.fenced is not None:
+            raise NotLeaderError(self.fenced)
+        waiter = asyncio.get_running_loop().create_future()
+        self._kv_pending.append((key, value))
+        self._kv_waiters.append(waiter)
+        self._wake.set()
+        await asyncio.shield(waiter)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -119,19 +152,27 @@ class StatePersister:
         self.token = written.current.token
 
     async def stop(self, timeout_s: float | None = None) -> bool:
-        """Save what is still pending (trying for up to `timeout_s` while saves fail), then
-        stop; True when everything requested is on disk."""
+        """Save what is still pending, state and key-value sets (trying for up to `timeout_s`
+        while saves fail), then stop; True when everything asked for is on disk."""
         if self._task is None:
-            return not self.pending
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.flushed(self.requested), timeout_s)
+            return not self.pending and not self._kv_pending
+        with contextlib.suppress(asyncio.TimeoutError, FencedError):
+            await asyncio.wait_for(self._drained(), timeout_s)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
-        return not self.pending
+        kv_waiting = any(not w.done() for w in [*self._kv_in_flight, *self._kv_waiters])
+        return not self.pending and not kv_waiting
+
+    async def _drained(self) -> None:
+        await self.flushed(self.requested)
+        waiting = [*self._kv_in_flight, *self._kv_waiters]
+        if waiting:
+            await asyncio.wait(waiting)
 
     def request(self, revision: int) -> None:
+        """Save the state up to `revision` (the newest snapshot, when the round comes)."""
         if revision > self.requested:
             self.requested = revision
             self._wake.set()
@@ -168,16 +209,53 @@ class StatePersister:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self.pending:
+            if not (self.pending or self._kv_pending):
                 continue
-            if await self._save():
+            # One round: the key-value sets that came, then the newest snapshot; each is tried
+            # whether the other landed or not.
+            kv_saved = await self._save_kv()
+            if self.fenced is not None:
+                return  # for good: another scheduler holds the job
+            state_saved = not self.pending or await self._save()
+            if kv_saved and state_saved:
                 backoff.reset()
                 continue
             if self.fenced is not None:
-                return  # for good: another scheduler holds the job
-            # The newest snapshot goes in the next attempt, whatever was requested meanwhile.
+                return
+            # The next attempt takes the newest snapshot and every set that came meanwhile.
             await asyncio.sleep(backoff.next_s())
             self._wake.set()
+
+    async def _save_kv(self) -> bool:
+        """Save the key-value sets waiting, as one batch (True when there were none); a failed
+        batch waits for the next round, the newer sets joined to it."""
+        if not self._kv_pending or self._kv is None:
+            return True
+        job, commit = self._kv
+        changes, waiters = self._kv_pending, self._kv_waiters
+        self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], waiters
+        try:
+            await self.store.save_kv(job, dict(changes))
+        except FencedError as exc:
+            self._kv_pending, self._kv_waiters = changes, [*waiters, *self._kv_waiters]
+            self._kv_in_flight = []
+            await self._fence(str(exc))
+            return False
+        except StateFileError as exc:
+            self._kv_pending = [*changes, *self._kv_pending]
+            self._kv_waiters, self._kv_in_flight = [*waiters, *self._kv_waiters], []
+            self._kv_failed(str(exc))
+            return False
+        self._kv_in_flight = []
+        if self.kv_error is not None:
+            log.info("the key-value store is saved again; the waiting calls are answered")
+            self.kv_error = None
+        for key, value in changes:
+            commit(key, value)
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        return True
 
     async def _save(self) -> bool:
         snapshot = self._snapshot()  # on the loop: consistent with what was decided
@@ -223,10 +301,22 @@ class StatePersister:
         the store would have said this one is fenced."""
         return stored.snapshot is not None and _identity(stored.snapshot) in self._unanswered
 
+    def _kv_failed(self, why: str) -> None:
+        if self.kv_error is None:
+            log.error("%s; retrying, and the key-value calls wait meanwhile", why)
+        self.kv_error = why
+
     async def _fence(self, why: str) -> None:
-        """Saves are refused for good: another scheduler holds the job."""
+        """Saves are refused for good: another scheduler holds the job. Every waiting key-value
+        set fails with NotLeaderError (the node asks the leader again)."""
         self.fenced = self.error = why
         log.error("%s; nothing more is saved or told by this scheduler", why)
+        waiters = [*self._kv_in_flight, *self._kv_waiters]
+        self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(NotLeaderError(why))
+                waiter.exception()  # retrieved: its caller may be gone
         self._on_fenced(why)
         async with self._progress:
             self._progress.notify_all()

@@ -71,9 +71,9 @@ async def test_a_set_whose_save_fails_is_neither_answered_nor_seen_until_it_land
     answer = asyncio.ensure_future(core.kv_set(node, "a", b"2"))
     counter = asyncio.ensure_future(core.kv_add(node, "n", 5))
     waiter = asyncio.ensure_future(core.kv.wait(["n"], BOUND_S))
-    journal = core.kv_journal
-    assert journal is not None
-    await eventually(lambda: journal.error is not None, "a failed save of the key-value store")
+    saver = core.persister
+    assert saver is not None
+    await eventually(lambda: saver.kv_error is not None, "a failed save of the key-value store")
     assert not any(call.done() for call in (answer, counter, waiter))
     assert core.kv.get(["a", "n"]) == ([b"1"], ["n"])  # the saved value, not the staged one
     assert caplog.text.count("the key-value calls wait meanwhile") == 1
@@ -87,3 +87,31 @@ async def test_a_set_whose_save_fails_is_neither_answered_nor_seen_until_it_land
     again = await started(tmp_path)
     assert again.kv.get(["a", "n"]) == ([b"2", b"5"], [])
     await ended(again)
+
+
+async def test_one_saver_holds_a_failing_key_set_while_the_state_goes_on_being_saved(
+    tmp_path: Path,
+) -> None:
+    """The state and the key-value store are saved by one saver, in one round, each tried
+    whether the other landed: a key-value log that cannot be written holds its sets, not the
+    nodes' news."""
+    core = await formed(tmp_path)
+    saver = core.persister
+    assert saver is not None
+    node = caller("1", 1)
+    log_file = tmp_path / FILE_NAME
+    aside = tmp_path / "kv.log.aside"
+    log_file.rename(aside)
+    log_file.mkdir()  # every append now fails
+    answer = asyncio.ensure_future(core.kv_set(node, "a", b"1"))
+    await eventually(lambda: saver.kv_error is not None, "a failed save of the key-value store")
+    revision = core.state.revision
+    core.state.report_checkpoints("1", 1, [5])  # a change to save, for the same saver
+    core._apply([])
+    await eventually(lambda: saver.saved > revision, "the state saved beside the failing sets")
+    assert not answer.done()
+    log_file.rmdir()
+    aside.rename(log_file)
+    await asyncio.wait_for(answer, BOUND_S)
+    assert saver.kv_error is None
+    await ended(core)

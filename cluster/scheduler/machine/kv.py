@@ -13,7 +13,7 @@ go on. So one runaway member cannot fill the store, or hold every wait, for ever
 
 With recovery, a set is in two steps (write-ahead): `stage` takes the value (caps are counted
 on the newest values, staged or not, and `add` counts on from the newest), and `commit`, once it
-is saved (`cluster.scheduler.kv_journal`), makes it visible to `get` and to the waits. So no node
+is saved (`cluster.scheduler.persist`), makes it visible to `get` and to the waits. So no node
 reads a value that a crash could forget. Without recovery `set` does both at once.
 
 This module decides; it holds no future. `cluster.scheduler.kv.KvStore` keeps the waits'

@@ -1,0 +1,271 @@
+"""A seeded simulation of the control plane: the scheduler's pure machine and its write-ahead
+order, a simulated disk, worker processes that register, beat, die and come back, and
+scheduler restarts from what the disk holds, all on one virtual clock and one seed.
+
+A first slice of issue #27: the workers are simple processes here (not `WorkerCore`), the
+network delivers at once, and there are no standbys. What it checks after every step:
+
+- no node is told an effect whose revision is not saved (`Outbox`, at the level of the job);
+- what a node was told is never forgotten: a scheduler restarted from the disk is at least at
+  every generation any node was told;
+- each node hears generations that only grow;
+- at most one live member holds each rank;
+- when the faults stop, the job forms again within a bounded virtual time (liveness).
+
+Same seed, same run: every choice comes from `random.Random(seed)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.protocol import auth
+from cluster.protocol.records import (
+    Accepted,
+    Effect,
+    NodeRole,
+    NodeState,
+    Phase,
+    Registration,
+    TopologyReadyEvent,
+)
+from cluster.protocol.settings import JobSettings
+from cluster.scheduler.machine.ready import Outbox, Ready
+from cluster.scheduler.machine.state import SchedulerState
+
+NODE_TIMEOUT_S = 10.0
+HEARTBEAT_S = 1.0
+
+
+class Violation(AssertionError):
+    """An invariant of the control plane broke: which, and the trace that led there."""
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Process:
+    """A worker process: its node id, its incarnation, whether it runs and is connected, and
+    what it was told."""
+
+    node_id: str
+    incarnation: int = 0
+    running: bool = False
+    member: bool = False  # accepted by the scheduler it talks to now
+    generations: list[int] = field(default_factory=list)
+
+
+class _EarlyRelease(Outbox):
+    """Planted: what is decided is told at once, while its save is only asked for."""
+
+    def step(self, revision: int, effects: Any) -> Ready:
+        ready = super().step(revision, effects)
+        told = [t for _, held in self.held for t in self._told(revision, held)]
+        self.held.clear()
+        return Ready(save=ready.save, tell=(*ready.tell, *told))
+
+
+# Bugs the simulation must catch (`--plant NAME`): what each breaks.
+PLANTS = {
+    "early-release": "the outbox tells what it decided before it is saved",
+    "stale-disk": "a restarted scheduler reads the save before the last one",
+}
+
+
+@dataclass
+class Sim:
+    seed: int
+    workers: int = 3
+    plant: str = ""
+    trace: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.clock = Clock()
+        self.settings = JobSettings(
+            worker_num=self.workers,
+            server_num=0,
+            node_timeout_s=NODE_TIMEOUT_S,
+            topo_timeout_s=120.0,
+            heartbeat_interval_s=HEARTBEAT_S,
+            recovery=True,
+        )
+        self.state = SchedulerState("job-0", self.settings, self.clock)
+        self.stored: dict[str, Any] = self.state.snapshot()  # the first save
+        self.previous = self.stored
+        self.outbox = self._outbox(-1)
+        self.carry_out(self.outbox.advance(self.state.revision))
+        self.processes = {str(i): Process(str(i)) for i in range(self.workers)}
+        self.restarts = 0
+        self.told = 0
+
+    # -- the scheduler side ----------------------------------------------------------------
+
+    def _outbox(self, saved: int) -> Outbox:
+        kind = _EarlyRelease if self.plant == "early-release" else Outbox
+        return kind(write_ahead=True, saved=saved, recovery=True)
+
+    def step_machine(self, effects: list[Effect]) -> None:
+        self.carry_out(self.outbox.step(self.state.revision, effects))
+
+    def carry_out(self, ready: Ready) -> None:
+        saved = int(self.stored["revision"])
+        for tell in ready.tell:
+            if tell.revision > saved:
+                raise Violation(f"told revision {tell.revision} with {saved} saved: {tell.effect}")
+            self.told += 1
+            if isinstance(tell.effect, TopologyReadyEvent):
+                for proc in self.processes.values():
+                    if proc.running and proc.member:
+                        proc.generations.append(tell.effect.generation)
+
+    def save_lands(self) -> None:
+        if self.outbox.requested > int(self.stored["revision"]):
+            self.previous, self.stored = self.stored, self.state.snapshot()  # the newest
+            self.carry_out(self.outbox.advance(int(self.stored["revision"])))
+
+    def restart_scheduler(self) -> None:
+        """The scheduler dies and comes back on what the disk holds; every process is cut off
+        and registers again."""
+        self.restarts += 1
+        if self.plant == "stale-disk":
+            self.stored = self.previous
+        self.state = SchedulerState.restore(
+            self.stored, self.settings, self.clock, new_cluster_id=f"job-{self.restarts}"
+        )
+        self.outbox = self._outbox(int(self.stored["revision"]))
+        told = max((g for p in self.processes.values() for g in p.generations), default=0)
+        if self.state.phase is Phase.READY and self.state.generation < told:
+            raise Violation(
+                f"restarted at generation {self.state.generation}, a node was told {told}"
+            )
+        for proc in self.processes.values():
+            proc.member = False
+
+    # -- the workers ---------------------------------------------------------------------
+
+    def registration(self, proc: Process) -> Registration:
+        return Registration(
+            node_id=proc.node_id,
+            role=NodeRole.WORKER,
+            host="h0",
+            port=5000 + int(proc.node_id),
+            incarnation=proc.incarnation,
+            worker_num=self.workers,
+            server_num=0,
+            cluster_id=self.state.cluster_id if proc.generations else "",
+            credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
+        )
+
+    def register(self, proc: Process) -> None:
+        if not proc.running:
+            proc.running, proc.incarnation = True, proc.incarnation + 1
+        outcome, effects = self.state.register(self.registration(proc))
+        if isinstance(outcome, Accepted):
+            proc.member = True
+            self.state.connect(proc.node_id, proc.incarnation)
+        self.step_machine(effects)
+
+    def kill(self, proc: Process) -> None:
+        if proc.running:
+            proc.running = False
+            if proc.member:
+                proc.member = False
+                self.step_machine(self.state.disconnect(proc.node_id, proc.incarnation))
+
+    def time_passes(self, seconds: float) -> None:
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.clock.now = min(end, self.clock.now + HEARTBEAT_S)
+            for proc in self.processes.values():
+                if proc.running and proc.member:
+                    self.state.heartbeat(proc.node_id, proc.incarnation)
+            self.step_machine(self.state.tick())
+
+    # -- checks --------------------------------------------------------------------------
+
+    def check(self) -> None:
+        for proc in self.processes.values():
+            seen = proc.generations
+            if any(b <= a for a, b in itertools.pairwise(seen)):
+                raise Violation(f"node {proc.node_id} heard generations {seen}")
+        holders: dict[int, str] = {}
+        for member in self.state.members.values():
+            if member.state is NodeState.ALIVE and member.rank is not None:
+                if member.rank in holders:
+                    raise Violation(
+                        f"rank {member.rank}: {holders[member.rank]} and {member.node_id}"
+                    )
+                holders[member.rank] = member.node_id
+
+    # -- one schedule --------------------------------------------------------------------
+
+    def act(self) -> str:
+        roll = self.rng.random()
+        proc = self.processes[str(self.rng.randrange(self.workers))]
+        if roll < 0.35:
+            self.register(proc)
+            return f"register {proc.node_id}"
+        if roll < 0.45:
+            self.kill(proc)
+            return f"kill {proc.node_id}"
+        if roll < 0.70:
+            seconds = self.rng.choice([0.5, 2.0, 11.0])
+            self.time_passes(seconds)
+            return f"time +{seconds:g}s"
+        if roll < 0.90:
+            self.save_lands()
+            return "save lands"
+        if roll < 0.95:
+            return "save fails"
+        self.restart_scheduler()
+        return "scheduler restarts"
+
+    def heal(self, bound_s: float = 600.0) -> None:
+        """Faults stop: every process runs and registers, saves land, time passes; the job must
+        be formed (or over) within `bound_s` of virtual time."""
+        start = self.clock.now
+        while self.clock.now - start < bound_s:
+            for proc in self.processes.values():
+                if not proc.member:
+                    self.register(proc)
+            self.save_lands()
+            if (
+                self.state.phase is not Phase.WAITING
+                and all(p.member for p in self.processes.values())
+                and self.outbox.waiting == 0
+            ):
+                return
+            self.time_passes(2.0)
+            self.check()
+        raise Violation(
+            f"the job did not form within {bound_s:g} s of virtual time after the faults"
+        )
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.trace.append(self.act())
+            self.check()
+        self.trace.append("heal")
+        self.heal()
+
+
+def run_seed(seed: int, steps: int = 200, workers: int = 3, plant: str = "") -> Sim:
+    sim = Sim(seed, workers, plant)
+    try:
+        sim.run(steps)
+    except Violation as exc:
+        raise Violation(f"seed {seed}: {exc}\n  last steps: {sim.trace[-12:]}") from None
+    return sim
+
+
+__all__ = ["PLANTS", "Sim", "Violation", "run_seed"]

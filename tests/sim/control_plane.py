@@ -9,6 +9,8 @@ network delivers at once, and there are no standbys. What it checks after every 
 - what a node was told is never forgotten: a scheduler restarted from the disk is at least at
   every generation any node was told;
 - each node hears generations that only grow;
+- a generation's rollback step is held by every rank it names (as the ranks reported it);
+- a failure is told once;
 - at most one live member holds each rank;
 - when the faults stop, the job forms again within a bounded virtual time (liveness).
 
@@ -26,6 +28,7 @@ from cluster.protocol import auth
 from cluster.protocol.records import (
     Accepted,
     Effect,
+    NodeFailedEvent,
     NodeRole,
     NodeState,
     Phase,
@@ -61,7 +64,14 @@ class Process:
     incarnation: int = 0
     running: bool = False
     member: bool = False  # accepted by the scheduler it talks to now
-    generations: list[int] = field(default_factory=list)
+    # The generations it heard, per job (a scheduler that restarts on an ended job's state
+    # starts a new job, whose generations count from 1 again).
+    generations: dict[str, list[int]] = field(default_factory=dict)
+    # Its checkpoint steps on disk (they outlive the process), the newest step it trained to,
+    # and the step the scheduler said every worker holds (it never prunes from there up).
+    checkpoints: set[int] = field(default_factory=set)
+    trained: int = 0
+    keep_from: int = 0
 
 
 class _EarlyRelease(Outbox):
@@ -107,6 +117,8 @@ class Sim:
         self.processes = {str(i): Process(str(i)) for i in range(self.workers)}
         self.restarts = 0
         self.told = 0
+        # (job, node, rank, generation) of every failure told
+        self.failures_told: set[tuple[str, str, int, int]] = set()
 
     # -- the scheduler side ----------------------------------------------------------------
 
@@ -123,10 +135,44 @@ class Sim:
             if tell.revision > saved:
                 raise Violation(f"told revision {tell.revision} with {saved} saved: {tell.effect}")
             self.told += 1
+            if isinstance(tell.effect, NodeFailedEvent):
+                failed = tell.effect
+                key = (self.state.cluster_id, failed.node_id, failed.rank, failed.generation)
+                if key in self.failures_told:
+                    raise Violation(f"failure told twice: {failed}")
+                self.failures_told.add(key)
             if isinstance(tell.effect, TopologyReadyEvent):
+                self.check_rollback(tell.effect)
+                job = self.state.cluster_id
                 for proc in self.processes.values():
                     if proc.running and proc.member:
-                        proc.generations.append(tell.effect.generation)
+                        proc.generations.setdefault(job, []).append(tell.effect.generation)
+
+    def check_rollback(self, ready: TopologyReadyEvent) -> None:
+        """The step a generation rolls back to is one every worker reported holding."""
+        if ready.rollback_step == 0:
+            return
+        for member in self.state.members.values():
+            if ready.rollback_step not in member.checkpoints:
+                raise Violation(
+                    f"generation {ready.generation} rolls back to step {ready.rollback_step}, "
+                    f"which {member.node_id} does not hold ({member.checkpoints})"
+                )
+
+    def report(self, proc: Process) -> None:
+        """The process trained on and saved a checkpoint; it keeps its newest three and every
+        step from the one all workers hold (as a `CheckpointManager` prunes), and reports
+        them; the scheduler answers the step every worker holds."""
+        if not (proc.running and proc.member) or self.state.phase is not Phase.READY:
+            return  # a worker saves checkpoints once the job has formed (after init())
+        proc.trained += 10 * self.rng.randrange(1, 3)
+        proc.checkpoints.add(proc.trained)
+        newest = sorted(proc.checkpoints)[-3:]
+        proc.checkpoints = {s for s in proc.checkpoints if s >= proc.keep_from} | set(newest)
+        steps = sorted(proc.checkpoints)
+        self.state.report_checkpoints(proc.node_id, proc.incarnation, steps)
+        proc.keep_from = max(proc.keep_from, self.state.held_by_all())
+        self.step_machine([])  # saves the holdings
 
     def save_lands(self) -> None:
         if self.outbox.requested > int(self.stored["revision"]):
@@ -143,7 +189,10 @@ class Sim:
             self.stored, self.settings, self.clock, new_cluster_id=f"job-{self.restarts}"
         )
         self.outbox = self._outbox(int(self.stored["revision"]))
-        told = max((g for p in self.processes.values() for g in p.generations), default=0)
+        job = self.state.cluster_id
+        told = max(
+            (g for p in self.processes.values() for g in p.generations.get(job, [])), default=0
+        )
         if self.state.phase is Phase.READY and self.state.generation < told:
             raise Violation(
                 f"restarted at generation {self.state.generation}, a node was told {told}"
@@ -162,7 +211,7 @@ class Sim:
             incarnation=proc.incarnation,
             worker_num=self.workers,
             server_num=0,
-            cluster_id=self.state.cluster_id if proc.generations else "",
+            cluster_id=self.state.cluster_id if self.state.cluster_id in proc.generations else "",
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
         )
 
@@ -195,9 +244,9 @@ class Sim:
 
     def check(self) -> None:
         for proc in self.processes.values():
-            seen = proc.generations
-            if any(b <= a for a, b in itertools.pairwise(seen)):
-                raise Violation(f"node {proc.node_id} heard generations {seen}")
+            for job, seen in proc.generations.items():
+                if any(b <= a for a, b in itertools.pairwise(seen)):
+                    raise Violation(f"node {proc.node_id} heard generations {seen} of {job}")
         holders: dict[int, str] = {}
         for member in self.state.members.values():
             if member.state is NodeState.ALIVE and member.rank is not None:
@@ -209,12 +258,15 @@ class Sim:
 
     # -- one schedule --------------------------------------------------------------------
 
-    def act(self) -> str:
+    def act(self) -> str:  # noqa: PLR0911 - one return per kind of step
         roll = self.rng.random()
         proc = self.processes[str(self.rng.randrange(self.workers))]
-        if roll < 0.35:
+        if roll < 0.30:
             self.register(proc)
             return f"register {proc.node_id}"
+        if roll < 0.35:
+            self.report(proc)
+            return f"report {proc.node_id}"
         if roll < 0.45:
             self.kill(proc)
             return f"kill {proc.node_id}"
@@ -231,19 +283,19 @@ class Sim:
         return "scheduler restarts"
 
     def heal(self, bound_s: float = 600.0) -> None:
-        """Faults stop: every process runs and registers, saves land, time passes; the job must
-        be formed (or over) within `bound_s` of virtual time."""
+        """Faults stop: every process runs and registers, saves land, time passes; within
+        `bound_s` of virtual time the job must be formed with every process in it, or over with
+        its end told."""
         start = self.clock.now
         while self.clock.now - start < bound_s:
+            over = self.state.phase in (Phase.FINISHED, Phase.FAILED)
             for proc in self.processes.values():
-                if not proc.member:
+                if not (proc.member or over):
                     self.register(proc)
             self.save_lands()
-            if (
-                self.state.phase is not Phase.WAITING
-                and all(p.member for p in self.processes.values())
-                and self.outbox.waiting == 0
-            ):
+            everyone = all(p.member for p in self.processes.values())
+            formed = self.state.phase is Phase.READY and everyone
+            if (formed or over) and self.outbox.waiting == 0:
                 return
             self.time_passes(2.0)
             self.check()

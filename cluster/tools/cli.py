@@ -36,7 +36,7 @@ import cluster
 from cluster.api import excepthook, runtime
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.display import safe
-from cluster.protocol.environment import from_env, tls_options_from_env
+from cluster.protocol.environment import from_env, sched_addresses_from_env, tls_options_from_env
 from cluster.protocol.errors import (
     ClusterError,
     ConfigError,
@@ -194,11 +194,13 @@ def _reader_secret(args: argparse.Namespace) -> ReadSecret | None:
 
 
 def default_scheduler_addr(env: Mapping[str, str]) -> str:
-    """Where `mscluster status` looks without --addr: the job's environment (MS_SCHED_HOST,
-    MS_SCHED_PORT), else a scheduler on this host at `mscluster run`'s default port."""
-    host = env.get("MS_SCHED_HOST") or "127.0.0.1"
+    """Where `mscluster status` looks without --addr: every scheduler the job's environment
+    names (`sched_addresses_from_env`: CLUSTER_SCHED_ADDRS, or MS_SCHED_HOST h1,h2 with
+    MS_SCHED_PORT, `mscluster run`'s default port when unset), else this host's scheduler at
+    that port."""
     port = env.get("MS_SCHED_PORT") or str(placement.DEFAULT_MASTER_PORT)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    located = {**env, "MS_SCHED_HOST": env.get("MS_SCHED_HOST") or "127.0.0.1"}
+    return ",".join(sched_addresses_from_env({**located, "MS_SCHED_PORT": port}))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

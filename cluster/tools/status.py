@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from cluster.protocol.config import join_address
 from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
@@ -136,17 +137,13 @@ def _node_state(value: int) -> str:
     return "?" if found is None else found.value
 
 
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def job_view(address: str, response: pb.StatusResponse) -> JobView:
     nodes = tuple(
         NodeView(
             rank=n.rank if n.HasField("rank") else None,
             node_id=n.node_id,
             role=_ROLE_NAMES.get(n.role, "?"),
-            address=_address(n.host, n.port),
+            address=join_address(n.host, n.port),
             state=_node_state(n.state),
             connected=n.connected,
             seconds_since_heartbeat=round(n.seconds_since_heartbeat, 3),

@@ -109,4 +109,8 @@ def test_status_looks_where_the_job_environment_points_else_at_the_local_default
     env = {"MS_SCHED_HOST": "10.0.0.7", "MS_SCHED_PORT": "9000"}
     assert cli.default_scheduler_addr(env) == "10.0.0.7:9000"
     assert cli.default_scheduler_addr({"MS_SCHED_HOST": "::1"}) == "[::1]:8118"
+    # A job with standbys names them all, as its processes read them.
+    two = {"MS_SCHED_HOST": "h1,h2", "MS_SCHED_PORT": "9000"}
+    assert cli.default_scheduler_addr(two) == "h1:9000,h2:9000"
+    assert cli.default_scheduler_addr({"CLUSTER_SCHED_ADDRS": "a:1,b:2"}) == "a:1,b:2"
     assert cli.build_parser().parse_args(["status"]).addr is None

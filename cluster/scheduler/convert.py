@@ -192,14 +192,7 @@ def status_to_pb(
     """The job as the scheduler sees it; phase, generation and rollback step as `told` (the
     nodes were told them: with recovery, as on disk; None: as the state machine has them), and
     how `saving` goes."""
-    nodes = sorted(
-        st.members.values(),
-        key=lambda m: (
-            m.role is state.NodeRole.SERVER,
-            -1 if m.rank is None else m.rank,
-            m.node_id,
-        ),
-    ) + sorted(st.spares.values(), key=lambda m: m.node_id)
+    nodes = st.in_status_order()
     told = told or state.Told(st.phase, st.generation, st.published_rollback_step)
     response = pb.StatusResponse(
         cluster_id=st.cluster_id,

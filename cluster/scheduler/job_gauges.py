@@ -74,9 +74,11 @@ class JobGauges:
             if m.state is state.NodeState.ALIVE:
                 ages.append(max(0.0, now - m.last_seen))
         live_spares = sum(1 for m in st.spares.values() if m.state is state.NodeState.ALIVE)
-        ranked = sorted(st.members.values(), key=_status_order)
-        ordered = [*ranked, *sorted(st.spares.values(), key=lambda m: m.node_id)]
-        per_node = () if len(members) > NODE_LABEL_LIMIT else tuple(_node(m, now) for m in ordered)
+        per_node = (
+            ()
+            if len(members) > NODE_LABEL_LIMIT
+            else tuple(_node(m, now) for m in st.in_status_order())
+        )
         return cls(
             cluster_id=st.cluster_id,
             phase=told.phase.value,
@@ -97,11 +99,6 @@ class JobGauges:
             watch_streams=core.open_streams,
             spares=live_spares,
         )
-
-
-def _status_order(m: state.Member) -> tuple[bool, int, str]:
-    """The order of `mscluster status`: workers by rank, then servers by rank."""
-    return (m.role is state.NodeRole.SERVER, -1 if m.rank is None else m.rank, m.node_id)
 
 
 def _node(m: state.Member, now: float) -> NodeGauge:

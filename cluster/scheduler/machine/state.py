@@ -164,6 +164,15 @@ class SchedulerState:
             if m.rank is not None
         )
 
+    def in_status_order(self) -> list[Member]:
+        """Every member and spare in the order Status shows them: workers by rank, then servers
+        by rank (those without a rank first, by node id), then the spares by node id."""
+        ranked = sorted(
+            self.members.values(),
+            key=lambda m: (m.role is NodeRole.SERVER, -1 if m.rank is None else m.rank, m.node_id),
+        )
+        return [*ranked, *sorted(self.spares.values(), key=lambda m: m.node_id)]
+
     @property
     def published_rollback_step(self) -> int:
         return 0 if self._published is None else self._published.rollback_step

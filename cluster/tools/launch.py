@@ -408,16 +408,15 @@ class Launcher:
         """`first`: the failed worker's index, or None for the scheduler."""
         await self._settle()
         seen = await self._seen(ask=False)
-        errors = {
-            w.index: policy.error_line(_log_end(self.workers[w.index].planned.log))
-            for w in seen.workers
-            if w.failed
+        ends = {
+            w.index: _log_end(self.workers[w.index].planned.log) for w in seen.workers if w.failed
         }
+        errors = {i: policy.error_line(lines) for i, lines in ends.items()}
         index = policy.cause(seen.workers, first, errors, seen.scheduler_exit)
         cause = self.scheduler if index is None else self.workers[index]
         assert cause is not None
         what = "the scheduler" if index is None else self._who(cause)
-        end = _log_end(cause.planned.log)
+        end = ends[index] if index in ends else _log_end(cause.planned.log)
         # The cause in the process's own words (an NCCL error, ...): the scheduler only saw its
         # connection break.
         error = policy.error_line(end)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,10 +75,11 @@ class Process:
     keep_from: int = 0
 
 
-class _EarlyRelease(Outbox):
-    """Planted: what is decided is told at once, while its save is only asked for."""
+class EarlyRelease(Outbox):
+    """A planted bug: what is decided is told at once, while its save is only asked for (the
+    simulation's `--plant early-release`, and tests/unit/test_ready.py's)."""
 
-    def step(self, revision: int, effects: Any) -> Ready:
+    def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
         ready = super().step(revision, effects)
         told = [t for _, held in self.held for t in self._told(revision, held)]
         self.held.clear()
@@ -123,7 +125,7 @@ class Sim:
     # -- the scheduler side ----------------------------------------------------------------
 
     def _outbox(self, saved: int) -> Outbox:
-        kind = _EarlyRelease if self.plant == "early-release" else Outbox
+        kind = EarlyRelease if self.plant == "early-release" else Outbox
         return kind(write_ahead=True, saved=saved, recovery=True)
 
     def step_machine(self, effects: list[Effect]) -> None:
@@ -320,4 +322,4 @@ def run_seed(seed: int, steps: int = 200, workers: int = 3, plant: str = "") -> 
     return sim
 
 
-__all__ = ["PLANTS", "Sim", "Violation", "run_seed"]
+__all__ = ["PLANTS", "EarlyRelease", "Sim", "Violation", "run_seed"]

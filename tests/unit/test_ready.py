@@ -31,6 +31,7 @@ from cluster.protocol.records import (
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell, rounds_failed
 from cluster.scheduler.machine.state import SchedulerState
 from tests.conftest import FakeClock
+from tests.sim.control_plane import EarlyRelease
 from tests.unit.test_state import make_state, reg
 
 WORKERS = ["0", "1", "2"]
@@ -149,16 +150,6 @@ TestWriteAhead.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-
-
-class EarlyRelease(Outbox):
-    """A planted bug: what is decided is told at once, while its save is only asked for."""
-
-    def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
-        ready = super().step(revision, effects)
-        told = [t for _, held in self.held for t in self._told(revision, held)]
-        self.held.clear()
-        return Ready(save=ready.save, tell=(*ready.tell, *told))
 
 
 class EarlyMachine(WriteAheadMachine):

@@ -237,9 +237,7 @@ class WriteAheadSaver:
         try:
             await self.store.save_kv(job, dict(changes))
         except FencedError as exc:
-            self._kv_pending, self._kv_waiters = changes, [*waiters, *self._kv_waiters]
-            self._kv_in_flight = []
-            await self._fence(str(exc))
+            await self._fence(str(exc))  # fails the batch's waiters and those queued after it
             return False
         except StateFileError as exc:
             self._kv_pending = [*changes, *self._kv_pending]

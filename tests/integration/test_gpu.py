@@ -93,3 +93,36 @@ def test_train_torch_over_nccl_exits_clean(processes: Procs, tmp_path: Path) -> 
     worker = (logs / "worker_0.log").read_text()
     assert "final parameters:" in worker, worker
     assert NOT_DESTROYED not in worker, worker
+
+
+def run_script(processes: Procs, tmp_path: Path, script: str, workers: int) -> tuple[int, str]:
+    run = processes.start(
+        "run",
+        [
+            *(PYTHON, "-m", "cluster", "run", "--worker-num", str(workers)),
+            *("--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs")),
+            str(ROOT / "tests" / "integration" / "scripts" / script),
+        ],
+        os.environ,
+    )
+    return run.wait(300), run.output
+
+
+def test_finalize_destroys_the_nccl_group(processes: Procs, tmp_path: Path) -> None:
+    code, output = run_script(processes, tmp_path, "nccl_one_gpu.py", 1)
+    assert code == 0, output
+    worker = (tmp_path / "logs" / "worker_0.log").read_text()
+    assert "rank 0 sum 1.0" in worker, worker
+    assert "after finalize, a group left: False" in worker, worker
+    assert NOT_DESTROYED not in worker, worker
+
+
+def test_an_nccl_error_is_named_with_its_first_line(processes: Procs, tmp_path: Path) -> None:
+    """Two ranks on one GPU: NCCL refuses them. The launcher names the worker that died and the
+    first line of its error, not a broken connection to the scheduler."""
+    code, output = run_script(processes, tmp_path, "nccl_one_gpu.py", 2)
+    assert code == 1, output
+    named = [line for line in output.splitlines() if line.startswith("mscluster: worker ")]
+    assert named, output
+    assert "exited with code" in named[0], output
+    assert "NCCL" in named[0].upper(), output

@@ -19,12 +19,16 @@ import signal
 from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from _pytest.nodes import Node  # what request.node is
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.remote.webdriver import WebDriver
+
+if TYPE_CHECKING:
+    # Imported when a browser starts: a machine without selenium (the GPU machine's image) still
+    # collects the suite, whose plugins include this module.
+    from selenium import webdriver
+    from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.procs import processes_running
 from tests.servers import require
@@ -65,6 +69,9 @@ def why_unavailable() -> str | None:
 def start_chromium(profile: Path, driver_log: Path) -> webdriver.Chrome:
     """A headless Chromium with a fresh profile in `profile`; chromedriver's log in
     `driver_log`. The caller must `quit()` it."""
+    from selenium import webdriver  # noqa: PLC0415 (see the imports)
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in [*FLAGS, f"--user-data-dir={profile}"]:

@@ -129,6 +129,6 @@ def run(args: argparse.Namespace, report: Callable[..., dict[str, Any]]) -> dict
                 for system in made:
                     system.close()
         results["sizes"][str(size)] = report(size, times, args.repeat)
-        print(f"cluster's pinned host buffers: {pinned / 1e6:.0f} MB ({PINNED_MAX_ENV} bounds them)")
+        print(f"cluster pinned {pinned / 1e6:.0f} MB of host buffers ({PINNED_MAX_ENV} bounds it)")
         del tensors
     return results

@@ -44,6 +44,8 @@ _ps_context_tls: TLSOptions | None = None
 _releases: list[Callable[[], None]] = []
 # What this worker closes at finalize, before it tells the scheduler (see on_finalize).
 _closers: list[Callable[[], None]] = []
+# Called instead of _closers when the program died of an uncaught exception (`on_crash`).
+_aborters: list[Callable[[], None]] = []
 _log = logging.getLogger(__name__)
 
 
@@ -195,7 +197,9 @@ def _close(*, finished: bool) -> None:
     if current is not None:
         if finished:  # after a crash a closer may block on what failed (a hung NCCL call)
             _run(_closers, "closing what this worker opened for the job")
-        current.finalize(finished=finished)
+        current.finalize(finished=finished)  # the scheduler learns of a crash first
+        if not finished:
+            _run(_aborters, "aborting what this worker opened for the job")
 
 
 def is_initialized() -> bool:
@@ -294,6 +298,14 @@ def on_finalize(close: Callable[[], None]) -> None:
     uncaught exception: what failed (an NCCL communicator) could block the exit."""
     if close not in _closers:
         _closers.append(close)
+
+
+def on_crash(abort: Callable[[], None]) -> None:
+    """Have `abort()` called when the program dies of an uncaught exception (in place of the
+    `on_finalize` calls, which could block on what failed), after the scheduler was told: it
+    must not wait on peers or on the failed work. cluster.torch aborts its NCCL group there."""
+    if abort not in _aborters:
+        _aborters.append(abort)
 
 
 def _run(calls: list[Callable[[], None]], what: str) -> None:

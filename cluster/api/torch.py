@@ -148,6 +148,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     _current = _Group(generation, backend, store, sockets)
     runtime.on_generation_over(release_process_group)
     runtime.on_finalize(destroy_process_group)
+    runtime.on_crash(abort_process_group)
 
 
 def _make_group(
@@ -192,6 +193,19 @@ def destroy_process_group() -> None:
     _current = None
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def abort_process_group() -> None:
+    """After the program died of an uncaught exception (`runtime.on_crash`): abort the NCCL
+    group cluster.torch made (ncclCommAbort: it waits neither for the peers nor for the work
+    that failed), so that the exit does not block in the communicator's teardown and torch
+    finds no group left to warn about. A gloo group is left to the exit: its teardown does not
+    wait on peers."""
+    global _current
+    group, _current = _current, None
+    if group is None or group.backend != "nccl" or not dist.is_initialized():
+        return
+    dist.distributed_c10d._abort_process_group()
 
 
 def release_process_group() -> None:

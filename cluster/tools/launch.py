@@ -408,8 +408,11 @@ class Launcher:
         """`first`: the failed worker's index, or None for the scheduler."""
         await self._settle()
         seen = await self._seen(ask=False)
+        # A worker still running may be dying of an error it printed (see policy.cause).
         ends = {
-            w.index: _log_end(self.workers[w.index].planned.log) for w in seen.workers if w.failed
+            w.index: _log_end(self.workers[w.index].planned.log)
+            for w in seen.workers
+            if w.failed or w.exit_code is None
         }
         errors = {i: policy.error_line(lines) for i, lines in ends.items()}
         index = policy.cause(seen.workers, first, errors, seen.scheduler_exit)
@@ -421,7 +424,11 @@ class Launcher:
         # connection break.
         error = policy.error_line(end)
         said = f": {error}" if error else ""
-        self._print(f"mscluster: {what} {policy.describe_exit(cause.exit_code or 0)}{said}")
+        if cause.running:  # its exit blocks on what failed (an NCCL communicator)
+            how = "failed and had not exited (stopped now)"
+        else:
+            how = policy.describe_exit(cause.exit_code or 0)
+        self._print(f"mscluster: {what} {how}{said}")
         if index is None and why_not_restarted and self.options.enable_recovery:
             self._print(f"mscluster: not restarting it: {why_not_restarted}")
         if self.options.max_restarts and index is not None:

@@ -169,9 +169,11 @@ def cause(
 
     1. a worker killed by a signal: it is the cause, the others exited because of it;
     2. the scheduler killed by a signal, when it was first;
-    3. a failed worker that died of an error of its own (an NCCL error, a bug in the script),
-       not of the job's failure (`FAILURE_ERRORS`): which exit the launcher sees first is a
-       race, and the scheduler or a peer told of the failure may exit before it;
+    3. a worker that died of an error of its own (an NCCL error, a bug in the script), not of
+       the job's failure (`FAILURE_ERRORS`): which exit the launcher sees first is a race, and
+       the scheduler or a peer told of the failure may exit before it. Such a worker may still
+       be running (`errors` has its line, its exit code is None): after its traceback, its
+       exit can block on what failed (an NCCL communicator) while its connection is closed;
     4. otherwise the first to fail.
     """
     for worker in workers:
@@ -182,7 +184,9 @@ def cause(
     own = [
         w.index
         for w in workers
-        if w.failed and not w.spare and _own_error((errors or {}).get(w.index))
+        if (w.failed or w.exit_code is None)
+        and not w.spare
+        and _own_error((errors or {}).get(w.index))
     ]
     if first in own or not own:
         return first

@@ -193,6 +193,9 @@ def test_the_cause_is_the_worker_that_died_of_its_own_error_whoever_exited_first
     assert cause(workers(1, 1), first=None, errors={0: told, 1: None}, scheduler_exit=1) is None
     # The scheduler killed: it is the cause, though the workers print errors.
     assert cause(workers(1, 1), first=None, errors=errors, scheduler_exit=KILLED) is None
+    # Rank 1 printed its error but its exit blocks (NCCL): the cause all the same.
+    assert cause(workers(1, None), first=None, errors=errors, scheduler_exit=1) == 1
+    assert cause(workers(1, None), first=0, errors={0: told, 1: None}) == 0
     # A spare's exit is never the cause.
     spare = (WorkerSeen(0, 1), WorkerSeen(1, 1, spare=True))
     assert cause(spare, first=0, errors={0: told, 1: nccl}) == 0

@@ -220,6 +220,8 @@ _TRACEBACK = "Traceback (most recent call last):"
 # The line cluster's excepthook prints for an uncaught ClusterError (no traceback).
 _CLUSTER_ERROR = re.compile(r"^cluster: [A-Za-z_][\w.]*: ")
 ERROR_LINE_CHARS = 300
+# torch.distributed's excepthook starts every line of an uncaught error with the rank.
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 
 
 def error_line(lines: Sequence[str]) -> str | None:
@@ -227,6 +229,7 @@ def error_line(lines: Sequence[str]) -> str | None:
     unindented line after the last traceback's header (an exception's message may go on over
     several lines, NCCL's does: the first says what failed), else the last line of an uncaught
     ClusterError; None when there is neither (a signal, os._exit, an error printed otherwise)."""
+    lines = [_RANK_PREFIX.sub("", line, count=1) for line in lines]
     for index in range(len(lines) - 1, -1, -1):
         line = lines[index]
         if line.strip() == _TRACEBACK:

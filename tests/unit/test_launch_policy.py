@@ -312,6 +312,26 @@ def test_the_error_line_is_the_first_line_of_the_last_traceback_s_error() -> Non
     )
 
 
+# What torch 2.11 and NCCL 2.28.9 printed on an H100 (two ranks on one GPU): torch's excepthook
+# starts every line with the rank.
+NCCL_FAILURE_RANKED = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "nccl_one_gpu.py", line 17, in <module>
+[rank1]:     dist.all_reduce(tensor)
+[rank1]:            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+[rank1]: torch.distributed.DistBackendError: NCCL error in: NCCLUtils.cpp:93, invalid usage
+[rank1]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+[rank1]: Last error:
+[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60
+"""
+
+
+def test_the_error_line_of_a_traceback_torch_prefixed_with_the_rank() -> None:
+    assert error_line(NCCL_FAILURE_RANKED.splitlines()) == (
+        "torch.distributed.DistBackendError: NCCL error in: NCCLUtils.cpp:93, invalid usage"
+    )
+
+
 def test_the_error_line_of_an_uncaught_cluster_error() -> None:
     lines = ["training", "cluster: PeerFailedError: rank 1 failed: it was killed", "bye"]
     assert error_line(lines) == "cluster: PeerFailedError: rank 1 failed: it was killed"

@@ -20,11 +20,14 @@ Faults:
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
+import os
 import random
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -445,12 +448,37 @@ def _run_stoppable(chaos: Chaos, job: LocalJob) -> ChaosReport:
             signal.signal(sig, handler)
 
 
+# How long a run stopped by a signal may take to end: its teardown is bounded (each process
+# reaped within 10 s, each channel closed within 5 s, each `ip` command within 30 s).
+STOP_BOUND_S = 45.0
+
+
 def _stop(signum: int, _frame: object) -> None:
     """SIGTERM or SIGINT from outside: end the run through its `finally` (the job's processes
     killed, the network lab torn down), once; a second signal while it ends is ignored."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    _exit_within(STOP_BOUND_S, 128 + signum)
     raise SystemExit(128 + signum)
+
+
+def _exit_within(seconds: float, code: int) -> None:
+    """Exit with `code` even if ending takes longer than `seconds` (something blocked in the
+    teardown or at the interpreter's exit): first print every thread's stack, which says what
+    blocked, so that a stopped run never hangs silently."""
+
+    def expire() -> None:
+        sys.stderr.write(
+            f"mscluster chaos: still ending {seconds:g} s after the signal; every thread's stack "
+            "follows, then it exits\n"
+        )
+        sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
 
 
 def _network(workers: int, schedulers: int) -> NetworkLab:

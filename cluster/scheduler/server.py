@@ -28,6 +28,7 @@ from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.descriptors import DescriptorReserve
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.ha import HighAvailability
 from cluster.scheduler.observe import Observability
@@ -193,6 +194,8 @@ class SchedulerServer:
         self._health = health_aio.HealthServicer()
         self._monitor: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
+        self._reserve: asyncio.Task[None] | None = None
+        self._open_files = 0  # the limit, once raised
         self._stop_requested = asyncio.Event()
         # Why, once the operator stopped a scheduler with standbys: the job goes to a standby.
         self.handing_over: str | None = None
@@ -283,7 +286,8 @@ class SchedulerServer:
             ),
             interceptors=interceptors,
         )
-        add_to_server(SchedulerServicer(self.gate), server)
+        servicer = SchedulerServicer(self.gate)
+        add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)
         try:
@@ -306,6 +310,10 @@ class SchedulerServer:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if self.gate.core is not None:
             self._monitor = asyncio.create_task(self.gate.core.monitor())
+        reserve = DescriptorReserve(
+            self._open_files, self.settings.expected, lambda: servicer.member_peers
+        )
+        self._reserve = asyncio.create_task(reserve.run())
         settings = self.settings
         log.info(
             "listening on %s for %s%s%s",
@@ -323,6 +331,7 @@ class SchedulerServer:
 
     def _raise_open_files(self) -> None:
         files = limits.raise_open_files()
+        self._open_files = files.limit
         log.info("%s", files.describe())
         warning = files.too_low(self.settings.expected)
         if warning is not None:
@@ -387,7 +396,7 @@ class SchedulerServer:
             await self._tell_guard_waiters(core, deadline)
         if self.ha is not None:
             await self.ha.stop()
-        for task in (self._monitor, self._expiry):
+        for task in (self._monitor, self._expiry, self._reserve):
             await _cancel(task)
         await self._server.stop(grace=0.5)
         self._server = None

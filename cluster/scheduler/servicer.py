@@ -11,6 +11,7 @@ from its metadata (`cluster.transport.membership`) and admitted by the core.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -29,6 +30,7 @@ from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
+from cluster.scheduler.machine import reserve
 from cluster.scheduler.machine.events import Kind, Record
 from cluster.scheduler.refusals import peer_host
 from cluster.transport import edge, failures, handlers, membership
@@ -86,6 +88,9 @@ def _mapped(
 class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped base
     def __init__(self, gate: Gate | SchedulerCore) -> None:
         self._gate = gate if isinstance(gate, Gate) else Gate(gate)
+        # The peers of the connections that carry an admitted Watch stream: the members', whose
+        # descriptors are never shed (`cluster.scheduler.descriptors`).
+        self.member_peers: Counter[str] = Counter()
         self.arrivals = handlers.Arrivals(
             per_peer=edge.ARRIVALS_PER_PEER,
             total=edge.ARRIVALS_TOTAL,
@@ -227,8 +232,19 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         # ends the core's stream and tells the core. (A registration just accepted is answered
         # by the core that accepted it, even if a step-down came in between: its stream ends
         # at once then, with NotLeaderError.)
-        async for event in self._core.watch(node_id, incarnation, caller):
-            yield event
+        peer = reserve.peer_address(context.peer() or "")
+        member = False
+        try:
+            async for event in self._core.watch(node_id, incarnation, caller):
+                if not member:  # admitted: its connection is a member's while the stream lasts
+                    member = True
+                    self.member_peers[peer] += 1
+                yield event
+        finally:
+            if member:
+                self.member_peers[peer] -= 1
+                if self.member_peers[peer] <= 0:
+                    del self.member_peers[peer]
 
     async def Heartbeat(
         self,

@@ -87,6 +87,9 @@ def test_idle_connections_are_dropped_and_the_job_forms(processes: Procs) -> Non
         if scheduler.poll() is None:
             scheduler.kill()
             scheduler.wait(10)
+    # Past the reserve it shut down the connections that carried no member's stream, at once
+    # rather than after their handshake's timeout (`cluster.scheduler.descriptors`).
+    assert "connections that carry no member's stream, to keep 66 free" in log.read_text()
     for worker in workers:
         assert "allgather rank=" in worker.output
         for line in worker.output.splitlines():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,12 +32,13 @@ from cluster.protocol.records import (
     NodeRole,
     NodeState,
     Phase,
+    Refused,
     Registration,
     TopologyReadyEvent,
 )
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready
-from cluster.scheduler.machine.state import SchedulerState
+from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
 
 NODE_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
@@ -62,35 +62,15 @@ class Process:
     what it was told."""
 
     node_id: str
+    port: int
+    spare: bool = False  # started as a spare (CLUSTER_SPARE=1)
     incarnation: int = 0
     running: bool = False
     member: bool = False  # accepted by the scheduler it talks to now
+    refused: str = ""  # why its last registration was refused for good (it exited)
     # The generations it heard, per job (a scheduler that restarts on an ended job's state
     # starts a new job, whose generations count from 1 again).
     generations: dict[str, list[int]] = field(default_factory=dict)
-    # Its checkpoint steps on disk (they outlive the process), the newest step it trained to,
-    # and the step the scheduler said every worker holds (it never prunes from there up).
-    checkpoints: set[int] = field(default_factory=set)
-    trained: int = 0
-    keep_from: int = 0
-
-
-class EarlyRelease(Outbox):
-    """A planted bug: what is decided is told at once, while its save is only asked for (the
-    simulation's `--plant early-release`, and tests/unit/test_ready.py's)."""
-
-    def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
-        ready = super().step(revision, effects)
-        told = [t for _, held in self.held for t in self._told(revision, held)]
-        self.held.clear()
-        return Ready(save=ready.save, tell=(*ready.tell, *told))
-
-
-# Bugs the simulation must catch (`--plant NAME`): what each breaks.
-PLANTS = {
-    "early-release": "the outbox tells what it decided before it is saved",
-    "stale-disk": "a restarted scheduler reads the save before the last one",
-}
 
 
 @dataclass
@@ -98,6 +78,7 @@ class Sim:
     seed: int
     workers: int = 3
     plant: str = ""
+    spares: int = 1
     trace: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -111,12 +92,25 @@ class Sim:
             heartbeat_interval_s=HEARTBEAT_S,
             recovery=True,
         )
-        self.state = SchedulerState("job-0", self.settings, self.clock)
+        self.state = planted(state_kind(self.plant)("job-0", self.settings, self.clock), self.plant)
         self.stored: dict[str, Any] = self.state.snapshot()  # the first save
         self.previous = self.stored
         self.outbox = self._outbox(-1)
         self.carry_out(self.outbox.advance(self.state.revision))
-        self.processes = {str(i): Process(str(i)) for i in range(self.workers)}
+        names = [str(i) for i in range(self.workers)] + [f"s{i}" for i in range(self.spares)]
+        self.processes = {
+            name: Process(name, 5000 + i, spare=name.startswith("s"))
+            for i, name in enumerate(names)
+        }
+        # The checkpoint files of each rank (on the one host, so that they outlive a process
+        # and a spare that takes the rank reads them), and the step the scheduler said every
+        # worker holds (no rank prunes from there up).
+        self.files: dict[int, set[int]] = {}
+        self.keep_from: dict[int, int] = {}
+        # The peers of each job's last generation told, and when the scheduler last heard each
+        # node id (register, connect, heartbeat): the guard counts from there.
+        self.peers_told: dict[str, dict[int, str]] = {}
+        self.heard: dict[str, float] = {}
         self.restarts = 0
         self.told = 0
         # (job, node, rank, generation) of every failure told
@@ -125,8 +119,7 @@ class Sim:
     # -- the scheduler side ----------------------------------------------------------------
 
     def _outbox(self, saved: int) -> Outbox:
-        kind = EarlyRelease if self.plant == "early-release" else Outbox
-        return kind(write_ahead=True, saved=saved, recovery=True)
+        return outbox_kind(self.plant)(write_ahead=True, saved=saved, recovery=True)
 
     def step_machine(self, effects: list[Effect]) -> None:
         self.carry_out(self.outbox.step(self.state.revision, effects))
@@ -145,35 +138,54 @@ class Sim:
                 self.failures_told.add(key)
             if isinstance(tell.effect, TopologyReadyEvent):
                 self.check_rollback(tell.effect)
+                self.check_handover(tell.effect)
                 job = self.state.cluster_id
                 for proc in self.processes.values():
                     if proc.running and proc.member:
                         proc.generations.setdefault(job, []).append(tell.effect.generation)
 
     def check_rollback(self, ready: TopologyReadyEvent) -> None:
-        """The step a generation rolls back to is one every worker reported holding."""
+        """The step a generation rolls back to is on disk for every rank it names."""
         if ready.rollback_step == 0:
             return
-        for member in self.state.members.values():
-            if ready.rollback_step not in member.checkpoints:
+        for peer in ready.peers:
+            held = self.files.get(peer.rank, set())
+            if ready.rollback_step not in held:
                 raise Violation(
                     f"generation {ready.generation} rolls back to step {ready.rollback_step}, "
-                    f"which {member.node_id} does not hold ({member.checkpoints})"
+                    f"which rank {peer.rank} ({peer.node_id}) does not hold ({sorted(held)})"
                 )
 
+    def check_handover(self, ready: TopologyReadyEvent) -> None:
+        """A rank goes to another node only once its holder's failure was told."""
+        job = self.state.cluster_id
+        before = self.peers_told.get(job, {})
+        for peer in ready.peers:
+            holder = before.get(peer.rank, peer.node_id)
+            if holder != peer.node_id and not any(
+                k[:3] == (job, holder, peer.rank) for k in self.failures_told
+            ):
+                raise Violation(
+                    f"generation {ready.generation} gives rank {peer.rank} to {peer.node_id}, "
+                    f"but the failure of its holder {holder} was never told"
+                )
+        self.peers_told[job] = {p.rank: p.node_id for p in ready.peers}
+
     def report(self, proc: Process) -> None:
-        """The process trained on and saved a checkpoint; it keeps its newest three and every
-        step from the one all workers hold (as a `CheckpointManager` prunes), and reports
-        them; the scheduler answers the step every worker holds."""
+        """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
+        three and every step from the one all workers hold (as a `CheckpointManager` prunes),
+        and reports them; the scheduler answers the step every worker holds."""
+        member = self.state.find(proc.node_id)
         if not (proc.running and proc.member) or self.state.phase is not Phase.READY:
             return  # a worker saves checkpoints once the job has formed (after init())
-        proc.trained += 10 * self.rng.randrange(1, 3)
-        proc.checkpoints.add(proc.trained)
-        newest = sorted(proc.checkpoints)[-3:]
-        proc.checkpoints = {s for s in proc.checkpoints if s >= proc.keep_from} | set(newest)
-        steps = sorted(proc.checkpoints)
-        self.state.report_checkpoints(proc.node_id, proc.incarnation, steps)
-        proc.keep_from = max(proc.keep_from, self.state.held_by_all())
+        if member is None or member.rank is None or member.incarnation != proc.incarnation:
+            return
+        files = self.files.setdefault(member.rank, set())
+        files.add(max(files, default=0) + 10 * self.rng.randrange(1, 3))
+        keep = self.keep_from.get(member.rank, 0)
+        files &= {s for s in files if s >= keep} | set(sorted(files)[-3:])
+        self.state.report_checkpoints(proc.node_id, proc.incarnation, sorted(files))
+        self.keep_from[member.rank] = max(keep, self.state.held_by_all())
         self.step_machine([])  # saves the holdings
 
     def save_lands(self) -> None:
@@ -187,9 +199,12 @@ class Sim:
         self.restarts += 1
         if self.plant == "stale-disk":
             self.stored = self.previous
-        self.state = SchedulerState.restore(
+        restored = state_kind(self.plant).restore(
             self.stored, self.settings, self.clock, new_cluster_id=f"job-{self.restarts}"
         )
+        self.state = planted(restored, self.plant)
+        for node_id in self.heard:
+            self.heard[node_id] = self.clock.now  # the restored guard counts from now
         self.outbox = self._outbox(int(self.stored["revision"]))
         job = self.state.cluster_id
         told = max(
@@ -209,22 +224,39 @@ class Sim:
             node_id=proc.node_id,
             role=NodeRole.WORKER,
             host="h0",
-            port=5000 + int(proc.node_id),
+            port=proc.port,
             incarnation=proc.incarnation,
             worker_num=self.workers,
             server_num=0,
             cluster_id=self.state.cluster_id if self.state.cluster_id in proc.generations else "",
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
+            spare=proc.spare,
         )
 
     def register(self, proc: Process) -> None:
         if not proc.running:
             proc.running, proc.incarnation = True, proc.incarnation + 1
+        known = self.state.find(proc.node_id)
+        before = None if known is None else known.incarnation
         outcome, effects = self.state.register(self.registration(proc))
+        proc.refused = ""
+        if isinstance(outcome, Refused) and not outcome.reason.transient:
+            proc.running, proc.refused = False, outcome.reason.value  # it exits, told why
         if isinstance(outcome, Accepted):
+            self.check_guard(proc, before)
             proc.member = True
             self.state.connect(proc.node_id, proc.incarnation)
+            self.heard[proc.node_id] = self.clock.now
         self.step_machine(effects)
+
+    def check_guard(self, proc: Process, before: int | None) -> None:
+        """A new process of a known node id is taken only after MS_NODE_TIMEOUT of silence."""
+        silent = self.clock.now - self.heard.get(proc.node_id, float("-inf"))
+        if before not in (None, proc.incarnation) and silent < NODE_TIMEOUT_S:
+            raise Violation(
+                f"node {proc.node_id} incarnation {proc.incarnation} was accepted {silent:g} s "
+                f"after incarnation {before} was last heard (guard {NODE_TIMEOUT_S:g} s)"
+            )
 
     def kill(self, proc: Process) -> None:
         if proc.running:
@@ -240,6 +272,7 @@ class Sim:
             for proc in self.processes.values():
                 if proc.running and proc.member:
                     self.state.heartbeat(proc.node_id, proc.incarnation)
+                    self.heard[proc.node_id] = self.clock.now
             self.step_machine(self.state.tick())
 
     # -- checks --------------------------------------------------------------------------
@@ -262,7 +295,7 @@ class Sim:
 
     def act(self) -> str:  # noqa: PLR0911 - one return per kind of step
         roll = self.rng.random()
-        proc = self.processes[str(self.rng.randrange(self.workers))]
+        proc = self.rng.choice(list(self.processes.values()))
         if roll < 0.30:
             self.register(proc)
             return f"register {proc.node_id}"
@@ -292,11 +325,15 @@ class Sim:
         while self.clock.now - start < bound_s:
             over = self.state.phase in (Phase.FINISHED, Phase.FAILED)
             for proc in self.processes.values():
-                if not (proc.member or over):
+                if not (proc.member or proc.refused or over):
                     self.register(proc)
             self.save_lands()
-            everyone = all(p.member for p in self.processes.values())
-            formed = self.state.phase is Phase.READY and everyone
+            everyone = all(p.member or p.refused for p in self.processes.values())
+            ranked = all(
+                m.state is NodeState.ALIVE and self.processes[m.node_id].member
+                for m in self.state.members.values()
+            )
+            formed = self.state.phase is Phase.READY and everyone and ranked
             if (formed or over) and self.outbox.waiting == 0:
                 return
             self.time_passes(2.0)
@@ -313,8 +350,10 @@ class Sim:
         self.heal()
 
 
-def run_seed(seed: int, steps: int = 200, workers: int = 3, plant: str = "") -> Sim:
-    sim = Sim(seed, workers, plant)
+def run_seed(
+    seed: int, steps: int = 200, workers: int = 3, plant: str = "", spares: int = 1
+) -> Sim:
+    sim = Sim(seed, workers, plant, spares)
     try:
         sim.run(steps)
     except Violation as exc:

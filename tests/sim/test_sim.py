@@ -19,6 +19,12 @@ def test_the_same_seed_replays_the_same_run() -> None:
     first, again = run_seed(7), run_seed(7)
     assert first.trace == again.trace
     assert first.stored == again.stored
+    assert (first.clock.now, first.net.seq, first.told) == (
+        again.clock.now,
+        again.net.seq,
+        again.told,
+    )
+    assert first.files == again.files
 
 
 def first_caught(plant: str, seeds: int = 2000) -> tuple[int, str]:
@@ -40,6 +46,18 @@ def test_a_planted_bug_is_caught_and_replays(
     replayed = capsys.readouterr().out
     assert said.splitlines()[0] in replayed
     assert f"replay: python tests/sim/run.py --seed {seed} " in replayed
+
+
+def test_a_failing_seed_is_shrunk_and_its_replay_fails_alike(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--seeds", "5", "--plant", "newest-min"]) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("violated: rollback\n")
+    assert "shrunk to" in said
+    replay = said.split("replay: python tests/sim/run.py ")[1].split()
+    assert main(replay) == 1
+    assert capsys.readouterr().out.startswith("violated: rollback\n")
 
 
 def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,6 +139,7 @@ class Sim:
         self.heard: dict[str, float] = {}
         self.restarts = 0
         self.told = 0
+        self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
         self.carry_out(self.outbox.advance(self.state.revision))
 
@@ -174,6 +175,7 @@ class Sim:
             self.check_rollback(effect, effect.peers)
             self.check_handover(effect)
             self.generation_told[job] = max(self.generation_told.get(job, 0), effect.generation)
+            self.progress = effect.rollback_step  # the group goes on from there
 
     def send_tell(self, tell: Tell) -> None:
         effect = tell.effect
@@ -413,7 +415,9 @@ class Sim:
         ):
             return  # its group moved on, or a peer failed: the data plane waits
         files = self.files.setdefault(proc.rank, set())
-        files.add(max(files, default=0) + 10 * self.rng.randrange(1, 3))
+        # The ranks train in step (data parallel): each saves the step the group reached.
+        self.progress += 10 * self.rng.randrange(0, 2)
+        files.add(max(self.progress, 10))
         keep = self.keep_from.get(proc.rank, 0)
         files &= {s for s in files if s >= keep} | set(sorted(files)[-3:])
         self.send(proc, ("report", proc.incarnation, sorted(files)))

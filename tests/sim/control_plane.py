@@ -1,18 +1,24 @@
 """A seeded simulation of the control plane: the scheduler's pure machine and its write-ahead
-order, a simulated disk, worker processes that register, beat, die and come back, and
-scheduler restarts from what the disk holds, all on one virtual clock and one seed.
+order, a simulated disk, a simulated network (`network`), worker processes and a spare that
+register, beat, train, save and report checkpoints, die, stop and continue, and come back
+through the guard, and scheduler restarts from what the disk holds, all on one virtual clock
+and one seed.
 
-A first slice of issue #27: the workers are simple processes here (not `WorkerCore`), the
-network delivers at once, and there are no standbys. What it checks after every step:
+The workers are simple processes here (not `WorkerCore`): they know only what the network
+brought them. What is checked, after every step and at every message (`Violation.invariant`
+names the rule):
 
-- no node is told an effect whose revision is not saved (`Outbox`, at the level of the job);
-- what a node was told is never forgotten: a scheduler restarted from the disk is at least at
-  every generation any node was told;
-- each node hears generations that only grow;
-- a generation's rollback step is held by every rank it names (as the ranks reported it);
-- a failure is told once;
-- at most one live member holds each rank;
-- when the faults stop, the job forms again within a bounded virtual time (liveness).
+- `write-ahead`: no node is told an effect whose revision is not saved (`Outbox`);
+- `generations`: each node hears generations that only grow, and a scheduler restarted from
+  the disk is at least at every generation any node was told;
+- `rollback`: a generation's rollback step is on disk for every rank it names, when it is told
+  and when the rank's process hears it;
+- `failure-once`: each failure is told once;
+- `one-holder`: at most one live member holds each rank, and a rank goes to another node only
+  once its holder's failure was told;
+- `guard`: a new process of a node id is taken only after MS_NODE_TIMEOUT of its silence;
+- `liveness`: when the faults stop, within a bounded virtual time the job forms again with
+  every process in it, or its end is told to every process.
 
 Same seed, same run: every choice comes from `random.Random(seed)`.
 """
@@ -21,31 +27,40 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.protocol import auth
+from cluster.protocol.errors import UnknownNodeError
 from cluster.protocol.records import (
     Accepted,
     Effect,
+    Evict,
     NodeFailedEvent,
     NodeRole,
     NodeState,
     Phase,
+    Refused,
     Registration,
+    ShutdownEvent,
     TopologyReadyEvent,
 )
 from cluster.protocol.settings import JobSettings
-from cluster.scheduler.machine.ready import Outbox, Ready
-from cluster.scheduler.machine.state import SchedulerState
+from cluster.scheduler.machine.ready import Outbox, Ready, Tell
+from tests.sim.network import SCHED, Network, Packet
+from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
 
 NODE_TIMEOUT_S = 10.0
 HEARTBEAT_S = 1.0
+LIVENESS_BOUND_S = 600.0
 
 
 class Violation(AssertionError):
-    """An invariant of the control plane broke: which, and the trace that led there."""
+    """An invariant of the control plane broke: which (`invariant`), and how."""
+
+    def __init__(self, invariant: str, message: str) -> None:
+        super().__init__(f"[{invariant}] {message}")
+        self.invariant = invariant
 
 
 @dataclass
@@ -58,39 +73,23 @@ class Clock:
 
 @dataclass
 class Process:
-    """A worker process: its node id, its incarnation, whether it runs and is connected, and
-    what it was told."""
+    """A worker process: what it is, whether it runs, and what it was told."""
 
     node_id: str
+    port: int
+    spare: bool = False  # started as a spare (CLUSTER_SPARE=1)
     incarnation: int = 0
     running: bool = False
-    member: bool = False  # accepted by the scheduler it talks to now
+    stopped: bool = False  # SIGSTOP: it neither sends nor reads until continued
+    inbox: list[Packet] = field(default_factory=list)  # what arrived while stopped
+    member: bool = False  # accepted, its stream open, as far as it knows
+    ended: str = ""  # why it exited for good (a refusal or the job's end), as told
+    job: str = ""  # the job it was accepted into
+    rank: int | None = None  # its rank in the newest generation it heard
+    paused: bool = False  # heard a failure, waits for the next generation
     # The generations it heard, per job (a scheduler that restarts on an ended job's state
     # starts a new job, whose generations count from 1 again).
     generations: dict[str, list[int]] = field(default_factory=dict)
-    # Its checkpoint steps on disk (they outlive the process), the newest step it trained to,
-    # and the step the scheduler said every worker holds (it never prunes from there up).
-    checkpoints: set[int] = field(default_factory=set)
-    trained: int = 0
-    keep_from: int = 0
-
-
-class EarlyRelease(Outbox):
-    """A planted bug: what is decided is told at once, while its save is only asked for (the
-    simulation's `--plant early-release`, and tests/unit/test_ready.py's)."""
-
-    def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
-        ready = super().step(revision, effects)
-        told = [t for _, held in self.held for t in self._told(revision, held)]
-        self.held.clear()
-        return Ready(save=ready.save, tell=(*ready.tell, *told))
-
-
-# Bugs the simulation must catch (`--plant NAME`): what each breaks.
-PLANTS = {
-    "early-release": "the outbox tells what it decided before it is saved",
-    "stale-disk": "a restarted scheduler reads the save before the last one",
-}
 
 
 @dataclass
@@ -98,11 +97,13 @@ class Sim:
     seed: int
     workers: int = 3
     plant: str = ""
+    spares: int = 1
     trace: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.clock = Clock()
+        self.net = Network(random.Random(self.rng.random()))
         self.settings = JobSettings(
             worker_num=self.workers,
             server_num=0,
@@ -111,22 +112,41 @@ class Sim:
             heartbeat_interval_s=HEARTBEAT_S,
             recovery=True,
         )
-        self.state = SchedulerState("job-0", self.settings, self.clock)
+        self.state = planted(state_kind(self.plant)("job-0", self.settings, self.clock), self.plant)
         self.stored: dict[str, Any] = self.state.snapshot()  # the first save
         self.previous = self.stored
         self.outbox = self._outbox(-1)
-        self.carry_out(self.outbox.advance(self.state.revision))
-        self.processes = {str(i): Process(str(i)) for i in range(self.workers)}
+        names = [str(i) for i in range(self.workers)] + [f"s{i}" for i in range(self.spares)]
+        self.processes = {
+            name: Process(name, 5000 + i, spare=name.startswith("s"))
+            for i, name in enumerate(names)
+        }
+        # The scheduler's open streams, and what a stream opened now starts with.
+        self.streams: set[tuple[str, int]] = set()
+        self.catch_up: list[Effect] = []
+        # The checkpoint files of each rank (on the one host, so that they outlive a process
+        # and a spare that takes the rank reads them), and the step the scheduler said every
+        # worker holds (no rank prunes from there up).
+        self.files: dict[int, set[int]] = {}
+        self.keep_from: dict[int, int] = {}
+        # Per job: the peers of the last generation told, the newest generation told.
+        self.peers_told: dict[str, dict[int, str]] = {}
+        self.generation_told: dict[str, int] = {}
+        # (job, node, rank, generation) of every failure told.
+        self.failures_told: set[tuple[str, str, int, int]] = set()
+        self.failed_in: dict[str, int] = {}  # per job, the generation of the newest failure told
+        # When the scheduler last heard each node id (register, connect, heartbeat).
+        self.heard: dict[str, float] = {}
         self.restarts = 0
         self.told = 0
-        # (job, node, rank, generation) of every failure told
-        self.failures_told: set[tuple[str, str, int, int]] = set()
+        self.progress = 0  # the step the training group reached
+        self.next_beat = self.clock.now
+        self.carry_out(self.outbox.advance(self.state.revision))
 
-    # -- the scheduler side ----------------------------------------------------------------
+    # -- the scheduler: its machine, its outbox, its disk -------------------------------------
 
     def _outbox(self, saved: int) -> Outbox:
-        kind = EarlyRelease if self.plant == "early-release" else Outbox
-        return kind(write_ahead=True, saved=saved, recovery=True)
+        return outbox_kind(self.plant)(write_ahead=True, saved=saved, recovery=True)
 
     def step_machine(self, effects: list[Effect]) -> None:
         self.carry_out(self.outbox.step(self.state.revision, effects))
@@ -135,46 +155,79 @@ class Sim:
         saved = int(self.stored["revision"])
         for tell in ready.tell:
             if tell.revision > saved:
-                raise Violation(f"told revision {tell.revision} with {saved} saved: {tell.effect}")
+                raise Violation(
+                    "write-ahead",
+                    f"told revision {tell.revision} with {saved} saved: {tell.effect}",
+                )
             self.told += 1
-            if isinstance(tell.effect, NodeFailedEvent):
-                failed = tell.effect
-                key = (self.state.cluster_id, failed.node_id, failed.rank, failed.generation)
-                if key in self.failures_told:
-                    raise Violation(f"failure told twice: {failed}")
-                self.failures_told.add(key)
-            if isinstance(tell.effect, TopologyReadyEvent):
-                self.check_rollback(tell.effect)
-                job = self.state.cluster_id
-                for proc in self.processes.values():
-                    if proc.running and proc.member:
-                        proc.generations.setdefault(job, []).append(tell.effect.generation)
+            self.check_told(tell)
+            self.send_tell(tell)
 
-    def check_rollback(self, ready: TopologyReadyEvent) -> None:
-        """The step a generation rolls back to is one every worker reported holding."""
+    def check_told(self, tell: Tell) -> None:
+        job, effect = self.state.cluster_id, tell.effect
+        if isinstance(effect, NodeFailedEvent):
+            key = (job, effect.node_id, effect.rank, effect.generation)
+            if key in self.failures_told:
+                raise Violation("failure-once", f"failure told twice: {effect}")
+            self.failures_told.add(key)
+            self.failed_in[job] = effect.generation
+        if isinstance(effect, TopologyReadyEvent):
+            self.check_rollback(effect, effect.peers)
+            self.check_handover(effect)
+            self.generation_told[job] = max(self.generation_told.get(job, 0), effect.generation)
+            self.progress = effect.rollback_step  # the group goes on from there
+
+    def send_tell(self, tell: Tell) -> None:
+        effect = tell.effect
+        if isinstance(effect, Evict):
+            key = (effect.node_id, effect.incarnation)
+            if key in self.streams:
+                self.streams.discard(key)
+                self.net.send(
+                    self.clock.now,
+                    SCHED,
+                    effect.node_id,
+                    ("evict", effect.incarnation),
+                    stream=True,
+                )
+            return
+        if not isinstance(effect, TopologyReadyEvent | NodeFailedEvent | ShutdownEvent):
+            return  # progress counts go with the registration's answer here
+        if not isinstance(effect, NodeFailedEvent):
+            self.catch_up = [effect]
+        for node_id, incarnation in sorted(self.streams):
+            self.net.send(
+                self.clock.now, SCHED, node_id, ("event", incarnation, effect), stream=True
+            )
+
+    def check_rollback(self, ready: TopologyReadyEvent, peers: Any) -> None:
+        """The step a generation rolls back to is on disk for every rank in `peers`."""
         if ready.rollback_step == 0:
             return
-        for member in self.state.members.values():
-            if ready.rollback_step not in member.checkpoints:
+        for peer in peers:
+            held = self.files.get(peer.rank, set())
+            if ready.rollback_step not in held:
                 raise Violation(
+                    "rollback",
                     f"generation {ready.generation} rolls back to step {ready.rollback_step}, "
-                    f"which {member.node_id} does not hold ({member.checkpoints})"
+                    f"which rank {peer.rank} ({peer.node_id}) does not hold ({sorted(held)})",
                 )
 
-    def report(self, proc: Process) -> None:
-        """The process trained on and saved a checkpoint; it keeps its newest three and every
-        step from the one all workers hold (as a `CheckpointManager` prunes), and reports
-        them; the scheduler answers the step every worker holds."""
-        if not (proc.running and proc.member) or self.state.phase is not Phase.READY:
-            return  # a worker saves checkpoints once the job has formed (after init())
-        proc.trained += 10 * self.rng.randrange(1, 3)
-        proc.checkpoints.add(proc.trained)
-        newest = sorted(proc.checkpoints)[-3:]
-        proc.checkpoints = {s for s in proc.checkpoints if s >= proc.keep_from} | set(newest)
-        steps = sorted(proc.checkpoints)
-        self.state.report_checkpoints(proc.node_id, proc.incarnation, steps)
-        proc.keep_from = max(proc.keep_from, self.state.held_by_all())
-        self.step_machine([])  # saves the holdings
+    def check_handover(self, ready: TopologyReadyEvent) -> None:
+        """A rank goes to another node only once its holder's failure was told."""
+        job = self.state.cluster_id
+        before = self.peers_told.get(job, {})
+        for peer in ready.peers:
+            holder = before.get(peer.rank, peer.node_id)
+            if holder != peer.node_id and not any(
+                k[:3] == (job, holder, peer.rank) for k in self.failures_told
+            ):
+                raise Violation(
+                    "one-holder",
+                    f"generation {ready.generation} gives rank {peer.rank} to {peer.node_id}, "
+                    f"but the failure of its holder {holder} was never told",
+                )
+        self.peers_told[job] = {p.rank: p.node_id for p in ready.peers}
 
     def save_lands(self) -> None:
         if self.outbox.requested > int(self.stored["revision"]):
@@ -182,143 +235,335 @@ class Sim:
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
 
     def restart_scheduler(self) -> None:
-        """The scheduler dies and comes back on what the disk holds; every process is cut off
-        and registers again."""
+        """The scheduler dies and comes back on what the disk holds; every connection to it
+        breaks, and the processes register again."""
         self.restarts += 1
         if self.plant == "stale-disk":
             self.stored = self.previous
-        self.state = SchedulerState.restore(
+        restored = state_kind(self.plant).restore(
             self.stored, self.settings, self.clock, new_cluster_id=f"job-{self.restarts}"
         )
+        self.state = planted(restored, self.plant)
         self.outbox = self._outbox(int(self.stored["revision"]))
-        job = self.state.cluster_id
-        told = max(
-            (g for p in self.processes.values() for g in p.generations.get(job, [])), default=0
-        )
+        self.streams.clear()
+        self.catch_up = self.state.catch_up()
+        self.net.drop_scheduler()
+        for node_id in self.heard:
+            self.heard[node_id] = self.clock.now  # the restored guard counts from now
+        told = self.generation_told.get(self.state.cluster_id, 0)
         if self.state.phase is Phase.READY and self.state.generation < told:
             raise Violation(
-                f"restarted at generation {self.state.generation}, a node was told {told}"
+                "generations",
+                f"restarted at generation {self.state.generation}, a node was told {told}",
             )
         for proc in self.processes.values():
             proc.member = False
+            if proc.stopped:  # it reads what its dead connection held, then the end of it
+                proc.inbox.append(
+                    Packet(self.clock.now, 0, SCHED, proc.node_id, ("unknown", proc.incarnation))
+                )
 
-    # -- the workers ---------------------------------------------------------------------
+    # -- the scheduler hears a worker ---------------------------------------------------------
+
+    def to_scheduler(self, packet: Packet) -> None:
+        kind, node_id = packet.body[0], packet.src
+        if kind == "register":
+            self.on_register(packet.body[1])
+            return
+        incarnation = packet.body[1]
+        try:
+            if kind == "beat":
+                self.state.heartbeat(node_id, incarnation)
+                self.heard[node_id] = self.clock.now
+            elif kind == "report":
+                self.state.report_checkpoints(node_id, incarnation, packet.body[2])
+                held = self.state.held_by_all()
+                self.step_machine([])  # saves the holdings
+                self.net.send(self.clock.now, SCHED, node_id, ("held", incarnation, held))
+            elif kind == "closed":
+                self.streams.discard((node_id, incarnation))
+                self.step_machine(self.state.disconnect(node_id, incarnation))
+        except UnknownNodeError:
+            self.net.send(self.clock.now, SCHED, node_id, ("unknown", incarnation))
+
+    def on_register(self, reg: Registration) -> None:
+        """A registration opens the node's stream (as `Watch` with a `RegisterRequest` does):
+        accepted, the answer and then what the node must hear first go on that stream."""
+        known = self.state.find(reg.node_id)
+        before = None if known is None else known.incarnation
+        outcome, effects = self.state.register(reg)
+        now, node_id = self.clock.now, reg.node_id
+        if isinstance(outcome, Refused):
+            self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome))
+            return
+        self.check_guard(reg, before)
+        self.heard[node_id] = now
+        first = self.state.connect(node_id, reg.incarnation)
+        self.streams.add((node_id, reg.incarnation))
+        self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome), stream=True)
+        for event in self.catch_up if first else []:
+            self.net.send(now, SCHED, node_id, ("event", reg.incarnation, event), stream=True)
+        self.step_machine(effects)
+
+    def check_guard(self, reg: Registration, before: int | None) -> None:
+        """A new process of a known node id is taken only after MS_NODE_TIMEOUT of silence."""
+        silent = self.clock.now - self.heard.get(reg.node_id, float("-inf"))
+        if before not in (None, reg.incarnation) and silent < NODE_TIMEOUT_S:
+            raise Violation(
+                "guard",
+                f"node {reg.node_id} incarnation {reg.incarnation} was accepted {silent:g} s "
+                f"after incarnation {before} was last heard (guard {NODE_TIMEOUT_S:g} s)",
+            )
+
+    # -- the workers ----------------------------------------------------------------------------
 
     def registration(self, proc: Process) -> Registration:
         return Registration(
             node_id=proc.node_id,
             role=NodeRole.WORKER,
             host="h0",
-            port=5000 + int(proc.node_id),
+            port=proc.port,
             incarnation=proc.incarnation,
             worker_num=self.workers,
             server_num=0,
-            cluster_id=self.state.cluster_id if self.state.cluster_id in proc.generations else "",
+            cluster_id=proc.job,
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
+            spare=proc.spare,
         )
 
-    def register(self, proc: Process) -> None:
+    def send(self, proc: Process, body: tuple[Any, ...]) -> None:
+        self.net.send(self.clock.now, proc.node_id, SCHED, body)
+
+    def to_worker(self, proc: Process, packet: Packet) -> None:
         if not proc.running:
-            proc.running, proc.incarnation = True, proc.incarnation + 1
-        outcome, effects = self.state.register(self.registration(proc))
-        if isinstance(outcome, Accepted):
-            proc.member = True
-            self.state.connect(proc.node_id, proc.incarnation)
-        self.step_machine(effects)
+            return
+        if proc.stopped:
+            proc.inbox.append(packet)
+            return
+        kind, incarnation = packet.body[0], packet.body[1]
+        if incarnation != proc.incarnation:
+            return  # meant for an earlier process of this node id
+        if kind == "answer":
+            self.on_answer(proc, packet.body[2])
+        elif kind == "event":
+            self.on_event(proc, packet.body[2])
+        elif kind == "held" and proc.rank is not None:
+            self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
+        elif kind in ("evict", "unknown"):
+            proc.member = False  # cut off: it registers again
+
+    def on_answer(self, proc: Process, outcome: Accepted | Refused) -> None:
+        if isinstance(outcome, Refused):
+            if not outcome.reason.transient:
+                proc.running, proc.ended = False, outcome.reason.value  # it exits, told why
+            return
+        if proc.member:
+            return  # a duplicate answer
+        if outcome.cluster_id != proc.job:
+            proc.job, proc.rank, proc.paused = outcome.cluster_id, None, False
+        proc.member = True
+
+    def on_event(self, proc: Process, event: Effect) -> None:
+        if isinstance(event, ShutdownEvent):
+            proc.running, proc.member, proc.ended = False, False, "shutdown"
+            return
+        if isinstance(event, NodeFailedEvent):
+            proc.paused = True
+            return
+        if not isinstance(event, TopologyReadyEvent):
+            return
+        seen = proc.generations.setdefault(proc.job, [])
+        if seen and event.generation <= seen[-1]:
+            if event.generation == seen[-1]:
+                return  # the catch-up of a generation it heard (a reconnect)
+            raise Violation(
+                "generations", f"node {proc.node_id} heard {event.generation} after {seen}"
+            )
+        seen.append(event.generation)
+        mine = [p for p in event.peers if p.node_id == proc.node_id]
+        self.check_rollback(event, mine)
+        proc.rank = mine[0].rank if mine else None
+        proc.paused = False
+
+    def start(self, proc: Process) -> None:
+        if not proc.running:
+            proc.running, proc.incarnation, proc.ended = True, proc.incarnation + 1, ""
+            proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
+            self.send(proc, ("register", self.registration(proc)))
 
     def kill(self, proc: Process) -> None:
+        """The process dies; its stream breaks, which the scheduler sees unless the link is
+        cut (then only its silence tells)."""
         if proc.running:
             proc.running = False
-            if proc.member:
-                proc.member = False
-                self.step_machine(self.state.disconnect(proc.node_id, proc.incarnation))
+            self.net.break_stream(proc.node_id)
+            if proc.node_id not in self.net.cut:
+                self.net.send(
+                    self.clock.now, proc.node_id, SCHED, ("closed", proc.incarnation), stream=True
+                )
+
+    def train(self, proc: Process) -> None:
+        """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
+        three and every step from the one all workers hold (as a `CheckpointManager` prunes),
+        and reports them; the scheduler's answer is the step every worker holds."""
+        if not proc.running or proc.stopped or not proc.member or proc.paused or proc.rank is None:
+            return
+        newest = self.generation_told.get(proc.job, 0)
+        if (
+            proc.generations.get(proc.job, [0])[-1] != newest
+            or self.failed_in.get(proc.job) == newest
+        ):
+            return  # its group moved on, or a peer failed: the data plane waits
+        files = self.files.setdefault(proc.rank, set())
+        # The ranks train in step (data parallel): each saves the step the group reached.
+        self.progress += 10 * self.rng.randrange(0, 2)
+        files.add(max(self.progress, 10))
+        keep = self.keep_from.get(proc.rank, 0)
+        files &= {s for s in files if s >= keep} | set(sorted(files)[-3:])
+        self.send(proc, ("report", proc.incarnation, sorted(files)))
+
+    def beat(self) -> None:
+        """Every running process beats, or asks again to register."""
+        for proc in self.processes.values():
+            if proc.running and not proc.stopped:
+                if proc.member:
+                    self.send(proc, ("beat", proc.incarnation))
+                else:
+                    self.send(proc, ("register", self.registration(proc)))
+        self.step_machine(self.state.tick())
+
+    def continue_(self, proc: Process) -> None:
+        proc.stopped = False
+        inbox, proc.inbox = proc.inbox, []
+        for packet in inbox:
+            self.to_worker(proc, packet)
 
     def time_passes(self, seconds: float) -> None:
         end = self.clock.now + seconds
-        while self.clock.now < end:
-            self.clock.now = min(end, self.clock.now + HEARTBEAT_S)
-            for proc in self.processes.values():
-                if proc.running and proc.member:
-                    self.state.heartbeat(proc.node_id, proc.incarnation)
-            self.step_machine(self.state.tick())
+        while True:
+            at = min(self.net.next_at(), self.next_beat)
+            if at > end:
+                break
+            self.clock.now = max(self.clock.now, at)
+            packet = self.net.due(self.clock.now)
+            if packet is not None:
+                if packet.dst == SCHED:
+                    self.to_scheduler(packet)
+                else:
+                    self.to_worker(self.processes[packet.dst], packet)
+            elif self.next_beat <= self.clock.now:
+                self.next_beat += HEARTBEAT_S
+                self.beat()
+        self.clock.now = end
 
-    # -- checks --------------------------------------------------------------------------
+    # -- checks ----------------------------------------------------------------------------------
 
     def check(self) -> None:
-        for proc in self.processes.values():
-            for job, seen in proc.generations.items():
-                if any(b <= a for a, b in itertools.pairwise(seen)):
-                    raise Violation(f"node {proc.node_id} heard generations {seen} of {job}")
         holders: dict[int, str] = {}
         for member in self.state.members.values():
             if member.state is NodeState.ALIVE and member.rank is not None:
                 if member.rank in holders:
                     raise Violation(
-                        f"rank {member.rank}: {holders[member.rank]} and {member.node_id}"
+                        "one-holder",
+                        f"rank {member.rank}: {holders[member.rank]} and {member.node_id}",
                     )
                 holders[member.rank] = member.node_id
+        for proc in self.processes.values():
+            for job, seen in proc.generations.items():
+                if any(b <= a for a, b in itertools.pairwise(seen)):
+                    raise Violation("generations", f"node {proc.node_id} heard {seen} of {job}")
 
-    # -- one schedule --------------------------------------------------------------------
+    # -- one schedule ----------------------------------------------------------------------------
 
-    def act(self) -> str:  # noqa: PLR0911 - one return per kind of step
+    def choose(self) -> tuple[str, Any]:  # noqa: PLR0911 - one return per kind of step
         roll = self.rng.random()
-        proc = self.processes[str(self.rng.randrange(self.workers))]
-        if roll < 0.30:
-            self.register(proc)
-            return f"register {proc.node_id}"
-        if roll < 0.35:
-            self.report(proc)
-            return f"report {proc.node_id}"
-        if roll < 0.45:
-            self.kill(proc)
-            return f"kill {proc.node_id}"
+        proc = self.rng.choice(list(self.processes.values()))
+        name = proc.node_id
+        if roll < 0.12:
+            return f"start {name}", lambda: self.start(proc)
+        if roll < 0.27:
+            return f"train {name}", lambda: self.train(proc)
+        if roll < 0.33:
+            return f"kill {name}", lambda: self.kill(proc)
+        if roll < 0.36:
+            return f"stop {name}", lambda: setattr(proc, "stopped", proc.running)
+        if roll < 0.39:
+            return f"continue {name}", lambda: self.continue_(proc)
+        if roll < 0.42:
+            return f"partition {name}", lambda: self.net.partition(name)
+        if roll < 0.46:
+            return f"heal {name}", lambda: self.net.heal(name, self.clock.now)
         if roll < 0.70:
             seconds = self.rng.choice([0.5, 2.0, 11.0])
-            self.time_passes(seconds)
-            return f"time +{seconds:g}s"
-        if roll < 0.90:
-            self.save_lands()
-            return "save lands"
-        if roll < 0.95:
-            return "save fails"
-        self.restart_scheduler()
-        return "scheduler restarts"
+            return f"tick {seconds:g}s", lambda: self.time_passes(seconds)
+        if roll < 0.93:
+            return "save lands", self.save_lands
+        if roll < 0.97:
+            return "save fails", lambda: None
+        return "scheduler restarts", self.restart_scheduler
 
-    def heal(self, bound_s: float = 600.0) -> None:
-        """Faults stop: every process runs and registers, saves land, time passes; within
-        `bound_s` of virtual time the job must be formed with every process in it, or over with
-        its end told."""
+    def settled(self) -> bool:
+        """The job formed with every process in it at its newest generation, or it is over and
+        every process was told; nothing waits for a save."""
+        if self.outbox.waiting or self.outbox.requested > int(self.stored["revision"]):
+            return False
+        procs = self.processes.values()
+        if self.state.phase in (Phase.FINISHED, Phase.FAILED):
+            return all(not p.running for p in procs)
+        if self.state.phase is not Phase.READY or not all(p.member or p.ended for p in procs):
+            return False
+        generation = self.state.generation
+        for member in self.state.members.values():
+            proc = self.processes[member.node_id]
+            heard = proc.generations.get(proc.job, [0])
+            if member.state is not NodeState.ALIVE or not proc.member or heard[-1] != generation:
+                return False
+        return True
+
+    def heal(self, bound_s: float = LIVENESS_BOUND_S) -> None:
+        """Faults stop: links heal, stopped processes continue, dead ones start again (unless
+        told to go), saves land, time passes; within `bound_s` of virtual time the job must
+        settle (`settled`)."""
+        self.net.calm(self.clock.now)
         start = self.clock.now
         while self.clock.now - start < bound_s:
-            over = self.state.phase in (Phase.FINISHED, Phase.FAILED)
             for proc in self.processes.values():
-                if not (proc.member or over):
-                    self.register(proc)
+                if proc.stopped:
+                    self.continue_(proc)
+                if not proc.running and not proc.ended:
+                    self.start(proc)
             self.save_lands()
-            everyone = all(p.member for p in self.processes.values())
-            formed = self.state.phase is Phase.READY and everyone
-            if (formed or over) and self.outbox.waiting == 0:
+            if self.settled():
                 return
             self.time_passes(2.0)
             self.check()
         raise Violation(
-            f"the job did not form within {bound_s:g} s of virtual time after the faults"
+            "liveness",
+            f"the job did not settle within {bound_s:g} s of virtual time after the faults",
         )
 
     def run(self, steps: int) -> None:
+        for proc in self.processes.values():
+            self.start(proc)
         for _ in range(steps):
-            self.trace.append(self.act())
+            name, act = self.choose()
+            self.trace.append(name)
+            act()
             self.check()
-        self.trace.append("heal")
+        self.trace.append("faults stop")
         self.heal()
 
 
-def run_seed(seed: int, steps: int = 200, workers: int = 3, plant: str = "") -> Sim:
-    sim = Sim(seed, workers, plant)
+def run_seed(
+    seed: int, steps: int = 200, workers: int = 3, plant: str = "", spares: int = 1
+) -> Sim:
+    """One schedule; raises `Violation` (with `sim` set to the run) when an invariant breaks."""
+    sim = Sim(seed, workers, plant, spares)
     try:
         sim.run(steps)
     except Violation as exc:
-        raise Violation(f"seed {seed}: {exc}\n  last steps: {sim.trace[-12:]}") from None
+        exc.sim = sim  # type: ignore[attr-defined]
+        raise
     return sim
 
 

@@ -1,11 +1,13 @@
 """Run seeded schedules of the simulated control plane (`tests/sim/control_plane.py`).
 
-    python tests/sim/run.py --seeds 1000 [--nodes 3] [--steps 200] [--seed S] [--plant NAME]
+    python tests/sim/run.py --seeds 1000 [--nodes 3] [--spares 1] [--steps 200] [--seed S]
+                            [--plant NAME] [--no-shrink]
     python tests/sim/run.py --list-plants
 
-Prints `N schedules, 0 violations` and exits 0; or the violated invariant, the seed, the last
-steps of its trace and the command that replays it, and exits 1. `--seed S` runs that one
-seed; `--plant NAME` plants a known bug, which the schedules must catch.
+Prints `N schedules, 0 violations` and exits 0; or the violated invariant, the seed, the end of
+its trace and the command that replays it, and exits 1. A failing seed is shrunk first (fewer
+steps, workers, spares: `tests/sim/shrink.py`). `--seed S` runs that one seed; `--plant NAME`
+plants a known bug (`tests/sim/plants.py`), which the schedules must catch.
 """
 
 from __future__ import annotations
@@ -17,7 +19,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.sim.control_plane import PLANTS, Violation, run_seed
+from tests.sim.control_plane import PLANTS, Violation
+from tests.sim.shrink import Case, shrink, violation
+
+TRACE_SHOWN = 24
+
+
+def report(case: Case, exc: Violation, *, shrunk: bool) -> None:
+    """What broke, where, and how to see it again."""
+    trace = exc.sim.trace  # type: ignore[attr-defined]
+    print(f"violated: {exc.invariant}")
+    print(f"seed {case.seed}: {exc}")
+    how = f" (shrunk to {case.steps} steps, {case.workers} workers, {case.spares} spares)"
+    print(f"trace, last {min(len(trace), TRACE_SHOWN)} of {len(trace)}{how if shrunk else ''}:")
+    for step in trace[-TRACE_SHOWN:]:
+        print(f"  {step}")
+    print(f"replay: {case.replay()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=200, help="schedules to run")
     parser.add_argument("--seed", type=int, help="run this one seed only")
     parser.add_argument("--nodes", type=int, default=3, help="workers")
+    parser.add_argument("--spares", type=int, default=1, help="spare workers")
     parser.add_argument("--steps", type=int, default=200, help="steps per schedule")
     parser.add_argument("--plant", default="", choices=["", *PLANTS], help="a known bug")
+    parser.add_argument("--no-shrink", action="store_true", help="print the failing seed as is")
     parser.add_argument("--list-plants", action="store_true", help="name the plants and exit")
     args = parser.parse_args(argv)
     if args.list_plants:
@@ -36,15 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [args.seed] if args.seed is not None else list(range(args.seeds))
     started = time.monotonic()
     for seed in seeds:
-        try:
-            run_seed(seed, steps=args.steps, workers=args.nodes, plant=args.plant)
-        except Violation as exc:
-            print(exc)
-            plant = f" --plant {args.plant}" if args.plant else ""
-            print(
-                f"replay: python tests/sim/run.py --seed {seed} --nodes {args.nodes} "
-                f"--steps {args.steps}{plant}"
-            )
+        case = Case(seed, args.steps, args.nodes, args.spares, args.plant)
+        exc = violation(case)
+        if exc is not None:
+            shrunk = not args.no_shrink and args.seed is None
+            if shrunk:
+                case, exc = shrink(case, exc)
+            report(case, exc, shrunk=shrunk)
             return 1
     took = time.monotonic() - started
     print(f"{len(seeds)} schedules, 0 violations ({took:.1f} s)")

@@ -1,5 +1,6 @@
 """The simulated control plane (`tests/sim/control_plane.py`): many seeded schedules keep every
-invariant, the same seed replays the same run, and each planted bug is caught."""
+invariant, the same seed replays the same run, and each planted bug (`tests/sim/plants.py`) is
+caught within 2,000 seeds, by a replay command that finds it again."""
 
 from __future__ import annotations
 
@@ -18,17 +19,45 @@ def test_the_same_seed_replays_the_same_run() -> None:
     first, again = run_seed(7), run_seed(7)
     assert first.trace == again.trace
     assert first.stored == again.stored
+    assert (first.clock.now, first.net.seq, first.told) == (
+        again.clock.now,
+        again.net.seq,
+        again.told,
+    )
+    assert first.files == again.files
+
+
+def first_caught(plant: str, seeds: int = 2000) -> tuple[int, str]:
+    """The first seed whose schedule catches `plant`, and what it said."""
+    for seed in range(seeds):
+        try:
+            run_seed(seed, plant=plant)
+        except Violation as exc:
+            return seed, str(exc)
+    raise AssertionError(f"the plant {plant!r} ({PLANTS[plant]}) was not caught in {seeds} seeds")
 
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
-def test_a_planted_bug_is_caught(plant: str) -> None:
-    caught = 0
-    for seed in range(20):
-        try:
-            run_seed(seed, plant=plant)
-        except Violation:
-            caught += 1
-    assert caught > 0, f"the plant {plant!r} ({PLANTS[plant]}) was never caught"
+def test_a_planted_bug_is_caught_and_replays(
+    plant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed, said = first_caught(plant)
+    assert main(["--seed", str(seed), "--plant", plant]) == 1
+    replayed = capsys.readouterr().out
+    assert said.splitlines()[0] in replayed
+    assert f"replay: python tests/sim/run.py --seed {seed} " in replayed
+
+
+def test_a_failing_seed_is_shrunk_and_its_replay_fails_alike(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--seeds", "5", "--plant", "eager-spare"]) == 1
+    said = capsys.readouterr().out
+    assert said.startswith("violated: one-holder\n")
+    assert "shrunk to" in said
+    replay = said.split("replay: python tests/sim/run.py ")[1].split()
+    assert main(replay) == 1
+    assert capsys.readouterr().out.startswith("violated: one-holder\n")
 
 
 def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,3 +67,6 @@ def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str])
     said = capsys.readouterr().out
     assert "told revision" in said
     assert "replay: python tests/sim/run.py --seed 0" in said
+    assert main(["--list-plants"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"{name}: " in listed for name in PLANTS)

@@ -1,0 +1,99 @@
+"""Planted bugs: switches that break the control plane on purpose, so that the simulation proves
+it looks (`python tests/sim/run.py --plant NAME`, `--list-plants`).
+
+Each plant is a subclass of a real part (the scheduler's `SchedulerState`, its `SparePool`, the
+`Outbox`), put in by the simulation in place of the real one; the real code has no switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cluster.protocol.records import (
+    Accepted,
+    Effect,
+    Member,
+    NodeRole,
+    NodeState,
+    Phase,
+    Refused,
+    Registration,
+)
+from cluster.scheduler.machine.ready import Outbox, Ready
+from cluster.scheduler.machine.rollback import NoCommonStep
+from cluster.scheduler.machine.spares import SparePool, live
+from cluster.scheduler.machine.state import SchedulerState
+
+# What each plant breaks (`--list-plants`).
+PLANTS = {
+    "early-release": "the outbox tells what it decided before it is saved",
+    "stale-disk": "a restarted scheduler reads the save before the last one",
+    "eager-spare": "a spare that registers takes a rank whose holder still lives",
+    "no-guard": "a new process of a node id is taken back within MS_NODE_TIMEOUT",
+    "newest-min": "the rollback step is the minimum of each rank's newest (MindSpore's rule)",
+}
+
+
+class EarlyRelease(Outbox):
+    """`early-release`: what is decided is told at once, while its save is only asked for (also
+    tests/unit/test_ready.py's plant)."""
+
+    def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
+        ready = super().step(revision, effects)
+        told = [t for _, held in self.held for t in self._told(revision, held)]
+        self.held.clear()
+        return Ready(save=ready.save, tell=(*ready.tell, *told))
+
+
+class EagerPool(SparePool):
+    """`eager-spare`: with no rank down, a spare takes the lowest rank of a live worker."""
+
+    def fill_down_rank(self) -> list[Effect]:
+        job = self.job
+        if job.phase is not Phase.READY or not live(job.spares.values()):
+            return super().fill_down_rank()
+        down = [m for m in job.members.values() if m.state is NodeState.FAILED]
+        if down:
+            return super().fill_down_rank()
+        holders = [m for m in job.members.values() if m.role is NodeRole.WORKER]
+        victim = min(holders, key=lambda m: m.rank if m.rank is not None else -1)
+        return self.promote(live(job.spares.values())[0], victim)
+
+
+class NoGuard(SchedulerState):
+    """`no-guard`: a new incarnation of a known node id is never refused by the guard."""
+
+    def _register_known(
+        self, member: Member, reg: Registration, now: float
+    ) -> tuple[Accepted | Refused, list[Effect]]:
+        if member.incarnation != reg.incarnation:
+            member.last_seen = min(member.last_seen, now - self.settings.node_timeout_s - 1.0)
+        return super()._register_known(member, reg, now)
+
+
+class NewestMin(SchedulerState):
+    """`newest-min`: MindSpore's rule, the minimum over the workers of each one's newest step
+    (which a worker whose newest is further on may have pruned)."""
+
+    def rollback_step(self) -> int | NoCommonStep:
+        newest = [max(m.checkpoints) for m in self._workers() if m.checkpoints]
+        return min(newest) if len(newest) == len(self._workers()) else 0
+
+
+def state_kind(plant: str) -> type[SchedulerState]:
+    """The scheduler state the simulation runs with `plant`."""
+    return {"no-guard": NoGuard, "newest-min": NewestMin}.get(plant, SchedulerState)
+
+
+def planted(state: SchedulerState, plant: str) -> SchedulerState:
+    """`state` with the plant's parts put in."""
+    if plant == "eager-spare":
+        state.pool = EagerPool(state)
+    return state
+
+
+def outbox_kind(plant: str) -> type[Outbox]:
+    return EarlyRelease if plant == "early-release" else Outbox
+
+
+__all__ = ["PLANTS", "EagerPool", "EarlyRelease", "NewestMin", "NoGuard", "outbox_kind"]

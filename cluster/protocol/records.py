@@ -153,7 +153,7 @@ class TopologyReadyEvent:
 
 @dataclass(frozen=True)
 class NodeFailedEvent:
-    rank: int
+    rank: int | None  # None: the node held no rank (a spare)
     node_id: str
     reason: str
     generation: int

@@ -51,8 +51,10 @@ class TrainingJob:
         save_every: int = 5,
         standalone_scheduler: bool = False,
         bounds: Bounds | None = None,
+        **env: str,
     ) -> None:
-        """`bounds`: of a wait for a step, and for a worker's exit."""
+        """`bounds`: of a wait for a step, and for a worker's exit; `env`: more variables for
+        every process of the job."""
         bounds = bounds or Bounds()
         wait_s, exit_s = bounds.step_s, bounds.exit_s
         self.processes = processes
@@ -63,6 +65,7 @@ class TrainingJob:
             MS_ENABLE_RECOVERY="1",
             MS_RECOVERY_PATH=str(tmp / f"{name}-recovery"),
             MS_NODE_TIMEOUT=NODE_TIMEOUT_S,
+            **env,
         )
         self.args = [str(script), *train_args(self.out, save_every=save_every)]
         self.name = name

@@ -252,6 +252,13 @@ def wait_for_generation(newer_than: int, timeout_s: float | None = None) -> int:
     return current.call(current.agent.wait_generation(newer_than), timeout_s).generation
 
 
+def report_memory_resume(generation: int, step: int, why: str, steps: list[int]) -> None:
+    """Rank 0: generation `generation` resumed from `step` in the survivors' memory (not from
+    disk), for the scheduler's events and status; with the steps held, as every report."""
+    current = session()
+    current.call(current.agent.report_checkpoints(sorted(steps), (generation, step, why)))
+
+
 def report_checkpoints(steps: list[int]) -> int:
     """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does); a
     step every worker holds (0: none), which this worker must keep."""

@@ -235,6 +235,8 @@ class TrainingLoop:
         if self.memory.step != step:
             self.memory.keep(step, self._get_state(), saved=False)
         self._say(f"generation {generation} ({topology.reason}): {_resuming(where, source)}")
+        if where.in_memory and topology.rank == 0 and runtime.is_initialized():
+            runtime.report_memory_resume(generation, step, where.why, self.checkpoints.steps())
         return step
 
     def _state_of(self, step: int, source: str) -> dict[str, Any]:

@@ -33,7 +33,9 @@ import collections
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from cluster.protocol.value import frozen
 
 CREDENTIAL_BYTES = 32
 NONCE_BYTES = 16
@@ -167,7 +169,7 @@ def read_proof(secret: bytes, challenge: bytes, method: str) -> bytes:
     return prove(secret, canonical((_READ, challenge, method)))
 
 
-@dataclass(frozen=True)
+@frozen
 class CallProof:
     """What a call of a node carries under a job secret instead of its credential."""
 
@@ -177,7 +179,7 @@ class CallProof:
     body_digest: bytes = field(repr=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class Presented:
     """What a call presents for the node it speaks for: the hash of the credential it carried
     (a job without a secret), or its call proof (a job with one); empty when it presented

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cluster.protocol.value import frozen
+
 
 @dataclass
 class Backoff:
@@ -30,7 +32,7 @@ class Backoff:
         self._next_s = self.first_s
 
 
-@dataclass(frozen=True)
+@frozen
 class RetryPolicy:
     """How something that keeps failing is tried again: after `first_s`, doubling up to
     `max_s` (a `Backoff` per run of failures)."""

@@ -20,6 +20,7 @@ from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
 )
+from cluster.protocol.value import frozen
 
 DEFAULT_TOPO_TIMEOUT_S = 1800.0
 DEFAULT_NODE_TIMEOUT_S = 30.0
@@ -82,12 +83,12 @@ class Role(enum.Enum):
     SERVER = "MS_PSERVER"
 
 
-@dataclass(frozen=True)
+@frozen
 class RecoveryConfig:
     path: Path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # dataclasses.replace'd: typed as a dataclass
 class TLSOptions:
     """Where TLS comes from: the ssl.json and the p12 passwords (docs/howto/tls.md).
 
@@ -104,7 +105,7 @@ class TLSOptions:
     server_name: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class LogRotation:
     """When a log file is full (`max_bytes`) and how many full ones are kept (`keep`): FILE.1
     the newest, FILE.<keep> the oldest."""
@@ -113,7 +114,7 @@ class LogRotation:
     keep: int = DEFAULT_LOG_KEEP
 
 
-@dataclass(frozen=True)
+@frozen
 class ObserveConfig:
     """What a process shows of itself (docs/howto/observing.md); all off by default.
 
@@ -131,7 +132,7 @@ class ObserveConfig:
     rotation: LogRotation = field(default_factory=LogRotation)
 
 
-@dataclass(frozen=True)
+@frozen
 class JobSecretSource:
     """Where the job secret comes from: CLUSTER_JOB_SECRET_FILE (preferred) or
     CLUSTER_JOB_SECRET. Only the source: `read_job_secret` opens the file."""
@@ -140,7 +141,7 @@ class JobSecretSource:
     path: Path | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Limits:
     """What the scheduler holds for its callers at most (CLUSTER_KV_MAX_BYTES, ...)."""
 
@@ -158,7 +159,7 @@ class Limits:
     readers_prove_secret: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # dataclasses.replace'd: typed as a dataclass
 class ClusterConfig:
     role: Role
     worker_num: int

@@ -43,6 +43,11 @@ class ConfigError(ClusterError):
     """A setting (environment variable, file, argument) has a bad value."""
 
 
+class EventFieldError(ClusterError, ValueError):
+    """A line of the event log whose field holds what its kind does not allow (a ValueError,
+    as a line that is no event at all)."""
+
+
 class TLSConfigError(ConfigError):
     """The TLS configuration or one of its files is unusable."""
 

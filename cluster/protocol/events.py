@@ -5,8 +5,12 @@ stamped with its sequence number and wall-clock time), written as one JSON line:
     {"time": "2026-03-01T12:00:01.234+00:00", "seq": 7, "event": "failed", "rank": 2,
      "node_id": "2", "cause": "stream_broken", "reason": "...", "generation": 1}
 
-`JobEvent.from_json` reads such a line back (`mscluster events`, the chaos report). Which
-inputs and effects of the state machine are events, and what they say, is
+`JobEvent.from_json` reads such a line back (`mscluster events`, the chaos report), and
+`JobEvent.typed()` gives the fields of the kinds that the CLI and the metrics read as a typed
+view (`Failed`, `Refused`, `GuardRefusal`, `Rejoined`, `Formed`, `Ended`, `LeaderChange`,
+`MemoryResume`), checked: a field of the wrong type is an `EventFieldError` naming the event,
+the field and what it holds. The line stays what it was (a view reads it, it adds no key).
+Which inputs and effects of the state machine are events, and what they say, is
 `cluster.scheduler.machine.events`'s to decide.
 """
 
@@ -17,7 +21,9 @@ import enum
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from cluster.protocol.errors import EventFieldError
 
 
 class Kind(enum.Enum):
@@ -41,6 +47,9 @@ class Kind(enum.Enum):
     # With standby schedulers: this scheduler took the job's leadership (role "leader") or
     # gave it up (role "standby", with why), its address and the leader's.
     LEADER_CHANGE = "leader_change"
+    # The workers resumed a new generation from the step the survivors hold in memory (not
+    # from disk), as rank 0 reported it with its checkpoints.
+    MEMORY_RESUME = "memory_resume"
 
 
 class Cause(enum.Enum):
@@ -98,3 +107,181 @@ class JobEvent:
             raise ValueError("not an event: it needs time, seq and event")
         when = datetime.datetime.fromisoformat(str(data.pop("time")))
         return cls(int(data.pop("seq")), when.timestamp(), str(data.pop("event")), data)
+
+    def typed(self) -> View | None:
+        """The typed view of this event's fields (None: a kind without one, or one this
+        version does not know). EventFieldError when a field the view reads is missing or
+        holds a value of another type."""
+        view = _VIEWS.get(self.kind)
+        return None if view is None else view.read(self)
+
+
+# -- typed views of the events that the CLI and the metrics read ---------------------------
+
+
+def _get(event: JobEvent, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in event.fields:
+        if default is not ...:
+            return default
+        raise EventFieldError(
+            f"event {event.seq} ({event.kind}) has no field {name!r}: the scheduler that wrote "
+            "it is of another version; read it with that version's mscluster"
+        )
+    value = event.fields[name]
+    number = kind in (int, float) or (isinstance(kind, tuple) and float in kind)
+    if (isinstance(value, bool) and number) or not isinstance(value, kind):
+        raise EventFieldError(
+            f"event {event.seq} ({event.kind}) has {name}={value!r}, not "
+            f"{getattr(kind, '__name__', kind)}: the log is damaged or not an event log"
+        )
+    return value
+
+
+def _rank(event: JobEvent) -> int | None:
+    rank = _get(event, "rank", (int, type(None)), None)
+    if isinstance(rank, bool) or (rank is not None and rank < 0):
+        raise EventFieldError(f"event {event.seq} ({event.kind}) has rank={rank!r}, not a rank")
+    return rank  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Failed:
+    kind: ClassVar[Kind] = Kind.FAILED
+    rank: int | None  # None: it held no rank (a spare)
+    node_id: str
+    cause: Cause  # OTHER for a cause this version does not know
+    reason: str
+    generation: int
+
+    @classmethod
+    def read(cls, event: JobEvent) -> Failed:
+        cause = _get(event, "cause", str)
+        known = {c.value: c for c in Cause}
+        return cls(
+            _rank(event),
+            _get(event, "node_id", str),
+            known.get(cause, Cause.OTHER),
+            _get(event, "reason", str, ""),
+            _get(event, "generation", int, 0),
+        )
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A registration refused (node_id), or a call refused at the edge (peer and method)."""
+
+    kind: ClassVar[Kind] = Kind.REFUSED
+    reason: str
+    count: int  # refusals of one address this event stands for (told at a bounded rate)
+    node_id: str | None
+
+    @classmethod
+    def read(cls, event: JobEvent) -> Refused:
+        count = _get(event, "count", int, 1)
+        return cls(_get(event, "reason", str), count, _get(event, "node_id", str, None))
+
+
+@dataclass(frozen=True)
+class GuardRefusal:
+    kind: ClassVar[Kind] = Kind.GUARD_REFUSAL
+    node_id: str
+    retry_after_s: float
+
+    @classmethod
+    def read(cls, event: JobEvent) -> GuardRefusal:
+        after = _get(event, "retry_after_s", (int, float), 0.0)
+        return cls(_get(event, "node_id", str), float(after))
+
+
+@dataclass(frozen=True)
+class Rejoined:
+    kind: ClassVar[Kind] = Kind.REJOINED
+    node_id: str
+    rank: int | None
+
+    @classmethod
+    def read(cls, event: JobEvent) -> Rejoined:
+        return cls(_get(event, "node_id", str), _rank(event))
+
+
+@dataclass(frozen=True)
+class Formed:
+    kind: ClassVar[Kind] = Kind.FORMED
+    generation: int
+    nodes: int
+    seconds: float  # from the scheduler's start to every node in
+
+    @classmethod
+    def read(cls, event: JobEvent) -> Formed:
+        seconds = float(_get(event, "seconds", (int, float)))
+        return cls(_get(event, "generation", int, 1), _get(event, "nodes", int, 0), seconds)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The job's last event: FINISHED (ok) or JOB_FAILED."""
+
+    kind: ClassVar[Kind] = Kind.FINISHED
+    ok: bool
+    detail: str
+
+    @classmethod
+    def read(cls, event: JobEvent) -> Ended:
+        return cls(event.kind == Kind.FINISHED.value, _get(event, "detail", str, ""))
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    kind: ClassVar[Kind] = Kind.LEADER_CHANGE
+    role: Literal["leader", "standby"]
+    address: str
+    term: int
+    detail: str
+
+    @property
+    def leading(self) -> bool:
+        return self.role == "leader"
+
+    @classmethod
+    def read(cls, event: JobEvent) -> LeaderChange:
+        role = _get(event, "role", str)
+        if role not in ("leader", "standby"):
+            raise EventFieldError(
+                f"event {event.seq} (leader_change) has role={role!r}, not leader or standby"
+            )
+        term = _get(event, "term", int, 0)
+        return cls(role, _get(event, "address", str, ""), term, _get(event, "detail", str, ""))
+
+
+@dataclass(frozen=True)
+class MemoryResume:
+    """Generation `generation` resumed from `step`, held in the survivors' memory (not read
+    from disk); `why`: rank 0's words for the choice."""
+
+    kind: ClassVar[Kind] = Kind.MEMORY_RESUME
+    generation: int
+    step: int
+    why: str
+
+    def record(self) -> Record:
+        fields = {"generation": self.generation, "step": self.step, "why": self.why}
+        return Record(Kind.MEMORY_RESUME, fields)
+
+    @classmethod
+    def read(cls, event: JobEvent) -> MemoryResume:
+        why = _get(event, "why", str, "")
+        return cls(_get(event, "generation", int), _get(event, "step", int), why)
+
+
+View = Failed | Refused | GuardRefusal | Rejoined | Formed | Ended | LeaderChange | MemoryResume
+_VIEWS: dict[str, Any] = {
+    Kind.FAILED.value: Failed,
+    Kind.REFUSED.value: Refused,
+    Kind.GUARD_REFUSAL.value: GuardRefusal,
+    Kind.REJOINED.value: Rejoined,
+    Kind.FORMED.value: Formed,
+    Kind.FINISHED.value: Ended,
+    Kind.JOB_FAILED.value: Ended,
+    Kind.LEADER_CHANGE.value: LeaderChange,
+    Kind.MEMORY_RESUME.value: MemoryResume,
+}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.protocol import auth
+from cluster.protocol.value import frozen
 
 # A node refused by the guard (a restarted worker, perhaps one that will be a spare) asks again
 # at least this often, so that it hears at once that the job ended; once the job ends, the
@@ -60,7 +61,7 @@ class Refusal(enum.Enum):
         return self is Refusal.NODE_ALIVE
 
 
-@dataclass(frozen=True)
+@frozen
 class Registration:
     node_id: str
     role: NodeRole
@@ -105,7 +106,7 @@ class Registration:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class Accepted:
     cluster_id: str
     registered: int
@@ -116,14 +117,14 @@ class Accepted:
     spare: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class Refused:
     reason: Refusal
     message: str
     retry_after_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@frozen
 class PeerInfo:
     rank: int
     node_id: str
@@ -135,13 +136,13 @@ class PeerInfo:
 
 
 # Events broadcast to every watching node.
-@dataclass(frozen=True)
+@frozen
 class ProgressEvent:
     registered: int
     expected: int
 
 
-@dataclass(frozen=True)
+@frozen
 class TopologyReadyEvent:
     generation: int
     peers: tuple[PeerInfo, ...]
@@ -151,15 +152,15 @@ class TopologyReadyEvent:
     promoted: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeFailedEvent:
-    rank: int
+    rank: int | None  # None: the node held no rank (a spare)
     node_id: str
     reason: str
     generation: int
 
 
-@dataclass(frozen=True)
+@frozen
 class ShutdownEvent:
     ok: bool
     reason: str
@@ -168,7 +169,7 @@ class ShutdownEvent:
 Event = ProgressEvent | TopologyReadyEvent | NodeFailedEvent | ShutdownEvent
 
 
-@dataclass(frozen=True)
+@frozen
 class Told:
     """The job's phase, generation and rollback step as the nodes were told them (with
     recovery: as saved), which may lag the state machine's by a save."""
@@ -178,7 +179,7 @@ class Told:
     rollback_step: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Evict:
     """End this incarnation's stream: it is no longer a member and must register again."""
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import is_decimal
+from cluster.protocol.value import frozen
 
 STATE_URL_ENV = "CLUSTER_STATE_URL"
 LEASE_ENV = "CLUSTER_LEASE_S"
@@ -34,7 +35,7 @@ _SCHEMES = {"etcd": False, "etcds": True}
 _USAGE = "it must be etcd://HOST:PORT[,HOST:PORT...]/PREFIX (or etcds:// for TLS)"
 
 
-@dataclass(frozen=True)
+@frozen
 class EtcdTLS:
     """The etcd client's TLS files (PEM), from CLUSTER_ETCD_CA_FILE, CLUSTER_ETCD_CERT_FILE and
     CLUSTER_ETCD_KEY_FILE; any left out come from the job's ssl.json (its CA, its client
@@ -45,7 +46,7 @@ class EtcdTLS:
     key_file: Path | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class EtcdAuth:
     """etcd's user/password authentication: the user (CLUSTER_ETCD_USER) and the file that holds
     its password (CLUSTER_ETCD_PASSWORD_FILE, 0600 or stricter). Only the path: the scheduler
@@ -62,7 +63,7 @@ PASSWORD_FILE_ENV = "CLUSTER_ETCD_PASSWORD_FILE"  # noqa: S105 - a variable name
 _MAX_USER_CHARS = 128
 
 
-@dataclass(frozen=True)
+@frozen
 class StateUrl:
     """A parsed CLUSTER_STATE_URL."""
 

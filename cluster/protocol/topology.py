@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
+from cluster.protocol.value import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Peer:
     """One worker of the job, as every other worker sees it."""
 
@@ -32,7 +34,7 @@ class PeerColumns(Protocol):
     def ports(self) -> Sequence[int]: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class Topology:
     """This process's view of the job at one generation.
 

@@ -8,7 +8,7 @@ import zlib
 from cluster.protocol import auth
 from cluster.protocol.leadership import Standing
 from cluster.scheduler.machine import state
-from cluster.scheduler.machine.events import JobEvent
+from cluster.scheduler.machine.events import JobEvent, MemoryResume
 from cluster.scheduler.persist import Saving
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -158,13 +158,21 @@ def event_to_pb(event: state.Event) -> pb.Event:
     if isinstance(event, state.NodeFailedEvent):
         return pb.Event(
             node_failed=pb.NodeFailed(
-                rank=max(event.rank, 0),
+                rank=event.rank,
                 node_id=event.node_id,
                 reason=event.reason,
                 generation=event.generation,
             )
         )
     return pb.Event(shutdown=pb.Shutdown(ok=event.ok, reason=event.reason))
+
+
+def memory_resume_of(message: pb.MemoryResume) -> MemoryResume:
+    return MemoryResume(int(message.generation), int(message.step), message.why)
+
+
+def memory_resume_to_pb(resumed: MemoryResume) -> pb.MemoryResume:
+    return pb.MemoryResume(generation=resumed.generation, step=resumed.step, why=resumed.why)
 
 
 def topology_delta_to_pb(

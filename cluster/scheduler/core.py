@@ -41,6 +41,7 @@ from cluster.protocol.errors import (
     StateFileError,
     UnknownNodeError,
 )
+from cluster.protocol.events import MemoryResume
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.events import EventJournal
@@ -449,13 +450,21 @@ class SchedulerCore:
                 self.beats_closed.set()
 
     async def report_checkpoints(
-        self, node_id: str, incarnation: int, steps: list[int], caller: Caller
+        self,
+        node_id: str,
+        incarnation: int,
+        steps: list[int],
+        caller: Caller,
+        resumed: MemoryResume | None = None,
     ) -> int:
-        """Record the steps the node holds; a step every worker holds (see `held_by_all`)."""
+        """Record the steps the node holds (and rank 0's resume from memory, `resumed`); a step
+        every worker holds (see `held_by_all`)."""
         admitted(
             self.state.admission.admit_report(node_id, incarnation, caller.presented, len(steps))
         )
         self.state.report_checkpoints(node_id, incarnation, steps)
+        if resumed is not None:
+            self.journal.memory_resume(node_id, resumed)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
         return self.state.held_by_all()

@@ -22,7 +22,7 @@ from cluster.protocol.config import LogRotation, canonical_node_id
 from cluster.protocol.errors import CapacityError, FellBehindError
 from cluster.scheduler.event_file import EventFile, last_seq
 from cluster.scheduler.machine import events, state
-from cluster.scheduler.machine.events import JobEvent, Kind, Record
+from cluster.scheduler.machine.events import JobEvent, Kind, MemoryResume, Record
 
 # Events kept in memory for `WatchEvents` (a 1024-node job's registrations fit twice).
 RETAINED_EVENTS = 4096
@@ -53,6 +53,7 @@ class EventJournal:
         self._file: EventFile | None = None
         self._followers: set[_Follower] = set()
         self._saves_failing = False
+        self.last_memory_resume: MemoryResume | None = None  # for Status
         # Called with every event, on the loop (the metrics count them).
         self.listeners: list[Callable[[JobEvent], None]] = []
 
@@ -86,6 +87,14 @@ class EventJournal:
         record = events.of_effect(effect, self._state)
         if record is not None:
             self.emit(record)
+
+    def memory_resume(self, node_id: str, resumed: MemoryResume) -> None:
+        """Rank 0 reported that the current generation resumed from memory: journaled once
+        per generation, and kept as the last one for Status."""
+        news = events.of_memory_resume(self._state, node_id, resumed, self.last_memory_resume)
+        if news is not None:
+            self.last_memory_resume = news
+            self.emit(news.record())
 
     def nodes_back(self, seconds: float) -> None:
         self.emit(Record(Kind.NODES_BACK, {"seconds": round(seconds, 3)}))

@@ -43,6 +43,7 @@ from prometheus_client import (
 from prometheus_client.process_collector import ProcessCollector
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.events import Failed, Formed, GuardRefusal, LeaderChange, Refused
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.job_gauges import JobCollector, JobGauges
 from cluster.scheduler.machine import state
@@ -120,23 +121,17 @@ class SchedulerMetrics:
             registry=r,
         )
         self.promotions = Counter("cluster_promotions", "Ranks taken by spares.", registry=r)
+        self.memory_resumes = Counter(
+            "cluster_memory_resumes",
+            "New generations resumed from the step the survivors hold in memory, not from disk.",
+            registry=r,
+        )
         self.formation = Gauge(
             "cluster_formation_seconds",
             "Seconds from the scheduler's start to the job formed (0 until then).",
             registry=r,
         )
-        self.saves = Counter(
-            "cluster_state_saves", "Saves of the recovery state that landed.", registry=r
-        )
-        self.save_failures = Counter(
-            "cluster_state_save_failures", "Saves of the recovery state that failed.", registry=r
-        )
-        self.save_seconds = Histogram(
-            "cluster_state_save_seconds",
-            "Seconds a save of the recovery state took.",
-            buckets=SAVE_SECONDS_BUCKETS,
-            registry=r,
-        )
+        self.saves, self.save_failures, self.save_seconds = _save_metrics(r)
         self.leader, self.leader_changes = _leadership_metrics(r)
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
@@ -155,29 +150,31 @@ class SchedulerMetrics:
         )
 
     def count(self, event: JobEvent) -> None:
-        kind = event.kind
+        kind, view = event.kind, event.typed()
         if kind in (Kind.REGISTERED.value, Kind.REJOINED.value):
             self.registrations.inc()
             if kind == Kind.REJOINED.value:
                 self.rejoins.inc()
-        elif kind == Kind.GUARD_REFUSAL.value:
-            self.guard_refusals.inc()
-            self.refusals.labels(state.Refusal.NODE_ALIVE.value).inc()
-        elif kind == Kind.REFUSED.value:
-            # One event stands for `count` refusals of one address (told at a bounded rate).
-            self.refusals.labels(str(event.fields["reason"])).inc(int(event.fields.get("count", 1)))
-        elif kind == Kind.FAILED.value:
-            self.failures.labels(str(event.fields["cause"])).inc()
-        elif kind == Kind.GENERATION.value:
+        elif kind in (Kind.GENERATION.value, Kind.PROMOTED.value):
             self.rollbacks.inc()
-        elif kind == Kind.PROMOTED.value:
-            self.rollbacks.inc()
-            self.promotions.inc()
-        elif kind == Kind.LEADER_CHANGE.value:
-            self.leader_changes.inc()
-            self.leader.set(1.0 if event.fields["role"] == "leader" else 0.0)
-        elif kind == Kind.FORMED.value:
-            self.formation.set(float(event.fields["seconds"]))
+            if kind == Kind.PROMOTED.value:
+                self.promotions.inc()
+        elif kind == Kind.MEMORY_RESUME.value:
+            self.memory_resumes.inc()
+        match view:
+            case GuardRefusal():
+                self.guard_refusals.inc()
+                self.refusals.labels(state.Refusal.NODE_ALIVE.value).inc()
+            case Refused(reason=reason, count=count):
+                # One event stands for `count` refusals of one address (told at a bounded rate).
+                self.refusals.labels(reason).inc(count)
+            case Failed(cause=cause):
+                self.failures.labels(cause.value).inc()
+            case LeaderChange():
+                self.leader_changes.inc()
+                self.leader.set(1.0 if view.leading else 0.0)
+            case Formed(seconds=seconds):
+                self.formation.set(seconds)
 
     def saved(self, seconds: float, ok: bool, path: Path | None) -> None:
         """A save of the recovery state to `path` (None: not a file) ended."""
@@ -189,6 +186,21 @@ class SchedulerMetrics:
         if path is not None:
             with contextlib.suppress(OSError):
                 self.save_bytes.set(path.stat().st_size)
+
+
+def _save_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Histogram]:
+    """With recovery: saves of the job's state that landed, that failed, and how long each took."""
+    saves = Counter("cluster_state_saves", "Saves of the recovery state that landed.", registry=r)
+    failures = Counter(
+        "cluster_state_save_failures", "Saves of the recovery state that failed.", registry=r
+    )
+    seconds = Histogram(
+        "cluster_state_save_seconds",
+        "Seconds a save of the recovery state took.",
+        buckets=SAVE_SECONDS_BUCKETS,
+        registry=r,
+    )
+    return saves, failures, seconds
 
 
 def _leadership_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:

@@ -335,6 +335,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             request.incarnation,
             list(request.steps),
             _caller(context, "ReportCheckpoints", request),
+            convert.memory_resume_of(request.resumed) if request.HasField("resumed") else None,
         )
         return pb.ReportCheckpointsResponse(held_by_all=held_by_all)
 
@@ -346,6 +347,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         try:
             core = self._core
             response = convert.status_to_pb(core.state, core.now(), core.told(), core.saving())
+            if core.journal.last_memory_resume is not None:
+                response.memory_resume.CopyFrom(
+                    convert.memory_resume_to_pb(core.journal.last_memory_resume)
+                )
         except NotLeaderError:
             response = pb.StatusResponse()  # a standby: no job of its own, only who leads
         if self._gate.leadership is not None:

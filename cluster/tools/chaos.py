@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cluster.protocol.errors import ClusterError
+from cluster.protocol.events import Kind
 from cluster.protocol.records import Phase
 from cluster.tools import report_html
 from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
@@ -94,6 +95,10 @@ class ChaosReport:
                 f"{_seconds(fault.detected_after_s):>9}  {_seconds(fault.recovered_after_s):>9}  "
                 f"{'-' if fault.steps_lost is None else fault.steps_lost:>10}  {fault.note}"
             )
+        resumes = [e for e in self.events if e.get("event") == Kind.MEMORY_RESUME.value]
+        if resumes:
+            steps = ", ".join(f"generation {e['generation']} at step {e['step']}" for e in resumes)
+            lines.append(f"resumed from memory (not from disk): {steps}")
         verdict = "finished correctly" if self.ok else f"FAILED ({self.detail})"
         lines.append(f"the job {verdict}, exit code {self.exit_code}, {self.duration_s:.1f} s")
         return "\n".join(lines)

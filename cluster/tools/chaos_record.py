@@ -71,6 +71,7 @@ def load_events(path: Path, started_at: float) -> list[dict[str, Any]]:
     for line in lines:
         try:
             event = JobEvent.from_json(line)
+            event.typed()  # the fields the report reads, checked (EventFieldError: skipped)
         except ValueError:
             continue
         found.append(

@@ -12,7 +12,7 @@ import grpc
 from cluster.protocol.config import join_address
 from cluster.protocol.display import safe
 from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
-from cluster.protocol.events import JobEvent
+from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.protocol.leader_search import LeaderSearch
 from cluster.protocol.records import NodeState, Phase
 from cluster.tools import reading
@@ -80,6 +80,8 @@ class JobView:
     save_failures: int = 0  # failed attempts since the scheduler started
     unsaved_changes: int = 0  # decided, not on disk, not told to the nodes
     leadership: LeadershipView | None = None  # None: a scheduler without standbys
+    # The last generation resumed from the survivors' memory (None: none since it started).
+    memory_resume: MemoryResume | None = None
 
     @property
     def expected(self) -> int:
@@ -172,7 +174,15 @@ def job_view(address: str, response: pb.StatusResponse) -> JobView:
         save_failures=response.saving.failures,
         unsaved_changes=response.saving.unsaved_changes,
         leadership=_leadership(response.leadership),
+        memory_resume=_memory_resume(response),
     )
+
+
+def _memory_resume(response: pb.StatusResponse) -> MemoryResume | None:
+    if not response.HasField("memory_resume"):
+        return None
+    told = response.memory_resume
+    return MemoryResume(int(told.generation), int(told.step), told.why)
 
 
 _SCHEDULER_ROLES = {pb.SCHEDULER_ROLE_LEADER: "leader", pb.SCHEDULER_ROLE_STANDBY: "standby"}
@@ -297,6 +307,12 @@ def render(view: JobView) -> str:
         lines.append(_leaders(view.leadership))
     if view.detail:
         lines.append(f"  {shown(view.detail)}")
+    if view.memory_resume is not None:
+        resumed = view.memory_resume
+        lines.append(
+            f"  generation {resumed.generation} resumed from step {resumed.step} in memory "
+            f"(not from disk): {shown(resumed.why)}"
+        )
     if view.save_error:
         lines.append(
             f"  SAVES FAILING for {view.save_failing_for_s:.0f} s ({view.save_failures} attempts): "

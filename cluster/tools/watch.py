@@ -29,8 +29,13 @@ from rich.table import Table
 from rich.text import Text
 
 from cluster.protocol.display import safe
-from cluster.protocol.errors import ClusterError, ConfigError, SchedulerUnreachableError
-from cluster.protocol.events import JobEvent
+from cluster.protocol.errors import (
+    ClusterError,
+    ConfigError,
+    EventFieldError,
+    SchedulerUnreachableError,
+)
+from cluster.protocol.events import Ended, JobEvent
 from cluster.protocol.records import Phase
 from cluster.tools import events, reading, status
 from cluster.tools.events import FINAL
@@ -197,7 +202,7 @@ class Watcher:
         self.interval_s = interval_s
         self.terminal = terminal
         self.view: JobView | None = None
-        self.ended: JobEvent | None = None  # the job's last event, once seen
+        self.ended: Ended | None = None  # the job's last event, once seen
         self._lost = False
         self._moved = ""  # the last move to another scheduler, not shown yet on a terminal
         self._wake = asyncio.Event()
@@ -221,7 +226,7 @@ class Watcher:
         with contextlib.suppress(ClusterError):
             async for event in self._follow():
                 if event.kind in FINAL:
-                    self.ended = event
+                    self.ended = _ended(event)
                 self._wake.set()
                 if self.ended is not None:
                     return
@@ -253,12 +258,11 @@ class Watcher:
     def _code(self, view: JobView | None) -> int:
         if view is not None and view.phase in _OVER:
             return 0 if view.phase is Phase.FINISHED else 1
-        return 0 if self.ended is not None and self.ended.kind == "finished" else 1
+        return 0 if self.ended is not None and self.ended.ok else 1
 
     def _ending(self) -> str:
         assert self.ended is not None
-        how = "finished" if self.ended.kind == "finished" else "failed"
-        return f"the job {how}: {self.ended.fields.get('detail', '')}"
+        return f"the job {'finished' if self.ended.ok else 'failed'}: {self.ended.detail}"
 
     def _line(self, text: str) -> None:
         if not self.terminal:
@@ -347,3 +351,12 @@ def run(
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _ended(event: JobEvent) -> Ended:
+    """The job's last event, read typed; one whose detail is damaged still ends the watch."""
+    try:
+        view = event.typed()
+    except EventFieldError:
+        view = None
+    return view if isinstance(view, Ended) else Ended(event.kind == "finished", "")

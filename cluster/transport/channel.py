@@ -20,12 +20,12 @@ import ssl
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from cluster.protocol.errors import TLSConfigError
+from cluster.protocol.value import frozen
 
 if TYPE_CHECKING:
     from cluster.transport import tls
@@ -116,7 +116,7 @@ def open_channel(
     return grpc.aio.secure_channel(address, credentials, options=[*options, *extra])
 
 
-@dataclass(frozen=True)
+@frozen
 class Reach:
     """What `check_scheduler` found: `ok` when the scheduler answers in this node's protocol;
     else `why` it could not be reached: refused (nothing listens), timed out (no answer: the

@@ -13,7 +13,6 @@ its code alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -34,6 +33,7 @@ from cluster.protocol.errors import (
     RegistrationPendingError,
     UnknownNodeError,
 )
+from cluster.protocol.value import frozen
 
 ERROR_KIND_KEY = "cluster-error"
 LEADER_KEY = "cluster-leader"
@@ -88,7 +88,7 @@ def status_of(error: ClusterError) -> tuple[grpc.StatusCode, Metadata]:
     return code, metadata
 
 
-@dataclass(frozen=True)
+@frozen
 class CallFailure:
     """What a failed call means to its caller. `kind` None: cut off, not refused."""
 

@@ -10,11 +10,12 @@ which keeps only the credential's hash or the proof, for the state machine to ch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from cluster.protocol import auth
 from cluster.protocol.parse import is_decimal
+from cluster.protocol.value import frozen
 
 NODE_ID_KEY = "cluster-node-id"
 INCARNATION_KEY = "cluster-incarnation"
@@ -79,7 +80,7 @@ def signer(secret: bytes | None, identity: Any) -> CallSigner | None:
     return CallSigner(secret, identity.node_id, identity.incarnation, identity.credential)
 
 
-@dataclass(frozen=True)
+@frozen
 class Caller:
     """Who a call says it comes from: empty fields when it did not say."""
 

@@ -378,14 +378,26 @@ class FinishResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportCheckpointsRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation", "steps")
+    __slots__ = ("node_id", "incarnation", "steps", "resumed")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     steps: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., steps: _Optional[_Iterable[int]] = ...) -> None: ...
+    resumed: MemoryResume
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., steps: _Optional[_Iterable[int]] = ..., resumed: _Optional[_Union[MemoryResume, _Mapping]] = ...) -> None: ...
+
+class MemoryResume(_message.Message):
+    __slots__ = ("generation", "step", "why")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    step: int
+    why: str
+    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., why: _Optional[str] = ...) -> None: ...
 
 class ReportCheckpointsResponse(_message.Message):
     __slots__ = ("held_by_all",)
@@ -426,7 +438,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., rank: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., state: _Optional[_Union[NodeState, str]] = ..., seconds_since_heartbeat: _Optional[float] = ..., incarnation: _Optional[int] = ..., restarts: _Optional[int] = ..., connected: _Optional[bool] = ..., checkpoints: _Optional[_Iterable[int]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving", "leadership")
+    __slots__ = ("cluster_id", "phase", "generation", "worker_num", "server_num", "nodes", "uptime_s", "recovery", "detail", "rollback_step", "saving", "leadership", "memory_resume")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -439,6 +451,7 @@ class StatusResponse(_message.Message):
     ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
     SAVING_FIELD_NUMBER: _ClassVar[int]
     LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_RESUME_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     phase: Phase
     generation: int
@@ -451,7 +464,8 @@ class StatusResponse(_message.Message):
     rollback_step: int
     saving: StateSaving
     leadership: Leadership
-    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ...) -> None: ...
+    memory_resume: MemoryResume
+    def __init__(self, cluster_id: _Optional[str] = ..., phase: _Optional[_Union[Phase, str]] = ..., generation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., uptime_s: _Optional[float] = ..., recovery: _Optional[bool] = ..., detail: _Optional[str] = ..., rollback_step: _Optional[int] = ..., saving: _Optional[_Union[StateSaving, _Mapping]] = ..., leadership: _Optional[_Union[Leadership, _Mapping]] = ..., memory_resume: _Optional[_Union[MemoryResume, _Mapping]] = ...) -> None: ...
 
 class Leadership(_message.Message):
     __slots__ = ("role", "leader", "schedulers", "lease_s", "lease_left_s", "state_store")

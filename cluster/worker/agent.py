@@ -43,6 +43,8 @@ T = TypeVar("T")
 
 # A scheduler's challenge is used for half its life, then asked for again.
 TTL_USE_S = auth.CHALLENGE_TTL_S / 2
+# A generation resumed from memory, as rank 0 reports it: (generation, step, why).
+Resumed = tuple[int, int, str]
 _EXCHANGE_OPS = {
     "barrier": pb.EXCHANGE_BARRIER,
     "allgather": pb.EXCHANGE_ALLGATHER,
@@ -584,11 +586,15 @@ class WorkerAgent:
                 waiter.cancel()
         return peer_failed.is_set() or moved.is_set()
 
-    async def report_checkpoints(self, steps: list[int]) -> int:
-        """Report the steps held; a step every worker holds (0: none), to keep."""
+    async def report_checkpoints(self, steps: list[int], resumed: Resumed | None = None) -> int:
+        """Report the steps held (and, from rank 0, a generation resumed from memory); a step
+        every worker holds (0: none), to keep."""
         request = pb.ReportCheckpointsRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation, steps=steps
         )
+        if resumed is not None:
+            generation, step, why = resumed
+            request.resumed.CopyFrom(pb.MemoryResume(generation=generation, step=step, why=why))
         answer = await self._call(
             "checkpoint report",
             lambda: self._stub.ReportCheckpoints(

@@ -86,7 +86,8 @@ def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.
         return steps.TopologyReady(_topology(ready, config, row))
     if kind == "node_failed":
         failed = event.node_failed
-        return steps.NodeFailed(failed.rank, failed.node_id, failed.reason, failed.generation)
+        rank = failed.rank if failed.HasField("rank") else None
+        return steps.NodeFailed(rank, failed.node_id, failed.reason, failed.generation)
     if kind == "shutdown":
         return steps.Shutdown(event.shutdown.ok, event.shutdown.reason)
     return None

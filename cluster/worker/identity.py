@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from cluster.protocol import auth
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
+from cluster.protocol.value import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeIdentity:
     node_id: str
     # Random per process: a restarted process with the same node id is a new incarnation.

@@ -8,16 +8,17 @@ the node has finished its part, the file says so and a new start is a new job's 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from cluster.protocol.errors import StateFileError
+from cluster.protocol.value import frozen
 from cluster.storage import store
 
 KIND = "worker"
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeRecord:
     cluster_id: str
     node_id: str

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.testing import Process, free_port, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.training_job import (
@@ -56,7 +57,8 @@ def test_fault_free_runs_are_reproducible(
 def test_worker_killed_mid_run_rejoins_and_the_result_is_exact(
     processes: Procs, tmp_path: Path, fault_free_hash: str
 ) -> None:
-    job = Job(processes, tmp_path, "kill1")
+    log = tmp_path / "events.jsonl"
+    job = Job(processes, tmp_path, "kill1", CLUSTER_EVENT_LOG=str(log))
     job.kill_worker_at(2, 23)
     assert job.final_hash() == fault_free_hash
     restarted = job.workers[2]
@@ -66,6 +68,10 @@ def test_worker_killed_mid_run_rejoins_and_the_result_is_exact(
     assert resumed, restarted.output
     assert int(resumed[1]) >= 23
     assert "a peer failed" in job.workers[0].output
+    # Rank 0 told the scheduler, which journaled it: the event names the generation and step.
+    views = [JobEvent.from_json(line).typed() for line in log.read_text().splitlines()]
+    memory = [v for v in views if isinstance(v, MemoryResume)]
+    assert [(v.generation, v.step) for v in memory] == [(2, int(resumed[1]))]
 
 
 def test_scheduler_killed_mid_run_and_restarted_the_result_is_exact(

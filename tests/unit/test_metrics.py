@@ -15,6 +15,7 @@ import pytest
 
 from cluster.protocol.config import ObserveConfig
 from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.events import MemoryResume
 from cluster.scheduler import JobStore, SchedulerServer
 from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
 from cluster.storage import store
@@ -51,6 +52,10 @@ async def test_a_formed_job_and_a_failure_as_metrics() -> None:
         assert value(seen, "cluster_nodes", role="worker", state="failed") == 1
         assert value(seen, "cluster_job_phase", phase="failed") == 1  # recovery is off
         assert value(seen, "cluster_member_alive", rank="1") == 0
+
+        assert value(seen, "cluster_memory_resumes_total") == 0
+        core.journal.memory_resume("0", MemoryResume(core.state.generation, 5, "in memory"))
+        assert value(await scrape(server), "cluster_memory_resumes_total") == 1
 
 
 async def test_spares_and_promotions_as_metrics() -> None:

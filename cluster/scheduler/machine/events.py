@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.protocol.config import canonical_node_id
-from cluster.protocol.events import Cause, JobEvent, Kind, Record, failure_cause
+from cluster.protocol.events import Cause, JobEvent, Kind, MemoryResume, Record, failure_cause
+from cluster.protocol.records import NodeRole
 from cluster.scheduler.machine import state
 
 
@@ -102,7 +103,7 @@ def of_effect(effect: state.Effect, st: state.SchedulerState) -> Record | None:
         return Record(
             Kind.FAILED,
             {
-                "rank": None if effect.rank < 0 else effect.rank,
+                "rank": effect.rank,
                 "node_id": effect.node_id,
                 "cause": failure_cause(effect.reason).value,
                 "reason": effect.reason,
@@ -128,7 +129,24 @@ def of_start(st: state.SchedulerState) -> Record:
     return Record(Kind.STARTED, fields)
 
 
-# -- the stamped event, as a JSON line -------------------------------------------------------
+# The most of a memory resume's `why` kept (rank 0's words; the request is bounded in bytes).
+WHY_MAX = 512
+
+
+def of_memory_resume(
+    st: state.SchedulerState, node_id: str, resumed: MemoryResume, last: MemoryResume | None
+) -> MemoryResume | None:
+    """The memory resume to journal of rank 0's report (`last`: the one journaled before), or
+    None: a report of another rank, of another generation than the current one, or one
+    journaled already (a retried report) is no event."""
+    member = st.find(canonical_node_id(node_id))
+    if member is None or member.rank != 0 or member.role is not NodeRole.WORKER:
+        return None
+    if resumed.generation != st.generation or resumed.step < 0:
+        return None
+    if last is not None and last.generation >= resumed.generation:
+        return None
+    return MemoryResume(resumed.generation, resumed.step, resumed.why[:WHY_MAX])
 
 
 def of_leader_change(leading: bool, address: str, term: int, why: str = "") -> Record:
@@ -144,10 +162,12 @@ __all__ = [
     "Cause",
     "JobEvent",
     "Kind",
+    "MemoryResume",
     "Record",
     "failure_cause",
     "of_effect",
     "of_leader_change",
+    "of_memory_resume",
     "of_registration",
     "of_start",
 ]

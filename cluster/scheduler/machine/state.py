@@ -653,8 +653,7 @@ class SchedulerState:
         member.state = NodeState.FAILED
         member.failure = why
         self.revision += 1
-        rank = -1 if member.rank is None else member.rank
-        failed = NodeFailedEvent(rank, member.node_id, why, self.generation)
+        failed = NodeFailedEvent(member.rank, member.node_id, why, self.generation)
         if self.phase is Phase.READY and self.recovery:
             # The others wait for it to rejoin (or a spare takes its rank at once). Its stream,
             # if it is only cut off, is ended: a node must register again to come back, so

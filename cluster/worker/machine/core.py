@@ -454,7 +454,7 @@ class WorkerCore:
         if self.recovery and event.node_id != self.config.node_id:
             actions.append(
                 steps.Say(
-                    f"rank {event.rank} (node {event.node_id!r}) failed: {event.reason}; the job "
+                    f"{_who(event.rank, event.node_id)} failed: {event.reason}; the job "
                     "waits for it to rejoin (recovery is on)"
                 )
             )
@@ -609,3 +609,8 @@ class WorkerCore:
             return []
         self._report_next = now + REPORT_EVERY_S
         return [steps.Say(f"{message} ({now - self._report_since:.0f} s)")]
+
+
+def _who(rank: int | None, node_id: str) -> str:
+    """A failed node as a sentence names it: by its rank when it held one."""
+    return f"node {node_id!r}" if rank is None else f"rank {rank} (node {node_id!r})"

@@ -7,16 +7,17 @@ events from the scheduler's stream arrive converted from protobuf (`cluster.work
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.records import NodeFailedEvent, ProgressEvent, ShutdownEvent
 from cluster.protocol.topology import Topology
+from cluster.protocol.value import frozen
 
 # -- events: what happened ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Start:
     """Join the job. `verified`: the scheduler's certificate need not be checked before the first
     attempt (no TLS, no CRL, or checked a moment ago)."""
@@ -24,7 +25,7 @@ class Start:
     verified: bool = True
 
 
-@dataclass(frozen=True)
+@frozen
 class Checked:
     """The scheduler was probed (`CheckScheduler`): whether it answers in this node's protocol,
     and why it cannot be reached ("" when it can)."""
@@ -33,12 +34,12 @@ class Checked:
     unreachable: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class PauseOver:
     """The pause of a `Pause` action has passed."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Accepted:
     """The scheduler accepted the registration; its stream is open."""
 
@@ -51,7 +52,7 @@ class Accepted:
     spare: bool = False  # accepted as a spare: no rank until a topology names this node
 
 
-@dataclass(frozen=True)
+@frozen
 class Refused:
     """The scheduler refused the registration; `transient` ones (the guard) clear in
     `retry_after_s`."""
@@ -64,20 +65,20 @@ class Refused:
     stale_challenge: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class Unanswered:
     """A registration attempt got no answer: the scheduler is down, busy, or speaks another
     protocol; or the attempt was cut off."""
 
 
-@dataclass(frozen=True)
+@frozen
 class AnswerLate:
     """The scheduler took the connection and has not answered the registration for a while."""
 
     waited_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class NotLeader:
     """The scheduler that answered is a standby; the job's leader is at `leader` ("host:port",
     "" while none leads)."""
@@ -95,19 +96,19 @@ NodeFailed = NodeFailedEvent
 Shutdown = ShutdownEvent
 
 
-@dataclass(frozen=True)
+@frozen
 class TopologyReady:
     topology: Topology
 
 
-@dataclass(frozen=True)
+@frozen
 class Unplaced:
     """A topology that does not name this node: what a spare hears until it is promoted."""
 
     generation: int
 
 
-@dataclass(frozen=True)
+@frozen
 class StreamLost:
     """The event stream ended or broke; `silent_s`: nothing had arrived on it for that long (the
     scheduler hung, or the network is cut), None: it broke or closed."""
@@ -117,7 +118,7 @@ class StreamLost:
     verified: bool = True  # as in Start, for the registration that follows
 
 
-@dataclass(frozen=True)
+@frozen
 class Fatal:
     """Something the shell found ends the job for this node (a registration rejected by a status
     code, a malformed answer, a topology without this node)."""
@@ -125,18 +126,18 @@ class Fatal:
     error: ClusterError
 
 
-@dataclass(frozen=True)
+@frozen
 class DeadlinePassed:
     """The time the core gave for the topology to arrive (`WorkerCore.ready_by`) has passed."""
 
 
-@dataclass(frozen=True)
+@frozen
 class FinishSent:
     """The owner tells the scheduler this node is done: the core answers `SendFinish` when a
     Finish is worth sending, and nothing when it is not (the node never joined, or failed)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class FinishAnswered:
     """The answer to this node's Finish: `heard`, or not (`timed_out`: no answer within
     `waited_s`; a Finish cancelled by its owner is not heard either)."""
@@ -147,7 +148,7 @@ class FinishAnswered:
     details: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class FinishFailed:
     """This node's Finish call failed with the status `code` (its name: "UNAVAILABLE",
     "DEADLINE_EXCEEDED", ...) and `details`; `stream_up`: this node's event stream was being
@@ -158,17 +159,17 @@ class FinishFailed:
     stream_up: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class FinishRetryDue:
     """The pause of a `RetryFinish` has passed."""
 
 
-@dataclass(frozen=True)
+@frozen
 class CallCutOff:
     """A call for the user was cut off by the scheduler or the connection going away."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Close:
     """The owner closes the agent."""
 
@@ -201,21 +202,21 @@ Event = (
 # -- actions: what to do -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Say:
     """Print this line for the user."""
 
     text: str
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckScheduler:
     """Probe whether the scheduler answers in this node's protocol; then step `Checked`."""
 
     timeout_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class Register:
     """Send a registration now: give up on reaching the scheduler after `attempt_s`, and on its
     answer, once connected, after `answer_s`; then step its outcome."""
@@ -224,28 +225,28 @@ class Register:
     answer_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class Pause:
     """Wait this long, then step `PauseOver`."""
 
     seconds: float
 
 
-@dataclass(frozen=True)
+@frozen
 class Follow:
     """Talk to the scheduler at `address` from now on (the leader)."""
 
     address: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Watch:
     """Read the accepted stream, sending heartbeats every `heartbeat_interval_s`."""
 
     heartbeat_interval_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class Deliver:
     """The job's topology is this (`new_generation`: a new one, after a rejoin)."""
 
@@ -253,21 +254,21 @@ class Deliver:
     new_generation: bool = False
 
 
-@dataclass(frozen=True)
+@frozen
 class PeerFailed:
     """A peer of `generation` failed: collectives of that generation cannot complete."""
 
     generation: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Fail:
     """The job is over for this node with `error`: report it (once, ever)."""
 
     error: ClusterError
 
 
-@dataclass(frozen=True)
+@frozen
 class Released:
     """The job ended well while this node waited for a rank: it exits 0 (a `ReleasedError`
     from `start`)."""
@@ -275,12 +276,12 @@ class Released:
     error: ClusterError
 
 
-@dataclass(frozen=True)
+@frozen
 class Done:
     """The stream has said its last word: stop reading it."""
 
 
-@dataclass(frozen=True)
+@frozen
 class SendFinish:
     """Send this node's Finish and wait up to `timeout_s` for the answer; then step
     `FinishAnswered(heard=True)` or `FinishFailed`."""
@@ -288,14 +289,14 @@ class SendFinish:
     timeout_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class RetryFinish:
     """Wait `after_s`, then step `FinishRetryDue` (the Finish is sent again)."""
 
     after_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class RetryCall:
     """Make the cut-off call again after this pause (the caller's outcome: the agent's
     interpreter hands it back to the call)."""
@@ -303,7 +304,7 @@ class RetryCall:
     pause_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class AwaitFatal:
     """The cut-off call fails: wait up to `wait_s` for the failure the stream is about to
     report, and raise that (or the call's own error)."""

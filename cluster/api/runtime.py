@@ -259,6 +259,13 @@ def report_memory_resume(generation: int, step: int, why: str, steps: list[int])
     current.call(current.agent.report_checkpoints(sorted(steps), (generation, step, why)))
 
 
+def resumed_in(generation: int) -> None:
+    """This worker has put back the rollback step of `generation` (a TrainingLoop says so): its
+    checkpoint reports say it from now on, and until every worker does, the scheduler keeps
+    that step among those everyone must keep."""
+    session().agent.resumed_in = generation
+
+
 def report_checkpoints(steps: list[int]) -> int:
     """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does); a
     step every worker holds (0: none), which this worker must keep."""

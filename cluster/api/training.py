@@ -155,6 +155,7 @@ class TrainingLoop:
         self._generation = topology.generation
         if topology.generation == 1 and topology.rollback_step == 0 and not runtime.is_rejoin():
             self.memory.keep(0, self._get_state(), saved=False)
+            runtime.resumed_in(topology.generation)
             return 0  # a first start: the state as constructed
         restored = self._take(topology, rolled_back=False)
         return self._roll_back(waited=True) if restored is None else restored
@@ -230,6 +231,7 @@ class TrainingLoop:
                 raise
             self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
             return None
+        runtime.resumed_in(generation)  # told with the report discard_newer makes
         self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)
         if self.memory.step != step:

@@ -408,7 +408,7 @@ class SchedulerCore:
         try:
             # What was told so far (so on disk), and, through `mailbox`, what is told from now on:
             # the catch-up never names a generation that a crash could forget.
-            for event in self._catch_up:
+            for event in self.state.catch_up_for(node_id, self._catch_up):
                 yield self._serialized(event)
             while True:
                 item = await mailbox.get()
@@ -456,13 +456,15 @@ class SchedulerCore:
         steps: list[int],
         caller: Caller,
         resumed: MemoryResume | None = None,
+        numbered: tuple[int, int] = (0, 0),
     ) -> int:
         """Record the steps the node holds (and rank 0's resume from memory, `resumed`); a step
-        every worker holds (see `held_by_all`)."""
+        every worker holds (see `held_by_all`). `numbered`: the generation the worker resumed
+        in and the report's number (`SchedulerState.report_checkpoints`)."""
         admitted(
             self.state.admission.admit_report(node_id, incarnation, caller.presented, len(steps))
         )
-        self.state.report_checkpoints(node_id, incarnation, steps)
+        self.state.report_checkpoints(node_id, incarnation, steps, *numbered)
         if resumed is not None:
             self.journal.memory_resume(node_id, resumed)
         self._apply([])  # saves the new holdings (nothing to tell anyone)

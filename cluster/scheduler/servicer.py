@@ -336,6 +336,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             list(request.steps),
             _caller(context, "ReportCheckpoints", request),
             convert.memory_resume_of(request.resumed) if request.HasField("resumed") else None,
+            (request.generation, request.report_seq),
         )
         return pb.ReportCheckpointsResponse(held_by_all=held_by_all)
 

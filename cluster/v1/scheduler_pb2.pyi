@@ -378,16 +378,20 @@ class FinishResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReportCheckpointsRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation", "steps", "resumed")
+    __slots__ = ("node_id", "incarnation", "steps", "resumed", "generation", "report_seq")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SEQ_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     steps: _containers.RepeatedScalarFieldContainer[int]
     resumed: MemoryResume
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., steps: _Optional[_Iterable[int]] = ..., resumed: _Optional[_Union[MemoryResume, _Mapping]] = ...) -> None: ...
+    generation: int
+    report_seq: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., steps: _Optional[_Iterable[int]] = ..., resumed: _Optional[_Union[MemoryResume, _Mapping]] = ..., generation: _Optional[int] = ..., report_seq: _Optional[int] = ...) -> None: ...
 
 class MemoryResume(_message.Message):
     __slots__ = ("generation", "step", "why")

@@ -112,6 +112,10 @@ class WorkerAgent:
         self._new_generation = asyncio.Event()
         # Set when a peer of the current generation failed (replaced with each generation).
         self._peer_failed = asyncio.Event()
+        # Checkpoint reports: numbered, and the generation whose rollback step this worker has
+        # put back, as its TrainingLoop says (None: say the newest generation heard).
+        self._report_seq = 0
+        self.resumed_in: int | None = None
 
     # -- what the core knows -------------------------------------------------------------------
 
@@ -589,8 +593,14 @@ class WorkerAgent:
     async def report_checkpoints(self, steps: list[int], resumed: Resumed | None = None) -> int:
         """Report the steps held (and, from rank 0, a generation resumed from memory); a step
         every worker holds (0: none), to keep."""
+        self._report_seq += 1  # a retry sends the same number: the scheduler takes it once
+        topology = self.topology
         request = pb.ReportCheckpointsRequest(
-            node_id=self.identity.node_id, incarnation=self.identity.incarnation, steps=steps
+            node_id=self.identity.node_id,
+            incarnation=self.identity.incarnation,
+            steps=steps,
+            generation=self.resumed_in or (0 if topology is None else topology.generation),
+            report_seq=self._report_seq,
         )
         if resumed is not None:
             generation, step, why = resumed

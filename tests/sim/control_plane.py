@@ -87,6 +87,7 @@ class Process:
     job: str = ""  # the job it was accepted into
     rank: int | None = None  # its rank in the newest generation it heard
     paused: bool = False  # heard a failure, waits for the next generation
+    reports: int = 0  # its checkpoint reports so far (each numbered, as a worker's are)
     # The generations it heard, per job (a scheduler that restarts on an ended job's state
     # starts a new job, whose generations count from 1 again).
     generations: dict[str, list[int]] = field(default_factory=dict)
@@ -138,6 +139,8 @@ class Sim:
         # When the scheduler last heard each node id (register, connect, heartbeat).
         self.heard: dict[str, float] = {}
         self.restarts = 0
+        # Answers to checkpoint reports, held until their revision is saved.
+        self.answers: list[tuple[int, str, tuple[Any, ...]]] = []
         self.told = 0
         self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
@@ -233,11 +236,21 @@ class Sim:
         if self.outbox.requested > int(self.stored["revision"]):
             self.previous, self.stored = self.stored, self.state.snapshot()  # the newest
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
+            self.answer_saved()
+
+    def answer_saved(self) -> None:
+        """Send the answers whose revision is saved (`answers`: revision, node, answer)."""
+        saved = int(self.stored["revision"])
+        ready = [a for a in self.answers if a[0] <= saved]
+        self.answers = [a for a in self.answers if a[0] > saved]
+        for _, node_id, answer in ready:
+            self.net.send(self.clock.now, SCHED, node_id, answer)
 
     def restart_scheduler(self) -> None:
         """The scheduler dies and comes back on what the disk holds; every connection to it
         breaks, and the processes register again."""
         self.restarts += 1
+        self.answers = []  # their calls fail with the scheduler
         if self.plant == "stale-disk":
             self.stored = self.previous
         restored = state_kind(self.plant).restore(
@@ -276,10 +289,12 @@ class Sim:
                 self.state.heartbeat(node_id, incarnation)
                 self.heard[node_id] = self.clock.now
             elif kind == "report":
-                self.state.report_checkpoints(node_id, incarnation, packet.body[2])
+                self.state.report_checkpoints(node_id, incarnation, *packet.body[2:])
                 held = self.state.held_by_all()
                 self.step_machine([])  # saves the holdings
-                self.net.send(self.clock.now, SCHED, node_id, ("held", incarnation, held))
+                # As the engine: answered once the holdings it was computed from are saved.
+                self.answers.append((self.state.revision, node_id, ("held", incarnation, held)))
+                self.answer_saved()
             elif kind == "closed":
                 self.streams.discard((node_id, incarnation))
                 self.step_machine(self.state.disconnect(node_id, incarnation))
@@ -301,7 +316,7 @@ class Sim:
         first = self.state.connect(node_id, reg.incarnation)
         self.streams.add((node_id, reg.incarnation))
         self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome), stream=True)
-        for event in self.catch_up if first else []:
+        for event in self.state.catch_up_for(node_id, self.catch_up) if first else []:
             self.net.send(now, SCHED, node_id, ("event", reg.incarnation, event), stream=True)
         self.step_machine(effects)
 
@@ -420,7 +435,8 @@ class Sim:
         files.add(max(self.progress, 10))
         keep = self.keep_from.get(proc.rank, 0)
         files &= {s for s in files if s >= keep} | set(sorted(files)[-3:])
-        self.send(proc, ("report", proc.incarnation, sorted(files)))
+        proc.reports += 1
+        self.send(proc, ("report", proc.incarnation, sorted(files), newest, proc.reports))
 
     def beat(self) -> None:
         """Every running process beats, or asks again to register."""

@@ -70,3 +70,12 @@ def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str])
     assert main(["--list-plants"]) == 0
     listed = capsys.readouterr().out
     assert all(f"{name}: " in listed for name in PLANTS)
+
+
+# Seeds that found bugs in the real code, kept as regressions: 2375, a worker told to keep only
+# steps newer than the rollback step of a generation decided but not yet told (and a report
+# overtaken by an older one); 7389, a new process of a node id taking its old rank from the
+# generation told before its new one was saved.
+@pytest.mark.parametrize(("seed", "steps"), [(2375, 288), (7389, 300)])
+def test_seeds_that_found_bugs_keep_every_invariant(seed: int, steps: int) -> None:
+    run_seed(seed, workers=2, spares=1, steps=steps)

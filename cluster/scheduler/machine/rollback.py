@@ -11,9 +11,10 @@ back (`NoCommonStep`, with what each holds).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from cluster.protocol.records import Member
+from cluster.protocol.records import Member, TopologyReadyEvent
 
 # How stale the step every worker holds may be when a checkpoint report asks for it: at most one
 # computation a second however many workers report (at 8,192 workers one takes about a ms).
@@ -50,16 +51,61 @@ def rollback_step(workers: Sequence[Member]) -> int | NoCommonStep:
 class RollbackPlanner:
     # `held_by_all` as last computed: (generation, when, step).
     _last: tuple[int, float, int] = (-1, 0.0, 0)
+    # The generation each worker last reported checkpoints from (`report`): until every worker
+    # reports from the current one, it may not have rolled back to its step yet. Not saved:
+    # after a restart every worker is taken as not yet there.
+    _reported_in: dict[str, int] = field(default_factory=dict)
+    # Each node's newest report: (its process's incarnation, the report's number); not saved.
+    _report_seq: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def held_by_all(self, generation: int, workers: Sequence[Member], now: float) -> int:
+    def report(self, node_id: str, incarnation: int, numbered: tuple[int, int], now: int) -> bool:
+        """Whether to take a report of `node_id`: `numbered` is the generation whose rollback
+        step the worker has put back (0: it did not say, an older worker: taken as `now`, the
+        current generation, so not waited for) and the report's number in its process (0:
+        none); one older than a report already heard is not taken."""
+        generation, seq = numbered
+        if seq:
+            if (incarnation, seq) <= self._report_seq.get(node_id, (incarnation, 0)):
+                return False  # overtaken by a newer report of the same process
+            self._report_seq[node_id] = (incarnation, seq)
+        self._reported_in[node_id] = generation or now
+        return True
+
+    def held_by_all(
+        self, generation: int, workers: Sequence[Member], now: float, published_step: int
+    ) -> int:
         """A step every worker holds, for them to keep (0: none): `rollback_step`, computed at
         most every HELD_BY_ALL_EVERY_S. The newest step every worker holds only grows within a
         generation (a worker prunes no step at or past this one), so a value from a moment ago
-        is still held by every worker; a new generation computes it afresh."""
+        is still held by every worker; a new generation computes it afresh.
+
+        Never past the generation's rollback step (`published_step`) while a worker has not
+        reported from it: that worker may not have heard of the generation yet, and must still
+        find its step (found by the simulation, `tests/sim`, seed 2375)."""
         last_generation, when, step = self._last
-        if last_generation == generation and now - when < HELD_BY_ALL_EVERY_S:
-            return step
-        newest = rollback_step(workers)
-        step = newest if isinstance(newest, int) else 0
-        self._last = (generation, now, step)
+        if last_generation != generation or now - when >= HELD_BY_ALL_EVERY_S:
+            newest = rollback_step(workers)
+            step = newest if isinstance(newest, int) else 0
+            self._last = (generation, now, step)
+        if any(self._reported_in.get(m.node_id, 0) < generation for m in workers):
+            step = min(step, published_step)
         return step
+
+
+def catch_up_for(member: Member | None, generation: int, told: list[Any]) -> list[Any]:
+    """What of `told` (the events told so far, as saved) a node whose stream just opened may
+    hear: not a told generation, older than the current `generation`, that gives the node's id
+    another rank than the one decided for it (a new process of the id, taken as a spare or
+    with its rank while that generation waits for its save): it would take that rank from its
+    previous process's row (found by the simulation, seed 7389). It hears its own generation
+    once that is saved."""
+    if member is None:
+        return told
+    kept = []
+    for event in told:
+        if isinstance(event, TopologyReadyEvent) and event.generation < generation:
+            row = next((p.rank for p in event.peers if p.node_id == member.node_id), None)
+            if row is not None and row != member.rank:
+                continue
+        kept.append(event)
+    return kept

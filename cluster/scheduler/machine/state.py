@@ -58,10 +58,15 @@ from cluster.protocol.records import (
     TopologyReadyEvent,
 )
 from cluster.protocol.settings import JobSettings
-from cluster.scheduler.machine import ranks, spares
+from cluster.scheduler.machine import ranks, snapshot, spares
 from cluster.scheduler.machine.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.scheduler.machine.liveness import Liveness
-from cluster.scheduler.machine.rollback import NoCommonStep, RollbackPlanner, rollback_step
+from cluster.scheduler.machine.rollback import (
+    NoCommonStep,
+    RollbackPlanner,
+    catch_up_for,
+    rollback_step,
+)
 from cluster.scheduler.machine.spares import SparePool
 
 __all__ = [
@@ -91,9 +96,6 @@ __all__ = [
 ]
 
 
-SNAPSHOT_KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
-
-
 @dataclass
 class SchedulerState:
     """The job as the scheduler sees it. All methods are synchronous and free of I/O.
@@ -119,7 +121,7 @@ class SchedulerState:
     _role_counts: dict[NodeRole, int] = field(init=False, repr=False, default_factory=dict)
     _finished: int = field(init=False, repr=False, default=0)
     # The topology as last published; every late watcher gets this same event.
-    _published: TopologyReadyEvent | None = field(init=False, repr=False, default=None)
+    published: TopologyReadyEvent | None = field(init=False, repr=False, default=None)
     # Bumped by every change a restarted scheduler must know about (see the module docstring).
     revision: int = field(init=False, default=0)
     # The job this one replaced on the same recovery path (it had ended): its nodes' saved
@@ -175,7 +177,7 @@ class SchedulerState:
 
     @property
     def published_rollback_step(self) -> int:
-        return 0 if self._published is None else self._published.rollback_step
+        return 0 if self.published is None else self.published.rollback_step
 
     def find(self, node_id: str) -> Member | None:
         """The member or spare with this (canonical) node id."""
@@ -199,9 +201,13 @@ class SchedulerState:
         """
         if self.phase is Phase.WAITING:
             return []
-        if self.phase is Phase.READY and self._published is not None:
-            return [self._published]
+        if self.phase is Phase.READY and self.published is not None:
+            return [self.published]
         return [ShutdownEvent(self.phase is Phase.FINISHED, self.detail)]
+
+    def catch_up_for(self, node_id: str, told: list[Event]) -> list[Event]:
+        """What of `told` a node whose stream just opened may hear (`rollback.catch_up_for`)."""
+        return catch_up_for(self.find(node_id), self.generation, told)
 
     # -- inputs --------------------------------------------------------------------------------
 
@@ -279,9 +285,22 @@ class SchedulerState:
         member = self.member(node_id, incarnation)
         self.liveness.seen(member, self.clock())
 
-    def report_checkpoints(self, node_id: str, incarnation: int, steps: Iterable[int]) -> None:
-        """The worker holds these checkpoint steps now (complete ones, after pruning)."""
+    def report_checkpoints(
+        self,
+        node_id: str,
+        incarnation: int,
+        steps: Iterable[int],
+        generation: int = 0,
+        seq: int = 0,
+    ) -> None:
+        """The worker holds these checkpoint steps now (complete ones, after pruning), and has
+        put back the rollback step of `generation` (0: it did not say). `seq`: the report's
+        number in its process (0: none); one older than a report already heard is ignored."""
         member = self.member(node_id, incarnation)
+        if not self.rollback.report(
+            member.node_id, incarnation, (generation, seq), self.generation
+        ):
+            return
         held = tuple(sorted({int(s) for s in steps if int(s) >= 0}))
         if held != member.checkpoints:
             member.checkpoints = held
@@ -292,7 +311,10 @@ class SchedulerState:
 
     def held_by_all(self) -> int:
         """A step every worker holds, for them to keep (0: none; `RollbackPlanner`)."""
-        return self.rollback.held_by_all(self.generation, self._workers(), self.clock())
+        workers, now = self._workers(), self.clock()
+        return self.rollback.held_by_all(
+            self.generation, workers, now, self.published_rollback_step
+        )
 
     def rollback_step(self) -> int | NoCommonStep:
         """The newest step every worker holds (`cluster.scheduler.machine.rollback`)."""
@@ -407,33 +429,13 @@ class SchedulerState:
     # -- persistence ---------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """What a restarted scheduler needs, as plain JSON-able data.
-
-        Nodes that registered while the job forms are not in it: they have no rank yet, and
-        after a restart they simply register again (their job id is the saved one).
-        """
-        forming = self.phase is Phase.WAITING
-        return {
-            "cluster_id": self.cluster_id,
-            "previous_cluster_id": self.previous_cluster_id,
-            "worker_num": self.settings.worker_num,
-            "server_num": self.settings.server_num,
-            "phase": self.phase.value,
-            "detail": self.detail,
-            "generation": self.generation,
-            "revision": self.revision,
-            # The published generation's own rollback step and reason (a restarted scheduler
-            # must tell reconnecting nodes the same, not recompute them from newer reports).
-            "rollback_step": self.published_rollback_step,
-            "reason": "" if self._published is None else self._published.reason,
-            "members": [] if forming else [m.saved() for m in self.members.values()],
-            "spares": [] if forming else [m.saved() for m in self.spares.values()],
-        }
+        """What a restarted scheduler needs (`cluster.scheduler.machine.snapshot`)."""
+        return snapshot.save(self)
 
     @classmethod
     def restore(
         cls,
-        snapshot: dict[str, Any],
+        saved: dict[str, Any],
         settings: JobSettings,
         clock: Callable[[], float],
         *,
@@ -449,54 +451,11 @@ class SchedulerState:
             cluster_id=new_cluster_id, settings=replace(settings, recovery=True), clock=clock
         )
         try:
-            return fresh._resume(snapshot)
+            return snapshot.resume(fresh, saved)
         except (KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"the saved state is malformed ({exc!r})") from None
 
-    def _resume(self, snapshot: dict[str, Any]) -> SchedulerState:
-        """This new state made the one `snapshot` saved (itself, when that job had ended)."""
-        fresh, settings = self, self.settings
-        missing = [k for k in SNAPSHOT_KEYS if k not in snapshot]
-        if missing:
-            raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
-        saved = (snapshot["worker_num"], snapshot["server_num"])
-        phase = Phase(snapshot["phase"])
-        if phase in (Phase.FINISHED, Phase.FAILED):
-            fresh.previous_cluster_id = str(snapshot["cluster_id"])
-            return fresh
-        if saved != (settings.worker_num, settings.server_num):
-            raise SnapshotError(
-                f"it holds job {snapshot['cluster_id']} with MS_WORKER_NUM={saved[0]}, "
-                f"MS_SERVER_NUM={saved[1]}, but this scheduler has {settings.describe_counts()}: "
-                "restart it with the job's values"
-            )
-        fresh.cluster_id = str(snapshot["cluster_id"])
-        fresh.previous_cluster_id = str(snapshot.get("previous_cluster_id", ""))
-        fresh.generation = int(snapshot["generation"])
-        fresh.revision = int(snapshot.get("revision", 0))
-        fresh.detail = str(snapshot.get("detail", ""))
-        if phase is Phase.WAITING:
-            return fresh
-        now = self.clock()
-        for saved_member in snapshot["members"]:
-            fresh._add_restored(Member.loaded(saved_member, now))
-        for saved_spare in snapshot.get("spares", ()):
-            spare = Member.loaded(saved_spare, now)
-            fresh.spares[spare.node_id] = spare
-        if len(fresh.members) != fresh.expected:
-            raise SnapshotError(
-                f"job {fresh.cluster_id} had formed, but the saved state names "
-                f"{len(fresh.members)} nodes instead of {fresh.expected}"
-            )
-        fresh.phase = Phase.READY
-        fresh.restored_generation = fresh.generation
-        saved_step = snapshot.get("rollback_step", 0)
-        fresh._published = TopologyReadyEvent(
-            fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
-        )
-        return fresh
-
-    def _add_restored(self, member: Member) -> None:
+    def add_restored(self, member: Member) -> None:
         """A member read back from a snapshot, counted as registration would have counted it."""
         self.members[member.node_id] = member
         self._role_counts[member.role] = self._role_counts.get(member.role, 0) + 1
@@ -637,10 +596,10 @@ class SchedulerState:
             return self._end(ok=False, detail=step.message)
         self.generation += 1
         self.revision += 1
-        self._published = TopologyReadyEvent(
+        self.published = TopologyReadyEvent(
             self.generation, self.peers(), step, reason, promoted=promoted
         )
-        return [self._published]
+        return [self.published]
 
     def _lose(self, member: Member, why: str, *, promote: bool = True) -> list[Effect]:
         if self.phase is Phase.WAITING:

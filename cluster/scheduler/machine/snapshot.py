@@ -1,0 +1,83 @@
+"""What a restarted scheduler needs of the job (`save`), and the job made again from it
+(`resume`): the state machine's snapshot, as plain JSON-able data."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cluster.protocol.errors import SnapshotError
+from cluster.protocol.records import Member, Phase, TopologyReadyEvent
+
+if TYPE_CHECKING:
+    from cluster.scheduler.machine.state import SchedulerState
+
+KEYS = ("cluster_id", "worker_num", "server_num", "phase", "generation", "members")
+
+
+def save(job: SchedulerState) -> dict[str, Any]:
+    """What a restarted scheduler needs, as plain JSON-able data.
+
+    Nodes that registered while the job forms are not in it: they have no rank yet, and
+    after a restart they simply register again (their job id is the saved one).
+    """
+    forming = job.phase is Phase.WAITING
+    return {
+        "cluster_id": job.cluster_id,
+        "previous_cluster_id": job.previous_cluster_id,
+        "worker_num": job.settings.worker_num,
+        "server_num": job.settings.server_num,
+        "phase": job.phase.value,
+        "detail": job.detail,
+        "generation": job.generation,
+        "revision": job.revision,
+        # The published generation's own rollback step and reason (a restarted scheduler
+        # must tell reconnecting nodes the same, not recompute them from newer reports).
+        "rollback_step": job.published_rollback_step,
+        "reason": "" if job.published is None else job.published.reason,
+        "members": [] if forming else [m.saved() for m in job.members.values()],
+        "spares": [] if forming else [m.saved() for m in job.spares.values()],
+    }
+
+
+def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
+    """This new state made the one `snapshot` saved (itself, when that job had ended)."""
+    settings = fresh.settings
+    missing = [k for k in KEYS if k not in snapshot]
+    if missing:
+        raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
+    saved = (snapshot["worker_num"], snapshot["server_num"])
+    phase = Phase(snapshot["phase"])
+    if phase in (Phase.FINISHED, Phase.FAILED):
+        fresh.previous_cluster_id = str(snapshot["cluster_id"])
+        return fresh
+    if saved != (settings.worker_num, settings.server_num):
+        raise SnapshotError(
+            f"it holds job {snapshot['cluster_id']} with MS_WORKER_NUM={saved[0]}, "
+            f"MS_SERVER_NUM={saved[1]}, but this scheduler has {settings.describe_counts()}: "
+            "restart it with the job's values"
+        )
+    fresh.cluster_id = str(snapshot["cluster_id"])
+    fresh.previous_cluster_id = str(snapshot.get("previous_cluster_id", ""))
+    fresh.generation = int(snapshot["generation"])
+    fresh.revision = int(snapshot.get("revision", 0))
+    fresh.detail = str(snapshot.get("detail", ""))
+    if phase is Phase.WAITING:
+        return fresh
+    now = fresh.clock()
+    for saved_member in snapshot["members"]:
+        fresh.add_restored(Member.loaded(saved_member, now))
+    for saved_spare in snapshot.get("spares", ()):
+        spare = Member.loaded(saved_spare, now)
+        fresh.spares[spare.node_id] = spare
+    if len(fresh.members) != fresh.expected:
+        raise SnapshotError(
+            f"job {fresh.cluster_id} had formed, but the saved state names "
+            f"{len(fresh.members)} nodes instead of {fresh.expected}"
+        )
+    fresh.phase = Phase.READY
+    fresh.restored_generation = fresh.generation
+    saved_step = snapshot.get("rollback_step", 0)
+    fresh.published = TopologyReadyEvent(
+        fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
+    )
+    return fresh

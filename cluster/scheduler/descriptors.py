@@ -104,8 +104,11 @@ class DescriptorReserve:
         # A descriptor held for the look itself: at the limit, reading /proc takes one, and gRPC
         # takes every one freed.
         self._spare = _open_spare()
+        self.available = _FD_DIR.is_dir()
 
     async def run(self, period_s: float = PERIOD_S) -> None:
+        if not self.available:
+            return  # not Linux: no /proc to look at, no reserve
         while True:
             await asyncio.sleep(period_s)
             self.look()

@@ -15,13 +15,31 @@ from cluster.protocol.errors import ClusterError
 
 _previous = sys.excepthook
 # Set when the program dies of an uncaught exception: the finalize that runs at exit then must
-# not tell the scheduler that this node finished well.
+# not tell the scheduler that this node finished well, and tells it `failure` instead.
 crashed = False
+failure: str | None = None
+# At most this much of the error's first line goes to the scheduler.
+FAILURE_CHARS = 300
+
+
+def error_line(error: BaseException) -> str:
+    """The first line of `error` as a traceback ends with it: `RuntimeError: NCCL error ...`,
+    `torch.distributed.DistBackendError: ...` (the module named unless built in)."""
+    kind = type(error)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    lines = str(error).splitlines()
+    line = f"{name}: {lines[0]}" if lines else name
+    return line[:FAILURE_CHARS]
 
 
 def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
-    global crashed
+    global crashed, failure
     crashed = True
+    failure = error_line(value)
     if isinstance(value, ClusterError):
         print(f"cluster: {kind.__name__}: {safe(value)}", file=sys.stderr, flush=True)
         return

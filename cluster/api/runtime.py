@@ -185,19 +185,20 @@ def finalize() -> None:
 
 
 def _finalize_at_exit() -> None:
-    # A program that dies of an uncaught exception has not finished its part of the job: close
-    # without Finish, so the scheduler sees a failure instead of a success.
-    _close(finished=not excepthook.crashed)
+    # A program that dies of an uncaught exception has not finished its part of the job: it
+    # tells the scheduler the error it dies of instead, so the scheduler fails it in words.
+    _close(finished=not excepthook.crashed, failure=excepthook.failure)
 
 
-def _close(*, finished: bool) -> None:
+def _close(*, finished: bool, failure: str | None = None) -> None:
     global _session
     with _lock:
         current, _session = _session, None
     if current is not None:
         if finished:  # after a crash a closer may block on what failed (a hung NCCL call)
             _run(_closers, "closing what this worker opened for the job")
-        current.finalize(finished=finished)  # the scheduler learns of a crash first
+        # The scheduler learns of a crash first.
+        current.finalize(finished=finished, failure=None if finished else failure)
         if not finished:
             _run(_aborters, "aborting what this worker opened for the job")
 

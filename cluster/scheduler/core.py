@@ -510,6 +510,14 @@ class SchedulerCore:
             )
         await self.durable()
 
+    async def died_of(self, node_id: str, incarnation: int, caller: Caller, failure: str) -> None:
+        """The node's process dies of an error (`failure`, its first line): failed now, with
+        the error as its reason, before its connection breaks."""
+        admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
+        why = f"its process died of an error: {failure}"
+        self._apply(self.state.disconnect(node_id, incarnation, why))
+        await self.durable()
+
     async def exchange(
         self,
         node_id: str,

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol import auth
+from cluster.protocol.display import safe
 from cluster.protocol.errors import (
     BadRequestError,
     CapacityError,
@@ -323,7 +324,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
         caller = _caller(context, "Finish", request)
-        await self._core.finish(request.node_id, request.incarnation, caller)
+        if request.failure:
+            failure = safe(request.failure, edge.FAILURE_CHARS)
+            await self._core.died_of(request.node_id, request.incarnation, caller, failure)
+        else:
+            await self._core.finish(request.node_id, request.incarnation, caller)
         return pb.FinishResponse()
 
     @_mapped

@@ -366,12 +366,14 @@ class KvAddResponse(_message.Message):
     def __init__(self, value: _Optional[int] = ...) -> None: ...
 
 class FinishRequest(_message.Message):
-    __slots__ = ("node_id", "incarnation")
+    __slots__ = ("node_id", "incarnation", "failure")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    failure: str
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class FinishResponse(_message.Message):
     __slots__ = ()

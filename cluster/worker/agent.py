@@ -687,6 +687,20 @@ class WorkerAgent:
             return steps.FinishFailed(failure.code, failure.details, stream_up=self._stream_up)
         return steps.FinishAnswered(heard=True)
 
+    async def report_failure(self, failure: str, timeout_s: float) -> bool:
+        """Tell the scheduler this process dies of `failure` (the first line of its error);
+        one call, best effort: True when it heard."""
+        request = pb.FinishRequest(
+            node_id=self.identity.node_id, incarnation=self.identity.incarnation, failure=failure
+        )
+        try:
+            await self._stub.Finish(
+                request, timeout=timeout_s, metadata=self._signed("Finish", request)
+            )
+        except grpc.aio.AioRpcError:
+            return False  # its connection breaking says the same, without the words
+        return True
+
     async def close(self) -> None:
         await self._run(self.core.step(steps.Close()))
         for task in (self._watch_task, self._expiry, *self._aside):

@@ -29,6 +29,8 @@ from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity
 
 T = TypeVar("T")
+# How long a process that dies of an error gives the scheduler to hear which (one call).
+FAILURE_REPORT_S = 2.0
 
 
 class _Loop(asyncio.SelectorEventLoop):
@@ -199,11 +201,18 @@ class WorkerSession:
         # interrupted wherever it is. Either way the process ends within the grace.
         self._ending.end(error, raised=waiting)
 
-    def finalize(self, *, finished: bool = True) -> None:
+    def finalize(self, *, finished: bool = True, failure: str | None = None) -> None:
+        """Tell the scheduler this node finished (`finished`), or the error its process dies
+        of (`failure`, best effort: at most FAILURE_REPORT_S), then close."""
         if self._closed:
             return
         self._closed = True
         try:
+            if not finished and failure and self.agent.fatal is None:
+                self._background.run(
+                    self.agent.report_failure(failure, FAILURE_REPORT_S),
+                    timeout_s=FAILURE_REPORT_S + 1.0,
+                )
             if finished and self.agent.fatal is None:
                 heard = self._background.run(
                     self.agent.finish(), timeout_s=self.agent.finish_wait_s + ending.GRACE_S

@@ -252,6 +252,9 @@ def test_a_crashed_worker_fails_the_job_instead_of_finishing_it(processes: Procs
     for proc in [*workers[1:], sched]:
         assert proc.wait(30) != 0, proc.output
         assert "rank 0" in proc.output, proc.output
+    # It told the scheduler what it died of: the scheduler says so, not a broken connection.
+    assert "failed: its process died of an error: RuntimeError: boom" in sched.output
+    assert "RuntimeError: boom" in workers[1].output  # the peers' error says it too
 
 
 def test_a_rank_that_leaves_early_fails_the_collective_it_skips(processes: Procs) -> None:

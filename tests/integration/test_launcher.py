@@ -100,6 +100,12 @@ def test_a_worker_dying_of_an_error_is_named_with_the_error(
         "worker 1 (rank 1, node id '1') exited with code 1: RuntimeError: NCCL error: Duplicate "
         "GPU detected\n" in run.output
     ), run.output
+    # The worker told the scheduler what it died of, before its connection broke.
+    scheduler = (tmp_path / "logs" / "scheduler.log").read_text()
+    assert (
+        "node '1' (rank 1) failed: its process died of an error: RuntimeError: NCCL error: "
+        "Duplicate GPU detected" in scheduler
+    ), scheduler
 
 
 def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(

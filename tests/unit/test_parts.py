@@ -109,9 +109,23 @@ def test_the_rollback_step_is_the_newest_step_every_worker_holds() -> None:
 def test_held_by_all_is_computed_at_most_once_a_second_per_generation() -> None:
     planner = RollbackPlanner()
     workers = [member("0", checkpoints=(10,)), member("1", checkpoints=(10,))]
-    assert planner.held_by_all(1, workers, now=0.0) == 10
-    workers[0].checkpoints = workers[1].checkpoints = (10, 20)
-    assert planner.held_by_all(1, workers, now=HELD_BY_ALL_EVERY_S / 2) == 10  # a moment ago
-    assert planner.held_by_all(1, workers, now=HELD_BY_ALL_EVERY_S) == 20
-    workers[0].checkpoints = ()
-    assert planner.held_by_all(2, workers, now=HELD_BY_ALL_EVERY_S) == 0  # a new generation
+    for generation in (1, 2):
+        for w in workers:
+            assert planner.report(w.node_id, 1, (generation, generation), generation)
+        if generation == 1:
+            assert planner.held_by_all(1, workers, 0.0, published_step=0) == 10
+            workers[0].checkpoints = workers[1].checkpoints = (10, 20)
+            assert planner.held_by_all(1, workers, HELD_BY_ALL_EVERY_S / 2, 0) == 10  # a moment ago
+            assert planner.held_by_all(1, workers, HELD_BY_ALL_EVERY_S, 0) == 20
+            workers[0].checkpoints = ()
+    assert planner.held_by_all(2, workers, HELD_BY_ALL_EVERY_S, 0) == 0  # a new generation
+
+
+def test_held_by_all_waits_at_the_rollback_step_for_workers_not_yet_in_the_generation() -> None:
+    planner = RollbackPlanner()
+    workers = [member("0", checkpoints=(10, 20)), member("1", checkpoints=(10, 20))]
+    assert planner.report("0", 1, (2, 1), 2)
+    assert planner.held_by_all(2, workers, 0.0, published_step=10) == 10  # "1" has not said
+    assert planner.report("1", 1, (2, 1), 2)
+    assert planner.held_by_all(2, workers, 0.0, published_step=10) == 20
+    assert not planner.report("1", 1, (1, 1), 2)  # the same number again: not taken

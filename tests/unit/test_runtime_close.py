@@ -15,8 +15,9 @@ class Session:
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
 
-    def finalize(self, *, finished: bool) -> None:
-        self.calls.append(f"scheduler told finished={finished}")
+    def finalize(self, *, finished: bool, failure: str | None = None) -> None:
+        said = f" failure={failure}" if failure else ""
+        self.calls.append(f"scheduler told finished={finished}{said}")
 
 
 @pytest.fixture
@@ -38,8 +39,8 @@ def test_a_finished_worker_closes_then_tells_the_scheduler(calls: list[str]) -> 
 
 
 def test_a_crashed_worker_tells_the_scheduler_then_aborts(calls: list[str]) -> None:
-    runtime._close(finished=False)
-    assert calls == ["scheduler told finished=False", "aborted"]
+    runtime._close(finished=False, failure="RuntimeError: NCCL error")
+    assert calls == ["scheduler told finished=False failure=RuntimeError: NCCL error", "aborted"]
 
 
 def test_an_abort_that_fails_is_logged_not_raised(
@@ -52,3 +53,21 @@ def test_an_abort_that_fails_is_logged_not_raised(
     runtime._close(finished=False)
     assert calls == ["scheduler told finished=False", "aborted"]
     assert "ncclCommAbort failed" in caplog.text
+
+
+def test_the_error_a_process_dies_of_is_its_first_line_named_as_a_traceback_names_it() -> None:
+    from cluster.api.excepthook import FAILURE_CHARS, error_line  # noqa: PLC0415
+
+    assert error_line(RuntimeError("NCCL error: invalid usage\nLast error: more")) == (
+        "RuntimeError: NCCL error: invalid usage"
+    )
+
+    class DistBackendError(RuntimeError):
+        pass
+
+    assert error_line(DistBackendError("x")).endswith(
+        "test_runtime_close.test_the_error_a_process_dies_of_is_its_first_line_named_as_a_"
+        "traceback_names_it.<locals>.DistBackendError: x"
+    )
+    assert error_line(KeyError()) == "KeyError"
+    assert len(error_line(ValueError("v" * 10_000))) == FAILURE_CHARS

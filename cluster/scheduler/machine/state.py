@@ -327,8 +327,9 @@ class SchedulerState:
             return []
         return self.publish(reason)
 
-    def disconnect(self, node_id: str, incarnation: int) -> list[Effect]:
-        """The node's stream broke: its process is gone (or its connection is)."""
+    def disconnect(self, node_id: str, incarnation: int, why: str = "") -> list[Effect]:
+        """The node's stream broke: its process is gone (or its connection is); `why`: what
+        its process said it dies of, when it said (`FinishRequest.failure`)."""
         try:
             member = self.member(node_id, incarnation)
         except UnknownNodeError:
@@ -337,12 +338,15 @@ class SchedulerState:
         if member.state is not NodeState.ALIVE or self.phase in (Phase.FINISHED, Phase.FAILED):
             return []
         if member.node_id in self.spares:
-            return self.pool.died(member, self.clock(), "its connection to the scheduler broke")
+            return self.pool.died(
+                member, self.clock(), why or "its connection to the scheduler broke"
+            )
         # Alive until its connection broke: the guard counts from now, not from its last
         # heartbeat (which may be an interval older).
         self.liveness.seen(member, self.clock())
         return self._lose(
-            member, "its connection to the scheduler broke (process exited, stopped or cut off?)"
+            member,
+            why or "its connection to the scheduler broke (process exited, stopped or cut off?)",
         )
 
     def finish(self, node_id: str, incarnation: int) -> list[Effect]:

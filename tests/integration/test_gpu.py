@@ -126,3 +126,8 @@ def test_an_nccl_error_is_named_with_its_first_line(processes: Procs, tmp_path: 
     assert named, output
     assert "exited with code" in named[0] or "had not exited" in named[0], output
     assert "NCCL" in named[0].upper(), output
+    # The worker told the scheduler the error it died of, before its connection broke.
+    scheduler = (tmp_path / "logs" / "scheduler.log").read_text()
+    assert "failed: its process died of an error: torch.distributed.DistBackendError: NCCL" in (
+        scheduler
+    ), scheduler

@@ -48,6 +48,7 @@ from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.machine import ready as ready_
+from cluster.scheduler.machine import snapshot as snapshot_
 from cluster.scheduler.machine import state
 from cluster.scheduler.persist import Saving, WriteAheadSaver
 from cluster.scheduler.refusals import RefusalLimiter
@@ -219,7 +220,7 @@ class SchedulerCore:
         )
         core._kv_to_claim = not kv
         if restored is not None and snapshot is not None:
-            core.restored_note = _restored_note(restored, snapshot, where)
+            core.restored_note = snapshot_.restored_note(restored, snapshot, where)
             if restored.previous_cluster_id == snapshot["cluster_id"]:
                 ended = str(snapshot["cluster_id"])
                 core.ended_job = (ended, snapshot["phase"] == state.Phase.FINISHED.value)
@@ -499,23 +500,23 @@ class SchedulerCore:
         """Wait for keys, within the caller's share of the pending waits."""
         return await self.kv_for(caller).wait(keys, timeout_s, caller.node_id)
 
-    async def finish(self, node_id: str, incarnation: int, caller: Caller) -> None:
+    async def finish(
+        self, node_id: str, incarnation: int, caller: Caller, failure: str = ""
+    ) -> None:
+        """The node is done; with `failure`, its process dies of that error (the first line,
+        escaped): failed now with it as the reason, before its connection breaks."""
         member = admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
-        self._apply(self.state.finish(node_id, incarnation))
+        if failure:
+            why = f"its process died of an error: {failure}"
+            self._apply(self.state.disconnect(node_id, incarnation, why))
+        else:
+            self._apply(self.state.finish(node_id, incarnation))
         if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
             self.exchanges.fail_all(
                 f"{member.describe()} has finished (called cluster.finalize()) while others were "
                 "still in a collective; every rank must take part in every collective",
                 kind=CollectiveError,
             )
-        await self.durable()
-
-    async def died_of(self, node_id: str, incarnation: int, caller: Caller, failure: str) -> None:
-        """The node's process dies of an error (`failure`, its first line): failed now, with
-        the error as its reason, before its connection breaks."""
-        admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
-        why = f"its process died of an error: {failure}"
-        self._apply(self.state.disconnect(node_id, incarnation, why))
         await self.durable()
 
     async def exchange(
@@ -685,24 +686,8 @@ class SchedulerCore:
                 self._clock() - st.started,
             )
         elif isinstance(event, state.NodeFailedEvent):
-            log.error("node %r (rank %d) failed: %s", event.node_id, event.rank, event.reason)
+            log.error("node %r (rank %s) failed: %s", event.node_id, event.rank, event.reason)
         elif event.ok:
             log.info("job finished: %s", event.reason)
         else:
             log.error("job failed: %s", event.reason)
-
-
-def _restored_note(restored: state.SchedulerState, snapshot: dict[str, object], path: str) -> str:
-    """What the scheduler logs once it knows it can go on from `snapshot` (saved again)."""
-    if restored.previous_cluster_id == snapshot["cluster_id"]:
-        return (
-            f"the job saved in {path} ({snapshot['cluster_id']}) had ended "
-            f"({snapshot['phase']}); starting a new job {restored.cluster_id}"
-        )
-    if restored.phase is state.Phase.READY:
-        return (
-            f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
-            f"waiting up to MS_NODE_TIMEOUT={restored.settings.node_timeout_s:g} s for its "
-            f"{len(restored.awaiting)} nodes to reconnect"
-        )
-    return f"resuming job {restored.cluster_id} from {path}: still forming"

@@ -324,11 +324,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
         caller = _caller(context, "Finish", request)
-        if request.failure:
-            failure = safe(request.failure, edge.FAILURE_CHARS)
-            await self._core.died_of(request.node_id, request.incarnation, caller, failure)
-        else:
-            await self._core.finish(request.node_id, request.incarnation, caller)
+        failure = safe(request.failure, edge.FAILURE_CHARS) if request.failure else ""
+        await self._core.finish(request.node_id, request.incarnation, caller, failure)
         return pb.FinishResponse()
 
     @_mapped

@@ -217,7 +217,7 @@ class WorkerAgent:
             case steps.Done():
                 self._stream_done = True
             case steps.SendFinish(timeout_s=timeout_s):
-                return self.core.step(await self._send_finish(timeout_s))
+                return self.core.step(await self.send_finish(timeout_s))
             case steps.RetryFinish(after_s=after_s):
                 await asyncio.sleep(after_s)
                 return self.core.step(steps.FinishRetryDue())
@@ -673,23 +673,9 @@ class WorkerAgent:
             raise
         return self.core.finish_heard
 
-    async def _send_finish(self, timeout_s: float) -> steps.Event:
-        """One Finish call, waiting up to `timeout_s`: what came of it."""
-        request = pb.FinishRequest(
-            node_id=self.identity.node_id, incarnation=self.identity.incarnation
-        )
-        try:
-            await self._stub.Finish(
-                request, timeout=timeout_s, metadata=self._signed("Finish", request)
-            )
-        except grpc.aio.AioRpcError as exc:
-            failure = failures.failure_of(exc)
-            return steps.FinishFailed(failure.code, failure.details, stream_up=self._stream_up)
-        return steps.FinishAnswered(heard=True)
-
-    async def report_failure(self, failure: str, timeout_s: float) -> bool:
-        """Tell the scheduler this process dies of `failure` (the first line of its error);
-        one call, best effort: True when it heard."""
+    async def send_finish(self, timeout_s: float, failure: str = "") -> steps.Event:
+        """One Finish call, waiting up to `timeout_s`: what came of it. With `failure` (the
+        first line of the error this process dies of), sent once by the session at exit."""
         request = pb.FinishRequest(
             node_id=self.identity.node_id, incarnation=self.identity.incarnation, failure=failure
         )
@@ -697,9 +683,10 @@ class WorkerAgent:
             await self._stub.Finish(
                 request, timeout=timeout_s, metadata=self._signed("Finish", request)
             )
-        except grpc.aio.AioRpcError:
-            return False  # its connection breaking says the same, without the words
-        return True
+        except grpc.aio.AioRpcError as exc:
+            why = failures.failure_of(exc)
+            return steps.FinishFailed(why.code, why.details, stream_up=self._stream_up)
+        return steps.FinishAnswered(heard=True)
 
     async def close(self) -> None:
         await self._run(self.core.step(steps.Close()))

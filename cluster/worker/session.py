@@ -210,7 +210,7 @@ class WorkerSession:
         try:
             if not finished and failure and self.agent.fatal is None:
                 self._background.run(
-                    self.agent.report_failure(failure, FAILURE_REPORT_S),
+                    self.agent.send_finish(FAILURE_REPORT_S, failure),
                     timeout_s=FAILURE_REPORT_S + 1.0,
                 )
             if finished and self.agent.fatal is None:

@@ -81,3 +81,19 @@ def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
         fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
     )
     return fresh
+
+
+def restored_note(restored: SchedulerState, snapshot: dict[str, object], path: str) -> str:
+    """What the scheduler logs once it knows it can go on from `snapshot` (saved again)."""
+    if restored.previous_cluster_id == snapshot["cluster_id"]:
+        return (
+            f"the job saved in {path} ({snapshot['cluster_id']}) had ended "
+            f"({snapshot['phase']}); starting a new job {restored.cluster_id}"
+        )
+    if restored.phase is Phase.READY:
+        return (
+            f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
+            f"waiting up to MS_NODE_TIMEOUT={restored.settings.node_timeout_s:g} s for its "
+            f"{len(restored.awaiting)} nodes to reconnect"
+        )
+    return f"resuming job {restored.cluster_id} from {path}: still forming"

@@ -41,6 +41,7 @@ class Ending:
         self._say = say
         self._grace_s = grace_s
         self._error: ClusterError | None = None
+        self._exiting = False  # the process ends already, of its own error (`exiting`)
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self.interrupts = self._install()
@@ -57,14 +58,14 @@ class Ending:
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         """The handler, in the main thread: the job's error, raised where the program is."""
         error = self._error
-        if error is not None:
+        if error is not None and not self._exiting:
             raise error
 
     def end(self, error: ClusterError, *, raised: bool = False) -> None:
         """End the process with `error`. `raised`: a call of the main thread already raised it
         there (only the last resort is left, should the program carry on regardless)."""
         with self._lock:
-            if self._error is not None:
+            if self._error is not None or self._exiting:
                 return  # already ending
             self._error = error
         if not raised:
@@ -75,6 +76,12 @@ class Ending:
         timer = threading.Timer(self._grace_s, self.last_resort, args=(error,))
         timer.daemon = True  # the process ending as it should ends the timer too
         timer.start()
+
+    def exiting(self) -> None:
+        """The process is ending of its own error (its finalize at exit, telling the scheduler
+        which): the job's end, which that may bring about, raises nothing more in it."""
+        with self._lock:
+            self._exiting = True
 
     def last_resort(self, error: ClusterError) -> None:
         """The main thread did not end the process: say why, and exit now."""

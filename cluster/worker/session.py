@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -201,6 +202,16 @@ class WorkerSession:
         # interrupted wherever it is. Either way the process ends within the grace.
         self._ending.end(error, raised=waiting)
 
+    def _report_failure(self, failure: str) -> None:
+        """One call, best effort: the process goes on exiting whatever comes of it, and its
+        connection breaking says the same. The job failing because of it (no recovery) must
+        not raise its error in this exiting process (`Ending.exiting`)."""
+        self._ending.exiting()
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError, ClusterError):
+            self._background.run(
+                self.agent.send_finish(FAILURE_REPORT_S, failure), timeout_s=FAILURE_REPORT_S + 1
+            )
+
     def finalize(self, *, finished: bool = True, failure: str | None = None) -> None:
         """Tell the scheduler this node finished (`finished`), or the error its process dies
         of (`failure`, best effort: at most FAILURE_REPORT_S), then close."""
@@ -209,10 +220,7 @@ class WorkerSession:
         self._closed = True
         try:
             if not finished and failure and self.agent.fatal is None:
-                self._background.run(
-                    self.agent.send_finish(FAILURE_REPORT_S, failure),
-                    timeout_s=FAILURE_REPORT_S + 1.0,
-                )
+                self._report_failure(failure)
             if finished and self.agent.fatal is None:
                 heard = self._background.run(
                     self.agent.finish(), timeout_s=self.agent.finish_wait_s + ending.GRACE_S

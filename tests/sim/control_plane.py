@@ -47,6 +47,7 @@ from cluster.protocol.records import (
 )
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
+from tests.sim.collectives import Collectives
 from tests.sim.network import SCHED, Network, Packet
 from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
 
@@ -144,9 +145,13 @@ class Sim:
         self.told = 0
         self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
+        self.collectives = Collectives(self)
         self.carry_out(self.outbox.advance(self.state.revision))
 
     # -- the scheduler: its machine, its outbox, its disk -------------------------------------
+
+    def violation(self, invariant: str, message: str) -> Violation:
+        return Violation(invariant, message)
 
     def _outbox(self, saved: int) -> Outbox:
         return outbox_kind(self.plant)(write_ahead=True, saved=saved, recovery=True)
@@ -164,6 +169,7 @@ class Sim:
                 )
             self.told += 1
             self.check_told(tell)
+            self.collectives.told(tell)  # before the event, as the engine's `_tell`
             self.send_tell(tell)
 
     def check_told(self, tell: Tell) -> None:
@@ -250,6 +256,7 @@ class Sim:
         """The scheduler dies and comes back on what the disk holds; every connection to it
         breaks, and the processes register again."""
         self.restarts += 1
+        self.collectives.restart()
         self.answers = []  # their calls fail with the scheduler
         if self.plant == "stale-disk":
             self.stored = self.previous
@@ -295,8 +302,11 @@ class Sim:
                 # As the engine: answered once the holdings it was computed from are saved.
                 self.answers.append((self.state.revision, node_id, ("held", incarnation, held)))
                 self.answer_saved()
+            elif kind == "exchange":
+                self.collectives.on_exchange(node_id, incarnation, *packet.body[2:])
             elif kind == "closed":
                 self.streams.discard((node_id, incarnation))
+                self.collectives.abandoned(node_id, incarnation)
                 self.step_machine(self.state.disconnect(node_id, incarnation))
         except UnknownNodeError:
             self.net.send(self.clock.now, SCHED, node_id, ("unknown", incarnation))
@@ -362,6 +372,8 @@ class Sim:
             self.on_answer(proc, packet.body[2])
         elif kind == "event":
             self.on_event(proc, packet.body[2])
+        elif kind == "xanswer":
+            self.collectives.on_answer(proc, *packet.body[2:])
         elif kind == "held" and proc.rank is not None:
             self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
         elif kind in ("evict", "unknown"):
@@ -377,6 +389,7 @@ class Sim:
         if outcome.cluster_id != proc.job:
             proc.job, proc.rank, proc.paused = outcome.cluster_id, None, False
         proc.member = True
+        self.collectives.send(proc)  # the call it waits on, made again (a new scheduler)
 
     def on_event(self, proc: Process, event: Effect) -> None:
         if isinstance(event, ShutdownEvent):
@@ -404,6 +417,7 @@ class Sim:
         if not proc.running:
             proc.running, proc.incarnation, proc.ended = True, proc.incarnation + 1, ""
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
+            self.collectives.forget(proc)
             self.send(proc, ("register", self.registration(proc)))
 
     def kill(self, proc: Process) -> None:
@@ -420,9 +434,11 @@ class Sim:
     def train(self, proc: Process) -> None:
         """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
         three and every step from the one all workers hold (as a `CheckpointManager` prunes),
-        and reports them; the scheduler's answer is the step every worker holds."""
+        and reports them; the scheduler's answer is the step every worker holds. Each step
+        ends in a collective (a barrier or an allgather: `collectives`)."""
         if not proc.running or proc.stopped or not proc.member or proc.paused or proc.rank is None:
             return
+        self.collectives.call(proc)
         newest = self.generation_told.get(proc.job, 0)
         if (
             proc.generations.get(proc.job, [0])[-1] != newest
@@ -444,6 +460,7 @@ class Sim:
             if proc.running and not proc.stopped:
                 if proc.member:
                     self.send(proc, ("beat", proc.incarnation))
+                    self.collectives.call(proc)  # a step a second, each ends in a collective
                 else:
                     self.send(proc, ("register", self.registration(proc)))
         self.step_machine(self.state.tick())
@@ -527,6 +544,8 @@ class Sim:
         if self.state.phase in (Phase.FINISHED, Phase.FAILED):
             return all(not p.running for p in procs)
         if self.state.phase is not Phase.READY or not all(p.member or p.ended for p in procs):
+            return False
+        if self.collectives.stuck():
             return False
         generation = self.state.generation
         for member in self.state.members.values():

@@ -48,6 +48,7 @@ from cluster.protocol.records import (
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from tests.sim.collectives import Collectives
+from tests.sim.kv import KvSim
 from tests.sim.network import SCHED, Network, Packet
 from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
 
@@ -146,6 +147,7 @@ class Sim:
         self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
         self.collectives = Collectives(self)
+        self.kv = KvSim(self, self.plant)
         self.carry_out(self.outbox.advance(self.state.revision))
 
     # -- the scheduler: its machine, its outbox, its disk -------------------------------------
@@ -239,6 +241,7 @@ class Sim:
         self.peers_told[job] = {p.rank: p.node_id for p in ready.peers}
 
     def save_lands(self) -> None:
+        self.kv.save_lands()  # the saver's round: the key-value sets, then the state
         if self.outbox.requested > int(self.stored["revision"]):
             self.previous, self.stored = self.stored, self.state.snapshot()  # the newest
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
@@ -264,6 +267,7 @@ class Sim:
             self.stored, self.settings, self.clock, new_cluster_id=f"job-{self.restarts}"
         )
         self.state = planted(restored, self.plant)
+        self.kv.restart()
         self.outbox = self._outbox(int(self.stored["revision"]))
         self.streams.clear()
         self.catch_up = self.state.catch_up()
@@ -302,6 +306,8 @@ class Sim:
                 # As the engine: answered once the holdings it was computed from are saved.
                 self.answers.append((self.state.revision, node_id, ("held", incarnation, held)))
                 self.answer_saved()
+            elif kind == "kv":
+                self.kv.on_call(node_id, incarnation, packet.body[2])
             elif kind == "exchange":
                 self.collectives.on_exchange(node_id, incarnation, *packet.body[2:])
             elif kind == "closed":
@@ -374,6 +380,8 @@ class Sim:
             self.on_event(proc, packet.body[2])
         elif kind == "xanswer":
             self.collectives.on_answer(proc, *packet.body[2:])
+        elif kind == "kvanswer":
+            self.kv.on_answer(proc, *packet.body[2:])
         elif kind == "held" and proc.rank is not None:
             self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
         elif kind in ("evict", "unknown"):
@@ -389,7 +397,8 @@ class Sim:
         if outcome.cluster_id != proc.job:
             proc.job, proc.rank, proc.paused = outcome.cluster_id, None, False
         proc.member = True
-        self.collectives.send(proc)  # the call it waits on, made again (a new scheduler)
+        self.collectives.send(proc)  # the calls it waits on, made again (a new scheduler)
+        self.kv.send(proc)
 
     def on_event(self, proc: Process, event: Effect) -> None:
         if isinstance(event, ShutdownEvent):
@@ -418,6 +427,7 @@ class Sim:
             proc.running, proc.incarnation, proc.ended = True, proc.incarnation + 1, ""
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
             self.collectives.forget(proc)
+            self.kv.forget(proc)
             self.send(proc, ("register", self.registration(proc)))
 
     def kill(self, proc: Process) -> None:
@@ -526,9 +536,13 @@ class Sim:
             return f"partition {name}", lambda: self.net.partition(name)
         if roll < 0.46:
             return f"heal {name}", lambda: self.net.heal(name, self.clock.now)
-        if roll < 0.70:
+        if roll < 0.64:
             seconds = self.rng.choice([0.5, 2.0, 11.0])
             return f"tick {seconds:g}s", lambda: self.time_passes(seconds)
+        if roll < 0.70:
+            write, whose = self.rng.random() < 0.5, self.rng.choice(list(self.processes))
+            what = "set" if write else f"get k{whose}"
+            return f"kv {name} {what}", lambda: self.kv.call(proc, write, whose)
         if roll < 0.93:
             return "save lands", self.save_lands
         if roll < 0.97:
@@ -545,7 +559,7 @@ class Sim:
             return all(not p.running for p in procs)
         if self.state.phase is not Phase.READY or not all(p.member or p.ended for p in procs):
             return False
-        if self.collectives.stuck():
+        if self.collectives.stuck() or self.kv.batch:
             return False
         generation = self.state.generation
         for member in self.state.members.values():

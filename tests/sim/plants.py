@@ -34,6 +34,7 @@ PLANTS = {
     "no-guard": "a new process of a node id is taken back within MS_NODE_TIMEOUT",
     "newest-min": "the rollback step is the minimum of each rank's newest (MindSpore's rule)",
     "keep-rounds": "a new generation leaves the open rounds of the old one open",
+    "kv-early-answer": "a key-value set is answered (and visible) before it is saved",
 }
 
 

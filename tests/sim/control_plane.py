@@ -53,6 +53,7 @@ from tests.sim.network import SCHED, Network, Packet
 from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
 
 NODE_TIMEOUT_S = 10.0
+START_S = 1000.0
 HEARTBEAT_S = 1.0
 LIVENESS_BOUND_S = 600.0
 
@@ -65,9 +66,32 @@ class Violation(AssertionError):
         self.invariant = invariant
 
 
+def describe(effect: Effect | Accepted | Refused) -> str:  # noqa: PLR0911 - one per kind
+    """One line for a transcript."""
+    if isinstance(effect, TopologyReadyEvent):
+        ranks = " ".join(f"{p.rank}={p.node_id}" for p in effect.peers)
+        return (
+            f"ready: generation {effect.generation}, from step {effect.rollback_step}, "
+            f"ranks {ranks} ({effect.reason})"
+        )
+    if isinstance(effect, NodeFailedEvent):
+        return f"failed: rank {effect.rank} ({effect.node_id}): {effect.reason}"
+    if isinstance(effect, ShutdownEvent):
+        return f"shutdown: {'ok' if effect.ok else 'failed'}: {effect.reason}"
+    if isinstance(effect, Evict):
+        return f"evict: {effect.node_id} incarnation {effect.incarnation}"
+    if isinstance(effect, Accepted):
+        how = "a spare" if effect.spare else "rejoined" if effect.rejoined else "registered"
+        return f"accepted, {how}, generation {effect.generation} of {effect.cluster_id}"
+    if isinstance(effect, Refused):
+        retry = f", retry in {effect.retry_after_s:.0f} s" if effect.retry_after_s else ""
+        return f"refused ({effect.reason.value}{retry}): {effect.message.split(';')[0]}"
+    return f"progress: {effect.registered} of {effect.expected} registered"
+
+
 @dataclass
 class Clock:
-    now: float = 1000.0
+    now: float = START_S
 
     def __call__(self) -> float:
         return self.now
@@ -102,6 +126,13 @@ class Sim:
     plant: str = ""
     spares: int = 1
     trace: list[str] = field(default_factory=list)
+    # For transcripts (`tests/sim/transcript.py`): the node ids (a name starting with "s" is a
+    # spare), the guard, whether every heartbeat second ends in a collective, and the lines
+    # that say what the scheduler did (None: not kept).
+    names: list[str] | None = None
+    node_timeout_s: float = NODE_TIMEOUT_S
+    collective_steps: bool = True
+    log: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -110,7 +141,7 @@ class Sim:
         self.settings = JobSettings(
             worker_num=self.workers,
             server_num=0,
-            node_timeout_s=NODE_TIMEOUT_S,
+            node_timeout_s=self.node_timeout_s,
             topo_timeout_s=120.0,
             heartbeat_interval_s=HEARTBEAT_S,
             recovery=True,
@@ -119,7 +150,9 @@ class Sim:
         self.stored: dict[str, Any] = self.state.snapshot()  # the first save
         self.previous = self.stored
         self.outbox = self._outbox(-1)
-        names = [str(i) for i in range(self.workers)] + [f"s{i}" for i in range(self.spares)]
+        names = self.names or (
+            [str(i) for i in range(self.workers)] + [f"s{i}" for i in range(self.spares)]
+        )
         self.processes = {
             name: Process(name, 5000 + i, spare=name.startswith("s"))
             for i, name in enumerate(names)
@@ -155,6 +188,11 @@ class Sim:
     def violation(self, invariant: str, message: str) -> Violation:
         return Violation(invariant, message)
 
+    def note(self, line: str) -> None:
+        """A line of what happened, for a transcript."""
+        if self.log is not None:
+            self.log.append(f"{self.clock.now - START_S:.1f}s {line}")
+
     def _outbox(self, saved: int) -> Outbox:
         return outbox_kind(self.plant)(write_ahead=True, saved=saved, recovery=True)
 
@@ -170,6 +208,7 @@ class Sim:
                     f"told revision {tell.revision} with {saved} saved: {tell.effect}",
                 )
             self.told += 1
+            self.note(describe(tell.effect))
             self.check_told(tell)
             self.collectives.told(tell)  # before the event, as the engine's `_tell`
             self.send_tell(tell)
@@ -244,6 +283,7 @@ class Sim:
         self.kv.save_lands()  # the saver's round: the key-value sets, then the state
         if self.outbox.requested > int(self.stored["revision"]):
             self.previous, self.stored = self.stored, self.state.snapshot()  # the newest
+            self.note(f"saved: revision {self.stored['revision']}")
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
             self.answer_saved()
 
@@ -331,6 +371,8 @@ class Sim:
         self.heard[node_id] = now
         first = self.state.connect(node_id, reg.incarnation)
         self.streams.add((node_id, reg.incarnation))
+        # The engine answers once the registration's revision is saved
+        # (`_durable_keeping_alive`); here at once (what it says is told below, once saved).
         self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome), stream=True)
         for event in self.state.catch_up_for(node_id, self.catch_up) if first else []:
             self.net.send(now, SCHED, node_id, ("event", reg.incarnation, event), stream=True)
@@ -339,11 +381,11 @@ class Sim:
     def check_guard(self, reg: Registration, before: int | None) -> None:
         """A new process of a known node id is taken only after MS_NODE_TIMEOUT of silence."""
         silent = self.clock.now - self.heard.get(reg.node_id, float("-inf"))
-        if before not in (None, reg.incarnation) and silent < NODE_TIMEOUT_S:
+        if before not in (None, reg.incarnation) and silent < self.node_timeout_s:
             raise Violation(
                 "guard",
                 f"node {reg.node_id} incarnation {reg.incarnation} was accepted {silent:g} s "
-                f"after incarnation {before} was last heard (guard {NODE_TIMEOUT_S:g} s)",
+                f"after incarnation {before} was last heard (guard {self.node_timeout_s:g} s)",
             )
 
     # -- the workers ----------------------------------------------------------------------------
@@ -388,6 +430,8 @@ class Sim:
             proc.member = False  # cut off: it registers again
 
     def on_answer(self, proc: Process, outcome: Accepted | Refused) -> None:
+        if isinstance(outcome, Refused) or not proc.member:
+            self.note(f"{proc.node_id} hears: {describe(outcome)}")
         if isinstance(outcome, Refused):
             if not outcome.reason.transient:
                 proc.running, proc.ended = False, outcome.reason.value  # it exits, told why
@@ -436,7 +480,11 @@ class Sim:
         if proc.running:
             proc.running = False
             self.net.break_stream(proc.node_id)
-            if proc.node_id not in self.net.cut:
+            # Only a stream the scheduler has open breaks (a restart ended the others).
+            if (
+                proc.node_id not in self.net.cut
+                and (proc.node_id, proc.incarnation) in self.streams
+            ):
                 self.net.send(
                     self.clock.now, proc.node_id, SCHED, ("closed", proc.incarnation), stream=True
                 )
@@ -470,7 +518,8 @@ class Sim:
             if proc.running and not proc.stopped:
                 if proc.member:
                     self.send(proc, ("beat", proc.incarnation))
-                    self.collectives.call(proc)  # a step a second, each ends in a collective
+                    if self.collective_steps:
+                        self.collectives.call(proc)  # a step a second, each ends in a collective
                 else:
                     self.send(proc, ("register", self.registration(proc)))
         self.step_machine(self.state.tick())

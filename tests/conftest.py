@@ -11,6 +11,20 @@ if TYPE_CHECKING:
     from tests.procs import Procs
 
 
+# Tests under these folders start processes or servers: all of them are `slow`, so that
+# `pytest -m "not slow"` is the fast tier (the units, the simulation and its transcripts).
+SLOW_FOLDERS = ("integration", "servers", "chaos")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test under SLOW_FOLDERS (an explicit mark elsewhere still counts)."""
+    tests = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        if parts and parts[0] in SLOW_FOLDERS and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _outside_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     """The suite run inside a Slurm allocation: `mscluster run` must not read it (it would

@@ -47,10 +47,13 @@ from cluster.protocol.records import (
 )
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
+from tests.sim.collectives import Collectives
+from tests.sim.kv import KvSim
 from tests.sim.network import SCHED, Network, Packet
 from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
 
 NODE_TIMEOUT_S = 10.0
+START_S = 1000.0
 HEARTBEAT_S = 1.0
 LIVENESS_BOUND_S = 600.0
 
@@ -63,9 +66,32 @@ class Violation(AssertionError):
         self.invariant = invariant
 
 
+def describe(effect: Effect | Accepted | Refused) -> str:  # noqa: PLR0911 - one per kind
+    """One line for a transcript."""
+    if isinstance(effect, TopologyReadyEvent):
+        ranks = " ".join(f"{p.rank}={p.node_id}" for p in effect.peers)
+        return (
+            f"ready: generation {effect.generation}, from step {effect.rollback_step}, "
+            f"ranks {ranks} ({effect.reason})"
+        )
+    if isinstance(effect, NodeFailedEvent):
+        return f"failed: rank {effect.rank} ({effect.node_id}): {effect.reason}"
+    if isinstance(effect, ShutdownEvent):
+        return f"shutdown: {'ok' if effect.ok else 'failed'}: {effect.reason}"
+    if isinstance(effect, Evict):
+        return f"evict: {effect.node_id} incarnation {effect.incarnation}"
+    if isinstance(effect, Accepted):
+        how = "a spare" if effect.spare else "rejoined" if effect.rejoined else "registered"
+        return f"accepted, {how}, generation {effect.generation} of {effect.cluster_id}"
+    if isinstance(effect, Refused):
+        retry = f", retry in {effect.retry_after_s:.0f} s" if effect.retry_after_s else ""
+        return f"refused ({effect.reason.value}{retry}): {effect.message.split(';')[0]}"
+    return f"progress: {effect.registered} of {effect.expected} registered"
+
+
 @dataclass
 class Clock:
-    now: float = 1000.0
+    now: float = START_S
 
     def __call__(self) -> float:
         return self.now
@@ -100,6 +126,13 @@ class Sim:
     plant: str = ""
     spares: int = 1
     trace: list[str] = field(default_factory=list)
+    # For transcripts (`tests/sim/transcript.py`): the node ids (a name starting with "s" is a
+    # spare), the guard, whether every heartbeat second ends in a collective, and the lines
+    # that say what the scheduler did (None: not kept).
+    names: list[str] | None = None
+    node_timeout_s: float = NODE_TIMEOUT_S
+    collective_steps: bool = True
+    log: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -108,7 +141,7 @@ class Sim:
         self.settings = JobSettings(
             worker_num=self.workers,
             server_num=0,
-            node_timeout_s=NODE_TIMEOUT_S,
+            node_timeout_s=self.node_timeout_s,
             topo_timeout_s=120.0,
             heartbeat_interval_s=HEARTBEAT_S,
             recovery=True,
@@ -117,7 +150,9 @@ class Sim:
         self.stored: dict[str, Any] = self.state.snapshot()  # the first save
         self.previous = self.stored
         self.outbox = self._outbox(-1)
-        names = [str(i) for i in range(self.workers)] + [f"s{i}" for i in range(self.spares)]
+        names = self.names or (
+            [str(i) for i in range(self.workers)] + [f"s{i}" for i in range(self.spares)]
+        )
         self.processes = {
             name: Process(name, 5000 + i, spare=name.startswith("s"))
             for i, name in enumerate(names)
@@ -144,9 +179,19 @@ class Sim:
         self.told = 0
         self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
+        self.collectives = Collectives(self)
+        self.kv = KvSim(self, self.plant)
         self.carry_out(self.outbox.advance(self.state.revision))
 
     # -- the scheduler: its machine, its outbox, its disk -------------------------------------
+
+    def violation(self, invariant: str, message: str) -> Violation:
+        return Violation(invariant, message)
+
+    def note(self, line: str) -> None:
+        """A line of what happened, for a transcript."""
+        if self.log is not None:
+            self.log.append(f"{self.clock.now - START_S:.1f}s {line}")
 
     def _outbox(self, saved: int) -> Outbox:
         return outbox_kind(self.plant)(write_ahead=True, saved=saved, recovery=True)
@@ -163,7 +208,9 @@ class Sim:
                     f"told revision {tell.revision} with {saved} saved: {tell.effect}",
                 )
             self.told += 1
+            self.note(describe(tell.effect))
             self.check_told(tell)
+            self.collectives.told(tell)  # before the event, as the engine's `_tell`
             self.send_tell(tell)
 
     def check_told(self, tell: Tell) -> None:
@@ -233,8 +280,10 @@ class Sim:
         self.peers_told[job] = {p.rank: p.node_id for p in ready.peers}
 
     def save_lands(self) -> None:
+        self.kv.save_lands()  # the saver's round: the key-value sets, then the state
         if self.outbox.requested > int(self.stored["revision"]):
             self.previous, self.stored = self.stored, self.state.snapshot()  # the newest
+            self.note(f"saved: revision {self.stored['revision']}")
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
             self.answer_saved()
 
@@ -250,6 +299,7 @@ class Sim:
         """The scheduler dies and comes back on what the disk holds; every connection to it
         breaks, and the processes register again."""
         self.restarts += 1
+        self.collectives.restart()
         self.answers = []  # their calls fail with the scheduler
         if self.plant == "stale-disk":
             self.stored = self.previous
@@ -257,6 +307,7 @@ class Sim:
             self.stored, self.settings, self.clock, new_cluster_id=f"job-{self.restarts}"
         )
         self.state = planted(restored, self.plant)
+        self.kv.restart()
         self.outbox = self._outbox(int(self.stored["revision"]))
         self.streams.clear()
         self.catch_up = self.state.catch_up()
@@ -295,8 +346,13 @@ class Sim:
                 # As the engine: answered once the holdings it was computed from are saved.
                 self.answers.append((self.state.revision, node_id, ("held", incarnation, held)))
                 self.answer_saved()
+            elif kind == "kv":
+                self.kv.on_call(node_id, incarnation, packet.body[2])
+            elif kind == "exchange":
+                self.collectives.on_exchange(node_id, incarnation, *packet.body[2:])
             elif kind == "closed":
                 self.streams.discard((node_id, incarnation))
+                self.collectives.abandoned(node_id, incarnation)
                 self.step_machine(self.state.disconnect(node_id, incarnation))
         except UnknownNodeError:
             self.net.send(self.clock.now, SCHED, node_id, ("unknown", incarnation))
@@ -315,6 +371,8 @@ class Sim:
         self.heard[node_id] = now
         first = self.state.connect(node_id, reg.incarnation)
         self.streams.add((node_id, reg.incarnation))
+        # The engine answers once the registration's revision is saved
+        # (`_durable_keeping_alive`); here at once (what it says is told below, once saved).
         self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome), stream=True)
         for event in self.state.catch_up_for(node_id, self.catch_up) if first else []:
             self.net.send(now, SCHED, node_id, ("event", reg.incarnation, event), stream=True)
@@ -323,11 +381,11 @@ class Sim:
     def check_guard(self, reg: Registration, before: int | None) -> None:
         """A new process of a known node id is taken only after MS_NODE_TIMEOUT of silence."""
         silent = self.clock.now - self.heard.get(reg.node_id, float("-inf"))
-        if before not in (None, reg.incarnation) and silent < NODE_TIMEOUT_S:
+        if before not in (None, reg.incarnation) and silent < self.node_timeout_s:
             raise Violation(
                 "guard",
                 f"node {reg.node_id} incarnation {reg.incarnation} was accepted {silent:g} s "
-                f"after incarnation {before} was last heard (guard {NODE_TIMEOUT_S:g} s)",
+                f"after incarnation {before} was last heard (guard {self.node_timeout_s:g} s)",
             )
 
     # -- the workers ----------------------------------------------------------------------------
@@ -362,12 +420,18 @@ class Sim:
             self.on_answer(proc, packet.body[2])
         elif kind == "event":
             self.on_event(proc, packet.body[2])
+        elif kind == "xanswer":
+            self.collectives.on_answer(proc, *packet.body[2:])
+        elif kind == "kvanswer":
+            self.kv.on_answer(proc, *packet.body[2:])
         elif kind == "held" and proc.rank is not None:
             self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
         elif kind in ("evict", "unknown"):
             proc.member = False  # cut off: it registers again
 
     def on_answer(self, proc: Process, outcome: Accepted | Refused) -> None:
+        if isinstance(outcome, Refused) or not proc.member:
+            self.note(f"{proc.node_id} hears: {describe(outcome)}")
         if isinstance(outcome, Refused):
             if not outcome.reason.transient:
                 proc.running, proc.ended = False, outcome.reason.value  # it exits, told why
@@ -377,6 +441,8 @@ class Sim:
         if outcome.cluster_id != proc.job:
             proc.job, proc.rank, proc.paused = outcome.cluster_id, None, False
         proc.member = True
+        self.collectives.send(proc)  # the calls it waits on, made again (a new scheduler)
+        self.kv.send(proc)
 
     def on_event(self, proc: Process, event: Effect) -> None:
         if isinstance(event, ShutdownEvent):
@@ -404,6 +470,8 @@ class Sim:
         if not proc.running:
             proc.running, proc.incarnation, proc.ended = True, proc.incarnation + 1, ""
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
+            self.collectives.forget(proc)
+            self.kv.forget(proc)
             self.send(proc, ("register", self.registration(proc)))
 
     def kill(self, proc: Process) -> None:
@@ -412,7 +480,11 @@ class Sim:
         if proc.running:
             proc.running = False
             self.net.break_stream(proc.node_id)
-            if proc.node_id not in self.net.cut:
+            # Only a stream the scheduler has open breaks (a restart ended the others).
+            if (
+                proc.node_id not in self.net.cut
+                and (proc.node_id, proc.incarnation) in self.streams
+            ):
                 self.net.send(
                     self.clock.now, proc.node_id, SCHED, ("closed", proc.incarnation), stream=True
                 )
@@ -420,9 +492,11 @@ class Sim:
     def train(self, proc: Process) -> None:
         """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
         three and every step from the one all workers hold (as a `CheckpointManager` prunes),
-        and reports them; the scheduler's answer is the step every worker holds."""
+        and reports them; the scheduler's answer is the step every worker holds. Each step
+        ends in a collective (a barrier or an allgather: `collectives`)."""
         if not proc.running or proc.stopped or not proc.member or proc.paused or proc.rank is None:
             return
+        self.collectives.call(proc)
         newest = self.generation_told.get(proc.job, 0)
         if (
             proc.generations.get(proc.job, [0])[-1] != newest
@@ -444,6 +518,8 @@ class Sim:
             if proc.running and not proc.stopped:
                 if proc.member:
                     self.send(proc, ("beat", proc.incarnation))
+                    if self.collective_steps:
+                        self.collectives.call(proc)  # a step a second, each ends in a collective
                 else:
                     self.send(proc, ("register", self.registration(proc)))
         self.step_machine(self.state.tick())
@@ -509,9 +585,13 @@ class Sim:
             return f"partition {name}", lambda: self.net.partition(name)
         if roll < 0.46:
             return f"heal {name}", lambda: self.net.heal(name, self.clock.now)
-        if roll < 0.70:
+        if roll < 0.64:
             seconds = self.rng.choice([0.5, 2.0, 11.0])
             return f"tick {seconds:g}s", lambda: self.time_passes(seconds)
+        if roll < 0.70:
+            write, whose = self.rng.random() < 0.5, self.rng.choice(list(self.processes))
+            what = "set" if write else f"get k{whose}"
+            return f"kv {name} {what}", lambda: self.kv.call(proc, write, whose)
         if roll < 0.93:
             return "save lands", self.save_lands
         if roll < 0.97:
@@ -527,6 +607,8 @@ class Sim:
         if self.state.phase in (Phase.FINISHED, Phase.FAILED):
             return all(not p.running for p in procs)
         if self.state.phase is not Phase.READY or not all(p.member or p.ended for p in procs):
+            return False
+        if self.collectives.stuck() or self.kv.batch:
             return False
         generation = self.state.generation
         for member in self.state.members.values():

@@ -8,6 +8,7 @@ Each plant is a subclass of a real part (the scheduler's `SchedulerState`, its `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from cluster.protocol.records import (
     Accepted,
@@ -18,8 +19,9 @@ from cluster.protocol.records import (
     Phase,
     Refused,
     Registration,
+    TopologyReadyEvent,
 )
-from cluster.scheduler.machine.ready import Outbox, Ready
+from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from cluster.scheduler.machine.rollback import NoCommonStep
 from cluster.scheduler.machine.spares import SparePool, live
 from cluster.scheduler.machine.state import SchedulerState
@@ -31,6 +33,8 @@ PLANTS = {
     "eager-spare": "a spare that registers takes a rank whose holder still lives",
     "no-guard": "a new process of a node id is taken back within MS_NODE_TIMEOUT",
     "newest-min": "the rollback step is the minimum of each rank's newest (MindSpore's rule)",
+    "keep-rounds": "a new generation leaves the open rounds of the old one open",
+    "kv-early-answer": "a key-value set is answered (and visible) before it is saved",
 }
 
 
@@ -43,6 +47,16 @@ class EarlyRelease(Outbox):
         told = [t for _, held in self.held for t in self._told(revision, held)]
         self.held.clear()
         return Ready(save=ready.save, tell=(*ready.tell, *told))
+
+
+class KeepRounds(Outbox):
+    """`keep-rounds`: telling a new generation fails no round in progress."""
+
+    def _told(self, revision: int, effects: Sequence[Effect]) -> tuple[Tell, ...]:
+        return tuple(
+            replace(t, fail=None) if isinstance(t.effect, TopologyReadyEvent) else t
+            for t in super()._told(revision, effects)
+        )
 
 
 class EagerPool(SparePool):
@@ -93,7 +107,15 @@ def planted(state: SchedulerState, plant: str) -> SchedulerState:
 
 
 def outbox_kind(plant: str) -> type[Outbox]:
-    return EarlyRelease if plant == "early-release" else Outbox
+    return {"early-release": EarlyRelease, "keep-rounds": KeepRounds}.get(plant, Outbox)
 
 
-__all__ = ["PLANTS", "EagerPool", "EarlyRelease", "NewestMin", "NoGuard", "outbox_kind"]
+__all__ = [
+    "PLANTS",
+    "EagerPool",
+    "EarlyRelease",
+    "KeepRounds",
+    "NewestMin",
+    "NoGuard",
+    "outbox_kind",
+]

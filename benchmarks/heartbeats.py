@@ -120,7 +120,7 @@ def cluster_clients_main(
     raise_fd_limit()
 
     async def run() -> None:
-        from cluster.protocol import config as cluster_config
+        from cluster.protocol import environment as cluster_config
         from cluster.protocol.errors import ClusterError
         from cluster.transport.channel import SchedulerProbe
         from cluster.worker.agent import WorkerAgent

@@ -497,7 +497,7 @@ def bench_rollback(steps: int, node_timeout_s: float, repeat: int) -> dict[str, 
 
 def clients_main(ids: list[int]) -> None:
     async def run() -> None:
-        from cluster.protocol import config as cluster_config  # noqa: PLC0415
+        from cluster.protocol import environment as cluster_config  # noqa: PLC0415
         from cluster.transport.channel import SchedulerProbe  # noqa: PLC0415
         from cluster.worker.agent import WorkerAgent  # noqa: PLC0415
         from cluster.worker.identity import NodeIdentity, new_incarnation  # noqa: PLC0415

@@ -466,7 +466,7 @@ class WorkerAgent:
                 self.identity.node_id,
                 table,
                 host=self.identity.host,
-                rank=None if held is None else held.rank,
+                last_rank=None if held is None else held.rank,
             )
         except ClusterError as exc:
             return steps.Fatal(exc)

@@ -79,13 +79,13 @@ def stream_event(
     table: PeerColumns | None = None,
     *,
     host: str = "",
-    rank: int | None = None,
+    last_rank: int | None = None,
 ) -> steps.Event | None:
     """An event of the stream as the core's event; None for the scheduler's heartbeat (its
     arrival is all it says). A topology without this node is `Unplaced`: a spare's.
 
     `table`: a topology's whole table as this node holds it (`peer_table.HeldTable`; default
-    the event's own `peers`); `host` and `rank`, this node's address and last rank, find its
+    the event's own `peers`); `host` and `last_rank`, this node's address and rank, find its
     row in O(1) or O(log N) (`find_row`)."""
     kind = event.WhichOneof("kind")
     if kind == "progress":
@@ -93,7 +93,7 @@ def stream_event(
     if kind == "topology_ready":
         ready = event.topology_ready
         columns: PeerColumns = ready.peers if table is None else table
-        row = _row(columns, config, node_id, host, rank)
+        row = _row(columns, config, node_id, host, last_rank)
         if row is None:
             return steps.Unplaced(ready.generation)  # a spare, not promoted (yet)
         return steps.TopologyReady(_topology(ready, columns, config, row))

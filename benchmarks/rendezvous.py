@@ -463,7 +463,7 @@ def cluster_clients_main(c: Clients) -> None:
     async def run() -> None:
         import grpc
 
-        from cluster.protocol import config as cluster_config
+        from cluster.protocol import environment as cluster_config
         from cluster.protocol.errors import ClusterError
         from cluster.transport.channel import SchedulerProbe
         from cluster.worker.agent import WorkerAgent

@@ -120,7 +120,7 @@ def holders() -> list[state_fetch.Holder]:
     topology = runtime.topology()
     me = topology.rank
     others = [p for p in topology.peers if p.rank != me]
-    here = topology.hosts[me]
+    here = topology.peer(me).host
     others.sort(key=lambda p: (p.host != here, (p.rank - me) % topology.size))
     if not others:
         return []

@@ -132,7 +132,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     seconds = timeout_s if timeout_s is not None else default_timeout_s()
     timeout = datetime.timedelta(seconds=seconds)
     try:
-        store = _rendezvous_store(topology.rank, topology.size, topology.peers[0].host, timeout)
+        store = _rendezvous_store(topology.rank, topology.size, topology.peer(0).host, timeout)
         sockets = _make_group(backend, store, topology, timeout)
     except PeerFailedError:
         raise

@@ -99,8 +99,8 @@ class WorkerAgent:
         self._aside: set[asyncio.Task[Any]] = set()  # old channels closing, late answers said
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
         self._stream_done = False  # the stream said its last word (a Done action)
-        # The last whole peer table heard (generation, table): the base of the next delta.
-        self._last_table: tuple[int, pb.PeerTable] | None = None
+        # The last whole peer table heard: the base of the next delta.
+        self._table = peer_table.HeldTable()
         self._stream_up = False  # an accepted event stream is being read
         # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
         self.accepted_at: float | None = None
@@ -435,10 +435,9 @@ class WorkerAgent:
                     return self._lost(steps.StreamLost("the scheduler closed the event stream"))
                 assert isinstance(message, pb.Event)
                 try:
-                    self._make_whole(message)
+                    event = self._event(message)
                 except peer_table.MissedChange as exc:
                     return self._lost(steps.StreamLost(f"{exc}; reconnecting for the whole table"))
-                event = self._event(message)
                 if event is not None:  # None: the scheduler's heartbeat, heard above
                     await self._run(self.core.step(event))
             return None
@@ -453,23 +452,22 @@ class WorkerAgent:
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())
 
-    def _make_whole(self, message: pb.Event) -> None:
-        """A compressed peer table in `message` inflated, and a delta made the whole table with
-        the last table this node heard (see `peer_table`; a spare holds no topology, but hears
-        every table); MissedChange when it does not hold the delta's base."""
-        if message.WhichOneof("kind") != "topology_ready":
-            return
-        ready = message.topology_ready
-        peer_table.inflate(ready)
-        if ready.delta_from:
-            ready.peers.CopyFrom(peer_table.table_of(ready, self._last_table))
-            ready.delta_from = 0
-            del ready.changed_rows[:]
-        self._last_table = (ready.generation, ready.peers)
-
     def _event(self, message: pb.Event) -> steps.Event | None:
+        """`message` as the core's event; a topology's table made whole (inflated, a delta laid
+        over the last table heard: `peer_table`), MissedChange when it cannot be."""
+        table = None
+        if message.WhichOneof("kind") == "topology_ready":
+            table = self._table.take(message.topology_ready)
+        held = self.topology
         try:
-            return convert.stream_event(message, self.config, self.identity.node_id)
+            return convert.stream_event(
+                message,
+                self.config,
+                self.identity.node_id,
+                table,
+                host=self.identity.host,
+                last_rank=None if held is None else held.rank,
+            )
         except ClusterError as exc:
             return steps.Fatal(exc)
 

@@ -14,7 +14,7 @@ from cluster.protocol import auth
 from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.records import NodeRole, Registration
-from cluster.protocol.topology import Topology
+from cluster.protocol.topology import PeerColumns, Topology, find_row
 from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker.identity import NodeIdentity
@@ -72,18 +72,31 @@ def lost(exc: grpc.aio.AioRpcError) -> steps.StreamLost | steps.NotLeader:
     return steps.StreamLost(failure.details)
 
 
-def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.Event | None:
+def stream_event(
+    event: pb.Event,
+    config: ClusterConfig,
+    node_id: str,
+    table: PeerColumns | None = None,
+    *,
+    host: str = "",
+    last_rank: int | None = None,
+) -> steps.Event | None:
     """An event of the stream as the core's event; None for the scheduler's heartbeat (its
-    arrival is all it says). A topology without this node is `Unplaced`: a spare's."""
+    arrival is all it says). A topology without this node is `Unplaced`: a spare's.
+
+    `table`: a topology's whole table as this node holds it (`peer_table.HeldTable`; default
+    the event's own `peers`); `host` and `last_rank`, this node's address and rank, find its
+    row in O(1) or O(log N) (`find_row`)."""
     kind = event.WhichOneof("kind")
     if kind == "progress":
         return steps.Progress(event.progress.registered, event.progress.expected)
     if kind == "topology_ready":
         ready = event.topology_ready
-        row = _row(ready.peers, config, node_id)
+        columns: PeerColumns = ready.peers if table is None else table
+        row = _row(columns, config, node_id, host, last_rank)
         if row is None:
             return steps.Unplaced(ready.generation)  # a spare, not promoted (yet)
-        return steps.TopologyReady(_topology(ready, config, row))
+        return steps.TopologyReady(_topology(ready, columns, config, row))
     if kind == "node_failed":
         failed = event.node_failed
         rank = failed.rank if failed.HasField("rank") else None
@@ -95,31 +108,35 @@ def stream_event(event: pb.Event, config: ClusterConfig, node_id: str) -> steps.
 
 def topology(ready: pb.TopologyReady, config: ClusterConfig, node_id: str) -> Topology:
     """This node's view; ClusterError when the topology does not name it."""
-    row = _row(ready.peers, config, node_id)
+    row = _row(ready.peers, config, node_id, "", None)
     if row is None:
         raise ClusterError(
             f"the scheduler at {config.sched_address} sent a topology without this node"
         )
-    return _topology(ready, config, row)
+    return _topology(ready, ready.peers, config, row)
 
 
-def _row(table: pb.PeerTable, config: ClusterConfig, node_id: str) -> int | None:
-    """This node's row of the peer table, in O(1) where it can be; None: not in it."""
-    # Workers come first in rank order, then servers: a numeric node id is its rank, so
-    # its row is known; any other id is looked up.
+def _row(
+    table: PeerColumns, config: ClusterConfig, node_id: str, host: str, rank: int | None
+) -> int | None:
+    """This node's row of the peer table; None: not in it. Workers come first in rank order,
+    then servers: a numeric node id is its rank, a node keeps its rank for the life of the
+    job, and ranks go by (host, node id), so the row is one of two guesses or found by
+    bisection; only a table in another order is scanned (`find_row`)."""
+    servers = config.role is Role.SERVER
+    offset = config.worker_num if servers else 0
+    guesses = [] if rank is None else [rank + offset]
     if is_numeric_node_id(node_id):
-        guess = int(node_id) + (config.worker_num if config.role is Role.SERVER else 0)
-        if guess < len(table.node_ids) and table.node_ids[guess] == node_id:
-            return guess
-    try:
-        return list(table.node_ids).index(node_id)
-    except ValueError:
-        return None
+        guesses.append(int(node_id) + offset)
+    size = len(table.node_ids)
+    rows = range(config.worker_num, size) if servers else range(min(config.worker_num, size))
+    return find_row(table, node_id, host, rows, guesses)
 
 
-def _topology(ready: pb.TopologyReady, config: ClusterConfig, me: int) -> Topology:
+def _topology(
+    ready: pb.TopologyReady, table: PeerColumns, config: ClusterConfig, me: int
+) -> Topology:
     """The view of the node in row `me`: the columns stay as they arrived."""
-    table = ready.peers
     return Topology(
         generation=ready.generation,
         rank=table.ranks[me],

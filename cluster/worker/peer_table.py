@@ -1,10 +1,10 @@
 """The peer table a node holds, from the TopologyReady events of its stream.
 
 A stream's first topology is the whole table; a later one may be a delta (`delta_from`, see
-the protocol), applied here to the table of the generation it names. A delta from any other
-generation means this node missed a change: `MissedChange`, and the agent reconnects, which
-brings the whole table again. A large whole table arrives compressed (`peers_zlib`): `inflate`
-puts it in `peers`.
+the protocol), laid here over the table of the generation it names (nothing copied). A delta
+from any other generation means this node missed a change: `MissedChange`, and the agent
+reconnects, which brings the whole table again. A large whole table arrives compressed
+(`peers_zlib`): `inflate` puts it in `peers`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import zlib
 from google.protobuf.message import DecodeError
 
 from cluster.protocol.errors import MissedTableChange
+from cluster.protocol.topology import PeerColumns, PeerRow, patched
 from cluster.v1 import scheduler_pb2 as pb
 
 MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
@@ -47,8 +48,12 @@ def inflate(ready: pb.TopologyReady) -> None:
 _COLUMNS = ("ranks", "node_ids", "hosts", "ports", "roles", "local_ranks", "local_sizes")
 
 
-def table_of(ready: pb.TopologyReady, held: tuple[int, pb.PeerTable] | None) -> pb.PeerTable:
-    """The whole peer table of `ready`, given `held` (generation, table) as this node has it."""
+def table_of(ready: pb.TopologyReady, held: tuple[int, PeerColumns] | None) -> PeerColumns:
+    """The whole peer table of `ready`, given `held` (generation, table) as this node has it.
+
+    A delta lies over the held table (`topology.patched`): O(changed rows), the N rows it did
+    not change neither copied nor read; the held table is left as it is (the topology of the
+    last generation still reads it)."""
     if not ready.delta_from:
         return ready.peers
     if held is None or held[0] != ready.delta_from:
@@ -59,15 +64,36 @@ def table_of(ready: pb.TopologyReady, held: tuple[int, pb.PeerTable] | None) -> 
         )
     delta = ready.peers
     rows = list(ready.changed_rows)
-    table = pb.PeerTable()
-    table.CopyFrom(held[1])
-    size = len(table.node_ids)
+    size = len(held[1].node_ids)
     for column in _COLUMNS:
         if len(getattr(delta, column)) != len(rows):
             raise MissedChange(f"a change of the peer table with a malformed column {column}")
+    changed: dict[int, PeerRow] = {}
     for k, row in enumerate(rows):
         if row >= size:
             raise MissedChange(f"a change of the peer table names row {row} of {size}")
-        for column in _COLUMNS:
-            getattr(table, column)[row] = getattr(delta, column)[k]
-    return table
+        changed[row] = PeerRow(
+            delta.ranks[k],
+            delta.node_ids[k],
+            delta.hosts[k],
+            delta.ports[k],
+            delta.local_ranks[k],
+            delta.local_sizes[k],
+        )
+    return patched(held[1], changed)
+
+
+class HeldTable:
+    """The last whole peer table this node heard: the base of the next delta. A spare holds no
+    topology, but hears (and holds) every table."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, PeerColumns] | None = None
+
+    def take(self, ready: pb.TopologyReady) -> PeerColumns:
+        """The whole table of `ready` (inflated, a delta laid over the held table), now held;
+        MissedChange when it does not inflate or this node does not hold the delta's base."""
+        inflate(ready)
+        table = table_of(ready, self.last)
+        self.last = (ready.generation, table)
+        return table

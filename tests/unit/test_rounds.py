@@ -124,3 +124,26 @@ class RoundsMachine(RuleBasedStateMachine):
 
 TestRounds = RoundsMachine.TestCase
 TestRounds.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def test_a_call_made_again_after_its_round_was_forgotten_gets_the_same_answer() -> None:
+    """Rank 1's answer was sent as its connection broke: it calls again once every rank was
+    answered and the round forgotten. It gets the answer at once instead of opening a round
+    that would wait for ranks that have moved on."""
+    rounds = Rounds(max_bytes=1000, timeout_s=10.0)
+    rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=0.0)
+    done = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=0.0)
+    assert isinstance(done, Completed)
+    for rank in (0, 1):
+        rounds.answered(done.round, rank)
+    assert rounds.open == {}
+    rounds.join((1, 2), rank=0, size=2, op=ALLGATHER, root=0, value=b"c", now=1.0)  # moved on
+    again = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=2.0)
+    assert isinstance(again, Completed)
+    assert again.gathered == [b"a", b"b"]
+    rounds.answered(again.round, 1)
+    assert list(rounds.open) == [(1, 2)]  # nothing new opened, nothing more held
+    assert rounds.held_bytes == 1
+    rounds.fail_all(JobFailedError("the job ended"))
+    gone = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=4.0)
+    assert isinstance(gone, Waiting)  # no answer kept past the job's failure of its rounds

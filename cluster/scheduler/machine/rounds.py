@@ -8,7 +8,10 @@ waits on a peer that will never come.
 
 What the rounds hold is bounded. A rank contributes once per round: the same bytes again are
 the same call made again (after a lost connection) and get the same answer; other bytes are
-refused.
+refused. That holds after the round is over too: the answer of the round completed last is
+kept (one answer, until the next completes or the job's rounds fail), since a call answered
+while its connection broke is made again once every rank has been answered and the round
+forgotten; made as a new round it would wait for ranks that have moved on, until its deadline.
 
 Each rank has its share, so that one runaway member cannot stop the others. Ranks that call the
 same collectives in the same order are never more than one round apart (a rank that has
@@ -120,6 +123,7 @@ class Rounds:
         self.timeout_s = timeout_s
         self.held_bytes = 0
         self._failed: collections.OrderedDict[Key, ClusterError] = collections.OrderedDict()
+        self._completed: Round | None = None  # the round completed last, for calls made again
 
     def join(
         self, key: Key, *, rank: int, size: int, op: str, root: int, value: bytes, now: float
@@ -127,6 +131,14 @@ class Rounds:
         """`rank`'s contribution `value` to the round `key`. A refusal of this call alone (the
         round is another collective, other bytes than this rank sent before, past this rank's
         share, a round failed before) is raised, and changes nothing."""
+        done = self._completed
+        if (
+            done is not None
+            and (done.key, done.op, done.root, done.values.get(rank)) == (key, op, root, value)
+            and key not in self.open
+        ):  # over, and the same call made again: its answer at once
+            done.waiting[rank] += 1
+            return Completed(done, [done.values[r] for r in range(done.size)])
         rnd = self._round(key, rank=rank, size=size, op=op, root=root, now=now)
         known = rnd.values.get(rank)
         if known is None:
@@ -198,6 +210,7 @@ class Rounds:
             rnd.outcome = error
         self.open.clear()
         self._failed.clear()
+        self._completed = None
         self.held_bytes = 0
         return failed
 
@@ -272,6 +285,7 @@ class Rounds:
             return Waiting(rnd)
         gathered = [rnd.values[r] for r in range(rnd.size)]
         rnd.outcome = gathered
+        self._completed = rnd
         return Completed(rnd, gathered)
 
     def _over_cap(self, rnd: Round, rank: int, adding: int) -> ClusterError | None:

@@ -510,7 +510,7 @@ class WorkerAgent:
             try:
                 return await self._guarded(call)
             except asyncio.CancelledError:
-                if self._left_behind(channel):
+                if self._cancelled_by_leader_change(channel):
                     continue  # on the channel closed for a new leader: made again on the new one
                 raise
             except grpc.aio.AioRpcError as exc:
@@ -525,7 +525,7 @@ class WorkerAgent:
                 if signer is not None:
                     signer.release(taken)
 
-    def _left_behind(self, channel: grpc.aio.Channel) -> bool:
+    def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:
         """Whether a call cancelled on `channel` was cut off by following a new leader (the
         channel was closed for another), not by cancelling this task."""
         task = asyncio.current_task()

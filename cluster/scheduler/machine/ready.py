@@ -97,9 +97,9 @@ class Outbox:
         if self.fenced:
             return Ready()
         if not self.write_ahead:
-            return Ready(tell=self._told(revision, effects))
+            return Ready(tell=self._tells(revision, effects))
         if not self.held and revision <= self.saved:
-            return Ready(tell=self._told(revision, effects))
+            return Ready(tell=self._tells(revision, effects))
         self.held.append((revision, tuple(effects)))
         if revision <= self.requested:
             return Ready()
@@ -115,7 +115,7 @@ class Outbox:
         tell: list[Tell] = []
         while self.held and self.held[0][0] <= self.saved:
             revision, effects = self.held.popleft()
-            tell.extend(self._told(revision, effects))
+            tell.extend(self._tells(revision, effects))
         return Ready(tell=tuple(tell))
 
     def fence(self) -> None:
@@ -128,7 +128,7 @@ class Outbox:
         """How many decisions wait for a save."""
         return len(self.held)
 
-    def _told(self, revision: int, effects: Sequence[Effect]) -> tuple[Tell, ...]:
+    def _tells(self, revision: int, effects: Sequence[Effect]) -> tuple[Tell, ...]:
         return tuple(
             Tell(e, revision, None if isinstance(e, Evict) else rounds_failed(e, self.recovery))
             for e in effects

@@ -44,7 +44,7 @@ class EarlyRelease(Outbox):
 
     def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
         ready = super().step(revision, effects)
-        told = [t for _, held in self.held for t in self._told(revision, held)]
+        told = [t for _, held in self.held for t in self._tells(revision, held)]
         self.held.clear()
         return Ready(save=ready.save, tell=(*ready.tell, *told))
 
@@ -52,10 +52,10 @@ class EarlyRelease(Outbox):
 class KeepRounds(Outbox):
     """`keep-rounds`: telling a new generation fails no round in progress."""
 
-    def _told(self, revision: int, effects: Sequence[Effect]) -> tuple[Tell, ...]:
+    def _tells(self, revision: int, effects: Sequence[Effect]) -> tuple[Tell, ...]:
         return tuple(
             replace(t, fail=None) if isinstance(t.effect, TopologyReadyEvent) else t
-            for t in super()._told(revision, effects)
+            for t in super()._tells(revision, effects)
         )
 
 

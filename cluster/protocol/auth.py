@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
-import secrets
+import os
 from dataclasses import field
 
 from cluster.protocol.value import frozen
@@ -48,11 +48,11 @@ REPLAY_CACHE_SIZE = 65_536
 
 
 def new_credential() -> bytes:
-    return secrets.token_bytes(CREDENTIAL_BYTES)
+    return os.urandom(CREDENTIAL_BYTES)
 
 
 def new_nonce() -> bytes:
-    return secrets.token_bytes(NONCE_BYTES)
+    return os.urandom(NONCE_BYTES)
 
 
 def credential_digest(credential: bytes) -> bytes:
@@ -107,8 +107,8 @@ class ChallengeIssuer:
     """
 
     def __init__(self, key: bytes | None = None, start_id: bytes | None = None) -> None:
-        self._key = key if key is not None else secrets.token_bytes(32)
-        self.start_id = start_id if start_id is not None else secrets.token_bytes(_START_ID_BYTES)
+        self._key = key if key is not None else os.urandom(32)
+        self.start_id = start_id if start_id is not None else os.urandom(_START_ID_BYTES)
 
     def _tag(self, issued_ms: int) -> bytes:
         body = self.start_id + issued_ms.to_bytes(8, "big")

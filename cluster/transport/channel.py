@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import secrets
+import os
 import socket
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -460,7 +459,9 @@ def client_context(identity: tls.Identity) -> ssl.SSLContext:
     context.load_verify_locations(cadata=identity.ca_pem.decode())
     # The ssl module loads keys from files only: the key goes there encrypted with a one-time
     # password that never leaves memory, and the file is gone when this returns.
-    one_time = secrets.token_bytes(32)
+    import tempfile  # noqa: PLC0415 - TLS only; with shutil and the compressors, 5 ms to import
+
+    one_time = os.urandom(32)
     encrypted = identity.key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from dataclasses import field
 
@@ -26,12 +25,12 @@ class NodeIdentity:
 
 
 def new_incarnation() -> int:
-    return secrets.randbits(63) or 1
+    return int.from_bytes(os.urandom(8), "big") >> 1 or 1  # 63 random bits
 
 
 def generated_node_id() -> str:
     """A node id for a process started without MS_NODE_ID: unique, and sorted by host."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
 
 
 def local_address_towards(host: str, port: int) -> str:

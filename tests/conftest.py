@@ -14,14 +14,27 @@ if TYPE_CHECKING:
 # Tests under these folders start processes or servers: all of them are `slow`, so that
 # `pytest -m "not slow"` is the fast tier (the units, the simulation and its transcripts).
 SLOW_FOLDERS = ("integration", "servers", "chaos")
+# Unit files whose every test starts a process (a Python child, protoc, checkov, a script).
+SLOW_FILES = frozenset(
+    {
+        "unit/test_chaos_stop.py",
+        "unit/test_ending.py",
+        "unit/test_manifest_scan.py",
+        "unit/test_processes.py",
+        "unit/test_protos_current.py",
+        "unit/test_scripts.py",
+    }
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `slow` every test under SLOW_FOLDERS (an explicit mark elsewhere still counts)."""
+    """Mark `slow` every test under SLOW_FOLDERS and in SLOW_FILES (an explicit mark elsewhere
+    still counts)."""
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
-        if parts and parts[0] in SLOW_FOLDERS and item.get_closest_marker("slow") is None:
+        slow = bool(parts) and (parts[0] in SLOW_FOLDERS or "/".join(parts) in SLOW_FILES)
+        if slow and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
-from cluster.protocol.display import safe
+from cluster.protocol.display import ERROR_LINE_CHARS, safe
 from cluster.protocol.errors import ClusterError
 
 _previous = sys.excepthook
@@ -18,8 +18,6 @@ _previous = sys.excepthook
 # not tell the scheduler that this node finished well, and tells it `failure` instead.
 crashed = False
 failure: str | None = None
-# At most this much of the error's first line goes to the scheduler.
-FAILURE_CHARS = 300
 
 
 def error_line(error: BaseException) -> str:
@@ -33,7 +31,7 @@ def error_line(error: BaseException) -> str:
     )
     lines = str(error).splitlines()
     line = f"{name}: {lines[0]}" if lines else name
-    return line[:FAILURE_CHARS]
+    return line[:ERROR_LINE_CHARS]
 
 
 def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:

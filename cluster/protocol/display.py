@@ -25,6 +25,9 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 # A value cut short ends with this, and says how long it was.
 _CUT = "...({} chars)"
+# How much of the first line of the error a process died of is quoted: by the process telling
+# the scheduler, by the scheduler keeping it (escaped), by the launcher naming it.
+ERROR_LINE_CHARS = 300
 # A log message is cut to this many characters: bounded, whatever a caller sent, and far
 # longer than any message this project writes.
 LOG_MESSAGE_MAX = 16 * 1024

@@ -97,7 +97,6 @@ class DescriptorReserve:
         self.expected = expected
         self._members = members
         self._clock = clock
-        self.shed = 0  # connections shut down, in all
         self._told_at: float | None = None
         self._untold = 0
         self._first_seen: dict[int, float] = {}  # socket inode -> when first seen, under pressure
@@ -130,7 +129,6 @@ class DescriptorReserve:
         finally:
             self._spare = _open_spare()
         done = sum(shut_down(c) for c in to_shed(count, self.limit, keep, found, members))
-        self.shed += done
         self._tell(done, count, keep)
         return done
 

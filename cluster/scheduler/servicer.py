@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol import auth
-from cluster.protocol.display import safe
+from cluster.protocol.display import ERROR_LINE_CHARS, safe
 from cluster.protocol.errors import (
     BadRequestError,
     CapacityError,
@@ -324,7 +324,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.FinishResponse:
         caller = _caller(context, "Finish", request)
-        failure = safe(request.failure, edge.FAILURE_CHARS) if request.failure else ""
+        failure = safe(request.failure, ERROR_LINE_CHARS) if request.failure else ""
         await self._core.finish(request.node_id, request.incarnation, caller, failure)
         return pb.FinishResponse()
 

@@ -15,6 +15,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cluster.protocol.display import ERROR_LINE_CHARS
 from cluster.protocol.records import Phase
 
 
@@ -219,7 +220,6 @@ def describe_exit(code: int) -> str:
 _TRACEBACK = "Traceback (most recent call last):"
 # The line cluster's excepthook prints for an uncaught ClusterError (no traceback).
 _CLUSTER_ERROR = re.compile(r"^cluster: [A-Za-z_][\w.]*: ")
-ERROR_LINE_CHARS = 300
 # torch.distributed's excepthook starts every line of an uncaught error with the rank.
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 

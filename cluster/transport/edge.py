@@ -49,9 +49,6 @@ MESSAGE_LIMITS: dict[str, int] = {
 # message): a stream that never sends it is cut then, not held. A member's large value gets time
 # for 64 MiB on a slow link; everything else is a few KiB.
 FIRST_MESSAGE_S = 5.0
-# The error a process says it dies of (`FinishRequest.failure`): this much of it is kept,
-# escaped, in the node's failure (the log, the events, the peers' errors).
-FAILURE_CHARS = 300
 FIRST_LARGE_MESSAGE_S = 60.0
 # Calls waiting for their request at once, from one peer address and in all; past either a new
 # call is turned away at once (UNAVAILABLE: a real node tries again), so a peer's stalled streams

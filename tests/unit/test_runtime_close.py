@@ -56,7 +56,8 @@ def test_an_abort_that_fails_is_logged_not_raised(
 
 
 def test_the_error_a_process_dies_of_is_its_first_line_named_as_a_traceback_names_it() -> None:
-    from cluster.api.excepthook import FAILURE_CHARS, error_line  # noqa: PLC0415
+    from cluster.api.excepthook import error_line  # noqa: PLC0415
+    from cluster.protocol.display import ERROR_LINE_CHARS  # noqa: PLC0415
 
     assert error_line(RuntimeError("NCCL error: invalid usage\nLast error: more")) == (
         "RuntimeError: NCCL error: invalid usage"
@@ -70,4 +71,4 @@ def test_the_error_a_process_dies_of_is_its_first_line_named_as_a_traceback_name
         "traceback_names_it.<locals>.DistBackendError: x"
     )
     assert error_line(KeyError()) == "KeyError"
-    assert len(error_line(ValueError("v" * 10_000))) == FAILURE_CHARS
+    assert len(error_line(ValueError("v" * 10_000))) == ERROR_LINE_CHARS

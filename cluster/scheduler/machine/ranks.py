@@ -4,9 +4,10 @@ and which ranks a job that did not form was missing."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from cluster.protocol.config import is_numeric_node_id
-from cluster.protocol.records import Member
+from cluster.protocol.records import Member, TopologyReadyEvent
 
 
 def assign_ranks(members: list[Member], space: int) -> None:
@@ -46,3 +47,22 @@ def missing_ranks(workers: Iterable[Member], worker_num: int) -> list[tuple[int,
 def ranges(spans: list[tuple[int, int]]) -> str:
     """[(0, 2), (5, 5)] -> '0-2, 5'."""
     return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+
+
+def catch_up_for(member: Member | None, generation: int, told: list[Any]) -> list[Any]:
+    """What of `told` (the events told so far, as saved) a node whose stream just opened may
+    hear: not a told generation, older than the current `generation`, that gives the node's id
+    another rank than the one decided for it (a new process of the id, taken as a spare or
+    with its rank while that generation waits for its save): it would take that rank from its
+    previous process's row (found by the simulation, seed 7389). It hears its own generation
+    once that is saved."""
+    if member is None:
+        return told
+    kept = []
+    for event in told:
+        if isinstance(event, TopologyReadyEvent) and event.generation < generation:
+            row = next((p.rank for p in event.peers if p.node_id == member.node_id), None)
+            if row is not None and row != member.rank:
+                continue
+        kept.append(event)
+    return kept

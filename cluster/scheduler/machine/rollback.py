@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from cluster.protocol.records import Member, TopologyReadyEvent
+from cluster.protocol.records import Member
 
 # How stale the step every worker holds may be when a checkpoint report asks for it: at most one
 # computation a second however many workers report (at 8,192 workers one takes about a ms).
@@ -90,22 +89,3 @@ class RollbackPlanner:
         if any(self._reported_in.get(m.node_id, 0) < generation for m in workers):
             step = min(step, published_step)
         return step
-
-
-def catch_up_for(member: Member | None, generation: int, told: list[Any]) -> list[Any]:
-    """What of `told` (the events told so far, as saved) a node whose stream just opened may
-    hear: not a told generation, older than the current `generation`, that gives the node's id
-    another rank than the one decided for it (a new process of the id, taken as a spare or
-    with its rank while that generation waits for its save): it would take that rank from its
-    previous process's row (found by the simulation, seed 7389). It hears its own generation
-    once that is saved."""
-    if member is None:
-        return told
-    kept = []
-    for event in told:
-        if isinstance(event, TopologyReadyEvent) and event.generation < generation:
-            row = next((p.rank for p in event.peers if p.node_id == member.node_id), None)
-            if row is not None and row != member.rank:
-                continue
-        kept.append(event)
-    return kept

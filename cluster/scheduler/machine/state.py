@@ -64,7 +64,6 @@ from cluster.scheduler.machine.liveness import Liveness
 from cluster.scheduler.machine.rollback import (
     NoCommonStep,
     RollbackPlanner,
-    catch_up_for,
     rollback_step,
 )
 from cluster.scheduler.machine.spares import SparePool
@@ -206,8 +205,8 @@ class SchedulerState:
         return [ShutdownEvent(self.phase is Phase.FINISHED, self.detail)]
 
     def catch_up_for(self, node_id: str, told: list[Event]) -> list[Event]:
-        """What of `told` a node whose stream just opened may hear (`rollback.catch_up_for`)."""
-        return catch_up_for(self.find(node_id), self.generation, told)
+        """What of `told` a node whose stream just opened may hear (`ranks.catch_up_for`)."""
+        return ranks.catch_up_for(self.find(node_id), self.generation, told)
 
     # -- inputs --------------------------------------------------------------------------------
 

@@ -49,8 +49,16 @@ from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from tests.sim.collectives import Collectives
 from tests.sim.kv import KvSim
-from tests.sim.network import SCHED, Network, Packet
-from tests.sim.plants import PLANTS, EarlyRelease, outbox_kind, planted, state_kind
+from tests.sim.network import ETCD, SCHED, Network, Packet
+from tests.sim.plants import (
+    PLANT_SCHEDULERS,
+    PLANTS,
+    EarlyRelease,
+    outbox_kind,
+    planted,
+    state_kind,
+)
+from tests.sim.standbys import Standbys
 
 NODE_TIMEOUT_S = 10.0
 START_S = 1000.0
@@ -125,6 +133,7 @@ class Sim:
     workers: int = 3
     plant: str = ""
     spares: int = 1
+    schedulers: int = 1  # more: standbys on a simulated etcd (`standbys`)
     trace: list[str] = field(default_factory=list)
     # For transcripts (`tests/sim/transcript.py`): the node ids (a name starting with "s" is a
     # spare), the guard, whether every heartbeat second ends in a collective, and the lines
@@ -181,6 +190,13 @@ class Sim:
         self.next_beat = self.clock.now
         self.collectives = Collectives(self)
         self.kv = KvSim(self, self.plant)
+        # With standbys: the election, and what reached the leader while it was stopped.
+        self.ha = Standbys(self, self.schedulers, self.plant) if self.schedulers > 1 else None
+        self.held_calls: list[Packet] = []
+        self.full = False  # the disk is full: every save fails until it is freed
+        self.disk_rng = random.Random(self.seed * 104729 + 1)  # disk faults: their own stream
+        if self.ha is not None:
+            self.ha.start()
         self.carry_out(self.outbox.advance(self.state.revision))
 
     # -- the scheduler: its machine, its outbox, its disk -------------------------------------
@@ -279,7 +295,14 @@ class Sim:
                 )
         self.peers_told[job] = {p.rank: p.node_id for p in ready.peers}
 
+    def save_pending(self) -> bool:
+        return self.outbox.requested > int(self.stored["revision"])
+
     def save_lands(self) -> None:
+        """The saver's pending save lands (unless the disk is full, or with standbys, the
+        leader's lease no longer fences it in)."""
+        if self.full or (self.ha is not None and not self.ha.may_save()):
+            return
         self.kv.save_lands()  # the saver's round: the key-value sets, then the state
         if self.outbox.requested > int(self.stored["revision"]):
             self.previous, self.stored = self.stored, self.state.snapshot()  # the newest
@@ -298,9 +321,29 @@ class Sim:
     def restart_scheduler(self) -> None:
         """The scheduler dies and comes back on what the disk holds; every connection to it
         breaks, and the processes register again."""
-        self.restarts += 1
+        self.drop_machine()
+        self.restore_machine("")
+
+    def drop_machine(self) -> None:
+        """The scheduler that ran the job's machine died or stepped down: its rounds, its
+        answers not sent and every connection to it are gone."""
         self.collectives.restart()
         self.answers = []  # their calls fail with the scheduler
+        self.held_calls = []
+        self.streams.clear()
+        self.net.drop_scheduler()
+        for proc in self.processes.values():
+            proc.member = False
+            if proc.stopped:  # it reads what its dead connection held, then the end of it
+                proc.inbox.append(
+                    Packet(self.clock.now, 0, SCHED, proc.node_id, ("unknown", proc.incarnation))
+                )
+
+    def restore_machine(self, why: str) -> None:
+        """A scheduler loads the job from what the disk (or etcd) holds and serves it."""
+        self.restarts += 1
+        if why:
+            self.note(f"{why}: on revision {self.stored['revision']}")
         if self.plant == "stale-disk":
             self.stored = self.previous
         restored = state_kind(self.plant).restore(
@@ -309,9 +352,7 @@ class Sim:
         self.state = planted(restored, self.plant)
         self.kv.restart()
         self.outbox = self._outbox(int(self.stored["revision"]))
-        self.streams.clear()
         self.catch_up = self.state.catch_up()
-        self.net.drop_scheduler()
         for node_id in self.heard:
             self.heard[node_id] = self.clock.now  # the restored guard counts from now
         told = self.generation_told.get(self.state.cluster_id, 0)
@@ -320,16 +361,23 @@ class Sim:
                 "generations",
                 f"restarted at generation {self.state.generation}, a node was told {told}",
             )
-        for proc in self.processes.values():
-            proc.member = False
-            if proc.stopped:  # it reads what its dead connection held, then the end of it
-                proc.inbox.append(
-                    Packet(self.clock.now, 0, SCHED, proc.node_id, ("unknown", proc.incarnation))
-                )
 
     # -- the scheduler hears a worker ---------------------------------------------------------
 
+    def serving(self) -> bool:
+        return self.ha is None or self.ha.serving()
+
     def to_scheduler(self, packet: Packet) -> None:
+        """A worker's call or stream message reaches the job's scheduler (with standbys: the
+        leader's process, which holds it while stopped; a scheduler that does not serve answers
+        the call with "not the leader", and the worker registers again)."""
+        if self.ha is not None and not self.ha.serving():
+            leader = self.ha.scheds.get(self.ha.leader or "")
+            if leader is not None and leader.running and leader.stopped:
+                self.held_calls.append(packet)
+            elif packet.body[0] not in ("register", "closed"):
+                self.net.send(self.clock.now, SCHED, packet.src, ("unknown", packet.body[1]))
+            return
         kind, node_id = packet.body[0], packet.src
         if kind == "register":
             self.on_register(packet.body[1])
@@ -522,7 +570,17 @@ class Sim:
                         self.collectives.call(proc)  # a step a second, each ends in a collective
                 else:
                     self.send(proc, ("register", self.registration(proc)))
+        if self.ha is not None:
+            self.ha.beat()
+            if self.ha.leader is None or self.ha.scheds[self.ha.leader].stopped:
+                return
         self.step_machine(self.state.tick())
+
+    def leader_continues(self) -> None:
+        """The leader's process continued (SIGCONT): the calls it held are read now."""
+        held, self.held_calls = self.held_calls, []
+        for packet in held:
+            self.to_scheduler(packet)
 
     def continue_(self, proc: Process) -> None:
         proc.stopped = False
@@ -541,6 +599,10 @@ class Sim:
             if packet is not None:
                 if packet.dst == SCHED:
                     self.to_scheduler(packet)
+                elif packet.dst == ETCD and self.ha is not None:
+                    self.ha.to_etcd(packet)
+                elif self.ha is not None and packet.dst in self.ha.scheds:
+                    self.ha.to_scheduler(self.ha.scheds[packet.dst], packet)
                 else:
                     self.to_worker(self.processes[packet.dst], packet)
             elif self.next_beat <= self.clock.now:
@@ -551,6 +613,8 @@ class Sim:
     # -- checks ----------------------------------------------------------------------------------
 
     def check(self) -> None:
+        if self.ha is not None:
+            self.ha.check_one_leader()
         holders: dict[int, str] = {}
         for member in self.state.members.values():
             if member.state is NodeState.ALIVE and member.rank is not None:
@@ -595,8 +659,21 @@ class Sim:
         if roll < 0.93:
             return "save lands", self.save_lands
         if roll < 0.97:
-            return "save fails", lambda: None
+            return self.disk_fault()
+        if self.ha is not None:
+            return self.ha.fault()
         return "scheduler restarts", self.restart_scheduler
+
+    def disk_fault(self) -> tuple[str, Any]:
+        """A save fails (it is tried again later: saves are slow by the steps between), or the
+        disk fills (every save fails until it is freed), or it is freed; from the disk's own
+        stream, so that the schedule's other steps stay as they are."""
+        roll = self.disk_rng.random()
+        if roll < 0.6:
+            return "save fails", lambda: None
+        if roll < 0.8:
+            return "disk fills", lambda: setattr(self, "full", True)
+        return "disk freed", lambda: setattr(self, "full", False)
 
     def settled(self) -> bool:
         """The job formed with every process in it at its newest generation, or it is over and
@@ -606,9 +683,9 @@ class Sim:
         procs = self.processes.values()
         if self.state.phase in (Phase.FINISHED, Phase.FAILED):
             return all(not p.running for p in procs)
-        if self.state.phase is not Phase.READY or not all(p.member or p.ended for p in procs):
+        if not self.serving() or self.state.phase is not Phase.READY:
             return False
-        if self.collectives.stuck() or self.kv.batch:
+        if not all(p.member or p.ended for p in procs) or self.collectives.stuck() or self.kv.batch:
             return False
         generation = self.state.generation
         for member in self.state.members.values():
@@ -623,8 +700,11 @@ class Sim:
         told to go), saves land, time passes; within `bound_s` of virtual time the job must
         settle (`settled`)."""
         self.net.calm(self.clock.now)
+        self.full = False
         start = self.clock.now
         while self.clock.now - start < bound_s:
+            if self.ha is not None:
+                self.ha.heal()
             for proc in self.processes.values():
                 if proc.stopped:
                     self.continue_(proc)
@@ -653,10 +733,17 @@ class Sim:
 
 
 def run_seed(
-    seed: int, steps: int = 200, workers: int = 3, plant: str = "", spares: int = 1
+    seed: int,
+    steps: int = 200,
+    workers: int = 3,
+    plant: str = "",
+    spares: int = 1,
+    schedulers: int = 1,
 ) -> Sim:
-    """One schedule; raises `Violation` (with `sim` set to the run) when an invariant breaks."""
-    sim = Sim(seed, workers, plant, spares)
+    """One schedule; raises `Violation` (with `sim` set to the run) when an invariant breaks.
+    A plant of the election runs with standbys."""
+    schedulers = max(schedulers, PLANT_SCHEDULERS.get(plant, 1))
+    sim = Sim(seed, workers, plant, spares, schedulers)
     try:
         sim.run(steps)
     except Violation as exc:
@@ -665,4 +752,4 @@ def run_seed(
     return sim
 
 
-__all__ = ["PLANTS", "EarlyRelease", "Sim", "Violation", "run_seed"]
+__all__ = ["PLANTS", "PLANT_SCHEDULERS", "EarlyRelease", "Sim", "Violation", "run_seed"]

@@ -1,5 +1,5 @@
-"""The simulated network between the workers and the scheduler: one link per worker, driven
-from the simulation's seed.
+"""The simulated network between the workers and the scheduler, and between the schedulers and
+etcd (with standbys): one link per worker or scheduler, driven from the simulation's seed.
 
 A unary call (register, heartbeat, report, and its answer) is a datagram: it may be delayed,
 dropped, duplicated (a client's retry) and overtaken by a later one. A node's event stream is
@@ -15,9 +15,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHED = "sched"
+SCHED = "sched"  # the job's scheduler: the one that leads, when there are standbys
+ETCD = "etcd"
+HUBS = (SCHED, ETCD)  # a link is named by its other end
 # A datagram's delays: most are quick, some are slower than a heartbeat (they are overtaken).
 DELAYS_S = (0.001, 0.001, 0.01, 0.05, 0.2, 1.5, 4.0)
+# etcd's: mostly quick, at times slower than a leader's margin (half a second of a 5 s lease).
+ETCD_DELAYS_S = (0.001, 0.001, 0.01, 0.05, 0.2, 1.0)
 DROP = 0.05
 DUPLICATE = 0.05
 
@@ -33,8 +37,8 @@ class Packet:
 
     @property
     def node(self) -> str:
-        """The worker end of its link."""
-        return self.dst if self.src == SCHED else self.src
+        """The worker (or scheduler) end of its link."""
+        return self.dst if self.src in HUBS else self.src
 
 
 @dataclass
@@ -50,14 +54,15 @@ class Network:
     def send(
         self, now: float, src: str, dst: str, body: tuple[Any, ...], *, stream: bool = False
     ) -> None:
-        node = dst if src == SCHED else src
+        node = dst if src in HUBS else src
         if not stream and node in self.cut:
             return
         if self.faults and not stream and self.rng.random() < DROP:
             return
         copies = 2 if self.faults and not stream and self.rng.random() < DUPLICATE else 1
         for _ in range(copies):
-            delay = self.rng.choice(DELAYS_S) if self.faults else DELAYS_S[0]
+            delays = ETCD_DELAYS_S if ETCD in (src, dst) else DELAYS_S
+            delay = self.rng.choice(delays) if self.faults else delays[0]
             at = now + delay
             if stream:
                 at = self.tail[dst] = max(at, self.tail.get(dst, 0.0))
@@ -96,7 +101,8 @@ class Network:
 
     def drop_scheduler(self) -> None:
         """The scheduler died: every connection to it is gone, and what was in flight."""
-        self.queue = []
+        self.queue = [p for p in self.queue if SCHED not in (p.src, p.dst)]
+        heapq.heapify(self.queue)
         self.held.clear()
         self.tail.clear()
 

@@ -35,7 +35,12 @@ PLANTS = {
     "newest-min": "the rollback step is the minimum of each rank's newest (MindSpore's rule)",
     "keep-rounds": "a new generation leaves the open rounds of the old one open",
     "kv-early-answer": "a key-value set is answered (and visible) before it is saved",
+    "no-step-down": "a leader serves past its lease's end (standbys)",
+    "lease-from-receipt": "a leader counts its lease from when etcd's answer came (standbys)",
+    "no-fence": "a leader's save lands without its leader key (standbys)",
 }
+# Plants of the election run with standbys (`standbys.py` puts them in).
+PLANT_SCHEDULERS = {"no-step-down": 2, "lease-from-receipt": 2, "no-fence": 2}
 
 
 class EarlyRelease(Outbox):
@@ -112,6 +117,7 @@ def outbox_kind(plant: str) -> type[Outbox]:
 
 __all__ = [
     "PLANTS",
+    "PLANT_SCHEDULERS",
     "EagerPool",
     "EarlyRelease",
     "KeepRounds",

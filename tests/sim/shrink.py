@@ -10,7 +10,7 @@ invariant; steps shrink again after each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tests.sim.control_plane import Sim, Violation, run_seed
 
@@ -22,18 +22,22 @@ class Case:
     workers: int
     spares: int
     plant: str = ""
+    schedulers: int = 1
 
     def replay(self) -> str:
         plant = f" --plant {self.plant}" if self.plant else ""
         return (
             f"python tests/sim/run.py --seed {self.seed} --nodes {self.workers} "
-            f"--spares {self.spares} --steps {self.steps}{plant}"
+            f"--spares {self.spares} --schedulers {self.schedulers} --steps {self.steps}{plant}"
         )
+
+    def but(self, **changes: int) -> Case:
+        return replace(self, **changes)
 
 
 def violation(case: Case) -> Violation | None:
     try:
-        run_seed(case.seed, case.steps, case.workers, case.plant, case.spares)
+        run_seed(case.seed, case.steps, case.workers, case.plant, case.spares, case.schedulers)
     except Violation as exc:
         return exc
     return None
@@ -50,7 +54,7 @@ def shorter(case: Case, exc: Violation) -> tuple[Case, Violation]:
     best, best_exc = case, exc
     steps = failed_at(exc)
     while steps >= 1:
-        tried = Case(case.seed, steps, case.workers, case.spares, case.plant)
+        tried = case.but(steps=steps)
         found = violation(tried)
         if found is None or found.invariant != exc.invariant:
             break
@@ -66,7 +70,7 @@ def shrink(case: Case, exc: Violation) -> tuple[Case, Violation]:
         for spares in range(0, case.spares + 1):
             if (workers, spares) >= (best.workers, best.spares):
                 continue
-            tried = Case(case.seed, best.steps, workers, spares, case.plant)
+            tried = case.but(steps=best.steps, workers=workers, spares=spares)
             found = violation(tried)
             if found is not None and found.invariant == exc.invariant:
                 best, best_exc = shorter(tried, found)

@@ -11,11 +11,14 @@ The simulation (`control_plane.Sim`) runs without network faults and without col
 with MS_NODE_TIMEOUT at its default (30 s); saves land as soon as they are asked for until
 `disk fails`. Commands:
 
-- `cluster w0 w1 w2 s0`: the job's node ids (one starting with "s" is a spare); first;
+- `cluster w0 w1 w2 s0 [sched-a sched-b]`: the job's node ids (one starting with "s" is a
+  spare) and, for standbys on a simulated etcd, its schedulers (`sched-a` leads first); first;
 - `register A B`, `start A`: start processes (a new process of a node id: its next
   incarnation), which register;
 - `kill A`, `stop A`, `continue A`: the process dies, is stopped (SIGSTOP), continues;
 - `partition [sched] A`, `heal A`: cut and mend the link between A and the scheduler;
+- `partition sched-a etcd`, `heal sched-a etcd`, `stop sched-a`, `continue sched-a`,
+  `kill sched-a`, `start sched-a`: the same for a scheduler, its link to etcd, its process;
 - `report A 10 20`: A's rank holds the checkpoints of steps 10 and 20, and A says so;
 - `tick 31s`: time passes (heartbeats, timeouts);
 - `disk fails`, `disk heals`: saves stop landing, and land again; `save lands`: one lands;
@@ -24,8 +27,8 @@ with MS_NODE_TIMEOUT at its default (30 s); saves land as soon as they are asked
 
 Each line starts with the virtual time since the scenario began. The lines: what the scheduler
 tells (`ready`, `failed`, `shutdown`, `evict`, `progress`), each save that lands (`saved`), a
-restart, and what a process hears in answer to its registration (repeats of the same refusal
-are shown once, with their count).
+restart, a scheduler that leads, stands by or steps down, and what a process hears in answer
+to its registration (repeats of the same refusal are shown once, with their count).
 
 `python tests/sim/transcript.py FILE...` prints a scenario's output; the test
 (`test_transcripts.py`) compares it, and CLUSTER_REWRITE_TRANSCRIPTS=1 rewrites the files.
@@ -68,12 +71,14 @@ class Scenario(Sim):
         raise AssertionError(f"messages still in flight after {SETTLE_BOUND} deliveries")
 
 
-def new_scenario(names: list[str]) -> Scenario:
+def new_scenario(words: list[str]) -> Scenario:
+    names = [n for n in words if not n.startswith("sched-")]
     workers = sum(1 for n in names if not n.startswith("s"))
     sim = Scenario(
         0,
         workers,
         spares=len(names) - workers,
+        schedulers=max(1, len(words) - len(names)),
         names=names,
         node_timeout_s=MS_NODE_TIMEOUT_S,
         collective_steps=False,
@@ -86,6 +91,10 @@ def new_scenario(names: list[str]) -> Scenario:
 
 def perform(sim: Scenario, words: list[str]) -> None:
     verb, args = words[0], words[1:]
+    if sim.ha is not None and args and args[0] in sim.ha.scheds:
+        scheduler(sim, verb, args)
+        sim.settle()
+        return
     procs = [sim.processes[a] for a in args if a in sim.processes]
     if verb in ("register", "start"):
         for proc in procs:
@@ -119,6 +128,23 @@ def perform(sim: Scenario, words: list[str]) -> None:
     else:
         raise ValueError(f"unknown command: {' '.join(words)}")
     sim.settle()
+
+
+def scheduler(sim: Scenario, verb: str, args: list[str]) -> None:
+    """A command about a scheduler process (standbys) or its link to etcd."""
+    assert sim.ha is not None
+    ha, sched = sim.ha, sim.ha.scheds[args[0]]
+    actions = {
+        "partition": lambda: sim.net.partition(sched.name),
+        "heal": lambda: sim.net.heal(sched.name, sim.clock.now),
+        "stop": lambda: ha.stop(sched),
+        "continue": lambda: ha.resume(sched),
+        "kill": lambda: ha.kill(sched),
+        "start": lambda: ha.restart(sched),
+    }
+    if verb not in actions:
+        raise ValueError(f"unknown command for a scheduler: {verb} {' '.join(args)}")
+    actions[verb]()
 
 
 def report(sim: Scenario, node_id: str, steps: list[int]) -> None:

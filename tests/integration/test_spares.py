@@ -156,18 +156,8 @@ def test_a_failure_between_steps_resumes_from_the_survivors_step_in_memory(
     assert job.steps("worker_0.log") <= STEPS + 1
 
 
-def test_two_failures_with_one_spare_the_second_waits_for_a_node_back_after_its_guard(
-    processes: Procs, tmp_path: Path, fault_free: tuple[str, float]
-) -> None:
-    job = Launched(processes, tmp_path, "twice", node_timeout="3", step_delay="0.1")
-    wait_until(lambda: job.steps("worker_1.log") >= 10, 60, "step 10 on rank 1")
-    job.kill("1")  # the spare takes rank 1
-    wait_until(lambda: job.steps("spare_0.log") >= 3, 60, "the promoted spare's steps")
-    job.kill("2")  # no spare left: rank 2 waits for node 1 (a spare after its guard) or node 2
-    digest, _ = job.finish()
-    assert digest == fault_free[0]
-    events = (job.logs / "events.jsonl").read_text()
-    assert events.count('"event":"promoted"') + events.count('"event":"rejoined"') >= 2, events
+# Two failures with one spare (the second failed rank waits for a node back after its guard):
+# a protocol question, shown by `tests/sim/transcripts/two-failures-one-spare.txt`.
 
 
 def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(

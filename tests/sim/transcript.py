@@ -28,7 +28,7 @@ with MS_NODE_TIMEOUT at its default (30 s); saves land as soon as they are asked
 Each line starts with the virtual time since the scenario began. The lines: what the scheduler
 tells (`ready`, `failed`, `shutdown`, `evict`, `progress`), each save that lands (`saved`), a
 restart, a scheduler that leads, stands by or steps down, and what a process hears in answer
-to its registration (repeats of the same refusal are shown once, with their count).
+to its registration (in a run of refusals, each node's first is shown, with their count).
 
 `python tests/sim/transcript.py FILE...` prints a scenario's output; the test
 (`test_transcripts.py`) compares it, and CLUSTER_REWRITE_TRANSCRIPTS=1 rewrites the files.
@@ -164,15 +164,19 @@ REFUSED = re.compile(r"^[\d.]+s (\S+ hears: refused \(\w+)")
 
 
 def shown(lines: list[str]) -> list[str]:
-    """The lines, a refusal repeated by the same node shown once with its count."""
+    """The lines; in a run of refusals, each node's first shown once, with its count."""
     out: list[str] = []
     counts: list[int] = []
+    run: dict[str, int] = {}  # in the current run of refusals: node -> index in `out`
     for line in lines:
         match = REFUSED.match(line)
-        previous = REFUSED.match(out[-1]) if out else None
-        if match and previous and match.group(1) == previous.group(1):
-            counts[-1] += 1
+        if match is None:
+            run.clear()
+        elif match.group(1) in run:
+            counts[run[match.group(1)]] += 1
             continue
+        else:
+            run[match.group(1)] = len(out)
         out.append(line)
         counts.append(1)
     return [line if n == 1 else f"{line} (x{n})" for line, n in zip(out, counts, strict=True)]

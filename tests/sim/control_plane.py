@@ -194,6 +194,7 @@ class Sim:
         self.ha = Standbys(self, self.schedulers, self.plant) if self.schedulers > 1 else None
         self.held_calls: list[Packet] = []
         self.full = False  # the disk is full: every save fails until it is freed
+        self.wiped: int | None = None  # the rank whose checkpoint files were lost, if any
         self.disk_rng = random.Random(self.seed * 104729 + 1)  # disk faults: their own stream
         if self.ha is not None:
             self.ha.start()
@@ -267,12 +268,18 @@ class Sim:
             )
 
     def check_rollback(self, ready: TopologyReadyEvent, peers: Any) -> None:
-        """The step a generation rolls back to is on disk for every rank in `peers`."""
+        """The step a generation rolls back to is on disk for every rank in `peers`; a rank
+        whose files were lost with its disk fetches it from a peer of the generation that
+        holds it (state from peers)."""
         if ready.rollback_step == 0:
             return
+        step = ready.rollback_step
         for peer in peers:
             held = self.files.get(peer.rank, set())
-            if ready.rollback_step not in held:
+            from_peer = peer.rank == self.wiped and any(
+                step in self.files.get(p.rank, set()) for p in ready.peers if p.rank != peer.rank
+            )
+            if step not in held and not from_peer:
                 raise Violation(
                     "rollback",
                     f"generation {ready.generation} rolls back to step {ready.rollback_step}, "
@@ -537,6 +544,14 @@ class Sim:
                     self.clock.now, proc.node_id, SCHED, ("closed", proc.incarnation), stream=True
                 )
 
+    def kill_with_disk(self, proc: Process) -> None:
+        """The process dies and its rank's checkpoint files are lost with it (a host's disk;
+        once a schedule): its next process starts without them."""
+        if proc.running and proc.rank is not None:
+            self.kill(proc)
+            self.files[proc.rank] = set()
+            self.wiped = proc.rank
+
     def train(self, proc: Process) -> None:
         """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
         three and every step from the one all workers hold (as a `CheckpointManager` prunes),
@@ -640,6 +655,8 @@ class Sim:
         if roll < 0.27:
             return f"train {name}", lambda: self.train(proc)
         if roll < 0.33:
+            if self.wiped is None and proc.rank is not None and self.disk_rng.random() < 0.1:
+                return f"kill {name} with its disk", lambda: self.kill_with_disk(proc)
             return f"kill {name}", lambda: self.kill(proc)
         if roll < 0.36:
             return f"stop {name}", lambda: setattr(proc, "stopped", proc.running)

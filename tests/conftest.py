@@ -27,12 +27,26 @@ SLOW_FILES = frozenset(
 )
 
 
+# Files whose tests time real network faults or load the machine on purpose: `solo`, run
+# alone after the rest (`scripts/test` runs the rest two at a time: pytest-xdist).
+SOLO_FILES = frozenset(
+    {
+        "integration/test_partition.py",  # network namespaces, partitions timed against 3 s
+        "integration/test_scale.py",  # 64 real workers
+        "integration/test_hostile.py",  # floods, and the scheduler's peak memory
+        "integration/test_connections.py",  # file-descriptor limits, thousands of sockets
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `slow` every test under SLOW_FOLDERS and in SLOW_FILES (an explicit mark elsewhere
-    still counts)."""
+    still counts), and `solo` every test in SOLO_FILES."""
     tests = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        if "/".join(parts) in SOLO_FILES and item.get_closest_marker("solo") is None:
+            item.add_marker(pytest.mark.solo)
         slow = bool(parts) and (parts[0] in SLOW_FOLDERS or "/".join(parts) in SLOW_FILES)
         if slow and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)

@@ -52,7 +52,7 @@ from cluster.scheduler.machine import snapshot as snapshot_
 from cluster.scheduler.machine import state
 from cluster.scheduler.persist import Saving, WriteAheadSaver
 from cluster.scheduler.refusals import RefusalLimiter
-from cluster.scheduler.streams import Streams
+from cluster.scheduler.streams import Streams, Superseded
 from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
 
@@ -417,6 +417,8 @@ class SchedulerCore:
                     raise EvictedError(f"node {node_id!r} was removed from the job: {item.reason}")
                 if isinstance(item, NotLeaderError):
                     raise item
+                if isinstance(item, Superseded):
+                    return  # the node's newer stream speaks for it (closing: not current)
                 yield item
                 if item is self._final:
                     return

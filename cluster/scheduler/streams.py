@@ -20,9 +20,15 @@ from collections.abc import Callable
 from cluster.protocol.errors import NotLeaderError
 from cluster.scheduler.machine import state
 
-# An event to write, or why the stream ends: its node was evicted, or this scheduler no longer
-# leads the job.
-Item = bytes | state.Evict | NotLeaderError
+
+class Superseded:
+    """Why a stream ends: its node opened a newer one (see `Streams.open`)."""
+
+
+SUPERSEDED = Superseded()
+# An event to write, or why the stream ends: its node was evicted, this scheduler no longer
+# leads the job, or the node opened a newer stream.
+Item = bytes | state.Evict | NotLeaderError | Superseded
 Key = tuple[str, int]  # (canonical node id, incarnation)
 
 
@@ -63,7 +69,13 @@ class Streams:
         return len(self._mailboxes)
 
     def open(self, key: Key) -> Mailbox:
-        self._mailboxes.pop(key, None)  # a newer stream of the same node replaces the old one
+        """A new stream of the node `key`, which replaces its old one: that one ends at once.
+        Should the node still read the old one (an attempt it gave up on reached the scheduler
+        after its newer one, over another connection), it registers again, rather than wait on
+        a stream nothing is written to until its silence limit."""
+        old = self._mailboxes.pop(key, None)
+        if old is not None:
+            old.put(SUPERSEDED)
         mailbox = self._mailboxes[key] = Mailbox(self._clock())
         return mailbox
 

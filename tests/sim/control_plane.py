@@ -48,9 +48,11 @@ from cluster.protocol.records import (
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from tests.sim.collectives import Collectives
+from tests.sim.cores import Cores
 from tests.sim.kv import KvSim
 from tests.sim.network import ETCD, SCHED, Network, Packet
 from tests.sim.plants import (
+    PLANT_CORES,
     PLANT_SCHEDULERS,
     PLANTS,
     EarlyRelease,
@@ -134,6 +136,7 @@ class Sim:
     plant: str = ""
     spares: int = 1
     schedulers: int = 1  # more: standbys on a simulated etcd (`standbys`)
+    worker_cores: bool = False  # the workers run the real worker core (`cores`)
     trace: list[str] = field(default_factory=list)
     # For transcripts (`tests/sim/transcript.py`): the node ids (a name starting with "s" is a
     # spare), the guard, whether every heartbeat second ends in a collective, and the lines
@@ -167,7 +170,10 @@ class Sim:
             for i, name in enumerate(names)
         }
         # The scheduler's open streams, and what a stream opened now starts with.
-        self.streams: set[tuple[str, int]] = set()
+        # (node id, incarnation) -> the number of the node's current stream (each accepted
+        # registration opens one): only that one speaks for the node.
+        self.streams: dict[tuple[str, int], int] = {}
+        self.stream_numbers = itertools.count(1)
         self.catch_up: list[Effect] = []
         # The checkpoint files of each rank (on the one host, so that they outlive a process
         # and a spare that takes the rank reads them), and the step the scheduler said every
@@ -193,6 +199,7 @@ class Sim:
         # With standbys: the election, and what reached the leader while it was stopped.
         self.ha = Standbys(self, self.schedulers, self.plant) if self.schedulers > 1 else None
         self.held_calls: list[Packet] = []
+        self.cores = Cores(self) if self.worker_cores else None
         self.full = False  # the disk is full: every save fails until it is freed
         self.wiped: int | None = None  # the rank whose checkpoint files were lost, if any
         self.disk_rng = random.Random(self.seed * 104729 + 1)  # disk faults: their own stream
@@ -247,25 +254,18 @@ class Sim:
     def send_tell(self, tell: Tell) -> None:
         effect = tell.effect
         if isinstance(effect, Evict):
-            key = (effect.node_id, effect.incarnation)
-            if key in self.streams:
-                self.streams.discard(key)
-                self.net.send(
-                    self.clock.now,
-                    SCHED,
-                    effect.node_id,
-                    ("evict", effect.incarnation),
-                    stream=True,
-                )
+            stream = self.streams.pop((effect.node_id, effect.incarnation), None)
+            if stream is not None:
+                body = ("evict", effect.incarnation, stream)
+                self.net.send(self.clock.now, SCHED, effect.node_id, body, stream=True)
             return
         if not isinstance(effect, TopologyReadyEvent | NodeFailedEvent | ShutdownEvent):
             return  # progress counts go with the registration's answer here
         if not isinstance(effect, NodeFailedEvent):
             self.catch_up = [effect]
-        for node_id, incarnation in sorted(self.streams):
-            self.net.send(
-                self.clock.now, SCHED, node_id, ("event", incarnation, effect), stream=True
-            )
+        for (node_id, incarnation), stream in sorted(self.streams.items()):
+            body = ("event", incarnation, effect, stream)
+            self.net.send(self.clock.now, SCHED, node_id, body, stream=True)
 
     def check_rollback(self, ready: TopologyReadyEvent, peers: Any) -> None:
         """The step a generation rolls back to is on disk for every rank in `peers`; a rank
@@ -340,11 +340,13 @@ class Sim:
         self.streams.clear()
         self.net.drop_scheduler()
         for proc in self.processes.values():
-            proc.member = False
             if proc.stopped:  # it reads what its dead connection held, then the end of it
                 proc.inbox.append(
                     Packet(self.clock.now, 0, SCHED, proc.node_id, ("unknown", proc.incarnation))
                 )
+            elif self.cores is not None and proc.running and proc.member:
+                self.cores.lost(proc, "the scheduler's connection broke")
+            proc.member = False
 
     def restore_machine(self, why: str) -> None:
         """A scheduler loads the job from what the disk (or etcd) holds and serves it."""
@@ -382,12 +384,15 @@ class Sim:
             leader = self.ha.scheds.get(self.ha.leader or "")
             if leader is not None and leader.running and leader.stopped:
                 self.held_calls.append(packet)
+            elif packet.body[0] == "register" and len(packet.body) > 2:  # a core's attempt
+                answer = ("answer", packet.body[1].incarnation, None, packet.body[2], 0)
+                self.net.send(self.clock.now, SCHED, packet.src, answer)
             elif packet.body[0] not in ("register", "closed"):
                 self.net.send(self.clock.now, SCHED, packet.src, ("unknown", packet.body[1]))
             return
         kind, node_id = packet.body[0], packet.src
         if kind == "register":
-            self.on_register(packet.body[1])
+            self.on_register(packet.body[1], *packet.body[2:])
             return
         incarnation = packet.body[1]
         try:
@@ -406,13 +411,15 @@ class Sim:
             elif kind == "exchange":
                 self.collectives.on_exchange(node_id, incarnation, *packet.body[2:])
             elif kind == "closed":
-                self.streams.discard((node_id, incarnation))
+                if self.streams.get((node_id, incarnation)) != packet.body[2]:
+                    return  # an older stream of the node (an attempt it gave up on) ended
+                del self.streams[(node_id, incarnation)]
                 self.collectives.abandoned(node_id, incarnation)
                 self.step_machine(self.state.disconnect(node_id, incarnation))
         except UnknownNodeError:
             self.net.send(self.clock.now, SCHED, node_id, ("unknown", incarnation))
 
-    def on_register(self, reg: Registration) -> None:
+    def on_register(self, reg: Registration, attempt: int = 0) -> None:
         """A registration opens the node's stream (as `Watch` with a `RegisterRequest` does):
         accepted, the answer and then what the node must hear first go on that stream."""
         known = self.state.find(reg.node_id)
@@ -420,17 +427,22 @@ class Sim:
         outcome, effects = self.state.register(reg)
         now, node_id = self.clock.now, reg.node_id
         if isinstance(outcome, Refused):
-            self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome))
+            self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome, attempt, 0))
             return
         self.check_guard(reg, before)
         self.heard[node_id] = now
-        first = self.state.connect(node_id, reg.incarnation)
-        self.streams.add((node_id, reg.incarnation))
+        self.state.connect(node_id, reg.incarnation)
+        old = self.streams.get((node_id, reg.incarnation))
+        if old is not None and self.plant != "silent-supersede":  # it ends (`Streams.open`)
+            self.net.send(now, SCHED, node_id, ("superseded", reg.incarnation, old), stream=True)
+        stream = self.streams[(node_id, reg.incarnation)] = next(self.stream_numbers)
         # The engine answers once the registration's revision is saved
         # (`_durable_keeping_alive`); here at once (what it says is told below, once saved).
-        self.net.send(now, SCHED, node_id, ("answer", reg.incarnation, outcome), stream=True)
-        for event in self.state.catch_up_for(node_id, self.catch_up) if first else []:
-            self.net.send(now, SCHED, node_id, ("event", reg.incarnation, event), stream=True)
+        answer = ("answer", reg.incarnation, outcome, attempt, stream)
+        self.net.send(now, SCHED, node_id, answer, stream=True)
+        for event in self.state.catch_up_for(node_id, self.catch_up):  # as `watch` does
+            body = ("event", reg.incarnation, event, stream)
+            self.net.send(now, SCHED, node_id, body, stream=True)
         self.step_machine(effects)
 
     def check_guard(self, reg: Registration, before: int | None) -> None:
@@ -445,7 +457,7 @@ class Sim:
 
     # -- the workers ----------------------------------------------------------------------------
 
-    def registration(self, proc: Process) -> Registration:
+    def registration(self, proc: Process, job: str | None = None) -> Registration:
         return Registration(
             node_id=proc.node_id,
             role=NodeRole.WORKER,
@@ -454,7 +466,7 @@ class Sim:
             incarnation=proc.incarnation,
             worker_num=self.workers,
             server_num=0,
-            cluster_id=proc.job,
+            cluster_id=proc.job if job is None else job,
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
             spare=proc.spare,
         )
@@ -471,7 +483,9 @@ class Sim:
         kind, incarnation = packet.body[0], packet.body[1]
         if incarnation != proc.incarnation:
             return  # meant for an earlier process of this node id
-        if kind == "answer":
+        if self.cores is not None and kind in ("answer", "event", "evict", "unknown", "superseded"):
+            self.to_core(proc, kind, packet.body)
+        elif kind == "answer":
             self.on_answer(proc, packet.body[2])
         elif kind == "event":
             self.on_event(proc, packet.body[2])
@@ -483,6 +497,20 @@ class Sim:
             self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
         elif kind in ("evict", "unknown"):
             proc.member = False  # cut off: it registers again
+
+    def to_core(self, proc: Process, kind: str, body: tuple[Any, ...]) -> None:
+        assert self.cores is not None
+        if kind == "answer":
+            self.cores.answer(proc, body[2], body[3], body[4])
+        elif kind in ("event", "evict", "superseded"):  # on a stream: the one it reads?
+            if self.cores.streams.get(proc.node_id) != body[-1]:
+                return
+            if kind == "event":
+                self.cores.event(proc, body[2])
+            else:  # evicted, or a newer stream of the node replaced this one
+                self.cores.lost(proc, "the scheduler closed the event stream")
+        else:  # the scheduler does not know it (any more)
+            self.cores.lost(proc, "the scheduler closed the event stream")
 
     def on_answer(self, proc: Process, outcome: Accepted | Refused) -> None:
         if isinstance(outcome, Refused) or not proc.member:
@@ -506,8 +534,11 @@ class Sim:
         if isinstance(event, NodeFailedEvent):
             proc.paused = True
             return
-        if not isinstance(event, TopologyReadyEvent):
-            return
+        if isinstance(event, TopologyReadyEvent):
+            self.delivered(proc, event)
+
+    def delivered(self, proc: Process, event: TopologyReadyEvent) -> None:
+        """The process takes the topology `event` says (its rank, or none: a spare)."""
         seen = proc.generations.setdefault(proc.job, [])
         if seen and event.generation <= seen[-1]:
             if event.generation == seen[-1]:
@@ -527,7 +558,10 @@ class Sim:
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
             self.collectives.forget(proc)
             self.kv.forget(proc)
-            self.send(proc, ("register", self.registration(proc)))
+            if self.cores is not None:
+                self.cores.start(proc)
+            else:
+                self.send(proc, ("register", self.registration(proc)))
 
     def kill(self, proc: Process) -> None:
         """The process dies; its stream breaks, which the scheduler sees unless the link is
@@ -536,13 +570,10 @@ class Sim:
             proc.running = False
             self.net.break_stream(proc.node_id)
             # Only a stream the scheduler has open breaks (a restart ended the others).
-            if (
-                proc.node_id not in self.net.cut
-                and (proc.node_id, proc.incarnation) in self.streams
-            ):
-                self.net.send(
-                    self.clock.now, proc.node_id, SCHED, ("closed", proc.incarnation), stream=True
-                )
+            stream = self.streams.get((proc.node_id, proc.incarnation))
+            if proc.node_id not in self.net.cut and stream is not None:
+                body = ("closed", proc.incarnation, stream)
+                self.net.send(self.clock.now, proc.node_id, SCHED, body, stream=True)
 
     def kill_with_disk(self, proc: Process) -> None:
         """The process dies and its rank's checkpoint files are lost with it (a host's disk;
@@ -583,7 +614,7 @@ class Sim:
                     self.send(proc, ("beat", proc.incarnation))
                     if self.collective_steps:
                         self.collectives.call(proc)  # a step a second, each ends in a collective
-                else:
+                elif self.cores is None:  # a core registers on its own timers
                     self.send(proc, ("register", self.registration(proc)))
         if self.ha is not None:
             self.ha.beat()
@@ -606,12 +637,15 @@ class Sim:
     def time_passes(self, seconds: float) -> None:
         end = self.clock.now + seconds
         while True:
-            at = min(self.net.next_at(), self.next_beat)
+            timers = self.cores.next_at() if self.cores is not None else float("inf")
+            at = min(self.net.next_at(), self.next_beat, timers)
             if at > end:
                 break
             self.clock.now = max(self.clock.now, at)
             packet = self.net.due(self.clock.now)
-            if packet is not None:
+            if packet is None and self.cores is not None and timers <= self.clock.now:
+                self.cores.fire()
+            elif packet is not None:
                 if packet.dst == SCHED:
                     self.to_scheduler(packet)
                 elif packet.dst == ETCD and self.ha is not None:
@@ -756,11 +790,13 @@ def run_seed(
     plant: str = "",
     spares: int = 1,
     schedulers: int = 1,
+    worker_cores: bool = False,
 ) -> Sim:
     """One schedule; raises `Violation` (with `sim` set to the run) when an invariant breaks.
     A plant of the election runs with standbys."""
     schedulers = max(schedulers, PLANT_SCHEDULERS.get(plant, 1))
-    sim = Sim(seed, workers, plant, spares, schedulers)
+    worker_cores = worker_cores or plant in PLANT_CORES
+    sim = Sim(seed, workers, plant, spares, schedulers, worker_cores)
     try:
         sim.run(steps)
     except Violation as exc:
@@ -769,4 +805,12 @@ def run_seed(
     return sim
 
 
-__all__ = ["PLANTS", "PLANT_SCHEDULERS", "EarlyRelease", "Sim", "Violation", "run_seed"]
+__all__ = [
+    "PLANTS",
+    "PLANT_CORES",
+    "PLANT_SCHEDULERS",
+    "EarlyRelease",
+    "Sim",
+    "Violation",
+    "run_seed",
+]

@@ -38,9 +38,13 @@ PLANTS = {
     "no-step-down": "a leader serves past its lease's end (standbys)",
     "lease-from-receipt": "a leader counts its lease from when etcd's answer came (standbys)",
     "no-fence": "a leader's save lands without its leader key (standbys)",
+    "silent-supersede": "a stream replaced by a newer one of its node is left open, silent "
+    "(worker cores)",
 }
 # Plants of the election run with standbys (`standbys.py` puts them in).
 PLANT_SCHEDULERS = {"no-step-down": 2, "lease-from-receipt": 2, "no-fence": 2}
+# Plants that only worker cores can show (`cores.py`): the simulation runs them with cores.
+PLANT_CORES = frozenset({"silent-supersede"})
 
 
 class EarlyRelease(Outbox):
@@ -117,6 +121,7 @@ def outbox_kind(plant: str) -> type[Outbox]:
 
 __all__ = [
     "PLANTS",
+    "PLANT_CORES",
     "PLANT_SCHEDULERS",
     "EagerPool",
     "EarlyRelease",

@@ -23,21 +23,32 @@ class Case:
     spares: int
     plant: str = ""
     schedulers: int = 1
+    worker_cores: bool = False
 
     def replay(self) -> str:
         plant = f" --plant {self.plant}" if self.plant else ""
+        cores = "yes" if self.worker_cores else "no"
         return (
             f"python tests/sim/run.py --seed {self.seed} --nodes {self.workers} "
-            f"--spares {self.spares} --schedulers {self.schedulers} --steps {self.steps}{plant}"
+            f"--spares {self.spares} --schedulers {self.schedulers} --worker-cores {cores} "
+            f"--steps {self.steps}{plant}"
         )
 
-    def but(self, **changes: int) -> Case:
+    def but(self, **changes: int | bool) -> Case:
         return replace(self, **changes)
 
 
 def violation(case: Case) -> Violation | None:
     try:
-        run_seed(case.seed, case.steps, case.workers, case.plant, case.spares, case.schedulers)
+        run_seed(
+            case.seed,
+            case.steps,
+            case.workers,
+            case.plant,
+            case.spares,
+            case.schedulers,
+            case.worker_cores,
+        )
     except Violation as exc:
         return exc
     return None

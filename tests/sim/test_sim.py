@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.sim.control_plane import PLANTS, Violation, run_seed
-from tests.sim.run import main, schedulers
+from tests.sim.run import main, schedulers, worker_cores
 
 
 def test_schedules_keep_every_invariant() -> None:
@@ -24,9 +24,17 @@ def test_schedules_with_standbys_keep_every_invariant() -> None:
     assert leaderships > 300  # the job changed hands, many times over
 
 
-@pytest.mark.parametrize("schedulers", [1, 2])
-def test_the_same_seed_replays_the_same_run(schedulers: int) -> None:
-    first, again = run_seed(7, schedulers=schedulers), run_seed(7, schedulers=schedulers)
+def test_schedules_of_worker_cores_keep_every_invariant() -> None:
+    """The workers run by the real worker core, through the wire's converters."""
+    for seed in range(200):
+        sim = run_seed(seed, schedulers=1 + seed % 2, worker_cores=True)
+        assert sim.cores is not None
+
+
+@pytest.mark.parametrize(("schedulers", "cores"), [(1, False), (2, False), (2, True)])
+def test_the_same_seed_replays_the_same_run(schedulers: int, cores: bool) -> None:
+    first = run_seed(7, schedulers=schedulers, worker_cores=cores)
+    again = run_seed(7, schedulers=schedulers, worker_cores=cores)
     assert first.trace == again.trace
     assert first.stored == again.stored
     assert (first.clock.now, first.net.seq, first.told) == (
@@ -41,7 +49,9 @@ def first_caught(plant: str, seeds: int = 2000) -> tuple[int, str]:
     """The first seed whose schedule catches `plant`, and what it said."""
     for seed in range(seeds):
         try:
-            run_seed(seed, plant=plant, schedulers=schedulers(seed))
+            run_seed(
+                seed, plant=plant, schedulers=schedulers(seed), worker_cores=worker_cores(seed)
+            )
         except Violation as exc:
             return seed, str(exc)
     raise AssertionError(f"the plant {plant!r} ({PLANTS[plant]}) was not caught in {seeds} seeds")

@@ -1,0 +1,215 @@
+"""Workers run by the real worker core in the simulation (`--worker-cores`): each process holds a
+`cluster.worker.machine.core.WorkerCore`, and what the scheduler says to it travels as the wire
+says it: through the scheduler's converters to `cluster.v1` messages and through the worker's
+back (`cluster.scheduler.convert`, `cluster.worker.convert`). The core decides what the process
+does: register (each attempt bounded, an answer to an abandoned attempt cancels its stream),
+probe the scheduler, pause, follow a standby's "not the leader", read its stream, take a
+topology or wait as a spare, hear a failure, fail or be released. Its timers (an attempt's
+bound, a pause, the deadline for the first topology) run on the simulation's clock.
+
+A core that fails its node (its reconnect window passed, a topology without it) ends the process
+as `cluster.init()` would; the launcher starts it again (`Sim.heal`), unless the scheduler
+refused it for good.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cluster.protocol.environment import from_env
+from cluster.protocol.errors import RegistrationRefused
+from cluster.protocol.records import (
+    Accepted,
+    Effect,
+    Refused,
+    ShutdownEvent,
+    TopologyReadyEvent,
+)
+from cluster.scheduler import convert as scheduler_convert
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker import convert as worker_convert
+from cluster.worker.machine import steps
+from cluster.worker.machine.core import Lifecycle, WorkerCore
+
+if TYPE_CHECKING:
+    from tests.sim.control_plane import Process, Sim
+
+TOPO_TIMEOUT_S = 120.0
+STREAMING = (Lifecycle.FORMING, Lifecycle.SPARE, Lifecycle.READY)  # accepted: reads its stream
+
+
+@dataclass(order=True)
+class Timer:
+    at: float
+    seq: int
+    node_id: str = field(compare=False)
+    incarnation: int = field(compare=False)
+    event: steps.Event = field(compare=False)
+    attempt: int = field(compare=False, default=0)  # a registration attempt's bound: its number
+
+
+@dataclass
+class Cores:
+    sim: Sim
+    cores: dict[str, WorkerCore] = field(default_factory=dict)
+    timers: list[Timer] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)  # the attempt awaiting its answer
+    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    failures: list[str] = field(default_factory=list)  # what the cores failed with
+    ready: TopologyReadyEvent | None = None  # the topology being stepped, for its checks
+    streams: dict[str, int] = field(default_factory=dict)  # the number of the stream it reads
+    answered: int = 0  # the stream of the answer being stepped
+
+    def config(self, proc: Process) -> Any:
+        env = {
+            "MS_ROLE": "MS_WORKER",
+            "MS_WORKER_NUM": str(self.sim.workers),
+            "MS_SCHED_HOST": "127.0.0.1",
+            "MS_SCHED_PORT": "8118",
+            "MS_NODE_ID": proc.node_id,
+            "MS_NODE_TIMEOUT": f"{self.sim.node_timeout_s:g}",
+            "MS_TOPO_TIMEOUT": f"{TOPO_TIMEOUT_S:g}",
+            "MS_ENABLE_RECOVERY": "1",
+            "MS_RECOVERY_PATH": "/tmp/cluster-sim-unused",
+        }
+        if proc.spare:
+            env["CLUSTER_SPARE"] = "1"
+        return from_env(env)
+
+    # -- the process's life -------------------------------------------------------------------
+
+    def start(self, proc: Process) -> None:
+        """A new process: a new core, which remembers the job of the node's state file."""
+        core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job)
+        self.cores[proc.node_id] = core
+        self.attempts.pop(proc.node_id, None)
+        self.carry(proc, core.step(steps.Start(verified=True)))
+        self.after(proc, core.ready_by - self.sim.clock.now, steps.DeadlinePassed())
+
+    def after(self, proc: Process, seconds: float, event: steps.Event, attempt: int = 0) -> None:
+        at = self.sim.clock.now + max(seconds, 0.0)
+        timer = Timer(at, next(self.numbers), proc.node_id, proc.incarnation, event, attempt)
+        heapq.heappush(self.timers, timer)
+
+    def next_at(self) -> float:
+        return self.timers[0].at if self.timers else float("inf")
+
+    def fire(self) -> None:
+        """The earliest timer is due: its event, unless it is for a process gone, or a
+        registration attempt already answered, or a topology already held."""
+        timer = heapq.heappop(self.timers)
+        proc = self.sim.processes[timer.node_id]
+        core = self.cores.get(proc.node_id)
+        if core is None or not proc.running or proc.incarnation != timer.incarnation:
+            return
+        if proc.stopped:
+            self.after(proc, 0.5, timer.event, timer.attempt)  # it runs again once continued
+            return
+        if timer.attempt and self.attempts.get(proc.node_id) != timer.attempt:
+            return
+        if isinstance(timer.event, steps.DeadlinePassed) and core.topology is not None:
+            return
+        if timer.attempt:
+            del self.attempts[proc.node_id]
+        self.carry(proc, core.step(timer.event))
+
+    # -- what the core decided ----------------------------------------------------------------
+
+    def carry(self, proc: Process, actions: list[steps.Action]) -> None:
+        queue = list(actions)
+        while queue and proc.running:
+            action = queue.pop(0)
+            core = self.cores[proc.node_id]
+            match action:
+                case steps.Register(attempt_s=attempt_s):
+                    number = next(self.numbers)
+                    self.attempts[proc.node_id] = number
+                    reg = self.sim.registration(proc, core.cluster_id)
+                    self.sim.send(proc, ("register", reg, number))
+                    self.after(proc, attempt_s, steps.Unanswered(), attempt=number)
+                case steps.CheckScheduler():
+                    ok = proc.node_id not in self.sim.net.cut
+                    why = "" if ok else "connection timed out (cut off)"
+                    queue.extend(core.step(steps.Checked(ok, why)))
+                case steps.Pause(seconds=seconds):
+                    self.after(proc, seconds, steps.PauseOver())
+                case steps.Watch():
+                    if core.cluster_id != proc.job:  # a new job (its scheduler started anew)
+                        proc.job, proc.rank, proc.paused = core.cluster_id, None, False
+                    proc.member = True
+                    self.streams[proc.node_id] = self.answered
+                    self.sim.collectives.send(proc)
+                    self.sim.kv.send(proc)
+                case steps.Deliver(topology=topology):
+                    ready = self.ready
+                    assert ready is not None
+                    assert ready.generation == topology.generation
+                    self.sim.delivered(proc, ready)
+                case steps.PeerFailed():
+                    proc.paused = True
+                case steps.Fail(error=error) | steps.Released(error=error):
+                    self.exit(proc, action, error)
+                case _:  # Say, Follow, Done, RetryCall; no Finish is sent in the simulation
+                    pass
+
+    def exit(self, proc: Process, action: steps.Action, error: Exception) -> None:
+        """The core failed its node, or let it go: the process exits."""
+        self.failures.append(f"{proc.node_id}: {error}")
+        self.sim.note(f"{proc.node_id} exits: {error}")
+        self.sim.kill(proc)
+        if isinstance(action, steps.Released):
+            proc.ended = "released"
+        elif isinstance(error, RegistrationRefused):
+            proc.ended = "refused"  # for good: its launcher does not start it again
+
+    # -- what reaches the process -------------------------------------------------------------
+
+    def answer(
+        self, proc: Process, outcome: Accepted | Refused | None, number: int, stream: int
+    ) -> None:
+        """The answer to registration attempt `number` (None: a standby's "not the leader"),
+        on the scheduler's stream number `stream` when accepted."""
+        if self.attempts.get(proc.node_id) != number:
+            if isinstance(outcome, Accepted):  # a call given up on (or a retry's): cancelled
+                self.sim.send(proc, ("closed", proc.incarnation, stream))
+            return
+        del self.attempts[proc.node_id]
+        core = self.cores[proc.node_id]
+        self.answered = stream
+        if outcome is None:
+            refused = pb.Refusal(reason=pb.REFUSAL_NOT_LEADER, message="not the leader")
+            first = pb.Event(refused=refused)
+        else:
+            settings = self.sim.settings
+            response = scheduler_convert.register_response(
+                outcome, settings.heartbeat_interval_s, settings.node_timeout_s
+            )
+            kind = response.WhichOneof("result")
+            first = pb.Event(**{kind: getattr(response, kind)})
+        self.carry(proc, core.step(worker_convert.answer(first)))
+
+    def event(self, proc: Process, effect: Effect) -> None:
+        core = self.cores[proc.node_id]
+        message = scheduler_convert.event_to_pb(effect)
+        event = worker_convert.stream_event(message, core.config, proc.node_id, host="h0")
+        if event is not None:
+            self.ready = effect if isinstance(effect, TopologyReadyEvent) else None
+            self.carry(proc, core.step(event))
+            self.ready = None
+        if isinstance(effect, ShutdownEvent) and proc.running:  # the script ends with the job
+            proc.running, proc.member, proc.ended = False, False, "shutdown"
+
+    def lost(self, proc: Process, why: str) -> None:
+        """Its stream broke (evicted, the scheduler gone or not knowing it): heard by a core
+        that reads one."""
+        proc.member = False
+        self.streams.pop(proc.node_id, None)
+        core = self.cores[proc.node_id]
+        if core.lifecycle in STREAMING:
+            self.carry(proc, core.step(steps.StreamLost(why)))
+
+
+__all__ = ["Cores"]

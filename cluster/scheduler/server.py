@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
+from cluster.protocol.records import NodeState
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
@@ -56,6 +57,16 @@ DRAIN_S = 2.0
 # The end waits for nodes waiting out their guard to ask again; it looks again at least this
 # often (a node's window to ask closes without any call).
 GUARD_WAITER_RECHECK_S = 0.25
+
+
+async def _tell_cut_off(core: SchedulerCore, deadline: float) -> None:
+    """A failed job whose members lost their connections (a relay's host, a network cut) may
+    have them back in a moment, alive, to hear that it failed (a refusal that says so), where
+    they would otherwise look for a scheduler that is gone: serve them until `deadline`."""
+    members = core.state.members.values()
+    if core.ok or not any(m.state is NodeState.FAILED and not m.connected for m in members):
+        return
+    await asyncio.sleep(max(deadline - asyncio.get_running_loop().time(), 0.0))
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -341,6 +352,7 @@ class SchedulerServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(closed, drain_s)
             await self._tell_guard_waiters(core, deadline)
+            await _tell_cut_off(core, deadline)
         if self.ha is not None:
             await self.ha.stop()
         for task in (self._monitor, self._expiry, self._reserve):

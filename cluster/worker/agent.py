@@ -90,8 +90,7 @@ class WorkerAgent:
             identity.node_id, identity.incarnation, identity.credential
         )
         self._signer = membership.signer(self._job_secret, identity)
-        # With a job secret: the scheduler's challenge (its address, the challenge, the job id,
-        # when it came) for the registrations, asked for again when stale.
+        # With a job secret: the scheduler's (address, challenge, job id, when), renewed when stale.
         self._challenge: tuple[str, bytes, str, float] | None = None
         self._host, self._port = config.sched_host, config.sched_port
         self._route = scheduler_link.Route(config, say)  # through the host's relay, or direct
@@ -256,9 +255,11 @@ class WorkerAgent:
         self._stub = LazyStub(self._channel)
         self._set_aside(old.close(grace=None))
 
-    def _off_lost_relay(self) -> None:
-        """To the scheduler directly once the relay that carried this node's calls is gone."""
-        if self._route.relay_lost():
+    def _off_lost_relay(self, *, stream_lost: bool = False) -> None:
+        """To the scheduler directly once the relay that carried this node's calls is gone (a
+        stream lost with the connection to the relay: gone, or as good as gone)."""
+        ready = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        if self._route.relay_lost(cut_off=stream_lost and not ready):
             self._follow(self.core.address)
 
     def _set_aside(self, work: Coroutine[Any, Any, Any]) -> None:
@@ -400,7 +401,7 @@ class WorkerAgent:
             call, self._accepted = self._accepted, None
             lost = await self._watch_once(call, watch)
             if lost is not None:
-                self._off_lost_relay()
+                self._off_lost_relay(stream_lost=True)
             then = None if lost is None else await self._run(self.core.step(lost))
             watch = then if isinstance(then, steps.Watch) else None
 

@@ -125,10 +125,14 @@ class Route:
             return scheduler_channel.open_channel(self.relay, None, options)
         return open_channel(address, identity, self._config)
 
-    def relay_lost(self) -> bool:
-        """True, once, when the relay this node's calls went through no longer answers: from
-        now on they go to the scheduler directly (the caller opens that channel)."""
-        if self.relay is None or relay_listening(self.relay, kept_up=False):
+    def relay_lost(self, *, cut_off: bool = False) -> bool:
+        """True, once, when the relay this node's calls went through no longer answers, or
+        `cut_off` its connection to it (a relay killed a moment ago may still have its socket
+        listening): from now on they go to the scheduler directly (the caller opens that
+        channel)."""
+        if self.relay is None:
+            return False
+        if not cut_off and relay_listening(self.relay, kept_up=False):
             return False
         self._say(f"lost the relay at {self.relay}: this node talks to the scheduler directly")
         self.relay = None

@@ -309,12 +309,13 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     """The job's variables, those of the launcher's environment that matter, and its MS_* that
     are not passed on."""
-    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE"}
+    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
     common = {k: v for k, v in plan.processes[0].env.items() if k not in per_process}
+    relayed = "" if plan.relay is None else f"; CLUSTER_RELAY={plan.relay.args[-1]} for the workers"
     lines = [
         "",
         "environment of every process (MS_ROLE and MS_NODE_ID as in the table; CLUSTER_SPARE=1 "
-        "for the spares):",
+        f"for the spares{relayed}):",
     ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
     passed = {

@@ -86,6 +86,7 @@ async def test_a_relay_passes_each_workers_calls_and_refusals_unchanged(short_di
                 await a.kv_set("big", b"x" * 100)
             await a.kv_set("small", b"x")
             assert await b.kv_get(["small"]) == ([b"x"], [])
+            assert await b.kv_wait(["small"], 1.0) == [b"x"]  # a call with a deadline
             assert await asyncio.wait_for(
                 asyncio.gather(a.exchange("allgather", b"1"), b.exchange("allgather", b"2")), 10
             ) == [[b"1", b"2"], [b"1", b"2"]]
@@ -149,3 +150,25 @@ def test_workers_through_a_relay_hold_one_connection_and_fail_with_it(
         assert "lost the relay at unix:" in w.output, w.output
         assert "refused this node: job" in w.output, w.output
         assert "is over (failed: rank" in w.output, w.output
+
+
+def test_a_hung_worker_behind_a_relay_is_found_by_its_silence(
+    processes: Procs, short_dir: Path
+) -> None:
+    """Detection is unchanged: a stopped worker's connection to the relay stays open, and so
+    does the relay's stream for it, but its heartbeats stop: the scheduler fails the job
+    naming it, and every other process exits."""
+    sched, relay, workers = start_relayed_job(
+        processes, short_dir / "r.sock", 3, MS_NODE_TIMEOUT="2"
+    )
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    victim = workers[0]
+    victim.popen.send_signal(signal.SIGSTOP)
+    try:
+        for proc in [workers[1], workers[2], sched]:
+            assert proc.wait(20) != 0, proc.output
+            assert "no heartbeat" in proc.output, proc.output
+        assert relay.running
+    finally:
+        victim.popen.send_signal(signal.SIGKILL)

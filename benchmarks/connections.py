@@ -47,11 +47,10 @@ POLL_S = 0.01
 # The scheduler, optionally without the options that drop idle connections.
 SCHEDULER = """
 import sys
-from cluster.scheduler import server
-from cluster.transport import edge
+from cluster.transport import edge, serving
 if sys.argv[1] == "grpc-defaults":
     dropped = ("grpc.server_handshake_timeout_ms", "grpc.max_connection_idle_ms")
-    server.SERVER_OPTIONS[:] = [o for o in server.SERVER_OPTIONS if o[0] not in dropped]
+    serving.SERVER_OPTIONS[:] = [o for o in serving.SERVER_OPTIONS if o[0] not in dropped]
 if sys.argv[1] == "unbounded":
     edge.FIRST_MESSAGE_S = edge.FIRST_LARGE_MESSAGE_S = 10**6
     edge.ARRIVALS_PER_PEER = edge.ARRIVALS_TOTAL = 10**9

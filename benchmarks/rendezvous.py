@@ -56,6 +56,15 @@ query, and torch logs a warning per client, which TORCH_CPP_LOG_LEVEL=ERROR sile
 `--resolver system` leaves the resolver as configured. cluster makes no DNS lookups here (the
 addresses are IP literals and gRPC does not reverse-resolve).
 
+cluster through relays (`--relays K`: the system `cluster-relays`, run beside `cluster`)
+    The same scheduler and simulated workers, but the workers of each client process reach the
+    scheduler through one of K relays (`cluster.tools.relay.Relay`, each in its own process,
+    on a unix socket; client process k uses relay k * K // procs, so --procs is at least K):
+    the scheduler holds K connections instead of N. Reported beside the wall time and the
+    scheduler's CPU: the relays' CPU (summed) and, for both cluster systems, the scheduler's
+    peak count of TCP connections (`scheduler connections: peak P`, sampled from /proc every
+    second by the parent and once more when the last worker holds its table).
+
 Second part (`--real 8`, 0 to skip): a real job of 8 worker processes, each a spawned process
 that imports `cluster`, grpc and `cluster.worker.session` (what `init()` imports), records
 `started = time.time()`, then calls
@@ -72,8 +81,8 @@ client processes there.
 
 Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs auto|N]
        [--real 8] [--timeout S] [--retries 2]
-       [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls]
-       [--resolver tcp|system] [--json PATH]
+       [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls,cluster-relays]
+       [--relays K] [--resolver tcp|system] [--json PATH]
 """
 
 from __future__ import annotations
@@ -451,6 +460,7 @@ class Clients:
     q: MpQueue[Message]
     timeout_s: float
     ssl_json: str | None = None
+    relay: str | None = None  # CLUSTER_RELAY of its workers (None: direct)
 
 
 def cluster_clients_main(c: Clients) -> None:
@@ -496,6 +506,7 @@ def cluster_clients_main(c: Clients) -> None:
                     "MS_TOPO_TIMEOUT": str(timeout_s),
                     "MS_NODE_TIMEOUT": str(SIMULATED_NODE_TIMEOUT_S),
                     **({"CLUSTER_TLS_CONFIG": ssl_json} if ssl_json else {}),
+                    **({"CLUSTER_RELAY": c.relay} if c.relay else {}),
                 }
             )
             identity = NodeIdentity(
@@ -548,6 +559,52 @@ def cluster_clients_main(c: Clients) -> None:
     _report_errors(q, index, lambda: profiled(f"clients-{index}", lambda: asyncio.run(run())))
 
 
+def relay_main(k: int, port: int, n: int, address: str, q: MpQueue[Message], stop: MpEvent) -> None:
+    raise_fd_limit()
+
+    async def serve() -> None:
+        from cluster.tools.relay import Relay, RelaySettings
+
+        relay = Relay(RelaySettings(address, f"{HOST}:{port}", n, SIMULATED_NODE_TIMEOUT_S))
+        await relay.start()
+        try:
+            q.put(("relay-ready", k, os.getpid()))
+            await signalled(stop, 4 * SPAWN_TIMEOUT_S + MIN_TIMEOUT_S + n * TIMEOUT_PER_NODE_S)
+        finally:
+            await relay.stop()
+
+    _report_errors(q, k, lambda: profiled(f"relay-{k}", lambda: asyncio.run(serve())))
+
+
+class ConnectionPeak:
+    """The most TCP connections process `pid` held at once, sampled from /proc every `every_s`
+    on a thread of this process (and whenever `sample` is called)."""
+
+    def __init__(self, pid: int | None, every_s: float = 1.0) -> None:
+        self.pid = pid
+        self.peak: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        from cluster.scheduler.descriptors import connections
+
+        if self.pid is not None:
+            count = len(connections(pid=self.pid))
+            self.peak = count if self.peak is None else max(self.peak, count)
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.sample()
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        self._thread.join(10.0)
+        self.sample()
+        return self.peak
+
+
 # -- gRPC floor: children -------------------------------------------------------------------
 
 
@@ -561,7 +618,8 @@ def grpc_floor_server_main(
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
-        from cluster.scheduler.server import server_credentials, server_options
+        from cluster.scheduler.server import server_credentials
+        from cluster.transport.serving import server_options
 
         # The scheduler's server options: gRPC's defaults cancel calls at random once 1,000 wait
         # to be taken up, which failed this floor from 2,048 workers on.
@@ -726,16 +784,20 @@ def run_once(
     procs: int,
     timeout_s: float,
     ssl_json: str | None = None,
+    relays: int = 0,
 ) -> dict[str, float | None]:
     """One rendezvous of `n` workers: seconds from the start signal to the last full table, and
-    the CPU seconds the client processes (sum) and the server process used meanwhile."""
-    procs = min(procs, n)
+    the CPU seconds the client processes (sum) and the server process used meanwhile; for
+    cluster-relays, through `relays` relay processes."""
+    relays = relays if system == "cluster-relays" else 0
+    procs = min(max(procs, relays), n)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S + timeout_s
     q: MpQueue[Message] = ctx.Queue()
     start = ctx.Event()
     proceed = ctx.Event()
     stop = ctx.Event()
-    with children(ctx) as group:
+    sockets = tempfile.TemporaryDirectory(prefix="rdv-")
+    with sockets, children(ctx) as group:
         box = Mailbox(q, group)
         tls_json: str | None = None
         if system.startswith("cluster"):
@@ -756,16 +818,28 @@ def run_once(
             )
             client_main = tcpstore_clients_main
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
+        addresses = [f"unix:{sockets.name}/relay-{k}.sock" for k in range(relays)]
+        for k, address in enumerate(addresses):
+            group.spawn(relay_main, k, port, n, address, q, stop, name=f"relay-{k}")
+        relay_pids = list(
+            box.collect("relay-ready", relays, time.monotonic() + SPAWN_TIMEOUT_S).values()
+        )
         for k, ids in enumerate(split(range(n), procs)):
-            clients = Clients(k, list(ids), n, port, start, proceed, q, timeout_s, tls_json)
+            relay = addresses[k * relays // procs] if relays else None
+            clients = Clients(k, list(ids), n, port, start, proceed, q, timeout_s, tls_json, relay)
             group.spawn(client_main, clients, name=f"clients-{k}")
         box.collect("ready", procs, time.monotonic() + SPAWN_TIMEOUT_S)
         server_cpu0, server_rss0 = cpu_seconds(server.pid), rss_bytes(server.pid)
+        relay_cpu0 = [cpu_seconds(pid) or 0.0 for pid in relay_pids]
+        peak = ConnectionPeak(server.pid) if system.startswith("cluster") else None
         t0 = time.time()
         start.set()
         timings = box.collect("timing", procs, deadline)
         server_cpu1, server_rss1 = cpu_seconds(server.pid), rss_bytes(server.pid)
+        relay_cpu1 = [cpu_seconds(pid) or 0.0 for pid in relay_pids]
         result: dict[str, float | None] = {
+            "relay_cpu_s": sum(relay_cpu1) - sum(relay_cpu0) if relays else None,
+            "scheduler_connections_peak": None if peak is None else peak.stop(),
             "elapsed_s": max(end for end, _, _ in timings.values()) - t0,
             "client_cpu_s": sum(cpu for _, cpu, _ in timings.values()),
             "client_lag_max_s": max(
@@ -903,10 +977,12 @@ def stages_line(run: dict[str, float | None]) -> str:
         f"{stage} {fmt_s(run.get(f'{stage}_p50_s'))}/{fmt_s(run.get(f'{stage}_max_s'))}"
         for stage in ("connected", "accepted", "topology")
     ]
+    peak = run.get("scheduler_connections_peak")
     return (
         ", ".join(parts)
         + f"; finish {fmt_s(run.get('finish_s'))}; loop lag: scheduler "
         + f"{fmt_s(run.get('server_lag_max_s'))}, clients {fmt_s(run.get('client_lag_max_s'))}"
+        + ("" if peak is None else f"; scheduler connections: peak {peak:.0f}")
     )
 
 
@@ -947,6 +1023,34 @@ def print_per_node(results: dict[str, Any], sizes: Sequence[int], systems: Seque
                 if key.startswith("cluster_median_")
             }
             print(f"{n:>6} | {stages_line(run)}")
+
+
+def print_relays(results: dict[str, Any], sizes: Sequence[int], relays: int) -> None:
+    """Direct (cluster) against `relays` relays (cluster-relays), medians: wall time, the
+    scheduler's CPU, the relays' CPU, and the scheduler's peak connection count."""
+    print()
+    print(f"Through {relays} relays (cluster-relays) and direct (cluster), medians:")
+    header = (
+        f"{'N':>6} | {'direct':>8} | {'relays':>8} | {'ratio':>5} | {'sched CPU d/r':>17} | "
+        f"{'relays CPU':>10} | {'sched conns d/r':>15}"
+    )
+    print(header)
+    print("-" * len(header))
+    for n in sizes:
+        entry = results["sizes"][str(n)]
+
+        def get(system: str, key: str, entry: Any = entry) -> Any:
+            return entry.get(f"{system}_median_{key}")
+
+        direct, relayed = get("cluster", "elapsed_s"), get("cluster-relays", "elapsed_s")
+        ratio = f"{relayed / direct:.2f}" if direct and relayed else "-"
+        cpu = "/".join(fmt_s(get(s, "server_cpu_s")) for s in ("cluster", "cluster-relays"))
+        peaks = [get(s, "scheduler_connections_peak") for s in ("cluster", "cluster-relays")]
+        conns = "/".join("-" if v is None else f"{v:.0f}" for v in peaks)
+        print(
+            f"{n:>6} | {fmt_s(direct):>8} | {fmt_s(relayed):>8} | {ratio:>5} | {cpu:>17} | "
+            f"{fmt_s(get('cluster-relays', 'relay_cpu_s')):>10} | {conns:>15}"
+        )
 
 
 def timeout_for(given: float | None, n: int) -> float:
@@ -998,6 +1102,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="tcp",
         help="tcp: RES_OPTIONS=use-vc in every process (see above); system: as configured",
     )
+    parser.add_argument(
+        "--relays",
+        type=int,
+        default=0,
+        help="K: also run cluster-relays, the workers through K relay processes (0: not)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     try:
@@ -1022,7 +1132,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.retries < 0:
         parser.error("--retries must be >= 0")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    known = ("cluster", "tcpstore", *TLS_SYSTEMS, *FLOOR_SYSTEMS)
+    if args.relays < 0:
+        parser.error("--relays must be >= 0")
+    if args.relays and "cluster-relays" not in args.systems:
+        args.systems.append("cluster-relays")
+    if "cluster-relays" in args.systems and not args.relays:
+        parser.error("--systems cluster-relays needs --relays K (K >= 1)")
+    known = ("cluster", "tcpstore", "cluster-relays", *TLS_SYSTEMS, *FLOOR_SYSTEMS)
     unknown = set(args.systems) - set(known)
     if unknown or not args.systems:
         parser.error(f"--systems: choose among {', '.join(known)} (got {args.systems})")
@@ -1130,12 +1246,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         procs_for(args.procs, n),
                         timeout_for(args.timeout, n),
                         ssl_jsons.get(system),
+                        args.relays,
                     ),
                 )
                 runs[system].append(run)
                 print(
                     f"  {what} {fmt_s(run['elapsed_s']):>8}   CPU meanwhile: clients "
                     f"{fmt_s(run['client_cpu_s'])}, server {fmt_s(run['server_cpu_s'])}"
+                    + (f", relays {fmt_s(run['relay_cpu_s'])}" if run.get("relay_cpu_s") else "")
                     + (f"; {stages_line(run)}" if system.startswith("cluster") else ""),
                     flush=True,
                 )
@@ -1236,6 +1354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             secured = entry.get("grpc-tls_median_elapsed_s")
             ratio = f"{secured / plain:.2f}" if secured is not None and plain else "-"
             print(f"{n:>6} | {fmt_s(plain):>10} | {fmt_s(secured):>10} | {ratio:>6}")
+    if "cluster-relays" in args.systems:
+        print_relays(results, args.sizes, args.relays)
     shutil.rmtree(tls_dir, ignore_errors=True)
     if real is not None:
         print()

@@ -185,6 +185,9 @@ class ClusterConfig:
     # Every scheduler of the job as "host:port", the leader among them (MS_SCHED_HOST=h1,h2 or
     # CLUSTER_SCHED_ADDRS); empty: the one at sched_host:sched_port.
     sched_addresses: tuple[str, ...] = ()
+    # A worker's way to the scheduler through its host's relay (CLUSTER_RELAY=unix:PATH, which
+    # `mscluster run` sets); None: direct.
+    relay: str | None = None
 
     @property
     def sched_address(self) -> str:

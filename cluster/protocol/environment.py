@@ -132,7 +132,40 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         state_url=state_url,
         lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
         sched_addresses=addresses if len(addresses) > 1 else (),
+        relay=relay_from_env(env) if role is not Role.SCHEDULER else None,
     )
+
+
+# A unix socket's path is at most this long (sun_path, with its terminating NUL).
+MAX_SOCKET_PATH = 107
+RELAY_SCHEME = "unix:"
+
+
+def relay_from_env(env: Mapping[str, str]) -> str | None:
+    """CLUSTER_RELAY: the host relay's local socket, "unix:PATH" (None when unset or empty)."""
+    raw = env.get("CLUSTER_RELAY", "").strip()
+    if not raw:
+        return None
+    return relay_address("CLUSTER_RELAY", raw)
+
+
+def relay_address(name: str, raw: str) -> str:
+    """`raw` ("unix:PATH", gRPC's "unix:///PATH", or a bare PATH) as a relay's address
+    ("unix:PATH"), or a ConfigError naming `name`."""
+    path = raw.removeprefix(RELAY_SCHEME)
+    if path.startswith("//"):  # unix://ABSOLUTE-PATH
+        path = path[2:]
+    if not path:
+        raise ConfigError(
+            f"{name}={raw!r} is not a relay address: give unix:PATH, the path of the relay's "
+            "socket (mscluster relay --socket PATH)"
+        )
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"{name}={raw!r} is too long for a unix socket: its path must be at most "
+            f"{MAX_SOCKET_PATH} bytes"
+        )
+    return RELAY_SCHEME + path
 
 
 def node_counts_from_env(env: Mapping[str, str]) -> tuple[int, int]:

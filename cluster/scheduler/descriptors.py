@@ -38,21 +38,24 @@ def open_descriptors() -> int | None:
         return None
 
 
-def connections(first_seen: dict[int, float] | None = None, now: float = 0.0) -> list[Connection]:
-    """This process's connected TCP sockets (not its listeners) and their peers. `first_seen`:
-    when each socket (by inode) was first seen, kept from one call to the next for their ages
-    (updated here: sockets gone are dropped, new ones noted at `now`)."""
+def connections(
+    first_seen: dict[int, float] | None = None, now: float = 0.0, pid: int | None = None
+) -> list[Connection]:
+    """This process's (or process `pid`'s) connected TCP sockets (not its listeners) and their
+    peers. `first_seen`: when each socket (by inode) was first seen, kept from one call to the
+    next for their ages (updated here: sockets gone are dropped, new ones noted at `now`)."""
+    fd_dir = _FD_DIR if pid is None else Path(f"/proc/{pid}/fd")
     inodes: dict[int, int] = {}
-    for name in _listing():
+    for name in _listing(fd_dir):
         try:
-            target = os.readlink(_FD_DIR / name)
+            target = os.readlink(fd_dir / name)
         except OSError:
             continue  # closed meanwhile
         if target.startswith("socket:["):
             inodes[int(target[8:-1])] = int(name)
     found = []
     seen = {} if first_seen is None else first_seen
-    for inode, peer in _tcp_peers():
+    for inode, peer in _tcp_peers("self" if pid is None else str(pid)):
         fd = inodes.get(inode)
         if fd is not None:
             since = seen.setdefault(inode, now)
@@ -155,18 +158,19 @@ def _open_spare() -> int | None:
         return None
 
 
-def _listing() -> list[str]:
+def _listing(fd_dir: Path = _FD_DIR) -> list[str]:
     try:
-        return os.listdir(_FD_DIR)
+        return os.listdir(fd_dir)
     except OSError:
         return []
 
 
-def _tcp_peers() -> Iterator[tuple[int, str]]:
-    """(inode, peer) of every TCP socket of this network namespace that is not listening."""
+def _tcp_peers(pid: str = "self") -> Iterator[tuple[int, str]]:
+    """(inode, peer) of every TCP socket of the network namespace of process `pid` that is not
+    listening."""
     for table in ("tcp", "tcp6"):
         try:
-            lines = Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
+from cluster.protocol.records import NodeState
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
@@ -35,9 +36,10 @@ from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import StateStore
-from cluster.transport import allocator, channel
+from cluster.transport import allocator
 from cluster.transport import tls as tls_module
 from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
+from cluster.transport.serving import server_options
 
 if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection
@@ -47,7 +49,6 @@ __all__ = ["JobStore", "SchedulerServer", "run", "serve", "server_credentials"]
 log = logging.getLogger("cluster.scheduler")
 
 SERVICE_NAME = "cluster.v1.Scheduler"
-IDLE_CONNECTION_MS = 10_000
 # Stopped (SIGTERM, SIGINT) while saves of the recovery state fail: how long it keeps trying to
 # save what was decided before it stops anyway, leaving the older state on disk.
 STOP_SAVE_WAIT_S = 3.0  # with the server's own stop, within the launcher's 5 s before SIGKILL
@@ -56,59 +57,16 @@ DRAIN_S = 2.0
 # The end waits for nodes waiting out their guard to ask again; it looks again at least this
 # often (a node's window to ask closes without any call).
 GUARD_WAITER_RECHECK_S = 0.25
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-SERVER_OPTIONS = [
-    # grpc enables SO_REUSEPORT by default, which would let a second scheduler bind the same port
-    # without an error and steal half the connections.
-    ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Nodes keep one stream open for the whole job and ping it (`channel.keepalive_options`):
-    # allow that, at up to twice the rate they use.
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", channel.KEEPALIVE_MIN_MS // 2),
-    ("grpc.max_concurrent_streams", 100_000),
-    # A connection holds a file descriptor: one that does not finish its handshake (TLS and
-    # HTTP/2 settings) in time is dropped. The time is the one a node gives a connection attempt
-    # before it abandons it and tries again, so no real node is refused by it; 2,000 idle
-    # sockets held for grpc's default of 2 minutes kept every real node out.
-    ("grpc.server_handshake_timeout_ms", channel.CONNECT_TIMEOUT_MS),
-    # A connection with no call for this long is closed (GOAWAY). A node is never idle: it keeps
-    # its Watch stream open. Status pollers reconnect when they next ask.
-    ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
-]
-# Calls a node may have open at once: its Watch stream, its Heartbeat stream, and one call of
-# its own (a collective, a store call, Finish, a checkpoint report).
-CALLS_PER_NODE = 4
-# Room for calls of anyone else (`mscluster status`, the health service, a stray client).
-CALLS_BESIDE_NODES = 3000
 
 
-def pending_calls_limit(nodes: int) -> int:
-    """How many calls gRPC may hold for the scheduler before it has taken them up."""
-    return CALLS_PER_NODE * nodes + CALLS_BESIDE_NODES
-
-
-def server_options(nodes: int, node_timeout_s: float | None) -> list[tuple[str, int]]:
-    """SERVER_OPTIONS, with gRPC's queue of calls not yet taken up sized for `nodes`, and
-    gRPC's pings of every connection (`channel.keepalive_options`) for `node_timeout_s`
-    (None: no pings, MS_DISABLE_HEARTBEAT).
-
-    A grpc.aio server takes up one call per method at a time; the calls that arrive meanwhile
-    wait in gRPC's queue. Past 1,000 of them gRPC cancels new calls at random, and past 3,000
-    all of them (its defaults, "grpc.server.max_pending_requests" and its hard limit): every
-    node of a job sends its Watch at start and its Finish at the end, so a job of 1,536 nodes
-    had registrations and finishes cancelled by gRPC itself (CANCELLED), and a node whose Finish
-    was cancelled left, which the scheduler took for a death. The queue holds what the nodes
-    can send at once; past it, calls are refused, not queued without end.
-    """
-    limit = pending_calls_limit(nodes)
-    return [
-        *SERVER_OPTIONS,
-        *channel.keepalive_options(node_timeout_s),
-        ("grpc.server.max_pending_requests", limit),
-        ("grpc.server.max_pending_requests_hard_limit", limit),
-    ]
+async def _tell_cut_off(core: SchedulerCore, deadline: float) -> None:
+    """A failed job whose members lost their connections (a relay's host, a network cut) may
+    have them back in a moment, alive, to hear that it failed (a refusal that says so), where
+    they would otherwise look for a scheduler that is gone: serve them until `deadline`."""
+    members = core.state.members.values()
+    if core.ok or not any(m.state is NodeState.FAILED and not m.connected for m in members):
+        return
+    await asyncio.sleep(max(deadline - asyncio.get_running_loop().time(), 0.0))
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -394,6 +352,7 @@ class SchedulerServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(closed, drain_s)
             await self._tell_guard_waiters(core, deadline)
+            await _tell_cut_off(core, deadline)
         if self.ha is not None:
             await self.ha.stop()
         for task in (self._monitor, self._expiry, self._reserve):

@@ -3,6 +3,7 @@
     mscluster run [options] SCRIPT [ARGS...]   start a job's local processes (like msrun/torchrun;
                                                msrun's option names work too: --worker_num=8)
     mscluster scheduler [options]              a standalone scheduler
+    mscluster relay --socket unix:PATH         one host's relay for its workers (CLUSTER_RELAY)
     mscluster status --addr HOST:PORT          what a running job looks like (--watch: live)
     mscluster events [--file PATH | --addr HOST:PORT] [--follow]   the job's events
 
@@ -95,6 +96,14 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
     return server.run(config)
 
 
+def _cmd_relay(args: argparse.Namespace) -> int:
+    from cluster.tools import relay  # noqa: PLC0415 - the relay's own process
+
+    settings = relay.settings_from_env(os.environ, args.socket, args.scheduler)
+    orphan.watch_launcher()
+    return relay.run(settings)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.tls_config:
         # This process polls the scheduler over TLS too: same cipher list as the children.
@@ -127,6 +136,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         lease_s=args.lease,
         allocation=where.allocation,
         master_is_node=where.master_is_node,
+        relay=args.relay,
     )
     return launch.run(options, dry_run=args.dry_run)
 
@@ -387,6 +397,13 @@ def _add_job_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--spares", type=int, default=0, help="hot spare workers here (CLUSTER_SPARE)")
     run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
     run.add_argument(
+        "--no-relay",
+        dest="relay",
+        action="store_false",
+        help="no relay: each local worker connects to the scheduler itself (by default, with 2 "
+        "or more local workers, they share one connection through this host's relay)",
+    )
+    run.add_argument(
         "--metrics-port",
         type=int,
         help="the scheduler serves Prometheus metrics on this port (CLUSTER_METRICS_PORT; off)",
@@ -437,6 +454,15 @@ def _add_scheduler_options(sched: argparse.ArgumentParser) -> None:
         "standby takes over within about this long",
     )
     sched.set_defaults(func=_cmd_scheduler)
+
+
+def _add_relay_options(relay: argparse.ArgumentParser) -> None:
+    """`mscluster relay`: one host's relay for its workers."""
+    relay.add_argument("--socket", required=True, help="the local socket to serve (unix:PATH)")
+    relay.add_argument(
+        "--scheduler", help="HOST:PORT (default: MS_SCHED_HOST and MS_SCHED_PORT, the first)"
+    )
+    relay.set_defaults(func=_cmd_relay)
 
 
 def _add_status_options(stat: argparse.ArgumentParser) -> None:
@@ -553,6 +579,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Options default to the MS_* environment variables.",
     )
     _add_scheduler_options(sched)
+    relay = commands.add_parser(
+        "relay",
+        help="serve this host's workers on a local socket, over one connection to the scheduler",
+        description="Forward the calls of the workers that reach --socket (CLUSTER_RELAY="
+        "unix:PATH) to the scheduler over one connection, each with its own proof; the job is "
+        "MS_WORKER_NUM's, the scheduler MS_SCHED_HOST:MS_SCHED_PORT's, TLS CLUSTER_TLS_CONFIG's.",
+    )
+    _add_relay_options(relay)
     stat = commands.add_parser(
         "status",
         help="show a running job's nodes, ranks and health",

@@ -25,8 +25,11 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
+import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +44,14 @@ from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes, slurm_io
 from cluster.tools import status as status_module
-from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, render
+from cluster.tools.launch_plan import (
+    LaunchOptions,
+    Plan,
+    Process,
+    child_environment,
+    render,
+    wants_relay,
+)
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
@@ -63,6 +73,11 @@ SPARE_EXIT_S = 1.0
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
+# How long the relay gets to take connections before the workers start without it (they then go
+# to the scheduler directly), and how often the launcher looks meanwhile.
+RELAY_START_S = 15.0
+RELAY_LOOK_S = 0.02
+RELAY_SOCKET = "relay.sock"
 
 
 def _log_end(path: Path) -> list[str]:
@@ -112,6 +127,8 @@ class Launcher:
             assert tls_options is not None  # a config path was given
             self._identity = tls.load_identity(tls_options, server=False)
         self.scheduler: Child | None = None
+        self.relay: Child | None = None
+        self._relay_said = False
         self.workers: list[Child] = []
         self.view: JobView | None = None
         self._secret: bytes | None = None  # the job secret, once read (it proves our reads)
@@ -153,7 +170,7 @@ class Launcher:
     def _write_pids(self) -> None:
         """`<log-dir>/pids`: the pid of every process this launcher started (the newest
         incarnation of each), so that a tool signals this job's processes and no other's."""
-        started = [c for c in [self.scheduler, *self.workers] if c is not None]
+        started = [c for c in [self.scheduler, self.relay, *self.workers] if c is not None]
         pids = {_pid_name(c.planned): c.process.pid for c in started if c.process is not None}
         with contextlib.suppress(OSError):  # a courtesy to tools: never fails the job
             processes.write_pids(self.options.log_dir, pids)
@@ -187,7 +204,8 @@ class Launcher:
     async def _stop_all(self) -> None:
         """SIGTERM every running child's process group (SIGINT the scheduler's: the job ends,
         where SIGTERM would hand it to a standby); SIGKILL what is left after the grace."""
-        children = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
+        everyone = [*self.workers, self.scheduler, self.relay]
+        children = [c for c in everyone if c is not None and c.running]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for child in children:
                 if child.running and child.process is not None:
@@ -334,6 +352,10 @@ class Launcher:
             if self.plan.scheduler is not None:
                 self.scheduler = Child(self.plan.scheduler)
                 await self._start(self.scheduler)
+            if self.plan.relay is not None:
+                self.relay = Child(self.plan.relay)
+                await self._start(self.relay)
+                await self._relay_started()
             self.workers = [Child(planned) for planned in self.plan.workers]
             for child in self.workers:
                 await self._start(child)
@@ -354,10 +376,41 @@ class Launcher:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
 
+    async def _relay_started(self) -> None:
+        """Wait, up to RELAY_START_S, until the relay takes connections, so that the workers
+        find it; one that does not is said, and the workers go to the scheduler directly."""
+        relay, path = self.relay, self.options.relay_socket
+        assert relay is not None
+        assert path is not None
+        deadline = self._clock() + RELAY_START_S
+        while relay.running and self._clock() < deadline:
+            if _accepts(path):
+                return
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(relay.exited.wait(), RELAY_LOOK_S)
+        self._relay_said = True
+        self._print(
+            f"mscluster: the relay did not start (see {relay.planned.log}): the workers go to "
+            "the scheduler directly"
+        )
+
+    def _relay_gone(self) -> None:
+        """Say once that the relay ended while the job runs: the scheduler took its workers for
+        failed (with recovery they rejoin), and they go to it directly from now on."""
+        relay = self.relay
+        if relay is None or relay.exit_code is None or self._relay_said:
+            return
+        self._relay_said = True
+        self._print(
+            f"mscluster: the relay {policy.describe_exit(relay.exit_code)}: this host's workers "
+            "go to the scheduler directly"
+        )
+
     async def _watch(self) -> int:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._relay_gone()
             failed = any(w.exit_code not in (None, 0) for w in self.workers)
             decision = policy.decide(await self._seen(ask=failed))
             if decision.action is policy.Action.STOP:
@@ -498,8 +551,23 @@ class Launcher:
 
 def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = False) -> int:
     """Validate, launch, and return the exit code (2 for a usage error). With `dry_run`, print
-    what would start to stdout instead, and start nothing."""
+    what would start to stdout instead, and start nothing. A relay's socket goes in a directory
+    of this user's only, made here and removed at the end."""
     setup.validate(options)
+    if not wants_relay(options):
+        return _launch(options, out, dry_run=dry_run)
+    if dry_run:
+        unmade = Path(tempfile.gettempdir()) / "mscluster-relay-XXXXXXXX" / RELAY_SOCKET
+        return _launch(dataclasses.replace(options, relay_socket=unmade), out, dry_run=True)
+    directory = Path(tempfile.mkdtemp(prefix="mscluster-relay-"))  # mode 0700
+    try:
+        socket_path = directory / RELAY_SOCKET
+        return _launch(dataclasses.replace(options, relay_socket=socket_path), out)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> int:
     allocation = options.allocation
     # The Slurm step whose nodes share a secret that node 0 makes (None: no such sharing).
     sharing = allocation if slurm_io.shares_secret(allocation, os.environ) else None
@@ -550,6 +618,17 @@ def _closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
             flush=True,
         )
     return False
+
+
+def _accepts(path: Path) -> bool:
+    """Whether something takes connections on the unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _pid_name(planned: Process) -> str:

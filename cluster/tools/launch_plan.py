@@ -63,6 +63,10 @@ class LaunchOptions:
     master_is_node: bool = False
     # CLUSTER_JOB_SECRET_FILE for every process (None: what the environment gives, if anything).
     job_secret_file: Path | None = None
+    # A relay for this host's workers when it starts at least RELAY_FROM of them (--no-relay),
+    # and where it serves them: a socket in a private directory the launcher makes (None: none).
+    relay: bool = True
+    relay_socket: Path | None = None
 
     @property
     def job_recovery_path(self) -> Path:
@@ -96,10 +100,22 @@ class Plan:
     scheduler: Process | None  # None: it runs on another host
     workers: tuple[Process, ...]
     notes: tuple[str, ...] = field(default=())  # what the shell found out, for --dry-run
+    relay: Process | None = None  # this host's relay, started before the workers
 
     @property
     def processes(self) -> tuple[Process, ...]:
-        return self.workers if self.scheduler is None else (self.scheduler, *self.workers)
+        first = () if self.scheduler is None else (self.scheduler,)
+        return (*first, *self.workers, *(() if self.relay is None else (self.relay,)))
+
+
+# A host that starts at least this many workers (spares counted) starts a relay for them: one
+# connection to the scheduler instead of one each. A single worker gains nothing from one.
+RELAY_FROM = 2
+
+
+def wants_relay(options: LaunchOptions) -> bool:
+    """Whether this host's workers reach the scheduler through a relay of this launcher."""
+    return options.relay and options.local_worker_num + options.spares >= RELAY_FROM
 
 
 def node_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
@@ -187,6 +203,8 @@ def make_plan(
 ) -> Plan:
     o = options
     base = job_environment(o, ip, launcher_pid, tls_env)
+    relay = relay_process(o, base)
+    reach = {} if relay is None else {"CLUSTER_RELAY": relay.args[-1]}
     scheduler = None
     if with_scheduler:
         scheduler = Process(
@@ -201,7 +219,7 @@ def make_plan(
             f"worker {i}",
             "MS_WORKER",
             (o.python, str(o.script), *o.script_args),
-            {**base, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id},
+            {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id},
             o.log_dir / f"worker_{i}.log",
             node_id=node_id,
             index=i,
@@ -213,7 +231,7 @@ def make_plan(
             f"spare {i}",
             "MS_WORKER",
             (o.python, str(o.script), *o.script_args),
-            {**base, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, "CLUSTER_SPARE": "1"},
+            {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, "CLUSTER_SPARE": "1"},
             o.log_dir / f"spare_{i}.log",
             node_id=node_id,
             index=o.local_worker_num + i,
@@ -223,7 +241,16 @@ def make_plan(
     )
     workers = workers + spares
     address = f"[{ip}]:{o.master_port}" if ":" in ip else f"{ip}:{o.master_port}"
-    return Plan(ip, address, scheduler, workers, tuple(notes))
+    return Plan(ip, address, scheduler, workers, tuple(notes), relay)
+
+
+def relay_process(options: LaunchOptions, base: Mapping[str, str]) -> Process | None:
+    """This host's relay, when it has a socket to serve (`LaunchOptions.relay_socket`)."""
+    if options.relay_socket is None:
+        return None
+    address = f"unix:{options.relay_socket}"
+    command = (options.python, "-m", "cluster", "relay", "--socket", address)
+    return Process("relay", "relay", command, base, options.log_dir / "relay.log")
 
 
 def child_environment(inherited: Mapping[str, str], process: Process) -> dict[str, str]:
@@ -282,12 +309,13 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     """The job's variables, those of the launcher's environment that matter, and its MS_* that
     are not passed on."""
-    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE"}
+    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
     common = {k: v for k, v in plan.processes[0].env.items() if k not in per_process}
+    relayed = "" if plan.relay is None else f"; CLUSTER_RELAY={plan.relay.args[-1]} for the workers"
     lines = [
         "",
         "environment of every process (MS_ROLE and MS_NODE_ID as in the table; CLUSTER_SPARE=1 "
-        "for the spares):",
+        f"for the spares{relayed}):",
     ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
     passed = {

@@ -69,7 +69,7 @@ def reconnect_options(first_ms: int, ceiling_ms: int) -> list[tuple[str, int]]:
 # MS_NODE_TIMEOUT and 4/3 of it (and the slack) after it last answered: in a small job always
 # after the heartbeats' own limit has found it (so what it is told names the heartbeat), in a
 # large one whose heartbeats are rarer (see `config.silence_limit`) long before. Not more often
-# than the scheduler lets a client ping (`server.SERVER_OPTIONS`).
+# than the scheduler lets a client ping (`serving.SERVER_OPTIONS`).
 KEEPALIVE_MIN_MS = 1_000
 KEEPALIVE_SLACK_MS = 1_000
 KEEPALIVE_PINGS_PER_TIMEOUT = 3

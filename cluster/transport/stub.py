@@ -39,7 +39,7 @@ class _Recorder:
 
 
 @functools.cache
-def _methods() -> dict[str, tuple[str, str, dict[str, Any]]]:
+def methods() -> dict[str, tuple[str, str, dict[str, Any]]]:
     """Attribute name -> (channel method, path, options), as the generated stub makes them."""
     recorder = _Recorder()
     stub = pb_grpc.SchedulerStub(recorder)
@@ -54,7 +54,7 @@ class LazyStub:
 
     def __getattr__(self, name: str) -> Any:
         try:
-            kind, path, options = _methods()[name]
+            kind, path, options = methods()[name]
         except KeyError:
             raise AttributeError(f"the Scheduler service has no method {name!r}") from None
         method = getattr(self._channel, kind)(path, **options)

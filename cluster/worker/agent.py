@@ -90,11 +90,11 @@ class WorkerAgent:
             identity.node_id, identity.incarnation, identity.credential
         )
         self._signer = membership.signer(self._job_secret, identity)
-        # With a job secret: the scheduler's challenge (its address, the challenge, the job id,
-        # when it came) for the registrations, asked for again when stale.
+        # With a job secret: the scheduler's (address, challenge, job id, when), renewed when stale.
         self._challenge: tuple[str, bytes, str, float] | None = None
         self._host, self._port = config.sched_host, config.sched_port
-        self._channel = scheduler_link.open_channel(self.core.address, self._tls, config)
+        self._route = scheduler_link.Route(config, say)  # through the host's relay, or direct
+        self._channel = self._route.open(self.core.address, self._tls)
         self._stub = LazyStub(self._channel)
         self._aside: set[asyncio.Task[Any]] = set()  # old channels closing, late answers said
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
@@ -195,6 +195,7 @@ class WorkerAgent:
             case steps.Register():
                 return self._registered(self.core.step(await self._register(action)))
             case steps.CheckScheduler(timeout_s=timeout_s):
+                self._off_lost_relay()
                 reach = await self._probe.check(self._host, self._port, self._tls, timeout_s)
                 return self.core.step(steps.Checked(reach.ok, reach.why))
             case steps.Pause(seconds=seconds):
@@ -250,9 +251,16 @@ class WorkerAgent:
         """Talk to the scheduler at `address` from now on; the old channel closes aside."""
         self._host, self._port = split_address("the scheduler address", address)
         old = self._channel
-        self._channel = scheduler_link.open_channel(address, self._tls, self.config)
+        self._channel = self._route.open(address, self._tls)
         self._stub = LazyStub(self._channel)
         self._set_aside(old.close(grace=None))
+
+    def _off_lost_relay(self, *, stream_lost: bool = False) -> None:
+        """To the scheduler directly once the relay that carried this node's calls is gone (a
+        stream lost with the connection to the relay: gone, or as good as gone)."""
+        ready = self._channel.get_state() is grpc.ChannelConnectivity.READY
+        if self._route.relay_lost(cut_off=stream_lost and not ready):
+            self._follow(self.core.address)
 
     def _set_aside(self, work: Coroutine[Any, Any, Any]) -> None:
         """Run `work` beside this agent's tasks (cancelled by `close`)."""
@@ -392,6 +400,8 @@ class WorkerAgent:
         while watch is not None and self._accepted is not None:
             call, self._accepted = self._accepted, None
             lost = await self._watch_once(call, watch)
+            if lost is not None:
+                self._off_lost_relay(stream_lost=True)
             then = None if lost is None else await self._run(self.core.step(lost))
             watch = then if isinstance(then, steps.Watch) else None
 
@@ -525,6 +535,15 @@ class WorkerAgent:
                 if signer is not None:
                     signer.release(taken)
 
+    async def _unary(self, what: str, method: str, request: Any, **options: Any) -> Any:
+        """The call `method` of `request` for the user, signed (`_call`)."""
+        return await self._call(
+            what,
+            lambda: getattr(self._stub, method)(
+                request, wait_for_ready=True, metadata=self._signed(method, request), **options
+            ),
+        )
+
     def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:
         """Whether a call cancelled on `channel` was cut off by following a new leader (the
         channel was closed for another), not by cancelling this task."""
@@ -552,13 +571,7 @@ class WorkerAgent:
             root=root,
             value=value,
         )
-        response = await self._call(
-            op,
-            lambda: self._stub.Exchange(
-                request, wait_for_ready=True, metadata=self._signed("Exchange", request)
-            ),
-        )
-        return list(response.values)
+        return list((await self._unary(op, "Exchange", request)).values)
 
     async def wait_generation(self, newer_than: int) -> Topology:
         """The topology once its generation is above `newer_than` (the job's failure, if it
@@ -603,54 +616,23 @@ class WorkerAgent:
         if resumed is not None:
             generation, step, why = resumed
             request.resumed.CopyFrom(pb.MemoryResume(generation=generation, step=step, why=why))
-        answer = await self._call(
-            "checkpoint report",
-            lambda: self._stub.ReportCheckpoints(
-                request, wait_for_ready=True, metadata=self._signed("ReportCheckpoints", request)
-            ),
-        )
+        answer = await self._unary("checkpoint report", "ReportCheckpoints", request)
         return int(answer.held_by_all)
 
     async def kv_set(self, key: str, value: bytes) -> None:
-        request = pb.KvSetRequest(key=key, value=value)
-        await self._call(
-            "kv set",
-            lambda: self._stub.KvSet(
-                request, wait_for_ready=True, metadata=self._signed("KvSet", request)
-            ),
-        )
+        await self._unary("kv set", "KvSet", pb.KvSetRequest(key=key, value=value))
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        request = pb.KvGetRequest(keys=keys)
-        response = await self._call(
-            "kv get",
-            lambda: self._stub.KvGet(
-                request, wait_for_ready=True, metadata=self._signed("KvGet", request)
-            ),
-        )
+        response = await self._unary("kv get", "KvGet", pb.KvGetRequest(keys=keys))
         return list(response.values), list(response.missing)
 
     async def kv_wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
         request = pb.KvWaitRequest(keys=keys, timeout_s=timeout_s)
-        response = await self._call(
-            "kv wait",
-            lambda: self._stub.KvWait(
-                request,
-                timeout=timeout_s + 5.0,
-                wait_for_ready=True,
-                metadata=self._signed("KvWait", request),
-            ),
-        )
+        response = await self._unary("kv wait", "KvWait", request, timeout=timeout_s + 5.0)
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
-        request = pb.KvAddRequest(key=key, amount=amount)
-        response = await self._call(
-            "kv add",
-            lambda: self._stub.KvAdd(
-                request, wait_for_ready=True, metadata=self._signed("KvAdd", request)
-            ),
-        )
+        response = await self._unary("kv add", "KvAdd", pb.KvAddRequest(key=key, amount=amount))
         return int(response.value)
 
     # -- end ---------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """A worker's channel to the scheduler: its options (reconnect pacing, gRPC's pings, message
-sizes) in a job of a given size, and the worker's TLS identity."""
+sizes) in a job of a given size, the worker's TLS identity, and its route: through its host's
+relay (CLUSTER_RELAY) while the relay answers, else direct."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -71,3 +74,66 @@ def prepare_tls(options: TLSOptions, say: Callable[[str], None]) -> tls.Identity
     for warning in tls.expiry_warnings(identity):
         say(warning)
     return identity
+
+
+# How long a check of a relay's socket holds for the other agents of the process (a benchmark
+# runs a thousand on one relay), and how long one check may take.
+RELAY_CHECK_KEPT_S = 1.0
+RELAY_CHECK_S = 0.5
+_relay_checks: dict[str, tuple[bool, float]] = {}  # address -> (listening, when)
+
+
+def relay_listening(
+    address: str, *, kept_up: bool = True, clock: Callable[[], float] = time.monotonic
+) -> bool:
+    """Whether a relay listens at `address` (unix:PATH): one local connection, closed at once.
+    A check made within RELAY_CHECK_KEPT_S by this process holds (one that found the relay up
+    only with `kept_up`)."""
+    held = _relay_checks.get(address)
+    now = clock()
+    if held is not None and now - held[1] < RELAY_CHECK_KEPT_S and (kept_up or not held[0]):
+        return held[0]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(RELAY_CHECK_S)
+        try:
+            probe.connect(address.removeprefix("unix:"))
+            listening = True
+        except OSError:
+            listening = False
+    _relay_checks[address] = (listening, now)
+    return listening
+
+
+class Route:
+    """Where a worker's calls go: through its host's relay (`config.relay`) while the worker
+    talks to the first scheduler of its configuration and the relay answers, else to the
+    scheduler directly. A relay found gone is left for good, said in one line."""
+
+    def __init__(self, config: ClusterConfig, say: Callable[[str], None]) -> None:
+        self._config = config
+        self._say = say
+        self.relay = config.relay
+        if self.relay is not None and not relay_listening(self.relay):
+            say(f"no relay answers at {self.relay}: this node talks to the scheduler directly")
+            self.relay = None
+
+    def open(self, address: str, identity: tls.Identity | None) -> grpc.aio.Channel:
+        """A channel for calls to the scheduler at `address`."""
+        if self.relay is not None and address == self._config.addresses[0]:
+            options = channel_options(self._config.expected_nodes, silence_timeout(self._config))
+            # A local socket of this user's: no TLS to the relay, which holds the job's own.
+            return scheduler_channel.open_channel(self.relay, None, options)
+        return open_channel(address, identity, self._config)
+
+    def relay_lost(self, *, cut_off: bool = False) -> bool:
+        """True, once, when the relay this node's calls went through no longer answers, or
+        `cut_off` its connection to it (a relay killed a moment ago may still have its socket
+        listening): from now on they go to the scheduler directly (the caller opens that
+        channel)."""
+        if self.relay is None:
+            return False
+        if not cut_off and relay_listening(self.relay, kept_up=False):
+            return False
+        self._say(f"lost the relay at {self.relay}: this node talks to the scheduler directly")
+        self.relay = None
+        return True

@@ -49,7 +49,11 @@ def test_certs_then_a_tls_job_through_the_launcher(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     for i in range(4):
-        assert "allgather rank=" in (tmp_path / "logs" / f"worker_{i}.log").read_text()
+        log = (tmp_path / "logs" / f"worker_{i}.log").read_text()
+        assert "allgather rank=" in log
+        assert "relay" not in log, log  # it went through the relay all along
+    # The workers' one connection: the relay's, over TLS with the launcher's client identity.
+    assert "mscluster relay: serving unix:" in (tmp_path / "logs" / "relay.log").read_text()
 
 
 def test_certs_refuses_to_overwrite_without_force(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
         "events.jsonl",  # the scheduler's event log
         "job.secret",
         "pids",  # what the launcher started
+        "relay.log",  # the relay its four workers share
         "scheduler.log",
         "worker_0.log",
         "worker_1.log",
@@ -644,7 +645,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(processes: Procs, tmp_path: P
     )
     run.wait_for_output("2/2 registered (ready)", 30)
     children = children_of(run.pid)
-    assert len(children) == 3  # the scheduler and two workers
+    assert len(children) == 4  # the scheduler, the relay and two workers
     run.popen.send_signal(signal.SIGKILL)
     run.wait(10)
     wait_until(lambda: not any(alive(p) for p in children), 15, "the orphans to stop")

@@ -14,6 +14,7 @@ import pytest
 from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.testing import Process, free_port, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
+from tests.sockets import connections_by_owner
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,
@@ -187,3 +188,31 @@ def test_launcher_restarts_its_killed_scheduler_and_the_result_is_exact(
     scheduler_log = (tmp_path / "logs" / "scheduler.log").read_text()
     assert "resuming job" in scheduler_log
     assert "Traceback" not in scheduler_log
+
+
+def test_relay_killed_mid_run_its_workers_rejoin_and_the_result_is_exact(
+    processes: Procs, tmp_path: Path, fault_free_hash: str
+) -> None:
+    """`mscluster run` relays its workers: the scheduler holds one connection for the four of
+    them, the relay's (and the launcher's own, for its progress line). SIGKILL of the relay
+    mid-run is each of them failing at once: with recovery, each goes to the scheduler
+    directly, rejoins, and the job ends with the fault-free parameters."""
+    out = tmp_path / "launched"
+    run, _ = launch_training(processes, tmp_path, out)
+    logs = tmp_path / "logs"
+    wait_for_step(tmp_path, 0, 10)
+    scheduler, relay = launched(logs, "scheduler"), launched(logs, "relay")
+    workers = [launched(logs, f"worker_{i}") for i in range(WORKERS)]
+    owners = connections_by_owner(scheduler, [relay, *workers, run.pid])
+    assert owners.get(relay) == 1, owners
+    assert not any(owners.get(worker) for worker in workers), owners
+    assert set(owners) <= {relay, run.pid}, owners
+    wait_for_step(tmp_path, 0, 25)
+    os.kill(relay, signal.SIGKILL)
+    assert run.wait(120) == 0, run.output
+    assert (out / "final.sha256").read_text().strip() == fault_free_hash
+    assert "mscluster: the relay was killed by SIGKILL: this host's workers go to" in run.output
+    for i in range(WORKERS):
+        log = (logs / f"worker_{i}.log").read_text()
+        assert "lost the relay at unix:" in log, log
+        assert "Traceback" not in log, log

@@ -1,0 +1,168 @@
+"""`mscluster relay`: one host's relay, serving its workers on a local socket and holding one
+connection to the scheduler for all of them (what it forwards, and why it is transport and not
+authority: `cluster.transport.relay`).
+
+`mscluster run` starts one for its workers when it starts at least two here (`--no-relay`: not)
+and gives them CLUSTER_RELAY; a host that starts its workers otherwise runs `mscluster relay
+--socket PATH` and sets CLUSTER_RELAY=unix:PATH for them. The scheduler is the one of the
+launch environment (MS_SCHED_HOST, MS_SCHED_PORT; the first of several), reached with the TLS
+identity of CLUSTER_TLS_CONFIG when it is set. The socket is made readable by this user only:
+whoever may use it may speak as the workers of this host, as whoever may read their
+credentials could.
+
+The relay serves until it is stopped (SIGTERM, SIGINT) or its launcher is gone; then its
+workers' calls end, and each goes to the scheduler directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from cluster.protocol.config import TLSOptions, parse_bool, parse_seconds
+from cluster.protocol.environment import (
+    node_counts_from_env,
+    relay_address,
+    sched_addresses_from_env,
+    tls_options_from_env,
+)
+from cluster.protocol.errors import ConfigError
+
+EXIT_OK = 0
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    address: str  # where the workers reach it: unix:PATH
+    scheduler: str  # host:port
+    # The job's nodes (MS_WORKER_NUM + MS_SERVER_NUM): its upstream channel and its server are
+    # sized as a node's and the scheduler's; a relay does not know how many of them are here.
+    nodes: int
+    node_timeout_s: float | None  # gRPC's pings of both sides (None: MS_DISABLE_HEARTBEAT)
+    tls: TLSOptions | None = None
+
+    @property
+    def path(self) -> Path:
+        return Path(self.address.removeprefix("unix:"))
+
+
+def settings_from_env(
+    env: Mapping[str, str], socket: str, scheduler: str | None = None
+) -> RelaySettings:
+    """The relay of the launch environment `env`, serving at `socket` (unix:PATH or PATH);
+    `scheduler` (HOST:PORT) instead of MS_SCHED_HOST and MS_SCHED_PORT when given."""
+    if scheduler is not None:
+        env = {**env, "CLUSTER_SCHED_ADDRS": scheduler}
+    workers, servers = node_counts_from_env(env)
+    silent = parse_bool("MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0") or "0")
+    timeout = parse_seconds("MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or "30")
+    return RelaySettings(
+        address=relay_address("--socket", socket),
+        scheduler=sched_addresses_from_env(env)[0],
+        nodes=workers + servers,
+        node_timeout_s=None if silent else timeout,
+        tls=tls_options_from_env(env),
+    )
+
+
+class Relay:
+    """A running relay: `start` binds the socket and serves, `stop` ends it."""
+
+    def __init__(self, settings: RelaySettings) -> None:
+        self.settings = settings
+        self._server: object | None = None
+        self._channel: object | None = None
+
+    async def start(self) -> str:
+        """Bind and serve; the address the workers reach it at. A ConfigError when another
+        relay serves that socket."""
+        s = self.settings
+        identity = None
+        if s.tls is not None:
+            from cluster.transport import tls  # noqa: PLC0415 - TLS only; sets grpc's ciphers
+
+            identity = tls.prepare(s.tls, server=False)
+            for warning in tls.expiry_warnings(identity):
+                _say(warning)
+        import grpc  # noqa: PLC0415 - after the TLS config set grpc's cipher list
+
+        from cluster.transport import channel, relay, serving  # noqa: PLC0415 - grpc
+        from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
+
+        _claim(s.path)
+        upstream = channel.open_channel(
+            s.scheduler, identity, scheduler_link.channel_options(s.nodes, s.node_timeout_s)
+        )
+        server = grpc.aio.server(options=serving.server_options(s.nodes, s.node_timeout_s))
+        server.add_generic_rpc_handlers((relay.Forwarder(upstream),))
+        previous = os.umask(0o077)  # the socket: this user's only
+        try:
+            server.add_insecure_port(s.address)
+        finally:
+            os.umask(previous)
+        await server.start()
+        upstream.get_state(try_to_connect=True)  # the one connection, made now
+        self._server, self._channel = server, upstream
+        return s.address
+
+    async def stop(self) -> None:
+        server, upstream = self._server, self._channel
+        if server is not None:
+            await server.stop(None)  # type: ignore[attr-defined]
+        if upstream is not None:
+            await upstream.close(grace=None)  # type: ignore[attr-defined]
+        with contextlib.suppress(OSError):
+            self.settings.path.unlink()
+
+
+def _claim(path: Path) -> None:
+    """Make room for the socket at `path`: a socket nobody listens on (a dead relay's) is
+    removed; one a relay serves, or anything else there, is a ConfigError."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or not path.is_socket():
+        raise ConfigError(f"--socket {str(path)!r} exists and is not a socket: choose another path")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nothing listens: a relay's left behind
+            return
+    raise ConfigError(f"a relay already serves {str(path)!r}: stop it, or choose another --socket")
+
+
+def _say(line: str, out: IO[str] = sys.stderr) -> None:
+    print(f"mscluster relay: {line}", file=out, flush=True)
+
+
+async def serve(settings: RelaySettings) -> int:
+    """Serve until SIGTERM or SIGINT; the exit code."""
+    relay = Relay(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        address = await relay.start()
+        _say(f"serving {address} for the scheduler at {settings.scheduler}")
+        await stop.wait()
+    finally:
+        await relay.stop()
+    return EXIT_OK
+
+
+def run(settings: RelaySettings) -> int:
+    """`mscluster relay`: serve until stopped; the exit code."""
+    from cluster.scheduler import limits  # noqa: PLC0415 - light: resource only
+
+    limits.raise_open_files()  # a descriptor per local worker, and one upstream
+    return asyncio.run(serve(settings))

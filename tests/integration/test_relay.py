@@ -1,0 +1,174 @@
+"""A host's relay (`mscluster relay`, CLUSTER_RELAY): its workers' calls reach the scheduler over
+one connection, each with its own proof, and a worker without its relay goes direct."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.config import Limits
+from cluster.protocol.environment import from_env
+from cluster.protocol.errors import AccessDeniedError, CapacityError
+from cluster.scheduler import JobSettings, SchedulerServer
+from cluster.scheduler.machine.state import NodeState
+from cluster.testing import Process, free_port
+from cluster.tools.relay import Relay, RelaySettings
+from cluster.worker.agent import WorkerAgent
+from cluster.worker.identity import NodeIdentity, new_incarnation
+from tests.procs import MSCLUSTER, ROOT, Procs, job_env
+from tests.sockets import connections_by_owner
+
+EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
+LINE = re.compile(r"^allgather rank=(\d+) size=(\d+) result=(\[.*\])$", re.MULTILINE)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: a unix socket's path has at most 107 bytes, and pytest's
+    tmp_path may be longer."""
+    directory = Path(tempfile.mkdtemp(prefix="relay-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def settings(n: int) -> JobSettings:
+    return JobSettings(
+        worker_num=n,
+        server_num=0,
+        node_timeout_s=30.0,
+        topo_timeout_s=60.0,
+        heartbeat_interval_s=0.5,
+        limits=Limits(kv_max_bytes=64, kv_max_keys=10),
+    )
+
+
+def make_agent(port: int, n: int, node_id: str, said: list[str], **env: str) -> WorkerAgent:
+    config = from_env(
+        {
+            "MS_ROLE": "MS_WORKER",
+            "MS_WORKER_NUM": str(n),
+            "MS_SCHED_HOST": "127.0.0.1",
+            "MS_SCHED_PORT": str(port),
+            "MS_TOPO_TIMEOUT": "20",
+            **env,
+        }
+    )
+    identity = NodeIdentity(node_id, new_incarnation(), "127.0.0.1", 40000)
+    return WorkerAgent(config, identity, say=said.append, on_fatal=lambda _: None)
+
+
+async def test_a_relay_passes_each_workers_calls_and_refusals_unchanged(short_dir: Path) -> None:
+    """Registration, the event stream, heartbeats, calls and their refusals (status, message and
+    kind) all go through the relay as they would direct; a worker speaking for another with its
+    own credential is refused as it would be direct: the relay speaks for nobody."""
+    async with SchedulerServer(settings(2)) as srv:
+        address = f"unix:{short_dir / 'r.sock'}"
+        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
+        assert await relay.start() == address
+        try:
+            said: list[str] = []
+            a = make_agent(srv.port, 2, "a", said, CLUSTER_RELAY=address)
+            b = make_agent(srv.port, 2, "b", said, CLUSTER_RELAY=address)
+            assert a._route.relay == address
+            tops = await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+            assert [t.size for t in tops] == [2, 2]
+            assert {p.node_id for p in tops[0].peers} == {"a", "b"}
+            with pytest.raises(CapacityError, match=r"CLUSTER_KV_MAX_BYTES=64"):
+                await a.kv_set("big", b"x" * 100)
+            await a.kv_set("small", b"x")
+            assert await b.kv_get(["small"]) == ([b"x"], [])
+            assert await b.kv_wait(["small"], 1.0) == [b"x"]  # a call with a deadline
+            assert await asyncio.wait_for(
+                asyncio.gather(a.exchange("allgather", b"1"), b.exchange("allgather", b"2")), 10
+            ) == [[b"1", b"2"], [b"1", b"2"]]
+            a._metadata = (a._metadata[0], a._metadata[1], b._metadata[2])
+            with pytest.raises(AccessDeniedError, match="does not carry its credential"):
+                await a.kv_get(["small"])
+            assert srv.core.state.members["a"].state is NodeState.ALIVE
+            assert said == []
+            await asyncio.gather(a.close(), b.close())
+        finally:
+            await relay.stop()
+
+
+async def test_a_worker_whose_relay_does_not_answer_goes_direct(short_dir: Path) -> None:
+    async with SchedulerServer(settings(1)) as srv:
+        said: list[str] = []
+        absent = f"unix:{short_dir / 'none.sock'}"
+        agent = make_agent(srv.port, 1, "a", said, CLUSTER_RELAY=absent)
+        assert agent._route.relay is None
+        topology = await asyncio.wait_for(agent.start(), 20)
+        assert topology.size == 1
+        assert said == [f"no relay answers at {absent}: this node talks to the scheduler directly"]
+        await agent.close()
+
+
+def start_relayed_job(
+    processes: Procs, sock: Path, n: int, **env: str
+) -> tuple[Process, Process, list[Process]]:
+    """A scheduler, `mscluster relay` (once it serves), and `n` workers through it, holding."""
+    base = job_env(n, free_port(), **env)
+    sched = processes.start_role("scheduler", "MS_SCHED", EXAMPLE, base)
+    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], base)
+    relay.wait_for_output("mscluster relay: serving", 30)
+    relayed = {**base, "CLUSTER_RELAY": f"unix:{sock}"}
+    args = [*EXAMPLE, "--hold", "60"]
+    workers = [processes.start_role(f"w{i}", "MS_WORKER", args, relayed) for i in range(n)]
+    return sched, relay, workers
+
+
+def test_workers_through_a_relay_hold_one_connection_and_fail_with_it(
+    processes: Procs, short_dir: Path
+) -> None:
+    """Four real workers through `mscluster relay`: the scheduler holds one connection, the
+    relay's, and none of a worker. SIGKILL of the relay (recovery off) is its workers failing:
+    every process of the job exits non-zero, none hangs."""
+    sched, relay, workers = start_relayed_job(processes, short_dir / "r.sock", 4)
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    ranks = sorted(int(LINE.search(w.output)[1]) for w in workers)  # type: ignore[index]
+    assert ranks == [0, 1, 2, 3]
+    pids = [relay.pid, *(w.pid for w in workers)]
+    owners = connections_by_owner(sched.pid, pids)
+    assert owners == {relay.pid: 1}, owners
+    relay.popen.send_signal(signal.SIGKILL)
+    # Within MS_NODE_TIMEOUT (30 s): the workers, back directly, hear that the job failed.
+    for proc in [sched, *workers]:
+        assert proc.wait(15) != 0, proc.output
+        assert "Traceback" not in proc.output
+    assert "died" in sched.output, sched.output
+    for w in workers:
+        assert "lost the relay at unix:" in w.output, w.output
+        assert "refused this node: job" in w.output, w.output
+        assert "is over (failed: rank" in w.output, w.output
+
+
+def test_a_hung_worker_behind_a_relay_is_found_by_its_silence(
+    processes: Procs, short_dir: Path
+) -> None:
+    """Detection is unchanged: a stopped worker's connection to the relay stays open, and so
+    does the relay's stream for it, but its heartbeats stop: the scheduler fails the job
+    naming it, and every other process exits."""
+    sched, relay, workers = start_relayed_job(
+        processes, short_dir / "r.sock", 3, MS_NODE_TIMEOUT="2"
+    )
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    victim = workers[0]
+    victim.popen.send_signal(signal.SIGSTOP)
+    try:
+        for proc in [workers[1], workers[2], sched]:
+            assert proc.wait(20) != 0, proc.output
+            assert "no heartbeat" in proc.output, proc.output
+        assert relay.running
+    finally:
+        victim.popen.send_signal(signal.SIGKILL)

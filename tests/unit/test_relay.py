@@ -1,0 +1,210 @@
+"""The host relay's pure parts: what it forwards, where a worker finds it, when the launcher
+starts one, and how a worker's route to the scheduler falls back to direct."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.environment import MAX_SOCKET_PATH, from_env, relay_from_env
+from cluster.protocol.errors import ConfigError
+from cluster.tools import cli, launch_plan
+from cluster.tools.launch_plan import LaunchOptions
+from cluster.tools.relay import settings_from_env
+from cluster.transport import relay
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker import scheduler_link
+
+BASE = {"MS_WORKER_NUM": "8", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118"}
+
+
+def test_the_relay_forwards_a_workers_proof_and_drops_the_headers_of_its_hop() -> None:
+    metadata = (
+        (":authority", "localhost"),
+        ("user-agent", "grpc-python/1.85"),
+        ("grpc-accept-encoding", "identity"),
+        ("te", "trailers"),
+        ("content-type", "application/grpc"),
+        ("cluster-node-id", "3"),
+        ("cluster-call", "7.abcd"),
+        ("cluster-read", "00.11"),
+        ("x-trace-bin", b"\x00\x01"),
+    )
+    assert relay.forwarded(metadata) == (
+        ("cluster-node-id", "3"),
+        ("cluster-call", "7.abcd"),
+        ("cluster-read", "00.11"),
+        ("x-trace-bin", b"\x00\x01"),
+    )
+    assert relay.forwarded(None) == ()
+
+
+def test_the_relay_forwards_every_method_of_the_scheduler_service() -> None:
+    service = pb.DESCRIPTOR.services_by_name["Scheduler"]
+    expected = sorted(f"/cluster.v1.Scheduler/{m.name}" for m in service.methods)
+
+    class Channel:
+        def __getattr__(self, kind: str) -> object:
+            return lambda path: (kind, path)
+
+    assert relay.Forwarder(Channel()).paths == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("raw", "address"),
+    [
+        ("unix:/run/relay.sock", "unix:/run/relay.sock"),
+        ("unix:///run/relay.sock", "unix:/run/relay.sock"),
+        ("/run/relay.sock", "unix:/run/relay.sock"),
+        ("unix:relay.sock", "unix:relay.sock"),
+        ("", None),
+        ("  ", None),
+    ],
+)
+def test_cluster_relay_names_a_local_socket(raw: str, address: str | None) -> None:
+    assert relay_from_env({"CLUSTER_RELAY": raw}) == address
+
+
+@pytest.mark.parametrize(
+    ("raw", "rule"),
+    [
+        ("unix:", "is not a relay address: give unix:PATH"),
+        ("unix:" + "/x" * MAX_SOCKET_PATH, f"must be at most {MAX_SOCKET_PATH} bytes"),
+    ],
+)
+def test_a_bad_cluster_relay_is_one_clear_error(raw: str, rule: str) -> None:
+    with pytest.raises(ConfigError, match=rf"CLUSTER_RELAY='{raw[:12]}.*{rule}"):
+        relay_from_env({"CLUSTER_RELAY": raw})
+
+
+def test_a_worker_reads_its_relay_and_a_scheduler_does_not() -> None:
+    env = {**BASE, "CLUSTER_RELAY": "unix:/r.sock"}
+    assert from_env({**env, "MS_ROLE": "MS_WORKER"}).relay == "unix:/r.sock"
+    assert from_env({**env, "MS_ROLE": "MS_SCHED"}).relay is None
+
+
+def test_the_relay_takes_the_job_and_the_scheduler_from_the_launch_environment() -> None:
+    made = settings_from_env({**BASE, "MS_NODE_TIMEOUT": "5"}, "/r.sock")
+    assert (made.address, made.scheduler, made.nodes) == ("unix:/r.sock", "10.0.0.1:8118", 8)
+    assert (made.node_timeout_s, made.tls, made.path) == (5.0, None, Path("/r.sock"))
+    other = settings_from_env({**BASE, "MS_DISABLE_HEARTBEAT": "1"}, "unix:/r", "h:9")
+    assert (other.scheduler, other.node_timeout_s) == ("h:9", None)
+
+
+def options(**changes: object) -> LaunchOptions:
+    base = LaunchOptions(
+        script=Path("train.py"),
+        script_args=(),
+        worker_num=8,
+        local_worker_num=4,
+        master_addr="127.0.0.1",
+        master_port=8118,
+        log_dir=Path("logs"),
+        python="/usr/bin/python3",
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "relayed"),
+    [
+        ({}, True),
+        ({"relay": False}, False),  # --no-relay
+        ({"local_worker_num": 1}, False),  # one worker gains nothing from a relay
+        ({"local_worker_num": 1, "spares": 1, "enable_recovery": True}, True),
+    ],
+)
+def test_the_launcher_relays_two_or_more_local_workers(
+    changes: dict[str, object], relayed: bool
+) -> None:
+    assert launch_plan.wants_relay(options(**changes)) is relayed
+
+
+def test_the_plan_starts_the_relay_and_points_the_workers_at_it() -> None:
+    made = launch_plan.make_plan(
+        options(relay_socket=Path("/tmp/r/relay.sock")),
+        ip="127.0.0.1",
+        with_scheduler=True,
+        hostname="h",
+        launcher_pid=9,
+        tls_env={},
+    )
+    assert made.relay is not None
+    assert made.relay.args == (
+        "/usr/bin/python3",
+        *("-m", "cluster", "relay", "--socket", "unix:/tmp/r/relay.sock"),
+    )
+    assert made.relay.log == Path("logs/relay.log")
+    assert made.processes[-1] is made.relay
+    assert {w.env["CLUSTER_RELAY"] for w in made.workers} == {"unix:/tmp/r/relay.sock"}
+    assert made.scheduler is not None
+    assert "CLUSTER_RELAY" not in made.scheduler.env
+    direct = launch_plan.make_plan(
+        options(), ip="127.0.0.1", with_scheduler=False, hostname="h", launcher_pid=9, tls_env={}
+    )
+    assert direct.relay is None
+    assert all("CLUSTER_RELAY" not in w.env for w in direct.workers)
+
+
+def test_the_cli_parses_relay_and_no_relay() -> None:
+    parser = cli.build_parser()
+    args = cli._parse(parser, ["relay", "--socket", "unix:/r.sock", "--scheduler", "h:1"])
+    assert (args.socket, args.scheduler, args.func) == ("unix:/r.sock", "h:1", cli._cmd_relay)
+    assert cli._parse(parser, ["run", "--no-relay", "t.py"]).relay is False
+    assert cli._parse(parser, ["run", "t.py"]).relay is True
+
+
+@pytest.fixture
+def listening(tmp_path: Path) -> Iterator[str]:
+    """A unix socket something listens on (as a relay would), its address."""
+    path = Path("/tmp") / f"relay-unit-{tmp_path.name[-20:]}.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        try:
+            yield f"unix:{path}"
+        finally:
+            path.unlink()
+
+
+def config(relay_address: str | None) -> object:
+    env = {**BASE, "MS_ROLE": "MS_WORKER"}
+    return from_env({**env, "CLUSTER_RELAY": relay_address} if relay_address else env)
+
+
+def test_a_route_goes_through_a_listening_relay_until_it_is_lost(listening: str) -> None:
+    said: list[str] = []
+    route = scheduler_link.Route(config(listening), said.append)  # type: ignore[arg-type]
+    assert route.relay == listening
+    assert not route.relay_lost()  # still listening
+    assert route.relay_lost(cut_off=True)  # its connection to the relay broke
+    assert route.relay is None
+    assert not route.relay_lost()  # said once
+    assert said == [f"lost the relay at {listening}: this node talks to the scheduler directly"]
+
+
+def test_a_route_without_a_listening_relay_is_direct(tmp_path: Path) -> None:
+    absent = f"unix:/tmp/relay-unit-absent-{tmp_path.name[-20:]}.sock"
+    said: list[str] = []
+    route = scheduler_link.Route(config(absent), said.append)  # type: ignore[arg-type]
+    assert route.relay is None
+    assert said == [f"no relay answers at {absent}: this node talks to the scheduler directly"]
+    assert scheduler_link.Route(config(None), said.append).relay is None  # type: ignore[arg-type]
+    assert len(said) == 1
+
+
+def test_a_relay_check_holds_briefly_and_a_found_up_one_only_when_asked() -> None:
+    address, now = "unix:/nonexistent/relay-unit.sock", [100.0]
+    scheduler_link._relay_checks[address] = (True, 100.0)
+    try:
+        assert scheduler_link.relay_listening(address, clock=lambda: now[0])
+        assert not scheduler_link.relay_listening(address, kept_up=False, clock=lambda: now[0])
+        scheduler_link._relay_checks[address] = (True, 100.0)
+        now[0] += scheduler_link.RELAY_CHECK_KEPT_S
+        assert not scheduler_link.relay_listening(address, clock=lambda: now[0])
+    finally:
+        scheduler_link._relay_checks.pop(address, None)

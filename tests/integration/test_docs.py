@@ -28,6 +28,7 @@ from tests.docs_blocks import ROOT, Block
 from tests.integration.test_demo import run_demo
 from tests.procs import PYTHON, Procs, job_env
 from tests.servers.etcd import EtcdCluster
+from tests.servers.slurm import Slurm
 
 RUN_S = 120
 # What a checkout holds that is not the reader's: build outputs, caches, virtual environments.
@@ -40,9 +41,19 @@ def _etcd(request: pytest.FixtureRequest) -> dict[str, str]:
     return {"CLUSTER_STATE_URL": cluster.state_url()}
 
 
+def _slurm(request: pytest.FixtureRequest) -> dict[str, str]:
+    """A Slurm of two nodes on this host (tests/servers/slurm.py; root): `sbatch` and `srun`
+    reach it as a login node's reach the site's, by its slurm.conf."""
+    slurm: Slurm = request.getfixturevalue("slurm")
+    return {"SLURM_CONF": str(slurm.conf)}
+
+
 # What `<!-- test: needs NAME -->` gets: a server started for the page, and the variables that
 # name it to the page's commands.
-SERVERS: dict[str, Callable[[pytest.FixtureRequest], dict[str, str]]] = {"etcd": _etcd}
+SERVERS: dict[str, Callable[[pytest.FixtureRequest], dict[str, str]]] = {
+    "etcd": _etcd,
+    "slurm": _slurm,
+}
 
 
 def _runnable_pages() -> list[Path]:

@@ -10,6 +10,11 @@ HTML comment that neither GitHub nor MkDocs shows:
                                in a line stands for any text (a duration, a pid)
     <!-- test: demo-output --> what `bash scripts/demo` ends with (tests/integration/test_docs.py)
 
+One mark stands alone, with no block after it: `<!-- test: needs SERVER -->` says that the page's
+commands need a server the reader runs (its address in an environment variable the page names):
+the test starts one (tests/servers/) and sets that variable (tests/integration/test_docs.py,
+SERVERS).
+
 `tests/integration/test_docs.py` walks README.md and docs/**/*.md: each page with a `run` block
 is one test, its marked blocks taken in order in one fresh copy of the checkout.
 """
@@ -24,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MARK = re.compile(r"^<!-- test: ([a-z-]+)(?: (\S+))? -->$")
 FENCE = re.compile(r"^```(\S*)\s*$")
 KINDS = frozenset({"file", "run", "output", "demo-output"})
+NEEDS = "needs"  # the page-level mark, without a block
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,11 @@ def blocks(page: Path) -> list[Block]:
             continue
         kind, argument = mark.group(1), mark.group(2) or ""
         where = f"{page.relative_to(ROOT)}:{number + 1}"
+        if kind == NEEDS:
+            continue
         if kind not in KINDS:
-            raise ValueError(f"{where}: unknown mark {kind!r} (one of {sorted(KINDS)})")
+            kinds = sorted(KINDS | {NEEDS})
+            raise ValueError(f"{where}: unknown mark {kind!r} (one of {kinds})")
         start = number + 1
         while start < len(lines) and not lines[start].strip():
             start += 1
@@ -66,6 +75,18 @@ def blocks(page: Path) -> list[Block]:
         end = lines.index("```", start + 1)
         text = "\n".join(lines[start + 1 : end]) + "\n"
         found.append(Block(page, number + 1, kind, argument, fence.group(1), text))
+    return found
+
+
+def needs(page: Path) -> list[str]:
+    """The servers that `page`'s commands need (its `<!-- test: needs SERVER -->` marks)."""
+    found = []
+    for number, line in enumerate(page.read_text().splitlines()):
+        mark = MARK.match(line.strip())
+        if mark is not None and mark.group(1) == NEEDS:
+            if not mark.group(2):
+                raise ValueError(f"{page.relative_to(ROOT)}:{number + 1}: `needs` names no server")
+            found.append(mark.group(2))
     return found
 
 

@@ -4,15 +4,20 @@ Every marked block (tests/docs_blocks.py says how a block is marked) is run as w
 fresh copy of the checkout (each top-level entry linked, so what the commands write stays in the
 test's directory), with this checkout's `python` and `mscluster` first on PATH, as they are in
 the reader's activated virtual environment. Nothing is added to a command: a page that needs
-`logs/` makes it itself.
+`logs/` makes it itself. A page that needs a server (`<!-- test: needs etcd -->`) gets one of
+tests/servers/, named in the variable the page's commands read (SERVERS), as the reader's shell
+would name theirs.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -22,10 +27,33 @@ from tests import docs_blocks
 from tests.docs_blocks import ROOT, Block
 from tests.integration.test_demo import run_demo
 from tests.procs import PYTHON, Procs, job_env
+from tests.servers.etcd import EtcdCluster
+from tests.servers.slurm import Slurm
 
 RUN_S = 120
 # What a checkout holds that is not the reader's: build outputs, caches, virtual environments.
 NOT_CHECKOUT = re.compile(r"^(\.git|\.venv.*|\.ci-venv|logs|demo|checkpoints|site|build|dist)$")
+
+
+def _etcd(request: pytest.FixtureRequest) -> dict[str, str]:
+    """A 3-member etcd (tests/servers/etcd.py), the page's job under a prefix of its own."""
+    cluster: EtcdCluster = request.getfixturevalue("etcd_cluster")
+    return {"CLUSTER_STATE_URL": cluster.state_url()}
+
+
+def _slurm(request: pytest.FixtureRequest) -> dict[str, str]:
+    """A Slurm of two nodes on this host (tests/servers/slurm.py; root): `sbatch` and `srun`
+    reach it as a login node's reach the site's, by its slurm.conf."""
+    slurm: Slurm = request.getfixturevalue("slurm")
+    return {"SLURM_CONF": str(slurm.conf)}
+
+
+# What `<!-- test: needs NAME -->` gets: a server started for the page, and the variables that
+# name it to the page's commands.
+SERVERS: dict[str, Callable[[pytest.FixtureRequest], dict[str, str]]] = {
+    "etcd": _etcd,
+    "slurm": _slurm,
+}
 
 
 def _runnable_pages() -> list[Path]:
@@ -55,6 +83,32 @@ def _reader_env() -> dict[str, str]:
     return env
 
 
+def _run(block: Block, checkout: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Run `block` with bash as the reader would paste it; its exit status and what it printed.
+
+    In a process group of its own, killed once the block ends: a walkthrough that failed
+    half-way (or ran past RUN_S) leaves none of its background jobs running."""
+    with subprocess.Popen(
+        ["bash", "-e", "-c", block.text],
+        cwd=checkout,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as bash:
+        try:
+            printed, _ = bash.communicate(timeout=RUN_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(bash.pid, signal.SIGKILL)
+            printed, _ = bash.communicate()
+            printed += f"\n(still running after {RUN_S} s: killed)"
+        finally:
+            with suppress(ProcessLookupError):
+                os.killpg(bash.pid, signal.SIGKILL)
+    return bash.returncode, printed
+
+
 def test_every_mark_is_on_a_block_and_runs_are_found() -> None:
     runs = _marked("run")
     assert runs, "no page has a block marked <!-- test: run -->"
@@ -63,30 +117,29 @@ def test_every_mark_is_on_a_block_and_runs_are_found() -> None:
         before = [b for b in docs_blocks.blocks(block.page) if b.line < block.line]
         assert before, f"{block.where}: no block before it"
         assert before[-1].kind == "run", f"{block.where}: no run block before it"
+    for page in docs_blocks.pages():
+        for server in docs_blocks.needs(page):
+            assert server in SERVERS, f"{page}: needs {server!r}, not one of {sorted(SERVERS)}"
+            assert page in _runnable_pages(), f"{page}: needs {server!r} but runs nothing"
 
 
 @pytest.mark.parametrize(
     "page", _runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)).replace("/", ".")
 )
-def test_the_pages_examples_do_what_the_page_shows(page: Path, tmp_path: Path) -> None:
+def test_the_pages_examples_do_what_the_page_shows(
+    page: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     checkout = _checkout(tmp_path)
     env = _reader_env()
+    for server in docs_blocks.needs(page):
+        env.update(SERVERS[server](request))
     printed = ""
     for block in docs_blocks.blocks(page):
         if block.kind == "file":
             (checkout / block.argument).write_text(block.text)
         elif block.kind == "run":
-            result = subprocess.run(
-                ["bash", "-e", "-c", block.text],
-                cwd=checkout,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=RUN_S,
-                check=False,
-            )
-            printed = result.stdout + result.stderr
-            assert result.returncode == 0, f"{block.where} exited {result.returncode}:\n{printed}"
+            returncode, printed = _run(block, checkout, env)
+            assert returncode == 0, f"{block.where} exited {returncode}:\n{printed}"
         elif block.kind == "output":
             missing = docs_blocks.shows(block.text, printed)
             assert not missing, f"{block.where}: not printed: {missing}\nprinted:\n{printed}"

@@ -59,7 +59,9 @@ def rpc_failure(exc: grpc.aio.AioRpcError, where: str) -> steps.Event:
     failure = failures.failure_of(exc)
     if failure.kind is NotLeaderError:
         return steps.NotLeader(failure.leader, retry_after_s=NOT_LEADER_RETRY_S)
-    if failure.kind is None:
+    if failure.kind is None or failure.timed_out:
+        # Cut off, or not answered within the attempt's own deadline (the challenge's, on a
+        # loaded scheduler): no refusal, tried again. The scheduler never refuses with it.
         return steps.Unanswered()
     return steps.Fatal(failure.kind(f"{where} rejected registration: {failure.details}"))
 

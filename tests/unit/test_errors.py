@@ -144,6 +144,16 @@ def test_the_worker_core_hears_a_standby_as_the_way_to_its_leader() -> None:
     )
     assert convert.rpc_failure(cut_off, "the scheduler") == steps.Unanswered()
     assert convert.lost(cut_off) == steps.StreamLost("gone")
+    # The challenge asked before a registration under the job secret has the attempt's
+    # deadline: on a loaded scheduler it passes, which is no refusal (seen in the standbys
+    # walkthrough: two workers exited "rejected registration: Deadline Exceeded").
+    late = grpc.aio.AioRpcError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        details="Deadline Exceeded",
+    )
+    assert convert.rpc_failure(late, "the scheduler") == steps.Unanswered()
 
 
 @pytest.mark.parametrize(

@@ -25,13 +25,14 @@ Same seed, same run: every choice comes from `random.Random(seed)`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.protocol import auth
-from cluster.protocol.errors import UnknownNodeError
+from cluster.protocol.errors import EvictedError, UnknownNodeError
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -191,6 +192,8 @@ class Sim:
         self.restarts = 0
         # Answers to checkpoint reports, held until their revision is saved.
         self.answers: list[tuple[int, str, tuple[Any, ...]]] = []
+        # Registrations accepted, answered once their revision is saved: (revision, ...).
+        self.opening: list[tuple[int, Registration, Accepted, int]] = []
         self.told = 0
         self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
@@ -316,6 +319,7 @@ class Sim:
             self.note(f"saved: revision {self.stored['revision']}")
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
             self.answer_saved()
+            self.open_saved()
 
     def answer_saved(self) -> None:
         """Send the answers whose revision is saved (`answers`: revision, node, answer)."""
@@ -336,6 +340,7 @@ class Sim:
         answers not sent and every connection to it are gone."""
         self.collectives.restart()
         self.answers = []  # their calls fail with the scheduler
+        self.opening = []
         self.held_calls = []
         self.streams.clear()
         self.net.drop_scheduler()
@@ -422,6 +427,8 @@ class Sim:
     def on_register(self, reg: Registration, attempt: int = 0) -> None:
         """A registration opens the node's stream (as `Watch` with a `RegisterRequest` does):
         accepted, the answer and then what the node must hear first go on that stream."""
+        if self.cores is not None and attempt:
+            self.cores.reached(reg.node_id, attempt)
         known = self.state.find(reg.node_id)
         before = None if known is None else known.incarnation
         outcome, effects = self.state.register(reg)
@@ -431,19 +438,36 @@ class Sim:
             return
         self.check_guard(reg, before)
         self.heard[node_id] = now
-        self.state.connect(node_id, reg.incarnation)
+        self.step_machine(effects)
+        # As the engine: answered once the registration's revision is saved
+        # (`_durable_keeping_alive`); then its stream opens (`watch`: connect, the catch-up).
+        self.opening.append((self.state.revision, reg, outcome, attempt))
+        self.open_saved()
+
+    def open_saved(self) -> None:
+        """Answer the registrations whose revision is saved, and open their streams."""
+        saved = int(self.stored["revision"])
+        ready = [o for o in self.opening if o[0] <= saved]
+        self.opening = [o for o in self.opening if o[0] > saved]
+        for _, reg, outcome, attempt in ready:
+            self.open_stream(reg, outcome, attempt)
+
+    def open_stream(self, reg: Registration, outcome: Accepted, attempt: int) -> None:
+        now, node_id = self.clock.now, reg.node_id
+        try:
+            self.state.connect(node_id, reg.incarnation)
+        except (UnknownNodeError, EvictedError):  # failed or replaced while being saved
+            self.net.send(now, SCHED, node_id, ("unknown", reg.incarnation))
+            return
         old = self.streams.get((node_id, reg.incarnation))
         if old is not None and self.plant != "silent-supersede":  # it ends (`Streams.open`)
             self.net.send(now, SCHED, node_id, ("superseded", reg.incarnation, old), stream=True)
         stream = self.streams[(node_id, reg.incarnation)] = next(self.stream_numbers)
-        # The engine answers once the registration's revision is saved
-        # (`_durable_keeping_alive`); here at once (what it says is told below, once saved).
         answer = ("answer", reg.incarnation, outcome, attempt, stream)
         self.net.send(now, SCHED, node_id, answer, stream=True)
         for event in self.state.catch_up_for(node_id, self.catch_up):  # as `watch` does
             body = ("event", reg.incarnation, event, stream)
             self.net.send(now, SCHED, node_id, body, stream=True)
-        self.step_machine(effects)
 
     def check_guard(self, reg: Registration, before: int | None) -> None:
         """A new process of a known node id is taken only after MS_NODE_TIMEOUT of silence."""
@@ -620,7 +644,21 @@ class Sim:
             self.ha.beat()
             if self.ha.leader is None or self.ha.scheds[self.ha.leader].stopped:
                 return
+        self.keep_waiting_alive()
         self.step_machine(self.state.tick())
+
+    def keep_waiting_alive(self) -> None:
+        """As `_durable_keeping_alive`: a registration waiting for its save is its node's sign
+        of life, while its call lasts (its process runs; a core has not given the attempt up)."""
+        for _, reg, _, attempt in self.opening:
+            proc = self.processes[reg.node_id]
+            if not proc.running or proc.incarnation != reg.incarnation:
+                continue
+            if self.cores is not None and self.cores.attempts.get(reg.node_id) != attempt:
+                continue
+            with contextlib.suppress(UnknownNodeError):
+                self.state.heartbeat(reg.node_id, reg.incarnation)
+                self.heard[reg.node_id] = self.clock.now
 
     def leader_continues(self) -> None:
         """The leader's process continued (SIGCONT): the calls it held are read now."""

@@ -57,6 +57,10 @@ class Cores:
     cores: dict[str, WorkerCore] = field(default_factory=dict)
     timers: list[Timer] = field(default_factory=list)
     attempts: dict[str, int] = field(default_factory=dict)  # the attempt awaiting its answer
+    # An attempt that reached the scheduler waits for its answer until then (`AnswerLimit`:
+    # reaching the scheduler is bounded by the attempt's time, its answer by the deadline).
+    answer_by: dict[tuple[str, int], float] = field(default_factory=dict)
+    windows: dict[tuple[str, int], float] = field(default_factory=dict)  # attempt -> answer_s
     numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     failures: list[str] = field(default_factory=list)  # what the cores failed with
     ready: TopologyReadyEvent | None = None  # the topology being stepped, for its checks
@@ -110,6 +114,10 @@ class Cores:
             return
         if timer.attempt and self.attempts.get(proc.node_id) != timer.attempt:
             return
+        by = self.answer_by.pop((proc.node_id, timer.attempt), None)
+        if by is not None and by > self.sim.clock.now:  # connected: its answer is awaited
+            self.after(proc, by - self.sim.clock.now, timer.event, timer.attempt)
+            return
         if isinstance(timer.event, steps.DeadlinePassed) and core.topology is not None:
             return
         if timer.attempt:
@@ -124,9 +132,10 @@ class Cores:
             action = queue.pop(0)
             core = self.cores[proc.node_id]
             match action:
-                case steps.Register(attempt_s=attempt_s):
+                case steps.Register(attempt_s=attempt_s, answer_s=answer_s):
                     number = next(self.numbers)
                     self.attempts[proc.node_id] = number
+                    self.windows[(proc.node_id, number)] = self.sim.clock.now + answer_s
                     reg = self.sim.registration(proc, core.cluster_id)
                     self.sim.send(proc, ("register", reg, number))
                     self.after(proc, attempt_s, steps.Unanswered(), attempt=number)
@@ -154,6 +163,12 @@ class Cores:
                     self.exit(proc, action, error)
                 case _:  # Say, Follow, Done, RetryCall; no Finish is sent in the simulation
                     pass
+
+    def reached(self, node_id: str, attempt: int) -> None:
+        """Registration attempt `attempt` reached the scheduler (so its connection is up)."""
+        by = self.windows.pop((node_id, attempt), None)
+        if by is not None and self.attempts.get(node_id) == attempt:
+            self.answer_by[(node_id, attempt)] = by
 
     def exit(self, proc: Process, action: steps.Action, error: Exception) -> None:
         """The core failed its node, or let it go: the process exits."""

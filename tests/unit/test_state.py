@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id
-from cluster.protocol.errors import SnapshotError, UnknownNodeError
+from cluster.protocol.errors import EvictedError, SnapshotError, UnknownNodeError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.rollback import HELD_BY_ALL_EVERY_S
 from cluster.scheduler.machine.state import (
@@ -423,6 +423,18 @@ def test_disconnect_when_ready_fails_the_job_naming_the_rank() -> None:
     # A second disconnect, or another node's, adds nothing.
     assert state.disconnect("2", 1) == []
     assert state.disconnect("0", 1) == []
+
+
+def test_a_node_failed_before_its_stream_opened_is_refused_the_stream() -> None:
+    """Found by the simulation: a reconnection accepted while its answer waits for its save,
+    then the node's older stream ends (so it fails, and its failure is told to the streams
+    open then), then the new stream would open on a failed member, hearing nothing of it."""
+    state = ready_state(FakeClock(), ["0", "1", "2"], recovery=True)
+    accept(state, reg(state, "2", port=6002))  # the same process again: a reconnection
+    assert any(isinstance(e, NodeFailedEvent) for e in state.disconnect("2", 1))
+    with pytest.raises(EvictedError, match="registers again"):
+        state.connect("2", 1)
+    assert state.member("2", 1).state is NodeState.FAILED
 
 
 def test_disconnect_while_waiting_forgets_the_node() -> None:
@@ -1035,6 +1047,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         try:
             welcome = self.state.connect(node_id, incarnation)
         except UnknownNodeError:
+            return
+        except EvictedError:  # a failed member opens no stream
+            assert self.state.member(node_id, incarnation).state is NodeState.FAILED
             return
         assert welcome == self.state.catch_up()
 

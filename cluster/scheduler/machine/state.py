@@ -35,7 +35,7 @@ from typing import Any
 
 from cluster.protocol import auth
 from cluster.protocol.config import canonical_node_id, valid_node_id
-from cluster.protocol.errors import SnapshotError, UnknownNodeError
+from cluster.protocol.errors import EvictedError, SnapshotError, UnknownNodeError
 from cluster.protocol.records import (
     GUARD_POLL_MARGIN_S,
     GUARD_POLL_S,
@@ -273,8 +273,15 @@ class SchedulerState:
         return self.accepted(rejoined=False), effects
 
     def connect(self, node_id: str, incarnation: int) -> list[Event]:
-        """The node opened its Watch stream; returns what it must hear first."""
+        """The node opened its Watch stream; returns what it must hear first. A node failed
+        since its registration was accepted (its older stream ended while the answer waited
+        for its save) is refused: its failure was told before this stream existed."""
         member = self.member(node_id, incarnation)
+        if member.state is NodeState.FAILED:
+            raise EvictedError(
+                f"node {member.node_id!r} failed after its registration was accepted, before "
+                "its stream opened: it registers again"
+            )
         member.connected = True
         self.liveness.seen(member, self.clock())
         self.awaiting.discard(member.node_id)

@@ -83,7 +83,7 @@ RELAY_CHECK_S = 0.5
 _relay_checks: dict[str, tuple[bool, float]] = {}
 # A relay lost is looked for again, when the node next opens a channel, this long after: a
 # relay killed a moment ago may still have its socket listening.
-RELAY_BACK_AFTER_S = 2.0  # address -> (listening, when)
+RELAY_BACK_AFTER_S = 1.0  # address -> (listening, when)
 
 
 def relay_listening(
@@ -126,22 +126,24 @@ class Route:
 
     def open(self, address: str, identity: tls.Identity | None) -> grpc.aio.Channel:
         """A channel for calls to the scheduler at `address`."""
-        if self._relay_back():
-            self._say(f"the relay at {self.relay} answers again: this node talks through it")
+        self.relay_back()
         if self.relay is not None and address in self._config.addresses:
             options = channel_options(self._config.expected_nodes, silence_timeout(self._config))
             # A local socket of this user's: no TLS to the relay, which holds the job's own.
             return scheduler_channel.open_channel(self.relay, None, options)
         return open_channel(address, identity, self._config)
 
-    def _relay_back(self) -> bool:
-        """Whether the relay this node lost a while ago answers again (it is used again)."""
+    def relay_back(self) -> bool:
+        """True, once, when the relay this node lost a while ago (RELAY_BACK_AFTER_S) answers
+        again (a launcher restarted it): from now on calls go through it again (the caller
+        opens that channel, or the next channel opened does)."""
         lost = self._lost
         if lost is None or time.monotonic() - lost[1] < RELAY_BACK_AFTER_S:
             return False
         if not relay_listening(lost[0], kept_up=False):
             return False
         self.relay, self._lost = lost[0], None
+        self._say(f"the relay at {self.relay} answers again: this node talks through it")
         return True
 
     def relay_lost(self, *, cut_off: bool = False) -> bool:

@@ -249,11 +249,11 @@ def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(
     said: list[str] = []
     route = scheduler_link.Route(config(listening), said.append)  # type: ignore[arg-type]
     assert route.relay_lost(cut_off=True)
-    assert not route._relay_back()  # too soon: a killed relay may still listen a moment
+    assert not route.relay_back()  # too soon: a killed relay may still listen a moment
     monkeypatch.setattr(scheduler_link, "RELAY_BACK_AFTER_S", 0.0)
-    assert route._relay_back()
+    assert route.relay_back()
     assert route.relay == listening
-    assert not route._relay_back()  # back already
+    assert not route.relay_back()  # back already
 
 
 def test_a_route_without_a_listening_relay_is_direct(tmp_path: Path) -> None:

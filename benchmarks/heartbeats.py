@@ -27,8 +27,22 @@ parent scrapes /metrics every `--scrape-interval` seconds (5; Prometheus's defau
 the window, as a Prometheus server would: the scheduler's figure includes what the scrapes cost.
 Compare runs with and without it (interleaved: the machine is shared).
 
+cluster through relays (`--relays K`: the system `cluster-relays`, run beside `cluster`)
+    The same scheduler and simulated workers, but the workers of client process k reach the
+    scheduler through relay k * K // procs (`cluster.tools.relay.Relay`, each in its own process,
+    on a unix socket; --procs is at least K): the scheduler holds K connections instead of N.
+    Each worker still makes its own Heartbeat call per interval and holds its own Watch stream
+    (a relay forwards calls, it does not merge them). Reported beside the scheduler's: the
+    relays' CPU (summed) and, for both cluster systems, the scheduler's TCP connections at the
+    end of the window.
+
+Where the scheduler's time goes: with BENCH_PROFILE_DIR set, the scheduler runs under cProfile
+during the window only, written to `scheduler-<system>.prof` there (the Python side: gRPC's
+own threads are in the CPU figure but not in the profile).
+
 Usage: python benchmarks/heartbeats.py [--workers 1024] [--interval S] [--window 20]
-       [--procs 4] [--systems cluster,tcpstore] [--metrics [--scrape-interval 5]]
+       [--procs 4] [--systems cluster,tcpstore,cluster-relays] [--relays K]
+       [--metrics [--scrape-interval 5]]
 """
 
 from __future__ import annotations
@@ -36,8 +50,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import os
 import random
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -45,6 +61,7 @@ from collections.abc import Sequence
 from multiprocessing.context import SpawnContext
 from multiprocessing.queues import Queue as MpQueue
 from multiprocessing.synchronize import Event as MpEvent
+from pathlib import Path
 from typing import Any
 
 from rendezvous import (
@@ -84,9 +101,34 @@ TORCH_KEEP_ALIVE_INTERVAL_S = 5.0
 
 
 def cluster_server_main(
-    n: int, interval_s: float, q: MpQueue[Message], stop: MpEvent, metrics: bool = False
+    n: int,
+    interval_s: float,
+    q: MpQueue[Message],
+    stop: MpEvent,
+    metrics: bool = False,
+    window: tuple[MpEvent, MpEvent] | None = None,
+    name: str = "scheduler",
 ) -> None:
+    """The scheduler; under cProfile between `window`'s two events when BENCH_PROFILE_DIR is
+    set (written as `name`.prof there)."""
     raise_fd_limit()
+
+    async def profile_window() -> None:
+        import cProfile
+
+        directory = os.environ.get("BENCH_PROFILE_DIR")
+        if not directory or window is None:
+            return
+        opened, closed = window
+        if not await signalled(opened, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT):
+            return
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            await signalled(closed, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
+        finally:
+            profile.disable()
+            profile.dump_stats(str(Path(directory) / f"{name}.prof"))
 
     async def serve() -> None:
         from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S, ObserveConfig
@@ -104,18 +146,47 @@ def cluster_server_main(
         observe = ObserveConfig(metrics_port=0) if metrics else None
         server = SchedulerServer(settings, host=HOST, port=0, observe=observe)
         port = await server.start()
+        profiling = asyncio.ensure_future(profile_window())
         try:
             q.put(("port", -1, (port, server.observing.metrics_port)))
             await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT)
             await asyncio.wait_for(server.wait_done(), 60.0)
         finally:
+            profiling.cancel()
             await server.stop()
 
     _report_errors(q, -1, lambda: asyncio.run(serve()))
 
 
+def relay_server_main(
+    k: int, port: int, n: int, address: str, q: MpQueue[Message], stop: MpEvent
+) -> None:
+    """Relay `k`, serving at `address` (unix:PATH) for the scheduler at `port`."""
+    raise_fd_limit()
+
+    async def serve() -> None:
+        from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S
+        from cluster.tools.relay import Relay, RelaySettings
+
+        relay = Relay(RelaySettings(address, f"{HOST}:{port}", n, DEFAULT_NODE_TIMEOUT_S))
+        await relay.start()
+        try:
+            q.put(("relay-ready", k, os.getpid()))
+            await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT + join_timeout(n))
+        finally:
+            await relay.stop()
+
+    _report_errors(q, k, lambda: asyncio.run(serve()))
+
+
 def cluster_clients_main(
-    index: int, ids: list[int], n: int, port: int, q: MpQueue[Message], stop: MpEvent
+    index: int,
+    ids: list[int],
+    n: int,
+    port: int,
+    q: MpQueue[Message],
+    stop: MpEvent,
+    relay: str | None = None,
 ) -> None:
     raise_fd_limit()
 
@@ -139,6 +210,7 @@ def cluster_clients_main(
                     "MS_SCHED_PORT": str(port),
                     "MS_NODE_ID": str(i),
                     "MS_TOPO_TIMEOUT": str(join_timeout(n)),
+                    **({"CLUSTER_RELAY": relay} if relay else {}),
                 }
             )
             identity = NodeIdentity(str(i), new_incarnation(), HOST, BASE_DATA_PORT + i)
@@ -235,22 +307,29 @@ def run(
     ctx: SpawnContext,
     system: str,
     n: int,
-    interval_s: float,
-    window_s: float,
+    timing: tuple[float, float],
     procs: int,
     scrape_s: float | None = None,
+    relays: int = 0,
 ) -> dict[str, float]:
     """Server and client CPU seconds per wall second over the window, N workers in and beating
-    (`scrape_s`: the cluster scheduler serves metrics, scraped this often)."""
+    (`timing`: the heartbeat interval and the window's length; `scrape_s`: the cluster
+    scheduler serves metrics, scraped this often; cluster-relays: through `relays` relay
+    processes)."""
+    interval_s, window_s = timing
+    relays = relays if system == "cluster-relays" else 0
+    procs = min(max(procs, relays), n)
     q: MpQueue[Message] = ctx.Queue()
     stop = ctx.Event()
-    with children(ctx) as group:
+    relays_stop = ctx.Event()  # after the workers finished and closed: they go through them
+    window = (ctx.Event(), ctx.Event())
+    sockets = tempfile.TemporaryDirectory(prefix="hb-")
+    with sockets, children(ctx) as group:
         box = Mailbox(q, group)
-        if system == "cluster":
+        if system.startswith("cluster"):
             metrics = scrape_s is not None
-            server = group.spawn(
-                cluster_server_main, n, interval_s, q, stop, metrics, name="scheduler"
-            )
+            args0 = (n, interval_s, q, stop, metrics, window, f"scheduler-{system}")
+            server = group.spawn(cluster_server_main, *args0, name="scheduler")
         else:
             # Stopped by the parent; bounded, like every wait here, should the parent die.
             store_timeout_s = SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT
@@ -258,11 +337,19 @@ def run(
         port = box.collect("port", 1, time.monotonic() + SPAWN_TIMEOUT_S)[-1]
         empty_rss = rss_bytes(server.pid)  # before any worker came
         port, metrics_port = port if isinstance(port, tuple) else (port, None)
-        parts = split(range(n), min(procs, n))
+        addresses = [f"unix:{sockets.name}/relay-{k}.sock" for k in range(relays)]
+        for k, address in enumerate(addresses):
+            args1 = (k, port, n, address, q, relays_stop)
+            group.spawn(relay_server_main, *args1, name=f"relay-{k}")
+        relay_pids = list(
+            box.collect("relay-ready", relays, time.monotonic() + SPAWN_TIMEOUT_S).values()
+        )
+        parts = split(range(n), procs)
         clients = []
         for k, ids in enumerate(parts):
-            if system == "cluster":
-                args: tuple[Any, ...] = (k, ids, n, port, q, stop)
+            if system.startswith("cluster"):
+                relay = addresses[k * relays // procs] if relays else None
+                args: tuple[Any, ...] = (k, ids, n, port, q, stop, relay)
                 clients.append(group.spawn(cluster_clients_main, *args, name=f"clients-{k}"))
             else:
                 args = (k, ids, n, port, interval_s, q, stop)
@@ -270,15 +357,18 @@ def run(
         box.collect("in", len(parts), time.monotonic() + SPAWN_TIMEOUT_S + join_timeout(n))
         # One interval first: every worker's beat is on its schedule when the window opens.
         time.sleep(interval_s)
-        pids = [server.pid, *(c.pid for c in clients)]
+        pids = [server.pid, *(c.pid for c in clients), *relay_pids]
         before = [cpu_seconds(pid) for pid in pids]
         idle_rss = rss_bytes(server.pid)
+        window[0].set()
         start = time.monotonic()
         if scrape_s is not None and metrics_port is not None:
             scrape_while(metrics_port, scrape_s, start + window_s)
         time.sleep(max(start + window_s - time.monotonic(), 0.0))
         after = [cpu_seconds(pid) for pid in pids]
         wall = time.monotonic() - start
+        window[1].set()
+        held = scheduler_connections(server.pid)
         if any(v is None for v in [*before, *after]):
             raise BenchError("a process ended during the window")
         used = [b - a for a, b in zip(before, after, strict=True)]  # type: ignore[operator]
@@ -287,13 +377,29 @@ def run(
             per_scrape = scrape_cost(metrics_port, server.pid)
         stop.set()
         box.collect("closed", len(parts), time.monotonic() + 120.0)
+        relays_stop.set()
         group.join_all(time.monotonic() + JOIN_TIMEOUT_S + 60.0)
-    result = {"server": used[0] / wall, "clients": sum(used[1:]) / wall}
+    result = {
+        "server": used[0] / wall,
+        "clients": sum(used[1 : 1 + len(clients)]) / wall,
+        "relays": sum(used[1 + len(clients) :]) / wall,
+    }
+    if held is not None:
+        result["connections"] = held
     if empty_rss is not None and idle_rss is not None:
         result["rss_per_node_b"] = (idle_rss - empty_rss) / n
     if per_scrape is not None:
         result["scrape_s"] = per_scrape
     return result
+
+
+def scheduler_connections(pid: int | None) -> int | None:
+    """How many TCP connections process `pid` holds now (None: unknown)."""
+    if pid is None:
+        return None
+    from cluster.scheduler.descriptors import connections
+
+    return len(connections(pid=pid))
 
 
 def scrape_cost(metrics_port: int, pid: int | None, scrapes: int = 50) -> float:
@@ -324,6 +430,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--procs", type=int, default=4, help="client processes")
     parser.add_argument("--systems", default="cluster,tcpstore")
     parser.add_argument(
+        "--relays",
+        type=int,
+        default=0,
+        help="K: also run cluster-relays, the workers through K relay processes",
+    )
+    parser.add_argument(
         "--metrics", action="store_true", help="cluster: serve /metrics, scraped in the window"
     )
     parser.add_argument(
@@ -337,9 +449,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.workers < 1 or args.procs < 1 or (args.window is not None and args.window <= 0):
         parser.error("--workers and --procs must be >= 1, --interval and --window > 0")
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if not args.systems or set(args.systems) - {"cluster", "tcpstore"}:
-        parser.error(f"--systems: choose among cluster, tcpstore (got {args.systems})")
+    if args.relays < 0:
+        parser.error("--relays must be >= 0")
+    if args.relays and "cluster-relays" not in args.systems:
+        args.systems.append("cluster-relays")
+    if "cluster-relays" in args.systems and not args.relays:
+        parser.error("--systems cluster-relays needs --relays K (K >= 1)")
+    known = {"cluster", "tcpstore", "cluster-relays"}
+    if not args.systems or set(args.systems) - known:
+        parser.error(f"--systems: choose among {', '.join(sorted(known))} (got {args.systems})")
     return args
+
+
+def report(used: dict[str, float], interval: float, scrape: float | None, relays: int) -> str:
+    """One system's line."""
+    line = (
+        f"one beat per {interval:g} s: server {used['server'] * 100:5.1f}% of a core, "
+        f"clients {used['clients'] * 100:5.1f}%"
+    )
+    if used.get("relays"):
+        line += f", {relays} relays {used['relays'] * 100:5.1f}% (summed)"
+    if "rss_per_node_b" in used:
+        line += f"; server memory {used['rss_per_node_b'] / 1024:.1f} KiB per idle worker"
+    if "connections" in used:
+        line += f"; scheduler connections: {used['connections']:.0f}"
+    if scrape:
+        line += f" (metrics scraped every {scrape:g} s)"
+    if "scrape_s" in used:
+        line += f"; a scrape costs the scheduler {used['scrape_s'] * 1000:.1f} ms of CPU"
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -348,9 +486,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S, default_heartbeat_interval
 
     args = parse_args(argv)
+    cluster_interval = args.interval or default_heartbeat_interval(
+        DEFAULT_NODE_TIMEOUT_S, args.workers
+    )
     intervals = {
-        "cluster": args.interval
-        or default_heartbeat_interval(DEFAULT_NODE_TIMEOUT_S, args.workers),
+        "cluster": cluster_interval,
+        "cluster-relays": cluster_interval,
         "tcpstore": args.interval or TORCH_KEEP_ALIVE_INTERVAL_S,
     }
     raise_fd_limit()
@@ -366,27 +507,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {}
     for system in systems:
         interval = intervals[system]
-        scrape = args.scrape_interval if args.metrics and system == "cluster" else None
+        scrape = args.scrape_interval if args.metrics and system.startswith("cluster") else None
         window = args.window or max(MIN_WINDOW_S, interval)
         used = results[system] = run(
-            ctx, system, args.workers, interval, window, args.procs, scrape
+            ctx, system, args.workers, (interval, window), args.procs, scrape, args.relays
         )
-        print(
-            f"  {system:<8} one beat per {interval:g} s: server {used['server'] * 100:5.1f}% "
-            f"of a core, clients {used['clients'] * 100:5.1f}%"
-            + (
-                f"; server memory {used['rss_per_node_b'] / 1024:.1f} KiB per idle worker"
-                if "rss_per_node_b" in used
-                else ""
-            )
-            + (f" (metrics scraped every {scrape:g} s)" if scrape else "")
-            + (
-                f"; a scrape costs the scheduler {used['scrape_s'] * 1000:.1f} ms of CPU"
-                if "scrape_s" in used
-                else ""
-            ),
-            flush=True,
-        )
+        print(f"  {system:<14} {report(used, interval, scrape, args.relays)}", flush=True)
     return 0
 
 

@@ -12,7 +12,9 @@ is passed over. Two rules decide where to go next, and all three clients share t
 as `mscluster status` (`cluster.tools.status.fetch_any`) and `StatusClient` make it. The worker
 core applies the same rules for as long as its registration deadline lasts, passing over a
 leader found down within DOWN_FOR_S (`cluster.worker.machine.core`). No clock and no I/O here: the
-caller asks, and says what the answer was.
+caller asks, and says what the answer was. `Upstream` applies them for a host's relay, which
+sends every call of its workers to the one scheduler it takes for the leader
+(`cluster.transport.relay`).
 """
 
 from __future__ import annotations
@@ -75,3 +77,49 @@ class LeaderSearch:
         if not self.asked or (self.listed_only and leader not in self.addresses):
             return
         self._named = leader_to_follow(self.asked[-1], leader, self.asked)
+
+
+# A leader named by a standby but found down this recently is not followed again yet (its lease
+# has not ended: the standby still names it).
+DOWN_FOR_S = 1.0
+
+
+class Upstream:
+    """Where a host's relay sends its workers' calls among the job's schedulers `addresses`, by
+    the rules above, as the worker core applies them: the first to begin with; a leader that a
+    standby names, unless it was found down within DOWN_FOR_S; the next in turn when the one
+    asked is found down, or a standby names no leader. Only an address of `addresses` is
+    followed (a worker sends a call for a leader named elsewhere directly). The caller says what
+    came back from `asked` with the time `now`; a word about any other address than the current
+    one is late (the relay moved already) and changes nothing. Each returns the new address, or
+    None when the relay stays where it is."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = tuple(addresses)
+        self.current = self.addresses[0]
+        self._down: dict[str, float] = {}  # address -> when it was last found down
+
+    def cut_off(self, asked: str, now: float) -> str | None:
+        """A call to `asked` was cut off: the scheduler there, or the way to it, is down."""
+        self._down[asked] = now
+        if asked != self.current or len(self.addresses) == 1:
+            return None
+        return self._move(next_in_turn(self.addresses, asked))
+
+    def not_leader(self, asked: str, leader: str, now: float) -> str | None:
+        """The scheduler at `asked` stands by and named `leader` ("" for none)."""
+        if asked != self.current:
+            return None
+        lately_down = {a for a, when in self._down.items() if now - when < DOWN_FOR_S}
+        named = leader_to_follow(asked, leader, lately_down)
+        if named is not None and named in self.addresses:
+            return self._move(named)
+        if leader or len(self.addresses) == 1:
+            return None  # a leader just found down, or one elsewhere: ask here again
+        return self._move(next_in_turn(self.addresses, asked))
+
+    def _move(self, address: str) -> str | None:
+        if address == self.current:
+            return None
+        self.current = address
+        return address

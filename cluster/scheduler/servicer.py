@@ -220,6 +220,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         if kind == "register":
             answer = await self._register(request.register, context)
             if answer.HasField("refused"):
+                if answer.refused.reason == pb.REFUSAL_NOT_LEADER:
+                    # Said where a host's relay reads it too (it parses no answer).
+                    context.set_trailing_metadata(((failures.LEADER_KEY, answer.refused.leader),))
                 yield pb.Event(refused=answer.refused)
                 return
             yield pb.Event(accepted=answer.accepted)

@@ -78,6 +78,8 @@ LOG_TAIL_LINES = 12
 RELAY_START_S = 15.0
 RELAY_LOOK_S = 0.02
 RELAY_SOCKET = "relay.sock"
+# A relay that dies while the job runs is started again at most this many times.
+RELAY_RESTARTS = 3
 
 
 def _log_end(path: Path) -> list[str]:
@@ -394,23 +396,32 @@ class Launcher:
             "the scheduler directly"
         )
 
-    def _relay_gone(self) -> None:
-        """Say once that the relay ended while the job runs: the scheduler took its workers for
-        failed (with recovery they rejoin), and they go to it directly from now on."""
+    async def _relay_gone(self) -> None:
+        """A relay that ended while the job runs is started again, up to RELAY_RESTARTS times,
+        said in one line: the scheduler took its workers for failed (with recovery they rejoin),
+        they go to it directly meanwhile, and through the relay again when they next connect.
+        Past the restarts, said once, they stay direct."""
         relay = self.relay
         if relay is None or relay.exit_code is None or self._relay_said:
             return
+        how = policy.describe_exit(relay.exit_code)
+        if relay.restarts < RELAY_RESTARTS:
+            relay.restarts += 1
+            self._print(
+                f"mscluster: the relay {how}; restarting it (relay restart {relay.restarts} of "
+                f"{RELAY_RESTARTS}): this host's workers go to the scheduler directly meanwhile "
+                "and come back through it when they next connect"
+            )
+            await self._start(relay)
+            return
         self._relay_said = True
-        self._print(
-            f"mscluster: the relay {policy.describe_exit(relay.exit_code)}: this host's workers "
-            "go to the scheduler directly"
-        )
+        self._print(f"mscluster: the relay {how}: this host's workers go to the scheduler directly")
 
     async def _watch(self) -> int:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self._relay_gone()
+            await self._relay_gone()
             failed = any(w.exit_code not in (None, 0) for w in self.workers)
             decision = policy.decide(await self._seen(ask=failed))
             if decision.action is policy.Action.STOP:

@@ -5,10 +5,10 @@ authority: `cluster.transport.relay`).
 `mscluster run` starts one for its workers when it starts at least two here (`--no-relay`: not)
 and gives them CLUSTER_RELAY; a host that starts its workers otherwise runs `mscluster relay
 --socket PATH` and sets CLUSTER_RELAY=unix:PATH for them. The scheduler is the one of the
-launch environment (MS_SCHED_HOST, MS_SCHED_PORT; the first of several), reached with the TLS
-identity of CLUSTER_TLS_CONFIG when it is set. The socket is made readable by this user only:
-whoever may use it may speak as the workers of this host, as whoever may read their
-credentials could.
+launch environment (MS_SCHED_HOST, MS_SCHED_PORT), reached with the TLS identity of
+CLUSTER_TLS_CONFIG when it is set; of several (standbys on etcd), the one that leads. The
+socket is made readable by this user only: whoever may use it may speak as the workers of this
+host, as whoever may read their credentials could.
 
 The relay serves until it is stopped (SIGTERM, SIGINT) or its launcher is gone; then its
 workers' calls end, and each goes to the scheduler directly.
@@ -48,6 +48,12 @@ class RelaySettings:
     nodes: int
     node_timeout_s: float | None  # gRPC's pings of both sides (None: MS_DISABLE_HEARTBEAT)
     tls: TLSOptions | None = None
+    # The job's other schedulers (standbys on etcd): the relay follows the one that leads.
+    others: tuple[str, ...] = ()
+
+    @property
+    def schedulers(self) -> tuple[str, ...]:
+        return (self.scheduler, *(a for a in self.others if a != self.scheduler))
 
     @property
     def path(self) -> Path:
@@ -64,9 +70,11 @@ def settings_from_env(
     workers, servers = node_counts_from_env(env)
     silent = parse_bool("MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0") or "0")
     timeout = parse_seconds("MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or "30")
+    schedulers = sched_addresses_from_env(env)
     return RelaySettings(
         address=relay_address("--socket", socket),
-        scheduler=sched_addresses_from_env(env)[0],
+        scheduler=schedulers[0],
+        others=tuple(schedulers[1:]),
         nodes=workers + servers,
         node_timeout_s=None if silent else timeout,
         tls=tls_options_from_env(env),
@@ -98,8 +106,9 @@ class Relay:
         from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
 
         _claim(s.path)
-        upstream = channel.open_channel(
-            s.scheduler, identity, scheduler_link.channel_options(s.nodes, s.node_timeout_s)
+        options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
+        upstream = relay.Upstreams(
+            s.schedulers, lambda address: channel.open_channel(address, identity, options), _say
         )
         server = grpc.aio.server(options=serving.server_options(s.nodes, s.node_timeout_s))
         server.add_generic_rpc_handlers((relay.Forwarder(upstream),))
@@ -109,7 +118,7 @@ class Relay:
         finally:
             os.umask(previous)
         await server.start()
-        upstream.get_state(try_to_connect=True)  # the one connection, made now
+        upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
         self._server, self._channel = server, upstream
         return s.address
 
@@ -118,7 +127,7 @@ class Relay:
         if server is not None:
             await server.stop(None)  # type: ignore[attr-defined]
         if upstream is not None:
-            await upstream.close(grace=None)  # type: ignore[attr-defined]
+            await upstream.close()  # type: ignore[attr-defined]
         with contextlib.suppress(OSError):
             self.settings.path.unlink()
 
@@ -153,7 +162,7 @@ async def serve(settings: RelaySettings) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         address = await relay.start()
-        _say(f"serving {address} for the scheduler at {settings.scheduler}")
+        _say(f"serving {address} for the scheduler at {', '.join(settings.schedulers)}")
         await stop.wait()
     finally:
         await relay.stop()

@@ -11,6 +11,12 @@ once: the scheduler sees that worker's Watch stream end as it would a direct one
 dies ends every stream it carried: the scheduler sees its host's workers fail, and they go to
 the scheduler directly (`cluster.worker.scheduler_link.Route`).
 
+With several schedulers (standbys on etcd), the relay sends every call to the one it takes for
+the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`):
+it reads only what a call came back with, the trailing metadata of a standby
+(`cluster-leader`) and a call cut off, and moves; the worker, told the same, asks again, and its
+call goes where the relay went.
+
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the
 scheduler itself (its probes go direct).
@@ -18,11 +24,14 @@ scheduler itself (its probes go direct).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeAlias
 
 import grpc
 
+from cluster.protocol import leader_search
+from cluster.transport import failures
 from cluster.transport.stub import methods
 
 # Headers that belong to one hop (gRPC's, HTTP/2's), not to the call: gRPC sets its own.
@@ -55,14 +64,84 @@ def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
     context.set_details(error.details() or "")
 
 
-def _unary(method: Any) -> Callable[[bytes, Context], Awaitable[bytes | None]]:
+class Upstreams:
+    """The relay's channels to the job's schedulers, and the one its workers' calls go to now:
+    the leader, as `cluster.protocol.leader_search.Upstream` finds it from what the calls it
+    forwarded came back with. `open_channel(address)` opens a channel; one per scheduler at
+    most, kept until `close` (a call on a scheduler left behind ends as it would have)."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        open_channel: Callable[[str], grpc.aio.Channel],
+        say: Callable[[str], None] = lambda line: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._upstream = leader_search.Upstream(addresses)
+        self._open, self._say, self._clock = open_channel, say, clock
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._methods: dict[str, dict[str, Any]] = {}
+
+    @property
+    def current(self) -> str:
+        return self._upstream.current
+
+    def channel(self, address: str | None = None) -> grpc.aio.Channel:
+        """The channel to `address` (default: the current scheduler), opened on first use."""
+        address = address or self._upstream.current
+        if address not in self._channels:
+            self._channels[address] = self._open(address)
+            self._methods[address] = {}
+        return self._channels[address]
+
+    def method(self, kind: str, path: str) -> tuple[str, Any]:
+        """The current scheduler's address, and its multi-callable for `path` (bytes as they
+        came: no serializers)."""
+        address = self._upstream.current
+        methods = self._methods.get(address)
+        if methods is None:
+            self.channel(address)
+            methods = self._methods[address]
+        if path not in methods:
+            methods[path] = getattr(self._channels[address], kind)(path)
+        return address, methods[path]
+
+    def answered(self, address: str, code: grpc.StatusCode, trailing: Any) -> None:
+        """What a call forwarded to `address` came back with: a standby naming the leader
+        (`cluster-leader`, on a refusal or a refused registration's stream) or a call cut off
+        (UNAVAILABLE with no kind: the scheduler or the way to it went) moves the relay."""
+        named = dict(forwarded(trailing))
+        now = self._clock()
+        if failures.LEADER_KEY in named:
+            leader = str(named[failures.LEADER_KEY])
+            moved = self._upstream.not_leader(address, leader, now)
+            why = f"the scheduler at {address} stands by"
+        elif code == grpc.StatusCode.UNAVAILABLE and failures.ERROR_KIND_KEY not in named:
+            moved = self._upstream.cut_off(address, now)
+            why = f"the scheduler at {address} did not answer"
+        else:
+            return
+        if moved is not None:
+            self._say(f"following the leader at {moved} ({why})")
+            self.channel(moved).get_state(try_to_connect=True)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(grace=None)
+
+
+def _unary(
+    upstreams: Upstreams, kind: str, path: str
+) -> Callable[[bytes, Context], Awaitable[bytes | None]]:
     async def forward(request: bytes, context: Context) -> bytes | None:
+        address, method = upstreams.method(kind, path)
         call = method(
             request, metadata=forwarded(context.invocation_metadata()), timeout=_timeout(context)
         )
         try:
             return bytes(await call)
         except grpc.aio.AioRpcError as exc:
+            upstreams.answered(address, exc.code(), exc.trailing_metadata())
             _answer_with(context, exc)
             return None
         finally:
@@ -71,8 +150,11 @@ def _unary(method: Any) -> Callable[[bytes, Context], Awaitable[bytes | None]]:
     return forward
 
 
-def _server_stream(method: Any) -> Callable[[bytes, Context], AsyncIterator[bytes]]:
+def _server_stream(
+    upstreams: Upstreams, kind: str, path: str
+) -> Callable[[bytes, Context], AsyncIterator[bytes]]:
     async def forward(request: bytes, context: Context) -> AsyncIterator[bytes]:
+        address, method = upstreams.method(kind, path)
         call = method(
             request, metadata=forwarded(context.invocation_metadata()), timeout=_timeout(context)
         )
@@ -80,9 +162,14 @@ def _server_stream(method: Any) -> Callable[[bytes, Context], AsyncIterator[byte
             while True:
                 message = await call.read()
                 if message is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from stubs
-                    return
+                    break
                 yield message
+            # A standby's refusal of a registration ends its stream naming the leader.
+            trailing = await call.trailing_metadata()
+            upstreams.answered(address, grpc.StatusCode.OK, trailing)
+            context.set_trailing_metadata(forwarded(trailing))
         except grpc.aio.AioRpcError as exc:
+            upstreams.answered(address, exc.code(), exc.trailing_metadata())
             _answer_with(context, exc)
         finally:
             call.cancel()
@@ -90,14 +177,18 @@ def _server_stream(method: Any) -> Callable[[bytes, Context], AsyncIterator[byte
     return forward
 
 
-def _client_stream(method: Any) -> Callable[[AsyncIterator[bytes], Context], Awaitable[Any]]:
+def _client_stream(
+    upstreams: Upstreams, kind: str, path: str
+) -> Callable[[AsyncIterator[bytes], Context], Awaitable[Any]]:
     async def forward(requests: AsyncIterator[bytes], context: Context) -> bytes | None:
+        address, method = upstreams.method(kind, path)
         call = method(
             requests, metadata=forwarded(context.invocation_metadata()), timeout=_timeout(context)
         )
         try:
             return bytes(await call)
         except grpc.aio.AioRpcError as exc:
+            upstreams.answered(address, exc.code(), exc.trailing_metadata())
             _answer_with(context, exc)
             return None
         finally:
@@ -107,7 +198,7 @@ def _client_stream(method: Any) -> Callable[[AsyncIterator[bytes], Context], Awa
 
 
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the type stubs only
-_HANDLERS: dict[str, tuple[Callable[[Any], Any], Callable[..., Handler]]] = {
+_HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., Handler]]] = {
     "unary_unary": (_unary, grpc.unary_unary_rpc_method_handler),
     "unary_stream": (_server_stream, grpc.unary_stream_rpc_method_handler),
     "stream_unary": (_client_stream, grpc.stream_unary_rpc_method_handler),
@@ -115,17 +206,17 @@ _HANDLERS: dict[str, tuple[Callable[[Any], Any], Callable[..., Handler]]] = {
 
 
 class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in the stubs only
-    """Every method of the scheduler's service, forwarded as bytes on `channel`; any other
-    method is left to gRPC (UNIMPLEMENTED)."""
+    """Every method of the scheduler's service, forwarded as bytes to the scheduler that
+    `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED)."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, upstreams: Upstreams) -> None:
         self._handlers: dict[str, Handler] = {}
         for kind, path, _options in methods().values():
             if kind not in _HANDLERS:
                 raise TypeError(f"the relay cannot forward {path}, a {kind} method")
             make, handler = _HANDLERS[kind]
             # No serializers: the bytes go through as they came.
-            self._handlers[path] = handler(make(getattr(channel, kind)(path)))
+            self._handlers[path] = handler(make(upstreams, kind, path))
 
     @property
     def paths(self) -> list[str]:

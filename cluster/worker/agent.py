@@ -257,7 +257,11 @@ class WorkerAgent:
 
     def _off_lost_relay(self, *, stream_lost: bool = False) -> None:
         """To the scheduler directly once the relay that carried this node's calls is gone (a
-        stream lost with the connection to the relay: gone, or as good as gone)."""
+        stream lost with the connection to the relay: gone, or as good as gone); back through
+        the relay, once it answers again, when the stream is lost (it is made again anyway)."""
+        if stream_lost and self._route.relay_back():
+            self._follow(self.core.address)
+            return
         ready = self._channel.get_state() is grpc.ChannelConnectivity.READY
         if self._route.relay_lost(cut_off=stream_lost and not ready):
             self._follow(self.core.address)

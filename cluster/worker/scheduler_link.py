@@ -80,7 +80,10 @@ def prepare_tls(options: TLSOptions, say: Callable[[str], None]) -> tls.Identity
 # runs a thousand on one relay), and how long one check may take.
 RELAY_CHECK_KEPT_S = 1.0
 RELAY_CHECK_S = 0.5
-_relay_checks: dict[str, tuple[bool, float]] = {}  # address -> (listening, when)
+_relay_checks: dict[str, tuple[bool, float]] = {}
+# A relay lost is looked for again, when the node next opens a channel, this long after: a
+# relay killed a moment ago may still have its socket listening.
+RELAY_BACK_AFTER_S = 1.0  # address -> (listening, when)
 
 
 def relay_listening(
@@ -106,34 +109,53 @@ def relay_listening(
 
 class Route:
     """Where a worker's calls go: through its host's relay (`config.relay`) while the worker
-    talks to the first scheduler of its configuration and the relay answers, else to the
-    scheduler directly. A relay found gone is left for good, said in one line."""
+    talks to a scheduler of its configuration (the relay follows the one that leads) and the
+    relay answers, else to the scheduler directly (a leader named elsewhere). A relay found gone
+    is left, said in one line, until the worker opens a channel again and finds it back (a
+    launcher restarted it)."""
 
     def __init__(self, config: ClusterConfig, say: Callable[[str], None]) -> None:
         self._config = config
         self._say = say
         self.relay = config.relay
+        # A relay lost while the node ran, and when: looked for again RELAY_BACK_AFTER_S later.
+        self._lost: tuple[str, float] | None = None
         if self.relay is not None and not relay_listening(self.relay):
             say(f"no relay answers at {self.relay}: this node talks to the scheduler directly")
             self.relay = None
 
     def open(self, address: str, identity: tls.Identity | None) -> grpc.aio.Channel:
         """A channel for calls to the scheduler at `address`."""
-        if self.relay is not None and address == self._config.addresses[0]:
+        self.relay_back()
+        if self.relay is not None and address in self._config.addresses:
             options = channel_options(self._config.expected_nodes, silence_timeout(self._config))
             # A local socket of this user's: no TLS to the relay, which holds the job's own.
             return scheduler_channel.open_channel(self.relay, None, options)
         return open_channel(address, identity, self._config)
 
+    def relay_back(self) -> bool:
+        """True, once, when the relay this node lost a while ago (RELAY_BACK_AFTER_S) answers
+        again (a launcher restarted it): from now on calls go through it again (the caller
+        opens that channel, or the next channel opened does)."""
+        lost = self._lost
+        if lost is None or time.monotonic() - lost[1] < RELAY_BACK_AFTER_S:
+            return False
+        if not relay_listening(lost[0], kept_up=False):
+            return False
+        self.relay, self._lost = lost[0], None
+        self._say(f"the relay at {self.relay} answers again: this node talks through it")
+        return True
+
     def relay_lost(self, *, cut_off: bool = False) -> bool:
         """True, once, when the relay this node's calls went through no longer answers, or
         `cut_off` its connection to it (a relay killed a moment ago may still have its socket
         listening): from now on they go to the scheduler directly (the caller opens that
-        channel)."""
-        if self.relay is None:
+        channel), until a channel opened later finds the relay back."""
+        relay = self.relay
+        if relay is None:
             return False
-        if not cut_off and relay_listening(self.relay, kept_up=False):
+        if not cut_off and relay_listening(relay, kept_up=False):
             return False
-        self._say(f"lost the relay at {self.relay}: this node talks to the scheduler directly")
-        self.relay = None
+        self._say(f"lost the relay at {relay}: this node talks to the scheduler directly")
+        self.relay, self._lost = None, (relay, time.monotonic())
         return True

@@ -13,6 +13,7 @@ import pytest
 
 from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.testing import Process, free_port, wait_until
+from cluster.tools.processes import launched_pid
 from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.sockets import connections_by_owner
 from tests.training_job import (
@@ -105,10 +106,11 @@ def test_worker_killed_while_saving_every_step(
 
 
 def launch_training(
-    processes: Procs, tmp_path: Path, out: Path, *extra: str
+    processes: Procs, tmp_path: Path, out: Path, *extra: str, script_args: tuple[str, ...] = ()
 ) -> tuple[Process, Path]:
     """`mscluster run --enable-recovery --max-restarts 2` of train_mlp.py (and `extra`
-    options); the run and the script's private copy (every worker's command line names it)."""
+    options, and `script_args` for the script); the run and the script's private copy (every
+    worker's command line names it)."""
     script = private_copy(tmp_path, TRAIN)
     run = processes.start(
         "run",
@@ -133,6 +135,7 @@ def launch_training(
             *extra,
             str(script),
             *train_args(out),
+            *script_args,
         ],
         job_env(WORKERS, 0),
     )
@@ -196,9 +199,11 @@ def test_relay_killed_mid_run_its_workers_rejoin_and_the_result_is_exact(
     """`mscluster run` relays its workers: the scheduler holds one connection for the four of
     them, the relay's (and the launcher's own, for its progress line). SIGKILL of the relay
     mid-run is each of them failing at once: with recovery, each goes to the scheduler
-    directly, rejoins, and the job ends with the fault-free parameters."""
+    directly and rejoins, and the launcher starts the relay again. When they next connect (here:
+    the scheduler killed, and restarted by the launcher), they come back through it, and the
+    job ends with the fault-free parameters."""
     out = tmp_path / "launched"
-    run, _ = launch_training(processes, tmp_path, out)
+    run, _ = launch_training(processes, tmp_path, out, script_args=("--step-delay", "0.1"))
     logs = tmp_path / "logs"
     wait_for_step(tmp_path, 0, 10)
     scheduler, relay = launched(logs, "scheduler"), launched(logs, "relay")
@@ -207,12 +212,28 @@ def test_relay_killed_mid_run_its_workers_rejoin_and_the_result_is_exact(
     assert owners.get(relay) == 1, owners
     assert not any(owners.get(worker) for worker in workers), owners
     assert set(owners) <= {relay, run.pid}, owners
-    wait_for_step(tmp_path, 0, 25)
+    wait_for_step(tmp_path, 0, 15)
     os.kill(relay, signal.SIGKILL)
+    relay_log = logs / "relay.log"
+    wait_until(lambda: relay_log.read_text().count("serving unix:") == 2, 30, "relay restarted")
+    restarted = launched(logs, "relay")
+    assert restarted != relay
+    wait_for_step(tmp_path, 0, 35)  # back directly, and training
+    os.kill(scheduler, signal.SIGKILL)
+    wait_until(
+        lambda: launched_pid(logs, "scheduler") not in (None, scheduler), 30, "a new scheduler"
+    )
+    wait_for_step(tmp_path, 0, 50)
+    owners = connections_by_owner(launched(logs, "scheduler"), [restarted, *workers, run.pid])
+    assert owners.get(restarted) == 1, owners
+    assert not any(owners.get(worker) for worker in workers), owners
     assert run.wait(120) == 0, run.output
     assert (out / "final.sha256").read_text().strip() == fault_free_hash
-    assert "mscluster: the relay was killed by SIGKILL: this host's workers go to" in run.output
+    assert "mscluster: the relay was killed by SIGKILL; restarting it (relay restart 1 of 3)" in (
+        run.output
+    )
     for i in range(WORKERS):
         log = (logs / f"worker_{i}.log").read_text()
         assert "lost the relay at unix:" in log, log
+        assert "answers again: this node talks through it" in log, log
         assert "Traceback" not in log, log

@@ -8,10 +8,12 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from cluster.protocol.environment import MAX_SOCKET_PATH, from_env, relay_from_env
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
 from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
@@ -51,7 +53,59 @@ def test_the_relay_forwards_every_method_of_the_scheduler_service() -> None:
         def __getattr__(self, kind: str) -> object:
             return lambda path: (kind, path)
 
-    assert relay.Forwarder(Channel()).paths == expected  # type: ignore[arg-type]
+    upstreams = relay.Upstreams(["h:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
+    assert relay.Forwarder(upstreams).paths == expected
+
+
+def test_the_relay_follows_the_leader_by_the_workers_rules() -> None:
+    up = Upstream(["a:1", "b:1"])
+    assert up.current == "a:1"
+    assert up.cut_off("a:1", 10.0) == "b:1"  # the leader went: the next in turn
+    assert up.cut_off("a:1", 10.1) is None  # a late word of the one left behind
+    # The standby still names the leader just found down (its lease lives): stay, ask again.
+    assert up.not_leader("b:1", "a:1", 10.2) is None
+    assert up.current == "b:1"
+    assert up.not_leader("b:1", "", 10.3) == "a:1"  # none leads (an election): next in turn
+    assert up.not_leader("a:1", "b:1", 10.4) == "b:1"  # the one named
+    assert up.not_leader("b:1", "a:1", 10.1 + DOWN_FOR_S) == "a:1"  # down long enough ago
+    assert up.not_leader("a:1", "c:1", 12.0) is None  # named elsewhere: workers go direct
+    assert up.not_leader("a:1", "a:1", 12.0) is None  # itself
+    single = Upstream(["a:1"])
+    assert single.cut_off("a:1", 1.0) is None
+    assert single.not_leader("a:1", "", 1.0) is None
+
+
+def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
+    opened: list[str] = []
+    said: list[str] = []
+
+    class Channel:
+        def get_state(self, try_to_connect: bool = False) -> None:
+            pass
+
+    def open_channel(address: str) -> Channel:
+        opened.append(address)
+        return Channel()
+
+    now = [5.0]
+    upstreams = relay.Upstreams(["a:1", "b:1"], open_channel, said.append, lambda: now[0])  # type: ignore[arg-type]
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    # A refusal that is an answer (a crowded scheduler) moves nothing.
+    upstreams.answered("a:1", unavailable, (("cluster-error", "CrowdedError"),))
+    assert upstreams.current == "a:1"
+    assert said == []
+    upstreams.answered("a:1", unavailable, ())  # cut off
+    assert upstreams.current == "b:1"
+    assert opened == ["b:1"]
+    now[0] += DOWN_FOR_S
+    # A standby's refused registration: an OK stream whose trailing metadata names the leader.
+    upstreams.answered("b:1", grpc.StatusCode.OK, (("cluster-leader", "a:1"),))
+    assert upstreams.current == "a:1"
+    assert opened == ["b:1", "a:1"]
+    assert said == [
+        "following the leader at b:1 (the scheduler at a:1 did not answer)",
+        "following the leader at a:1 (the scheduler at b:1 stands by)",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -93,6 +147,8 @@ def test_the_relay_takes_the_job_and_the_scheduler_from_the_launch_environment()
     assert (made.node_timeout_s, made.tls, made.path) == (5.0, None, Path("/r.sock"))
     other = settings_from_env({**BASE, "MS_DISABLE_HEARTBEAT": "1"}, "unix:/r", "h:9")
     assert (other.scheduler, other.node_timeout_s) == ("h:9", None)
+    both = settings_from_env({**BASE, "MS_SCHED_HOST": "10.0.0.1,10.0.0.2"}, "/r.sock")
+    assert both.schedulers == ("10.0.0.1:8118", "10.0.0.2:8118")
 
 
 def options(**changes: object) -> LaunchOptions:
@@ -185,6 +241,19 @@ def test_a_route_goes_through_a_listening_relay_until_it_is_lost(listening: str)
     assert route.relay is None
     assert not route.relay_lost()  # said once
     assert said == [f"lost the relay at {listening}: this node talks to the scheduler directly"]
+
+
+def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(
+    listening: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said: list[str] = []
+    route = scheduler_link.Route(config(listening), said.append)  # type: ignore[arg-type]
+    assert route.relay_lost(cut_off=True)
+    assert not route.relay_back()  # too soon: a killed relay may still listen a moment
+    monkeypatch.setattr(scheduler_link, "RELAY_BACK_AFTER_S", 0.0)
+    assert route.relay_back()
+    assert route.relay == listening
+    assert not route.relay_back()  # back already
 
 
 def test_a_route_without_a_listening_relay_is_direct(tmp_path: Path) -> None:

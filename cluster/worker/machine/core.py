@@ -50,7 +50,7 @@ from cluster.protocol.errors import (
     TopologyTimeoutError,
 )
 from cluster.protocol.exhaustive import assert_never
-from cluster.protocol.leader_search import leader_to_follow, next_in_turn
+from cluster.protocol.leader_search import DOWN_FOR_S, leader_to_follow, next_in_turn
 from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
@@ -65,8 +65,6 @@ REPORT_EVERY_S = 5.0
 # scheduler addresses sooner, so that the next one is tried.
 ATTEMPT_TIMEOUT_S = 3.0
 FAILOVER_ATTEMPT_S = 1.0
-# A leader named by a standby but found down this recently is not followed again yet.
-DOWN_FOR_S = 1.0
 # Between attempts that got no answer.
 RETRY_PAUSE_S = 0.1
 # A transient refusal (the guard) is retried this long after it says it clears.

@@ -92,7 +92,6 @@ def test_stalled_streams_are_cut_and_a_job_forms_beside_them(
     env = env_for(port, tmp_path, None)
     sched = start_scheduler(processes, env)
     go = tmp_path / "go"
-    go.touch()
     started, results = threading.Event(), []
     stall = threading.Thread(
         target=lambda: results.extend(asyncio.run(stalled_calls(port, STALLED, started)))
@@ -103,11 +102,16 @@ def test_stalled_streams_are_cut_and_a_job_forms_beside_them(
         began = time.monotonic()
         workers = [start_worker(processes, i, env, [str(TARGET), str(go)]) for i in range(2)]
         for rank, worker in enumerate(workers):
-            assert worker.wait(START_S) == 0, worker.output
-            assert f"done rank={rank}" in worker.output
+            worker.wait_for_output(f"joined rank={rank}", START_S)
         formed_s = time.monotonic() - began
     finally:
+        # The job holds (rank 1 waits for `go`) until every stalled call has its answer: a
+        # scheduler that finished its job first would end them otherwise.
         stall.join(HOLD_S + 30)
+    go.touch()
+    for rank, worker in enumerate(workers):
+        assert worker.wait(START_S) == 0, worker.output
+        assert f"done rank={rank}" in worker.output
     assert len(results) == STALLED
     crowded = [r for r in results if r.startswith("UNAVAILABLE") and "try again" in r]
     cut = [r for r in results if f"no request within {edge.FIRST_MESSAGE_S:g} s" in r]

@@ -305,12 +305,22 @@ class Chaos:
         return node is not None and node.state == "failed"
 
     def _back_after(self, generation: int) -> float:
-        """Seconds until the job is at a newer generation with every worker alive."""
+        """Seconds until the job is at a newer generation with every worker alive, or over: a
+        fault near the end is recovered from in a generation whose ranks finish at once, and
+        then the scheduler ends."""
         started = time.monotonic()
-        self.job.wait_status(
-            lambda v: v.generation > generation and self.job.everyone_back(v),
-            "the job back in a new generation",
-        )
+
+        def back() -> bool:
+            view = self.job.status()
+            if view is None:
+                scheduler = self.job.scheduler
+                return scheduler is not None and not scheduler.running
+            if view.generation <= generation:
+                return view.phase in (Phase.FINISHED, Phase.FAILED)
+            finished = any(n.state == "finished" for n in view.nodes)
+            return finished or self.job.everyone_back(view)
+
+        wait_until(back, self.job.timeout_s, "the job back in a new generation")
         return time.monotonic() - started
 
     def _rollbacks(self) -> list[int]:

@@ -130,10 +130,13 @@ class Upstreams:
             await channel.close(grace=None)
 
 
-def _unary(
+def _one_answer(
     upstreams: Upstreams, kind: str, path: str
-) -> Callable[[bytes, Context], Awaitable[bytes | None]]:
-    async def forward(request: bytes, context: Context) -> bytes | None:
+) -> Callable[[Any, Context], Awaitable[bytes | None]]:
+    """A call answered once: its request is one message (unary) or a stream of them (client
+    streaming), passed upstream as it came."""
+
+    async def forward(request: Any, context: Context) -> bytes | None:
         address, method = upstreams.method(kind, path)
         call = method(
             request, metadata=forwarded(context.invocation_metadata()), timeout=_timeout(context)
@@ -177,31 +180,11 @@ def _server_stream(
     return forward
 
 
-def _client_stream(
-    upstreams: Upstreams, kind: str, path: str
-) -> Callable[[AsyncIterator[bytes], Context], Awaitable[Any]]:
-    async def forward(requests: AsyncIterator[bytes], context: Context) -> bytes | None:
-        address, method = upstreams.method(kind, path)
-        call = method(
-            requests, metadata=forwarded(context.invocation_metadata()), timeout=_timeout(context)
-        )
-        try:
-            return bytes(await call)
-        except grpc.aio.AioRpcError as exc:
-            upstreams.answered(address, exc.code(), exc.trailing_metadata())
-            _answer_with(context, exc)
-            return None
-        finally:
-            call.cancel()
-
-    return forward
-
-
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the type stubs only
 _HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., Handler]]] = {
-    "unary_unary": (_unary, grpc.unary_unary_rpc_method_handler),
+    "unary_unary": (_one_answer, grpc.unary_unary_rpc_method_handler),
     "unary_stream": (_server_stream, grpc.unary_stream_rpc_method_handler),
-    "stream_unary": (_client_stream, grpc.stream_unary_rpc_method_handler),
+    "stream_unary": (_one_answer, grpc.stream_unary_rpc_method_handler),
 }
 
 

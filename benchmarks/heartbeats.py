@@ -76,6 +76,7 @@ from rendezvous import (
     children,
     cpu_seconds,
     raise_fd_limit,
+    relay_main,
     rss_bytes,
     signalled,
     split,
@@ -156,27 +157,6 @@ def cluster_server_main(
             await server.stop()
 
     _report_errors(q, -1, lambda: asyncio.run(serve()))
-
-
-def relay_server_main(
-    k: int, port: int, n: int, address: str, q: MpQueue[Message], stop: MpEvent
-) -> None:
-    """Relay `k`, serving at `address` (unix:PATH) for the scheduler at `port`."""
-    raise_fd_limit()
-
-    async def serve() -> None:
-        from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S
-        from cluster.tools.relay import Relay, RelaySettings
-
-        relay = Relay(RelaySettings(address, f"{HOST}:{port}", n, DEFAULT_NODE_TIMEOUT_S))
-        await relay.start()
-        try:
-            q.put(("relay-ready", k, os.getpid()))
-            await signalled(stop, SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT + join_timeout(n))
-        finally:
-            await relay.stop()
-
-    _report_errors(q, k, lambda: asyncio.run(serve()))
 
 
 def cluster_clients_main(
@@ -316,6 +296,8 @@ def run(
     (`timing`: the heartbeat interval and the window's length; `scrape_s`: the cluster
     scheduler serves metrics, scraped this often; cluster-relays: through `relays` relay
     processes)."""
+    from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S
+
     interval_s, window_s = timing
     relays = relays if system == "cluster-relays" else 0
     procs = min(max(procs, relays), n)
@@ -339,8 +321,9 @@ def run(
         port, metrics_port = port if isinstance(port, tuple) else (port, None)
         addresses = [f"unix:{sockets.name}/relay-{k}.sock" for k in range(relays)]
         for k, address in enumerate(addresses):
-            args1 = (k, port, n, address, q, relays_stop)
-            group.spawn(relay_server_main, *args1, name=f"relay-{k}")
+            hold_s = SPAWN_TIMEOUT_S + 10 * JOIN_TIMEOUT + join_timeout(n)
+            args1 = (k, port, n, address, q, relays_stop, (DEFAULT_NODE_TIMEOUT_S, hold_s))
+            group.spawn(relay_main, *args1, name=f"relay-{k}")
         relay_pids = list(
             box.collect("relay-ready", relays, time.monotonic() + SPAWN_TIMEOUT_S).values()
         )

@@ -559,17 +559,31 @@ def cluster_clients_main(c: Clients) -> None:
     _report_errors(q, index, lambda: profiled(f"clients-{index}", lambda: asyncio.run(run())))
 
 
-def relay_main(k: int, port: int, n: int, address: str, q: MpQueue[Message], stop: MpEvent) -> None:
+def relay_main(
+    k: int,
+    port: int,
+    n: int,
+    address: str,
+    q: MpQueue[Message],
+    stop: MpEvent,
+    timing: tuple[float, float | None] = (SIMULATED_NODE_TIMEOUT_S, None),
+) -> None:
+    """Relay `k`, serving at `address` (unix:PATH) for the scheduler at `port`, until `stop`.
+    `timing`: the relay's MS_NODE_TIMEOUT, and how long it waits for `stop` at most (None: long
+    enough for `n` workers to form)."""
     raise_fd_limit()
+    node_timeout_s, hold_s = timing
+    if hold_s is None:
+        hold_s = 4 * SPAWN_TIMEOUT_S + MIN_TIMEOUT_S + n * TIMEOUT_PER_NODE_S
 
     async def serve() -> None:
         from cluster.tools.relay import Relay, RelaySettings
 
-        relay = Relay(RelaySettings(address, f"{HOST}:{port}", n, SIMULATED_NODE_TIMEOUT_S))
+        relay = Relay(RelaySettings(address, f"{HOST}:{port}", n, node_timeout_s))
         await relay.start()
         try:
             q.put(("relay-ready", k, os.getpid()))
-            await signalled(stop, 4 * SPAWN_TIMEOUT_S + MIN_TIMEOUT_S + n * TIMEOUT_PER_NODE_S)
+            await signalled(stop, hold_s)
         finally:
             await relay.stop()
 

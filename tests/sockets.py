@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from cluster.scheduler.descriptors import _peer
+from cluster.scheduler.descriptors import tcp_sockets
 
 _ESTABLISHED = "01"
 
@@ -32,15 +32,9 @@ def _socket_inodes(pid: int) -> set[int]:
 def established(pid: int) -> Iterator[tuple[str, str]]:
     """(local, remote) of each established TCP connection process `pid` holds."""
     inodes = _socket_inodes(pid)
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) >= 10 and fields[3] == _ESTABLISHED and int(fields[9]) in inodes:
-                yield _peer(fields[1]), _peer(fields[2])
+    for inode, state, local, remote in tcp_sockets(str(pid)):
+        if state == _ESTABLISHED and inode in inodes:
+            yield local, remote
 
 
 def connections_by_owner(server: int, candidates: Iterable[int]) -> dict[int | None, int]:

@@ -165,9 +165,10 @@ def _listing(fd_dir: Path = _FD_DIR) -> list[str]:
         return []
 
 
-def _tcp_peers(pid: str = "self") -> Iterator[tuple[int, str]]:
-    """(inode, peer) of every TCP socket of the network namespace of process `pid` that is not
-    listening."""
+def tcp_sockets(pid: str = "self") -> Iterator[tuple[int, str, str, str]]:
+    """(inode, state, local, peer) of every TCP socket of the network namespace of process
+    `pid`, from /proc/PID/net/tcp and tcp6 (`state`: the table's hex code, "01" established,
+    "0A" listening)."""
     for table in ("tcp", "tcp6"):
         try:
             lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
@@ -175,9 +176,16 @@ def _tcp_peers(pid: str = "self") -> Iterator[tuple[int, str]]:
             continue
         for line in lines:
             fields = line.split()
-            if len(fields) < 10 or fields[3] == _LISTEN:
-                continue
-            yield int(fields[9]), _peer(fields[2])
+            if len(fields) >= 10:
+                yield int(fields[9]), fields[3], _peer(fields[1]), _peer(fields[2])
+
+
+def _tcp_peers(pid: str = "self") -> Iterator[tuple[int, str]]:
+    """(inode, peer) of every TCP socket of the network namespace of process `pid` that is not
+    listening."""
+    for inode, state, _, peer in tcp_sockets(pid):
+        if state != _LISTEN:
+            yield inode, peer
 
 
 def _peer(hex_address: str) -> str:

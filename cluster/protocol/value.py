@@ -1,18 +1,19 @@
-"""`@frozen`: a frozen dataclass whose methods are shared, not compiled per class.
+"""`@frozen` and `@mutable`: dataclasses whose methods are shared, not compiled per class.
 
 `@dataclass(frozen=True)` compiles six methods from source for every class (`__init__`,
 `__repr__`, `__eq__`, `__hash__`, `__setattr__`, `__delattr__`): about 0.5 ms a class on
-Python 3.11, and a worker builds some 60 of them (its core's events and actions, the wire
-records, its settings), the scheduler some 100, before it can connect. `@frozen` makes the
-same dataclass (fields, defaults, `default_factory`, `field(repr=False)`, `field(compare=False)`,
-`ClassVar`s, `__match_args__`, `dataclasses.fields`, `replace` and `is_dataclass` as before) and
-gives it one shared implementation of each method instead, which reads the class's fields:
-equal to a frozen dataclass in what it does, a few microseconds slower per instance.
+Python 3.11, and a worker builds some 60 classes (its core's events and actions, the wire
+records, its settings), the scheduler some 110, before it can connect. `@frozen` makes the
+same dataclass (fields, defaults, `default_factory`, `field(init=False, repr=False,
+compare=False)`, `ClassVar`s, `__post_init__`, `__match_args__`, `dataclasses.fields`, `replace`
+and `is_dataclass` as before) and gives it one shared implementation of each method instead,
+which reads the class's fields: equal to a frozen dataclass in what it does, a few microseconds
+slower per instance. `@mutable` is the same for `@dataclass` (no `__setattr__`, no hash).
 
-It reads the class's annotations itself (some 10 us a class) and leaves `dataclasses` (another
-100 us a class, most of it the checks of each annotation) to the first caller of
+It reads the class's annotations itself (some 30 us a class) and leaves `dataclasses` (another
+70 us a class, most of it the checks of each annotation) to the first caller of
 `dataclasses.fields` and friends, which few processes are. What it does not handle (`InitVar`,
-`KW_ONLY`, `kw_only`, a dataclass base that is not `@frozen`) it hands to `dataclasses` at once.
+`KW_ONLY`, `kw_only`, a base made by `@dataclass`) is a TypeError: use `@dataclass` there.
 For the classes a process builds at import in numbers; `@dataclass` stays right for the rest.
 """
 
@@ -42,48 +43,62 @@ _Read = tuple[str, Any, Any, bool, bool, bool]
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, dataclasses.Field))
 def frozen(cls: _C) -> _C:
     """The frozen dataclass of `cls`, with shared methods (see the module)."""
-    unless_defined = dict(_METHODS)
+    return _make(cls, _METHODS)
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field, dataclasses.Field))
+def mutable(cls: _C) -> _C:
+    """The (mutable) dataclass of `cls`, with shared methods: `__init__`, `__repr__`, `__eq__`
+    and no hash, as `@dataclass` makes them."""
+    return _make(cls, _MUTABLE_METHODS)
+
+
+def _make(cls: _C, methods: dict[str, Any]) -> _C:
     specs = _specs(cls)
-    if specs is None:  # something only dataclasses knows: it makes the fields now
-        made: Any = dataclasses.dataclass(cls, init=False, repr=False, eq=False)
-        fields = [_read((f.name, f.type, f)) for f in dataclasses.fields(made)]
-        attributes: dict[str, object] = {}
-    else:
-        fields = [_read(spec) for spec in specs]
-        _check_order(fields)
-        _settle(cls)
-        attributes = {
-            "__value_specs__": specs,
-            "__dataclass_fields__": _LazyFields(cls, "__dataclass_fields__"),
-            "__dataclass_params__": _LazyFields(cls, "__dataclass_params__"),
-        }
-        unless_defined["__match_args__"] = tuple(f[0] for f in fields if f[3])
-    attributes["__value_init__"] = tuple(f[:3] for f in fields if f[3])
-    attributes["__value_shown__"] = tuple(f[0] for f in fields if f[4])
-    attributes["__value_compared__"] = tuple(f[0] for f in fields if f[5])
-    attributes.update((k, v) for k, v in unless_defined.items() if k not in cls.__dict__)
+    fields = [_read(spec) for spec in specs]  # (name, default, factory, init, repr, compare)
+    _check_order(fields)
+    _settle(cls)
+    unless_defined = {"__match_args__": tuple(f[0] for f in fields if f[3]), **methods}
+    # A class body's __eq__ alone sets __hash__ to None: dataclasses still gives it a hash.
+    own = set(cls.__dict__) - ({"__hash__"} if _hash_implied_none(cls) else set())
+    attributes = {k: v for k, v in unless_defined.items() if k not in own}
+    attributes.update(
+        __value_specs__=specs,
+        __value_init__=tuple(f[:3] for f in fields if f[3]),
+        # Fields not taken by __init__ that have a default: __init__ sets them all the same.
+        __value_preset__=tuple(
+            f[:3] for f in fields if not f[3] and (f[1] is not _NOTHING or f[2] is not _NOTHING)
+        ),
+        __value_shown__=tuple(f[0] for f in fields if f[4]),
+        __value_compared__=tuple(f[0] for f in fields if f[5]),
+        __dataclass_fields__=_LazyFields(cls, "__dataclass_fields__"),
+        __dataclass_params__=_LazyFields(cls, "__dataclass_params__"),
+    )
     for name, value in attributes.items():
         setattr(cls, name, value)
     return cls
 
 
-def _specs(cls: type) -> list[_Spec] | None:
-    """The fields of `cls`, its bases' first, as the class bodies wrote them; None when one of
-    them needs dataclasses' own handling."""
+def _hash_implied_none(cls: type) -> bool:
+    return cls.__dict__.get("__hash__", 0) is None and "__eq__" in cls.__dict__
+
+
+def _specs(cls: type) -> list[_Spec]:
+    """The fields of `cls`, its bases' first, as the class bodies wrote them."""
     specs: dict[str, _Spec] = {}
     for base in cls.__mro__[-1:0:-1]:
-        if "__dataclass_fields__" not in base.__dict__:
-            continue
-        inherited = base.__dict__.get("__value_specs__")
-        if inherited is None:  # a dataclass of dataclasses' making
-            return None
-        specs.update((spec[0], spec) for spec in inherited)
+        if "__dataclass_fields__" in base.__dict__:
+            if "__value_specs__" not in base.__dict__:
+                raise TypeError(f"{cls.__name__}: a base made by @dataclass; make it @frozen too")
+            specs.update((spec[0], spec) for spec in base.__dict__["__value_specs__"])
     for name, annotation in inspect.get_annotations(cls).items():
         if _is_classvar(annotation):
             continue
         given = cls.__dict__.get(name, _NOTHING)
-        if _needs_dataclasses(annotation) or (isinstance(given, _Field) and given.kw_only is True):
-            return None
+        if _unsupported(annotation) or (isinstance(given, _Field) and given.kw_only is True):
+            raise TypeError(
+                f"{cls.__name__}.{name}: InitVar and keyword-only fields need @dataclass"
+            )
         specs[name] = (name, annotation, given)
     for name, given in cls.__dict__.items():
         if isinstance(given, _Field) and name not in specs:
@@ -128,7 +143,7 @@ def _is_classvar(annotation: Any) -> bool:
     return annotation is typing.ClassVar or typing.get_origin(annotation) is typing.ClassVar
 
 
-def _needs_dataclasses(annotation: Any) -> bool:
+def _unsupported(annotation: Any) -> bool:
     if isinstance(annotation, str):
         return "InitVar" in annotation or "KW_ONLY" in annotation
     return isinstance(annotation, dataclasses.InitVar) or annotation in (
@@ -199,6 +214,8 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     if kwargs:  # what is left named no field
         unknown = ", ".join(repr(k) for k in kwargs)
         raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown}")
+    for name, default, factory in type(self).__value_preset__:
+        object.__setattr__(self, name, factory() if default is _NOTHING else default)
     post = getattr(self, "__post_init__", None)
     if post is not None:
         post()
@@ -238,4 +255,10 @@ _METHODS: dict[str, Any] = {
     "__repr__": _repr,
     "__setattr__": _setattr,
     "__delattr__": _delattr,
+}
+_MUTABLE_METHODS: dict[str, Any] = {
+    "__init__": _init,
+    "__eq__": _eq,
+    "__hash__": None,
+    "__repr__": _repr,
 }

@@ -13,7 +13,6 @@ import errno
 import logging
 import signal
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.value import frozen
 from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.descriptors import DescriptorReserve
@@ -142,7 +142,7 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-@dataclass(frozen=True)
+@frozen
 class JobStore:
     """Where a scheduler keeps its job: the state store it holds (the recovery directory, or
     etcd) and, where schedulers stand by for each other, the election that says who leads."""

@@ -561,7 +561,8 @@ def grpc_floor_server_main(
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
-        from cluster.scheduler.server import server_credentials, server_options
+        from cluster.scheduler.server import server_options
+        from cluster.transport.server_tls import server_credentials
 
         # The scheduler's server options: gRPC's defaults cancel calls at random once 1,000 wait
         # to be taken up, which failed this floor from 2,048 workers on.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, ClassVar, Literal
@@ -96,6 +95,8 @@ class JobEvent:
     fields: Mapping[str, Any]
 
     def to_json(self) -> str:
+        import json  # noqa: PLC0415 - only with an event log or its followers (1.5 ms at import)
+
         stamp = datetime.datetime.fromtimestamp(self.time, datetime.timezone.utc)
         head = {"time": stamp.isoformat(timespec="milliseconds"), "seq": self.seq}
         return json.dumps({**head, "event": self.kind, **self.fields}, separators=(",", ":"))
@@ -103,6 +104,8 @@ class JobEvent:
     @classmethod
     def from_json(cls, line: str) -> JobEvent:
         """ValueError when `line` is not an event line."""
+        import json  # noqa: PLC0415 - see to_json
+
         data = json.loads(line)
         if not isinstance(data, dict) or not {"time", "seq", "event"} <= data.keys():
             raise ValueError("not an event: it needs time, seq and event")

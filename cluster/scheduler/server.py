@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
+from cluster.protocol.parse import lookup_name
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import frozen
 from cluster.scheduler import limits
@@ -117,7 +118,9 @@ def server_options(nodes: int, node_timeout_s: float | None) -> list[tuple[str, 
 def check_bindable(host: str, port: int) -> None:
     """Fail with a precise ConfigError where grpc would only say "failed to bind"."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            lookup_name(host), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except socket.gaierror as exc:
         raise ConfigError(
             f"the scheduler cannot listen on {host!r}: MS_SCHED_HOST does not resolve "

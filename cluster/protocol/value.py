@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -138,8 +139,6 @@ def _settle(cls: type) -> None:
 def _is_classvar(annotation: Any) -> bool:
     if isinstance(annotation, str):
         return annotation.startswith(("ClassVar", "typing.ClassVar"))
-    import typing  # noqa: PLC0415 - imported already wherever an annotation is an object
-
     return annotation is typing.ClassVar or typing.get_origin(annotation) is typing.ClassVar
 
 

@@ -92,7 +92,7 @@ def _cmd_scheduler(args: argparse.Namespace) -> int:
     runtime.configure_logging("scheduler", config.observe)
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
 
-    return server.run(config)
+    server.run_and_exit(config)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -632,7 +632,7 @@ def grpc_floor_server_main(
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
-        from cluster.scheduler.server import server_credentials
+        from cluster.transport.server_tls import server_credentials
         from cluster.transport.serving import server_options
 
         # The scheduler's server options: gRPC's defaults cancel calls at random once 1,000 wait

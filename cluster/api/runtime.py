@@ -104,7 +104,7 @@ def _run_scheduler(cfg: ClusterConfig) -> None:
     from cluster.scheduler import server as scheduler_server  # noqa: PLC0415 - imports grpc
 
     configure_logging("scheduler", cfg.observe)
-    sys.exit(scheduler_server.run(cfg))
+    scheduler_server.run_and_exit(cfg)
 
 
 def _apply_cipher_suites(options: TLSOptions) -> None:

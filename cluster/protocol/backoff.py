@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
-from cluster.protocol.value import frozen
+from cluster.protocol.value import frozen, mutable
 
 
-@dataclass
+@mutable
 class Backoff:
     """`first_s`, then twice as long each time, at most `max_s`; `reset()` after a success."""
 

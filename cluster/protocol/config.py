@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
@@ -88,7 +88,7 @@ class RecoveryConfig:
     path: Path
 
 
-@dataclass(frozen=True)  # dataclasses.replace'd: typed as a dataclass
+@frozen
 class TLSOptions:
     """Where TLS comes from: the ssl.json and the p12 passwords (docs/howto/tls.md).
 
@@ -159,7 +159,7 @@ class Limits:
     readers_prove_secret: bool = True
 
 
-@dataclass(frozen=True)  # dataclasses.replace'd: typed as a dataclass
+@frozen
 class ClusterConfig:
     role: Role
     worker_num: int

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.protocol.config import (
     DEFAULT_COLLECTIVE_MAX_BYTES,
@@ -51,8 +52,10 @@ from cluster.protocol.config import (
 )
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host, split_address
-from cluster.protocol.settings import JobSettings
 from cluster.protocol.state_url import DEFAULT_LEASE_S, StateUrl, lease_from_env, state_url_from_env
+
+if TYPE_CHECKING:
+    from cluster.protocol.settings import JobSettings
 
 
 def _require(env: Mapping[str, str], name: str, rule: str) -> str:
@@ -406,6 +409,8 @@ def tls_options_from_env(
 
 def job_settings(config: ClusterConfig) -> JobSettings:
     """The settings of `config`'s job (reads the job secret's file, if it names one)."""
+    from cluster.protocol.settings import JobSettings  # noqa: PLC0415 - the scheduler's only
+
     return JobSettings(
         worker_num=config.worker_num,
         server_num=config.server_num,

@@ -27,7 +27,9 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from cluster.protocol.value import frozen, mutable
 
 # A leader stops serving this long before its lease could end in etcd (at least MIN_MARGIN_S):
 # clocks drift far less than that over one lease, and stopping takes a moment.
@@ -51,7 +53,7 @@ class Step(enum.Enum):
     CAMPAIGN = "campaign"  # try to take the leader key
 
 
-@dataclass
+@mutable
 class Leadership:
     lease_s: float
     clock: Callable[[], float]
@@ -159,7 +161,7 @@ class Leadership:
         return Step.STEP_DOWN
 
 
-@dataclass(frozen=True)
+@frozen
 class Standing:
     """A scheduler's part in the election: whether it leads, who does, the schedulers of the
     job, the lease and what is left of it, and where the job's state is kept."""

@@ -22,6 +22,13 @@ def is_decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def lookup_name(host: str) -> str | bytes:
+    """`host` as socket.getaddrinfo takes it: an ASCII one as bytes, which it passes on as they
+    are; a str goes through the idna codec, imported on first use (encodings.idna and stringprep,
+    about 1 ms of each process's start)."""
+    return host.encode("ascii") if host.isascii() else host
+
+
 def check_host(name: str, host: str) -> str:
     """`host` when it is a host name or an IP address of at most MAX_HOST_CHARS; else a
     ConfigError naming `name` and quoting a short, escaped prefix of it."""

@@ -7,11 +7,11 @@ Plain data, no rules: the rules are in `cluster.scheduler.machine.state` (what h
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from cluster.protocol import auth
-from cluster.protocol.value import frozen
+from cluster.protocol.value import frozen, mutable
 
 # A node refused by the guard (a restarted worker, perhaps one that will be a spare) asks again
 # at least this often, so that it hears at once that the job ended; once the job ends, the
@@ -191,7 +191,7 @@ class Evict:
 Effect = Event | Evict
 
 
-@dataclass
+@mutable
 class Member:
     node_id: str
     role: NodeRole

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from cluster.protocol.value import frozen
 
 ROOT_UID = 0
 _WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     """What stat (lstat for a link) said of one path: its owner and its st_mode."""
 

@@ -6,13 +6,14 @@ object, so a parameter is added in one place and cannot be copied wrongly on the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from cluster.protocol.config import Limits, silence_limit
 from cluster.protocol.records import NodeRole
+from cluster.protocol.value import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class JobSettings:
     """What the scheduler of one job must know: the job's size, its timeouts, and its bounds."""
 

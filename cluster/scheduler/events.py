@@ -17,12 +17,15 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cluster.protocol.config import LogRotation, canonical_node_id
 from cluster.protocol.errors import CapacityError, FellBehindError
-from cluster.scheduler.event_file import EventFile, last_seq
 from cluster.scheduler.machine import events, state
 from cluster.scheduler.machine.events import JobEvent, Kind, MemoryResume, Record
+
+if TYPE_CHECKING:
+    from cluster.scheduler.event_file import EventFile
 
 # Events kept in memory for `WatchEvents` (a 1024-node job's registrations fit twice).
 RETAINED_EVENTS = 4096
@@ -138,6 +141,9 @@ class EventJournal:
     def open(self, path: Path, rotation: LogRotation | None = None) -> None:
         """Append every event from now on to `path` (rotated as `rotation` says), numbered on
         from its last one."""
+        # Only with an event log (CLUSTER_EVENT_LOG): files, rotation, random names.
+        from cluster.scheduler.event_file import EventFile, last_seq  # noqa: PLC0415
+
         self.seq = max(self.seq, last_seq(path))
         self._file = EventFile(path, rotation)
 

@@ -9,8 +9,9 @@ raises its soft limit to the hard one at start and says how many nodes that leav
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
 from pathlib import Path
+
+from cluster.protocol.value import frozen
 
 # Descriptors that are not node connections: grpc's own (epoll, wakeup fds, the listener), the
 # recovery files and lock, logs, the launcher's and `mscluster status`'s connections.
@@ -18,7 +19,7 @@ HEADROOM = 100
 _NR_OPEN = Path("/proc/sys/fs/nr_open")  # Linux's ceiling for RLIMIT_NOFILE
 
 
-@dataclass(frozen=True)
+@frozen
 class OpenFiles:
     before: int  # the soft limit the process started with
     limit: int  # the soft limit now

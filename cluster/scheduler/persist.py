@@ -35,11 +35,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from cluster.protocol.backoff import RetryPolicy
 from cluster.protocol.errors import FencedError, NotLeaderError, StateFileError
+from cluster.protocol.value import frozen
 from cluster.storage.state_store import SCHEDULER_KIND, StateStore, Stored, Written
 
 log = logging.getLogger("cluster.scheduler")
@@ -54,7 +54,7 @@ SAVE_RETRY = RetryPolicy(first_s=0.1, max_s=5.0)
 UNANSWERED_KEPT = 1024
 
 
-@dataclass(frozen=True)
+@frozen
 class Saving:
     """How saving goes: the last error ("" while saves land), for how long saves have failed,
     how many attempts failed in all, and how many decided changes are not saved yet."""

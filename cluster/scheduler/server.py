@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import signal
 import socket
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 from grpc_health.v1 import _async as health_aio
@@ -25,26 +26,31 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
+from cluster.protocol.parse import lookup_name
 from cluster.protocol.records import NodeState
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.value import frozen
 from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.descriptors import DescriptorReserve
 from cluster.scheduler.gate import Gate
-from cluster.scheduler.ha import HighAvailability
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
-from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import StateStore
 from cluster.transport import allocator
-from cluster.transport import tls as tls_module
-from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
 from cluster.transport.serving import server_options
 
 if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection
+    from cluster.scheduler.ha import HighAvailability
+    from cluster.transport import tls as tls_module
+    from cluster.transport.server_tls import Interceptor
 
-__all__ = ["JobStore", "SchedulerServer", "run", "serve", "server_credentials"]
+# What a scheduler without TLS, a recovery directory or standbys does not use is imported where
+# it is used (issue 26, "Cheap to start"): TLS (`cluster.transport.tls`, `server_tls`), the
+# directory store (tempfile, shutil, xxhash) and the election (`cluster.scheduler.ha`).
+
+__all__ = ["JobStore", "SchedulerServer", "run", "serve"]
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -72,7 +78,9 @@ async def _tell_cut_off(core: SchedulerCore, deadline: float) -> None:
 def check_bindable(host: str, port: int) -> None:
     """Fail with a precise ConfigError where grpc would only say "failed to bind"."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            lookup_name(host), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except socket.gaierror as exc:
         raise ConfigError(
             f"the scheduler cannot listen on {host!r}: MS_SCHED_HOST does not resolve "
@@ -100,7 +108,7 @@ def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-@dataclass(frozen=True)
+@frozen
 class JobStore:
     """Where a scheduler keeps its job: the state store it holds (the recovery directory, or
     etcd) and, where schedulers stand by for each other, the election that says who leads."""
@@ -111,6 +119,8 @@ class JobStore:
     @classmethod
     def directory(cls, path: Path) -> JobStore:
         """The recovery directory `path` (MS_RECOVERY_PATH): one scheduler, no standbys."""
+        from cluster.storage.directory_store import DirectoryStore  # noqa: PLC0415 - recovery only
+
         return cls(DirectoryStore(path))
 
 
@@ -118,10 +128,10 @@ class SchedulerServer:
     """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves.
 
     With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, and re-checks its own
-    certificate's expiry every `expiry_check_period_s`. With a `store` it holds that store,
-    resumes the job saved there (if any) and saves the job's state there. With an election
-    (etcd's standbys), it serves the port at once and answers for the job only while it leads
-    (`cluster.scheduler.ha`).
+    certificate's expiry every `expiry_check_period_s` (None: daily). With a `store` it holds
+    that store, resumes the job saved there (if any) and saves the job's state there. With an
+    election (etcd's standbys), it serves the port at once and answers for the job only while it
+    leads (`cluster.scheduler.ha`).
     """
 
     def __init__(
@@ -131,7 +141,7 @@ class SchedulerServer:
         port: int = 0,
         *,
         tls: tls_module.Identity | None = None,
-        expiry_check_period_s: float = tls_module.EXPIRY_CHECK_PERIOD_S,
+        expiry_check_period_s: float | None = None,
         store: JobStore | None = None,
         observe: ObserveConfig | None = None,
     ) -> None:
@@ -140,7 +150,11 @@ class SchedulerServer:
         self.store = None if store is None else store.state
         self.gate = Gate(self.core)
         election = None if store is None else store.election
-        self.ha = None if election is None else HighAvailability(self, election)
+        self.ha: HighAvailability | None = None
+        if election is not None:
+            from cluster.scheduler.ha import HighAvailability  # noqa: PLC0415 - standbys only
+
+            self.ha = HighAvailability(self, election)
         # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
         self.observing = Observability(observe or ObserveConfig(), host)
         self.host = host
@@ -233,7 +247,7 @@ class SchedulerServer:
     async def _serve(self) -> None:
         self._raise_open_files()
         interceptors: list[Interceptor] = [
-            *([] if self.tls is None else [PeerCertificateCheck(tls_module.PeerCheck(self.tls))]),
+            *_tls_interceptors(self.tls),
             *self.observing.interceptors(),
         ]
         settings = self.settings
@@ -252,6 +266,8 @@ class SchedulerServer:
             if self.tls is None:
                 self.port = server.add_insecure_port(where)
             else:
+                from cluster.transport.server_tls import server_credentials  # noqa: PLC0415 - TLS
+
                 self.port = server.add_secure_port(where, server_credentials(self.tls))
         except RuntimeError as exc:
             raise ConfigError(
@@ -281,11 +297,7 @@ class SchedulerServer:
             "" if self.tls is None else f" (mutual TLS, {self.tls.what})",
         )
         if self.tls is not None:
-            for warning in tls_module.expiry_warnings(self.tls):
-                log.warning("%s", warning)
-            self._expiry = asyncio.create_task(
-                tls_module.recheck_expiry(self.tls, log.warning, self._expiry_check_period_s)
-            )
+            self._expiry = _watch_expiry(self.tls, self._expiry_check_period_s)
 
     def _raise_open_files(self) -> None:
         files = limits.raise_open_files()
@@ -396,6 +408,27 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
             await task
 
 
+def _tls_interceptors(identity: tls_module.Identity | None) -> list[Interceptor]:
+    """The check of each call's client certificate, with TLS."""
+    if identity is None:
+        return []
+    from cluster.transport import tls  # noqa: PLC0415 - TLS only
+    from cluster.transport.server_tls import PeerCertificateCheck  # noqa: PLC0415 - TLS only
+
+    return [PeerCertificateCheck(tls.PeerCheck(identity))]
+
+
+def _watch_expiry(identity: tls_module.Identity, period_s: float | None) -> asyncio.Task[None]:
+    """Says now what expires soon, then rechecks every `period_s` (None: daily)."""
+    from cluster.transport import tls  # noqa: PLC0415 - TLS only
+
+    for warning in tls.expiry_warnings(identity):
+        log.warning("%s", warning)
+    return asyncio.create_task(
+        tls.recheck_expiry(identity, log.warning, period_s or tls.EXPIRY_CHECK_PERIOD_S)
+    )
+
+
 def _who_may_join(server: SchedulerServer) -> str:
     secret = server.core.settings.job_secret is not None
     if server.tls is not None:
@@ -416,7 +449,11 @@ def _count(n: int, noun: str) -> str:
 
 async def serve(config: ClusterConfig) -> int:
     """Serve one job; the process exit code: 0 when every node finished, 1 otherwise."""
-    identity = None if config.tls is None else tls_module.prepare(config.tls, server=True)
+    identity = None
+    if config.tls is not None:
+        from cluster.transport import tls  # noqa: PLC0415 - TLS only (cryptography)
+
+        identity = tls.prepare(config.tls, server=True)
     store: JobStore | None = None
     if config.state_url is not None:
         from cluster.scheduler import stores  # noqa: PLC0415 - aetcd only for an etcd URL
@@ -455,3 +492,17 @@ def run(config: ClusterConfig) -> int:
     message used (`cluster.transport.allocator`)."""
     allocator.return_large_buffers()
     return asyncio.run(serve(config))
+
+
+def run_and_exit(config: ClusterConfig) -> NoReturn:
+    """`run`, in a process that is the scheduler's alone and ends with it (`cluster.init()` as
+    MS_SCHED, `mscluster scheduler`): exits with its code.
+
+    Before it exits, the garbage collector is told to leave alone what is alive (gc.freeze):
+    the interpreter's teardown otherwise walks every object that grpc, protobuf and asyncio
+    made, several times over, to find cycles to free in a process about to end. That was
+    30-40 ms of CPU of every scheduler's exit, 60-70 ms with the job's workers exiting beside
+    it, and the scheduler is the job's last process to end."""
+    code = run(config)
+    gc.freeze()
+    sys.exit(code)

@@ -19,13 +19,14 @@ holds both to the same contract.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+from cluster.protocol.value import frozen
 
 SCHEDULER_KIND = "scheduler"
 
 
-@dataclass(frozen=True)
+@frozen
 class Stored:
     """What a store holds: the snapshot (None: nothing yet) and the token that names it."""
 
@@ -33,7 +34,7 @@ class Stored:
     token: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class Written:
     """What `save` did: `ok` when the snapshot was written; `current` is what is stored now."""
 

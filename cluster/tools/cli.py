@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import difflib
 import os
 import sys
 from argparse import SUPPRESS
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cluster
 from cluster.api import excepthook, runtime
@@ -45,7 +43,6 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
 )
 from cluster.protocol.parse import split_address
-from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import placement, slurm
 from cluster.tools.launch_plan import LaunchOptions, max_restarts_for
 from cluster.worker import orphan
@@ -58,6 +55,7 @@ if TYPE_CHECKING:
 EXIT_USAGE = 2
 # The distribution that installs this command (pyproject.toml's name; the import name is cluster).
 DISTRIBUTION = "mscluster-grpc"
+VERSION_HELP = "show the program's version number and exit"  # argparse's own words
 
 
 def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
@@ -88,12 +86,14 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
 def _cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
     if config.recovery is not None:
+        from cluster.storage.recovery_dir import check_recovery_path  # noqa: PLC0415 - tempfile
+
         check_recovery_path(config.recovery)
     orphan.watch_launcher()
     runtime.configure_logging("scheduler", config.observe)
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
 
-    return server.run(config)
+    server.run_and_exit(config)
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
@@ -553,17 +553,31 @@ def _add_chaos_options(chaos: argparse.ArgumentParser) -> None:
 
 def _version() -> str:
     """`mscluster --version`: the installed distribution's, else the package's own."""
+    # importlib.metadata (email, zipfile, csv) and its look through sys.path: only when asked.
+    from importlib import metadata  # noqa: PLC0415
+
     try:
         return f"{DISTRIBUTION} {metadata.version(DISTRIBUTION)}"
     except metadata.PackageNotFoundError:  # run from a checkout, not installed under this name
         return f"{DISTRIBUTION} {cluster.__version__}"
 
 
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, with the version found only when it is asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **_: Any) -> None:
+        super().__init__(option_strings, SUPPRESS, default=SUPPRESS, nargs=0, help=VERSION_HELP)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(_version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mscluster", description="Scheduler/worker networking for distributed training."
     )
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
@@ -627,6 +641,8 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     if unknown:
         known = _known_options(parser, getattr(args, "command", None))
         hints = []
+        import difflib  # noqa: PLC0415 - only for a mistyped option
+
         for word in unknown:
             close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
             hints.append(f"{word} (did you mean {close[0]}?)" if close else word)

@@ -12,7 +12,6 @@ a worker's allocator is its training framework's business.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger("cluster.transport")
@@ -27,12 +26,10 @@ ARENA_MAX = 2
 def return_large_buffers() -> bool:
     """Tune glibc's malloc as above, before the server's threads start; False where the C
     library is not glibc (nothing is changed there)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        # The C library the process runs on, already loaded: ctypes.util.find_library would run
+        # ldconfig in a subprocess to name it, at each scheduler's start.
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False  # musl and others: no mallopt
     done = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_ARENA_MAX, ARENA_MAX))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -24,6 +23,7 @@ from google.protobuf.message import DecodeError
 from cluster.protocol import auth
 from cluster.protocol.config import valid_node_id
 from cluster.protocol.display import safe
+from cluster.protocol.value import frozen
 
 # The largest message any method takes (a member's collective contribution or key-value set).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -76,7 +76,7 @@ def quoted(value: str | bytes) -> str:
     return safe(text, limit=QUOTED_CHARS)
 
 
-@dataclass(frozen=True)
+@frozen
 class Oversized:
     """What a capped deserializer hands the handler instead of a request over its limit."""
 
@@ -95,7 +95,7 @@ class Oversized:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class Malformed:
     """What a capped deserializer hands the handler instead of bytes that are not a request of
     its method (random bytes, a cut message, a string that is not UTF-8): without it, gRPC

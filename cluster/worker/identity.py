@@ -8,7 +8,7 @@ from dataclasses import field
 
 from cluster.protocol import auth
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import check_host
+from cluster.protocol.parse import check_host, lookup_name
 from cluster.protocol.value import frozen
 
 
@@ -36,7 +36,7 @@ def generated_node_id() -> str:
 def local_address_towards(host: str, port: int) -> str:
     """The local IP address this host uses to reach host:port (no packet is sent)."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        infos = socket.getaddrinfo(lookup_name(host), port, type=socket.SOCK_DGRAM)
     except socket.gaierror as exc:
         raise ConfigError(
             f"MS_SCHED_HOST={host!r} does not resolve ({exc.strerror}): use the scheduler's IP "

@@ -18,16 +18,19 @@ import sys
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import Context
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.topology import Topology
 from cluster.transport.channel import SchedulerProbe
-from cluster.worker import ending, node_file, orphan
+from cluster.worker import ending, orphan
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity
+
+if TYPE_CHECKING:
+    from cluster.worker import node_file
 
 T = TypeVar("T")
 # How long a process that dies of an error gives the scheduler to hear which (one call).
@@ -118,11 +121,7 @@ class WorkerSession:
         self._pending_lock = threading.Lock()
         self._recovery_dir = None if config.recovery is None else config.recovery.path
         self._record_unsaved = False  # the last save of this node's file failed
-        self._record = (
-            None
-            if self._recovery_dir is None
-            else node_file.load(self._recovery_dir, identity.node_id)
-        )
+        self._record = self._load_record()
         previous_job = (
             self._record.cluster_id
             if self._record is not None and not self._record.finished
@@ -165,9 +164,18 @@ class WorkerSession:
         self._save_record(topology, finished=False)
         return topology
 
+    def _load_record(self) -> node_file.NodeRecord | None:
+        if self._recovery_dir is None:
+            return None
+        from cluster.worker import node_file  # noqa: PLC0415 - recovery only: files, json, hashes
+
+        return node_file.load(self._recovery_dir, self.identity.node_id)
+
     def _save_record(self, topology: Topology, *, finished: bool) -> None:
         if self._recovery_dir is None:
             return
+        from cluster.worker import node_file  # noqa: PLC0415 - see _load_record
+
         record = node_file.NodeRecord(
             cluster_id=self.agent.cluster_id,
             node_id=self.identity.node_id,

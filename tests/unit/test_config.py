@@ -23,7 +23,7 @@ from cluster.protocol.config import (
 )
 from cluster.protocol.environment import from_env, job_settings, read_job_secret
 from cluster.protocol.errors import ClusterError, ConfigError
-from cluster.protocol.parse import is_decimal, split_address
+from cluster.protocol.parse import is_decimal, lookup_name, split_address
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
 from cluster.worker.scheduler_link import channel_options
@@ -167,6 +167,13 @@ def test_without_heartbeats_grpc_does_not_ping_either() -> None:
         key.startswith("grpc.keepalive_time")
         for key, _ in channel_options(config.expected_nodes, None)
     )
+
+
+def test_an_ascii_host_is_looked_up_as_bytes_without_the_idna_codec() -> None:
+    assert lookup_name("127.0.0.1") == b"127.0.0.1"
+    assert lookup_name("node-7.example") == b"node-7.example"
+    assert lookup_name("::1") == b"::1"
+    assert lookup_name("bücher.example") == "bücher.example"  # IDNA is getaddrinfo's to do
 
 
 def test_ipv6_scheduler_address_is_bracketed() -> None:

@@ -27,14 +27,45 @@ cluster.init, cluster.get_rank, cluster.get_group_size, cluster.is_rejoin
 cluster.allgather_object, cluster.finalize
 import cluster.worker.session
 """
-# What `python -m cluster scheduler` (the launcher's scheduler) imports before it serves.
+# What `python -m cluster scheduler` (the launcher's scheduler) imports before it serves, and
+# what a script's `cluster.init()` imports in the scheduler's role (the tutorial's).
 SCHEDULER = "import cluster.tools.cli, cluster.scheduler.server"
+SCRIPT_SCHEDULER = "import cluster\ncluster.init\nimport cluster.scheduler.server"
 # Options off: none of these may be imported.
 OPTIONAL = ("cryptography", "prometheus_client", "rich", "aetcd", "etcd3", "numpy", "torch")
+# Nor these, which no role uses without its options (recovery files, an event log, a mistyped
+# option, --version): gRPC imports none of them, and each costs every process 1-10 ms.
+UNUSED = (
+    "json",  # an event log, its followers, allreduce's header, recovery files
+    "tempfile",  # recovery files
+    "shutil",
+    "secrets",
+    "random",
+    "uuid",  # and platform: 3.6 ms for a job id
+    "platform",
+    "ctypes.util",  # find_library ran ldconfig
+    "xxhash",  # the recovery directory's key-value log
+    "difflib",
+    "importlib.metadata",  # --version: email, zipfile, csv
+)
+# Parts of the package that only an option uses.
+OPTION_MODULES = (
+    "cluster.transport.tls",  # TLS
+    "cluster.transport.server_tls",
+    "cluster.scheduler.ha",  # standby schedulers (etcd)
+    "cluster.scheduler.etcd_election",
+    "cluster.scheduler.etcd_client",
+    "cluster.storage.directory_store",  # recovery
+    "cluster.storage.recovery_dir",
+    "cluster.worker.node_file",
+    "cluster.scheduler.event_file",  # an event log
+)
 
 
 def modules_after(code: str) -> set[str]:
-    return set(_run(f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"))
+    """What `code` leaves in sys.modules (this test's own json imported after looking)."""
+    look = "import sys\nnames = sorted(sys.modules)\nimport json\nprint(json.dumps(names))"
+    return set(_run(f"{code}\n{look}"))
 
 
 def _run(code: str) -> list[str]:
@@ -57,54 +88,60 @@ def packages(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in names)
 
 
+def unused(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m in UNUSED or m in OPTION_MODULES)
+
+
+@pytest.mark.slow  # starts a Python process
 def test_a_worker_without_options_imports_no_optional_package() -> None:
     loaded = modules_after(WORKER)
     assert "grpc" in loaded  # the worker is all there
     assert "cluster.worker.agent" in loaded
     assert packages(loaded, OPTIONAL) == []
+    assert unused(loaded) == []
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_worker_builds_its_many_records_with_shared_methods() -> None:
-    """Import-time work stays out of module bodies: a frozen dataclass compiles six methods
-    per class at import (about 0.5 ms each class), so the worker's many records (its core's
-    events and actions, the wire records, topology, settings) are `@frozen` (shared methods).
-    The few dataclasses left are named here, each for its reason."""
+    """Import-time work stays out of module bodies: a dataclass compiles its methods from
+    source at import (about 0.5 ms a class), so the worker's many records (its core's events
+    and actions, the wire records, topology, settings, config) are `@frozen` or `@mutable`
+    (shared methods): none of its classes is a dataclass of dataclasses' making."""
     code = WORKER + (
         "import dataclasses, json, sys\n"
-        "from cluster.protocol import value\n"
         "compiled = sorted(f'{n}.{k}' for n, m in list(sys.modules.items())"
         " if n.startswith('cluster') for k, v in vars(m).items()"
         " if isinstance(v, type) and v.__module__ == n and dataclasses.is_dataclass(v)"
-        " and v.__init__ is not value._init)\n"
+        " and '__value_specs__' not in vars(v))\n"
         "print(json.dumps(compiled))\n"
     )
-    assert _run(code) == [
-        "cluster.protocol.backoff.Backoff",  # mutable
-        "cluster.protocol.config.ClusterConfig",  # dataclasses.replace'd
-        "cluster.protocol.config.TLSOptions",  # dataclasses.replace'd
-        "cluster.protocol.records.Member",  # mutable
-        "cluster.protocol.settings.JobSettings",  # dataclasses.replace'd
-    ]
+    assert _run(code) == []
 
 
+@pytest.mark.slow  # starts a Python process
 def test_a_worker_imports_no_checkpoint_or_tool_code() -> None:
     loaded = modules_after(WORKER)
     unwanted = [
         m
         for m in loaded
         if m.startswith(("cluster.tools", "cluster.scheduler", "cluster.api.checkpoint"))
+        or m == "cluster.protocol.settings"  # the scheduler's JobSettings
     ]
     assert sorted(unwanted) == []
 
 
-def test_the_scheduler_imports_neither_the_training_api_nor_optional_packages() -> None:
-    loaded = modules_after(SCHEDULER)
+@pytest.mark.slow  # starts Python processes
+@pytest.mark.parametrize("code", [SCHEDULER, SCRIPT_SCHEDULER], ids=["cli", "script"])
+def test_the_scheduler_imports_neither_the_training_api_nor_optional_packages(code: str) -> None:
+    loaded = modules_after(code)
     assert "cluster.scheduler.core" in loaded
     training = [m for m in ("cluster.api.collective", "cluster.api.training") if m in loaded]
     assert training == []
     assert packages(loaded, OPTIONAL) == []
+    assert unused(loaded) == []
 
 
+@pytest.mark.slow  # starts a Python process
 def test_import_cluster_alone_imports_no_grpc() -> None:
     # grpc reads its TLS cipher list when first imported: set_ps_context() must come first.
     loaded = modules_after("import cluster")

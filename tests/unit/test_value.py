@@ -1,15 +1,17 @@
-"""`@frozen` (cluster.protocol.value): a frozen dataclass with shared methods does what
-`@dataclass(frozen=True)` does, so the classes a worker builds at import can use it."""
+"""`@frozen` and `@mutable` (cluster.protocol.value): dataclasses with shared methods do what
+`@dataclass(frozen=True)` and `@dataclass` do, so the classes a process builds at import can use
+them."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import pickle
+from typing import ClassVar
 
 import pytest
 
-from cluster.protocol.value import frozen
+from cluster.protocol.value import frozen, mutable
 
 
 @frozen
@@ -76,3 +78,69 @@ def test_fields_replace_match_copy_and_pickle_work() -> None:
             pytest.fail("the class pattern did not match")
     assert copy.deepcopy(point) == point
     assert pickle.loads(pickle.dumps(point)) == point
+
+
+@mutable
+class Counter:
+    name: str
+    count: int = 0
+    kind: ClassVar[str] = "counter"
+    seen: list[str] = dataclasses.field(default_factory=list, init=False, repr=False)
+
+
+@frozen
+class Labelled(Point):
+    label: str = ""
+
+
+def test_mutable_is_changed_compared_and_not_hashed_as_a_dataclass_is() -> None:
+    counter = Counter("a")
+    counter.count += 1
+    counter.seen.append("x")
+    assert counter.seen == ["x"]
+    assert counter != Counter("a", 1)  # `seen` differs
+    assert Counter("a", 1) == Counter("a", 1)
+    assert repr(counter) == "Counter(name='a', count=1)"
+    assert Counter.__hash__ is None
+    assert Counter.kind == "counter"
+    assert Counter.__match_args__ == ("name", "count")
+    assert [f.name for f in dataclasses.fields(Counter)] == ["name", "count", "seen"]
+    assert Counter("b").seen == []
+    assert Counter("b").seen is not Counter("c").seen
+
+
+def test_a_subclass_has_its_bases_fields_first() -> None:
+    labelled = Labelled(1, 2, label="l")
+    assert repr(labelled) == "Labelled(x=1, y=2, tags=(), note='', label='l')"
+    assert [f.name for f in dataclasses.fields(labelled)] == [*Point.__match_args__, "label"]
+    assert dataclasses.replace(labelled, label="m").label == "m"
+    assert labelled != Point(1, 2)
+
+
+def test_defaults_are_checked_as_dataclasses_checks_them() -> None:
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
+
+        @frozen
+        class OutOfOrder:
+            a: int = 0
+            b: int
+
+    with pytest.raises(ValueError, match="mutable default"):
+
+        @frozen
+        class Shared:
+            items: list[int] = []  # noqa: RUF012 - the error under test
+
+
+def test_what_it_does_not_handle_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="InitVar and keyword-only fields need @dataclass"):
+
+        @frozen
+        class WithInitVar:
+            seed: dataclasses.InitVar[int]
+
+    with pytest.raises(TypeError, match="a base made by @dataclass"):
+
+        @frozen
+        class FromReference(Reference):
+            label: str = ""

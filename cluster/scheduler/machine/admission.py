@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from cluster.protocol import auth
@@ -47,6 +47,7 @@ from cluster.protocol.records import (
     Registration,
 )
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.value import frozen, mutable
 
 BARRIER = "barrier"
 ALLGATHER = "allgather"
@@ -83,7 +84,7 @@ _ERRORS: dict[Denial, type[ClusterError]] = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class Denied:
     kind: Denial
     message: str
@@ -93,7 +94,7 @@ class Denied:
         return _ERRORS[self.kind](self.message)
 
 
-@dataclass(frozen=True)
+@frozen
 class ExchangeTicket:
     """An admitted collective: the caller's rank among `size` workers."""
 
@@ -117,7 +118,7 @@ class JobView(Protocol):
     def clock(self) -> Callable[[], float]: ...
 
 
-@dataclass
+@mutable
 class Admission:
     """Who may join the job, and which call a node may make."""
 

@@ -16,13 +16,13 @@ accepted, and a hung node is still found MS_NODE_TIMEOUT after it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from cluster.protocol.records import Member, NodeState
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.value import mutable
 
 
-@dataclass
+@mutable
 class Liveness:
     settings: JobSettings
     # No member's silence can reach a limit before this time.

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from cluster.protocol.errors import ClusterError, JobFailedError, PeerFailedError
 from cluster.protocol.records import (
@@ -35,9 +34,10 @@ from cluster.protocol.records import (
     ShutdownEvent,
     TopologyReadyEvent,
 )
+from cluster.protocol.value import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class FailRounds:
     """Every round in progress ends with `error(reason)`."""
 
@@ -45,7 +45,7 @@ class FailRounds:
     error: type[ClusterError]
 
 
-@dataclass(frozen=True)
+@frozen
 class Tell:
     """`effect` goes out now (an event to every stream, an eviction to one); then `fail`."""
 
@@ -54,7 +54,7 @@ class Tell:
     fail: FailRounds | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Ready:
     # Save the state up to this revision (None: nothing new to save).
     save: int | None = None

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+
+from cluster.protocol.value import frozen
 
 # Descriptors kept free beside those of the nodes still to connect: grpc's own, the state files,
 # the logs, the launcher's and `mscluster status`'s connections.
 RESERVE_BASE = 64
 
 
-@dataclass(frozen=True)
+@frozen
 class Connection:
     """A connected socket of the scheduler: its descriptor and its peer ("10.0.0.5:41234",
     "[fe80::1]:41234"), as `peer_address` writes it."""

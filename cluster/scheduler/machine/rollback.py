@@ -11,16 +11,17 @@ back (`NoCommonStep`, with what each holds).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from cluster.protocol.records import Member
+from cluster.protocol.value import frozen, mutable
 
 # How stale the step every worker holds may be when a checkpoint report asks for it: at most one
 # computation a second however many workers report (at 8,192 workers one takes about a ms).
 HELD_BY_ALL_EVERY_S = 1.0
 
 
-@dataclass(frozen=True)
+@frozen
 class NoCommonStep:
     """The workers hold checkpoints, but no step is held by all: the job cannot roll back."""
 
@@ -46,7 +47,7 @@ def rollback_step(workers: Sequence[Member]) -> int | NoCommonStep:
     )
 
 
-@dataclass
+@mutable
 class RollbackPlanner:
     # `held_by_all` as last computed: (generation, when, step).
     _last: tuple[int, float, int] = (-1, 0.0, 0)

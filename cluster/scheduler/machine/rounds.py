@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
+from cluster.protocol.value import frozen
 from cluster.scheduler.machine.admission import ALLGATHER, BROADCAST
 
 ROUNDS_PER_RANK = 2
@@ -84,14 +85,14 @@ class Round:
         return []
 
 
-@dataclass(frozen=True)
+@frozen
 class Waiting:
     """The contribution is in (or is the same call again): wait for the round's outcome."""
 
     round: Round
 
 
-@dataclass(frozen=True)
+@frozen
 class Completed:
     """This contribution was the last: every caller of the round gets `gathered`."""
 
@@ -99,7 +100,7 @@ class Completed:
     gathered: list[bytes]
 
 
-@dataclass(frozen=True)
+@frozen
 class Failed:
     """This contribution failed the round for every rank in it (a cap)."""
 

@@ -20,7 +20,6 @@ The rules:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from cluster.protocol.records import (
@@ -36,6 +35,7 @@ from cluster.protocol.records import (
     Registration,
 )
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.value import mutable
 from cluster.scheduler.machine.liveness import Liveness
 
 
@@ -114,7 +114,7 @@ class SpareHost(Protocol):
     def place_workers(self) -> None: ...
 
 
-@dataclass
+@mutable
 class SparePool:
     """The spares' inputs of `SchedulerState`, a part it owns."""
 

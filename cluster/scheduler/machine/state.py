@@ -30,7 +30,7 @@ in common, the job fails with a message listing what each holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from cluster.protocol import auth
@@ -58,6 +58,7 @@ from cluster.protocol.records import (
     TopologyReadyEvent,
 )
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.value import mutable
 from cluster.scheduler.machine import ranks, snapshot, spares
 from cluster.scheduler.machine.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.scheduler.machine.liveness import Liveness
@@ -95,7 +96,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@mutable
 class SchedulerState:
     """The job as the scheduler sees it. All methods are synchronous and free of I/O.
 

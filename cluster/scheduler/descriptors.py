@@ -1,10 +1,14 @@
 """The scheduler's descriptors, looked at once a second: shed outsiders' connections when few
 are left (the decision is `cluster.scheduler.machine.reserve`'s).
 
-Linux only (/proc): the open descriptors are /proc/self/fd, a socket's peer is found by its
-inode in /proc/self/net/tcp and tcp6. A connection is shut down in place (gRPC then sees it end
-and closes the descriptor), after checking that the descriptor still is the listed socket: it
-may have been closed and reused since. At the limit no descriptor is left to duplicate.
+Linux only (/proc). The look at the scheduler's own sockets takes no descriptor: at the limit
+none is left, and gRPC's accept thread takes every one freed, so one set aside for the look
+would be taken between its release and the look (the look then saw nothing and shed nothing).
+The open descriptors are listed from /proc/self/fd when a descriptor is free to list them, and
+otherwise tried one by one below the limit (fstat and getpeername take none); another process's
+sockets (the benchmarks') are found by inode in /proc/PID/net/tcp and tcp6. A connection is shut
+down in place (gRPC then sees it end and closes the descriptor), after checking that the
+descriptor still is the listed socket: it may have been closed and reused since.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import asyncio
 import ipaddress
 import logging
 import os
+import resource
 import socket
+import stat
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from cluster.scheduler.machine.reserve import Connection, reserve, to_shed
@@ -39,12 +45,69 @@ def open_descriptors() -> int | None:
 
 
 def connections(
-    first_seen: dict[int, float] | None = None, now: float = 0.0, pid: int | None = None
+    first_seen: dict[int, float] | None = None,
+    now: float = 0.0,
+    pid: int | None = None,
+    limit: int | None = None,
 ) -> list[Connection]:
     """This process's (or process `pid`'s) connected TCP sockets (not its listeners) and their
     peers. `first_seen`: when each socket (by inode) was first seen, kept from one call to the
-    next for their ages (updated here: sockets gone are dropped, new ones noted at `now`)."""
-    fd_dir = _FD_DIR if pid is None else Path(f"/proc/{pid}/fd")
+    next for their ages (updated here: sockets gone are dropped, new ones noted at `now`).
+    `limit`: this process's open-files limit (its soft limit when None), below which its
+    descriptors are tried when none is free to list them."""
+    sockets = list(_own_sockets(limit) if pid is None else _sockets_of(pid))
+    found = []
+    seen = {} if first_seen is None else first_seen
+    for fd, inode, peer in sockets:
+        since = seen.setdefault(inode, now)
+        found.append(Connection(fd, peer, inode, now - since))
+    if first_seen is not None:
+        for gone in first_seen.keys() - {c.inode for c in found}:
+            del first_seen[gone]
+    return found
+
+
+def _own_sockets(limit: int | None) -> Iterator[tuple[int, int, str]]:
+    """(descriptor, inode, peer) of this process's connected TCP sockets, taking no descriptor."""
+    try:
+        fds: Iterable[int] = sorted(int(name) for name in os.listdir(_FD_DIR))
+    except OSError:  # no descriptor free to list them: try each one below the limit
+        fds = range(resource.getrlimit(resource.RLIMIT_NOFILE)[0] if limit is None else limit)
+    for fd in fds:
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue  # not open (or closed meanwhile)
+        if stat.S_ISSOCK(info.st_mode):
+            peer = _peer_of(fd)
+            if peer is not None:
+                yield fd, info.st_ino, peer
+
+
+def _peer_of(fd: int) -> str | None:
+    """The peer of TCP socket `fd` as `Connection.peer` writes it; None for another kind of
+    socket, a listener, or a descriptor closed meanwhile. The descriptor stays its owner's."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return None
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return None
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return None  # a listener (not connected), or closed meanwhile
+    finally:
+        sock.detach()
+    ip = ipaddress.ip_address(host.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}"
+
+
+def _sockets_of(pid: int) -> Iterator[tuple[int, int, str]]:
+    """(descriptor, inode, peer) of process `pid`'s connected TCP sockets, from /proc."""
+    fd_dir = Path(f"/proc/{pid}/fd")
     inodes: dict[int, int] = {}
     for name in _listing(fd_dir):
         try:
@@ -53,17 +116,10 @@ def connections(
             continue  # closed meanwhile
         if target.startswith("socket:["):
             inodes[int(target[8:-1])] = int(name)
-    found = []
-    seen = {} if first_seen is None else first_seen
-    for inode, peer in _tcp_peers("self" if pid is None else str(pid)):
+    for inode, peer in _tcp_peers(str(pid)):
         fd = inodes.get(inode)
         if fd is not None:
-            since = seen.setdefault(inode, now)
-            found.append(Connection(fd, peer, inode, now - since))
-    if first_seen is not None:
-        for gone in first_seen.keys() - {c.inode for c in found}:
-            del first_seen[gone]
-    return found
+            yield fd, inode, peer
 
 
 def shut_down(connection: Connection) -> bool:
@@ -103,9 +159,6 @@ class DescriptorReserve:
         self._told_at: float | None = None
         self._untold = 0
         self._first_seen: dict[int, float] = {}  # socket inode -> when first seen, under pressure
-        # A descriptor held for the look itself: at the limit, reading /proc takes one, and gRPC
-        # takes every one freed.
-        self._spare = _open_spare()
         self.available = _FD_DIR.is_dir()
 
     async def run(self, period_s: float = PERIOD_S) -> None:
@@ -125,12 +178,7 @@ class DescriptorReserve:
         if count + keep <= self.limit:
             self._first_seen.clear()
             return 0
-        if self._spare is not None:
-            os.close(self._spare)
-        try:
-            found = connections(self._first_seen, self._clock())
-        finally:
-            self._spare = _open_spare()
+        found = connections(self._first_seen, self._clock(), limit=self.limit)
         done = sum(shut_down(c) for c in to_shed(count, self.limit, keep, found, members))
         self._tell(done, count, keep)
         return done
@@ -149,13 +197,6 @@ class DescriptorReserve:
                 keep,
             )
             self._told_at, self._untold = now, 0
-
-
-def _open_spare() -> int | None:
-    try:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
 
 
 def _listing(fd_dir: Path = _FD_DIR) -> list[str]:

@@ -13,8 +13,6 @@ import socket
 import subprocess
 from collections.abc import Iterator
 
-import pytest
-
 from cluster.testing import free_port
 from cluster.tools.testing import wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env
@@ -59,13 +57,6 @@ def dropped(socks: list[socket.socket]) -> int:
     return count
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a race in the descriptor reserve (found 2026-11-26, to fix next): at the limit, "
-    "`DescriptorReserve.look` closes its spare descriptor to list /proc/self/fd, and gRPC's "
-    "accept thread can take it first; the listing and /proc/self/net/tcp then fail, nothing is "
-    "shed, and the idle sockets go at the 5 s handshake limit instead (1 run in 6 here)",
-)
 def test_idle_connections_are_dropped_and_the_job_forms(processes: Procs) -> None:
     port = free_port()
     env = {**job_env(2, port, MS_TOPO_TIMEOUT="90"), "MS_ROLE": "MS_SCHED"}

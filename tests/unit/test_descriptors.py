@@ -1,9 +1,12 @@
 """The scheduler's look at its own descriptors (`cluster.scheduler.descriptors`), on real
-sockets of this process: connections and their peers from /proc, one shut down in place."""
+sockets of this process: connections and their peers, found taking no descriptor; one shut down
+in place."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -71,3 +74,56 @@ def test_a_descriptor_that_is_no_longer_the_socket_is_left_alone(
     client.setblocking(False)
     with pytest.raises(BlockingIOError):
         client.recv(1)  # still open
+
+
+FULL_TABLE = """
+import os, resource, socket, sys
+from cluster.scheduler import descriptors
+
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+client = socket.create_connection(listener.getsockname())
+accepted, _ = listener.accept()
+limit = len(os.listdir("/proc/self/fd")) + 16
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.dup(0))
+except OSError:
+    pass
+assert descriptors.open_descriptors() is None  # no descriptor left to list them
+found = {c.fd: c for c in descriptors.connections(limit=limit)}
+host, port = client.getsockname()
+assert found[accepted.fileno()].peer == f"{host}:{port}", found
+assert found[client.fileno()].peer == "%s:%d" % listener.getsockname(), found
+assert listener.fileno() not in found
+assert descriptors.shut_down(found[accepted.fileno()])
+client.settimeout(5)
+assert client.recv(1) == b""
+print("ok", len(held))
+"""
+
+
+def test_connections_are_found_with_no_descriptor_free() -> None:
+    # At the limit, gRPC's accept thread takes every descriptor freed: the look takes none.
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_TABLE], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok ")
+
+
+def test_an_ipv6_peer_is_named_as_grpc_names_it() -> None:
+    with socket.socket(socket.AF_INET6) as listener:
+        try:
+            listener.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        listener.listen()
+        with socket.create_connection(listener.getsockname()[:2]) as client:
+            accepted, _ = listener.accept()
+            with accepted:
+                found = {c.fd: c for c in descriptors.connections()}
+                assert found[accepted.fileno()].peer == f"[::1]:{client.getsockname()[1]}"

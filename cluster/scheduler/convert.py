@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 
 from cluster.protocol import auth
@@ -144,6 +145,22 @@ def whole_table(ready: pb.TopologyReady, table: pb.PeerTable) -> pb.TopologyRead
     else:
         ready.peers.CopyFrom(table)
     return ready
+
+
+def topology_forms(event: pb.Event) -> tuple[bytes, tuple[bytes, bytes, bytes] | None]:
+    """A topology event on the wire, and (when its whole table travels compressed) its form
+    for a node that asked for tables by digest, the digest (SHA-256) and the compressed table
+    (`cluster.scheduler.tables`)."""
+    inline = event.SerializeToString()
+    table = event.topology_ready.peers_zlib
+    if not table:
+        return inline, None
+    digest = hashlib.sha256(table).digest()
+    referenced = pb.Event()
+    referenced.CopyFrom(event)
+    referenced.topology_ready.peers_zlib = b""
+    referenced.topology_ready.peers_digest = digest
+    return inline, (referenced.SerializeToString(), digest, table)
 
 
 def event_to_pb(event: state.Event) -> pb.Event:

@@ -29,7 +29,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
-from cluster.protocol import topology
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
@@ -53,6 +52,7 @@ from cluster.scheduler.machine import state
 from cluster.scheduler.persist import Saving, WriteAheadSaver
 from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams, Superseded
+from cluster.scheduler.tables import EventWire
 from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
 
@@ -162,13 +162,11 @@ class SchedulerCore:
         self.beats_closed.set()
         self._last_progress_log = 0.0
         self._pending_progress: state.ProgressEvent | None = None
-        # The published topology, serialized once: it goes to every node, and is large.
-        self._topology_bytes: tuple[state.TopologyReadyEvent, bytes] | None = None
+        # The events on the wire, each serialized once for every stream; the whole tables.
+        self._wire = EventWire()
         # The first progress broadcast comes one interval after the start: a worker learns the
         # count when it is accepted, and reports progress only after waiting a while itself.
         self._last_progress_broadcast = clock()
-        # The Shutdown event as sent: a stream ends after writing it.
-        self._final: bytes | None = None
         nodes = settings.worker_num + settings.server_num
         self._progress_every_s = max(PROGRESS_BROADCAST_EVERY_S, nodes / PROGRESS_WRITES_PER_S)
         # The event loop's lag as the monitor saw it: the largest, and stalls past STALL_S.
@@ -388,11 +386,18 @@ class SchedulerCore:
             waiter.cancel()
 
     async def watch(
-        self, node_id: str, incarnation: int, caller: Caller | None = None
+        self,
+        node_id: str,
+        incarnation: int,
+        caller: Caller | None = None,
+        *,
+        by_digest: bool = False,
     ) -> AsyncIterator[bytes]:
         """The event stream of one node (events, some serialized already), with the
         scheduler's heartbeats in the gaps (sent by `monitor`). `caller`: who opens it with a
-        hello (None: the registration on the stream was just accepted)."""
+        hello (None: the registration on the stream was just accepted). `by_digest`: whole
+        tables as their digests (`cluster.scheduler.tables`)."""
+        form = self._wire.by_digest if by_digest else _as_sent
         if caller is not None:
             admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
         awaited = bool(self.state.awaiting)
@@ -411,7 +416,7 @@ class SchedulerCore:
             # What was told so far (so on disk), and, through `mailbox`, what is told from now on:
             # the catch-up never names a generation that a crash could forget.
             for event in self.state.catch_up_for(node_id, self._catch_up):
-                yield self._serialized(event)
+                yield form(self._wire.serialized(event))
             while True:
                 item = await mailbox.get()
                 if isinstance(item, state.Evict):
@@ -420,8 +425,8 @@ class SchedulerCore:
                     raise item
                 if isinstance(item, Superseded):
                     return  # the node's newer stream speaks for it (closing: not current)
-                yield item
-                if item is self._final:
+                yield form(item)
+                if item is self._wire.final:
                     return
         finally:
             current = self._streams.close(key, mailbox)
@@ -474,6 +479,11 @@ class SchedulerCore:
         self._apply([])  # saves the new holdings (nothing to tell anyone)
         await self.durable()
         return self.state.held_by_all()
+
+    def peer_table(self, caller: Caller, digest: bytes) -> bytes:
+        """The compressed whole table of `digest`, for a member (`cluster.scheduler.tables`)."""
+        admitted(self.state.admission.admit(caller.node_id, caller.incarnation, caller.presented))
+        return self._wire.tables.table(digest)
 
     def kv_for(self, caller: Caller) -> KvStore:
         """The key-value store, for a member (only members use it)."""
@@ -623,44 +633,14 @@ class SchedulerCore:
         if isinstance(effect, state.TopologyReadyEvent):
             self._topology_told = effect
             self._pending_progress = None
-            self._streams.broadcast(self._topology_change(effect, previous))
+            self._streams.broadcast(self._wire.topology_change(effect, previous))
         else:
             self._broadcast(effect)
         if isinstance(effect, state.ShutdownEvent):
             self.done.set()
 
-    def _serialized(self, event: state.Event) -> bytes:
-        """The event on the wire; the topology converted and serialized once per generation."""
-        if isinstance(event, state.TopologyReadyEvent):
-            cached = self._topology_bytes
-            if cached is None or cached[0] is not event:
-                cached = (event, convert.event_to_pb(event).SerializeToString())
-                self._topology_bytes = cached
-            return cached[1]
-        if isinstance(event, state.ShutdownEvent):
-            # Once: a stream ends after writing this very object (see `watch`).
-            if self._final is None:
-                self._final = convert.event_to_pb(event).SerializeToString()
-            return self._final
-        return convert.event_to_pb(event).SerializeToString()
-
-    def _topology_change(
-        self, event: state.TopologyReadyEvent, previous: state.TopologyReadyEvent | None
-    ) -> bytes:
-        """`event` for the open streams, which were all told `previous` (or a newer catch-up:
-        a stream's first topology is the whole table): only the rows that changed since, when
-        that is smaller than the whole table. Serialized once for every stream."""
-        rows = (
-            None
-            if previous is None or previous.generation >= event.generation
-            else topology.changed_rows(previous.peers, event.peers)
-        )
-        if previous is None or rows is None:
-            return self._serialized(event)
-        return convert.topology_delta_to_pb(event, previous.generation, rows).SerializeToString()
-
     def _broadcast(self, event: state.Event) -> None:
-        self._streams.broadcast(self._serialized(event))
+        self._streams.broadcast(self._wire.serialized(event))
 
     def _flush_progress(self) -> None:
         now = self._clock()
@@ -694,3 +674,7 @@ class SchedulerCore:
             log.info("job finished: %s", event.reason)
         else:
             log.error("job failed: %s", event.reason)
+
+
+def _as_sent(item: bytes) -> bytes:
+    return item

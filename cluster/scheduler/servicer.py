@@ -239,7 +239,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         peer = reserve.peer_address(context.peer() or "")
         member = False
         try:
-            async for event in self._core.watch(node_id, incarnation, caller):
+            events = self._core.watch(
+                node_id, incarnation, caller, by_digest=request.table_by_digest
+            )
+            async for event in events:
                 if not member:  # admitted: its connection is a member's while the stream lasts
                     member = True
                     self.member_peers[peer] += 1
@@ -305,6 +308,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         store = self._core.kv_for(_caller(context, "KvGet", request))
         values, missing = store.get(list(request.keys))
         return pb.KvGetResponse(values=values, missing=missing)
+
+    @_mapped
+    async def PeerTable(
+        self, request: pb.PeerTableRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PeerTableResponse:
+        table = self._core.peer_table(_caller(context, "PeerTable", request), request.digest)
+        return pb.PeerTableResponse(peers_zlib=table)
 
     @_mapped
     async def KvWait(

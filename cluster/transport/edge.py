@@ -40,6 +40,7 @@ MESSAGE_LIMITS: dict[str, int] = {
     "Status": 64,
     "WatchEvents": 64,
     "KvGet": 256 * _KIB,
+    "PeerTable": 64,
     "KvWait": 256 * _KIB,
     "KvAdd": 4 * _KIB,
     "KvSet": MAX_MESSAGE_BYTES,

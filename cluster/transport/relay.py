@@ -17,6 +17,12 @@ it reads only what a call came back with, the trailing metadata of a standby
 (`cluster-leader`) and a call cut off, and moves; the worker, told the same, asks again, and its
 call goes where the relay went.
 
+One call is answered from the relay itself: `PeerTable`, a whole peer table by its digest (the
+same bytes for every node of the job, named only in a member's event stream). The first of the
+host's workers to ask for a digest has its call forwarded; the others that ask meanwhile or
+later get the same answer (`TableAnswers`), so a formation brings the table to the host once,
+not once per worker.
+
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the
 scheduler itself (its probes go direct).
@@ -24,6 +30,8 @@ scheduler itself (its probes go direct).
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeAlias
@@ -180,6 +188,43 @@ def _server_stream(
     return forward
 
 
+PEER_TABLE = "PeerTable"
+# Tables kept by digest (a table of 65,536 workers is about 300 KiB compressed).
+TABLES_KEPT = 4
+
+
+class TableAnswers:
+    """The answers to `PeerTable` by request (a digest): the first asker's call forwarded, its
+    answer shared with the host's other workers. A call that fails leaves nothing behind: the
+    workers that waited on it forward their own."""
+
+    def __init__(self, forward: Callable[[Any, Context], Awaitable[bytes | None]]) -> None:
+        self._forward = forward
+        self._answers: collections.OrderedDict[bytes, asyncio.Future[bytes | None]] = (
+            collections.OrderedDict()
+        )
+
+    async def answer(self, request: bytes, context: Context) -> bytes | None:
+        pending = self._answers.get(request)
+        if pending is not None:
+            answer = await asyncio.shield(pending)
+            if answer is not None:
+                return answer
+        future = asyncio.get_running_loop().create_future()
+        self._answers[request] = future
+        while len(self._answers) > TABLES_KEPT:
+            self._answers.popitem(last=False)  # its waiters still get its answer
+        answer = None
+        try:
+            answer = await self._forward(request, context)
+            return answer
+        finally:
+            if answer is None and self._answers.get(request) is future:
+                del self._answers[request]
+            if not future.done():
+                future.set_result(answer)
+
+
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the type stubs only
 _HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., Handler]]] = {
     "unary_unary": (_one_answer, grpc.unary_unary_rpc_method_handler),
@@ -198,8 +243,11 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
             if kind not in _HANDLERS:
                 raise TypeError(f"the relay cannot forward {path}, a {kind} method")
             make, handler = _HANDLERS[kind]
+            answer = make(upstreams, kind, path)
+            if path.rpartition("/")[2] == PEER_TABLE:
+                answer = TableAnswers(answer).answer  # a coroutine function, as gRPC needs
             # No serializers: the bytes go through as they came.
-            self._handlers[path] = handler(make(upstreams, kind, path))
+            self._handlers[path] = handler(answer)
 
     @property
     def paths(self) -> list[str]:

@@ -196,12 +196,14 @@ class HeartbeatResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("hello", "register")
+    __slots__ = ("hello", "register", "table_by_digest")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
+    TABLE_BY_DIGEST_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     register: RegisterRequest
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[RegisterRequest, _Mapping]] = ...) -> None: ...
+    table_by_digest: bool
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., table_by_digest: _Optional[bool] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("registered", "expected")
@@ -230,7 +232,7 @@ class PeerTable(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[int]] = ..., node_ids: _Optional[_Iterable[str]] = ..., hosts: _Optional[_Iterable[str]] = ..., ports: _Optional[_Iterable[int]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., local_ranks: _Optional[_Iterable[int]] = ..., local_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TopologyReady(_message.Message):
-    __slots__ = ("generation", "peers", "rollback_step", "reason", "delta_from", "changed_rows", "peers_zlib")
+    __slots__ = ("generation", "peers", "rollback_step", "reason", "delta_from", "changed_rows", "peers_zlib", "peers_digest")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     ROLLBACK_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +240,7 @@ class TopologyReady(_message.Message):
     DELTA_FROM_FIELD_NUMBER: _ClassVar[int]
     CHANGED_ROWS_FIELD_NUMBER: _ClassVar[int]
     PEERS_ZLIB_FIELD_NUMBER: _ClassVar[int]
+    PEERS_DIGEST_FIELD_NUMBER: _ClassVar[int]
     generation: int
     peers: PeerTable
     rollback_step: int
@@ -245,7 +248,20 @@ class TopologyReady(_message.Message):
     delta_from: int
     changed_rows: _containers.RepeatedScalarFieldContainer[int]
     peers_zlib: bytes
-    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ..., rollback_step: _Optional[int] = ..., reason: _Optional[str] = ..., delta_from: _Optional[int] = ..., changed_rows: _Optional[_Iterable[int]] = ..., peers_zlib: _Optional[bytes] = ...) -> None: ...
+    peers_digest: bytes
+    def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ..., rollback_step: _Optional[int] = ..., reason: _Optional[str] = ..., delta_from: _Optional[int] = ..., changed_rows: _Optional[_Iterable[int]] = ..., peers_zlib: _Optional[bytes] = ..., peers_digest: _Optional[bytes] = ...) -> None: ...
+
+class PeerTableRequest(_message.Message):
+    __slots__ = ("digest",)
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    digest: bytes
+    def __init__(self, digest: _Optional[bytes] = ...) -> None: ...
+
+class PeerTableResponse(_message.Message):
+    __slots__ = ("peers_zlib",)
+    PEERS_ZLIB_FIELD_NUMBER: _ClassVar[int]
+    peers_zlib: bytes
+    def __init__(self, peers_zlib: _Optional[bytes] = ...) -> None: ...
 
 class NodeFailed(_message.Message):
     __slots__ = ("rank", "node_id", "reason", "generation")

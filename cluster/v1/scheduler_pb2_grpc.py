@@ -113,6 +113,11 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.JobEvent.FromString,
                 _registered_method=True)
+        self.PeerTable = channel.unary_unary(
+                '/cluster.v1.Scheduler/PeerTable',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableRequest.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -233,6 +238,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerTable(self, request, context):
+        """A whole peer table by its digest (TopologyReady.peers_digest), for a member: the same bytes
+        for every node of the job, so a host's relay asks once for all of its workers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -300,6 +313,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.WatchEventsRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.JobEvent.SerializeToString,
+            ),
+            'PeerTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerTable,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableRequest.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -667,6 +685,33 @@ class Scheduler:
             '/cluster.v1.Scheduler/WatchEvents',
             cluster_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
             cluster_dot_v1_dot_scheduler__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cluster.v1.Scheduler/PeerTable',
+            cluster_dot_v1_dot_scheduler__pb2.PeerTableRequest.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.PeerTableResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,7 +28,7 @@ from cluster.protocol.environment import read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.parse import split_address
-from cluster.protocol.topology import Topology
+from cluster.protocol.topology import PeerColumns, Topology
 from cluster.transport import failures, membership
 from cluster.transport.channel import SchedulerProbe
 from cluster.transport.stub import LazyStub
@@ -101,6 +101,7 @@ class WorkerAgent:
         self._stream_done = False  # the stream said its last word (a Done action)
         # The last whole peer table heard: the base of the next delta.
         self._table = peer_table.HeldTable()
+        self.tables = peer_table.TABLES  # whole tables fetched by digest, shared in the process
         self._stream_up = False  # an accepted event stream is being read
         # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
         self.accepted_at: float | None = None
@@ -334,7 +335,8 @@ class WorkerAgent:
                 self._job_secret,
                 challenge=challenge,
                 call_seq=seq,
-            )
+            ),
+            table_by_digest=self._route.relay is not None,  # the relay asks once for its host
         )
         call: Call = self._stub.Watch(request, wait_for_ready=True)
         try:
@@ -449,7 +451,7 @@ class WorkerAgent:
                     return self._lost(steps.StreamLost("the scheduler closed the event stream"))
                 assert isinstance(message, pb.Event)
                 try:
-                    event = self._event(message)
+                    event = self._event(message, await self._fetched(message))
                 except peer_table.MissedChange as exc:
                     return self._lost(steps.StreamLost(f"{exc}; reconnecting for the whole table"))
                 if event is not None:  # None: the scheduler's heartbeat, heard above
@@ -466,12 +468,24 @@ class WorkerAgent:
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())
 
-    def _event(self, message: pb.Event) -> steps.Event | None:
+    async def _fetched(self, message: pb.Event) -> PeerColumns | None:
+        """The whole table that a topology names by its digest, fetched (`peer_table.TABLES`)."""
+        if message.WhichOneof("kind") != "topology_ready":
+            return None
+        digest = message.topology_ready.peers_digest
+        if not digest:
+            return None
+        return await self.tables.get(
+            digest, lambda digest: peer_table.ask(self._stub, self._signed, digest)
+        )
+
+    def _event(self, message: pb.Event, fetched: PeerColumns | None = None) -> steps.Event | None:
         """`message` as the core's event; a topology's table made whole (inflated, a delta laid
-        over the last table heard: `peer_table`), MissedChange when it cannot be."""
+        over the last table heard, or `fetched` by its digest: `peer_table`), MissedChange when
+        it cannot be."""
         table = None
         if message.WhichOneof("kind") == "topology_ready":
-            table = self._table.take(message.topology_ready)
+            table = self._table.take(message.topology_ready, fetched)
         held = self.topology
         try:
             return convert.stream_event(

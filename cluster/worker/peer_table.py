@@ -4,17 +4,26 @@ A stream's first topology is the whole table; a later one may be a delta (`delta
 the protocol), laid here over the table of the generation it names (nothing copied). A delta
 from any other generation means this node missed a change: `MissedChange`, and the agent
 reconnects, which brings the whole table again. A large whole table arrives compressed
-(`peers_zlib`): `inflate` puts it in `peers`.
+(`peers_zlib`): `inflate` puts it in `peers`. Behind a host's relay it arrives as its digest
+(`peers_digest`), and the node asks for it (`PeerTable`): `TABLES` holds the tables this
+process fetched, parsed once for all of its nodes (a benchmark runs thousands in one process).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import hashlib
 import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import grpc
 from google.protobuf.message import DecodeError
 
 from cluster.protocol.errors import MissedTableChange
 from cluster.protocol.topology import PeerColumns, PeerRow, patched
+from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
 
 MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
@@ -22,6 +31,8 @@ MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
 # A compressed table inflates to at most this (a gRPC message's limit here: 2.6 million nodes
 # at 24 bytes each); more is refused, not allocated.
 MAX_TABLE_BYTES = 64 * 1024 * 1024
+# How long a whole table named by its digest may take to fetch (past it: the node reconnects).
+FETCH_S = 30.0
 
 
 def inflate(ready: pb.TopologyReady) -> None:
@@ -29,20 +40,85 @@ def inflate(ready: pb.TopologyReady) -> None:
     inflate to a table (the node reconnects for the whole table again)."""
     if not ready.peers_zlib:
         return
+    _parse_into(ready.peers, ready.peers_zlib)
+    ready.peers_zlib = b""
+
+
+def _parse_into(table: pb.PeerTable, compressed: bytes) -> None:
     inflater = zlib.decompressobj()
     try:
-        data = inflater.decompress(ready.peers_zlib, MAX_TABLE_BYTES)
+        data = inflater.decompress(compressed, MAX_TABLE_BYTES)
         if inflater.unconsumed_tail or not inflater.eof:
             raise MissedChange(
                 f"the scheduler sent a compressed peer table that does not inflate whole within "
                 f"{MAX_TABLE_BYTES} bytes"
             )
-        ready.peers.ParseFromString(data)
+        table.ParseFromString(data)
     except (zlib.error, DecodeError) as exc:
         raise MissedChange(
             f"the scheduler sent a compressed peer table that is damaged ({exc})"
         ) from None
-    ready.peers_zlib = b""
+
+
+class FetchedTables:
+    """Whole tables by digest, as this process fetched and parsed them: one fetch and one parse
+    for every node of the process that asks for the same digest at once or later."""
+
+    def __init__(self, kept: int = 2) -> None:
+        self._kept = kept
+        self._tables: collections.OrderedDict[bytes, asyncio.Future[pb.PeerTable]] = (
+            collections.OrderedDict()
+        )
+
+    async def get(self, digest: bytes, ask: Callable[[bytes], Awaitable[bytes]]) -> pb.PeerTable:
+        """The table of `digest`, asked for with `ask` (its compressed bytes) unless held or
+        asked for already; MissedChange when it cannot be had or does not match its digest."""
+        held = self._tables.get(digest)
+        if held is not None:
+            try:
+                return await asyncio.shield(held)
+            except MissedChange:
+                pass  # that fetch failed: this node asks itself
+        future: asyncio.Future[pb.PeerTable] = asyncio.get_running_loop().create_future()
+        self._tables[digest] = future
+        while len(self._tables) > self._kept:
+            self._tables.popitem(last=False)  # its waiters still get it
+        try:
+            table = _checked(digest, await ask(digest))
+        except BaseException as exc:
+            if self._tables.get(digest) is future:
+                del self._tables[digest]
+            failure = exc if isinstance(exc, MissedChange) else MissedChange(str(exc))
+            future.set_exception(failure)
+            future.exception()  # retrieved: no waiter is needed
+            raise
+        future.set_result(table)
+        return table
+
+
+def _checked(digest: bytes, compressed: bytes) -> pb.PeerTable:
+    if hashlib.sha256(compressed).digest() != digest:
+        raise MissedChange(f"the peer table fetched for {digest.hex()[:16]} does not match it")
+    table = pb.PeerTable()
+    _parse_into(table, compressed)
+    return table
+
+
+TABLES = FetchedTables()
+
+
+async def ask(stub: Any, signed: Callable[[str, Any], Any], digest: bytes) -> bytes:
+    """The compressed table of `digest`, asked of the scheduler (or the host's relay) with
+    `stub`, the call signed by `signed`; MissedChange when it is not answered in FETCH_S."""
+    request = pb.PeerTableRequest(digest=digest)
+    try:
+        answer = await stub.PeerTable(
+            request, timeout=FETCH_S, metadata=signed("PeerTable", request)
+        )
+    except grpc.aio.AioRpcError as exc:
+        why = failures.failure_of(exc).details
+        raise MissedChange(f"the peer table was not fetched: {why}") from None
+    return bytes(answer.peers_zlib)
 
 
 _COLUMNS = ("ranks", "node_ids", "hosts", "ports", "roles", "local_ranks", "local_sizes")
@@ -90,10 +166,16 @@ class HeldTable:
     def __init__(self) -> None:
         self.last: tuple[int, PeerColumns] | None = None
 
-    def take(self, ready: pb.TopologyReady) -> PeerColumns:
-        """The whole table of `ready` (inflated, a delta laid over the held table), now held;
-        MissedChange when it does not inflate or this node does not hold the delta's base."""
-        inflate(ready)
-        table = table_of(ready, self.last)
+    def take(self, ready: pb.TopologyReady, fetched: PeerColumns | None = None) -> PeerColumns:
+        """The whole table of `ready` (inflated, a delta laid over the held table, or the
+        table `fetched` by its digest), now held; MissedChange when it does not inflate or this
+        node does not hold the delta's base."""
+        if fetched is not None:
+            table = fetched
+        elif ready.peers_digest:
+            raise MissedChange("the scheduler named a peer table by digest that was not fetched")
+        else:
+            inflate(ready)
+            table = table_of(ready, self.last)
         self.last = (ready.generation, table)
         return table

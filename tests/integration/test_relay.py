@@ -10,6 +10,7 @@ import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
 from cluster.tools.relay import Relay, RelaySettings
+from cluster.worker import peer_table
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.procs import MSCLUSTER, ROOT, Procs, job_env
@@ -173,3 +175,68 @@ def test_a_hung_worker_behind_a_relay_is_found_by_its_silence(
         assert relay.running
     finally:
         victim.popen.send_signal(signal.SIGKILL)
+
+
+async def test_a_host_fetches_a_large_table_once_through_its_relay(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table large enough to travel compressed comes to a worker behind a relay as its
+    digest: the workers fetch it (each with a fetch of its own, as separate processes do), and
+    the relay asks the scheduler once for all of them. Every worker holds the whole table."""
+    n = 200  # over 4 KiB of table: compressed, so named by digest
+    async with SchedulerServer(settings(n)) as srv:
+        asked: list[bytes] = []
+        answer = srv.core.peer_table
+
+        def counted(caller: Any, digest: bytes) -> bytes:
+            asked.append(digest)
+            return answer(caller, digest)
+
+        monkeypatch.setattr(srv.core, "peer_table", counted)
+        address = f"unix:{short_dir / 'r.sock'}"
+        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", n, 30.0))
+        await relay.start()
+        said: list[str] = []
+        agents = [make_agent(srv.port, n, f"w{i}", said, CLUSTER_RELAY=address) for i in range(n)]
+        for agent in agents:
+            agent.tables = peer_table.FetchedTables()
+        try:
+            tops = await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 60)
+            assert {t.size for t in tops} == {n}
+            assert {p.node_id for p in tops[-1].peers} == {f"w{i}" for i in range(n)}
+            assert [t.peer(t.rank).node_id for t in tops] == [a.identity.node_id for a in agents]
+            assert len(asked) == 1, asked  # one fetch upstream for the host's 200 workers
+            assert said == []
+        finally:
+            await asyncio.gather(*(a.close() for a in agents))
+            await relay.stop()
+
+
+async def test_a_direct_worker_gets_the_table_in_its_stream() -> None:
+    """Without a relay the compressed table comes in the stream, as before: no fetch."""
+    async with SchedulerServer(settings(200)) as srv:
+        said: list[str] = []
+        agents = [make_agent(srv.port, 200, f"w{i}", said) for i in range(200)]
+        fetched = peer_table.FetchedTables()
+        for agent in agents:
+            agent.tables = fetched
+        try:
+            tops = await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 60)
+            assert {t.size for t in tops} == {200}
+            assert not fetched._tables
+        finally:
+            await asyncio.gather(*(a.close() for a in agents))
+
+
+async def test_an_unknown_digest_is_refused_to_an_outsider_and_a_member() -> None:
+    async with SchedulerServer(settings(1)) as srv:
+        said: list[str] = []
+        agent = make_agent(srv.port, 1, "a", said)
+        await asyncio.wait_for(agent.start(), 20)
+        try:
+            with pytest.raises(peer_table.MissedChange, match="holds no peer table"):
+                await peer_table.ask(agent._stub, agent._signed, b"\0" * 32)
+            with pytest.raises(peer_table.MissedChange, match=r"credential|not fetched"):
+                await peer_table.ask(agent._stub, lambda method, request: (), b"\0" * 32)
+        finally:
+            await agent.close()

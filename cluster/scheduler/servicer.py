@@ -144,8 +144,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
     ) -> None:
         """End a call whose request never came in time, or that found too many waiting for
-        theirs (`handlers.Arrivals`): counted and told as every refusal at the edge; a crowded
-        one as UNAVAILABLE, which a real node meets by trying again."""
+        theirs (`handlers.Arrivals`): counted and told as every refusal at the edge, as
+        UNAVAILABLE (CrowdedError), which a real node meets by trying again: a request late
+        behind a loaded scheduler's loop, or behind the other calls of its host's relay on one
+        connection, is no fault of the node's."""
         _refuse(context, self.at_edge(context, method, reason, problem))
 
     def at_edge(
@@ -164,6 +166,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             "oversized": CapacityError,
             "unauthenticated": NotAuthenticatedError,
             "crowded": CrowdedError,
+            "stalled": CrowdedError,
         }
         return kinds.get(reason, BadRequestError)(f"{problem}: refused")
 

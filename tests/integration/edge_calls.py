@@ -36,10 +36,11 @@ SCHEDULER_METHODS: dict[str, tuple[str, type[Message]]] = {
     "ReportCheckpoints": (UNARY, pb.ReportCheckpointsRequest),
     "Status": (UNARY, pb.StatusRequest),
     "WatchEvents": (SERVER_STREAM, pb.WatchEventsRequest),
+    "PeerTable": (UNARY, pb.PeerTableRequest),
 }
 # Only a member may make these: an outsider's must never be answered OK.
 MEMBERS_ONLY = ("Heartbeat", "Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "Finish")
-MEMBERS_ONLY += ("ReportCheckpoints",)
+MEMBERS_ONLY += ("ReportCheckpoints", "PeerTable")
 # Who a call says it is: no metadata; forged ids with garbage proofs; the member's fresh proof;
 # the member's proof under another node's id; the member's last metadata again; an operator's
 # read proof (with a job secret).
@@ -161,6 +162,7 @@ def requests(known: Known, *, member: bool) -> dict[str, st.SearchStrategy[Messa
             pb.ReportCheckpointsRequest, node_id=ids, incarnation=incs, steps=steps
         ),
         "WatchEvents": st.builds(pb.WatchEventsRequest, follow=st.booleans(), after_seq=u64),
+        "PeerTable": st.builds(pb.PeerTableRequest, digest=blobs),
     }
     for method, (_, message) in SCHEDULER_METHODS.items():
         made.setdefault(method, st.just(message()))

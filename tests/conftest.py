@@ -35,6 +35,7 @@ SOLO_FILES = frozenset(
         "integration/test_scale.py",  # 64 real workers
         "integration/test_hostile.py",  # floods, and the scheduler's peak memory
         "integration/test_connections.py",  # file-descriptor limits, thousands of sockets
+        "integration/test_hosts.py",  # 4 network namespaces, 32 real workers, faults
     }
 )
 

@@ -1,6 +1,10 @@
-"""Two test hosts on one machine: network namespaces joined by a veth pair, always removed.
+"""Test hosts on one machine: network namespaces on one network, always removed.
 
-Needs root and iproute2; `hosts_or_skip` skips the test, saying why, when either is missing.
+`hosts(n)` makes n namespaces, each with a veth link whose other end is on a bridge in a
+namespace of its own (the switch): every host reaches every other by its address, nothing is
+added to the machine's own namespace, and deleting the namespaces deletes every link. Needs root
+and iproute2; without them the test is skipped saying why, except under
+CLUSTER_REQUIRE_SERVERS=1 (CI, as root), where it fails (`tests.servers.require`).
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import pytest
+from tests.servers import require
 
 SUBNET = "10.231.{}.{}"
+BRIDGE = "br0"
 
 
 @dataclass(frozen=True)
@@ -39,31 +44,48 @@ def why_not_available() -> str | None:
     return None
 
 
+def _delete(namespaces: list[str]) -> None:
+    for namespace in namespaces:
+        # Deleting a namespace deletes its links, and so the other end of each veth pair.
+        subprocess.run(
+            ["ip", "netns", "delete", namespace], capture_output=True, timeout=30, check=False
+        )
+
+
+def _plug(host: Host, switch: str, port: str) -> None:
+    """`host`'s link, up with its address, its other end `port` on the switch's bridge."""
+    _ip("netns", "add", host.namespace)
+    _ip("-n", host.namespace, "link", "set", "lo", "up")
+    _ip(
+        *("link", "add", host.link, "netns", host.namespace, "type", "veth"),
+        *("peer", "name", port, "netns", switch),
+    )
+    _ip("-n", host.namespace, "addr", "add", f"{host.ip}/24", "dev", host.link)
+    _ip("-n", host.namespace, "link", "set", host.link, "up")
+    _ip("-n", switch, "link", "set", port, "master", BRIDGE, "up")
+
+
 @contextmanager
-def two_hosts() -> Iterator[tuple[Host, Host]]:
-    why = why_not_available()
-    if why:
-        pytest.skip(why)
+def hosts(n: int) -> Iterator[list[Host]]:
+    """`n` hosts (namespaces) on one /24 network, addresses .1 to .n; removed at the end."""
+    require(why_not_available())
     tag = f"{os.getpid() % 100000}"
     net = os.getpid() % 250 + 1
-    a = Host(f"cl-a-{tag}", SUBNET.format(net, 1), f"cla{tag}")
-    b = Host(f"cl-b-{tag}", SUBNET.format(net, 2), f"clb{tag}")
+    switch = f"cl-{tag}-sw"
+    made = [Host(f"cl-{tag}-{i}", SUBNET.format(net, i + 1), f"clh{i}") for i in range(n)]
+    namespaces = [switch, *(host.namespace for host in made)]
     try:
-        for host in (a, b):
-            _ip("netns", "add", host.namespace)
-            _ip("-n", host.namespace, "link", "set", "lo", "up")
-        _ip("link", "add", a.link, "type", "veth", "peer", "name", b.link)
-        for host in (a, b):
-            _ip("link", "set", host.link, "netns", host.namespace)
-            _ip("-n", host.namespace, "addr", "add", f"{host.ip}/24", "dev", host.link)
-            _ip("-n", host.namespace, "link", "set", host.link, "up")
-        yield a, b
+        _ip("netns", "add", switch)
+        _ip("-n", switch, "link", "add", BRIDGE, "type", "bridge")
+        _ip("-n", switch, "link", "set", BRIDGE, "up")
+        for i, host in enumerate(made):
+            _plug(host, switch, f"port{i}")
+        yield made
     finally:
-        for host in (a, b):
-            # Deleting a namespace deletes its end of the veth pair, and so the pair.
-            subprocess.run(
-                ["ip", "netns", "delete", host.namespace],
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
+        _delete(namespaces)
+
+
+@contextmanager
+def two_hosts() -> Iterator[tuple[Host, Host]]:
+    with hosts(2) as (a, b):
+        yield a, b

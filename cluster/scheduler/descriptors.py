@@ -21,7 +21,7 @@ import resource
 import socket
 import stat
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from cluster.scheduler.machine.reserve import Connection, reserve, to_shed
@@ -143,13 +143,14 @@ def shut_down(connection: Connection) -> bool:
 
 class DescriptorReserve:
     """Once a second: when fewer than the reserve are free below `limit`, shed connections that
-    carry no member's stream. `members()`: the peers of the connections that do."""
+    carry no member's stream. `members()`: the peers of the connections that do, each with the
+    number of members' streams it carries."""
 
     def __init__(
         self,
         limit: int,
         expected: int,
-        members: Callable[[], Collection[str]],
+        members: Callable[[], Mapping[str, int]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
@@ -171,7 +172,8 @@ class DescriptorReserve:
     def look(self) -> int:
         """One look: the connections shut down."""
         members = self._members()
-        keep = reserve(self.expected, len(members))
+        connected = sum(members.values())  # a relay's connection carries many nodes' streams
+        keep = reserve(self.expected, connected)
         count = open_descriptors()
         if count is None:
             count = self.limit  # out of descriptors
@@ -179,7 +181,8 @@ class DescriptorReserve:
             self._first_seen.clear()
             return 0
         found = connections(self._first_seen, self._clock(), limit=self.limit)
-        done = sum(shut_down(c) for c in to_shed(count, self.limit, keep, found, members))
+        shed = to_shed(count, self.limit, keep, found, members, self.expected - connected)
+        done = sum(shut_down(c) for c in shed)
         self._tell(done, count, keep)
         return done
 

@@ -36,6 +36,16 @@ def test_only_what_leaves_twice_the_reserve_free() -> None:
     assert shed == FLOOD[:15]
 
 
+def test_the_connections_of_nodes_still_to_come_are_kept() -> None:
+    # 16,384 nodes forming under a limit of 20,000: the connections not yet carrying a stream
+    # may all be nodes whose registration is on its way, and none is shed; past that many,
+    # the rest may go.
+    forming = [Connection(100 + i, f"127.0.0.1:{5000 + i}", age_s=i / 100) for i in range(50)]
+    assert to_shed(990, 1000, 100, forming, set(), still_to_come=60) == []
+    shed = to_shed(990, 1000, 100, forming, set(), still_to_come=20)
+    assert shed == sorted(forming, key=lambda c: -c.age_s)[:30]
+
+
 def test_the_reserve_counts_the_nodes_still_to_connect() -> None:
     assert reserve(8, 0) == RESERVE_BASE + 8
     assert reserve(8, 8) == RESERVE_BASE
@@ -74,8 +84,11 @@ def test_a_member_is_never_shed_and_no_more_than_needed(
     conns: list[Connection], open_fds: int, limit: int, keep: int, data: st.DataObject
 ) -> None:
     members = {c.peer for c in data.draw(st.lists(st.sampled_from(conns)))} if conns else set()
-    shed = to_shed(open_fds, limit, keep, conns, members)
+    to_come = data.draw(st.integers(0, 80))
+    shed = to_shed(open_fds, limit, keep, conns, members, to_come)
     assert not {c.peer for c in shed} & members
     assert len(shed) <= max(open_fds + 2 * keep - limit, 0)
+    others = [c for c in conns if c.peer not in members]
+    assert len(shed) <= max(len(others) - to_come, 0)
     if open_fds + keep <= limit:
         assert shed == []

@@ -42,7 +42,8 @@ class Connection:
 
 
 def reserve(expected: int, members: int) -> int:
-    """Descriptors to keep free: the base, and one for each node not yet connected."""
+    """Descriptors to keep free: the base, and one for each node not yet connected (`members`:
+    the nodes whose stream is open)."""
     return RESERVE_BASE + max(expected - members, 0)
 
 
@@ -59,13 +60,18 @@ def to_shed(
     keep_free: int,
     connections: Sequence[Connection],
     members: Collection[str],
+    still_to_come: int = 0,
 ) -> list[Connection]:
     """The connections to shut down (none while more than `keep_free` descriptors are free
-    below `limit`): none of `members`' peers, enough to leave `2 * keep_free` free."""
+    below `limit`): none of `members`' peers, enough to leave `2 * keep_free` free, and never
+    the last `still_to_come` of the others: that many may be the connections of the nodes not
+    yet in (connected, their registration on its way), which the reserve is kept for. A job's
+    formation is no flood: 16,384 nodes connecting at once under a limit of 20,000 had the
+    connections of those not yet registered shed, and again when they came back."""
     if open_fds + keep_free <= limit:
         return []
     excess = open_fds + 2 * keep_free - limit
     others = [c for c in connections if c.peer not in members]
     per_host = Counter(c.host for c in others)
     others.sort(key=lambda c: (-per_host[c.host], -c.age_s, c.fd))
-    return others[:excess]
+    return others[: min(excess, max(len(others) - still_to_come, 0))]

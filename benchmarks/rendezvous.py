@@ -1174,9 +1174,23 @@ def procs_for(procs: int | str, n: int) -> int:
     return min(int(procs), n)
 
 
-def check_open_files(limit: int, sizes: Sequence[int], procs: int | str) -> None:
-    """A run needs a descriptor per connection in the server and in each client process."""
-    need = max(max(n, -(-n // procs_for(procs, n))) for n in sizes) + 512
+def check_open_files(
+    limit: int, sizes: Sequence[int], procs: int | str, systems: Sequence[str], relays: int
+) -> None:
+    """A run needs a descriptor per connection in the server and in each client process; behind
+    relays only (`--systems cluster-relays`), one per worker in its relay, one per relay in the
+    scheduler."""
+    relays_only = list(systems) == ["cluster-relays"]
+    need = (
+        max(
+            max(
+                -(-n // relays) if relays_only else n,
+                -(-n // max(procs_for(procs, n), relays if relays_only else 1)),
+            )
+            for n in sizes
+        )
+        + 512
+    )
     if limit < need:
         raise BenchError(
             f"the open-files limit is {limit}, and the largest run needs about {need}: raise it "
@@ -1220,7 +1234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tls_dir = Path(tempfile.mkdtemp(prefix="rendezvous-tls-"))
     ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & {*TLS_SYSTEMS, "grpc-tls"} else {}
-    check_open_files(raise_fd_limit(), args.sizes, args.procs)
+    check_open_files(raise_fd_limit(), args.sizes, args.procs, args.systems, args.relays)
     if args.resolver == "tcp":
         use_tcp_resolver()
     ctx = mp.get_context("spawn")

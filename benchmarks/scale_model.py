@@ -14,15 +14,23 @@ current
     whole peer table (one pre-serialized message for all) when the job forms; a rejoin sends
     the open streams only the changed rows (a delta) and the rejoined worker the whole table.
 
-relays
-    One relay per host (the host's launcher, `mscluster run`, which starts the host's workers
-    already) holds the host's one connection to the scheduler, registers the host's workers in
+relays (built)
+    What `mscluster run` does today: one relay per host holds the host's one connection to the
+    scheduler and forwards each worker's calls (a Watch stream, a Heartbeat stream and its
+    calls per worker at the scheduler); a large table is sent once per host (by digest, the
+    relay answers its workers). Its CPU and memory per worker are the ones measured behind
+    relays (RELAYED_*).
+
+aggregated (designed)
+    The next step (docs/design/scale.md, "Aggregation"): one relay per host (the host's launcher,
+    `mscluster run`, which starts the host's workers already) holds the host's one connection to
+    the scheduler, registers the host's workers in
     one message, and passes events on to them locally; past `--fanout` hosts, relays are
     themselves grouped under relays of relays (a tree of that fan-out), so the scheduler talks
     to at most `--fanout` children. The table still reaches every worker (the API gives every
     worker every peer), but each link carries it once.
 
-Usage: python benchmarks/scale_model.py [--sizes 8192,16384,100000] [--per-host 8]
+Usage: python benchmarks/scale_model.py [--sizes 8192,16384,100000,1000000] [--per-host 8]
        [--fanout 64] [--interval S] [--json PATH]
 """
 
@@ -60,6 +68,13 @@ RSS_PER_NODE_B = 71 * 1024
 # CPU per byte written to a stream (gRPC framing and the copy into its buffers; counted apart
 # from REGISTER_CPU_S only for the bytes the design adds or removes).
 SEND_CPU_S_PER_B = 1e-9
+# Measured behind relays as built (README, "Scale"; benchmarks/RESULTS.md): the scheduler's CPU
+# per worker to form (16,384 workers behind 16 relays), its cores per idle worker in the steady
+# state (8,192 behind 8 relays: 2.8% of a core) and its memory per idle worker (54 KiB: each
+# worker's Watch and Heartbeat streams stay at the scheduler).
+RELAYED_REGISTER_CPU_S = 0.00105
+RELAYED_IDLE_CPU = 0.028 / 8192
+RELAYED_RSS_PER_NODE_B = 54 * 1024
 NODE_TIMEOUT_S = 30.0
 
 
@@ -133,6 +148,37 @@ def current(n: int, per_host: int, interval_s: float) -> Figures:
     )
 
 
+def relays_built(n: int, per_host: int, interval_s: float) -> Figures:
+    """Relays as built: a connection per host, every worker's calls forwarded, the table once
+    per host (by digest), at the per-worker costs measured behind relays."""
+    table = len(table_event(n, per_host))
+    hosts = math.ceil(n / per_host)
+    delta = len(table_event(n, per_host, [n // 2]))
+    digest_event = len(
+        pb.Event(
+            topology_ready=pb.TopologyReady(generation=1, peers_digest=b"d" * 32)
+        ).SerializeToString()
+    )
+    small = table <= convert.COMPRESS_TABLE_ABOVE
+    per_worker = ANSWER_BYTES + (table if small else digest_event)
+    form_bytes = n * per_worker + (0 if small else hosts * table)
+    return Figures(
+        design=f"relays, built ({per_host}/host)",
+        workers=n,
+        connections=hosts,
+        table_bytes=table,
+        form_messages=2 * n + (0 if small else hosts),
+        form_bytes=form_bytes,
+        rejoin_messages=n,
+        rejoin_bytes=(n - 1) * delta + (table if small else digest_event + table),
+        beats_per_s=2 * n / interval_s,
+        form_cpu_s=n * RELAYED_REGISTER_CPU_S + form_bytes * SEND_CPU_S_PER_B,
+        steady_cpu=n * RELAYED_IDLE_CPU,
+        rss_b=n * RELAYED_RSS_PER_NODE_B,
+        network_bytes=(hosts if not small else n) * table,
+    )
+
+
 def relays(n: int, per_host: int, fanout: int, interval_s: float) -> Figures:
     """The tree: hosts are the leaves' parents; levels of relays of `fanout` above them until
     the scheduler has at most `fanout` children. Counted by walking the levels."""
@@ -150,7 +196,7 @@ def relays(n: int, per_host: int, fanout: int, interval_s: float) -> Figures:
     # A relay shares the table with its host's workers locally (not on the network).
     network = links_above_workers * table
     return Figures(
-        design=f"relays (fan-out {fanout}, {per_host}/host)",
+        design=f"aggregated (fan-out {fanout})",
         workers=n,
         connections=children_of_scheduler,
         table_bytes=table,
@@ -180,7 +226,7 @@ def human(value: float, unit: str = "B") -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sizes", default="8192,16384,100000")
+    parser.add_argument("--sizes", default="8192,16384,100000,1000000")
     parser.add_argument("--per-host", type=int, default=8, help="workers per host")
     parser.add_argument("--fanout", type=int, default=64, help="children per relay of relays")
     parser.add_argument("--interval", type=float, help="heartbeat interval (default: the job's)")
@@ -191,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in sizes:
         interval = args.interval or default_heartbeat_interval(NODE_TIMEOUT_S, n)
         rows.append(current(n, args.per_host, interval))
+        rows.append(relays_built(n, args.per_host, interval))
         rows.append(relays(n, args.per_host, args.fanout, interval))
     header = (
         f"{'N':>7} | {'design':<28} | {'conns':>6} | {'table':>9} | {'form: sent':>10} | "

@@ -206,10 +206,11 @@ class TableAnswers:
 
     async def answer(self, request: bytes, context: Context) -> bytes | None:
         pending = self._answers.get(request)
-        if pending is not None:
+        while pending is not None:  # another worker asked: its answer, or (failed) ask anew
             answer = await asyncio.shield(pending)
             if answer is not None:
                 return answer
+            pending = self._answers.get(request)
         future = asyncio.get_running_loop().create_future()
         self._answers[request] = future
         while len(self._answers) > TABLES_KEPT:

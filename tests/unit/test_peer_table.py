@@ -3,6 +3,8 @@ node inflates it (bounded); a small one and a delta travel as they are."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import zlib
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 from cluster.protocol import records as state
 from cluster.protocol.records import NodeRole
 from cluster.scheduler import convert
+from cluster.scheduler.tables import Tables
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 
@@ -79,3 +82,84 @@ def test_a_table_that_does_not_inflate_makes_the_node_ask_again(blob: bytes, sai
     ready = pb.TopologyReady(generation=1, peers_zlib=blob)
     with pytest.raises(peer_table.MissedChange, match=said):
         peer_table.inflate(ready)
+
+
+def test_a_topology_has_a_digest_form_naming_its_compressed_table() -> None:
+    event = state.TopologyReadyEvent(generation=3, peers=peers(400), rollback_step=7, reason="x")
+    inline, referenced = convert.topology_forms(convert.event_to_pb(event))
+    assert referenced is not None
+    by_digest, digest, table = referenced
+    ready = pb.Event.FromString(by_digest).topology_ready
+    assert (ready.generation, ready.rollback_step, ready.peers_zlib) == (3, 7, b"")
+    assert ready.peers_digest == digest == hashlib.sha256(table).digest()
+    assert pb.Event.FromString(inline).topology_ready.peers_zlib == table
+    small = state.TopologyReadyEvent(generation=1, peers=peers(4), rollback_step=0, reason="x")
+    assert convert.topology_forms(convert.event_to_pb(small))[1] is None  # nothing to fetch
+
+
+def test_the_scheduler_keeps_the_last_tables_and_refuses_an_older_one() -> None:
+    tables = Tables(kept=2)
+    forms = []
+    for generation in (1, 2, 3):
+        event = state.TopologyReadyEvent(
+            generation=generation, peers=peers(300 + generation), rollback_step=0, reason="x"
+        )
+        inline, referenced = convert.topology_forms(convert.event_to_pb(event))
+        assert referenced is not None
+        tables.keep(inline, *referenced)
+        forms.append((inline, referenced))
+    inline, (by_digest, digest, table) = forms[-1]
+    assert tables.by_digest(inline) is by_digest
+    copy = inline[:1] + inline[1:]
+    assert tables.by_digest(copy) is copy  # an equal copy is not the told object
+    assert tables.table(digest) == table
+    with pytest.raises(peer_table.MissedChange, match="holds no peer table"):
+        tables.table(forms[0][1][1])
+
+
+async def test_a_process_fetches_a_table_once_and_checks_it() -> None:
+    event = state.TopologyReadyEvent(generation=1, peers=peers(300), rollback_step=0, reason="x")
+    _, referenced = convert.topology_forms(convert.event_to_pb(event))
+    assert referenced is not None
+    _, digest, table = referenced
+    asked: list[bytes] = []
+    gate = asyncio.Event()
+
+    async def ask(wanted: bytes) -> bytes:
+        asked.append(wanted)
+        await gate.wait()
+        return table
+
+    fetched = peer_table.FetchedTables()
+    waiting = [asyncio.ensure_future(fetched.get(digest, ask)) for _ in range(5)]
+    await asyncio.sleep(0)  # each asks once it runs; only the first reaches `ask`
+    gate.set()
+    got = await asyncio.gather(*waiting)
+    assert asked == [digest]
+    assert all(t is got[0] for t in got)
+    assert len(got[0].node_ids) == 300
+
+    async def wrong(_: bytes) -> bytes:
+        return zlib.compress(b"not the table")
+
+    with pytest.raises(peer_table.MissedChange, match="does not match"):
+        await peer_table.FetchedTables().get(digest, wrong)
+
+
+async def test_a_failed_fetch_leaves_nothing_behind() -> None:
+    event = state.TopologyReadyEvent(generation=1, peers=peers(300), rollback_step=0, reason="x")
+    _, referenced = convert.topology_forms(convert.event_to_pb(event))
+    assert referenced is not None
+    _, digest, table = referenced
+    answers = [peer_table.MissedChange("the peer table was not fetched: gone"), table]
+
+    async def ask(_: bytes) -> bytes:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    fetched = peer_table.FetchedTables()
+    with pytest.raises(peer_table.MissedChange, match="not fetched"):
+        await fetched.get(digest, ask)
+    assert len((await fetched.get(digest, ask)).node_ids) == 300  # asked again, not the failure

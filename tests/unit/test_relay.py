@@ -3,6 +3,7 @@ starts one, and how a worker's route to the scheduler falls back to direct."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 from collections.abc import Iterator
@@ -277,3 +278,27 @@ def test_a_relay_check_holds_briefly_and_a_found_up_one_only_when_asked() -> Non
         assert not scheduler_link.relay_listening(address, clock=lambda: now[0])
     finally:
         scheduler_link._relay_checks.pop(address, None)
+
+
+async def test_a_hosts_workers_share_one_forwarded_table_and_a_failure_is_not_kept() -> None:
+    forwarded: list[bytes] = []
+    gate = asyncio.Event()
+    results: list[bytes | None] = [None, b"table"]
+
+    async def forward(request: bytes, context: object) -> bytes | None:
+        forwarded.append(request)
+        await gate.wait()
+        return results.pop(0)
+
+    answers = relay.TableAnswers(forward)
+    first = [asyncio.ensure_future(answers.answer(b"digest", None)) for _ in range(3)]  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    gate.set()
+    # The first asker's call failed (its worker hears the failure); the others waited on it,
+    # then one of them forwarded its own, and the last waited on that one.
+    got = await asyncio.gather(*first)
+    assert got[0] is None
+    assert got[1:] == [b"table", b"table"]
+    assert forwarded == [b"digest", b"digest"]
+    assert await answers.answer(b"digest", None) == b"table"  # type: ignore[arg-type]
+    assert len(forwarded) == 2  # answered from what the relay holds

@@ -56,6 +56,9 @@ Outcome = steps.Watch | steps.RetryCall | None
 
 
 class WorkerAgent:
+    # Whole tables fetched by digest: the process's, shared by its agents (one agent's own: set it).
+    tables: peer_table.FetchedTables = peer_table.TABLES
+
     def __init__(
         self,
         config: ClusterConfig,
@@ -101,7 +104,6 @@ class WorkerAgent:
         self._stream_done = False  # the stream said its last word (a Done action)
         # The last whole peer table heard: the base of the next delta.
         self._table = peer_table.HeldTable()
-        self.tables = peer_table.TABLES  # whole tables fetched by digest, shared in the process
         self._stream_up = False  # an accepted event stream is being read
         # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
         self.accepted_at: float | None = None

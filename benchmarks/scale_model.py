@@ -70,12 +70,14 @@ RSS_PER_NODE_B = 71 * 1024
 SEND_CPU_S_PER_B = 1e-9
 # Measured behind relays as built (README, "Scale"; benchmarks/RESULTS.md): the scheduler's CPU
 # per worker to form (16,384 workers behind 16 relays), its cores per idle worker in the steady
-# state (8,192 behind 8 relays: 2.8% of a core) and its memory per idle worker (54 KiB: each
-# worker's Watch and Heartbeat streams stay at the scheduler).
+# state (8,192 behind 8 relays, beats batched: 1.4% of a core) and its memory per idle worker
+# (30 KiB: each worker's Watch stream stays at the scheduler).
 RELAYED_REGISTER_CPU_S = 0.00105
-RELAYED_IDLE_CPU = 0.028 / 8192
-RELAYED_RSS_PER_NODE_B = 54 * 1024
+RELAYED_IDLE_CPU = 0.014 / 8192
+RELAYED_RSS_PER_NODE_B = 30 * 1024
 NODE_TIMEOUT_S = 30.0
+# A relay sends its host's beats batched, once a second at most (cluster.tools.relay).
+BATCH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ def relays_built(n: int, per_host: int, interval_s: float) -> Figures:
         form_bytes=form_bytes,
         rejoin_messages=n,
         rejoin_bytes=(n - 1) * delta + (table if small else digest_event + table),
-        beats_per_s=2 * n / interval_s,
+        # A host's batch carries the beats heard within BATCH_S: at most one a worker a beat.
+        beats_per_s=hosts * min(per_host, interval_s / BATCH_S) / interval_s,
         form_cpu_s=n * RELAYED_REGISTER_CPU_S + form_bytes * SEND_CPU_S_PER_B,
         steady_cpu=n * RELAYED_IDLE_CPU,
         rss_b=n * RELAYED_RSS_PER_NODE_B,

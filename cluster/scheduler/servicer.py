@@ -11,6 +11,7 @@ from its metadata (`cluster.transport.membership`) and admitted by the core.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from cluster.protocol.errors import (
     CrowdedError,
     NotAuthenticatedError,
     NotLeaderError,
+    UnknownNodeError,
 )
 from cluster.scheduler import convert
 from cluster.scheduler.core import SchedulerCore
@@ -92,6 +94,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         # The peers of the connections that carry an admitted Watch stream: the members', whose
         # descriptors are never shed (`cluster.scheduler.descriptors`).
         self.member_peers: Counter[str] = Counter()
+        # The connection (peer) of each node's admitted stream, and the stream's own token: a
+        # host's batched beats are taken only for the nodes whose streams they came beside.
+        self.stream_peers: dict[tuple[str, int], tuple[str, object]] = {}
         self.arrivals = handlers.Arrivals(
             per_peer=edge.ARRIVALS_PER_PEER,
             total=edge.ARRIVALS_TOTAL,
@@ -240,7 +245,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         # by the core that accepted it, even if a step-down came in between: its stream ends
         # at once then, with NotLeaderError.)
         peer = reserve.peer_address(context.peer() or "")
-        member = False
+        member, stream = False, (peer, object())
         try:
             events = self._core.watch(
                 node_id, incarnation, caller, by_digest=request.table_by_digest
@@ -249,12 +254,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 if not member:  # admitted: its connection is a member's while the stream lasts
                     member = True
                     self.member_peers[peer] += 1
+                    self.stream_peers[(node_id, incarnation)] = stream
                 yield event
         finally:
             if member:
                 self.member_peers[peer] -= 1
                 if self.member_peers[peer] <= 0:
                     del self.member_peers[peer]
+                if self.stream_peers.get((node_id, incarnation)) is stream:
+                    del self.stream_peers[(node_id, incarnation)]
 
     async def Heartbeat(
         self,
@@ -278,6 +286,32 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             _refuse(context, exc)
             return None
         return pb.HeartbeatResponse()
+
+    async def HostBeats(
+        self,
+        request_iterator: AsyncIterator[pb.HostBeatsRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> pb.HostBeatsResponse | None:
+        """A relay's batched beats: each named node beats if its admitted stream is on this
+        call's connection (no proof of its own: the stream's admission was the node's)."""
+        peer = reserve.peer_address(context.peer() or "")
+        try:
+            # Not a node's call (`heartbeat_call`): a relay's stream lasts as long as the relay,
+            # and the end of the job does not wait for it.
+            self._core  # noqa: B018 - a standby refuses it (NotLeaderError)
+            async for beats in request_iterator:
+                if isinstance(beats, edge.Unparsed):
+                    raise self.at_edge(context, "HostBeats", beats.reason, beats.message())
+                for node in beats.nodes:
+                    key = (node.node_id, node.incarnation)
+                    held = self.stream_peers.get(key)
+                    if held is not None and held[0] == peer:
+                        with contextlib.suppress(UnknownNodeError):
+                            self._core.heartbeat(*key, None)
+        except ClusterError as exc:
+            _refuse(context, exc)
+            return None
+        return pb.HostBeatsResponse()
 
     @_mapped
     async def Exchange(

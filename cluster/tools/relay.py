@@ -88,6 +88,7 @@ class Relay:
         self.settings = settings
         self._server: object | None = None
         self._channel: object | None = None
+        self._forwarder: object | None = None
 
     async def start(self) -> str:
         """Bind and serve; the address the workers reach it at. A ConfigError when another
@@ -111,7 +112,10 @@ class Relay:
             s.schedulers, lambda address: channel.open_channel(address, identity, options), _say
         )
         server = grpc.aio.server(options=serving.server_options(s.nodes, s.node_timeout_s))
-        server.add_generic_rpc_handlers((relay.Forwarder(upstream),))
+        # Beats go up in batches this often: a small part of the time a silent node is given.
+        every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
+        forwarder = relay.Forwarder(upstream, beats_every_s=every_s)
+        server.add_generic_rpc_handlers((forwarder,))
         previous = os.umask(0o077)  # the socket: this user's only
         try:
             server.add_insecure_port(s.address)
@@ -119,11 +123,13 @@ class Relay:
             os.umask(previous)
         await server.start()
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
-        self._server, self._channel = server, upstream
+        self._server, self._channel, self._forwarder = server, upstream, forwarder
         return s.address
 
     async def stop(self) -> None:
         server, upstream = self._server, self._channel
+        if self._forwarder is not None:
+            self._forwarder.beats.stop()  # type: ignore[attr-defined]
         if server is not None:
             await server.stop(None)  # type: ignore[attr-defined]
         if upstream is not None:

@@ -41,6 +41,7 @@ MESSAGE_LIMITS: dict[str, int] = {
     "WatchEvents": 64,
     "KvGet": 256 * _KIB,
     "PeerTable": 64,
+    "HostBeats": 256 * _KIB,
     "KvWait": 256 * _KIB,
     "KvAdd": 4 * _KIB,
     "KvSet": MAX_MESSAGE_BYTES,

@@ -17,6 +17,11 @@ it reads only what a call came back with, the trailing metadata of a standby
 (`cluster-leader`) and a call cut off, and moves; the worker, told the same, asks again, and its
 call goes where the relay went.
 
+The workers' beats are not forwarded call by call: each worker's `Heartbeat` call ends at the
+relay, which sends the beats it heard, batched, on one `HostBeats` stream (`HostBeats`). The
+scheduler takes a batched beat only for a node whose admitted Watch stream is on the relay's
+connection: the relay beats only for the workers it holds, and only when their own beats came.
+
 One call is answered from the relay itself: `PeerTable`, a whole peer table by its digest (the
 same bytes for every node of the job, named only in a member's event stream). The first of the
 host's workers to ask for a digest has its call forwarded; the others that ask meanwhile or
@@ -37,9 +42,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from cluster.protocol import leader_search
-from cluster.transport import failures
+from cluster.transport import failures, stub
 from cluster.transport.stub import methods
 
 # Headers that belong to one hop (gRPC's, HTTP/2's), not to the call: gRPC sets its own.
@@ -226,6 +232,64 @@ class TableAnswers:
                 future.set_result(answer)
 
 
+HEARTBEAT, HOST_BEATS = "Heartbeat", "HostBeats"
+
+
+class HostBeats:
+    """The host's workers' beats, sent upstream in batches: each worker's Heartbeat call ends
+    here, and every `every_s` the nodes heard from since the last batch go on one HostBeats
+    stream to the scheduler the relay follows (made again when it broke, or moved)."""
+
+    def __init__(self, upstreams: Upstreams, every_s: float) -> None:
+        self._upstreams = upstreams
+        self._every_s = every_s
+        self._heard: dict[tuple[str, int], None] = {}
+        self._sending: asyncio.Task[None] | None = None
+        self._call: tuple[str, Any] | None = None
+
+    async def local(self, requests: AsyncIterator[bytes], context: Context) -> bytes | None:
+        """A local worker's Heartbeat call: its beats join the next batch."""
+        async for raw in requests:
+            try:
+                self._heard[stub.beat_of(raw)] = None
+            except DecodeError:
+                context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+                context.set_details("a Heartbeat request that is not one")
+                return None
+            if self._sending is None or self._sending.done():
+                self._sending = asyncio.ensure_future(self._send_soon())
+        return b""  # HeartbeatResponse: empty
+
+    async def _send_soon(self) -> None:
+        while self._heard:
+            await asyncio.sleep(self._every_s)
+            heard, self._heard = self._heard, {}
+            await self._send(heard)
+
+    async def _send(self, heard: dict[tuple[str, int], None]) -> None:
+        address = self._upstreams.current
+        if self._call is None or self._call[0] != address or self._call[1].done():
+            if self._call is not None:
+                self._call[1].cancel()
+            _, method = self._upstreams.method("stream_unary", self._path())
+            self._call = (address, method())
+        call = self._call[1]
+        try:
+            await call.write(stub.host_beats(heard))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            call.cancel()  # made again at the next batch; the workers' streams tell the rest
+            self._call = None
+
+    def _path(self) -> str:
+        return methods()[HOST_BEATS][1]
+
+    def stop(self) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
+        if self._call is not None:
+            self._call[1].cancel()
+
+
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the type stubs only
 _HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., Handler]]] = {
     "unary_unary": (_one_answer, grpc.unary_unary_rpc_method_handler),
@@ -238,15 +302,19 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
     """Every method of the scheduler's service, forwarded as bytes to the scheduler that
     `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED)."""
 
-    def __init__(self, upstreams: Upstreams) -> None:
+    def __init__(self, upstreams: Upstreams, beats_every_s: float = 1.0) -> None:
         self._handlers: dict[str, Handler] = {}
+        self.beats = HostBeats(upstreams, beats_every_s)
         for kind, path, _options in methods().values():
             if kind not in _HANDLERS:
                 raise TypeError(f"the relay cannot forward {path}, a {kind} method")
             make, handler = _HANDLERS[kind]
             answer = make(upstreams, kind, path)
-            if path.rpartition("/")[2] == PEER_TABLE:
+            name = path.rpartition("/")[2]
+            if name == PEER_TABLE:
                 answer = TableAnswers(answer).answer  # a coroutine function, as gRPC needs
+            elif name == HEARTBEAT:
+                answer = self.beats.local
             # No serializers: the bytes go through as they came.
             self._handlers[path] = handler(answer)
 

@@ -10,6 +10,7 @@ multicallable on first use.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -60,3 +61,15 @@ class LazyStub:
         method = getattr(self._channel, kind)(path, **options)
         setattr(self, name, method)
         return method
+
+
+def beat_of(raw: bytes) -> tuple[str, int]:
+    """(node id, incarnation) of a serialized HeartbeatRequest (DecodeError if it is none)."""
+    beat = pb.HeartbeatRequest.FromString(raw)
+    return beat.node_id, beat.incarnation
+
+
+def host_beats(nodes: Iterable[tuple[str, int]]) -> bytes:
+    """A serialized HostBeatsRequest naming `nodes` ((node id, incarnation) each)."""
+    hellos = [pb.Hello(node_id=node_id, incarnation=incarnation) for node_id, incarnation in nodes]
+    return pb.HostBeatsRequest(nodes=hellos).SerializeToString()

@@ -251,6 +251,16 @@ class TopologyReady(_message.Message):
     peers_digest: bytes
     def __init__(self, generation: _Optional[int] = ..., peers: _Optional[_Union[PeerTable, _Mapping]] = ..., rollback_step: _Optional[int] = ..., reason: _Optional[str] = ..., delta_from: _Optional[int] = ..., changed_rows: _Optional[_Iterable[int]] = ..., peers_zlib: _Optional[bytes] = ..., peers_digest: _Optional[bytes] = ...) -> None: ...
 
+class HostBeatsRequest(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Hello]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Hello, _Mapping]]] = ...) -> None: ...
+
+class HostBeatsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class PeerTableRequest(_message.Message):
     __slots__ = ("digest",)
     DIGEST_FIELD_NUMBER: _ClassVar[int]

@@ -118,6 +118,11 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableResponse.FromString,
                 _registered_method=True)
+        self.HostBeats = channel.stream_unary(
+                '/cluster.v1.Scheduler/HostBeats',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsRequest.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -246,6 +251,15 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HostBeats(self, request_iterator, context):
+        """A host's relay's batched beats: each message names the nodes whose own beat reached the
+        relay since its last. A beat is taken only for a node whose admitted Watch stream this
+        connection carries (the relay can beat only for the workers it holds); others are ignored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +332,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.PeerTable,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.PeerTableResponse.SerializeToString,
+            ),
+            'HostBeats': grpc.stream_unary_rpc_method_handler(
+                    servicer.HostBeats,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsRequest.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -712,6 +731,33 @@ class Scheduler:
             '/cluster.v1.Scheduler/PeerTable',
             cluster_dot_v1_dot_scheduler__pb2.PeerTableRequest.SerializeToString,
             cluster_dot_v1_dot_scheduler__pb2.PeerTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HostBeats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cluster.v1.Scheduler/HostBeats',
+            cluster_dot_v1_dot_scheduler__pb2.HostBeatsRequest.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.HostBeatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,7 @@ SCHEDULER_METHODS: dict[str, tuple[str, type[Message]]] = {
     "Status": (UNARY, pb.StatusRequest),
     "WatchEvents": (SERVER_STREAM, pb.WatchEventsRequest),
     "PeerTable": (UNARY, pb.PeerTableRequest),
+    "HostBeats": (CLIENT_STREAM, pb.HostBeatsRequest),
 }
 # Only a member may make these: an outsider's must never be answered OK.
 MEMBERS_ONLY = ("Heartbeat", "Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "Finish")
@@ -163,6 +164,7 @@ def requests(known: Known, *, member: bool) -> dict[str, st.SearchStrategy[Messa
         ),
         "WatchEvents": st.builds(pb.WatchEventsRequest, follow=st.booleans(), after_seq=u64),
         "PeerTable": st.builds(pb.PeerTableRequest, digest=blobs),
+        "HostBeats": st.builds(pb.HostBeatsRequest, nodes=st.lists(hello, max_size=4)),
     }
     for method, (_, message) in SCHEDULER_METHODS.items():
         made.setdefault(method, st.just(message()))

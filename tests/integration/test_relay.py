@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from cluster.protocol.config import Limits
@@ -21,9 +22,11 @@ from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
 from cluster.tools.relay import Relay, RelaySettings
+from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
+from tests.aio import eventually
 from tests.procs import MSCLUSTER, ROOT, Procs, job_env
 from tests.sockets import connections_by_owner
 
@@ -240,3 +243,49 @@ async def test_an_unknown_digest_is_refused_to_an_outsider_and_a_member() -> Non
                 await peer_table.ask(agent._stub, lambda method, request: (), b"\0" * 32)
         finally:
             await agent.close()
+
+
+async def test_batched_beats_count_only_for_streams_on_their_connection(short_dir: Path) -> None:
+    """A relay's HostBeats stream beats for the workers whose streams it carries; the same
+    beats from another connection (an outsider's, or a worker's own) change nothing."""
+    quiet = JobSettings(  # the workers' own first beats come after a minute: none in the test
+        worker_num=2,
+        server_num=0,
+        node_timeout_s=120.0,
+        topo_timeout_s=60.0,
+        heartbeat_interval_s=60.0,
+    )
+    async with SchedulerServer(quiet) as srv:
+        address = f"unix:{short_dir / 'r.sock'}"
+        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
+        await relay.start()
+        said: list[str] = []
+        relayed = make_agent(srv.port, 2, "a", said, CLUSTER_RELAY=address)
+        direct = make_agent(srv.port, 2, "b", said)
+        try:
+            await asyncio.wait_for(asyncio.gather(relayed.start(), direct.start()), 20)
+            members = srv.core.state.members
+            before = {n: members[n].last_seen for n in ("a", "b")}
+            beats = pb.HostBeatsRequest(
+                nodes=[
+                    pb.Hello(node_id=n, incarnation=agent.identity.incarnation)
+                    for n, agent in (("a", relayed), ("b", direct))
+                ]
+            )
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as outsider:
+                send = outsider.stream_unary(
+                    "/cluster.v1.Scheduler/HostBeats",
+                    request_serializer=pb.HostBeatsRequest.SerializeToString,
+                    response_deserializer=pb.HostBeatsResponse.FromString,
+                )
+                await asyncio.wait_for(send(iter([beats])), 10)
+            assert {n: members[n].last_seen for n in ("a", "b")} == before
+            # The relay's own batch, from the worker's beat: only "a", whose stream it carries.
+            relay._forwarder.beats._heard[("a", relayed.identity.incarnation)] = None  # type: ignore[attr-defined]
+            relay._forwarder.beats._heard[("b", direct.identity.incarnation)] = None  # type: ignore[attr-defined]
+            await asyncio.wait_for(relay._forwarder.beats._send_soon(), 10)  # type: ignore[attr-defined]
+            await eventually(lambda: members["a"].last_seen != before["a"], "a's batched beat")
+            assert members["b"].last_seen == before["b"]
+        finally:
+            await asyncio.gather(relayed.close(), direct.close())
+            await relay.stop()

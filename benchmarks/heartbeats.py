@@ -80,6 +80,7 @@ from rendezvous import (
     rss_bytes,
     signalled,
     split,
+    systems_with_relays,
     tcpstore_server_main,
     torch_version,
     use_tcp_resolver,
@@ -431,13 +432,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--interval must be > 0")
     if args.workers < 1 or args.procs < 1 or (args.window is not None and args.window <= 0):
         parser.error("--workers and --procs must be >= 1, --interval and --window > 0")
-    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if args.relays < 0:
-        parser.error("--relays must be >= 0")
-    if args.relays and "cluster-relays" not in args.systems:
-        args.systems.append("cluster-relays")
-    if "cluster-relays" in args.systems and not args.relays:
-        parser.error("--systems cluster-relays needs --relays K (K >= 1)")
+    args.systems = systems_with_relays(parser, args.systems, args.relays)
     known = {"cluster", "tcpstore", "cluster-relays"}
     if not args.systems or set(args.systems) - known:
         parser.error(f"--systems: choose among {', '.join(sorted(known))} (got {args.systems})")

@@ -1145,13 +1145,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--repeat and --procs must be >= 1, --real >= 0, --timeout > 0")
     if args.retries < 0:
         parser.error("--retries must be >= 0")
-    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if args.relays < 0:
-        parser.error("--relays must be >= 0")
-    if args.relays and "cluster-relays" not in args.systems:
-        args.systems.append("cluster-relays")
-    if "cluster-relays" in args.systems and not args.relays:
-        parser.error("--systems cluster-relays needs --relays K (K >= 1)")
+    args.systems = systems_with_relays(parser, args.systems, args.relays)
     known = ("cluster", "tcpstore", "cluster-relays", *TLS_SYSTEMS, *FLOOR_SYSTEMS)
     unknown = set(args.systems) - set(known)
     if unknown or not args.systems:
@@ -1172,6 +1166,19 @@ def procs_for(procs: int | str, n: int) -> int:
     if procs == "auto":
         return min(n, max(MIN_PROCS, -(-n // AGENTS_PER_PROCESS)))
     return min(int(procs), n)
+
+
+def systems_with_relays(parser: argparse.ArgumentParser, systems: str, relays: int) -> list[str]:
+    """`--systems` as a list, with cluster-relays added when `--relays K` asks for it (the
+    parser's error for a bad pair)."""
+    chosen = [s.strip() for s in systems.split(",") if s.strip()]
+    if relays < 0:
+        parser.error("--relays must be >= 0")
+    if relays and "cluster-relays" not in chosen:
+        chosen.append("cluster-relays")
+    if "cluster-relays" in chosen and not relays:
+        parser.error("--systems cluster-relays needs --relays K (K >= 1)")
+    return chosen
 
 
 def check_open_files(

@@ -36,7 +36,6 @@ scheduler itself (its probes go direct).
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeAlias
@@ -46,6 +45,7 @@ from google.protobuf.message import DecodeError
 
 from cluster.protocol import leader_search
 from cluster.transport import failures, stub
+from cluster.transport.shared_answers import SharedAnswers
 from cluster.transport.stub import methods
 
 # Headers that belong to one hop (gRPC's, HTTP/2's), not to the call: gRPC sets its own.
@@ -201,35 +201,16 @@ TABLES_KEPT = 4
 
 class TableAnswers:
     """The answers to `PeerTable` by request (a digest): the first asker's call forwarded, its
-    answer shared with the host's other workers. A call that fails leaves nothing behind: the
-    workers that waited on it forward their own."""
+    answer shared with the host's other workers (`SharedAnswers`). A call that fails leaves
+    nothing behind: the workers that waited on it ask anew, one at a time."""
 
     def __init__(self, forward: Callable[[Any, Context], Awaitable[bytes | None]]) -> None:
         self._forward = forward
-        self._answers: collections.OrderedDict[bytes, asyncio.Future[bytes | None]] = (
-            collections.OrderedDict()
-        )
+        # None: the forwarded call ended with the scheduler's status (its worker's call has it).
+        self._answers: SharedAnswers[bytes, bytes | None] = SharedAnswers(TABLES_KEPT)
 
     async def answer(self, request: bytes, context: Context) -> bytes | None:
-        pending = self._answers.get(request)
-        while pending is not None:  # another worker asked: its answer, or (failed) ask anew
-            answer = await asyncio.shield(pending)
-            if answer is not None:
-                return answer
-            pending = self._answers.get(request)
-        future = asyncio.get_running_loop().create_future()
-        self._answers[request] = future
-        while len(self._answers) > TABLES_KEPT:
-            self._answers.popitem(last=False)  # its waiters still get its answer
-        answer = None
-        try:
-            answer = await self._forward(request, context)
-            return answer
-        finally:
-            if answer is None and self._answers.get(request) is future:
-                del self._answers[request]
-            if not future.done():
-                future.set_result(answer)
+        return await self._answers.get(request, lambda: self._forward(request, context))
 
 
 HEARTBEAT, HOST_BEATS = "Heartbeat", "HostBeats"
@@ -267,11 +248,10 @@ class HostBeats:
             await self._send(heard)
 
     async def _send(self, heard: dict[tuple[str, int], None]) -> None:
-        address = self._upstreams.current
+        address, method = self._upstreams.method("stream_unary", methods()[HOST_BEATS][1])
         if self._call is None or self._call[0] != address or self._call[1].done():
             if self._call is not None:
                 self._call[1].cancel()
-            _, method = self._upstreams.method("stream_unary", self._path())
             self._call = (address, method())
         call = self._call[1]
         try:
@@ -279,9 +259,6 @@ class HostBeats:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             call.cancel()  # made again at the next batch; the workers' streams tell the rest
             self._call = None
-
-    def _path(self) -> str:
-        return methods()[HOST_BEATS][1]
 
     def stop(self) -> None:
         if self._sending is not None:

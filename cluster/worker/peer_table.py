@@ -11,8 +11,6 @@ process fetched, parsed once for all of its nodes (a benchmark runs thousands in
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import hashlib
 import zlib
 from collections.abc import Awaitable, Callable
@@ -24,6 +22,7 @@ from google.protobuf.message import DecodeError
 from cluster.protocol.errors import MissedTableChange
 from cluster.protocol.topology import PeerColumns, PeerRow, patched
 from cluster.transport import failures
+from cluster.transport.shared_answers import SharedAnswers
 from cluster.v1 import scheduler_pb2 as pb
 
 MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
@@ -65,35 +64,16 @@ class FetchedTables:
     for every node of the process that asks for the same digest at once or later."""
 
     def __init__(self, kept: int = 2) -> None:
-        self._kept = kept
-        self._tables: collections.OrderedDict[bytes, asyncio.Future[pb.PeerTable]] = (
-            collections.OrderedDict()
-        )
+        self._tables: SharedAnswers[bytes, pb.PeerTable] = SharedAnswers(kept)
 
     async def get(self, digest: bytes, ask: Callable[[bytes], Awaitable[bytes]]) -> pb.PeerTable:
         """The table of `digest`, asked for with `ask` (its compressed bytes) unless held or
         asked for already; MissedChange when it cannot be had or does not match its digest."""
-        held = self._tables.get(digest)
-        if held is not None:
-            try:
-                return await asyncio.shield(held)
-            except MissedChange:
-                pass  # that fetch failed: this node asks itself
-        future: asyncio.Future[pb.PeerTable] = asyncio.get_running_loop().create_future()
-        self._tables[digest] = future
-        while len(self._tables) > self._kept:
-            self._tables.popitem(last=False)  # its waiters still get it
-        try:
-            table = _checked(digest, await ask(digest))
-        except BaseException as exc:
-            if self._tables.get(digest) is future:
-                del self._tables[digest]
-            failure = exc if isinstance(exc, MissedChange) else MissedChange(str(exc))
-            future.set_exception(failure)
-            future.exception()  # retrieved: no waiter is needed
-            raise
-        future.set_result(table)
-        return table
+
+        async def fetch() -> pb.PeerTable:
+            return _checked(digest, await ask(digest))
+
+        return await self._tables.get(digest, fetch)
 
 
 def _checked(digest: bytes, compressed: bytes) -> pb.PeerTable:

@@ -226,7 +226,7 @@ async def test_a_direct_worker_gets_the_table_in_its_stream() -> None:
         try:
             tops = await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 60)
             assert {t.size for t in tops} == {200}
-            assert not fetched._tables
+            assert not fetched._tables._answers  # nothing fetched
         finally:
             await asyncio.gather(*(a.close() for a in agents))
 

@@ -132,7 +132,7 @@ async def test_a_process_fetches_a_table_once_and_checks_it() -> None:
 
     fetched = peer_table.FetchedTables()
     waiting = [asyncio.ensure_future(fetched.get(digest, ask)) for _ in range(5)]
-    await asyncio.sleep(0)  # each asks once it runs; only the first reaches `ask`
+    await asyncio.sleep(0)  # sleep-ok: one turn of the loop, so that each asks; not a wait
     gate.set()
     got = await asyncio.gather(*waiting)
     assert asked == [digest]

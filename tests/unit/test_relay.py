@@ -292,7 +292,7 @@ async def test_a_hosts_workers_share_one_forwarded_table_and_a_failure_is_not_ke
 
     answers = relay.TableAnswers(forward)
     first = [asyncio.ensure_future(answers.answer(b"digest", None)) for _ in range(3)]  # type: ignore[arg-type]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sleep-ok: one turn of the loop, so that each asks; not a wait
     gate.set()
     # The first asker's call failed (its worker hears the failure); the others waited on it,
     # then one of them forwarded its own, and the last waited on that one.

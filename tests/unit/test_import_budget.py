@@ -68,9 +68,10 @@ def modules_after(code: str) -> set[str]:
     return set(_run(f"{code}\n{look}"))
 
 
-def _run(code: str) -> list[str]:
+def _run(code: str, environ: dict[str, str] | None = None) -> list[str]:
     """The JSON list the last line of `code`'s output holds, run in a fresh interpreter."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+    base = os.environ if environ is None else environ
+    env = {k: v for k, v in base.items() if not k.startswith(("MS_", "CLUSTER_"))}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -145,7 +146,48 @@ def test_the_scheduler_imports_neither_the_training_api_nor_optional_packages(co
 def test_import_cluster_alone_imports_no_grpc() -> None:
     # grpc reads its TLS cipher list when first imported: set_ps_context() must come first.
     loaded = modules_after("import cluster")
-    assert packages(loaded, ("grpc", "google", "cryptography")) == []
+    assert packages(loaded, ("grpc", "cryptography")) == []
+    # protobuf's packages are found, not run, to defer its pure-Python messages (cluster.v1).
+    assert packages(loaded, ("google",)) == [
+        "google",
+        "google.protobuf",
+        "google.protobuf.internal",
+        "google.protobuf.internal.python_message",
+    ]
+
+
+PURE_PYTHON_STATE = (
+    "import json, sys\n"
+    "module = sys.modules['google.protobuf.internal.python_message']\n"
+    "print(json.dumps([type(module).__name__, 'google.protobuf.text_format' in sys.modules]))\n"
+)
+
+
+@pytest.mark.slow  # starts a Python process
+def test_a_worker_never_runs_protobufs_pure_python_messages() -> None:
+    """With upb (the default backend) the module protobuf imports for the pure-Python backend is
+    registered and never executed, and text_format with it stays out, yet messages work."""
+    code = WORKER + (
+        "from cluster.v1 import scheduler_pb2 as pb\n"
+        "request = pb.WatchRequest(table_by_digest=True)\n"
+        "assert pb.WatchRequest.FromString(request.SerializeToString()) == request\n"
+    )
+    assert _run(code + PURE_PYTHON_STATE) == ["_LazyModule", False]
+
+
+@pytest.mark.slow  # starts a Python process
+def test_the_pure_python_backend_still_loads_what_it_uses() -> None:
+    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+    code = (
+        "import cluster\n"
+        "from cluster.v1 import scheduler_pb2 as pb\n"
+        "from google.protobuf.internal import api_implementation\n"
+        "assert api_implementation.Type() == 'python'\n"
+        "request = pb.WatchRequest(table_by_digest=True)\n"
+        "assert pb.WatchRequest.FromString(request.SerializeToString()) == request\n"
+        "assert str(request) == 'table_by_digest: true\\n'\n"
+    )
+    assert _run(code + PURE_PYTHON_STATE, env) == ["module", True]
 
 
 @pytest.mark.parametrize("name", cluster.__all__)

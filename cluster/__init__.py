@@ -27,7 +27,7 @@ from cluster.protocol.errors import (
     TopologyTimeoutError,
 )
 from cluster.transport import grpc_log as _grpc_log
-from cluster.v1 import defer_pure_python_messages as _defer_pure_python_messages
+from cluster.transport.lazy_protobuf import defer_pure_python_messages as _defer_protobuf
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from cluster.api.training import TrainingLoop
     from cluster.protocol.topology import Peer
 
-_defer_pure_python_messages()  # before anything imports protobuf: see cluster.v1
+_defer_protobuf()  # before anything imports protobuf: see cluster.transport.lazy_protobuf
 _excepthook.install()
 # Before anything imports grpc (nothing above does): its log lines are errors only, unless the
 # user chose otherwise.

@@ -147,7 +147,7 @@ def test_import_cluster_alone_imports_no_grpc() -> None:
     # grpc reads its TLS cipher list when first imported: set_ps_context() must come first.
     loaded = modules_after("import cluster")
     assert packages(loaded, ("grpc", "cryptography")) == []
-    # protobuf's packages are found, not run, to defer its pure-Python messages (cluster.v1).
+    # protobuf's packages are found, not run, to defer its pure-Python messages.
     assert packages(loaded, ("google",)) == [
         "google",
         "google.protobuf",

@@ -1,32 +1,36 @@
-"""A host's relay: the scheduler's service served to the host's workers on a local socket and
-forwarded, call by call and byte for byte, over one channel (one connection) to the scheduler.
+"""A host's relay: the scheduler's service served to the host's workers on a local socket, over
+one channel (one connection) to the scheduler.
 
-The relay is transport, not authority. It parses no request and no answer: a worker's call
-metadata (its credential or call proof, `cluster.transport.membership`) and body go upstream as
-they came, so the scheduler admits every call as it would a direct one, and a relay cannot speak
-for a worker it does not hold. What comes back (the answer or the stream, the status code, its
-details and trailing metadata such as `cluster-error`) goes back to the worker as it came. A
-worker whose process or connection dies cancels its calls here, which cancels them upstream at
-once: the scheduler sees that worker's Watch stream end as it would a direct one. A relay that
-dies ends every stream it carried: the scheduler sees its host's workers fail, and they go to
-the scheduler directly (`cluster.worker.scheduler_link.Route`).
+The relay is transport, not authority. A worker's call metadata (its credential or call proof,
+`cluster.transport.membership`) and request go upstream as they came, so the scheduler admits
+every call as it would a direct one, and a relay cannot speak for a worker it does not hold.
+What comes back (the answer or the events, the status code, its details and trailing metadata
+such as `cluster-error`) goes back to the worker as it came. Most calls are forwarded call by
+call, byte for byte, parsing nothing. Three are not, so that the scheduler's work grows with the
+hosts, not the workers:
+
+- `Watch`: each worker's stream ends here and is attached as a slot to the relay's one
+  `HostWatch` call (`HostLinks`): the worker's request and metadata go up in the attach, the
+  scheduler runs the slot as the Watch call it stands for, and its events come down serialized
+  once for all the host's slots they are for (the relay reads only that envelope: which slots,
+  and how each ends). A worker whose process or connection dies cancels its call here, which
+  detaches its slot at once: the scheduler sees that worker's stream end as it would a direct
+  one. A relay that dies ends the link, and with it every slot: the scheduler sees its host's
+  workers fail, and they go to the scheduler directly (`cluster.worker.scheduler_link.Route`).
+- `Heartbeat`: each worker's call ends here, and the beats heard go up batched on one
+  `HostBeats` stream (`HostBeats`). The scheduler takes a batched beat only for a node whose
+  admitted Watch slot is on the relay's connection: the relay beats only for the workers it
+  holds, and only when their own beats came.
+- `PeerTable`, a whole peer table by its digest (the same bytes for every node of the job, named
+  only in a member's event stream): the first of the host's workers to ask for a digest has its
+  call forwarded; the others that ask meanwhile or later get the same answer (`TableAnswers`),
+  so a formation brings the table to the host once, not once per worker.
 
 With several schedulers (standbys on etcd), the relay sends every call to the one it takes for
-the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`):
-it reads only what a call came back with, the trailing metadata of a standby
-(`cluster-leader`) and a call cut off, and moves; the worker, told the same, asks again, and its
-call goes where the relay went.
-
-The workers' beats are not forwarded call by call: each worker's `Heartbeat` call ends at the
-relay, which sends the beats it heard, batched, on one `HostBeats` stream (`HostBeats`). The
-scheduler takes a batched beat only for a node whose admitted Watch stream is on the relay's
-connection: the relay beats only for the workers it holds, and only when their own beats came.
-
-One call is answered from the relay itself: `PeerTable`, a whole peer table by its digest (the
-same bytes for every node of the job, named only in a member's event stream). The first of the
-host's workers to ask for a digest has its call forwarded; the others that ask meanwhile or
-later get the same answer (`TableAnswers`), so a formation brings the table to the host once,
-not once per worker.
+the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`): it
+reads only what a call came back with, the trailing metadata of a standby (`cluster-leader`) and
+a call cut off, and moves; the worker, told the same, asks again, and its call goes where the
+relay went.
 
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the

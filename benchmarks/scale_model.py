@@ -69,12 +69,12 @@ RSS_PER_NODE_B = 71 * 1024
 # from REGISTER_CPU_S only for the bytes the design adds or removes).
 SEND_CPU_S_PER_B = 1e-9
 # Measured behind relays as built (README, "Scale"; benchmarks/RESULTS.md): the scheduler's CPU
-# per worker to form (16,384 workers behind 16 relays), its cores per idle worker in the steady
-# state (8,192 behind 8 relays, beats batched: 1.4% of a core) and its memory per idle worker
-# (30 KiB: each worker's Watch stream stays at the scheduler).
-RELAYED_REGISTER_CPU_S = 0.00105
-RELAYED_IDLE_CPU = 0.014 / 8192
-RELAYED_RSS_PER_NODE_B = 30 * 1024
+# per worker to form (16,384 workers behind 16 relays: 8.7 s), its cores per idle worker in the
+# steady state (8,192 behind 8 relays, beats batched and the event streams on one link per
+# host: 0.8% of a core) and its memory per idle worker (8.6 KiB: a slot's task and coroutine).
+RELAYED_REGISTER_CPU_S = 0.00053
+RELAYED_IDLE_CPU = 0.008 / 8192
+RELAYED_RSS_PER_NODE_B = int(8.6 * 1024)
 NODE_TIMEOUT_S = 30.0
 # A relay sends its host's beats batched, once a second at most (cluster.tools.relay).
 BATCH_S = 1.0
@@ -151,8 +151,9 @@ def current(n: int, per_host: int, interval_s: float) -> Figures:
 
 
 def relays_built(n: int, per_host: int, interval_s: float) -> Figures:
-    """Relays as built: a connection per host, every worker's calls forwarded, the table once
-    per host (by digest), at the per-worker costs measured behind relays."""
+    """Relays as built: a connection per host, the workers' event streams on one link per host
+    (an event for all of them sent once), their beats batched, the table once per host (by
+    digest), at the per-worker costs measured behind relays."""
     table = len(table_event(n, per_host))
     hosts = math.ceil(n / per_host)
     delta = len(table_event(n, per_host, [n // 2]))
@@ -162,17 +163,18 @@ def relays_built(n: int, per_host: int, interval_s: float) -> Figures:
         ).SerializeToString()
     )
     small = table <= convert.COMPRESS_TABLE_ABOVE
-    per_worker = ANSWER_BYTES + (table if small else digest_event)
-    form_bytes = n * per_worker + (0 if small else hosts * table)
+    # Each worker's answer is its own message on its host's link; an event for every worker (the
+    # table, or its digest, a delta) goes down once per host (HostWatch).
+    form_bytes = n * ANSWER_BYTES + hosts * (table if small else digest_event + table)
     return Figures(
         design=f"relays, built ({per_host}/host)",
         workers=n,
         connections=hosts,
         table_bytes=table,
-        form_messages=2 * n + (0 if small else hosts),
+        form_messages=n + hosts * (1 if small else 2),
         form_bytes=form_bytes,
-        rejoin_messages=n,
-        rejoin_bytes=(n - 1) * delta + (table if small else digest_event + table),
+        rejoin_messages=hosts,
+        rejoin_bytes=hosts * delta + (table if small else digest_event + table),
         # A host's batch carries the beats heard within BATCH_S: at most one a worker a beat.
         beats_per_s=hosts * min(per_host, interval_s / BATCH_S) / interval_s,
         form_cpu_s=n * RELAYED_REGISTER_CPU_S + form_bytes * SEND_CPU_S_PER_B,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import gc
 import logging
 import os
 import sys
@@ -189,11 +188,6 @@ def _finalize_at_exit() -> None:
     # A program that dies of an uncaught exception has not finished its part of the job: it
     # tells the scheduler the error it dies of instead, so the scheduler fails it in words.
     _close(finished=not excepthook.crashed, failure=excepthook.failure)
-    # The process is ending: the collector leaves alone what is alive (as the scheduler's
-    # `run_and_exit` does), so the interpreter's teardown does not walk every object of grpc,
-    # protobuf and asyncio for cycles to free in a process about to end (about 20 ms of a
-    # worker's exit; CPython promises no finalizer at exit for what is still alive).
-    gc.freeze()
 
 
 def _close(*, finished: bool, failure: str | None = None) -> None:

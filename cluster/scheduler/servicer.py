@@ -11,10 +11,11 @@ from its metadata (`cluster.transport.membership`) and admitted by the core.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -29,7 +30,7 @@ from cluster.protocol.errors import (
     NotLeaderError,
     UnknownNodeError,
 )
-from cluster.scheduler import convert
+from cluster.scheduler import convert, host_link
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
@@ -50,7 +51,18 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-def _refuse(context: grpc.aio.ServicerContext[Any, Any], exc: ClusterError) -> None:
+class CallContext(Protocol):
+    """What the Watch of a node reads from its call and tells it: a gRPC call's context, or a
+    host link's slot (`host_link.SlotContext`)."""
+
+    def peer(self) -> str: ...
+    def invocation_metadata(self) -> Any: ...
+    def set_trailing_metadata(self, trailing_metadata: Any, /) -> None: ...
+    def set_code(self, code: grpc.StatusCode, /) -> None: ...
+    def set_details(self, details: str, /) -> None: ...
+
+
+def _refuse(context: CallContext, exc: ClusterError) -> None:
     """End the call with the status of `exc` (its handler then returns without an answer)."""
     code, metadata = failures.status_of(exc)
     context.set_trailing_metadata(metadata)
@@ -58,9 +70,7 @@ def _refuse(context: grpc.aio.ServicerContext[Any, Any], exc: ClusterError) -> N
     context.set_details(str(exc))
 
 
-def _caller(
-    context: grpc.aio.ServicerContext[Any, Any], method: str, request: Any = None
-) -> membership.Caller:
+def _caller(context: CallContext, method: str, request: Any = None) -> membership.Caller:
     """Who the call speaks for, with what it presents (a call proof covers `request`)."""
     body = bytes if request is None else request.SerializeToString
     return membership.caller(context.invocation_metadata(), method, body)
@@ -117,7 +127,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         return await self._register(request, context)
 
     async def _register(
-        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.RegisterRequest, context: CallContext
     ) -> pb.RegisterResponse:
         role = convert.role_from_pb(request.role)
         if role is None or not request.node_id:
@@ -155,9 +165,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         connection, is no fault of the node's."""
         _refuse(context, self.at_edge(context, method, reason, problem))
 
-    def at_edge(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
-    ) -> ClusterError:
+    def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
         """A call refused before it reaches the job: counted, told at a bounded rate (the
         journal and the log), its values quoted short and escaped by `problem`'s maker."""
         peer = context.peer() or ""
@@ -211,7 +219,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             )
 
     async def Watch(
-        self, request: pb.WatchRequest | edge.Unparsed, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.WatchRequest | edge.Unparsed, context: CallContext
     ) -> AsyncIterator[pb.Event | bytes]:
         try:
             if isinstance(request, edge.Unparsed):
@@ -222,7 +230,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             _refuse(context, exc)
 
     async def _watch(
-        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.WatchRequest, context: CallContext
     ) -> AsyncIterator[pb.Event | bytes]:
         kind = request.WhichOneof("kind")
         if kind == "register":
@@ -312,6 +320,56 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             _refuse(context, exc)
             return None
         return pb.HostBeatsResponse()
+
+    async def HostWatch(
+        self,
+        request_iterator: AsyncIterator[pb.HostUp],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[pb.HostDown]:
+        """A relay's one stream for its workers' Watch streams (`host_link`): each attached slot
+        runs as the Watch call it stands for, with the worker's own request and proof."""
+        link = host_link.HostLink(edge.HOST_SLOTS)
+        reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
+        # A request that is refused ends the call, and with it every slot.
+        reading.add_done_callback(lambda done: _close_if_failed(done, link))
+        try:
+            async for batch in link.batches(reading):
+                for down in batch:
+                    yield pb.HostDown(
+                        slots=down.slots,
+                        event=down.event or b"",
+                        ended=[_slot_end(end) for end in down.ended],
+                    )
+            if not reading.cancelled() and reading.exception() is not None:
+                reading.result()
+        except ClusterError as exc:
+            _refuse(context, exc)
+        finally:
+            reading.cancel()
+            link.close()
+
+    async def _host_up(
+        self,
+        request_iterator: AsyncIterator[pb.HostUp | edge.Unparsed],
+        context: grpc.aio.ServicerContext[Any, Any],
+        link: host_link.HostLink,
+    ) -> None:
+        peer = context.peer() or ""
+        async for up in request_iterator:
+            if isinstance(up, edge.Unparsed):
+                raise self.at_edge(context, "HostWatch", up.reason, up.message())
+            kind = up.WhichOneof("kind")
+            if kind == "attach":
+                slot = host_link.SlotContext(
+                    peer, tuple((m.key, m.value) for m in up.attach.metadata)
+                )
+                request = edge.capped("Watch", pb.WatchRequest.FromString)(up.attach.request)
+                events = (_event_bytes(event) async for event in self.Watch(request, slot))
+                link.attach(up.attach.slot, events, slot)
+            elif kind == "detach":
+                link.detach(up.detach)
+            else:
+                raise BadRequestError("HostWatch needs an attach or a detach")
 
     @_mapped
     async def Exchange(
@@ -421,6 +479,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 yield convert.job_event_to_pb(event)
         except ClusterError as exc:
             _refuse(context, exc)
+
+
+def _close_if_failed(reading: asyncio.Future[None], link: host_link.HostLink) -> None:
+    if not reading.cancelled() and reading.exception() is not None:
+        link.close()
+
+
+def _slot_end(end: host_link.SlotEnd) -> pb.SlotEnd:
+    trailing = [pb.Metadatum(key=k, value=v) for k, v in end.trailing if isinstance(v, str)]
+    return pb.SlotEnd(slot=end.slot, code=end.code.value[0], details=end.details, trailing=trailing)
 
 
 def _event_bytes(event: pb.Event | bytes) -> bytes:

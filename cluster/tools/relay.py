@@ -129,7 +129,7 @@ class Relay:
     async def stop(self) -> None:
         server, upstream = self._server, self._channel
         if self._forwarder is not None:
-            self._forwarder.beats.stop()  # type: ignore[attr-defined]
+            self._forwarder.stop()  # type: ignore[attr-defined]
         if server is not None:
             await server.stop(None)  # type: ignore[attr-defined]
         if upstream is not None:

@@ -42,6 +42,7 @@ MESSAGE_LIMITS: dict[str, int] = {
     "KvGet": 256 * _KIB,
     "PeerTable": 64,
     "HostBeats": 256 * _KIB,
+    "HostWatch": 8 * _KIB,  # an attach: a worker's Watch request (4 KiB) and its call metadata
     "KvWait": 256 * _KIB,
     "KvAdd": 4 * _KIB,
     "KvSet": MAX_MESSAGE_BYTES,
@@ -58,6 +59,9 @@ FIRST_LARGE_MESSAGE_S = 60.0
 # test): their requests follow their headers at once, so few of them wait here.
 ARRIVALS_PER_PEER = 512
 ARRIVALS_TOTAL = 8192
+# Watch streams one host link (a relay's HostWatch call) carries at once: a host's workers, and
+# the simulated thousands of a benchmark's relay. Past it an attach ends at once.
+HOST_SLOTS = 8192
 # A registration's fields.
 MAX_HOST_CHARS = 253  # a DNS name's limit
 MAX_JOB_ID_CHARS = 64

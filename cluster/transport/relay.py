@@ -1,32 +1,36 @@
-"""A host's relay: the scheduler's service served to the host's workers on a local socket and
-forwarded, call by call and byte for byte, over one channel (one connection) to the scheduler.
+"""A host's relay: the scheduler's service served to the host's workers on a local socket, over
+one channel (one connection) to the scheduler.
 
-The relay is transport, not authority. It parses no request and no answer: a worker's call
-metadata (its credential or call proof, `cluster.transport.membership`) and body go upstream as
-they came, so the scheduler admits every call as it would a direct one, and a relay cannot speak
-for a worker it does not hold. What comes back (the answer or the stream, the status code, its
-details and trailing metadata such as `cluster-error`) goes back to the worker as it came. A
-worker whose process or connection dies cancels its calls here, which cancels them upstream at
-once: the scheduler sees that worker's Watch stream end as it would a direct one. A relay that
-dies ends every stream it carried: the scheduler sees its host's workers fail, and they go to
-the scheduler directly (`cluster.worker.scheduler_link.Route`).
+The relay is transport, not authority. A worker's call metadata (its credential or call proof,
+`cluster.transport.membership`) and request go upstream as they came, so the scheduler admits
+every call as it would a direct one, and a relay cannot speak for a worker it does not hold.
+What comes back (the answer or the events, the status code, its details and trailing metadata
+such as `cluster-error`) goes back to the worker as it came. Most calls are forwarded call by
+call, byte for byte, parsing nothing. Three are not, so that the scheduler's work grows with the
+hosts, not the workers:
+
+- `Watch`: each worker's stream ends here and is attached as a slot to the relay's one
+  `HostWatch` call (`HostLinks`): the worker's request and metadata go up in the attach, the
+  scheduler runs the slot as the Watch call it stands for, and its events come down serialized
+  once for all the host's slots they are for (the relay reads only that envelope: which slots,
+  and how each ends). A worker whose process or connection dies cancels its call here, which
+  detaches its slot at once: the scheduler sees that worker's stream end as it would a direct
+  one. A relay that dies ends the link, and with it every slot: the scheduler sees its host's
+  workers fail, and they go to the scheduler directly (`cluster.worker.scheduler_link.Route`).
+- `Heartbeat`: each worker's call ends here, and the beats heard go up batched on one
+  `HostBeats` stream (`HostBeats`). The scheduler takes a batched beat only for a node whose
+  admitted Watch slot is on the relay's connection: the relay beats only for the workers it
+  holds, and only when their own beats came.
+- `PeerTable`, a whole peer table by its digest (the same bytes for every node of the job, named
+  only in a member's event stream): the first of the host's workers to ask for a digest has its
+  call forwarded; the others that ask meanwhile or later get the same answer (`TableAnswers`),
+  so a formation brings the table to the host once, not once per worker.
 
 With several schedulers (standbys on etcd), the relay sends every call to the one it takes for
-the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`):
-it reads only what a call came back with, the trailing metadata of a standby
-(`cluster-leader`) and a call cut off, and moves; the worker, told the same, asks again, and its
-call goes where the relay went.
-
-The workers' beats are not forwarded call by call: each worker's `Heartbeat` call ends at the
-relay, which sends the beats it heard, batched, on one `HostBeats` stream (`HostBeats`). The
-scheduler takes a batched beat only for a node whose admitted Watch stream is on the relay's
-connection: the relay beats only for the workers it holds, and only when their own beats came.
-
-One call is answered from the relay itself: `PeerTable`, a whole peer table by its digest (the
-same bytes for every node of the job, named only in a member's event stream). The first of the
-host's workers to ask for a digest has its call forwarded; the others that ask meanwhile or
-later get the same answer (`TableAnswers`), so a formation brings the table to the host once,
-not once per worker.
+the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`): it
+reads only what a call came back with, the trailing metadata of a standby (`cluster-leader`) and
+a call cut off, and moves; the worker, told the same, asks again, and its call goes where the
+relay went.
 
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the
@@ -36,6 +40,8 @@ scheduler itself (its probes go direct).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeAlias
@@ -267,6 +273,131 @@ class HostBeats:
             self._call[1].cancel()
 
 
+WATCH, HOST_WATCH = "Watch", "HostWatch"
+# How a slot's stream ends, as the relay tells the worker: (code, details, trailing metadata).
+_End = tuple[grpc.StatusCode, str, tuple[Metadatum, ...]]
+
+
+class _Link:
+    """One HostWatch call to the scheduler at `address`: the slots it carries (a mailbox each),
+    one writer of what goes up, one reader that hands each event to the slots it is for. When
+    the call ends, every slot still open ends with the call's status, as a stream forwarded on
+    its own would have."""
+
+    def __init__(self, address: str, call: Any) -> None:
+        self.address = address
+        self._call = call
+        self.slots: dict[int, asyncio.Queue[bytes | stub.SlotEnd]] = {}
+        self._up: asyncio.Queue[bytes] = asyncio.Queue()
+        self.ended: _End | None = None
+        self._tasks = (asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read()))
+
+    def open(self, slot: int, attach: bytes) -> asyncio.Queue[bytes | stub.SlotEnd]:
+        mailbox = self.slots[slot] = asyncio.Queue()
+        self._up.put_nowait(attach)
+        return mailbox
+
+    def release(self, slot: int, *, detach: bool) -> None:
+        """The slot's worker call is over; `detach`: before its end came (the worker went)."""
+        if self.slots.pop(slot, None) is not None and detach and self.ended is None:
+            self._up.put_nowait(stub.host_detach(slot))
+
+    async def _write(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            while True:
+                await self._call.write(await self._up.get())
+        # The reader tells the slots how the call ended.
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                raw = await self._call.read()
+                if raw is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from stubs
+                    break
+                slots, event, ended = stub.host_down(raw)
+                for slot in slots:
+                    mailbox = self.slots.get(slot)
+                    if mailbox is not None:
+                        mailbox.put_nowait(event)
+                for end in ended:
+                    mailbox = self.slots.get(end[0])
+                    if mailbox is not None:
+                        mailbox.put_nowait(end)
+            code = await self._call.code()
+            details = await self._call.details() or ""
+            trailing = forwarded(await self._call.trailing_metadata())
+            if code == grpc.StatusCode.OK:
+                code, details = grpc.StatusCode.UNAVAILABLE, "the scheduler ended the host's link"
+            self._end(code, details, trailing)
+        except grpc.aio.AioRpcError as exc:
+            self._end(exc.code(), exc.details() or "", forwarded(exc.trailing_metadata()))
+        except DecodeError:
+            self._end(grpc.StatusCode.UNAVAILABLE, "the scheduler sent what is no HostDown", ())
+
+    def _end(self, code: grpc.StatusCode, details: str, trailing: tuple[Metadatum, ...]) -> None:
+        self.ended = (code, details, trailing)
+        for slot, mailbox in self.slots.items():
+            mailbox.put_nowait((slot, code, details, trailing))
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._call.cancel()
+
+
+class HostLinks:
+    """The host's workers' Watch streams, each ended here and attached as a slot to the relay's
+    one HostWatch call to the scheduler it follows (made again once that call ended, or when the
+    relay moved). The worker's request and call metadata go up as they came; the events come
+    back as the scheduler serialized them, and the end of the worker's call is the status the
+    scheduler gave its slot."""
+
+    def __init__(self, upstreams: Upstreams) -> None:
+        self._upstreams = upstreams
+        self._links: dict[str, _Link] = {}
+        self._numbers = itertools.count(1)
+
+    def _link(self) -> _Link:
+        address, method = self._upstreams.method("stream_stream", methods()[HOST_WATCH][1])
+        link = self._links.get(address)
+        if link is None or link.ended is not None:
+            if link is not None:
+                link.close()
+            link = self._links[address] = _Link(address, method())
+        return link
+
+    async def watch(self, request: bytes, context: Context) -> AsyncIterator[bytes]:
+        """A local worker's Watch call, served from its slot of the host's link."""
+        link, slot = self._link(), next(self._numbers)
+        metadata = forwarded(context.invocation_metadata())
+        mailbox = link.open(slot, stub.host_attach(slot, request, metadata))
+        ended = False
+        try:
+            while True:
+                item = await mailbox.get()
+                if isinstance(item, bytes):
+                    yield item
+                    continue
+                ended = True
+                _, code, details, trailing = item
+                self._upstreams.answered(link.address, code, trailing)
+                context.set_trailing_metadata(trailing)
+                if code != grpc.StatusCode.OK:
+                    context.set_code(code)
+                    context.set_details(details)
+                return
+        finally:
+            link.release(slot, detach=not ended)
+            if not link.slots and link.address != self._upstreams.current:
+                link.close()  # a scheduler left behind: its link goes with its last slot
+                self._links.pop(link.address, None)
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+
+
 Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the type stubs only
 _HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., Handler]]] = {
     "unary_unary": (_one_answer, grpc.unary_unary_rpc_method_handler),
@@ -282,7 +413,10 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
     def __init__(self, upstreams: Upstreams, beats_every_s: float = 1.0) -> None:
         self._handlers: dict[str, Handler] = {}
         self.beats = HostBeats(upstreams, beats_every_s)
+        self.links = HostLinks(upstreams)
         for kind, path, _options in methods().values():
+            if path.endswith("/" + HOST_WATCH):
+                continue  # the relay's own call upstream, not a worker's
             if kind not in _HANDLERS:
                 raise TypeError(f"the relay cannot forward {path}, a {kind} method")
             make, handler = _HANDLERS[kind]
@@ -292,12 +426,19 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
                 answer = TableAnswers(answer).answer  # a coroutine function, as gRPC needs
             elif name == HEARTBEAT:
                 answer = self.beats.local
+            elif name == WATCH:
+                answer = self.links.watch
             # No serializers: the bytes go through as they came.
             self._handlers[path] = handler(answer)
 
     @property
     def paths(self) -> list[str]:
         return sorted(self._handlers)
+
+    def stop(self) -> None:
+        """End what the relay holds open upstream: the beats' stream and the host's links."""
+        self.beats.stop()
+        self.links.close()
 
     def service(self, details: grpc.HandlerCallDetails) -> Handler | None:
         return self._handlers.get(details.method)

@@ -73,3 +73,35 @@ def host_beats(nodes: Iterable[tuple[str, int]]) -> bytes:
     """A serialized HostBeatsRequest naming `nodes` ((node id, incarnation) each)."""
     hellos = [pb.Hello(node_id=node_id, incarnation=incarnation) for node_id, incarnation in nodes]
     return pb.HostBeatsRequest(nodes=hellos).SerializeToString()
+
+
+# A slot's end as the relay reads it from HostDown: (slot, code, details, trailing metadata).
+SlotEnd = tuple[int, grpc.StatusCode, str, tuple[tuple[str, "str | bytes"], ...]]
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def host_attach(slot: int, request: bytes, metadata: Iterable[tuple[str, Any]]) -> bytes:
+    """A serialized HostUp attaching a worker's Watch call (its request and text metadata)."""
+    data = [pb.Metadatum(key=k, value=v) for k, v in metadata if isinstance(v, str)]
+    attach = pb.HostAttach(slot=slot, request=request, metadata=data)
+    return pb.HostUp(attach=attach).SerializeToString()
+
+
+def host_detach(slot: int) -> bytes:
+    return pb.HostUp(detach=slot).SerializeToString()
+
+
+def host_down(raw: bytes) -> tuple[list[int], bytes, list[SlotEnd]]:
+    """A serialized HostDown: the slots its event is for, the event, then the slots that end
+    (DecodeError if it is none)."""
+    down = pb.HostDown.FromString(raw)
+    ended: list[SlotEnd] = [
+        (
+            end.slot,
+            _CODES.get(end.code, grpc.StatusCode.UNKNOWN),
+            end.details,
+            tuple((m.key, m.value) for m in end.trailing),
+        )
+        for end in down.ended
+    ]
+    return list(down.slots), down.event, ended

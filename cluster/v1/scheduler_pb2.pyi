@@ -261,6 +261,54 @@ class HostBeatsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class Metadatum(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class HostAttach(_message.Message):
+    __slots__ = ("slot", "request", "metadata")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    request: bytes
+    metadata: _containers.RepeatedCompositeFieldContainer[Metadatum]
+    def __init__(self, slot: _Optional[int] = ..., request: _Optional[bytes] = ..., metadata: _Optional[_Iterable[_Union[Metadatum, _Mapping]]] = ...) -> None: ...
+
+class HostUp(_message.Message):
+    __slots__ = ("attach", "detach")
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    DETACH_FIELD_NUMBER: _ClassVar[int]
+    attach: HostAttach
+    detach: int
+    def __init__(self, attach: _Optional[_Union[HostAttach, _Mapping]] = ..., detach: _Optional[int] = ...) -> None: ...
+
+class SlotEnd(_message.Message):
+    __slots__ = ("slot", "code", "details", "trailing")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    TRAILING_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    code: int
+    details: str
+    trailing: _containers.RepeatedCompositeFieldContainer[Metadatum]
+    def __init__(self, slot: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., trailing: _Optional[_Iterable[_Union[Metadatum, _Mapping]]] = ...) -> None: ...
+
+class HostDown(_message.Message):
+    __slots__ = ("slots", "event", "ended")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    slots: _containers.RepeatedScalarFieldContainer[int]
+    event: bytes
+    ended: _containers.RepeatedCompositeFieldContainer[SlotEnd]
+    def __init__(self, slots: _Optional[_Iterable[int]] = ..., event: _Optional[bytes] = ..., ended: _Optional[_Iterable[_Union[SlotEnd, _Mapping]]] = ...) -> None: ...
+
 class PeerTableRequest(_message.Message):
     __slots__ = ("digest",)
     DIGEST_FIELD_NUMBER: _ClassVar[int]

@@ -123,6 +123,11 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsResponse.FromString,
                 _registered_method=True)
+        self.HostWatch = channel.stream_stream(
+                '/cluster.v1.Scheduler/HostWatch',
+                request_serializer=cluster_dot_v1_dot_scheduler__pb2.HostUp.SerializeToString,
+                response_deserializer=cluster_dot_v1_dot_scheduler__pb2.HostDown.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -260,6 +265,17 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HostWatch(self, request_iterator, context):
+        """A host's relay's one stream for the Watch streams of all of its workers. Each worker's
+        Watch ends at the relay, which attaches it here: the worker's own request and call metadata
+        (its proof), admitted as a Watch call of its own would be. Events come down serialized once
+        for all the host's slots they are for, and each slot's end with the status its Watch call
+        would have ended with. A slot whose worker went away is detached at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -337,6 +353,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.HostBeats,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.HostBeatsResponse.SerializeToString,
+            ),
+            'HostWatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.HostWatch,
+                    request_deserializer=cluster_dot_v1_dot_scheduler__pb2.HostUp.FromString,
+                    response_serializer=cluster_dot_v1_dot_scheduler__pb2.HostDown.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -758,6 +779,33 @@ class Scheduler:
             '/cluster.v1.Scheduler/HostBeats',
             cluster_dot_v1_dot_scheduler__pb2.HostBeatsRequest.SerializeToString,
             cluster_dot_v1_dot_scheduler__pb2.HostBeatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HostWatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/cluster.v1.Scheduler/HostWatch',
+            cluster_dot_v1_dot_scheduler__pb2.HostUp.SerializeToString,
+            cluster_dot_v1_dot_scheduler__pb2.HostDown.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,7 +21,7 @@ from cluster.transport import membership
 from cluster.v1 import peer_state_pb2 as ps
 from cluster.v1 import scheduler_pb2 as pb
 
-UNARY, SERVER_STREAM, CLIENT_STREAM = "unary", "server-stream", "client-stream"
+UNARY, SERVER_STREAM, CLIENT_STREAM, BIDI = "unary", "server-stream", "client-stream", "bidi"
 SCHEDULER_METHODS: dict[str, tuple[str, type[Message]]] = {
     "Challenge": (UNARY, pb.ChallengeRequest),
     "Register": (UNARY, pb.RegisterRequest),
@@ -38,6 +38,7 @@ SCHEDULER_METHODS: dict[str, tuple[str, type[Message]]] = {
     "WatchEvents": (SERVER_STREAM, pb.WatchEventsRequest),
     "PeerTable": (UNARY, pb.PeerTableRequest),
     "HostBeats": (CLIENT_STREAM, pb.HostBeatsRequest),
+    "HostWatch": (BIDI, pb.HostUp),
 }
 # Only a member may make these: an outsider's must never be answered OK.
 MEMBERS_ONLY = ("Heartbeat", "Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "Finish")
@@ -129,6 +130,24 @@ def registrations(known: Known) -> st.SearchStrategy[pb.RegisterRequest]:
     )
 
 
+def host_ups(known: Known) -> st.SearchStrategy[pb.HostUp]:
+    """A relay's link, as anyone may send it: attaches of Watch requests (or garbage) with
+    metadata that names members and carries no proof of them, and detaches."""
+    ids, incs = node_ids(known), incarnations(known)
+    watches = st.one_of(
+        st.builds(pb.WatchRequest, hello=st.builds(pb.Hello, node_id=ids, incarnation=incs)),
+        st.builds(pb.WatchRequest, register=registrations(known)),
+    ).map(lambda request: request.SerializeToString())
+    keys = st.sampled_from(
+        [membership.NODE_ID_KEY, membership.INCARNATION_KEY, membership.CREDENTIAL_KEY]
+    )
+    metadata = st.lists(st.builds(pb.Metadatum, key=keys, value=text), max_size=4)
+    attach = st.builds(
+        pb.HostAttach, slot=u64, request=st.one_of(watches, blobs), metadata=metadata
+    )
+    return st.one_of(st.builds(pb.HostUp, attach=attach), st.builds(pb.HostUp, detach=u64))
+
+
 def requests(known: Known, *, member: bool) -> dict[str, st.SearchStrategy[Message]]:
     """Well-formed requests of each method, with arbitrary fields; a `member`'s set only keys of
     its own (`self_harm`)."""
@@ -165,6 +184,7 @@ def requests(known: Known, *, member: bool) -> dict[str, st.SearchStrategy[Messa
         "WatchEvents": st.builds(pb.WatchEventsRequest, follow=st.booleans(), after_seq=u64),
         "PeerTable": st.builds(pb.PeerTableRequest, digest=blobs),
         "HostBeats": st.builds(pb.HostBeatsRequest, nodes=st.lists(hello, max_size=4)),
+        "HostWatch": host_ups(known),
     }
     for method, (_, message) in SCHEDULER_METHODS.items():
         made.setdefault(method, st.just(message()))
@@ -251,7 +271,8 @@ def scheduler_calls(known: Known, method: str) -> st.SearchStrategy[Call]:
         who = draw(st.sampled_from(whos))
         requested = by_member if who in CARRIES_MEMBER_PROOF else made
         bodies = []
-        for _ in range(draw(st.integers(1, 3)) if method == "Heartbeat" else 1):
+        streams = method in ("Heartbeat", "HostWatch")
+        for _ in range(draw(st.integers(1, 3)) if streams else 1):
             shape = draw(st.sampled_from(["message"] * 6 + ["mutated", "random"]))
             body = draw(blobs) if shape == "random" else draw(requested).SerializeToString()
             if shape == "mutated":

@@ -65,6 +65,7 @@ from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.credentials import read_metadata, secret_of
 from tests.integration.edge_calls import (
+    BIDI,
     CLIENT_STREAM,
     FORGED,
     JOB_KEYS,
@@ -365,8 +366,12 @@ def call_ended(
             send_all = channel.stream_unary(path, _identity, _identity)
             first = send_all(iter(bodies), timeout=timeout, metadata=metadata)
         else:
-            stream = channel.unary_stream(path, _identity, _identity)
-            answers = stream(bodies[0], timeout=timeout, metadata=metadata)
+            if kind == BIDI:
+                link = channel.stream_stream(path, _identity, _identity)
+                answers = link(iter(bodies), timeout=timeout, metadata=metadata)
+            else:
+                stream = channel.unary_stream(path, _identity, _identity)
+                answers = stream(bodies[0], timeout=timeout, metadata=metadata)
             for count, answer in enumerate(answers):
                 first = first or answer
                 if count == MAX_ANSWERS:
@@ -381,7 +386,10 @@ def admitted(method: str, first: bytes) -> bool:
     """Whether a Register or Watch answer accepted a registration."""
     if method == "Register":
         return pb.RegisterResponse.FromString(first).HasField("accepted")
-    return method == "Watch" and pb.Event.FromString(first).HasField("accepted")
+    if method == "HostWatch" and first:
+        first = pb.HostDown.FromString(first).event
+    watches = method in ("Watch", "HostWatch")
+    return watches and bool(first) and pb.Event.FromString(first).HasField("accepted")
 
 
 def sent(job: Job, call: Call) -> None:

@@ -289,3 +289,77 @@ async def test_batched_beats_count_only_for_streams_on_their_connection(short_di
         finally:
             await asyncio.gather(relayed.close(), direct.close())
             await relay.stop()
+
+
+def test_a_killed_worker_behind_a_relay_is_told_at_once(processes: Procs, short_dir: Path) -> None:
+    """Its call to the relay ends with its process, and its slot on the host's link is detached
+    at once: the scheduler fails the job naming it long before MS_NODE_TIMEOUT (60 s here)."""
+    sched, relay, workers = start_relayed_job(
+        processes, short_dir / "r.sock", 3, MS_NODE_TIMEOUT="60"
+    )
+    for w in workers:
+        w.wait_for_output("allgather rank=", 30)
+    workers[0].popen.send_signal(signal.SIGKILL)
+    for proc in [sched, workers[1], workers[2]]:
+        assert proc.wait(15) != 0, proc.output
+    assert "connection to the scheduler broke" in sched.output, sched.output
+    assert relay.running
+
+
+async def host_link_call(port: int, ups: list[pb.HostUp], ends: int) -> list[pb.HostDown]:
+    """An outsider's HostWatch: `ups` sent, then what comes down until `ends` slots ended."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        link = channel.stream_stream(
+            "/cluster.v1.Scheduler/HostWatch",
+            request_serializer=pb.HostUp.SerializeToString,
+            response_deserializer=pb.HostDown.FromString,
+        )
+        call = link()
+        for up in ups:
+            await call.write(up)
+        downs: list[pb.HostDown] = []
+        while sum(len(down.ended) for down in downs) < ends:
+            downs.append(await asyncio.wait_for(call.read(), 10))
+        call.cancel()
+        return downs
+
+
+def attach(slot: int, request: pb.WatchRequest, **metadata: str) -> pb.HostUp:
+    data = [pb.Metadatum(key=k.replace("_", "-"), value=v) for k, v in metadata.items()]
+    raw = request.SerializeToString()
+    return pb.HostUp(attach=pb.HostAttach(slot=slot, request=raw, metadata=data))
+
+
+async def test_an_outsiders_host_link_speaks_for_nobody() -> None:
+    """A HostWatch from anyone who reaches the port: each attach is a Watch call of its own,
+    refused as one would be (a forged hello, a malformed request, one that is neither a
+    registration nor a hello), and the member's stream, its state and the job go on."""
+    async with SchedulerServer(settings(1)) as srv:
+        said: list[str] = []
+        member = make_agent(srv.port, 1, "a", said)
+        try:
+            await asyncio.wait_for(member.start(), 20)
+            before = srv.core.state.members["a"]
+            hello = pb.WatchRequest(
+                hello=pb.Hello(node_id="a", incarnation=member.identity.incarnation)
+            )
+            ups = [
+                attach(1, hello, cluster_node_id="a", cluster_credential="00" * 32),
+                pb.HostUp(attach=pb.HostAttach(slot=2, request=b"\xff\xff")),
+                attach(3, pb.WatchRequest(), cluster_node_id="z"),
+                attach(4, hello),
+            ]
+            downs = await host_link_call(srv.port, ups, 4)
+            assert not any(down.event for down in downs)
+            codes = {code.value[0]: code for code in grpc.StatusCode}
+            ended = {end.slot: codes[end.code] for down in downs for end in down.ended}
+            assert ended == {
+                1: grpc.StatusCode.UNAUTHENTICATED,
+                2: grpc.StatusCode.INVALID_ARGUMENT,
+                3: grpc.StatusCode.INVALID_ARGUMENT,
+                4: grpc.StatusCode.UNAUTHENTICATED,
+            }
+            assert srv.core.state.members["a"] == before
+            assert srv.core.open_streams == 1  # the member's own
+        finally:
+            await member.close()

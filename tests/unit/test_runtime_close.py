@@ -76,13 +76,9 @@ def test_the_error_a_process_dies_of_is_its_first_line_named_as_a_traceback_name
     assert len(error_line(ValueError("v" * 10_000))) == ERROR_LINE_CHARS
 
 
-def test_a_worker_at_exit_closes_then_freezes_what_is_alive(calls: list[str]) -> None:
-    """The interpreter's teardown then skips the objects grpc, protobuf and asyncio made (issue
-    26: about 20 ms of a worker's exit), as the scheduler's does."""
+def test_a_worker_at_exit_leaves_the_collector_alone(calls: list[str]) -> None:
+    """Unlike the scheduler's process, a worker's is the training script's: its cyclic garbage
+    (a logger's buffered file in a cycle) is still collected, and finalized, at exit."""
+    runtime._finalize_at_exit()
+    assert calls == ["closed", "scheduler told finished=True"]
     assert gc.get_freeze_count() == 0
-    try:
-        runtime._finalize_at_exit()
-        assert calls == ["closed", "scheduler told finished=True"]
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()

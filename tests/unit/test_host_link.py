@@ -1,0 +1,137 @@
+"""The scheduler's side of a host link (`cluster.scheduler.host_link`): slots run as Watch
+streams, what they yield grouped into messages (an event shared by slots sent once, each slot's
+order kept), the slot limit, detach and close."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster.scheduler.host_link import HostLink, SlotContext, SlotEnd, grouped
+from tests.aio import eventually
+
+EVENTS = [bytes([i]) * 3 for i in range(4)]  # distinct objects, as the core's serialized events
+
+
+@st.composite
+def pendings(draw: st.DrawFn) -> list[tuple[int, bytes | SlotEnd]]:
+    """What slots yield, interleaved: events from a few shared objects, then maybe an end."""
+    slots = draw(st.lists(st.integers(1, 6), min_size=1, max_size=6, unique=True))
+    streams = {
+        slot: [*draw(st.lists(st.sampled_from(EVENTS), max_size=6))]
+        + ([SlotEnd(slot, grpc.StatusCode.OK, "")] if draw(st.booleans()) else [])
+        for slot in slots
+    }
+    order = draw(st.permutations([slot for slot, items in streams.items() for _ in items]))
+    taken = dict.fromkeys(streams, 0)
+    pending: list[tuple[int, bytes | SlotEnd]] = []
+    for slot in order:
+        pending.append((slot, streams[slot][taken[slot]]))
+        taken[slot] += 1
+    return pending
+
+
+def delivered(pending: list[tuple[int, bytes | SlotEnd]]) -> dict[int, list[object]]:
+    """What the relay hands each slot, reading the messages in order."""
+    got: dict[int, list[object]] = {}
+    for down in grouped(pending):
+        for slot in down.slots:
+            got.setdefault(slot, []).append(down.event)
+        for end in down.ended:
+            got.setdefault(end.slot, []).append(end)
+    return got
+
+
+@given(pendings())
+def test_each_slot_gets_its_own_items_in_their_order(
+    pending: list[tuple[int, bytes | SlotEnd]],
+) -> None:
+    expected: dict[int, list[object]] = {}
+    for slot, item in pending:
+        expected.setdefault(slot, []).append(item)
+    assert delivered(pending) == expected
+
+
+def test_a_broadcast_goes_down_once_for_all_slots() -> None:
+    pending: list[tuple[int, bytes | SlotEnd]] = [
+        (slot, event) for event in EVENTS[:2] for slot in range(1, 1025)
+    ]
+    downs = grouped(pending)
+    assert [(len(down.slots), down.event) for down in downs] == [
+        (1024, EVENTS[0]),
+        (1024, EVENTS[1]),
+    ]
+
+
+async def _forever(opened: list[int], closed: list[int], slot: int) -> AsyncIterator[bytes]:
+    opened.append(slot)
+    try:
+        yield EVENTS[0]
+        await asyncio.Event().wait()
+    finally:
+        closed.append(slot)
+    yield b""  # never reached
+
+
+async def _refused(context: SlotContext) -> AsyncIterator[bytes]:
+    context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+    context.set_details("no proof")
+    return
+    yield b""  # an async generator
+
+
+async def _next_batch(link: HostLink, done: asyncio.Future[None]) -> list[object]:
+    batches = link.batches(done)
+    try:
+        batch = await asyncio.wait_for(anext(batches), 5)
+    finally:
+        await batches.aclose()
+    return [(down.slots, down.event, down.ended) for down in batch]
+
+
+async def test_slots_past_the_limit_end_at_once_and_a_taken_slot_is_refused() -> None:
+    link = HostLink(max_slots=2)
+    opened: list[int] = []
+    closed: list[int] = []
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for slot in (1, 2, 3, 1):
+        link.attach(slot, _forever(opened, closed, slot), SlotContext("peer", ()))
+    batch = await _next_batch(link, done)
+    ends = [end for _, _, ended in batch for end in ended]  # type: ignore[attr-defined]
+    assert [(end.slot, end.code) for end in ends] == [
+        (3, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (1, grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    assert "at most 2 Watch streams" in ends[0].details
+    assert len(link) == 2
+    link.close()
+    await eventually(lambda: sorted(closed) == [1, 2], "the cancelled slots' streams closed")
+
+
+async def test_a_detached_slot_ends_its_stream_and_sends_nothing() -> None:
+    link = HostLink(max_slots=4)
+    opened: list[int] = []
+    closed: list[int] = []
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    link.attach(7, _forever(opened, closed, 7), SlotContext("peer", ()))
+    assert await _next_batch(link, done) == [([7], EVENTS[0], [])]
+    link.detach(7)
+    await eventually(lambda: closed == [7], "the detached slot's stream closed")
+    done.set_result(None)  # the relay half-closed: with no slot open the link ends
+    assert [batch async for batch in link.batches(done)] == []
+
+
+async def test_a_refused_slot_ends_with_what_its_watch_told_its_context() -> None:
+    link = HostLink(max_slots=4)
+    context = SlotContext("ipv4:10.0.0.1:5", (("cluster-node-id", "a"),))
+    link.attach(1, _refused(context), context)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    assert await _next_batch(link, done) == [
+        ([], None, [SlotEnd(1, grpc.StatusCode.UNAUTHENTICATED, "no proof")])
+    ]
+    assert context.peer() == "ipv4:10.0.0.1:5"
+    assert context.invocation_metadata() == (("cluster-node-id", "a"),)

@@ -44,9 +44,11 @@ class OpenFiles:
             return None
         return (
             f"this job has {expected_nodes} nodes, but the open-files limit of {self.limit} "
-            f"(hard limit {self.hard}) leaves room for about {self.nodes} connections: raise "
-            "the hard limit (ulimit -Hn, systemd LimitNOFILE=, Kubernetes/docker --ulimit "
-            "nofile=) or the job may never form"
+            f"(hard limit {self.hard}) leaves room for about {self.nodes} connections: start "
+            "the workers behind a relay per host (`mscluster run` does for 2 or more a host; "
+            "`mscluster relay` and CLUSTER_RELAY otherwise), which holds one connection for "
+            "all of them, or raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
+            "Kubernetes/docker --ulimit nofile=), or a job of direct workers may never form"
         )
 
 

@@ -39,3 +39,4 @@ def test_a_job_larger_than_the_limit_is_warned_about() -> None:
     assert "this job has 2048 nodes, but the open-files limit of 1024" in warning
     assert "room for about 924 connections" in warning
     assert "ulimit -Hn" in warning
+    assert "behind a relay per host" in warning  # the way that needs no limit raised

@@ -535,16 +535,21 @@ def cluster_clients_main(c: Clients) -> None:
         try:
             try:
                 await timed(index, ids, one, start, q, timeout_s)
-            except ClusterError as exc:
-                raise BenchError(f"{exc}; the agents said: {said_summary(messages)}") from None
+            except (ClusterError, TimeoutError) as exc:
+                what = str(exc) or f"not formed within {timeout_s:g} s"
+                raise BenchError(f"{what}; the agents said: {said_summary(messages)}") from None
             check_table(agents[0].topology, n)
             q.put(("stages", index, stages))
             if not await signalled(proceed, timeout_s):
                 raise BenchError("no signal to finish")
             finish0 = time.time()
-            heard = await asyncio.wait_for(
-                asyncio.gather(*(a.finish() for a in agents)), agents[0].finish_wait_s + 5.0
-            )
+            try:
+                heard = await asyncio.wait_for(
+                    asyncio.gather(*(a.finish() for a in agents)), agents[0].finish_wait_s + 5.0
+                )
+            except TimeoutError:
+                said = said_summary(messages)
+                raise BenchError(f"the finish was not heard; the agents said: {said}") from None
             q.put(("finished", index, (time.time() - finish0, heard.count(False))))
         finally:
             await asyncio.wait_for(
@@ -871,6 +876,11 @@ def run_once(
             result["client_peak_rss_per_node_b"] = sum(peaks) / n
         if system.startswith("cluster"):
             result.update(stage_figures(box.collect("stages", procs, deadline), t0))
+        # Said now: a finish storm that fails the run later leaves the formation measured.
+        print(
+            f"  N={n} {system}: formed in {result['elapsed_s']:.1f} s (the finish follows)",
+            flush=True,
+        )
         proceed.set()
         # The agents wait for their finish's answer for up to finish_wait_s (the node timeout
         # and its slack), then close (at most 30 s): a slow finish storm is not a failure.

@@ -151,8 +151,12 @@ class HostLink:
                 finally:
                     waiting.cancel()
                 continue
-            pending, self._pending = self._pending, []
-            yield grouped(pending)
+            yield self.take()
+
+    def take(self) -> list[Down]:
+        """What is waiting to be written, as messages (`grouped`), taken."""
+        pending, self._pending = self._pending, []
+        return grouped(pending)
 
 
 def grouped(pending: list[tuple[int, bytes | SlotEnd]]) -> list[Down]:

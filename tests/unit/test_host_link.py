@@ -135,3 +135,100 @@ async def test_a_refused_slot_ends_with_what_its_watch_told_its_context() -> Non
     ]
     assert context.peer() == "ipv4:10.0.0.1:5"
     assert context.invocation_metadata() == (("cluster-node-id", "a"),)
+
+
+class FakeWatch:
+    """A slot's Watch, driven by the test: events, an end (OK or refused), or nothing."""
+
+    def __init__(self) -> None:
+        self.items: asyncio.Queue[bytes | grpc.StatusCode] = asyncio.Queue()
+        self.closed = False
+
+    async def events(self, context: SlotContext) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                item = await self.items.get()
+                if isinstance(item, grpc.StatusCode):
+                    if item != grpc.StatusCode.OK:
+                        context.set_code(item)
+                    return
+                yield item
+        finally:
+            self.closed = True
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["attach", "event", "end", "refuse", "detach", "take"]),
+        st.integers(1, 4),
+        st.sampled_from(EVENTS),
+    ),
+    max_size=40,
+)
+
+
+async def _settle() -> None:
+    """Let the slots' tasks take what was put (no time passes: the loop runs what is ready)."""
+    for _ in range(5):
+        await asyncio.sleep(0)  # sleep-ok: yields the loop, times nothing
+
+
+async def _run_program(ops: list[tuple[str, int, bytes]]) -> None:
+    link = HostLink(max_slots=3)
+    watches: dict[int, FakeWatch] = {}
+    expected: dict[int, list[object]] = {}
+    got: dict[int, list[object]] = {}
+    open_slots: set[int] = set()
+    number = 0  # a slot number is new on each attach, as the relay's
+    ids: dict[int, int] = {}  # the program's slot -> its current number
+
+    def take() -> None:
+        for down in link.take():
+            for slot in down.slots:
+                got.setdefault(slot, []).append(down.event)
+            for end in down.ended:
+                got.setdefault(end.slot, []).append(end.code)
+
+    for op, which, event in ops:
+        slot = ids.get(which)
+        if op == "attach" and slot not in open_slots:
+            number += 1
+            ids[which] = slot = number
+            if len(open_slots) >= link.max_slots:
+                expected[slot] = [grpc.StatusCode.RESOURCE_EXHAUSTED]
+            else:
+                watches[slot] = FakeWatch()
+                expected[slot] = []
+                open_slots.add(slot)
+            context = SlotContext("peer", ())
+            watch = watches.get(slot, FakeWatch())  # past the limit: never run
+            link.attach(slot, watch.events(context), context)
+        elif slot in open_slots and op in ("event", "end", "refuse"):
+            item = {"event": event, "end": grpc.StatusCode.OK}.get(op, grpc.StatusCode.NOT_FOUND)
+            watches[slot].items.put_nowait(item)
+            expected[slot].append(item)
+            if op != "event":
+                open_slots.discard(slot)
+        elif slot in open_slots and op == "detach":
+            link.detach(slot)
+            open_slots.discard(slot)
+        await _settle()
+        if op == "take":
+            take()
+    await _settle()
+    take()
+    link.close()
+    await _settle()
+    assert got == {slot: items for slot, items in expected.items() if items}
+    assert all(watch.closed for slot, watch in watches.items() if slot not in open_slots)
+    assert all(watch.closed for watch in watches.values())  # closed with the link
+
+
+@given(OPS)
+def test_a_link_delivers_each_slot_its_events_then_one_end_and_nothing_after(
+    ops: list[tuple[str, int, bytes]],
+) -> None:
+    """Any interleaving of attaches (past the limit too), events, ends, refusals, detaches and
+    takes: each slot gets what its Watch yielded, in order, then its end once; a detached slot
+    gets nothing more and no end; every Watch is closed once its slot is over."""
+    asyncio.run(_run_program(ops))

@@ -6,7 +6,7 @@ The relay is transport, not authority. A worker's call metadata (its credential 
 every call as it would a direct one, and a relay cannot speak for a worker it does not hold.
 What comes back (the answer or the events, the status code, its details and trailing metadata
 such as `cluster-error`) goes back to the worker as it came. Most calls are forwarded call by
-call, byte for byte, parsing nothing. Three are not, so that the scheduler's work grows with the
+call, byte for byte, parsing nothing. Four are not, so that the scheduler's work grows with the
 hosts, not the workers:
 
 - `Watch`: each worker's stream ends here and is attached as a slot to the relay's one
@@ -17,6 +17,9 @@ hosts, not the workers:
   detaches its slot at once: the scheduler sees that worker's stream end as it would a direct
   one. A relay that dies ends the link, and with it every slot: the scheduler sees its host's
   workers fail, and they go to the scheduler directly (`cluster.worker.scheduler_link.Route`).
+- `Finish`: each worker's call ends here too, and goes up as a finish slot of the same link,
+  which ends with the status and the answer the scheduler gave it (a job's end is N finishes at
+  once: on the link they are messages of one stream, not N calls).
 - `Heartbeat`: each worker's call ends here, and the beats heard go up batched on one
   `HostBeats` stream (`HostBeats`). The scheduler takes a batched beat only for a node whose
   admitted Watch slot is on the relay's connection: the relay beats only for the workers it

@@ -33,7 +33,7 @@ class SlotContext:
     """What the servicer's Watch reads from and tells its call, for one slot: the peer is the
     relay's connection, the metadata the worker's own; its end is recorded for `SlotEnd`."""
 
-    __slots__ = ("_metadata", "_peer", "code", "details", "trailing")
+    __slots__ = ("_metadata", "_peer", "answer", "code", "details", "trailing")
 
     def __init__(self, peer: str, metadata: tuple[Metadatum, ...]) -> None:
         self._peer = peer
@@ -41,6 +41,7 @@ class SlotContext:
         self.code = grpc.StatusCode.OK
         self.details = ""
         self.trailing: tuple[Metadatum, ...] = ()
+        self.answer = b""  # a finish slot's answer, serialized
 
     def peer(self) -> str:
         return self._peer
@@ -66,6 +67,7 @@ class SlotEnd:
     code: grpc.StatusCode
     details: str
     trailing: tuple[Metadatum, ...] = ()
+    answer: bytes = b""
 
 
 @mutable
@@ -114,7 +116,7 @@ class HostLink:
                 self._put(slot, event)
         finally:
             self._tasks.pop(slot, None)
-        self.end(SlotEnd(slot, context.code, context.details, context.trailing))
+        self.end(SlotEnd(slot, context.code, context.details, context.trailing, context.answer))
 
     def detach(self, slot: int) -> None:
         """The relay's worker went away: its stream ends as a cancelled call's (nothing sent)."""

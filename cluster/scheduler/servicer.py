@@ -62,6 +62,9 @@ class CallContext(Protocol):
     def set_details(self, details: str, /) -> None: ...
 
 
+Ctx = TypeVar("Ctx", bound=CallContext)
+
+
 def _refuse(context: CallContext, exc: ClusterError) -> None:
     """End the call with the status of `exc` (its handler then returns without an answer)."""
     code, metadata = failures.status_of(exc)
@@ -77,15 +80,13 @@ def _caller(context: CallContext, method: str, request: Any = None) -> membershi
 
 
 def _mapped(
-    handler: Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]],
-) -> Callable[[Any, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp | None]]:
+    handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
+) -> Callable[[Any, Req, Ctx], Awaitable[Resp | None]]:
     """A unary handler whose ClusterError ends the call with its status, and which refuses a
     request over its method's limit or that did not parse (`edge.Unparsed`) without looking at
     it."""
 
-    async def wrapper(
-        self: Any, request: Req, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> Resp | None:
+    async def wrapper(self: Any, request: Req, context: Ctx) -> Resp | None:
         try:
             if isinstance(request, edge.Unparsed):
                 raise self.at_edge(context, request.method, request.reason, request.message())
@@ -368,8 +369,24 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 link.attach(up.attach.slot, events, slot)
             elif kind == "detach":
                 link.detach(up.detach)
+            elif kind == "finish":
+                slot = host_link.SlotContext(
+                    peer, tuple((m.key, m.value) for m in up.finish.metadata)
+                )
+                finish = edge.capped("Finish", pb.FinishRequest.FromString)(up.finish.request)
+                link.attach(up.finish.slot, self._finished(finish, slot), slot)
             else:
                 raise BadRequestError("HostWatch needs an attach or a detach")
+
+    async def _finished(
+        self, request: pb.FinishRequest | edge.Unparsed, slot: host_link.SlotContext
+    ) -> AsyncIterator[bytes]:
+        """A worker's Finish on its host's link: its answer goes in the slot's end."""
+        answer = await self.Finish(request, slot)  # type: ignore[arg-type]  # Unparsed: _mapped
+        if answer is not None:
+            slot.answer = answer.SerializeToString()
+        return
+        yield b""  # an async generator, as a slot runs
 
     @_mapped
     async def Exchange(
@@ -428,9 +445,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         return pb.KvAddResponse(value=value)
 
     @_mapped
-    async def Finish(
-        self, request: pb.FinishRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.FinishResponse:
+    async def Finish(self, request: pb.FinishRequest, context: CallContext) -> pb.FinishResponse:
         caller = _caller(context, "Finish", request)
         failure = safe(request.failure, ERROR_LINE_CHARS) if request.failure else ""
         await self._core.finish(request.node_id, request.incarnation, caller, failure)
@@ -488,7 +503,13 @@ def _close_if_failed(reading: asyncio.Future[None], link: host_link.HostLink) ->
 
 def _slot_end(end: host_link.SlotEnd) -> pb.SlotEnd:
     trailing = [pb.Metadatum(key=k, value=v) for k, v in end.trailing if isinstance(v, str)]
-    return pb.SlotEnd(slot=end.slot, code=end.code.value[0], details=end.details, trailing=trailing)
+    return pb.SlotEnd(
+        slot=end.slot,
+        code=end.code.value[0],
+        details=end.details,
+        trailing=trailing,
+        answer=end.answer,
+    )
 
 
 def _event_bytes(event: pb.Event | bytes) -> bytes:

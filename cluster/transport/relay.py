@@ -6,7 +6,7 @@ The relay is transport, not authority. A worker's call metadata (its credential 
 every call as it would a direct one, and a relay cannot speak for a worker it does not hold.
 What comes back (the answer or the events, the status code, its details and trailing metadata
 such as `cluster-error`) goes back to the worker as it came. Most calls are forwarded call by
-call, byte for byte, parsing nothing. Three are not, so that the scheduler's work grows with the
+call, byte for byte, parsing nothing. Four are not, so that the scheduler's work grows with the
 hosts, not the workers:
 
 - `Watch`: each worker's stream ends here and is attached as a slot to the relay's one
@@ -17,6 +17,9 @@ hosts, not the workers:
   detaches its slot at once: the scheduler sees that worker's stream end as it would a direct
   one. A relay that dies ends the link, and with it every slot: the scheduler sees its host's
   workers fail, and they go to the scheduler directly (`cluster.worker.scheduler_link.Route`).
+- `Finish`: each worker's call ends here too, and goes up as a finish slot of the same link,
+  which ends with the status and the answer the scheduler gave it (a job's end is N finishes at
+  once: on the link they are messages of one stream, not N calls).
 - `Heartbeat`: each worker's call ends here, and the beats heard go up batched on one
   `HostBeats` stream (`HostBeats`). The scheduler takes a batched beat only for a node whose
   admitted Watch slot is on the relay's connection: the relay beats only for the workers it
@@ -273,7 +276,7 @@ class HostBeats:
             self._call[1].cancel()
 
 
-WATCH, HOST_WATCH = "Watch", "HostWatch"
+WATCH, FINISH, HOST_WATCH = "Watch", "Finish", "HostWatch"
 # How a slot's stream ends, as the relay tells the worker: (code, details, trailing metadata).
 _End = tuple[grpc.StatusCode, str, tuple[Metadatum, ...]]
 
@@ -337,7 +340,7 @@ class _Link:
     def _end(self, code: grpc.StatusCode, details: str, trailing: tuple[Metadatum, ...]) -> None:
         self.ended = (code, details, trailing)
         for slot, mailbox in self.slots.items():
-            mailbox.put_nowait((slot, code, details, trailing))
+            mailbox.put_nowait((slot, code, details, trailing, b""))
 
     def close(self) -> None:
         for task in self._tasks:
@@ -379,18 +382,42 @@ class HostLinks:
                     yield item
                     continue
                 ended = True
-                _, code, details, trailing = item
-                self._upstreams.answered(link.address, code, trailing)
-                context.set_trailing_metadata(trailing)
-                if code != grpc.StatusCode.OK:
-                    context.set_code(code)
-                    context.set_details(details)
+                self._ended(link, item, context)
                 return
         finally:
-            link.release(slot, detach=not ended)
-            if not link.slots and link.address != self._upstreams.current:
-                link.close()  # a scheduler left behind: its link goes with its last slot
-                self._links.pop(link.address, None)
+            self._release(link, slot, detach=not ended)
+
+    async def finish(self, request: bytes, context: Context) -> bytes | None:
+        """A local worker's Finish call, a slot of the host's link that ends with the answer."""
+        link, slot = self._link(), next(self._numbers)
+        metadata = forwarded(context.invocation_metadata())
+        mailbox = link.open(slot, stub.host_attach(slot, request, metadata, finish=True))
+        ended = False
+        try:
+            while True:
+                item = await mailbox.get()
+                if not isinstance(item, bytes):  # (a finish slot has no events)
+                    ended = True
+                    return self._ended(link, item, context)
+        finally:
+            self._release(link, slot, detach=not ended)
+
+    def _ended(self, link: _Link, end: stub.SlotEnd, context: Context) -> bytes | None:
+        """End the worker's call as the scheduler ended its slot; a finish slot's answer."""
+        _, code, details, trailing, answer = end
+        self._upstreams.answered(link.address, code, trailing)
+        context.set_trailing_metadata(trailing)
+        if code != grpc.StatusCode.OK:
+            context.set_code(code)
+            context.set_details(details)
+            return None
+        return answer
+
+    def _release(self, link: _Link, slot: int, *, detach: bool) -> None:
+        link.release(slot, detach=detach)
+        if not link.slots and link.address != self._upstreams.current:
+            link.close()  # a scheduler left behind: its link goes with its last slot
+            self._links.pop(link.address, None)
 
     def close(self) -> None:
         for link in self._links.values():
@@ -428,6 +455,8 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
                 answer = self.beats.local
             elif name == WATCH:
                 answer = self.links.watch
+            elif name == FINISH:
+                answer = self.links.finish
             # No serializers: the bytes go through as they came.
             self._handlers[path] = handler(answer)
 

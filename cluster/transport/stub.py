@@ -75,16 +75,21 @@ def host_beats(nodes: Iterable[tuple[str, int]]) -> bytes:
     return pb.HostBeatsRequest(nodes=hellos).SerializeToString()
 
 
-# A slot's end as the relay reads it from HostDown: (slot, code, details, trailing metadata).
-SlotEnd = tuple[int, grpc.StatusCode, str, tuple[tuple[str, "str | bytes"], ...]]
+# A slot's end as the relay reads it from HostDown: (slot, code, details, trailing metadata, a
+# finish slot's answer).
+SlotEnd = tuple[int, grpc.StatusCode, str, tuple[tuple[str, "str | bytes"], ...], bytes]
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def host_attach(slot: int, request: bytes, metadata: Iterable[tuple[str, Any]]) -> bytes:
-    """A serialized HostUp attaching a worker's Watch call (its request and text metadata)."""
+def host_attach(
+    slot: int, request: bytes, metadata: Iterable[tuple[str, Any]], *, finish: bool = False
+) -> bytes:
+    """A serialized HostUp attaching a worker's Watch call, or with `finish` its Finish call (its
+    request and text metadata)."""
     data = [pb.Metadatum(key=k, value=v) for k, v in metadata if isinstance(v, str)]
     attach = pb.HostAttach(slot=slot, request=request, metadata=data)
-    return pb.HostUp(attach=attach).SerializeToString()
+    up = pb.HostUp(finish=attach) if finish else pb.HostUp(attach=attach)
+    return up.SerializeToString()
 
 
 def host_detach(slot: int) -> bytes:
@@ -101,6 +106,7 @@ def host_down(raw: bytes) -> tuple[list[int], bytes, list[SlotEnd]]:
             _CODES.get(end.code, grpc.StatusCode.UNKNOWN),
             end.details,
             tuple((m.key, m.value) for m in end.trailing),
+            end.answer,
         )
         for end in down.ended
     ]

@@ -280,24 +280,28 @@ class HostAttach(_message.Message):
     def __init__(self, slot: _Optional[int] = ..., request: _Optional[bytes] = ..., metadata: _Optional[_Iterable[_Union[Metadatum, _Mapping]]] = ...) -> None: ...
 
 class HostUp(_message.Message):
-    __slots__ = ("attach", "detach")
+    __slots__ = ("attach", "detach", "finish")
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     DETACH_FIELD_NUMBER: _ClassVar[int]
+    FINISH_FIELD_NUMBER: _ClassVar[int]
     attach: HostAttach
     detach: int
-    def __init__(self, attach: _Optional[_Union[HostAttach, _Mapping]] = ..., detach: _Optional[int] = ...) -> None: ...
+    finish: HostAttach
+    def __init__(self, attach: _Optional[_Union[HostAttach, _Mapping]] = ..., detach: _Optional[int] = ..., finish: _Optional[_Union[HostAttach, _Mapping]] = ...) -> None: ...
 
 class SlotEnd(_message.Message):
-    __slots__ = ("slot", "code", "details", "trailing")
+    __slots__ = ("slot", "code", "details", "trailing", "answer")
     SLOT_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     TRAILING_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     slot: int
     code: int
     details: str
     trailing: _containers.RepeatedCompositeFieldContainer[Metadatum]
-    def __init__(self, slot: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., trailing: _Optional[_Iterable[_Union[Metadatum, _Mapping]]] = ...) -> None: ...
+    answer: bytes
+    def __init__(self, slot: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ..., trailing: _Optional[_Iterable[_Union[Metadatum, _Mapping]]] = ..., answer: _Optional[bytes] = ...) -> None: ...
 
 class HostDown(_message.Message):
     __slots__ = ("slots", "event", "ended")

@@ -131,8 +131,8 @@ def registrations(known: Known) -> st.SearchStrategy[pb.RegisterRequest]:
 
 
 def host_ups(known: Known) -> st.SearchStrategy[pb.HostUp]:
-    """A relay's link, as anyone may send it: attaches of Watch requests (or garbage) with
-    metadata that names members and carries no proof of them, and detaches."""
+    """A relay's link, as anyone may send it: attaches of Watch and Finish requests (or garbage)
+    with metadata that names members and carries no proof of them, and detaches."""
     ids, incs = node_ids(known), incarnations(known)
     watches = st.one_of(
         st.builds(pb.WatchRequest, hello=st.builds(pb.Hello, node_id=ids, incarnation=incs)),
@@ -145,7 +145,17 @@ def host_ups(known: Known) -> st.SearchStrategy[pb.HostUp]:
     attach = st.builds(
         pb.HostAttach, slot=u64, request=st.one_of(watches, blobs), metadata=metadata
     )
-    return st.one_of(st.builds(pb.HostUp, attach=attach), st.builds(pb.HostUp, detach=u64))
+    finishes = st.builds(pb.FinishRequest, node_id=ids, incarnation=incs).map(
+        lambda request: request.SerializeToString()
+    )
+    finish = st.builds(
+        pb.HostAttach, slot=u64, request=st.one_of(finishes, blobs), metadata=metadata
+    )
+    return st.one_of(
+        st.builds(pb.HostUp, attach=attach),
+        st.builds(pb.HostUp, finish=finish),
+        st.builds(pb.HostUp, detach=u64),
+    )
 
 
 def requests(known: Known, *, member: bool) -> dict[str, st.SearchStrategy[Message]]:

@@ -330,10 +330,18 @@ def attach(slot: int, request: pb.WatchRequest, **metadata: str) -> pb.HostUp:
     return pb.HostUp(attach=pb.HostAttach(slot=slot, request=raw, metadata=data))
 
 
+def finish_of(slot: int, node_id: str, incarnation: int, **metadata: str) -> pb.HostUp:
+    data = [pb.Metadatum(key=k.replace("_", "-"), value=v) for k, v in metadata.items()]
+    data.append(pb.Metadatum(key="cluster-node-id", value=node_id))
+    raw = pb.FinishRequest(node_id=node_id, incarnation=incarnation).SerializeToString()
+    return pb.HostUp(finish=pb.HostAttach(slot=slot, request=raw, metadata=data))
+
+
 async def test_an_outsiders_host_link_speaks_for_nobody() -> None:
     """A HostWatch from anyone who reaches the port: each attach is a Watch call of its own,
     refused as one would be (a forged hello, a malformed request, one that is neither a
-    registration nor a hello), and the member's stream, its state and the job go on."""
+    registration nor a hello, a Finish without the node's proof), and the member's stream, its
+    state and the job go on."""
     async with SchedulerServer(settings(1)) as srv:
         said: list[str] = []
         member = make_agent(srv.port, 1, "a", said)
@@ -348,8 +356,9 @@ async def test_an_outsiders_host_link_speaks_for_nobody() -> None:
                 pb.HostUp(attach=pb.HostAttach(slot=2, request=b"\xff\xff")),
                 attach(3, pb.WatchRequest(), cluster_node_id="z"),
                 attach(4, hello),
+                finish_of(5, "a", member.identity.incarnation, cluster_credential="00" * 32),
             ]
-            downs = await host_link_call(srv.port, ups, 4)
+            downs = await host_link_call(srv.port, ups, 5)
             assert not any(down.event for down in downs)
             codes = {code.value[0]: code for code in grpc.StatusCode}
             ended = {end.slot: codes[end.code] for down in downs for end in down.ended}
@@ -358,6 +367,7 @@ async def test_an_outsiders_host_link_speaks_for_nobody() -> None:
                 2: grpc.StatusCode.INVALID_ARGUMENT,
                 3: grpc.StatusCode.INVALID_ARGUMENT,
                 4: grpc.StatusCode.UNAUTHENTICATED,
+                5: grpc.StatusCode.UNAUTHENTICATED,  # a finish for the member, without its proof
             }
             assert srv.core.state.members["a"] == before
             assert srv.core.open_streams == 1  # the member's own

@@ -234,6 +234,12 @@ def test_relay_killed_mid_run_its_workers_rejoin_and_the_result_is_exact(
     )
     for i in range(WORKERS):
         log = (logs / f"worker_{i}.log").read_text()
-        assert "lost the relay at unix:" in log, log
-        assert "answers again: this node talks through it" in log, log
+        # Each worker found the relay gone (direct, then back through the restarted relay), or,
+        # when the launcher had it serving again before the worker looked (a loaded machine:
+        # one CI run), lost only its stream and made it again through the new relay; the
+        # connections above show every worker back through the relay either way.
+        if "lost the relay at unix:" in log:
+            assert "answers again: this node talks through it" in log, log
+        else:
+            assert "lost the scheduler at" in log, log
         assert "Traceback" not in log, log

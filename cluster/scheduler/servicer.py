@@ -37,7 +37,7 @@ from cluster.scheduler.gate import Gate
 from cluster.scheduler.machine import reserve
 from cluster.scheduler.machine.events import Kind, Record
 from cluster.scheduler.refusals import peer_host
-from cluster.transport import edge, failures, handlers, membership
+from cluster.transport import edge, failures, handlers, membership, stub
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -47,6 +47,9 @@ _OPS = {
     pb.EXCHANGE_BROADCAST: BROADCAST,
 }
 
+# A host link's requests, capped as the calls they stand for (made once, used per attach).
+_WATCH_REQUEST = edge.capped("Watch", pb.WatchRequest.FromString)
+_FINISH_REQUEST = edge.capped("Finish", pb.FinishRequest.FromString)
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -332,7 +335,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         link = host_link.HostLink(edge.HOST_SLOTS)
         reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
         # A request that is refused ends the call, and with it every slot.
-        reading.add_done_callback(lambda done: _close_if_failed(done, link))
+        reading.add_done_callback(lambda done: link.close() if _failed(done) else None)
         try:
             async for batch in link.batches(reading):
                 for down in batch:
@@ -341,7 +344,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                         event=down.event or b"",
                         ended=[_slot_end(end) for end in down.ended],
                     )
-            if not reading.cancelled() and reading.exception() is not None:
+            if _failed(reading):
                 reading.result()
         except ClusterError as exc:
             _refuse(context, exc)
@@ -360,23 +363,20 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             if isinstance(up, edge.Unparsed):
                 raise self.at_edge(context, "HostWatch", up.reason, up.message())
             kind = up.WhichOneof("kind")
-            if kind == "attach":
-                slot = host_link.SlotContext(
-                    peer, tuple((m.key, m.value) for m in up.attach.metadata)
-                )
-                request = edge.capped("Watch", pb.WatchRequest.FromString)(up.attach.request)
-                events = (_event_bytes(event) async for event in self.Watch(request, slot))
-                link.attach(up.attach.slot, events, slot)
-            elif kind == "detach":
+            if kind == "detach":
                 link.detach(up.detach)
-            elif kind == "finish":
-                slot = host_link.SlotContext(
-                    peer, tuple((m.key, m.value) for m in up.finish.metadata)
-                )
-                finish = edge.capped("Finish", pb.FinishRequest.FromString)(up.finish.request)
-                link.attach(up.finish.slot, self._finished(finish, slot), slot)
+                continue
+            if kind not in ("attach", "finish"):
+                raise BadRequestError("HostWatch needs an attach, a finish or a detach")
+            attached: pb.HostAttach = getattr(up, kind)
+            slot = host_link.SlotContext(peer, stub.metadata_of(attached.metadata))
+            events: AsyncIterator[bytes]
+            if kind == "attach":
+                watch = self.Watch(_WATCH_REQUEST(attached.request), slot)
+                events = (_event_bytes(event) async for event in watch)
             else:
-                raise BadRequestError("HostWatch needs an attach or a detach")
+                events = self._finished(_FINISH_REQUEST(attached.request), slot)
+            link.attach(attached.slot, events, slot)
 
     async def _finished(
         self, request: pb.FinishRequest | edge.Unparsed, slot: host_link.SlotContext
@@ -496,18 +496,17 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             _refuse(context, exc)
 
 
-def _close_if_failed(reading: asyncio.Future[None], link: host_link.HostLink) -> None:
-    if not reading.cancelled() and reading.exception() is not None:
-        link.close()
+def _failed(reading: asyncio.Future[None]) -> bool:
+    """Whether the link's reader ended with an error (a refused request)."""
+    return not reading.cancelled() and reading.exception() is not None
 
 
 def _slot_end(end: host_link.SlotEnd) -> pb.SlotEnd:
-    trailing = [pb.Metadatum(key=k, value=v) for k, v in end.trailing if isinstance(v, str)]
     return pb.SlotEnd(
         slot=end.slot,
         code=end.code.value[0],
         details=end.details,
-        trailing=trailing,
+        trailing=stub.metadata_pb(end.trailing),
         answer=end.answer,
     )
 

@@ -75,6 +75,16 @@ def host_beats(nodes: Iterable[tuple[str, int]]) -> bytes:
     return pb.HostBeatsRequest(nodes=hellos).SerializeToString()
 
 
+def metadata_pb(metadata: Iterable[tuple[str, Any]]) -> list[pb.Metadatum]:
+    """Call metadata as the host link carries it: its text values (binary ones are dropped)."""
+    return [pb.Metadatum(key=k, value=v) for k, v in metadata if isinstance(v, str)]
+
+
+def metadata_of(carried: Iterable[pb.Metadatum]) -> tuple[tuple[str, str], ...]:
+    """Call metadata from the host link, as gRPC gives it: (key, value) pairs."""
+    return tuple((m.key, m.value) for m in carried)
+
+
 # A slot's end as the relay reads it from HostDown: (slot, code, details, trailing metadata, a
 # finish slot's answer).
 SlotEnd = tuple[int, grpc.StatusCode, str, tuple[tuple[str, "str | bytes"], ...], bytes]
@@ -86,8 +96,7 @@ def host_attach(
 ) -> bytes:
     """A serialized HostUp attaching a worker's Watch call, or with `finish` its Finish call (its
     request and text metadata)."""
-    data = [pb.Metadatum(key=k, value=v) for k, v in metadata if isinstance(v, str)]
-    attach = pb.HostAttach(slot=slot, request=request, metadata=data)
+    attach = pb.HostAttach(slot=slot, request=request, metadata=metadata_pb(metadata))
     up = pb.HostUp(finish=attach) if finish else pb.HostUp(attach=attach)
     return up.SerializeToString()
 
@@ -105,7 +114,7 @@ def host_down(raw: bytes) -> tuple[list[int], bytes, list[SlotEnd]]:
             end.slot,
             _CODES.get(end.code, grpc.StatusCode.UNKNOWN),
             end.details,
-            tuple((m.key, m.value) for m in end.trailing),
+            metadata_of(end.trailing),
             end.answer,
         )
         for end in down.ended

@@ -137,7 +137,9 @@ def test_workers_through_a_relay_hold_one_connection_and_fail_with_it(
     """Four real workers through `mscluster relay`: the scheduler holds one connection, the
     relay's, and none of a worker. SIGKILL of the relay (recovery off) is its workers failing:
     every process of the job exits non-zero, none hangs."""
-    sched, relay, workers = start_relayed_job(processes, short_dir / "r.sock", 4)
+    sched, relay, workers = start_relayed_job(
+        processes, short_dir / "r.sock", 4, MS_NODE_TIMEOUT="10"
+    )
     for w in workers:
         w.wait_for_output("allgather rank=", 30)
     ranks = sorted(int(LINE.search(w.output)[1]) for w in workers)  # type: ignore[index]
@@ -146,16 +148,19 @@ def test_workers_through_a_relay_hold_one_connection_and_fail_with_it(
     owners = connections_by_owner(sched.pid, pids)
     assert owners == {relay.pid: 1}, owners
     relay.popen.send_signal(signal.SIGKILL)
-    # Within MS_NODE_TIMEOUT (30 s): the workers, back directly, hear that the job failed.
+    # Within MS_NODE_TIMEOUT: the workers, back directly, hear that the job failed.
     for proc in [sched, *workers]:
-        assert proc.wait(15) != 0, proc.output
+        assert proc.wait(30) != 0, proc.output
         assert "Traceback" not in proc.output
     assert "died" in sched.output, sched.output
     for w in workers:
         assert "lost the relay at unix:" in w.output, w.output
-        # Back in before the job failed: told on its stream; after: refused, the job over.
+        # Back in before the job failed: told on its stream; after: refused, the job over;
+        # after the scheduler's drain (a loaded machine): it finds no scheduler, and gives up
+        # after MS_NODE_TIMEOUT.
         told = "JobFailedError: job failed: rank" in w.output
-        assert told or "is over (failed: rank" in w.output, w.output
+        refused = "is over (failed: rank" in w.output
+        assert told or refused or "is unreachable" in w.output, w.output
 
 
 def test_a_hung_worker_behind_a_relay_is_found_by_its_silence(

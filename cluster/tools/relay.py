@@ -114,7 +114,8 @@ class Relay:
         server = grpc.aio.server(options=serving.server_options(s.nodes, s.node_timeout_s))
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
-        forwarder = relay.Forwarder(upstream, beats_every_s=every_s)
+        tables = relay.SharedTables(_say)  # the host's one copy of a large table
+        forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
         server.add_generic_rpc_handlers((forwarder,))
         previous = os.umask(0o077)  # the socket: this user's only
         try:

@@ -27,7 +27,9 @@ hosts, not the workers:
 - `PeerTable`, a whole peer table by its digest (the same bytes for every node of the job, named
   only in a member's event stream): the first of the host's workers to ask for a digest has its
   call forwarded; the others that ask meanwhile or later get the same answer (`TableAnswers`),
-  so a formation brings the table to the host once, not once per worker.
+  so a formation brings the table to the host once, not once per worker. A worker that asks
+  for it (`shared`) is answered instead with the host's one copy (`SharedTables`), parsed once
+  here and mapped by every worker of the host, which reads only the rows it needs.
 
 With several schedulers (standbys on etcd), the relay sends every call to the one it takes for
 the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`): it
@@ -43,8 +45,10 @@ scheduler itself (its probes go direct).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeAlias
@@ -53,7 +57,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cluster.protocol import leader_search
-from cluster.transport import failures, stub
+from cluster.protocol.errors import MissedTableChange
+from cluster.transport import failures, stub, table_file
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.transport.stub import methods
 
@@ -204,22 +209,75 @@ def _server_stream(
 
 
 PEER_TABLE = "PeerTable"
-# Tables kept by digest (a table of 65,536 workers is about 300 KiB compressed).
+# Tables kept by digest (a table of 65,536 workers is about 300 KiB compressed, 3 MiB shared).
 TABLES_KEPT = 4
 
 
-class TableAnswers:
-    """The answers to `PeerTable` by request (a digest): the first asker's call forwarded, its
-    answer shared with the host's other workers (`SharedAnswers`). A call that fails leaves
-    nothing behind: the workers that waited on it ask anew, one at a time."""
+class SharedTables:
+    """The host's copy of each whole table its workers asked for (the last TABLES_KEPT), laid
+    out to be read in place (`cluster.transport.table_file`) in a sealed memory file of this
+    process, which a local worker maps as /proc/PID/fd/FD: the host parses a table once, and a
+    worker forms in O(1) whatever the job's size. The files go with this process."""
 
-    def __init__(self, forward: Callable[[Any, Context], Awaitable[bytes | None]]) -> None:
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        self._files: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._say = say
+        self._failed = False
+
+    def path(self, digest: bytes, answer: bytes) -> str | None:
+        """Where the table of `digest` lies, from the scheduler's `answer` (a serialized
+        PeerTableResponse); None when it cannot be shared (the worker gets the bytes)."""
+        fd = self._files.get(digest)
+        if fd is None:
+            try:
+                table = stub.checked_table(digest, stub.table_answer_of(answer))
+                fd = table_file.create_shared(table, digest)
+            except (OSError, ValueError, DecodeError, MissedTableChange) as exc:
+                if not self._failed and self._say is not None:
+                    self._say(f"cannot share peer tables with the workers ({exc}): they parse them")
+                self._failed = True
+                return None
+            self._files[digest] = fd
+            while len(self._files) > TABLES_KEPT:
+                os.close(self._files.popitem(last=False)[1])  # mapped ones stay readable
+        self._files.move_to_end(digest)
+        return f"/proc/{os.getpid()}/fd/{fd}"
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+
+class TableAnswers:
+    """The answers to `PeerTable` by digest: the first asker's call forwarded, its answer shared
+    with the host's other workers (`SharedAnswers`), and to a worker that asks for it (`shared`)
+    the host's shared copy instead (`SharedTables`). A call that fails leaves nothing behind:
+    the workers that waited on it ask anew, one at a time."""
+
+    def __init__(
+        self,
+        forward: Callable[[Any, Context], Awaitable[bytes | None]],
+        shared: SharedTables | None,
+    ) -> None:
         self._forward = forward
+        self._shared = shared
         # None: the forwarded call ended with the scheduler's status (its worker's call has it).
         self._answers: SharedAnswers[bytes, bytes | None] = SharedAnswers(TABLES_KEPT)
 
     async def answer(self, request: bytes, context: Context) -> bytes | None:
-        return await self._answers.get(request, lambda: self._forward(request, context))
+        try:
+            digest, wants_shared = stub.table_request_of(request)
+        except DecodeError:
+            context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            context.set_details("a PeerTable request that is not one")
+            return None
+        # The worker's own request goes up as it came: its call proof covers those bytes.
+        answer = await self._answers.get(digest, lambda: self._forward(request, context))
+        if answer is None or not wants_shared or self._shared is None:
+            return answer
+        path = self._shared.path(digest, answer)
+        return answer if path is None else stub.shared_table_answer(path)
 
 
 HEARTBEAT, HOST_BEATS = "Heartbeat", "HostBeats"
@@ -437,8 +495,14 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
     """Every method of the scheduler's service, forwarded as bytes to the scheduler that
     `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED)."""
 
-    def __init__(self, upstreams: Upstreams, beats_every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        beats_every_s: float = 1.0,
+        tables: SharedTables | None = None,
+    ) -> None:
         self._handlers: dict[str, Handler] = {}
+        self.tables = tables
         self.beats = HostBeats(upstreams, beats_every_s)
         self.links = HostLinks(upstreams)
         for kind, path, _options in methods().values():
@@ -450,7 +514,7 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
             answer = make(upstreams, kind, path)
             name = path.rpartition("/")[2]
             if name == PEER_TABLE:
-                answer = TableAnswers(answer).answer  # a coroutine function, as gRPC needs
+                answer = TableAnswers(answer, self.tables).answer  # a coroutine function
             elif name == HEARTBEAT:
                 answer = self.beats.local
             elif name == WATCH:
@@ -465,9 +529,12 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
         return sorted(self._handlers)
 
     def stop(self) -> None:
-        """End what the relay holds open upstream: the beats' stream and the host's links."""
+        """End what the relay holds open upstream: the beats' stream and the host's links (and
+        let go of the tables it shares)."""
         self.beats.stop()
         self.links.close()
+        if self.tables is not None:
+            self.tables.close()
 
     def service(self, details: grpc.HandlerCallDetails) -> Handler | None:
         return self._handlers.get(details.method)

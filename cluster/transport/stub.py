@@ -10,13 +10,21 @@ multicallable on first use.
 from __future__ import annotations
 
 import functools
+import hashlib
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
+from cluster.protocol.errors import MissedTableChange
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+# A compressed table inflates to at most this (a gRPC message's limit here: 2.6 million nodes
+# at 24 bytes each); more is refused, not allocated.
+MAX_TABLE_BYTES = 64 * 1024 * 1024
 
 # The calls a worker holds open, as the agent's timers see them.
 WatchCall = grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.Event]
@@ -120,3 +128,50 @@ def host_down(raw: bytes) -> tuple[list[int], bytes, list[SlotEnd]]:
         for end in down.ended
     ]
     return list(down.slots), down.event, ended
+
+
+# -- whole peer tables by digest (`cluster.worker.peer_table`, the relay's shared tables) -------
+
+
+def parse_table_into(table: pb.PeerTable, compressed: bytes) -> None:
+    """Parse the zlib-compressed PeerTable `compressed` into `table`; MissedTableChange when it
+    does not inflate to one within MAX_TABLE_BYTES."""
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(compressed, MAX_TABLE_BYTES)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise MissedTableChange(
+                f"the scheduler sent a compressed peer table that does not inflate whole within "
+                f"{MAX_TABLE_BYTES} bytes"
+            )
+        table.ParseFromString(data)
+    except (zlib.error, DecodeError) as exc:
+        raise MissedTableChange(
+            f"the scheduler sent a compressed peer table that is damaged ({exc})"
+        ) from None
+
+
+def checked_table(digest: bytes, compressed: bytes) -> pb.PeerTable:
+    """The table of `digest` from its compressed bytes; MissedTableChange when they are not
+    the bytes of `digest` or no table."""
+    if hashlib.sha256(compressed).digest() != digest:
+        raise MissedTableChange(f"the peer table fetched for {digest.hex()[:16]} does not match it")
+    table = pb.PeerTable()
+    parse_table_into(table, compressed)
+    return table
+
+
+def table_request_of(raw: bytes) -> tuple[bytes, bool]:
+    """(digest, shared) of a serialized PeerTableRequest (DecodeError if it is none)."""
+    request = pb.PeerTableRequest.FromString(raw)
+    return request.digest, request.shared
+
+
+def table_answer_of(raw: bytes) -> bytes:
+    """The compressed table of a serialized PeerTableResponse (DecodeError if it is none)."""
+    return pb.PeerTableResponse.FromString(raw).peers_zlib
+
+
+def shared_table_answer(path: str) -> bytes:
+    """A serialized PeerTableResponse naming the shared table file at `path`."""
+    return pb.PeerTableResponse(shared_path=path).SerializeToString()

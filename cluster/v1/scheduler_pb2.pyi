@@ -314,16 +314,20 @@ class HostDown(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[int]] = ..., event: _Optional[bytes] = ..., ended: _Optional[_Iterable[_Union[SlotEnd, _Mapping]]] = ...) -> None: ...
 
 class PeerTableRequest(_message.Message):
-    __slots__ = ("digest",)
+    __slots__ = ("digest", "shared")
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     digest: bytes
-    def __init__(self, digest: _Optional[bytes] = ...) -> None: ...
+    shared: bool
+    def __init__(self, digest: _Optional[bytes] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class PeerTableResponse(_message.Message):
-    __slots__ = ("peers_zlib",)
+    __slots__ = ("peers_zlib", "shared_path")
     PEERS_ZLIB_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PATH_FIELD_NUMBER: _ClassVar[int]
     peers_zlib: bytes
-    def __init__(self, peers_zlib: _Optional[bytes] = ...) -> None: ...
+    shared_path: str
+    def __init__(self, peers_zlib: _Optional[bytes] = ..., shared_path: _Optional[str] = ...) -> None: ...
 
 class NodeFailed(_message.Message):
     __slots__ = ("rank", "node_id", "reason", "generation")

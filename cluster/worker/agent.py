@@ -477,8 +477,9 @@ class WorkerAgent:
         digest = message.topology_ready.peers_digest
         if not digest:
             return None
+        shared = self._route.relay is not None  # the relay shares the host's copy
         return await self.tables.get(
-            digest, lambda digest: peer_table.ask(self._stub, self._signed, digest)
+            digest, lambda digest: peer_table.fetch(self._stub, self._signed, digest, shared=shared)
         )
 
     def _event(self, message: pb.Event, fetched: PeerColumns | None = None) -> steps.Event | None:

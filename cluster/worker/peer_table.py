@@ -5,31 +5,31 @@ the protocol), laid here over the table of the generation it names (nothing copi
 from any other generation means this node missed a change: `MissedChange`, and the agent
 reconnects, which brings the whole table again. A large whole table arrives compressed
 (`peers_zlib`): `inflate` puts it in `peers`. Behind a host's relay it arrives as its digest
-(`peers_digest`), and the node asks for it (`PeerTable`): `TABLES` holds the tables this
-process fetched, parsed once for all of its nodes (a benchmark runs thousands in one process).
+(`peers_digest`), and the node asks the relay for it (`PeerTable`, `fetch`): the relay answers
+with the table it shares with the host's nodes, which the node maps and reads in place
+(`cluster.transport.table_file`: O(1) to form, whatever the job's size), or, where it cannot be
+mapped, with the compressed bytes, parsed here. `TABLES` holds the tables this process fetched,
+once for all of its nodes (a benchmark runs thousands in one process).
 """
 
 from __future__ import annotations
 
-import hashlib
-import zlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from cluster.protocol.errors import MissedTableChange
 from cluster.protocol.topology import PeerColumns, PeerRow, patched
-from cluster.transport import failures
+from cluster.transport import failures, stub, table_file
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.v1 import scheduler_pb2 as pb
 
-MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
+log = logging.getLogger(__name__)
 
-# A compressed table inflates to at most this (a gRPC message's limit here: 2.6 million nodes
-# at 24 bytes each); more is refused, not allocated.
-MAX_TABLE_BYTES = 64 * 1024 * 1024
+MissedChange = MissedTableChange  # what `table_of` and `inflate` raise
+MAX_TABLE_BYTES = stub.MAX_TABLE_BYTES
 # How long a whole table named by its digest may take to fetch (past it: the node reconnects).
 FETCH_S = 30.0
 
@@ -39,66 +39,60 @@ def inflate(ready: pb.TopologyReady) -> None:
     inflate to a table (the node reconnects for the whole table again)."""
     if not ready.peers_zlib:
         return
-    _parse_into(ready.peers, ready.peers_zlib)
+    stub.parse_table_into(ready.peers, ready.peers_zlib)
     ready.peers_zlib = b""
 
 
-def _parse_into(table: pb.PeerTable, compressed: bytes) -> None:
-    inflater = zlib.decompressobj()
-    try:
-        data = inflater.decompress(compressed, MAX_TABLE_BYTES)
-        if inflater.unconsumed_tail or not inflater.eof:
-            raise MissedChange(
-                f"the scheduler sent a compressed peer table that does not inflate whole within "
-                f"{MAX_TABLE_BYTES} bytes"
-            )
-        table.ParseFromString(data)
-    except (zlib.error, DecodeError) as exc:
-        raise MissedChange(
-            f"the scheduler sent a compressed peer table that is damaged ({exc})"
-        ) from None
-
-
 class FetchedTables:
-    """Whole tables by digest, as this process fetched and parsed them: one fetch and one parse
-    for every node of the process that asks for the same digest at once or later."""
+    """Whole tables by digest, as this process fetched them: one fetch for every node of the
+    process that asks for the same digest at once or later."""
 
     def __init__(self, kept: int = 2) -> None:
-        self._tables: SharedAnswers[bytes, pb.PeerTable] = SharedAnswers(kept)
+        self._tables: SharedAnswers[bytes, PeerColumns] = SharedAnswers(kept)
 
-    async def get(self, digest: bytes, ask: Callable[[bytes], Awaitable[bytes]]) -> pb.PeerTable:
-        """The table of `digest`, asked for with `ask` (its compressed bytes) unless held or
-        asked for already; MissedChange when it cannot be had or does not match its digest."""
-
-        async def fetch() -> pb.PeerTable:
-            return _checked(digest, await ask(digest))
-
-        return await self._tables.get(digest, fetch)
-
-
-def _checked(digest: bytes, compressed: bytes) -> pb.PeerTable:
-    if hashlib.sha256(compressed).digest() != digest:
-        raise MissedChange(f"the peer table fetched for {digest.hex()[:16]} does not match it")
-    table = pb.PeerTable()
-    _parse_into(table, compressed)
-    return table
+    async def get(
+        self, digest: bytes, fetch: Callable[[bytes], Awaitable[PeerColumns]]
+    ) -> PeerColumns:
+        """The table of `digest`, fetched with `fetch` unless held or being fetched already;
+        MissedChange when it cannot be had or does not match its digest."""
+        return await self._tables.get(digest, lambda: fetch(digest))
 
 
 TABLES = FetchedTables()
 
 
-async def ask(stub: Any, signed: Callable[[str, Any], Any], digest: bytes) -> bytes:
-    """The compressed table of `digest`, asked of the scheduler (or the host's relay) with
-    `stub`, the call signed by `signed`; MissedChange when it is not answered in FETCH_S."""
-    request = pb.PeerTableRequest(digest=digest)
+async def ask(
+    stub_: Any, signed: Callable[[str, Any], Any], digest: bytes, *, shared: bool = False
+) -> pb.PeerTableResponse:
+    """The answer of the scheduler (or the host's relay, asked with `shared` for the table it
+    shares) for the table of `digest`, asked with `stub_`, the call signed by `signed`;
+    MissedChange when it is not answered in FETCH_S."""
+    request = pb.PeerTableRequest(digest=digest, shared=shared)
     try:
-        answer = await stub.PeerTable(
+        answer: pb.PeerTableResponse = await stub_.PeerTable(
             request, timeout=FETCH_S, metadata=signed("PeerTable", request)
         )
     except grpc.aio.AioRpcError as exc:
         why = failures.failure_of(exc).details
         raise MissedChange(f"the peer table was not fetched: {why}") from None
-    return bytes(answer.peers_zlib)
+    return answer
+
+
+async def fetch(
+    stub_: Any, signed: Callable[[str, Any], Any], digest: bytes, *, shared: bool
+) -> PeerColumns:
+    """The whole table of `digest`: with `shared` (behind a relay), the relay's shared table
+    mapped where it can be, else its compressed bytes asked for and parsed."""
+    if shared:
+        answer = await ask(stub_, signed, digest, shared=True)
+        if not answer.shared_path:
+            return stub.checked_table(digest, answer.peers_zlib)
+        try:
+            return table_file.open_shared(answer.shared_path, digest)
+        except (OSError, table_file.TableFileError) as exc:
+            log.info("the relay's shared peer table cannot be read (%s): fetching it", exc)
+    answer = await ask(stub_, signed, digest)
+    return stub.checked_table(digest, answer.peers_zlib)
 
 
 _COLUMNS = ("ranks", "node_ids", "hosts", "ports", "roles", "local_ranks", "local_sizes")

@@ -22,6 +22,7 @@ from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
 from cluster.tools.relay import Relay, RelaySettings
+from cluster.transport import table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from cluster.worker.agent import WorkerAgent
@@ -214,6 +215,65 @@ async def test_a_host_fetches_a_large_table_once_through_its_relay(
             assert {p.node_id for p in tops[-1].peers} == {f"w{i}" for i in range(n)}
             assert [t.peer(t.rank).node_id for t in tops] == [a.identity.node_id for a in agents]
             assert len(asked) == 1, asked  # one fetch upstream for the host's 200 workers
+            # Each maps the host's one copy, and reads only what it needs of it.
+            assert all(isinstance(t.table, table_file.MappedTable) for t in tops)
+            assert said == []
+        finally:
+            await asyncio.gather(*(a.close() for a in agents))
+            await relay.stop()
+
+
+async def test_workers_map_the_table_of_a_relay_process(processes: Procs, short_dir: Path) -> None:
+    """`mscluster relay`, its own process, shares the host's copy of a large table: the workers
+    (another process) map it from the relay's memory and read it in place."""
+    n = 200
+    async with SchedulerServer(settings(n)) as srv:
+        sock = short_dir / "r.sock"
+        scheduler = f"127.0.0.1:{srv.port}"
+        command = [*MSCLUSTER, "relay", "--socket", f"unix:{sock}", "--scheduler", scheduler]
+        relay = processes.start("relay", command, job_env(n, srv.port))
+        await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
+        said: list[str] = []
+        address = f"unix:{sock}"
+        agents = [make_agent(srv.port, n, f"w{i}", said, CLUSTER_RELAY=address) for i in range(n)]
+        fetched = peer_table.FetchedTables()  # not another test's table of the same digest
+        for agent in agents:
+            agent.tables = fetched
+        try:
+            tops = await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 60)
+            assert [t.peer(t.rank).node_id for t in tops] == [a.identity.node_id for a in agents]
+            assert isinstance(tops[0].table, table_file.MappedTable)
+            assert {p.node_id for p in tops[0].peers} == {f"w{i}" for i in range(n)}
+            assert said == []
+        finally:
+            await asyncio.gather(*(a.close() for a in agents))
+        assert "cannot share" not in relay.output
+
+
+async def test_a_worker_that_cannot_map_the_hosts_table_fetches_it(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's shared copy cannot be opened (another process namespace, a /proc that hides
+    it): the worker asks again for the bytes and parses them, and forms as before."""
+    n = 200
+
+    def hidden(path: str, digest: bytes) -> table_file.MappedTable:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(table_file, "open_shared", hidden)
+    async with SchedulerServer(settings(n)) as srv:
+        address = f"unix:{short_dir / 'r.sock'}"
+        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", n, 30.0))
+        await relay.start()
+        said: list[str] = []
+        agents = [make_agent(srv.port, n, f"w{i}", said, CLUSTER_RELAY=address) for i in range(n)]
+        fetched = peer_table.FetchedTables()
+        for agent in agents:
+            agent.tables = fetched
+        try:
+            tops = await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 60)
+            assert [t.peer(t.rank).node_id for t in tops] == [a.identity.node_id for a in agents]
+            assert not isinstance(tops[0].table, table_file.MappedTable)
             assert said == []
         finally:
             await asyncio.gather(*(a.close() for a in agents))

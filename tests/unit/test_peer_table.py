@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from cluster.protocol import records as state
 from cluster.protocol.records import NodeRole
+from cluster.protocol.topology import PeerColumns
 from cluster.scheduler import convert
 from cluster.scheduler.tables import Tables
+from cluster.transport import stub
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 
@@ -125,10 +127,10 @@ async def test_a_process_fetches_a_table_once_and_checks_it() -> None:
     asked: list[bytes] = []
     gate = asyncio.Event()
 
-    async def ask(wanted: bytes) -> bytes:
+    async def ask(wanted: bytes) -> PeerColumns:
         asked.append(wanted)
         await gate.wait()
-        return table
+        return stub.checked_table(wanted, table)
 
     fetched = peer_table.FetchedTables()
     waiting = [asyncio.ensure_future(fetched.get(digest, ask)) for _ in range(5)]
@@ -139,8 +141,8 @@ async def test_a_process_fetches_a_table_once_and_checks_it() -> None:
     assert all(t is got[0] for t in got)
     assert len(got[0].node_ids) == 300
 
-    async def wrong(_: bytes) -> bytes:
-        return zlib.compress(b"not the table")
+    async def wrong(wanted: bytes) -> PeerColumns:
+        return stub.checked_table(wanted, zlib.compress(b"not the table"))
 
     with pytest.raises(peer_table.MissedChange, match="does not match"):
         await peer_table.FetchedTables().get(digest, wrong)
@@ -153,11 +155,11 @@ async def test_a_failed_fetch_leaves_nothing_behind() -> None:
     _, digest, table = referenced
     answers = [peer_table.MissedChange("the peer table was not fetched: gone"), table]
 
-    async def ask(_: bytes) -> bytes:
+    async def ask(wanted: bytes) -> PeerColumns:
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        return stub.checked_table(wanted, answer)
 
     fetched = peer_table.FetchedTables()
     with pytest.raises(peer_table.MissedChange, match="not fetched"):

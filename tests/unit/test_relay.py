@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import os
 import socket
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
 from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
-from cluster.transport import relay
+from cluster.transport import relay, table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import scheduler_link
 
@@ -293,8 +296,9 @@ async def test_a_hosts_workers_share_one_forwarded_table_and_a_failure_is_not_ke
         await gate.wait()
         return results.pop(0)
 
-    answers = relay.TableAnswers(forward)
-    first = [asyncio.ensure_future(answers.answer(b"digest", None)) for _ in range(3)]  # type: ignore[arg-type]
+    answers = relay.TableAnswers(forward, None)
+    request = pb.PeerTableRequest(digest=b"d" * 32).SerializeToString()
+    first = [asyncio.ensure_future(answers.answer(request, None)) for _ in range(3)]  # type: ignore[arg-type]
     await asyncio.sleep(0)  # sleep-ok: one turn of the loop, so that each asks; not a wait
     gate.set()
     # The first asker's call failed (its worker hears the failure); the others waited on it,
@@ -302,6 +306,85 @@ async def test_a_hosts_workers_share_one_forwarded_table_and_a_failure_is_not_ke
     got = await asyncio.gather(*first)
     assert got[0] is None
     assert got[1:] == [b"table", b"table"]
-    assert forwarded == [b"digest", b"digest"]
-    assert await answers.answer(b"digest", None) == b"table"  # type: ignore[arg-type]
-    assert len(forwarded) == 2  # answered from what the relay holds
+    assert forwarded == [request, request]
+    # Another worker's request for the same digest (its own proof, asking for the shared copy
+    # of a relay that has none): answered from what the relay holds.
+    other = pb.PeerTableRequest(digest=b"d" * 32, shared=True).SerializeToString()
+    assert await answers.answer(other, None) == b"table"  # type: ignore[arg-type]
+    assert len(forwarded) == 2
+
+
+def compressed_table(n: int) -> tuple[bytes, bytes, pb.PeerTable]:
+    """(digest, PeerTableResponse bytes, the table) of a table of `n` workers."""
+    table = pb.PeerTable(
+        ranks=range(n),
+        node_ids=[f"w{r}" for r in range(n)],
+        hosts=[f"host-{r // 8}" for r in range(n)],
+        ports=[29500 + r % 8 for r in range(n)],
+        roles=[pb.ROLE_WORKER] * n,
+        local_ranks=[r % 8 for r in range(n)],
+        local_sizes=[8] * n,
+    )
+    packed = zlib.compress(table.SerializeToString())
+    digest = hashlib.sha256(packed).digest()
+    return digest, pb.PeerTableResponse(peers_zlib=packed).SerializeToString(), table
+
+
+async def test_a_worker_that_asks_is_answered_with_the_hosts_shared_copy() -> None:
+    """A relay with shared tables answers a `shared` request with where its one copy lies; a
+    worker maps it and reads the rows it needs (`table_file`). A worker that did not ask gets
+    the bytes; a request that is not one is refused, and changes nothing."""
+    digest, answer, table = compressed_table(300)
+
+    async def forward(request: bytes, context: object) -> bytes | None:
+        return answer
+
+    shared = relay.SharedTables()
+    answers = relay.TableAnswers(forward, shared)
+    try:
+        plain = pb.PeerTableRequest(digest=digest).SerializeToString()
+        assert await answers.answer(plain, None) == answer  # type: ignore[arg-type]
+        asked = pb.PeerTableRequest(digest=digest, shared=True).SerializeToString()
+        got = pb.PeerTableResponse.FromString(await answers.answer(asked, None))  # type: ignore[arg-type]
+        assert got.peers_zlib == b""
+        assert got.shared_path.startswith(f"/proc/{os.getpid()}/fd/")
+        mapped = table_file.open_shared(got.shared_path, digest)
+        assert list(mapped.node_ids) == list(table.node_ids)
+        assert list(mapped.hosts[:10]) == list(table.hosts[:10])
+        for column in ("ranks", "ports", "roles", "local_ranks", "local_sizes"):
+            assert list(getattr(mapped, column)) == list(getattr(table, column)), column
+        assert mapped.node_ids[299] == "w299"
+        with pytest.raises(table_file.TableFileError, match="not the table"):
+            table_file.open_shared(got.shared_path, b"x" * 32)
+        context = _Refused()
+        assert await answers.answer(b"\xff\xff", context) is None  # type: ignore[arg-type]
+        assert context.code is grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        shared.close()
+    assert list(mapped.node_ids[:2]) == ["w0", "w1"]  # a mapping outlives the relay's file
+
+
+def test_a_relay_keeps_its_last_tables_and_one_it_cannot_share_is_said_once() -> None:
+    said: list[str] = []
+    shared = relay.SharedTables(said.append)
+    try:
+        made = [compressed_table(n) for n in range(10, 10 + relay.TABLES_KEPT + 2)]
+        paths = [shared.path(digest, answer) for digest, answer, _ in made]
+        assert all(paths)
+        assert len(shared._files) == relay.TABLES_KEPT  # the oldest closed
+        assert shared.path(b"z" * 32, made[0][1]) is None  # not the bytes of that digest
+        assert shared.path(b"z" * 32, b"\xff\xff") is None
+        assert len(said) == 1, said
+        assert "cannot share peer tables" in said[0]
+    finally:
+        shared.close()
+
+
+class _Refused:
+    code: grpc.StatusCode | None = None
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details

@@ -12,7 +12,12 @@ one worker's step, in one process, on the message as it comes off the wire:
 - rank 0's host (`Topology.peer(0)`, what cluster.torch asks) and the whole table as objects
   (`Topology.peers`, only when asked: `cluster.get_peers()`),
 - a one-row delta after a rejoin (`peer_table.table_of`: laid over the table; "old way" copies the
-  table and assigns the row).
+  table and assigns the row),
+- behind a relay (#30): the relay's check, parse and lay-out of the table once for its host
+  ("host share": `relay.SharedTables`, a sealed memory file), and what each worker then pays to
+  map it and find its row ("map+row": `table_file.open_shared`, `convert.stream_event`), read
+  rank 0's host and build every row from the mapping; "shared KiB" is the file's size, one copy
+  per host.
 
 Usage: python benchmarks/peer_lookup.py [--sizes 8192,65536] [--repeat 20]
 """
@@ -20,6 +25,8 @@ Usage: python benchmarks/peer_lookup.py [--sizes 8192,65536] [--repeat 20]
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,6 +35,7 @@ from cluster.protocol.environment import from_env
 from cluster.protocol.records import NodeRole
 from cluster.protocol.topology import Topology
 from cluster.scheduler import convert
+from cluster.transport import relay, stub, table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert as worker_convert
 from cluster.worker import peer_table
@@ -116,7 +124,26 @@ def measure(n: int, numeric: bool, repeat: int) -> dict[str, float]:
             getattr(whole, column)[7] = getattr(delta.peers, column)[0]
         return whole
 
-    return {
+    compressed = convert.event_to_pb(event).topology_ready.peers_zlib
+    digest = hashlib.sha256(compressed).digest()
+    answer = pb.PeerTableResponse(peers_zlib=compressed).SerializeToString()
+    shared = relay.SharedTables()
+    path = shared.path(digest, answer)
+    assert path is not None
+
+    def share() -> None:
+        fresh = relay.SharedTables()
+        fresh.path(digest, answer)
+        fresh.close()
+
+    def mapped_view() -> Topology:
+        mapped = table_file.open_shared(path, digest)
+        told = worker_convert.stream_event(message, config, me.node_id, mapped, host=me.host)
+        if not isinstance(told, steps.TopologyReady) or told.topology.rank != me.rank:
+            raise AssertionError(f"worker {me.node_id} did not find its row: {told}")
+        return told.topology
+
+    figures = {
         "wire KiB": len(wire) / 1024,
         "parse event": best_us(lambda: pb.Event.FromString(wire), repeat),
         "inflate+parse table": best_us(received, repeat),
@@ -126,7 +153,14 @@ def measure(n: int, numeric: bool, repeat: int) -> dict[str, float]:
         "all peers": best_us(lambda: view().peers, max(3, repeat // 4)),
         "delta": best_us(lambda: peer_table.table_of(delta, (1, ready.peers)), repeat),
         "delta, old way": best_us(delta_old_way, repeat),
+        "shared KiB": os.fstat(int(path.rpartition("/")[2])).st_size / 1024,
+        "host share": best_us(share, max(3, repeat // 4)),
+        "map+row": best_us(mapped_view, repeat),
+        "mapped peer(0)": best_us(lambda: mapped_view().peer(0).host, repeat),
+        "mapped all": best_us(lambda: mapped_view().peers, max(3, repeat // 4)),
     }
+    shared.close()
+    return figures
 
 
 def main(argv: Sequence[str] | None = None) -> int:

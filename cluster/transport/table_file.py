@@ -22,6 +22,7 @@ lies in the file (a file of another table, or a short one, is refused: `TableFil
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -72,9 +73,7 @@ def _padded(size: int) -> int:
 
 
 def _u32(values: Sequence[int]) -> bytes:
-    column = array("I", values)
-    if column.itemsize != 4:
-        column = array("L", values)  # pragma: no cover - a platform without 4-byte "I"
+    column = values if isinstance(values, array) else array("I", values)
     if not _LITTLE:
         column.byteswap()  # pragma: no cover - big-endian hosts
     data = column.tobytes()
@@ -83,11 +82,11 @@ def _u32(values: Sequence[int]) -> bytes:
 
 def _strings(values: Sequence[str]) -> tuple[bytes, bytes]:
     """(offsets, blob) of a string column."""
-    encoded = [value.encode() for value in values]
-    offsets = [0]
-    for value in encoded:
-        offsets.append(offsets[-1] + len(value))
-    blob = b"".join(encoded)
+    joined = "".join(values)
+    blob = joined.encode()
+    # Where every string is ASCII, bytes and characters count alike: no string encoded alone.
+    encoded = values if len(blob) == len(joined) else [value.encode() for value in values]
+    offsets = array("I", itertools.accumulate(map(len, encoded), initial=0))
     return _u32(offsets), blob + b"\0" * _padded(len(blob))
 
 
@@ -143,7 +142,7 @@ class _Strings(Sequence[str]):
 
     def __getitem__(self, index: int | slice) -> str | Sequence[str]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            return self._rows(range(*index.indices(len(self))))
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
@@ -154,7 +153,21 @@ class _Strings(Sequence[str]):
         return str(self._blob[start:end], "utf-8")
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self)))
+        return iter(self._rows(range(len(self))))
+
+    def _rows(self, rows: range) -> list[str]:
+        """The strings of `rows`: a run of rows decoded at once (all of them: the whole table
+        as objects, `Topology.peers`)."""
+        offsets = self._offsets
+        if rows.step != 1 or not rows:
+            return [self[i] for i in rows]
+        base, end = offsets[rows.start], offsets[rows.stop]
+        if not base <= end <= len(self._blob):
+            raise TableFileError(f"the shared peer table is garbled at rows {rows}")
+        run = str(self._blob[base:end], "utf-8")
+        if len(run) != end - base:  # not all ASCII: offsets count bytes, not characters
+            return [self[i] for i in rows]
+        return [run[offsets[i] - base : offsets[i + 1] - base] for i in rows]
 
 
 class MappedTable:

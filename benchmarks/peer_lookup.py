@@ -35,7 +35,7 @@ from cluster.protocol.environment import from_env
 from cluster.protocol.records import NodeRole
 from cluster.protocol.topology import Topology
 from cluster.scheduler import convert
-from cluster.transport import relay, stub, table_file
+from cluster.transport import relay, table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert as worker_convert
 from cluster.worker import peer_table

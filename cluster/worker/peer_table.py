@@ -22,7 +22,7 @@ import grpc
 
 from cluster.protocol.errors import MissedTableChange
 from cluster.protocol.topology import PeerColumns, PeerRow, patched
-from cluster.transport import failures, stub, table_file
+from cluster.transport import failures, stub
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -84,6 +84,8 @@ async def fetch(
     """The whole table of `digest`: with `shared` (behind a relay), the relay's shared table
     mapped where it can be, else its compressed bytes asked for and parsed."""
     if shared:
+        from cluster.transport import table_file  # noqa: PLC0415 - large tables behind a relay
+
         answer = await ask(stub_, signed, digest, shared=True)
         if not answer.shared_path:
             return stub.checked_table(digest, answer.peers_zlib)

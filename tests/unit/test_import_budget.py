@@ -59,6 +59,8 @@ OPTION_MODULES = (
     "cluster.storage.recovery_dir",
     "cluster.worker.node_file",
     "cluster.scheduler.event_file",  # an event log
+    "cluster.transport.table_file",  # a large table behind a relay (and mmap, array)
+    "mmap",
 )
 
 

@@ -209,3 +209,8 @@ class NotLeaderAnswer(SchedulerUnreachableError):
 class MissedTableChange(ClusterError):
     """A change of the peer table (a delta) that does not follow the table this node holds: it
     reconnects, and gets the whole table."""
+
+
+class SharedTableError(MissedTableChange):
+    """A host's shared peer table file (`cluster.transport.table_file`) that is not the table
+    asked for: another table's, short, or garbled. The node asks for the table's bytes."""

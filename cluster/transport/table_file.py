@@ -17,7 +17,7 @@ The layout, little-endian, every section 8-byte aligned:
     bytes    the node ids (UTF-8, back to back), then the hosts
 
 `open_shared` checks what it can in O(1): the magic, the digest asked for, and that every section
-lies in the file (a file of another table, or a short one, is refused: `TableFileError`).
+lies in the file (a file of another table, or a short one, is refused: `SharedTableError`).
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Protocol, overload
 
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import SharedTableError
 
 MAGIC = b"CLPTBL1\0"
 _HEADER = struct.Struct("<8s32sIII4x")  # padded to 56 bytes: the columns start 8-aligned
 _INT_COLUMNS = ("ranks", "ports", "local_ranks", "local_sizes", "roles")
 _LITTLE = sys.byteorder == "little"
-
-
-class TableFileError(ClusterError):
-    """A shared table file that is not the table asked for (another, short, or garbled)."""
 
 
 class Columns(Protocol):
@@ -149,7 +145,7 @@ class _Strings(Sequence[str]):
             raise IndexError("a peer table row out of range")
         start, end = self._offsets[index], self._offsets[index + 1]
         if not start <= end <= len(self._blob):
-            raise TableFileError(f"the shared peer table is garbled at row {index}")
+            raise SharedTableError(f"the shared peer table is garbled at row {index}")
         return str(self._blob[start:end], "utf-8")
 
     def __iter__(self) -> Iterator[str]:
@@ -163,7 +159,7 @@ class _Strings(Sequence[str]):
             return [self[i] for i in rows]
         base, end = offsets[rows.start], offsets[rows.stop]
         if not base <= end <= len(self._blob):
-            raise TableFileError(f"the shared peer table is garbled at rows {rows}")
+            raise SharedTableError(f"the shared peer table is garbled at rows {rows}")
         run = str(self._blob[base:end], "utf-8")
         if len(run) != end - base:  # not all ASCII: offsets count bytes, not characters
             return [self[i] for i in rows]
@@ -210,20 +206,20 @@ def _size(rows: int, id_size: int, host_size: int) -> int:
 
 def open_shared(path: str, digest: bytes) -> MappedTable:
     """The table file at `path` (the relay's /proc/PID/fd/FD), mapped; OSError when it cannot
-    be opened or mapped, TableFileError when it is not the table of `digest`."""
+    be opened or mapped, SharedTableError when it is not the table of `digest`."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         if size < _HEADER.size:
-            raise TableFileError(f"the shared peer table {path} is short ({size} bytes)")
+            raise SharedTableError(f"the shared peer table {path} is short ({size} bytes)")
         mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
     magic, named, rows, id_size, host_size = _HEADER.unpack_from(mapped)
     if magic != MAGIC or named != digest:
         mapped.close()
-        raise TableFileError(f"the shared peer table {path} is not the table {digest.hex()[:16]}")
+        raise SharedTableError(f"the shared peer table {path} is not the table {digest.hex()[:16]}")
     if _size(rows, id_size, host_size) > size:
         mapped.close()
-        raise TableFileError(f"the shared peer table {path} is short ({size} bytes)")
+        raise SharedTableError(f"the shared peer table {path} is short ({size} bytes)")
     return MappedTable(mapped, rows, id_size, host_size)

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from cluster.protocol.errors import MissedTableChange
+from cluster.protocol.errors import MissedTableChange, SharedTableError
 from cluster.protocol.topology import PeerColumns, PeerRow, patched
 from cluster.transport import failures, stub
 from cluster.transport.shared_answers import SharedAnswers
@@ -91,7 +91,7 @@ async def fetch(
             return stub.checked_table(digest, answer.peers_zlib)
         try:
             return table_file.open_shared(answer.shared_path, digest)
-        except (OSError, table_file.TableFileError) as exc:
+        except (OSError, SharedTableError) as exc:
             log.info("the relay's shared peer table cannot be read (%s): fetching it", exc)
     answer = await ask(stub_, signed, digest)
     return stub.checked_table(digest, answer.peers_zlib)

@@ -354,7 +354,7 @@ async def test_a_worker_that_asks_is_answered_with_the_hosts_shared_copy() -> No
         for column in ("ranks", "ports", "roles", "local_ranks", "local_sizes"):
             assert list(getattr(mapped, column)) == list(getattr(table, column)), column
         assert mapped.node_ids[299] == "w299"
-        with pytest.raises(table_file.TableFileError, match="not the table"):
+        with pytest.raises(table_file.SharedTableError, match="not the table"):
             table_file.open_shared(got.shared_path, b"x" * 32)
         context = _Refused()
         assert await answers.answer(b"\xff\xff", context) is None  # type: ignore[arg-type]

@@ -96,12 +96,12 @@ def test_a_file_of_another_table_or_a_short_one_is_refused(tmp_path: Path) -> No
     whole = tmp_path / "whole"
     whole.write_bytes(data)
     assert list(table_file.open_shared(str(whole), DIGEST).node_ids) == ["a", "b"]
-    with pytest.raises(table_file.TableFileError, match="not the table"):
+    with pytest.raises(table_file.SharedTableError, match="not the table"):
         table_file.open_shared(str(whole), b"\1" * 32)
     for size in (0, 20, len(data) - 8):
         short = tmp_path / f"short{size}"
         short.write_bytes(data[:size])
-        with pytest.raises(table_file.TableFileError, match="short"):
+        with pytest.raises(table_file.SharedTableError, match="short"):
             table_file.open_shared(str(short), DIGEST)
     with pytest.raises(OSError, match="No such file"):
         table_file.open_shared(str(tmp_path / "none"), DIGEST)

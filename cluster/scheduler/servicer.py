@@ -362,21 +362,45 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         async for up in request_iterator:
             if isinstance(up, edge.Unparsed):
                 raise self.at_edge(context, "HostWatch", up.reason, up.message())
-            kind = up.WhichOneof("kind")
-            if kind == "detach":
-                link.detach(up.detach)
+            if up.WhichOneof("kind") != "batch":
+                self._host_up_one(up, peer, link)
                 continue
-            if kind not in ("attach", "finish"):
-                raise BadRequestError("HostWatch needs an attach, a finish or a detach")
-            attached: pb.HostAttach = getattr(up, kind)
-            slot = host_link.SlotContext(peer, stub.metadata_of(attached.metadata))
-            events: AsyncIterator[bytes]
-            if kind == "attach":
-                watch = self.Watch(_WATCH_REQUEST(attached.request), slot)
-                events = (_event_bytes(event) async for event in watch)
-            else:
-                events = self._finished(_FINISH_REQUEST(attached.request), slot)
-            link.attach(attached.slot, events, slot)
+            if len(up.batch.ups) > edge.HOST_BATCH_UPS:
+                raise BadRequestError(
+                    f"a HostWatch batch of {len(up.batch.ups)}: at most {edge.HOST_BATCH_UPS}"
+                )
+            for one in up.batch.ups:
+                self._host_up_one(one, peer, link, batched=True)
+
+    def _host_up_one(
+        self, up: pb.HostUp, peer: str, link: host_link.HostLink, *, batched: bool = False
+    ) -> None:
+        """One attach, finish or detach of a host link (`batched`: one of a batch). An attach is
+        bounded on its own (the call's message limit bounds a batch)."""
+        kind = up.WhichOneof("kind")
+        if kind == "detach":
+            link.detach(up.detach)
+            return
+        if kind not in ("attach", "finish"):
+            raise BadRequestError(
+                "a HostWatch batch holds attaches, finishes and detaches"
+                if batched
+                else "HostWatch needs an attach, a finish, a detach or a batch of them"
+            )
+        attached: pb.HostAttach = getattr(up, kind)
+        if attached.ByteSize() > edge.HOST_ATTACH_BYTES:
+            raise BadRequestError(
+                f"a HostWatch {kind} of {attached.ByteSize()} bytes: at most "
+                f"{edge.HOST_ATTACH_BYTES}"
+            )
+        slot = host_link.SlotContext(peer, stub.metadata_of(attached.metadata))
+        events: AsyncIterator[bytes]
+        if kind == "attach":
+            watch = self.Watch(_WATCH_REQUEST(attached.request), slot)
+            events = (_event_bytes(event) async for event in watch)
+        else:
+            events = self._finished(_FINISH_REQUEST(attached.request), slot)
+        link.attach(attached.slot, events, slot)
 
     async def _finished(
         self, request: pb.FinishRequest | edge.Unparsed, slot: host_link.SlotContext

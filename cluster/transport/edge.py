@@ -42,7 +42,7 @@ MESSAGE_LIMITS: dict[str, int] = {
     "KvGet": 256 * _KIB,
     "PeerTable": 64,
     "HostBeats": 256 * _KIB,
-    "HostWatch": 8 * _KIB,  # an attach: a worker's Watch request (4 KiB) and its call metadata
+    "HostWatch": 64 * _KIB,  # a batch of attaches (each at most HOST_ATTACH_BYTES)
     "KvWait": 256 * _KIB,
     "KvAdd": 4 * _KIB,
     "KvSet": MAX_MESSAGE_BYTES,
@@ -62,6 +62,10 @@ ARRIVALS_TOTAL = 8192
 # Watch streams one host link (a relay's HostWatch call) carries at once: a host's workers, and
 # the simulated thousands of a benchmark's relay. Past it an attach ends at once.
 HOST_SLOTS = 8192
+# One attach or finish of a host link: a worker's Watch request (4 KiB) and its call metadata; and
+# how many a batch of them may hold (a relay's sends: `cluster.transport.relay.HOST_BATCH`).
+HOST_ATTACH_BYTES = 8 * _KIB
+HOST_BATCH_UPS = 256
 # A registration's fields.
 MAX_HOST_CHARS = 253  # a DNS name's limit
 MAX_JOB_ID_CHARS = 64

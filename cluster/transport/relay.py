@@ -335,6 +335,12 @@ class HostBeats:
 
 
 WATCH, FINISH, HOST_WATCH = "Watch", "Finish", "HostWatch"
+# At most this many attaches, finishes and detaches go up in one message, of at most this many
+# bytes in all (the scheduler takes 256 and 64 KiB: `cluster.transport.edge`). A formation's
+# burst goes up in a few messages instead of one a worker: a write on the link costs the relay
+# and the scheduler's read costs it about as much for a batch as for one.
+HOST_BATCH = 128
+HOST_BATCH_BYTES = 32 * 1024
 # How a slot's stream ends, as the relay tells the worker: (code, details, trailing metadata).
 _End = tuple[grpc.StatusCode, str, tuple[Metadatum, ...]]
 
@@ -364,9 +370,21 @@ class _Link:
             self._up.put_nowait(stub.host_detach(slot))
 
     async def _write(self) -> None:
+        """Send what goes up, in order: what queued while the last message was on its way goes
+        as one batch (HOST_BATCH, HOST_BATCH_BYTES at most), not a message each."""
+        carried: bytes | None = None
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             while True:
-                await self._call.write(await self._up.get())
+                batch = [carried if carried is not None else await self._up.get()]
+                carried, size = None, len(batch[0])
+                while len(batch) < HOST_BATCH and not self._up.empty():
+                    up = self._up.get_nowait()
+                    if size + len(up) > HOST_BATCH_BYTES:
+                        carried = up
+                        break
+                    batch.append(up)
+                    size += len(up)
+                await self._call.write(batch[0] if len(batch) == 1 else stub.host_batch(batch))
         # The reader tells the slots how the call ended.
 
     async def _read(self) -> None:

@@ -109,6 +109,23 @@ def host_attach(
     return up.SerializeToString()
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def host_batch(ups: Iterable[bytes]) -> bytes:
+    """A serialized HostUp holding the serialized HostUps `ups` as its batch, in order: the
+    encoding of `HostUp(batch=HostUps(ups=[...]))` made from the bytes as they are (field 1 of
+    HostUps and field 4 of HostUp, each length-delimited), nothing parsed again."""
+    inner = b"".join(b"\x0a" + _varint(len(up)) + up for up in ups)
+    return b"\x22" + _varint(len(inner)) + inner
+
+
 def host_detach(slot: int) -> bytes:
     return pb.HostUp(detach=slot).SerializeToString()
 

@@ -280,14 +280,22 @@ class HostAttach(_message.Message):
     def __init__(self, slot: _Optional[int] = ..., request: _Optional[bytes] = ..., metadata: _Optional[_Iterable[_Union[Metadatum, _Mapping]]] = ...) -> None: ...
 
 class HostUp(_message.Message):
-    __slots__ = ("attach", "detach", "finish")
+    __slots__ = ("attach", "detach", "finish", "batch")
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     DETACH_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     attach: HostAttach
     detach: int
     finish: HostAttach
-    def __init__(self, attach: _Optional[_Union[HostAttach, _Mapping]] = ..., detach: _Optional[int] = ..., finish: _Optional[_Union[HostAttach, _Mapping]] = ...) -> None: ...
+    batch: HostUps
+    def __init__(self, attach: _Optional[_Union[HostAttach, _Mapping]] = ..., detach: _Optional[int] = ..., finish: _Optional[_Union[HostAttach, _Mapping]] = ..., batch: _Optional[_Union[HostUps, _Mapping]] = ...) -> None: ...
+
+class HostUps(_message.Message):
+    __slots__ = ("ups",)
+    UPS_FIELD_NUMBER: _ClassVar[int]
+    ups: _containers.RepeatedCompositeFieldContainer[HostUp]
+    def __init__(self, ups: _Optional[_Iterable[_Union[HostUp, _Mapping]]] = ...) -> None: ...
 
 class SlotEnd(_message.Message):
     __slots__ = ("slot", "code", "details", "trailing", "answer")

@@ -151,11 +151,16 @@ def host_ups(known: Known) -> st.SearchStrategy[pb.HostUp]:
     finish = st.builds(
         pb.HostAttach, slot=u64, request=st.one_of(finishes, blobs), metadata=metadata
     )
-    return st.one_of(
+    one = st.one_of(
         st.builds(pb.HostUp, attach=attach),
         st.builds(pb.HostUp, finish=finish),
         st.builds(pb.HostUp, detach=u64),
     )
+    # A relay's burst: several in one message (and a batch in a batch, which is refused).
+    batch = st.lists(
+        st.one_of(one, one.map(lambda up: pb.HostUp(batch=pb.HostUps(ups=[up])))), max_size=8
+    )
+    return st.one_of(one, batch.map(lambda ups: pb.HostUp(batch=pb.HostUps(ups=ups))))
 
 
 def requests(known: Known, *, member: bool) -> dict[str, st.SearchStrategy[Message]]:

@@ -423,18 +423,59 @@ async def test_an_outsiders_host_link_speaks_for_nobody() -> None:
                 attach(4, hello),
                 finish_of(5, "a", member.identity.incarnation, cluster_credential="00" * 32),
             ]
-            downs = await host_link_call(srv.port, ups, 5)
-            assert not any(down.event for down in downs)
-            codes = {code.value[0]: code for code in grpc.StatusCode}
-            ended = {end.slot: codes[end.code] for down in downs for end in down.ended}
-            assert ended == {
+            expected = {
                 1: grpc.StatusCode.UNAUTHENTICATED,
                 2: grpc.StatusCode.INVALID_ARGUMENT,
                 3: grpc.StatusCode.INVALID_ARGUMENT,
                 4: grpc.StatusCode.UNAUTHENTICATED,
                 5: grpc.StatusCode.UNAUTHENTICATED,  # a finish for the member, without its proof
             }
+            # One by one, and as one batch (as a relay sends a burst): each part as it is.
+            batch = pb.HostUp(batch=pb.HostUps(ups=ups))
+            for sent in (ups, [batch]):
+                downs = await host_link_call(srv.port, sent, 5)
+                assert not any(down.event for down in downs)
+                assert ended_codes(downs) == expected
             assert srv.core.state.members["a"] == before
             assert srv.core.open_streams == 1  # the member's own
+        finally:
+            await member.close()
+
+
+def ended_codes(downs: list[pb.HostDown]) -> dict[int, grpc.StatusCode]:
+    codes = {code.value[0]: code for code in grpc.StatusCode}
+    return {end.slot: codes[end.code] for down in downs for end in down.ended}
+
+
+async def test_a_host_link_batch_out_of_bounds_ends_the_link_and_nothing_else() -> None:
+    """A batch inside a batch, a batch of too many, or an attach past its own limit (which a
+    batch could otherwise carry past the message's): the link ends INVALID_ARGUMENT, saying
+    which, and the member's stream and the job go on."""
+    async with SchedulerServer(settings(1)) as srv:
+        said: list[str] = []
+        member = make_agent(srv.port, 1, "a", said)
+        try:
+            await asyncio.wait_for(member.start(), 20)
+            before = srv.core.state.members["a"]
+            one = attach(1, pb.WatchRequest(), cluster_node_id="z")
+            big = pb.HostUp(
+                attach=pb.HostAttach(slot=2, metadata=[pb.Metadatum(key="x-pad", value="p" * 9000)])
+            )
+            cases = [
+                (
+                    pb.HostUp(batch=pb.HostUps(ups=[pb.HostUp(batch=pb.HostUps(ups=[one]))])),
+                    "holds",
+                ),
+                (pb.HostUp(batch=pb.HostUps(ups=[one] * 257)), "batch of 257: at most 256"),
+                (pb.HostUp(batch=pb.HostUps(ups=[big])), "attach of 90.. bytes: at most 8192"),
+                (big, "attach of 90.. bytes"),
+            ]
+            for up, why in cases:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await host_link_call(srv.port, [up], 1)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert re.search(why, refused.value.details() or ""), refused.value.details()
+            assert srv.core.state.members["a"] == before
+            assert srv.core.open_streams == 1
         finally:
             await member.close()

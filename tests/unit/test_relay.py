@@ -14,6 +14,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster.protocol.environment import MAX_SOCKET_PATH, from_env, relay_from_env
 from cluster.protocol.errors import ConfigError
@@ -21,9 +23,10 @@ from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
 from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
-from cluster.transport import relay, table_file
+from cluster.transport import relay, stub, table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import scheduler_link
+from tests.aio import eventually
 
 BASE = {"MS_WORKER_NUM": "8", "MS_SCHED_HOST": "10.0.0.1", "MS_SCHED_PORT": "8118"}
 
@@ -388,3 +391,78 @@ class _Refused:
 
     def set_details(self, details: str) -> None:
         self.details = details
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=40), st.integers(0, 300))
+def test_a_batch_is_the_encoding_of_its_parts_as_they_are(slots: list[int], pad: int) -> None:
+    ups = [
+        pb.HostUp(detach=slot)
+        if slot % 3 == 0
+        else pb.HostUp(attach=pb.HostAttach(slot=slot, request=b"r" * pad))
+        for slot in slots
+    ]
+    raw = stub.host_batch(up.SerializeToString() for up in ups)
+    assert raw == pb.HostUp(batch=pb.HostUps(ups=ups)).SerializeToString()
+    assert list(pb.HostUp.FromString(raw).batch.ups) == ups
+
+
+class _SlowLink:
+    """A HostWatch call whose writes take a turn of the loop each, and record what went up."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.gate = asyncio.Event()
+
+    async def write(self, raw: bytes) -> None:
+        await self.gate.wait()
+        self.written.append(raw)
+
+    async def read(self) -> object:
+        await asyncio.Event().wait()  # nothing comes down in this test
+        return None
+
+    def cancel(self) -> None:
+        pass
+
+
+async def test_what_queues_while_a_write_is_on_its_way_goes_up_as_one_batch() -> None:
+    call = _SlowLink()
+    link = relay._Link("sched:1", call)
+    try:
+        n = relay.HOST_BATCH + 10
+        for slot in range(1, n + 1):
+            link.open(slot, stub.host_attach(slot, b"w", [("cluster-node-id", str(slot))]))
+        call.gate.set()
+        await eventually(lambda: len(call.written) == 2, "two writes")
+        # All queued before the writer's first turn: a full batch, then the rest; every attach
+        # once, in order.
+        sent = [pb.HostUp.FromString(raw) for raw in call.written]
+        assert [len(up.batch.ups) for up in sent] == [relay.HOST_BATCH, 10]
+        assert [u.attach.slot for up in sent for u in up.batch.ups] == list(range(1, n + 1))
+        # One that comes alone goes alone.
+        link.open(n + 1, stub.host_attach(n + 1, b"w", []))
+        await eventually(lambda: len(call.written) == 3, "a third write")
+        assert pb.HostUp.FromString(call.written[2]).attach.slot == n + 1
+    finally:
+        link.close()
+
+
+async def test_a_batch_is_cut_at_its_size_and_the_rest_goes_next() -> None:
+    call = _SlowLink()
+    link = relay._Link("sched:1", call)
+    try:
+        big = b"x" * (relay.HOST_BATCH_BYTES // 3)
+        for slot in range(1, 8):
+            link.open(slot, stub.host_attach(slot, big, []))
+        call.gate.set()
+        await eventually(lambda: sum(_parts(raw) for raw in call.written) == 7, "seven sent")
+        assert all(len(raw) <= relay.HOST_BATCH_BYTES + 16 for raw in call.written)
+        assert [_parts(raw) for raw in call.written] == [2, 2, 2, 1]
+    finally:
+        link.close()
+
+
+def _parts(raw: bytes) -> int:
+    up = pb.HostUp.FromString(raw)
+    return len(up.batch.ups) if up.WhichOneof("kind") == "batch" else 1

@@ -22,6 +22,7 @@ lies in the file (a file of another table, or a short one, is refused: `SharedTa
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
@@ -105,6 +106,8 @@ def create_shared(table: Columns, digest: bytes) -> int:
     reading and (by another process of this user) reopening as /proc/PID/fd/FD. OSError when
     the system has none (not Linux) or no memory for it."""
     data = layout(table, digest)
+    if not hasattr(os, "memfd_create"):
+        raise OSError(errno.ENOSYS, "this system has no memfd_create")
     fd = os.memfd_create("cluster-peer-table", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         view = memoryview(data)

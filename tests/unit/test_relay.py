@@ -367,6 +367,17 @@ async def test_a_worker_that_asks_is_answered_with_the_hosts_shared_copy() -> No
     assert list(mapped.node_ids[:2]) == ["w0", "w1"]  # a mapping outlives the relay's file
 
 
+def test_a_relay_on_a_system_without_memfd_answers_with_the_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(os, "memfd_create")
+    said: list[str] = []
+    shared = relay.SharedTables(said.append)
+    digest, answer, _ = compressed_table(50)
+    assert shared.path(digest, answer) is None
+    assert "no memfd_create" in said[0]
+
+
 def test_a_relay_keeps_its_last_tables_and_one_it_cannot_share_is_said_once() -> None:
     said: list[str] = []
     shared = relay.SharedTables(said.append)

@@ -82,7 +82,11 @@ client processes there.
 Usage: python benchmarks/rendezvous.py [--sizes 8,64,256,1024] [--repeat 3] [--procs auto|N]
        [--real 8] [--timeout S] [--retries 2]
        [--systems cluster,tcpstore,cluster-tls,cluster-tls-crl,grpc,grpc-tls,cluster-relays]
-       [--relays K] [--resolver tcp|system] [--json PATH]
+       [--relays K] [--resolver tcp|system] [--nice N] [--json PATH]
+
+`--nice N` runs every system's client processes (and the relays) at niceness N, the servers at
+the parent's: a way to give the scheduler the CPU it would have on a machine of its own, for runs
+whose hundred-odd processes would otherwise starve it on a small machine. Say so with a figure.
 """
 
 from __future__ import annotations
@@ -271,6 +275,13 @@ def rss_bytes(pid: int | None) -> int | None:
 # The open-files limit a process of the benchmark asks for: a scheduler of N nodes holds N
 # connections, and a client process one per agent (as root, the hard limit is raised too).
 WANT_OPEN_FILES = 65536
+
+
+def lower_priority() -> None:
+    """A client or relay process: run at the niceness `--nice` asked for (BENCH_CLIENT_NICE)."""
+    nice = int(os.environ.get("BENCH_CLIENT_NICE", "0") or "0")
+    if nice:
+        os.nice(nice)
 
 
 def raise_fd_limit() -> int:
@@ -467,6 +478,7 @@ def cluster_clients_main(c: Clients) -> None:
     index, ids, n, port, start, proceed, q = c.index, c.ids, c.n, c.port, c.start, c.proceed, c.q
     timeout_s, ssl_json = c.timeout_s, c.ssl_json
     raise_fd_limit()
+    lower_priority()
     if ssl_json:
         os.environ["CLUSTER_TLS_CONFIG"] = ssl_json
 
@@ -577,6 +589,7 @@ def relay_main(
     `timing`: the relay's MS_NODE_TIMEOUT, and how long it waits for `stop` at most (None: long
     enough for `n` workers to form)."""
     raise_fd_limit()
+    lower_priority()
     node_timeout_s, hold_s = timing
     if hold_s is None:
         hold_s = 4 * SPAWN_TIMEOUT_S + MIN_TIMEOUT_S + n * TIMEOUT_PER_NODE_S
@@ -663,6 +676,7 @@ def grpc_floor_clients_main(c: Clients) -> None:
     index, ids, n, port, start, proceed, q = c.index, c.ids, c.n, c.port, c.start, c.proceed, c.q
     timeout_s, ssl_json = c.timeout_s, c.ssl_json
     raise_fd_limit()
+    lower_priority()
 
     async def run() -> None:
         identity = tls_identity(ssl_json, server=False)
@@ -725,6 +739,7 @@ def tcpstore_clients_main(c: Clients) -> None:
     index, ids, n, port, start, proceed, q = c.index, c.ids, c.n, c.port, c.start, c.proceed, c.q
     timeout_s = c.timeout_s
     raise_fd_limit()
+    lower_priority()
 
     def body() -> None:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]
@@ -1132,6 +1147,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=0,
         help="K: also run cluster-relays, the workers through K relay processes (0: not)",
     )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="N: the client and relay processes run at niceness N, the scheduler (or a "
+        "floor's server) at the parent's: on a real cluster the scheduler has a machine of its "
+        "own, where here 64 relays and 64 client processes share 2 cores with it (0: all alike)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     try:
@@ -1252,6 +1275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tls_dir = Path(tempfile.mkdtemp(prefix="rendezvous-tls-"))
     ssl_jsons = make_tls_configs(tls_dir) if set(args.systems) & {*TLS_SYSTEMS, "grpc-tls"} else {}
     check_open_files(raise_fd_limit(), args.sizes, args.procs, args.systems, args.relays)
+    os.environ["BENCH_CLIENT_NICE"] = str(args.nice)  # the spawned processes read it
     if args.resolver == "tcp":
         use_tcp_resolver()
     ctx = mp.get_context("spawn")
@@ -1260,7 +1284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"rendezvous: sizes={args.sizes} repeat={args.repeat} procs={args.procs} "
         f"cpus={os.cpu_count()} python={platform.python_version()} "
-        f"torch={tv or 'not used'} resolver={args.resolver}",
+        f"torch={tv or 'not used'} resolver={args.resolver} clients' nice={args.nice}",
         flush=True,
     )
     failures: list[dict[str, str]] = []

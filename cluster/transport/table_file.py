@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, overload
 
 from cluster.protocol.errors import SharedTableError
+from cluster.protocol.topology import PeerColumns
 
 MAGIC = b"CLPTBL1\0"
 _HEADER = struct.Struct("<8s32sIII4x")  # padded to 56 bytes: the columns start 8-aligned
@@ -40,29 +41,11 @@ _INT_COLUMNS = ("ranks", "ports", "local_ranks", "local_sizes", "roles")
 _LITTLE = sys.byteorder == "little"
 
 
-class Columns(Protocol):
-    """The columns a table file holds (a `PeerColumns`, with the roles)."""
-
-    @property
-    def ranks(self) -> Sequence[int]: ...
-
-    @property
-    def node_ids(self) -> Sequence[str]: ...
-
-    @property
-    def hosts(self) -> Sequence[str]: ...
-
-    @property
-    def ports(self) -> Sequence[int]: ...
+class Columns(PeerColumns, Protocol):
+    """The columns a table file holds: a `PeerColumns`, with the roles."""
 
     @property
     def roles(self) -> Sequence[int]: ...
-
-    @property
-    def local_ranks(self) -> Sequence[int]: ...
-
-    @property
-    def local_sizes(self) -> Sequence[int]: ...
 
 
 def _padded(size: int) -> int:

@@ -4,11 +4,12 @@ one connection, each with its own proof, and a worker without its relay goes dir
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,18 +297,25 @@ async def test_a_direct_worker_gets_the_table_in_its_stream() -> None:
             await asyncio.gather(*(a.close() for a in agents))
 
 
-async def test_an_unknown_digest_is_refused_to_an_outsider_and_a_member() -> None:
+@contextlib.asynccontextmanager
+async def one_member_job() -> AsyncIterator[tuple[SchedulerServer, WorkerAgent]]:
+    """A scheduler of a one-worker job and its member "a", formed; closed on the way out."""
     async with SchedulerServer(settings(1)) as srv:
         said: list[str] = []
-        agent = make_agent(srv.port, 1, "a", said)
-        await asyncio.wait_for(agent.start(), 20)
+        member = make_agent(srv.port, 1, "a", said)
+        await asyncio.wait_for(member.start(), 20)
         try:
-            with pytest.raises(peer_table.MissedChange, match="holds no peer table"):
-                await peer_table.ask(agent._stub, agent._signed, b"\0" * 32)
-            with pytest.raises(peer_table.MissedChange, match=r"credential|not fetched"):
-                await peer_table.ask(agent._stub, lambda method, request: (), b"\0" * 32)
+            yield srv, member
         finally:
-            await agent.close()
+            await member.close()
+
+
+async def test_an_unknown_digest_is_refused_to_an_outsider_and_a_member() -> None:
+    async with one_member_job() as (_, agent):
+        with pytest.raises(peer_table.MissedChange, match="holds no peer table"):
+            await peer_table.ask(agent._stub, agent._signed, b"\0" * 32)
+        with pytest.raises(peer_table.MissedChange, match=r"credential|not fetched"):
+            await peer_table.ask(agent._stub, lambda method, request: (), b"\0" * 32)
 
 
 async def test_batched_beats_count_only_for_streams_on_their_connection(short_dir: Path) -> None:
@@ -407,39 +415,33 @@ async def test_an_outsiders_host_link_speaks_for_nobody() -> None:
     refused as one would be (a forged hello, a malformed request, one that is neither a
     registration nor a hello, a Finish without the node's proof), and the member's stream, its
     state and the job go on."""
-    async with SchedulerServer(settings(1)) as srv:
-        said: list[str] = []
-        member = make_agent(srv.port, 1, "a", said)
-        try:
-            await asyncio.wait_for(member.start(), 20)
-            before = srv.core.state.members["a"]
-            hello = pb.WatchRequest(
-                hello=pb.Hello(node_id="a", incarnation=member.identity.incarnation)
-            )
-            ups = [
-                attach(1, hello, cluster_node_id="a", cluster_credential="00" * 32),
-                pb.HostUp(attach=pb.HostAttach(slot=2, request=b"\xff\xff")),
-                attach(3, pb.WatchRequest(), cluster_node_id="z"),
-                attach(4, hello),
-                finish_of(5, "a", member.identity.incarnation, cluster_credential="00" * 32),
-            ]
-            expected = {
-                1: grpc.StatusCode.UNAUTHENTICATED,
-                2: grpc.StatusCode.INVALID_ARGUMENT,
-                3: grpc.StatusCode.INVALID_ARGUMENT,
-                4: grpc.StatusCode.UNAUTHENTICATED,
-                5: grpc.StatusCode.UNAUTHENTICATED,  # a finish for the member, without its proof
-            }
-            # One by one, and as one batch (as a relay sends a burst): each part as it is.
-            batch = pb.HostUp(batch=pb.HostUps(ups=ups))
-            for sent in (ups, [batch]):
-                downs = await host_link_call(srv.port, sent, 5)
-                assert not any(down.event for down in downs)
-                assert ended_codes(downs) == expected
-            assert srv.core.state.members["a"] == before
-            assert srv.core.open_streams == 1  # the member's own
-        finally:
-            await member.close()
+    async with one_member_job() as (srv, member):
+        before = srv.core.state.members["a"]
+        hello = pb.WatchRequest(
+            hello=pb.Hello(node_id="a", incarnation=member.identity.incarnation)
+        )
+        ups = [
+            attach(1, hello, cluster_node_id="a", cluster_credential="00" * 32),
+            pb.HostUp(attach=pb.HostAttach(slot=2, request=b"\xff\xff")),
+            attach(3, pb.WatchRequest(), cluster_node_id="z"),
+            attach(4, hello),
+            finish_of(5, "a", member.identity.incarnation, cluster_credential="00" * 32),
+        ]
+        expected = {
+            1: grpc.StatusCode.UNAUTHENTICATED,
+            2: grpc.StatusCode.INVALID_ARGUMENT,
+            3: grpc.StatusCode.INVALID_ARGUMENT,
+            4: grpc.StatusCode.UNAUTHENTICATED,
+            5: grpc.StatusCode.UNAUTHENTICATED,  # a finish for the member, without its proof
+        }
+        # One by one, and as one batch (as a relay sends a burst): each part as it is.
+        batch = pb.HostUp(batch=pb.HostUps(ups=ups))
+        for sent in (ups, [batch]):
+            downs = await host_link_call(srv.port, sent, 5)
+            assert not any(down.event for down in downs)
+            assert ended_codes(downs) == expected
+        assert srv.core.state.members["a"] == before
+        assert srv.core.open_streams == 1  # the member's own
 
 
 def ended_codes(downs: list[pb.HostDown]) -> dict[int, grpc.StatusCode]:
@@ -451,31 +453,25 @@ async def test_a_host_link_batch_out_of_bounds_ends_the_link_and_nothing_else() 
     """A batch inside a batch, a batch of too many, or an attach past its own limit (which a
     batch could otherwise carry past the message's): the link ends INVALID_ARGUMENT, saying
     which, and the member's stream and the job go on."""
-    async with SchedulerServer(settings(1)) as srv:
-        said: list[str] = []
-        member = make_agent(srv.port, 1, "a", said)
-        try:
-            await asyncio.wait_for(member.start(), 20)
-            before = srv.core.state.members["a"]
-            one = attach(1, pb.WatchRequest(), cluster_node_id="z")
-            big = pb.HostUp(
-                attach=pb.HostAttach(slot=2, metadata=[pb.Metadatum(key="x-pad", value="p" * 9000)])
-            )
-            cases = [
-                (
-                    pb.HostUp(batch=pb.HostUps(ups=[pb.HostUp(batch=pb.HostUps(ups=[one]))])),
-                    "holds",
-                ),
-                (pb.HostUp(batch=pb.HostUps(ups=[one] * 257)), "batch of 257: at most 256"),
-                (pb.HostUp(batch=pb.HostUps(ups=[big])), "attach of 90.. bytes: at most 8192"),
-                (big, "attach of 90.. bytes"),
-            ]
-            for up, why in cases:
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await host_link_call(srv.port, [up], 1)
-                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                assert re.search(why, refused.value.details() or ""), refused.value.details()
-            assert srv.core.state.members["a"] == before
-            assert srv.core.open_streams == 1
-        finally:
-            await member.close()
+    async with one_member_job() as (srv, _):
+        before = srv.core.state.members["a"]
+        one = attach(1, pb.WatchRequest(), cluster_node_id="z")
+        big = pb.HostUp(
+            attach=pb.HostAttach(slot=2, metadata=[pb.Metadatum(key="x-pad", value="p" * 9000)])
+        )
+        cases = [
+            (
+                pb.HostUp(batch=pb.HostUps(ups=[pb.HostUp(batch=pb.HostUps(ups=[one]))])),
+                "holds",
+            ),
+            (pb.HostUp(batch=pb.HostUps(ups=[one] * 257)), "batch of 257: at most 256"),
+            (pb.HostUp(batch=pb.HostUps(ups=[big])), "attach of 90.. bytes: at most 8192"),
+            (big, "attach of 90.. bytes"),
+        ]
+        for up, why in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await host_link_call(srv.port, [up], 1)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert re.search(why, refused.value.details() or ""), refused.value.details()
+        assert srv.core.state.members["a"] == before
+        assert srv.core.open_streams == 1

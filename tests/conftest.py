@@ -81,12 +81,18 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Procs]:
+def processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Procs]:
+    """The test's processes, killed when it ends; a failed test's report shows the last lines
+    each of them wrote (a restarted name: its last process)."""
     # Imported here: tests.procs imports cluster.testing, which pytest must first load as the
     # plugin below (so that its asserts are rewritten).
     from tests.procs import procs  # noqa: PLC0415
+    from tests.servers.plugin import attach_log  # noqa: PLC0415
 
-    with procs(tmp_path) as group:
+    def show(name: str, log: Path) -> None:
+        attach_log(request.node, f"process {name}", log, whole=True)
+
+    with procs(tmp_path, on_start=show) as group:
         yield group
 
 

@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,10 +98,12 @@ def private_copy(tmp_path: Path, source: Path = ROOT / "examples" / "allgather_c
 
 @dataclass
 class Procs:
-    """Processes started by one test; all are killed when the test ends."""
+    """Processes started by one test; all are killed when the test ends. `on_start(name, log)`
+    is told of each (the `processes` fixture shows their logs in a failed test's report)."""
 
     tmp: Path
     started: list[Process] = field(default_factory=list)
+    on_start: Callable[[str, Path], None] | None = None
 
     def start(
         self, name: str, args: list[str], env: Mapping[str, str], cwd: Path = ROOT
@@ -110,6 +112,8 @@ class Procs:
         log.unlink(missing_ok=True)  # a name started again: only the new process's output
         proc = Process(name, args, dict(env), log, cwd=cwd)
         self.started.append(proc)
+        if self.on_start is not None and all(p.log != log for p in self.started[:-1]):
+            self.on_start(name, log)
         return proc
 
     def start_role(
@@ -123,8 +127,8 @@ class Procs:
 
 
 @contextmanager
-def procs(tmp: Path) -> Iterator[Procs]:
-    group = Procs(tmp)
+def procs(tmp: Path, on_start: Callable[[str, Path], None] | None = None) -> Iterator[Procs]:
+    group = Procs(tmp, on_start=on_start)
     try:
         yield group
     finally:

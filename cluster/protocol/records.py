@@ -83,6 +83,11 @@ class Registration:
     challenge: bytes = b""
     job_id: str = ""
     call_seq: int = 0
+    # Registering again: how far the node's collectives got, the last one answered (its number
+    # in `collectives_generation`), so that a restarted scheduler knows what its predecessor
+    # answered.
+    collectives_generation: int = 0
+    collectives_answered: int = 0
 
     def message(self) -> bytes:
         """What a job-secret proof covers: every field above but the proof."""
@@ -102,6 +107,8 @@ class Registration:
                 self.challenge,
                 self.job_id,
                 self.call_seq,
+                self.collectives_generation,
+                self.collectives_answered,
             )
         )
 

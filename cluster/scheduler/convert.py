@@ -81,6 +81,8 @@ def registration_from_pb(
         challenge=req.challenge,
         job_id=req.job_id,
         call_seq=req.call_seq,
+        collectives_generation=req.collectives_generation,
+        collectives_answered=req.collectives_answered,
     )
 
 

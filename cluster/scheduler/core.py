@@ -332,6 +332,7 @@ class SchedulerCore:
         self._tell_registration(reg, prior, outcome, waiting=waiting, peer=peer)
         self._apply(effects)
         if isinstance(outcome, state.Accepted):
+            self._answered_before(reg)
             await self._durable_keeping_alive(reg.node_id, reg.incarnation)
         elif not outcome.reason.transient:
             await self.durable()  # a final no rests on what is saved (the job's end, ...)
@@ -551,17 +552,12 @@ class SchedulerCore:
                 node_id, caller.presented, generation=generation, op=op, root=root
             )
         )
-        if st.restored_generation == generation and self.exchanges.cut_off(generation, seq):
+        if st.restored_generation == generation and self.exchanges.cut_off(
+            generation, seq, ticket.rank
+        ):
             # Some ranks got this generation's collective #k from the scheduler that died and
-            # went on to #k+1; the others never got #k, and its answer died with it. Nobody can
-            # go on: start a new generation, in which everyone rolls back.
-            reason = (
-                f"collective #{seq} of generation {generation} was cut in two by the scheduler's "
-                "restart"
-            )
-            log.warning("%s; re-forming the job so that every worker rolls back", reason)
-            self._apply(st.reform(reason))
-            raise PeerFailedError(f"{op} cannot complete: {reason}")
+            # went on; the others never got #k, and its answer died with it.
+            raise PeerFailedError(f"{op} cannot complete: {self._cut_in_two(generation, seq)}")
         return await self.exchanges.contribute(
             generation=generation,
             seq=seq,
@@ -571,6 +567,27 @@ class SchedulerCore:
             root=root,
             value=value,
         )
+
+    def _cut_in_two(self, generation: int, seq: int) -> str:
+        """Collective #`seq` of `generation` was answered to some ranks only, by the scheduler
+        before this one: nobody can go on. A new generation, in which everyone rolls back."""
+        reason = f"collective #{seq} of generation {generation} was cut in two by the scheduler's"
+        reason += " restart"
+        log.warning("%s; re-forming the job so that every worker rolls back", reason)
+        self._apply(self.state.reform(reason))
+        return reason
+
+    def _answered_before(self, reg: state.Registration) -> None:
+        """A node registering again says how far its collectives got (`Rounds.answered_before`):
+        re-form as soon as a round open here cannot complete, not at that node's next call."""
+        st, generation = self.state, reg.collectives_generation
+        member = st.members.get(canonical_node_id(reg.node_id))
+        if not reg.collectives_answered or member is None or member.rank is None:
+            return
+        if generation == st.restored_generation == st.generation:
+            cut = self.exchanges.answered_before(generation, member.rank, reg.collectives_answered)
+            if cut is not None:
+                self._cut_in_two(generation, cut)
 
     def now(self) -> float:
         return self._clock()

@@ -107,9 +107,13 @@ class ExchangeTable:
             if held is not None:
                 held[1].cancel()
 
-    def cut_off(self, generation: int, seq: int) -> bool:
+    def cut_off(self, generation: int, seq: int, rank: int) -> bool:
         """See `Rounds.cut_off`."""
-        return self.rounds.cut_off(generation, seq)
+        return self.rounds.cut_off(generation, seq, rank)
+
+    def answered_before(self, generation: int, rank: int, answered: int) -> int | None:
+        """See `Rounds.answered_before`."""
+        return self.rounds.answered_before(generation, rank, answered)
 
     def fail_all(self, reason: str, kind: type[ClusterError] = JobFailedError) -> None:
         """Fail every open round: a node died or left, or the job ended."""

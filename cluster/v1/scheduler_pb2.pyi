@@ -88,7 +88,7 @@ SCHEDULER_ROLE_LEADER: SchedulerRole
 SCHEDULER_ROLE_STANDBY: SchedulerRole
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare", "challenge", "job_id", "call_seq")
+    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare", "challenge", "job_id", "call_seq", "collectives_generation", "collectives_answered")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,8 @@ class RegisterRequest(_message.Message):
     CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CALL_SEQ_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_ANSWERED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     host: str
@@ -119,7 +121,9 @@ class RegisterRequest(_message.Message):
     challenge: bytes
     job_id: str
     call_seq: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ..., challenge: _Optional[bytes] = ..., job_id: _Optional[str] = ..., call_seq: _Optional[int] = ...) -> None: ...
+    collectives_generation: int
+    collectives_answered: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ..., challenge: _Optional[bytes] = ..., job_id: _Optional[str] = ..., call_seq: _Optional[int] = ..., collectives_generation: _Optional[int] = ..., collectives_answered: _Optional[int] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ()

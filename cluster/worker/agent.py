@@ -45,11 +45,6 @@ T = TypeVar("T")
 TTL_USE_S = auth.CHALLENGE_TTL_S / 2
 # A generation resumed from memory, as rank 0 reports it: (generation, step, why).
 Resumed = tuple[int, int, str]
-_EXCHANGE_OPS = {
-    "barrier": pb.EXCHANGE_BARRIER,
-    "allgather": pb.EXCHANGE_ALLGATHER,
-    "broadcast": pb.EXCHANGE_BROADCAST,
-}
 # What the interpreter hands back to its caller: an accepted stream to read (Watch), a call to
 # make again (RetryCall), or nothing.
 Outcome = steps.Watch | steps.RetryCall | None
@@ -337,6 +332,7 @@ class WorkerAgent:
                 self._job_secret,
                 challenge=challenge,
                 call_seq=seq,
+                collectives=self.core.answered,
             ),
             table_by_digest=self._route.relay is not None,  # the relay asks once for its host
         )
@@ -584,15 +580,10 @@ class WorkerAgent:
         topology = self._require_topology()
         generation = topology.generation if generation is None else generation
         seq = self.core.next_seq(generation)
-        request = pb.ExchangeRequest(
-            node_id=self.identity.node_id,
-            generation=generation,
-            seq=seq,
-            op=_EXCHANGE_OPS[op],
-            root=root,
-            value=value,
-        )
-        return list((await self._unary(op, "Exchange", request)).values)
+        request = convert.exchange_request(self.identity.node_id, generation, seq, op, root, value)
+        answer = await self._unary(op, "Exchange", request)
+        self.core.collective_answered(generation, seq)
+        return list(answer.values)
 
     async def wait_generation(self, newer_than: int) -> Topology:
         """The topology once its generation is above `newer_than` (the job's failure, if it

@@ -167,9 +167,11 @@ def register_request(
     *,
     challenge: tuple[bytes, str] = (b"", ""),
     call_seq: int = 0,
+    collectives: tuple[int, int] = (0, 0),
 ) -> pb.RegisterRequest:
     """`challenge`: the scheduler's challenge and the job id it came with (a job secret's);
-    `call_seq`: the node's last call number (its calls from here on go above it)."""
+    `call_seq`: the node's last call number (its calls from here on go above it);
+    `collectives`: the generation and number of its last collective answered."""
     role = NodeRole.SERVER if config.role is Role.SERVER else NodeRole.WORKER
     registration = Registration(
         node_id=identity.node_id,
@@ -186,6 +188,8 @@ def register_request(
         challenge=challenge[0],
         job_id=challenge[1],
         call_seq=call_seq,
+        collectives_generation=collectives[0],
+        collectives_answered=collectives[1],
     )
     credential = identity.credential
     proof = b""
@@ -208,4 +212,27 @@ def register_request(
         challenge=registration.challenge,
         job_id=registration.job_id,
         call_seq=call_seq,
+        collectives_generation=registration.collectives_generation,
+        collectives_answered=registration.collectives_answered,
+    )
+
+
+_EXCHANGE_OPS = {
+    "barrier": pb.EXCHANGE_BARRIER,
+    "allgather": pb.EXCHANGE_ALLGATHER,
+    "broadcast": pb.EXCHANGE_BROADCAST,
+}
+
+
+def exchange_request(
+    node_id: str, generation: int, seq: int, op: str, root: int, value: bytes
+) -> pb.ExchangeRequest:
+    """Collective #`seq` of `generation`; `op` is "barrier", "allgather" or "broadcast"."""
+    return pb.ExchangeRequest(
+        node_id=node_id,
+        generation=generation,
+        seq=seq,
+        op=_EXCHANGE_OPS[op],
+        root=root,
+        value=value,
     )

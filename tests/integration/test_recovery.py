@@ -16,6 +16,7 @@ import pytest
 
 from cluster.testing import Process, free_port, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env
+from tests.proxy import Proxy
 
 WORKER = [str(ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py")]
 NODE_TIMEOUT_S = 5
@@ -324,7 +325,9 @@ def test_scheduler_killed_at_random_moments_always_resumes(
     workers = [worker(i, f"worker{i}") for i in range(3)]
     sched = kill_and_restart(sched, rng.uniform(0.0, 1.5), "scheduler-2")  # while forming
     for w in workers:
-        w.wait_for_output("allgather rank=", 40)
+        # `cut`: the scheduler died while answering the gather, to some ranks only (the test
+        # below makes that moment on purpose): the job re-formed under it.
+        wait_until(lambda w=w: re.search("(allgather|cut) rank=", w.output) is not None, 40, w.name)
     workers[1].popen.send_signal(signal.SIGKILL)
     workers[1].wait(10)
     workers[1] = worker(1, "worker1-restarted")
@@ -333,8 +336,65 @@ def test_scheduler_killed_at_random_moments_always_resumes(
     release.touch()
     for w in workers:
         assert w.wait(40) == 0, w.output
-        assert re.search(r"after rank=\d generation=2 result=\[0, 1, 2\]", w.output), w.output
+    finals = {
+        re.findall(r"after rank=\d (generation=\d+) result=\[0, 1, 2\]", w.output)[0]
+        for w in workers
+    }
+    assert len(finals) == 1, finals  # one generation, the same for everyone
     assert sched.wait(30) == 0, sched.output
+
+
+def test_a_gather_the_dead_scheduler_answered_to_some_ranks_only_re_forms_the_job_at_once(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The scheduler dies after answering a gather to ranks 0 and 2 but before rank 1 heard
+    it (a proxy drops what it sends to rank 1). Rank 1 calls the gather again on the restarted
+    scheduler; the others hold, calling nothing, and say when they register again how far
+    their collectives got: the restarted scheduler re-forms the job at once (rank 1's call
+    fails with PeerFailedError) instead of leaving rank 1 waiting for ranks that moved on,
+    until the collective's 10 minute deadline. Then everyone gathers in the new generation."""
+    port = free_port()
+    proxy = Proxy(("127.0.0.1", port))
+    release, go = tmp_path / "release", tmp_path / "go"
+    env = job_env(
+        3,
+        port,
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        MS_NODE_TIMEOUT=str(NODE_TIMEOUT_S),
+    )
+    args = [*WORKER, "--release", str(release), "--generation", "2"]
+
+    def worker(i: int, more: list[str], **extra: str) -> Process:
+        return processes.start_role(
+            f"worker{i}", "MS_WORKER", [*args, *more], {**env, "MS_NODE_ID": str(i), **extra}
+        )
+
+    try:
+        sched = processes.start_role("scheduler", "MS_SCHED", args, env)
+        sched.wait_for_output("listening on", 20)
+        # Rank 1 reaches the scheduler through the proxy, and gathers when told to.
+        late = worker(1, ["--go", str(go)], MS_SCHED_PORT=str(proxy.port))
+        workers = [worker(0, []), late, worker(2, [])]
+        late.wait_for_output("ready rank=", 30)
+        proxy.hold_replies()
+        go.touch()
+        for w in (workers[0], workers[2]):
+            w.wait_for_output("allgather rank=", 30)
+        sched.popen.send_signal(signal.SIGKILL)
+        sched.wait(10)
+        proxy.cut()  # rank 1 never heard the answer
+        restarted = processes.start_role("scheduler-2", "MS_SCHED", args, env)
+        late.wait_for_output("cut rank=", 30)
+        assert "cut in two by the scheduler's restart" in late.output, late.output
+        assert "re-forming the job" in restarted.output, restarted.output
+        release.touch()
+        for w in workers:
+            assert w.wait(40) == 0, w.output
+            assert re.search(r"after rank=\d generation=2 result=\[0, 1, 2\]", w.output), w.output
+        assert restarted.wait(30) == 0, restarted.output
+    finally:
+        proxy.close()
 
 
 # A worker killed under `mscluster run` and restarted by the launcher, refused during the guard,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from cluster.protocol import auth
 from cluster.protocol.errors import ClusterError, PeerFailedError
-from cluster.protocol.records import NodeFailedEvent, TopologyReadyEvent
+from cluster.protocol.records import NodeFailedEvent, Registration, TopologyReadyEvent
 from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, Denied
 from cluster.scheduler.machine.ready import Tell
 from cluster.scheduler.machine.rounds import Completed, Failed, Round, Rounds
@@ -71,7 +71,10 @@ class Collectives:
     # The peers of each generation told, per (job, generation); the answer of each round heard.
     peers: dict[tuple[str, int], dict[int, str]] = field(default_factory=dict)
     answers: dict[tuple[str, int, int], list[bytes]] = field(default_factory=dict)
+    # Each node's last call answered, per job: (generation, number), said when it registers.
+    last_answered: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     completed: int = 0
+    cut_at_registration: int = 0
 
     # -- a worker ------------------------------------------------------------------------------
 
@@ -106,6 +109,9 @@ class Collectives:
         if self.calls.get(proc.node_id) != call:
             return  # an answer to a call it no longer waits on (a retry's twin)
         del self.calls[proc.node_id]
+        if not isinstance(outcome, ClusterError):
+            known = self.last_answered.get((proc.node_id, call.job), (0, 0))
+            self.last_answered[(proc.node_id, call.job)] = max(known, (call.generation, call.seq))
         if isinstance(outcome, ClusterError):
             self.failed_at[(proc.node_id, call.job)] = call.generation
             return
@@ -133,7 +139,7 @@ class Collectives:
             self.answer(node_id, incarnation, call, ticket.error())
             return
         if st.restored_generation == call.generation and self.rounds.cut_off(
-            call.generation, call.seq
+            call.generation, call.seq, ticket.rank
         ):
             reason = f"collective #{call.seq} of generation {call.generation} was cut in two"
             sim.step_machine(st.reform(reason))
@@ -162,6 +168,21 @@ class Collectives:
             self.check_complete(rnd)
             self.completed += 1
             self.settle(rnd, rnd.answer_for(joined.gathered))
+
+    def registered(self, reg: Registration) -> None:
+        """An accepted registration said how far the node's collectives got: as the engine's
+        `_answered_before`, a round open here that it was answered before is cut in two."""
+        st = self.sim.state
+        member = st.members.get(reg.node_id)
+        generation, answered = reg.collectives_generation, reg.collectives_answered
+        if not answered or member is None or member.rank is None:
+            return
+        if generation == st.restored_generation == st.generation:
+            cut = self.rounds.answered_before(generation, member.rank, answered)
+            if cut is not None:
+                self.cut_at_registration += 1
+                reason = f"collective #{cut} of generation {generation} was cut in two"
+                self.sim.step_machine(st.reform(reason))
 
     def settle(self, rnd: Round, outcome: list[bytes] | ClusterError) -> None:
         """Every caller of `rnd` gets `outcome`."""

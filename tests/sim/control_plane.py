@@ -439,6 +439,7 @@ class Sim:
         self.check_guard(reg, before)
         self.heard[node_id] = now
         self.step_machine(effects)
+        self.collectives.registered(reg)
         # As the engine: answered once the registration's revision is saved
         # (`_durable_keeping_alive`); then its stream opens (`watch`: connect, the catch-up).
         self.opening.append((self.state.revision, reg, outcome, attempt))
@@ -482,6 +483,8 @@ class Sim:
     # -- the workers ----------------------------------------------------------------------------
 
     def registration(self, proc: Process, job: str | None = None) -> Registration:
+        job = proc.job if job is None else job
+        answered = self.collectives.last_answered.get((proc.node_id, job), (0, 0))
         return Registration(
             node_id=proc.node_id,
             role=NodeRole.WORKER,
@@ -490,9 +493,11 @@ class Sim:
             incarnation=proc.incarnation,
             worker_num=self.workers,
             server_num=0,
-            cluster_id=proc.job if job is None else job,
+            cluster_id=job,
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
             spare=proc.spare,
+            collectives_generation=answered[0],
+            collectives_answered=answered[1],
         )
 
     def send(self, proc: Process, body: tuple[Any, ...]) -> None:

@@ -286,7 +286,15 @@ def test_registration_message_covers_every_field() -> None:
         "cluster_id": "other",
         "credential_digest": digest("1", 1),
         "nonce": b"n" * 16,
+        "spare": True,
+        "challenge": b"c" * 16,
+        "job_id": "job",
+        "call_seq": 7,
+        "collectives_generation": 2,
+        "collectives_answered": 3,
     }
+    fields = {f.name for f in dataclasses.fields(base)} - {"proof"}
+    assert set(changes) == fields  # a new field is covered, or this test says which is not
     for name, value in changes.items():
         assert dataclasses.replace(base, **{name: value}).message() != base.message(), name
     assert dataclasses.replace(base, proof=b"p").message() == base.message()

@@ -161,3 +161,51 @@ def test_a_call_made_again_after_its_round_was_forgotten_gets_the_same_answer() 
     rounds.fail_all(JobFailedError("the job ended"))
     gone = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=4.0)
     assert isinstance(gone, Waiting)  # no answer kept past the job's failure of its rounds
+
+
+# A restarted scheduler (its rounds of the restored generation 4 start empty): the scheduler
+# before it answered collective #1 to some ranks only.
+
+
+def test_a_round_the_scheduler_before_answered_is_cut_when_a_rank_says_so_after_the_call() -> None:
+    """Rank 1 never got #1 and calls it again here; ranks 0 and 2 got it and hold (no call
+    comes from them): their registrations say so, and the round is cut at once."""
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    again = rounds.join((4, 1), rank=1, size=SIZE, op=ALLGATHER, root=0, value=b"b", now=0.0)
+    assert isinstance(again, Waiting)
+    assert rounds.answered_before(4, rank=0, answered=1) == 1
+    assert rounds.answered_before(4, rank=2, answered=1) == 1  # open until the engine fails it
+
+
+def test_a_round_the_scheduler_before_answered_is_cut_when_called_after_a_rank_said_so() -> None:
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    assert rounds.answered_before(4, rank=0, answered=1) is None  # nothing open to cut yet
+    assert rounds.cut_off(4, 1, rank=1)  # rank 0 has moved on from #1: it will never call it
+    assert not rounds.cut_off(4, 2, rank=1)  # a round nobody was answered: the next one
+    assert not rounds.cut_off(4, 1, rank=0)  # only another rank's word cuts a round
+    assert not rounds.cut_off(5, 1, rank=1)  # another generation's numbers
+
+
+def test_a_round_completed_here_is_never_cut_by_what_ranks_say_of_it() -> None:
+    """A stream that broke and came back (the same scheduler): rank 0 says it has #1, which
+    completed here; rank 1, whose answer was lost on the way, calls #1 again and gets it."""
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    for rank in range(SIZE):
+        done = rounds.join((4, 1), rank=rank, size=SIZE, op=BARRIER, root=0, value=b"", now=0.0)
+    assert isinstance(done, Completed)
+    for rank in range(SIZE):
+        rounds.answered(done.round, rank)
+    assert rounds.answered_before(4, rank=0, answered=1) is None
+    assert not rounds.cut_off(4, 1, rank=1)
+    assert isinstance(
+        rounds.join((4, 1), rank=1, size=SIZE, op=BARRIER, root=0, value=b"", now=1.0), Completed
+    )
+
+
+def test_a_round_a_rank_called_here_is_not_cut_by_that_ranks_own_word() -> None:
+    """Rank 0 calls #2 here and says it was answered #2 (two calls of its own in flight at the
+    restart): its word is about rounds it has not called here."""
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    rounds.join((4, 2), rank=0, size=SIZE, op=ALLGATHER, root=0, value=b"a", now=0.0)
+    assert rounds.answered_before(4, rank=0, answered=2) is None
+    assert rounds.answered_before(4, rank=1, answered=2) == 2

@@ -16,11 +16,15 @@ from hypothesis import strategies as st
 
 from cluster.protocol import auth
 from cluster.protocol.display import safe
+from cluster.protocol.environment import from_env
+from cluster.protocol.records import NodeRole
 from cluster.scheduler import convert
 from cluster.scheduler.machine.state import Denial, Denied, Member, Refusal
 from cluster.scheduler.refusals import RefusalLimiter, peer_host
 from cluster.transport import allocator, edge, membership
 from cluster.v1 import scheduler_pb2 as pb
+from cluster.worker import convert as worker_convert
+from cluster.worker.identity import NodeIdentity
 from tests.conftest import FakeClock
 from tests.credentials import credential, digest, presented
 from tests.unit.test_state import accept, make_state, refuse, reg
@@ -96,6 +100,24 @@ def test_the_scheduler_keeps_the_hash_of_the_unwrapped_credential() -> None:
     assert request.credential != own
     seen = convert.registration_from_pb(request, convert.role_from_pb(pb.ROLE_WORKER), SECRET)  # type: ignore[arg-type]
     assert seen.credential_digest == digest("0", 1)
+
+
+def test_a_registration_says_how_far_its_collectives_got_under_its_proof() -> None:
+    """The node's last collective answered travels in its registration, covered by the proof:
+    a relay or an outsider that changed it would make the proof fail."""
+    config = from_env(
+        {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2", "MS_SCHED_HOST": "h", "MS_SCHED_PORT": "1"}
+    )
+    identity = NodeIdentity("0", 5, "h", 1)
+    challenge = (b"c" * auth.CHALLENGE_BYTES, "job")
+    request = worker_convert.register_request(
+        config, identity, "job", SECRET, challenge=challenge, collectives=(3, 7)
+    )
+    seen = convert.registration_from_pb(request, NodeRole.WORKER, SECRET)
+    assert (seen.collectives_generation, seen.collectives_answered) == (3, 7)
+    assert auth.proven(SECRET, seen.message(), seen.proof)
+    changed = dataclasses.replace(seen, collectives_answered=1)
+    assert not auth.proven(SECRET, changed.message(), seen.proof)
 
 
 # -- call proofs -------------------------------------------------------------------------------

@@ -609,6 +609,16 @@ def test_collectives_are_numbered_per_generation() -> None:
     assert [core.next_seq(1), core.next_seq(1), core.next_seq(2), core.next_seq(1)] == [1, 2, 1, 3]
 
 
+def test_the_last_collective_answered_is_kept_for_the_next_registration() -> None:
+    """What a restarted scheduler is told: the newest (generation, number) answered, answers
+    of an older generation or an earlier number (calls from two threads) never moving it back."""
+    core, _ = ready_core()
+    assert core.answered == (0, 0)
+    for generation, seq in [(1, 1), (1, 3), (1, 2), (2, 1), (1, 4)]:
+        core.collective_answered(generation, seq)
+    assert core.answered == (2, 1)
+
+
 # -- the invariants, under any order of what can happen ----------------------------------------
 
 FINAL = (Lifecycle.FAILED, Lifecycle.CLOSED)

@@ -23,6 +23,14 @@ by all open rounds are capped too (CLUSTER_COLLECTIVE_MAX_BYTES); a contribution
 fails its round for every rank in it, with a `CapacityError` naming the cap, and a rank that
 comes to that round later gets the same error instead of waiting.
 
+A restarted scheduler has none of its predecessor's rounds. When the predecessor died while
+answering a round, some ranks have their answer and went on, and the others make their call
+again; that round can never complete here. The table sees it either way round: when a call comes
+for a round another rank has already said it was answered (a node says how far its collectives
+got when it registers again, `answered_before`), or when a rank's next round is called while
+an older one is still open (`cut_off`). The engine then starts a new generation, in which
+everyone rolls back.
+
 A round waits at most CLUSTER_COLLECTIVE_TIMEOUT_S (10 minutes) from its first contribution for
 its last; then it fails for every rank, those waiting and those that come later, with a
 `CollectiveError` that names the ranks that never came.
@@ -125,6 +133,10 @@ class Rounds:
         self.held_bytes = 0
         self._failed: collections.OrderedDict[Key, ClusterError] = collections.OrderedDict()
         self._completed: Round | None = None  # the round completed last, for calls made again
+        # The highest round completed here, and how far each rank says it was answered by the
+        # scheduler before this one (`answered_before`): each of one generation, the latest.
+        self._completed_through: Key = (0, 0)
+        self._answered_before: tuple[int, dict[int, int]] = (0, {})
 
     def join(
         self, key: Key, *, rank: int, size: int, op: str, root: int, value: bytes, now: float
@@ -215,13 +227,50 @@ class Rounds:
         self.held_bytes = 0
         return failed
 
-    def cut_off(self, generation: int, seq: int) -> bool:
-        """True when an unfinished round of `generation` has another number than `seq`: ranks
-        that call the same collectives in the same order never do that, unless some of them got
-        an answer the others can no longer get (the scheduler was restarted in between)."""
-        return any(
+    def cut_off(self, generation: int, seq: int, rank: int) -> bool:
+        """True when `rank`'s call of round `seq` of `generation` can never complete because
+        the scheduler was restarted in between: an unfinished round of `generation` has another
+        number (ranks that call the same collectives in the same order never do that, unless
+        some of them got an answer the others can no longer get), or another rank said it was
+        answered this round by the scheduler before this one (`answered_before`)."""
+        if any(
             key[0] == generation and key[1] != seq and rnd.open for key, rnd in self.open.items()
+        ):
+            return True
+        if seq <= self._through(generation):
+            return False  # completed here: a call made again gets its answer
+        reported_generation, reports = self._answered_before
+        return reported_generation == generation and any(
+            answered >= seq for other, answered in reports.items() if other != rank
         )
+
+    def answered_before(self, generation: int, rank: int, answered: int) -> int | None:
+        """`rank`, registering again with this scheduler, says it was answered `generation`'s
+        collectives up to #`answered`. The number of the open round that cuts in two, if any: a
+        round up to that number, not completed here, that `rank` has not called here, waits for
+        a rank that has moved on. Reports of one generation are kept, one number per rank."""
+        completed = self._through(generation)
+        if answered <= completed:
+            return None  # nothing this scheduler does not know
+        reported_generation, reports = self._answered_before
+        if reported_generation != generation:
+            reports = {}
+            self._answered_before = (generation, reports)
+        reports[rank] = max(answered, reports.get(rank, 0))
+        cut = [
+            key[1]
+            for key, rnd in self.open.items()
+            if key[0] == generation
+            and completed < key[1] <= answered
+            and rnd.open
+            and rank not in rnd.values
+        ]
+        return min(cut, default=None)
+
+    def _through(self, generation: int) -> int:
+        """The highest round of `generation` completed here (0: none)."""
+        done_generation, seq = self._completed_through
+        return seq if done_generation == generation else 0
 
     def _round(self, key: Key, *, rank: int, size: int, op: str, root: int, now: float) -> Round:
         """The open round of `key`, made when this is its first contribution."""
@@ -287,6 +336,7 @@ class Rounds:
         gathered = [rnd.values[r] for r in range(rnd.size)]
         rnd.outcome = gathered
         self._completed = rnd
+        self._completed_through = max(self._completed_through, rnd.key)
         return Completed(rnd, gathered)
 
     def _over_cap(self, rnd: Round, rank: int, adding: int) -> ClusterError | None:

@@ -150,6 +150,8 @@ class WorkerCore:
         # Collectives are numbered per generation: a call made for an old generation (by a
         # step that began before the job moved on) must not shift the new one's numbers.
         self._seqs: dict[int, int] = {}
+        # The last collective answered, (generation, number): said when registering again.
+        self.answered: tuple[int, int] = (0, 0)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -193,6 +195,11 @@ class WorkerCore:
         """The number of this node's next collective of `generation`."""
         self._seqs[generation] = self._seqs.get(generation, 0) + 1
         return self._seqs[generation]
+
+    def collective_answered(self, generation: int, seq: int) -> None:
+        """Collective #`seq` of `generation` got its answer: a scheduler restarted since then
+        learns, from the node's next registration, which rounds its predecessor answered."""
+        self.answered = max(self.answered, (generation, seq))
 
     # -- the one input -------------------------------------------------------------------------
 

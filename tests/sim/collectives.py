@@ -14,7 +14,11 @@ Invariants (`Violation.invariant`):
   node that holds that rank in the round's generation; every rank gets the same answer;
 - `rounds-fail`: once a new generation or a failure is told, no round of an older generation
   is open (none can complete with what the new generation sends), and no worker of the newest
-  generation is left waiting on one when the job settles.
+  generation is left waiting on one when the job settles;
+- `liveness` (the job settles after the faults): no worker is left waiting on a round another
+  rank got the answer of (a scheduler that died answering it, to some ranks only), in the
+  schedules whose workers hold once the faults stop (call no new collective, so that nobody
+  calls past that round: its successor learns of it from the registrations, `registered`).
 """
 
 from __future__ import annotations
@@ -79,7 +83,10 @@ class Collectives:
     # -- a worker ------------------------------------------------------------------------------
 
     def call(self, proc: Process) -> None:
-        """`proc` calls its step's collective, unless it waits on one or for a new generation."""
+        """`proc` calls its step's collective, unless it waits on one or for a new generation,
+        or the workers hold (`Sim.holding`: a long step, or the end of the job)."""
+        if self.sim.holding:
+            return
         waiting = self.calls.get(proc.node_id)
         if waiting is not None and waiting.job == proc.job:
             return
@@ -243,6 +250,17 @@ class Collectives:
                 f"collective #{seq} of generation {generation} completed with ranks "
                 f"{sorted(rnd.values)} from {by_rank}; generation {generation} has {holders}",
             )
+
+    def cut_waiting(self) -> list[str]:
+        """Workers that wait on a round another rank got the answer of: once the job settles,
+        only a scheduler that died while answering leaves that, and its successor must re-form
+        the job (the waiting worker's call fails) even when nobody calls another collective."""
+        return [
+            f"{node} waits on {call}, answered to another rank"
+            for node, call in sorted(self.calls.items())
+            if (call.job, call.generation, call.seq) in self.answers
+            and self.sim.processes[node].running
+        ]
 
     def stuck(self) -> list[str]:
         """Workers of the newest generation that wait on a call of an older one."""

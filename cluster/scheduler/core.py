@@ -571,8 +571,10 @@ class SchedulerCore:
     def _cut_in_two(self, generation: int, seq: int) -> str:
         """Collective #`seq` of `generation` was answered to some ranks only, by the scheduler
         before this one: nobody can go on. A new generation, in which everyone rolls back."""
-        reason = f"collective #{seq} of generation {generation} was cut in two by the scheduler's"
-        reason += " restart"
+        reason = (
+            f"collective #{seq} of generation {generation} was cut in two by the scheduler's "
+            "restart"
+        )
         log.warning("%s; re-forming the job so that every worker rolls back", reason)
         self._apply(self.state.reform(reason))
         return reason

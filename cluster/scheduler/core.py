@@ -583,10 +583,10 @@ class SchedulerCore:
         """A node registering again says how far its collectives got (`Rounds.answered_before`):
         re-form as soon as a round open here cannot complete, not at that node's next call."""
         st, generation = self.state, reg.collectives_generation
+        if not reg.collectives_answered or generation != st.restored_generation:
+            return  # a first registration (the common case), or of another generation
         member = st.members.get(canonical_node_id(reg.node_id))
-        if not reg.collectives_answered or member is None or member.rank is None:
-            return
-        if generation == st.restored_generation == st.generation:
+        if member is not None and member.rank is not None and generation == st.generation:
             cut = self.exchanges.answered_before(generation, member.rank, reg.collectives_answered)
             if cut is not None:
                 self._cut_in_two(generation, cut)

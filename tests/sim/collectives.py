@@ -16,9 +16,10 @@ Invariants (`Violation.invariant`):
   is open (none can complete with what the new generation sends), and no worker of the newest
   generation is left waiting on one when the job settles;
 - `liveness` (the job settles after the faults): no worker is left waiting on a round another
-  rank got the answer of (a scheduler that died answering it, to some ranks only), in the
-  schedules whose workers hold once the faults stop (call no new collective, so that nobody
-  calls past that round: its successor learns of it from the registrations, `registered`).
+  rank got the answer of (a scheduler that died answering it, to some ranks only: every third
+  schedule of one scheduler makes that moment, `crash_point`), in the schedules whose workers
+  hold from then on (call no new collective, so that nobody calls past that round: its
+  successor learns of it from the registrations, `registered`; plant `deaf-rounds`).
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class Collectives:
     """The scheduler's rounds and the workers' calls."""
 
     sim: Sim
-    rounds: Rounds = field(default_factory=lambda: Rounds(timeout_s=ROUND_TIMEOUT_S))
+    rounds_kind: type[Rounds] = Rounds  # a plant's (`deaf-rounds`) in its place
+    rounds: Rounds = field(init=False)
     waiters: dict[Round, list[Waiter]] = field(default_factory=dict)
     # What each worker waits on, by node id; the numbers each used, per (job, generation); the
     # generation a failed call left it waiting past, per node id and job.
@@ -79,6 +81,13 @@ class Collectives:
     last_answered: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     completed: int = 0
     cut_at_registration: int = 0
+
+    # Armed: the next round to complete is answered to some of its callers only, and the
+    # scheduler dies (`Sim.crash_after`).
+    crash_point: bool = False
+
+    def __post_init__(self) -> None:
+        self.rounds = self.rounds_kind(timeout_s=ROUND_TIMEOUT_S)
 
     # -- a worker ------------------------------------------------------------------------------
 
@@ -192,8 +201,15 @@ class Collectives:
                 self.sim.step_machine(st.reform(reason))
 
     def settle(self, rnd: Round, outcome: list[bytes] | ClusterError) -> None:
-        """Every caller of `rnd` gets `outcome`."""
-        for waiter in self.waiters.pop(rnd, []):
+        """Every caller of `rnd` gets `outcome`; at the crash point (`crash_point`), only
+        some of them, and the scheduler dies before it answers the others."""
+        waiters = self.waiters.pop(rnd, [])
+        if self.crash_point and not isinstance(outcome, ClusterError) and len(waiters) >= 2:
+            self.crash_point = False
+            waiters = waiters[: self.sim.crash_rng.randrange(1, len(waiters))]
+            told = ", ".join(sorted(w.node_id for w in waiters))
+            self.sim.crash_after = f"the scheduler answers {told} of round {rnd.key} and dies"
+        for waiter in waiters:
             self.answer(waiter.node_id, waiter.incarnation, waiter.call, outcome)
             self.rounds.answered(rnd, waiter.rank)
 
@@ -234,7 +250,7 @@ class Collectives:
 
     def restart(self) -> None:
         """The scheduler died: its rounds with it."""
-        self.rounds = Rounds(timeout_s=ROUND_TIMEOUT_S)
+        self.rounds = self.rounds_kind(timeout_s=ROUND_TIMEOUT_S)
         self.waiters = {}
 
     def check_complete(self, rnd: Round) -> None:

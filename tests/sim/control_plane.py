@@ -59,6 +59,7 @@ from tests.sim.plants import (
     EarlyRelease,
     outbox_kind,
     planted,
+    rounds_kind,
     state_kind,
 )
 from tests.sim.standbys import Standbys
@@ -198,10 +199,17 @@ class Sim:
         self.progress = 0  # the step the training group reached
         self.next_beat = self.clock.now
         # The workers hold (call no new collective: a long step, or the end of the job) once
-        # the faults stop, in every third schedule: a round the scheduler answered to some
-        # ranks only before it died must then be re-formed without anyone calling past it.
+        # the faults stop or the crash point fires, in every third schedule: a round the
+        # scheduler answered to some ranks only before it died must then be re-formed without
+        # anyone calling past it.
         self.holding = False
-        self.collectives = Collectives(self)
+        # Every third schedule of one scheduler arms a crash point at a step its own stream
+        # picks (the schedule's other draws stay as they were): the scheduler dies while it
+        # answers the next round to complete, to some of its callers only (`crash_after` says
+        # which; `crash_answering`).
+        self.crash_after = ""
+        self.crash_rng = random.Random(self.seed * 7919 + 3)
+        self.collectives = Collectives(self, rounds_kind(self.plant))
         self.kv = KvSim(self, self.plant)
         # With standbys: the election, and what reached the leader while it was stopped.
         self.ha = Standbys(self, self.schedulers, self.plant) if self.schedulers > 1 else None
@@ -332,6 +340,17 @@ class Sim:
         self.answers = [a for a in self.answers if a[0] > saved]
         for _, node_id, answer in ready:
             self.net.send(self.clock.now, SCHED, node_id, answer)
+
+    def crash_answering(self) -> None:
+        """The crash point fired (`Collectives.crash_point`): from now on the workers hold,
+        the answers sent arrive, and the scheduler dies before it sends the others and comes
+        back. The other faults stop here, so that only the restarted scheduler can free the
+        ranks left in the round."""
+        self.trace.append(self.crash_after)
+        self.crash_after = ""
+        self.holding = True
+        self.time_passes(5.0)  # past the slowest stream packet
+        self.restart_scheduler()
 
     def restart_scheduler(self) -> None:
         """The scheduler dies and comes back on what the disk holds; every connection to it
@@ -829,11 +848,17 @@ class Sim:
     def run(self, steps: int) -> None:
         for proc in self.processes.values():
             self.start(proc)
-        for _ in range(steps):
+        crashes = self.seed % 3 == 2 and self.ha is None
+        armed_at = self.crash_rng.randrange(steps) if crashes else steps
+        for step in range(steps):
+            self.collectives.crash_point |= step == armed_at
             name, act = self.choose()
             self.trace.append(name)
             act()
             self.check()
+            if self.crash_after:
+                self.crash_answering()
+                break
         self.trace.append("faults stop")
         self.holding = self.seed % 3 == 2
         self.heal()

@@ -23,6 +23,7 @@ from cluster.protocol.records import (
 )
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from cluster.scheduler.machine.rollback import NoCommonStep
+from cluster.scheduler.machine.rounds import Rounds
 from cluster.scheduler.machine.spares import SparePool, live
 from cluster.scheduler.machine.state import SchedulerState
 
@@ -40,6 +41,7 @@ PLANTS = {
     "no-fence": "a leader's save lands without its leader key (standbys)",
     "silent-supersede": "a stream replaced by a newer one of its node is left open, silent "
     "(worker cores)",
+    "deaf-rounds": "a restarted scheduler ignores how far a registering node's collectives got",
 }
 # Plants of the election run with standbys (`standbys.py` puts them in).
 PLANT_SCHEDULERS = {"no-step-down": 2, "lease-from-receipt": 2, "no-fence": 2}
@@ -66,6 +68,13 @@ class KeepRounds(Outbox):
             replace(t, fail=None) if isinstance(t.effect, TopologyReadyEvent) else t
             for t in super()._tells(revision, effects)
         )
+
+
+class DeafRounds(Rounds):
+    """`deaf-rounds`: what a registering node says of its collectives is not heard."""
+
+    def answered_before(self, generation: int, rank: int, answered: int) -> int | None:
+        return None
 
 
 class EagerPool(SparePool):
@@ -115,6 +124,10 @@ def planted(state: SchedulerState, plant: str) -> SchedulerState:
     return state
 
 
+def rounds_kind(plant: str) -> type[Rounds]:
+    return DeafRounds if plant == "deaf-rounds" else Rounds
+
+
 def outbox_kind(plant: str) -> type[Outbox]:
     return {"early-release": EarlyRelease, "keep-rounds": KeepRounds}.get(plant, Outbox)
 
@@ -123,10 +136,12 @@ __all__ = [
     "PLANTS",
     "PLANT_CORES",
     "PLANT_SCHEDULERS",
+    "DeafRounds",
     "EagerPool",
     "EarlyRelease",
     "KeepRounds",
     "NewestMin",
     "NoGuard",
     "outbox_kind",
+    "rounds_kind",
 ]

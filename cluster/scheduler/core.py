@@ -582,14 +582,11 @@ class SchedulerCore:
     def _answered_before(self, reg: state.Registration) -> None:
         """A node registering again says how far its collectives got (`Rounds.answered_before`):
         re-form as soon as a round open here cannot complete, not at that node's next call."""
-        st, generation = self.state, reg.collectives_generation
-        if not reg.collectives_answered or generation != st.restored_generation:
-            return  # a first registration (the common case), or of another generation
-        member = st.members.get(canonical_node_id(reg.node_id))
-        if member is not None and member.rank is not None and generation == st.generation:
-            cut = self.exchanges.answered_before(generation, member.rank, reg.collectives_answered)
+        report = self.state.collectives_report(reg)
+        if report is not None:
+            cut = self.exchanges.answered_before(*report)
             if cut is not None:
-                self._cut_in_two(generation, cut)
+                self._cut_in_two(report[0], cut)
 
     def now(self) -> float:
         return self._clock()

@@ -189,15 +189,12 @@ class Collectives:
         """An accepted registration said how far the node's collectives got: as the engine's
         `_answered_before`, a round open here that it was answered before is cut in two."""
         st = self.sim.state
-        member = st.members.get(reg.node_id)
-        generation, answered = reg.collectives_generation, reg.collectives_answered
-        if not answered or member is None or member.rank is None:
-            return
-        if generation == st.restored_generation == st.generation:
-            cut = self.rounds.answered_before(generation, member.rank, answered)
+        report = st.collectives_report(reg)
+        if report is not None:
+            cut = self.rounds.answered_before(*report)
             if cut is not None:
                 self.cut_at_registration += 1
-                reason = f"collective #{cut} of generation {generation} was cut in two"
+                reason = f"collective #{cut} of generation {report[0]} was cut in two"
                 self.sim.step_machine(st.reform(reason))
 
     def settle(self, rnd: Round, outcome: list[bytes] | ClusterError) -> None:

@@ -1696,3 +1696,22 @@ def test_a_named_node_rejoining_from_another_host_keeps_its_rank(nothing: None) 
     assert machine.state.members["ps-a"].host == "h1"
     assert machine.state.members["ps-a"].rank == rank
     machine.teardown()
+
+
+def test_a_registrations_word_on_its_collectives_counts_only_in_the_restored_generation() -> None:
+    """`collectives_report`: what the rounds weigh of a node back after a restart (its rank,
+    how far its collectives got), only for the generation restored while it still runs."""
+    clock = FakeClock()
+    state = restore(recovering(clock).snapshot(), clock)
+    assert state.restored_generation == state.generation == 1
+    again = reg(state, "1", port=6001, collectives_generation=1, collectives_answered=4)
+    assert state.collectives_report(again) == (1, state.members["1"].rank, 4)
+    first = reg(state, "1", port=6001)
+    assert state.collectives_report(first) is None  # nothing answered: nothing to weigh
+    older = dataclasses.replace(again, collectives_generation=0)
+    assert state.collectives_report(older) is None
+    stranger = reg(state, "9", collectives_generation=1, collectives_answered=4)
+    assert state.collectives_report(stranger) is None  # no rank here
+    state.reform("a test moves the job on")
+    assert state.generation == 2
+    assert state.collectives_report(again) is None  # the restored generation is over

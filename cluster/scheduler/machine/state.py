@@ -183,6 +183,19 @@ class SchedulerState:
         """The member or spare with this (canonical) node id."""
         return self.members.get(node_id) or self.spares.get(node_id)
 
+    def collectives_report(self, reg: Registration) -> tuple[int, int, int] | None:
+        """What an accepted registration says of the node's collectives that the rounds
+        must weigh (`Rounds.answered_before`): (generation, rank, last answered), when that
+        generation is the one this scheduler restored and still runs, and the node holds a
+        rank in it. None otherwise; a first registration, the common case, returns at once."""
+        generation, answered = reg.collectives_generation, reg.collectives_answered
+        if not answered or not generation == self.restored_generation == self.generation:
+            return None
+        member = self.find(canonical_node_id(reg.node_id))
+        if member is None or member.rank is None:
+            return None
+        return generation, member.rank, answered
+
     def member(self, node_id: str, incarnation: int) -> Member:
         member = self.find(canonical_node_id(node_id))
         if member is None or member.incarnation != incarnation:

@@ -77,8 +77,9 @@ class Collectives:
     # The peers of each generation told, per (job, generation); the answer of each round heard.
     peers: dict[tuple[str, int], dict[int, str]] = field(default_factory=dict)
     answers: dict[tuple[str, int, int], list[bytes]] = field(default_factory=dict)
-    # Each node's last call answered, per job: (generation, number), said when it registers.
-    last_answered: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    # The last call each node's process got answered, (generation, number): said when it
+    # registers, as the worker core keeps it (per process: a new one starts from nothing).
+    last_answered: dict[str, tuple[int, int]] = field(default_factory=dict)
     completed: int = 0
     cut_at_registration: int = 0
 
@@ -118,19 +119,20 @@ class Collectives:
             self.sim.net.send(self.sim.clock.now, proc.node_id, "sched", body, stream=True)
 
     def forget(self, proc: Process) -> None:
-        """A new process of the node id: the old one's call died with it."""
+        """A new process of the node id: the old one's call, and what it was answered, died
+        with it."""
         self.calls.pop(proc.node_id, None)
+        self.last_answered.pop(proc.node_id, None)
 
     def on_answer(self, proc: Process, call: Call, outcome: list[bytes] | ClusterError) -> None:
         if self.calls.get(proc.node_id) != call:
             return  # an answer to a call it no longer waits on (a retry's twin)
         del self.calls[proc.node_id]
-        if not isinstance(outcome, ClusterError):
-            known = self.last_answered.get((proc.node_id, call.job), (0, 0))
-            self.last_answered[(proc.node_id, call.job)] = max(known, (call.generation, call.seq))
         if isinstance(outcome, ClusterError):
             self.failed_at[(proc.node_id, call.job)] = call.generation
             return
+        known = self.last_answered.get(proc.node_id, (0, 0))
+        self.last_answered[proc.node_id] = max(known, (call.generation, call.seq))
         key = (call.job, call.generation, call.seq)
         first = self.answers.setdefault(key, outcome)
         if first != outcome:

@@ -506,8 +506,7 @@ class Sim:
     # -- the workers ----------------------------------------------------------------------------
 
     def registration(self, proc: Process, job: str | None = None) -> Registration:
-        job = proc.job if job is None else job
-        answered = self.collectives.last_answered.get((proc.node_id, job), (0, 0))
+        answered = self.collectives.last_answered.get(proc.node_id, (0, 0))
         return Registration(
             node_id=proc.node_id,
             role=NodeRole.WORKER,
@@ -516,7 +515,7 @@ class Sim:
             incarnation=proc.incarnation,
             worker_num=self.workers,
             server_num=0,
-            cluster_id=job,
+            cluster_id=proc.job if job is None else job,
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
             spare=proc.spare,
             collectives_generation=answered[0],

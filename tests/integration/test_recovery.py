@@ -328,6 +328,8 @@ def test_scheduler_killed_at_random_moments_always_resumes(
         # `cut`: the scheduler died while answering the gather, to some ranks only (the test
         # below makes that moment on purpose): the job re-formed under it.
         wait_until(lambda w=w: re.search("(allgather|cut) rank=", w.output) is not None, 40, w.name)
+    # The rejoin starts a new generation: 2, or 3 after a cut gather's re-forming.
+    final = 3 if any("cut rank=" in w.output for w in workers) else 2
     workers[1].popen.send_signal(signal.SIGKILL)
     workers[1].wait(10)
     workers[1] = worker(1, "worker1-restarted")
@@ -336,11 +338,9 @@ def test_scheduler_killed_at_random_moments_always_resumes(
     release.touch()
     for w in workers:
         assert w.wait(40) == 0, w.output
-    finals = {
-        re.findall(r"after rank=\d (generation=\d+) result=\[0, 1, 2\]", w.output)[0]
-        for w in workers
-    }
-    assert len(finals) == 1, finals  # one generation, the same for everyone
+        assert re.search(rf"after rank=\d generation={final} result=\[0, 1, 2\]", w.output), (
+            w.output
+        )
     assert sched.wait(30) == 0, sched.output
 
 

@@ -135,6 +135,7 @@ def cluster_server_main(
     async def serve() -> None:
         from cluster.protocol.config import DEFAULT_NODE_TIMEOUT_S, ObserveConfig
         from cluster.scheduler import JobSettings, SchedulerServer
+        from cluster.transport import collector
 
         settings = JobSettings(
             worker_num=n,
@@ -148,6 +149,7 @@ def cluster_server_main(
         observe = ObserveConfig(metrics_port=0) if metrics else None
         server = SchedulerServer(settings, host=HOST, port=0, observe=observe)
         port = await server.start()
+        collector.tune_for_server()  # as the scheduler's own process does
         profiling = asyncio.ensure_future(profile_window())
         try:
             q.put(("port", -1, (port, server.observing.metrics_port)))

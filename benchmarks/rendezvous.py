@@ -404,6 +404,7 @@ def cluster_scheduler_main(
         identity = tls_identity(ssl_json, server=True)
         from cluster.protocol.config import default_heartbeat_interval
         from cluster.scheduler import JobSettings, SchedulerServer
+        from cluster.transport import collector
 
         settings = JobSettings(
             worker_num=n,
@@ -415,6 +416,7 @@ def cluster_scheduler_main(
         )
         server = SchedulerServer(settings, host=HOST, port=0, tls=identity)
         port = await server.start()
+        collector.tune_for_server()  # as the scheduler's own process does (server.serve)
         try:
             q.put(("port", -1, port))
             try:
@@ -596,9 +598,11 @@ def relay_main(
 
     async def serve() -> None:
         from cluster.tools.relay import Relay, RelaySettings
+        from cluster.transport import collector
 
         relay = Relay(RelaySettings(address, f"{HOST}:{port}", n, node_timeout_s))
         await relay.start()
+        collector.tune_for_server()  # as `mscluster relay` does
         try:
             q.put(("relay-ready", k, os.getpid()))
             await signalled(stop, hold_s)
@@ -650,6 +654,7 @@ def grpc_floor_server_main(
         import grpc
         from grpc_health.v1 import health, health_pb2_grpc
 
+        from cluster.transport import collector
         from cluster.transport.server_tls import server_credentials
         from cluster.transport.serving import server_options
 
@@ -663,6 +668,7 @@ def grpc_floor_server_main(
         else:
             port = server.add_secure_port(where, server_credentials(identity))
         await server.start()
+        collector.tune_for_server()  # tuned as the scheduler is: the floor is no higher
         try:
             q.put(("port", -1, port))
             await signalled(stop, SPAWN_TIMEOUT_S + 2 * timeout_s)

@@ -37,7 +37,7 @@ from cluster.scheduler.gate import Gate
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.state_store import StateStore
-from cluster.transport import allocator
+from cluster.transport import allocator, collector
 from cluster.transport.serving import server_options
 
 if TYPE_CHECKING:
@@ -472,6 +472,7 @@ async def serve(config: ClusterConfig) -> int:
         observe=config.observe,
     )
     await server.start()
+    collector.tune_for_server()  # this process is the scheduler's alone
     log.info("%s", _who_may_join(server))
     loop = asyncio.get_running_loop()
     # SIGINT (Ctrl-C, the launcher stopping its job) ends the job; SIGTERM (a host stopped for

@@ -35,6 +35,7 @@ from cluster.protocol.environment import (
     tls_options_from_env,
 )
 from cluster.protocol.errors import ConfigError
+from cluster.transport import collector
 
 EXIT_OK = 0
 
@@ -169,6 +170,7 @@ async def serve(settings: RelaySettings) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         address = await relay.start()
+        collector.tune_for_server()
         _say(f"serving {address} for the scheduler at {', '.join(settings.schedulers)}")
         await stop.wait()
     finally:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import hmac
 import os
 from dataclasses import field
 
@@ -60,9 +59,25 @@ def credential_digest(credential: bytes) -> bytes:
     return hashlib.sha256(credential).digest()
 
 
+def _mac(key: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 of `message` under `key`. (`hmac` is imported on first use, here and in
+    `_equal`: a worker without a job secret makes no MAC, and the import is a millisecond of
+    every worker's start.)"""
+    import hmac  # noqa: PLC0415 - see above
+
+    return hmac.new(key, message, hashlib.sha256).digest()
+
+
+def _equal(a: bytes, b: bytes) -> bool:
+    """Constant-time comparison."""
+    import hmac  # noqa: PLC0415 - see _mac
+
+    return hmac.compare_digest(a, b)
+
+
 def same_digest(held: bytes, presented: bytes) -> bool:
     """Constant-time comparison; an empty held digest matches nothing."""
-    return bool(held) and hmac.compare_digest(held, presented)
+    return bool(held) and _equal(held, presented)
 
 
 def canonical(fields: tuple[str | int | bytes, ...]) -> bytes:
@@ -79,11 +94,11 @@ def canonical(fields: tuple[str | int | bytes, ...]) -> bytes:
 
 
 def prove(secret: bytes, message: bytes) -> bytes:
-    return hmac.new(secret, message, hashlib.sha256).digest()
+    return _mac(secret, message)
 
 
 def proven(secret: bytes, message: bytes, proof: bytes) -> bool:
-    return hmac.compare_digest(prove(secret, message), proof)
+    return _equal(prove(secret, message), proof)
 
 
 # How long a challenge of the scheduler stays good: a node registers within it of asking for one.
@@ -112,7 +127,7 @@ class ChallengeIssuer:
 
     def _tag(self, issued_ms: int) -> bytes:
         body = self.start_id + issued_ms.to_bytes(8, "big")
-        return hmac.new(self._key, body, hashlib.sha256).digest()[:_TAG_BYTES]
+        return _mac(self._key, body)[:_TAG_BYTES]
 
     def issue(self, now_s: float) -> bytes:
         issued_ms = max(int(now_s * 1000), 0)
@@ -124,7 +139,7 @@ class ChallengeIssuer:
             return "it carries no challenge of this scheduler (ask for one with Challenge)"
         start_id = challenge[:_START_ID_BYTES]
         issued_ms = int.from_bytes(challenge[_START_ID_BYTES : _START_ID_BYTES + 8], "big")
-        if start_id != self.start_id or not hmac.compare_digest(
+        if start_id != self.start_id or not _equal(
             challenge[_START_ID_BYTES + 8 :], self._tag(issued_ms)
         ):
             return "its challenge is not this scheduler's (another job, or before a restart)"
@@ -135,7 +150,7 @@ class ChallengeIssuer:
 
 
 def _pad(secret: bytes, challenge: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, canonical((_WRAP, challenge, nonce)), hashlib.sha256).digest()
+    return _mac(secret, canonical((_WRAP, challenge, nonce)))
 
 
 def wrap(secret: bytes, challenge: bytes, nonce: bytes, credential: bytes) -> bytes:
@@ -152,7 +167,7 @@ unwrap = wrap
 def call_key(secret: bytes, digest: bytes) -> bytes:
     """The key of a node's call MACs: only the node and the scheduler (holding the secret and
     the credential's hash) can make it; the saved hash alone is not enough."""
-    return hmac.new(secret, canonical((_CALL_KEY, digest)), hashlib.sha256).digest()
+    return _mac(secret, canonical((_CALL_KEY, digest)))
 
 
 def call_mac(key: bytes, call: tuple[str, str, int, int, bytes]) -> bytes:

@@ -105,6 +105,15 @@ def test_a_worker_without_options_imports_no_optional_package() -> None:
 
 
 @pytest.mark.slow  # starts a Python process
+def test_a_worker_imports_neither_hmac_without_a_job_secret_nor_the_generated_grpc_module() -> None:
+    """hmac only makes and checks job-secret proofs; the stub reads its methods from the
+    service's descriptor (the generated module is the servicer's): a millisecond and a half of
+    every worker's start between them."""
+    loaded = modules_after(WORKER)
+    assert sorted(loaded & {"hmac", "cluster.v1.scheduler_pb2_grpc", "grpc._utilities"}) == []
+
+
+@pytest.mark.slow  # starts a Python process
 def test_a_worker_builds_its_many_records_with_shared_methods() -> None:
     """Import-time work stays out of module bodies: a dataclass compiles its methods from
     source at import (about 0.5 ms a class), so the worker's many records (its core's events

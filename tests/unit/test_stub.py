@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from cluster.transport.stub import LazyStub
+from cluster.transport.stub import LazyStub, methods
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -33,6 +33,7 @@ def test_each_method_is_made_once_on_first_use_as_the_generated_stub_makes_it() 
         assert getattr(stub, name) == made
         assert getattr(stub, name) == made  # kept: asked once
     assert len(channel.asked) == len(generated)
+    assert set(methods()) == set(generated)  # read from the descriptor: none left out, none more
     assert {name for name in generated} >= {"Watch", "Heartbeat", "Finish", "Exchange"}
     assert generated["Watch"][0] == "unary_stream"
     assert generated["Heartbeat"][2]["request_serializer"] == pb.HeartbeatRequest.SerializeToString

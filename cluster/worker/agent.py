@@ -37,16 +37,16 @@ from cluster.worker import convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
-from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Silence
+from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silence
 
 T = TypeVar("T")
 
 # A scheduler's challenge is used for half its life, then asked for again.
 TTL_USE_S = auth.CHALLENGE_TTL_S / 2
-# A generation resumed from memory, as rank 0 reports it: (generation, step, why).
-Resumed = tuple[int, int, str]
-# What the interpreter hands back to its caller: an accepted stream to read (Watch), a call to
-# make again (RetryCall), or nothing.
+# A node whose relay was lost looks for it this often; back, it registers through it (bounded by
+# RELAY_MOVE_S); its direct channel closes as its calls end (at most RELAY_MOVE_GRACE_S later).
+RELAY_LOOK_S, RELAY_MOVE_S, RELAY_MOVE_GRACE_S = 1.0, 10.0, 30.0
+# What the interpreter hands its caller: a stream to read, a call to make again, or nothing.
 Outcome = steps.Watch | steps.RetryCall | None
 
 
@@ -66,10 +66,9 @@ class WorkerAgent:
         probe: SchedulerProbe | None = None,
     ) -> None:
         """`cluster_id`: the job this node belonged to before its process restarted (its saved
-        recovery file), so that a scheduler running another job refuses it.
-        `expiry_check_period_s`: how often TLS certificates are checked for expiry (None: daily).
-        `probe`: the scheduler checks this agent shares with its owner's other agents (default:
-        its own)."""
+        recovery file), so that a scheduler running another job refuses it. `probe`: the checks
+        of the scheduler it shares with its owner's other agents (default: its own).
+        `expiry_check_period_s`: how often TLS certificates are checked for expiry (None: daily)."""
         self.config = config
         self.identity = identity
         # The agent's clock is the core's: deadlines the core sets are waited for here.
@@ -100,18 +99,18 @@ class WorkerAgent:
         # The last whole peer table heard: the base of the next delta.
         self._table = peer_table.HeldTable()
         self._stream_up = False  # an accepted event stream is being read
+        self._move: asyncio.Task[None] | None = None  # to the relay come back: `_back_to_relay`
         # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
         self.accepted_at: float | None = None
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
         self._fatal: asyncio.Future[ClusterError] = loop.create_future()
         self._watch_task: asyncio.Task[None] | None = None
-        # Set, and replaced by a fresh one, whenever a new generation arrives.
+        # Set when a new generation arrives / a peer of this one failed (each replaced then).
         self._new_generation = asyncio.Event()
-        # Set when a peer of the current generation failed (replaced with each generation).
         self._peer_failed = asyncio.Event()
-        # Checkpoint reports: numbered, and the generation whose rollback step this worker has
-        # put back, as its TrainingLoop says (None: say the newest generation heard).
+        # Checkpoint reports: numbered; the generation whose rollback step this worker put back
+        # (its TrainingLoop says; None: the newest generation heard).
         self._report_seq = 0
         self.resumed_in: int | None = None
 
@@ -143,8 +142,7 @@ class WorkerAgent:
         if isinstance(watch, steps.Watch):
             self._watch_task = asyncio.create_task(self._watch_forever(watch))
         while not (self._ready.done() or self._fatal.done()):
-            # A failure of the job also settles _ready (see _failed); asyncio.wait neither wraps
-            # it in a task nor cancels it when this caller is cancelled.
+            # The job's failure settles _ready too; asyncio.wait neither wraps nor cancels it.
             wait_s = max(self.core.ready_by - self._clock(), 0.0)
             await asyncio.wait((self._ready,), timeout=wait_s)
             if not self._ready.done():
@@ -210,8 +208,7 @@ class WorkerAgent:
             case steps.Fail(error=error):
                 self._failed(error, report=report)
             case steps.Released(error=error):
-                # Only ever while start() waits (no topology yet): it raises it, and the process
-                # exits 0 (cluster.init).
+                # Only while start() waits (no topology yet): it raises it; the process exits 0.
                 self._failed(error, report=False)
             case steps.Done():
                 self._stream_done = True
@@ -264,11 +261,12 @@ class WorkerAgent:
         if self._route.relay_lost(cut_off=stream_lost and not ready):
             self._follow(self.core.address)
 
-    def _set_aside(self, work: Coroutine[Any, Any, Any]) -> None:
+    def _set_aside(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run `work` beside this agent's tasks (cancelled by `close`)."""
         task = asyncio.create_task(work)
         self._aside.add(task)
         task.add_done_callback(self._aside.discard)
+        return task
 
     def _failed(self, error: ClusterError, *, report: bool) -> None:
         if self._fatal.done():
@@ -375,7 +373,7 @@ class WorkerAgent:
             patient=lambda: self._probe.found_up(self._host, self._port),
         )
         try:
-            return await self._first_answer(call)
+            return await convert.first_answer(call, self.core.where)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             if limit.expired:
                 raise asyncio.TimeoutError from None
@@ -384,18 +382,8 @@ class WorkerAgent:
             limit.stop()
 
     def _answer_late(self, waited_s: float) -> None:
-        """The registration has waited `waited_s` for its answer (said from a timer: carried out
-        aside)."""
+        """The registration has waited `waited_s` for its answer (from a timer: done aside)."""
         self._set_aside(self._run(self.core.step(steps.AnswerLate(waited_s))))
-
-    async def _first_answer(self, call: Call) -> pb.Event:
-        first = await call.read()
-        if first is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
-            raise asyncio.InvalidStateError("the scheduler closed the stream without an answer")
-        assert isinstance(first, pb.Event)
-        if first.WhichOneof("kind") not in ("accepted", "refused"):
-            raise ClusterError(f"{self.core.where} answered registration with {first}")
-        return first
 
     # -- the stream ----------------------------------------------------------------------------
 
@@ -403,7 +391,11 @@ class WorkerAgent:
         """Read each accepted stream, and do what its loss calls for, until the core is done."""
         while watch is not None and self._accepted is not None:
             call, self._accepted = self._accepted, None
-            lost = await self._watch_once(call, watch)
+            lost, move = await self._watch_once(call, watch), self._move
+            if lost is not None and move is not None:
+                await asyncio.wait((move,))  # the direct stream, superseded, ended first
+            if lost is not None and self._accepted is not None:
+                continue  # superseded by the stream through the relay come back: read that
             if lost is not None:
                 self._off_lost_relay(stream_lost=True)
             then = None if lost is None else await self._run(self.core.step(lost))
@@ -431,6 +423,7 @@ class WorkerAgent:
             if beats is not None
             else None
         )
+        relay = Periodic(self._look_for_relay, RELAY_LOOK_S) if self._route.away else None
         self._stream_done = False
         self._stream_up = True
         try:
@@ -457,11 +450,36 @@ class WorkerAgent:
             return None
         finally:
             self._stream_up = False
+            if relay is not None:
+                relay.stop()
             if silence is not None:
                 silence.stop()
             if beats is not None:
                 beats.stop()
             call.cancel()
+
+    def _look_for_relay(self) -> None:
+        """While the stream runs direct: is the relay this node lost back (restarted)?"""
+        ready = self.topology is not None and self._stream_up and not self.core.over
+        if ready and self._route.relay_back():
+            self._move = self._set_aside(self._back_to_relay())
+
+    async def _back_to_relay(self) -> None:
+        """Register again, this incarnation, through the relay: the scheduler ends the direct
+        stream as superseded, no failure (read to its end, then the new one: no event missed).
+        Failed, the node stays direct and looks again."""
+        direct, stub = self._channel, self._stub
+        self._channel = moved = self._route.open(self.core.address, self._tls)
+        self._stub = LazyStub(moved)
+        event = await self._register(steps.Register(RELAY_MOVE_S, RELAY_MOVE_S))
+        self._move = None
+        if isinstance(event, steps.Accepted) and self._accepted is not None:
+            self._set_aside(scheduler_link.close_for_good(direct, RELAY_MOVE_GRACE_S))
+            return
+        if self._channel is moved:  # nothing else moved the node meanwhile
+            self._route.move_failed()
+            self._channel, self._stub = direct, stub
+            self._set_aside(moved.close(grace=None))
 
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())
@@ -613,21 +631,15 @@ class WorkerAgent:
                 waiter.cancel()
         return peer_failed.is_set() or moved.is_set()
 
-    async def report_checkpoints(self, steps: list[int], resumed: Resumed | None = None) -> int:
+    async def report_checkpoints(
+        self, steps: list[int], resumed: convert.Resumed | None = None
+    ) -> int:
         """Report the steps held (and, from rank 0, a generation resumed from memory); a step
         every worker holds (0: none), to keep."""
         self._report_seq += 1  # a retry sends the same number: the scheduler takes it once
-        topology = self.topology
-        request = pb.ReportCheckpointsRequest(
-            node_id=self.identity.node_id,
-            incarnation=self.identity.incarnation,
-            steps=steps,
-            generation=self.resumed_in or (0 if topology is None else topology.generation),
-            report_seq=self._report_seq,
-        )
-        if resumed is not None:
-            generation, step, why = resumed
-            request.resumed.CopyFrom(pb.MemoryResume(generation=generation, step=step, why=why))
+        held = self.resumed_in or (0 if self.topology is None else self.topology.generation)
+        seq = self._report_seq
+        request = convert.checkpoints_request(self.identity, steps, held, seq, resumed)
         answer = await self._unary("checkpoint report", "ReportCheckpoints", request)
         return int(answer.held_by_all)
 
@@ -668,9 +680,7 @@ class WorkerAgent:
     async def send_finish(self, timeout_s: float, failure: str = "") -> steps.Event:
         """One Finish call, waiting up to `timeout_s`: what came of it. With `failure` (the
         first line of the error this process dies of), sent once by the session at exit."""
-        request = pb.FinishRequest(
-            node_id=self.identity.node_id, incarnation=self.identity.incarnation, failure=failure
-        )
+        request = convert.finish_request(self.identity, failure)
         try:
             await self._stub.Finish(
                 request, timeout=timeout_s, metadata=self._signed("Finish", request)

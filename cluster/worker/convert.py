@@ -8,6 +8,8 @@ of `cluster.transport.failures`.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from cluster.protocol import auth
@@ -16,6 +18,7 @@ from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.records import NodeRole, Registration
 from cluster.protocol.topology import PeerColumns, Topology, find_row
 from cluster.transport import failures
+from cluster.transport.stub import WatchCall
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.machine import steps
@@ -235,4 +238,43 @@ def exchange_request(
         op=_EXCHANGE_OPS[op],
         root=root,
         value=value,
+    )
+
+
+# A generation resumed from memory, as rank 0 reports it: (generation, step, why).
+Resumed = tuple[int, int, str]
+
+
+def checkpoints_request(
+    identity: NodeIdentity, steps: list[int], generation: int, seq: int, resumed: Resumed | None
+) -> pb.ReportCheckpointsRequest:
+    """A report of the steps this node holds (report number `seq`), for `generation`."""
+    request = pb.ReportCheckpointsRequest(
+        node_id=identity.node_id,
+        incarnation=identity.incarnation,
+        steps=steps,
+        generation=generation,
+        report_seq=seq,
+    )
+    if resumed is not None:
+        generation, step, why = resumed
+        request.resumed.CopyFrom(pb.MemoryResume(generation=generation, step=step, why=why))
+    return request
+
+
+async def first_answer(call: WatchCall, where: str) -> pb.Event:
+    """The first event of a registration's stream: its answer, accepted or refused."""
+    first = await call.read()
+    if first is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from grpc-stubs
+        raise asyncio.InvalidStateError("the scheduler closed the stream without an answer")
+    assert isinstance(first, pb.Event)
+    if first.WhichOneof("kind") not in ("accepted", "refused"):
+        raise ClusterError(f"{where} answered registration with {first}")
+    return first
+
+
+def finish_request(identity: NodeIdentity, failure: str = "") -> pb.FinishRequest:
+    """This node is done; with `failure`, the first line of the error its process dies of."""
+    return pb.FinishRequest(
+        node_id=identity.node_id, incarnation=identity.incarnation, failure=failure
     )

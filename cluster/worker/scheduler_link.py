@@ -4,6 +4,7 @@ relay (CLUSTER_RELAY) while the relay answers, else direct."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 from collections.abc import Callable
@@ -84,10 +85,22 @@ def prepare_tls(options: TLSOptions, say: Callable[[str], None]) -> tls.Identity
 # runs a thousand on one relay), and how long one check may take.
 RELAY_CHECK_KEPT_S = 1.0
 RELAY_CHECK_S = 0.5
-_relay_checks: dict[str, tuple[bool, float]] = {}
-# A relay lost is looked for again, when the node next opens a channel, this long after: a
-# relay killed a moment ago may still have its socket listening.
-RELAY_BACK_AFTER_S = 1.0  # address -> (listening, when)
+_relay_checks: dict[str, tuple[bool, float]] = {}  # address -> (listening, when)
+# A relay lost is looked for again, when the node next opens a channel or while its stream runs
+# direct, this long after: a relay killed a moment ago may still have its socket listening.
+RELAY_BACK_AFTER_S = 1.0
+# A relay found back that did not take the node's stream is looked for again twice as late each
+# time, at most this late.
+RELAY_BACK_MOST_S = 60.0
+
+
+async def close_for_good(channel: grpc.aio.Channel, grace_s: float) -> None:
+    """Close `channel` once its calls end (`grace_s` at most), and let go of its connection
+    now. grpc.aio lets a closed channel's connection go with the objects of its calls, which sit
+    in reference cycles: the process's next full collection, minutes away in a busy process, so
+    the scheduler held a node's old connection that long. One collection, here, frees it."""
+    await channel.close(grace=grace_s)
+    gc.collect()
 
 
 def relay_listening(
@@ -115,15 +128,23 @@ class Route:
     """Where a worker's calls go: through its host's relay (`config.relay`) while the worker
     talks to a scheduler of its configuration (the relay follows the one that leads) and the
     relay answers, else to the scheduler directly (a leader named elsewhere). A relay found gone
-    is left, said in one line, until the worker opens a channel again and finds it back (a
-    launcher restarted it)."""
+    is left, said in one line, until the worker finds it back (a launcher restarted it) when it
+    opens a channel again, or while its stream runs direct (`WorkerAgent`: the stream moves)."""
 
-    def __init__(self, config: ClusterConfig, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        say: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._config = config
         self._say = say
+        self._clock = clock
         self.relay = config.relay
-        # A relay lost while the node ran, and when: looked for again RELAY_BACK_AFTER_S later.
+        # A relay lost while the node ran, and when: looked for again RELAY_BACK_AFTER_S later
+        # (twice as late after each move back to it that failed since: `move_failed`).
         self._lost: tuple[str, float] | None = None
+        self._moves_failed = 0
         if self.relay is not None and not relay_listening(self.relay):
             say(f"no relay answers at {self.relay}: this node talks to the scheduler directly")
             self.relay = None
@@ -137,12 +158,17 @@ class Route:
             return scheduler_channel.open_channel(self.relay, None, options)
         return open_channel(address, identity, self._config)
 
+    @property
+    def away(self) -> bool:
+        """Whether a relay this node talked through was lost (and may come back)."""
+        return self._lost is not None
+
     def relay_back(self) -> bool:
         """True, once, when the relay this node lost a while ago (RELAY_BACK_AFTER_S) answers
         again (a launcher restarted it): from now on calls go through it again (the caller
         opens that channel, or the next channel opened does)."""
         lost = self._lost
-        if lost is None or time.monotonic() - lost[1] < RELAY_BACK_AFTER_S:
+        if lost is None or self._clock() - lost[1] < self._back_after_s():
             return False
         if not relay_listening(lost[0], kept_up=False):
             return False
@@ -161,5 +187,21 @@ class Route:
         if not cut_off and relay_listening(relay, kept_up=False):
             return False
         self._say(f"lost the relay at {relay}: this node talks to the scheduler directly")
-        self.relay, self._lost = None, (relay, time.monotonic())
+        self.relay, self._lost, self._moves_failed = None, (relay, self._clock()), 0
         return True
+
+    def move_failed(self) -> None:
+        """The relay found back did not take this node's stream (its own connection to the
+        scheduler not up yet, say): direct again, looked for again later."""
+        relay = self.relay
+        if relay is None:
+            return
+        self._moves_failed += 1
+        self.relay, self._lost = None, (relay, self._clock())
+        self._say(
+            f"the relay at {relay} did not take this node's stream: it stays direct, and looks "
+            f"again in {self._back_after_s():g} s"
+        )
+
+    def _back_after_s(self) -> float:
+        return min(RELAY_BACK_AFTER_S * 2.0**self._moves_failed, RELAY_BACK_MOST_S)

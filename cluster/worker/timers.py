@@ -1,9 +1,9 @@
 """The agent's timers on the event loop: one timer per stream or call, not a task per message.
 
 `Silence` cancels an event stream on which nothing arrived for too long, `AnswerLimit` a
-registration that did not reach the scheduler or was not answered in time, and `Heartbeats`
-writes this node's heartbeats on their own stream. Each only does I/O; what a cancelled call
-means is for the worker core to decide.
+registration that did not reach the scheduler or was not answered in time, `Heartbeats`
+writes this node's heartbeats on their own stream, and `Periodic` calls a check now and then.
+Each only does I/O; what a cancelled call means is for the worker core to decide.
 """
 
 from __future__ import annotations
@@ -114,6 +114,22 @@ class AnswerLimit:
             return
         self.expired = True
         self._call.cancel()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class Periodic:
+    """Calls `tick()` every `interval_s` until stopped: one timer, re-armed."""
+
+    def __init__(self, tick: Callable[[], None], interval_s: float) -> None:
+        self._tick, self._interval_s = tick, interval_s
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(interval_s, self._due)
+
+    def _due(self) -> None:
+        self._timer = self._loop.call_later(self._interval_s, self._due)
+        self._tick()
 
     def stop(self) -> None:
         self._timer.cancel()

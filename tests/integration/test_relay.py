@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
 import re
 import shutil
 import signal
@@ -30,7 +32,7 @@ from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.aio import eventually
 from tests.procs import MSCLUSTER, ROOT, Procs, job_env
-from tests.sockets import connections_by_owner
+from tests.sockets import connections_by_owner, established
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
 LINE = re.compile(r"^allgather rank=(\d+) size=(\d+) result=(\[.*\])$", re.MULTILINE)
@@ -117,6 +119,58 @@ async def test_a_worker_whose_relay_does_not_answer_goes_direct(short_dir: Path)
         assert topology.size == 1
         assert said == [f"no relay answers at {absent}: this node talks to the scheduler directly"]
         await agent.close()
+
+
+def slots(relay: Relay) -> int:
+    """The workers' streams a relay carries now, over all its links."""
+    links = relay._forwarder.links._links.values()  # type: ignore[attr-defined]
+    return sum(len(link.slots) for link in links)
+
+
+async def test_workers_whose_relay_comes_back_move_their_streams_back_to_it(
+    short_dir: Path,
+) -> None:
+    """Recovery on: the relay stops, and its two workers go to the scheduler directly (their
+    streams broke: each rejoins, a generation each). A relay started again on the same socket
+    takes their streams back: each registers again through it, with its own incarnation, and
+    its direct stream ends superseded, which is no failure (the generation stays); the job goes
+    on."""
+    async with SchedulerServer(dataclasses.replace(settings(2), recovery=True)) as srv:
+        address = f"unix:{short_dir / 'r.sock'}"
+        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
+        await relay.start()
+        said: list[str] = []
+        agents = [make_agent(srv.port, 2, n, said, CLUSTER_RELAY=address) for n in "ab"]
+        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 20)
+        await relay.stop()
+        state = srv.core.state
+
+        def back_direct() -> bool:
+            held = {a.topology.generation if a.topology else 0 for a in agents}
+            alive = all(m.state is NodeState.ALIVE for m in state.members.values())
+            return alive and held == {state.generation} and state.generation > 1
+
+        await eventually(back_direct, "both workers back directly, in a later generation", 20)
+        generation = state.generation
+        lost = f"lost the relay at {address}: this node talks to the scheduler directly"
+        assert said.count(lost) == 2, said
+        again = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
+        await again.start()
+        try:
+            await eventually(lambda: slots(again) == 2, "both streams through the relay again", 20)
+            port = f":{srv.port}"
+            to_scheduler = lambda: sum(r.endswith(port) for _, r in established(os.getpid()))  # noqa: E731
+            await eventually(lambda: to_scheduler() == 1, "the relay's the one connection", 20)
+            back = f"the relay at {address} answers again: this node talks through it"
+            assert said.count(back) == 2, said
+            assert state.generation == generation  # the move failed nobody
+            assert all(m.state is NodeState.ALIVE for m in state.members.values())
+            gathers = (a.exchange("allgather", n.encode()) for a, n in zip(agents, "ab"))
+            done = await asyncio.wait_for(asyncio.gather(*gathers), 10)
+            assert done == [[b"a", b"b"]] * 2
+            await asyncio.gather(*(a.close() for a in agents))
+        finally:
+            await again.stop()
 
 
 def start_relayed_job(

@@ -266,6 +266,38 @@ def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(
     assert not route.relay_back()  # back already
 
 
+def test_a_route_looks_for_a_relay_that_did_not_take_the_stream_back_later_each_time(
+    listening: str,
+) -> None:
+    now = [0.0]
+    said: list[str] = []
+    route = scheduler_link.Route(config(listening), said.append, lambda: now[0])  # type: ignore[arg-type]
+    assert route.relay_lost(cut_off=True)
+    assert route.away
+    waits = []
+    for _ in range(8):
+        now[0] += scheduler_link.RELAY_BACK_AFTER_S
+        waited = scheduler_link.RELAY_BACK_AFTER_S
+        while not route.relay_back():
+            now[0] += 0.5
+            waited += 0.5
+        waits.append(waited)
+        route.move_failed()  # its registration through the relay failed: direct again
+        assert route.relay is None
+        assert route.away
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert said[-1] == (
+        f"the relay at {listening} did not take this node's stream: it stays direct, and looks "
+        "again in 60 s"
+    )
+    assert route.relay_lost() is False  # direct already
+    now[0] += 60.0
+    assert route.relay_back()
+    assert route.relay_lost(cut_off=True)  # lost again later: looked for again after 1 s
+    now[0] += scheduler_link.RELAY_BACK_AFTER_S
+    assert route.relay_back()
+
+
 def test_a_route_without_a_listening_relay_is_direct(tmp_path: Path) -> None:
     absent = f"unix:/tmp/relay-unit-absent-{tmp_path.name[-20:]}.sock"
     said: list[str] = []

@@ -96,9 +96,9 @@ RELAY_BACK_MOST_S = 60.0
 
 async def close_for_good(channel: grpc.aio.Channel, grace_s: float) -> None:
     """Close `channel` once its calls end (`grace_s` at most), and let go of its connection
-    now. grpc.aio lets a closed channel's connection go with the objects of its calls, which sit
-    in reference cycles: the process's next full collection, minutes away in a busy process, so
-    the scheduler held a node's old connection that long. One collection, here, frees it."""
+    now: grpc.aio lets a closed channel's connection go only with its calls' objects, which sit
+    in reference cycles, and without a collection here the scheduler would hold the connection
+    until the process's next full collection (minutes away in a busy process)."""
     await channel.close(grace=grace_s)
     gc.collect()
 

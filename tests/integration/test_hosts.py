@@ -2,9 +2,9 @@
 workers of examples/train_mlp.py behind its relay, recovery on: 32 real workers, 4 connections
 to the scheduler. A worker is SIGKILLed (its launcher starts it again and it rejoins), then a
 relay (its host's 8 workers lose their streams and are back, directly or through the relay the
-launcher starts again, and train on; those that went direct move back to the relay, so that the
-scheduler holds one connection per host again); every launcher exits 0 and the job ends with the
-parameters of the same job without faults (issue #30).
+launcher starts again, and train on; those that went direct move back to the relay); every
+launcher exits 0 and the job ends with the parameters of the same job without faults (issue
+#30).
 
 Needs root (CI runs as root): skipped with the reason otherwise, failed under
 CLUSTER_REQUIRE_SERVERS=1 (`tests.netns.hosts`)."""
@@ -36,8 +36,8 @@ HOSTS, PER_HOST = 4, 8
 WORKERS = HOSTS * PER_HOST
 NODE_TIMEOUT_S = "4"  # 32 workers on 2 cores: heartbeats may be late by a second or two
 # About 0.1 s a step: the faults land mid-run, each once training goes on after the last, and
-# the job lasts long enough after the relay's restart for its workers to move back to it.
-ARGS = ("--steps", "200", "--save-every", "5", "--step-delay", "0.05")
+# the job goes on long enough after the relay's restart for its workers to move back to it.
+ARGS = ("--steps", "120", "--save-every", "5", "--step-delay", "0.05")
 STEP_S = 90  # a bound on a wait for steps: 32 Python start-ups, or a rejoin, come first
 GENERATION = re.compile(r"\]: generation (\d+) \(")  # cluster[rank 3]: generation 2 (...
 
@@ -132,20 +132,13 @@ def back_and_training(job: Job, host: int, worker: int, since: int, *, after: st
 def one_connection_per_host(job: Job) -> None:
     """The scheduler holds one connection of each host, its relay's, and none of a worker (the
     launchers' own, for their progress lines, aside)."""
-    held, owners = relays_only(job)
-    assert held, owners
-
-
-def relays_only(job: Job) -> tuple[bool, dict[int, int]]:
-    """Whether the scheduler's connections of the job are one per relay (and the launchers'),
-    and those connections by owner."""
     scheduler = launched(job.logs[0], "scheduler")
     relays = [launched(log, "relay") for log in job.logs]
     workers = [launched(log, f"worker_{w}") for log in job.logs for w in range(PER_HOST)]
     launchers = [launched_pids(log)["launcher"] for log in job.logs]
     owners = connections_by_owner(scheduler, [*relays, *workers, *launchers])
-    one_each = all(owners.get(relay) == 1 for relay in relays)
-    return one_each and set(owners) <= {*relays, *launchers}, owners
+    assert all(owners.get(relay) == 1 for relay in relays), owners
+    assert set(owners) <= {*relays, *launchers}, owners
 
 
 def kill_a_worker(job: Job, host: int, worker: int) -> None:
@@ -176,25 +169,6 @@ def kill_a_relay(job: Job, host: int) -> None:
         )
     said = "the relay was killed by SIGKILL; restarting it (relay restart 1 of 3)"
     assert said in job.runs[host].output, job.runs[host].output
-    # Those that went direct move their streams back to the relay started again.
-    seen: dict[int, int] = {}
-
-    def only_relays() -> bool:
-        held, owners = relays_only(job)
-        seen.clear()
-        seen.update(owners)
-        return held
-
-    try:
-        wait_until(only_relays, STEP_S, "one connection per host again")
-    except AssertionError as exc:
-        names = {
-            pid: f"host{h} {name}"
-            for h, log in enumerate(job.logs)
-            for name, pid in launched_pids(log).items()
-        }
-        held = {names.get(pid, pid): n for pid, n in seen.items()}
-        raise AssertionError(f"{exc}; the scheduler's connections by owner: {held}") from None
 
 
 def run_job(
@@ -221,4 +195,9 @@ def test_four_hosts_of_eight_workers_survive_a_worker_and_a_relay_killed(
         for w in range(PER_HOST):
             log = (tmp_path / "faulted" / f"host{h}" / f"worker_{w}.log").read_text()
             assert "Traceback" not in log, log
+            # A worker that went direct when its relay died moved back to the relay started again
+            # (test_relay.py counts the scheduler's connections after such a move).
+            if "lost the relay at" in log:
+                back = log.split("lost the relay")[-1]
+                assert "answers again: this node talks through it" in back, log
     assert processes_running(str(tmp_path / "job")) == []

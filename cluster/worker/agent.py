@@ -460,7 +460,7 @@ class WorkerAgent:
 
     def _look_for_relay(self) -> None:
         """While the stream runs direct: is the relay this node lost back (restarted)?"""
-        ready = self.topology is not None and self._stream_up and not self.core.over
+        ready = self.topology is not None and not self.core.over  # (only while it runs)
         if ready and self._route.relay_back():
             self._move = self._set_aside(self._back_to_relay())
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cluster.protocol.backoff import Backoff
 from cluster.protocol.config import ClusterConfig, TLSOptions
 from cluster.transport import channel as scheduler_channel
 
@@ -141,10 +142,10 @@ class Route:
         self._say = say
         self._clock = clock
         self.relay = config.relay
-        # A relay lost while the node ran, and when: looked for again RELAY_BACK_AFTER_S later
-        # (twice as late after each move back to it that failed since: `move_failed`).
+        # A relay lost while the node ran, and when it is looked for again: RELAY_BACK_AFTER_S
+        # after the loss, twice as late after each move back to it that failed (`move_failed`).
         self._lost: tuple[str, float] | None = None
-        self._moves_failed = 0
+        self._back = Backoff(RELAY_BACK_AFTER_S, RELAY_BACK_MOST_S)
         if self.relay is not None and not relay_listening(self.relay):
             say(f"no relay answers at {self.relay}: this node talks to the scheduler directly")
             self.relay = None
@@ -168,7 +169,7 @@ class Route:
         again (a launcher restarted it): from now on calls go through it again (the caller
         opens that channel, or the next channel opened does)."""
         lost = self._lost
-        if lost is None or self._clock() - lost[1] < self._back_after_s():
+        if lost is None or self._clock() < lost[1]:
             return False
         if not relay_listening(lost[0], kept_up=False):
             return False
@@ -187,7 +188,8 @@ class Route:
         if not cut_off and relay_listening(relay, kept_up=False):
             return False
         self._say(f"lost the relay at {relay}: this node talks to the scheduler directly")
-        self.relay, self._lost, self._moves_failed = None, (relay, self._clock()), 0
+        self._back.reset()
+        self.relay, self._lost = None, (relay, self._clock() + self._back.next_s())
         return True
 
     def move_failed(self) -> None:
@@ -196,12 +198,9 @@ class Route:
         relay = self.relay
         if relay is None:
             return
-        self._moves_failed += 1
-        self.relay, self._lost = None, (relay, self._clock())
+        wait_s = self._back.next_s()
+        self.relay, self._lost = None, (relay, self._clock() + wait_s)
         self._say(
             f"the relay at {relay} did not take this node's stream: it stays direct, and looks "
-            f"again in {self._back_after_s():g} s"
+            f"again in {wait_s:g} s"
         )
-
-    def _back_after_s(self) -> float:
-        return min(RELAY_BACK_AFTER_S * 2.0**self._moves_failed, RELAY_BACK_MOST_S)

@@ -143,16 +143,14 @@ class Heartbeats:
     def __init__(self, open_stream: Callable[[], Beats], beat: Beat, interval_s: float) -> None:
         self._open_stream = open_stream
         self._beat = beat
-        self._interval_s = interval_s
         self._loop = asyncio.get_running_loop()
         self._stream: Beats | None = None
         self._sending: asyncio.Task[None] | None = None
-        self._timer = self._loop.call_later(interval_s, self._due)
+        self._ticks = Periodic(self._due, interval_s)
 
     def _due(self) -> None:
         if self._sending is None or self._sending.done():
             self._sending = self._loop.create_task(self._send())
-        self._timer = self._loop.call_later(self._interval_s, self._due)
 
     async def _send(self) -> None:
         if self._stream is None or self._stream.done():
@@ -166,7 +164,7 @@ class Heartbeats:
             self._stream = None
 
     def stop(self) -> None:
-        self._timer.cancel()
+        self._ticks.stop()
         if self._sending is not None:
             self._sending.cancel()
         if self._stream is not None:

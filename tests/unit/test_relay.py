@@ -253,14 +253,13 @@ def test_a_route_goes_through_a_listening_relay_until_it_is_lost(listening: str)
     assert said == [f"lost the relay at {listening}: this node talks to the scheduler directly"]
 
 
-def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(
-    listening: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(listening: str) -> None:
+    now = [0.0]
     said: list[str] = []
-    route = scheduler_link.Route(config(listening), said.append)  # type: ignore[arg-type]
+    route = scheduler_link.Route(config(listening), said.append, lambda: now[0])  # type: ignore[arg-type]
     assert route.relay_lost(cut_off=True)
     assert not route.relay_back()  # too soon: a killed relay may still listen a moment
-    monkeypatch.setattr(scheduler_link, "RELAY_BACK_AFTER_S", 0.0)
+    now[0] += scheduler_link.RELAY_BACK_AFTER_S
     assert route.relay_back()
     assert route.relay == listening
     assert not route.relay_back()  # back already

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -102,9 +101,8 @@ class Relay:
             identity = tls.prepare(s.tls, server=False)
             for warning in tls.expiry_warnings(identity):
                 _say(warning)
-        import grpc  # noqa: PLC0415 - after the TLS config set grpc's cipher list
-
-        from cluster.transport import channel, relay, serving  # noqa: PLC0415 - grpc
+        # These import grpc: after the TLS config set grpc's cipher list.
+        from cluster.transport import channel, hop, relay  # noqa: PLC0415
         from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
 
         _claim(s.path)
@@ -112,18 +110,12 @@ class Relay:
         upstream = relay.Upstreams(
             s.schedulers, lambda address: channel.open_channel(address, identity, options), _say
         )
-        server = grpc.aio.server(options=serving.server_options(s.nodes, s.node_timeout_s))
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
         tables = relay.SharedTables(_say)  # the host's one copy of a large table
         forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
-        server.add_generic_rpc_handlers((forwarder,))
-        previous = os.umask(0o077)  # the socket: this user's only
-        try:
-            server.add_insecure_port(s.address)
-        finally:
-            os.umask(previous)
-        await server.start()
+        server = hop.HopServer(forwarder.answers)  # the workers' calls, on the local hop
+        await server.start(str(s.path))  # a socket of this user's only
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
         self._server, self._channel, self._forwarder = server, upstream, forwarder
         return s.address
@@ -133,7 +125,7 @@ class Relay:
         if self._forwarder is not None:
             self._forwarder.stop()  # type: ignore[attr-defined]
         if server is not None:
-            await server.stop(None)  # type: ignore[attr-defined]
+            await server.stop()  # type: ignore[attr-defined]
         if upstream is not None:
             await upstream.close()  # type: ignore[attr-defined]
         with contextlib.suppress(OSError):

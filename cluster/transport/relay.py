@@ -1,5 +1,6 @@
-"""A host's relay: the scheduler's service served to the host's workers on a local socket, over
-one channel (one connection) to the scheduler.
+"""A host's relay: the scheduler's service served to the host's workers on a local socket (the
+local hop, `cluster.transport.hop`: frames, not gRPC), over one channel (one connection) to the
+scheduler.
 
 The relay is transport, not authority. A worker's call metadata (its credential or call proof,
 `cluster.transport.membership`) and request go upstream as they came, so the scheduler admits
@@ -51,7 +52,7 @@ import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -66,7 +67,17 @@ from cluster.transport.stub import methods
 _HOP_PREFIXES = (":", "grpc-")
 _HOP_HEADERS = frozenset({"user-agent", "te", "content-type", "host"})
 Metadatum = tuple[str, "str | bytes"]
-Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Context(Protocol):
+    """What the relay's handlers use of a call's context: a gRPC servicer context's, or the
+    local hop's (`cluster.transport.hop.HopContext`)."""
+
+    def invocation_metadata(self) -> Any: ...
+    def time_remaining(self) -> float | None: ...
+    def set_trailing_metadata(self, trailing_metadata: Any) -> None: ...
+    def set_code(self, code: grpc.StatusCode) -> None: ...
+    def set_details(self, details: str) -> None: ...
 
 
 def forwarded(metadata: Iterable[Any] | None) -> tuple[Metadatum, ...]:
@@ -520,6 +531,8 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
         tables: SharedTables | None = None,
     ) -> None:
         self._handlers: dict[str, Handler] = {}
+        # Method path -> (kind, handler): what the local hop serves (`cluster.transport.hop`).
+        self.answers: dict[str, tuple[str, Any]] = {}
         self.tables = tables
         self.beats = HostBeats(upstreams, beats_every_s)
         self.links = HostLinks(upstreams)
@@ -541,6 +554,7 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in
                 answer = self.links.finish
             # No serializers: the bytes go through as they came.
             self._handlers[path] = handler(answer)
+            self.answers[path] = (kind, answer)
 
     @property
     def paths(self) -> list[str]:

@@ -189,3 +189,114 @@ def table_answer_of(raw: bytes) -> bytes:
 def shared_table_answer(path: str) -> bytes:
     """A serialized PeerTableResponse naming the shared table file at `path`."""
     return pb.PeerTableResponse(shared_path=path).SerializeToString()
+
+
+# -- the local hop between a worker and its relay (`cluster.transport.hop`) --------------------
+
+HopMetadata = tuple[tuple[str, "str | bytes"], ...]
+# A HopUp as the relay reads it: (call, kind, what it carries). kind "start": (method,
+# metadata, timeout_s or None, the request or None); "message": the request bytes;
+# "done_writing", "cancel" and "ping": None.
+HopUpFrame = tuple[int, str, "tuple[str, HopMetadata, float | None, bytes | None] | bytes | None"]
+# A HopDown as the worker reads it: (call, a response message or None, its end or None), the end
+# as (code, details, trailing metadata, the unary response or None); a pong is (0, None, None).
+HopEndFrame = tuple[grpc.StatusCode, str, HopMetadata, "bytes | None"]
+HopDownFrame = tuple[int, "bytes | None", "HopEndFrame | None"]
+
+
+def _hop_metadata(metadata: Iterable[tuple[str, Any]]) -> list[pb.HopMetadatum]:
+    return [
+        pb.HopMetadatum(key=k, binary=v) if isinstance(v, bytes) else pb.HopMetadatum(key=k, text=v)
+        for k, v in metadata
+    ]
+
+
+def _metadata_of_hop(carried: Iterable[pb.HopMetadatum]) -> HopMetadata:
+    return tuple(
+        (m.key, m.binary if m.WhichOneof("value") == "binary" else m.text) for m in carried
+    )
+
+
+def hop_start(
+    call: int,
+    method: str,
+    metadata: Iterable[tuple[str, Any]],
+    timeout_s: float | None,
+    message: bytes | None,
+) -> bytes:
+    """A serialized HopUp starting `call` (with the request of a unary-request call)."""
+    start = pb.HopStart(method=method, metadata=_hop_metadata(metadata), timeout_s=timeout_s or 0)
+    if message is not None:
+        start.message = message
+    return pb.HopUp(call=call, start=start).SerializeToString()
+
+
+def hop_request(call: int, message: bytes) -> bytes:
+    return pb.HopUp(call=call, message=message).SerializeToString()
+
+
+def hop_done_writing(call: int) -> bytes:
+    return pb.HopUp(call=call, done_writing=True).SerializeToString()
+
+
+def hop_cancel(call: int) -> bytes:
+    return pb.HopUp(call=call, cancel=True).SerializeToString()
+
+
+def hop_ping() -> bytes:
+    return pb.HopUp(ping=True).SerializeToString()
+
+
+def hop_pong() -> bytes:
+    return pb.HopDown(pong=True).SerializeToString()
+
+
+def hop_up(raw: bytes) -> HopUpFrame:
+    """A serialized HopUp (DecodeError if it is none, or it carries nothing)."""
+    up = pb.HopUp.FromString(raw)
+    kind = up.WhichOneof("kind")
+    if kind == "start":
+        start = up.start
+        timeout_s = start.timeout_s if start.timeout_s > 0 else None
+        message = start.message if start.HasField("message") else None
+        metadata = _metadata_of_hop(start.metadata)
+        return up.call, kind, (start.method, metadata, timeout_s, message)
+    if kind == "message":
+        return up.call, kind, up.message
+    if kind is None:
+        raise DecodeError("a HopUp that carries nothing")
+    return up.call, kind, None
+
+
+def hop_response(call: int, message: bytes) -> bytes:
+    return pb.HopDown(call=call, message=message).SerializeToString()
+
+
+def hop_end(
+    call: int,
+    code: grpc.StatusCode,
+    details: str,
+    trailing: Iterable[tuple[str, Any]],
+    message: bytes | None = None,
+) -> bytes:
+    """A serialized HopDown ending `call` (with the response of a unary-response call)."""
+    end = pb.HopEnd(code=code.value[0], details=details, trailing=_hop_metadata(trailing))
+    if message is not None:
+        end.message = message
+    return pb.HopDown(call=call, end=end).SerializeToString()
+
+
+def hop_down(raw: bytes) -> HopDownFrame:
+    """A serialized HopDown (DecodeError if it is none)."""
+    down = pb.HopDown.FromString(raw)
+    kind = down.WhichOneof("kind")
+    if kind == "message":
+        return down.call, down.message, None
+    if kind == "pong":
+        return 0, None, None
+    if kind != "end":
+        raise DecodeError("a HopDown that carries nothing")
+    end = down.end
+    code = _CODES.get(end.code, grpc.StatusCode.UNKNOWN)
+    message = end.message if end.HasField("message") else None
+    return down.call, None, (code, end.details, _metadata_of_hop(end.trailing), message)

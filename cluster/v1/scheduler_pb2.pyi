@@ -614,3 +614,65 @@ class JobEvent(_message.Message):
     event: str
     fields_json: str
     def __init__(self, seq: _Optional[int] = ..., time: _Optional[float] = ..., event: _Optional[str] = ..., fields_json: _Optional[str] = ...) -> None: ...
+
+class HopUp(_message.Message):
+    __slots__ = ("call", "start", "message", "done_writing", "cancel", "ping")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DONE_WRITING_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    start: HopStart
+    message: bytes
+    done_writing: bool
+    cancel: bool
+    ping: bool
+    def __init__(self, call: _Optional[int] = ..., start: _Optional[_Union[HopStart, _Mapping]] = ..., message: _Optional[bytes] = ..., done_writing: _Optional[bool] = ..., cancel: _Optional[bool] = ..., ping: _Optional[bool] = ...) -> None: ...
+
+class HopStart(_message.Message):
+    __slots__ = ("method", "metadata", "timeout_s", "message")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    metadata: _containers.RepeatedCompositeFieldContainer[HopMetadatum]
+    timeout_s: float
+    message: bytes
+    def __init__(self, method: _Optional[str] = ..., metadata: _Optional[_Iterable[_Union[HopMetadatum, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., message: _Optional[bytes] = ...) -> None: ...
+
+class HopMetadatum(_message.Message):
+    __slots__ = ("key", "text", "binary")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    BINARY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    text: str
+    binary: bytes
+    def __init__(self, key: _Optional[str] = ..., text: _Optional[str] = ..., binary: _Optional[bytes] = ...) -> None: ...
+
+class HopDown(_message.Message):
+    __slots__ = ("call", "message", "end", "pong")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    call: int
+    message: bytes
+    end: HopEnd
+    pong: bool
+    def __init__(self, call: _Optional[int] = ..., message: _Optional[bytes] = ..., end: _Optional[_Union[HopEnd, _Mapping]] = ..., pong: _Optional[bool] = ...) -> None: ...
+
+class HopEnd(_message.Message):
+    __slots__ = ("code", "details", "trailing", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    TRAILING_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    details: str
+    trailing: _containers.RepeatedCompositeFieldContainer[HopMetadatum]
+    message: bytes
+    def __init__(self, code: _Optional[int] = ..., details: _Optional[str] = ..., trailing: _Optional[_Iterable[_Union[HopMetadatum, _Mapping]]] = ..., message: _Optional[bytes] = ...) -> None: ...

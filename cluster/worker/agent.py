@@ -109,8 +109,7 @@ class WorkerAgent:
         # Set when a new generation arrives / a peer of this one failed (each replaced then).
         self._new_generation = asyncio.Event()
         self._peer_failed = asyncio.Event()
-        # Checkpoint reports: numbered; the generation whose rollback step this worker put back
-        # (its TrainingLoop says; None: the newest generation heard).
+        # Checkpoint reports, numbered; the generation whose rollback step this worker put back.
         self._report_seq = 0
         self.resumed_in: int | None = None
 
@@ -250,15 +249,16 @@ class WorkerAgent:
         self._stub = LazyStub(self._channel)
         self._set_aside(old.close(grace=None))
 
-    def _off_lost_relay(self, *, stream_lost: bool = False) -> None:
-        """To the scheduler directly once the relay that carried this node's calls is gone (a
-        stream lost with the connection to the relay: gone, or as good as gone); back through
-        the relay, once it answers again, when the stream is lost (it is made again anyway)."""
-        if stream_lost and self._route.relay_back():
+    def _off_lost_relay(self, lost: steps.Event | None = None) -> None:
+        """To the scheduler directly once the relay of this node's calls is gone (the stream
+        `lost` with the connection to it, or silent: a stopped relay still takes connections);
+        back through the relay, once it answers again, when the stream is lost."""
+        if lost is not None and self._route.relay_back():
             self._follow(self.core.address)
             return
+        silent = isinstance(lost, steps.StreamLost) and lost.silent_s is not None
         ready = self._channel.get_state() is grpc.ChannelConnectivity.READY
-        if self._route.relay_lost(cut_off=stream_lost and not ready):
+        if self._route.relay_lost(cut_off=lost is not None and (silent or not ready)):
             self._follow(self.core.address)
 
     def _set_aside(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -397,7 +397,7 @@ class WorkerAgent:
             if lost is not None and self._accepted is not None:
                 continue  # superseded by the stream through the relay come back: read that
             if lost is not None:
-                self._off_lost_relay(stream_lost=True)
+                self._off_lost_relay(lost)
             then = None if lost is None else await self._run(self.core.step(lost))
             watch = then if isinstance(then, steps.Watch) else None
 

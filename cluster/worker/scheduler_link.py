@@ -154,9 +154,11 @@ class Route:
         """A channel for calls to the scheduler at `address`."""
         self.relay_back()
         if self.relay is not None and address in self._config.addresses:
-            options = channel_options(self._config.expected_nodes, silence_timeout(self._config))
-            # A local socket of this user's: no TLS to the relay, which holds the job's own.
-            return scheduler_channel.open_channel(self.relay, None, options)
+            # The local hop (`cluster.transport.hop`), on a socket of this user's: no TLS to the
+            # relay, which holds the job's own. (Imported only behind a relay.)
+            from cluster.transport.hop_channel import HopChannel  # noqa: PLC0415
+
+            return HopChannel(self.relay, silence_timeout(self._config))
         return open_channel(address, identity, self._config)
 
     @property

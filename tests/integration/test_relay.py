@@ -241,6 +241,39 @@ def test_a_hung_worker_behind_a_relay_is_found_by_its_silence(
         victim.popen.send_signal(signal.SIGKILL)
 
 
+async def test_a_stopped_relay_is_left_by_its_workers(processes: Procs, short_dir: Path) -> None:
+    """`mscluster relay` stopped (SIGSTOP: its socket still takes connections, its process
+    answers nothing), recovery on: its workers' streams fall silent, and a silent stream behind
+    a relay (or the local hop's pings unanswered) is the relay lost. They go to the scheduler
+    directly, as when it dies, and are back in the job."""
+    job = dataclasses.replace(settings(2), recovery=True, node_timeout_s=2.0)
+    async with SchedulerServer(job) as srv:
+        sock = short_dir / "r.sock"
+        command = [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"]
+        relay = processes.start("relay", command, job_env(2, srv.port, MS_NODE_TIMEOUT="2"))
+        await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
+        said: list[str] = []
+        address = f"unix:{sock}"
+        env = {"CLUSTER_RELAY": address, "MS_NODE_TIMEOUT": "2", "MS_ENABLE_RECOVERY": "1"}
+        env["MS_RECOVERY_PATH"] = str(short_dir)
+        agents = [make_agent(srv.port, 2, n, said, MS_NODE_ID=n, **env) for n in "ab"]
+        state = srv.core.state
+        try:
+            await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 20)
+            relay.popen.send_signal(signal.SIGSTOP)
+            lost = f"lost the relay at {address}: this node talks to the scheduler directly"
+            await eventually(lambda: said.count(lost) == 2, "both workers off the relay", 30)
+            # Back with the scheduler directly (in the same generation, or in a later one when
+            # the scheduler found them silent first): the relay is stopped, so a collective
+            # that completes went direct.
+            gathers = (a.exchange("allgather", n.encode()) for a, n in zip(agents, "ab"))
+            assert await asyncio.wait_for(asyncio.gather(*gathers), 30) == [[b"a", b"b"]] * 2
+            assert all(m.state is NodeState.ALIVE for m in state.members.values())
+        finally:
+            await asyncio.gather(*(a.close() for a in agents))
+            relay.popen.send_signal(signal.SIGKILL)
+
+
 async def test_a_host_fetches_a_large_table_once_through_its_relay(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

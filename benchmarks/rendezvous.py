@@ -123,6 +123,15 @@ T = TypeVar("T")
 HOST = "127.0.0.1"
 # The advertised data-plane port of simulated worker i (never bound: it is only an address).
 BASE_DATA_PORT = 30000
+_PORTS = 65536 - BASE_DATA_PORT
+
+
+def data_address(i: int) -> tuple[str, int]:
+    """Simulated worker i's advertised address (host, port): HOST and BASE_DATA_PORT + i, the
+    host's third byte counting on past the last port (at 35,536 workers and more)."""
+    return f"127.0.{i // _PORTS}.1", BASE_DATA_PORT + i % _PORTS
+
+
 # How long a spawned process may take to import and report ready.
 SPAWN_TIMEOUT_S = 60.0
 # A run's default bound: TCPStore's rendezvous grows with N x N (100 s at 4,096 workers).
@@ -387,10 +396,10 @@ def said_summary(messages: Sequence[str], most: int = 4) -> str:
 
 
 def check_table(topology: Any, n: int) -> None:
-    """One full check per process (after the clock): rank r is node "r" at BASE_DATA_PORT + r."""
+    """One full check per process (after the clock): rank r is node "r" at data_address(r)."""
     peers = list(topology.peers)
     got = [(p.rank, p.node_id, p.host, p.port) for p in peers]
-    want = [(r, str(r), HOST, BASE_DATA_PORT + r) for r in range(n)]
+    want = [(r, str(r), *data_address(r)) for r in range(n)]
     if got != want:
         raise BenchError(f"wrong peer table: {got[:3]}... expected {want[:3]}...")
 
@@ -523,11 +532,9 @@ def cluster_clients_main(c: Clients) -> None:
                     **({"CLUSTER_RELAY": c.relay} if c.relay else {}),
                 }
             )
+            data_host, data_port = data_address(i)
             identity = NodeIdentity(
-                node_id=str(i),
-                incarnation=new_incarnation(),
-                host=HOST,
-                port=BASE_DATA_PORT + i,
+                node_id=str(i), incarnation=new_incarnation(), host=data_host, port=data_port
             )
             agent = WorkerAgent(
                 config,
@@ -770,7 +777,7 @@ def tcpstore_clients_main(c: Clients) -> None:
                     wait_for_workers=False,
                     timeout=timeout,
                 )
-                store.set(f"addr/{i}", f"{HOST}:{BASE_DATA_PORT + i}")
+                store.set(f"addr/{i}", "{}:{}".format(*data_address(i)))
                 if store.add("count", 1) == n:
                     store.set("done", "1")
                 store.wait(["done"])
@@ -779,7 +786,7 @@ def tcpstore_clients_main(c: Clients) -> None:
                 if len(values) != n:
                     raise BenchError(f"worker {i} got {len(values)} addresses, expected {n}")
                 if i == ids[0]:  # one full check per process
-                    want = [f"{HOST}:{BASE_DATA_PORT + j}".encode() for j in range(n)]
+                    want = ["{}:{}".format(*data_address(j)).encode() for j in range(n)]
                     if list(values) != want:
                         raise BenchError(f"worker {i} got wrong addresses")
                 with lock:

@@ -69,12 +69,13 @@ RSS_PER_NODE_B = 71 * 1024
 # from REGISTER_CPU_S only for the bytes the design adds or removes).
 SEND_CPU_S_PER_B = 1e-9
 # Measured behind relays as built (README, "Scale"; benchmarks/RESULTS.md): the scheduler's CPU
-# per worker to form (16,384 workers behind 16 relays: 8.7 s), its cores per idle worker in the
-# steady state (8,192 behind 8 relays, beats batched and the event streams on one link per
-# host: 0.8% of a core) and its memory per idle worker (8.6 KiB: a slot's task and coroutine).
-RELAYED_REGISTER_CPU_S = 0.00053
+# per worker to form (65,536 workers behind 64 relays, the workers on the local hop: 16.3 s),
+# its cores per idle worker in the steady state (8,192 behind 8 relays, beats batched and the
+# event streams on one link per host: 0.8% of a core) and its memory per idle worker (9.7 KiB:
+# a slot's task and coroutine).
+RELAYED_REGISTER_CPU_S = 0.00025
 RELAYED_IDLE_CPU = 0.008 / 8192
-RELAYED_RSS_PER_NODE_B = int(8.6 * 1024)
+RELAYED_RSS_PER_NODE_B = int(9.7 * 1024)
 NODE_TIMEOUT_S = 30.0
 # A relay sends its host's beats batched, once a second at most (cluster.tools.relay).
 BATCH_S = 1.0

@@ -24,7 +24,7 @@ from cluster.transport.hop_channel import HopChannel
 from tests.aio import BOUND_S, eventually
 
 ECHO, SLOW, STREAM, FAILS = "/t/Echo", "/t/Slow", "/t/Stream", "/t/Fails"
-BEATS, BROKEN, STUCK = "/t/Beats", "/t/Broken", "/t/Stuck"
+BEATS, BROKEN, STUCK, FLOOD = "/t/Beats", "/t/Broken", "/t/Stuck", "/t/Flood"
 
 
 class Service:
@@ -44,6 +44,7 @@ class Service:
             BEATS: ("stream_unary", self.beats),
             BROKEN: ("unary_unary", self.broken),
             STUCK: ("stream_unary", self.stuck),
+            FLOOD: ("unary_stream", self.flood),
         }
 
     async def echo(self, request: bytes, context: HopContext) -> bytes:
@@ -83,6 +84,14 @@ class Service:
 
     async def broken(self, request: bytes, context: HopContext) -> bytes:
         raise KeyError("a bug")
+
+    async def flood(self, request: bytes, context: HopContext) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"x" * 65536
+                await asyncio.sleep(0)  # sleep-ok: a yield to the loop, as a relay's events have
+        finally:
+            self.cancelled.append("flood")
 
     async def stuck(self, requests: AsyncIterator[bytes], context: HopContext) -> bytes:
         await self.never.wait()  # reads none of its requests
@@ -236,6 +245,13 @@ async def test_closing_the_channel_cancels_its_calls_here_and_at_the_relay(
     await eventually(lambda: service.cancelled == ["slow"], "the relay's handler cancelled")
     with pytest.raises(grpc.aio.UsageError):
         channel.unary_unary(ECHO)(b"")
+    # With a grace: a call that ends within it ends as it would; one still open then is cancelled.
+    graced = HopChannel(address)
+    answered = graced.unary_unary(ECHO)(b"g")
+    held = graced.unary_unary(SLOW)(b"")
+    await graced.close(grace=0.2)
+    assert await answered == b"echo:g"
+    assert held.cancelled()
 
 
 def raw_connection(address: str) -> socket.socket:
@@ -339,3 +355,22 @@ async def test_a_relay_that_stops_answering_is_left_and_one_that_answers_is_kept
     finally:
         frozen.set()
         server.close()
+
+
+async def test_a_worker_that_reads_nothing_is_dropped(
+    served: tuple[Service, str, HopServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that stops reading its answers (its process hung while the relay has events
+    for it) holds at most MAX_UNREAD_BYTES of the relay's memory: then its connection is closed
+    and its calls end there."""
+    service, address, _ = served
+    monkeypatch.setattr(hop, "MAX_UNREAD_BYTES", 1024 * 1024)
+    sock = raw_connection(address)
+    try:
+        start = hop.frame(stub.hop_start(1, FLOOD, (), None, b""))
+        await asyncio.get_running_loop().run_in_executor(None, sock.sendall, start)
+        await eventually(lambda: service.cancelled == ["flood"], "the flood stopped", BOUND_S)
+    finally:
+        sock.close()
+    async with HopChannel(address) as channel:
+        assert await channel.unary_unary(ECHO)(b"v") == b"echo:v"

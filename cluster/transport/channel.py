@@ -75,22 +75,28 @@ KEEPALIVE_SLACK_MS = 1_000
 KEEPALIVE_PINGS_PER_TIMEOUT = 3
 
 
+def keepalive_ms(node_timeout_s: float) -> tuple[int, int]:
+    """How often a peer is pinged, and how long it has to answer, in ms (see KEEPALIVE_MIN_MS):
+    gRPC's pings and the local hop's (`cluster.transport.hop_channel`) alike."""
+    timeout_ms = int(node_timeout_s * 1000)
+    return max(KEEPALIVE_MIN_MS, timeout_ms // KEEPALIVE_PINGS_PER_TIMEOUT), (
+        timeout_ms + KEEPALIVE_SLACK_MS
+    )
+
+
 def keepalive_options(node_timeout_s: float | None) -> list[tuple[str, int]]:
     """Channel or server options that make gRPC find a silent peer (see KEEPALIVE_MIN_MS);
     none for None (MS_DISABLE_HEARTBEAT: no silence is looked for)."""
     if node_timeout_s is None:
         return []
-    timeout_ms = int(node_timeout_s * 1000)
+    every_ms, answer_ms = keepalive_ms(node_timeout_s)
     return [
-        (
-            "grpc.keepalive_time_ms",
-            max(KEEPALIVE_MIN_MS, timeout_ms // KEEPALIVE_PINGS_PER_TIMEOUT),
-        ),
-        ("grpc.keepalive_timeout_ms", timeout_ms + KEEPALIVE_SLACK_MS),
+        ("grpc.keepalive_time_ms", every_ms),
+        ("grpc.keepalive_timeout_ms", answer_ms),
         # Any ping, not only the keepalive's: gRPC has one ping in flight at a time, and a
         # flow-control probe's ping sent just before the peer stopped held the keepalive's back
         # for gRPC's default minute.
-        ("grpc.http2.ping_timeout_ms", timeout_ms + KEEPALIVE_SLACK_MS),
+        ("grpc.http2.ping_timeout_ms", answer_ms),
         ("grpc.keepalive_permit_without_calls", 1),
         # Pings go on when nothing else does: a large job's idle connection carries a
         # heartbeat only every minute or so (gRPC stops after 2 pings without data otherwise).

@@ -53,7 +53,7 @@ MAX_UNREAD_BYTES = 2 * MAX_FRAME_BYTES
 # Connections waiting to be accepted (a host's workers start at once; a benchmark's thousand).
 BACKLOG = 4096
 _PONG = stub.hop_pong()
-# How long a relay that stops waits for its connections' ends.
+# How long a relay that stops waits for its connections' ends, and for its socket's.
 _STOP_S = 1.0
 
 
@@ -145,7 +145,7 @@ class _Connection:
         finally:
             for task, _ in list(self._calls.values()):
                 task.cancel()
-            self._writer.transport.abort()
+            self.close()
 
     def _take(self, up: stub.HopUpFrame) -> None:
         number, kind, carried = up
@@ -263,4 +263,4 @@ class HopServer:
             await asyncio.wait(ending, timeout=_STOP_S)
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                await asyncio.wait_for(self._server.wait_closed(), _STOP_S)

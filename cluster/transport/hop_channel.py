@@ -25,12 +25,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from cluster.protocol.backoff import Backoff
 from cluster.transport import stub
-from cluster.transport.channel import (
-    KEEPALIVE_MIN_MS,
-    KEEPALIVE_PINGS_PER_TIMEOUT,
-    KEEPALIVE_SLACK_MS,
-)
+from cluster.transport.channel import keepalive_ms
 from cluster.transport.hop import frame, read_frame
 
 _PING = stub.hop_ping()
@@ -264,7 +261,10 @@ class HopChannel(grpc.aio.Channel):
 
     def __init__(self, address: str, silence_s: float | None = None) -> None:
         self.address = address
-        self._silence_s = silence_s
+        # (ping every, answered within) in seconds; None: no pings.
+        self._keepalive: tuple[float, ...] | None = None
+        if silence_s is not None:
+            self._keepalive = tuple(ms / 1000 for ms in keepalive_ms(silence_s))
         self._heard = 0.0
         self._pinging: asyncio.TimerHandle | None = None
         self._why_lost: str | None = None
@@ -277,7 +277,7 @@ class HopChannel(grpc.aio.Channel):
         self._calls: dict[int, HopCall] = {}  # started on the connection
         self._waiting: list[HopCall] = []  # waiting for a connection
         self._numbers = itertools.count(1)
-        self._wait_s = RECONNECT_FIRST_S
+        self._reconnect = Backoff(RECONNECT_FIRST_S, RECONNECT_MOST_S)
         self._closed = False
 
     def next_number(self) -> int:
@@ -338,10 +338,9 @@ class HopChannel(grpc.aio.Channel):
                     call.ended(grpc.StatusCode.UNAVAILABLE, why, ())
                 if not self._waiting:
                     return
-                await asyncio.sleep(self._wait_s)
-                self._wait_s = min(2 * self._wait_s, RECONNECT_MOST_S)
+                await asyncio.sleep(self._reconnect.next_s())
                 continue
-            self._wait_s = RECONNECT_FIRST_S
+            self._reconnect.reset()
             self._writer = writer
             self._heard = asyncio.get_running_loop().time()
             self._ping_later()
@@ -353,17 +352,16 @@ class HopChannel(grpc.aio.Channel):
             return
 
     def _ping_later(self) -> None:
-        if self._silence_s is None:
-            return
-        every_s = max(self._silence_s / KEEPALIVE_PINGS_PER_TIMEOUT, KEEPALIVE_MIN_MS / 1000)
-        self._pinging = asyncio.get_running_loop().call_later(every_s, self._ping)
+        if self._keepalive is not None:
+            every_s = self._keepalive[0]
+            self._pinging = asyncio.get_running_loop().call_later(every_s, self._ping)
 
     def _ping(self) -> None:
-        writer, limit_s = self._writer, self._silence_s
-        if writer is None or limit_s is None or self._closed:
+        writer, keepalive = self._writer, self._keepalive
+        if writer is None or keepalive is None or self._closed:
             return
         quiet_s = asyncio.get_running_loop().time() - self._heard
-        if quiet_s > limit_s + KEEPALIVE_SLACK_MS / 1000:
+        if quiet_s > keepalive[1]:
             self._why_lost = f"the relay at {self.address} did not answer for {quiet_s:.1f} s"
             writer.transport.abort()
             return

@@ -14,6 +14,7 @@ from cluster.scheduler.machine.rollback import (
     HELD_BY_ALL_EVERY_S,
     NoCommonStep,
     RollbackPlanner,
+    from_the_beginning,
     rollback_step,
 )
 
@@ -104,6 +105,39 @@ def test_the_rollback_step_is_the_newest_step_every_worker_holds() -> None:
     apart = rollback_step([member("0", checkpoints=(10,)), member("1", checkpoints=(20,))])
     assert isinstance(apart, NoCommonStep)
     assert "keep more checkpoints" in apart.message
+    assert from_the_beginning(both) == from_the_beginning([member("0"), member("1")]) == ""
+
+
+def test_a_worker_without_a_checkpoint_sends_every_worker_to_the_beginning() -> None:
+    """Rank 0 killed after rank 1 saved step 5 but before rank 0 saved any: rank 0 can only
+    start from the beginning, so everyone does, and the generation's reason says why."""
+    early = [member("0"), member("1", checkpoints=(5,))]
+    assert rollback_step(early) == 0
+    assert from_the_beginning(early) == (
+        "no checkpoint yet at node '0' at h0:5000, so every worker starts from the beginning"
+    )
+
+
+steps = st.frozensets(st.integers(min_value=1, max_value=12), max_size=4)
+
+
+@given(st.lists(steps, min_size=1, max_size=5))
+def test_the_rollback_step_is_the_newest_step_every_worker_can_start_from(
+    held: list[frozenset[int]],
+) -> None:
+    """Every worker can start from the beginning (0) or from a step it holds; the rollback
+    step is the newest such step common to all, and the job fails only when every worker
+    holds checkpoints and none is common (going back to 0 would discard them all)."""
+    workers = [member(str(i), checkpoints=tuple(sorted(h))) for i, h in enumerate(held)]
+    step = rollback_step(workers)
+    startable = set.intersection(*({0} | h for h in held))
+    if all(held) and startable == {0}:
+        assert isinstance(step, NoCommonStep)
+        for i, h in enumerate(held):
+            assert f"node '{i}'" in step.message
+    else:
+        assert step == max(startable)
+    assert bool(from_the_beginning(workers)) == (any(held) and not all(held))
 
 
 def test_held_by_all_is_computed_at_most_once_a_second_per_generation() -> None:

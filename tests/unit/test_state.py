@@ -1601,6 +1601,20 @@ def test_the_step_every_worker_holds_is_computed_at_most_once_a_second() -> None
     assert state.held_by_all() == 0
 
 
+def test_a_worker_lost_before_its_first_checkpoint_rolls_everyone_back_to_the_start() -> None:
+    clock = FakeClock()
+    state = recovering(clock, n=2)
+    state.report_checkpoints("1", 1, [5])
+    assert state.rollback_step() == 0
+    state.disconnect("0", 1)
+    clock.advance(11.0)
+    _, effects = state.register(reg(state, "0", incarnation=2))
+    ready = [e for e in effects if isinstance(e, TopologyReadyEvent)]
+    assert state.phase is Phase.READY
+    assert [(e.generation, e.rollback_step) for e in ready] == [(2, 0)]
+    assert "no checkpoint yet at rank 0" in ready[0].reason
+
+
 def test_rollback_is_the_beginning_when_nobody_has_a_checkpoint() -> None:
     state = recovering(FakeClock())
     assert state.rollback_step() == 0

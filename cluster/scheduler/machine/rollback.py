@@ -2,10 +2,12 @@
 from in a new generation, and the step every worker must keep.
 
 Workers report the checkpoint steps they hold; every generation names the newest step that
-every worker holds (0, the beginning, when none has any). Taking "the minimum of each rank's
-newest", as MindSpore does, can name a step that some rank has already pruned; the newest
-common step cannot. When the workers hold checkpoints but none in common, the job cannot roll
-back (`NoCommonStep`, with what each holds).
+every worker holds. A worker that holds none can only start from the beginning, so the step is
+0 while any worker holds none (a worker that failed before its first checkpoint). Taking "the
+minimum of each rank's newest", as MindSpore does, can name a step that some rank has already
+pruned; the newest common step cannot. When every worker holds checkpoints but none in common
+(files lost or pruned), the job cannot roll back (`NoCommonStep`, with what each holds): going
+back to the beginning would silently discard what every worker saved.
 """
 
 from __future__ import annotations
@@ -29,22 +31,37 @@ class NoCommonStep:
 
 
 def rollback_step(workers: Sequence[Member]) -> int | NoCommonStep:
-    """The newest step every worker holds; 0 when none holds any; NoCommonStep when the
-    workers hold checkpoints but none in common."""
-    if not any(m.checkpoints for m in workers):
+    """The newest step every worker holds; 0 while any worker holds none; NoCommonStep when
+    every worker holds checkpoints but none in common."""
+    if not all(m.checkpoints for m in workers):
         return 0
     common = set(workers[0].checkpoints).intersection(*(m.checkpoints for m in workers[1:]))
     if common:
         return max(common)
     held = "; ".join(
         f"{m.describe()}: {', '.join(map(str, m.checkpoints)) or 'none'}"
-        for m in sorted(workers, key=lambda m: m.rank if m.rank is not None else -1)
+        for m in sorted(workers, key=_by_rank)
     )
     return NoCommonStep(
         "no checkpoint step is held by every worker, so the job cannot roll back to a "
         f"consistent state ({held}); keep more checkpoints (keep_checkpoint_max) or restore "
         "the missing files"
     )
+
+
+def from_the_beginning(workers: Sequence[Member]) -> str:
+    """Why a generation goes back to the beginning though some workers hold checkpoints (the
+    workers that hold none), or "" when it does not."""
+    empty = [m for m in workers if not m.checkpoints]
+    if not empty or len(empty) == len(workers):
+        return ""
+    who = ", ".join(m.describe() for m in sorted(empty, key=_by_rank)[:4])
+    more = f" and {len(empty) - 4} more" if len(empty) > 4 else ""
+    return f"no checkpoint yet at {who}{more}, so every worker starts from the beginning"
+
+
+def _by_rank(m: Member) -> int:
+    return m.rank if m.rank is not None else -1
 
 
 @mutable

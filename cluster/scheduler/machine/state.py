@@ -65,6 +65,7 @@ from cluster.scheduler.machine.liveness import Liveness
 from cluster.scheduler.machine.rollback import (
     NoCommonStep,
     RollbackPlanner,
+    from_the_beginning,
     rollback_step,
 )
 from cluster.scheduler.machine.spares import SparePool
@@ -618,6 +619,8 @@ class SchedulerState:
         step = self.rollback_step()
         if isinstance(step, NoCommonStep):
             return self._end(ok=False, detail=step.message)
+        if note := from_the_beginning(self._workers()):
+            reason = f"{reason}; {note}"
         self.generation += 1
         self.revision += 1
         self.published = TopologyReadyEvent(

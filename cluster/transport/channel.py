@@ -282,6 +282,47 @@ async def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
     raise error
 
 
+async def await_listening(host: str, port: int, timeout_s: float, every_s: float) -> str:
+    """Wait, at most `timeout_s`, until host:port takes a TCP connection (closed at once),
+    trying again every `every_s` while every address of `host` refuses them. Why, in words,
+    when they refused all the while; "" when one took a connection, or when the wait cannot
+    tell (no answer, no route, no address: the registration that follows finds out and says)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout_s
+    try:
+        infos = await _addresses(loop, host, port, timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return ""
+    while True:
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setblocking(False)
+                try:
+                    await asyncio.wait_for(
+                        loop.sock_connect(sock, address), max(until - loop.time(), 0.0)
+                    )
+                except ConnectionRefusedError:
+                    continue
+                except (OSError, asyncio.TimeoutError):
+                    pass  # no answer, no route: the registration finds out
+                return ""
+        if loop.time() + every_s >= until:
+            return _connect_failure(host, ConnectionRefusedError(), timeout_s)
+        await asyncio.sleep(every_s)
+
+
+async def _addresses(
+    loop: asyncio.AbstractEventLoop, host: str, port: int, timeout_s: float
+) -> list[tuple[Any, ...]]:
+    """The addresses of host:port: a numeric host at once, a name through the resolver."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        return await asyncio.wait_for(
+            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s
+        )
+
+
 def _connect_failure(host: str, exc: BaseException, timeout_s: float) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return (

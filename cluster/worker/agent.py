@@ -137,7 +137,8 @@ class WorkerAgent:
 
             period_s = self._expiry_check_period_s or tls.EXPIRY_CHECK_PERIOD_S
             self._expiry = asyncio.create_task(tls.recheck_expiry(self._tls, self._say, period_s))
-        watch = await self._run(self.core.step(steps.Start(self._verified())), report=False)
+        start = steps.Start(self._verified(), direct=self._route.relay is None)
+        watch = await self._run(self.core.step(start), report=False)
         if isinstance(watch, steps.Watch):
             self._watch_task = asyncio.create_task(self._watch_forever(watch))
         while not (self._ready.done() or self._fatal.done()):
@@ -187,6 +188,9 @@ class WorkerAgent:
         match action:
             case steps.Say(text=text):
                 self._say(text)
+            case steps.AwaitListening(timeout_s=timeout_s):
+                awaited = scheduler_link.await_listening(self.core.address, timeout_s, self.config)
+                return self.core.step(await awaited)
             case steps.Register():
                 return self._registered(self.core.step(await self._register(action)))
             case steps.CheckScheduler(timeout_s=timeout_s):
@@ -424,8 +428,7 @@ class WorkerAgent:
             else None
         )
         relay = Periodic(self._look_for_relay, RELAY_LOOK_S) if self._route.away else None
-        self._stream_done = False
-        self._stream_up = True
+        self._stream_done, self._stream_up = False, True
         try:
             while not self._stream_done and not self.core.over:
                 try:
@@ -450,12 +453,9 @@ class WorkerAgent:
             return None
         finally:
             self._stream_up = False
-            if relay is not None:
-                relay.stop()
-            if silence is not None:
-                silence.stop()
-            if beats is not None:
-                beats.stop()
+            for timer in (relay, silence, beats):
+                if timer is not None:
+                    timer.stop()
             call.cancel()
 
     def _look_for_relay(self) -> None:

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.protocol.backoff import Backoff
 from cluster.protocol.config import ClusterConfig, TLSOptions
+from cluster.protocol.parse import split_address
 from cluster.transport import channel as scheduler_channel
+from cluster.worker.machine import steps
 
 if TYPE_CHECKING:
     import grpc
@@ -20,20 +22,25 @@ if TYPE_CHECKING:
     from cluster.transport import tls
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# Reconnect fast: workers often start before the scheduler, and every 100 ms of grpc's default
-# 1 s first backoff is start-up time lost. The ceiling is low too: the time from the scheduler
-# listening to the last worker registering is up to one ceiling (half of it on average), and a
-# restarted scheduler should have every worker back within a fraction of a second. At 300 ms
-# the tutorial's 8 workers, started with their scheduler, spent some 130 ms of a 1.1 s job
-# waiting to try again (issue 26, "Cheap to start"); a refused connection costs next to
-# nothing. In a large job the ceiling grows with the job (see reconnect_ceiling_ms).
-FIRST_RECONNECT_MS = 50
+# gRPC's reconnect pacing: a first retry after FIRST_RECONNECT_MS, backing off to the ceiling.
+# gRPC waits no less than 100 ms between attempts whatever it is given (measured: set to 10 ms,
+# a worker's connection attempts still came 100 ms apart), so the scheduler coming up is found
+# sooner by the wait for its port (`steps.AwaitListening`, at start and after a lost stream),
+# which tries every LISTEN_TRY_S. The ceiling is low too: a restarted scheduler should have
+# every worker back within a fraction of a second. In a large job it grows with the job (see
+# reconnect_ceiling_ms).
+FIRST_RECONNECT_MS = 100
 RECONNECT_CEILING_MS = 100
 # A job's nodes try to reconnect at most about this often in all, once backed off (from 100
 # nodes on): at 8,192 nodes with a 300 ms ceiling, a scheduler slow to take connections got
 # 27,000 attempts a second, each abandoned one taking the place of a connection it could have
 # finished.
 RECONNECTS_PER_S = 1000
+# While the scheduler's port refuses connections (it is not listening yet), a node tries it again
+# this often, and the job's nodes at most about LISTEN_TRIES_PER_S times a second in all: a
+# refused connection costs the scheduler's host one packet back, no process's time.
+LISTEN_TRY_S = 0.01
+LISTEN_TRIES_PER_S = 10_000
 _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -46,6 +53,22 @@ _OPTIONS = [
 def reconnect_ceiling_ms(nodes: int) -> int:
     """The longest pause between a node's connection attempts in a job of `nodes`."""
     return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
+
+
+def listen_try_s(nodes: int) -> float:
+    """How often a node of a job of `nodes` tries a scheduler port that refuses connections."""
+    return max(LISTEN_TRY_S, nodes / LISTEN_TRIES_PER_S)
+
+
+async def await_listening(
+    address: str, timeout_s: float, config: ClusterConfig
+) -> steps.ListeningAwaited:
+    """Wait, at most `timeout_s`, for the scheduler at `address` (host:port) to take
+    connections (`steps.AwaitListening`)."""
+    host, port = split_address("the scheduler address", address)
+    every_s = listen_try_s(config.expected_nodes)
+    why = await scheduler_channel.await_listening(host, port, timeout_s, every_s)
+    return steps.ListeningAwaited(refused=bool(why), why=why)
 
 
 def channel_options(nodes: int, node_timeout_s: float | None) -> list[tuple[str, Any]]:

@@ -139,6 +139,8 @@ class Cores:
                     reg = self.sim.registration(proc, core.cluster_id)
                     self.sim.send(proc, ("register", reg, number))
                     self.after(proc, attempt_s, steps.Unanswered(), attempt=number)
+                case steps.AwaitListening():  # (its nodes start with direct=False)
+                    queue.extend(core.step(steps.ListeningAwaited()))
                 case steps.CheckScheduler():
                     ok = proc.node_id not in self.sim.net.cut
                     why = "" if ok else "connection timed out (cut off)"

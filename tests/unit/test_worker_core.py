@@ -27,6 +27,7 @@ from cluster.protocol.errors import (
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import (
+    ATTEMPT_TIMEOUT_S,
     CALL_RETRY_PAUSE_S,
     DOWN_FOR_S,
     FATAL_WAIT_S,
@@ -107,6 +108,51 @@ def test_an_unverified_scheduler_is_probed_before_the_first_attempt() -> None:
     core = WorkerCore(config(), FakeClock())
     assert kinds(core.step(steps.Start(verified=False))) == [steps.CheckScheduler]
     assert kinds(core.step(steps.Checked(ok=True))) == [steps.Register]
+
+
+def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> None:
+    """Workers often start before their scheduler: a node that connects to it directly waits
+    for its port (cheap tries, where gRPC backs off 100 ms at least), telling now and then why,
+    until MS_TOPO_TIMEOUT, which names it."""
+    clock = FakeClock()
+    core = WorkerCore(config(), clock)
+    assert core.step(steps.Start(direct=True)) == [steps.AwaitListening(ATTEMPT_TIMEOUT_S)]
+    refused = steps.ListeningAwaited(refused=True, why="connection refused")
+    clock.now += ATTEMPT_TIMEOUT_S
+    said = core.step(refused)
+    assert kinds(said) == [steps.Say, steps.AwaitListening]
+    assert "waiting for the scheduler at 127.0.0.1:8118: connection refused" in said[0].text
+    assert kinds(core.step(refused)) == [steps.AwaitListening]  # said now and then, not each time
+    assert kinds(core.step(steps.ListeningAwaited())) == [steps.Register]
+    clock.now = core.deadline - 1.0
+    assert core.step(refused)[-1] == steps.AwaitListening(1.0)  # never past the deadline
+    clock.now = core.deadline
+    (error,) = fails(core.step(refused))
+    assert isinstance(error, TopologyTimeoutError)
+    assert "connection refused" in str(error)
+
+
+def test_only_a_direct_node_of_one_scheduler_waits_for_its_port() -> None:
+    """Behind a relay the relay is there; with several schedulers a down one is passed over."""
+    assert kinds(WorkerCore(config(), FakeClock()).step(steps.Start())) == [steps.Register]
+    several = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), FakeClock())
+    assert kinds(several.step(steps.Start(direct=True))) == [steps.Register]
+    unverified = WorkerCore(config(), FakeClock())
+    assert kinds(unverified.step(steps.Start(verified=False, direct=True))) == [
+        steps.AwaitListening
+    ]
+    assert kinds(unverified.step(steps.ListeningAwaited())) == [steps.CheckScheduler]
+
+
+def test_a_direct_node_that_lost_its_scheduler_waits_for_it_to_listen_again() -> None:
+    clock = FakeClock()
+    core = WorkerCore(config(recovery=True), clock)
+    core.step(steps.Start(direct=True))
+    core.step(steps.ListeningAwaited())
+    core.step(accepted())
+    core.step(steps.TopologyReady(topology()))
+    assert kinds(core.step(steps.StreamLost("connection reset")))[-1] is steps.AwaitListening
+    assert kinds(core.step(steps.ListeningAwaited())) == [steps.Register]
 
 
 def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
@@ -632,8 +678,9 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         recovery=st.booleans(),
         verified=st.booleans(),
         hosts=st.sampled_from(["127.0.0.1", "127.0.0.1,127.0.0.2,127.0.0.3"]),
+        direct=st.booleans(),
     )
-    def start(self, recovery: bool, verified: bool, hosts: str) -> None:
+    def start(self, recovery: bool, verified: bool, hosts: str, direct: bool) -> None:
         self.clock = FakeClock()
         self.core = WorkerCore(config(recovery=recovery, hosts=hosts), self.clock)
         self.named: set[str] = set()  # the leaders the schedulers named
@@ -643,7 +690,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.finish_sent = False
         self.give_up = 0.0  # when the Finish on its way is given up
         self.generation = 0
-        self.take(self.core.step(steps.Start(verified)))
+        self.take(self.core.step(steps.Start(verified, direct=direct)))
 
     def take(self, actions: list[steps.Action]) -> None:
         """Check what the core decided, as the agent would carry it out."""
@@ -661,9 +708,9 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert str(action.error).strip()
                 self.failures.append(action.error)
                 self.asked = None
-            elif isinstance(action, steps.Register | steps.CheckScheduler):
-                # Reconnect deadlines are honoured: no attempt starts after its deadline, nor
-                # outlasts it.
+            elif isinstance(action, steps.Register | steps.CheckScheduler | steps.AwaitListening):
+                # Reconnect deadlines are honoured: no attempt (nor wait for the scheduler's
+                # port) starts after its deadline, nor outlasts it.
                 assert now < self.core.deadline
                 limit = action.attempt_s if isinstance(action, steps.Register) else action.timeout_s
                 assert 0 < limit <= self.core.deadline - now + 1e-9
@@ -720,6 +767,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     def not_leader(self, leader: str) -> None:
         self.named.add(leader)
         self.step(steps.NotLeader(leader, retry_after_s=0.5))
+
+    @precondition(lambda self: self.asked is steps.AwaitListening)
+    @rule(refused=st.booleans(), waited=st.sampled_from([0.0, 3.0]))
+    def listening_awaited(self, refused: bool, waited: float) -> None:
+        self.clock.now += waited
+        self.step(steps.ListeningAwaited(refused, "connection refused" if refused else ""))
 
     @precondition(lambda self: self.asked is steps.CheckScheduler)
     @rule(ok=st.booleans())

@@ -139,6 +139,7 @@ class WorkerCore:
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
         self._verified = True
+        self._direct = False  # waits for the scheduler's port (Start)
         self._lost = ""
         self._finish = _Finish.NOT_SENT
         self._finish_since = 0.0  # when this node's Finish was first sent
@@ -210,6 +211,8 @@ class WorkerCore:
         match event:
             case steps.Start():
                 return self._start(event)
+            case steps.ListeningAwaited():
+                return self._listening_awaited(event)
             case steps.Checked():
                 return self._checked(event)
             case steps.PauseOver():
@@ -262,8 +265,25 @@ class WorkerCore:
         now = self.clock()
         self.deadline = self._topo_deadline = now + self.config.topo_timeout_s
         self.ready_by = self.deadline + TOPOLOGY_MARGIN_S
+        self._direct = event.direct
         self._begin_attempts(now, event.verified)
-        return self._next_attempt()
+        return self._await_listening()
+
+    def _await_listening(self) -> Actions:
+        """Before the registration attempts begin: wait for a scheduler that is not listening
+        yet (workers often start before it, and a restarted one takes a moment). Only for a node
+        that connects to it directly, and with one scheduler address (with several, a down one
+        is passed over at once)."""
+        remaining = self.deadline - self.clock()
+        if not self._direct or len(self.addresses) > 1 or remaining <= 0:
+            return self._next_attempt()
+        return [steps.AwaitListening(min(remaining, ATTEMPT_TIMEOUT_S))]
+
+    def _listening_awaited(self, event: steps.ListeningAwaited) -> Actions:
+        if not event.refused:
+            return self._next_attempt()
+        self.unreachable = event.why
+        return self._report(f"waiting for {self.where}: {event.why}") + self._await_listening()
 
     def _begin_attempts(self, now: float, verified: bool) -> None:
         self._verified = verified
@@ -502,7 +522,7 @@ class WorkerCore:
         self.lifecycle = Lifecycle.RECONNECTING
         # With several schedulers, probe first: a dead leader is passed over at once.
         self._begin_attempts(now, event.verified and len(self.addresses) == 1)
-        return said + self._next_attempt()
+        return said + self._await_listening()
 
     def _reconnect_window(self, now: float) -> float:
         """Set the deadline of registering again from `now`; the window's length."""

@@ -20,9 +20,22 @@ from cluster.protocol.value import frozen
 @frozen
 class Start:
     """Join the job. `verified`: the scheduler's certificate need not be checked before the first
-    attempt (no TLS, no CRL, or checked a moment ago)."""
+    attempt (no TLS, no CRL, or checked a moment ago). `direct`: this node connects to the
+    scheduler itself (no relay between), so it waits for the scheduler's port to take
+    connections before it registers (`AwaitListening`)."""
 
     verified: bool = True
+    direct: bool = False
+
+
+@frozen
+class ListeningAwaited:
+    """`AwaitListening` is over. `refused`: every connection was refused for all of its time
+    (nothing listens there yet), and `why`, in words; not refused: the port took one, or the
+    wait could not tell (a timeout, no route), for the registration to find out."""
+
+    refused: bool = False
+    why: str = ""
 
 
 @frozen
@@ -176,6 +189,7 @@ class Close:
 
 Event = (
     Start
+    | ListeningAwaited
     | Checked
     | PauseOver
     | Accepted
@@ -212,6 +226,17 @@ class Say:
 @frozen
 class CheckScheduler:
     """Probe whether the scheduler answers in this node's protocol; then step `Checked`."""
+
+    timeout_s: float
+
+
+@frozen
+class AwaitListening:
+    """Wait, at most `timeout_s`, until the scheduler's port takes a TCP connection, trying
+    again every little while as long as it refuses them; then step `ListeningAwaited`. Cheap on
+    both ends (a refused connection is the kernel's answer), and it finds a scheduler that
+    starts listening within milliseconds, where gRPC's reconnect backoff, 100 ms at least,
+    would find it up to 100 ms late."""
 
     timeout_s: float
 
@@ -314,6 +339,7 @@ class AwaitFatal:
 
 Action = (
     Say
+    | AwaitListening
     | CheckScheduler
     | Register
     | Pause

@@ -246,12 +246,12 @@ class WorkerAgent:
             self._ready.set_result(action.topology)
 
     def _follow(self, address: str) -> None:
-        """Talk to the scheduler at `address` from now on; the old channel closes aside."""
+        """Talk to the scheduler at `address` from now on; the old channel's connection goes."""
         self._host, self._port = split_address("the scheduler address", address)
         old = self._channel
         self._channel = self._route.open(address, self._tls)
         self._stub = LazyStub(self._channel)
-        self._set_aside(old.close(grace=None))
+        self._set_aside(scheduler_link.close_for_good(old, None))
 
     def _off_lost_relay(self, lost: steps.Event | None = None) -> None:
         """To the scheduler directly once the relay of this node's calls is gone (the stream
@@ -479,7 +479,7 @@ class WorkerAgent:
         if self._channel is moved:  # nothing else moved the node meanwhile
             self._route.move_failed()
             self._channel, self._stub = direct, stub
-            self._set_aside(moved.close(grace=None))
+            self._set_aside(scheduler_link.close_for_good(moved, None))
 
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -27,6 +28,7 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.procs import PYTHON, Procs, job_env
 from tests.servers.etcd import EtcdCluster
+from tests.sockets import connections_by_owner
 
 LEASE_S = 2
 HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -177,6 +179,51 @@ def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_ki
     assert schedulers.role(leader) == "standby"
     assert register(here, "0", cluster_id=job).refused.leader == there
     print(f"the standby led {took_over_s:.2f} s after the leader's SIGKILL (lease {LEASE_S} s)")
+
+
+def test_workers_that_follow_a_new_leader_leave_the_old_one_no_connection(
+    schedulers: Schedulers, processes: Procs, tmp_path: Path
+) -> None:
+    """Real workers try the standby first and follow the leader it names; the leader is then
+    frozen (SIGSTOP) until the standby leads, and the workers follow it there. Each time they
+    let go of their connection to the scheduler they left at once: grpc.aio keeps a closed
+    channel's connection until its calls' objects are collected, which in an idle worker can be
+    minutes away (a scheduler closes an idle connection only after 10 s, later than this waits),
+    and the old leader, back as a standby, would hold every worker's."""
+    first = schedulers.leader()
+    second = next(host for host in HOSTS if host != first)
+    env = job_env(
+        2,
+        schedulers.port,
+        MS_SCHED_HOST=f"{second},{first}",
+        MS_NODE_TIMEOUT="3",
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+    )
+    script = ["examples/allgather_check.py", "--hold", "60"]
+    workers = [
+        processes.start_role(f"worker-{i}", "MS_WORKER", script, {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    for worker in workers:
+        worker.wait_for_output("allgather rank=", 30)
+    pids = [worker.pid for worker in workers]
+
+    def holds(host: str) -> list[int]:
+        counts = connections_by_owner(schedulers.procs[host].pid, pids)
+        return [counts.get(pid, 0) for pid in pids]
+
+    wait_until(lambda: holds(second) == [0, 0], 5, "the standby to hold no worker's connection")
+    assert holds(first) == [1, 1]
+
+    os.kill(schedulers.procs[first].pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: schedulers.role(second) == "leader", 30, "the standby to lead")
+        wait_until(lambda: holds(second) == [1, 1], 30, "the workers to follow the new leader")
+    finally:
+        os.kill(schedulers.procs[first].pid, signal.SIGCONT)
+    wait_until(lambda: holds(first) == [0, 0], 5, "the old leader to hold no worker's connection")
+    assert all(worker.running for worker in workers)
 
 
 def status(addr: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -188,8 +188,8 @@ class WorkerAgent:
         match action:
             case steps.Say(text=text):
                 self._say(text)
-            case steps.AwaitListening(timeout_s=timeout_s):
-                awaited = scheduler_link.await_listening(self.core.address, timeout_s, self.config)
+            case steps.AwaitListening():
+                awaited = scheduler_link.await_listening(self.core.address, action)
                 return self.core.step(await awaited)
             case steps.Register():
                 return self._registered(self.core.step(await self._register(action)))

@@ -26,9 +26,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # gRPC waits no less than 100 ms between attempts whatever it is given (measured: set to 10 ms,
 # a worker's connection attempts still came 100 ms apart), so the scheduler coming up is found
 # sooner by the wait for its port (`steps.AwaitListening`, at start and after a lost stream),
-# which tries every LISTEN_TRY_S. The ceiling is low too: a restarted scheduler should have
-# every worker back within a fraction of a second. In a large job it grows with the job (see
-# reconnect_ceiling_ms).
+# which tries every 10 ms at first (`core.LISTEN_TRY_S`). The ceiling is low too: a restarted
+# scheduler should have every worker back within a fraction of a second. In a large job it
+# grows with the job (see reconnect_ceiling_ms).
 FIRST_RECONNECT_MS = 100
 RECONNECT_CEILING_MS = 100
 # A job's nodes try to reconnect at most about this often in all, once backed off (from 100
@@ -36,11 +36,6 @@ RECONNECT_CEILING_MS = 100
 # 27,000 attempts a second, each abandoned one taking the place of a connection it could have
 # finished.
 RECONNECTS_PER_S = 1000
-# While the scheduler's port refuses connections (it is not listening yet), a node tries it again
-# this often, and the job's nodes at most about LISTEN_TRIES_PER_S times a second in all: a
-# refused connection costs the scheduler's host one packet back, no process's time.
-LISTEN_TRY_S = 0.01
-LISTEN_TRIES_PER_S = 10_000
 _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -55,19 +50,10 @@ def reconnect_ceiling_ms(nodes: int) -> int:
     return max(RECONNECT_CEILING_MS, nodes * 1000 // RECONNECTS_PER_S)
 
 
-def listen_try_s(nodes: int) -> float:
-    """How often a node of a job of `nodes` tries a scheduler port that refuses connections."""
-    return max(LISTEN_TRY_S, nodes / LISTEN_TRIES_PER_S)
-
-
-async def await_listening(
-    address: str, timeout_s: float, config: ClusterConfig
-) -> steps.ListeningAwaited:
-    """Wait, at most `timeout_s`, for the scheduler at `address` (host:port) to take
-    connections (`steps.AwaitListening`)."""
+async def await_listening(address: str, wait: steps.AwaitListening) -> steps.ListeningAwaited:
+    """Wait as `wait` says for the scheduler at `address` (host:port) to take connections."""
     host, port = split_address("the scheduler address", address)
-    every_s = listen_try_s(config.expected_nodes)
-    why = await scheduler_channel.await_listening(host, port, timeout_s, every_s)
+    why = await scheduler_channel.await_listening(host, port, wait.timeout_s, wait.every_s)
     return steps.ListeningAwaited(refused=bool(why), why=why)
 
 

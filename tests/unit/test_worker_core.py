@@ -36,6 +36,10 @@ from cluster.worker.machine.core import (
     FINISH_SLACK_S,
     GUARD_MARGIN_S,
     GUARD_POLL_S,
+    LISTEN_FAST_S,
+    LISTEN_SLOW_TRY_S,
+    LISTEN_TRIES_PER_S,
+    LISTEN_TRY_S,
     TOPOLOGY_MARGIN_S,
     Lifecycle,
     WorkerCore,
@@ -47,11 +51,15 @@ NODE_S = 30.0
 
 
 def config(
-    *, recovery: bool = False, tmp: str = "/tmp/unused-recovery", hosts: str = "127.0.0.1"
+    *,
+    recovery: bool = False,
+    tmp: str = "/tmp/unused-recovery",
+    hosts: str = "127.0.0.1",
+    workers: int = 2,
 ) -> ClusterConfig:
     env = {
         "MS_ROLE": "MS_WORKER",
-        "MS_WORKER_NUM": "2",
+        "MS_WORKER_NUM": str(workers),
         "MS_SCHED_HOST": hosts,
         "MS_SCHED_PORT": "8118",
         "MS_TOPO_TIMEOUT": f"{TOPO_S:g}",
@@ -116,8 +124,14 @@ def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> Non
     until MS_TOPO_TIMEOUT, which names it."""
     clock = FakeClock()
     core = WorkerCore(config(), clock)
-    assert core.step(steps.Start(direct=True)) == [steps.AwaitListening(ATTEMPT_TIMEOUT_S)]
+    # Every 10 ms for the first second of the wait, then as often as gRPC would have tried.
+    first = steps.AwaitListening(LISTEN_FAST_S, LISTEN_TRY_S)
+    assert core.step(steps.Start(direct=True)) == [first]
     refused = steps.ListeningAwaited(refused=True, why="connection refused")
+    clock.now += LISTEN_FAST_S / 4
+    assert core.step(refused) == [steps.AwaitListening(LISTEN_FAST_S * 3 / 4, LISTEN_TRY_S)]
+    clock.now += LISTEN_FAST_S * 3 / 4
+    assert core.step(refused) == [steps.AwaitListening(ATTEMPT_TIMEOUT_S, LISTEN_SLOW_TRY_S)]
     clock.now += ATTEMPT_TIMEOUT_S
     said = core.step(refused)
     assert kinds(said) == [steps.Say, steps.AwaitListening]
@@ -125,11 +139,19 @@ def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> Non
     assert kinds(core.step(refused)) == [steps.AwaitListening]  # said now and then, not each time
     assert kinds(core.step(steps.ListeningAwaited())) == [steps.Register]
     clock.now = core.deadline - 1.0
-    assert core.step(refused)[-1] == steps.AwaitListening(1.0)  # never past the deadline
+    assert core.step(refused)[-1] == steps.AwaitListening(1.0, LISTEN_SLOW_TRY_S)  # the deadline
     clock.now = core.deadline
     (error,) = fails(core.step(refused))
     assert isinstance(error, TopologyTimeoutError)
     assert "connection refused" in str(error)
+
+
+def test_the_nodes_of_a_large_job_try_the_scheduler_port_less_often_each() -> None:
+    """At most about LISTEN_TRIES_PER_S tries a second from the whole job."""
+    core = WorkerCore(config(workers=20_000), FakeClock())
+    (wait,) = core.step(steps.Start(direct=True))
+    assert isinstance(wait, steps.AwaitListening)
+    assert wait.every_s == 20_000 / LISTEN_TRIES_PER_S
 
 
 def test_only_a_direct_node_of_one_scheduler_waits_for_its_port() -> None:
@@ -714,6 +736,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert now < self.core.deadline
                 limit = action.attempt_s if isinstance(action, steps.Register) else action.timeout_s
                 assert 0 < limit <= self.core.deadline - now + 1e-9
+                assert not isinstance(action, steps.AwaitListening) or action.every_s > 0
                 self.asked = type(action)
             elif isinstance(action, steps.Pause):
                 assert 0 <= action.seconds <= max(self.core.deadline - now, 0.0) + 1e-9

@@ -90,7 +90,8 @@ class Cores:
         core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job)
         self.cores[proc.node_id] = core
         self.attempts.pop(proc.node_id, None)
-        self.carry(proc, core.step(steps.Start(verified=True)))
+        # Direct: a scheduler of the simulation comes back at once, so its port always listens.
+        self.carry(proc, core.step(steps.Start(verified=True, direct=True)))
         self.after(proc, core.ready_by - self.sim.clock.now, steps.DeadlinePassed())
 
     def after(self, proc: Process, seconds: float, event: steps.Event, attempt: int = 0) -> None:
@@ -139,7 +140,7 @@ class Cores:
                     reg = self.sim.registration(proc, core.cluster_id)
                     self.sim.send(proc, ("register", reg, number))
                     self.after(proc, attempt_s, steps.Unanswered(), attempt=number)
-                case steps.AwaitListening():  # (its nodes start with direct=False)
+                case steps.AwaitListening():  # listening, or cut off: the wait cannot tell
                     queue.extend(core.step(steps.ListeningAwaited()))
                 case steps.CheckScheduler():
                     ok = proc.node_id not in self.sim.net.cut

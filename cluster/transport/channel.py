@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from cluster.protocol.errors import TLSConfigError
+from cluster.protocol.parse import lookup_name
 from cluster.protocol.value import frozen
 
 if TYPE_CHECKING:
@@ -267,7 +268,7 @@ _OVERLOADED = "it is overloaded (out of open files? see its log) or hung"
 async def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
     """A TCP connection to the first address of `host` that takes one."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos = await _addresses(loop, host, port)
     error: BaseException = OSError(f"{host} has no address")
     for family, kind, proto, _, address in infos:
         sock = socket.socket(family, kind, proto)
@@ -290,7 +291,7 @@ async def await_listening(host: str, port: int, timeout_s: float, every_s: float
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout_s
     try:
-        infos = await _addresses(loop, host, port, timeout_s)
+        infos = await asyncio.wait_for(_addresses(loop, host, port), timeout_s)
     except (OSError, asyncio.TimeoutError):
         return ""
     while True:
@@ -312,15 +313,15 @@ async def await_listening(host: str, port: int, timeout_s: float, every_s: float
 
 
 async def _addresses(
-    loop: asyncio.AbstractEventLoop, host: str, port: int, timeout_s: float
+    loop: asyncio.AbstractEventLoop, host: str, port: int
 ) -> list[tuple[Any, ...]]:
-    """The addresses of host:port: a numeric host at once, a name through the resolver."""
+    """The addresses of host:port: a numeric host at once, a name through the resolver (an
+    ASCII one without the idna codec, `lookup_name`)."""
+    name = lookup_name(host)
     try:
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        return socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
     except socket.gaierror:
-        return await asyncio.wait_for(
-            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s
-        )
+        return await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
 
 
 def _connect_failure(host: str, exc: BaseException, timeout_s: float) -> str:

@@ -105,6 +105,21 @@ def test_a_worker_without_options_imports_no_optional_package() -> None:
 
 
 @pytest.mark.slow  # starts a Python process
+def test_waiting_for_the_schedulers_port_looks_its_host_up_without_the_idna_codec() -> None:
+    """Every direct worker waits for the scheduler's port at start: its host, given as a str,
+    would import encodings.idna (about 1 ms) on the way to getaddrinfo."""
+    wait = (
+        "import asyncio, socket\n"
+        "from cluster.transport.channel import await_listening\n"
+        "held = socket.socket()\n"
+        "held.bind(('127.0.0.1', 0))\n"
+        "for host in ('127.0.0.1', 'localhost'):\n"
+        "    asyncio.run(await_listening(host, held.getsockname()[1], 0.05, 0.01))\n"
+    )
+    assert "encodings.idna" not in modules_after(wait)
+
+
+@pytest.mark.slow  # starts a Python process
 def test_a_worker_imports_neither_hmac_without_a_job_secret_nor_the_generated_grpc_module() -> None:
     """hmac only makes and checks job-secret proofs; the stub reads its methods from the
     service's descriptor (the generated module is the servicer's): a millisecond and a half of

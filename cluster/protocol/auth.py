@@ -30,7 +30,6 @@ Pure: hashing and HMAC over bytes, no I/O.
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
 from dataclasses import field
 
@@ -38,7 +37,7 @@ from cluster.protocol.value import frozen
 
 CREDENTIAL_BYTES = 32
 NONCE_BYTES = 16
-DIGEST_BYTES = hashlib.sha256().digest_size
+DIGEST_BYTES = 32  # SHA-256's
 # What a proof is computed over starts with this, so that it can mean nothing else.
 _DOMAIN = b"cluster.v1.register"
 # Nonces remembered against replays. A registration is a few hundred bytes on the wire, so this
@@ -56,7 +55,16 @@ def new_nonce() -> bytes:
 
 def credential_digest(credential: bytes) -> bytes:
     """What the scheduler keeps of a node's credential."""
-    return hashlib.sha256(credential).digest()
+    return sha256(credential)
+
+
+def sha256(data: bytes) -> bytes:
+    """SHA-256 of `data`. (`hashlib` is imported on first use: its import builds a constructor
+    for each of OpenSSL's algorithms, 1-4 ms, and a worker without a job secret hashes nothing
+    at its start.)"""
+    import hashlib  # noqa: PLC0415 - see above
+
+    return hashlib.sha256(data).digest()
 
 
 def _mac(key: bytes, message: bytes) -> bytes:
@@ -65,7 +73,7 @@ def _mac(key: bytes, message: bytes) -> bytes:
     every worker's start.)"""
     import hmac  # noqa: PLC0415 - see above
 
-    return hmac.new(key, message, hashlib.sha256).digest()
+    return hmac.new(key, message, "sha256").digest()
 
 
 def _equal(a: bytes, b: bytes) -> bool:
@@ -176,7 +184,7 @@ def call_mac(key: bytes, call: tuple[str, str, int, int, bytes]) -> bytes:
 
 
 def body_digest(body: bytes) -> bytes:
-    return hashlib.sha256(body).digest()
+    return sha256(body)
 
 
 def read_proof(secret: bytes, challenge: bytes, method: str) -> bytes:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import unicodedata
 
 # Escapes for the controls people know by name; every other one is \xNN, \uNNNN or \UNNNNNNNN.
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -35,7 +34,19 @@ LOG_MESSAGE_MAX = 16 * 1024
 
 def unsafe(char: str) -> bool:
     """Whether a terminal or a bidi-aware display may act on `char` instead of showing it."""
+    import unicodedata  # noqa: PLC0415 - see _escaped
+
     return unicodedata.category(char) in _UNSAFE_CATEGORIES
+
+
+def _escaped(text: str) -> str:
+    """`text` with every `unsafe` character shown as an escape. (`unicodedata` is imported
+    here, on first use: only text that is not all printable comes this way, and its import is
+    a fraction of a millisecond of every process's start.)"""
+    import unicodedata  # noqa: PLC0415 - see above
+
+    category = unicodedata.category
+    return "".join(_escape(c) if category(c) in _UNSAFE_CATEGORIES else c for c in text)
 
 
 def _escape(char: str) -> str:
@@ -57,7 +68,7 @@ def safe(text: object, limit: int | None = None) -> str:
     cut = limit is not None and len(shown) > limit
     head = shown[: max(limit, 0)] if cut and limit is not None else shown
     # The usual case, at C speed: nothing to escape.
-    escaped = head if head.isprintable() else "".join(_escape(c) if unsafe(c) else c for c in head)
+    escaped = head if head.isprintable() else _escaped(head)
     return escaped + _CUT.format(len(shown)) if cut else escaped
 
 

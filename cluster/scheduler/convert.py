@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 
 from cluster.protocol import auth
@@ -157,7 +156,7 @@ def topology_forms(event: pb.Event) -> tuple[bytes, tuple[bytes, bytes, bytes] |
     table = event.topology_ready.peers_zlib
     if not table:
         return inline, None
-    digest = hashlib.sha256(table).digest()
+    digest = auth.sha256(table)
     referenced = pb.Event()
     referenced.CopyFrom(event)
     referenced.topology_ready.peers_zlib = b""

@@ -12,7 +12,6 @@ use. The generated gRPC module is the servicer's and the tools': a worker does n
 from __future__ import annotations
 
 import functools
-import hashlib
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from cluster.protocol import auth
 from cluster.protocol.errors import MissedTableChange
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -168,7 +168,7 @@ def parse_table_into(table: pb.PeerTable, compressed: bytes) -> None:
 def checked_table(digest: bytes, compressed: bytes) -> pb.PeerTable:
     """The table of `digest` from its compressed bytes; MissedTableChange when they are not
     the bytes of `digest` or no table."""
-    if hashlib.sha256(compressed).digest() != digest:
+    if auth.sha256(compressed) != digest:
         raise MissedTableChange(f"the peer table fetched for {digest.hex()[:16]} does not match it")
     table = pb.PeerTable()
     parse_table_into(table, compressed)

@@ -176,6 +176,7 @@ def register_request(
     `call_seq`: the node's last call number (its calls from here on go above it);
     `collectives`: the generation and number of its last collective answered."""
     role = NodeRole.SERVER if config.role is Role.SERVER else NodeRole.WORKER
+    credential = identity.credential
     registration = Registration(
         node_id=identity.node_id,
         role=role,
@@ -185,7 +186,8 @@ def register_request(
         worker_num=config.worker_num,
         server_num=config.server_num,
         cluster_id=cluster_id,
-        credential_digest=auth.credential_digest(identity.credential),
+        # Only a proof covers it: the scheduler hashes the credential it receives itself.
+        credential_digest=b"" if job_secret is None else auth.credential_digest(credential),
         nonce=auth.new_nonce() if job_secret is not None else b"",
         spare=config.spare,
         challenge=challenge[0],
@@ -194,7 +196,6 @@ def register_request(
         collectives_generation=collectives[0],
         collectives_answered=collectives[1],
     )
-    credential = identity.credential
     proof = b""
     if job_secret is not None:
         proof = auth.prove(job_secret, registration.message())

@@ -129,6 +129,16 @@ def test_a_worker_imports_neither_hmac_without_a_job_secret_nor_the_generated_gr
 
 
 @pytest.mark.slow  # starts a Python process
+def test_a_worker_without_a_job_secret_hashes_nothing_at_its_start() -> None:
+    """hashlib builds a constructor for each of OpenSSL's algorithms when imported (1-4 ms):
+    only a job secret's proof and a compressed peer table need a digest. Nor does a worker
+    import unicodedata (only text that is not all printable is escaped with it) or bisect (a
+    lookup its rank's row does not answer)."""
+    loaded = modules_after(WORKER)
+    assert sorted(loaded & {"hashlib", "_hashlib", "unicodedata", "bisect"}) == []
+
+
+@pytest.mark.slow  # starts a Python process
 def test_a_worker_builds_its_many_records_with_shared_methods() -> None:
     """Import-time work stays out of module bodies: a dataclass compiles its methods from
     source at import (about 0.5 ms a class), so the worker's many records (its core's events

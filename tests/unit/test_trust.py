@@ -102,6 +102,15 @@ def test_the_scheduler_keeps_the_hash_of_the_unwrapped_credential() -> None:
     assert seen.credential_digest == digest("0", 1)
 
 
+def test_a_digest_is_sha256_of_its_bytes() -> None:
+    """The package's one digest (a credential's, a call body's, a compressed peer table's), and
+    the size every digest on the wire is checked against (hashlib is imported on first use)."""
+    import hashlib  # noqa: PLC0415 - this test's alone
+
+    assert auth.sha256(b"table") == hashlib.sha256(b"table").digest()
+    assert hashlib.sha256().digest_size == auth.DIGEST_BYTES
+
+
 def test_a_registration_says_how_far_its_collectives_got_under_its_proof() -> None:
     """The node's last collective answered travels in its registration, covered by the proof:
     a relay or an outsider that changed it would make the proof fail."""

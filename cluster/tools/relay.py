@@ -108,7 +108,10 @@ class Relay:
         _claim(s.path)
         options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
         upstream = relay.Upstreams(
-            s.schedulers, lambda address: channel.open_channel(address, identity, options), _say
+            s.schedulers,
+            lambda address: channel.open_channel(address, identity, options),
+            _say,
+            nodes=s.nodes,
         )
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)

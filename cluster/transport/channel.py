@@ -288,28 +288,58 @@ async def await_listening(host: str, port: int, timeout_s: float, every_s: float
     trying again every `every_s` while every address of `host` refuses them. Why, in words,
     when they refused all the while; "" when one took a connection, or when the wait cannot
     tell (no answer, no route, no address: the registration that follows finds out and says)."""
+    if await _await_port(host, port, timeout_s, every_s, patient=False) is False:
+        return _connect_failure(host, ConnectionRefusedError(), timeout_s)
+    return ""
+
+
+async def await_taken(host: str, port: int, timeout_s: float, every_s: float) -> bool:
+    """Wait, at most `timeout_s`, until host:port takes a TCP connection (closed at once),
+    trying again every `every_s` however a try failed (refused, no answer, no route, no
+    address): whether one was taken."""
+    return await _await_port(host, port, timeout_s, every_s, patient=True) is True
+
+
+async def _await_port(
+    host: str, port: int, timeout_s: float, every_s: float, *, patient: bool
+) -> bool | None:
+    """True: a connection was taken; False: none was within `timeout_s`; None (not `patient`):
+    a try failed otherwise than refused, and the wait cannot tell."""
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout_s
-    try:
-        infos = await asyncio.wait_for(_addresses(loop, host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError):
-        return ""
+    infos: list[tuple[Any, ...]] | None = None
     while True:
-        for family, kind, proto, _, address in infos:
-            with socket.socket(family, kind, proto) as sock:
-                sock.setblocking(False)
-                try:
-                    await asyncio.wait_for(
-                        loop.sock_connect(sock, address), max(until - loop.time(), 0.0)
-                    )
-                except ConnectionRefusedError:
-                    continue
-                except (OSError, asyncio.TimeoutError):
-                    pass  # no answer, no route: the registration finds out
-                return ""
+        try:
+            if infos is None:
+                infos = await asyncio.wait_for(_addresses(loop, host, port), until - loop.time())
+            taken = await _try_addresses(loop, infos, until)
+        except (OSError, asyncio.TimeoutError):
+            taken = None
+        if taken or (taken is None and not patient):
+            return taken
         if loop.time() + every_s >= until:
-            return _connect_failure(host, ConnectionRefusedError(), timeout_s)
+            return False
         await asyncio.sleep(every_s)
+
+
+async def _try_addresses(
+    loop: asyncio.AbstractEventLoop, infos: list[tuple[Any, ...]], until: float
+) -> bool | None:
+    """One connection to the first of `infos` that takes it, closed at once: True; False when
+    every one refused; None when one failed otherwise (no answer by `until`, no route)."""
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setblocking(False)
+            try:
+                await asyncio.wait_for(
+                    loop.sock_connect(sock, address), max(until - loop.time(), 0.0)
+                )
+            except ConnectionRefusedError:
+                continue
+            except (OSError, asyncio.TimeoutError):
+                return None
+            return True
+    return False
 
 
 async def _addresses(

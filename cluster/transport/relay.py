@@ -57,8 +57,10 @@ from typing import Any, Protocol, TypeAlias
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.protocol import leader_search
+from cluster.protocol import backoff, leader_search
 from cluster.protocol.errors import MissedTableChange
+from cluster.protocol.parse import split_address
+from cluster.transport import channel as scheduler_channel
 from cluster.transport import failures, stub, table_file
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.transport.stub import methods
@@ -103,11 +105,21 @@ def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
     context.set_details(error.details() or "")
 
 
+# A wait for a scheduler's port looks again this often whether the channel still backs off.
+RETURN_CHECK_S = 5.0
+
+
 class Upstreams:
     """The relay's channels to the job's schedulers, and the one its workers' calls go to now:
     the leader, as `cluster.protocol.leader_search.Upstream` finds it from what the calls it
     forwarded came back with. `open_channel(address)` opens a channel; one per scheduler at
-    most, kept until `close` (a call on a scheduler left behind ends as it would have)."""
+    most, kept until `close` (a call on a scheduler left behind ends as it would have).
+
+    A channel cut off from its scheduler backs off between gRPC's connection attempts, up to
+    `reconnect_ceiling_ms` of a job of `nodes` (a minute at 65,536): the relay waits for the
+    scheduler's port meanwhile, as a worker that connects directly does, and opens a new channel
+    once the port takes connections, so that its workers are back within moments of the
+    scheduler, not after the channel's pause."""
 
     def __init__(
         self,
@@ -115,11 +127,15 @@ class Upstreams:
         open_channel: Callable[[str], grpc.aio.Channel],
         say: Callable[[str], None] = lambda line: None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        nodes: int = 1,
     ) -> None:
         self._upstream = leader_search.Upstream(addresses)
         self._open, self._say, self._clock = open_channel, say, clock
+        self._nodes = nodes
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._methods: dict[str, dict[str, Any]] = {}
+        self._returning: dict[str, asyncio.Task[None]] = {}  # address -> its port's wait
 
     @property
     def current(self) -> str:
@@ -158,15 +174,51 @@ class Upstreams:
         elif code == grpc.StatusCode.UNAVAILABLE and failures.ERROR_KIND_KEY not in named:
             moved = self._upstream.cut_off(address, now)
             why = f"the scheduler at {address} did not answer"
+            self._await_return(address)
         else:
             return
         if moved is not None:
             self._say(f"following the leader at {moved} ({why})")
             self.channel(moved).get_state(try_to_connect=True)
 
+    def _await_return(self, address: str) -> None:
+        """Wait for the port of the scheduler at `address`, cut off, if its channel backs off."""
+        channel = self._channels.get(address)
+        if channel is not None and address not in self._returning and _backing_off(channel):
+            wait = asyncio.ensure_future(self._reopen_when_taken(address, channel))
+            self._returning[address] = wait
+            wait.add_done_callback(lambda _: self._returning.pop(address, None))
+
+    async def _reopen_when_taken(self, address: str, channel: grpc.aio.Channel) -> None:
+        """Try the port at the listening pace (`backoff.listen_every_s`) while `channel` backs
+        off; once the port takes a connection, the next call opens a new channel."""
+        host, port = split_address("the scheduler address", address)
+        began = self._clock()
+        while self._channels.get(address) is channel and _backing_off(channel):
+            waited = self._clock() - began
+            every_s = backoff.listen_every_s(waited, self._nodes)
+            fast_s = backoff.LISTEN_FAST_S - waited
+            chunk_s = fast_s if fast_s > 0 else RETURN_CHECK_S
+            if not await scheduler_channel.await_taken(host, port, chunk_s, every_s):
+                continue
+            if self._channels.get(address) is channel and _backing_off(channel):
+                del self._channels[address]
+                self._methods.pop(address, None)
+                self._say(f"the scheduler at {address} takes connections again")
+                await channel.close(grace=None)
+            return
+
     async def close(self) -> None:
+        for wait in list(self._returning.values()):
+            wait.cancel()
         for channel in self._channels.values():
             await channel.close(grace=None)
+
+
+def _backing_off(channel: grpc.aio.Channel) -> bool:
+    """Whether `channel` waits out gRPC's pause after a failed connection attempt."""
+    state = channel.get_state(try_to_connect=False)
+    return bool(state == grpc.ChannelConnectivity.TRANSIENT_FAILURE)
 
 
 def _one_answer(

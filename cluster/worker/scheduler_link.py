@@ -26,7 +26,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # gRPC waits no less than 100 ms between attempts whatever it is given (measured: set to 10 ms,
 # a worker's connection attempts still came 100 ms apart), so the scheduler coming up is found
 # sooner by the wait for its port (`steps.AwaitListening`, at start and after a lost stream),
-# which tries every 10 ms at first (`core.LISTEN_TRY_S`). The ceiling is low too: a restarted
+# which tries every 10 ms at first (`backoff.LISTEN_TRY_S`). The ceiling is low too: a restarted
 # scheduler should have every worker back within a fraction of a second. In a large job it
 # grows with the job (see reconnect_ceiling_ms).
 FIRST_RECONNECT_MS = 100

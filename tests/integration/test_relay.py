@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
 from cluster.tools.relay import Relay, RelaySettings
-from cluster.transport import table_file
+from cluster.transport import channel, relay, stub, table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from cluster.worker.agent import WorkerAgent
@@ -260,6 +261,57 @@ async def gather_rolling_back(agents: list[WorkerAgent]) -> list[list[bytes]]:
         if not all(isinstance(error, PeerFailedError) for error in failed):
             raise failed[0]
         await asyncio.gather(*(a.wait_generation(topology.generation) for a in agents))
+
+
+async def test_a_port_wait_tells_a_refusal_from_a_connection_and_from_no_answer() -> None:
+    """A worker's wait (`await_listening`) says why while refused and stops at what it cannot
+    tell (no address); a relay's (`await_taken`) goes on through both until the port listens."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        port = held.getsockname()[1]
+        assert "connection refused" in await channel.await_listening("127.0.0.1", port, 0.05, 0.01)
+        assert await channel.await_taken("127.0.0.1", port, 0.05, 0.01) is False
+        held.listen()
+        assert await channel.await_listening("127.0.0.1", port, 1.0, 0.01) == ""
+        assert await channel.await_taken("127.0.0.1", port, 1.0, 0.01) is True
+    assert await channel.await_listening("nowhere.invalid", port, 2.0, 0.01) == ""
+    assert await channel.await_taken("nowhere.invalid", port, 0.2, 0.01) is False
+
+
+async def test_a_relay_reconnects_once_the_schedulers_port_takes_connections() -> None:
+    """A relay's channel cut off from its scheduler waits out gRPC's pause between connection
+    attempts (here 60 s, a minute in a job of 65,536 nodes): the relay waits for the port
+    itself, and its next call after the scheduler listens goes through at once."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # the scheduler's port, refusing connections for now
+        port = held.getsockname()[1]
+        address = f"127.0.0.1:{port}"
+        pause = [("grpc.initial_reconnect_backoff_ms", 60_000)]
+        pause += [("grpc.min_reconnect_backoff_ms", 60_000)]
+        said: list[str] = []
+        upstreams = relay.Upstreams(
+            [address], lambda at: grpc.aio.insecure_channel(at, options=pause), said.append
+        )
+        status_path = stub.methods()["Status"][1]
+
+        async def status() -> grpc.StatusCode:
+            where, method = upstreams.method("unary_unary", status_path)
+            try:
+                await method(b"", timeout=5)
+            except grpc.aio.AioRpcError as exc:
+                upstreams.answered(where, exc.code(), exc.trailing_metadata())
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        try:
+            assert await status() == grpc.StatusCode.UNAVAILABLE  # refused: the channel pauses
+            held.close()
+            async with SchedulerServer(settings(2), port=port):
+                back = f"the scheduler at {address} takes connections again"
+                await eventually(lambda: said == [back], "the relay finding the port", 10)
+                assert await status() == grpc.StatusCode.OK
+        finally:
+            await upstreams.close()
 
 
 async def test_a_stopped_relay_is_left_by_its_workers(processes: Procs, short_dir: Path) -> None:

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.protocol.backoff import Backoff
+from cluster.protocol.backoff import (
+    LISTEN_FAST_S,
+    LISTEN_SLOW_TRY_S,
+    LISTEN_TRIES_PER_S,
+    LISTEN_TRY_S,
+    Backoff,
+    listen_every_s,
+)
 
 
 def test_the_delays_double_up_to_the_ceiling_and_start_again_after_a_reset() -> None:
@@ -31,3 +38,17 @@ def test_a_backoff_that_could_not_wait_is_refused() -> None:
         Backoff(0, 1.0)
     with pytest.raises(ValueError, match="max_s=1"):
         Backoff(2.0, 1.0)
+
+
+@given(st.floats(0.0, 3600.0), st.integers(1, 1_000_000))
+def test_a_wait_for_the_schedulers_port_is_quick_at_first_then_slower_and_bounded_by_the_job(
+    waited_s: float, nodes: int
+) -> None:
+    """The first second of a wait tries every 10 ms (the scheduler found within milliseconds of
+    listening), then every 100 ms; the job's nodes at most LISTEN_TRIES_PER_S times a second
+    in all, whatever the wait."""
+    every_s = listen_every_s(waited_s, nodes)
+    pace = LISTEN_TRY_S if waited_s < LISTEN_FAST_S else LISTEN_SLOW_TRY_S
+    assert every_s >= pace
+    assert nodes / every_s <= LISTEN_TRIES_PER_S
+    assert every_s == pace or every_s == nodes / LISTEN_TRIES_PER_S

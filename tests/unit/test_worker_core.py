@@ -14,6 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from cluster.protocol.backoff import (
+    LISTEN_FAST_S,
+    LISTEN_SLOW_TRY_S,
+    LISTEN_TRIES_PER_S,
+    LISTEN_TRY_S,
+)
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.environment import from_env
 from cluster.protocol.errors import (
@@ -36,10 +42,6 @@ from cluster.worker.machine.core import (
     FINISH_SLACK_S,
     GUARD_MARGIN_S,
     GUARD_POLL_S,
-    LISTEN_FAST_S,
-    LISTEN_SLOW_TRY_S,
-    LISTEN_TRIES_PER_S,
-    LISTEN_TRY_S,
     TOPOLOGY_MARGIN_S,
     Lifecycle,
     WorkerCore,

@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from cluster.protocol.backoff import RetryPolicy
+from cluster.protocol.backoff import LISTEN_FAST_S, RetryPolicy, listen_every_s
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -67,14 +67,6 @@ ATTEMPT_TIMEOUT_S = 3.0
 FAILOVER_ATTEMPT_S = 1.0
 # Between attempts that got no answer.
 RETRY_PAUSE_S = 0.1
-# While the scheduler's port refuses connections (not listening yet, or restarting), a node that
-# connects directly tries it every LISTEN_TRY_S for the first LISTEN_FAST_S of its wait (the job's
-# processes start together: the scheduler is found within milliseconds of listening), then every
-# LISTEN_SLOW_TRY_S (gRPC's own floor: a scheduler that is late costs its waiting nodes about
-# 0.2% of a core each, not 2-4%); and the job's nodes at most about LISTEN_TRIES_PER_S times a
-# second in all (a refused connection costs the scheduler's host one packet back).
-LISTEN_TRY_S, LISTEN_FAST_S, LISTEN_SLOW_TRY_S = 0.01, 1.0, 0.1
-LISTEN_TRIES_PER_S = 10_000
 # A transient refusal (the guard) is retried this long after it says it clears.
 GUARD_MARGIN_S = 0.02
 # With recovery, a call cut off by the scheduler's death is made again after this pause.
@@ -286,13 +278,9 @@ class WorkerCore:
         remaining = self.deadline - now
         if not self._direct or len(self.addresses) > 1 or remaining <= 0:
             return self._next_attempt()
-        waited = now - self._report_since  # since the attempts began
-        fast = waited < LISTEN_FAST_S
-        every_s = max(
-            LISTEN_TRY_S if fast else LISTEN_SLOW_TRY_S,
-            self.config.expected_nodes / LISTEN_TRIES_PER_S,
-        )
-        chunk_s = LISTEN_FAST_S - waited if fast else ATTEMPT_TIMEOUT_S
+        waited = now - self._report_since  # since the attempts began (the pace: `backoff`)
+        every_s = listen_every_s(waited, self.config.expected_nodes)
+        chunk_s = LISTEN_FAST_S - waited if waited < LISTEN_FAST_S else ATTEMPT_TIMEOUT_S
         return [steps.AwaitListening(min(remaining, chunk_s), every_s)]
 
     def _listening_awaited(self, event: steps.ListeningAwaited) -> Actions:

@@ -124,6 +124,7 @@ class _Connection:
         self._handlers = handlers
         self._reader, self._writer = reader, writer
         self._calls: dict[int, tuple[asyncio.Task[None], asyncio.Queue[bytes | None] | None]] = {}
+        self._cancelled: set[int] = set()  # calls the worker cancelled, until they end
 
     def send(self, payload: bytes) -> None:
         if self._writer.is_closing():
@@ -161,6 +162,7 @@ class _Connection:
             return  # a call that ended meanwhile
         task, requests = held
         if kind == "cancel":
+            self._cancelled.add(number)
             task.cancel()
         elif requests is not None:
             message = carried if isinstance(carried, bytes) else None
@@ -197,7 +199,11 @@ class _Connection:
         context = HopContext(metadata, timeout_s)
         task = asyncio.ensure_future(self._run(number, kind, answer, request, context))
         self._calls[number] = (task, requests)
-        task.add_done_callback(lambda _: self._calls.pop(number, None))
+        task.add_done_callback(lambda _: self._forget(number))
+
+    def _forget(self, number: int) -> None:
+        self._calls.pop(number, None)
+        self._cancelled.discard(number)
 
     async def _run(
         self, number: int, kind: str, answer: Answer, request: Any, context: HopContext
@@ -212,7 +218,13 @@ class _Connection:
             else:
                 response = await answer(request, context)
         except asyncio.CancelledError:
-            return  # the worker cancelled it, or went: nothing to tell
+            if number in self._cancelled or self._writer.is_closing():
+                return  # the worker cancelled it, or went: nothing to tell
+            # What the handler awaited was cancelled under it (the relay closed the channel of
+            # its call upstream): the call ends as cut off, and the worker makes it again.
+            details = "the relay's call upstream was cancelled: call again"
+            self.send(stub.hop_end(number, grpc.StatusCode.UNAVAILABLE, details, ()))
+            return
         except Exception as exc:  # a handler's fault ends its call, as in gRPC
             details = f"Unexpected error in the relay: {type(exc).__name__}: {exc}"
             self.send(stub.hop_end(number, grpc.StatusCode.UNKNOWN, details, ()))

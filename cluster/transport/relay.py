@@ -205,7 +205,7 @@ class Upstreams:
                 del self._channels[address]
                 self._methods.pop(address, None)
                 self._say(f"the scheduler at {address} takes connections again")
-                await channel.close(grace=None)
+                await scheduler_channel.close_for_good(channel, None)
             return
 
     async def close(self) -> None:
@@ -420,6 +420,7 @@ class _Link:
         self.slots: dict[int, asyncio.Queue[bytes | stub.SlotEnd]] = {}
         self._up: asyncio.Queue[bytes] = asyncio.Queue()
         self.ended: _End | None = None
+        self._closed = False
         self._tasks = (asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read()))
 
     def open(self, slot: int, attach: bytes) -> asyncio.Queue[bytes | stub.SlotEnd]:
@@ -475,6 +476,11 @@ class _Link:
             self._end(exc.code(), exc.details() or "", forwarded(exc.trailing_metadata()))
         except DecodeError:
             self._end(grpc.StatusCode.UNAVAILABLE, "the scheduler sent what is no HostDown", ())
+        except asyncio.CancelledError:
+            if self._closed:
+                raise
+            # The call was cancelled under it: its channel was closed for a new one.
+            self._end(grpc.StatusCode.UNAVAILABLE, "the relay's link was cancelled", ())
 
     def _end(self, code: grpc.StatusCode, details: str, trailing: tuple[Metadatum, ...]) -> None:
         self.ended = (code, details, trailing)
@@ -482,6 +488,7 @@ class _Link:
             mailbox.put_nowait((slot, code, details, trailing, b""))
 
     def close(self) -> None:
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         self._call.cancel()

@@ -30,7 +30,7 @@ from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.parse import split_address
 from cluster.protocol.topology import PeerColumns, Topology
 from cluster.transport import failures, membership
-from cluster.transport.channel import SchedulerProbe
+from cluster.transport.channel import SchedulerProbe, close_for_good
 from cluster.transport.stub import LazyStub
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert, peer_table, scheduler_link
@@ -251,7 +251,7 @@ class WorkerAgent:
         old = self._channel
         self._channel = self._route.open(address, self._tls)
         self._stub = LazyStub(self._channel)
-        self._set_aside(scheduler_link.close_for_good(old, None))
+        self._set_aside(close_for_good(old, None))
 
     def _off_lost_relay(self, lost: steps.Event | None = None) -> None:
         """To the scheduler directly once the relay of this node's calls is gone (the stream
@@ -474,12 +474,12 @@ class WorkerAgent:
         event = await self._register(steps.Register(RELAY_MOVE_S, RELAY_MOVE_S))
         self._move = None
         if isinstance(event, steps.Accepted) and self._accepted is not None:
-            self._set_aside(scheduler_link.close_for_good(direct, RELAY_MOVE_GRACE_S))
+            self._set_aside(close_for_good(direct, RELAY_MOVE_GRACE_S))
             return
         if self._channel is moved:  # nothing else moved the node meanwhile
             self._route.move_failed()
             self._channel, self._stub = direct, stub
-            self._set_aside(scheduler_link.close_for_good(moved, None))
+            self._set_aside(close_for_good(moved, None))
 
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())

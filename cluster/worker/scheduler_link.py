@@ -4,7 +4,6 @@ relay (CLUSTER_RELAY) while the relay answers, else direct."""
 
 from __future__ import annotations
 
-import gc
 import socket
 import time
 from collections.abc import Callable
@@ -102,16 +101,6 @@ RELAY_BACK_AFTER_S = 1.0
 # A relay found back that did not take the node's stream is looked for again twice as late each
 # time, at most this late.
 RELAY_BACK_MOST_S = 60.0
-
-
-async def close_for_good(channel: grpc.aio.Channel, grace_s: float | None) -> None:
-    """Close `channel` once its calls end (`grace_s` at most; None: cancelled now), and let go
-    of its connection now: grpc.aio lets a closed channel's connection go only with its calls'
-    objects, which sit in reference cycles, and without a collection here the scheduler would
-    hold the connection until the process's next full collection (minutes away in a busy
-    process)."""
-    await channel.close(grace=grace_s)
-    gc.collect()
 
 
 def relay_listening(

@@ -25,6 +25,7 @@ from tests.aio import BOUND_S, eventually
 
 ECHO, SLOW, STREAM, FAILS = "/t/Echo", "/t/Slow", "/t/Stream", "/t/Fails"
 BEATS, BROKEN, STUCK, FLOOD = "/t/Beats", "/t/Broken", "/t/Stuck", "/t/Flood"
+UPSTREAM = "/t/Upstream"
 
 
 class Service:
@@ -34,6 +35,7 @@ class Service:
         self.seen: list[tuple[str, Any, float | None]] = []
         self.cancelled: list[str] = []
         self.never = asyncio.Event()
+        self.calls_upstream: list[asyncio.Future[bytes]] = []
 
     def handlers(self) -> dict[str, tuple[str, Any]]:
         return {
@@ -45,6 +47,7 @@ class Service:
             BROKEN: ("unary_unary", self.broken),
             STUCK: ("stream_unary", self.stuck),
             FLOOD: ("unary_stream", self.flood),
+            UPSTREAM: ("unary_unary", self.upstream),
         }
 
     async def echo(self, request: bytes, context: HopContext) -> bytes:
@@ -92,6 +95,12 @@ class Service:
                 await asyncio.sleep(0)  # sleep-ok: a yield to the loop, as a relay's events have
         finally:
             self.cancelled.append("flood")
+
+    async def upstream(self, request: bytes, context: HopContext) -> bytes:
+        """Awaits a call of its own, as the relay's handlers await theirs upstream."""
+        call: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.calls_upstream.append(call)
+        return await call
 
     async def stuck(self, requests: AsyncIterator[bytes], context: HopContext) -> bytes:
         await self.never.wait()  # reads none of its requests
@@ -196,6 +205,23 @@ async def test_cancelling_a_call_or_its_deadline_ends_it_at_the_relay(
         await awaiting.wait()
         waiting.cancel()
         await eventually(lambda: service.cancelled.count("slow") == 2, "cancelled there too")
+
+
+async def test_a_call_whose_call_upstream_is_cancelled_under_it_ends_as_cut_off(
+    served: tuple[Service, str, HopServer],
+) -> None:
+    """The relay closes a channel to the scheduler (for a new one) with calls on it: each is
+    cancelled, and the worker's call it served ends UNAVAILABLE, which the worker makes again,
+    instead of never ending."""
+    service, address, _ = served
+    async with HopChannel(address) as channel:
+        call = channel.unary_unary(UPSTREAM)(b"")
+        await eventually(lambda: len(service.calls_upstream) == 1, "the call made upstream")
+        service.calls_upstream[0].cancel()
+        with pytest.raises(grpc.aio.AioRpcError) as cut:
+            await asyncio.wait_for(call, BOUND_S)
+        assert cut.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "call again" in (cut.value.details() or "")
 
 
 async def test_a_relay_that_goes_ends_every_call_and_one_that_comes_back_is_found(

@@ -112,6 +112,7 @@ class Relay:
             lambda address: channel.open_channel(address, identity, options),
             _say,
             nodes=s.nodes,
+            pause_s=scheduler_link.reconnect_ceiling_ms(s.nodes) / 1000,
         )
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)

@@ -107,6 +107,10 @@ def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
 
 # A wait for a scheduler's port looks again this often whether the channel still backs off.
 RETURN_CHECK_S = 5.0
+# A channel whose pauses between connection attempts are at most this long (a job of up to 1,000
+# nodes) is left to them: waiting for the port would gain less than a pause, and replacing the
+# channel cuts the calls still waiting on it (made again by their workers).
+PORT_WAIT_PAUSE_S = 1.0
 
 
 class Upstreams:
@@ -115,10 +119,11 @@ class Upstreams:
     forwarded came back with. `open_channel(address)` opens a channel; one per scheduler at
     most, kept until `close` (a call on a scheduler left behind ends as it would have).
 
-    A channel cut off from its scheduler backs off between gRPC's connection attempts, up to
-    `reconnect_ceiling_ms` of a job of `nodes` (a minute at 65,536): the relay waits for the
-    scheduler's port meanwhile, as a worker that connects directly does, and opens a new channel
-    once the port takes connections, so that its workers are back within moments of the
+    A channel cut off from its scheduler pauses between gRPC's connection attempts, longer each
+    time, up to `pause_s` (`reconnect_ceiling_ms` of the job: a minute at 65,536 nodes). Past
+    PORT_WAIT_PAUSE_S the relay waits for the scheduler's port meanwhile, at the pace of a job of
+    `nodes` (`backoff.listen_every_s`, as a worker that connects directly does), and opens a new
+    channel once the port takes connections, so that its workers are back within moments of the
     scheduler, not after the channel's pause."""
 
     def __init__(
@@ -129,10 +134,12 @@ class Upstreams:
         clock: Callable[[], float] = time.monotonic,
         *,
         nodes: int = 1,
+        pause_s: float = 0.0,
     ) -> None:
         self._upstream = leader_search.Upstream(addresses)
         self._open, self._say, self._clock = open_channel, say, clock
         self._nodes = nodes
+        self._wait_for_port = pause_s > PORT_WAIT_PAUSE_S
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._methods: dict[str, dict[str, Any]] = {}
         self._returning: dict[str, asyncio.Task[None]] = {}  # address -> its port's wait
@@ -184,7 +191,9 @@ class Upstreams:
     def _await_return(self, address: str) -> None:
         """Wait for the port of the scheduler at `address`, cut off, if its channel backs off."""
         channel = self._channels.get(address)
-        if channel is not None and address not in self._returning and _backing_off(channel):
+        if not self._wait_for_port or channel is None or address in self._returning:
+            return
+        if _backing_off(channel):
             wait = asyncio.ensure_future(self._reopen_when_taken(address, channel))
             self._returning[address] = wait
             wait.add_done_callback(lambda _: self._returning.pop(address, None))

@@ -290,7 +290,10 @@ async def test_a_relay_reconnects_once_the_schedulers_port_takes_connections() -
         pause += [("grpc.min_reconnect_backoff_ms", 60_000)]
         said: list[str] = []
         upstreams = relay.Upstreams(
-            [address], lambda at: grpc.aio.insecure_channel(at, options=pause), said.append
+            [address],
+            lambda at: grpc.aio.insecure_channel(at, options=pause),
+            said.append,
+            pause_s=60.0,
         )
         status_path = stub.methods()["Status"][1]
 

@@ -118,6 +118,47 @@ def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
     ]
 
 
+async def test_a_relay_waits_for_the_port_only_where_grpcs_pause_can_pass_a_second() -> None:
+    """Two relays whose channels pause after a refused connection, one for at most a second
+    (a job of up to 1,000 nodes: left to gRPC), one for a minute: only the second waits for the
+    scheduler's port, and opens a new channel once it takes connections."""
+
+    class Paused:  # a channel in gRPC's pause between connection attempts
+        closed = False
+
+        def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+            return grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+        async def close(self, grace: float | None = None) -> None:
+            self.closed = True
+
+    opened: list[Paused] = []
+
+    def open_channel(address: str) -> Paused:
+        opened.append(Paused())
+        return opened[-1]
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # connections refused until it listens
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        said: list[str] = []
+        short = relay.Upstreams([address], open_channel, pause_s=relay.PORT_WAIT_PAUSE_S)  # type: ignore[arg-type]
+        long = relay.Upstreams([address], open_channel, said.append, pause_s=60.0)  # type: ignore[arg-type]
+        try:
+            first_short, first_long = short.channel(), long.channel()
+            for upstreams in (short, long):
+                upstreams.answered(address, grpc.StatusCode.UNAVAILABLE, ())  # cut off
+            held.listen()
+            back = f"the scheduler at {address} takes connections again"
+            await eventually(lambda: said == [back], "the port found taking connections")
+            assert first_long.closed  # type: ignore[attr-defined]
+            assert long.channel() is opened[2]  # a new one, opened on the next call
+            assert short.channel() is first_short  # left to gRPC's pause
+        finally:
+            await short.close()
+            await long.close()
+
+
 @pytest.mark.parametrize(
     ("raw", "address"),
     [

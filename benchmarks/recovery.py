@@ -114,10 +114,10 @@ class Job:
             "scheduler.log",
         )
 
-    def start_worker(self, i: int, hold_s: float) -> subprocess.Popen[bytes]:
+    def start_worker(self, i: int, hold_s: float, **extra: str) -> subprocess.Popen[bytes]:
         return self.spawn(
             [sys.executable, str(EXAMPLE), "--hold", str(hold_s)],
-            {**self.env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)},
+            {**self.env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i), **extra},
             f"worker_{i}.log",
         )
 
@@ -209,6 +209,24 @@ def gathered(workdir: Path, n: int) -> Callable[[], bool]:
     return check
 
 
+def restarts(
+    running: Job, poller: StatusPoller, n: int, repeat: int, down_s: float = 0.0
+) -> dict[str, Any]:
+    """`repeat` times: the scheduler SIGKILLed and started again `down_s` later, timed from its
+    spawn (and by its own figure, from its restored state) to all `n` workers back."""
+    totals, own = [], []
+    for _ in range(repeat):
+        running.scheduler.send_signal(signal.SIGKILL)
+        running.scheduler.wait(10)
+        time.sleep(down_s)  # the outage
+        spawned = time.monotonic()
+        running.scheduler = running.start_scheduler()
+        back, _ = poller.wait(all_back(n), 60 + 3 * down_s, f"{n} workers back")
+        totals.append(back - spawned)
+        own.append(scheduler_own_figure(running.workdir / "scheduler.log"))
+    return {"restart_to_all_back_s": totals, "scheduler_restore_to_all_back_s": own}
+
+
 def bench_scheduler_restart(n: int, real: bool, procs: int, repeat: int) -> dict[str, Any]:
     with job(n, node_timeout_s=30) as running:
         if real:
@@ -223,23 +241,11 @@ def bench_scheduler_restart(n: int, real: bool, procs: int, repeat: int) -> dict
             poller.wait(all_back(n), 120, f"{n} workers to form the job")
             if real:
                 wait_until(gathered(running.workdir, n), 60, f"{n} workers' gathers")
-            totals, own = [], []
-            for _ in range(repeat):
-                running.scheduler.send_signal(signal.SIGKILL)
-                running.scheduler.wait(10)
-                spawned = time.monotonic()
-                running.scheduler = running.start_scheduler()
-                back, _ = poller.wait(all_back(n), 60, f"{n} workers back")
-                totals.append(back - spawned)
-                own.append(scheduler_own_figure(running.workdir / "scheduler.log"))
+            timed = restarts(running, poller, n, repeat)
         finally:
             poller.close()
-    return {
-        "workers": n,
-        "kind": "real processes" if real else f"simulated in {procs} processes",
-        "restart_to_all_back_s": totals,
-        "scheduler_restore_to_all_back_s": own,
-    }
+    kind = "real processes" if real else f"simulated in {procs} processes"
+    return {"workers": n, "kind": kind, **timed}
 
 
 def bench_relay_outage(outage_s: float, nodes: int, workers: int, repeat: int) -> dict[str, Any]:
@@ -251,31 +257,16 @@ def bench_relay_outage(outage_s: float, nodes: int, workers: int, repeat: int) -
         log = running.workdir / "relay.log"
         wait_until(lambda: "serving" in log.read_text(), 30, "the relay serving")
         for i in range(workers):
-            env = {**running.env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(i)}
-            args = [sys.executable, str(EXAMPLE), "--hold", "3600"]
-            running.spawn(args, {**env, "CLUSTER_RELAY": f"unix:{sock}"}, f"worker_{i}.log")
+            running.start_worker(i, hold_s=3600, CLUSTER_RELAY=f"unix:{sock}")
         poller = StatusPoller(running.port)
         try:
             poller.wait(all_back(workers), 60, f"{workers} workers to form the job")
             wait_until(gathered(running.workdir, workers), 60, f"{workers} workers' gathers")
-            totals, own = [], []
-            for _ in range(repeat):
-                running.scheduler.send_signal(signal.SIGKILL)
-                running.scheduler.wait(10)
-                time.sleep(outage_s)  # the outage
-                spawned = time.monotonic()
-                running.scheduler = running.start_scheduler()
-                back, _ = poller.wait(all_back(workers), 180, f"{workers} workers back")
-                totals.append(back - spawned)
-                own.append(scheduler_own_figure(running.workdir / "scheduler.log"))
+            timed = restarts(running, poller, workers, repeat, down_s=outage_s)
         finally:
             poller.close()
-    return {
-        "workers": workers,
-        "kind": f"behind a relay of a {nodes}-node job, after {outage_s:g} s down",
-        "restart_to_all_back_s": totals,
-        "scheduler_restore_to_all_back_s": own,
-    }
+    kind = f"behind a relay of a {nodes}-node job, after {outage_s:g} s down"
+    return {"workers": workers, "kind": kind, **timed}
 
 
 FAILOVER_HOSTS = ("127.0.0.1", "127.0.0.2")

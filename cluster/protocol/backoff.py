@@ -64,3 +64,11 @@ def listen_every_s(waited_s: float, nodes: int) -> float:
     a job of `nodes` nodes."""
     pace = LISTEN_TRY_S if waited_s < LISTEN_FAST_S else LISTEN_SLOW_TRY_S
     return max(pace, nodes / LISTEN_TRIES_PER_S)
+
+
+def listen_pace(waited_s: float, nodes: int, slow_for_s: float) -> tuple[float, float]:
+    """(every_s, for_s) of a wait for the scheduler's port `waited_s` in: how long apart to try
+    it (`listen_every_s`), and for how long at that pace before the caller looks again: to the
+    end of the quick first second, then `slow_for_s`."""
+    fast_left_s = LISTEN_FAST_S - waited_s
+    return listen_every_s(waited_s, nodes), fast_left_s if fast_left_s > 0 else slow_for_s

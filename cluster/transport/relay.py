@@ -122,7 +122,7 @@ class Upstreams:
     A channel cut off from its scheduler pauses between gRPC's connection attempts, longer each
     time, up to `pause_s` (`reconnect_ceiling_ms` of the job: a minute at 65,536 nodes). Past
     PORT_WAIT_PAUSE_S the relay waits for the scheduler's port meanwhile, at the pace of a job of
-    `nodes` (`backoff.listen_every_s`, as a worker that connects directly does), and opens a new
+    `nodes` (`backoff.listen_pace`, as a worker that connects directly does), and opens a new
     channel once the port takes connections, so that its workers are back within moments of the
     scheduler, not after the channel's pause."""
 
@@ -199,23 +199,24 @@ class Upstreams:
             wait.add_done_callback(lambda _: self._returning.pop(address, None))
 
     async def _reopen_when_taken(self, address: str, channel: grpc.aio.Channel) -> None:
-        """Try the port at the listening pace (`backoff.listen_every_s`) while `channel` backs
+        """Try the port at the listening pace (`backoff.listen_pace`) while `channel` backs
         off; once the port takes a connection, the next call opens a new channel."""
         host, port = split_address("the scheduler address", address)
         began = self._clock()
-        while self._channels.get(address) is channel and _backing_off(channel):
-            waited = self._clock() - began
-            every_s = backoff.listen_every_s(waited, self._nodes)
-            fast_s = backoff.LISTEN_FAST_S - waited
-            chunk_s = fast_s if fast_s > 0 else RETURN_CHECK_S
-            if not await scheduler_channel.await_taken(host, port, chunk_s, every_s):
+        while self._paused(address, channel):
+            every_s, for_s = backoff.listen_pace(self._clock() - began, self._nodes, RETURN_CHECK_S)
+            if not await scheduler_channel.await_taken(host, port, for_s, every_s):
                 continue
-            if self._channels.get(address) is channel and _backing_off(channel):
+            if self._paused(address, channel):
                 del self._channels[address]
                 self._methods.pop(address, None)
                 self._say(f"the scheduler at {address} takes connections again")
                 await scheduler_channel.close_for_good(channel, None)
             return
+
+    def _paused(self, address: str, channel: grpc.aio.Channel) -> bool:
+        """Whether `channel` is still the one to `address`, and waits out gRPC's pause."""
+        return self._channels.get(address) is channel and _backing_off(channel)
 
     async def close(self) -> None:
         for wait in list(self._returning.values()):

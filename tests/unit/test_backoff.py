@@ -13,6 +13,7 @@ from cluster.protocol.backoff import (
     LISTEN_TRY_S,
     Backoff,
     listen_every_s,
+    listen_pace,
 )
 
 
@@ -52,3 +53,6 @@ def test_a_wait_for_the_schedulers_port_is_quick_at_first_then_slower_and_bounde
     assert every_s >= pace
     assert nodes / every_s <= LISTEN_TRIES_PER_S * (1 + 1e-9)  # (float division)
     assert every_s == pace or every_s == nodes / LISTEN_TRIES_PER_S
+    # At that pace until the quick first second ends, then as long as the caller says.
+    for_s = LISTEN_FAST_S - waited_s if waited_s < LISTEN_FAST_S else 3.0
+    assert listen_pace(waited_s, nodes, 3.0) == (every_s, for_s)

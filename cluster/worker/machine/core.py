@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from cluster.protocol.backoff import LISTEN_FAST_S, RetryPolicy, listen_every_s
+from cluster.protocol.backoff import RetryPolicy, listen_pace
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -278,10 +278,9 @@ class WorkerCore:
         remaining = self.deadline - now
         if not self._direct or len(self.addresses) > 1 or remaining <= 0:
             return self._next_attempt()
-        waited = now - self._report_since  # since the attempts began (the pace: `backoff`)
-        every_s = listen_every_s(waited, self.config.expected_nodes)
-        chunk_s = LISTEN_FAST_S - waited if waited < LISTEN_FAST_S else ATTEMPT_TIMEOUT_S
-        return [steps.AwaitListening(min(remaining, chunk_s), every_s)]
+        waited = now - self._report_since  # since the attempts began
+        every_s, for_s = listen_pace(waited, self.config.expected_nodes, ATTEMPT_TIMEOUT_S)
+        return [steps.AwaitListening(min(remaining, for_s), every_s)]
 
     def _listening_awaited(self, event: steps.ListeningAwaited) -> Actions:
         if not event.refused:

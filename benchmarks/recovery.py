@@ -42,9 +42,10 @@ a host's relay (`mscluster relay`), recovery on; the relay is told the job has `
 nodes (MS_WORKER_NUM of its own process), which is what sizes its channel's pause between
 connection attempts, so that 2 workers show what a host of a 65,536-node job sees. The scheduler
 is SIGKILLed and started again S seconds later. Measured: from the spawn of the new scheduler,
-and from its restored state, to every worker back. A relay that waited out gRPC's pause came
-back up to that pause after the scheduler (16 s after a 30 s outage, at 40,000 nodes); one that
-waits for the port, within moments.
+and from its restored state, to every worker back, and the relay's CPU over the outages. A relay
+that waited out gRPC's pause came back up to that pause after the scheduler (16 s after a 30 s
+outage, at 40,000 nodes); one that waits for the port tries it as often as its workers would
+(every N / (10,000 x workers) seconds), and is back within that.
 
 Usage: python benchmarks/recovery.py [--real 8] [--simulated 256] [--procs 4] [--repeat 3]
        [--guard-workers 4] [--node-timeout 3] [--etcd URL [--lease 2] [--partition]]
@@ -69,6 +70,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rendezvous import cpu_seconds
 
 from cluster.testing import NetworkLab, StatusClient, free_port, wait_until
 
@@ -253,7 +256,7 @@ def bench_relay_outage(outage_s: float, nodes: int, workers: int, repeat: int) -
         sock = running.workdir / "relay.sock"
         relay_env = {**running.env, "MS_WORKER_NUM": str(nodes)}
         command = [sys.executable, "-m", "cluster", "relay", "--socket", f"unix:{sock}"]
-        running.spawn(command, relay_env, "relay.log")
+        relay = running.spawn(command, relay_env, "relay.log")
         log = running.workdir / "relay.log"
         wait_until(lambda: "serving" in log.read_text(), 30, "the relay serving")
         for i in range(workers):
@@ -262,11 +265,14 @@ def bench_relay_outage(outage_s: float, nodes: int, workers: int, repeat: int) -
         try:
             poller.wait(all_back(workers), 60, f"{workers} workers to form the job")
             wait_until(gathered(running.workdir, workers), 60, f"{workers} workers' gathers")
+            cpu_before = cpu_seconds(relay.pid) or 0.0
             timed = restarts(running, poller, workers, repeat, down_s=outage_s)
+            relay_cpu_s = (cpu_seconds(relay.pid) or 0.0) - cpu_before
         finally:
             poller.close()
     kind = f"behind a relay of a {nodes}-node job, after {outage_s:g} s down"
-    return {"workers": workers, "kind": kind, **timed}
+    # What the relay spent while its scheduler was down (and on the workers' return).
+    return {"workers": workers, "kind": kind, "relay_cpu_s": relay_cpu_s, **timed}
 
 
 FAILOVER_HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -661,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
             f"scheduler SIGKILL, {args.relay_outage:g} s down, restart -> all "
             f"{args.relay_workers} workers back {result['kind']}: from spawn "
             f"{median(result['restart_to_all_back_s'])}, from restore "
-            f"{median(result['scheduler_restore_to_all_back_s'])}"
+            f"{median(result['scheduler_restore_to_all_back_s'])}; the relay's CPU "
+            f"{result['relay_cpu_s']:.2f} s over {args.repeat} outages"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -54,21 +54,27 @@ class RetryPolicy:
 # within milliseconds of listening), then every LISTEN_SLOW_TRY_S (gRPC's own floor: a scheduler
 # that is late costs each waiting process about 0.2% of a core, not 2-4%); and the job's nodes at
 # most about LISTEN_TRIES_PER_S times a second in all (a refused connection costs the
-# scheduler's host one packet back).
+# scheduler's host one packet back): each node its share, a relay the shares of the workers it
+# waits for.
 LISTEN_TRY_S, LISTEN_FAST_S, LISTEN_SLOW_TRY_S = 0.01, 1.0, 0.1
 LISTEN_TRIES_PER_S = 10_000
 
 
-def listen_every_s(waited_s: float, nodes: int) -> float:
+def listen_every_s(waited_s: float, nodes: int, speaks_for: int = 1) -> float:
     """How long apart a process `waited_s` into its wait for the scheduler's port tries it, in
-    a job of `nodes` nodes."""
+    a job of `nodes` nodes, trying for `speaks_for` of them (a relay: the workers it serves).
+    Processes that speak for at most `nodes` in all try at most LISTEN_TRIES_PER_S times a
+    second together."""
     pace = LISTEN_TRY_S if waited_s < LISTEN_FAST_S else LISTEN_SLOW_TRY_S
-    return max(pace, nodes / LISTEN_TRIES_PER_S)
+    return max(pace, nodes / (LISTEN_TRIES_PER_S * max(speaks_for, 1)))
 
 
-def listen_pace(waited_s: float, nodes: int, slow_for_s: float) -> tuple[float, float]:
+def listen_pace(
+    waited_s: float, nodes: int, slow_for_s: float, speaks_for: int = 1
+) -> tuple[float, float]:
     """(every_s, for_s) of a wait for the scheduler's port `waited_s` in: how long apart to try
     it (`listen_every_s`), and for how long at that pace before the caller looks again: to the
     end of the quick first second, then `slow_for_s`."""
     fast_left_s = LISTEN_FAST_S - waited_s
-    return listen_every_s(waited_s, nodes), fast_left_s if fast_left_s > 0 else slow_for_s
+    every_s = listen_every_s(waited_s, nodes, speaks_for)
+    return every_s, fast_left_s if fast_left_s > 0 else slow_for_s

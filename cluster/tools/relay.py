@@ -43,8 +43,8 @@ EXIT_OK = 0
 class RelaySettings:
     address: str  # where the workers reach it: unix:PATH
     scheduler: str  # host:port
-    # The job's nodes (MS_WORKER_NUM + MS_SERVER_NUM): its upstream channel and its server are
-    # sized as a node's and the scheduler's; a relay does not know how many of them are here.
+    # The job's nodes (MS_WORKER_NUM + MS_SERVER_NUM): its upstream channel is sized as a
+    # node's, and it waits for a scheduler's port as often as the workers connected to it would.
     nodes: int
     node_timeout_s: float | None  # gRPC's pings of both sides (None: MS_DISABLE_HEARTBEAT)
     tls: TLSOptions | None = None
@@ -107,18 +107,20 @@ class Relay:
 
         _claim(s.path)
         options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
+        server: hop.HopServer | None = None  # the workers' calls, on the local hop
         upstream = relay.Upstreams(
             s.schedulers,
             lambda address: channel.open_channel(address, identity, options),
             _say,
             nodes=s.nodes,
             pause_s=scheduler_link.reconnect_ceiling_ms(s.nodes) / 1000,
+            serving=lambda: 1 if server is None else server.connections,
         )
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
         tables = relay.SharedTables(_say)  # the host's one copy of a large table
         forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
-        server = hop.HopServer(forwarder.answers)  # the workers' calls, on the local hop
+        server = hop.HopServer(forwarder.answers)
         await server.start(str(s.path))  # a socket of this user's only
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
         self._server, self._channel, self._forwarder = server, upstream, forwarder

@@ -295,42 +295,50 @@ async def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
 
 
 async def await_listening(host: str, port: int, timeout_s: float, every_s: float) -> str:
-    """Wait, at most `timeout_s`, until host:port takes a TCP connection (closed at once),
-    trying again every `every_s` while every address of `host` refuses them. Why, in words,
-    when they refused all the while; "" when one took a connection, or when the wait cannot
-    tell (no answer, no route, no address: the registration that follows finds out and says)."""
+    """Wait about `timeout_s` until host:port takes a TCP connection (closed at once), trying
+    it every `every_s` while every address of `host` refuses them (the pace of `_await_port`).
+    Why, in words, when they refused all the while; "" when one took a connection, or when the
+    wait cannot tell (no answer, no route, no address: the registration that follows finds out
+    and says)."""
     if await _await_port(host, port, timeout_s, every_s, patient=False) is False:
         return _connect_failure(host, ConnectionRefusedError(), timeout_s)
     return ""
 
 
 async def await_taken(host: str, port: int, timeout_s: float, every_s: float) -> bool:
-    """Wait, at most `timeout_s`, until host:port takes a TCP connection (closed at once),
-    trying again every `every_s` however a try failed (refused, no answer, no route, no
-    address): whether one was taken."""
+    """Wait about `timeout_s` until host:port takes a TCP connection (closed at once), trying
+    it every `every_s` however a try failed (refused, no answer, no route, no address): whether
+    one was taken."""
     return await _await_port(host, port, timeout_s, every_s, patient=True) is True
 
 
 async def _await_port(
     host: str, port: int, timeout_s: float, every_s: float, *, patient: bool
 ) -> bool | None:
-    """True: a connection was taken; False: none was within `timeout_s`; None (not `patient`):
-    a try failed otherwise than refused, and the wait cannot tell."""
+    """True: a connection was taken; False: none was, trying every `every_s` until `timeout_s`
+    had passed; None (not `patient`): a try failed otherwise than refused, and the wait cannot
+    tell.
+
+    The pace holds across waits: a wait that ends without a connection ends `every_s` after
+    its last try (so up to `every_s` past `timeout_s`), and the next wait's first try comes no
+    sooner. A wait shorter than its pace makes one try and waits out the pace; it never ends
+    at once, to be called again at once, trying the port as fast as the loop turns."""
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout_s
     infos: list[tuple[Any, ...]] | None = None
     while True:
+        tried_at = loop.time()
         try:
             if infos is None:
-                infos = await asyncio.wait_for(_addresses(loop, host, port), until - loop.time())
+                infos = await asyncio.wait_for(_addresses(loop, host, port), until - tried_at)
             taken = await _try_addresses(loop, infos, until)
         except (OSError, asyncio.TimeoutError):
             taken = None
         if taken or (taken is None and not patient):
             return taken
-        if loop.time() + every_s >= until:
+        await asyncio.sleep(max(tried_at + every_s - loop.time(), 0.0))
+        if loop.time() >= until:
             return False
-        await asyncio.sleep(every_s)
 
 
 async def _try_addresses(

@@ -243,6 +243,11 @@ class HopServer:
         self._server: asyncio.Server | None = None
         self._connections: dict[_Connection, asyncio.Future[None]] = {}
 
+    @property
+    def connections(self) -> int:
+        """How many workers are connected now."""
+        return len(self._connections)
+
     async def start(self, path: str) -> None:
         """Listen at `path` (a socket only this user can reach)."""
         previous = os.umask(0o077)

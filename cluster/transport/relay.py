@@ -121,10 +121,11 @@ class Upstreams:
 
     A channel cut off from its scheduler pauses between gRPC's connection attempts, longer each
     time, up to `pause_s` (`reconnect_ceiling_ms` of the job: a minute at 65,536 nodes). Past
-    PORT_WAIT_PAUSE_S the relay waits for the scheduler's port meanwhile, at the pace of a job of
-    `nodes` (`backoff.listen_pace`, as a worker that connects directly does), and opens a new
-    channel once the port takes connections, so that its workers are back within moments of the
-    scheduler, not after the channel's pause."""
+    PORT_WAIT_PAUSE_S the relay waits for the scheduler's port meanwhile, and opens a new channel
+    once the port takes connections, so that its workers are back within moments of the
+    scheduler, not after the channel's pause. It tries the port as often as the workers it serves
+    (`serving()`: how many) would if they connected directly, in a job of `nodes`
+    (`backoff.listen_pace`): the job's relays together as often as its nodes."""
 
     def __init__(
         self,
@@ -135,10 +136,11 @@ class Upstreams:
         *,
         nodes: int = 1,
         pause_s: float = 0.0,
+        serving: Callable[[], int] = lambda: 1,
     ) -> None:
         self._upstream = leader_search.Upstream(addresses)
         self._open, self._say, self._clock = open_channel, say, clock
-        self._nodes = nodes
+        self._nodes, self._serving = nodes, serving
         self._wait_for_port = pause_s > PORT_WAIT_PAUSE_S
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._methods: dict[str, dict[str, Any]] = {}
@@ -204,7 +206,7 @@ class Upstreams:
         host, port = split_address("the scheduler address", address)
         began = self._clock()
         while self._paused(address, channel):
-            every_s, for_s = backoff.listen_pace(self._clock() - began, self._nodes, RETURN_CHECK_S)
+            every_s, for_s = self.port_pace(self._clock() - began)
             if not await scheduler_channel.await_taken(host, port, for_s, every_s):
                 continue
             if self._paused(address, channel):
@@ -213,6 +215,11 @@ class Upstreams:
                 self._say(f"the scheduler at {address} takes connections again")
                 await scheduler_channel.close_for_good(channel, None)
             return
+
+    def port_pace(self, waited_s: float) -> tuple[float, float]:
+        """(every_s, for_s) of a wait for a scheduler's port `waited_s` in: the pace of the
+        workers it serves now (`backoff.listen_pace`)."""
+        return backoff.listen_pace(waited_s, self._nodes, RETURN_CHECK_S, self._serving())
 
     def _paused(self, address: str, channel: grpc.aio.Channel) -> bool:
         """Whether `channel` is still the one to `address`, and waits out gRPC's pause."""

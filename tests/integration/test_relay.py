@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import re
 import shutil
@@ -276,6 +277,33 @@ async def test_a_port_wait_tells_a_refusal_from_a_connection_and_from_no_answer(
         assert await channel.await_taken("127.0.0.1", port, 1.0, 0.01) is True
     assert await channel.await_listening("nowhere.invalid", port, 2.0, 0.01) == ""
     assert await channel.await_taken("nowhere.invalid", port, 0.2, 0.01) is False
+
+
+async def test_waits_for_a_port_keep_their_pace_however_short_each_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Waits shorter than their pace, one after another (the end of a worker's quick first
+    second; a relay's waits in a job of 65,536 nodes, whose pace is longer than the wait),
+    try a refusing port once per pace, not as fast as the loop turns."""
+    tries: list[float] = []
+    real_try = channel._try_addresses
+
+    async def counted(*args: Any) -> bool | None:
+        tries.append(asyncio.get_running_loop().time())
+        return await real_try(*args)
+
+    monkeypatch.setattr(channel, "_try_addresses", counted)
+    loop = asyncio.get_running_loop()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        port = held.getsockname()[1]
+        every_s, began = 0.2, loop.time()
+        while loop.time() - began < 1.0:
+            assert "refused" in await channel.await_listening("127.0.0.1", port, 0.05, every_s)
+            assert await channel.await_taken("127.0.0.1", port, 0.05, every_s) is False
+    spent = loop.time() - began
+    assert len(tries) <= spent / every_s + 1, tries
+    assert all(b - a >= every_s * 0.99 for a, b in itertools.pairwise(tries)), tries
 
 
 async def test_a_relay_reconnects_once_the_schedulers_port_takes_connections() -> None:

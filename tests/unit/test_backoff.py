@@ -56,3 +56,28 @@ def test_a_wait_for_the_schedulers_port_is_quick_at_first_then_slower_and_bounde
     # At that pace until the quick first second ends, then as long as the caller says.
     for_s = LISTEN_FAST_S - waited_s if waited_s < LISTEN_FAST_S else 3.0
     assert listen_pace(waited_s, nodes, 3.0) == (every_s, for_s)
+
+
+@given(st.floats(0.0, 3600.0), st.integers(1, 1_000_000), st.lists(st.integers(0, 5000)))
+def test_relays_and_direct_nodes_share_the_jobs_tries_whoever_speaks_for_whom(
+    waited_s: float, nodes: int, speaks_for: list[int]
+) -> None:
+    """Each process tries the port as often as the nodes it speaks for would (a relay: the
+    workers it serves; a node: itself; none counts as one), never slower than a node alone,
+    so that however the job's nodes are spread over relays and direct connections, the tries
+    above the pace's floor come to at most LISTEN_TRIES_PER_S a second."""
+    pace = LISTEN_TRY_S if waited_s < LISTEN_FAST_S else LISTEN_SLOW_TRY_S
+    above_floor = 0.0
+    left = nodes
+    for wanted in speaks_for:
+        count = min(max(wanted, 1), left)
+        if count == 0:
+            break
+        left -= count
+        every_s = listen_every_s(waited_s, nodes, min(wanted, count))
+        assert pace <= every_s <= listen_every_s(waited_s, nodes)
+        if every_s > pace:
+            above_floor += 1 / every_s
+    assert above_floor <= LISTEN_TRIES_PER_S * (1 + 1e-9)  # (float division)
+    assert listen_every_s(waited_s, nodes, 0) == listen_every_s(waited_s, nodes)
+    assert listen_pace(waited_s, nodes, 3.0, 4)[0] == listen_every_s(waited_s, nodes, 4)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster.protocol import backoff
 from cluster.protocol.environment import MAX_SOCKET_PATH, from_env, relay_from_env
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
@@ -549,3 +550,24 @@ async def test_a_batch_is_cut_at_its_size_and_the_rest_goes_next() -> None:
 def _parts(raw: bytes) -> int:
     up = pb.HostUp.FromString(raw)
     return len(up.batch.ups) if up.WhichOneof("kind") == "batch" else 1
+
+
+def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> None:
+    """In a job of 65,536 nodes a node alone tries a refusing port every 6.5 s; a relay
+    serving 8 of them tries as they would together (every 0.8 s), and with none connected as
+    one node. Its quick first second is a node's."""
+    serving = [8]
+    upstreams = relay.Upstreams(
+        ["127.0.0.1:1"],
+        lambda address: None,
+        nodes=65_536,
+        serving=lambda: serving[0],  # type: ignore[arg-type, return-value]
+    )
+    assert upstreams.port_pace(2.0) == (
+        backoff.listen_every_s(2.0, 65_536, 8),
+        relay.RETURN_CHECK_S,
+    )
+    assert upstreams.port_pace(2.0)[0] == 65_536 / (backoff.LISTEN_TRIES_PER_S * 8)
+    serving[0] = 0
+    assert upstreams.port_pace(2.0)[0] == backoff.listen_every_s(2.0, 65_536)
+    assert upstreams.port_pace(0.25)[1] == backoff.LISTEN_FAST_S - 0.25

@@ -232,11 +232,12 @@ class CheckScheduler:
 
 @frozen
 class AwaitListening:
-    """Wait, at most `timeout_s`, until the scheduler's port takes a TCP connection, trying
-    again every `every_s` as long as it refuses them; then step `ListeningAwaited`. Cheap on
-    both ends (a refused connection is the kernel's answer), and it finds a scheduler that
-    starts listening within milliseconds, where gRPC's reconnect backoff, 100 ms at least,
-    would find it up to 100 ms late."""
+    """Wait about `timeout_s` until the scheduler's port takes a TCP connection, trying it
+    every `every_s` as long as it refuses them; then step `ListeningAwaited`. A refused wait
+    ends `every_s` after its last try (up to `every_s` past `timeout_s`), so that waits one
+    after another keep the pace. Cheap on both ends (a refused connection is the kernel's
+    answer), and it finds a scheduler that starts listening within milliseconds, where gRPC's
+    reconnect backoff, 100 ms at least, would find it up to 100 ms late."""
 
     timeout_s: float
     every_s: float

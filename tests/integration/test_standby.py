@@ -153,7 +153,7 @@ def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_ki
 
     os.kill(schedulers.procs[leader].pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    wait_until(lambda: schedulers.role(standby) == "leader", LEASE_S + 5, "the standby to lead")
+    wait_until(lambda: schedulers.role(standby) == "leader", LEASE_S + 10, "the standby to lead")
     took_over_s = time.monotonic() - killed_at
     shown = schedulers.metrics(standby)
     assert "\ncluster_leader 1.0" in shown

@@ -146,9 +146,19 @@ class Process:
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP), from /proc."""
         try:
-            return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+            return self._stat()[0] == "T"
         except (OSError, IndexError):
             return False
+
+    def cpu_s(self) -> float:
+        """The user and system CPU seconds it has used so far, from /proc (OSError once it is
+        gone)."""
+        fields = self._stat()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _stat(self) -> list[str]:
+        """/proc/PID/stat's fields after the command's name: its state first."""
+        return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
 
     def kill_group(self) -> None:
         if self.running:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import free_port
+from cluster.testing import free_port, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
@@ -74,6 +74,19 @@ def test_workers_started_before_the_scheduler_wait_for_it(processes: Procs) -> N
     for w in workers:
         assert w.wait(30) == 0, w.output
     assert sched.wait(30) == 0, sched.output
+
+
+def test_a_worker_of_a_large_job_waits_idle_for_a_late_scheduler(processes: Procs) -> None:
+    """A worker of a 32,768-node job started before its scheduler tries the scheduler's port at
+    its share of the job's 10,000 tries a second, every 3.3 s, and costs nothing meanwhile. Its
+    waits of 3 s (1 s at first) are shorter than that pace: they once ended at once and began
+    again at once, about 15,000 tries a second, a core's worth of CPU from the first second on
+    (until a try failed otherwise than refused). Two reports in (a report comes as a wait
+    ends), the whole process has used less CPU than one busy second."""
+    worker = processes.start_role("w0", "MS_WORKER", EXAMPLE, job_env(32_768, free_port()))
+    waiting = "waiting for the scheduler at 127.0.0.1"
+    wait_until(lambda: worker.output.count(waiting) >= 2, 30, "the worker's second report")
+    assert worker.cpu_s() < 0.75, worker.output
 
 
 def test_sigkill_of_a_worker_stops_every_process_naming_the_rank(processes: Procs) -> None:

@@ -559,9 +559,9 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
     serving = [8]
     upstreams = relay.Upstreams(
         ["127.0.0.1:1"],
-        lambda address: None,
+        lambda address: None,  # type: ignore[arg-type, return-value]  # never opened here
         nodes=65_536,
-        serving=lambda: serving[0],  # type: ignore[arg-type, return-value]
+        serving=lambda: serving[0],
     )
     assert upstreams.port_pace(2.0) == (
         backoff.listen_every_s(2.0, 65_536, 8),

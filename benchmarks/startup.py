@@ -15,7 +15,9 @@ job
     9 processes importing grpc, started at once, against the README's tutorial job started the
     tutorial's way: 8 workers and a scheduler of `examples/allgather_check.py` (MS_ROLE the only
     difference), each worker gathering every rank and printing it. The wall time from the first
-    start to the last exit. Target: at most 1.4x the 9 grpc imports.
+    start to the last exit. Target: at most 1.4x the 9 grpc imports. Beside it, the CPU seconds
+    of each side's processes: on a machine with fewer cores than processes both sides are bound
+    by their CPU, and the CPU ratio is what the wall ratio follows.
 
 `--before DIR` runs the same with PYTHONPATH=DIR (another checkout, e.g. the commit before this
 work: `git worktree add /tmp/before <commit>`), interleaved with this tree's runs. Bytecode is
@@ -34,6 +36,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,15 +78,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def grpc_nine(env: dict[str, str], n: int) -> float:
+def grpc_nine(env: dict[str, str], n: int) -> tuple[float, float]:
+    """Wall seconds of `n` processes importing grpc, started at once, and their CPU seconds."""
     start = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", GRPC], env=env) for _ in range(n)]
-    if any(p.wait() != 0 for p in procs):
+    codes, cpu = reap(procs)
+    if any(code != 0 for code in codes):
         raise RuntimeError("a grpc import failed")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu
 
 
-def tutorial_job(tree: Path, env: dict[str, str], workers: int) -> float:
+def reap(procs: Sequence[subprocess.Popen[bytes]]) -> tuple[list[int], float]:
+    """Wait for every process, in the order they end: their exit codes, and the CPU seconds
+    (user + system) they used in all."""
+    codes, cpu, left = [0] * len(procs), 0.0, {p.pid: i for i, p in enumerate(procs)}
+    while left:
+        pid, status, usage = os.wait4(-1, 0)
+        if pid in left:
+            index = left.pop(pid)
+            codes[index] = procs[index].returncode = os.waitstatus_to_exitcode(status)
+            cpu += usage.ru_utime + usage.ru_stime
+    return codes, cpu
+
+
+def tutorial_job(tree: Path, env: dict[str, str], workers: int) -> tuple[float, float]:
+    """Wall seconds of the tutorial job, from the first start to the last exit, and the CPU
+    seconds of its processes."""
     job = {
         **env,
         "MS_WORKER_NUM": str(workers),
@@ -91,24 +111,29 @@ def tutorial_job(tree: Path, env: dict[str, str], workers: int) -> float:
         "MS_SCHED_PORT": str(free_port()),
     }
     script = str(tree / EXAMPLE)
-    start = time.perf_counter()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, script],
-            env={**job, "MS_ROLE": role},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for role in ["MS_WORKER"] * workers + ["MS_SCHED"]
-    ]
-    outputs = [p.communicate()[0] for p in procs]
-    elapsed = time.perf_counter() - start
-    for proc, out in zip(procs, outputs, strict=True):
-        if proc.returncode != 0:
-            raise RuntimeError(f"a process of the job exited {proc.returncode}: {out[-2000:]!r}")
+    with tempfile.TemporaryDirectory(prefix="startup-") as tmp:
+        logs = [Path(tmp) / f"{i}.log" for i in range(workers + 1)]
+        start = time.perf_counter()
+        procs = []
+        for role, log in zip(["MS_WORKER"] * workers + ["MS_SCHED"], logs, strict=True):
+            with log.open("wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, script],
+                        env={**job, "MS_ROLE": role},
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        codes, cpu = reap(procs)
+        elapsed = time.perf_counter() - start
+        outputs = [log.read_bytes() for log in logs]
+    for code, out in zip(codes, outputs, strict=True):
+        if code != 0:
+            raise RuntimeError(f"a process of the job exited {code}: {out[-2000:]!r}")
     if sum(b"allgather rank=" in out for out in outputs) != workers:
         raise RuntimeError("not every worker printed its gather")
-    return elapsed
+    return elapsed, cpu
 
 
 def measure(trees: dict[str, Path], repeat: int, job_repeat: int, workers: int) -> dict[str, float]:
@@ -126,10 +151,12 @@ def measure(trees: dict[str, Path], repeat: int, job_repeat: int, workers: int) 
                 samples.setdefault(f"{name} {what} cpu", []).append(cpu)
     for _ in range(job_repeat):
         for name, env in envs.items():
-            samples.setdefault(f"{name} grpc x{workers + 1}", []).append(
-                grpc_nine(env, workers + 1)
-            )
-            samples.setdefault(f"{name} job", []).append(tutorial_job(trees[name], env, workers))
+            for what, (wall, cpu) in (
+                (f"grpc x{workers + 1}", grpc_nine(env, workers + 1)),
+                ("job", tutorial_job(trees[name], env, workers)),
+            ):
+                samples.setdefault(f"{name} {what}", []).append(wall)
+                samples.setdefault(f"{name} {what} cpu", []).append(cpu)
     return {key: statistics.median(values) for key, values in samples.items()}
 
 
@@ -137,14 +164,16 @@ def report(medians: dict[str, float], names: Sequence[str], workers: int) -> Non
     nine = f"grpc x{workers + 1}"
     print(
         f"{'tree':<8} {'grpc':>7} {'worker':>7} {'ratio':>6} | {'CPU: grpc':>9} {'worker':>7} "
-        f"{'ratio':>6} | {nine:>9} {'job':>7} {'ratio':>6}"
+        f"{'ratio':>6} | {nine:>9} {'job':>7} {'ratio':>6} | {'CPU: ' + nine:>14} {'job':>7} "
+        f"{'ratio':>6}"
     )
     for name in names:
         m = {key.removeprefix(f"{name} "): value for key, value in medians.items()}
         print(
             f"{name:<8} {m['grpc']:7.3f} {m['worker']:7.3f} {m['worker'] / m['grpc']:6.2f} | "
             f"{m['grpc cpu']:9.3f} {m['worker cpu']:7.3f} {m['worker cpu'] / m['grpc cpu']:6.2f} | "
-            f"{m[nine]:9.3f} {m['job']:7.3f} {m['job'] / m[nine]:6.2f}"
+            f"{m[nine]:9.3f} {m['job']:7.3f} {m['job'] / m[nine]:6.2f} | "
+            f"{m[nine + ' cpu']:14.3f} {m['job cpu']:7.3f} {m['job cpu'] / m[nine + ' cpu']:6.2f}"
         )
     print(f"targets: worker <= 1.25x grpc (wall); job <= 1.40x {nine} (seconds, medians)")
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from cluster.protocol.backoff import RetryPolicy, listen_pace
+from cluster.protocol.backoff import LISTEN_FAST_S, RetryPolicy, listen_every_s, listen_pace
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -65,7 +65,8 @@ REPORT_EVERY_S = 5.0
 # scheduler addresses sooner, so that the next one is tried.
 ATTEMPT_TIMEOUT_S = 3.0
 FAILOVER_ATTEMPT_S = 1.0
-# Between attempts that got no answer.
+# Between attempts that got no answer: at least this, and at the pace of a wait for the
+# scheduler's port past its first second (`_retry_pause`).
 RETRY_PAUSE_S = 0.1
 # A transient refusal (the guard) is retried this long after it says it clears.
 GUARD_MARGIN_S = 0.02
@@ -317,14 +318,23 @@ class WorkerCore:
         )
         if not event.ok:
             self._down[self.address] = self.clock()
-            return said + self._next_address() + self._pause(RETRY_PAUSE_S)
+            return said + self._next_address() + self._retry_pause()
         self._verified = True
         return said + self._next_attempt()
 
     def _unanswered(self) -> Actions:
         # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
         self._verified = False
-        return self._pause(RETRY_PAUSE_S)
+        return self._retry_pause()
+
+    def _retry_pause(self) -> Actions:
+        """The pause after an attempt that got no answer, or a probe that found no scheduler:
+        RETRY_PAUSE_S, and in a large job the node's share of the tries its nodes make in all
+        (`listen_every_s` past the quick first second: 0.82 s at 8,192 nodes), as a wait for
+        the port paces them. A job's nodes that probe schedulers they cannot reach (several
+        scheduler addresses, a leader gone) would otherwise try 10 times a second each."""
+        nodes = self.config.expected_nodes
+        return self._pause(max(RETRY_PAUSE_S, listen_every_s(LISTEN_FAST_S, nodes)))
 
     def _answer_late(self, event: steps.AnswerLate) -> Actions:
         return [

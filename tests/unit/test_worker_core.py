@@ -350,15 +350,20 @@ def test_several_addresses_are_tried_in_turn_when_one_is_down() -> None:
 
 @pytest.mark.parametrize(("workers", "pause_s"), [(2, 0.1), (8_192, 0.8192), (65_536, 6.5536)])
 def test_probes_of_unreachable_schedulers_keep_the_jobs_pace(workers: int, pause_s: float) -> None:
-    """A node that finds no scheduler (several addresses, none up; an attempt unanswered)
-    probes again after RETRY_PAUSE_S in a small job, and in a large one at its share of the
-    job's LISTEN_TRIES_PER_S, as its waits for the port do: not 10 times a second each."""
+    """A node connected directly that finds no scheduler (several addresses, none up; an
+    attempt unanswered) probes again after RETRY_PAUSE_S in a small job, and in a large one at
+    its share of the job's LISTEN_TRIES_PER_S, as its waits for the port do: not 10 times a
+    second each."""
     core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2", workers=workers), FakeClock())
-    core.step(steps.Start(verified=False))
+    core.step(steps.Start(verified=False, direct=True))
     assert core.step(steps.Checked(False, "connection refused"))[1:] == [steps.Pause(pause_s)]
     assert core.step(steps.PauseOver()) == [steps.CheckScheduler(FAILOVER_ATTEMPT_S)]
     assert core.step(steps.Unanswered()) == [steps.Pause(pause_s)]
     assert pause_s == max(RETRY_PAUSE_S, workers / LISTEN_TRIES_PER_S)
+    # Behind a relay, whose own waits for the port are paced for the host: RETRY_PAUSE_S.
+    relayed = WorkerCore(config(workers=workers), FakeClock())
+    relayed.step(steps.Start(verified=False, direct=False))
+    assert relayed.step(steps.Checked(False, "connection refused")) == [steps.Pause(RETRY_PAUSE_S)]
 
 
 def test_a_standby_with_no_leader_sends_the_node_to_the_next_address() -> None:

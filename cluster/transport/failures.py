@@ -37,6 +37,10 @@ from cluster.protocol.value import frozen
 
 ERROR_KIND_KEY = "cluster-error"
 LEADER_KEY = "cluster-leader"
+# Set by a host's relay on a worker's call it ends cut off (UNAVAILABLE with no kind): the relay
+# could not reach the scheduler, or lost it under the call. The relay waits for the scheduler's
+# port for its host, so its worker asks it again instead of probing the scheduler itself.
+RELAY_KEY, RELAY_CUT_OFF = "cluster-relay", "cut-off"
 Metadata = tuple[tuple[str, str], ...]
 
 # Each error's status code: the first row whose class it is an instance of.
@@ -96,6 +100,7 @@ class CallFailure:
     details: str
     code: str  # the status code's name, for messages
     leader: str = ""
+    relay_cut_off: bool = False  # a relay ended it: it cannot reach the scheduler (RELAY_KEY)
 
     @property
     def cut_off(self) -> bool:
@@ -136,7 +141,8 @@ def failure_of(exc: grpc.aio.AioRpcError) -> CallFailure:
     kind = _KINDS.get(named.get(ERROR_KIND_KEY, ""))
     if kind is None and code not in _CUT_OFF:
         kind = _BY_CODE.get(code, CollectiveError)
-    return CallFailure(kind, details, code.name, named.get(LEADER_KEY, ""))
+    relay_cut_off = named.get(RELAY_KEY) == RELAY_CUT_OFF
+    return CallFailure(kind, details, code.name, named.get(LEADER_KEY, ""), relay_cut_off)
 
 
 def _metadata(exc: grpc.aio.AioRpcError) -> dict[str, str]:

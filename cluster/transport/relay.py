@@ -91,6 +91,18 @@ def forwarded(metadata: Iterable[Any] | None) -> tuple[Metadatum, ...]:
     )
 
 
+def relayed(code: grpc.StatusCode, trailing: tuple[Metadatum, ...]) -> tuple[Metadatum, ...]:
+    """The trailing metadata of a worker's call that ended with `code` upstream: the
+    scheduler's, and `failures.RELAY_KEY` when the call was cut off (UNAVAILABLE with no kind,
+    as `Upstreams.answered` takes it): the worker then asks this relay again, which waits for
+    the scheduler's port for its host, rather than probing the scheduler itself."""
+    if code != grpc.StatusCode.UNAVAILABLE or any(
+        key in (failures.ERROR_KIND_KEY, failures.RELAY_KEY) for key, _ in trailing
+    ):
+        return trailing
+    return (*trailing, (failures.RELAY_KEY, failures.RELAY_CUT_OFF))
+
+
 def _timeout(context: Context) -> float | None:
     """What is left of the worker's deadline, for the upstream call (None: it set none)."""
     remaining = context.time_remaining()
@@ -100,7 +112,7 @@ def _timeout(context: Context) -> float | None:
 def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
     """End the worker's call as the scheduler (or the way to it) ended the upstream one."""
     trailing = error.trailing_metadata()
-    context.set_trailing_metadata(forwarded(trailing))
+    context.set_trailing_metadata(relayed(error.code(), forwarded(trailing)))
     context.set_code(error.code())
     context.set_details(error.details() or "")
 
@@ -569,7 +581,7 @@ class HostLinks:
         """End the worker's call as the scheduler ended its slot; a finish slot's answer."""
         _, code, details, trailing, answer = end
         self._upstreams.answered(link.address, code, trailing)
-        context.set_trailing_metadata(trailing)
+        context.set_trailing_metadata(relayed(code, trailing))
         if code != grpc.StatusCode.OK:
             context.set_code(code)
             context.set_details(details)

@@ -65,7 +65,8 @@ def rpc_failure(exc: grpc.aio.AioRpcError, where: str) -> steps.Event:
     if failure.kind is None or failure.timed_out:
         # Cut off, or not answered within the attempt's own deadline (the challenge's, on a
         # loaded scheduler): no refusal, tried again. The scheduler never refuses with it.
-        return steps.Unanswered()
+        relayed = failure.relay_cut_off and not failure.timed_out
+        return steps.Unanswered(failure.details if relayed else "")
     return steps.Fatal(failure.kind(f"{where} rejected registration: {failure.details}"))
 
 

@@ -376,6 +376,39 @@ async def test_a_stopped_relay_is_left_by_its_workers(processes: Procs, short_di
             relay.popen.send_signal(signal.SIGKILL)
 
 
+async def test_workers_behind_a_relay_wait_through_it_for_a_restarted_scheduler(
+    processes: Procs, short_dir: Path
+) -> None:
+    """The scheduler SIGKILLed and started again (recovery on): its workers behind a relay hear
+    from the relay that it cannot reach the scheduler, and ask it again rather than probing the
+    scheduler themselves (the relay waits for its port for the host; 65,536 workers probing it
+    10 times a second each would be 655,000 tries a second). They are back through the relay."""
+    port = free_port()
+    env = job_env(2, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(short_dir / "state"))
+    sched = processes.start("sched", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
+    sock = short_dir / "r.sock"
+    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env)
+    await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
+    said: list[str] = []
+    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1"}
+    extra["MS_RECOVERY_PATH"] = str(short_dir / "workers")
+    agents = [make_agent(port, 2, n, said, MS_NODE_ID=n, **extra) for n in "ab"]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 30)
+        sched.popen.send_signal(signal.SIGKILL)
+        sched.popen.wait(10)
+        cannot = f"waiting for the scheduler at 127.0.0.1:{port}: the relay cannot reach it"
+        await eventually(
+            lambda: sum(line.startswith(cannot) for line in said) >= 2, "the relay's word", 30
+        )
+        processes.start("sched-again", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
+        assert await asyncio.wait_for(gather_rolling_back(agents), 60) == [[b"a", b"b"]] * 2
+        probed = [line for line in said if "nothing took the connection" in line]
+        assert not probed, said  # no probe of its own found the scheduler's port refusing
+    finally:
+        await asyncio.gather(*(a.close() for a in agents))
+
+
 async def test_a_host_fetches_a_large_table_once_through_its_relay(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,13 @@ from cluster.protocol.errors import (
     PeerFailedError,
     UnknownNodeError,
 )
-from cluster.transport.failures import PING_TIMEOUT_DETAILS, failure_of, status_of
+from cluster.transport.failures import (
+    PING_TIMEOUT_DETAILS,
+    RELAY_CUT_OFF,
+    RELAY_KEY,
+    failure_of,
+    status_of,
+)
 from cluster.worker import convert
 from cluster.worker.machine import steps
 
@@ -154,6 +160,17 @@ def test_the_worker_core_hears_a_standby_as_the_way_to_its_leader() -> None:
         details="Deadline Exceeded",
     )
     assert convert.rpc_failure(late, "the scheduler") == steps.Unanswered()
+    # A host's relay that cannot reach the scheduler says so: the worker asks it again.
+    relayed = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata((RELAY_KEY, RELAY_CUT_OFF)),
+        details="connection refused",
+    )
+    assert failure_of(relayed).relay_cut_off
+    assert failure_of(relayed).cut_off
+    assert convert.rpc_failure(relayed, "the scheduler") == steps.Unanswered("connection refused")
+    assert not failure_of(cut_off).relay_cut_off
 
 
 @pytest.mark.parametrize(

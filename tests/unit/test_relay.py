@@ -24,7 +24,7 @@ from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
 from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
-from cluster.transport import relay, stub, table_file
+from cluster.transport import failures, relay, stub, table_file
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import scheduler_link
 from tests.aio import eventually
@@ -51,6 +51,19 @@ def test_the_relay_forwards_a_workers_proof_and_drops_the_headers_of_its_hop() -
         ("x-trace-bin", b"\x00\x01"),
     )
     assert relay.forwarded(None) == ()
+
+
+def test_a_call_the_relay_ends_cut_off_says_so_and_no_other() -> None:
+    """A worker's call ended UNAVAILABLE with no kind (the scheduler unreachable, or lost
+    under the call) carries RELAY_KEY, so that the worker asks its relay again instead of
+    probing the scheduler; a refusal, a standby's pointer and an answer pass unchanged."""
+    cut = relay.relayed(grpc.StatusCode.UNAVAILABLE, (("x", "1"),))
+    assert cut == (("x", "1"), (failures.RELAY_KEY, failures.RELAY_CUT_OFF))
+    assert relay.relayed(grpc.StatusCode.UNAVAILABLE, cut) == cut  # marked once
+    standby = ((failures.ERROR_KIND_KEY, "NotLeaderError"), (failures.LEADER_KEY, "h:1"))
+    assert relay.relayed(grpc.StatusCode.UNAVAILABLE, standby) == standby
+    for code in (grpc.StatusCode.OK, grpc.StatusCode.ABORTED, grpc.StatusCode.CANCELLED):
+        assert relay.relayed(code, ()) == ()
 
 
 def test_the_relay_serves_every_method_of_the_scheduler_service_but_its_own() -> None:

@@ -191,6 +191,27 @@ def test_an_unanswered_attempt_probes_the_scheduler_then_tries_again() -> None:
     ]
 
 
+def test_a_relay_that_cannot_reach_the_scheduler_is_asked_again_not_probed_past() -> None:
+    """An attempt the host's relay ended, unable to reach the scheduler, is made again through
+    it after RETRY_PAUSE_S, whatever the job's size, with no probe of the scheduler (the relay
+    waits for its port for the host); the wait says why, and so does a deadline passed."""
+    clock = FakeClock()
+    core = WorkerCore(config(workers=65_536), clock)
+    core.step(steps.Start(direct=False))
+    assert core.step(steps.Unanswered("connection refused")) == [steps.Pause(RETRY_PAUSE_S)]
+    clock.now += 2.0
+    assert kinds(core.step(steps.PauseOver())) == [steps.Register]
+    said = core.step(steps.Unanswered("connection refused"))
+    assert said[0] == steps.Say(
+        "waiting for the scheduler at 127.0.0.1:8118: the relay cannot reach it "
+        "(connection refused) (2 s)"
+    )
+    assert said[1:] == [steps.Pause(RETRY_PAUSE_S)]
+    clock.now += TOPO_S
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert "the relay cannot reach it (connection refused)" in str(error)
+
+
 def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> None:
     clock = FakeClock()
     core = WorkerCore(config(), clock)

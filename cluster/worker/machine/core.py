@@ -223,7 +223,7 @@ class WorkerCore:
             case steps.Refused():
                 return self._refused(event)
             case steps.Unanswered():
-                return self._unanswered()
+                return self._unanswered(event)
             case steps.AnswerLate():
                 return self._answer_late(event)
             case steps.NotLeader():
@@ -322,7 +322,13 @@ class WorkerCore:
         self._verified = True
         return said + self._next_attempt()
 
-    def _unanswered(self) -> Actions:
+    def _unanswered(self, event: steps.Unanswered) -> Actions:
+        if event.relay_cut_off:
+            # The relay could not reach the scheduler; it waits for the port for this host, at
+            # the host's share of the job's tries: ask it again, probe nothing.
+            self.unreachable = f"the relay cannot reach it ({event.relay_cut_off})"
+            said = self._report(f"waiting for {self.where}: {self.unreachable}")
+            return said + self._pause(RETRY_PAUSE_S)
         # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
         self._verified = False
         return self._retry_pause()
@@ -333,9 +339,10 @@ class WorkerCore:
         tries the job's nodes make in all (`listen_every_s` past the quick first second: 0.82 s
         at 8,192 nodes), as its waits for the port are paced. Direct nodes probing schedulers
         they cannot reach (several scheduler addresses, a leader gone) would otherwise try 10
-        times a second each. A node behind a relay keeps RETRY_PAUSE_S: its relay waits for the
-        port for the host's workers at their share, and a node paced by the job would come back
-        up to that share's pace after its relay (6.5 s at 65,536 nodes)."""
+        times a second each. A node behind a relay asks its relay again when the relay cannot
+        reach the scheduler (`_unanswered`), and probes only when the relay did not answer in
+        time or a certificate must pass a CRL first; it keeps RETRY_PAUSE_S for those, so that
+        it is not held up to its share's pace (6.5 s at 65,536 nodes) behind its relay."""
         if not self._direct:
             return self._pause(RETRY_PAUSE_S)
         nodes = self.config.expected_nodes

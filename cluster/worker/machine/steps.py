@@ -81,7 +81,10 @@ class Refused:
 @frozen
 class Unanswered:
     """A registration attempt got no answer: the scheduler is down, busy, or speaks another
-    protocol; or the attempt was cut off."""
+    protocol; or the attempt was cut off. `relay_cut_off`: the host's relay ended it, unable
+    to reach the scheduler, and why (it waits for the scheduler's port for its host)."""
+
+    relay_cut_off: str = ""
 
 
 @frozen

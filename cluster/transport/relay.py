@@ -51,7 +51,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Sequence
 from typing import Any, Protocol, TypeAlias
 
 import grpc
@@ -96,11 +96,16 @@ def relayed(code: grpc.StatusCode, trailing: tuple[Metadatum, ...]) -> tuple[Met
     scheduler's, and `failures.RELAY_KEY` when the call was cut off (UNAVAILABLE with no kind,
     as `Upstreams.answered` takes it): the worker then asks this relay again, which waits for
     the scheduler's port for its host, rather than probing the scheduler itself."""
-    if code != grpc.StatusCode.UNAVAILABLE or any(
-        key in (failures.ERROR_KIND_KEY, failures.RELAY_KEY) for key, _ in trailing
-    ):
+    keys = {key for key, _ in trailing}
+    if not _cut_off(code, keys) or failures.RELAY_KEY in keys:
         return trailing
     return (*trailing, (failures.RELAY_KEY, failures.RELAY_CUT_OFF))
+
+
+def _cut_off(code: grpc.StatusCode, keys: Container[str]) -> bool:
+    """Whether a forwarded call that ended with `code` and trailing metadata of `keys` was cut
+    off: UNAVAILABLE with no kind (the scheduler, or the way to it, went)."""
+    return code == grpc.StatusCode.UNAVAILABLE and failures.ERROR_KIND_KEY not in keys
 
 
 def _timeout(context: Context) -> float | None:
@@ -192,7 +197,7 @@ class Upstreams:
             leader = str(named[failures.LEADER_KEY])
             moved = self._upstream.not_leader(address, leader, now)
             why = f"the scheduler at {address} stands by"
-        elif code == grpc.StatusCode.UNAVAILABLE and failures.ERROR_KIND_KEY not in named:
+        elif _cut_off(code, named):
             moved = self._upstream.cut_off(address, now)
             why = f"the scheduler at {address} did not answer"
             self._await_return(address)

@@ -158,6 +158,21 @@ def test_the_nodes_of_a_large_job_try_the_scheduler_port_less_often_each() -> No
     assert wait.every_s == 20_000 / LISTEN_TRIES_PER_S
 
 
+def test_a_wait_for_the_port_ends_by_the_deadline_however_slow_its_pace() -> None:
+    """A refused wait ends a pace after its last try; the last before MS_TOPO_TIMEOUT is paced
+    to end by it, so that the timeout is reported when it passes, not up to a pace later."""
+    clock = FakeClock()
+    core = WorkerCore(config(workers=65_536), clock)
+    core.step(steps.Start(direct=True))
+    refused = steps.ListeningAwaited(refused=True, why="connection refused")
+    clock.now = core.deadline - 10.0
+    pace = core.step(refused)[-1]
+    assert isinstance(pace, steps.AwaitListening)
+    assert 1.0 < pace.every_s < 10.0
+    clock.now = core.deadline - 0.5
+    assert core.step(refused)[-1] == steps.AwaitListening(0.5, 0.5)
+
+
 def test_only_a_direct_node_of_one_scheduler_waits_for_its_port() -> None:
     """Behind a relay the relay is there; with several schedulers a down one is passed over."""
     assert kinds(WorkerCore(config(), FakeClock()).step(steps.Start())) == [steps.Register]
@@ -779,7 +794,9 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert now < self.core.deadline
                 limit = action.attempt_s if isinstance(action, steps.Register) else action.timeout_s
                 assert 0 < limit <= self.core.deadline - now + 1e-9
-                assert not isinstance(action, steps.AwaitListening) or action.every_s > 0
+                if isinstance(action, steps.AwaitListening):
+                    # A refused wait ends a pace after its last try: within the deadline too.
+                    assert 0 < action.every_s <= self.core.deadline - now + 1e-9
                 self.asked = type(action)
             elif isinstance(action, steps.Pause):
                 assert 0 <= action.seconds <= max(self.core.deadline - now, 0.0) + 1e-9

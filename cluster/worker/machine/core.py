@@ -281,7 +281,9 @@ class WorkerCore:
             return self._next_attempt()
         waited = now - self._report_since  # since the attempts began
         every_s, for_s = listen_pace(waited, self.config.expected_nodes, ATTEMPT_TIMEOUT_S)
-        return [steps.AwaitListening(min(remaining, for_s), every_s)]
+        # A refused wait ends a pace after its last try: the last wait before the deadline
+        # keeps within it.
+        return [steps.AwaitListening(min(remaining, for_s), min(remaining, every_s))]
 
     def _listening_awaited(self, event: steps.ListeningAwaited) -> Actions:
         if not event.refused:

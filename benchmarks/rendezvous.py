@@ -261,10 +261,12 @@ def _report_errors(q: MpQueue[Message], index: int, body: Callable[[], None]) ->
 
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of a process so far (Linux /proc), or None."""
+    from cluster.tools.testing import cpu_seconds as process_cpu_s
+
+    if pid is None:
+        return None
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(pid)
     except (OSError, ValueError, IndexError):
         return None
 

@@ -146,19 +146,13 @@ class Process:
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP), from /proc."""
         try:
-            return self._stat()[0] == "T"
+            return proc_stat(self.pid)[0] == "T"
         except (OSError, IndexError):
             return False
 
     def cpu_s(self) -> float:
-        """The user and system CPU seconds it has used so far, from /proc (OSError once it is
-        gone)."""
-        fields = self._stat()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def _stat(self) -> list[str]:
-        """/proc/PID/stat's fields after the command's name: its state first."""
-        return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        """The user and system CPU seconds it has used so far (OSError once it is gone)."""
+        return cpu_seconds(self.pid)
 
     def kill_group(self) -> None:
         if self.running:
@@ -166,6 +160,19 @@ class Process:
                 os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
+
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command's name: its state first (OSError once the
+    process is gone)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU seconds process `pid` has used so far, from /proc (OSError once
+    it is gone)."""
+    fields = proc_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

@@ -820,7 +820,8 @@ class Sim:
     def heal(self, bound_s: float = LIVENESS_BOUND_S) -> None:
         """Faults stop: links heal, stopped processes continue, dead ones start again (unless
         told to go), saves land, time passes; within `bound_s` of virtual time the job must
-        settle (`settled`)."""
+        settle (`settled`). A crash point that fires meanwhile (a round completes as the job
+        settles) kills the scheduler as in the schedule's steps (`crash_answering`)."""
         self.net.calm(self.clock.now)
         self.full = False
         start = self.clock.now
@@ -837,6 +838,8 @@ class Sim:
                 return
             self.time_passes(2.0)
             self.check()
+            if self.crash_after:  # the crash point fired as the job settled: it dies now
+                self.crash_answering()
         waiting = self.collectives.stuck() + self.collectives.cut_waiting()
         raise Violation(
             "liveness",

@@ -41,13 +41,11 @@ from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silen
 
 T = TypeVar("T")
 
-# A scheduler's challenge is used for half its life, then asked for again.
-TTL_USE_S = auth.CHALLENGE_TTL_S / 2
+TTL_USE_S = auth.CHALLENGE_TTL_S / 2  # a scheduler's challenge is used for half its life
 # A node whose relay was lost looks for it this often; back, it registers through it (bounded by
 # RELAY_MOVE_S); its direct channel closes as its calls end (at most RELAY_MOVE_GRACE_S later).
 RELAY_LOOK_S, RELAY_MOVE_S, RELAY_MOVE_GRACE_S = 1.0, 10.0, 30.0
-# What the interpreter hands its caller: a stream to read, a call to make again, or nothing.
-Outcome = steps.Watch | steps.RetryCall | None
+Outcome = steps.Watch | steps.RetryCall | None  # for the caller: a stream, a call again, or none
 
 
 class WorkerAgent:
@@ -87,8 +85,7 @@ class WorkerAgent:
             identity.node_id, identity.incarnation, identity.credential
         )
         self._signer = membership.signer(self._job_secret, identity)
-        # With a job secret: the scheduler's (address, challenge, job id, when), renewed when stale.
-        self._challenge: tuple[str, bytes, str, float] | None = None
+        self._challenge: tuple[str, bytes, str, float] | None = None  # a job secret's, renewed
         self._host, self._port = config.sched_host, config.sched_port
         self._route = scheduler_link.Route(config, say)  # through the host's relay, or direct
         self._channel = self._route.open(self.core.address, self._tls)
@@ -96,12 +93,10 @@ class WorkerAgent:
         self._aside: set[asyncio.Task[Any]] = set()  # old channels closing, late answers said
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
         self._stream_done = False  # the stream said its last word (a Done action)
-        # The last whole peer table heard: the base of the next delta.
-        self._table = peer_table.HeldTable()
+        self._table = peer_table.HeldTable()  # the last whole table heard: the next delta's base
         self._stream_up = False  # an accepted event stream is being read
         self._move: asyncio.Task[None] | None = None  # to the relay come back: `_back_to_relay`
-        # When (this agent's clock) the scheduler first accepted this node: a benchmarks' stage.
-        self.accepted_at: float | None = None
+        self.accepted_at: float | None = None  # first accepted (this clock): a benchmark's stage
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
         self._fatal: asyncio.Future[ClusterError] = loop.create_future()
@@ -109,9 +104,8 @@ class WorkerAgent:
         # Set when a new generation arrives / a peer of this one failed (each replaced then).
         self._new_generation = asyncio.Event()
         self._peer_failed = asyncio.Event()
-        # Checkpoint reports, numbered; the generation whose rollback step this worker put back.
-        self._report_seq = 0
-        self.resumed_in: int | None = None
+        self._report_seq = 0  # checkpoint reports are numbered
+        self.resumed_in: int | None = None  # the generation whose rollback this worker put back
 
     # -- what the core knows -------------------------------------------------------------------
 
@@ -526,7 +520,11 @@ class WorkerAgent:
             raise self._fatal.result()
         task = asyncio.ensure_future(awaitable)
         racers: list[asyncio.Future[Any]] = [task, self._fatal]
-        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller gave up (a timeout): so does the awaitable
+            task.cancel()
+            raise
         # An answer wins; a call that failed as the job did (its channel closed by the job's
         # end: CANCELLED) reports the job's failure, which is the cause.
         failed = task.done() and (task.cancelled() or task.exception() is not None)
@@ -563,7 +561,9 @@ class WorkerAgent:
                 # A scheduler that does not lead (yet) answers for nothing: as one cut off.
                 if not failure.cut_off and failure.kind is not NotLeaderError:
                     raise failure.error(what) from None
-                if isinstance(await self._run(self.core.step(steps.CallCutOff())), steps.RetryCall):
+                then = await self._run(self.core.step(steps.CallCutOff()))
+                if isinstance(then, steps.RetryCall):
+                    await asyncio.sleep(then.pause_s)
                     continue
                 raise failure.error(what) from None
             finally:

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,46 @@ async def test_workers_behind_a_relay_wait_through_it_for_a_restarted_scheduler(
         probed = [line for line in said if "nothing took the connection" in line]
         assert not probed, said  # no probe of its own found the scheduler's port refusing
     finally:
+        await asyncio.gather(*(a.close() for a in agents))
+
+
+async def test_a_call_cut_off_behind_a_relay_is_made_again_at_its_pace(
+    processes: Procs, short_dir: Path
+) -> None:
+    """A worker in a collective when the scheduler dies (recovery on) makes its call again
+    until the scheduler is back; behind a relay, which answers at once that it cannot reach
+    the scheduler, each attempt ends at once, and the worker must pause between them (the
+    core's `RetryCall`) rather than call its relay as fast as the two can turn."""
+    port = free_port()
+    env = job_env(2, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(short_dir / "state"))
+    sched = processes.start("sched", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
+    sock = short_dir / "r.sock"
+    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env)
+    await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
+    said: list[str] = []
+    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1"}
+    extra["MS_RECOVERY_PATH"] = str(short_dir / "workers")
+    agents = [make_agent(port, 2, n, said, MS_NODE_ID=n, **extra) for n in "ab"]
+    waiting: asyncio.Future[list[bytes]] | None = None
+    try:
+        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 30)
+        waiting = asyncio.ensure_future(agents[0].exchange("barrier", b""))  # b never joins
+        sched.popen.send_signal(signal.SIGKILL)
+        sched.popen.wait(10)
+        cpu_before, wall_before = relay.cpu_s(), time.monotonic()
+        cannot = f"waiting for the scheduler at 127.0.0.1:{port}: the relay cannot reach it"
+        await eventually(
+            lambda: sum(line.startswith(cannot) for line in said) >= 2, "the relay's word", 30
+        )
+        cpu_s, wall_s = relay.cpu_s() - cpu_before, time.monotonic() - wall_before
+        assert not waiting.done()
+        # Paced, the relay answers two workers' attempts every 0.05-0.1 s: a few percent of a
+        # core. Unpaced it answered one worker's call again and again: most of a core.
+        assert cpu_s < 0.25 * wall_s, (cpu_s, wall_s)
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
         await asyncio.gather(*(a.close() for a in agents))
 
 

@@ -722,6 +722,21 @@ def test_a_call_cut_off_is_made_again_after_its_pause_every_time_with_recovery()
     assert core.step(steps.CallCutOff()) == []  # closed: the call raises its own error
 
 
+def test_a_direct_node_of_a_large_job_makes_a_cut_off_call_again_at_its_share() -> None:
+    """A standby that does not lead answers a call at once: the job's direct nodes together
+    make theirs again at most about LISTEN_TRIES_PER_S times a second. Behind a relay, which
+    waits for the scheduler for its host: CALL_RETRY_PAUSE_S."""
+    workers = 20_000
+    direct = WorkerCore(config(recovery=True, workers=workers), FakeClock())
+    direct.step(steps.Start(direct=True))
+    direct.step(steps.ListeningAwaited())
+    direct.step(accepted())
+    direct.step(steps.TopologyReady(topology()))
+    assert direct.step(steps.CallCutOff()) == [steps.RetryCall(workers / LISTEN_TRIES_PER_S)]
+    relayed, _ = ready_core(recovery=True)
+    assert relayed.step(steps.CallCutOff()) == [steps.RetryCall(CALL_RETRY_PAUSE_S)]
+
+
 def test_a_failed_node_does_nothing_more() -> None:
     core, _ = ready_core()
     core.step(steps.Fatal(ClusterError("topology without this node")))

@@ -345,10 +345,13 @@ class WorkerCore:
         reach the scheduler (`_unanswered`), and probes only when the relay did not answer in
         time or a certificate must pass a CRL first; it keeps RETRY_PAUSE_S for those, so that
         it is not held up to its share's pace (6.5 s at 65,536 nodes) behind its relay."""
+        return self._pause(self._paced(RETRY_PAUSE_S))
+
+    def _paced(self, pause_s: float) -> float:
+        """`pause_s`, or for a node that connects directly its share of the job's tries."""
         if not self._direct:
-            return self._pause(RETRY_PAUSE_S)
-        nodes = self.config.expected_nodes
-        return self._pause(max(RETRY_PAUSE_S, listen_every_s(LISTEN_FAST_S, nodes)))
+            return pause_s
+        return max(pause_s, listen_every_s(LISTEN_FAST_S, self.config.expected_nodes))
 
     def _answer_late(self, event: steps.AnswerLate) -> Actions:
         return [
@@ -645,9 +648,10 @@ class WorkerCore:
 
     def _call_cut_off(self) -> Actions:
         if self.recovery and not self.over:
-            # The scheduler went away mid-call. Ask again: the call waits for the channel to be
-            # back, and the reconnect window ends the wait (as a failure it races against).
-            return [steps.RetryCall(CALL_RETRY_PAUSE_S)]
+            # The scheduler went away mid-call. Ask again, paced: a relay that cannot reach it
+            # and a standby that does not lead answer at once. The reconnect window ends the
+            # retries (as a failure they race against).
+            return [steps.RetryCall(self._paced(CALL_RETRY_PAUSE_S))]
         # The scheduler stopping mid-call: its reason is on the event stream, an instant
         # behind; report that rather than a bare "CANCELLED".
         return [steps.AwaitFatal(FATAL_WAIT_S)]

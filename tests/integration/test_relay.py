@@ -430,6 +430,15 @@ async def test_a_call_cut_off_behind_a_relay_is_made_again_at_its_pace(
     waiting: asyncio.Future[list[bytes]] | None = None
     try:
         await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 30)
+
+        # A wait given up on (a timeout) leaves nothing behind.
+        def event_waits() -> int:
+            return sum(t.get_coro().__qualname__ == "Event.wait" for t in asyncio.all_tasks())
+
+        before = event_waits()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(agents[1].wait_generation(99), 0.05)
+        await eventually(lambda: event_waits() == before, "the wait's task ended", 5)
         waiting = asyncio.ensure_future(agents[0].exchange("barrier", b""))  # b never joins
         sched.popen.send_signal(signal.SIGKILL)
         sched.popen.wait(10)

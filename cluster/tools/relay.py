@@ -37,6 +37,7 @@ from cluster.protocol.errors import ConfigError
 from cluster.transport import collector
 
 EXIT_OK = 0
+_PROBE_S = 1.0  # how long the probe of an existing socket waits for its connection
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,11 @@ class Relay:
         self._server: object | None = None
         self._channel: object | None = None
         self._forwarder: object | None = None
+        self._bound: tuple[int, int] | None = None  # (device, inode) of the socket it bound
 
     async def start(self) -> str:
-        """Bind and serve; the address the workers reach it at. A ConfigError when another
-        relay serves that socket."""
+        """Bind and serve; the address the workers reach it at. A ConfigError when the path is
+        not free for it (`_claim`): another relay serves it, or may."""
         s = self.settings
         identity = None
         if s.tls is not None:
@@ -120,10 +122,11 @@ class Relay:
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
         tables = relay.SharedTables(_say)  # the host's one copy of a large table
         forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
+        self._channel, self._forwarder = upstream, forwarder
         server = hop.HopServer(forwarder.answers)
         await server.start(str(s.path))  # a socket of this user's only
+        self._server, self._bound = server, _identity(s.path)
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
-        self._server, self._channel, self._forwarder = server, upstream, forwarder
         return s.address
 
     async def stop(self) -> None:
@@ -134,24 +137,46 @@ class Relay:
             await server.stop()  # type: ignore[attr-defined]
         if upstream is not None:
             await upstream.close()  # type: ignore[attr-defined]
-        with contextlib.suppress(OSError):
-            self.settings.path.unlink()
+        # Only the socket this relay bound, if it is still the one at the path: a relay that
+        # did not start, or whose path was taken over since, leaves what is there.
+        if self._bound is not None and _identity(self.settings.path) == self._bound:
+            with contextlib.suppress(OSError):
+                self.settings.path.unlink()
+        self._bound = None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of the file at `path` itself (None: nothing there)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _claim(path: Path) -> None:
-    """Make room for the socket at `path`: a socket nobody listens on (a dead relay's) is
-    removed; one a relay serves, or anything else there, is a ConfigError."""
+    """Make room for the socket at `path`: a socket that refuses connections (a dead relay's)
+    is removed; one a relay serves, one whose probe fails otherwise (it may be a relay too busy
+    to take the probe), or anything else there, is a ConfigError."""
     if not path.exists() and not path.is_symlink():
         return
     if path.is_symlink() or not path.is_socket():
         raise ConfigError(f"--socket {str(path)!r} exists and is not a socket: choose another path")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
+        probe.settimeout(_PROBE_S)
         try:
             probe.connect(str(path))
-        except OSError:
-            path.unlink()  # nothing listens: a relay's left behind
+        except ConnectionRefusedError:
+            path.unlink(missing_ok=True)  # nothing listens: a relay's left behind
             return
+        except FileNotFoundError:
+            return  # removed meanwhile
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot tell whether a relay serves {str(path)!r} (connecting to it: "
+                f"{exc.strerror or exc or type(exc).__name__}): stop the relay there, remove "
+                "the socket if none runs, or choose another --socket"
+            ) from None
     raise ConfigError(f"a relay already serves {str(path)!r}: stop it, or choose another --socket")
 
 

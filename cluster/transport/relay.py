@@ -58,10 +58,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cluster.protocol import backoff, leader_search
-from cluster.protocol.errors import MissedTableChange
+from cluster.protocol.errors import BadRequestError, MissedTableChange
 from cluster.protocol.parse import split_address
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import failures, stub, table_file
+from cluster.transport import edge, failures, stub, table_file
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.transport.stub import methods
 
@@ -440,6 +440,8 @@ HOST_BATCH = 128
 HOST_BATCH_BYTES = 32 * 1024
 # How a slot's stream ends, as the relay tells the worker: (code, details, trailing metadata).
 _End = tuple[grpc.StatusCode, str, tuple[Metadatum, ...]]
+# A worker's call on the host's link: the link, its slot, and the slot's mailbox.
+_Slot: TypeAlias = "tuple[_Link, int, asyncio.Queue[bytes | stub.SlotEnd]]"
 
 
 class _Link:
@@ -549,11 +551,35 @@ class HostLinks:
             link = self._links[address] = _Link(address, method())
         return link
 
+    def _open(self, request: bytes, context: Context, *, finish: bool) -> _Slot | None:
+        """A slot of the host's link for a local worker's call; None when its attach (request
+        and call metadata) passes edge.HOST_ATTACH_BYTES: the scheduler would end the whole
+        link for it, so the relay refuses that one call (INVALID_ARGUMENT) instead."""
+        slot = next(self._numbers)
+        up = stub.host_attach(
+            slot, request, forwarded(context.invocation_metadata()), finish=finish
+        )
+        size = stub.attached_bytes(up)
+        if size > edge.HOST_ATTACH_BYTES:
+            error = BadRequestError(
+                f"a {'Finish' if finish else 'Watch'} call of {size} bytes (request and call "
+                f"metadata) through the host's relay: at most {edge.HOST_ATTACH_BYTES}; send "
+                "less call metadata"
+            )
+            code, trailing = failures.status_of(error)
+            context.set_trailing_metadata(trailing)
+            context.set_code(code)
+            context.set_details(str(error))
+            return None
+        link = self._link()
+        return link, slot, link.open(slot, up)
+
     async def watch(self, request: bytes, context: Context) -> AsyncIterator[bytes]:
         """A local worker's Watch call, served from its slot of the host's link."""
-        link, slot = self._link(), next(self._numbers)
-        metadata = forwarded(context.invocation_metadata())
-        mailbox = link.open(slot, stub.host_attach(slot, request, metadata))
+        opened = self._open(request, context, finish=False)
+        if opened is None:
+            return
+        link, slot, mailbox = opened
         ended = False
         try:
             while True:
@@ -569,9 +595,10 @@ class HostLinks:
 
     async def finish(self, request: bytes, context: Context) -> bytes | None:
         """A local worker's Finish call, a slot of the host's link that ends with the answer."""
-        link, slot = self._link(), next(self._numbers)
-        metadata = forwarded(context.invocation_metadata())
-        mailbox = link.open(slot, stub.host_attach(slot, request, metadata, finish=True))
+        opened = self._open(request, context, finish=True)
+        if opened is None:
+            return None
+        link, slot, mailbox = opened
         ended = False
         try:
             while True:
@@ -597,7 +624,8 @@ class HostLinks:
         link.release(slot, detach=detach)
         if not link.slots and link.address != self._upstreams.current:
             link.close()  # a scheduler left behind: its link goes with its last slot
-            self._links.pop(link.address, None)
+            if self._links.get(link.address) is link:  # not a newer link to that address
+                del self._links[link.address]
 
     def close(self) -> None:
         for link in self._links.values():

@@ -4,6 +4,7 @@ starts one, and how a worker's route to the scheduler falls back to direct."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -584,3 +585,111 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
     serving[0] = 0
     assert upstreams.port_pace(2.0)[0] == backoff.listen_every_s(2.0, 65_536)
     assert upstreams.port_pace(0.25)[1] == backoff.LISTEN_FAST_S - 0.25
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.binary(max_size=20_000), st.booleans())
+def test_the_size_of_an_attach_is_read_from_its_encoding(
+    slot: int, request: bytes, finish: bool
+) -> None:
+    up = stub.host_attach(slot, request, [("cluster-node-id", "a")], finish=finish)
+    parsed = pb.HostUp.FromString(up)
+    assert stub.attached_bytes(up) == getattr(parsed, parsed.WhichOneof("kind")).ByteSize()
+
+
+class _HostCall:
+    """A HostWatch call: what the test puts in `down` comes down (then EOF ends it, as a
+    scheduler that stood by ends it)."""
+
+    def __init__(self, leader: str) -> None:
+        self.down: asyncio.Queue[object] = asyncio.Queue()
+        self.cancelled = False
+        self._leader = leader
+
+    async def write(self, raw: bytes) -> None:
+        pass
+
+    async def read(self) -> object:
+        return await self.down.get()
+
+    async def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    async def details(self) -> str:
+        return "not the leader"
+
+    async def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((failures.ERROR_KIND_KEY, "NotLeaderError"), (failures.LEADER_KEY, self._leader))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _WorkerCall:
+    def __init__(self) -> None:
+        self.code = grpc.StatusCode.OK
+        self.trailing: object = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("cluster-node-id", "a"),)
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    def set_trailing_metadata(self, trailing: object) -> None:
+        self.trailing = trailing
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+async def test_a_link_left_behind_does_not_take_a_newer_links_place_with_it() -> None:
+    """The link to a scheduler ends (it stood by, naming another) while a worker's slot of it
+    still has an event to hand over; meanwhile another worker's Watch made a new link to that
+    address. When the first slot ends the relay has moved, so the old link goes: the new one
+    stays the relay's, and is closed with the relay."""
+    calls: list[_HostCall] = []
+
+    class Channel:
+        def stream_stream(self, path: str) -> object:
+            return lambda: calls.append(_HostCall("y:1")) or calls[-1]
+
+        def get_state(self, try_to_connect: bool = False) -> None:
+            pass
+
+    upstreams = relay.Upstreams(["x:1", "y:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
+    links = relay.HostLinks(upstreams)
+    first, second = _WorkerCall(), _WorkerCall()
+    w1 = links.watch(b"w", first)
+    event = pb.HostDown(slots=[1], event=b"e").SerializeToString()
+    reading = asyncio.ensure_future(anext(w1))
+    await eventually(lambda: len(calls) == 1, "the first link")
+    calls[0].down.put_nowait(event)
+    assert await asyncio.wait_for(reading, 5) == b"e"  # slot 1 holds at its yield
+    old = links._links["x:1"]
+    calls[0].down.put_nowait(grpc.aio.EOF)  # type: ignore[attr-defined]
+    await eventually(lambda: old.ended is not None, "the first link's end")
+    w2 = links.watch(b"w", second)
+    waiting = asyncio.ensure_future(anext(w2))
+    try:
+        await eventually(lambda: len(calls) == 2, "a new link to the same scheduler")
+        new = links._links["x:1"]
+        assert new is not old
+        assert upstreams.current == "x:1"
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(w1), 5)  # slot 1 ends: the relay moves to y:1
+        assert first.code == grpc.StatusCode.UNAVAILABLE
+        assert upstreams.current == "y:1"
+        assert old.slots == {}
+        assert calls[0].cancelled
+        assert links._links.get("x:1") is new
+        links.close()
+        assert calls[1].cancelled
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        links.close()

@@ -478,8 +478,9 @@ class SchedulerCore:
         if resumed is not None:
             self.journal.memory_resume(node_id, resumed)
         self._apply([])  # saves the new holdings (nothing to tell anyone)
+        held = self.state.held_by_all()  # of what this save holds, not of later reports
         await self.durable()
-        return self.state.held_by_all()
+        return held
 
     def peer_table(self, caller: Caller, digest: bytes) -> bytes:
         """The compressed whole table of `digest`, for a member (`cluster.scheduler.tables`)."""
@@ -547,17 +548,20 @@ class SchedulerCore:
         st = self.state
         if st.phase in (state.Phase.FINISHED, state.Phase.FAILED):
             await self.durable()  # the job's end is told once it is saved, not before
-        ticket = admitted(
-            st.admission.admit_exchange(
-                node_id, caller.presented, generation=generation, op=op, root=root
-            )
+        verdict = st.admission.admit_exchange(
+            node_id, caller.presented, generation=generation, op=op, root=root
         )
+        if isinstance(verdict, state.Denied):
+            await self.durable()  # a refusal tells what is decided (a peer failed): once saved
+        ticket = admitted(verdict)
         if st.restored_generation == generation and self.exchanges.cut_off(
             generation, seq, ticket.rank
         ):
             # Some ranks got this generation's collective #k from the scheduler that died and
             # went on; the others never got #k, and its answer died with it.
-            raise PeerFailedError(f"{op} cannot complete: {self._cut_in_two(generation, seq)}")
+            reason = self._cut_in_two(generation, seq)
+            await self.durable()  # the new generation is told once saved
+            raise PeerFailedError(f"{op} cannot complete: {reason}")
         return await self.exchanges.contribute(
             generation=generation,
             seq=seq,

@@ -26,6 +26,7 @@ keys only); only then is it committed, visible to `get` and `wait`. Sets that ar
 round is saving go in the next one, so a burst of sets costs a few saves, not one each. A
 failed batch waits for the next round with the newer sets joined to it, and nothing is answered
 meanwhile; a fence fails every waiting set with NotLeaderError (the node asks the leader).
+Stopping the saver (`stop`, as the scheduler steps down) ends every wait as a fence does.
 """
 
 from __future__ import annotations
@@ -153,7 +154,9 @@ class WriteAheadSaver:
 
     async def stop(self, timeout_s: float | None = None) -> bool:
         """Save what is still pending, state and key-value sets (trying for up to `timeout_s`
-        while saves fail), then stop; True when everything asked for is on disk."""
+        while saves fail), then stop for good: the waits for what is not saved end as a
+        fence ends them (`flushed` raises FencedError, `write_kv` NotLeaderError); True when
+        everything asked for is on disk."""
         if self._task is None:
             return not self.pending and not self._kv_pending
         with contextlib.suppress(asyncio.TimeoutError, FencedError):
@@ -163,6 +166,8 @@ class WriteAheadSaver:
             await self._task
         self._task = None
         kv_waiting = any(not w.done() for w in [*self._kv_in_flight, *self._kv_waiters])
+        # What is not saved now never is by this saver: every wait for it ends.
+        await self._halt(self.fenced or "this scheduler has stopped saving the job")
         return not self.pending and not kv_waiting
 
     async def _drained(self) -> None:
@@ -309,13 +314,19 @@ class WriteAheadSaver:
         set fails with NotLeaderError (the node asks the leader again)."""
         self.fenced = self.error = why
         log.error("%s; nothing more is saved or told by this scheduler", why)
+        self._on_fenced(why)
+        await self._halt(why)
+
+    async def _halt(self, why: str) -> None:
+        """Nothing more is saved (`why`): every waiting key-value set fails with
+        NotLeaderError, and every `flushed` wait ends."""
+        self.fenced = why
         waiters = [*self._kv_in_flight, *self._kv_waiters]
         self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(NotLeaderError(why))
                 waiter.exception()  # retrieved: its caller may be gone
-        self._on_fenced(why)
         async with self._progress:
             self._progress.notify_all()
 

@@ -108,14 +108,10 @@ def host_attach(
 
 def attached_bytes(up: bytes) -> int:
     """The size of the HostAttach that `up` (a `host_attach`) holds: what the scheduler bounds
-    by edge.HOST_ATTACH_BYTES. (Its field's tag, one byte, then its length as a varint.)"""
-    size, shift = 0, 0
-    for byte in up[1:11]:
-        size |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            break
-        shift += 7
-    return size
+    by edge.HOST_ATTACH_BYTES."""
+    message = pb.HostUp.FromString(up)
+    attached: pb.HostAttach = getattr(message, message.WhichOneof("kind") or "attach")
+    return attached.ByteSize()
 
 
 def _varint(value: int) -> bytes:

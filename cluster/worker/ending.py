@@ -25,7 +25,8 @@ from types import FrameType
 from cluster.protocol.errors import ClusterError
 
 # The signal that carries "raise the job's error" to the main thread. Taken only while it has
-# its default action: a program with its own handler keeps it (and gets the last resort).
+# its default action, and used only while the handler is still this library's: a program with
+# its own handler (installed before or after init()) keeps it, and gets the last resort.
 SIGNAL = signal.SIGUSR2
 GRACE_S = 5.0
 EXIT_CODE = 1
@@ -55,6 +56,10 @@ class Ending:
         signal.signal(SIGNAL, self._raise)
         return True
 
+    def _owns_signal(self) -> bool:
+        """Whether the signal still runs `_raise`: the program may have taken it since."""
+        return self.interrupts and signal.getsignal(SIGNAL) == self._raise
+
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         """The handler, in the main thread: the job's error, raised where the program is."""
         error = self._error
@@ -69,7 +74,7 @@ class Ending:
                 return  # already ending
             self._error = error
         if not raised:
-            if not self.interrupts or self._main.ident is None:
+            if not self._owns_signal() or self._main.ident is None:
                 self.last_resort(error)
                 return
             signal.pthread_kill(self._main.ident, SIGNAL)

@@ -120,3 +120,19 @@ def test_an_error_already_raised_by_a_waiting_call_gets_only_the_last_resort() -
     assert result.returncode == ending.EXIT_CODE
     assert "raised again" not in result.stdout
     assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_a_program_that_takes_the_signal_after_init_gets_the_exit_at_once() -> None:
+    # The program installs its own handler after the library took the signal: the library
+    # does not run it (sending the signal) and ends the process at once instead.
+    result = run(
+        """
+        assert end.interrupts
+        signal.signal(SIGNAL, lambda *_: print("the program's handler", flush=True))
+        threading.Thread(target=end.end, args=(error,)).start()
+        threading.Event().wait(20)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert "the program's handler" not in result.stdout
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]

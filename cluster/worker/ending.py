@@ -43,6 +43,7 @@ class Ending:
         self._grace_s = grace_s
         self._error: ClusterError | None = None
         self._exiting = False  # the process ends already, of its own error (`exiting`)
+        self._quiet = False  # the finalize at exit raises the job's error itself (`at_exit`)
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self.interrupts = self._install()
@@ -73,7 +74,8 @@ class Ending:
             if self._error is not None or self._exiting:
                 return  # already ending
             self._error = error
-        if not raised:
+            quiet = self._quiet
+        if not (raised or quiet):
             if not self._owns_signal() or self._main.ident is None:
                 self.last_resort(error)
                 return
@@ -81,6 +83,13 @@ class Ending:
         timer = threading.Timer(self._grace_s, self.last_resort, args=(error,))
         timer.daemon = True  # the process ending as it should ends the timer too
         timer.start()
+
+    def at_exit(self) -> None:
+        """The program has returned and its finalize runs at exit: the job's end sends no
+        signal (an exception raised in an atexit callback is a traceback and exit status 0);
+        that finalize raises the error itself. The last resort still bounds it."""
+        with self._lock:
+            self._quiet = True
 
     def exiting(self) -> None:
         """The process is ending of its own error (its finalize at exit, telling the scheduler

@@ -136,3 +136,25 @@ def test_a_program_that_takes_the_signal_after_init_gets_the_exit_at_once() -> N
     assert result.returncode == ending.EXIT_CODE
     assert "the program's handler" not in result.stdout
     assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_at_exit_the_end_sends_no_signal_and_keeps_the_last_resort() -> None:
+    # The finalize at exit raises the error itself: nothing is raised in it (an atexit callback
+    # would print a traceback and exit 0), and the last resort still bounds the process.
+    result = run(
+        """
+        end.at_exit()
+        ender = threading.Thread(target=end.end, args=(error,))
+        ender.start()
+        ender.join()
+        try:
+            sum(range(1000))
+            print("not interrupted", flush=True)
+            threading.Event().wait(20)
+        except JobFailedError:
+            print("raised", flush=True)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert result.stdout.splitlines() == ["not interrupted"]
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]

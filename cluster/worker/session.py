@@ -194,7 +194,12 @@ class WorkerSession:
             self._record_unsaved = False
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run an agent coroutine to its end from the main thread."""
+        """Run an agent coroutine to its end (from any thread). `_pending` counts the main
+        thread's calls only: another thread's call (the checkpoint writer's report, a user
+        thread's kv_wait) raises the job's failure in that thread, not in the main one."""
+        main = threading.current_thread() is threading.main_thread()
+        if not main:
+            return self._background.run(coro, timeout_s)
         with self._pending_lock:
             self._pending += 1
         try:
@@ -207,8 +212,8 @@ class WorkerSession:
         """The job is over for this process (runs on the agent's thread)."""
         with self._pending_lock:
             waiting = self._pending > 0
-        # A waiting call raises `error` in the main thread itself; otherwise the main thread is
-        # interrupted wherever it is. Either way the process ends within the grace.
+        # A waiting call of the main thread raises `error` there itself; otherwise the main
+        # thread is interrupted wherever it is. Either way the process ends within the grace.
         self._ending.end(error, raised=waiting)
 
     def _report_failure(self, failure: str) -> None:

@@ -40,3 +40,16 @@ def test_a_failure_during_the_finalize_at_exit_is_one_line_and_exit_1(
     [line] = error_lines(output)
     assert line.startswith("cluster: JobFailedError: job failed: rank 1 "), output
     assert output.splitlines() == ["returning without finalize", line]
+
+
+def test_a_call_of_another_thread_does_not_keep_the_failure_from_the_main_thread(
+    processes: Procs, tmp_path: Path
+) -> None:
+    output = run_job(processes, tmp_path, "thread")
+    # The main thread was interrupted with the job's error: its finally block ran (the last
+    # resort would have ended the process without it) and the error is the uncaught one line.
+    assert "finally ran" in output, output
+    assert "not interrupted" not in output
+    assert "Traceback" not in output
+    [line] = error_lines(output)
+    assert "rank 1" in line, output

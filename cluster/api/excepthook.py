@@ -34,12 +34,17 @@ def error_line(error: BaseException) -> str:
     return line[:ERROR_LINE_CHARS]
 
 
+def say(error: ClusterError) -> None:
+    """The one line an uncaught `error` is: `cluster: <ErrorName>: <message>`."""
+    print(f"cluster: {type(error).__name__}: {safe(error)}", file=sys.stderr, flush=True)
+
+
 def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
     global crashed, failure
     crashed = True
     failure = error_line(value)
     if isinstance(value, ClusterError):
-        print(f"cluster: {kind.__name__}: {safe(value)}", file=sys.stderr, flush=True)
+        say(value)
         return
     _previous(kind, value, traceback)
 

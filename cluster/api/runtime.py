@@ -9,6 +9,7 @@ first. So the worker session and the scheduler server, which import grpc, are im
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -187,7 +188,26 @@ def finalize() -> None:
 def _finalize_at_exit() -> None:
     # A program that dies of an uncaught exception has not finished its part of the job: it
     # tells the scheduler the error it dies of instead, so the scheduler fails it in words.
-    _close(finished=not excepthook.crashed, failure=excepthook.failure)
+    current = _session
+    if current is not None:
+        current.at_exit()  # the job's failure is raised here, not by a signal
+    try:
+        _close(finished=not excepthook.crashed, failure=excepthook.failure)
+    except ClusterError as error:
+        _exit_failed(error)
+
+
+def _exit_failed(error: ClusterError) -> None:
+    """End a process whose program returned while its job failed as an uncaught error ends it:
+    one line, the other atexit handlers, exit 1. Python keeps the exit status it had when the
+    program returned (an exception in an atexit callback is only printed), hence `os._exit`."""
+    excepthook.say(error)
+    atexit.unregister(_finalize_at_exit)
+    atexit._run_exitfuncs()  # those registered before init(): they run as at any exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to say
+            stream.flush()
+    os._exit(1)
 
 
 def _close(*, finished: bool, failure: str | None = None) -> None:

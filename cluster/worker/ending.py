@@ -25,7 +25,8 @@ from types import FrameType
 from cluster.protocol.errors import ClusterError
 
 # The signal that carries "raise the job's error" to the main thread. Taken only while it has
-# its default action: a program with its own handler keeps it (and gets the last resort).
+# its default action, and used only while the handler is still this library's: a program with
+# its own handler (installed before or after init()) keeps it, and gets the last resort.
 SIGNAL = signal.SIGUSR2
 GRACE_S = 5.0
 EXIT_CODE = 1
@@ -42,6 +43,7 @@ class Ending:
         self._grace_s = grace_s
         self._error: ClusterError | None = None
         self._exiting = False  # the process ends already, of its own error (`exiting`)
+        self._quiet = False  # the finalize at exit raises the job's error itself (`at_exit`)
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self.interrupts = self._install()
@@ -54,6 +56,10 @@ class Ending:
             return False
         signal.signal(SIGNAL, self._raise)
         return True
+
+    def _owns_signal(self) -> bool:
+        """Whether the signal still runs `_raise`: the program may have taken it since."""
+        return self.interrupts and signal.getsignal(SIGNAL) == self._raise
 
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         """The handler, in the main thread: the job's error, raised where the program is."""
@@ -68,14 +74,22 @@ class Ending:
             if self._error is not None or self._exiting:
                 return  # already ending
             self._error = error
-        if not raised:
-            if not self.interrupts or self._main.ident is None:
+            quiet = self._quiet
+        if not (raised or quiet):
+            if not self._owns_signal() or self._main.ident is None:
                 self.last_resort(error)
                 return
             signal.pthread_kill(self._main.ident, SIGNAL)
         timer = threading.Timer(self._grace_s, self.last_resort, args=(error,))
         timer.daemon = True  # the process ending as it should ends the timer too
         timer.start()
+
+    def at_exit(self) -> None:
+        """The program has returned and its finalize runs at exit: the job's end sends no
+        signal (an exception raised in an atexit callback is a traceback and exit status 0);
+        that finalize raises the error itself. The last resort still bounds it."""
+        with self._lock:
+            self._quiet = True
 
     def exiting(self) -> None:
         """The process is ending of its own error (its finalize at exit, telling the scheduler

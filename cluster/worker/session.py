@@ -135,6 +135,7 @@ class WorkerSession:
         self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
         self._started = False
         self._closed = False
+        self._at_exit = False  # finalizing at interpreter exit (`at_exit`)
         # Set by a TrainingLoop around each step: the generation its collectives belong to.
         self.generation_pin: int | None = None
         orphan.watch_launcher(self._ending.end)
@@ -193,7 +194,12 @@ class WorkerSession:
             self._record_unsaved = False
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run an agent coroutine to its end from the main thread."""
+        """Run an agent coroutine to its end (from any thread). `_pending` counts the main
+        thread's calls only: another thread's call (the checkpoint writer's report, a user
+        thread's kv_wait) raises the job's failure in that thread, not in the main one."""
+        main = threading.current_thread() is threading.main_thread()
+        if not main:
+            return self._background.run(coro, timeout_s)
         with self._pending_lock:
             self._pending += 1
         try:
@@ -206,8 +212,8 @@ class WorkerSession:
         """The job is over for this process (runs on the agent's thread)."""
         with self._pending_lock:
             waiting = self._pending > 0
-        # A waiting call raises `error` in the main thread itself; otherwise the main thread is
-        # interrupted wherever it is. Either way the process ends within the grace.
+        # A waiting call of the main thread raises `error` there itself; otherwise the main
+        # thread is interrupted wherever it is. Either way the process ends within the grace.
         self._ending.end(error, raised=waiting)
 
     def _report_failure(self, failure: str) -> None:
@@ -220,12 +226,25 @@ class WorkerSession:
                 self.agent.send_finish(FAILURE_REPORT_S, failure), timeout_s=FAILURE_REPORT_S + 1
             )
 
+    def at_exit(self) -> None:
+        """The program has returned without finalizing: the finalize that follows, at exit,
+        raises the job's failure (heard before or during it) instead of a signal raising it."""
+        self._at_exit = True
+        self._ending.at_exit()
+
     def finalize(self, *, finished: bool = True, failure: str | None = None) -> None:
         """Tell the scheduler this node finished (`finished`), or the error its process dies
-        of (`failure`, best effort: at most FAILURE_REPORT_S), then close."""
+        of (`failure`, best effort: at most FAILURE_REPORT_S), then close. At exit (`at_exit`),
+        a node that finished while its job failed raises that failure."""
         if self._closed:
             return
         self._closed = True
+        self._finalize(finished=finished, failure=failure)
+        fatal = self.agent.fatal
+        if self._at_exit and finished and fatal is not None:
+            raise fatal
+
+    def _finalize(self, *, finished: bool, failure: str | None) -> None:
         try:
             if not finished and failure and self.agent.fatal is None:
                 self._report_failure(failure)

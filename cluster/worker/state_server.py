@@ -22,14 +22,17 @@ status with a message that names what was wrong, and changes nothing:
 - a step this worker does not hold: NOT_FOUND.
 
 Bounds: requests of at most `REQUEST_BYTES`, `max_streams` transfers at once (gRPC itself holds
-at most `MAX_CALLS` calls, refusing more), connections that do not finish their handshake in
-5 s dropped, and idle ones closed after 10 s.
+at most `MAX_CALLS` calls, refusing more), at most `connection_cap` connections at once (gRPC
+closes the ones past it as it accepts them: a flood of connections cannot take the training
+process's descriptors, which NCCL, the scheduler's channel and checkpoint files need),
+connections that do not finish their handshake in 5 s dropped, and idle ones closed after 10 s.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import resource
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -51,6 +54,11 @@ MAX_CALLS = 64
 # A FetchRequest is a few hundred bytes.
 REQUEST_BYTES = 4096
 IDLE_CONNECTION_MS = 10_000
+# Connections held at once, beyond one for each member of the job (each fetches over one).
+SPARE_CONNECTIONS = 16
+# The share of the process's open-files limit the server may hold at most: the rest is the
+# training's.
+LIMIT_SHARE = 8
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", REQUEST_BYTES),
@@ -58,6 +66,17 @@ SERVER_OPTIONS = [
     ("grpc.server_handshake_timeout_ms", channel.CONNECT_TIMEOUT_MS),
     ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),
 ]
+
+
+def connection_cap(worker_num: int, limit: int | None = None) -> int:
+    """The connections the server holds at once: every member fetching at once and some to
+    spare, but at most 1/LIMIT_SHARE of `limit` (this process's soft open-files limit when
+    None)."""
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return worker_num + SPARE_CONNECTIONS
+    return max(1, min(worker_num + SPARE_CONNECTIONS, limit // LIMIT_SHARE))
 
 
 class StateServer:
@@ -70,10 +89,14 @@ class StateServer:
         identity: tls.Identity | None = None,
         *,
         max_streams: int = MAX_STREAMS,
+        max_connections: int | None = None,
     ) -> None:
         self.host = host
         self.worker_num = worker_num
         self.max_streams = max_streams
+        self.max_connections = (
+            connection_cap(worker_num) if max_connections is None else max_connections
+        )
         self.token = peer_state.new_token()
         self.port = 0
         self.sent = 0  # states sent whole
@@ -100,8 +123,9 @@ class StateServer:
         interceptors: list[Interceptor] = []
         if self._identity is not None:
             interceptors.append(PeerCertificateCheck(tls.PeerCheck(self._identity)))
+        options = [*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", self.max_connections)]
         server = grpc.aio.server(
-            options=SERVER_OPTIONS, interceptors=interceptors, maximum_concurrent_rpcs=MAX_CALLS
+            options=options, interceptors=interceptors, maximum_concurrent_rpcs=MAX_CALLS
         )
         _add_to_server(_Servicer(self), server)
         where = f"[{self.host}]:0" if ":" in self.host else f"{self.host}:0"

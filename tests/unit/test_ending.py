@@ -120,3 +120,41 @@ def test_an_error_already_raised_by_a_waiting_call_gets_only_the_last_resort() -
     assert result.returncode == ending.EXIT_CODE
     assert "raised again" not in result.stdout
     assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_a_program_that_takes_the_signal_after_init_gets_the_exit_at_once() -> None:
+    # The program installs its own handler after the library took the signal: the library
+    # does not run it (sending the signal) and ends the process at once instead.
+    result = run(
+        """
+        assert end.interrupts
+        signal.signal(SIGNAL, lambda *_: print("the program's handler", flush=True))
+        threading.Thread(target=end.end, args=(error,)).start()
+        threading.Event().wait(20)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert "the program's handler" not in result.stdout
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_at_exit_the_end_sends_no_signal_and_keeps_the_last_resort() -> None:
+    # The finalize at exit raises the error itself: nothing is raised in it (an atexit callback
+    # would print a traceback and exit 0), and the last resort still bounds the process.
+    result = run(
+        """
+        end.at_exit()
+        ender = threading.Thread(target=end.end, args=(error,))
+        ender.start()
+        ender.join()
+        try:
+            sum(range(1000))
+            print("not interrupted", flush=True)
+            threading.Event().wait(20)
+        except JobFailedError:
+            print("raised", flush=True)
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert result.stdout.splitlines() == ["not interrupted"]
+    assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]

@@ -6,6 +6,7 @@ of a flood, each with nothing changed."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,15 +18,17 @@ from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol import auth, peer_state
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.errors import ClusterError
+from cluster.scheduler.descriptors import open_descriptors
 from cluster.storage import checkpoint_files, checkpoint_tree
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot
+from cluster.testing import wait_until
 from cluster.transport import certs, tls
 from cluster.v1 import peer_state_pb2 as pb
 from cluster.v1 import peer_state_pb2_grpc as pb_grpc
 from cluster.worker import state_fetch
 from cluster.worker.session import BackgroundLoop
-from cluster.worker.state_server import StateServer
+from cluster.worker.state_server import IDLE_CONNECTION_MS, StateServer, connection_cap
 
 WORKERS = 4
 STEP = 10
@@ -331,3 +334,65 @@ def test_a_published_address_round_trips_and_garbage_is_named() -> None:
     for garbage in (b"", b"{}", b'{"host": "h", "port": 0, "token": "00"}', b"\xff"):
         with pytest.raises(ClusterError, match="'cluster/peer-state/n1'"):
             peer_state.Published.decode(garbage, "n1")
+
+
+# What a gRPC client sends first: the HTTP/2 preface and an empty SETTINGS frame.
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (what it sent before is read and dropped)."""
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True
+
+
+def test_a_flood_of_connections_is_held_to_the_cap_and_a_member_still_fetches(
+    loop: BackgroundLoop, tmp_path: Path
+) -> None:
+    cap, flood = 8, 100
+    saved(tmp_path / "peer", 2, state())
+    served = Served(loop, tmp_path / "peer", 2, max_connections=cap)
+    socks: list[socket.socket] = []
+    try:
+        before = open_descriptors()
+        assert before is not None
+        for _ in range(flood):
+            sock = socket.create_connection(("127.0.0.1", served.server.port), timeout=10)
+            sock.sendall(PREFACE)
+            sock.setblocking(False)
+            socks.append(sock)
+        closed = [False] * flood
+
+        def past_cap_closed() -> bool:
+            closed[:] = [done or closed_by_server(s) for done, s in zip(closed, socks, strict=True)]
+            return sum(closed) >= flood - cap
+
+        # Well before the idle ones are closed (which would close them all).
+        wait_until(past_cap_closed, IDLE_CONNECTION_MS / 2000, "the connections past the cap")
+        assert flood - sum(closed) == cap  # those the server holds, still open
+        held = open_descriptors()
+        assert held is not None
+        assert held - before <= flood + cap + 4  # the flood's own ends, and at most `cap`
+        for sock in socks:
+            sock.close()
+        socks.clear()
+        dest = tmp_path / "newcomer" / checkpoint_files.file_name("net", STEP)
+        dest.parent.mkdir()
+        fetched = state_fetch.fetch(loop, [served.holder], wanted(), dest)
+        assert fetched.holder == served.holder
+    finally:
+        for sock in socks:
+            sock.close()
+        served.close()
+
+
+def test_the_connection_cap_covers_the_job_and_leaves_the_descriptors_to_training() -> None:
+    assert connection_cap(4, limit=1_048_576) == 4 + 16  # every member, and some to spare
+    assert connection_cap(8_000, limit=1_048_576) == 8_016
+    assert connection_cap(8_000, limit=1024) == 128  # an eighth of the limit at most

@@ -203,7 +203,9 @@ def _exit_failed(error: ClusterError) -> None:
     program returned (an exception in an atexit callback is only printed), hence `os._exit`."""
     excepthook.say(error)
     atexit.unregister(_finalize_at_exit)
-    atexit._run_exitfuncs()  # those registered before init(): they run as at any exit
+    # The handlers registered before init() run as at any exit; those registered after it
+    # (run before this one) run again, as atexit cannot tell them apart.
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to say
             stream.flush()

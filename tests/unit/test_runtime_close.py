@@ -17,6 +17,9 @@ class Session:
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
 
+    def at_exit(self) -> None:
+        self.calls.append("finalizing at exit")
+
     def finalize(self, *, finished: bool, failure: str | None = None) -> None:
         said = f" failure={failure}" if failure else ""
         self.calls.append(f"scheduler told finished={finished}{said}")
@@ -80,5 +83,5 @@ def test_a_worker_at_exit_leaves_the_collector_alone(calls: list[str]) -> None:
     """Unlike the scheduler's process, a worker's is the training script's: its cyclic garbage
     (a logger's buffered file in a cycle) is still collected, and finalized, at exit."""
     runtime._finalize_at_exit()
-    assert calls == ["closed", "scheduler told finished=True"]
+    assert calls == ["finalizing at exit", "closed", "scheduler told finished=True"]
     assert gc.get_freeze_count() == 0

@@ -28,6 +28,13 @@ from cluster.protocol.value import frozen, mutable
 # A metadatum as gRPC gives it: (key, value).
 Metadatum = tuple[str, Any]
 
+# What a link holds for its one writer at most before its slots and its reader wait for room
+# (`HostLink.room`): items (an event for a slot, a slot's end) one a slot on average, and bytes
+# as a follower may have waiting (`cluster.protocol.config.DEFAULT_FOLLOWER_MAX_BYTES`). An
+# event shared by slots counts its bytes once; each item counts `ITEM_BYTES` for itself.
+PENDING_BYTES = 4 * 1024 * 1024
+ITEM_BYTES = 128
+
 
 class SlotContext:
     """What the servicer's Watch reads from and tells its call, for one slot: the peer is the
@@ -82,13 +89,28 @@ class Down:
 class HostLink:
     """The slots of one HostWatch call: a task per attached Watch, the events they yield queued
     for the call's one writer (`batches`), in order per slot, an event shared by slots sent once.
-    At most `max_slots` at once: an attach past that ends at once, RESOURCE_EXHAUSTED."""
+    At most `max_slots` at once: an attach past that ends at once, RESOURCE_EXHAUSTED.
 
-    def __init__(self, max_slots: int) -> None:
+    What waits for the writer is bounded (`max_pending` items, `max_bytes`): past either a slot
+    waits for room before it takes its Watch's next event, as a Watch call waits for its reader,
+    and so does the call's reader before it reads the relay's next message (`room`). A relay
+    that does not read is not read: what the link holds for it stays about twice the bounds
+    (what the writer took, and what came since) and a batch's ends and a slot's one event."""
+
+    def __init__(
+        self, max_slots: int, max_pending: int | None = None, max_bytes: int = PENDING_BYTES
+    ) -> None:
         self.max_slots = max_slots
+        self.max_pending = max_slots if max_pending is None else max_pending
+        self.max_bytes = max_bytes
+        self.waiting = 0  # the slots and readers that wait for room now
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._pending: list[tuple[int, bytes | SlotEnd]] = []
+        self._bytes = 0
+        self._held: set[int] = set()  # id() of the events in _pending
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._closed = False
 
     def __len__(self) -> int:
@@ -113,6 +135,7 @@ class HostLink:
     async def _run(self, slot: int, events: AsyncIterator[bytes], context: SlotContext) -> None:
         try:
             async for event in events:
+                await self.room()
                 self._put(slot, event)
         finally:
             self._tasks.pop(slot, None)
@@ -127,8 +150,30 @@ class HostLink:
     def end(self, ended: SlotEnd) -> None:
         self._put(ended.slot, ended)
 
+    def held(self) -> tuple[int, int]:
+        """The items and bytes waiting for the writer."""
+        return len(self._pending), self._bytes
+
+    async def room(self) -> None:
+        """Return when what waits for the writer is under its bounds, or the link is closed."""
+        if self._closed or self._room.is_set():
+            return
+        self.waiting += 1
+        try:
+            await self._room.wait()
+        finally:
+            self.waiting -= 1
+
     def _put(self, slot: int, item: bytes | SlotEnd) -> None:
         self._pending.append((slot, item))
+        self._bytes += ITEM_BYTES
+        if isinstance(item, SlotEnd):
+            self._bytes += len(item.details) + len(item.answer)
+        elif id(item) not in self._held:
+            self._held.add(id(item))
+            self._bytes += len(item)
+        if len(self._pending) >= self.max_pending or self._bytes >= self.max_bytes:
+            self._room.clear()
         self._wake.set()
 
     def close(self) -> None:
@@ -138,6 +183,7 @@ class HostLink:
             task.cancel()
         self._tasks.clear()
         self._wake.set()
+        self._room.set()
 
     async def batches(self, done: asyncio.Future[None]) -> AsyncIterator[list[Down]]:
         """What to write, in batches, until the link is closed, or `done` (the relay half-closed
@@ -158,6 +204,9 @@ class HostLink:
     def take(self) -> list[Down]:
         """What is waiting to be written, as messages (`grouped`), taken."""
         pending, self._pending = self._pending, []
+        self._bytes = 0
+        self._held.clear()
+        self._room.set()
         return grouped(pending)
 
 

@@ -358,19 +358,22 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         context: grpc.aio.ServicerContext[Any, Any],
         link: host_link.HostLink,
     ) -> None:
+        """The relay's messages, each read when what the link holds for its writer is under the
+        link's bounds (`HostLink.room`): a relay that does not read is not read either."""
         peer = context.peer() or ""
         async for up in request_iterator:
             if isinstance(up, edge.Unparsed):
                 raise self.at_edge(context, "HostWatch", up.reason, up.message())
             if up.WhichOneof("kind") != "batch":
                 self._host_up_one(up, peer, link)
-                continue
-            if len(up.batch.ups) > edge.HOST_BATCH_UPS:
+            elif len(up.batch.ups) > edge.HOST_BATCH_UPS:
                 raise BadRequestError(
                     f"a HostWatch batch of {len(up.batch.ups)}: at most {edge.HOST_BATCH_UPS}"
                 )
-            for one in up.batch.ups:
-                self._host_up_one(one, peer, link, batched=True)
+            else:
+                for one in up.batch.ups:
+                    self._host_up_one(one, peer, link, batched=True)
+            await link.room()
 
     def _host_up_one(
         self, up: pb.HostUp, peer: str, link: host_link.HostLink, *, batched: bool = False

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.scheduler.host_link import HostLink, SlotContext, SlotEnd, grouped
-from tests.aio import eventually
+from tests.aio import eventually, settle
 
 EVENTS = [bytes([i]) * 3 for i in range(4)]  # distinct objects, as the core's serialized events
 
@@ -110,6 +110,34 @@ async def test_slots_past_the_limit_end_at_once_and_a_taken_slot_is_refused() ->
     assert len(link) == 2
     link.close()
     await eventually(lambda: sorted(closed) == [1, 2], "the cancelled slots' streams closed")
+
+
+async def _counting(taken: list[int], events: int) -> AsyncIterator[bytes]:
+    for i in range(events):
+        taken.append(i)
+        yield bytes([i])
+
+
+async def test_a_slot_waits_for_room_when_the_writer_holds_its_bound() -> None:
+    """Past `max_pending` items, or `max_bytes`, waiting for the writer, a slot takes no more
+    from its Watch until the writer takes them; then it goes on, and its end comes last."""
+    for link in (HostLink(max_slots=4, max_pending=3), HostLink(max_slots=4, max_bytes=300)):
+        taken: list[int] = []
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        link.attach(1, _counting(taken, 7), SlotContext("peer", ()))
+        await settle(lambda: link.waiting == 1)
+        assert link.held()[0] == 3  # three items of 129 bytes pass 300 too
+        assert len(taken) == link.held()[0] + 1  # and the one it waits to put
+        events: list[bytes | None] = []
+        ends: list[SlotEnd] = []
+        while not ends:
+            for down in await _next_batch(link, done):
+                events.append(down[1])  # type: ignore[index]
+                ends.extend(down[2])  # type: ignore[index]
+            assert link.held()[0] <= link.max_pending
+        assert events == [bytes([i]) for i in range(7)]
+        assert [end.slot for end in ends] == [1]
+        link.close()
 
 
 async def test_a_detached_slot_ends_its_stream_and_sends_nothing() -> None:

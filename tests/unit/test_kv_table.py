@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cluster.protocol.errors import CapacityError, CollectiveError
-from cluster.scheduler.machine.kv import KvTable
+from cluster.scheduler.machine.kv import INT64_MAX, INT64_MIN, KvTable
 
 MEMBERS = ["0", "1", "2"]
 KEYS = ["a", "b", "c", "counter"]
@@ -37,6 +37,27 @@ def test_waits_are_admitted_within_their_share() -> None:
         table.admit_wait(["a"], float("nan"), "0")
 
 
+@pytest.mark.parametrize(
+    ("held", "amount"),
+    [(None, INT64_MAX + 1), (str(INT64_MAX).encode(), 1), (str(INT64_MIN).encode(), -1)],
+)
+def test_an_add_past_a_counters_bounds_is_refused_and_stages_nothing(
+    held: bytes | None, amount: int
+) -> None:
+    table = KvTable(max_bytes=1000, max_keys=10)
+    if held is not None:
+        table.set("n", held)
+    with pytest.raises(CollectiveError, match=r"past a counter's bounds \[-9223372036854775808"):
+        table.stage_add("n", amount, "0")
+    assert table._newest("n") == held
+    table.set("n", b"9" * 30)  # set takes any bytes; an add refuses a counter past int64
+    with pytest.raises(CollectiveError, match=f"holds {'9' * 30}, past a counter's bounds"):
+        table.stage_add("n", 1, "0")
+    assert table._newest("n") == b"9" * 30
+    table.set("n", b"41")
+    assert table.add("n", 1, "0") == 42  # the key keeps working
+
+
 class KvMachine(RuleBasedStateMachine):
     @initialize(max_bytes=st.sampled_from([40, 200]), max_keys=st.sampled_from([3, 10]))
     def setup(self, max_bytes: int, max_keys: int) -> None:
@@ -61,12 +82,21 @@ class KvMachine(RuleBasedStateMachine):
             return
         self.staged.append((key, value))
 
-    @rule(amount=st.integers(-3, 3), owner=st.sampled_from(MEMBERS))
+    @rule(
+        amount=st.one_of(st.integers(-3, 3), st.sampled_from([INT64_MAX, INT64_MIN])),
+        owner=st.sampled_from(MEMBERS),
+    )
     def add(self, amount: int, owner: str) -> None:
+        before = self._counted(), self.table._newest("counter")
         try:
             number = self.table.stage_add("counter", amount, owner)
         except CapacityError:
             return
+        except CollectiveError:
+            event("past int64")
+            assert (self._counted(), self.table._newest("counter")) == before
+            return
+        assert INT64_MIN <= number <= INT64_MAX
         self.staged.append(("counter", str(number).encode("ascii")))
 
     @rule()

@@ -37,6 +37,8 @@ MIN_MAX_WAITS = 1024
 # few full values and a torch store's keys.
 SHARE_FLOOR_BYTES = 16 * 1024 * 1024
 SHARE_FLOOR_KEYS = 1024
+# A counter's bounds: an add's answer is an int64 (torch's TCPStore's too).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class KvTable:
@@ -142,7 +144,17 @@ class KvTable:
             raise CollectiveError(
                 f"key {key!r} holds a value that is not a counter; add works on counters only"
             ) from None
+        if not INT64_MIN <= number <= INT64_MAX:
+            raise CollectiveError(
+                f"key {key!r} holds {number}, past a counter's bounds "
+                f"[{INT64_MIN}, {INT64_MAX}]; add works on 64-bit counters only"
+            )
         number += amount
+        if not INT64_MIN <= number <= INT64_MAX:
+            raise CollectiveError(
+                f"adding {amount} to key {key!r} would take it past a counter's bounds "
+                f"[{INT64_MIN}, {INT64_MAX}]; nothing was added"
+            )
         self.stage(key, str(number).encode("ascii"), owner)
         return number
 

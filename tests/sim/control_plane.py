@@ -50,6 +50,7 @@ from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from tests.sim.collectives import Collectives
 from tests.sim.cores import Cores
+from tests.sim.disks import kill_with_disk, may_lose_disk
 from tests.sim.kv import KvSim
 from tests.sim.network import ETCD, SCHED, Network, Packet
 from tests.sim.plants import (
@@ -216,7 +217,7 @@ class Sim:
         self.held_calls: list[Packet] = []
         self.cores = Cores(self) if self.worker_cores else None
         self.full = False  # the disk is full: every save fails until it is freed
-        self.wiped: int | None = None  # the rank whose checkpoint files were lost, if any
+        self.wiped: int | None = None  # the rank whose checkpoint files were lost (`disks`)
         self.disk_rng = random.Random(self.seed * 104729 + 1)  # disk faults: their own stream
         if self.ha is not None:
             self.ha.start()
@@ -626,14 +627,6 @@ class Sim:
                 body = ("closed", proc.incarnation, stream)
                 self.net.send(self.clock.now, proc.node_id, SCHED, body, stream=True)
 
-    def kill_with_disk(self, proc: Process) -> None:
-        """The process dies and its rank's checkpoint files are lost with it (a host's disk;
-        once a schedule): its next process starts without them."""
-        if proc.running and proc.rank is not None:
-            self.kill(proc)
-            self.files[proc.rank] = set()
-            self.wiped = proc.rank
-
     def train(self, proc: Process) -> None:
         """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
         three and every step from the one all workers hold (as a `CheckpointManager` prunes),
@@ -754,8 +747,8 @@ class Sim:
         if roll < 0.27:
             return f"train {name}", lambda: self.train(proc)
         if roll < 0.33:
-            if self.wiped is None and proc.rank is not None and self.disk_rng.random() < 0.1:
-                return f"kill {name} with its disk", lambda: self.kill_with_disk(proc)
+            if may_lose_disk(self, proc):
+                return f"kill {name} with its disk", lambda: kill_with_disk(self, proc)
             return f"kill {name}", lambda: self.kill(proc)
         if roll < 0.36:
             return f"stop {name}", lambda: setattr(proc, "stopped", proc.running)

@@ -110,3 +110,14 @@ def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(("seed", "steps"), [(2375, 288), (7389, 300)])
 def test_seeds_that_found_bugs_keep_every_invariant(seed: int, steps: int) -> None:
     run_seed(seed, workers=2, spares=1, steps=steps)
+
+
+def test_a_disk_is_lost_only_where_a_peer_holds_a_copy_of_its_files() -> None:
+    """A lost disk takes a rank's checkpoints with it; its next process fetches them from a
+    peer (`tests/sim/disks.py`). A job of one worker has no peer: seed 61 of one worker lost
+    its disk, the scheduler rolled back to the step the rank last reported, and the invariant
+    (on disk, or held by a peer) could not hold, whatever the scheduler decided."""
+    alone = run_seed(61, steps=67, workers=1, spares=0, schedulers=2)
+    assert not any("with its disk" in line for line in alone.trace)
+    pairs = [run_seed(seed, workers=2, spares=0) for seed in range(30)]
+    assert any(sim.wiped is not None for sim in pairs)

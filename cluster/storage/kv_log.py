@@ -19,10 +19,15 @@ rewritten atomically with one record per key (`atomic.write_atomically`: a crash
 log or the new one). A key rewritten forever keeps the log under max(COMPACT_MIN_BYTES, 2 x
 live) plus one batch, and a compaction rewrites at most half of what was appended since the last
 one. The file is never opened through a link (`atomic.open_no_follow`).
+
+A compaction that fails (no room for the temporary copy) fails no append: the batch is durable
+once fsynced. The failure is logged once, the log stays as it is, and a later append tries the
+compaction again (and logs once when it succeeds).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from collections.abc import Mapping
@@ -41,6 +46,8 @@ _LENGTH = struct.Struct(">I")
 _DIGEST = 16
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
 ADVICE = "move it away (the job's key-value store is then empty after a restart)"
+
+_log = logging.getLogger(__name__)
 
 
 def needs_compaction(size: int, live: int) -> bool:
@@ -72,6 +79,7 @@ class KvLog:
         self._size = 0  # bytes of the file that hold the header and whole records
         self._record_sizes: dict[str, int] = {}  # the size of the newest record of each key
         self._live = 0  # the header and the newest record of each key: the compacted size
+        self._compaction_failing = False  # the last compaction failed (and was logged)
 
     def load(self, job: str) -> dict[str, bytes]:
         """The store of `job`; empty when the log is missing or another job's."""
@@ -133,7 +141,8 @@ class KvLog:
         )
 
     def append(self, job: str, changes: Mapping[str, bytes]) -> None:
-        """Add `changes` to `job`'s log, durably (one write, one fsync)."""
+        """Add `changes` to `job`'s log, durably (one write, one fsync). StateFileError when the
+        batch is not durable; a failed compaction afterwards is logged, never raised."""
         if self._job != job:
             self.reset(job)
         records = {key: encode_record(key, value) for key, value in changes.items()}
@@ -154,7 +163,20 @@ class KvLog:
             self._live += len(record) - self._record_sizes.get(key, 0)
             self._record_sizes[key] = len(record)
         if needs_compaction(self._size, self._live):
+            self._compact_after_append()
+
+    def _compact_after_append(self) -> None:
+        """Compact; a failure is logged once until a compaction succeeds again."""
+        try:
             self.compact()
+        except StateFileError as exc:
+            if not self._compaction_failing:
+                self._compaction_failing = True
+                _log.warning("%s; it is compacted again on a later append", exc)
+            return
+        if self._compaction_failing:
+            self._compaction_failing = False
+            _log.info("compacted the key-value log %s again", self.path)
 
     @property
     def size(self) -> int:
@@ -167,11 +189,18 @@ class KvLog:
         return self._live
 
     def compact(self) -> None:
-        """Rewrite the log with the newest value of each key, atomically."""
+        """Rewrite the log with the newest value of each key, atomically. StateFileError when it
+        cannot; the records stay on disk, in the old log or the new one."""
         assert self._job is not None
         values = self.load(self._job)
         data = _header(self._job) + b"".join(encode_record(k, v) for k, v in values.items())
-        atomic.write_atomically(self.path, lambda fd: atomic.write_all(fd, data), self._failed)
+        try:
+            atomic.write_atomically(
+                self.path, lambda fd: atomic.write_all(fd, data), self._compaction_failed
+            )
+        except StateFileError:
+            self.load(self._job)  # the rename may have landed before a later step failed
+            raise
         self._size = len(data)  # == self._live, as `load` counted it
         atomic.remove_temporaries(self.path)
 
@@ -186,4 +215,10 @@ class KvLog:
         return StateFileError(
             f"cannot save the key-value store to {self.path} ({exc.strerror}); what it held "
             "before is unchanged"
+        )
+
+    def _compaction_failed(self, exc: OSError) -> StateFileError:
+        return StateFileError(
+            f"cannot compact the key-value log {self.path} ({exc.strerror}); its records are "
+            "saved, uncompacted"
         )

@@ -3,6 +3,7 @@ newest record of each key exactly, and compacts once it is twice that (and past 
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from cluster.protocol.errors import StateFileError
 from cluster.storage import atomic, kv_log
 from cluster.storage.kv_log import FILE_NAME, KvLog, encode_record, needs_compaction, record_size
+from tests import tmpfs
 
 JOB = "job-1"
 FLOOR = 4096  # a small COMPACT_MIN_BYTES, so that short runs compact
@@ -85,6 +87,37 @@ def test_the_log_is_never_written_through_a_link(tmp_path: Path) -> None:
     with pytest.raises(StateFileError, match="cannot read the key-value log"):
         KvLog(tmp_path).load(JOB)
     assert elsewhere.read_bytes() == b"not the job's"
+
+
+def test_a_compaction_without_room_fails_no_append_and_runs_once_space_returns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A floor under one page: the appends land in the log's first page, already allocated, while
+    # the compaction's temporary copy needs a page of its own.
+    monkeypatch.setattr(kv_log, "COMPACT_MIN_BYTES", 2048)
+    caplog.set_level(logging.INFO, logger=kv_log.__name__)
+    values = [bytes([i]) * 580 for i in range(6)]
+    with tmpfs.mounted("256k") as disk:
+        log = KvLog(disk)
+        log.load(JOB)
+        for value in values[:3]:
+            log.append(JOB, {"k": value})
+        filler = tmpfs.fill(disk)
+        for value in values[3:5]:
+            log.append(JOB, {"k": value})  # durable; the compaction it triggers has no room
+        assert needs_compaction(log.size, log.live)
+        assert (disk / FILE_NAME).stat().st_size == log.size
+        assert log.size == header_bytes(JOB) + 5 * record_size("k", values[0])  # each once
+        assert KvLog(disk).load(JOB) == {"k": values[4]}
+        assert sorted(p.name for p in disk.iterdir()) == sorted([FILE_NAME, filler.name])
+        failed = [r for r in caplog.records if "cannot compact" in r.getMessage()]
+        assert len(failed) == 1, caplog.text  # once, not once per append
+        assert "No space left on device" in failed[0].getMessage()
+        filler.unlink()
+        log.append(JOB, {"k": values[5]})
+        assert (disk / FILE_NAME).stat().st_size == log.size == compacted_size({"k": values[5]})
+        assert KvLog(disk).load(JOB) == {"k": values[5]}
+        assert "compacted the key-value log" in caplog.text
 
 
 batches = st.lists(

@@ -7,15 +7,20 @@ process is the only writer, so it knows what is on disk: a save checks the file'
 (inode, size, modification time) against the one it last wrote or read, and reads the file
 again only when another process changed it behind the lock.
 
-Blocking file I/O runs on a worker thread (an fsync must not stall the scheduler's loop).
+Blocking file I/O runs on a worker thread (an fsync must not stall the scheduler's loop). A write
+runs to its end even when its caller is cancelled, and `release` (and `close`) waits for the
+writes still running, up to WRITE_WAIT_S, before it lets the lock go: the next holder never sees
+a file land after it loaded. A write still running then (a hung filesystem) is logged and left
+to land or fail on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cluster.protocol.config import RecoveryConfig
 from cluster.protocol.errors import FencedError, StateFileError
@@ -25,7 +30,12 @@ from cluster.storage.recovery_dir import check_recovery_path
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
 STATE_FILE = "scheduler.json"
+# How long `release` waits for the writes still running: short, as a stopping scheduler has a few
+# seconds before the launcher's SIGKILL (a killed process loses its lock only with its threads).
+WRITE_WAIT_S = 1.0
 _Identity = tuple[int, int, int]
+_T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 
 
 def _identity(path: Path) -> _Identity | None:
@@ -49,6 +59,7 @@ class DirectoryStore:
         self._kv = KvLog(directory)
         # What this process last read or wrote: the file's identity and its token.
         self._seen: tuple[_Identity | None, str] | None = None
+        self._writes: set[asyncio.Future[Any]] = set()  # the writes whose thread still runs
 
     async def acquire(self) -> str | None:
         # Refused when another user could redirect what is written here (ConfigError, one line).
@@ -58,8 +69,33 @@ class DirectoryStore:
         return None
 
     async def release(self) -> None:
-        self._lock.release()
-        self._held = False
+        self._held = False  # no write starts from here on
+        try:
+            if self._writes:
+                _, running = await asyncio.wait(set(self._writes), timeout=WRITE_WAIT_S)
+                if running:
+                    _log.warning(
+                        "%d write(s) to %s still running after %g s; releasing its lock anyway "
+                        "(a scheduler that takes it now may see them land)",
+                        len(running),
+                        self.directory,
+                        WRITE_WAIT_S,
+                    )
+        finally:
+            self._lock.release()
+
+    async def _write(self, write: Callable[..., _T], *args: Any) -> _T:
+        """`write(*args)` on a worker thread, tracked until its thread ends (a cancelled caller
+        stops waiting for it; `release` still does)."""
+        future = asyncio.ensure_future(asyncio.to_thread(write, *args))
+        self._writes.add(future)
+        future.add_done_callback(self._ended)
+        return await asyncio.shield(future)
+
+    def _ended(self, future: asyncio.Future[Any]) -> None:
+        self._writes.discard(future)
+        if not future.cancelled():
+            future.exception()  # retrieved: a caller that was cancelled never reads it
 
     async def close(self) -> None:
         await self.release()
@@ -77,7 +113,7 @@ class DirectoryStore:
     async def save(self, snapshot: dict[str, Any], token: str) -> Written:
         if not self._held:
             raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
-        return await asyncio.to_thread(self._save, snapshot, token)
+        return await self._write(self._save, snapshot, token)
 
     def _save(self, snapshot: dict[str, Any], token: str) -> Written:
         current = self._current_token()
@@ -115,9 +151,9 @@ class DirectoryStore:
     async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
         if not self._held:
             raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
-        await asyncio.to_thread(self._kv.append, job, dict(changes))
+        await self._write(self._kv.append, job, dict(changes))
 
     async def clear_kv(self, job: str) -> None:
         if not self._held:
             raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
-        await asyncio.to_thread(self._kv.reset, job)
+        await self._write(self._kv.reset, job)

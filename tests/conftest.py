@@ -20,6 +20,7 @@ SLOW_FILES = frozenset(
         "unit/test_chaos_stop.py",
         "unit/test_ending.py",
         "unit/test_manifest_scan.py",
+        "unit/test_orphan.py",
         "unit/test_processes.py",
         "unit/test_protos_current.py",
         "unit/test_scripts.py",

@@ -251,10 +251,22 @@ def cert_pem(cert: x509.Certificate) -> bytes:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write a secret (p12, password) readable by its owner only, from the first byte on."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
+    """Replace `path` with a secret (p12, password) readable by its owner only, from the first
+    byte on. The secret goes to a new file beside `path` (O_EXCL and O_NOFOLLOW, mode 0600: no
+    file or link already there is opened), synced, then renamed over `path`: a file already at
+    `path` keeps neither its place nor its mode, and a link there is replaced, not followed."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def new_password() -> bytes:

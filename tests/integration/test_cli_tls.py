@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -63,6 +64,27 @@ def test_certs_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert "--force" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
     assert certs(tmp_path, "--force").returncode == 0
+
+
+def test_certs_force_replaces_secrets_owner_only_never_writing_through_a_link(
+    tmp_path: Path,
+) -> None:
+    out, elsewhere = tmp_path / "pki", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.write_text("not a secret\n")
+    for name in ("server.pass", "server.p12"):  # readable by everyone, from before
+        (out / name).write_text("old\n")
+        (out / name).chmod(0o644)
+    for name in ("client.pass", "client.p12"):  # links planted where the secrets go
+        (out / name).symlink_to(elsewhere)
+    made = certs(out, "--force")
+    assert made.returncode == 0, made.stderr
+    for name in ("server.pass", "server.p12", "client.pass", "client.p12", "client-revoked.p12"):
+        assert not (out / name).is_symlink(), name
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    assert elsewhere.read_text() == "not a secret\n"
+    assert (out / "server.pass").read_text() != "old\n"
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
 def test_status_of_a_tls_job(processes: Procs, tmp_path: Path) -> None:

@@ -56,7 +56,6 @@ class EtcdElection:
         self.leader_key = prefix + b"leader"
         self.peers_prefix = prefix + b"schedulers/"
         self.lease_id: int | None = None
-        self.granted_s = lease_s  # what etcd granted (it may lengthen a short lease)
         # The create revision of our leader key while we hold it: the fence of every write.
         self.fence: int | None = None
 
@@ -69,7 +68,7 @@ class EtcdElection:
         if self.lease_id is not None:
             return self.lease_id
         lease = await self.connection.call(lambda c: c.lease(self.lease_s), "grant a lease")
-        self.lease_id, self.granted_s = int(lease.id), int(lease.ttl)
+        self.lease_id = int(lease.id)
         key = self.peers_prefix + self.address.encode()
         await self.connection.call(
             lambda c: c.put(key, self._me(), lease=self.lease_id), "register this scheduler"

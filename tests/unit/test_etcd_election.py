@@ -1,16 +1,19 @@
 """The election on a real etcd (`cluster.scheduler.etcd_election`, `cluster.scheduler.leading`):
 a scheduler keeps one lease while it runs, so a campaign may put the leader key on a lease last
 refreshed a while ago (a standby's, between keepalives; a leader's that stepped down while etcd
-was away). The new leader must not believe its lease lasts longer than etcd will keep it."""
+was away). The new leader must not believe its lease lasts longer than etcd will keep it. And a
+scheduler whose registration failed registers when it next asks for its lease."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from cluster.protocol.errors import EtcdRefused
 from cluster.protocol.leadership import Leadership
 from cluster.protocol.state_url import parse_state_url
 from cluster.scheduler.etcd_client import EtcdConnection
@@ -71,3 +74,30 @@ async def test_a_term_won_on_a_lease_held_before_ends_no_later_than_the_lease_in
         )
     finally:
         await election.close()
+
+
+async def test_a_scheduler_whose_registration_was_refused_registers_when_it_next_asks(
+    etcd_auth_cluster: EtcdCluster,
+) -> None:
+    etcd = etcd_auth_cluster
+    # A user that may write the leader key but not the registrations: the lease is granted
+    # (etcd asks no permission for that), the registration put refused.
+    user, password = f"{etcd.user}-narrow", secrets.token_hex(12)
+    role = f"{user}-role"
+    etcd.etcdctl("role", "add", role)
+    etcd.etcdctl("role", "grant-permission", role, "readwrite", f"{etcd.prefix}leader")
+    etcd.etcdctl("user", "add", f"{user}:{password}", "--interactive=false")
+    etcd.etcdctl("user", "grant-role", user, role)
+    url = parse_state_url(etcd.state_url())
+    connection = EtcdConnection(url, timeout_s=2.0, login=(user, password))
+    election = EtcdElection(connection, ADDRESS, LEASE_S)
+    try:
+        with pytest.raises(EtcdRefused, match="may not read and write"):
+            await election.ensure_lease()
+        etcd.etcdctl("role", "grant-permission", role, "--prefix=true", "readwrite", etcd.prefix)
+        lease = await election.ensure_lease()
+        assert [p.address for p in await election.peers()] == [ADDRESS]
+        assert await ttl_of(connection, lease) > 0
+    finally:
+        await election.close()
+        await connection.close()

@@ -90,7 +90,9 @@ class Leadership:
     # -- what happened ---------------------------------------------------------------------
 
     def won(self, sent_at: float, ttl_s: float, address: str) -> Step:
-        """The campaign sent at `sent_at` created our leader key, on a lease of `ttl_s` left."""
+        """The campaign created our leader key, on a lease that a keepalive sent at `sent_at`
+        (just before the campaign) renewed for `ttl_s`: etcd ends the lease `ttl_s` after that
+        keepalive arrived, whenever the campaign was."""
         if self.resigned:  # a campaign that was on its way when it resigned
             self.role, self.leader, self.valid_until = Role.CANDIDATE, "", -math.inf
             return Step.STEP_DOWN

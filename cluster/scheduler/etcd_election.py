@@ -56,7 +56,6 @@ class EtcdElection:
         self.leader_key = prefix + b"leader"
         self.peers_prefix = prefix + b"schedulers/"
         self.lease_id: int | None = None
-        self.granted_s = lease_s  # what etcd granted (it may lengthen a short lease)
         # The create revision of our leader key while we hold it: the fence of every write.
         self.fence: int | None = None
 
@@ -65,16 +64,19 @@ class EtcdElection:
         return json.dumps(data, sort_keys=True).encode()
 
     async def ensure_lease(self) -> int:
-        """This scheduler's lease (granted, and its registration put, when it has none)."""
+        """This scheduler's lease (granted, and its registration put, when it has none). It
+        has one only once registered: a grant whose registration failed is left to end (within
+        its TTL), and the next call grants and registers again."""
         if self.lease_id is not None:
             return self.lease_id
         lease = await self.connection.call(lambda c: c.lease(self.lease_s), "grant a lease")
-        self.lease_id, self.granted_s = int(lease.id), int(lease.ttl)
+        granted = int(lease.id)
         key = self.peers_prefix + self.address.encode()
         await self.connection.call(
-            lambda c: c.put(key, self._me(), lease=self.lease_id), "register this scheduler"
+            lambda c: c.put(key, self._me(), lease=granted), "register this scheduler"
         )
-        return self.lease_id
+        self.lease_id = granted
+        return granted
 
     async def campaign(self) -> LeaderKey | None:
         """Become the leader if nobody is; None when we lead now, else who leads."""

@@ -4,8 +4,9 @@ It reports what etcd answered to the pure `Leadership` (`cluster.protocol.leader
 what it decides: `lead()` (the server loads the job and serves it) and `step_down(why)` (the
 server stops answering for the job). A leader's keepalive is bounded by the time its lease
 surely has left, so a leader cut off from etcd steps down when that time is up, not when the
-request gives up. A standby keeps its own lease alive too (its registration, for Status), and
-waits on a watch of the leader key, read again at least every keepalive.
+request gives up. A candidate renews its lease just before it campaigns and counts a won
+term from that keepalive. A standby keeps its own lease alive too (its registration, for
+Status), and waits on a watch of the leader key, read again at least every keepalive.
 """
 
 from __future__ import annotations
@@ -64,10 +65,10 @@ class Leading:
                 await self._unreachable(exc)
 
     async def _campaign(self) -> None:
-        sent = self._clock()
+        sent, ttl = await self._refresh_lease()
         holder = await self.election.campaign()
         if holder is None:
-            step = self.leadership.won(sent, self.election.granted_s, self.election.address)
+            step = self.leadership.won(sent, ttl, self.election.address)
             log.info(
                 "leading the job (term %d): holding the leader key in %s on a %g s lease",
                 self.leadership.terms,
@@ -90,6 +91,20 @@ class Leading:
         self._known = holder
         if self.leadership.lost(holder.address) is Step.STAND_BY:
             log.info("standing by: the leader is %s", holder.address or "(changing)")
+
+    async def _refresh_lease(self) -> tuple[float, float]:
+        """A keepalive of this scheduler's lease (a new lease when it has none, or it ended):
+        when it was sent, and the seconds etcd then gave the lease. A campaign puts the leader
+        key on this lease, so a leader counts its lease from then, not from the campaign: etcd
+        ends a lease it had before at its last keepalive plus its TTL."""
+        await self.election.ensure_lease()
+        sent = self._clock()
+        try:
+            return sent, await self.election.keepalive()
+        except FencedError:  # it ended while etcd was away: a new one
+            await self.election.ensure_lease()
+            sent = self._clock()
+            return sent, await self.election.keepalive()
 
     async def _keep(self) -> None:
         """One keepalive, bounded by the time the lease surely has; then a pause."""

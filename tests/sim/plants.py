@@ -39,12 +39,19 @@ PLANTS = {
     "no-step-down": "a leader serves past its lease's end (standbys)",
     "lease-from-receipt": "a leader counts its lease from when etcd's answer came (standbys)",
     "no-fence": "a leader's save lands without its leader key (standbys)",
+    "stale-lease-campaign": "a campaign on a lease held before counts the whole lease from the "
+    "campaign, the lease not refreshed (standbys)",
     "silent-supersede": "a stream replaced by a newer one of its node is left open, silent "
     "(worker cores)",
     "deaf-rounds": "a restarted scheduler ignores how far a registering node's collectives got",
 }
 # Plants of the election run with standbys (`standbys.py` puts them in).
-PLANT_SCHEDULERS = {"no-step-down": 2, "lease-from-receipt": 2, "no-fence": 2}
+PLANT_SCHEDULERS = {
+    "no-step-down": 2,
+    "lease-from-receipt": 2,
+    "no-fence": 2,
+    "stale-lease-campaign": 2,
+}
 # Plants that only worker cores can show (`cores.py`): the simulation runs them with cores.
 PLANT_CORES = frozenset({"silent-supersede"})
 

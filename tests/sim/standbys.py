@@ -40,28 +40,46 @@ NAMES = ("sched-a", "sched-b", "sched-c")
 
 @dataclass
 class LeaseStore:
-    """etcd as the election sees it: who holds the leader key, until when (on etcd's clock:
-    from when a keepalive *arrived*), and how many terms were won."""
+    """etcd as the election sees it: each scheduler process's lease (when it ends, on etcd's
+    clock: from when a keepalive *arrived*), who holds the leader key (on its holder's lease),
+    and how many terms were won."""
 
     lease_s: float
     holder: str | None = None
-    expires: float = -math.inf
+    leases: dict[str, float] = field(default_factory=dict)
     term: int = 0
 
-    def alive(self, name: str, at: float) -> bool:
-        return self.holder == name and at < self.expires
+    def ends(self, name: str) -> float:
+        return self.leases.get(name, -math.inf)
 
-    def campaign(self, name: str, at: float) -> bool:
-        if self.holder is not None and at < self.expires:
+    def holds(self, name: str, term: int, at: float) -> bool:
+        """Whether `name`'s leader key of `term` is the one in etcd at `at` (the fence: a new
+        term is a new key, even on the same lease)."""
+        return self.holder == name and self.term == term and at < self.ends(name)
+
+    def campaign(self, name: str, at: float, *, refresh: bool = True) -> bool:
+        """The leader key put on the candidate's lease: the one it holds while that lives (as
+        `EtcdElection.ensure_lease` keeps it; `refresh`: a keepalive lands just before, as
+        `Leading` sends one), a new one otherwise. Its own key, left from before it stepped
+        down, is deleted first (`drop_stale`)."""
+        holder = self.holder
+        if holder is not None and holder != name and at < self.ends(holder):
             return False
-        self.holder, self.expires, self.term = name, at + self.lease_s, self.term + 1
+        if refresh or at >= self.ends(name):
+            self.leases[name] = at + self.lease_s
+        self.holder, self.term = name, self.term + 1
         return True
 
     def keepalive(self, name: str, at: float) -> bool:
-        if not self.alive(name, at):
+        if at >= self.ends(name):
             return False
-        self.expires = at + self.lease_s
+        self.leases[name] = at + self.lease_s
         return True
+
+    def forget(self, name: str) -> None:
+        """A new process of `name`: it grants a lease of its own (the old one, and the leader
+        key on it, are dropped as `drop_stale` does)."""
+        self.leases.pop(name, None)
 
 
 class NoStepDown(Leadership):
@@ -142,7 +160,7 @@ class Standbys:
         kind, sent = packet.body
         name, at, store = packet.src, self.sim.clock.now, self.store
         if kind == "campaign":
-            won = store.campaign(name, at)
+            won = store.campaign(name, at, refresh=self.plant != "stale-lease-campaign")
             answer = ("won", sent, store.term) if won else ("lost", sent, store.holder or "")
         else:
             answer = ("kept", sent) if store.keepalive(name, at) else ("ended", sent)
@@ -206,7 +224,7 @@ class Standbys:
         sched = self.scheds[self.leader]
         if sched.stopped or sched.name in self.sim.net.cut:
             return False
-        if self.plant == "no-fence" or self.store.alive(sched.name, self.sim.clock.now):
+        if self.plant == "no-fence" or self.store.holds(sched.name, sched.term, self.now()):
             self.check_fenced(sched.term, sched.name)
             return True
         if sched.leadership.fenced("its leader key is gone: a save was refused") is Step.STEP_DOWN:
@@ -276,6 +294,7 @@ class Standbys:
     def restart(self, sched: Scheduler) -> None:
         """Its launcher starts it again: a new process, a candidate."""
         if not sched.running:
+            self.store.forget(sched.name)
             self.scheds[sched.name] = self._process(sched.name)
 
     def heal(self) -> None:

@@ -1,0 +1,103 @@
+"""The election on a real etcd (`cluster.scheduler.etcd_election`, `cluster.scheduler.leading`):
+a scheduler keeps one lease while it runs, so a campaign may put the leader key on a lease last
+refreshed a while ago (a standby's, between keepalives; a leader's that stepped down while etcd
+was away). The new leader must not believe its lease lasts longer than etcd will keep it. And a
+scheduler whose registration failed registers when it next asks for its lease."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cluster.protocol.errors import EtcdRefused
+from cluster.protocol.leadership import Leadership
+from cluster.protocol.state_url import parse_state_url
+from cluster.scheduler.etcd_client import EtcdConnection
+from cluster.scheduler.etcd_election import EtcdElection
+from cluster.scheduler.leading import Leading
+from tests.aio import BOUND_S
+from tests.servers.etcd import EtcdCluster
+
+LEASE_S = 5
+ADDRESS = "127.0.0.1:1"
+
+
+@pytest.fixture
+async def connection(etcd_cluster: EtcdCluster) -> AsyncIterator[EtcdConnection]:
+    made = EtcdConnection(parse_state_url(etcd_cluster.state_url()), timeout_s=2.0)
+    yield made
+    await made.close()
+
+
+async def ttl_of(connection: EtcdConnection, lease: int) -> int:
+    """The whole seconds etcd says `lease` has left (a LeaseTimeToLive request)."""
+    info = await connection.call(lambda c: c.get_lease_info(lease), "read the lease's TTL")
+    return int(info.TTL)
+
+
+async def aged(connection: EtcdConnection, lease: int, left_s: int) -> None:
+    """Until etcd says `lease` has `left_s` seconds or fewer left."""
+    deadline = time.monotonic() + LEASE_S + BOUND_S
+    while await ttl_of(connection, lease) > left_s:
+        assert time.monotonic() < deadline, "the lease did not age"
+        await asyncio.sleep(0.05)  # sleep-ok: polls the lease's TTL in etcd, bounded above
+
+
+async def test_a_term_won_on_a_lease_held_before_ends_no_later_than_the_lease_in_etcd(
+    connection: EtcdConnection,
+) -> None:
+    election = EtcdElection(connection, ADDRESS, LEASE_S)
+    leadership = Leadership(float(LEASE_S), time.monotonic)
+    said: list[str] = []
+
+    async def lead() -> None:
+        said.append("lead")
+
+    async def step_down(why: str) -> None:
+        said.append(why)
+
+    leading = Leading(election, leadership, lead, step_down)
+    try:
+        lease = await election.ensure_lease()  # every scheduler holds one from its start
+        await aged(connection, lease, left_s=2)
+        await leading._campaign()  # one turn of `Leading.run` as a candidate
+        assert said == ["lead"]
+        left = await ttl_of(connection, lease)
+        read = time.monotonic()
+        # etcd says whole seconds: it ends the lease before `read + left + 1`.
+        assert time.monotonic() < leadership.valid_until <= read + left + 1, (
+            f"serving for {leadership.valid_until - read:.2f} s on a lease etcd gives {left} s"
+        )
+    finally:
+        await election.close()
+
+
+async def test_a_scheduler_whose_registration_was_refused_registers_when_it_next_asks(
+    etcd_auth_cluster: EtcdCluster,
+) -> None:
+    etcd = etcd_auth_cluster
+    # A user that may write the leader key but not the registrations: the lease is granted
+    # (etcd asks no permission for that), the registration put refused.
+    user, password = f"{etcd.user}-narrow", secrets.token_hex(12)
+    role = f"{user}-role"
+    etcd.etcdctl("role", "add", role)
+    etcd.etcdctl("role", "grant-permission", role, "readwrite", f"{etcd.prefix}leader")
+    etcd.etcdctl("user", "add", f"{user}:{password}", "--interactive=false")
+    etcd.etcdctl("user", "grant-role", user, role)
+    url = parse_state_url(etcd.state_url())
+    connection = EtcdConnection(url, timeout_s=2.0, login=(user, password))
+    election = EtcdElection(connection, ADDRESS, LEASE_S)
+    try:
+        with pytest.raises(EtcdRefused, match="may not read and write"):
+            await election.ensure_lease()
+        etcd.etcdctl("role", "grant-permission", role, "--prefix=true", "readwrite", etcd.prefix)
+        lease = await election.ensure_lease()
+        assert [p.address for p in await election.peers()] == [ADDRESS]
+        assert await ttl_of(connection, lease) > 0
+    finally:
+        await election.close()
+        await connection.close()

@@ -186,6 +186,11 @@ class EtcdStore:
             self._state_blob = None
             return Written(False, Stored(None, ""))
         raw, meta = responses[1][0]
+        if raw == value:
+            # Our own transaction, which landed once already: its answer was lost and it was
+            # sent again (to another member), where its compare no longer held.
+            self._state_blob = blob
+            return Written(True, Stored(snapshot, str(meta.mod_revision)))
         return Written(False, await self._decode_state(raw, meta.mod_revision))
 
     # -- values and their chunks -----------------------------------------------------------

@@ -1,0 +1,111 @@
+"""The etcd state store's own cases, on a real 3-member etcd: a save whose answer was lost and
+that was sent again to another member (the contract both stores share is in
+test_state_store)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aetcd
+import pytest
+
+from cluster.protocol.state_url import parse_state_url
+from cluster.scheduler import stores
+from cluster.scheduler.etcd_store import EtcdStore
+from tests.servers.etcd import EtcdCluster
+
+LARGE = 8000  # members: a state over INLINE_MAX_BYTES, saved as chunks
+
+
+def snapshot(revision: int, members: int = 0) -> dict[str, Any]:
+    padded = [{"node_id": str(i), "pad": "x" * 300} for i in range(members)]
+    return {"cluster_id": "job-a", "revision": revision, "members": padded}
+
+
+class Etcd:
+    def __init__(self, cluster: EtcdCluster) -> None:
+        self.url = parse_state_url(cluster.state_url())
+        self.prefix = self.url.prefix.encode()
+        self.made: list[EtcdStore] = []
+
+    async def store(self, address: str, *, lead: bool = True) -> EtcdStore:
+        made = await stores.open_etcd(self.url, address, lease_s=2)
+        assert isinstance(made, EtcdStore)
+        self.made.append(made)
+        if lead:
+            assert await made.acquire() is None
+        return made
+
+    async def keys(self, under: str) -> list[bytes]:
+        host, port = self.url.endpoints[0]
+        async with aetcd.Client(host=host, port=port, timeout=10) as client:
+            got = await client.get_prefix(self.prefix + under.encode())
+            return sorted(kv.key for kv in got)
+
+    async def put(self, key: str, value: bytes) -> None:
+        host, port = self.url.endpoints[0]
+        async with aetcd.Client(host=host, port=port, timeout=10) as client:
+            await client.put(self.prefix + key.encode(), value)
+
+    async def compact(self) -> None:
+        host, port = self.url.endpoints[0]
+        async with aetcd.Client(host=host, port=port, timeout=10) as client:
+            latest = await client.get(self.prefix + b"state")
+            assert latest is not None
+            await client.compact(latest.header.revision, physical=True)
+
+
+@pytest.fixture
+async def etcd(etcd_cluster: EtcdCluster) -> AsyncIterator[Etcd]:
+    made = Etcd(etcd_cluster)
+    yield made
+    for store in made.made:
+        await store.close()
+
+
+def blob_ids(keys: list[bytes]) -> set[bytes]:
+    return {key.rsplit(b"/", 2)[-2] for key in keys}
+
+
+Call = Callable[[Callable[[Any], Awaitable[Any]], str], Awaitable[Any]]
+
+
+def around(store: EtcdStore, what: str, call: Call) -> Callable[[], None]:
+    """Requests `what` of `store` go through `call` from now on; what puts the plain way back."""
+    connection = store.connection
+    plain = connection.call
+
+    async def routed(request: Callable[[Any], Awaitable[Any]], said: str) -> Any:
+        return await (call if said == what else plain)(request, said)
+
+    connection.call = routed  # type: ignore[method-assign]
+
+    def restore() -> None:
+        connection.call = plain  # type: ignore[method-assign]
+
+    return restore
+
+
+@pytest.mark.parametrize("members", [0, LARGE], ids=["inline", "chunked"])
+async def test_a_save_sent_again_after_its_answer_was_lost_is_reported_landed(
+    etcd: Etcd, members: int
+) -> None:
+    """What EtcdConnection.call does when a member's answer times out: the same transaction on
+    the next member, where its compare (the mod revision it replaced) no longer holds."""
+    store = await etcd.store("127.0.0.1:1")
+    first = await store.save(snapshot(1), "")
+
+    async def landed_then_sent_again(request: Callable[[Any], Awaitable[Any]], what: str) -> Any:
+        await store.connection._request(0, request)  # lands; its answer is lost
+        return await store.connection._request(1, request)
+
+    around(store, "save the state", landed_then_sent_again)
+    again = await store.save(snapshot(2, members), first.current.token)
+    assert again.ok
+    assert again.current == await store.load()
+    assert again.current.snapshot == snapshot(2, members)
+    # Fencing is intact: another snapshot with a stale token is refused.
+    stale = await store.save(snapshot(3), first.current.token)
+    assert not stale.ok
+    assert stale.current == again.current

@@ -16,10 +16,11 @@ compare-and-set token) and answers with what is stored either way.
 etcd refuses a request over 1.5 MiB by default, and a transaction of more than 128 operations:
 a value over INLINE_MAX_BYTES (a large state, a key-value value of up to 4 MiB) is written as
 chunks first, each in a fenced transaction of its own, then named by a small manifest written
-with the compare-and-set; a chunk of a save that did not land is never named, and is removed by
-the next leader (`collect_garbage`). A batch of key-value changes goes in transactions of at
-most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically, and the batch is
-acknowledged once all of them are.
+with the compare-and-set, and read at the revision the manifest was read at (a save that
+replaces them meanwhile does not tear the read); a chunk of a save that did not land is never
+named, and is removed by the next leader (`collect_garbage`). A batch of key-value changes goes
+in transactions of at most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically,
+and the batch is acknowledged once all of them are.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import xxhash
 
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.scheduler.etcd_client import EtcdConnection
+from cluster.scheduler.etcd_client import EtcdConnection, describe
 from cluster.scheduler.etcd_election import EtcdElection
 from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
@@ -45,6 +46,7 @@ CHUNK_BYTES = 1024 * 1024
 TXN_BYTES = 1024 * 1024
 TXN_OPS = 64
 PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
+READ_TRIES = 3  # reads of a value whose chunks' revision etcd compacted meanwhile
 
 
 # A transaction's comparisons and operations, built on the client's `transactions` when sent.
@@ -99,6 +101,10 @@ class EtcdStore:
         self.kv_prefix = prefix + b"kv/"
         self.kv_blobs = prefix + b"kvblob/"
         self._advice = f"delete it (etcdctl del {self.state_key.decode()}) to start a new job"
+        self._torn_advice = (
+            f"check that no scheduler leads the job (etcdctl get {prefix.decode()}leader shows "
+            f"no key) and then {self._advice}"
+        )
         self._state_blob: str | None = None  # the chunks of the stored state, if any
         self._kv_blob: dict[str, str] = {}  # key-value keys stored as chunks -> their id
 
@@ -147,15 +153,27 @@ class EtcdStore:
     # -- the state -------------------------------------------------------------------------
 
     async def load(self) -> Stored:
-        got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
-        if got is None:
-            self._state_blob = None
-            return Stored(None, "")
-        return await self._decode_state(got.value, got.mod_revision)
+        for _ in range(READ_TRIES):
+            got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
+            if got is None:
+                self._state_blob = None
+                return Stored(None, "")
+            stored = await self._decode_state(got.value, got.mod_revision, got.header.revision)
+            if stored is not None:
+                return stored
+        raise StateFileError(
+            f"cannot read the state in {self.where}: etcd compacted its revision before its "
+            f"chunks were read, {READ_TRIES} times"
+        )
 
-    async def _decode_state(self, raw: bytes, revision: int) -> Stored:
+    async def _decode_state(self, raw: bytes, revision: int, read_at: int) -> Stored | None:
+        """The state `raw` holds (its chunks read at revision `read_at`); None when etcd
+        compacted that revision meanwhile."""
         where = f"{self.where} (key {self.state_key.decode()})"
-        data, blob = await self._value(raw, self.state_blobs, where, self._advice)
+        value = await self._value(raw, read_at, self.state_blobs, where, self._torn_advice)
+        if value is None:
+            return None
+        data, blob = value
         snapshot = store.decode(data, SCHEDULER_KIND, where, self._advice)
         self._state_blob = blob
         return Stored(snapshot, str(revision))
@@ -191,7 +209,8 @@ class EtcdStore:
             # sent again (to another member), where its compare no longer held.
             self._state_blob = blob
             return Written(True, Stored(snapshot, str(meta.mod_revision)))
-        return Written(False, await self._decode_state(raw, meta.mod_revision))
+        current = await self._decode_state(raw, meta.mod_revision, meta.header.revision)
+        return Written(False, current or await self.load())
 
     # -- values and their chunks -----------------------------------------------------------
 
@@ -216,9 +235,10 @@ class EtcdStore:
         return CHUNKED + json.dumps(manifest).encode(), blob
 
     async def _value(
-        self, raw: bytes, blobs: bytes, where: str, advice: str
-    ) -> tuple[bytes, str | None]:
-        """The data a key holds (its chunks gathered and checked) and its chunks' id."""
+        self, raw: bytes, read_at: int, blobs: bytes, where: str, advice: str
+    ) -> tuple[bytes, str | None] | None:
+        """The data a key holds (its chunks gathered at revision `read_at`, the one the key was
+        read at, and checked) and its chunks' id; None when etcd compacted that revision."""
         if raw[:1] == INLINE:
             return raw[1:], None
         if raw[:1] != CHUNKED:
@@ -229,8 +249,12 @@ class EtcdStore:
         except (ValueError, KeyError, TypeError):
             raise StateFileError(f"{where} holds a torn chunk manifest: {advice}") from None
         chunks = blobs + blob.encode() + b"/"
-        found = await self.connection.call(lambda c: c.get_prefix(chunks), "read chunks")
-        data = b"".join(kv.value for kv in found)
+        found = await self.connection.call(
+            functools.partial(_chunks_at, start=chunks, revision=read_at), "read chunks"
+        )
+        if found is None:
+            return None
+        data = b"".join(kv.value for kv in found.kvs)
         if len(data) != size or xxhash.xxh3_128_hexdigest(data) != digest:
             raise StateFileError(
                 f"{where} names chunks that are missing or torn ({len(data)} of {size} bytes "
@@ -247,7 +271,6 @@ class EtcdStore:
         values: dict[str, bytes] = {}
         self._kv_blob = {}
         start, end = self.kv_prefix, range_end(self.kv_prefix)
-        advice = "delete it to go on without that key"
         while True:
             page = await self.connection.call(
                 functools.partial(_range, start=start, end=end, limit=PAGE_KEYS),
@@ -255,13 +278,36 @@ class EtcdStore:
             )
             for kv in page.kvs:
                 key = kv.key[len(self.kv_prefix) :].decode(errors="replace")
-                where = f"{self.where} (key-value key {key!r})"
-                values[key], blob = await self._value(kv.value, self.kv_blobs, where, advice)
+                got = await self._kv_value(key, kv.value, page.header.revision)
+                if got is None:
+                    continue  # deleted meanwhile
+                values[key], blob = got
                 if blob is not None:
                     self._kv_blob[key] = blob
             if not page.more or not page.kvs:
                 return values
             start = page.kvs[-1].key + b"\x00"
+
+    async def _kv_value(
+        self, key: str, raw: bytes, read_at: int
+    ) -> tuple[bytes, str | None] | None:
+        """The value of key-value key `key`, read as `raw` at revision `read_at`; read again
+        when etcd compacted that revision before its chunks were read; None once it is gone."""
+        where = f"{self.where} (key-value key {key!r})"
+        advice = "delete it to go on without that key"
+        name = self.kv_prefix + key.encode()
+        for _ in range(READ_TRIES):
+            value = await self._value(raw, read_at, self.kv_blobs, where, advice)
+            if value is not None:
+                return value
+            got = await self.connection.call(lambda c: c.get(name), "read a key-value key")
+            if got is None:
+                return None
+            raw, read_at = got.value, got.header.revision
+        raise StateFileError(
+            f"cannot read {where}: etcd compacted its revision before its chunks were read, "
+            f"{READ_TRIES} times"
+        )
 
     async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
         fence = self._fence()
@@ -352,10 +398,29 @@ class EtcdStore:
 
 
 async def _range(
-    client: Any, *, start: bytes, end: bytes, limit: int = 0, keys_only: bool = False
+    client: Any,
+    *,
+    start: bytes,
+    end: bytes,
+    limit: int = 0,
+    keys_only: bool = False,
+    revision: int = 0,
 ) -> Any:
-    """One page of a range read (aetcd's get_prefix reads it all at once)."""
+    """One page of a range read (aetcd's get_prefix reads it all at once), at `revision` (0:
+    the latest)."""
     from aetcd import rpc  # noqa: PLC0415 - aetcd only when an etcd URL is used
 
-    request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
+    request = rpc.RangeRequest(
+        key=start, range_end=end, limit=limit, keys_only=keys_only, revision=revision
+    )
     return await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
+
+
+async def _chunks_at(client: Any, *, start: bytes, revision: int) -> Any:
+    """The keys under `start` as they were at `revision`; None when etcd compacted it."""
+    try:
+        return await _range(client, start=start, end=range_end(start), revision=revision)
+    except Exception as exc:
+        if "compacted" in describe(exc):
+            return None
+        raise

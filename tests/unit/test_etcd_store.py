@@ -1,6 +1,6 @@
 """The etcd state store's own cases, on a real 3-member etcd: a save whose answer was lost and
-that was sent again to another member (the contract both stores share is in
-test_state_store)."""
+that was sent again to another member, and a load that races a save (the contract both stores
+share is in test_state_store)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import aetcd
 import pytest
 
+from cluster.protocol.errors import StateFileError
 from cluster.protocol.state_url import parse_state_url
 from cluster.scheduler import stores
 from cluster.scheduler.etcd_store import EtcdStore
@@ -109,3 +110,49 @@ async def test_a_save_sent_again_after_its_answer_was_lost_is_reported_landed(
     stale = await store.save(snapshot(3), first.current.token)
     assert not stale.ok
     assert stale.current == again.current
+
+
+async def test_a_load_racing_a_save_loads_the_state_whose_manifest_it_read(etcd: Etcd) -> None:
+    """A standby reads the manifest, the leader saves (removing the chunks it named), then the
+    standby reads the chunks: those of the manifest it read."""
+    leader = await etcd.store("127.0.0.1:1")
+    standby = await etcd.store("127.0.0.2:1", lead=False)
+    first = await leader.save(snapshot(1, LARGE), "")
+    raced: list[bool] = []
+
+    async def after_a_save(request: Callable[[Any], Awaitable[Any]], what: str) -> Any:
+        if not raced:
+            raced.append((await leader.save(snapshot(2, LARGE), first.current.token)).ok)
+        return await leader.connection.call(request, what)
+
+    around(standby, "read chunks", after_a_save)
+    assert (await standby.load()) == first.current
+    assert raced == [True]
+
+
+async def test_a_load_whose_chunks_revision_was_compacted_reads_again(etcd: Etcd) -> None:
+    leader = await etcd.store("127.0.0.1:1")
+    standby = await etcd.store("127.0.0.2:1", lead=False)
+    first = await leader.save(snapshot(1, LARGE), "")
+    newer: list[Any] = []
+
+    async def after_a_save_and_compaction(
+        request: Callable[[Any], Awaitable[Any]], what: str
+    ) -> Any:
+        if not newer:
+            newer.append(await leader.save(snapshot(2, LARGE), first.current.token))
+            await etcd.compact()
+        return await leader.connection.call(request, what)
+
+    around(standby, "read chunks", after_a_save_and_compaction)
+    assert (await standby.load()) == newer[0].current
+
+
+async def test_torn_chunks_advise_checking_that_no_scheduler_leads(etcd: Etcd) -> None:
+    leader = await etcd.store("127.0.0.1:1")
+    await leader.save(snapshot(1, LARGE), "")
+    (chunk,) = (await etcd.keys("stateblob/"))[:1]
+    await etcd.put(chunk[len(etcd.prefix) :].decode(), b"torn")
+    with pytest.raises(StateFileError, match="missing or torn") as raised:
+        await (await etcd.store("127.0.0.2:1", lead=False)).load()
+    assert "check that no scheduler leads the job" in str(raised.value)

@@ -17,16 +17,19 @@ etcd refuses a request over 1.5 MiB by default, and a transaction of more than 1
 a value over INLINE_MAX_BYTES (a large state, a key-value value of up to 4 MiB) is written as
 chunks first, each in a fenced transaction of its own, then named by a small manifest written
 with the compare-and-set, and read at the revision the manifest was read at (a save that
-replaces them meanwhile does not tear the read); a chunk of a save that did not land is never
-named, and is removed by the next leader (`collect_garbage`). A batch of key-value changes goes
-in transactions of at most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically,
-and the batch is acknowledged once all of them are.
+replaces them meanwhile does not tear the read). A refused save removes its chunks at once; the
+chunks of a save whose outcome is unknown go with the next save that lands; whatever a leader
+left unnamed (it died, or lost its lease, between writing chunks and naming them) is removed by
+the next leader when it starts leading (`collect_garbage`). A batch of key-value changes goes in
+transactions of at most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically, and
+the batch is acknowledged once all of them are.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -39,6 +42,8 @@ from cluster.scheduler.etcd_election import EtcdElection
 from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
+log = logging.getLogger("cluster.scheduler")
+
 INLINE = b"\x00"
 CHUNKED = b"\x01"
 INLINE_MAX_BYTES = 512 * 1024
@@ -47,6 +52,7 @@ TXN_BYTES = 1024 * 1024
 TXN_OPS = 64
 PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
 READ_TRIES = 3  # reads of a value whose chunks' revision etcd compacted meanwhile
+UNKNOWN_KEPT = 16  # chunk sets of saves with an unknown outcome, removed by the next one
 
 
 # A transaction's comparisons and operations, built on the client's `transactions` when sent.
@@ -106,6 +112,9 @@ class EtcdStore:
             f"no key) and then {self._advice}"
         )
         self._state_blob: str | None = None  # the chunks of the stored state, if any
+        # Chunks of this scheduler's state saves whose outcome is unknown: unnamed once a
+        # later save lands.
+        self._unknown_blobs: set[str] = set()
         self._kv_blob: dict[str, str] = {}  # key-value keys stored as chunks -> their id
 
     # -- holding ---------------------------------------------------------------------------
@@ -180,45 +189,75 @@ class EtcdStore:
 
     async def save(self, snapshot: dict[str, Any], token: str) -> Written:
         fence = self._fence()
+        unknown = self._unknown_blobs
         value, blob = await self._stored_form(
-            store.encode(SCHEDULER_KIND, snapshot), self.state_blobs, fence
+            store.encode(SCHEDULER_KIND, snapshot), self.state_blobs, fence, unknown
         )
         leader, state = self.election.leader_key, self.state_key
-        success = [lambda t: t.put(state, value)]
-        old = self._state_blob
-        if old is not None and old != blob:
-            old_chunks = self.state_blobs + old.encode() + b"/"
-            success.append(lambda t: t.delete(old_chunks, range_end=range_end(old_chunks)))
+        unnamed = {b for b in (self._state_blob, *unknown) if b is not None and b != blob}
+        gone = [self._chunks_gone(self.state_blobs, b) for b in unnamed]
         ok, responses = await self._txn(
-            [lambda t: t.create(leader) == fence, lambda t: t.mod(state) == int(token or 0)],
-            [*success, lambda t: t.get(leader)],
-            [lambda t: t.get(leader), lambda t: t.get(state)],
+            [_created(leader, fence), _modified(state, int(token or 0))],
+            [_put(state, value), *gone, _get(leader)],
+            [_get(leader), _get(state)],
             "save the state",
-        )
+        )  # raising StateFileError: its outcome is unknown, its chunks stay in `unknown`
         if ok:
-            self._state_blob = blob
+            self._landed(blob, unnamed)
             revision = responses[-1][0][1].header.revision
             return Written(True, Stored(snapshot, str(revision)))
         self._fenced(responses, fence)
-        if not responses[1]:
-            self._state_blob = None
-            return Written(False, Stored(None, ""))
-        raw, meta = responses[1][0]
-        if raw == value:
+        raw, meta = responses[1][0] if responses[1] else (None, None)
+        if raw == value and meta is not None:
             # Our own transaction, which landed once already: its answer was lost and it was
             # sent again (to another member), where its compare no longer held.
-            self._state_blob = blob
+            self._landed(blob, unnamed)
             return Written(True, Stored(snapshot, str(meta.mod_revision)))
-        current = await self._decode_state(raw, meta.mod_revision, meta.header.revision)
+        await self._drop(self.state_blobs, blob, fence)
+        unknown.discard(blob or "")
+        if meta is None:
+            self._state_blob = None
+            return Written(False, Stored(None, ""))
+        current = await self._decode_state(raw or b"", meta.mod_revision, meta.header.revision)
         return Written(False, current or await self.load())
+
+    def _landed(self, blob: str | None, unnamed: set[str]) -> None:
+        """A state save naming chunks `blob` landed, removing chunk sets `unnamed`."""
+        self._state_blob = blob
+        self._unknown_blobs -= {*unnamed, blob or ""}
+
+    def _chunks_gone(self, blobs: bytes, blob: str) -> Op:
+        return _delete_prefix(blobs + blob.encode() + b"/")
+
+    async def _drop(self, blobs: bytes, blob: str | None, fence: int) -> None:
+        """Remove the chunks of a write that was refused (best effort: what stays is removed
+        by the next leader)."""
+        if blob is None:
+            return
+        try:
+            await self._txn(
+                [_created(self.election.leader_key, fence)],
+                [self._chunks_gone(blobs, blob)],
+                [],
+                "remove the chunks of a refused write",
+            )
+        except StateFileError as exc:
+            log.warning(
+                "cannot remove the chunks of a refused write (%s); the next leader does", exc
+            )
 
     # -- values and their chunks -----------------------------------------------------------
 
-    async def _stored_form(self, data: bytes, blobs: bytes, fence: int) -> tuple[bytes, str | None]:
-        """`data` as it goes in its key: inline, or a manifest of chunks written first."""
+    async def _stored_form(
+        self, data: bytes, blobs: bytes, fence: int, unknown: set[str] | None = None
+    ) -> tuple[bytes, str | None]:
+        """`data` as it goes in its key: inline, or a manifest of chunks written first (their
+        id is in `unknown` from before the first is written, while there is room)."""
         if len(data) <= INLINE_MAX_BYTES:
             return INLINE + data, None
         blob = uuid.uuid4().hex
+        if unknown is not None and len(unknown) < UNKNOWN_KEPT:
+            unknown.add(blob)
         leader = self.election.leader_key
         for n, start in enumerate(range(0, len(data), CHUNK_BYTES)):
             key = blobs + f"{blob}/{n:06d}".encode()
@@ -342,6 +381,8 @@ class EtcdStore:
         )
         if not ok:
             self._fenced(responses, fence)
+            for blob in written.values():
+                await self._drop(self.kv_blobs, blob, fence)
             raise FencedError(
                 f"the key-value store in {self.where} is no longer job {job}'s: another "
                 "scheduler started a new job there"
@@ -371,11 +412,13 @@ class EtcdStore:
         self._kv_blob = {}
 
     async def collect_garbage(self) -> int:
-        """Remove chunks no key names (a leader died between writing them and naming them);
-        the number of chunk sets removed."""
+        """Remove the chunks no key names (a leader died, lost its lease, or lost a save's
+        answer between writing chunks and naming them); the number of chunk sets removed.
+        Only while no save of this scheduler is under way (a save's chunks are unnamed until
+        it lands): a new leader calls it after its first save, before saving in the background.
+        The named ones are those this store read or wrote (`load`, `load_kv`, saves)."""
         fence = self._fence()
-        named = set(self._kv_blob.values()) | {self._state_blob}
-        leader = self.election.leader_key
+        named = {*self._kv_blob.values(), self._state_blob}
         removed = 0
         for blobs in (self.state_blobs, self.kv_blobs):
             found = await self.connection.call(
@@ -383,17 +426,19 @@ class EtcdStore:
                 "list chunks",
             )
             ids = {kv.key[len(blobs) :].split(b"/", 1)[0].decode() for kv in found.kvs}
-            for blob in ids - named:
-                chunks = blobs + blob.encode() + b"/"
+            unnamed = sorted(ids - named)
+            for first in range(0, len(unnamed), TXN_OPS):
+                batch = unnamed[first : first + TXN_OPS]
                 ok, responses = await self._txn(
-                    [_created(leader, fence)],
-                    [_delete_prefix(chunks)],
-                    [_get(leader)],
+                    [_created(self.election.leader_key, fence)],
+                    [self._chunks_gone(blobs, blob) for blob in batch],
+                    [_get(self.election.leader_key)],
                     "remove unnamed chunks",
                 )
                 if not ok:
                     self._fenced(responses, fence)
-                removed += 1
+                removed += len(batch)
+        self._unknown_blobs.clear()
         return removed
 
 

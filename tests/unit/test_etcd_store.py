@@ -1,6 +1,6 @@
 """The etcd state store's own cases, on a real 3-member etcd: a save whose answer was lost and
-that was sent again to another member, and a load that races a save (the contract both stores
-share is in test_state_store)."""
+that was sent again to another member, the chunks of saves that name nothing, and a load that
+races a save (the contract both stores share is in test_state_store)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import aetcd
 import pytest
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import EtcdUnavailable, StateFileError
 from cluster.protocol.state_url import parse_state_url
 from cluster.scheduler import stores
 from cluster.scheduler.etcd_store import EtcdStore
@@ -106,10 +106,61 @@ async def test_a_save_sent_again_after_its_answer_was_lost_is_reported_landed(
     assert again.ok
     assert again.current == await store.load()
     assert again.current.snapshot == snapshot(2, members)
+    if members:  # the first save's chunks (none) and no others: only the named ones are left
+        assert len(blob_ids(await etcd.keys("stateblob/"))) == 1
     # Fencing is intact: another snapshot with a stale token is refused.
     stale = await store.save(snapshot(3), first.current.token)
     assert not stale.ok
     assert stale.current == again.current
+
+
+async def test_a_refused_chunked_save_removes_its_chunks(etcd: Etcd) -> None:
+    store = await etcd.store("127.0.0.1:1")
+    first = await store.save(snapshot(1), "")
+    newer = await store.save(snapshot(2), first.current.token)
+    refused = await store.save(snapshot(3, LARGE), first.current.token)
+    assert not refused.ok
+    assert refused.current == newer.current
+    assert await etcd.keys("stateblob/") == []
+
+
+async def test_the_chunks_of_a_save_of_unknown_outcome_go_with_the_next_save(
+    etcd: Etcd,
+) -> None:
+    store = await etcd.store("127.0.0.1:1")
+    first = await store.save(snapshot(1), "")
+
+    async def unanswered(request: Callable[[Any], Awaitable[Any]], what: str) -> Any:
+        raise EtcdUnavailable("no member answered")  # sent nowhere: its chunks name nothing
+
+    restore = around(store, "save the state", unanswered)
+    with pytest.raises(EtcdUnavailable):
+        await store.save(snapshot(2, LARGE), first.current.token)
+    assert len(blob_ids(await etcd.keys("stateblob/"))) == 1
+    restore()
+    landed = await store.save(snapshot(3, LARGE), first.current.token)
+    assert landed.ok
+    assert len(blob_ids(await etcd.keys("stateblob/"))) == 1  # the new save's own
+    assert (await store.load()).snapshot == snapshot(3, LARGE)
+
+
+async def test_a_new_leader_removes_the_chunks_no_key_names(etcd: Etcd) -> None:
+    """Chunks a leader wrote and never named (it died between), beside named ones."""
+    first = await etcd.store("127.0.0.1:1")
+    await first.clear_kv("job-a")
+    await first.save_kv("job-a", {"large": b"z" * (2 * 1024 * 1024)})
+    saved = await first.save(snapshot(1, LARGE), "")
+    await etcd.put("stateblob/orphan/000000", b"a chunk")
+    await etcd.put("kvblob/orphan/000000", b"a chunk")
+    await first.close()
+    second = await etcd.store("127.0.0.2:1")
+    assert (await second.load()) == saved.current
+    assert await second.load_kv("job-a") == {"large": b"z" * (2 * 1024 * 1024)}
+    assert await second.collect_garbage() == 2
+    assert b"orphan" not in blob_ids(await etcd.keys("stateblob/"))
+    assert b"orphan" not in blob_ids(await etcd.keys("kvblob/"))
+    assert (await second.load()) == saved.current
+    assert await second.load_kv("job-a") == {"large": b"z" * (2 * 1024 * 1024)}
 
 
 async def test_a_load_racing_a_save_loads_the_state_whose_manifest_it_read(etcd: Etcd) -> None:

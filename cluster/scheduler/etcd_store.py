@@ -16,16 +16,20 @@ compare-and-set token) and answers with what is stored either way.
 etcd refuses a request over 1.5 MiB by default, and a transaction of more than 128 operations:
 a value over INLINE_MAX_BYTES (a large state, a key-value value of up to 4 MiB) is written as
 chunks first, each in a fenced transaction of its own, then named by a small manifest written
-with the compare-and-set; a chunk of a save that did not land is never named, and is removed by
-the next leader (`collect_garbage`). A batch of key-value changes goes in transactions of at
-most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically, and the batch is
-acknowledged once all of them are.
+with the compare-and-set, and read at the revision the manifest was read at (a save that
+replaces them meanwhile does not tear the read). A refused save removes its chunks at once; the
+chunks of a save whose outcome is unknown go with the next save that lands; whatever a leader
+left unnamed (it died, or lost its lease, between writing chunks and naming them) is removed by
+the next leader when it starts leading (`collect_garbage`). A batch of key-value changes goes in
+transactions of at most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically, and
+the batch is acknowledged once all of them are.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,10 +37,12 @@ from typing import Any
 import xxhash
 
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.scheduler.etcd_client import EtcdConnection
+from cluster.scheduler.etcd_client import EtcdConnection, describe
 from cluster.scheduler.etcd_election import EtcdElection
 from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
+
+log = logging.getLogger("cluster.scheduler")
 
 INLINE = b"\x00"
 CHUNKED = b"\x01"
@@ -45,6 +51,8 @@ CHUNK_BYTES = 1024 * 1024
 TXN_BYTES = 1024 * 1024
 TXN_OPS = 64
 PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
+READ_TRIES = 3  # reads of a value whose chunks' revision etcd compacted meanwhile
+UNKNOWN_KEPT = 16  # chunk sets of saves with an unknown outcome, removed by the next one
 
 
 # A transaction's comparisons and operations, built on the client's `transactions` when sent.
@@ -99,7 +107,14 @@ class EtcdStore:
         self.kv_prefix = prefix + b"kv/"
         self.kv_blobs = prefix + b"kvblob/"
         self._advice = f"delete it (etcdctl del {self.state_key.decode()}) to start a new job"
+        self._torn_advice = (
+            f"check that no scheduler leads the job (etcdctl get {prefix.decode()}leader shows "
+            f"no key) and then {self._advice}"
+        )
         self._state_blob: str | None = None  # the chunks of the stored state, if any
+        # Chunks of this scheduler's state saves whose outcome is unknown: unnamed once a
+        # later save lands.
+        self._unknown_blobs: set[str] = set()
         self._kv_blob: dict[str, str] = {}  # key-value keys stored as chunks -> their id
 
     # -- holding ---------------------------------------------------------------------------
@@ -147,54 +162,102 @@ class EtcdStore:
     # -- the state -------------------------------------------------------------------------
 
     async def load(self) -> Stored:
-        got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
-        if got is None:
-            self._state_blob = None
-            return Stored(None, "")
-        return await self._decode_state(got.value, got.mod_revision)
+        for _ in range(READ_TRIES):
+            got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
+            if got is None:
+                self._state_blob = None
+                return Stored(None, "")
+            stored = await self._decode_state(got.value, got.mod_revision, got.header.revision)
+            if stored is not None:
+                return stored
+        raise StateFileError(
+            f"cannot read the state in {self.where}: etcd compacted its revision before its "
+            f"chunks were read, {READ_TRIES} times"
+        )
 
-    async def _decode_state(self, raw: bytes, revision: int) -> Stored:
+    async def _decode_state(self, raw: bytes, revision: int, read_at: int) -> Stored | None:
+        """The state `raw` holds (its chunks read at revision `read_at`); None when etcd
+        compacted that revision meanwhile."""
         where = f"{self.where} (key {self.state_key.decode()})"
-        data, blob = await self._value(raw, self.state_blobs, where, self._advice)
+        value = await self._value(raw, read_at, self.state_blobs, where, self._torn_advice)
+        if value is None:
+            return None
+        data, blob = value
         snapshot = store.decode(data, SCHEDULER_KIND, where, self._advice)
         self._state_blob = blob
         return Stored(snapshot, str(revision))
 
     async def save(self, snapshot: dict[str, Any], token: str) -> Written:
         fence = self._fence()
+        unknown = self._unknown_blobs
         value, blob = await self._stored_form(
-            store.encode(SCHEDULER_KIND, snapshot), self.state_blobs, fence
+            store.encode(SCHEDULER_KIND, snapshot), self.state_blobs, fence, unknown
         )
         leader, state = self.election.leader_key, self.state_key
-        success = [lambda t: t.put(state, value)]
-        old = self._state_blob
-        if old is not None and old != blob:
-            old_chunks = self.state_blobs + old.encode() + b"/"
-            success.append(lambda t: t.delete(old_chunks, range_end=range_end(old_chunks)))
+        unnamed = {b for b in (self._state_blob, *unknown) if b is not None and b != blob}
+        gone = [self._chunks_gone(self.state_blobs, b) for b in unnamed]
         ok, responses = await self._txn(
-            [lambda t: t.create(leader) == fence, lambda t: t.mod(state) == int(token or 0)],
-            [*success, lambda t: t.get(leader)],
-            [lambda t: t.get(leader), lambda t: t.get(state)],
+            [_created(leader, fence), _modified(state, int(token or 0))],
+            [_put(state, value), *gone, _get(leader)],
+            [_get(leader), _get(state)],
             "save the state",
-        )
+        )  # raising StateFileError: its outcome is unknown, its chunks stay in `unknown`
         if ok:
-            self._state_blob = blob
+            self._landed(blob, unnamed)
             revision = responses[-1][0][1].header.revision
             return Written(True, Stored(snapshot, str(revision)))
         self._fenced(responses, fence)
-        if not responses[1]:
+        raw, meta = responses[1][0] if responses[1] else (None, None)
+        if raw == value and meta is not None:
+            # Our own transaction, which landed once already: its answer was lost and it was
+            # sent again (to another member), where its compare no longer held.
+            self._landed(blob, unnamed)
+            return Written(True, Stored(snapshot, str(meta.mod_revision)))
+        await self._drop(self.state_blobs, blob, fence)
+        unknown.discard(blob or "")
+        if meta is None:
             self._state_blob = None
             return Written(False, Stored(None, ""))
-        raw, meta = responses[1][0]
-        return Written(False, await self._decode_state(raw, meta.mod_revision))
+        current = await self._decode_state(raw or b"", meta.mod_revision, meta.header.revision)
+        return Written(False, current or await self.load())
+
+    def _landed(self, blob: str | None, unnamed: set[str]) -> None:
+        """A state save naming chunks `blob` landed, removing chunk sets `unnamed`."""
+        self._state_blob = blob
+        self._unknown_blobs -= {*unnamed, blob or ""}
+
+    def _chunks_gone(self, blobs: bytes, blob: str) -> Op:
+        return _delete_prefix(blobs + blob.encode() + b"/")
+
+    async def _drop(self, blobs: bytes, blob: str | None, fence: int) -> None:
+        """Remove the chunks of a write that was refused (best effort: what stays is removed
+        by the next leader)."""
+        if blob is None:
+            return
+        try:
+            await self._txn(
+                [_created(self.election.leader_key, fence)],
+                [self._chunks_gone(blobs, blob)],
+                [],
+                "remove the chunks of a refused write",
+            )
+        except StateFileError as exc:
+            log.warning(
+                "cannot remove the chunks of a refused write (%s); the next leader does", exc
+            )
 
     # -- values and their chunks -----------------------------------------------------------
 
-    async def _stored_form(self, data: bytes, blobs: bytes, fence: int) -> tuple[bytes, str | None]:
-        """`data` as it goes in its key: inline, or a manifest of chunks written first."""
+    async def _stored_form(
+        self, data: bytes, blobs: bytes, fence: int, unknown: set[str] | None = None
+    ) -> tuple[bytes, str | None]:
+        """`data` as it goes in its key: inline, or a manifest of chunks written first (their
+        id is in `unknown` from before the first is written, while there is room)."""
         if len(data) <= INLINE_MAX_BYTES:
             return INLINE + data, None
         blob = uuid.uuid4().hex
+        if unknown is not None and len(unknown) < UNKNOWN_KEPT:
+            unknown.add(blob)
         leader = self.election.leader_key
         for n, start in enumerate(range(0, len(data), CHUNK_BYTES)):
             key = blobs + f"{blob}/{n:06d}".encode()
@@ -211,9 +274,10 @@ class EtcdStore:
         return CHUNKED + json.dumps(manifest).encode(), blob
 
     async def _value(
-        self, raw: bytes, blobs: bytes, where: str, advice: str
-    ) -> tuple[bytes, str | None]:
-        """The data a key holds (its chunks gathered and checked) and its chunks' id."""
+        self, raw: bytes, read_at: int, blobs: bytes, where: str, advice: str
+    ) -> tuple[bytes, str | None] | None:
+        """The data a key holds (its chunks gathered at revision `read_at`, the one the key was
+        read at, and checked) and its chunks' id; None when etcd compacted that revision."""
         if raw[:1] == INLINE:
             return raw[1:], None
         if raw[:1] != CHUNKED:
@@ -224,8 +288,12 @@ class EtcdStore:
         except (ValueError, KeyError, TypeError):
             raise StateFileError(f"{where} holds a torn chunk manifest: {advice}") from None
         chunks = blobs + blob.encode() + b"/"
-        found = await self.connection.call(lambda c: c.get_prefix(chunks), "read chunks")
-        data = b"".join(kv.value for kv in found)
+        found = await self.connection.call(
+            functools.partial(_chunks_at, start=chunks, revision=read_at), "read chunks"
+        )
+        if found is None:
+            return None
+        data = b"".join(kv.value for kv in found.kvs)
         if len(data) != size or xxhash.xxh3_128_hexdigest(data) != digest:
             raise StateFileError(
                 f"{where} names chunks that are missing or torn ({len(data)} of {size} bytes "
@@ -242,7 +310,6 @@ class EtcdStore:
         values: dict[str, bytes] = {}
         self._kv_blob = {}
         start, end = self.kv_prefix, range_end(self.kv_prefix)
-        advice = "delete it to go on without that key"
         while True:
             page = await self.connection.call(
                 functools.partial(_range, start=start, end=end, limit=PAGE_KEYS),
@@ -250,13 +317,36 @@ class EtcdStore:
             )
             for kv in page.kvs:
                 key = kv.key[len(self.kv_prefix) :].decode(errors="replace")
-                where = f"{self.where} (key-value key {key!r})"
-                values[key], blob = await self._value(kv.value, self.kv_blobs, where, advice)
+                got = await self._kv_value(key, kv.value, page.header.revision)
+                if got is None:
+                    continue  # deleted meanwhile
+                values[key], blob = got
                 if blob is not None:
                     self._kv_blob[key] = blob
             if not page.more or not page.kvs:
                 return values
             start = page.kvs[-1].key + b"\x00"
+
+    async def _kv_value(
+        self, key: str, raw: bytes, read_at: int
+    ) -> tuple[bytes, str | None] | None:
+        """The value of key-value key `key`, read as `raw` at revision `read_at`; read again
+        when etcd compacted that revision before its chunks were read; None once it is gone."""
+        where = f"{self.where} (key-value key {key!r})"
+        advice = "delete it to go on without that key"
+        name = self.kv_prefix + key.encode()
+        for _ in range(READ_TRIES):
+            value = await self._value(raw, read_at, self.kv_blobs, where, advice)
+            if value is not None:
+                return value
+            got = await self.connection.call(lambda c: c.get(name), "read a key-value key")
+            if got is None:
+                return None
+            raw, read_at = got.value, got.header.revision
+        raise StateFileError(
+            f"cannot read {where}: etcd compacted its revision before its chunks were read, "
+            f"{READ_TRIES} times"
+        )
 
     async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
         fence = self._fence()
@@ -291,6 +381,8 @@ class EtcdStore:
         )
         if not ok:
             self._fenced(responses, fence)
+            for blob in written.values():
+                await self._drop(self.kv_blobs, blob, fence)
             raise FencedError(
                 f"the key-value store in {self.where} is no longer job {job}'s: another "
                 "scheduler started a new job there"
@@ -320,11 +412,13 @@ class EtcdStore:
         self._kv_blob = {}
 
     async def collect_garbage(self) -> int:
-        """Remove chunks no key names (a leader died between writing them and naming them);
-        the number of chunk sets removed."""
+        """Remove the chunks no key names (a leader died, lost its lease, or lost a save's
+        answer between writing chunks and naming them); the number of chunk sets removed.
+        Only while no save of this scheduler is under way (a save's chunks are unnamed until
+        it lands): a new leader calls it after its first save, before saving in the background.
+        The named ones are those this store read or wrote (`load`, `load_kv`, saves)."""
         fence = self._fence()
-        named = set(self._kv_blob.values()) | {self._state_blob}
-        leader = self.election.leader_key
+        named = {*self._kv_blob.values(), self._state_blob}
         removed = 0
         for blobs in (self.state_blobs, self.kv_blobs):
             found = await self.connection.call(
@@ -332,25 +426,46 @@ class EtcdStore:
                 "list chunks",
             )
             ids = {kv.key[len(blobs) :].split(b"/", 1)[0].decode() for kv in found.kvs}
-            for blob in ids - named:
-                chunks = blobs + blob.encode() + b"/"
+            unnamed = sorted(ids - named)
+            for first in range(0, len(unnamed), TXN_OPS):
+                batch = unnamed[first : first + TXN_OPS]
                 ok, responses = await self._txn(
-                    [_created(leader, fence)],
-                    [_delete_prefix(chunks)],
-                    [_get(leader)],
+                    [_created(self.election.leader_key, fence)],
+                    [self._chunks_gone(blobs, blob) for blob in batch],
+                    [_get(self.election.leader_key)],
                     "remove unnamed chunks",
                 )
                 if not ok:
                     self._fenced(responses, fence)
-                removed += 1
+                removed += len(batch)
+        self._unknown_blobs.clear()
         return removed
 
 
 async def _range(
-    client: Any, *, start: bytes, end: bytes, limit: int = 0, keys_only: bool = False
+    client: Any,
+    *,
+    start: bytes,
+    end: bytes,
+    limit: int = 0,
+    keys_only: bool = False,
+    revision: int = 0,
 ) -> Any:
-    """One page of a range read (aetcd's get_prefix reads it all at once)."""
+    """One page of a range read (aetcd's get_prefix reads it all at once), at `revision` (0:
+    the latest)."""
     from aetcd import rpc  # noqa: PLC0415 - aetcd only when an etcd URL is used
 
-    request = rpc.RangeRequest(key=start, range_end=end, limit=limit, keys_only=keys_only)
+    request = rpc.RangeRequest(
+        key=start, range_end=end, limit=limit, keys_only=keys_only, revision=revision
+    )
     return await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
+
+
+async def _chunks_at(client: Any, *, start: bytes, revision: int) -> Any:
+    """The keys under `start` as they were at `revision`; None when etcd compacted it."""
+    try:
+        return await _range(client, start=start, end=range_end(start), revision=revision)
+    except Exception as exc:
+        if "compacted" in describe(exc):
+            return None
+        raise

@@ -20,7 +20,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from cluster.protocol.errors import ConfigError, NotLeaderError, SnapshotError, StateFileError
+from cluster.protocol.errors import (
+    ConfigError,
+    FencedError,
+    NotLeaderError,
+    SnapshotError,
+    StateFileError,
+)
 from cluster.protocol.leadership import Leadership
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.leading import Leading
@@ -35,6 +41,8 @@ log = logging.getLogger("cluster.scheduler")
 
 # A leader stopped by a signal: how long it waits for the job's end to be saved.
 STOP_SAVE_WAIT_S = 3.0
+# A new leader: how long it spends removing the chunks no key names, before it serves.
+GARBAGE_WAIT_S = 10.0
 _ENDED = (Phase.FINISHED.value, Phase.FAILED.value)
 
 
@@ -105,6 +113,7 @@ class HighAvailability:
             self._finish(ended[1])
             return
         await core.save_first()  # fenced: lands only while our leader key stands
+        await _collect_garbage(server.store)  # before saves run in the background
         core.on_fenced = self._on_fenced
         await server.install(core)
         term = self.leadership.terms
@@ -210,6 +219,26 @@ def _check_resumable(
         raise ConfigError(
             f"{name}={where!r} cannot be used: {exc} (or give this job a prefix of its own)"
         ) from None
+
+
+async def _collect_garbage(store: object) -> None:
+    """Remove the chunks in etcd that no key names (best effort, bounded: what stays is
+    removed by the next leader); FencedError when this scheduler no longer leads."""
+    from cluster.scheduler.etcd_store import EtcdStore  # noqa: PLC0415 - etcd stores only
+
+    if not isinstance(store, EtcdStore):
+        return
+    try:
+        removed = await asyncio.wait_for(store.collect_garbage(), GARBAGE_WAIT_S)
+    except FencedError:
+        raise
+    except (StateFileError, TimeoutError) as exc:
+        log.warning(
+            "cannot remove the chunks no key names in %s: %s", store.where, str(exc) or "timed out"
+        )
+        return
+    if removed:
+        log.info("removed %d chunk sets no key names in %s", removed, store.where)
 
 
 def _advertised(host: str, port: int) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cluster.protocol.state_url import parse_state_url
 from cluster.testing import Process, free_port, wait_until
 from cluster.tools.status import scheduler_role
 from cluster.transport.failures import LEADER_KEY
@@ -408,3 +409,22 @@ def test_a_scheduler_whose_worker_count_differs_from_the_saved_job_is_one_line_a
     assert "MS_WORKER_NUM=2" in said
     assert "MS_WORKER_NUM=4" in said
     assert "Traceback" not in done.stderr
+
+
+def test_a_new_leader_removes_the_chunks_that_no_key_names(
+    processes: Procs, etcd_cluster: EtcdCluster
+) -> None:
+    """Chunks a leader wrote and never named (it died between writing and naming them) go when
+    the next leader starts leading: etcd does not grow with every such save."""
+    prefix = parse_state_url(etcd_cluster.state_url()).prefix
+    for orphan in ("stateblob/orphan/000000", "kvblob/orphan/000000"):
+        etcd_cluster.etcdctl("put", f"{prefix}{orphan}", "a chunk")
+    schedulers = Schedulers(processes, etcd_cluster)
+    schedulers.leader()
+
+    def orphans() -> str:
+        return etcd_cluster.etcdctl("get", "--prefix", "--keys-only", f"{prefix}stateblob/") + (
+            etcd_cluster.etcdctl("get", "--prefix", "--keys-only", f"{prefix}kvblob/")
+        )
+
+    wait_until(lambda: "orphan" not in orphans(), 30, "the unnamed chunks removed")

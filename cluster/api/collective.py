@@ -18,7 +18,8 @@ from typing import Any
 
 from cluster.api import runtime
 from cluster.api.worker_metrics import collective as timed
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.display import safe
+from cluster.protocol.errors import ClusterError, CollectiveError
 
 DEFAULT_WAIT_S = 300.0
 
@@ -157,32 +158,76 @@ def _array_header(raw: bytes) -> tuple[str, tuple[int, ...]]:
 class KeyValueStore:
     """The job's key-value store, shared by every node: set, get, wait, add.
 
-    Values are bytes (str is encoded as UTF-8). Counters made by `add` are stored as decimal
-    text, as in torch's TCPStore.
+    Keys are str. Values are bytes (str is encoded as UTF-8). Counters made by `add` are stored
+    as decimal text, as in torch's TCPStore. An argument of the wrong type is refused at once,
+    before anything is sent, with a CollectiveError naming it.
     """
 
     def set(self, key: str, value: bytes | str) -> None:
+        _check_key("set", key)
+        if isinstance(value, str):
+            data = value.encode()
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            data = bytes(value)
+        else:
+            raise _refused("set", "value", value, "bytes or str (encode other values: str(n))")
         session = runtime.session()
-        data = value.encode() if isinstance(value, str) else value
         session.call(session.agent.kv_set(key, data))
 
     def get(self, key: str) -> bytes:
         """The value of `key`; KeyError when it is not set (use wait to block for it)."""
+        _check_key("get", key)
         session = runtime.session()
         values, missing = session.call(session.agent.kv_get([key]))
         if missing:
             raise KeyError(key)
         return values[0]
 
-    def wait(self, keys: list[str], timeout_s: float = DEFAULT_WAIT_S) -> list[bytes]:
-        """Block until every key is set; their values, in order. CollectiveError on timeout."""
+    def wait(self, keys: str | list[str], timeout_s: float = DEFAULT_WAIT_S) -> list[bytes]:
+        """Block until every key is set; their values, in order. CollectiveError on timeout.
+
+        `keys` is a list of keys, as for TCPStore.wait; one str is one key: `wait("ready")`
+        waits for the key "ready" and returns its value as the list's one item."""
+        wanted = [keys] if isinstance(keys, str) else keys
+        if not isinstance(wanted, (list, tuple)):
+            raise _refused("wait", "keys", keys, "a list of str keys (or one str key)")
+        for key in wanted:
+            _check_key("wait", key)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+            raise _refused("wait", "timeout_s", timeout_s, "a number of seconds")
         session = runtime.session()
-        return session.call(session.agent.kv_wait(list(keys), timeout_s))
+        return session.call(session.agent.kv_wait(list(wanted), float(timeout_s)))
 
     def add(self, key: str, amount: int = 1) -> int:
-        """Add to a counter atomically (missing counts as 0); the new value."""
+        """Add `amount` (an int) to a counter atomically (missing counts as 0); the new value.
+        Counters are 64-bit integers."""
+        _check_key("add", key)
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            raise _refused("add", "amount", amount, "an int (counters are 64-bit integers)")
+        if not INT64_MIN <= amount <= INT64_MAX:
+            raise CollectiveError(
+                f"kv_store().add: amount={amount} is outside [{INT64_MIN}, {INT64_MAX}]: "
+                "counters are 64-bit integers"
+            )
         session = runtime.session()
         return session.call(session.agent.kv_add(key, amount))
+
+
+# The range of a counter of the store, and so of what one add may add.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _check_key(method: str, key: object) -> None:
+    if not isinstance(key, str):
+        raise _refused(method, "key", key, "a str")
+
+
+def _refused(method: str, name: str, value: object, must: str) -> CollectiveError:
+    """The error of a KeyValueStore call whose argument `name` is of the wrong type."""
+    shown = safe(repr(value), 60)
+    return CollectiveError(
+        f"kv_store().{method}: {name}={shown} is of type {type(value).__name__}; it must be {must}"
+    )
 
 
 def kv_store() -> KeyValueStore:

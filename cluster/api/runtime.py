@@ -24,6 +24,7 @@ from cluster.protocol import environment
 from cluster.protocol.config import ClusterConfig, ObserveConfig, Role, TLSOptions
 from cluster.protocol.display import SafeFormatter
 from cluster.protocol.errors import (
+    CheckpointError,
     ClusterError,
     ConfigError,
     NotInitializedError,
@@ -181,7 +182,10 @@ def configure_logging(who: str, observe: ObserveConfig | None = None) -> None:
 
 
 def finalize() -> None:
-    """Tell the scheduler this worker is done and close the connection. Safe to call twice."""
+    """Wait for the checkpoint writes queued, tell the scheduler this worker is done and close
+    the connection. Safe to call twice. A write that failed and was not raised yet (the last
+    save's) is raised here, as a CheckpointError, after the scheduler was told this worker
+    failed of it."""
     _close(finished=True)
 
 
@@ -197,12 +201,40 @@ def _finalize_at_exit() -> None:
         _exit_failed(error)
 
 
+def _flush_at_exit() -> None:
+    # Without a job (or after it was finalized), a program that returns right after its last
+    # save still learns that the write failed: the one line, exit 1.
+    if excepthook.crashed:
+        return  # the process ends of its own error; the write's was logged when it failed
+    error = _flush_writes()
+    if error is not None:
+        _exit_failed(error)
+
+
+atexit.register(_flush_at_exit)  # before init()'s _finalize_at_exit, so it runs after it
+
+
+def _flush_writes() -> ClusterError | None:
+    """Wait for every background writer (checkpoints); the error of a write that failed and was
+    not raised yet, None when there is none."""
+    from cluster.storage import background  # noqa: PLC0415 - only where writers are used
+
+    try:
+        background.flush_all()
+    except ClusterError as error:
+        return error
+    except Exception as error:  # a writer's job failed of a bug: still a failure
+        return CheckpointError(f"a checkpoint write failed: {excepthook.error_line(error)}")
+    return None
+
+
 def _exit_failed(error: ClusterError) -> None:
     """End a process whose program returned while its job failed as an uncaught error ends it:
     one line, the other atexit handlers, exit 1. Python keeps the exit status it had when the
     program returned (an exception in an atexit callback is only printed), hence `os._exit`."""
     excepthook.say(error)
     atexit.unregister(_finalize_at_exit)
+    atexit.unregister(_flush_at_exit)
     # The handlers registered before init() run as at any exit; those registered after it
     # (run before this one) run again, as atexit cannot tell them apart.
     atexit._run_exitfuncs()
@@ -216,13 +248,20 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
     global _session
     with _lock:
         current, _session = _session, None
-    if current is not None:
-        if finished:  # after a crash a closer may block on what failed (a hung NCCL call)
-            _run(_closers, "closing what this worker opened for the job")
-        # The scheduler learns of a crash first.
-        current.finalize(finished=finished, failure=None if finished else failure)
-        if not finished:
-            _run(_aborters, "aborting what this worker opened for the job")
+    if current is None:
+        return
+    # After a crash neither the writes nor a closer are waited for: they may block on what
+    # failed (a stuck disk, a hung NCCL call).
+    error = _flush_writes() if finished else None
+    if finished:
+        _run(_closers, "closing what this worker opened for the job")
+    if error is not None:  # this worker's part is not done: the scheduler hears why
+        current.finalize(finished=False, failure=excepthook.error_line(error))
+        raise error
+    # The scheduler learns of a crash first.
+    current.finalize(finished=finished, failure=None if finished else failure)
+    if not finished:
+        _run(_aborters, "aborting what this worker opened for the job")
 
 
 def is_initialized() -> bool:

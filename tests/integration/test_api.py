@@ -62,6 +62,20 @@ def test_public_api_in_real_workers(processes: Procs) -> None:
     assert all(s["gathered"] == [{"rank": r, "peers": 3} for r in range(3)] for s in seen)
     assert all(s["missing"] == "KeyError" for s in seen)
     assert all("still missing 'never-set'" in s["wait_timeout"] for s in seen)
+    assert all(s["one_key"] == ["yes"] for s in seen)
+    # A wrong argument is refused at once, in the caller, naming it; the counter is untouched.
+    assert seen[0]["refused"] == {
+        "set": "CollectiveError: kv_store().set: value=5 is of type int; it must be bytes or "
+        "str (encode other values: str(n))",
+        "add": "CollectiveError: kv_store().add: amount=1.5 is of type float; it must be an "
+        "int (counters are 64-bit integers)",
+        "add_big": f"CollectiveError: kv_store().add: amount={2**63} is outside "
+        f"[{-(2**63)}, {2**63 - 1}]: counters are 64-bit integers",
+        "get": "CollectiveError: kv_store().get: key=3 is of type int; it must be a str",
+        "wait": "CollectiveError: kv_store().wait: key=3 is of type int; it must be a str",
+        "wait_timeout": "CollectiveError: kv_store().wait: timeout_s='30' is of type str; it "
+        "must be a number of seconds",
+    }
 
 
 @pytest.mark.parametrize(

@@ -238,3 +238,64 @@ def test_a_worker_whose_node_file_cannot_be_written_says_so_once_and_goes_on(
         assert len(lines) == 1, worker.stderr
         assert str(disk / "worker-0.json") in lines[0]
         assert "Traceback" not in worker.stderr
+
+
+SAVE_AND_RETURN = str(ROOT / "tests" / "integration" / "scripts" / "save_and_return.py")
+
+
+def assert_failed_of_the_write(result: subprocess.CompletedProcess[str], disk: Path) -> None:
+    """Exit 1 with one `cluster: CheckpointError` line naming the file and the cause (and the
+    writer's log line of it); nothing reported as held."""
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "saved" in result.stdout
+    lines = [line for line in result.stderr.splitlines() if "CheckpointError" in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("cluster: CheckpointError: cannot save the checkpoint of step 1 ")
+    assert str(disk / "rank_0" / "model-00000001.ckpt") in lines[0]
+    assert NO_SPACE in lines[0]
+    logged = [line for line in result.stderr.splitlines() if "checkpoint-writer-model" in line]
+    assert len(logged) == 1, result.stderr
+    assert NO_SPACE in logged[0]
+    assert "Traceback" not in result.stderr
+    assert list((disk / "rank_0").iterdir()) == []
+
+
+def test_a_program_that_returns_after_a_save_the_disk_refuses_exits_1() -> None:
+    """No job, no flush(): the write fails after the program returned, and still ends it."""
+    with tmpfs.mounted("256k") as disk:
+        result = subprocess.run(
+            [PYTHON, SAVE_AND_RETURN, str(disk)],
+            env=job_env(1, free_port()),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert_failed_of_the_write(result, disk)
+
+
+def test_a_worker_that_returns_after_a_save_the_disk_refuses_fails_the_job() -> None:
+    """In a job, the finalize at exit waits for the write and tells the scheduler the worker
+    failed of it, instead of finished."""
+    with tmpfs.mounted("256k") as disk:
+        env = job_env(1, free_port(), MS_NODE_ID="0", MS_TOPO_TIMEOUT="30")
+        scheduler = subprocess.Popen(
+            [PYTHON, SAVE_AND_RETURN, str(disk), "--job"],
+            env={**env, "MS_ROLE": "MS_SCHED"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            worker = subprocess.run(
+                [PYTHON, SAVE_AND_RETURN, str(disk), "--job"],
+                env={**env, "MS_ROLE": "MS_WORKER"},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            _, scheduler_err = scheduler.communicate(timeout=30)
+        assert_failed_of_the_write(worker, disk)
+        assert scheduler.returncode == 1, scheduler_err
+        assert "CheckpointError: cannot save the checkpoint of step 1" in scheduler_err

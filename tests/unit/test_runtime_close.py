@@ -9,6 +9,8 @@ import gc
 import pytest
 
 from cluster.api import runtime
+from cluster.protocol.errors import CheckpointError
+from cluster.storage.background import BackgroundWriter
 
 
 class Session:
@@ -85,3 +87,22 @@ def test_a_worker_at_exit_leaves_the_collector_alone(calls: list[str]) -> None:
     runtime._finalize_at_exit()
     assert calls == ["finalizing at exit", "closed", "scheduler told finished=True"]
     assert gc.get_freeze_count() == 0
+
+
+def test_a_write_that_failed_unraised_fails_the_finalize(calls: list[str]) -> None:
+    """A background write (a checkpoint's) that failed after the last save: the finalize waits
+    for it, tells the scheduler the worker failed of it, and raises it."""
+    writer = BackgroundWriter("test-writer")
+
+    def full_disk() -> None:
+        raise CheckpointError("cannot save the checkpoint of step 3 (No space left on device)")
+
+    writer.submit(full_disk)
+    with pytest.raises(CheckpointError, match=r"step 3 \(No space left on device\)"):
+        runtime._close(finished=True)
+    assert calls == [
+        "closed",
+        "scheduler told finished=False failure=cluster.protocol.errors.CheckpointError: "
+        "cannot save the checkpoint of step 3 (No space left on device)",
+    ]
+    writer.flush()  # raised once: nothing is left to raise

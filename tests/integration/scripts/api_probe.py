@@ -26,6 +26,22 @@ try:
     wait_timeout = "no error"
 except cluster.CollectiveError as exc:
     wait_timeout = str(exc)
+kv.set(f"ready/{rank}", "yes")
+one_key = [v.decode() for v in kv.wait(f"ready/{rank}", timeout_s=30)]  # one str: one key
+refused = {}
+for name, bad_call in {
+    "set": lambda: kv.set("k", 5),  # type: ignore[arg-type]
+    "add": lambda: kv.add("k", 1.5),  # type: ignore[arg-type]
+    "add_big": lambda: kv.add("k", 2**63),
+    "get": lambda: kv.get(3),  # type: ignore[arg-type]
+    "wait": lambda: kv.wait(["k", 3], timeout_s=30),  # type: ignore[list-item]
+    "wait_timeout": lambda: kv.wait("k", timeout_s="30"),  # type: ignore[arg-type]
+}.items():
+    try:
+        bad_call()
+        refused[name] = "no error"
+    except cluster.ClusterError as exc:
+        refused[name] = f"{type(exc).__name__}: {exc}"
 print(
     json.dumps(
         {
@@ -44,6 +60,8 @@ print(
             "gathered": gathered,
             "missing": missing,
             "wait_timeout": wait_timeout,
+            "one_key": one_key,
+            "refused": refused,
         }
     ),
     flush=True,

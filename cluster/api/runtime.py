@@ -216,7 +216,9 @@ atexit.register(_flush_at_exit)  # before init()'s _finalize_at_exit, so it runs
 
 def _flush_writes() -> ClusterError | None:
     """Wait for every background writer (checkpoints); the error of a write that failed and was
-    not raised yet, None when there is none."""
+    not raised yet, None when there is none (and no writer where none was imported)."""
+    if "cluster.storage.background" not in sys.modules:
+        return None  # no writer was made: nothing to import at exit
     from cluster.storage import background  # noqa: PLC0415 - only where writers are used
 
     try:

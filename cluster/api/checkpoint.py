@@ -106,9 +106,10 @@ class CheckpointManager:
     """Saves, prunes, lists and loads the checkpoints of one rank under `directory/rank_<r>/`.
 
     One process writes a rank's directory at a time (the rank's worker); `rank` defaults to
-    `cluster.get_rank()` after `cluster.init()`, else 0, and `recovery` to whether recovery is
-    on. `report` receives the steps held after every checkpoint written; the default, after
-    `cluster.init()`, tells the scheduler (a `TrainingLoop` connects a manager made before).
+    `cluster.get_rank()`, and `recovery` to whether recovery is on. `report` receives the steps
+    held after every checkpoint written; the default tells the scheduler. A manager made before
+    `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
+    `TrainingLoop`, or at its first save, load or listing in the job (`connect`).
     """
 
     def __init__(
@@ -129,9 +130,14 @@ class CheckpointManager:
         if not isinstance(config, CheckpointConfig):
             raise ConfigError(f"config={config!r} is not a CheckpointConfig")
         in_job = runtime.is_initialized()
-        self.rank = (runtime.get_rank() if in_job else 0) if rank is None else rank
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+        chosen = (runtime.get_rank() if in_job else 0) if rank is None else rank
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 0:
             raise ConfigError(f"checkpoint rank={rank!r} is invalid: it must be an integer >= 0")
+        # Made before cluster.init(): the job's rank (unless `rank` is given) and report are
+        # taken by `connect`; `_used`: files were saved or read as `chosen` meanwhile.
+        self._connecting = not in_job
+        self._rank_given = rank is not None
+        self._used = False
         self.recovery = _recovery_on() if recovery is None else recovery
         if self.recovery and config.keep_checkpoint_max < 2:
             raise ConfigError(
@@ -142,17 +148,24 @@ class CheckpointManager:
         self.prefix = prefix
         self.config = config
         self.root = Path(directory)
-        self.directory = checkpoint_files.rank_directory(self.root, self.rank)
         self.report: Report | None = report or (runtime.report_checkpoints if in_job else None)
         self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
         self._pool = SnapshotPool(_SNAPSHOTS)
-        self._writer = BackgroundWriter(f"checkpoint-writer-{prefix}-rank{self.rank}")
         self._saves = 0
         self._pause_s = 0.0
         # A step every rank holds, as the scheduler last answered a report (0: none heard).
         self._held_by_all = 0
-        # What this rank offers to peers that take a rank without its checkpoints.
-        self.served = ServedCheckpoints(self.root, prefix, self.rank)
+        self._offered = False
+        self._place(chosen)
+        self._serve_peers()
+
+    def _place(self, rank: int) -> None:
+        """Be the manager of `rank`: its directory, its writer, what it offers to peers that
+        take a rank without its checkpoints."""
+        self.rank = rank
+        self.directory = checkpoint_files.rank_directory(self.root, rank)
+        self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
+        self.served = ServedCheckpoints(self.root, self.prefix, rank)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -160,10 +173,37 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
-        self._offered = False
-        self._serve_peers()
+
+    def connect(self) -> None:
+        """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
+        was given) and reports to the scheduler (unless `report` was given); nothing otherwise.
+
+        ConfigError when it saved or read checkpoints as rank 0 before `cluster.init()` and the
+        job's rank is another: those were another rank's files."""
+        if not self._connecting or not runtime.is_initialized():
+            return
+        job_rank = runtime.get_rank()
+        if not self._rank_given and job_rank != self.rank:
+            if self._used:
+                raise ConfigError(
+                    f"this CheckpointManager ({self.root}, prefix {self.prefix!r}) saved or read "
+                    f"checkpoints as rank {self.rank} before cluster.init(), but this worker is "
+                    f"rank {job_rank}: make the manager after cluster.init(), or pass rank="
+                )
+            self._place(job_rank)
+        if self.report is None:
+            self.report = runtime.report_checkpoints
+        self._connecting = False
+
+    def _begin(self) -> None:
+        """Before a save, load or listing: connected in a job; before it, this rank's files are
+        in use."""
+        if self._connecting:
+            self.connect()
+            self._used = self._connecting
 
     def path(self, step: int) -> Path:
+        self.connect()
         return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
 
     def should_save(self, step: int) -> bool:
@@ -181,6 +221,7 @@ class CheckpointManager:
         was rolled back to an older step, and the job must not restart from them.
         """
         start = time.perf_counter()
+        self._begin()
         self._serve_peers()
         path = self.path(step)
         encoded = checkpoint_tree.encode(state)  # a bad state is refused here, in the caller
@@ -286,6 +327,7 @@ class CheckpointManager:
         """Remove this rank's checkpoints newer than `step` and report what is left: after a
         rollback to `step` they belong to the abandoned run, and must not be named as a rollback
         step again before this rank's next save replaces them."""
+        self._begin()
         self._writer.wait()
         removed = False
         for newer, path in self._files().items():
@@ -300,6 +342,7 @@ class CheckpointManager:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
         are written (a cheap check of each file: its preamble, size and footer; `load`
         verifies the checksum)."""
+        self._begin()
         self._writer.wait()
         return self._complete_steps()
 
@@ -309,6 +352,7 @@ class CheckpointManager:
 
         In a job with recovery on, a file that is missing here (a spare that took this rank, a
         worker restarted on another host) is fetched from a live peer first (see `fetch`)."""
+        self._begin()
         self._writer.wait()
         path = self.path(step)
         if not path.exists():
@@ -318,7 +362,8 @@ class CheckpointManager:
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
                 f"{self._complete_steps()}"
             )
-        return checkpoint_files.read(path, step)
+        # Replicas: a peer's file, fetched as this rank's, will do.
+        return checkpoint_files.read(path, step, rank=None if self.config.replicated else self.rank)
 
     def fetch(self, step: int) -> Path:
         """Get this rank's checkpoint of `step` from a live peer of the job, verify it and
@@ -330,6 +375,7 @@ class CheckpointManager:
         bytes do not verify, is left for the next; nothing half-written is left. Needs a job
         with recovery on; CheckpointError naming the rank, the step and the places looked at
         when no peer has it."""
+        self._begin()
         self._writer.wait()
         if not self._serve_peers():
             raise CheckpointError(
@@ -372,6 +418,7 @@ class CheckpointManager:
 
         A corrupt checkpoint is skipped with a warning naming the file, never loaded.
         """
+        self._begin()
         self._writer.wait()
         for step in sorted(self._files(), reverse=True):
             try:

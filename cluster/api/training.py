@@ -67,8 +67,7 @@ class TrainingLoop:
             raise ClusterError(f"TrainingLoop steps={steps} must be >= 0")
         self.steps = steps
         self.checkpoints = checkpoints
-        if checkpoints.report is None:  # made before cluster.init(): the scheduler must know
-            checkpoints.report = runtime.report_checkpoints
+        checkpoints.connect()  # one made before cluster.init(): the job's rank and scheduler
         self._get_state = get_state
         self._set_state = set_state
         self._say = say or _say

@@ -41,6 +41,13 @@ from cluster.storage.snapshot import Snapshot, SnapshotPool
 
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
+# The fewest steps a rank keeps, with recovery on, until a report is answered with a step every
+# rank holds (`_prune`). A rank's writer is at most _SNAPSHOTS saves behind its loop (a save
+# waits until the one two saves before is written and reported), and its loop at most one save
+# behind another rank's (each step's collectives): its newest step reported is at most
+# _SNAPSHOTS + 1 saves older than the step another rank writes, so among that rank's newest
+# _SNAPSHOTS + 2 the ranks hold a step in common.
+_UNHEARD_KEEP = _SNAPSHOTS + 2
 # 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
 # (benchmarks/RESULTS.md); larger states opt in.
 MEMORY_SNAPSHOT_DEFAULT = 1 << 30
@@ -142,8 +149,8 @@ class CheckpointManager:
         if self.recovery and config.keep_checkpoint_max < 2:
             raise ConfigError(
                 f"CheckpointConfig keep_checkpoint_max={config.keep_checkpoint_max} is too small "
-                "with recovery on: it must be >= 2, because the newest step every rank holds may "
-                "be one older than this rank's newest"
+                "with recovery on: it must be >= 2, because the newest step every rank holds, "
+                "where the job rolls back to, is often older than this rank's newest"
             )
         self.prefix = prefix
         self.config = config
@@ -453,12 +460,20 @@ class CheckpointManager:
     def _prune(self, step: int) -> None:
         """Keep the newest `keep_checkpoint_max` complete steps up to `step`, and every step from
         the one every rank holds (as last heard) on: this rank's writer runs ahead of the other
-        ranks' reports, and the newest step they all hold is where the job rolls back to."""
+        ranks' reports, and the newest step they all hold is where the job rolls back to.
+
+        With recovery on, until a report has been answered with such a step (at the start: the
+        scheduler answers 0 while a rank holds none, and the same answer for a second), the
+        newest `_UNHEARD_KEEP` at least: a slower rank's newest step is among them (see there).
+        """
         files = self._files()
         complete = [
             s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
         ]
-        keep = set(complete[-self.config.keep_checkpoint_max :])
+        count = self.config.keep_checkpoint_max
+        if self.recovery and self.report is not None and not self._held_by_all:
+            count = max(count, _UNHEARD_KEEP)
+        keep = set(complete[-count:])
         keep.update(s for s in complete if s >= self._held_by_all > 0)
         for old_step, path in files.items():
             if old_step not in keep:

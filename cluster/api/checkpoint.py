@@ -312,8 +312,10 @@ class CheckpointManager:
             self._remove_temporaries()
             checkpoint_files.write(path, snapshot.step, snapshot.chunks())
             snapshot.persisted = True
-            self._prune(snapshot.step)
-            self._send_report(path, snapshot.step)
+            try:
+                self._prune(snapshot.step)
+            finally:  # the file is whole: reported even when an older one could not be removed
+                self._send_report(path, snapshot.step)
         finally:
             self._pool.release(snapshot)
 
@@ -327,6 +329,12 @@ class CheckpointManager:
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
                 f"not be reported: {exc}"
             ) from None
+        except Exception as exc:  # a session closed under the writer: its call cancelled, ...
+            raise CheckpointError(
+                f"the checkpoint of step {step} is saved ({path}), but the steps held could "
+                f"not be reported ({type(exc).__name__}: {exc}): save and flush checkpoints "
+                "between cluster.init() and cluster.finalize()"
+            ) from exc
 
     # -- what is on disk ---------------------------------------------------------------------
 
@@ -339,8 +347,7 @@ class CheckpointManager:
         removed = False
         for newer, path in self._files().items():
             if newer > step:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                _remove(path)
                 removed = True
         if removed and self.report is not None:
             self._heard(self.report(self._complete_steps()))
@@ -439,18 +446,26 @@ class CheckpointManager:
         return sorted(s for s, path in files.items() if checkpoint_files.looks_complete(path))
 
     def _files(self) -> dict[int, Path]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return {}
         files = {}
-        for name in names:
+        for name in self._names():
             match = self._name_re.match(name)
             step = int(match.group(1)) if match else 0
             # Only the canonical spelling: 'p-000000001.ckpt' is not the file of step 1.
             if step >= 1 and name == checkpoint_files.file_name(self.prefix, step):
                 files[step] = self.directory / name
         return files
+
+    def _names(self) -> list[str]:
+        """The names in this rank's directory (none when it is gone)."""
+        try:
+            return os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot list the checkpoint directory {self.directory} ({exc.strerror}): it must "
+                "be a directory this process can read and write"
+            ) from None
 
     def _heard(self, held_by_all: int | None) -> None:
         """The scheduler's answer to a report: a step every rank holds, kept from now on."""
@@ -477,18 +492,30 @@ class CheckpointManager:
         keep.update(s for s in complete if s >= self._held_by_all > 0)
         for old_step, path in files.items():
             if old_step not in keep:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                _remove(path)
 
     def _remove_temporaries(self) -> None:
         """Temporaries left by a save that was killed (one process writes a rank's directory)."""
         # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
         stem = rf"\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}"
         stale = re.compile(stem + atomic.TEMPORARY_TAIL)
-        for name in os.listdir(self.directory):
+        for name in self._names():
             if stale.fullmatch(name):
                 with contextlib.suppress(OSError):
                     (self.directory / name).unlink()
+
+
+def _remove(path: Path) -> None:
+    """Remove the checkpoint `path` (one gone already is fine)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot remove the checkpoint {path} ({exc.strerror}): it must be a file this "
+            f"process can remove from {path.parent}; remove it by hand"
+        ) from None
 
 
 def _check_step(step: int) -> int:

@@ -41,6 +41,13 @@ from cluster.storage.snapshot import Snapshot, SnapshotPool
 
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
+# The fewest steps a rank keeps, with recovery on, until a report is answered with a step every
+# rank holds (`_prune`). A rank's writer is at most _SNAPSHOTS saves behind its loop (a save
+# waits until the one two saves before is written and reported), and its loop at most one save
+# behind another rank's (each step's collectives): its newest step reported is at most
+# _SNAPSHOTS + 1 saves older than the step another rank writes, so among that rank's newest
+# _SNAPSHOTS + 2 the ranks hold a step in common.
+_UNHEARD_KEEP = _SNAPSHOTS + 2
 # 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
 # (benchmarks/RESULTS.md); larger states opt in.
 MEMORY_SNAPSHOT_DEFAULT = 1 << 30
@@ -106,9 +113,10 @@ class CheckpointManager:
     """Saves, prunes, lists and loads the checkpoints of one rank under `directory/rank_<r>/`.
 
     One process writes a rank's directory at a time (the rank's worker); `rank` defaults to
-    `cluster.get_rank()` after `cluster.init()`, else 0, and `recovery` to whether recovery is
-    on. `report` receives the steps held after every checkpoint written; the default, after
-    `cluster.init()`, tells the scheduler (a `TrainingLoop` connects a manager made before).
+    `cluster.get_rank()`, and `recovery` to whether recovery is on. `report` receives the steps
+    held after every checkpoint written; the default tells the scheduler. A manager made before
+    `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
+    `TrainingLoop`, or at its first save, load or listing in the job (`connect`).
     """
 
     def __init__(
@@ -129,30 +137,42 @@ class CheckpointManager:
         if not isinstance(config, CheckpointConfig):
             raise ConfigError(f"config={config!r} is not a CheckpointConfig")
         in_job = runtime.is_initialized()
-        self.rank = (runtime.get_rank() if in_job else 0) if rank is None else rank
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+        chosen = (runtime.get_rank() if in_job else 0) if rank is None else rank
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen < 0:
             raise ConfigError(f"checkpoint rank={rank!r} is invalid: it must be an integer >= 0")
+        # Made before cluster.init(): the job's rank (unless `rank` is given) and report are
+        # taken by `connect`; `_used`: files were saved or read as `chosen` meanwhile.
+        self._connecting = not in_job
+        self._rank_given = rank is not None
+        self._used = False
         self.recovery = _recovery_on() if recovery is None else recovery
         if self.recovery and config.keep_checkpoint_max < 2:
             raise ConfigError(
                 f"CheckpointConfig keep_checkpoint_max={config.keep_checkpoint_max} is too small "
-                "with recovery on: it must be >= 2, because the newest step every rank holds may "
-                "be one older than this rank's newest"
+                "with recovery on: it must be >= 2, because the newest step every rank holds, "
+                "where the job rolls back to, is often older than this rank's newest"
             )
         self.prefix = prefix
         self.config = config
         self.root = Path(directory)
-        self.directory = checkpoint_files.rank_directory(self.root, self.rank)
         self.report: Report | None = report or (runtime.report_checkpoints if in_job else None)
         self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
         self._pool = SnapshotPool(_SNAPSHOTS)
-        self._writer = BackgroundWriter(f"checkpoint-writer-{prefix}-rank{self.rank}")
         self._saves = 0
         self._pause_s = 0.0
         # A step every rank holds, as the scheduler last answered a report (0: none heard).
         self._held_by_all = 0
-        # What this rank offers to peers that take a rank without its checkpoints.
-        self.served = ServedCheckpoints(self.root, prefix, self.rank)
+        self._offered = False
+        self._place(chosen)
+        self._serve_peers()
+
+    def _place(self, rank: int) -> None:
+        """Be the manager of `rank`: its directory, its writer, what it offers to peers that
+        take a rank without its checkpoints."""
+        self.rank = rank
+        self.directory = checkpoint_files.rank_directory(self.root, rank)
+        self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
+        self.served = ServedCheckpoints(self.root, self.prefix, rank)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -160,10 +180,37 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
-        self._offered = False
-        self._serve_peers()
+
+    def connect(self) -> None:
+        """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
+        was given) and reports to the scheduler (unless `report` was given); nothing otherwise.
+
+        ConfigError when it saved or read checkpoints as rank 0 before `cluster.init()` and the
+        job's rank is another: those were another rank's files."""
+        if not self._connecting or not runtime.is_initialized():
+            return
+        job_rank = runtime.get_rank()
+        if not self._rank_given and job_rank != self.rank:
+            if self._used:
+                raise ConfigError(
+                    f"this CheckpointManager ({self.root}, prefix {self.prefix!r}) saved or read "
+                    f"checkpoints as rank {self.rank} before cluster.init(), but this worker is "
+                    f"rank {job_rank}: make the manager after cluster.init(), or pass rank="
+                )
+            self._place(job_rank)
+        if self.report is None:
+            self.report = runtime.report_checkpoints
+        self._connecting = False
+
+    def _begin(self) -> None:
+        """Before a save, load or listing: connected in a job; before it, this rank's files are
+        in use."""
+        if self._connecting:
+            self.connect()
+            self._used = self._connecting
 
     def path(self, step: int) -> Path:
+        self.connect()
         return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
 
     def should_save(self, step: int) -> bool:
@@ -181,6 +228,7 @@ class CheckpointManager:
         was rolled back to an older step, and the job must not restart from them.
         """
         start = time.perf_counter()
+        self._begin()
         self._serve_peers()
         path = self.path(step)
         encoded = checkpoint_tree.encode(state)  # a bad state is refused here, in the caller
@@ -264,8 +312,10 @@ class CheckpointManager:
             self._remove_temporaries()
             checkpoint_files.write(path, snapshot.step, snapshot.chunks())
             snapshot.persisted = True
-            self._prune(snapshot.step)
-            self._send_report(path, snapshot.step)
+            try:
+                self._prune(snapshot.step)
+            finally:  # the file is whole: reported even when an older one could not be removed
+                self._send_report(path, snapshot.step)
         finally:
             self._pool.release(snapshot)
 
@@ -279,6 +329,12 @@ class CheckpointManager:
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
                 f"not be reported: {exc}"
             ) from None
+        except Exception as exc:  # a session closed under the writer: its call cancelled, ...
+            raise CheckpointError(
+                f"the checkpoint of step {step} is saved ({path}), but the steps held could "
+                f"not be reported ({type(exc).__name__}: {exc}): save and flush checkpoints "
+                "between cluster.init() and cluster.finalize()"
+            ) from exc
 
     # -- what is on disk ---------------------------------------------------------------------
 
@@ -286,12 +342,12 @@ class CheckpointManager:
         """Remove this rank's checkpoints newer than `step` and report what is left: after a
         rollback to `step` they belong to the abandoned run, and must not be named as a rollback
         step again before this rank's next save replaces them."""
+        self._begin()
         self._writer.wait()
         removed = False
         for newer, path in self._files().items():
             if newer > step:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                _remove(path)
                 removed = True
         if removed and self.report is not None:
             self._heard(self.report(self._complete_steps()))
@@ -300,6 +356,7 @@ class CheckpointManager:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
         are written (a cheap check of each file: its preamble, size and footer; `load`
         verifies the checksum)."""
+        self._begin()
         self._writer.wait()
         return self._complete_steps()
 
@@ -309,6 +366,7 @@ class CheckpointManager:
 
         In a job with recovery on, a file that is missing here (a spare that took this rank, a
         worker restarted on another host) is fetched from a live peer first (see `fetch`)."""
+        self._begin()
         self._writer.wait()
         path = self.path(step)
         if not path.exists():
@@ -318,7 +376,8 @@ class CheckpointManager:
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
                 f"{self._complete_steps()}"
             )
-        return checkpoint_files.read(path, step)
+        # Replicas: a peer's file, fetched as this rank's, will do.
+        return checkpoint_files.read(path, step, rank=None if self.config.replicated else self.rank)
 
     def fetch(self, step: int) -> Path:
         """Get this rank's checkpoint of `step` from a live peer of the job, verify it and
@@ -330,6 +389,7 @@ class CheckpointManager:
         bytes do not verify, is left for the next; nothing half-written is left. Needs a job
         with recovery on; CheckpointError naming the rank, the step and the places looked at
         when no peer has it."""
+        self._begin()
         self._writer.wait()
         if not self._serve_peers():
             raise CheckpointError(
@@ -372,6 +432,7 @@ class CheckpointManager:
 
         A corrupt checkpoint is skipped with a warning naming the file, never loaded.
         """
+        self._begin()
         self._writer.wait()
         for step in sorted(self._files(), reverse=True):
             try:
@@ -385,18 +446,26 @@ class CheckpointManager:
         return sorted(s for s, path in files.items() if checkpoint_files.looks_complete(path))
 
     def _files(self) -> dict[int, Path]:
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return {}
         files = {}
-        for name in names:
+        for name in self._names():
             match = self._name_re.match(name)
             step = int(match.group(1)) if match else 0
             # Only the canonical spelling: 'p-000000001.ckpt' is not the file of step 1.
             if step >= 1 and name == checkpoint_files.file_name(self.prefix, step):
                 files[step] = self.directory / name
         return files
+
+    def _names(self) -> list[str]:
+        """The names in this rank's directory (none when it is gone)."""
+        try:
+            return os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot list the checkpoint directory {self.directory} ({exc.strerror}): it must "
+                "be a directory this process can read and write"
+            ) from None
 
     def _heard(self, held_by_all: int | None) -> None:
         """The scheduler's answer to a report: a step every rank holds, kept from now on."""
@@ -406,27 +475,47 @@ class CheckpointManager:
     def _prune(self, step: int) -> None:
         """Keep the newest `keep_checkpoint_max` complete steps up to `step`, and every step from
         the one every rank holds (as last heard) on: this rank's writer runs ahead of the other
-        ranks' reports, and the newest step they all hold is where the job rolls back to."""
+        ranks' reports, and the newest step they all hold is where the job rolls back to.
+
+        With recovery on, until a report has been answered with such a step (at the start: the
+        scheduler answers 0 while a rank holds none, and the same answer for a second), the
+        newest `_UNHEARD_KEEP` at least: a slower rank's newest step is among them (see there).
+        """
         files = self._files()
         complete = [
             s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
         ]
-        keep = set(complete[-self.config.keep_checkpoint_max :])
+        count = self.config.keep_checkpoint_max
+        if self.recovery and self.report is not None and not self._held_by_all:
+            count = max(count, _UNHEARD_KEEP)
+        keep = set(complete[-count:])
         keep.update(s for s in complete if s >= self._held_by_all > 0)
         for old_step, path in files.items():
             if old_step not in keep:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+                _remove(path)
 
     def _remove_temporaries(self) -> None:
         """Temporaries left by a save that was killed (one process writes a rank's directory)."""
         # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
         stem = rf"\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}"
         stale = re.compile(stem + atomic.TEMPORARY_TAIL)
-        for name in os.listdir(self.directory):
+        for name in self._names():
             if stale.fullmatch(name):
                 with contextlib.suppress(OSError):
                     (self.directory / name).unlink()
+
+
+def _remove(path: Path) -> None:
+    """Remove the checkpoint `path` (one gone already is fine)."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot remove the checkpoint {path} ({exc.strerror}): it must be a file this "
+            f"process can remove from {path.parent}; remove it by hand"
+        ) from None
 
 
 def _check_step(step: int) -> int:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.api import runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
 from cluster.protocol import resume
-from cluster.protocol.errors import ClusterError, PeerFailedError
+from cluster.protocol.errors import ConfigError, PeerFailedError
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
@@ -63,12 +63,14 @@ class TrainingLoop:
         """`get_state()`: what a checkpoint holds (parameters, optimizer state, ...);
         `set_state(state)`: put such a state back. The state at construction is the state of
         step 0."""
-        if steps < 0:
-            raise ClusterError(f"TrainingLoop steps={steps} must be >= 0")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ConfigError(
+                f"TrainingLoop steps={steps!r} is invalid: it must be an integer >= 0, the number "
+                "of training steps"
+            )
         self.steps = steps
         self.checkpoints = checkpoints
-        if checkpoints.report is None:  # made before cluster.init(): the scheduler must know
-            checkpoints.report = runtime.report_checkpoints
+        checkpoints.connect()  # one made before cluster.init(): the job's rank and scheduler
         self._get_state = get_state
         self._set_state = set_state
         self._say = say or _say

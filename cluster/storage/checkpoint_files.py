@@ -135,16 +135,19 @@ def looks_complete(path: Path) -> bool:
         return False
 
 
-def read(path: Path, step: int, fd: int | None = None) -> dict[str, Any]:
+def read(
+    path: Path, step: int, fd: int | None = None, *, rank: int | None = None
+) -> dict[str, Any]:
     """The state in the checkpoint file of `step`, verified; CheckpointError naming the file
-    when it is torn, corrupt, of another step or unreadable. With `fd`, the file read is the one
-    open there (from its start; `fd` stays open), `path` only names it: a temporary being
-    written, checked before its rename makes it `path`."""
+    when it is torn, corrupt, of another step or unreadable, or (with `rank`) was written by
+    another rank. With `fd`, the file read is the one open there (from its start; `fd` stays
+    open), `path` only names it: a temporary being written, checked before its rename makes it
+    `path`."""
     try:
         opened = os.dup(fd) if fd is not None else atomic.open_no_follow(path, os.O_RDONLY)
         with open(opened, "rb", buffering=0) as file:
             file.seek(0)
-            return _read_file(file, step)
+            header, state = _read_file(file, step)
     except CorruptCheckpointError as exc:
         raise CheckpointError(
             f"the checkpoint {path} is torn or corrupt ({exc}): it was not loaded; an older "
@@ -152,9 +155,17 @@ def read(path: Path, step: int, fd: int | None = None) -> dict[str, Any]:
         ) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint {path} ({exc.strerror})") from None
+    if rank is not None and header.get("rank", rank) != rank:
+        raise CheckpointError(
+            f"the checkpoint {path} holds the state of rank {header['rank']!r}, not of rank "
+            f"{rank}: it was not loaded; one rank's files were saved in another's directory "
+            "(a CheckpointManager given the wrong rank=?)"
+        )
+    return state
 
 
-def _read_file(file: io.FileIO, step: int) -> dict[str, Any]:
+def _read_file(file: io.FileIO, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The header and the state, verified."""
     size = os.fstat(file.fileno()).st_size
     if size < PREAMBLE.size + len(END_MAGIC):
         raise CorruptCheckpointError(f"{size} bytes, shorter than the smallest checkpoint")
@@ -202,7 +213,7 @@ def _read_file(file: io.FileIO, step: int) -> dict[str, Any]:
             raise CorruptCheckpointError(f"its {name} does not match its content")
     if header["step"] != step:
         raise CorruptCheckpointError(f"it holds step {header['step']!r}, not {step}")
-    return decode_state(header["state"], values)
+    return header, decode_state(header["state"], values)
 
 
 def _parse_header(data: bytes) -> dict[str, Any]:

@@ -331,7 +331,8 @@ def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyP
     for step in (1, 2, 3):
         ckpt.save(step, {"a": step})
     ckpt.flush()
-    assert reported == [[1], [1, 2], [2, 3]]
+    # No step every rank holds heard yet (the fake answers None): at least 4 are kept.
+    assert reported == [[1], [1, 2], [1, 2, 3]]
     assert (tmp_path / "rank_3" / "p-00000003.ckpt").is_file()
 
 

@@ -3,7 +3,10 @@ optimizer shards do): each step adds rank + 1 to this rank's shard, and every ra
 others at a barrier. Checkpoints go to CKPT_DIR/rank_<r>/ every step; it prints `at step k` as
 each step begins.
 
-    MS_ROLE=MS_WORKER ... python sharded_state.py CKPT_DIR [--steps N] [--step-delay S]
+    MS_ROLE=MS_WORKER ... python sharded_state.py CKPT_DIR [--steps N] [--step-delay S] [--early]
+
+`--early`: the CheckpointManager is made before `cluster.init()` (its rank is the job's once the
+loop connects it).
 """
 
 from __future__ import annotations
@@ -22,16 +25,18 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-delay", type=float, default=0.1)
+    parser.add_argument("--early", action="store_true")
     args = parser.parse_args()
-    cluster.init()
-    rank = cluster.get_rank()
-    state = {"shard": np.zeros(1000)}
     # Kept generously: a rank's reports lag its saves, so the job's rollback step can be several
     # steps behind the newest step a fast rank has written (with 3 kept, a survivor had pruned it).
     config = cluster.CheckpointConfig(
         save_checkpoint_steps=1, keep_checkpoint_max=10, replicated=False
     )
-    checkpoints = cluster.CheckpointManager(args.directory, "shard", config)
+    early = cluster.CheckpointManager(args.directory, "shard", config) if args.early else None
+    cluster.init()
+    rank = cluster.get_rank()
+    state = {"shard": np.zeros(1000)}
+    checkpoints = early or cluster.CheckpointManager(args.directory, "shard", config)
     loop = cluster.TrainingLoop(args.steps, checkpoints, lambda: state, state.update)
     for step in loop:
         with loop.step():

@@ -1,0 +1,84 @@
+"""User mistakes and disk faults around checkpoints end in a ConfigError or a CheckpointError
+that names the value or the path, never in a raw traceback."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.api.training import TrainingLoop
+from cluster.protocol.errors import CheckpointError, ConfigError
+
+
+def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
+    kwargs.setdefault("recovery", False)
+    config = CheckpointConfig(keep_checkpoint_max=2)
+    return CheckpointManager(tmp_path, "net", config, rank=0, **kwargs)
+
+
+@pytest.mark.parametrize("steps", ["100", 10.5, 10.0, -1, True, None])
+def test_training_loop_steps_must_be_an_integer(tmp_path: Path, steps: Any) -> None:
+    invalid = rf"steps={re.escape(repr(steps))} is invalid"
+    with manager(tmp_path) as ckpt, pytest.raises(ConfigError, match=invalid):
+        TrainingLoop(steps, ckpt, dict, lambda state: None)
+
+
+def test_a_checkpoint_that_cannot_be_pruned_names_its_path(tmp_path: Path) -> None:
+    """A directory where step 1's file would be (unlink fails with EISDIR): the save that
+    prunes it fails naming it, yet its own step, whole on disk, is reported."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, report=reports.append)
+    blocker = ckpt.path(1)
+    blocker.mkdir()
+    ckpt.save(2, {"a": 2})
+    with pytest.raises(CheckpointError, match=rf"cannot remove the checkpoint {blocker} \("):
+        ckpt.flush()
+    assert reports == [[2]]
+    blocker.rmdir()
+    ckpt.save(3, {"a": 3})
+    ckpt.close()
+    assert ckpt.steps() == [2, 3]
+
+
+def test_a_checkpoint_directory_that_cannot_be_listed_names_its_path(tmp_path: Path) -> None:
+    """The rank's directory replaced by a file (listing fails with ENOTDIR)."""
+    ckpt = manager(tmp_path)
+    ckpt.directory.rmdir()
+    ckpt.directory.write_bytes(b"")
+    listing = rf"cannot list the checkpoint directory {ckpt.directory} \("
+    with pytest.raises(CheckpointError, match=listing):
+        ckpt.steps()
+    ckpt.save(1, {})  # the writer meets it first, while removing temporaries
+    with pytest.raises(CheckpointError, match=listing):
+        ckpt.flush()
+    with pytest.raises(CheckpointError, match=listing):
+        ckpt.discard_newer(0)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [concurrent.futures.CancelledError(), RuntimeError("Event loop is closed")],
+    ids=["cancelled", "closed-loop"],
+)
+def test_a_report_that_fails_otherwise_is_a_checkpoint_error(
+    tmp_path: Path, error: Exception
+) -> None:
+    """A session closed under the writer: the report's call is cancelled, or its loop gone."""
+
+    def report(steps: list[int]) -> int:
+        raise error
+
+    ckpt = manager(tmp_path, report=report)
+    ckpt.save(1, {})
+    name = type(error).__name__
+    with pytest.raises(
+        CheckpointError, match=rf"step 1 is saved .*could not be reported \({name}"
+    ) as info:
+        ckpt.flush()
+    assert "cluster.finalize()" in str(info.value)
+    assert info.value.__cause__ is error

@@ -186,6 +186,7 @@ class Launcher:
                 log.write(raw)
                 log.flush()
                 rank = self._rank_of(child)
+                # `_print` never raises: a terminal that went away stops the echo, not the log.
                 prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
                 self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}", raw=True)
 
@@ -281,8 +282,7 @@ class Launcher:
         )
         if self._tty and not self.options.join:
             elapsed = self._clock() - self._started
-            self.out.write(f"\r\x1b[K{line} | {elapsed:.0f} s")
-            self.out.flush()
+            say(self.out, f"\r\x1b[K{line} | {elapsed:.0f} s")
             self._last_line = line
         elif line != self._last_line:
             self._last_line = line
@@ -297,9 +297,8 @@ class Launcher:
     def _print(self, line: str, *, raw: bool = False) -> None:
         """One line for the person at the terminal, escaped (`safe`: a reason from the
         scheduler, a log's tail); `raw`: a --join worker's own output, colours and all."""
-        if self._tty and not self.options.join:
-            self.out.write("\r\x1b[K")
-        print(line if raw else safe(line), file=self.out, flush=True)
+        start = "\r\x1b[K" if self._tty and not self.options.join else ""
+        say(self.out, start + (line if raw else safe(line)) + "\n")
 
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
@@ -591,7 +590,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
         plan = setup.plan_job(options)
     if dry_run:
-        print(render(plan, options, os.environ), flush=True)
+        say(sys.stdout, render(plan, options, os.environ) + "\n")
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
@@ -620,15 +619,28 @@ def _closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
     if options.local_worker_num == options.worker_num and plan.scheduler is not None:
         return True
     if options.tls_config is None:
-        print(
+        say(
+            out,
             f"mscluster: the job spans hosts and has no job secret, so any process that "
             f"reaches {plan.address} can join it; to close it, give every host's mscluster "
             "run the same secret (CLUSTER_JOB_SECRET_FILE, a file of mode 0600) or use "
-            "--tls-config",
-            file=out,
-            flush=True,
+            "--tls-config\n",
         )
     return False
+
+
+def say(out: IO[str], text: str) -> None:
+    """Write `text` to `out` and flush; never raises. A stream that cannot be written (a pipe
+    whose reader went away, a terminal hung up) is pointed at /dev/null from then on, so that
+    the job goes on, its logs whole, and the interpreter's own flush at exit succeeds too."""
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):  # ValueError: a stream closed in this process
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, out.fileno())
+            os.close(null)
 
 
 def _accepts(path: Path) -> bool:

@@ -39,7 +39,7 @@ from typing import IO
 from cluster.protocol.config import JobSecretSource
 from cluster.protocol.display import safe
 from cluster.protocol.environment import job_secret_from_env, read_job_secret, tls_options_from_env
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes, slurm_io
@@ -594,11 +594,17 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
+    setup.writable_dir("--log-dir", options.log_dir)
     if sharing is not None:
         slurm_io.share_secret(sharing, options.log_dir)
     if made_here:
-        options.log_dir.mkdir(parents=True, exist_ok=True)
-        write_job_secret(options.log_dir)
+        try:
+            write_job_secret(options.log_dir)
+        except OSError as exc:
+            raise ConfigError(
+                f"--log-dir: cannot write the job secret in {str(options.log_dir)!r} "
+                f"({exc.strerror or exc})"
+            ) from None
     try:
         return asyncio.run(Launcher(options, plan, out).run())
     finally:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import tempfile
+from pathlib import Path
 
 from cluster.protocol.config import MAX_NODES
 from cluster.protocol.errors import ConfigError
@@ -54,6 +56,19 @@ def check_port_free(ip: str, port: int) -> None:
                     "stop it or choose another port"
                 ) from None
             raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
+
+
+def writable_dir(option: str, path: Path, *, make: bool = True) -> None:
+    """Check that this process can write in directory `path` (made first, with its parents,
+    with `make`): a ConfigError that names `option`, the path and the cause otherwise."""
+    try:
+        if make:
+            path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        cause = exc.strerror or str(exc)
+        raise ConfigError(f"{option}: cannot write in {str(path)!r} ({cause})") from None
 
 
 def validate(options: LaunchOptions) -> None:

@@ -50,6 +50,7 @@ from cluster.tools.launch_plan import (
     Process,
     child_environment,
     render,
+    standby_hosts,
     wants_relay,
 )
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
@@ -122,6 +123,9 @@ class Launcher:
         self._clock = clock
         self.out = out
         self.address = plan.address
+        # Every scheduler of the job, the first first (--master-addr h1,h2: standbys follow).
+        port = options.master_port
+        self.addresses = [plan.address, *(_at(h, port) for h in standby_hosts(options.master_addr))]
         # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
         self._identity: tls.Identity | None = None
         if options.tls_config is not None:
@@ -246,16 +250,28 @@ class Launcher:
         return f"{name} ({where}node id {planned.node_id!r})"
 
     async def _poll_status(self) -> None:
+        """The job's status every POLL_STATUS_S: from the one scheduler over one channel, or,
+        with standbys, from whichever leads (`status.fetch_any`: each asked in turn, a standby's
+        answer followed to the leader it names)."""
         async with scheduler_channel.open_channel(
             self.address, self._identity, POLL_CHANNEL_OPTIONS
         ) as channel:
             while True:
                 with contextlib.suppress(ClusterError):
-                    self.view = await status_module.fetch(
-                        channel, self.address, POLL_STATUS_S * 2, self._job_secret()
-                    )
+                    if len(self.addresses) > 1:
+                        self.view = await self._fetch_leader(POLL_STATUS_S * 2)
+                    else:
+                        self.view = await status_module.fetch(
+                            channel, self.address, POLL_STATUS_S * 2, self._job_secret()
+                        )
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
+
+    async def _fetch_leader(self, timeout_s: float = status_module.STATUS_TIMEOUT_S) -> JobView:
+        """The leading scheduler's answer, or a ClusterError saying what each one answered."""
+        return await status_module.fetch_any(
+            self.addresses, self._identity, timeout_s, self._job_secret()
+        )
 
     def _job_secret(self) -> bytes | None:
         """The secret the job's processes get (the launcher's reads of the job prove it)."""
@@ -307,12 +323,7 @@ class Launcher:
         unreachable = ""
         if ask:
             try:
-                async with scheduler_channel.open_channel(
-                    self.address, self._identity, POLL_CHANNEL_OPTIONS
-                ) as channel:
-                    now = await status_module.fetch(
-                        channel, self.address, secret=self._job_secret()
-                    )
+                now = await self._fetch_leader()
             except ClusterError as exc:
                 unreachable = str(exc)
         sched = self.scheduler
@@ -329,6 +340,7 @@ class Launcher:
             scheduler_exit=None if sched is None else sched.exit_code,
             scheduler_restarts=0 if sched is None else sched.restarts,
             recovery=self.options.enable_recovery,
+            standbys=len(self.addresses) > 1,
             stop_signal=self._stop_signal,
             last=_job_seen(self.view),
             now=_job_seen(now),
@@ -658,6 +670,12 @@ def _accepts(path: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+def _at(host: str, port: int) -> str:
+    """HOST:PORT, an IPv6 address in brackets."""
+    bare = host.strip().strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"
 
 
 def _pid_name(planned: Process) -> str:

@@ -39,6 +39,7 @@ from cluster.protocol.events import Kind
 from cluster.protocol.records import Phase
 from cluster.tools import report_html
 from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
+from cluster.tools.launch_setup import writable_dir
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
 
@@ -108,6 +109,18 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
+def check_injection(faults: Sequence[str], every_s: float, duration_s: float) -> None:
+    """A ClusterError naming the option when the faults or their pace cannot be used."""
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown or not faults:
+        raise ClusterError(
+            f"--faults {','.join(faults)}: {', '.join(unknown) or 'none given'}; choose "
+            f"from {','.join(FAULTS)}"
+        )
+    if every_s <= 0 or duration_s < 0:
+        raise ClusterError("--every must be > 0 and --duration >= 0 seconds")
+
+
 class Chaos:
     def __init__(
         self,
@@ -121,14 +134,7 @@ class Chaos:
         out: IO[str] = sys.stderr,
     ) -> None:
         """`count`: stop injecting after this many faults (None: until `duration_s`)."""
-        unknown = sorted(set(faults) - set(FAULTS))
-        if unknown or not faults:
-            raise ClusterError(
-                f"--faults {','.join(faults)}: {', '.join(unknown) or 'none given'}; choose "
-                f"from {','.join(FAULTS)}"
-            )
-        if every_s <= 0 or duration_s < 0:
-            raise ClusterError("--every must be > 0 and --duration >= 0 seconds")
+        check_injection(faults, every_s, duration_s)
         self.job = job
         self.faults = list(faults)
         self.every_s = every_s
@@ -418,9 +424,10 @@ class ChaosSpec:
 def run_chaos(
     spec: ChaosSpec, *, out: IO[str] = sys.stderr, make_job: Callable[..., LocalJob] = LocalJob
 ) -> ChaosReport:
-    """The whole command: run, report to `out` and the JSON report."""
-    if not spec.script.is_file():
-        raise ClusterError(f"the script {str(spec.script)!r} does not exist")
+    """The whole command: run, report to `out` and the JSON report. Every option is checked
+    before anything is written or started."""
+    report_path = spec.report_path or spec.log_dir / "chaos-report.json"
+    _check_spec(spec, report_path)
     events_path = spec.log_dir / EVENT_LOG
     options = _job_options(spec, events_path)
     events_path.unlink(missing_ok=True)  # this run's events only
@@ -446,8 +453,19 @@ def run_chaos(
     print(report.render(), file=out, flush=True)
     if report.started_at:
         report.events = load_events(events_path, report.started_at)
-    _write_report(report, spec.report_path or spec.log_dir / "chaos-report.json", out)
+    _write_report(report, report_path, out)
     return report
+
+
+def _check_spec(spec: ChaosSpec, report_path: Path) -> None:
+    """A ClusterError naming the option that cannot be used; writes nothing but the log
+    directory (made, as the run makes it)."""
+    if not spec.script.is_file():
+        raise ClusterError(f"the script {str(spec.script)!r} does not exist")
+    check_injection(spec.faults, spec.every_s, spec.duration_s)
+    writable_dir("--log-dir", spec.log_dir)
+    if spec.report_path is not None:
+        writable_dir(f"--report {str(spec.report_path)!r}", report_path.parent, make=False)
 
 
 def _run_stoppable(chaos: Chaos, job: LocalJob) -> ChaosReport:

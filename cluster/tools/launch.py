@@ -39,7 +39,7 @@ from typing import IO
 from cluster.protocol.config import JobSecretSource
 from cluster.protocol.display import safe
 from cluster.protocol.environment import job_secret_from_env, read_job_secret, tls_options_from_env
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes, slurm_io
@@ -50,6 +50,7 @@ from cluster.tools.launch_plan import (
     Process,
     child_environment,
     render,
+    standby_hosts,
     wants_relay,
 )
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
@@ -69,6 +70,8 @@ SETTLE_S = 0.3
 POLL_STATUS_S = 0.5
 # Once the job finished, how long the processes holding no rank get to exit by themselves.
 SPARE_EXIT_S = 1.0
+# Once every local worker finished, how long the scheduler gets to end the job and exit.
+SCHEDULER_EXIT_S = 30.0
 # The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
@@ -80,6 +83,8 @@ RELAY_LOOK_S = 0.02
 RELAY_SOCKET = "relay.sock"
 # A relay that dies while the job runs is started again at most this many times.
 RELAY_RESTARTS = 3
+# The signals that stop the job: each child stopped, the launcher's files removed, 128 + signal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _log_end(path: Path) -> list[str]:
@@ -122,6 +127,12 @@ class Launcher:
         self._clock = clock
         self.out = out
         self.address = plan.address
+        # Every scheduler of the job, the first first (--master-addr h1,h2: standbys follow).
+        port = options.master_port
+        self.addresses = [
+            plan.address,
+            *(setup.at(h, port) for h in standby_hosts(options.master_addr)),
+        ]
         # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
         self._identity: tls.Identity | None = None
         if options.tls_config is not None:
@@ -135,6 +146,7 @@ class Launcher:
         self.view: JobView | None = None
         self._secret: bytes | None = None  # the job secret, once read (it proves our reads)
         self._stop_signal: int | None = None
+        self._stopping = asyncio.Event()  # set with `_stop_signal`
         self._wake = asyncio.Event()
         self._started = clock()
         self._tty = out.isatty()
@@ -186,6 +198,7 @@ class Launcher:
                 log.write(raw)
                 log.flush()
                 rank = self._rank_of(child)
+                # `_print` never raises: a terminal that went away stops the echo, not the log.
                 prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
                 self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}", raw=True)
 
@@ -245,16 +258,28 @@ class Launcher:
         return f"{name} ({where}node id {planned.node_id!r})"
 
     async def _poll_status(self) -> None:
+        """The job's status every POLL_STATUS_S: from the one scheduler over one channel, or,
+        with standbys, from whichever leads (`status.fetch_any`: each asked in turn, a standby's
+        answer followed to the leader it names)."""
         async with scheduler_channel.open_channel(
             self.address, self._identity, POLL_CHANNEL_OPTIONS
         ) as channel:
             while True:
                 with contextlib.suppress(ClusterError):
-                    self.view = await status_module.fetch(
-                        channel, self.address, POLL_STATUS_S * 2, self._job_secret()
-                    )
+                    if len(self.addresses) > 1:
+                        self.view = await self._fetch_leader(POLL_STATUS_S * 2)
+                    else:
+                        self.view = await status_module.fetch(
+                            channel, self.address, POLL_STATUS_S * 2, self._job_secret()
+                        )
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
+
+    async def _fetch_leader(self, timeout_s: float = status_module.STATUS_TIMEOUT_S) -> JobView:
+        """The leading scheduler's answer, or a ClusterError saying what each one answered."""
+        return await status_module.fetch_any(
+            self.addresses, self._identity, timeout_s, self._job_secret()
+        )
 
     def _job_secret(self) -> bytes | None:
         """The secret the job's processes get (the launcher's reads of the job prove it)."""
@@ -281,8 +306,7 @@ class Launcher:
         )
         if self._tty and not self.options.join:
             elapsed = self._clock() - self._started
-            self.out.write(f"\r\x1b[K{line} | {elapsed:.0f} s")
-            self.out.flush()
+            setup.say(self.out, f"\r\x1b[K{line} | {elapsed:.0f} s")
             self._last_line = line
         elif line != self._last_line:
             self._last_line = line
@@ -297,9 +321,8 @@ class Launcher:
     def _print(self, line: str, *, raw: bool = False) -> None:
         """One line for the person at the terminal, escaped (`safe`: a reason from the
         scheduler, a log's tail); `raw`: a --join worker's own output, colours and all."""
-        if self._tty and not self.options.join:
-            self.out.write("\r\x1b[K")
-        print(line if raw else safe(line), file=self.out, flush=True)
+        start = "\r\x1b[K" if self._tty and not self.options.join else ""
+        setup.say(self.out, start + (line if raw else safe(line)) + "\n")
 
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
@@ -308,12 +331,7 @@ class Launcher:
         unreachable = ""
         if ask:
             try:
-                async with scheduler_channel.open_channel(
-                    self.address, self._identity, POLL_CHANNEL_OPTIONS
-                ) as channel:
-                    now = await status_module.fetch(
-                        channel, self.address, secret=self._job_secret()
-                    )
+                now = await self._fetch_leader()
             except ClusterError as exc:
                 unreachable = str(exc)
         sched = self.scheduler
@@ -330,6 +348,7 @@ class Launcher:
             scheduler_exit=None if sched is None else sched.exit_code,
             scheduler_restarts=0 if sched is None else sched.restarts,
             recovery=self.options.enable_recovery,
+            standbys=len(self.addresses) > 1,
             stop_signal=self._stop_signal,
             last=_job_seen(self.view),
             now=_job_seen(now),
@@ -341,13 +360,30 @@ class Launcher:
     def _on_signal(self, signum: int) -> None:
         if self._stop_signal is None:
             self._stop_signal = signum
+            self._stopping.set()
             self._wake.set()
+
+    def _stopped(self) -> int:
+        """The job was told to stop: said, and its exit code (128 + the signal)."""
+        assert self._stop_signal is not None
+        name = signal.Signals(self._stop_signal).name
+        self._print(f"mscluster: {name} received; stopping every process of the job")
+        return EXIT_SIGNAL_BASE + self._stop_signal
+
+    async def _wait_or_stop(self, event: asyncio.Event, timeout_s: float) -> None:
+        """Until `event` is set, a stop signal arrives, or `timeout_s` has passed."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (event, self._stopping)]
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def run(self) -> int:
         o = self.options
         o.log_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
         poller: asyncio.Task[None] | None = None
         try:
@@ -358,6 +394,8 @@ class Launcher:
                 self.relay = Child(self.plan.relay)
                 await self._start(self.relay)
                 await self._relay_started()
+                if self._stop_signal is not None:
+                    return self._stopped()
             self.workers = [Child(planned) for planned in self.plan.workers]
             for child in self.workers:
                 await self._start(child)
@@ -375,7 +413,7 @@ class Launcher:
                 with contextlib.suppress(asyncio.CancelledError):
                     await poller
             await self._stop_all()
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in STOP_SIGNALS:
                 loop.remove_signal_handler(signum)
 
     async def _relay_started(self) -> None:
@@ -386,10 +424,9 @@ class Launcher:
         assert path is not None
         deadline = self._clock() + RELAY_START_S
         while relay.running and self._clock() < deadline:
-            if _accepts(path):
+            if _accepts(path) or self._stop_signal is not None:
                 return
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(relay.exited.wait(), RELAY_LOOK_S)
+            await self._wait_or_stop(relay.exited, RELAY_LOOK_S)
         self._relay_said = True
         self._print(
             f"mscluster: the relay did not start (see {relay.planned.log}): the workers go to "
@@ -425,10 +462,7 @@ class Launcher:
             failed = any(w.exit_code not in (None, 0) for w in self.workers)
             decision = policy.decide(await self._seen(ask=failed))
             if decision.action is policy.Action.STOP:
-                assert self._stop_signal is not None
-                name = signal.Signals(self._stop_signal).name
-                self._print(f"mscluster: {name} received; stopping every process of the job")
-                return EXIT_SIGNAL_BASE + self._stop_signal
+                return self._stopped()
             if decision.action is policy.Action.RESTART:
                 child = self.workers[decision.worker or 0]
                 child.restarts += 1
@@ -529,9 +563,10 @@ class Launcher:
     async def _finish(self) -> int:
         sched = self.scheduler
         if sched is not None:
-            try:
-                await asyncio.wait_for(sched.exited.wait(), 30)
-            except asyncio.TimeoutError:
+            await self._wait_or_stop(sched.exited, SCHEDULER_EXIT_S)
+            if self._stop_signal is not None:
+                return self._stopped()
+            if not sched.exited.is_set():
                 self._print(
                     "mscluster: every local worker finished, but the scheduler did not exit"
                 )
@@ -563,8 +598,28 @@ class Launcher:
 def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = False) -> int:
     """Validate, launch, and return the exit code (2 for a usage error). With `dry_run`, print
     what would start to stdout instead, and start nothing. A relay's socket goes in a directory
-    of this user's only, made here and removed at the end."""
+    of this user's only, made here and removed at the end. A stop signal that comes before the
+    launcher watches its children (a Slurm step's secret still awaited) ends it the same way:
+    its files removed, one line, 128 + the signal."""
     setup.validate(options)
+    previous = {signum: signal.signal(signum, _interrupt) for signum in STOP_SIGNALS}
+    try:
+        return _run(options, out, dry_run=dry_run)
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        setup.say(out, f"mscluster: {signal.Signals(signum).name} received; stopped\n")
+        return EXIT_SIGNAL_BASE + signum
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signum)
+
+
+def _run(options: LaunchOptions, out: IO[str], *, dry_run: bool) -> int:
     if not wants_relay(options):
         return _launch(options, out, dry_run=dry_run)
     if dry_run:
@@ -586,49 +641,34 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         secret_file = slurm_io.local_secret_file(options.log_dir)
         options = dataclasses.replace(options, job_secret_file=secret_file)
     plan = setup.plan_job(options)
-    made_here = _closes_the_job(options, plan, out)
+    made_here = setup.closes_the_job(options, plan, out)
     if made_here:
         options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
         plan = setup.plan_job(options)
     if dry_run:
-        print(render(plan, options, os.environ), flush=True)
+        setup.say(sys.stdout, render(plan, options, os.environ) + "\n")
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
-    if sharing is not None:
-        slurm_io.share_secret(sharing, options.log_dir)
-    if made_here:
-        options.log_dir.mkdir(parents=True, exist_ok=True)
-        write_job_secret(options.log_dir)
+    setup.writable_dir("--log-dir", options.log_dir)
     try:
+        if sharing is not None:
+            slurm_io.share_secret(sharing, options.log_dir)
+        if made_here:
+            _write_secret(options.log_dir)
         return asyncio.run(Launcher(options, plan, out).run())
     finally:
         if sharing is not None:
             slurm_io.remove_shared_secret(sharing)
 
 
-def _closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
-    """True when this launcher must make the job's secret (every worker is here, none given);
-    a given secret is checked now (one line when it is bad); a job that spans hosts with
-    neither a secret nor TLS is said to be open."""
-    given = job_secret_from_env(os.environ)
-    if given is not None:
-        read_job_secret(given)
-        return False
-    if options.job_secret_file is not None:  # shared by a Slurm step's nodes
-        return False
-    if options.local_worker_num == options.worker_num and plan.scheduler is not None:
-        return True
-    if options.tls_config is None:
-        print(
-            f"mscluster: the job spans hosts and has no job secret, so any process that "
-            f"reaches {plan.address} can join it; to close it, give every host's mscluster "
-            "run the same secret (CLUSTER_JOB_SECRET_FILE, a file of mode 0600) or use "
-            "--tls-config",
-            file=out,
-            flush=True,
-        )
-    return False
+def _write_secret(log_dir: Path) -> None:
+    try:
+        write_job_secret(log_dir)
+    except OSError as exc:
+        raise ConfigError(
+            f"--log-dir: cannot write the job secret in {str(log_dir)!r} ({exc.strerror or exc})"
+        ) from None
 
 
 def _accepts(path: Path) -> bool:

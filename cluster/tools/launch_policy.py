@@ -62,6 +62,9 @@ class Seen:
     scheduler_restarts: int = 0
     # This launcher started the job with recovery on (--enable-recovery).
     recovery: bool = False
+    # The job has standby schedulers (--master-addr h1,h2): one that exits hands the job to
+    # another, and `now` is the leader's answer, whichever leads.
+    standbys: bool = False
     stop_signal: int | None = None
     # The scheduler's last answer before this decision (None: it never answered).
     last: JobSeen | None = None
@@ -141,7 +144,7 @@ def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:
     """None when `worker` may be started again; otherwise why not, in words for the user."""
     if worker.restarts >= seen.max_restarts:
         return f"no restarts left (--max-restarts {seen.max_restarts})"
-    if seen.own_scheduler and seen.scheduler_exit is not None:
+    if seen.own_scheduler and seen.scheduler_exit is not None and not seen.standbys:
         off = "; recovery is off" if seen.last is not None and not seen.last.recovery else ""
         return f"the scheduler has exited{off}"
     if seen.now is None:

@@ -1,16 +1,22 @@
 """Before `mscluster run` starts anything: check the options, find the scheduler's address and
 whether it runs here, and make the plan of this host's processes (`cluster.tools.launch_plan`).
 
-Every failure here is a ConfigError (one line, exit 2) with nothing started.
+Every failure here is a ConfigError (one line, exit 2) with nothing started. `say` writes the
+launcher's lines to a stream that may have gone away.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
+import tempfile
+from pathlib import Path
+from typing import IO
 
 from cluster.protocol.config import MAX_NODES
+from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
 from cluster.tools import slurm_io
@@ -56,6 +62,19 @@ def check_port_free(ip: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
 
 
+def writable_dir(option: str, path: Path, *, make: bool = True) -> None:
+    """Check that this process can write in directory `path` (made first, with its parents,
+    with `make`): a ConfigError that names `option`, the path and the cause otherwise."""
+    try:
+        if make:
+            path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        cause = exc.strerror or str(exc)
+        raise ConfigError(f"{option}: cannot write in {str(path)!r} ({cause})") from None
+
+
 def validate(options: LaunchOptions) -> None:
     """Every check that needs no child process; ConfigError naming the option otherwise."""
     if not 1 <= options.worker_num <= MAX_NODES:
@@ -87,6 +106,8 @@ def validate(options: LaunchOptions) -> None:
         )
     if options.metrics_port is not None and not 0 <= options.metrics_port <= 65535:
         raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
+    if options.node_rank < -1:
+        raise ConfigError(f"--node-rank {options.node_rank} must be >= 0 (or -1: not given)")
     if (
         options.node_rank >= 0
         and (options.node_rank + 1) * options.local_worker_num > options.worker_num
@@ -138,3 +159,46 @@ def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
             "here and `scontrol show node` gives no NodeAddr for it: give --master-addr"
         )
     return resolve_host(address), [f"node {name} does not resolve: NodeAddr {address} (scontrol)"]
+
+
+def say(out: IO[str], text: str) -> None:
+    """Write `text` to `out` and flush; never raises. A stream that cannot be written (a pipe
+    whose reader went away, a terminal hung up) is pointed at /dev/null from then on, so that
+    the job goes on, its logs whole, and the interpreter's own flush at exit succeeds too."""
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):  # ValueError: a stream closed in this process
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, out.fileno())
+            os.close(null)
+
+
+def closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
+    """True when this launcher must make the job's secret (every worker is here, none given);
+    a given secret is checked now (one line when it is bad); a job that spans hosts with
+    neither a secret nor TLS is said to be open."""
+    given = job_secret_from_env(os.environ)
+    if given is not None:
+        read_job_secret(given)
+        return False
+    if options.job_secret_file is not None:  # shared by a Slurm step's nodes
+        return False
+    if options.local_worker_num == options.worker_num and plan.scheduler is not None:
+        return True
+    if options.tls_config is None:
+        say(
+            out,
+            f"mscluster: the job spans hosts and has no job secret, so any process that "
+            f"reaches {plan.address} can join it; to close it, give every host's mscluster "
+            "run the same secret (CLUSTER_JOB_SECRET_FILE, a file of mode 0600) or use "
+            "--tls-config\n",
+        )
+    return False
+
+
+def at(host: str, port: int) -> str:
+    """HOST:PORT, an IPv6 address in brackets."""
+    bare = host.strip().strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"

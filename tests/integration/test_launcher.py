@@ -334,6 +334,7 @@ def test_no_restart_once_the_job_has_failed_without_recovery(
         (["--worker-num", "0"], "--worker-num 0 must be between 1 and 1000000"),
         (["--master-addr", "a\x1b[2J"], "is not a host name or IP address"),
         (["--node-rank", "2", "--worker-num", "4", "--local-worker-num", "2"], "--node-rank 2"),
+        (["--node-rank", "-2"], "--node-rank -2 must be >= 0"),
     ],
 )
 def test_bad_run_options_are_one_clear_line(

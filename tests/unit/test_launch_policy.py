@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 from hypothesis import given
@@ -76,6 +77,27 @@ def test_an_exited_scheduler_of_ours_takes_no_worker_back() -> None:
         last=READY_NO_RECOVERY,
     )
     assert why_not_restart(seen.workers[0], seen) == "the scheduler has exited; recovery is off"
+
+
+def test_with_standbys_the_leader_decides_once_our_scheduler_handed_over() -> None:
+    """Our scheduler exited 0 after handing the job to a standby: the leader's answer says
+    whether a failed worker is taken back, not our scheduler's exit."""
+    handed = Seen(
+        workers(1, None),
+        max_restarts=1,
+        own_scheduler=True,
+        scheduler_exit=0,
+        standbys=True,
+        last=READY,
+        now=READY,
+    )
+    assert decide(handed) == Decision(Action.RESTART, 0)
+    gone = dataclasses.replace(handed, now=None, unreachable="no scheduler answers")
+    assert decide(gone) == Decision(
+        Action.FAIL, 0, "the job had formed and its scheduler is gone (no scheduler answers)"
+    )
+    alone = dataclasses.replace(handed, standbys=False)
+    assert decide(alone) == Decision(Action.FAIL, 0, "the scheduler has exited")
 
 
 def test_a_silent_scheduler_of_a_job_still_forming_can_take_the_worker() -> None:

@@ -1,0 +1,234 @@
+"""`mscluster run` at its edges: a terminal that goes away, options it cannot use, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cluster.testing import free_port, wait_until
+from cluster.tools.processes import launched_pid
+from tests import tmpfs
+from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, processes_running
+
+# A worker that prints far more than a pipe holds (64 KiB) once it is in the job.
+CHATTY = """
+import cluster
+
+cluster.init()
+for line in range({lines}):
+    print(f"line {{line}} " + "x" * 90, flush=True)
+cluster.finalize()
+"""
+CHATTY_LINES = 3000
+
+
+def chatty_script(tmp_path: Path) -> Path:
+    script = tmp_path / "job" / "chatty.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(CHATTY.format(lines=CHATTY_LINES))
+    return script
+
+
+def test_join_whose_reader_went_away_finishes_the_job_with_whole_logs(tmp_path: Path) -> None:
+    """`mscluster run --join train.py 2>&1 | head -1`: the echo stops, the job does not."""
+    script = chatty_script(tmp_path)
+    logs = tmp_path / "logs"
+    args = [*MSCLUSTER, "run", "--join", "--worker-num", "2", "--master-port", str(free_port())]
+    run = subprocess.Popen(
+        [*args, "--log-dir", str(logs), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert run.stdout is not None
+        assert run.stdout.readline()
+        run.stdout.close()  # the reader goes away
+        code = run.wait(60)
+    finally:
+        run.kill()
+        run.wait(10)
+    assert code == 0
+    for worker in ("worker_0", "worker_1"):
+        text = (logs / f"{worker}.log").read_text()
+        assert f"line {CHATTY_LINES - 1} " in text, text[-300:]
+    assert not processes_running(str(script))
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a usage error gives (exit 2, no traceback)."""
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    return line
+
+
+def run_in(tmp_path: Path, log_dir: Path) -> subprocess.CompletedProcess[str]:
+    script = chatty_script(tmp_path)
+    args = ["run", "--master-port", str(free_port()), "--log-dir", str(log_dir), str(script)]
+    return subprocess.run(
+        [*MSCLUSTER, *args], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_a_log_dir_under_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    line = one_line(run_in(tmp_path, tmp_path / "file" / "sub"))
+    assert line.startswith("mscluster: ConfigError: --log-dir: cannot write in ")
+    assert "Not a directory" in line
+
+
+def test_an_unwritable_log_dir_is_one_line(tmp_path: Path) -> None:
+    with tmpfs.mounted(read_only=True) as read_only:
+        line = one_line(run_in(tmp_path, read_only))
+    assert line.startswith("mscluster: ConfigError: --log-dir: cannot write in ")
+    assert "Read-only file system" in line
+
+
+def chaos(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    script = chatty_script(tmp_path)
+    logs = str(tmp_path / "logs")
+    run_options = ["--worker-num", "2", "--local-worker-num", "2", "--log-dir", logs]
+    return subprocess.run(
+        [*MSCLUSTER, "chaos", *options, "--", *run_options, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_a_chaos_report_in_a_missing_directory_is_one_line_before_the_run(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "missing" / "r.json"
+    line = one_line(chaos(tmp_path, "--report", str(report), "--count", "1"))
+    assert line.startswith(f"mscluster: ConfigError: --report {str(report)!r}: cannot write")
+    assert "No such file or directory" in line
+    assert not (tmp_path / "logs" / "job.secret").exists()  # no job was started
+
+
+def test_bad_chaos_options_touch_nothing_of_the_previous_run(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    kept = {logs / "events.jsonl": "the previous run's events\n", logs / "job.secret": "s\n"}
+    for path, text in kept.items():
+        path.write_text(text)
+    line = one_line(chaos(tmp_path, "--every", "0"))
+    assert "--every must be > 0" in line
+    for path, text in kept.items():
+        assert path.read_text() == text
+
+
+def hold_args(tmp_path: Path, script: Path, *extra: str) -> list[str]:
+    port = str(free_port())
+    args = ["run", "--master-port", port, "--worker-num", "2", "--log-dir", str(tmp_path / "logs")]
+    return [*MSCLUSTER, *args, *extra, str(script), "--hold", "60"]
+
+
+def test_sighup_stops_every_child_and_removes_the_relay_directory(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The terminal of `mscluster run` closes: as SIGTERM, its children stopped, its files gone."""
+    script = private_copy(tmp_path)
+    run = processes.start("run", hold_args(tmp_path, script), os.environ)
+    run.wait_for_output("2/2 registered (ready)", 30)
+    relay = Path(f"/proc/{launched(tmp_path / 'logs', 'relay')}/cmdline").read_bytes()
+    (socket,) = [arg for arg in relay.decode().split("\0") if arg.startswith("unix:")]
+    directory = Path(socket.removeprefix("unix:")).parent
+    assert directory.is_dir()
+    run.popen.send_signal(signal.SIGHUP)
+    assert run.wait(15) == 128 + signal.SIGHUP, run.output
+    assert "SIGHUP received; stopping every process of the job" in run.output
+    assert not directory.exists()
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+# Imported first by every Python the test starts: the relay (a launcher's child without MS_ROLE)
+# never gets to take connections.
+STALLED_RELAY = """
+import os
+import time
+
+if "CLUSTER_LAUNCHER_PID" in os.environ and "MS_ROLE" not in os.environ:
+    time.sleep(120)
+"""
+
+
+def test_a_stop_signal_while_the_relay_starts_is_acted_on_at_once(
+    processes: Procs, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(STALLED_RELAY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    run = processes.start("run", hold_args(tmp_path, script), env)
+    wait_until(lambda: launched_pid(logs, "relay") is not None, 30, "the relay started")
+    assert launched_pid(logs, "worker_0") is None  # the launcher waits for the relay
+    run.popen.send_signal(signal.SIGTERM)
+    assert run.wait(10) == 128 + signal.SIGTERM, run.output
+    assert launched_pid(logs, "worker_0") is None
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_before_the_launcher_watches_is_one_line(
+    processes: Procs, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Node 1 of a Slurm step waits for the secret node 0 makes; Ctrl-C there (or its terminal
+    closing): one line, 128 + the signal."""
+    step = {
+        "SLURM_JOB_ID": "31",
+        "SLURM_STEP_ID": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CLUSTER_JOB"))}
+    env.update(step, PYTHONPATH=str(ROOT))
+    logs = tmp_path / "logs"
+    args = ["--master-addr", "127.0.0.1", "--worker-num", "2", "--local-worker-num", "1"]
+    run = processes.start(
+        "run", [*hold_args(tmp_path, private_copy(tmp_path), *args)], env, cwd=tmp_path
+    )
+    wait_until(logs.exists, 30, "the launcher's log directory (then it awaits the secret)")
+    run.popen.send_signal(sig)
+    assert run.wait(10) == 128 + sig, run.output
+    assert run.output.strip().splitlines()[-1] == f"mscluster: {sig.name} received; stopped"
+    assert "Traceback" not in run.output
+
+
+def test_a_stop_signal_while_the_launcher_awaits_its_scheduler_is_acted_on_at_once(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Node 0's worker finished; the scheduler serves node 1's, which holds: node 0's launcher
+    awaits its scheduler's exit (up to 30 s), and a SIGTERM then ends it at once."""
+    script = private_copy(tmp_path)
+    common = ["--worker-num", "2", "--local-worker-num", "1", "--master-port", str(free_port())]
+    runs = [
+        processes.start(
+            f"node{rank}",
+            [
+                *(*MSCLUSTER, "run", *common, "--node-rank", str(rank)),
+                *("--log-dir", str(tmp_path / f"node{rank}"), str(script), *hold),
+            ],
+            os.environ,
+        )
+        for rank, hold in ((0, []), (1, ["--hold", "60"]))
+    ]
+    done = tmp_path / "node0" / "worker_0.log"
+    wait_until(
+        lambda: done.exists() and "allgather rank=0" in done.read_text(), 30, "its worker done"
+    )
+    wait_until(
+        lambda: launched_pid(tmp_path / "node0", "worker_0") is None, 10, "its worker exited"
+    )
+    runs[0].popen.send_signal(signal.SIGTERM)
+    assert runs[0].wait(10) == 128 + signal.SIGTERM, runs[0].output
+    assert "SIGTERM received" in runs[0].output

@@ -154,7 +154,7 @@ async def receive(
             return await _read_into(call, fd)
         except grpc.aio.AioRpcError as exc:
             raise PeerFailure(f"{exc.code().name}: {exc.details()}") from None
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # not builtin TimeoutError before 3.11
             raise PeerFailure(f"it sent nothing for {PIECE_WAIT_S:.0f} s") from None
         finally:
             call.cancel()

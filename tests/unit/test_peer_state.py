@@ -5,10 +5,13 @@ of a flood, each with nothing changed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -128,6 +131,84 @@ def test_a_checksum_mismatch_leaves_nothing_and_the_next_peer_gives_it(
         assert [p.name for p in dest.parent.iterdir()] == [dest.name]
     finally:
         bad.close()
+
+
+class Silent:
+    """A state server that takes every Fetch and never answers it (a hung peer), started on
+    `loop`; stopped by `close`."""
+
+    def __init__(self, loop: BackgroundLoop) -> None:
+        self.loop = loop
+        self.asked = 0
+        self.server = loop.run(self._start(), timeout_s=10)
+        published = peer_state.Published("127.0.0.1", self.port, peer_state.new_token())
+        self.holder = state_fetch.Holder(5, "node-silent", published)
+
+    async def _start(self) -> grpc.aio.Server:
+        server = grpc.aio.server()
+        pb_grpc.add_PeerStateServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        self.port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        return server
+
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.FetchChunk]:
+        self.asked += 1
+        await asyncio.Event().wait()  # until the call is cancelled
+        yield pb.FetchChunk()
+
+    def close(self) -> None:
+        self.loop.run(self.server.stop(0), timeout_s=10)
+
+
+class Python310TimeoutError(Exception):
+    """asyncio.TimeoutError as Python 3.10 has it: not the builtin TimeoutError."""
+
+
+class Python310Asyncio:
+    """The asyncio module as state_fetch sees it on Python 3.10, where a wait_for that times
+    out raises an asyncio.TimeoutError that is not the builtin TimeoutError."""
+
+    TimeoutError = Python310TimeoutError
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def wait_for(waited: Awaitable[Any], timeout: float | None) -> Any:
+        try:
+            return await asyncio.wait_for(waited, timeout)
+        except TimeoutError:
+            raise Python310TimeoutError from None
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.10"])
+def test_a_silent_peer_is_given_up_on_and_the_next_peer_gives_it(
+    loop: BackgroundLoop,
+    serving: Served,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    python: str,
+) -> None:
+    """CI's Python 3.11 cannot show 3.10's asyncio.TimeoutError (another class there): the
+    "3.10" case gives state_fetch a wait_for that raises one."""
+    monkeypatch.setattr(state_fetch, "PIECE_WAIT_S", 1.0)
+    if python == "3.10":
+        monkeypatch.setattr(state_fetch, "asyncio", Python310Asyncio())
+    silent = Silent(loop)
+    try:
+        dest = tmp_path / "newcomer" / checkpoint_files.file_name("net", STEP)
+        dest.parent.mkdir()
+        started = time.monotonic()
+        fetched = state_fetch.fetch(loop, [silent.holder, serving.holder], wanted(), dest)
+        assert time.monotonic() - started < 5.0
+        assert silent.asked == 1
+        assert fetched.holder == serving.holder
+        assert fetched.failures == [f"{silent.holder}: it sent nothing for 1 s"]
+        assert dest.read_bytes() == (tmp_path / "peer" / "rank_2" / dest.name).read_bytes()
+    finally:
+        silent.close()
 
 
 def call(served: Served, request: pb.FetchRequest) -> grpc.RpcError:

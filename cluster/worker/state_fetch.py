@@ -7,8 +7,9 @@ ordinary reader has verified it (its XXH3 checksum and step) in the temporary fi
 that breaks (the peer killed, the stream cut, a peer silent for `PIECE_WAIT_S`), that brings
 more or fewer bytes than announced, or whose bytes do not verify, leaves no file behind, and
 the next holder is asked. The bytes are stored as they were sent: a replica's file fetched from
-rank 3 keeps rank 3 in its head, which the reader does not check (it checks the step and the
-checksum, and the checksum covers the head).
+rank 3 keeps rank 3 in its head, which the reader then does not check (it checks the step and the
+checksum, and the checksum covers the head); a file asked for without `any_rank` must be of the
+rank asked for, or it is refused as one that does not verify.
 
 The transfer runs on the state server's event loop (a `BackgroundLoop`); the caller's thread
 writes nothing until it has the bytes' verdict.
@@ -116,11 +117,13 @@ def _fetch_from(
     client: Client,
 ) -> tuple[dict[str, Any], int]:
     result: list[tuple[dict[str, Any], int]] = []
+    rank = None if wanted.any_rank else wanted.rank  # a replica may come from any rank
 
     def write(fd: int) -> None:
         nbytes = loop.run(receive(holder, wanted, fd, client))
         try:  # verified in the temporary file, before the rename makes it this rank's
-            result.append((checkpoint_files.read(path, wanted.step, fd), nbytes))
+            state = checkpoint_files.read(path, wanted.step, fd, rank=rank)
+            result.append((state, nbytes))
         except CheckpointError as exc:
             raise PeerFailure(f"what it sent does not verify: {exc}") from None
 

@@ -133,6 +133,36 @@ def test_a_checksum_mismatch_leaves_nothing_and_the_next_peer_gives_it(
         bad.close()
 
 
+def test_a_file_of_another_rank_under_the_ranks_name_is_refused_and_the_next_peer_gives_it(
+    loop: BackgroundLoop, tmp_path: Path
+) -> None:
+    """Without `any_rank` the file must be of the rank asked for: rank 3's checkpoint copied
+    into rank_1/ verifies (step, checksum) but is not rank 1's state."""
+    saved(tmp_path / "misplaced", 3, state(3.0))
+    (tmp_path / "misplaced" / "rank_3").rename(tmp_path / "misplaced" / "rank_1")
+    saved(tmp_path / "good", 1, state(1.0))
+    misplaced = Served(loop, tmp_path / "misplaced", 2)
+    good = Served(loop, tmp_path / "good", 1)
+    try:
+        dest = tmp_path / "newcomer" / "rank_1" / checkpoint_files.file_name("net", STEP)
+        dest.parent.mkdir(parents=True)
+        only_rank_1 = wanted(rank=1, any_rank=False)
+        with pytest.raises(state_fetch.NotFetched) as refused:
+            state_fetch.fetch(loop, [misplaced.holder], only_rank_1, dest)
+        assert "does not verify" in str(refused.value)
+        assert "holds the state of rank 3, not of rank 1" in str(refused.value)
+        assert nothing_left(dest.parent)
+        fetched = state_fetch.fetch(loop, [misplaced.holder, good.holder], only_rank_1, dest)
+        assert fetched.holder == good.holder
+        assert len(fetched.failures) == 1
+        assert fetched.state["w"].tobytes() == state(1.0)["w"].tobytes()
+        replica = state_fetch.fetch(loop, [misplaced.holder], wanted(rank=1), dest)
+        assert replica.state["w"].tobytes() == state(3.0)["w"].tobytes()  # any rank will do
+    finally:
+        misplaced.close()
+        good.close()
+
+
 class Silent:
     """A state server that takes every Fetch and never answers it (a hung peer), started on
     `loop`; stopped by `close`."""

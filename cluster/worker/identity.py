@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from dataclasses import field
 
 from cluster.protocol import auth
+from cluster.protocol.display import quoted
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host, lookup_name
 from cluster.protocol.value import frozen
+
+ADVERTISE = "CLUSTER_ADVERTISE_HOST"
 
 
 @frozen
@@ -54,23 +58,61 @@ def local_address_towards(host: str, port: int) -> str:
 
 
 def free_port(host: str) -> int:
-    """A port that is free on host now: advertised to peers for the data plane."""
+    """A port that is free on host now: advertised to peers for the data plane. OSError
+    (socket.gaierror when host does not resolve) when host is no address of this machine."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def make_identity(node_id: str | None, sched_host: str, sched_port: int) -> NodeIdentity:
-    advertised = os.environ.get("CLUSTER_ADVERTISE_HOST", "").strip()
-    host = (
-        check_host("CLUSTER_ADVERTISE_HOST", advertised)
-        if advertised
-        else local_address_towards(sched_host, sched_port)
+def advertised_host(value: str) -> str:
+    """CLUSTER_ADVERTISE_HOST's `value` as this process listens on it: a host name or IP
+    address (an IPv6 address given in [ ] without them); else a ConfigError."""
+    host = check_host(ADVERTISE, value)
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not bare or "[" in bare or "]" in bare:
+        raise ConfigError(
+            f"{ADVERTISE} {quoted(value, 64)} is not a host name or IP address: [ ] go only "
+            "around a whole IPv6 address"
+        )
+    return bare
+
+
+def unusable(advertised: str, host: str, exc: OSError) -> ConfigError:
+    """The ConfigError for a host this process cannot listen on: `exc` from `free_port`."""
+    if isinstance(exc, socket.gaierror):
+        why = f"does not resolve ({exc.strerror})"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = "is not an address of this host"
+    else:
+        why = f"cannot be listened on ({exc.strerror})"
+    if not advertised:
+        return ConfigError(
+            f"the local address {quoted(host, 64)} that routes to the scheduler {why}: set "
+            f"{ADVERTISE} to an address of this host that peers reach"
+        )
+    return ConfigError(
+        f"{ADVERTISE} {quoted(advertised, 64)} {why}: this worker listens on the address it "
+        "advertises, so give an address (or host name) of this host that peers reach, or unset "
+        "it to use the local address that routes to the scheduler"
     )
+
+
+def make_identity(node_id: str | None, sched_host: str, sched_port: int) -> NodeIdentity:
+    """This process's identity; a ConfigError when CLUSTER_ADVERTISE_HOST (or the address
+    found in its place) is not one this process can listen on."""
+    advertised = os.environ.get(ADVERTISE, "").strip()
+    host = (
+        advertised_host(advertised) if advertised else local_address_towards(sched_host, sched_port)
+    )
+    try:
+        port = free_port(host)
+    except OSError as exc:
+        raise unusable(advertised, host, exc) from None
     return NodeIdentity(
         node_id=node_id or generated_node_id(),
         incarnation=new_incarnation(),
         host=host,
-        port=free_port(host),
+        port=port,
     )

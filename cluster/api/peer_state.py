@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout  # not TimeoutError before 3.11
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def _start_server(loop: BackgroundLoop) -> StateServer | None:
         session.call(
             session.agent.kv_set(peer_state.key(session.identity.node_id), published.encode())
         )
-    except (ClusterError, RuntimeError, OSError, TimeoutError) as exc:
+    except (ClusterError, RuntimeError, OSError, TimeoutError, FutureTimeout) as exc:
         if server is not None:
             loop.run(server.stop(0), timeout_s=5.0)
         session.say(f"this worker does not serve its checkpoints to peers: {exc}")

@@ -232,7 +232,7 @@ async def _collect_garbage(store: object) -> None:
         removed = await asyncio.wait_for(store.collect_garbage(), GARBAGE_WAIT_S)
     except FencedError:
         raise
-    except (StateFileError, TimeoutError) as exc:
+    except (StateFileError, TimeoutError, asyncio.TimeoutError) as exc:  # two before 3.11
         log.warning(
             "cannot remove the chunks no key names in %s: %s", store.where, str(exc) or "timed out"
         )

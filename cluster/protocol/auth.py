@@ -22,7 +22,10 @@ Pure: hashing and HMAC over bytes, no I/O.
   - later calls carry no credential but a MAC (`call_mac`) under a key derived from the secret
     and the credential's hash, over the method, the node, a per-node sequence number and the
     request's hash; the scheduler refuses a number it has seen or one below the window
-    (`CallWindow`), and the number the node had when it last registered.
+    (`CallWindow`), and the number the node had when it last registered;
+  - an operator's read (Status, WatchEvents) carries `read_proof` over a challenge and the
+    method, which the scheduler takes once: it remembers each proof it accepted (a
+    `ReplayCache`) for as long as the proof's challenge is good.
   Without a secret and without TLS the job is open to whoever reaches the port
   (docs/design/security.md); with TLS alone the channel protects the credential.
 """
@@ -30,6 +33,7 @@ Pure: hashing and HMAC over bytes, no I/O.
 from __future__ import annotations
 
 import collections
+import math
 import os
 from dataclasses import field
 
@@ -242,20 +246,28 @@ class CallWindow:
 
 
 class ReplayCache:
-    """The nonces seen lately, oldest forgotten first."""
+    """The values seen lately (nonces, read proofs), oldest forgotten first: past `size` of
+    them, and each one given an end (`until_s`) once the caller's clock passes it. Ends are
+    looked at from the oldest on, so a cache whose ends follow the order of arrival (one clock,
+    one life) holds only the values still alive."""
 
     def __init__(self, size: int = REPLAY_CACHE_SIZE) -> None:
         self._size = size
-        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._seen: collections.OrderedDict[bytes, float] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def first_time(self, nonce: bytes) -> bool:
-        """Remember `nonce`; False when it was seen before."""
-        if nonce in self._seen:
+    def first_time(self, value: bytes, *, now_s: float = 0.0, until_s: float = math.inf) -> bool:
+        """Remember `value` until `until_s`; False when it is remembered already."""
+        while self._seen:
+            oldest, end = next(iter(self._seen.items()))
+            if end > now_s:
+                break
+            del self._seen[oldest]
+        if value in self._seen:
             return False
-        self._seen[nonce] = None
+        self._seen[value] = until_s
         if len(self._seen) > self._size:
             self._seen.popitem(last=False)
         return True

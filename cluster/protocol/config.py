@@ -49,10 +49,10 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 # Spares a scheduler takes at most: enough for the failures between two restarts of a node, few
 # enough that registrations cannot exhaust the scheduler (CLUSTER_MAX_SPARES).
 DEFAULT_MAX_SPARES = 8
-# Readers following the job's events at once (`mscluster events --follow`, status --watch), and
-# the bytes of events each may have waiting before it is cut off (CLUSTER_MAX_FOLLOWERS,
-# CLUSTER_FOLLOWER_MAX_BYTES): a few people watch a job; a reader that does not read costs at
-# most this much.
+# Readers of the job's events at once (`mscluster events --follow`, status --watch; a read
+# without follow counts until it is read to its end), and the bytes of events each follower may
+# have waiting before it is cut off (CLUSTER_MAX_FOLLOWERS, CLUSTER_FOLLOWER_MAX_BYTES): a few
+# people watch a job; a reader that does not read costs at most this much.
 DEFAULT_MAX_FOLLOWERS = 16
 DEFAULT_FOLLOWER_MAX_BYTES = 4 * 1024 * 1024
 
@@ -151,7 +151,7 @@ class Limits:
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     # Spare workers the scheduler takes at most (CLUSTER_MAX_SPARES; 0: none).
     max_spares: int = DEFAULT_MAX_SPARES
-    # Event followers at once, and the bytes each may have waiting (CLUSTER_MAX_FOLLOWERS, ...).
+    # Event readers at once (CLUSTER_MAX_FOLLOWERS), and the bytes each follower may have waiting.
     max_followers: int = DEFAULT_MAX_FOLLOWERS
     follower_max_bytes: int = DEFAULT_FOLLOWER_MAX_BYTES
     # With a job secret, Status and WatchEvents need its proof (or a client certificate);

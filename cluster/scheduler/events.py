@@ -7,8 +7,9 @@ keeps the last `RETAINED_EVENTS`, hands it to its listeners (the metrics), to ev
 stream, and to the event log file when there is one. It never blocks: the file is written by a
 thread of its own (`cluster.scheduler.event_file`), and a stream that falls `FOLLOWER_BACKLOG`
 events or the job's `follower_max_bytes` behind is ended (it can reconnect with the last number it
-got). At most `max_followers` streams follow at once (a reader that never reads holds at most its
-bytes; CLUSTER_MAX_FOLLOWERS, CLUSTER_FOLLOWER_MAX_BYTES)."""
+got). At most `max_followers` streams are open at once, following or not (a reader that never
+reads holds at most its bytes, or the retained events it asked for; CLUSTER_MAX_FOLLOWERS,
+CLUSTER_FOLLOWER_MAX_BYTES)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ class EventJournal:
         self.seq = 0
         self._file: EventFile | None = None
         self._followers: set[_Follower] = set()
+        self._reading = 0  # streams without follow, writing the retained events
         self._saves_failing = False
         self.last_memory_resume: MemoryResume | None = None  # for Status
         # Called with every event, on the loop (the metrics count them).
@@ -169,13 +171,18 @@ class EventJournal:
         past = self.history(after)
         following = follow and not any(e.kind in FINAL for e in past)
         most = self._state.settings.limits.max_followers
-        if following and len(self._followers) >= most:
+        if len(self._followers) + self._reading >= most:
+            # A stream without follow counts too while it is written: one whose reader never
+            # reads is held by gRPC's flow control, and would hold its events for ever.
             raise CapacityError(
-                f"{most} readers follow this job's events already, the most it takes "
-                "(CLUSTER_MAX_FOLLOWERS): read without following, or stop another reader"
+                f"{most} readers of this job's events are connected already, the most it takes "
+                "(CLUSTER_MAX_FOLLOWERS, which counts every WatchEvents stream until it is "
+                "read to its end): stop another reader, or try again"
             )
         if following:
             self._followers.add(follower)  # in the same step as the history: nothing missed
+        else:
+            self._reading += 1
         try:
             for event in past:
                 yield event
@@ -197,4 +204,7 @@ class EventJournal:
                 if news.kind in FINAL:
                     return
         finally:
-            self._followers.discard(follower)
+            if following:
+                self._followers.discard(follower)
+            else:
+                self._reading -= 1

@@ -248,6 +248,28 @@ def test_a_refused_registration_is_no_refusal_of_the_secret() -> None:
     accept(state, reg(state, "0"))
 
 
+def test_a_read_proof_is_taken_once_and_a_fresh_challenge_makes_another() -> None:
+    clock = FakeClock()
+    admission = make_state(clock, worker_num=1, job_secret=SECRET).admission
+    challenge = admission.challenge()
+    proof = auth.read_proof(SECRET, challenge, "WatchEvents")
+    assert admission.read_problem(challenge, proof, "WatchEvents") is None
+    clock.advance(1.0)
+    replayed = admission.read_problem(challenge, proof, "WatchEvents") or ""
+    assert "used before (a replay)" in replayed
+    # The same challenge answers once per method; a guess at a proof is no replay, but wrong.
+    status = auth.read_proof(SECRET, challenge, "Status")
+    assert admission.read_problem(challenge, status, "Status") is None
+    assert "not of this job's secret" in (admission.read_problem(challenge, b"x" * 32, "X") or "")
+    fresh = admission.challenge()
+    assert (
+        admission.read_problem(fresh, auth.read_proof(SECRET, fresh, "WatchEvents"), "WatchEvents")
+        is None
+    )
+    clock.advance(auth.CHALLENGE_TTL_S + 1)
+    assert "old" in (admission.read_problem(challenge, proof, "WatchEvents") or "")
+
+
 # -- primitives ---------------------------------------------------------------------------------
 
 
@@ -271,6 +293,14 @@ def test_the_replay_cache_is_bounded() -> None:
     assert len(cache) == 3
     assert not cache.first_time(bytes([4]))
     assert cache.first_time(bytes([0]))  # forgotten, oldest first
+    timed = auth.ReplayCache(size=100)
+    for i in range(10):
+        assert timed.first_time(bytes([i]), now_s=i, until_s=i + 5.0)
+    assert not timed.first_time(bytes([9]), now_s=9.5)
+    assert len(timed) == 5  # 5-9: 0-4 ended at 9 or before
+    assert timed.first_time(bytes([0]), now_s=9.5, until_s=14.5)  # an ended one is new again
+    assert timed.first_time(b"last", now_s=100.0)
+    assert len(timed) == 1
 
 
 def test_registration_message_covers_every_field() -> None:

@@ -5,9 +5,12 @@ message naming the fix), admits one with it, and keeps the health service open; 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import io
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,14 @@ from cluster.protocol.config import Limits
 from cluster.protocol.environment import limits_from_env
 from cluster.protocol.errors import ConfigError, ReadRefusedError
 from cluster.scheduler import CoreSettings, SchedulerServer
+from cluster.scheduler.machine.events import Kind, Record
 from cluster.tools import events, reading, status
+from cluster.tools.following import Following
+from cluster.tools.watch import Watcher
 from cluster.transport import membership
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.aio import BOUND_S
+from tests.aio import BOUND_S, eventually
 from tests.scrape import settings
 
 SECRET = b"0123456789abcdef" * 4
@@ -109,6 +115,83 @@ async def test_the_tools_prove_the_secret_and_say_in_one_line_what_is_missing() 
     said = str(mistaken.value)
     assert "--secret-file 'x'" in said
     assert "not this job's secret" in said
+
+
+def refused_as_replay(exc: grpc.aio.AioRpcError) -> None:
+    assert exc.code() is grpc.StatusCode.UNAUTHENTICATED, exc
+    assert "used before (a replay)" in (exc.details() or ""), exc.details()
+
+
+async def test_a_captured_read_proof_is_refused_when_replayed() -> None:
+    """A listener on a job with a secret but no TLS captures an operator's `cluster-read`
+    metadata: replayed (a follow of the events for the job's life, or Status) it is refused,
+    and the followers' room (CLUSTER_MAX_FOLLOWERS) stays the operator's."""
+    async with (
+        SchedulerServer(closed(max_followers=2)) as server,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as listener,
+    ):
+        stub, theirs = pb_grpc.SchedulerStub(channel), pb_grpc.SchedulerStub(listener)
+        follow = pb.WatchEventsRequest(follow=True)
+        captured = await proof(stub, SECRET, "WatchEvents")
+        operator = stub.WatchEvents(follow, timeout=BOUND_S, metadata=captured)
+        assert (await operator.read()).event == "started"
+        for _ in range(3):
+            replayed = theirs.WatchEvents(follow, timeout=BOUND_S, metadata=captured)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await replayed.read()
+            refused_as_replay(refused.value)
+        status_proof = await proof(stub, SECRET, "Status")
+        assert await stub.Status(pb.StatusRequest(), timeout=BOUND_S, metadata=status_proof)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await theirs.Status(pb.StatusRequest(), timeout=BOUND_S, metadata=status_proof)
+        refused_as_replay(refused.value)
+        # A fresh challenge's proof is taken: the second follower's place was not taken.
+        again = stub.WatchEvents(
+            follow, timeout=BOUND_S, metadata=await proof(stub, SECRET, "WatchEvents")
+        )
+        assert (await again.read()).event == "started"
+        operator.cancel()
+        again.cancel()
+
+
+async def test_status_watch_proves_each_read_afresh_its_event_stream_reconnections_too() -> None:
+    """`mscluster status --watch` on a job with a secret: every poll, and every reconnection of
+    its event stream (here each new event ends the stream: CLUSTER_FOLLOWER_MAX_BYTES=1),
+    answers a challenge of its own, so none is refused as a replay."""
+    async with SchedulerServer(closed(follower_max_bytes=1)) as server:
+        fetched: list[str] = []
+        seen: list[str] = []
+        following = Following([f"127.0.0.1:{server.port}"], None, lambda _: None, secret=SECRET)
+
+        async def fetch() -> status.JobView:
+            view = await following.fetch()
+            fetched.append(view.phase.value)
+            return view
+
+        async def follow() -> AsyncIterator[events.JobEvent]:
+            async for event in events.from_scheduler(
+                following.address, None, follow=True, secret=following.secret
+            ):
+                seen.append(event.kind)
+                yield event
+
+        out = io.StringIO()
+        watcher = Watcher(fetch, follow, out, interval_s=0.01, terminal=False)
+        running = asyncio.create_task(watcher.run())
+        try:
+            await eventually(lambda: "started" in seen, "the watch's event stream")
+            for i in range(3):
+                server.core.journal.emit(Record(Kind.NODES_BACK, {"seconds": i}))
+                await eventually(lambda: seen.count("nodes_back") > i, "a reconnection")
+            polls = len(fetched)
+            await eventually(lambda: len(fetched) >= polls + 5, "five more polls")
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            await following.close()
+        assert "not answering" not in out.getvalue(), out.getvalue()
 
 
 async def test_readers_prove_secret_0_opens_the_read_side_and_a_job_without_one_is_open() -> None:

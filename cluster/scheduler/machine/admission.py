@@ -13,9 +13,9 @@ and, with a job secret, its proof of the secret (a fresh challenge, a nonce neve
 job it names, its counts and the room left for its role.
 
 `Admission` is a part of `SchedulerState` (it reads the job through `JobView`) and owns what
-trust remembers: the nonces seen, the challenges issued and each node's call window. None of
-them is saved: a restarted scheduler issues new challenges, and waits for each node's
-registration before it takes the node's call proofs.
+trust remembers: the nonces seen, the challenges issued, the read proofs accepted and each
+node's call window. None of them is saved: a restarted scheduler issues new challenges, and
+waits for each node's registration before it takes the node's call proofs.
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ class Admission:
     call_windows: dict[str, auth.CallWindow] = field(default_factory=dict)
     _nonces: auth.ReplayCache = field(default_factory=auth.ReplayCache)
     _challenges: auth.ChallengeIssuer = field(default_factory=auth.ChallengeIssuer)
+    # The operators' read proofs accepted while their challenges are good: each is taken once.
+    _reads: auth.ReplayCache = field(default_factory=auth.ReplayCache)
 
     def admit(
         self, node_id: str, incarnation: int | None, presented: auth.Presented
@@ -279,7 +281,8 @@ class Admission:
         return self._challenges.issue(self.job.clock())
 
     def read_problem(self, challenge: bytes, proof: bytes, method: str) -> str | None:
-        """Why an operator's read proof does not prove the job secret; None when it does."""
+        """Why an operator's read proof does not prove the job secret; None when it does, and
+        then the proof is spent: its replay is refused."""
         secret = self.job.settings.job_secret
         if secret is None:
             return None
@@ -288,6 +291,14 @@ class Admission:
             return f"its proof of the job secret cannot be checked: {stale}"
         if not auth.same_digest(auth.read_proof(secret, challenge, method), proof):
             return "its proof is not of this job's secret"
+        # Only proofs of the secret are remembered (an outsider adds nothing), each for as long
+        # as a challenge issued now stays good (a clock skew's second included).
+        now = self.job.clock()
+        if not self._reads.first_time(proof, now_s=now, until_s=now + auth.CHALLENGE_TTL_S + 1):
+            return (
+                "its proof was used before (a replay): every read answers a challenge of its "
+                "own (mscluster status and events ask for one at every call)"
+            )
         return None
 
     def check_registration(self, reg: Registration) -> Refused | None:

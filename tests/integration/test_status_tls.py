@@ -1,0 +1,67 @@
+"""`mscluster status` (and `--watch`) and `mscluster events --addr` against real schedulers: a
+scheduler whose certificate the reader's CRL revokes is refused before any read; a scheduler
+that refuses the reader's certificate is not reported as a job-secret problem; a plaintext
+reader of a TLS scheduler is told so on every path; an IPv6 --addr without brackets; a
+followed scheduler that goes silent (SIGSTOP) is found by gRPC's pings."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from cluster.testing import Process, free_port
+from cluster.transport import certs
+from tests.integration.test_tls import EXAMPLE
+from tests.procs import Procs, job_env, mscluster
+
+# Every read below is one command: the scheduler waits this long for its workers, well past.
+TOPO_S = "120"
+READS = (
+    ("status",),
+    ("status", "--watch", "--interval", "0.2"),
+    ("events",),
+)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> certs.Pki:
+    return certs.make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def scheduler(processes: Procs, config: Path | None, host: str = "127.0.0.1") -> Process:
+    port = free_port()
+    tls = {} if config is None else {"CLUSTER_TLS_CONFIG": str(config)}
+    env = job_env(1, port, MS_TOPO_TIMEOUT=TOPO_S, MS_SCHED_HOST=host, **tls)
+    sched = processes.start_role("scheduler", "MS_SCHED", EXAMPLE, env)
+    sched.wait_for_output("listening on", 20)
+    sched.port = port  # type: ignore[attr-defined]
+    return sched
+
+
+def read(what: tuple[str, ...], addr: str, config: Path | None) -> tuple[int, list[str]]:
+    """The read `what` of the job at `addr` run to its end: its exit code, its stderr lines."""
+    tls = () if config is None else ("--tls-config", str(config))
+    done = mscluster(*what, "--addr", addr, *tls, secret_file=None, timeout=60)
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_an_ipv6_addr_with_or_without_brackets(processes: Procs) -> None:
+    sched = scheduler(processes, None, host="::1")
+    port = sched.port  # type: ignore[attr-defined]
+    for addr in (f"::1:{port}", f"[::1]:{port}"):
+        done = mscluster("status", "--addr", addr, secret_file=None, timeout=60)
+        assert done.returncode == 0, (addr, done.stderr)
+        assert f"at [::1]:{port}" in done.stdout, done.stdout

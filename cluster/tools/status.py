@@ -221,6 +221,8 @@ async def fetch(
     except grpc.aio.AioRpcError as exc:
         if reading.refused(exc):
             raise reading.refusal(address, found) from None
+        if (denied := reading.denied(address, exc)) is not None:
+            raise denied from None
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
@@ -374,6 +376,8 @@ async def watch_events(
     try:
         metadata = await read_metadata(stub, "WatchEvents", secret, 10.0)
     except grpc.aio.AioRpcError as exc:
+        if (denied := reading.denied(address, exc)) is not None:
+            raise denied from None
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
@@ -390,6 +394,8 @@ async def watch_events(
     except grpc.aio.AioRpcError as exc:
         if reading.refused(exc):
             raise reading.refusal(address, secret) from None
+        if (denied := reading.denied(address, exc)) is not None:
+            raise denied from None
         failure = failures.failure_of(exc)
         said = "no scheduler answers" if failure.cut_off else "the event stream ended"
         raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None

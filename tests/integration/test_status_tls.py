@@ -13,7 +13,7 @@ import pytest
 
 from cluster.testing import Process, free_port
 from cluster.transport import certs
-from tests.integration.test_tls import EXAMPLE
+from tests.integration.test_tls import EXAMPLE, variant
 from tests.procs import Procs, job_env, mscluster
 
 # Every read below is one command: the scheduler waits this long for its workers, well past.
@@ -46,6 +46,23 @@ def read(what: tuple[str, ...], addr: str, config: Path | None) -> tuple[int, li
     done = mscluster(*what, "--addr", addr, *tls, secret_file=None, timeout=60)
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, done.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("what", [("status",), ("events",)], ids=" ".join)
+def test_a_refused_reader_certificate_is_not_called_a_secret_problem(
+    processes: Procs, pki: certs.Pki, tmp_path: Path, what: tuple[str, ...]
+) -> None:
+    # The job has no secret at all; the reader has no CRL, so only the scheduler knows.
+    sched = scheduler(processes, pki.ssl_json)
+    reader_cfg = variant(
+        pki, tmp_path, "reader", client_cert_path=pki.revoked_client_p12, crl_path=None
+    )
+    code, lines = read(what, f"127.0.0.1:{sched.port}", reader_cfg)  # type: ignore[attr-defined]
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert "refused this reader: this node's certificate" in lines[0], lines
+    assert "is revoked" in lines[0], lines
+    assert "secret" not in lines[0], lines
 
 
 def has_ipv6_loopback() -> bool:

@@ -168,16 +168,9 @@ async def _status(
     addrs: list[str], identity: tls.Identity | None, secret: ReadSecret | None
 ) -> JobView:
     from cluster.tools import status  # noqa: PLC0415 - imports grpc
-    from cluster.transport import channel  # noqa: PLC0415 - imports grpc
 
-    try:
-        return await status.fetch_any(addrs, identity, secret=secret)
-    except SchedulerUnreachableError:
-        if len(addrs) == 1:
-            # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
-            host, port = split_address("--addr", addrs[0])
-            await channel.check_scheduler(host, port, identity, 3.0)
-        raise
+    # A scheduler that speaks the other protocol, or is refused: TLSConfigError (`fetch_any`).
+    return await status.fetch_any(addrs, identity, secret=secret)
 
 
 def _client_identity(args: argparse.Namespace) -> tls.Identity | None:

@@ -203,7 +203,9 @@ async def from_scheduler(
     """The scheduler's retained events; with `follow`, then each new one until the job's last,
     asking again (for up to `reconnect_s`) when the scheduler restarts; `where`: the address
     to ask at each (re)connection instead of `address` (the leader, as it changes); `secret`:
-    what proves this reader (`reading`). ReadRefusedError when the scheduler refuses it."""
+    what proves this reader (`reading`; a fresh challenge at each). ReadRefusedError when the
+    scheduler refuses it; TLSConfigError when its certificate is refused or it speaks the
+    other protocol."""
     found = reading.resolve(secret)
     newest = 0.0  # the time of the newest event shown: nothing older is shown again
     lost_at: float | None = None
@@ -237,9 +239,16 @@ async def _watch(
     options: list[tuple[str, int]],
     secret: reading.ReadSecret | None,
 ) -> AsyncIterator[JobEvent]:
+    """The events of one connection to `address`: with a CRL, its certificate checked first
+    (`status.checked`); a failure to reach it explained (`status.explain`)."""
+    await status.checked(address, identity)
     async with scheduler_channel.open_channel(address, identity, options) as channel:
-        async for event in status.watch_events(channel, address, follow=follow, secret=secret):
-            yield event
+        try:
+            async for event in status.watch_events(channel, address, follow=follow, secret=secret):
+                yield event
+        except SchedulerUnreachableError:
+            await status.explain(address, identity)
+            raise
 
 
 # -- the command -------------------------------------------------------------------------------

@@ -48,6 +48,29 @@ def read(what: tuple[str, ...], addr: str, config: Path | None) -> tuple[int, li
     return done.returncode, done.stderr.strip().splitlines()
 
 
+def revoked_scheduler(processes: Procs, pki: certs.Pki, tmp: Path) -> tuple[Process, Path]:
+    """A scheduler serving a certificate of the job's CA that the reader's CRL revokes (an
+    impostor holding a revoked key), and the reader's TLS config with that CRL."""
+    key, cert = certs.issue(pki.ca, "revoked scheduler", server=True, names=certs.LOCAL_NAMES)
+    p12 = certs.write_p12(tmp / "server.p12", key, cert, pki.server_password, pki.ca)
+    crl = tmp / "crl.pem"
+    crl.write_bytes(certs.crl_pem(pki.ca, [cert]))
+    sched_cfg = variant(pki, tmp, "sched", server_cert_path=p12, crl_path=None)
+    return scheduler(processes, sched_cfg), variant(pki, tmp, "reader", crl_path=crl)
+
+
+@pytest.mark.parametrize("what", READS, ids=" ".join)
+def test_a_scheduler_with_a_revoked_certificate_is_refused(
+    processes: Procs, pki: certs.Pki, tmp_path: Path, what: tuple[str, ...]
+) -> None:
+    sched, reader_cfg = revoked_scheduler(processes, pki, tmp_path)
+    code, lines = read(what, f"127.0.0.1:{sched.port}", reader_cfg)  # type: ignore[attr-defined]
+    assert code != 0
+    assert len(lines) == 1, lines
+    assert "is refused: its certificate (subject CN=revoked scheduler" in lines[0], lines
+    assert "is revoked" in lines[0], lines
+
+
 @pytest.mark.parametrize("what", [("status",), ("events",)], ids=" ".join)
 def test_a_refused_reader_certificate_is_not_called_a_secret_problem(
     processes: Procs, pki: certs.Pki, tmp_path: Path, what: tuple[str, ...]
@@ -63,6 +86,20 @@ def test_a_refused_reader_certificate_is_not_called_a_secret_problem(
     assert "refused this reader: this node's certificate" in lines[0], lines
     assert "is revoked" in lines[0], lines
     assert "secret" not in lines[0], lines
+
+
+@pytest.mark.parametrize("what", READS, ids=" ".join)
+def test_a_plaintext_reader_of_a_tls_scheduler_is_told_so(
+    processes: Procs, pki: certs.Pki, what: tuple[str, ...]
+) -> None:
+    sched = scheduler(processes, pki.ssl_json)
+    addr = f"127.0.0.1:{sched.port}"  # type: ignore[attr-defined]
+    # `status` asks two schedulers (the standby setup): the second is not there at all.
+    addrs = f"{addr},127.0.0.1:{free_port()}" if what == ("status",) else addr
+    code, lines = read(what, addrs, None)
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert "uses TLS and this node does not" in lines[0], lines
 
 
 def has_ipv6_loopback() -> bool:

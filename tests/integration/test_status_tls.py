@@ -6,12 +6,18 @@ followed scheduler that goes silent (SIGSTOP) is found by gRPC's pings."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import socket
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
 
+from cluster.protocol.errors import SchedulerUnreachableError
+from cluster.protocol.events import JobEvent
 from cluster.testing import Process, free_port
+from cluster.tools import events
 from cluster.transport import certs
 from tests.integration.test_tls import EXAMPLE, variant
 from tests.procs import Procs, job_env, mscluster
@@ -119,3 +125,30 @@ def test_an_ipv6_addr_with_or_without_brackets(processes: Procs) -> None:
         done = mscluster("status", "--addr", addr, secret_file=None, timeout=60)
         assert done.returncode == 0, (addr, done.stderr)
         assert f"at [::1]:{port}" in done.stdout, done.stdout
+
+
+async def test_a_followed_scheduler_that_goes_silent_is_found(processes: Procs) -> None:
+    # SIGSTOP: the scheduler answers nothing, and its connections stay open (as with a host
+    # that lost power, or a partition); only gRPC's pings can find it.
+    sched = scheduler(processes, None)
+    stream = events.from_scheduler(
+        f"127.0.0.1:{sched.port}",  # type: ignore[attr-defined]
+        None,
+        follow=True,
+        reconnect_s=0.0,
+        secret=None,
+        keepalive_s=1.0,
+    )
+    first = await asyncio.wait_for(anext(stream), 20)  # the stream is open
+    assert first.kind
+    sched.signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(SchedulerUnreachableError, match="no scheduler answers at"):
+            await asyncio.wait_for(_drain(stream), 30)
+    finally:
+        sched.signal(signal.SIGCONT)
+
+
+async def _drain(stream: AsyncGenerator[JobEvent, None]) -> None:
+    async for _ in stream:
+        pass

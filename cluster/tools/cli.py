@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import cluster
 from cluster.api import excepthook, runtime
-from cluster.protocol.config import ClusterConfig
+from cluster.protocol.config import ClusterConfig, join_address
 from cluster.protocol.display import safe
 from cluster.protocol.environment import from_env, sched_addresses_from_env, tls_options_from_env
 from cluster.protocol.errors import (
@@ -153,8 +153,8 @@ def _requested(args: argparse.Namespace) -> placement.Requested:
 
 
 def _split_addr(addr: str) -> str:
-    split_address("--addr", addr)
-    return addr
+    """--addr HOST:PORT as gRPC reads it: an IPv6 host in brackets (::1:8118 is [::1]:8118)."""
+    return join_address(*split_address("--addr", addr))
 
 
 def _split_addrs(addrs: str) -> list[str]:
@@ -168,16 +168,9 @@ async def _status(
     addrs: list[str], identity: tls.Identity | None, secret: ReadSecret | None
 ) -> JobView:
     from cluster.tools import status  # noqa: PLC0415 - imports grpc
-    from cluster.transport import channel  # noqa: PLC0415 - imports grpc
 
-    try:
-        return await status.fetch_any(addrs, identity, secret=secret)
-    except SchedulerUnreachableError:
-        if len(addrs) == 1:
-            # Tell "nothing there" from "it speaks the other protocol" (TLSConfigError).
-            host, port = split_address("--addr", addrs[0])
-            await channel.check_scheduler(host, port, identity, 3.0)
-        raise
+    # A scheduler that speaks the other protocol, or is refused: TLSConfigError (`fetch_any`).
+    return await status.fetch_any(addrs, identity, secret=secret)
 
 
 def _client_identity(args: argparse.Namespace) -> tls.Identity | None:

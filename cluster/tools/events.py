@@ -36,6 +36,10 @@ FINAL = frozenset({"finished", "job_failed"})
 EVENT_LOG = "events.jsonl"  # in the log directory of `mscluster run`
 POLL_S = 0.25
 RECONNECT_S = 60.0
+# A followed scheduler that stops answering gRPC's pings (its host lost power, a partition, a
+# stopped process: no connection is closed) is taken as gone between this and 4/3 of it, and a
+# second, after it last answered (`channel.keepalive_options`), and asked again.
+FOLLOW_KEEPALIVE_S = 10.0
 _SHOWN_APART = ("rank", "node_id")
 # A value of an event is shown escaped (`safe`) and cut to this many characters (a node id is
 # at most 128; a reason a sentence or two): an outsider's 8 MiB id is a line, not a screenful.
@@ -199,15 +203,21 @@ async def from_scheduler(
     reconnect_s: float = RECONNECT_S,
     where: Callable[[], str] | None = None,
     secret: reading.Secret = reading.FROM_ENV,
+    keepalive_s: float = FOLLOW_KEEPALIVE_S,
 ) -> AsyncGenerator[JobEvent, None]:
     """The scheduler's retained events; with `follow`, then each new one until the job's last,
-    asking again (for up to `reconnect_s`) when the scheduler restarts; `where`: the address
-    to ask at each (re)connection instead of `address` (the leader, as it changes); `secret`:
-    what proves this reader (`reading`). ReadRefusedError when the scheduler refuses it."""
+    asking again (for up to `reconnect_s`) when the scheduler restarts or goes silent (found
+    by `keepalive_s`: FOLLOW_KEEPALIVE_S); `where`: the address to ask at each (re)connection
+    instead of `address` (the leader, as it changes); `secret`: what proves this reader
+    (`reading`; a fresh challenge at each). ReadRefusedError when the scheduler refuses it;
+    TLSConfigError when its certificate is refused or it speaks the other protocol."""
     found = reading.resolve(secret)
     newest = 0.0  # the time of the newest event shown: nothing older is shown again
     lost_at: float | None = None
-    options = scheduler_channel.reconnect_options(100, 1000)
+    options = [
+        *scheduler_channel.reconnect_options(100, 1000),
+        *scheduler_channel.keepalive_options(keepalive_s),
+    ]
     while True:
         asked = address if where is None else where()
         try:
@@ -237,9 +247,16 @@ async def _watch(
     options: list[tuple[str, int]],
     secret: reading.ReadSecret | None,
 ) -> AsyncIterator[JobEvent]:
+    """The events of one connection to `address`: with a CRL, its certificate checked first
+    (`status.checked`); a failure to reach it explained (`status.explain`)."""
+    await status.checked(address, identity)
     async with scheduler_channel.open_channel(address, identity, options) as channel:
-        async for event in status.watch_events(channel, address, follow=follow, secret=secret):
-            yield event
+        try:
+            async for event in status.watch_events(channel, address, follow=follow, secret=secret):
+                yield event
+        except SchedulerUnreachableError:
+            await status.explain(address, identity)
+            raise
 
 
 # -- the command -------------------------------------------------------------------------------

@@ -51,7 +51,9 @@ class Following:
     async def fetch(self) -> JobView:
         """The leader's view; SchedulerUnreachableError when no scheduler answers as the leader."""
         try:
-            return await status.fetch(self._opened(), self.address, self._timeout_s, self.secret)
+            return await status.fetch_checked(
+                self._opened(), self.address, self._identity, self._timeout_s, self.secret
+            )
         except SchedulerUnreachableError as exc:
             if len(self.addresses) == 1:
                 raise

@@ -26,8 +26,9 @@ from pathlib import Path
 import grpc
 
 from cluster.protocol.config import JobSecretSource
+from cluster.protocol.display import safe
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
-from cluster.protocol.errors import ReadRefusedError
+from cluster.protocol.errors import AccessDeniedError, ReadRefusedError
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.tools.secret import JOB_SECRET_FILE
 from cluster.transport import membership
@@ -99,8 +100,22 @@ def resolve(secret: Secret) -> ReadSecret | None:
 
 
 def refused(exc: grpc.aio.AioRpcError) -> bool:
-    """Whether a read failed for want of proof of the job secret."""
-    return exc.code() is grpc.StatusCode.UNAUTHENTICATED
+    """Whether a read failed for want of proof of the job secret: the scheduler's refusal says
+    so (`membership.read_refusal`). Another UNAUTHENTICATED (this reader's certificate refused)
+    is `denied`."""
+    return exc.code() is grpc.StatusCode.UNAUTHENTICATED and membership.READ_FIX in (
+        exc.details() or ""
+    )
+
+
+def denied(address: str, exc: grpc.aio.AioRpcError) -> AccessDeniedError | None:
+    """The scheduler at `address` refused this reader for another reason than the job secret
+    (its certificate: revoked, expired), in the scheduler's words; None for any other failure."""
+    if exc.code() is not grpc.StatusCode.UNAUTHENTICATED or refused(exc):
+        return None
+    return AccessDeniedError(
+        f"the scheduler at {address} refused this reader: {safe(exc.details() or '', 1000)}"
+    )
 
 
 def refusal(address: str, secret: ReadSecret | None) -> ReadRefusedError:

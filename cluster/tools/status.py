@@ -11,9 +11,10 @@ import grpc
 
 from cluster.protocol.config import join_address
 from cluster.protocol.display import safe
-from cluster.protocol.errors import NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.protocol.leader_search import LeaderSearch
+from cluster.protocol.parse import split_address
 from cluster.protocol.records import NodeState, Phase
 from cluster.tools import reading
 from cluster.tools.table import format_table
@@ -26,6 +27,9 @@ STATUS_TIMEOUT_S = 3.0
 # A value from the scheduler is shown escaped (`safe`) and cut to this many characters: a node
 # id is at most 128, a host name at most 253.
 SHOWN_MAX = 256
+# This process's checks of schedulers (`checked`, `explain`): a scheduler whose certificate
+# passed under the CRL is taken as checked for `channel.CHECK_KEPT_S`.
+PROBE = channel_module.SchedulerProbe()
 _ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
 
 
@@ -221,6 +225,8 @@ async def fetch(
     except grpc.aio.AioRpcError as exc:
         if reading.refused(exc):
             raise reading.refusal(address, found) from None
+        if (denied := reading.denied(address, exc)) is not None:
+            raise denied from None
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
@@ -272,18 +278,75 @@ async def fetch_any(
 ) -> JobView:
     """The job's status from the leader among `addresses` (each tried in turn; a standby's
     answer names the leader, asked next), or SchedulerUnreachableError saying what each
-    answered (ReadRefusedError at once: the job's schedulers share its secret)."""
+    answered (ReadRefusedError at once: the job's schedulers share its secret; TLSConfigError
+    at once when one is refused or speaks the other protocol: `fetch_checked`)."""
     search, said = LeaderSearch(addresses), []
     while (address := search.next_address()) is not None:
         try:
             async with channel_module.open_channel(address, identity) as opened:
-                return await fetch(opened, address, timeout_s, secret)
+                return await fetch_checked(opened, address, identity, timeout_s, secret)
         except NotLeaderAnswer as exc:
             said.append(str(exc))
             search.standby(exc.leader)
         except SchedulerUnreachableError as exc:
             said.append(str(exc))
     raise SchedulerUnreachableError("; ".join(said) or "no scheduler address given")
+
+
+async def fetch_checked(
+    channel: grpc.aio.Channel,
+    address: str,
+    identity: tls.Identity | None,
+    timeout_s: float = STATUS_TIMEOUT_S,
+    secret: reading.Secret = reading.FROM_ENV,
+) -> JobView:
+    """`fetch`, with the scheduler's certificate checked against the CRL first (`checked`) and
+    a failure to reach it explained (`explain`): TLSConfigError when it is refused."""
+    await checked(address, identity, timeout_s)
+    try:
+        return await fetch(channel, address, timeout_s, secret)
+    except NotLeaderAnswer:
+        raise
+    except SchedulerUnreachableError:
+        await explain(address, identity, timeout_s)
+        raise
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    try:
+        return split_address("the scheduler address", address)
+    except ConfigError:
+        return None
+
+
+async def checked(
+    address: str, identity: tls.Identity | None, timeout_s: float = STATUS_TIMEOUT_S
+) -> None:
+    """Before a read of the scheduler at `address`: with a CRL (which grpc cannot consult), its
+    certificate checked against it (`PROBE`, once per CHECK_KEPT_S). TLSConfigError when it is
+    refused, SchedulerUnreachableError when nothing answers the check; without a CRL, nothing."""
+    if identity is None or identity.revocation is None:
+        return
+    found = _host_port(address)
+    if found is None:
+        raise SchedulerUnreachableError(f"no scheduler address in {shown(address)}")
+    if PROBE.passed_recently(*found, identity):
+        return
+    reach = await PROBE.check(*found, identity, timeout_s)
+    if not reach.ok:
+        why = f": {reach.why}" if reach.why else ""
+        raise SchedulerUnreachableError(f"no scheduler answers at {address}{why}")
+
+
+async def explain(
+    address: str, identity: tls.Identity | None, timeout_s: float = STATUS_TIMEOUT_S
+) -> None:
+    """After a read of `address` went unanswered: TLSConfigError when a scheduler is there but
+    speaks the other protocol, is refused, or refuses this reader's certificate (`PROBE`);
+    nothing when none is there."""
+    found = _host_port(address)
+    if found is not None:
+        await PROBE.check(*found, identity, timeout_s)
 
 
 def shown(text: str) -> str:
@@ -374,6 +437,8 @@ async def watch_events(
     try:
         metadata = await read_metadata(stub, "WatchEvents", secret, 10.0)
     except grpc.aio.AioRpcError as exc:
+        if (denied := reading.denied(address, exc)) is not None:
+            raise denied from None
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
@@ -390,6 +455,8 @@ async def watch_events(
     except grpc.aio.AioRpcError as exc:
         if reading.refused(exc):
             raise reading.refusal(address, secret) from None
+        if (denied := reading.denied(address, exc)) is not None:
+            raise denied from None
         failure = failures.failure_of(exc)
         said = "no scheduler answers" if failure.cut_off else "the event stream ended"
         raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None

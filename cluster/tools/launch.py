@@ -258,8 +258,9 @@ class Launcher:
         return f"{name} ({where}node id {planned.node_id!r})"
 
     async def _poll_status(self) -> None:
-        """The job's status every POLL_STATUS_S: from the one scheduler over one channel, or,
-        with standbys, from whichever leads (`status.fetch_any`: each asked in turn, a standby's
+        """The job's status every POLL_STATUS_S: from the one scheduler over one channel (its
+        certificate checked against the CRL, as `mscluster status` checks it), or, with
+        standbys, from whichever leads (`status.fetch_any`: each asked in turn, a standby's
         answer followed to the leader it names)."""
         async with scheduler_channel.open_channel(
             self.address, self._identity, POLL_CHANNEL_OPTIONS
@@ -269,8 +270,12 @@ class Launcher:
                     if len(self.addresses) > 1:
                         self.view = await self._fetch_leader(POLL_STATUS_S * 2)
                     else:
-                        self.view = await status_module.fetch(
-                            channel, self.address, POLL_STATUS_S * 2, self._job_secret()
+                        self.view = await status_module.fetch_checked(
+                            channel,
+                            self.address,
+                            self._identity,
+                            POLL_STATUS_S * 2,
+                            self._job_secret(),
                         )
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)

@@ -163,6 +163,7 @@ class SchedulerServer:
         self.tls = tls
         self._expiry_check_period_s = expiry_check_period_s
         self._server: grpc.aio.Server | None = None
+        self.servicer: SchedulerServicer | None = None  # set once it serves
         self._health = health_aio.HealthServicer()
         self._monitor: asyncio.Task[None] | None = None
         self._expiry: asyncio.Task[None] | None = None
@@ -258,7 +259,7 @@ class SchedulerServer:
             ),
             interceptors=interceptors,
         )
-        servicer = SchedulerServicer(self.gate)
+        servicer = self.servicer = SchedulerServicer(self.gate)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -34,6 +34,7 @@ from cluster.scheduler import convert, host_link
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
+from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
 from cluster.scheduler.machine.events import Kind, Record
 from cluster.scheduler.refusals import peer_host
@@ -118,6 +119,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             peer_of=lambda context: peer_host(context.peer() or ""),
             refuse=self.turned_away,
         )
+        self.host_calls = HostCalls(edge.HOST_CALLS_PER_PEER, self.member_peers)
 
     @property
     def _core(self) -> SchedulerCore:
@@ -311,15 +313,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             # Not a node's call (`heartbeat_call`): a relay's stream lasts as long as the relay,
             # and the end of the job does not wait for it.
             self._core  # noqa: B018 - a standby refuses it (NotLeaderError)
-            async for beats in request_iterator:
-                if isinstance(beats, edge.Unparsed):
-                    raise self.at_edge(context, "HostBeats", beats.reason, beats.message())
-                for node in beats.nodes:
-                    key = (node.node_id, node.incarnation)
-                    held = self.stream_peers.get(key)
-                    if held is not None and held[0] == peer:
-                        with contextlib.suppress(UnknownNodeError):
-                            self._core.heartbeat(*key, None)
+            with self._host_call(context, "HostBeats"):
+                async for beats in request_iterator:
+                    if isinstance(beats, edge.Unparsed):
+                        raise self.at_edge(context, "HostBeats", beats.reason, beats.message())
+                    for node in beats.nodes:
+                        key = (node.node_id, node.incarnation)
+                        held = self.stream_peers.get(key)
+                        if held is not None and held[0] == peer:
+                            with contextlib.suppress(UnknownNodeError):
+                                self._core.heartbeat(*key, None)
         except ClusterError as exc:
             _refuse(context, exc)
             return None
@@ -332,25 +335,47 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> AsyncIterator[pb.HostDown]:
         """A relay's one stream for its workers' Watch streams (`host_link`): each attached slot
         runs as the Watch call it stands for, with the worker's own request and proof."""
-        link = host_link.HostLink(edge.HOST_SLOTS)
-        reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
-        # A request that is refused ends the call, and with it every slot.
-        reading.add_done_callback(lambda done: link.close() if _failed(done) else None)
         try:
-            async for batch in link.batches(reading):
-                for down in batch:
-                    yield pb.HostDown(
-                        slots=down.slots,
-                        event=down.event or b"",
-                        ended=[_slot_end(end) for end in down.ended],
-                    )
-            if _failed(reading):
-                reading.result()
+            with self._host_call(context, "HostWatch"):
+                link = host_link.HostLink(edge.HOST_SLOTS)
+                reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
+                # A request that is refused ends the call, and with it every slot.
+                reading.add_done_callback(lambda done: link.close() if _failed(done) else None)
+                try:
+                    async for batch in link.batches(reading):
+                        for down in batch:
+                            yield pb.HostDown(
+                                slots=down.slots,
+                                event=down.event or b"",
+                                ended=[_slot_end(end) for end in down.ended],
+                            )
+                    if _failed(reading):
+                        reading.result()
+                finally:
+                    reading.cancel()
+                    link.close()
         except ClusterError as exc:
             _refuse(context, exc)
+
+    @contextlib.contextmanager
+    def _host_call(self, context: CallContext, method: str) -> Iterator[None]:
+        """Around a host call (`HostCalls`): turned away, as crowded, past the address's share
+        of calls that speak for nobody."""
+        peer = context.peer() or ""
+        address, connection = peer_host(peer), reserve.peer_address(peer)
+        if not self.host_calls.open(address, connection):
+            raise self.at_edge(
+                context,
+                method,
+                "crowded",
+                f"{self.host_calls.memberless(address)} host calls from {address} carry no "
+                f"admitted Watch stream already, the most the scheduler holds "
+                f"({self.host_calls.per_peer}); try again",
+            )
+        try:
+            yield
         finally:
-            reading.cancel()
-            link.close()
+            self.host_calls.close(address, connection)
 
     async def _host_up(
         self,

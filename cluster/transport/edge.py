@@ -59,6 +59,12 @@ FIRST_LARGE_MESSAGE_S = 60.0
 # test): their requests follow their headers at once, so few of them wait here.
 ARRIVALS_PER_PEER = 512
 ARRIVALS_TOTAL = 8192
+# A relay's host calls (HostBeats, HostWatch) open at once from one peer address while their
+# connection carries no admitted Watch stream: a relay's own before its first worker is admitted
+# or after its last left (one of each, and one more of each while it reconnects), for the few
+# relays one address may hold. Past it a new one is turned away (UNAVAILABLE: a relay tries
+# again); a call on a member's connection never is.
+HOST_CALLS_PER_PEER = 16
 # Watch streams one host link (a relay's HostWatch call) carries at once: a host's workers, and
 # the simulated thousands of a benchmark's relay. Past it an attach ends at once.
 HOST_SLOTS = 8192

@@ -3,11 +3,12 @@ every call, `server_tls`), another request deserializer (a size cap, `edge.cappe
 response serializer (events serialized once, the scheduler's Watch). gRPC has a constructor
 per kind of call; this picks the handler's own.
 
-`Arrivals` gives a call a bounded time to send its request. gRPC reads a unary request before
-it runs the handler, and holds a stream whose headers came but whose message never does for as
-long as the peer answers pings: thousands of them held the scheduler's memory and descriptors.
-So the server takes each unary-request method as a streaming one (the wire is the same: one
-message, then the end of the stream) and reads that message itself, within its time.
+`Arrivals` gives a call a bounded time to send its (first) request. gRPC reads a unary request
+before it runs the handler, and holds a stream whose headers came but whose message never does
+for as long as the peer answers pings: thousands of them held the scheduler's memory and
+descriptors. So the server takes each unary-request method as a streaming one (the wire is the
+same: one message, then the end of the stream) and reads that message itself, within its time;
+a streaming-request method's handler is given its requests once the first has come in time.
 """
 
 from __future__ import annotations
@@ -114,37 +115,57 @@ class Arrivals:
         return None
 
     def wrap(self, method: str, handler: Handler) -> Handler:
-        """`handler` (unary request) as a streaming-request one that reads its request within
-        its time; a handler that streams its requests is returned as it is."""
-        if handler.unary_unary is not None:
-            unary: Any = handler.unary_unary  # async under grpc.aio; grpc-stubs type it sync
+        """`handler` as a streaming-request one that runs once its first request came in time:
+        a unary-request handler is given that request, a streaming-request one the requests
+        from that one on. The answers are the handler's own, one or a stream."""
+        behavior: Any = (  # async under grpc.aio; grpc-stubs type them sync
+            handler.unary_unary
+            or handler.unary_stream
+            or handler.stream_unary
+            or handler.stream_stream
+        )
+        if behavior is None:
+            return handler
+        unary_request = handler.unary_unary is not None or handler.unary_stream is not None
+        streams = handler.unary_stream is not None or handler.stream_stream is not None
 
-            async def answer(requests: AsyncIterator[Any], context: Context) -> Any:
-                request = await self.request(requests, context, method)
-                return None if request is None else await unary(request, context)
+        async def taken(requests: AsyncIterator[Any], context: Context) -> Any:
+            """What the handler takes (None once the call was refused)."""
+            first = await self.request(requests, context, method)
+            if first is None or unary_request:
+                return first
+            return _from(first, requests)
 
-            return grpc.stream_unary_rpc_method_handler(
-                answer,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            streaming: Any = handler.unary_stream
+        async def answer(requests: AsyncIterator[Any], context: Context) -> Any:
+            request = await taken(requests, context)
+            return None if request is None else await behavior(request, context)
 
-            async def answers(requests: AsyncIterator[Any], context: Context) -> Any:
-                request = await self.request(requests, context, method)
-                if request is None:
-                    return
-                result = streaming(request, context)
-                if inspect.isasyncgen(result):
-                    async for response in result:
-                        yield response
-                else:
-                    await result  # a handler that writes with context.write
+        async def answers(requests: AsyncIterator[Any], context: Context) -> Any:
+            request = await taken(requests, context)
+            if request is None:
+                return
+            result = behavior(request, context)
+            if inspect.isasyncgen(result):
+                async for response in result:
+                    yield response
+            else:
+                await result  # a handler that writes with context.write
 
+        if streams:
             return grpc.stream_stream_rpc_method_handler(
                 answers,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler
+        return grpc.stream_unary_rpc_method_handler(
+            answer,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+async def _from(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """`first`, then the requests of `rest`."""
+    yield first
+    async for request in rest:
+        yield request

@@ -357,11 +357,8 @@ class WorkerAgent:
         return answer
 
     async def _answer(self, call: Call, action: steps.Register) -> pb.Event:
-        """The scheduler's answer to the registration on `call`. Reaching the scheduler is
-        bounded per attempt; once connected, the answer is awaited longer: a scheduler busy with
-        a burst of registrations answers late, and giving up on a registration it is about to
-        accept only makes it do the work again. (A timer that cancels the call, not a task and a
-        timeout per attempt.)"""
+        """The scheduler's answer to the registration on `call`, bounded by `AnswerLimit`; a move
+        to the relay that the scheduler took (`_back_to_relay`) up to MS_NODE_TIMEOUT."""
         limit = AnswerLimit(
             call,
             self._channel,
@@ -369,6 +366,7 @@ class WorkerAgent:
             action.answer_s,
             self._answer_late,
             patient=lambda: self._probe.found_up(self._host, self._port),
+            longer=lambda: self.config.node_timeout_s * bool(self._move and not self._stream_up),
         )
         try:
             return await convert.first_answer(call, self.core.where)
@@ -461,7 +459,8 @@ class WorkerAgent:
     async def _back_to_relay(self) -> None:
         """Register again, this incarnation, through the relay: the scheduler ends the direct
         stream as superseded, no failure (read to its end, then the new one: no event missed).
-        Failed, the node stays direct and looks again."""
+        Failed, the node stays direct and looks again. Once the direct stream has ended, the
+        scheduler took the move: the relay stream speaks for the node (given up, the node fails)."""
         direct, stub = self._channel, self._stub
         self._channel = moved = self._route.open(self.core.address, self._tls)
         self._stub = LazyStub(moved)

@@ -68,8 +68,12 @@ class Silence:
 class AnswerLimit:
     """Cancels a registration `call` that has not reached the scheduler within `attempt_s`
     (unless its connection is on its way, CONNECTING, and `patient()`: the scheduler was found
-    up a moment ago), or that has and is still unanswered after `answer_s`; calls
-    `waiting(seconds)` every REPORT_EVERY_S while it waits for the answer."""
+    up a moment ago), or that has and is still unanswered after `answer_s`, or after `longer()`
+    seconds when that is more (asked at each check); calls `waiting(seconds)` every
+    REPORT_EVERY_S while it waits for the answer. Once connected, the answer is awaited longer
+    than the connection: a scheduler busy with a burst of registrations answers late, and giving
+    up on a registration it is about to accept only makes it do the work again. (A timer that
+    cancels the call, not a task and a timeout per attempt.)"""
 
     def __init__(
         self,
@@ -80,9 +84,10 @@ class AnswerLimit:
         waiting: Callable[[float], None],
         *,
         patient: Callable[[], bool] = lambda: False,
+        longer: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._call = call
-        self._patient = patient
+        self._patient, self._longer = patient, longer
         self._channel = channel
         self._waiting = waiting
         self._loop = asyncio.get_running_loop()
@@ -94,22 +99,21 @@ class AnswerLimit:
     def _check(self) -> None:
         state = self._channel.get_state()
         now = self._loop.time()
-        if state is grpc.ChannelConnectivity.READY and now < self._answer_by:
+        answer_by = max(self._answer_by, self._started + self._longer())
+        if state is grpc.ChannelConnectivity.READY and now < answer_by:
             if now - self._started >= REPORT_EVERY_S:
                 self._waiting(now - self._started)
-            self._timer = self._loop.call_at(
-                min(self._answer_by, now + REPORT_EVERY_S), self._check
-            )
+            self._timer = self._loop.call_at(min(answer_by, now + REPORT_EVERY_S), self._check)
             return
         connecting = state is grpc.ChannelConnectivity.CONNECTING
-        if connecting and self._patient() and now < self._answer_by:
+        if connecting and self._patient() and now < answer_by:
             # A connection on its way to a scheduler this process found up a moment ago: a
             # scheduler that thousands of nodes connect to at once
             # takes seconds to accept each (its accept queue full, the SYN sent again), and
             # gRPC bounds each attempt itself. Abandoning the call only makes another, with a
             # check of its own: a storm of them kept 6,000 of 8,192 nodes out for minutes.
             self._timer = self._loop.call_at(
-                min(self._answer_by, now + CONNECTING_RECHECK_S), self._check
+                min(answer_by, now + CONNECTING_RECHECK_S), self._check
             )
             return
         self.expired = True

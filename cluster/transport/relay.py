@@ -556,10 +556,8 @@ class HostLinks:
         and call metadata) passes edge.HOST_ATTACH_BYTES: the scheduler would end the whole
         link for it, so the relay refuses that one call (INVALID_ARGUMENT) instead."""
         slot = next(self._numbers)
-        up = stub.host_attach(
-            slot, request, forwarded(context.invocation_metadata()), finish=finish
-        )
-        size = stub.attached_bytes(up)
+        metadata = forwarded(context.invocation_metadata())
+        up, size = stub.host_attach_sized(slot, request, metadata, finish=finish)
         if size > edge.HOST_ATTACH_BYTES:
             error = BadRequestError(
                 f"a {'Finish' if finish else 'Watch'} call of {size} bytes (request and call "

@@ -101,17 +101,17 @@ def host_attach(
 ) -> bytes:
     """A serialized HostUp attaching a worker's Watch call, or with `finish` its Finish call (its
     request and text metadata)."""
+    return host_attach_sized(slot, request, metadata, finish=finish)[0]
+
+
+def host_attach_sized(
+    slot: int, request: bytes, metadata: Iterable[tuple[str, Any]], *, finish: bool = False
+) -> tuple[bytes, int]:
+    """`host_attach`, and the size of the HostAttach it holds: what the scheduler bounds by
+    edge.HOST_ATTACH_BYTES."""
     attach = pb.HostAttach(slot=slot, request=request, metadata=metadata_pb(metadata))
     up = pb.HostUp(finish=attach) if finish else pb.HostUp(attach=attach)
-    return up.SerializeToString()
-
-
-def attached_bytes(up: bytes) -> int:
-    """The size of the HostAttach that `up` (a `host_attach`) holds: what the scheduler bounds
-    by edge.HOST_ATTACH_BYTES."""
-    message = pb.HostUp.FromString(up)
-    attached: pb.HostAttach = getattr(message, message.WhichOneof("kind") or "attach")
-    return attached.ByteSize()
+    return up.SerializeToString(), attach.ByteSize()
 
 
 def _varint(value: int) -> bytes:

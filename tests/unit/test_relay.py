@@ -589,12 +589,12 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
 
 @settings(max_examples=50, deadline=None)
 @given(st.integers(0, 2**64 - 1), st.binary(max_size=20_000), st.booleans())
-def test_the_size_of_an_attach_is_read_from_its_encoding(
+def test_the_size_of_an_attach_is_the_size_the_scheduler_reads(
     slot: int, request: bytes, finish: bool
 ) -> None:
-    up = stub.host_attach(slot, request, [("cluster-node-id", "a")], finish=finish)
+    up, size = stub.host_attach_sized(slot, request, [("cluster-node-id", "a")], finish=finish)
     parsed = pb.HostUp.FromString(up)
-    assert stub.attached_bytes(up) == getattr(parsed, parsed.WhichOneof("kind")).ByteSize()
+    assert size == getattr(parsed, parsed.WhichOneof("kind")).ByteSize()
 
 
 class _HostCall:

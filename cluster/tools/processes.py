@@ -20,24 +20,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cluster.worker.orphan import proc_stat
+
 # The launcher's list of what it started: one `<name> <pid>` line each (`launcher` itself,
 # `scheduler`, `worker_<i>`, `spare_<i>`), the newest incarnation of each.
 PIDS_FILE = "pids"
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """The state letter and the parent pid of `pid`, or None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[1])
-
-
 def parent_of(pid: int) -> int | None:
     """The parent of live process `pid` (not a zombie), or None."""
-    stat = _stat(pid)
-    return None if stat is None or stat[0] in "ZX" else stat[1]
+    stat = proc_stat(pid)
+    return None if stat is None or stat[0] in "ZX" else int(stat[1])
 
 
 def alive(pid: int) -> bool:

@@ -48,6 +48,7 @@ from cluster.tools.processes import descendants, launched_pid, processes_running
 from cluster.tools.secret import write_job_secret
 from cluster.tools.status_client import StatusClient
 from cluster.worker import identity
+from cluster.worker.orphan import proc_stat
 
 __all__ = [
     "JobTimeoutError",
@@ -145,10 +146,8 @@ class Process:
 
     def stopped(self) -> bool:
         """True while the process is stopped (SIGSTOP), from /proc."""
-        try:
-            return proc_stat(self.pid)[0] == "T"
-        except (OSError, IndexError):
-            return False
+        fields = proc_stat(self.pid)
+        return fields is not None and fields[0] == "T"
 
     def cpu_s(self) -> float:
         """The user and system CPU seconds it has used so far (OSError once it is gone)."""
@@ -162,16 +161,12 @@ class Process:
             self.popen.wait(10)
 
 
-def proc_stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command's name: its state first (OSError once the
-    process is gone)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
 def cpu_seconds(pid: int) -> float:
     """The user and system CPU seconds process `pid` has used so far, from /proc (OSError once
     it is gone)."""
     fields = proc_stat(pid)
+    if fields is None:
+        raise ProcessLookupError(f"no process {pid}")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

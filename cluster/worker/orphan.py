@@ -38,9 +38,9 @@ def _watch(launcher_pid: int, stop: threading.Event, end: Callable[[ClusterError
     end(JobFailedError(f"the launcher (pid {launcher_pid}) is gone; stopping this process"))
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command's name (the state first); None when it
-    cannot be read (no such process)."""
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (the state first, then the parent
+    pid); None when it cannot be read (no such process). The one reader of that file."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
             return handle.read().rsplit(")", 1)[1].split()
@@ -53,7 +53,7 @@ def launcher_gone(launcher_pid: int) -> bool:
     has its pid, or the one that has it is a zombie or started after this process did (its
     start time in clock ticks since boot, field 22 of /proc/PID/stat). Without /proc, whether a
     process has its pid."""
-    own = _stat("self")
+    own = proc_stat("self")
     if own is None:
         try:
             os.kill(launcher_pid, 0)
@@ -62,7 +62,7 @@ def launcher_gone(launcher_pid: int) -> bool:
         except OSError:
             return False  # another user's process: not ours to judge
         return False
-    other = _stat(launcher_pid)
+    other = proc_stat(launcher_pid)
     if other is None or other[0] in ("Z", "X"):
         return True
     return int(other[19]) > int(own[19])

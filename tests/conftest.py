@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +81,17 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path, for unix sockets (a socket's path has at most 107 bytes,
+    and pytest's tmp_path may be longer)."""
+    directory = Path(tempfile.mkdtemp(prefix="sock-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

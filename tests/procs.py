@@ -76,6 +76,24 @@ def mscluster(
     )
 
 
+def example_error_line(env: Mapping[str, str]) -> str:
+    """The one line of standard error the tutorial's example (`examples/allgather_check.py`)
+    exits non-zero with in `env`: no traceback, nothing else."""
+    result = subprocess.run(
+        [PYTHON, str(ROOT / "examples" / "allgather_check.py")],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 def launched(log_dir: Path, name: str) -> int:
     """The pid of process `name` (`worker_2`, `scheduler`) of the `mscluster run` whose log
     directory is `log_dir`, as that launcher lists it (`<log_dir>/pids`): the process a test

@@ -9,12 +9,10 @@ import dataclasses
 import itertools
 import os
 import re
-import shutil
 import signal
 import socket
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +37,6 @@ from tests.sockets import connections_by_owner, established
 
 EXAMPLE = [str(ROOT / "examples" / "allgather_check.py")]
 LINE = re.compile(r"^allgather rank=(\d+) size=(\d+) result=(\[.*\])$", re.MULTILINE)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path: a unix socket's path has at most 107 bytes, and pytest's
-    tmp_path may be longer."""
-    directory = Path(tempfile.mkdtemp(prefix="relay-"))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def settings(n: int) -> JobSettings:
@@ -130,6 +117,27 @@ def slots(relay: Relay) -> int:
     return sum(len(link.slots) for link in links)
 
 
+async def back_direct_from_a_stopped_relay(
+    srv: SchedulerServer, address: str, said: list[str]
+) -> list[WorkerAgent]:
+    """Two workers ("a", "b") formed through a relay at `address` that then stopped: returned
+    once both are back with the scheduler directly, alive, in a later generation (recovery on)."""
+    relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
+    await relay.start()
+    agents = [make_agent(srv.port, 2, n, said, CLUSTER_RELAY=address) for n in "ab"]
+    await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 20)
+    await relay.stop()
+    state = srv.core.state
+
+    def back_direct() -> bool:
+        held = {a.topology.generation if a.topology else 0 for a in agents}
+        alive = all(m.state is NodeState.ALIVE for m in state.members.values())
+        return alive and held == {state.generation} and state.generation > 1
+
+    await eventually(back_direct, "both workers back directly, in a later generation", 20)
+    return agents
+
+
 async def test_workers_whose_relay_comes_back_move_their_streams_back_to_it(
     short_dir: Path,
 ) -> None:
@@ -140,20 +148,9 @@ async def test_workers_whose_relay_comes_back_move_their_streams_back_to_it(
     on."""
     async with SchedulerServer(dataclasses.replace(settings(2), recovery=True)) as srv:
         address = f"unix:{short_dir / 'r.sock'}"
-        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
-        await relay.start()
         said: list[str] = []
-        agents = [make_agent(srv.port, 2, n, said, CLUSTER_RELAY=address) for n in "ab"]
-        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 20)
-        await relay.stop()
+        agents = await back_direct_from_a_stopped_relay(srv, address, said)
         state = srv.core.state
-
-        def back_direct() -> bool:
-            held = {a.topology.generation if a.topology else 0 for a in agents}
-            alive = all(m.state is NodeState.ALIVE for m in state.members.values())
-            return alive and held == {state.generation} and state.generation > 1
-
-        await eventually(back_direct, "both workers back directly, in a later generation", 20)
         generation = state.generation
         lost = f"lost the relay at {address}: this node talks to the scheduler directly"
         assert said.count(lost) == 2, said
@@ -377,16 +374,35 @@ async def test_a_stopped_relay_is_left_by_its_workers(processes: Procs, short_di
             relay.popen.send_signal(signal.SIGKILL)
 
 
-async def test_workers_behind_a_relay_wait_through_it_for_a_restarted_scheduler(
-    processes: Procs, short_dir: Path
-) -> None:
-    """The scheduler SIGKILLed and started again (recovery on): its workers behind a relay hear
-    from the relay that it cannot reach the scheduler, and ask it again rather than probing the
-    scheduler themselves (the relay waits for its port for the host; 65,536 workers probing it
-    10 times a second each would be 655,000 tries a second). They are back through the relay."""
+@dataclasses.dataclass
+class RelayedJob:
+    """A scheduler process (recovery on), the host's relay process, and two workers' agents
+    (not started) that reach the scheduler through it."""
+
+    port: int
+    scheduler_env: dict[str, str]
+    sched: Process
+    relay: Process
+    agents: list[WorkerAgent]
+    said: list[str]
+
+    def kill_scheduler(self) -> None:
+        self.sched.popen.send_signal(signal.SIGKILL)
+        self.sched.popen.wait(10)
+
+    async def relay_cannot_reach(self) -> None:
+        """Until the workers said, twice in all, that their relay cannot reach the scheduler."""
+        cannot = f"waiting for the scheduler at 127.0.0.1:{self.port}: the relay cannot reach it"
+        await eventually(
+            lambda: sum(line.startswith(cannot) for line in self.said) >= 2, "the relay's word", 30
+        )
+
+
+async def relayed_job(processes: Procs, short_dir: Path) -> RelayedJob:
     port = free_port()
     env = job_env(2, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(short_dir / "state"))
-    sched = processes.start("sched", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
+    scheduler_env = {**env, "MS_ROLE": "MS_SCHED"}
+    sched = processes.start("sched", [*MSCLUSTER, "scheduler"], scheduler_env)
     sock = short_dir / "r.sock"
     relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env)
     await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
@@ -394,20 +410,27 @@ async def test_workers_behind_a_relay_wait_through_it_for_a_restarted_scheduler(
     extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1"}
     extra["MS_RECOVERY_PATH"] = str(short_dir / "workers")
     agents = [make_agent(port, 2, n, said, MS_NODE_ID=n, **extra) for n in "ab"]
+    return RelayedJob(port, scheduler_env, sched, relay, agents, said)
+
+
+async def test_workers_behind_a_relay_wait_through_it_for_a_restarted_scheduler(
+    processes: Procs, short_dir: Path
+) -> None:
+    """The scheduler SIGKILLed and started again (recovery on): its workers behind a relay hear
+    from the relay that it cannot reach the scheduler, and ask it again rather than probing the
+    scheduler themselves (the relay waits for its port for the host; 65,536 workers probing it
+    10 times a second each would be 655,000 tries a second). They are back through the relay."""
+    job = await relayed_job(processes, short_dir)
     try:
-        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 30)
-        sched.popen.send_signal(signal.SIGKILL)
-        sched.popen.wait(10)
-        cannot = f"waiting for the scheduler at 127.0.0.1:{port}: the relay cannot reach it"
-        await eventually(
-            lambda: sum(line.startswith(cannot) for line in said) >= 2, "the relay's word", 30
-        )
-        processes.start("sched-again", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
-        assert await asyncio.wait_for(gather_rolling_back(agents), 60) == [[b"a", b"b"]] * 2
-        probed = [line for line in said if "nothing took the connection" in line]
-        assert not probed, said  # no probe of its own found the scheduler's port refusing
+        await asyncio.wait_for(asyncio.gather(*(a.start() for a in job.agents)), 30)
+        job.kill_scheduler()
+        await job.relay_cannot_reach()
+        processes.start("sched-again", [*MSCLUSTER, "scheduler"], job.scheduler_env)
+        assert await asyncio.wait_for(gather_rolling_back(job.agents), 60) == [[b"a", b"b"]] * 2
+        probed = [line for line in job.said if "nothing took the connection" in line]
+        assert not probed, job.said  # no probe of its own found the scheduler's port refusing
     finally:
-        await asyncio.gather(*(a.close() for a in agents))
+        await asyncio.gather(*(a.close() for a in job.agents))
 
 
 async def test_a_call_cut_off_behind_a_relay_is_made_again_at_its_pace(
@@ -417,16 +440,8 @@ async def test_a_call_cut_off_behind_a_relay_is_made_again_at_its_pace(
     until the scheduler is back; behind a relay, which answers at once that it cannot reach
     the scheduler, each attempt ends at once, and the worker must pause between them (the
     core's `RetryCall`) rather than call its relay as fast as the two can turn."""
-    port = free_port()
-    env = job_env(2, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(short_dir / "state"))
-    sched = processes.start("sched", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
-    sock = short_dir / "r.sock"
-    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env)
-    await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
-    said: list[str] = []
-    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1"}
-    extra["MS_RECOVERY_PATH"] = str(short_dir / "workers")
-    agents = [make_agent(port, 2, n, said, MS_NODE_ID=n, **extra) for n in "ab"]
+    job = await relayed_job(processes, short_dir)
+    agents, relay = job.agents, job.relay
     waiting: asyncio.Future[list[bytes]] | None = None
     try:
         await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 30)
@@ -440,13 +455,9 @@ async def test_a_call_cut_off_behind_a_relay_is_made_again_at_its_pace(
             await asyncio.wait_for(agents[1].wait_generation(99), 0.05)
         await eventually(lambda: event_waits() == before, "the wait's task ended", 5)
         waiting = asyncio.ensure_future(agents[0].exchange("barrier", b""))  # b never joins
-        sched.popen.send_signal(signal.SIGKILL)
-        sched.popen.wait(10)
+        job.kill_scheduler()
         cpu_before, wall_before = relay.cpu_s(), time.monotonic()
-        cannot = f"waiting for the scheduler at 127.0.0.1:{port}: the relay cannot reach it"
-        await eventually(
-            lambda: sum(line.startswith(cannot) for line in said) >= 2, "the relay's word", 30
-        )
+        await job.relay_cannot_reach()
         cpu_s, wall_s = relay.cpu_s() - cpu_before, time.monotonic() - wall_before
         assert not waiting.done()
         # Paced, the relay answers two workers' attempts every 0.05-0.1 s: a few percent of a

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import signal
 import socket
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -31,16 +28,6 @@ from tests.aio import eventually
 from tests.procs import MSCLUSTER, Procs, job_env
 
 EXIT_USAGE = 2  # `mscluster`'s code for a ConfigError
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path: a unix socket's path has at most 107 bytes."""
-    directory = Path(tempfile.mkdtemp(prefix="claim-"))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _takes_connections(path: Path) -> bool:

@@ -7,10 +7,7 @@ connection of this host, the relay's."""
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -30,16 +27,6 @@ pytest.importorskip("numpy")
 TRAIN = ROOT / "examples" / "train_mlp.py"
 LEASE_S = 2
 HOSTS = ("127.0.0.1", "127.0.0.2")
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path, for the relay's unix socket (at most 107 bytes)."""
-    directory = Path(tempfile.mkdtemp(prefix="relay-"))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def role(host: str, port: int) -> str:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,10 @@ from cluster.tools.relay import Relay, RelaySettings
 from cluster.transport.relay import Context, HostLinks
 from cluster.worker import agent as agent_module
 from tests.aio import eventually
-from tests.integration.test_relay import make_agent, settings, slots
+from tests.integration.test_relay import back_direct_from_a_stopped_relay, settings, slots
 
 MOVE_S = 2.0  # RELAY_MOVE_S, the bound on a move's answer while the direct stream lasts
 HELD_S = 3.0  # how late a slow relay passes the scheduler's answer to a registration
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path (a unix socket's path has at most 107 bytes)."""
-    directory = Path(tempfile.mkdtemp(prefix="relay-"))
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def answers_held(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +34,7 @@ def answers_held(monkeypatch: pytest.MonkeyPatch) -> None:
             first = True
             async for item in items:
                 if first:
-                    await asyncio.sleep(HELD_S)  # the relay's lateness: the fault, not a wait
+                    await asyncio.sleep(HELD_S)  # sleep-ok: the relay's lateness is the fault
                 first = False
                 yield item
 
@@ -67,20 +55,9 @@ async def test_a_move_to_a_relay_slow_to_answer_fails_nobody(
     monkeypatch.setattr(agent_module, "RELAY_MOVE_S", MOVE_S)
     async with SchedulerServer(dataclasses.replace(settings(2), recovery=True)) as srv:
         address = f"unix:{short_dir / 'r.sock'}"
-        relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
-        await relay.start()
         said: list[str] = []
-        agents = [make_agent(srv.port, 2, n, said, CLUSTER_RELAY=address) for n in "ab"]
-        await asyncio.wait_for(asyncio.gather(*(a.start() for a in agents)), 20)
-        await relay.stop()
+        agents = await back_direct_from_a_stopped_relay(srv, address, said)
         state = srv.core.state
-
-        def back_direct() -> bool:
-            held = {a.topology.generation if a.topology else 0 for a in agents}
-            alive = all(m.state is NodeState.ALIVE for m in state.members.values())
-            return alive and held == {state.generation} and state.generation > 1
-
-        await eventually(back_direct, "both workers back directly, in a later generation", 20)
         generation = state.generation
         answers_held(monkeypatch)
         again = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))

@@ -7,11 +7,9 @@ ends that connection and nothing else."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import struct
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -105,15 +103,6 @@ class Service:
     async def stuck(self, requests: AsyncIterator[bytes], context: HopContext) -> bytes:
         await self.never.wait()  # reads none of its requests
         return b""
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="hop-"))  # a socket's path has at most 107 bytes
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

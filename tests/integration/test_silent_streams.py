@@ -19,7 +19,7 @@ from cluster.tools.relay import Relay, RelaySettings
 from cluster.transport import edge
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import eventually
-from tests.integration.test_relay import make_agent, settings, short_dir  # noqa: F401 - fixture
+from tests.integration.test_relay import make_agent, settings
 
 SERVICE = "/cluster.v1.Scheduler/"
 SILENT = 300  # calls of each method: 900 in all, past the 512 one address may have waiting
@@ -83,7 +83,7 @@ async def speaking_for_nobody(channel: grpc.aio.Channel) -> list[Any]:
 
 
 async def test_silent_streams_end_and_host_calls_for_nobody_are_held_to_a_share(
-    short_dir: Path,  # noqa: F811 - the fixture
+    short_dir: Path,
 ) -> None:
     async with SchedulerServer(settings(2)) as srv:
         servicer = srv.servicer

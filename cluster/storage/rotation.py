@@ -11,7 +11,10 @@ through. Readers take the old files first (`in_order`).
 The scheduler's log is its stderr: `OutputFileHandler` points descriptors 1 and 2 at the log
 file (CLUSTER_LOG_FILE, which `mscluster run` sets to LOG_DIR/scheduler.log) and rotates it
 from the logging handler, so what is not logged (a traceback, gRPC's own lines) lands in the
-current file too, and the file is checked at every log record.
+current file too, and the file is checked at every log record. It rotates only once the new
+file is open and only the file its stderr writes: while no new file can be opened (no
+descriptor left, no inode, a quota), nothing is renamed or removed, and the log grows past its
+bound in the current file, which it says once.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 
 from cluster.protocol.config import LogRotation
-from cluster.storage.atomic import open_no_follow
+from cluster.storage.atomic import open_no_follow, remove_temporaries, temporary_name
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _MODE = 0o644
@@ -109,33 +113,94 @@ def needs_rotation(fd: int, rotation: LogRotation) -> bool:
 def redirect_output(path: Path) -> None:
     """Point this process's stdout and stderr (descriptors 1 and 2) at `path`, appended to:
     whatever writes them (logging, a traceback, gRPC's C core) writes the file. OSError."""
+    fd = open_for_append(path)
+    try:
+        _point_output_at(fd)
+    finally:
+        os.close(fd)
+
+
+def _point_output_at(fd: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    fd = open_for_append(path)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+
+
+def _is_file_at(fd: int, path: Path) -> bool:
+    """Whether `fd` is the file at `path` (False when either cannot be looked at)."""
     try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-    finally:
-        os.close(fd)
+        held, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
 
 
 class OutputFileHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Logs to stderr, which it points at `path` (`redirect_output`), and rotates that file
     once a record has taken it to its bound: the process that writes the file rotates it, so
-    every writer of its stderr moves to the new file at once."""
+    every writer of its stderr moves to the new file at once. The new file is opened (under a
+    temporary name) before anything is renamed; while it cannot be, the current file grows on,
+    which is said once (and once more when the log rotates again)."""
 
     def __init__(self, path: Path, rotation: LogRotation) -> None:
         redirect_output(path)
         super().__init__(sys.stderr)
         self.path = path
         self.rotation = rotation
+        self._stuck = False
+        remove_temporaries(path)  # a new file of a scheduler killed while it rotated
 
     def emit(self, record: logging.LogRecord) -> None:
         super().emit(record)
         if needs_rotation(2, self.rotation):
-            try:
-                rotate(self.path, self.rotation.keep)
+            self._start_new_file()
+
+    def _start_new_file(self) -> None:
+        """Rotate the file stderr writes and point stderr at a new one; when stderr is no
+        longer the file at `path` (it was moved away), reopen `path` instead, rotating
+        nothing. A failure leaves stderr where it was, and is said once."""
+        try:
+            if _is_file_at(2, self.path):
+                self._rotate_to_new_file()
+            else:
                 redirect_output(self.path)
-            except OSError:
-                self.handleError(record)
+        except OSError as exc:
+            self._cannot(exc)
+            return
+        if self._stuck:
+            self._stuck = False
+            self._say(logging.INFO, "the log file %s rotates again", self.path)
+
+    def _rotate_to_new_file(self) -> None:
+        """Open the new file under a temporary name, then rotate and give it its name: nothing
+        is renamed unless it could be opened. OSError."""
+        new = temporary_name(self.path, secrets.token_hex(8))
+        fd = open_no_follow(new, _FLAGS | os.O_EXCL, _MODE)
+        try:
+            rotate(self.path, self.rotation.keep)
+            new.rename(self.path)
+            _point_output_at(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                new.unlink()
+            raise
+        finally:
+            os.close(fd)
+
+    def _cannot(self, exc: OSError) -> None:
+        if not self._stuck:
+            self._stuck = True
+            self._say(
+                logging.ERROR,
+                "cannot start a new log file %s (%s): the current one grows past "
+                "CLUSTER_LOG_MAX_BYTES (%d) until a new one can be opened",
+                self.path,
+                exc.strerror or exc,
+                self.rotation.max_bytes,
+            )
+
+    def _say(self, level: int, message: str, *args: object) -> None:
+        name = "cluster.storage.rotation"
+        super().emit(logging.LogRecord(name, level, __file__, 0, message, args, None))

@@ -1,6 +1,7 @@
 """Files that outsiders can make grow stay within a bound: the event log and the scheduler's
 log rotate at CLUSTER_LOG_MAX_BYTES, keeping CLUSTER_LOG_KEEP old files, and `mscluster events
---file` reads a rotated journal whole, oldest first, also while following it."""
+--file` reads a rotated journal whole, oldest first, also while following it. A log that
+cannot start a new file loses none of its lines."""
 
 from __future__ import annotations
 
@@ -149,11 +150,10 @@ LOGGING_SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_scheduler_log_is_its_stderr_and_it_rotates_it(tmp_path: Path) -> None:
-    path = tmp_path / "scheduler.log"
-    path.write_text("before logging started\n")  # what the launcher's redirection got
-    done = subprocess.run(
-        [PYTHON, "-c", LOGGING_SCRIPT, str(path)],
+def run_script(script: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """`script` run by a Python of its own with the log file `path` as its argument."""
+    return subprocess.run(
+        [PYTHON, "-c", script, str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -161,6 +161,12 @@ def test_the_scheduler_log_is_its_stderr_and_it_rotates_it(tmp_path: Path) -> No
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         check=False,
     )
+
+
+def test_the_scheduler_log_is_its_stderr_and_it_rotates_it(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.log"
+    path.write_text("before logging started\n")  # what the launcher's redirection got
+    done = run_script(LOGGING_SCRIPT, path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == done.stderr == ""  # all of it went to the file
     assert sorted(sizes(path)) == ["scheduler.log", "scheduler.log.1", "scheduler.log.2"]
@@ -174,15 +180,52 @@ def test_the_scheduler_log_is_its_stderr_and_it_rotates_it(tmp_path: Path) -> No
 def test_an_unwritable_log_file_is_one_line(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")
-    done = subprocess.run(
-        [PYTHON, "-c", LOGGING_SCRIPT, str(blocked / "scheduler.log")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=False,
-    )
+    done = run_script(LOGGING_SCRIPT, blocked / "scheduler.log")
     assert done.returncode != 0
     assert "CLUSTER_LOG_FILE=" in done.stderr
     assert "cannot be written" in done.stderr
+
+
+NO_DESCRIPTORS_SCRIPT = textwrap.dedent(
+    """
+    import logging, os, resource, sys
+    from pathlib import Path
+    from cluster.api.runtime import configure_logging
+    from cluster.protocol.config import LogRotation, ObserveConfig
+    path = Path(sys.argv[1])
+    configure_logging("scheduler", ObserveConfig(log_file=path, rotation=LogRotation(300, 3)))
+    log = logging.getLogger("cluster.scheduler")
+    for i in range(4):
+        log.info("early line %d %s", i, "x" * 60)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    while True:  # a connection flood: no descriptor left
+        try:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            break
+    for i in range(6):
+        log.info("out of fds %d %s", i, "y" * 60)
+    for fd in held:
+        os.close(fd)
+    for i in range(4):  # two rotations: the early lines are the oldest file kept
+        log.info("fds back %d %s", i, "z" * 60)
+    """
+)
+
+
+def test_a_log_that_cannot_open_a_new_file_loses_none_of_its_lines(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.log"
+    done = run_script(NO_DESCRIPTORS_SCRIPT, path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == done.stderr == ""
+    assert sorted(sizes(path)) == [path.name, *(old_file(path, n).name for n in (1, 2, 3))]
+    text = "".join(p.read_text() for p in in_order(path))
+    kept = [line for line in text.splitlines() if "early line" in line or "out of fds" in line]
+    assert len(kept) == 10  # no rotation while no new file could be opened
+    told = [line for line in text.splitlines() if "cannot start a new log file" in line]
+    assert len(told) == 1, text
+    assert "Too many open files" in told[0]
+    assert text.count("rotates again") == 1
+    assert text.endswith("fds back 3 " + "z" * 60 + "\n")
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -5,8 +5,11 @@ make them grow. Each is appended to by the one process that writes it; once the 
 would take it past `LogRotation.max_bytes`, that writer renames FILE to FILE.1 (FILE.1 to
 FILE.2, ..., the oldest, FILE.<keep>, dropped) and opens a new FILE. A file is never cut inside
 a write, so a line stays whole; a single write larger than the bound still lands, alone in its
-file. Files are opened with O_NOFOLLOW: a link planted where the file goes is not written
-through. Readers take the old files first (`in_order`).
+file. A write that fails (a full disk) leaves nothing of itself: the part that landed is cut off
+again, and where even that fails, the next write starts a line of its own, so the torn line is
+one that readers skip and the next is read whole. Files are opened with O_NOFOLLOW: a link
+planted where the file goes is not written through. Readers take the old files first
+(`in_order`).
 
 The scheduler's log is its stderr: `OutputFileHandler` points descriptors 1 and 2 at the log
 file (CLUSTER_LOG_FILE, which `mscluster run` sets to LOG_DIR/scheduler.log) and rotates it
@@ -30,6 +33,7 @@ from cluster.protocol.config import LogRotation
 from cluster.storage.atomic import open_no_follow, remove_temporaries, temporary_name
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+_READ_WRITE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND
 _MODE = 0o644
 
 
@@ -60,10 +64,11 @@ def rotate(path: Path, keep: int) -> None:
         path.rename(old_file(path, 1))
 
 
-def open_for_append(path: Path) -> int:
-    """A descriptor appending to `path` (made if missing, never through a link); OSError."""
+def open_for_append(path: Path, *, readable: bool = False) -> int:
+    """A descriptor appending to `path` (made if missing, never through a link; with
+    `readable`, one that reads it too); OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return open_no_follow(path, _FLAGS, _MODE)
+    return open_no_follow(path, _READ_WRITE_FLAGS if readable else _FLAGS, _MODE)
 
 
 class RotatingFile:
@@ -74,21 +79,30 @@ class RotatingFile:
         self.rotation = rotation
         self._fd: int | None = None
         self._size = 0
+        self._torn = False  # the file ends inside a line: the next write starts a new one
 
     def write(self, data: bytes) -> None:
-        """Append `data` whole (rotating first when it would not fit); OSError."""
+        """Append `data` whole (rotating first when it would not fit); OSError, and then
+        nothing of `data` is left in the file (or, when what landed cannot be cut off, the
+        next write starts on a line of its own)."""
         if self._fd is None:
             self._open()
-        if self._size and self._size + len(data) > self.rotation.max_bytes:
+        if self._size and self._size + int(self._torn) + len(data) > self.rotation.max_bytes:
             self.close()
             rotate(self.path, self.rotation.keep)
             self._open()
         assert self._fd is not None
-        view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-            self._size += written
+        before = self._size
+        view = memoryview(b"\n" + data if self._torn else data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+                self._size += written
+        except OSError:
+            self._cut_back(self._fd, before)
+            raise
+        self._torn = False
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
@@ -97,8 +111,21 @@ class RotatingFile:
                 os.close(fd)
 
     def _open(self) -> None:
-        self._fd = open_for_append(self.path)
+        self._fd = open_for_append(self.path, readable=True)
         self._size = os.fstat(self._fd).st_size
+        self._torn = self._size > 0 and os.pread(self._fd, 1, self._size - 1) != b"\n"
+
+    def _cut_back(self, fd: int, size: int) -> None:
+        """Take the file back to `size` bytes after a failed write; where that fails too, the
+        file ends inside a line (the next write starts a new one)."""
+        if self._size == size:
+            return
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            self._torn = True
+            return
+        self._size = size
 
 
 def needs_rotation(fd: int, rotation: LogRotation) -> bool:

@@ -1,10 +1,12 @@
 """Files that outsiders can make grow stay within a bound: the event log and the scheduler's
 log rotate at CLUSTER_LOG_MAX_BYTES, keeping CLUSTER_LOG_KEEP old files, and `mscluster events
---file` reads a rotated journal whole, oldest first, also while following it. A log that
-cannot start a new file loses none of its lines."""
+--file` reads a rotated journal whole, oldest first, also while following it. A full disk
+leaves no torn line in the event log; a log that cannot start a new file loses none."""
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import subprocess
 import textwrap
@@ -15,8 +17,11 @@ import pytest
 from cluster.protocol.config import LogRotation
 from cluster.protocol.events import JobEvent
 from cluster.scheduler.event_file import EventFile, last_seq
+from cluster.storage import rotation
 from cluster.storage.rotation import RotatingFile, in_order, old_file
 from cluster.tools import events as events_tool
+from cluster.tools.testing import wait_until
+from tests import tmpfs
 from tests.procs import PYTHON, ROOT
 
 SMALL = LogRotation(max_bytes=1024, keep=2)
@@ -184,6 +189,80 @@ def test_an_unwritable_log_file_is_one_line(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "CLUSTER_LOG_FILE=" in done.stderr
     assert "cannot be written" in done.stderr
+
+
+def event_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_a_full_disk_leaves_no_torn_event_and_the_next_one_is_read_whole(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with tmpfs.mounted("256k") as disk, caplog.at_level(logging.INFO, "cluster.scheduler"):
+        path = disk / "events.jsonl"
+        log = EventFile(path, LogRotation(max_bytes=1 << 20, keep=3))
+        for seq in range(1, 13):
+            log.write(event(seq).to_json())
+        wait_until(lambda: last_seq(path) == 12, 10, "the first 12 events on disk")
+        filler = tmpfs.fill(disk)
+        for refused in range(13, 13 + 100):  # the last page takes a few, then one lands in part
+            log.write(event(refused).to_json())
+            wait_until(
+                lambda: last_seq(path) == refused or "cannot write" in caplog.text, 10, "a write"
+            )
+            if "cannot write" in caplog.text:
+                break
+        else:
+            pytest.fail("the full disk took 100 events")
+        assert "No space left on device" in caplog.text  # said as before
+        assert path.read_bytes().endswith(b"\n")  # what landed of it was cut off again
+        assert [JobEvent.from_json(line).seq for line in event_lines(path)] == list(
+            range(1, refused)
+        )
+        filler.unlink()
+        log.write(event(refused + 1).to_json())
+        wait_until(lambda: "written again" in caplog.text, 10, "the event log written again")
+        log.close()
+        seqs = [JobEvent.from_json(line).seq for line in event_lines(path)]
+        assert seqs == [*range(1, refused), refused + 1]
+        assert last_seq(path) == refused + 1
+
+
+def write_until_refused(writer: RotatingFile, seq: int) -> int:
+    """Write events from `seq` on until the full disk refuses one; its number."""
+    for number in range(seq, seq + 100):
+        try:
+            writer.write(f"{event(number).to_json()}\n".encode())
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return number
+    pytest.fail("the full disk took 100 events")
+
+
+def test_a_torn_line_that_cannot_be_cut_off_is_a_line_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_truncate(fd: int, size: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with tmpfs.mounted("256k") as disk:
+        path = disk / "events.jsonl"
+        writer = RotatingFile(path, LogRotation(max_bytes=1 << 20, keep=3))
+        writer.write(f"{event(1).to_json()}\n".encode())
+        filler = tmpfs.fill(disk)
+        monkeypatch.setattr(rotation.os, "ftruncate", no_truncate)
+        seq = write_until_refused(writer, 2)
+        assert not path.read_bytes().endswith(b"\n")  # torn, and left so
+        filler.unlink()
+        writer.close()  # as the event log does after a failure: the next write reopens
+        again = RotatingFile(path, LogRotation(max_bytes=1 << 20, keep=3))
+        again.write(f"{event(seq + 1).to_json()}\n".encode())
+        again.close()
+        assert JobEvent.from_json(event_lines(path)[-1]).seq == seq + 1
+        shown = [e.seq for e in events_tool.from_file(path, follow=False)]
+        assert shown == [*range(1, seq), seq + 1]  # the torn line skipped, none glued
+        assert last_seq(path) == seq + 1
 
 
 NO_DESCRIPTORS_SCRIPT = textwrap.dedent(

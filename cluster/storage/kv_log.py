@@ -9,8 +9,11 @@
 A batch of changes is one write and one fsync, so a key set costs a fraction of an fsync however
 many arrive together, and never a rewrite of the whole store. A crash mid-append leaves a torn
 last record: it was never acknowledged (the answer waits for the fsync), so loading drops it and
-the next append overwrites it. A complete record that fails its checksum, or anything that is not
-a record, is corruption and is reported, never half-loaded.
+the next append overwrites it. A record whose length runs past the end of the file is taken for
+torn only when no whole record (its magic, a length within the file, its checksum) begins
+anywhere after its header, and its own bytes to the end are not one whole record: otherwise its
+length was damaged, and what follows is saved records. That, a complete record that fails its
+checksum, or anything that is not a record, is corruption: reported, never half-loaded nor cut.
 
 The log is compacted: it knows the size of the newest record of each key, so what a compacted
 log would hold (`live`: the header and one record per key) is exact, whatever was rewritten.
@@ -70,6 +73,41 @@ def encode_record(key: str, value: bytes) -> bytes:
     return MAGIC + _LENGTH.pack(len(body)) + body + xxhash.xxh3_128_digest(body)
 
 
+def _checks_out(view: memoryview, at: int, length: int) -> bool:
+    """Whether the record at `at`, its body `length` bytes, lies whole in `view` and verifies."""
+    end = at + 6 + length + _DIGEST
+    if length < 4 or end > len(view):
+        return False
+    return xxhash.xxh3_128_digest(view[at + 6 : end - _DIGEST]) == view[end - _DIGEST : end]
+
+
+def _damaged_length(data: bytes, at: int, length: int) -> str:
+    """Why the record at `at`, whose `length` runs past the end of `data`, is whole records
+    behind a damaged length rather than a torn tail ('' when it is torn): a whole record begins
+    after its header, or its own bytes to the end verify as one record."""
+    whole = _next_whole_record(data, at + 6)
+    if whole is not None:
+        follows = f"a whole record follows at byte {whole}"
+    elif _checks_out(memoryview(data), at, len(data) - at - 6 - _DIGEST):
+        follows = "its bytes to the end of the file are a whole record"
+    else:
+        return ""
+    return f"a record's length, {length} bytes, runs past the end of the log, yet {follows}"
+
+
+def _next_whole_record(data: bytes, start: int) -> int | None:
+    """Where the first record at or after `start` begins that lies whole in `data` and verifies
+    (its magic, a length within `data`, its checksum); None when there is none."""
+    view = memoryview(data)
+    at = data.find(MAGIC, start)
+    while at != -1 and at + 6 <= len(data):
+        (length,) = _LENGTH.unpack(view[at + 2 : at + 6])
+        if _checks_out(view, at, length):
+            return at
+        at = data.find(MAGIC, at + 1)
+    return None
+
+
 class KvLog:
     """The log of one directory; one writer at a time (the scheduler holding its lock)."""
 
@@ -122,10 +160,13 @@ class KvLog:
             (length,) = _LENGTH.unpack(head[2:])
             end = at + 6 + length + _DIGEST
             if end > len(data):
-                break  # torn
-            body = view[at + 6 : at + 6 + length]
-            if xxhash.xxh3_128_digest(body) != data[end - _DIGEST : end] or length < 4:
+                damaged = _damaged_length(data, at, length)
+                if not damaged:
+                    break  # torn
+                raise self._corrupt(at, damaged)
+            if not _checks_out(view, at, length):
                 raise self._corrupt(at, "a record fails its checksum")
+            body = view[at + 6 : at + 6 + length]
             (key_length,) = _LENGTH.unpack(body[:4])
             try:
                 key = str(body[4 : 4 + key_length], "utf-8")

@@ -153,3 +153,59 @@ def test_any_sequence_of_sets_stays_bounded_and_replays_the_same_map(
         replayed = KvLog(directory)
         assert replayed.load(JOB) == model
         assert (replayed.size, replayed.live) == (log.size, log.live)
+
+
+def logged(directory: Path, batches: list[dict[str, bytes]]) -> list[int]:
+    """A log of `batches`, one append each; where each batch's first record begins."""
+    log = KvLog(directory)
+    log.load(JOB)
+    starts = []
+    for batch in batches:
+        starts.append(log.size)
+        log.append(JOB, batch)
+    return starts
+
+
+@pytest.mark.parametrize(
+    ("damaged", "follows"),
+    [(1, "a whole record follows at byte {next}"), (3, "its bytes to the end of the file are")],
+)
+def test_a_damaged_length_of_a_saved_record_is_corruption_never_a_torn_tail(
+    tmp_path: Path, damaged: int, follows: str
+) -> None:
+    """One bit of a saved record's length flipped, so that the record seems to run past the end
+    of the log (the second record: whole ones follow it; the last: it is whole itself). They
+    were acknowledged: the log is reported, never loaded without them or cut."""
+    starts = logged(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
+    path = tmp_path / FILE_NAME
+    data = bytearray(path.read_bytes())
+    data[starts[damaged] + 2] ^= 0x80  # the length's high byte: 2 GiB past the end
+    path.write_bytes(data)
+    log = KvLog(tmp_path)
+    with pytest.raises(StateFileError) as caught:
+        log.load(JOB)
+    message = str(caught.value)
+    assert f"the key-value log {path} is corrupt at byte {starts[damaged]}" in message
+    assert follows.format(next=starts[damaged + 1] if damaged < 3 else 0) in message
+    assert kv_log.ADVICE in message
+    assert path.read_bytes() == data  # nothing cut: what to do is the operator's call
+
+
+@pytest.mark.parametrize("kept", range(1, record_size("c", b"c" * 8)))
+def test_a_torn_last_record_is_dropped_and_the_next_append_overwrites_it(
+    tmp_path: Path, kept: int
+) -> None:
+    """A crash mid-append leaves the start of its record (never acknowledged): loading drops
+    it without a word, and the next batch is written where it began."""
+    logged(tmp_path, [{"a": b"a" * 8}, {"b": b"b" * 8}])
+    path = tmp_path / FILE_NAME
+    whole = path.stat().st_size
+    with path.open("ab") as file:
+        file.write(encode_record("c", b"c" * 8)[:kept])
+    log = KvLog(tmp_path)
+    assert log.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8}
+    assert log.size == whole
+    log.append(JOB, {"d": b"d"})
+    assert path.stat().st_size == whole + record_size("d", b"d")
+    replayed = KvLog(tmp_path)
+    assert replayed.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8, "d": b"d"}

@@ -149,6 +149,14 @@ class RecoveryLock:
                 f"{str(self.path.parent)!r}: two schedulers cannot share a recovery path; stop "
                 "it, or give this job its own path"
             ) from None
+        except OSError as exc:  # ENOLCK (NFSv3 without lockd), EOPNOTSUPP: no lock at all
+            os.close(fd)
+            raise ConfigError(
+                f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot be locked: its file system "
+                f"refuses a lock on {self.path.name} ({exc.strerror}), and without one two "
+                "schedulers could share it; point MS_RECOVERY_PATH at a local directory, or "
+                "keep the job's state in etcd (CLUSTER_STATE_URL; see docs/howto/standbys.md)"
+            ) from None
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())

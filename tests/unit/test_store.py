@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import subprocess
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.scheduler import descriptors
 from cluster.storage import store
 
 PAYLOAD = {"job_id": "abc", "generation": 3, "nodes": [{"node_id": "0", "rank": 0}]}
@@ -180,3 +183,25 @@ def test_a_recovery_directory_that_cannot_take_the_lock_is_one_clear_error(tmp_p
     message = str(caught.value)
     assert f"MS_RECOVERY_PATH={str(tmp_path)!r} cannot hold the job's state" in message
     assert "(Is a directory)" in message
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_that_refuses_locks_is_one_clear_error_and_leaks_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """NFSv3 without lockd answers flock with ENOLCK (some file systems, EOPNOTSUPP): this
+    machine cannot, so flock is made to."""
+
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    before = descriptors.open_descriptors()
+    with pytest.raises(ConfigError) as caught:
+        store.RecoveryLock(tmp_path).acquire()
+    assert descriptors.open_descriptors() == before
+    message = str(caught.value)
+    assert f"MS_RECOVERY_PATH={str(tmp_path)!r}" in message
+    assert f"({os.strerror(code)})" in message
+    assert "a local directory" in message
+    assert "CLUSTER_STATE_URL" in message

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage import atomic, kv_log
 from cluster.storage.kv_log import FILE_NAME, KvLog, encode_record, needs_compaction, record_size
 from tests import tmpfs
@@ -150,9 +150,11 @@ def test_any_sequence_of_sets_stays_bounded_and_replays_the_same_map(
             assert log.size == on_disk
             assert log.live == compacted_size(model)
             assert on_disk <= max(FLOOR, 2 * log.live)
+        log.close()
         replayed = KvLog(directory)
         assert replayed.load(JOB) == model
         assert (replayed.size, replayed.live) == (log.size, log.live)
+        replayed.close()
 
 
 def logged(directory: Path, batches: list[dict[str, bytes]]) -> list[int]:
@@ -163,6 +165,7 @@ def logged(directory: Path, batches: list[dict[str, bytes]]) -> list[int]:
     for batch in batches:
         starts.append(log.size)
         log.append(JOB, batch)
+    log.close()
     return starts
 
 
@@ -206,6 +209,33 @@ def test_a_torn_last_record_is_dropped_and_the_next_append_overwrites_it(
     assert log.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8}
     assert log.size == whole
     log.append(JOB, {"d": b"d"})
+    log.close()
     assert path.stat().st_size == whole + record_size("d", b"d")
     replayed = KvLog(tmp_path)
     assert replayed.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8, "d": b"d"}
+    replayed.close()
+
+
+def test_an_append_never_writes_a_log_that_replaced_its_own(tmp_path: Path) -> None:
+    """The log holds the file it loaded or wrote: a kv.log put in its place (a directory or a
+    file replaced behind its back) is another writer's, and is never truncated or appended to."""
+    ours = KvLog(tmp_path)
+    ours.load(JOB)
+    ours.append(JOB, {"a": b"1"})
+    (tmp_path / "other").mkdir()
+    theirs = KvLog(tmp_path / "other")
+    theirs.append(JOB, {"b": b"2" * 64})
+    theirs.close()
+    os.replace(tmp_path / "other" / FILE_NAME, tmp_path / FILE_NAME)
+    replaced = (tmp_path / FILE_NAME).read_bytes()
+    with pytest.raises(FencedError, match="it is not the log this scheduler has been writing"):
+        ours.append(JOB, {"c": b"3"})
+    assert (tmp_path / FILE_NAME).read_bytes() == replaced
+    reader = KvLog(tmp_path)
+    assert reader.load(JOB) == {"b": b"2" * 64}
+    reader.close()
+    (tmp_path / FILE_NAME).unlink()
+    with pytest.raises(FencedError, match=r"\(nothing is there\)"):
+        ours.append(JOB, {"c": b"3"})
+    assert not (tmp_path / FILE_NAME).exists()
+    ours.close()

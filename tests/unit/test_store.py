@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, FencedError, StateFileError
 from cluster.scheduler import descriptors
 from cluster.storage import store
 
@@ -205,3 +205,59 @@ def test_a_file_system_that_refuses_locks_is_one_clear_error_and_leaks_no_descri
     assert f"({os.strerror(code)})" in message
     assert "a local directory" in message
     assert "CLUSTER_STATE_URL" in message
+
+
+def a_flock_that_replaces_the_lock_file_first(
+    monkeypatch: pytest.MonkeyPatch, directory: Path, times: int
+) -> None:
+    """The directory's lock file removed (its directory replaced) between the lock's open and
+    its flock, the first `times` times: a race made certain, with real files and real locks."""
+    real = fcntl.flock
+    left = [times]
+
+    def flock(fd: int, operation: int) -> None:
+        if left[0] > 0 and operation & fcntl.LOCK_EX:
+            left[0] -= 1
+            (directory / store.LOCK_NAME).unlink()
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_a_lock_file_replaced_while_it_is_locked_is_locked_again_at_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a_flock_that_replaces_the_lock_file_first(monkeypatch, tmp_path, times=1)
+    with store.RecoveryLock(tmp_path) as lock:
+        lock.check()  # the file the path names is the one locked
+        with pytest.raises(ConfigError, match="another scheduler"):
+            store.RecoveryLock(tmp_path).acquire()
+
+
+def test_a_lock_file_replaced_again_and_again_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a_flock_that_replaces_the_lock_file_first(monkeypatch, tmp_path, times=2)
+    before = descriptors.open_descriptors()
+    with pytest.raises(ConfigError) as caught:
+        store.RecoveryLock(tmp_path).acquire()
+    assert descriptors.open_descriptors() == before
+    assert str(caught.value) == (
+        f"{tmp_path / store.LOCK_NAME} was replaced twice while this scheduler locked it: "
+        f"something removes or replaces MS_RECOVERY_PATH={str(tmp_path)!r}; stop it, then "
+        "start the scheduler again"
+    )
+
+
+def test_a_lock_whose_directory_is_removed_says_so(tmp_path: Path) -> None:
+    directory = tmp_path / "job"
+    directory.mkdir()
+    with store.RecoveryLock(directory) as lock:
+        lock.check()
+        directory.rename(tmp_path / "old")
+        with pytest.raises(FencedError, match=r"was removed or replaced .*\(scheduler.lock"):
+            lock.check()
+        directory.mkdir()
+        second = store.RecoveryLock(directory)  # a second scheduler, on the directory made again
+        with second, pytest.raises(FencedError, match="another scheduler may run on it now"):
+            lock.check()

@@ -14,6 +14,10 @@ on the way becomes the caller's own ClusterError, made by `fail(exc)` in this on
 temporary is removed (as it is when `write` raises anything else); the previous file, if any,
 is untouched. The recovery state files (`store`), the key-value log (`kv_log`) and the
 checkpoints (`checkpoint_files`) are all written this way.
+
+A writer that must not write a file that replaced its own (a directory removed or replaced
+behind its back) holds its file open and compares it with what the path names
+(`names_open_file`): an open file's inode is never reused, so a new file cannot pass for it.
 """
 
 from __future__ import annotations
@@ -121,3 +125,19 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def same_file(one: os.stat_result, other: os.stat_result) -> bool:
+    """Whether two `stat` results are of one file (the same device and inode)."""
+    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
+
+
+def names_open_file(path: Path, fd: int) -> bool:
+    """Whether `path` itself (never a link there) is the file open at `fd`; False when nothing
+    is there. OSError when `path` cannot be looked up. While `fd` stays open its inode is not
+    reused, so a file made at `path` later never passes for it."""
+    try:
+        there = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return same_file(there, os.fstat(fd))

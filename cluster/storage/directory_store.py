@@ -7,6 +7,12 @@ process is the only writer, so it knows what is on disk: a save checks the file'
 (inode, size, modification time) against the one it last wrote or read, and reads the file
 again only when another process changed it behind the lock.
 
+Every write first checks that `scheduler.lock` at the path is still the file this process holds
+locked: once MS_RECOVERY_PATH is removed or replaced while the scheduler runs, another scheduler
+can lock the new directory, and this one's writes (state, key-value log) fail with FencedError
+instead of landing in that scheduler's files. The key-value log holds its file open and writes
+only to it (`KvLog.append`), so a batch never lands in a log that replaced it.
+
 Blocking file I/O runs on a worker thread (an fsync must not stall the scheduler's loop). A write
 runs to its end even when its caller is cancelled, and `release` (and `close`) waits for the
 writes still running, up to WRITE_WAIT_S, before it lets the lock go: the next holder never sees
@@ -83,14 +89,20 @@ class DirectoryStore:
                     )
         finally:
             self._lock.release()
+            self._kv.close()
 
     async def _write(self, write: Callable[..., _T], *args: Any) -> _T:
-        """`write(*args)` on a worker thread, tracked until its thread ends (a cancelled caller
-        stops waiting for it; `release` still does)."""
-        future = asyncio.ensure_future(asyncio.to_thread(write, *args))
+        """`write(*args)` on a worker thread, once the lock is seen to be the directory's still
+        (`RecoveryLock.check`: FencedError when it was removed or replaced), tracked until its
+        thread ends (a cancelled caller stops waiting for it; `release` still does)."""
+        future = asyncio.ensure_future(asyncio.to_thread(self._checked, write, *args))
         self._writes.add(future)
         future.add_done_callback(self._ended)
         return await asyncio.shield(future)
+
+    def _checked(self, write: Callable[..., _T], *args: Any) -> _T:
+        self._lock.check()
+        return write(*args)
 
     def _ended(self, future: asyncio.Future[Any]) -> None:
         self._writes.discard(future)

@@ -9,8 +9,11 @@
 A batch of changes is one write and one fsync, so a key set costs a fraction of an fsync however
 many arrive together, and never a rewrite of the whole store. A crash mid-append leaves a torn
 last record: it was never acknowledged (the answer waits for the fsync), so loading drops it and
-the next append overwrites it. A complete record that fails its checksum, or anything that is not
-a record, is corruption and is reported, never half-loaded.
+the next append overwrites it. A record whose length runs past the end of the file is taken for
+torn only when no whole record (its magic, a length within the file, its checksum) begins
+anywhere after its header, and its own bytes to the end are not one whole record: otherwise its
+length was damaged, and what follows is saved records. That, a complete record that fails its
+checksum, or anything that is not a record, is corruption: reported, never half-loaded nor cut.
 
 The log is compacted: it knows the size of the newest record of each key, so what a compacted
 log would hold (`live`: the header and one record per key) is exact, whatever was rewritten.
@@ -30,12 +33,12 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import xxhash
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage import atomic
 
 FILE_NAME = "kv.log"
@@ -70,6 +73,56 @@ def encode_record(key: str, value: bytes) -> bytes:
     return MAGIC + _LENGTH.pack(len(body)) + body + xxhash.xxh3_128_digest(body)
 
 
+def _checks_out(view: memoryview, at: int, length: int) -> bool:
+    """Whether the record at `at`, its body `length` bytes, lies whole in `view` and verifies."""
+    end = at + 6 + length + _DIGEST
+    if length < 4 or end > len(view):
+        return False
+    return xxhash.xxh3_128_digest(view[at + 6 : end - _DIGEST]) == view[end - _DIGEST : end]
+
+
+def _damaged_length(data: bytes, at: int, length: int) -> str:
+    """Why the record at `at`, whose `length` runs past the end of `data`, is whole records
+    behind a damaged length rather than a torn tail ('' when it is torn): a whole record begins
+    after its header, or its own bytes to the end verify as one record."""
+    whole = _next_whole_record(data, at + 6)
+    if whole is not None:
+        follows = f"a whole record follows at byte {whole}"
+    elif _checks_out(memoryview(data), at, len(data) - at - 6 - _DIGEST):
+        follows = "its bytes to the end of the file are a whole record"
+    else:
+        return ""
+    return f"a record's length, {length} bytes, runs past the end of the log, yet {follows}"
+
+
+def _next_whole_record(data: bytes, start: int) -> int | None:
+    """Where the first record at or after `start` begins that lies whole in `data` and verifies
+    (its magic, a length within `data`, its checksum); None when there is none."""
+    view = memoryview(data)
+    at = data.find(MAGIC, start)
+    while at != -1 and at + 6 <= len(data):
+        (length,) = _LENGTH.unpack(view[at + 2 : at + 6])
+        if _checks_out(view, at, length):
+            return at
+        at = data.find(MAGIC, at + 1)
+    return None
+
+
+def _read_from_start(fd: int) -> bytes:
+    """Every byte of the file open at `fd`; OSError."""
+    with open(fd, "rb", closefd=False) as file:
+        file.seek(0)
+        return file.read()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` names the file open at `fd` (False when it cannot be told)."""
+    try:
+        return atomic.names_open_file(path, fd)
+    except OSError:
+        return False
+
+
 class KvLog:
     """The log of one directory; one writer at a time (the scheduler holding its lock)."""
 
@@ -80,17 +133,35 @@ class KvLog:
         self._record_sizes: dict[str, int] = {}  # the size of the newest record of each key
         self._live = 0  # the header and the newest record of each key: the compacted size
         self._compaction_failing = False  # the last compaction failed (and was logged)
+        # The log read or written, held open while `_job` is set: appends go to this file only.
+        self._file: int | None = None
 
     def load(self, job: str) -> dict[str, bytes]:
-        """The store of `job`; empty when the log is missing or another job's."""
+        """The store of `job`; empty when the log is missing or another job's. The log read is
+        held open from then on (`close`): `append` writes to that file only."""
         try:
-            data = atomic.read_no_follow(self.path)
+            fd = atomic.open_no_follow(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return {}
         except OSError as exc:
-            raise StateFileError(
-                f"cannot read the key-value log {self.path} ({exc.strerror})"
-            ) from None
+            raise self._unreadable(exc) from None
+        try:
+            values = self._parse(_read_from_start(fd), job)
+        except OSError as exc:
+            os.close(fd)
+            raise self._unreadable(exc) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if values is None:
+            os.close(fd)
+            return {}  # another job's: the next clear replaces it
+        self._hold(fd)
+        return values
+
+    def _parse(self, data: bytes, job: str) -> dict[str, bytes] | None:
+        """The store in `data`, a whole log, and its counts taken; None when it is another
+        job's log."""
         line, newline, _ = data.partition(b"\n")
         parts = line.split(b" ", 2)
         if not newline or len(parts) != 3 or parts[0] != FORMAT:
@@ -101,12 +172,15 @@ class KvLog:
                 f"cluster reads version {VERSION} at most: {ADVICE}"
             )
         if parts[2].decode(errors="replace") != job:
-            return {}  # another job's: the next clear replaces it
+            return None
         values, end = self._records(data, len(line) + 1)
         self._job, self._size = job, end
         self._record_sizes = {key: record_size(key, value) for key, value in values.items()}
         self._live = len(line) + 1 + sum(self._record_sizes.values())
         return values
+
+    def _unreadable(self, exc: OSError) -> StateFileError:
+        return StateFileError(f"cannot read the key-value log {self.path} ({exc.strerror})")
 
     def _records(self, data: bytes, start: int) -> tuple[dict[str, bytes], int]:
         """Every whole record from `start`, and where they end (a torn tail is dropped)."""
@@ -122,10 +196,13 @@ class KvLog:
             (length,) = _LENGTH.unpack(head[2:])
             end = at + 6 + length + _DIGEST
             if end > len(data):
-                break  # torn
-            body = view[at + 6 : at + 6 + length]
-            if xxhash.xxh3_128_digest(body) != data[end - _DIGEST : end] or length < 4:
+                damaged = _damaged_length(data, at, length)
+                if not damaged:
+                    break  # torn
+                raise self._corrupt(at, damaged)
+            if not _checks_out(view, at, length):
                 raise self._corrupt(at, "a record fails its checksum")
+            body = view[at + 6 : at + 6 + length]
             (key_length,) = _LENGTH.unpack(body[:4])
             try:
                 key = str(body[4 : 4 + key_length], "utf-8")
@@ -147,23 +224,49 @@ class KvLog:
             self.reset(job)
         records = {key: encode_record(key, value) for key, value in changes.items()}
         data = b"".join(records.values())
+        fd = self._open_own()
         try:
-            fd = atomic.open_no_follow(self.path, os.O_WRONLY)
-            try:
-                os.ftruncate(fd, self._size)  # a torn tail from a crash, or a failed write
-                os.lseek(fd, self._size, os.SEEK_SET)
-                atomic.write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.ftruncate(fd, self._size)  # a torn tail from a crash, or a failed write
+            os.lseek(fd, self._size, os.SEEK_SET)
+            atomic.write_all(fd, data)
+            os.fsync(fd)
         except OSError as exc:
             raise self._failed(exc) from None
+        finally:
+            os.close(fd)
         self._size += len(data)
         for key, record in records.items():
             self._live += len(record) - self._record_sizes.get(key, 0)
             self._record_sizes[key] = len(record)
         if needs_compaction(self._size, self._live):
             self._compact_after_append()
+
+    def _open_own(self) -> int:
+        """The log at the path, open for writing; FencedError when it is not the file this log
+        holds (removed or replaced: another writer's, perhaps), StateFileError when it cannot
+        be opened."""
+        try:
+            fd = atomic.open_no_follow(self.path, os.O_WRONLY)
+        except FileNotFoundError:
+            raise self._replaced("nothing is there") from None
+        except OSError as exc:
+            raise self._failed(exc) from None
+        try:
+            own = self._file is not None and atomic.same_file(os.fstat(fd), os.fstat(self._file))
+        except OSError as exc:
+            os.close(fd)
+            raise self._failed(exc) from None
+        if not own:
+            os.close(fd)
+            raise self._replaced("another file is there")
+        return fd
+
+    def _replaced(self, what: str) -> FencedError:
+        return FencedError(
+            f"cannot save the key-value store to {self.path}: it is not the log this scheduler "
+            f"has been writing ({what}); the log or its directory was removed or replaced, and "
+            "another scheduler may write there now, so nothing is written to it"
+        )
 
     def _compact_after_append(self) -> None:
         """Compact; a failure is logged once until a compaction succeeds again."""
@@ -191,25 +294,64 @@ class KvLog:
     def compact(self) -> None:
         """Rewrite the log with the newest value of each key, atomically. StateFileError when it
         cannot; the records stay on disk, in the old log or the new one."""
-        assert self._job is not None
-        values = self.load(self._job)
-        data = _header(self._job) + b"".join(encode_record(k, v) for k, v in values.items())
+        job, held = self._job, self._file
+        assert job is not None
+        assert held is not None
         try:
-            atomic.write_atomically(
-                self.path, lambda fd: atomic.write_all(fd, data), self._compaction_failed
-            )
-        except StateFileError:
-            self.load(self._job)  # the rename may have landed before a later step failed
-            raise
-        self._size = len(data)  # == self._live, as `load` counted it
-        atomic.remove_temporaries(self.path)
+            values = self._parse(_read_from_start(held), job)
+        except OSError as exc:
+            raise self._compaction_failed(exc) from None
+        if values is None:
+            raise StateFileError(f"{self.path} has become another job's key-value log: {ADVICE}")
+        data = _header(job) + b"".join(encode_record(k, v) for k, v in values.items())
+
+        def compacted() -> None:
+            self._size = len(data)  # == self._live, as `_parse` counted it
+
+        self._replace(data, self._compaction_failed, compacted)
 
     def reset(self, job: str) -> None:
         """An empty log for `job`, replacing any other, atomically."""
         header = _header(job)
-        atomic.write_atomically(self.path, lambda fd: atomic.write_all(fd, header), self._failed)
-        self._job, self._size, self._live, self._record_sizes = job, len(header), len(header), {}
+
+        def emptied() -> None:
+            self._job, self._size, self._live = job, len(header), len(header)
+            self._record_sizes = {}
+
+        self._replace(header, self._failed, emptied)
+
+    def _replace(
+        self, data: bytes, fail: Callable[[OSError], StateFileError], adopt: Callable[[], None]
+    ) -> None:
+        """Replace the log with `data` atomically, hold the new file and `adopt()` its counts;
+        `fail(exc)` when it cannot. A rename that landed before a later step failed is adopted
+        all the same: the file held is the one the path names."""
+        written: list[int] = []
+
+        def write(fd: int) -> None:
+            atomic.write_all(fd, data)
+            written.append(os.dup(fd))
+
+        try:
+            atomic.write_atomically(self.path, write, fail)
+        finally:
+            if written and _names(self.path, written[0]):
+                self._hold(written[0])
+                adopt()
+            elif written:
+                os.close(written[0])
         atomic.remove_temporaries(self.path)
+
+    def _hold(self, fd: int) -> None:
+        if self._file is not None:
+            os.close(self._file)
+        self._file = fd
+
+    def close(self) -> None:
+        """Let the log go: the next `append` starts from a `load` or a new log."""
+        if self._file is not None:
+            os.close(self._file)
+        self._file, self._job = None, None
 
     def _failed(self, exc: OSError) -> StateFileError:
         return StateFileError(

@@ -4,7 +4,9 @@ A save writes a temporary file, fsyncs it, renames it over the old one and fsync
 so a crash at any moment leaves either the old state or the new one, never a mix. Every file is
 an envelope `{"format", "version", "kind", "sha256", "payload"}`: a torn, truncated, edited,
 foreign or newer file is reported in one clear StateFileError and never half-loaded; nothing here
-overwrites a file it could not read. `RecoveryLock` keeps a second scheduler off the same path.
+overwrites a file it could not read. `RecoveryLock` keeps a second scheduler off the same path,
+and says when it no longer can (`check`): the path no longer names the file it locked, as when
+the directory was removed or replaced under the scheduler.
 Files are read and the lock opened without following a link (`atomic`); the lock is written only
 when it is this user's own regular file with one name, never a file linked in from elsewhere.
 """
@@ -20,7 +22,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, FencedError, StateFileError
 from cluster.storage import atomic
 
 FORMAT = "cluster-state"
@@ -127,6 +129,34 @@ class RecoveryLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        """Lock the directory; ConfigError naming the holder, or what keeps it from being
+        locked. The file locked is the one the path names: a lock file removed or replaced
+        between its open and its lock (its directory replaced) is opened and locked again."""
+        for _ in range(2):
+            fd = self._locked_file()
+            try:
+                if atomic.names_open_file(self.path, fd):
+                    break
+            except OSError as exc:
+                os.close(fd)
+                raise self._unusable(exc) from None
+            os.close(fd)
+        else:
+            raise ConfigError(
+                f"{self.path} was replaced twice while this scheduler locked it: something "
+                f"removes or replaces MS_RECOVERY_PATH={str(self.path.parent)!r}; stop it, "
+                "then start the scheduler again"
+            )
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            os.close(fd)  # the lock goes with it
+            raise self._unusable(exc) from None
+        self._fd = fd
+
+    def _locked_file(self) -> int:
+        """The lock file, opened and locked; ConfigError when it cannot be."""
         try:
             fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
@@ -149,13 +179,33 @@ class RecoveryLock:
                 f"{str(self.path.parent)!r}: two schedulers cannot share a recovery path; stop "
                 "it, or give this job its own path"
             ) from None
+        except OSError as exc:  # ENOLCK (NFSv3 without lockd), EOPNOTSUPP: no lock at all
+            os.close(fd)
+            raise ConfigError(
+                f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot be locked: its file system "
+                f"refuses a lock on {self.path.name} ({exc.strerror}), and without one two "
+                "schedulers could share it; point MS_RECOVERY_PATH at a local directory, or "
+                "keep the job's state in etcd (CLUSTER_STATE_URL; see docs/howto/standbys.md)"
+            ) from None
+        return fd
+
+    def check(self) -> None:
+        """FencedError unless the lock's path still names the file this process holds locked:
+        once MS_RECOVERY_PATH is removed or replaced, another scheduler may lock the new one.
+        StateFileError when the path cannot be looked up (a disk fault: tried again)."""
+        if self._fd is None:
+            raise FencedError(f"this scheduler does not hold the lock of {self.path.parent}")
         try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
+            ours = atomic.names_open_file(self.path, self._fd)
         except OSError as exc:
-            os.close(fd)  # the lock goes with it
-            raise self._unusable(exc) from None
-        self._fd = fd
+            raise StateFileError(f"cannot look up the lock {self.path} ({exc.strerror})") from None
+        if not ours:
+            raise FencedError(
+                f"the recovery directory MS_RECOVERY_PATH={str(self.path.parent)!r} was removed "
+                f"or replaced while this scheduler ran on it ({self.path.name} there is not the "
+                "lock it holds), and another scheduler may run on it now; keep a job's recovery "
+                "directory in place while its scheduler runs"
+            )
 
     def _unusable(self, exc: OSError) -> ConfigError:
         if exc.errno == errno.ELOOP:

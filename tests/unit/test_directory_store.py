@@ -4,6 +4,7 @@ bound): a save whose caller was cancelled still lands before the next scheduler 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,10 +12,12 @@ from typing import Any
 
 import pytest
 
-from cluster.protocol.errors import ConfigError
+from cluster.protocol.errors import ConfigError, FencedError, NotLeaderError
+from cluster.scheduler.persist import WriteAheadSaver
 from cluster.storage import directory_store
 from cluster.storage import store as envelope
 from cluster.storage.directory_store import STATE_FILE, DirectoryStore
+from cluster.storage.kv_log import KvLog
 from cluster.storage.state_store import SCHEDULER_KIND
 from tests.aio import BOUND_S, eventually
 
@@ -95,3 +98,104 @@ async def test_a_write_that_hangs_holds_the_close_back_only_for_the_bound(
         await second.close()
     finally:
         gate.opened.set()  # the write ends before the loop closes
+
+
+@pytest.mark.parametrize("away", ["removed", "moved away"])
+async def test_a_scheduler_whose_directory_was_replaced_saves_nothing_in_the_new_one(
+    tmp_path: Path, away: str
+) -> None:
+    """MS_RECOVERY_PATH is removed (or moved away) under a running scheduler and a second one
+    starts on the path made again: the first one's lock no longer keeps the second off, so its
+    next key-value and state saves are refused as fenced, and the second's files stay whole."""
+    directory = tmp_path / "job"
+    directory.mkdir(mode=0o700)
+    first = DirectoryStore(directory)
+    await first.acquire()
+    try:
+        await first.load()
+        assert await first.load_kv("job-a") == {}
+        await first.clear_kv("job-a")
+        await first.save_kv("job-a", {"a": b"1"})
+        token = (await first.save(snapshot(1), "")).current.token
+        if away == "removed":
+            shutil.rmtree(directory)
+        else:
+            directory.rename(tmp_path / "old")
+        directory.mkdir(mode=0o700)
+        await a_second_scheduler_saves_meanwhile(directory, first, token)
+    finally:
+        await first.close()
+    third = DirectoryStore(directory)
+    await third.acquire()
+    try:
+        assert (await third.load()).snapshot == snapshot(5)
+        assert await third.load_kv("job-a") == {"b": b"2", "d": b"4"}
+    finally:
+        await third.close()
+    if away == "moved away":
+        old = KvLog(tmp_path / "old")
+        assert old.load("job-a") == {"a": b"1"}  # nor did the refused set land there
+        old.close()
+
+
+async def a_second_scheduler_saves_meanwhile(
+    directory: Path, first: DirectoryStore, token: str
+) -> None:
+    second = DirectoryStore(directory)
+    await second.acquire()  # the first one's lock is on a file the path no longer names
+    try:
+        assert (await second.load()).snapshot is None
+        assert await second.load_kv("job-a") == {}
+        await second.clear_kv("job-a")
+        await second.save_kv("job-a", {"b": b"2"})
+        assert (await second.save(snapshot(5), "")).ok
+        fenced = "the recovery directory .* was removed or replaced while this scheduler ran"
+        with pytest.raises(FencedError, match=fenced):
+            await first.save_kv("job-a", {"c": b"3" * 64})
+        with pytest.raises(FencedError, match=fenced):
+            await first.save(snapshot(2), token)
+        with pytest.raises(FencedError, match=fenced):
+            await first.clear_kv("job-a")
+        await second.save_kv("job-a", {"d": b"4"})
+    finally:
+        await second.close()
+
+
+async def test_the_saver_of_a_scheduler_whose_directory_was_replaced_stops_for_good(
+    tmp_path: Path,
+) -> None:
+    """The saver writes a batch of key sets before the state: the batch is the first write
+    refused, and it fences the saver (the set fails with 'not the leader', nothing more is
+    saved), instead of landing in the new directory's key-value log."""
+    directory = tmp_path / "job"
+    directory.mkdir(mode=0o700)
+    first = DirectoryStore(directory)
+    await first.acquire()
+    saver = WriteAheadSaver(first, lambda: snapshot(1), lambda revision: None)
+    saver.keep_kv("job-a", lambda key, value: None)
+    try:
+        await first.load_kv("job-a")
+        await first.clear_kv("job-a")
+        await saver.save_first()
+        saver.start()
+        await asyncio.wait_for(saver.write_kv("a", b"1"), BOUND_S)
+        shutil.rmtree(directory)
+        directory.mkdir(mode=0o700)
+        second = DirectoryStore(directory)
+        await second.acquire()
+        try:
+            await second.clear_kv("job-a")
+            await second.save_kv("job-a", {"b": b"2"})
+            with pytest.raises(NotLeaderError, match="was removed or replaced"):
+                await asyncio.wait_for(saver.write_kv("c", b"3"), BOUND_S)
+            assert saver.fenced is not None
+            assert "was removed or replaced" in saver.fenced
+            await second.save_kv("job-a", {"d": b"4"})
+            reader = DirectoryStore(directory)
+            assert await reader.load_kv("job-a") == {"b": b"2", "d": b"4"}
+            await reader.close()
+        finally:
+            await second.close()
+    finally:
+        await saver.stop(0)
+        await first.close()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage import atomic, kv_log
 from cluster.storage.kv_log import FILE_NAME, KvLog, encode_record, needs_compaction, record_size
 from tests import tmpfs
@@ -150,6 +150,92 @@ def test_any_sequence_of_sets_stays_bounded_and_replays_the_same_map(
             assert log.size == on_disk
             assert log.live == compacted_size(model)
             assert on_disk <= max(FLOOR, 2 * log.live)
+        log.close()
         replayed = KvLog(directory)
         assert replayed.load(JOB) == model
         assert (replayed.size, replayed.live) == (log.size, log.live)
+        replayed.close()
+
+
+def logged(directory: Path, batches: list[dict[str, bytes]]) -> list[int]:
+    """A log of `batches`, one append each; where each batch's first record begins."""
+    log = KvLog(directory)
+    log.load(JOB)
+    starts = []
+    for batch in batches:
+        starts.append(log.size)
+        log.append(JOB, batch)
+    log.close()
+    return starts
+
+
+@pytest.mark.parametrize(
+    ("damaged", "follows"),
+    [(1, "a whole record follows at byte {next}"), (3, "its bytes to the end of the file are")],
+)
+def test_a_damaged_length_of_a_saved_record_is_corruption_never_a_torn_tail(
+    tmp_path: Path, damaged: int, follows: str
+) -> None:
+    """One bit of a saved record's length flipped, so that the record seems to run past the end
+    of the log (the second record: whole ones follow it; the last: it is whole itself). They
+    were acknowledged: the log is reported, never loaded without them or cut."""
+    starts = logged(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
+    path = tmp_path / FILE_NAME
+    data = bytearray(path.read_bytes())
+    data[starts[damaged] + 2] ^= 0x80  # the length's high byte: 2 GiB past the end
+    path.write_bytes(data)
+    log = KvLog(tmp_path)
+    with pytest.raises(StateFileError) as caught:
+        log.load(JOB)
+    message = str(caught.value)
+    assert f"the key-value log {path} is corrupt at byte {starts[damaged]}" in message
+    assert follows.format(next=starts[damaged + 1] if damaged < 3 else 0) in message
+    assert kv_log.ADVICE in message
+    assert path.read_bytes() == data  # nothing cut: what to do is the operator's call
+
+
+@pytest.mark.parametrize("kept", range(1, record_size("c", b"c" * 8)))
+def test_a_torn_last_record_is_dropped_and_the_next_append_overwrites_it(
+    tmp_path: Path, kept: int
+) -> None:
+    """A crash mid-append leaves the start of its record (never acknowledged): loading drops
+    it without a word, and the next batch is written where it began."""
+    logged(tmp_path, [{"a": b"a" * 8}, {"b": b"b" * 8}])
+    path = tmp_path / FILE_NAME
+    whole = path.stat().st_size
+    with path.open("ab") as file:
+        file.write(encode_record("c", b"c" * 8)[:kept])
+    log = KvLog(tmp_path)
+    assert log.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8}
+    assert log.size == whole
+    log.append(JOB, {"d": b"d"})
+    log.close()
+    assert path.stat().st_size == whole + record_size("d", b"d")
+    replayed = KvLog(tmp_path)
+    assert replayed.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8, "d": b"d"}
+    replayed.close()
+
+
+def test_an_append_never_writes_a_log_that_replaced_its_own(tmp_path: Path) -> None:
+    """The log holds the file it loaded or wrote: a kv.log put in its place (a directory or a
+    file replaced behind its back) is another writer's, and is never truncated or appended to."""
+    ours = KvLog(tmp_path)
+    ours.load(JOB)
+    ours.append(JOB, {"a": b"1"})
+    (tmp_path / "other").mkdir()
+    theirs = KvLog(tmp_path / "other")
+    theirs.append(JOB, {"b": b"2" * 64})
+    theirs.close()
+    os.replace(tmp_path / "other" / FILE_NAME, tmp_path / FILE_NAME)
+    replaced = (tmp_path / FILE_NAME).read_bytes()
+    with pytest.raises(FencedError, match="it is not the log this scheduler has been writing"):
+        ours.append(JOB, {"c": b"3"})
+    assert (tmp_path / FILE_NAME).read_bytes() == replaced
+    reader = KvLog(tmp_path)
+    assert reader.load(JOB) == {"b": b"2" * 64}
+    reader.close()
+    (tmp_path / FILE_NAME).unlink()
+    with pytest.raises(FencedError, match=r"\(nothing is there\)"):
+        ours.append(JOB, {"c": b"3"})
+    assert not (tmp_path / FILE_NAME).exists()
+    ours.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import subprocess
@@ -10,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol.errors import ConfigError, StateFileError
+from cluster.protocol.errors import ConfigError, FencedError, StateFileError
+from cluster.scheduler import descriptors
 from cluster.storage import store
 
 PAYLOAD = {"job_id": "abc", "generation": 3, "nodes": [{"node_id": "0", "rank": 0}]}
@@ -180,3 +183,81 @@ def test_a_recovery_directory_that_cannot_take_the_lock_is_one_clear_error(tmp_p
     message = str(caught.value)
     assert f"MS_RECOVERY_PATH={str(tmp_path)!r} cannot hold the job's state" in message
     assert "(Is a directory)" in message
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_that_refuses_locks_is_one_clear_error_and_leaks_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """NFSv3 without lockd answers flock with ENOLCK (some file systems, EOPNOTSUPP): this
+    machine cannot, so flock is made to."""
+
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    before = descriptors.open_descriptors()
+    with pytest.raises(ConfigError) as caught:
+        store.RecoveryLock(tmp_path).acquire()
+    assert descriptors.open_descriptors() == before
+    message = str(caught.value)
+    assert f"MS_RECOVERY_PATH={str(tmp_path)!r}" in message
+    assert f"({os.strerror(code)})" in message
+    assert "a local directory" in message
+    assert "CLUSTER_STATE_URL" in message
+
+
+def a_flock_that_replaces_the_lock_file_first(
+    monkeypatch: pytest.MonkeyPatch, directory: Path, times: int
+) -> None:
+    """The directory's lock file removed (its directory replaced) between the lock's open and
+    its flock, the first `times` times: a race made certain, with real files and real locks."""
+    real = fcntl.flock
+    left = [times]
+
+    def flock(fd: int, operation: int) -> None:
+        if left[0] > 0 and operation & fcntl.LOCK_EX:
+            left[0] -= 1
+            (directory / store.LOCK_NAME).unlink()
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_a_lock_file_replaced_while_it_is_locked_is_locked_again_at_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a_flock_that_replaces_the_lock_file_first(monkeypatch, tmp_path, times=1)
+    with store.RecoveryLock(tmp_path) as lock:
+        lock.check()  # the file the path names is the one locked
+        with pytest.raises(ConfigError, match="another scheduler"):
+            store.RecoveryLock(tmp_path).acquire()
+
+
+def test_a_lock_file_replaced_again_and_again_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a_flock_that_replaces_the_lock_file_first(monkeypatch, tmp_path, times=2)
+    before = descriptors.open_descriptors()
+    with pytest.raises(ConfigError) as caught:
+        store.RecoveryLock(tmp_path).acquire()
+    assert descriptors.open_descriptors() == before
+    assert str(caught.value) == (
+        f"{tmp_path / store.LOCK_NAME} was replaced twice while this scheduler locked it: "
+        f"something removes or replaces MS_RECOVERY_PATH={str(tmp_path)!r}; stop it, then "
+        "start the scheduler again"
+    )
+
+
+def test_a_lock_whose_directory_is_removed_says_so(tmp_path: Path) -> None:
+    directory = tmp_path / "job"
+    directory.mkdir()
+    with store.RecoveryLock(directory) as lock:
+        lock.check()
+        directory.rename(tmp_path / "old")
+        with pytest.raises(FencedError, match=r"was removed or replaced .*\(scheduler.lock"):
+            lock.check()
+        directory.mkdir()
+        second = store.RecoveryLock(directory)  # a second scheduler, on the directory made again
+        with second, pytest.raises(FencedError, match="another scheduler may run on it now"):
+            lock.check()

@@ -8,7 +8,8 @@ atomically (temporary file, fsync, rename, fsync of the directory: `cluster.stor
 with an XXH3 checksum, keeps the newest `keep_checkpoint_max`, and only then tells the scheduler
 which steps this rank holds: with recovery on, the job restarts from the newest step every rank
 holds, so a step is never named before it is whole on disk. A process killed at any moment
-leaves complete checkpoints only.
+leaves complete checkpoints only. One manager at a time uses a rank's files of a prefix (a lock
+file, `cluster.storage.checkpoint_lock`).
 
 At most two snapshots exist: one being written and one copied. A save that finds both held
 waits for the writer (counted in `stats`), so a loop that saves faster than the disk writes is
@@ -36,6 +37,7 @@ from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
+from cluster.storage.checkpoint_lock import CheckpointLock
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
@@ -112,7 +114,10 @@ class CheckpointStats:
 class CheckpointManager:
     """Saves, prunes, lists and loads the checkpoints of one rank under `directory/rank_<r>/`.
 
-    One process writes a rank's directory at a time (the rank's worker); `rank` defaults to
+    One manager at a time uses a rank's checkpoints of a prefix: it holds the lock
+    `rank_<r>/.<prefix>.lock` from the moment its rank is known (at once, or for one made before
+    `cluster.init()` at its first use or when it is connected) until `close()` or the end of its
+    process, and another is refused (`cluster.storage.checkpoint_lock`). `rank` defaults to
     `cluster.get_rank()`, and `recovery` to whether recovery is on. `report` receives the steps
     held after every checkpoint written; the default tells the scheduler. A manager made before
     `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
@@ -163,12 +168,13 @@ class CheckpointManager:
         # A step every rank holds, as the scheduler last answered a report (0: none heard).
         self._held_by_all = 0
         self._offered = False
+        self._lock: CheckpointLock | None = None
         self._place(chosen)
         self._serve_peers()
 
     def _place(self, rank: int) -> None:
-        """Be the manager of `rank`: its directory, its writer, what it offers to peers that
-        take a rank without its checkpoints."""
+        """Be the manager of `rank`: its directory, its lock (once the rank is known), its
+        writer, what it offers to peers that take a rank without its checkpoints."""
         self.rank = rank
         self.directory = checkpoint_files.rank_directory(self.root, rank)
         self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
@@ -180,6 +186,11 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
+        if self._lock is not None:
+            self._lock.release()
+        self._lock = CheckpointLock(self.directory, self.prefix)
+        if not self._connecting or self._rank_given:
+            self._lock.acquire()
 
     def connect(self) -> None:
         """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
@@ -201,6 +212,7 @@ class CheckpointManager:
         if self.report is None:
             self.report = runtime.report_checkpoints
         self._connecting = False
+        self._hold()
 
     def _begin(self) -> None:
         """Before a save, load or listing: connected in a job; before it, this rank's files are
@@ -208,6 +220,12 @@ class CheckpointManager:
         if self._connecting:
             self.connect()
             self._used = self._connecting
+        self._hold()
+
+    def _hold(self) -> None:
+        """Hold this rank's lock (again, after `close`)."""
+        assert self._lock is not None  # made by _place
+        self._lock.acquire()
 
     def path(self, step: int) -> Path:
         self.connect()
@@ -255,8 +273,8 @@ class CheckpointManager:
         self._writer.flush()
 
     def close(self) -> None:
-        """Flush, then end the writer's thread and free the memory of the snapshots (a later
-        save makes them again)."""
+        """Flush, then end the writer's thread, free the memory of the snapshots and let go of
+        the lock (a later save, load or listing takes them again)."""
         self.flush()
         self._writer.close()
         if self._offered:
@@ -267,6 +285,8 @@ class CheckpointManager:
         self.served.set_memory(0, None)
         self._pool.set_latest(None)
         self._pool.clear()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -495,7 +515,8 @@ class CheckpointManager:
                 _remove(path)
 
     def _remove_temporaries(self) -> None:
-        """Temporaries left by a save that was killed (one process writes a rank's directory)."""
+        """Temporaries left by a save that was killed (this manager holds the lock of the rank's
+        files of its prefix: no other is writing one)."""
         # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
         stem = rf"\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}"
         stale = re.compile(stem + atomic.TEMPORARY_TAIL)

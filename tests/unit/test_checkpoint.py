@@ -39,6 +39,11 @@ def manager(tmp_path: Path, keep: int = 5, every: int = 1, **kwargs: Any) -> Che
     return CheckpointManager(tmp_path / "ckpt", "net", config, **kwargs)
 
 
+def names(directory: Path) -> list[str]:
+    """The names in `directory`, sorted, but the managers' lock files (`.<prefix>.lock`)."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
+
+
 def assert_same_array(got: Any, want: np.ndarray) -> None:
     assert isinstance(got, np.ndarray)
     assert got.dtype == want.dtype
@@ -208,7 +213,7 @@ def test_unsupported_values_are_refused_before_writing(
     ckpt = manager(tmp_path)
     with pytest.raises(CheckpointError, match=what):
         ckpt.save(1, {"bad": [value]})
-    assert list(ckpt.directory.iterdir()) == []
+    assert names(ckpt.directory) == []
 
 
 def test_state_must_be_a_mapping_of_str(tmp_path: Path) -> None:
@@ -231,7 +236,7 @@ def test_file_name_and_no_temporary_left(tmp_path: Path) -> None:
     path = ckpt.save(7, {"a": 1})
     ckpt.flush()
     assert path == tmp_path / "ckpt" / "rank_0" / "net-00000007.ckpt"
-    assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000007.ckpt"]
+    assert names(ckpt.directory) == ["net-00000007.ckpt"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
@@ -241,7 +246,7 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     for step in range(1, 7):
         ckpt.save(step, {"step": step})
     assert ckpt.steps() == [4, 5, 6]
-    assert sorted(p.name for p in ckpt.directory.iterdir()) == [
+    assert names(ckpt.directory) == [
         "net-00000004.ckpt",
         "net-00000005.ckpt",
         "net-00000006.ckpt",
@@ -406,7 +411,7 @@ def test_a_failed_save_leaves_the_older_checkpoints(
     message = rf"step 2 to {re.escape(str(ckpt.path(2)))} .*No space left on device.*unchanged"
     with pytest.raises(CheckpointError, match=message):
         ckpt.save(3, {"a": np.ones(1000)})
-    assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000001.ckpt"]
+    assert names(ckpt.directory) == ["net-00000001.ckpt"]
     assert reports == [[1]]
     ckpt.save(2, {"a": np.ones(1000)})
     with pytest.raises(CheckpointError, match="No space left on device"):

@@ -9,7 +9,8 @@ with an XXH3 checksum, keeps the newest `keep_checkpoint_max`, and only then tel
 which steps this rank holds: with recovery on, the job restarts from the newest step every rank
 holds, so a step is never named before it is whole on disk. A process killed at any moment
 leaves complete checkpoints only. One manager at a time uses a rank's files of a prefix (a lock
-file, `cluster.storage.checkpoint_lock`).
+file, `cluster.storage.checkpoint_lock`); a file found damaged when loaded is moved aside and,
+in a job, fetched from a live peer.
 
 At most two snapshots exist: one being written and one copied. A save that finds both held
 waits for the writer (counted in `stats`), so a loop that saves faster than the disk writes is
@@ -32,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.protocol.config import parse_bool
-from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
+from cluster.protocol.errors import (
+    CheckpointError,
+    ClusterError,
+    ConfigError,
+    CorruptCheckpointError,
+)
 from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
@@ -50,6 +56,8 @@ _SNAPSHOTS = 2
 # _SNAPSHOTS + 1 saves older than the step another rank writes, so among that rank's newest
 # _SNAPSHOTS + 2 the ranks hold a step in common.
 _UNHEARD_KEEP = _SNAPSHOTS + 2
+# What a damaged checkpoint file is renamed to (`<name><DAMAGED>`): kept for a look, never listed.
+DAMAGED = ".damaged"
 # 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
 # (benchmarks/RESULTS.md); larger states opt in.
 MEMORY_SNAPSHOT_DEFAULT = 1 << 30
@@ -385,7 +393,11 @@ class CheckpointManager:
         far are written); CheckpointError when it is missing, torn or corrupt.
 
         In a job with recovery on, a file that is missing here (a spare that took this rank, a
-        worker restarted on another host) is fetched from a live peer first (see `fetch`)."""
+        worker restarted on another host) is fetched from a live peer first (see `fetch`). A
+        file that is damaged (its checksum, step or rank is wrong, or it is cut short) is moved
+        aside to `<name>.damaged`, kept for a look but no longer listed or reported (the held
+        steps are reported again), and then fetched as a missing one; without peers, the
+        CheckpointError names it and where it went."""
         self._begin()
         self._writer.wait()
         path = self.path(step)
@@ -396,8 +408,35 @@ class CheckpointManager:
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
                 f"{self._complete_steps()}"
             )
-        # Replicas: a peer's file, fetched as this rank's, will do.
-        return checkpoint_files.read(path, step, rank=None if self.config.replicated else self.rank)
+        try:
+            # Replicas: a peer's file, fetched as this rank's, will do.
+            rank = None if self.config.replicated else self.rank
+            return checkpoint_files.read(path, step, rank=rank)
+        except CorruptCheckpointError as exc:
+            return self._replace_damaged(step, path, exc)
+
+    def _replace_damaged(self, step: int, path: Path, damage: CheckpointError) -> dict[str, Any]:
+        """`path` is damaged: move it aside, report what is held, and fetch `step` from a live
+        peer; CheckpointError naming the file when there is none."""
+        aside = path.with_name(path.name + DAMAGED)
+        try:
+            os.replace(path, aside)
+            atomic.fsync_directory(path.parent)
+        except OSError as exc:
+            raise CheckpointError(
+                f"{damage}; it cannot be moved aside to {aside.name} ({exc.strerror}): remove "
+                "it by hand, or the rank reports it as held again"
+            ) from None
+        if self.report is not None:
+            self._heard(self.report(self._complete_steps()))
+        moved = f"{damage}; it is moved aside to {aside.name}, kept for a look"
+        if not self._serve_peers():
+            raise CheckpointError(moved) from None
+        runtime.session().say(f"{moved}; fetching step {step} from a live peer")
+        try:
+            return self._fetch(step).state
+        except CheckpointError as exc:
+            raise CheckpointError(f"{moved}; no live peer gave step {step} either: {exc}") from None
 
     def fetch(self, step: int) -> Path:
         """Get this rank's checkpoint of `step` from a live peer of the job, verify it and

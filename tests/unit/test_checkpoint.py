@@ -436,15 +436,24 @@ def saved_pair(tmp_path: Path) -> tuple[CheckpointManager, Path]:
 
 
 def assert_refused(ckpt: CheckpointManager, path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(CheckpointError, match=rf"{path.name}.*(torn|corrupt)") as info:
-        ckpt.load(2)
-    assert str(path) in str(info.value)
+    """`latest()` skips the damaged step 2 with a warning naming it, and moves it aside; damaged
+    again, `load(2)` refuses it naming it, and moves it aside again."""
+    damaged = path.read_bytes()
     with caplog.at_level(logging.WARNING, logger="cluster.api.checkpoint"):
         latest = ckpt.latest()
     assert latest is not None
     assert latest[0] == 1
     assert latest[1]["step"] == 1
     assert any(str(path) in record.getMessage() for record in caplog.records)
+    aside = path.with_name(path.name + ".damaged")
+    assert aside.read_bytes() == damaged
+    assert ckpt.steps() == [1]
+    path.write_bytes(damaged)
+    moved = rf"{path.name}.*(torn|corrupt).*moved aside to {re.escape(aside.name)}"
+    with pytest.raises(CheckpointError, match=moved) as info:
+        ckpt.load(2)
+    assert str(path) in str(info.value)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize("keep", [0, 1, 31, 100, 0.5, -1, -40])
@@ -485,6 +494,37 @@ def test_a_foreign_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixt
     path.write_bytes(b"PK\x03\x04" + bytes(200))
     assert ckpt.steps() == [1]
     assert_refused(ckpt, path, caplog)
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_no_longer_reported(tmp_path: Path) -> None:
+    """A bit flipped in the data: the file still looks complete, so it is listed and reported;
+    its load refuses it naming it, moves it aside (kept) and reports what is held without it,
+    so that a restarted worker does not name it again. Pruning leaves the evidence alone."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, keep=2, report=reports.append)
+    ckpt.save(1, {"w": np.arange(1000.0)})
+    ckpt.save(2, {"w": np.arange(1000.0) * 2})
+    ckpt.flush()
+    path = ckpt.path(2)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert ckpt.steps() == [1, 2]  # the cheap check cannot see it
+    moved = rf"{re.escape(str(path))} is torn or corrupt \(its XXH3-128 checksum does not match"
+    with pytest.raises(CheckpointError, match=moved) as info:
+        ckpt.load(2)
+    assert "it is moved aside to net-00000002.ckpt.damaged, kept for a look" in str(info.value)
+    assert reports[-1] == [1]
+    assert ckpt.steps() == [1]
+    assert (ckpt.directory / "net-00000002.ckpt.damaged").read_bytes() == bytes(data)
+    for step in (3, 4, 5):
+        ckpt.save(step, {"w": np.arange(1000.0) * step})
+    ckpt.flush()
+    assert names(ckpt.directory) == [
+        "net-00000002.ckpt.damaged",
+        "net-00000004.ckpt",
+        "net-00000005.ckpt",
+    ]
 
 
 def test_when_every_checkpoint_is_corrupt_latest_is_none(

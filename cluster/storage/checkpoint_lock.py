@@ -42,8 +42,10 @@ from cluster.storage import atomic
 
 _log = logging.getLogger(__name__)
 
-# How long a manager waits for the lock held by another process before it is refused.
-WAIT_S = 5.0
+# How long a manager waits for the lock held by another process before it is refused: longer
+# than a failed worker takes to end once it hears its rank went to another (its bounded exit,
+# `cluster.worker.ending.GRACE_S`, 5 s), with room for a loaded machine.
+WAIT_S = 15.0
 _POLL_S = 0.05
 _HOLDER_RE = re.compile(r"pid=(\d{1,10}) host=([\x21-\x7e]{1,255})\n")
 

@@ -8,7 +8,9 @@ atomically (temporary file, fsync, rename, fsync of the directory: `cluster.stor
 with an XXH3 checksum, keeps the newest `keep_checkpoint_max`, and only then tells the scheduler
 which steps this rank holds: with recovery on, the job restarts from the newest step every rank
 holds, so a step is never named before it is whole on disk. A process killed at any moment
-leaves complete checkpoints only.
+leaves complete checkpoints only. One manager at a time uses a rank's files of a prefix (a lock
+file, `cluster.storage.checkpoint_lock`); a file found damaged when loaded is moved aside and,
+in a job, fetched from a live peer.
 
 At most two snapshots exist: one being written and one copied. A save that finds both held
 waits for the writer (counted in `stats`), so a loop that saves faster than the disk writes is
@@ -31,11 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.protocol.config import parse_bool
-from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
+from cluster.protocol.errors import (
+    CheckpointError,
+    ClusterError,
+    ConfigError,
+    CorruptCheckpointError,
+)
 from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
+from cluster.storage.checkpoint_lock import CheckpointLock
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
@@ -48,6 +56,8 @@ _SNAPSHOTS = 2
 # _SNAPSHOTS + 1 saves older than the step another rank writes, so among that rank's newest
 # _SNAPSHOTS + 2 the ranks hold a step in common.
 _UNHEARD_KEEP = _SNAPSHOTS + 2
+# What a damaged checkpoint file is renamed to (`<name><DAMAGED>`): kept for a look, never listed.
+DAMAGED = ".damaged"
 # 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
 # (benchmarks/RESULTS.md); larger states opt in.
 MEMORY_SNAPSHOT_DEFAULT = 1 << 30
@@ -112,7 +122,10 @@ class CheckpointStats:
 class CheckpointManager:
     """Saves, prunes, lists and loads the checkpoints of one rank under `directory/rank_<r>/`.
 
-    One process writes a rank's directory at a time (the rank's worker); `rank` defaults to
+    One manager at a time uses a rank's checkpoints of a prefix: it holds the lock
+    `rank_<r>/.<prefix>.lock` from the moment its rank is known (at once, or for one made before
+    `cluster.init()` at its first use or when it is connected) until `close()` or the end of its
+    process, and another is refused (`cluster.storage.checkpoint_lock`). `rank` defaults to
     `cluster.get_rank()`, and `recovery` to whether recovery is on. `report` receives the steps
     held after every checkpoint written; the default tells the scheduler. A manager made before
     `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
@@ -163,12 +176,13 @@ class CheckpointManager:
         # A step every rank holds, as the scheduler last answered a report (0: none heard).
         self._held_by_all = 0
         self._offered = False
+        self._lock: CheckpointLock | None = None
         self._place(chosen)
         self._serve_peers()
 
     def _place(self, rank: int) -> None:
-        """Be the manager of `rank`: its directory, its writer, what it offers to peers that
-        take a rank without its checkpoints."""
+        """Be the manager of `rank`: its directory, its lock (once the rank is known), its
+        writer, what it offers to peers that take a rank without its checkpoints."""
         self.rank = rank
         self.directory = checkpoint_files.rank_directory(self.root, rank)
         self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
@@ -180,6 +194,11 @@ class CheckpointManager:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
+        if self._lock is not None:
+            self._lock.release()
+        self._lock = CheckpointLock(self.directory, self.prefix)
+        if not self._connecting or self._rank_given:
+            self._lock.acquire()
 
     def connect(self) -> None:
         """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
@@ -201,6 +220,7 @@ class CheckpointManager:
         if self.report is None:
             self.report = runtime.report_checkpoints
         self._connecting = False
+        self._hold()
 
     def _begin(self) -> None:
         """Before a save, load or listing: connected in a job; before it, this rank's files are
@@ -208,6 +228,12 @@ class CheckpointManager:
         if self._connecting:
             self.connect()
             self._used = self._connecting
+        self._hold()
+
+    def _hold(self) -> None:
+        """Hold this rank's lock (again, after `close`)."""
+        assert self._lock is not None  # made by _place
+        self._lock.acquire()
 
     def path(self, step: int) -> Path:
         self.connect()
@@ -255,8 +281,8 @@ class CheckpointManager:
         self._writer.flush()
 
     def close(self) -> None:
-        """Flush, then end the writer's thread and free the memory of the snapshots (a later
-        save makes them again)."""
+        """Flush, then end the writer's thread, free the memory of the snapshots and let go of
+        the lock (a later save, load or listing takes them again)."""
         self.flush()
         self._writer.close()
         if self._offered:
@@ -267,6 +293,8 @@ class CheckpointManager:
         self.served.set_memory(0, None)
         self._pool.set_latest(None)
         self._pool.clear()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -365,7 +393,11 @@ class CheckpointManager:
         far are written); CheckpointError when it is missing, torn or corrupt.
 
         In a job with recovery on, a file that is missing here (a spare that took this rank, a
-        worker restarted on another host) is fetched from a live peer first (see `fetch`)."""
+        worker restarted on another host) is fetched from a live peer first (see `fetch`). A
+        file that is damaged (its checksum, step or rank is wrong, or it is cut short) is moved
+        aside to `<name>.damaged`, kept for a look but no longer listed or reported (the held
+        steps are reported again), and then fetched as a missing one; without peers, the
+        CheckpointError names it and where it went."""
         self._begin()
         self._writer.wait()
         path = self.path(step)
@@ -376,8 +408,35 @@ class CheckpointManager:
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
                 f"{self._complete_steps()}"
             )
-        # Replicas: a peer's file, fetched as this rank's, will do.
-        return checkpoint_files.read(path, step, rank=None if self.config.replicated else self.rank)
+        try:
+            # Replicas: a peer's file, fetched as this rank's, will do.
+            rank = None if self.config.replicated else self.rank
+            return checkpoint_files.read(path, step, rank=rank)
+        except CorruptCheckpointError as exc:
+            return self._replace_damaged(step, path, exc)
+
+    def _replace_damaged(self, step: int, path: Path, damage: CheckpointError) -> dict[str, Any]:
+        """`path` is damaged: move it aside, report what is held, and fetch `step` from a live
+        peer; CheckpointError naming the file when there is none."""
+        aside = path.with_name(path.name + DAMAGED)
+        try:
+            os.replace(path, aside)
+            atomic.fsync_directory(path.parent)
+        except OSError as exc:
+            raise CheckpointError(
+                f"{damage}; it cannot be moved aside to {aside.name} ({exc.strerror}): remove "
+                "it by hand, or the rank reports it as held again"
+            ) from None
+        if self.report is not None:
+            self._heard(self.report(self._complete_steps()))
+        moved = f"{damage}; it is moved aside to {aside.name}, kept for a look"
+        if not self._serve_peers():
+            raise CheckpointError(moved) from None
+        runtime.session().say(f"{moved}; fetching step {step} from a live peer")
+        try:
+            return self._fetch(step).state
+        except CheckpointError as exc:
+            raise CheckpointError(f"{moved}; no live peer gave step {step} either: {exc}") from None
 
     def fetch(self, step: int) -> Path:
         """Get this rank's checkpoint of `step` from a live peer of the job, verify it and
@@ -495,7 +554,8 @@ class CheckpointManager:
                 _remove(path)
 
     def _remove_temporaries(self) -> None:
-        """Temporaries left by a save that was killed (one process writes a rank's directory)."""
+        """Temporaries left by a save that was killed (this manager holds the lock of the rank's
+        files of its prefix: no other is writing one)."""
         # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
         stem = rf"\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}"
         stale = re.compile(stem + atomic.TEMPORARY_TAIL)

@@ -7,7 +7,8 @@ with compare-and-set (`state_store`) and its directory implementation under MS_R
 key-value store's append-only log (`kv_log`); and the checkpoint files: the state's encoding
 (`checkpoint_tree`), the file format with its checksum (`checkpoint_files`), a step held in
 memory in reused buffers (`snapshot`), the thread that writes them in the background
-(`background`), and what a worker offers to peers that take a rank without its checkpoints
+(`background`), the lock that keeps a rank's files of a prefix to one manager
+(`checkpoint_lock`), and what a worker offers to peers that take a rank without its checkpoints
 (`served`: files as on disk, a step in memory copied only when replaced mid-transfer).
 
 May import: `cluster.protocol`, numpy, xxhash and the standard library (torch only when a state

@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +43,18 @@ _TRIES = 16
 def open_no_follow(path: Path, flags: int, mode: int = 0o600) -> int:
     """`os.open(path, flags, mode)` that never follows a link at `path` (OSError ELOOP)."""
     return os.open(path, flags | NO_FOLLOW, mode)
+
+
+def not_own_file(st: os.stat_result) -> str:
+    """What makes the file behind `st` unfit to be written as this process's own (a lock): ''
+    when it is this user's regular file with one name, never a file linked in from elsewhere."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this process (uid {os.geteuid()})"
+    if st.st_nlink != 1:
+        return f"a file with {st.st_nlink} names (a hard link)"
+    return ""
 
 
 def read_no_follow(path: Path) -> bytes:

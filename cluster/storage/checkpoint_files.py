@@ -139,24 +139,24 @@ def read(
     path: Path, step: int, fd: int | None = None, *, rank: int | None = None
 ) -> dict[str, Any]:
     """The state in the checkpoint file of `step`, verified; CheckpointError naming the file
-    when it is torn, corrupt, of another step or unreadable, or (with `rank`) was written by
-    another rank. With `fd`, the file read is the one open there (from its start; `fd` stays
-    open), `path` only names it: a temporary being written, checked before its rename makes it
-    `path`."""
+    when it is unreadable, and its CorruptCheckpointError when it is damaged: torn, corrupt, of
+    another step, or (with `rank`) written by another rank. With `fd`, the file read is the one
+    open there (from its start; `fd` stays open), `path` only names it: a temporary being
+    written, checked before its rename makes it `path`."""
     try:
         opened = os.dup(fd) if fd is not None else atomic.open_no_follow(path, os.O_RDONLY)
         with open(opened, "rb", buffering=0) as file:
             file.seek(0)
             header, state = _read_file(file, step)
     except CorruptCheckpointError as exc:
-        raise CheckpointError(
+        raise CorruptCheckpointError(
             f"the checkpoint {path} is torn or corrupt ({exc}): it was not loaded; an older "
             "checkpoint may still be whole (CheckpointManager.latest() skips corrupt ones)"
         ) from None
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint {path} ({exc.strerror})") from None
     if rank is not None and header.get("rank", rank) != rank:
-        raise CheckpointError(
+        raise CorruptCheckpointError(
             f"the checkpoint {path} holds the state of rank {header['rank']!r}, not of rank "
             f"{rank}: it was not loaded; one rank's files were saved in another's directory "
             "(a CheckpointManager given the wrong rank=?)"

@@ -78,6 +78,56 @@ def test_a_promoted_spare_without_the_files_gets_the_state_from_a_live_peer(
         assert "serving this worker's checkpoints to peers at 127.0.0.1:" in survivor.output
 
 
+def test_a_damaged_checkpoint_is_moved_aside_and_its_step_fetched_from_a_live_peer(
+    processes: Procs, tmp_path: Path, fault_free: str
+) -> None:
+    """Rank 1 is SIGKILLed and a bit of the data of every checkpoint it holds is flipped: they
+    still look complete, so the restarted worker reports them as held and is told to roll back
+    to one. Its load moves that file aside (kept), reports again and fetches the step from a live
+    peer, and the job ends with the fault-free parameters. (No copy in memory: the rollback is
+    from disk.)"""
+    env = job_env(
+        WORKERS,
+        free_port(),
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        MS_NODE_TIMEOUT="2",
+    )
+    out = tmp_path / "damaged"
+    args = [str(TRAIN), *train_args(out), "--memory-snapshot", "0"]
+    scheduler = processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+
+    def worker(i: int, name: str) -> Process:
+        return processes.start_role(name, "MS_WORKER", args, {**env, "MS_NODE_ID": str(i)})
+
+    workers = [worker(i, f"w{i}") for i in range(WORKERS)]
+    wait_until(lambda: steps_done(workers[1]) >= 25, 60, "step 25 on rank 1")
+    workers[1].signal(signal.SIGKILL)
+    workers[1].wait(10)
+    rank_dir = out / "checkpoints" / "rank_1"
+    held = sorted(rank_dir.glob("mlp-*.ckpt"))
+    assert held
+    for path in held:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    workers[1] = worker(1, "w1-restarted")
+    for proc in workers:
+        assert proc.wait(120) == 0, proc.output
+    assert scheduler.wait(30) == 0, scheduler.output
+    assert (out / "final.sha256").read_text().strip() == fault_free
+    said = workers[1].output
+    moved = (
+        r"the checkpoint \S+/rank_1/mlp-(\d+)\.ckpt is torn or corrupt \(its XXH3-128 checksum "
+        r"does not match its content\).*; it is moved aside to mlp-\1\.ckpt\.damaged, kept for "
+        r"a look; fetching step (\d+) from a live peer"
+    )
+    found = re.search(moved, said)
+    assert found is not None, said
+    assert f"fetched the checkpoint of step {found.group(2)} " in said, said
+    assert (rank_dir / f"mlp-{found.group(1)}.ckpt.damaged").exists()
+
+
 def start_server(processes: Procs, name: str, root: Path, rank: int) -> tuple[Process, Path]:
     proc = processes.start(
         name,

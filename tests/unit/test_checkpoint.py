@@ -39,6 +39,11 @@ def manager(tmp_path: Path, keep: int = 5, every: int = 1, **kwargs: Any) -> Che
     return CheckpointManager(tmp_path / "ckpt", "net", config, **kwargs)
 
 
+def names(directory: Path) -> list[str]:
+    """The names in `directory`, sorted, but the managers' lock files (`.<prefix>.lock`)."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
+
+
 def assert_same_array(got: Any, want: np.ndarray) -> None:
     assert isinstance(got, np.ndarray)
     assert got.dtype == want.dtype
@@ -208,7 +213,7 @@ def test_unsupported_values_are_refused_before_writing(
     ckpt = manager(tmp_path)
     with pytest.raises(CheckpointError, match=what):
         ckpt.save(1, {"bad": [value]})
-    assert list(ckpt.directory.iterdir()) == []
+    assert names(ckpt.directory) == []
 
 
 def test_state_must_be_a_mapping_of_str(tmp_path: Path) -> None:
@@ -231,7 +236,7 @@ def test_file_name_and_no_temporary_left(tmp_path: Path) -> None:
     path = ckpt.save(7, {"a": 1})
     ckpt.flush()
     assert path == tmp_path / "ckpt" / "rank_0" / "net-00000007.ckpt"
-    assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000007.ckpt"]
+    assert names(ckpt.directory) == ["net-00000007.ckpt"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
@@ -241,7 +246,7 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     for step in range(1, 7):
         ckpt.save(step, {"step": step})
     assert ckpt.steps() == [4, 5, 6]
-    assert sorted(p.name for p in ckpt.directory.iterdir()) == [
+    assert names(ckpt.directory) == [
         "net-00000004.ckpt",
         "net-00000005.ckpt",
         "net-00000006.ckpt",
@@ -406,7 +411,7 @@ def test_a_failed_save_leaves_the_older_checkpoints(
     message = rf"step 2 to {re.escape(str(ckpt.path(2)))} .*No space left on device.*unchanged"
     with pytest.raises(CheckpointError, match=message):
         ckpt.save(3, {"a": np.ones(1000)})
-    assert [p.name for p in ckpt.directory.iterdir()] == ["net-00000001.ckpt"]
+    assert names(ckpt.directory) == ["net-00000001.ckpt"]
     assert reports == [[1]]
     ckpt.save(2, {"a": np.ones(1000)})
     with pytest.raises(CheckpointError, match="No space left on device"):
@@ -431,15 +436,24 @@ def saved_pair(tmp_path: Path) -> tuple[CheckpointManager, Path]:
 
 
 def assert_refused(ckpt: CheckpointManager, path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(CheckpointError, match=rf"{path.name}.*(torn|corrupt)") as info:
-        ckpt.load(2)
-    assert str(path) in str(info.value)
+    """`latest()` skips the damaged step 2 with a warning naming it, and moves it aside; damaged
+    again, `load(2)` refuses it naming it, and moves it aside again."""
+    damaged = path.read_bytes()
     with caplog.at_level(logging.WARNING, logger="cluster.api.checkpoint"):
         latest = ckpt.latest()
     assert latest is not None
     assert latest[0] == 1
     assert latest[1]["step"] == 1
     assert any(str(path) in record.getMessage() for record in caplog.records)
+    aside = path.with_name(path.name + ".damaged")
+    assert aside.read_bytes() == damaged
+    assert ckpt.steps() == [1]
+    path.write_bytes(damaged)
+    moved = rf"{path.name}.*(torn|corrupt).*moved aside to {re.escape(aside.name)}"
+    with pytest.raises(CheckpointError, match=moved) as info:
+        ckpt.load(2)
+    assert str(path) in str(info.value)
+    assert not path.exists()
 
 
 @pytest.mark.parametrize("keep", [0, 1, 31, 100, 0.5, -1, -40])
@@ -480,6 +494,37 @@ def test_a_foreign_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixt
     path.write_bytes(b"PK\x03\x04" + bytes(200))
     assert ckpt.steps() == [1]
     assert_refused(ckpt, path, caplog)
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_no_longer_reported(tmp_path: Path) -> None:
+    """A bit flipped in the data: the file still looks complete, so it is listed and reported;
+    its load refuses it naming it, moves it aside (kept) and reports what is held without it,
+    so that a restarted worker does not name it again. Pruning leaves the evidence alone."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, keep=2, report=reports.append)
+    ckpt.save(1, {"w": np.arange(1000.0)})
+    ckpt.save(2, {"w": np.arange(1000.0) * 2})
+    ckpt.flush()
+    path = ckpt.path(2)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert ckpt.steps() == [1, 2]  # the cheap check cannot see it
+    moved = rf"{re.escape(str(path))} is torn or corrupt \(its XXH3-128 checksum does not match"
+    with pytest.raises(CheckpointError, match=moved) as info:
+        ckpt.load(2)
+    assert "it is moved aside to net-00000002.ckpt.damaged, kept for a look" in str(info.value)
+    assert reports[-1] == [1]
+    assert ckpt.steps() == [1]
+    assert (ckpt.directory / "net-00000002.ckpt.damaged").read_bytes() == bytes(data)
+    for step in (3, 4, 5):
+        ckpt.save(step, {"w": np.arange(1000.0) * step})
+    ckpt.flush()
+    assert names(ckpt.directory) == [
+        "net-00000002.ckpt.damaged",
+        "net-00000004.ckpt",
+        "net-00000005.ckpt",
+    ]
 
 
 def test_when_every_checkpoint_is_corrupt_latest_is_none(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def test_a_checkpoint_that_cannot_be_pruned_names_its_path(tmp_path: Path) -> No
 def test_a_checkpoint_directory_that_cannot_be_listed_names_its_path(tmp_path: Path) -> None:
     """The rank's directory replaced by a file (listing fails with ENOTDIR)."""
     ckpt = manager(tmp_path)
-    ckpt.directory.rmdir()
+    shutil.rmtree(ckpt.directory)  # its lock file with it
     ckpt.directory.write_bytes(b"")
     listing = rf"cannot list the checkpoint directory {ckpt.directory} \("
     with pytest.raises(CheckpointError, match=listing):

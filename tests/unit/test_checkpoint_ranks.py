@@ -27,12 +27,17 @@ def test_a_file_of_another_rank_is_refused_by_its_header(tmp_path: Path) -> None
         zero.save(1, {"shard": 0})
     with per_rank(tmp_path, 1, replicated=False) as one:
         shutil.copy(zero.path(1), one.path(1))
+        with pytest.raises(CheckpointError, match=r"rank_1/net-00000001\.ckpt holds the state"):
+            checkpoint_files.read(one.path(1), 1, rank=1)
+        assert checkpoint_files.read(one.path(1), 1, rank=0) == {"shard": 0}
         with pytest.raises(CheckpointError, match="holds the state of rank 0, not of rank 1"):
-            one.load(1)
+            one.load(1)  # and moved aside: not this rank's, never reported as held
+        assert one.steps() == []
         assert one.latest() is None
-    with pytest.raises(CheckpointError, match=r"rank_1/net-00000001\.ckpt holds the state"):
-        checkpoint_files.read(one.path(1), 1, rank=1)
-    assert checkpoint_files.read(one.path(1), 1, rank=0) == {"shard": 0}
+        assert (one.directory / "net-00000001.ckpt.damaged").read_bytes() == (
+            zero.path(1).read_bytes()
+        )
+    shutil.copy(zero.path(1), one.path(1))
     with per_rank(tmp_path, 1, replicated=True) as replica:  # any rank's state will do
         assert replica.load(1) == {"shard": 0}
 

@@ -18,7 +18,6 @@ import fcntl
 import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -110,17 +109,6 @@ def decode(data: bytes, kind: str, where: str, advice: str) -> dict[str, Any]:
     return payload
 
 
-def _not_own_file(st: os.stat_result) -> str:
-    """What makes the file behind `st` unfit to be written as this process's lock ('' if fit)."""
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"owned by uid {st.st_uid}, not by this process (uid {os.geteuid()})"
-    if st.st_nlink != 1:
-        return f"a file with {st.st_nlink} names (a hard link)"
-    return ""
-
-
 class RecoveryLock:
     """An exclusive lock on a recovery directory, held while a scheduler runs on it."""
 
@@ -161,7 +149,7 @@ class RecoveryLock:
             fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise self._unusable(exc) from None
-        planted = _not_own_file(os.fstat(fd))
+        planted = atomic.not_own_file(os.fstat(fd))
         if planted:
             os.close(fd)
             raise ConfigError(

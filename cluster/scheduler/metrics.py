@@ -12,8 +12,8 @@ call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS
   nothing more than without metrics;
 - RPCs by method and status code, with latency (`cluster.scheduler.rpc_metrics`).
 
-prometheus_client's HTTP server runs on a thread of its own; a scrape reads the job on the
-scheduler's loop (`JobGauges.of`), so it never sees a change half applied.
+The HTTP server (`MetricsServer`) runs on threads of its own, a bounded number: a scrape reads
+the job on the scheduler's loop (`JobGauges.of`), so it never sees a change half applied.
 
 Label values are bounded: roles, states, phases, causes and refusal reasons are enums, methods
 and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id) exist only
@@ -23,14 +23,17 @@ in jobs of at most NODE_LABEL_LIMIT nodes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
+import socket
+import socketserver
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-from wsgiref.simple_server import WSGIServer
+from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -38,7 +41,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.process_collector import ProcessCollector
 
@@ -58,6 +61,13 @@ SAVE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 # How long a scrape waits for the scheduler's loop to read the job: Prometheus's default scrape
 # timeout (it has given up by then).
 READ_TIMEOUT_S = 10.0
+# Connections the metrics port serves at once, in all and from one address (a scraper needs
+# one); past either, a connection is closed at once. Each served connection holds a thread.
+METRICS_CONNECTIONS = 32
+METRICS_CONNECTIONS_PER_ADDRESS = 4
+# Seconds a connection to the metrics port may stay silent (its request not sent, its answer
+# not read) before it is closed.
+METRICS_IDLE_S = 5.0
 
 
 def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | None:
@@ -218,28 +228,100 @@ def _leadership_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
     return leader, changes
 
 
+class _Handler(WSGIRequestHandler):
+    """One connection to /metrics: closed once silent for METRICS_IDLE_S (its request not
+    sent, or its answer not read); nothing logged per request."""
+
+    timeout = METRICS_IDLE_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most METRICS_CONNECTIONS of them and
+    METRICS_CONNECTIONS_PER_ADDRESS from one address: a connection past either is closed at
+    once, before a thread or a byte is spent on it."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: a burst of connections waits, not dropped
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
+        self.address_family = family
+        self._lock = threading.Lock()
+        self._open: collections.Counter[str] = collections.Counter()
+        super().__init__(address, _Handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        host = str(client_address[0])
+        with self._lock:
+            if (
+                self._open.total() >= METRICS_CONNECTIONS
+                or self._open[host] >= METRICS_CONNECTIONS_PER_ADDRESS
+            ):
+                return False
+            self._open[host] += 1
+        return True
+
+    def _release(self, client_address: Any) -> None:
+        host = str(client_address[0])
+        with self._lock:
+            self._open[host] -= 1
+            if self._open[host] <= 0:
+                del self._open[host]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: the connection is closed by the caller
+            self._release(client_address)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that timed out or went away is no error of the scheduler's."""
+        log.debug("a metrics connection from %s ended early", client_address[0], exc_info=True)
+
+
+def _listening_on(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
+    """The address family and address to listen on for `host` (IPv4 or IPv6)."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return family, (str(sockaddr[0]), port)
+
+
 class MetricsServer:
-    """prometheus_client's HTTP server for `registry`, on a thread: /metrics at host:port."""
+    """/metrics for `registry` at host:port, served by `_BoundedServer` on threads: bounded in
+    threads, connections and the time a connection may sit silent, so that connections left
+    open by anyone who reaches the port cost a bounded amount and never keep a scrape out."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         self.registry = registry
         self.host = host
         self.requested_port = port
         self.port = 0
-        self._server: WSGIServer | None = None
+        self._server: _BoundedServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
         try:
-            server, thread = start_http_server(
-                self.requested_port, addr=self.host, registry=self.registry
-            )
+            family, address = _listening_on(self.host, self.requested_port)
+            server = _BoundedServer(address, family)
         except OSError as exc:
             raise ConfigError(
                 f"CLUSTER_METRICS_PORT={self.requested_port}: the scheduler cannot serve metrics "
                 f"on {self.host}:{self.requested_port} ({exc.strerror or exc}); choose a free port "
                 "(0: any)"
             ) from None
+        server.set_app(make_wsgi_app(self.registry))
+        thread = threading.Thread(target=server.serve_forever, name="cluster-metrics", daemon=True)
+        thread.start()
         self._server, self._thread = server, thread
         self.port = int(server.server_port)
         return self.port

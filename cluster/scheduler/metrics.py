@@ -6,18 +6,21 @@ call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS
 - counters of what happened, fed by the event journal (registrations, refusals, node failures
   by cause, rejoins, rollbacks, guard refusals) and by the persister (saves, their seconds and
   bytes, failures);
-- gauges of the job as it is, computed at scrape time from the state by a custom collector
-  (`JobCollector`): nodes by role and state, phase, generation, rollback step, heartbeat ages,
-  key-value usage, saves pending. A scrape costs one pass over the nodes; a heartbeat costs
-  nothing more than without metrics;
+- what is read at scrape time on the scheduler's loop by a custom collector
+  (`SchedulerCollector`): whether this scheduler leads the job and, only while it leads, the
+  job's gauges (`cluster.scheduler.job_gauges`: nodes by role and state, phase, generation,
+  rollback step, heartbeat ages, key-value usage, saves pending). A scheduler that does not
+  lead (a standby, one that stepped down) has no job of its own to show: the leader shows it,
+  and sums over schedulers count it once. A scrape costs one pass over the nodes; a heartbeat
+  costs nothing more than without metrics;
 - RPCs by method and status code, with latency (`cluster.scheduler.rpc_metrics`).
 
 The HTTP server (`MetricsServer`) runs on threads of its own, a bounded number: a scrape reads
-the job on the scheduler's loop (`JobGauges.of`), so it never sees a change half applied.
+the job on the scheduler's loop (`read_on_loop`), so it never sees a change half applied.
 
 Label values are bounded: roles, states, phases, causes and refusal reasons are enums, methods
-and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id) exist only
-in jobs of at most NODE_LABEL_LIMIT nodes.
+and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id)
+exist only in jobs of at most NODE_LABEL_LIMIT nodes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import logging
 import socket
 import socketserver
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -43,12 +47,15 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
+from prometheus_client.core import Metric
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
-from cluster.protocol.errors import ConfigError
+from cluster.protocol.errors import ConfigError, NotLeaderError
 from cluster.protocol.events import Failed, Formed, GuardRefusal, LeaderChange, Refused
 from cluster.scheduler.core import SchedulerCore
-from cluster.scheduler.job_gauges import JobCollector, JobGauges
+from cluster.scheduler.gate import Gate
+from cluster.scheduler.job_gauges import JobGauges, gauge, job_metrics
 from cluster.scheduler.machine import state
 from cluster.scheduler.machine.events import Cause, JobEvent, Kind
 from cluster.scheduler.rpc_metrics import RpcMetrics
@@ -95,6 +102,35 @@ def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | 
         return None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What one scrape reads on the scheduler's loop, in one step."""
+
+    leading: bool
+    job: JobGauges | None  # None while this scheduler does not lead the job
+
+
+class SchedulerCollector(Collector):
+    """Leadership and (while leading) the job's gauges, from `read()` at each scrape
+    (None: the scheduler's loop did not answer)."""
+
+    def __init__(self, read: Callable[[], Reading | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._read()
+        if r is None:
+            return
+        yield gauge(
+            "cluster_leader",
+            "1 while this scheduler leads the job (a scheduler without standbys always does), 0 "
+            "while it stands by.",
+            1.0 if r.leading else 0.0,
+        )
+        if r.job is not None:
+            yield from job_metrics(r.job)
+
+
 class SchedulerMetrics:
     """Every metric of one scheduler, in a registry of its own."""
 
@@ -136,13 +172,12 @@ class SchedulerMetrics:
             "New generations resumed from the step the survivors hold in memory, not from disk.",
             registry=r,
         )
-        self.formation = Gauge(
-            "cluster_formation_seconds",
-            "Seconds from the scheduler's start to the job formed (0 until then).",
+        self.saves, self.save_failures, self.save_seconds = _save_metrics(r)
+        self.leader_changes = Counter(
+            "cluster_leader_changes",
+            "Times this scheduler took the job's leadership or gave it up.",
             registry=r,
         )
-        self.saves, self.save_failures, self.save_seconds = _save_metrics(r)
-        self.leader, self.leader_changes = _leadership_metrics(r)
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
         )
@@ -151,13 +186,34 @@ class SchedulerMetrics:
         for cause in Cause:
             self.failures.labels(cause.value)
         self.rpc = RpcMetrics(r)
+        self._core: SchedulerCore | None = None  # observed: its journal feeds `count`
+        self._formation_s: float | None = None  # of the observed core, `JobGauges.formation_s`
 
-    def attach(self, core: Callable[[], SchedulerCore], loop: asyncio.AbstractEventLoop) -> None:
-        """Read the gauges of the core that answers (`core()`: a standby that takes over
-        answers with another) at each scrape; its events are counted by `count`."""
+    def adopt(self, core: SchedulerCore) -> None:
+        """Observe `core` from now on: its events (`count`), its formation."""
+        self._core = core
+        # A job that formed before this scheduler took it: its formation time is not known here.
+        self._formation_s = 0.0 if core.state.phase is state.Phase.WAITING else None
+        core.journal.listeners.append(self.count)
+
+    def attach(self, gate: Gate, loop: asyncio.AbstractEventLoop) -> None:
+        """Read, at each scrape, whether this scheduler leads (the gate, as every call does)
+        and the gauges of the core that answers."""
         self.registry.register(
-            JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core())))
+            SchedulerCollector(lambda: read_on_loop(loop, lambda: self.read(gate)))
         )
+
+    def read(self, gate: Gate) -> Reading:
+        """What a scrape shows, read on the scheduler's loop."""
+        try:
+            leading: SchedulerCore | None = gate.current()
+        except NotLeaderError:
+            leading = None
+        job = None
+        if leading is not None:
+            formation_s = self._formation_s if leading is self._core else None
+            job = JobGauges.of(leading, formation_s)
+        return Reading(leading is not None, job)
 
     def count(self, event: JobEvent) -> None:
         kind, view = event.kind, event.typed()
@@ -182,9 +238,8 @@ class SchedulerMetrics:
                 self.failures.labels(cause.value).inc()
             case LeaderChange():
                 self.leader_changes.inc()
-                self.leader.set(1.0 if view.leading else 0.0)
             case Formed(seconds=seconds):
-                self.formation.set(seconds)
+                self._formation_s = seconds
 
     def saved(self, seconds: float, ok: bool, path: Path | None) -> None:
         """A save of the recovery state to `path` (None: not a file) ended."""
@@ -211,21 +266,6 @@ def _save_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Histogram]:
         registry=r,
     )
     return saves, failures, seconds
-
-
-def _leadership_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
-    """With standby schedulers: whether this one leads, and how often that changed."""
-    leader = Gauge(
-        "cluster_leader",
-        "1 while this scheduler leads the job, 0 while it stands by (with standby schedulers).",
-        registry=r,
-    )
-    changes = Counter(
-        "cluster_leader_changes",
-        "Times this scheduler took the job's leadership or gave it up.",
-        registry=r,
-    )
-    return leader, changes
 
 
 class _Handler(WSGIRequestHandler):

@@ -156,7 +156,7 @@ class SchedulerServer:
 
             self.ha = HighAvailability(self, election)
         # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
-        self.observing = Observability(observe or ObserveConfig(), host)
+        self.observing = Observability(observe or ObserveConfig(), host, self.gate)
         self.host = host
         self.requested_port = port
         self.port = 0

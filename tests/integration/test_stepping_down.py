@@ -1,13 +1,15 @@
-"""What a scheduler that no longer leads shows: two schedulers of one job in this process, on a
-real 3-member etcd, with metrics on. A leader whose lease ended (revoked in etcd, as it ends for a
-leader stopped or cut off past it) steps down: a reader following its events is ended at once with
-the not-leader status that a standby answers every call with."""
+"""What a scheduler that does not lead shows: two schedulers of one job in this process, on a real
+3-member etcd, with metrics on. A standby that never led, and a leader whose lease ended (revoked
+in etcd, as it ends for a leader stopped or cut off past it) and that stepped down, have no job of
+their own: their /metrics carry no job gauges (only the new leader's do, so sums over the
+schedulers count the job once) and `cluster_leader 0`; a reader following the old leader's
+events is ended at once with the not-leader status that a standby answers every call with."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import grpc
 
@@ -20,7 +22,7 @@ from cluster.transport.failures import failure_of
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S, eventually
-from tests.scrape import ON, form, settings
+from tests.scrape import ON, form, scrape, settings, value
 from tests.servers.etcd import EtcdCluster
 
 LEASE_S = 2
@@ -52,6 +54,12 @@ async def revoke_lease(etcd: EtcdCluster, server: SchedulerServer) -> None:
         await connection.close()
 
 
+def without_a_job(seen: Iterable[str]) -> list[str]:
+    """The job's series found in a scrape (none where the scheduler does not lead)."""
+    job = ("cluster_job_", "cluster_nodes", "cluster_generation", "cluster_member_")
+    return [name for name in seen if name.startswith(job)]
+
+
 @contextlib.asynccontextmanager
 async def leader_and_standby(etcd: EtcdCluster) -> AsyncIterator[tuple[SchedulerServer, ...]]:
     """Two schedulers of one job: the first leads the formed job, the second stands by."""
@@ -65,6 +73,29 @@ async def leader_and_standby(etcd: EtcdCluster) -> AsyncIterator[tuple[Scheduler
             )
             await form(first)
             yield first, second
+
+
+async def test_only_the_scheduler_that_leads_shows_the_job(etcd_cluster: EtcdCluster) -> None:
+    async with leader_and_standby(etcd_cluster) as (first, second):
+        job = first.core.state.cluster_id
+        seen = await scrape(second)  # never led: the job-less core it started with
+        assert value(seen, "cluster_leader") == 0
+        assert without_a_job(seen) == []
+        seen = await scrape(first)
+        assert value(seen, "cluster_leader") == 1
+        assert value(seen, "cluster_job_info", cluster_id=job) == 1
+        assert value(seen, "cluster_nodes", role="worker", state="alive") == 2
+
+        await revoke_lease(etcd_cluster, first)
+        await eventually(lambda: leads(second), "the second to lead", LEASE_S + BOUND_S)
+        await eventually(lambda: not leads(first), "the first to step down", LEASE_S + BOUND_S)
+        seen = await scrape(first)  # stepped down: its core, frozen, is not shown
+        assert value(seen, "cluster_leader") == 0
+        assert without_a_job(seen) == []
+        seen = await scrape(second)
+        assert value(seen, "cluster_leader") == 1
+        assert value(seen, "cluster_job_info", cluster_id=job) == 1
+        assert value(seen, "cluster_nodes", role="worker", state="alive") == 2  # awaited
 
 
 async def test_a_leader_that_steps_down_ends_its_event_followers_as_not_the_leader(

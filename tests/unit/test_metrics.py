@@ -93,6 +93,36 @@ async def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> Non
     assert value(seen, "cluster_rpc_duration_seconds_bucket", method="Status", le="+Inf") == 1
 
 
+async def test_a_sole_scheduler_says_it_leads() -> None:
+    """Without standbys the only scheduler leads its job: `max(cluster_leader) == 0` must mean
+    that no scheduler leads."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        assert value(await scrape(server), "cluster_leader") == 1
+
+
+async def test_formation_time_is_0_while_forming_and_absent_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The saved state does not keep how long the job took to form: a scheduler that resumes a
+    formed job exports no formation time rather than 0, which means "not formed yet"."""
+    server = SchedulerServer(
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
+    )
+    await server.start()
+    try:
+        assert value(await scrape(server), "cluster_formation_seconds") == 0
+        await form(server)
+        assert value(await scrape(server), "cluster_formation_seconds") > 0
+    finally:
+        await server.stop(drain_s=0)  # stopped, not ended: the job stays resumable
+    async with SchedulerServer(
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
+    ) as again:
+        seen = await scrape(again)
+        assert value(seen, "cluster_job_phase", phase="ready") == 1  # the job, resumed
+        assert "cluster_formation_seconds" not in seen
+
+
 async def test_no_series_per_node_past_the_limit() -> None:
     workers = NODE_LABEL_LIMIT + 1
     async with SchedulerServer(settings(workers), observe=ON) as server:

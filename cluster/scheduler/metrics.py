@@ -3,16 +3,17 @@
 Off by default, and then nothing of this module runs: no registry, no interceptor, no work per
 call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS_PORT):
 
-- counters of what happened, fed by the event journal (registrations, refusals, node failures
-  by cause, rejoins, rollbacks, guard refusals) and by the persister (saves, their seconds and
-  bytes, failures);
+- counters of what happened, fed by the event journal (registrations, node failures by cause,
+  rejoins, rollbacks, guard refusals) and by the persister (saves, their seconds and bytes,
+  failures);
 - what is read at scrape time on the scheduler's loop by a custom collector
-  (`SchedulerCollector`): whether this scheduler leads the job and, only while it leads, the
-  job's gauges (`cluster.scheduler.job_gauges`: nodes by role and state, phase, generation,
-  rollback step, heartbeat ages, key-value usage, saves pending). A scheduler that does not
-  lead (a standby, one that stepped down) has no job of its own to show: the leader shows it,
-  and sums over schedulers count it once. A scrape costs one pass over the nodes; a heartbeat
-  costs nothing more than without metrics;
+  (`SchedulerCollector`): whether this scheduler leads the job, the refusals counted so far
+  (every one, from the `RefusalLimiter`s: the journal tells them at a bounded rate, the metrics
+  count them all), and, only while it leads, the job's gauges (`cluster.scheduler.job_gauges`:
+  nodes by role and state, phase, generation, rollback step, heartbeat ages, key-value usage,
+  saves pending). A scheduler that does not lead (a standby, one that stepped down) has no job
+  of its own to show: the leader shows it, and sums over schedulers count it once. A scrape
+  costs one pass over the nodes; a heartbeat costs nothing more than without metrics;
 - RPCs by method and status code, with latency (`cluster.scheduler.rpc_metrics`).
 
 The HTTP server (`MetricsServer`) runs on threads of its own, a bounded number: a scrape reads
@@ -47,12 +48,12 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from cluster.protocol.errors import ConfigError, NotLeaderError
-from cluster.protocol.events import Failed, Formed, GuardRefusal, LeaderChange, Refused
+from cluster.protocol.events import Failed, Formed, GuardRefusal, LeaderChange
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.job_gauges import JobGauges, gauge, job_metrics
@@ -108,10 +109,12 @@ class Reading:
 
     leading: bool
     job: JobGauges | None  # None while this scheduler does not lead the job
+    registration_refusals: dict[str, int]  # by reason
+    edge_refusals: dict[tuple[str, str], int]  # by (method, reason)
 
 
 class SchedulerCollector(Collector):
-    """Leadership and (while leading) the job's gauges, from `read()` at each scrape
+    """Leadership, refusals and (while leading) the job's gauges, from `read()` at each scrape
     (None: the scheduler's loop did not answer)."""
 
     def __init__(self, read: Callable[[], Reading | None]) -> None:
@@ -127,6 +130,23 @@ class SchedulerCollector(Collector):
             "while it stands by.",
             1.0 if r.leading else 0.0,
         )
+        refusals = CounterMetricFamily(
+            "cluster_registration_refusals",
+            "Registrations the job refused, by reason (node_alive: once per wait of the guard).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(r.registration_refusals.items()):
+            refusals.add_metric([reason], count)
+        yield refusals
+        edge = CounterMetricFamily(
+            "cluster_edge_refusals",
+            "Calls refused before they reached the job (malformed, oversized, unauthenticated, "
+            "crowded, stalled), by method and reason.",
+            labels=["method", "reason"],
+        )
+        for (method, reason), count in sorted(r.edge_refusals.items()):
+            edge.add_metric([method, reason], count)
+        yield edge
         if r.job is not None:
             yield from job_metrics(r.job)
 
@@ -143,12 +163,6 @@ class SchedulerMetrics:
         self.registrations = Counter(
             "cluster_registrations",
             "Processes accepted into the job (first joins and rejoins).",
-            registry=r,
-        )
-        self.refusals = Counter(
-            "cluster_registration_refusals",
-            "Registrations refused, by reason.",
-            ["reason"],
             registry=r,
         )
         self.guard_refusals = Counter(
@@ -181,16 +195,19 @@ class SchedulerMetrics:
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
         )
-        for reason in state.Refusal:
-            self.refusals.labels(reason.value)
         for cause in Cause:
             self.failures.labels(cause.value)
         self.rpc = RpcMetrics(r)
         self._core: SchedulerCore | None = None  # observed: its journal feeds `count`
+        self._refused_before: collections.Counter[str] = collections.Counter()  # older cores'
+        self._guarded = 0  # guard refusals (once per wait), counted from the journal
         self._formation_s: float | None = None  # of the observed core, `JobGauges.formation_s`
 
     def adopt(self, core: SchedulerCore) -> None:
-        """Observe `core` from now on: its events (`count`), its formation."""
+        """Observe `core` from now on: its events (`count`), its refusals, its formation."""
+        if self._core is not None and self._core is not core:
+            for (_, reason), count in self._core.refusals.counts.items():
+                self._refused_before[reason] += count
         self._core = core
         # A job that formed before this scheduler took it: its formation time is not known here.
         self._formation_s = 0.0 if core.state.phase is state.Phase.WAITING else None
@@ -209,11 +226,17 @@ class SchedulerMetrics:
             leading: SchedulerCore | None = gate.current()
         except NotLeaderError:
             leading = None
+        refused = collections.Counter({reason.value: 0 for reason in state.Refusal})
+        refused.update(self._refused_before)
+        if self._core is not None:
+            for (_, reason), count in self._core.refusals.counts.items():
+                refused[reason] += count
+        refused[state.Refusal.NODE_ALIVE.value] += self._guarded
         job = None
         if leading is not None:
             formation_s = self._formation_s if leading is self._core else None
             job = JobGauges.of(leading, formation_s)
-        return Reading(leading is not None, job)
+        return Reading(leading is not None, job, dict(refused), dict(gate.refusals.counts))
 
     def count(self, event: JobEvent) -> None:
         kind, view = event.kind, event.typed()
@@ -230,10 +253,7 @@ class SchedulerMetrics:
         match view:
             case GuardRefusal():
                 self.guard_refusals.inc()
-                self.refusals.labels(state.Refusal.NODE_ALIVE.value).inc()
-            case Refused(reason=reason, count=count):
-                # One event stands for `count` refusals of one address (told at a bounded rate).
-                self.refusals.labels(reason).inc(count)
+                self._guarded += 1
             case Failed(cause=cause):
                 self.failures.labels(cause.value).inc()
             case LeaderChange():

@@ -18,6 +18,7 @@ from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.protocol.events import MemoryResume
 from cluster.scheduler import JobStore, SchedulerServer
 from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
+from cluster.scheduler.machine import state
 from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
@@ -121,6 +122,33 @@ async def test_formation_time_is_0_while_forming_and_absent_after_a_restart(
         seen = await scrape(again)
         assert value(seen, "cluster_job_phase", phase="ready") == 1  # the job, resumed
         assert "cluster_formation_seconds" not in seen
+
+
+async def test_every_refusal_is_counted_once_under_its_own_reason() -> None:
+    """The journal tells one address's refusals once a minute; the metrics count them all, a
+    registration refused by the job apart from a call of any method refused at the edge."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        await form(server)
+        for i in range(2, 8):  # six more workers from one address ask to join a full job
+            refused = await server.core.register(reg(str(i)), f"ipv4:10.0.0.5:{4000 + i}")
+            assert isinstance(refused, state.Refused)
+            assert refused.reason is state.Refusal.INVALID_NODE
+        mismatched = dataclasses.replace(reg("9"), worker_num=3)
+        refused = await server.core.register(mismatched, "ipv4:10.0.0.5:4009")
+        assert isinstance(refused, state.Refused)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            status = channel.unary_unary("/cluster.v1.Scheduler/Status", None, None)
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await status(b"\xff" * 8, timeout=BOUND_S)  # not a StatusRequest
+        told = [e for e in server.core.journal.history() if e.kind == "refused"]
+        seen = await scrape(server)
+    assert len(told) == 2  # the journal's rate: one a minute per address, and the edge's own
+    assert value(seen, "cluster_registration_refusals_total", reason="invalid_node") == 6
+    assert value(seen, "cluster_registration_refusals_total", reason="worker_num_mismatch") == 1
+    assert value(seen, "cluster_registration_refusals_total", reason="cluster_full") == 0
+    assert value(seen, "cluster_edge_refusals_total", method="Status", reason="malformed") == 3
+    assert sum(s.value for s in seen["cluster_registration_refusals_total"]) == 7
 
 
 async def test_no_series_per_node_past_the_limit() -> None:

@@ -14,13 +14,13 @@ call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS
   saves pending). A scheduler that does not lead (a standby, one that stepped down) has no job
   of its own to show: the leader shows it, and sums over schedulers count it once. A scrape
   costs one pass over the nodes; a heartbeat costs nothing more than without metrics;
-- RPCs by method and status code, with latency (`cluster.scheduler.rpc_metrics`).
+- RPCs by service, method and status code, with latency (`cluster.scheduler.rpc_metrics`).
 
 The HTTP server (`MetricsServer`) runs on threads of its own, a bounded number: a scrape reads
 the job on the scheduler's loop (`read_on_loop`), so it never sees a change half applied.
 
-Label values are bounded: roles, states, phases, causes and refusal reasons are enums, methods
-and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id)
+Label values are bounded: roles, states, phases, causes and refusal reasons are enums, services,
+methods and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id)
 exist only in jobs of at most NODE_LABEL_LIMIT nodes.
 """
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol.config import ObserveConfig
 from cluster.protocol.errors import ConfigError, StateFileError
@@ -25,6 +26,8 @@ from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S, eventually
 from tests.credentials import digest
 from tests.scrape import ON, form, reg, scrape, settings, value
+
+HEALTH = "grpc.health.v1.Health"
 
 
 async def test_a_formed_job_and_a_failure_as_metrics() -> None:
@@ -92,6 +95,34 @@ async def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> Non
     assert value(seen, "cluster_rpc_requests_total", method="Finish", code="NOT_FOUND") == 1
     assert value(seen, "cluster_rpc_duration_seconds_count", method="Status") == 1
     assert value(seen, "cluster_rpc_duration_seconds_bucket", method="Status", le="+Inf") == 1
+
+
+async def test_the_health_services_watch_is_not_the_schedulers_watch() -> None:
+    """Both services have a method named Watch: the `service` label tells them apart."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+            await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=BOUND_S)
+        metrics = server.observing.metrics
+        assert metrics is not None
+
+        def watch_counted() -> bool:  # once the server has seen the stream end
+            samples = [s for f in metrics.rpc.requests.collect() for s in f.samples]
+            return any(s.labels["method"] == "Watch" for s in samples)
+
+        await eventually(watch_counted, "the health service's Watch to be counted")
+        seen = await scrape(server)
+    watches = {
+        (s.labels["service"], s.labels["code"]): s.value
+        for s in seen["cluster_rpc_requests_total"]
+        if s.labels["method"] == "Watch"
+    }
+    assert watches == {(HEALTH, "CANCELLED"): 1}  # no Watch of the scheduler's was made
+    assert value(seen, "cluster_rpc_requests_total", service=HEALTH, method="Check") == 1
+    assert value(seen, "cluster_rpc_duration_seconds_count", service=HEALTH, method="Check") == 1
 
 
 async def test_a_sole_scheduler_says_it_leads() -> None:

@@ -9,7 +9,8 @@ thread of its own (`cluster.scheduler.event_file`), and a stream that falls `FOL
 events or the job's `follower_max_bytes` behind is ended (it can reconnect with the last number it
 got). At most `max_followers` streams are open at once, following or not (a reader that never
 reads holds at most its bytes, or the retained events it asked for; CLUSTER_MAX_FOLLOWERS,
-CLUSTER_FOLLOWER_MAX_BYTES)."""
+CLUSTER_FOLLOWER_MAX_BYTES). A scheduler that stops leading the job ends every following stream
+with the error that names the leader (`fail`): its journal hears nothing more."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.protocol.config import LogRotation, canonical_node_id
-from cluster.protocol.errors import CapacityError, FellBehindError
+from cluster.protocol.errors import CapacityError, ClusterError, FellBehindError
 from cluster.scheduler.machine import events, state
 from cluster.scheduler.machine.events import JobEvent, Kind, MemoryResume, Record
 
@@ -34,12 +35,17 @@ RETAINED_EVENTS = 4096
 FOLLOWER_BACKLOG = 10_000
 # The job's last events: a following stream ends after one.
 FINAL = frozenset({Kind.FINISHED.value, Kind.JOB_FAILED.value})
+_BEHIND = (
+    f"this event stream fell behind (over {FOLLOWER_BACKLOG} events or "
+    "CLUSTER_FOLLOWER_MAX_BYTES waiting) and was ended; read faster, or "
+    "reconnect asking for the events after the last one you got"
+)
 
 
 class _Follower:
     def __init__(self) -> None:
         self.queue: asyncio.Queue[tuple[JobEvent, int] | None] = asyncio.Queue()
-        self.behind = False
+        self.error: ClusterError | None = None  # how the stream ends once `queue` says None
         self.waiting_bytes = 0  # of the events in `queue`
 
 
@@ -56,6 +62,7 @@ class EventJournal:
         self.seq = 0
         self._file: EventFile | None = None
         self._followers: set[_Follower] = set()
+        self._failed: ClusterError | None = None  # set by `fail`: no stream follows any more
         self._reading = 0  # streams without follow, writing the retained events
         self._saves_failing = False
         self.last_memory_resume: MemoryResume | None = None  # for Status
@@ -130,9 +137,7 @@ class EventJournal:
                     follower.queue.qsize() >= FOLLOWER_BACKLOG
                     or follower.waiting_bytes + size > most
                 ):
-                    follower.behind = True
-                    self._followers.discard(follower)
-                    follower.queue.put_nowait(None)
+                    self._end(follower, FellBehindError(_BEHIND))
                 else:
                     follower.waiting_bytes += size
                     follower.queue.put_nowait((event, size))
@@ -149,11 +154,23 @@ class EventJournal:
         self.seq = max(self.seq, last_seq(path))
         self._file = EventFile(path, rotation)
 
+    def _end(self, follower: _Follower, error: ClusterError | None = None) -> None:
+        """End a following stream: well (None), or with `error`."""
+        follower.error = error
+        self._followers.discard(follower)
+        follower.queue.put_nowait(None)
+
+    def fail(self, error: ClusterError) -> None:
+        """This journal hears nothing more (its scheduler no longer leads the job): every
+        following stream ends with `error`, and so does any that asks to follow from now on."""
+        self._failed = error
+        for follower in list(self._followers):
+            self._end(follower, error)
+
     def close(self) -> None:
         """End every following stream and write out the file."""
-        for follower in self._followers:
-            follower.queue.put_nowait(None)
-        self._followers.clear()
+        for follower in list(self._followers):
+            self._end(follower)
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -164,12 +181,10 @@ class EventJournal:
         """The retained events numbered above `after`, oldest first."""
         return [e for e in self._events if e.seq > after]
 
-    async def follow(self, after: int = 0, *, follow: bool = True) -> AsyncIterator[JobEvent]:
-        """The retained events after `after`, then (with `follow`) each new one, until the job's
-        last event or the journal's close. FellBehindError when the reader is too slow."""
-        follower = _Follower()
-        past = self.history(after)
-        following = follow and not any(e.kind in FINAL for e in past)
+    def _admit(self, following: bool) -> None:
+        """Refuse a reader past CLUSTER_MAX_FOLLOWERS, and a follower once nothing more is heard."""
+        if following and self._failed is not None:
+            raise self._failed
         most = self._state.settings.limits.max_followers
         if len(self._followers) + self._reading >= most:
             # A stream without follow counts too while it is written: one whose reader never
@@ -179,6 +194,15 @@ class EventJournal:
                 "(CLUSTER_MAX_FOLLOWERS, which counts every WatchEvents stream until it is "
                 "read to its end): stop another reader, or try again"
             )
+
+    async def follow(self, after: int = 0, *, follow: bool = True) -> AsyncIterator[JobEvent]:
+        """The retained events after `after`, then (with `follow`) each new one, until the job's
+        last event or the journal's close. FellBehindError when the reader is too slow; the
+        error given to `fail` once the journal hears nothing more."""
+        follower = _Follower()
+        past = self.history(after)
+        following = follow and not any(e.kind in FINAL for e in past)
+        self._admit(following)
         if following:
             self._followers.add(follower)  # in the same step as the history: nothing missed
         else:
@@ -191,12 +215,8 @@ class EventJournal:
             while True:
                 item = await follower.queue.get()
                 if item is None:
-                    if follower.behind:
-                        raise FellBehindError(
-                            f"this event stream fell behind (over {FOLLOWER_BACKLOG} events or "
-                            "CLUSTER_FOLLOWER_MAX_BYTES waiting) and was ended; read faster, or "
-                            "reconnect asking for the events after the last one you got"
-                        )
+                    if follower.error is not None:
+                        raise follower.error
                     return
                 news, size = item
                 follower.waiting_bytes -= size

@@ -1,9 +1,10 @@
 """The job as it is, for Prometheus: gauges computed at scrape time from the scheduler's state.
 
 `JobGauges.of(core)` reads what the gauges show in one step on the scheduler's loop, from the
-scheduler's state (one pass over the nodes); `JobCollector` turns it into metric families
-for prometheus_client at each scrape. Nothing here runs between scrapes: a heartbeat costs no
-more with metrics on.
+scheduler's state (one pass over the nodes); `job_metrics` turns it into metric families for
+prometheus_client at each scrape (`cluster.scheduler.metrics.SchedulerCollector`, only while
+this scheduler leads the job). Nothing here runs between scrapes: a heartbeat costs no more with
+metrics on.
 
 Series per node (`cluster_member_*`, labelled by rank and node id) exist only in jobs of at most
 NODE_LABEL_LIMIT nodes; past it, the ages are a histogram and a maximum only.
@@ -12,11 +13,10 @@ NODE_LABEL_LIMIT nodes; past it, the ages are a histogram and a maximum only.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.machine import state
@@ -59,9 +59,12 @@ class JobGauges:
     saves_pending: int
     watch_streams: int
     spares: int = 0  # live spares (connected workers without a rank)
+    # Seconds from this scheduler's start to the job formed, 0 while it forms; None when the
+    # job had formed before this scheduler took it (a restart, a standby that took over).
+    formation_s: float | None = None
 
     @classmethod
-    def of(cls, core: SchedulerCore) -> JobGauges:
+    def of(cls, core: SchedulerCore, formation_s: float | None = None) -> JobGauges:
         """Phase, generation and rollback step as the nodes were told (with recovery, as on
         disk), the same as `mscluster status` shows; the nodes as the scheduler sees them."""
         st, told, saving, now = core.state, core.told(), core.saving(), core.now()
@@ -98,6 +101,7 @@ class JobGauges:
             saves_pending=0 if saving is None else saving.unsaved_changes,
             watch_streams=core.open_streams,
             spares=live_spares,
+            formation_s=formation_s,
         )
 
 
@@ -111,28 +115,26 @@ def _node(m: state.Member, now: float) -> NodeGauge:
     )
 
 
-class JobCollector(Collector):
-    """The gauges, from `read()` at each scrape (None: the scheduler did not answer)."""
-
-    def __init__(self, read: Callable[[], JobGauges | None]) -> None:
-        self._read = read
-
-    def collect(self) -> Iterator[Metric]:
-        g = self._read()
-        if g is None:
-            return
-        yield from _job(g)
-        yield from _nodes(g)
-        yield from _heartbeats(g)
-        yield from _per_node(g)
-        yield from _store(g)
-        yield _gauge("cluster_spares", "Live spare workers: registered, without a rank.", g.spares)
-        # Standby schedulers add cluster_leader here (1 on the leading scheduler).
+def job_metrics(g: JobGauges) -> Iterator[Metric]:
+    """The job's gauges as metric families."""
+    yield from _job(g)
+    yield from _nodes(g)
+    yield from _heartbeats(g)
+    yield from _per_node(g)
+    yield from _store(g)
+    yield gauge("cluster_spares", "Live spare workers: registered, without a rank.", g.spares)
+    if g.formation_s is not None:
+        yield gauge(
+            "cluster_formation_seconds",
+            "Seconds from the scheduler's start to the job formed (0 while it forms; no sample "
+            "when the job had formed before this scheduler took it).",
+            g.formation_s,
+        )
 
 
 def _job(g: JobGauges) -> Iterator[Metric]:
     """The job as a whole: its id, phase, generation, rollback step and size."""
-    yield _gauge(
+    yield gauge(
         "cluster_job_info", "The job (its id as a label); always 1.", 1, cluster_id=g.cluster_id
     )
     phases = GaugeMetricFamily(
@@ -143,18 +145,18 @@ def _job(g: JobGauges) -> Iterator[Metric]:
     for phase in state.Phase:
         phases.add_metric([phase.value], 1.0 if phase.value == g.phase else 0.0)
     yield phases
-    yield _gauge(
+    yield gauge(
         "cluster_generation",
         "The topology generation (1 once formed, +1 per re-formation).",
         g.generation,
     )
-    yield _gauge(
+    yield gauge(
         "cluster_rollback_step",
         "The step the current generation (re)started training from.",
         g.rollback_step,
     )
-    yield _gauge("cluster_expected_workers", "Workers the job has (MS_WORKER_NUM).", g.worker_num)
-    yield _gauge(
+    yield gauge("cluster_expected_workers", "Workers the job has (MS_WORKER_NUM).", g.worker_num)
+    yield gauge(
         "cluster_expected_servers",
         "Parameter servers the job has (MS_SERVER_NUM).",
         g.server_num,
@@ -174,29 +176,29 @@ def _nodes(g: JobGauges) -> Iterator[Metric]:
 
 def _store(g: JobGauges) -> Iterator[Metric]:
     """The key-value store against its caps, the saves held back and the open streams."""
-    yield _gauge(
+    yield gauge(
         "cluster_kv_bytes", "Bytes of keys and values in the job's key-value store.", g.kv_bytes
     )
-    yield _gauge("cluster_kv_keys", "Keys in the job's key-value store.", g.kv_keys)
-    yield _gauge(
+    yield gauge("cluster_kv_keys", "Keys in the job's key-value store.", g.kv_keys)
+    yield gauge(
         "cluster_kv_max_bytes",
         "The store's cap on bytes (CLUSTER_KV_MAX_BYTES).",
         g.kv_max_bytes,
     )
-    yield _gauge(
+    yield gauge(
         "cluster_kv_max_keys", "The store's cap on keys (CLUSTER_KV_MAX_KEYS).", g.kv_max_keys
     )
-    yield _gauge(
+    yield gauge(
         "cluster_state_saves_pending",
         "Changes decided but not yet saved (with recovery): the nodes hear of them once saved.",
         g.saves_pending,
     )
-    yield _gauge(
+    yield gauge(
         "cluster_watch_streams", "Open Watch streams (one per connected node).", g.watch_streams
     )
 
 
-def _gauge(name: str, documentation: str, value: float, **labels: str) -> GaugeMetricFamily:
+def gauge(name: str, documentation: str, value: float, **labels: str) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, documentation, labels=list(labels))
     family.add_metric(list(labels.values()), value)
     return family
@@ -215,17 +217,17 @@ def _heartbeats(g: JobGauges) -> Iterator[Metric]:
         buckets=buckets,
         gsum_value=sum(ages),
     )
-    yield _gauge(
+    yield gauge(
         "cluster_heartbeat_age_max_seconds",
         "The oldest of those ages (0: no alive node).",
         ages[-1] if ages else 0.0,
     )
-    yield _gauge(
+    yield gauge(
         "cluster_node_timeout_seconds",
         "MS_NODE_TIMEOUT: an age past it fails the node.",
         g.node_timeout_s,
     )
-    yield _gauge(
+    yield gauge(
         "cluster_heartbeat_interval_seconds",
         "Seconds between a node's heartbeats.",
         g.heartbeat_interval_s,

@@ -3,34 +3,42 @@
 Off by default, and then nothing of this module runs: no registry, no interceptor, no work per
 call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS_PORT):
 
-- counters of what happened, fed by the event journal (registrations, refusals, node failures
-  by cause, rejoins, rollbacks, guard refusals) and by the persister (saves, their seconds and
-  bytes, failures);
-- gauges of the job as it is, computed at scrape time from the state by a custom collector
-  (`JobCollector`): nodes by role and state, phase, generation, rollback step, heartbeat ages,
-  key-value usage, saves pending. A scrape costs one pass over the nodes; a heartbeat costs
-  nothing more than without metrics;
-- RPCs by method and status code, with latency (`cluster.scheduler.rpc_metrics`).
+- counters of what happened, fed by the event journal (registrations, node failures by cause,
+  rejoins, rollbacks, guard refusals) and by the persister (saves, their seconds and bytes,
+  failures);
+- what is read at scrape time on the scheduler's loop by a custom collector
+  (`SchedulerCollector`): whether this scheduler leads the job, the refusals counted so far
+  (every one, from the `RefusalLimiter`s: the journal tells them at a bounded rate, the metrics
+  count them all), and, only while it leads, the job's gauges (`cluster.scheduler.job_gauges`:
+  nodes by role and state, phase, generation, rollback step, heartbeat ages, key-value usage,
+  saves pending). A scheduler that does not lead (a standby, one that stepped down) has no job
+  of its own to show: the leader shows it, and sums over schedulers count it once. A scrape
+  costs one pass over the nodes; a heartbeat costs nothing more than without metrics;
+- RPCs by service, method and status code, with latency (`cluster.scheduler.rpc_metrics`).
 
-prometheus_client's HTTP server runs on a thread of its own; a scrape reads the job on the
-scheduler's loop (`JobGauges.of`), so it never sees a change half applied.
+The HTTP server (`MetricsServer`) runs on threads of its own, a bounded number: a scrape reads
+the job on the scheduler's loop (`read_on_loop`), so it never sees a change half applied.
 
-Label values are bounded: roles, states, phases, causes and refusal reasons are enums, methods
-and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id) exist only
-in jobs of at most NODE_LABEL_LIMIT nodes.
+Label values are bounded: roles, states, phases, causes and refusal reasons are enums, services,
+methods and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id)
+exist only in jobs of at most NODE_LABEL_LIMIT nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import logging
+import socket
+import socketserver
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-from wsgiref.simple_server import WSGIServer
+from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -38,14 +46,17 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
-from cluster.protocol.errors import ConfigError
-from cluster.protocol.events import Failed, Formed, GuardRefusal, LeaderChange, Refused
+from cluster.protocol.errors import ConfigError, NotLeaderError
+from cluster.protocol.events import Failed, Formed, GuardRefusal, LeaderChange
 from cluster.scheduler.core import SchedulerCore
-from cluster.scheduler.job_gauges import JobCollector, JobGauges
+from cluster.scheduler.gate import Gate
+from cluster.scheduler.job_gauges import JobGauges, gauge, job_metrics
 from cluster.scheduler.machine import state
 from cluster.scheduler.machine.events import Cause, JobEvent, Kind
 from cluster.scheduler.rpc_metrics import RpcMetrics
@@ -58,6 +69,13 @@ SAVE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 # How long a scrape waits for the scheduler's loop to read the job: Prometheus's default scrape
 # timeout (it has given up by then).
 READ_TIMEOUT_S = 10.0
+# Connections the metrics port serves at once, in all and from one address (a scraper needs
+# one); past either, a connection is closed at once. Each served connection holds a thread.
+METRICS_CONNECTIONS = 32
+METRICS_CONNECTIONS_PER_ADDRESS = 4
+# Seconds a connection to the metrics port may stay silent (its request not sent, its answer
+# not read) before it is closed.
+METRICS_IDLE_S = 5.0
 
 
 def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | None:
@@ -85,6 +103,54 @@ def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | 
         return None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What one scrape reads on the scheduler's loop, in one step."""
+
+    leading: bool
+    job: JobGauges | None  # None while this scheduler does not lead the job
+    registration_refusals: dict[str, int]  # by reason
+    edge_refusals: dict[tuple[str, str], int]  # by (method, reason)
+
+
+class SchedulerCollector(Collector):
+    """Leadership, refusals and (while leading) the job's gauges, from `read()` at each scrape
+    (None: the scheduler's loop did not answer)."""
+
+    def __init__(self, read: Callable[[], Reading | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._read()
+        if r is None:
+            return
+        yield gauge(
+            "cluster_leader",
+            "1 while this scheduler leads the job (a scheduler without standbys always does), 0 "
+            "while it stands by.",
+            1.0 if r.leading else 0.0,
+        )
+        refusals = CounterMetricFamily(
+            "cluster_registration_refusals",
+            "Registrations the job refused, by reason (node_alive: once per wait of the guard).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(r.registration_refusals.items()):
+            refusals.add_metric([reason], count)
+        yield refusals
+        edge = CounterMetricFamily(
+            "cluster_edge_refusals",
+            "Calls refused before they reached the job (malformed, oversized, unauthenticated, "
+            "crowded, stalled), by method and reason.",
+            labels=["method", "reason"],
+        )
+        for (method, reason), count in sorted(r.edge_refusals.items()):
+            edge.add_metric([method, reason], count)
+        yield edge
+        if r.job is not None:
+            yield from job_metrics(r.job)
+
+
 class SchedulerMetrics:
     """Every metric of one scheduler, in a registry of its own."""
 
@@ -97,12 +163,6 @@ class SchedulerMetrics:
         self.registrations = Counter(
             "cluster_registrations",
             "Processes accepted into the job (first joins and rejoins).",
-            registry=r,
-        )
-        self.refusals = Counter(
-            "cluster_registration_refusals",
-            "Registrations refused, by reason.",
-            ["reason"],
             registry=r,
         )
         self.guard_refusals = Counter(
@@ -126,28 +186,57 @@ class SchedulerMetrics:
             "New generations resumed from the step the survivors hold in memory, not from disk.",
             registry=r,
         )
-        self.formation = Gauge(
-            "cluster_formation_seconds",
-            "Seconds from the scheduler's start to the job formed (0 until then).",
+        self.saves, self.save_failures, self.save_seconds = _save_metrics(r)
+        self.leader_changes = Counter(
+            "cluster_leader_changes",
+            "Times this scheduler took the job's leadership or gave it up.",
             registry=r,
         )
-        self.saves, self.save_failures, self.save_seconds = _save_metrics(r)
-        self.leader, self.leader_changes = _leadership_metrics(r)
         self.save_bytes = Gauge(
             "cluster_state_save_bytes", "Size of the recovery state file last saved.", registry=r
         )
-        for reason in state.Refusal:
-            self.refusals.labels(reason.value)
         for cause in Cause:
             self.failures.labels(cause.value)
         self.rpc = RpcMetrics(r)
+        self._core: SchedulerCore | None = None  # observed: its journal feeds `count`
+        self._refused_before: collections.Counter[str] = collections.Counter()  # older cores'
+        self._guarded = 0  # guard refusals (once per wait), counted from the journal
+        self._formation_s: float | None = None  # of the observed core, `JobGauges.formation_s`
 
-    def attach(self, core: Callable[[], SchedulerCore], loop: asyncio.AbstractEventLoop) -> None:
-        """Read the gauges of the core that answers (`core()`: a standby that takes over
-        answers with another) at each scrape; its events are counted by `count`."""
+    def adopt(self, core: SchedulerCore) -> None:
+        """Observe `core` from now on: its events (`count`), its refusals, its formation."""
+        if self._core is not None and self._core is not core:
+            for (_, reason), count in self._core.refusals.counts.items():
+                self._refused_before[reason] += count
+        self._core = core
+        # A job that formed before this scheduler took it: its formation time is not known here.
+        self._formation_s = 0.0 if core.state.phase is state.Phase.WAITING else None
+        core.journal.listeners.append(self.count)
+
+    def attach(self, gate: Gate, loop: asyncio.AbstractEventLoop) -> None:
+        """Read, at each scrape, whether this scheduler leads (the gate, as every call does)
+        and the gauges of the core that answers."""
         self.registry.register(
-            JobCollector(lambda: read_on_loop(loop, lambda: JobGauges.of(core())))
+            SchedulerCollector(lambda: read_on_loop(loop, lambda: self.read(gate)))
         )
+
+    def read(self, gate: Gate) -> Reading:
+        """What a scrape shows, read on the scheduler's loop."""
+        try:
+            leading: SchedulerCore | None = gate.current()
+        except NotLeaderError:
+            leading = None
+        refused = collections.Counter({reason.value: 0 for reason in state.Refusal})
+        refused.update(self._refused_before)
+        if self._core is not None:
+            for (_, reason), count in self._core.refusals.counts.items():
+                refused[reason] += count
+        refused[state.Refusal.NODE_ALIVE.value] += self._guarded
+        job = None
+        if leading is not None:
+            formation_s = self._formation_s if leading is self._core else None
+            job = JobGauges.of(leading, formation_s)
+        return Reading(leading is not None, job, dict(refused), dict(gate.refusals.counts))
 
     def count(self, event: JobEvent) -> None:
         kind, view = event.kind, event.typed()
@@ -164,17 +253,13 @@ class SchedulerMetrics:
         match view:
             case GuardRefusal():
                 self.guard_refusals.inc()
-                self.refusals.labels(state.Refusal.NODE_ALIVE.value).inc()
-            case Refused(reason=reason, count=count):
-                # One event stands for `count` refusals of one address (told at a bounded rate).
-                self.refusals.labels(reason).inc(count)
+                self._guarded += 1
             case Failed(cause=cause):
                 self.failures.labels(cause.value).inc()
             case LeaderChange():
                 self.leader_changes.inc()
-                self.leader.set(1.0 if view.leading else 0.0)
             case Formed(seconds=seconds):
-                self.formation.set(seconds)
+                self._formation_s = seconds
 
     def saved(self, seconds: float, ok: bool, path: Path | None) -> None:
         """A save of the recovery state to `path` (None: not a file) ended."""
@@ -203,43 +288,100 @@ def _save_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Histogram]:
     return saves, failures, seconds
 
 
-def _leadership_metrics(r: CollectorRegistry) -> tuple[Gauge, Counter]:
-    """With standby schedulers: whether this one leads, and how often that changed."""
-    leader = Gauge(
-        "cluster_leader",
-        "1 while this scheduler leads the job, 0 while it stands by (with standby schedulers).",
-        registry=r,
-    )
-    changes = Counter(
-        "cluster_leader_changes",
-        "Times this scheduler took the job's leadership or gave it up.",
-        registry=r,
-    )
-    return leader, changes
+class _Handler(WSGIRequestHandler):
+    """One connection to /metrics: closed once silent for METRICS_IDLE_S (its request not
+    sent, or its answer not read); nothing logged per request."""
+
+    timeout = METRICS_IDLE_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most METRICS_CONNECTIONS of them and
+    METRICS_CONNECTIONS_PER_ADDRESS from one address: a connection past either is closed at
+    once, before a thread or a byte is spent on it."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: a burst of connections waits, not dropped
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
+        self.address_family = family
+        self._lock = threading.Lock()
+        self._open: collections.Counter[str] = collections.Counter()
+        super().__init__(address, _Handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        host = str(client_address[0])
+        with self._lock:
+            if (
+                self._open.total() >= METRICS_CONNECTIONS
+                or self._open[host] >= METRICS_CONNECTIONS_PER_ADDRESS
+            ):
+                return False
+            self._open[host] += 1
+        return True
+
+    def _release(self, client_address: Any) -> None:
+        host = str(client_address[0])
+        with self._lock:
+            self._open[host] -= 1
+            if self._open[host] <= 0:
+                del self._open[host]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: the connection is closed by the caller
+            self._release(client_address)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._release(client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that timed out or went away is no error of the scheduler's."""
+        log.debug("a metrics connection from %s ended early", client_address[0], exc_info=True)
+
+
+def _listening_on(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
+    """The address family and address to listen on for `host` (IPv4 or IPv6)."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return family, (str(sockaddr[0]), port)
 
 
 class MetricsServer:
-    """prometheus_client's HTTP server for `registry`, on a thread: /metrics at host:port."""
+    """/metrics for `registry` at host:port, served by `_BoundedServer` on threads: bounded in
+    threads, connections and the time a connection may sit silent, so that connections left
+    open by anyone who reaches the port cost a bounded amount and never keep a scrape out."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         self.registry = registry
         self.host = host
         self.requested_port = port
         self.port = 0
-        self._server: WSGIServer | None = None
+        self._server: _BoundedServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
         try:
-            server, thread = start_http_server(
-                self.requested_port, addr=self.host, registry=self.registry
-            )
+            family, address = _listening_on(self.host, self.requested_port)
+            server = _BoundedServer(address, family)
         except OSError as exc:
             raise ConfigError(
                 f"CLUSTER_METRICS_PORT={self.requested_port}: the scheduler cannot serve metrics "
                 f"on {self.host}:{self.requested_port} ({exc.strerror or exc}); choose a free port "
                 "(0: any)"
             ) from None
+        server.set_app(make_wsgi_app(self.registry))
+        thread = threading.Thread(target=server.serve_forever, name="cluster-metrics", daemon=True)
+        thread.start()
         self._server, self._thread = server, thread
         self.port = int(server.server_port)
         return self.port

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from cluster.protocol.config import ObserveConfig
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.gate import Gate
 from cluster.scheduler.machine import events
 
 if TYPE_CHECKING:
@@ -24,9 +25,12 @@ log = logging.getLogger("cluster.scheduler")
 
 
 class Observability:
-    def __init__(self, config: ObserveConfig, host: str) -> None:
+    def __init__(self, config: ObserveConfig, host: str, gate: Gate) -> None:
+        """`gate`: the server's, which says whether this scheduler leads the job (the metrics
+        show the job only while it does) and counts the calls refused at the edge."""
         self.config = config
         self.host = host
+        self.gate = gate
         self.metrics: SchedulerMetrics | None = None
         if config.metrics_port is not None:
             # prometheus_client only when metrics are on: importing it costs a restarted
@@ -53,7 +57,7 @@ class Observability:
         if self.metrics is not None and self.config.metrics_port is not None:
             from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
 
-            self.metrics.attach(self._current, asyncio.get_running_loop())
+            self.metrics.attach(self.gate, asyncio.get_running_loop())
             self._http = MetricsServer(self.metrics.registry, self.host, self.config.metrics_port)
             port = self._http.start()
             where = f"[{self.host}]" if ":" in self.host else self.host
@@ -62,10 +66,6 @@ class Observability:
     @property
     def started(self) -> bool:
         return self._core is not None
-
-    def _current(self) -> SchedulerCore:
-        assert self._core is not None
-        return self._core
 
     def adopt(self, core: SchedulerCore, *, announce: bool = True) -> None:
         """Observe `core` from now on (a standby that takes the job over answers with a core of
@@ -78,7 +78,7 @@ class Observability:
         if core.persister is not None:
             core.persister.observer = self._saved
         if self.metrics is not None:
-            core.journal.listeners.append(self.metrics.count)
+            self.metrics.adopt(core)
         if announce:
             core.journal.emit(events.of_start(core.state))
 

@@ -1,13 +1,13 @@
 """Refusals of whoever reaches the port: every one counted, few journaled, none kept raw.
 
 A caller that is not a member can send refused calls as fast as it likes. Each refusal counts
-(`counts`; the journal's events carry how many each stands for, which the metric
-`cluster_registration_refusals{reason}` adds up), but the journal,
-the event log and the scheduler's log hear of a peer address at most once per `INTERVAL_S`, with
-the number of refusals since they last did: what a flood costs the scheduler's memory and files
-is bounded by the number of addresses, not by the number of calls. The addresses remembered are
-bounded too (the oldest forgotten first). Every message quoted is already escaped and cut
-(`cluster.transport.edge.quoted`).
+(`counts`, by method and reason: what the metrics export at each scrape,
+`cluster_edge_refusals_total` and `cluster_registration_refusals_total`), but the journal, the
+event log and the scheduler's log hear of a peer address at most once per `INTERVAL_S`, with the
+number of refusals since they last did (the count a journaled event carries): what a flood costs
+the scheduler's memory and files is bounded by the number of addresses, not by the number of
+calls. The addresses remembered are bounded too (the oldest forgotten first). Every message
+quoted is already escaped and cut (`cluster.transport.edge.quoted`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
-"""RPCs by method and status code, and the latency of unary calls: a grpc.aio interceptor.
+"""RPCs by service, method and status code, and the latency of unary calls: a grpc.aio
+interceptor.
 
 Installed only when metrics are on. It counts every call the scheduler serves when it ends
-(`cluster_rpc_requests_total{method,code}`), and times the unary ones
-(`cluster_rpc_duration_seconds{method}`); a stream (Watch, Heartbeat, WatchEvents) lives as
+(`cluster_rpc_requests_total{service,method,code}`), and times the unary ones
+(`cluster_rpc_duration_seconds{service,method}`); a stream (Watch, Heartbeat, WatchEvents) lives as
 long as its node, so its length says nothing of latency and is not timed. Heartbeats are
 messages on a stream, not calls: they cost the interceptor nothing.
 
-Labels are bounded: `method` is a method of the services the scheduler serves (a call to any
-other has no handler and is not counted), `code` a gRPC status code name.
+Labels are bounded: `service` is a service the scheduler serves (`cluster.v1.Scheduler`, and
+gRPC's health service `grpc.health.v1.Health`, whose `Watch` is not the scheduler's), `method` one
+of its methods (a call to any other has no handler and is not counted), `code` a gRPC status
+code name.
 """
 
 from __future__ import annotations
@@ -50,14 +53,15 @@ class RpcMetrics(_Interceptor):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "cluster_rpc_requests",
-            "Calls the scheduler served, by method and status code, counted when they end.",
-            ["method", "code"],
+            "Calls the scheduler served, by service, method and status code, counted when they "
+            "end.",
+            ["service", "method", "code"],
             registry=registry,
         )
         self.duration = Histogram(
             "cluster_rpc_duration_seconds",
-            "Seconds the scheduler took to answer a unary call, by method.",
-            ["method"],
+            "Seconds the scheduler took to answer a unary call, by service and method.",
+            ["service", "method"],
             buckets=RPC_SECONDS_BUCKETS,
             registry=registry,
         )
@@ -72,11 +76,12 @@ class RpcMetrics(_Interceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        method = str(details.method).rsplit("/", 1)[-1]
-        return self._wrapped(handler, method)
+        # "/cluster.v1.Scheduler/Watch": the service, then the method
+        service, _, method = str(details.method).lstrip("/").rpartition("/")
+        return self._wrapped(handler, service, method)
 
     def _wrapped(
-        self, handler: grpc.RpcMethodHandler[Any, Any], method: str
+        self, handler: grpc.RpcMethodHandler[Any, Any], service: str, method: str
     ) -> grpc.RpcMethodHandler[Any, Any]:
         requests, duration = self.requests, self.duration
 
@@ -91,8 +96,8 @@ class RpcMetrics(_Interceptor):
                     raise
                 finally:
                     if timed:
-                        duration.labels(method).observe(time.perf_counter() - started)
-                    requests.labels(method, _code(context, error)).inc()
+                        duration.labels(service, method).observe(time.perf_counter() - started)
+                    requests.labels(service, method, _code(context, error)).inc()
 
             return call
 
@@ -106,7 +111,7 @@ class RpcMetrics(_Interceptor):
                     error = exc
                     raise
                 finally:
-                    requests.labels(method, _code(context, error)).inc()
+                    requests.labels(service, method, _code(context, error)).inc()
 
             return call
 

@@ -156,7 +156,7 @@ class SchedulerServer:
 
             self.ha = HighAvailability(self, election)
         # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
-        self.observing = Observability(observe or ObserveConfig(), host)
+        self.observing = Observability(observe or ObserveConfig(), host, self.gate)
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -232,8 +232,9 @@ class SchedulerServer:
 
     async def uninstall(self, error: NotLeaderError, *, save_s: float = 0) -> bool:
         """Answer nothing more for the job: this scheduler no longer leads it. Saves what is
-        pending for up to `save_s` (while saves fail), then ends every open stream and wait
-        with `error`; True when everything decided is saved. Saving stops first: the nodes
+        pending for up to `save_s` (while saves fail), then ends every open stream and wait,
+        and every follower of the job's events, with `error`; True when everything decided is
+        saved. Saving stops first: the nodes
         that leave when their streams end are failed here only, never in the saved state
         that the next leader resumes."""
         core, self.gate.core = self.gate.core, None
@@ -243,6 +244,7 @@ class SchedulerServer:
         self._monitor = None
         saved = await core.stop_saving(save_s)
         core.stand_down(error)
+        core.journal.fail(error)
         return saved
 
     async def _serve(self) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from cluster.scheduler import JobStore, SchedulerServer
 from cluster.v1 import scheduler_pb2 as pb
@@ -61,6 +62,9 @@ async def test_every_metric_the_dashboard_queries_is_exported(tmp_path: Path) ->
         await form(server)  # a formed job: the per-node series exist
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=BOUND_S)
+            malformed = channel.unary_unary("/cluster.v1.Scheduler/Status", None, None)
+            with pytest.raises(grpc.aio.AioRpcError):  # a refusal at the edge: its series
+                await malformed(b"\xff" * 8, timeout=BOUND_S)
         exported = set(await scrape(server))
     queried = {name for expr in queries() for name in METRIC.findall(expr)}
     assert len(queried) >= 25

@@ -12,18 +12,22 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster.protocol.config import ObserveConfig
 from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.protocol.events import MemoryResume
 from cluster.scheduler import JobStore, SchedulerServer
 from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
+from cluster.scheduler.machine import state
 from cluster.storage import store
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S, eventually
 from tests.credentials import digest
 from tests.scrape import ON, form, reg, scrape, settings, value
+
+HEALTH = "grpc.health.v1.Health"
 
 
 async def test_a_formed_job_and_a_failure_as_metrics() -> None:
@@ -91,6 +95,91 @@ async def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> Non
     assert value(seen, "cluster_rpc_requests_total", method="Finish", code="NOT_FOUND") == 1
     assert value(seen, "cluster_rpc_duration_seconds_count", method="Status") == 1
     assert value(seen, "cluster_rpc_duration_seconds_bucket", method="Status", le="+Inf") == 1
+
+
+async def test_the_health_services_watch_is_not_the_schedulers_watch() -> None:
+    """Both services have a method named Watch: the `service` label tells them apart."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+            await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=BOUND_S)
+        metrics = server.observing.metrics
+        assert metrics is not None
+
+        def watch_counted() -> bool:  # once the server has seen the stream end
+            samples = [s for f in metrics.rpc.requests.collect() for s in f.samples]
+            return any(s.labels["method"] == "Watch" for s in samples)
+
+        await eventually(watch_counted, "the health service's Watch to be counted")
+        seen = await scrape(server)
+    watches = {
+        (s.labels["service"], s.labels["code"]): s.value
+        for s in seen["cluster_rpc_requests_total"]
+        if s.labels["method"] == "Watch"
+    }
+    assert watches == {(HEALTH, "CANCELLED"): 1}  # no Watch of the scheduler's was made
+    assert value(seen, "cluster_rpc_requests_total", service=HEALTH, method="Check") == 1
+    assert value(seen, "cluster_rpc_duration_seconds_count", service=HEALTH, method="Check") == 1
+
+
+async def test_a_sole_scheduler_says_it_leads() -> None:
+    """Without standbys the only scheduler leads its job: `max(cluster_leader) == 0` must mean
+    that no scheduler leads."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        assert value(await scrape(server), "cluster_leader") == 1
+
+
+async def test_formation_time_is_0_while_forming_and_absent_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The saved state does not keep how long the job took to form: a scheduler that resumes a
+    formed job exports no formation time rather than 0, which means "not formed yet"."""
+    server = SchedulerServer(
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
+    )
+    await server.start()
+    try:
+        assert value(await scrape(server), "cluster_formation_seconds") == 0
+        await form(server)
+        assert value(await scrape(server), "cluster_formation_seconds") > 0
+    finally:
+        await server.stop(drain_s=0)  # stopped, not ended: the job stays resumable
+    async with SchedulerServer(
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
+    ) as again:
+        seen = await scrape(again)
+        assert value(seen, "cluster_job_phase", phase="ready") == 1  # the job, resumed
+        assert "cluster_formation_seconds" not in seen
+
+
+async def test_every_refusal_is_counted_once_under_its_own_reason() -> None:
+    """The journal tells one address's refusals once a minute; the metrics count them all, a
+    registration refused by the job apart from a call of any method refused at the edge."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        await form(server)
+        for i in range(2, 8):  # six more workers from one address ask to join a full job
+            refused = await server.core.register(reg(str(i)), f"ipv4:10.0.0.5:{4000 + i}")
+            assert isinstance(refused, state.Refused)
+            assert refused.reason is state.Refusal.INVALID_NODE
+        mismatched = dataclasses.replace(reg("9"), worker_num=3)
+        refused = await server.core.register(mismatched, "ipv4:10.0.0.5:4009")
+        assert isinstance(refused, state.Refused)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            status = channel.unary_unary("/cluster.v1.Scheduler/Status", None, None)
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await status(b"\xff" * 8, timeout=BOUND_S)  # not a StatusRequest
+        told = [e for e in server.core.journal.history() if e.kind == "refused"]
+        seen = await scrape(server)
+    assert len(told) == 2  # the journal's rate: one a minute per address, and the edge's own
+    assert value(seen, "cluster_registration_refusals_total", reason="invalid_node") == 6
+    assert value(seen, "cluster_registration_refusals_total", reason="worker_num_mismatch") == 1
+    assert value(seen, "cluster_registration_refusals_total", reason="cluster_full") == 0
+    assert value(seen, "cluster_edge_refusals_total", method="Status", reason="malformed") == 3
+    assert sum(s.value for s in seen["cluster_registration_refusals_total"]) == 7
 
 
 async def test_no_series_per_node_past_the_limit() -> None:

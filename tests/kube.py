@@ -5,7 +5,9 @@ args, its environment (the ConfigMaps of `envFrom`, then `env`, with the Downwar
 and `$(VAR)` references filled in as Kubernetes does), and its volumes: Secrets and ConfigMaps
 become files to write, claims and emptyDirs directories. Paths inside the container (mount
 points, the image's own directories) are rewritten to directories of this machine, longest
-prefix first, wherever an argument or an environment value names them.
+prefix first, wherever an argument or an environment value names them. The pod's `fsGroup` and
+`fsGroupChangePolicy` come with the claims they apply to (`Ownership`): what the kubelet does to
+a claim's files on each mount (tests/kube_local.py does it).
 
 `load_kustomization` reads a kustomize directory whose kustomization uses `resources` and
 `images` only (the manifests here use nothing else, so that a test reads exactly what `kubectl
@@ -121,16 +123,31 @@ class LocalFile:
     mode: int
 
 
+FS_GROUP_CHANGE_POLICIES = ("Always", "OnRootMismatch")
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The pod's `securityContext.fsGroup` (None: not set) and `fsGroupChangePolicy`
+    (Kubernetes' default, `Always`, when the manifest says nothing)."""
+
+    fs_group: int | None = None
+    change_policy: str = "Always"
+
+
 @dataclass(frozen=True)
 class LocalProcess:
     """A container as a process of this machine: run `argv` in `cwd` with exactly `env`, after
-    writing `files` and making `directories`."""
+    writing `files` and making `directories`; `claims` (among them) are mounted with
+    `ownership`."""
 
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: Path
     files: tuple[LocalFile, ...]
     directories: tuple[Path, ...]
+    claims: tuple[Path, ...] = ()
+    ownership: Ownership = Ownership()
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,7 @@ def render(cluster: Cluster, template: Manifest, pod: Pod, container: str) -> Lo
     if box is None:
         raise ManifestError(f"no container {container!r} in the pod template")
     volumes, files, directories = _volumes(cluster, spec.get("volumes", []), pod)
+    claims = {volumes[v["name"]] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}
     mounts = {
         m["mountPath"]: volumes[m["name"]] / m.get("subPath", "")
         for m in box.get("volumeMounts", [])
@@ -171,7 +189,19 @@ def render(cluster: Cluster, template: Manifest, pod: Pod, container: str) -> Lo
         cwd=Path(rewrite(box.get("workingDir", cluster.workdir))),
         files=tuple(files),
         directories=tuple(directories),
+        claims=tuple(d for d in directories if d in claims),
+        ownership=ownership(spec),
     )
+
+
+def ownership(spec: Manifest) -> Ownership:
+    """The pod spec's fsGroup and fsGroupChangePolicy (the API server's default filled in)."""
+    context = spec.get("securityContext", {})
+    policy = context.get("fsGroupChangePolicy", "Always")
+    if policy not in FS_GROUP_CHANGE_POLICIES:
+        raise ManifestError(f"fsGroupChangePolicy {policy!r} is not one of Kubernetes'")
+    fs_group = context.get("fsGroup")
+    return Ownership(None if fs_group is None else int(fs_group), policy)
 
 
 def _environment(cluster: Cluster, box: Manifest, pod: Pod) -> dict[str, str]:

@@ -5,13 +5,16 @@ namespace, so the manifests' fixed ports 8118 and 9464 are free whatever else ru
 the cluster's DNS names of its headless Service through that namespace's /etc/hosts
 (`ip netns exec` binds /etc/netns/NAME/hosts over it). Needs root and iproute2;
 `why_not_available` says why not otherwise. The namespace, its hosts file and every process
-are always removed.
+are always removed. Each claim is mounted as the kubelet mounts it (`mount_claim`): with the
+pod's fsGroup, the kubelet's walk over its files, on every start of a pod that mounts it unless
+the manifest says `fsGroupChangePolicy: OnRootMismatch`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,9 +27,58 @@ from tests import kube
 from tests.netns import why_not_available
 from tests.procs import ROOT, Procs
 
-__all__ = ["LocalCluster", "local_cluster", "why_not_available"]
+__all__ = ["LocalCluster", "local_cluster", "mount_claim", "why_not_available"]
 
 IMAGE_ROOT = "/opt/cluster"  # deploy/kubernetes/Dockerfile: COPY . /opt/cluster
+# What the kubelet adds to each entry of a volume it gives to fsGroup (pkg/volume/
+# volume_linux.go: rwMask, execMask and os.ModeSetgid): group rw, and to a directory group x
+# and setgid.
+GROUP_RW = 0o660
+GROUP_DIRECTORY = 0o110 | stat.S_ISGID
+
+
+def mount_claim(root: Path, ownership: kube.Ownership) -> None:
+    """What the kubelet does to a claim's files as it mounts it in a pod whose securityContext
+    sets fsGroup (`SetVolumeOwnership` in pkg/volume/volume_linux.go). With `Always` (also what
+    a manifest that says nothing gets), on every mount: every entry's group becomes fsGroup with
+    read and write, and every directory's also execute and setgid (links: their group only), so
+    that a directory a program made 0700 is 2770 in the next pod. With `OnRootMismatch`, only
+    while the volume's root is not yet so (its group fsGroup, rwx for it, setgid): on its first
+    mount. Done to every claim, as a CSI driver with `fsGroupPolicy: File` does (the default,
+    `ReadWriteOnceWithFSType`, does it to a block-backed ReadWriteOnce claim such as the
+    scheduler's state, not to an NFS ReadWriteMany one)."""
+    group = ownership.fs_group
+    if group is None:
+        return
+    if ownership.change_policy == "OnRootMismatch" and not _root_mismatch(root, group):
+        return
+    for path in _entries(root):
+        os.lchown(path, -1, group)
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            continue  # chmod would change what the link points to
+        added = GROUP_RW | (GROUP_DIRECTORY if stat.S_ISDIR(mode) else 0)
+        path.chmod(stat.S_IMODE(mode) | added)
+
+
+def _root_mismatch(root: Path, group: int) -> bool:
+    """The kubelet's `requiresPermissionChange`: the root is not fsGroup's, rwx and setgid."""
+    st = root.stat()
+    wanted = GROUP_RW | 0o110
+    return (
+        st.st_gid != group
+        or not stat.S_ISDIR(st.st_mode)
+        or st.st_mode & wanted != wanted
+        or not st.st_mode & stat.S_ISGID
+    )
+
+
+def _entries(root: Path) -> Iterator[Path]:
+    """`root` and everything under it, links not followed."""
+    yield root
+    for directory, directories, files in os.walk(root):
+        for name in [*directories, *files]:
+            yield Path(directory) / name
 
 
 def image_env() -> dict[str, str]:
@@ -96,6 +148,8 @@ class LocalCluster:
         process = kube.render(self.cluster, kube.pod_template(workload, pod), pod, container)
         for directory in process.directories:
             directory.mkdir(parents=True, exist_ok=True)
+        for claim in process.claims:
+            mount_claim(claim, process.ownership)
         for item in process.files:
             item.path.write_bytes(item.content)
             item.path.chmod(item.mode)

@@ -170,7 +170,8 @@ class SchedulerServer:
         self._reserve: asyncio.Task[None] | None = None
         self._open_files = 0  # the limit, once raised
         self._stop_requested = asyncio.Event()
-        # Why, once the operator stopped a scheduler with standbys: the job goes to a standby.
+        # Why, once SIGTERM stopped a scheduler whose job goes on: to a standby, or, with no
+        # standby, to the scheduler started next on its state store.
         self.handing_over: str | None = None
         # Set by `stop` when it had to stop with decided changes not saved.
         self.unsaved: str | None = None
@@ -312,13 +313,16 @@ class SchedulerServer:
 
     async def wait_done(self) -> bool:
         """Wait until the job is over (or, after `request_stop`, at most STOP_SAVE_WAIT_S more
-        for its end to be saved); True when every node finished."""
+        for its end to be saved, or after `request_handover`, until it is left to resume); True
+        when every node finished, or the job was handed over or left to resume."""
         if self.ha is not None:
             return await self.ha.wait_done(self._stop_requested)
         done = asyncio.ensure_future(self.core.done.wait())
         stop = asyncio.ensure_future(self._stop_requested.wait())
         try:
             await asyncio.wait((done, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done() and self.handing_over is not None:
+                return await self._leave_to_resume(self.handing_over)
             if not done.done():
                 await asyncio.wait((done,), timeout=STOP_SAVE_WAIT_S)
         finally:
@@ -328,19 +332,49 @@ class SchedulerServer:
 
     def request_stop(self, reason: str) -> None:
         """End the job as failed (a signal, an operator) and stop serving soon: at once when
-        that end is saved, after STOP_SAVE_WAIT_S when saves fail. A standby only stops."""
+        that end is saved, after STOP_SAVE_WAIT_S when saves fail. A standby only stops. It
+        wins over a `request_handover` not yet under way (SIGTERM, then SIGINT)."""
         if self.gate.core is not None:
             self.gate.core.abort(reason)
+            self.handing_over = None
         self._stop_requested.set()
 
     def request_handover(self, reason: str) -> None:
-        """With standbys: stop serving and give the job to a standby (the job goes on, this
-        process exits 0). Without: end the job, as `request_stop`."""
-        if self.ha is None:
+        """Stop serving and let the job go on (the process exits 0, or 1 when what it decided
+        could not be saved): with standbys a standby takes it over; with a state store and none,
+        it waits, saved, for a scheduler started again on that store (`_leave_to_resume`).
+        Without a state store nothing could resume it: end the job, as `request_stop`."""
+        if self.ha is None and self.store is None:
             self.request_stop(reason)
             return
         self.handing_over = reason
         self._stop_requested.set()
+
+    async def _leave_to_resume(self, why: str) -> bool:
+        """Stop answering for the job without ending it (a state store, no standby): what was
+        decided is saved first (up to STOP_SAVE_WAIT_S while saves fail), then every open stream
+        and wait ends with "not the leader". The nodes keep training and register again, for
+        their reconnect window, with the scheduler started next on the store, which resumes the
+        job as after a crash. True when everything decided is saved."""
+        store = self.store
+        assert store is not None
+        core = self.core
+        error = NotLeaderError(
+            f"not the leader: the scheduler at {self.address} is stopping ({why}); the job "
+            f"goes on once a scheduler is started again with the same {store.name}"
+        )
+        if not await self.uninstall(error, save_s=STOP_SAVE_WAIT_S):
+            self._not_saved(core)
+            return False
+        log.info(
+            "the job is left to resume (%s): everything decided is saved in %s; the nodes keep "
+            "training and wait for a scheduler for their reconnect window: start one again "
+            "with the same %s to resume the job",
+            why,
+            store.where,
+            store.name,
+        )
+        return True
 
     async def _tell_guard_waiters(self, core: SchedulerCore, deadline: float) -> None:
         """Nodes waiting out their guard have no stream: they hear of the end when they ask
@@ -351,6 +385,18 @@ class SchedulerServer:
             wait_s = min(deadline - loop.time(), GUARD_WAITER_RECHECK_S)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(core.registrations.wait(), wait_s)
+
+    def _not_saved(self, core: SchedulerCore) -> None:
+        """Say (once, and in `unsaved`) that `core` stopped with decided changes not saved."""
+        persister = core.persister
+        self.unsaved = (
+            f"stopped with decided changes not saved: the recovery state in "
+            f"{self.store.where if self.store else '?'} is older than what this scheduler "
+            f"decided ({persister.error if persister else ''}); the nodes were not told of "
+            "those changes, so a scheduler started again on it, once it can be written, "
+            "resumes the job as saved"
+        )
+        log.error("%s", self.unsaved)
 
     async def stop(self, drain_s: float = DRAIN_S) -> None:
         """Give the nodes `drain_s` to hear the end, then stop. (An end that could not be
@@ -375,15 +421,7 @@ class SchedulerServer:
         await self._server.stop(grace=0.5)
         self._server = None
         if self.gate.core is core and not await core.stop_saving(STOP_SAVE_WAIT_S if ended else 0):
-            persister = core.persister
-            self.unsaved = (
-                f"stopped with decided changes not saved: the recovery state in "
-                f"{self.store.where if self.store else '?'} is older than what this scheduler "
-                f"decided ({persister.error if persister else ''}); the nodes were not told of "
-                "those changes, so a scheduler started again on it, once it can be written, "
-                "resumes the job as saved"
-            )
-            log.error("%s", self.unsaved)
+            self._not_saved(core)
         if self.store is not None:
             await self.store.close()
         await self.observing.stop()
@@ -478,8 +516,10 @@ async def serve(config: ClusterConfig) -> int:
     collector.tune_for_server()  # this process is the scheduler's alone
     log.info("%s", _who_may_join(server))
     loop = asyncio.get_running_loop()
-    # SIGINT (Ctrl-C, the launcher stopping its job) ends the job; SIGTERM (a host stopped for
-    # maintenance, a pod deleted) hands it over to a standby where there are standbys.
+    # SIGINT (Ctrl-C, the launcher stopping its job) ends the job. SIGTERM (a host stopped for
+    # maintenance, a pod deleted or evicted, systemctl stop) lets it go on where something can
+    # resume it: a standby takes it over, or, with a state store and no standby, the scheduler
+    # started next on that store; without a state store it ends the job too.
     loop.add_signal_handler(signal.SIGINT, server.request_stop, "scheduler stopped by SIGINT")
     loop.add_signal_handler(signal.SIGTERM, server.request_handover, "scheduler stopped by SIGTERM")
     try:

@@ -5,9 +5,14 @@ pod's process and finishes."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
+import stat
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,10 +20,19 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
+from cluster.protocol.config import RecoveryConfig
+from cluster.protocol.errors import ConfigError
+from cluster.storage.recovery_dir import check_recovery_path
 from cluster.testing import Process, free_port, wait_until
 from cluster.transport import certs
 from tests import kube
-from tests.kube_local import LocalCluster, image_env, local_cluster, why_not_available
+from tests.kube_local import (
+    LocalCluster,
+    image_env,
+    local_cluster,
+    mount_claim,
+    why_not_available,
+)
 from tests.procs import PYTHON, ROOT, Procs
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -189,28 +203,51 @@ def start_workers(local: LocalCluster) -> tuple[kube.Manifest, list[Process]]:
     return job, [local.start(job, pod, "worker") for pod in pods]
 
 
+@dataclass
+class DirectoryJob:
+    """The directory variant as local processes: its scheduler pod serving, its worker pods
+    started (the spares Job's are not: `start_spare`)."""
+
+    local: LocalCluster
+    sts: kube.Manifest
+    scheduler: Process
+    scheduler_pod: kube.Pod
+    job: kube.Manifest
+    workers: list[Process]
+
+    def all_exit_0(self, *others: Process) -> None:
+        for proc in [*self.workers, *others, self.scheduler]:
+            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+
+
+@contextmanager
+def directory_job(tmp_path: Path, processes: Procs) -> Iterator[DirectoryJob]:
+    objects = kube.load_kustomization(DEPLOY / "directory")
+    with local_cluster(
+        objects, job_secrets(objects, tmp_path), tmp_path / "k8s", processes
+    ) as local:
+        sts, (scheduler,), (scheduler_pod,) = start_schedulers(local)
+        wait_serving(local, scheduler_pod, 8118)
+        job, workers = start_workers(local)
+        yield DirectoryJob(local, sts, scheduler, scheduler_pod, job, workers)
+
+
 @pytest.mark.timeout(300)
 def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     network_or_skip: None, tmp_path: Path, processes: Procs
 ) -> None:
     # The spares Job scaled to 0 (its pods are not started): the job waits for the replacement.
-    objects = kube.load_kustomization(DEPLOY / "directory")
-    with local_cluster(
-        objects, job_secrets(objects, tmp_path), tmp_path / "k8s", processes
-    ) as local:
-        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
-        wait_serving(local, scheduler_pod, 8118)
-        job, workers = start_workers(local)
+    with directory_job(tmp_path, processes) as run:
+        local, job, workers, scheduler_pod = run.local, run.job, run.workers, run.scheduler_pod
         # Mid-run (checkpoints every 10 steps), pod 2's process is killed; as its pod failure
         # policy has the Job controller do, a new pod of index 2 starts once it has ended.
-        wait_epoch(workers[2], 3, [scheduler, *workers])
+        wait_epoch(workers[2], 3, [run.scheduler, *workers])
         workers[2].popen.send_signal(signal.SIGKILL)
         assert workers[2].wait(30) == -signal.SIGKILL
         replacement = kube.indexed_job_pod(job, 2, local.address(), attempt=1)
         workers[2] = local.start(job, replacement, "worker")
         wait_until(lambda: status(local, scheduler_pod)["generation"] == 2, JOB_S, "generation 2")
-        for proc in [*workers, scheduler]:
-            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+        run.all_exit_0()
     events = finished_as_without_the_kill(tmp_path, job, scheduler_pod)
     kinds = [event["event"] for event in events]
     assert kinds.count("failed") == 1, kinds
@@ -218,6 +255,35 @@ def test_directory_variant_forms_survives_a_killed_worker_pod_and_finishes(
     assert kinds[-1] == "finished"
     generations = [e["generation"] for e in events if e["event"] == "generation"]
     assert generations == [2], events
+
+
+@pytest.mark.timeout(300)
+def test_directory_variant_resumes_in_the_scheduler_pod_made_again_on_its_claim(
+    network_or_skip: None, tmp_path: Path, processes: Procs
+) -> None:
+    # `kubectl delete pod cluster-scheduler-0` mid-run (as a drain, an eviction, a rollout): the
+    # kubelet's SIGTERM, then the StatefulSet's new pod of that name, which mounts the same
+    # claim (the kubelet's fsGroup walk included, tests/kube_local.py) and resumes the job while
+    # the workers train on. Every process exits 0 and the result is that of the job without it.
+    with directory_job(tmp_path, processes) as run:
+        stopped = run.scheduler
+        wait_epoch(run.workers[0], 3, [stopped, *run.workers])
+        stopped.popen.send_signal(signal.SIGTERM)
+        grace_s = run.sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert stopped.wait(grace_s) == 0, stopped.output[-3000:]
+        assert "the job is left to resume (scheduler stopped by SIGTERM)" in stopped.output
+        run.scheduler = again = run.local.start(run.sts, run.scheduler_pod, "scheduler")
+        wait_until(
+            lambda: "resuming job" in again.output or again.popen.poll() is not None,
+            JOB_S,
+            "the new scheduler resuming the job (or refusing its claim)",
+        )
+        assert "resuming job" in again.output, again.output[-3000:]
+        run.all_exit_0()
+    events = finished_as_without_the_kill(tmp_path, run.job, run.scheduler_pod)
+    kinds = [event["event"] for event in events]
+    assert "failed" not in kinds, kinds
+    assert kinds[-1] == "finished"
 
 
 def start_spare(local: LocalCluster, index: int = 0) -> Process:
@@ -237,15 +303,10 @@ def test_directory_variant_with_its_spare_replaces_a_killed_worker_pod_at_once(
     # The whole kustomization: scheduler, 4 worker pods and the spare pod. Worker pod 2's process
     # is killed: the spare takes rank 2 at once (no MS_NODE_TIMEOUT wait); the Job's new pod of
     # index 2 waits out its guard and comes back as a spare; every process exits 0.
-    objects = kube.load_kustomization(DEPLOY / "directory")
-    with local_cluster(
-        objects, job_secrets(objects, tmp_path), tmp_path / "k8s", processes
-    ) as local:
-        _, (scheduler,), (scheduler_pod,) = start_schedulers(local)
-        wait_serving(local, scheduler_pod, 8118)
-        job, workers = start_workers(local)
+    with directory_job(tmp_path, processes) as run:
+        local, job, workers, scheduler_pod = run.local, run.job, run.workers, run.scheduler_pod
         spare = start_spare(local)
-        every = [scheduler, spare, *workers]
+        every = [run.scheduler, spare, *workers]
         wait_epoch(workers[2], 3, every)
         waiting = node(local, scheduler_pod, "spare-0")
         assert waiting is not None
@@ -258,8 +319,7 @@ def test_directory_variant_with_its_spare_replaces_a_killed_worker_pod_at_once(
         assert (promoted["spare"], promoted["rank"]) == (False, 2), promoted
         replacement = kube.indexed_job_pod(job, 2, local.address(), attempt=1)
         workers[2] = local.start(job, replacement, "worker")
-        for proc in [*workers, spare, scheduler]:
-            assert proc.wait(JOB_S) == 0, proc.output[-3000:]
+        run.all_exit_0(spare)
     events = finished_as_without_the_kill(tmp_path, job, scheduler_pod)
     kinds = [event["event"] for event in events]
     assert kinds.count("failed") == 1, kinds
@@ -297,6 +357,49 @@ def test_every_pod_is_closed_by_default() -> None:
             assert context["capabilities"] == {"drop": ["ALL"]}
             assert {"cpu", "memory"} <= set(box["resources"]["limits"])
             assert {"cpu", "memory"} <= set(box["resources"]["requests"])
+
+
+def test_every_claim_keeps_the_modes_the_job_gave_it_from_pod_to_pod() -> None:
+    """fsGroup without `fsGroupChangePolicy: OnRootMismatch` has the kubelet give the group
+    write access to every directory of a claim at every mount: the next pod's scheduler or
+    worker refuses its own MS_RECOVERY_PATH."""
+    objects = kube.load_kustomization(DEPLOY / "etcd") + kube.load_kustomization(
+        DEPLOY / "directory"
+    )
+    for obj in objects:
+        spec = obj.get("spec", {}).get("template", {}).get("spec")
+        if spec is None:
+            continue
+        ownership = kube.ownership(spec)
+        assert ownership.fs_group is not None, obj["metadata"]
+        assert ownership.change_policy == "OnRootMismatch", obj["metadata"]
+
+
+@pytest.mark.parametrize("policy", ["Always", "OnRootMismatch"])
+def test_a_claim_made_again_keeps_the_recovery_path_the_job_made_with_on_root_mismatch(
+    tmp_path: Path, policy: str
+) -> None:
+    """tests/kube_local.py's kubelet: the recovery directory a first pod made on a claim is
+    refused in the next pod after the walk of `Always`, and kept as it was with
+    `OnRootMismatch`, whose claim (2775, the fsGroup's) the recovery-path check accepts."""
+    if os.geteuid() != 0:
+        pytest.skip("giving files to the group 10001 (the kubelet's fsGroup) needs root")
+    claim = tmp_path / "claims" / "state-cluster-scheduler-0"
+    claim.mkdir(parents=True)
+    ownership = kube.Ownership(10001, policy)
+    mount_claim(claim, ownership)  # the first pod: a new volume is walked either way
+    assert (stat.S_IMODE(claim.stat().st_mode), claim.stat().st_gid) == (0o2775, 10001)
+    recovery = RecoveryConfig(claim / "state")
+    check_recovery_path(recovery)  # the first scheduler makes it, 0700
+    (recovery.path / "scheduler.json").write_text("{}")
+    mount_claim(claim, ownership)  # the StatefulSet's next pod, on the same claim
+    if policy == "Always":
+        assert stat.S_IMODE(recovery.path.stat().st_mode) == 0o2770
+        with pytest.raises(ConfigError, match=r"can be written by users other than its owner"):
+            check_recovery_path(recovery)
+    else:
+        assert stat.S_IMODE(recovery.path.stat().st_mode) & 0o777 == 0o700
+        check_recovery_path(recovery)
 
 
 def finished_as_without_the_kill(

@@ -109,6 +109,55 @@ def test_scheduler_sigkill_and_restart_keeps_the_workers(processes: Procs, tmp_p
     job.finish(job.workers)
 
 
+def test_sigterm_leaves_a_recovering_job_to_the_scheduler_started_next(
+    processes: Procs, tmp_path: Path
+) -> None:
+    # What Kubernetes (a pod deleted, a node drained) and systemd send: the job is saved, not
+    # ended, and a scheduler started again on the same path resumes it.
+    job = Job(processes, tmp_path, 2)
+    before = job.status()
+    job.scheduler.popen.send_signal(signal.SIGTERM)
+    assert job.scheduler.wait(15) == 0, job.scheduler.output
+    (left,) = [line for line in job.scheduler.output.splitlines() if "left to resume" in line]
+    assert "scheduler stopped by SIGTERM" in left
+    assert f"saved in {job.state_dir / 'scheduler.json'};" in left
+    assert "start one again with the same MS_RECOVERY_PATH to resume the job" in left
+    assert "Traceback" not in job.scheduler.output
+    for worker in job.workers:
+        assert worker.popen.poll() is None, worker.output
+    job.scheduler = job.start_scheduler("scheduler-restarted")
+    job.scheduler.wait_for_output("resuming job", 15)
+    wait_until(lambda: nodes_back(job.status(), 2), 15, "both workers back")
+    after = job.status()
+    assert (after["cluster_id"], after["generation"]) == (before["cluster_id"], 1)
+    job.finish(job.workers)
+    for worker in job.workers:
+        assert "generation=1 result=[0, 1]" in worker.output, worker.output
+
+
+@pytest.mark.parametrize(
+    ("recovery", "signum"),
+    [(False, signal.SIGTERM), (True, signal.SIGINT)],
+    ids=["sigterm-without-recovery", "sigint-with-recovery"],
+)
+def test_a_scheduler_signal_that_nothing_could_resume_from_ends_the_job(
+    processes: Procs, tmp_path: Path, recovery: bool, signum: signal.Signals
+) -> None:
+    # Without a state store nothing could resume the job; SIGINT (Ctrl-C, `mscluster run`
+    # ending its job) ends it whatever the store.
+    port = free_port()
+    extra = {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": str(tmp_path / "recovery")}
+    env = job_env(1, port, **(extra if recovery else {}))
+    args = [*WORKER, "--release", str(tmp_path / "never")]
+    scheduler = processes.start_role("scheduler", "MS_SCHED", args, env)
+    worker = processes.start_role("worker", "MS_WORKER", args, {**env, "MS_NODE_ID": "0"})
+    worker.wait_for_output("allgather rank=", 30)
+    scheduler.popen.send_signal(signum)
+    assert scheduler.wait(15) == 1, scheduler.output
+    assert worker.wait(30) == 1, worker.output
+    assert f"JobFailedError: job failed: scheduler stopped by {signum.name}" in worker.output
+
+
 def test_restarted_worker_waits_for_the_guard_and_rejoins_with_its_rank(
     processes: Procs, tmp_path: Path
 ) -> None:

@@ -394,8 +394,10 @@ class SchedulerState:
         must be told. Nothing is looked at once the job is over.
         """
         now = self.clock()
-        if self.phase is Phase.WAITING and now - self.started > self.settings.topo_timeout_s:
-            return self._end(ok=False, detail=self._describe_missing(now))
+        waited = now - self.started
+        if self.phase is Phase.WAITING and waited > self.settings.topo_timeout_s:
+            why = ranks.describe_missing(self.members.values(), self.settings, waited)
+            return self._end(ok=False, detail=why)
         if not self.liveness.scan_due(now):
             return []
         effects: list[Effect] = []
@@ -664,21 +666,3 @@ class SchedulerState:
         self.detail = detail
         self.revision += 1
         return [ShutdownEvent(ok, detail)]
-
-    def _describe_missing(self, now: float) -> str:
-        workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
-        servers = [m for m in self.members.values() if m.role is NodeRole.SERVER]
-        waited = now - self.started
-        parts = [f"{len(workers)} of {self.settings.worker_num} workers"]
-        if self.settings.server_num:
-            parts.append(f"{len(servers)} of {self.settings.server_num} servers")
-        head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
-        missing = ranks.missing_ranks(workers, self.settings.worker_num)
-        if missing == []:
-            names = ", ".join(sorted(m.node_id for m in servers)) or "none"
-            return f"{head}; registered servers: {names}"
-        if missing is not None:
-            several = len(missing) > 1 or missing[0][0] != missing[0][1]
-            return f"{head}; missing: rank{'s' if several else ''} {ranks.ranges(missing)}"
-        names = ", ".join(sorted(m.node_id for m in workers)) or "none"
-        return f"{head}; registered node ids: {names}"

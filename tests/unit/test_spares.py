@@ -17,6 +17,7 @@ from cluster.scheduler.machine.state import (
     Effect,
     Evict,
     NodeFailedEvent,
+    NodeRole,
     NodeState,
     Phase,
     Refusal,
@@ -36,20 +37,26 @@ def spare_reg(state: SchedulerState, node_id: str, **kwargs: object) -> Registra
 
 
 def job(
-    clock: FakeClock, n: int = 3, spares: tuple[str, ...] = ("s0",), **kw: object
+    clock: FakeClock,
+    n: int = 3,
+    spares: tuple[str, ...] = ("s0",),
+    servers: tuple[str, ...] = (),
+    **kw: object,
 ) -> SchedulerState:
-    """A formed job of `n` workers with recovery, and these spares registered and connected."""
+    """A formed job of `n` workers (and `servers`, with server_num= among `kw`) with recovery,
+    and these spares registered and connected."""
     state = make_state(clock, worker_num=n, recovery=True, **kw)  # type: ignore[arg-type]
     for node_id in spares:
         outcome, _ = state.register(spare_reg(state, node_id, port=7000))
         assert isinstance(outcome, Accepted)
         assert outcome.spare
         state.connect(node_id, 1)
-    for i in range(n):
-        outcome, _ = state.register(reg(state, str(i), port=6000 + i))
+    ranked = [(str(i), NodeRole.WORKER) for i in range(n)]
+    for i, (node_id, role) in enumerate([*ranked, *((s, NodeRole.SERVER) for s in servers)]):
+        outcome, _ = state.register(reg(state, node_id, port=6000 + i, role=role))
         assert isinstance(outcome, Accepted)
         assert not outcome.spare
-        state.connect(str(i), 1)
+        state.connect(node_id, 1)
     assert state.phase is Phase.READY
     return state
 
@@ -116,6 +123,37 @@ def test_with_no_spare_todays_path_and_a_spare_arriving_takes_the_down_rank() ->
     (ready,) = ready_events(effects)
     assert ready.promoted == "s9"
     assert state.members["s9"].rank == 2
+
+
+def test_a_failed_parameter_servers_rank_waits_for_its_node_not_for_a_spare() -> None:
+    """Spares are workers: a server's rank given to one made two workers hold rank 0 and left
+    the job without a server, in the published generation and in the saved state."""
+    clock = FakeClock()
+    state = job(clock, 2, server_num=1, servers=("ps0",))
+    effects = state.disconnect("ps0", 1)
+    assert ready_events(effects) == []
+    assert isinstance(effects[0], NodeFailedEvent)
+    assert state.generation == 1
+    assert state.members["ps0"].state is NodeState.FAILED
+    assert state.spares["s0"].state is NodeState.ALIVE
+    assert state.spares["s0"].rank is None
+    assert state.pool.promotions == 0
+    # A spare registering meanwhile stays a spare too; the server's node takes its rank back.
+    outcome, effects = state.register(spare_reg(state, "s1", port=7001))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    assert ready_events(effects) == []
+    clock.advance(GUARD + 0.1)
+    server = reg(state, "ps0", incarnation=2, role=NodeRole.SERVER, port=6100, cluster_id=JOB)
+    outcome, effects = state.register(server)
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    (ready,) = ready_events(effects)
+    assert [(p.node_id, p.role, p.rank) for p in ready.peers] == [
+        ("0", NodeRole.WORKER, 0),
+        ("1", NodeRole.WORKER, 1),
+        ("ps0", NodeRole.SERVER, 0),
+    ]
 
 
 def test_two_failures_with_one_spare_the_second_waits_for_the_first_back_as_a_spare() -> None:
@@ -242,16 +280,19 @@ def test_a_restarted_scheduler_knows_its_spares() -> None:
 # -- the machine -------------------------------------------------------------------------------
 
 N = 3
-IDS = [str(i) for i in range(N)] + ["s0", "s1", "s2"]
+SERVER = "ps0"  # the job's one parameter server: its rank is never a spare's
+IDS = [str(i) for i in range(N)] + ["s0", "s1", "s2", SERVER]
 
 
 class SparesMachine(RuleBasedStateMachine):
-    """Workers and spares join, die, come back and get promoted; time passes."""
+    """Workers, a parameter server and spares join, die, come back and get promoted; time
+    passes."""
 
     @initialize(spares=st.integers(min_value=0, max_value=3))
     def start(self, spares: int) -> None:
         self.clock = FakeClock()
-        self.state = job(self.clock, N, tuple(f"s{i}" for i in range(spares)))
+        spare_ids = tuple(f"s{i}" for i in range(spares))
+        self.state = job(self.clock, N, spare_ids, servers=(SERVER,), server_num=1)
         self.incarnations = {node_id: 1 for node_id in IDS}
         # When each id was last seen alive before it failed (its guard runs from there).
         self.failed_at: dict[str, float] = {}
@@ -274,8 +315,9 @@ class SparesMachine(RuleBasedStateMachine):
     @rule(node_id=st.sampled_from(IDS), spare=st.booleans())
     def restart(self, node_id: str, spare: bool) -> None:
         self.incarnations[node_id] += 1
+        role = NodeRole.SERVER if node_id == SERVER else NodeRole.WORKER
         registration = reg(
-            self.state, node_id, incarnation=self.incarnations[node_id], cluster_id=JOB
+            self.state, node_id, incarnation=self.incarnations[node_id], cluster_id=JOB, role=role
         )
         registration = dataclasses.replace(registration, spare=spare)
         before = json.dumps(self.state.snapshot(), sort_keys=True)
@@ -311,8 +353,9 @@ class SparesMachine(RuleBasedStateMachine):
     def ranks_never_change_and_have_at_most_one_live_holder(self) -> None:
         if self.state.phase is Phase.WAITING:
             return
-        ranks = [m.rank for m in self.state.members.values()]
-        assert sorted(r for r in ranks if r is not None) == list(range(N))
+        for role, space in ((NodeRole.WORKER, N), (NodeRole.SERVER, 1)):
+            ranks = [m.rank for m in self.state.members.values() if m.role is role]
+            assert sorted(r for r in ranks if r is not None) == list(range(space)), role
         assert all(m.rank is None for m in self.state.spares.values())
         assert not set(self.state.members) & set(self.state.spares)
 

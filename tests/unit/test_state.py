@@ -1652,6 +1652,34 @@ def test_checkpoint_reports_are_saved_and_restored() -> None:
     assert restored.restored_generation == 1
 
 
+@pytest.mark.parametrize("new_incarnation", [7, 10**6])
+def test_a_restarted_process_reports_are_taken_whatever_its_incarnation(
+    new_incarnation: int,
+) -> None:
+    """Incarnations are random and each process numbers its reports from 1: a new process of a
+    node id whose incarnation drew lower than its predecessor's had every report ignored, and
+    the step every worker holds stayed where the dead process left it. Within one process, an
+    older report that arrives late is still ignored."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, recovery=True)
+    for node_id in ("0", "1"):
+        accept(state, reg(state, node_id, incarnation=1000))
+    for seq, steps in enumerate([[10], [10, 20], [10, 20]], 1):
+        for node_id in ("0", "1"):
+            state.report_checkpoints(node_id, 1000, steps, state.generation, seq)
+    state.disconnect("1", 1000)
+    clock.advance(11.0)
+    accept(state, reg(state, "1", incarnation=new_incarnation))
+    for seq, steps in enumerate([[20, 30], [20, 30, 40]], 1):
+        clock.advance(HELD_BY_ALL_EVERY_S)
+        state.report_checkpoints("0", 1000, steps, state.generation, 3 + seq)
+        state.report_checkpoints("1", new_incarnation, steps, state.generation, seq)
+        assert state.members["1"].checkpoints == tuple(steps)
+    assert state.held_by_all() == 40 == state.rollback_step()
+    state.report_checkpoints("1", new_incarnation, [20, 30], state.generation, 1)  # late
+    assert state.members["1"].checkpoints == (20, 30, 40)
+
+
 def test_reform_publishes_a_new_generation_with_the_rollback_step() -> None:
     state = recovering(FakeClock(), n=2)
     for node_id in ("0", "1"):

@@ -531,6 +531,61 @@ def test_a_burst_of_registrations_holds_back_everyones_silence() -> None:
     assert set(state.members) == {"c"}
 
 
+def _first_failure(
+    state: SchedulerState, clock: FakeClock, beating: list[str], register: Any
+) -> tuple[float, list[NodeFailedEvent]]:
+    """Seconds pass; `beating` beat every second, `register(t)` registers something every 5 s;
+    the first failures found, and when (at most 200 s)."""
+    started = clock()
+    for t in range(1, 201):
+        clock.advance(1.0)
+        for node_id in beating:
+            state.heartbeat(node_id, 1)
+        if t % 5 == 0:
+            accept(state, register(t))
+        failed = [e for e in state.tick() if isinstance(e, NodeFailedEvent)]
+        if failed:
+            return clock() - started, failed
+    return clock() - started, []
+
+
+@pytest.mark.parametrize("spares", ["the same spare again", "new spares"])
+def test_registrations_once_the_job_formed_do_not_hide_a_hung_node(spares: str) -> None:
+    """Only a burst of registrations holds back silence: one spare asking again every 5 s, or
+    new spares joining, held back every node's, and a hung worker was never found."""
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1", "2"], recovery=True)
+    spare = reg(state, "x", spare=True, port=9999)
+    accept(state, spare)
+
+    def register(t: int) -> Registration:
+        return spare if spares == "the same spare again" else reg(state, f"x{t}", spare=True)
+
+    took, failed = _first_failure(state, clock, ["0", "1", "x"], register)
+    assert [e.node_id for e in failed] == ["2"]
+    assert "no heartbeat" in failed[0].reason
+    assert took <= state.settings.silence_limit_s + 1
+
+
+def test_a_restored_jobs_burst_ends_by_ms_topo_timeout() -> None:
+    """After a restore, registrations hold silence back while the nodes come back, for at
+    most MS_TOPO_TIMEOUT: a spare asking again every 5 s cannot hide a node that never came
+    back."""
+    clock = FakeClock()
+    before = recovering(clock)
+    accept(before, reg(before, "x", spare=True, port=9999))
+    restored = restore(before.snapshot(), clock)
+    for node_id in ("0", "1"):
+        accept(restored, reg(restored, node_id, port=6000 + int(node_id)))
+        restored.connect(node_id, 1)
+    spare = reg(restored, "x", spare=True, port=9999)
+    took, failed = _first_failure(restored, clock, ["0", "1", "x"], lambda t: spare)
+    assert [e.node_id for e in failed] == ["2"]
+    assert "did not reconnect" in failed[0].reason
+    settings = restored.settings
+    assert settings.topo_timeout_s < took <= settings.topo_timeout_s + settings.silence_limit_s + 1
+
+
 def test_a_node_that_joins_after_a_tick_found_nobody_is_still_watched() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, node_timeout_s=10.0)
@@ -882,6 +937,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.hosts: dict[tuple[str, int], str] = {}
         # Each member's incarnation and state after the last input: what the next may change.
         self.known = _known(self.state)
+        # The last registration of a burst (the job forming, or a restored job's nodes coming
+        # back within MS_TOPO_TIMEOUT), from which silence counts at the earliest; and when the
+        # scheduler was last restored.
+        self.burst_at = float("-inf")
+        self.restored_at = float("-inf")
+
+    def _in_burst(self) -> bool:
+        state, now = self.state, self.clock.now
+        restoring = bool(state.awaiting) and now - self.restored_at <= state.settings.topo_timeout_s
+        return state.phase is Phase.WAITING or restoring
 
     def _after(self, effects: list[Effect], *, leaving: bool = False) -> None:
         """`leaving`: the input was a node's own Finish (while forming, it frees its slot)."""
@@ -957,7 +1022,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         before = len(self.state.members)
         self.sent = [*self.sent[-4:], registration]
+        burst = self._in_burst()
         outcome, effects = self.state.register(registration)
+        if burst and isinstance(outcome, Accepted):
+            self.burst_at = self.clock.now
         if isinstance(outcome, Refused):
             assert isinstance(outcome.reason, Refusal)
             assert outcome.message.strip()
@@ -1086,13 +1154,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def tick(self) -> None:
         self._after(self.state.tick())
         # However seldom a tick looks at the members, none is left past its limit (while the
-        # job runs: a tick that ends it stops there).
+        # job runs: a tick that ends it stops there), counted from its last sign of life or the
+        # last registration of a burst: no other registration holds silence back.
         now = self.clock.now
         running = self.state.phase in (Phase.WAITING, Phase.READY)
         for m in self.state.members.values() if running else ():
             watched = self.state.settings.heartbeat_enabled or m.node_id in self.state.awaiting
             if m.state is NodeState.ALIVE and watched:
-                assert self.state.liveness.silence(m, now) <= self.state.settings.node_timeout_s, m
+                silent = now - max(m.last_seen, self.burst_at)
+                assert silent <= self.state.settings.node_timeout_s, (m, self.burst_at)
             if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
                 # Failed in this very tick, it may be past its rejoin window already: the
                 # next tick must look at it by then.
@@ -1147,6 +1217,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             assert restored.members == {}
         self.state = restored
+        self.restored_at = self.clock.now
         self.saved = _durable(restored)
         self.known = _known(restored)
         # The nonces seen are not saved: a replay is refused only within one scheduler's life.

@@ -239,6 +239,7 @@ class SchedulerState:
                 self.guard_waiting.pop(node_id, None)  # told
             return refusal, []
         now = self.clock()
+        burst = self._in_burst(now)  # asked before: the registration that forms the job is one
         known = self.find(node_id)
         if known is not None and known.role is not reg.role:
             return Refused(
@@ -255,7 +256,17 @@ class SchedulerState:
         )
         if isinstance(outcome[0], Accepted):
             self.admission.registered(node_id, reg, again=again)
+            if burst:
+                self.liveness.accepted(now)
         return outcome
+
+    def _in_burst(self, now: float) -> bool:
+        """Whether registrations come as a burst, ahead of heartbeats in gRPC's queue
+        (`liveness`): while the job forms, and while a restored job's nodes come back (at most
+        MS_TOPO_TIMEOUT, as a forming job waits). Any other registration is one node's."""
+        if self.phase is Phase.WAITING:
+            return True
+        return bool(self.awaiting) and now - self.started <= self.settings.topo_timeout_s
 
     def _register_new(
         self, node_id: str, reg: Registration, now: float
@@ -599,7 +610,6 @@ class SchedulerState:
         return self.accepted(rejoined=True), effects
 
     def accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
-        self.liveness.accepted(self.clock())
         return Accepted(
             cluster_id=self.cluster_id,
             registered=len(self.members),

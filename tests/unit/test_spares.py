@@ -194,6 +194,25 @@ def test_a_spare_that_dies_is_just_gone() -> None:
     assert state.phase is Phase.READY
 
 
+def test_without_heartbeats_a_spare_is_not_taken_for_dead_by_its_silence() -> None:
+    """With MS_DISABLE_HEARTBEAT=1 nobody beats: every spare was declared dead and dropped
+    after MS_NODE_TIMEOUT, and a failed worker's rank then waited for its node. Its broken
+    stream still tells that a spare died."""
+    clock = FakeClock()
+    state = job(clock, 2, ("s0", "s1"), heartbeat_enabled=False)
+    for _ in range(300):  # 30 s of ticks, no heartbeat from anyone
+        clock.advance(0.1)
+        assert state.tick() == []
+    assert {n: m.state for n, m in state.spares.items()} == {
+        "s0": NodeState.ALIVE,
+        "s1": NodeState.ALIVE,
+    }
+    (ready,) = ready_events(state.disconnect("1", 1))
+    assert ready.promoted == "s0"
+    assert state.disconnect("s1", 1) == []
+    assert state.spares["s1"].state is NodeState.FAILED
+
+
 def test_spares_are_capped() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, recovery=True)

@@ -125,9 +125,11 @@ class SparePool:
     promotions: int = 0  # ranks handed to a spare so far
 
     def tick(self, member: Member, now: float) -> list[Effect]:
-        """Time passes for a spare, or a failed record among them; the next scan includes it."""
+        """Time passes for a spare, or a failed record among them; the next scan includes it.
+        Without heartbeats (MS_DISABLE_HEARTBEAT) a spare's silence says nothing: only its
+        broken stream tells that it died (`died`), as for a ranked node."""
         job, liveness = self.job, self.job.liveness
-        silent = liveness.silence(member, now)
+        silent = liveness.silence(member, now) if job.settings.heartbeat_enabled else 0.0
         if member.state is NodeState.ALIVE and silent > job.settings.silence_limit_s:
             self.died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
         elif member.state is NodeState.FAILED and now > expiry(member, job.settings):

@@ -27,7 +27,7 @@ from cluster.scheduler.machine.state import (
     ShutdownEvent,
     TopologyReadyEvent,
 )
-from tests.unit.test_state import JOB, FakeClock, make_state, reg
+from tests.unit.test_state import JOB, FakeClock, accept, make_state, reg
 
 GUARD = 10.0  # make_state's MS_NODE_TIMEOUT
 
@@ -213,6 +213,32 @@ def test_without_heartbeats_a_spare_is_not_taken_for_dead_by_its_silence() -> No
     assert state.spares["s1"].state is NodeState.FAILED
 
 
+def test_a_spare_restarted_while_the_job_forms_is_a_spare_again() -> None:
+    """A new process of a spare's id, past its guard while the job still forms, was answered as
+    a ranked worker (spare=False) and its record stayed failed: its stream was refused, or it
+    waited for a topology that never named it."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, recovery=True)
+    accept(state, spare_reg(state, "s0"))
+    state.connect("s0", 1)
+    state.disconnect("s0", 1)  # the spare's process dies while the job forms
+    assert state.spares["s0"].state is NodeState.FAILED
+    clock.advance(GUARD + 1)
+    outcome, effects = state.register(spare_reg(state, "s0", incarnation=2))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    assert effects == [Evict("s0", 1, "replaced by a new process")]
+    spare = state.spares["s0"]
+    assert (spare.state, spare.failure, spare.incarnation) == (NodeState.ALIVE, "", 2)
+    state.connect("s0", 2)  # its stream opens
+    for node_id in ("0", "1"):
+        accept(state, reg(state, node_id, port=6000 + int(node_id)))
+    assert state.phase is Phase.READY
+    assert [p.node_id for p in state.peers()] == ["0", "1"]
+    (ready,) = ready_events(state.disconnect("1", 1))
+    assert ready.promoted == "s0"
+
+
 def test_spares_are_capped() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, recovery=True)
@@ -307,11 +333,18 @@ class SparesMachine(RuleBasedStateMachine):
     """Workers, a parameter server and spares join, die, come back and get promoted; time
     passes."""
 
-    @initialize(spares=st.integers(min_value=0, max_value=3))
-    def start(self, spares: int) -> None:
+    @initialize(spares=st.integers(min_value=0, max_value=3), forming=st.booleans())
+    def start(self, spares: int, forming: bool) -> None:
+        """A formed job, or (`forming`) only its spares so far: its nodes join by `restart`."""
         self.clock = FakeClock()
         spare_ids = tuple(f"s{i}" for i in range(spares))
-        self.state = job(self.clock, N, spare_ids, servers=(SERVER,), server_num=1)
+        if forming:
+            self.state = make_state(self.clock, worker_num=N, server_num=1, recovery=True)
+            for node_id in spare_ids:
+                accept(self.state, spare_reg(self.state, node_id, port=7000))
+                self.state.connect(node_id, 1)
+        else:
+            self.state = job(self.clock, N, spare_ids, servers=(SERVER,), server_num=1)
         self.incarnations = {node_id: 1 for node_id in IDS}
         # When each id was last seen alive before it failed (its guard runs from there).
         self.failed_at: dict[str, float] = {}
@@ -323,13 +356,14 @@ class SparesMachine(RuleBasedStateMachine):
     @rule(index=st.integers(min_value=0, max_value=10))
     def kill(self, index: int) -> None:
         live = self._live()
-        if not live or self.state.phase is not Phase.READY:
+        if not live or self.state.phase not in (Phase.WAITING, Phase.READY):
             return
         node_id = live[index % len(live)]
         member = self.state.find(node_id)
         assert member is not None
-        self.failed_at[node_id] = self.clock()
         self.state.disconnect(node_id, member.incarnation)
+        if self.state.find(node_id) is not None:  # not forgotten (while forming): guarded
+            self.failed_at[node_id] = self.clock()
 
     @rule(node_id=st.sampled_from(IDS), spare=st.booleans())
     def restart(self, node_id: str, spare: bool) -> None:
@@ -345,24 +379,38 @@ class SparesMachine(RuleBasedStateMachine):
             assert effects == []
             assert json.dumps(self.state.snapshot(), sort_keys=True) == before
             return
+        # Taken: a live node, a spare exactly when the scheduler keeps it among the spares (or
+        # it took a down rank at once).
+        promoted = any(e.promoted == node_id for e in ready_events(effects))
+        assert outcome.spare is (node_id in self.state.spares or promoted)
+        member = self.state.find(node_id)
+        assert member is not None
+        assert (member.state, member.failure) == (NodeState.ALIVE, "")
         self.state.connect(node_id, self.incarnations[node_id])
 
-    @rule(seconds=st.sampled_from([1.0, 6.0, 11.0]))
-    def time_passes(self, seconds: float) -> None:
+    @rule(seconds=st.sampled_from([1.0, 6.0, 11.0]), tick=st.booleans())
+    def time_passes(self, seconds: float, tick: bool) -> None:
+        """Without `tick`, what comes next comes before the scheduler's next tick looks (a
+        node told to retry when its guard ends registers just then)."""
         self.clock.advance(seconds)
         for node_id in self._live():
             member = self.state.find(node_id)
             assert member is not None
             self.state.heartbeat(node_id, member.incarnation)
-        self.state.tick()
+        if tick:
+            self.state.tick()
 
     @rule()
     def scheduler_restarts(self) -> None:
-        """From its own snapshot; the live nodes reconnect (their guard starts afresh)."""
+        """From its own snapshot; the live nodes reconnect (their guard starts afresh). A job
+        that had not formed, or had ended, is not resumed: its nodes are new to the next."""
         saved = json.loads(json.dumps(self.state.snapshot()))
-        settings = self.state.settings
+        settings, resumed = self.state.settings, self.state.phase is Phase.READY
         self.state = SchedulerState.restore(saved, settings, self.clock, new_cluster_id="next")
-        assert {m["node_id"] for m in saved["spares"]} == set(self.state.spares)
+        if resumed:
+            assert {m["node_id"] for m in saved["spares"]} == set(self.state.spares)
+        else:
+            self.failed_at.clear()
         for node_id in self._live():
             member = self.state.find(node_id)
             assert member is not None
@@ -370,7 +418,7 @@ class SparesMachine(RuleBasedStateMachine):
 
     @invariant()
     def ranks_never_change_and_have_at_most_one_live_holder(self) -> None:
-        if self.state.phase is Phase.WAITING:
+        if self.state.generation == 0:  # not formed (yet, or ever)
             return
         for role, space in ((NodeRole.WORKER, N), (NodeRole.SERVER, 1)):
             ranks = [m.rank for m in self.state.members.values() if m.role is role]

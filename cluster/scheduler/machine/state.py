@@ -527,9 +527,13 @@ class SchedulerState:
                 f"jitter and identity takeover (retry in {remaining:.1f} s)",
                 retry_after_s=remaining,
             ), []
-        # Silent past the guard. While the job is still forming, the new process simply takes
-        # the old one's place; a running job takes it back only with recovery.
-        if self.phase is Phase.WAITING:
+        # Silent past the guard. A spare's id (or that of a node whose rank a spare took) comes
+        # back a spare, also while the job forms; a running job takes any other back with its
+        # rank, with recovery only.
+        if member.node_id in self.spares or (self.recovery and self.phase is Phase.READY):
+            back = self.pool.respare if member.node_id in self.spares else self._rejoin
+            return back(member, reg, now)
+        if self.phase is Phase.WAITING:  # still forming: the new process takes the old's place
             evict = Evict(member.node_id, member.incarnation, "replaced by a new process")
             member.incarnation = reg.incarnation
             member.credential_digest = reg.credential_digest
@@ -537,10 +541,6 @@ class SchedulerState:
             self.liveness.seen(member, now)
             member.restarts += 1
             return self.accepted(rejoined=False), [evict]
-        if self.recovery and self.phase is Phase.READY:
-            # Its rank taken by a spare meanwhile: a spare itself; else its rank back.
-            back = self.pool.respare if member.node_id in self.spares else self._rejoin
-            return back(member, reg, now)
         return Refused(
             Refusal.JOB_OVER,
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "

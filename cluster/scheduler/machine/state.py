@@ -256,6 +256,7 @@ class SchedulerState:
         )
         if isinstance(outcome[0], Accepted):
             self.admission.registered(node_id, reg, again=again)
+            self.guard_waiting.pop(node_id, None)  # its wait is over: a next one is told again
             if burst:
                 self.liveness.accepted(now)
         return outcome

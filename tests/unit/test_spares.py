@@ -239,6 +239,46 @@ def test_a_spare_restarted_while_the_job_forms_is_a_spare_again() -> None:
     assert ready.promoted == "s0"
 
 
+def _tables(state: SchedulerState) -> dict[str, int]:
+    """The size of everything the machine keeps by node id."""
+    return {
+        "members": len(state.members),
+        "spares": len(state.spares),
+        "call windows": len(state.admission.call_windows),
+        "reported in": len(state.rollback._reported_in),
+        "report numbers": len(state.rollback._report_seq),
+        "guard waiting": len(state.guard_waiting),
+        "awaiting": len(state.awaiting),
+    }
+
+
+def test_node_ids_that_come_and_go_leave_nothing_behind() -> None:
+    """Spares with ids of their own (a host's name and a process id) register, report, and
+    finish, or die and wait out their guard: every table keyed by node id is back to its size
+    once they are gone (20,000 of them left 20,002 call windows and 8 MB behind)."""
+    clock = FakeClock()
+    state = job(clock, 2, spares=(), job_secret=b"s" * 32)
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [10], state.generation, 1)
+    before = _tables(state)
+    for i in range(50):
+        leaving, dying = f"host-{i}-finishes", f"host-{i}-dies"
+        for node_id in (leaving, dying):
+            accept(state, reg(state, node_id, spare=True, port=7000))
+            state.connect(node_id, 1)
+            state.report_checkpoints(node_id, 1, [], state.generation, 1)
+        state.finish(leaving, 1)
+        state.disconnect(dying, 1)
+        outcome, _ = state.register(reg(state, dying, incarnation=2, spare=True, port=7000))
+        assert isinstance(outcome, Refused)  # its new process waits out the guard
+        assert outcome.reason is Refusal.NODE_ALIVE
+        clock.advance(GUARD + 0.5)
+        for node_id in ("0", "1"):
+            state.heartbeat(node_id, 1)
+        assert state.tick() == []  # the dead spare's record expires
+        assert _tables(state) == before, i
+
+
 def test_spares_are_capped() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, recovery=True)

@@ -942,6 +942,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         # scheduler was last restored.
         self.burst_at = float("-inf")
         self.restored_at = float("-inf")
+        self.report_numbers = itertools.count(1)
 
     def _in_burst(self) -> bool:
         state, now = self.state, self.clock.now
@@ -1342,6 +1343,32 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert verdict.kind is Denial.NOT_REGISTERED_HERE
                 else:
                     assert verdict is member
+
+    @invariant()
+    def nothing_is_kept_of_a_node_that_is_gone(self) -> None:
+        """What the machine keeps by node id is of its members and spares only: ids that come
+        and go (forgotten while the job forms) leave nothing behind."""
+        if not hasattr(self, "state"):
+            return
+        state = self.state
+        kept = {
+            *state.admission.call_windows,
+            *state.rollback._reported_in,
+            *state.rollback._report_seq,
+            *state.guard_waiting,
+            *state.awaiting,
+        }
+        assert kept <= {*state.members, *state.spares}
+
+    @rule(
+        index=st.integers(min_value=0, max_value=20),
+        steps=st.lists(st.sampled_from([10, 20, 30]), max_size=3),
+    )
+    def report_checkpoints(self, index: int, steps: list[int]) -> None:
+        picked = self._pick(index)
+        if picked is not None:
+            seq = next(self.report_numbers)
+            self.state.report_checkpoints(*picked, steps, self.state.generation, seq)
 
     @invariant()
     def never_too_many_members(self) -> None:

@@ -123,8 +123,8 @@ class Admission:
     """Who may join the job, and which call a node may make."""
 
     job: JobView
-    # Per node: the call numbers seen since it last registered with this scheduler (a job
-    # secret's call proofs).
+    # Per member or spare: the call numbers seen since it last registered with this scheduler
+    # (a job secret's call proofs); dropped when it leaves the job (`forget`).
     call_windows: dict[str, auth.CallWindow] = field(default_factory=dict)
     _nonces: auth.ReplayCache = field(default_factory=auth.ReplayCache)
     _challenges: auth.ChallengeIssuer = field(default_factory=auth.ChallengeIssuer)
@@ -314,6 +314,11 @@ class Admission:
             return
         if not (again and node_id in self.call_windows):
             self.call_windows[node_id] = auth.CallWindow(reg.call_seq)
+
+    def forget(self, node_id: str) -> None:
+        """`node_id` left the job for good: its call window goes (a registration of it starts
+        a new one)."""
+        self.call_windows.pop(node_id, None)
 
     def _check_proof(self, reg: Registration) -> Refused | None:
         """The node's credential, and with a job secret its proof of the secret."""

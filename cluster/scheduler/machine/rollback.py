@@ -92,6 +92,11 @@ class RollbackPlanner:
         self._reported_in[node_id] = generation or now
         return True
 
+    def forget(self, node_id: str) -> None:
+        """`node_id` left the job for good: nothing of its reports is kept."""
+        self._reported_in.pop(node_id, None)
+        self._report_seq.pop(node_id, None)
+
     def held_by_all(
         self, generation: int, workers: Sequence[Member], now: float, published_step: int
     ) -> int:

@@ -116,6 +116,8 @@ class SpareHost(Protocol):
 
     def place_workers(self) -> None: ...
 
+    def forgotten(self, node_id: str) -> None: ...
+
 
 @mutable
 class SparePool:
@@ -188,5 +190,6 @@ class SparePool:
     def drop(self, member: Member) -> list[Effect]:
         """A spare that left, or a failed record past its `expiry`: gone."""
         del self.job.spares[member.node_id]
+        self.job.forgotten(member.node_id)
         self.job.revision += 1
         return []

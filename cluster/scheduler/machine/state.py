@@ -671,6 +671,15 @@ class SchedulerState:
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]
         self._role_counts[member.role] -= 1
+        self.forgotten(member.node_id)
+
+    def forgotten(self, node_id: str) -> None:
+        """`node_id` left the job for good (a node forgotten while the job forms, a spare gone):
+        nothing is kept by its id, so that ids that come and go cost nothing."""
+        self.admission.forget(node_id)
+        self.rollback.forget(node_id)
+        self.guard_waiting.pop(node_id, None)
+        self.awaiting.discard(node_id)
 
     def _end(self, *, ok: bool, detail: str) -> list[Effect]:
         self.phase = Phase.FINISHED if ok else Phase.FAILED

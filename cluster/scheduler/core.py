@@ -531,6 +531,7 @@ class SchedulerCore:
                 f"{member.describe()} has finished (called cluster.finalize()) while others were "
                 "still in a collective; every rank must take part in every collective",
                 kind=CollectiveError,
+                keep_answer=True,  # a round answered before it left is answered again
             )
         await self.durable()
 
@@ -565,8 +566,7 @@ class SchedulerCore:
         return await self.exchanges.contribute(
             generation=generation,
             seq=seq,
-            rank=ticket.rank,
-            size=ticket.size,
+            ticket=ticket,
             op=op,
             root=root,
             value=value,

@@ -10,9 +10,16 @@ from __future__ import annotations
 import asyncio
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
-from cluster.protocol.errors import ClusterError, JobFailedError
-from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST
-from cluster.scheduler.machine.rounds import ROUNDS_PER_RANK, Completed, Failed, Round, Rounds
+from cluster.protocol.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST, ExchangeTicket
+from cluster.scheduler.machine.rounds import (
+    ROUNDS_PER_RANK,
+    Completed,
+    Failed,
+    Joined,
+    Round,
+    Rounds,
+)
 
 __all__ = ["ALLGATHER", "BARRIER", "BROADCAST", "ROUNDS_PER_RANK", "ExchangeTable"]
 
@@ -43,12 +50,28 @@ class ExchangeTable:
         return self.rounds.timeout_s
 
     async def contribute(
-        self, *, generation: int, seq: int, rank: int, size: int, op: str, root: int, value: bytes
+        self,
+        *,
+        generation: int,
+        seq: int,
+        ticket: ExchangeTicket,
+        op: str,
+        root: int,
+        value: bytes,
     ) -> list[bytes]:
+        """The admitted caller's (`ticket`) contribution to round `seq` of `generation`; its
+        answer once the round completes."""
         loop = asyncio.get_running_loop()
-        joined = self.rounds.join(
-            (generation, seq), rank=rank, size=size, op=op, root=root, value=value, now=loop.time()
-        )
+        rank, key = ticket.rank, (generation, seq)
+        joined: Joined | None
+        if ticket.closed:  # a rank finished: only a call made again of an answered round
+            joined = self.rounds.made_again(key, rank=rank, op=op, root=root, value=value)
+            if joined is None:
+                raise CollectiveError(ticket.closed)
+        else:
+            joined = self.rounds.join(
+                key, rank=rank, size=ticket.size, op=op, root=root, value=value, now=loop.time()
+            )
         rnd = joined.round
         done = self._wait_of(rnd, loop)
         if isinstance(joined, Failed):
@@ -115,7 +138,9 @@ class ExchangeTable:
         """See `Rounds.answered_before`."""
         return self.rounds.answered_before(generation, rank, answered)
 
-    def fail_all(self, reason: str, kind: type[ClusterError] = JobFailedError) -> None:
-        """Fail every open round: a node died or left, or the job ended."""
-        for rnd in self.rounds.fail_all(kind(reason)):
+    def fail_all(
+        self, reason: str, kind: type[ClusterError] = JobFailedError, *, keep_answer: bool = False
+    ) -> None:
+        """Fail every open round: a node died or left, or the job ended (`Rounds.fail_all`)."""
+        for rnd in self.rounds.fail_all(kind(reason), keep_answer=keep_answer):
             self._settle(rnd, kind(reason))

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cluster.protocol import auth
-from cluster.protocol.errors import ClusterError, PeerFailedError
+from cluster.protocol.errors import ClusterError, CollectiveError, PeerFailedError
 from cluster.protocol.records import NodeFailedEvent, Registration, TopologyReadyEvent
 from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, Denied
 from cluster.scheduler.machine.ready import Tell
-from cluster.scheduler.machine.rounds import Completed, Failed, Round, Rounds
+from cluster.scheduler.machine.rounds import Completed, Failed, Joined, Round, Rounds
 
 if TYPE_CHECKING:
     from tests.sim.control_plane import Process, Sim
@@ -163,16 +163,25 @@ class Collectives:
             sim.step_machine(st.reform(reason))
             self.answer(node_id, incarnation, call, PeerFailedError(reason))
             return
+        key = (call.generation, call.seq)
         try:
-            joined = self.rounds.join(
-                (call.generation, call.seq),
-                rank=ticket.rank,
-                size=ticket.size,
-                op=call.op,
-                root=0,
-                value=value,
-                now=sim.clock.now,
-            )
+            if ticket.closed:  # as `ExchangeTable.contribute`: a rank has finished
+                again = self.rounds.made_again(
+                    key, rank=ticket.rank, op=call.op, root=0, value=value
+                )
+                if again is None:
+                    raise CollectiveError(ticket.closed)
+                joined: Joined = again
+            else:
+                joined = self.rounds.join(
+                    key,
+                    rank=ticket.rank,
+                    size=ticket.size,
+                    op=call.op,
+                    root=0,
+                    value=value,
+                    now=sim.clock.now,
+                )
         except ClusterError as exc:
             self.answer(node_id, incarnation, call, exc)
             return

@@ -14,6 +14,9 @@ names the rule):
 - `rollback`: a generation's rollback step is on disk for every rank it names, when it is told
   and when the rank's process hears it;
 - `failure-once`: each failure is told once;
+- `report-taken`: a checkpoint report of a member's process, newer than every report of that
+  process heard before, is what the scheduler holds for it (processes draw random
+  incarnations and number their reports from 1, as real ones do);
 - `one-holder`: at most one live member holds each rank, and a rank goes to another node only
   once its holder's failure was told;
 - `guard`: a new process of a node id is taken only after MS_NODE_TIMEOUT of its silence;
@@ -117,7 +120,7 @@ class Process:
     node_id: str
     port: int
     spare: bool = False  # started as a spare (CLUSTER_SPARE=1)
-    incarnation: int = 0
+    incarnation: int = 0  # drawn at random per process (`Sim.new_incarnation`)
     running: bool = False
     stopped: bool = False  # SIGSTOP: it neither sends nor reads until continued
     inbox: list[Packet] = field(default_factory=list)  # what arrived while stopped
@@ -126,7 +129,7 @@ class Process:
     job: str = ""  # the job it was accepted into
     rank: int | None = None  # its rank in the newest generation it heard
     paused: bool = False  # heard a failure, waits for the next generation
-    reports: int = 0  # its checkpoint reports so far (each numbered, as a worker's are)
+    reports: int = 0  # this process's checkpoint reports so far (numbered from 1, as a worker's)
     # The generations it heard, per job (a scheduler that restarts on an ended job's state
     # starts a new job, whose generations count from 1 again).
     generations: dict[str, list[int]] = field(default_factory=dict)
@@ -219,6 +222,10 @@ class Sim:
         self.full = False  # the disk is full: every save fails until it is freed
         self.wiped: int | None = None  # the rank whose checkpoint files were lost (`disks`)
         self.disk_rng = random.Random(self.seed * 104729 + 1)  # disk faults: their own stream
+        # Incarnations, 63 random bits per process as `cluster.worker.identity` draws them: their
+        # own stream too. The newest report number heard of each (node id, incarnation).
+        self.incarnation_rng = random.Random(self.seed * 15485863 + 2)
+        self.reports_heard: dict[tuple[str, int], int] = {}
         if self.ha is not None:
             self.ha.start()
         self.carry_out(self.outbox.advance(self.state.revision))
@@ -430,6 +437,7 @@ class Sim:
                 self.heard[node_id] = self.clock.now
             elif kind == "report":
                 self.state.report_checkpoints(node_id, incarnation, *packet.body[2:])
+                self.check_report_taken(node_id, incarnation, packet.body[2], packet.body[4])
                 held = self.state.held_by_all()
                 self.step_machine([])  # saves the holdings
                 # As the engine: answered once the holdings it was computed from are saved.
@@ -493,6 +501,24 @@ class Sim:
         for event in self.state.catch_up_for(node_id, self.catch_up):  # as `watch` does
             body = ("event", reg.incarnation, event, stream)
             self.net.send(now, SCHED, node_id, body, stream=True)
+
+    def check_report_taken(
+        self, node_id: str, incarnation: int, steps: list[int], seq: int
+    ) -> None:
+        """A report of the member's current process, newer than any of that process heard, is
+        what the scheduler holds for the member now (an older one, overtaken on the network,
+        may be ignored)."""
+        key = (node_id, incarnation)
+        if seq <= self.reports_heard.get(key, 0):
+            return
+        self.reports_heard[key] = seq
+        member = self.state.find(node_id)
+        if member is not None and member.checkpoints != tuple(sorted(set(steps))):
+            raise Violation(
+                "report-taken",
+                f"report {seq} of node {node_id} incarnation {incarnation} said {sorted(steps)}; "
+                f"the scheduler holds {list(member.checkpoints)}",
+            )
 
     def check_guard(self, reg: Registration, before: int | None) -> None:
         """A new process of a known node id is taken only after MS_NODE_TIMEOUT of silence."""
@@ -604,9 +630,14 @@ class Sim:
         proc.rank = mine[0].rank if mine else None
         proc.paused = False
 
+    def new_incarnation(self, proc: Process) -> int:
+        """The incarnation of `proc`'s next process: random, unordered, as a real one's."""
+        return self.incarnation_rng.randrange(1, 2**63)
+
     def start(self, proc: Process) -> None:
         if not proc.running:
-            proc.running, proc.incarnation, proc.ended = True, proc.incarnation + 1, ""
+            proc.running, proc.incarnation, proc.ended = True, self.new_incarnation(proc), ""
+            proc.reports = 0
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
             self.collectives.forget(proc)
             self.kv.forget(proc)

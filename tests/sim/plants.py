@@ -22,7 +22,7 @@ from cluster.protocol.records import (
     TopologyReadyEvent,
 )
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
-from cluster.scheduler.machine.rollback import NoCommonStep
+from cluster.scheduler.machine.rollback import NoCommonStep, RollbackPlanner
 from cluster.scheduler.machine.rounds import Rounds
 from cluster.scheduler.machine.spares import SparePool, live
 from cluster.scheduler.machine.state import SchedulerState
@@ -44,6 +44,8 @@ PLANTS = {
     "silent-supersede": "a stream replaced by a newer one of its node is left open, silent "
     "(worker cores)",
     "deaf-rounds": "a restarted scheduler ignores how far a registering node's collectives got",
+    "ordered-incarnations": "checkpoint reports are ordered by (incarnation, number) across a "
+    "node's processes, though incarnations are random",
 }
 # Plants of the election run with standbys (`standbys.py` puts them in).
 PLANT_SCHEDULERS = {
@@ -119,6 +121,16 @@ class NewestMin(SchedulerState):
         return min(newest) if len(newest) == len(self._workers()) else 0
 
 
+class OrderedIncarnations(RollbackPlanner):
+    """`ordered-incarnations`: a report is taken only when its (incarnation, number) is past the
+    node's last, as if a new process drew a larger incarnation than the one before."""
+
+    def report(self, node_id: str, incarnation: int, numbered: tuple[int, int], now: int) -> bool:
+        if numbered[1] and (incarnation, numbered[1]) <= self._report_seq.get(node_id, (0, 0)):
+            return False
+        return super().report(node_id, incarnation, numbered, now)
+
+
 def state_kind(plant: str) -> type[SchedulerState]:
     """The scheduler state the simulation runs with `plant`."""
     return {"no-guard": NoGuard, "newest-min": NewestMin}.get(plant, SchedulerState)
@@ -128,6 +140,8 @@ def planted(state: SchedulerState, plant: str) -> SchedulerState:
     """`state` with the plant's parts put in."""
     if plant == "eager-spare":
         state.pool = EagerPool(state)
+    if plant == "ordered-incarnations":
+        state.rollback = OrderedIncarnations()
     return state
 
 
@@ -149,6 +163,7 @@ __all__ = [
     "KeepRounds",
     "NewestMin",
     "NoGuard",
+    "OrderedIncarnations",
     "outbox_kind",
     "rounds_kind",
 ]

@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cluster.scheduler.machine.ready import Ready
-from tests.sim.control_plane import Sim
+from tests.sim.control_plane import Process, Sim
 
 TRANSCRIPTS = Path(__file__).parent / "transcripts"
 MS_NODE_TIMEOUT_S = 30.0
@@ -56,6 +56,10 @@ class Scenario(Sim):
     """The simulation driven by commands; saves land at once while the disk works."""
 
     disk_ok: bool = True
+
+    def new_incarnation(self, proc: Process) -> int:
+        """Its next incarnation (1, 2, ...), not a random one: a transcript's lines read so."""
+        return proc.incarnation + 1
 
     def carry_out(self, ready: Ready) -> None:
         super().carry_out(ready)

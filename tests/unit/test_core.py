@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
@@ -46,6 +46,37 @@ async def test_a_collective_of_an_older_generation_is_a_peer_failure() -> None:
             "0", caller("0", 1), generation=3, seq=1, op="allgather", root=0, value=b"x"
         )
     assert type(info.value) is CollectiveError  # not a peer's failure: a misuse
+
+
+async def test_a_call_made_again_after_a_peer_finished_gets_its_answer() -> None:
+    """Both ranks were answered the last collective; rank 1's answer was lost with its
+    connection, and rank 0 finished meanwhile. Rank 1's call made again gets the answer it was
+    given (it was refused as a rank that had not taken part); a new collective is refused at
+    once, since the finished rank will never call it."""
+    clock = FakeClock(100.0)
+    core = SchedulerCore(SETTINGS, clock)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+
+    def allgather(node_id: str, seq: int) -> Awaitable[list[bytes]]:
+        return asyncio.wait_for(
+            core.exchange(
+                node_id,
+                caller(node_id, 1),
+                generation=1,
+                seq=seq,
+                op="allgather",
+                root=0,
+                value=node_id.encode(),
+            ),
+            BOUND_S,
+        )
+
+    assert await asyncio.gather(allgather("0", 5), allgather("1", 5)) == [[b"0", b"1"]] * 2
+    await asyncio.wait_for(core.finish("0", 1, caller("0", 1)), BOUND_S)
+    assert await allgather("1", 5) == [b"0", b"1"]
+    with pytest.raises(CollectiveError, match=r"rank 0 .* has already finished"):
+        await allgather("1", 6)
 
 
 async def _next_event(stream: AsyncIterator[pb.Event | bytes]) -> pb.Event:

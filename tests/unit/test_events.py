@@ -299,3 +299,30 @@ def test_a_node_waiting_out_its_guard_is_one_event_not_one_per_retry() -> None:
     again, _ = st.register(reg("1", incarnation=2))
     assert isinstance(again, Refused)
     assert events.of_registration(reg("1", 2), 1, again, st, was_waiting=True) is None
+
+
+def test_every_guard_wait_of_a_node_is_one_event() -> None:
+    """The engine asks whether the node waits already before it registers it (as `core`
+    does): once a node was taken back after a guard wait, its next wait was never journaled
+    nor counted, since nothing took it off the waiting list but the end of the job."""
+    clock = FakeClock()
+    st = formed(clock)
+    for incarnation in (2, 3):
+        st.disconnect("1", incarnation - 1)
+        clock.now += 1.0
+        kinds = []
+        for _ in range(2):  # refused, and refused again a second later
+            waiting = "1" in st.guard_waiting
+            outcome, _ = st.register(reg("1", incarnation))
+            record = events.of_registration(
+                reg("1", incarnation), incarnation - 1, outcome, st, was_waiting=waiting
+            )
+            kinds.append(None if record is None else record.kind)
+            clock.now += 1.0
+        assert kinds == [Kind.GUARD_REFUSAL, None]
+        clock.now += 10.0
+        taken, _ = st.register(reg("1", incarnation))
+        assert isinstance(taken, Accepted)
+        assert taken.rejoined
+        assert st.guard_waiting == {}
+        st.connect("1", incarnation)

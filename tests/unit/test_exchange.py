@@ -15,6 +15,7 @@ from cluster.scheduler.exchange import (
     ROUNDS_PER_RANK,
     ExchangeTable,
 )
+from cluster.scheduler.machine.admission import ExchangeTicket
 from cluster.scheduler.machine.rounds import MAX_ANSWER_BYTES
 from tests.aio import BOUND_S, settle
 
@@ -28,8 +29,7 @@ def contribute(
     options = {"op": ALLGATHER, "seq": 1, "generation": 1, "root": 0, **round_}
     return asyncio.create_task(
         table.contribute(
-            rank=rank,
-            size=size,
+            ticket=ExchangeTicket(rank, size),
             value=f"v{rank}".encode() if value is None else value,
             **options,
         )
@@ -130,7 +130,12 @@ async def test_mismatched_op_at_same_seq(
     with pytest.raises(CollectiveError) as info:
         await asyncio.wait_for(
             table.contribute(
-                generation=1, seq=7, rank=1, size=2, op=second[0], root=second[1], value=b"x"
+                generation=1,
+                seq=7,
+                ticket=ExchangeTicket(1, 2),
+                op=second[0],
+                root=second[1],
+                value=b"x",
             ),
             BOUND_S,
         )
@@ -199,7 +204,12 @@ async def test_the_same_contribution_again_is_the_same_call_and_gets_the_same_an
     with pytest.raises(CollectiveError, match="twice, with different values"):
         await asyncio.wait_for(
             table.contribute(
-                generation=1, seq=1, rank=0, size=2, op=ALLGATHER, root=0, value=b"forged"
+                generation=1,
+                seq=1,
+                ticket=ExchangeTicket(0, 2),
+                op=ALLGATHER,
+                root=0,
+                value=b"forged",
             ),
             BOUND_S,
         )
@@ -216,7 +226,7 @@ async def test_a_call_cancelled_after_the_round_is_complete_is_not_an_answer() -
     await settle(lambda: len(table) == 1)
     # Rank 1 completes the round; rank 0's call is cut before it could write the answer.
     other = await table.contribute(
-        generation=1, seq=1, rank=1, size=2, op=ALLGATHER, root=0, value=b"b"
+        generation=1, seq=1, ticket=ExchangeTicket(1, 2), op=ALLGATHER, root=0, value=b"b"
     )
     assert other == [b"a", b"b"]
     cut.cancel()
@@ -312,7 +322,12 @@ async def test_bytes_held_are_capped_and_the_whole_round_fails() -> None:
     with pytest.raises(CapacityError) as info:
         await asyncio.wait_for(
             table.contribute(
-                generation=1, seq=1, rank=1, size=3, op=ALLGATHER, root=0, value=b"y" * 6
+                generation=1,
+                seq=1,
+                ticket=ExchangeTicket(1, 3),
+                op=ALLGATHER,
+                root=0,
+                value=b"y" * 6,
             ),
             BOUND_S,
         )

@@ -58,6 +58,21 @@ def test_an_add_past_a_counters_bounds_is_refused_and_stages_nothing(
     assert table.add("n", 1, "0") == 42  # the key keeps working
 
 
+def test_owners_that_come_and_go_leave_no_counters_behind() -> None:
+    """Nodes with ids of their own set a key another sets after them, and wait for keys: a
+    member that holds and waits for nothing has no entry (zero counters were kept for every id
+    ever seen)."""
+    table = KvTable(max_bytes=10_000, max_keys=10)
+    for i in range(1000):
+        owner = f"host-{i}"
+        table.set("shared", owner.encode(), owner)
+        table.admit_wait(["missing"], 1.0, owner)
+        table.wait_ended(owner)
+    assert dict(table._keys_of) == {"host-999": 1}
+    assert dict(table._bytes_of) == {"host-999": len("shared") + len("host-999")}
+    assert dict(table._waits_of) == {}
+
+
 class KvMachine(RuleBasedStateMachine):
     @initialize(max_bytes=st.sampled_from([40, 200]), max_keys=st.sampled_from([3, 10]))
     def setup(self, max_bytes: int, max_keys: int) -> None:
@@ -65,6 +80,7 @@ class KvMachine(RuleBasedStateMachine):
         self.table.byte_share = max_bytes // 2  # small enough for a member to reach
         self.table.key_share = 2
         self.staged: list[tuple[str, bytes]] = []
+        self.waits: list[str] = []  # the owners of the waits admitted and not yet ended
 
     def _counted(self) -> tuple[int, int]:
         return self.table.held_bytes, len(self.table)
@@ -99,6 +115,19 @@ class KvMachine(RuleBasedStateMachine):
         assert INT64_MIN <= number <= INT64_MAX
         self.staged.append(("counter", str(number).encode("ascii")))
 
+    @rule(owner=st.sampled_from(MEMBERS))
+    def wait(self, owner: str) -> None:
+        try:
+            self.table.admit_wait(["a"], 1.0, owner)
+        except CapacityError:
+            return
+        self.waits.append(owner)
+
+    @rule(index=st.integers(min_value=0, max_value=40))
+    def a_wait_ends(self, index: int) -> None:
+        if self.waits:
+            self.table.wait_ended(self.waits.pop(index % len(self.waits)))
+
     @rule()
     def a_save_lands(self) -> None:
         if self.staged:
@@ -115,6 +144,16 @@ class KvMachine(RuleBasedStateMachine):
         for owner in MEMBERS:
             assert table._bytes_of[owner] <= table.byte_share
             assert table._keys_of[owner] <= table.key_share
+        # Each owner's counts are what it holds and waits for, and only an owner of something
+        # has an entry.
+        owned: dict[str, list[str]] = {}
+        for key, owner in table._owner.items():
+            owned.setdefault(owner, []).append(key)
+        assert dict(table._keys_of) == {o: len(keys) for o, keys in owned.items()}
+        assert dict(table._bytes_of) == {
+            o: sum(len(k.encode()) + len(newest[k]) for k in keys) for o, keys in owned.items()
+        }
+        assert dict(table._waits_of) == {o: self.waits.count(o) for o in set(self.waits)}
 
 
 TestKv = KvMachine.TestCase

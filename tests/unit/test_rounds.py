@@ -163,6 +163,26 @@ def test_a_call_made_again_after_its_round_was_forgotten_gets_the_same_answer() 
     assert isinstance(gone, Waiting)  # no answer kept past the job's failure of its rounds
 
 
+def test_once_a_rank_finished_only_a_call_made_again_of_the_answered_round_goes_on() -> None:
+    """Rank 0 finished after both were answered #1: the rounds fail with its answer kept, and
+    rank 1's #1 made again is answered; no other call is one (the engine refuses those)."""
+    rounds = Rounds(max_bytes=1000, timeout_s=10.0)
+    rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=0.0)
+    done = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=0.0)
+    assert isinstance(done, Completed)
+    for rank in (0, 1):
+        rounds.answered(done.round, rank)
+    rounds.fail_all(CollectiveError("rank 0 has finished"), keep_answer=True)
+    again = rounds.made_again((1, 1), rank=1, op=ALLGATHER, root=0, value=b"b")
+    assert again is not None
+    assert again.gathered == [b"a", b"b"]
+    rounds.answered(again.round, 1)
+    for key, value in (((1, 2), b"b"), ((1, 1), b"x")):  # a new round; #1 with other bytes
+        assert rounds.made_again(key, rank=1, op=ALLGATHER, root=0, value=value) is None
+    assert rounds.made_again((1, 1), rank=1, op=BARRIER, root=0, value=b"b") is None
+    assert (rounds.open, rounds.held_bytes) == ({}, 0)
+
+
 # A restarted scheduler (its rounds of the restored generation 4 start empty): the scheduler
 # before it answered collective #1 to some ranks only.
 

@@ -531,6 +531,61 @@ def test_a_burst_of_registrations_holds_back_everyones_silence() -> None:
     assert set(state.members) == {"c"}
 
 
+def _first_failure(
+    state: SchedulerState, clock: FakeClock, beating: list[str], register: Any
+) -> tuple[float, list[NodeFailedEvent]]:
+    """Seconds pass; `beating` beat every second, `register(t)` registers something every 5 s;
+    the first failures found, and when (at most 200 s)."""
+    started = clock()
+    for t in range(1, 201):
+        clock.advance(1.0)
+        for node_id in beating:
+            state.heartbeat(node_id, 1)
+        if t % 5 == 0:
+            accept(state, register(t))
+        failed = [e for e in state.tick() if isinstance(e, NodeFailedEvent)]
+        if failed:
+            return clock() - started, failed
+    return clock() - started, []
+
+
+@pytest.mark.parametrize("spares", ["the same spare again", "new spares"])
+def test_registrations_once_the_job_formed_do_not_hide_a_hung_node(spares: str) -> None:
+    """Only a burst of registrations holds back silence: one spare asking again every 5 s, or
+    new spares joining, held back every node's, and a hung worker was never found."""
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1", "2"], recovery=True)
+    spare = reg(state, "x", spare=True, port=9999)
+    accept(state, spare)
+
+    def register(t: int) -> Registration:
+        return spare if spares == "the same spare again" else reg(state, f"x{t}", spare=True)
+
+    took, failed = _first_failure(state, clock, ["0", "1", "x"], register)
+    assert [e.node_id for e in failed] == ["2"]
+    assert "no heartbeat" in failed[0].reason
+    assert took <= state.settings.silence_limit_s + 1
+
+
+def test_a_restored_jobs_burst_ends_by_ms_topo_timeout() -> None:
+    """After a restore, registrations hold silence back while the nodes come back, for at
+    most MS_TOPO_TIMEOUT: a spare asking again every 5 s cannot hide a node that never came
+    back."""
+    clock = FakeClock()
+    before = recovering(clock)
+    accept(before, reg(before, "x", spare=True, port=9999))
+    restored = restore(before.snapshot(), clock)
+    for node_id in ("0", "1"):
+        accept(restored, reg(restored, node_id, port=6000 + int(node_id)))
+        restored.connect(node_id, 1)
+    spare = reg(restored, "x", spare=True, port=9999)
+    took, failed = _first_failure(restored, clock, ["0", "1", "x"], lambda t: spare)
+    assert [e.node_id for e in failed] == ["2"]
+    assert "did not reconnect" in failed[0].reason
+    settings = restored.settings
+    assert settings.topo_timeout_s < took <= settings.topo_timeout_s + settings.silence_limit_s + 1
+
+
 def test_a_node_that_joins_after_a_tick_found_nobody_is_still_watched() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, node_timeout_s=10.0)
@@ -882,6 +937,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.hosts: dict[tuple[str, int], str] = {}
         # Each member's incarnation and state after the last input: what the next may change.
         self.known = _known(self.state)
+        # The last registration of a burst (the job forming, or a restored job's nodes coming
+        # back within MS_TOPO_TIMEOUT), from which silence counts at the earliest; and when the
+        # scheduler was last restored.
+        self.burst_at = float("-inf")
+        self.restored_at = float("-inf")
+        self.report_numbers = itertools.count(1)
+
+    def _in_burst(self) -> bool:
+        state, now = self.state, self.clock.now
+        restoring = bool(state.awaiting) and now - self.restored_at <= state.settings.topo_timeout_s
+        return state.phase is Phase.WAITING or restoring
 
     def _after(self, effects: list[Effect], *, leaving: bool = False) -> None:
         """`leaving`: the input was a node's own Finish (while forming, it frees its slot)."""
@@ -957,7 +1023,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
         before = len(self.state.members)
         self.sent = [*self.sent[-4:], registration]
+        burst = self._in_burst()
         outcome, effects = self.state.register(registration)
+        if burst and isinstance(outcome, Accepted):
+            self.burst_at = self.clock.now
         if isinstance(outcome, Refused):
             assert isinstance(outcome.reason, Refusal)
             assert outcome.message.strip()
@@ -1086,13 +1155,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def tick(self) -> None:
         self._after(self.state.tick())
         # However seldom a tick looks at the members, none is left past its limit (while the
-        # job runs: a tick that ends it stops there).
+        # job runs: a tick that ends it stops there), counted from its last sign of life or the
+        # last registration of a burst: no other registration holds silence back.
         now = self.clock.now
         running = self.state.phase in (Phase.WAITING, Phase.READY)
         for m in self.state.members.values() if running else ():
             watched = self.state.settings.heartbeat_enabled or m.node_id in self.state.awaiting
             if m.state is NodeState.ALIVE and watched:
-                assert self.state.liveness.silence(m, now) <= self.state.settings.node_timeout_s, m
+                silent = now - max(m.last_seen, self.burst_at)
+                assert silent <= self.state.settings.node_timeout_s, (m, self.burst_at)
             if m.state is NodeState.FAILED and self.state.phase is Phase.READY:
                 # Failed in this very tick, it may be past its rejoin window already: the
                 # next tick must look at it by then.
@@ -1147,6 +1218,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             assert restored.members == {}
         self.state = restored
+        self.restored_at = self.clock.now
         self.saved = _durable(restored)
         self.known = _known(restored)
         # The nonces seen are not saved: a replay is refused only within one scheduler's life.
@@ -1271,6 +1343,32 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert verdict.kind is Denial.NOT_REGISTERED_HERE
                 else:
                     assert verdict is member
+
+    @invariant()
+    def nothing_is_kept_of_a_node_that_is_gone(self) -> None:
+        """What the machine keeps by node id is of its members and spares only: ids that come
+        and go (forgotten while the job forms) leave nothing behind."""
+        if not hasattr(self, "state"):
+            return
+        state = self.state
+        kept = {
+            *state.admission.call_windows,
+            *state.rollback._reported_in,
+            *state.rollback._report_seq,
+            *state.guard_waiting,
+            *state.awaiting,
+        }
+        assert kept <= {*state.members, *state.spares}
+
+    @rule(
+        index=st.integers(min_value=0, max_value=20),
+        steps=st.lists(st.sampled_from([10, 20, 30]), max_size=3),
+    )
+    def report_checkpoints(self, index: int, steps: list[int]) -> None:
+        picked = self._pick(index)
+        if picked is not None:
+            seq = next(self.report_numbers)
+            self.state.report_checkpoints(*picked, steps, self.state.generation, seq)
 
     @invariant()
     def never_too_many_members(self) -> None:
@@ -1650,6 +1748,34 @@ def test_checkpoint_reports_are_saved_and_restored() -> None:
     restored = restore(state.snapshot(), clock)
     assert restored.members["1"].checkpoints == (5, 10)
     assert restored.restored_generation == 1
+
+
+@pytest.mark.parametrize("new_incarnation", [7, 10**6])
+def test_a_restarted_process_reports_are_taken_whatever_its_incarnation(
+    new_incarnation: int,
+) -> None:
+    """Incarnations are random and each process numbers its reports from 1: a new process of a
+    node id whose incarnation drew lower than its predecessor's had every report ignored, and
+    the step every worker holds stayed where the dead process left it. Within one process, an
+    older report that arrives late is still ignored."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=2, recovery=True)
+    for node_id in ("0", "1"):
+        accept(state, reg(state, node_id, incarnation=1000))
+    for seq, steps in enumerate([[10], [10, 20], [10, 20]], 1):
+        for node_id in ("0", "1"):
+            state.report_checkpoints(node_id, 1000, steps, state.generation, seq)
+    state.disconnect("1", 1000)
+    clock.advance(11.0)
+    accept(state, reg(state, "1", incarnation=new_incarnation))
+    for seq, steps in enumerate([[20, 30], [20, 30, 40]], 1):
+        clock.advance(HELD_BY_ALL_EVERY_S)
+        state.report_checkpoints("0", 1000, steps, state.generation, 3 + seq)
+        state.report_checkpoints("1", new_incarnation, steps, state.generation, seq)
+        assert state.members["1"].checkpoints == tuple(steps)
+    assert state.held_by_all() == 40 == state.rollback_step()
+    state.report_checkpoints("1", new_incarnation, [20, 30], state.generation, 1)  # late
+    assert state.members["1"].checkpoints == (20, 30, 40)
 
 
 def test_reform_publishes_a_new_generation_with_the_rollback_step() -> None:

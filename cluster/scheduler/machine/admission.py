@@ -64,7 +64,7 @@ class Denial(enum.Enum):
     JOB_OVER = "job_over"  # the job has ended, or has not formed (collectives)
     PEER_FAILED = "peer_failed"  # a member failed, or the job moved to a new generation
     WRONG_GENERATION = "wrong_generation"  # a generation the job has not reached
-    COLLECTIVE_MISUSE = "collective_misuse"  # not a ranked worker, a finished peer, a bad root
+    COLLECTIVE_MISUSE = "collective_misuse"  # not a ranked worker, not a collective, a bad root
     OVER_CAP = "over_cap"  # more than the scheduler holds for a caller
     # A job secret's call proof of a node that has not registered with this scheduler (it was
     # restarted, or took over): transient, the node registers again and repeats the call.
@@ -96,10 +96,13 @@ class Denied:
 
 @frozen
 class ExchangeTicket:
-    """An admitted collective: the caller's rank among `size` workers."""
+    """An admitted collective: the caller's rank among `size` workers. `closed`: why no round
+    can complete any more (a rank has finished), "" while one can; then only a call made again
+    of a round already answered gets its answer (`Rounds.join`), any other is refused."""
 
     rank: int
     size: int
+    closed: str = ""
 
 
 class JobView(Protocol):
@@ -123,8 +126,8 @@ class Admission:
     """Who may join the job, and which call a node may make."""
 
     job: JobView
-    # Per node: the call numbers seen since it last registered with this scheduler (a job
-    # secret's call proofs).
+    # Per member or spare: the call numbers seen since it last registered with this scheduler
+    # (a job secret's call proofs); dropped when it leaves the job (`forget`).
     call_windows: dict[str, auth.CallWindow] = field(default_factory=dict)
     _nonces: auth.ReplayCache = field(default_factory=auth.ReplayCache)
     _challenges: auth.ChallengeIssuer = field(default_factory=auth.ChallengeIssuer)
@@ -236,8 +239,15 @@ class Admission:
             )
         if op not in COLLECTIVE_OPS:
             return Denied(Denial.COLLECTIVE_MISUSE, f"{op!r} is not a collective")
+        gone = [m for m in self.job.members.values() if m.state is NodeState.FINISHED]
+        closed = (
+            f"{op} cannot complete: {gone[0].describe()} has already finished (called "
+            "cluster.finalize()); every rank must take part in every collective"
+            if gone
+            else ""
+        )
         return self._check_round(generation, op, root) or ExchangeTicket(
-            member.rank, self.job.settings.worker_num
+            member.rank, self.job.settings.worker_num, closed
         )
 
     def _check_round(self, generation: int, op: str, root: int) -> Denied | None:
@@ -259,13 +269,6 @@ class Admission:
                 Denial.PEER_FAILED,
                 f"{op} cannot complete: {down[0].describe()} has failed ({down[0].failure}); "
                 "the job waits for it to rejoin in a new generation",
-            )
-        gone = [m for m in self.job.members.values() if m.state is NodeState.FINISHED]
-        if gone:
-            return Denied(
-                Denial.COLLECTIVE_MISUSE,
-                f"{op} cannot complete: {gone[0].describe()} has already finished "
-                "(called cluster.finalize()); every rank must take part in every collective",
             )
         if op == BROADCAST and not 0 <= root < self.job.settings.worker_num:
             return Denied(
@@ -314,6 +317,11 @@ class Admission:
             return
         if not (again and node_id in self.call_windows):
             self.call_windows[node_id] = auth.CallWindow(reg.call_seq)
+
+    def forget(self, node_id: str) -> None:
+        """`node_id` left the job for good: its call window goes (a registration of it starts
+        a new one)."""
+        self.call_windows.pop(node_id, None)
 
     def _check_proof(self, reg: Registration) -> Refused | None:
         """The node's credential, and with a job secret its proof of the secret."""

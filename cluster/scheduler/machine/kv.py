@@ -66,7 +66,8 @@ class KvTable:
         self.key_share = min(max_keys, max(max_keys // nodes, SHARE_FLOOR_KEYS))
         self.wait_share = min(self.max_waits, max(self.max_waits // nodes, WAITS_PER_NODE))
         # Who set each key last ("": a restored key, or a caller that is nobody's member), and
-        # what each member holds and waits for.
+        # what each member holds and waits for (a member that holds, or waits for, nothing has
+        # no entry: ids that come and go leave nothing behind).
         self._owner: dict[str, str] = {}
         self._bytes_of: collections.Counter[str] = collections.Counter()
         self._keys_of: collections.Counter[str] = collections.Counter()
@@ -181,6 +182,9 @@ class KvTable:
             before = self._owner.get(key, "")
             self._bytes_of[before] -= len(key.encode()) + len(old)
             self._keys_of[before] -= 1
+            if not self._keys_of[before]:  # it holds nothing any more: not kept
+                self._keys_of.pop(before, None)
+                self._bytes_of.pop(before, None)
         self._owner[key] = owner
         self._bytes_of[owner] += len(key.encode()) + len(value)
         self._keys_of[owner] += 1
@@ -228,6 +232,8 @@ class KvTable:
     def wait_ended(self, owner: str = "") -> None:
         self.pending_waits -= 1
         self._waits_of[owner] -= 1
+        if not self._waits_of[owner]:
+            del self._waits_of[owner]
 
     def missing(self, keys: list[str]) -> list[str]:
         """The keys not visible yet."""

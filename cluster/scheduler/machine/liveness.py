@@ -8,9 +8,12 @@ work).
 
 A node's heartbeats wait in gRPC's queue of calls behind the registrations that arrived before
 them, and a large job's start is a burst of thousands: a live node's first beat was taken up
-only after 30 s of them at 8,192 nodes. So a live node's silence counts from the last accepted
-registration at the earliest (`silence`); a burst never ends while registrations are being
-accepted, and a hung node is still found MS_NODE_TIMEOUT after it.
+only after 30 s of them at 8,192 nodes. So a live node's silence counts at the earliest from
+the last registration accepted in a burst (`silence`): while the job forms, or while a restored
+job's nodes come back (`SchedulerState._in_burst`, which bounds both by MS_TOPO_TIMEOUT). A
+registration at any other time (a spare's, a node's retry, a rejoin) is one call in the queue
+and holds nobody's silence back, so no stream of them can hide a hung node: it is found
+MS_NODE_TIMEOUT after its last beat, or after the burst.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class Liveness:
     settings: JobSettings
     # No member's silence can reach a limit before this time.
     next_scan: float = float("-inf")
-    # When the scheduler last accepted a registration.
+    # When the scheduler last accepted a registration of a burst.
     last_accepted: float = float("-inf")
 
     def seen(self, member: Member, now: float) -> None:
@@ -36,12 +39,12 @@ class Liveness:
         self.next_scan = min(self.next_scan, now + self.settings.silence_limit_s)
 
     def accepted(self, now: float) -> None:
-        """A registration was accepted at `now`."""
+        """A registration of a burst was accepted at `now`."""
         self.last_accepted = now
 
     def silence(self, member: Member, now: float) -> float:
         """How long a live `member` has been silent, as far as it counts: not before the last
-        accepted registration."""
+        registration accepted in a burst."""
         return now - max(member.last_seen, self.last_accepted)
 
     def due(self, member: Member) -> float:

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from cluster.protocol.config import is_numeric_node_id
-from cluster.protocol.records import Member, TopologyReadyEvent
+from cluster.protocol.records import Member, NodeRole, TopologyReadyEvent
+from cluster.protocol.settings import JobSettings
 
 
 def assign_ranks(members: list[Member], space: int) -> None:
@@ -42,6 +43,26 @@ def missing_ranks(workers: Iterable[Member], worker_num: int) -> list[tuple[int,
     if start < worker_num:
         spans.append((start, worker_num - 1))
     return spans
+
+
+def describe_missing(members: Iterable[Member], settings: JobSettings, waited: float) -> str:
+    """Why a job that waited `waited` s did not form: how many of each role registered, and
+    the missing ranks (or, when ranks are not known yet, the node ids that registered)."""
+    workers = [m for m in members if m.role is NodeRole.WORKER]
+    servers = [m for m in members if m.role is NodeRole.SERVER]
+    parts = [f"{len(workers)} of {settings.worker_num} workers"]
+    if settings.server_num:
+        parts.append(f"{len(servers)} of {settings.server_num} servers")
+    head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
+    missing = missing_ranks(workers, settings.worker_num)
+    if missing == []:
+        names = ", ".join(sorted(m.node_id for m in servers)) or "none"
+        return f"{head}; registered servers: {names}"
+    if missing is not None:
+        several = len(missing) > 1 or missing[0][0] != missing[0][1]
+        return f"{head}; missing: rank{'s' if several else ''} {ranges(missing)}"
+    names = ", ".join(sorted(m.node_id for m in workers)) or "none"
+    return f"{head}; registered node ids: {names}"
 
 
 def ranges(spans: list[tuple[int, int]]) -> str:

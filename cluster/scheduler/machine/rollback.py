@@ -76,17 +76,26 @@ class RollbackPlanner:
     _report_seq: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def report(self, node_id: str, incarnation: int, numbered: tuple[int, int], now: int) -> bool:
-        """Whether to take a report of `node_id`: `numbered` is the generation whose rollback
-        step the worker has put back (0: it did not say, an older worker: taken as `now`, the
-        current generation, so not waited for) and the report's number in its process (0:
-        none); one older than a report already heard is not taken."""
+        """Whether to take a report of `node_id`'s process `incarnation` (its current one: the
+        caller refuses any other): `numbered` is the generation whose rollback step the worker
+        has put back (0: it did not say, an older worker: taken as `now`, the current
+        generation, so not waited for) and the report's number in its process (0: none); one
+        older than a report of the same process already heard is not taken. Numbers are
+        compared within a process only: each process numbers its reports from 1, and
+        incarnations are random, not ordered."""
         generation, seq = numbered
         if seq:
-            if (incarnation, seq) <= self._report_seq.get(node_id, (incarnation, 0)):
+            last_incarnation, last_seq = self._report_seq.get(node_id, (incarnation, 0))
+            if last_incarnation == incarnation and seq <= last_seq:
                 return False  # overtaken by a newer report of the same process
             self._report_seq[node_id] = (incarnation, seq)
         self._reported_in[node_id] = generation or now
         return True
+
+    def forget(self, node_id: str) -> None:
+        """`node_id` left the job for good: nothing of its reports is kept."""
+        self._reported_in.pop(node_id, None)
+        self._report_seq.pop(node_id, None)
 
     def held_by_all(
         self, generation: int, workers: Sequence[Member], now: float, published_step: int

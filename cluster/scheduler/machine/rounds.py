@@ -9,9 +9,11 @@ waits on a peer that will never come.
 What the rounds hold is bounded. A rank contributes once per round: the same bytes again are
 the same call made again (after a lost connection) and get the same answer; other bytes are
 refused. That holds after the round is over too: the answer of the round completed last is
-kept (one answer, until the next completes or the job's rounds fail), since a call answered
-while its connection broke is made again once every rank has been answered and the round
-forgotten; made as a new round it would wait for ranks that have moved on, until its deadline.
+kept (one answer, until the next completes or the job's rounds fail, but not when they fail
+because a rank finished), since a call answered while its connection broke is made again once
+every rank has been answered and the round forgotten; made as a new round it would wait for
+ranks that have moved on, until its deadline. Once a rank has finished no new round can
+complete: only such a call made again goes on (`made_again`), the engine refuses any other.
 
 Each rank has its share, so that one runaway member cannot stop the others. Ranks that call the
 same collectives in the same order are never more than one round apart (a rank that has
@@ -144,14 +146,9 @@ class Rounds:
         """`rank`'s contribution `value` to the round `key`. A refusal of this call alone (the
         round is another collective, other bytes than this rank sent before, past this rank's
         share, a round failed before) is raised, and changes nothing."""
-        done = self._completed
-        if (
-            done is not None
-            and (done.key, done.op, done.root, done.values.get(rank)) == (key, op, root, value)
-            and key not in self.open
-        ):  # over, and the same call made again: its answer at once
-            done.waiting[rank] += 1
-            return Completed(done, [done.values[r] for r in range(done.size)])
+        again = self.made_again(key, rank=rank, op=op, root=root, value=value)
+        if again is not None:
+            return again
         rnd = self._round(key, rank=rank, size=size, op=op, root=root, now=now)
         known = rnd.values.get(rank)
         if known is None:
@@ -166,6 +163,22 @@ class Rounds:
         if not isinstance(joined, Failed):
             rnd.waiting[rank] += 1  # until `answered` or `abandoned`
         return joined
+
+    def made_again(
+        self, key: Key, *, rank: int, op: str, root: int, value: bytes
+    ) -> Completed | None:
+        """The answer of `rank`'s call when it is the same call made again of the round
+        completed last, over since; None when it is not. Once a rank has finished, no new round
+        can complete: only such a call goes on (the engine refuses any other)."""
+        done = self._completed
+        if (
+            done is None
+            or (done.key, done.op, done.root, done.values.get(rank)) != (key, op, root, value)
+            or key in self.open
+        ):
+            return None
+        done.waiting[rank] += 1
+        return Completed(done, [done.values[r] for r in range(done.size)])
 
     def answered(self, rnd: Round, rank: int) -> None:
         """`rank`'s call got the round's outcome; the round is forgotten once every rank has
@@ -215,15 +228,18 @@ class Rounds:
         self._fail_round(rnd, error)
         return error
 
-    def fail_all(self, error: ClusterError) -> list[Round]:
+    def fail_all(self, error: ClusterError, *, keep_answer: bool = False) -> list[Round]:
         """Every open round fails with `error` (a node died or left, or the job ended): the
-        rounds whose callers must hear it."""
+        rounds whose callers must hear it. `keep_answer`: the round completed last stays
+        answerable (a rank finished: the others' calls of that round, made again, were
+        answered before it left)."""
         failed = list(self.open.values())
         for rnd in failed:
             rnd.outcome = error
         self.open.clear()
         self._failed.clear()
-        self._completed = None
+        if not keep_answer:
+            self._completed = None
         self.held_bytes = 0
         return failed
 

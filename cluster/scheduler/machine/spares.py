@@ -12,7 +12,9 @@ The rules:
   spare on the failed node's host first, so that it can read the rank's checkpoint files, then
   by node id); the spare inherits the failed node's reported checkpoints, since it holds that
   rank's files from now on, and the job goes on in a new generation.
-- A spare that registers while a rank is down takes that rank at once.
+- A spare that registers while a worker's rank is down takes that rank at once.
+- A parameter server's rank never goes to a spare (spares are workers): the job waits for the
+  server's node to rejoin, as it does without spares.
 - A spare that dies is just gone: nobody waits for it; its record keeps its id refused for the
   guard, like any node's, and is then dropped. A spare that finishes is gone at once.
 """
@@ -72,8 +74,9 @@ def live(spares: Iterable[Member]) -> list[Member]:
 
 
 def pick(spares: Iterable[Member], failed: Member) -> Member | None:
-    """The spare to take `failed`'s rank: one on its host first, then by node id."""
-    candidates = live(spares)
+    """The spare to take `failed`'s rank: one on its host first, then by node id. None for a
+    parameter server's: spares are workers, and a server's rank waits for its node."""
+    candidates = live(spares) if failed.role is NodeRole.WORKER else []
     if not candidates:
         return None
     return min(candidates, key=lambda m: (m.host != failed.host, m.node_id))
@@ -113,6 +116,8 @@ class SpareHost(Protocol):
 
     def place_workers(self) -> None: ...
 
+    def forgotten(self, node_id: str) -> None: ...
+
 
 @mutable
 class SparePool:
@@ -122,9 +127,11 @@ class SparePool:
     promotions: int = 0  # ranks handed to a spare so far
 
     def tick(self, member: Member, now: float) -> list[Effect]:
-        """Time passes for a spare, or a failed record among them; the next scan includes it."""
+        """Time passes for a spare, or a failed record among them; the next scan includes it.
+        Without heartbeats (MS_DISABLE_HEARTBEAT) a spare's silence says nothing: only its
+        broken stream tells that it died (`died`), as for a ranked node."""
         job, liveness = self.job, self.job.liveness
-        silent = liveness.silence(member, now)
+        silent = liveness.silence(member, now) if job.settings.heartbeat_enabled else 0.0
         if member.state is NodeState.ALIVE and silent > job.settings.silence_limit_s:
             self.died(member, member.last_seen, f"no heartbeat for {silent:.1f} s")
         elif member.state is NodeState.FAILED and now > expiry(member, job.settings):
@@ -154,7 +161,7 @@ class SparePool:
         if not down:
             return []
         failed = min(down, key=lambda m: (m.role is NodeRole.SERVER, m.rank))
-        spare = pick(job.spares.values(), failed) if failed.role is NodeRole.WORKER else None
+        spare = pick(job.spares.values(), failed)
         return [] if spare is None else self.promote(spare, failed)
 
     def respare(
@@ -183,5 +190,6 @@ class SparePool:
     def drop(self, member: Member) -> list[Effect]:
         """A spare that left, or a failed record past its `expiry`: gone."""
         del self.job.spares[member.node_id]
+        self.job.forgotten(member.node_id)
         self.job.revision += 1
         return []

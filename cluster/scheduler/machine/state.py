@@ -239,6 +239,7 @@ class SchedulerState:
                 self.guard_waiting.pop(node_id, None)  # told
             return refusal, []
         now = self.clock()
+        burst = self._in_burst(now)  # asked before: the registration that forms the job is one
         known = self.find(node_id)
         if known is not None and known.role is not reg.role:
             return Refused(
@@ -255,7 +256,18 @@ class SchedulerState:
         )
         if isinstance(outcome[0], Accepted):
             self.admission.registered(node_id, reg, again=again)
+            self.guard_waiting.pop(node_id, None)  # its wait is over: a next one is told again
+            if burst:
+                self.liveness.accepted(now)
         return outcome
+
+    def _in_burst(self, now: float) -> bool:
+        """Whether registrations come as a burst, ahead of heartbeats in gRPC's queue
+        (`liveness`): while the job forms, and while a restored job's nodes come back (at most
+        MS_TOPO_TIMEOUT, as a forming job waits). Any other registration is one node's."""
+        if self.phase is Phase.WAITING:
+            return True
+        return bool(self.awaiting) and now - self.started <= self.settings.topo_timeout_s
 
     def _register_new(
         self, node_id: str, reg: Registration, now: float
@@ -394,8 +406,10 @@ class SchedulerState:
         must be told. Nothing is looked at once the job is over.
         """
         now = self.clock()
-        if self.phase is Phase.WAITING and now - self.started > self.settings.topo_timeout_s:
-            return self._end(ok=False, detail=self._describe_missing(now))
+        waited = now - self.started
+        if self.phase is Phase.WAITING and waited > self.settings.topo_timeout_s:
+            why = ranks.describe_missing(self.members.values(), self.settings, waited)
+            return self._end(ok=False, detail=why)
         if not self.liveness.scan_due(now):
             return []
         effects: list[Effect] = []
@@ -514,9 +528,13 @@ class SchedulerState:
                 f"jitter and identity takeover (retry in {remaining:.1f} s)",
                 retry_after_s=remaining,
             ), []
-        # Silent past the guard. While the job is still forming, the new process simply takes
-        # the old one's place; a running job takes it back only with recovery.
-        if self.phase is Phase.WAITING:
+        # Silent past the guard. A spare's id (or that of a node whose rank a spare took) comes
+        # back a spare, also while the job forms; a running job takes any other back with its
+        # rank, with recovery only.
+        if member.node_id in self.spares or (self.recovery and self.phase is Phase.READY):
+            back = self.pool.respare if member.node_id in self.spares else self._rejoin
+            return back(member, reg, now)
+        if self.phase is Phase.WAITING:  # still forming: the new process takes the old's place
             evict = Evict(member.node_id, member.incarnation, "replaced by a new process")
             member.incarnation = reg.incarnation
             member.credential_digest = reg.credential_digest
@@ -524,10 +542,6 @@ class SchedulerState:
             self.liveness.seen(member, now)
             member.restarts += 1
             return self.accepted(rejoined=False), [evict]
-        if self.recovery and self.phase is Phase.READY:
-            # Its rank taken by a spare meanwhile: a spare itself; else its rank back.
-            back = self.pool.respare if member.node_id in self.spares else self._rejoin
-            return back(member, reg, now)
         return Refused(
             Refusal.JOB_OVER,
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
@@ -597,7 +611,6 @@ class SchedulerState:
         return self.accepted(rejoined=True), effects
 
     def accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
-        self.liveness.accepted(self.clock())
         return Accepted(
             cluster_id=self.cluster_id,
             registered=len(self.members),
@@ -658,27 +671,18 @@ class SchedulerState:
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]
         self._role_counts[member.role] -= 1
+        self.forgotten(member.node_id)
+
+    def forgotten(self, node_id: str) -> None:
+        """`node_id` left the job for good (a node forgotten while the job forms, a spare gone):
+        nothing is kept by its id, so that ids that come and go cost nothing."""
+        self.admission.forget(node_id)
+        self.rollback.forget(node_id)
+        self.guard_waiting.pop(node_id, None)
+        self.awaiting.discard(node_id)
 
     def _end(self, *, ok: bool, detail: str) -> list[Effect]:
         self.phase = Phase.FINISHED if ok else Phase.FAILED
         self.detail = detail
         self.revision += 1
         return [ShutdownEvent(ok, detail)]
-
-    def _describe_missing(self, now: float) -> str:
-        workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
-        servers = [m for m in self.members.values() if m.role is NodeRole.SERVER]
-        waited = now - self.started
-        parts = [f"{len(workers)} of {self.settings.worker_num} workers"]
-        if self.settings.server_num:
-            parts.append(f"{len(servers)} of {self.settings.server_num} servers")
-        head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
-        missing = ranks.missing_ranks(workers, self.settings.worker_num)
-        if missing == []:
-            names = ", ".join(sorted(m.node_id for m in servers)) or "none"
-            return f"{head}; registered servers: {names}"
-        if missing is not None:
-            several = len(missing) > 1 or missing[0][0] != missing[0][1]
-            return f"{head}; missing: rank{'s' if several else ''} {ranks.ranges(missing)}"
-        names = ", ".join(sorted(m.node_id for m in workers)) or "none"
-        return f"{head}; registered node ids: {names}"

@@ -333,7 +333,7 @@ def _add_placement_arguments(run: argparse.ArgumentParser) -> None:
         "--master-port",
         "--master_port",
         type=int,
-        help="scheduler port (8118; under Slurm: 10000 + job id %% 20000)",
+        help="scheduler port (8118; under Slurm: one per job step, 10000-29999)",
     )
     run.add_argument(
         "--node-rank",

@@ -12,7 +12,7 @@ Under Slurm (one `mscluster run` per node, started by srun):
 | local workers | --worker-num / nodes when given, else SLURM_GPUS_ON_NODE, else 1 |
 | workers | nodes x local workers |
 | master address | the first node of the step's node list |
-| master port | 10000 + job id % 20000 |
+| master port | 10000 + (job id + 7919 x step id) % 20000 (`Allocation.default_port`) |
 | log dir | LOG_DIR/node<rank> when the step spans several nodes (the working directory, where
   the logs go, is usually shared by the nodes) |
 """

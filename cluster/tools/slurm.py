@@ -22,10 +22,14 @@ from cluster.tools import hostlist
 # Where the first node's launcher leaves the job secret for the others (under the job's working
 # directory, which the nodes of a Slurm cluster share).
 SECRET_DIR = Path(".mscluster")
-# A default scheduler port per job (10000-29999, below Linux's ephemeral ports), so that two
-# jobs sharing a node do not both ask for 8118.
+# A default scheduler port per job step (10000-29999, below Linux's ephemeral ports), so that two
+# jobs, or two steps of one job, sharing a node do not both ask for 8118: 10000 + (job id +
+# STEP_STRIDE x step id) mod 20000, the batch script counting as step -1. The stride is prime
+# and far from 0 mod 20000, so the steps of one job and the neighbouring job ids a node runs
+# at the same time fall on different ports.
 PORT_BASE = 10000
 PORT_SPAN = 20000
+STEP_STRIDE = 7919
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,8 @@ class Allocation:
 
     @property
     def default_port(self) -> int:
-        return PORT_BASE + self.job_id % PORT_SPAN
+        step = -1 if self.step_id is None else self.step_id
+        return PORT_BASE + (self.job_id + STEP_STRIDE * step) % PORT_SPAN
 
     @property
     def secret_path(self) -> Path:

@@ -51,7 +51,30 @@ def test_a_step_is_read_from_the_steps_variables_not_the_jobs() -> None:
     assert (found.node_count, found.nodelist, found.first_node) == (2, "gpu[07-08]", "gpu07")
     assert found.describe() == "Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])"
     assert found.secret_path == Path(".mscluster/slurm-4242.3.secret")
-    assert found.default_port == 10000 + 4242
+    assert found.default_port == 10000 + (4242 + 7919 * 3) % 20000
+
+
+def test_concurrent_steps_and_neighbouring_jobs_get_different_default_ports() -> None:
+    # `srun ... mscluster run ... &` twice in one job: each step's scheduler on its own port;
+    # every node of a step (and the same step of a requeued job) computes the same one.
+    steps = [allocation(SLURM_STEP_ID=str(step)).default_port for step in range(8)]
+    batch = slurm.allocation_from_env(BATCH)
+    assert batch is not None
+    neighbours = [allocation(SLURM_JOB_ID=str(4242 + d)).default_port for d in range(1, 8)]
+    assert len({*steps, *neighbours}) == len(steps) + len(neighbours)
+    assert allocation(SLURM_NODEID="0").default_port == allocation().default_port
+    assert all(10000 <= port < 30000 for port in [*steps, *neighbours, batch.default_port])
+    batch_step0 = slurm.allocation_from_env(
+        {
+            **BATCH,
+            "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NUM_TASKS": "2",
+        }
+    )
+    assert batch_step0 is not None
+    assert batch.default_port != batch_step0.default_port
 
 
 def test_the_batch_script_is_read_from_the_jobs_variables() -> None:
@@ -91,7 +114,7 @@ def test_the_defaults_outside_slurm_are_todays() -> None:
 def test_slurm_gives_what_was_not_typed() -> None:
     where = placement.place(Requested(), allocation(SLURM_GPUS_ON_NODE="4"))
     assert (where.worker_num, where.local_worker_num, where.node_rank) == (8, 4, 1)
-    assert (where.master_addr, where.master_port) == ("gpu07", 14242)
+    assert (where.master_addr, where.master_port) == ("gpu07", 17999)
     assert where.master_is_node
     # The nodes share the working directory: each writes its logs apart.
     assert where.log_dir == Path("logs/node1")

@@ -11,6 +11,7 @@ outside srun, in SLURM_NODEID, SLURM_JOB_NUM_NODES and SLURM_JOB_NODELIST.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ class Allocation:
     tasks: int | None  # the step's tasks (srun), None outside srun
     gpus_on_node: int | None  # SLURM_GPUS_ON_NODE, when the job asked for GPUs
     node_name: str = ""  # SLURMD_NODENAME
+    # SLURM_RESTART_COUNT: how often the job was requeued (it keeps its id and step ids).
+    restart_count: int = 0
 
     @property
     def first_node(self) -> str:
@@ -55,10 +58,15 @@ class Allocation:
         return PORT_BASE + (self.job_id + STEP_STRIDE * step) % PORT_SPAN
 
     @property
+    def step_name(self) -> str:
+        """Slurm's name of the step: '12.0', '12.batch' outside srun."""
+        return f"{self.job_id}.{'batch' if self.step_id is None else self.step_id}"
+
+    @property
     def secret_path(self) -> Path:
-        """The shared job secret's file, relative to the job's working directory."""
-        step = "batch" if self.step_id is None else str(self.step_id)
-        return SECRET_DIR / f"slurm-{self.job_id}.{step}.secret"
+        """The shared job secret's file, relative to the job's working directory: one per step
+        and run, so that a requeued job's nodes never read the secret of its run before."""
+        return SECRET_DIR / secret_name(self.step_name, self.restart_count)
 
     def describe(self) -> str:
         """'Slurm job 12 step 0, node 1 of 2 (node[1-2])'."""
@@ -76,6 +84,7 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     raw_job = env.get("SLURM_JOB_ID", "").strip()
     if not raw_job:
         return None
+    restarts = env.get("SLURM_RESTART_COUNT", "").strip()
     in_step = bool(env.get("SLURM_STEP_NUM_NODES", "").strip())
     prefix = "SLURM_STEP" if in_step else "SLURM_JOB"
     count_var, list_var = f"{prefix}_NUM_NODES", f"{prefix}_NODELIST"
@@ -93,6 +102,7 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
         tasks=_number(env, "SLURM_STEP_NUM_TASKS", minimum=1) if in_step else None,
         gpus_on_node=_gpus(env),
         node_name=env.get("SLURMD_NODENAME", ""),
+        restart_count=parse_int("SLURM_RESTART_COUNT", restarts or "0", minimum=0),
     )
     _check(allocation)
     return allocation
@@ -125,6 +135,26 @@ def _gpus(env: Mapping[str, str]) -> int | None:
         return None
     count = parse_int("SLURM_GPUS_ON_NODE", raw, minimum=0)
     return count or None
+
+
+# A shared secret's file name, or its temporary's ('.' + name + '.' + pid).
+_SECRET_NAME = re.compile(
+    r"\.?slurm-(?P<job>\d+)\.(?:\d+|batch)\.r(?P<restart>\d+)\.secret(?:\.\d+)?"
+)
+
+
+def secret_name(step_name: str, restart_count: int) -> str:
+    """'slurm-12.0.r1.secret': the shared secret of step 12.0 in the job's run after 1 requeue."""
+    return f"slurm-{step_name}.r{restart_count}.secret"
+
+
+def earlier_run(name: str, job_id: int, restart_count: int) -> bool:
+    """Whether file `name` in SECRET_DIR is a shared secret (or its temporary, '.NAME.PID') of
+    job `job_id` from a run before this one (restart count below `restart_count`)."""
+    match = _SECRET_NAME.fullmatch(name)
+    return (
+        match is not None and int(match["job"]) == job_id and int(match["restart"]) < restart_count
+    )
 
 
 def node_addr(scontrol_show_node: str) -> str | None:

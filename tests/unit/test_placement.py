@@ -50,7 +50,7 @@ def test_a_step_is_read_from_the_steps_variables_not_the_jobs() -> None:
     assert (found.job_id, found.step_id, found.node_rank) == (4242, 3, 1)
     assert (found.node_count, found.nodelist, found.first_node) == (2, "gpu[07-08]", "gpu07")
     assert found.describe() == "Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])"
-    assert found.secret_path == Path(".mscluster/slurm-4242.3.secret")
+    assert found.secret_path == Path(".mscluster/slurm-4242.3.r0.secret")
     assert found.default_port == 10000 + (4242 + 7919 * 3) % 20000
 
 

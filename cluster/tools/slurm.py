@@ -37,7 +37,9 @@ STEP_STRIDE = 7919
 class Allocation:
     job_id: int
     step_id: int | None  # None: the batch script itself, outside srun
-    node_rank: int  # SLURM_NODEID: this node's index among the step's (the job's) nodes
+    # SLURM_NODEID: this node's index among the step's (the job's) nodes; None where Slurm sets
+    # none: an salloc shell, which runs outside srun and on no particular node of the job.
+    node_rank: int | None
     node_count: int
     nodelist: str  # Slurm's compact form, e.g. node[01-04]
     nodelist_var: str  # the variable it came from, for messages
@@ -71,10 +73,8 @@ class Allocation:
     def describe(self) -> str:
         """'Slurm job 12 step 0, node 1 of 2 (node[1-2])'."""
         step = "batch script" if self.step_id is None else f"step {self.step_id}"
-        return (
-            f"Slurm job {self.job_id} {step}, node {self.node_rank} of {self.node_count} "
-            f"({self.nodelist})"
-        )
+        node = "" if self.node_rank is None else f"node {self.node_rank} of "
+        return f"Slurm job {self.job_id} {step}, {node}{self.node_count} ({self.nodelist})"
 
 
 def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
@@ -95,7 +95,7 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     allocation = Allocation(
         job_id=_number(env, "SLURM_JOB_ID", minimum=0),
         step_id=_number(env, "SLURM_STEP_ID", minimum=0) if in_step else None,
-        node_rank=_number(env, "SLURM_NODEID", minimum=0),
+        node_rank=_node_rank(env, in_step),
         node_count=node_count,
         nodelist=nodelist,
         nodelist_var=list_var,
@@ -108,8 +108,15 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     return allocation
 
 
+def _node_rank(env: Mapping[str, str], in_step: bool) -> int | None:
+    """SLURM_NODEID, which every srun task and batch script has; None outside both."""
+    if not in_step and not env.get("SLURM_NODEID", "").strip():
+        return None
+    return _number(env, "SLURM_NODEID", minimum=0)
+
+
 def _check(allocation: Allocation) -> None:
-    if allocation.node_rank >= allocation.node_count:
+    if allocation.node_rank is not None and allocation.node_rank >= allocation.node_count:
         raise ConfigError(
             f"SLURM_NODEID={allocation.node_rank} is not below the node count "
             f"({allocation.node_count})"

@@ -109,6 +109,24 @@ def test_srun_with_two_tasks_on_a_node_is_refused_in_one_line(slurm: Slurm, tmp_
     assert not (work / "logs").exists()
 
 
+def test_in_an_salloc_shell_explicit_options_are_enough(slurm: Slurm, tmp_path: Path) -> None:
+    # salloc runs its command outside srun, without SLURM_NODEID: everything given, the job runs;
+    # the node rank missing, one line says to use srun.
+    work = job_dir(tmp_path)
+    typed = ["--worker-num", "2", "--local-worker-num", "2", "--master-addr", "127.0.0.1"]
+    args = ["salloc", "-N1", MSCLUSTER, "run", *typed, "--node-rank", "0", EXAMPLE.name]
+    done = slurm.run(args, cwd=work, timeout_s=SRUN_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "job finished: 2 local workers exited 0" in done.stderr
+    args = ["salloc", "-N1", MSCLUSTER, "run", *typed, EXAMPLE.name]
+    done = slurm.run(args, cwd=work, timeout_s=SRUN_TIMEOUT_S, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("mscluster")]
+    assert line.startswith("mscluster: ConfigError: SLURM_NODEID is not set")
+    assert "srun --ntasks-per-node=1 mscluster run" in line
+    assert not processes_running(str(work / EXAMPLE.name))
+
+
 def batch_env(slurm: Slurm) -> dict[str, str]:
     """Slurm's environment with this venv's `mscluster` on the PATH, as after `source
     .venv/bin/activate` (sbatch passes the environment on to the job)."""

@@ -33,6 +33,14 @@ BATCH = {
     "SLURM_JOB_NODELIST": "node[1-2]",
 }
 
+# An salloc shell of a two-node job: no SLURM_NODEID (it runs on the login node, outside srun).
+SALLOC = {
+    "SLURM_JOB_ID": "18",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_NNODES": "2",
+}
+
 
 def allocation(**changes: str) -> slurm.Allocation:
     found = slurm.allocation_from_env({**STEP, **changes})
@@ -158,6 +166,23 @@ def test_the_batch_script_of_several_nodes_asks_for_srun() -> None:
     # With --worker-num, a job of the batch node alone.
     where = placement.place(Requested(worker_num=2), batch)
     assert (where.worker_num, where.local_worker_num, where.node_rank) == (2, 2, 0)
+
+
+def test_in_an_salloc_shell_explicit_options_win_and_a_missing_rank_asks_for_srun() -> None:
+    shell = slurm.allocation_from_env(SALLOC)
+    assert shell is not None
+    assert shell.node_rank is None
+    typed = Requested(worker_num=2, local_worker_num=2, master_addr="127.0.0.1", node_rank=0)
+    where = placement.place(typed, shell)
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (2, 2, 0)
+    assert where.master_addr == "127.0.0.1"
+    assert where.allocation is not None
+    assert where.allocation.node_rank == 0
+    with pytest.raises(ConfigError, match=r"SLURM_NODEID is not set .*srun --ntasks-per-node=1"):
+        placement.place(Requested(worker_num=2, local_worker_num=2), shell)
+    # Inside srun SLURM_NODEID is required as before.
+    with pytest.raises(ConfigError, match="SLURM_NODEID is not set although SLURM_JOB_ID is"):
+        slurm.allocation_from_env({**STEP, "SLURM_NODEID": ""})
 
 
 def options(**changes: Any) -> LaunchOptions:

@@ -13,8 +13,10 @@ Under Slurm (one `mscluster run` per node, started by srun):
 | workers | nodes x local workers |
 | master address | the first node of the step's node list |
 | master port | 10000 + (job id + 7919 x step id) % 20000 (`Allocation.default_port`) |
-| log dir | LOG_DIR/node<rank> when the step spans several nodes (the working directory, where
-  the logs go, is usually shared by the nodes) |
+| log dir | logs/<job>.<step>/ (`logs/12.0/`, `logs/12.batch/` outside srun): every job step its
+  own logs, pids, job secret and recovery state, which the same step of a requeued job (same ids)
+  takes up again; a --log-dir given is used as it is. Then node<rank>/ under it when the step
+  spans several nodes (the working directory, where the logs go, is usually shared by them) |
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def place(requested: Requested, allocation: Allocation | None) -> Placement:
     if allocation.node_rank is None:  # outside srun: the rank given is this node's
         allocation = dataclasses.replace(allocation, node_rank=node_rank)
     local = _local_workers(requested, allocation)
+    if requested.log_dir is None:
+        log_dir = DEFAULT_LOG_DIR / allocation.step_name
     if allocation.node_count > 1:
         log_dir = log_dir / f"node{node_rank}"
     return Placement(

@@ -124,8 +124,8 @@ def test_slurm_gives_what_was_not_typed() -> None:
     assert (where.worker_num, where.local_worker_num, where.node_rank) == (8, 4, 1)
     assert (where.master_addr, where.master_port) == ("gpu07", 17999)
     assert where.master_is_node
-    # The nodes share the working directory: each writes its logs apart.
-    assert where.log_dir == Path("logs/node1")
+    # Each job step logs apart, and the nodes share the working directory: each node apart too.
+    assert where.log_dir == Path("logs/4242.3/node1")
     # Without GPUs, one worker per node.
     assert placement.place(Requested(), allocation()).local_worker_num == 1
 
@@ -153,10 +153,25 @@ def test_a_typed_worker_num_is_spread_over_the_nodes() -> None:
         placement.place(Requested(worker_num=5), allocation())
 
 
-def test_one_node_keeps_the_log_dir_as_it_is() -> None:
+def test_each_job_step_has_its_own_default_log_dir_and_a_typed_one_is_kept() -> None:
+    # Jobs started from one working directory: none resumes or overwrites another's state
+    # (recovery/, job.secret, pids, logs); a requeued job (same ids) finds its own again.
     one = allocation(SLURM_NODEID="0", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NUM_TASKS="1")
     where = placement.place(Requested(worker_num=2, local_worker_num=2), one)
-    assert (where.worker_num, where.node_rank, where.log_dir) == (2, 0, Path("logs"))
+    assert (where.worker_num, where.node_rank, where.log_dir) == (2, 0, Path("logs/4242.3"))
+    dirs = {
+        placement.place(Requested(), allocation(**changes)).log_dir
+        for changes in ({}, {"SLURM_JOB_ID": "4243"}, {"SLURM_STEP_ID": "4"}, {"SLURM_NODEID": "0"})
+    }
+    assert len(dirs) == 4
+    again = allocation(SLURM_RESTART_COUNT="1")
+    assert placement.place(Requested(), again).log_dir == Path("logs/4242.3/node1")
+    typed = placement.place(Requested(log_dir=Path("runs/a")), allocation())
+    assert typed.log_dir == Path("runs/a/node1")
+    typed = placement.place(Requested(worker_num=2, local_worker_num=2, log_dir=Path("b")), one)
+    assert typed.log_dir == Path("b")
+    batch = slurm.allocation_from_env(BATCH)
+    assert placement.place(Requested(worker_num=2), batch).log_dir == Path("logs/17.batch/node0")
 
 
 def test_the_batch_script_of_several_nodes_asks_for_srun() -> None:

@@ -12,15 +12,24 @@ import errno
 import os
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import MAX_NODES
-from cluster.protocol.environment import job_secret_from_env, read_job_secret
+from cluster.protocol.config import MAX_NODES, RecoveryConfig, parse_seconds
+from cluster.protocol.environment import from_env, job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
+from cluster.protocol.state_url import parse_lease, state_url_from_env
+from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import slurm_io
-from cluster.tools.launch_plan import LaunchOptions, Plan, make_plan, master_host
+from cluster.tools.launch_plan import (
+    LaunchOptions,
+    Plan,
+    child_environment,
+    make_plan,
+    master_host,
+)
 from cluster.transport import tls
 
 
@@ -108,6 +117,7 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
     if options.node_rank < -1:
         raise ConfigError(f"--node-rank {options.node_rank} must be >= 0 (or -1: not given)")
+    check_job_settings(options)
     if (
         options.node_rank >= 0
         and (options.node_rank + 1) * options.local_worker_num > options.worker_num
@@ -117,6 +127,69 @@ def validate(options: LaunchOptions) -> None:
             f"would start ranks up to {(options.node_rank + 1) * options.local_worker_num - 1}, "
             f"but --worker-num is {options.worker_num}"
         )
+
+
+def check_job_settings(options: LaunchOptions) -> None:
+    """The options the children read from their environment, through the parsers they use (a
+    value they would refuse, and exit 2 once started, is refused now, naming the option)."""
+    for option, seconds in (
+        ("--cluster-time-out", options.cluster_time_out),
+        ("--node-timeout", options.node_timeout),
+    ):
+        if seconds is not None:
+            parse_seconds(option, f"{seconds:g}")  # as job_environment passes it on
+    if options.lease_s is not None:
+        parse_lease(str(options.lease_s), "--lease")
+    if options.state_url is not None:
+        state_url_from_env(os.environ, options.state_url)
+
+
+def check_children(plan: Plan, inherited: Mapping[str, str]) -> None:
+    """Each planned scheduler and worker's whole environment, read as that process reads it
+    (`from_env`): what it would refuse (a variable of this environment, with the job's) is a
+    ConfigError now, before anything starts."""
+    for process in (plan.scheduler, *plan.workers):
+        if process is None:
+            continue
+        try:
+            from_env(child_environment(inherited, process))
+        except ConfigError as exc:
+            raise ConfigError(f"the {process.name} would refuse its settings: {exc}") from None
+
+
+def check_paths(options: LaunchOptions, plan: Plan, *, make: bool) -> None:
+    """--log-dir, and the recovery directory where this host runs the scheduler (with
+    recovery on), can be written: made and checked as the scheduler does with `make`; with
+    nothing made (--dry-run), the nearest directory that exists is probed."""
+    recovery = options.enable_recovery and plan.scheduler is not None
+    option = "--recovery-path" if options.recovery_path is not None else "--log-dir"
+    if make:
+        writable_dir("--log-dir", options.log_dir)
+        if recovery:
+            try:
+                check_recovery_path(RecoveryConfig(options.job_recovery_path))
+            except ConfigError as exc:
+                raise ConfigError(f"{option}: {exc}") from None
+        return
+    could_make("--log-dir", options.log_dir)
+    if recovery:
+        could_make(option, options.job_recovery_path)
+
+
+def could_make(option: str, path: Path) -> None:
+    """With nothing made: directory `path`, or where it does not exist yet the nearest one above
+    it that does, can be written in; a ConfigError naming `option` otherwise."""
+    given = Path(os.path.abspath(path))
+    here = given
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        with tempfile.TemporaryFile(dir=here):
+            pass
+    except OSError as exc:
+        made = "" if here == given else f", where {str(path)!r} would be made"
+        cause = exc.strerror or str(exc)
+        raise ConfigError(f"{option}: cannot write in {str(here)!r}{made} ({cause})") from None
 
 
 def plan_job(options: LaunchOptions) -> Plan:
@@ -132,7 +205,7 @@ def plan_job(options: LaunchOptions) -> Plan:
             f"job secret: node 0 writes {options.allocation.secret_path} in the working "
             f"directory, every node copies it to {options.job_secret_file}"
         )
-    return make_plan(
+    plan = make_plan(
         options,
         ip=ip,
         with_scheduler=with_scheduler,
@@ -141,6 +214,8 @@ def plan_job(options: LaunchOptions) -> Plan:
         tls_env=tls_env,
         notes=notes,
     )
+    check_children(plan, os.environ)
+    return plan
 
 
 def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:

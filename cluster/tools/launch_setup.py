@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import socket
 import tempfile
@@ -197,6 +198,8 @@ def plan_job(options: LaunchOptions) -> Plan:
     here, the TLS variables read from the config."""
     ip, notes = resolve_master(options)
     with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
+    if with_scheduler and _loopback(ip) and _from_node_list_of_several(options):
+        ip = address_for_other_nodes(options, ip, notes)
     tls_env = {}
     if options.tls_config is not None:
         tls_env = tls.launch_environment(options.tls_config.resolve())
@@ -234,6 +237,41 @@ def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
             "here and `scontrol show node` gives no NodeAddr for it: give --master-addr"
         )
     return resolve_host(address), [f"node {name} does not resolve: NodeAddr {address} (scontrol)"]
+
+
+def _loopback(ip: str) -> bool:
+    return ipaddress.ip_address(ip.partition("%")[0]).is_loopback
+
+
+def _from_node_list_of_several(options: LaunchOptions) -> bool:
+    """The master address is the first node of a Slurm step of several nodes."""
+    allocation = options.allocation
+    return options.master_is_node and allocation is not None and allocation.node_count > 1
+
+
+def address_for_other_nodes(options: LaunchOptions, ip: str, notes: list[str]) -> str:
+    """Where the scheduler of a step of several nodes listens when its node's name resolves to
+    loopback here (Debian's /etc/hosts maps a host's own name to 127.0.1.1): this host's address
+    towards the step's other nodes. Loopback stays when that is loopback too (the nodes share
+    this host); a ConfigError saying to give --master-addr when no other node resolves."""
+    assert options.allocation is not None
+    name = master_host(options.master_addr)
+    found = slurm_io.address_towards_peers(options.allocation, options.master_port)
+    if found is None:
+        raise ConfigError(
+            f"the scheduler's node {name!r} resolves to {ip} (loopback) here, which the step's "
+            "other nodes cannot reach, and none of them resolves here (nor has a NodeAddr) to "
+            "find this host's address towards them: give --master-addr with an address of "
+            f"{name} that every node reaches"
+        )
+    local, peer = found
+    if _loopback(local):
+        return ip  # the other nodes are on this host
+    notes.append(
+        f"node {name} resolves to {ip} (loopback) here: the scheduler listens on {local}, this "
+        f"host's address towards node {peer}"
+    )
+    return local
 
 
 def say(out: IO[str], text: str) -> None:

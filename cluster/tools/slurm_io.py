@@ -1,5 +1,6 @@
 """What `mscluster run` does with a Slurm allocation that needs more than the environment:
-asking scontrol for a node's address, and sharing one job secret among the nodes of a step.
+asking scontrol for a node's address, finding this host's address towards the step's other
+nodes, and sharing one job secret among the nodes of a step.
 
 The job secret (docs/howto/slurm.md): when the step spans several nodes and no
 CLUSTER_JOB_SECRET[_FILE] is given, node 0's launcher writes 32 random bytes, hex, to
@@ -17,21 +18,28 @@ must not take for node 0's new one. Node 0 removes such files of earlier runs be
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import lookup_name
+from cluster.tools import hostlist
 from cluster.tools.slurm import SECRET_DIR, Allocation, earlier_run, node_addr
+from cluster.worker.identity import local_address_towards
 
 SCONTROL_TIMEOUT_S = 10.0
 # How long the other nodes wait for node 0's launcher to write the shared secret.
 SECRET_WAIT_S = 60.0
 SECRET_POLL_S = 0.1
+# How many of the step's other nodes are tried to find this host's address towards them.
+PEERS_TRIED = 3
 LOCAL_SECRET = "job.secret"  # noqa: S105 - the file's name, not a secret
 
 
@@ -52,6 +60,37 @@ def node_address(name: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return node_addr(done.stdout) if done.returncode == 0 else None
+
+
+def reachable_address(name: str) -> str | None:
+    """An IP address of node `name` as this host reaches it: the name resolved, else its
+    NodeAddr (scontrol) resolved; None when neither."""
+    for host in (name, node_address(name)):
+        if host is None:
+            continue
+        try:
+            infos = socket.getaddrinfo(lookup_name(host), None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            continue
+        return str(infos[0][4][0])
+    return None
+
+
+def address_towards_peers(allocation: Allocation, port: int) -> tuple[str, str] | None:
+    """(this host's local address towards another node of the step, that node), from the
+    first of the step's other nodes (at most PEERS_TRIED) that resolves here and has a route;
+    None when none does. No packet is sent (`local_address_towards`)."""
+    first = allocation.first_node
+    peers = (host for host in hostlist.iter_hosts(allocation.nodelist) if host != first)
+    for peer in itertools.islice(peers, PEERS_TRIED):
+        address = reachable_address(peer)
+        if address is None:
+            continue
+        try:
+            return local_address_towards(address, port), peer
+        except ConfigError:  # no route to it from here
+            continue
+    return None
 
 
 def shares_secret(allocation: Allocation | None, env: Mapping[str, str]) -> bool:

@@ -313,3 +313,34 @@ def test_several_master_hosts_give_the_workers_every_scheduler() -> None:
     assert launch_plan.master_host("gpu07, gpu09") == "gpu07"
     with pytest.raises(ConfigError, match="--master-addr 'gpu07,' has an empty entry"):
         launch_setup.validate(options(master_addr="gpu07,"))
+
+
+def test_a_loopback_first_node_of_several_needs_another_node_to_find_its_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Node 0's own name resolves to loopback here. Other nodes on this host: loopback serves
+    # them. No other node that resolves (and no scontrol to ask): give --master-addr.
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
+    script = tmp_path / "train.py"
+    script.write_text("")
+    same_host = allocation(SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost,127.0.0.5")
+    opts = options(
+        script=script,
+        master_addr="localhost",
+        master_is_node=True,
+        node_rank=0,
+        allocation=same_host,
+    )
+    made = launch_setup.plan_job(opts)
+    assert (made.ip, made.scheduler is not None) == ("127.0.0.1", True)
+    nowhere = allocation(SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost,nowhere.invalid")
+    with pytest.raises(ConfigError) as caught:
+        launch_setup.plan_job(dataclasses.replace(opts, allocation=nowhere))
+    message = str(caught.value)
+    assert "the scheduler's node 'localhost' resolves to 127.0.0.1 (loopback) here" in message
+    assert message.endswith(
+        "give --master-addr with an address of localhost that every node reaches"
+    )
+    # Given by the user, a loopback address is used as it is.
+    typed = dataclasses.replace(opts, allocation=nowhere, master_is_node=False)
+    assert launch_setup.plan_job(typed).ip == "127.0.0.1"

@@ -333,7 +333,7 @@ def _add_placement_arguments(run: argparse.ArgumentParser) -> None:
         "--master-port",
         "--master_port",
         type=int,
-        help="scheduler port (8118; under Slurm: 10000 + job id %% 20000)",
+        help="scheduler port (8118; under Slurm: one per job step, 10000-29999)",
     )
     run.add_argument(
         "--node-rank",
@@ -345,7 +345,7 @@ def _add_placement_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--log-dir",
         "--log_dir",
-        help="where scheduler.log, worker_<i>.log go (logs; Slurm, several nodes: LOG_DIR/node<R>)",
+        help="where scheduler.log, worker_<i>.log go (logs; Slurm: logs/<job>.<step>[/node<R>])",
     )
 
 

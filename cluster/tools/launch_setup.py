@@ -9,18 +9,28 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import os
 import socket
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import MAX_NODES
-from cluster.protocol.environment import job_secret_from_env, read_job_secret
+from cluster.protocol.config import MAX_NODES, RecoveryConfig, parse_seconds
+from cluster.protocol.environment import from_env, job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
+from cluster.protocol.state_url import parse_lease, state_url_from_env
+from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import slurm_io
-from cluster.tools.launch_plan import LaunchOptions, Plan, make_plan, master_host
+from cluster.tools.launch_plan import (
+    LaunchOptions,
+    Plan,
+    child_environment,
+    make_plan,
+    master_host,
+)
 from cluster.transport import tls
 
 
@@ -108,6 +118,7 @@ def validate(options: LaunchOptions) -> None:
         raise ConfigError(f"--metrics-port {options.metrics_port} must be between 0 and 65535")
     if options.node_rank < -1:
         raise ConfigError(f"--node-rank {options.node_rank} must be >= 0 (or -1: not given)")
+    check_job_settings(options)
     if (
         options.node_rank >= 0
         and (options.node_rank + 1) * options.local_worker_num > options.worker_num
@@ -119,11 +130,76 @@ def validate(options: LaunchOptions) -> None:
         )
 
 
+def check_job_settings(options: LaunchOptions) -> None:
+    """The options the children read from their environment, through the parsers they use (a
+    value they would refuse, and exit 2 once started, is refused now, naming the option)."""
+    for option, seconds in (
+        ("--cluster-time-out", options.cluster_time_out),
+        ("--node-timeout", options.node_timeout),
+    ):
+        if seconds is not None:
+            parse_seconds(option, f"{seconds:g}")  # as job_environment passes it on
+    if options.lease_s is not None:
+        parse_lease(str(options.lease_s), "--lease")
+    if options.state_url is not None:
+        state_url_from_env(os.environ, options.state_url)
+
+
+def check_children(plan: Plan, inherited: Mapping[str, str]) -> None:
+    """Each planned scheduler and worker's whole environment, read as that process reads it
+    (`from_env`): what it would refuse (a variable of this environment, with the job's) is a
+    ConfigError now, before anything starts."""
+    for process in (plan.scheduler, *plan.workers):
+        if process is None:
+            continue
+        try:
+            from_env(child_environment(inherited, process))
+        except ConfigError as exc:
+            raise ConfigError(f"the {process.name} would refuse its settings: {exc}") from None
+
+
+def check_paths(options: LaunchOptions, plan: Plan, *, make: bool) -> None:
+    """--log-dir, and the recovery directory where this host runs the scheduler (with
+    recovery on), can be written: made and checked as the scheduler does with `make`; with
+    nothing made (--dry-run), the nearest directory that exists is probed."""
+    recovery = options.enable_recovery and plan.scheduler is not None
+    option = "--recovery-path" if options.recovery_path is not None else "--log-dir"
+    if make:
+        writable_dir("--log-dir", options.log_dir)
+        if recovery:
+            try:
+                check_recovery_path(RecoveryConfig(options.job_recovery_path))
+            except ConfigError as exc:
+                raise ConfigError(f"{option}: {exc}") from None
+        return
+    could_make("--log-dir", options.log_dir)
+    if recovery:
+        could_make(option, options.job_recovery_path)
+
+
+def could_make(option: str, path: Path) -> None:
+    """With nothing made: directory `path`, or where it does not exist yet the nearest one above
+    it that does, can be written in; a ConfigError naming `option` otherwise."""
+    given = Path(os.path.abspath(path))
+    here = given
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        with tempfile.TemporaryFile(dir=here):
+            pass
+    except OSError as exc:
+        made = "" if here == given else f", where {str(path)!r} would be made"
+        cause = exc.strerror or str(exc)
+        raise ConfigError(f"{option}: cannot write in {str(here)!r}{made} ({cause})") from None
+
+
 def plan_job(options: LaunchOptions) -> Plan:
     """What to start on this host: the master address resolved, whether the scheduler runs
     here, the TLS variables read from the config."""
     ip, notes = resolve_master(options)
     with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
+    if with_scheduler and _loopback(ip) and _from_node_list_of_several(options):
+        ip = address_for_other_nodes(options, ip, notes)
     tls_env = {}
     if options.tls_config is not None:
         tls_env = tls.launch_environment(options.tls_config.resolve())
@@ -132,7 +208,7 @@ def plan_job(options: LaunchOptions) -> Plan:
             f"job secret: node 0 writes {options.allocation.secret_path} in the working "
             f"directory, every node copies it to {options.job_secret_file}"
         )
-    return make_plan(
+    plan = make_plan(
         options,
         ip=ip,
         with_scheduler=with_scheduler,
@@ -141,6 +217,8 @@ def plan_job(options: LaunchOptions) -> Plan:
         tls_env=tls_env,
         notes=notes,
     )
+    check_children(plan, os.environ)
+    return plan
 
 
 def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
@@ -159,6 +237,41 @@ def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:
             "here and `scontrol show node` gives no NodeAddr for it: give --master-addr"
         )
     return resolve_host(address), [f"node {name} does not resolve: NodeAddr {address} (scontrol)"]
+
+
+def _loopback(ip: str) -> bool:
+    return ipaddress.ip_address(ip.partition("%")[0]).is_loopback
+
+
+def _from_node_list_of_several(options: LaunchOptions) -> bool:
+    """The master address is the first node of a Slurm step of several nodes."""
+    allocation = options.allocation
+    return options.master_is_node and allocation is not None and allocation.node_count > 1
+
+
+def address_for_other_nodes(options: LaunchOptions, ip: str, notes: list[str]) -> str:
+    """Where the scheduler of a step of several nodes listens when its node's name resolves to
+    loopback here (Debian's /etc/hosts maps a host's own name to 127.0.1.1): this host's address
+    towards the step's other nodes. Loopback stays when that is loopback too (the nodes share
+    this host); a ConfigError saying to give --master-addr when no other node resolves."""
+    assert options.allocation is not None
+    name = master_host(options.master_addr)
+    found = slurm_io.address_towards_peers(options.allocation, options.master_port)
+    if found is None:
+        raise ConfigError(
+            f"the scheduler's node {name!r} resolves to {ip} (loopback) here, which the step's "
+            "other nodes cannot reach, and none of them resolves here (nor has a NodeAddr) to "
+            "find this host's address towards them: give --master-addr with an address of "
+            f"{name} that every node reaches"
+        )
+    local, peer = found
+    if _loopback(local):
+        return ip  # the other nodes are on this host
+    notes.append(
+        f"node {name} resolves to {ip} (loopback) here: the scheduler listens on {local}, this "
+        f"host's address towards node {peer}"
+    )
+    return local
 
 
 def say(out: IO[str], text: str) -> None:

@@ -12,13 +12,16 @@ Under Slurm (one `mscluster run` per node, started by srun):
 | local workers | --worker-num / nodes when given, else SLURM_GPUS_ON_NODE, else 1 |
 | workers | nodes x local workers |
 | master address | the first node of the step's node list |
-| master port | 10000 + job id % 20000 |
-| log dir | LOG_DIR/node<rank> when the step spans several nodes (the working directory, where
-  the logs go, is usually shared by the nodes) |
+| master port | 10000 + (job id + 7919 x step id) % 20000 (`Allocation.default_port`) |
+| log dir | logs/<job>.<step>/ (`logs/12.0/`, `logs/12.batch/` outside srun): every job step its
+  own logs, pids, job secret and recovery state, which the same step of a requeued job (same ids)
+  takes up again; a --log-dir given is used as it is. Then node<rank>/ under it when the step
+  spans several nodes (the working directory, where the logs go, is usually shared by them) |
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -72,8 +75,12 @@ def place(requested: Requested, allocation: Allocation | None) -> Placement:
             node_rank=_given(requested.node_rank, -1),
             log_dir=log_dir,
         )
+    node_rank = _node_rank(requested, allocation)
+    if allocation.node_rank is None:  # outside srun: the rank given is this node's
+        allocation = dataclasses.replace(allocation, node_rank=node_rank)
     local = _local_workers(requested, allocation)
-    node_rank = _given(requested.node_rank, allocation.node_rank)
+    if requested.log_dir is None:
+        log_dir = DEFAULT_LOG_DIR / allocation.step_name
     if allocation.node_count > 1:
         log_dir = log_dir / f"node{node_rank}"
     return Placement(
@@ -86,6 +93,21 @@ def place(requested: Requested, allocation: Allocation | None) -> Placement:
         allocation=allocation,
         master_is_node=requested.master_addr is None,
     )
+
+
+def _node_rank(requested: Requested, allocation: Allocation) -> int:
+    """--node-rank, else SLURM_NODEID; a ConfigError when there is neither (an salloc shell:
+    not started by srun, it runs on none of the job's nodes)."""
+    if requested.node_rank is not None:
+        return requested.node_rank
+    if allocation.node_rank is None:
+        raise ConfigError(
+            f"SLURM_NODEID is not set although SLURM_JOB_ID={allocation.job_id} is (an salloc "
+            "shell?), so this is on none of the job's nodes: start mscluster run under srun "
+            "(`srun --ntasks-per-node=1 mscluster run ...`), or give --node-rank and the other "
+            "placement options yourself"
+        )
+    return allocation.node_rank
 
 
 def _local_workers(requested: Requested, allocation: Allocation) -> int:

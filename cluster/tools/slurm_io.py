@@ -1,33 +1,45 @@
 """What `mscluster run` does with a Slurm allocation that needs more than the environment:
-asking scontrol for a node's address, and sharing one job secret among the nodes of a step.
+asking scontrol for a node's address, finding this host's address towards the step's other
+nodes, and sharing one job secret among the nodes of a step.
 
 The job secret (docs/howto/slurm.md): when the step spans several nodes and no
 CLUSTER_JOB_SECRET[_FILE] is given, node 0's launcher writes 32 random bytes, hex, to
-`.mscluster/slurm-<job>.<step>.secret` under the job's working directory (a directory of mode
-0700, the file 0600, written to a temporary name and renamed, so no node reads half of it). Every
-node's launcher, node 0's too, waits for it (bounded), copies it to `<log-dir>/job.secret` (0600)
-and gives that file to its processes as CLUSTER_JOB_SECRET_FILE; node 0 removes the shared file
-when its launcher ends. The secret is random, so nothing about the job (its id, its nodes)
-guesses it, and it is readable only by the job's user.
+`.mscluster/slurm-<job>.<step>.r<restarts>.secret` under the job's working directory (a directory
+of mode 0700, the file 0600, written to a temporary name and renamed, so no node reads half of
+it). Every node's launcher, node 0's too, waits for it (bounded), copies it to
+`<log-dir>/job.secret` (0600) and gives that file to its processes as CLUSTER_JOB_SECRET_FILE;
+node 0 removes the shared file when its launcher ends. The secret is random, so nothing about the
+job (its id, its nodes) guesses it, and it is readable only by the job's user.
+
+`<restarts>` is SLURM_RESTART_COUNT (0 when unset): a requeued job keeps its id and its step ids,
+and a run that ended with its node may have left its file behind, which the next run's nodes
+must not take for node 0's new one. Node 0 removes such files of earlier runs before it writes.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.tools.slurm import Allocation, node_addr
+from cluster.protocol.parse import lookup_name
+from cluster.tools import hostlist
+from cluster.tools.slurm import SECRET_DIR, Allocation, earlier_run, node_addr
+from cluster.worker.identity import local_address_towards
 
 SCONTROL_TIMEOUT_S = 10.0
 # How long the other nodes wait for node 0's launcher to write the shared secret.
 SECRET_WAIT_S = 60.0
 SECRET_POLL_S = 0.1
+# How many of the step's other nodes are tried to find this host's address towards them.
+PEERS_TRIED = 3
 LOCAL_SECRET = "job.secret"  # noqa: S105 - the file's name, not a secret
 
 
@@ -50,6 +62,37 @@ def node_address(name: str) -> str | None:
     return node_addr(done.stdout) if done.returncode == 0 else None
 
 
+def reachable_address(name: str) -> str | None:
+    """An IP address of node `name` as this host reaches it: the name resolved, else its
+    NodeAddr (scontrol) resolved; None when neither."""
+    for host in (name, node_address(name)):
+        if host is None:
+            continue
+        try:
+            infos = socket.getaddrinfo(lookup_name(host), None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            continue
+        return str(infos[0][4][0])
+    return None
+
+
+def address_towards_peers(allocation: Allocation, port: int) -> tuple[str, str] | None:
+    """(this host's local address towards another node of the step, that node), from the
+    first of the step's other nodes (at most PEERS_TRIED) that resolves here and has a route;
+    None when none does. No packet is sent (`local_address_towards`)."""
+    first = allocation.first_node
+    peers = (host for host in hostlist.iter_hosts(allocation.nodelist) if host != first)
+    for peer in itertools.islice(peers, PEERS_TRIED):
+        address = reachable_address(peer)
+        if address is None:
+            continue
+        try:
+            return local_address_towards(address, port), peer
+        except ConfigError:  # no route to it from here
+            continue
+    return None
+
+
 def shares_secret(allocation: Allocation | None, env: Mapping[str, str]) -> bool:
     """Whether this step's nodes share a secret made by node 0: several nodes, none given."""
     given = env.get("CLUSTER_JOB_SECRET_FILE", "").strip() or "CLUSTER_JOB_SECRET" in env
@@ -64,6 +107,7 @@ def share_secret(allocation: Allocation, log_dir: Path, wait_s: float = SECRET_W
     """Node 0 makes the step's secret; every node copies it to LOG_DIR/job.secret, returned."""
     shared = allocation.secret_path
     if allocation.node_rank == 0:
+        _remove_earlier_runs(allocation)
         _write_private(shared, secrets.token_hex(32) + "\n", directory_mode=0o700)
     secret = _wait_for(shared, allocation, wait_s)
     local = local_secret_file(log_dir)
@@ -75,6 +119,19 @@ def remove_shared_secret(allocation: Allocation) -> None:
     """Node 0, at the end: the shared copy has served (each node keeps its own)."""
     if allocation.node_rank == 0:
         allocation.secret_path.unlink(missing_ok=True)
+
+
+def _remove_earlier_runs(allocation: Allocation) -> None:
+    """The shared secrets (and temporaries) that runs of this job before a requeue left."""
+    if allocation.restart_count == 0:
+        return
+    try:
+        names = [entry.name for entry in os.scandir(SECRET_DIR)]
+    except OSError:
+        return  # none to remove; writing says what is wrong with the place
+    for name in names:
+        if earlier_run(name, allocation.job_id, allocation.restart_count):
+            (SECRET_DIR / name).unlink(missing_ok=True)
 
 
 def _write_private(path: Path, text: str, directory_mode: int | None) -> None:

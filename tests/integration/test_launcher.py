@@ -350,6 +350,46 @@ def test_bad_run_options_are_one_clear_line(
     assert not processes_running(str(script))
 
 
+ETCD = "etcd://127.0.0.1:2379/job"
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "expected"),
+    [
+        (["--node-timeout", "0"], {}, "--node-timeout='0' is out of range"),
+        (["--node-timeout", "inf"], {}, "--node-timeout='inf' is out of range"),
+        (["--cluster-time-out", "-1"], {}, "--cluster-time-out='-1' is out of range"),
+        (["--cluster-time-out", "nan"], {}, "--cluster-time-out='nan' is out of range"),
+        (["--state-url", ETCD, "--lease", "0"], {}, "--lease='0' must be between 2 and 3600"),
+        (["--state-url", ETCD, "--lease", "-3"], {}, "--lease='-3' must be between 2 and 3600"),
+        (["--state-url", "bogus"], {}, "--state-url='bogus' is no URL"),
+        (["--enable-recovery", "--recovery-path", "{file}/state"], {}, "--recovery-path: "),
+        ([], {"CLUSTER_LOG_KEEP": "many"}, "the scheduler would refuse its settings: "),
+        (["--node-timeout", "4"], {"CLUSTER_HEARTBEAT_INTERVAL": "9"}, "shorter than MS_NODE"),
+    ],
+)
+def test_bad_job_settings_are_refused_before_anything_starts(
+    tmp_path: Path, extra: list[str], env: dict[str, str], expected: str
+) -> None:
+    # What the scheduler or a worker would refuse once started (exit 2, the job failing with
+    # "the scheduler exited with code 2") is one line, exit 2, with --dry-run too.
+    script = private_copy(tmp_path)
+    (tmp_path / "file").write_text("a file where a directory would go")
+    extra = [arg.replace("{file}", str(tmp_path / "file")) for arg in extra]
+    for dry_run in (["--dry-run"], []):
+        args = run_args(tmp_path, script, free_port(), "--worker-num", "2", *extra, *dry_run)
+        result = subprocess.run(
+            args, env={**os.environ, **env}, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert result.returncode == 2, (dry_run, result.stdout, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("mscluster: ConfigError: ")
+        assert expected in line
+        assert not processes_running(str(script))
+        if dry_run:
+            assert not (tmp_path / "logs").exists()
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
     [

@@ -5,6 +5,7 @@ allocation."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
@@ -32,6 +33,13 @@ def job_dir(tmp_path: Path) -> Path:
     return work
 
 
+def step_logs(work: Path, step: int = 0) -> Path:
+    """The default log directory of the job's step `step`: logs/<job>.<step>/ (one job here)."""
+    (found,) = (d for d in (work / "logs").iterdir() if d.name.endswith(f".{step}"))
+    assert found.name.split(".")[0].isdigit()
+    return found
+
+
 def by_task(output: str) -> dict[str, str]:
     """srun --label output, split per task: {"0": "...", "1": "..."}."""
     tasks: dict[str, list[str]] = {}
@@ -50,25 +58,26 @@ def test_srun_one_node_runs_both_workers(slurm: Slurm, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(2):
         line = f"allgather rank={rank} size=2 result=[0, 1]"
-        assert line in (work / "logs" / f"worker_{rank}.log").read_text()
+        assert line in (step_logs(work) / f"worker_{rank}.log").read_text()
     assert "job finished: 2 local workers exited 0" in done.stderr
     assert not processes_running(str(work / EXAMPLE.name))
 
 
 def test_srun_two_nodes_form_one_job_with_a_shared_secret(slurm: Slurm, tmp_path: Path) -> None:
     # One worker per node (no GPUs): node 0 runs the scheduler at node1's address, which does
-    # not resolve here (NodeAddr 127.0.0.1, from scontrol); each node logs under logs/node<R>.
+    # not resolve here (NodeAddr 127.0.0.1, from scontrol); each node logs under
+    # logs/<job>.0/node<R>.
     work = job_dir(tmp_path)
     args = ["srun", "-N2", "--label", MSCLUSTER, "run", "--join", EXAMPLE.name]
     done = slurm.run(args, cwd=work, timeout_s=SRUN_TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(2):
-        log = work / "logs" / f"node{rank}" / "worker_0.log"
+        log = step_logs(work) / f"node{rank}" / "worker_0.log"
         assert f"allgather rank={rank} size=2 result=[0, 1]" in log.read_text()
-    assert (work / "logs" / "node0" / "scheduler.log").exists()
-    assert not (work / "logs" / "node1" / "scheduler.log").exists()
+    assert (step_logs(work) / "node0" / "scheduler.log").exists()
+    assert not (step_logs(work) / "node1" / "scheduler.log").exists()
     # The job secret: the same on both nodes, readable by the user only; the shared copy gone.
-    secrets = [work / "logs" / f"node{rank}" / "job.secret" for rank in range(2)]
+    secrets = [step_logs(work) / f"node{rank}" / "job.secret" for rank in range(2)]
     assert secrets[0].read_text() == secrets[1].read_text()
     assert len(secrets[0].read_text().strip()) == 64
     assert all(stat.S_IMODE(s.stat().st_mode) == 0o600 for s in secrets)
@@ -92,7 +101,7 @@ def test_srun_dry_run_shows_each_nodes_part_and_starts_nothing(
         assert "node node1 does not resolve: NodeAddr 127.0.0.1 (scontrol)" in task
         assert "MS_WORKER_NUM=2" in task
         assert "job secret: node 0 writes .mscluster/slurm-" in task
-    assert "logs/node1/worker_0.log" in tasks["1"]
+    assert re.search(r" logs/\d+\.0/node1/worker_0\.log ", tasks["1"])
     assert not (work / "logs").exists()
     assert not (work / ".mscluster").exists()
 
@@ -107,6 +116,72 @@ def test_srun_with_two_tasks_on_a_node_is_refused_in_one_line(slurm: Slurm, tmp_
     assert all("srun started 2 tasks on 1 nodes" in line for line in lines)
     assert "Traceback" not in done.stderr
     assert not (work / "logs").exists()
+
+
+def test_in_an_salloc_shell_explicit_options_are_enough(slurm: Slurm, tmp_path: Path) -> None:
+    # salloc runs its command outside srun, without SLURM_NODEID: everything given, the job runs;
+    # the node rank missing, one line says to use srun.
+    work = job_dir(tmp_path)
+    typed = ["--worker-num", "2", "--local-worker-num", "2", "--master-addr", "127.0.0.1"]
+    args = ["salloc", "-N1", MSCLUSTER, "run", *typed, "--node-rank", "0", EXAMPLE.name]
+    done = slurm.run(args, cwd=work, timeout_s=SRUN_TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "job finished: 2 local workers exited 0" in done.stderr
+    args = ["salloc", "-N1", MSCLUSTER, "run", *typed, EXAMPLE.name]
+    done = slurm.run(args, cwd=work, timeout_s=SRUN_TIMEOUT_S, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("mscluster")]
+    assert line.startswith("mscluster: ConfigError: SLURM_NODEID is not set")
+    assert "srun --ntasks-per-node=1 mscluster run" in line
+    assert not processes_running(str(work / EXAMPLE.name))
+
+
+# A worker that, once in its job, waits (bounded) until a worker of the other step is in its own:
+# the two steps' jobs run at the same time.
+SIDE_BY_SIDE = """
+import os, sys, time
+from pathlib import Path
+import cluster
+
+cluster.init()
+step = os.environ["SLURM_STEP_ID"]
+print(f"step {step} rank {cluster.get_rank()} of {cluster.get_group_size()}", flush=True)
+Path(f"up-{step}-{cluster.get_rank()}").touch()
+other = "1" if step == "0" else "0"
+deadline = time.monotonic() + 30
+while not list(Path().glob(f"up-{other}-*")):
+    if time.monotonic() > deadline:
+        sys.exit(f"step {other} never ran beside step {step}")
+    time.sleep(0.05)
+cluster.finalize()
+"""
+
+
+def test_two_steps_side_by_side_on_one_node_run_apart(slurm: Slurm, tmp_path: Path) -> None:
+    # `srun ... mscluster run ... &` twice in one job, recovery on: each step has its own
+    # default port and its own logs/<job>.<step>/ (logs, pids, job secret, recovery state).
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "side.py").write_text(SIDE_BY_SIDE)
+    step = "srun --overlap -N1 mscluster run --worker-num 2 --local-worker-num 2 --enable-recovery"
+    both = f"{step} side.py & first=$!; {step} side.py; second=$?; wait $first; echo rc=$?,$second"
+    done = subprocess.run(
+        ["salloc", "-N1", "bash", "-c", both],
+        cwd=work,
+        env=batch_env(slurm),
+        capture_output=True,
+        text=True,
+        timeout=SRUN_TIMEOUT_S,
+        check=False,
+    )
+    assert "rc=0,0" in done.stdout, done.stdout + done.stderr
+    for number in (0, 1):
+        logs = step_logs(work, number)
+        for rank in (0, 1):
+            assert f"step {number} rank {rank} of 2" in (logs / f"worker_{rank}.log").read_text()
+        assert (logs / "recovery").is_dir()
+        assert (logs / "job.secret").exists()
+    assert not processes_running(str(work / "side.py"))
 
 
 def batch_env(slurm: Slurm) -> dict[str, str]:

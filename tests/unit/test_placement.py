@@ -33,6 +33,14 @@ BATCH = {
     "SLURM_JOB_NODELIST": "node[1-2]",
 }
 
+# An salloc shell of a two-node job: no SLURM_NODEID (it runs on the login node, outside srun).
+SALLOC = {
+    "SLURM_JOB_ID": "18",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_NNODES": "2",
+}
+
 
 def allocation(**changes: str) -> slurm.Allocation:
     found = slurm.allocation_from_env({**STEP, **changes})
@@ -50,8 +58,31 @@ def test_a_step_is_read_from_the_steps_variables_not_the_jobs() -> None:
     assert (found.job_id, found.step_id, found.node_rank) == (4242, 3, 1)
     assert (found.node_count, found.nodelist, found.first_node) == (2, "gpu[07-08]", "gpu07")
     assert found.describe() == "Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])"
-    assert found.secret_path == Path(".mscluster/slurm-4242.3.secret")
-    assert found.default_port == 10000 + 4242
+    assert found.secret_path == Path(".mscluster/slurm-4242.3.r0.secret")
+    assert found.default_port == 10000 + (4242 + 7919 * 3) % 20000
+
+
+def test_concurrent_steps_and_neighbouring_jobs_get_different_default_ports() -> None:
+    # `srun ... mscluster run ... &` twice in one job: each step's scheduler on its own port;
+    # every node of a step (and the same step of a requeued job) computes the same one.
+    steps = [allocation(SLURM_STEP_ID=str(step)).default_port for step in range(8)]
+    batch = slurm.allocation_from_env(BATCH)
+    assert batch is not None
+    neighbours = [allocation(SLURM_JOB_ID=str(4242 + d)).default_port for d in range(1, 8)]
+    assert len({*steps, *neighbours}) == len(steps) + len(neighbours)
+    assert allocation(SLURM_NODEID="0").default_port == allocation().default_port
+    assert all(10000 <= port < 30000 for port in [*steps, *neighbours, batch.default_port])
+    batch_step0 = slurm.allocation_from_env(
+        {
+            **BATCH,
+            "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_STEP_NODELIST": "node[1-2]",
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NUM_TASKS": "2",
+        }
+    )
+    assert batch_step0 is not None
+    assert batch.default_port != batch_step0.default_port
 
 
 def test_the_batch_script_is_read_from_the_jobs_variables() -> None:
@@ -91,10 +122,10 @@ def test_the_defaults_outside_slurm_are_todays() -> None:
 def test_slurm_gives_what_was_not_typed() -> None:
     where = placement.place(Requested(), allocation(SLURM_GPUS_ON_NODE="4"))
     assert (where.worker_num, where.local_worker_num, where.node_rank) == (8, 4, 1)
-    assert (where.master_addr, where.master_port) == ("gpu07", 14242)
+    assert (where.master_addr, where.master_port) == ("gpu07", 17999)
     assert where.master_is_node
-    # The nodes share the working directory: each writes its logs apart.
-    assert where.log_dir == Path("logs/node1")
+    # Each job step logs apart, and the nodes share the working directory: each node apart too.
+    assert where.log_dir == Path("logs/4242.3/node1")
     # Without GPUs, one worker per node.
     assert placement.place(Requested(), allocation()).local_worker_num == 1
 
@@ -122,10 +153,25 @@ def test_a_typed_worker_num_is_spread_over_the_nodes() -> None:
         placement.place(Requested(worker_num=5), allocation())
 
 
-def test_one_node_keeps_the_log_dir_as_it_is() -> None:
+def test_each_job_step_has_its_own_default_log_dir_and_a_typed_one_is_kept() -> None:
+    # Jobs started from one working directory: none resumes or overwrites another's state
+    # (recovery/, job.secret, pids, logs); a requeued job (same ids) finds its own again.
     one = allocation(SLURM_NODEID="0", SLURM_STEP_NUM_NODES="1", SLURM_STEP_NUM_TASKS="1")
     where = placement.place(Requested(worker_num=2, local_worker_num=2), one)
-    assert (where.worker_num, where.node_rank, where.log_dir) == (2, 0, Path("logs"))
+    assert (where.worker_num, where.node_rank, where.log_dir) == (2, 0, Path("logs/4242.3"))
+    dirs = {
+        placement.place(Requested(), allocation(**changes)).log_dir
+        for changes in ({}, {"SLURM_JOB_ID": "4243"}, {"SLURM_STEP_ID": "4"}, {"SLURM_NODEID": "0"})
+    }
+    assert len(dirs) == 4
+    again = allocation(SLURM_RESTART_COUNT="1")
+    assert placement.place(Requested(), again).log_dir == Path("logs/4242.3/node1")
+    typed = placement.place(Requested(log_dir=Path("runs/a")), allocation())
+    assert typed.log_dir == Path("runs/a/node1")
+    typed = placement.place(Requested(worker_num=2, local_worker_num=2, log_dir=Path("b")), one)
+    assert typed.log_dir == Path("b")
+    batch = slurm.allocation_from_env(BATCH)
+    assert placement.place(Requested(worker_num=2), batch).log_dir == Path("logs/17.batch/node0")
 
 
 def test_the_batch_script_of_several_nodes_asks_for_srun() -> None:
@@ -135,6 +181,23 @@ def test_the_batch_script_of_several_nodes_asks_for_srun() -> None:
     # With --worker-num, a job of the batch node alone.
     where = placement.place(Requested(worker_num=2), batch)
     assert (where.worker_num, where.local_worker_num, where.node_rank) == (2, 2, 0)
+
+
+def test_in_an_salloc_shell_explicit_options_win_and_a_missing_rank_asks_for_srun() -> None:
+    shell = slurm.allocation_from_env(SALLOC)
+    assert shell is not None
+    assert shell.node_rank is None
+    typed = Requested(worker_num=2, local_worker_num=2, master_addr="127.0.0.1", node_rank=0)
+    where = placement.place(typed, shell)
+    assert (where.worker_num, where.local_worker_num, where.node_rank) == (2, 2, 0)
+    assert where.master_addr == "127.0.0.1"
+    assert where.allocation is not None
+    assert where.allocation.node_rank == 0
+    with pytest.raises(ConfigError, match=r"SLURM_NODEID is not set .*srun --ntasks-per-node=1"):
+        placement.place(Requested(worker_num=2, local_worker_num=2), shell)
+    # Inside srun SLURM_NODEID is required as before.
+    with pytest.raises(ConfigError, match="SLURM_NODEID is not set although SLURM_JOB_ID is"):
+        slurm.allocation_from_env({**STEP, "SLURM_NODEID": ""})
 
 
 def options(**changes: Any) -> LaunchOptions:
@@ -250,3 +313,34 @@ def test_several_master_hosts_give_the_workers_every_scheduler() -> None:
     assert launch_plan.master_host("gpu07, gpu09") == "gpu07"
     with pytest.raises(ConfigError, match="--master-addr 'gpu07,' has an empty entry"):
         launch_setup.validate(options(master_addr="gpu07,"))
+
+
+def test_a_loopback_first_node_of_several_needs_another_node_to_find_its_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Node 0's own name resolves to loopback here. Other nodes on this host: loopback serves
+    # them. No other node that resolves (and no scontrol to ask): give --master-addr.
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol
+    script = tmp_path / "train.py"
+    script.write_text("")
+    same_host = allocation(SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost,127.0.0.5")
+    opts = options(
+        script=script,
+        master_addr="localhost",
+        master_is_node=True,
+        node_rank=0,
+        allocation=same_host,
+    )
+    made = launch_setup.plan_job(opts)
+    assert (made.ip, made.scheduler is not None) == ("127.0.0.1", True)
+    nowhere = allocation(SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost,nowhere.invalid")
+    with pytest.raises(ConfigError) as caught:
+        launch_setup.plan_job(dataclasses.replace(opts, allocation=nowhere))
+    message = str(caught.value)
+    assert "the scheduler's node 'localhost' resolves to 127.0.0.1 (loopback) here" in message
+    assert message.endswith(
+        "give --master-addr with an address of localhost that every node reaches"
+    )
+    # Given by the user, a loopback address is used as it is.
+    typed = dataclasses.replace(opts, allocation=nowhere, master_is_node=False)
+    assert launch_setup.plan_job(typed).ip == "127.0.0.1"

@@ -19,8 +19,8 @@ STEP = {
 }
 
 
-def node(rank: int, nodes: int = 2) -> slurm.Allocation:
-    env = {**STEP, "SLURM_NODEID": str(rank), "SLURM_STEP_NUM_NODES": str(nodes)}
+def node(rank: int, nodes: int = 2, **changes: str) -> slurm.Allocation:
+    env = {**STEP, "SLURM_NODEID": str(rank), "SLURM_STEP_NUM_NODES": str(nodes), **changes}
     found = slurm.allocation_from_env({**env, "SLURM_STEP_NUM_TASKS": str(nodes)})
     assert found is not None
     return found
@@ -36,7 +36,7 @@ def test_node_zero_makes_the_secret_and_every_node_copies_it(
     monkeypatch.chdir(tmp_path)  # the job's working directory, shared by the nodes
     first = slurm_io.share_secret(node(0), Path("logs/node0"))
     second = slurm_io.share_secret(node(1), Path("logs/node1"))
-    shared = tmp_path / ".mscluster" / "slurm-31.2.secret"
+    shared = tmp_path / ".mscluster" / "slurm-31.2.r0.secret"
     assert first == Path("logs/node0/job.secret")
     assert first.read_text() == second.read_text() == shared.read_text()
     assert len(first.read_text().strip()) == 64  # 32 random bytes, hex
@@ -56,6 +56,35 @@ def test_every_step_gets_a_new_secret(tmp_path: Path, monkeypatch: pytest.Monkey
     assert one != two
 
 
+def test_a_requeued_job_never_reads_the_secret_its_run_before_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A requeue keeps the job id and starts the steps at 0 again. The first run's node 0 died
+    # with its node, so its shared secret (and a temporary it was writing) is still there.
+    monkeypatch.chdir(tmp_path)
+    first = slurm_io.share_secret(node(0), Path("run0/node0")).read_text()
+    shared = tmp_path / ".mscluster"
+    (shared / ".slurm-31.2.r0.secret.4711").write_text("half")
+    (shared / "slurm-31.5.r0.secret").write_text("another step's\n")
+    (shared / "slurm-32.2.r0.secret").write_text("another job's\n")
+    again = {"SLURM_RESTART_COUNT": "1"}
+    # Node 1 of the requeued run reaches the secret before node 0 does: it waits for node 0's.
+    with pytest.raises(ConfigError, match="did not write the job secret"):
+        slurm_io.share_secret(node(1, **again), Path("logs/node1"), wait_s=0.3)
+    zero = slurm_io.share_secret(node(0, **again), Path("logs/node0")).read_text()
+    one = slurm_io.share_secret(node(1, **again), Path("logs/node1")).read_text()
+    assert zero == one != first
+    # Node 0 removed what the run before left of this job, and nothing else.
+    left = sorted(p.name for p in shared.iterdir())
+    assert left == ["slurm-31.2.r1.secret", "slurm-32.2.r0.secret"]
+
+
+@pytest.mark.parametrize("value", ["x", "-1"])
+def test_a_bad_restart_count_is_a_config_error_naming_it(value: str) -> None:
+    with pytest.raises(ConfigError, match="SLURM_RESTART_COUNT"):
+        node(0, SLURM_RESTART_COUNT=value)
+
+
 def test_a_node_waits_for_node_zero_and_then_says_what_to_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -64,7 +93,7 @@ def test_a_node_waits_for_node_zero_and_then_says_what_to_check(
         slurm_io.share_secret(node(1), Path("logs/node1"), wait_s=0.3)
     message = str(caught.value)
     assert "node 0 of Slurm job 31 step 2, node 1 of 2 (n[1-2]) did not write" in message
-    assert str(tmp_path / ".mscluster" / "slurm-31.2.secret") in message
+    assert str(tmp_path / ".mscluster" / "slurm-31.2.r0.secret") in message
     assert "is the working directory shared by the nodes" in message
     assert "CLUSTER_JOB_SECRET_FILE" in message
     assert not (tmp_path / "logs").exists()

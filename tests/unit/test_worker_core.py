@@ -30,23 +30,25 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
+from cluster.protocol.leader_search import DOWN_FOR_S
+from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import (
-    ATTEMPT_TIMEOUT_S,
-    CALL_RETRY_PAUSE_S,
-    DOWN_FOR_S,
-    FAILOVER_ATTEMPT_S,
     FATAL_WAIT_S,
     FINISH_RETRIED,
-    FINISH_RETRY,
-    FINISH_SLACK_S,
-    GUARD_MARGIN_S,
-    GUARD_POLL_S,
-    RETRY_PAUSE_S,
     TOPOLOGY_MARGIN_S,
     Lifecycle,
     WorkerCore,
+)
+from cluster.worker.machine.pacing import (
+    ATTEMPT_TIMEOUT_S,
+    CALL_RETRY_PAUSE_S,
+    FAILOVER_ATTEMPT_S,
+    FINISH_RETRY,
+    FINISH_SLACK_S,
+    GUARD_MARGIN_S,
+    RETRY_PAUSE_S,
 )
 from tests.conftest import FakeClock
 

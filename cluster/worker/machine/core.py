@@ -39,7 +39,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from cluster.protocol.backoff import LISTEN_FAST_S, RetryPolicy, listen_every_s, listen_pace
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -51,9 +50,16 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.leader_search import DOWN_FOR_S, leader_to_follow, next_in_turn
-from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
+from cluster.worker.machine.pacing import (
+    ATTEMPT_TIMEOUT_S,
+    FAILOVER_ATTEMPT_S,
+    FINISH_RETRY,
+    FINISH_SLACK_S,
+    RETRY_PAUSE_S,
+    Pace,
+)
 
 # Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
 # that the scheduler's own timeout, which names the missing nodes, is what the user sees.
@@ -61,31 +67,12 @@ TOPOLOGY_MARGIN_S = 3.0
 # Progress lines while waiting: the first after this long, then at this interval.
 FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
-# A registration attempt gives up on reaching the scheduler after this long; with several
-# scheduler addresses sooner, so that the next one is tried.
-ATTEMPT_TIMEOUT_S = 3.0
-FAILOVER_ATTEMPT_S = 1.0
-# Between attempts that got no answer: at least this, and at the pace of a wait for the
-# scheduler's port past its first second (`_retry_pause`).
-RETRY_PAUSE_S = 0.1
-# A transient refusal (the guard) is retried this long after it says it clears.
-GUARD_MARGIN_S = 0.02
-# With recovery, a call cut off by the scheduler's death is made again after this pause.
-CALL_RETRY_PAUSE_S = 0.05
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
-# A node's Finish is one call that waits up to MS_NODE_TIMEOUT (and FINISH_SLACK_S) for its
-# answer: a scheduler busy with a whole job's finishes answers late, and a node that left
-# unanswered was taken for a dead one (the job failed at 4,096 nodes). It is not made again on a
-# short deadline: gRPC keeps an abandoned call in the scheduler's queue until the scheduler takes
-# it up, so at 8,192 nodes each round of 5 s attempts queued 8,192 more dead calls ahead of the
-# live ones, and the finishes of 8,183 nodes went unheard for 65 s. It is made again only when
-# it never reached the scheduler or was cut off with its connection (a finish counts once, so a
-# repeat is harmless: the status codes FINISH_RETRIED), while the node's stream is up, after a
-# pause that doubles (FINISH_RETRY), and never past FINISH_SLACK_S after MS_NODE_TIMEOUT.
-FINISH_SLACK_S = 5.0
+# A Finish is made again only when it never reached the scheduler or was cut off with its
+# connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED),
+# while the node's stream is up (`pacing`: how long it waits, and for how long in all).
 FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
-FINISH_RETRY = RetryPolicy(first_s=0.1, max_s=2.0)
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
 # A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
 # its stream, whose loss it notices); this only keeps the wait a finite number.
@@ -140,7 +127,7 @@ class WorkerCore:
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
         self._verified = True
-        self._direct = False  # waits for the scheduler's port (Start)
+        self.pace = Pace(config.expected_nodes)  # how long it waits between tries
         self._lost = ""
         self._finish = _Finish.NOT_SENT
         self._finish_since = 0.0  # when this node's Finish was first sent
@@ -266,7 +253,7 @@ class WorkerCore:
         now = self.clock()
         self.deadline = self._topo_deadline = now + self.config.topo_timeout_s
         self.ready_by = self.deadline + TOPOLOGY_MARGIN_S
-        self._direct = event.direct
+        self.pace.direct = event.direct  # it waits for the scheduler's port
         self._begin_attempts(now, event.verified)
         return self._await_listening()
 
@@ -277,10 +264,9 @@ class WorkerCore:
         is passed over at once)."""
         now = self.clock()
         remaining = self.deadline - now
-        if not self._direct or len(self.addresses) > 1 or remaining <= 0:
+        if not self.pace.direct or len(self.addresses) > 1 or remaining <= 0:
             return self._next_attempt()
-        waited = now - self._report_since  # since the attempts began
-        every_s, for_s = listen_pace(waited, self.config.expected_nodes, ATTEMPT_TIMEOUT_S)
+        every_s, for_s = self.pace.listening(now - self._report_since)  # since attempts began
         # A refused wait ends a pace after its last try: the last wait before the deadline
         # keeps within it.
         return [steps.AwaitListening(min(remaining, for_s), min(remaining, every_s))]
@@ -336,22 +322,8 @@ class WorkerCore:
         return self._retry_pause()
 
     def _retry_pause(self) -> Actions:
-        """The pause after an attempt that got no answer, or a probe that found no scheduler:
-        RETRY_PAUSE_S; for a node that connects directly, in a large job, its share of the
-        tries the job's nodes make in all (`listen_every_s` past the quick first second: 0.82 s
-        at 8,192 nodes), as its waits for the port are paced. Direct nodes probing schedulers
-        they cannot reach (several scheduler addresses, a leader gone) would otherwise try 10
-        times a second each. A node behind a relay asks its relay again when the relay cannot
-        reach the scheduler (`_unanswered`), and probes only when the relay did not answer in
-        time or a certificate must pass a CRL first; it keeps RETRY_PAUSE_S for those, so that
-        it is not held up to its share's pace (6.5 s at 65,536 nodes) behind its relay."""
-        return self._pause(self._paced(RETRY_PAUSE_S))
-
-    def _paced(self, pause_s: float) -> float:
-        """`pause_s`, or for a node that connects directly its share of the job's tries."""
-        if not self._direct:
-            return pause_s
-        return max(pause_s, listen_every_s(LISTEN_FAST_S, self.config.expected_nodes))
+        """The pause after an attempt that got no answer, or a probe that found no scheduler."""
+        return self._pause(self.pace.retry_s())
 
     def _answer_late(self, event: steps.AnswerLate) -> Actions:
         return [
@@ -375,9 +347,7 @@ class WorkerCore:
         if self._guard_said:
             said = self._report(f"waiting out the guard: {event.message}")
         self._guard_said = True
-        # A little past the guard's end, so that the next attempt is not early by a hair; and
-        # soon enough to hear that the job ended meanwhile.
-        return said + self._pause(min(event.retry_after_s + GUARD_MARGIN_S, GUARD_POLL_S))
+        return said + self._pause(self.pace.guard_s(event.retry_after_s))
 
     def _accepted(self, event: steps.Accepted) -> Actions:
         if self.over:
@@ -651,7 +621,7 @@ class WorkerCore:
             # The scheduler went away mid-call. Ask again, paced: a relay that cannot reach it
             # and a standby that does not lead answer at once. The reconnect window ends the
             # retries (as a failure they race against).
-            return [steps.RetryCall(self._paced(CALL_RETRY_PAUSE_S))]
+            return [steps.RetryCall(self.pace.call_retry_s())]
         # The scheduler stopping mid-call: its reason is on the event stream, an instant
         # behind; report that rather than a bare "CANCELLED".
         return [steps.AwaitFatal(FATAL_WAIT_S)]

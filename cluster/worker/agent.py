@@ -8,7 +8,7 @@ actions -> `_run`, the one interpreter, which carries them out (register, probe,
 Watch stream with heartbeats, deliver the topology, send the Finish, report a failure through
 `on_fatal` exactly once) and steps the core with what came of them, converted from protobuf by
 `cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user races against
-the job's failure, so no caller waits on a job that is already over."""
+the job's failure (`cluster.worker.racing`), so no caller waits on a job that is already over."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from cluster.worker import convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
+from cluster.worker.racing import unless_failed
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silence
 
 T = TypeVar("T")
@@ -511,29 +512,6 @@ class WorkerAgent:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def _guarded(self, awaitable: Awaitable[T]) -> T:
-        """Await `awaitable` unless the job fails first; then raise that failure."""
-        if self._fatal.done():
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()  # never started: no "was never awaited" warning at exit
-            raise self._fatal.result()
-        task = asyncio.ensure_future(awaitable)
-        racers: list[asyncio.Future[Any]] = [task, self._fatal]
-        try:
-            await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the caller gave up (a timeout): so does the awaitable
-            task.cancel()
-            raise
-        # An answer wins; a call that failed as the job did (its channel closed by the job's
-        # end: CANCELLED) reports the job's failure, which is the cause.
-        failed = task.done() and (task.cancelled() or task.exception() is not None)
-        if task.done() and not (failed and self._fatal.done()):
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise self._fatal.result()
-
     def _require_topology(self) -> Topology:
         if self.topology is None:
             raise ClusterError("the job has not formed yet: cluster.init() has not returned")
@@ -550,7 +528,7 @@ class WorkerAgent:
             if signer is not None:
                 signer.hold(taken)
             try:
-                return await self._guarded(call)
+                return await unless_failed(call, self._fatal)
             except asyncio.CancelledError:
                 if self._cancelled_by_leader_change(channel):
                     continue  # on the channel closed for a new leader: made again on the new one
@@ -609,7 +587,7 @@ class WorkerAgent:
             topology = self._require_topology()
             if topology.generation > newer_than:
                 return topology
-            await self._guarded(self._new_generation.wait())
+            await unless_failed(self._new_generation.wait(), self._fatal)
 
     async def peer_failed(self, generation: int, wait_s: float) -> bool:
         """Whether a peer of `generation` failed (or the job moved past it), waiting up to
@@ -622,8 +600,9 @@ class WorkerAgent:
         waiters = [asyncio.ensure_future(peer_failed.wait()), asyncio.ensure_future(moved.wait())]
         try:
             # FIRST_COMPLETED: either event answers; the default (all) waited out wait_s.
-            await self._guarded(
-                asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            await unless_failed(
+                asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED),
+                self._fatal,
             )
         finally:
             for waiter in waiters:

@@ -96,6 +96,7 @@ class WorkerAgent:
         self._stream_done = False  # the stream said its last word (a Done action)
         self._table = peer_table.HeldTable()  # the last whole table heard: the next delta's base
         self._stream_up = False  # an accepted event stream is being read
+        self._back = asyncio.Event()  # accepted again, or over: a held Finish goes on
         self._move: asyncio.Task[None] | None = None  # to the relay come back: `_back_to_relay`
         self.accepted_at: float | None = None  # first accepted (this clock): a benchmark's stage
         loop = asyncio.get_running_loop()
@@ -197,8 +198,11 @@ class WorkerAgent:
                 return self.core.step(steps.PauseOver())
             case steps.Follow(address=address):
                 self._follow(address)
-            case steps.Watch() | steps.RetryCall():
-                return action  # the caller reads the stream, or makes the call again
+            case steps.Watch():
+                self._back.set()
+                return action  # the caller reads the stream
+            case steps.RetryCall():
+                return action  # the caller makes the call again
             case steps.Deliver():
                 self._deliver(action)
             case steps.PeerFailed():
@@ -210,10 +214,16 @@ class WorkerAgent:
                 self._failed(error, report=False)
             case steps.Done():
                 self._stream_done = True
+                self._back.set()
             case steps.SendFinish(timeout_s=timeout_s):
                 return self.core.step(await self.send_finish(timeout_s))
             case steps.RetryFinish(after_s=after_s):
                 await asyncio.sleep(after_s)
+                return self.core.step(steps.FinishRetryDue())
+            case steps.HoldFinish(timeout_s=timeout_s):
+                self._back.clear()  # (the core held it while registering again: not back yet)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._back.wait(), timeout_s)
                 return self.core.step(steps.FinishRetryDue())
             case steps.AwaitFatal(wait_s=wait_s):
                 # The cut-off call's reason is on the event stream, an instant behind: raise
@@ -268,6 +278,7 @@ class WorkerAgent:
         return task
 
     def _failed(self, error: ClusterError, *, report: bool) -> None:
+        self._back.set()
         if self._fatal.done():
             return
         self._fatal.set_result(error)

@@ -713,6 +713,173 @@ def test_a_finish_heard_after_being_sent_again_finishes_the_node() -> None:
     assert core.lifecycle is Lifecycle.FINISHED
 
 
+def held_finish_core() -> tuple[WorkerCore, FakeClock, float]:
+    """With recovery, a formed job's node that finishes while its scheduler restarts: the
+    Finish fails at once (nothing listens), its stream is down, it registers again."""
+    core, clock = ready_core(recovery=True)
+    core.step(steps.StreamLost("Socket closed"))
+    assert core.lifecycle is Lifecycle.RECONNECTING
+    clock.advance(0.5)
+    assert kinds(core.step(steps.FinishSent())) == [steps.SendFinish]
+    give_up = clock() + core.finish_wait_s
+    clock.advance(0.01)
+    actions = core.step(steps.FinishFailed("UNAVAILABLE", "connection refused", stream_up=False))
+    assert actions[1:] == [steps.HoldFinish(pytest.approx(give_up - clock()))]
+    assert isinstance(actions[0], steps.Say)
+    assert "this node's finish waits for it to take this node back" in actions[0].text
+    return core, clock, give_up
+
+
+def test_with_recovery_a_finish_is_held_while_the_scheduler_restarts_and_sent_once_back() -> None:
+    """The Finish of a node whose scheduler is restarting is not given up (the process would
+    exit 0 and the restarted scheduler fail the job though every rank finished): it waits for
+    the node's next acceptance, then goes, within `finish_wait_s` of its first send."""
+    core, clock, give_up = held_finish_core()
+    clock.advance(4.0)
+    # Woken before the node is back: held on, for what is left.
+    assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(pytest.approx(give_up - clock()))]
+    assert not core.over
+    assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
+    assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(pytest.approx(give_up - clock()))]
+    assert core.step(steps.FinishAnswered(heard=True)) == []
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+
+
+def test_a_held_finish_is_given_up_at_its_give_up_time() -> None:
+    core, clock, give_up = held_finish_core()
+    clock.now = give_up
+    (said,) = core.step(steps.FinishRetryDue())
+    assert isinstance(said, steps.Say)
+    assert said.text == (
+        "could not tell the scheduler at 127.0.0.1:8118 that this node finished: this node was "
+        f"not back with it within {core.finish_wait_s:g} s"
+    )
+    assert not core.finish_heard
+    core.step(accepted())
+    assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
+
+
+def test_a_failure_while_the_finish_is_held_ends_the_hold_and_is_reported() -> None:
+    core, _, _ = held_finish_core()
+    said, fail = core.step(steps.Refused("node 0 belongs to job job-1, but this runs job-2"))
+    assert isinstance(said, steps.Say)
+    assert said.text.startswith("could not tell the scheduler at 127.0.0.1:8118 that this node")
+    assert isinstance(fail, steps.Fail)
+    assert isinstance(fail.error, RegistrationRefused)
+    assert core.lifecycle is Lifecycle.FAILED
+    assert core.step(steps.FinishRetryDue()) == []
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_job_that_finished_while_the_finish_was_held_or_on_its_way_heard_it(held: bool) -> None:
+    """A Finish that reached the scheduler before the connection broke may have ended the job:
+    the restarted scheduler refuses the node for a finished job, which every finish, this one
+    too, made so. Not a failure: the node exits 0."""
+    if held:
+        core, _, _ = held_finish_core()
+    else:  # on its way, sent again after a pause, when the stream was lost
+        core, _, _ = finishing_core(recovery=True)
+        (retry,) = core.step(steps.FinishFailed("UNAVAILABLE", "down", stream_up=True))
+        assert isinstance(retry, steps.RetryFinish)
+        core.step(steps.StreamLost("Socket closed"))
+    actions = core.step(steps.Refused("job job-1 is over (finished: done)", finished=True))
+    assert actions == [
+        steps.Say("the job finished: job job-1 is over (finished: done)"),
+        steps.Done(),
+    ]
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+    assert core.error is None
+    assert core.step(steps.FinishRetryDue()) == []
+
+
+FinishWait = steps.SendFinish | steps.RetryFinish | steps.HoldFinish
+
+
+def assert_within(action: FinishWait, now: float, give_up: float) -> None:
+    """A Finish is never sent, paused for, nor held past its give-up time."""
+    wait_s = action.after_s if isinstance(action, steps.RetryFinish) else action.timeout_s
+    assert wait_s > 0
+    assert now + wait_s <= give_up + 1e-9
+
+
+FINISH_LIFE = st.lists(
+    st.one_of(
+        st.tuples(st.just("fail"), st.sampled_from(CODES), st.booleans()),
+        st.tuples(st.sampled_from(["lost", "back", "answer", "due"])),
+        st.tuples(st.just("refused"), st.booleans()),
+        st.tuples(st.just("wait"), st.sampled_from([0.5, 3.0, 12.0, 40.0])),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(held=st.booleans(), life=FINISH_LIFE)
+def test_a_held_finish_goes_once_the_node_is_back_and_never_past_its_give_up_time(
+    held: bool, life: list[tuple[Any, ...]]
+) -> None:
+    """Whatever happens to a Finish with recovery (its calls fail, the stream is lost, the node
+    is taken back or refused), it is held only while the node registers again, sent from a
+    hold only once the node is back, never waited for past its give-up time, and a node whose
+    Finish was heard reports no failure."""
+    core, clock, give_up = held_finish_core() if held else finishing_core(recovery=True)
+    asked: type[Any] | None = steps.HoldFinish if held else steps.SendFinish  # what it waits on
+    for what, *args in life:
+        event: steps.Event | None = None
+        reconnecting = core.lifecycle is Lifecycle.RECONNECTING
+        if what == "wait":
+            clock.advance(args[0])
+        elif what == "fail" and asked is steps.SendFinish:
+            event = steps.FinishFailed(args[0], "x", stream_up=args[1] and not reconnecting)
+        elif what == "answer" and asked is steps.SendFinish:
+            event = steps.FinishAnswered(heard=True)
+        elif what == "due" and asked in (steps.RetryFinish, steps.HoldFinish):
+            event = steps.FinishRetryDue()
+        elif what == "lost" and core.lifecycle is Lifecycle.READY:
+            event = steps.StreamLost("Socket closed")
+        elif what == "back" and reconnecting:
+            event = accepted()
+        elif what == "refused" and reconnecting:
+            event = steps.Refused("job job-1 is over", finished=args[0])
+        if event is None:
+            continue
+        was_held = asked is steps.HoldFinish
+        actions = core.step(event)
+        for action in actions:
+            if isinstance(action, FinishWait):
+                assert_within(action, clock(), give_up)
+                asked = type(action)
+            if isinstance(action, steps.HoldFinish):
+                assert core.lifecycle is Lifecycle.RECONNECTING
+            if isinstance(action, steps.SendFinish) and was_held:
+                assert core.lifecycle is not Lifecycle.RECONNECTING, "sent once back"
+            if isinstance(action, steps.Fail):
+                assert not core.finish_heard, "a node whose Finish was heard reports no failure"
+        if (
+            core.finish_heard
+            or core.over
+            or (
+                isinstance(event, steps.FinishFailed | steps.FinishRetryDue | steps.FinishAnswered)
+                and not any(isinstance(a, FinishWait) for a in actions)
+            )
+        ):
+            asked = None  # heard, given up, or over
+
+
+def test_without_recovery_or_with_its_stream_up_a_finish_is_not_held() -> None:
+    """Without recovery a restarted scheduler runs a new job: nothing to hold the Finish for.
+    With its stream up, the node is not registering again: a pause, then the Finish again."""
+    core, _ = ready_core()
+    core.step(steps.StreamLost("Socket closed"))
+    core.step(steps.FinishSent())
+    assert kinds(core.step(steps.FinishFailed("UNAVAILABLE", "refused"))) == [steps.Say]
+    core, _, _ = finishing_core(recovery=True)
+    actions = core.step(steps.FinishFailed("UNAVAILABLE", "refused", stream_up=True))
+    assert actions == [steps.RetryFinish(FINISH_RETRY.first_s)]
+
+
 def test_a_call_cut_off_is_made_again_after_its_pause_every_time_with_recovery() -> None:
     core, _ = ready_core(recovery=True)
     for _ in range(3):
@@ -784,7 +951,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.asked: type[Any] | None = None  # the I/O the core waits on
         self.failures: list[ClusterError] = []
         self.finished = False  # this node's Finish heard, or the job finished
-        self.finish_sent = False
+        self.finish_sent = False  # a Finish call is on its way
+        self.held = False  # the Finish waits for the node to be accepted again (HoldFinish)
         self.give_up = 0.0  # when the Finish on its way is given up
         self.generation = 0
         self.take(self.core.step(steps.Start(verified, direct=direct)))
@@ -831,16 +999,30 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert self.core.topology is action.topology
             elif isinstance(action, steps.Done):
                 self.asked = None
+            elif isinstance(action, FinishWait):
+                assert_within(action, now, self.give_up)
+                if isinstance(action, steps.HoldFinish):
+                    # Held only with recovery, while registering again with a scheduler that
+                    # may come back.
+                    assert self.core.recovery
+                    assert self.core.lifecycle is Lifecycle.RECONNECTING
+                self.held = isinstance(action, steps.HoldFinish)
+                self.finish_sent = isinstance(action, steps.SendFinish | steps.RetryFinish)
             elif isinstance(action, steps.Follow):
                 # Only an address of the configuration, or one a scheduler named, is followed.
                 assert action.address in self.core.config.addresses or action.address in self.named
                 assert self.core.address == action.address
 
-    def step(self, event: steps.Event) -> None:
+    def step(self, event: steps.Event) -> list[steps.Action]:
         before = self.core.lifecycle
-        self.take(self.core.step(event))
+        actions = self.core.step(event)
+        self.take(actions)
         if before in FINAL:
             assert self.core.lifecycle is before, "a fatal decision is final"
+        if self.core.finish_heard or self.core.lifecycle in FINAL:
+            self.finished |= self.core.finish_heard  # (a job that finished heard it too)
+            self.held = False  # the Finish's answer is had: nothing more to send
+        return actions
 
     # -- answers to what the core asked ---------------------------------------------------------
 
@@ -925,13 +1107,13 @@ class WorkerCoreMachine(RuleBasedStateMachine):
 
     # -- the user's side and time --------------------------------------------------------------
 
-    @precondition(lambda self: self.core.may_finish and not self.finish_sent)
+    @precondition(lambda self: self.core.may_finish and not (self.finish_sent or self.held))
     @rule()
     def finish_sent(self) -> None:
-        self.finish_sent = True
         self.give_up = self.clock() + self.core.finish_wait_s
         actions = self.core.step(steps.FinishSent())
         assert actions == [steps.SendFinish(self.core.finish_wait_s)]
+        self.finish_sent = True
 
     @precondition(lambda self: self.finish_sent)
     @rule(
@@ -941,30 +1123,49 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     )
     def finish_failed(self, code: str, stream_up: bool, took_s: float) -> None:
         self.clock.now += took_s
-        actions = self.core.step(steps.FinishFailed(code, "x", stream_up=stream_up))
+        reconnecting = self.core.lifecycle is Lifecycle.RECONNECTING
+        self.finish_sent = False
+        actions = self.step(steps.FinishFailed(code, "x", stream_up=stream_up))
         retries = [a for a in actions if isinstance(a, steps.RetryFinish)]
+        if self.held:
+            # Held: it never reached a scheduler, which may be back (recovery), in time.
+            assert code in FINISH_RETRIED
+            assert reconnecting
+            assert self.clock() < self.give_up
         if not retries:
-            self.finish_sent = False
-            self.take(actions)
             return
         assert actions == retries
         assert code in FINISH_RETRIED
         assert stream_up
         assert self.clock() + retries[0].after_s < self.give_up
         self.clock.now += retries[0].after_s
-        (send,) = self.core.step(steps.FinishRetryDue())
+        (send,) = self.step(steps.FinishRetryDue())
         assert send == steps.SendFinish(self.give_up - self.clock())
+
+    @precondition(lambda self: self.held)
+    @rule(waited_s=st.sampled_from([0.0, 2.0, 40.0]))
+    def hold_over(self, waited_s: float) -> None:
+        """The node was accepted again, the job ended for it, or the hold's time ran out (the
+        agent wakes for either): the Finish goes, is held on, or ends."""
+        self.clock.now = min(self.clock() + waited_s, self.give_up)
+        reconnecting = self.core.lifecycle is Lifecycle.RECONNECTING
+        self.held = False
+        actions = self.step(steps.FinishRetryDue())
+        if any(isinstance(a, steps.SendFinish) for a in actions):
+            assert not reconnecting, "a held Finish goes once the node is back"
+        if not actions:
+            assert self.core.finish_heard or self.core.over
 
     @precondition(lambda self: self.finish_sent)
     @rule(heard=st.booleans())
     def finish_answered(self, heard: bool) -> None:
-        self.finish_sent = False
+        self.finish_sent = self.held = False
         self.step(steps.FinishAnswered(heard, details="" if heard else "UNAVAILABLE"))
-        if heard:
-            self.finished = True
 
-    @rule()
-    def call_cut_off(self) -> None:
+    @rule(now=st.integers(0, 3))
+    def call_cut_off(self, now: int) -> None:
+        if now:  # now and then: the core's answer never changes its state
+            return
         decided = self.core.step(steps.CallCutOff())
         assert all(isinstance(a, steps.RetryCall | steps.AwaitFatal) for a in decided)
 
@@ -973,8 +1174,10 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.clock.now += seconds
         self.step(steps.DeadlinePassed())
 
-    @rule()
-    def close(self) -> None:
+    @rule(now=st.integers(0, 9))
+    def close(self, now: int) -> None:
+        if now:  # closed now and then, not at every other step (a run ends there)
+            return
         self.step(steps.Close())
         self.asked = None
 
@@ -1001,7 +1204,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         due = self.asked is steps.Pause and self.clock() >= self.core.deadline
         if registering and due and not self.finish_sent:
             actions = self.core.step(steps.PauseOver())
-            assert kinds(actions) == [steps.Fail]
+            # (A Finish held for the node's return is given up with it, and says so.)
+            assert kinds(actions) == [steps.Say, steps.Fail] if self.held else [steps.Fail]
             self.take(actions)
 
 

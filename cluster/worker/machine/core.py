@@ -17,10 +17,13 @@ The rules it keeps:
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
   job's end arrive does not matter.
-- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED) while the
-  node's stream is up, after a pause that doubles, and never past `finish_wait_s` after it was
-  first sent. A call for the user cut off by the scheduler is made again with recovery; without,
-  it waits a moment for the reason the stream is about to give.
+- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED), and never
+  past `finish_wait_s` after it was first sent: while the node's stream is up, after a pause
+  that doubles; with recovery, while the node registers again with a scheduler that may come
+  back (restarting, or a standby taking over), it is held until the node is accepted again, and
+  sent then. A held Finish ends with the node's failure (it is reported), or with the job's end
+  (every finish, this one too, was heard). A call for the user cut off by the scheduler is made
+  again with recovery; without, it waits a moment for the reason the stream is about to give.
 - A "not the leader" answer is followed at once, to the leader it names. With several scheduler
   addresses (MS_SCHED_HOST=h1,h2 or CLUSTER_SCHED_ADDRS), a scheduler found down, or a standby
   that names no leader, or names one found down a moment ago, sends the node to the next address
@@ -71,7 +74,8 @@ REPORT_EVERY_S = 5.0
 FATAL_WAIT_S = 2.0
 # A Finish is made again only when it never reached the scheduler or was cut off with its
 # connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED),
-# while the node's stream is up (`pacing`: how long it waits, and for how long in all).
+# while the node's stream is up or, with recovery, once it is back after registering again
+# (`pacing`: how long it waits, and for how long in all).
 FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
 # A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
@@ -92,7 +96,8 @@ class Lifecycle(enum.Enum):
 
 class _Finish(enum.Enum):
     NOT_SENT = "not sent"
-    SENT = "sent"
+    SENT = "sent"  # on its way, or sent again after a pause
+    HELD = "held"  # until the node is accepted again (its scheduler restarts)
     HEARD = "heard"
 
 
@@ -339,6 +344,11 @@ class WorkerCore:
             return self._release(
                 f"the job finished while this node waited to rejoin it ({event.message})"
             )
+        if event.finished and self._finish in (_Finish.SENT, _Finish.HELD):
+            # The job finished: every node's finish was heard, this one's too (it reached the
+            # scheduler before the connection to it broke).
+            self._finish_heard()
+            return [steps.Say(f"the job finished: {event.message}"), steps.Done()]
         if not event.transient:
             return self._fail(
                 RegistrationRefused(f"{self.where} refused this node: {event.message}")
@@ -555,6 +565,9 @@ class WorkerCore:
         if self._finish is _Finish.SENT:
             self._held = self._held or error  # decided by the Finish's answer
             return []
+        if self._finish is _Finish.HELD:  # no scheduler heard it, and none will now
+            self._held = error
+            return self._finish_unheard(False, self.clock() - self._finish_since, str(error))
         self.lifecycle = Lifecycle.FAILED
         self.error = error
         return [steps.Fail(error)]
@@ -575,31 +588,59 @@ class WorkerCore:
 
     def _finish_failed(self, event: steps.FinishFailed) -> Actions:
         """Send the Finish again only when it never reached the scheduler or was cut off with its
-        connection, while the node's stream is up, and not past the Finish's give-up time."""
+        connection, and not past the Finish's give-up time: after a pause while the node's
+        stream is up; with recovery, once the node is back, while it registers again (unless a
+        failure waits for the Finish's answer: then that is the answer)."""
         if self._finish is not _Finish.SENT:
             return []
         now = self.clock()
+        give_up = self._finish_since + self.finish_wait_s
+        again = event.code in FINISH_RETRIED and not self.released
+        back = self.recovery and self.lifecycle is Lifecycle.RECONNECTING and self._held is None
+        if again and back and now < give_up:  # the scheduler may come back for it
+            self._finish = _Finish.HELD
+            said = steps.Say(
+                f"{self.where} is away ({self._lost}): this node's finish waits for it to take "
+                f"this node back, up to {give_up - now:.0f} s more (recovery is on)"
+            )
+            return [said, steps.HoldFinish(give_up - now)]
         pause_s = self._finish_pause.next_s()
-        again = event.code in FINISH_RETRIED and event.stream_up and not self.released
-        if again and now + pause_s < self._finish_since + self.finish_wait_s:
+        if again and event.stream_up and now + pause_s < give_up:
             return [steps.RetryFinish(pause_s)]
         timed_out = event.code == DEADLINE_EXCEEDED
         return self._finish_unheard(timed_out, now - self._finish_since, event.details)
 
     def _finish_retry_due(self) -> Actions:
-        if self._finish is not _Finish.SENT:
+        """Send the Finish again: after its pause, or once the node it was held for is back (or
+        the hold's time is up)."""
+        if self._finish not in (_Finish.SENT, _Finish.HELD):
             return []
-        return [steps.SendFinish(self._finish_since + self.finish_wait_s - self.clock())]
+        now = self.clock()
+        left = self._finish_since + self.finish_wait_s - now
+        if self._finish is _Finish.HELD:
+            if self.lifecycle is Lifecycle.FINISHED:  # the job finished meanwhile: heard
+                self._finish_heard()
+                return []
+            if self.lifecycle is Lifecycle.RECONNECTING and left > 0:
+                return [steps.HoldFinish(left)]  # not back yet
+            self._finish = _Finish.SENT
+        if left <= 0:
+            why = f"this node was not back with it within {self.finish_wait_s:g} s"
+            return self._finish_unheard(False, now - self._finish_since, why)
+        return [steps.SendFinish(left)]
 
     def _finish_answered(self, event: steps.FinishAnswered) -> Actions:
-        if self._finish is not _Finish.SENT:
+        if self._finish not in (_Finish.SENT, _Finish.HELD):
             return []  # answered already (a cancelled Finish's owner reports it once more)
         if event.heard:
-            self._finish = _Finish.HEARD
-            self.lifecycle = Lifecycle.FINISHED
-            self._held = None
+            self._finish_heard()
             return []
         return self._finish_unheard(event.timed_out, event.waited_s, event.details)
+
+    def _finish_heard(self) -> None:
+        self._finish = _Finish.HEARD
+        self.lifecycle = Lifecycle.FINISHED
+        self._held = None
 
     def _finish_unheard(self, timed_out: bool, waited_s: float, details: str) -> Actions:
         """The Finish was not heard: say so, and report the failure held meanwhile."""

@@ -374,6 +374,37 @@ def test_a_formed_job_follows_a_new_leader_within_the_reconnect_window() -> None
     assert core.deadline == clock.now + NODE_S
 
 
+@pytest.mark.parametrize("leader", ["127.0.0.2:8118", ""])
+def test_a_spare_follows_a_new_leader_however_long_it_waited(leader: str) -> None:
+    """A spare waits longer than MS_TOPO_TIMEOUT, as it may; when the leader hands the job
+    over (or steps down, naming none yet), it registers again as a spare within a reconnect
+    window from then. (It kept its start's deadline, and failed at once with a message that
+    ended in nothing: "the scheduler at ... is unreachable: ".)"""
+    clock = FakeClock()
+    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2", recovery=True), clock)
+    core.step(steps.Start())
+    core.step(dataclasses.replace(accepted(), spare=True))
+    clock.advance(TOPO_S + 100)
+    actions = core.step(steps.NotLeader(leader, retry_after_s=0.5))
+    assert fails(actions) == []
+    assert core.lifecycle is Lifecycle.RECONNECTING
+    assert core.deadline == clock() + NODE_S
+    if not leader:  # no leader yet: the next address (probed first), after a pause
+        assert actions == [steps.Follow("127.0.0.2:8118"), steps.Pause(0.5)]
+        clock.advance(0.5)
+        assert core.step(steps.PauseOver()) == [steps.CheckScheduler(FAILOVER_ATTEMPT_S)]
+        actions = core.step(steps.Checked(True))
+    assert actions[-1] == steps.Register(FAILOVER_ATTEMPT_S, core.deadline - clock())
+    assert core.address == "127.0.0.2:8118"
+    core.step(dataclasses.replace(accepted(), spare=True))
+    assert core.lifecycle is Lifecycle.SPARE
+    # Not back within the window: the failure says why.
+    core.step(steps.NotLeader(""))
+    clock.advance(NODE_S)
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert str(error).endswith("is unreachable: the scheduler became a standby")
+
+
 def test_several_addresses_are_tried_in_turn_when_one_is_down() -> None:
     core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), FakeClock())
     assert core.address == "127.0.0.1:8118"
@@ -932,6 +963,7 @@ def test_the_last_collective_answered_is_kept_for_the_next_registration() -> Non
 # -- the invariants, under any order of what can happen ----------------------------------------
 
 FINAL = (Lifecycle.FAILED, Lifecycle.CLOSED)
+FINISH_ANSWERS = steps.FinishAnswered | steps.FinishFailed | steps.FinishRetryDue
 
 
 class WorkerCoreMachine(RuleBasedStateMachine):
@@ -943,8 +975,13 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         verified=st.booleans(),
         hosts=st.sampled_from(["127.0.0.1", "127.0.0.1,127.0.0.2,127.0.0.3"]),
         direct=st.booleans(),
+        accept=st.sampled_from([None, False, True]),
     )
-    def start(self, recovery: bool, verified: bool, hosts: str, direct: bool) -> None:
+    def start(
+        self, recovery: bool, verified: bool, hosts: str, direct: bool, accept: bool | None
+    ) -> None:
+        """`accept`: the first attempt is accepted (as a spare: True), so that runs begin in the
+        job as often as they reach it."""
         self.clock = FakeClock()
         self.core = WorkerCore(config(recovery=recovery, hosts=hosts), self.clock)
         self.named: set[str] = set()  # the leaders the schedulers named
@@ -955,7 +992,11 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.held = False  # the Finish waits for the node to be accepted again (HoldFinish)
         self.give_up = 0.0  # when the Finish on its way is given up
         self.generation = 0
+        self.spare_since: float | None = None  # accepted as a spare then, and not promoted
+        self.lost_at = 0.0  # when the node's stream last ended (lost, or "not the leader")
         self.take(self.core.step(steps.Start(verified, direct=direct)))
+        if accept is not None and self.asked is steps.Register:
+            self.step(dataclasses.replace(accepted(), spare=accept))
 
     def take(self, actions: list[steps.Action]) -> None:
         """Check what the core decided, as the agent would carry it out."""
@@ -971,6 +1012,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             if isinstance(action, steps.Fail):
                 assert not self.finished, "a finished node reports no failure"
                 assert str(action.error).strip()
+                assert not str(action.error).rstrip().endswith(":"), "a failure says why"
                 self.failures.append(action.error)
                 self.asked = None
             elif isinstance(action, steps.Register | steps.CheckScheduler | steps.AwaitListening):
@@ -989,6 +1031,10 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             elif isinstance(action, steps.Watch):
                 assert self.core.lifecycle in (Lifecycle.FORMING, Lifecycle.READY, Lifecycle.SPARE)
                 self.asked = steps.Watch
+                if self.core.lifecycle is Lifecycle.SPARE:
+                    self.spare_since = now if self.spare_since is None else self.spare_since
+                elif self.core.topology is not None:
+                    self.spare_since = None
             elif isinstance(action, steps.Released):
                 # Let go (exit 0) only when the job ended well without needing this node.
                 assert self.core.topology is None
@@ -1013,10 +1059,25 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert action.address in self.core.config.addresses or action.address in self.named
                 assert self.core.address == action.address
 
+    def a_spare_fails_only_for_a_deadline_set_since_it_was_accepted(
+        self, error: ClusterError
+    ) -> None:
+        """A spare has no deadline of its own: the one it may fail for is set when its stream
+        ends (lost, or the leader handing over), never the start's MS_TOPO_TIMEOUT or another
+        set before it was accepted; so it fails no sooner than MS_NODE_TIMEOUT after that."""
+        if self.spare_since is None or self.core.topology is not None:
+            return
+        if isinstance(error, SchedulerUnreachableError):
+            assert self.lost_at >= self.spare_since, error
+            assert self.clock() >= self.lost_at + NODE_S - 1e-9, error
+
     def step(self, event: steps.Event) -> list[steps.Action]:
         before = self.core.lifecycle
         actions = self.core.step(event)
         self.take(actions)
+        if not isinstance(event, FINISH_ANSWERS):  # (one may report a failure held for it)
+            for error in fails(actions):
+                self.a_spare_fails_only_for_a_deadline_set_since_it_was_accepted(error)
         if before in FINAL:
             assert self.core.lifecycle is before, "a fatal decision is final"
         if self.core.finish_heard or self.core.lifecycle in FINAL:
@@ -1048,6 +1109,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
     def not_leader(self, leader: str) -> None:
         self.named.add(leader)
+        if self.asked is steps.Watch:  # the stream ends with it: the leader hands over
+            self.lost_at = self.clock()
         self.step(steps.NotLeader(leader, retry_after_s=0.5))
 
     @precondition(lambda self: self.asked is steps.AwaitListening)
@@ -1095,6 +1158,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.asked is steps.Watch)
     @rule(silent=st.booleans())
     def stream_lost(self, silent: bool) -> None:
+        self.lost_at = self.clock()
         self.step(steps.StreamLost("connection reset", NODE_S if silent else None))
 
     @precondition(lambda self: self.asked is steps.Watch)
@@ -1168,6 +1232,13 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             return
         decided = self.core.step(steps.CallCutOff())
         assert all(isinstance(a, steps.RetryCall | steps.AwaitFatal) for a in decided)
+
+    @precondition(lambda self: self.core.lifecycle is Lifecycle.SPARE)
+    @rule()
+    def a_spare_waits_past_MS_TOPO_TIMEOUT(self) -> None:
+        """As spares do, while the job they wait to serve runs."""
+        self.clock.now += TOPO_S + 10.0
+        self.step(steps.DeadlinePassed())
 
     @rule(seconds=st.sampled_from([1.0, 10.0, 31.0, 70.0]))
     def time_passes(self, seconds: float) -> None:

@@ -32,9 +32,10 @@ The rules it keeps:
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
-  0). A node waiting out its guard asks again at least every GUARD_POLL_S, so that it hears of
-  the job's end at once. A ranked node left out of a new topology (its rank went to a spare
-  while it was cut off) fails.
+  0); a spare whose stream ends (lost, or a leader handing over) registers again, as a spare,
+  within a reconnect window counted from then. A node waiting out its guard asks again at
+  least every GUARD_POLL_S, so that it hears of the job's end at once. A ranked node left out
+  of a new topology (its rank went to a spare while it was cut off) fails.
 """
 
 from __future__ import annotations
@@ -392,7 +393,10 @@ class WorkerCore:
 
     def _not_leader(self, event: steps.NotLeader) -> Actions:
         now = self.clock()
-        if self.lifecycle in (Lifecycle.FORMING, Lifecycle.READY):
+        if self.lifecycle in (Lifecycle.FORMING, Lifecycle.SPARE, Lifecycle.READY):
+            # The stream ended with it (the leader handed over, or stepped down): registering
+            # again, within a reconnect window from now (a spare waited longer than its start's
+            # deadline, as it may), to the new leader; a spare as a spare again.
             self._lost = "the scheduler became a standby"
             self._reconnect_window(now)
             self.lifecycle = Lifecycle.RECONNECTING
@@ -431,10 +435,11 @@ class WorkerCore:
                 )
             )
         why = f" ({self.unreachable})" if self.unreachable else ""
+        lost = self._lost or "it did not take this node back"
         if self.topology is None:
-            return SchedulerUnreachableError(f"{self.where} is unreachable: {self._lost}{why}")
+            return SchedulerUnreachableError(f"{self.where} is unreachable: {lost}{why}")
         return SchedulerUnreachableError(
-            f"{self.where} is unreachable: {self._lost}, and it did not come back within "
+            f"{self.where} is unreachable: {lost}, and it did not come back within "
             f"{self.config.node_timeout_s:g} s{why}"
         )
 

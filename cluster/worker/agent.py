@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol import auth
+from cluster.protocol.backoff import Spread
 from cluster.protocol.config import ClusterConfig, silence_limit
 from cluster.protocol.environment import read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
@@ -72,7 +73,9 @@ class WorkerAgent:
         self.identity = identity
         # The agent's clock is the core's: deadlines the core sets are waited for here.
         self._clock = time.monotonic
-        self.core = WorkerCore(config, self._clock, cluster_id=cluster_id)
+        # Its pauses are jittered from its incarnation: no two processes of a job draw alike.
+        draws = Spread(identity.incarnation)
+        self.core = WorkerCore(config, self._clock, cluster_id=cluster_id, draws=draws)
         self._say = say
         self._on_fatal = on_fatal
         self._tls = None if config.tls is None else scheduler_link.prepare_tls(config.tls, say)

@@ -26,6 +26,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cluster.protocol.backoff import Spread
 from cluster.protocol.environment import from_env
 from cluster.protocol.errors import RegistrationRefused, SchedulerUnreachableError
 from cluster.protocol.records import (
@@ -102,7 +103,10 @@ class Cores:
 
     def start(self, proc: Process) -> None:
         """A new process: a new core, which remembers the job of the node's state file."""
-        core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job)
+        # Its pauses jittered as a real process's, from its own seed: the schedule's, the node's
+        # and its incarnation's.
+        draws = Spread(self.sim.seed * 1_000_003 + proc.port * 101 + proc.incarnation)
+        core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job, draws=draws)
         self.cores[proc.node_id] = core
         self.attempts.pop(proc.node_id, None)
         self.spares.discard(proc.node_id)

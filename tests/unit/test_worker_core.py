@@ -15,10 +15,15 @@ from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cluster.protocol.backoff import (
+    JITTER,
     LISTEN_FAST_S,
     LISTEN_SLOW_TRY_S,
     LISTEN_TRIES_PER_S,
     LISTEN_TRY_S,
+    Draws,
+    Spread,
+    guard_poll_s,
+    listen_every_s,
 )
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.environment import from_env
@@ -94,9 +99,22 @@ def fails(actions: list[steps.Action]) -> list[ClusterError]:
     return [action.error for action in actions if isinstance(action, steps.Fail)]
 
 
-def ready_core(*, recovery: bool = False, hosts: str = "127.0.0.1") -> tuple[WorkerCore, FakeClock]:
+class Middle:
+    """Draws the middle of every range: each pause is its pace, for the tests of the paces
+    (the jitter around them has its own)."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return (a + b) / 2
+
+
+MIDDLE = Middle()
+
+
+def ready_core(
+    *, recovery: bool = False, hosts: str = "127.0.0.1", draws: Draws | None = None
+) -> tuple[WorkerCore, FakeClock]:
     clock = FakeClock()
-    core = WorkerCore(config(recovery=recovery, hosts=hosts), clock)
+    core = WorkerCore(config(recovery=recovery, hosts=hosts), clock, draws=draws)
     core.step(steps.Start())
     core.step(accepted())
     core.step(steps.TopologyReady(topology()))
@@ -129,7 +147,7 @@ def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> Non
     for its port (cheap tries, where gRPC backs off 100 ms at least), telling now and then why,
     until MS_TOPO_TIMEOUT, which names it."""
     clock = FakeClock()
-    core = WorkerCore(config(), clock)
+    core = WorkerCore(config(), clock, draws=MIDDLE)
     # Every 10 ms for the first second of the wait, then as often as gRPC would have tried.
     first = steps.AwaitListening(LISTEN_FAST_S, LISTEN_TRY_S)
     assert core.step(steps.Start(direct=True)) == [first]
@@ -154,10 +172,76 @@ def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> Non
 
 def test_the_nodes_of_a_large_job_try_the_scheduler_port_less_often_each() -> None:
     """At most about LISTEN_TRIES_PER_S tries a second from the whole job."""
-    core = WorkerCore(config(workers=20_000), FakeClock())
+    core = WorkerCore(config(workers=20_000), FakeClock(), draws=MIDDLE)
     (wait,) = core.step(steps.Start(direct=True))
     assert isinstance(wait, steps.AwaitListening)
     assert wait.every_s == 20_000 / LISTEN_TRIES_PER_S
+
+
+def guard_pauses(draws: Draws, workers: int) -> list[float]:
+    """The pauses of a node refused by the guard (it clears in 25 s) until MS_TOPO_TIMEOUT:
+    each within the guard's poll or clipped to the deadline, never past it."""
+    clock = FakeClock()
+    job = config(recovery=True, workers=workers)
+    core = WorkerCore(job, clock, cluster_id="job-1", draws=draws)
+    core.step(steps.Start())
+    pauses: list[float] = []
+    while core.lifecycle is Lifecycle.JOINING:
+        pause = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))[-1]
+        assert isinstance(pause, steps.Pause)
+        left = core.deadline - clock()
+        assert pause.seconds <= left
+        if pause.seconds < left:
+            assert guard_poll_s(workers) / 2 <= pause.seconds <= guard_poll_s(workers)
+            pauses.append(pause.seconds)
+        clock.advance(pause.seconds)
+        core.step(steps.PauseOver())
+    return pauses
+
+
+def port_waits(draws: Draws, workers: int) -> list[float]:
+    """How far apart a direct node tries the port of a scheduler that does not listen (it
+    restarts), until MS_TOPO_TIMEOUT: each within JITTER of the pace, never past the deadline;
+    and its pause after an attempt that got no answer."""
+    clock = FakeClock()
+    core = WorkerCore(config(workers=workers), clock, draws=draws)
+    start = clock()
+    (wait,) = core.step(steps.Start(direct=True))
+    paces: list[float] = []
+    while isinstance(wait, steps.AwaitListening):
+        left = core.deadline - clock()
+        assert wait.timeout_s <= left
+        assert wait.every_s <= left
+        if wait.every_s < left:
+            pace = listen_every_s(clock() - start, workers)
+            assert pace * (1 - JITTER) <= wait.every_s <= pace * (1 + JITTER)
+            paces.append(wait.every_s)
+        clock.advance(wait.timeout_s)
+        wait = core.step(steps.ListeningAwaited(refused=True, why="connection refused"))[-1]
+    assert isinstance(wait, steps.Fail)
+    again = WorkerCore(config(workers=workers), FakeClock(), draws=draws)
+    again.step(steps.Start(direct=True))
+    again.step(steps.ListeningAwaited())
+    (pause,) = again.step(steps.Unanswered())
+    assert isinstance(pause, steps.Pause)
+    pace = max(RETRY_PAUSE_S, listen_every_s(LISTEN_FAST_S, workers))
+    assert pace * (1 - JITTER) <= pause.seconds <= pace * (1 + JITTER)
+    return [*paces, pause.seconds]
+
+
+@pytest.mark.parametrize("workers", [2, 8_192])
+def test_nodes_that_wait_together_try_apart(workers: int) -> None:
+    """The scheduler and every worker start again together, or the scheduler alone: every node
+    is refused by the guard with the same retry_after, or waits for the same port. Each of its
+    pauses is drawn (around the pace; a guard's poll between half its ceiling and the
+    ceiling, which grows with the job) from draws its shell seeds, so that the nodes' tries do
+    not arrive together: two nodes seeded apart pause apart, one seeded alike pauses alike."""
+    for pauses in (guard_pauses, port_waits):
+        one, other = pauses(Spread(1), workers), pauses(Spread(2), workers)
+        assert len(one) >= 5
+        assert len(set(one)) > 1  # drawn each time
+        assert all(a != b for a, b in zip(one, other, strict=False))
+        assert pauses(Spread(1), workers) == one
 
 
 def test_a_wait_for_the_port_ends_by_the_deadline_however_slow_its_pace() -> None:
@@ -247,15 +331,15 @@ def test_a_pause_never_outlasts_the_deadline() -> None:
     clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
-    clock.now += TOPO_S - 1.0
+    clock.now += TOPO_S - GUARD_POLL_S / 4  # (a guard's pause is half a poll at least)
     (said, pause) = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25))
     assert isinstance(said, steps.Say)
     assert isinstance(pause, steps.Pause)
-    assert pause.seconds == pytest.approx(1.0)
+    assert pause.seconds == pytest.approx(GUARD_POLL_S / 4)
 
 
 def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
-    core = WorkerCore(config(), FakeClock())
+    core = WorkerCore(config(), FakeClock(), draws=MIDDLE)
     core.step(steps.Start())
     actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=0.5))
     assert actions[-1] == steps.Pause(0.5 + GUARD_MARGIN_S)
@@ -266,15 +350,12 @@ def test_a_node_waiting_out_its_guard_asks_again_often_enough_to_hear_the_jobs_e
     clock = FakeClock()
     core = WorkerCore(config(recovery=True), clock, cluster_id="job-1")
     core.step(steps.Start())
-    actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))
-    assert actions == [
-        steps.Say("registration refused for now: node 0 is alive"),
-        steps.Pause(GUARD_POLL_S),
-    ]
+    said, pause = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))
+    assert said == steps.Say("registration refused for now: node 0 is alive")
+    assert isinstance(pause, steps.Pause)
+    assert GUARD_POLL_S / 2 <= pause.seconds <= GUARD_POLL_S
     # The next refusals are said now and then, not at every attempt.
-    assert core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=24.0)) == [
-        steps.Pause(GUARD_POLL_S)
-    ]
+    assert kinds(core.step(steps.Refused("node 0 is alive", True, 24.0))) == [steps.Pause]
     actions = core.step(steps.Refused("job job-1 is over", finished=True))
     assert kinds(actions) == [steps.Released, steps.Done]
     assert isinstance(actions[0], steps.Released)
@@ -423,14 +504,16 @@ def test_probes_of_unreachable_schedulers_keep_the_jobs_pace(workers: int, pause
     attempt unanswered) probes again after RETRY_PAUSE_S in a small job, and in a large one at
     its share of the job's LISTEN_TRIES_PER_S, as its waits for the port do: not 10 times a
     second each."""
-    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2", workers=workers), FakeClock())
+    core = WorkerCore(
+        config(hosts="127.0.0.1,127.0.0.2", workers=workers), FakeClock(), draws=MIDDLE
+    )
     core.step(steps.Start(verified=False, direct=True))
     assert core.step(steps.Checked(False, "connection refused"))[1:] == [steps.Pause(pause_s)]
     assert core.step(steps.PauseOver()) == [steps.CheckScheduler(FAILOVER_ATTEMPT_S)]
     assert core.step(steps.Unanswered()) == [steps.Pause(pause_s)]
     assert pause_s == max(RETRY_PAUSE_S, workers / LISTEN_TRIES_PER_S)
     # Behind a relay, whose own waits for the port are paced for the host: RETRY_PAUSE_S.
-    relayed = WorkerCore(config(workers=workers), FakeClock())
+    relayed = WorkerCore(config(workers=workers), FakeClock(), draws=MIDDLE)
     relayed.step(steps.Start(verified=False, direct=False))
     assert relayed.step(steps.Checked(False, "connection refused")) == [steps.Pause(RETRY_PAUSE_S)]
 
@@ -912,7 +995,7 @@ def test_without_recovery_or_with_its_stream_up_a_finish_is_not_held() -> None:
 
 
 def test_a_call_cut_off_is_made_again_after_its_pause_every_time_with_recovery() -> None:
-    core, _ = ready_core(recovery=True)
+    core, _ = ready_core(recovery=True, draws=MIDDLE)
     for _ in range(3):
         assert core.step(steps.CallCutOff()) == [steps.RetryCall(CALL_RETRY_PAUSE_S)]
     core.step(steps.Shutdown(ok=True, reason="done"))
@@ -927,13 +1010,13 @@ def test_a_direct_node_of_a_large_job_makes_a_cut_off_call_again_at_its_share() 
     make theirs again at most about LISTEN_TRIES_PER_S times a second. Behind a relay, which
     waits for the scheduler for its host: CALL_RETRY_PAUSE_S."""
     workers = 20_000
-    direct = WorkerCore(config(recovery=True, workers=workers), FakeClock())
+    direct = WorkerCore(config(recovery=True, workers=workers), FakeClock(), draws=MIDDLE)
     direct.step(steps.Start(direct=True))
     direct.step(steps.ListeningAwaited())
     direct.step(accepted())
     direct.step(steps.TopologyReady(topology()))
     assert direct.step(steps.CallCutOff()) == [steps.RetryCall(workers / LISTEN_TRIES_PER_S)]
-    relayed, _ = ready_core(recovery=True)
+    relayed, _ = ready_core(recovery=True, draws=MIDDLE)
     assert relayed.step(steps.CallCutOff()) == [steps.RetryCall(CALL_RETRY_PAUSE_S)]
 
 

@@ -34,8 +34,9 @@ The rules it keeps:
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
   0); a spare whose stream ends (lost, or a leader handing over) registers again, as a spare,
   within a reconnect window counted from then. A node waiting out its guard asks again at
-  least every GUARD_POLL_S, so that it hears of the job's end at once. A ranked node left out
-  of a new topology (its rank went to a spare while it was cut off) fails.
+  least every `guard_poll_s` (GUARD_POLL_S up to 750 nodes), so that it hears of the job's end
+  at once. A ranked node left out of a new topology (its rank went to a spare while it was cut
+  off) fails.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from cluster.protocol.backoff import Draws
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -109,9 +111,15 @@ class WorkerCore:
     """One worker's view of its membership, stepped by events; see the module docstring."""
 
     def __init__(
-        self, config: ClusterConfig, clock: Callable[[], float], *, cluster_id: str = ""
+        self,
+        config: ClusterConfig,
+        clock: Callable[[], float],
+        *,
+        cluster_id: str = "",
+        draws: Draws | None = None,
     ) -> None:
-        """`cluster_id`: the job this node belonged to before its process restarted."""
+        """`cluster_id`: the job this node belonged to before its process restarted. `draws`:
+        what its pauses are jittered with (`Pace`)."""
         self.config = config
         self.clock = clock
         self.addresses = config.addresses
@@ -133,7 +141,7 @@ class WorkerCore:
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
         self._verified = True
-        self.pace = Pace(config.expected_nodes)  # how long it waits between tries
+        self.pace = Pace(config.expected_nodes, config.node_id, draws)  # between its tries
         self._lost = ""
         self._finish = _Finish.NOT_SENT
         self._finish_since = 0.0  # when this node's Finish was first sent

@@ -4,14 +4,24 @@ when to wait; `Pace` says how long, for a node of a job of `nodes`.
 
 The job's nodes wait together (they start together; a scheduler's restart finds every one of
 them waiting), so a pause that would make each of them try a few times a second is stretched to
-the node's share of what the scheduler's host takes from the whole job
-(`cluster.protocol.backoff`).
+the node's share of what the scheduler's host takes from the whole job, and each pause between
+tries is drawn around its pace (`cluster.protocol.backoff`: within JITTER of it; a guard's poll
+between half of its ceiling and the ceiling), from draws the node's shell seeds, so that the
+nodes' tries do not arrive together. A pause never passes the deadline the core clips it to.
 """
 
 from __future__ import annotations
 
-from cluster.protocol.backoff import LISTEN_FAST_S, RetryPolicy, listen_every_s, listen_pace
-from cluster.protocol.records import GUARD_POLL_S
+from cluster.protocol.backoff import (
+    LISTEN_FAST_S,
+    Draws,
+    RetryPolicy,
+    Spread,
+    guard_pause_s,
+    jittered,
+    listen_every_s,
+    listen_pace,
+)
 
 # A registration attempt gives up on reaching the scheduler after this long; with several
 # scheduler addresses sooner, so that the next one is tried.
@@ -37,18 +47,22 @@ FINISH_RETRY = RetryPolicy(first_s=0.1, max_s=2.0)
 
 
 class Pace:
-    """The pauses of one node of a job of `nodes`. `direct`: it connects to the scheduler
-    itself (no relay between), so its tries reach the scheduler's host and keep the job's
-    pace."""
+    """The pauses of node `node_id` of a job of `nodes`, jittered with `draws` (by default
+    draws seeded from the node id: nodes of one job differ). `direct`: it connects to the
+    scheduler itself (no relay between), so its tries reach the scheduler's host and keep the
+    job's pace."""
 
-    def __init__(self, nodes: int) -> None:
+    def __init__(self, nodes: int, node_id: str | None, draws: Draws | None = None) -> None:
         self.nodes = nodes
+        self.draws = draws or Spread(int.from_bytes((node_id or "").encode()[-8:], "big"))
         self.direct = False
 
     def listening(self, waited_s: float) -> tuple[float, float]:
         """(every_s, for_s) of a wait for the scheduler's port `waited_s` in (`listen_pace`):
-        quick for its first second, then for ATTEMPT_TIMEOUT_S at a time."""
-        return listen_pace(waited_s, self.nodes, ATTEMPT_TIMEOUT_S)
+        quick for its first second, then for ATTEMPT_TIMEOUT_S at a time; tried every_s
+        apart, drawn around the pace."""
+        every_s, for_s = listen_pace(waited_s, self.nodes, ATTEMPT_TIMEOUT_S)
+        return jittered(every_s, self.draws), for_s
 
     def retry_s(self) -> float:
         """The pause after an attempt that got no answer, or a probe that found no scheduler:
@@ -69,13 +83,15 @@ class Pace:
         return self.paced(CALL_RETRY_PAUSE_S)
 
     def paced(self, pause_s: float) -> float:
-        """`pause_s`, or for a node that connects directly its share of the job's tries."""
-        if not self.direct:
-            return pause_s
-        return max(pause_s, listen_every_s(LISTEN_FAST_S, self.nodes))
+        """`pause_s`, or for a node that connects directly its share of the job's tries; drawn
+        around that."""
+        if self.direct:
+            pause_s = max(pause_s, listen_every_s(LISTEN_FAST_S, self.nodes))
+        return jittered(pause_s, self.draws)
 
     def guard_s(self, retry_after_s: float) -> float:
         """The pause after a transient refusal (the guard) that clears in `retry_after_s`: a
-        little past its end, so that the next attempt is not early by a hair; and at most
-        GUARD_POLL_S, soon enough to hear that the job ended meanwhile."""
-        return min(retry_after_s + GUARD_MARGIN_S, GUARD_POLL_S)
+        little past its end, so that the next attempt is not early by a hair; and no longer
+        than a poll of the guard (`guard_pause_s`: at most GUARD_POLL_S in a job of up to 750
+        nodes), soon enough to hear that the job ended meanwhile."""
+        return min(retry_after_s + GUARD_MARGIN_S, guard_pause_s(self.nodes, self.draws))

@@ -8,7 +8,7 @@ actions -> `_run`, the one interpreter, which carries them out (register, probe,
 Watch stream with heartbeats, deliver the topology, send the Finish, report a failure through
 `on_fatal` exactly once) and steps the core with what came of them, converted from protobuf by
 `cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user races against
-the job's failure, so no caller waits on a job that is already over."""
+the job's failure (`cluster.worker.racing`), so no caller waits on a job that is already over."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol import auth
+from cluster.protocol.backoff import Spread
 from cluster.protocol.config import ClusterConfig, silence_limit
 from cluster.protocol.environment import read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
@@ -37,6 +38,7 @@ from cluster.worker import convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
+from cluster.worker.racing import unless_failed
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silence
 
 T = TypeVar("T")
@@ -71,7 +73,9 @@ class WorkerAgent:
         self.identity = identity
         # The agent's clock is the core's: deadlines the core sets are waited for here.
         self._clock = time.monotonic
-        self.core = WorkerCore(config, self._clock, cluster_id=cluster_id)
+        # Its pauses are jittered from its incarnation: no two processes of a job draw alike.
+        draws = Spread(identity.incarnation)
+        self.core = WorkerCore(config, self._clock, cluster_id=cluster_id, draws=draws)
         self._say = say
         self._on_fatal = on_fatal
         self._tls = None if config.tls is None else scheduler_link.prepare_tls(config.tls, say)
@@ -95,6 +99,7 @@ class WorkerAgent:
         self._stream_done = False  # the stream said its last word (a Done action)
         self._table = peer_table.HeldTable()  # the last whole table heard: the next delta's base
         self._stream_up = False  # an accepted event stream is being read
+        self._back = asyncio.Event()  # accepted again, or over: a held Finish goes on
         self._move: asyncio.Task[None] | None = None  # to the relay come back: `_back_to_relay`
         self.accepted_at: float | None = None  # first accepted (this clock): a benchmark's stage
         loop = asyncio.get_running_loop()
@@ -196,8 +201,11 @@ class WorkerAgent:
                 return self.core.step(steps.PauseOver())
             case steps.Follow(address=address):
                 self._follow(address)
-            case steps.Watch() | steps.RetryCall():
-                return action  # the caller reads the stream, or makes the call again
+            case steps.Watch():
+                self._back.set()
+                return action  # the caller reads the stream
+            case steps.RetryCall():
+                return action  # the caller makes the call again
             case steps.Deliver():
                 self._deliver(action)
             case steps.PeerFailed():
@@ -209,10 +217,16 @@ class WorkerAgent:
                 self._failed(error, report=False)
             case steps.Done():
                 self._stream_done = True
+                self._back.set()
             case steps.SendFinish(timeout_s=timeout_s):
                 return self.core.step(await self.send_finish(timeout_s))
             case steps.RetryFinish(after_s=after_s):
                 await asyncio.sleep(after_s)
+                return self.core.step(steps.FinishRetryDue())
+            case steps.HoldFinish(timeout_s=timeout_s):
+                self._back.clear()  # (the core held it while registering again: not back yet)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._back.wait(), timeout_s)
                 return self.core.step(steps.FinishRetryDue())
             case steps.AwaitFatal(wait_s=wait_s):
                 # The cut-off call's reason is on the event stream, an instant behind: raise
@@ -267,6 +281,7 @@ class WorkerAgent:
         return task
 
     def _failed(self, error: ClusterError, *, report: bool) -> None:
+        self._back.set()
         if self._fatal.done():
             return
         self._fatal.set_result(error)
@@ -511,29 +526,6 @@ class WorkerAgent:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def _guarded(self, awaitable: Awaitable[T]) -> T:
-        """Await `awaitable` unless the job fails first; then raise that failure."""
-        if self._fatal.done():
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()  # never started: no "was never awaited" warning at exit
-            raise self._fatal.result()
-        task = asyncio.ensure_future(awaitable)
-        racers: list[asyncio.Future[Any]] = [task, self._fatal]
-        try:
-            await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the caller gave up (a timeout): so does the awaitable
-            task.cancel()
-            raise
-        # An answer wins; a call that failed as the job did (its channel closed by the job's
-        # end: CANCELLED) reports the job's failure, which is the cause.
-        failed = task.done() and (task.cancelled() or task.exception() is not None)
-        if task.done() and not (failed and self._fatal.done()):
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise self._fatal.result()
-
     def _require_topology(self) -> Topology:
         if self.topology is None:
             raise ClusterError("the job has not formed yet: cluster.init() has not returned")
@@ -550,7 +542,7 @@ class WorkerAgent:
             if signer is not None:
                 signer.hold(taken)
             try:
-                return await self._guarded(call)
+                return await unless_failed(call, self._fatal)
             except asyncio.CancelledError:
                 if self._cancelled_by_leader_change(channel):
                     continue  # on the channel closed for a new leader: made again on the new one
@@ -609,7 +601,7 @@ class WorkerAgent:
             topology = self._require_topology()
             if topology.generation > newer_than:
                 return topology
-            await self._guarded(self._new_generation.wait())
+            await unless_failed(self._new_generation.wait(), self._fatal)
 
     async def peer_failed(self, generation: int, wait_s: float) -> bool:
         """Whether a peer of `generation` failed (or the job moved past it), waiting up to
@@ -622,8 +614,9 @@ class WorkerAgent:
         waiters = [asyncio.ensure_future(peer_failed.wait()), asyncio.ensure_future(moved.wait())]
         try:
             # FIRST_COMPLETED: either event answers; the default (all) waited out wait_s.
-            await self._guarded(
-                asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            await unless_failed(
+                asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED),
+                self._fatal,
             )
         finally:
             for waiter in waiters:

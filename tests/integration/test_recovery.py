@@ -182,6 +182,45 @@ def test_restarted_worker_waits_for_the_guard_and_rejoins_with_its_rank(
         assert "generation=2 result=[0, 1, 2]" in worker.output, worker.output
 
 
+def test_a_worker_that_finishes_while_the_scheduler_restarts_is_heard_once_back(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Rank 1 finalizes while its scheduler is dead: its Finish waits for the restarted
+    scheduler to take the node back, and goes then, so the job ends 0. (It was given up at
+    once: the process exited 0, and the restarted scheduler failed the job MS_TOPO_TIMEOUT
+    later, though every rank had finished.)"""
+    port, go = free_port(), [tmp_path / "go0", tmp_path / "go1"]
+    env = job_env(
+        2,
+        port,
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        MS_NODE_TIMEOUT="3",  # a Finish is given up 10 s after it is first sent
+        MS_TOPO_TIMEOUT="20",
+    )
+    script = str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py")
+    scheduler = processes.start_role("scheduler", "MS_SCHED", [script, "-"], env)
+    workers = [
+        processes.start_role(
+            f"worker{i}", "MS_WORKER", [script, str(go[i])], env | {"MS_NODE_ID": str(i)}
+        )
+        for i in range(2)
+    ]
+    for worker in workers:
+        worker.wait_for_output("in rank=", 30)
+    go[0].touch()
+    assert workers[0].wait(20) == 0, workers[0].output
+    scheduler.popen.send_signal(signal.SIGKILL)
+    scheduler.wait(10)
+    go[1].touch()
+    workers[1].wait_for_output("this node's finish waits for it to take this node back", 15)
+    restarted = processes.start_role("scheduler-restarted", "MS_SCHED", [script, "-"], env)
+    assert workers[1].wait(20) == 0, workers[1].output
+    assert "could not tell" not in workers[1].output, workers[1].output
+    assert restarted.wait(20) == 0, restarted.output
+    assert "job finished: all 2 nodes finished" in restarted.output, restarted.output
+
+
 def test_a_live_node_id_cannot_be_claimed(processes: Procs, tmp_path: Path) -> None:
     job = Job(processes, tmp_path, 2)
     before = job.status()

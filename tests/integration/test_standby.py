@@ -27,7 +27,7 @@ from cluster.transport.failures import LEADER_KEY
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.procs import PYTHON, Procs, job_env
+from tests.procs import PYTHON, ROOT, Procs, job_env
 from tests.servers.etcd import EtcdCluster
 from tests.sockets import connections_by_owner
 
@@ -37,23 +37,27 @@ CREDENTIALS = {"0": b"a" * 32, "1": b"b" * 32}
 
 
 class Schedulers:
-    """Two `mscluster scheduler` processes, one per loopback address, on one port."""
+    """Two `mscluster scheduler` processes, one per loopback address, on one port, for a job of
+    `workers` (and `more` options)."""
 
-    def __init__(self, processes: Procs, etcd: EtcdCluster) -> None:
+    def __init__(
+        self, processes: Procs, etcd: EtcdCluster, workers: int = 2, more: tuple[str, ...] = ()
+    ) -> None:
         self.processes = processes
+        self.workers, self.more = workers, more
         self.url = etcd.state_url()
         self.port = free_port()
         self.metrics_ports = {host: free_port() for host in HOSTS}
         self.procs = {host: self.start(host) for host in HOSTS}
 
     def start(self, host: str) -> Process:
-        args = ["--host", host, "--port", str(self.port), "--worker-num", "2"]
+        args = ["--host", host, "--port", str(self.port), "--worker-num", str(self.workers)]
         args += ["--metrics-port", str(self.metrics_ports[host])]
         args += ["--node-timeout", "5", "--state-url", self.url, "--lease", str(LEASE_S)]
         return self.processes.start(
             f"scheduler-{host}",
-            [PYTHON, "-m", "cluster", "scheduler", *args],
-            job_env(2, self.port),
+            [PYTHON, "-m", "cluster", "scheduler", *args, *self.more],
+            job_env(self.workers, self.port),
         )
 
     def address(self, host: str) -> str:
@@ -225,6 +229,44 @@ def test_workers_that_follow_a_new_leader_leave_the_old_one_no_connection(
         os.kill(schedulers.procs[first].pid, signal.SIGCONT)
     wait_until(lambda: holds(first) == [0, 0], 5, "the old leader to hold no worker's connection")
     assert all(worker.running for worker in workers)
+
+
+def test_a_spare_that_waited_past_MS_TOPO_TIMEOUT_follows_the_leader_that_takes_over(
+    processes: Procs, etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    """A spare waits longer than MS_TOPO_TIMEOUT, as it may; the leader hands the job over
+    (SIGTERM): the spare registers again, as a spare, with the new leader, and is released
+    with exit 0 when the job ends. (It kept the deadline of its start, and failed at once:
+    `SchedulerUnreachableError: the scheduler at ... is unreachable: `.)"""
+    schedulers = Schedulers(processes, etcd_cluster, workers=1, more=("--topo-timeout", "4"))
+    leader = schedulers.leader()
+    other = next(host for host in HOSTS if host != leader)
+    env = job_env(
+        1,
+        schedulers.port,
+        MS_SCHED_HOST=",".join(HOSTS),
+        MS_NODE_TIMEOUT="5",
+        MS_TOPO_TIMEOUT="4",
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+    )
+    go = tmp_path / "go"
+    script = [str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py"), str(go)]
+    worker = processes.start_role("worker-0", "MS_WORKER", script, env | {"MS_NODE_ID": "0"})
+    worker.wait_for_output("in rank=0", 30)
+    spare_env = env | {"MS_NODE_ID": "s0", "CLUSTER_SPARE": "1"}
+    spare = processes.start_role("spare", "MS_WORKER", script, spare_env)
+    spare.wait_for_output("as a spare", 30)
+    time.sleep(5)  # sleep-ok: the fault: the spare waits past its MS_TOPO_TIMEOUT (4 s)
+    schedulers.procs[leader].popen.send_signal(signal.SIGTERM)
+    assert schedulers.procs[leader].wait(20) == 0, schedulers.procs[leader].output
+    back = f"accepted by the scheduler at {schedulers.address(other)} as a spare"
+    wait_until(lambda: back in spare.output or not spare.running, 30, "the spare to follow")
+    assert back in spare.output, spare.output
+    go.touch()
+    assert worker.wait(30) == 0, worker.output
+    assert spare.wait(30) == 0, spare.output
+    assert "the job finished while this node was a spare" in spare.output, spare.output
 
 
 def status(addr: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -381,7 +381,7 @@ class Sim:
                     Packet(self.clock.now, 0, SCHED, proc.node_id, ("unknown", proc.incarnation))
                 )
             elif self.cores is not None and proc.running and proc.member:
-                self.cores.lost(proc, "the scheduler's connection broke")
+                self.cores.lost(proc, "the scheduler's connection broke", cut=True)
             proc.member = False
 
     def restore_machine(self, why: str) -> None:

@@ -9,18 +9,26 @@ bound, a pause, the deadline for the first topology) run on the simulation's clo
 
 A core that fails its node (its reconnect window passed, a topology without it) ends the process
 as `cluster.init()` would; the launcher starts it again (`Sim.heal`), unless the scheduler
-refused it for good.
+refused it for good. A failure says why (its message never ends in nothing), and a spare fails
+for a registration deadline only MS_NODE_TIMEOUT after its stream ended, never for one set
+before it was accepted.
+
+With standbys, a stream the scheduler's end cut (it died, or stepped down) ends now and then
+with "not the leader" naming none yet, as a stepping-down leader's streams do, instead of
+breaking: the core follows no one and asks again after a pause.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cluster.protocol.backoff import Spread
 from cluster.protocol.environment import from_env
-from cluster.protocol.errors import RegistrationRefused
+from cluster.protocol.errors import RegistrationRefused, SchedulerUnreachableError
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -66,6 +74,14 @@ class Cores:
     ready: TopologyReadyEvent | None = None  # the topology being stepped, for its checks
     streams: dict[str, int] = field(default_factory=dict)  # the number of the stream it reads
     answered: int = 0  # the stream of the answer being stepped
+    spares: set[str] = field(default_factory=set)  # accepted as spares, not promoted since
+    ended_at: dict[str, float] = field(default_factory=dict)  # when its stream last ended
+    # Whether a stream the scheduler's end cut ends with "not the leader": its own stream of
+    # draws, so that the schedule's other choices stay as they were.
+    handovers: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.handovers = random.Random(self.sim.seed * 6007 + 11)
 
     def config(self, proc: Process) -> Any:
         env = {
@@ -87,9 +103,14 @@ class Cores:
 
     def start(self, proc: Process) -> None:
         """A new process: a new core, which remembers the job of the node's state file."""
-        core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job)
+        # Its pauses jittered as a real process's, from its own seed: the schedule's, the node's
+        # and its incarnation's.
+        draws = Spread(self.sim.seed * 1_000_003 + proc.port * 101 + proc.incarnation)
+        core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job, draws=draws)
         self.cores[proc.node_id] = core
         self.attempts.pop(proc.node_id, None)
+        self.spares.discard(proc.node_id)
+        self.ended_at.pop(proc.node_id, None)
         # Direct: a scheduler of the simulation comes back at once, so its port always listens.
         self.carry(proc, core.step(steps.Start(verified=True, direct=True)))
         self.after(proc, core.ready_by - self.sim.clock.now, steps.DeadlinePassed())
@@ -149,6 +170,8 @@ class Cores:
                 case steps.Pause(seconds=seconds):
                     self.after(proc, seconds, steps.PauseOver())
                 case steps.Watch():
+                    if core.lifecycle is Lifecycle.SPARE:
+                        self.spares.add(proc.node_id)
                     if core.cluster_id != proc.job:  # a new job (its scheduler started anew)
                         proc.job, proc.rank, proc.paused = core.cluster_id, None, False
                     proc.member = True
@@ -159,6 +182,7 @@ class Cores:
                     ready = self.ready
                     assert ready is not None
                     assert ready.generation == topology.generation
+                    self.spares.discard(proc.node_id)
                     self.sim.delivered(proc, ready)
                 case steps.PeerFailed():
                     proc.paused = True
@@ -175,6 +199,7 @@ class Cores:
 
     def exit(self, proc: Process, action: steps.Action, error: Exception) -> None:
         """The core failed its node, or let it go: the process exits."""
+        self.check_failure(proc, error)
         self.failures.append(f"{proc.node_id}: {error}")
         self.sim.note(f"{proc.node_id} exits: {error}")
         self.sim.kill(proc)
@@ -182,6 +207,20 @@ class Cores:
             proc.ended = "released"
         elif isinstance(error, RegistrationRefused):
             proc.ended = "refused"  # for good: its launcher does not start it again
+
+    def check_failure(self, proc: Process, error: Exception) -> None:
+        """A failure says why; a spare's registration deadline is set when its stream ends."""
+        said = str(error).rstrip()
+        if not said or said.endswith(":"):
+            raise self.sim.violation("failure-says-why", f"{proc.node_id}: {str(error)!r}")
+        ended = self.ended_at.get(proc.node_id, -self.sim.node_timeout_s)
+        early = self.sim.clock.now - ended < self.sim.node_timeout_s
+        if proc.node_id in self.spares and isinstance(error, SchedulerUnreachableError) and early:
+            raise self.sim.violation(
+                "spare-deadline",
+                f"spare {proc.node_id} failed {self.sim.clock.now - ended:g} s after its stream "
+                f"ended, before MS_NODE_TIMEOUT: {error}",
+            )
 
     # -- what reaches the process -------------------------------------------------------------
 
@@ -220,14 +259,19 @@ class Cores:
         if isinstance(effect, ShutdownEvent) and proc.running:  # the script ends with the job
             proc.running, proc.member, proc.ended = False, False, "shutdown"
 
-    def lost(self, proc: Process, why: str) -> None:
-        """Its stream broke (evicted, the scheduler gone or not knowing it): heard by a core
-        that reads one."""
+    def lost(self, proc: Process, why: str, *, cut: bool = False) -> None:
+        """Its stream broke (evicted, the scheduler gone or not knowing it; `cut`: by the end
+        of the scheduler that held it): heard by a core that reads one."""
         proc.member = False
         self.streams.pop(proc.node_id, None)
         core = self.cores[proc.node_id]
-        if core.lifecycle in STREAMING:
-            self.carry(proc, core.step(steps.StreamLost(why)))
+        if core.lifecycle not in STREAMING:
+            return
+        self.ended_at[proc.node_id] = self.sim.clock.now
+        lost: steps.Event = steps.StreamLost(why)
+        if cut and self.sim.ha is not None and self.handovers.random() < 0.5:
+            lost = steps.NotLeader("", retry_after_s=worker_convert.NOT_LEADER_RETRY_S)
+        self.carry(proc, core.step(lost))
 
 
 __all__ = ["Cores"]

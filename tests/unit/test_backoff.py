@@ -7,14 +7,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.protocol.backoff import (
+    GUARD_TRIES_PER_S,
+    JITTER,
     LISTEN_FAST_S,
     LISTEN_SLOW_TRY_S,
     LISTEN_TRIES_PER_S,
     LISTEN_TRY_S,
     Backoff,
+    Spread,
+    guard_pause_s,
+    guard_poll_s,
+    jittered,
     listen_every_s,
     listen_pace,
 )
+from cluster.protocol.records import GUARD_POLL_S
 
 
 def test_the_delays_double_up_to_the_ceiling_and_start_again_after_a_reset() -> None:
@@ -81,3 +88,41 @@ def test_relays_and_direct_nodes_share_the_jobs_tries_whoever_speaks_for_whom(
     assert above_floor <= LISTEN_TRIES_PER_S * (1 + 1e-9)  # (float division)
     assert listen_every_s(waited_s, nodes, 0) == listen_every_s(waited_s, nodes)
     assert listen_pace(waited_s, nodes, 3.0, 4)[0] == listen_every_s(waited_s, nodes, 4)
+
+
+@given(st.integers(0, 2**64 - 1), st.floats(-5.0, 5.0), st.floats(0.0, 10.0))
+def test_a_spread_draws_within_its_range_and_again_alike_from_its_seed(
+    seed: int, low: float, width: float
+) -> None:
+    draws, again = Spread(seed), Spread(seed)
+    drawn = [draws.uniform(low, low + width) for _ in range(20)]
+    assert all(low <= x <= low + width for x in drawn)
+    assert drawn == [again.uniform(low, low + width) for _ in range(20)]
+
+
+def test_spreads_of_neighbouring_seeds_draw_unlike_numbers_evenly() -> None:
+    """Processes seeded 1, 2, 3 (small incarnations, node ids) must not pause alike."""
+    firsts = [Spread(seed).uniform(0.0, 1.0) for seed in range(1_000)]
+    assert len(set(firsts)) == len(firsts)
+    assert sum(x < 0.5 for x in firsts) == pytest.approx(500, abs=60)
+    many = Spread(7)
+    drawn = [many.uniform(0.0, 1.0) for _ in range(10_000)]
+    assert sum(drawn) / len(drawn) == pytest.approx(0.5, abs=0.02)
+
+
+@given(st.floats(1e-3, 100.0), st.integers(0, 2**32))
+def test_a_jittered_pace_is_within_its_jitter(pace_s: float, seed: int) -> None:
+    assert pace_s * (1 - JITTER) <= jittered(pace_s, Spread(seed)) <= pace_s * (1 + JITTER)
+
+
+@given(st.integers(1, 1_000_000), st.integers(0, 2**32))
+def test_a_guard_poll_hears_the_end_at_once_in_a_small_job_and_keeps_the_jobs_pace(
+    nodes: int, seed: int
+) -> None:
+    """GUARD_POLL_S in a job of up to 750 nodes; beyond, longer: the job's nodes, pausing
+    three quarters of the ceiling on average, ask about GUARD_TRIES_PER_S times a second."""
+    ceiling = guard_poll_s(nodes)
+    assert ceiling >= GUARD_POLL_S
+    assert ceiling == GUARD_POLL_S or nodes > 750
+    assert nodes / (ceiling * 0.75) <= GUARD_TRIES_PER_S * (1 + 1e-9)
+    assert ceiling / 2 <= guard_pause_s(nodes, Spread(seed)) <= ceiling

@@ -15,10 +15,15 @@ from hypothesis import given, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cluster.protocol.backoff import (
+    JITTER,
     LISTEN_FAST_S,
     LISTEN_SLOW_TRY_S,
     LISTEN_TRIES_PER_S,
     LISTEN_TRY_S,
+    Draws,
+    Spread,
+    guard_poll_s,
+    listen_every_s,
 )
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.environment import from_env
@@ -30,23 +35,25 @@ from cluster.protocol.errors import (
     SchedulerUnreachableError,
     TopologyTimeoutError,
 )
+from cluster.protocol.leader_search import DOWN_FOR_S
+from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import (
-    ATTEMPT_TIMEOUT_S,
-    CALL_RETRY_PAUSE_S,
-    DOWN_FOR_S,
-    FAILOVER_ATTEMPT_S,
     FATAL_WAIT_S,
     FINISH_RETRIED,
-    FINISH_RETRY,
-    FINISH_SLACK_S,
-    GUARD_MARGIN_S,
-    GUARD_POLL_S,
-    RETRY_PAUSE_S,
     TOPOLOGY_MARGIN_S,
     Lifecycle,
     WorkerCore,
+)
+from cluster.worker.machine.pacing import (
+    ATTEMPT_TIMEOUT_S,
+    CALL_RETRY_PAUSE_S,
+    FAILOVER_ATTEMPT_S,
+    FINISH_RETRY,
+    FINISH_SLACK_S,
+    GUARD_MARGIN_S,
+    RETRY_PAUSE_S,
 )
 from tests.conftest import FakeClock
 
@@ -92,9 +99,22 @@ def fails(actions: list[steps.Action]) -> list[ClusterError]:
     return [action.error for action in actions if isinstance(action, steps.Fail)]
 
 
-def ready_core(*, recovery: bool = False, hosts: str = "127.0.0.1") -> tuple[WorkerCore, FakeClock]:
+class Middle:
+    """Draws the middle of every range: each pause is its pace, for the tests of the paces
+    (the jitter around them has its own)."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return (a + b) / 2
+
+
+MIDDLE = Middle()
+
+
+def ready_core(
+    *, recovery: bool = False, hosts: str = "127.0.0.1", draws: Draws | None = None
+) -> tuple[WorkerCore, FakeClock]:
     clock = FakeClock()
-    core = WorkerCore(config(recovery=recovery, hosts=hosts), clock)
+    core = WorkerCore(config(recovery=recovery, hosts=hosts), clock, draws=draws)
     core.step(steps.Start())
     core.step(accepted())
     core.step(steps.TopologyReady(topology()))
@@ -127,7 +147,7 @@ def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> Non
     for its port (cheap tries, where gRPC backs off 100 ms at least), telling now and then why,
     until MS_TOPO_TIMEOUT, which names it."""
     clock = FakeClock()
-    core = WorkerCore(config(), clock)
+    core = WorkerCore(config(), clock, draws=MIDDLE)
     # Every 10 ms for the first second of the wait, then as often as gRPC would have tried.
     first = steps.AwaitListening(LISTEN_FAST_S, LISTEN_TRY_S)
     assert core.step(steps.Start(direct=True)) == [first]
@@ -152,10 +172,76 @@ def test_a_direct_node_waits_for_the_scheduler_to_listen_then_registers() -> Non
 
 def test_the_nodes_of_a_large_job_try_the_scheduler_port_less_often_each() -> None:
     """At most about LISTEN_TRIES_PER_S tries a second from the whole job."""
-    core = WorkerCore(config(workers=20_000), FakeClock())
+    core = WorkerCore(config(workers=20_000), FakeClock(), draws=MIDDLE)
     (wait,) = core.step(steps.Start(direct=True))
     assert isinstance(wait, steps.AwaitListening)
     assert wait.every_s == 20_000 / LISTEN_TRIES_PER_S
+
+
+def guard_pauses(draws: Draws, workers: int) -> list[float]:
+    """The pauses of a node refused by the guard (it clears in 25 s) until MS_TOPO_TIMEOUT:
+    each within the guard's poll or clipped to the deadline, never past it."""
+    clock = FakeClock()
+    job = config(recovery=True, workers=workers)
+    core = WorkerCore(job, clock, cluster_id="job-1", draws=draws)
+    core.step(steps.Start())
+    pauses: list[float] = []
+    while core.lifecycle is Lifecycle.JOINING:
+        pause = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))[-1]
+        assert isinstance(pause, steps.Pause)
+        left = core.deadline - clock()
+        assert pause.seconds <= left
+        if pause.seconds < left:
+            assert guard_poll_s(workers) / 2 <= pause.seconds <= guard_poll_s(workers)
+            pauses.append(pause.seconds)
+        clock.advance(pause.seconds)
+        core.step(steps.PauseOver())
+    return pauses
+
+
+def port_waits(draws: Draws, workers: int) -> list[float]:
+    """How far apart a direct node tries the port of a scheduler that does not listen (it
+    restarts), until MS_TOPO_TIMEOUT: each within JITTER of the pace, never past the deadline;
+    and its pause after an attempt that got no answer."""
+    clock = FakeClock()
+    core = WorkerCore(config(workers=workers), clock, draws=draws)
+    start = clock()
+    (wait,) = core.step(steps.Start(direct=True))
+    paces: list[float] = []
+    while isinstance(wait, steps.AwaitListening):
+        left = core.deadline - clock()
+        assert wait.timeout_s <= left
+        assert wait.every_s <= left
+        if wait.every_s < left:
+            pace = listen_every_s(clock() - start, workers)
+            assert pace * (1 - JITTER) <= wait.every_s <= pace * (1 + JITTER)
+            paces.append(wait.every_s)
+        clock.advance(wait.timeout_s)
+        wait = core.step(steps.ListeningAwaited(refused=True, why="connection refused"))[-1]
+    assert isinstance(wait, steps.Fail)
+    again = WorkerCore(config(workers=workers), FakeClock(), draws=draws)
+    again.step(steps.Start(direct=True))
+    again.step(steps.ListeningAwaited())
+    (pause,) = again.step(steps.Unanswered())
+    assert isinstance(pause, steps.Pause)
+    pace = max(RETRY_PAUSE_S, listen_every_s(LISTEN_FAST_S, workers))
+    assert pace * (1 - JITTER) <= pause.seconds <= pace * (1 + JITTER)
+    return [*paces, pause.seconds]
+
+
+@pytest.mark.parametrize("workers", [2, 8_192])
+def test_nodes_that_wait_together_try_apart(workers: int) -> None:
+    """The scheduler and every worker start again together, or the scheduler alone: every node
+    is refused by the guard with the same retry_after, or waits for the same port. Each of its
+    pauses is drawn (around the pace; a guard's poll between half its ceiling and the
+    ceiling, which grows with the job) from draws its shell seeds, so that the nodes' tries do
+    not arrive together: two nodes seeded apart pause apart, one seeded alike pauses alike."""
+    for pauses in (guard_pauses, port_waits):
+        one, other = pauses(Spread(1), workers), pauses(Spread(2), workers)
+        assert len(one) >= 5
+        assert len(set(one)) > 1  # drawn each time
+        assert all(a != b for a, b in zip(one, other, strict=False))
+        assert pauses(Spread(1), workers) == one
 
 
 def test_a_wait_for_the_port_ends_by_the_deadline_however_slow_its_pace() -> None:
@@ -245,15 +331,15 @@ def test_a_pause_never_outlasts_the_deadline() -> None:
     clock = FakeClock()
     core = WorkerCore(config(), clock)
     core.step(steps.Start())
-    clock.now += TOPO_S - 1.0
+    clock.now += TOPO_S - GUARD_POLL_S / 4  # (a guard's pause is half a poll at least)
     (said, pause) = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25))
     assert isinstance(said, steps.Say)
     assert isinstance(pause, steps.Pause)
-    assert pause.seconds == pytest.approx(1.0)
+    assert pause.seconds == pytest.approx(GUARD_POLL_S / 4)
 
 
 def test_the_guard_refusal_is_retried_just_after_it_clears() -> None:
-    core = WorkerCore(config(), FakeClock())
+    core = WorkerCore(config(), FakeClock(), draws=MIDDLE)
     core.step(steps.Start())
     actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=0.5))
     assert actions[-1] == steps.Pause(0.5 + GUARD_MARGIN_S)
@@ -264,15 +350,12 @@ def test_a_node_waiting_out_its_guard_asks_again_often_enough_to_hear_the_jobs_e
     clock = FakeClock()
     core = WorkerCore(config(recovery=True), clock, cluster_id="job-1")
     core.step(steps.Start())
-    actions = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))
-    assert actions == [
-        steps.Say("registration refused for now: node 0 is alive"),
-        steps.Pause(GUARD_POLL_S),
-    ]
+    said, pause = core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=25.0))
+    assert said == steps.Say("registration refused for now: node 0 is alive")
+    assert isinstance(pause, steps.Pause)
+    assert GUARD_POLL_S / 2 <= pause.seconds <= GUARD_POLL_S
     # The next refusals are said now and then, not at every attempt.
-    assert core.step(steps.Refused("node 0 is alive", transient=True, retry_after_s=24.0)) == [
-        steps.Pause(GUARD_POLL_S)
-    ]
+    assert kinds(core.step(steps.Refused("node 0 is alive", True, 24.0))) == [steps.Pause]
     actions = core.step(steps.Refused("job job-1 is over", finished=True))
     assert kinds(actions) == [steps.Released, steps.Done]
     assert isinstance(actions[0], steps.Released)
@@ -372,6 +455,37 @@ def test_a_formed_job_follows_a_new_leader_within_the_reconnect_window() -> None
     assert core.deadline == clock.now + NODE_S
 
 
+@pytest.mark.parametrize("leader", ["127.0.0.2:8118", ""])
+def test_a_spare_follows_a_new_leader_however_long_it_waited(leader: str) -> None:
+    """A spare waits longer than MS_TOPO_TIMEOUT, as it may; when the leader hands the job
+    over (or steps down, naming none yet), it registers again as a spare within a reconnect
+    window from then. (It kept its start's deadline, and failed at once with a message that
+    ended in nothing: "the scheduler at ... is unreachable: ".)"""
+    clock = FakeClock()
+    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2", recovery=True), clock)
+    core.step(steps.Start())
+    core.step(dataclasses.replace(accepted(), spare=True))
+    clock.advance(TOPO_S + 100)
+    actions = core.step(steps.NotLeader(leader, retry_after_s=0.5))
+    assert fails(actions) == []
+    assert core.lifecycle is Lifecycle.RECONNECTING
+    assert core.deadline == clock() + NODE_S
+    if not leader:  # no leader yet: the next address (probed first), after a pause
+        assert actions == [steps.Follow("127.0.0.2:8118"), steps.Pause(0.5)]
+        clock.advance(0.5)
+        assert core.step(steps.PauseOver()) == [steps.CheckScheduler(FAILOVER_ATTEMPT_S)]
+        actions = core.step(steps.Checked(True))
+    assert actions[-1] == steps.Register(FAILOVER_ATTEMPT_S, core.deadline - clock())
+    assert core.address == "127.0.0.2:8118"
+    core.step(dataclasses.replace(accepted(), spare=True))
+    assert core.lifecycle is Lifecycle.SPARE
+    # Not back within the window: the failure says why.
+    core.step(steps.NotLeader(""))
+    clock.advance(NODE_S)
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert str(error).endswith("is unreachable: the scheduler became a standby")
+
+
 def test_several_addresses_are_tried_in_turn_when_one_is_down() -> None:
     core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2"), FakeClock())
     assert core.address == "127.0.0.1:8118"
@@ -390,14 +504,16 @@ def test_probes_of_unreachable_schedulers_keep_the_jobs_pace(workers: int, pause
     attempt unanswered) probes again after RETRY_PAUSE_S in a small job, and in a large one at
     its share of the job's LISTEN_TRIES_PER_S, as its waits for the port do: not 10 times a
     second each."""
-    core = WorkerCore(config(hosts="127.0.0.1,127.0.0.2", workers=workers), FakeClock())
+    core = WorkerCore(
+        config(hosts="127.0.0.1,127.0.0.2", workers=workers), FakeClock(), draws=MIDDLE
+    )
     core.step(steps.Start(verified=False, direct=True))
     assert core.step(steps.Checked(False, "connection refused"))[1:] == [steps.Pause(pause_s)]
     assert core.step(steps.PauseOver()) == [steps.CheckScheduler(FAILOVER_ATTEMPT_S)]
     assert core.step(steps.Unanswered()) == [steps.Pause(pause_s)]
     assert pause_s == max(RETRY_PAUSE_S, workers / LISTEN_TRIES_PER_S)
     # Behind a relay, whose own waits for the port are paced for the host: RETRY_PAUSE_S.
-    relayed = WorkerCore(config(workers=workers), FakeClock())
+    relayed = WorkerCore(config(workers=workers), FakeClock(), draws=MIDDLE)
     relayed.step(steps.Start(verified=False, direct=False))
     assert relayed.step(steps.Checked(False, "connection refused")) == [steps.Pause(RETRY_PAUSE_S)]
 
@@ -711,8 +827,175 @@ def test_a_finish_heard_after_being_sent_again_finishes_the_node() -> None:
     assert core.lifecycle is Lifecycle.FINISHED
 
 
+def held_finish_core() -> tuple[WorkerCore, FakeClock, float]:
+    """With recovery, a formed job's node that finishes while its scheduler restarts: the
+    Finish fails at once (nothing listens), its stream is down, it registers again."""
+    core, clock = ready_core(recovery=True)
+    core.step(steps.StreamLost("Socket closed"))
+    assert core.lifecycle is Lifecycle.RECONNECTING
+    clock.advance(0.5)
+    assert kinds(core.step(steps.FinishSent())) == [steps.SendFinish]
+    give_up = clock() + core.finish_wait_s
+    clock.advance(0.01)
+    actions = core.step(steps.FinishFailed("UNAVAILABLE", "connection refused", stream_up=False))
+    assert actions[1:] == [steps.HoldFinish(pytest.approx(give_up - clock()))]
+    assert isinstance(actions[0], steps.Say)
+    assert "this node's finish waits for it to take this node back" in actions[0].text
+    return core, clock, give_up
+
+
+def test_with_recovery_a_finish_is_held_while_the_scheduler_restarts_and_sent_once_back() -> None:
+    """The Finish of a node whose scheduler is restarting is not given up (the process would
+    exit 0 and the restarted scheduler fail the job though every rank finished): it waits for
+    the node's next acceptance, then goes, within `finish_wait_s` of its first send."""
+    core, clock, give_up = held_finish_core()
+    clock.advance(4.0)
+    # Woken before the node is back: held on, for what is left.
+    assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(pytest.approx(give_up - clock()))]
+    assert not core.over
+    assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
+    assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(pytest.approx(give_up - clock()))]
+    assert core.step(steps.FinishAnswered(heard=True)) == []
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+
+
+def test_a_held_finish_is_given_up_at_its_give_up_time() -> None:
+    core, clock, give_up = held_finish_core()
+    clock.now = give_up
+    (said,) = core.step(steps.FinishRetryDue())
+    assert isinstance(said, steps.Say)
+    assert said.text == (
+        "could not tell the scheduler at 127.0.0.1:8118 that this node finished: this node was "
+        f"not back with it within {core.finish_wait_s:g} s"
+    )
+    assert not core.finish_heard
+    core.step(accepted())
+    assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
+
+
+def test_a_failure_while_the_finish_is_held_ends_the_hold_and_is_reported() -> None:
+    core, _, _ = held_finish_core()
+    said, fail = core.step(steps.Refused("node 0 belongs to job job-1, but this runs job-2"))
+    assert isinstance(said, steps.Say)
+    assert said.text.startswith("could not tell the scheduler at 127.0.0.1:8118 that this node")
+    assert isinstance(fail, steps.Fail)
+    assert isinstance(fail.error, RegistrationRefused)
+    assert core.lifecycle is Lifecycle.FAILED
+    assert core.step(steps.FinishRetryDue()) == []
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_job_that_finished_while_the_finish_was_held_or_on_its_way_heard_it(held: bool) -> None:
+    """A Finish that reached the scheduler before the connection broke may have ended the job:
+    the restarted scheduler refuses the node for a finished job, which every finish, this one
+    too, made so. Not a failure: the node exits 0."""
+    if held:
+        core, _, _ = held_finish_core()
+    else:  # on its way, sent again after a pause, when the stream was lost
+        core, _, _ = finishing_core(recovery=True)
+        (retry,) = core.step(steps.FinishFailed("UNAVAILABLE", "down", stream_up=True))
+        assert isinstance(retry, steps.RetryFinish)
+        core.step(steps.StreamLost("Socket closed"))
+    actions = core.step(steps.Refused("job job-1 is over (finished: done)", finished=True))
+    assert actions == [
+        steps.Say("the job finished: job job-1 is over (finished: done)"),
+        steps.Done(),
+    ]
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+    assert core.error is None
+    assert core.step(steps.FinishRetryDue()) == []
+
+
+FinishWait = steps.SendFinish | steps.RetryFinish | steps.HoldFinish
+
+
+def assert_within(action: FinishWait, now: float, give_up: float) -> None:
+    """A Finish is never sent, paused for, nor held past its give-up time."""
+    wait_s = action.after_s if isinstance(action, steps.RetryFinish) else action.timeout_s
+    assert wait_s > 0
+    assert now + wait_s <= give_up + 1e-9
+
+
+FINISH_LIFE = st.lists(
+    st.one_of(
+        st.tuples(st.just("fail"), st.sampled_from(CODES), st.booleans()),
+        st.tuples(st.sampled_from(["lost", "back", "answer", "due"])),
+        st.tuples(st.just("refused"), st.booleans()),
+        st.tuples(st.just("wait"), st.sampled_from([0.5, 3.0, 12.0, 40.0])),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(held=st.booleans(), life=FINISH_LIFE)
+def test_a_held_finish_goes_once_the_node_is_back_and_never_past_its_give_up_time(
+    held: bool, life: list[tuple[Any, ...]]
+) -> None:
+    """Whatever happens to a Finish with recovery (its calls fail, the stream is lost, the node
+    is taken back or refused), it is held only while the node registers again, sent from a
+    hold only once the node is back, never waited for past its give-up time, and a node whose
+    Finish was heard reports no failure."""
+    core, clock, give_up = held_finish_core() if held else finishing_core(recovery=True)
+    asked: type[Any] | None = steps.HoldFinish if held else steps.SendFinish  # what it waits on
+    for what, *args in life:
+        event: steps.Event | None = None
+        reconnecting = core.lifecycle is Lifecycle.RECONNECTING
+        if what == "wait":
+            clock.advance(args[0])
+        elif what == "fail" and asked is steps.SendFinish:
+            event = steps.FinishFailed(args[0], "x", stream_up=args[1] and not reconnecting)
+        elif what == "answer" and asked is steps.SendFinish:
+            event = steps.FinishAnswered(heard=True)
+        elif what == "due" and asked in (steps.RetryFinish, steps.HoldFinish):
+            event = steps.FinishRetryDue()
+        elif what == "lost" and core.lifecycle is Lifecycle.READY:
+            event = steps.StreamLost("Socket closed")
+        elif what == "back" and reconnecting:
+            event = accepted()
+        elif what == "refused" and reconnecting:
+            event = steps.Refused("job job-1 is over", finished=args[0])
+        if event is None:
+            continue
+        was_held = asked is steps.HoldFinish
+        actions = core.step(event)
+        for action in actions:
+            if isinstance(action, FinishWait):
+                assert_within(action, clock(), give_up)
+                asked = type(action)
+            if isinstance(action, steps.HoldFinish):
+                assert core.lifecycle is Lifecycle.RECONNECTING
+            if isinstance(action, steps.SendFinish) and was_held:
+                assert core.lifecycle is not Lifecycle.RECONNECTING, "sent once back"
+            if isinstance(action, steps.Fail):
+                assert not core.finish_heard, "a node whose Finish was heard reports no failure"
+        if (
+            core.finish_heard
+            or core.over
+            or (
+                isinstance(event, steps.FinishFailed | steps.FinishRetryDue | steps.FinishAnswered)
+                and not any(isinstance(a, FinishWait) for a in actions)
+            )
+        ):
+            asked = None  # heard, given up, or over
+
+
+def test_without_recovery_or_with_its_stream_up_a_finish_is_not_held() -> None:
+    """Without recovery a restarted scheduler runs a new job: nothing to hold the Finish for.
+    With its stream up, the node is not registering again: a pause, then the Finish again."""
+    core, _ = ready_core()
+    core.step(steps.StreamLost("Socket closed"))
+    core.step(steps.FinishSent())
+    assert kinds(core.step(steps.FinishFailed("UNAVAILABLE", "refused"))) == [steps.Say]
+    core, _, _ = finishing_core(recovery=True)
+    actions = core.step(steps.FinishFailed("UNAVAILABLE", "refused", stream_up=True))
+    assert actions == [steps.RetryFinish(FINISH_RETRY.first_s)]
+
+
 def test_a_call_cut_off_is_made_again_after_its_pause_every_time_with_recovery() -> None:
-    core, _ = ready_core(recovery=True)
+    core, _ = ready_core(recovery=True, draws=MIDDLE)
     for _ in range(3):
         assert core.step(steps.CallCutOff()) == [steps.RetryCall(CALL_RETRY_PAUSE_S)]
     core.step(steps.Shutdown(ok=True, reason="done"))
@@ -727,13 +1010,13 @@ def test_a_direct_node_of_a_large_job_makes_a_cut_off_call_again_at_its_share() 
     make theirs again at most about LISTEN_TRIES_PER_S times a second. Behind a relay, which
     waits for the scheduler for its host: CALL_RETRY_PAUSE_S."""
     workers = 20_000
-    direct = WorkerCore(config(recovery=True, workers=workers), FakeClock())
+    direct = WorkerCore(config(recovery=True, workers=workers), FakeClock(), draws=MIDDLE)
     direct.step(steps.Start(direct=True))
     direct.step(steps.ListeningAwaited())
     direct.step(accepted())
     direct.step(steps.TopologyReady(topology()))
     assert direct.step(steps.CallCutOff()) == [steps.RetryCall(workers / LISTEN_TRIES_PER_S)]
-    relayed, _ = ready_core(recovery=True)
+    relayed, _ = ready_core(recovery=True, draws=MIDDLE)
     assert relayed.step(steps.CallCutOff()) == [steps.RetryCall(CALL_RETRY_PAUSE_S)]
 
 
@@ -763,6 +1046,7 @@ def test_the_last_collective_answered_is_kept_for_the_next_registration() -> Non
 # -- the invariants, under any order of what can happen ----------------------------------------
 
 FINAL = (Lifecycle.FAILED, Lifecycle.CLOSED)
+FINISH_ANSWERS = steps.FinishAnswered | steps.FinishFailed | steps.FinishRetryDue
 
 
 class WorkerCoreMachine(RuleBasedStateMachine):
@@ -774,18 +1058,28 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         verified=st.booleans(),
         hosts=st.sampled_from(["127.0.0.1", "127.0.0.1,127.0.0.2,127.0.0.3"]),
         direct=st.booleans(),
+        accept=st.sampled_from([None, False, True]),
     )
-    def start(self, recovery: bool, verified: bool, hosts: str, direct: bool) -> None:
+    def start(
+        self, recovery: bool, verified: bool, hosts: str, direct: bool, accept: bool | None
+    ) -> None:
+        """`accept`: the first attempt is accepted (as a spare: True), so that runs begin in the
+        job as often as they reach it."""
         self.clock = FakeClock()
         self.core = WorkerCore(config(recovery=recovery, hosts=hosts), self.clock)
         self.named: set[str] = set()  # the leaders the schedulers named
         self.asked: type[Any] | None = None  # the I/O the core waits on
         self.failures: list[ClusterError] = []
         self.finished = False  # this node's Finish heard, or the job finished
-        self.finish_sent = False
+        self.finish_sent = False  # a Finish call is on its way
+        self.held = False  # the Finish waits for the node to be accepted again (HoldFinish)
         self.give_up = 0.0  # when the Finish on its way is given up
         self.generation = 0
+        self.spare_since: float | None = None  # accepted as a spare then, and not promoted
+        self.lost_at = 0.0  # when the node's stream last ended (lost, or "not the leader")
         self.take(self.core.step(steps.Start(verified, direct=direct)))
+        if accept is not None and self.asked is steps.Register:
+            self.step(dataclasses.replace(accepted(), spare=accept))
 
     def take(self, actions: list[steps.Action]) -> None:
         """Check what the core decided, as the agent would carry it out."""
@@ -801,6 +1095,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             if isinstance(action, steps.Fail):
                 assert not self.finished, "a finished node reports no failure"
                 assert str(action.error).strip()
+                assert not str(action.error).rstrip().endswith(":"), "a failure says why"
                 self.failures.append(action.error)
                 self.asked = None
             elif isinstance(action, steps.Register | steps.CheckScheduler | steps.AwaitListening):
@@ -819,6 +1114,10 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             elif isinstance(action, steps.Watch):
                 assert self.core.lifecycle in (Lifecycle.FORMING, Lifecycle.READY, Lifecycle.SPARE)
                 self.asked = steps.Watch
+                if self.core.lifecycle is Lifecycle.SPARE:
+                    self.spare_since = now if self.spare_since is None else self.spare_since
+                elif self.core.topology is not None:
+                    self.spare_since = None
             elif isinstance(action, steps.Released):
                 # Let go (exit 0) only when the job ended well without needing this node.
                 assert self.core.topology is None
@@ -829,16 +1128,45 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert self.core.topology is action.topology
             elif isinstance(action, steps.Done):
                 self.asked = None
+            elif isinstance(action, FinishWait):
+                assert_within(action, now, self.give_up)
+                if isinstance(action, steps.HoldFinish):
+                    # Held only with recovery, while registering again with a scheduler that
+                    # may come back.
+                    assert self.core.recovery
+                    assert self.core.lifecycle is Lifecycle.RECONNECTING
+                self.held = isinstance(action, steps.HoldFinish)
+                self.finish_sent = isinstance(action, steps.SendFinish | steps.RetryFinish)
             elif isinstance(action, steps.Follow):
                 # Only an address of the configuration, or one a scheduler named, is followed.
                 assert action.address in self.core.config.addresses or action.address in self.named
                 assert self.core.address == action.address
 
-    def step(self, event: steps.Event) -> None:
+    def a_spare_fails_only_for_a_deadline_set_since_it_was_accepted(
+        self, error: ClusterError
+    ) -> None:
+        """A spare has no deadline of its own: the one it may fail for is set when its stream
+        ends (lost, or the leader handing over), never the start's MS_TOPO_TIMEOUT or another
+        set before it was accepted; so it fails no sooner than MS_NODE_TIMEOUT after that."""
+        if self.spare_since is None or self.core.topology is not None:
+            return
+        if isinstance(error, SchedulerUnreachableError):
+            assert self.lost_at >= self.spare_since, error
+            assert self.clock() >= self.lost_at + NODE_S - 1e-9, error
+
+    def step(self, event: steps.Event) -> list[steps.Action]:
         before = self.core.lifecycle
-        self.take(self.core.step(event))
+        actions = self.core.step(event)
+        self.take(actions)
+        if not isinstance(event, FINISH_ANSWERS):  # (one may report a failure held for it)
+            for error in fails(actions):
+                self.a_spare_fails_only_for_a_deadline_set_since_it_was_accepted(error)
         if before in FINAL:
             assert self.core.lifecycle is before, "a fatal decision is final"
+        if self.core.finish_heard or self.core.lifecycle in FINAL:
+            self.finished |= self.core.finish_heard  # (a job that finished heard it too)
+            self.held = False  # the Finish's answer is had: nothing more to send
+        return actions
 
     # -- answers to what the core asked ---------------------------------------------------------
 
@@ -864,6 +1192,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
     def not_leader(self, leader: str) -> None:
         self.named.add(leader)
+        if self.asked is steps.Watch:  # the stream ends with it: the leader hands over
+            self.lost_at = self.clock()
         self.step(steps.NotLeader(leader, retry_after_s=0.5))
 
     @precondition(lambda self: self.asked is steps.AwaitListening)
@@ -911,6 +1241,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.asked is steps.Watch)
     @rule(silent=st.booleans())
     def stream_lost(self, silent: bool) -> None:
+        self.lost_at = self.clock()
         self.step(steps.StreamLost("connection reset", NODE_S if silent else None))
 
     @precondition(lambda self: self.asked is steps.Watch)
@@ -923,13 +1254,13 @@ class WorkerCoreMachine(RuleBasedStateMachine):
 
     # -- the user's side and time --------------------------------------------------------------
 
-    @precondition(lambda self: self.core.may_finish and not self.finish_sent)
+    @precondition(lambda self: self.core.may_finish and not (self.finish_sent or self.held))
     @rule()
     def finish_sent(self) -> None:
-        self.finish_sent = True
         self.give_up = self.clock() + self.core.finish_wait_s
         actions = self.core.step(steps.FinishSent())
         assert actions == [steps.SendFinish(self.core.finish_wait_s)]
+        self.finish_sent = True
 
     @precondition(lambda self: self.finish_sent)
     @rule(
@@ -939,40 +1270,68 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     )
     def finish_failed(self, code: str, stream_up: bool, took_s: float) -> None:
         self.clock.now += took_s
-        actions = self.core.step(steps.FinishFailed(code, "x", stream_up=stream_up))
+        reconnecting = self.core.lifecycle is Lifecycle.RECONNECTING
+        self.finish_sent = False
+        actions = self.step(steps.FinishFailed(code, "x", stream_up=stream_up))
         retries = [a for a in actions if isinstance(a, steps.RetryFinish)]
+        if self.held:
+            # Held: it never reached a scheduler, which may be back (recovery), in time.
+            assert code in FINISH_RETRIED
+            assert reconnecting
+            assert self.clock() < self.give_up
         if not retries:
-            self.finish_sent = False
-            self.take(actions)
             return
         assert actions == retries
         assert code in FINISH_RETRIED
         assert stream_up
         assert self.clock() + retries[0].after_s < self.give_up
         self.clock.now += retries[0].after_s
-        (send,) = self.core.step(steps.FinishRetryDue())
+        (send,) = self.step(steps.FinishRetryDue())
         assert send == steps.SendFinish(self.give_up - self.clock())
+
+    @precondition(lambda self: self.held)
+    @rule(waited_s=st.sampled_from([0.0, 2.0, 40.0]))
+    def hold_over(self, waited_s: float) -> None:
+        """The node was accepted again, the job ended for it, or the hold's time ran out (the
+        agent wakes for either): the Finish goes, is held on, or ends."""
+        self.clock.now = min(self.clock() + waited_s, self.give_up)
+        reconnecting = self.core.lifecycle is Lifecycle.RECONNECTING
+        self.held = False
+        actions = self.step(steps.FinishRetryDue())
+        if any(isinstance(a, steps.SendFinish) for a in actions):
+            assert not reconnecting, "a held Finish goes once the node is back"
+        if not actions:
+            assert self.core.finish_heard or self.core.over
 
     @precondition(lambda self: self.finish_sent)
     @rule(heard=st.booleans())
     def finish_answered(self, heard: bool) -> None:
-        self.finish_sent = False
+        self.finish_sent = self.held = False
         self.step(steps.FinishAnswered(heard, details="" if heard else "UNAVAILABLE"))
-        if heard:
-            self.finished = True
 
-    @rule()
-    def call_cut_off(self) -> None:
+    @rule(now=st.integers(0, 3))
+    def call_cut_off(self, now: int) -> None:
+        if now:  # now and then: the core's answer never changes its state
+            return
         decided = self.core.step(steps.CallCutOff())
         assert all(isinstance(a, steps.RetryCall | steps.AwaitFatal) for a in decided)
+
+    @precondition(lambda self: self.core.lifecycle is Lifecycle.SPARE)
+    @rule()
+    def a_spare_waits_past_MS_TOPO_TIMEOUT(self) -> None:
+        """As spares do, while the job they wait to serve runs."""
+        self.clock.now += TOPO_S + 10.0
+        self.step(steps.DeadlinePassed())
 
     @rule(seconds=st.sampled_from([1.0, 10.0, 31.0, 70.0]))
     def time_passes(self, seconds: float) -> None:
         self.clock.now += seconds
         self.step(steps.DeadlinePassed())
 
-    @rule()
-    def close(self) -> None:
+    @rule(now=st.integers(0, 9))
+    def close(self, now: int) -> None:
+        if now:  # closed now and then, not at every other step (a run ends there)
+            return
         self.step(steps.Close())
         self.asked = None
 
@@ -999,7 +1358,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         due = self.asked is steps.Pause and self.clock() >= self.core.deadline
         if registering and due and not self.finish_sent:
             actions = self.core.step(steps.PauseOver())
-            assert kinds(actions) == [steps.Fail]
+            # (A Finish held for the node's return is given up with it, and says so.)
+            assert kinds(actions) == [steps.Say, steps.Fail] if self.held else [steps.Fail]
             self.take(actions)
 
 

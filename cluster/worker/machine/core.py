@@ -17,10 +17,13 @@ The rules it keeps:
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
   job's end arrive does not matter.
-- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED) while the
-  node's stream is up, after a pause that doubles, and never past `finish_wait_s` after it was
-  first sent. A call for the user cut off by the scheduler is made again with recovery; without,
-  it waits a moment for the reason the stream is about to give.
+- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED), and never
+  past `finish_wait_s` after it was first sent: while the node's stream is up, after a pause
+  that doubles; with recovery, while the node registers again with a scheduler that may come
+  back (restarting, or a standby taking over), it is held until the node is accepted again, and
+  sent then. A held Finish ends with the node's failure (it is reported), or with the job's end
+  (every finish, this one too, was heard). A call for the user cut off by the scheduler is made
+  again with recovery; without, it waits a moment for the reason the stream is about to give.
 - A "not the leader" answer is followed at once, to the leader it names. With several scheduler
   addresses (MS_SCHED_HOST=h1,h2 or CLUSTER_SCHED_ADDRS), a scheduler found down, or a standby
   that names no leader, or names one found down a moment ago, sends the node to the next address
@@ -29,9 +32,11 @@ The rules it keeps:
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
-  0). A node waiting out its guard asks again at least every GUARD_POLL_S, so that it hears of
-  the job's end at once. A ranked node left out of a new topology (its rank went to a spare
-  while it was cut off) fails.
+  0); a spare whose stream ends (lost, or a leader handing over) registers again, as a spare,
+  within a reconnect window counted from then. A node waiting out its guard asks again at
+  least every `guard_poll_s` (GUARD_POLL_S up to 750 nodes), so that it hears of the job's end
+  at once. A ranked node left out of a new topology (its rank went to a spare while it was cut
+  off) fails.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from cluster.protocol.backoff import LISTEN_FAST_S, RetryPolicy, listen_every_s, listen_pace
+from cluster.protocol.backoff import Draws
 from cluster.protocol.config import ClusterConfig
 from cluster.protocol.errors import (
     ClusterError,
@@ -51,9 +56,16 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.leader_search import DOWN_FOR_S, leader_to_follow, next_in_turn
-from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
+from cluster.worker.machine.pacing import (
+    ATTEMPT_TIMEOUT_S,
+    FAILOVER_ATTEMPT_S,
+    FINISH_RETRY,
+    FINISH_SLACK_S,
+    RETRY_PAUSE_S,
+    Pace,
+)
 
 # Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
 # that the scheduler's own timeout, which names the missing nodes, is what the user sees.
@@ -61,31 +73,13 @@ TOPOLOGY_MARGIN_S = 3.0
 # Progress lines while waiting: the first after this long, then at this interval.
 FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
-# A registration attempt gives up on reaching the scheduler after this long; with several
-# scheduler addresses sooner, so that the next one is tried.
-ATTEMPT_TIMEOUT_S = 3.0
-FAILOVER_ATTEMPT_S = 1.0
-# Between attempts that got no answer: at least this, and at the pace of a wait for the
-# scheduler's port past its first second (`_retry_pause`).
-RETRY_PAUSE_S = 0.1
-# A transient refusal (the guard) is retried this long after it says it clears.
-GUARD_MARGIN_S = 0.02
-# With recovery, a call cut off by the scheduler's death is made again after this pause.
-CALL_RETRY_PAUSE_S = 0.05
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
-# A node's Finish is one call that waits up to MS_NODE_TIMEOUT (and FINISH_SLACK_S) for its
-# answer: a scheduler busy with a whole job's finishes answers late, and a node that left
-# unanswered was taken for a dead one (the job failed at 4,096 nodes). It is not made again on a
-# short deadline: gRPC keeps an abandoned call in the scheduler's queue until the scheduler takes
-# it up, so at 8,192 nodes each round of 5 s attempts queued 8,192 more dead calls ahead of the
-# live ones, and the finishes of 8,183 nodes went unheard for 65 s. It is made again only when
-# it never reached the scheduler or was cut off with its connection (a finish counts once, so a
-# repeat is harmless: the status codes FINISH_RETRIED), while the node's stream is up, after a
-# pause that doubles (FINISH_RETRY), and never past FINISH_SLACK_S after MS_NODE_TIMEOUT.
-FINISH_SLACK_S = 5.0
+# A Finish is made again only when it never reached the scheduler or was cut off with its
+# connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED),
+# while the node's stream is up or, with recovery, once it is back after registering again
+# (`pacing`: how long it waits, and for how long in all).
 FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
-FINISH_RETRY = RetryPolicy(first_s=0.1, max_s=2.0)
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
 # A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
 # its stream, whose loss it notices); this only keeps the wait a finite number.
@@ -105,7 +99,8 @@ class Lifecycle(enum.Enum):
 
 class _Finish(enum.Enum):
     NOT_SENT = "not sent"
-    SENT = "sent"
+    SENT = "sent"  # on its way, or sent again after a pause
+    HELD = "held"  # until the node is accepted again (its scheduler restarts)
     HEARD = "heard"
 
 
@@ -116,9 +111,15 @@ class WorkerCore:
     """One worker's view of its membership, stepped by events; see the module docstring."""
 
     def __init__(
-        self, config: ClusterConfig, clock: Callable[[], float], *, cluster_id: str = ""
+        self,
+        config: ClusterConfig,
+        clock: Callable[[], float],
+        *,
+        cluster_id: str = "",
+        draws: Draws | None = None,
     ) -> None:
-        """`cluster_id`: the job this node belonged to before its process restarted."""
+        """`cluster_id`: the job this node belonged to before its process restarted. `draws`:
+        what its pauses are jittered with (`Pace`)."""
         self.config = config
         self.clock = clock
         self.addresses = config.addresses
@@ -140,7 +141,7 @@ class WorkerCore:
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
         self._verified = True
-        self._direct = False  # waits for the scheduler's port (Start)
+        self.pace = Pace(config.expected_nodes, config.node_id, draws)  # between its tries
         self._lost = ""
         self._finish = _Finish.NOT_SENT
         self._finish_since = 0.0  # when this node's Finish was first sent
@@ -266,7 +267,7 @@ class WorkerCore:
         now = self.clock()
         self.deadline = self._topo_deadline = now + self.config.topo_timeout_s
         self.ready_by = self.deadline + TOPOLOGY_MARGIN_S
-        self._direct = event.direct
+        self.pace.direct = event.direct  # it waits for the scheduler's port
         self._begin_attempts(now, event.verified)
         return self._await_listening()
 
@@ -277,10 +278,9 @@ class WorkerCore:
         is passed over at once)."""
         now = self.clock()
         remaining = self.deadline - now
-        if not self._direct or len(self.addresses) > 1 or remaining <= 0:
+        if not self.pace.direct or len(self.addresses) > 1 or remaining <= 0:
             return self._next_attempt()
-        waited = now - self._report_since  # since the attempts began
-        every_s, for_s = listen_pace(waited, self.config.expected_nodes, ATTEMPT_TIMEOUT_S)
+        every_s, for_s = self.pace.listening(now - self._report_since)  # since attempts began
         # A refused wait ends a pace after its last try: the last wait before the deadline
         # keeps within it.
         return [steps.AwaitListening(min(remaining, for_s), min(remaining, every_s))]
@@ -336,22 +336,8 @@ class WorkerCore:
         return self._retry_pause()
 
     def _retry_pause(self) -> Actions:
-        """The pause after an attempt that got no answer, or a probe that found no scheduler:
-        RETRY_PAUSE_S; for a node that connects directly, in a large job, its share of the
-        tries the job's nodes make in all (`listen_every_s` past the quick first second: 0.82 s
-        at 8,192 nodes), as its waits for the port are paced. Direct nodes probing schedulers
-        they cannot reach (several scheduler addresses, a leader gone) would otherwise try 10
-        times a second each. A node behind a relay asks its relay again when the relay cannot
-        reach the scheduler (`_unanswered`), and probes only when the relay did not answer in
-        time or a certificate must pass a CRL first; it keeps RETRY_PAUSE_S for those, so that
-        it is not held up to its share's pace (6.5 s at 65,536 nodes) behind its relay."""
-        return self._pause(self._paced(RETRY_PAUSE_S))
-
-    def _paced(self, pause_s: float) -> float:
-        """`pause_s`, or for a node that connects directly its share of the job's tries."""
-        if not self._direct:
-            return pause_s
-        return max(pause_s, listen_every_s(LISTEN_FAST_S, self.config.expected_nodes))
+        """The pause after an attempt that got no answer, or a probe that found no scheduler."""
+        return self._pause(self.pace.retry_s())
 
     def _answer_late(self, event: steps.AnswerLate) -> Actions:
         return [
@@ -367,6 +353,11 @@ class WorkerCore:
             return self._release(
                 f"the job finished while this node waited to rejoin it ({event.message})"
             )
+        if event.finished and self._finish in (_Finish.SENT, _Finish.HELD):
+            # The job finished: every node's finish was heard, this one's too (it reached the
+            # scheduler before the connection to it broke).
+            self._finish_heard()
+            return [steps.Say(f"the job finished: {event.message}"), steps.Done()]
         if not event.transient:
             return self._fail(
                 RegistrationRefused(f"{self.where} refused this node: {event.message}")
@@ -375,9 +366,7 @@ class WorkerCore:
         if self._guard_said:
             said = self._report(f"waiting out the guard: {event.message}")
         self._guard_said = True
-        # A little past the guard's end, so that the next attempt is not early by a hair; and
-        # soon enough to hear that the job ended meanwhile.
-        return said + self._pause(min(event.retry_after_s + GUARD_MARGIN_S, GUARD_POLL_S))
+        return said + self._pause(self.pace.guard_s(event.retry_after_s))
 
     def _accepted(self, event: steps.Accepted) -> Actions:
         if self.over:
@@ -412,7 +401,10 @@ class WorkerCore:
 
     def _not_leader(self, event: steps.NotLeader) -> Actions:
         now = self.clock()
-        if self.lifecycle in (Lifecycle.FORMING, Lifecycle.READY):
+        if self.lifecycle in (Lifecycle.FORMING, Lifecycle.SPARE, Lifecycle.READY):
+            # The stream ended with it (the leader handed over, or stepped down): registering
+            # again, within a reconnect window from now (a spare waited longer than its start's
+            # deadline, as it may), to the new leader; a spare as a spare again.
             self._lost = "the scheduler became a standby"
             self._reconnect_window(now)
             self.lifecycle = Lifecycle.RECONNECTING
@@ -451,10 +443,11 @@ class WorkerCore:
                 )
             )
         why = f" ({self.unreachable})" if self.unreachable else ""
+        lost = self._lost or "it did not take this node back"
         if self.topology is None:
-            return SchedulerUnreachableError(f"{self.where} is unreachable: {self._lost}{why}")
+            return SchedulerUnreachableError(f"{self.where} is unreachable: {lost}{why}")
         return SchedulerUnreachableError(
-            f"{self.where} is unreachable: {self._lost}, and it did not come back within "
+            f"{self.where} is unreachable: {lost}, and it did not come back within "
             f"{self.config.node_timeout_s:g} s{why}"
         )
 
@@ -585,6 +578,9 @@ class WorkerCore:
         if self._finish is _Finish.SENT:
             self._held = self._held or error  # decided by the Finish's answer
             return []
+        if self._finish is _Finish.HELD:  # no scheduler heard it, and none will now
+            self._held = error
+            return self._finish_unheard(False, self.clock() - self._finish_since, str(error))
         self.lifecycle = Lifecycle.FAILED
         self.error = error
         return [steps.Fail(error)]
@@ -605,31 +601,59 @@ class WorkerCore:
 
     def _finish_failed(self, event: steps.FinishFailed) -> Actions:
         """Send the Finish again only when it never reached the scheduler or was cut off with its
-        connection, while the node's stream is up, and not past the Finish's give-up time."""
+        connection, and not past the Finish's give-up time: after a pause while the node's
+        stream is up; with recovery, once the node is back, while it registers again (unless a
+        failure waits for the Finish's answer: then that is the answer)."""
         if self._finish is not _Finish.SENT:
             return []
         now = self.clock()
+        give_up = self._finish_since + self.finish_wait_s
+        again = event.code in FINISH_RETRIED and not self.released
+        back = self.recovery and self.lifecycle is Lifecycle.RECONNECTING and self._held is None
+        if again and back and now < give_up:  # the scheduler may come back for it
+            self._finish = _Finish.HELD
+            said = steps.Say(
+                f"{self.where} is away ({self._lost}): this node's finish waits for it to take "
+                f"this node back, up to {give_up - now:.0f} s more (recovery is on)"
+            )
+            return [said, steps.HoldFinish(give_up - now)]
         pause_s = self._finish_pause.next_s()
-        again = event.code in FINISH_RETRIED and event.stream_up and not self.released
-        if again and now + pause_s < self._finish_since + self.finish_wait_s:
+        if again and event.stream_up and now + pause_s < give_up:
             return [steps.RetryFinish(pause_s)]
         timed_out = event.code == DEADLINE_EXCEEDED
         return self._finish_unheard(timed_out, now - self._finish_since, event.details)
 
     def _finish_retry_due(self) -> Actions:
-        if self._finish is not _Finish.SENT:
+        """Send the Finish again: after its pause, or once the node it was held for is back (or
+        the hold's time is up)."""
+        if self._finish not in (_Finish.SENT, _Finish.HELD):
             return []
-        return [steps.SendFinish(self._finish_since + self.finish_wait_s - self.clock())]
+        now = self.clock()
+        left = self._finish_since + self.finish_wait_s - now
+        if self._finish is _Finish.HELD:
+            if self.lifecycle is Lifecycle.FINISHED:  # the job finished meanwhile: heard
+                self._finish_heard()
+                return []
+            if self.lifecycle is Lifecycle.RECONNECTING and left > 0:
+                return [steps.HoldFinish(left)]  # not back yet
+            self._finish = _Finish.SENT
+        if left <= 0:
+            why = f"this node was not back with it within {self.finish_wait_s:g} s"
+            return self._finish_unheard(False, now - self._finish_since, why)
+        return [steps.SendFinish(left)]
 
     def _finish_answered(self, event: steps.FinishAnswered) -> Actions:
-        if self._finish is not _Finish.SENT:
+        if self._finish not in (_Finish.SENT, _Finish.HELD):
             return []  # answered already (a cancelled Finish's owner reports it once more)
         if event.heard:
-            self._finish = _Finish.HEARD
-            self.lifecycle = Lifecycle.FINISHED
-            self._held = None
+            self._finish_heard()
             return []
         return self._finish_unheard(event.timed_out, event.waited_s, event.details)
+
+    def _finish_heard(self) -> None:
+        self._finish = _Finish.HEARD
+        self.lifecycle = Lifecycle.FINISHED
+        self._held = None
 
     def _finish_unheard(self, timed_out: bool, waited_s: float, details: str) -> Actions:
         """The Finish was not heard: say so, and report the failure held meanwhile."""
@@ -651,7 +675,7 @@ class WorkerCore:
             # The scheduler went away mid-call. Ask again, paced: a relay that cannot reach it
             # and a standby that does not lead answer at once. The reconnect window ends the
             # retries (as a failure they race against).
-            return [steps.RetryCall(self._paced(CALL_RETRY_PAUSE_S))]
+            return [steps.RetryCall(self.pace.call_retry_s())]
         # The scheduler stopping mid-call: its reason is on the event stream, an instant
         # behind; report that rather than a bare "CANCELLED".
         return [steps.AwaitFatal(FATAL_WAIT_S)]

@@ -177,7 +177,7 @@ class FinishFailed:
 
 @frozen
 class FinishRetryDue:
-    """The pause of a `RetryFinish` has passed."""
+    """The pause of a `RetryFinish` has passed, or the wait of a `HoldFinish` is over."""
 
 
 @frozen
@@ -327,6 +327,15 @@ class RetryFinish:
 
 
 @frozen
+class HoldFinish:
+    """Wait until this node is accepted again (a `Watch`) or the job is over for it (a `Fail`,
+    `Released` or `Done`), at most `timeout_s`; then step `FinishRetryDue` (the Finish held
+    meanwhile is sent, or held on, or given up)."""
+
+    timeout_s: float
+
+
+@frozen
 class RetryCall:
     """Make the cut-off call again after this pause (the caller's outcome: the agent's
     interpreter hands it back to the call)."""
@@ -357,6 +366,7 @@ Action = (
     | Done
     | SendFinish
     | RetryFinish
+    | HoldFinish
     | RetryCall
     | AwaitFatal
 )

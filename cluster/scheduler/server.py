@@ -378,7 +378,8 @@ class SchedulerServer:
 
     async def _tell_guard_waiters(self, core: SchedulerCore, deadline: float) -> None:
         """Nodes waiting out their guard have no stream: they hear of the end when they ask
-        again (every GUARD_POLL_S). Serve them until they did, or until `deadline`."""
+        again (within `guard_window_s` of their refusal). Serve them until they did, or until
+        `deadline`."""
         loop = asyncio.get_running_loop()
         while core.state.awaited_after_end() and loop.time() < deadline:
             core.registrations.clear()
@@ -412,7 +413,12 @@ class SchedulerServer:
             deadline = asyncio.get_running_loop().time() + drain_s
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(closed, drain_s)
-            await self._tell_guard_waiters(core, deadline)
+            # A node the guard refused asks again within the guard's window, which grows
+            # past the drain in a job of more than 750 nodes.
+            loop_time = asyncio.get_running_loop().time()
+            await self._tell_guard_waiters(
+                core, max(deadline, loop_time + core.state.guard_window_s())
+            )
             await _tell_cut_off(core, deadline)
         if self.ha is not None:
             await self.ha.stop()

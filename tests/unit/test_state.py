@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cluster.protocol import auth
+from cluster.protocol.backoff import guard_poll_s
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import EvictedError, SnapshotError, UnknownNodeError
+from cluster.protocol.records import GUARD_POLL_MARGIN_S
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.rollback import HELD_BY_ALL_EVERY_S
 from cluster.scheduler.machine.state import (
@@ -371,6 +373,24 @@ def test_node_alive_guard_with_retry_after() -> None:
     clock.advance(1.0)
     refusal = refuse(state, reg(state, "a", incarnation=2), Refusal.NODE_ALIVE)
     assert refusal.retry_after_s == pytest.approx(9.0)
+
+
+@pytest.mark.parametrize("worker_num", [4, 8192])
+def test_a_node_the_guard_refused_is_awaited_as_long_as_it_may_pause(worker_num: int) -> None:
+    """Once the job ends, a node the guard refused lately is waited for until it asks again:
+    within the longest pause a worker of a job of this size takes (`backoff.guard_poll_s`:
+    1 s up to 750 nodes, longer past them), with the margin."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=worker_num, node_timeout_s=10.0)
+    accept(state, reg(state, "a", incarnation=1))
+    clock.advance(4.0)
+    refuse(state, reg(state, "a", incarnation=2), Refusal.NODE_ALIVE)
+    window = guard_poll_s(worker_num) + GUARD_POLL_MARGIN_S
+    assert state.guard_window_s() == pytest.approx(window)
+    clock.advance(window - 0.01)
+    assert state.awaited_after_end()
+    clock.advance(0.02)
+    assert not state.awaited_after_end()
 
 
 def test_node_alive_guard_applies_when_ready() -> None:

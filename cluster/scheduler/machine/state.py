@@ -34,11 +34,11 @@ from dataclasses import field, replace
 from typing import Any
 
 from cluster.protocol import auth
+from cluster.protocol.backoff import guard_poll_s
 from cluster.protocol.config import canonical_node_id, valid_node_id
 from cluster.protocol.errors import EvictedError, SnapshotError, UnknownNodeError
 from cluster.protocol.records import (
     GUARD_POLL_MARGIN_S,
-    GUARD_POLL_S,
     Accepted,
     Effect,
     Event,
@@ -444,10 +444,17 @@ class SchedulerState:
             )
         return []
 
+    def guard_window_s(self) -> float:
+        """How long after a refusal by the guard its node asks again, at the latest
+        (`backoff.guard_poll_s`: GUARD_POLL_S, longer in a job of more than 750 nodes), with
+        GUARD_POLL_MARGIN_S to spare."""
+        nodes = self.settings.worker_num + self.settings.server_num
+        return guard_poll_s(nodes) + GUARD_POLL_MARGIN_S
+
     def awaited_after_end(self) -> bool:
         """Whether a node refused by the guard lately may still ask again and hear that the job
-        is over (it asks every `GUARD_POLL_S`)."""
-        window = GUARD_POLL_S + GUARD_POLL_MARGIN_S
+        is over (within `guard_window_s` of its refusal)."""
+        window = self.guard_window_s()
         now = self.clock()
         return any(now - refused <= window for refused in self.guard_waiting.values())
 

@@ -132,15 +132,15 @@ def _sample_gauges() -> Any:
 
 def _families() -> Iterator[tuple[str, Any]]:
     from cluster.api.worker_metrics import WorkerMetrics  # noqa: PLC0415
-    from cluster.scheduler.job_gauges import JobCollector  # noqa: PLC0415
-    from cluster.scheduler.metrics import SchedulerMetrics  # noqa: PLC0415
+    from cluster.scheduler import metrics  # noqa: PLC0415
 
-    scheduler = SchedulerMetrics()
+    scheduler = metrics.SchedulerMetrics()
     for family in scheduler.registry.collect():
         if family.name.startswith("cluster_"):
             yield "scheduler", family
-    for family in JobCollector(_sample_gauges).collect():
-        yield "scheduler (job gauges, computed at each scrape)", family
+    reading = metrics.Reading(True, _sample_gauges(), registration_refusals={}, edge_refusals={})
+    for family in metrics.SchedulerCollector(lambda: reading).collect():
+        yield "scheduler (leadership, refusals and job gauges, computed at each scrape)", family
     for family in WorkerMetrics(0, "0").registry.collect():
         yield "worker (`CLUSTER_WORKER_METRICS_PORT`)", family
 

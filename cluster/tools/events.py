@@ -54,7 +54,7 @@ HEADER = f"{'time':<12}  {'event':<14}  {'who':<9}  details"
 def row(event: JobEvent) -> str:
     """One event as a line of the table: local time, what, who, and the rest as key=value;
     every part from the log or the wire escaped (`safe`), so a line is one line of text."""
-    clock = datetime.datetime.fromtimestamp(event.time).strftime("%H:%M:%S.%f")[:-3]
+    clock = _clock(event.time)
     fields = event.fields
     if fields.get("rank") is not None:
         who = f"rank {_value(fields['rank'])}"
@@ -66,6 +66,15 @@ def row(event: JobEvent) -> str:
         f"{safe(k, SHOWN_MAX)}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART
     )
     return f"{clock:<12}  {safe(event.kind, SHOWN_MAX):<14}  {who:<9}  {rest}".rstrip()
+
+
+def _clock(seconds: float) -> str:
+    """The local time of day of `seconds` since the epoch; "?" for a time no date holds (a
+    scheduler's event from the wire is not checked as a line of the log is)."""
+    try:
+        return datetime.datetime.fromtimestamp(seconds).strftime("%H:%M:%S.%f")[:-3]
+    except (ValueError, OverflowError, OSError):
+        return "?"
 
 
 def _value(value: Any) -> str:

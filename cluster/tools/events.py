@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +34,7 @@ from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
 
 FINAL = frozenset({"finished", "job_failed"})
+BEGINS = frozenset({"started", "resumed"})  # a job's first event (or a restarted scheduler's)
 EVENT_LOG = "events.jsonl"  # in the log directory of `mscluster run`
 POLL_S = 0.25
 RECONNECT_S = 60.0
@@ -113,8 +115,10 @@ def from_file(
     path: Path, *, follow: bool, poll_s: float = POLL_S, say: Callable[[str], None] = print
 ) -> Iterator[JobEvent]:
     """The events in `path`, its rotated old files first (PATH.<n> ... PATH.1); with `follow`,
-    then each one appended, across rotations, until the job's last (a file not there yet is
-    waited for, and `say` says so)."""
+    then each one appended, across rotations, until the end of the job that the log's last
+    `started` or `resumed` began when the follow began (every `mscluster run` in a directory
+    appends to its log: an earlier job's end is history); a file not there yet is waited for,
+    and `say` says so."""
     if not follow:
         files = rotation.in_order(path)
         if not files:
@@ -126,9 +130,25 @@ def from_file(
         return
     if not path.exists():
         say(f"mscluster: waiting for {path} (the scheduler writes it once it has started)")
+    begun = _jobs_begun(rotation.in_order(path))  # the last one is followed to its end
     old = rotation.in_order(path)[:-1] if path.exists() else rotation.in_order(path)
-    yield from parse(_lines(old), str(path))
-    yield from _follow_file(path, poll_s)
+    with contextlib.closing(_follow_file(path, poll_s)) as appended:
+        for event in itertools.chain(parse(_lines(old), str(path)), appended):
+            yield event
+            if event.kind in BEGINS:
+                begun -= 1
+            elif event.kind in FINAL and begun <= 0:
+                return
+
+
+def _jobs_begun(files: list[Path]) -> int:
+    """How many `started` and `resumed` events `files` hold."""
+    count = 0
+    for line in _lines(files):
+        if any(f'"{kind}"' in line for kind in BEGINS):  # the others are not parsed
+            with contextlib.suppress(ValueError):
+                count += JobEvent.from_json(line).kind in BEGINS
+    return count
 
 
 def _lines(files: list[Path]) -> Iterator[str]:
@@ -140,9 +160,9 @@ def _lines(files: list[Path]) -> Iterator[str]:
         yield from text.splitlines()
 
 
-def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
-    """The events appended to `path`; when the scheduler rotates it (a new file at `path`),
-    the rest of the old one, then the new one from its start."""
+def _follow_file(path: Path, poll_s: float) -> Generator[JobEvent, None, None]:
+    """The events appended to `path`, without end; when the scheduler rotates it (a new file
+    at `path`), the rest of the old one, then the new one from its start."""
     while not path.exists():
         time.sleep(poll_s)
     handle = path.open(encoding="utf-8", errors="replace")
@@ -174,8 +194,6 @@ def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
             except ValueError:
                 continue  # not an event (a line of something else): skipped
             yield event
-            if event.kind in FINAL:
-                return
     finally:
         handle.close()
 

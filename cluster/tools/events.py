@@ -163,42 +163,83 @@ def _lines(files: list[Path]) -> Iterator[str]:
 def _follow_file(path: Path, poll_s: float) -> Generator[JobEvent, None, None]:
     """The events appended to `path`, without end; when the scheduler rotates it (a new file
     at `path`), the rest of the old one, then the new one from its start."""
-    while not path.exists():
+    while (handle := _opened(path)) is None:
         time.sleep(poll_s)
-    handle = path.open(encoding="utf-8", errors="replace")
+    tail = _Tail(handle)
     try:
-        pending, switching = "", False
+        switching = False
         while True:
-            chunk = handle.readline()
-            if not chunk and switching:  # the old file read to its very end: the next one
-                try:
-                    following = _after(path, handle).open(encoding="utf-8", errors="replace")
-                except OSError:  # rotated once more meanwhile: asked again
+            line = tail.line()
+            if line is None and switching:  # the old file read to its very end: the next one
+                following = _opened(_after(path, tail.handle))
+                if following is None:  # rotated once more meanwhile: asked again
                     time.sleep(poll_s)
                     continue
-                handle.close()
-                handle, switching = following, False
+                tail.handle.close()
+                tail, switching = _Tail(following), False
                 continue
-            if not chunk:
+            if line is None:
                 # Rotated: once more to the end of the old file (written before the rename).
-                switching = _rotated(path, handle)
+                switching = _rotated(path, tail.handle)
                 if not switching:
                     time.sleep(poll_s)
                 continue
-            pending += chunk
-            if not pending.endswith("\n"):
-                continue  # a line still being written
-            line, pending = pending, ""
             try:
                 event = JobEvent.from_json(line)
             except ValueError:
                 continue  # not an event (a line of something else): skipped
             yield event
     finally:
-        handle.close()
+        tail.handle.close()
 
 
-def _after(path: Path, handle: IO[str]) -> Path:
+def _opened(path: Path) -> IO[bytes] | None:
+    """`path` open to read; None while there is no file there (a rotation under way)."""
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the event log {path} ({exc.strerror})") from None
+
+
+class _Tail:
+    """The lines of one file as they are appended. A line still being written is held until
+    its end comes. When the scheduler cuts off the part of a line that a failed write left (a
+    full disk: `rotation.RotatingFile`) after some of it was read here, the part held is
+    dropped and the file read again from where that line began: the file is found shorter
+    than what was read, or the bytes held are no longer those at their place in it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self._held = b""
+        self._start = 0  # where the held part of a line begins in the file
+
+    def line(self) -> str | None:
+        """The next whole line; None at the end of what is written so far."""
+        while True:
+            chunk = self.handle.readline()
+            if not chunk:
+                size = os.fstat(self.handle.fileno()).st_size
+                if size < self.handle.tell():  # cut back under this reader
+                    self._again(min(self._start, size) if self._held else size)
+                return None
+            if not self._held:
+                self._start = self.handle.tell() - len(chunk)
+            elif os.pread(self.handle.fileno(), len(self._held), self._start) != self._held:
+                self._again(self._start)  # cut back, and another line written in its place
+                continue
+            self._held += chunk
+            if self._held.endswith(b"\n"):
+                line, self._held = self._held, b""
+                return line.decode("utf-8", errors="replace")
+
+    def _again(self, offset: int) -> None:
+        self.handle.seek(offset)
+        self._held = b""
+
+
+def _after(path: Path, handle: IO[bytes]) -> Path:
     """The file written after the one `handle` reads: the next newer old file (when `path`
     rotated more than once meanwhile) or `path`; the oldest one left when `handle`'s file is
     gone already (rotated past CLUSTER_LOG_KEEP: its successors are lost too)."""
@@ -212,7 +253,7 @@ def _after(path: Path, handle: IO[str]) -> Path:
     return files[0] if files else path
 
 
-def _rotated(path: Path, handle: IO[str]) -> bool:
+def _rotated(path: Path, handle: IO[bytes]) -> bool:
     """Whether `path` is now another file than the one `handle` reads (read to its end)."""
     try:
         now = path.stat()

@@ -7,8 +7,9 @@
     mscluster events --log-dir DIR [--addr ...]   DIR/events.jsonl; with --addr, DIR/job.secret
                                                   proves this reader (`reading`)
 
-A followed scheduler that restarts is asked again (for up to RECONNECT_S), and the events
-already shown are not shown twice.
+A followed scheduler that restarts is asked again (for up to RECONNECT_S), one that stands by
+sends the follow to the leader it names, and the events already shown are not shown twice; a
+follow ends only at the job's last event, or with an error that says why.
 """
 
 from __future__ import annotations
@@ -19,16 +20,25 @@ import datetime
 import itertools
 import json
 import os
+import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterator,
+    Sequence,
+)
 from pathlib import Path
 from typing import IO, Any
 
 from cluster.protocol.display import safe
-from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
-from cluster.protocol.events import JobEvent
+from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.events import JobEvent, LeaderChange
+from cluster.protocol.leader_search import LeaderSearch
 from cluster.storage import rotation
-from cluster.tools import reading, status
+from cluster.tools import following, reading, status
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -68,6 +78,10 @@ def row(event: JobEvent) -> str:
         f"{safe(k, SHOWN_MAX)}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART
     )
     return f"{clock:<12}  {safe(event.kind, SHOWN_MAX):<14}  {who:<9}  {rest}".rstrip()
+
+
+def _to_stderr(line: str) -> None:
+    print(safe(line), file=sys.stderr, flush=True)
 
 
 def _clock(seconds: float) -> str:
@@ -264,7 +278,7 @@ def _rotated(path: Path, handle: IO[bytes]) -> bool:
 
 
 async def from_scheduler(
-    address: str,
+    address: str | Sequence[str],
     identity: tls.Identity | None,
     *,
     follow: bool,
@@ -273,38 +287,153 @@ async def from_scheduler(
     secret: reading.Secret = reading.FROM_ENV,
     keepalive_s: float = FOLLOW_KEEPALIVE_S,
 ) -> AsyncGenerator[JobEvent, None]:
-    """The scheduler's retained events; with `follow`, then each new one until the job's last,
-    asking again (for up to `reconnect_s`) when the scheduler restarts or goes silent (found
-    by `keepalive_s`: FOLLOW_KEEPALIVE_S); `where`: the address to ask at each (re)connection
-    instead of `address` (the leader, as it changes); `secret`: what proves this reader
-    (`reading`; a fresh challenge at each). ReadRefusedError when the scheduler refuses it;
-    TLSConfigError when its certificate is refused or it speaks the other protocol."""
+    """The job's retained events from its leader among `address` (one, or every scheduler of
+    the job); with `follow`, then each new one until the job's last.
+
+    A scheduler that stands by (its answer, or the end of its stream as it gives up leading)
+    sends the read to the leader it names, else to the next address, and each move is said in
+    one line on stderr. A scheduler that restarts, goes silent (found by `keepalive_s`) or
+    ends its stream before the job's last event is asked again, each address in turn, until
+    no new event came for `reconnect_s`; then SchedulerUnreachableError (NotLeaderAnswer: the
+    scheduler stands by) says what each answered: a follow never ends without the job's last
+    event. No event is shown twice (`_Shown`). `where`: the one address to ask at each
+    (re)connection instead (the leader as `Following` finds it: it says the moves). `secret`:
+    what proves this reader (`reading`; a fresh challenge at each). ReadRefusedError when the
+    scheduler refuses it; TLSConfigError when its certificate is refused or it speaks the
+    other protocol."""
     found = reading.resolve(secret)
-    newest = 0.0  # the time of the newest event shown: nothing older is shown again
-    lost_at: float | None = None
+    listed = [address] if isinstance(address, str) else list(address)
+    asking = _Asking(listed if where is None else None, where, reconnect_s)
+    shown = _Shown()
     options = [
         *scheduler_channel.reconnect_options(100, 1000),
         *scheduler_channel.keepalive_options(keepalive_s),
     ]
     while True:
-        asked = address if where is None else where()
+        asked = asking.next()
+        if asked is None:  # each asked once since the last new event
+            await asking.pause(give_up=not follow or not shown.any)
+            continue
+        streaming, ended = False, "ended its event stream before the job's last event"
+        gave_up: SchedulerUnreachableError | None = None
+        watched = _watch(asked, identity, follow=follow, options=options, secret=found)
         try:
-            watched = _watch(asked, identity, follow=follow, options=options, secret=found)
-            async for event in watched:
-                lost_at = None
-                if event.time <= newest:
-                    continue
-                newest = event.time
-                yield event
-                if event.kind in FINAL:
-                    return
+            async with contextlib.aclosing(watched) as stream:
+                async for event in stream:
+                    if not shown.first(event):
+                        continue
+                    if not streaming:  # the first new event on this connection
+                        streaming = True
+                        asking.streams(asked)
+                    yield event
+                    if event.kind in FINAL:
+                        return
+                    if _gave_up(event):  # its stream may go on: the leader has the job's
+                        gave_up = NotLeaderAnswer(f"the scheduler at {asked} stands by", "")
+                        break
+        except SchedulerUnreachableError as exc:
+            asking.failed(exc)
+            continue
+        if not follow:
             return
-        except SchedulerUnreachableError:
-            now = time.monotonic()
-            lost_at = now if lost_at is None else lost_at
-            if not follow or newest == 0.0 or now - lost_at > reconnect_s:
-                raise
-            await asyncio.sleep(POLL_S)
+        asking.failed(gave_up or SchedulerUnreachableError(f"the scheduler at {asked} {ended}"))
+
+
+def _gave_up(event: JobEvent) -> bool:
+    """Whether `event` says that the scheduler that sent it gave up leading the job."""
+    try:
+        view = event.typed()
+    except ValueError:  # EventFieldError: a damaged event is no word on leadership
+        return False
+    return isinstance(view, LeaderChange) and not view.leading
+
+
+class _Asking:
+    """Whom a read of the events asks next: rounds of `LeaderSearch` over `listed` (the
+    scheduler whose events came last first; a leader a standby names next), or, with `where`,
+    the one address it gives. Each move to another scheduler of `listed` is said on stderr."""
+
+    def __init__(
+        self, listed: list[str] | None, where: Callable[[], str] | None, reconnect_s: float
+    ) -> None:
+        self._listed = listed
+        self._where = where
+        self._reconnect_s = reconnect_s
+        self._lost_at: float | None = None  # when a round first found none streaming
+        self.streaming = listed[0] if listed else ""  # the scheduler whose events came last
+        self._answers: list[SchedulerUnreachableError] = []  # this round's
+        self._search = self._round()
+
+    def _round(self) -> LeaderSearch:
+        if self._listed is None:
+            assert self._where is not None
+            return LeaderSearch([self._where()], listed_only=True)
+        others = [a for a in self._listed if a != self.streaming]
+        return LeaderSearch([self.streaming, *others])
+
+    def next(self) -> str | None:
+        """The address to ask now; None: each was asked in this round."""
+        return self._search.next_address()
+
+    async def pause(self, *, give_up: bool) -> None:
+        """Each was asked in this round, none streamed a new event: the error saying what
+        each answered when `give_up`, or when none did for `reconnect_s`; else, after
+        POLL_S, a new round."""
+        now = time.monotonic()
+        self._lost_at = now if self._lost_at is None else self._lost_at
+        if give_up or now - self._lost_at > self._reconnect_s:
+            raise self.failure()
+        await asyncio.sleep(POLL_S)
+        self._answers = []
+        self._search = self._round()
+
+    def failed(self, exc: SchedulerUnreachableError) -> None:
+        """The scheduler last asked did not stream the job to its end: `exc` says why."""
+        self._answers.append(exc)
+        if isinstance(exc, NotLeaderAnswer):
+            self._search.standby(exc.leader)
+
+    def streams(self, address: str) -> None:
+        """A new event came from `address` (the first on its connection): the next round
+        begins with it."""
+        if self._listed is not None and address != self.streaming and self._answers:
+            _to_stderr(f"mscluster: {following.moved(address, self.streaming, self._answers[0])}")
+        self.streaming, self._lost_at = address, None
+        self._answers = []
+        self._search = self._round()
+
+    def failure(self) -> SchedulerUnreachableError:
+        """What this round's schedulers answered, as one error."""
+        if len(self._answers) == 1:
+            return self._answers[0]
+        return SchedulerUnreachableError("; ".join(map(str, self._answers)) or "none asked")
+
+
+class _Shown:
+    """The events a read has shown, known by their number, time and kind: each is shown once,
+    however often the schedulers asked send their retained events again. (A new leader, or a
+    scheduler started again without its event log, numbers events of its own from 1: the
+    number alone does not tell an event shown from a new one.) The newest KEPT are known: more
+    than any scheduler retains and sends again (`cluster.scheduler.events.RETAINED_EVENTS`)."""
+
+    KEPT = 4 * 4096
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[int, float, str], None] = {}
+
+    @property
+    def any(self) -> bool:
+        return bool(self._keys)
+
+    def first(self, event: JobEvent) -> bool:
+        """Whether `event` was not shown yet (it is taken as shown now)."""
+        key = (event.seq, event.time, event.kind)
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self.KEPT:
+            del self._keys[next(iter(self._keys))]
+        return True
 
 
 async def _watch(
@@ -314,7 +443,7 @@ async def _watch(
     follow: bool,
     options: list[tuple[str, int]],
     secret: reading.ReadSecret | None,
-) -> AsyncIterator[JobEvent]:
+) -> AsyncGenerator[JobEvent, None]:
     """The events of one connection to `address`: with a CRL, its certificate checked first
     (`status.checked`); a failure to reach it explained (`status.explain`)."""
     await status.checked(address, identity)
@@ -322,6 +451,8 @@ async def _watch(
         try:
             async for event in status.watch_events(channel, address, follow=follow, secret=secret):
                 yield event
+        except NotLeaderAnswer:
+            raise
         except SchedulerUnreachableError:
             await status.explain(address, identity)
             raise

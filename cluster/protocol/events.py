@@ -103,14 +103,23 @@ class JobEvent:
 
     @classmethod
     def from_json(cls, line: str) -> JobEvent:
-        """ValueError when `line` is not an event line."""
+        """The event of `line`; ValueError naming what is wrong when it is not an event line:
+        a JSON object whose `seq` is a whole number (not a bool) from 0 to MAX_SEQ, `time` an
+        ISO 8601 time within TIME_RANGE (no offset: UTC) and `event` a string."""
         import json  # noqa: PLC0415 - see to_json
 
-        data = json.loads(line)
+        try:
+            data = json.loads(line)
+        except RecursionError:  # nested deeper than the parser goes
+            raise ValueError("not an event: nested too deep to read") from None
         if not isinstance(data, dict) or not {"time", "seq", "event"} <= data.keys():
             raise ValueError("not an event: it needs time, seq and event")
-        when = datetime.datetime.fromisoformat(str(data.pop("time")))
-        return cls(int(data.pop("seq")), when.timestamp(), str(data.pop("event")), data)
+        seq, kind = data.pop("seq"), data.pop("event")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+            raise _no_event("seq", seq, f"a whole number 0..{MAX_SEQ}")
+        if not isinstance(kind, str):
+            raise _no_event("event", kind, "a string")
+        return cls(seq, _timestamp(data.pop("time")), kind, data)
 
     def typed(self) -> View | None:
         """The typed view of this event's fields (None: a kind without one, or one this
@@ -118,6 +127,37 @@ class JobEvent:
         holds a value of another type."""
         view = _VIEWS.get(self.kind)
         return None if view is None else view.read(self)
+
+
+# The largest sequence number read back (the wire's is a uint64; a journal numbers from 1).
+MAX_SEQ = 2**63 - 1
+# The times read back, seconds since the epoch: from 1970 to the last day of year 9999 less
+# one, so that the time shown in any time zone is a date (`datetime` ends at year 9999).
+TIME_RANGE = (0.0, 253402214400.0)  # 1970-01-01 .. 9999-12-30, UTC
+
+
+def _timestamp(value: Any) -> float:
+    """The seconds since the epoch of an event line's `time`; ValueError when it is not an
+    ISO 8601 time within TIME_RANGE."""
+    if not isinstance(value, str):
+        raise _no_event("time", value, "a string")
+    try:
+        when = datetime.datetime.fromisoformat(value)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        stamp = when.timestamp()
+    except (ValueError, OverflowError):
+        raise _no_event("time", value, "an ISO 8601 time") from None
+    if not TIME_RANGE[0] <= stamp < TIME_RANGE[1]:
+        raise _no_event("time", value, "a time between 1970 and 9999")
+    return stamp
+
+
+def _no_event(name: str, value: Any, wanted: str) -> ValueError:
+    """A line is no event: its field `name` holds `value` (shown short), not `wanted`."""
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
+    return ValueError(f"not an event: {name}={shown}, not {wanted}")
 
 
 # -- typed views of the events that the CLI and the metrics read ---------------------------

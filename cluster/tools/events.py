@@ -7,8 +7,9 @@
     mscluster events --log-dir DIR [--addr ...]   DIR/events.jsonl; with --addr, DIR/job.secret
                                                   proves this reader (`reading`)
 
-A followed scheduler that restarts is asked again (for up to RECONNECT_S), and the events
-already shown are not shown twice.
+A followed scheduler that restarts is asked again (for up to RECONNECT_S), one that stands by
+sends the follow to the leader it names, and the events already shown are not shown twice; a
+follow ends only at the job's last event, or with an error that says why.
 """
 
 from __future__ import annotations
@@ -16,23 +17,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
+import sys
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterator,
+    Sequence,
+)
 from pathlib import Path
 from typing import IO, Any
 
 from cluster.protocol.display import safe
-from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
-from cluster.protocol.events import JobEvent
+from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.events import JobEvent, LeaderChange
+from cluster.protocol.leader_search import LeaderSearch
 from cluster.storage import rotation
-from cluster.tools import reading, status
+from cluster.tools import following, reading, status
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
 
 FINAL = frozenset({"finished", "job_failed"})
+BEGINS = frozenset({"started", "resumed"})  # a job's first event (or a restarted scheduler's)
 EVENT_LOG = "events.jsonl"  # in the log directory of `mscluster run`
 POLL_S = 0.25
 RECONNECT_S = 60.0
@@ -54,7 +66,7 @@ HEADER = f"{'time':<12}  {'event':<14}  {'who':<9}  details"
 def row(event: JobEvent) -> str:
     """One event as a line of the table: local time, what, who, and the rest as key=value;
     every part from the log or the wire escaped (`safe`), so a line is one line of text."""
-    clock = datetime.datetime.fromtimestamp(event.time).strftime("%H:%M:%S.%f")[:-3]
+    clock = _clock(event.time)
     fields = event.fields
     if fields.get("rank") is not None:
         who = f"rank {_value(fields['rank'])}"
@@ -66,6 +78,19 @@ def row(event: JobEvent) -> str:
         f"{safe(k, SHOWN_MAX)}={_value(v)}" for k, v in fields.items() if k not in _SHOWN_APART
     )
     return f"{clock:<12}  {safe(event.kind, SHOWN_MAX):<14}  {who:<9}  {rest}".rstrip()
+
+
+def _to_stderr(line: str) -> None:
+    print(safe(line), file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    """The local time of day of `seconds` since the epoch; "?" for a time no date holds (a
+    scheduler's event from the wire is not checked as a line of the log is)."""
+    try:
+        return datetime.datetime.fromtimestamp(seconds).strftime("%H:%M:%S.%f")[:-3]
+    except (ValueError, OverflowError, OSError):
+        return "?"
 
 
 def _value(value: Any) -> str:
@@ -104,8 +129,10 @@ def from_file(
     path: Path, *, follow: bool, poll_s: float = POLL_S, say: Callable[[str], None] = print
 ) -> Iterator[JobEvent]:
     """The events in `path`, its rotated old files first (PATH.<n> ... PATH.1); with `follow`,
-    then each one appended, across rotations, until the job's last (a file not there yet is
-    waited for, and `say` says so)."""
+    then each one appended, across rotations, until the end of the job that the log's last
+    `started` or `resumed` began when the follow began (every `mscluster run` in a directory
+    appends to its log: an earlier job's end is history); a file not there yet is waited for,
+    and `say` says so."""
     if not follow:
         files = rotation.in_order(path)
         if not files:
@@ -117,9 +144,25 @@ def from_file(
         return
     if not path.exists():
         say(f"mscluster: waiting for {path} (the scheduler writes it once it has started)")
+    begun = _jobs_begun(rotation.in_order(path))  # the last one is followed to its end
     old = rotation.in_order(path)[:-1] if path.exists() else rotation.in_order(path)
-    yield from parse(_lines(old), str(path))
-    yield from _follow_file(path, poll_s)
+    with contextlib.closing(_follow_file(path, poll_s)) as appended:
+        for event in itertools.chain(parse(_lines(old), str(path)), appended):
+            yield event
+            if event.kind in BEGINS:
+                begun -= 1
+            elif event.kind in FINAL and begun <= 0:
+                return
+
+
+def _jobs_begun(files: list[Path]) -> int:
+    """How many `started` and `resumed` events `files` hold."""
+    count = 0
+    for line in _lines(files):
+        if any(f'"{kind}"' in line for kind in BEGINS):  # the others are not parsed
+            with contextlib.suppress(ValueError):
+                count += JobEvent.from_json(line).kind in BEGINS
+    return count
 
 
 def _lines(files: list[Path]) -> Iterator[str]:
@@ -131,47 +174,86 @@ def _lines(files: list[Path]) -> Iterator[str]:
         yield from text.splitlines()
 
 
-def _follow_file(path: Path, poll_s: float) -> Iterator[JobEvent]:
-    """The events appended to `path`; when the scheduler rotates it (a new file at `path`),
-    the rest of the old one, then the new one from its start."""
-    while not path.exists():
+def _follow_file(path: Path, poll_s: float) -> Generator[JobEvent, None, None]:
+    """The events appended to `path`, without end; when the scheduler rotates it (a new file
+    at `path`), the rest of the old one, then the new one from its start."""
+    while (handle := _opened(path)) is None:
         time.sleep(poll_s)
-    handle = path.open(encoding="utf-8", errors="replace")
+    tail = _Tail(handle)
     try:
-        pending, switching = "", False
+        switching = False
         while True:
-            chunk = handle.readline()
-            if not chunk and switching:  # the old file read to its very end: the next one
-                try:
-                    following = _after(path, handle).open(encoding="utf-8", errors="replace")
-                except OSError:  # rotated once more meanwhile: asked again
+            line = tail.line()
+            if line is None and switching:  # the old file read to its very end: the next one
+                following = _opened(_after(path, tail.handle))
+                if following is None:  # rotated once more meanwhile: asked again
                     time.sleep(poll_s)
                     continue
-                handle.close()
-                handle, switching = following, False
+                tail.handle.close()
+                tail, switching = _Tail(following), False
                 continue
-            if not chunk:
+            if line is None:
                 # Rotated: once more to the end of the old file (written before the rename).
-                switching = _rotated(path, handle)
+                switching = _rotated(path, tail.handle)
                 if not switching:
                     time.sleep(poll_s)
                 continue
-            pending += chunk
-            if not pending.endswith("\n"):
-                continue  # a line still being written
-            line, pending = pending, ""
             try:
                 event = JobEvent.from_json(line)
             except ValueError:
                 continue  # not an event (a line of something else): skipped
             yield event
-            if event.kind in FINAL:
-                return
     finally:
-        handle.close()
+        tail.handle.close()
 
 
-def _after(path: Path, handle: IO[str]) -> Path:
+def _opened(path: Path) -> IO[bytes] | None:
+    """`path` open to read; None while there is no file there (a rotation under way)."""
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the event log {path} ({exc.strerror})") from None
+
+
+class _Tail:
+    """The lines of one file as they are appended. A line still being written is held until
+    its end comes. When the scheduler cuts off the part of a line that a failed write left (a
+    full disk: `rotation.RotatingFile`) after some of it was read here, the part held is
+    dropped and the file read again from where that line began: the file is found shorter
+    than what was read, or the bytes held are no longer those at their place in it."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self._held = b""
+        self._start = 0  # where the held part of a line begins in the file
+
+    def line(self) -> str | None:
+        """The next whole line; None at the end of what is written so far."""
+        while True:
+            chunk = self.handle.readline()
+            if not chunk:
+                size = os.fstat(self.handle.fileno()).st_size
+                if size < self.handle.tell():  # cut back under this reader
+                    self._again(min(self._start, size) if self._held else size)
+                return None
+            if not self._held:
+                self._start = self.handle.tell() - len(chunk)
+            elif os.pread(self.handle.fileno(), len(self._held), self._start) != self._held:
+                self._again(self._start)  # cut back, and another line written in its place
+                continue
+            self._held += chunk
+            if self._held.endswith(b"\n"):
+                line, self._held = self._held, b""
+                return line.decode("utf-8", errors="replace")
+
+    def _again(self, offset: int) -> None:
+        self.handle.seek(offset)
+        self._held = b""
+
+
+def _after(path: Path, handle: IO[bytes]) -> Path:
     """The file written after the one `handle` reads: the next newer old file (when `path`
     rotated more than once meanwhile) or `path`; the oldest one left when `handle`'s file is
     gone already (rotated past CLUSTER_LOG_KEEP: its successors are lost too)."""
@@ -185,7 +267,7 @@ def _after(path: Path, handle: IO[str]) -> Path:
     return files[0] if files else path
 
 
-def _rotated(path: Path, handle: IO[str]) -> bool:
+def _rotated(path: Path, handle: IO[bytes]) -> bool:
     """Whether `path` is now another file than the one `handle` reads (read to its end)."""
     try:
         now = path.stat()
@@ -196,7 +278,7 @@ def _rotated(path: Path, handle: IO[str]) -> bool:
 
 
 async def from_scheduler(
-    address: str,
+    address: str | Sequence[str],
     identity: tls.Identity | None,
     *,
     follow: bool,
@@ -205,38 +287,153 @@ async def from_scheduler(
     secret: reading.Secret = reading.FROM_ENV,
     keepalive_s: float = FOLLOW_KEEPALIVE_S,
 ) -> AsyncGenerator[JobEvent, None]:
-    """The scheduler's retained events; with `follow`, then each new one until the job's last,
-    asking again (for up to `reconnect_s`) when the scheduler restarts or goes silent (found
-    by `keepalive_s`: FOLLOW_KEEPALIVE_S); `where`: the address to ask at each (re)connection
-    instead of `address` (the leader, as it changes); `secret`: what proves this reader
-    (`reading`; a fresh challenge at each). ReadRefusedError when the scheduler refuses it;
-    TLSConfigError when its certificate is refused or it speaks the other protocol."""
+    """The job's retained events from its leader among `address` (one, or every scheduler of
+    the job); with `follow`, then each new one until the job's last.
+
+    A scheduler that stands by (its answer, or the end of its stream as it gives up leading)
+    sends the read to the leader it names, else to the next address, and each move is said in
+    one line on stderr. A scheduler that restarts, goes silent (found by `keepalive_s`) or
+    ends its stream before the job's last event is asked again, each address in turn, until
+    no new event came for `reconnect_s`; then SchedulerUnreachableError (NotLeaderAnswer: the
+    scheduler stands by) says what each answered: a follow never ends without the job's last
+    event. No event is shown twice (`_Shown`). `where`: the one address to ask at each
+    (re)connection instead (the leader as `Following` finds it: it says the moves). `secret`:
+    what proves this reader (`reading`; a fresh challenge at each). ReadRefusedError when the
+    scheduler refuses it; TLSConfigError when its certificate is refused or it speaks the
+    other protocol."""
     found = reading.resolve(secret)
-    newest = 0.0  # the time of the newest event shown: nothing older is shown again
-    lost_at: float | None = None
+    listed = [address] if isinstance(address, str) else list(address)
+    asking = _Asking(listed if where is None else None, where, reconnect_s)
+    shown = _Shown()
     options = [
         *scheduler_channel.reconnect_options(100, 1000),
         *scheduler_channel.keepalive_options(keepalive_s),
     ]
     while True:
-        asked = address if where is None else where()
+        asked = asking.next()
+        if asked is None:  # each asked once since the last new event
+            await asking.pause(give_up=not follow or not shown.any)
+            continue
+        streaming, ended = False, "ended its event stream before the job's last event"
+        gave_up: SchedulerUnreachableError | None = None
+        watched = _watch(asked, identity, follow=follow, options=options, secret=found)
         try:
-            watched = _watch(asked, identity, follow=follow, options=options, secret=found)
-            async for event in watched:
-                lost_at = None
-                if event.time <= newest:
-                    continue
-                newest = event.time
-                yield event
-                if event.kind in FINAL:
-                    return
+            async with contextlib.aclosing(watched) as stream:
+                async for event in stream:
+                    if not shown.first(event):
+                        continue
+                    if not streaming:  # the first new event on this connection
+                        streaming = True
+                        asking.streams(asked)
+                    yield event
+                    if event.kind in FINAL:
+                        return
+                    if _gave_up(event):  # its stream may go on: the leader has the job's
+                        gave_up = NotLeaderAnswer(f"the scheduler at {asked} stands by", "")
+                        break
+        except SchedulerUnreachableError as exc:
+            asking.failed(exc)
+            continue
+        if not follow:
             return
-        except SchedulerUnreachableError:
-            now = time.monotonic()
-            lost_at = now if lost_at is None else lost_at
-            if not follow or newest == 0.0 or now - lost_at > reconnect_s:
-                raise
-            await asyncio.sleep(POLL_S)
+        asking.failed(gave_up or SchedulerUnreachableError(f"the scheduler at {asked} {ended}"))
+
+
+def _gave_up(event: JobEvent) -> bool:
+    """Whether `event` says that the scheduler that sent it gave up leading the job."""
+    try:
+        view = event.typed()
+    except ValueError:  # EventFieldError: a damaged event is no word on leadership
+        return False
+    return isinstance(view, LeaderChange) and not view.leading
+
+
+class _Asking:
+    """Whom a read of the events asks next: rounds of `LeaderSearch` over `listed` (the
+    scheduler whose events came last first; a leader a standby names next), or, with `where`,
+    the one address it gives. Each move to another scheduler of `listed` is said on stderr."""
+
+    def __init__(
+        self, listed: list[str] | None, where: Callable[[], str] | None, reconnect_s: float
+    ) -> None:
+        self._listed = listed
+        self._where = where
+        self._reconnect_s = reconnect_s
+        self._lost_at: float | None = None  # when a round first found none streaming
+        self.streaming = listed[0] if listed else ""  # the scheduler whose events came last
+        self._answers: list[SchedulerUnreachableError] = []  # this round's
+        self._search = self._round()
+
+    def _round(self) -> LeaderSearch:
+        if self._listed is None:
+            assert self._where is not None
+            return LeaderSearch([self._where()], listed_only=True)
+        others = [a for a in self._listed if a != self.streaming]
+        return LeaderSearch([self.streaming, *others])
+
+    def next(self) -> str | None:
+        """The address to ask now; None: each was asked in this round."""
+        return self._search.next_address()
+
+    async def pause(self, *, give_up: bool) -> None:
+        """Each was asked in this round, none streamed a new event: the error saying what
+        each answered when `give_up`, or when none did for `reconnect_s`; else, after
+        POLL_S, a new round."""
+        now = time.monotonic()
+        self._lost_at = now if self._lost_at is None else self._lost_at
+        if give_up or now - self._lost_at > self._reconnect_s:
+            raise self.failure()
+        await asyncio.sleep(POLL_S)
+        self._answers = []
+        self._search = self._round()
+
+    def failed(self, exc: SchedulerUnreachableError) -> None:
+        """The scheduler last asked did not stream the job to its end: `exc` says why."""
+        self._answers.append(exc)
+        if isinstance(exc, NotLeaderAnswer):
+            self._search.standby(exc.leader)
+
+    def streams(self, address: str) -> None:
+        """A new event came from `address` (the first on its connection): the next round
+        begins with it."""
+        if self._listed is not None and address != self.streaming and self._answers:
+            _to_stderr(f"mscluster: {following.moved(address, self.streaming, self._answers[0])}")
+        self.streaming, self._lost_at = address, None
+        self._answers = []
+        self._search = self._round()
+
+    def failure(self) -> SchedulerUnreachableError:
+        """What this round's schedulers answered, as one error."""
+        if len(self._answers) == 1:
+            return self._answers[0]
+        return SchedulerUnreachableError("; ".join(map(str, self._answers)) or "none asked")
+
+
+class _Shown:
+    """The events a read has shown, known by their number, time and kind: each is shown once,
+    however often the schedulers asked send their retained events again. (A new leader, or a
+    scheduler started again without its event log, numbers events of its own from 1: the
+    number alone does not tell an event shown from a new one.) The newest KEPT are known: more
+    than any scheduler retains and sends again (`cluster.scheduler.events.RETAINED_EVENTS`)."""
+
+    KEPT = 4 * 4096
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[int, float, str], None] = {}
+
+    @property
+    def any(self) -> bool:
+        return bool(self._keys)
+
+    def first(self, event: JobEvent) -> bool:
+        """Whether `event` was not shown yet (it is taken as shown now)."""
+        key = (event.seq, event.time, event.kind)
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        if len(self._keys) > self.KEPT:
+            del self._keys[next(iter(self._keys))]
+        return True
 
 
 async def _watch(
@@ -246,7 +443,7 @@ async def _watch(
     follow: bool,
     options: list[tuple[str, int]],
     secret: reading.ReadSecret | None,
-) -> AsyncIterator[JobEvent]:
+) -> AsyncGenerator[JobEvent, None]:
     """The events of one connection to `address`: with a CRL, its certificate checked first
     (`status.checked`); a failure to reach it explained (`status.explain`)."""
     await status.checked(address, identity)
@@ -254,6 +451,8 @@ async def _watch(
         try:
             async for event in status.watch_events(channel, address, follow=follow, secret=secret):
                 yield event
+        except NotLeaderAnswer:
+            raise
         except SchedulerUnreachableError:
             await status.explain(address, identity)
             raise

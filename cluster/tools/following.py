@@ -4,7 +4,8 @@ It asks the scheduler that answered last on one open channel. When that one stop
 or stands by (its lease was lost, or it handed the job over), it asks the others in turn
 (`status.fetch_any`: a standby's answer names the leader, asked next) and, once another
 scheduler answers as the leader, follows that one from then on and says so in one line. The
-event stream follows the same address (`address`, read at each reconnection).
+event stream follows the same address (`address`, read at each reconnection); `mscluster
+events --addr` makes the same moves on its own (`cluster.tools.events.from_scheduler`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from cluster.transport import tls
 
 # How often a channel reconnects while its scheduler is away (first, most; ms).
 RECONNECT_MS = (100, 1000)
+
+
+def moved(address: str, before: str, why: SchedulerUnreachableError) -> str:
+    """The line that says a reader follows the leader at `address` now, and why it left the
+    scheduler at `before`."""
+    said = "stands by" if isinstance(why, NotLeaderAnswer) else "does not answer"
+    return f"following the leader at {address} (the scheduler at {before} {said})"
 
 
 class Following:
@@ -69,8 +77,7 @@ class Following:
             return
         before, self.address = self.address, address
         await self.close()
-        said = "stands by" if isinstance(why, NotLeaderAnswer) else "does not answer"
-        self.say(f"following the leader at {address} (the scheduler at {before} {said})")
+        self.say(moved(address, before, why))
 
     async def close(self) -> None:
         opened, self._channel = self._channel, None

@@ -3,8 +3,8 @@
 Everything is inline (CSS, SVG, a few lines of JS); the page fetches nothing. It shows:
 
 - a timeline from the moment the job formed: a lane for the scheduler (down while killed) and
-  one per rank (alive, failed, refused by the guard; rejoins marked), from the scheduler's event
-  log, and every fault as a marker with its detection and recovery times;
+  one per rank (alive, failed, refused by the guard; rejoins and spares' promotions marked),
+  from the scheduler's event log, and every fault as a marker with its detection and recovery times;
 - the training step over time (each rank's newest checkpoint, as the scheduler saw it);
 - the report table.
 
@@ -46,7 +46,7 @@ h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 24px 0 8p
 svg text { font: 11px system-ui, sans-serif; fill: #333; }
 .seg.alive { fill: #58b368; } .seg.failed { fill: #d9534f; } .seg.guard { fill: #f0ad4e; }
 .seg.down { fill: #d9534f; } .seg.up { fill: #58b368; }
-.rejoin { fill: #2c6fbb; } .axis line, .grid { stroke: #ddd; }
+.rejoin { fill: #2c6fbb; } .promotion { fill: #8e44ad; } .axis line, .grid { stroke: #ddd; }
 .fault .at { stroke-width: 1.5; } .fault .detected { stroke-dasharray: 3 2; }
 .fault .recovered { stroke-dasharray: 1 2; } .fault.hot line, .fault.hot path { stroke-width: 3; }
 table { border-collapse: collapse; } td, th { padding: 3px 10px; border-bottom: 1px solid #ddd; }
@@ -140,6 +140,12 @@ def _rank_lane(lane: timeline.Lane, scale: _Scale, y: float) -> list[str]:
         parts.append(
             f'<path class="rejoin" d="M{x:.1f},{y - 2} l6,{mid - y + 2} l-6,{mid - y + 2} '
             f'l-6,-{mid - y + 2} z"><title>rank {rank} rejoined at {t:.2f} s</title></path>'
+        )
+    for t, spare in lane.promotions:
+        x, mid = scale.x(t), y + LANE_H / 2
+        parts.append(
+            f'<path class="promotion" d="M{x - 6:.1f},{y - 2} h12 l-6,{mid - y + 2} z">'
+            f"<title>rank {rank} taken by spare {_e(spare)} at {t:.2f} s</title></path>"
         )
     parts.append("</g>")
     return parts
@@ -262,6 +268,7 @@ def render(report: Mapping[str, Any]) -> str:
             ("failed / down", "#d9534f"),
             ("refused by the guard", "#f0ad4e"),
             ("rejoined", "#2c6fbb"),
+            ("taken by a spare", "#8e44ad"),
         )
     )
     seed = _e(report.get("seed", ""))

@@ -11,7 +11,12 @@ import grpc
 
 from cluster.protocol.config import join_address
 from cluster.protocol.display import safe
-from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
+from cluster.protocol.errors import (
+    ConfigError,
+    NotLeaderAnswer,
+    NotLeaderError,
+    SchedulerUnreachableError,
+)
 from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.protocol.leader_search import LeaderSearch
 from cluster.protocol.parse import split_address
@@ -233,9 +238,14 @@ async def fetch(
     assert isinstance(response, pb.StatusResponse)
     leadership = response.leadership
     if leadership.role == pb.SCHEDULER_ROLE_STANDBY:
-        where = f"the leader is {leadership.leader}" if leadership.leader else "none leads now"
-        raise NotLeaderAnswer(f"the scheduler at {address} stands by ({where})", leadership.leader)
+        raise standing_by(address, leadership.leader)
     return job_view(address, response)
+
+
+def standing_by(address: str, leader: str) -> NotLeaderAnswer:
+    """The scheduler at `address` stands by; `leader` is the one it names ("" none)."""
+    where = f"the leader is {leader}" if leader else "none leads now"
+    return NotLeaderAnswer(f"the scheduler at {address} stands by ({where})", leader)
 
 
 async def read_metadata(
@@ -432,7 +442,8 @@ async def watch_events(
     channel: grpc.aio.Channel, address: str, *, follow: bool, secret: reading.ReadSecret | None
 ) -> AsyncIterator[JobEvent]:
     """The job's events from the scheduler behind `channel` (WatchEvents), with a proof of
-    `secret` when there is one; with `follow`, each new one until the job's last."""
+    `secret` when there is one; with `follow`, each new one until the job's last.
+    NotLeaderAnswer when the scheduler stands by, or ends the stream as it gives up leading."""
     stub = pb_grpc.SchedulerStub(channel)
     try:
         metadata = await read_metadata(stub, "WatchEvents", secret, 10.0)
@@ -458,5 +469,7 @@ async def watch_events(
         if (denied := reading.denied(address, exc)) is not None:
             raise denied from None
         failure = failures.failure_of(exc)
+        if failure.kind is NotLeaderError:
+            raise standing_by(address, failure.leader) from None
         said = "no scheduler answers" if failure.cut_off else "the event stream ended"
         raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None

@@ -5,7 +5,9 @@ the job formed) into one lane per rank: segments of `alive`, `failed` (from the 
 first guard refusal of its node id), `guard` (refused by the re-registration guard until it
 rejoined), and `rejoined` marks. A node that comes back without a guard refusal (the same
 process, after a partition or a long stop) goes from `failed` to `alive` directly. A spare
-has no lane until it takes a rank.
+has no lane until it takes a rank: `promoted` puts that rank's lane back to `alive` with a
+promotion mark, and from then on the rank is the spare's (the failed node's id, refused by
+the guard or failing again, no longer moves it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Lane:
     rank: int
     segments: list[Segment] = field(default_factory=list)
     rejoins: list[float] = field(default_factory=list)
+    promotions: list[tuple[float, str]] = field(default_factory=list)  # (t, the spare's node id)
     state: str = ALIVE
     since: float = 0.0
 
@@ -60,7 +63,7 @@ def lanes(events: Iterable[Mapping[str, Any]], workers: int, end: float) -> list
         rank = event.get("rank")
         node_id = event.get("node_id")
         if isinstance(rank, int) and node_id is not None:
-            rank_of[str(node_id)] = rank
+            _name(rank_of, str(node_id), rank, taken=kind == "promoted")
         if rank is None and node_id is not None:
             rank = rank_of.get(str(node_id))
         if kind in ("finished", "job_failed"):
@@ -76,9 +79,21 @@ def lanes(events: Iterable[Mapping[str, Any]], workers: int, end: float) -> list
         elif kind == "rejoined":
             lane.move(t, ALIVE)
             lane.rejoins.append(t)
+        elif kind == "promoted":
+            lane.move(t, ALIVE)
+            lane.promotions.append((t, str(node_id)))
     for lane in by_rank:
         lane.close(end)
     return by_rank
+
+
+def _name(rank_of: dict[str, int], node_id: str, rank: int, *, taken: bool) -> None:
+    """`node_id` holds `rank` now; `taken` (a spare's promotion): it alone, the node ids that
+    held it before no longer do."""
+    if taken:
+        for before in [n for n, r in rank_of.items() if r == rank]:
+            del rank_of[before]
+    rank_of[node_id] = rank
 
 
 def step_series(

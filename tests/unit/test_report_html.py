@@ -69,6 +69,31 @@ def test_a_killed_rank_fails_waits_out_the_guard_and_rejoins() -> None:
     ]
 
 
+def test_a_rank_a_spare_takes_is_alive_again_and_the_old_node_no_longer_moves_it() -> None:
+    promoted = [
+        {"t": 1.0, "event": "failed", "rank": 2, "node_id": "2", "cause": "stream_broken"},
+        {"t": 1.1, "event": "promoted", "rank": 2, "node_id": "s0", "generation": 2},
+        {"t": 1.5, "event": "guard_refusal", "node_id": "2", "retry_after_s": 2.0},
+        {"t": 4.0, "event": "registered", "node_id": "2", "spare": True},
+        {"t": 6.0, "event": "failed", "rank": None, "node_id": "2", "cause": "stream_broken"},
+        {"t": 7.0, "event": "failed", "rank": 2, "node_id": "s0", "cause": "stream_broken"},
+        {"t": 7.5, "event": "guard_refusal", "node_id": "s0", "retry_after_s": 2.0},
+    ]
+    rank_2 = lanes(promoted, workers=4, end=10.0)[2]
+    assert rank_2.segments == [
+        Segment(0.0, 1.0, ALIVE),
+        Segment(1.0, 1.1, FAILED),
+        Segment(1.1, 7.0, ALIVE),  # the spare's, whatever its old node does meanwhile
+        Segment(7.0, 7.5, FAILED),
+        Segment(7.5, 10.0, GUARD),  # the spare's own node id, refused by the guard
+    ]
+    assert rank_2.promotions == [(1.1, "s0")]
+    assert rank_2.rejoins == []
+    page = Elements()
+    page.feed(report_html.render({**REPORT, "workers": 4, "events": promoted}))
+    assert len(page.having("path", "promotion")) == 1
+
+
 def test_the_step_series_is_per_rank_in_time_order() -> None:
     series = step_series([(4.0, 0, 20), (0.5, 0, 10), (0.5, 1, 10), (1.0, 5, 99)], workers=2)
     assert series == [[(0.5, 10), (4.0, 20)], [(0.5, 10)]]

@@ -159,7 +159,7 @@ def test_a_followed_file_ends_with_the_jobs_last_event(tmp_path: Path) -> None:
         JobEvent(1, 1.0, "formed", {"generation": 1}).to_json(),
         "a torn line",
         JobEvent(2, 2.0, "finished", {"detail": "done"}).to_json(),
-        JobEvent(3, 3.0, "started", {}).to_json(),  # the next job's: not followed
+        JobEvent(3, 3.0, "nodes_back", {"seconds": 0.1}).to_json(),  # after the end
     ]
     path.write_text("\n".join(lines_) + "\n")
     kinds = [e.kind for e in events.from_file(path, follow=True, poll_s=0.01)]

@@ -1,0 +1,133 @@
+"""`mscluster events --follow` on a file: every `mscluster run` in a directory appends to its
+logs/events.jsonl, and the follow goes on to the end of the job running when it began, past
+the ends of the earlier ones; a follower that read part of a line that a full disk then had
+cut off again reads the line written in its place whole."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.config import LogRotation
+from cluster.protocol.events import JobEvent
+from cluster.storage import rotation
+from cluster.storage.rotation import RotatingFile
+from cluster.tools import events as events_tool
+from cluster.tools.testing import Process, wait_until
+from tests import tmpfs
+from tests.procs import MSCLUSTER, Procs, reader_env
+from tests.unit.test_rotation import event, write_until_refused
+
+WAIT_S = 30.0
+
+
+def line(seq: int, kind: str, **fields: object) -> str:
+    return JobEvent(seq, 1_772_366_400.0 + seq, kind, fields).to_json() + "\n"
+
+
+def follow(processes: Procs, path: Path) -> Process:
+    """`mscluster events --follow --json --file PATH`, running."""
+    args = [*MSCLUSTER, "events", "--follow", "--json", "--file", str(path)]
+    return processes.start("follow", args, reader_env(None))
+
+
+def shown(followed: Process) -> list[tuple[int, str]]:
+    return [(e["seq"], e["event"]) for e in map(json.loads, followed.output.splitlines())]
+
+
+def test_following_a_log_of_two_runs_follows_the_second_to_its_end(
+    tmp_path: Path, processes: Procs
+) -> None:
+    path = tmp_path / "events.jsonl"
+    earlier = [line(1, "started"), line(2, "formed"), line(3, "finished", detail="all done")]
+    path.write_text("".join([*earlier, line(4, "started"), line(5, "formed")]))
+    followed = follow(processes, path)
+    wait_until(
+        lambda: '"seq":5' in followed.output or not followed.running, WAIT_S, "seq 5 or the end"
+    )
+    assert followed.running, followed.output  # the first job's end is history
+    with path.open("a") as log:
+        log.write(line(6, "job_failed", detail="rank 1 failed"))
+    assert followed.wait(WAIT_S) == 0, followed.output
+    assert shown(followed) == [
+        (1, "started"),
+        (2, "formed"),
+        (3, "finished"),
+        (4, "started"),
+        (5, "formed"),
+        (6, "job_failed"),
+    ]
+
+
+def test_following_a_log_whose_last_job_ended_in_an_old_file_ends_at_once(
+    tmp_path: Path, processes: Procs
+) -> None:
+    path = tmp_path / "events.jsonl"
+    rotation.old_file(path, 1).write_text(line(1, "started") + line(2, "finished", detail="ok"))
+    path.write_text(line(3, "nodes_back", seconds=0.1))  # rotated after the job's end
+    followed = follow(processes, path)
+    assert followed.wait(WAIT_S) == 0, followed.output
+    assert shown(followed) == [(1, "started"), (2, "finished")]
+
+
+def reading_at(path: Path) -> list[int]:
+    """The offsets of this process's read-only descriptors of `path` (a follower's)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") != str(path):
+                continue
+            info = dict(
+                row.split(":", 1) for row in Path(f"/proc/self/fdinfo/{fd}").read_text().split("\n")
+                if ":" in row
+            )  # fmt: skip
+            if int(info["flags"], 8) & os.O_ACCMODE == os.O_RDONLY:
+                found.append(int(info["pos"]))
+    return found
+
+
+def test_a_follower_that_read_a_part_cut_off_again_reads_the_next_event_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with tmpfs.mounted("256k") as disk:
+        path = disk / "events.jsonl"
+        writer = RotatingFile(path, LogRotation(max_bytes=1 << 20, keep=3))
+        writer.write(f"{event(1).to_json()}\n".encode())
+        got: list[int] = []
+
+        def follow() -> None:
+            for found in events_tool.from_file(path, follow=True, poll_s=0.01):
+                got.append(found.seq)
+
+        follower = threading.Thread(target=follow, name="follower", daemon=True)
+        follower.start()
+        wait_until(lambda: got == [1], WAIT_S, "the follower at the first event")
+        truncate, cuts = os.ftruncate, []
+
+        def cut_once_read(fd: int, size: int) -> None:
+            """The follower reads what landed of the failed write before it is cut off."""
+            landed = os.fstat(fd).st_size
+            wait_until(lambda: landed in reading_at(path), WAIT_S, "the follower at the part")
+            truncate(fd, size)
+            cuts.append(landed - size)
+
+        monkeypatch.setattr(rotation.os, "ftruncate", cut_once_read)
+        filler = tmpfs.fill(disk)
+        seq = 1
+        while not cuts and seq < 200:  # until a write lands in part (a page boundary)
+            seq = write_until_refused(writer, seq + 1)
+        assert cuts, "no write landed in part"
+        filler.unlink()
+        writer.write(f"{event(seq + 1).to_json()}\n".encode())
+        writer.write(f"{event(seq + 2, 'finished').to_json()}\n".encode())
+        writer.close()
+        follower.join(WAIT_S)
+        assert not follower.is_alive()
+        written = [JobEvent.from_json(text).seq for text in path.read_text().splitlines()]
+        assert written[-2:] == [seq + 1, seq + 2]
+        assert got == written  # none lost to the part cut off

@@ -54,6 +54,7 @@ from cluster.tools.launch_plan import (
 from cluster.tools.launch_reading import (
     POLL_CHANNEL_OPTIONS,
     POLL_STATUS_S,
+    Fresh,
     JobReader,
     job_seen,
 )
@@ -304,13 +305,14 @@ class Launcher:
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
         scheduler too (a worker has failed: may the job take it back?)."""
-        now: JobView | None = None
-        unreachable = ""
-        if ask:
-            try:
-                now = await self.reader.leader()
-            except ClusterError as exc:
-                unreachable = str(exc)
+        fresh = await self.reader.fresh() if ask else Fresh()
+        if fresh.unread:
+            last = "none" if self.view is None else self.view.phase.value
+            self._print(
+                f"mscluster: the scheduler is up but refused to show the job ({fresh.unread}); "
+                f"deciding from its last answer ({last})"
+            )
+        now = fresh.view
         sched = self.scheduler
         view = now or self.view
         return policy.Seen(
@@ -329,7 +331,8 @@ class Launcher:
             stop_signal=self._stop_signal,
             last=job_seen(self.view),
             now=job_seen(now),
-            unreachable=unreachable,
+            unreachable=fresh.unreachable,
+            unread=fresh.unread,
         )
 
     # -- the run -------------------------------------------------------------------------------

@@ -8,12 +8,14 @@ when it has one; with standby schedulers they go to whichever leads (`status.fet
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from cluster.protocol.config import JobSecretSource
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
+from cluster.protocol.errors import AccessDeniedError, ClusterError, ReadRefusedError
 from cluster.tools import launch_policy as policy
 from cluster.tools import status as status_module
 from cluster.tools.status import JobView
@@ -24,6 +26,18 @@ POLL_STATUS_S = 0.5
 # The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
 # backoff (1 s, then 1.6x), or a short job ends before the first answer.
 POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
+# A fresh read that a scheduler refuses is asked this many times in all (each on a fresh
+# challenge) before the launcher decides without it.
+FRESH_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """A fresh read of the job for a decision: the answer, or why there is none."""
+
+    view: JobView | None = None
+    unreachable: str = ""  # no scheduler answered: it is gone
+    unread: str = ""  # a scheduler answered and refused to show the job: it is up
 
 
 class JobReader:
@@ -54,6 +68,21 @@ class JobReader:
         return await status_module.fetch_any(
             self.addresses, self.identity, timeout_s, self.secret()
         )
+
+    async def fresh(self) -> Fresh:
+        """The leader's answer for a decision (a worker has failed). Only a scheduler that none
+        reaches is gone; one that refuses the read (the job secret's proof, this launcher's
+        certificate: ReadRefusedError, AccessDeniedError) is up, and is asked again, FRESH_TRIES
+        times in all, before `unread` says what it answered."""
+        refused = ""
+        for _ in range(FRESH_TRIES):
+            try:
+                return Fresh(view=await self.leader())
+            except (ReadRefusedError, AccessDeniedError) as exc:
+                refused = str(exc)
+            except ClusterError as exc:
+                return Fresh(unreachable=str(exc))
+        return Fresh(unread=f"{refused} ({FRESH_TRIES} tries)")
 
     async def poll(self, channel: grpc.aio.Channel) -> JobView:
         """One poll's answer: from the one scheduler over `channel` (its certificate checked

@@ -13,10 +13,10 @@ Pure: hashing and HMAC over bytes, no I/O.
   scheduler remembers the nonces it has seen (a bounded cache) and refuses one seen before.
 - With a job secret nothing captured replays and nothing captured speaks:
   - the proof binds the scheduler's challenge (`ChallengeIssuer`: a value the scheduler makes
-    and checks itself, under a key drawn at its start, valid for `CHALLENGE_TTL_S`) and the
-    job's id, so a captured registration fails after the scheduler restarts, in another job
-    with the same secret, and (with the nonce cache, which need only span the challenge's life)
-    in this one;
+    and checks itself, under a key drawn at its start, valid for `CHALLENGE_TTL_S`, every one
+    its own) and the job's id, so a captured registration fails after the scheduler restarts,
+    in another job with the same secret, and (with the nonce cache, which need only span the
+    challenge's life) in this one;
   - the credential travels wrapped (`wrap`: XOR with a pad derived from the secret and both
     nonces), so a listener on the path never learns it;
   - later calls carry no credential but a MAC (`call_mac`) under a key derived from the secret
@@ -115,46 +115,55 @@ def proven(secret: bytes, message: bytes, proof: bytes) -> bool:
 
 # How long a challenge of the scheduler stays good: a node registers within it of asking for one.
 CHALLENGE_TTL_S = 60.0
-_START_ID_BYTES = 16
+_START_ID_BYTES = 8
+_DRAW_BYTES = 8
+_TIME_BYTES = 8
 _TAG_BYTES = 16
-CHALLENGE_BYTES = _START_ID_BYTES + 8 + _TAG_BYTES
+_BODY_BYTES = _START_ID_BYTES + _DRAW_BYTES + _TIME_BYTES
+CHALLENGE_BYTES = _BODY_BYTES + _TAG_BYTES
 # Call sequence numbers a scheduler takes out of order (calls made at once arrive in any order).
 CALL_WINDOW = 1024
 _WRAP = b"cluster.v1.wrap"
 _CALL_KEY = b"cluster.v1.call-key"
 _CALL = b"cluster.v1.call"
 _READ = b"cluster.v1.read"
+# What the scheduler says of a read proof it took before (a reader's tool tells it apart).
+READ_REPLAYED = "its proof was used before (a replay)"
 
 
 class ChallengeIssuer:
-    """The scheduler's challenges: start id, issue time and a tag under a key of this process.
+    """The scheduler's challenges: start id, a random draw, issue time, and a tag over them
+    under a key of this process (`CHALLENGE_BYTES` in all).
 
     Pure: the key and the start id are drawn once (at the scheduler's start), the clock is the
-    caller's. Nothing is remembered per challenge, so asking for them grows nothing.
+    caller's. Nothing is remembered per challenge, so asking for them grows nothing. The draw
+    (8 random bytes) makes every challenge its own, two asked in the same millisecond
+    included: readers answering them never make the same proof (`read_proof`), so the replay
+    cache of read proofs refuses only a proof sent again.
     """
 
     def __init__(self, key: bytes | None = None, start_id: bytes | None = None) -> None:
         self._key = key if key is not None else os.urandom(32)
         self.start_id = start_id if start_id is not None else os.urandom(_START_ID_BYTES)
 
-    def _tag(self, issued_ms: int) -> bytes:
-        body = self.start_id + issued_ms.to_bytes(8, "big")
+    def _tag(self, body: bytes) -> bytes:
         return _mac(self._key, body)[:_TAG_BYTES]
 
     def issue(self, now_s: float) -> bytes:
         issued_ms = max(int(now_s * 1000), 0)
-        return self.start_id + issued_ms.to_bytes(8, "big") + self._tag(issued_ms)
+        body = self.start_id + os.urandom(_DRAW_BYTES) + issued_ms.to_bytes(_TIME_BYTES, "big")
+        return body + self._tag(body)
 
     def problem(self, challenge: bytes, now_s: float) -> str | None:
         """Why `challenge` is not one of this scheduler's good ones, None when it is."""
         if len(challenge) != CHALLENGE_BYTES:
             return "it carries no challenge of this scheduler (ask for one with Challenge)"
-        start_id = challenge[:_START_ID_BYTES]
-        issued_ms = int.from_bytes(challenge[_START_ID_BYTES : _START_ID_BYTES + 8], "big")
-        if start_id != self.start_id or not _equal(
-            challenge[_START_ID_BYTES + 8 :], self._tag(issued_ms)
+        body = challenge[:_BODY_BYTES]
+        if body[:_START_ID_BYTES] != self.start_id or not _equal(
+            challenge[_BODY_BYTES:], self._tag(body)
         ):
             return "its challenge is not this scheduler's (another job, or before a restart)"
+        issued_ms = int.from_bytes(body[-_TIME_BYTES:], "big")
         age_s = now_s - issued_ms / 1000
         if not -1.0 <= age_s <= CHALLENGE_TTL_S:
             return f"its challenge is {age_s:.0f} s old (good for {CHALLENGE_TTL_S:g} s)"

@@ -36,14 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import JobSecretSource
 from cluster.protocol.display import safe
-from cluster.protocol.environment import job_secret_from_env, read_job_secret, tls_options_from_env
+from cluster.protocol.environment import tls_options_from_env
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes, slurm_io
-from cluster.tools import status as status_module
 from cluster.tools.launch_plan import (
     LaunchOptions,
     Plan,
@@ -52,6 +50,13 @@ from cluster.tools.launch_plan import (
     render,
     standby_hosts,
     wants_relay,
+)
+from cluster.tools.launch_reading import (
+    POLL_CHANNEL_OPTIONS,
+    POLL_STATUS_S,
+    Fresh,
+    JobReader,
+    job_seen,
 )
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.tools.status import JobView
@@ -67,14 +72,10 @@ STOP_GRACE_S = 5.0
 # After the first failure, wait this long for the other exits it causes, so the report names
 # the process that died first (the cause) rather than one that stopped because of it.
 SETTLE_S = 0.3
-POLL_STATUS_S = 0.5
 # Once the job finished, how long the processes holding no rank get to exit by themselves.
 SPARE_EXIT_S = 1.0
 # Once every local worker finished, how long the scheduler gets to end the job and exit.
 SCHEDULER_EXIT_S = 30.0
-# The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
-# backoff (1 s, then 1.6x), or a short job ends before the first answer.
-POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 LOG_TAIL_LINES = 12
 # How long the relay gets to take connections before the workers start without it (they then go
 # to the scheduler directly), and how often the launcher looks meanwhile.
@@ -134,17 +135,17 @@ class Launcher:
             *(setup.at(h, port) for h in standby_hosts(options.master_addr)),
         ]
         # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
-        self._identity: tls.Identity | None = None
+        identity: tls.Identity | None = None
         if options.tls_config is not None:
             tls_options = tls_options_from_env(os.environ, options.tls_config.resolve())
             assert tls_options is not None  # a config path was given
-            self._identity = tls.load_identity(tls_options, server=False)
+            identity = tls.load_identity(tls_options, server=False)
+        self.reader = JobReader(self.addresses, identity, options.job_secret_file)
         self.scheduler: Child | None = None
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
         self.view: JobView | None = None
-        self._secret: bytes | None = None  # the job secret, once read (it proves our reads)
         self._stop_signal: int | None = None
         self._stopping = asyncio.Event()  # set with `_stop_signal`
         self._wake = asyncio.Event()
@@ -258,43 +259,15 @@ class Launcher:
         return f"{name} ({where}node id {planned.node_id!r})"
 
     async def _poll_status(self) -> None:
-        """The job's status every POLL_STATUS_S: from the one scheduler over one channel (its
-        certificate checked against the CRL, as `mscluster status` checks it), or, with
-        standbys, from whichever leads (`status.fetch_any`: each asked in turn, a standby's
-        answer followed to the leader it names)."""
+        """The job's status every POLL_STATUS_S (`JobReader.poll`), for the progress line."""
         async with scheduler_channel.open_channel(
-            self.address, self._identity, POLL_CHANNEL_OPTIONS
+            self.address, self.reader.identity, POLL_CHANNEL_OPTIONS
         ) as channel:
             while True:
                 with contextlib.suppress(ClusterError):
-                    if len(self.addresses) > 1:
-                        self.view = await self._fetch_leader(POLL_STATUS_S * 2)
-                    else:
-                        self.view = await status_module.fetch_checked(
-                            channel,
-                            self.address,
-                            self._identity,
-                            POLL_STATUS_S * 2,
-                            self._job_secret(),
-                        )
+                    self.view = await self.reader.poll(channel)
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
-
-    async def _fetch_leader(self, timeout_s: float = status_module.STATUS_TIMEOUT_S) -> JobView:
-        """The leading scheduler's answer, or a ClusterError saying what each one answered."""
-        return await status_module.fetch_any(
-            self.addresses, self._identity, timeout_s, self._job_secret()
-        )
-
-    def _job_secret(self) -> bytes | None:
-        """The secret the job's processes get (the launcher's reads of the job prove it)."""
-        if self._secret is None:
-            source = job_secret_from_env(os.environ)
-            path = self.options.job_secret_file
-            if path is not None and path.exists():
-                source = JobSecretSource(path=path)
-            self._secret = None if source is None else read_job_secret(source)
-        return self._secret
 
     def _progress(self) -> None:
         running = sum(1 for w in self.workers if w.running)
@@ -332,13 +305,14 @@ class Launcher:
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
         scheduler too (a worker has failed: may the job take it back?)."""
-        now: JobView | None = None
-        unreachable = ""
-        if ask:
-            try:
-                now = await self._fetch_leader()
-            except ClusterError as exc:
-                unreachable = str(exc)
+        fresh = await self.reader.fresh() if ask else Fresh()
+        if fresh.unread:
+            last = "none" if self.view is None else self.view.phase.value
+            self._print(
+                f"mscluster: the scheduler is up but refused to show the job ({fresh.unread}); "
+                f"deciding from its last answer ({last})"
+            )
+        now = fresh.view
         sched = self.scheduler
         view = now or self.view
         return policy.Seen(
@@ -355,9 +329,10 @@ class Launcher:
             recovery=self.options.enable_recovery,
             standbys=len(self.addresses) > 1,
             stop_signal=self._stop_signal,
-            last=_job_seen(self.view),
-            now=_job_seen(now),
-            unreachable=unreachable,
+            last=job_seen(self.view),
+            now=job_seen(now),
+            unreachable=fresh.unreachable,
+            unread=fresh.unread,
         )
 
     # -- the run -------------------------------------------------------------------------------
@@ -690,7 +665,3 @@ def _accepts(path: Path) -> bool:
 def _pid_name(planned: Process) -> str:
     """A process's name in `<log-dir>/pids`: its log's (`scheduler`, `worker_2`, `spare_0`)."""
     return planned.log.stem
-
-
-def _job_seen(view: JobView | None) -> policy.JobSeen | None:
-    return None if view is None else policy.JobSeen(view.phase, view.recovery, view.detail)

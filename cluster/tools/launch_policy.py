@@ -69,9 +69,11 @@ class Seen:
     # The scheduler's last answer before this decision (None: it never answered).
     last: JobSeen | None = None
     # An answer asked for this decision, when a worker has failed; None: no answer, and then
-    # `unreachable` says why.
+    # `unreachable` (no scheduler answered: it is gone) or `unread` (one answered and refused
+    # to show the job, its words: it is up) says why.
     now: JobSeen | None = None
     unreachable: str = ""
+    unread: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,16 +150,30 @@ def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:
         off = "; recovery is off" if seen.last is not None and not seen.last.recovery else ""
         return f"the scheduler has exited{off}"
     if seen.now is None:
-        # Not answering (yet): a job that has not formed can still take the worker; one that
-        # had formed and went silent cannot.
-        last = seen.last
-        if last is None or last.phase is Phase.WAITING:
-            return None
-        off = "" if last.recovery else "; recovery is off, so the job cannot take it back"
-        return f"the job had formed and its scheduler is gone ({seen.unreachable}){off}"
+        return _why_not_unanswered(seen)
     if seen.now.phase in (Phase.FAILED, Phase.FINISHED):
         off = "" if seen.now.recovery else " and recovery is off"
         return f"the job is {seen.now.phase.value} ({seen.now.detail}){off}"
+    return None
+
+
+def _why_not_unanswered(seen: Seen) -> str | None:
+    """A worker failed and no fresh answer came; the last one decides. A job that has not
+    formed can still take the worker. A scheduler that none reaches (`unreachable`) is gone:
+    a formed job cannot. One that is up but refused the read (`unread`) is no gone scheduler:
+    its last answer stands for a fresh one, so a formed job with recovery takes the worker
+    back, and one over, or formed without recovery, cannot."""
+    last = seen.last
+    if last is None or last.phase is Phase.WAITING:
+        return None
+    if not seen.unread:
+        off = "" if last.recovery else "; recovery is off, so the job cannot take it back"
+        return f"the job had formed and its scheduler is gone ({seen.unreachable}){off}"
+    refused = f"its scheduler is up but refused a fresh read: {seen.unread}"
+    if last.phase in (Phase.FAILED, Phase.FINISHED):
+        return f"the job was {last.phase.value} at its last answer ({last.detail}); {refused}"
+    if not last.recovery:
+        return f"the job had formed and recovery is off, so it cannot take it back ({refused})"
     return None
 
 

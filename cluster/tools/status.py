@@ -15,6 +15,7 @@ from cluster.protocol.errors import (
     ConfigError,
     NotLeaderAnswer,
     NotLeaderError,
+    ReadRefusedError,
     SchedulerUnreachableError,
 )
 from cluster.protocol.events import JobEvent, MemoryResume
@@ -229,7 +230,7 @@ async def fetch(
         response = await _ask(stub, found, timeout_s)
     except grpc.aio.AioRpcError as exc:
         if reading.refused(exc):
-            raise reading.refusal(address, found) from None
+            raise refusal(address, found, exc) from None
         if (denied := reading.denied(address, exc)) is not None:
             raise denied from None
         raise SchedulerUnreachableError(
@@ -246,6 +247,22 @@ def standing_by(address: str, leader: str) -> NotLeaderAnswer:
     """The scheduler at `address` stands by; `leader` is the one it names ("" none)."""
     where = f"the leader is {leader}" if leader else "none leads now"
     return NotLeaderAnswer(f"the scheduler at {address} stands by ({where})", leader)
+
+
+def refusal(
+    address: str, secret: reading.ReadSecret | None, exc: grpc.aio.AioRpcError
+) -> ReadRefusedError:
+    """The scheduler's refusal of a read (`reading.refused`) in one line: a proof taken as a
+    replay (after a second try on a fresh challenge) is no wrong secret, and is not called one
+    (`reading.refusal` says what to do about the secret)."""
+    if secret is None or not membership.read_replayed(exc.details() or ""):
+        return reading.refusal(address, secret)
+    return ReadRefusedError(
+        f"the scheduler at {address} took this reader's proof of the job secret for a replay "
+        f"twice, each on a fresh challenge; the secret of {secret.source} is right: something "
+        "on the path repeats this reader's calls (a proxy?); try again, and see the scheduler's "
+        "log"
+    )
 
 
 async def read_metadata(
@@ -269,7 +286,8 @@ async def read_metadata(
 
 async def _ask(stub: Any, secret: reading.ReadSecret | None, timeout_s: float) -> Any:
     """Status, with a proof of `secret` when there is one; a refused proof is made once more
-    on a new challenge (the scheduler may have restarted between the challenge and the call)."""
+    on a new challenge (the scheduler may have restarted between the challenge and the call,
+    or taken the proof for a replay)."""
     for again in (True, False):
         metadata = await read_metadata(stub, "Status", secret, timeout_s)
         try:
@@ -442,34 +460,48 @@ async def watch_events(
     channel: grpc.aio.Channel, address: str, *, follow: bool, secret: reading.ReadSecret | None
 ) -> AsyncIterator[JobEvent]:
     """The job's events from the scheduler behind `channel` (WatchEvents), with a proof of
-    `secret` when there is one; with `follow`, each new one until the job's last.
+    `secret` when there is one; with `follow`, each new one until the job's last. A proof
+    refused before the first event is made once more on a new challenge (as `_ask`).
     NotLeaderAnswer when the scheduler stands by, or ends the stream as it gives up leading."""
     stub = pb_grpc.SchedulerStub(channel)
+    for again in (True, False):
+        metadata = await _watch_metadata(stub, address, secret)
+        call = stub.WatchEvents(
+            pb.WatchEventsRequest(follow=follow),
+            timeout=None if follow else 10.0,
+            metadata=metadata,
+        )
+        started = False
+        try:
+            async for message in call:
+                started = True
+                yield JobEvent(
+                    message.seq, message.time, message.event, json.loads(message.fields_json)
+                )
+            return
+        except grpc.aio.AioRpcError as exc:
+            if reading.refused(exc):
+                if again and metadata and not started:
+                    continue
+                raise refusal(address, secret, exc) from None
+            if (denied := reading.denied(address, exc)) is not None:
+                raise denied from None
+            failure = failures.failure_of(exc)
+            if failure.kind is NotLeaderError:
+                raise standing_by(address, failure.leader) from None
+            said = "no scheduler answers" if failure.cut_off else "the event stream ended"
+            raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None
+
+
+async def _watch_metadata(
+    stub: Any, address: str, secret: reading.ReadSecret | None
+) -> membership.Metadata:
+    """`read_metadata` for WatchEvents, a failure to get a challenge said in one line."""
     try:
-        metadata = await read_metadata(stub, "WatchEvents", secret, 10.0)
+        return await read_metadata(stub, "WatchEvents", secret, 10.0)
     except grpc.aio.AioRpcError as exc:
         if (denied := reading.denied(address, exc)) is not None:
             raise denied from None
         raise SchedulerUnreachableError(
             f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
         ) from None
-    call = stub.WatchEvents(
-        pb.WatchEventsRequest(follow=follow),
-        timeout=None if follow else 10.0,
-        metadata=metadata,
-    )
-    try:
-        async for message in call:
-            yield JobEvent(
-                message.seq, message.time, message.event, json.loads(message.fields_json)
-            )
-    except grpc.aio.AioRpcError as exc:
-        if reading.refused(exc):
-            raise reading.refusal(address, secret) from None
-        if (denied := reading.denied(address, exc)) is not None:
-            raise denied from None
-        failure = failures.failure_of(exc)
-        if failure.kind is NotLeaderError:
-            raise standing_by(address, failure.leader) from None
-        said = "no scheduler answers" if failure.cut_off else "the event stream ended"
-        raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None

@@ -143,6 +143,12 @@ def read_refusal(method: str, problem: str) -> str:
     return f"a {method} call refused: {problem}; {READ_FIX}"
 
 
+def read_replayed(details: str) -> bool:
+    """Whether the scheduler's refusal of a read (`read_refusal`) took its proof as a replay:
+    the secret was right, the proof had been used before."""
+    return auth.READ_REPLAYED in details
+
+
 def read_proof(metadata: Iterable[tuple[str, Any]] | None) -> tuple[bytes, bytes] | None:
     """The (challenge, proof) of an operator's read, None when the call carries none."""
     raw = next((str(v) for k, v in metadata or () if k == READ_KEY), "")

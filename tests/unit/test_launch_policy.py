@@ -115,6 +115,42 @@ def test_a_silent_scheduler_of_a_formed_job_cannot() -> None:
     assert "recovery is off" in reason
 
 
+REFUSED = (
+    "the scheduler at 127.0.0.1:8118 refused the proof made with the secret of "
+    "CLUSTER_JOB_SECRET_FILE='job.secret': it is not this job's secret (3 tries)"
+)
+
+
+def test_a_refused_read_is_no_gone_scheduler_and_a_recovering_job_takes_the_worker_back() -> None:
+    """The launcher's fresh read was refused (the scheduler is up): its last answer decides,
+    as a fresh one would, and a formed job with recovery takes a killed worker back."""
+    seen = Seen(
+        (WorkerSeen(0, None), WorkerSeen(1, None), WorkerSeen(2, KILLED), WorkerSeen(3, None)),
+        max_restarts=2,
+        own_scheduler=True,
+        recovery=True,
+        last=READY,
+        now=None,
+        unread=REFUSED,
+    )
+    assert decide(seen) == Decision(Action.RESTART, 2)
+    forming = JobSeen(Phase.WAITING, recovery=False)
+    for last in (None, forming):
+        assert decide(dataclasses.replace(seen, last=last)) == Decision(Action.RESTART, 2)
+
+
+def test_a_refused_read_leaves_a_job_over_or_without_recovery_failed_saying_so() -> None:
+    seen = Seen(workers(KILLED), max_restarts=1, last=READY_NO_RECOVERY, unread=REFUSED)
+    decision = decide(seen)
+    assert decision.action is Action.FAIL
+    assert "recovery is off" in decision.reason
+    assert f"its scheduler is up but refused a fresh read: {REFUSED}" in decision.reason
+    assert "gone" not in decision.reason
+    over = JobSeen(Phase.FAILED, recovery=True, detail="rank 1 died")
+    reason = decide(dataclasses.replace(seen, last=over)).reason
+    assert reason.startswith("the job was failed at its last answer (rank 1 died); its scheduler")
+
+
 def test_a_failed_scheduler_of_ours_fails_the_job() -> None:
     seen = Seen(workers(None, None), own_scheduler=True, scheduler_exit=1)
     assert decide(seen) == Decision(Action.FAIL, None, "it exited with code 1, which ends the job")

@@ -155,6 +155,81 @@ async def test_a_captured_read_proof_is_refused_when_replayed() -> None:
         again.cancel()
 
 
+class Repeating:
+    """Something on the path that sends a read's proof again: the first proof it sees of each
+    method goes out again on the next `times` reads of that method, in place of their own.
+    (`interceptors`: one per kind of call; grpc files an interceptor under one kind only.)"""
+
+    def __init__(self, times: int) -> None:
+        self.first: dict[str, str] = {}
+        self.times = times
+        self.interceptors = [_Unary(self), _Stream(self)]
+
+    def swap(self, details: Any) -> Any:
+        pairs = [(k, v) for k, v in details.metadata or ()]
+        own = next((v for k, v in pairs if k == membership.READ_KEY), None)
+        if own is None:
+            return details
+        first = self.first.setdefault(details.method, own)
+        if first == own or self.times <= 0:
+            return details
+        self.times -= 1
+        pairs = [(k, first if k == membership.READ_KEY else v) for k, v in pairs]
+        return details._replace(metadata=grpc.aio.Metadata(*pairs))
+
+
+class _Unary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, path: Repeating) -> None:
+        self.path = path
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self.path.swap(details), request)
+
+
+class _Stream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, path: Repeating) -> None:
+        self.path = path
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self.path.swap(details), request)
+
+
+async def test_a_read_taken_for_a_replay_is_made_again_and_never_called_a_wrong_secret() -> None:
+    """A read whose proof the scheduler takes for a replay is made once more on a fresh
+    challenge (Status and the events); refused again, it is told in one line that the secret is
+    right and something repeats its calls, never that the secret is wrong."""
+    secret = reading.ReadSecret(SECRET, "CLUSTER_JOB_SECRET_FILE='job.secret'")
+    path = Repeating(0)
+    async with (
+        SchedulerServer(closed()) as server,
+        grpc.aio.insecure_channel(
+            f"127.0.0.1:{server.port}", interceptors=path.interceptors
+        ) as channel,
+    ):
+        address = f"127.0.0.1:{server.port}"
+
+        async def events_read() -> list[events.JobEvent]:
+            read = status.watch_events(channel, address, follow=False, secret=secret)
+            return [event async for event in read]
+
+        async def status_read() -> status.JobView:
+            return await status.fetch(channel, address, secret=secret)
+
+        for read in (status_read, events_read):
+            assert await read()  # its proof is the one the path repeats
+            path.times = 1
+            assert await read()  # its first proof, the repeated one, refused; a fresh one taken
+            assert path.times == 0
+            path.times = 2
+            with pytest.raises(ReadRefusedError) as refused:
+                await read()
+            said = str(refused.value)
+            assert "for a replay" in said, said
+            assert "CLUSTER_JOB_SECRET_FILE='job.secret' is right" in said, said
+            assert "not this job's secret" not in said, said
+            assert "\n" not in said
+
+
 async def test_status_watch_proves_each_read_afresh_its_event_stream_reconnections_too() -> None:
     """`mscluster status --watch` on a job with a secret: every poll, and every reconnection of
     its event stream (here each new event ends the stream: CLUSTER_FOLLOWER_MAX_BYTES=1),

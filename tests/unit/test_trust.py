@@ -47,6 +47,18 @@ def test_a_challenge_is_good_for_its_life_at_its_own_scheduler_only() -> None:
     assert "no challenge" in (issuer.problem(b"", 100.0) or "")
 
 
+def test_challenges_asked_in_the_same_millisecond_differ_so_readers_prove_differently() -> None:
+    """Readers asking at once (the launcher, `status --watch`, `events`) each get a challenge
+    of their own: their proofs with the same secret differ, so none is taken for a replay; the
+    challenge keeps its size on the wire."""
+    issuer = auth.ChallengeIssuer()
+    made = {issuer.issue(100.0) for _ in range(1000)}
+    assert len(made) == 1000
+    assert {len(c) for c in made} == {auth.CHALLENGE_BYTES} == {40}
+    assert all(issuer.problem(c, 100.0) is None for c in made)
+    assert len({auth.read_proof(SECRET, c, "Status") for c in made}) == 1000
+
+
 def test_a_captured_registration_fails_after_a_restart_and_in_another_job() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, job_secret=SECRET)

@@ -299,8 +299,8 @@ class Admission:
         now = self.job.clock()
         if not self._reads.first_time(proof, now_s=now, until_s=now + auth.CHALLENGE_TTL_S + 1):
             return (
-                "its proof was used before (a replay): every read answers a challenge of its "
-                "own (mscluster status and events ask for one at every call)"
+                f"{auth.READ_REPLAYED}: every read answers a challenge of its own (mscluster "
+                "status and events ask for one at every call)"
             )
         return None
 

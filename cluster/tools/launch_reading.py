@@ -1,0 +1,99 @@
+"""How `mscluster run` reads its job: the scheduler's status for the progress line (every
+`POLL_STATUS_S`), and a fresh answer when a worker has failed (`launch_policy` decides on it).
+
+The reads prove the job secret the launcher gives its processes (`secret`), over the job's TLS
+when it has one; with standby schedulers they go to whichever leads (`status.fetch_any`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from cluster.protocol.config import JobSecretSource
+from cluster.protocol.environment import job_secret_from_env, read_job_secret
+from cluster.protocol.errors import AccessDeniedError, ClusterError, ReadRefusedError
+from cluster.tools import launch_policy as policy
+from cluster.tools import status as status_module
+from cluster.tools.status import JobView
+from cluster.transport import channel as scheduler_channel
+from cluster.transport import tls
+
+POLL_STATUS_S = 0.5
+# The scheduler starts alongside the launcher: reconnect quickly, not after grpc's default
+# backoff (1 s, then 1.6x), or a short job ends before the first answer.
+POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
+# A fresh read that a scheduler refuses is asked this many times in all (each on a fresh
+# challenge) before the launcher decides without it.
+FRESH_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """A fresh read of the job for a decision: the answer, or why there is none."""
+
+    view: JobView | None = None
+    unreachable: str = ""  # no scheduler answered: it is gone
+    unread: str = ""  # a scheduler answered and refused to show the job: it is up
+
+
+class JobReader:
+    """The launcher's reads of its job, from `addresses` (the first first; more than one:
+    standbys) with `identity` (the job's TLS, None without), proving the secret of
+    `secret_file` (when it exists) or of the environment."""
+
+    def __init__(
+        self, addresses: list[str], identity: tls.Identity | None, secret_file: Path | None
+    ) -> None:
+        self.addresses = addresses
+        self.identity = identity
+        self._secret_file = secret_file
+        self._secret: bytes | None = None  # the job secret, once read (it proves our reads)
+
+    def secret(self) -> bytes | None:
+        """The secret the job's processes get (the launcher's reads of the job prove it)."""
+        if self._secret is None:
+            source = job_secret_from_env(os.environ)
+            path = self._secret_file
+            if path is not None and path.exists():
+                source = JobSecretSource(path=path)
+            self._secret = None if source is None else read_job_secret(source)
+        return self._secret
+
+    async def leader(self, timeout_s: float = status_module.STATUS_TIMEOUT_S) -> JobView:
+        """The leading scheduler's answer, or a ClusterError saying what each one answered."""
+        return await status_module.fetch_any(
+            self.addresses, self.identity, timeout_s, self.secret()
+        )
+
+    async def fresh(self) -> Fresh:
+        """The leader's answer for a decision (a worker has failed). Only a scheduler that none
+        reaches is gone; one that refuses the read (the job secret's proof, this launcher's
+        certificate: ReadRefusedError, AccessDeniedError) is up, and is asked again, FRESH_TRIES
+        times in all, before `unread` says what it answered."""
+        refused = ""
+        for _ in range(FRESH_TRIES):
+            try:
+                return Fresh(view=await self.leader())
+            except (ReadRefusedError, AccessDeniedError) as exc:
+                refused = str(exc)
+            except ClusterError as exc:
+                return Fresh(unreachable=str(exc))
+        return Fresh(unread=f"{refused} ({FRESH_TRIES} tries)")
+
+    async def poll(self, channel: grpc.aio.Channel) -> JobView:
+        """One poll's answer: from the one scheduler over `channel` (its certificate checked
+        against the CRL, as `mscluster status` checks it), or, with standbys, from whichever
+        leads (each asked in turn, a standby's answer followed to the leader it names)."""
+        if len(self.addresses) > 1:
+            return await self.leader(POLL_STATUS_S * 2)
+        return await status_module.fetch_checked(
+            channel, self.addresses[0], self.identity, POLL_STATUS_S * 2, self.secret()
+        )
+
+
+def job_seen(view: JobView | None) -> policy.JobSeen | None:
+    return None if view is None else policy.JobSeen(view.phase, view.recovery, view.detail)

@@ -34,6 +34,9 @@ Metadatum = tuple[str, Any]
 # event shared by slots counts its bytes once; each item counts `ITEM_BYTES` for itself.
 PENDING_BYTES = 4 * 1024 * 1024
 ITEM_BYTES = 128
+# How long a link, at the scheduler's stop, waits for its slots' ends to be written before it
+# is closed (each slot's stream then ends as a cancelled call's).
+END_S = 0.5
 
 
 class SlotContext:

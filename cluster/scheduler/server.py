@@ -63,6 +63,9 @@ DRAIN_S = 2.0
 # The end waits for nodes waiting out their guard to ask again; it looks again at least this
 # often (a node's window to ask closes without any call).
 GUARD_WAITER_RECHECK_S = 0.25
+# How long the stop waits for the relays' host calls to end (`HostCalls.end`) before the server
+# stops: a host link ends once its slots' ends are written, at most `host_link.END_S` later.
+HOST_CALLS_END_S = 1.0
 
 
 async def _tell_cut_off(core: SchedulerCore, deadline: float) -> None:
@@ -424,6 +427,10 @@ class SchedulerServer:
             await self.ha.stop()
         for task in (self._monitor, self._expiry, self._reserve):
             await _cancel(task)
+        # A relay's host calls last as long as the relay: ended here, their handlers return,
+        # rather than being cancelled by the server's stop (which grpc logs as a traceback).
+        if self.servicer is not None:
+            await self.servicer.host_calls.end(HOST_CALLS_END_S)
         await self._server.stop(grace=0.5)
         self._server = None
         if self.gate.core is core and not await core.stop_saving(STOP_SAVE_WAIT_S if ended else 0):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar
@@ -306,27 +307,43 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         request_iterator: AsyncIterator[pb.HostBeatsRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.HostBeatsResponse | None:
-        """A relay's batched beats: each named node beats if its admitted stream is on this
-        call's connection (no proof of its own: the stream's admission was the node's)."""
-        peer = reserve.peer_address(context.peer() or "")
+        """A relay's batched beats (`_host_beats`), until the relay ends them or the scheduler
+        stops (`HostCalls.end`)."""
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             # Not a node's call (`heartbeat_call`): a relay's stream lasts as long as the relay,
             # and the end of the job does not wait for it.
             self._core  # noqa: B018 - a standby refuses it (NotLeaderError)
-            with self._host_call(context, "HostBeats"):
-                async for beats in request_iterator:
-                    if isinstance(beats, edge.Unparsed):
-                        raise self.at_edge(context, "HostBeats", beats.reason, beats.message())
-                    for node in beats.nodes:
-                        key = (node.node_id, node.incarnation)
-                        held = self.stream_peers.get(key)
-                        if held is not None and held[0] == peer:
-                            with contextlib.suppress(UnknownNodeError):
-                                self._core.heartbeat(*key, None)
+            with self._host_call(context, "HostBeats", functools.partial(_settle, ended)):
+                reading = asyncio.ensure_future(self._host_beats(request_iterator, context))
+                try:
+                    await asyncio.wait((reading, ended), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    reading.cancel()
+                if reading.done():
+                    reading.result()
         except ClusterError as exc:
             _refuse(context, exc)
             return None
         return pb.HostBeatsResponse()
+
+    async def _host_beats(
+        self,
+        request_iterator: AsyncIterator[pb.HostBeatsRequest | edge.Unparsed],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Each named node beats if its admitted stream is on this call's connection (no proof
+        of its own: the stream's admission was the node's)."""
+        peer = reserve.peer_address(context.peer() or "")
+        async for beats in request_iterator:
+            if isinstance(beats, edge.Unparsed):
+                raise self.at_edge(context, "HostBeats", beats.reason, beats.message())
+            for node in beats.nodes:
+                key = (node.node_id, node.incarnation)
+                held = self.stream_peers.get(key)
+                if held is not None and held[0] == peer:
+                    with contextlib.suppress(UnknownNodeError):
+                        self._core.heartbeat(*key, None)
 
     async def HostWatch(
         self,
@@ -334,36 +351,38 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.HostDown]:
         """A relay's one stream for its workers' Watch streams (`host_link`): each attached slot
-        runs as the Watch call it stands for, with the worker's own request and proof."""
+        runs as the Watch call it stands for, with the worker's own request and proof. It ends
+        when the relay's side and every slot have, or when the scheduler stops (`_end_link`)."""
+        link = host_link.HostLink(edge.HOST_SLOTS)
+        reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
+        # A request that is refused ends the call, and with it every slot.
+        reading.add_done_callback(lambda done: link.close() if _failed(done) else None)
         try:
-            with self._host_call(context, "HostWatch"):
-                link = host_link.HostLink(edge.HOST_SLOTS)
-                reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
-                # A request that is refused ends the call, and with it every slot.
-                reading.add_done_callback(lambda done: link.close() if _failed(done) else None)
-                try:
-                    async for batch in link.batches(reading):
-                        for down in batch:
-                            yield pb.HostDown(
-                                slots=down.slots,
-                                event=down.event or b"",
-                                ended=[_slot_end(end) for end in down.ended],
-                            )
-                    if _failed(reading):
-                        reading.result()
-                finally:
-                    reading.cancel()
-                    link.close()
+            with self._host_call(context, "HostWatch", functools.partial(_end_link, reading, link)):
+                async for batch in link.batches(reading):
+                    for down in batch:
+                        yield pb.HostDown(
+                            slots=down.slots,
+                            event=down.event or b"",
+                            ended=[_slot_end(end) for end in down.ended],
+                        )
+                if _failed(reading):
+                    reading.result()
         except ClusterError as exc:
             _refuse(context, exc)
+        finally:
+            reading.cancel()
+            link.close()
 
     @contextlib.contextmanager
-    def _host_call(self, context: CallContext, method: str) -> Iterator[None]:
-        """Around a host call (`HostCalls`): turned away, as crowded, past the address's share
-        of calls that speak for nobody."""
+    def _host_call(
+        self, context: CallContext, method: str, end: Callable[[], None]
+    ) -> Iterator[None]:
+        """Around a host call (`HostCalls`), which `end()` ends: turned away, as crowded, past
+        the address's share of calls that speak for nobody."""
         peer = context.peer() or ""
         address, connection = peer_host(peer), reserve.peer_address(peer)
-        if not self.host_calls.open(address, connection):
+        if not self.host_calls.open(address, connection, end):
             raise self.at_edge(
                 context,
                 method,
@@ -375,7 +394,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         try:
             yield
         finally:
-            self.host_calls.close(address, connection)
+            self.host_calls.close(address, connection, end)
 
     async def _host_up(
         self,
@@ -546,6 +565,18 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 yield convert.job_event_to_pb(event)
         except ClusterError as exc:
             _refuse(context, exc)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _end_link(reading: asyncio.Future[None], link: host_link.HostLink) -> None:
+    """End a host link as the scheduler stops: the relay's messages are read no more, and the
+    link ends once its slots have (their ends written), or `host_link.END_S` later, closed."""
+    reading.cancel()
+    asyncio.get_running_loop().call_later(host_link.END_S, link.close)
 
 
 def _failed(reading: asyncio.Future[None]) -> bool:

@@ -174,16 +174,21 @@ async def test_workers_whose_relay_comes_back_move_their_streams_back_to_it(
 
 
 def start_relayed_job(
-    processes: Procs, sock: Path, n: int, **env: str
+    processes: Procs, sock: Path, n: int, hold_s: float = 60.0, **env: str
 ) -> tuple[Process, Process, list[Process]]:
-    """A scheduler, `mscluster relay` (once it serves), and `n` workers through it, holding."""
+    """A scheduler, `mscluster relay` (once it serves), and `n` workers through it, holding
+    `hold_s` after their allgather (0: they finish at once); with MS_ENABLE_RECOVERY in `env`,
+    worker i is node "i"."""
     base = job_env(n, free_port(), **env)
     sched = processes.start_role("scheduler", "MS_SCHED", EXAMPLE, base)
     relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], base)
     relay.wait_for_output("mscluster relay: serving", 30)
     relayed = {**base, "CLUSTER_RELAY": f"unix:{sock}"}
-    args = [*EXAMPLE, "--hold", "60"]
-    workers = [processes.start_role(f"w{i}", "MS_WORKER", args, relayed) for i in range(n)]
+    args = [*EXAMPLE, "--hold", str(hold_s)]
+    ids = [{"MS_NODE_ID": str(i)} if "MS_ENABLE_RECOVERY" in env else {} for i in range(n)]
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", args, {**relayed, **ids[i]}) for i in range(n)
+    ]
     return sched, relay, workers
 
 

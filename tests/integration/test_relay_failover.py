@@ -107,3 +107,6 @@ def test_the_relay_follows_the_new_leader_and_its_workers_go_on(
     assert (out / "final.sha256").read_text().strip() == fault_free
     assert f"following the leader at {standby}:{port}" in relay.output, relay.output
     assert relay.running
+    # The new leader ends the relay's host calls before its server stops: nothing cancelled.
+    assert schedulers[standby].wait(30) == 0, schedulers[standby].output
+    assert "Traceback" not in schedulers[standby].output, schedulers[standby].output

@@ -4,12 +4,14 @@ the default of --max-restarts. Nothing is started."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
 import cluster
 from cluster.tools import cli
 from cluster.tools.launch_plan import RESTARTS_WITH_RECOVERY, max_restarts_for
+from tests import docs_blocks
 
 MSRUN_LINE = (
     "--worker_num=8 --local_worker_num=8 --master_addr=127.0.0.1 --master_port=8118 "
@@ -114,3 +116,34 @@ def test_status_looks_where_the_job_environment_points_else_at_the_local_default
     assert cli.default_scheduler_addr(two) == "h1:9000,h2:9000"
     assert cli.default_scheduler_addr({"CLUSTER_SCHED_ADDRS": "a:1,b:2"}) == "a:1,b:2"
     assert cli.build_parser().parse_args(["status"]).addr is None
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def test_every_chaos_command_in_the_docs_takes_its_options_where_it_gives_them() -> None:
+    """`mscluster chaos` takes its own options before `--` and `mscluster run`'s after it (the
+    job's: --worker-num, --spares, --state-url, ...): every such command in the README and the
+    docs, in a block or in the text, gives each option on its side, up to the script."""
+    parser = cli.build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sides = {
+        "before --": _options(commands.choices["chaos"]),
+        "after --": _options(commands.choices["run"]),
+    }
+    found = 0
+    for page in docs_blocks.pages():
+        text = page.read_text().replace("\\\n", " ")  # a block's continued lines, as bash reads
+        for shown in re.findall(r"mscluster chaos[^`\n]*", text):
+            found += 1
+            side = "before --"
+            for word in shown.split()[2:]:
+                if word == "--":
+                    side = "after --"
+                elif word.endswith(".py"):
+                    break  # the script: its own arguments follow
+                elif word.startswith("--"):
+                    where = f"{page.relative_to(docs_blocks.ROOT)}: {shown!r}"
+                    assert word.split("=")[0] in sides[side], f"{where}: {word} {side}"
+    assert found >= 4

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests import docs_blocks
 from tests.procs import ROOT
 
 SERVER_WORDS = ("etcd", "prometheus", "slurm", "chromium", "iproute2", "test servers", "apt-get")
@@ -78,3 +79,39 @@ def test_the_tests_and_ci_set_up_everything_the_test_servers_included(tmp_path: 
         assert "setup: etcd is missing" in said, said
     assert "-e .[dev,torch,etcd]" in said
     assert "checkov==" in said
+
+
+def test_the_demo_ends_with_the_line_that_activates_its_environment(tmp_path: Path) -> None:
+    """scripts/demo, in a copy whose set-up and training steps are stand-ins: after the demo's
+    own end it says how to put $VENV's python and mscluster on the shell's PATH, which the
+    tutorial's next commands need (a plain shell has neither)."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "scripts" / "demo", tmp_path / "scripts" / "demo")
+    (tmp_path / "scripts" / "setup").write_text("echo set up\n")
+    (tmp_path / "examples" / "run_training_demo.sh").write_text("echo identical\n")
+    bash = shutil.which("bash")
+    assert bash is not None
+    done = subprocess.run(
+        [bash, str(tmp_path / "scripts" / "demo")],
+        env={**os.environ, "VENV": ".venv-demo"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["set up", "identical"], done.stdout
+    assert lines[-1] == "  . .venv-demo/bin/activate", done.stdout
+
+
+def test_the_tutorial_activates_the_demos_environment_before_it_runs_python() -> None:
+    """The tutorial's commands after the demo run `python` and `mscluster` from .venv: the page
+    says to activate it before its first such command."""
+    page = ROOT / "docs" / "tutorial.md"
+    lines = page.read_text().splitlines()
+    first = min(b.line for b in docs_blocks.blocks(page) if b.kind == "run")
+    activate = [n for n, line in enumerate(lines, 1) if line.startswith(". .venv/bin/activate")]
+    assert activate, "docs/tutorial.md never says `. .venv/bin/activate`"
+    assert activate[0] < first, (activate, first)

@@ -202,7 +202,9 @@ async def _settle() -> None:
 
 
 async def _run_program(ops: list[tuple[str, int, bytes]]) -> None:
-    link = HostLink(max_slots=3)
+    # Bounds past what a program can put: this is about order and ends; waiting for room is
+    # `test_a_slot_waits_for_room_when_the_writer_holds_its_bound`'s.
+    link = HostLink(max_slots=3, max_pending=len(ops) + 1)
     watches: dict[int, FakeWatch] = {}
     expected: dict[int, list[object]] = {}
     got: dict[int, list[object]] = {}

@@ -103,17 +103,20 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     `torch.cuda.set_device(cluster.get_local_rank())` first). `timeout_s`: how long a collective
     may wait for a peer before it fails (default: MS_NODE_TIMEOUT, at least 5 s; see the module).
 
+    Called from a `TrainingLoop`'s step or `set_state`, it makes the group of the generation
+    that step or restore belongs to, and raises PeerFailedError at once when the job has moved
+    past it (the loop then goes on to the new generation, where set_state calls it again).
+
     Raises PeerFailedError when a peer of the generation failed meanwhile (the job's next
     generation needs a new group), ClusterError for a bad argument.
     """
-    global _current
     if backend not in BACKENDS:
         raise ClusterError(
             f"cluster.torch backend={backend!r} is not supported: use one of {', '.join(BACKENDS)}"
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
-    topology = runtime.topology()
+    topology = _topology_of_the_caller()
     generation = topology.generation
     if _current is not None and _current.generation == generation and dist.is_initialized():
         if _current.backend != backend:
@@ -130,7 +133,34 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
             "make it"
         )
     seconds = timeout_s if timeout_s is not None else default_timeout_s()
-    timeout = datetime.timedelta(seconds=seconds)
+    # The broadcast of the store's port belongs to `generation`, even where no loop pinned it:
+    # once the job has moved on it fails, instead of meeting the next generation's collectives.
+    session = runtime.session()
+    pinned, session.generation_pin = session.generation_pin, generation
+    try:
+        _make(backend, topology, datetime.timedelta(seconds=seconds))
+    finally:
+        session.generation_pin = pinned
+
+
+def _topology_of_the_caller() -> Topology:
+    """The current topology, which must be of the generation the caller's collectives belong to
+    (`generation_pin`, set by a TrainingLoop around a step and a restore); PeerFailedError when
+    the job has moved past that generation."""
+    topology = runtime.topology()
+    pinned = runtime.session().generation_pin
+    if pinned is not None and topology.generation != pinned:
+        raise PeerFailedError(
+            f"generation {pinned} is over (the job is at generation {topology.generation}): "
+            "its process group is not made; the next generation makes its own"
+        )
+    return topology
+
+
+def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None:
+    """Make the group of `topology`'s generation and register it (see init_process_group)."""
+    global _current
+    generation = topology.generation
     try:
         store = _rendezvous_store(topology.rank, topology.size, topology.peer(0).host, timeout)
         sockets = _make_group(backend, store, topology, timeout)

@@ -217,10 +217,16 @@ class TrainingLoop:
 
     def _restore(self, where: resume.Resume, topology: Topology) -> int | None:
         """Put the state of `where.step` back; None when a peer failed meanwhile (set_state may
-        make a process group, which needs every peer; a peer may die while it serves)."""
+        make a process group, which needs every peer; a peer may die while it serves).
+
+        set_state belongs to the generation it restores, as a step does: its collectives (the
+        store port's broadcast of cluster.torch.init_process_group) fail with PeerFailedError
+        once the job has moved past it, instead of meeting the next generation's first one."""
         step, generation = where.step, topology.generation
         source = where.source(topology.rank, self.memory.step)
         state = None if source == "peer" and step > 0 else self._state_of(step, source)
+        session = runtime.session()
+        session.generation_pin = generation
         try:
             if state is None:  # from a server's memory, which may fail meanwhile
                 state = self.checkpoints.load(step)
@@ -233,6 +239,8 @@ class TrainingLoop:
                 raise
             self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
             return None
+        finally:
+            session.generation_pin = None
         runtime.resumed_in(generation)  # told with the report discard_newer makes
         self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)

@@ -32,6 +32,7 @@ TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
 RELEASE = ROOT / "tests" / "integration" / "scripts" / "torch_release.py"
 FINALIZE = ROOT / "tests" / "integration" / "scripts" / "torch_finalize.py"
+OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtaken.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -237,3 +238,41 @@ def test_a_spare_takes_a_sigkilled_rank_and_the_state_moves_from_peers_memory(
     assert {whose for name, (_, whose) in resumed.items() if name != "spare_0.log"} == {
         "this worker's copy"
     }
+
+
+def test_a_restore_overtaken_by_the_next_generation_goes_on_to_it(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Rank 0 still puts generation 2's state back (its set_state held) when the spare it
+    restores with is SIGKILLed and generation 3 forms: set_state belongs to generation 2, so
+    its process group fails at once (PeerFailedError) and the loop goes on to generation 3.
+    Unpinned, the store port's broadcast became generation 3's first collective against the
+    new spare's allgather: both waited out the collective timeout (10 s here; 10 minutes by
+    default), and the spare died of a CollectiveError."""
+    script = private_copy(tmp_path, OVERTAKEN)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    args = [
+        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--spares", "2"),
+        *("--enable-recovery", "--max-restarts", "2", "--node-timeout", "5"),
+        *("--master-port", str(free_port()), "--log-dir", str(logs)),
+        *(str(script), "--steps", "100", "--step-delay", "0.05", "--out", str(out)),
+    ]
+    run = processes.start("run", args, job_env(2, 0, CLUSTER_COLLECTIVE_TIMEOUT_S="10"))
+    rank0, rank1 = logs / "worker_0.log", logs / "worker_1.log"
+    wait_until(
+        lambda: rank1.exists() and len(STEP_LINE.findall(rank1.read_text())) >= 20,
+        START_S,
+        "step 20 on rank 1",
+    )
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    wait_until(lambda: "set_state held in generation 2" in rank0.read_text(), START_S, "the hold")
+    promoted = "promoted: this spare takes rank 1 in generation 2"
+    spare = next(p for p in logs.glob("spare_*.log") if promoted in p.read_text())
+    os.kill(launched(logs, spare.stem), signal.SIGKILL)
+    assert run.wait(START_S * 2) == 0, run.output
+    text = rank0.read_text()
+    assert "set_state goes on; the job is at generation 3" in text, text
+    assert re.search(r"generation 3 \(.*\): resuming from step \d+", text), text
+    for log in logs.glob("*.log"):
+        assert "CollectiveError" not in log.read_text(), log
+    assert (out / "final.sha256").exists()

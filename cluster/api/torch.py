@@ -13,6 +13,9 @@ address and tells the others where it is; the group is then formed over that sto
 in the same generation it does nothing; in a later one (after a failed worker rejoined) it
 destroys the old group and makes a fresh one, so call it from the `set_state` of a
 `cluster.TrainingLoop`, which runs for every new generation, the restarted worker's included.
+When that set_state puts back the loop's last step, it makes no group and returns False: no step
+follows, and a peer may have finished the job already, so no group could form (a worker killed
+after the final barrier and restarted only puts the final state back).
 `cluster.finalize()` (and the exit of the process) destroys the group, before it tells the
 scheduler this worker is done: torch finds nothing to tear down (NCCL: nothing to warn about).
 
@@ -69,7 +72,7 @@ try:
 except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
-from cluster.api import runtime
+from cluster.api import runtime, training
 from cluster.api.collective import broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
@@ -94,8 +97,9 @@ class _Group:
 _current: _Group | None = None
 
 
-def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> None:
-    """Make torch.distributed's default process group for the job's current generation.
+def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> bool:
+    """Make torch.distributed's default process group for the job's current generation; True
+    once it exists.
 
     Every worker of the generation must call it (it is a collective); rank and world size come
     from the job. A no-op when the group of this generation exists; the group of an older
@@ -106,6 +110,9 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     Called from a `TrainingLoop`'s step or `set_state`, it makes the group of the generation
     that step or restore belongs to, and raises PeerFailedError at once when the job has moved
     past it (the loop then goes on to the new generation, where set_state calls it again).
+    Called from the `set_state` that puts back the loop's last step, it makes no group and
+    returns False: no step follows, and a peer may have finished already (called
+    cluster.finalize()), so a group could not form; wrap nothing in DDP then.
 
     Raises PeerFailedError when a peer of the generation failed meanwhile (the job's next
     generation needs a new group), ClusterError for a bad argument.
@@ -116,6 +123,9 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
+    if training.TrainingLoop.restoring_the_end():
+        destroy_process_group()  # an older generation's
+        return False
     topology = _topology_of_the_caller()
     generation = topology.generation
     if _current is not None and _current.generation == generation and dist.is_initialized():
@@ -124,7 +134,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
                 f"the process group of generation {generation} uses {_current.backend}, not "
                 f"{backend}: call destroy_process_group() first to change the backend"
             )
-        return
+        return True
     destroy_process_group()
     if dist.is_initialized():
         raise ClusterError(
@@ -141,6 +151,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         _make(backend, topology, datetime.timedelta(seconds=seconds))
     finally:
         session.generation_pin = pinned
+    return True
 
 
 def _topology_of_the_caller() -> Topology:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import free_port, wait_until
+from cluster.testing import free_port, launched_pid, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.training_job import (
     NODE_TIMEOUT_S,
@@ -33,6 +33,7 @@ PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.
 RELEASE = ROOT / "tests" / "integration" / "scripts" / "torch_release.py"
 FINALIZE = ROOT / "tests" / "integration" / "scripts" / "torch_finalize.py"
 OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtaken.py"
+LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -275,4 +276,34 @@ def test_a_restore_overtaken_by_the_next_generation_goes_on_to_it(
     assert re.search(r"generation 3 \(.*\): resuming from step \d+", text), text
     for log in logs.glob("*.log"):
         assert "CollectiveError" not in log.read_text(), log
+    assert (out / "final.sha256").exists()
+
+
+def test_a_worker_killed_after_the_final_barrier_restarts_and_the_job_succeeds(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Every worker saved the last step and passed the final barrier; rank 0 has finished and
+    exited; rank 1 is SIGKILLed before its finalize and restarted. It puts the final state
+    back, and its set_state makes no process group (init_process_group returns False): rank 0
+    could not join one. It made one, and died of "rank 0 ... has already finished"."""
+    script = private_copy(tmp_path, LATE_DEATH)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    args = [
+        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--enable-recovery"),
+        *("--max-restarts", "1", "--node-timeout", "3"),
+        *("--master-port", str(free_port()), "--log-dir", str(logs)),
+        *(str(script), "--steps", "30", "--out", str(out)),
+    ]
+    run = processes.start("run", args, job_env(2, 0))
+    rank1 = logs / "worker_1.log"
+    wait_until(
+        lambda: rank1.exists() and "rank 1 lingers after its loop" in rank1.read_text(),
+        START_S,
+        "rank 1 after its loop",
+    )
+    wait_until(lambda: launched_pid(logs, "worker_0") is None, START_S, "rank 0's exit")
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    assert run.wait(START_S) == 0, run.output
+    text = rank1.read_text()
+    assert re.search(r"generation 2 \(.*\): resuming from step 30\n", text), text
     assert (out / "final.sha256").exists()

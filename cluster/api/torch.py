@@ -8,8 +8,9 @@
     model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
 
 `init_process_group()` makes torch.distributed's default group for the job's current generation,
-without a fixed port: rank 0 of the generation starts a `TCPStore` on port 0 at its advertised
-address and tells the others where it is; the group is then formed over that store. Called again
+without a fixed port: rank 0 of the generation starts a `TCPStore` on a free port of its
+advertised address (that address only) and tells the others where it is; the group is then
+formed over that store. Called again
 in the same generation it does nothing; in a later one (after a failed worker rejoined) it
 destroys the old group and makes a fresh one, so call it from the `set_state` of a
 `cluster.TrainingLoop`, which runs for every new generation, the restarted worker's included.
@@ -25,6 +26,19 @@ a scheduler round trip each; the kv store also lacks the store calls torch uses 
 (compare_set, delete_key, ...) and does not survive a scheduler restart. The TCPStore lives in
 rank 0's process and dies with it, which is harmless: the group dies with it too, and the next
 generation makes a new store at its own rank 0.
+
+The store has no authentication and no caps: anyone who reaches rank 0's advertised address
+while it listens may read it and write into rank 0's memory, whatever secret or TLS closes the
+job. So it serves the group's making only: for a gloo group, every rank (rank 0's own included)
+uses it as a client, and once every rank's init has returned (a control-plane barrier, pinned to
+the generation) nobody reads it any more and rank 0 closes its server; the group's collectives
+and its destruction do not use it (torch 2.13). The exposure is that window, from rank 0's
+start of the store to the barrier: milliseconds to seconds. Subgroups made later
+(torch.distributed.new_group) would need the store: they fail at once ("DistNetworkError:
+Broken pipe"). An
+NCCL group keeps the store for its whole life, as NCCL makes its communicators over it at their
+first use (and again for point-to-point work): on a network others reach, close rank 0's ports
+to them (a firewall) or keep such jobs on a private network.
 
 The store's port is published with a broadcast (`broadcast_bytes`: two bytes, never unpickled;
 the host is rank 0's, from the peer table), not with kv_store().set/wait:
@@ -73,7 +87,7 @@ except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
 from cluster.api import runtime, training
-from cluster.api.collective import broadcast_bytes
+from cluster.api.collective import barrier, broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
 
@@ -88,8 +102,10 @@ _PREFIX = "cluster.torch"
 class _Group:
     generation: int
     backend: str
-    # Rank 0's TCPStore serves the others for as long as the group lives; kept referenced here.
-    store: TCPStore
+    # Rank 0's TCPStore server, for an NCCL group: NCCL makes its communicators over the store
+    # at their first use, so it serves for as long as the group lives. None for gloo, whose
+    # server is closed once every rank's group is made.
+    server: TCPStore | None
     # The inodes of the sockets gloo opened for the group (its listener and its connections).
     sockets: frozenset[int] = frozenset()
 
@@ -173,20 +189,25 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
     global _current
     generation = topology.generation
     try:
-        store = _rendezvous_store(topology.rank, topology.size, topology.peer(0).host, timeout)
-        sockets = _make_group(backend, store, topology, timeout)
-    except PeerFailedError:
-        raise
+        server, client = _rendezvous(topology.rank, topology.peer(0).host, timeout)
+        sockets = _make_group(backend, client, topology, timeout)
+        if backend == "gloo":
+            # Every rank's group is connected once every rank's init has returned: nobody
+            # reads the store any more, and rank 0's server closes as it is dropped.
+            barrier()
+            server = None
     except Exception as exc:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if isinstance(exc, PeerFailedError):
+            raise
         if runtime.peer_failed(generation, runtime.failure_wait_s()):
             raise PeerFailedError(
                 f"a peer of generation {generation} failed while the {backend} process group "
                 f"was being made ({exc}); make it again in the next generation"
             ) from exc
         raise
-    _current = _Group(generation, backend, store, sockets)
+    _current = _Group(generation, backend, server, sockets)
     runtime.on_generation_over(release_process_group)
     runtime.on_finalize(destroy_process_group)
     runtime.on_crash(abort_process_group)
@@ -207,20 +228,55 @@ def _make_group(
     return _socket_inodes() - before if backend == "gloo" else frozenset()
 
 
-def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedelta) -> TCPStore:
-    """A TCPStore served by rank 0 on a free port of its advertised host, reached by the others."""
+def _rendezvous(
+    rank: int, host: str, timeout: datetime.timedelta
+) -> tuple[TCPStore | None, TCPStore]:
+    """The store the group is made over: rank 0 serves it on a free port of its advertised
+    `host` (the server, returned on rank 0 only), and every rank connects to it as a client
+    (the store the group keeps, rank 0's included, so that dropping the server closes it)."""
+    server = None
     if rank == 0:
-        # wait_for_workers=False: the others connect after the broadcast below, which needs
-        # this call to have returned.
-        store = TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        broadcast_bytes(store.port.to_bytes(2, "big"), root=0)
-        return store
-    # The host is rank 0's advertised one, from the peer table: only the port travels, as two
-    # bytes (nothing from the wire is unpickled).
-    port = broadcast_bytes(b"", root=0)
-    if len(port) != 2:
-        raise ClusterError(f"rank 0 sent {len(port)} bytes for its store's port, not 2")
-    return TCPStore(host, int.from_bytes(port, "big"), size, is_master=False, timeout=timeout)
+        server = _serve(host, timeout)
+        port = server.port
+        broadcast_bytes(port.to_bytes(2, "big"), root=0)
+    else:
+        # The host is rank 0's advertised one, from the peer table: only the port travels, as
+        # two bytes (nothing from the wire is unpickled).
+        sent = broadcast_bytes(b"", root=0)
+        if len(sent) != 2:
+            raise ClusterError(f"rank 0 sent {len(sent)} bytes for its store's port, not 2")
+        port = int.from_bytes(sent, "big")
+    return server, TCPStore(host, port, None, is_master=False, timeout=timeout)
+
+
+def _serve(host: str, timeout: datetime.timedelta) -> TCPStore:
+    """A TCPStore server on a free port of `host` only: torch's own listener binds every
+    interface, so it is given one bound here (the server owns its descriptor from then on)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        listener.bind((host, 0))
+        listener.listen(socket.SOMAXCONN)
+        inode = os.fstat(listener.fileno()).st_ino
+        fd = listener.detach()
+    try:
+        # wait_for_workers=False: the others connect after the broadcast of the port, which
+        # needs this call to have returned.
+        return TCPStore(
+            host,
+            0,
+            None,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=fd,
+        )
+    except BaseException:
+        # torch takes the descriptor only once it serves on it; the inode says it is still
+        # the listener's (the number may have been closed and reused meanwhile).
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == inode:
+                os.close(fd)
+        raise
 
 
 def destroy_process_group() -> None:

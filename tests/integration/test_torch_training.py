@@ -34,6 +34,7 @@ RELEASE = ROOT / "tests" / "integration" / "scripts" / "torch_release.py"
 FINALIZE = ROOT / "tests" / "integration" / "scripts" / "torch_finalize.py"
 OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtaken.py"
 LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
+STORE = ROOT / "tests" / "integration" / "scripts" / "torch_store.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -139,6 +140,26 @@ def test_finalize_destroys_the_process_group(processes: Procs) -> None:
         assert "sum 2.0" in worker.output, worker.output
         assert "after finalize, a group left: False" in worker.output, worker.output
         assert "destroy_process_group() was not called" not in worker.output
+
+
+def test_the_rendezvous_store_closes_once_the_group_is_made_and_the_group_works(
+    processes: Procs,
+) -> None:
+    """Rank 0's TCPStore (unauthenticated: anyone who reaches the port may write to it) serves
+    only the group's making: once every rank's init_process_group has returned its port
+    refuses connections, and the group still reduces and is destroyed at finalize."""
+    env = job_env(2, free_port())
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", [str(STORE)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    for worker in workers:
+        assert worker.wait(START_S) == 0, worker.output
+    assert "rank 0 store closed: True" in workers[0].output, workers[0].output
+    for rank, worker in enumerate(workers):
+        assert f"rank {rank} sum 3.0" in worker.output, worker.output
+        assert f"rank {rank} after finalize, a group left: False" in worker.output
 
 
 def test_fault_free_runs_are_reproducible(

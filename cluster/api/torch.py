@@ -283,42 +283,54 @@ def destroy_process_group() -> None:
     """Destroy the process group cluster.torch made, if any: done before a new one is made, at
     the end of a generation (`release_process_group`), and by `cluster.finalize()` (also at
     exit), so that torch never finds a group left at exit (NCCL warns "destroy_process_group()
-    was not called before program exit")."""
+    was not called before program exit"). When torch's destroy raises, the group is still
+    cluster.torch's: the next call (the next init_process_group's) tries again."""
     global _current
     if _current is None:
         return
-    _current = None
     if dist.is_initialized():
         dist.destroy_process_group()
+    _current = None
 
 
 def abort_process_group() -> None:
-    """After the program died of an uncaught exception (`runtime.on_crash`): abort the NCCL
-    group cluster.torch made (ncclCommAbort: it waits neither for the peers nor for the work
-    that failed), so that the exit does not block in the communicator's teardown and torch
-    finds no group left to warn about. A gloo group is left to the exit: its teardown does not
-    wait on peers."""
+    """Abort the NCCL group cluster.torch made (ncclCommAbort: it waits neither for the peers
+    nor for the work that failed): after the program died of an uncaught exception
+    (`runtime.on_crash`), so that the exit does not block in the communicator's teardown and
+    torch finds no group left to warn about, and at the end of a generation (see
+    `release_process_group`). A gloo group is left to the exit: its teardown does not wait on
+    peers. As with destroy, the group stays cluster.torch's when torch raises."""
     global _current
-    group, _current = _current, None
-    if group is None or group.backend != "nccl" or not dist.is_initialized():
+    group = _current
+    if group is None:
         return
-    dist.distributed_c10d._abort_process_group()
+    if group.backend == "nccl" and dist.is_initialized():
+        dist.distributed_c10d._abort_process_group()
+    _current = None
 
 
 def release_process_group() -> None:
-    """Close the connections of the gloo group cluster.torch made, then destroy it: called by
-    a `TrainingLoop` as soon as it learns its generation is over, before it waits for the next.
+    """Let go of the group cluster.torch made as soon as its generation is over (a peer failed,
+    or the job moved on): called by a `TrainingLoop` before it waits for the next generation.
 
-    A peer blocked in a collective on this worker (in a ring, waiting on a live neighbour of
-    the failed rank) then fails at once, its read ends by "connection closed", instead of
-    waiting out the group's timeout; it does the same in turn for its own neighbours. gloo's
-    abort() and shutdown() leave its sockets open in torch 2.13, so each connection is shut
-    down (SHUT_RDWR) through a duplicate of its descriptor, found by the socket's inode among
-    those gloo opened; its listener is left alone (gloo's accept thread would abort)."""
+    gloo: close the group's connections, then destroy it. A peer blocked in a collective on
+    this worker (in a ring, waiting on a live neighbour of the failed rank) then fails at once,
+    its read ends by "connection closed", instead of waiting out the group's timeout; it does
+    the same in turn for its own neighbours. gloo's abort() and shutdown() leave its sockets
+    open in torch 2.13, so each connection is shut down (SHUT_RDWR) through a duplicate of its
+    descriptor, found by the socket's inode among those gloo opened; its listener is left alone
+    (gloo's accept thread would abort).
+
+    NCCL: abort it (`abort_process_group`). A destroy is a graceful teardown, which may wait on
+    work that a failed peer never completes."""
     group = _current
-    if group is not None and group.sockets:
-        for fd in _descriptors():
-            _shut_down(fd, group.sockets)
+    if group is None:
+        return
+    if group.backend == "nccl":
+        abort_process_group()
+        return
+    for fd in _descriptors() if group.sockets else []:
+        _shut_down(fd, group.sockets)
     destroy_process_group()
 
 

@@ -35,6 +35,7 @@ FINALIZE = ROOT / "tests" / "integration" / "scripts" / "torch_finalize.py"
 OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtaken.py"
 LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
 STORE = ROOT / "tests" / "integration" / "scripts" / "torch_store.py"
+DESTROY_FAILS = ROOT / "tests" / "integration" / "scripts" / "torch_destroy_fails.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -160,6 +161,25 @@ def test_the_rendezvous_store_closes_once_the_group_is_made_and_the_group_works(
     for rank, worker in enumerate(workers):
         assert f"rank {rank} sum 3.0" in worker.output, worker.output
         assert f"rank {rank} after finalize, a group left: False" in worker.output
+
+
+def test_a_group_whose_destroy_failed_is_still_cluster_torchs(processes: Procs) -> None:
+    """torch's destroy raising left cluster.torch's record cleared and torch's group in place:
+    the next init_process_group refused it as "a default process group that cluster.torch did
+    not make". The record goes only once torch's destroy has succeeded."""
+    env = job_env(1, free_port())
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    worker = processes.start_role(
+        "w0", "MS_WORKER", [str(DESTROY_FAILS)], {**env, "MS_NODE_ID": "0"}
+    )
+    assert worker.wait(START_S) == 0, worker.output
+    lines = [line for line in worker.output.splitlines() if not line.startswith("cluster[")]
+    assert lines == [
+        "destroy: injected: torch's destroy_process_group failed",
+        "init again: True",
+        "sum 1.0",
+        "after finalize, a group left: False",
+    ], worker.output
 
 
 def test_fault_free_runs_are_reproducible(

@@ -114,11 +114,14 @@ class Trainer:
 
     def set_state(self, saved: dict[str, Any]) -> None:
         """Put a checkpoint back, for a new generation: a new group (the old one has a dead or
-        replaced peer), and a new wrapper over it (the old one's gradient hooks go with it)."""
+        replaced peer), and a new wrapper over it (the old one's gradient hooks go with it).
+        No group when the loop puts back its last step: no step follows, and a peer may have
+        finished already (init_process_group then returns False)."""
         self.net.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.model = None
-        self.model = self._data_parallel()
+        if cluster.torch.init_process_group(self.backend):
+            self.model = self._data_parallel()
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One step on this rank's rows; the summed squared error of the whole global batch."""

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,8 @@ class CheckpointManager:
         self.rank = rank
         self.directory = checkpoint_files.rank_directory(self.root, rank)
         self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
+        _managers.add(self)
+        runtime.on_finalize(_end_writers)
         self.served = ServedCheckpoints(self.root, self.prefix, rank)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -576,6 +579,17 @@ def _remove(path: Path) -> None:
             f"cannot remove the checkpoint {path} ({exc.strerror}): it must be a file this "
             f"process can remove from {path.parent}; remove it by hand"
         ) from None
+
+
+# The managers of this process: their writers' threads end at cluster.finalize().
+_managers: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def _end_writers() -> None:
+    """At cluster.finalize(), once every write was waited for: end each manager's writer
+    thread, so that none outlives the job (a later save starts another)."""
+    for manager in list(_managers):
+        manager._writer.close()
 
 
 def _check_step(step: int) -> int:

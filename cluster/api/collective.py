@@ -22,6 +22,9 @@ from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, CollectiveError
 
 DEFAULT_WAIT_S = 300.0
+# The longest kv_store().wait: its call's gRPC deadline (the wait, plus a margin) must be a time
+# gRPC can hold; from about 1e10 s on it is already past, and the call fails at once.
+MAX_WAIT_S = 1e9
 
 
 def barrier() -> None:
@@ -187,7 +190,8 @@ class KeyValueStore:
         """Block until every key is set; their values, in order. CollectiveError on timeout.
 
         `keys` is a list of keys, as for TCPStore.wait; one str is one key: `wait("ready")`
-        waits for the key "ready" and returns its value as the list's one item."""
+        waits for the key "ready" and returns its value as the list's one item. `timeout_s`:
+        a finite number of seconds from 0 to MAX_WAIT_S (about 31 years)."""
         wanted = [keys] if isinstance(keys, str) else keys
         if not isinstance(wanted, (list, tuple)):
             raise _refused("wait", "keys", keys, "a list of str keys (or one str key)")
@@ -195,6 +199,12 @@ class KeyValueStore:
             _check_key("wait", key)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
             raise _refused("wait", "timeout_s", timeout_s, "a number of seconds")
+        if not 0 <= timeout_s <= MAX_WAIT_S:  # also refuses nan and inf
+            raise CollectiveError(
+                f"kv_store().wait: timeout_s={safe(repr(timeout_s), 60)} is outside [0, "
+                f"{MAX_WAIT_S:g}]: it must be a finite number of seconds (at most about 31 "
+                "years, what the call's deadline can hold)"
+            )
         session = runtime.session()
         return session.call(session.agent.kv_wait(list(wanted), float(timeout_s)))
 

@@ -4,7 +4,9 @@ With recovery on, the first `CheckpointManager` of a worker process starts the p
 server (`cluster.worker.state_server`) on its advertised host, port 0, on an event loop of its
 own, and publishes where it is, with its serving token, in the job's key-value store under
 `cluster/peer-state/<node id>` (members only). Every manager of the process offers its
-checkpoints there. The server stops at interpreter exit (no thread or port is left).
+checkpoints there. The server stops at `cluster.finalize()`, or at interpreter exit in a process
+that never finalizes: no thread or port is left, and nothing is served with the job's token once
+this worker is done.
 
 `fetch` gets a rank's checkpoint of a step from the live ranked peers of the current
 generation, same host first, then by rank after this one (so that several newcomers spread
@@ -70,7 +72,8 @@ def _started() -> _Service:
             name = config.tls.server_name if config.tls is not None else None
             client = state_fetch.Client(identity, name or config.sched_host)
             _service = _Service(loop, _start_server(loop), client)
-            atexit.register(stop)
+            runtime.on_finalize(stop)
+            atexit.register(stop)  # a process that never finalizes
         return _service
 
 
@@ -100,7 +103,7 @@ def _start_server(loop: BackgroundLoop) -> StateServer | None:
 
 
 def stop() -> None:
-    """Stop the state server (at exit; safe to call twice)."""
+    """Stop the state server (at finalize or exit; safe to call twice)."""
     global _service
     with _lock:
         service, _service = _service, None

@@ -8,11 +8,15 @@
     model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
 
 `init_process_group()` makes torch.distributed's default group for the job's current generation,
-without a fixed port: rank 0 of the generation starts a `TCPStore` on port 0 at its advertised
-address and tells the others where it is; the group is then formed over that store. Called again
+without a fixed port: rank 0 of the generation starts a `TCPStore` on a free port of its
+advertised address (that address only) and tells the others where it is; the group is then
+formed over that store. Called again
 in the same generation it does nothing; in a later one (after a failed worker rejoined) it
 destroys the old group and makes a fresh one, so call it from the `set_state` of a
 `cluster.TrainingLoop`, which runs for every new generation, the restarted worker's included.
+When that set_state puts back the loop's last step, it makes no group and returns False: no step
+follows, and a peer may have finished the job already, so no group could form (a worker killed
+after the final barrier and restarted only puts the final state back).
 `cluster.finalize()` (and the exit of the process) destroys the group, before it tells the
 scheduler this worker is done: torch finds nothing to tear down (NCCL: nothing to warn about).
 
@@ -22,6 +26,19 @@ a scheduler round trip each; the kv store also lacks the store calls torch uses 
 (compare_set, delete_key, ...) and does not survive a scheduler restart. The TCPStore lives in
 rank 0's process and dies with it, which is harmless: the group dies with it too, and the next
 generation makes a new store at its own rank 0.
+
+The store has no authentication and no caps: anyone who reaches rank 0's advertised address
+while it listens may read it and write into rank 0's memory, whatever secret or TLS closes the
+job. So it serves the group's making only: for a gloo group, every rank (rank 0's own included)
+uses it as a client, and once every rank's init has returned (a control-plane barrier, pinned to
+the generation) nobody reads it any more and rank 0 closes its server; the group's collectives
+and its destruction do not use it (torch 2.13). The exposure is that window, from rank 0's
+start of the store to the barrier: milliseconds to seconds. Subgroups made later
+(torch.distributed.new_group) would need the store: they fail at once ("DistNetworkError:
+Broken pipe"). An
+NCCL group keeps the store for its whole life, as NCCL makes its communicators over it at their
+first use (and again for point-to-point work): on a network others reach, close rank 0's ports
+to them (a firewall) or keep such jobs on a private network.
 
 The store's port is published with a broadcast (`broadcast_bytes`: two bytes, never unpickled;
 the host is rank 0's, from the peer table), not with kv_store().set/wait:
@@ -69,8 +86,8 @@ try:
 except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
-from cluster.api import runtime
-from cluster.api.collective import broadcast_bytes
+from cluster.api import runtime, training
+from cluster.api.collective import barrier, broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
 
@@ -85,8 +102,10 @@ _PREFIX = "cluster.torch"
 class _Group:
     generation: int
     backend: str
-    # Rank 0's TCPStore serves the others for as long as the group lives; kept referenced here.
-    store: TCPStore
+    # Rank 0's TCPStore server, for an NCCL group: NCCL makes its communicators over the store
+    # at their first use, so it serves for as long as the group lives. None for gloo, whose
+    # server is closed once every rank's group is made.
+    server: TCPStore | None
     # The inodes of the sockets gloo opened for the group (its listener and its connections).
     sockets: frozenset[int] = frozenset()
 
@@ -94,8 +113,9 @@ class _Group:
 _current: _Group | None = None
 
 
-def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> None:
-    """Make torch.distributed's default process group for the job's current generation.
+def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> bool:
+    """Make torch.distributed's default process group for the job's current generation; True
+    once it exists.
 
     Every worker of the generation must call it (it is a collective); rank and world size come
     from the job. A no-op when the group of this generation exists; the group of an older
@@ -103,17 +123,26 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     `torch.cuda.set_device(cluster.get_local_rank())` first). `timeout_s`: how long a collective
     may wait for a peer before it fails (default: MS_NODE_TIMEOUT, at least 5 s; see the module).
 
+    Called from a `TrainingLoop`'s step or `set_state`, it makes the group of the generation
+    that step or restore belongs to, and raises PeerFailedError at once when the job has moved
+    past it (the loop then goes on to the new generation, where set_state calls it again).
+    Called from the `set_state` that puts back the loop's last step, it makes no group and
+    returns False: no step follows, and a peer may have finished already (called
+    cluster.finalize()), so a group could not form; wrap nothing in DDP then.
+
     Raises PeerFailedError when a peer of the generation failed meanwhile (the job's next
     generation needs a new group), ClusterError for a bad argument.
     """
-    global _current
     if backend not in BACKENDS:
         raise ClusterError(
             f"cluster.torch backend={backend!r} is not supported: use one of {', '.join(BACKENDS)}"
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
-    topology = runtime.topology()
+    if training.TrainingLoop.restoring_the_end():
+        destroy_process_group()  # an older generation's
+        return False
+    topology = _topology_of_the_caller()
     generation = topology.generation
     if _current is not None and _current.generation == generation and dist.is_initialized():
         if _current.backend != backend:
@@ -121,7 +150,7 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
                 f"the process group of generation {generation} uses {_current.backend}, not "
                 f"{backend}: call destroy_process_group() first to change the backend"
             )
-        return
+        return True
     destroy_process_group()
     if dist.is_initialized():
         raise ClusterError(
@@ -130,22 +159,55 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
             "make it"
         )
     seconds = timeout_s if timeout_s is not None else default_timeout_s()
-    timeout = datetime.timedelta(seconds=seconds)
+    # The broadcast of the store's port belongs to `generation`, even where no loop pinned it:
+    # once the job has moved on it fails, instead of meeting the next generation's collectives.
+    session = runtime.session()
+    pinned, session.generation_pin = session.generation_pin, generation
     try:
-        store = _rendezvous_store(topology.rank, topology.size, topology.peer(0).host, timeout)
-        sockets = _make_group(backend, store, topology, timeout)
-    except PeerFailedError:
-        raise
+        _make(backend, topology, datetime.timedelta(seconds=seconds))
+    finally:
+        session.generation_pin = pinned
+    return True
+
+
+def _topology_of_the_caller() -> Topology:
+    """The current topology, which must be of the generation the caller's collectives belong to
+    (`generation_pin`, set by a TrainingLoop around a step and a restore); PeerFailedError when
+    the job has moved past that generation."""
+    topology = runtime.topology()
+    pinned = runtime.session().generation_pin
+    if pinned is not None and topology.generation != pinned:
+        raise PeerFailedError(
+            f"generation {pinned} is over (the job is at generation {topology.generation}): "
+            "its process group is not made; the next generation makes its own"
+        )
+    return topology
+
+
+def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None:
+    """Make the group of `topology`'s generation and register it (see init_process_group)."""
+    global _current
+    generation = topology.generation
+    try:
+        server, client = _rendezvous(topology.rank, topology.peer(0).host, timeout)
+        sockets = _make_group(backend, client, topology, timeout)
+        if backend == "gloo":
+            # Every rank's group is connected once every rank's init has returned: nobody
+            # reads the store any more, and rank 0's server closes as it is dropped.
+            barrier()
+            server = None
     except Exception as exc:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if isinstance(exc, PeerFailedError):
+            raise
         if runtime.peer_failed(generation, runtime.failure_wait_s()):
             raise PeerFailedError(
                 f"a peer of generation {generation} failed while the {backend} process group "
                 f"was being made ({exc}); make it again in the next generation"
             ) from exc
         raise
-    _current = _Group(generation, backend, store, sockets)
+    _current = _Group(generation, backend, server, sockets)
     runtime.on_generation_over(release_process_group)
     runtime.on_finalize(destroy_process_group)
     runtime.on_crash(abort_process_group)
@@ -166,62 +228,109 @@ def _make_group(
     return _socket_inodes() - before if backend == "gloo" else frozenset()
 
 
-def _rendezvous_store(rank: int, size: int, host: str, timeout: datetime.timedelta) -> TCPStore:
-    """A TCPStore served by rank 0 on a free port of its advertised host, reached by the others."""
+def _rendezvous(
+    rank: int, host: str, timeout: datetime.timedelta
+) -> tuple[TCPStore | None, TCPStore]:
+    """The store the group is made over: rank 0 serves it on a free port of its advertised
+    `host` (the server, returned on rank 0 only), and every rank connects to it as a client
+    (the store the group keeps, rank 0's included, so that dropping the server closes it)."""
+    server = None
     if rank == 0:
-        # wait_for_workers=False: the others connect after the broadcast below, which needs
-        # this call to have returned.
-        store = TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        broadcast_bytes(store.port.to_bytes(2, "big"), root=0)
-        return store
-    # The host is rank 0's advertised one, from the peer table: only the port travels, as two
-    # bytes (nothing from the wire is unpickled).
-    port = broadcast_bytes(b"", root=0)
-    if len(port) != 2:
-        raise ClusterError(f"rank 0 sent {len(port)} bytes for its store's port, not 2")
-    return TCPStore(host, int.from_bytes(port, "big"), size, is_master=False, timeout=timeout)
+        server = _serve(host, timeout)
+        port = server.port
+        broadcast_bytes(port.to_bytes(2, "big"), root=0)
+    else:
+        # The host is rank 0's advertised one, from the peer table: only the port travels, as
+        # two bytes (nothing from the wire is unpickled).
+        sent = broadcast_bytes(b"", root=0)
+        if len(sent) != 2:
+            raise ClusterError(f"rank 0 sent {len(sent)} bytes for its store's port, not 2")
+        port = int.from_bytes(sent, "big")
+    return server, TCPStore(host, port, None, is_master=False, timeout=timeout)
+
+
+def _serve(host: str, timeout: datetime.timedelta) -> TCPStore:
+    """A TCPStore server on a free port of `host` only: torch's own listener binds every
+    interface, so it is given one bound here (the server owns its descriptor from then on)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        listener.bind((host, 0))
+        listener.listen(socket.SOMAXCONN)
+        inode = os.fstat(listener.fileno()).st_ino
+        fd = listener.detach()
+    try:
+        # wait_for_workers=False: the others connect after the broadcast of the port, which
+        # needs this call to have returned.
+        return TCPStore(
+            host,
+            0,
+            None,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=fd,
+        )
+    except BaseException:
+        # torch takes the descriptor only once it serves on it; the inode says it is still
+        # the listener's (the number may have been closed and reused meanwhile).
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == inode:
+                os.close(fd)
+        raise
 
 
 def destroy_process_group() -> None:
     """Destroy the process group cluster.torch made, if any: done before a new one is made, at
     the end of a generation (`release_process_group`), and by `cluster.finalize()` (also at
     exit), so that torch never finds a group left at exit (NCCL warns "destroy_process_group()
-    was not called before program exit")."""
+    was not called before program exit"). When torch's destroy raises, the group is still
+    cluster.torch's: the next call (the next init_process_group's) tries again."""
     global _current
     if _current is None:
         return
-    _current = None
     if dist.is_initialized():
         dist.destroy_process_group()
+    _current = None
 
 
 def abort_process_group() -> None:
-    """After the program died of an uncaught exception (`runtime.on_crash`): abort the NCCL
-    group cluster.torch made (ncclCommAbort: it waits neither for the peers nor for the work
-    that failed), so that the exit does not block in the communicator's teardown and torch
-    finds no group left to warn about. A gloo group is left to the exit: its teardown does not
-    wait on peers."""
+    """Abort the NCCL group cluster.torch made (ncclCommAbort: it waits neither for the peers
+    nor for the work that failed): after the program died of an uncaught exception
+    (`runtime.on_crash`), so that the exit does not block in the communicator's teardown and
+    torch finds no group left to warn about, and at the end of a generation (see
+    `release_process_group`). A gloo group is left to the exit: its teardown does not wait on
+    peers. As with destroy, the group stays cluster.torch's when torch raises."""
     global _current
-    group, _current = _current, None
-    if group is None or group.backend != "nccl" or not dist.is_initialized():
+    group = _current
+    if group is None:
         return
-    dist.distributed_c10d._abort_process_group()
+    if group.backend == "nccl" and dist.is_initialized():
+        dist.distributed_c10d._abort_process_group()
+    _current = None
 
 
 def release_process_group() -> None:
-    """Close the connections of the gloo group cluster.torch made, then destroy it: called by
-    a `TrainingLoop` as soon as it learns its generation is over, before it waits for the next.
+    """Let go of the group cluster.torch made as soon as its generation is over (a peer failed,
+    or the job moved on): called by a `TrainingLoop` before it waits for the next generation.
 
-    A peer blocked in a collective on this worker (in a ring, waiting on a live neighbour of
-    the failed rank) then fails at once, its read ends by "connection closed", instead of
-    waiting out the group's timeout; it does the same in turn for its own neighbours. gloo's
-    abort() and shutdown() leave its sockets open in torch 2.13, so each connection is shut
-    down (SHUT_RDWR) through a duplicate of its descriptor, found by the socket's inode among
-    those gloo opened; its listener is left alone (gloo's accept thread would abort)."""
+    gloo: close the group's connections, then destroy it. A peer blocked in a collective on
+    this worker (in a ring, waiting on a live neighbour of the failed rank) then fails at once,
+    its read ends by "connection closed", instead of waiting out the group's timeout; it does
+    the same in turn for its own neighbours. gloo's abort() and shutdown() leave its sockets
+    open in torch 2.13, so each connection is shut down (SHUT_RDWR) through a duplicate of its
+    descriptor, found by the socket's inode among those gloo opened; its listener is left alone
+    (gloo's accept thread would abort).
+
+    NCCL: abort it (`abort_process_group`). A destroy is a graceful teardown, which may wait on
+    work that a failed peer never completes."""
     group = _current
-    if group is not None and group.sockets:
-        for fd in _descriptors():
-            _shut_down(fd, group.sockets)
+    if group is None:
+        return
+    if group.backend == "nccl":
+        abort_process_group()
+        return
+    for fd in _descriptors() if group.sockets else []:
+        _shut_down(fd, group.sockets)
     destroy_process_group()
 
 

@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from cluster.protocol.topology import Topology
 
 
+# True while a TrainingLoop's set_state puts back the state of its last step (`restoring_the_end`).
+_restoring_the_end = False
+
+
 class TrainingLoop:
     """`for step in loop:` with `with loop.step():` around the step's work; see the module."""
 
@@ -61,8 +65,9 @@ class TrainingLoop:
         say: Callable[[str], None] | None = None,
     ) -> None:
         """`get_state()`: what a checkpoint holds (parameters, optimizer state, ...);
-        `set_state(state)`: put such a state back. The state at construction is the state of
-        step 0."""
+        `set_state(state)`: put such a state back (the collectives it makes belong to the
+        generation it restores; when it restores the last step, `restoring_the_end()`, it
+        must make none). The state at construction is the state of step 0."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ConfigError(
                 f"TrainingLoop steps={steps!r} is invalid: it must be an integer >= 0, the number "
@@ -87,6 +92,14 @@ class TrainingLoop:
         # Steps this worker computed again after rollbacks (work lost to failures).
         self.steps_redone = 0
         worker_metrics.start()  # CLUSTER_WORKER_METRICS_PORT: off unless set
+
+    @staticmethod
+    def restoring_the_end() -> bool:
+        """Whether a TrainingLoop's `set_state` is now putting back the state of the loop's
+        last step (`step >= steps`). No step follows, and a peer may have finished already
+        (called cluster.finalize()), so set_state must make no collective:
+        cluster.torch.init_process_group() makes no group then (it returns False)."""
+        return _restoring_the_end
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -217,10 +230,18 @@ class TrainingLoop:
 
     def _restore(self, where: resume.Resume, topology: Topology) -> int | None:
         """Put the state of `where.step` back; None when a peer failed meanwhile (set_state may
-        make a process group, which needs every peer; a peer may die while it serves)."""
+        make a process group, which needs every peer; a peer may die while it serves).
+
+        set_state belongs to the generation it restores, as a step does: its collectives (the
+        store port's broadcast of cluster.torch.init_process_group) fail with PeerFailedError
+        once the job has moved past it, instead of meeting the next generation's first one."""
+        global _restoring_the_end
         step, generation = where.step, topology.generation
         source = where.source(topology.rank, self.memory.step)
         state = None if source == "peer" and step > 0 else self._state_of(step, source)
+        session = runtime.session()
+        session.generation_pin = generation
+        _restoring_the_end = step >= self.steps
         try:
             if state is None:  # from a server's memory, which may fail meanwhile
                 state = self.checkpoints.load(step)
@@ -233,6 +254,9 @@ class TrainingLoop:
                 raise
             self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
             return None
+        finally:
+            session.generation_pin = None
+            _restoring_the_end = False
         runtime.resumed_in(generation)  # told with the report discard_newer makes
         self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)

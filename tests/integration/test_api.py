@@ -63,6 +63,7 @@ def test_public_api_in_real_workers(processes: Procs) -> None:
     assert all(s["missing"] == "KeyError" for s in seen)
     assert all("still missing 'never-set'" in s["wait_timeout"] for s in seen)
     assert all(s["one_key"] == ["yes"] for s in seen)
+    assert all(s["longest"] == ["yes"] for s in seen)
     # A wrong argument is refused at once, in the caller, naming it; the counter is untouched.
     assert seen[0]["refused"] == {
         "set": "CollectiveError: kv_store().set: value=5 is of type int; it must be bytes or "
@@ -75,6 +76,18 @@ def test_public_api_in_real_workers(processes: Procs) -> None:
         "wait": "CollectiveError: kv_store().wait: key=3 is of type int; it must be a str",
         "wait_timeout": "CollectiveError: kv_store().wait: timeout_s='30' is of type str; it "
         "must be a number of seconds",
+        # Refused before the call: a deadline past what gRPC holds failed it at once.
+        **{
+            name: f"CollectiveError: kv_store().wait: timeout_s={shown} is outside [0, 1e+09]: "
+            "it must be a finite number of seconds (at most about 31 years, what the call's "
+            "deadline can hold)"
+            for name, shown in (
+                ("wait_inf", "inf"),
+                ("wait_nan", "nan"),
+                ("wait_huge", "1e+300"),
+                ("wait_negative", "-1"),
+            )
+        },
     }
 
 

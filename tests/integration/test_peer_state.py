@@ -6,6 +6,7 @@ error; and the state server of a worker leaves nothing behind when the process e
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -374,3 +375,21 @@ def test_outsiders_get_nothing_from_the_workers_state_servers_and_training_goes_
     assert scheduler.wait(30) == 0, scheduler.output
     assert (out / "final.sha256").read_text().strip() == fault_free
     assert "state server: refused a request" in workers[0].output
+
+
+def test_finalize_stops_the_state_server_and_ends_the_checkpoint_writers(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Nothing serves this rank's checkpoints with the job's token once it is done, and no
+    thread of the job is left running until the process exits."""
+    env = job_env(1, free_port(), MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(tmp_path / "rec"))
+    sched = processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    script = [str(SCRIPTS / "finalize_closes.py"), str(tmp_path / "ckpt")]
+    worker = processes.start_role("w0", "MS_WORKER", script, {**env, "MS_NODE_ID": "0"})
+    assert worker.wait(60) == 0, worker.output
+    assert sched.wait(30) == 0, sched.output
+    seen = json.loads(worker.output.strip().splitlines()[-1])
+    assert seen["before"]["accepts"], seen
+    assert any(n.startswith("checkpoint-writer-fin-rank0") for n in seen["before"]["threads"])
+    assert "cluster-peer-state" in seen["before"]["threads"], seen
+    assert seen["after"] == {"accepts": False, "threads": []}, seen

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import free_port, wait_until
+from cluster.testing import free_port, launched_pid, wait_until
 from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.training_job import (
     NODE_TIMEOUT_S,
@@ -32,6 +32,10 @@ TRAIN = ROOT / "examples" / "train_torch.py"
 PEER_FAILURE = ROOT / "tests" / "integration" / "scripts" / "torch_peer_failure.py"
 RELEASE = ROOT / "tests" / "integration" / "scripts" / "torch_release.py"
 FINALIZE = ROOT / "tests" / "integration" / "scripts" / "torch_finalize.py"
+OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtaken.py"
+LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
+STORE = ROOT / "tests" / "integration" / "scripts" / "torch_store.py"
+DESTROY_FAILS = ROOT / "tests" / "integration" / "scripts" / "torch_destroy_fails.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -139,6 +143,45 @@ def test_finalize_destroys_the_process_group(processes: Procs) -> None:
         assert "destroy_process_group() was not called" not in worker.output
 
 
+def test_the_rendezvous_store_closes_once_the_group_is_made_and_the_group_works(
+    processes: Procs,
+) -> None:
+    """Rank 0's TCPStore (unauthenticated: anyone who reaches the port may write to it) serves
+    only the group's making: once every rank's init_process_group has returned its port
+    refuses connections, and the group still reduces and is destroyed at finalize."""
+    env = job_env(2, free_port())
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", [str(STORE)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    for worker in workers:
+        assert worker.wait(START_S) == 0, worker.output
+    assert "rank 0 store closed: True" in workers[0].output, workers[0].output
+    for rank, worker in enumerate(workers):
+        assert f"rank {rank} sum 3.0" in worker.output, worker.output
+        assert f"rank {rank} after finalize, a group left: False" in worker.output
+
+
+def test_a_group_whose_destroy_failed_is_still_cluster_torchs(processes: Procs) -> None:
+    """torch's destroy raising left cluster.torch's record cleared and torch's group in place:
+    the next init_process_group refused it as "a default process group that cluster.torch did
+    not make". The record goes only once torch's destroy has succeeded."""
+    env = job_env(1, free_port())
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    worker = processes.start_role(
+        "w0", "MS_WORKER", [str(DESTROY_FAILS)], {**env, "MS_NODE_ID": "0"}
+    )
+    assert worker.wait(START_S) == 0, worker.output
+    lines = [line for line in worker.output.splitlines() if not line.startswith("cluster[")]
+    assert lines == [
+        "destroy: injected: torch's destroy_process_group failed",
+        "init again: True",
+        "sum 1.0",
+        "after finalize, a group left: False",
+    ], worker.output
+
+
 def test_fault_free_runs_are_reproducible(
     processes: Procs, tmp_path: Path, fault_free_hash: str
 ) -> None:
@@ -237,3 +280,71 @@ def test_a_spare_takes_a_sigkilled_rank_and_the_state_moves_from_peers_memory(
     assert {whose for name, (_, whose) in resumed.items() if name != "spare_0.log"} == {
         "this worker's copy"
     }
+
+
+def test_a_restore_overtaken_by_the_next_generation_goes_on_to_it(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Rank 0 still puts generation 2's state back (its set_state held) when the spare it
+    restores with is SIGKILLed and generation 3 forms: set_state belongs to generation 2, so
+    its process group fails at once (PeerFailedError) and the loop goes on to generation 3.
+    Unpinned, the store port's broadcast became generation 3's first collective against the
+    new spare's allgather: both waited out the collective timeout (10 s here; 10 minutes by
+    default), and the spare died of a CollectiveError."""
+    script = private_copy(tmp_path, OVERTAKEN)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    args = [
+        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--spares", "2"),
+        *("--enable-recovery", "--max-restarts", "2", "--node-timeout", "5"),
+        *("--master-port", str(free_port()), "--log-dir", str(logs)),
+        *(str(script), "--steps", "100", "--step-delay", "0.05", "--out", str(out)),
+    ]
+    run = processes.start("run", args, job_env(2, 0, CLUSTER_COLLECTIVE_TIMEOUT_S="10"))
+    rank0, rank1 = logs / "worker_0.log", logs / "worker_1.log"
+    wait_until(
+        lambda: rank1.exists() and len(STEP_LINE.findall(rank1.read_text())) >= 20,
+        START_S,
+        "step 20 on rank 1",
+    )
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    wait_until(lambda: "set_state held in generation 2" in rank0.read_text(), START_S, "the hold")
+    promoted = "promoted: this spare takes rank 1 in generation 2"
+    spare = next(p for p in logs.glob("spare_*.log") if promoted in p.read_text())
+    os.kill(launched(logs, spare.stem), signal.SIGKILL)
+    assert run.wait(START_S * 2) == 0, run.output
+    text = rank0.read_text()
+    assert "set_state goes on; the job is at generation 3" in text, text
+    assert re.search(r"generation 3 \(.*\): resuming from step \d+", text), text
+    for log in logs.glob("*.log"):
+        assert "CollectiveError" not in log.read_text(), log
+    assert (out / "final.sha256").exists()
+
+
+def test_a_worker_killed_after_the_final_barrier_restarts_and_the_job_succeeds(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Every worker saved the last step and passed the final barrier; rank 0 has finished and
+    exited; rank 1 is SIGKILLed before its finalize and restarted. It puts the final state
+    back, and its set_state makes no process group (init_process_group returns False): rank 0
+    could not join one. It made one, and died of "rank 0 ... has already finished"."""
+    script = private_copy(tmp_path, LATE_DEATH)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    args = [
+        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--enable-recovery"),
+        *("--max-restarts", "1", "--node-timeout", "3"),
+        *("--master-port", str(free_port()), "--log-dir", str(logs)),
+        *(str(script), "--steps", "30", "--out", str(out)),
+    ]
+    run = processes.start("run", args, job_env(2, 0))
+    rank1 = logs / "worker_1.log"
+    wait_until(
+        lambda: rank1.exists() and "rank 1 lingers after its loop" in rank1.read_text(),
+        START_S,
+        "rank 1 after its loop",
+    )
+    wait_until(lambda: launched_pid(logs, "worker_0") is None, START_S, "rank 0's exit")
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    assert run.wait(START_S) == 0, run.output
+    text = rank1.read_text()
+    assert re.search(r"generation 2 \(.*\): resuming from step 30\n", text), text
+    assert (out / "final.sha256").exists()

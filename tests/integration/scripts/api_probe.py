@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 
 import cluster
+from cluster.api.collective import MAX_WAIT_S
 
 cluster.init()
 rank, size = cluster.get_rank(), cluster.get_group_size()
@@ -28,6 +30,8 @@ except cluster.CollectiveError as exc:
     wait_timeout = str(exc)
 kv.set(f"ready/{rank}", "yes")
 one_key = [v.decode() for v in kv.wait(f"ready/{rank}", timeout_s=30)]  # one str: one key
+# The longest wait allowed is a deadline gRPC holds: answered, not "Deadline Exceeded".
+longest = [v.decode() for v in kv.wait(f"ready/{rank}", timeout_s=MAX_WAIT_S)]
 refused = {}
 for name, bad_call in {
     "set": lambda: kv.set("k", 5),  # type: ignore[arg-type]
@@ -36,6 +40,10 @@ for name, bad_call in {
     "get": lambda: kv.get(3),  # type: ignore[arg-type]
     "wait": lambda: kv.wait(["k", 3], timeout_s=30),  # type: ignore[list-item]
     "wait_timeout": lambda: kv.wait("k", timeout_s="30"),  # type: ignore[arg-type]
+    "wait_inf": lambda: kv.wait("k", timeout_s=math.inf),
+    "wait_nan": lambda: kv.wait("k", timeout_s=math.nan),
+    "wait_huge": lambda: kv.wait("k", timeout_s=1e300),
+    "wait_negative": lambda: kv.wait("k", timeout_s=-1),
 }.items():
     try:
         bad_call()
@@ -61,6 +69,7 @@ print(
             "missing": missing,
             "wait_timeout": wait_timeout,
             "one_key": one_key,
+            "longest": longest,
             "refused": refused,
         }
     ),

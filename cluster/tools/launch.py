@@ -56,7 +56,9 @@ from cluster.tools.launch_reading import (
     POLL_STATUS_S,
     Fresh,
     JobReader,
+    job_ended,
     job_seen,
+    log_end,
 )
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.tools.status import JobView
@@ -86,18 +88,6 @@ RELAY_SOCKET = "relay.sock"
 RELAY_RESTARTS = 3
 # The signals that stop the job: each child stopped, the launcher's files removed, 128 + signal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _log_end(path: Path) -> list[str]:
-    """The lines of the last 64 KiB of a log."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return []
-    return text.splitlines()
 
 
 @dataclass
@@ -329,11 +319,18 @@ class Launcher:
             recovery=self.options.enable_recovery,
             standbys=len(self.addresses) > 1,
             stop_signal=self._stop_signal,
+            ended=sched is not None and sched.exit_code == 0 and self._ended(),
             last=job_seen(self.view),
             now=job_seen(now),
             unreachable=fresh.unreachable,
             unread=fresh.unread,
         )
+
+    def _ended(self) -> bool:
+        """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
+        planned = self.plan.scheduler
+        event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
+        return job_ended(self.view, None if event_log is None else Path(event_log))
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -461,13 +458,15 @@ class Launcher:
                 return await self._finish()
 
     async def _restart_scheduler(self) -> None:
-        """Start the scheduler that died again, on the same address and state: it resumes the
-        job from what it saved, and the workers, which go on training, reconnect to it."""
+        """Start the scheduler that died (or left the job to resume) again, on the same address
+        and state: it resumes the job from what it saved, and the workers, which go on
+        training, reconnect to it."""
         sched = self.scheduler
         assert sched is not None
         sched.restarts += 1
+        how = policy.describe_scheduler_exit(sched.exit_code or 0)
         self._print(
-            f"mscluster: the scheduler {policy.describe_exit(sched.exit_code or 0)}; starting it "
+            f"mscluster: the scheduler {how}; starting it "
             f"again (scheduler restart {sched.restarts} of {self.options.max_restarts}): it "
             "resumes the job from its saved state, and the workers train on meanwhile"
         )
@@ -488,7 +487,7 @@ class Launcher:
         seen = await self._seen(ask=False)
         # A worker still running may be dying of an error it printed (see policy.cause).
         ends = {
-            w.index: _log_end(self.workers[w.index].planned.log)
+            w.index: log_end(self.workers[w.index].planned.log)
             for w in seen.workers
             if w.failed or w.exit_code is None
         }
@@ -497,13 +496,15 @@ class Launcher:
         cause = self.scheduler if index is None else self.workers[index]
         assert cause is not None
         what = "the scheduler" if index is None else self._who(cause)
-        end = ends[index] if index in ends else _log_end(cause.planned.log)
+        end = ends[index] if index in ends else log_end(cause.planned.log)
         # The cause in the process's own words (an NCCL error, ...): the scheduler only saw its
         # connection break.
         error = policy.error_line(end)
         said = f": {error}" if error else ""
         if cause.running:  # its exit blocks on what failed (an NCCL communicator)
             how = "failed and had not exited (stopped now)"
+        elif index is None:
+            how = policy.describe_scheduler_exit(cause.exit_code or 0)
         else:
             how = policy.describe_exit(cause.exit_code or 0)
         self._print(f"mscluster: {what} {how}{said}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -150,6 +151,7 @@ def test_sighup_stops_every_child_and_removes_the_relay_directory(
 # Imported first by every Python the test starts: the relay (a launcher's child without MS_ROLE)
 # never gets to take connections.
 STALLED_RELAY = """
+import json
 import os
 import time
 
@@ -232,3 +234,24 @@ def test_a_stop_signal_while_the_launcher_awaits_its_scheduler_is_acted_on_at_on
     runs[0].popen.send_signal(signal.SIGTERM)
     assert runs[0].wait(10) == 128 + signal.SIGTERM, runs[0].output
     assert "SIGTERM received" in runs[0].output
+
+
+def test_a_scheduler_stopped_by_sigterm_alone_is_started_again_and_ends_the_job(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """With recovery, SIGTERM alone (`kill PID`) leaves the job to resume and the scheduler
+    exits 0 before the job's end: the launcher starts it again, and the job ends through it."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    args = [*MSCLUSTER, "run", "--master-port", str(free_port()), "--worker-num", "2"]
+    args += ["--log-dir", str(logs), "--enable-recovery", str(script), "--hold", "6"]
+    run = processes.start("run", args, {**os.environ, "MS_NODE_TIMEOUT": "5"})
+    run.wait_for_output("2/2 registered (ready)", 30)
+    os.kill(launched(logs, "scheduler"), signal.SIGTERM)
+    run.wait_for_output("scheduler restart 1 of 1", 15)
+    assert run.wait(60) == 0, run.output
+    assert "exited with code 0 before the job's end (it left the job to resume)" in run.output
+    assert "after 1 scheduler restart" in run.output
+    kinds = [json.loads(line)["event"] for line in (logs / "events.jsonl").read_text().splitlines()]
+    assert kinds.index("resumed") < kinds.index("finished"), kinds  # the job ends through it
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")

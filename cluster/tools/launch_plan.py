@@ -307,10 +307,14 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 
 
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
-    """The job's variables, those of the launcher's environment that matter, and its MS_* that
-    are not passed on."""
+    """The variables every process gets (those all of them share), the scheduler's own, those
+    of the launcher's environment that matter, and its MS_* that are not passed on."""
     per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
-    common = {k: v for k, v in plan.processes[0].env.items() if k not in per_process}
+    common = {
+        k: v
+        for k, v in plan.processes[0].env.items()
+        if k not in per_process and all(p.env.get(k) == v for p in plan.processes)
+    }
     relayed = "" if plan.relay is None else f"; CLUSTER_RELAY={plan.relay.args[-1]} for the workers"
     lines = [
         "",
@@ -318,6 +322,12 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
         f"for the spares{relayed}):",
     ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
+    if plan.scheduler is not None:
+        own = {
+            k: v for k, v in plan.scheduler.env.items() if k not in per_process and k not in common
+        }
+        lines.append("the scheduler's own:")
+        lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(own.items())]
     passed = {
         k: v for k, v in inherited.items() if k.startswith(SHOWN_PREFIXES) and k not in common
     }

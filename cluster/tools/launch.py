@@ -136,6 +136,10 @@ class Launcher:
         self._relay_said = False
         self.workers: list[Child] = []
         self.view: JobView | None = None
+        # When the poll that got `view` was asked, and when a child last exited (clock times):
+        # an answer asked before an exit is not shown beside the processes as they are now.
+        self._view_asked = float("-inf")
+        self._exited_at = float("-inf")
         self._stop_signal: int | None = None
         self._stopping = asyncio.Event()  # set with `_stop_signal`
         self._wake = asyncio.Event()
@@ -200,6 +204,7 @@ class Launcher:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2.0)
         child.exit_code = code
+        self._exited_at = self._clock()
         child.exited.set()
         self._wake.set()
 
@@ -254,12 +259,18 @@ class Launcher:
             self.address, self.reader.identity, POLL_CHANNEL_OPTIONS
         ) as channel:
             while True:
+                asked = self._clock()
                 with contextlib.suppress(ClusterError):
                     self.view = await self.reader.poll(channel)
+                    self._view_asked = asked
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
 
     def _progress(self) -> None:
+        """The progress line, from an answer asked after the last exit of a child (none until
+        one comes: the job as it was beside the workers as they are is no state it was in)."""
+        if self.view is not None and self._view_asked < self._exited_at:
+            return
         running = sum(1 for w in self.workers if w.running)
         job = (
             f"{self.view.registered}/{self.view.expected} registered ({self.view.phase.value})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -151,6 +152,7 @@ def test_sighup_stops_every_child_and_removes_the_relay_directory(
 # Imported first by every Python the test starts: the relay (a launcher's child without MS_ROLE)
 # never gets to take connections.
 STALLED_RELAY = """
+import contextlib
 import json
 import os
 import time
@@ -254,4 +256,27 @@ def test_a_scheduler_stopped_by_sigterm_alone_is_started_again_and_ends_the_job(
     assert "after 1 scheduler restart" in run.output
     kinds = [json.loads(line)["event"] for line in (logs / "events.jsonl").read_text().splitlines()]
     assert kinds.index("resumed") < kinds.index("finished"), kinds  # the job ends through it
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+def test_no_progress_line_pairs_an_answer_older_than_a_workers_exit(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Output not a terminal: a progress line comes from an answer asked after the last exit.
+    The scheduler stopped (SIGSTOP) answers no more; a worker killed then is no line beside
+    the job as the scheduler last showed it ("2/2 registered (ready) | ... running 1/2")."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    run = processes.start("run", hold_args(tmp_path, script, "--no-relay"), os.environ)
+    run.wait_for_output("2/2 registered (ready) | local workers running 2/2", 30)
+    scheduler = launched(logs, "scheduler")
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+        assert run.wait(30) == 1, run.output
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(scheduler, signal.SIGCONT)
+    assert "worker 1 (rank 1, node id '1') was killed by SIGKILL" in run.output
+    assert "running 1/2" not in run.output, run.output
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")

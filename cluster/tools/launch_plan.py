@@ -138,14 +138,21 @@ def spare_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
     return [f"spare-{hostname}-{pid}-{i}" for i in range(options.spares)]
 
 
+def bare_host(host: str) -> str:
+    """`host` as given, without the space around it and the brackets of an IPv6 literal
+    (`[::1]` is `::1`)."""
+    host = host.strip()
+    return host[1:-1].strip() if host.startswith("[") and host.endswith("]") else host
+
+
 def master_host(master_addr: str) -> str:
-    """The scheduler host of `--master-addr h1[,h2...]`: the first."""
-    return master_addr.split(",", maxsplit=1)[0].strip()
+    """The scheduler host of `--master-addr h1[,h2...]`: the first (bare, `bare_host`)."""
+    return bare_host(master_addr.split(",", maxsplit=1)[0])
 
 
 def standby_hosts(master_addr: str) -> list[str]:
-    """The standby schedulers' hosts of `--master-addr h1,h2,...`: all but the first."""
-    return [host.strip() for host in master_addr.split(",")[1:]]
+    """The standby schedulers' hosts of `--master-addr h1,h2,...`: all but the first (bare)."""
+    return [bare_host(host) for host in master_addr.split(",")[1:]]
 
 
 def job_environment(

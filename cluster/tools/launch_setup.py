@@ -27,6 +27,7 @@ from cluster.tools import slurm_io
 from cluster.tools.launch_plan import (
     LaunchOptions,
     Plan,
+    bare_host,
     child_environment,
     make_plan,
     master_host,
@@ -35,9 +36,10 @@ from cluster.transport import tls
 
 
 def resolve_host(name: str) -> str:
-    """The IP address of `name`, or a ConfigError."""
+    """The IP address of `name` (an IPv6 literal with or without its brackets), or a
+    ConfigError."""
     try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(bare_host(name), None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigError(
             f"--master-addr {name!r} does not resolve ({exc.strerror}): use the scheduler host's "
@@ -100,7 +102,7 @@ def validate(options: LaunchOptions) -> None:
             "or every scheduler's host separated by commas (h1,h2)"
         )
     for host in options.master_addr.split(","):
-        check_host("--master-addr entry", host.strip().strip("[]"))
+        check_host("--master-addr entry", bare_host(host))
     if not 1 <= options.master_port <= 65535:
         raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
     if not options.script.is_file():
@@ -313,5 +315,5 @@ def closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
 
 def at(host: str, port: int) -> str:
     """HOST:PORT, an IPv6 address in brackets."""
-    bare = host.strip().strip("[]")
+    bare = bare_host(host)
     return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, wait_until
+from cluster.tools import launch_setup
 from cluster.tools.processes import launched_pid
 from tests import tmpfs
 from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, processes_running
@@ -280,3 +281,19 @@ def test_no_progress_line_pairs_an_answer_older_than_a_workers_exit(
     assert "worker 1 (rank 1, node id '1') was killed by SIGKILL" in run.output
     assert "running 1/2" not in run.output, run.output
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+@pytest.mark.parametrize("master", ["[::1]", "::1"])
+def test_an_ipv6_master_address_runs_the_job_with_or_without_brackets(
+    tmp_path: Path, master: str
+) -> None:
+    if not launch_setup.is_local_address("::1"):
+        pytest.skip("no IPv6 loopback on this machine")
+    script = private_copy(tmp_path)
+    port = free_port()
+    args = [*MSCLUSTER, "run", "--master-addr", master, "--master-port", str(port)]
+    args += ["--worker-num", "2", "--log-dir", str(tmp_path / "logs"), str(script)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert f"with the scheduler at [::1]:{port}" in result.stderr
+    assert "job finished: 2 local workers exited 0" in result.stderr

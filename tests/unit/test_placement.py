@@ -339,6 +339,16 @@ def test_several_master_hosts_give_the_workers_every_scheduler() -> None:
         launch_setup.validate(options(master_addr="gpu07,"))
 
 
+def test_a_bracketed_ipv6_master_address_is_taken_as_the_bare_one() -> None:
+    assert launch_plan.master_host("[::1]") == launch_plan.master_host(" ::1 ") == "::1"
+    assert launch_plan.standby_hosts("gpu07,[fd00::7], ::1") == ["fd00::7", "::1"]
+    assert launch_setup.resolve_host("[::1]") == launch_setup.resolve_host("::1") == "::1"
+    assert launch_setup.at("[::1]", 8118) == launch_setup.at("::1", 8118) == "[::1]:8118"
+    launch_setup.validate(options(master_addr="[::1],[fd00::7]", script=Path(__file__)))
+    made = plan(options(master_addr="gpu07,[fd00::7]"))
+    assert {p.env["MS_SCHED_HOST"] for p in made.workers} == {"10.1.1.7,fd00::7"}
+
+
 def test_a_loopback_first_node_of_several_needs_another_node_to_find_its_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -637,12 +637,13 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
     if made_here:
         options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
         plan = setup.plan_job(options)
-    setup.check_paths(options, plan, make=not dry_run)
     if dry_run:
+        setup.check_paths(options, plan, make=False)
         setup.say(sys.stdout, render(plan, options, os.environ) + "\n")
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
+    setup.check_paths(options, plan, make=True)  # checked with nothing made first
     try:
         if sharing is not None:
             slurm_io.share_secret(sharing, options.log_dir)

@@ -91,6 +91,26 @@ def test_an_unwritable_log_dir_is_one_line(tmp_path: Path) -> None:
     assert "Read-only file system" in line
 
 
+def test_a_refused_recovery_path_leaves_no_new_directory(tmp_path: Path) -> None:
+    """Refused once made (a parent others may write without the sticky bit): the log and
+    recovery directories made for the run are removed, as if it had not begun."""
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    script = chatty_script(tmp_path)
+    logs = tmp_path / "logs" / "deep"
+    args = ["run", "--master-port", str(free_port()), "--log-dir", str(logs), "--enable-recovery"]
+    args += ["--recovery-path", str(open_to_all / "job" / "state"), str(script)]
+    result = subprocess.run(
+        [*MSCLUSTER, *args], capture_output=True, text=True, timeout=30, check=False
+    )
+    line = one_line(result)
+    assert line.startswith("mscluster: ConfigError: --recovery-path: ")
+    assert "can be written by others without the sticky bit" in line
+    assert not (tmp_path / "logs").exists()
+    assert list(open_to_all.iterdir()) == []
+
+
 def chaos(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     script = chatty_script(tmp_path)
     logs = str(tmp_path / "logs")

@@ -15,7 +15,15 @@ from cluster.testing import free_port, wait_until
 from cluster.tools import launch_setup
 from cluster.tools.processes import launched_pid
 from tests import tmpfs
-from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, processes_running
+from tests.procs import (
+    MSCLUSTER,
+    ROOT,
+    Procs,
+    launched,
+    private_copy,
+    processes_running,
+    reader_env,
+)
 
 # A worker that prints far more than a pipe holds (64 KiB) once it is in the job.
 CHATTY = """
@@ -317,3 +325,32 @@ def test_an_ipv6_master_address_runs_the_job_with_or_without_brackets(
     assert result.returncode == 0, result.stderr
     assert f"with the scheduler at [::1]:{port}" in result.stderr
     assert "job finished: 2 local workers exited 0" in result.stderr
+
+
+def test_a_follow_of_a_failed_job_exits_1_from_the_file_and_from_the_leader(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """`mscluster events --follow` ends at the job's last event: `job_failed` is exit 1. With
+    --addr naming several schedulers (one gone here), the one that answers is followed."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    args = hold_args(tmp_path, script)
+    port = args[args.index("--master-port") + 1]
+    run = processes.start("run", args, os.environ)
+    run.wait_for_output("2/2 registered (ready)", 30)
+    operator = reader_env(logs / "job.secret")
+    addrs = f"127.0.0.1:{free_port()},127.0.0.1:{port}"
+    followers = [
+        processes.start(name, [*MSCLUSTER, "events", *where, "--follow"], operator)
+        for name, where in (
+            ("from-addr", ["--addr", addrs]),
+            ("from-file", ["--log-dir", str(logs)]),
+        )
+    ]
+    for follower in followers:
+        wait_until(lambda f=follower: " formed " in f.output, 30, f"{follower.name} at formed")
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    assert run.wait(30) == 1, run.output
+    for follower in followers:
+        assert follower.wait(30) == 1, follower.output
+        assert "job_failed" in follower.output.splitlines()[-1], follower.output

@@ -5,7 +5,7 @@
     mscluster scheduler [options]              a standalone scheduler
     mscluster relay --socket unix:PATH         one host's relay for its workers (CLUSTER_RELAY)
     mscluster status --addr HOST:PORT          what a running job looks like (--watch: live)
-    mscluster events [--file PATH | --addr HOST:PORT] [--follow]   the job's events
+    mscluster events [--file PATH | --addr HOST:PORT[,...]] [--follow]   the job's events
 
 `status` and `events --addr` prove the job secret when the job has one: --secret-file, else
 --log-dir's job.secret, else CLUSTER_JOB_SECRET_FILE, else logs/job.secret
@@ -234,20 +234,20 @@ def _cmd_events(args: argparse.Namespace) -> int:
 
     try:
         if args.addr is not None:
-            addr, identity = _split_addr(args.addr), _client_identity(args)
+            addrs, identity = _split_addrs(args.addr), _client_identity(args)
             secret = _reader_secret(args)
-            stream = events.from_scheduler(addr, identity, follow=args.follow, secret=secret)
-            asyncio.run(events.show_stream(stream, sys.stdout, as_json=args.json))
+            stream = events.from_scheduler(addrs, identity, follow=args.follow, secret=secret)
+            last = asyncio.run(events.show_stream(stream, sys.stdout, as_json=args.json))
         else:
             path = Path(args.file) if args.file else events.log_of(args.log_dir)
             found = events.from_file(path, follow=args.follow, say=_to_stderr)
-            events.show(found, sys.stdout, as_json=args.json)
+            last = events.show(found, sys.stdout, as_json=args.json)
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return events.exit_status(last, follow=args.follow)
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
@@ -498,9 +498,15 @@ def _add_events_options(ev: argparse.ArgumentParser) -> None:
     """`mscluster events`: the job's events from the log or a running scheduler."""
     where = ev.add_mutually_exclusive_group()
     where.add_argument("--file", help="an event log (default LOG_DIR/events.jsonl)")
-    where.add_argument("--addr", help="a running scheduler's HOST:PORT")
+    where.add_argument(
+        "--addr",
+        help="a running scheduler's HOST:PORT; with standbys, several, comma-separated (the "
+        "leader among them is read, and a follow moves to the next leader)",
+    )
     ev.add_argument(
-        "--follow", action="store_true", help="then each new event, until the job's last"
+        "--follow",
+        action="store_true",
+        help="then each new event, until the job's last (exit 1 when the job failed)",
     )
     ev.add_argument("--json", action="store_true", help="the JSON lines, not a table")
     ev.add_argument("--tls-config", help="with --addr: ssl.json, when the job uses TLS")

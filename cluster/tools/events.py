@@ -2,14 +2,16 @@
 
     mscluster events                              LOG_DIR/events.jsonl of `mscluster run` (logs/)
     mscluster events --file PATH --follow         and each new one, until the job's last
-    mscluster events --addr HOST:PORT [--follow]  from the scheduler (WatchEvents)
+    mscluster events --addr H:P[,H:P] [--follow]  from the scheduler (WatchEvents), the leader
     mscluster events ... --json                   the JSON lines themselves
     mscluster events --log-dir DIR [--addr ...]   DIR/events.jsonl; with --addr, DIR/job.secret
                                                   proves this reader (`reading`)
 
-A followed scheduler that restarts is asked again (for up to RECONNECT_S), one that stands by
-sends the follow to the leader it names, and the events already shown are not shown twice; a
-follow ends only at the job's last event, or with an error that says why.
+`--addr` takes every scheduler of the job, comma-separated (H1:P,H2:P): the leader among them
+is read. A followed scheduler that restarts is asked again (for up to RECONNECT_S), one that
+stands by sends the follow to the leader it names, and the events already shown are not shown
+twice; a follow ends only at the job's last event (exit 1 when it is `job_failed`: `exit_status`),
+or with an error that says why.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import IO, Any
 
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
-from cluster.protocol.events import JobEvent, LeaderChange
+from cluster.protocol.events import JobEvent, Kind, LeaderChange
 from cluster.protocol.leader_search import LeaderSearch
 from cluster.storage import rotation
 from cluster.tools import following, reading, status
@@ -468,35 +470,45 @@ class Printer:
         self.out = out
         self.as_json = as_json
         self.count = 0
+        self.last: JobEvent | None = None  # the last event printed
 
     def __call__(self, event: JobEvent) -> None:
         if self.count == 0:
             self._header()
         print(event.to_json() if self.as_json else row(event), file=self.out, flush=True)
         self.count += 1
+        self.last = event
 
-    def done(self) -> int:
-        """How many were printed (an empty table still has its header)."""
+    def done(self) -> JobEvent | None:
+        """The last event printed, None when none was (an empty table still has its header)."""
         if self.count == 0:
             self._header()
-        return self.count
+        return self.last
 
     def _header(self) -> None:
         if not self.as_json:
             print(HEADER, file=self.out, flush=True)
 
 
-def show(events: Iterator[JobEvent], out: IO[str], *, as_json: bool) -> int:
-    """Print `events` as they come; how many."""
+def show(events: Iterator[JobEvent], out: IO[str], *, as_json: bool) -> JobEvent | None:
+    """Print `events` as they come; the last one (None: none)."""
     printer = Printer(out, as_json=as_json)
     for event in events:
         printer(event)
     return printer.done()
 
 
-async def show_stream(events: AsyncIterator[JobEvent], out: IO[str], *, as_json: bool) -> int:
+async def show_stream(
+    events: AsyncIterator[JobEvent], out: IO[str], *, as_json: bool
+) -> JobEvent | None:
     """`show` for a scheduler's stream."""
     printer = Printer(out, as_json=as_json)
     async for event in events:
         printer(event)
     return printer.done()
+
+
+def exit_status(last: JobEvent | None, *, follow: bool) -> int:
+    """The exit status of `mscluster events`: a follow ends at the job's last event, 1 when
+    that is `job_failed` (the job failed), 0 at `finished`; a plain listing is 0."""
+    return 1 if follow and last is not None and last.kind == Kind.JOB_FAILED.value else 0

@@ -56,7 +56,9 @@ from cluster.tools.launch_reading import (
     POLL_STATUS_S,
     Fresh,
     JobReader,
+    job_ended,
     job_seen,
+    log_end,
 )
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.tools.status import JobView
@@ -86,18 +88,6 @@ RELAY_SOCKET = "relay.sock"
 RELAY_RESTARTS = 3
 # The signals that stop the job: each child stopped, the launcher's files removed, 128 + signal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _log_end(path: Path) -> list[str]:
-    """The lines of the last 64 KiB of a log."""
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return []
-    return text.splitlines()
 
 
 @dataclass
@@ -146,6 +136,10 @@ class Launcher:
         self._relay_said = False
         self.workers: list[Child] = []
         self.view: JobView | None = None
+        # When the poll that got `view` was asked, and when a child last exited (clock times):
+        # an answer asked before an exit is not shown beside the processes as they are now.
+        self._view_asked = float("-inf")
+        self._exited_at = float("-inf")
         self._stop_signal: int | None = None
         self._stopping = asyncio.Event()  # set with `_stop_signal`
         self._wake = asyncio.Event()
@@ -210,6 +204,7 @@ class Launcher:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2.0)
         child.exit_code = code
+        self._exited_at = self._clock()
         child.exited.set()
         self._wake.set()
 
@@ -264,12 +259,18 @@ class Launcher:
             self.address, self.reader.identity, POLL_CHANNEL_OPTIONS
         ) as channel:
             while True:
+                asked = self._clock()
                 with contextlib.suppress(ClusterError):
                     self.view = await self.reader.poll(channel)
+                    self._view_asked = asked
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
 
     def _progress(self) -> None:
+        """The progress line, from an answer asked after the last exit of a child (none until
+        one comes: the job as it was beside the workers as they are is no state it was in)."""
+        if self.view is not None and self._view_asked < self._exited_at:
+            return
         running = sum(1 for w in self.workers if w.running)
         job = (
             f"{self.view.registered}/{self.view.expected} registered ({self.view.phase.value})"
@@ -329,11 +330,18 @@ class Launcher:
             recovery=self.options.enable_recovery,
             standbys=len(self.addresses) > 1,
             stop_signal=self._stop_signal,
+            ended=sched is not None and sched.exit_code == 0 and self._ended(),
             last=job_seen(self.view),
             now=job_seen(now),
             unreachable=fresh.unreachable,
             unread=fresh.unread,
         )
+
+    def _ended(self) -> bool:
+        """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
+        planned = self.plan.scheduler
+        event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
+        return job_ended(self.view, None if event_log is None else Path(event_log))
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -461,13 +469,15 @@ class Launcher:
                 return await self._finish()
 
     async def _restart_scheduler(self) -> None:
-        """Start the scheduler that died again, on the same address and state: it resumes the
-        job from what it saved, and the workers, which go on training, reconnect to it."""
+        """Start the scheduler that died (or left the job to resume) again, on the same address
+        and state: it resumes the job from what it saved, and the workers, which go on
+        training, reconnect to it."""
         sched = self.scheduler
         assert sched is not None
         sched.restarts += 1
+        how = policy.describe_scheduler_exit(sched.exit_code or 0)
         self._print(
-            f"mscluster: the scheduler {policy.describe_exit(sched.exit_code or 0)}; starting it "
+            f"mscluster: the scheduler {how}; starting it "
             f"again (scheduler restart {sched.restarts} of {self.options.max_restarts}): it "
             "resumes the job from its saved state, and the workers train on meanwhile"
         )
@@ -488,7 +498,7 @@ class Launcher:
         seen = await self._seen(ask=False)
         # A worker still running may be dying of an error it printed (see policy.cause).
         ends = {
-            w.index: _log_end(self.workers[w.index].planned.log)
+            w.index: log_end(self.workers[w.index].planned.log)
             for w in seen.workers
             if w.failed or w.exit_code is None
         }
@@ -497,13 +507,15 @@ class Launcher:
         cause = self.scheduler if index is None else self.workers[index]
         assert cause is not None
         what = "the scheduler" if index is None else self._who(cause)
-        end = ends[index] if index in ends else _log_end(cause.planned.log)
+        end = ends[index] if index in ends else log_end(cause.planned.log)
         # The cause in the process's own words (an NCCL error, ...): the scheduler only saw its
         # connection break.
         error = policy.error_line(end)
         said = f": {error}" if error else ""
         if cause.running:  # its exit blocks on what failed (an NCCL communicator)
             how = "failed and had not exited (stopped now)"
+        elif index is None:
+            how = policy.describe_scheduler_exit(cause.exit_code or 0)
         else:
             how = policy.describe_exit(cause.exit_code or 0)
         self._print(f"mscluster: {what} {how}{said}")
@@ -625,12 +637,13 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
     if made_here:
         options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
         plan = setup.plan_job(options)
-    setup.check_paths(options, plan, make=not dry_run)
     if dry_run:
+        setup.check_paths(options, plan, make=False)
         setup.say(sys.stdout, render(plan, options, os.environ) + "\n")
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
+    setup.check_paths(options, plan, make=True)  # checked with nothing made first
     try:
         if sharing is not None:
             slurm_io.share_secret(sharing, options.log_dir)

@@ -138,14 +138,21 @@ def spare_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
     return [f"spare-{hostname}-{pid}-{i}" for i in range(options.spares)]
 
 
+def bare_host(host: str) -> str:
+    """`host` as given, without the space around it and the brackets of an IPv6 literal
+    (`[::1]` is `::1`)."""
+    host = host.strip()
+    return host[1:-1].strip() if host.startswith("[") and host.endswith("]") else host
+
+
 def master_host(master_addr: str) -> str:
-    """The scheduler host of `--master-addr h1[,h2...]`: the first."""
-    return master_addr.split(",", maxsplit=1)[0].strip()
+    """The scheduler host of `--master-addr h1[,h2...]`: the first (bare, `bare_host`)."""
+    return bare_host(master_addr.split(",", maxsplit=1)[0])
 
 
 def standby_hosts(master_addr: str) -> list[str]:
-    """The standby schedulers' hosts of `--master-addr h1,h2,...`: all but the first."""
-    return [host.strip() for host in master_addr.split(",")[1:]]
+    """The standby schedulers' hosts of `--master-addr h1,h2,...`: all but the first (bare)."""
+    return [bare_host(host) for host in master_addr.split(",")[1:]]
 
 
 def job_environment(
@@ -307,10 +314,14 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 
 
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
-    """The job's variables, those of the launcher's environment that matter, and its MS_* that
-    are not passed on."""
+    """The variables every process gets (those all of them share), the scheduler's own, those
+    of the launcher's environment that matter, and its MS_* that are not passed on."""
     per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
-    common = {k: v for k, v in plan.processes[0].env.items() if k not in per_process}
+    common = {
+        k: v
+        for k, v in plan.processes[0].env.items()
+        if k not in per_process and all(p.env.get(k) == v for p in plan.processes)
+    }
     relayed = "" if plan.relay is None else f"; CLUSTER_RELAY={plan.relay.args[-1]} for the workers"
     lines = [
         "",
@@ -318,6 +329,12 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
         f"for the spares{relayed}):",
     ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
+    if plan.scheduler is not None:
+        own = {
+            k: v for k, v in plan.scheduler.env.items() if k not in per_process and k not in common
+        }
+        lines.append("the scheduler's own:")
+        lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(own.items())]
     passed = {
         k: v for k, v in inherited.items() if k.startswith(SHOWN_PREFIXES) and k not in common
     }

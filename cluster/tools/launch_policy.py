@@ -66,6 +66,10 @@ class Seen:
     # another, and `now` is the leader's answer, whichever leads.
     standbys: bool = False
     stop_signal: int | None = None
+    # The job's end was seen: in the scheduler's last answer, or in the event log it writes
+    # before it exits. A scheduler of ours that exits 0 without it (recovery on, no standby)
+    # left the job to resume (SIGTERM), saved: it is started again as one that died.
+    ended: bool = False
     # The scheduler's last answer before this decision (None: it never answered).
     last: JobSeen | None = None
     # An answer asked for this decision, when a worker has failed; None: no answer, and then
@@ -92,7 +96,9 @@ def decide(seen: Seen) -> Decision:
     launcher stops those that could not hear it); then a failed scheduler."""
     if seen.stop_signal is not None:
         return Decision(Action.STOP)
-    scheduler_died = seen.own_scheduler and seen.scheduler_exit not in (None, 0)
+    scheduler_died = seen.own_scheduler and (
+        seen.scheduler_exit not in (None, 0) or left_to_resume(seen)
+    )
     why_not_scheduler = why_not_restart_scheduler(seen) if scheduler_died else None
     if scheduler_died and why_not_scheduler is None:
         return Decision(Action.RESTART_SCHEDULER)
@@ -120,17 +126,31 @@ def _failed_worker(seen: Seen) -> Decision | None:
     return None
 
 
+def left_to_resume(seen: Seen) -> bool:
+    """Whether this launcher's scheduler exited 0 before the job's end, with recovery on and no
+    standby: stopped by SIGTERM alone, it saved the job and left it to a scheduler started
+    again on its state (a standby would have taken it over)."""
+    return (
+        seen.own_scheduler
+        and seen.scheduler_exit == 0
+        and seen.recovery
+        and not seen.standbys
+        and not seen.ended
+    )
+
+
 def why_not_restart_scheduler(seen: Seen) -> str | None:
     """None when this launcher's scheduler, which has exited, may be started again; otherwise
     why not, in words for the user.
 
-    Only a scheduler that died (killed by a signal: SIGKILL, the OOM killer, a crash) is
-    started again, and only with recovery on: it then resumes the job from its saved state.
-    One that exited by itself ended the job (1: failed) or could not start (2: its settings);
-    starting it again would begin a new job, or fail the same way.
+    Only a scheduler that died (killed by a signal: SIGKILL, the OOM killer, a crash) or left
+    the job to resume (`left_to_resume`) is started again, and only with recovery on: it then
+    resumes the job from its saved state. One that exited by itself otherwise ended the job
+    (0: finished, 1: failed) or could not start (2: its settings); starting it again would
+    begin a new job, or fail the same way.
     """
     code = seen.scheduler_exit
-    if code is None or code >= 0:
+    if code is None or (code >= 0 and not left_to_resume(seen)):
         return f"it {describe_exit(code or 0)}, which ends the job"
     if not seen.recovery:
         return "recovery is off, so a scheduler started again would not know the job"
@@ -224,6 +244,14 @@ def _own_error(line: str | None) -> bool:
         return False
     kind = line.removeprefix("cluster: ").split(":", 1)[0].rsplit(".", 1)[-1]
     return kind not in FAILURE_ERRORS
+
+
+def describe_scheduler_exit(code: int) -> str:
+    """`describe_exit` of this launcher's scheduler, which is decided on with exit code 0 only
+    when it left the job to resume (`left_to_resume`)."""
+    if code == 0:
+        return "exited with code 0 before the job's end (it left the job to resume)"
+    return describe_exit(code)
 
 
 def describe_exit(code: int) -> str:

@@ -8,6 +8,7 @@ when it has one; with standby schedulers they go to whichever leads (`status.fet
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +17,12 @@ import grpc
 from cluster.protocol.config import JobSecretSource
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import AccessDeniedError, ClusterError, ReadRefusedError
+from cluster.protocol.events import JobEvent
+from cluster.protocol.records import Phase
+from cluster.storage import rotation
 from cluster.tools import launch_policy as policy
 from cluster.tools import status as status_module
+from cluster.tools.events import BEGINS, FINAL
 from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -29,6 +34,9 @@ POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 # A fresh read that a scheduler refuses is asked this many times in all (each on a fresh
 # challenge) before the launcher decides without it.
 FRESH_TRIES = 3
+# How much of the end of a log the launcher reads (a failed process's last lines, the event
+# log's last events).
+LOG_END_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -97,3 +105,40 @@ class JobReader:
 
 def job_seen(view: JobView | None) -> policy.JobSeen | None:
     return None if view is None else policy.JobSeen(view.phase, view.recovery, view.detail)
+
+
+def log_end(path: Path) -> list[str]:
+    """The lines of the last LOG_END_BYTES of a log ([] when it cannot be read)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - LOG_END_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()
+
+
+def job_ended(view: JobView | None, event_log: Path | None) -> bool:
+    """Whether the job's end was seen: in the scheduler's last answer (`view`), or in its event
+    log, where the last job's last event is `finished` or `job_failed` (the scheduler writes
+    it before it exits, when the poll may not have seen it yet)."""
+    if view is not None and view.phase in (Phase.FINISHED, Phase.FAILED):
+        return True
+    for event in () if event_log is None else _last_events(event_log):
+        if event.kind in BEGINS:
+            return False
+        if event.kind in FINAL:
+            return True
+    return False
+
+
+def _last_events(path: Path) -> Iterator[JobEvent]:
+    """The events at the end of the event log at `path` and of its rotated files, newest
+    first."""
+    for where in reversed(rotation.in_order(path)):
+        for line in reversed(log_end(where)):
+            try:
+                yield JobEvent.from_json(line)
+            except ValueError:
+                continue  # not an event (the first line cut, a line being written)

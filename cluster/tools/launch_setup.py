@@ -13,7 +13,7 @@ import ipaddress
 import os
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -27,6 +27,7 @@ from cluster.tools import slurm_io
 from cluster.tools.launch_plan import (
     LaunchOptions,
     Plan,
+    bare_host,
     child_environment,
     make_plan,
     master_host,
@@ -35,9 +36,10 @@ from cluster.transport import tls
 
 
 def resolve_host(name: str) -> str:
-    """The IP address of `name`, or a ConfigError."""
+    """The IP address of `name` (an IPv6 literal with or without its brackets), or a
+    ConfigError."""
     try:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(bare_host(name), None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ConfigError(
             f"--master-addr {name!r} does not resolve ({exc.strerror}): use the scheduler host's "
@@ -100,7 +102,7 @@ def validate(options: LaunchOptions) -> None:
             "or every scheduler's host separated by commas (h1,h2)"
         )
     for host in options.master_addr.split(","):
-        check_host("--master-addr entry", host.strip().strip("[]"))
+        check_host("--master-addr entry", bare_host(host))
     if not 1 <= options.master_port <= 65535:
         raise ConfigError(f"--master-port {options.master_port} must be between 1 and 65535")
     if not options.script.is_file():
@@ -160,21 +162,44 @@ def check_children(plan: Plan, inherited: Mapping[str, str]) -> None:
 
 def check_paths(options: LaunchOptions, plan: Plan, *, make: bool) -> None:
     """--log-dir, and the recovery directory where this host runs the scheduler (with
-    recovery on), can be written: made and checked as the scheduler does with `make`; with
-    nothing made (--dry-run), the nearest directory that exists is probed."""
+    recovery on), can be written: first with nothing made (where a directory does not exist
+    yet, the nearest one above it is probed); then, with `make`, made and checked as the
+    scheduler checks its recovery directory. A refusal then (its owner, its mode) removes the
+    directories made here: a refused run leaves none behind."""
     recovery = options.enable_recovery and plan.scheduler is not None
     option = "--recovery-path" if options.recovery_path is not None else "--log-dir"
-    if make:
+    could_make("--log-dir", options.log_dir)
+    if recovery:
+        could_make(option, options.job_recovery_path)
+    if not make:
+        return
+    paths = [options.log_dir, *([options.job_recovery_path] if recovery else [])]
+    with _removed_if_refused(paths):
         writable_dir("--log-dir", options.log_dir)
         if recovery:
             try:
                 check_recovery_path(RecoveryConfig(options.job_recovery_path))
             except ConfigError as exc:
                 raise ConfigError(f"{option}: {exc}") from None
-        return
-    could_make("--log-dir", options.log_dir)
-    if recovery:
-        could_make(option, options.job_recovery_path)
+
+
+@contextlib.contextmanager
+def _removed_if_refused(paths: list[Path]) -> Iterator[None]:
+    """On a ConfigError, remove the directories of `paths` (and those above them) that did
+    not exist before, the deepest first, and raise it on."""
+    missing: set[Path] = set()
+    for path in paths:
+        here = Path(os.path.abspath(path))
+        while not here.exists() and here != here.parent:
+            missing.add(here)
+            here = here.parent
+    try:
+        yield
+    except ConfigError:
+        for made in sorted(missing, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise
 
 
 def could_make(option: str, path: Path) -> None:
@@ -313,5 +338,5 @@ def closes_the_job(options: LaunchOptions, plan: Plan, out: IO[str]) -> bool:
 
 def at(host: str, port: int) -> str:
     """HOST:PORT, an IPv6 address in brackets."""
-    bare = host.strip().strip("[]")
+    bare = bare_host(host)
     return f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -10,9 +12,18 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, wait_until
+from cluster.tools import launch_setup
 from cluster.tools.processes import launched_pid
 from tests import tmpfs
-from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, processes_running
+from tests.procs import (
+    MSCLUSTER,
+    ROOT,
+    Procs,
+    launched,
+    private_copy,
+    processes_running,
+    reader_env,
+)
 
 # A worker that prints far more than a pipe holds (64 KiB) once it is in the job.
 CHATTY = """
@@ -88,6 +99,26 @@ def test_an_unwritable_log_dir_is_one_line(tmp_path: Path) -> None:
     assert "Read-only file system" in line
 
 
+def test_a_refused_recovery_path_leaves_no_new_directory(tmp_path: Path) -> None:
+    """Refused once made (a parent others may write without the sticky bit): the log and
+    recovery directories made for the run are removed, as if it had not begun."""
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    script = chatty_script(tmp_path)
+    logs = tmp_path / "logs" / "deep"
+    args = ["run", "--master-port", str(free_port()), "--log-dir", str(logs), "--enable-recovery"]
+    args += ["--recovery-path", str(open_to_all / "job" / "state"), str(script)]
+    result = subprocess.run(
+        [*MSCLUSTER, *args], capture_output=True, text=True, timeout=30, check=False
+    )
+    line = one_line(result)
+    assert line.startswith("mscluster: ConfigError: --recovery-path: ")
+    assert "can be written by others without the sticky bit" in line
+    assert not (tmp_path / "logs").exists()
+    assert list(open_to_all.iterdir()) == []
+
+
 def chaos(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     script = chatty_script(tmp_path)
     logs = str(tmp_path / "logs")
@@ -150,6 +181,8 @@ def test_sighup_stops_every_child_and_removes_the_relay_directory(
 # Imported first by every Python the test starts: the relay (a launcher's child without MS_ROLE)
 # never gets to take connections.
 STALLED_RELAY = """
+import contextlib
+import json
 import os
 import time
 
@@ -232,3 +265,92 @@ def test_a_stop_signal_while_the_launcher_awaits_its_scheduler_is_acted_on_at_on
     runs[0].popen.send_signal(signal.SIGTERM)
     assert runs[0].wait(10) == 128 + signal.SIGTERM, runs[0].output
     assert "SIGTERM received" in runs[0].output
+
+
+def test_a_scheduler_stopped_by_sigterm_alone_is_started_again_and_ends_the_job(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """With recovery, SIGTERM alone (`kill PID`) leaves the job to resume and the scheduler
+    exits 0 before the job's end: the launcher starts it again, and the job ends through it."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    args = [*MSCLUSTER, "run", "--master-port", str(free_port()), "--worker-num", "2"]
+    args += ["--log-dir", str(logs), "--enable-recovery", str(script), "--hold", "6"]
+    run = processes.start("run", args, {**os.environ, "MS_NODE_TIMEOUT": "5"})
+    run.wait_for_output("2/2 registered (ready)", 30)
+    os.kill(launched(logs, "scheduler"), signal.SIGTERM)
+    run.wait_for_output("scheduler restart 1 of 1", 15)
+    assert run.wait(60) == 0, run.output
+    assert "exited with code 0 before the job's end (it left the job to resume)" in run.output
+    assert "after 1 scheduler restart" in run.output
+    kinds = [json.loads(line)["event"] for line in (logs / "events.jsonl").read_text().splitlines()]
+    assert kinds.index("resumed") < kinds.index("finished"), kinds  # the job ends through it
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+def test_no_progress_line_pairs_an_answer_older_than_a_workers_exit(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Output not a terminal: a progress line comes from an answer asked after the last exit.
+    The scheduler stopped (SIGSTOP) answers no more; a worker killed then is no line beside
+    the job as the scheduler last showed it ("2/2 registered (ready) | ... running 1/2")."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    run = processes.start("run", hold_args(tmp_path, script, "--no-relay"), os.environ)
+    run.wait_for_output("2/2 registered (ready) | local workers running 2/2", 30)
+    scheduler = launched(logs, "scheduler")
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+        assert run.wait(30) == 1, run.output
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(scheduler, signal.SIGCONT)
+    assert "worker 1 (rank 1, node id '1') was killed by SIGKILL" in run.output
+    assert "running 1/2" not in run.output, run.output
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
+@pytest.mark.parametrize("master", ["[::1]", "::1"])
+def test_an_ipv6_master_address_runs_the_job_with_or_without_brackets(
+    tmp_path: Path, master: str
+) -> None:
+    if not launch_setup.is_local_address("::1"):
+        pytest.skip("no IPv6 loopback on this machine")
+    script = private_copy(tmp_path)
+    port = free_port()
+    args = [*MSCLUSTER, "run", "--master-addr", master, "--master-port", str(port)]
+    args += ["--worker-num", "2", "--log-dir", str(tmp_path / "logs"), str(script)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert f"with the scheduler at [::1]:{port}" in result.stderr
+    assert "job finished: 2 local workers exited 0" in result.stderr
+
+
+def test_a_follow_of_a_failed_job_exits_1_from_the_file_and_from_the_leader(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """`mscluster events --follow` ends at the job's last event: `job_failed` is exit 1. With
+    --addr naming several schedulers (one gone here), the one that answers is followed."""
+    script = private_copy(tmp_path)
+    logs = tmp_path / "logs"
+    args = hold_args(tmp_path, script)
+    port = args[args.index("--master-port") + 1]
+    run = processes.start("run", args, os.environ)
+    run.wait_for_output("2/2 registered (ready)", 30)
+    operator = reader_env(logs / "job.secret")
+    addrs = f"127.0.0.1:{free_port()},127.0.0.1:{port}"
+    followers = [
+        processes.start(name, [*MSCLUSTER, "events", *where, "--follow"], operator)
+        for name, where in (
+            ("from-addr", ["--addr", addrs]),
+            ("from-file", ["--log-dir", str(logs)]),
+        )
+    ]
+    for follower in followers:
+        wait_until(lambda f=follower: " formed " in f.output, 30, f"{follower.name} at formed")
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    assert run.wait(30) == 1, run.output
+    for follower in followers:
+        assert follower.wait(30) == 1, follower.output
+        assert "job_failed" in follower.output.splitlines()[-1], follower.output

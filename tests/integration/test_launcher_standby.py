@@ -8,7 +8,16 @@ import signal
 from pathlib import Path
 
 from cluster.testing import free_port, wait_until
-from tests.procs import MSCLUSTER, PYTHON, Procs, job_env, launched, mscluster, private_copy
+from tests.procs import (
+    MSCLUSTER,
+    PYTHON,
+    Procs,
+    job_env,
+    launched,
+    mscluster,
+    private_copy,
+    reader_env,
+)
 from tests.servers.etcd import EtcdCluster
 
 LEASE = "2"
@@ -51,9 +60,19 @@ def test_a_worker_failing_after_our_scheduler_handed_over_is_taken_back_by_the_l
         return text in answer.stdout
 
     wait_until(lambda: status_says(f"standbys: {second}"), 30, "the standby known to the leader")
+    # Given both schedulers, a follow of the events moves to the standby once it leads.
+    followed = processes.start(
+        "events",
+        [*MSCLUSTER, "events", "--addr", f"{first},{second}", "--follow"],
+        reader_env(secret),
+    )
+    wait_until(lambda: "formed" in followed.output, 30, "the followed events up to formed")
     os.kill(launched(logs, "scheduler"), signal.SIGTERM)
     wait_until(lambda: status_says(f"leader {second}"), 30, "the standby leading")
     os.kill(launched(logs, "worker_1"), signal.SIGKILL)
     run.wait_for_output("restart 1 of 1", 20)
     assert run.wait(90) == 0, run.output
     assert "not restarting" not in run.output
+    assert followed.wait(30) == 0, followed.output  # the job finished
+    assert f"following the leader at {second}" in followed.output
+    assert " finished " in followed.output.splitlines()[-1] + " "

@@ -1,14 +1,16 @@
-"""`mscluster`'s parsing: msrun's spelling, suggestions for a mistyped option, --version, and
-the default of --max-restarts. Nothing is started."""
+"""`mscluster`'s parsing: msrun's spelling, suggestions for a mistyped option, --version, the
+default of --max-restarts, and the exit status of `events --follow`. Nothing is started."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
 import cluster
+from cluster.protocol.events import JobEvent
 from cluster.tools import cli
 from cluster.tools.launch_plan import RESTARTS_WITH_RECOVERY, max_restarts_for
 from tests import docs_blocks
@@ -147,3 +149,18 @@ def test_every_chaos_command_in_the_docs_takes_its_options_where_it_gives_them()
                     where = f"{page.relative_to(docs_blocks.ROOT)}: {shown!r}"
                     assert word.split("=")[0] in sides[side], f"{where}: {word} {side}"
     assert found >= 4
+
+
+@pytest.mark.parametrize(
+    ("last", "follow", "code"),
+    [("job_failed", True, 1), ("finished", True, 0), ("job_failed", False, 0)],
+)
+def test_a_follow_exits_1_when_the_followed_job_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], last: str, follow: bool, code: int
+) -> None:
+    log = tmp_path / "events.jsonl"
+    kinds = ("started", "formed", last)
+    events = [JobEvent(seq, 1.7e9 + seq, kind, {}) for seq, kind in enumerate(kinds, 1)]
+    log.write_text("".join(f"{event.to_json()}\n" for event in events))
+    assert cli.main(["events", "--file", str(log), *(["--follow"] if follow else [])]) == code
+    assert last in capsys.readouterr().out.splitlines()[-1]

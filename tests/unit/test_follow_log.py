@@ -53,7 +53,7 @@ def test_following_a_log_of_two_runs_follows_the_second_to_its_end(
     assert followed.running, followed.output  # the first job's end is history
     with path.open("a") as log:
         log.write(line(6, "job_failed", detail="rank 1 failed"))
-    assert followed.wait(WAIT_S) == 0, followed.output
+    assert followed.wait(WAIT_S) == 1, followed.output  # the followed job failed
     assert shown(followed) == [
         (1, "started"),
         (2, "formed"),

@@ -206,6 +206,28 @@ def test_a_scheduler_that_exited_by_itself_ended_the_job_and_is_not_started_agai
         assert decide(seen).action is Action.FAIL
 
 
+def test_a_scheduler_that_left_the_job_to_resume_is_started_again() -> None:
+    """Exit 0 before the job's end, with recovery and no standby: stopped by SIGTERM alone, it
+    saved the job and left it to a scheduler started again; against its restarts."""
+    seen = Seen(
+        workers(None, None), 1, own_scheduler=True, scheduler_exit=0, recovery=True, last=READY
+    )
+    assert decide(seen) == Decision(Action.RESTART_SCHEDULER)
+    used_up = dataclasses.replace(seen, scheduler_restarts=1)
+    assert decide(used_up) == Decision(Action.FAIL, None, "no restarts left (--max-restarts 1)")
+    # The job's end seen (its answer, its event log): a scheduler done with the job.
+    assert decide(dataclasses.replace(seen, ended=True)) == Decision(Action.WAIT)
+    assert decide(dataclasses.replace(seen, ended=True, workers=workers(0, 0))).action is (
+        Action.FINISH
+    )
+    # A standby took it over; without recovery exit 0 is the job's end.
+    assert decide(dataclasses.replace(seen, standbys=True)) == Decision(Action.WAIT)
+    assert decide(dataclasses.replace(seen, recovery=False)) == Decision(Action.WAIT)
+    # A signal to the launcher still ends the job.
+    stopped = dataclasses.replace(seen, stop_signal=signal.SIGINT)
+    assert decide(stopped) == Decision(Action.STOP)
+
+
 def test_a_scheduler_killed_after_the_job_ended_is_not_started_again() -> None:
     over = JobSeen(Phase.FAILED, recovery=True, detail="rank 1 never came back")
     seen = Seen(
@@ -286,6 +308,8 @@ def seens(draw: st.DrawFn) -> Seen:
         scheduler_exit=sched_exit if own else None,
         scheduler_restarts=draw(st.integers(0, 3)),
         recovery=draw(st.booleans()),
+        standbys=draw(st.booleans()),
+        ended=draw(st.booleans()),
         last=draw(jobs),
         now=draw(jobs),
     )
@@ -300,7 +324,8 @@ def test_decisions_respect_the_rules(seen: Seen) -> None:
         assert own  # only our own,
         assert seen.recovery  # and only when it can resume the job
         assert sched_exit is not None
-        assert sched_exit < 0  # it died; it did not end the job
+        # It died, or left the job to resume (exit 0 before its end, no standby to take it).
+        assert sched_exit < 0 or (sched_exit == 0 and not seen.ended and not seen.standbys)
         assert seen.scheduler_restarts < max_restarts  # never beyond --max-restarts
         assert last is None or last.phase not in (Phase.FAILED, Phase.FINISHED)
     if decision.action is Action.RESTART:
@@ -315,6 +340,8 @@ def test_decisions_respect_the_rules(seen: Seen) -> None:
         assert decision.action in (Action.RESTART, Action.RESTART_SCHEDULER, Action.FAIL)
     if own and sched_exit not in (None, 0):  # nor is a dead scheduler of ours
         assert decision.action is not Action.WAIT
+    if own and sched_exit == 0 and seen.recovery and not seen.standbys and not seen.ended:
+        assert decision.action is not Action.WAIT  # nor one that left the job to resume
 
 
 # -- spares (issue #15) -----------------------------------------------------------------------

@@ -307,12 +307,46 @@ def test_the_state_url_and_lease_go_to_the_scheduler_alone() -> None:
         assert worker.env["MS_ENABLE_RECOVERY"] == "1"
 
 
+def test_dry_run_lists_the_schedulers_own_variables_apart_from_every_processs() -> None:
+    url = "etcd://e1:2379/jobs/a"
+    opts = options(node_rank=0, state_url=url, lease_s=3, metrics_port=9100)
+    text = launch_plan.render(plan(opts, with_scheduler=True), opts, {})
+    rest = text.partition("environment of every process")[2]
+    shared, _, own = rest.partition("the scheduler's own:")
+    own = own.partition("passed on from")[0]
+    assert "MS_WORKER_NUM=4" in shared
+    assert "CLUSTER_TLS_CONFIG=/etc/ssl.json" in shared
+    for variable in (
+        "CLUSTER_EVENT_LOG=",
+        "CLUSTER_LOG_FILE=",
+        "CLUSTER_METRICS_PORT=9100",
+        f"CLUSTER_STATE_URL={url}",
+        "CLUSTER_LEASE_S=3",
+    ):
+        assert variable not in shared, variable
+        assert variable in own, variable
+    assert "MS_WORKER_NUM" not in own
+    # A host that starts no scheduler has no line of its own.
+    opts = options()
+    assert "the scheduler's own" not in launch_plan.render(plan(opts), opts, {})
+
+
 def test_several_master_hosts_give_the_workers_every_scheduler() -> None:
     made = plan(options(master_addr="gpu07, gpu09"))
     assert {p.env["MS_SCHED_HOST"] for p in made.workers} == {"10.1.1.7,gpu09"}
     assert launch_plan.master_host("gpu07, gpu09") == "gpu07"
     with pytest.raises(ConfigError, match="--master-addr 'gpu07,' has an empty entry"):
         launch_setup.validate(options(master_addr="gpu07,"))
+
+
+def test_a_bracketed_ipv6_master_address_is_taken_as_the_bare_one() -> None:
+    assert launch_plan.master_host("[::1]") == launch_plan.master_host(" ::1 ") == "::1"
+    assert launch_plan.standby_hosts("gpu07,[fd00::7], ::1") == ["fd00::7", "::1"]
+    assert launch_setup.resolve_host("[::1]") == launch_setup.resolve_host("::1") == "::1"
+    assert launch_setup.at("[::1]", 8118) == launch_setup.at("::1", 8118) == "[::1]:8118"
+    launch_setup.validate(options(master_addr="[::1],[fd00::7]", script=Path(__file__)))
+    made = plan(options(master_addr="gpu07,[fd00::7]"))
+    assert {p.env["MS_SCHED_HOST"] for p in made.workers} == {"10.1.1.7,fd00::7"}
 
 
 def test_a_loopback_first_node_of_several_needs_another_node_to_find_its_address(

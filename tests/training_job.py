@@ -37,9 +37,10 @@ class Bounds:
 
 
 class TrainingJob:
-    """A scheduler and WORKERS workers of `script`. With `standalone_scheduler` the scheduler is
-    `python -m cluster scheduler` (the script would import torch for nothing); otherwise it is
-    the script in the MS_SCHED role, as the launch contract has it."""
+    """A scheduler and WORKERS workers of `script` (or `MS_WORKER_NUM` of `env`). With
+    `standalone_scheduler` the scheduler is `python -m cluster scheduler` (the script would
+    import torch for nothing); otherwise it is the script in the MS_SCHED role, as the launch
+    contract has it."""
 
     def __init__(
         self,
@@ -73,7 +74,7 @@ class TrainingJob:
         self.wait_s = wait_s
         self.exit_s = exit_s
         self.scheduler = self.start_scheduler()
-        self.workers = [self.start_worker(i) for i in range(WORKERS)]
+        self.workers = [self.start_worker(i) for i in range(int(self.env["MS_WORKER_NUM"]))]
 
     def _next_name(self, prefix: str) -> str:
         index = sum(1 for p in self.processes.started if p.name.startswith(prefix))

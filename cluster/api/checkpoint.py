@@ -453,13 +453,31 @@ class CheckpointManager:
         when no peer has it."""
         self._begin()
         self._writer.wait()
+        self._need_peers(step)
+        self._fetch(step)
+        return self.path(step)
+
+    def fetch_state(self, step: int) -> dict[str, Any]:
+        """The state of `step` from a live peer, verified as `fetch` verifies it, but not kept:
+        nothing is stored as this rank's checkpoint, and nothing is reported.
+
+        For a step between saving steps that the job resumes from its workers' memory
+        (`TrainingLoop`): the other ranks hold it in memory only, and a file of it here would be
+        reported as a step this rank alone holds, where the rollback step is the newest step
+        every rank holds. The bytes pass through a temporary file beside the step's path,
+        removed before this returns (after a kill, by this rank's next checkpoint write). Needs
+        a job with recovery on; CheckpointError as `fetch`."""
+        self._begin()
+        self._writer.wait()
+        self._need_peers(step)
+        return self._fetch(step, store=False).state
+
+    def _need_peers(self, step: int) -> None:
         if not self._serve_peers():
             raise CheckpointError(
                 f"cannot fetch the checkpoint of step {step} from peers: that needs "
                 "cluster.init() in a job with recovery on (MS_ENABLE_RECOVERY=1)"
             )
-        self._fetch(step)
-        return self.path(step)
 
     def _serve_peers(self) -> bool:
         """Whether peers are in play (a job with recovery on). The first time they are, this
@@ -474,18 +492,21 @@ class CheckpointManager:
             peer_state.serve(self.served)
         return True
 
-    def _fetch(self, step: int) -> Fetched:
+    def _fetch(self, step: int, *, store: bool = True) -> Fetched:
+        """`step` from a live peer, stored as this rank's file and reported (`store`), or only
+        read."""
         from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
 
         start = time.perf_counter()
         fetched = peer_state.fetch(
-            self.served, step, self.path(step), replicated=self.config.replicated
+            self.served, step, self.path(step), replicated=self.config.replicated, store=store
         )
+        kept = "" if store else " (the state only: not stored as a checkpoint of this rank)"
         runtime.session().say(
             f"fetched the checkpoint of step {step} ({fetched.nbytes} bytes) from "
-            f"{fetched.holder} in {time.perf_counter() - start:.2f} s"
+            f"{fetched.holder} in {time.perf_counter() - start:.2f} s{kept}"
         )
-        if self.report is not None:
+        if store and self.report is not None:
             self._heard(self.report(self._complete_steps()))
         return fetched
 

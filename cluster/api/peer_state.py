@@ -143,15 +143,16 @@ def holders() -> list[state_fetch.Holder]:
 
 
 def fetch(
-    served: ServedCheckpoints, step: int, path: Path, *, replicated: bool
+    served: ServedCheckpoints, step: int, path: Path, *, replicated: bool, store: bool = True
 ) -> state_fetch.Fetched:
-    """This rank's checkpoint of `step` from a live peer, stored as `path` and verified.
-    CheckpointError naming the rank, the step and every place looked at when none has it."""
+    """This rank's checkpoint of `step` from a live peer, verified and stored as `path` (with
+    `store=False`: verified only, nothing left at `path`). CheckpointError naming the rank, the
+    step and every place looked at when none has it."""
     wanted = peer_state.Request(served.prefix, served.rank, step, replicated)
     service = _started()
     asked = holders()
     try:
-        fetched = state_fetch.fetch(service.loop, asked, wanted, path, service.client)
+        fetched = state_fetch.fetch(service.loop, asked, wanted, path, service.client, store=store)
     except state_fetch.NotFetched as exc:
         raise CheckpointError(_not_fetched(served.rank, step, path, replicated, exc)) from None
     if fetched.failures:

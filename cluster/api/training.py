@@ -128,11 +128,15 @@ class TrainingLoop:
     def _boundary(self, step: int) -> None:
         """The state of `step` is complete: save it when due, and keep it in memory."""
         state = self._get_state()
-        saved = self.checkpoints.should_save(step) or step == self.steps
+        saved = self._saves(step)
         if saved:
             with worker_metrics.checkpoint(step):
                 self.checkpoints.save(step, state)
         self.memory.keep(step, state, saved=saved)
+
+    def _saves(self, step: int) -> bool:
+        """Whether every worker saves a checkpoint of `step`."""
+        return self.checkpoints.should_save(step) or step == self.steps
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -244,7 +248,7 @@ class TrainingLoop:
         _restoring_the_end = step >= self.steps
         try:
             if state is None:  # from a server's memory, which may fail meanwhile
-                state = self.checkpoints.load(step)
+                state = self._peer_copy(step)
             self._set_state(state)
         except PeerFailedError as exc:
             self._interrupted = exc
@@ -266,6 +270,16 @@ class TrainingLoop:
         if where.in_memory and topology.rank == 0 and runtime.is_initialized():
             runtime.report_memory_resume(generation, step, where.why, self.checkpoints.steps())
         return step
+
+    def _peer_copy(self, step: int) -> dict[str, Any]:
+        """The state of `step`, which the servers hold in memory. A rank's checkpoints are the
+        steps every worker saves, so that the rollback step (the newest step every rank holds)
+        is one they all hold: at such a step, this rank's own file, or a server's copy stored
+        as this rank's checkpoint (`load`); at any other, a server's copy that is not stored or
+        reported (`fetch_state`), which would be a step that this rank alone holds."""
+        if self._saves(step) or step in self.checkpoints.steps():
+            return self.checkpoints.load(step)
+        return self.checkpoints.fetch_state(step)
 
     def _state_of(self, step: int, source: str) -> dict[str, Any]:
         if source == "own":

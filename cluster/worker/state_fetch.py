@@ -3,7 +3,10 @@
 `fetch(loop, holders, wanted, path)` asks each holder in turn for the checkpoint `wanted`, and
 stores the first one that arrives whole as `path`, the way every checkpoint is written
 (`cluster.storage.atomic`: a temporary file, fsync, rename, fsync of the directory), after the
-ordinary reader has verified it (its XXH3 checksum and step) in the temporary file. A transfer
+ordinary reader has verified it (its XXH3 checksum and step) in the temporary file. With
+`store=False` the state is only read: the temporary is removed instead of renamed, and nothing
+is left at `path` (a process killed meanwhile leaves a temporary of `path`, which the rank's
+next checkpoint write removes, as it does one of a killed save). A transfer
 that breaks (the peer killed, the stream cut, a peer silent for `PIECE_WAIT_S`), that brings
 more or fewer bytes than announced, or whose bytes do not verify, leaves no file behind, and
 the next holder is asked. The bytes are stored as they were sent: a replica's file fetched from
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,15 +97,18 @@ def fetch(
     wanted: peer_state.Request,
     path: Path,
     client: Client | None = None,
+    *,
+    store: bool = True,
 ) -> Fetched:
-    """The checkpoint `wanted` from the first holder that gives it whole, stored as `path`
-    and verified; `NotFetched` (with each holder's reason) when none does. A failure to
-    write `path` itself is a CheckpointError at once (another peer would not help)."""
+    """The checkpoint `wanted` from the first holder that gives it whole, verified and stored
+    as `path` (with `store=False`: verified only, nothing stored); `NotFetched` (with each
+    holder's reason) when none does. A failure to write `path` or its temporary itself is a
+    CheckpointError at once (another peer would not help)."""
     client = client or Client()
     failures: list[str] = []
     for holder in holders:
         try:
-            state, nbytes = _fetch_from(loop, holder, wanted, path, client)
+            state, nbytes = _fetch_from(loop, holder, wanted, path, client, store)
         except PeerFailure as exc:
             failures.append(f"{holder}: {exc}")
             continue
@@ -115,6 +122,7 @@ def _fetch_from(
     wanted: peer_state.Request,
     path: Path,
     client: Client,
+    store: bool,
 ) -> tuple[dict[str, Any], int]:
     result: list[tuple[dict[str, Any], int]] = []
     rank = None if wanted.any_rank else wanted.rank  # a replica may come from any rank
@@ -133,8 +141,31 @@ def _fetch_from(
             f"{path} ({exc.strerror}); give the checkpoint directory room or a writable disk"
         )
 
-    atomic.write_atomically(path, write, failed)
+    if store:
+        atomic.write_atomically(path, write, failed)
+    else:
+        _read_through_temporary(path, write, failed)
     return result[0]
+
+
+def _read_through_temporary(
+    path: Path, write: Callable[[int], None], fail: Callable[[OSError], CheckpointError]
+) -> None:
+    """`write(fd)` into a new temporary of `path` (`atomic.create_temporary`), removed before
+    this returns, whatever happens: what it reads there is never kept. `fail(exc)` is the error
+    raised for an OSError."""
+    try:
+        fd, temporary = atomic.create_temporary(path)
+    except OSError as exc:
+        raise fail(exc) from None
+    try:
+        write(fd)
+    except OSError as exc:
+        raise fail(exc) from None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            temporary.unlink()
 
 
 async def receive(

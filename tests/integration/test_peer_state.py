@@ -70,7 +70,7 @@ def test_a_promoted_spare_without_the_files_gets_the_state_from_a_live_peer(
     out = spare.output
     assert "promoted: this spare takes rank 1" in out, out
     assert "fetched the checkpoint of step" in out, out
-    # Stored as rank 1's own file, with nothing half-written beside it.
+    # Rank 1's checkpoints are in the spare's directory, with nothing half-written beside them.
     stored = elsewhere / "rank_1"
     assert list(stored.glob("mlp-*.ckpt"))
     assert not [p for p in stored.iterdir() if p.name.endswith(".tmp")]

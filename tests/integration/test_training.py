@@ -22,6 +22,7 @@ from tests.training_job import (
     STEPS,
     WORKERS,
     TrainingJob,
+    steps_done,
     train_args,
 )
 
@@ -96,6 +97,26 @@ def test_same_worker_killed_twice_and_two_workers_killed(
     assert job.final_hash() == fault_free_hash
 
 
+def test_ranks_killed_in_turn_before_the_first_save_each_resume_from_a_peers_memory(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Two workers, the first checkpoint at step 30: rank 0 is killed, then rank 1 twice, each
+    newcomer taking the step its peer holds in memory. The state it fetches is not stored as a
+    checkpoint of its rank: were it, rank 0 would hold one step and rank 1 another (2 and 3),
+    and the third failure would find no step every rank holds and fail the job."""
+    expected = Job(processes, tmp_path, "pair-clean", MS_WORKER_NUM="2").final_hash()
+    job = Job(processes, tmp_path, "pair", save_every=30, MS_WORKER_NUM="2")
+    job.kill_worker_at(0, 1)
+    job.kill_worker_at(1, steps_done(job.workers[1]) + 1)  # once rank 0 is back and stepping
+    job.kill_worker_at(1, 1)  # the newcomer's own first step
+    assert job.final_hash() == expected
+    for rank in (0, 1):
+        held = sorted(p.name for p in (job.out / "checkpoints" / f"rank_{rank}").iterdir())
+        assert held == [".mlp.lock", "mlp-00000030.ckpt", "mlp-00000060.ckpt"], (rank, held)
+    fetched = [w.output.count("not stored as a checkpoint of this rank") for w in job.workers]
+    assert fetched == [1, 1], [w.output for w in job.workers]
+
+
 def test_worker_killed_while_saving_every_step(
     processes: Procs, tmp_path: Path, fault_free_hash: str
 ) -> None:
@@ -103,6 +124,8 @@ def test_worker_killed_while_saving_every_step(
     job = Job(processes, tmp_path, "ckpt", save_every=1)
     job.kill_worker_at(3, 9)
     assert job.final_hash() == fault_free_hash
+    # Every step is a saving step: a step the newcomer gets from a peer is its checkpoint.
+    assert "(the state only" not in job.workers[3].output
 
 
 def launch_training(

@@ -11,18 +11,21 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
+from cluster.api import peer_state as api_peer_state
+from cluster.api import runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol import auth, peer_state
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.errors import ClusterError
 from cluster.scheduler.descriptors import open_descriptors
-from cluster.storage import checkpoint_files, checkpoint_tree
+from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot
 from cluster.testing import wait_until
@@ -161,6 +164,50 @@ def test_a_file_of_another_rank_under_the_ranks_name_is_refused_and_the_next_pee
     finally:
         misplaced.close()
         good.close()
+
+
+def test_fetch_state_reads_a_peers_state_and_leaves_no_file_and_no_report(
+    loop: BackgroundLoop, serving: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state of a step resumed from memory is fetched, not stored as this rank's checkpoint
+    nor reported (`load` of a missing file, by contrast, stores and reports it). The job's
+    runtime is given (a session that says, the peers to ask); the server, the transfer and the
+    files are real."""
+    said: list[str] = []
+    session = SimpleNamespace(config=SimpleNamespace(recovery=object()), say=said.append)
+    monkeypatch.setattr(runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(runtime, "session", lambda: session)
+    service = api_peer_state._Service(loop, None, state_fetch.Client())
+    monkeypatch.setattr(api_peer_state, "_service", service)
+    monkeypatch.setattr(api_peer_state, "holders", lambda: [serving.holder])
+    temporaries: list[Path] = []
+
+    def create_temporary(path: Path) -> tuple[int, Path]:
+        fd, temporary = real_create_temporary(path)
+        temporaries.append(temporary)
+        return fd, temporary
+
+    real_create_temporary = atomic.create_temporary
+    monkeypatch.setattr(atomic, "create_temporary", create_temporary)
+    reports: list[list[int]] = []
+    config = CheckpointConfig(keep_checkpoint_max=3)
+    with CheckpointManager(
+        tmp_path / "newcomer", "net", config, rank=1, recovery=True, report=reports.append
+    ) as ckpt:
+        got = ckpt.fetch_state(STEP)
+        assert got["w"].tobytes() == state()["w"].tobytes()
+        assert [p.name for p in ckpt.directory.iterdir()] == [".net.lock"]
+        assert (ckpt.steps(), reports) == ([], [])
+        assert said[-1].endswith("(the state only: not stored as a checkpoint of this rank)")
+        # Its temporary bore the name of one a killed save leaves: the next save removes it.
+        [temporary] = temporaries
+        temporary.write_bytes(b"left by a kill")
+        ckpt.save(STEP + 1, {"w": np.zeros(1)})
+        ckpt.flush()
+        assert not temporary.exists()
+        assert reports == [[STEP + 1]]
+        assert ckpt.load(STEP)["w"].tobytes() == got["w"].tobytes()  # missing: fetched, stored
+        assert (ckpt.steps(), reports[-1]) == ([STEP, STEP + 1], [STEP, STEP + 1])
 
 
 class Silent:

@@ -7,10 +7,12 @@ when it has one; with standby schedulers they go to whichever leads (`status.fet
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 
@@ -34,9 +36,14 @@ POLL_CHANNEL_OPTIONS = scheduler_channel.reconnect_options(100, 500)
 # A fresh read that a scheduler refuses is asked this many times in all (each on a fresh
 # challenge) before the launcher decides without it.
 FRESH_TRIES = 3
-# How much of the end of a log the launcher reads (a failed process's last lines, the event
-# log's last events).
+# How much of the end of a log the launcher reads (a failed process's last lines), and the
+# piece of the event log read at a time as it is read back (`job_ended`).
 LOG_END_BYTES = 64 * 1024
+# The event log is read back from its end to the last job's beginning (`job_ended`); a line
+# longer than this is skipped there, so what is held stays bounded (the events that begin or
+# end a job are far shorter: their fields are the job's settings, a reason).
+EVENT_LINE_MAX_BYTES = 8 * 1024 * 1024
+_EDGE_WORDS = tuple(f'"{kind}"'.encode() for kind in sorted(BEGINS | FINAL))  # as JSON writes them
 
 
 @dataclass(frozen=True)
@@ -121,24 +128,60 @@ def log_end(path: Path) -> list[str]:
 
 def job_ended(view: JobView | None, event_log: Path | None) -> bool:
     """Whether the job's end was seen: in the scheduler's last answer (`view`), or in its event
-    log, where the last job's last event is `finished` or `job_failed` (the scheduler writes
-    it before it exits, when the poll may not have seen it yet)."""
+    log, where a `finished` or `job_failed` follows the log's last `started` or `resumed` (the
+    scheduler writes it before it exits, when the poll may not have seen it yet). Every
+    `mscluster run` in a directory appends to that log, so an end before the last beginning is an
+    earlier job's; with no beginning left in the log (rotated away), any end is this job's.
+    The events, not the scheduler's log line (`the job is left to resume`), are read: they are
+    the job's record, and an end not found (a log not written) errs toward a scheduler started
+    again, where a line not found would leave the workers without one."""
     if view is not None and view.phase in (Phase.FINISHED, Phase.FAILED):
         return True
-    for event in () if event_log is None else _last_events(event_log):
-        if event.kind in BEGINS:
-            return False
-        if event.kind in FINAL:
-            return True
-    return False
+    return event_log is not None and _last_edge(event_log) in FINAL
 
 
-def _last_events(path: Path) -> Iterator[JobEvent]:
-    """The events at the end of the event log at `path` and of its rotated files, newest
-    first."""
+def _last_edge(path: Path) -> str | None:
+    """The kind of the newest event that begins or ends a job (BEGINS, FINAL) in the event log
+    at `path`: its lines read back from the end, then those of its rotated files, newest first,
+    only until one is found, so the work is bounded by the log's own (rotation) bound. None when
+    there is none, or when a file cannot be read before one is found (an older file does not
+    speak for it)."""
     for where in reversed(rotation.in_order(path)):
-        for line in reversed(log_end(where)):
-            try:
-                yield JobEvent.from_json(line)
-            except ValueError:
-                continue  # not an event (the first line cut, a line being written)
+        try:
+            with where.open("rb") as handle:
+                for line in _lines_back(handle):
+                    with contextlib.suppress(ValueError):  # not an event: a torn line
+                        kind = JobEvent.from_json(line.decode(errors="replace")).kind
+                        if kind in BEGINS or kind in FINAL:
+                            return kind
+        except OSError:
+            return None
+    return None
+
+
+def _lines_back(handle: BinaryIO) -> Iterator[bytes]:
+    """The lines of the file that `handle` reads that may name a job's beginning or end, last
+    first: read back from its end LOG_END_BYTES at a time, so that what is held is a piece and
+    at most one line; a line longer than EVENT_LINE_MAX_BYTES is skipped."""
+    end = handle.seek(0, os.SEEK_END)
+    head = b""  # the start of a line that begins before the pieces read so far
+    dropped = False  # `head`'s line grew past EVENT_LINE_MAX_BYTES: the rest of it is skipped
+    while end > 0:
+        start = max(0, end - LOG_END_BYTES)
+        handle.seek(start)
+        block = handle.read(end - start) + head
+        end = start
+        cut = block.find(b"\n")
+        if cut < 0:
+            head = b"" if dropped else block
+        else:
+            head, body = block[:cut], block[cut + 1 :]
+            lines = body.split(b"\n") if any(word in body for word in _EDGE_WORDS) else []
+            if dropped and lines:
+                lines.pop()  # the overlong line's start
+            dropped = False
+            yield from reversed(lines)
+        if len(head) > EVENT_LINE_MAX_BYTES:
+            head, dropped = b"", True
+    if not dropped:
+        yield head

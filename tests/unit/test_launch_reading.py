@@ -6,14 +6,26 @@ takes the worker back."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from pathlib import Path
+
+import pytest
 
 from cluster.protocol.events import JobEvent
 from cluster.protocol.records import Phase
 from cluster.scheduler import SchedulerServer
+from cluster.storage import rotation
 from cluster.testing import free_port
 from cluster.tools import launch_policy as policy
-from cluster.tools.launch_reading import FRESH_TRIES, Fresh, JobReader, job_ended, job_seen
+from cluster.tools import launch_reading
+from cluster.tools.launch_reading import (
+    FRESH_TRIES,
+    LOG_END_BYTES,
+    Fresh,
+    JobReader,
+    job_ended,
+    job_seen,
+)
 from cluster.tools.status import JobView
 from tests.unit.test_readers import SECRET, closed, secret_in
 
@@ -95,3 +107,118 @@ def test_the_jobs_end_is_seen_in_the_last_answer(tmp_path: Path) -> None:
     view = JobView("127.0.0.1:1", "job", Phase.FINISHED, 1, 1, 0, 1, True, 1.0, "", ())
     assert job_ended(view, None)
     assert not job_ended(dataclasses.replace(view, phase=Phase.READY), None)
+
+
+def line(seq: int, kind: str, **fields: object) -> str:
+    return JobEvent(seq, 1.7e9 + seq, kind, fields).to_json() + "\n"
+
+
+def registrations(first: int, count: int) -> list[str]:
+    """`count` nodes registering (a 600-node job's take over 64 KiB of the log)."""
+    return [
+        line(first + i, "registered", node_id=f"node-{i:05d}", rank=i, host="10.0.0.1")
+        for i in range(count)
+    ]
+
+
+def test_a_job_begun_further_back_than_a_log_end_is_read_back_to_its_beginning(
+    tmp_path: Path,
+) -> None:
+    """A scheduler left to resume (no end) after 600 registrations: the earlier run's end in
+    the rotated file is history, not this job's."""
+    log = tmp_path / "events.jsonl"
+    earlier = line(1, "started") + line(2, "formed") + line(3, "finished", detail="all done")
+    rotation.old_file(log, 1).write_text(earlier)
+    running = [line(1, "started"), *registrations(2, 600), line(602, "formed", generation=1)]
+    log.write_text("".join(running))
+    assert log.stat().st_size > LOG_END_BYTES
+    assert not job_ended(None, log)
+    with log.open("a") as appended:  # the same job's end, in the current file
+        appended.write(line(603, "finished", detail="all 600 nodes finished"))
+    assert job_ended(None, log)
+
+
+def test_a_jobs_end_and_beginning_in_a_rotated_file_are_read(tmp_path: Path) -> None:
+    log = tmp_path / "events.jsonl"
+    rotation.old_file(log, 2).write_text(line(1, "started") + line(2, "finished"))
+    begun = [line(1, "started"), *registrations(2, 600)]
+    # The job ended in the file since rotated; only a late refusal came after.
+    rotation.old_file(log, 1).write_text("".join([*begun, line(602, "job_failed", detail="x")]))
+    log.write_text(line(603, "refused", reason="the job is over"))
+    assert job_ended(None, log)
+    # Begun in the rotated file, running on in the current one (over 64 KiB): no end.
+    rotation.old_file(log, 1).write_text("".join(begun))
+    generations = [line(602 + g, "generation", generation=g, step=g) for g in range(1000)]
+    log.write_text("".join(generations))
+    assert log.stat().st_size > LOG_END_BYTES
+    assert not job_ended(None, log)
+
+
+def test_a_damaged_line_is_skipped(tmp_path: Path) -> None:
+    """A torn line (a write a full disk cut off) and bytes that are no text are not events,
+    whatever words they hold."""
+    log = tmp_path / "events.jsonl"
+    torn_end = line(3, "finished", detail="done")[:-20]
+    torn_start = line(5, "resumed")[:-5]
+    log.write_bytes(
+        (line(1, "started") + line(2, "formed") + f"{torn_end}\n").encode()
+        + b"\xff\xfe finished \x00\n"
+        + "".join(registrations(4, 600)).encode()
+    )
+    assert not job_ended(None, log)
+    rows = [line(1, "started"), line(2, "finished"), f"{torn_start}\n", line(6, "refused")]
+    log.write_text("".join(rows))
+    assert job_ended(None, log)
+
+
+def test_a_line_longer_than_its_bound_is_skipped_and_the_rest_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launch_reading, "EVENT_LINE_MAX_BYTES", 300)
+    monkeypatch.setattr(launch_reading, "LOG_END_BYTES", 64)
+    log = tmp_path / "events.jsonl"
+    long_end = line(3, "finished", detail="x" * 1000)
+    log.write_text(line(1, "started") + line(2, "formed") + long_end + line(4, "refused"))
+    assert not job_ended(None, log)  # the end is too long to be read: `started` is the last
+    log.write_text(line(1, "finished") + long_end + line(4, "started") + line(5, "finished"))
+    assert job_ended(None, log)
+    log.write_text(long_end + line(4, "refused"))
+    assert not job_ended(None, log)
+
+
+def test_an_unreadable_file_ends_the_read_back(tmp_path: Path) -> None:
+    """An older file does not speak for a newer one that cannot be read."""
+    log = tmp_path / "events.jsonl"
+    rotation.old_file(log, 2).write_text(line(1, "started") + line(2, "finished"))
+    rotation.old_file(log, 1).mkdir()
+    log.write_text(line(3, "formed"))
+    assert not job_ended(None, log)
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 4096])
+def test_reading_back_in_pieces_finds_what_reading_forward_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int
+) -> None:
+    """Logs of random events and damaged lines, read back `piece` bytes at a time: the answer is
+    whether an end follows the last beginning, as read from the start."""
+    monkeypatch.setattr(launch_reading, "LOG_END_BYTES", piece)
+    rng = random.Random(piece)
+    kinds = ["started", "resumed", "finished", "job_failed", "formed", "registered", "refused"]
+    log = tmp_path / "events.jsonl"
+    for _ in range(200):
+        rows = []
+        for seq in range(rng.randrange(0, 12)):
+            row = line(seq, rng.choice(kinds), node_id="n" * rng.randrange(0, 90))
+            rows.append(row[: rng.randrange(1, len(row))] + "\n" if rng.random() < 0.1 else row)
+        log.write_text("".join(rows))
+        expected = False
+        for row in rows:
+            try:
+                kind = JobEvent.from_json(row).kind
+            except ValueError:
+                continue
+            if kind in ("started", "resumed"):
+                expected = False
+            elif kind in ("finished", "job_failed"):
+                expected = True
+        assert job_ended(None, log) == expected, rows

@@ -44,7 +44,7 @@ from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.background import BackgroundWriter
 from cluster.storage.checkpoint_files import SUFFIX
-from cluster.storage.checkpoint_lock import CheckpointLock
+from cluster.storage.checkpoint_lock import CheckpointLock, Seat
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
@@ -126,7 +126,9 @@ class CheckpointManager:
     One manager at a time uses a rank's checkpoints of a prefix: it holds the lock
     `rank_<r>/.<prefix>.lock` from the moment its rank is known (at once, or for one made before
     `cluster.init()` at its first use or when it is connected) until `close()` or the end of its
-    process, and another is refused (`cluster.storage.checkpoint_lock`). `rank` defaults to
+    process, and another is refused (`cluster.storage.checkpoint_lock`), unless the scheduler
+    gave it the rank after the holder, in the same job: it goes on without the lock, and the
+    holder writes nothing more there. `rank` defaults to
     `cluster.get_rank()`, and `recovery` to whether recovery is on. `report` receives the steps
     held after every checkpoint written; the default tells the scheduler. A manager made before
     `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
@@ -178,6 +180,7 @@ class CheckpointManager:
         self._held_by_all = 0
         self._offered = False
         self._lock: CheckpointLock | None = None
+        self._said_displaced = False
         self._place(chosen)
         self._serve_peers()
 
@@ -201,7 +204,7 @@ class CheckpointManager:
             self._lock.release()
         self._lock = CheckpointLock(self.directory, self.prefix)
         if not self._connecting or self._rank_given:
-            self._lock.acquire()
+            self._lock.acquire(seat=_seat(rank), say=_say())
 
     def connect(self) -> None:
         """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
@@ -234,9 +237,10 @@ class CheckpointManager:
         self._hold()
 
     def _hold(self) -> None:
-        """Hold this rank's lock (again, after `close`)."""
+        """Hold this rank's lock (again, after `close`; behind an earlier holder of the rank
+        in this job, try again to take it)."""
         assert self._lock is not None  # made by _place
-        self._lock.acquire()
+        self._lock.acquire(seat=_seat(self.rank), say=_say())
 
     def path(self, step: int) -> Path:
         self.connect()
@@ -338,17 +342,42 @@ class CheckpointManager:
         self.served.set_memory(step, snapshot)
 
     def _persist(self, snapshot: Snapshot, path: Path) -> None:
-        """The writer's job: the file, pruning, the report; then the snapshot is free again."""
+        """The writer's job: the file, pruning, the report; then the snapshot is free again.
+        Nothing once the rank's files went to another process of the job (`_displaced`)."""
         try:
-            self._remove_temporaries()
+            if self._displaced():
+                return
+            if not (self._lock is not None and self._lock.behind):
+                self._remove_temporaries()  # behind: the earlier holder may be writing one
             checkpoint_files.write(path, snapshot.step, snapshot.chunks())
             snapshot.persisted = True
             try:
-                self._prune(snapshot.step)
+                if not self._displaced():  # claimed while this file was written: no pruning
+                    self._prune(snapshot.step)
             finally:  # the file is whole: reported even when an older one could not be removed
                 self._send_report(path, snapshot.step)
         finally:
             self._pool.release(snapshot)
+
+    def _displaced(self) -> bool:
+        """Whether the scheduler gave this rank to another process of the job, which claimed
+        its files (`CheckpointLock.displaced`): this process ends once it hears so, and writes,
+        prunes and removes nothing there meanwhile (said once)."""
+        holder = None if self._lock is None else self._lock.displaced()
+        if holder is None:
+            return False
+        if not self._said_displaced:
+            self._said_displaced = True
+            line = (
+                f"the checkpoints of prefix {self.prefix!r} in {self.directory} went to another "
+                f"process of this job ({holder}): this one writes nothing more there"
+            )
+            say = _say()
+            if say is not None:
+                say(line)
+            else:
+                _log.warning("%s", line)
+        return True
 
     def _send_report(self, path: Path, step: int) -> None:
         if self.report is None:
@@ -372,9 +401,12 @@ class CheckpointManager:
     def discard_newer(self, step: int) -> None:
         """Remove this rank's checkpoints newer than `step` and report what is left: after a
         rollback to `step` they belong to the abandoned run, and must not be named as a rollback
-        step again before this rank's next save replaces them."""
+        step again before this rank's next save replaces them. Nothing once the rank's files
+        went to another process of the job (`_displaced`)."""
         self._begin()
         self._writer.wait()
+        if self._displaced():
+            return
         removed = False
         for newer, path in self._files().items():
             if newer > step:
@@ -620,6 +652,26 @@ def _check_step(step: int) -> int:
             "integer >= 1"
         )
     return step
+
+
+def _seat(rank: int) -> Seat | None:
+    """This process's seat in its job (`checkpoint_lock.Seat`) when the scheduler gave it
+    `rank`; None outside a job, and for the files of another rank (given as `rank=`)."""
+    if not runtime.is_initialized():
+        return None
+    current = runtime.session()
+    topology = current.topology
+    if topology is None or topology.rank != rank or not current.agent.cluster_id:
+        return None
+    identity = current.identity
+    return Seat(
+        current.agent.cluster_id, identity.node_id, identity.incarnation, topology.generation
+    )
+
+
+def _say() -> Callable[[str], None] | None:
+    """The worker's own lines (`cluster[rank r]: ...`) in a job; None outside one (the log)."""
+    return runtime.session().say if runtime.is_initialized() else None
 
 
 def _recovery_on() -> bool:

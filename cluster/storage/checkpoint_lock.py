@@ -5,16 +5,27 @@ process started by mistake) would each prune the other's newer checkpoints and r
 other's temporaries mid-write. So a manager holds `rank_<r>/.<prefix>.lock` with an exclusive
 `flock` from the moment it takes its rank until it is closed or dropped, or its process ends:
 the kernel releases the lock of a process that ends, however it ends (SIGKILL included), so a
-restarted worker takes it at once. The holder writes its pid and host into the file, for the
-message of the one refused.
+restarted worker takes it at once. The holder writes its pid and host into the file, and in a
+job its seat (`Seat`: the job's id, its node id and incarnation, the generation it took the
+rank in), for the message of the one refused and for the decision below.
 
 One that finds the lock held waits for it up to `WAIT_S` (a failed predecessor on the same host
 may still be exiting, flushing its last write), saying so in one line, then is refused with a
 CheckpointError naming the directory, the prefix, the holder and what to do. A second manager
-of the same process is refused at once: waiting cannot help. A child forked by the holder (a
-data loader's worker) closes its copy of the descriptor at once, so it never keeps the lock
-after the holder is gone; `exec` closes it too (O_CLOEXEC).
+of the same process is refused at once: waiting cannot help.
 
+Within one job the scheduler decides who holds a rank: a holder of an earlier generation of
+the same job, another node or incarnation (`replaces`), is a process the scheduler has replaced
+(it went silent but lives on: SIGSTOPped, cut off, its host paused; or its host died and shared
+storage keeps its lock for the lease). The newcomer waits `SUCCESSOR_WAIT_S` for it to end,
+then goes on without the lock, saying so in one line, and writes its own seat into the file (a
+claim: the earlier holder, which ends once it hears its rank went to another, writes nothing
+more there once it reads it, `displaced`); each later `acquire` tries again, without waiting,
+and takes the lock once the earlier holder is gone. A lock held by another job, by a process
+outside any job, or named by an unreadable file keeps the wait and the refusal.
+
+A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
+once, so it never keeps the lock after the holder is gone; `exec` closes it too (O_CLOEXEC).
 The file is opened without following a link (`atomic`) and written only when it is this user's
 own regular file with one name. It stays when released: removing it would let a newcomer lock a
 new file while a waiter locks the old one. Where the lock cannot be taken at all (a file system
@@ -35,9 +46,12 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from cluster.protocol.errors import CheckpointError
+from cluster.protocol.value import frozen
 from cluster.storage import atomic
 
 _log = logging.getLogger(__name__)
@@ -46,12 +60,77 @@ _log = logging.getLogger(__name__)
 # than a failed worker takes to end once it hears its rank went to another (its bounded exit,
 # `cluster.worker.ending.GRACE_S`, 5 s), with room for a loaded machine.
 WAIT_S = 15.0
+# How long a manager waits for an earlier holder of its rank in its job (`replaces`) before it
+# goes on without the lock: a predecessor on this host that is exiting is gone by then.
+SUCCESSOR_WAIT_S = 2.0
 _POLL_S = 0.05
-_HOLDER_RE = re.compile(r"pid=(\d{1,10}) host=([\x21-\x7e]{1,255})\n")
+_NAME = r"[\x21-\x7e]{1,128}"
+_HOLDER_RE = re.compile(
+    r"pid=(\d{1,10}) host=([\x21-\x7e]{1,255})"
+    rf"(?: job=({_NAME}) node=({_NAME}) incarnation=(\d{{1,20}}) generation=(\d{{1,20}}))?\n"
+)
+# What `_take` found instead of the lock: no locks on this file system (said); an earlier
+# holder of the rank in this job, which this manager goes on without.
+_Missed = Literal["unavailable", "behind"]
 
 _registry_lock = threading.Lock()
 # The lock files this process holds, (device, inode) -> descriptor.
 _held: dict[tuple[int, int], int] = {}
+
+
+@frozen
+class Seat:
+    """Who holds a rank in job terms: the job (the cluster id its scheduler gave at
+    registration), the node id and incarnation of the process, and the generation in which it
+    held the rank when it took the lock."""
+
+    job: str
+    node: str
+    incarnation: int
+    generation: int
+
+    def fields(self) -> str:
+        """The seat as the lock file says it ('' when a name has a character it cannot hold)."""
+        if not (re.fullmatch(_NAME, self.job) and re.fullmatch(_NAME, self.node)):
+            return ""
+        return (
+            f" job={self.job} node={self.node} incarnation={self.incarnation} "
+            f"generation={self.generation}"
+        )
+
+
+@frozen
+class Holder:
+    """Who holds a lock, as its file says."""
+
+    pid: int
+    host: str
+    seat: Seat | None
+
+    def __str__(self) -> str:
+        here = ", this host" if self.host == socket.gethostname() else ""
+        where = f"pid {self.pid} on host {self.host}{here}"
+        if self.seat is None:
+            return where
+        seat = self.seat
+        return f"{where}; node {seat.node!r} of job {seat.job}, generation {seat.generation}"
+
+
+def replaces(newer: Seat | None, older: Seat | None) -> bool:
+    """Whether the process of seat `newer` holds the rank that the process of `older` held
+    before it in the same job: another node or incarnation, to which the scheduler gave the rank
+    in a later generation. False outside a job (either None) and across jobs."""
+    if newer is None or older is None or newer.job != older.job:
+        return False
+    other = (newer.node, newer.incarnation) != (older.node, older.incarnation)
+    return other and newer.generation > older.generation
+
+
+def _same_process(one: Seat | None, other: Seat | None) -> bool:
+    """Whether two seats are one process's (its generation may have moved on)."""
+    if one is None or other is None:
+        return False
+    return (one.job, one.node, one.incarnation) == (other.job, other.node, other.incarnation)
 
 
 def lock_name(prefix: str) -> str:
@@ -66,39 +145,82 @@ class CheckpointLock:
         self.path = directory / lock_name(prefix)
         self.prefix = prefix
         self._finalizer: weakref.finalize[[int, tuple[int, int], int], CheckpointLock] | None = None
+        self._fd: int | None = None  # the held lock's descriptor
+        self._seat: Seat | None = None  # as the file says it, while held or behind
         self._unavailable = False  # this file system or directory has no lock for us (said)
+        self.behind = False  # going on without the lock, behind an earlier holder (said)
+        # Where this lock's lines go: the worker's own lines in a job (`acquire`'s `say`),
+        # else this module's log.
+        self._say: Callable[[str], None] | None = None
 
     @property
     def held(self) -> bool:
         return self._finalizer is not None and self._finalizer.alive
 
-    def acquire(self, wait_s: float | None = None) -> None:
-        """Hold the lock (nothing when held already); CheckpointError when another manager
-        holds it (after `wait_s`, default WAIT_S, when it is another process) or a planted file
-        is in its way."""
-        if self.held or self._unavailable:
+    def acquire(
+        self,
+        wait_s: float | None = None,
+        seat: Seat | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        """Hold the lock (nothing when held already, but a `seat` learnt since is written in);
+        CheckpointError when another manager holds it (after `wait_s`, default WAIT_S, when it
+        is another process) or a planted file is in its way. `seat`: this process's in its job,
+        when the scheduler gave it this rank; behind a holder it `replaces`, the manager goes on
+        without the lock (`behind`) and the next call tries again, without waiting. `say`: where
+        its lines go (default: this module's log)."""
+        self._say = say or self._say
+        if self._unavailable:
+            return
+        if self.held:
+            if self._seat is None and seat is not None and self._fd is not None:
+                self._seat = seat  # connected to its job since it took the lock
+                _write_holder(self._fd, seat)
             return
         wait_s = WAIT_S if wait_s is None else wait_s
         fd = self._open()
         if fd is None:
             return
         try:
-            key = self._take(fd, wait_s)
+            taken = self._take(fd, wait_s, seat)
         except BaseException:
             os.close(fd)
             raise
-        if key is None:
+        if isinstance(taken, str):
             os.close(fd)
+            self._seat, self.behind = (seat, True) if taken == "behind" else (None, False)
             return
-        _write_holder(fd)
+        if self.behind:
+            line = f"the earlier holder of {self._what()} is gone: this manager holds the lock now"
+            self._tell(logging.INFO, line)
+        _write_holder(fd, seat)
+        self._fd, self._seat, self.behind = fd, seat, False
         # Released by `release`, or when this object is dropped; the process's end does it too.
-        self._finalizer = weakref.finalize(self, _let_go, fd, key, os.getpid())
+        self._finalizer = weakref.finalize(self, _let_go, fd, taken, os.getpid())
         self._finalizer.atexit = False
 
     def release(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
+        self._fd, self._seat, self.behind = None, None, False
+
+    def displaced(self) -> Holder | None:
+        """The process of this job that holds the rank now, when its claim is in the file (it
+        `replaces` this manager's seat): this manager writes nothing more there. None
+        otherwise, also when the file cannot be read."""
+        if self._seat is None:
+            return None
+        try:
+            holder = _parse(atomic.read_no_follow(self.path)[:400])
+        except OSError:
+            return None
+        if holder is not None and replaces(holder.seat, self._seat):
+            return holder
+        return None
+
+    def _what(self) -> str:
+        return f"the checkpoints of prefix {self.prefix!r} in {self.path.parent}"
 
     def _open(self) -> int | None:
         """The lock file, open for reading and writing; None when it cannot be (said)."""
@@ -123,12 +245,15 @@ class CheckpointLock:
             )
         return fd
 
-    def _take(self, fd: int, wait_s: float) -> tuple[int, int] | None:
-        """Lock `fd`, waiting up to `wait_s` for another process; its (device, inode), or None
-        when this file system has no locks (said)."""
+    def _take(self, fd: int, wait_s: float, seat: Seat | None) -> tuple[int, int] | _Missed:
+        """Lock `fd`, waiting up to `wait_s` for another process; its (device, inode). Or
+        "unavailable" when this file system has no locks (said); or "behind" when an earlier
+        holder of this rank in this job holds it (after SUCCESSOR_WAIT_S, at once when behind
+        it already; said once), or when the file names this process's own claim or a process
+        that replaced it (at once; its writer then writes nothing, `displaced`)."""
         info = os.fstat(fd)
         key = (info.st_dev, info.st_ino)
-        deadline = time.monotonic() + wait_s
+        start = time.monotonic()
         said = False
         while True:
             try:
@@ -137,72 +262,111 @@ class CheckpointLock:
                 pass
             except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks here
                 self._without(exc)
-                return None
+                return "unavailable"
             else:
                 with _registry_lock:
                     _held[key] = fd
                 return key
             with _registry_lock:
                 ours = key in _held
-            if ours or time.monotonic() >= deadline:
-                raise CheckpointError(self._refusal(fd, ours, wait_s))
-            if not said:
+            if ours:
+                raise CheckpointError(self._refusal(None, ours, wait_s))
+            holder = _read_holder(fd)
+            theirs = None if holder is None else holder.seat
+            if _same_process(seat, theirs) or replaces(theirs, seat):
+                return "behind"  # this process's own claim; or it was replaced (`displaced`)
+            waited = time.monotonic() - start
+            if replaces(seat, theirs) and holder is not None:
+                if self.behind or waited >= min(SUCCESSOR_WAIT_S, wait_s):
+                    self._step_in(fd, holder, seat)
+                    return "behind"
+            elif waited >= wait_s:
+                raise CheckpointError(self._refusal(holder, ours, wait_s))
+            elif not said:
                 said = True
-                _log.info(
-                    "the checkpoints of prefix %r in %s are in use by another "
-                    "CheckpointManager (%s): waiting up to %.0f s for it to end",
-                    self.prefix,
-                    self.path.parent,
-                    _holder(fd),
-                    wait_s,
+                self._tell(
+                    logging.INFO,
+                    f"{self._what()} are in use by another CheckpointManager "
+                    f"({_described(holder)}): waiting up to {wait_s:.0f} s for it to end",
                 )
             time.sleep(_POLL_S)
 
-    def _refusal(self, fd: int, ours: bool, wait_s: float) -> str:
-        where = f"the checkpoints of prefix {self.prefix!r} in {self.path.parent}"
+    def _step_in(self, fd: int, holder: Holder, seat: Seat | None) -> None:
+        """Go on without the lock held by `holder`, which this process's `seat` replaces:
+        write the claim the earlier holder reads (`displaced`) and say so, the first time."""
+        if self.behind:
+            return  # claimed and said when it first stepped in
+        _write_holder(fd, seat)
+        generation = "" if seat is None else f" in generation {seat.generation}"
+        self._tell(
+            logging.WARNING,
+            f"{self._what()} are locked by an earlier holder of this rank in this job ({holder}), "
+            f"which the scheduler replaced by this process{generation}: this CheckpointManager "
+            "goes on without the lock, and takes it once that process is gone (it ends once it "
+            "hears its rank went to another)",
+        )
+
+    def _refusal(self, holder: Holder | None, ours: bool, wait_s: float) -> str:
         why = "two managers of one rank and prefix remove each other's checkpoints"
         if ours:
             return (
-                f"{where} are in use by another CheckpointManager of this process (pid "
+                f"{self._what()} are in use by another CheckpointManager of this process (pid "
                 f"{os.getpid()}): {why}; close() that one first, or go on with it"
             )
         return (
-            f"{where} are in use by another CheckpointManager ({_holder(fd)}, which holds "
-            f"{self.path.name}; waited {wait_s:g} s for it to end): {why}; give each job its "
-            "own checkpoint directory or prefix, or stop the other process"
+            f"{self._what()} are in use by another CheckpointManager ({_described(holder)}, "
+            f"which holds {self.path.name}; waited {wait_s:g} s for it to end): {why}; give "
+            "each job its own checkpoint directory or prefix, or stop the other process"
         )
 
     def _without(self, exc: OSError) -> None:
         self._unavailable = True
         if exc.errno == errno.EROFS:
             return  # nothing can write the files there: nothing to keep apart
-        _log.warning(
-            "cannot lock %s (%s): this CheckpointManager goes on without the lock; make sure no "
-            "other job uses %s with prefix %r",
-            self.path,
-            exc.strerror,
-            self.path.parent,
-            self.prefix,
+        self._tell(
+            logging.WARNING,
+            f"cannot lock {self.path} ({exc.strerror}): this CheckpointManager goes on without "
+            f"the lock; make sure no other job uses {self.path.parent} with prefix "
+            f"{self.prefix!r}",
         )
 
+    def _tell(self, level: int, line: str) -> None:
+        if self._say is not None:
+            self._say(line)
+        else:
+            _log.log(level, "%s", line)
 
-def _holder(fd: int) -> str:
-    """Who holds the lock, as its file says."""
-    try:
-        text = os.pread(fd, 300, 0).decode("ascii", errors="replace")
-    except OSError:
-        text = ""
-    match = _HOLDER_RE.match(text)
+
+def _parse(data: bytes) -> Holder | None:
+    match = _HOLDER_RE.match(data.decode("ascii", errors="replace"))
     if match is None:
+        return None
+    pid, host, job, node, incarnation, generation = match.groups()
+    seat = None
+    if job is not None:
+        seat = Seat(job, node, int(incarnation), int(generation))
+    return Holder(int(pid), host, seat)
+
+
+def _read_holder(fd: int) -> Holder | None:
+    """Who holds the lock, as its file says; None when it does not say (yet), or is foreign."""
+    try:
+        return _parse(os.pread(fd, 400, 0))
+    except OSError:
+        return None
+
+
+def _described(holder: Holder | None) -> str:
+    if holder is None:
         return "a process whose pid and host are not in the lock file yet"
-    pid, host = match.groups()
-    here = ", this host" if host == socket.gethostname() else ""
-    return f"pid {pid} on host {host}{here}"
+    return str(holder)
 
 
-def _write_holder(fd: int) -> None:
-    """Say who holds the lock (for the message of one refused; a failure is harmless)."""
-    data = f"pid={os.getpid()} host={socket.gethostname()}\n".encode()
+def _write_holder(fd: int, seat: Seat | None) -> None:
+    """Say who holds the lock (a failure is harmless: the message of one refused says less, and
+    an earlier holder goes on writing until it ends)."""
+    fields = "" if seat is None else seat.fields()
+    data = f"pid={os.getpid()} host={socket.gethostname()}{fields}\n".encode()
     try:
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))

@@ -320,7 +320,9 @@ def test_defaults_without_cluster_init(tmp_path: Path, monkeypatch: pytest.Monke
 def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank, recovery and the report come from the joined job (faked here: no network)."""
     reported: list[list[int]] = []
-    session = SimpleNamespace(config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)))
+    session = SimpleNamespace(
+        config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)), topology=None, say=print
+    )
     monkeypatch.setattr(runtime, "is_initialized", lambda: True)
     monkeypatch.setattr(runtime, "get_rank", lambda: 3)
     monkeypatch.setattr(runtime, "session", lambda: session)

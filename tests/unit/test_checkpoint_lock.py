@@ -211,3 +211,199 @@ def test_a_file_system_without_locks_is_said_once_and_the_manager_goes_on(
     assert len(lines) == 1, lines
     assert f"cannot lock {tmp_path / 'rank_0' / '.mlp.lock'} (No locks available)" in lines[0]
     assert "goes on without the lock" in lines[0]
+
+
+# -- within one job: the scheduler decides who holds a rank ---------------------------------
+
+JOB, OTHER_JOB = "0a1b2c3d4e5f", "ffeeddccbbaa"
+EARLIER = checkpoint_lock.Seat(JOB, "1", 11, 1)  # node 1 held rank 1 in generation 1
+SPARE = checkpoint_lock.Seat(JOB, "spare-0", 22, 2)  # the spare given rank 1 in generation 2
+
+# Holds `argv[1]/.mlp.lock` with the seat of argv[3:] ('-': outside any job) until it is
+# killed, after waiting at most argv[2] s for an earlier holder of the rank in its job; says
+# whether it holds the lock or goes on behind such a holder. With argv[3] 'foreign', holds
+# the lock on a file that names no holder.
+SEATED = """
+import fcntl, os, sys, threading
+from pathlib import Path
+from cluster.storage import checkpoint_lock
+from cluster.storage.checkpoint_lock import CheckpointLock, Seat
+
+directory, args = Path(sys.argv[1]), sys.argv[3:]
+if args[0] == "foreign":
+    fd = os.open(directory / ".mlp.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    os.write(fd, b"a file some other program locks\\n")
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("holding", flush=True)
+else:
+    checkpoint_lock.SUCCESSOR_WAIT_S = float(sys.argv[2])
+    seat = None if args[0] == "-" else Seat(args[0], args[1], int(args[2]), int(args[3]))
+    lock = CheckpointLock(directory, "mlp")
+    lock.acquire(seat=seat)
+    print("holding" if lock.held else "behind", flush=True)
+threading.Event().wait(600)
+"""
+
+
+def seated(
+    processes: Procs, directory: Path, seat: checkpoint_lock.Seat | str | None, wait: str = "0"
+) -> Process:
+    """A process holding (or behind) the lock of `directory` with `seat` ('foreign': a file
+    that names no holder)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(seat, checkpoint_lock.Seat):
+        words = [seat.job, seat.node, str(seat.incarnation), str(seat.generation)]
+    else:
+        words = [seat or "-"]
+    args = [PYTHON, "-c", SEATED, str(directory), wait, *words]
+    proc = processes.start("seated", args, job_env(1, 0))
+    wait_until(lambda: "holding" in proc.output or "behind" in proc.output, 30, "the lock")
+    return proc
+
+
+def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == checkpoint_lock.__name__]
+
+
+def test_only_a_later_holder_of_the_rank_in_the_same_job_replaces_one() -> None:
+    assert checkpoint_lock.replaces(SPARE, EARLIER)
+    restarted = checkpoint_lock.Seat(JOB, "1", 33, 2)  # node 1 again, a new incarnation
+    assert checkpoint_lock.replaces(restarted, EARLIER)
+    assert not checkpoint_lock.replaces(EARLIER, SPARE)  # an older seat never
+    assert not checkpoint_lock.replaces(checkpoint_lock.Seat(JOB, "spare-0", 22, 1), EARLIER)
+    assert not checkpoint_lock.replaces(checkpoint_lock.Seat(JOB, "1", 11, 2), EARLIER)  # itself
+    assert not checkpoint_lock.replaces(checkpoint_lock.Seat(OTHER_JOB, "spare-0", 22, 2), EARLIER)
+    assert not checkpoint_lock.replaces(None, EARLIER)  # a manager outside any job
+    assert not checkpoint_lock.replaces(SPARE, None)  # a holder outside any job
+
+
+def test_a_newcomer_goes_on_behind_an_earlier_holder_of_its_job_and_takes_the_lock_later(
+    processes: Procs,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stopped worker's lock (alive, silent): the spare given its rank waits
+    SUCCESSOR_WAIT_S, not WAIT_S, says so in one line, claims the file, and takes the lock at
+    its first try after the earlier holder is gone."""
+    earlier = seated(processes, tmp_path, EARLIER)
+    earlier.signal(signal.SIGSTOP)  # silent but alive: its lock stays
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 60.0)
+    monkeypatch.setattr(checkpoint_lock, "SUCCESSOR_WAIT_S", 0.2)
+    lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+    with caplog.at_level(logging.INFO, logger=checkpoint_lock.__name__):
+        lock.acquire(seat=SPARE)
+        assert lock.behind
+        assert not lock.held
+        said = lines(caplog)
+        assert len(said) == 1, said
+        assert (
+            f"are locked by an earlier holder of this rank in this job (pid {earlier.pid} on "
+            f"host {socket.gethostname()}, this host; node '1' of job {JOB}, generation 1), which "
+            "the scheduler replaced by this process in generation 2: this CheckpointManager goes "
+            "on without the lock, and takes it once that process is gone"
+        ) in said[0]
+        claim = (tmp_path / ".mlp.lock").read_text()
+        assert claim.endswith(" job=0a1b2c3d4e5f node=spare-0 incarnation=22 generation=2\n")
+        lock.acquire(seat=SPARE)  # the earlier holder is still there: no wait, nothing said
+        assert lock.behind
+        assert len(lines(caplog)) == 1
+        earlier.signal(signal.SIGKILL)
+        earlier.wait(10)
+        lock.acquire(seat=SPARE)
+    assert lock.held
+    assert not lock.behind
+    assert lines(caplog)[-1].endswith("is gone: this manager holds the lock now")
+    assert (tmp_path / ".mlp.lock").read_text() == claim
+    lock.release()
+
+
+@pytest.mark.parametrize("holder", ["other job", "outside any job", "foreign file", "same seat"])
+def test_a_lock_of_another_job_or_of_no_job_is_waited_for_and_refused(
+    processes: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holder: str
+) -> None:
+    """Only an earlier holder of the rank in the newcomer's job is gone on without; any other
+    holder (another job given the same directory, a process outside a job, a file that names
+    nobody, a holder of this job that is no earlier) keeps the wait and the refusal."""
+    seat: checkpoint_lock.Seat | str | None = {
+        "other job": checkpoint_lock.Seat(OTHER_JOB, "1", 11, 1),
+        "outside any job": None,
+        "foreign file": "foreign",
+        "same seat": checkpoint_lock.Seat(JOB, "spare-0", 44, 2),  # the same generation
+    }[holder]
+    first = seated(processes, tmp_path, seat)
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 0.3)
+    monkeypatch.setattr(checkpoint_lock, "SUCCESSOR_WAIT_S", 0.0)
+    lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+    with pytest.raises(CheckpointError, match=r"waited 0\.3 s for it to end") as refused:
+        lock.acquire(seat=SPARE)
+    assert not lock.held
+    assert not lock.behind
+    if holder == "foreign file":
+        assert "(a process whose pid and host are not in the lock file yet, " in str(refused.value)
+    else:
+        assert f"(pid {first.pid} on host " in str(refused.value)
+    if holder == "other job":
+        assert f"node '1' of job {OTHER_JOB}, generation 1, which holds" in str(refused.value)
+
+
+def test_a_manager_outside_any_job_is_refused_by_an_earlier_holder_of_a_job(
+    processes: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No job (no cluster.init()): no seat, today's wait and refusal, whatever the holder."""
+    seated(processes, tmp_path / "rank_0", EARLIER)
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 0.3)
+    monkeypatch.setattr(checkpoint_lock, "SUCCESSOR_WAIT_S", 0.0)
+    with pytest.raises(CheckpointError, match=f"node '1' of job {JOB}, generation 1, which holds"):
+        mlp(tmp_path)
+
+
+def test_a_displaced_holder_writes_nothing_more_in_the_rank_directory(
+    processes: Procs, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The earlier holder (this process: its seat learnt after it took the lock, as a manager
+    made before cluster.init() is) reads the spare's claim: its writer writes, prunes and
+    removes nothing there any more, and says so once."""
+    ckpt = mlp(tmp_path)
+    ckpt.save(1, {"step": 1})
+    ckpt.flush()
+    assert ckpt._lock is not None
+    ckpt._lock.acquire(seat=EARLIER)  # held: the seat is written in
+    assert (tmp_path / "rank_0" / ".mlp.lock").read_text().endswith("generation=1\n")
+    assert ckpt._lock.displaced() is None
+    spare = seated(processes, tmp_path / "rank_0", SPARE, wait="0")
+    assert "behind" in spare.output
+    holder = ckpt._lock.displaced()
+    assert holder is not None
+    assert holder.pid == spare.pid
+    with caplog.at_level(logging.WARNING, logger="cluster.api.checkpoint"):
+        for step in (2, 3):
+            ckpt.save(step, {"step": step})
+        ckpt.flush()
+    assert ckpt.steps() == [1]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1, said
+    assert said[0].endswith(
+        f"went to another process of this job ({holder}): this one writes nothing more there"
+    )
+    ckpt.close()
+
+
+def test_a_replaced_process_that_comes_late_goes_on_at_once_and_writes_nothing(
+    processes: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped before it made its manager, continued after the spare took its rank:
+    the file names the spare, which replaces it; it neither waits nor claims, and is displaced
+    (its writer writes nothing) until it ends on hearing that its rank went away."""
+    spare = seated(processes, tmp_path, SPARE)
+    claim = (tmp_path / ".mlp.lock").read_text()
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 60.0)
+    monkeypatch.setattr(checkpoint_lock, "SUCCESSOR_WAIT_S", 60.0)
+    lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+    lock.acquire(seat=EARLIER)  # at once (the test's timeout otherwise)
+    assert lock.behind
+    assert not lock.held
+    holder = lock.displaced()
+    assert holder is not None
+    assert holder.pid == spare.pid
+    assert (tmp_path / ".mlp.lock").read_text() == claim

@@ -48,7 +48,11 @@ class FakeJob:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         self.rank: int | None = None
         self.reported: list[list[int]] = []
-        session = SimpleNamespace(config=SimpleNamespace(recovery=None))
+        self.said: list[str] = []
+        # No topology: no seat in a job for the manager's lock (tests/unit/test_checkpoint_lock).
+        session = SimpleNamespace(
+            config=SimpleNamespace(recovery=None), topology=None, say=self.said.append
+        )
         monkeypatch.setattr(runtime, "is_initialized", lambda: self.rank is not None)
         monkeypatch.setattr(runtime, "get_rank", lambda: self.rank)
         monkeypatch.setattr(runtime, "session", lambda: session)

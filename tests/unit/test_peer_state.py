@@ -174,7 +174,9 @@ def test_fetch_state_reads_a_peers_state_and_leaves_no_file_and_no_report(
     runtime is given (a session that says, the peers to ask); the server, the transfer and the
     files are real."""
     said: list[str] = []
-    session = SimpleNamespace(config=SimpleNamespace(recovery=object()), say=said.append)
+    session = SimpleNamespace(
+        config=SimpleNamespace(recovery=object()), say=said.append, topology=None
+    )
     monkeypatch.setattr(runtime, "is_initialized", lambda: True)
     monkeypatch.setattr(runtime, "session", lambda: session)
     service = api_peer_state._Service(loop, None, state_fetch.Client())

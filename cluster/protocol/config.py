@@ -15,7 +15,7 @@ from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal
+from cluster.protocol.parse import is_decimal, plain_float
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
@@ -70,7 +70,10 @@ DEFAULT_LOG_KEEP = 3
 LOG_MAX_BYTES_RANGE = (1024, 1 << 40)
 LOG_KEEP_RANGE = (1, 100)
 
-_NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# Digits of the longest integer a variable may hold (every bound here is below 10**20).
+MAX_INT_DIGITS = 20
+
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -205,25 +208,34 @@ class ClusterConfig:
 
 
 def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None) -> int:
-    """An integer in [minimum, maximum], or a ConfigError naming `name`, `value` and the rule."""
+    """An integer in [minimum, maximum], or a ConfigError naming `name`, `value` and the rule.
+
+    ASCII digits with an optional leading minus, space around them allowed: int() would also
+    take fullwidth digits, '1_000' and '+4', which no other reader of the same value (a port in
+    a URL, a HOST:PORT) takes.
+    """
     bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-    try:
-        number = int(value.strip(), 10)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not an integer: it must be {bounds}") from None
-    if number < minimum or (maximum is not None and number > maximum):
+    text = value.strip()
+    digits = text.removeprefix("-")
+    if not is_decimal(digits):
+        raise ConfigError(f"{name}={value!r} is not an integer: it must be {bounds}")
+    # Past MAX_INT_DIGITS digits a number is out of every range here (and int() refuses one of
+    # over 4300 digits).
+    too_long = len(digits.lstrip("0")) > MAX_INT_DIGITS
+    number = 0 if too_long else int(text, 10)
+    if too_long or number < minimum or (maximum is not None and number > maximum):
         raise ConfigError(f"{name}={value!r} is out of range: it must be {bounds}")
     return number
 
 
 def parse_seconds(name: str, value: str) -> float:
-    """A positive, finite number of seconds."""
-    try:
-        number = float(value.strip())
-    except ValueError:
+    """A positive, finite number of seconds, written in ASCII (float() would also take
+    fullwidth digits and '1_0')."""
+    number = plain_float(value.strip())
+    if number is None:
         raise ConfigError(
             f"{name}={value!r} is not a number: it must be a positive number of seconds"
-        ) from None
+        )
     if not math.isfinite(number) or number <= 0:
         raise ConfigError(
             f"{name}={value!r} is out of range: it must be a positive number of seconds"
@@ -246,7 +258,7 @@ def parse_port(name: str, value: str) -> int:
 
 def parse_node_id(name: str, value: str) -> str:
     node_id = value.strip()
-    if not _NODE_ID_RE.match(node_id):
+    if not _NODE_ID_RE.fullmatch(node_id):
         raise ConfigError(
             f"{name}={value!r} is not a valid node id: use 1-128 characters of letters, digits "
             "and . _ : @ -, starting with a letter or digit"
@@ -265,7 +277,7 @@ def join_address(host: str, port: int) -> str:
 
 
 def valid_node_id(node_id: str) -> bool:
-    return bool(_NODE_ID_RE.match(node_id))
+    return bool(_NODE_ID_RE.fullmatch(node_id))
 
 
 def canonical_node_id(node_id: str) -> str:

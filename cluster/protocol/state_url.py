@@ -19,7 +19,7 @@ from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal
+from cluster.protocol.parse import is_decimal, plain_float
 from cluster.protocol.value import frozen
 
 STATE_URL_ENV = "CLUSTER_STATE_URL"
@@ -120,12 +120,8 @@ def _parse_endpoint(name: str, value: str, part: str) -> tuple[str, int]:
 
 def parse_lease(value: str, name: str = LEASE_ENV) -> int:
     """Seconds of the leader's etcd lease: a whole number in MIN_LEASE_S..MAX_LEASE_S."""
-    text = value.strip()
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or number != int(number):
+    number = plain_float(value.strip())
+    if number is None or not math.isfinite(number) or number != int(number):
         raise ConfigError(
             f"{name}={value!r} is not a whole number of seconds: etcd grants leases in seconds"
         )

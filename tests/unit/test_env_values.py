@@ -1,0 +1,98 @@
+"""Each value of the launch environment is read one way, whoever reads it: integers and seconds
+in ASCII digits, hosts to their last character, bad values quoted short, seconds bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.protocol.config import parse_int, parse_seconds, valid_node_id
+from cluster.protocol.environment import from_env
+from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import check_host
+from cluster.protocol.state_url import parse_lease
+
+
+def env(**overrides: str) -> dict[str, str]:
+    """A minimal valid worker environment, with overrides."""
+    return {
+        "MS_ROLE": "MS_WORKER",
+        "MS_WORKER_NUM": "4",
+        "MS_SCHED_HOST": "10.0.0.1",
+        "MS_SCHED_PORT": "8118",
+        **overrides,
+    }
+
+
+# -- one reading of a number ------------------------------------------------------------------
+
+# What int() and float() take but no other reader of the same value does (a port in
+# CLUSTER_SCHED_ADDRS or in an etcd URL is ASCII digits only).
+NOT_PLAIN_INTEGERS = ["\uff15", "\u0663", "1_000", "+4", "0x10", "4 4"]
+
+
+@pytest.mark.parametrize("value", NOT_PLAIN_INTEGERS)
+@pytest.mark.parametrize("name", ["MS_WORKER_NUM", "MS_SCHED_PORT", "MS_SERVER_NUM"])
+def test_an_integer_is_ascii_digits_only(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}=.* is not an integer: it must be "):
+        from_env(env(**{name: value}))
+
+
+def test_the_port_is_read_as_the_addresses_read_it() -> None:
+    """8118 in fullwidth digits was port 8118 in MS_SCHED_PORT, and no port in
+    CLUSTER_SCHED_ADDRS."""
+    with pytest.raises(ConfigError, match="MS_SCHED_PORT"):
+        from_env(env(MS_SCHED_PORT="\uff18\uff11\uff11\uff18"))
+    with pytest.raises(ConfigError, match="CLUSTER_SCHED_ADDRS"):
+        from_env(env(CLUSTER_SCHED_ADDRS="h1:1,h2:\uff12"))
+
+
+@pytest.mark.parametrize(("value", "number"), [(" 4 ", 4), ("4\n", 4), ("0004", 4)])
+def test_space_around_an_integer_and_leading_zeros_are_kept(value: str, number: int) -> None:
+    assert from_env(env(MS_WORKER_NUM=value)).worker_num == number
+
+
+@pytest.mark.parametrize("value", ["-1", "-0009", "9" * 21, "9" * 5000, "-" + "9" * 5000])
+def test_a_negative_or_overlong_integer_is_out_of_range(value: str) -> None:
+    with pytest.raises(ConfigError, match="is out of range: it must be between 1 and 1000000"):
+        parse_int("MS_WORKER_NUM", value, minimum=1, maximum=1_000_000)
+
+
+def test_leading_zeros_do_not_make_a_number_too_long() -> None:
+    assert parse_int("X", "0" * 40 + "7", minimum=0) == 7
+
+
+@pytest.mark.parametrize("value", ["\uff13\uff10", "1_0", "3\u0660", "\u0663"])
+@pytest.mark.parametrize("name", ["MS_NODE_TIMEOUT", "MS_TOPO_TIMEOUT"])
+def test_seconds_are_ascii_only(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{name}=.* is not a number"):
+        from_env(env(**{name: value}))
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("2.5", 2.5), ("1e2", 100.0), (" 30 ", 30.0)])
+def test_plain_seconds_are_read(value: str, seconds: float) -> None:
+    assert parse_seconds("MS_NODE_TIMEOUT", value) == seconds
+
+
+@pytest.mark.parametrize("value", ["\uff15", "1_0", "\u0665"])
+def test_a_lease_is_ascii_only(value: str) -> None:
+    with pytest.raises(ConfigError, match="is not a whole number of seconds"):
+        parse_lease(value)
+    scheduler = env(MS_ROLE="MS_SCHED", CLUSTER_STATE_URL="etcd://h:2379/j", CLUSTER_LEASE_S=value)
+    with pytest.raises(ConfigError, match="CLUSTER_LEASE_S"):
+        from_env(scheduler)
+
+
+# -- a host to its end ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["host\n", "host\nevil", "10.0.0.1\n"])
+def test_a_host_is_checked_to_its_last_character(host: str) -> None:
+    with pytest.raises(ConfigError, match="is not a host name or IP address"):
+        check_host("CLUSTER_TLS_SERVER_NAME", host)
+
+
+@pytest.mark.parametrize("node_id", ["node\n", "7\n", "a\nb"])
+def test_a_node_id_is_checked_to_its_last_character(node_id: str) -> None:
+    """From the wire a node id is not stripped: a newline at its end is no node id."""
+    assert not valid_node_id(node_id)
+    assert valid_node_id(node_id.rstrip("\n").replace("\n", ""))

@@ -15,7 +15,7 @@ from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal, plain_float
+from cluster.protocol.parse import is_decimal, plain_float, shown
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
@@ -218,13 +218,13 @@ def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None
     text = value.strip()
     digits = text.removeprefix("-")
     if not is_decimal(digits):
-        raise ConfigError(f"{name}={value!r} is not an integer: it must be {bounds}")
+        raise ConfigError(f"{name}={shown(value)} is not an integer: it must be {bounds}")
     # Past MAX_INT_DIGITS digits a number is out of every range here (and int() refuses one of
     # over 4300 digits).
     too_long = len(digits.lstrip("0")) > MAX_INT_DIGITS
     number = 0 if too_long else int(text, 10)
     if too_long or number < minimum or (maximum is not None and number > maximum):
-        raise ConfigError(f"{name}={value!r} is out of range: it must be {bounds}")
+        raise ConfigError(f"{name}={shown(value)} is out of range: it must be {bounds}")
     return number
 
 
@@ -234,11 +234,11 @@ def parse_seconds(name: str, value: str) -> float:
     number = plain_float(value.strip())
     if number is None:
         raise ConfigError(
-            f"{name}={value!r} is not a number: it must be a positive number of seconds"
+            f"{name}={shown(value)} is not a number: it must be a positive number of seconds"
         )
     if not math.isfinite(number) or number <= 0:
         raise ConfigError(
-            f"{name}={value!r} is out of range: it must be a positive number of seconds"
+            f"{name}={shown(value)} is out of range: it must be a positive number of seconds"
         )
     return number
 
@@ -249,7 +249,9 @@ def parse_bool(name: str, value: str) -> bool:
         return True
     if lowered in _FALSE:
         return False
-    raise ConfigError(f"{name}={value!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+    raise ConfigError(
+        f"{name}={shown(value)} is not a boolean: use 1/0, true/false, yes/no or on/off"
+    )
 
 
 def parse_port(name: str, value: str) -> int:
@@ -260,8 +262,8 @@ def parse_node_id(name: str, value: str) -> str:
     node_id = value.strip()
     if not _NODE_ID_RE.fullmatch(node_id):
         raise ConfigError(
-            f"{name}={value!r} is not a valid node id: use 1-128 characters of letters, digits "
-            "and . _ : @ -, starting with a letter or digit"
+            f"{name}={shown(value)} is not a valid node id: use 1-128 characters of letters, "
+            "digits and . _ : @ -, starting with a letter or digit"
         )
     return canonical_node_id(node_id)
 

@@ -51,7 +51,7 @@ from cluster.protocol.config import (
     secret_mode_ok,
 )
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import check_host, split_address
+from cluster.protocol.parse import check_host, shown, split_address
 from cluster.protocol.state_url import DEFAULT_LEASE_S, StateUrl, lease_from_env, state_url_from_env
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
         entries = [entry.strip() for entry in listed.split(",")]
         if not all(entries):
             raise ConfigError(
-                f"CLUSTER_SCHED_ADDRS={listed!r} has an empty entry: list HOST:PORT,HOST:PORT"
+                f"CLUSTER_SCHED_ADDRS={shown(listed)} has an empty entry: list HOST:PORT,HOST:PORT"
             )
         return tuple(
             join_address(*split_address("CLUSTER_SCHED_ADDRS entry", entry)) for entry in entries
@@ -82,7 +82,7 @@ def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
     hosts = [host.strip() for host in hosts_value.split(",")]
     if not all(hosts):
         raise ConfigError(
-            f"MS_SCHED_HOST={hosts_value!r} has an empty entry: give one host, or several "
+            f"MS_SCHED_HOST={shown(hosts_value)} has an empty entry: give one host, or several "
             "separated by commas (h1,h2), all listening on MS_SCHED_PORT"
         )
     port = parse_port(
@@ -160,12 +160,12 @@ def relay_address(name: str, raw: str) -> str:
         path = path[2:]
     if not path:
         raise ConfigError(
-            f"{name}={raw!r} is not a relay address: give unix:PATH, the path of the relay's "
+            f"{name}={shown(raw)} is not a relay address: give unix:PATH, the path of the relay's "
             "socket (mscluster relay --socket PATH)"
         )
     if len(path.encode()) > MAX_SOCKET_PATH:
         raise ConfigError(
-            f"{name}={raw!r} is too long for a unix socket: its path must be at most "
+            f"{name}={shown(raw)} is too long for a unix socket: its path must be at most "
             f"{MAX_SOCKET_PATH} bytes"
         )
     return RELAY_SCHEME + path
@@ -213,7 +213,7 @@ def _role_from_env(env: Mapping[str, str]) -> Role:
         return Role(role_value)
     except ValueError:
         raise ConfigError(
-            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, "
+            f"MS_ROLE={shown(role_value)} is not a role: it must be one of MS_SCHED, MS_WORKER, "
             "MS_PSERVER"
         ) from None
 
@@ -228,7 +228,7 @@ def _node_id_from_env(
         limit = server_num if role is Role.SERVER else worker_num
         if int(node_id) >= limit and role is not Role.SCHEDULER:
             raise ConfigError(
-                f"MS_NODE_ID={raw_node_id!r} is numeric, so it is the rank, and must be below "
+                f"MS_NODE_ID={shown(raw_node_id)} is numeric, so it is the rank, and must be below "
                 f"{'MS_SERVER_NUM' if role is Role.SERVER else 'MS_WORKER_NUM'}={limit}"
             )
     return node_id
@@ -264,7 +264,7 @@ def _heartbeat_interval_from_env(env: Mapping[str, str], node_timeout: float, no
     interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)
     if interval >= node_timeout:
         raise ConfigError(
-            f"CLUSTER_HEARTBEAT_INTERVAL={interval_value!r} must be shorter than "
+            f"CLUSTER_HEARTBEAT_INTERVAL={shown(interval_value)} must be shorter than "
             f"MS_NODE_TIMEOUT ({node_timeout:g} s), or every node would time out"
         )
     return interval

@@ -13,6 +13,8 @@ from cluster.protocol.errors import ConfigError
 # A host name (RFC 1035: at most 253 characters) or an IP literal (IPv6 maybe in brackets,
 # with a %zone): what a socket and a person can both take as it is.
 MAX_HOST_CHARS = 253
+# A bad value is quoted in its message cut to this many characters (`display.quoted`).
+VALUE_CHARS = 64
 _HOST_RE = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
 
 
@@ -33,6 +35,11 @@ def plain_float(text: str) -> float | None:
         return None
 
 
+def shown(value: str) -> str:
+    """`value` quoted for a message, cut to VALUE_CHARS characters and escaped (`quoted`)."""
+    return quoted(value, VALUE_CHARS)
+
+
 def lookup_name(host: str) -> str | bytes:
     """`host` as socket.getaddrinfo takes it: an ASCII one as bytes, which it passes on as they
     are; a str goes through the idna codec, imported on first use (encodings.idna and stringprep,
@@ -45,7 +52,7 @@ def check_host(name: str, host: str) -> str:
     ConfigError naming `name` and quoting a short, escaped prefix of it."""
     if not host or len(host) > MAX_HOST_CHARS or not _HOST_RE.fullmatch(host):
         raise ConfigError(
-            f"{name} {quoted(host, 64)} is not a host name or IP address: use at most "
+            f"{name} {shown(host)} is not a host name or IP address: use at most "
             f"{MAX_HOST_CHARS} letters, digits and . - _ : % (an IPv6 address maybe in [ ])"
         )
     return host

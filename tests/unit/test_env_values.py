@@ -96,3 +96,55 @@ def test_a_node_id_is_checked_to_its_last_character(node_id: str) -> None:
     """From the wire a node id is not stripped: a newline at its end is no node id."""
     assert not valid_node_id(node_id)
     assert valid_node_id(node_id.rstrip("\n").replace("\n", ""))
+
+
+# -- a bad value quoted short -----------------------------------------------------------------
+
+HUGE = "x" * 100_000
+# Every variable whose bad value is quoted in the message, with a long bad value of it.
+LONG_VALUES = [
+    {"MS_ROLE": HUGE},
+    {"MS_WORKER_NUM": HUGE},
+    {"MS_SERVER_NUM": HUGE},
+    {"MS_SCHED_PORT": HUGE},
+    {"MS_SCHED_HOST": "h1,," + HUGE},
+    {"MS_NODE_ID": HUGE},
+    {"MS_NODE_ID": "1" * 100_000},
+    {"MS_NODE_TIMEOUT": HUGE},
+    {"MS_TOPO_TIMEOUT": HUGE},
+    {"MS_ENABLE_RECOVERY": HUGE},
+    {"MS_DISABLE_HEARTBEAT": HUGE},
+    {"CLUSTER_HEARTBEAT_INTERVAL": "1" * 100_000},
+    {"CLUSTER_SCHED_ADDRS": "h:1,," + HUGE},
+    {"CLUSTER_RELAY": "unix:/" + HUGE},
+    {"CLUSTER_METRICS_PORT": HUGE},
+    {"CLUSTER_KV_MAX_BYTES": HUGE},
+    {"MS_ROLE": "MS_SCHED", "CLUSTER_STATE_URL": HUGE},
+    {"MS_ROLE": "MS_SCHED", "CLUSTER_STATE_URL": "etcd://" + HUGE + "/p"},
+    {"MS_ROLE": "MS_SCHED", "CLUSTER_STATE_URL": HUGE + "://h:1/p"},
+    {"MS_ROLE": "MS_SCHED", "CLUSTER_STATE_URL": "etcd://h:1/p", "CLUSTER_LEASE_S": HUGE},
+    {
+        "MS_ROLE": "MS_SCHED",
+        "CLUSTER_STATE_URL": "etcd://h:1/p",
+        "CLUSTER_ETCD_USER": HUGE,
+    },
+]
+
+
+@pytest.mark.parametrize("overrides", LONG_VALUES, ids=",".join)
+def test_a_long_bad_value_is_quoted_short(overrides: dict[str, str]) -> None:
+    """A 100,000-character value made a 100 KB error line: it is cut to 64 characters and
+    says how long it was."""
+    with pytest.raises(ConfigError) as info:
+        from_env(env(**overrides))
+    message = str(info.value)
+    assert len(message) < 600, message[:600]
+    assert "chars)" in message, message
+
+
+@pytest.mark.parametrize("name", ["MS_WORKER_NUM", "MS_SCHED_PORT", "CLUSTER_KV_MAX_KEYS"])
+def test_a_long_number_is_out_of_range_not_no_number(name: str) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"^{name}='9{{64}}\.\.\.\(5000 chars\)' is out of range"
+    ):
+        from_env(env(**{name: "9" * 5000}))

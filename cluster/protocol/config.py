@@ -9,7 +9,6 @@ MindSpore does not have are named CLUSTER_*.
 from __future__ import annotations
 
 import enum
-import math
 import re
 from dataclasses import field
 from pathlib import Path
@@ -38,6 +37,18 @@ HEARTBEATS_PER_TIMEOUT = 5
 # keepalive_options`), which cost no Python on either side (benchmarks/heartbeats.py).
 MAX_SCHEDULER_BEATS_PER_S = 100
 MIN_HEARTBEATS_PER_TIMEOUT = 3
+
+# The longest time any variable may give, in seconds (about 23 days): MS_NODE_TIMEOUT becomes
+# gRPC's keepalive timeout in milliseconds, KEEPALIVE_SLACK_MS added (`cluster.transport.
+# channel.keepalive_ms`), which gRPC takes only as a C int (at most 2,147,483,647 ms, 24.8
+# days); every other wait here is as long at most, so that no deadline is a typo's 1e20 s.
+MAX_SECONDS = 2_000_000
+# The shortest MS_NODE_TIMEOUT: a healthy node, a scheduler busy for a moment, a garbage
+# collection, are all silent for tens of milliseconds, and a timeout that short fails the job.
+MIN_NODE_TIMEOUT_S = 1
+# The shortest CLUSTER_HEARTBEAT_INTERVAL: each beat costs both sides CPU for every node, and
+# one every nanosecond keeps a worker's core busy beating (4.7 s of CPU in 5 s).
+MIN_HEARTBEAT_INTERVAL_S = 0.1
 
 # Caps on what callers can make the scheduler hold (docs/design/security.md).
 DEFAULT_KV_MAX_BYTES = 256 * 1024 * 1024
@@ -228,18 +239,17 @@ def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None
     return number
 
 
-def parse_seconds(name: str, value: str) -> float:
-    """A positive, finite number of seconds, written in ASCII (float() would also take
-    fullwidth digits and '1_0')."""
+def parse_seconds(name: str, value: str, *, minimum: float | None = None) -> float:
+    """A number of seconds above 0, at least `minimum` when given, and at most MAX_SECONDS,
+    written in ASCII (float() would also take fullwidth digits and '1_0'); or a ConfigError
+    naming `name`, `value` and the rule."""
+    floor = "" if minimum is None else f"at least {minimum:g} and "
+    rule = f"it must be a positive number of seconds, {floor}at most {MAX_SECONDS} (23 days)"
     number = plain_float(value.strip())
     if number is None:
-        raise ConfigError(
-            f"{name}={shown(value)} is not a number: it must be a positive number of seconds"
-        )
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(
-            f"{name}={shown(value)} is out of range: it must be a positive number of seconds"
-        )
+        raise ConfigError(f"{name}={shown(value)} is not a number: {rule}")
+    if not 0 < number <= MAX_SECONDS or (minimum is not None and number < minimum):
+        raise ConfigError(f"{name}={shown(value)} is out of range: {rule}")
     return number
 
 

@@ -32,6 +32,8 @@ from cluster.protocol.config import (
     LOG_KEEP_RANGE,
     LOG_MAX_BYTES_RANGE,
     MAX_NODES,
+    MIN_HEARTBEAT_INTERVAL_S,
+    MIN_NODE_TIMEOUT_S,
     ClusterConfig,
     JobSecretSource,
     Limits,
@@ -109,7 +111,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         "MS_TOPO_TIMEOUT", env.get("MS_TOPO_TIMEOUT", "") or str(DEFAULT_TOPO_TIMEOUT_S)
     )
     node_timeout = parse_seconds(
-        "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S)
+        "MS_NODE_TIMEOUT",
+        env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S),
+        minimum=MIN_NODE_TIMEOUT_S,
     )
     return ClusterConfig(
         role=role,
@@ -261,7 +265,9 @@ def _heartbeat_interval_from_env(env: Mapping[str, str], node_timeout: float, no
     interval_value = env.get("CLUSTER_HEARTBEAT_INTERVAL", "").strip()
     if not interval_value:
         return default_heartbeat_interval(node_timeout, nodes)
-    interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)
+    interval = parse_seconds(
+        "CLUSTER_HEARTBEAT_INTERVAL", interval_value, minimum=MIN_HEARTBEAT_INTERVAL_S
+    )
     if interval >= node_timeout:
         raise ConfigError(
             f"CLUSTER_HEARTBEAT_INTERVAL={shown(interval_value)} must be shorter than "

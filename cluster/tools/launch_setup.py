@@ -17,7 +17,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import MAX_NODES, RecoveryConfig, parse_seconds
+from cluster.protocol.config import (
+    MAX_NODES,
+    MIN_NODE_TIMEOUT_S,
+    RecoveryConfig,
+    parse_seconds,
+)
 from cluster.protocol.environment import from_env, job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
@@ -135,12 +140,12 @@ def validate(options: LaunchOptions) -> None:
 def check_job_settings(options: LaunchOptions) -> None:
     """The options the children read from their environment, through the parsers they use (a
     value they would refuse, and exit 2 once started, is refused now, naming the option)."""
-    for option, seconds in (
-        ("--cluster-time-out", options.cluster_time_out),
-        ("--node-timeout", options.node_timeout),
+    for option, seconds, minimum in (
+        ("--cluster-time-out", options.cluster_time_out, None),
+        ("--node-timeout", options.node_timeout, MIN_NODE_TIMEOUT_S),
     ):
-        if seconds is not None:
-            parse_seconds(option, f"{seconds:g}")  # as job_environment passes it on
+        if seconds is not None:  # as job_environment passes it on
+            parse_seconds(option, f"{seconds:g}", minimum=minimum)
     if options.lease_s is not None:
         parse_lease(str(options.lease_s), "--lease")
     if options.state_url is not None:

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.protocol.config import parse_int, parse_seconds, valid_node_id
+from cluster.protocol.config import (
+    MAX_SECONDS,
+    MIN_HEARTBEAT_INTERVAL_S,
+    MIN_NODE_TIMEOUT_S,
+    parse_int,
+    parse_seconds,
+    valid_node_id,
+)
 from cluster.protocol.environment import from_env
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
 from cluster.protocol.state_url import parse_lease
+from cluster.transport.channel import keepalive_options
 
 
 def env(**overrides: str) -> dict[str, str]:
@@ -148,3 +156,64 @@ def test_a_long_number_is_out_of_range_not_no_number(name: str) -> None:
         ConfigError, match=rf"^{name}='9{{64}}\.\.\.\(5000 chars\)' is out of range"
     ):
         from_env(env(**{name: "9" * 5000}))
+
+
+# -- seconds within bounds --------------------------------------------------------------------
+
+SECONDS = ["MS_NODE_TIMEOUT", "MS_TOPO_TIMEOUT", "CLUSTER_COLLECTIVE_TIMEOUT_S"]
+
+
+@pytest.mark.parametrize("value", ["2000001", "2147483", "3e6", "1e20", "1e300"])
+@pytest.mark.parametrize("name", SECONDS)
+def test_seconds_past_the_maximum_are_refused(name: str, value: str) -> None:
+    """MS_NODE_TIMEOUT=2147483 passed, then the scheduler died of an OverflowError making
+    gRPC's keepalive options (a C int of milliseconds)."""
+    with pytest.raises(ConfigError, match=rf"^{name}='{value}' is out of range: .*at most 2000000"):
+        from_env(env(**{name: value}))
+
+
+@pytest.mark.parametrize("name", SECONDS)
+def test_the_maximum_itself_is_taken(name: str) -> None:
+    config = from_env(env(**{name: str(MAX_SECONDS)}))
+    taken = {
+        "MS_NODE_TIMEOUT": config.node_timeout_s,
+        "MS_TOPO_TIMEOUT": config.topo_timeout_s,
+        "CLUSTER_COLLECTIVE_TIMEOUT_S": config.limits.collective_timeout_s,
+    }
+    assert taken[name] == MAX_SECONDS
+
+
+def test_the_longest_node_timeout_fits_grpcs_keepalive() -> None:
+    options = dict(keepalive_options(float(MAX_SECONDS)))
+    assert all(value <= 2**31 - 1 for value in options.values())  # a C int each
+    assert options["grpc.keepalive_timeout_ms"] > MAX_SECONDS * 1000
+
+
+@pytest.mark.parametrize("value", ["0.01", "0.999", "1e-300"])
+def test_a_node_timeout_below_a_second_is_refused(value: str) -> None:
+    """MS_NODE_TIMEOUT=0.01 failed a healthy job."""
+    with pytest.raises(
+        ConfigError, match=rf"^MS_NODE_TIMEOUT='{value}' is out of range: .*at least 1 and"
+    ):
+        from_env(env(MS_NODE_TIMEOUT=value))
+
+
+def test_the_shortest_node_timeout_is_taken_with_its_default_interval() -> None:
+    config = from_env(env(MS_NODE_TIMEOUT=str(MIN_NODE_TIMEOUT_S)))
+    assert config.node_timeout_s == MIN_NODE_TIMEOUT_S
+    assert config.heartbeat_interval_s >= MIN_HEARTBEAT_INTERVAL_S
+
+
+@pytest.mark.parametrize("value", ["1e-9", "0.05", "0.0999"])
+def test_a_heartbeat_interval_below_a_tenth_of_a_second_is_refused(value: str) -> None:
+    """CLUSTER_HEARTBEAT_INTERVAL=1e-9 made every worker beat as fast as it could."""
+    with pytest.raises(
+        ConfigError,
+        match=rf"^CLUSTER_HEARTBEAT_INTERVAL='{value}' is out of range: .*at least 0\.1 and",
+    ):
+        from_env(env(CLUSTER_HEARTBEAT_INTERVAL=value))
+
+
+def test_the_shortest_heartbeat_interval_is_taken() -> None:
+    interval = str(MIN_HEARTBEAT_INTERVAL_S)
+    assert from_env(env(CLUSTER_HEARTBEAT_INTERVAL=interval)).heartbeat_interval_s == 0.1

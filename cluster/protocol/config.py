@@ -81,6 +81,11 @@ DEFAULT_LOG_KEEP = 3
 LOG_MAX_BYTES_RANGE = (1024, 1 << 40)
 LOG_KEEP_RANGE = (1, 100)
 
+# Pinned host memory a worker's snapshots of CUDA tensors may hold in all
+# (CLUSTER_PINNED_MAX_BYTES; 0: never pin): two snapshots of a 2 GiB state, one being written,
+# one copied (`cluster.storage.host_buffers`).
+DEFAULT_PINNED_MAX_BYTES = 4 << 30
+
 # Digits of the longest integer a variable may hold (every bound here is below 10**20).
 MAX_INT_DIGITS = 20
 
@@ -202,6 +207,8 @@ class ClusterConfig:
     # A worker's way to the scheduler through its host's relay (CLUSTER_RELAY=unix:PATH, which
     # `mscluster run` sets); None: direct.
     relay: str | None = None
+    # Pinned host memory its snapshots of CUDA tensors may hold (CLUSTER_PINNED_MAX_BYTES).
+    pinned_max_bytes: int = DEFAULT_PINNED_MAX_BYTES
 
     @property
     def sched_address(self) -> str:
@@ -234,6 +241,8 @@ def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None
     # over 4300 digits).
     too_long = len(digits.lstrip("0")) > MAX_INT_DIGITS
     number = 0 if too_long else int(text, 10)
+    if too_long and maximum is None:
+        bounds += f", of at most {MAX_INT_DIGITS} digits"
     if too_long or number < minimum or (maximum is not None and number > maximum):
         raise ConfigError(f"{name}={shown(value)} is out of range: it must be {bounds}")
     return number

@@ -28,6 +28,7 @@ from cluster.protocol.config import (
     DEFAULT_MAX_FOLLOWERS,
     DEFAULT_MAX_SPARES,
     DEFAULT_NODE_TIMEOUT_S,
+    DEFAULT_PINNED_MAX_BYTES,
     DEFAULT_TOPO_TIMEOUT_S,
     LOG_KEEP_RANGE,
     LOG_MAX_BYTES_RANGE,
@@ -140,7 +141,19 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
         sched_addresses=addresses if len(addresses) > 1 else (),
         relay=relay_from_env(env) if role is not Role.SCHEDULER else None,
+        pinned_max_bytes=pinned_max_from_env(env),
     )
+
+
+PINNED_MAX_ENV = "CLUSTER_PINNED_MAX_BYTES"
+
+
+def pinned_max_from_env(env: Mapping[str, str]) -> int:
+    """CLUSTER_PINNED_MAX_BYTES: bytes of pinned host memory a worker's snapshots of CUDA
+    tensors may hold (0: never pin); read here for every process, so that init() and `mscluster
+    run --dry-run` refuse a bad one, not the first checkpoint hours later."""
+    raw = env.get(PINNED_MAX_ENV, "").strip()
+    return parse_int(PINNED_MAX_ENV, raw, minimum=0) if raw else DEFAULT_PINNED_MAX_BYTES
 
 
 # A unix socket's path is at most this long (sun_path, with its terminating NUL).

@@ -15,8 +15,9 @@ import pytest
 
 from cluster.protocol.config import MAX_NODES
 from cluster.protocol.errors import ConfigError
+from cluster.testing import free_port
 from cluster.worker.identity import make_identity
-from tests.procs import PYTHON, ROOT
+from tests.procs import PYTHON, ROOT, example_error_line, job_env
 
 EXIT_S = 30.0
 
@@ -66,6 +67,19 @@ def test_an_absurd_value_is_one_line(env: dict[str, str], said: str) -> None:
     assert len(lines[0]) < 400
 
 
+def dry_run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`mscluster run --dry-run ARGS examples/allgather_check.py` in this environment with `env`."""
+    return subprocess.run(
+        [PYTHON, "-m", "cluster", "run", "--dry-run", *args, "examples/allgather_check.py"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=EXIT_S * 2,
+        cwd=ROOT,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("option", "said"),
     [
@@ -75,29 +89,26 @@ def test_an_absurd_value_is_one_line(env: dict[str, str], said: str) -> None:
 )
 def test_a_node_timeout_out_of_bounds_is_refused_by_the_launcher(option: str, said: str) -> None:
     """`mscluster run --dry-run --node-timeout 3e6` planned a job whose scheduler would die."""
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "cluster",
-            "run",
-            "--dry-run",
-            "--node-timeout",
-            option,
-            "examples/allgather_check.py",
-        ],
-        env=os.environ.copy(),
-        capture_output=True,
-        text=True,
-        timeout=EXIT_S * 2,
-        cwd=ROOT,
-        check=False,
-    )
+    done = dry_run("--node-timeout", option)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        f"mscluster: ConfigError: {said}: it must be a "
-        "positive number of seconds, at least 1 and at most 2000000 (23 days)"
+        f"mscluster: ConfigError: {said}: it must be a positive number of seconds, at least 1 "
+        "and at most 2000000 (23 days)"
     ]
+
+
+@pytest.mark.parametrize("value", ["4GiB", "\uff14", "-1"])
+def test_a_bad_pinned_memory_bound_is_refused_at_init_and_by_the_launcher(value: str) -> None:
+    """CLUSTER_PINNED_MAX_BYTES=4GiB passed init and failed hours later, at the first checkpoint
+    of CUDA tensors; a fullwidth 4 was 4 bytes."""
+    said = "CLUSTER_PINNED_MAX_BYTES="
+    env = {**job_env(2, free_port()), "MS_ROLE": "MS_WORKER", "CLUSTER_PINNED_MAX_BYTES": value}
+    line = example_error_line(env)
+    assert said in line, line
+    assert "it must be >= 0" in line, line
+    done = dry_run(CLUSTER_PINNED_MAX_BYTES=value)
+    assert done.returncode == 2, done.stderr
+    assert [said in line for line in done.stderr.strip().splitlines()] == [True], done.stderr
 
 
 def test_a_failed_job_of_the_most_workers_ends_its_scheduler_at_once() -> None:

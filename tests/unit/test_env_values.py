@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.protocol.config import (
+    DEFAULT_PINNED_MAX_BYTES,
     MAX_SECONDS,
     MIN_HEARTBEAT_INTERVAL_S,
     MIN_NODE_TIMEOUT_S,
@@ -217,3 +218,19 @@ def test_a_heartbeat_interval_below_a_tenth_of_a_second_is_refused(value: str) -
 def test_the_shortest_heartbeat_interval_is_taken() -> None:
     interval = str(MIN_HEARTBEAT_INTERVAL_S)
     assert from_env(env(CLUSTER_HEARTBEAT_INTERVAL=interval)).heartbeat_interval_s == 0.1
+
+
+# -- the pinned memory bound, read with the rest ----------------------------------------------
+
+
+def test_the_pinned_memory_bound_is_read_with_the_environment() -> None:
+    assert from_env(env()).pinned_max_bytes == DEFAULT_PINNED_MAX_BYTES == 4 << 30
+    assert from_env(env(CLUSTER_PINNED_MAX_BYTES="0")).pinned_max_bytes == 0
+    assert from_env(env(CLUSTER_PINNED_MAX_BYTES=" 1048576 ")).pinned_max_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("value", ["4GiB", "\uff14", "-1", "1e9", "9" * 30])
+@pytest.mark.parametrize("role", ["MS_WORKER", "MS_SCHED"])
+def test_a_bad_pinned_memory_bound_is_refused_with_the_environment(role: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^CLUSTER_PINNED_MAX_BYTES=.* it must be >= 0"):
+        from_env(env(MS_ROLE=role, CLUSTER_PINNED_MAX_BYTES=value))

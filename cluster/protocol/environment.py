@@ -68,15 +68,19 @@ def _require(env: Mapping[str, str], name: str, rule: str) -> str:
     return value.strip()
 
 
-def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
+def sched_addresses_from_env(env: Mapping[str, str], *, listed: bool = True) -> tuple[str, ...]:
     """Every scheduler address: CLUSTER_SCHED_ADDRS=h1:p1,h2:p2, else MS_SCHED_HOST=h1,h2 with
-    MS_SCHED_PORT. A ConfigError naming the variable for an empty entry or a bad port."""
-    listed = env.get("CLUSTER_SCHED_ADDRS", "").strip()
-    if listed:
-        entries = [entry.strip() for entry in listed.split(",")]
+    MS_SCHED_PORT. A ConfigError naming the variable for an empty entry or a bad port.
+
+    Without `listed`, CLUSTER_SCHED_ADDRS is not read: it says where workers look for the
+    schedulers, and a scheduler listens where MS_SCHED_HOST and MS_SCHED_PORT say.
+    """
+    given = env.get("CLUSTER_SCHED_ADDRS", "").strip() if listed else ""
+    if given:
+        entries = [entry.strip() for entry in given.split(",")]
         if not all(entries):
             raise ConfigError(
-                f"CLUSTER_SCHED_ADDRS={shown(listed)} has an empty entry: list HOST:PORT,HOST:PORT"
+                f"CLUSTER_SCHED_ADDRS={shown(given)} has an empty entry: list HOST:PORT,HOST:PORT"
             )
         return tuple(
             join_address(*split_address("CLUSTER_SCHED_ADDRS entry", entry)) for entry in entries
@@ -103,7 +107,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     worker_num, server_num = node_counts_from_env(env)
     if role is Role.SERVER and server_num == 0:
         raise ConfigError("MS_ROLE='MS_PSERVER' needs MS_SERVER_NUM >= 1, but MS_SERVER_NUM is 0")
-    addresses = sched_addresses_from_env(env)
+    addresses = sched_addresses_from_env(env, listed=role is not Role.SCHEDULER)
     sched_host, sched_port = split_address("the scheduler address", addresses[0])
     node_id = _node_id_from_env(env, role, worker_num, server_num)
     state_url = state_url_from_env(env) if role is Role.SCHEDULER else None

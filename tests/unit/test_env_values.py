@@ -234,3 +234,19 @@ def test_the_pinned_memory_bound_is_read_with_the_environment() -> None:
 def test_a_bad_pinned_memory_bound_is_refused_with_the_environment(role: str, value: str) -> None:
     with pytest.raises(ConfigError, match=r"^CLUSTER_PINNED_MAX_BYTES=.* it must be >= 0"):
         from_env(env(MS_ROLE=role, CLUSTER_PINNED_MAX_BYTES=value))
+
+
+# -- a scheduler's address is its own ---------------------------------------------------------
+
+
+def test_a_scheduler_does_not_read_the_workers_address_list() -> None:
+    listed = "127.0.0.1:18600,127.0.0.2:18601"
+    scheduler = from_env(env(MS_ROLE="MS_SCHED", MS_SCHED_PORT="18599", CLUSTER_SCHED_ADDRS=listed))
+    assert (scheduler.sched_host, scheduler.sched_port) == ("10.0.0.1", 18599)
+    worker = from_env(env(CLUSTER_SCHED_ADDRS=listed))
+    assert worker.addresses == ("127.0.0.1:18600", "127.0.0.2:18601")
+
+
+def test_a_scheduler_needs_its_own_port_with_only_the_workers_list() -> None:
+    with pytest.raises(ConfigError, match="MS_SCHED_PORT is not set"):
+        from_env({**env(MS_ROLE="MS_SCHED", CLUSTER_SCHED_ADDRS="h:1"), "MS_SCHED_PORT": ""})

@@ -19,7 +19,7 @@ from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal, plain_float, shown
+from cluster.protocol.parse import check_host, is_decimal, plain_float, shown
 from cluster.protocol.value import frozen
 
 STATE_URL_ENV = "CLUSTER_STATE_URL"
@@ -115,6 +115,11 @@ def _parse_endpoint(name: str, value: str, part: str) -> tuple[str, int]:
         raise _fail(name, value, f"has an endpoint {shown(part)} without HOST:PORT")
     if not is_decimal(port_text) or not 1 <= int(port_text) <= 65535:
         raise _fail(name, value, f"has an endpoint {shown(part)} whose port is not in 1-65535")
+    try:
+        check_host(name, host)
+    except ConfigError:
+        problem = f"has an endpoint {shown(part)} whose host is not a host name or IP address"
+        raise _fail(name, value, problem) from None
     return host, int(port_text)
 
 

@@ -17,7 +17,7 @@ from cluster.protocol.config import (
 from cluster.protocol.environment import from_env
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
-from cluster.protocol.state_url import parse_lease
+from cluster.protocol.state_url import parse_lease, parse_state_url
 from cluster.transport.channel import keepalive_options
 
 
@@ -250,3 +250,10 @@ def test_a_scheduler_does_not_read_the_workers_address_list() -> None:
 def test_a_scheduler_needs_its_own_port_with_only_the_workers_list() -> None:
     with pytest.raises(ConfigError, match="MS_SCHED_PORT is not set"):
         from_env({**env(MS_ROLE="MS_SCHED", CLUSTER_SCHED_ADDRS="h:1"), "MS_SCHED_PORT": ""})
+
+
+@pytest.mark.parametrize("endpoint", ["h h:2379", "h\n:2379", "h@x:2379", "[h\x1b]:2379"])
+def test_an_etcd_endpoint_is_a_host_and_a_port(endpoint: str) -> None:
+    """The same rule as every other host: a space, a newline or an escape was taken."""
+    with pytest.raises(ConfigError, match="whose host is not a host name or IP address"):
+        parse_state_url(f"etcd://{endpoint}/jobs/a")

@@ -9,13 +9,12 @@ MindSpore does not have are named CLUSTER_*.
 from __future__ import annotations
 
 import enum
-import math
 import re
 from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal
+from cluster.protocol.parse import is_decimal, plain_float, shown
 from cluster.protocol.state_url import (
     DEFAULT_LEASE_S,
     StateUrl,
@@ -38,6 +37,18 @@ HEARTBEATS_PER_TIMEOUT = 5
 # keepalive_options`), which cost no Python on either side (benchmarks/heartbeats.py).
 MAX_SCHEDULER_BEATS_PER_S = 100
 MIN_HEARTBEATS_PER_TIMEOUT = 3
+
+# The longest time any variable may give, in seconds (about 23 days): MS_NODE_TIMEOUT becomes
+# gRPC's keepalive timeout in milliseconds, KEEPALIVE_SLACK_MS added (`cluster.transport.
+# channel.keepalive_ms`), which gRPC takes only as a C int (at most 2,147,483,647 ms, 24.8
+# days); every other wait here is as long at most, so that no deadline is a typo's 1e20 s.
+MAX_SECONDS = 2_000_000
+# The shortest MS_NODE_TIMEOUT: a healthy node, a scheduler busy for a moment, a garbage
+# collection, are all silent for tens of milliseconds, and a timeout that short fails the job.
+MIN_NODE_TIMEOUT_S = 1
+# The shortest CLUSTER_HEARTBEAT_INTERVAL: each beat costs both sides CPU for every node, and
+# one every nanosecond keeps a worker's core busy beating (4.7 s of CPU in 5 s).
+MIN_HEARTBEAT_INTERVAL_S = 0.1
 
 # Caps on what callers can make the scheduler hold (docs/design/security.md).
 DEFAULT_KV_MAX_BYTES = 256 * 1024 * 1024
@@ -70,7 +81,15 @@ DEFAULT_LOG_KEEP = 3
 LOG_MAX_BYTES_RANGE = (1024, 1 << 40)
 LOG_KEEP_RANGE = (1, 100)
 
-_NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+# Pinned host memory a worker's snapshots of CUDA tensors may hold in all
+# (CLUSTER_PINNED_MAX_BYTES; 0: never pin): two snapshots of a 2 GiB state, one being written,
+# one copied (`cluster.storage.host_buffers`).
+DEFAULT_PINNED_MAX_BYTES = 4 << 30
+
+# Digits of the longest integer a variable may hold (every bound here is below 10**20).
+MAX_INT_DIGITS = 20
+
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -188,6 +207,8 @@ class ClusterConfig:
     # A worker's way to the scheduler through its host's relay (CLUSTER_RELAY=unix:PATH, which
     # `mscluster run` sets); None: direct.
     relay: str | None = None
+    # Pinned host memory its snapshots of CUDA tensors may hold (CLUSTER_PINNED_MAX_BYTES).
+    pinned_max_bytes: int = DEFAULT_PINNED_MAX_BYTES
 
     @property
     def sched_address(self) -> str:
@@ -205,29 +226,39 @@ class ClusterConfig:
 
 
 def parse_int(name: str, value: str, *, minimum: int, maximum: int | None = None) -> int:
-    """An integer in [minimum, maximum], or a ConfigError naming `name`, `value` and the rule."""
+    """An integer in [minimum, maximum], or a ConfigError naming `name`, `value` and the rule.
+
+    ASCII digits with an optional leading minus, space around them allowed: int() would also
+    take fullwidth digits, '1_000' and '+4', which no other reader of the same value (a port in
+    a URL, a HOST:PORT) takes.
+    """
     bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-    try:
-        number = int(value.strip(), 10)
-    except ValueError:
-        raise ConfigError(f"{name}={value!r} is not an integer: it must be {bounds}") from None
-    if number < minimum or (maximum is not None and number > maximum):
-        raise ConfigError(f"{name}={value!r} is out of range: it must be {bounds}")
+    text = value.strip()
+    digits = text.removeprefix("-")
+    if not is_decimal(digits):
+        raise ConfigError(f"{name}={shown(value)} is not an integer: it must be {bounds}")
+    # Past MAX_INT_DIGITS digits a number is out of every range here (and int() refuses one of
+    # over 4300 digits).
+    too_long = len(digits.lstrip("0")) > MAX_INT_DIGITS
+    number = 0 if too_long else int(text, 10)
+    if too_long and maximum is None:
+        bounds += f", of at most {MAX_INT_DIGITS} digits"
+    if too_long or number < minimum or (maximum is not None and number > maximum):
+        raise ConfigError(f"{name}={shown(value)} is out of range: it must be {bounds}")
     return number
 
 
-def parse_seconds(name: str, value: str) -> float:
-    """A positive, finite number of seconds."""
-    try:
-        number = float(value.strip())
-    except ValueError:
-        raise ConfigError(
-            f"{name}={value!r} is not a number: it must be a positive number of seconds"
-        ) from None
-    if not math.isfinite(number) or number <= 0:
-        raise ConfigError(
-            f"{name}={value!r} is out of range: it must be a positive number of seconds"
-        )
+def parse_seconds(name: str, value: str, *, minimum: float | None = None) -> float:
+    """A number of seconds above 0, at least `minimum` when given, and at most MAX_SECONDS,
+    written in ASCII (float() would also take fullwidth digits and '1_0'); or a ConfigError
+    naming `name`, `value` and the rule."""
+    floor = "" if minimum is None else f"at least {minimum:g} and "
+    rule = f"it must be a positive number of seconds, {floor}at most {MAX_SECONDS} (23 days)"
+    number = plain_float(value.strip())
+    if number is None:
+        raise ConfigError(f"{name}={shown(value)} is not a number: {rule}")
+    if not 0 < number <= MAX_SECONDS or (minimum is not None and number < minimum):
+        raise ConfigError(f"{name}={shown(value)} is out of range: {rule}")
     return number
 
 
@@ -237,7 +268,9 @@ def parse_bool(name: str, value: str) -> bool:
         return True
     if lowered in _FALSE:
         return False
-    raise ConfigError(f"{name}={value!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
+    raise ConfigError(
+        f"{name}={shown(value)} is not a boolean: use 1/0, true/false, yes/no or on/off"
+    )
 
 
 def parse_port(name: str, value: str) -> int:
@@ -246,10 +279,10 @@ def parse_port(name: str, value: str) -> int:
 
 def parse_node_id(name: str, value: str) -> str:
     node_id = value.strip()
-    if not _NODE_ID_RE.match(node_id):
+    if not _NODE_ID_RE.fullmatch(node_id):
         raise ConfigError(
-            f"{name}={value!r} is not a valid node id: use 1-128 characters of letters, digits "
-            "and . _ : @ -, starting with a letter or digit"
+            f"{name}={shown(value)} is not a valid node id: use 1-128 characters of letters, "
+            "digits and . _ : @ -, starting with a letter or digit"
         )
     return canonical_node_id(node_id)
 
@@ -265,7 +298,7 @@ def join_address(host: str, port: int) -> str:
 
 
 def valid_node_id(node_id: str) -> bool:
-    return bool(_NODE_ID_RE.match(node_id))
+    return bool(_NODE_ID_RE.fullmatch(node_id))
 
 
 def canonical_node_id(node_id: str) -> str:

@@ -28,10 +28,13 @@ from cluster.protocol.config import (
     DEFAULT_MAX_FOLLOWERS,
     DEFAULT_MAX_SPARES,
     DEFAULT_NODE_TIMEOUT_S,
+    DEFAULT_PINNED_MAX_BYTES,
     DEFAULT_TOPO_TIMEOUT_S,
     LOG_KEEP_RANGE,
     LOG_MAX_BYTES_RANGE,
     MAX_NODES,
+    MIN_HEARTBEAT_INTERVAL_S,
+    MIN_NODE_TIMEOUT_S,
     ClusterConfig,
     JobSecretSource,
     Limits,
@@ -51,7 +54,7 @@ from cluster.protocol.config import (
     secret_mode_ok,
 )
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import check_host, split_address
+from cluster.protocol.parse import check_host, shown, split_address
 from cluster.protocol.state_url import DEFAULT_LEASE_S, StateUrl, lease_from_env, state_url_from_env
 
 if TYPE_CHECKING:
@@ -65,15 +68,19 @@ def _require(env: Mapping[str, str], name: str, rule: str) -> str:
     return value.strip()
 
 
-def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
+def sched_addresses_from_env(env: Mapping[str, str], *, listed: bool = True) -> tuple[str, ...]:
     """Every scheduler address: CLUSTER_SCHED_ADDRS=h1:p1,h2:p2, else MS_SCHED_HOST=h1,h2 with
-    MS_SCHED_PORT. A ConfigError naming the variable for an empty entry or a bad port."""
-    listed = env.get("CLUSTER_SCHED_ADDRS", "").strip()
-    if listed:
-        entries = [entry.strip() for entry in listed.split(",")]
+    MS_SCHED_PORT. A ConfigError naming the variable for an empty entry or a bad port.
+
+    Without `listed`, CLUSTER_SCHED_ADDRS is not read: it says where workers look for the
+    schedulers, and a scheduler listens where MS_SCHED_HOST and MS_SCHED_PORT say.
+    """
+    given = env.get("CLUSTER_SCHED_ADDRS", "").strip() if listed else ""
+    if given:
+        entries = [entry.strip() for entry in given.split(",")]
         if not all(entries):
             raise ConfigError(
-                f"CLUSTER_SCHED_ADDRS={listed!r} has an empty entry: list HOST:PORT,HOST:PORT"
+                f"CLUSTER_SCHED_ADDRS={shown(given)} has an empty entry: list HOST:PORT,HOST:PORT"
             )
         return tuple(
             join_address(*split_address("CLUSTER_SCHED_ADDRS entry", entry)) for entry in entries
@@ -82,7 +89,7 @@ def sched_addresses_from_env(env: Mapping[str, str]) -> tuple[str, ...]:
     hosts = [host.strip() for host in hosts_value.split(",")]
     if not all(hosts):
         raise ConfigError(
-            f"MS_SCHED_HOST={hosts_value!r} has an empty entry: give one host, or several "
+            f"MS_SCHED_HOST={shown(hosts_value)} has an empty entry: give one host, or several "
             "separated by commas (h1,h2), all listening on MS_SCHED_PORT"
         )
     port = parse_port(
@@ -100,7 +107,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
     worker_num, server_num = node_counts_from_env(env)
     if role is Role.SERVER and server_num == 0:
         raise ConfigError("MS_ROLE='MS_PSERVER' needs MS_SERVER_NUM >= 1, but MS_SERVER_NUM is 0")
-    addresses = sched_addresses_from_env(env)
+    addresses = sched_addresses_from_env(env, listed=role is not Role.SCHEDULER)
     sched_host, sched_port = split_address("the scheduler address", addresses[0])
     node_id = _node_id_from_env(env, role, worker_num, server_num)
     state_url = state_url_from_env(env) if role is Role.SCHEDULER else None
@@ -109,7 +116,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         "MS_TOPO_TIMEOUT", env.get("MS_TOPO_TIMEOUT", "") or str(DEFAULT_TOPO_TIMEOUT_S)
     )
     node_timeout = parse_seconds(
-        "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S)
+        "MS_NODE_TIMEOUT",
+        env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S),
+        minimum=MIN_NODE_TIMEOUT_S,
     )
     return ClusterConfig(
         role=role,
@@ -136,7 +145,19 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         lease_s=lease_from_env(env) if state_url is not None else DEFAULT_LEASE_S,
         sched_addresses=addresses if len(addresses) > 1 else (),
         relay=relay_from_env(env) if role is not Role.SCHEDULER else None,
+        pinned_max_bytes=pinned_max_from_env(env),
     )
+
+
+PINNED_MAX_ENV = "CLUSTER_PINNED_MAX_BYTES"
+
+
+def pinned_max_from_env(env: Mapping[str, str]) -> int:
+    """CLUSTER_PINNED_MAX_BYTES: bytes of pinned host memory a worker's snapshots of CUDA
+    tensors may hold (0: never pin); read here for every process, so that init() and `mscluster
+    run --dry-run` refuse a bad one, not the first checkpoint hours later."""
+    raw = env.get(PINNED_MAX_ENV, "").strip()
+    return parse_int(PINNED_MAX_ENV, raw, minimum=0) if raw else DEFAULT_PINNED_MAX_BYTES
 
 
 # A unix socket's path is at most this long (sun_path, with its terminating NUL).
@@ -160,12 +181,12 @@ def relay_address(name: str, raw: str) -> str:
         path = path[2:]
     if not path:
         raise ConfigError(
-            f"{name}={raw!r} is not a relay address: give unix:PATH, the path of the relay's "
+            f"{name}={shown(raw)} is not a relay address: give unix:PATH, the path of the relay's "
             "socket (mscluster relay --socket PATH)"
         )
     if len(path.encode()) > MAX_SOCKET_PATH:
         raise ConfigError(
-            f"{name}={raw!r} is too long for a unix socket: its path must be at most "
+            f"{name}={shown(raw)} is too long for a unix socket: its path must be at most "
             f"{MAX_SOCKET_PATH} bytes"
         )
     return RELAY_SCHEME + path
@@ -213,7 +234,7 @@ def _role_from_env(env: Mapping[str, str]) -> Role:
         return Role(role_value)
     except ValueError:
         raise ConfigError(
-            f"MS_ROLE={role_value!r} is not a role: it must be one of MS_SCHED, MS_WORKER, "
+            f"MS_ROLE={shown(role_value)} is not a role: it must be one of MS_SCHED, MS_WORKER, "
             "MS_PSERVER"
         ) from None
 
@@ -228,7 +249,7 @@ def _node_id_from_env(
         limit = server_num if role is Role.SERVER else worker_num
         if int(node_id) >= limit and role is not Role.SCHEDULER:
             raise ConfigError(
-                f"MS_NODE_ID={raw_node_id!r} is numeric, so it is the rank, and must be below "
+                f"MS_NODE_ID={shown(raw_node_id)} is numeric, so it is the rank, and must be below "
                 f"{'MS_SERVER_NUM' if role is Role.SERVER else 'MS_WORKER_NUM'}={limit}"
             )
     return node_id
@@ -261,10 +282,12 @@ def _heartbeat_interval_from_env(env: Mapping[str, str], node_timeout: float, no
     interval_value = env.get("CLUSTER_HEARTBEAT_INTERVAL", "").strip()
     if not interval_value:
         return default_heartbeat_interval(node_timeout, nodes)
-    interval = parse_seconds("CLUSTER_HEARTBEAT_INTERVAL", interval_value)
+    interval = parse_seconds(
+        "CLUSTER_HEARTBEAT_INTERVAL", interval_value, minimum=MIN_HEARTBEAT_INTERVAL_S
+    )
     if interval >= node_timeout:
         raise ConfigError(
-            f"CLUSTER_HEARTBEAT_INTERVAL={interval_value!r} must be shorter than "
+            f"CLUSTER_HEARTBEAT_INTERVAL={shown(interval_value)} must be shorter than "
             f"MS_NODE_TIMEOUT ({node_timeout:g} s), or every node would time out"
         )
     return interval

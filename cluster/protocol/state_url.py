@@ -19,7 +19,7 @@ from dataclasses import field
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import is_decimal
+from cluster.protocol.parse import check_host, is_decimal, plain_float, shown
 from cluster.protocol.value import frozen
 
 STATE_URL_ENV = "CLUSTER_STATE_URL"
@@ -83,7 +83,7 @@ def _endpoint(host: str, port: int) -> str:
 
 
 def _fail(name: str, value: str, problem: str) -> ConfigError:
-    return ConfigError(f"{name}={value!r} {problem}: {_USAGE}")
+    return ConfigError(f"{name}={shown(value)} {problem}: {_USAGE}")
 
 
 def parse_state_url(value: str, name: str = STATE_URL_ENV) -> StateUrl:
@@ -91,7 +91,7 @@ def parse_state_url(value: str, name: str = STATE_URL_ENV) -> StateUrl:
     text = value.strip()
     scheme, sep, rest = text.partition("://")
     if not sep or scheme not in _SCHEMES:
-        raise _fail(name, value, f"has no known scheme ({scheme!r})" if sep else "is no URL")
+        raise _fail(name, value, f"has no known scheme ({shown(scheme)})" if sep else "is no URL")
     hosts, slash, path = rest.partition("/")
     prefix = "/" + "/".join(part for part in path.split("/") if part)
     if not slash or prefix == "/":
@@ -112,26 +112,27 @@ def _parse_endpoint(name: str, value: str, part: str) -> tuple[str, int]:
     else:
         host, _, port_text = part.rpartition(":")
     if not host or (":" in host and not part.startswith("[")):
-        raise _fail(name, value, f"has an endpoint {part!r} without HOST:PORT")
+        raise _fail(name, value, f"has an endpoint {shown(part)} without HOST:PORT")
     if not is_decimal(port_text) or not 1 <= int(port_text) <= 65535:
-        raise _fail(name, value, f"has an endpoint {part!r} whose port is not in 1-65535")
+        raise _fail(name, value, f"has an endpoint {shown(part)} whose port is not in 1-65535")
+    try:
+        check_host(name, host)
+    except ConfigError:
+        problem = f"has an endpoint {shown(part)} whose host is not a host name or IP address"
+        raise _fail(name, value, problem) from None
     return host, int(port_text)
 
 
 def parse_lease(value: str, name: str = LEASE_ENV) -> int:
     """Seconds of the leader's etcd lease: a whole number in MIN_LEASE_S..MAX_LEASE_S."""
-    text = value.strip()
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if not math.isfinite(number) or number != int(number):
+    number = plain_float(value.strip())
+    if number is None or not math.isfinite(number) or number != int(number):
         raise ConfigError(
-            f"{name}={value!r} is not a whole number of seconds: etcd grants leases in seconds"
+            f"{name}={shown(value)} is not a whole number of seconds: etcd grants leases in seconds"
         )
     if not MIN_LEASE_S <= number <= MAX_LEASE_S:
         raise ConfigError(
-            f"{name}={value!r} must be between {MIN_LEASE_S} and {MAX_LEASE_S} seconds (etcd "
+            f"{name}={shown(value)} must be between {MIN_LEASE_S} and {MAX_LEASE_S} seconds (etcd "
             f"lengthens a lease shorter than {MIN_LEASE_S} s anyway)"
         )
     return int(number)
@@ -179,7 +180,7 @@ def etcd_auth_from_env(env: Mapping[str, str]) -> EtcdAuth | None:
         return None
     if not path:
         raise ConfigError(
-            f"{USER_ENV}={user!r} needs its password: set {PASSWORD_FILE_ENV} to a file that "
+            f"{USER_ENV}={shown(user)} needs its password: set {PASSWORD_FILE_ENV} to a file that "
             "holds it (mode 0600)"
         )
     if not user:

@@ -26,30 +26,20 @@ from typing import Any
 
 import numpy as np
 
-from cluster.protocol.errors import ConfigError
+from cluster.protocol import environment
+from cluster.protocol.config import DEFAULT_PINNED_MAX_BYTES
 
-PINNED_MAX_ENV = "CLUSTER_PINNED_MAX_BYTES"
-# Two snapshots of a 2 GiB state (one being written, one copied), per process.
-PINNED_MAX_DEFAULT = 4 << 30
+PINNED_MAX_ENV = environment.PINNED_MAX_ENV
+PINNED_MAX_DEFAULT = DEFAULT_PINNED_MAX_BYTES
 
 _log = logging.getLogger(__name__)
 
 
 def pinned_max_from_env() -> int:
-    """CLUSTER_PINNED_MAX_BYTES (default 4 GiB; 0: never pin); ConfigError for a bad value."""
-    text = os.environ.get(PINNED_MAX_ENV, "").strip()
-    if not text:
-        return PINNED_MAX_DEFAULT
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigError(
-            f"{PINNED_MAX_ENV}={text!r} is invalid: it must be a number of bytes >= 0 (0: "
-            "snapshots of CUDA tensors use pageable memory)"
-        )
-    return value
+    """CLUSTER_PINNED_MAX_BYTES of this process's environment (default 4 GiB; 0: never pin),
+    read by the parser `from_env` uses, so cluster.init() has refused a bad one before; a
+    ConfigError for a bad value where no init() came first."""
+    return environment.pinned_max_from_env(os.environ)
 
 
 # Makes `nbytes` of zeroed page-locked memory: the array and the object that owns it; raises

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import cluster
 from cluster.api import excepthook, runtime
-from cluster.protocol.config import ClusterConfig, join_address
+from cluster.protocol.config import ClusterConfig, TLSOptions, join_address
 from cluster.protocol.display import safe
 from cluster.protocol.environment import from_env, sched_addresses_from_env, tls_options_from_env
 from cluster.protocol.errors import (
@@ -83,8 +83,19 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
     return dataclasses.replace(config, sched_port=0) if str(port) == "0" else config
 
 
+def _apply_ciphers(options: TLSOptions | None) -> None:
+    """Give grpc ssl.json's cipher list (`tls.apply_cipher_suites`) before anything imports
+    it, as cluster.init() does: a command that imports grpc first fails on a cipher_list of its
+    own."""
+    if options is not None:
+        from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
+
+        tls.apply_cipher_suites(tls.load_settings(options.config_path))
+
+
 def _cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
+    _apply_ciphers(config.tls)
     if config.recovery is not None:
         from cluster.storage.recovery_dir import check_recovery_path  # noqa: PLC0415 - tempfile
 
@@ -100,6 +111,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
     from cluster.tools import relay  # noqa: PLC0415 - the relay's own process
 
     settings = relay.settings_from_env(os.environ, args.socket, args.scheduler)
+    _apply_ciphers(settings.tls)
     orphan.watch_launcher()
     return relay.run(settings)
 

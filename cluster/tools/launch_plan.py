@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.protocol.config import is_numeric_node_id
+from cluster.protocol.environment import sched_addresses_from_env
 from cluster.tools.slurm import Allocation
 from cluster.tools.table import format_table
 
@@ -258,6 +259,32 @@ def relay_process(options: LaunchOptions, base: Mapping[str, str]) -> Process | 
     address = f"unix:{options.relay_socket}"
     command = (options.python, "-m", "cluster", "relay", "--socket", address)
     return Process("relay", "relay", command, base, options.log_dir / "relay.log")
+
+
+# Variables that define the job which the launcher decides itself, with what decides them and
+# what it makes of them when it sets none: one of its own environment would reach its children
+# (all of them, or those it sets it for not) and override its plan, so it is passed on only when
+# it says what the launcher's does (`launch_setup.check_inherited`). MS_* ones never are.
+DECIDED = {
+    "CLUSTER_SCHED_ADDRS": ("--master-addr and --master-port", ""),
+    "CLUSTER_STATE_URL": ("--state-url", "not given"),
+    "CLUSTER_LEASE_S": ("--lease", "not given"),
+    "CLUSTER_RELAY": ("the relay it starts", "its relay's socket, for its workers only"),
+    "CLUSTER_SPARE": ("--spares", "1 for its spares only"),
+}
+
+
+def decided_values(options: LaunchOptions, plan: Plan) -> dict[str, str | None]:
+    """What the launcher makes of each DECIDED variable (None: unset, or per process): the
+    schedulers' addresses are those its workers' MS_SCHED_HOST and MS_SCHED_PORT name."""
+    sched = {k: plan.workers[0].env[k] for k in ("MS_SCHED_HOST", "MS_SCHED_PORT")}
+    return {
+        "CLUSTER_SCHED_ADDRS": ",".join(sched_addresses_from_env(sched)),
+        "CLUSTER_STATE_URL": options.state_url,
+        "CLUSTER_LEASE_S": None if options.lease_s is None else str(options.lease_s),
+        "CLUSTER_RELAY": None,
+        "CLUSTER_SPARE": None,
+    }
 
 
 def child_environment(inherited: Mapping[str, str], process: Process) -> dict[str, str]:

@@ -13,22 +13,34 @@ import ipaddress
 import os
 import socket
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import MAX_NODES, RecoveryConfig, parse_seconds
-from cluster.protocol.environment import from_env, job_secret_from_env, read_job_secret
+from cluster.protocol.config import (
+    MAX_NODES,
+    MIN_NODE_TIMEOUT_S,
+    RecoveryConfig,
+    parse_seconds,
+)
+from cluster.protocol.environment import (
+    from_env,
+    job_secret_from_env,
+    read_job_secret,
+    sched_addresses_from_env,
+)
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import check_host
-from cluster.protocol.state_url import parse_lease, state_url_from_env
+from cluster.protocol.parse import check_host, shown
+from cluster.protocol.state_url import parse_lease, parse_state_url, state_url_from_env
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import slurm_io
 from cluster.tools.launch_plan import (
+    DECIDED,
     LaunchOptions,
     Plan,
     bare_host,
     child_environment,
+    decided_values,
     make_plan,
     master_host,
 )
@@ -135,16 +147,48 @@ def validate(options: LaunchOptions) -> None:
 def check_job_settings(options: LaunchOptions) -> None:
     """The options the children read from their environment, through the parsers they use (a
     value they would refuse, and exit 2 once started, is refused now, naming the option)."""
-    for option, seconds in (
-        ("--cluster-time-out", options.cluster_time_out),
-        ("--node-timeout", options.node_timeout),
+    for option, seconds, minimum in (
+        ("--cluster-time-out", options.cluster_time_out, None),
+        ("--node-timeout", options.node_timeout, MIN_NODE_TIMEOUT_S),
     ):
-        if seconds is not None:
-            parse_seconds(option, f"{seconds:g}")  # as job_environment passes it on
+        if seconds is not None:  # as job_environment passes it on
+            parse_seconds(option, f"{seconds:g}", minimum=minimum)
     if options.lease_s is not None:
         parse_lease(str(options.lease_s), "--lease")
     if options.state_url is not None:
         state_url_from_env(os.environ, options.state_url)
+
+
+def check_inherited(options: LaunchOptions, plan: Plan, inherited: Mapping[str, str]) -> None:
+    """A variable of this environment that defines the job (`launch_plan.DECIDED`) is passed on
+    only when it says what the launcher's options make of it (an address list naming the same
+    schedulers, the same state URL or lease); another is a ConfigError naming it and the option
+    that decides it. The launcher does not take one as an option's value: an exported
+    CLUSTER_STATE_URL of a finished job would attach a new one to its state."""
+    for name, wanted in decided_values(options, plan).items():
+        given = inherited.get(name, "").strip()
+        if given and (wanted is None or not _same(name, given, wanted)):
+            by, unset = DECIDED[name]
+            option = f", or give {by}" if name in ("CLUSTER_STATE_URL", "CLUSTER_LEASE_S") else ""
+            raise ConfigError(
+                f"{name}={shown(given)} is set in this environment, but mscluster run decides it "
+                f"({by}: {wanted or unset}), and its processes would take this one instead: "
+                f"unset it{option}"
+            )
+
+
+def _same(name: str, given: str, wanted: str) -> bool:
+    """Whether `given` and `wanted`, values of `name`, say the same, read as a process reads
+    them (a value it would refuse says nothing)."""
+    read: dict[str, Callable[[str], object]] = {
+        "CLUSTER_SCHED_ADDRS": lambda v: sched_addresses_from_env({"CLUSTER_SCHED_ADDRS": v}),
+        "CLUSTER_STATE_URL": lambda v: str(parse_state_url(v)),
+        "CLUSTER_LEASE_S": parse_lease,
+    }
+    try:
+        return read[name](given) == read[name](wanted)
+    except ConfigError:
+        return False
 
 
 def check_children(plan: Plan, inherited: Mapping[str, str]) -> None:
@@ -242,6 +286,7 @@ def plan_job(options: LaunchOptions) -> Plan:
         tls_env=tls_env,
         notes=notes,
     )
+    check_inherited(options, plan, os.environ)
     check_children(plan, os.environ)
     return plan
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.protocol.config import TLSOptions
+from cluster.protocol.display import safe
 from cluster.protocol.errors import TLSConfigError
 
 if TYPE_CHECKING:
@@ -105,8 +106,14 @@ def load_settings(path: Path) -> TLSSettings:
     raw = _read(path, "the TLS config")
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TLSConfigError(f"the TLS config {path} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError: a JSONDecodeError, bytes that are not UTF-8, an integer of more digits
+        # than int() takes (4300); RecursionError: arrays or objects nested thousands deep.
+        # (Python's advice after a ';', to raise its digit limit, is not the reader's to take.)
+        problem = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise TLSConfigError(
+            f"the TLS config {path} is not valid JSON: {problem.split(';')[0]}"
+        ) from None
     if not isinstance(data, dict):
         raise TLSConfigError(f"the TLS config {path} must hold a JSON object")
     unknown = sorted(set(data) - set(_PATH_KEYS) - set(_OPTIONAL_KEYS))
@@ -119,7 +126,9 @@ def load_settings(path: Path) -> TLSSettings:
     def text(key: str, *, required: bool) -> str:
         value = data.get(key, "")
         if not isinstance(value, str) or (required and not value.strip()):
-            raise TLSConfigError(f"{key} in {path} must be a non-empty string, not {value!r}")
+            raise TLSConfigError(
+                f"{key} in {path} must be a non-empty string, not {safe(repr(value), 64)}"
+            )
         return value.strip()
 
     def file(key: str) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -131,3 +132,38 @@ def test_status_of_a_tls_job(processes: Procs, tmp_path: Path) -> None:
     assert "uses TLS and this node does not" in plain.stderr
     run.popen.send_signal(signal.SIGINT)
     assert run.wait(20) == 130
+
+
+def test_a_standalone_scheduler_and_relay_take_ssl_jsons_own_cipher_list(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """`mscluster scheduler` with CLUSTER_TLS_CONFIG naming an ssl.json whose cipher_list is not
+    gRPC's default (a Kubernetes scheduler pod's) failed at start: it imported grpc before
+    passing the list on. It now serves, and a relay and a worker of the same config finish the
+    job through it."""
+    assert certs(tmp_path / "pki").returncode == 0
+    ssl_json = tmp_path / "pki" / "ssl.json"
+    one_suite = tmp_path / "pki" / "one-suite.json"
+    data = json.loads(ssl_json.read_text())
+    one_suite.write_text(json.dumps({**data, "cipher_list": "ECDHE-ECDSA-AES256-GCM-SHA384"}))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_", "GRPC_S"))}
+    env |= {
+        "CLUSTER_TLS_CONFIG": str(one_suite),
+        "MS_WORKER_NUM": "1",
+        "MS_SCHED_HOST": "127.0.0.1",
+        "MS_SCHED_PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    sched = processes.start("scheduler", [*MSCLUSTER, "scheduler", "--topo-timeout", "60"], env)
+    sched.wait_for_output("listening on", 30)
+    socket = f"unix:{tmp_path / 'relay.sock'}"
+    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", socket], env)
+    relay.wait_for_output("mscluster relay: serving", 30)
+    worker = processes.start_role(
+        "worker", "MS_WORKER", [EXAMPLE], {**env, "CLUSTER_RELAY": socket}
+    )
+    assert worker.wait(60) == 0, worker.output
+    assert "allgather rank=0 size=1" in worker.output
+    assert "relay" not in worker.output  # it went through the relay all along
+    assert sched.wait(30) == 0, sched.output

@@ -96,7 +96,7 @@ def test_the_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert pinned_max_from_env() == host_buffers.PINNED_MAX_DEFAULT
     monkeypatch.setenv(host_buffers.PINNED_MAX_ENV, "123")
     assert pinned_max_from_env() == 123
-    for bad in ("-1", "lots"):
+    for bad in ("-1", "lots", "4GiB", "\uff14"):  # as init() reads it
         monkeypatch.setenv(host_buffers.PINNED_MAX_ENV, bad)
         with pytest.raises(ConfigError, match="CLUSTER_PINNED_MAX_BYTES"):
             pinned_max_from_env()

@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -128,6 +129,33 @@ def test_missing_or_broken_config_file(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(TLSConfigError, match="is not valid JSON"):
         tls.load_settings(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"cert_expire_warning_time_in_day": ' + "9" * 5000 + "}", "value has 5000 digits$"),
+        ("[" * 100_000 + "]" * 100_000, "it is nested too deeply$"),
+        ('{"server_cert_path": "\xff"}', "can't decode byte 0xff"),
+    ],
+    ids=["huge-integer", "deep-nesting", "not-utf8"],
+)
+def test_a_config_json_cannot_read_is_a_tls_config_error(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """A 5000-digit integer (ValueError) or deep nesting (RecursionError) escaped as a
+    traceback: each is one TLSConfigError naming the file."""
+    path = tmp_path / "ssl.json"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(
+        TLSConfigError, match=rf"^the TLS config {re.escape(str(path))} is not valid JSON: .*{said}"
+    ):
+        tls.load_settings(path)
+
+
+def test_a_long_value_of_the_wrong_type_is_quoted_short(pki: certs.Pki, tmp_path: Path) -> None:
+    with pytest.raises(TLSConfigError, match=r"must be a non-empty string, not \[1, .*chars\)$"):
+        tls.load_settings(config(pki, tmp_path, server_cert_path=[1] * 100_000))
 
 
 # -- cipher list -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ KEY_PREFIX = "cluster/peer-state/"
 TOKEN_BYTES = 32
 NONCE_BYTES = auth.NONCE_BYTES
 # A checkpoint prefix: what CheckpointManager accepts (the file names are made of it).
-PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # The largest step a request may name: far past any training run, small enough for a file name.
 MAX_STEP = 10**15
 # What a request's proof is computed over starts with this.

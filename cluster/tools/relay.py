@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.config import TLSOptions, parse_bool, parse_seconds
+from cluster.protocol.config import MIN_NODE_TIMEOUT_S, TLSOptions, parse_bool, parse_seconds
 from cluster.protocol.environment import (
     node_counts_from_env,
     relay_address,
@@ -70,7 +70,9 @@ def settings_from_env(
         env = {**env, "CLUSTER_SCHED_ADDRS": scheduler}
     workers, servers = node_counts_from_env(env)
     silent = parse_bool("MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0") or "0")
-    timeout = parse_seconds("MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or "30")
+    timeout = parse_seconds(
+        "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or "30", minimum=MIN_NODE_TIMEOUT_S
+    )
     schedulers = sched_addresses_from_env(env)
     return RelaySettings(
         address=relay_address("--socket", socket),

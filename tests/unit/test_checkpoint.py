@@ -783,7 +783,7 @@ def test_recovery_needs_two_checkpoints_kept(
         CheckpointManager(tmp_path, "p", one, rank=0)
 
 
-@pytest.mark.parametrize("prefix", ["", "a/b", "../x", ".hidden", "x" * 129, 5])
+@pytest.mark.parametrize("prefix", ["", "a/b", "../x", ".hidden", "x" * 129, 5, "x\n"])
 def test_bad_prefix(tmp_path: Path, prefix: object) -> None:
     with pytest.raises(ConfigError, match="prefix="):
         CheckpointManager(tmp_path, prefix, CheckpointConfig(), rank=0)  # type: ignore[arg-type]

@@ -217,6 +217,12 @@ def test_the_relay_takes_the_job_and_the_scheduler_from_the_launch_environment()
     assert both.schedulers == ("10.0.0.1:8118", "10.0.0.2:8118")
 
 
+def test_the_relay_refuses_a_node_timeout_the_job_would_refuse() -> None:
+    """The relay reads MS_NODE_TIMEOUT as the scheduler and the workers do: at least 1 s."""
+    with pytest.raises(ConfigError, match=r"MS_NODE_TIMEOUT='0.5' is out of range.*at least 1"):
+        settings_from_env({**BASE, "MS_NODE_TIMEOUT": "0.5"}, "/r.sock")
+
+
 def options(**changes: object) -> LaunchOptions:
     base = LaunchOptions(
         script=Path("train.py"),

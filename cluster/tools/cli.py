@@ -117,6 +117,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    args.tls_config = args.tls_config or os.environ.get("CLUSTER_TLS_CONFIG") or None
     if args.tls_config:
         # This process polls the scheduler over TLS too: same cipher list as the children.
         from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS

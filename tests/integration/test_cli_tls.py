@@ -58,6 +58,36 @@ def test_certs_then_a_tls_job_through_the_launcher(tmp_path: Path) -> None:
     assert "mscluster relay: serving unix:" in (tmp_path / "logs" / "relay.log").read_text()
 
 
+def test_cluster_tls_config_alone_is_the_launchers_tls_config(tmp_path: Path) -> None:
+    """CLUSTER_TLS_CONFIG in the launcher's environment, without --tls-config, is its TLS too:
+    the children use it, and so do the launcher's own reads of the scheduler (its progress
+    line counts the registered workers, where it said "scheduler not answering")."""
+    assert certs(tmp_path / "pki").returncode == 0
+    env = {**os.environ, "CLUSTER_TLS_CONFIG": str(tmp_path / "pki" / "ssl.json")}
+    result = subprocess.run(
+        [
+            *MSCLUSTER,
+            "run",
+            "--worker-num",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            EXAMPLE,
+            "--hold",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2/2 registered" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
 def test_certs_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert certs(tmp_path).returncode == 0
     again = certs(tmp_path)

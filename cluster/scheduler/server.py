@@ -27,7 +27,7 @@ from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.protocol.parse import lookup_name
-from cluster.protocol.records import NodeState
+from cluster.protocol.records import NodeState, Phase
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import frozen
 from cluster.scheduler import limits
@@ -316,22 +316,27 @@ class SchedulerServer:
 
     async def wait_done(self) -> bool:
         """Wait until the job is over (or, after `request_stop`, at most STOP_SAVE_WAIT_S more
-        for its end to be saved, or after `request_handover`, until it is left to resume); True
-        when every node finished, or the job was handed over or left to resume."""
+        for its end to be saved, or after `request_handover`, until it is left to resume, or,
+        when its end was decided already, as after `request_stop`); True when every node
+        finished, or the job was handed over or left to resume."""
         if self.ha is not None:
             return await self.ha.wait_done(self._stop_requested)
-        done = asyncio.ensure_future(self.core.done.wait())
+        core = self.core
+        done = asyncio.ensure_future(core.done.wait())
         stop = asyncio.ensure_future(self._stop_requested.wait())
         try:
             await asyncio.wait((done, stop), return_when=asyncio.FIRST_COMPLETED)
-            if not done.done() and self.handing_over is not None:
+            # The job's end is decided (its save may be on the way, `done` set once it lands, in
+            # this very step perhaps): nothing is left to resume, it ends as after a stop.
+            ended = core.state.phase in (Phase.FINISHED, Phase.FAILED)
+            if not ended and self.handing_over is not None:
                 return await self._leave_to_resume(self.handing_over)
-            if not done.done():
+            if not core.done.is_set():
                 await asyncio.wait((done,), timeout=STOP_SAVE_WAIT_S)
         finally:
             done.cancel()
             stop.cancel()
-        return self.core.ok and self.core.done.is_set()
+        return core.ok and core.done.is_set()
 
     def request_stop(self, reason: str) -> None:
         """End the job as failed (a signal, an operator) and stop serving soon: at once when
@@ -366,7 +371,12 @@ class SchedulerServer:
             f"not the leader: the scheduler at {self.address} is stopping ({why}); the job "
             f"goes on once a scheduler is started again with the same {store.name}"
         )
-        if not await self.uninstall(error, save_s=STOP_SAVE_WAIT_S):
+        saved = await self.uninstall(error, save_s=STOP_SAVE_WAIT_S)
+        if core.done.is_set():
+            # A call already under way ended the job, and its end landed in that save: the
+            # nodes were told, nothing is left to resume.
+            return core.ok
+        if not saved:
             self._not_saved(core)
             return False
         log.info(

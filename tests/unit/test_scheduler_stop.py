@@ -5,9 +5,16 @@ the scheduler started next, SIGINT ends it, also when it follows a SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cluster.scheduler.server import JobStore, SchedulerServer
+from cluster.storage.directory_store import DirectoryStore
+from cluster.storage.state_store import Written
 from tests.aio import BOUND_S
 from tests.credentials import registration
 from tests.unit.test_persist import SETTINGS, saved
@@ -50,3 +57,66 @@ async def test_sigint_after_a_sigterm_not_yet_under_way_ends_the_job(tmp_path: P
     finally:
         await server.stop(drain_s=0)
     assert saved(tmp_path)["phase"] == "failed"
+
+
+@pytest.fixture
+def slow_saves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every save of the state takes SLOW_SAVE_S (a slow disk: an NFS fsync)."""
+    real = DirectoryStore._save
+
+    def slow(self: DirectoryStore, snapshot: dict[str, Any], token: str) -> Written:
+        time.sleep(SLOW_SAVE_S)  # sleep-ok: the fault, on the store's worker thread
+        return real(self, snapshot, token)
+
+    monkeypatch.setattr(DirectoryStore, "_save", slow)
+
+
+SLOW_SAVE_S = 0.5
+
+
+def resume_told(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "left to resume" in r.getMessage()]
+
+
+@pytest.mark.usefixtures("slow_saves")
+async def test_sigterm_while_the_jobs_end_is_saved_ends_it_as_failed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job failed, and its end is told once saved; SIGTERM meanwhile: nothing is left to
+    resume, the scheduler waits for that save and ends as the job did (exit 1), never saying
+    "left to resume" about a job that is over."""
+    caplog.set_level(logging.INFO, logger="cluster.scheduler")
+    server = await formed(tmp_path)
+    core = server.core
+    try:
+        core.abort("a server died")
+        assert not core.done.is_set()  # its save is on the way
+        server.request_handover("scheduler stopped by SIGTERM")
+        assert await asyncio.wait_for(server.wait_done(), BOUND_S) is False
+        assert core.done.is_set()
+        assert server.gate.core is core  # the end is drained to the nodes as any end is
+    finally:
+        await server.stop(drain_s=0)
+    assert saved(tmp_path)["phase"] == "failed"
+    assert resume_told(caplog) == []
+
+
+@pytest.mark.usefixtures("slow_saves")
+async def test_an_end_that_lands_while_the_job_is_left_to_resume_is_the_result(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call under way ends the job while the scheduler leaves it to resume: the end lands
+    in the save that leaving waits for, and the nodes are told. The job is over: its result
+    (False), and no "left to resume"."""
+    caplog.set_level(logging.INFO, logger="cluster.scheduler")
+    server = await formed(tmp_path)
+    core = server.core
+    try:
+        core.abort("a server died")
+        left = await asyncio.wait_for(server._leave_to_resume("stopped by SIGTERM"), BOUND_S)
+        assert left is False
+        assert core.done.is_set()
+    finally:
+        await server.stop(drain_s=0)
+    assert saved(tmp_path)["phase"] == "failed"
+    assert resume_told(caplog) == []

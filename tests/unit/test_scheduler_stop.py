@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cluster.protocol.errors import NotLeaderError
 from cluster.scheduler.server import JobStore, SchedulerServer
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.state_store import Written
 from tests.aio import BOUND_S
-from tests.credentials import registration
+from tests.credentials import caller, registration
 from tests.unit.test_persist import SETTINGS, saved
 
 
@@ -120,3 +123,51 @@ async def test_an_end_that_lands_while_the_job_is_left_to_resume_is_the_result(
         await server.stop(drain_s=0)
     assert saved(tmp_path)["phase"] == "failed"
     assert resume_told(caplog) == []
+
+
+async def ended_with(
+    awaitable: Awaitable[object], error: type[BaseException]
+) -> BaseException | None:
+    """What `awaitable` ended with, within BOUND_S (None: it returned)."""
+    try:
+        await asyncio.wait_for(awaitable, BOUND_S)
+    except error as exc:
+        return exc
+    return None
+
+
+async def test_a_scheduler_whose_directory_was_replaced_stands_down_and_exits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MS_RECOVERY_PATH removed and made again under a running scheduler without standbys: its
+    next save is refused (another scheduler may hold the new directory). It answers nothing
+    more: a node's stream, a key-value wait and an event follower end at once with "not the
+    leader", and `wait_done` returns False, so the process exits 1 and frees the port for a
+    scheduler started again, with one line saying why and what to do."""
+    caplog.set_level(logging.INFO, logger="cluster.scheduler")
+    directory = tmp_path / "recovery"
+    directory.mkdir(mode=0o700)
+    server = await formed(directory)
+    core = server.core
+    try:
+        watch = core.watch("1", 1)
+        await asyncio.wait_for(anext(watch), BOUND_S)  # the topology: the stream is open
+        streamed = asyncio.ensure_future(anext(watch))
+        waiting = asyncio.ensure_future(core.kv_wait(caller("0", 1), ["never"], 600.0))
+        following = asyncio.ensure_future(anext(core.journal.follow(core.journal.seq)))
+        shutil.rmtree(directory)
+        directory.mkdir(mode=0o700)
+        refused = await ended_with(core.kv_set(caller("1", 1), "k", b"v"), NotLeaderError)
+        assert "was removed or replaced" in str(refused)
+        for ended in (streamed, waiting, following):
+            assert isinstance(await ended_with(ended, NotLeaderError), NotLeaderError)
+        assert await asyncio.wait_for(server.wait_done(), BOUND_S) is False
+        assert server.gate.core is None
+        with pytest.raises(NotLeaderError):
+            server.gate.current()
+    finally:
+        await server.stop(drain_s=0)
+    (said,) = [r.getMessage() for r in caplog.records if "the scheduler stops" in r.getMessage()]
+    assert f"MS_RECOVERY_PATH={str(directory)!r} was removed or replaced" in said
+    assert "put its directory back at MS_RECOVERY_PATH and start the scheduler again" in said
+    assert list(directory.iterdir()) == []  # nothing written to the directory made again

@@ -155,9 +155,12 @@ class HighAvailability:
         stop = asyncio.ensure_future(stop_requested.wait())
         try:
             await asyncio.wait((finished, stop), return_when=asyncio.FIRST_COMPLETED)
-            if not finished.done() and self.server.handing_over is not None:
+            core = self.server.gate.core
+            # A job whose end is decided (its save on the way) is not handed over: it ends.
+            ended = core is not None and core.state.phase.value in _ENDED
+            if not finished.done() and self.server.handing_over is not None and not ended:
                 await self.hand_over(self.server.handing_over)
-            elif not finished.done() and self.server.gate.core is not None:
+            elif not finished.done() and core is not None:
                 await asyncio.wait((finished,), timeout=STOP_SAVE_WAIT_S)
         finally:
             stop.cancel()
@@ -166,7 +169,8 @@ class HighAvailability:
     async def hand_over(self, why: str) -> None:
         """The operator stops this scheduler (SIGTERM) and the job goes on: a leader stops
         answering, saves what it decided, then deletes its leader key and revokes its lease, so
-        that a standby leads at once, not after the lease; a standby revokes its lease."""
+        that a standby leads at once, not after the lease; a standby revokes its lease. A job
+        whose end lands in that save (a call under way ended it) is over: its result."""
         task, self._task = self._task, None
         if task is not None:  # no campaign, no keepalive from now on
             task.cancel()
@@ -183,21 +187,29 @@ class HighAvailability:
                 "a standby takes the job over at once",
             )
             saved = await self.server.uninstall(error, save_s=STOP_SAVE_WAIT_S)
-            standbys = [a for a in self.leading.schedulers if a != self.election.address]
-            where = self.server.store.where if self.server.store is not None else "etcd"
-            log.info(
-                "handing the job over (%s): %s; releasing the leader key and the lease: %s",
-                why,
-                f"everything decided is saved in {where}"
-                if saved
-                else "saves failed, the newest saved state is what the next leader resumes",
-                f"{', '.join(standbys)} may lead at once"
-                if standbys
-                else "no standby is registered: the job waits (the workers keep training) "
-                "until a scheduler is started on this state URL",
-            )
+            if core.done.is_set():
+                # A call under way ended the job, and its end landed in that save: it is over.
+                self._finish(core.ok)
+            else:
+                self._say_handed_over(why, saved)
         await self.election.close()
         self._finish(True)
+
+    def _say_handed_over(self, why: str, saved: bool) -> None:
+        """The one line of a hand-over: what is saved, and who may lead now."""
+        standbys = [a for a in self.leading.schedulers if a != self.election.address]
+        where = self.server.store.where if self.server.store is not None else "etcd"
+        log.info(
+            "handing the job over (%s): %s; releasing the leader key and the lease: %s",
+            why,
+            f"everything decided is saved in {where}"
+            if saved
+            else "saves failed, the newest saved state is what the next leader resumes",
+            f"{', '.join(standbys)} may lead at once"
+            if standbys
+            else "no standby is registered: the job waits (the workers keep training) "
+            "until a scheduler is started on this state URL",
+        )
 
     async def stop(self) -> None:
         await self._unwatch()

@@ -27,7 +27,7 @@ from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
 from cluster.protocol.errors import ConfigError, NotLeaderError, StateFileError
 from cluster.protocol.parse import lookup_name
-from cluster.protocol.records import NodeState
+from cluster.protocol.records import NodeState, Phase
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import frozen
 from cluster.scheduler import limits
@@ -178,6 +178,10 @@ class SchedulerServer:
         self.handing_over: str | None = None
         # Set by `stop` when it had to stop with decided changes not saved.
         self.unsaved: str | None = None
+        # Without standbys: why saves were refused for good (another scheduler may hold the
+        # store), once they were; and the standing down that followed.
+        self.fenced: str | None = None
+        self._standing_down: asyncio.Future[bool] | None = None
 
     @property
     def address(self) -> str:
@@ -228,6 +232,8 @@ class SchedulerServer:
         else:
             await self.observing.start(core)
         core.start_saving()
+        if self.ha is None:
+            core.on_fenced = self._fenced  # (with standbys, the election steps down)
         self.core = self.gate.core = core
         if self._server is not None:
             self._monitor = asyncio.create_task(core.monitor())
@@ -316,22 +322,30 @@ class SchedulerServer:
 
     async def wait_done(self) -> bool:
         """Wait until the job is over (or, after `request_stop`, at most STOP_SAVE_WAIT_S more
-        for its end to be saved, or after `request_handover`, until it is left to resume); True
-        when every node finished, or the job was handed over or left to resume."""
+        for its end to be saved, or after `request_handover`, until it is left to resume, or,
+        when its end was decided already, as after `request_stop`); True when every node
+        finished, or the job was handed over or left to resume; False at once when its saves
+        were refused for good (`_fenced`)."""
         if self.ha is not None:
             return await self.ha.wait_done(self._stop_requested)
-        done = asyncio.ensure_future(self.core.done.wait())
+        core = self.core
+        done = asyncio.ensure_future(core.done.wait())
         stop = asyncio.ensure_future(self._stop_requested.wait())
         try:
             await asyncio.wait((done, stop), return_when=asyncio.FIRST_COMPLETED)
-            if not done.done() and self.handing_over is not None:
+            if self._standing_down is not None and not core.done.is_set():
+                return await self._stood_down()
+            # The job's end is decided (its save may be on the way, `done` set once it lands, in
+            # this very step perhaps): nothing is left to resume, it ends as after a stop.
+            ended = core.state.phase in (Phase.FINISHED, Phase.FAILED)
+            if not ended and self.handing_over is not None:
                 return await self._leave_to_resume(self.handing_over)
-            if not done.done():
+            if not core.done.is_set():
                 await asyncio.wait((done,), timeout=STOP_SAVE_WAIT_S)
         finally:
             done.cancel()
             stop.cancel()
-        return self.core.ok and self.core.done.is_set()
+        return core.ok and core.done.is_set()
 
     def request_stop(self, reason: str) -> None:
         """End the job as failed (a signal, an operator) and stop serving soon: at once when
@@ -366,7 +380,12 @@ class SchedulerServer:
             f"not the leader: the scheduler at {self.address} is stopping ({why}); the job "
             f"goes on once a scheduler is started again with the same {store.name}"
         )
-        if not await self.uninstall(error, save_s=STOP_SAVE_WAIT_S):
+        saved = await self.uninstall(error, save_s=STOP_SAVE_WAIT_S)
+        if core.done.is_set():
+            # A call already under way ended the job, and its end landed in that save: the
+            # nodes were told, nothing is left to resume.
+            return core.ok
+        if not saved:
             self._not_saved(core)
             return False
         log.info(
@@ -378,6 +397,40 @@ class SchedulerServer:
             store.name,
         )
         return True
+
+    def _fenced(self, why: str) -> None:
+        """Saves were refused for good (`why`: the recovery directory was removed or replaced,
+        and another scheduler may hold the new one): with no standby to step down to, this
+        scheduler stands down at once (every open stream, wait and follower ends with "not the
+        leader") and `wait_done` returns False, so that the process ends and frees its port for
+        a scheduler started again, which the nodes find at the same address."""
+        if self.fenced is not None:
+            return
+        self.fenced = why
+        error = NotLeaderError(
+            f"not the leader: the scheduler at {self.address} has stopped, its saves refused "
+            f"({why})"
+        )
+        self._standing_down = asyncio.ensure_future(self.uninstall(error))
+        self._stop_requested.set()
+
+    async def _stood_down(self) -> bool:
+        """After `_fenced`: once every stream and wait has ended, say (one line) why this
+        scheduler stops and what to do; False (the process exits 1)."""
+        store = self.store
+        assert self._standing_down is not None
+        assert store is not None
+        await self._standing_down
+        log.error(
+            "the scheduler stops (exit 1), as nothing it decides can be saved any more: %s. To "
+            "resume the job, put its directory back at %s and start the scheduler again (the "
+            "nodes keep training and reconnect to it); started again on %s as it is now, it "
+            "resumes what that holds (a new job if nothing)",
+            self.fenced,
+            store.name,
+            store.name,
+        )
+        return False
 
     async def _tell_guard_waiters(self, core: SchedulerCore, deadline: float) -> None:
         """Nodes waiting out their guard have no stream: they hear of the end when they ask

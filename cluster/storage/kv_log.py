@@ -10,10 +10,13 @@ A batch of changes is one write and one fsync, so a key set costs a fraction of 
 many arrive together, and never a rewrite of the whole store. A crash mid-append leaves a torn
 last record: it was never acknowledged (the answer waits for the fsync), so loading drops it and
 the next append overwrites it. A record whose length runs past the end of the file is taken for
-torn only when no whole record (its magic, a length within the file, its checksum) begins
-anywhere after its header, and its own bytes to the end are not one whole record: otherwise its
-length was damaged, and what follows is saved records. That, a complete record that fails its
-checksum, or anything that is not a record, is corruption: reported, never half-loaded nor cut.
+torn only when no chain of whole records (each its magic, a length within the file, its
+checksum, and followed by the next or by the end) begins after its header and reaches exactly
+the end of the file, and its own bytes to the end are not one whole record: otherwise its
+length was damaged, and what follows is saved records. (Records inside a torn record's value,
+which a member may set, stop short of the end: the rest of the value follows them.) That, a
+complete record that fails its checksum, or anything that is not a record, is corruption:
+reported, never half-loaded nor cut.
 
 The log is compacted: it knows the size of the newest record of each key, so what a compacted
 log would hold (`live`: the header and one record per key) is exact, whatever was rewritten.
@@ -96,16 +99,37 @@ def _damaged_length(data: bytes, at: int, length: int) -> str:
 
 
 def _next_whole_record(data: bytes, start: int) -> int | None:
-    """Where the first record at or after `start` begins that lies whole in `data` and verifies
-    (its magic, a length within `data`, its checksum); None when there is none."""
+    """Where the first record at or after `start` begins from which whole records (each its
+    magic, a length within `data`, its checksum) follow one another to exactly the end of
+    `data`; None when there is none. Records that stop short of the end are bytes of a value
+    (a torn last record whose value holds encoded records), not saved records: a saved record
+    is followed by the next one or by the end of the log."""
     view = memoryview(data)
+    dead: set[int] = set()  # starts of chains that stop short of the end
     at = data.find(MAGIC, start)
     while at != -1 and at + 6 <= len(data):
-        (length,) = _LENGTH.unpack(view[at + 2 : at + 6])
-        if _checks_out(view, at, length):
+        if _reaches_the_end(view, at, dead):
             return at
         at = data.find(MAGIC, at + 1)
     return None
+
+
+def _reaches_the_end(view: memoryview, at: int, dead: set[int]) -> bool:
+    """Whether whole records follow one another from `at` to exactly the end of `view`; the
+    starts walked are added to `dead` when they do not (so no start is walked twice)."""
+    walked = []
+    while at < len(view) and at not in dead:
+        walked.append(at)
+        if at + 6 > len(view) or view[at : at + 2] != MAGIC:
+            break
+        (length,) = _LENGTH.unpack(view[at + 2 : at + 6])
+        if not _checks_out(view, at, length):
+            break
+        at += 6 + length + _DIGEST
+    if at == len(view):
+        return True
+    dead.update(walked)
+    return False
 
 
 def _read_from_start(fd: int) -> bytes:

@@ -216,6 +216,31 @@ def test_a_torn_last_record_is_dropped_and_the_next_append_overwrites_it(
     replayed.close()
 
 
+INNER = encode_record("x", b"y" * 10)
+HOLDS_RECORDS = b"prefix" + INNER + INNER + b"z" * 100  # a value a member may set
+
+
+@pytest.mark.parametrize("cut", [1, 50, 100, 100 + len(INNER)])
+def test_a_torn_record_whose_value_holds_whole_records_is_a_torn_tail(
+    tmp_path: Path, cut: int
+) -> None:
+    """A crash mid-append of a record whose value holds encoded records, after some of them
+    landed: they are bytes of a value never acknowledged, not saved records behind a damaged
+    length (they stop short of the end of the log). Loading drops the torn record, and the next
+    batch is written where it began."""
+    starts = logged(tmp_path, [{"a": b"1"}, {"blob": HOLDS_RECORDS}])
+    path = tmp_path / FILE_NAME
+    os.truncate(path, path.stat().st_size - cut)
+    log = KvLog(tmp_path)
+    assert log.load(JOB) == {"a": b"1"}
+    assert log.size == starts[1]
+    log.append(JOB, {"b": b"2"})
+    log.close()
+    replayed = KvLog(tmp_path)
+    assert replayed.load(JOB) == {"a": b"1", "b": b"2"}
+    replayed.close()
+
+
 def test_an_append_never_writes_a_log_that_replaced_its_own(tmp_path: Path) -> None:
     """The log holds the file it loaded or wrote: a kv.log put in its place (a directory or a
     file replaced behind its back) is another writer's, and is never truncated or appended to."""

@@ -606,6 +606,34 @@ def test_a_restored_jobs_burst_ends_by_ms_topo_timeout() -> None:
     assert settings.topo_timeout_s < took <= settings.topo_timeout_s + settings.silence_limit_s + 1
 
 
+@pytest.mark.parametrize("gone", ["failed", "finished"])
+def test_a_restored_node_failed_or_finished_ends_the_burst(gone: str) -> None:
+    """A restored node found failed (it did not reconnect) or that finished before it came back
+    is awaited no more: the burst ends with the others back, and a spare asking again every 5 s
+    cannot hold a hung node's silence back until MS_TOPO_TIMEOUT."""
+    clock = FakeClock()
+    before = recovering(clock, n=4)
+    accept(before, reg(before, "x", spare=True, port=9999))
+    restored = restore(before.snapshot(), clock, worker_num=4)
+    for node_id in ("0", "1", "2"):
+        accept(restored, reg(restored, node_id, port=6000 + int(node_id)))
+        restored.connect(node_id, 1)
+    if gone == "failed":
+        clock.advance(restored.settings.silence_limit_s + 0.5)
+        for node_id in ("0", "1", "2"):
+            restored.heartbeat(node_id, 1)
+        failed = [e for e in restored.tick() if isinstance(e, NodeFailedEvent)]
+        assert [(e.node_id, "did not reconnect" in e.reason) for e in failed] == [("3", True)]
+    else:
+        accept(restored, reg(restored, "3", port=6003))
+        restored.finish("3", 1)
+    assert restored.awaiting == set()
+    spare = reg(restored, "x", spare=True, port=9999)
+    took, hung = _first_failure(restored, clock, ["0", "2"], lambda t: spare)  # "1" hangs
+    assert [e.node_id for e in hung] == ["1"]
+    assert took <= restored.settings.silence_limit_s + 1, hung[0].reason
+
+
 def test_a_node_that_joins_after_a_tick_found_nobody_is_still_watched() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, node_timeout_s=10.0)
@@ -965,8 +993,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.report_numbers = itertools.count(1)
 
     def _in_burst(self) -> bool:
+        """Registrations come as a burst while the job forms, and after a restart while an
+        alive member is not back yet (one failed or finished meanwhile comes back, if ever, as
+        one node) within MS_TOPO_TIMEOUT."""
         state, now = self.state, self.clock.now
-        restoring = bool(state.awaiting) and now - self.restored_at <= state.settings.topo_timeout_s
+        back_soon = any(
+            m.state is NodeState.ALIVE and m.node_id in state.awaiting
+            for m in state.members.values()
+        )
+        restoring = back_soon and now - self.restored_at <= state.settings.topo_timeout_s
         return state.phase is Phase.WAITING or restoring
 
     def _after(self, effects: list[Effect], *, leaving: bool = False) -> None:
@@ -1178,6 +1213,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         # job runs: a tick that ends it stops there), counted from its last sign of life or the
         # last registration of a burst: no other registration holds silence back.
         now = self.clock.now
+        # ... and the machine's floor is no later than that last registration of a burst.
+        assert self.state.liveness.last_accepted <= self.burst_at
         running = self.state.phase in (Phase.WAITING, Phase.READY)
         for m in self.state.members.values() if running else ():
             watched = self.state.settings.heartbeat_enabled or m.node_id in self.state.awaiting
@@ -1363,6 +1400,18 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert verdict.kind is Denial.NOT_REGISTERED_HERE
                 else:
                     assert verdict is member
+
+    @invariant()
+    def only_alive_members_are_awaited(self) -> None:
+        """A restored member that failed or finished before it came back is awaited no more:
+        it would hold the registration burst open (and every silence limit back) for
+        MS_TOPO_TIMEOUT after the restart."""
+        if not hasattr(self, "state"):
+            return
+        members = self.state.members
+        for node_id in self.state.awaiting:
+            assert node_id in members
+            assert members[node_id].state is NodeState.ALIVE, node_id
 
     @invariant()
     def nothing_is_kept_of_a_node_that_is_gone(self) -> None:

@@ -128,7 +128,8 @@ class SchedulerState:
     # The job this one replaced on the same recovery path (it had ended): its nodes' saved
     # files name it, and they are welcome in this job as new nodes.
     previous_cluster_id: str = ""
-    # Restored from a snapshot: nodes not yet back since the restart.
+    # Restored from a snapshot: alive members not yet back since the restart (one that fails or
+    # finishes meanwhile is awaited no more: it holds no registration burst open).
     awaiting: set[str] = field(init=False, default_factory=set)
     # The generation the scheduler was restored in (0: never restored): collectives of that
     # generation may have been cut in two by the restart.
@@ -392,6 +393,7 @@ class SchedulerState:
             return [ProgressEvent(len(self.members), self.expected)]
         if member.state is NodeState.ALIVE:
             member.state = NodeState.FINISHED
+            self.awaiting.discard(member.node_id)
             self._finished += 1
             self.revision += 1
         if self.phase is Phase.READY and self._finished == len(self.members):
@@ -658,6 +660,7 @@ class SchedulerState:
             ]
         member.state = NodeState.FAILED
         member.failure = why
+        self.awaiting.discard(member.node_id)
         self.revision += 1
         failed = NodeFailedEvent(member.rank, member.node_id, why, self.generation)
         if self.phase is Phase.READY and self.recovery:

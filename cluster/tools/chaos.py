@@ -1,4 +1,5 @@
-"""Fault injection over a whole training run: `mscluster chaos`.
+"""Fault injection over a whole training run: what `mscluster chaos` does to the job
+(`cluster.tools.chaos_run` is the command around it).
 
 `Chaos` runs a job as a `cluster.testing.LocalJob` (recovery on), injects faults at random
 moments (reproducible from the seed), restarts what it killed, waits for the job to recover
@@ -20,28 +21,21 @@ Faults:
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import json
-import os
 import random
 import re
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.events import Kind
 from cluster.protocol.records import Phase
-from cluster.tools import report_html
-from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
-from cluster.tools.launch_setup import writable_dir
-from cluster.tools.netlab import NetworkLab
-from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
+from cluster.tools.chaos_record import StepSampler
+from cluster.tools.testing import LocalJob, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
@@ -394,158 +388,3 @@ class Chaos:
 
     def _say(self, line: str) -> None:
         print(line, file=self._out, flush=True)
-
-
-@dataclass(frozen=True)
-class ChaosSpec:
-    """One `mscluster chaos` run: the job (`script` with `script_args`, `workers` and `spares`,
-    MS_NODE_TIMEOUT `node_timeout_s`, logs in `log_dir`; `standbys` schedulers beside the first,
-    on `state_url` (etcd) with a lease of `lease_s`), the faults (of `faults`, one every
-    `every_s` on average for `duration_s`, at most `count`, drawn from `seed`) and the JSON
-    report (`report_path`, by default LOG_DIR/chaos-report.json)."""
-
-    script: Path
-    script_args: Sequence[str] = ()
-    workers: int = 2
-    node_timeout_s: float = 3.0
-    log_dir: Path = Path("logs")
-    faults: Sequence[str] = FAULTS
-    every_s: float = 5.0
-    duration_s: float = 60.0
-    seed: int = 0
-    count: int | None = None
-    report_path: Path | None = None
-    spares: int = 0
-    standbys: int = 0
-    state_url: str | None = None
-    lease_s: int | None = None
-
-
-def run_chaos(
-    spec: ChaosSpec, *, out: IO[str] = sys.stderr, make_job: Callable[..., LocalJob] = LocalJob
-) -> ChaosReport:
-    """The whole command: run, report to `out` and the JSON report. Every option is checked
-    before anything is written or started."""
-    report_path = spec.report_path or spec.log_dir / "chaos-report.json"
-    _check_spec(spec, report_path)
-    events_path = spec.log_dir / EVENT_LOG
-    options = _job_options(spec, events_path)
-    events_path.unlink(missing_ok=True)  # this run's events only
-    job = make_job(
-        spec.script,
-        spec.script_args,
-        workers=spec.workers,
-        node_timeout_s=spec.node_timeout_s,
-        workdir=spec.log_dir,
-        timeout_s=max(60.0, 6 * spec.node_timeout_s),
-        options=options,
-    )
-    chaos = Chaos(
-        job,
-        faults=spec.faults,
-        every_s=spec.every_s,
-        duration_s=spec.duration_s,
-        seed=spec.seed,
-        count=spec.count,
-        out=out,
-    )
-    report = _run_stoppable(chaos, job)
-    print(report.render(), file=out, flush=True)
-    if report.started_at:
-        report.events = load_events(events_path, report.started_at)
-    _write_report(report, report_path, out)
-    return report
-
-
-def _check_spec(spec: ChaosSpec, report_path: Path) -> None:
-    """A ClusterError naming the option that cannot be used; writes nothing but the log
-    directory (made, as the run makes it)."""
-    if not spec.script.is_file():
-        raise ClusterError(f"the script {str(spec.script)!r} does not exist")
-    check_injection(spec.faults, spec.every_s, spec.duration_s)
-    writable_dir("--log-dir", spec.log_dir)
-    if spec.report_path is not None:
-        writable_dir(f"--report {str(spec.report_path)!r}", report_path.parent, make=False)
-
-
-def _run_stoppable(chaos: Chaos, job: LocalJob) -> ChaosReport:
-    """`chaos.run()`, ended through `job.close()` by SIGTERM or SIGINT from outside too."""
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    for sig in previous:
-        signal.signal(sig, _stop)
-    try:
-        return chaos.run()
-    finally:
-        job.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-# How long a run stopped by a signal may take to end: its teardown is bounded (each process
-# reaped within 10 s, each channel closed within 5 s, each `ip` command within 30 s).
-STOP_BOUND_S = 45.0
-
-
-def _stop(signum: int, _frame: object) -> None:
-    """SIGTERM or SIGINT from outside: end the run through its `finally` (the job's processes
-    killed, the network lab torn down), once; a second signal while it ends is ignored."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    _exit_within(STOP_BOUND_S, 128 + signum)
-    raise SystemExit(128 + signum)
-
-
-def _exit_within(seconds: float, code: int) -> None:
-    """Exit with `code` even if ending takes longer than `seconds` (something blocked in the
-    teardown or at the interpreter's exit): first print every thread's stack, which says what
-    blocked, so that a stopped run never hangs silently."""
-
-    def expire() -> None:
-        sys.stderr.write(
-            f"mscluster chaos: still ending {seconds:g} s after the signal; every thread's stack "
-            "follows, then it exits\n"
-        )
-        sys.stderr.flush()
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        os._exit(code)
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
-
-
-def _network(workers: int, schedulers: int) -> NetworkLab:
-    """The namespaces a partition needs, or a ClusterError that says why they cannot be made."""
-    why = NetworkLab.why_not_available()
-    if why:
-        raise ClusterError(f"--faults partition needs network namespaces: {why}")
-    return NetworkLab(workers, schedulers=schedulers)
-
-
-def _job_options(spec: ChaosSpec, events_path: Path) -> LocalJobOptions:
-    """The job's options: recovery on, the event log, spares, and schedulers (standbys on the
-    state URL); a ClusterError for standbys without one, or a partition without namespaces."""
-    if spec.standbys and spec.state_url is None:
-        raise ClusterError(
-            f"--standbys {spec.standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
-            "standby schedulers share the job's state in etcd"
-        )
-    options = LocalJobOptions(
-        env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
-        network=_network(spec.workers, spec.standbys + 1) if "partition" in spec.faults else None,
-        spares=spec.spares,
-    )
-    if spec.state_url is None:
-        return options
-    options = dataclasses.replace(options, standbys=spec.standbys, state_url=spec.state_url)
-    if spec.lease_s is not None:
-        options = dataclasses.replace(options, lease_s=spec.lease_s)
-    return options
-
-
-def _write_report(report: ChaosReport, path: Path, out: IO[str]) -> None:
-    """The report as JSON at `path` and as a page beside it (.html)."""
-    path.write_text(report.to_json() + "\n")
-    page = path.with_suffix(".html")
-    page.write_text(report_html.render(json.loads(report.to_json())))
-    print(f"mscluster chaos: report written to {path} and {page}", file=out, flush=True)

@@ -264,7 +264,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
-    from cluster.tools import chaos  # noqa: PLC0415 - imports grpc
+    from cluster.tools import chaos_run  # noqa: PLC0415 - imports grpc
 
     remainder = list(args.run_options)
     if remainder[:1] == ["--"]:
@@ -278,7 +278,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
             "mscluster chaos runs the whole job on this host: give --local-worker-num equal to "
             "--worker-num, and no --node-rank"
         )
-    spec = chaos.ChaosSpec(
+    spec = chaos_run.ChaosSpec(
         Path(run.script),
         run.script_args,
         workers=where.worker_num,
@@ -296,7 +296,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         state_url=run.state_url,
         lease_s=run.lease,
     )
-    report = chaos.run_chaos(spec)
+    report = chaos_run.run_chaos(spec)
     return 0 if report.ok else 1
 
 

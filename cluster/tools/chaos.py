@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import re
 import signal
@@ -103,16 +104,24 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
-def check_injection(faults: Sequence[str], every_s: float, duration_s: float) -> None:
-    """A ClusterError naming the option when the faults or their pace cannot be used."""
+def check_injection(
+    faults: Sequence[str], every_s: float, duration_s: float, count: int | None = None
+) -> None:
+    """A ClusterError naming the option when the faults or their pace cannot be used: a finite
+    --every > 0, a finite --duration >= 0, a --count >= 1 (NaN compares false with anything,
+    so each bound is written as what must hold)."""
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
         raise ClusterError(
             f"--faults {','.join(faults)}: {', '.join(unknown) or 'none given'}; choose "
             f"from {','.join(FAULTS)}"
         )
-    if every_s <= 0 or duration_s < 0:
-        raise ClusterError("--every must be > 0 and --duration >= 0 seconds")
+    if not (math.isfinite(every_s) and every_s > 0):
+        raise ClusterError(f"--every {every_s:g}: --every must be > 0 (finite seconds)")
+    if not (math.isfinite(duration_s) and duration_s >= 0):
+        raise ClusterError(f"--duration {duration_s:g}: --duration must be >= 0 (finite seconds)")
+    if count is not None and count < 1:
+        raise ClusterError(f"--count {count}: --count must be >= 1 (leave it out: no limit)")
 
 
 class Chaos:
@@ -128,7 +137,7 @@ class Chaos:
         out: IO[str] = sys.stderr,
     ) -> None:
         """`count`: stop injecting after this many faults (None: until `duration_s`)."""
-        check_injection(faults, every_s, duration_s)
+        check_injection(faults, every_s, duration_s, count)
         self.job = job
         self.faults = list(faults)
         self.every_s = every_s

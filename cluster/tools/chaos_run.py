@@ -93,7 +93,7 @@ def _check_spec(spec: ChaosSpec, report_path: Path) -> None:
     directory (made, as the run makes it)."""
     if not spec.script.is_file():
         raise ClusterError(f"the script {str(spec.script)!r} does not exist")
-    check_injection(spec.faults, spec.every_s, spec.duration_s)
+    check_injection(spec.faults, spec.every_s, spec.duration_s, spec.count)
     writable_dir("--log-dir", spec.log_dir)
     if spec.report_path is not None:
         writable_dir(f"--report {str(spec.report_path)!r}", report_path.parent, make=False)

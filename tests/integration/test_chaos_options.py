@@ -1,0 +1,74 @@
+"""`mscluster chaos` and its options: what it cannot use is one line (exit 2) with nothing
+started; what it takes reaches the job."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.procs import MSCLUSTER
+
+# A job that forms and ends at once.
+QUICK = """
+import cluster
+
+cluster.init()
+cluster.finalize()
+"""
+
+
+def quick_script(tmp_path: Path, text: str = QUICK) -> Path:
+    script = tmp_path / "job" / "quick.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(text)
+    return script
+
+
+def chaos(
+    tmp_path: Path,
+    *options: str,
+    run_options: tuple[str, ...] = (),
+    script: Path | None = None,
+    timeout_s: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """`mscluster chaos OPTIONS -- --worker-num 2 --local-worker-num 2 --log-dir LOGS
+    RUN_OPTIONS SCRIPT`."""
+    script = script or quick_script(tmp_path)
+    logs = str(tmp_path / "logs")
+    base = ["--worker-num", "2", "--local-worker-num", "2", "--log-dir", logs]
+    return subprocess.run(
+        [*MSCLUSTER, "chaos", *options, "--", *base, *run_options, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def refused(tmp_path: Path, result: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a refusal (exit 2, no traceback), with no job started."""
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert not (tmp_path / "logs" / "job.secret").exists()  # no job was started
+    return line
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (("--every", "nan"), "--every nan: --every must be > 0"),
+        (("--every", "inf"), "--every inf: --every must be > 0"),
+        (("--every", "-1"), "--every -1: --every must be > 0"),
+        (("--duration", "nan"), "--duration nan: --duration must be >= 0"),
+        (("--duration", "inf"), "--duration inf: --duration must be >= 0"),
+        (("--count", "-2"), "--count -2: --count must be >= 1"),
+        (("--count", "0"), "--count 0: --count must be >= 1"),
+    ],
+)
+def test_a_pace_that_is_no_number_of_seconds_or_faults_is_refused(
+    tmp_path: Path, options: tuple[str, ...], named: str
+) -> None:
+    line = refused(tmp_path, chaos(tmp_path, *options))
+    assert named in line, line

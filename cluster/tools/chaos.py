@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, JobTimeoutError
 from cluster.protocol.events import Kind
 from cluster.protocol.records import Phase
 from cluster.tools.chaos_record import StepSampler
@@ -154,24 +154,13 @@ class Chaos:
         sampler: StepSampler | None = None
         try:
             self.job.start()
-            self.job.wait_formed()
-            formed = time.monotonic()
-            self.report.started_at = time.time()
-            sampler = StepSampler(self.job, self.report.started_at).start()
-            while self.count is None or len(self.report.faults) < self.count:
-                pause = self.rng.uniform(0.5, 1.5) * self.every_s
-                if time.monotonic() + pause - formed > self.duration_s:
-                    break
-                if not self._sleep_while_running(pause):
-                    break  # the job is ending: no more faults
-                if self._winding_down():
-                    break  # a rank already finished: a fault now would hit a job that ended
-                fault = self._inject(self._next_kind(), time.monotonic() - formed)
-                self.report.faults.append(fault)
-                self._say(self._describe(fault))
-                if self._after_the_end:
-                    break
-            self.report.exit_code = self._wait_for_the_end()
+            if self._formed():
+                self.report.started_at = time.time()
+                sampler = StepSampler(self.job, self.report.started_at).start()
+                self._inject_faults(time.monotonic())
+                self.report.exit_code = self._wait_for_the_end()
+            else:
+                self.report.exit_code = self._ended_code()
             if self.report.exit_code != 0:
                 self.report.detail = self._first_failure()
         except (ClusterError, OSError) as exc:
@@ -181,6 +170,41 @@ class Chaos:
             if sampler is not None:
                 self.report.steps = sampler.stop()
         return self.report
+
+    def _formed(self) -> bool:
+        """Wait for the job to form: True once it has, False when it ended first (a worker or
+        every scheduler exited; their exit codes then say how it went)."""
+        try:
+            self.job.wait_formed()
+        except JobTimeoutError:
+            if self.job.ended(every_worker=True) is None:
+                raise  # the bound passed with the job running
+            return False
+        return True
+
+    def _ended_code(self) -> int:
+        """The exit code of a job that ended before it formed: the first code other than 0 of
+        a process that exited (the others are then killed, as `mscluster run` does), else every
+        process's end."""
+        gone = self.job.ended(every_worker=True)
+        code = None if gone is None else gone.popen.returncode
+        return code if code else self._wait_for_the_end()
+
+    def _inject_faults(self, formed: float) -> None:
+        """Faults one after the other until the count, the duration or the job's end."""
+        while self.count is None or len(self.report.faults) < self.count:
+            pause = self.rng.uniform(0.5, 1.5) * self.every_s
+            if time.monotonic() + pause - formed > self.duration_s:
+                break
+            if not self._sleep_while_running(pause):
+                break  # the job is ending: no more faults
+            if self._winding_down():
+                break  # a rank already finished: a fault now would hit a job that ended
+            fault = self._inject(self._next_kind(), time.monotonic() - formed)
+            self.report.faults.append(fault)
+            self._say(self._describe(fault))
+            if self._after_the_end:
+                break
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -382,8 +406,7 @@ class Chaos:
     def _first_failure(self) -> str:
         for proc in [*self.job.schedulers, *self.job.workers]:
             if proc is not None and proc.popen.returncode not in (0, None):
-                tail = proc.output.strip().splitlines()[-1:] or ["(no output)"]
-                return f"{proc.name} exited {proc.popen.returncode}: {tail[0]}"
+                return proc.exit_line()
         return "a process did not exit 0"
 
     def _describe(self, fault: Fault) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from cluster.protocol.config import parse_seconds
 from cluster.protocol.errors import ClusterError
 from cluster.tools import report_html
 from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
@@ -94,6 +95,7 @@ def _check_spec(spec: ChaosSpec, report_path: Path) -> None:
     if not spec.script.is_file():
         raise ClusterError(f"the script {str(spec.script)!r} does not exist")
     check_injection(spec.faults, spec.every_s, spec.duration_s, spec.count)
+    parse_seconds("--node-timeout", f"{spec.node_timeout_s:g}")  # finite, > 0: it bounds waits
     writable_dir("--log-dir", spec.log_dir)
     if spec.report_path is not None:
         writable_dir(f"--report {str(spec.report_path)!r}", report_path.parent, make=False)

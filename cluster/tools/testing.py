@@ -40,6 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cluster.protocol.config import parse_seconds
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.records import Phase
@@ -127,6 +128,12 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def exit_line(self) -> str:
+        """How it ended, in one line: its exit code and the last line of its output (a
+        traceback's is the error)."""
+        last = self.output.strip().splitlines()[-1:] or ["(no output)"]
+        return f"{self.name} exited {self.popen.returncode}: {last[0]}"
+
     def wait(self, timeout_s: float) -> int:
         """Its exit code; JobTimeoutError with its output when it runs past `timeout_s`."""
         try:
@@ -212,6 +219,7 @@ class LocalJob:
         `timeout_s`: the bound of each wait; `options`: the rest (`LocalJobOptions`)."""
         if workers < 1:
             raise ClusterError(f"LocalJob workers={workers} must be >= 1")
+        parse_seconds("LocalJob node_timeout_s", repr(node_timeout_s))  # finite, > 0
         self.hosts = _scheduler_hosts(options.standbys, options.state_url, options.network)
         self.script = Path(script)
         self.args = list(args)
@@ -327,8 +335,11 @@ class LocalJob:
             self.leader_index = self.addresses.index(view.address)
         return view
 
-    def wait_status(self, predicate: Callable[[Any], bool], what: str) -> Any:
-        """Poll the status until `predicate(view)` holds; the view."""
+    def wait_status(
+        self, predicate: Callable[[Any], bool], what: str, *, every_worker: bool = False
+    ) -> Any:
+        """Poll the status until `predicate(view)` holds; the view. A JobTimeoutError after
+        `timeout_s`, or as soon as the job has ended (`ended`) with the exit that ended it."""
         seen: list[Any] = []
 
         def check() -> bool:
@@ -336,14 +347,32 @@ class LocalJob:
             if view is not None and predicate(view):
                 seen.append(view)
                 return True
+            gone = self.ended(every_worker=every_worker)
+            if gone is not None:
+                raise JobTimeoutError(f"the job ended before {what}: {gone.exit_line()}")
             return False
 
         wait_until(check, self.timeout_s, what)
         return seen[0]
 
     def wait_formed(self) -> Any:
-        """Wait until every worker is in the job, alive and connected."""
-        return self.wait_status(self.everyone_back, f"all {self.worker_num} workers in the job")
+        """Wait until every worker is in the job, alive and connected; a JobTimeoutError at
+        once when a worker or every scheduler has exited (nothing starts it again meanwhile)."""
+        what = f"all {self.worker_num} workers in the job"
+        return self.wait_status(self.everyone_back, what, every_worker=True)
+
+    def ended(self, *, every_worker: bool = False) -> Process | None:
+        """None while a scheduler runs (and, with `every_worker`, every worker): the status can
+        still change. Else the exit to blame: the first process that exited other than 0, else
+        the first that exited."""
+        schedulers = [p for p in self.schedulers if p is not None]
+        workers = [p for p in self.workers if p is not None]
+        worker_gone = every_worker and any(not w.running for w in workers)
+        if not schedulers or (not worker_gone and any(s.running for s in schedulers)):
+            return None
+        exited = [p for p in [*schedulers, *workers] if not p.running]
+        failed = [p for p in exited if p.popen.returncode != 0]
+        return (failed or exited)[0]
 
     def everyone_back(self, view: Any) -> bool:
         """In `view` (a status), every worker alive and connected, the job ready."""

@@ -72,3 +72,25 @@ def test_a_pace_that_is_no_number_of_seconds_or_faults_is_refused(
 ) -> None:
     line = refused(tmp_path, chaos(tmp_path, *options))
     assert named in line, line
+
+
+def test_a_job_that_forms_and_ends_at_once_passes_without_waiting(tmp_path: Path) -> None:
+    """Formed and finished between two looks at the status: its exit codes decide, at once
+    (the wait for the job to form is 60 s here)."""
+    result = chaos(tmp_path, "--duration", "0", timeout_s=45)
+    assert result.returncode == 0, result.stderr
+    assert "the job finished correctly, exit code 0" in result.stderr
+
+
+def test_a_script_that_dies_at_once_fails_with_its_error(tmp_path: Path) -> None:
+    script = quick_script(tmp_path, 'raise SystemExit("boom: the script died")\n')
+    result = chaos(tmp_path, script=script, timeout_s=45)
+    assert result.returncode == 1, result.stderr
+    assert "exited 1: boom: the script died), exit code 1" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("seconds", ["1e999", "nan", "0", "-1"])
+def test_a_node_timeout_that_is_no_positive_number_is_refused(tmp_path: Path, seconds: str) -> None:
+    line = refused(tmp_path, chaos(tmp_path, run_options=("--node-timeout", seconds)))
+    assert f"--node-timeout={seconds!r}" in line or "--node-timeout='inf'" in line, line
+    assert "it must be a positive number of seconds" in line, line

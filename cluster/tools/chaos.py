@@ -40,6 +40,8 @@ from cluster.tools.testing import LocalJob, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
+# A fault's note when the job failed after it instead of coming back.
+FAILED_AFTER = "the job failed after it"
 # How long the job gets to end after the last fault.
 FINISH_TIMEOUT_S = 600.0
 
@@ -54,6 +56,14 @@ class Fault:
     steps_lost: int | None = None  # steps computed again; None: no rollback seen
     note: str = ""
     took_over: str = ""  # a scheduler fault with standbys: the scheduler that leads after it
+    # The job failed after this fault instead of coming back (recovered_after_s is None).
+    job_failed: bool = False
+
+    def failed_the_job(self) -> None:
+        """The job failed after this fault, before it came back."""
+        self.job_failed = True
+        self.recovered_after_s = None
+        self.note = f"{self.note}; the job failed after it" if self.note else FAILED_AFTER
 
 
 @dataclass
@@ -95,7 +105,9 @@ class ChaosReport:
         if resumes:
             steps = ", ".join(f"generation {e['generation']} at step {e['step']}" for e in resumes)
             lines.append(f"resumed from memory (not from disk): {steps}")
-        verdict = "finished correctly" if self.ok else f"FAILED ({self.detail})"
+        fatal = next((n for n, f in enumerate(self.faults, 1) if f.job_failed), None)
+        after = "" if fatal is None else f" after fault #{fatal}"
+        verdict = "finished correctly" if self.ok else f"FAILED{after} ({self.detail})"
         lines.append(f"the job {verdict}, exit code {self.exit_code}, {self.duration_s:.1f} s")
         return "\n".join(lines)
 
@@ -237,7 +249,11 @@ class Chaos:
             return fault
         fault.detected_after_s = detected
         self.job.restart_worker(i, wait=False)
-        fault.recovered_after_s = fault.detected_after_s + self._back_after(generation)
+        back = self._back_after(generation)
+        if back is None:
+            fault.failed_the_job()
+        else:
+            fault.recovered_after_s = detected + back
         return fault
 
     def _kill_and_watch(self, i: int) -> float | None:
@@ -293,7 +309,11 @@ class Chaos:
             fault.note += f" (< MS_NODE_TIMEOUT={timeout:g} s: tolerated)"
             fault.recovered_after_s = 0.0
         else:
-            fault.recovered_after_s = time.monotonic() - stopped + self._back_after(generation)
+            back = self._back_after(generation)
+            if back is None:
+                fault.failed_the_job()
+            else:
+                fault.recovered_after_s = time.monotonic() - stopped
         return fault
 
     def _scheduler(self, at_s: float) -> Fault:
@@ -337,24 +357,31 @@ class Chaos:
         node = None if view is None else self.job.node(view, i)
         return node is not None and node.state == "failed"
 
-    def _back_after(self, generation: int) -> float:
-        """Seconds until the job is at a newer generation with every worker alive, or over: a
-        fault near the end is recovered from in a generation whose ranks finish at once, and
-        then the scheduler ends."""
+    def _back_after(self, generation: int) -> float | None:
+        """Seconds until the job is back: at a newer generation with every worker alive, or
+        finished (a fault near the end is recovered from in a generation whose ranks finish at
+        once, and then the scheduler ends). None when the job failed instead: its phase is
+        FAILED, or its scheduler exited other than 0."""
         started = time.monotonic()
+        came_back: list[bool] = []
 
-        def back() -> bool:
+        def settled() -> bool:
             view = self.job.status()
             if view is None:
                 scheduler = self.job.scheduler
-                return scheduler is not None and not scheduler.running
-            if view.generation <= generation:
-                return view.phase in (Phase.FINISHED, Phase.FAILED)
-            finished = any(n.state == "finished" for n in view.nodes)
-            return finished or self.job.everyone_back(view)
+                if scheduler is None or scheduler.running:
+                    return False
+                came_back.append(scheduler.popen.returncode == 0)
+            elif view.phase is Phase.FAILED or view.phase is Phase.FINISHED:
+                came_back.append(view.phase is Phase.FINISHED)
+            elif view.generation > generation and (
+                self.job.everyone_back(view) or any(n.state == "finished" for n in view.nodes)
+            ):
+                came_back.append(True)
+            return bool(came_back)
 
-        wait_until(back, self.job.timeout_s, "the job back in a new generation")
-        return time.monotonic() - started
+        wait_until(settled, self.job.timeout_s, "the job back in a new generation")
+        return time.monotonic() - started if came_back[0] else None
 
     def _rollbacks(self) -> list[int]:
         """How many rollback lines each worker's log holds so far."""

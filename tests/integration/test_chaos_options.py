@@ -3,12 +3,13 @@ started; what it takes reaches the job."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.procs import MSCLUSTER
+from tests.procs import MSCLUSTER, ROOT
 
 # A job that forms and ends at once.
 QUICK = """
@@ -31,15 +32,16 @@ def chaos(
     *options: str,
     run_options: tuple[str, ...] = (),
     script: Path | None = None,
+    script_args: tuple[str, ...] = (),
     timeout_s: float = 60,
 ) -> subprocess.CompletedProcess[str]:
     """`mscluster chaos OPTIONS -- --worker-num 2 --local-worker-num 2 --log-dir LOGS
-    RUN_OPTIONS SCRIPT`."""
+    RUN_OPTIONS SCRIPT SCRIPT_ARGS`."""
     script = script or quick_script(tmp_path)
     logs = str(tmp_path / "logs")
     base = ["--worker-num", "2", "--local-worker-num", "2", "--log-dir", logs]
     return subprocess.run(
-        [*MSCLUSTER, "chaos", *options, "--", *base, *run_options, str(script)],
+        [*MSCLUSTER, "chaos", *options, "--", *base, *run_options, str(script), *script_args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -94,3 +96,31 @@ def test_a_node_timeout_that_is_no_positive_number_is_refused(tmp_path: Path, se
     line = refused(tmp_path, chaos(tmp_path, run_options=("--node-timeout", seconds)))
     assert f"--node-timeout={seconds!r}" in line or "--node-timeout='inf'" in line, line
     assert "it must be a positive number of seconds" in line, line
+
+
+def test_the_fault_the_job_failed_after_is_not_recovered(tmp_path: Path) -> None:
+    """A killed worker that does not come back: the job fails after that fault, and the
+    report says so instead of a recovery time."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = ROOT / "tests" / "integration" / "scripts" / "no_comeback.py"
+    result = chaos(
+        tmp_path,
+        *("--faults", "kill", "--count", "1", "--every", "1"),
+        run_options=("--node-timeout", "1"),
+        script=script,
+        script_args=(str(marks),),
+        timeout_s=90,
+    )
+    assert result.returncode == 1, result.stderr
+    report = json.loads((tmp_path / "logs" / "chaos-report.json").read_text())
+    (fault,) = report["faults"]
+    assert fault["kind"] == "kill"
+    assert fault["detected_after_s"] is not None
+    assert fault["recovered_after_s"] is None
+    assert fault["job_failed"] is True
+    assert "recovered after -" in result.stderr, result.stderr
+    assert "the job failed after it" in result.stderr
+    assert "the job FAILED after fault #1 (" in result.stderr
+    page = (tmp_path / "logs" / "chaos-report.html").read_text()
+    assert "the job failed after it" in page

@@ -280,9 +280,14 @@ class Chaos:
         return time.monotonic() - sent if seen else None
 
     def _interrupt(self, kind: str, i: int, at_s: float) -> Fault:
-        """A stop (SIGSTOP) or a partition (link down) of worker i, then its end."""
-        timeout = self.job.node_timeout_s
-        hold = self.rng.uniform(0.3, 2.0) * timeout
+        """A stop (SIGSTOP) or a partition (link down) of worker i for 0.3-2x MS_NODE_TIMEOUT."""
+        hold = self.rng.uniform(0.3, 2.0) * self.job.node_timeout_s
+        return self._interrupt_for(kind, i, at_s, hold)
+
+    def _interrupt_for(self, kind: str, i: int, at_s: float, hold: float) -> Fault:
+        """A stop or a partition of worker i for `hold` seconds, then its end. Whether the
+        scheduler took it for a failure is settled after the end (`_settle`): a stop a little
+        shorter than MS_NODE_TIMEOUT can be seen just after SIGCONT, or between two looks."""
         what = "stopped" if kind == "stop" else "cut off"
         fault = Fault(kind, f"worker {i}", at_s, note=f"{what} {hold:.1f} s")
         generation = self._generation()
@@ -300,21 +305,54 @@ class Chaos:
             self.job.continue_worker(i)
         else:
             self.job.heal(i)
-        if detected is None and hold > timeout:
-            # Silent past MS_NODE_TIMEOUT: the scheduler says so on its next tick.
-            wait_until(lambda: self._failed(i) or self._generation() > generation, 10, "failed")
-            detected = time.monotonic() - stopped
-        fault.detected_after_s = detected
         if detected is None:
-            fault.note += f" (< MS_NODE_TIMEOUT={timeout:g} s: tolerated)"
+            detected = self._settle(i, generation, stopped)
+        fault.detected_after_s = detected
+        if fault.detected_after_s is None:
+            fault.note += f" (tolerated: MS_NODE_TIMEOUT={self.job.node_timeout_s:g} s)"
             fault.recovered_after_s = 0.0
+            return fault
+        if self._back_after(generation) is None:
+            fault.failed_the_job()
         else:
-            back = self._back_after(generation)
-            if back is None:
-                fault.failed_the_job()
-            else:
-                fault.recovered_after_s = time.monotonic() - stopped
+            fault.recovered_after_s = time.monotonic() - stopped
         return fault
+
+    def _settle(self, i: int, generation: int, stopped: float) -> float | None:
+        """Once worker i runs (or is reachable) again: the seconds from `stopped` until the
+        job took the fault for a failure, or None when it did not (tolerated). A failure is
+        the scheduler marking worker i failed, or a newer generation (the worker itself, its
+        scheduler silent for as long as it was stopped, may reconnect and rejoin at once), or
+        the job's end. Tolerated is only said once worker i was heard after it resumed and
+        MS_NODE_TIMEOUT has passed since without a failure: both sides' silence checks have
+        then run on what the fault left."""
+        resumed = time.monotonic()
+        quiet_s = self.job.node_timeout_s
+        heard: list[bool] = []
+        found: list[float | None] = []
+
+        def settled() -> bool:
+            asked = time.monotonic()
+            view = self.job.status()
+            if view is None:
+                scheduler = self.job.scheduler
+                if scheduler is not None and not scheduler.running:
+                    found.append(asked - stopped)  # over: `_back_after` says how it ended
+                return bool(found)
+            node = self.job.node(view, i)
+            state = "" if node is None else str(node.state)
+            over = view.phase in (Phase.FINISHED, Phase.FAILED)
+            if state == "failed" or view.generation > generation or over:
+                found.append(asked - stopped)
+                return True
+            if state == "alive" and node.seconds_since_heartbeat < asked - resumed:
+                heard.append(True)  # a heartbeat sent after it resumed
+            if heard and asked - resumed >= quiet_s:
+                found.append(None)
+            return bool(found)
+
+        wait_until(settled, self.job.timeout_s, f"worker {i} heard again, or failed")
+        return found[0]
 
     def _scheduler(self, at_s: float) -> Fault:
         if self.job.standby_num:

@@ -254,10 +254,21 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     from cluster.transport import certs  # noqa: PLC0415 - only this command needs key generation
 
     out = Path(args.out)
-    try:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is not a directory: give a directory to write to")
+    if not args.force and (held := certs.held_files(out)):
+        raise ConfigError(
+            f"{out} already holds {', '.join(held)}: choose an empty directory, or overwrite "
+            "on purpose with mscluster certs --force (certificates of the old CA stop working)"
+        )
+    try:  # all or nothing: a failed write leaves nothing of the new set
         pki = certs.make_pki(out, hosts=args.host or (), overwrite=args.force)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (mscluster certs --force overwrites)") from None
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ConfigError(
+            f"--out {str(out)!r}: cannot write the certificates there: "
+            f"{exc.strerror or exc}{where}; nothing was written"
+        ) from None
     print(f"wrote a CA, server/client/revoked-client p12 files, a CRL and passwords to {out}/")
     print(f"use it: mscluster run --tls-config {pki.ssl_json} ...")
     return 0

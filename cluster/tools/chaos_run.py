@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from cluster.protocol.config import parse_seconds
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.tools import report_html
 from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
 from cluster.tools.chaos_record import EVENT_LOG, load_events
@@ -97,8 +97,15 @@ def _check_spec(spec: ChaosSpec, report_path: Path) -> None:
     check_injection(spec.faults, spec.every_s, spec.duration_s, spec.count)
     parse_seconds("--node-timeout", f"{spec.node_timeout_s:g}")  # finite, > 0: it bounds waits
     writable_dir("--log-dir", spec.log_dir)
+    option = "--log-dir" if spec.report_path is None else f"--report {str(spec.report_path)!r}"
     if spec.report_path is not None:
-        writable_dir(f"--report {str(spec.report_path)!r}", report_path.parent, make=False)
+        writable_dir(option, report_path.parent, make=False)
+    for path in (report_path, report_path.with_suffix(".html")):
+        if path.is_dir():
+            raise ConfigError(
+                f"{option}: {str(path)!r} is a directory: the report is a file (give --report "
+                "DIR/chaos-report.json, or remove the directory)"
+            )
 
 
 def _run_stoppable(chaos: Chaos, job: LocalJob) -> ChaosReport:
@@ -177,8 +184,19 @@ def _job_options(spec: ChaosSpec, events_path: Path) -> LocalJobOptions:
 
 
 def _write_report(report: ChaosReport, path: Path, out: IO[str]) -> None:
-    """The report as JSON at `path` and as a page beside it (.html)."""
-    path.write_text(report.to_json() + "\n")
+    """The report as JSON at `path` and as a page beside it (.html); a write that fails (the
+    disk filled during the run, say) is said in one line, after the report's text."""
     page = path.with_suffix(".html")
-    page.write_text(report_html.render(json.loads(report.to_json())))
+    try:
+        path.write_text(report.to_json() + "\n")
+        page.write_text(report_html.render(json.loads(report.to_json())))
+    except OSError as exc:
+        where = exc.filename or path
+        print(
+            f"mscluster chaos: cannot write the report to {where} ({exc.strerror or exc}); its "
+            "text is above",
+            file=out,
+            flush=True,
+        )
+        return
     print(f"mscluster chaos: report written to {path} and {page}", file=out, flush=True)

@@ -3,12 +3,16 @@ started; what it takes reaches the job."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cluster.tools import chaos_run
+from cluster.tools.chaos import ChaosReport
+from tests import tmpfs
 from tests.procs import MSCLUSTER, ROOT
 
 # A job that forms and ends at once.
@@ -124,3 +128,24 @@ def test_the_fault_the_job_failed_after_is_not_recovered(tmp_path: Path) -> None
     assert "the job FAILED after fault #1 (" in result.stderr
     page = (tmp_path / "logs" / "chaos-report.html").read_text()
     assert "the job failed after it" in page
+
+
+@pytest.mark.parametrize("name", ["r.json", "r.html"])
+def test_a_report_path_that_is_a_directory_is_refused_before_the_run(
+    tmp_path: Path, name: str
+) -> None:
+    """--report r.json is refused when r.json, or the page r.html beside it, is a directory."""
+    (tmp_path / name).mkdir()
+    report = tmp_path / "r.json"
+    line = refused(tmp_path, chaos(tmp_path, "--report", str(report)))
+    assert line.startswith(f"mscluster: ConfigError: --report '{report}': "), line
+    assert f"'{tmp_path / name}' is a directory" in line
+
+
+def test_a_report_that_cannot_be_written_after_the_run_is_one_line(tmp_path: Path) -> None:
+    out = io.StringIO()
+    with tmpfs.mounted(read_only=True) as disk:
+        chaos_run._write_report(ChaosReport(seed=0), disk / "r.json", out)
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith(f"mscluster chaos: cannot write the report to {disk / 'r.json'} (")
+    assert "Read-only file system" in line

@@ -164,7 +164,15 @@ def _network(workers: int, schedulers: int) -> NetworkLab:
 
 def _job_options(spec: ChaosSpec, events_path: Path) -> LocalJobOptions:
     """The job's options: recovery on, the event log, spares, and schedulers (standbys on the
-    state URL); a ClusterError for standbys without one, or a partition without namespaces."""
+    state URL); a ClusterError for standbys without one, a partition with spares, or a
+    partition without namespaces."""
+    if spec.spares and "partition" in spec.faults:
+        raise ConfigError(
+            f"--faults partition with --spares {spec.spares}: a worker cut off while a spare took "
+            "its rank is refused when its link returns, and exits (started again, it would join "
+            "as a spare; chaos starts again only the workers it kills): run partition faults "
+            "without --spares"
+        )
     if spec.standbys and spec.state_url is None:
         raise ClusterError(
             f"--standbys {spec.standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "

@@ -220,6 +220,12 @@ class LocalJob:
         if workers < 1:
             raise ClusterError(f"LocalJob workers={workers} must be >= 1")
         parse_seconds("LocalJob node_timeout_s", repr(node_timeout_s))  # finite, > 0
+        lab = options.network
+        if lab is not None and lab.workers < workers + options.spares:
+            raise ClusterError(
+                f"LocalJob workers={workers} spares={options.spares} needs a namespace for "
+                f"each: NetworkLab({workers + options.spares}), not NetworkLab({lab.workers})"
+            )
         self.hosts = _scheduler_hosts(options.standbys, options.state_url, options.network)
         self.script = Path(script)
         self.args = list(args)
@@ -300,8 +306,14 @@ class LocalJob:
             env["CLUSTER_SPARE"] = "1"
         args = [self.python, str(self.script.resolve()), *self.args]
         if self.network is not None and node_id is not None:
-            args = self.network.command(int(node_id), args)
+            args = self.network.command(self._slot(node_id), args)
         return Process(name, args, env, self.workdir / f"{name}.log")
+
+    def _slot(self, node_id: str) -> int:
+        """Node `node_id`'s network namespace: worker i's is i, spare i's follows the workers'."""
+        if node_id.startswith("spare-"):
+            return self.worker_num + int(node_id.removeprefix("spare-"))
+        return int(node_id)
 
     def _spawn_scheduler(self, k: int) -> Process:
         env = {**self.env, "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": self.hosts[k]}

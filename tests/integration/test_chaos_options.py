@@ -149,3 +149,9 @@ def test_a_report_that_cannot_be_written_after_the_run_is_one_line(tmp_path: Pat
     (line,) = out.getvalue().splitlines()
     assert line.startswith(f"mscluster chaos: cannot write the report to {disk / 'r.json'} (")
     assert "Read-only file system" in line
+
+
+def test_partitions_with_spares_are_refused_before_the_run(tmp_path: Path) -> None:
+    result = chaos(tmp_path, "--faults", "partition", run_options=("--spares", "1"))
+    line = refused(tmp_path, result)
+    assert line.startswith("mscluster: ConfigError: --faults partition with --spares 1: "), line

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from cluster.transport import tls
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 # The distribution that installs this command (pyproject.toml's name; the import name is cluster).
 DISTRIBUTION = "mscluster-grpc"
 VERSION_HELP = "show the program's version number and exit"  # argparse's own words
@@ -219,6 +220,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C while it asks
+        return EXIT_INTERRUPTED
     from cluster.tools import status  # noqa: PLC0415
 
     print(view.to_json() if args.json else status.render(view))
@@ -675,6 +678,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as exc:
         print(f"mscluster: {type(exc).__name__}: {safe(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # the last net: a file or socket the command could not use
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"mscluster: {safe(where)}{safe(exc.strerror or exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C that no command took: its exit, without a traceback
+        return EXIT_INTERRUPTED
     return code
 
 

@@ -278,7 +278,7 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
-    from cluster.tools import chaos_run  # noqa: PLC0415 - imports grpc
+    from cluster.tools import chaos_run  # noqa: PLC0415 - the command's own
 
     remainder = list(args.run_options)
     if remainder[:1] == ["--"]:
@@ -286,31 +286,14 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     run_parser = argparse.ArgumentParser(prog="mscluster chaos -- ", add_help=False)
     _add_run_arguments(run_parser)
     run = _parse(run_parser, remainder)
+    chaos_run.refuse_run_options(vars(run))
     where = placement.place(_requested(run), None)  # the whole job here, whatever Slurm says
     if where.local_worker_num != where.worker_num or where.node_rank >= 0:
         raise ConfigError(
             "mscluster chaos runs the whole job on this host: give --local-worker-num equal to "
             "--worker-num, and no --node-rank"
         )
-    spec = chaos_run.ChaosSpec(
-        Path(run.script),
-        run.script_args,
-        workers=where.worker_num,
-        # A short guard by default, so that a run of a minute sees many faults.
-        node_timeout_s=run.node_timeout if run.node_timeout is not None else 3.0,
-        log_dir=where.log_dir,
-        faults=[f.strip() for f in args.faults.split(",") if f.strip()],
-        every_s=args.every,
-        duration_s=args.duration,
-        seed=args.seed,
-        count=args.count,
-        report_path=Path(args.report) if args.report else None,
-        spares=run.spares,
-        standbys=args.standbys,
-        state_url=run.state_url,
-        lease_s=run.lease,
-    )
-    report = chaos_run.run_chaos(spec)
+    report = chaos_run.run_chaos(chaos_run.spec_of(args, run, where.worker_num, where.log_dir))
     return 0 if report.ok else 1
 
 

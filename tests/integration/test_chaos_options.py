@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cluster.testing import free_port
 from cluster.tools import chaos_run
 from cluster.tools.chaos import ChaosReport
 from tests import tmpfs
@@ -155,3 +157,96 @@ def test_partitions_with_spares_are_refused_before_the_run(tmp_path: Path) -> No
     result = chaos(tmp_path, "--faults", "partition", run_options=("--spares", "1"))
     line = refused(tmp_path, result)
     assert line.startswith("mscluster: ConfigError: --faults partition with --spares 1: "), line
+
+
+# A job that says what its workers were given, then forms and ends.
+SAYS = """
+import os
+
+import cluster
+
+NAMES = ("CLUSTER_RELAY", "CLUSTER_TLS_CONFIG", "MS_RECOVERY_PATH", "MS_TOPO_TIMEOUT",
+         "CLUSTER_METRICS_PORT", "MS_SCHED_PORT")
+print("given " + " ".join(f"{n}={os.environ.get(n, '')}" for n in NAMES), flush=True)
+cluster.init()
+cluster.finalize()
+"""
+
+
+def given(log: Path) -> dict[str, str]:
+    (line,) = [line for line in log.read_text().splitlines() if line.startswith("given ")]
+    return dict(word.split("=", 1) for word in line.split()[1:])
+
+
+def test_the_run_options_chaos_takes_reach_the_job(tmp_path: Path) -> None:
+    """TLS, the scheduler's port, the recovery path, the cluster time-out, the metrics port,
+    and a relay for the workers as `mscluster run` starts for 2 or more."""
+    pki = tmp_path / "pki"
+    subprocess.run([*MSCLUSTER, "certs", "--out", str(pki)], check=True, capture_output=True)
+    port, metrics, recovery = free_port(), free_port(), tmp_path / "recovery"
+    result = chaos(
+        tmp_path,
+        "--duration",
+        "0",
+        run_options=(
+            *("--tls-config", str(pki / "ssl.json"), "--master-port", str(port)),
+            *("--recovery-path", str(recovery), "--cluster-time-out", "77"),
+            *("--metrics-port", str(metrics)),
+        ),
+        script=quick_script(tmp_path, SAYS),
+    )
+    assert result.returncode == 0, result.stderr
+    logs = tmp_path / "logs"
+    scheduler = (logs / "scheduler.log").read_text()
+    assert f"listening on 127.0.0.1:{port} for 2 workers (mutual TLS" in scheduler
+    assert f"metrics at http://127.0.0.1:{metrics}/metrics" in scheduler
+    assert (recovery / "scheduler.json").is_file()
+    worker = given(logs / "worker_0.log")
+    assert worker["CLUSTER_TLS_CONFIG"] == str((pki / "ssl.json").resolve())
+    assert worker["MS_RECOVERY_PATH"] == str(recovery.resolve())
+    assert worker["MS_TOPO_TIMEOUT"] == "77"
+    assert worker["MS_SCHED_PORT"] == str(port)
+    assert worker["CLUSTER_RELAY"].startswith("unix:")
+    assert "mscluster relay: serving " + worker["CLUSTER_RELAY"] in (logs / "relay.log").read_text()
+    assert not Path(worker["CLUSTER_RELAY"].removeprefix("unix:")).parent.exists()  # removed
+
+
+def test_no_relay_is_taken(tmp_path: Path) -> None:
+    result = chaos(
+        tmp_path,
+        "--duration",
+        "0",
+        run_options=("--no-relay",),
+        script=quick_script(tmp_path, SAYS),
+    )
+    assert result.returncode == 0, result.stderr
+    assert given(tmp_path / "logs" / "worker_0.log")["CLUSTER_RELAY"] == ""
+    assert not (tmp_path / "logs" / "relay.log").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--master-addr", "127.0.0.1"), ("--max-restarts", "2"), ("--join", None)],
+)
+def test_a_run_option_chaos_cannot_honour_is_refused(
+    tmp_path: Path, option: str, value: str | None
+) -> None:
+    run_options = (option,) if value is None else (option, value)
+    line = refused(tmp_path, chaos(tmp_path, run_options=run_options))
+    assert line.startswith(f"mscluster: ConfigError: mscluster chaos does not take {option} "), line
+
+
+def test_a_tls_config_that_is_not_there_is_refused_before_the_run(tmp_path: Path) -> None:
+    missing = tmp_path / "missing" / "ssl.json"
+    line = refused(tmp_path, chaos(tmp_path, run_options=("--tls-config", str(missing))))
+    assert line.startswith("mscluster: TLSConfigError: "), line
+    assert str(missing) in line
+
+
+def test_a_master_port_in_use_is_refused_before_the_run(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused(tmp_path, chaos(tmp_path, run_options=("--master-port", str(port))))
+    assert f"port {port} is not free" in line, line

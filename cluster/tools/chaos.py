@@ -40,6 +40,11 @@ from cluster.tools.testing import LocalJob, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
+# After a stop or partition, the share of MS_NODE_TIMEOUT beyond it (from the stop) that
+# `_settle` watches for a failure before it calls the fault tolerated: a worker's silence
+# check that fires then takes effect (a rejoin) within it.
+QUIET_MARGIN = 0.25
+QUIET_MARGIN_MIN_S = 0.5
 # A fault's note when the job failed after it instead of coming back.
 FAILED_AFTER = "the job failed after it"
 # How long the job gets to end after the last fault.
@@ -323,31 +328,37 @@ class Chaos:
         job took the fault for a failure, or None when it did not (tolerated). A failure is
         the scheduler marking worker i failed, or a newer generation (the worker itself, its
         scheduler silent for as long as it was stopped, may reconnect and rejoin at once), or
-        the job's end. Tolerated is only said once worker i was heard after it resumed and
-        MS_NODE_TIMEOUT has passed since without a failure: both sides' silence checks have
-        then run on what the fault left."""
+        the job failing; the job finishing in the same generation is not. Tolerated is only
+        said once worker i was heard after it resumed (the scheduler's silence check then has
+        nothing left to find) and, without a failure, MS_NODE_TIMEOUT and a margin have passed
+        since `stopped`: the worker's check of its scheduler's silence, due at the latest a
+        guard after its last word before the stop, has then run (a check overdue at the
+        resume is taken for the worker's own stall)."""
         resumed = time.monotonic()
-        quiet_s = self.job.node_timeout_s
+        timeout = self.job.node_timeout_s
+        quiet_until = stopped + timeout + max(QUIET_MARGIN * timeout, QUIET_MARGIN_MIN_S)
         heard: list[bool] = []
         found: list[float | None] = []
 
         def settled() -> bool:
             asked = time.monotonic()
             view = self.job.status()
-            if view is None:
+            if view is None:  # over once its scheduler exited: 0 when it finished well
                 scheduler = self.job.scheduler
                 if scheduler is not None and not scheduler.running:
-                    found.append(asked - stopped)  # over: `_back_after` says how it ended
+                    found.append(asked - stopped if scheduler.popen.returncode else None)
                 return bool(found)
             node = self.job.node(view, i)
             state = "" if node is None else str(node.state)
-            over = view.phase in (Phase.FINISHED, Phase.FAILED)
-            if state == "failed" or view.generation > generation or over:
+            if state == "failed" or view.generation > generation or view.phase is Phase.FAILED:
                 found.append(asked - stopped)
+                return True
+            if view.phase is Phase.FINISHED:
+                found.append(None)  # finished with it, in the same generation
                 return True
             if state == "alive" and node.seconds_since_heartbeat < asked - resumed:
                 heard.append(True)  # a heartbeat sent after it resumed
-            if heard and asked - resumed >= quiet_s:
+            if heard and asked >= quiet_until:
                 found.append(None)
             return bool(found)
 

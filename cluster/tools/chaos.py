@@ -1,4 +1,5 @@
-"""Fault injection over a whole training run: `mscluster chaos`.
+"""Fault injection over a whole training run: what `mscluster chaos` does to the job
+(`cluster.tools.chaos_run` is the command around it).
 
 `Chaos` runs a job as a `cluster.testing.LocalJob` (recovery on), injects faults at random
 moments (reproducible from the seed), restarts what it killed, waits for the job to recover
@@ -20,31 +21,32 @@ Faults:
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import json
-import os
+import math
 import random
 import re
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, JobTimeoutError
 from cluster.protocol.events import Kind
 from cluster.protocol.records import Phase
-from cluster.tools import report_html
-from cluster.tools.chaos_record import EVENT_LOG, StepSampler, load_events
-from cluster.tools.launch_setup import writable_dir
-from cluster.tools.netlab import NetworkLab
-from cluster.tools.testing import LocalJob, LocalJobOptions, wait_until
+from cluster.tools.chaos_record import StepSampler
+from cluster.tools.testing import LocalJob, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
 ROLLED_BACK = re.compile(r"rolled back from step (\d+) to step (\d+)")
+# After a stop or partition, the share of MS_NODE_TIMEOUT beyond it (from the stop) that
+# `_settle` watches for a failure before it calls the fault tolerated: a worker's silence
+# check that fires then takes effect (a rejoin) within it.
+QUIET_MARGIN = 0.25
+QUIET_MARGIN_MIN_S = 0.5
+# A fault's note when the job failed after it instead of coming back.
+FAILED_AFTER = "the job failed after it"
 # How long the job gets to end after the last fault.
 FINISH_TIMEOUT_S = 600.0
 
@@ -59,6 +61,14 @@ class Fault:
     steps_lost: int | None = None  # steps computed again; None: no rollback seen
     note: str = ""
     took_over: str = ""  # a scheduler fault with standbys: the scheduler that leads after it
+    # The job failed after this fault instead of coming back (recovered_after_s is None).
+    job_failed: bool = False
+
+    def failed_the_job(self) -> None:
+        """The job failed after this fault, before it came back."""
+        self.job_failed = True
+        self.recovered_after_s = None
+        self.note = f"{self.note}; the job failed after it" if self.note else FAILED_AFTER
 
 
 @dataclass
@@ -100,7 +110,9 @@ class ChaosReport:
         if resumes:
             steps = ", ".join(f"generation {e['generation']} at step {e['step']}" for e in resumes)
             lines.append(f"resumed from memory (not from disk): {steps}")
-        verdict = "finished correctly" if self.ok else f"FAILED ({self.detail})"
+        fatal = next((n for n, f in enumerate(self.faults, 1) if f.job_failed), None)
+        after = "" if fatal is None else f" after fault #{fatal}"
+        verdict = "finished correctly" if self.ok else f"FAILED{after} ({self.detail})"
         lines.append(f"the job {verdict}, exit code {self.exit_code}, {self.duration_s:.1f} s")
         return "\n".join(lines)
 
@@ -109,16 +121,24 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
-def check_injection(faults: Sequence[str], every_s: float, duration_s: float) -> None:
-    """A ClusterError naming the option when the faults or their pace cannot be used."""
+def check_injection(
+    faults: Sequence[str], every_s: float, duration_s: float, count: int | None = None
+) -> None:
+    """A ClusterError naming the option when the faults or their pace cannot be used: a finite
+    --every > 0, a finite --duration >= 0, a --count >= 1 (NaN compares false with anything,
+    so each bound is written as what must hold)."""
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
         raise ClusterError(
             f"--faults {','.join(faults)}: {', '.join(unknown) or 'none given'}; choose "
             f"from {','.join(FAULTS)}"
         )
-    if every_s <= 0 or duration_s < 0:
-        raise ClusterError("--every must be > 0 and --duration >= 0 seconds")
+    if not (math.isfinite(every_s) and every_s > 0):
+        raise ClusterError(f"--every {every_s:g}: --every must be > 0 (finite seconds)")
+    if not (math.isfinite(duration_s) and duration_s >= 0):
+        raise ClusterError(f"--duration {duration_s:g}: --duration must be >= 0 (finite seconds)")
+    if count is not None and count < 1:
+        raise ClusterError(f"--count {count}: --count must be >= 1 (leave it out: no limit)")
 
 
 class Chaos:
@@ -134,7 +154,7 @@ class Chaos:
         out: IO[str] = sys.stderr,
     ) -> None:
         """`count`: stop injecting after this many faults (None: until `duration_s`)."""
-        check_injection(faults, every_s, duration_s)
+        check_injection(faults, every_s, duration_s, count)
         self.job = job
         self.faults = list(faults)
         self.every_s = every_s
@@ -151,24 +171,13 @@ class Chaos:
         sampler: StepSampler | None = None
         try:
             self.job.start()
-            self.job.wait_formed()
-            formed = time.monotonic()
-            self.report.started_at = time.time()
-            sampler = StepSampler(self.job, self.report.started_at).start()
-            while self.count is None or len(self.report.faults) < self.count:
-                pause = self.rng.uniform(0.5, 1.5) * self.every_s
-                if time.monotonic() + pause - formed > self.duration_s:
-                    break
-                if not self._sleep_while_running(pause):
-                    break  # the job is ending: no more faults
-                if self._winding_down():
-                    break  # a rank already finished: a fault now would hit a job that ended
-                fault = self._inject(self._next_kind(), time.monotonic() - formed)
-                self.report.faults.append(fault)
-                self._say(self._describe(fault))
-                if self._after_the_end:
-                    break
-            self.report.exit_code = self._wait_for_the_end()
+            if self._formed():
+                self.report.started_at = time.time()
+                sampler = StepSampler(self.job, self.report.started_at).start()
+                self._inject_faults(time.monotonic())
+                self.report.exit_code = self._wait_for_the_end()
+            else:
+                self.report.exit_code = self._ended_code()
             if self.report.exit_code != 0:
                 self.report.detail = self._first_failure()
         except (ClusterError, OSError) as exc:
@@ -178,6 +187,41 @@ class Chaos:
             if sampler is not None:
                 self.report.steps = sampler.stop()
         return self.report
+
+    def _formed(self) -> bool:
+        """Wait for the job to form: True once it has, False when it ended first (a worker or
+        every scheduler exited; their exit codes then say how it went)."""
+        try:
+            self.job.wait_formed()
+        except JobTimeoutError:
+            if self.job.ended(every_worker=True) is None:
+                raise  # the bound passed with the job running
+            return False
+        return True
+
+    def _ended_code(self) -> int:
+        """The exit code of a job that ended before it formed: the first code other than 0 of
+        a process that exited (the others are then killed, as `mscluster run` does), else every
+        process's end."""
+        gone = self.job.ended(every_worker=True)
+        code = None if gone is None else gone.popen.returncode
+        return code if code else self._wait_for_the_end()
+
+    def _inject_faults(self, formed: float) -> None:
+        """Faults one after the other until the count, the duration or the job's end."""
+        while self.count is None or len(self.report.faults) < self.count:
+            pause = self.rng.uniform(0.5, 1.5) * self.every_s
+            if time.monotonic() + pause - formed > self.duration_s:
+                break
+            if not self._sleep_while_running(pause):
+                break  # the job is ending: no more faults
+            if self._winding_down():
+                break  # a rank already finished: a fault now would hit a job that ended
+            fault = self._inject(self._next_kind(), time.monotonic() - formed)
+            self.report.faults.append(fault)
+            self._say(self._describe(fault))
+            if self._after_the_end:
+                break
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -210,7 +254,11 @@ class Chaos:
             return fault
         fault.detected_after_s = detected
         self.job.restart_worker(i, wait=False)
-        fault.recovered_after_s = fault.detected_after_s + self._back_after(generation)
+        back = self._back_after(generation)
+        if back is None:
+            fault.failed_the_job()
+        else:
+            fault.recovered_after_s = detected + back
         return fault
 
     def _kill_and_watch(self, i: int) -> float | None:
@@ -237,9 +285,14 @@ class Chaos:
         return time.monotonic() - sent if seen else None
 
     def _interrupt(self, kind: str, i: int, at_s: float) -> Fault:
-        """A stop (SIGSTOP) or a partition (link down) of worker i, then its end."""
-        timeout = self.job.node_timeout_s
-        hold = self.rng.uniform(0.3, 2.0) * timeout
+        """A stop (SIGSTOP) or a partition (link down) of worker i for 0.3-2x MS_NODE_TIMEOUT."""
+        hold = self.rng.uniform(0.3, 2.0) * self.job.node_timeout_s
+        return self._interrupt_for(kind, i, at_s, hold)
+
+    def _interrupt_for(self, kind: str, i: int, at_s: float, hold: float) -> Fault:
+        """A stop or a partition of worker i for `hold` seconds, then its end. Whether the
+        scheduler took it for a failure is settled after the end (`_settle`): a stop a little
+        shorter than MS_NODE_TIMEOUT can be seen just after SIGCONT, or between two looks."""
         what = "stopped" if kind == "stop" else "cut off"
         fault = Fault(kind, f"worker {i}", at_s, note=f"{what} {hold:.1f} s")
         generation = self._generation()
@@ -257,17 +310,60 @@ class Chaos:
             self.job.continue_worker(i)
         else:
             self.job.heal(i)
-        if detected is None and hold > timeout:
-            # Silent past MS_NODE_TIMEOUT: the scheduler says so on its next tick.
-            wait_until(lambda: self._failed(i) or self._generation() > generation, 10, "failed")
-            detected = time.monotonic() - stopped
-        fault.detected_after_s = detected
         if detected is None:
-            fault.note += f" (< MS_NODE_TIMEOUT={timeout:g} s: tolerated)"
+            detected = self._settle(i, generation, stopped)
+        fault.detected_after_s = detected
+        if fault.detected_after_s is None:
+            fault.note += f" (tolerated: MS_NODE_TIMEOUT={self.job.node_timeout_s:g} s)"
             fault.recovered_after_s = 0.0
+            return fault
+        if self._back_after(generation) is None:
+            fault.failed_the_job()
         else:
-            fault.recovered_after_s = time.monotonic() - stopped + self._back_after(generation)
+            fault.recovered_after_s = time.monotonic() - stopped
         return fault
+
+    def _settle(self, i: int, generation: int, stopped: float) -> float | None:
+        """Once worker i runs (or is reachable) again: the seconds from `stopped` until the
+        job took the fault for a failure, or None when it did not (tolerated). A failure is
+        the scheduler marking worker i failed, or a newer generation (the worker itself, its
+        scheduler silent for as long as it was stopped, may reconnect and rejoin at once), or
+        the job failing; the job finishing in the same generation is not. Tolerated is only
+        said once worker i was heard after it resumed (the scheduler's silence check then has
+        nothing left to find) and, without a failure, MS_NODE_TIMEOUT and a margin have passed
+        since `stopped`: the worker's check of its scheduler's silence, due at the latest a
+        guard after its last word before the stop, has then run (a check overdue at the
+        resume is taken for the worker's own stall)."""
+        resumed = time.monotonic()
+        timeout = self.job.node_timeout_s
+        quiet_until = stopped + timeout + max(QUIET_MARGIN * timeout, QUIET_MARGIN_MIN_S)
+        heard: list[bool] = []
+        found: list[float | None] = []
+
+        def settled() -> bool:
+            asked = time.monotonic()
+            view = self.job.status()
+            if view is None:  # over once its scheduler exited: 0 when it finished well
+                scheduler = self.job.scheduler
+                if scheduler is not None and not scheduler.running:
+                    found.append(asked - stopped if scheduler.popen.returncode else None)
+                return bool(found)
+            node = self.job.node(view, i)
+            state = "" if node is None else str(node.state)
+            if state == "failed" or view.generation > generation or view.phase is Phase.FAILED:
+                found.append(asked - stopped)
+                return True
+            if view.phase is Phase.FINISHED:
+                found.append(None)  # finished with it, in the same generation
+                return True
+            if state == "alive" and node.seconds_since_heartbeat < asked - resumed:
+                heard.append(True)  # a heartbeat sent after it resumed
+            if heard and asked >= quiet_until:
+                found.append(None)
+            return bool(found)
+
+        wait_until(settled, self.job.timeout_s, f"worker {i} heard again, or failed")
+        return found[0]
 
     def _scheduler(self, at_s: float) -> Fault:
         if self.job.standby_num:
@@ -310,24 +406,31 @@ class Chaos:
         node = None if view is None else self.job.node(view, i)
         return node is not None and node.state == "failed"
 
-    def _back_after(self, generation: int) -> float:
-        """Seconds until the job is at a newer generation with every worker alive, or over: a
-        fault near the end is recovered from in a generation whose ranks finish at once, and
-        then the scheduler ends."""
+    def _back_after(self, generation: int) -> float | None:
+        """Seconds until the job is back: at a newer generation with every worker alive, or
+        finished (a fault near the end is recovered from in a generation whose ranks finish at
+        once, and then the scheduler ends). None when the job failed instead: its phase is
+        FAILED, or its scheduler exited other than 0."""
         started = time.monotonic()
+        came_back: list[bool] = []
 
-        def back() -> bool:
+        def settled() -> bool:
             view = self.job.status()
             if view is None:
                 scheduler = self.job.scheduler
-                return scheduler is not None and not scheduler.running
-            if view.generation <= generation:
-                return view.phase in (Phase.FINISHED, Phase.FAILED)
-            finished = any(n.state == "finished" for n in view.nodes)
-            return finished or self.job.everyone_back(view)
+                if scheduler is None or scheduler.running:
+                    return False
+                came_back.append(scheduler.popen.returncode == 0)
+            elif view.phase is Phase.FAILED or view.phase is Phase.FINISHED:
+                came_back.append(view.phase is Phase.FINISHED)
+            elif view.generation > generation and (
+                self.job.everyone_back(view) or any(n.state == "finished" for n in view.nodes)
+            ):
+                came_back.append(True)
+            return bool(came_back)
 
-        wait_until(back, self.job.timeout_s, "the job back in a new generation")
-        return time.monotonic() - started
+        wait_until(settled, self.job.timeout_s, "the job back in a new generation")
+        return time.monotonic() - started if came_back[0] else None
 
     def _rollbacks(self) -> list[int]:
         """How many rollback lines each worker's log holds so far."""
@@ -379,8 +482,7 @@ class Chaos:
     def _first_failure(self) -> str:
         for proc in [*self.job.schedulers, *self.job.workers]:
             if proc is not None and proc.popen.returncode not in (0, None):
-                tail = proc.output.strip().splitlines()[-1:] or ["(no output)"]
-                return f"{proc.name} exited {proc.popen.returncode}: {tail[0]}"
+                return proc.exit_line()
         return "a process did not exit 0"
 
     def _describe(self, fault: Fault) -> str:
@@ -394,158 +496,3 @@ class Chaos:
 
     def _say(self, line: str) -> None:
         print(line, file=self._out, flush=True)
-
-
-@dataclass(frozen=True)
-class ChaosSpec:
-    """One `mscluster chaos` run: the job (`script` with `script_args`, `workers` and `spares`,
-    MS_NODE_TIMEOUT `node_timeout_s`, logs in `log_dir`; `standbys` schedulers beside the first,
-    on `state_url` (etcd) with a lease of `lease_s`), the faults (of `faults`, one every
-    `every_s` on average for `duration_s`, at most `count`, drawn from `seed`) and the JSON
-    report (`report_path`, by default LOG_DIR/chaos-report.json)."""
-
-    script: Path
-    script_args: Sequence[str] = ()
-    workers: int = 2
-    node_timeout_s: float = 3.0
-    log_dir: Path = Path("logs")
-    faults: Sequence[str] = FAULTS
-    every_s: float = 5.0
-    duration_s: float = 60.0
-    seed: int = 0
-    count: int | None = None
-    report_path: Path | None = None
-    spares: int = 0
-    standbys: int = 0
-    state_url: str | None = None
-    lease_s: int | None = None
-
-
-def run_chaos(
-    spec: ChaosSpec, *, out: IO[str] = sys.stderr, make_job: Callable[..., LocalJob] = LocalJob
-) -> ChaosReport:
-    """The whole command: run, report to `out` and the JSON report. Every option is checked
-    before anything is written or started."""
-    report_path = spec.report_path or spec.log_dir / "chaos-report.json"
-    _check_spec(spec, report_path)
-    events_path = spec.log_dir / EVENT_LOG
-    options = _job_options(spec, events_path)
-    events_path.unlink(missing_ok=True)  # this run's events only
-    job = make_job(
-        spec.script,
-        spec.script_args,
-        workers=spec.workers,
-        node_timeout_s=spec.node_timeout_s,
-        workdir=spec.log_dir,
-        timeout_s=max(60.0, 6 * spec.node_timeout_s),
-        options=options,
-    )
-    chaos = Chaos(
-        job,
-        faults=spec.faults,
-        every_s=spec.every_s,
-        duration_s=spec.duration_s,
-        seed=spec.seed,
-        count=spec.count,
-        out=out,
-    )
-    report = _run_stoppable(chaos, job)
-    print(report.render(), file=out, flush=True)
-    if report.started_at:
-        report.events = load_events(events_path, report.started_at)
-    _write_report(report, report_path, out)
-    return report
-
-
-def _check_spec(spec: ChaosSpec, report_path: Path) -> None:
-    """A ClusterError naming the option that cannot be used; writes nothing but the log
-    directory (made, as the run makes it)."""
-    if not spec.script.is_file():
-        raise ClusterError(f"the script {str(spec.script)!r} does not exist")
-    check_injection(spec.faults, spec.every_s, spec.duration_s)
-    writable_dir("--log-dir", spec.log_dir)
-    if spec.report_path is not None:
-        writable_dir(f"--report {str(spec.report_path)!r}", report_path.parent, make=False)
-
-
-def _run_stoppable(chaos: Chaos, job: LocalJob) -> ChaosReport:
-    """`chaos.run()`, ended through `job.close()` by SIGTERM or SIGINT from outside too."""
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    for sig in previous:
-        signal.signal(sig, _stop)
-    try:
-        return chaos.run()
-    finally:
-        job.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-# How long a run stopped by a signal may take to end: its teardown is bounded (each process
-# reaped within 10 s, each channel closed within 5 s, each `ip` command within 30 s).
-STOP_BOUND_S = 45.0
-
-
-def _stop(signum: int, _frame: object) -> None:
-    """SIGTERM or SIGINT from outside: end the run through its `finally` (the job's processes
-    killed, the network lab torn down), once; a second signal while it ends is ignored."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-    _exit_within(STOP_BOUND_S, 128 + signum)
-    raise SystemExit(128 + signum)
-
-
-def _exit_within(seconds: float, code: int) -> None:
-    """Exit with `code` even if ending takes longer than `seconds` (something blocked in the
-    teardown or at the interpreter's exit): first print every thread's stack, which says what
-    blocked, so that a stopped run never hangs silently."""
-
-    def expire() -> None:
-        sys.stderr.write(
-            f"mscluster chaos: still ending {seconds:g} s after the signal; every thread's stack "
-            "follows, then it exits\n"
-        )
-        sys.stderr.flush()
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        os._exit(code)
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
-
-
-def _network(workers: int, schedulers: int) -> NetworkLab:
-    """The namespaces a partition needs, or a ClusterError that says why they cannot be made."""
-    why = NetworkLab.why_not_available()
-    if why:
-        raise ClusterError(f"--faults partition needs network namespaces: {why}")
-    return NetworkLab(workers, schedulers=schedulers)
-
-
-def _job_options(spec: ChaosSpec, events_path: Path) -> LocalJobOptions:
-    """The job's options: recovery on, the event log, spares, and schedulers (standbys on the
-    state URL); a ClusterError for standbys without one, or a partition without namespaces."""
-    if spec.standbys and spec.state_url is None:
-        raise ClusterError(
-            f"--standbys {spec.standbys} needs --state-url etcd://HOST:PORT/PREFIX after `--`: "
-            "standby schedulers share the job's state in etcd"
-        )
-    options = LocalJobOptions(
-        env={"CLUSTER_EVENT_LOG": str(events_path.resolve())},
-        network=_network(spec.workers, spec.standbys + 1) if "partition" in spec.faults else None,
-        spares=spec.spares,
-    )
-    if spec.state_url is None:
-        return options
-    options = dataclasses.replace(options, standbys=spec.standbys, state_url=spec.state_url)
-    if spec.lease_s is not None:
-        options = dataclasses.replace(options, lease_s=spec.lease_s)
-    return options
-
-
-def _write_report(report: ChaosReport, path: Path, out: IO[str]) -> None:
-    """The report as JSON at `path` and as a page beside it (.html)."""
-    path.write_text(report.to_json() + "\n")
-    page = path.with_suffix(".html")
-    page.write_text(report_html.render(json.loads(report.to_json())))
-    print(f"mscluster chaos: report written to {path} and {page}", file=out, flush=True)

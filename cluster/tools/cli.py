@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from cluster.transport import tls
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 # The distribution that installs this command (pyproject.toml's name; the import name is cluster).
 DISTRIBUTION = "mscluster-grpc"
 VERSION_HELP = "show the program's version number and exit"  # argparse's own words
@@ -232,6 +233,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except SchedulerUnreachableError as exc:
         print(f"mscluster: {safe(exc)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C while it asks
+        return EXIT_INTERRUPTED
     from cluster.tools import status  # noqa: PLC0415
 
     print(view.to_json() if args.json else status.render(view))
@@ -267,17 +270,28 @@ def _cmd_certs(args: argparse.Namespace) -> int:
     from cluster.transport import certs  # noqa: PLC0415 - only this command needs key generation
 
     out = Path(args.out)
-    try:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is not a directory: give a directory to write to")
+    if not args.force and (held := certs.held_files(out)):
+        raise ConfigError(
+            f"{out} already holds {', '.join(held)}: choose an empty directory, or overwrite "
+            "on purpose with mscluster certs --force (certificates of the old CA stop working)"
+        )
+    try:  # all or nothing: a failed write leaves nothing of the new set
         pki = certs.make_pki(out, hosts=args.host or (), overwrite=args.force)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (mscluster certs --force overwrites)") from None
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ConfigError(
+            f"--out {str(out)!r}: cannot write the certificates there: "
+            f"{exc.strerror or exc}{where}; nothing was written"
+        ) from None
     print(f"wrote a CA, server/client/revoked-client p12 files, a CRL and passwords to {out}/")
     print(f"use it: mscluster run --tls-config {pki.ssl_json} ...")
     return 0
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
-    from cluster.tools import chaos  # noqa: PLC0415 - imports grpc
+    from cluster.tools import chaos_run  # noqa: PLC0415 - the command's own
 
     remainder = list(args.run_options)
     if remainder[:1] == ["--"]:
@@ -285,31 +299,14 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     run_parser = argparse.ArgumentParser(prog="mscluster chaos -- ", add_help=False)
     _add_run_arguments(run_parser)
     run = _parse(run_parser, remainder)
+    chaos_run.refuse_run_options(vars(run))
     where = placement.place(_requested(run), None)  # the whole job here, whatever Slurm says
     if where.local_worker_num != where.worker_num or where.node_rank >= 0:
         raise ConfigError(
             "mscluster chaos runs the whole job on this host: give --local-worker-num equal to "
             "--worker-num, and no --node-rank"
         )
-    spec = chaos.ChaosSpec(
-        Path(run.script),
-        run.script_args,
-        workers=where.worker_num,
-        # A short guard by default, so that a run of a minute sees many faults.
-        node_timeout_s=run.node_timeout if run.node_timeout is not None else 3.0,
-        log_dir=where.log_dir,
-        faults=[f.strip() for f in args.faults.split(",") if f.strip()],
-        every_s=args.every,
-        duration_s=args.duration,
-        seed=args.seed,
-        count=args.count,
-        report_path=Path(args.report) if args.report else None,
-        spares=run.spares,
-        standbys=args.standbys,
-        state_url=run.state_url,
-        lease_s=run.lease,
-    )
-    report = chaos.run_chaos(spec)
+    report = chaos_run.run_chaos(chaos_run.spec_of(args, run, where.worker_num, where.log_dir))
     return 0 if report.ok else 1
 
 
@@ -683,6 +680,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClusterError as exc:
         print(f"mscluster: {type(exc).__name__}: {safe(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # the last net: a file or socket the command could not use
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"mscluster: {safe(where)}{safe(exc.strerror or exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C that no command took: its exit, without a traceback
+        return EXIT_INTERRUPTED
     return code
 
 

@@ -126,7 +126,13 @@ class Relay:
         forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
         self._channel, self._forwarder = upstream, forwarder
         server = hop.HopServer(forwarder.answers)
-        await server.start(str(s.path))  # a socket of this user's only
+        try:
+            await server.start(str(s.path))  # a socket of this user's only
+        except OSError as exc:
+            raise ConfigError(
+                f"--socket {str(s.path)!r}: cannot listen there ({exc.strerror or exc}): give "
+                "a path in a directory that exists and this user can write in"
+            ) from None
         self._server, self._bound = server, _identity(s.path)
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
         return s.address

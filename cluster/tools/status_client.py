@@ -23,8 +23,10 @@ class StatusClient:
         *,
         reconnect_ms: int = 50,
         secret: bytes | None = None,
+        identity: Any = None,
     ) -> None:
-        """`secret`: the job secret (a job with one answers Status to its holders only)."""
+        """`secret`: the job secret (a job with one answers Status to its holders only);
+        `identity`: this client's TLS identity (`tls.Identity`) for a job with TLS."""
         from cluster.worker.session import BackgroundLoop  # noqa: PLC0415 - grpc on demand
 
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
@@ -33,6 +35,7 @@ class StatusClient:
         self._reconnect_ms = reconnect_ms
         self._channels: dict[str, Any] = {}
         self._secret = secret
+        self._identity = identity
 
     def _channel(self, address: str) -> Any:
         from cluster.transport import channel  # noqa: PLC0415 - grpc only for those who ask
@@ -43,7 +46,7 @@ class StatusClient:
             options = channel.reconnect_options(self._reconnect_ms, self._reconnect_ms)
 
             async def make() -> Any:
-                return channel.open_channel(address, None, options)
+                return channel.open_channel(address, self._identity, options)
 
             self._channels[address] = self._loop.run(make())
         return self._channels[address]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,7 +41,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.protocol.environment import job_secret_from_env, read_job_secret
+from cluster.protocol.config import parse_seconds
+from cluster.protocol.environment import (
+    job_secret_from_env,
+    read_job_secret,
+    tls_options_from_env,
+)
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.records import Phase
 from cluster.tools.netlab import NetworkLab
@@ -127,6 +133,12 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def exit_line(self) -> str:
+        """How it ended, in one line: its exit code and the last line of its output (a
+        traceback's is the error)."""
+        last = self.output.strip().splitlines()[-1:] or ["(no output)"]
+        return f"{self.name} exited {self.popen.returncode}: {last[0]}"
+
     def wait(self, timeout_s: float) -> int:
         """Its exit code; JobTimeoutError with its output when it runs past `timeout_s`."""
         try:
@@ -180,7 +192,11 @@ class LocalJobOptions:
     (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log); `state_url`: the schedulers keep
     the job in etcd (CLUSTER_STATE_URL, lease `lease_s`); `standbys`: schedulers beside the
     first (needs `state_url`), scheduler k on 127.0.0.<k+1> (or the lab's k-th scheduler
-    address), all on one port, logs scheduler_<k>.log."""
+    address), all on one port, logs scheduler_<k>.log; `port`: theirs (a free one by default);
+    `tls_config`: mutual TLS from this ssl.json for every process and for the job's status
+    calls (CLUSTER_TLS_CONFIG, with the CLUSTER_TLS_* of this environment); `relay`: the
+    workers reach the scheduler through one relay (`mscluster relay`, log relay.log, socket in
+    a directory of this user's only), as `mscluster run` starts for 2 or more workers."""
 
     recovery: bool = True
     env: Mapping[str, str] = field(default_factory=dict)
@@ -190,6 +206,9 @@ class LocalJobOptions:
     standbys: int = 0
     state_url: str | None = None
     lease_s: int = 2
+    port: int | None = None
+    tls_config: Path | None = None
+    relay: bool = False
 
 
 class LocalJob:
@@ -210,9 +229,12 @@ class LocalJob:
     ) -> None:
         """`workdir`: the logs and recovery state (a temporary directory by default);
         `timeout_s`: the bound of each wait; `options`: the rest (`LocalJobOptions`)."""
-        if workers < 1:
-            raise ClusterError(f"LocalJob workers={workers} must be >= 1")
+        _check_options(workers, node_timeout_s, options)
         self.hosts = _scheduler_hosts(options.standbys, options.state_url, options.network)
+        self.port = options.port or _free_port_on(self.hosts)
+        if options.port is not None and not _free_on(self.hosts, options.port):
+            raise ClusterError(f"LocalJob port {options.port} is not free on {self.hosts}")
+        self._identity = None if options.tls_config is None else _tls_identity(options.tls_config)
         self.script = Path(script)
         self.args = list(args)
         self.worker_num = workers
@@ -222,7 +244,6 @@ class LocalJob:
         self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)  # type: ignore[union-attr]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.network = options.network
-        self.port = _free_port_on(self.hosts)
         self.addresses = [f"{host}:{self.port}" for host in self.hosts]
         self.address = self.addresses[0]
         self.env = self._environment(options)
@@ -234,6 +255,9 @@ class LocalJob:
         self.restarts = [0] * workers
         self.spare_num = options.spares
         self.spares: list[Process] = []
+        self.relay: Process | None = None
+        self._relay_dir: Path | None = None
+        self._relay_wanted = options.relay
         self._status: StatusClient | None = None
 
     def _environment(self, options: LocalJobOptions) -> dict[str, str]:
@@ -249,6 +273,11 @@ class LocalJob:
             env.update(MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(self.workdir / "state"))
         if options.state_url is not None:
             env.update(CLUSTER_STATE_URL=options.state_url, CLUSTER_LEASE_S=str(options.lease_s))
+        if options.tls_config is not None:
+            from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
+
+            env.update({k: v for k, v in os.environ.items() if k.startswith("CLUSTER_TLS_")})
+            env.update(tls.launch_environment(options.tls_config.resolve()))
         # Closed to outsiders, as a launched job is (unless `env` gives the secret).
         env["CLUSTER_JOB_SECRET_FILE"] = str(write_job_secret(self.workdir))
         return env
@@ -277,6 +306,8 @@ class LocalJob:
             self.network.setup()
         for k in range(len(self.hosts)):
             self.schedulers[k] = self._spawn_scheduler(k)
+        if self._relay_wanted:
+            self._start_relay()
         for i in range(self.worker_num):
             self.workers[i] = self._spawn(f"worker_{i}", "MS_WORKER", str(i))
         for i in range(self.spare_num):
@@ -290,10 +321,33 @@ class LocalJob:
             env["MS_NODE_ID"] = node_id
         if name.startswith("spare_"):
             env["CLUSTER_SPARE"] = "1"
+        if self._relay_dir is not None:
+            env["CLUSTER_RELAY"] = f"unix:{self._relay_dir / 'relay.sock'}"
         args = [self.python, str(self.script.resolve()), *self.args]
         if self.network is not None and node_id is not None:
-            args = self.network.command(int(node_id), args)
+            args = self.network.command(self._slot(node_id), args)
         return Process(name, args, env, self.workdir / f"{name}.log")
+
+    def _slot(self, node_id: str) -> int:
+        """Node `node_id`'s network namespace: worker i's is i, spare i's follows the workers'."""
+        if node_id.startswith("spare-"):
+            return self.worker_num + int(node_id.removeprefix("spare-"))
+        return int(node_id)
+
+    def _start_relay(self) -> None:
+        """The workers' relay, in a directory of this user's only; returns once it takes
+        connections (a ClusterError with its last line if it exits first)."""
+        self._relay_dir = Path(tempfile.mkdtemp(prefix="cluster-relay-"))
+        path = self._relay_dir / "relay.sock"
+        args = [self.python, "-m", "cluster", "relay", "--socket", f"unix:{path}"]
+        relay = self.relay = Process("relay", args, dict(self.env), self.workdir / "relay.log")
+
+        def up() -> bool:
+            if not relay.running:
+                raise ClusterError(f"the relay did not start: {relay.exit_line()}")
+            return _accepts(path)
+
+        wait_until(up, self.timeout_s, "the relay taking connections")
 
     def _spawn_scheduler(self, k: int) -> Process:
         env = {**self.env, "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": self.hosts[k]}
@@ -321,14 +375,17 @@ class LocalJob:
                 self.env
             )  # a job with a secret shows itself to its holders
             secret = None if source is None else read_job_secret(source)
-            self._status = StatusClient(self.addresses, secret=secret)
+            self._status = StatusClient(self.addresses, secret=secret, identity=self._identity)
         view = self._status.fetch()
         if view is not None and view.address in self.addresses:
             self.leader_index = self.addresses.index(view.address)
         return view
 
-    def wait_status(self, predicate: Callable[[Any], bool], what: str) -> Any:
-        """Poll the status until `predicate(view)` holds; the view."""
+    def wait_status(
+        self, predicate: Callable[[Any], bool], what: str, *, every_worker: bool = False
+    ) -> Any:
+        """Poll the status until `predicate(view)` holds; the view. A JobTimeoutError after
+        `timeout_s`, or as soon as the job has ended (`ended`) with the exit that ended it."""
         seen: list[Any] = []
 
         def check() -> bool:
@@ -336,14 +393,32 @@ class LocalJob:
             if view is not None and predicate(view):
                 seen.append(view)
                 return True
+            gone = self.ended(every_worker=every_worker)
+            if gone is not None:
+                raise JobTimeoutError(f"the job ended before {what}: {gone.exit_line()}")
             return False
 
         wait_until(check, self.timeout_s, what)
         return seen[0]
 
     def wait_formed(self) -> Any:
-        """Wait until every worker is in the job, alive and connected."""
-        return self.wait_status(self.everyone_back, f"all {self.worker_num} workers in the job")
+        """Wait until every worker is in the job, alive and connected; a JobTimeoutError at
+        once when a worker or every scheduler has exited (nothing starts it again meanwhile)."""
+        what = f"all {self.worker_num} workers in the job"
+        return self.wait_status(self.everyone_back, what, every_worker=True)
+
+    def ended(self, *, every_worker: bool = False) -> Process | None:
+        """None while a scheduler runs (and, with `every_worker`, every worker): the status can
+        still change. Else the exit to blame: the first process that exited other than 0, else
+        the first that exited."""
+        schedulers = [p for p in self.schedulers if p is not None]
+        workers = [p for p in self.workers if p is not None]
+        worker_gone = every_worker and any(not w.running for w in workers)
+        if not schedulers or (not worker_gone and any(s.running for s in schedulers)):
+            return None
+        exited = [p for p in [*schedulers, *workers] if not p.running]
+        failed = [p for p in exited if p.popen.returncode != 0]
+        return (failed or exited)[0]
 
     def everyone_back(self, view: Any) -> bool:
         """In `view` (a status), every worker alive and connected, the job ready."""
@@ -473,9 +548,11 @@ class LocalJob:
 
     def close(self) -> None:
         """Kill whatever is still running (every process group) and clean up."""
-        for proc in [*self.schedulers, *self.workers, *self.spares]:
+        for proc in [*self.schedulers, *self.workers, *self.spares, self.relay]:
             if proc is not None:
                 proc.kill_group()
+        if self._relay_dir is not None:
+            shutil.rmtree(self._relay_dir, ignore_errors=True)
         if self._status is not None:
             self._status.close()
             self._status = None
@@ -517,11 +594,55 @@ def _scheduler_hosts(standbys: int, state_url: str | None, network: NetworkLab |
     return network.scheduler_ips[: standbys + 1]
 
 
+def _check_options(workers: int, node_timeout_s: float, options: LocalJobOptions) -> None:
+    """A ClusterError for a job LocalJob cannot run as asked."""
+    if workers < 1:
+        raise ClusterError(f"LocalJob workers={workers} must be >= 1")
+    parse_seconds("LocalJob node_timeout_s", repr(node_timeout_s))  # finite, > 0
+    lab = options.network
+    if lab is not None and lab.workers < workers + options.spares:
+        raise ClusterError(
+            f"LocalJob workers={workers} spares={options.spares} needs a namespace for "
+            f"each: NetworkLab({workers + options.spares}), not NetworkLab({lab.workers})"
+        )
+    if lab is not None and options.relay:
+        raise ClusterError(
+            "LocalJob relay=True with a NetworkLab: each worker is a host of its own there, "
+            "and a relay serves the workers of one host"
+        )
+
+
+def _tls_identity(config: Path) -> Any:
+    """The job's client identity for its status calls (`tls.prepare`: grpc's cipher list
+    first); a TLSConfigError naming what is wrong with the config or its files."""
+    from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
+
+    options = tls_options_from_env(os.environ, config.resolve())
+    assert options is not None  # a config path was given
+    return tls.prepare(options, server=False)
+
+
+def _accepts(path: Path) -> bool:
+    """Whether something takes connections on the unix socket at `path`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _free_on(hosts: list[str], port: int) -> bool:
+    """Whether `port` is free on every loopback host of `hosts` now (a lab's hosts do not
+    exist yet)."""
+    return all(_bindable(host, port) for host in hosts if host.startswith("127."))
+
+
 def _free_port_on(hosts: list[str]) -> int:
-    """A port free on every loopback host of `hosts` now (a lab's hosts do not exist yet)."""
+    """A port free on every loopback host of `hosts` now."""
     for _ in range(100):
         port = free_port()
-        if all(_bindable(host, port) for host in hosts if host.startswith("127.")):
+        if _free_on(hosts, port):
             return port
     raise ClusterError(f"no port is free on every one of {', '.join(hosts)}")
 

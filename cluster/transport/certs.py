@@ -9,12 +9,15 @@ cannot be used to issue more certificates.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import ipaddress
 import json
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,15 +319,55 @@ def make_pki(
     The server certificate names 127.0.0.1, ::1 and localhost, plus `hosts` (the names or
     addresses by which workers on other machines reach the scheduler). `out_dir/ssl.json` is a
     complete config: `CLUSTER_TLS_CONFIG=out_dir/ssl.json` turns TLS on as it is.
+
+    All or nothing: every file is written and synced in a temporary directory inside
+    `out_dir`, then renamed into place. When a write fails (an OSError: a full or read-only
+    disk, say), what `out_dir` held stays as it was, and the directories made for it are
+    removed.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    existing = [name for name in PKI_FILES if (out_dir / name).exists()]
+    existing = held_files(out_dir)
     if existing and not overwrite:
         raise ConfigError(
             f"{out_dir} already holds {', '.join(existing)}: choose an empty directory, or "
             "overwrite on purpose (certificates issued by the old CA stop working)"
         )
+    made = _make_dirs(out_dir)
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=".certs-", dir=out_dir))
+        try:
+            pki = _write_pki(stage, out_dir, hosts=hosts, days=days)
+            for name in PKI_FILES:
+                os.replace(stage / name, out_dir / name)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    except BaseException:
+        for directory in made:  # the deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+    return pki
+
+
+def held_files(out_dir: Path) -> list[str]:
+    """The files of a PKI (`PKI_FILES`) that `out_dir` holds already."""
+    return [name for name in PKI_FILES if (Path(out_dir) / name).exists()]
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """Make directory `path` with its parents; those it made, the deepest first."""
+    missing = []
+    here = path
+    while not here.exists() and not here.is_symlink() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _write_pki(stage: Path, out_dir: Path, *, hosts: Sequence[str], days: int) -> Pki:
+    """Every file of a PKI, written and synced in `stage`; the Pki as it will be in
+    `out_dir`."""
     validity = Validity(days=days)
     ca = new_ca(validity=validity)
     names = list(dict.fromkeys([*LOCAL_NAMES, *hosts]))
@@ -337,15 +380,15 @@ def make_pki(
     )
     server_password, client_password = new_password(), new_password()
 
-    (out_dir / "ca.pem").write_bytes(cert_pem(ca.cert))
-    write_p12(out_dir / "server.p12", server_key, server_cert, server_password, ca)
-    write_p12(out_dir / "client.p12", client_key, client_cert, client_password, ca)
+    _write_public(stage / "ca.pem", cert_pem(ca.cert))
+    write_p12(stage / "server.p12", server_key, server_cert, server_password, ca)
+    write_p12(stage / "client.p12", client_key, client_cert, client_password, ca)
     # Same password as client.p12, so that pointing client_cert_path at it is the only change.
-    write_p12(out_dir / "client-revoked.p12", revoked_key, revoked_cert, client_password, ca)
-    (out_dir / "crl.pem").write_bytes(crl_pem(ca, [revoked_cert], days=days))
-    write_private(out_dir / "server.pass", server_password + b"\n")
-    write_private(out_dir / "client.pass", client_password + b"\n")
-    (out_dir / "ssl.json").write_text(PKI_SSL_JSON.text())
+    write_p12(stage / "client-revoked.p12", revoked_key, revoked_cert, client_password, ca)
+    _write_public(stage / "crl.pem", crl_pem(ca, [revoked_cert], days=days))
+    write_private(stage / "server.pass", server_password + b"\n")
+    write_private(stage / "client.pass", client_password + b"\n")
+    _write_public(stage / "ssl.json", PKI_SSL_JSON.text().encode())
     return Pki(
         dir=out_dir,
         ssl_json=out_dir / "ssl.json",
@@ -360,3 +403,11 @@ def make_pki(
         server_password=server_password,
         client_password=client_password,
     )
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    """A new file readable by all (as the umask allows), synced."""
+    with path.open("xb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.protocol.errors import ClusterError
 from cluster.tools.testing import (
     LocalJob,
     LocalJobOptions,
@@ -25,6 +26,7 @@ from tests.procs import PYTHON, ROOT
 pytestmark = [pytest.mark.root, pytest.mark.timeout(300)]
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
+WORKER = ROOT / "tests" / "integration" / "scripts" / "recovery_worker.py"
 NODE_TIMEOUT_S = 3.0
 ARGS = ["--steps", "150", "--save-every", "10", "--step-delay", "0.03"]
 
@@ -128,3 +130,32 @@ def test_chaos_partitions_leave_the_result_exact(
     assert (tmp_path / "out" / "final.sha256").read_text() == (
         clean_out / "final.sha256"
     ).read_text()
+
+
+def test_spares_get_namespaces_of_their_own(
+    network_or_skip: None, local_job: Callable[..., LocalJob], tmp_path: Path
+) -> None:
+    """A lab of one namespace per worker and spare: the spare runs in the one after the
+    workers', and the job forms."""
+    lab = NetworkLab(3)
+    job = local_job(
+        WORKER,
+        ["--release", str(tmp_path / "release")],
+        workers=2,
+        node_timeout_s=NODE_TIMEOUT_S,
+        options=LocalJobOptions(network=lab, spares=1),
+    )
+    job.wait_formed()
+    assert job.spares[0].popen.args[:4] == ["ip", "netns", "exec", lab.namespace(2)]
+    wait_until(lambda: any(n.spare for n in job.status().nodes), 30, "the spare in the job")
+    (tmp_path / "release").touch()
+    assert job.wait() == 0
+
+
+def test_a_lab_without_a_namespace_for_each_spare_is_refused(network_or_skip: None) -> None:
+    lab = NetworkLab(2)
+    try:
+        with pytest.raises(ClusterError, match=r"needs a namespace for each: NetworkLab\(3\)"):
+            LocalJob(TRAIN, workers=2, options=LocalJobOptions(network=lab, spares=1))
+    finally:
+        lab.teardown()

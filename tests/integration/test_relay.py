@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
+from tests import tmpfs
 from tests.aio import eventually
 from tests.procs import MSCLUSTER, ROOT, Procs, job_env
 from tests.sockets import connections_by_owner, established
@@ -763,3 +765,32 @@ async def test_a_host_link_batch_out_of_bounds_ends_the_link_and_nothing_else() 
             assert re.search(why, refused.value.details() or ""), refused.value.details()
         assert srv.core.state.members["a"] == before
         assert srv.core.open_streams == 1
+
+
+def relay_at(socket_path: str) -> subprocess.CompletedProcess[str]:
+    """`mscluster relay --socket unix:PATH` of a job whose scheduler is not up (yet)."""
+    return subprocess.run(
+        [*MSCLUSTER, "relay", "--socket", f"unix:{socket_path}"],
+        env=job_env(2, free_port()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_socket_in_a_missing_directory_is_one_line(tmp_path: Path) -> None:
+    where = tmp_path / "missing" / "r.sock"
+    done = relay_at(str(where))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"mscluster: ConfigError: --socket '{where}': cannot listen there")
+    assert "No such file or directory" in line
+
+
+def test_a_socket_on_a_read_only_disk_is_one_line() -> None:
+    with tmpfs.mounted(read_only=True) as disk:
+        done = relay_at(str(disk / "r.sock"))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "Read-only file system" in line, line

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from cluster.protocol.errors import ConfigError, JobTimeoutError
 from cluster.tools.testing import LocalJob, wait_until
 from tests.procs import ROOT
 
@@ -45,3 +48,18 @@ def test_every_fault_waits_for_its_effect(
     assert job.wait() == 0
     for i in range(3):
         assert "after rank=" in job.log(i)
+
+
+def test_waiting_for_a_job_that_ended_ends_with_its_exit(
+    local_job: Callable[..., LocalJob], tmp_path: Path
+) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text('raise SystemExit("boom: the script died")\n')
+    job = local_job(script, workers=2, node_timeout_s=2, timeout_s=30)
+    with pytest.raises(JobTimeoutError, match="exited 1: boom: the script died"):
+        job.wait_formed()
+
+
+def test_a_guard_that_is_no_positive_number_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="node_timeout_s='inf' is out of range"):
+        LocalJob(WORKER, workers=2, node_timeout_s=float("inf"), workdir=tmp_path)

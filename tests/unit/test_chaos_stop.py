@@ -9,8 +9,8 @@ from tests.procs import PYTHON, ROOT
 
 BLOCKED = """
 import threading
-from cluster.tools import chaos
-chaos._exit_within(0.2, 130)
+from cluster.tools import chaos_run
+chaos_run._exit_within(0.2, 130)
 threading.Event().wait(60)  # a teardown that blocks
 """
 

@@ -75,6 +75,16 @@ __all__ = [
 POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
 
+# What this process's environment may say of its TLS identity, passed on to the job's
+# processes beside the ssl.json (`LocalJobOptions.tls_config`).
+_TLS_VARIABLES = (
+    "CLUSTER_TLS_SERVER_NAME",
+    "CLUSTER_TLS_CLIENT_PASSWORD",
+    "CLUSTER_TLS_CLIENT_PASSWORD_FILE",
+    "CLUSTER_TLS_SERVER_PASSWORD",
+    "CLUSTER_TLS_SERVER_PASSWORD_FILE",
+)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` right now, for MS_SCHED_PORT (the launch contract fixes it in
@@ -194,7 +204,7 @@ class LocalJobOptions:
     first (needs `state_url`), scheduler k on 127.0.0.<k+1> (or the lab's k-th scheduler
     address), all on one port, logs scheduler_<k>.log; `port`: theirs (a free one by default);
     `tls_config`: mutual TLS from this ssl.json for every process and for the job's status
-    calls (CLUSTER_TLS_CONFIG, with the CLUSTER_TLS_* of this environment); `relay`: the
+    calls (CLUSTER_TLS_CONFIG, with the TLS variables of this environment); `relay`: the
     workers reach the scheduler through one relay (`mscluster relay`, log relay.log, socket in
     a directory of this user's only), as `mscluster run` starts for 2 or more workers."""
 
@@ -276,7 +286,7 @@ class LocalJob:
         if options.tls_config is not None:
             from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
 
-            env.update({k: v for k, v in os.environ.items() if k.startswith("CLUSTER_TLS_")})
+            env.update({k: v for k, v in os.environ.items() if k in _TLS_VARIABLES})
             env.update(tls.launch_environment(options.tls_config.resolve()))
         # Closed to outsiders, as a launched job is (unless `env` gives the secret).
         env["CLUSTER_JOB_SECRET_FILE"] = str(write_job_secret(self.workdir))

@@ -36,3 +36,8 @@ def test_the_other_generated_pages_build() -> None:
     assert "mscluster" in module.cli_page()
     assert "ClusterError" in module.errors_page()
     assert "Register" in module.protocol_page()
+
+
+def test_every_variable_the_code_reads_is_on_the_environment_page() -> None:
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    assert refgen().environment_check(page) == []

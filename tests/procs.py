@@ -41,6 +41,17 @@ def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
+def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`mscluster certs --out OUT EXTRA` run to its end; its output as text."""
+    return subprocess.run(
+        [*MSCLUSTER, "certs", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def reader_env(
     secret_file: str | os.PathLike[str] | None, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:

@@ -22,6 +22,19 @@ from tests.procs import PYTHON, ROOT, example_error_line, job_env
 EXIT_S = 30.0
 
 
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`mscluster ARGS` in the checkout with `env`, run to its end (bounded)."""
+    return subprocess.run(
+        [PYTHON, "-m", "cluster", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EXIT_S * 2,
+        cwd=ROOT,
+        check=False,
+    )
+
+
 def scheduler(**env: str) -> subprocess.CompletedProcess[str]:
     base = {
         "MS_ROLE": "MS_SCHED",
@@ -29,15 +42,7 @@ def scheduler(**env: str) -> subprocess.CompletedProcess[str]:
         "MS_SCHED_PORT": "0",
         "MS_WORKER_NUM": "1",
     }
-    return subprocess.run(
-        [PYTHON, "-m", "cluster", "scheduler"],
-        env={**os.environ, **base, **env},
-        capture_output=True,
-        text=True,
-        timeout=EXIT_S * 2,
-        cwd=ROOT,
-        check=False,
-    )
+    return cli("scheduler", env={**os.environ, **base, **env})
 
 
 @pytest.mark.parametrize(
@@ -69,15 +74,7 @@ def test_an_absurd_value_is_one_line(env: dict[str, str], said: str) -> None:
 
 def dry_run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """`mscluster run --dry-run ARGS examples/allgather_check.py` in this environment with `env`."""
-    return subprocess.run(
-        [PYTHON, "-m", "cluster", "run", "--dry-run", *args, "examples/allgather_check.py"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=EXIT_S * 2,
-        cwd=ROOT,
-        check=False,
-    )
+    return cli("run", "--dry-run", *args, "examples/allgather_check.py", env={**os.environ, **env})
 
 
 @pytest.mark.parametrize(

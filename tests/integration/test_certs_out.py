@@ -7,17 +7,7 @@ import subprocess
 from pathlib import Path
 
 from tests import tmpfs
-from tests.procs import MSCLUSTER
-
-
-def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MSCLUSTER, "certs", "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.procs import certs
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

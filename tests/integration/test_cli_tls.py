@@ -10,20 +10,9 @@ import subprocess
 from pathlib import Path
 
 from cluster.testing import free_port
-from tests.procs import PYTHON, ROOT, Procs, mscluster
+from tests.procs import MSCLUSTER, ROOT, Procs, certs, mscluster
 
 EXAMPLE = str(ROOT / "examples" / "allgather_check.py")
-MSCLUSTER = [PYTHON, "-m", "cluster"]
-
-
-def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MSCLUSTER, "certs", "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_certs_then_a_tls_job_through_the_launcher(tmp_path: Path) -> None:

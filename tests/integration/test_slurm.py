@@ -139,20 +139,17 @@ def test_in_an_salloc_shell_explicit_options_are_enough(slurm: Slurm, tmp_path: 
 # A worker that, once in its job, waits (bounded) until a worker of the other step is in its own:
 # the two steps' jobs run at the same time.
 SIDE_BY_SIDE = """
-import os, sys, time
+import os
 from pathlib import Path
 import cluster
+from cluster.testing import wait_until
 
 cluster.init()
 step = os.environ["SLURM_STEP_ID"]
 print(f"step {step} rank {cluster.get_rank()} of {cluster.get_group_size()}", flush=True)
 Path(f"up-{step}-{cluster.get_rank()}").touch()
 other = "1" if step == "0" else "0"
-deadline = time.monotonic() + 30
-while not list(Path().glob(f"up-{other}-*")):
-    if time.monotonic() > deadline:
-        sys.exit(f"step {other} never ran beside step {step}")
-    time.sleep(0.05)
+wait_until(lambda: any(Path().glob(f"up-{other}-*")), 30, f"step {other} to run beside {step}")
 cluster.finalize()
 """
 
@@ -165,15 +162,7 @@ def test_two_steps_side_by_side_on_one_node_run_apart(slurm: Slurm, tmp_path: Pa
     (work / "side.py").write_text(SIDE_BY_SIDE)
     step = "srun --overlap -N1 mscluster run --worker-num 2 --local-worker-num 2 --enable-recovery"
     both = f"{step} side.py & first=$!; {step} side.py; second=$?; wait $first; echo rc=$?,$second"
-    done = subprocess.run(
-        ["salloc", "-N1", "bash", "-c", both],
-        cwd=work,
-        env=batch_env(slurm),
-        capture_output=True,
-        text=True,
-        timeout=SRUN_TIMEOUT_S,
-        check=False,
-    )
+    done = run_in_job(slurm, work, "salloc", "-N1", "bash", "-c", both)
     assert "rc=0,0" in done.stdout, done.stdout + done.stderr
     for number in (0, 1):
         logs = step_logs(work, number)
@@ -190,9 +179,10 @@ def batch_env(slurm: Slurm) -> dict[str, str]:
     return {**slurm.env, "PATH": f"{Path(PYTHON).parent}:{os.environ['PATH']}"}
 
 
-def run_batch(slurm: Slurm, work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_in_job(slurm: Slurm, work: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """`command` (salloc, sbatch ...) in `work` with `batch_env`, run to its end (bounded)."""
     return subprocess.run(
-        ["sbatch", "--wait", str(SBATCH), *args],
+        list(command),
         cwd=work,
         env=batch_env(slurm),
         capture_output=True,
@@ -200,6 +190,10 @@ def run_batch(slurm: Slurm, work: Path, *args: str) -> subprocess.CompletedProce
         timeout=SRUN_TIMEOUT_S,
         check=False,
     )
+
+
+def run_batch(slurm: Slurm, work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_in_job(slurm, work, "sbatch", "--wait", str(SBATCH), *args)
 
 
 def job_output(work: Path) -> str:

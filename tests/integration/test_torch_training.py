@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, launched_pid, wait_until
-from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
+from tests.procs import PYTHON, ROOT, Process, Procs, job_env, launched, private_copy
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,
@@ -80,22 +80,27 @@ def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
         procs.kill_all()
 
 
+def start_job(processes: Procs, script: Path, workers: int, **extra: str) -> list[Process]:
+    """A scheduler and `workers` workers running `script` (node ids 0, 1, ...), `extra` in
+    their environment: the workers."""
+    env = job_env(workers, free_port(), **extra)
+    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    return [
+        processes.start_role(f"w{i}", "MS_WORKER", [str(script)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(workers)
+    ]
+
+
 def test_a_survivors_all_reduce_fails_at_once_when_its_peer_is_killed(
     processes: Procs, tmp_path: Path
 ) -> None:
-    env = job_env(
+    survivor, victim = start_job(
+        processes,
+        PEER_FAILURE,
         2,
-        free_port(),
         MS_ENABLE_RECOVERY="1",
         MS_RECOVERY_PATH=str(tmp_path / "recovery"),
         MS_NODE_TIMEOUT="30",  # the group's timeout too: a failure within seconds is not it
-    )
-    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
-    survivor, victim = (
-        processes.start_role(
-            f"w{i}", "MS_WORKER", [str(PEER_FAILURE)], {**env, "MS_NODE_ID": str(i)}
-        )
-        for i in range(2)
     )
     victim.wait_for_output("rank 1 ready", START_S)
     survivor.wait_for_output("reducing", START_S)
@@ -114,12 +119,7 @@ def test_a_peer_blocked_on_a_worker_fails_at_once_when_that_worker_releases_its_
     """What frees a survivor stuck in gloo waiting on a live neighbour (a ring, the failed rank
     beyond it): the neighbour's TrainingLoop releases its group as soon as its generation is
     over, and the stuck read ends at once instead of after the group's 30 s timeout."""
-    env = job_env(2, free_port())
-    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
-    workers = [
-        processes.start_role(f"w{i}", "MS_WORKER", [str(RELEASE)], {**env, "MS_NODE_ID": str(i)})
-        for i in range(2)
-    ]
+    workers = start_job(processes, RELEASE, 2)
     workers[0].wait_for_output("rank 0 released; group left: False", START_S)
     workers[1].wait_for_output("recv failed after", 10)
     failed_after = float(re.search(r"recv failed after (\d+\.\d+) s", workers[1].output)[1])
@@ -130,12 +130,7 @@ def test_a_peer_blocked_on_a_worker_fails_at_once_when_that_worker_releases_its_
 def test_finalize_destroys_the_process_group(processes: Procs) -> None:
     """No group is left for torch to tear down at exit (NCCL warns "destroy_process_group() was
     not called before program exit"; gloo in torch 2.13 does not, so the test asks torch)."""
-    env = job_env(2, free_port())
-    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
-    workers = [
-        processes.start_role(f"w{i}", "MS_WORKER", [str(FINALIZE)], {**env, "MS_NODE_ID": str(i)})
-        for i in range(2)
-    ]
+    workers = start_job(processes, FINALIZE, 2)
     for worker in workers:
         assert worker.wait(START_S) == 0, worker.output
         assert "sum 2.0" in worker.output, worker.output
@@ -149,12 +144,7 @@ def test_the_rendezvous_store_closes_once_the_group_is_made_and_the_group_works(
     """Rank 0's TCPStore (unauthenticated: anyone who reaches the port may write to it) serves
     only the group's making: once every rank's init_process_group has returned its port
     refuses connections, and the group still reduces and is destroyed at finalize."""
-    env = job_env(2, free_port())
-    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
-    workers = [
-        processes.start_role(f"w{i}", "MS_WORKER", [str(STORE)], {**env, "MS_NODE_ID": str(i)})
-        for i in range(2)
-    ]
+    workers = start_job(processes, STORE, 2)
     for worker in workers:
         assert worker.wait(START_S) == 0, worker.output
     assert "rank 0 store closed: True" in workers[0].output, workers[0].output
@@ -167,11 +157,7 @@ def test_a_group_whose_destroy_failed_is_still_cluster_torchs(processes: Procs) 
     """torch's destroy raising left cluster.torch's record cleared and torch's group in place:
     the next init_process_group refused it as "a default process group that cluster.torch did
     not make". The record goes only once torch's destroy has succeeded."""
-    env = job_env(1, free_port())
-    processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
-    worker = processes.start_role(
-        "w0", "MS_WORKER", [str(DESTROY_FAILS)], {**env, "MS_NODE_ID": "0"}
-    )
+    (worker,) = start_job(processes, DESTROY_FAILS, 1)
     assert worker.wait(START_S) == 0, worker.output
     lines = [line for line in worker.output.splitlines() if not line.startswith("cluster[")]
     assert lines == [

@@ -140,16 +140,23 @@ TestRounds = RoundsMachine.TestCase
 TestRounds.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 
 
-def test_a_call_made_again_after_its_round_was_forgotten_gets_the_same_answer() -> None:
-    """Rank 1's answer was sent as its connection broke: it calls again once every rank was
-    answered and the round forgotten. It gets the answer at once instead of opening a round
-    that would wait for ranks that have moved on."""
+def answered_allgather() -> Rounds:
+    """Rounds in which ranks 0 and 1 of 2 gathered b"a" and b"b" (#1 of generation 1) and both
+    were answered."""
     rounds = Rounds(max_bytes=1000, timeout_s=10.0)
     rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=0.0)
     done = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=0.0)
     assert isinstance(done, Completed)
     for rank in (0, 1):
         rounds.answered(done.round, rank)
+    return rounds
+
+
+def test_a_call_made_again_after_its_round_was_forgotten_gets_the_same_answer() -> None:
+    """Rank 1's answer was sent as its connection broke: it calls again once every rank was
+    answered and the round forgotten. It gets the answer at once instead of opening a round
+    that would wait for ranks that have moved on."""
+    rounds = answered_allgather()
     assert rounds.open == {}
     rounds.join((1, 2), rank=0, size=2, op=ALLGATHER, root=0, value=b"c", now=1.0)  # moved on
     again = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=2.0)
@@ -166,12 +173,7 @@ def test_a_call_made_again_after_its_round_was_forgotten_gets_the_same_answer() 
 def test_once_a_rank_finished_only_a_call_made_again_of_the_answered_round_goes_on() -> None:
     """Rank 0 finished after both were answered #1: the rounds fail with its answer kept, and
     rank 1's #1 made again is answered; no other call is one (the engine refuses those)."""
-    rounds = Rounds(max_bytes=1000, timeout_s=10.0)
-    rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=0.0)
-    done = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=0.0)
-    assert isinstance(done, Completed)
-    for rank in (0, 1):
-        rounds.answered(done.round, rank)
+    rounds = answered_allgather()
     rounds.fail_all(CollectiveError("rank 0 has finished"), keep_answer=True)
     again = rounds.made_again((1, 1), rank=1, op=ALLGATHER, root=0, value=b"b")
     assert again is not None

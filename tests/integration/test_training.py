@@ -14,6 +14,7 @@ import pytest
 from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.testing import Process, free_port, wait_until
 from cluster.tools.processes import launched_pid
+from tests import tmpfs
 from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
 from tests.sockets import connections_by_owner
 from tests.training_job import (
@@ -115,6 +116,50 @@ def test_ranks_killed_in_turn_before_the_first_save_each_resume_from_a_peers_mem
         assert held == [".mlp.lock", "mlp-00000030.ckpt", "mlp-00000060.ckpt"], (rank, held)
     fetched = [w.output.count("not stored as a checkpoint of this rank") for w in job.workers]
     assert fetched == [1, 1], [w.output for w in job.workers]
+
+
+def test_a_rank_without_a_checkpoint_on_disk_the_reason_says_the_workers_may_resume_from_memory(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Rank 1's checkpoint disk is full: rank 0 reports step 20, rank 1 none, and rank 1 dies of
+    the failed save. The rollback step is then 0, but the survivor holds a newer step in memory
+    and the generation resumes from it: the generation's reason, in the events and in every
+    worker's log, says what happens (from memory if it can, else from the beginning), and no
+    line says that every worker starts from the beginning or from step 0."""
+    with tmpfs.mounted("1m") as disk:
+        log = tmp_path / "events.jsonl"
+        (tmp_path / "full" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "full" / "checkpoints" / "rank_1").symlink_to(disk)
+        filler = tmpfs.fill(disk)
+        job = Job(
+            processes,
+            tmp_path,
+            "full",
+            save_every=20,
+            MS_WORKER_NUM="2",
+            CLUSTER_EVENT_LOG=str(log),
+        )
+        assert job.workers[1].wait(job.exit_s) == 1
+        assert "No space left on device" in job.workers[1].output
+        filler.unlink()
+        job.workers[1] = job.start_worker(1)
+        job.final_hash()
+    events = [JobEvent.from_json(line) for line in log.read_text().splitlines()]
+    (memory,) = [v for v in (e.typed() for e in events) if isinstance(v, MemoryResume)]
+    (generation,) = [
+        e.fields
+        for e in events
+        if e.kind == "generation" and e.fields["generation"] == memory.generation
+    ]
+    assert generation["rollback_step"] == 0
+    reason = str(generation["reason"])
+    assert "no checkpoint on disk yet at rank 1" in reason
+    assert "resume from the step the survivors hold in memory if they can" in reason
+    for worker in job.workers:
+        assert f"resuming from step {memory.step} in memory" in worker.output
+        assert "starts from the beginning" not in worker.output
+        assert "training resumes from step 0" not in worker.output
+    assert memory.step >= 20
 
 
 def test_worker_killed_while_saving_every_step(

@@ -108,13 +108,17 @@ def test_the_rollback_step_is_the_newest_step_every_worker_holds() -> None:
     assert from_the_beginning(both) == from_the_beginning([member("0"), member("1")]) == ""
 
 
-def test_a_worker_without_a_checkpoint_sends_every_worker_to_the_beginning() -> None:
-    """Rank 0 killed after rank 1 saved step 5 but before rank 0 saved any: rank 0 can only
-    start from the beginning, so everyone does, and the generation's reason says why."""
+def test_a_worker_without_a_checkpoint_makes_the_rollback_step_the_beginning() -> None:
+    """Rank 0 killed after rank 1 saved step 5 but before rank 0 saved any: on disk, rank 0 can
+    only start from the beginning, so the rollback step is 0, and the generation's reason says
+    why. The survivors may hold a newer step in memory, which the workers decide on after the
+    generation is out: the reason says what they do either way, not that all start at 0."""
     early = [member("0"), member("1", checkpoints=(5,))]
     assert rollback_step(early) == 0
     assert from_the_beginning(early) == (
-        "no checkpoint yet at node '0' at h0:5000, so every worker starts from the beginning"
+        "no checkpoint on disk yet at node '0' at h0:5000, so the rollback step is 0: the "
+        "workers resume from the step the survivors hold in memory if they can, else from the "
+        "beginning"
     )
 
 

@@ -1768,7 +1768,7 @@ def test_the_step_every_worker_holds_is_computed_at_most_once_a_second() -> None
     assert state.held_by_all() == 0
 
 
-def test_a_worker_lost_before_its_first_checkpoint_rolls_everyone_back_to_the_start() -> None:
+def test_a_worker_lost_before_its_first_checkpoint_makes_the_rollback_step_the_start() -> None:
     clock = FakeClock()
     state = recovering(clock, n=2)
     state.report_checkpoints("1", 1, [5])
@@ -1779,7 +1779,8 @@ def test_a_worker_lost_before_its_first_checkpoint_rolls_everyone_back_to_the_st
     ready = [e for e in effects if isinstance(e, TopologyReadyEvent)]
     assert state.phase is Phase.READY
     assert [(e.generation, e.rollback_step) for e in ready] == [(2, 0)]
-    assert "no checkpoint yet at rank 0" in ready[0].reason
+    assert "no checkpoint on disk yet at rank 0" in ready[0].reason
+    assert "step the survivors hold in memory if they can" in ready[0].reason
 
 
 def test_rollback_is_the_beginning_when_nobody_has_a_checkpoint() -> None:

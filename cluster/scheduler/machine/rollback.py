@@ -1,9 +1,12 @@
-"""The rollback planner, a part of the scheduler's state machine: the step every worker resumes
-from in a new generation, and the step every worker must keep.
+"""The rollback planner, a part of the scheduler's state machine: the checkpoint step every
+worker can roll back to in a new generation, and the step every worker must keep.
 
 Workers report the checkpoint steps they hold; every generation names the newest step that
-every worker holds. A worker that holds none can only start from the beginning, so the step is
-0 while any worker holds none (a worker that failed before its first checkpoint). Taking "the
+every worker holds. A worker that holds none can only start from the beginning as far as the
+disk goes, so the step is 0 while any worker holds none (a worker that failed before its first
+checkpoint). The workers may still resume from a newer step the survivors hold in memory: they
+decide that among themselves once the generation is out (`cluster.protocol.resume`), so the
+generation's reason says what they do either way (`from_the_beginning`). Taking "the
 minimum of each rank's newest", as MindSpore does, can name a step that some rank has already
 pruned; the newest common step cannot. When every worker holds checkpoints but none in common
 (files lost or pruned), the job cannot roll back (`NoCommonStep`, with what each holds): going
@@ -50,14 +53,18 @@ def rollback_step(workers: Sequence[Member]) -> int | NoCommonStep:
 
 
 def from_the_beginning(workers: Sequence[Member]) -> str:
-    """Why a generation goes back to the beginning though some workers hold checkpoints (the
-    workers that hold none), or "" when it does not."""
+    """Why a generation's rollback step is 0 though some workers hold checkpoints (the workers
+    that hold none), or "" when it is not. It says what the workers will do whichever way they
+    decide: the scheduler does not know the steps they hold in memory."""
     empty = [m for m in workers if not m.checkpoints]
     if not empty or len(empty) == len(workers):
         return ""
     who = ", ".join(m.describe() for m in sorted(empty, key=_by_rank)[:4])
     more = f" and {len(empty) - 4} more" if len(empty) > 4 else ""
-    return f"no checkpoint yet at {who}{more}, so every worker starts from the beginning"
+    return (
+        f"no checkpoint on disk yet at {who}{more}, so the rollback step is 0: the workers "
+        "resume from the step the survivors hold in memory if they can, else from the beginning"
+    )
 
 
 def _by_rank(m: Member) -> int:

@@ -20,11 +20,11 @@ and wait; the same node id is taken back, with its rank, once it has been silent
 (MS_NODE_TIMEOUT), and a new generation is published. A failed node that has not rejoined within
 MS_TOPO_TIMEOUT after its guard ended fails the job, so that nothing waits forever.
 
-Rollback: workers report the checkpoint steps they hold; every generation names the step all
-workers resume from, the newest step that every worker holds (0, the beginning, when none has
-any). Taking "the minimum of each rank's newest", as MindSpore does, can name a step that some
-rank has already pruned; the newest common step cannot. When the ranks hold checkpoints but none
-in common, the job fails with a message listing what each holds.
+Rollback: workers report the checkpoint steps they hold; every generation names the step on
+disk all workers can roll back to, the newest that every worker holds (0 when one has none; the
+workers may resume from a newer step held in memory: `rollback`). Taking "the minimum of each
+rank's newest", as MindSpore does, can name a step some rank has already pruned; the newest
+common step cannot. With checkpoints but none in common, the job fails saying what each holds.
 """
 
 from __future__ import annotations

@@ -479,7 +479,7 @@ class WorkerCore:
             said.append(
                 steps.Say(
                     f"the job is now at generation {event.topology.generation} "
-                    f"({event.topology.reason}); training resumes from step "
+                    f"({event.topology.reason}); its rollback step on disk is "
                     f"{event.topology.rollback_step}"
                 )
             )

@@ -84,6 +84,7 @@ def init(config: ClusterConfig | None = None) -> None:
         recovery_dir.check_recovery_path(cfg.recovery)
     if cfg.role is Role.SCHEDULER:
         _run_scheduler(cfg)
+    from cluster.storage import host_buffers  # noqa: PLC0415 - numpy only at a first buffer
     from cluster.worker.session import WorkerSession  # noqa: PLC0415 - imports grpc; see above
 
     with _lock:
@@ -92,6 +93,8 @@ def init(config: ClusterConfig | None = None) -> None:
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
         _session = WorkerSession(cfg, identity)
         atexit.register(_finalize_at_exit)
+        # The job's bound on pinned memory is the config's, which may not be the environment's.
+        host_buffers.configure(cfg.pinned_max_bytes)
     try:
         _session.start()
     except ReleasedError as released:

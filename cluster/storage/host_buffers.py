@@ -7,11 +7,17 @@ buffer, and copies into it with `non_blocking=True` on a copy stream (`cluster.s
 snapshot`). Pinning is slow (a page-locking system call over the whole buffer) and pinned
 memory is taken from what the OS can page: the buffers are kept and handed out again (a
 snapshot keeps its buffer from one save to the next; one it gives back waits here for the next
-that fits), and the pinned bytes of the process are bounded by `CLUSTER_PINNED_MAX_BYTES`.
+that fits), and the pinned bytes of the process are bounded: by the job's configuration
+(`ClusterConfig.pinned_max_bytes`, which `cluster.init()` passes to `configure`, whether the
+config came from the environment or was given to it), else, in a process without `init()`, by
+`CLUSTER_PINNED_MAX_BYTES` of its environment.
 
 Where pinning is refused (no CUDA: torch raises; the bound reached; the OS out of lockable
 memory), the buffer is pageable instead, and a warning says so once per reason: the save is
 slower, not wrong.
+
+numpy is imported at the first buffer, not with this module: `cluster.init()` imports this
+module to pass the bound on, and a job without checkpoints does not need numpy.
 """
 
 from __future__ import annotations
@@ -22,15 +28,16 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from cluster.protocol import environment
 from cluster.protocol.config import DEFAULT_PINNED_MAX_BYTES
 
 PINNED_MAX_ENV = environment.PINNED_MAX_ENV
 PINNED_MAX_DEFAULT = DEFAULT_PINNED_MAX_BYTES
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _log = logging.getLogger(__name__)
 
@@ -44,7 +51,7 @@ def pinned_max_from_env() -> int:
 
 # Makes `nbytes` of zeroed page-locked memory: the array and the object that owns it; raises
 # RuntimeError or MemoryError where it cannot.
-PageLock = Callable[[int], tuple[np.ndarray[Any, Any], Any]]
+PageLock = Callable[[int], "tuple[np.ndarray[Any, Any], Any]"]
 
 
 def torch_page_lock(nbytes: int) -> tuple[np.ndarray[Any, Any], Any]:
@@ -71,6 +78,12 @@ class HostBuffer:
         return int(self.array.nbytes)
 
 
+def _pageable(nbytes: int) -> HostBuffer:
+    import numpy as np  # noqa: PLC0415 - at the first buffer (see the module)
+
+    return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
+
+
 class HostBuffers:
     """Hands out host buffers, pinned ones up to `max_pinned` bytes in all; see the module."""
 
@@ -92,7 +105,7 @@ class HostBuffers:
         """A zeroed buffer of at least `nbytes` (exactly, when it is new); pinned when asked
         and possible, else pageable (see the module)."""
         if not pinned:
-            return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
+            return _pageable(nbytes)
         with self._lock:
             reused = self._take_free(nbytes)
             if reused is not None:
@@ -104,15 +117,25 @@ class HostBuffers:
                 self._warn(
                     "bound",
                     f"snapshots of CUDA tensors need {nbytes} more bytes of pinned memory than "
-                    f"{PINNED_MAX_ENV}={self.max_pinned} allows ({self._pinned_bytes} held): "
-                    "using pageable memory, about 3x slower to copy into; raise it to pin",
+                    f"the bound of {self.max_pinned} bytes allows ({self._pinned_bytes} held): "
+                    "using pageable memory, about 3x slower to copy into; raise "
+                    f"{PINNED_MAX_ENV} (ClusterConfig.pinned_max_bytes) to pin",
                 )
-                return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
+                return _pageable(nbytes)
             buffer = self._pin(nbytes)
             if buffer.pinned:
                 self._pinned_bytes += nbytes
                 self.allocations += 1
             return buffer
+
+    def set_max_pinned(self, max_pinned: int) -> None:
+        """Pin at most `max_pinned` bytes from now on; the buffers given back that the new bound
+        leaves no room for are freed (those handed out stay counted, and no new one is pinned
+        until the count is under the bound again)."""
+        with self._lock:
+            self.max_pinned = max_pinned
+            if self._pinned_bytes > max_pinned:
+                self._drop_free()
 
     def release(self, buffer: HostBuffer) -> None:
         """Give a buffer back: a pinned one is kept for reuse (a pageable one is just let go)."""
@@ -148,7 +171,7 @@ class HostBuffers:
                 f"cannot pin host memory for snapshots of CUDA tensors ({exc}): using pageable "
                 "memory, about 3x slower to copy into",
             )
-            return HostBuffer(np.zeros(nbytes, np.uint8), pinned=False)
+            return _pageable(nbytes)
         return HostBuffer(array, pinned=True, owner=owner)
 
     def _warn(self, reason: str, message: str) -> None:
@@ -158,13 +181,28 @@ class HostBuffers:
 
 
 _default: HostBuffers | None = None
+_configured: int | None = None  # the job's bound (`configure`); None: none given
 _default_lock = threading.Lock()
 
 
+def configure(max_pinned: int) -> None:
+    """The job's bound on pinned bytes (`ClusterConfig.pinned_max_bytes`, from `cluster.init()`):
+    the process's buffers obey it from now on, whether they were made before or are made later.
+    """
+    global _configured
+    with _default_lock:
+        _configured = max_pinned
+        if _default is not None:
+            _default.set_max_pinned(max_pinned)
+
+
 def default_buffers() -> HostBuffers:
-    """The process's buffers (pinned memory is the process's to bound), made at first use."""
+    """The process's buffers (pinned memory is the process's to bound), made at first use with
+    the job's bound (`configure`), else the environment's (a process without `cluster.init()`).
+    """
     global _default
     with _default_lock:
         if _default is None:
-            _default = HostBuffers(pinned_max_from_env())
+            bound = _configured if _configured is not None else pinned_max_from_env()
+            _default = HostBuffers(bound)
         return _default

@@ -59,7 +59,7 @@ def test_the_pinned_bound_is_respected_with_one_warning(caplog: pytest.LogCaptur
         over = [buffers.acquire(2000, pinned=True) for _ in range(3)]
     assert all(not b.pinned for b in over)
     assert buffers.pinned_bytes == 2000
-    warnings = [r for r in caplog.records if "CLUSTER_PINNED_MAX_BYTES=3000" in r.getMessage()]
+    warnings = [r for r in caplog.records if "the bound of 3000 bytes" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
     # Buffers given back make room: they are unpinned before the bound refuses.
     buffers.release(held)
@@ -100,6 +100,48 @@ def test_the_bound_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setenv(host_buffers.PINNED_MAX_ENV, bad)
         with pytest.raises(ConfigError, match="CLUSTER_PINNED_MAX_BYTES"):
             pinned_max_from_env()
+
+
+@pytest.fixture
+def fresh_process_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's buffers as in a new process: none made, no bound configured (put back
+    after the test)."""
+    monkeypatch.setattr(host_buffers, "_default", None)
+    monkeypatch.setattr(host_buffers, "_configured", None)
+
+
+@pytest.mark.usefixtures("fresh_process_buffers")
+def test_the_configured_bound_wins_over_the_environment(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """cluster.init() configures the bound of its config, which may not be the environment's:
+    the process's buffers take it, made before or after; without it, the environment's."""
+    monkeypatch.setenv(host_buffers.PINNED_MAX_ENV, str(1 << 20))
+    assert host_buffers.default_buffers().max_pinned == 1 << 20  # no init: the environment's
+    host_buffers.configure(3000)
+    assert host_buffers.default_buffers().max_pinned == 3000  # made before: bound again
+    monkeypatch.setattr(host_buffers, "_default", None)
+    monkeypatch.setenv(host_buffers.PINNED_MAX_ENV, "lots")  # not read once configured
+    buffers = host_buffers.default_buffers()
+    assert buffers.max_pinned == 3000  # made after
+    with caplog.at_level(logging.WARNING, "cluster.storage.host_buffers"):
+        over = buffers.acquire(3001, pinned=True)  # refused by the bound, before any pinning
+    assert not over.pinned
+    assert "the bound of 3000 bytes" in caplog.text
+    assert "cannot pin" not in caplog.text
+
+
+def test_a_lower_bound_frees_the_buffers_given_back_it_leaves_no_room_for() -> None:
+    lock = FakeLock()
+    buffers = HostBuffers(1 << 20, page_lock=lock)
+    held, given_back = buffers.acquire(2000, pinned=True), buffers.acquire(1000, pinned=True)
+    buffers.release(given_back)
+    buffers.set_max_pinned(2500)
+    assert buffers.pinned_bytes == 2000  # the one held stays counted
+    assert not buffers.acquire(1000, pinned=True).pinned  # no room under the new bound
+    buffers.release(held)
+    assert buffers.acquire(2000, pinned=True) is held
+    assert lock.calls == [2000, 1000]
 
 
 def test_a_snapshot_keeps_its_buffer_from_save_to_save_and_gives_it_back() -> None:

@@ -7,7 +7,9 @@ restarts a failed worker when asked and when the job can still take it back, and
 it started when the job fails or when it is told to stop. No child outlives it.
 It lists the pid of each process it started (and its own) in `<log-dir>/pids`, rewritten at every
 start and restart: the demo, the tests and the benchmarks find the process to signal there
-(`cluster.tools.processes.launched_pid`), never by a name on the whole machine.
+(`cluster.tools.processes.launched_pid`), never by a name on the whole machine. One launcher
+per log directory, too: it holds `<log-dir>/launcher.lock` (`launch_lock`) before it writes
+anything there, and another launcher given the same directory meanwhile is refused.
 
 What it starts is decided first (`launch_setup.plan_job`, `launch_plan`): `--dry-run` prints that
 plan and stops there. Under a Slurm step of several nodes without a given job secret, the nodes'
@@ -638,12 +640,12 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
         plan = setup.plan_job(options)
     if dry_run:
-        setup.check_paths(options, plan, make=False)
+        setup.check_paths(options, plan)
         setup.say(sys.stdout, render(plan, options, os.environ) + "\n")
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
-    setup.check_paths(options, plan, make=True)  # checked with nothing made first
+    lock = setup.make_paths(options, plan, out)  # --log-dir is this launcher's from here
     try:
         if sharing is not None:
             slurm_io.share_secret(sharing, options.log_dir)
@@ -651,6 +653,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
             _write_secret(options.log_dir)
         return asyncio.run(Launcher(options, plan, out).run())
     finally:
+        lock.release()
         if sharing is not None:
             slurm_io.remove_shared_secret(sharing)
 

@@ -34,6 +34,7 @@ from cluster.protocol.parse import check_host, shown
 from cluster.protocol.state_url import parse_lease, parse_state_url, state_url_from_env
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import slurm_io
+from cluster.tools.launch_lock import LogDirLock
 from cluster.tools.launch_plan import (
     DECIDED,
     LaunchOptions,
@@ -204,33 +205,45 @@ def check_children(plan: Plan, inherited: Mapping[str, str]) -> None:
             raise ConfigError(f"the {process.name} would refuse its settings: {exc}") from None
 
 
-def check_paths(options: LaunchOptions, plan: Plan, *, make: bool) -> None:
+def check_paths(options: LaunchOptions, plan: Plan) -> None:
     """--log-dir, and the recovery directory where this host runs the scheduler (with
-    recovery on), can be written: first with nothing made (where a directory does not exist
-    yet, the nearest one above it is probed); then, with `make`, made and checked as the
-    scheduler checks its recovery directory. A refusal then (its owner, its mode) removes the
-    directories made here: a refused run leaves none behind."""
+    recovery on), can be written, with nothing made: where a directory does not exist yet, the
+    nearest one above it is probed."""
+    could_make("--log-dir", options.log_dir)
+    if options.enable_recovery and plan.scheduler is not None:
+        option = "--recovery-path" if options.recovery_path is not None else "--log-dir"
+        could_make(option, options.job_recovery_path)
+
+
+def make_paths(options: LaunchOptions, plan: Plan, out: IO[str]) -> LogDirLock:
+    """`check_paths`; then --log-dir made, checked and locked for this launcher
+    (`launch_lock`: another launcher holding it is a refusal) before anything is written there,
+    and the recovery directory made and checked as the scheduler checks it. A refusal then (the
+    lock held, the recovery directory's owner or mode) removes the directories made here: a
+    refused run leaves none behind. The lock returned is held until it is released."""
+    check_paths(options, plan)
     recovery = options.enable_recovery and plan.scheduler is not None
     option = "--recovery-path" if options.recovery_path is not None else "--log-dir"
-    could_make("--log-dir", options.log_dir)
-    if recovery:
-        could_make(option, options.job_recovery_path)
-    if not make:
-        return
     paths = [options.log_dir, *([options.job_recovery_path] if recovery else [])]
-    with _removed_if_refused(paths):
+    lock = LogDirLock(options.log_dir)
+    with _removed_if_refused(paths, lock):
         writable_dir("--log-dir", options.log_dir)
+        note = lock.take(options.master_port)  # '' unless this file system has no locks
+        if note:
+            say(out, note + "\n")
         if recovery:
             try:
                 check_recovery_path(RecoveryConfig(options.job_recovery_path))
             except ConfigError as exc:
                 raise ConfigError(f"{option}: {exc}") from None
+    return lock
 
 
 @contextlib.contextmanager
-def _removed_if_refused(paths: list[Path]) -> Iterator[None]:
-    """On a ConfigError, remove the directories of `paths` (and those above them) that did
-    not exist before, the deepest first, and raise it on."""
+def _removed_if_refused(paths: list[Path], lock: LogDirLock) -> Iterator[None]:
+    """On a ConfigError, let `lock` go and remove the directories of `paths` (and those above
+    them) that did not exist before, the deepest first (the lock file first where its directory
+    is one of them), and raise it on."""
     missing: set[Path] = set()
     for path in paths:
         here = Path(os.path.abspath(path))
@@ -240,6 +253,7 @@ def _removed_if_refused(paths: list[Path]) -> Iterator[None]:
     try:
         yield
     except ConfigError:
+        lock.release(remove=Path(os.path.abspath(lock.directory)) in missing)
         for made in sorted(missing, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 made.rmdir()

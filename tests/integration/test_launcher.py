@@ -53,6 +53,7 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     assert sorted(p.name for p in logs.iterdir()) == [
         "events.jsonl",  # the scheduler's event log
         "job.secret",
+        "launcher.lock",  # held while the launcher runs: no other launcher in this directory
         "pids",  # what the launcher started
         "relay.log",  # the relay its four workers share
         "scheduler.log",

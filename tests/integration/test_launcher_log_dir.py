@@ -1,0 +1,98 @@
+"""One `mscluster run` per log directory: real launchers, one holding the directory, another
+refused with nothing of the first's changed; readers never kept out; a SIGKILLed launcher (and
+its orphaned children) keeps no one out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from cluster.testing import free_port, wait_until
+from cluster.tools.launch_lock import LOCK_FILE
+from cluster.tools.processes import alive, launched_pids
+from tests.integration.test_launcher import run_args
+from tests.procs import ROOT, Procs, launched, mscluster, private_copy
+
+LATE_INIT = ROOT / "tests" / "integration" / "scripts" / "late_init.py"
+
+
+def run_to_end(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+
+
+def snapshot(logs: Path) -> dict[str, bytes]:
+    """What a second launcher would replace: the names in the directory, the job secret, the
+    pids and worker 0's first line."""
+    return {
+        "names": "\n".join(sorted(p.name for p in logs.iterdir())).encode(),
+        "job.secret": (logs / "job.secret").read_bytes(),
+        "pids": (logs / "pids").read_bytes(),
+        "worker_0.log": (logs / "worker_0.log").read_bytes().split(b"\n")[0],
+    }
+
+
+def test_a_second_launcher_on_a_held_log_dir_is_refused_and_the_job_goes_on(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The review's two jobs in one directory: the second is one line and exit 2, naming the
+    directory and the first launcher; the first job's secret, pids and logs are its own still,
+    so `mscluster status` reads it and its restarted worker is taken back."""
+    script, logs, port = private_copy(tmp_path), tmp_path / "logs", free_port()
+    recovering = ["--worker-num", "2", "--enable-recovery", "--node-timeout", "2"]
+    first = processes.start(
+        "first", [*run_args(tmp_path, script, port, *recovering), "--hold", "8"], os.environ
+    )
+    first.wait_for_output("2/2 registered (ready)", 30)
+    wait_until(lambda: b"allgather" in (logs / "worker_0.log").read_bytes(), 15, "the gather")
+    before = snapshot(logs)
+
+    second = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.splitlines() == [
+        f"mscluster: ConfigError: --log-dir {str(logs)!r} is in use by another mscluster run "
+        f"(pid {first.pid} on this host, --master-port {port}), whose job secret, pids and logs "
+        "this run would replace: give this job another --log-dir, or stop that job first"
+    ]
+    assert snapshot(logs) == before
+
+    # The lock keeps launchers out, not readers.
+    shown = mscluster(
+        "status", "--addr", f"127.0.0.1:{port}", "--log-dir", str(logs), secret_file=None
+    )
+    assert shown.returncode == 0, shown.stderr
+    os.kill(launched(logs, "worker_0"), signal.SIGKILL)
+    first.wait_for_output("restarting it (restart 1 of 1)", 15)
+    assert first.wait(60) == 0, first.output
+    assert "rejoined rank=0 size=2" in (logs / "worker_0.log").read_text()
+
+
+def test_a_sigkilled_launcher_keeps_no_one_out_of_its_log_dir(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The kernel drops the lock with the launcher; its children, orphaned and still running,
+    never held it: the next launcher in the directory runs its job."""
+    started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
+    crashed = processes.start(
+        "crashed",
+        [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)],
+        os.environ,
+    )
+    wait_until(started.exists, 30, "the worker to start")
+    children = {name: pid for name, pid in launched_pids(logs).items() if name != "launcher"}
+    orphans = list(children.values())
+    crashed.popen.send_signal(signal.SIGKILL)
+    crashed.wait(10)
+    try:
+        assert (logs / LOCK_FILE).exists()  # left behind, naming a launcher gone
+        assert alive(children["worker_0"])  # waits for `go`, orphaned, holding no lock
+        script = private_copy(tmp_path)
+        after = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+        assert after.returncode == 0, after.stderr
+        assert "job finished: 1 local worker exited 0" in after.stderr
+    finally:
+        for pid in orphans:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not any(alive(pid) for pid in orphans), 10, "the orphans to end")

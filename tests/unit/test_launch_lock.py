@@ -1,0 +1,85 @@
+"""cluster.tools.launch_lock: a log directory's lock, with real files and real `flock`s (two
+open files of one process conflict as two processes do); a file system without locks is
+`flock` made to refuse (ENOLCK), which this machine cannot."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.errors import ConfigError
+from cluster.tools.launch_lock import LOCK_FILE, LogDirLock
+
+
+def test_the_holder_is_written_and_a_second_lock_is_refused_naming_it(tmp_path: Path) -> None:
+    first = LogDirLock(tmp_path)
+    assert first.take(29611) == ""
+    holder = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert holder == {"pid": os.getpid(), "host": socket.gethostname(), "port": 29611}
+    with pytest.raises(ConfigError) as refused:
+        LogDirLock(tmp_path).take(29612)
+    assert str(refused.value) == (
+        f"--log-dir {str(tmp_path)!r} is in use by another mscluster run (pid {os.getpid()} on "
+        "this host, --master-port 29611), whose job secret, pids and logs this run would "
+        "replace: give this job another --log-dir, or stop that job first"
+    )
+    assert json.loads((tmp_path / LOCK_FILE).read_text()) == holder  # the refused wrote nothing
+    first.release()
+    second = LogDirLock(tmp_path)
+    assert second.take(29612) == ""  # the file stays; the lock went with its holder
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["port"] == 29612
+    second.release()
+    assert (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_holder_on_another_host_or_not_written_yet_is_said_so(tmp_path: Path) -> None:
+    path = tmp_path / LOCK_FILE
+    path.write_text('{"pid": 7, "host": "node12", "port": 8118}\n')
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match=r"\(pid 7 on host node12, --master-port 8118\)"):
+            LogDirLock(tmp_path).take(1)
+        os.ftruncate(fd, 0)  # locked, its holder not written yet
+        with pytest.raises(ConfigError, match=r"\(whose pid and host are not written yet\)"):
+            LogDirLock(tmp_path).take(1)
+    finally:
+        os.close(fd)
+
+
+def test_a_linked_lock_file_is_refused_and_never_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("someone's file\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / LOCK_FILE).symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        LogDirLock(logs).take(1)
+    os.unlink(logs / LOCK_FILE)
+    os.link(elsewhere, logs / LOCK_FILE)
+    with pytest.raises(ConfigError, match=r"is a file with 2 names \(a hard link\)"):
+        LogDirLock(logs).take(1)
+    assert elsewhere.read_text() == "someone's file\n"
+
+
+def test_a_file_system_without_locks_goes_on_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = LogDirLock(tmp_path)
+    said = lock.take(1)
+    assert said == (
+        f"mscluster: --log-dir {str(tmp_path)!r} cannot be locked (its file system refuses a "
+        f"lock on {LOCK_FILE}: No locks available): nothing keeps another mscluster run out of "
+        "it; give every job its own --log-dir"
+    )
+    lock.release()  # none held: nothing to let go

@@ -106,13 +106,13 @@ class Relay:
             for warning in tls.expiry_warnings(identity):
                 _say(warning)
         # These import grpc: after the TLS config set grpc's cipher list.
-        from cluster.transport import channel, hop, relay  # noqa: PLC0415
+        from cluster.transport import channel, hop, relay, upstreams  # noqa: PLC0415
         from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
 
         _claim(s.path)
         options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
         server: hop.HopServer | None = None  # the workers' calls, on the local hop
-        upstream = relay.Upstreams(
+        upstream = upstreams.Upstreams(
             s.schedulers,
             lambda address: channel.open_channel(address, identity, options),
             _say,

@@ -26,6 +26,7 @@ from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
 from cluster.transport import failures, relay, stub, table_file
+from cluster.transport.upstreams import PORT_WAIT_PAUSE_S, RETURN_CHECK_S, Upstreams
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import scheduler_link
 from tests.aio import eventually
@@ -78,7 +79,7 @@ def test_the_relay_serves_every_method_of_the_scheduler_service_but_its_own() ->
         def __getattr__(self, kind: str) -> object:
             return lambda path: (kind, path)
 
-    upstreams = relay.Upstreams(["h:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
+    upstreams = Upstreams(["h:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
     assert relay.Forwarder(upstreams).paths == expected
 
 
@@ -113,7 +114,7 @@ def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
         return Channel()
 
     now = [5.0]
-    upstreams = relay.Upstreams(["a:1", "b:1"], open_channel, said.append, lambda: now[0])  # type: ignore[arg-type]
+    upstreams = Upstreams(["a:1", "b:1"], open_channel, said.append, lambda: now[0])  # type: ignore[arg-type]
     unavailable = grpc.StatusCode.UNAVAILABLE
     # A refusal that is an answer (a crowded scheduler) moves nothing.
     upstreams.answered("a:1", unavailable, (("cluster-error", "CrowdedError"),))
@@ -157,8 +158,8 @@ async def test_a_relay_waits_for_the_port_only_where_grpcs_pause_can_pass_a_seco
         held.bind(("127.0.0.1", 0))  # connections refused until it listens
         address = f"127.0.0.1:{held.getsockname()[1]}"
         said: list[str] = []
-        short = relay.Upstreams([address], open_channel, pause_s=relay.PORT_WAIT_PAUSE_S)  # type: ignore[arg-type]
-        long = relay.Upstreams([address], open_channel, said.append, pause_s=60.0)  # type: ignore[arg-type]
+        short = Upstreams([address], open_channel, pause_s=PORT_WAIT_PAUSE_S)  # type: ignore[arg-type]
+        long = Upstreams([address], open_channel, said.append, pause_s=60.0)  # type: ignore[arg-type]
         try:
             first_short, first_long = short.channel(), long.channel()
             for upstreams in (short, long):
@@ -577,7 +578,7 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
     serving 8 of them tries as they would together (every 0.8 s), and with none connected as
     one node. Its quick first second is a node's."""
     serving = [8]
-    upstreams = relay.Upstreams(
+    upstreams = Upstreams(
         ["127.0.0.1:1"],
         lambda address: None,  # type: ignore[arg-type, return-value]  # never opened here
         nodes=65_536,
@@ -585,7 +586,7 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
     )
     assert upstreams.port_pace(2.0) == (
         backoff.listen_every_s(2.0, 65_536, 8),
-        relay.RETURN_CHECK_S,
+        RETURN_CHECK_S,
     )
     assert upstreams.port_pace(2.0)[0] == 65_536 / (backoff.LISTEN_TRIES_PER_S * 8)
     serving[0] = 0
@@ -666,7 +667,7 @@ async def test_a_link_left_behind_does_not_take_a_newer_links_place_with_it() ->
         def get_state(self, try_to_connect: bool = False) -> None:
             pass
 
-    upstreams = relay.Upstreams(["x:1", "y:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
+    upstreams = Upstreams(["x:1", "y:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
     links = relay.HostLinks(upstreams)
     first, second = _WorkerCall(), _WorkerCall()
     w1 = links.watch(b"w", first)

@@ -123,7 +123,7 @@ class Relay:
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
         tables = relay.SharedTables(_say)  # the host's one copy of a large table
-        forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
+        forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables, say=_say)
         self._channel, self._forwarder = upstream, forwarder
         server = hop.HopServer(forwarder.answers)
         try:

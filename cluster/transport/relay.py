@@ -56,7 +56,13 @@ from typing import Any, Protocol, TypeAlias
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.protocol.errors import BadRequestError, MissedTableChange
+from cluster.protocol.errors import (
+    BadRequestError,
+    CapacityError,
+    ClusterError,
+    MissedTableChange,
+    NotLeaderError,
+)
 from cluster.transport import edge, failures, stub, table_file
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.transport.stub import methods
@@ -103,6 +109,14 @@ def _timeout(context: Context) -> float | None:
     """What is left of the worker's deadline, for the upstream call (None: it set none)."""
     remaining = context.time_remaining()
     return None if remaining is None or remaining > 1e8 else max(remaining, 0.0)
+
+
+def _refuse(context: Context, error: ClusterError) -> None:
+    """End the worker's call here, refused with `error` as the scheduler would refuse it."""
+    code, trailing = failures.status_of(error)
+    context.set_trailing_metadata(trailing)
+    context.set_code(code)
+    context.set_details(str(error))
 
 
 def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
@@ -236,23 +250,44 @@ class TableAnswers:
 
 
 HEARTBEAT, HOST_BEATS = "Heartbeat", "HostBeats"
+# At most this many attaches, finishes and detaches go up in one message of the host's link, of
+# at most this many bytes in all (the scheduler takes 256 of them and 64 KiB:
+# `cluster.transport.edge`); a batch of beats goes up in messages of at most as many bytes (the
+# scheduler takes 256 KiB: 8,192 workers of 128-character ids name 1.1 MiB). A formation's burst
+# goes up in a few messages instead of one a worker: a write on the link costs the relay and the
+# scheduler's read costs it about as much for a batch as for one.
+HOST_BATCH = 128
+HOST_BATCH_BYTES = 32 * 1024
 
 
 class HostBeats:
     """The host's workers' beats, sent upstream in batches: each worker's Heartbeat call ends
     here, and every `every_s` the nodes heard from since the last batch go on one HostBeats
-    stream to the scheduler the relay follows (made again when it broke, or moved)."""
+    stream to the scheduler the relay follows (made again when it broke, or moved), in messages
+    of HOST_BATCH_BYTES at most, so that the scheduler takes every one whatever the host's
+    workers and the length of their ids. A batch the scheduler refuses anyway (a relay of
+    another version of cluster) is said once, with `say`."""
 
-    def __init__(self, upstreams: Upstreams, every_s: float) -> None:
+    def __init__(
+        self, upstreams: Upstreams, every_s: float, say: Callable[[str], None] = lambda line: None
+    ) -> None:
         self._upstreams = upstreams
         self._every_s = every_s
+        self._say: Callable[[str], None] | None = say  # None once a refusal was said
         self._heard: dict[tuple[str, int], None] = {}
         self._sending: asyncio.Task[None] | None = None
         self._call: tuple[str, Any] | None = None
 
     async def local(self, requests: AsyncIterator[bytes], context: Context) -> bytes | None:
-        """A local worker's Heartbeat call: its beats join the next batch."""
+        """A local worker's Heartbeat call: its beats join the next batch. A request the
+        scheduler would refuse from the worker itself ends its call here, as the scheduler
+        would end it, and goes into no batch."""
+        limit = edge.MESSAGE_LIMITS[HEARTBEAT]
         async for raw in requests:
+            if len(raw) > limit:
+                oversized = edge.Oversized(HEARTBEAT, len(raw)).message()
+                _refuse(context, CapacityError(f"{oversized}: refused"))
+                return None
             try:
                 self._heard[stub.beat_of(raw)] = None
             except DecodeError:
@@ -277,10 +312,26 @@ class HostBeats:
             self._call = (address, method())
         call = self._call[1]
         try:
-            await call.write(stub.host_beats(heard))
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            for batch in stub.host_beats(heard, HOST_BATCH_BYTES):
+                await call.write(batch)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            if isinstance(exc, grpc.aio.AioRpcError):
+                self._refused(address, exc)
             call.cancel()  # made again at the next batch; the workers' streams tell the rest
             self._call = None
+
+    def _refused(self, address: str, exc: grpc.aio.AioRpcError) -> None:
+        """Say, once, that the scheduler refused a batch: not a call cut off (the next batch
+        makes it again), nor a standby's refusal (the relay follows the leader)."""
+        failure = failures.failure_of(exc)
+        if self._say is None or failure.cut_off or failure.kind is NotLeaderError:
+            return
+        self._say(
+            f"the scheduler at {address} refused this host's beats ({failure.code}: "
+            f"{failure.details}): its workers here may be taken for silent and fail; run the "
+            "relay and the workers of the scheduler's version of cluster (said once)"
+        )
+        self._say = None
 
     def stop(self) -> None:
         if self._sending is not None:
@@ -290,12 +341,6 @@ class HostBeats:
 
 
 WATCH, FINISH, HOST_WATCH = "Watch", "Finish", "HostWatch"
-# At most this many attaches, finishes and detaches go up in one message, of at most this many
-# bytes in all (the scheduler takes 256 and 64 KiB: `cluster.transport.edge`). A formation's
-# burst goes up in a few messages instead of one a worker: a write on the link costs the relay
-# and the scheduler's read costs it about as much for a batch as for one.
-HOST_BATCH = 128
-HOST_BATCH_BYTES = 32 * 1024
 # How a slot's stream ends, as the relay tells the worker: (code, details, trailing metadata).
 _End = tuple[grpc.StatusCode, str, tuple[Metadatum, ...]]
 # A worker's call on the host's link: the link, its slot, and the slot's mailbox.
@@ -422,10 +467,7 @@ class HostLinks:
                 f"metadata) through the host's relay: at most {edge.HOST_ATTACH_BYTES}; send "
                 "less call metadata"
             )
-            code, trailing = failures.status_of(error)
-            context.set_trailing_metadata(trailing)
-            context.set_code(code)
-            context.set_details(str(error))
+            _refuse(context, error)
             return None
         link = self._link()
         return link, slot, link.open(slot, up)
@@ -499,19 +541,21 @@ _HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., H
 
 class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in the stubs only
     """Every method of the scheduler's service, forwarded as bytes to the scheduler that
-    `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED)."""
+    `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED). What
+    the relay has to say (a refusal of its beats) goes to `say`."""
 
     def __init__(
         self,
         upstreams: Upstreams,
         beats_every_s: float = 1.0,
         tables: SharedTables | None = None,
+        say: Callable[[str], None] = lambda line: None,
     ) -> None:
         self._handlers: dict[str, Handler] = {}
         # Method path -> (kind, handler): what the local hop serves (`cluster.transport.hop`).
         self.answers: dict[str, tuple[str, Any]] = {}
         self.tables = tables
-        self.beats = HostBeats(upstreams, beats_every_s)
+        self.beats = HostBeats(upstreams, beats_every_s, say)
         self.links = HostLinks(upstreams)
         for kind, path, _options in methods().values():
             if path.endswith("/" + HOST_WATCH):

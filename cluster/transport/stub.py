@@ -74,10 +74,24 @@ def beat_of(raw: bytes) -> tuple[str, int]:
     return beat.node_id, beat.incarnation
 
 
-def host_beats(nodes: Iterable[tuple[str, int]]) -> bytes:
-    """A serialized HostBeatsRequest naming `nodes` ((node id, incarnation) each)."""
-    hellos = [pb.Hello(node_id=node_id, incarnation=incarnation) for node_id, incarnation in nodes]
-    return pb.HostBeatsRequest(nodes=hellos).SerializeToString()
+def host_beats(nodes: Iterable[tuple[str, int]], most_bytes: int) -> list[bytes]:
+    """Serialized HostBeatsRequests naming `nodes` ((node id, incarnation) each), in order, each
+    of at most `most_bytes` (a node that passes it alone goes alone): the encoding of
+    `HostBeatsRequest(nodes=[...])` (field 1, length-delimited) cut between its nodes."""
+    batches: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for node_id, incarnation in nodes:
+        hello = pb.Hello(node_id=node_id, incarnation=incarnation).SerializeToString()
+        part = b"\x0a" + _varint(len(hello)) + hello
+        if parts and size + len(part) > most_bytes:
+            batches.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(part)
+        size += len(part)
+    if parts:
+        batches.append(b"".join(parts))
+    return batches
 
 
 def metadata_pb(metadata: Iterable[tuple[str, Any]]) -> list[pb.Metadatum]:

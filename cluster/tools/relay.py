@@ -125,7 +125,7 @@ class Relay:
         tables = relay.SharedTables(_say)  # the host's one copy of a large table
         forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables, say=_say)
         self._channel, self._forwarder = upstream, forwarder
-        server = hop.HopServer(forwarder.answers)
+        server = hop.HopServer(forwarder.answers, s.schedulers, _say)  # for these only
         try:
             await server.start(str(s.path))  # a socket of this user's only
         except OSError as exc:

@@ -106,13 +106,13 @@ class Relay:
             for warning in tls.expiry_warnings(identity):
                 _say(warning)
         # These import grpc: after the TLS config set grpc's cipher list.
-        from cluster.transport import channel, hop, relay  # noqa: PLC0415
+        from cluster.transport import channel, hop, relay, upstreams  # noqa: PLC0415
         from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
 
         _claim(s.path)
         options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
         server: hop.HopServer | None = None  # the workers' calls, on the local hop
-        upstream = relay.Upstreams(
+        upstream = upstreams.Upstreams(
             s.schedulers,
             lambda address: channel.open_channel(address, identity, options),
             _say,
@@ -123,9 +123,9 @@ class Relay:
         # Beats go up in batches this often: a small part of the time a silent node is given.
         every_s = 1.0 if not s.node_timeout_s else min(1.0, s.node_timeout_s / 10)
         tables = relay.SharedTables(_say)  # the host's one copy of a large table
-        forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables)
+        forwarder = relay.Forwarder(upstream, beats_every_s=every_s, tables=tables, say=_say)
         self._channel, self._forwarder = upstream, forwarder
-        server = hop.HopServer(forwarder.answers)
+        server = hop.HopServer(forwarder.answers, s.schedulers, _say)  # for these only
         try:
             await server.start(str(s.path))  # a socket of this user's only
         except OSError as exc:

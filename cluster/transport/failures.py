@@ -23,6 +23,7 @@ from cluster.protocol.errors import (
     CapacityError,
     ClusterError,
     CollectiveError,
+    ConfigError,
     CrowdedError,
     EvictedError,
     FellBehindError,
@@ -41,6 +42,9 @@ LEADER_KEY = "cluster-leader"
 # could not reach the scheduler, or lost it under the call. The relay waits for the scheduler's
 # port for its host, so its worker asks it again instead of probing the scheduler itself.
 RELAY_KEY, RELAY_CUT_OFF = "cluster-relay", "cut-off"
+# Set by a relay on a worker's call it refuses itself, forwarding to none of the schedulers the
+# worker is for (another job's relay): the worker's error is the relay's line as it is.
+RELAY_ELSEWHERE = "elsewhere"
 Metadata = tuple[tuple[str, str], ...]
 
 # Each error's status code: the first row whose class it is an instance of.
@@ -101,6 +105,7 @@ class CallFailure:
     code: str  # the status code's name, for messages
     leader: str = ""
     relay_cut_off: bool = False  # a relay ended it: it cannot reach the scheduler (RELAY_KEY)
+    relay_elsewhere: bool = False  # a relay refused it: not this worker's (RELAY_ELSEWHERE)
 
     @property
     def cut_off(self) -> bool:
@@ -113,6 +118,8 @@ class CallFailure:
 
     def error(self, what: str) -> ClusterError:
         """The error the call `what` raises for the user (a cut-off one: a CollectiveError)."""
+        if self.relay_elsewhere:
+            return ConfigError(self.details)  # the relay's line says it all
         kind = self.kind or CollectiveError
         if kind is NotLeaderError:
             return NotLeaderError(f"{what}: {self.details}", self.leader)
@@ -141,8 +148,17 @@ def failure_of(exc: grpc.aio.AioRpcError) -> CallFailure:
     kind = _KINDS.get(named.get(ERROR_KIND_KEY, ""))
     if kind is None and code not in _CUT_OFF:
         kind = _BY_CODE.get(code, CollectiveError)
-    relay_cut_off = named.get(RELAY_KEY) == RELAY_CUT_OFF
-    return CallFailure(kind, details, code.name, named.get(LEADER_KEY, ""), relay_cut_off)
+    relay = named.get(RELAY_KEY)
+    if relay == RELAY_ELSEWHERE:
+        kind = ConfigError
+    return CallFailure(
+        kind,
+        details,
+        code.name,
+        named.get(LEADER_KEY, ""),
+        relay == RELAY_CUT_OFF,
+        relay == RELAY_ELSEWHERE,
+    )
 
 
 def _metadata(exc: grpc.aio.AioRpcError) -> dict[str, str]:

@@ -4,8 +4,9 @@ A worker behind a relay makes the Scheduler service's calls as it would to the s
 channel (`cluster.transport.hop_channel.HopChannel`) that carries them as frames on one unix
 stream connection to the relay: each frame a 4-byte big-endian length and one HopUp (worker to
 relay) or HopDown (relay to worker), `protos/cluster/v1/scheduler.proto`. A call is numbered by
-the worker; it starts with its method, metadata, what is left of its deadline and (unary
-requests) its request; the relay answers with its response messages and one end, the status
+the worker; it starts with its method, metadata, what is left of its deadline, (unary
+requests) its request and the schedulers the worker is for (a relay forwards for its own job's
+workers only: `HopServer`); the relay answers with its response messages and one end, the status
 the scheduler (or the relay) gave it. A worker that cancels its call says so; a worker whose
 connection closes has cancelled every call on it, as a gRPC client's would.
 
@@ -29,13 +30,14 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.transport import stub
+from cluster.protocol.errors import ConfigError
+from cluster.transport import failures, stub
 
 _LENGTH = struct.Struct(">I")
 # A frame holds one message of the service (at most 64 MiB, as gRPC's limit here) and its
@@ -55,6 +57,13 @@ BACKLOG = 4096
 _PONG = stub.hop_pong()
 # How long a relay that stops waits for its connections' ends, and for its socket's.
 _STOP_S = 1.0
+# How a call refused for another job's schedulers ends: a ConfigError, the relay's own refusal.
+_ELSEWHERE = (
+    (failures.ERROR_KIND_KEY, ConfigError.__name__),
+    (failures.RELAY_KEY, failures.RELAY_ELSEWHERE),
+)
+# Lists of schedulers refused that the relay says, at most (each once).
+SAID_ELSEWHERE = 16
 
 
 def frame(payload: bytes) -> bytes:
@@ -116,12 +125,18 @@ async def _requests(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
 
 
 class _Connection:
-    """One worker's connection: its calls, each a task running its handler."""
+    """One worker's connection: its calls, each a task running its handler once `refusal` finds
+    the relay is the worker's (`HopServer.refusal`)."""
 
     def __init__(
-        self, handlers: Handlers, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        handlers: Handlers,
+        refusal: Callable[[tuple[str, ...]], str | None],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         self._handlers = handlers
+        self._refusal = refusal
         self._reader, self._writer = reader, writer
         self._calls: dict[int, tuple[asyncio.Task[None], asyncio.Queue[bytes | None] | None]] = {}
         self._cancelled: set[int] = set()  # calls the worker cancelled, until they end
@@ -178,9 +193,15 @@ class _Connection:
         metadata: stub.HopMetadata,
         timeout_s: float | None,
         message: bytes | None,
+        schedulers: tuple[str, ...],
     ) -> None:
         if number in self._calls:
             raise ValueError(f"call {number} started twice")
+        refused = self._refusal(schedulers)
+        if refused is not None:
+            code = grpc.StatusCode.FAILED_PRECONDITION
+            self.send(stub.hop_end(number, code, refused, _ELSEWHERE))
+            return
         found = self._handlers.get(method)
         if found is None:
             self.send(stub.hop_end(number, grpc.StatusCode.UNIMPLEMENTED, "Method not found!", ()))
@@ -236,10 +257,27 @@ class _Connection:
 
 class HopServer:
     """The relay's end of the local hop: serves `handlers` (method path -> kind, handler) on a
-    unix socket, one `_Connection` a worker."""
+    unix socket, one `_Connection` a worker.
 
-    def __init__(self, handlers: Handlers) -> None:
+    With `schedulers` (the relay's, HOST:PORT each, standbys included), a call serves only a
+    worker for one of them (`HopStart.schedulers`, its configuration's): another's (a worker of
+    another job, its CLUSTER_RELAY pointed here) or one that names none ends FAILED_PRECONDITION
+    with a line that names this relay, both lists and what to do, its kind a ConfigError marked
+    `failures.RELAY_ELSEWHERE`, and goes nowhere. The relay says each list of schedulers it
+    refused to `say`, once (the first SAID_ELSEWHERE lists)."""
+
+    def __init__(
+        self,
+        handlers: Handlers,
+        schedulers: Sequence[str] | None = None,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
         self._handlers = handlers
+        self._schedulers = None if schedulers is None else tuple(schedulers)
+        self._ours = frozenset(_comparable(schedulers or ()))
+        self._say = say
+        self._said: set[tuple[str, ...]] = set()
+        self._address = "its socket"
         self._server: asyncio.Server | None = None
         self._connections: dict[_Connection, asyncio.Future[None]] = {}
 
@@ -250,6 +288,7 @@ class HopServer:
 
     async def start(self, path: str) -> None:
         """Listen at `path` (a socket only this user can reach)."""
+        self._address = f"unix:{path}"
         previous = os.umask(0o077)
         try:
             self._server = await asyncio.start_unix_server(self._serve, path, backlog=BACKLOG)
@@ -259,7 +298,7 @@ class HopServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Not cancelled, but ended by closing its connection: asyncio (3.11) takes a connection's
         # task that ends cancelled for one that failed.
-        connection = _Connection(self._handlers, reader, writer)
+        connection = _Connection(self._handlers, self.refusal, reader, writer)
         ended = asyncio.get_running_loop().create_future()
         self._connections[connection] = ended
         try:
@@ -267,6 +306,32 @@ class HopServer:
         finally:
             del self._connections[connection]
             ended.set_result(None)
+
+    def refusal(self, schedulers: tuple[str, ...]) -> str | None:
+        """Why a call of a worker for `schedulers` is not this relay's to forward (None: it is,
+        or this server forwards for anyone)."""
+        ours = self._schedulers
+        if ours is None or not self._ours.isdisjoint(_comparable(schedulers)):
+            return None
+        relay = f"the relay at {self._address} (CLUSTER_RELAY)"
+        if schedulers:
+            why = (
+                f"this worker is for {_named(schedulers)} (MS_SCHED_HOST and MS_SCHED_PORT, or "
+                f"CLUSTER_SCHED_ADDRS), but {relay} forwards to {_named(ours)}: it is another "
+                "job's relay. Point CLUSTER_RELAY at this job's relay, or unset it to reach the "
+                "scheduler directly"
+            )
+        else:
+            why = (
+                f"this caller does not say which scheduler it is for, and {relay} forwards to "
+                f"{_named(ours)} only (a worker of another version of cluster?): run the "
+                "workers and their relay of one version"
+            )
+        if schedulers not in self._said and len(self._said) < SAID_ELSEWHERE:
+            self._said.add(schedulers)
+            theirs = _named(schedulers) if schedulers else "no scheduler named"
+            self._say(f"refused a worker's calls ({theirs}): this relay forwards to {_named(ours)}")
+        return why
 
     async def stop(self) -> None:
         """Stop listening and end every worker's connection (its calls end as the workers'
@@ -281,3 +346,13 @@ class HopServer:
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), _STOP_S)
+
+
+def _comparable(addresses: Iterable[str]) -> list[str]:
+    """Addresses as two spellings of one compare: host names are not case-sensitive."""
+    return [address.lower() for address in addresses]
+
+
+def _named(addresses: Sequence[str]) -> str:
+    many = len(addresses) > 1
+    return f"the scheduler{'s' if many else ''} at {', '.join(addresses)}"

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -82,7 +82,14 @@ class HopCall(
     def start_frames(self) -> list[bytes]:
         """The call's first frame, then what it sent meanwhile; from now on it sends at once."""
         remaining = None if self._deadline is None else max(self._deadline - self._loop.time(), 0)
-        start = stub.hop_start(self.number, self._method, self._metadata, remaining, self._request)
+        start = stub.hop_start(
+            self.number,
+            self._method,
+            self._metadata,
+            remaining,
+            self._request,
+            self._channel.schedulers,
+        )
         queued, self._queued = self._queued or [], None
         return [start, *queued]
 
@@ -257,10 +264,15 @@ class HopChannel(grpc.aio.Channel):
     """The channel to the relay at `address` (unix:PATH). With `silence_s` (MS_NODE_TIMEOUT),
     the relay is pinged as gRPC pings the scheduler (`channel.keepalive_options`): every
     `silence_s` / 3 at most, and a relay that sends nothing for `silence_s` and the slack (a
-    stopped process) is taken for gone: the connection is dropped, its calls end UNAVAILABLE."""
+    stopped process) is taken for gone: the connection is dropped, its calls end UNAVAILABLE.
+    Each call's start names `schedulers`, those the worker is for (HOST:PORT each): a relay
+    that forwards to none of them refuses the call (`cluster.transport.hop.HopServer`)."""
 
-    def __init__(self, address: str, silence_s: float | None = None) -> None:
+    def __init__(
+        self, address: str, silence_s: float | None = None, schedulers: Sequence[str] = ()
+    ) -> None:
         self.address = address
+        self.schedulers = tuple(schedulers)
         # (ping every, answered within) in seconds; None: no pings.
         self._keepalive: tuple[float, ...] | None = None
         if silence_s is not None:

@@ -33,10 +33,10 @@ hosts, not the workers:
   here and mapped by every worker of the host, which reads only the rows it needs.
 
 With several schedulers (standbys on etcd), the relay sends every call to the one it takes for
-the leader (`Upstreams`), by the rules the workers follow (`cluster.protocol.leader_search`): it
-reads only what a call came back with, the trailing metadata of a standby (`cluster-leader`) and
-a call cut off, and moves; the worker, told the same, asks again, and its call goes where the
-relay went.
+the leader (`cluster.transport.upstreams`), by the rules the workers follow
+(`cluster.protocol.leader_search`): it reads only what a call came back with, the trailing
+metadata of a standby (`cluster-leader`) and a call cut off, and moves; the worker, told the
+same, asks again, and its call goes where the relay went.
 
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the
@@ -50,20 +50,23 @@ import collections
 import contextlib
 import itertools
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.protocol import backoff, leader_search
-from cluster.protocol.errors import BadRequestError, MissedTableChange
-from cluster.protocol.parse import split_address
-from cluster.transport import channel as scheduler_channel
+from cluster.protocol.errors import (
+    BadRequestError,
+    CapacityError,
+    ClusterError,
+    MissedTableChange,
+    NotLeaderError,
+)
 from cluster.transport import edge, failures, stub, table_file
 from cluster.transport.shared_answers import SharedAnswers
 from cluster.transport.stub import methods
+from cluster.transport.upstreams import Upstreams, cut_off
 
 # Headers that belong to one hop (gRPC's, HTTP/2's), not to the call: gRPC sets its own.
 _HOP_PREFIXES = (":", "grpc-")
@@ -97,15 +100,9 @@ def relayed(code: grpc.StatusCode, trailing: tuple[Metadatum, ...]) -> tuple[Met
     as `Upstreams.answered` takes it): the worker then asks this relay again, which waits for
     the scheduler's port for its host, rather than probing the scheduler itself."""
     keys = {key for key, _ in trailing}
-    if not _cut_off(code, keys) or failures.RELAY_KEY in keys:
+    if not cut_off(code, keys) or failures.RELAY_KEY in keys:
         return trailing
     return (*trailing, (failures.RELAY_KEY, failures.RELAY_CUT_OFF))
-
-
-def _cut_off(code: grpc.StatusCode, keys: Container[str]) -> bool:
-    """Whether a forwarded call that ended with `code` and trailing metadata of `keys` was cut
-    off: UNAVAILABLE with no kind (the scheduler, or the way to it, went)."""
-    return code == grpc.StatusCode.UNAVAILABLE and failures.ERROR_KIND_KEY not in keys
 
 
 def _timeout(context: Context) -> float | None:
@@ -114,145 +111,20 @@ def _timeout(context: Context) -> float | None:
     return None if remaining is None or remaining > 1e8 else max(remaining, 0.0)
 
 
+def _refuse(context: Context, error: ClusterError) -> None:
+    """End the worker's call here, refused with `error` as the scheduler would refuse it."""
+    code, trailing = failures.status_of(error)
+    context.set_trailing_metadata(trailing)
+    context.set_code(code)
+    context.set_details(str(error))
+
+
 def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
     """End the worker's call as the scheduler (or the way to it) ended the upstream one."""
     trailing = error.trailing_metadata()
     context.set_trailing_metadata(relayed(error.code(), forwarded(trailing)))
     context.set_code(error.code())
     context.set_details(error.details() or "")
-
-
-# A wait for a scheduler's port looks again this often whether the channel still backs off.
-RETURN_CHECK_S = 5.0
-# A channel whose pauses between connection attempts are at most this long (a job of up to 1,000
-# nodes) is left to them: waiting for the port would gain less than a pause, and replacing the
-# channel cuts the calls still waiting on it (made again by their workers).
-PORT_WAIT_PAUSE_S = 1.0
-
-
-class Upstreams:
-    """The relay's channels to the job's schedulers, and the one its workers' calls go to now:
-    the leader, as `cluster.protocol.leader_search.Upstream` finds it from what the calls it
-    forwarded came back with. `open_channel(address)` opens a channel; one per scheduler at
-    most, kept until `close` (a call on a scheduler left behind ends as it would have).
-
-    A channel cut off from its scheduler pauses between gRPC's connection attempts, longer each
-    time, up to `pause_s` (`reconnect_ceiling_ms` of the job: a minute at 65,536 nodes). Past
-    PORT_WAIT_PAUSE_S the relay waits for the scheduler's port meanwhile, and opens a new channel
-    once the port takes connections, so that its workers are back within moments of the
-    scheduler, not after the channel's pause. It tries the port as often as the workers it serves
-    (`serving()`: how many) would if they connected directly, in a job of `nodes`
-    (`backoff.listen_pace`): the job's relays together as often as its nodes."""
-
-    def __init__(
-        self,
-        addresses: Sequence[str],
-        open_channel: Callable[[str], grpc.aio.Channel],
-        say: Callable[[str], None] = lambda line: None,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        nodes: int = 1,
-        pause_s: float = 0.0,
-        serving: Callable[[], int] = lambda: 1,
-    ) -> None:
-        self._upstream = leader_search.Upstream(addresses)
-        self._open, self._say, self._clock = open_channel, say, clock
-        self._nodes, self._serving = nodes, serving
-        self._wait_for_port = pause_s > PORT_WAIT_PAUSE_S
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._methods: dict[str, dict[str, Any]] = {}
-        self._returning: dict[str, asyncio.Task[None]] = {}  # address -> its port's wait
-
-    @property
-    def current(self) -> str:
-        return self._upstream.current
-
-    def channel(self, address: str | None = None) -> grpc.aio.Channel:
-        """The channel to `address` (default: the current scheduler), opened on first use."""
-        address = address or self._upstream.current
-        if address not in self._channels:
-            self._channels[address] = self._open(address)
-            self._methods[address] = {}
-        return self._channels[address]
-
-    def method(self, kind: str, path: str) -> tuple[str, Any]:
-        """The current scheduler's address, and its multi-callable for `path` (bytes as they
-        came: no serializers)."""
-        address = self._upstream.current
-        methods = self._methods.get(address)
-        if methods is None:
-            self.channel(address)
-            methods = self._methods[address]
-        if path not in methods:
-            methods[path] = getattr(self._channels[address], kind)(path)
-        return address, methods[path]
-
-    def answered(self, address: str, code: grpc.StatusCode, trailing: Any) -> None:
-        """What a call forwarded to `address` came back with: a standby naming the leader
-        (`cluster-leader`, on a refusal or a refused registration's stream) or a call cut off
-        (UNAVAILABLE with no kind: the scheduler or the way to it went) moves the relay."""
-        named = dict(forwarded(trailing))
-        now = self._clock()
-        if failures.LEADER_KEY in named:
-            leader = str(named[failures.LEADER_KEY])
-            moved = self._upstream.not_leader(address, leader, now)
-            why = f"the scheduler at {address} stands by"
-        elif _cut_off(code, named):
-            moved = self._upstream.cut_off(address, now)
-            why = f"the scheduler at {address} did not answer"
-            self._await_return(address)
-        else:
-            return
-        if moved is not None:
-            self._say(f"following the leader at {moved} ({why})")
-            self.channel(moved).get_state(try_to_connect=True)
-
-    def _await_return(self, address: str) -> None:
-        """Wait for the port of the scheduler at `address`, cut off, if its channel backs off."""
-        channel = self._channels.get(address)
-        if not self._wait_for_port or channel is None or address in self._returning:
-            return
-        if _backing_off(channel):
-            wait = asyncio.ensure_future(self._reopen_when_taken(address, channel))
-            self._returning[address] = wait
-            wait.add_done_callback(lambda _: self._returning.pop(address, None))
-
-    async def _reopen_when_taken(self, address: str, channel: grpc.aio.Channel) -> None:
-        """Try the port at the listening pace (`backoff.listen_pace`) while `channel` backs
-        off; once the port takes a connection, the next call opens a new channel."""
-        host, port = split_address("the scheduler address", address)
-        began = self._clock()
-        while self._paused(address, channel):
-            every_s, for_s = self.port_pace(self._clock() - began)
-            if not await scheduler_channel.await_taken(host, port, for_s, every_s):
-                continue
-            if self._paused(address, channel):
-                del self._channels[address]
-                self._methods.pop(address, None)
-                self._say(f"the scheduler at {address} takes connections again")
-                await scheduler_channel.close_for_good(channel, None)
-            return
-
-    def port_pace(self, waited_s: float) -> tuple[float, float]:
-        """(every_s, for_s) of a wait for a scheduler's port `waited_s` in: the pace of the
-        workers it serves now (`backoff.listen_pace`)."""
-        return backoff.listen_pace(waited_s, self._nodes, RETURN_CHECK_S, self._serving())
-
-    def _paused(self, address: str, channel: grpc.aio.Channel) -> bool:
-        """Whether `channel` is still the one to `address`, and waits out gRPC's pause."""
-        return self._channels.get(address) is channel and _backing_off(channel)
-
-    async def close(self) -> None:
-        for wait in list(self._returning.values()):
-            wait.cancel()
-        for channel in self._channels.values():
-            await channel.close(grace=None)
-
-
-def _backing_off(channel: grpc.aio.Channel) -> bool:
-    """Whether `channel` waits out gRPC's pause after a failed connection attempt."""
-    state = channel.get_state(try_to_connect=False)
-    return bool(state == grpc.ChannelConnectivity.TRANSIENT_FAILURE)
 
 
 def _one_answer(
@@ -378,23 +250,44 @@ class TableAnswers:
 
 
 HEARTBEAT, HOST_BEATS = "Heartbeat", "HostBeats"
+# At most this many attaches, finishes and detaches go up in one message of the host's link, of
+# at most this many bytes in all (the scheduler takes 256 of them and 64 KiB:
+# `cluster.transport.edge`); a batch of beats goes up in messages of at most as many bytes (the
+# scheduler takes 256 KiB: 8,192 workers of 128-character ids name 1.1 MiB). A formation's burst
+# goes up in a few messages instead of one a worker: a write on the link costs the relay and the
+# scheduler's read costs it about as much for a batch as for one.
+HOST_BATCH = 128
+HOST_BATCH_BYTES = 32 * 1024
 
 
 class HostBeats:
     """The host's workers' beats, sent upstream in batches: each worker's Heartbeat call ends
     here, and every `every_s` the nodes heard from since the last batch go on one HostBeats
-    stream to the scheduler the relay follows (made again when it broke, or moved)."""
+    stream to the scheduler the relay follows (made again when it broke, or moved), in messages
+    of HOST_BATCH_BYTES at most, so that the scheduler takes every one whatever the host's
+    workers and the length of their ids. A batch the scheduler refuses anyway (a relay of
+    another version of cluster) is said once, with `say`."""
 
-    def __init__(self, upstreams: Upstreams, every_s: float) -> None:
+    def __init__(
+        self, upstreams: Upstreams, every_s: float, say: Callable[[str], None] = lambda line: None
+    ) -> None:
         self._upstreams = upstreams
         self._every_s = every_s
+        self._say: Callable[[str], None] | None = say  # None once a refusal was said
         self._heard: dict[tuple[str, int], None] = {}
         self._sending: asyncio.Task[None] | None = None
         self._call: tuple[str, Any] | None = None
 
     async def local(self, requests: AsyncIterator[bytes], context: Context) -> bytes | None:
-        """A local worker's Heartbeat call: its beats join the next batch."""
+        """A local worker's Heartbeat call: its beats join the next batch. A request the
+        scheduler would refuse from the worker itself ends its call here, as the scheduler
+        would end it, and goes into no batch."""
+        limit = edge.MESSAGE_LIMITS[HEARTBEAT]
         async for raw in requests:
+            if len(raw) > limit:
+                oversized = edge.Oversized(HEARTBEAT, len(raw)).message()
+                _refuse(context, CapacityError(f"{oversized}: refused"))
+                return None
             try:
                 self._heard[stub.beat_of(raw)] = None
             except DecodeError:
@@ -419,10 +312,26 @@ class HostBeats:
             self._call = (address, method())
         call = self._call[1]
         try:
-            await call.write(stub.host_beats(heard))
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            for batch in stub.host_beats(heard, HOST_BATCH_BYTES):
+                await call.write(batch)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            if isinstance(exc, grpc.aio.AioRpcError):
+                self._refused(address, exc)
             call.cancel()  # made again at the next batch; the workers' streams tell the rest
             self._call = None
+
+    def _refused(self, address: str, exc: grpc.aio.AioRpcError) -> None:
+        """Say, once, that the scheduler refused a batch: not a call cut off (the next batch
+        makes it again), nor a standby's refusal (the relay follows the leader)."""
+        failure = failures.failure_of(exc)
+        if self._say is None or failure.cut_off or failure.kind is NotLeaderError:
+            return
+        self._say(
+            f"the scheduler at {address} refused this host's beats ({failure.code}: "
+            f"{failure.details}): its workers here may be taken for silent and fail; run the "
+            "relay and the workers of the scheduler's version of cluster (said once)"
+        )
+        self._say = None
 
     def stop(self) -> None:
         if self._sending is not None:
@@ -432,12 +341,6 @@ class HostBeats:
 
 
 WATCH, FINISH, HOST_WATCH = "Watch", "Finish", "HostWatch"
-# At most this many attaches, finishes and detaches go up in one message, of at most this many
-# bytes in all (the scheduler takes 256 and 64 KiB: `cluster.transport.edge`). A formation's
-# burst goes up in a few messages instead of one a worker: a write on the link costs the relay
-# and the scheduler's read costs it about as much for a batch as for one.
-HOST_BATCH = 128
-HOST_BATCH_BYTES = 32 * 1024
 # How a slot's stream ends, as the relay tells the worker: (code, details, trailing metadata).
 _End = tuple[grpc.StatusCode, str, tuple[Metadatum, ...]]
 # A worker's call on the host's link: the link, its slot, and the slot's mailbox.
@@ -564,10 +467,7 @@ class HostLinks:
                 f"metadata) through the host's relay: at most {edge.HOST_ATTACH_BYTES}; send "
                 "less call metadata"
             )
-            code, trailing = failures.status_of(error)
-            context.set_trailing_metadata(trailing)
-            context.set_code(code)
-            context.set_details(str(error))
+            _refuse(context, error)
             return None
         link = self._link()
         return link, slot, link.open(slot, up)
@@ -641,19 +541,21 @@ _HANDLERS: dict[str, tuple[Callable[[Upstreams, str, str], Any], Callable[..., H
 
 class Forwarder(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in the stubs only
     """Every method of the scheduler's service, forwarded as bytes to the scheduler that
-    `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED)."""
+    `upstreams` takes for the leader; any other method is left to gRPC (UNIMPLEMENTED). What
+    the relay has to say (a refusal of its beats) goes to `say`."""
 
     def __init__(
         self,
         upstreams: Upstreams,
         beats_every_s: float = 1.0,
         tables: SharedTables | None = None,
+        say: Callable[[str], None] = lambda line: None,
     ) -> None:
         self._handlers: dict[str, Handler] = {}
         # Method path -> (kind, handler): what the local hop serves (`cluster.transport.hop`).
         self.answers: dict[str, tuple[str, Any]] = {}
         self.tables = tables
-        self.beats = HostBeats(upstreams, beats_every_s)
+        self.beats = HostBeats(upstreams, beats_every_s, say)
         self.links = HostLinks(upstreams)
         for kind, path, _options in methods().values():
             if path.endswith("/" + HOST_WATCH):

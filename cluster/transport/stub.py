@@ -74,10 +74,24 @@ def beat_of(raw: bytes) -> tuple[str, int]:
     return beat.node_id, beat.incarnation
 
 
-def host_beats(nodes: Iterable[tuple[str, int]]) -> bytes:
-    """A serialized HostBeatsRequest naming `nodes` ((node id, incarnation) each)."""
-    hellos = [pb.Hello(node_id=node_id, incarnation=incarnation) for node_id, incarnation in nodes]
-    return pb.HostBeatsRequest(nodes=hellos).SerializeToString()
+def host_beats(nodes: Iterable[tuple[str, int]], most_bytes: int) -> list[bytes]:
+    """Serialized HostBeatsRequests naming `nodes` ((node id, incarnation) each), in order, each
+    of at most `most_bytes` (a node that passes it alone goes alone): the encoding of
+    `HostBeatsRequest(nodes=[...])` (field 1, length-delimited) cut between its nodes."""
+    batches: list[bytes] = []
+    parts: list[bytes] = []
+    size = 0
+    for node_id, incarnation in nodes:
+        hello = pb.Hello(node_id=node_id, incarnation=incarnation).SerializeToString()
+        part = b"\x0a" + _varint(len(hello)) + hello
+        if parts and size + len(part) > most_bytes:
+            batches.append(b"".join(parts))
+            parts, size = [], 0
+        parts.append(part)
+        size += len(part)
+    if parts:
+        batches.append(b"".join(parts))
+    return batches
 
 
 def metadata_pb(metadata: Iterable[tuple[str, Any]]) -> list[pb.Metadatum]:
@@ -202,10 +216,12 @@ def shared_table_answer(path: str) -> bytes:
 # -- the local hop between a worker and its relay (`cluster.transport.hop`) --------------------
 
 HopMetadata = tuple[tuple[str, "str | bytes"], ...]
-# A HopUp as the relay reads it: (call, kind, what it carries). kind "start": (method,
-# metadata, timeout_s or None, the request or None); "message": the request bytes;
-# "done_writing", "cancel" and "ping": None.
-HopUpFrame = tuple[int, str, "tuple[str, HopMetadata, float | None, bytes | None] | bytes | None"]
+# A HopUp as the relay reads it: (call, kind, what it carries). kind "start": `HopStartFrame`;
+# "message": the request bytes; "done_writing", "cancel" and "ping": None.
+HopUpFrame = tuple[int, str, "HopStartFrame | bytes | None"]
+# A call's start: (method, metadata, timeout_s or None, the request or None, the schedulers the
+# worker is for).
+HopStartFrame = tuple[str, HopMetadata, "float | None", "bytes | None", tuple[str, ...]]
 # A HopDown as the worker reads it: (call, a response message or None, its end or None), the end
 # as (code, details, trailing metadata, the unary response or None); a pong is (0, None, None).
 HopEndFrame = tuple[grpc.StatusCode, str, HopMetadata, "bytes | None"]
@@ -231,9 +247,16 @@ def hop_start(
     metadata: Iterable[tuple[str, Any]],
     timeout_s: float | None,
     message: bytes | None,
+    schedulers: Iterable[str] = (),
 ) -> bytes:
-    """A serialized HopUp starting `call` (with the request of a unary-request call)."""
-    start = pb.HopStart(method=method, metadata=_hop_metadata(metadata), timeout_s=timeout_s or 0)
+    """A serialized HopUp starting `call` (with the request of a unary-request call) of a
+    worker for `schedulers` (HOST:PORT each)."""
+    start = pb.HopStart(
+        method=method,
+        metadata=_hop_metadata(metadata),
+        timeout_s=timeout_s or 0,
+        schedulers=schedulers,
+    )
     if message is not None:
         start.message = message
     return pb.HopUp(call=call, start=start).SerializeToString()
@@ -268,7 +291,7 @@ def hop_up(raw: bytes) -> HopUpFrame:
         timeout_s = start.timeout_s if start.timeout_s > 0 else None
         message = start.message if start.HasField("message") else None
         metadata = _metadata_of_hop(start.metadata)
-        return up.call, kind, (start.method, metadata, timeout_s, message)
+        return up.call, kind, (start.method, metadata, timeout_s, message, tuple(start.schedulers))
     if kind == "message":
         return up.call, kind, up.message
     if kind is None:

@@ -632,16 +632,18 @@ class HopUp(_message.Message):
     def __init__(self, call: _Optional[int] = ..., start: _Optional[_Union[HopStart, _Mapping]] = ..., message: _Optional[bytes] = ..., done_writing: _Optional[bool] = ..., cancel: _Optional[bool] = ..., ping: _Optional[bool] = ...) -> None: ...
 
 class HopStart(_message.Message):
-    __slots__ = ("method", "metadata", "timeout_s", "message")
+    __slots__ = ("method", "metadata", "timeout_s", "message", "schedulers")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULERS_FIELD_NUMBER: _ClassVar[int]
     method: str
     metadata: _containers.RepeatedCompositeFieldContainer[HopMetadatum]
     timeout_s: float
     message: bytes
-    def __init__(self, method: _Optional[str] = ..., metadata: _Optional[_Iterable[_Union[HopMetadatum, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., message: _Optional[bytes] = ...) -> None: ...
+    schedulers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, method: _Optional[str] = ..., metadata: _Optional[_Iterable[_Union[HopMetadatum, _Mapping]]] = ..., timeout_s: _Optional[float] = ..., message: _Optional[bytes] = ..., schedulers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HopMetadatum(_message.Message):
     __slots__ = ("key", "text", "binary")

@@ -67,6 +67,8 @@ def rpc_failure(exc: grpc.aio.AioRpcError, where: str) -> steps.Event:
         # loaded scheduler): no refusal, tried again. The scheduler never refuses with it.
         relayed = failure.relay_cut_off and not failure.timed_out
         return steps.Unanswered(failure.details if relayed else "")
+    if failure.relay_elsewhere:
+        return steps.Fatal(failure.error("registering"))  # the relay's refusal, not the scheduler's
     return steps.Fatal(failure.kind(f"{where} rejected registration: {failure.details}"))
 
 

@@ -157,7 +157,7 @@ class Route:
             # relay, which holds the job's own. (Imported only behind a relay.)
             from cluster.transport.hop_channel import HopChannel  # noqa: PLC0415
 
-            return HopChannel(self.relay, silence_timeout(self._config))
+            return HopChannel(self.relay, silence_timeout(self._config), self._config.addresses)
         return open_channel(address, identity, self._config)
 
     @property

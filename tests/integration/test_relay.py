@@ -27,7 +27,8 @@ from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
 from cluster.tools.relay import Relay, RelaySettings
-from cluster.transport import channel, relay, stub, table_file
+from cluster.transport import channel, stub, table_file
+from cluster.transport.upstreams import Upstreams
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from cluster.worker.agent import WorkerAgent
@@ -322,7 +323,7 @@ async def test_a_relay_reconnects_once_the_schedulers_port_takes_connections() -
         pause = [("grpc.initial_reconnect_backoff_ms", 60_000)]
         pause += [("grpc.min_reconnect_backoff_ms", 60_000)]
         said: list[str] = []
-        upstreams = relay.Upstreams(
+        upstreams = Upstreams(
             [address],
             lambda at: grpc.aio.insecure_channel(at, options=pause),
             said.append,

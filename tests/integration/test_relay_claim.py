@@ -145,7 +145,7 @@ async def test_a_workers_call_too_large_for_the_hosts_link_is_refused_alone(
         identity = NodeIdentity("a", new_incarnation(), "127.0.0.1", 40000)
         agent = WorkerAgent(from_env(env), identity, say=said.append, on_fatal=said.append)
         links = relay._forwarder.links._links  # type: ignore[attr-defined]
-        channel = hop_channel.HopChannel(address)
+        channel = hop_channel.HopChannel(address, schedulers=[f"127.0.0.1:{srv.port}"])
         try:
             assert (await asyncio.wait_for(agent.start(), 20)).size == 1
             await eventually(lambda: sum(len(k.slots) for k in links.values()) == 1, "a's slot")

@@ -17,6 +17,7 @@ from cluster.protocol.errors import (
     CapacityError,
     ClusterError,
     CollectiveError,
+    ConfigError,
     EvictedError,
     FellBehindError,
     JobFailedError,
@@ -26,8 +27,10 @@ from cluster.protocol.errors import (
     UnknownNodeError,
 )
 from cluster.transport.failures import (
+    ERROR_KIND_KEY,
     PING_TIMEOUT_DETAILS,
     RELAY_CUT_OFF,
+    RELAY_ELSEWHERE,
     RELAY_KEY,
     failure_of,
     status_of,
@@ -171,6 +174,19 @@ def test_the_worker_core_hears_a_standby_as_the_way_to_its_leader() -> None:
     assert failure_of(relayed).cut_off
     assert convert.rpc_failure(relayed, "the scheduler") == steps.Unanswered("connection refused")
     assert not failure_of(cut_off).relay_cut_off
+    # A relay that forwards to none of the worker's schedulers (another job's) refuses the call
+    # itself: the worker's error is the relay's line as it is, no scheduler named as its maker.
+    elsewhere = grpc.aio.AioRpcError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata((ERROR_KIND_KEY, "ConfigError"), (RELAY_KEY, RELAY_ELSEWHERE)),
+        details="this worker is for ..., but the relay at unix:/r (CLUSTER_RELAY) forwards to ...",
+    )
+    assert failure_of(elsewhere).relay_elsewhere
+    refused = convert.rpc_failure(elsewhere, "the scheduler at h:1")
+    assert isinstance(refused, steps.Fatal)
+    assert type(refused.error) is ConfigError
+    assert str(refused.error) == elsewhere.details()
 
 
 @pytest.mark.parametrize(

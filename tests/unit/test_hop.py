@@ -16,7 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from cluster.transport import hop, stub
+from cluster.protocol.errors import ConfigError
+from cluster.transport import failures, hop, stub
 from cluster.transport.hop import HopContext, HopServer
 from cluster.transport.hop_channel import HopChannel
 from tests.aio import BOUND_S, eventually
@@ -389,3 +390,45 @@ async def test_a_worker_that_reads_nothing_is_dropped(
         sock.close()
     async with HopChannel(address) as channel:
         assert await channel.unary_unary(ECHO)(b"v") == b"echo:v"
+
+
+async def test_a_relay_serves_only_the_workers_of_its_schedulers(short_dir: Path) -> None:
+    """A relay with its job's schedulers (a standby among them) ends the call of a worker for
+    none of them (another job's, its CLUSTER_RELAY pointed here), or of one that names none, with
+    FAILED_PRECONDITION: a ConfigError whose line names this relay, both lists and what to do,
+    reaching no handler; said in the relay's log once per list. A worker for any of them (the
+    standby, a host spelt in other case) is served."""
+    service, said = Service(), []
+    server = HopServer(service.handlers(), ["Leader:1", "standby:2"], said.append)
+    path = short_dir / "relay.sock"
+    await server.start(str(path))
+    try:
+        for theirs in (["other:1", "other:2"], ["other:1", "other:2"], []):
+            async with HopChannel(f"unix:{path}", schedulers=theirs) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await channel.unary_unary(ECHO)(b"hi")
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            details = refused.value.details() or ""
+            assert f"the relay at unix:{path} (CLUSTER_RELAY)" in details
+            assert "forwards to the schedulers at Leader:1, standby:2" in details
+            error = failures.failure_of(refused.value).error("registering")
+            assert type(error) is ConfigError
+            assert str(error) == details
+            if theirs:
+                assert "this worker is for the schedulers at other:1, other:2" in details
+                assert "Point CLUSTER_RELAY at this job's relay, or unset it" in details
+            else:
+                assert "does not say which scheduler it is for" in details
+        assert service.seen == []
+        assert said == [
+            "refused a worker's calls (the schedulers at other:1, other:2): this relay forwards "
+            "to the schedulers at Leader:1, standby:2",
+            "refused a worker's calls (no scheduler named): this relay forwards to the "
+            "schedulers at Leader:1, standby:2",
+        ]
+        for ours in (["other:1", "standby:2"], ["leader:1"]):
+            async with HopChannel(f"unix:{path}", schedulers=ours) as channel:
+                assert await channel.unary_unary(ECHO)(b"hi") == b"echo:hi"
+        assert len(service.seen) == 2
+    finally:
+        await server.stop()

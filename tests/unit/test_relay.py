@@ -10,7 +10,7 @@ import hashlib
 import os
 import socket
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 
 from cluster.protocol import backoff
 from cluster.protocol.environment import MAX_SOCKET_PATH, from_env, relay_from_env
-from cluster.protocol.errors import ConfigError
+from cluster.protocol.errors import CapacityError, ConfigError
 from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
 from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
-from cluster.transport import failures, relay, stub, table_file
+from cluster.transport import edge, failures, relay, stub, table_file
+from cluster.transport.upstreams import PORT_WAIT_PAUSE_S, RETURN_CHECK_S, Upstreams
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import scheduler_link
 from tests.aio import eventually
@@ -78,7 +79,7 @@ def test_the_relay_serves_every_method_of_the_scheduler_service_but_its_own() ->
         def __getattr__(self, kind: str) -> object:
             return lambda path: (kind, path)
 
-    upstreams = relay.Upstreams(["h:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
+    upstreams = Upstreams(["h:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
     assert relay.Forwarder(upstreams).paths == expected
 
 
@@ -113,7 +114,7 @@ def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
         return Channel()
 
     now = [5.0]
-    upstreams = relay.Upstreams(["a:1", "b:1"], open_channel, said.append, lambda: now[0])  # type: ignore[arg-type]
+    upstreams = Upstreams(["a:1", "b:1"], open_channel, said.append, lambda: now[0])  # type: ignore[arg-type]
     unavailable = grpc.StatusCode.UNAVAILABLE
     # A refusal that is an answer (a crowded scheduler) moves nothing.
     upstreams.answered("a:1", unavailable, (("cluster-error", "CrowdedError"),))
@@ -157,8 +158,8 @@ async def test_a_relay_waits_for_the_port_only_where_grpcs_pause_can_pass_a_seco
         held.bind(("127.0.0.1", 0))  # connections refused until it listens
         address = f"127.0.0.1:{held.getsockname()[1]}"
         said: list[str] = []
-        short = relay.Upstreams([address], open_channel, pause_s=relay.PORT_WAIT_PAUSE_S)  # type: ignore[arg-type]
-        long = relay.Upstreams([address], open_channel, said.append, pause_s=60.0)  # type: ignore[arg-type]
+        short = Upstreams([address], open_channel, pause_s=PORT_WAIT_PAUSE_S)  # type: ignore[arg-type]
+        long = Upstreams([address], open_channel, said.append, pause_s=60.0)  # type: ignore[arg-type]
         try:
             first_short, first_long = short.channel(), long.channel()
             for upstreams in (short, long):
@@ -577,7 +578,7 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
     serving 8 of them tries as they would together (every 0.8 s), and with none connected as
     one node. Its quick first second is a node's."""
     serving = [8]
-    upstreams = relay.Upstreams(
+    upstreams = Upstreams(
         ["127.0.0.1:1"],
         lambda address: None,  # type: ignore[arg-type, return-value]  # never opened here
         nodes=65_536,
@@ -585,7 +586,7 @@ def test_a_relay_tries_the_port_as_often_as_the_workers_it_serves_would() -> Non
     )
     assert upstreams.port_pace(2.0) == (
         backoff.listen_every_s(2.0, 65_536, 8),
-        relay.RETURN_CHECK_S,
+        RETURN_CHECK_S,
     )
     assert upstreams.port_pace(2.0)[0] == 65_536 / (backoff.LISTEN_TRIES_PER_S * 8)
     serving[0] = 0
@@ -666,7 +667,7 @@ async def test_a_link_left_behind_does_not_take_a_newer_links_place_with_it() ->
         def get_state(self, try_to_connect: bool = False) -> None:
             pass
 
-    upstreams = relay.Upstreams(["x:1", "y:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
+    upstreams = Upstreams(["x:1", "y:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
     links = relay.HostLinks(upstreams)
     first, second = _WorkerCall(), _WorkerCall()
     w1 = links.watch(b"w", first)
@@ -699,3 +700,176 @@ async def test_a_link_left_behind_does_not_take_a_newer_links_place_with_it() ->
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
         links.close()
+
+
+# -- the host's beats (`HostBeats`) ------------------------------------------------------------
+
+# The longest node id a worker may have, less its numbering (`valid_node_id`: 128).
+LONG_ID = "n" * 120
+
+
+class _BeatsCall:
+    """A HostBeats call upstream: what the relay writes, or the refusal each write meets."""
+
+    def __init__(self, refusal: grpc.aio.AioRpcError | None) -> None:
+        self.written: list[bytes] = []
+        self.refusal = refusal
+
+    async def write(self, raw: bytes) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+        self.written.append(raw)
+
+    def done(self) -> bool:
+        return False
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Channel:
+    def __init__(self, refusal: grpc.aio.AioRpcError | None = None) -> None:
+        self.calls: list[_BeatsCall] = []
+        self.refusal = refusal
+
+    def stream_unary(self, path: str) -> object:
+        def start() -> _BeatsCall:
+            self.calls.append(_BeatsCall(self.refusal))
+            return self.calls[-1]
+
+        return start
+
+
+async def _requests(raws: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for raw in raws:
+        yield raw
+
+
+def _beat(node_id: str, incarnation: int) -> bytes:
+    return pb.HeartbeatRequest(node_id=node_id, incarnation=incarnation).SerializeToString()
+
+
+def _beats(channel: _Channel, said: list[str] | None = None) -> relay.HostBeats:
+    upstreams = Upstreams(["sched:1"], lambda address: channel)  # type: ignore[arg-type,return-value]
+    return relay.HostBeats(upstreams, 0.001, (said if said is not None else []).append)
+
+
+async def test_every_beat_of_a_full_host_of_long_ids_goes_up_in_messages_the_scheduler_takes() -> (
+    None
+):
+    """A link's most workers (edge.HOST_SLOTS), each with a 128-character id, beat at once: a
+    batch names 1.1 MiB of them, past the 256 KiB the scheduler takes of one HostBeats message.
+    Every message the relay writes passes the scheduler's own check at its edge, and together
+    they name every worker once."""
+    channel = _Channel()
+    beats = _beats(channel)
+    nodes = [(f"{LONG_ID}{i:08d}", (1 << 62) + i) for i in range(edge.HOST_SLOTS)]
+    whole = pb.HostBeatsRequest(nodes=[pb.Hello(node_id=n, incarnation=i) for n, i in nodes])
+    assert whole.ByteSize() > edge.MESSAGE_LIMITS["HostBeats"]
+    context = _WorkerCall()
+    try:
+        assert await beats.local(_requests(_beat(n, i) for n, i in nodes), context) == b""
+        scheduler_reads = edge.capped("HostBeats", pb.HostBeatsRequest.FromString)
+        named: list[tuple[str, int]] = []
+
+        def all_named() -> bool:
+            written = [raw for call in channel.calls for raw in call.written]
+            read = [scheduler_reads(raw) for raw in written]
+            assert not [r for r in read if isinstance(r, edge.Unparsed)], "refused at the edge"
+            named[:] = [(h.node_id, h.incarnation) for r in read for h in r.nodes]
+            return len(named) >= len(nodes)
+
+        await eventually(all_named, "every beat sent")
+        assert sorted(named) == sorted(nodes)
+        assert len(channel.calls) == 1  # one stream, several messages
+        assert all(len(raw) <= relay.HOST_BATCH_BYTES for raw in channel.calls[0].written)
+    finally:
+        beats.stop()
+
+
+def test_a_batch_is_cut_between_its_nodes_and_reads_as_one() -> None:
+    nodes = [(f"{LONG_ID}{i:08d}", i) for i in range(1000)] + [("a", 1)]
+    batches = stub.host_beats(nodes, 4096)
+    assert len(batches) > 1
+    assert all(len(raw) <= 4096 for raw in batches)
+    read = [
+        (h.node_id, h.incarnation)
+        for raw in batches
+        for h in pb.HostBeatsRequest.FromString(raw).nodes
+    ]
+    assert read == nodes
+    assert (
+        b"".join(batches)
+        == pb.HostBeatsRequest(
+            nodes=[pb.Hello(node_id=n, incarnation=i) for n, i in nodes]
+        ).SerializeToString()
+    )
+    assert stub.host_beats([], 4096) == []
+    alone = pb.HostBeatsRequest(nodes=[pb.Hello(node_id="x" * 100, incarnation=1)])
+    assert stub.host_beats([("x" * 100, 1)], 10) == [alone.SerializeToString()]
+
+
+async def test_a_heartbeat_the_scheduler_would_refuse_is_refused_here_and_kept_out() -> None:
+    """A local caller's Heartbeat request past what the scheduler takes of one (1 KiB) ends its
+    call as the scheduler would end it, and the host's batch goes up without it."""
+    channel = _Channel()
+    beats = _beats(channel)
+    context = _WorkerCall()
+    try:
+        huge = _beat("x" * 4096, 1)
+        assert await beats.local(_requests([_beat("a", 1), huge]), context) is None
+        assert context.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "a Heartbeat request of 4,1" in context.details
+        assert dict(context.trailing)[failures.ERROR_KIND_KEY] == CapacityError.__name__  # type: ignore[call-overload]
+        await eventually(lambda: bool(channel.calls and channel.calls[0].written), "a batch")
+        (raw,) = channel.calls[0].written
+        assert [h.node_id for h in pb.HostBeatsRequest.FromString(raw).nodes] == ["a"]
+    finally:
+        beats.stop()
+
+
+def _refusal(
+    code: grpc.StatusCode, details: str, *trailing: tuple[str, str]
+) -> grpc.aio.AioRpcError:
+    empty = grpc.aio.Metadata()
+    return grpc.aio.AioRpcError(code, empty, grpc.aio.Metadata(*trailing), details, None)
+
+
+async def test_a_batch_the_scheduler_refuses_is_said_once() -> None:
+    refused = _refusal(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "a HostBeats request of 300,000 bytes; the scheduler takes at most 262,144: refused",
+        (failures.ERROR_KIND_KEY, CapacityError.__name__),
+    )
+    channel, said = _Channel(refused), []
+    beats = _beats(channel, said)
+    try:
+        for round_ in range(3):
+            await beats.local(_requests([_beat("a", round_)]), _WorkerCall())
+            await eventually(lambda n=round_: len(channel.calls) == n + 1, "a batch refused")
+        assert len(said) == 1, said
+        assert said[0].startswith("the scheduler at sched:1 refused this host's beats")
+        assert "RESOURCE_EXHAUSTED" in said[0]
+        assert "262,144" in said[0]
+    finally:
+        beats.stop()
+
+
+async def test_a_beats_stream_cut_off_or_at_a_standby_is_no_refusal() -> None:
+    for refusal in (
+        _refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed"),
+        _refusal(
+            grpc.StatusCode.UNAVAILABLE,
+            "not the leader",
+            (failures.ERROR_KIND_KEY, "NotLeaderError"),
+            (failures.LEADER_KEY, "other:1"),
+        ),
+    ):
+        channel, said = _Channel(refusal), []
+        beats = _beats(channel, said)
+        try:
+            await beats.local(_requests([_beat("a", 1)]), _WorkerCall())
+            await eventually(lambda c=channel: len(c.calls) == 1, "a batch sent")
+            assert said == []
+        finally:
+            beats.stop()

@@ -24,6 +24,7 @@ from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import report_html
 from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
 from cluster.tools.chaos_record import EVENT_LOG, load_events
+from cluster.tools.launch_lock import LogDirLock
 from cluster.tools.launch_plan import RELAY_FROM
 from cluster.tools.launch_setup import writable_dir
 from cluster.tools.netlab import NetworkLab
@@ -125,9 +126,24 @@ def run_chaos(
     spec: ChaosSpec, *, out: IO[str] = sys.stderr, make_job: Callable[..., LocalJob] = LocalJob
 ) -> ChaosReport:
     """The whole command: run, report to `out` and the JSON report. Every option is checked
-    before anything is written or started."""
+    before anything is written or started, and the log directory is locked as `mscluster run`
+    locks it (`launch_lock`): a run or another chaos run holding it is a refusal."""
     report_path = spec.report_path or spec.log_dir / "chaos-report.json"
     _check_spec(spec, report_path)
+    lock = LogDirLock(spec.log_dir)  # one run per log directory, as `mscluster run`
+    note = lock.take(spec.master_port or 0)
+    if note:
+        print(note, file=out, flush=True)
+    try:
+        return _run_locked(spec, report_path, out, make_job)
+    finally:
+        lock.release()
+
+
+def _run_locked(
+    spec: ChaosSpec, report_path: Path, out: IO[str], make_job: Callable[..., LocalJob]
+) -> ChaosReport:
+    """`run_chaos` once the log directory is this run's."""
     events_path = spec.log_dir / EVENT_LOG
     options = _job_options(spec, events_path)
     try:  # checks the TLS config and the port, and writes the job's secret

@@ -14,6 +14,7 @@ import pytest
 from cluster.testing import free_port
 from cluster.tools import chaos_run
 from cluster.tools.chaos import ChaosReport
+from cluster.tools.launch_lock import LogDirLock
 from tests import tmpfs
 from tests.procs import MSCLUSTER, ROOT
 
@@ -250,3 +251,25 @@ def test_a_master_port_in_use_is_refused_before_the_run(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         line = refused(tmp_path, chaos(tmp_path, run_options=("--master-port", str(port))))
     assert f"port {port} is not free" in line, line
+
+
+def test_a_log_dir_another_run_holds_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    """`mscluster chaos` locks its --log-dir as `mscluster run` does: a chaos run given the
+    directory of a running launcher would write its job secret and clear its event log."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "job.secret").write_text("the running job's\n")
+    (logs / "events.jsonl").write_text('{"kind": "the running job\'s"}\n')
+    holder = LogDirLock(logs)
+    assert holder.take(29611) == ""
+    try:
+        before = {p.name: p.read_bytes() for p in logs.iterdir()}
+        result = chaos(tmp_path, "--duration", "0")
+        after = {p.name: p.read_bytes() for p in logs.iterdir()}
+    finally:
+        holder.release()
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "is in use by another mscluster run" in line, line
+    assert "--master-port 29611" in line, line
+    assert after == before

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from cluster.transport import handlers
+from cluster.transport import handlers, trust
 from cluster.transport import tls as tls_module
 
 log = logging.getLogger("cluster.transport")
@@ -51,7 +51,7 @@ class PeerCertificateCheck(Interceptor):
             found = self._check.problem(cert)
             if found is None:
                 return
-            problem = f"this node's certificate ({tls_module.describe(cert)}) {found}"
+            problem = f"this node's certificate ({trust.describe(cert)}) {found}"
         log.warning("refused a call from %s: %s", context.peer(), problem)
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,

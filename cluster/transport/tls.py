@@ -1,7 +1,8 @@
 """TLS settings and identities: ssl.json, PKCS#12, CA, CRL, cipher list and expiry, all checked.
 
 Two steps, as in uvicorn's Config: `load_settings` reads and checks ssl.json (no secrets), and
-`load_identity` opens this process's p12 and checks it against the CA and the CRL. Every failure
+`load_identity` opens this process's p12 and checks it against the CA and the CRL (what a
+certificate is checked against is in `cluster.transport.trust`). Every failure
 is a TLSConfigError that names the file and the problem. This module hands out PEM bytes and an
 `ssl.SSLContext`; the gRPC credentials are made in cluster.channel and cluster.scheduler.server.
 It never imports grpc, because it must set GRPC_SSL_CIPHER_SUITES before grpc's first import:
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import logging
 import os
 import ssl
 import sys
@@ -25,17 +25,24 @@ from typing import TYPE_CHECKING
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.display import safe
 from cluster.protocol.errors import TLSConfigError
+from cluster.transport.trust import (
+    Revocation,
+    chains_to,
+    check_dates,
+    check_key_size,
+    describe,
+    file_state,
+    load_cas,
+    read_file,
+    utc_date,
+)
 
 if TYPE_CHECKING:
     # cryptography costs a process tens of milliseconds to import: the functions that read
     # certificates import it, so that a job without TLS never does (issue 26, "Cheap to start").
     from cryptography import x509
-    from cryptography.hazmat.primitives.asymmetric.types import (
-        CertificatePublicKeyTypes,
-        PrivateKeyTypes,
-    )
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-log = logging.getLogger("cluster.transport.tls")
 
 CIPHER_ENV = "GRPC_SSL_CIPHER_SUITES"
 # What gRPC can negotiate in TLS 1.2: ECDHE key exchange with an AEAD cipher. (Its BoringSSL
@@ -58,7 +65,6 @@ GRPC_DEFAULT_SUITES = (
     "ECDHE-RSA-AES256-GCM-SHA384",
 )
 MIN_WARNING_DAYS, MAX_WARNING_DAYS, DEFAULT_WARNING_DAYS = 7, 180, 90
-MIN_RSA_BITS = 2048
 EXPIRY_CHECK_PERIOD_S = 24 * 3600.0
 _PATH_KEYS = ("server_cert_path", "client_cert_path", "ca_cert_path")
 _OPTIONAL_KEYS = (
@@ -93,17 +99,9 @@ class TLSSettings:
     client_password_file: Path | None
 
 
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        problem = "does not exist" if isinstance(exc, FileNotFoundError) else "cannot be read"
-        raise TLSConfigError(f"{what} {path} {problem} ({exc.strerror})") from None
-
-
 def load_settings(path: Path) -> TLSSettings:
     path = Path(path).absolute()
-    raw = _read(path, "the TLS config")
+    raw = read_file(path, "the TLS config")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -239,82 +237,7 @@ def launch_environment(config_path: Path) -> dict[str, str]:
     return {"CLUSTER_TLS_CONFIG": str(settings.path), CIPHER_ENV: ":".join(settings.ciphers)}
 
 
-# -- certificates ----------------------------------------------------------------------------
-
-
-def describe(cert: x509.Certificate) -> str:
-    return f"subject {cert.subject.rfc4514_string()}, serial {cert.serial_number:#x}"
-
-
-def _date(moment: dt.datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _check_dates(cert: x509.Certificate, what: str, now: dt.datetime) -> None:
-    if now < cert.not_valid_before_utc:
-        raise TLSConfigError(
-            f"{what} is not yet valid: it is valid from {_date(cert.not_valid_before_utc)} "
-            "(or this machine's clock is wrong)"
-        )
-    if now > cert.not_valid_after_utc:
-        raise TLSConfigError(
-            f"{what} has expired: it was valid until {_date(cert.not_valid_after_utc)}"
-        )
-
-
-def _check_key_size(public_key: CertificatePublicKeyTypes, what: str) -> None:
-    from cryptography.hazmat.primitives.asymmetric import rsa  # noqa: PLC0415 - TLS only
-
-    if isinstance(public_key, rsa.RSAPublicKey) and public_key.key_size < MIN_RSA_BITS:
-        raise TLSConfigError(
-            f"{what} has a {public_key.key_size}-bit RSA key, too weak: use at least "
-            f"{MIN_RSA_BITS} bits"
-        )
-
-
-def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - TLS only
-
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
-
-
-def _chains_to(
-    cert: x509.Certificate, extra: list[x509.Certificate], cas: tuple[x509.Certificate, ...]
-) -> bool:
-    """Whether `cert` leads to one of `cas`, directly or through intermediates in the p12."""
-    current = cert
-    for _ in range(len(extra) + 1):
-        if any(_signed_by(current, ca) for ca in cas):
-            return True
-        parent = next((c for c in extra if c != current and _signed_by(current, c)), None)
-        if parent is None:
-            return False
-        current = parent
-    return False
-
-
-def load_cas(path: Path, now: dt.datetime) -> tuple[x509.Certificate, ...]:
-    from cryptography import x509  # noqa: PLC0415 - TLS only
-
-    data = _read(path, "ca_cert_path")
-    try:
-        cas = tuple(x509.load_pem_x509_certificates(data))
-    except ValueError:
-        try:
-            cas = (x509.load_der_x509_certificate(data),)
-        except ValueError:
-            raise TLSConfigError(
-                f"ca_cert_path {path} holds no certificate (PEM or DER expected)"
-            ) from None
-    for ca in cas:
-        what = f"the CA certificate {describe(ca)} in {path}"
-        _check_dates(ca, what, now)
-        _check_key_size(ca.public_key(), what)
-    return cas
+# -- this process's identity -----------------------------------------------------------------
 
 
 def _looks_like_pkcs12(data: bytes) -> bool:
@@ -323,65 +246,6 @@ def _looks_like_pkcs12(data: bytes) -> bool:
         return False
     start = 2 + (data[1] & 0x7F if data[1] & 0x80 else 0)
     return data[start : start + 3] == b"\x02\x01\x03"
-
-
-# -- the CRL ---------------------------------------------------------------------------------
-
-
-class Revocation:
-    """A CRL signed by the CA, read again when its file changes, so that a revocation takes
-    effect on the next call without a restart. A changed file that does not check out is
-    reported and the last good list stays in force."""
-
-    def __init__(self, path: Path, cas: tuple[x509.Certificate, ...]) -> None:
-        self.path = path
-        self._cas = cas
-        self._stamp = _file_state(self.path)
-        self.crl = self._load()
-
-    def _load(self) -> x509.CertificateRevocationList:
-        from cryptography import x509  # noqa: PLC0415 - TLS only
-
-        data = _read(self.path, "crl_path")
-        try:
-            crl = x509.load_pem_x509_crl(data)
-        except ValueError:
-            try:
-                crl = x509.load_der_x509_crl(data)
-            except ValueError:
-                raise TLSConfigError(
-                    f"crl_path {self.path} is not a CRL (PEM or DER expected)"
-                ) from None
-        if not any(
-            ca.subject == crl.issuer and crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
-            for ca in self._cas
-        ):
-            raise TLSConfigError(
-                f"crl_path {self.path} is not signed by the CA in ca_cert_path (its issuer is "
-                f"{crl.issuer.rfc4514_string()})"
-            )
-        return crl
-
-    def current(self) -> x509.CertificateRevocationList:
-        stamp = _file_state(self.path)
-        if stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                self.crl = self._load()
-                log.info("reloaded the CRL %s", self.path)
-            except TLSConfigError as exc:
-                log.warning("%s; the previous CRL stays in force", exc)
-        return self.crl
-
-    def revoked(self, cert: x509.Certificate) -> bool:
-        crl = self.current()
-        return (
-            crl.issuer == cert.issuer
-            and crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
-        )
-
-
-# -- this process's identity -----------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: it holds a key
@@ -424,7 +288,7 @@ def _password(options: TLSOptions, settings: TLSSettings, server: bool) -> bytes
 
 
 def _read_password(path: Path, source: str) -> bytes | None:
-    data = _read(path, f"the password file ({source})")
+    data = read_file(path, f"the password file ({source})")
     return data.rstrip(b"\r\n") or None  # one line; the newline an editor adds is not in it
 
 
@@ -438,10 +302,10 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
     path = settings.server_cert_path if server else settings.client_cert_path
     what = f"{key_name} {path}"
     key, cert, extra = _open_p12(
-        _read(path, key_name), _password(options, settings, server), what, server
+        read_file(path, key_name), _password(options, settings, server), what, server
     )
-    _check_key_size(cert.public_key(), what)
-    _check_dates(cert, what, now)
+    check_key_size(cert.public_key(), what)
+    check_dates(cert, what, now)
     cas, revocation = _check_trust(cert, extra, settings, what, now)
     intermediates = [c for c in extra if c.subject != c.issuer]
     return Identity(
@@ -504,7 +368,7 @@ def _check_trust(
 ) -> tuple[tuple[x509.Certificate, ...], Revocation | None]:
     """The job's CAs and its CRL, `cert` checked to chain to one and not to be revoked."""
     cas = load_cas(settings.ca_cert_path, now)
-    if not _chains_to(cert, extra, cas):
+    if not chains_to(cert, extra, cas):
         raise TLSConfigError(
             f"{what} ({describe(cert)}) is not signed by the CA in ca_cert_path "
             f"{settings.ca_cert_path}"
@@ -535,15 +399,7 @@ def _stamp(options: TLSOptions, settings: TLSSettings) -> _Stamp:
         options.server_password_file,
         options.client_password_file,
     )
-    return tuple((str(path), *_file_state(path)) for path in files if path is not None)
-
-
-def _file_state(path: Path) -> tuple[int, int]:
-    try:
-        info = path.stat()
-    except OSError:
-        return (-1, -1)
-    return (info.st_mtime_ns, info.st_size)
+    return tuple((str(path), *file_state(path)) for path in files if path is not None)
 
 
 def prepare(options: TLSOptions, *, server: bool) -> Identity:
@@ -554,9 +410,9 @@ def prepare(options: TLSOptions, *, server: bool) -> Identity:
     cached = _prepared.get((options, server))
     if cached is not None and cached[0] == stamp:
         identity, now = cached[1], now_utc()
-        _check_dates(identity.cert, identity.what, now)  # time passes even when files do not
+        check_dates(identity.cert, identity.what, now)  # time passes even when files do not
         for ca in identity.cas:
-            _check_dates(ca, f"the CA certificate {describe(ca)} in {settings.ca_cert_path}", now)
+            check_dates(ca, f"the CA certificate {describe(ca)} in {settings.ca_cert_path}", now)
         return identity
     identity = load_identity(options, server=server)
     _prepared[(options, server)] = (stamp, identity)
@@ -607,7 +463,7 @@ class PeerCheck:
             verdict = _Verdict(cert, crl, cert.not_valid_after_utc, revoked)
             self._verdicts[id(cert)] = verdict
         if self._clock() > verdict.not_after:
-            return f"expired on {_date(verdict.not_after)}"
+            return f"expired on {utc_date(verdict.not_after)}"
         if verdict.revoked:
             return "is revoked (the CRL lists it)"
         return None
@@ -632,10 +488,10 @@ def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[
     for what, cert in certs:
         left = cert.not_valid_after_utc - now
         if left <= dt.timedelta(0):
-            warnings.append(f"{what} has expired ({_date(cert.not_valid_after_utc)}): renew it")
+            warnings.append(f"{what} has expired ({utc_date(cert.not_valid_after_utc)}): renew it")
         elif left <= window:
             warnings.append(
-                f"{what} expires in {left.days} days, on {_date(cert.not_valid_after_utc)} "
+                f"{what} expires in {left.days} days, on {utc_date(cert.not_valid_after_utc)} "
                 f"(cert_expire_warning_time_in_day={identity.settings.warning_days}): renew it"
             )
     if identity.revocation is not None:
@@ -643,7 +499,7 @@ def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[
         if crl.next_update_utc is not None and crl.next_update_utc < now:
             warnings.append(
                 f"the CRL {identity.revocation.path} was due for an update on "
-                f"{_date(crl.next_update_utc)}: get a fresh one from the CA"
+                f"{utc_date(crl.next_update_utc)}: get a fresh one from the CA"
             )
     return warnings
 

@@ -26,6 +26,7 @@ from cluster.protocol.config import TLSOptions
 from cluster.protocol.display import safe
 from cluster.protocol.errors import TLSConfigError
 from cluster.transport.trust import (
+    Crls,
     Revocation,
     chains_to,
     check_dates,
@@ -472,7 +473,7 @@ class PeerCheck:
 @dataclass(frozen=True)
 class _Verdict:
     cert: x509.Certificate  # kept alive, so that id(cert) is not reused while this is kept
-    crl: x509.CertificateRevocationList | None
+    crl: Crls | None
     not_after: dt.datetime
     revoked: bool
 
@@ -495,11 +496,11 @@ def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[
                 f"(cert_expire_warning_time_in_day={identity.settings.warning_days}): renew it"
             )
     if identity.revocation is not None:
-        crl = identity.revocation.current()
-        if crl.next_update_utc is not None and crl.next_update_utc < now:
+        for crl in identity.revocation.current().overdue(now):
             warnings.append(
-                f"the CRL {identity.revocation.path} was due for an update on "
-                f"{utc_date(crl.next_update_utc)}: get a fresh one from the CA"
+                f"the CRL of {crl.issuer.rfc4514_string()} in {identity.revocation.path} was "
+                f"due for an update on {utc_date(crl.next_update_utc or now)}: get a fresh one "
+                "from the CA"
             )
     return warnings
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -118,54 +120,117 @@ def load_cas(path: Path, now: dt.datetime) -> tuple[x509.Certificate, ...]:
 # -- the CRL ---------------------------------------------------------------------------------
 
 
+# A PEM CRL block; a file of several holds one per CA of the bundle (or more).
+_PEM_CRL = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
+# The CAs already said to have no CRL, by CRL file, its stamp and the CA's fingerprint: said once
+# per version of the file, however many identities of the process load it.
+_said_uncovered: set[tuple[str, tuple[int, int], bytes]] = set()
+
+
+@dataclass(frozen=True, eq=False)  # one object per version of the file: compared by identity
+class Crls:
+    """The CRLs of a crl_path, each with the CA of the bundle that signed it."""
+
+    signed: tuple[tuple[x509.Certificate, x509.CertificateRevocationList], ...]
+
+    def revoked(self, cert: x509.Certificate) -> bool:
+        """Whether a CRL of the CA that issued `cert` lists it."""
+        return any(
+            crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
+            for ca, crl in self.signed
+            if ca.subject == cert.issuer and signed_by(cert, ca)
+        )
+
+    def overdue(self, now: dt.datetime) -> list[x509.CertificateRevocationList]:
+        """The CRLs past their next-update date."""
+        return [
+            crl
+            for _, crl in self.signed
+            if crl.next_update_utc is not None and crl.next_update_utc < now
+        ]
+
+
 class Revocation:
-    """A CRL signed by the CA, read again when its file changes, so that a revocation takes
-    effect on the next call without a restart. A changed file that does not check out is
-    reported and the last good list stays in force."""
+    """The CRLs of the CAs of the bundle, from one file (PEM blocks, one or more, or one DER
+    CRL), read again when the file changes, so that a revocation takes effect on the next call
+    without a restart. Each CRL must be signed by a CA of the bundle, and a certificate is
+    looked up in the CRLs of the CA that issued it; a CA with no CRL in the file is said once
+    (its certificates are not checked for revocation). A changed file that does not check out
+    is reported and the last good lists stay in force."""
 
     def __init__(self, path: Path, cas: tuple[x509.Certificate, ...]) -> None:
         self.path = path
         self._cas = cas
         self._stamp = file_state(self.path)
-        self.crl = self._load()
+        self.crls = self._load()
 
-    def _load(self) -> x509.CertificateRevocationList:
+    def _load(self) -> Crls:
         from cryptography import x509  # noqa: PLC0415 - TLS only
 
         data = read_file(self.path, "crl_path")
-        try:
-            crl = x509.load_pem_x509_crl(data)
-        except ValueError:
+        blocks = _PEM_CRL.findall(data)
+        if not blocks:
             try:
-                crl = x509.load_der_x509_crl(data)
+                return self._signed([(x509.load_der_x509_crl(data), "the CRL")])
             except ValueError:
                 raise TLSConfigError(
                     f"crl_path {self.path} is not a CRL (PEM or DER expected)"
                 ) from None
-        if not any(
-            ca.subject == crl.issuer and crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
-            for ca in self._cas
-        ):
-            raise TLSConfigError(
-                f"crl_path {self.path} is not signed by the CA in ca_cert_path (its issuer is "
-                f"{crl.issuer.rfc4514_string()})"
-            )
-        return crl
+        crls = []
+        for n, block in enumerate(blocks, 1):
+            which = "the CRL" if len(blocks) == 1 else f"CRL block {n} of {len(blocks)}"
+            try:
+                crls.append((x509.load_pem_x509_crl(block), which))
+            except ValueError:
+                raise TLSConfigError(f"crl_path {self.path}: {which} is not a valid CRL") from None
+        return self._signed(crls)
 
-    def current(self) -> x509.CertificateRevocationList:
+    def _signed(self, crls: list[tuple[x509.CertificateRevocationList, str]]) -> Crls:
+        """Each CRL with the CA that signed it; a TLSConfigError naming one that none did."""
+        signed = []
+        for crl, which in crls:
+            ca = next((ca for ca in self._cas if _signed_crl(crl, ca)), None)
+            if ca is None:
+                issuer = crl.issuer.rfc4514_string()
+                raise TLSConfigError(
+                    f"crl_path {self.path} is not signed by the CA in ca_cert_path: {which} "
+                    f"(its issuer is {issuer}) is signed by none of its CAs"
+                )
+            signed.append((ca, crl))
+        self._say_uncovered({ca for ca, _ in signed})
+        return Crls(tuple(signed))
+
+    def _say_uncovered(self, covered: set[x509.Certificate]) -> None:
+        from cryptography.hazmat.primitives import hashes  # noqa: PLC0415 - TLS only
+
+        for ca in self._cas:
+            key = (str(self.path), self._stamp, ca.fingerprint(hashes.SHA256()))
+            if ca in covered or key in _said_uncovered:
+                continue
+            if len(_said_uncovered) > 1024:
+                _said_uncovered.clear()
+            _said_uncovered.add(key)
+            log.warning(
+                "crl_path %s holds no CRL of the CA %s of ca_cert_path: certificates of that CA "
+                "are not checked for revocation; add its CRL to the file",
+                self.path,
+                ca.subject.rfc4514_string(),
+            )
+
+    def current(self) -> Crls:
         stamp = file_state(self.path)
         if stamp != self._stamp:
             self._stamp = stamp
             try:
-                self.crl = self._load()
+                self.crls = self._load()
                 log.info("reloaded the CRL %s", self.path)
             except TLSConfigError as exc:
                 log.warning("%s; the previous CRL stays in force", exc)
-        return self.crl
+        return self.crls
 
     def revoked(self, cert: x509.Certificate) -> bool:
-        crl = self.current()
-        return (
-            crl.issuer == cert.issuer
-            and crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
-        )
+        return self.current().revoked(cert)
+
+
+def _signed_crl(crl: x509.CertificateRevocationList, ca: x509.Certificate) -> bool:
+    return ca.subject == crl.issuer and crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]

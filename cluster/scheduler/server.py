@@ -259,8 +259,9 @@ class SchedulerServer:
 
     async def _serve(self) -> None:
         self._raise_open_files()
+        servicer = self.servicer = SchedulerServicer(self.gate)
         interceptors: list[Interceptor] = [
-            *_tls_interceptors(self.tls),
+            *_tls_interceptors(self.tls, servicer),
             *self.observing.interceptors(),
         ]
         settings = self.settings
@@ -271,7 +272,6 @@ class SchedulerServer:
             ),
             interceptors=interceptors,
         )
-        servicer = self.servicer = SchedulerServicer(self.gate)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)
@@ -515,14 +515,17 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
             await task
 
 
-def _tls_interceptors(identity: tls_module.Identity | None) -> list[Interceptor]:
-    """The check of each call's client certificate, with TLS."""
+def _tls_interceptors(
+    identity: tls_module.Identity | None, servicer: SchedulerServicer
+) -> list[Interceptor]:
+    """The check of each call's client certificate, with TLS: a call refused for a revoked or
+    expired certificate is a refusal at the edge (counted, told at a bounded rate)."""
     if identity is None:
         return []
     from cluster.transport import tls  # noqa: PLC0415 - TLS only
     from cluster.transport.server_tls import PeerCertificateCheck  # noqa: PLC0415 - TLS only
 
-    return [PeerCertificateCheck(tls.PeerCheck(identity))]
+    return [PeerCertificateCheck(tls.PeerCheck(identity), servicer.at_edge)]
 
 
 def _watch_expiry(identity: tls_module.Identity, period_s: float | None) -> asyncio.Task[None]:

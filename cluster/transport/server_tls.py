@@ -4,6 +4,7 @@ around every call: the client certificate's check against the CRL and its expiry
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from cluster.protocol.display import safe
 from cluster.transport import handlers, trust
 from cluster.transport import tls as tls_module
 
@@ -19,7 +21,11 @@ log = logging.getLogger("cluster.transport")
 
 if TYPE_CHECKING:  # generic in grpc-stubs only
     Interceptor = grpc.aio.ServerInterceptor[Any, Any]
-    Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+    Context = grpc.aio.ServicerContext[Any, Any]
+    Check = Callable[[Context], Awaitable[None]]
+    # Told of each call refused: its context, its method, the reason (`revoked`, `expired`,
+    # `unauthenticated`) and the problem, escaped.
+    Tell = Callable[[Context, str, str, str], object]
 else:
     Interceptor = grpc.aio.ServerInterceptor
 
@@ -27,10 +33,16 @@ else:
 class PeerCertificateCheck(Interceptor):
     """Refuses every call whose client certificate is revoked (by the CRL as it is at that call)
     or expired. gRPC checked the CA at the handshake; it has no CRL, and a connection outlives
-    the moment a certificate is revoked."""
+    the moment a certificate is revoked.
 
-    def __init__(self, check: tls_module.PeerCheck) -> None:
+    Each refusal is told to `tell`: the scheduler's counts every one and tells its log and
+    journal of a peer address at a bounded rate (`cluster.scheduler.refusals`). Without it,
+    each refusal is a warning in the log.
+    """
+
+    def __init__(self, check: tls_module.PeerCheck, tell: Tell | None = None) -> None:
         self._check = check
+        self._tell = tell
 
     async def intercept_service(
         self,
@@ -40,19 +52,26 @@ class PeerCertificateCheck(Interceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(details)
-        return None if handler is None else _guarded(handler, self._refuse)
+        if handler is None:
+            return None
+        method = details.method.rpartition("/")[2]
+        return _guarded(handler, functools.partial(self._refuse, method=method))
 
-    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _refuse(self, context: Context, *, method: str) -> None:
         pems = list(context.auth_context().get("x509_pem_cert", []))
         if not pems:
-            problem = "this node presented no client certificate"
+            reason, problem = "unauthenticated", "this node presented no client certificate"
         else:
             cert = self._check.certificate(pems[0])
-            found = self._check.problem(cert)
+            found = self._check.refusal(cert)
             if found is None:
                 return
-            problem = f"this node's certificate ({trust.describe(cert)}) {found}"
-        log.warning("refused a call from %s: %s", context.peer(), problem)
+            reason = found[0]
+            problem = safe(f"this node's certificate ({trust.describe(cert)}) {found[1]}", 400)
+        if self._tell is None:
+            log.warning("refused a call from %s: %s", context.peer(), problem)
+        else:
+            self._tell(context, method, reason, problem)
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{problem}: use a valid certificate of the job's CA",

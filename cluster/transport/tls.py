@@ -455,6 +455,12 @@ class PeerCheck:
 
     def problem(self, cert: x509.Certificate) -> str | None:
         """Why `cert` must be refused now ("is revoked ..."), or None."""
+        refusal = self.refusal(cert)
+        return None if refusal is None else refusal[1]
+
+    def refusal(self, cert: x509.Certificate) -> tuple[str, str] | None:
+        """The reason (`expired`, `revoked`) and the problem for which `cert` must be refused
+        now, or None."""
         crl = None if self._revocation is None else self._revocation.current()
         verdict = self._verdicts.get(id(cert))
         if verdict is None or verdict.cert is not cert or verdict.crl is not crl:
@@ -464,9 +470,9 @@ class PeerCheck:
             verdict = _Verdict(cert, crl, cert.not_valid_after_utc, revoked)
             self._verdicts[id(cert)] = verdict
         if self._clock() > verdict.not_after:
-            return f"expired on {utc_date(verdict.not_after)}"
+            return "expired", f"expired on {utc_date(verdict.not_after)}"
         if verdict.revoked:
-            return "is revoked (the CRL lists it)"
+            return "revoked", "is revoked (the CRL lists it)"
         return None
 
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.display import safe
@@ -67,6 +67,8 @@ GRPC_DEFAULT_SUITES = (
 )
 MIN_WARNING_DAYS, MAX_WARNING_DAYS, DEFAULT_WARNING_DAYS = 7, 180, 90
 EXPIRY_CHECK_PERIOD_S = 24 * 3600.0
+# What an expiry warning advises, unless its process says more (the scheduler reloads its files).
+RENEW = "renew it"
 _PATH_KEYS = ("server_cert_path", "client_cert_path", "ca_cert_path")
 _OPTIONAL_KEYS = (
     "crl_path",
@@ -249,6 +251,17 @@ def _looks_like_pkcs12(data: bytes) -> bool:
     return data[start : start + 3] == b"\x02\x01\x03"
 
 
+def _whole_der(data: bytes) -> bool:
+    """Whether `data` is as long as its outer DER length says (a p12 cut short is not); BER's
+    indefinite length says nothing, and passes."""
+    size = data[1] & 0x7F
+    if data[1] == 0x80:
+        return True
+    if not data[1] & 0x80:
+        return len(data) == 2 + size
+    return len(data) == 2 + size + int.from_bytes(data[2 : 2 + size], "big")
+
+
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: it holds a key
 class Identity:
     """This process's TLS identity, checked: the scheduler's (server p12) or a worker's."""
@@ -263,6 +276,8 @@ class Identity:
     ca_pem: bytes
     cas: tuple[x509.Certificate, ...]
     revocation: Revocation | None
+    # Where it was read from (ssl.json, the passwords): what reads it again when files change.
+    options: TLSOptions
     # The name the scheduler's certificate must carry, when it is not the host dialled.
     server_name: str | None = None
 
@@ -326,6 +341,7 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
         ca_pem=b"".join(ca.public_bytes(serialization.Encoding.PEM) for ca in cas),
         cas=cas,
         revocation=revocation,
+        options=options,
         server_name=options.server_name,
     )
 
@@ -343,6 +359,11 @@ def _open_p12(
     except ValueError:
         if not _looks_like_pkcs12(data):
             raise TLSConfigError(f"{what} is not a PKCS#12 (.p12) file") from None
+        if not _whole_der(data):
+            raise TLSConfigError(
+                f"{what} is cut short: {len(data)} bytes of a PKCS#12 file that says it is "
+                "longer (a copy not finished?)"
+            ) from None
         if password is None:
             raise TLSConfigError(
                 f"{what} needs a password and none was given: set "
@@ -382,24 +403,26 @@ def _check_trust(
     return cas, revocation
 
 
-_Stamp = tuple[tuple[str, int, int], ...]
+_Stamp = tuple[tuple[str, int, int, int], ...]
 # Identities already loaded in this process, with the state of their files then: many agents
 # in one process (tests, benchmarks) share one instead of each decrypting the p12 again.
 _prepared: dict[tuple[TLSOptions, bool], tuple[_Stamp, Identity]] = {}
 
 
-def _stamp(options: TLSOptions, settings: TLSSettings) -> _Stamp:
-    files = (
-        settings.path,
-        settings.server_cert_path,
-        settings.client_cert_path,
-        settings.ca_cert_path,
-        settings.crl_path,
-        settings.server_password_file,
-        settings.client_password_file,
-        options.server_password_file,
-        options.client_password_file,
-    )
+def files_stamp(options: TLSOptions, settings: TLSSettings, server: bool | None = None) -> _Stamp:
+    """The state of every file an identity is read from (what `prepare` and a reloading
+    server compare to know that one changed); with `server`, of that side's files only (the
+    CRL, read again on its own by `Revocation`, left out)."""
+    shared: tuple[Path | None, ...] = (settings.path, settings.ca_cert_path)
+    own = {
+        True: (settings.server_cert_path, settings.server_password_file),
+        False: (settings.client_cert_path, settings.client_password_file),
+    }
+    given = {True: options.server_password_file, False: options.client_password_file}
+    if server is None:
+        files = (*shared, settings.crl_path, *own[True], *own[False], *given.values())
+    else:
+        files = (*shared, *own[server], given[server])
     return tuple((str(path), *file_state(path)) for path in files if path is not None)
 
 
@@ -407,7 +430,7 @@ def prepare(options: TLSOptions, *, server: bool) -> Identity:
     """Everything a process does before it uses TLS: the cipher list for grpc, then its p12."""
     settings = load_settings(options.config_path)
     apply_cipher_suites(settings)
-    stamp = _stamp(options, settings)
+    stamp = files_stamp(options, settings)
     cached = _prepared.get((options, server))
     if cached is not None and cached[0] == stamp:
         identity, now = cached[1], now_utc()
@@ -423,6 +446,14 @@ def prepare(options: TLSOptions, *, server: bool) -> Identity:
 # -- checks while running --------------------------------------------------------------------
 
 
+class HasRevocation(Protocol):
+    """An identity as a check reads it: an `Identity`, or one that is read again as its files
+    change (`cluster.transport.server_tls.ReloadingIdentity`)."""
+
+    @property
+    def revocation(self) -> Revocation | None: ...
+
+
 class PeerCheck:
     """Whether a peer's certificate may still be served: not revoked (by the CRL as it is now)
     and not expired. gRPC verified the CA at the handshake but knows no CRL.
@@ -435,8 +466,8 @@ class PeerCheck:
 
     _MAX_KEPT = 4096
 
-    def __init__(self, identity: Identity, clock: Callable[[], dt.datetime] = now_utc) -> None:
-        self._revocation = identity.revocation
+    def __init__(self, identity: HasRevocation, clock: Callable[[], dt.datetime] = now_utc) -> None:
+        self._identity = identity  # its revocation read at each call: a reload may replace it
         self._clock = clock
         self._parsed: dict[bytes, x509.Certificate] = {}
         # Per certificate: its expiry, and whether it is revoked by the CRL object named.
@@ -461,12 +492,13 @@ class PeerCheck:
     def refusal(self, cert: x509.Certificate) -> tuple[str, str] | None:
         """The reason (`expired`, `revoked`) and the problem for which `cert` must be refused
         now, or None."""
-        crl = None if self._revocation is None else self._revocation.current()
+        revocation = self._identity.revocation
+        crl = None if revocation is None else revocation.current()
         verdict = self._verdicts.get(id(cert))
         if verdict is None or verdict.cert is not cert or verdict.crl is not crl:
             if len(self._verdicts) > self._MAX_KEPT:
                 self._verdicts.clear()
-            revoked = self._revocation is not None and self._revocation.revoked(cert)
+            revoked = crl is not None and crl.revoked(cert)
             verdict = _Verdict(cert, crl, cert.not_valid_after_utc, revoked)
             self._verdicts[id(cert)] = verdict
         if self._clock() > verdict.not_after:
@@ -484,8 +516,11 @@ class _Verdict:
     revoked: bool
 
 
-def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[str]:
-    """What to tell the operator now: certificates within the warning window, a stale CRL."""
+def expiry_warnings(
+    identity: Identity, now: dt.datetime | None = None, renew: str = RENEW
+) -> list[str]:
+    """What to tell the operator now: certificates within the warning window (each with the
+    advice `renew`), a stale CRL."""
     now = now if now is not None else now_utc()
     window = dt.timedelta(days=identity.settings.warning_days)
     warnings = []
@@ -495,11 +530,11 @@ def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[
     for what, cert in certs:
         left = cert.not_valid_after_utc - now
         if left <= dt.timedelta(0):
-            warnings.append(f"{what} has expired ({utc_date(cert.not_valid_after_utc)}): renew it")
+            warnings.append(f"{what} has expired ({utc_date(cert.not_valid_after_utc)}): {renew}")
         elif left <= window:
             warnings.append(
                 f"{what} expires in {left.days} days, on {utc_date(cert.not_valid_after_utc)} "
-                f"(cert_expire_warning_time_in_day={identity.settings.warning_days}): renew it"
+                f"(cert_expire_warning_time_in_day={identity.settings.warning_days}): {renew}"
             )
     if identity.revocation is not None:
         for crl in identity.revocation.current().overdue(now):
@@ -512,13 +547,16 @@ def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[
 
 
 async def recheck_expiry(
-    identity: Identity,
+    identity: Identity | Callable[[], Identity],
     report: Callable[[str], None],
     period_s: float = EXPIRY_CHECK_PERIOD_S,
     clock: Callable[[], dt.datetime] = now_utc,
+    renew: str = RENEW,
 ) -> None:
-    """Report `expiry_warnings` every `period_s` (a day) for as long as the process serves."""
+    """Report `expiry_warnings` every `period_s` (a day) for as long as the process serves, of
+    `identity`, or of the one it gives each time when it is a function."""
     while True:
         await asyncio.sleep(period_s)
-        for warning in expiry_warnings(identity, clock()):
+        current = identity() if callable(identity) else identity
+        for warning in expiry_warnings(current, clock(), renew):
             report(warning)

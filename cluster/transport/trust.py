@@ -34,12 +34,14 @@ def read_file(path: Path, what: str) -> bytes:
         raise TLSConfigError(f"{what} {path} {problem} ({exc.strerror})") from None
 
 
-def file_state(path: Path) -> tuple[int, int]:
+def file_state(path: Path) -> tuple[int, int, int]:
+    """What tells that a file changed: its modification time, size and inode (a file renamed
+    into place is a new inode, even within the filesystem's time resolution)."""
     try:
         info = path.stat()
     except OSError:
-        return (-1, -1)
-    return (info.st_mtime_ns, info.st_size)
+        return (-1, -1, -1)
+    return (info.st_mtime_ns, info.st_size, info.st_ino)
 
 
 def describe(cert: x509.Certificate) -> str:
@@ -124,7 +126,7 @@ def load_cas(path: Path, now: dt.datetime) -> tuple[x509.Certificate, ...]:
 _PEM_CRL = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.DOTALL)
 # The CAs already said to have no CRL, by CRL file, its stamp and the CA's fingerprint: said once
 # per version of the file, however many identities of the process load it.
-_said_uncovered: set[tuple[str, tuple[int, int], bytes]] = set()
+_said_uncovered: set[tuple[str, tuple[int, int, int], bytes]] = set()
 
 
 @dataclass(frozen=True, eq=False)  # one object per version of the file: compared by identity

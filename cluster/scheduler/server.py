@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from cluster.scheduler.etcd_election import EtcdElection
     from cluster.scheduler.ha import HighAvailability
     from cluster.transport import tls as tls_module
-    from cluster.transport.server_tls import Interceptor
+    from cluster.transport.server_tls import Interceptor, ReloadingIdentity
 
 # What a scheduler without TLS, a recovery directory or standbys does not use is imported where
 # it is used (issue 26, "Cheap to start"): TLS (`cluster.transport.tls`, `server_tls`), the
@@ -66,6 +66,8 @@ GUARD_WAITER_RECHECK_S = 0.25
 # How long the stop waits for the relays' host calls to end (`HostCalls.end`) before the server
 # stops: a host link ends once its slots' ends are written, at most `host_link.END_S` later.
 HOST_CALLS_END_S = 1.0
+# What an expiry warning of the scheduler's TLS files advises (`server_tls.ReloadingIdentity`).
+RENEW = "renew the file: the scheduler picks it up for new connections"
 
 
 async def _tell_cut_off(core: SchedulerCore, deadline: float) -> None:
@@ -130,8 +132,9 @@ class JobStore:
 class SchedulerServer:
     """A running scheduler. `async with SchedulerServer(...) as server:` binds and serves.
 
-    With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, and re-checks its own
-    certificate's expiry every `expiry_check_period_s` (None: daily). With a `store` it holds
+    With `tls` (see `cluster.tls.prepare`) it serves mutual TLS only, reads its TLS files again
+    for new connections when they change (`server_tls.ReloadingIdentity`), and re-checks its
+    own certificate's expiry every `expiry_check_period_s` (None: daily). With a `store` it holds
     that store, resumes the job saved there (if any) and saves the job's state there. With an
     election (etcd's standbys), it serves the port at once and answers for the job only while it
     leads (`cluster.scheduler.ha`).
@@ -163,7 +166,8 @@ class SchedulerServer:
         self.host = host
         self.requested_port = port
         self.port = 0
-        self.tls = tls
+        self.tls = tls  # as at start; `served.current` is the one new connections get
+        self.served: ReloadingIdentity | None = None  # set once it serves, with TLS
         self._expiry_check_period_s = expiry_check_period_s
         self._server: grpc.aio.Server | None = None
         self.servicer: SchedulerServicer | None = None  # set once it serves
@@ -259,8 +263,13 @@ class SchedulerServer:
 
     async def _serve(self) -> None:
         self._raise_open_files()
+        servicer = self.servicer = SchedulerServicer(self.gate)
+        if self.tls is not None:
+            from cluster.transport.server_tls import ReloadingIdentity  # noqa: PLC0415 - TLS
+
+            self.served = ReloadingIdentity(self.tls)
         interceptors: list[Interceptor] = [
-            *_tls_interceptors(self.tls),
+            *_tls_interceptors(self.served, servicer),
             *self.observing.interceptors(),
         ]
         settings = self.settings
@@ -271,17 +280,14 @@ class SchedulerServer:
             ),
             interceptors=interceptors,
         )
-        servicer = self.servicer = SchedulerServicer(self.gate)
         add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         where = bind_address(self.host, self.requested_port)
         try:
-            if self.tls is None:
+            if self.served is None:
                 self.port = server.add_insecure_port(where)
             else:
-                from cluster.transport.server_tls import server_credentials  # noqa: PLC0415 - TLS
-
-                self.port = server.add_secure_port(where, server_credentials(self.tls))
+                self.port = server.add_secure_port(where, self.served.credentials())
         except RuntimeError as exc:
             raise ConfigError(
                 f"the scheduler cannot listen on {where}: the port is in use or the address is "
@@ -309,8 +315,8 @@ class SchedulerServer:
             f" and {_count(settings.server_num, 'server')}" if settings.server_num else "",
             "" if self.tls is None else f" (mutual TLS, {self.tls.what})",
         )
-        if self.tls is not None:
-            self._expiry = _watch_expiry(self.tls, self._expiry_check_period_s)
+        if self.served is not None:
+            self._expiry = _watch_expiry(self.served, self._expiry_check_period_s)
 
     def _raise_open_files(self) -> None:
         files = limits.raise_open_files()
@@ -515,25 +521,29 @@ async def _cancel(task: asyncio.Task[None] | None) -> None:
             await task
 
 
-def _tls_interceptors(identity: tls_module.Identity | None) -> list[Interceptor]:
-    """The check of each call's client certificate, with TLS."""
+def _tls_interceptors(
+    identity: ReloadingIdentity | None, servicer: SchedulerServicer
+) -> list[Interceptor]:
+    """The check of each call's client certificate, with TLS: a call refused for a revoked or
+    expired certificate is a refusal at the edge (counted, told at a bounded rate)."""
     if identity is None:
         return []
     from cluster.transport import tls  # noqa: PLC0415 - TLS only
     from cluster.transport.server_tls import PeerCertificateCheck  # noqa: PLC0415 - TLS only
 
-    return [PeerCertificateCheck(tls.PeerCheck(identity))]
+    return [PeerCertificateCheck(tls.PeerCheck(identity), servicer.at_edge)]
 
 
-def _watch_expiry(identity: tls_module.Identity, period_s: float | None) -> asyncio.Task[None]:
-    """Says now what expires soon, then rechecks every `period_s` (None: daily)."""
+def _watch_expiry(served: ReloadingIdentity, period_s: float | None) -> asyncio.Task[None]:
+    """Says now what expires soon, then rechecks every `period_s` (None: daily), of the files
+    as they are then."""
     from cluster.transport import tls  # noqa: PLC0415 - TLS only
 
-    for warning in tls.expiry_warnings(identity):
+    for warning in tls.expiry_warnings(served.current, renew=RENEW):
         log.warning("%s", warning)
-    return asyncio.create_task(
-        tls.recheck_expiry(identity, log.warning, period_s or tls.EXPIRY_CHECK_PERIOD_S)
-    )
+    period_s = period_s or tls.EXPIRY_CHECK_PERIOD_S
+    check = tls.recheck_expiry(served.refresh, log.warning, period_s, renew=RENEW)
+    return asyncio.create_task(check)
 
 
 def _who_may_join(server: SchedulerServer) -> str:

@@ -458,7 +458,7 @@ async def _check_tls(
     """`passed()` once the scheduler's certificate passed, under the CRL as it is now."""
     from cryptography import x509  # noqa: PLC0415 - TLS only
 
-    from cluster.transport import tls  # noqa: PLC0415 - TLS only
+    from cluster.transport import tls, trust  # noqa: PLC0415 - TLS only
 
     name = identity.server_name or host
     try:
@@ -485,7 +485,7 @@ async def _check_tls(
         problem = tls.PeerCheck(identity).problem(peer)
         if problem is not None:
             raise TLSConfigError(
-                f"{where} is refused: its certificate ({tls.describe(peer)}) {problem}"
+                f"{where} is refused: its certificate ({trust.describe(peer)}) {problem}"
             )
         # In TLS 1.3 the scheduler judges this node's certificate after the handshake, so only
         # its first answer tells whether it accepted it.

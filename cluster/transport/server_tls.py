@@ -4,14 +4,18 @@ around every call: the client certificate's check against the CRL and its expiry
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from cluster.transport import handlers
+from cluster.protocol.display import safe
+from cluster.protocol.errors import TLSConfigError
+from cluster.transport import handlers, trust
 from cluster.transport import tls as tls_module
 
 log = logging.getLogger("cluster.transport")
@@ -19,7 +23,11 @@ log = logging.getLogger("cluster.transport")
 
 if TYPE_CHECKING:  # generic in grpc-stubs only
     Interceptor = grpc.aio.ServerInterceptor[Any, Any]
-    Check = Callable[[grpc.aio.ServicerContext[Any, Any]], Awaitable[None]]
+    Context = grpc.aio.ServicerContext[Any, Any]
+    Check = Callable[[Context], Awaitable[None]]
+    # Told of each call refused: its context, its method, the reason (`revoked`, `expired`,
+    # `unauthenticated`) and the problem, escaped.
+    Tell = Callable[[Context, str, str, str], object]
 else:
     Interceptor = grpc.aio.ServerInterceptor
 
@@ -27,10 +35,16 @@ else:
 class PeerCertificateCheck(Interceptor):
     """Refuses every call whose client certificate is revoked (by the CRL as it is at that call)
     or expired. gRPC checked the CA at the handshake; it has no CRL, and a connection outlives
-    the moment a certificate is revoked."""
+    the moment a certificate is revoked.
 
-    def __init__(self, check: tls_module.PeerCheck) -> None:
+    Each refusal is told to `tell`: the scheduler's counts every one and tells its log and
+    journal of a peer address at a bounded rate (`cluster.scheduler.refusals`). Without it,
+    each refusal is a warning in the log.
+    """
+
+    def __init__(self, check: tls_module.PeerCheck, tell: Tell | None = None) -> None:
         self._check = check
+        self._tell = tell
 
     async def intercept_service(
         self,
@@ -40,19 +54,26 @@ class PeerCertificateCheck(Interceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(details)
-        return None if handler is None else _guarded(handler, self._refuse)
+        if handler is None:
+            return None
+        method = details.method.rpartition("/")[2]
+        return _guarded(handler, functools.partial(self._refuse, method=method))
 
-    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _refuse(self, context: Context, *, method: str) -> None:
         pems = list(context.auth_context().get("x509_pem_cert", []))
         if not pems:
-            problem = "this node presented no client certificate"
+            reason, problem = "unauthenticated", "this node presented no client certificate"
         else:
             cert = self._check.certificate(pems[0])
-            found = self._check.problem(cert)
+            found = self._check.refusal(cert)
             if found is None:
                 return
-            problem = f"this node's certificate ({tls_module.describe(cert)}) {found}"
-        log.warning("refused a call from %s: %s", context.peer(), problem)
+            reason = found[0]
+            problem = safe(f"this node's certificate ({trust.describe(cert)}) {found[1]}", 400)
+        if self._tell is None:
+            log.warning("refused a call from %s: %s", context.peer(), problem)
+        else:
+            self._tell(context, method, reason, problem)
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
             f"{problem}: use a valid certificate of the job's CA",
@@ -90,3 +111,89 @@ def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:
         root_certificates=identity.ca_pem,
         require_client_auth=True,
     )
+
+
+def _configuration(identity: tls_module.Identity) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration(
+        [(identity.key_pem, identity.chain_pem)], root_certificates=identity.ca_pem
+    )
+
+
+class ReloadingIdentity:
+    """A server's identity as its files are now: its p12, CA bundle and ssl.json are read again
+    when one of them changes (its time, size or inode), and new connections get what they now
+    hold. Connections already open keep what they were made with.
+
+    New files are checked as at start (`tls.load_identity`) before they are used: files that do
+    not check out (a wrong password, a half-written p12, an expired certificate, one the CA did
+    not sign) leave the last good identity in use, with one warning that says why, until the
+    files change again. The CRL is read again by its own `Revocation` on every call.
+
+    gRPC asks `fetch` before each new connection's handshake, in a thread of its own, and the
+    expiry check asks `refresh` in the event loop; a lock keeps the two apart.
+    """
+
+    def __init__(self, identity: tls_module.Identity) -> None:
+        self.current = identity
+        self._stamp = tls_module.files_stamp(identity.options, identity.settings, identity.server)
+        self._served = identity  # the identity gRPC was last given
+        self._lock = threading.RLock()
+
+    @property
+    def revocation(self) -> trust.Revocation | None:
+        return self.current.revocation
+
+    def refresh(self) -> tls_module.Identity:
+        """The identity, read again first when a file of it changed since it was read."""
+        with self._lock:
+            old = self.current
+            stamp = tls_module.files_stamp(old.options, old.settings, old.server)
+            if stamp == self._stamp:
+                return old
+            self._stamp = stamp
+            try:
+                new = tls_module.load_identity(old.options, server=old.server)
+            except TLSConfigError as exc:
+                log.warning(
+                    "%s: new connections still get the previous certificate (%s, valid until "
+                    "%s); it is read again when the files change",
+                    exc,
+                    trust.describe(old.cert),
+                    trust.utc_date(old.cert.not_valid_after_utc),
+                )
+                return old
+            if new.settings.ciphers != old.settings.ciphers:
+                log.warning(
+                    "cipher_list in %s changed: it takes effect when this process restarts",
+                    new.settings.path,
+                )
+            self.current = new
+        log.info(
+            "the TLS files changed: new connections get %s (%s, valid until %s)",
+            new.what,
+            trust.describe(new.cert),
+            trust.utc_date(new.cert.not_valid_after_utc),
+        )
+        return new
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC's question before a handshake: the configuration to use from now on, or None
+        to keep the one it has."""
+        with self._lock:
+            try:
+                identity = self.refresh()
+            except Exception:  # one that raises fails the handshake: serve what it has instead
+                log.exception("reading the TLS files again failed; the previous ones are kept")
+                return None
+            if identity is self._served:
+                return None
+            self._served = identity
+        return _configuration(identity)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Mutual TLS (a client certificate of the CA required) that follows the files."""
+        return grpc.dynamic_ssl_server_credentials(
+            _configuration(self.current),
+            self.fetch,  # type: ignore[arg-type]  # grpc-stubs leave out None, "no change"
+            require_client_authentication=True,
+        )

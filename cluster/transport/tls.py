@@ -1,7 +1,8 @@
 """TLS settings and identities: ssl.json, PKCS#12, CA, CRL, cipher list and expiry, all checked.
 
 Two steps, as in uvicorn's Config: `load_settings` reads and checks ssl.json (no secrets), and
-`load_identity` opens this process's p12 and checks it against the CA and the CRL. Every failure
+`load_identity` opens this process's p12 and checks it against the CA and the CRL (what a
+certificate is checked against is in `cluster.transport.trust`). Every failure
 is a TLSConfigError that names the file and the problem. This module hands out PEM bytes and an
 `ssl.SSLContext`; the gRPC credentials are made in cluster.channel and cluster.scheduler.server.
 It never imports grpc, because it must set GRPC_SSL_CIPHER_SUITES before grpc's first import:
@@ -13,29 +14,36 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import logging
 import os
 import ssl
 import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.display import safe
 from cluster.protocol.errors import TLSConfigError
+from cluster.transport.trust import (
+    Crls,
+    Revocation,
+    chains_to,
+    check_dates,
+    check_key_size,
+    describe,
+    file_state,
+    load_cas,
+    read_file,
+    utc_date,
+)
 
 if TYPE_CHECKING:
     # cryptography costs a process tens of milliseconds to import: the functions that read
     # certificates import it, so that a job without TLS never does (issue 26, "Cheap to start").
     from cryptography import x509
-    from cryptography.hazmat.primitives.asymmetric.types import (
-        CertificatePublicKeyTypes,
-        PrivateKeyTypes,
-    )
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
-log = logging.getLogger("cluster.transport.tls")
 
 CIPHER_ENV = "GRPC_SSL_CIPHER_SUITES"
 # What gRPC can negotiate in TLS 1.2: ECDHE key exchange with an AEAD cipher. (Its BoringSSL
@@ -58,8 +66,9 @@ GRPC_DEFAULT_SUITES = (
     "ECDHE-RSA-AES256-GCM-SHA384",
 )
 MIN_WARNING_DAYS, MAX_WARNING_DAYS, DEFAULT_WARNING_DAYS = 7, 180, 90
-MIN_RSA_BITS = 2048
 EXPIRY_CHECK_PERIOD_S = 24 * 3600.0
+# What an expiry warning advises, unless its process says more (the scheduler reloads its files).
+RENEW = "renew it"
 _PATH_KEYS = ("server_cert_path", "client_cert_path", "ca_cert_path")
 _OPTIONAL_KEYS = (
     "crl_path",
@@ -93,17 +102,9 @@ class TLSSettings:
     client_password_file: Path | None
 
 
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        problem = "does not exist" if isinstance(exc, FileNotFoundError) else "cannot be read"
-        raise TLSConfigError(f"{what} {path} {problem} ({exc.strerror})") from None
-
-
 def load_settings(path: Path) -> TLSSettings:
     path = Path(path).absolute()
-    raw = _read(path, "the TLS config")
+    raw = read_file(path, "the TLS config")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -239,82 +240,7 @@ def launch_environment(config_path: Path) -> dict[str, str]:
     return {"CLUSTER_TLS_CONFIG": str(settings.path), CIPHER_ENV: ":".join(settings.ciphers)}
 
 
-# -- certificates ----------------------------------------------------------------------------
-
-
-def describe(cert: x509.Certificate) -> str:
-    return f"subject {cert.subject.rfc4514_string()}, serial {cert.serial_number:#x}"
-
-
-def _date(moment: dt.datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _check_dates(cert: x509.Certificate, what: str, now: dt.datetime) -> None:
-    if now < cert.not_valid_before_utc:
-        raise TLSConfigError(
-            f"{what} is not yet valid: it is valid from {_date(cert.not_valid_before_utc)} "
-            "(or this machine's clock is wrong)"
-        )
-    if now > cert.not_valid_after_utc:
-        raise TLSConfigError(
-            f"{what} has expired: it was valid until {_date(cert.not_valid_after_utc)}"
-        )
-
-
-def _check_key_size(public_key: CertificatePublicKeyTypes, what: str) -> None:
-    from cryptography.hazmat.primitives.asymmetric import rsa  # noqa: PLC0415 - TLS only
-
-    if isinstance(public_key, rsa.RSAPublicKey) and public_key.key_size < MIN_RSA_BITS:
-        raise TLSConfigError(
-            f"{what} has a {public_key.key_size}-bit RSA key, too weak: use at least "
-            f"{MIN_RSA_BITS} bits"
-        )
-
-
-def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - TLS only
-
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
-
-
-def _chains_to(
-    cert: x509.Certificate, extra: list[x509.Certificate], cas: tuple[x509.Certificate, ...]
-) -> bool:
-    """Whether `cert` leads to one of `cas`, directly or through intermediates in the p12."""
-    current = cert
-    for _ in range(len(extra) + 1):
-        if any(_signed_by(current, ca) for ca in cas):
-            return True
-        parent = next((c for c in extra if c != current and _signed_by(current, c)), None)
-        if parent is None:
-            return False
-        current = parent
-    return False
-
-
-def load_cas(path: Path, now: dt.datetime) -> tuple[x509.Certificate, ...]:
-    from cryptography import x509  # noqa: PLC0415 - TLS only
-
-    data = _read(path, "ca_cert_path")
-    try:
-        cas = tuple(x509.load_pem_x509_certificates(data))
-    except ValueError:
-        try:
-            cas = (x509.load_der_x509_certificate(data),)
-        except ValueError:
-            raise TLSConfigError(
-                f"ca_cert_path {path} holds no certificate (PEM or DER expected)"
-            ) from None
-    for ca in cas:
-        what = f"the CA certificate {describe(ca)} in {path}"
-        _check_dates(ca, what, now)
-        _check_key_size(ca.public_key(), what)
-    return cas
+# -- this process's identity -----------------------------------------------------------------
 
 
 def _looks_like_pkcs12(data: bytes) -> bool:
@@ -325,63 +251,15 @@ def _looks_like_pkcs12(data: bytes) -> bool:
     return data[start : start + 3] == b"\x02\x01\x03"
 
 
-# -- the CRL ---------------------------------------------------------------------------------
-
-
-class Revocation:
-    """A CRL signed by the CA, read again when its file changes, so that a revocation takes
-    effect on the next call without a restart. A changed file that does not check out is
-    reported and the last good list stays in force."""
-
-    def __init__(self, path: Path, cas: tuple[x509.Certificate, ...]) -> None:
-        self.path = path
-        self._cas = cas
-        self._stamp = _file_state(self.path)
-        self.crl = self._load()
-
-    def _load(self) -> x509.CertificateRevocationList:
-        from cryptography import x509  # noqa: PLC0415 - TLS only
-
-        data = _read(self.path, "crl_path")
-        try:
-            crl = x509.load_pem_x509_crl(data)
-        except ValueError:
-            try:
-                crl = x509.load_der_x509_crl(data)
-            except ValueError:
-                raise TLSConfigError(
-                    f"crl_path {self.path} is not a CRL (PEM or DER expected)"
-                ) from None
-        if not any(
-            ca.subject == crl.issuer and crl.is_signature_valid(ca.public_key())  # type: ignore[arg-type]
-            for ca in self._cas
-        ):
-            raise TLSConfigError(
-                f"crl_path {self.path} is not signed by the CA in ca_cert_path (its issuer is "
-                f"{crl.issuer.rfc4514_string()})"
-            )
-        return crl
-
-    def current(self) -> x509.CertificateRevocationList:
-        stamp = _file_state(self.path)
-        if stamp != self._stamp:
-            self._stamp = stamp
-            try:
-                self.crl = self._load()
-                log.info("reloaded the CRL %s", self.path)
-            except TLSConfigError as exc:
-                log.warning("%s; the previous CRL stays in force", exc)
-        return self.crl
-
-    def revoked(self, cert: x509.Certificate) -> bool:
-        crl = self.current()
-        return (
-            crl.issuer == cert.issuer
-            and crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None
-        )
-
-
-# -- this process's identity -----------------------------------------------------------------
+def _whole_der(data: bytes) -> bool:
+    """Whether `data` is as long as its outer DER length says (a p12 cut short is not); BER's
+    indefinite length says nothing, and passes."""
+    size = data[1] & 0x7F
+    if data[1] == 0x80:
+        return True
+    if not data[1] & 0x80:
+        return len(data) == 2 + size
+    return len(data) == 2 + size + int.from_bytes(data[2 : 2 + size], "big")
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: it holds a key
@@ -398,6 +276,8 @@ class Identity:
     ca_pem: bytes
     cas: tuple[x509.Certificate, ...]
     revocation: Revocation | None
+    # Where it was read from (ssl.json, the passwords): what reads it again when files change.
+    options: TLSOptions
     # The name the scheduler's certificate must carry, when it is not the host dialled.
     server_name: str | None = None
 
@@ -424,7 +304,7 @@ def _password(options: TLSOptions, settings: TLSSettings, server: bool) -> bytes
 
 
 def _read_password(path: Path, source: str) -> bytes | None:
-    data = _read(path, f"the password file ({source})")
+    data = read_file(path, f"the password file ({source})")
     return data.rstrip(b"\r\n") or None  # one line; the newline an editor adds is not in it
 
 
@@ -438,10 +318,10 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
     path = settings.server_cert_path if server else settings.client_cert_path
     what = f"{key_name} {path}"
     key, cert, extra = _open_p12(
-        _read(path, key_name), _password(options, settings, server), what, server
+        read_file(path, key_name), _password(options, settings, server), what, server
     )
-    _check_key_size(cert.public_key(), what)
-    _check_dates(cert, what, now)
+    check_key_size(cert.public_key(), what)
+    check_dates(cert, what, now)
     cas, revocation = _check_trust(cert, extra, settings, what, now)
     intermediates = [c for c in extra if c.subject != c.issuer]
     return Identity(
@@ -461,6 +341,7 @@ def load_identity(options: TLSOptions, *, server: bool, now: dt.datetime | None 
         ca_pem=b"".join(ca.public_bytes(serialization.Encoding.PEM) for ca in cas),
         cas=cas,
         revocation=revocation,
+        options=options,
         server_name=options.server_name,
     )
 
@@ -478,6 +359,11 @@ def _open_p12(
     except ValueError:
         if not _looks_like_pkcs12(data):
             raise TLSConfigError(f"{what} is not a PKCS#12 (.p12) file") from None
+        if not _whole_der(data):
+            raise TLSConfigError(
+                f"{what} is cut short: {len(data)} bytes of a PKCS#12 file that says it is "
+                "longer (a copy not finished?)"
+            ) from None
         if password is None:
             raise TLSConfigError(
                 f"{what} needs a password and none was given: set "
@@ -504,7 +390,7 @@ def _check_trust(
 ) -> tuple[tuple[x509.Certificate, ...], Revocation | None]:
     """The job's CAs and its CRL, `cert` checked to chain to one and not to be revoked."""
     cas = load_cas(settings.ca_cert_path, now)
-    if not _chains_to(cert, extra, cas):
+    if not chains_to(cert, extra, cas):
         raise TLSConfigError(
             f"{what} ({describe(cert)}) is not signed by the CA in ca_cert_path "
             f"{settings.ca_cert_path}"
@@ -517,46 +403,40 @@ def _check_trust(
     return cas, revocation
 
 
-_Stamp = tuple[tuple[str, int, int], ...]
+_Stamp = tuple[tuple[str, int, int, int], ...]
 # Identities already loaded in this process, with the state of their files then: many agents
 # in one process (tests, benchmarks) share one instead of each decrypting the p12 again.
 _prepared: dict[tuple[TLSOptions, bool], tuple[_Stamp, Identity]] = {}
 
 
-def _stamp(options: TLSOptions, settings: TLSSettings) -> _Stamp:
-    files = (
-        settings.path,
-        settings.server_cert_path,
-        settings.client_cert_path,
-        settings.ca_cert_path,
-        settings.crl_path,
-        settings.server_password_file,
-        settings.client_password_file,
-        options.server_password_file,
-        options.client_password_file,
-    )
-    return tuple((str(path), *_file_state(path)) for path in files if path is not None)
-
-
-def _file_state(path: Path) -> tuple[int, int]:
-    try:
-        info = path.stat()
-    except OSError:
-        return (-1, -1)
-    return (info.st_mtime_ns, info.st_size)
+def files_stamp(options: TLSOptions, settings: TLSSettings, server: bool | None = None) -> _Stamp:
+    """The state of every file an identity is read from (what `prepare` and a reloading
+    server compare to know that one changed); with `server`, of that side's files only (the
+    CRL, read again on its own by `Revocation`, left out)."""
+    shared: tuple[Path | None, ...] = (settings.path, settings.ca_cert_path)
+    own = {
+        True: (settings.server_cert_path, settings.server_password_file),
+        False: (settings.client_cert_path, settings.client_password_file),
+    }
+    given = {True: options.server_password_file, False: options.client_password_file}
+    if server is None:
+        files = (*shared, settings.crl_path, *own[True], *own[False], *given.values())
+    else:
+        files = (*shared, *own[server], given[server])
+    return tuple((str(path), *file_state(path)) for path in files if path is not None)
 
 
 def prepare(options: TLSOptions, *, server: bool) -> Identity:
     """Everything a process does before it uses TLS: the cipher list for grpc, then its p12."""
     settings = load_settings(options.config_path)
     apply_cipher_suites(settings)
-    stamp = _stamp(options, settings)
+    stamp = files_stamp(options, settings)
     cached = _prepared.get((options, server))
     if cached is not None and cached[0] == stamp:
         identity, now = cached[1], now_utc()
-        _check_dates(identity.cert, identity.what, now)  # time passes even when files do not
+        check_dates(identity.cert, identity.what, now)  # time passes even when files do not
         for ca in identity.cas:
-            _check_dates(ca, f"the CA certificate {describe(ca)} in {settings.ca_cert_path}", now)
+            check_dates(ca, f"the CA certificate {describe(ca)} in {settings.ca_cert_path}", now)
         return identity
     identity = load_identity(options, server=server)
     _prepared[(options, server)] = (stamp, identity)
@@ -564,6 +444,14 @@ def prepare(options: TLSOptions, *, server: bool) -> Identity:
 
 
 # -- checks while running --------------------------------------------------------------------
+
+
+class HasRevocation(Protocol):
+    """An identity as a check reads it: an `Identity`, or one that is read again as its files
+    change (`cluster.transport.server_tls.ReloadingIdentity`)."""
+
+    @property
+    def revocation(self) -> Revocation | None: ...
 
 
 class PeerCheck:
@@ -578,8 +466,8 @@ class PeerCheck:
 
     _MAX_KEPT = 4096
 
-    def __init__(self, identity: Identity, clock: Callable[[], dt.datetime] = now_utc) -> None:
-        self._revocation = identity.revocation
+    def __init__(self, identity: HasRevocation, clock: Callable[[], dt.datetime] = now_utc) -> None:
+        self._identity = identity  # its revocation read at each call: a reload may replace it
         self._clock = clock
         self._parsed: dict[bytes, x509.Certificate] = {}
         # Per certificate: its expiry, and whether it is revoked by the CRL object named.
@@ -598,31 +486,41 @@ class PeerCheck:
 
     def problem(self, cert: x509.Certificate) -> str | None:
         """Why `cert` must be refused now ("is revoked ..."), or None."""
-        crl = None if self._revocation is None else self._revocation.current()
+        refusal = self.refusal(cert)
+        return None if refusal is None else refusal[1]
+
+    def refusal(self, cert: x509.Certificate) -> tuple[str, str] | None:
+        """The reason (`expired`, `revoked`) and the problem for which `cert` must be refused
+        now, or None."""
+        revocation = self._identity.revocation
+        crl = None if revocation is None else revocation.current()
         verdict = self._verdicts.get(id(cert))
         if verdict is None or verdict.cert is not cert or verdict.crl is not crl:
             if len(self._verdicts) > self._MAX_KEPT:
                 self._verdicts.clear()
-            revoked = self._revocation is not None and self._revocation.revoked(cert)
+            revoked = crl is not None and crl.revoked(cert)
             verdict = _Verdict(cert, crl, cert.not_valid_after_utc, revoked)
             self._verdicts[id(cert)] = verdict
         if self._clock() > verdict.not_after:
-            return f"expired on {_date(verdict.not_after)}"
+            return "expired", f"expired on {utc_date(verdict.not_after)}"
         if verdict.revoked:
-            return "is revoked (the CRL lists it)"
+            return "revoked", "is revoked (the CRL lists it)"
         return None
 
 
 @dataclass(frozen=True)
 class _Verdict:
     cert: x509.Certificate  # kept alive, so that id(cert) is not reused while this is kept
-    crl: x509.CertificateRevocationList | None
+    crl: Crls | None
     not_after: dt.datetime
     revoked: bool
 
 
-def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[str]:
-    """What to tell the operator now: certificates within the warning window, a stale CRL."""
+def expiry_warnings(
+    identity: Identity, now: dt.datetime | None = None, renew: str = RENEW
+) -> list[str]:
+    """What to tell the operator now: certificates within the warning window (each with the
+    advice `renew`), a stale CRL."""
     now = now if now is not None else now_utc()
     window = dt.timedelta(days=identity.settings.warning_days)
     warnings = []
@@ -632,30 +530,33 @@ def expiry_warnings(identity: Identity, now: dt.datetime | None = None) -> list[
     for what, cert in certs:
         left = cert.not_valid_after_utc - now
         if left <= dt.timedelta(0):
-            warnings.append(f"{what} has expired ({_date(cert.not_valid_after_utc)}): renew it")
+            warnings.append(f"{what} has expired ({utc_date(cert.not_valid_after_utc)}): {renew}")
         elif left <= window:
             warnings.append(
-                f"{what} expires in {left.days} days, on {_date(cert.not_valid_after_utc)} "
-                f"(cert_expire_warning_time_in_day={identity.settings.warning_days}): renew it"
+                f"{what} expires in {left.days} days, on {utc_date(cert.not_valid_after_utc)} "
+                f"(cert_expire_warning_time_in_day={identity.settings.warning_days}): {renew}"
             )
     if identity.revocation is not None:
-        crl = identity.revocation.current()
-        if crl.next_update_utc is not None and crl.next_update_utc < now:
+        for crl in identity.revocation.current().overdue(now):
             warnings.append(
-                f"the CRL {identity.revocation.path} was due for an update on "
-                f"{_date(crl.next_update_utc)}: get a fresh one from the CA"
+                f"the CRL of {crl.issuer.rfc4514_string()} in {identity.revocation.path} was "
+                f"due for an update on {utc_date(crl.next_update_utc or now)}: get a fresh one "
+                "from the CA"
             )
     return warnings
 
 
 async def recheck_expiry(
-    identity: Identity,
+    identity: Identity | Callable[[], Identity],
     report: Callable[[str], None],
     period_s: float = EXPIRY_CHECK_PERIOD_S,
     clock: Callable[[], dt.datetime] = now_utc,
+    renew: str = RENEW,
 ) -> None:
-    """Report `expiry_warnings` every `period_s` (a day) for as long as the process serves."""
+    """Report `expiry_warnings` every `period_s` (a day) for as long as the process serves, of
+    `identity`, or of the one it gives each time when it is a function."""
     while True:
         await asyncio.sleep(period_s)
-        for warning in expiry_warnings(identity, clock()):
+        current = identity() if callable(identity) else identity
+        for warning in expiry_warnings(current, clock(), renew):
             report(warning)

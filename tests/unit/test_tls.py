@@ -278,6 +278,14 @@ def test_not_a_p12_and_not_a_ca(pki: certs.Pki, tmp_path: Path) -> None:
         client(config(pki, tmp_path, crl_path=str(junk)))
 
 
+def test_a_p12_cut_short_says_so_not_wrong_password(pki: certs.Pki, tmp_path: Path) -> None:
+    whole = pki.client_p12.read_bytes()
+    half = tmp_path / "half.p12"
+    half.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(TLSConfigError, match=r"half\.p12 is cut short: \d+ bytes of a PKCS#12"):
+        client(config(pki, tmp_path, client_cert_path=str(half)))
+
+
 def own_p12(pki: certs.Pki, tmp: Path, name: str, ca: certs.Authority, **issue: Any) -> Path:
     key, cert = certs.issue(ca, name, server=False, **issue)
     return certs.write_p12(tmp / f"{name}.p12", key, cert, pki.client_password, ca)

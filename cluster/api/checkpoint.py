@@ -158,7 +158,9 @@ class CheckpointManager:
 
     def connect(self) -> None:
         """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
-        was given) and reports to the scheduler (unless `report` was given); nothing otherwise.
+        was given), reports to the scheduler (unless `report` was given) and, with recovery on,
+        offers its checkpoints to peers, as one made after it does from the start (a peer may
+        need this rank's step in memory before its first save); nothing otherwise.
 
         ConfigError when it saved or read checkpoints as rank 0 before `cluster.init()` and the
         job's rank is another: those were another rank's files."""
@@ -177,6 +179,7 @@ class CheckpointManager:
             self.report = runtime.report_checkpoints
         self._connecting = False
         self._hold()
+        self._serve_peers()
 
     def _begin(self) -> None:
         """Before a save, load or listing: connected in a job; before it, this rank's files are
@@ -286,10 +289,15 @@ class CheckpointManager:
         The caller must not change a snapshot while it is served: replace it (or withdraw it)
         first. Once this returns, the previous snapshot is the caller's again: a peer's
         transfer of it that is under way goes on from a copy made here (copy-on-replace).
+        In a job with recovery on, a snapshot is offered at once (a manager made before
+        `cluster.init()` is connected first: its rank is the job's).
         """
         if snapshot is not None:
             _check_step(step)
+            self.connect()
         self.served.set_memory(step, snapshot)
+        if snapshot is not None:
+            self._serve_peers()
 
     def _persist(self, snapshot: Snapshot, path: Path) -> None:
         """The writer's job: the file, pruning, the report; then the snapshot is free again.
@@ -463,8 +471,9 @@ class CheckpointManager:
 
     def _serve_peers(self) -> bool:
         """Whether peers are in play (a job with recovery on). The first time they are, this
-        manager's checkpoints are offered to them (also for a manager made before
-        cluster.init(), at its first save or load after it)."""
+        manager's checkpoints are offered to them: at once for a manager made in the job, when
+        it is connected for one made before `cluster.init()` (`connect`), again at the next
+        save or served step after `close`."""
         if not (self.recovery and runtime.is_initialized()):
             return False
         if not self._offered:

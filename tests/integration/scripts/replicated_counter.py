@@ -5,18 +5,20 @@ rank goes to a spare started beside the job; every worker prints `node <id> rank
 <value>` at the end.
 
     MS_ROLE=MS_WORKER ... python replicated_counter.py CKPT_DIR [--steps N] [--save-every K]
-        [--early] [--die-in-step S | --die-at-the-end]
+        [--early] [--die-in-step S | --die-at-the-end | --linger-after-the-loop]
 
 `--early`: the CheckpointManager is made before `cluster.init()`. `--die-in-step S`: node '1'
 exits 1 in step S, before its barrier. `--die-at-the-end`: node '1' exits 1 once every rank
 holds the final step on disk (the scheduler's answer to its report says so), before the loop's
-end barrier: the next generation's rollback step is the end.
+end barrier: the next generation's rollback step is the end. `--linger-after-the-loop`: node
+'1', in its first process, waits after its loop (past the end barrier) until it is killed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +27,8 @@ import numpy as np
 import cluster
 from cluster.api import runtime
 from cluster.testing import wait_until
+
+LINGER_S = 120.0
 
 
 def dying_at(steps: int) -> Callable[[list[int]], int]:
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument("--early", action="store_true")
     parser.add_argument("--die-in-step", type=int, default=-1)
     parser.add_argument("--die-at-the-end", action="store_true")
+    parser.add_argument("--linger-after-the-loop", action="store_true")
     args = parser.parse_args()
     node = os.environ["MS_NODE_ID"]
     config = cluster.CheckpointConfig(save_checkpoint_steps=args.save_every, keep_checkpoint_max=3)
@@ -75,6 +80,9 @@ def main() -> None:
             state["w"] = state["w"] + 1
             cluster.barrier()
     print(f"node {node} rank {cluster.get_rank()} final w {state['w'][0]}", flush=True)
+    if dies and args.linger_after_the_loop and not cluster.is_rejoin():
+        print("node 1 lingers after its loop", flush=True)
+        time.sleep(LINGER_S)  # sleep-ok: the fault itself; the test kills this process
     cluster.finalize()
 
 

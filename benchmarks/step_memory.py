@@ -36,7 +36,8 @@ import numpy as np
 from checkpoint_training import join_job
 
 import cluster
-from cluster.api.checkpoint import MEMORY_SNAPSHOT_DEFAULT, CheckpointConfig, CheckpointManager
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.api.checkpoint_config import MEMORY_SNAPSHOT_DEFAULT
 
 MODES = {
     "no copy": (0, False),

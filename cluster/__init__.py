@@ -30,7 +30,8 @@ from cluster.transport import grpc_log as _grpc_log
 from cluster.transport.lazy_protobuf import defer_pure_python_messages as _defer_protobuf
 
 if TYPE_CHECKING:
-    from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+    from cluster.api.checkpoint import CheckpointManager
+    from cluster.api.checkpoint_config import CheckpointConfig
     from cluster.api.collective import (
         KeyValueStore,
         allgather_object,
@@ -94,7 +95,8 @@ _LAZY_FROM = {
         "kv_store",
     ),
     "cluster.api.training": ("TrainingLoop",),
-    "cluster.api.checkpoint": ("CheckpointConfig", "CheckpointManager"),
+    "cluster.api.checkpoint": ("CheckpointManager",),
+    "cluster.api.checkpoint_config": ("CheckpointConfig",),
     "cluster.protocol.topology": ("Peer",),
 }
 _LAZY = {name: module for module, names in _LAZY_FROM.items() for name in names}

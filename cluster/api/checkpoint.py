@@ -16,7 +16,8 @@ At most two snapshots exist: one being written and one copied. A save that finds
 waits for the writer (counted in `stats`), so a loop that saves faster than the disk writes is
 slowed to the disk's pace instead of growing without bound. An error of the writer (a full
 disk) is raised by the next `save` or `flush`. The file format is `cluster.storage.
-checkpoint_files`; the state's encoding is `cluster.storage.checkpoint_tree`.
+checkpoint_files`; the state's encoding is `cluster.storage.checkpoint_tree`; what to save and
+when, a `CheckpointConfig` (`cluster.api.checkpoint_config`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
+from cluster.api.checkpoint_config import CheckpointConfig, CheckpointStats
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import (
     CheckpointError,
@@ -59,9 +60,6 @@ _SNAPSHOTS = 2
 _UNHEARD_KEEP = _SNAPSHOTS + 2
 # What a damaged checkpoint file is renamed to (`<name><DAMAGED>`): kept for a look, never listed.
 DAMAGED = ".damaged"
-# 1 GiB: a copy of that costs the loop about 0.15 s a step on this machine's memory bandwidth
-# (benchmarks/RESULTS.md); larger states opt in.
-MEMORY_SNAPSHOT_DEFAULT = 1 << 30
 
 if TYPE_CHECKING:
     from cluster.worker.state_fetch import Fetched
@@ -70,54 +68,6 @@ _log = logging.getLogger(__name__)
 
 # Reports the steps a rank holds; may answer a step every rank holds, which it then keeps.
 Report = Callable[[list[int]], int | None]
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """When to save and how many checkpoints to keep (MindSpore's CheckpointConfig names).
-
-    `memory_snapshot`: the bytes of state a `TrainingLoop` may keep in memory, a copy of its
-    last step boundary, so that a failure between steps costs at most the interrupted step
-    instead of the rollback to disk (0: off; a larger state rolls back to disk, as without it).
-    """
-
-    save_checkpoint_steps: int = 1
-    keep_checkpoint_max: int = 5
-    # Every rank's state is the same (data parallel): a rank without its checkpoint may take any
-    # live peer's. False: states differ per rank (optimizer shards, ...), only the rank's own
-    # files will do.
-    replicated: bool = True
-    memory_snapshot: int = MEMORY_SNAPSHOT_DEFAULT
-
-    def __post_init__(self) -> None:
-        for name in ("save_checkpoint_steps", "keep_checkpoint_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"CheckpointConfig {name}={value!r} is invalid: it must be an integer >= 1"
-                )
-        if not isinstance(self.replicated, bool):
-            raise ConfigError(
-                f"CheckpointConfig replicated={self.replicated!r} is invalid: it must be True "
-                "(every rank's state is the same) or False (states differ per rank)"
-            )
-        limit = self.memory_snapshot
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigError(
-                f"CheckpointConfig memory_snapshot={limit!r} is invalid: it must be a number of "
-                "bytes >= 0 (0 turns the in-memory copy of the last step off)"
-            )
-
-
-@dataclass(frozen=True)
-class CheckpointStats:
-    """What saving has cost the loop so far."""
-
-    saves: int  # save() calls that returned
-    pause_s: float  # the time the loop spent inside them, in all
-    waits: int  # saves that waited for the writer (two snapshots were held)
-    wait_s: float  # the time those waited, in all (part of pause_s)
-    persisted: int  # checkpoints written whole and reported
 
 
 class CheckpointManager:
@@ -208,7 +158,9 @@ class CheckpointManager:
 
     def connect(self) -> None:
         """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
-        was given) and reports to the scheduler (unless `report` was given); nothing otherwise.
+        was given), reports to the scheduler (unless `report` was given) and, with recovery on,
+        offers its checkpoints to peers, as one made after it does from the start (a peer may
+        need this rank's step in memory before its first save); nothing otherwise.
 
         ConfigError when it saved or read checkpoints as rank 0 before `cluster.init()` and the
         job's rank is another: those were another rank's files."""
@@ -227,6 +179,7 @@ class CheckpointManager:
             self.report = runtime.report_checkpoints
         self._connecting = False
         self._hold()
+        self._serve_peers()
 
     def _begin(self) -> None:
         """Before a save, load or listing: connected in a job; before it, this rank's files are
@@ -336,10 +289,15 @@ class CheckpointManager:
         The caller must not change a snapshot while it is served: replace it (or withdraw it)
         first. Once this returns, the previous snapshot is the caller's again: a peer's
         transfer of it that is under way goes on from a copy made here (copy-on-replace).
+        In a job with recovery on, a snapshot is offered at once (a manager made before
+        `cluster.init()` is connected first: its rank is the job's).
         """
         if snapshot is not None:
             _check_step(step)
+            self.connect()
         self.served.set_memory(step, snapshot)
+        if snapshot is not None:
+            self._serve_peers()
 
     def _persist(self, snapshot: Snapshot, path: Path) -> None:
         """The writer's job: the file, pruning, the report; then the snapshot is free again.
@@ -513,8 +471,9 @@ class CheckpointManager:
 
     def _serve_peers(self) -> bool:
         """Whether peers are in play (a job with recovery on). The first time they are, this
-        manager's checkpoints are offered to them (also for a manager made before
-        cluster.init(), at its first save or load after it)."""
+        manager's checkpoints are offered to them: at once for a manager made in the job, when
+        it is connected for one made before `cluster.init()` (`connect`), again at the next
+        save or served step after `close`."""
         if not (self.recovery and runtime.is_initialized()):
             return False
         if not self._offered:

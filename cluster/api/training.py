@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.api import runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
 from cluster.protocol import resume
-from cluster.protocol.errors import ConfigError, PeerFailedError
+from cluster.protocol.errors import CollectiveError, ConfigError, PeerFailedError
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
@@ -83,6 +83,9 @@ class TrainingLoop:
         self._generation = 0
         self._interrupted: PeerFailedError | None = None
         self._furthest = 0
+        # This generation resumed at the end (its rollback step is the last step): see
+        # `_agree_on_the_end`.
+        self._resumed_at_the_end = False
         self.rollbacks = 0
         # The state of the last step boundary, a copy (CheckpointConfig.memory_snapshot). Its
         # module imports numpy, as the manager's does: not at `import cluster`.
@@ -262,6 +265,7 @@ class TrainingLoop:
             session.generation_pin = None
             _restoring_the_end = False
         runtime.resumed_in(generation)  # told with the report discard_newer makes
+        self._resumed_at_the_end = step >= self.steps
         self.checkpoints.discard_newer(step)
         self._furthest = max(self._furthest, step)
         if self.memory.step != step:
@@ -289,10 +293,15 @@ class TrainingLoop:
         return self.checkpoints.load(step)
 
     def _agree_on_the_end(self) -> bool:
-        """True once every worker holds the final state; False after a peer failed first."""
+        """True once every worker holds the final state; False after a peer failed first.
+
+        Every worker of the generation passes a barrier before it finishes, also in a
+        generation that resumed at the end (every rank had saved the final state): a newcomer
+        may be fetching that state from the others, whose state servers stop when they
+        finalize. There, a barrier that cannot complete because a peer has finished already
+        means that every worker passed the end before (this one was killed after it): this one
+        is done too (`_finished_before`)."""
         self.checkpoints.flush()  # the final state on disk and reported, before the barrier
-        if runtime.topology().rollback_step >= self.steps:
-            return True  # every worker saved the final state already: nothing to wait for
         session = runtime.session()
         session.generation_pin = self._generation
         try:
@@ -300,8 +309,21 @@ class TrainingLoop:
         except PeerFailedError as exc:
             self._interrupted = exc
             return False
+        except CollectiveError as exc:
+            if not self._finished_before(exc):
+                raise
         finally:
             session.generation_pin = None
+        return True
+
+    def _finished_before(self, exc: CollectiveError) -> bool:
+        """Whether the end barrier's `exc` says that the others finished the job already: a
+        plain CollectiveError (a round that cannot complete: a rank has finished) in a
+        generation that resumed at the end. Peers finish only past an end barrier that every
+        rank reached, so none of them waits for this worker (said in a line)."""
+        if not self._resumed_at_the_end or type(exc) is not CollectiveError:
+            return False
+        self._say(f"the other workers finished the job before this one came back ({exc})")
         return True
 
 

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.api.checkpoint import MEMORY_SNAPSHOT_DEFAULT, CheckpointConfig, CheckpointManager
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.api.checkpoint_config import MEMORY_SNAPSHOT_DEFAULT
 from cluster.api.memory import StepMemory
 from cluster.protocol.errors import ConfigError
 

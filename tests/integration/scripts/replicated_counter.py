@@ -1,0 +1,90 @@
+"""A recoverable loop of replicas (`CheckpointConfig(replicated=True)`): each step adds 1 to
+every element of the state on every rank, and the ranks meet at a barrier. Checkpoints go to
+CKPT_DIR/rank_<r>/ every SAVE_EVERY steps. Node '1' dies where it is told (exit 1), so that its
+rank goes to a spare started beside the job; every worker prints `node <id> rank <r> final w
+<value>` at the end.
+
+    MS_ROLE=MS_WORKER ... python replicated_counter.py CKPT_DIR [--steps N] [--save-every K]
+        [--early] [--die-in-step S | --die-at-the-end | --linger-after-the-loop]
+
+`--early`: the CheckpointManager is made before `cluster.init()`. `--die-in-step S`: node '1'
+exits 1 in step S, before its barrier. `--die-at-the-end`: node '1' exits 1 once every rank
+holds the final step on disk (the scheduler's answer to its report says so), before the loop's
+end barrier: the next generation's rollback step is the end. `--linger-after-the-loop`: node
+'1', in its first process, waits after its loop (past the end barrier) until it is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+import cluster
+from cluster.api import runtime
+from cluster.testing import wait_until
+
+LINGER_S = 120.0
+
+
+def dying_at(steps: int) -> Callable[[list[int]], int]:
+    """A report to the scheduler that ends this process once every rank holds step `steps`."""
+
+    def report(held: list[int]) -> int:
+        answer = runtime.report_checkpoints(held)
+        if steps in held:
+            wait_until(
+                lambda: runtime.report_checkpoints(held) == steps,
+                60,
+                "every rank to hold the final step",
+            )
+            print(f"node 1 dies: every rank holds step {steps}", flush=True)
+            os._exit(1)
+        return answer
+
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--early", action="store_true")
+    parser.add_argument("--die-in-step", type=int, default=-1)
+    parser.add_argument("--die-at-the-end", action="store_true")
+    parser.add_argument("--linger-after-the-loop", action="store_true")
+    args = parser.parse_args()
+    node = os.environ["MS_NODE_ID"]
+    config = cluster.CheckpointConfig(save_checkpoint_steps=args.save_every, keep_checkpoint_max=3)
+    dies = node == "1"
+    report = dying_at(args.steps) if dies and args.die_at_the_end else None
+
+    def manager() -> cluster.CheckpointManager:
+        return cluster.CheckpointManager(args.directory, "w", config, report=report)
+
+    early = manager() if args.early else None
+    cluster.init()
+    checkpoints = early or manager()
+    state = {"w": np.zeros(1000)}
+    loop = cluster.TrainingLoop(args.steps, checkpoints, lambda: state, state.update)
+    for step in loop:
+        with loop.step():
+            if dies and step == args.die_in_step:
+                print(f"node 1 dies in step {step}", flush=True)
+                os._exit(1)
+            state["w"] = state["w"] + 1
+            cluster.barrier()
+    print(f"node {node} rank {cluster.get_rank()} final w {state['w'][0]}", flush=True)
+    if dies and args.linger_after_the_loop and not cluster.is_rejoin():
+        print("node 1 lingers after its loop", flush=True)
+        time.sleep(LINGER_S)  # sleep-ok: the fault itself; the test kills this process
+    cluster.finalize()
+
+
+if __name__ == "__main__":
+    main()

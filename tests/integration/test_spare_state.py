@@ -1,0 +1,117 @@
+"""A promoted spare whose checkpoint directory is its own (as on another host) gets its state from
+the survivors' state servers, with real processes: two workers of replicated_counter.py and a
+spare; node '1' dies where the test says, and every other process of the job must exit 0 with
+the final state on every rank. And a worker restarted after the others finished the job ends
+alone."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cluster.testing import Process, free_port
+from tests.procs import ROOT, Procs, job_env
+
+pytest.importorskip("numpy")
+
+SCRIPT = ROOT / "tests" / "integration" / "scripts" / "replicated_counter.py"
+EXIT_S = 60
+
+
+@dataclass
+class CounterJob:
+    """A scheduler, workers '0' and '1' and (`with_spare`) spare 'spare-0' of
+    replicated_counter.py ARGS, each with a checkpoint directory of its own."""
+
+    processes: Procs
+    tmp: Path
+    args: tuple[str, ...]
+    with_spare: bool = True
+
+    def __post_init__(self) -> None:
+        self.env = job_env(
+            2,
+            free_port(),
+            MS_ENABLE_RECOVERY="1",
+            MS_RECOVERY_PATH=str(self.tmp / "recovery"),
+            MS_NODE_TIMEOUT="2",
+        )
+        scheduler = ["-m", "cluster", "scheduler"]
+        self.scheduler = self.processes.start_role("sched", "MS_SCHED", scheduler, self.env)
+        self.workers = [self.start("0"), self.start("1")]
+        self.spare = self.start("spare-0", CLUSTER_SPARE="1") if self.with_spare else None
+
+    def start(self, node: str, **extra: str) -> Process:
+        """Node `node` of the job (again: a restarted worker, with the same directory)."""
+        script = [str(SCRIPT), str(self.tmp / f"host-{node}"), *self.args]
+        return self.processes.start_role(
+            f"{node}-{len(self.processes.started)}",
+            "MS_WORKER",
+            script,
+            {**self.env, "MS_NODE_ID": node, **extra},
+        )
+
+    def finished_by_the_spare(self, steps: int) -> Process:
+        """Node '1' died, the spare took rank 1, and every other process exited 0, rank 0 and
+        the spare with the state of `steps`; the spare."""
+        assert self.spare is not None
+        assert self.workers[1].wait(EXIT_S) == 1, self.workers[1].output
+        for proc in (self.spare, self.workers[0], self.scheduler):
+            assert proc.wait(EXIT_S) == 0, proc.output
+        assert "promoted: this spare takes rank 1" in self.spare.output, self.spare.output
+        final = f"rank {{}} final w {float(steps)}"
+        assert final.format(0) in self.workers[0].output, self.workers[0].output
+        assert final.format(1) in self.spare.output, self.spare.output
+        return self.spare
+
+
+def test_a_manager_made_before_init_serves_its_step_in_memory_before_its_first_save(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The managers are made before cluster.init() and save every 100 steps: node '1' dies in
+    step 5, before anything is saved. The job resumes from step 5, which rank 0 holds in
+    memory only: the spare fetches it from rank 0's state server, which a manager made before
+    init starts once the TrainingLoop connects it, not at its first save."""
+    job = CounterJob(processes, tmp_path, ("--early", "--die-in-step", "5"))
+    spare = job.finished_by_the_spare(10)
+    assert "fetched the checkpoint of step 5 (" in spare.output, spare.output
+    assert "serving this worker's checkpoints to peers at" in job.workers[0].output
+
+
+def test_the_survivors_finish_only_once_the_spare_has_fetched_the_final_step(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Every rank saves every step; node '1' dies once every rank holds the final step, before
+    the loop's end barrier: the next generation's rollback step is the end. Rank 0 puts it back
+    from its own file, and the spare, whose directory holds nothing, fetches it from rank 0,
+    whose state server stops when it finalizes: rank 0 waits at the end barrier for it."""
+    job = CounterJob(processes, tmp_path, ("--steps", "4", "--save-every", "1", "--die-at-the-end"))
+    spare = job.finished_by_the_spare(4)
+    assert "node 1 dies: every rank holds step 4" in job.workers[1].output
+    assert "the newest checkpoint every rank holds is step 4" in spare.output
+    assert "fetched the checkpoint of step 4 (" in spare.output, spare.output
+
+
+def test_a_worker_killed_after_the_end_barrier_finishes_alone_once_restarted(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Every rank passed the end barrier; node '1' lingers after its loop, rank 0 finishes, and
+    node '1' is SIGKILLed and restarted (no spare). Its generation resumes at the end, from its
+    own file; at the end barrier rank 0 has finished already, which says the job's end was
+    agreed: it exits 0, and so does the job."""
+    job = CounterJob(
+        processes, tmp_path, ("--steps", "4", "--linger-after-the-loop"), with_spare=False
+    )
+    job.workers[1].wait_for_output("node 1 lingers after its loop", EXIT_S)
+    assert job.workers[0].wait(EXIT_S) == 0, job.workers[0].output
+    job.workers[1].signal(signal.SIGKILL)
+    assert job.workers[1].wait(EXIT_S) == -signal.SIGKILL
+    restarted = job.start("1")
+    assert restarted.wait(EXIT_S) == 0, restarted.output
+    assert job.scheduler.wait(EXIT_S) == 0, job.scheduler.output
+    assert "resuming from step 4\n" in restarted.output, restarted.output
+    assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output
+    assert "the other workers finished the job before this one came back" in restarted.output

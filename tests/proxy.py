@@ -1,7 +1,8 @@
 """A TCP proxy between one node and its scheduler, for tests that lose what the scheduler
 answered at a moment they pick: `hold_replies()` drops everything the scheduler sends from then
 on (what the node sends still goes), `cut()` closes every connection through it, and the
-connections made after that are plain again.
+connections made after that are plain again. With `source`, the proxy connects to the target
+from that loopback address (127.0.0.2, ...): the target sees its clients as another host.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ class Proxy:
     """Listens on a loopback port of its own (`port`); each connection is forwarded to
     `target` by two threads, one per direction."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], source: str | None = None) -> None:
         self.target = target
+        self._source = None if source is None else (source, 0)
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -48,7 +50,9 @@ class Proxy:
             except OSError:
                 return  # closed
             try:
-                upstream = socket.create_connection(self.target, timeout=5.0)
+                upstream = socket.create_connection(
+                    self.target, timeout=5.0, source_address=self._source
+                )
             except OSError:
                 _close(client)  # the scheduler is not up: the node sees a refused connection
                 continue

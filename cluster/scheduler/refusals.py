@@ -17,19 +17,13 @@ import logging
 import time
 from collections.abc import Callable
 
+from cluster.transport.handlers import peer_host
+
 log = logging.getLogger("cluster.scheduler")
 
 INTERVAL_S = 60.0
 # Peer addresses remembered (beyond them, the oldest is forgotten: it may be told once more).
 PEERS = 1024
-
-
-def peer_host(peer: str) -> str:
-    """gRPC's peer ("ipv4:10.0.0.1:5000", "ipv6:[::1]:5000", "unix:...") without its port."""
-    kind, _, rest = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return rest.rpartition(":")[0] or rest
-    return peer[:100]
 
 
 class RefusalLimiter:

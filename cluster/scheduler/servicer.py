@@ -38,8 +38,8 @@ from cluster.scheduler.gate import Gate
 from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
 from cluster.scheduler.machine.events import Kind, Record
-from cluster.scheduler.refusals import peer_host
 from cluster.transport import edge, failures, handlers, membership, stub
+from cluster.transport.handlers import peer_host
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 

@@ -9,6 +9,8 @@ for as long as the peer answers pings: thousands of them held the scheduler's me
 descriptors. So the server takes each unary-request method as a streaming one (the wire is the
 same: one message, then the end of the stream) and reads that message itself, within its time;
 a streaming-request method's handler is given its requests once the first has come in time.
+The scheduler and a worker's state server (`cluster.worker.state_server`) both take their calls
+so, each with its own bounds.
 """
 
 from __future__ import annotations
@@ -58,11 +60,19 @@ def rebuilt(
     return handler
 
 
+def peer_host(peer: str) -> str:
+    """gRPC's peer ("ipv4:10.0.0.1:5000", "ipv6:[::1]:5000", "unix:...") without its port."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0] or rest
+    return peer[:100]
+
+
 class Arrivals:
     """Calls whose request has not arrived yet: each has `deadline_s(method)` to send it, and at
     most `per_peer` from one peer (`peer_of(context)`) and `total` in all wait at once; past
     either a new call is turned away at once. `refuse` ends a call (reason "stalled", "empty"
-    or "crowded")."""
+    or "crowded"); `server` names the server in the "crowded" message."""
 
     def __init__(
         self,
@@ -72,9 +82,11 @@ class Arrivals:
         deadline_s: Callable[[str], float],
         peer_of: Callable[[Context], str],
         refuse: Refuse,
+        server: str = "the scheduler",
     ) -> None:
         self.per_peer = per_peer
         self.total = total
+        self.server = server
         self._deadline_s = deadline_s
         self._peer_of = peer_of
         self._refuse = refuse
@@ -94,7 +106,7 @@ class Arrivals:
                 method,
                 "crowded",
                 f"{self._waiting[peer]} calls from {peer} ({self.waiting} in all) wait for their "
-                f"request already, the most the scheduler holds ({self.per_peer} a peer, "
+                f"request already, the most {self.server} holds ({self.per_peer} a peer, "
                 f"{self.total} in all); try again",
             )
             return None

@@ -18,7 +18,11 @@ status with a message that names what was wrong, and changes nothing:
   INVALID_ARGUMENT;
 - a proof that does not match (a forged token, none) or a nonce seen before (a replay):
   UNAUTHENTICATED;
-- more than `max_streams` states being sent at once: RESOURCE_EXHAUSTED;
+- more than `max_streams` states being sent at once, or a call that finds `ARRIVALS_PER_PEER`
+  calls of its peer's address (`ARRIVALS_TOTAL` in all) waiting for their request:
+  RESOURCE_EXHAUSTED;
+- no request within `FIRST_MESSAGE_S` of the call's start: DEADLINE_EXCEEDED; the call's end
+  before its request: INVALID_ARGUMENT;
 - a step this worker does not hold: NOT_FOUND.
 
 Bounds: requests of at most `REQUEST_BYTES`, `max_streams` transfers at once (gRPC itself holds
@@ -26,6 +30,13 @@ at most `MAX_CALLS` calls, refusing more), at most `connection_cap` connections 
 closes the ones past it as it accepts them: a flood of connections cannot take the training
 process's descriptors, which NCCL, the scheduler's channel and checkpoint files need),
 connections that do not finish their handshake in 5 s dropped, and idle ones closed after 10 s.
+A call waits for its request as the scheduler's do (`handlers.Arrivals`): gRPC counts a call
+whose headers came and whose request never does against `MAX_CALLS` for as long as the peer
+answers pings: unbounded, `MAX_CALLS` such calls from anyone who reaches the port would refuse
+every member's fetch before its proof is read. Calls waiting for their request hold at most
+`ARRIVALS_TOTAL` of the `MAX_CALLS` (the rest are for calls whose request came: a member's is
+admitted or refused at once), one address at most `ARRIVALS_PER_PEER` of them, each for at most
+`FIRST_MESSAGE_S`.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from google.protobuf.message import DecodeError
 
 from cluster.protocol import auth, peer_state
 from cluster.storage.served import PIECE_BYTES, ServedCheckpoints
-from cluster.transport import channel, tls
+from cluster.transport import channel, edge, handlers, tls
 from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
 from cluster.v1 import peer_state_pb2 as pb
 
@@ -51,6 +62,19 @@ log = logging.getLogger("cluster.worker")
 MAX_STREAMS = 4
 # Calls gRPC holds at once (refused past it), whatever they are.
 MAX_CALLS = 64
+# Calls waiting for their request at once, from one peer address and in all: a host's newcomers
+# send theirs right behind their headers, so few wait; past either a new call is turned away at
+# once, and the calls whose request came always find a free one of the MAX_CALLS.
+ARRIVALS_PER_PEER = 4
+ARRIVALS_TOTAL = MAX_CALLS // 2
+# How long a call may take to send its request (a few hundred bytes) after it started.
+FIRST_MESSAGE_S = edge.FIRST_MESSAGE_S
+# The status of a call refused before its request, by `handlers.Arrivals`' reason.
+_ARRIVAL_CODES = {
+    "crowded": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "stalled": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "empty": grpc.StatusCode.INVALID_ARGUMENT,
+}
 # A FetchRequest is a few hundred bytes.
 REQUEST_BYTES = 4096
 IDLE_CONNECTION_MS = 10_000
@@ -106,6 +130,14 @@ class StateServer:
         self._replays = auth.ReplayCache()
         self._active = 0
         self._server: grpc.aio.Server | None = None
+        self.arrivals = handlers.Arrivals(
+            per_peer=ARRIVALS_PER_PEER,
+            total=ARRIVALS_TOTAL,
+            deadline_s=lambda _method: FIRST_MESSAGE_S,
+            peer_of=lambda context: handlers.peer_host(context.peer() or ""),
+            refuse=self._turned_away,
+            server="this state server",
+        )
 
     @property
     def published(self) -> peer_state.Published:
@@ -127,7 +159,7 @@ class StateServer:
         server = grpc.aio.server(
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=MAX_CALLS
         )
-        _add_to_server(_Servicer(self), server)
+        _add_to_server(_Servicer(self), server, self.arrivals)
         where = f"[{self.host}]:0" if ":" in self.host else f"{self.host}:0"
         if self._identity is None:
             self.port = server.add_insecure_port(where)
@@ -144,10 +176,10 @@ class StateServer:
             await server.stop(grace_s)
 
     async def fetch(
-        self, request: pb.FetchRequest | None, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.FetchRequest | Unparsed, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.FetchChunk]:
-        """`request` None: bytes that did not parse as a FetchRequest (`_parsed`)."""
-        if request is None:
+        """`request` Unparsed: bytes that did not parse as a FetchRequest (`_parsed`)."""
+        if isinstance(request, Unparsed):
             await self._refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "bad request: not a FetchRequest"
             )
@@ -214,6 +246,22 @@ class StateServer:
     async def _refuse(
         self, context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str
     ) -> None:
+        self._count(context, code, message)
+        await context.abort(code, message)
+
+    async def _turned_away(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
+    ) -> None:
+        """End a call refused before its request came (`handlers.Arrivals`): counted and logged
+        as every refusal. The status is set, not raised: the handler then ends the call."""
+        code = _ARRIVAL_CODES[reason]
+        self._count(context, code, problem)
+        context.set_code(code)
+        context.set_details(problem)
+
+    def _count(
+        self, context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, message: str
+    ) -> None:
         self.refused[code.name] += 1
         count = self.refused[code.name]
         if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th, ...: a flood does not flood the log
@@ -224,31 +272,36 @@ class StateServer:
                 count,
                 message,
             )
-        await context.abort(code, message)
 
 
-def _parsed(data: bytes) -> pb.FetchRequest | None:
-    """A FetchRequest, or None for bytes that are not one (refused by `fetch`: left to gRPC,
-    they would end as UNKNOWN with the parser's exception)."""
+class Unparsed:
+    """What `_parsed` hands `fetch` for bytes that are not a FetchRequest (not None: None is a
+    call `handlers.Arrivals` refused)."""
+
+
+def _parsed(data: bytes) -> pb.FetchRequest | Unparsed:
+    """A FetchRequest, or an Unparsed for bytes that are not one (refused by `fetch`: left to
+    gRPC, they would end as UNKNOWN with the parser's exception)."""
     try:
         return pb.FetchRequest.FromString(data)
     except DecodeError:
-        return None
+        return Unparsed()
 
 
-def _add_to_server(servicer: _Servicer, server: grpc.aio.Server) -> None:
+def _add_to_server(
+    servicer: _Servicer, server: grpc.aio.Server, arrivals: handlers.Arrivals
+) -> None:
     """`add_PeerStateServicer_to_server`, with a request that does not parse handed to `fetch`
-    as None."""
-    handlers = {
-        "Fetch": grpc.unary_stream_rpc_method_handler(
-            servicer.Fetch,
-            request_deserializer=_parsed,
-            response_serializer=pb.FetchChunk.SerializeToString,
-        )
-    }
+    as an Unparsed, and each call's request awaited by `arrivals` (within its time, or refused)."""
+    fetch = grpc.unary_stream_rpc_method_handler(
+        servicer.Fetch,
+        request_deserializer=_parsed,
+        response_serializer=pb.FetchChunk.SerializeToString,
+    )
+    methods = {"Fetch": arrivals.wrap("Fetch", fetch)}
     service = "cluster.v1.PeerState"
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    server.add_registered_method_handlers(service, methods)  # type: ignore[attr-defined]  # missing from grpc-stubs
 
 
 class _Servicer:
@@ -258,7 +311,7 @@ class _Servicer:
         self._server = server
 
     async def Fetch(
-        self, request: pb.FetchRequest | None, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.FetchRequest | Unparsed, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.FetchChunk]:
         async for chunk in self._server.fetch(request, context):
             yield chunk

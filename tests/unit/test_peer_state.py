@@ -1,12 +1,14 @@
 """A worker's state server and the fetcher, on loopback: a real grpc.aio server on port 0, real
 files, real TLS with certificates made here. The good fetch, a checksum mismatch, and the
 refusals of a forged, absent or replayed proof, of fields out of range, of an absurd request and
-of a flood, each with nothing changed."""
+of a flood, each with nothing changed; an outsider's calls that never send their request are
+cut at the first-message deadline while members fetch."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
@@ -32,9 +34,10 @@ from cluster.testing import wait_until
 from cluster.transport import certs, tls
 from cluster.v1 import peer_state_pb2 as pb
 from cluster.v1 import peer_state_pb2_grpc as pb_grpc
-from cluster.worker import state_fetch
+from cluster.worker import state_fetch, state_server
 from cluster.worker.session import BackgroundLoop
-from cluster.worker.state_server import IDLE_CONNECTION_MS, StateServer, connection_cap
+from cluster.worker.state_server import IDLE_CONNECTION_MS, MAX_CALLS, StateServer, connection_cap
+from tests.proxy import Proxy
 
 WORKERS = 4
 STEP = 10
@@ -558,3 +561,77 @@ def test_the_connection_cap_covers_the_job_and_leaves_the_descriptors_to_trainin
     assert connection_cap(4, limit=1_048_576) == 4 + 16  # every member, and some to spare
     assert connection_cap(8_000, limit=1_048_576) == 8_016
     assert connection_cap(8_000, limit=1024) == 128  # an eighth of the limit at most
+
+
+# The outsider's own bound on its calls: past it, the server held them on.
+SILENT_CALL_S = 30.0
+
+
+async def silent_fetches(address: str, ended: list[tuple[str, float]]) -> None:
+    """`MAX_CALLS` Fetch calls on one connection that send their headers and never their request
+    (the streams stay open, pings answered); how each ended, and when (seconds from the start),
+    added to `ended` as it ends."""
+    never = asyncio.Event()
+
+    async def no_request() -> AsyncIterator[bytes]:
+        await never.wait()  # the stall itself: no request, ever
+        yield b""
+
+    async def end_of(call: Any, started: float) -> None:
+        code = await call.code()
+        ended.append((f"{code.name}: {await call.details()}", time.monotonic() - started))
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        fetch = channel.stream_stream(
+            "/cluster.v1.PeerState/Fetch", request_serializer=bytes, response_deserializer=bytes
+        )
+        started = time.monotonic()
+        calls = [fetch(no_request(), timeout=SILENT_CALL_S) for _ in range(MAX_CALLS)]
+        await asyncio.gather(*(end_of(call, started) for call in calls))
+        never.set()
+
+
+def test_an_outsiders_silent_calls_are_cut_at_the_deadline_while_a_member_fetches(
+    loop: BackgroundLoop, serving: Served, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outsider (no token, another address: 127.0.0.2 through a proxy) opens as many calls
+    as gRPC holds and sends none of their requests: its address's share waits, the rest are
+    turned away at once, a member's fetch is served meanwhile, and the share is cut once its
+    requests are `FIRST_MESSAGE_S` late. Without the bound, the outsider held every call the
+    server takes until it let go, and every member's fetch was refused."""
+    caplog.set_level(logging.WARNING, logger="cluster.worker")
+    proxy = Proxy(("127.0.0.1", serving.server.port), source="127.0.0.2")
+    outsider = BackgroundLoop("test-outsider")
+    ended: list[tuple[str, float]] = []
+    try:
+        attack = asyncio.run_coroutine_threadsafe(
+            silent_fetches(f"127.0.0.1:{proxy.port}", ended), outsider.loop
+        )
+        wait_until(lambda: len(ended) >= MAX_CALLS // 2, 10, "the outsider's calls turned away")
+        dest = tmp_path / "newcomer" / checkpoint_files.file_name("net", STEP)
+        dest.parent.mkdir()
+        fetched = state_fetch.fetch(loop, [serving.holder], wanted(), dest)
+        assert fetched.holder == serving.holder
+        share = state_server.ARRIVALS_PER_PEER
+        assert serving.server.arrivals.waiting == share  # the outsider's, held meanwhile
+        assert not attack.done()
+        attack.result(SILENT_CALL_S + 5)
+    finally:
+        outsider.stop()
+        proxy.close()
+    crowded = [(how, at) for how, at in ended if "wait for their request already" in how]
+    cut = [(how, at) for how, at in ended if "no request within 5 s" in how]
+    assert len(crowded) == MAX_CALLS - share
+    assert {how.split(":")[0] for how, _ in crowded} == {"RESOURCE_EXHAUSTED"}
+    assert "from 127.0.0.2 " in crowded[0][0]
+    assert len(cut) == share
+    assert {how.split(":")[0] for how, _ in cut} == {"DEADLINE_EXCEEDED"}
+    assert all(state_server.FIRST_MESSAGE_S <= at < SILENT_CALL_S for _, at in cut)
+    assert serving.server.arrivals.waiting == 0
+    assert serving.server.refused == {
+        "RESOURCE_EXHAUSTED": MAX_CALLS - share,
+        "DEADLINE_EXCEEDED": share,
+    }
+    logged = [r.getMessage() for r in caplog.records if "state server: refused" in r.getMessage()]
+    assert any("127.0.0.2" in line and "no request within 5 s" in line for line in logged)
+    assert len(logged) < MAX_CALLS // 4  # told at a bounded rate

@@ -20,8 +20,9 @@ from cluster.protocol.environment import from_env
 from cluster.protocol.records import NodeRole
 from cluster.scheduler import convert
 from cluster.scheduler.machine.state import Denial, Denied, Member, Refusal
-from cluster.scheduler.refusals import RefusalLimiter, peer_host
+from cluster.scheduler.refusals import RefusalLimiter
 from cluster.transport import allocator, edge, membership
+from cluster.transport.handlers import peer_host
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert as worker_convert
 from cluster.worker.identity import NodeIdentity

@@ -93,7 +93,7 @@ def throughput(directory: Path, steps: int, repeat: int, delays: list[float]) ->
     try:
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
-        trainer = module.Trainer(module.GLOBAL_BATCH)
+        trainer = module.Trainer(module.GLOBAL_BATCH, torch.device("cpu"), "gloo")
         rates = {(d, mode): [] for d in delays for mode in MODES}
         for round_ in range(repeat + 1):  # round 0 warms up
             for (delay_s, mode), measured in rates.items():

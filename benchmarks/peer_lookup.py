@@ -76,9 +76,25 @@ def best_us(step: Callable[[], object], repeat: int) -> float:
     return best * 1e6
 
 
+def formed(table: tuple[state.PeerInfo, ...]) -> state.TopologyReadyEvent:
+    return state.TopologyReadyEvent(generation=1, peers=table, rollback_step=0, reason="formed")
+
+
+def too_small(n: int) -> str | None:
+    """Why `n` workers cannot be measured, or None: a table of at most COMPRESS_TABLE_ABOVE
+    bytes travels uncompressed, and a relay shares only a compressed one."""
+    for numeric in (True, False):
+        if not convert.event_to_pb(formed(peers(n, numeric))).topology_ready.peers_zlib:
+            return (
+                f"--sizes {n}: a table of {n} workers travels uncompressed (at most "
+                f"{convert.COMPRESS_TABLE_ABOVE} bytes) and no relay shares it; give 256 or more"
+            )
+    return None
+
+
 def measure(n: int, numeric: bool, repeat: int) -> dict[str, float]:
     table = peers(n, numeric)
-    event = state.TopologyReadyEvent(generation=1, peers=table, rollback_step=0, reason="formed")
+    event = formed(table)
     wire = convert.event_to_pb(event).SerializeToString()
     me = table[n // 2]
     config = from_env(
@@ -170,7 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keys: list[str] = []
     lines: list[tuple[str, dict[str, float]]] = []
-    for n in (int(s) for s in args.sizes.split(",")):
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for why in filter(None, map(too_small, sizes)):
+        parser.error(why)
+    for n in sizes:
         for numeric in (True, False):
             figures = measure(n, numeric, args.repeat)
             keys = list(figures)

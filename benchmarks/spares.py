@@ -2,12 +2,12 @@
 in-memory step (issue #15).
 
 For each example (`examples/train_mlp.py`, `examples/train_torch.py`) and each mode, a real
-`mscluster run --worker-num 4 --local-worker-num 4 --enable-recovery --max-restarts 2` job runs
-twice in a row: fault-free, then with the worker of node id 1 SIGKILLed once it has printed
-`--kill-at` steps (the launcher starts it again at once). The time lost is the faulty run's wall
-time minus the fault-free run's; the steps recomputed are what the workers' "rolled back from step
-A to step B (N steps to compute again)" lines say (rank 0's). Every faulty run must end with the
-fault-free run's final hash, or the benchmark fails.
+`mscluster run --worker-num 4 --local-worker-num 4 --enable-recovery --max-restarts 2` job (4:
+`--workers`, at least 2) runs twice in a row: fault-free, then with the worker of node id 1
+SIGKILLed once it has printed `--kill-at` steps (the launcher starts it again at once). The time
+lost is the faulty run's wall time minus the fault-free run's; the steps recomputed are what the
+workers' "rolled back from step A to step B (N steps to compute again)" lines say (rank 0's).
+Every faulty run must end with the fault-free run's final hash, or the benchmark fails.
 
 Modes:
 - `guard`: no spare: the restarted worker rejoins after `MS_NODE_TIMEOUT` (30 s by default), and
@@ -22,7 +22,7 @@ recomputes at most one step.
 
 Usage: python benchmarks/spares.py [--examples mlp,torch] [--modes guard,spare,memory]
        [--repeat 3] [--steps 200] [--save-every 10] [--kill-at 85] [--step-delay 0.02]
-       [--node-timeout 30] [--json PATH]
+       [--node-timeout 30] [--workers 4] [--json PATH]
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ EXAMPLES = {
     "torch": ROOT / "examples" / "train_torch.py",
 }
 MODES = ("guard", "spare", "memory")
-WORKERS = 4
 STEP_LINE = re.compile(r"^epoch: \d+ step: \d+, loss is", re.MULTILINE)
 REDONE = re.compile(r"rolled back from step \d+ to step \d+ \((\d+) steps to compute again\)")
 RUN_S = 600.0
@@ -57,6 +56,7 @@ RUN_S = 600.0
 
 @dataclass(frozen=True)
 class Settings:
+    workers: int
     steps: int
     save_every: int
     kill_at: int
@@ -92,8 +92,8 @@ def supports_memory_flag(example: Path) -> bool:
 
 
 def command(example: Path, mode: str, s: Settings, workdir: Path, memory_flag: bool) -> list[str]:
-    run = [sys.executable, "-m", "cluster", "run", "--worker-num", str(WORKERS)]
-    run += ["--local-worker-num", str(WORKERS), "--enable-recovery", "--max-restarts", "2"]
+    run = [sys.executable, "-m", "cluster", "run", "--worker-num", str(s.workers)]
+    run += ["--local-worker-num", str(s.workers), "--enable-recovery", "--max-restarts", "2"]
     run += ["--master-port", str(free_port()), "--log-dir", str(workdir / "logs")]
     run += ["--node-timeout", f"{s.node_timeout:g}"]
     if mode != "guard":
@@ -193,10 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-at", type=int, default=85, help="rank 1's printed steps")
     parser.add_argument("--step-delay", type=float, default=0.02)
     parser.add_argument("--node-timeout", type=float, default=30.0, help="MS_NODE_TIMEOUT")
+    parser.add_argument("--workers", type=int, default=4, help="the job's workers (node 1 killed)")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args(argv)
+    if args.workers < 2:
+        parser.error(f"--workers {args.workers}: at least 2 (the worker of node id 1 is killed)")
     settings = Settings(
-        args.steps, args.save_every, args.kill_at, args.step_delay, args.node_timeout
+        args.workers, args.steps, args.save_every, args.kill_at, args.step_delay, args.node_timeout
     )
     results = []
     for name in args.examples.split(","):
@@ -204,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             if name not in EXAMPLES or mode not in MODES:
                 parser.error(f"unknown example {name!r} or mode {mode!r}")
             results.append(bench(EXAMPLES[name], mode, settings, args.repeat))
-    print(f"\n{WORKERS} workers, MS_NODE_TIMEOUT={args.node_timeout:g} s, median of {args.repeat}")
+    timeout = f"MS_NODE_TIMEOUT={args.node_timeout:g} s"
+    print(f"\n{args.workers} workers, {timeout}, median of {args.repeat}")
     print(f"{'example':16} {'mode':7} {'time lost':>10} {'resumed after':>14} {'recomputed':>11}")
     for r in results:
         lost = statistics.median(r["time_lost_s"])

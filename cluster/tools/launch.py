@@ -61,6 +61,7 @@ from cluster.tools.launch_reading import (
     job_ended,
     job_seen,
     log_end,
+    without_rank_at_end,
 )
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.tools.status import JobView
@@ -138,6 +139,8 @@ class Launcher:
         self._relay_said = False
         self.workers: list[Child] = []
         self.view: JobView | None = None
+        # Once the job ended: whether each node held no rank at its end, by its event log.
+        self._at_end: dict[str, bool] | None = None
         # When the poll that got `view` was asked, and when a child last exited (clock times):
         # an answer asked before an exit is not shown beside the processes as they are now.
         self._view_asked = float("-inf")
@@ -235,17 +238,22 @@ class Launcher:
     # -- watching ------------------------------------------------------------------------------
 
     def _rank_of(self, child: Child) -> int | None:
-        if child.planned.node_id is not None and self.view is not None:
-            rank = self.view.rank_of(child.planned.node_id)
+        node_id = child.planned.node_id
+        if node_id is not None and self._at_end is not None and self._at_end.get(node_id):
+            return None  # the job ended with its rank a spare's
+        if node_id is not None and self.view is not None:
+            rank = self.view.rank_of(node_id)
             if rank is not None:
                 return rank
         return child.planned.rank
 
-    @staticmethod
-    def _spare(child: Child, view: JobView | None) -> bool:
-        """Whether `child` holds no rank now (the scheduler's word; else how it started)."""
+    def _spare(self, child: Child, view: JobView | None) -> bool:
+        """Whether `child` holds no rank now (the scheduler's word, its event log's once the
+        job ended; else how it started)."""
         node_id = child.planned.node_id
         known = None if view is None or node_id is None else view.is_spare(node_id)
+        if node_id is not None and self._at_end is not None:
+            known = self._at_end.get(node_id, known)
         return child.planned.spare if known is None else known
 
     def _who(self, child: Child) -> str:
@@ -318,6 +326,9 @@ class Launcher:
         now = fresh.view
         sched = self.scheduler
         view = now or self.view
+        ended = sched is not None and sched.exit_code == 0 and self._ended()
+        if ended and self._at_end is None:
+            self._at_end = without_rank_at_end(self._event_log())
         return policy.Seen(
             workers=tuple(
                 policy.WorkerSeen(
@@ -332,7 +343,7 @@ class Launcher:
             recovery=self.options.enable_recovery,
             standbys=len(self.addresses) > 1,
             stop_signal=self._stop_signal,
-            ended=sched is not None and sched.exit_code == 0 and self._ended(),
+            ended=ended,
             last=job_seen(self.view),
             now=job_seen(now),
             unreachable=fresh.unreachable,
@@ -341,9 +352,13 @@ class Launcher:
 
     def _ended(self) -> bool:
         """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
+        return job_ended(self.view, self._event_log())
+
+    def _event_log(self) -> Path | None:
+        """The event log of this launcher's scheduler (None: none, or not this launcher's)."""
         planned = self.plan.scheduler
         event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
-        return job_ended(self.view, None if event_log is None else Path(event_log))
+        return None if event_log is None else Path(event_log)
 
     # -- the run -------------------------------------------------------------------------------
 

@@ -44,6 +44,9 @@ LOG_END_BYTES = 64 * 1024
 # end a job are far shorter: their fields are the job's settings, a reason).
 EVENT_LINE_MAX_BYTES = 8 * 1024 * 1024
 _EDGE_WORDS = tuple(f'"{kind}"'.encode() for kind in sorted(BEGINS | FINAL))  # as JSON writes them
+# The events that say whether a node holds a rank (`without_rank_at_end`), and the job's start.
+_RANK_KINDS = frozenset({"registered", "failed", "rejoined", "promoted"})
+_RANK_WORDS = tuple(f'"{kind}"'.encode() for kind in sorted(_RANK_KINDS | {"started"}))
 
 
 @dataclass(frozen=True)
@@ -146,21 +149,55 @@ def _last_edge(path: Path) -> str | None:
     only until one is found, so the work is bounded by the log's own (rotation) bound. None when
     there is none, or when a file cannot be read before one is found (an older file does not
     speak for it)."""
-    for where in reversed(rotation.in_order(path)):
-        try:
-            with where.open("rb") as handle:
-                for line in _lines_back(handle):
-                    with contextlib.suppress(ValueError):  # not an event: a torn line
-                        kind = JobEvent.from_json(line.decode(errors="replace")).kind
-                        if kind in BEGINS or kind in FINAL:
-                            return kind
-        except OSError:
-            return None
+    with contextlib.suppress(OSError):
+        for event in _events_back(path, _EDGE_WORDS):
+            if event.kind in BEGINS or event.kind in FINAL:
+                return event.kind
     return None
 
 
-def _lines_back(handle: BinaryIO) -> Iterator[bytes]:
-    """The lines of the file that `handle` reads that may name a job's beginning or end, last
+def without_rank_at_end(event_log: Path | None) -> dict[str, bool]:
+    """Per node id that the event log's last job names, whether it held no rank at its end: a
+    spare never promoted, or a node whose rank a spare took (`promoted`) after it failed. Each
+    node's newest event decides; the log is read back only to the job's `started` (or as far as
+    it can be read). The scheduler writes the log before it exits, where its last answer to the
+    launcher's polls (every POLL_STATUS_S) may be older than a promotion just before the end."""
+    decided: dict[str, bool] = {}
+    given: set[int] = set()  # ranks a newer promotion gave to a spare
+    if event_log is None:
+        return decided
+    with contextlib.suppress(OSError):
+        for event in _events_back(event_log, _RANK_WORDS):
+            if event.kind == "started":
+                break
+            node_id, rank = event.fields.get("node_id"), event.fields.get("rank")
+            if event.kind not in _RANK_KINDS or not isinstance(node_id, str):
+                continue
+            if event.kind == "registered":
+                decided.setdefault(node_id, event.fields.get("spare") is True)
+            elif isinstance(rank, int):
+                decided.setdefault(node_id, event.kind != "promoted" and rank in given)
+                if event.kind == "promoted":
+                    given.add(rank)
+    return decided
+
+
+def _events_back(path: Path, words: tuple[bytes, ...]) -> Iterator[JobEvent]:
+    """The events of the event log at `path` in pieces that hold one of `words`, newest first:
+    its lines read back from the end, then those of its rotated files, newest first (a torn
+    line skipped). OSError from a file that cannot be read: an older one does not speak for it."""
+    for where in reversed(rotation.in_order(path)):
+        with where.open("rb") as handle:
+            for line in _lines_back(handle, words):
+                try:
+                    event = JobEvent.from_json(line.decode(errors="replace"))
+                except ValueError:  # not an event: a torn line
+                    continue
+                yield event
+
+
+def _lines_back(handle: BinaryIO, words: tuple[bytes, ...]) -> Iterator[bytes]:
+    """The lines of the file that `handle` reads in the pieces that hold one of `words`, last
     first: read back from its end LOG_END_BYTES at a time, so that what is held is a piece and
     at most one line; a line longer than EVENT_LINE_MAX_BYTES is skipped."""
     end = handle.seek(0, os.SEEK_END)
@@ -176,7 +213,7 @@ def _lines_back(handle: BinaryIO) -> Iterator[bytes]:
             head = b"" if dropped else block
         else:
             head, body = block[:cut], block[cut + 1 :]
-            lines = body.split(b"\n") if any(word in body for word in _EDGE_WORDS) else []
+            lines = body.split(b"\n") if any(word in body for word in words) else []
             if dropped and lines:
                 lines.pop()  # the overlong line's start
             dropped = False

@@ -4,10 +4,13 @@ identity and the job's secret held against a real attacker's registrations."""
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 
 from cluster.protocol.environment import from_env
 from cluster.testing import free_port, processes_running, wait_until, worker_pid
+from cluster.tools import cli, launch
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.convert import register_request
@@ -27,6 +31,7 @@ from tests.training_job import STEP_LINE, STEPS, WORKERS
 pytest.importorskip("numpy")
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
+LATE = "killed_at_the_end.py"
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
 REDONE = re.compile(r"^steps redone: (\d+) in \d+ rollbacks$", re.MULTILINE)
 CALL_S = 5.0
@@ -158,6 +163,40 @@ def test_a_failure_between_steps_resumes_from_the_survivors_step_in_memory(
 
 # Two failures with one spare (the second failed rank waits for a node back after its guard):
 # a protocol question, shown by `tests/sim/transcripts/two-failures-one-spare.txt`.
+
+
+def test_a_rank_taken_by_a_spare_just_before_the_end_does_not_hold_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 dies at the last step, the spare takes its rank and the job ends a step later,
+    before the launcher's status poll saw the promotion (here the poll never comes again after
+    the first) and before node 1, started again, comes back. The launcher, in this process,
+    reads from the job's event log that node 1 holds no rank: it stops it and exits 0 at once,
+    where it waited for it as for a ranked worker (until its registration deadline)."""
+    script = private_copy(tmp_path, ROOT / "tests" / "integration" / "scripts" / LATE)
+    monkeypatch.setattr(launch, "POLL_STATUS_S", 3600.0)
+    out = io.StringIO()
+    monkeypatch.setattr(launch, "run", functools.partial(launch.run, out=out))
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # cli.main installs its own
+    for name in [n for n in os.environ if n.startswith(("MS_", "CLUSTER_"))]:
+        monkeypatch.delenv(name)
+    logs = tmp_path / "logs"
+    started = time.monotonic()
+    code = cli.main(
+        [
+            *("run", "--worker-num", "2", "--local-worker-num", "2", "--spares", "1"),
+            *("--enable-recovery", "--max-restarts", "1", "--master-port", str(free_port())),
+            *("--log-dir", str(logs), str(script), str(tmp_path), "--late", "30"),
+        ]
+    )
+    took = time.monotonic() - started
+    said = out.getvalue()
+    assert code == 0, said
+    assert '"event":"promoted"' in (logs / "events.jsonl").read_text()
+    assert "stopping worker 1 (node id '1'), which holds no rank" in said, said
+    assert "job finished: 2 local workers exited 0 (1 spare beside them)" in said, said
+    assert took < 20, said  # not the 30 s node 1 takes to exit
+    wait_until(lambda: not processes_running(str(script)), 10, "no process left")
 
 
 def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(

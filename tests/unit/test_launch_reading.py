@@ -25,6 +25,7 @@ from cluster.tools.launch_reading import (
     JobReader,
     job_ended,
     job_seen,
+    without_rank_at_end,
 )
 from cluster.tools.status import JobView
 from tests.unit.test_readers import SECRET, closed, secret_in
@@ -152,6 +153,46 @@ def test_a_jobs_end_and_beginning_in_a_rotated_file_are_read(tmp_path: Path) -> 
     log.write_text("".join(generations))
     assert log.stat().st_size > LOG_END_BYTES
     assert not job_ended(None, log)
+
+
+def test_who_holds_no_rank_at_the_end_is_read_from_the_last_job_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """Each node's newest event decides: a spare never promoted holds no rank, nor a node whose
+    rank a newer promotion gave to a spare; a promoted spare and a node back at its own rank
+    hold one. An earlier job in the same log (before `started`) is not this job's."""
+    log = tmp_path / "events.jsonl"
+    assert without_rank_at_end(None) == {}
+    assert without_rank_at_end(log) == {}  # no log yet
+    earlier = [line(1, "started"), line(2, "registered", node_id="old", spare=True)]
+    job = [
+        line(3, "started"),
+        *(line(4 + i, "registered", node_id=n) for i, n in enumerate(("0", "1", "2"))),
+        line(7, "registered", node_id="spare-0", spare=True),
+        line(8, "registered", node_id="spare-1", spare=True),
+        line(9, "formed", generation=1, nodes=3),
+        line(10, "failed", rank=1, node_id="1"),
+        line(11, "promoted", node_id="spare-0", rank=1),
+        line(12, "failed", rank=2, node_id="2"),
+        line(13, "rejoined", rank=2, node_id="2"),
+        line(14, "failed", rank=1, node_id="spare-0"),
+        line(15, "promoted", node_id="spare-1", rank=1),
+        line(16, "finished", detail="all 3 nodes finished"),
+    ]
+    log.write_text("".join(earlier + job))
+    expected = {"0": False, "1": True, "2": False, "spare-0": True, "spare-1": False}
+    assert without_rank_at_end(log) == expected
+    # Node 1 started again registers as a spare (or is refused): it still holds no rank.
+    log.write_text("".join([*earlier, *job[:-1], line(17, "registered", node_id="1", spare=True)]))
+    assert without_rank_at_end(log) == expected
+    # The job began in the rotated file, over a log end's worth of registrations before.
+    rotation.old_file(log, 1).write_text("".join([*job[:7], *registrations(100, 600)]))
+    log.write_text("".join(job[7:]))
+    assert log.stat().st_size < LOG_END_BYTES < rotation.old_file(log, 1).stat().st_size
+    assert without_rank_at_end(log) == {
+        **expected,
+        **{f"node-{i:05d}": False for i in range(600)},
+    }
 
 
 def test_a_damaged_line_is_skipped(tmp_path: Path) -> None:

@@ -496,8 +496,8 @@ class SchedulerCore:
     async def kv_set(self, caller: Caller, key: str, value: bytes) -> None:
         await self.kv_calls.set(caller, key, value)
 
-    async def kv_add(self, caller: Caller, key: str, amount: int) -> int:
-        return await self.kv_calls.add(caller, key, amount)
+    async def kv_add(self, caller: Caller, key: str, amount: int, add_id: int = 0) -> int:
+        return await self.kv_calls.add(caller, key, amount, add_id)
 
     async def kv_wait(self, caller: Caller, keys: list[str], timeout_s: float) -> list[bytes]:
         return await self.kv_calls.wait(caller, keys, timeout_s)

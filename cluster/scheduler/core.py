@@ -46,6 +46,7 @@ from cluster.scheduler import convert
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
+from cluster.scheduler.kv_calls import KvCalls
 from cluster.scheduler.machine import ready as ready_
 from cluster.scheduler.machine import snapshot as snapshot_
 from cluster.scheduler.machine import state
@@ -145,6 +146,8 @@ class SchedulerCore:
         self.persister: WriteAheadSaver | None = None
         if state_store is not None:
             self._save_in(state_store, token)
+        # The members' key-value calls (`cluster.scheduler.kv_calls`), saved by the same saver.
+        self.kv_calls = KvCalls(self.kv, self.state, self.persister)
         self.exchanges = ExchangeTable(limits.collective_max_bytes, limits.collective_timeout_s)
         self._init_delivery(settings, clock)
 
@@ -488,32 +491,16 @@ class SchedulerCore:
         return self._wire.tables.table(digest)
 
     def kv_for(self, caller: Caller) -> KvStore:
-        """The key-value store, for a member (only members use it)."""
-        admitted(self.state.admission.admit(caller.node_id, caller.incarnation, caller.presented))
-        return self.kv
+        return self.kv_calls.store_for(caller)
 
     async def kv_set(self, caller: Caller, key: str, value: bytes) -> None:
-        """Set a key (counted to the caller's share); with recovery, answered (and visible)
-        once it is saved."""
-        kv = self.kv_for(caller)
-        if self.persister is None:
-            kv.set(key, value, caller.node_id)
-            return
-        kv.stage(key, value, caller.node_id)
-        await self.persister.write_kv(key, value)
+        await self.kv_calls.set(caller, key, value)
 
-    async def kv_add(self, caller: Caller, key: str, amount: int) -> int:
-        """Add to a counter; with recovery, answered (and visible) once it is saved."""
-        kv = self.kv_for(caller)
-        if self.persister is None:
-            return kv.add(key, amount, caller.node_id)
-        number = kv.stage_add(key, amount, caller.node_id)
-        await self.persister.write_kv(key, str(number).encode("ascii"))
-        return number
+    async def kv_add(self, caller: Caller, key: str, amount: int, add_id: int = 0) -> int:
+        return await self.kv_calls.add(caller, key, amount, add_id)
 
     async def kv_wait(self, caller: Caller, keys: list[str], timeout_s: float) -> list[bytes]:
-        """Wait for keys, within the caller's share of the pending waits."""
-        return await self.kv_for(caller).wait(keys, timeout_s, caller.node_id)
+        return await self.kv_calls.wait(caller, keys, timeout_s)
 
     async def finish(
         self, node_id: str, incarnation: int, caller: Caller, failure: str = ""

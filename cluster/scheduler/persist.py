@@ -27,6 +27,13 @@ round is saving go in the next one, so a burst of sets costs a few saves, not on
 failed batch waits for the next round with the newer sets joined to it, and nothing is answered
 meanwhile; a fence fails every waiting set with NotLeaderError (the node asks the leader).
 Stopping the saver (`stop`, as the scheduler steps down) ends every wait as a fence does.
+
+A set may bring a record that rests on it (an add's, `machine.adds`: its answer, kept so that the
+add made again is not counted again): a batch holds its sets first, then its records, and the
+stores write a batch in its order (one append to the key-value log, whose torn tail is dropped;
+etcd transactions one after another), so a batch cut short keeps no record without its set.
+`kv_saved` waits until everything handed over so far is saved: the answer to an add made again
+is given once its record is saved, as the first answer was.
 """
 
 from __future__ import annotations
@@ -112,6 +119,7 @@ class WriteAheadSaver:
         # of the batch being saved; the last failed batch's error, while batches fail.
         self._kv: tuple[str, Callable[[str, bytes], None]] | None = None
         self._kv_pending: list[tuple[str, bytes]] = []
+        self._kv_records: dict[str, bytes] = {}  # saved after the sets of their batch
         self._kv_waiters: list[asyncio.Future[None]] = []
         self._kv_in_flight: list[asyncio.Future[None]] = []
         self.kv_error: str | None = None
@@ -120,16 +128,31 @@ class WriteAheadSaver:
         """Save the key-value store of `job` too; `commit(key, value)` once a set is saved."""
         self._kv = (job, commit)
 
-    async def write_kv(self, key: str, value: bytes) -> None:
-        """Return once `key` = `value` is saved (and committed). The save goes on when the
+    async def write_kv(
+        self, key: str, value: bytes, *, record: tuple[str, bytes] | None = None
+    ) -> None:
+        """Return once `key` = `value` is saved (and committed), with `record` (a key and
+        value of the scheduler's own) saved after it, never before. The save goes on when the
         caller gives up waiting: what was staged is committed all the same."""
         if self.fenced is not None:
             raise NotLeaderError(self.fenced)
         waiter = asyncio.get_running_loop().create_future()
         self._kv_pending.append((key, value))
+        if record is not None:
+            self._kv_records[record[0]] = record[1]
         self._kv_waiters.append(waiter)
         self._wake.set()
         await asyncio.shield(waiter)
+
+    async def kv_saved(self) -> None:
+        """Return once every key-value change handed to `write_kv` so far is saved;
+        NotLeaderError when it never will be. (Batches land in order, and a failed one is
+        saved again with those after it: the last waiter is the last to be answered.)"""
+        if self.fenced is not None:
+            raise NotLeaderError(self.fenced)
+        waiting = self._kv_waiters or self._kv_in_flight
+        if waiting:
+            await asyncio.shield(waiting[-1])
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -214,7 +237,7 @@ class WriteAheadSaver:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not (self.pending or self._kv_pending):
+            if not (self.pending or self._kv_pending or self._kv_records):
                 continue
             # One round: the key-value sets that came, then the newest snapshot; each is tried
             # whether the other landed or not.
@@ -234,18 +257,20 @@ class WriteAheadSaver:
     async def _save_kv(self) -> bool:
         """Save the key-value sets waiting, as one batch (True when there were none); a failed
         batch waits for the next round, the newer sets joined to it."""
-        if not self._kv_pending or self._kv is None:
+        if not (self._kv_pending or self._kv_records) or self._kv is None:
             return True
         job, commit = self._kv
-        changes, waiters = self._kv_pending, self._kv_waiters
-        self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], waiters
+        changes, records, waiters = self._kv_pending, self._kv_records, self._kv_waiters
+        self._kv_pending, self._kv_records, self._kv_waiters = [], {}, []
+        self._kv_in_flight = waiters
         try:
-            await self.store.save_kv(job, dict(changes))
+            await self.store.save_kv(job, _in_order(changes, records))
         except FencedError as exc:
             await self._fence(str(exc))  # fails the batch's waiters and those queued after it
             return False
         except StateFileError as exc:
             self._kv_pending = [*changes, *self._kv_pending]
+            self._kv_records = {**records, **self._kv_records}
             self._kv_waiters, self._kv_in_flight = [*waiters, *self._kv_waiters], []
             self._kv_failed(str(exc))
             return False
@@ -323,6 +348,7 @@ class WriteAheadSaver:
         self.fenced = why
         waiters = [*self._kv_in_flight, *self._kv_waiters]
         self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], []
+        self._kv_records = {}
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(NotLeaderError(why))
@@ -348,6 +374,15 @@ class WriteAheadSaver:
             self.error,
             self._retry.max_s,
         )
+
+
+def _in_order(sets: list[tuple[str, bytes]], records: dict[str, bytes]) -> dict[str, bytes]:
+    """One batch: the newest value of each key set, then the records that rest on them."""
+    batch = dict(sets)
+    for key, value in records.items():
+        batch.pop(key, None)
+        batch[key] = value
+    return batch
 
 
 def _identity(snapshot: dict[str, Any]) -> tuple[object, object]:

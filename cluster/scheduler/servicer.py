@@ -512,7 +512,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         self, request: pb.KvAddRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvAddResponse:
         caller = _caller(context, "KvAdd", request)
-        value = await self._core.kv_add(caller, request.key, request.amount)
+        value = await self._core.kv_add(caller, request.key, request.amount, request.add_id)
         return pb.KvAddResponse(value=value)
 
     @_mapped

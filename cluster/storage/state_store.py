@@ -77,7 +77,8 @@ class StateStore(Protocol):
         ...
 
     async def save_kv(self, job: str, changes: Mapping[str, bytes]) -> None:
-        """Set the keys of `changes` (durably, atomically per key) in job `job`'s store."""
+        """Set the keys of `changes` (durably, atomically per key) in job `job`'s store, in
+        their order: a batch cut short (a crash, a lost answer) keeps a prefix of it."""
         ...
 
     async def clear_kv(self, job: str) -> None:

@@ -446,12 +446,14 @@ class KvWaitResponse(_message.Message):
     def __init__(self, values: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class KvAddRequest(_message.Message):
-    __slots__ = ("key", "amount")
+    __slots__ = ("key", "amount", "add_id")
     KEY_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    ADD_ID_FIELD_NUMBER: _ClassVar[int]
     key: str
     amount: int
-    def __init__(self, key: _Optional[str] = ..., amount: _Optional[int] = ...) -> None: ...
+    add_id: int
+    def __init__(self, key: _Optional[str] = ..., amount: _Optional[int] = ..., add_id: _Optional[int] = ...) -> None: ...
 
 class KvAddResponse(_message.Message):
     __slots__ = ("value",)

@@ -110,6 +110,7 @@ class WorkerAgent:
         self._new_generation = asyncio.Event()
         self._peer_failed = asyncio.Event()
         self._report_seq = 0  # checkpoint reports are numbered
+        self._add_seq = 0  # and key-value adds
         self.resumed_in: int | None = None  # the generation whose rollback this worker put back
 
     # -- what the core knows -------------------------------------------------------------------
@@ -648,7 +649,9 @@ class WorkerAgent:
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
-        response = await self._unary("kv add", "KvAdd", pb.KvAddRequest(key=key, amount=amount))
+        self._add_seq += 1  # a retry sends the same number: the scheduler counts the add once
+        request = pb.KvAddRequest(key=key, amount=amount, add_id=self._add_seq)
+        response = await self._unary("kv add", "KvAdd", request)
         return int(response.value)
 
     # -- end ---------------------------------------------------------------------------------

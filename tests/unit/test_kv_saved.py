@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster.scheduler.core import SchedulerCore
-from cluster.storage.kv_log import FILE_NAME
+from cluster.scheduler.machine.adds import RECORD_PREFIX, decode
+from cluster.storage.kv_log import FILE_NAME, KvLog
 from tests.aio import BOUND_S, eventually
 from tests.credentials import caller, registration
 from tests.unit.test_persist import started
@@ -115,3 +116,77 @@ async def test_one_saver_holds_a_failing_key_set_while_the_state_goes_on_being_s
     await asyncio.wait_for(answer, BOUND_S)
     assert saver.kv_error is None
     await ended(core)
+
+
+async def test_an_add_made_again_after_a_restart_is_answered_as_before_and_counted_once(
+    tmp_path: Path,
+) -> None:
+    """The add was saved, its answer lost, and the scheduler restarted: the worker makes the
+    same add (its number) again, and gets the first answer; the counter went up once."""
+    core = await formed(tmp_path)
+    node, other = caller("0", 1), caller("1", 1)
+    assert await asyncio.wait_for(core.kv_add(node, "n", 1, 1), BOUND_S) == 1
+    assert await asyncio.wait_for(core.kv_add(other, "n", 10, 1), BOUND_S) == 11
+    assert await asyncio.wait_for(core.kv_add(node, "n", 1, 2), BOUND_S) == 12
+    await ended(core)
+    again = await started(tmp_path)
+    assert await asyncio.wait_for(again.kv_add(node, "n", 1, 2), BOUND_S) == 12
+    assert await asyncio.wait_for(again.kv_add(other, "n", 10, 1), BOUND_S) == 11
+    assert again.kv.get(["n"]) == ([b"12"], [])
+    assert len(again.kv) == 1  # the records are the scheduler's own, not keys
+    assert await asyncio.wait_for(again.kv_add(node, "n", 1, 3), BOUND_S) == 13  # the next
+    assert await asyncio.wait_for(again.kv_add(node, "n", 1, 0), BOUND_S) == 14  # unnumbered
+    assert await asyncio.wait_for(again.kv_add(node, "n", 1, 0), BOUND_S) == 15  # counted again
+    await ended(again)
+
+
+async def test_an_add_made_again_while_its_save_fails_is_answered_once_it_lands(
+    tmp_path: Path,
+) -> None:
+    """The worker makes the add again (its connection broke) while its save still fails: the
+    second call is not answered before the first add is saved, and both get the same answer."""
+    core = await formed(tmp_path)
+    node = caller("0", 1)
+    log_file = tmp_path / FILE_NAME
+    aside = tmp_path / "kv.log.aside"
+    log_file.rename(aside)
+    log_file.mkdir()  # every append now fails
+    first = asyncio.ensure_future(core.kv_add(node, "n", 1, 1))
+    saver = core.persister
+    assert saver is not None
+    await eventually(lambda: saver.kv_error is not None, "a failed save of the key-value store")
+    second = asyncio.ensure_future(core.kv_add(node, "n", 1, 1))
+    for _ in range(20):  # turns of the loop: the second call runs to where it waits
+        await asyncio.sleep(0)
+    assert not first.done()
+    assert not second.done()
+    log_file.rmdir()
+    aside.rename(log_file)
+    assert await asyncio.wait_for(asyncio.gather(first, second), BOUND_S) == [1, 1]
+    assert core.kv.get(["n"]) == ([b"1"], [])
+    await ended(core)
+
+
+async def test_a_batch_cut_short_keeps_no_record_without_its_counter(tmp_path: Path) -> None:
+    """Two adds of one member in one batch (two threads of its process): cut the key-value
+    log at any byte of that batch, and every record that loads has its counter."""
+    core = await formed(tmp_path)
+    node = caller("0", 1)
+    assert await asyncio.wait_for(core.kv_add(node, "n", 1, 1), BOUND_S) == 1
+    log_file = tmp_path / FILE_NAME
+    before = log_file.stat().st_size
+    both = [core.kv_add(node, "m", 1, 2), core.kv_add(node, "n", 1, 3)]
+    assert await asyncio.wait_for(asyncio.gather(*both), BOUND_S) == [1, 2]
+    await ended(core)
+    data = log_file.read_bytes()
+    job = core.state.cluster_id
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for end in range(before, len(data) + 1):
+        (cut / FILE_NAME).write_bytes(data[:end])
+        held = KvLog(cut).load(job)
+        for key, value in held.items():
+            record = decode(value) if key.startswith(RECORD_PREFIX) else None
+            if record is not None:
+                assert int(held.get(record.key, b"0")) >= record.value, (end, record)
+    assert held["m"] == b"1"  # the whole log: both adds, each with its record

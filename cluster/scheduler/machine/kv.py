@@ -16,6 +16,13 @@ on the newest values, staged or not, and `add` counts on from the newest), and `
 is saved (`cluster.scheduler.persist`), makes it visible to `get` and to the waits. So no node
 reads a value that a crash could forget. Without recovery `set` does both at once.
 
+An add that names itself (`Add`: its member's process and its number there) is counted once,
+however often it is made: each member's last add and its answer are kept, and saved after the
+counter (`cluster.scheduler.machine.adds`); made again, it is answered as it was and changes
+nothing. Those records are the scheduler's own keys (a reserved prefix no member may use), kept
+apart from the store's keys and not counted to its caps: their number is bounded by the
+members, never by the adds.
+
 This module decides; it holds no future. `cluster.scheduler.kv.KvStore` keeps the waits'
 futures and wakes those of the keys a `commit` makes visible.
 """
@@ -27,6 +34,15 @@ import math
 
 from cluster.protocol.config import DEFAULT_KV_MAX_BYTES, DEFAULT_KV_MAX_KEYS
 from cluster.protocol.errors import CapacityError, CollectiveError
+from cluster.protocol.value import frozen
+from cluster.scheduler.machine.adds import (
+    RESERVED_PREFIX,
+    Add,
+    AddLedger,
+    AddRecord,
+    Members,
+    is_reserved,
+)
 
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024
@@ -39,6 +55,15 @@ SHARE_FLOOR_BYTES = 16 * 1024 * 1024
 SHARE_FLOOR_KEYS = 1024
 # A counter's bounds: an add's answer is an int64 (torch's TCPStore's too).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@frozen
+class Added:
+    """What an add that names itself did: `value`, its answer; `record`, the key and value to
+    save after the counter (None: made again, nothing staged, answered as before)."""
+
+    value: int
+    record: tuple[str, bytes] | None
 
 
 class KvTable:
@@ -72,14 +97,18 @@ class KvTable:
         self._bytes_of: collections.Counter[str] = collections.Counter()
         self._keys_of: collections.Counter[str] = collections.Counter()
         self._waits_of: collections.Counter[str] = collections.Counter()
+        self.adds = AddLedger()  # each member's last add (`add_once`), not among the keys
 
     def __len__(self) -> int:
         """Keys held, staged ones included (keys are never removed)."""
         return len(self.data) + sum(1 for k in self._staged if k not in self.data)
 
-    def restore(self, values: dict[str, bytes]) -> None:
-        """Start from `values` (the saved store of a resumed job), committed."""
-        self.data = dict(values)
+    def restore(self, saved: dict[str, bytes]) -> None:
+        """Start from `saved` (the saved store of a resumed job, its adds' records among it),
+        committed."""
+        values = {key: value for key, value in saved.items() if not is_reserved(key)}
+        self.adds.restore({key: value for key, value in saved.items() if is_reserved(key)})
+        self.data = values
         self._staged = {}
         self.held_bytes = sum(len(k.encode()) + len(v) for k, v in values.items())
         self._owner = dict.fromkeys(values, "")
@@ -158,6 +187,16 @@ class KvTable:
             )
         self.stage(key, str(number).encode("ascii"), owner)
         return number
+
+    def add_once(self, key: str, amount: int, owner: str, add: Add, members: Members) -> Added:
+        """Stage `add` (as `stage_add`) and record it as its member's last add; or, when it is
+        that add made again, its answer, staging nothing. `members`: who is a member now (the
+        records of those gone are rewritten by the next members' adds)."""
+        answered = self.adds.answer(add, key, amount)
+        if answered is not None:
+            return Added(answered, None)
+        number = self.stage_add(key, amount, owner)
+        return Added(number, self.adds.record(AddRecord(add, key, amount, number), members))
 
     def _check_share(self, key: str, value: bytes, owner: str, old: bytes | None) -> None:
         """Refuse member `owner` (only it) past its share of the bytes or the keys."""
@@ -243,3 +282,8 @@ class KvTable:
 def check_key(key: str) -> None:
     if not key or len(key.encode()) > MAX_KEY_BYTES:
         raise CollectiveError(f"key {key[:40]!r} must be 1-{MAX_KEY_BYTES} bytes long")
+    if is_reserved(key):
+        raise CollectiveError(
+            f"key {key[:40]!r} starts with {RESERVED_PREFIX!r}, which the scheduler keeps for "
+            "its own records: use another key"
+        )

@@ -4,6 +4,8 @@ gathers once more in whatever generation the job has reached, and finishes.
 `--go FILE`: says `ready` once in the job and gathers only once FILE exists. A first gather
 that fails with PeerFailedError (the job re-formed under it) is said (`cut rank=...`) instead
 of gathered. `--generation N`: once released, waits for generation N before the last gather.
+`--add`: in place of the first gather, adds 1 to the counter `n` and says the answer
+(`added value=...`) and what the counter holds then (`holds n=...`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ parser.add_argument("--release", required=True, help="hold until this file exist
 parser.add_argument("--limit", type=float, default=120.0, help="give up holding after this long")
 parser.add_argument("--go", help="gather only once this file exists")
 parser.add_argument("--generation", type=int, default=0, help="the last gather's generation")
+parser.add_argument("--add", action="store_true", help="add to a counter, not gather, first")
 args = parser.parse_args()
 
 
@@ -39,11 +42,16 @@ else:
     if args.go:
         print(f"ready rank={rank}", flush=True)
         wait_for(Path(args.go), "told to go")
-    try:
-        gathered = cluster.allgather_object(rank)
-        print(f"allgather rank={rank} size={size} result={gathered}", flush=True)
-    except cluster.PeerFailedError as exc:
-        print(f"cut rank={rank}: {exc}", flush=True)
+    if args.add:
+        store = cluster.kv_store()
+        print(f"added value={store.add('n', 1)}", flush=True)
+        print(f"holds n={store.get('n').decode()}", flush=True)
+    else:
+        try:
+            gathered = cluster.allgather_object(rank)
+            print(f"allgather rank={rank} size={size} result={gathered}", flush=True)
+        except cluster.PeerFailedError as exc:
+            print(f"cut rank={rank}: {exc}", flush=True)
 wait_for(Path(args.release), "released")
 if cluster.get_generation() < args.generation:
     cluster.wait_for_generation(args.generation - 1, args.limit)

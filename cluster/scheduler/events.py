@@ -6,11 +6,13 @@ whether that is an event and what it says; the journal stamps it (sequence numbe
 keeps the last `RETAINED_EVENTS`, hands it to its listeners (the metrics), to every `WatchEvents`
 stream, and to the event log file when there is one. It never blocks: the file is written by a
 thread of its own (`cluster.scheduler.event_file`), and a stream that falls `FOLLOWER_BACKLOG`
-events or the job's `follower_max_bytes` behind is ended (it can reconnect with the last number it
-got). At most `max_followers` streams are open at once, following or not (a reader that never
-reads holds at most its bytes, or the retained events it asked for; CLUSTER_MAX_FOLLOWERS,
-CLUSTER_FOLLOWER_MAX_BYTES). A scheduler that stops leading the job ends every following stream
-with the error that names the leader (`fail`): its journal hears nothing more."""
+events or the job's `follower_max_bytes` behind is ended: what it had waiting is dropped, and its
+next read is the FellBehindError (it can reconnect with the last number it got). At most
+`max_followers` streams are open at once, following or not, each counted until its reader has
+read its end or gone (so readers that never read hold at most that many times their bytes, or
+the retained events they asked for; CLUSTER_MAX_FOLLOWERS, CLUSTER_FOLLOWER_MAX_BYTES). A
+scheduler that stops leading the job ends every following stream with the error that names the
+leader (`fail`): its journal hears nothing more."""
 
 from __future__ import annotations
 
@@ -61,9 +63,12 @@ class EventJournal:
         self._events: deque[JobEvent] = deque(maxlen=retain)
         self.seq = 0
         self._file: EventFile | None = None
-        self._followers: set[_Follower] = set()
+        self._followers: set[_Follower] = set()  # the streams each new event goes to
         self._failed: ClusterError | None = None  # set by `fail`: no stream follows any more
-        self._reading = 0  # streams without follow, writing the retained events
+        # Every stream open, following or not, ended or not, until its generator exits: a
+        # reader that never reads is held at a yield by gRPC's flow control, with what its
+        # stream holds, for as long as its call lasts.
+        self._streams = 0
         self._saves_failing = False
         self.last_memory_resume: MemoryResume | None = None  # for Status
         # Called with every event, on the loop (the metrics count them).
@@ -137,7 +142,7 @@ class EventJournal:
                     follower.queue.qsize() >= FOLLOWER_BACKLOG
                     or follower.waiting_bytes + size > most
                 ):
-                    self._end(follower, FellBehindError(_BEHIND))
+                    self._fell_behind(follower)
                 else:
                     follower.waiting_bytes += size
                     follower.queue.put_nowait((event, size))
@@ -155,10 +160,18 @@ class EventJournal:
         self._file = EventFile(path, rotation)
 
     def _end(self, follower: _Follower, error: ClusterError | None = None) -> None:
-        """End a following stream: well (None), or with `error`."""
+        """End a following stream: well (None), or with `error`, after what it has waiting."""
         follower.error = error
         self._followers.discard(follower)
         follower.queue.put_nowait(None)
+
+    def _fell_behind(self, follower: _Follower) -> None:
+        """End a stream too far behind: what it has waiting is dropped (its reader may not
+        read for as long as its call lasts), so that its next read is the FellBehindError."""
+        while not follower.queue.empty():
+            follower.queue.get_nowait()
+        follower.waiting_bytes = 0
+        self._end(follower, FellBehindError(_BEHIND))
 
     def fail(self, error: ClusterError) -> None:
         """This journal hears nothing more (its scheduler no longer leads the job): every
@@ -186,9 +199,7 @@ class EventJournal:
         if following and self._failed is not None:
             raise self._failed
         most = self._state.settings.limits.max_followers
-        if len(self._followers) + self._reading >= most:
-            # A stream without follow counts too while it is written: one whose reader never
-            # reads is held by gRPC's flow control, and would hold its events for ever.
+        if self._streams >= most:
             raise CapacityError(
                 f"{most} readers of this job's events are connected already, the most it takes "
                 "(CLUSTER_MAX_FOLLOWERS, which counts every WatchEvents stream until it is "
@@ -205,8 +216,7 @@ class EventJournal:
         self._admit(following)
         if following:
             self._followers.add(follower)  # in the same step as the history: nothing missed
-        else:
-            self._reading += 1
+        self._streams += 1
         try:
             for event in past:
                 yield event
@@ -224,7 +234,5 @@ class EventJournal:
                 if news.kind in FINAL:
                     return
         finally:
-            if following:
-                self._followers.discard(follower)
-            else:
-                self._reading -= 1
+            self._followers.discard(follower)
+            self._streams -= 1

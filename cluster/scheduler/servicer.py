@@ -549,6 +549,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                     convert.memory_resume_to_pb(core.journal.last_memory_resume)
                 )
         except NotLeaderError:
+            if self._gate.leadership is None:
+                # Without standbys, a scheduler answers for no job only as it stops (it leaves
+                # the job to resume, saving what is pending first, or stands down), or, with
+                # standbys, before it has joined their election.
+                raise NotLeaderError(
+                    "not the leader: this scheduler is stopping (or has yet to start) and "
+                    "answers for no job now; with recovery, a scheduler started again on the "
+                    "job's state resumes it"
+                ) from None
             response = pb.StatusResponse()  # a standby: no job of its own, only who leads
         if self._gate.leadership is not None:
             response.leadership.CopyFrom(convert.standing_to_pb(self._gate.standing()))

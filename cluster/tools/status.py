@@ -233,14 +233,28 @@ async def fetch(
             raise refusal(address, found, exc) from None
         if (denied := reading.denied(address, exc)) is not None:
             raise denied from None
+        failure = failures.failure_of(exc)
+        if failure.kind is NotLeaderError and not failure.leader:
+            raise stopping(address) from None
         raise SchedulerUnreachableError(
-            f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
+            f"no scheduler answers at {address}: {failure.details}"
         ) from None
     assert isinstance(response, pb.StatusResponse)
     leadership = response.leadership
     if leadership.role == pb.SCHEDULER_ROLE_STANDBY:
         raise standing_by(address, leadership.leader)
+    if leadership.role == pb.SCHEDULER_ROLE_UNSPECIFIED and not response.phase:
+        raise stopping(address)  # a scheduler of an earlier version says it so
     return job_view(address, response)
+
+
+def stopping(address: str) -> SchedulerUnreachableError:
+    """The scheduler at `address`, without standbys, answers for no job: it is stopping."""
+    return SchedulerUnreachableError(
+        f"the scheduler at {address} is stopping (or has yet to start) and answers for no job "
+        "now: wait a moment and try again; with recovery, the job resumes once a scheduler is "
+        "started again on its state (MS_RECOVERY_PATH or CLUSTER_STATE_URL)"
+    )
 
 
 def standing_by(address: str, leader: str) -> NotLeaderAnswer:

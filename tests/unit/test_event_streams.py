@@ -3,12 +3,13 @@ without a secret, whose retained events are far more than a stream's flow-contro
 Streams without follow whose readers never read count against CLUSTER_MAX_FOLLOWERS while they
 are written, so at most that many hold their events; past it a reader is refused
 (RESOURCE_EXHAUSTED, naming the setting), and an honest `mscluster events` reads the job again
-once a place is free."""
+once a place is free. A follower ended for falling behind drops what it had waiting."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import grpc
 import pytest
@@ -75,3 +76,38 @@ async def test_streams_whose_readers_never_read_are_capped_and_honest_readers_go
         assert len(await honest_read_soon(address)) == 4096
         for call in stuck:
             call.cancel()
+
+
+async def test_a_follower_ended_for_falling_behind_reads_the_end_without_its_backlog() -> None:
+    """A follower whose reader stops reading falls CLUSTER_FOLLOWER_MAX_BYTES behind and is
+    ended: what it had waiting (2,000 events) is dropped, so once its reader reads again it
+    gets only what gRPC had in flight, then the FellBehindError."""
+    async with (
+        SchedulerServer(settings()) as server,
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        journal = server.core.journal
+        call = pb_grpc.SchedulerStub(channel).WatchEvents(
+            pb.WatchEventsRequest(after_seq=journal.seq, follow=True), timeout=4 * BOUND_S
+        )
+        journal.emit(Record(Kind.NODES_BACK, {"seconds": 0}))
+        await asyncio.wait_for(call.read(), BOUND_S)  # following; then its reader stops
+        sent = 3000  # 6 MiB: past the 4 MiB it may have waiting
+        for i in range(sent):
+            journal.emit(Record(Kind.NODES_BACK, {"seconds": i, "pad": PADDING}))
+            if i % 10 == 0:
+                await asyncio.sleep(0)  # sleep-ok: a yield to the loop, which writes the stream
+        read, ended = await read_to_its_end(call)
+        assert "fell behind" in ended, ended
+        assert read < sent // 3, f"{read} events read after the stream fell behind"
+
+
+async def read_to_its_end(call: Any) -> tuple[int, str]:
+    """Every message left in a WatchEvents call: how many, and the details it ended with."""
+    read = 0
+    try:
+        while await asyncio.wait_for(call.read(), BOUND_S) is not grpc.aio.EOF:
+            read += 1
+    except grpc.aio.AioRpcError as exc:
+        return read, exc.details() or ""
+    return read, "the stream ended well"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.protocol.errors import FellBehindError
+from cluster.protocol.config import Limits
+from cluster.protocol.errors import CapacityError, FellBehindError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.events import FOLLOWER_BACKLOG, EventJournal
 from cluster.scheduler.machine import events
@@ -33,7 +34,9 @@ from tests.conftest import FakeClock
 from tests.credentials import digest
 
 
-def make_state(clock: FakeClock, workers: int = 2, *, recovery: bool = True) -> SchedulerState:
+def make_state(
+    clock: FakeClock, workers: int = 2, *, recovery: bool = True, limits: Limits | None = None
+) -> SchedulerState:
     settings = JobSettings(
         worker_num=workers,
         server_num=0,
@@ -41,6 +44,7 @@ def make_state(clock: FakeClock, workers: int = 2, *, recovery: bool = True) -> 
         topo_timeout_s=60.0,
         heartbeat_interval_s=1.0,
         recovery=recovery,
+        limits=limits or Limits(),
     )
     return SchedulerState("job-1", settings, clock)
 
@@ -255,6 +259,33 @@ async def test_a_follower_that_falls_behind_is_ended_with_a_reason() -> None:
 
     with pytest.raises(FellBehindError, match="fell behind \\(over 10000 events"):
         await asyncio.wait_for(drain(), BOUND_S)
+
+
+async def test_followers_ended_for_falling_behind_hold_nothing_and_keep_their_place() -> None:
+    """Readers that stop reading (gRPC's flow control holds their streams at a yield) and are
+    ended for falling behind: what they had waiting is dropped, so their next read is the
+    FellBehindError, and each counts against CLUSTER_MAX_FOLLOWERS until its stream is gone,
+    so that readers coming in cohorts hold at most `max_followers` streams' worth, not each
+    cohort's backlog of FOLLOWER_BACKLOG events."""
+    st = make_state(FakeClock(), limits=Limits(max_followers=2))
+    book = EventJournal(st, wall=lambda: 1_700_000_000.0, retain=10)
+    stuck = []
+    for _ in range(2):
+        stream = book.follow(book.seq)
+        book.emit(Record(Kind.STARTED))
+        assert (await asyncio.wait_for(anext(stream), BOUND_S)).kind == "started"
+        stuck.append(stream)  # its reader reads no more
+    for _ in range(FOLLOWER_BACKLOG + 1):
+        book.emit(Record(Kind.REFUSED))
+    with pytest.raises(CapacityError, match="CLUSTER_MAX_FOLLOWERS"):
+        await asyncio.wait_for(anext(book.follow(book.seq)), BOUND_S)  # theirs are open
+    for stream in stuck:  # a reader that reads again gets the end at once, no stale event
+        with pytest.raises(FellBehindError, match="fell behind"):
+            await asyncio.wait_for(anext(stream), BOUND_S)
+    book.emit(Record(Kind.FORMED))
+    again = book.follow(book.seq - 1)  # their places are free once their streams are gone
+    assert (await asyncio.wait_for(anext(again), BOUND_S)).kind == "formed"
+    await again.aclose()
 
 
 def test_the_file_gets_one_line_per_event_and_a_new_scheduler_numbers_on(tmp_path: Path) -> None:

@@ -305,3 +305,26 @@ def describe(exc: BaseException) -> str:
             return f"{seen.code().name}: {seen.details() or ''}".rstrip(": ")
         seen = seen.__cause__ or seen.__context__
     return str(exc) or type(exc).__name__
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """What `awaitable` gives, or asyncio.TimeoutError after `timeout_s` (it is cancelled
+    then). A cancel of the caller always raises CancelledError here: asyncio.wait_for before
+    Python 3.12 returns the result instead when the cancel lands just as the awaitable ends,
+    and a loop cancelled that way (the election's, at a hand-over) would go on forever."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=max(timeout_s, 0.0))
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    if not done:
+        raise asyncio.TimeoutError
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a task given up on as seen (no 'never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.scheduler.etcd_client import EtcdConnection
+from cluster.scheduler.etcd_client import EtcdConnection, within
 
 # What etcd says of a request on a lease it no longer has.
 LEASE_GONE = "requested lease not found"
@@ -128,7 +128,7 @@ class EtcdElection:
         `timeout_s` at most: the caller reads it again either way."""
         try:
             client = self.connection.client()
-            watch = await asyncio.wait_for(client.watch(self.leader_key), timeout_s)
+            watch = await within(client.watch(self.leader_key), timeout_s)
         except Exception:
             await asyncio.sleep(min(timeout_s, 0.2))
             return
@@ -141,12 +141,12 @@ class EtcdElection:
             current = await self.leader()  # changed between our read and the watch?
             if current != known:
                 return
-            await asyncio.wait_for(first_event(), timeout_s)
+            await within(first_event(), timeout_s)
         except Exception:
             return
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(watch.cancel(), 1.0)
+                await within(watch.cancel(), 1.0)
 
     async def drop_stale(self, found: LeaderKey) -> None:
         """The leader key names this scheduler though it does not lead (it stepped down while

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from cluster.protocol.backoff import Backoff
 from cluster.protocol.errors import EtcdUnavailable, FencedError, StateFileError
 from cluster.protocol.leadership import Leadership, Role, Step
+from cluster.scheduler.etcd_client import within
 from cluster.scheduler.etcd_election import EtcdElection, LeaderKey
 
 log = logging.getLogger("cluster.scheduler")
@@ -112,7 +113,7 @@ class Leading:
         sent = self._clock()
         budget = leadership.valid_until - sent
         try:
-            ttl = await asyncio.wait_for(self.election.keepalive(), max(budget, 0.0))
+            ttl = await within(self.election.keepalive(), budget)
         except FencedError:
             step = leadership.lease_ended()
         except (StateFileError, asyncio.TimeoutError) as exc:
@@ -141,7 +142,7 @@ class Leading:
         """A standby: keep its lease, and wait for the leader key to change."""
         every = self.leadership.keepalive_every_s
         try:
-            await asyncio.wait_for(self.election.keepalive(), every)
+            await within(self.election.keepalive(), every)
         except FencedError:
             await self.election.ensure_lease()  # ended while etcd was away: a new one
         except asyncio.TimeoutError:

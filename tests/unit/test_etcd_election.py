@@ -10,6 +10,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,44 @@ async def test_a_scheduler_whose_registration_was_refused_registers_when_it_next
     finally:
         await election.close()
         await connection.close()
+
+
+@pytest.mark.parametrize("role", ["leader", "standby"])
+async def test_the_election_ends_when_cancelled_as_a_keepalive_is_answered(
+    connection: EtcdConnection, role: str
+) -> None:
+    """A hand-over cancels the election's loop; a cancel that lands in the turn etcd answers
+    a keepalive ends it all the same (asyncio.wait_for before 3.12 returns the answer then)."""
+    if role == "standby":  # another scheduler leads: this one follows it
+        other = EtcdElection(connection, "127.0.0.2:1", LEASE_S)
+        assert await other.campaign() is None
+    election = EtcdElection(connection, ADDRESS, LEASE_S)
+    leadership = Leadership(float(LEASE_S), time.monotonic)
+
+    async def nothing(*args: object) -> None:
+        pass
+
+    leading = Leading(election, leadership, nothing, nothing)
+    task = asyncio.create_task(leading.run())
+    plain = connection.call
+    keepalives: list[str] = []
+
+    async def cancelled_as_answered(request: Any, what: str) -> Any:
+        answer = await plain(request, what)
+        if what == "refresh the lease" and leadership.role.value == role:
+            keepalives.append(what)
+            task.cancel()  # in the same turn as the answer
+        return answer
+
+    connection.call = cancelled_as_answered  # type: ignore[method-assign]
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, LEASE_S + BOUND_S)
+        assert keepalives
+    finally:
+        connection.call = plain  # type: ignore[method-assign]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await election.close()
+        if role == "standby":
+            await other.close()

@@ -51,6 +51,7 @@ CHUNK_BYTES = 1024 * 1024
 TXN_BYTES = 1024 * 1024
 TXN_OPS = 64
 PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
+LIST_KEYS = 16384  # keys listed at once (keys only)
 READ_TRIES = 3  # reads of a value whose chunks' revision etcd compacted meanwhile
 UNKNOWN_KEPT = 16  # chunk sets of saves with an unknown outcome, removed by the next one
 
@@ -289,7 +290,8 @@ class EtcdStore:
             raise StateFileError(f"{where} holds a torn chunk manifest: {advice}") from None
         chunks = blobs + blob.encode() + b"/"
         found = await self.connection.call(
-            functools.partial(_chunks_at, start=chunks, revision=read_at), "read chunks"
+            functools.partial(_range_at, start=chunks, end=range_end(chunks), revision=read_at),
+            "read chunks",
         )
         if found is None:
             return None
@@ -304,28 +306,74 @@ class EtcdStore:
     # -- the key-value store ---------------------------------------------------------------
 
     async def load_kv(self, job: str) -> dict[str, bytes]:
-        owner = await self.connection.call(lambda c: c.get(self.kv_job_key), "read the kv owner")
-        if owner is None or owner.value != job.encode():
-            return {}
+        """The key-value store of `job`, as it was at one revision (the one its owner key was
+        read at): the keys listed first, then their values read in sub-ranges of PAGE_KEYS
+        keys each. etcd counts every key from a range's start to its end for a read, whatever
+        its limit: pages that each run to the end of the store would read it quadratically."""
+        for _ in range(READ_TRIES):
+            owner = await self.connection.call(
+                lambda c: c.get(self.kv_job_key), "read the kv owner"
+            )
+            if owner is None or owner.value != job.encode():
+                return {}
+            loaded = await self._kv_at(owner.header.revision)
+            if loaded is not None:
+                return loaded
+        raise StateFileError(
+            f"cannot read the key-value store in {self.where}: etcd compacted the revision it "
+            f"was read at before it was read whole, {READ_TRIES} times"
+        )
+
+    async def _kv_at(self, revision: int) -> dict[str, bytes] | None:
+        """The key-value store at `revision`; None when etcd compacted it meanwhile."""
+        keys = await self._kv_keys(revision)
+        if keys is None:
+            return None
         values: dict[str, bytes] = {}
-        self._kv_blob = {}
-        start, end = self.kv_prefix, range_end(self.kv_prefix)
-        while True:
-            page = await self.connection.call(
-                functools.partial(_range, start=start, end=end, limit=PAGE_KEYS),
+        blobs: dict[str, str] = {}
+        for first in range(0, len(keys), PAGE_KEYS):
+            page = keys[first : first + PAGE_KEYS]
+            found = await self.connection.call(
+                functools.partial(
+                    _range_at, start=page[0], end=page[-1] + b"\x00", revision=revision
+                ),
                 "read the key-value store",
             )
-            for kv in page.kvs:
+            if found is None:
+                return None
+            for kv in found.kvs:
                 key = kv.key[len(self.kv_prefix) :].decode(errors="replace")
-                got = await self._kv_value(key, kv.value, page.header.revision)
+                got = await self._kv_value(key, kv.value, revision)
                 if got is None:
-                    continue  # deleted meanwhile
+                    continue  # deleted since (its chunks' revision was compacted)
                 values[key], blob = got
                 if blob is not None:
-                    self._kv_blob[key] = blob
-            if not page.more or not page.kvs:
-                return values
-            start = page.kvs[-1].key + b"\x00"
+                    blobs[key] = blob
+        self._kv_blob = blobs
+        return values
+
+    async def _kv_keys(self, revision: int) -> list[bytes] | None:
+        """Every key of the key-value store at `revision`, in order (None: compacted)."""
+        keys: list[bytes] = []
+        start, end = self.kv_prefix, range_end(self.kv_prefix)
+        while True:
+            listed = await self.connection.call(
+                functools.partial(
+                    _range_at,
+                    start=start,
+                    end=end,
+                    revision=revision,
+                    limit=LIST_KEYS,
+                    keys_only=True,
+                ),
+                "list the key-value store",
+            )
+            if listed is None:
+                return None
+            keys.extend(kv.key for kv in listed.kvs)
+            if not listed.more or not listed.kvs:
+                return keys
+            start = listed.kvs[-1].key + b"\x00"
 
     async def _kv_value(
         self, key: str, raw: bytes, read_at: int
@@ -461,10 +509,20 @@ async def _range(
     return await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
 
 
-async def _chunks_at(client: Any, *, start: bytes, revision: int) -> Any:
-    """The keys under `start` as they were at `revision`; None when etcd compacted it."""
+async def _range_at(
+    client: Any,
+    *,
+    start: bytes,
+    end: bytes,
+    revision: int,
+    limit: int = 0,
+    keys_only: bool = False,
+) -> Any:
+    """One page of a range read as it was at `revision`; None when etcd compacted it."""
     try:
-        return await _range(client, start=start, end=range_end(start), revision=revision)
+        return await _range(
+            client, start=start, end=end, revision=revision, limit=limit, keys_only=keys_only
+        )
     except Exception as exc:
         if "compacted" in describe(exc):
             return None

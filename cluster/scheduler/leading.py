@@ -10,7 +10,10 @@ Status), and waits on a watch of the leader key, read again at least every keepa
 
 A won term's takeover (`lead()`: load the job, save it once, then open the gate) runs in a
 task of its own while this loop keeps the lease alive, however long the load takes; stepping
-down cancels it. The gate stays closed until `lead()` installs the job's core.
+down cancels it. The gate stays closed until `lead()` installs the job's core. Each keepalive of
+a leader also reads the leader key: one that is gone, or that another campaign made (an
+operator's `etcdctl del`, then anyone's campaign), steps it down at once, not at its next fenced
+save.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Leading:
         # The takeover of the term won last (`lead()`), while it runs, and when it began.
         self._takeover: asyncio.Task[None] | None = None
         self._won_at = 0.0
+        self._twin = False  # said: another process's leader key names our address
 
     async def run(self) -> None:
         """Until cancelled (the server stops, or the job is over), or resigned."""
@@ -94,9 +98,10 @@ class Leading:
             self._won_at = self._clock()
             self._takeover = asyncio.create_task(self._lead(), name="cluster-takeover")
             return
-        if holder.address == self.election.address:
-            await self.election.drop_stale(holder)  # ours, from before we stepped down
+        if self.election.stale(holder):
+            await self.election.drop_stale(holder)
             return  # and campaign again
+        self._say_twin(holder)
         self._known = holder
         if self.leadership.lost(holder.address) is Step.STAND_BY:
             log.info("standing by: the leader is %s", holder.address or "(changing)")
@@ -116,13 +121,13 @@ class Leading:
             return sent, await self.election.keepalive()
 
     async def _keep(self) -> None:
-        """One keepalive, bounded by the time the lease surely has; then a pause (cut short
-        when the takeover ends)."""
+        """One keepalive and a read of the leader key, bounded by the time the lease surely
+        has; then a pause (cut short when the takeover ends)."""
         leadership = self.leadership
         sent = self._clock()
         budget = leadership.valid_until - sent
         try:
-            ttl = await within(self.election.keepalive(), budget)
+            ttl, gone = await within(self._keepalive(), budget)
         except FencedError:
             step = leadership.lease_ended()
         except (StateFileError, asyncio.TimeoutError) as exc:
@@ -131,6 +136,8 @@ class Leading:
                 self._note(exc)
         else:
             step = leadership.kept(sent, ttl)
+            if step is Step.NOTHING and gone is not None:
+                step = leadership.fenced(gone)
             self._reachable()
         if step is Step.STEP_DOWN:
             await self._stepped_down()
@@ -140,6 +147,21 @@ class Leading:
         await self._pause(pause)
         if leadership.tick() is Step.STEP_DOWN:
             await self._stepped_down()
+
+    async def _keepalive(self) -> tuple[float, str | None]:
+        """A keepalive of the lease, then a read of the leader key: the seconds etcd gave the
+        lease, and why the key is not this term's any more (None while it is)."""
+        ttl = await self.election.keepalive()
+        fence = self.election.fence
+        found = await self.election.leader()
+        if found is not None and found.revision == fence:
+            return ttl, None
+        if found is None:
+            return ttl, "its leader key in etcd was deleted (not by it) while its lease lived"
+        return ttl, (
+            f"its leader key in etcd was replaced: {found.address or 'another scheduler'} "
+            "leads by it now"
+        )
 
     async def _pause(self, seconds: float) -> None:
         """Sleep `seconds`, or less when the takeover ends meanwhile."""
@@ -204,14 +226,33 @@ class Leading:
         await self._refresh_schedulers()
         await self.election.wait_for_change(self._known, every)
         found = await self.election.leader()
-        if found is not None and found.address == self.election.address:
-            await self.election.drop_stale(found)  # ours, from before we stepped down
+        if found is not None and self.election.stale(found):
+            await self.election.drop_stale(found)
             found = None
+        elif found is not None:
+            self._say_twin(found)
         if found != self._known:
             self._known = found
             if found is not None:
                 log.info("standing by: the leader is now %s", found.address or "(changing)")
         self.leadership.leader_seen(None if found is None else found.address)
+
+    def _say_twin(self, holder: LeaderKey) -> None:
+        """Say once that another process's leader key names this scheduler's address."""
+        if holder.address != self.election.address or self._twin:
+            return
+        self._twin = True
+        log.warning(
+            "the leader key in %s names this scheduler's address %s but another process put "
+            "it (pid %s on host %s): this scheduler's previous run, whose key ends with its "
+            "lease (%g s), or another scheduler that advertises the same address: give each "
+            "scheduler an address of its own (--host, MS_SCHED_HOST)",
+            self.election.connection.url,
+            holder.address,
+            holder.pid or "?",
+            holder.host or "?",
+            self.leadership.lease_s,
+        )
 
     async def fenced(self, why: str) -> None:
         """A write was refused: our leader key is gone (called by the server)."""

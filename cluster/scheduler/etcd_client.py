@@ -143,7 +143,9 @@ class EtcdConnection:
                 problem = describe(exc)
                 if not unavailable(exc):
                     self._refused(exc)
-                    raise StateFileError(f"etcd refused to {what}: {problem}") from None
+                    raise StateFileError(
+                        f"etcd refused to {what}: {problem}{_advice(problem)}"
+                    ) from None
                 errors.append(f"{self._name(index)}: {problem}")
                 continue
             if index != self._current:
@@ -285,6 +287,28 @@ def unavailable(exc: BaseException) -> bool:
         "WatchTimeoutError",
         "ClientError",
     }
+
+
+# What etcd says of a write once its database is over its space quota (the NOSPACE alarm is on).
+NO_SPACE = "database space exceeded"
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether `exc` is etcd refusing a write for want of space (NOSPACE)."""
+    return NO_SPACE in str(exc)
+
+
+def _advice(problem: str) -> str:
+    """What to do about `problem`, etcd's refusal, where a line can say it."""
+    if NO_SPACE not in problem:
+        return ""
+    return (
+        " (etcd's database is over its space quota, --quota-backend-bytes, and its NOSPACE "
+        "alarm is on: it refuses every write of every job until an operator frees space and "
+        "disarms the alarm: etcdctl compact REVISION (the newest: etcdctl endpoint status -w "
+        "json), etcdctl defrag on each member, etcdctl alarm disarm; see 'etcd out of space' "
+        "in docs/howto/standbys.md)"
+    )
 
 
 # What etcd says of a token it no longer knows (ended, or its user's password changed) or of one

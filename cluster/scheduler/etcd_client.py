@@ -143,7 +143,9 @@ class EtcdConnection:
                 problem = describe(exc)
                 if not unavailable(exc):
                     self._refused(exc)
-                    raise StateFileError(f"etcd refused to {what}: {problem}") from None
+                    raise StateFileError(
+                        f"etcd refused to {what}: {problem}{_advice(problem)}"
+                    ) from None
                 errors.append(f"{self._name(index)}: {problem}")
                 continue
             if index != self._current:
@@ -287,6 +289,28 @@ def unavailable(exc: BaseException) -> bool:
     }
 
 
+# What etcd says of a write once its database is over its space quota (the NOSPACE alarm is on).
+NO_SPACE = "database space exceeded"
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether `exc` is etcd refusing a write for want of space (NOSPACE)."""
+    return NO_SPACE in str(exc)
+
+
+def _advice(problem: str) -> str:
+    """What to do about `problem`, etcd's refusal, where a line can say it."""
+    if NO_SPACE not in problem:
+        return ""
+    return (
+        " (etcd's database is over its space quota, --quota-backend-bytes, and its NOSPACE "
+        "alarm is on: it refuses every write of every job until an operator frees space and "
+        "disarms the alarm: etcdctl compact REVISION (the newest: etcdctl endpoint status -w "
+        "json), etcdctl defrag on each member, etcdctl alarm disarm; see 'etcd out of space' "
+        "in docs/howto/standbys.md)"
+    )
+
+
 # What etcd says of a token it no longer knows (ended, or its user's password changed) or of one
 # issued before the auth store changed (a role granted, a user added): log in again.
 _TOKEN_ENDED = ("invalid auth token", "revision of auth store is old")
@@ -305,3 +329,26 @@ def describe(exc: BaseException) -> str:
             return f"{seen.code().name}: {seen.details() or ''}".rstrip(": ")
         seen = seen.__cause__ or seen.__context__
     return str(exc) or type(exc).__name__
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """What `awaitable` gives, or asyncio.TimeoutError after `timeout_s` (it is cancelled
+    then). A cancel of the caller always raises CancelledError here: asyncio.wait_for before
+    Python 3.12 returns the result instead when the cancel lands just as the awaitable ends,
+    and a loop cancelled that way (the election's, at a hand-over) would go on forever."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=max(timeout_s, 0.0))
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)
+    if not done:
+        raise asyncio.TimeoutError
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a task given up on as seen (no 'never retrieved' warning)."""
+    if not task.cancelled():
+        task.exception()

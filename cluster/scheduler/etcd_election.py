@@ -8,6 +8,13 @@ leader's fence: every write of the state store is a transaction conditioned on i
 lease has ended (its process killed, its host down, cut off from etcd) and a standby has put a
 new leader key, no write of the old leader can land.
 
+The leader key says who put it: the address, the process (pid, host name, and its machine: the
+kernel's boot id and its pid namespace) and, in etcd, its lease. A key that names this
+scheduler's address is deleted as stale only when no process can lead by it: it is on this
+process's own lease (it stepped down while etcd was away), or its process ran on this machine and
+is gone (this one is it, started again). Two processes on two hosts that advertise one address
+(`--host 0.0.0.0` and one host name) keep each other's keys.
+
 What to do with these facts (lead, stand by, step down) is decided in
 `cluster.protocol.leadership`; this module only talks to etcd.
 """
@@ -16,14 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.scheduler.etcd_client import EtcdConnection
+from cluster.scheduler.etcd_client import EtcdConnection, within
 
 # What etcd says of a request on a lease it no longer has.
 LEASE_GONE = "requested lease not found"
@@ -31,10 +40,15 @@ LEASE_GONE = "requested lease not found"
 
 @dataclass(frozen=True)
 class LeaderKey:
-    """Who leads, as the leader key says: its address and the key's create revision."""
+    """Who leads, as the leader key says: its address and the key's create revision; and the
+    process that put it (its pid, host name and machine) and the lease it is on."""
 
     address: str
     revision: int
+    pid: int = 0
+    host: str = ""
+    machine: str = ""
+    lease: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,25 @@ class EtcdElection:
         self.fence: int | None = None
 
     def _me(self) -> bytes:
-        data = {"address": self.address, "pid": os.getpid(), "host": socket.gethostname()}
+        data = {
+            "address": self.address,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "machine": _machine(),
+        }
         return json.dumps(data, sort_keys=True).encode()
+
+    def stale(self, found: LeaderKey) -> bool:
+        """Whether leader key `found` names this scheduler but nobody can lead by it: put on
+        this process's own lease (before it stepped down), or by a process of this machine that
+        is gone (this scheduler started again). Another live process's key at the same address
+        is not stale: that process leads."""
+        if found.address != self.address:
+            return False
+        if found.lease != 0 and found.lease == self.lease_id:
+            return True
+        same_machine = bool(found.machine) and found.machine == _machine()
+        return same_machine and found.pid != os.getpid() and not _alive(found.pid)
 
     async def ensure_lease(self) -> int:
         """This scheduler's lease (granted, and its registration put, when it has none). It
@@ -121,14 +152,14 @@ class EtcdElection:
     async def leader(self) -> LeaderKey | None:
         """Who leads now (None: nobody)."""
         got = await self.connection.call(lambda c: c.get(self.leader_key), "read the leader key")
-        return None if got is None else _leader_key(got.value, got.create_revision)
+        return None if got is None else _leader_key(got.value, got)
 
     async def wait_for_change(self, known: LeaderKey | None, timeout_s: float) -> None:
         """Return when the leader key may no longer be `known` (an event on it), or after
         `timeout_s` at most: the caller reads it again either way."""
         try:
             client = self.connection.client()
-            watch = await asyncio.wait_for(client.watch(self.leader_key), timeout_s)
+            watch = await within(client.watch(self.leader_key), timeout_s)
         except Exception:
             await asyncio.sleep(min(timeout_s, 0.2))
             return
@@ -141,17 +172,16 @@ class EtcdElection:
             current = await self.leader()  # changed between our read and the watch?
             if current != known:
                 return
-            await asyncio.wait_for(first_event(), timeout_s)
+            await within(first_event(), timeout_s)
         except Exception:
             return
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(watch.cancel(), 1.0)
+                await within(watch.cancel(), 1.0)
 
     async def drop_stale(self, found: LeaderKey) -> None:
-        """The leader key names this scheduler though it does not lead (it stepped down while
-        etcd was away, and its lease outlived that): delete it, so that a leader is elected
-        again instead of every scheduler standing by behind it."""
+        """Delete the leader key `found`, which is `stale`: so that a leader is elected again
+        instead of every scheduler standing by behind it."""
 
         async def attempt(client: Any) -> Any:
             t = client.transactions
@@ -208,12 +238,53 @@ def _leader_of(response: Any) -> LeaderKey | None:
     if not response:
         return None
     value, meta = response[0]
-    return _leader_key(value, meta.create_revision)
+    return _leader_key(value, meta)
 
 
-def _leader_key(value: bytes, revision: int) -> LeaderKey:
+def _leader_key(value: bytes, meta: Any) -> LeaderKey:
+    """The leader key holding `value`, its etcd metadata `meta` (a KeyValue)."""
+    revision, lease = int(meta.create_revision), int(meta.lease)
     try:
-        address = str(json.loads(value)["address"])
+        data = json.loads(value)
+        address = str(data["address"])
     except (ValueError, KeyError, TypeError):
-        address = ""  # a key that is not ours: it still fences the others out
-    return LeaderKey(address, revision)
+        return LeaderKey("", revision, lease=lease)  # not ours: it still fences the others out
+    pid = data.get("pid")
+    return LeaderKey(
+        address,
+        revision,
+        pid=pid if isinstance(pid, int) else 0,
+        host=str(data.get("host", "")),
+        machine=str(data.get("machine", "")),
+        lease=lease,
+    )
+
+
+@functools.cache
+def _machine() -> str:
+    """This kernel's boot id and this process's pid namespace: the processes that share both
+    see each other's pids ("" where /proc does not say)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        space = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{boot} {space}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (one of another user counts; a zombie, dead
+    and not yet reaped by its parent, does not)."""
+    if pid <= 0:
+        return True  # unknown: not known to be gone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :][:1] != "Z"

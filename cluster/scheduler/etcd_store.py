@@ -30,6 +30,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,7 +39,7 @@ from typing import Any
 import xxhash
 
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.scheduler.etcd_client import EtcdConnection, describe
+from cluster.scheduler.etcd_client import EtcdConnection, describe, no_space
 from cluster.scheduler.etcd_election import EtcdElection
 from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
@@ -51,8 +53,14 @@ CHUNK_BYTES = 1024 * 1024
 TXN_BYTES = 1024 * 1024
 TXN_OPS = 64
 PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
+LIST_KEYS = 16384  # keys listed at once (keys only)
 READ_TRIES = 3  # reads of a value whose chunks' revision etcd compacted meanwhile
 UNKNOWN_KEPT = 16  # chunk sets of saves with an unknown outcome, removed by the next one
+# etcd keeps every revision of every key until it is compacted: a leader compacts its history
+# this often, or once it has written this much, up to the revision of its newest write at the
+# check before (so etcd holds between one and two such periods of its writes).
+COMPACT_EVERY_S = 30.0
+COMPACT_EVERY_BYTES = 16 * 1024 * 1024
 
 
 # A transaction's comparisons and operations, built on the client's `transactions` when sent.
@@ -116,6 +124,15 @@ class EtcdStore:
         # later save lands.
         self._unknown_blobs: set[str] = set()
         self._kv_blob: dict[str, str] = {}  # key-value keys stored as chunks -> their id
+        # Compaction (`_compact`): when it is due next, the revision it compacts up to then,
+        # and whether the last one failed.
+        self.compact_every_s = COMPACT_EVERY_S
+        self.compact_every_bytes = COMPACT_EVERY_BYTES
+        self.clock: Callable[[], float] = time.monotonic
+        self._compact_at = -math.inf
+        self._compact_mark = 0
+        self._written = 0  # bytes written since the last check
+        self._compact_failed = False
 
     # -- holding ---------------------------------------------------------------------------
 
@@ -147,7 +164,44 @@ class EtcdStore:
                 failure=[op(t) for op in failure],
             )
 
-        return await self.connection.call(attempt, what)
+        try:
+            return await self.connection.call(attempt, what)
+        except StateFileError as exc:
+            if not no_space(exc):
+                raise
+            raise FencedError(
+                f"{exc}; this scheduler stops leading the job, which it could not change"
+            ) from None
+
+    async def _compact(self, revision: int, size: int) -> None:
+        """A write of `size` bytes (and of the chunks it names) landed at `revision`: compact
+        etcd's history, every `compact_every_s` or `compact_every_bytes` written, whichever
+        comes first, up to the revision of the write that landed at the check before (every
+        reader of an older revision reads again). Without it, every save stays in etcd until
+        its space quota is spent, and then etcd refuses every write."""
+        now = self.clock()
+        self._written += size
+        if now < self._compact_at and self._written < self.compact_every_bytes:
+            return
+        upto, self._compact_mark = self._compact_mark, revision
+        self._compact_at, self._written = now + self.compact_every_s, 0
+        if upto <= 0:
+            return
+        try:
+            await self.connection.call(lambda c: c.compact(upto), "compact etcd's history")
+        except StateFileError as exc:
+            if "compacted" in str(exc):  # compacted past it already (etcd's auto-compaction)
+                return
+            if not self._compact_failed:
+                log.warning(
+                    "cannot compact etcd's history up to revision %d: %s; etcd's database "
+                    "grows with every save until it is compacted",
+                    upto,
+                    exc,
+                )
+            self._compact_failed = True
+            return
+        self._compact_failed = False
 
     def _fenced(self, responses: list[Any], fence: int) -> None:
         """Raise FencedError when the leader key in `responses[0]` is not ours any more."""
@@ -205,6 +259,7 @@ class EtcdStore:
         if ok:
             self._landed(blob, unnamed)
             revision = responses[-1][0][1].header.revision
+            await self._compact(revision, len(value))
             return Written(True, Stored(snapshot, str(revision)))
         self._fenced(responses, fence)
         raw, meta = responses[1][0] if responses[1] else (None, None)
@@ -270,6 +325,7 @@ class EtcdStore:
             )
             if not ok:
                 self._fenced(responses, fence)
+            self._written += len(chunk)  # counted for compaction (`_compact`)
         manifest = {"id": blob, "size": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)}
         return CHUNKED + json.dumps(manifest).encode(), blob
 
@@ -289,7 +345,8 @@ class EtcdStore:
             raise StateFileError(f"{where} holds a torn chunk manifest: {advice}") from None
         chunks = blobs + blob.encode() + b"/"
         found = await self.connection.call(
-            functools.partial(_chunks_at, start=chunks, revision=read_at), "read chunks"
+            functools.partial(_range_at, start=chunks, end=range_end(chunks), revision=read_at),
+            "read chunks",
         )
         if found is None:
             return None
@@ -304,28 +361,74 @@ class EtcdStore:
     # -- the key-value store ---------------------------------------------------------------
 
     async def load_kv(self, job: str) -> dict[str, bytes]:
-        owner = await self.connection.call(lambda c: c.get(self.kv_job_key), "read the kv owner")
-        if owner is None or owner.value != job.encode():
-            return {}
+        """The key-value store of `job`, as it was at one revision (the one its owner key was
+        read at): the keys listed first, then their values read in sub-ranges of PAGE_KEYS
+        keys each. etcd counts every key from a range's start to its end for a read, whatever
+        its limit: pages that each run to the end of the store would read it quadratically."""
+        for _ in range(READ_TRIES):
+            owner = await self.connection.call(
+                lambda c: c.get(self.kv_job_key), "read the kv owner"
+            )
+            if owner is None or owner.value != job.encode():
+                return {}
+            loaded = await self._kv_at(owner.header.revision)
+            if loaded is not None:
+                return loaded
+        raise StateFileError(
+            f"cannot read the key-value store in {self.where}: etcd compacted the revision it "
+            f"was read at before it was read whole, {READ_TRIES} times"
+        )
+
+    async def _kv_at(self, revision: int) -> dict[str, bytes] | None:
+        """The key-value store at `revision`; None when etcd compacted it meanwhile."""
+        keys = await self._kv_keys(revision)
+        if keys is None:
+            return None
         values: dict[str, bytes] = {}
-        self._kv_blob = {}
-        start, end = self.kv_prefix, range_end(self.kv_prefix)
-        while True:
-            page = await self.connection.call(
-                functools.partial(_range, start=start, end=end, limit=PAGE_KEYS),
+        blobs: dict[str, str] = {}
+        for first in range(0, len(keys), PAGE_KEYS):
+            page = keys[first : first + PAGE_KEYS]
+            found = await self.connection.call(
+                functools.partial(
+                    _range_at, start=page[0], end=page[-1] + b"\x00", revision=revision
+                ),
                 "read the key-value store",
             )
-            for kv in page.kvs:
+            if found is None:
+                return None
+            for kv in found.kvs:
                 key = kv.key[len(self.kv_prefix) :].decode(errors="replace")
-                got = await self._kv_value(key, kv.value, page.header.revision)
+                got = await self._kv_value(key, kv.value, revision)
                 if got is None:
-                    continue  # deleted meanwhile
+                    continue  # deleted since (its chunks' revision was compacted)
                 values[key], blob = got
                 if blob is not None:
-                    self._kv_blob[key] = blob
-            if not page.more or not page.kvs:
-                return values
-            start = page.kvs[-1].key + b"\x00"
+                    blobs[key] = blob
+        self._kv_blob = blobs
+        return values
+
+    async def _kv_keys(self, revision: int) -> list[bytes] | None:
+        """Every key of the key-value store at `revision`, in order (None: compacted)."""
+        keys: list[bytes] = []
+        start, end = self.kv_prefix, range_end(self.kv_prefix)
+        while True:
+            listed = await self.connection.call(
+                functools.partial(
+                    _range_at,
+                    start=start,
+                    end=end,
+                    revision=revision,
+                    limit=LIST_KEYS,
+                    keys_only=True,
+                ),
+                "list the key-value store",
+            )
+            if listed is None:
+                return None
+            keys.extend(kv.key for kv in listed.kvs)
+            if not listed.more or not listed.kvs:
+                return keys
+            start = listed.kvs[-1].key + b"\x00"
 
     async def _kv_value(
         self, key: str, raw: bytes, read_at: int
@@ -361,21 +464,21 @@ class EtcdStore:
                 chunks = self.kv_blobs + old.encode() + b"/"
                 ops.append(_delete_prefix(chunks))
             if batch and (len(batch) + len(ops) > TXN_OPS or size + len(stored) > TXN_BYTES):
-                await self._kv_txn(job, fence, batch, written)
+                await self._kv_txn(job, fence, batch, written, size)
                 batch, size, written = [], 0, {}
             batch.extend(ops)
             size += len(stored) + len(key)
             written[key] = blob
         if batch:
-            await self._kv_txn(job, fence, batch, written)
+            await self._kv_txn(job, fence, batch, written, size)
 
     async def _kv_txn(
-        self, job: str, fence: int, ops: list[Op], written: dict[str, str | None]
+        self, job: str, fence: int, ops: list[Op], written: dict[str, str | None], size: int
     ) -> None:
         leader, owner = self.election.leader_key, self.kv_job_key
         ok, responses = await self._txn(
             [_created(leader, fence), _holds(owner, job.encode())],
-            ops,
+            [*ops, _get(leader)],
             [_get(leader)],
             "save key-value changes",
         )
@@ -392,6 +495,7 @@ class EtcdStore:
                 self._kv_blob.pop(key, None)
             else:
                 self._kv_blob[key] = blob
+        await self._compact(responses[-1][0][1].header.revision, size)
 
     async def clear_kv(self, job: str) -> None:
         fence = self._fence()
@@ -461,10 +565,20 @@ async def _range(
     return await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
 
 
-async def _chunks_at(client: Any, *, start: bytes, revision: int) -> Any:
-    """The keys under `start` as they were at `revision`; None when etcd compacted it."""
+async def _range_at(
+    client: Any,
+    *,
+    start: bytes,
+    end: bytes,
+    revision: int,
+    limit: int = 0,
+    keys_only: bool = False,
+) -> Any:
+    """One page of a range read as it was at `revision`; None when etcd compacted it."""
     try:
-        return await _range(client, start=start, end=range_end(start), revision=revision)
+        return await _range(
+            client, start=start, end=end, revision=revision, limit=limit, keys_only=keys_only
+        )
     except Exception as exc:
         if "compacted" in describe(exc):
             return None

@@ -41,7 +41,10 @@ log = logging.getLogger("cluster.scheduler")
 
 # A leader stopped by a signal: how long it waits for the job's end to be saved.
 STOP_SAVE_WAIT_S = 3.0
-# A new leader: how long it spends removing the chunks no key names, before it serves.
+# A new leader: how long it spends removing the chunks no key names, before it serves (the
+# nodes wait meanwhile): this share of its lease, at most GARBAGE_WAIT_S; what is left then is
+# removed by the next leader.
+GARBAGE_LEASE_SHARE = 0.5
 GARBAGE_WAIT_S = 10.0
 _ENDED = (Phase.FINISHED.value, Phase.FAILED.value)
 
@@ -113,7 +116,8 @@ class HighAvailability:
             self._finish(ended[1])
             return
         await core.save_first()  # fenced: lands only while our leader key stands
-        await _collect_garbage(server.store)  # before saves run in the background
+        # Before saves run in the background.
+        await _collect_garbage(server.store, _garbage_wait_s(self.election.lease_s))
         core.on_fenced = self._on_fenced
         await server.install(core)
         term = self.leadership.terms
@@ -233,15 +237,20 @@ def _check_resumable(
         ) from None
 
 
-async def _collect_garbage(store: object) -> None:
-    """Remove the chunks in etcd that no key names (best effort, bounded: what stays is
-    removed by the next leader); FencedError when this scheduler no longer leads."""
+def _garbage_wait_s(lease_s: float) -> float:
+    return min(GARBAGE_WAIT_S, lease_s * GARBAGE_LEASE_SHARE)
+
+
+async def _collect_garbage(store: object, wait_s: float) -> None:
+    """Remove the chunks in etcd that no key names (best effort, for `wait_s` at most: what
+    stays is removed by the next leader); FencedError when this scheduler no longer leads."""
+    from cluster.scheduler.etcd_client import within  # noqa: PLC0415 - etcd stores only
     from cluster.scheduler.etcd_store import EtcdStore  # noqa: PLC0415 - etcd stores only
 
     if not isinstance(store, EtcdStore):
         return
     try:
-        removed = await asyncio.wait_for(store.collect_garbage(), GARBAGE_WAIT_S)
+        removed = await within(store.collect_garbage(), wait_s)
     except FencedError:
         raise
     except (StateFileError, TimeoutError, asyncio.TimeoutError) as exc:  # two before 3.11

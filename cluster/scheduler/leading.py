@@ -7,6 +7,13 @@ surely has left, so a leader cut off from etcd steps down when that time is up, 
 request gives up. A candidate renews its lease just before it campaigns and counts a won
 term from that keepalive. A standby keeps its own lease alive too (its registration, for
 Status), and waits on a watch of the leader key, read again at least every keepalive.
+
+A won term's takeover (`lead()`: load the job, save it once, then open the gate) runs in a
+task of its own while this loop keeps the lease alive, however long the load takes; stepping
+down cancels it. The gate stays closed until `lead()` installs the job's core. Each keepalive of
+a leader also reads the leader key: one that is gone, or that another campaign made (an
+operator's `etcdctl del`, then anyone's campaign), steps it down at once, not at its next fenced
+save.
 """
 
 from __future__ import annotations
@@ -14,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from cluster.protocol.backoff import Backoff
 from cluster.protocol.errors import EtcdUnavailable, FencedError, StateFileError
 from cluster.protocol.leadership import Leadership, Role, Step
+from cluster.scheduler.etcd_client import within
 from cluster.scheduler.etcd_election import EtcdElection, LeaderKey
 
 log = logging.getLogger("cluster.scheduler")
@@ -33,7 +42,7 @@ class Leading:
         self,
         election: EtcdElection,
         leadership: Leadership,
-        lead: Callable[[], Awaitable[None]],
+        lead: Callable[[], Coroutine[Any, Any, None]],
         step_down: Callable[[str], Awaitable[None]],
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -47,22 +56,30 @@ class Leading:
         self._retry = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         self.unreachable = ""  # why etcd did not answer last ("" when it did)
         self.schedulers: list[str] = []
+        # The takeover of the term won last (`lead()`), while it runs, and when it began.
+        self._takeover: asyncio.Task[None] | None = None
+        self._won_at = 0.0
+        self._twin = False  # said: another process's leader key names our address
 
     async def run(self) -> None:
         """Until cancelled (the server stops, or the job is over), or resigned."""
-        while not self.leadership.resigned:
-            role = self.leadership.role
-            try:
-                if role is Role.CANDIDATE:
-                    await self._campaign()
-                    self._reachable()
-                elif role is Role.LEADER:
-                    await self._keep()
-                else:
-                    await self._follow()
-                    self._reachable()
-            except StateFileError as exc:  # etcd did not answer (fenced is handled below)
-                await self._unreachable(exc)
+        try:
+            while not self.leadership.resigned:
+                role = self.leadership.role
+                try:
+                    if role is Role.CANDIDATE:
+                        await self._campaign()
+                        self._reachable()
+                    elif role is Role.LEADER:
+                        await self._keep()
+                        await self._took_over()
+                    else:
+                        await self._follow()
+                        self._reachable()
+                except StateFileError as exc:  # etcd did not answer (fenced is handled below)
+                    await self._unreachable(exc)
+        finally:
+            await self._end_takeover()
 
     async def _campaign(self) -> None:
         sent, ttl = await self._refresh_lease()
@@ -78,16 +95,13 @@ class Leading:
             if step is not Step.LEAD:
                 await self._step_down(self.leadership.reason)
                 return
-            try:
-                await self._lead()
-            except StateFileError as exc:  # the job could not be loaded or saved: let go
-                self.leadership.fenced(f"it could not take the job over ({exc})")
-                await self._stepped_down()
-                raise
+            self._won_at = self._clock()
+            self._takeover = asyncio.create_task(self._lead(), name="cluster-takeover")
             return
-        if holder.address == self.election.address:
-            await self.election.drop_stale(holder)  # ours, from before we stepped down
+        if self.election.stale(holder):
+            await self.election.drop_stale(holder)
             return  # and campaign again
+        self._say_twin(holder)
         self._known = holder
         if self.leadership.lost(holder.address) is Step.STAND_BY:
             log.info("standing by: the leader is %s", holder.address or "(changing)")
@@ -107,12 +121,13 @@ class Leading:
             return sent, await self.election.keepalive()
 
     async def _keep(self) -> None:
-        """One keepalive, bounded by the time the lease surely has; then a pause."""
+        """One keepalive and a read of the leader key, bounded by the time the lease surely
+        has; then a pause (cut short when the takeover ends)."""
         leadership = self.leadership
         sent = self._clock()
         budget = leadership.valid_until - sent
         try:
-            ttl = await asyncio.wait_for(self.election.keepalive(), max(budget, 0.0))
+            ttl, gone = await within(self._keepalive(), budget)
         except FencedError:
             step = leadership.lease_ended()
         except (StateFileError, asyncio.TimeoutError) as exc:
@@ -121,19 +136,81 @@ class Leading:
                 self._note(exc)
         else:
             step = leadership.kept(sent, ttl)
+            if step is Step.NOTHING and gone is not None:
+                step = leadership.fenced(gone)
             self._reachable()
         if step is Step.STEP_DOWN:
             await self._stepped_down()
             return
         await self._refresh_schedulers()
         pause = min(leadership.keepalive_every_s, max(leadership.valid_until - self._clock(), 0))
-        await asyncio.sleep(pause)
+        await self._pause(pause)
         if leadership.tick() is Step.STEP_DOWN:
             await self._stepped_down()
 
+    async def _keepalive(self) -> tuple[float, str | None]:
+        """A keepalive of the lease, then a read of the leader key: the seconds etcd gave the
+        lease, and why the key is not this term's any more (None while it is)."""
+        ttl = await self.election.keepalive()
+        fence = self.election.fence
+        found = await self.election.leader()
+        if found is not None and found.revision == fence:
+            return ttl, None
+        if found is None:
+            return ttl, "its leader key in etcd was deleted (not by it) while its lease lived"
+        return ttl, (
+            f"its leader key in etcd was replaced: {found.address or 'another scheduler'} "
+            "leads by it now"
+        )
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or less when the takeover ends meanwhile."""
+        takeover = self._takeover
+        if takeover is None or takeover.done():
+            await asyncio.sleep(seconds)
+        else:
+            await asyncio.wait((takeover,), timeout=seconds)
+
+    async def _took_over(self) -> None:
+        """Once the takeover is over: nothing when it went well; a StateFileError steps down
+        (the loop then tries again after a pause), anything else is raised (a bug)."""
+        takeover = self._takeover
+        if takeover is None or not takeover.done():
+            return
+        self._takeover = None
+        exc = None if takeover.cancelled() else takeover.exception()
+        if exc is None:
+            return
+        if not isinstance(exc, StateFileError):
+            raise exc
+        if self.leadership.role is Role.LEADER:
+            self.leadership.fenced(f"it could not take the job over ({exc}); {self._took()}")
+            await self._stepped_down()
+        raise exc
+
+    async def _end_takeover(self) -> None:
+        """Cancel the takeover under way, if any (not when it is the caller)."""
+        takeover, self._takeover = self._takeover, None
+        if takeover is None or takeover is asyncio.current_task():
+            return
+        takeover.cancel()
+        await asyncio.wait((takeover,))
+        if not takeover.cancelled():
+            takeover.exception()  # retrieved: stepping down supersedes it
+
+    def _took(self) -> str:
+        """How long this scheduler's takeover has run, against its lease."""
+        took = self._clock() - self._won_at
+        lease = self.leadership.lease_s
+        over = f", {took - lease:.1f} s longer than its lease" if took > lease else ""
+        return f"this scheduler's takeover of the job ran {took:.1f} s ({lease:g} s lease{over})"
+
     async def _stepped_down(self) -> None:
         why = self.leadership.reason
+        if self._takeover is not None and not self._takeover.done():
+            why = f"{why}; {self._took()}"
         log.error("stepping down: %s; no call is answered until this scheduler leads again", why)
+        await self._end_takeover()
         await self.election.resign()
         await self._step_down(why)
 
@@ -141,7 +218,7 @@ class Leading:
         """A standby: keep its lease, and wait for the leader key to change."""
         every = self.leadership.keepalive_every_s
         try:
-            await asyncio.wait_for(self.election.keepalive(), every)
+            await within(self.election.keepalive(), every)
         except FencedError:
             await self.election.ensure_lease()  # ended while etcd was away: a new one
         except asyncio.TimeoutError:
@@ -149,14 +226,33 @@ class Leading:
         await self._refresh_schedulers()
         await self.election.wait_for_change(self._known, every)
         found = await self.election.leader()
-        if found is not None and found.address == self.election.address:
-            await self.election.drop_stale(found)  # ours, from before we stepped down
+        if found is not None and self.election.stale(found):
+            await self.election.drop_stale(found)
             found = None
+        elif found is not None:
+            self._say_twin(found)
         if found != self._known:
             self._known = found
             if found is not None:
                 log.info("standing by: the leader is now %s", found.address or "(changing)")
         self.leadership.leader_seen(None if found is None else found.address)
+
+    def _say_twin(self, holder: LeaderKey) -> None:
+        """Say once that another process's leader key names this scheduler's address."""
+        if holder.address != self.election.address or self._twin:
+            return
+        self._twin = True
+        log.warning(
+            "the leader key in %s names this scheduler's address %s but another process put "
+            "it (pid %s on host %s): this scheduler's previous run, whose key ends with its "
+            "lease (%g s), or another scheduler that advertises the same address: give each "
+            "scheduler an address of its own (--host, MS_SCHED_HOST)",
+            self.election.connection.url,
+            holder.address,
+            holder.pid or "?",
+            holder.host or "?",
+            self.leadership.lease_s,
+        )
 
     async def fenced(self, why: str) -> None:
         """A write was refused: our leader key is gone (called by the server)."""

@@ -15,7 +15,8 @@ Fixtures:
   per module while each test still starts with every member up. A test may kill, restart, stop
   and start members freely; one that changes the cluster's membership or auth should take its
   own cluster from `make_etcd_cluster`.
-- `make_etcd_cluster(n=3)`: clusters of the test's own, closed after it.
+- `make_etcd_cluster(n=3, quota_bytes=0)`: clusters of the test's own, closed after it (a
+  `quota_bytes` other than 0 is the members' --quota-backend-bytes).
 - `etcd_auth_cluster`: a 1-member cluster with authentication on (a `root` user, `auth enable`),
   shared by the tests of a module; each test gets a fresh prefix and a user of its own
   (`etcd_auth_cluster.user`, `.password`) whose role may read and write that prefix only.
@@ -108,9 +109,12 @@ class EtcdCluster:
     """`n` etcd members on loopback; files under `base_dir`. Use as a context manager, or call
     `start()` and `close()`."""
 
-    def __init__(self, base_dir: Path, n: int = 3, *, listen_any: bool = False) -> None:
+    def __init__(
+        self, base_dir: Path, n: int = 3, *, listen_any: bool = False, quota_bytes: int = 0
+    ) -> None:
         """`listen_any`: clients reach the members on every address of this host (network
-        namespaces joined to it by veth pairs), not on loopback only."""
+        namespaces joined to it by veth pairs), not on loopback only. `quota_bytes`: the
+        members' --quota-backend-bytes (0: etcd's default, 2 GiB)."""
         if n < 1:
             raise ValueError(f"an etcd cluster needs at least one member, not {n}")
         self.base_dir = base_dir
@@ -118,6 +122,7 @@ class EtcdCluster:
         self.members: list[Member] = []
         self.prefix = "/"  # the fixture gives each test its own
         self.listen_any = listen_any
+        self.quota_bytes = quota_bytes
         self._bootstraps = 0
         # With authentication on (`enable_auth`): root's password, which etcdctl then logs in
         # with, and the test's own user (`add_user`).
@@ -349,6 +354,7 @@ class EtcdCluster:
                 f"--initial-cluster-token={token}",
                 "--logger=zap",
                 "--log-outputs=stderr",
+                *([f"--quota-backend-bytes={self.quota_bytes}"] if self.quota_bytes else []),
             ]
         self.members = members
 
@@ -412,8 +418,9 @@ def make_etcd_cluster(
     require(why_unavailable())
     made: list[EtcdCluster] = []
 
-    def make(n: int = 3, *, listen_any: bool = False) -> EtcdCluster:
-        cluster = EtcdCluster(tmp_path / f"etcd{len(made)}", n, listen_any=listen_any)
+    def make(n: int = 3, *, listen_any: bool = False, quota_bytes: int = 0) -> EtcdCluster:
+        base = tmp_path / f"etcd{len(made)}"
+        cluster = EtcdCluster(base, n, listen_any=listen_any, quota_bytes=quota_bytes)
         made.append(cluster)
         cluster.start()
         for member in cluster.members:

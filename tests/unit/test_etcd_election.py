@@ -10,6 +10,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,8 @@ async def test_a_term_won_on_a_lease_held_before_ends_no_later_than_the_lease_in
         lease = await election.ensure_lease()  # every scheduler holds one from its start
         await aged(connection, lease, left_s=2)
         await leading._campaign()  # one turn of `Leading.run` as a candidate
+        assert leading._takeover is not None  # the takeover runs beside the keepalives
+        await asyncio.wait_for(leading._takeover, BOUND_S)
         assert said == ["lead"]
         left = await ttl_of(connection, lease)
         read = time.monotonic()
@@ -101,3 +104,120 @@ async def test_a_scheduler_whose_registration_was_refused_registers_when_it_next
     finally:
         await election.close()
         await connection.close()
+
+
+@pytest.mark.parametrize("role", ["leader", "standby"])
+async def test_the_election_ends_when_cancelled_as_a_keepalive_is_answered(
+    connection: EtcdConnection, role: str
+) -> None:
+    """A hand-over cancels the election's loop; a cancel that lands in the turn etcd answers
+    a keepalive ends it all the same (asyncio.wait_for before 3.12 returns the answer then)."""
+    if role == "standby":  # another scheduler leads: this one follows it
+        other = EtcdElection(connection, "127.0.0.2:1", LEASE_S)
+        assert await other.campaign() is None
+    election = EtcdElection(connection, ADDRESS, LEASE_S)
+    leadership = Leadership(float(LEASE_S), time.monotonic)
+
+    async def nothing(*args: object) -> None:
+        pass
+
+    leading = Leading(election, leadership, nothing, nothing)
+    task = asyncio.create_task(leading.run())
+    plain = connection.call
+    keepalives: list[str] = []
+
+    async def cancelled_as_answered(request: Any, what: str) -> Any:
+        answer = await plain(request, what)
+        if what == "refresh the lease" and leadership.role.value == role:
+            keepalives.append(what)
+            task.cancel()  # in the same turn as the answer
+        return answer
+
+    connection.call = cancelled_as_answered  # type: ignore[method-assign]
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, LEASE_S + BOUND_S)
+        assert keepalives
+    finally:
+        connection.call = plain  # type: ignore[method-assign]
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await election.close()
+        if role == "standby":
+            await other.close()
+
+
+async def test_a_takeover_longer_than_the_lease_keeps_the_lease_and_leads(
+    connection: EtcdConnection,
+) -> None:
+    """A new leader's takeover (load the job, save it, remove garbage) may take longer than
+    its lease (a large key-value store): its lease is kept alive meanwhile, and it leads."""
+    lease_s = 2
+    election = EtcdElection(connection, ADDRESS, lease_s)
+    leadership = Leadership(float(lease_s), time.monotonic)
+    took_over = asyncio.Event()
+    said: list[str] = []
+
+    async def lead() -> None:
+        await asyncio.sleep(lease_s * 1.5)  # sleep-ok: a takeover longer than the lease
+        took_over.set()
+
+    async def step_down(why: str) -> None:
+        said.append(why)
+
+    leading = Leading(election, leadership, lead, step_down)
+    task = asyncio.create_task(leading.run())
+    try:
+        await asyncio.wait_for(took_over.wait(), lease_s * 1.5 + BOUND_S)
+        assert said == []
+        assert leadership.serving()
+        assert leadership.terms == 1
+        key = await election.leader()
+        assert key is not None
+        assert key.revision == election.fence
+        assert election.lease_id is not None
+        assert await ttl_of(connection, election.lease_id) > 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await election.close()
+
+
+async def test_a_step_down_during_the_takeover_cancels_it_and_says_how_long_it_ran(
+    connection: EtcdConnection,
+) -> None:
+    """A leader whose lease ends while it takes the job over stops the takeover (nothing it
+    would install opens the gate) and says it was taking the job over, and for how long."""
+    lease_s = 2
+    election = EtcdElection(connection, ADDRESS, lease_s)
+    leadership = Leadership(float(lease_s), time.monotonic)
+    started, cancelled, stepped = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    said: list[str] = []
+
+    async def lead() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # a takeover that has not ended yet
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def step_down(why: str) -> None:
+        said.append(why)
+        stepped.set()
+
+    leading = Leading(election, leadership, lead, step_down)
+    task = asyncio.create_task(leading.run())
+    try:
+        await asyncio.wait_for(started.wait(), BOUND_S)
+        lease = election.lease_id
+        assert lease is not None
+        await connection.call(lambda c: c.revoke_lease(lease), "revoke the lease")
+        await asyncio.wait_for(stepped.wait(), lease_s + BOUND_S)
+        assert cancelled.is_set()
+        assert "lease" in said[0]
+        assert "this scheduler's takeover of the job ran" in said[0]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await election.close()

@@ -23,10 +23,14 @@ The key-value store is saved by the same saver (`keep_kv`, `write_kv`), in the s
 the same retries and the same fence: a key set (or add) is staged in the `KvStore`, handed to
 `write_kv`, and answered once the batch holding it is saved (`StateStore.save_kv`: the changed
 keys only); only then is it committed, visible to `get` and `wait`. Sets that arrive while a
-round is saving go in the next one, so a burst of sets costs a few saves, not one each. A
-failed batch waits for the next round with the newer sets joined to it, and nothing is answered
-meanwhile; a fence fails every waiting set with NotLeaderError (the node asks the leader).
-Stopping the saver (`stop`, as the scheduler steps down) ends every wait as a fence does.
+round is saving go in the next one, so a burst of sets costs a few saves, not one each. What
+waits for a round holds one value per key, the newest (a key set again replaces it), so what
+the saver holds is bounded by the store's caps, however many calls set a key and give up while
+saves fail. A failed batch waits for the next round with the newer sets joined to it, and
+nothing is answered meanwhile; a fence fails every waiting set with NotLeaderError (the node
+asks the leader). Stopping the saver (`stop`, as the scheduler steps down) ends every wait as a
+fence does. The calls are numbered as they come: a call waits until a batch holding its number
+(and every one before it) is saved, and a call given up holds nothing.
 
 A set may bring a record that rests on it (an add's, `machine.adds`: its answer, kept so that the
 add made again is not counted again): a batch holds its sets first, then its records, and the
@@ -115,13 +119,15 @@ class WriteAheadSaver:
         # event log and metrics (cluster.scheduler.observe).
         self.observer: Callable[[float, str | None], None] | None = None
         # The key-value store (`keep_kv`): the job it is saved under and what commits a saved
-        # set; the sets not yet in a batch being saved, in order, and who waits for them; those
-        # of the batch being saved; the last failed batch's error, while batches fail.
+        # set; the sets not yet in a batch being saved, the newest value of each key with how
+        # many calls set it (each is committed once); how many calls were handed over, and how
+        # many of them are saved (calls land in order); the last failed batch's error, while
+        # batches fail.
         self._kv: tuple[str, Callable[[str, bytes], None]] | None = None
-        self._kv_pending: list[tuple[str, bytes]] = []
+        self._kv_pending: dict[str, tuple[bytes, int]] = {}
         self._kv_records: dict[str, bytes] = {}  # saved after the sets of their batch
-        self._kv_waiters: list[asyncio.Future[None]] = []
-        self._kv_in_flight: list[asyncio.Future[None]] = []
+        self._kv_handed = self._kv_landed = 0
+        self._kv_progress = asyncio.Condition()
         self.kv_error: str | None = None
 
     def keep_kv(self, job: str, commit: Callable[[str, bytes], None]) -> None:
@@ -136,23 +142,36 @@ class WriteAheadSaver:
         caller gives up waiting: what was staged is committed all the same."""
         if self.fenced is not None:
             raise NotLeaderError(self.fenced)
-        waiter = asyncio.get_running_loop().create_future()
-        self._kv_pending.append((key, value))
+        sets = self._kv_pending.get(key, (b"", 0))[1]
+        self._kv_pending[key] = (value, sets + 1)  # the older value is never saved now
         if record is not None:
             self._kv_records[record[0]] = record[1]
-        self._kv_waiters.append(waiter)
+        self._kv_handed += 1
         self._wake.set()
-        await asyncio.shield(waiter)
+        await self._kv_answer(self._kv_handed)
 
     async def kv_saved(self) -> None:
         """Return once every key-value change handed to `write_kv` so far is saved;
         NotLeaderError when it never will be. (Batches land in order, and a failed one is
-        saved again with those after it: the last waiter is the last to be answered.)"""
+        saved again with those after it.)"""
         if self.fenced is not None:
             raise NotLeaderError(self.fenced)
-        waiting = self._kv_waiters or self._kv_in_flight
-        if waiting:
-            await asyncio.shield(waiting[-1])
+        await self._kv_answer(self._kv_handed)
+
+    async def _kv_answer(self, number: int) -> None:
+        """Return once the key-value calls up to `number` are saved; NotLeaderError when they
+        never will be."""
+        if not await self._kv_landed_through(number):
+            raise NotLeaderError(self.fenced or "saving has stopped")
+
+    async def _kv_landed_through(self, number: int) -> bool:
+        """Wait until the key-value calls up to `number` are saved (True) or never will be."""
+        if self._kv_landed < number and self.fenced is None:
+            async with self._kv_progress:
+                await self._kv_progress.wait_for(
+                    lambda: self._kv_landed >= number or self.fenced is not None
+                )
+        return self._kv_landed >= number
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -181,23 +200,21 @@ class WriteAheadSaver:
         fence ends them (`flushed` raises FencedError, `write_kv` NotLeaderError); True when
         everything asked for is on disk."""
         if self._task is None:
-            return not self.pending and not self._kv_pending
+            return not self.pending and self._kv_landed >= self._kv_handed
         with contextlib.suppress(asyncio.TimeoutError, FencedError):
             await asyncio.wait_for(self._drained(), timeout_s)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
-        kv_waiting = any(not w.done() for w in [*self._kv_in_flight, *self._kv_waiters])
+        kv_waiting = self._kv_landed < self._kv_handed
         # What is not saved now never is by this saver: every wait for it ends.
         await self._halt(self.fenced or "this scheduler has stopped saving the job")
         return not self.pending and not kv_waiting
 
     async def _drained(self) -> None:
         await self.flushed(self.requested)
-        waiting = [*self._kv_in_flight, *self._kv_waiters]
-        if waiting:
-            await asyncio.wait(waiting)
+        await self._kv_landed_through(self._kv_handed)
 
     def request(self, revision: int) -> None:
         """Save the state up to `revision` (the newest snapshot, when the round comes)."""
@@ -260,29 +277,27 @@ class WriteAheadSaver:
         if not (self._kv_pending or self._kv_records) or self._kv is None:
             return True
         job, commit = self._kv
-        changes, records, waiters = self._kv_pending, self._kv_records, self._kv_waiters
-        self._kv_pending, self._kv_records, self._kv_waiters = [], {}, []
-        self._kv_in_flight = waiters
+        changes, records, through = self._kv_pending, self._kv_records, self._kv_handed
+        self._kv_pending, self._kv_records = {}, {}
         try:
             await self.store.save_kv(job, _in_order(changes, records))
         except FencedError as exc:
-            await self._fence(str(exc))  # fails the batch's waiters and those queued after it
+            await self._fence(str(exc))  # fails the batch's calls and those queued after it
             return False
         except StateFileError as exc:
-            self._kv_pending = [*changes, *self._kv_pending]
+            self._kv_pending = _joined(changes, self._kv_pending)
             self._kv_records = {**records, **self._kv_records}
-            self._kv_waiters, self._kv_in_flight = [*waiters, *self._kv_waiters], []
             self._kv_failed(str(exc))
             return False
-        self._kv_in_flight = []
         if self.kv_error is not None:
             log.info("the key-value store is saved again; the waiting calls are answered")
             self.kv_error = None
-        for key, value in changes:
-            commit(key, value)
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        for key, (value, sets) in changes.items():
+            for _ in range(sets):  # each set staged is committed (`KvTable.commit`)
+                commit(key, value)
+        self._kv_landed = max(self._kv_landed, through)
+        async with self._kv_progress:
+            self._kv_progress.notify_all()
         return True
 
     async def _save(self) -> bool:
@@ -346,15 +361,10 @@ class WriteAheadSaver:
         """Nothing more is saved (`why`): every waiting key-value set fails with
         NotLeaderError, and every `flushed` wait ends."""
         self.fenced = why
-        waiters = [*self._kv_in_flight, *self._kv_waiters]
-        self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], []
-        self._kv_records = {}
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(NotLeaderError(why))
-                waiter.exception()  # retrieved: its caller may be gone
-        async with self._progress:
-            self._progress.notify_all()
+        self._kv_pending, self._kv_records = {}, {}
+        for progress in (self._progress, self._kv_progress):
+            async with progress:
+                progress.notify_all()
 
     def _observe(self, started: float) -> None:
         if self.observer is not None:
@@ -376,13 +386,24 @@ class WriteAheadSaver:
         )
 
 
-def _in_order(sets: list[tuple[str, bytes]], records: dict[str, bytes]) -> dict[str, bytes]:
+def _in_order(sets: dict[str, tuple[bytes, int]], records: dict[str, bytes]) -> dict[str, bytes]:
     """One batch: the newest value of each key set, then the records that rest on them."""
-    batch = dict(sets)
+    batch = {key: value for key, (value, _) in sets.items()}
     for key, value in records.items():
         batch.pop(key, None)
         batch[key] = value
     return batch
+
+
+def _joined(
+    older: dict[str, tuple[bytes, int]], newer: dict[str, tuple[bytes, int]]
+) -> dict[str, tuple[bytes, int]]:
+    """The sets of a failed batch with those that came meanwhile: the newest value of each key,
+    and how many calls set it in all."""
+    joined = dict(older)
+    for key, (value, sets) in newer.items():
+        joined[key] = (value, joined.get(key, (b"", 0))[1] + sets)
+    return joined
 
 
 def _identity(snapshot: dict[str, Any]) -> tuple[object, object]:

@@ -10,9 +10,11 @@ finishing therefore costs a few writes, not 1024.
 
 A save that fails (the disk full or read-only, an I/O error) releases nothing: it is tried
 again with backoff (SAVE_RETRY: 0.1 s doubling to 5 s), each attempt with the newest
-snapshot, until one lands; only then does what was held back go out, in order. The failure is
-logged once when it starts and once when it ends, and `failing_since`, `error` and `failures`
-tell `Status` (and a metrics exporter) about it meanwhile.
+snapshot, until one lands; only then does what was held back go out, in order. A key-value
+batch that fails is a failed save as well: saving fails while either part fails, and works
+again once both land. The failure of each part is logged once when it starts and once when it
+ends, and `failing_since`, `error`, `failures` and the unsaved changes (decided revisions and
+key sets) tell `Status`, and through `observer` the event log and the metrics, meanwhile.
 
 Every save is a compare-and-set on the token of the last save (`StateStore.save`). A save that
 is refused because this scheduler no longer holds the store, or because the stored state is not
@@ -64,12 +66,15 @@ SAVE_RETRY = RetryPolicy(first_s=0.1, max_s=5.0)
 # Failed saves remembered as perhaps landed (see `_landed_unanswered`): far more than fail in a
 # row before one lands, as every retry saves the newest state.
 UNANSWERED_KEPT = 1024
+# The two parts a saver saves, each failing on its own: the job's state, the key-value store.
+STATE, KV = "state", "kv"
 
 
 @frozen
 class Saving:
     """How saving goes: the last error ("" while saves land), for how long saves have failed,
-    how many attempts failed in all, and how many decided changes are not saved yet."""
+    how many attempts failed in all (the state's and the key-value store's), and how many
+    changes are not saved yet (decided revisions, and keys set)."""
 
     error: str
     failing_for_s: float
@@ -110,25 +115,26 @@ class WriteAheadSaver:
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        # While saves fail: the last error (names the file and the cause) and since when (clock).
-        self.error: str | None = None
-        self.failing_since: float | None = None
-        # Failed attempts since the start, a counter (never reset).
+        # Each part (STATE, KV) while its saves fail: the last error (it names the file and the
+        # cause) and since when (clock); why saves were refused for good, once they were.
+        self._failing: dict[str, tuple[str, float]] = {}
+        self._refused: str | None = None
+        # Failed attempts since the start, of either part: a counter (never reset).
         self.failures = 0
-        # Told how each save ended, its seconds and error (None: it landed): the scheduler's
-        # event log and metrics (cluster.scheduler.observe).
-        self.observer: Callable[[float, str | None], None] | None = None
+        # Told how each save ended, its seconds, its error (None: it landed) and its part: the
+        # scheduler's event log and metrics (cluster.scheduler.observe).
+        self.observer: Callable[[float, str | None, str], None] | None = None
         # The key-value store (`keep_kv`): the job it is saved under and what commits a saved
         # set; the sets not yet in a batch being saved, the newest value of each key with how
         # many calls set it (each is committed once); how many calls were handed over, and how
-        # many of them are saved (calls land in order); the last failed batch's error, while
-        # batches fail.
+        # many of them are saved (calls land in order); how many keys the batch being saved
+        # holds.
         self._kv: tuple[str, Callable[[str, bytes], None]] | None = None
         self._kv_pending: dict[str, tuple[bytes, int]] = {}
         self._kv_records: dict[str, bytes] = {}  # saved after the sets of their batch
         self._kv_handed = self._kv_landed = 0
         self._kv_progress = asyncio.Condition()
-        self.kv_error: str | None = None
+        self._kv_flying = 0
 
     def keep_kv(self, job: str, commit: Callable[[str, bytes], None]) -> None:
         """Save the key-value store of `job` too; `commit(key, value)` once a set is saved."""
@@ -226,17 +232,37 @@ class WriteAheadSaver:
     def pending(self) -> bool:
         return self.saved < self.requested
 
+    @property
+    def error(self) -> str | None:
+        """While saves fail, the last error (the state's before the key-value store's); why
+        saves were refused for good, once they were; None while saves land."""
+        failing = self._failing.get(STATE) or self._failing.get(KV)
+        return self._refused or (None if failing is None else failing[0])
+
+    @property
+    def kv_error(self) -> str | None:
+        """The last key-value batch's error, while batches fail."""
+        failing = self._failing.get(KV)
+        return None if failing is None else failing[0]
+
+    @property
+    def failing_since(self) -> float | None:
+        """Since when (clock) saves have failed, of either part; None while they land."""
+        return min((since for _, since in self._failing.values()), default=None)
+
     def failing_for_s(self) -> float:
         """Seconds since saves started failing; 0 while they succeed."""
-        return 0.0 if self.failing_since is None else self._clock() - self.failing_since
+        since = self.failing_since
+        return 0.0 if since is None else self._clock() - since
 
     def status(self, revision: int) -> Saving:
         """How saving goes, for Status and the metrics; `revision`: the newest decided."""
+        kv_unsaved = len(self._kv_pending) + len(self._kv_records) + self._kv_flying
         return Saving(
             error=self.error or "",
             failing_for_s=self.failing_for_s(),
             failures=self.failures,
-            unsaved_changes=max(revision - self.saved, 0),
+            unsaved_changes=max(revision - self.saved, 0) + kv_unsaved,
         )
 
     async def flushed(self, revision: int) -> None:
@@ -279,6 +305,8 @@ class WriteAheadSaver:
         job, commit = self._kv
         changes, records, through = self._kv_pending, self._kv_records, self._kv_handed
         self._kv_pending, self._kv_records = {}, {}
+        self._kv_flying = len(changes) + len(records)
+        started = time.perf_counter()
         try:
             await self.store.save_kv(job, _in_order(changes, records))
         except FencedError as exc:
@@ -287,11 +315,11 @@ class WriteAheadSaver:
         except StateFileError as exc:
             self._kv_pending = _joined(changes, self._kv_pending)
             self._kv_records = {**records, **self._kv_records}
-            self._kv_failed(str(exc))
+            self._failed(KV, str(exc), started)
             return False
-        if self.kv_error is not None:
-            log.info("the key-value store is saved again; the waiting calls are answered")
-            self.kv_error = None
+        finally:
+            self._kv_flying = 0
+        self._landed(KV, started)
         for key, (value, sets) in changes.items():
             for _ in range(sets):  # each set staged is committed (`KvTable.commit`)
                 commit(key, value)
@@ -318,19 +346,9 @@ class WriteAheadSaver:
             # Its outcome is unknown: an etcd transaction whose answer timed out may have landed.
             if len(self._unanswered) < UNANSWERED_KEPT:
                 self._unanswered.add(_identity(snapshot))
-            self._failed(exc)
-            self._observe(started)
+            self._failed(STATE, str(exc), started)
             return False
-        if self.failing_since is not None:
-            log.info(
-                "recovery state saved again to %s after %.1f s of failed saves; what was held "
-                "back goes out now",
-                self.where,
-                self.failing_for_s(),
-            )
-        self.error = None
-        self.failing_since = None
-        self._observe(started)
+        self._landed(STATE, started)
         self.saved = max(self.saved, revision)
         self._on_saved(self.saved)
         async with self._progress:
@@ -344,15 +362,10 @@ class WriteAheadSaver:
         the store would have said this one is fenced."""
         return stored.snapshot is not None and _identity(stored.snapshot) in self._unanswered
 
-    def _kv_failed(self, why: str) -> None:
-        if self.kv_error is None:
-            log.error("%s; retrying, and the key-value calls wait meanwhile", why)
-        self.kv_error = why
-
     async def _fence(self, why: str) -> None:
         """Saves are refused for good: another scheduler holds the job. Every waiting key-value
         set fails with NotLeaderError (the node asks the leader again)."""
-        self.fenced = self.error = why
+        self.fenced = self._refused = why
         log.error("%s; nothing more is saved or told by this scheduler", why)
         self._on_fenced(why)
         await self._halt(why)
@@ -366,24 +379,51 @@ class WriteAheadSaver:
             async with progress:
                 progress.notify_all()
 
-    def _observe(self, started: float) -> None:
-        if self.observer is not None:
-            self.observer(time.perf_counter() - started, self.error)
-
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, part: str, why: str, started: float) -> None:
+        """A save of `part` (STATE, KV) begun at `started` failed with `why` (it names the
+        file and the cause): counted, told, and logged when saves of `part` start failing."""
         self.failures += 1
-        self.error = str(exc)
-        if self.failing_since is not None:
+        failing = self._failing.get(part)
+        self._failing[part] = (why, self._clock() if failing is None else failing[1])
+        self._observe(started, why, part)
+        if failing is not None:
             return
-        self.failing_since = self._clock()
         # One line: the error names the file and the cause; a traceback adds nothing.
+        if part == KV:
+            log.error("%s; retrying, and the key-value calls wait meanwhile", why)
+            return
         log.error(
             "%s; retrying every %g s at most. Until a save lands, the nodes are not told of "
             "changes (a new generation, a registration, the job's end); the job goes on as it "
             "was",
-            self.error,
+            why,
             self._retry.max_s,
         )
+
+    def _landed(self, part: str, started: float) -> None:
+        """A save of `part` begun at `started` landed: told, and logged when it had failed."""
+        failing = self._failing.pop(part, None)
+        self._observe(started, None, part)
+        if failing is None:
+            return
+        failed_s = self._clock() - failing[1]
+        if part == KV:
+            log.info(
+                "the key-value store is saved again after %.1f s of failed saves; the waiting "
+                "calls are answered",
+                failed_s,
+            )
+            return
+        log.info(
+            "recovery state saved again to %s after %.1f s of failed saves; what was held "
+            "back goes out now",
+            self.where,
+            failed_s,
+        )
+
+    def _observe(self, started: float, error: str | None, part: str) -> None:
+        if self.observer is not None:
+            self.observer(time.perf_counter() - started, error, part)
 
 
 def _in_order(sets: dict[str, tuple[bytes, int]], records: dict[str, bytes]) -> dict[str, bytes]:

@@ -422,7 +422,10 @@ class SchedulerCore:
             # What was told so far (so on disk), and, through `mailbox`, what is told from now on:
             # the catch-up never names a generation that a crash could forget.
             for event in self.state.catch_up_for(node_id, self._catch_up):
-                yield form(self._wire.serialized(event))
+                told = self._wire.serialized(event)
+                yield form(told)
+                if told is self._wire.final:
+                    return  # the job's end: nothing follows
             while True:
                 item = await mailbox.get()
                 if isinstance(item, state.Evict):

@@ -128,3 +128,17 @@ async def test_a_node_waiting_out_its_guard_is_journaled_once_not_once_a_second(
     kinds = [event.kind for event in core.journal.history()]
     assert kinds.count("guard_refusal") == 1, kinds
     assert kinds.count("rejoined") == 1, kinds
+
+
+async def test_a_stream_opened_after_the_job_ended_ends_after_its_shutdown() -> None:
+    """The catch-up of a stream opened once the job is over is the Shutdown, its last event:
+    the stream ends there, as a stream open at the end does."""
+    core = SchedulerCore(dataclasses.replace(SETTINGS, recovery=False))
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    core.abort("scheduler stopped by SIGINT")
+    stream = core.watch("0", 1, caller("0", 1))
+    assert (await _next_event(stream)).WhichOneof("kind") == "shutdown"
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(stream), BOUND_S)
+    assert core.open_streams == 0

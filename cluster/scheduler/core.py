@@ -309,7 +309,7 @@ class SchedulerCore:
         if self.fenced is None:
             self.fenced = str(error)
         self._streams.broadcast(error)
-        self.exchanges.fail_all(str(error), kind=NotLeaderError)
+        self.exchanges.fail_all(error)  # the leader it names goes to every caller
         self.kv.abandon(error)
 
     async def durable(self) -> None:
@@ -638,7 +638,7 @@ class SchedulerCore:
             self._log(effect)
             self.journal.effect(effect)
         if fail is not None:
-            self.exchanges.fail_all(fail.reason, kind=fail.error, keep_answer=fail.keep_answer)
+            self.exchanges.fail_all(fail.error(fail.reason), keep_answer=fail.keep_answer)
         if effect is None:
             return
         if isinstance(effect, state.ProgressEvent):

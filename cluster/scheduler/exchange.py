@@ -11,10 +11,11 @@ saved (`durable`, the engine's write-ahead wait), as the events that tell of it 
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
-from cluster.protocol.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.protocol.errors import ClusterError, CollectiveError
 from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST, ExchangeTicket
 from cluster.scheduler.machine.rounds import (
     ROUNDS_PER_RANK,
@@ -86,7 +87,7 @@ class ExchangeTable:
         if isinstance(joined, Failed):
             self._settle(rnd, joined.error)
             self._drop_if_forgotten(rnd)
-            raise type(joined.error)(str(joined.error))
+            raise copy.copy(joined.error)  # each caller its own, with what it carries
         if isinstance(joined, Completed):
             self._settle(rnd, joined.gathered)
         try:
@@ -147,9 +148,9 @@ class ExchangeTable:
         """See `Rounds.answered_before`."""
         return self.rounds.answered_before(generation, rank, answered)
 
-    def fail_all(
-        self, reason: str, kind: type[ClusterError] = JobFailedError, *, keep_answer: bool = False
-    ) -> None:
-        """Fail every open round: a node died or left, or the job ended (`Rounds.fail_all`)."""
-        for rnd in self.rounds.fail_all(kind(reason), keep_answer=keep_answer):
-            self._settle(rnd, kind(reason))
+    def fail_all(self, error: ClusterError, *, keep_answer: bool = False) -> None:
+        """Fail every open round with `error`, as it is (a NotLeaderError keeps the leader it
+        names): a node died or left, the job ended, this scheduler stood down
+        (`Rounds.fail_all`)."""
+        for rnd in self.rounds.fail_all(error, keep_answer=keep_answer):
+            self._settle(rnd, error)

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
-from cluster.protocol.errors import CollectiveError, PeerFailedError
+from cluster.protocol.errors import CollectiveError, NotLeaderError, PeerFailedError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.core import SchedulerCore
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
-from tests.aio import BOUND_S
+from tests.aio import BOUND_S, settle
 from tests.conftest import FakeClock
 from tests.credentials import caller, registration
 
@@ -142,3 +142,17 @@ async def test_a_stream_opened_after_the_job_ended_ends_after_its_shutdown() -> 
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(stream), BOUND_S)
     assert core.open_streams == 0
+
+
+async def test_a_step_down_tells_the_collectives_waiting_where_the_leader_is() -> None:
+    core = SchedulerCore(SETTINGS)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    gather = asyncio.ensure_future(
+        core.exchange("1", caller("1", 1), generation=1, seq=1, op="allgather", root=0, value=b"")
+    )
+    await settle(lambda: len(core.exchanges) == 1)
+    core.stand_down(NotLeaderError("this scheduler stands by", leader="10.0.0.9:8118"))
+    with pytest.raises(NotLeaderError) as refused:
+        await asyncio.wait_for(gather, BOUND_S)
+    assert refused.value.leader == "10.0.0.9:8118"

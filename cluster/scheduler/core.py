@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TypeVar
 
 from cluster.protocol.config import canonical_node_id
@@ -148,7 +148,9 @@ class SchedulerCore:
             self._save_in(state_store, token)
         # The members' key-value calls (`cluster.scheduler.kv_calls`), saved by the same saver.
         self.kv_calls = KvCalls(self.kv, self.state, self.persister)
-        self.exchanges = ExchangeTable(limits.collective_max_bytes, limits.collective_timeout_s)
+        self.exchanges = ExchangeTable(
+            limits.collective_max_bytes, limits.collective_timeout_s, self.durable
+        )
         self._init_delivery(settings, clock)
 
     def _init_delivery(self, settings: JobSettings, clock: Callable[[], float]) -> None:
@@ -307,7 +309,7 @@ class SchedulerCore:
         if self.fenced is None:
             self.fenced = str(error)
         self._streams.broadcast(error)
-        self.exchanges.fail_all(str(error), kind=NotLeaderError)
+        self.exchanges.fail_all(error)  # the leader it names goes to every caller
         self.kv.abandon(error)
 
     async def durable(self) -> None:
@@ -420,7 +422,10 @@ class SchedulerCore:
             # What was told so far (so on disk), and, through `mailbox`, what is told from now on:
             # the catch-up never names a generation that a crash could forget.
             for event in self.state.catch_up_for(node_id, self._catch_up):
-                yield form(self._wire.serialized(event))
+                told = self._wire.serialized(event)
+                yield form(told)
+                if told is self._wire.final:
+                    return  # the job's end: nothing follows
             while True:
                 item = await mailbox.get()
                 if isinstance(item, state.Evict):
@@ -512,14 +517,16 @@ class SchedulerCore:
             why = f"its process died of an error: {failure}"
             self._apply(self.state.disconnect(node_id, incarnation, why))
         else:
-            self._apply(self.state.finish(node_id, incarnation))
-        if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
-            self.exchanges.fail_all(
-                f"{member.describe()} has finished (called cluster.finalize()) while others were "
-                "still in a collective; every rank must take part in every collective",
-                kind=CollectiveError,
-                keep_answer=True,  # a round answered before it left is answered again
-            )
+            effects: list[ready_.Decision] = [*self.state.finish(node_id, incarnation)]
+            if member.state is state.NodeState.FINISHED and self.state.phase is state.Phase.READY:
+                # The others' rounds fail once its finish is saved, as an event is told (a round
+                # answered before it left is answered again).
+                reason = (
+                    f"{member.describe()} has finished (called cluster.finalize()) while others "
+                    "were still in a collective; every rank must take part in every collective"
+                )
+                effects.append(ready_.FailRounds(reason, CollectiveError, keep_answer=True))
+            self._apply(effects)
         await self.durable()
 
     async def exchange(
@@ -600,7 +607,7 @@ class SchedulerCore:
 
     # -- effects -------------------------------------------------------------------------------
 
-    def _apply(self, effects: list[state.Effect]) -> None:
+    def _apply(self, effects: Sequence[ready_.Decision]) -> None:
         """The state machine decided `effects`: save, then tell (`machine.ready`)."""
         self._carry_out(self.outbox.step(self.state.revision, effects))
         persister = self.persister
@@ -623,14 +630,17 @@ class SchedulerCore:
             self._tell(tell)
 
     def _tell(self, tell: ready_.Tell) -> None:
-        effect = tell.effect
+        effect, fail = tell.effect, tell.fail
         if isinstance(effect, state.Evict):
             self._streams.put((effect.node_id, effect.incarnation), effect)
             return
-        self._log(effect)
-        self.journal.effect(effect)
-        if tell.fail is not None:
-            self.exchanges.fail_all(tell.fail.reason, kind=tell.fail.error)
+        if effect is not None:
+            self._log(effect)
+            self.journal.effect(effect)
+        if fail is not None:
+            self.exchanges.fail_all(fail.error(fail.reason), keep_answer=fail.keep_answer)
+        if effect is None:
+            return
         if isinstance(effect, state.ProgressEvent):
             self._pending_progress = effect
             return

@@ -3,14 +3,19 @@
 The rules (one contribution per rank, the shares and caps, the deadline, what fails a round)
 are decided by the pure table `Rounds`; this shell holds, for each open round, the future its
 callers wait on and the timer of its deadline, and carries out the table's answers.
+
+A refusal that tells of a change of the job (a rank has finished) waits until the change is
+saved (`durable`, the engine's write-ahead wait), as the events that tell of it do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+from collections.abc import Awaitable, Callable
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
-from cluster.protocol.errors import ClusterError, CollectiveError, JobFailedError
+from cluster.protocol.errors import ClusterError, CollectiveError
 from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST, ExchangeTicket
 from cluster.scheduler.machine.rounds import (
     ROUNDS_PER_RANK,
@@ -29,8 +34,11 @@ class ExchangeTable:
         self,
         max_bytes: int = DEFAULT_COLLECTIVE_MAX_BYTES,
         timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+        durable: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`durable`: waits until what the job decided so far is saved (None: nothing is)."""
         self.rounds = Rounds(max_bytes, timeout_s)
+        self._durable = durable
         # Per open round: what its callers wait on, and its deadline's timer.
         self._waits: dict[Round, tuple[asyncio.Future[list[bytes]], asyncio.TimerHandle]] = {}
 
@@ -67,6 +75,8 @@ class ExchangeTable:
         if ticket.closed:  # a rank finished: only a call made again of an answered round
             joined = self.rounds.made_again(key, rank=rank, op=op, root=root, value=value)
             if joined is None:
+                if self._durable is not None:
+                    await self._durable()  # it tells of the rank's finish: once that is saved
                 raise CollectiveError(ticket.closed)
         else:
             joined = self.rounds.join(
@@ -77,7 +87,7 @@ class ExchangeTable:
         if isinstance(joined, Failed):
             self._settle(rnd, joined.error)
             self._drop_if_forgotten(rnd)
-            raise type(joined.error)(str(joined.error))
+            raise copy.copy(joined.error)  # each caller its own, with what it carries
         if isinstance(joined, Completed):
             self._settle(rnd, joined.gathered)
         try:
@@ -138,9 +148,9 @@ class ExchangeTable:
         """See `Rounds.answered_before`."""
         return self.rounds.answered_before(generation, rank, answered)
 
-    def fail_all(
-        self, reason: str, kind: type[ClusterError] = JobFailedError, *, keep_answer: bool = False
-    ) -> None:
-        """Fail every open round: a node died or left, or the job ended (`Rounds.fail_all`)."""
-        for rnd in self.rounds.fail_all(kind(reason), keep_answer=keep_answer):
-            self._settle(rnd, kind(reason))
+    def fail_all(self, error: ClusterError, *, keep_answer: bool = False) -> None:
+        """Fail every open round with `error`, as it is (a NotLeaderError keeps the leader it
+        names): a node died or left, the job ended, this scheduler stood down
+        (`Rounds.fail_all`)."""
+        for rnd in self.rounds.fail_all(error, keep_answer=keep_answer):
+            self._settle(rnd, error)

@@ -16,6 +16,7 @@ from cluster.protocol.config import ObserveConfig
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.machine import events
+from cluster.scheduler.persist import STATE
 
 if TYPE_CHECKING:
     from cluster.scheduler.metrics import MetricsServer, SchedulerMetrics
@@ -82,12 +83,18 @@ class Observability:
         if announce:
             core.journal.emit(events.of_start(core.state))
 
-    def _saved(self, seconds: float, error: str | None) -> None:
+    def _saved(self, seconds: float, error: str | None, part: str) -> None:
+        """A save of `part` (the state, or a key-value batch) ended with `error` (None: it
+        landed): the metrics count it, and the event log says when saving as a whole starts
+        failing and when it works again (both parts landing)."""
         core = self._core
         assert core is not None
-        core.journal.save(error is None, error or "")
-        if self.metrics is not None and core.persister is not None:
-            path = getattr(core.persister.store, "path", None)  # the directory store's file
+        persister = core.persister
+        failing = error if persister is None else persister.error
+        core.journal.save(failing is None, failing or "")
+        if self.metrics is not None and persister is not None:
+            # The directory store's state file (its size is a metric); a batch leaves it as it is.
+            path = getattr(persister.store, "path", None) if part == STATE else None
             self.metrics.saved(seconds, error is None, path)
 
     async def stop(self) -> None:

@@ -10,9 +10,11 @@ finishing therefore costs a few writes, not 1024.
 
 A save that fails (the disk full or read-only, an I/O error) releases nothing: it is tried
 again with backoff (SAVE_RETRY: 0.1 s doubling to 5 s), each attempt with the newest
-snapshot, until one lands; only then does what was held back go out, in order. The failure is
-logged once when it starts and once when it ends, and `failing_since`, `error` and `failures`
-tell `Status` (and a metrics exporter) about it meanwhile.
+snapshot, until one lands; only then does what was held back go out, in order. A key-value
+batch that fails is a failed save as well: saving fails while either part fails, and works
+again once both land. The failure of each part is logged once when it starts and once when it
+ends, and `failing_since`, `error`, `failures` and the unsaved changes (decided revisions and
+key sets) tell `Status`, and through `observer` the event log and the metrics, meanwhile.
 
 Every save is a compare-and-set on the token of the last save (`StateStore.save`). A save that
 is refused because this scheduler no longer holds the store, or because the stored state is not
@@ -23,10 +25,14 @@ The key-value store is saved by the same saver (`keep_kv`, `write_kv`), in the s
 the same retries and the same fence: a key set (or add) is staged in the `KvStore`, handed to
 `write_kv`, and answered once the batch holding it is saved (`StateStore.save_kv`: the changed
 keys only); only then is it committed, visible to `get` and `wait`. Sets that arrive while a
-round is saving go in the next one, so a burst of sets costs a few saves, not one each. A
-failed batch waits for the next round with the newer sets joined to it, and nothing is answered
-meanwhile; a fence fails every waiting set with NotLeaderError (the node asks the leader).
-Stopping the saver (`stop`, as the scheduler steps down) ends every wait as a fence does.
+round is saving go in the next one, so a burst of sets costs a few saves, not one each. What
+waits for a round holds one value per key, the newest (a key set again replaces it), so what
+the saver holds is bounded by the store's caps, however many calls set a key and give up while
+saves fail. A failed batch waits for the next round with the newer sets joined to it, and
+nothing is answered meanwhile; a fence fails every waiting set with NotLeaderError (the node
+asks the leader). Stopping the saver (`stop`, as the scheduler steps down) ends every wait as a
+fence does. The calls are numbered as they come: a call waits until a batch holding its number
+(and every one before it) is saved, and a call given up holds nothing.
 
 A set may bring a record that rests on it (an add's, `machine.adds`: its answer, kept so that the
 add made again is not counted again): a batch holds its sets first, then its records, and the
@@ -60,12 +66,15 @@ SAVE_RETRY = RetryPolicy(first_s=0.1, max_s=5.0)
 # Failed saves remembered as perhaps landed (see `_landed_unanswered`): far more than fail in a
 # row before one lands, as every retry saves the newest state.
 UNANSWERED_KEPT = 1024
+# The two parts a saver saves, each failing on its own: the job's state, the key-value store.
+STATE, KV = "state", "kv"
 
 
 @frozen
 class Saving:
     """How saving goes: the last error ("" while saves land), for how long saves have failed,
-    how many attempts failed in all, and how many decided changes are not saved yet."""
+    how many attempts failed in all (the state's and the key-value store's), and how many
+    changes are not saved yet (decided revisions, and keys set)."""
 
     error: str
     failing_for_s: float
@@ -106,23 +115,26 @@ class WriteAheadSaver:
         self._wake = asyncio.Event()
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        # While saves fail: the last error (names the file and the cause) and since when (clock).
-        self.error: str | None = None
-        self.failing_since: float | None = None
-        # Failed attempts since the start, a counter (never reset).
+        # Each part (STATE, KV) while its saves fail: the last error (it names the file and the
+        # cause) and since when (clock); why saves were refused for good, once they were.
+        self._failing: dict[str, tuple[str, float]] = {}
+        self._refused: str | None = None
+        # Failed attempts since the start, of either part: a counter (never reset).
         self.failures = 0
-        # Told how each save ended, its seconds and error (None: it landed): the scheduler's
-        # event log and metrics (cluster.scheduler.observe).
-        self.observer: Callable[[float, str | None], None] | None = None
+        # Told how each save ended, its seconds, its error (None: it landed) and its part: the
+        # scheduler's event log and metrics (cluster.scheduler.observe).
+        self.observer: Callable[[float, str | None, str], None] | None = None
         # The key-value store (`keep_kv`): the job it is saved under and what commits a saved
-        # set; the sets not yet in a batch being saved, in order, and who waits for them; those
-        # of the batch being saved; the last failed batch's error, while batches fail.
+        # set; the sets not yet in a batch being saved, the newest value of each key with how
+        # many calls set it (each is committed once); how many calls were handed over, and how
+        # many of them are saved (calls land in order); how many keys the batch being saved
+        # holds.
         self._kv: tuple[str, Callable[[str, bytes], None]] | None = None
-        self._kv_pending: list[tuple[str, bytes]] = []
+        self._kv_pending: dict[str, tuple[bytes, int]] = {}
         self._kv_records: dict[str, bytes] = {}  # saved after the sets of their batch
-        self._kv_waiters: list[asyncio.Future[None]] = []
-        self._kv_in_flight: list[asyncio.Future[None]] = []
-        self.kv_error: str | None = None
+        self._kv_handed = self._kv_landed = 0
+        self._kv_progress = asyncio.Condition()
+        self._kv_flying = 0
 
     def keep_kv(self, job: str, commit: Callable[[str, bytes], None]) -> None:
         """Save the key-value store of `job` too; `commit(key, value)` once a set is saved."""
@@ -136,23 +148,36 @@ class WriteAheadSaver:
         caller gives up waiting: what was staged is committed all the same."""
         if self.fenced is not None:
             raise NotLeaderError(self.fenced)
-        waiter = asyncio.get_running_loop().create_future()
-        self._kv_pending.append((key, value))
+        sets = self._kv_pending.get(key, (b"", 0))[1]
+        self._kv_pending[key] = (value, sets + 1)  # the older value is never saved now
         if record is not None:
             self._kv_records[record[0]] = record[1]
-        self._kv_waiters.append(waiter)
+        self._kv_handed += 1
         self._wake.set()
-        await asyncio.shield(waiter)
+        await self._kv_answer(self._kv_handed)
 
     async def kv_saved(self) -> None:
         """Return once every key-value change handed to `write_kv` so far is saved;
         NotLeaderError when it never will be. (Batches land in order, and a failed one is
-        saved again with those after it: the last waiter is the last to be answered.)"""
+        saved again with those after it.)"""
         if self.fenced is not None:
             raise NotLeaderError(self.fenced)
-        waiting = self._kv_waiters or self._kv_in_flight
-        if waiting:
-            await asyncio.shield(waiting[-1])
+        await self._kv_answer(self._kv_handed)
+
+    async def _kv_answer(self, number: int) -> None:
+        """Return once the key-value calls up to `number` are saved; NotLeaderError when they
+        never will be."""
+        if not await self._kv_landed_through(number):
+            raise NotLeaderError(self.fenced or "saving has stopped")
+
+    async def _kv_landed_through(self, number: int) -> bool:
+        """Wait until the key-value calls up to `number` are saved (True) or never will be."""
+        if self._kv_landed < number and self.fenced is None:
+            async with self._kv_progress:
+                await self._kv_progress.wait_for(
+                    lambda: self._kv_landed >= number or self.fenced is not None
+                )
+        return self._kv_landed >= number
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="cluster-state-persister")
@@ -181,23 +206,21 @@ class WriteAheadSaver:
         fence ends them (`flushed` raises FencedError, `write_kv` NotLeaderError); True when
         everything asked for is on disk."""
         if self._task is None:
-            return not self.pending and not self._kv_pending
+            return not self.pending and self._kv_landed >= self._kv_handed
         with contextlib.suppress(asyncio.TimeoutError, FencedError):
             await asyncio.wait_for(self._drained(), timeout_s)
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
-        kv_waiting = any(not w.done() for w in [*self._kv_in_flight, *self._kv_waiters])
+        kv_waiting = self._kv_landed < self._kv_handed
         # What is not saved now never is by this saver: every wait for it ends.
         await self._halt(self.fenced or "this scheduler has stopped saving the job")
         return not self.pending and not kv_waiting
 
     async def _drained(self) -> None:
         await self.flushed(self.requested)
-        waiting = [*self._kv_in_flight, *self._kv_waiters]
-        if waiting:
-            await asyncio.wait(waiting)
+        await self._kv_landed_through(self._kv_handed)
 
     def request(self, revision: int) -> None:
         """Save the state up to `revision` (the newest snapshot, when the round comes)."""
@@ -209,17 +232,37 @@ class WriteAheadSaver:
     def pending(self) -> bool:
         return self.saved < self.requested
 
+    @property
+    def error(self) -> str | None:
+        """While saves fail, the last error (the state's before the key-value store's); why
+        saves were refused for good, once they were; None while saves land."""
+        failing = self._failing.get(STATE) or self._failing.get(KV)
+        return self._refused or (None if failing is None else failing[0])
+
+    @property
+    def kv_error(self) -> str | None:
+        """The last key-value batch's error, while batches fail."""
+        failing = self._failing.get(KV)
+        return None if failing is None else failing[0]
+
+    @property
+    def failing_since(self) -> float | None:
+        """Since when (clock) saves have failed, of either part; None while they land."""
+        return min((since for _, since in self._failing.values()), default=None)
+
     def failing_for_s(self) -> float:
         """Seconds since saves started failing; 0 while they succeed."""
-        return 0.0 if self.failing_since is None else self._clock() - self.failing_since
+        since = self.failing_since
+        return 0.0 if since is None else self._clock() - since
 
     def status(self, revision: int) -> Saving:
         """How saving goes, for Status and the metrics; `revision`: the newest decided."""
+        kv_unsaved = len(self._kv_pending) + len(self._kv_records) + self._kv_flying
         return Saving(
             error=self.error or "",
             failing_for_s=self.failing_for_s(),
             failures=self.failures,
-            unsaved_changes=max(revision - self.saved, 0),
+            unsaved_changes=max(revision - self.saved, 0) + kv_unsaved,
         )
 
     async def flushed(self, revision: int) -> None:
@@ -260,29 +303,29 @@ class WriteAheadSaver:
         if not (self._kv_pending or self._kv_records) or self._kv is None:
             return True
         job, commit = self._kv
-        changes, records, waiters = self._kv_pending, self._kv_records, self._kv_waiters
-        self._kv_pending, self._kv_records, self._kv_waiters = [], {}, []
-        self._kv_in_flight = waiters
+        changes, records, through = self._kv_pending, self._kv_records, self._kv_handed
+        self._kv_pending, self._kv_records = {}, {}
+        self._kv_flying = len(changes) + len(records)
+        started = time.perf_counter()
         try:
             await self.store.save_kv(job, _in_order(changes, records))
         except FencedError as exc:
-            await self._fence(str(exc))  # fails the batch's waiters and those queued after it
+            await self._fence(str(exc))  # fails the batch's calls and those queued after it
             return False
         except StateFileError as exc:
-            self._kv_pending = [*changes, *self._kv_pending]
+            self._kv_pending = _joined(changes, self._kv_pending)
             self._kv_records = {**records, **self._kv_records}
-            self._kv_waiters, self._kv_in_flight = [*waiters, *self._kv_waiters], []
-            self._kv_failed(str(exc))
+            self._failed(KV, str(exc), started)
             return False
-        self._kv_in_flight = []
-        if self.kv_error is not None:
-            log.info("the key-value store is saved again; the waiting calls are answered")
-            self.kv_error = None
-        for key, value in changes:
-            commit(key, value)
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        finally:
+            self._kv_flying = 0
+        self._landed(KV, started)
+        for key, (value, sets) in changes.items():
+            for _ in range(sets):  # each set staged is committed (`KvTable.commit`)
+                commit(key, value)
+        self._kv_landed = max(self._kv_landed, through)
+        async with self._kv_progress:
+            self._kv_progress.notify_all()
         return True
 
     async def _save(self) -> bool:
@@ -303,19 +346,9 @@ class WriteAheadSaver:
             # Its outcome is unknown: an etcd transaction whose answer timed out may have landed.
             if len(self._unanswered) < UNANSWERED_KEPT:
                 self._unanswered.add(_identity(snapshot))
-            self._failed(exc)
-            self._observe(started)
+            self._failed(STATE, str(exc), started)
             return False
-        if self.failing_since is not None:
-            log.info(
-                "recovery state saved again to %s after %.1f s of failed saves; what was held "
-                "back goes out now",
-                self.where,
-                self.failing_for_s(),
-            )
-        self.error = None
-        self.failing_since = None
-        self._observe(started)
+        self._landed(STATE, started)
         self.saved = max(self.saved, revision)
         self._on_saved(self.saved)
         async with self._progress:
@@ -329,15 +362,10 @@ class WriteAheadSaver:
         the store would have said this one is fenced."""
         return stored.snapshot is not None and _identity(stored.snapshot) in self._unanswered
 
-    def _kv_failed(self, why: str) -> None:
-        if self.kv_error is None:
-            log.error("%s; retrying, and the key-value calls wait meanwhile", why)
-        self.kv_error = why
-
     async def _fence(self, why: str) -> None:
         """Saves are refused for good: another scheduler holds the job. Every waiting key-value
         set fails with NotLeaderError (the node asks the leader again)."""
-        self.fenced = self.error = why
+        self.fenced = self._refused = why
         log.error("%s; nothing more is saved or told by this scheduler", why)
         self._on_fenced(why)
         await self._halt(why)
@@ -346,43 +374,76 @@ class WriteAheadSaver:
         """Nothing more is saved (`why`): every waiting key-value set fails with
         NotLeaderError, and every `flushed` wait ends."""
         self.fenced = why
-        waiters = [*self._kv_in_flight, *self._kv_waiters]
-        self._kv_pending, self._kv_waiters, self._kv_in_flight = [], [], []
-        self._kv_records = {}
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(NotLeaderError(why))
-                waiter.exception()  # retrieved: its caller may be gone
-        async with self._progress:
-            self._progress.notify_all()
+        self._kv_pending, self._kv_records = {}, {}
+        for progress in (self._progress, self._kv_progress):
+            async with progress:
+                progress.notify_all()
 
-    def _observe(self, started: float) -> None:
-        if self.observer is not None:
-            self.observer(time.perf_counter() - started, self.error)
-
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, part: str, why: str, started: float) -> None:
+        """A save of `part` (STATE, KV) begun at `started` failed with `why` (it names the
+        file and the cause): counted, told, and logged when saves of `part` start failing."""
         self.failures += 1
-        self.error = str(exc)
-        if self.failing_since is not None:
+        failing = self._failing.get(part)
+        self._failing[part] = (why, self._clock() if failing is None else failing[1])
+        self._observe(started, why, part)
+        if failing is not None:
             return
-        self.failing_since = self._clock()
         # One line: the error names the file and the cause; a traceback adds nothing.
+        if part == KV:
+            log.error("%s; retrying, and the key-value calls wait meanwhile", why)
+            return
         log.error(
             "%s; retrying every %g s at most. Until a save lands, the nodes are not told of "
             "changes (a new generation, a registration, the job's end); the job goes on as it "
             "was",
-            self.error,
+            why,
             self._retry.max_s,
         )
 
+    def _landed(self, part: str, started: float) -> None:
+        """A save of `part` begun at `started` landed: told, and logged when it had failed."""
+        failing = self._failing.pop(part, None)
+        self._observe(started, None, part)
+        if failing is None:
+            return
+        failed_s = self._clock() - failing[1]
+        if part == KV:
+            log.info(
+                "the key-value store is saved again after %.1f s of failed saves; the waiting "
+                "calls are answered",
+                failed_s,
+            )
+            return
+        log.info(
+            "recovery state saved again to %s after %.1f s of failed saves; what was held "
+            "back goes out now",
+            self.where,
+            failed_s,
+        )
 
-def _in_order(sets: list[tuple[str, bytes]], records: dict[str, bytes]) -> dict[str, bytes]:
+    def _observe(self, started: float, error: str | None, part: str) -> None:
+        if self.observer is not None:
+            self.observer(time.perf_counter() - started, error, part)
+
+
+def _in_order(sets: dict[str, tuple[bytes, int]], records: dict[str, bytes]) -> dict[str, bytes]:
     """One batch: the newest value of each key set, then the records that rest on them."""
-    batch = dict(sets)
+    batch = {key: value for key, (value, _) in sets.items()}
     for key, value in records.items():
         batch.pop(key, None)
         batch[key] = value
     return batch
+
+
+def _joined(
+    older: dict[str, tuple[bytes, int]], newer: dict[str, tuple[bytes, int]]
+) -> dict[str, tuple[bytes, int]]:
+    """The sets of a failed batch with those that came meanwhile: the newest value of each key,
+    and how many calls set it in all."""
+    joined = dict(older)
+    for key, (value, sets) in newer.items():
+        joined[key] = (value, joined.get(key, (b"", 0))[1] + sets)
+    return joined
 
 
 def _identity(snapshot: dict[str, Any]) -> tuple[object, object]:

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Awaitable
 
 import pytest
 
-from cluster.protocol.errors import CollectiveError, PeerFailedError
+from cluster.protocol.errors import CollectiveError, NotLeaderError, PeerFailedError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.core import SchedulerCore
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
-from tests.aio import BOUND_S
+from tests.aio import BOUND_S, settle
 from tests.conftest import FakeClock
 from tests.credentials import caller, registration
 
@@ -128,3 +128,31 @@ async def test_a_node_waiting_out_its_guard_is_journaled_once_not_once_a_second(
     kinds = [event.kind for event in core.journal.history()]
     assert kinds.count("guard_refusal") == 1, kinds
     assert kinds.count("rejoined") == 1, kinds
+
+
+async def test_a_stream_opened_after_the_job_ended_ends_after_its_shutdown() -> None:
+    """The catch-up of a stream opened once the job is over is the Shutdown, its last event:
+    the stream ends there, as a stream open at the end does."""
+    core = SchedulerCore(dataclasses.replace(SETTINGS, recovery=False))
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    core.abort("scheduler stopped by SIGINT")
+    stream = core.watch("0", 1, caller("0", 1))
+    assert (await _next_event(stream)).WhichOneof("kind") == "shutdown"
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(stream), BOUND_S)
+    assert core.open_streams == 0
+
+
+async def test_a_step_down_tells_the_collectives_waiting_where_the_leader_is() -> None:
+    core = SchedulerCore(SETTINGS)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    gather = asyncio.ensure_future(
+        core.exchange("1", caller("1", 1), generation=1, seq=1, op="allgather", root=0, value=b"")
+    )
+    await settle(lambda: len(core.exchanges) == 1)
+    core.stand_down(NotLeaderError("this scheduler stands by", leader="10.0.0.9:8118"))
+    with pytest.raises(NotLeaderError) as refused:
+        await asyncio.wait_for(gather, BOUND_S)
+    assert refused.value.leader == "10.0.0.9:8118"

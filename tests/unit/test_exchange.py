@@ -145,7 +145,7 @@ async def test_mismatched_op_at_same_seq(
     assert "#7" in message
     # The first caller is still waiting; ending the job releases it.
     assert not waiting.done()
-    table.fail_all("test over")
+    table.fail_all(JobFailedError("test over"))
     with pytest.raises(JobFailedError):
         await asyncio.wait_for(waiting, BOUND_S)
 
@@ -155,7 +155,7 @@ async def test_fail_all_fails_every_waiting_contributor() -> None:
     round_a = [contribute(table, rank, size=3, seq=1) for rank in (0, 1)]
     round_b = [contribute(table, 2, size=3, seq=2, op=BARRIER)]
     await settle(lambda: len(table) == 2)
-    table.fail_all("rank 2 ('2') failed")
+    table.fail_all(JobFailedError("rank 2 ('2') failed"))
     assert len(table) == 0
     results = await asyncio.wait_for(
         asyncio.gather(*round_a, *round_b, return_exceptions=True), BOUND_S
@@ -169,7 +169,7 @@ async def test_fail_all_fails_every_waiting_contributor() -> None:
 
 async def test_fail_all_with_nothing_open() -> None:
     table = ExchangeTable()
-    table.fail_all("nothing to fail")
+    table.fail_all(JobFailedError("nothing to fail"))
     assert len(table) == 0
     assert await run_round(table, 2) == [[b"v0", b"v1"]] * 2
 
@@ -178,7 +178,7 @@ async def test_new_round_after_fail_all_survives_the_old_waiters() -> None:
     table = ExchangeTable()
     old = contribute(table, 0, size=2, seq=1)
     await settle(lambda: len(table) == 1)
-    table.fail_all("rank 0 left")
+    table.fail_all(JobFailedError("rank 0 left"))
     # Rank 1 arrives for the same collective before the old waiter has run again.
     late = contribute(table, 1, size=2, seq=1)
     with pytest.raises(JobFailedError):
@@ -187,7 +187,7 @@ async def test_new_round_after_fail_all_survives_the_old_waiters() -> None:
         await asyncio.sleep(0)  # sleep-ok: a yield to the loop, not a wait on time
     assert not late.done()
     assert len(table) == 1  # the late caller's round is still known...
-    table.fail_all("job over")  # ...so that ending the job releases it
+    table.fail_all(JobFailedError("job over"))  # ...so that ending the job releases it
     with pytest.raises(JobFailedError):
         await asyncio.wait_for(late, 1.0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.machine.adds import RECORD_PREFIX, decode
 from cluster.storage.kv_log import FILE_NAME, KvLog
+from tests import tmpfs
 from tests.aio import BOUND_S, eventually
 from tests.credentials import caller, registration
 from tests.unit.test_persist import started
@@ -190,3 +192,34 @@ async def test_a_batch_cut_short_keeps_no_record_without_its_counter(tmp_path: P
             if record is not None:
                 assert int(held.get(record.key, b"0")) >= record.value, (end, record)
     assert held["m"] == b"1"  # the whole log: both adds, each with its record
+
+
+async def test_sets_given_up_while_saves_fail_hold_one_value_of_their_key(tmp_path: Path) -> None:
+    """A member sets one key again and again on a full disk, giving each call up (its deadline):
+    the saver holds the newest value only, not one per call; space back, the newest lands."""
+    value_bytes, calls = 64 * 1024, 100
+    with tmpfs.mounted("2m") as disk:
+        core = await formed(disk)
+        saver = core.persister
+        assert saver is not None
+        node = caller("1", 1)
+        filler = tmpfs.fill(disk)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(calls):
+                call = asyncio.ensure_future(core.kv_set(node, "k", bytes([i]) * value_bytes))
+                await asyncio.sleep(0)  # sleep-ok: a turn of the loop, the set is staged
+                call.cancel()
+                await asyncio.sleep(0)  # sleep-ok: a turn of the loop, the call ends
+            await eventually(lambda: saver.kv_error is not None, "a failed key-value save")
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        # The newest value, staged and waiting (a batch in flight holds one more): not 100.
+        assert grown < 4 * value_bytes, f"{grown} bytes held for {calls} sets of one key"
+        assert "No space left on device" in (saver.kv_error or "")
+        filler.unlink()
+        await asyncio.wait_for(core.kv_set(node, "k", b"last"), BOUND_S)
+        assert core.kv.get(["k"]) == ([b"last"], [])
+        await ended(core)

@@ -21,10 +21,11 @@ from cluster.scheduler import JobStore, SchedulerServer
 from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
 from cluster.scheduler.machine import state
 from cluster.storage import store
+from cluster.storage.kv_log import FILE_NAME
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S, eventually
-from tests.credentials import digest
+from tests.credentials import caller, digest
 from tests.scrape import ON, form, reg, scrape, settings, value
 
 HEALTH = "grpc.health.v1.Health"
@@ -229,6 +230,49 @@ async def test_a_failing_save_is_counted_and_is_one_event(
         await eventually(lambda: "save_recovered" in kinds(), "a save that landed again")
     assert value(seen, "cluster_state_save_failures_total") >= 1
     assert value(seen, "cluster_state_saves_pending") >= 1
+    assert kinds().count("save_failed") == 1  # said once, however many retries failed
+
+
+async def test_failing_key_value_saves_are_failing_saves(tmp_path: Path) -> None:
+    """The key-value log cannot be written and no state change waits: Status, the event log
+    and the metrics say saves fail while the key set waits, and say when they work again."""
+    async with SchedulerServer(
+        settings(recovery=True), store=JobStore.directory(tmp_path), observe=ON
+    ) as server:
+        core = server.core
+
+        def kinds() -> list[str]:
+            return [e.kind for e in core.journal.history()]
+
+        await form(server)
+        kv_log, aside = tmp_path / FILE_NAME, tmp_path / "kv.log.aside"
+        kv_log.rename(aside)
+        kv_log.mkdir()  # every append fails, as on a broken disk
+        node = core.state.members["1"]
+        kv_set = asyncio.ensure_future(core.kv_set(caller("1", node.incarnation), "k", b"v"))
+        await eventually(lambda: "save_failed" in kinds(), "a failed key-value save")
+        seen = await scrape(server)
+        saving = core.saving()
+        assert saving is not None
+        assert str(kv_log) in saving.error
+        assert saving.unsaved_changes == 1  # the key set
+        assert saving.failures >= 1
+        assert not kv_set.done()
+        assert value(seen, "cluster_state_save_failures_total") >= 1
+        assert value(seen, "cluster_state_saves_pending") == 1
+        persister, revision = core.persister, core.state.revision
+        assert persister is not None
+        core.state.report_checkpoints("1", node.incarnation, [10])  # a state save that lands
+        core._apply([])
+        await eventually(lambda: persister.saved > revision, "the state saved meanwhile")
+        assert "save_recovered" not in kinds()  # the key set still waits: saves still fail
+        kv_log.rmdir()
+        aside.rename(kv_log)
+        await asyncio.wait_for(kv_set, BOUND_S)
+        await eventually(lambda: "save_recovered" in kinds(), "saves working again")
+        saving = core.saving()
+        assert saving is not None
+        assert (saving.error, saving.failing_for_s, saving.unsaved_changes) == ("", 0.0, 0)
     assert kinds().count("save_failed") == 1  # said once, however many retries failed
 
 

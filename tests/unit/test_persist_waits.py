@@ -11,16 +11,17 @@ from typing import Any
 import grpc
 import pytest
 
-from cluster.protocol.errors import NotLeaderError, PeerFailedError
+from cluster.protocol.errors import CollectiveError, NotLeaderError, PeerFailedError
 from cluster.scheduler.core import SchedulerCore
-from cluster.scheduler.machine.admission import BARRIER
+from cluster.scheduler.machine.admission import ALLGATHER, BARRIER
+from cluster.scheduler.persist import WriteAheadSaver
 from cluster.scheduler.server import JobStore, SchedulerServer
 from cluster.storage import store
 from cluster.storage.kv_log import FILE_NAME
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.aio import BOUND_S, eventually
+from tests.aio import BOUND_S, eventually, settle
 from tests.credentials import caller, credential, registration
 from tests.unit.test_persist import SETTINGS, as_event, break_saves, started
 
@@ -30,6 +31,13 @@ async def formed(directory: Path) -> SchedulerCore:
     for node_id in ("0", "1"):
         await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
     return core
+
+
+async def formed_saving(directory: Path) -> tuple[SchedulerCore, WriteAheadSaver]:
+    """A formed job and its saver."""
+    core = await formed(directory)
+    assert core.persister is not None
+    return core, core.persister
 
 
 async def test_a_step_down_ends_the_calls_waiting_on_a_failing_save(tmp_path: Path) -> None:
@@ -69,9 +77,7 @@ async def test_a_step_down_ends_the_calls_waiting_on_a_failing_save(tmp_path: Pa
 async def test_a_barrier_after_a_peer_failed_is_refused_once_the_failure_is_saved(
     tmp_path: Path,
 ) -> None:
-    core = await formed(tmp_path)
-    persister = core.persister
-    assert persister is not None
+    core, persister = await formed_saving(tmp_path)
     streams = [core.watch(node_id, 1) for node_id in ("0", "1")]
     for stream in streams:  # the welcome: generation 1
         assert as_event(await asyncio.wait_for(anext(stream), BOUND_S)).topology_ready.generation
@@ -96,9 +102,7 @@ async def test_a_report_is_answered_with_the_steps_its_save_holds(
 ) -> None:
     """Rank 1's report comes while rank 0's is being saved: rank 0's answer, given once its
     own save lands, does not count rank 1's step, which that save does not hold."""
-    core = await formed(tmp_path)
-    persister = core.persister
-    assert persister is not None
+    core, persister = await formed_saving(tmp_path)
     let_go = threading.Semaphore(0)  # one save on disk per release
     entered: list[None] = []  # one per save begun
     real_save = store.save
@@ -119,4 +123,46 @@ async def test_a_report_is_answered_with_the_steps_its_save_holds(
     assert not second.done()
     let_go.release()
     await asyncio.wait_for(second, BOUND_S)
+    await persister.stop()
+
+
+async def test_a_finish_fails_the_others_collectives_once_it_is_saved(tmp_path: Path) -> None:
+    """Rank 0 finishes while rank 1 waits in an allgather and saves fail: rank 1 hears of the
+    finish (its round fails) only once the finish is saved, as rank 0 is answered."""
+    core, persister = await formed_saving(tmp_path)
+    gather = asyncio.ensure_future(
+        core.exchange("1", caller("1", 1), generation=1, seq=1, op=ALLGATHER, root=0, value=b"1")
+    )
+    await settle(lambda: len(core.exchanges) == 1)  # rank 1 waits in round 1
+    fault = break_saves(tmp_path)
+    finish = asyncio.ensure_future(core.finish("0", 1, caller("0", 1)))
+    failures = persister.failures
+    await eventually(lambda: persister.failures >= failures + 2, "saves failing")
+    assert not finish.done()
+    assert not gather.done()  # the finish is not saved: nothing tells of it
+    fault.rmdir()
+    with pytest.raises(CollectiveError, match="has finished"):
+        await asyncio.wait_for(gather, BOUND_S)
+    await asyncio.wait_for(finish, BOUND_S)
+    assert not persister.pending
+    await persister.stop()
+
+
+async def test_a_collective_after_a_finish_is_refused_once_the_finish_is_saved(
+    tmp_path: Path,
+) -> None:
+    core, persister = await formed_saving(tmp_path)
+    fault = break_saves(tmp_path)
+    finish = asyncio.ensure_future(core.finish("0", 1, caller("0", 1)))
+    await eventually(lambda: persister.failures >= 1, "saves failing")
+    gather = asyncio.ensure_future(
+        core.exchange("1", caller("1", 1), generation=1, seq=1, op=ALLGATHER, root=0, value=b"1")
+    )
+    failures = persister.failures
+    await eventually(lambda: persister.failures >= failures + 2, "saves failing still")
+    assert not gather.done()  # its refusal tells of rank 0's finish, which is not saved
+    fault.rmdir()
+    with pytest.raises(CollectiveError, match="has already finished"):
+        await asyncio.wait_for(gather, BOUND_S)
+    await asyncio.wait_for(finish, BOUND_S)
     await persister.stop()

@@ -1,8 +1,9 @@
 """Ready/Advance (`cluster.scheduler.machine.ready`): the write-ahead rule as a property of the pure
 machine. The scheduler's state machine takes random registrations, disconnects, finishes,
 aborts and passing time; the saver lands, fails or lags; another scheduler takes the job. No
-effect whose revision is unsaved ever reaches a node, none is lost or reordered, and a planted
-early release is caught."""
+effect whose revision is unsaved ever reaches a node, nor the failure of the others' rounds that
+a rank's finish brings (the engine steps it in, `SchedulerCore.finish`); none is lost or
+reordered, and a planted early release is caught."""
 
 from __future__ import annotations
 
@@ -19,17 +20,23 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from cluster.protocol.errors import JobFailedError, PeerFailedError
+from cluster.protocol.errors import CollectiveError, JobFailedError, PeerFailedError
 from cluster.protocol.records import (
-    Effect,
     Evict,
     NodeFailedEvent,
     ProgressEvent,
     ShutdownEvent,
     TopologyReadyEvent,
 )
-from cluster.scheduler.machine.ready import Outbox, Ready, Tell, rounds_failed
-from cluster.scheduler.machine.state import SchedulerState
+from cluster.scheduler.machine.ready import (
+    Decision,
+    FailRounds,
+    Outbox,
+    Ready,
+    Tell,
+    rounds_failed,
+)
+from cluster.scheduler.machine.state import NodeState, Phase, SchedulerState
 from tests.conftest import FakeClock
 from tests.sim.control_plane import EarlyRelease
 from tests.unit.test_state import make_state, reg
@@ -51,11 +58,11 @@ class WriteAheadMachine(RuleBasedStateMachine):
         self.outbox = self.outbox_kind(write_ahead=True, saved=-1, recovery=True)
         self._carry_out(self.outbox.advance(self.stored))
         self.told: list[Tell] = []
-        self.decided: list[tuple[int, Effect]] = []  # every effect, at its revision
+        self.decided: list[tuple[int, Decision]] = []  # every effect, at its revision
         self.incarnations = dict.fromkeys(WORKERS, 0)
         self.fenced_at: int | None = None  # how many were told when the job was taken
 
-    def _step(self, effects: Sequence[Effect]) -> None:
+    def _step(self, effects: Sequence[Decision]) -> None:
         self.decided.extend((self.state.revision, e) for e in effects)
         self._carry_out(self.outbox.step(self.state.revision, effects))
 
@@ -67,7 +74,7 @@ class WriteAheadMachine(RuleBasedStateMachine):
             # The property the recovery design rests on.
             assert tell.revision <= self.stored, (tell, self.stored)
             self.told.append(tell)
-            event(f"told {type(tell.effect).__name__}")
+            event(f"told {type(what_told(tell)).__name__}")
 
     @rule(index=st.integers(min_value=0, max_value=2))
     def register(self, index: int) -> None:
@@ -93,8 +100,15 @@ class WriteAheadMachine(RuleBasedStateMachine):
     @rule(index=st.integers(min_value=0, max_value=2))
     def finish(self, index: int) -> None:
         node_id = self._member(index)
-        if node_id is not None:
-            self._step(self.state.finish(node_id, self.incarnations[node_id]))
+        if node_id is None:
+            return
+        effects: list[Decision] = [*self.state.finish(node_id, self.incarnations[node_id])]
+        member = self.state.members.get(node_id)
+        if member and member.state is NodeState.FINISHED and self.state.phase is Phase.READY:
+            # As the engine: the others' rounds fail, once the finish is saved.
+            effects.append(FailRounds(f"{node_id} finished", CollectiveError, keep_answer=True))
+            event("a rank finished while others were in the job")
+        self._step(effects)
 
     @rule(seconds=st.sampled_from([0.5, 11.0, 40.0]))
     def time_passes(self, seconds: float) -> None:
@@ -134,13 +148,21 @@ class WriteAheadMachine(RuleBasedStateMachine):
 
     @invariant()
     def told_in_the_order_decided_and_nothing_lost(self) -> None:
-        told = [(t.revision, t.effect) for t in self.told]
+        told = [(t.revision, what_told(t)) for t in self.told]
         assert told == self.decided[: len(told)]
         if self.fenced_at is not None:
             assert len(self.told) == self.fenced_at, "told after another scheduler took the job"
         elif self.stored >= self.outbox.requested:
             assert not self.outbox.held, "a saved decision still waits"
             assert told == self.decided
+
+
+def what_told(tell: Tell) -> Decision:
+    """What a tell tells: its effect, or only its failure of the rounds."""
+    if tell.effect is not None:
+        return tell.effect
+    assert tell.fail is not None
+    return tell.fail
 
 
 TestWriteAhead = WriteAheadMachine.TestCase
@@ -195,3 +217,11 @@ def test_what_each_effect_does_to_the_rounds_in_progress() -> None:
     rejoined = rounds_failed(TopologyReadyEvent(generation=2, peers=()), recovery=True)
     assert rejoined is not None
     assert rejoined.error is PeerFailedError
+
+
+def test_the_rounds_a_finish_fails_wait_for_its_save() -> None:
+    outbox = Outbox(write_ahead=True, saved=3, recovery=True)
+    fail = FailRounds("rank 0 has finished", CollectiveError, keep_answer=True)
+    ready = outbox.step(4, [fail])
+    assert (ready.save, ready.tell) == (4, ())
+    assert outbox.advance(4).tell == (Tell(None, 4, fail),)

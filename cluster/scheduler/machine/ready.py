@@ -8,7 +8,9 @@ this ordering in its core's output (`Ready` says what to persist before which me
 
 - `Outbox.step(revision, effects)`: the state machine decided `effects`, which follow from its
   state at `revision`. The `Ready` it returns says which revision to save (`save`) and what may
-  be told now (`tell`): nothing while an earlier effect waits or `revision` is not saved.
+  be told now (`tell`): nothing while an earlier effect waits or `revision` is not saved. An
+  effect may also be a `FailRounds` of the engine's own (a rank finished while others were in
+  a collective): it tells of the change at `revision` as an event does, so it waits as one.
 - `Outbox.advance(saved)`: the saver says that the state up to `saved` is stored; the `Ready`
   releases, in order, what waited for it.
 - `Outbox.fence()`: another scheduler holds the job; nothing held or decided later is told.
@@ -16,7 +18,8 @@ this ordering in its core's output (`Ready` says what to persist before which me
 Each released effect comes with what it does to the rounds in progress (collectives and their
 waits, `FailRounds`): a new generation fails every open round; a failed node fails them with
 `PeerFailedError` when the job recovers and `JobFailedError` when it ends; the job's end fails
-them with `JobFailedError`. The engine only carries it out.
+them with `JobFailedError`; a `FailRounds` stepped in is released as it was given. The engine
+only carries it out.
 
 Without recovery (`write_ahead=False`) nothing is saved and everything is told at once.
 """
@@ -39,17 +42,20 @@ from cluster.protocol.value import frozen
 
 @frozen
 class FailRounds:
-    """Every round in progress ends with `error(reason)`."""
+    """Every round in progress ends with `error(reason)`; `keep_answer`: the round completed
+    last stays answerable (`Rounds.fail_all`)."""
 
     reason: str
     error: type[ClusterError]
+    keep_answer: bool = False
 
 
 @frozen
 class Tell:
-    """`effect` goes out now (an event to every stream, an eviction to one); then `fail`."""
+    """`effect` goes out now (an event to every stream, an eviction to one; None: nothing
+    but `fail`); then `fail`."""
 
-    effect: Effect
+    effect: Effect | None
     revision: int  # the state it follows from (saved, with write-ahead)
     fail: FailRounds | None = None
 
@@ -59,6 +65,10 @@ class Ready:
     # Save the state up to this revision (None: nothing new to save).
     save: int | None = None
     tell: tuple[Tell, ...] = ()
+
+
+# What the engine steps: the state machine's effects, and its own failures of the rounds.
+Decision = Effect | FailRounds
 
 
 def rounds_failed(effect: Effect, recovery: bool) -> FailRounds | None:
@@ -88,10 +98,10 @@ class Outbox:
         self.saved = saved  # the newest revision the saver said is stored
         self.requested = saved  # the newest revision asked of the saver
         # What waits for a save, oldest first: the revision each follows from.
-        self.held: deque[tuple[int, tuple[Effect, ...]]] = deque()
+        self.held: deque[tuple[int, tuple[Decision, ...]]] = deque()
         self.fenced = False
 
-    def step(self, revision: int, effects: Sequence[Effect]) -> Ready:
+    def step(self, revision: int, effects: Sequence[Decision]) -> Ready:
         """The state machine decided `effects` at `revision` (a revision that did not change:
         the state they follow from is the one already decided)."""
         if self.fenced:
@@ -128,8 +138,11 @@ class Outbox:
         """How many decisions wait for a save."""
         return len(self.held)
 
-    def _tells(self, revision: int, effects: Sequence[Effect]) -> tuple[Tell, ...]:
-        return tuple(
-            Tell(e, revision, None if isinstance(e, Evict) else rounds_failed(e, self.recovery))
-            for e in effects
-        )
+    def _tells(self, revision: int, effects: Sequence[Decision]) -> tuple[Tell, ...]:
+        return tuple(self._tell(revision, e) for e in effects)
+
+    def _tell(self, revision: int, effect: Decision) -> Tell:
+        if isinstance(effect, FailRounds):
+            return Tell(None, revision, effect)
+        fail = None if isinstance(effect, Evict) else rounds_failed(effect, self.recovery)
+        return Tell(effect, revision, fail)

@@ -39,13 +39,8 @@ from cluster.protocol.leader_search import DOWN_FOR_S
 from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
-from cluster.worker.machine.core import (
-    FATAL_WAIT_S,
-    FINISH_RETRIED,
-    TOPOLOGY_MARGIN_S,
-    Lifecycle,
-    WorkerCore,
-)
+from cluster.worker.machine.core import FATAL_WAIT_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
+from cluster.worker.machine.finishing import FINISH_RETRIED
 from cluster.worker.machine.pacing import (
     ATTEMPT_TIMEOUT_S,
     CALL_RETRY_PAUSE_S,

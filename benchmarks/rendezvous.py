@@ -546,7 +546,7 @@ def cluster_clients_main(c: Clients) -> None:
                 probe=probe,
             )
             agents.append(agent)
-            connect = asyncio.ensure_future(connected(agent._channel))
+            connect = asyncio.ensure_future(connected(agent._link.channel))
             topology = await agent.start()
             done = time.time()
             if topology.size != n:

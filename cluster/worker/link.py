@@ -1,0 +1,96 @@
+"""A worker's link to the scheduler: the route its calls take (through its host's relay while
+the relay answers, else direct: `scheduler_link.Route`), the channel and stub on that route, and
+the moves between routes: to a leader it follows, off a relay found lost, and back to a relay
+found again (make before break). A channel a move leaves is handed back to the caller as its
+closing, to run beside its other work (`close_for_good`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cluster.protocol.config import ClusterConfig
+from cluster.protocol.parse import split_address
+from cluster.protocol.value import frozen
+from cluster.transport.channel import close_for_good
+from cluster.transport.stub import LazyStub
+from cluster.worker import scheduler_link
+from cluster.worker.machine import steps
+
+if TYPE_CHECKING:
+    from cluster.transport import tls
+
+# A move back to the relay that the scheduler took closes the direct channel once its calls
+# end, at most this much later.
+RELAY_MOVE_GRACE_S = 30.0
+Closing = Coroutine[Any, Any, None]
+
+
+@frozen
+class Move:
+    """A move back to the relay under way: the direct channel and stub it leaves (kept until the
+    scheduler takes the move), and the channel through the relay."""
+
+    direct: grpc.aio.Channel
+    stub: LazyStub
+    moved: grpc.aio.Channel
+
+
+class Link:
+    """The way of one worker's calls to the scheduler at `address` (see the module docstring);
+    `host` and `port` are the scheduler's that the worker talks to now."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        identity: tls.Identity | None,
+        say: Callable[[str], None],
+        address: str,
+    ) -> None:
+        self._identity = identity
+        self.host, self.port = config.sched_host, config.sched_port
+        self.route = scheduler_link.Route(config, say)  # through the host's relay, or direct
+        self.channel: grpc.aio.Channel = self.route.open(address, identity)
+        self.stub = LazyStub(self.channel)
+
+    def follow(self, address: str) -> Closing:
+        """Talk to the scheduler at `address` from now on: the old channel's closing."""
+        self.host, self.port = split_address("the scheduler address", address)
+        old = self.channel
+        self.channel = self.route.open(address, self._identity)
+        self.stub = LazyStub(self.channel)
+        return close_for_good(old, None)
+
+    def off_lost_relay(self, address: str, lost: steps.Event | None = None) -> Closing | None:
+        """To the scheduler at `address` directly once the relay of this node's calls is gone
+        (the stream `lost` with the connection to it, or silent: a stopped relay still takes
+        connections); back through the relay, once it answers again, when the stream is lost.
+        The old channel's closing when the node moved."""
+        if lost is not None and self.route.relay_back():
+            return self.follow(address)
+        silent = isinstance(lost, steps.StreamLost) and lost.silent_s is not None
+        ready = self.channel.get_state() is grpc.ChannelConnectivity.READY
+        if self.route.relay_lost(cut_off=lost is not None and (silent or not ready)):
+            return self.follow(address)
+        return None
+
+    def to_relay(self, address: str) -> Move:
+        """Calls go through the relay found back from now on; the direct channel is kept until
+        the move is `settled`."""
+        move = Move(self.channel, self.stub, self.route.open(address, self._identity))
+        self.channel, self.stub = move.moved, LazyStub(move.moved)
+        return move
+
+    def settle(self, move: Move, took: bool) -> Closing | None:
+        """The scheduler `took` the node's stream through the relay: the direct channel's
+        closing, once its calls end. Not taken: direct again, unless something else moved the
+        node meanwhile, and looked for again later; the relay channel's closing."""
+        if took:
+            return close_for_good(move.direct, RELAY_MOVE_GRACE_S)
+        if self.channel is not move.moved:
+            return None
+        self.route.move_failed()
+        self.channel, self.stub = move.direct, move.stub
+        return close_for_good(move.moved, None)

@@ -351,6 +351,22 @@ class HopChannel(grpc.aio.Channel):
                 self._start(call)
             return
 
+    def quiet_s(self) -> float | None:
+        """How long the relay has gone unheard on this channel's connection (a pong, or any
+        other frame); None while no connection is up."""
+        if self._writer is None or self._state is not grpc.ChannelConnectivity.READY:
+            return None
+        return asyncio.get_running_loop().time() - self._heard
+
+    def answering(self, slack_s: float) -> bool:
+        """Whether the relay answers on this channel: its connection is up and it was heard
+        within a ping's interval and `slack_s`, as a running relay is (it answers each ping at
+        once); without pings, whether its connection is up."""
+        quiet_s = self.quiet_s()
+        if quiet_s is None or self._keepalive is None:
+            return quiet_s is not None
+        return quiet_s <= self._keepalive[0] + slack_s
+
     def _ping_later(self) -> None:
         if self._keepalive is not None:
             every_s = self._keepalive[0]

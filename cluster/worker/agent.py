@@ -398,6 +398,7 @@ class WorkerAgent:
                 continue  # superseded by the stream through the relay come back: read that
             if lost is not None:
                 self._off_lost_relay(lost)
+                lost = self._link.beyond_relay(lost)  # the relay answers: the node stays
             then = None if lost is None else await self._run(self.core.step(lost))
             watch = then if isinstance(then, steps.Watch) else None
 

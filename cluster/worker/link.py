@@ -6,6 +6,7 @@ closing, to run beside its other work (`close_for_good`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from cluster.worker.machine import steps
 
 if TYPE_CHECKING:
     from cluster.transport import tls
+    from cluster.transport.hop_channel import HopChannel
 
 # A move back to the relay that the scheduler took closes the direct channel once its calls
 # end, at most this much later.
@@ -63,18 +65,38 @@ class Link:
         self.stub = LazyStub(self.channel)
         return close_for_good(old, None)
 
+    @property
+    def hop(self) -> HopChannel | None:
+        """The channel, when it is the local hop to the relay (None: direct)."""
+        if self.route.relay is None:
+            return None
+        from cluster.transport.hop_channel import HopChannel  # noqa: PLC0415 - behind a relay
+
+        return self.channel if isinstance(self.channel, HopChannel) else None
+
     def off_lost_relay(self, address: str, lost: steps.Event | None = None) -> Closing | None:
-        """To the scheduler at `address` directly once the relay of this node's calls is gone
-        (the stream `lost` with the connection to it, or silent: a stopped relay still takes
-        connections); back through the relay, once it answers again, when the stream is lost.
-        The old channel's closing when the node moved."""
+        """To the scheduler at `address` directly once the relay of this node's calls is gone;
+        back through the relay, once it answers again, when the stream is lost. With the stream
+        `lost`, the relay is cut off when the hop to it went down or silent too
+        (`HopChannel.answering`: a stopped relay still takes connections, and answers no ping);
+        a stream silent while the relay answers is silent beyond it (the scheduler stalled), and
+        the node stays, as the relay's other workers do, rather than all of them turning to a
+        scheduler that comes back at once. The old channel's closing when the node moved."""
         if lost is not None and self.route.relay_back():
             return self.follow(address)
-        silent = isinstance(lost, steps.StreamLost) and lost.silent_s is not None
-        ready = self.channel.get_state() is grpc.ChannelConnectivity.READY
-        if self.route.relay_lost(cut_off=lost is not None and (silent or not ready)):
+        hop = self.hop
+        answering = hop is not None and hop.answering(scheduler_link.RELAY_CHECK_S)
+        if self.route.relay_lost(cut_off=lost is not None and hop is not None and not answering):
             return self.follow(address)
         return None
+
+    def beyond_relay(self, lost: steps.Event) -> steps.Event:
+        """`lost` (what ended the stream), a silence marked with the relay the node still
+        talks through, which answers: the silence is beyond it."""
+        hop = self.hop
+        if isinstance(lost, steps.StreamLost) and lost.silent_s is not None and hop is not None:
+            return dataclasses.replace(lost, relay=hop.address)
+        return lost
 
     def to_relay(self, address: str) -> Move:
         """Calls go through the relay found back from now on; the direct channel is kept until

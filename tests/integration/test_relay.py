@@ -405,16 +405,18 @@ class RelayedJob:
         )
 
 
-async def relayed_job(processes: Procs, short_dir: Path) -> RelayedJob:
+async def relayed_job(processes: Procs, short_dir: Path, **more: str) -> RelayedJob:
+    """`more`: variables of every process's environment (MS_NODE_TIMEOUT, say)."""
     port = free_port()
-    env = job_env(2, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(short_dir / "state"))
+    recovery = {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": str(short_dir / "state")}
+    env = job_env(2, port, **recovery, **more)
     scheduler_env = {**env, "MS_ROLE": "MS_SCHED"}
     sched = processes.start("sched", [*MSCLUSTER, "scheduler"], scheduler_env)
     sock = short_dir / "r.sock"
     relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env)
     await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
     said: list[str] = []
-    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1"}
+    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1", **more}
     extra["MS_RECOVERY_PATH"] = str(short_dir / "workers")
     agents = [make_agent(port, 2, n, said, MS_NODE_ID=n, **extra) for n in "ab"]
     return RelayedJob(port, scheduler_env, sched, relay, agents, said)

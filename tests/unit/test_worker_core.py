@@ -609,6 +609,25 @@ def test_with_recovery_the_reconnect_window_is_the_longer_timeout() -> None:
     assert core.deadline == clock.now + max(NODE_S, TOPO_S)
 
 
+def test_a_silence_beyond_a_relay_that_answers_is_said_so_and_waited_out_through_it() -> None:
+    """The scheduler silent while the relay the stream went through answers (the agent marks
+    the silence with it): the node says the silence is beyond the relay and registers again
+    through it; without recovery it fails, saying the same."""
+    core, _ = ready_core(recovery=True)
+    silent = steps.StreamLost("", silent_s=2.0, relay="unix:/r.sock")
+    said, *then = core.step(silent)
+    assert said == steps.Say(
+        "lost the scheduler at 127.0.0.1:8118 (no heartbeat from the scheduler at "
+        "127.0.0.1:8118 for 2 s through the relay at unix:/r.sock, which answers: the scheduler "
+        "hung, or the relay's link to it is cut); training goes on (recovery is on), "
+        f"reconnecting through the relay for up to {TOPO_S:g} s"
+    )
+    assert kinds(then) == [steps.Register]
+    core, _ = ready_core()
+    (error,) = fails(core.step(silent))
+    assert "through the relay at unix:/r.sock, which answers" in str(error)
+
+
 def test_back_after_a_reconnect_the_node_is_ready_again() -> None:
     core, _ = ready_core()
     core.step(steps.StreamLost("connection reset"))
@@ -1234,10 +1253,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             self.finished = True
 
     @precondition(lambda self: self.asked is steps.Watch)
-    @rule(silent=st.booleans())
-    def stream_lost(self, silent: bool) -> None:
+    @rule(silent=st.booleans(), relayed=st.booleans())
+    def stream_lost(self, silent: bool, relayed: bool) -> None:
+        """`relayed`: silent through a relay that answers (the agent marks it)."""
         self.lost_at = self.clock()
-        self.step(steps.StreamLost("connection reset", NODE_S if silent else None))
+        relay = "unix:/r.sock" if silent and relayed else ""
+        self.step(steps.StreamLost("connection reset", NODE_S if silent else None, relay=relay))
 
     @precondition(lambda self: self.asked is steps.Watch)
     @rule(spare=st.booleans())

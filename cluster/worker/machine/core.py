@@ -505,7 +505,14 @@ class WorkerCore:
         now = self.clock()
         reason = event.reason
         if event.silent_s is not None:
-            reason = f"no heartbeat from {self.where} for {event.silent_s:g} s (hung or cut off?)"
+            silence = f"no heartbeat from {self.where} for {event.silent_s:g} s"
+            reason = f"{silence} (hung or cut off?)"
+            if event.relay:  # the node stays on it
+                reason = (
+                    f"{silence} through the relay at {event.relay}, which answers: the scheduler "
+                    "hung, or the relay's link to it is cut"
+                )
+        via = " through the relay" if event.relay else ""
         self._lost = reason
         if self.topology is not None and event.silent_s is not None and not self.recovery:
             return self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {reason}"))
@@ -515,7 +522,7 @@ class WorkerCore:
             said.append(
                 steps.Say(
                     f"lost {self.where} ({reason}); training goes on (recovery is on), "
-                    f"reconnecting for up to {window:g} s"
+                    f"reconnecting{via} for up to {window:g} s"
                     if self.recovery
                     else f"lost {self.where} ({reason}); reconnecting for up to "
                     f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"

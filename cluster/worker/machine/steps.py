@@ -127,11 +127,14 @@ class Unplaced:
 @frozen
 class StreamLost:
     """The event stream ended or broke; `silent_s`: nothing had arrived on it for that long (the
-    scheduler hung, or the network is cut), None: it broke or closed."""
+    scheduler hung, or the network is cut), None: it broke or closed. `relay`: the host's relay
+    the stream went through, which answers all the same (the silence is beyond it), and through
+    which the node registers again."""
 
     reason: str
     silent_s: float | None = None
     verified: bool = True  # as in Start, for the registration that follows
+    relay: str = ""
 
 
 @frozen

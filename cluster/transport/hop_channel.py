@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from typing import Any
@@ -40,6 +42,37 @@ _CANCELLED = "Locally cancelled by application!"
 
 def _same(value: Any) -> Any:
     return value
+
+
+def ping(address: str, within_s: float) -> str:
+    """Why the relay at `address` (unix:PATH) does not answer a ping within `within_s`, on a
+    connection of its own (closed after); "" when it does. A connection taken is no answer: a
+    stopped relay's socket still takes connections (the kernel does, up to its backlog).
+    Blocks up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(within_s)
+            sock.connect(address.removeprefix("unix:"))
+        except OSError as exc:
+            return f"nothing takes connections there: {exc.strerror or exc}"
+        try:
+            sock.sendall(frame(_PING))
+            got = b""
+            while len(got) < 4 or len(got) < 4 + int.from_bytes(got[:4], "big"):
+                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+                if not (chunk := sock.recv(64)):
+                    return "it took a connection and closed it without answering a ping"
+                got += chunk
+        except TimeoutError:
+            why = f"it takes connections, but answered no ping within {within_s:g} s"
+            return f"{why}: stopped or hung?"
+        except OSError as exc:
+            return f"its connection broke before it answered a ping ({exc.strerror or exc})"
+    with contextlib.suppress(DecodeError):
+        if stub.hop_down(got[4 : 4 + int.from_bytes(got[:4], "big")]) == (0, None, None):
+            return ""
+    return "it answered a ping with something else than a pong"
 
 
 class HopCall(

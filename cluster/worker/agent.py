@@ -97,6 +97,7 @@ class WorkerAgent:
         self._stream_up = False  # an accepted event stream is being read
         self._back = asyncio.Event()  # accepted again, or over: a held Finish goes on
         self._move: asyncio.Task[None] | None = None  # to the relay come back: `_back_to_relay`
+        self._looking: asyncio.Task[None] | None = None  # for it: `_look_for_relay`
         self.accepted_at: float | None = None  # first accepted (this clock): a benchmark's stage
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
@@ -132,6 +133,7 @@ class WorkerAgent:
 
             period_s = self._expiry_check_period_s or tls.EXPIRY_CHECK_PERIOD_S
             self._expiry = asyncio.create_task(tls.recheck_expiry(self._tls, self._say, period_s))
+        self._closing(await self._link.check_relay(self.core.address))  # answering at all?
         start = steps.Start(self._verified(), direct=self._link.route.relay is None)
         watch = await self._run(self.core.step(start), report=False)
         if isinstance(watch, steps.Watch):
@@ -187,12 +189,12 @@ class WorkerAgent:
                 awaited = scheduler_link.await_listening(self.core.address, action)
                 return self.core.step(await awaited)
             case steps.Register():
-                return self._registered(self.core.step(await self._register(action)))
+                event = self._link.relayed(await self._register(action))
+                return self._registered(self.core.step(event))
+            case steps.LeaveRelay(why=why):
+                self._closing(self._link.leave_relay(self.core.address, why))
             case steps.CheckScheduler(timeout_s=timeout_s):
-                self._off_lost_relay()
-                link = self._link
-                reach = await self._probe.check(link.host, link.port, self._tls, timeout_s)
-                return self.core.step(steps.Checked(reach.ok, reach.why))
+                return self.core.step(await self._check_scheduler(timeout_s))
             case steps.Pause(seconds=seconds):
                 await asyncio.sleep(seconds)
                 return self.core.step(steps.PauseOver())
@@ -254,9 +256,12 @@ class WorkerAgent:
         """Talk to the scheduler at `address` from now on; the old channel's connection goes."""
         self._set_aside(self._link.follow(address))
 
-    def _off_lost_relay(self, lost: steps.Event | None = None) -> None:
-        """Off the relay once it is gone, or back to it (`Link.off_lost_relay`)."""
-        self._closing(self._link.off_lost_relay(self.core.address, lost))
+    async def _check_scheduler(self, timeout_s: float) -> steps.Checked:
+        link = self._link
+        reach = await self._probe.check(link.host, link.port, self._tls, timeout_s)
+        if not reach.ok:  # the relay gone too? (up, the core decides: `LeaveRelay`)
+            self._closing(await link.off_lost_relay(self.core.address))
+        return steps.Checked(reach.ok, reach.why)
 
     def _closing(self, closing: Closing | None) -> None:
         if closing is not None:
@@ -397,8 +402,8 @@ class WorkerAgent:
             if lost is not None and self._accepted is not None:
                 continue  # superseded by the stream through the relay come back: read that
             if lost is not None:
-                self._off_lost_relay(lost)
-                lost = self._link.beyond_relay(lost)  # the relay answers: the node stays
+                self._closing(await self._link.off_lost_relay(self.core.address, lost))
+                lost = self._link.relayed(lost)  # silent, the relay answering: it stays
             then = None if lost is None else await self._run(self.core.step(lost))
             watch = then if isinstance(then, steps.Watch) else None
 
@@ -456,9 +461,16 @@ class WorkerAgent:
             call.cancel()
 
     def _look_for_relay(self) -> None:
-        """While the stream runs direct: is the relay this node lost back (restarted)?"""
-        ready = self.topology is not None and not self.core.over  # (only while it runs)
-        if ready and self._link.route.relay_back():
+        """While the stream runs direct: is the relay this node lost back (restarted, or
+        running again)? Checked aside; the stream moves if it still runs direct then."""
+        if self._looking is None and self._link.route.due is not None:
+            self._looking = self._set_aside(self._relay_looked_for())
+
+    async def _relay_looked_for(self) -> None:
+        why = await self._link.check_lost_relay()
+        self._looking = None
+        running = self._stream_up and self.topology is not None and not self.core.over
+        if why is not None and running and self._move is None and self._link.route.relay_back(why):
             self._move = self._set_aside(self._back_to_relay())
 
     async def _back_to_relay(self) -> None:

@@ -6,6 +6,7 @@ closing, to run beside its other work (`close_for_good`)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,14 @@ if TYPE_CHECKING:
 # end, at most this much later.
 RELAY_MOVE_GRACE_S = 30.0
 Closing = Coroutine[Any, Any, None]
+RELAY_CHECK_S = scheduler_link.RELAY_CHECK_S
+
+
+async def _check(relay: str, *, kept_up: bool = False) -> str:
+    """`scheduler_link.relay_check` of `relay` (why it does not answer, "" when it does), in a
+    thread: off the event loop, which a relay of this process may run on, and which a stopped
+    relay would hold up for RELAY_CHECK_S."""
+    return await asyncio.to_thread(scheduler_link.relay_check, relay, kept_up=kept_up)
 
 
 @frozen
@@ -74,29 +83,59 @@ class Link:
 
         return self.channel if isinstance(self.channel, HopChannel) else None
 
-    def off_lost_relay(self, address: str, lost: steps.Event | None = None) -> Closing | None:
+    async def check_relay(self, address: str) -> Closing | None:
+        """At start: to the scheduler at `address` directly when no relay answers at the host's
+        (`Route.checked`). The old channel's closing when the node moved."""
+        relay = self.route.relay
+        if relay is None or not self.route.checked(await _check(relay, kept_up=True)):
+            return None
+        return self.follow(address)
+
+    async def off_lost_relay(self, address: str, lost: steps.Event | None = None) -> Closing | None:
         """To the scheduler at `address` directly once the relay of this node's calls is gone;
         back through the relay, once it answers again, when the stream is lost. With the stream
         `lost`, the relay is cut off when the hop to it went down or silent too
         (`HopChannel.answering`: a stopped relay still takes connections, and answers no ping);
         a stream silent while the relay answers is silent beyond it (the scheduler stalled), and
         the node stays, as the relay's other workers do, rather than all of them turning to a
-        scheduler that comes back at once. The old channel's closing when the node moved."""
-        if lost is not None and self.route.relay_back():
+        scheduler that comes back at once. Otherwise the relay is checked. The old channel's
+        closing when the node moved."""
+        due = self.route.due
+        if lost is not None and due is not None and self.route.relay_back(await _check(due)):
             return self.follow(address)
-        hop = self.hop
-        answering = hop is not None and hop.answering(scheduler_link.RELAY_CHECK_S)
-        if self.route.relay_lost(cut_off=lost is not None and hop is not None and not answering):
-            return self.follow(address)
-        return None
+        relay, hop = self.route.relay, self.hop
+        if relay is None:
+            return None
+        cut_off = lost is not None and hop is not None and not hop.answering(RELAY_CHECK_S)
+        why = "" if cut_off else await _check(relay)
+        return self.follow(address) if self.route.relay_lost(cut_off=cut_off, why=why) else None
 
-    def beyond_relay(self, lost: steps.Event) -> steps.Event:
-        """`lost` (what ended the stream), a silence marked with the relay the node still
-        talks through, which answers: the silence is beyond it."""
+    def leave_relay(self, address: str, why: str) -> Closing | None:
+        """To the scheduler at `address` directly: the relay answered none of this node's calls
+        (`why`). The old channel's closing when the node moved."""
+        return self.follow(address) if self.route.relay_lost(cut_off=True, why=why) else None
+
+    async def check_lost_relay(self) -> str | None:
+        """Why the relay this node lost does not answer ("" when it does: `Route.relay_back`
+        takes it back); None before it is time to look."""
+        relay = self.route.due
+        return None if relay is None else await _check(relay)
+
+    def relayed(self, event: steps.Event) -> steps.Event:
+        """`event` marked with the relay it came through where the core tells by it whose
+        silence it was: a stream silent while the relay answers (`StreamLost.relay`: the silence
+        is beyond it); a registration unanswered, not cut off by the relay, with the hop to it
+        down or silent too (`Unanswered.relay`: the relay is lost if the scheduler answers; a
+        registration a busy scheduler is slow to answer leaves the relay answering)."""
         hop = self.hop
-        if isinstance(lost, steps.StreamLost) and lost.silent_s is not None and hop is not None:
-            return dataclasses.replace(lost, relay=hop.address)
-        return lost
+        if hop is None:
+            return event
+        answering = hop.answering(RELAY_CHECK_S)
+        if isinstance(event, steps.StreamLost) and event.silent_s is not None and answering:
+            return dataclasses.replace(event, relay=hop.address)
+        if isinstance(event, steps.Unanswered) and not (event.relay_cut_off or answering):
+            return dataclasses.replace(event, relay=hop.address)
+        return event
 
     def to_relay(self, address: str) -> Move:
         """Calls go through the relay found back from now on; the direct channel is kept until

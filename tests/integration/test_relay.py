@@ -106,10 +106,13 @@ async def test_a_worker_whose_relay_does_not_answer_goes_direct(short_dir: Path)
         said: list[str] = []
         absent = f"unix:{short_dir / 'none.sock'}"
         agent = make_agent(srv.port, 1, "a", said, CLUSTER_RELAY=absent)
-        assert agent._link.route.relay is None
         topology = await asyncio.wait_for(agent.start(), 20)
+        assert agent._link.route.relay is None
         assert topology.size == 1
-        assert said == [f"no relay answers at {absent}: this node talks to the scheduler directly"]
+        assert said == [
+            f"no relay answers at {absent} (nothing takes connections there: No such file or "
+            "directory): this node talks to the scheduler directly"
+        ]
         await agent.close()
 
 

@@ -308,6 +308,50 @@ def test_a_relay_that_cannot_reach_the_scheduler_is_asked_again_not_probed_past(
     assert "the relay cannot reach it (connection refused)" in str(error)
 
 
+def test_a_relay_that_answered_a_registration_with_nothing_is_left_if_the_scheduler_answers() -> (
+    None
+):
+    """A registration through the host's relay got no answer (the relay neither answered nor
+    cut it off: stopped, its socket still taking connections) and the probe that follows finds
+    the scheduler answering: the relay is lost, the node leaves it, naming it, and registers at
+    once, directly (not again through the relay, until the deadline)."""
+    core = WorkerCore(config(), FakeClock())
+    core.step(steps.Start(direct=False))
+    assert kinds(core.step(steps.Unanswered(relay="unix:/r.sock"))) == [steps.Pause]
+    assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
+    left, register = core.step(steps.Checked(ok=True))
+    assert left == steps.LeaveRelay(
+        "it did not answer this node's registration, while the scheduler at 127.0.0.1:8118 answers"
+    )
+    assert isinstance(register, steps.Register)
+    # Only then: a scheduler found down leaves the relay be (the silence may be the scheduler's),
+    # and so does an attempt that went direct, or that the relay cut off.
+    for relay, ok in (("unix:/r.sock", False), ("", True)):
+        core.step(steps.Unanswered(relay=relay))
+        core.step(steps.PauseOver())
+        checked = steps.Checked(ok, "" if ok else "connection refused")
+        assert not any(isinstance(a, steps.LeaveRelay) for a in core.step(checked))
+
+
+@given(
+    relay=st.sampled_from(["", "unix:/r.sock"]),
+    cut_off=st.sampled_from(["", "connection refused"]),
+    ok=st.booleans(),
+)
+def test_a_relay_is_left_only_when_it_answered_nothing_and_the_scheduler_answers(
+    relay: str, cut_off: str, ok: bool
+) -> None:
+    core = WorkerCore(config(), FakeClock())
+    core.step(steps.Start(direct=False))
+    core.step(steps.Unanswered(cut_off, relay=relay))
+    if kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]:  # (none after a cut-off)
+        decided = core.step(steps.Checked(ok, "" if ok else "connection refused"))
+        left = [a for a in decided if isinstance(a, steps.LeaveRelay)]
+        assert bool(left) == (ok and bool(relay) and not cut_off)
+    else:
+        assert cut_off
+
+
 def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> None:
     clock = FakeClock()
     core = WorkerCore(config(), clock)
@@ -1091,6 +1135,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.generation = 0
         self.spare_since: float | None = None  # accepted as a spare then, and not promoted
         self.lost_at = 0.0  # when the node's stream last ended (lost, or "not the leader")
+        self.relay_unanswered = False  # the last registration went through a relay, unanswered
         self.take(self.core.step(steps.Start(verified, direct=direct)))
         if accept is not None and self.asked is steps.Register:
             self.step(dataclasses.replace(accepted(), spare=accept))
@@ -1197,10 +1242,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.step(steps.Refused("refused", transient, retry_after_s=retry, finished=finished))
 
     @precondition(lambda self: self.asked is steps.Register)
-    @rule(seconds=st.sampled_from([0.1, 3.0]))
-    def unanswered(self, seconds: float) -> None:
+    @rule(seconds=st.sampled_from([0.1, 3.0]), relayed=st.booleans())
+    def unanswered(self, seconds: float, relayed: bool) -> None:
+        """`relayed`: through the host's relay, which neither answered nor cut it off."""
         self.clock.now += seconds
-        self.step(steps.Unanswered())
+        self.step(steps.Unanswered(relay="unix:/r.sock" if relayed else ""))
+        self.relay_unanswered = relayed
 
     @precondition(lambda self: self.asked in (steps.Register, steps.Watch))
     @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
@@ -1219,7 +1266,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.asked is steps.CheckScheduler)
     @rule(ok=st.booleans())
     def checked(self, ok: bool) -> None:
-        self.step(steps.Checked(ok, "" if ok else "connection refused"))
+        """The relay is left only when it answered the registration before with nothing and the
+        scheduler answers the probe."""
+        decided = self.step(steps.Checked(ok, "" if ok else "connection refused"))
+        left = [a for a in decided if isinstance(a, steps.LeaveRelay)]
+        assert len(left) == (ok and self.relay_unanswered), decided
+        self.relay_unanswered = False
 
     @precondition(lambda self: self.asked is steps.Pause)
     @rule(overslept=st.sampled_from([0.0, 5.0]))

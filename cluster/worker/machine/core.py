@@ -30,6 +30,10 @@ The rules it keeps:
   that names no leader, or names one found down a moment ago, sends the node to the next address
   in turn. Only an address of the configuration or one a scheduler named is ever followed.
   These rules are `cluster.protocol.leader_search`'s, shared with `mscluster status`.
+- Behind a host's relay: a registration the relay took and answered nothing, with the scheduler
+  answering a probe a moment later, is the relay lost (stopped or hung, though its socket takes
+  connections): the node leaves it (`LeaveRelay`), naming it, and goes on directly. A stream
+  silent while the relay answers (`StreamLost.relay`) is the scheduler's silence: it stays.
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
@@ -123,6 +127,7 @@ class WorkerCore:
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
         self._verified = True
+        self._relay_unanswered = ""  # a relay that took the last registration, and answered none
         self.pace = Pace(config.expected_nodes, config.node_id, draws)  # between its tries
         self._lost = ""
         self._finish = Finish(config, clock)  # this node's (`finishing`)
@@ -291,6 +296,13 @@ class WorkerCore:
 
     def _checked(self, event: steps.Checked) -> Actions:
         self.unreachable = event.unreachable
+        relay, self._relay_unanswered = self._relay_unanswered, ""
+        if event.ok and relay:
+            # The scheduler answers, the relay that the registration went through did not: the
+            # relay is lost (gone, stopped or hung, however its socket takes connections).
+            self._verified = True
+            why = f"it did not answer this node's registration, while {self.where} answers"
+            return [steps.LeaveRelay(why), *self._next_attempt()]
         said = self._report(
             f"waiting for {self.where}: {event.unreachable}"
             if event.unreachable
@@ -310,8 +322,9 @@ class WorkerCore:
             self.unreachable = f"the relay cannot reach it ({event.relay_cut_off})"
             said = self._report(f"waiting for {self.where}: {self.unreachable}")
             return said + self._pause(RETRY_PAUSE_S)
-        # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
+        # Down, overloaded, or speaking TLS to our plaintext, or the relay gone: the check tells.
         self._verified = False
+        self._relay_unanswered = event.relay
         return self._retry_pause()
 
     def _retry_pause(self) -> Actions:

@@ -82,9 +82,12 @@ class Refused:
 class Unanswered:
     """A registration attempt got no answer: the scheduler is down, busy, or speaks another
     protocol; or the attempt was cut off. `relay_cut_off`: the host's relay ended it, unable
-    to reach the scheduler, and why (it waits for the scheduler's port for its host)."""
+    to reach the scheduler, and why (it waits for the scheduler's port for its host). `relay`:
+    the host's relay it went through, which neither answered nor cut it off, and went silent
+    (or its connection down) too."""
 
     relay_cut_off: str = ""
+    relay: str = ""
 
 
 @frozen
@@ -259,6 +262,14 @@ class Register:
 
 
 @frozen
+class LeaveRelay:
+    """The host's relay took this node's calls and answered none (`why`): talk to the scheduler
+    directly from now on, naming the relay in one line."""
+
+    why: str
+
+
+@frozen
 class Pause:
     """Wait this long, then step `PauseOver`."""
 
@@ -359,6 +370,7 @@ Action = (
     | AwaitListening
     | CheckScheduler
     | Register
+    | LeaveRelay
     | Pause
     | Follow
     | Watch

@@ -546,7 +546,7 @@ def cluster_clients_main(c: Clients) -> None:
                 probe=probe,
             )
             agents.append(agent)
-            connect = asyncio.ensure_future(connected(agent._channel))
+            connect = asyncio.ensure_future(connected(agent._link.channel))
             topology = await agent.start()
             done = time.time()
             if topology.size != n:
@@ -914,7 +914,7 @@ def run_once(
         proceed.set()
         # The agents wait for their finish's answer for up to finish_wait_s (the node timeout
         # and its slack), then close (at most 30 s): a slow finish storm is not a failure.
-        from cluster.worker.machine.core import FINISH_SLACK_S
+        from cluster.worker.machine.pacing import FINISH_SLACK_S
 
         closing = time.monotonic() + SIMULATED_NODE_TIMEOUT_S + 2 * FINISH_SLACK_S + 60.0
         said = [m for ms in box.collect("closed", procs, closing).values() for m in ms]

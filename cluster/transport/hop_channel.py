@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Sequence
 from typing import Any
@@ -40,6 +42,37 @@ _CANCELLED = "Locally cancelled by application!"
 
 def _same(value: Any) -> Any:
     return value
+
+
+def ping(address: str, within_s: float) -> str:
+    """Why the relay at `address` (unix:PATH) does not answer a ping within `within_s`, on a
+    connection of its own (closed after); "" when it does. A connection taken is no answer: a
+    stopped relay's socket still takes connections (the kernel does, up to its backlog).
+    Blocks up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(within_s)
+            sock.connect(address.removeprefix("unix:"))
+        except OSError as exc:
+            return f"nothing takes connections there: {exc.strerror or exc}"
+        try:
+            sock.sendall(frame(_PING))
+            got = b""
+            while len(got) < 4 or len(got) < 4 + int.from_bytes(got[:4], "big"):
+                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+                if not (chunk := sock.recv(64)):
+                    return "it took a connection and closed it without answering a ping"
+                got += chunk
+        except TimeoutError:
+            why = f"it takes connections, but answered no ping within {within_s:g} s"
+            return f"{why}: stopped or hung?"
+        except OSError as exc:
+            return f"its connection broke before it answered a ping ({exc.strerror or exc})"
+    with contextlib.suppress(DecodeError):
+        if stub.hop_down(got[4 : 4 + int.from_bytes(got[:4], "big")]) == (0, None, None):
+            return ""
+    return "it answered a ping with something else than a pong"
 
 
 class HopCall(
@@ -362,6 +395,22 @@ class HopChannel(grpc.aio.Channel):
             for call in waiting:
                 self._start(call)
             return
+
+    def quiet_s(self) -> float | None:
+        """How long the relay has gone unheard on this channel's connection (a pong, or any
+        other frame); None while no connection is up."""
+        if self._writer is None or self._state is not grpc.ChannelConnectivity.READY:
+            return None
+        return asyncio.get_running_loop().time() - self._heard
+
+    def answering(self, slack_s: float) -> bool:
+        """Whether the relay answers on this channel: its connection is up and it was heard
+        within a ping's interval and `slack_s`, as a running relay is (it answers each ping at
+        once); without pings, whether its connection is up."""
+        quiet_s = self.quiet_s()
+        if quiet_s is None or self._keepalive is None:
+            return quiet_s is not None
+        return quiet_s <= self._keepalive[0] + slack_s
 
     def _ping_later(self) -> None:
         if self._keepalive is not None:

@@ -28,14 +28,13 @@ from cluster.protocol.config import ClusterConfig, silence_limit
 from cluster.protocol.environment import read_job_secret
 from cluster.protocol.errors import ClusterError, NotLeaderError
 from cluster.protocol.exhaustive import assert_never
-from cluster.protocol.parse import split_address
 from cluster.protocol.topology import PeerColumns, Topology
 from cluster.transport import failures, membership
-from cluster.transport.channel import SchedulerProbe, close_for_good
-from cluster.transport.stub import LazyStub
+from cluster.transport.channel import SchedulerProbe
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
+from cluster.worker.link import Closing, Link
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
 from cluster.worker.racing import unless_failed
@@ -45,8 +44,8 @@ T = TypeVar("T")
 
 TTL_USE_S = auth.CHALLENGE_TTL_S / 2  # a scheduler's challenge is used for half its life
 # A node whose relay was lost looks for it this often; back, it registers through it (bounded by
-# RELAY_MOVE_S); its direct channel closes as its calls end (at most RELAY_MOVE_GRACE_S later).
-RELAY_LOOK_S, RELAY_MOVE_S, RELAY_MOVE_GRACE_S = 1.0, 10.0, 30.0
+# RELAY_MOVE_S); its direct channel closes as its calls end (`link.RELAY_MOVE_GRACE_S`).
+RELAY_LOOK_S, RELAY_MOVE_S = 1.0, 10.0
 Outcome = steps.Watch | steps.RetryCall | None  # for the caller: a stream, a call again, or none
 
 
@@ -90,10 +89,7 @@ class WorkerAgent:
         )
         self._signer = membership.signer(self._job_secret, identity)
         self._challenge: tuple[str, bytes, str, float] | None = None  # a job secret's, renewed
-        self._host, self._port = config.sched_host, config.sched_port
-        self._route = scheduler_link.Route(config, say)  # through the host's relay, or direct
-        self._channel = self._route.open(self.core.address, self._tls)
-        self._stub = LazyStub(self._channel)
+        self._link = Link(config, self._tls, say, self.core.address)  # its route, channel, stub
         self._aside: set[asyncio.Task[Any]] = set()  # old channels closing, late answers said
         self._accepted: Call | None = None  # the accepted Watch stream, until it is read
         self._stream_done = False  # the stream said its last word (a Done action)
@@ -101,6 +97,7 @@ class WorkerAgent:
         self._stream_up = False  # an accepted event stream is being read
         self._back = asyncio.Event()  # accepted again, or over: a held Finish goes on
         self._move: asyncio.Task[None] | None = None  # to the relay come back: `_back_to_relay`
+        self._looking: asyncio.Task[None] | None = None  # for it: `_look_for_relay`
         self.accepted_at: float | None = None  # first accepted (this clock): a benchmark's stage
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
@@ -137,7 +134,8 @@ class WorkerAgent:
 
             period_s = self._expiry_check_period_s or tls.EXPIRY_CHECK_PERIOD_S
             self._expiry = asyncio.create_task(tls.recheck_expiry(self._tls, self._say, period_s))
-        start = steps.Start(self._verified(), direct=self._route.relay is None)
+        self._closing(await self._link.check_relay(self.core.address))  # answering at all?
+        start = steps.Start(self._verified(), direct=self._link.route.relay is None)
         watch = await self._run(self.core.step(start), report=False)
         if isinstance(watch, steps.Watch):
             self._watch_task = asyncio.create_task(self._watch_forever(watch))
@@ -163,7 +161,7 @@ class WorkerAgent:
         return (
             self._tls is None
             or self._tls.revocation is None
-            or self._probe.passed_recently(self._host, self._port, self._tls)
+            or self._probe.passed_recently(self._link.host, self._link.port, self._tls)
         )
 
     # -- carrying out the core's actions -------------------------------------------------------
@@ -192,11 +190,12 @@ class WorkerAgent:
                 awaited = scheduler_link.await_listening(self.core.address, action)
                 return self.core.step(await awaited)
             case steps.Register():
-                return self._registered(self.core.step(await self._register(action)))
+                event = self._link.relayed(await self._register(action))
+                return self._registered(self.core.step(event))
+            case steps.LeaveRelay(why=why):
+                self._closing(self._link.leave_relay(self.core.address, why))
             case steps.CheckScheduler(timeout_s=timeout_s):
-                self._off_lost_relay()
-                reach = await self._probe.check(self._host, self._port, self._tls, timeout_s)
-                return self.core.step(steps.Checked(reach.ok, reach.why))
+                return self.core.step(await self._check_scheduler(timeout_s))
             case steps.Pause(seconds=seconds):
                 await asyncio.sleep(seconds)
                 return self.core.step(steps.PauseOver())
@@ -256,23 +255,18 @@ class WorkerAgent:
 
     def _follow(self, address: str) -> None:
         """Talk to the scheduler at `address` from now on; the old channel's connection goes."""
-        self._host, self._port = split_address("the scheduler address", address)
-        old = self._channel
-        self._channel = self._route.open(address, self._tls)
-        self._stub = LazyStub(self._channel)
-        self._set_aside(close_for_good(old, None))
+        self._set_aside(self._link.follow(address))
 
-    def _off_lost_relay(self, lost: steps.Event | None = None) -> None:
-        """To the scheduler directly once the relay of this node's calls is gone (the stream
-        `lost` with the connection to it, or silent: a stopped relay still takes connections);
-        back through the relay, once it answers again, when the stream is lost."""
-        if lost is not None and self._route.relay_back():
-            self._follow(self.core.address)
-            return
-        silent = isinstance(lost, steps.StreamLost) and lost.silent_s is not None
-        ready = self._channel.get_state() is grpc.ChannelConnectivity.READY
-        if self._route.relay_lost(cut_off=lost is not None and (silent or not ready)):
-            self._follow(self.core.address)
+    async def _check_scheduler(self, timeout_s: float) -> steps.Checked:
+        link = self._link
+        reach = await self._probe.check(link.host, link.port, self._tls, timeout_s)
+        if not reach.ok:  # the relay gone too? (up, the core decides: `LeaveRelay`)
+            self._closing(await link.off_lost_relay(self.core.address))
+        return steps.Checked(reach.ok, reach.why)
+
+    def _closing(self, closing: Closing | None) -> None:
+        if closing is not None:
+            self._set_aside(closing)
 
     def _set_aside(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run `work` beside this agent's tasks (cancelled by `close`)."""
@@ -308,7 +302,7 @@ class WorkerAgent:
         if held is not None and held[0] == self.core.address and now - held[3] < TTL_USE_S:
             return held[1], held[2]
         try:
-            answer = await self._stub.Challenge(
+            answer = await self._link.stub.Challenge(
                 pb.ChallengeRequest(), timeout=action.attempt_s, wait_for_ready=True
             )
         except grpc.aio.AioRpcError as exc:
@@ -346,9 +340,9 @@ class WorkerAgent:
                 call_seq=seq,
                 collectives=self.core.answered,
             ),
-            table_by_digest=self._route.relay is not None,  # the relay asks once for its host
+            table_by_digest=self._link.route.relay is not None,  # the relay asks once for its host
         )
-        call: Call = self._stub.Watch(request, wait_for_ready=True)
+        call: Call = self._link.stub.Watch(request, wait_for_ready=True)
         try:
             answer = convert.answer(await self._answer(call, action))
         except (asyncio.TimeoutError, asyncio.InvalidStateError):
@@ -377,11 +371,11 @@ class WorkerAgent:
         to the relay that the scheduler took (`_back_to_relay`) up to MS_NODE_TIMEOUT."""
         limit = AnswerLimit(
             call,
-            self._channel,
+            self._link.channel,
             action.attempt_s,
             action.answer_s,
             self._answer_late,
-            patient=lambda: self._probe.found_up(self._host, self._port),
+            patient=lambda: self._probe.found_up(self._link.host, self._link.port),
             longer=lambda: self.config.node_timeout_s * bool(self._move and not self._stream_up),
         )
         try:
@@ -409,7 +403,8 @@ class WorkerAgent:
             if lost is not None and self._accepted is not None:
                 continue  # superseded by the stream through the relay come back: read that
             if lost is not None:
-                self._off_lost_relay(lost)
+                self._closing(await self._link.off_lost_relay(self.core.address, lost))
+                lost = self._link.relayed(lost)  # silent, the relay answering: it stays
             then = None if lost is None else await self._run(self.core.step(lost))
             watch = then if isinstance(then, steps.Watch) else None
 
@@ -417,7 +412,7 @@ class WorkerAgent:
         """Read `call` until it says its last word (None) or is lost (what ended it)."""
         beats = (
             Heartbeats(
-                lambda: self._stub.Heartbeat(metadata=self._signed("Heartbeat")),
+                lambda: self._link.stub.Heartbeat(metadata=self._signed("Heartbeat")),
                 pb.HeartbeatRequest(
                     node_id=self.identity.node_id, incarnation=self.identity.incarnation
                 ),
@@ -435,7 +430,7 @@ class WorkerAgent:
             if beats is not None
             else None
         )
-        relay = Periodic(self._look_for_relay, RELAY_LOOK_S) if self._route.away else None
+        relay = Periodic(self._look_for_relay, RELAY_LOOK_S) if self._link.route.away else None
         self._stream_done, self._stream_up = False, True
         try:
             while not self._stream_done and not self.core.over:
@@ -467,9 +462,16 @@ class WorkerAgent:
             call.cancel()
 
     def _look_for_relay(self) -> None:
-        """While the stream runs direct: is the relay this node lost back (restarted)?"""
-        ready = self.topology is not None and not self.core.over  # (only while it runs)
-        if ready and self._route.relay_back():
+        """While the stream runs direct: is the relay this node lost back (restarted, or
+        running again)? Checked aside; the stream moves if it still runs direct then."""
+        if self._looking is None and self._link.route.due is not None:
+            self._looking = self._set_aside(self._relay_looked_for())
+
+    async def _relay_looked_for(self) -> None:
+        why = await self._link.check_lost_relay()
+        self._looking = None
+        running = self._stream_up and self.topology is not None and not self.core.over
+        if why is not None and running and self._move is None and self._link.route.relay_back(why):
             self._move = self._set_aside(self._back_to_relay())
 
     async def _back_to_relay(self) -> None:
@@ -477,18 +479,11 @@ class WorkerAgent:
         stream as superseded, no failure (read to its end, then the new one: no event missed).
         Failed, the node stays direct and looks again. Once the direct stream has ended, the
         scheduler took the move: the relay stream speaks for the node (given up, the node fails)."""
-        direct, stub = self._channel, self._stub
-        self._channel = moved = self._route.open(self.core.address, self._tls)
-        self._stub = LazyStub(moved)
+        move = self._link.to_relay(self.core.address)
         event = await self._register(steps.Register(RELAY_MOVE_S, RELAY_MOVE_S))
         self._move = None
-        if isinstance(event, steps.Accepted) and self._accepted is not None:
-            self._set_aside(close_for_good(direct, RELAY_MOVE_GRACE_S))
-            return
-        if self._channel is moved:  # nothing else moved the node meanwhile
-            self._route.move_failed()
-            self._channel, self._stub = direct, stub
-            self._set_aside(close_for_good(moved, None))
+        took = isinstance(event, steps.Accepted) and self._accepted is not None
+        self._closing(self._link.settle(move, took))
 
     def _lost(self, event: steps.StreamLost | steps.NotLeader) -> steps.Event:
         return dataclasses.replace(event, verified=self._verified())
@@ -500,9 +495,10 @@ class WorkerAgent:
         digest = message.topology_ready.peers_digest
         if not digest:
             return None
-        shared = self._route.relay is not None  # the relay shares the host's copy
+        shared = self._link.route.relay is not None  # the relay shares the host's copy
         return await self.tables.get(
-            digest, lambda digest: peer_table.fetch(self._stub, self._signed, digest, shared=shared)
+            digest,
+            lambda digest: peer_table.fetch(self._link.stub, self._signed, digest, shared=shared),
         )
 
     def _event(self, message: pb.Event, fetched: PeerColumns | None = None) -> steps.Event | None:
@@ -536,7 +532,7 @@ class WorkerAgent:
         """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
         with recovery on)."""
         while True:
-            channel, signer = self._channel, self._signer
+            channel, signer = self._link.channel, self._signer
             first = 0 if signer is None else signer.seq
             call = rpc()  # signs it, synchronously: the numbers taken since `first` are its own
             taken = range(0) if signer is None else range(first + 1, signer.seq + 1)
@@ -566,7 +562,7 @@ class WorkerAgent:
         """The call `method` of `request` for the user, signed (`_call`)."""
         return await self._call(
             what,
-            lambda: getattr(self._stub, method)(
+            lambda: getattr(self._link.stub, method)(
                 request, wait_for_ready=True, metadata=self._signed(method, request), **options
             ),
         )
@@ -576,7 +572,7 @@ class WorkerAgent:
         channel was closed for another), not by cancelling this task."""
         task = asyncio.current_task()
         cancelling = getattr(task, "cancelling", None)  # Python 3.11 on
-        return channel is not self._channel and not (cancelling is not None and cancelling())
+        return channel is not self._link.channel and not (cancelling is not None and cancelling())
 
     async def exchange(
         self, op: str, value: bytes, root: int = 0, generation: int | None = None
@@ -677,7 +673,7 @@ class WorkerAgent:
         first line of the error this process dies of), sent once by the session at exit."""
         request = convert.finish_request(self.identity, failure)
         try:
-            await self._stub.Finish(
+            await self._link.stub.Finish(
                 request, timeout=timeout_s, metadata=self._signed("Finish", request)
             )
         except grpc.aio.AioRpcError as exc:
@@ -692,4 +688,4 @@ class WorkerAgent:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        await self._channel.close(grace=None)
+        await self._link.channel.close(grace=None)

@@ -4,7 +4,6 @@ relay (CLUSTER_RELAY) while the relay answers, else direct."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -90,11 +89,11 @@ def prepare_tls(options: TLSOptions, say: Callable[[str], None]) -> tls.Identity
     return identity
 
 
-# How long a check of a relay's socket holds for the other agents of the process (a benchmark
-# runs a thousand on one relay), and how long one check may take.
+# How long a check of a relay holds for the other agents of the process (a benchmark runs a
+# thousand on one relay), and how soon a relay that runs answers it (a ping on the local hop).
 RELAY_CHECK_KEPT_S = 1.0
 RELAY_CHECK_S = 0.5
-_relay_checks: dict[str, tuple[bool, float]] = {}  # address -> (listening, when)
+_relay_checks: dict[str, tuple[str, float]] = {}  # address -> (why it does not answer, when)
 # A relay lost is looked for again, when the node next opens a channel or while its stream runs
 # direct, this long after: a relay killed a moment ago may still have its socket listening.
 RELAY_BACK_AFTER_S = 1.0
@@ -103,25 +102,23 @@ RELAY_BACK_AFTER_S = 1.0
 RELAY_BACK_MOST_S = 60.0
 
 
-def relay_listening(
+def relay_check(
     address: str, *, kept_up: bool = True, clock: Callable[[], float] = time.monotonic
-) -> bool:
-    """Whether a relay listens at `address` (unix:PATH): one local connection, closed at once.
-    A check made within RELAY_CHECK_KEPT_S by this process holds (one that found the relay up
-    only with `kept_up`)."""
+) -> str:
+    """Why no relay answers at `address` (unix:PATH); "" when one does: a ping on a local
+    connection of its own, answered within RELAY_CHECK_S (a stopped relay's socket still takes
+    connections). A check made within RELAY_CHECK_KEPT_S by this process holds (one that found
+    the relay answering only with `kept_up`). Blocks up to RELAY_CHECK_S: a worker's link runs
+    it in a thread (`cluster.worker.link`)."""
     held = _relay_checks.get(address)
     now = clock()
-    if held is not None and now - held[1] < RELAY_CHECK_KEPT_S and (kept_up or not held[0]):
+    if held is not None and now - held[1] < RELAY_CHECK_KEPT_S and (kept_up or held[0]):
         return held[0]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(RELAY_CHECK_S)
-        try:
-            probe.connect(address.removeprefix("unix:"))
-            listening = True
-        except OSError:
-            listening = False
-    _relay_checks[address] = (listening, now)
-    return listening
+    from cluster.transport.hop_channel import ping  # noqa: PLC0415 - only with a relay
+
+    why = ping(address, RELAY_CHECK_S)
+    _relay_checks[address] = (why, now)
+    return why
 
 
 class Route:
@@ -129,7 +126,9 @@ class Route:
     talks to a scheduler of its configuration (the relay follows the one that leads) and the
     relay answers, else to the scheduler directly (a leader named elsewhere). A relay found gone
     is left, said in one line, until the worker finds it back (a launcher restarted it) when it
-    opens a channel again, or while its stream runs direct (`WorkerAgent`: the stream moves)."""
+    opens a channel again, or while its stream runs direct (`WorkerAgent`: the stream moves).
+    The checks of the relay (`relay_check`) are the caller's, off its event loop (the link's),
+    but for the one `relay_back` makes when called without one."""
 
     def __init__(
         self,
@@ -145,9 +144,17 @@ class Route:
         # after the loss, twice as late after each move back to it that failed (`move_failed`).
         self._lost: tuple[str, float] | None = None
         self._back = Backoff(RELAY_BACK_AFTER_S, RELAY_BACK_MOST_S)
-        if self.relay is not None and not relay_listening(self.relay):
-            say(f"no relay answers at {self.relay}: this node talks to the scheduler directly")
-            self.relay = None
+
+    def checked(self, why: str) -> bool:
+        """At start, the relay checked (`why` no relay answers there; "" when one does): True,
+        once said, when none does: calls go to the scheduler directly."""
+        if self.relay is None or not why:
+            return False
+        self._say(
+            f"no relay answers at {self.relay} ({why}): this node talks to the scheduler directly"
+        )
+        self.relay = None
+        return True
 
     def open(self, address: str, identity: tls.Identity | None) -> grpc.aio.Channel:
         """A channel for calls to the scheduler at `address`."""
@@ -165,30 +172,39 @@ class Route:
         """Whether a relay this node talked through was lost (and may come back)."""
         return self._lost is not None
 
-    def relay_back(self) -> bool:
-        """True, once, when the relay this node lost a while ago (RELAY_BACK_AFTER_S) answers
-        again (a launcher restarted it): from now on calls go through it again (the caller
-        opens that channel, or the next channel opened does)."""
+    @property
+    def due(self) -> str | None:
+        """The relay this node lost, once it is time to look for it again."""
         lost = self._lost
-        if lost is None or self._clock() < lost[1]:
+        return None if lost is None or self._clock() < lost[1] else lost[0]
+
+    def relay_back(self, why: str | None = None) -> bool:
+        """True, once, when the relay this node lost a while ago (RELAY_BACK_AFTER_S) answers
+        again (a launcher restarted it, or it runs again after a stop): from now on calls go
+        through it again (the caller opens that channel, or the next channel opened does).
+        `why`: a check of it made a moment ago (`relay_check`); None: checked now."""
+        relay = self.due
+        if relay is None:
             return False
-        if not relay_listening(lost[0], kept_up=False):
+        if why is None:
+            why = relay_check(relay, kept_up=False)
+        if why:
             return False
-        self.relay, self._lost = lost[0], None
-        self._say(f"the relay at {self.relay} answers again: this node talks through it")
+        self.relay, self._lost = relay, None
+        self._say(f"the relay at {relay} answers again: this node talks through it")
         return True
 
-    def relay_lost(self, *, cut_off: bool = False) -> bool:
-        """True, once, when the relay this node's calls went through no longer answers, or
+    def relay_lost(self, *, cut_off: bool = False, why: str = "") -> bool:
+        """True, once, when the relay this node's calls went through no longer answers (`why`:
+        what a check found, `relay_check`, or that it answered none of this node's calls), or
         `cut_off` its connection to it (a relay killed a moment ago may still have its socket
         listening): from now on they go to the scheduler directly (the caller opens that
         channel), until a channel opened later finds the relay back."""
         relay = self.relay
-        if relay is None:
+        if relay is None or not (cut_off or why):
             return False
-        if not cut_off and relay_listening(relay, kept_up=False):
-            return False
-        self._say(f"lost the relay at {relay}: this node talks to the scheduler directly")
+        said = f" ({why})" if why else ""
+        self._say(f"lost the relay at {relay}{said}: this node talks to the scheduler directly")
         self._back.reset()
         self.relay, self._lost = None, (relay, self._clock() + self._back.next_s())
         return True

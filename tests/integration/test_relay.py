@@ -80,7 +80,7 @@ async def test_a_relay_passes_each_workers_calls_and_refusals_unchanged(short_di
             said: list[str] = []
             a = make_agent(srv.port, 2, "a", said, CLUSTER_RELAY=address)
             b = make_agent(srv.port, 2, "b", said, CLUSTER_RELAY=address)
-            assert a._route.relay == address
+            assert a._link.route.relay == address
             tops = await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
             assert [t.size for t in tops] == [2, 2]
             assert {p.node_id for p in tops[0].peers} == {"a", "b"}
@@ -107,10 +107,13 @@ async def test_a_worker_whose_relay_does_not_answer_goes_direct(short_dir: Path)
         said: list[str] = []
         absent = f"unix:{short_dir / 'none.sock'}"
         agent = make_agent(srv.port, 1, "a", said, CLUSTER_RELAY=absent)
-        assert agent._route.relay is None
         topology = await asyncio.wait_for(agent.start(), 20)
+        assert agent._link.route.relay is None
         assert topology.size == 1
-        assert said == [f"no relay answers at {absent}: this node talks to the scheduler directly"]
+        assert said == [
+            f"no relay answers at {absent} (nothing takes connections there: No such file or "
+            "directory): this node talks to the scheduler directly"
+        ]
         await agent.close()
 
 
@@ -406,16 +409,18 @@ class RelayedJob:
         )
 
 
-async def relayed_job(processes: Procs, short_dir: Path) -> RelayedJob:
+async def relayed_job(processes: Procs, short_dir: Path, **more: str) -> RelayedJob:
+    """`more`: variables of every process's environment (MS_NODE_TIMEOUT, say)."""
     port = free_port()
-    env = job_env(2, port, MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(short_dir / "state"))
+    recovery = {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": str(short_dir / "state")}
+    env = job_env(2, port, **recovery, **more)
     scheduler_env = {**env, "MS_ROLE": "MS_SCHED"}
     sched = processes.start("sched", [*MSCLUSTER, "scheduler"], scheduler_env)
     sock = short_dir / "r.sock"
     relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env)
     await asyncio.to_thread(relay.wait_for_output, "mscluster relay: serving", 30)
     said: list[str] = []
-    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1"}
+    extra = {"CLUSTER_RELAY": f"unix:{sock}", "MS_ENABLE_RECOVERY": "1", **more}
     extra["MS_RECOVERY_PATH"] = str(short_dir / "workers")
     agents = [make_agent(port, 2, n, said, MS_NODE_ID=n, **extra) for n in "ab"]
     return RelayedJob(port, scheduler_env, sched, relay, agents, said)
@@ -604,9 +609,9 @@ async def one_member_job() -> AsyncIterator[tuple[SchedulerServer, WorkerAgent]]
 async def test_an_unknown_digest_is_refused_to_an_outsider_and_a_member() -> None:
     async with one_member_job() as (_, agent):
         with pytest.raises(peer_table.MissedChange, match="holds no peer table"):
-            await peer_table.ask(agent._stub, agent._signed, b"\0" * 32)
+            await peer_table.ask(agent._link.stub, agent._signed, b"\0" * 32)
         with pytest.raises(peer_table.MissedChange, match=r"credential|not fetched"):
-            await peer_table.ask(agent._stub, lambda method, request: (), b"\0" * 32)
+            await peer_table.ask(agent._link.stub, lambda method, request: (), b"\0" * 32)
 
 
 async def test_batched_beats_count_only_for_streams_on_their_connection(short_dir: Path) -> None:

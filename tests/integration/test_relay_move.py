@@ -64,7 +64,7 @@ async def test_a_move_to_a_relay_slow_to_answer_fails_nobody(
         await again.start()
 
         def moved() -> bool:
-            through = (a._move is None and a._route.relay == address for a in agents)
+            through = (a._move is None and a._link.route.relay == address for a in agents)
             return slots(again) == 2 and all(through)
 
         failed = lambda: state.generation != generation  # noqa: E731

@@ -87,7 +87,7 @@ async def test_an_add_past_int64_is_refused_and_the_key_keeps_working() -> None:
     FAILED_PRECONDITION, as an add on a value that is no counter is, naming the bounds; the key
     is as it was and takes adds within them afterwards."""
     async with one_member_job() as (_, member):
-        stub, signed = member._stub, member._signed
+        stub, signed = member._link.stub, member._signed
         cases = [(str(INT64_MAX).encode(), 1), (b"9" * 30, 1), (b"1", INT64_MAX)]
         for held, amount in cases:
             await member.kv_set("n", held)

@@ -9,6 +9,8 @@ import dataclasses
 import hashlib
 import os
 import socket
+import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
 from cluster.tools import cli, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
-from cluster.transport import edge, failures, relay, stub, table_file
+from cluster.transport import edge, failures, hop, hop_channel, relay, stub, table_file
 from cluster.transport.upstreams import PORT_WAIT_PAUSE_S, RETURN_CHECK_S, Upstreams
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import scheduler_link
@@ -287,17 +289,41 @@ def test_the_cli_parses_relay_and_no_relay() -> None:
     assert cli._parse(parser, ["run", "t.py"]).relay is True
 
 
+def unix_server(tmp_path: Path, name: str) -> tuple[socket.socket, Path]:
+    """A unix socket listening in /tmp (short paths), and its path."""
+    path = Path("/tmp") / f"relay-unit-{name}-{tmp_path.name[-20:]}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    return server, path
+
+
 @pytest.fixture
-def listening(tmp_path: Path) -> Iterator[str]:
-    """A unix socket something listens on (as a relay would), its address."""
-    path = Path("/tmp") / f"relay-unit-{tmp_path.name[-20:]}.sock"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-        server.bind(str(path))
-        server.listen()
-        try:
-            yield f"unix:{path}"
-        finally:
-            path.unlink()
+def answering(tmp_path: Path) -> Iterator[str]:
+    """A unix socket that answers a ping on the local hop with a pong, as a relay does (served
+    by a thread), its address."""
+    server, path = unix_server(tmp_path, "answering")
+    server.settimeout(0.05)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = server.accept()
+                with conn, contextlib.suppress(OSError):
+                    conn.settimeout(5.0)
+                    conn.recv(64)  # the ping's frame
+                    conn.sendall(hop.frame(stub.hop_pong()))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"unix:{path}"
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+        path.unlink()
 
 
 def config(relay_address: str | None) -> object:
@@ -305,35 +331,35 @@ def config(relay_address: str | None) -> object:
     return from_env({**env, "CLUSTER_RELAY": relay_address} if relay_address else env)
 
 
-def test_a_route_goes_through_a_listening_relay_until_it_is_lost(listening: str) -> None:
+def test_a_route_goes_through_an_answering_relay_until_it_is_lost(answering: str) -> None:
     said: list[str] = []
-    route = scheduler_link.Route(config(listening), said.append)  # type: ignore[arg-type]
-    assert route.relay == listening
-    assert not route.relay_lost()  # still listening
+    route = scheduler_link.Route(config(answering), said.append)  # type: ignore[arg-type]
+    assert route.relay == answering
+    assert not route.relay_lost(why=scheduler_link.relay_check(answering))  # it answers
     assert route.relay_lost(cut_off=True)  # its connection to the relay broke
     assert route.relay is None
-    assert not route.relay_lost()  # said once
-    assert said == [f"lost the relay at {listening}: this node talks to the scheduler directly"]
+    assert not route.relay_lost(cut_off=True)  # said once
+    assert said == [f"lost the relay at {answering}: this node talks to the scheduler directly"]
 
 
-def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(listening: str) -> None:
+def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(answering: str) -> None:
     now = [0.0]
     said: list[str] = []
-    route = scheduler_link.Route(config(listening), said.append, lambda: now[0])  # type: ignore[arg-type]
+    route = scheduler_link.Route(config(answering), said.append, lambda: now[0])  # type: ignore[arg-type]
     assert route.relay_lost(cut_off=True)
     assert not route.relay_back()  # too soon: a killed relay may still listen a moment
     now[0] += scheduler_link.RELAY_BACK_AFTER_S
     assert route.relay_back()
-    assert route.relay == listening
+    assert route.relay == answering
     assert not route.relay_back()  # back already
 
 
 def test_a_route_looks_for_a_relay_that_did_not_take_the_stream_back_later_each_time(
-    listening: str,
+    answering: str,
 ) -> None:
     now = [0.0]
     said: list[str] = []
-    route = scheduler_link.Route(config(listening), said.append, lambda: now[0])  # type: ignore[arg-type]
+    route = scheduler_link.Route(config(answering), said.append, lambda: now[0])  # type: ignore[arg-type]
     assert route.relay_lost(cut_off=True)
     assert route.away
     waits = []
@@ -349,7 +375,7 @@ def test_a_route_looks_for_a_relay_that_did_not_take_the_stream_back_later_each_
         assert route.away
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
     assert said[-1] == (
-        f"the relay at {listening} did not take this node's stream: it stays direct, and looks "
+        f"the relay at {answering} did not take this node's stream: it stays direct, and looks "
         "again in 60 s"
     )
     assert route.relay_lost() is False  # direct already
@@ -360,25 +386,54 @@ def test_a_route_looks_for_a_relay_that_did_not_take_the_stream_back_later_each_
     assert route.relay_back()
 
 
-def test_a_route_without_a_listening_relay_is_direct(tmp_path: Path) -> None:
+def test_a_route_without_an_answering_relay_is_direct(tmp_path: Path) -> None:
     absent = f"unix:/tmp/relay-unit-absent-{tmp_path.name[-20:]}.sock"
     said: list[str] = []
     route = scheduler_link.Route(config(absent), said.append)  # type: ignore[arg-type]
+    assert route.checked(scheduler_link.relay_check(absent))
     assert route.relay is None
-    assert said == [f"no relay answers at {absent}: this node talks to the scheduler directly"]
+    assert said == [
+        f"no relay answers at {absent} (nothing takes connections there: No such file or "
+        "directory): this node talks to the scheduler directly"
+    ]
     assert scheduler_link.Route(config(None), said.append).relay is None  # type: ignore[arg-type]
+    assert not route.checked("")  # said once
     assert len(said) == 1
 
 
-def test_a_relay_check_holds_briefly_and_a_found_up_one_only_when_asked() -> None:
-    address, now = "unix:/nonexistent/relay-unit.sock", [100.0]
-    scheduler_link._relay_checks[address] = (True, 100.0)
+def test_a_relay_check_is_a_ping_answered_in_time_not_a_connection_taken(
+    tmp_path: Path, answering: str
+) -> None:
+    """A socket that takes connections and answers nothing (a stopped relay: the kernel takes
+    them) does not answer; a relay's pong does; the check says why not, and takes no longer
+    than RELAY_CHECK_S."""
+    server, path = unix_server(tmp_path, "silent")
+    silent = f"unix:{path}"
     try:
-        assert scheduler_link.relay_listening(address, clock=lambda: now[0])
-        assert not scheduler_link.relay_listening(address, kept_up=False, clock=lambda: now[0])
-        scheduler_link._relay_checks[address] = (True, 100.0)
+        started = time.monotonic()
+        assert hop_channel.ping(silent, 0.2) == (
+            "it takes connections, but answered no ping within 0.2 s: stopped or hung?"
+        )
+        assert time.monotonic() - started < 2.0
+        assert hop_channel.ping(answering, 5.0) == ""
+        route = scheduler_link.Route(config(answering), [].append)  # type: ignore[arg-type]
+        assert not route.checked(scheduler_link.relay_check(answering))
+        assert route.relay == answering
+    finally:
+        server.close()
+        path.unlink()
+
+
+def test_a_relay_check_holds_briefly_and_an_answering_one_only_when_asked() -> None:
+    address, now = "unix:/nonexistent/relay-unit.sock", [100.0]
+    scheduler_link._relay_checks[address] = ("", 100.0)
+    try:
+        assert scheduler_link.relay_check(address, clock=lambda: now[0]) == ""
+        not_there = scheduler_link.relay_check(address, kept_up=False, clock=lambda: now[0])
+        assert not_there.startswith("nothing takes connections there")
+        scheduler_link._relay_checks[address] = ("", 100.0)
         now[0] += scheduler_link.RELAY_CHECK_KEPT_S
-        assert not scheduler_link.relay_listening(address, clock=lambda: now[0])
+        assert scheduler_link.relay_check(address, clock=lambda: now[0]) == not_there
     finally:
         scheduler_link._relay_checks.pop(address, None)
 

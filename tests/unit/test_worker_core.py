@@ -39,13 +39,8 @@ from cluster.protocol.leader_search import DOWN_FOR_S
 from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
-from cluster.worker.machine.core import (
-    FATAL_WAIT_S,
-    FINISH_RETRIED,
-    TOPOLOGY_MARGIN_S,
-    Lifecycle,
-    WorkerCore,
-)
+from cluster.worker.machine.core import FATAL_WAIT_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
+from cluster.worker.machine.finishing import FINISH_RETRIED
 from cluster.worker.machine.pacing import (
     ATTEMPT_TIMEOUT_S,
     CALL_RETRY_PAUSE_S,
@@ -311,6 +306,50 @@ def test_a_relay_that_cannot_reach_the_scheduler_is_asked_again_not_probed_past(
     clock.now += TOPO_S
     (error,) = fails(core.step(steps.PauseOver()))
     assert "the relay cannot reach it (connection refused)" in str(error)
+
+
+def test_a_relay_that_answered_a_registration_with_nothing_is_left_if_the_scheduler_answers() -> (
+    None
+):
+    """A registration through the host's relay got no answer (the relay neither answered nor
+    cut it off: stopped, its socket still taking connections) and the probe that follows finds
+    the scheduler answering: the relay is lost, the node leaves it, naming it, and registers at
+    once, directly (not again through the relay, until the deadline)."""
+    core = WorkerCore(config(), FakeClock())
+    core.step(steps.Start(direct=False))
+    assert kinds(core.step(steps.Unanswered(relay="unix:/r.sock"))) == [steps.Pause]
+    assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
+    left, register = core.step(steps.Checked(ok=True))
+    assert left == steps.LeaveRelay(
+        "it did not answer this node's registration, while the scheduler at 127.0.0.1:8118 answers"
+    )
+    assert isinstance(register, steps.Register)
+    # Only then: a scheduler found down leaves the relay be (the silence may be the scheduler's),
+    # and so does an attempt that went direct, or that the relay cut off.
+    for relay, ok in (("unix:/r.sock", False), ("", True)):
+        core.step(steps.Unanswered(relay=relay))
+        core.step(steps.PauseOver())
+        checked = steps.Checked(ok, "" if ok else "connection refused")
+        assert not any(isinstance(a, steps.LeaveRelay) for a in core.step(checked))
+
+
+@given(
+    relay=st.sampled_from(["", "unix:/r.sock"]),
+    cut_off=st.sampled_from(["", "connection refused"]),
+    ok=st.booleans(),
+)
+def test_a_relay_is_left_only_when_it_answered_nothing_and_the_scheduler_answers(
+    relay: str, cut_off: str, ok: bool
+) -> None:
+    core = WorkerCore(config(), FakeClock())
+    core.step(steps.Start(direct=False))
+    core.step(steps.Unanswered(cut_off, relay=relay))
+    if kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]:  # (none after a cut-off)
+        decided = core.step(steps.Checked(ok, "" if ok else "connection refused"))
+        left = [a for a in decided if isinstance(a, steps.LeaveRelay)]
+        assert bool(left) == (ok and bool(relay) and not cut_off)
+    else:
+        assert cut_off
 
 
 def test_no_attempt_starts_after_MS_TOPO_TIMEOUT_and_the_failure_names_why() -> None:
@@ -612,6 +651,25 @@ def test_with_recovery_the_reconnect_window_is_the_longer_timeout() -> None:
     actions = core.step(steps.StreamLost("", silent_s=NODE_S))
     assert fails(actions) == []
     assert core.deadline == clock.now + max(NODE_S, TOPO_S)
+
+
+def test_a_silence_beyond_a_relay_that_answers_is_said_so_and_waited_out_through_it() -> None:
+    """The scheduler silent while the relay the stream went through answers (the agent marks
+    the silence with it): the node says the silence is beyond the relay and registers again
+    through it; without recovery it fails, saying the same."""
+    core, _ = ready_core(recovery=True)
+    silent = steps.StreamLost("", silent_s=2.0, relay="unix:/r.sock")
+    said, *then = core.step(silent)
+    assert said == steps.Say(
+        "lost the scheduler at 127.0.0.1:8118 (no heartbeat from the scheduler at "
+        "127.0.0.1:8118 for 2 s through the relay at unix:/r.sock, which answers: the scheduler "
+        "hung, or the relay's link to it is cut); training goes on (recovery is on), "
+        f"reconnecting through the relay for up to {TOPO_S:g} s"
+    )
+    assert kinds(then) == [steps.Register]
+    core, _ = ready_core()
+    (error,) = fails(core.step(silent))
+    assert "through the relay at unix:/r.sock, which answers" in str(error)
 
 
 def test_back_after_a_reconnect_the_node_is_ready_again() -> None:
@@ -1077,6 +1135,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.generation = 0
         self.spare_since: float | None = None  # accepted as a spare then, and not promoted
         self.lost_at = 0.0  # when the node's stream last ended (lost, or "not the leader")
+        self.relay_unanswered = False  # the last registration went through a relay, unanswered
         self.take(self.core.step(steps.Start(verified, direct=direct)))
         if accept is not None and self.asked is steps.Register:
             self.step(dataclasses.replace(accepted(), spare=accept))
@@ -1183,10 +1242,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.step(steps.Refused("refused", transient, retry_after_s=retry, finished=finished))
 
     @precondition(lambda self: self.asked is steps.Register)
-    @rule(seconds=st.sampled_from([0.1, 3.0]))
-    def unanswered(self, seconds: float) -> None:
+    @rule(seconds=st.sampled_from([0.1, 3.0]), relayed=st.booleans())
+    def unanswered(self, seconds: float, relayed: bool) -> None:
+        """`relayed`: through the host's relay, which neither answered nor cut it off."""
         self.clock.now += seconds
-        self.step(steps.Unanswered())
+        self.step(steps.Unanswered(relay="unix:/r.sock" if relayed else ""))
+        self.relay_unanswered = relayed
 
     @precondition(lambda self: self.asked in (steps.Register, steps.Watch))
     @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
@@ -1205,7 +1266,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.asked is steps.CheckScheduler)
     @rule(ok=st.booleans())
     def checked(self, ok: bool) -> None:
-        self.step(steps.Checked(ok, "" if ok else "connection refused"))
+        """The relay is left only when it answered the registration before with nothing and the
+        scheduler answers the probe."""
+        decided = self.step(steps.Checked(ok, "" if ok else "connection refused"))
+        left = [a for a in decided if isinstance(a, steps.LeaveRelay)]
+        assert len(left) == (ok and self.relay_unanswered), decided
+        self.relay_unanswered = False
 
     @precondition(lambda self: self.asked is steps.Pause)
     @rule(overslept=st.sampled_from([0.0, 5.0]))
@@ -1239,10 +1305,12 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             self.finished = True
 
     @precondition(lambda self: self.asked is steps.Watch)
-    @rule(silent=st.booleans())
-    def stream_lost(self, silent: bool) -> None:
+    @rule(silent=st.booleans(), relayed=st.booleans())
+    def stream_lost(self, silent: bool, relayed: bool) -> None:
+        """`relayed`: silent through a relay that answers (the agent marks it)."""
         self.lost_at = self.clock()
-        self.step(steps.StreamLost("connection reset", NODE_S if silent else None))
+        relay = "unix:/r.sock" if silent and relayed else ""
+        self.step(steps.StreamLost("connection reset", NODE_S if silent else None, relay=relay))
 
     @precondition(lambda self: self.asked is steps.Watch)
     @rule(spare=st.booleans())

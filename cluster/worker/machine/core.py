@@ -24,11 +24,16 @@ The rules it keeps:
   sent then. A held Finish ends with the node's failure (it is reported), or with the job's end
   (every finish, this one too, was heard). A call for the user cut off by the scheduler is made
   again with recovery; without, it waits a moment for the reason the stream is about to give.
+  The Finish's state and timing are `cluster.worker.machine.finishing.Finish`'s.
 - A "not the leader" answer is followed at once, to the leader it names. With several scheduler
   addresses (MS_SCHED_HOST=h1,h2 or CLUSTER_SCHED_ADDRS), a scheduler found down, or a standby
   that names no leader, or names one found down a moment ago, sends the node to the next address
   in turn. Only an address of the configuration or one a scheduler named is ever followed.
   These rules are `cluster.protocol.leader_search`'s, shared with `mscluster status`.
+- Behind a host's relay: a registration the relay took and answered nothing, with the scheduler
+  answering a probe a moment later, is the relay lost (stopped or hung, though its socket takes
+  connections): the node leaves it (`LeaveRelay`), naming it, and goes on directly. A stream
+  silent while the relay answers (`StreamLost.relay`) is the scheduler's silence: it stays.
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
   it (it is promoted: `start` returns with its rank) or the job ends (it is released and exits
@@ -58,14 +63,8 @@ from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.leader_search import DOWN_FOR_S, leader_to_follow, next_in_turn
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
-from cluster.worker.machine.pacing import (
-    ATTEMPT_TIMEOUT_S,
-    FAILOVER_ATTEMPT_S,
-    FINISH_RETRY,
-    FINISH_SLACK_S,
-    RETRY_PAUSE_S,
-    Pace,
-)
+from cluster.worker.machine.finishing import Finish, Unheard
+from cluster.worker.machine.pacing import ATTEMPT_TIMEOUT_S, FAILOVER_ATTEMPT_S, RETRY_PAUSE_S, Pace
 
 # Once registered, a worker waits this much longer than MS_TOPO_TIMEOUT for the topology, so
 # that the scheduler's own timeout, which names the missing nodes, is what the user sees.
@@ -75,12 +74,6 @@ FIRST_REPORT_AFTER_S = 2.0
 REPORT_EVERY_S = 5.0
 # How long a call that the scheduler cut off waits for the reason to arrive on the stream.
 FATAL_WAIT_S = 2.0
-# A Finish is made again only when it never reached the scheduler or was cut off with its
-# connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED),
-# while the node's stream is up or, with recovery, once it is back after registering again
-# (`pacing`: how long it waits, and for how long in all).
-FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
-DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
 # A spare has no topology deadline: it waits until it is promoted or the job ends (both come on
 # its stream, whose loss it notices); this only keeps the wait a finite number.
 SPARE_WAIT_S = 365 * 24 * 3600.0
@@ -95,13 +88,6 @@ class Lifecycle(enum.Enum):
     FINISHED = "finished"  # this node's Finish was heard, or the job finished
     FAILED = "failed"  # the job is over for this node with an error (final)
     CLOSED = "closed"  # closed by its owner (final)
-
-
-class _Finish(enum.Enum):
-    NOT_SENT = "not sent"
-    SENT = "sent"  # on its way, or sent again after a pause
-    HELD = "held"  # until the node is accepted again (its scheduler restarts)
-    HEARD = "heard"
 
 
 Actions = list[steps.Action]
@@ -141,12 +127,10 @@ class WorkerCore:
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
         self._verified = True
+        self._relay_unanswered = ""  # a relay that took the last registration, and answered none
         self.pace = Pace(config.expected_nodes, config.node_id, draws)  # between its tries
         self._lost = ""
-        self._finish = _Finish.NOT_SENT
-        self._finish_since = 0.0  # when this node's Finish was first sent
-        self._finish_pause = FINISH_RETRY.backoff()  # between the sends of one Finish
-        self._held: ClusterError | None = None  # a failure heard while Finish is on its way
+        self._finish = Finish(config, clock)  # this node's (`finishing`)
         self.released = False  # let go by a job that ended well without it (`Released`)
         self._guard_said = False  # the first guard refusal is said; the next ones now and then
         self._report_since = self._report_next = 0.0
@@ -180,12 +164,12 @@ class WorkerCore:
     @property
     def finish_heard(self) -> bool:
         """Whether the scheduler heard this node's Finish."""
-        return self._finish is _Finish.HEARD
+        return self._finish.heard
 
     @property
     def finish_wait_s(self) -> float:
         """The longest a Finish is kept asking, from its first send."""
-        return max(self.config.node_timeout_s, FINISH_SLACK_S) + FINISH_SLACK_S
+        return self._finish.wait_s
 
     @property
     def reconnect_window_s(self) -> float:
@@ -312,6 +296,13 @@ class WorkerCore:
 
     def _checked(self, event: steps.Checked) -> Actions:
         self.unreachable = event.unreachable
+        relay, self._relay_unanswered = self._relay_unanswered, ""
+        if event.ok and relay:
+            # The scheduler answers, the relay that the registration went through did not: the
+            # relay is lost (gone, stopped or hung, however its socket takes connections).
+            self._verified = True
+            why = f"it did not answer this node's registration, while {self.where} answers"
+            return [steps.LeaveRelay(why), *self._next_attempt()]
         said = self._report(
             f"waiting for {self.where}: {event.unreachable}"
             if event.unreachable
@@ -331,8 +322,9 @@ class WorkerCore:
             self.unreachable = f"the relay cannot reach it ({event.relay_cut_off})"
             said = self._report(f"waiting for {self.where}: {self.unreachable}")
             return said + self._pause(RETRY_PAUSE_S)
-        # Down, overloaded, or speaking TLS to our plaintext: the check tells which.
+        # Down, overloaded, or speaking TLS to our plaintext, or the relay gone: the check tells.
         self._verified = False
+        self._relay_unanswered = event.relay
         return self._retry_pause()
 
     def _retry_pause(self) -> Actions:
@@ -353,7 +345,7 @@ class WorkerCore:
             return self._release(
                 f"the job finished while this node waited to rejoin it ({event.message})"
             )
-        if event.finished and self._finish in (_Finish.SENT, _Finish.HELD):
+        if event.finished and self._finish.out:
             # The job finished: every node's finish was heard, this one's too (it reached the
             # scheduler before the connection to it broke).
             self._finish_heard()
@@ -526,7 +518,14 @@ class WorkerCore:
         now = self.clock()
         reason = event.reason
         if event.silent_s is not None:
-            reason = f"no heartbeat from {self.where} for {event.silent_s:g} s (hung or cut off?)"
+            silence = f"no heartbeat from {self.where} for {event.silent_s:g} s"
+            reason = f"{silence} (hung or cut off?)"
+            if event.relay:  # the node stays on it
+                reason = (
+                    f"{silence} through the relay at {event.relay}, which answers: the scheduler "
+                    "hung, or the relay's link to it is cut"
+                )
+        via = " through the relay" if event.relay else ""
         self._lost = reason
         if self.topology is not None and event.silent_s is not None and not self.recovery:
             return self._fail(SchedulerUnreachableError(f"{self.where} is unreachable: {reason}"))
@@ -536,7 +535,7 @@ class WorkerCore:
             said.append(
                 steps.Say(
                     f"lost {self.where} ({reason}); training goes on (recovery is on), "
-                    f"reconnecting for up to {window:g} s"
+                    f"reconnecting{via} for up to {window:g} s"
                     if self.recovery
                     else f"lost {self.where} ({reason}); reconnecting for up to "
                     f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
@@ -575,12 +574,9 @@ class WorkerCore:
             # After this node's Finish was heard, what happens to the others is theirs to
             # report: this process did its part and exits as it means to.
             return []
-        if self._finish is _Finish.SENT:
-            self._held = self._held or error  # decided by the Finish's answer
-            return []
-        if self._finish is _Finish.HELD:  # no scheduler heard it, and none will now
-            self._held = error
-            return self._finish_unheard(False, self.clock() - self._finish_since, str(error))
+        taken = self._finish.takes(error)  # kept for the Finish's answer, or its end
+        if taken is not False:
+            return [] if taken is True else self._finish_unheard(taken)
         self.lifecycle = Lifecycle.FAILED
         self.error = error
         return [steps.Fail(error)]
@@ -592,82 +588,34 @@ class WorkerCore:
         return [steps.Released(ReleasedError(why)), steps.Done()]
 
     def _finish_sent(self) -> Actions:
-        if not self.may_finish:
-            return []
-        self._finish = _Finish.SENT
-        self._finish_since = self.clock()
-        self._finish_pause = FINISH_RETRY.backoff()
-        return [steps.SendFinish(self.finish_wait_s)]
+        return self._finish.send() if self.may_finish else []
 
     def _finish_failed(self, event: steps.FinishFailed) -> Actions:
-        """Send the Finish again only when it never reached the scheduler or was cut off with its
-        connection, and not past the Finish's give-up time: after a pause while the node's
-        stream is up; with recovery, once the node is back, while it registers again (unless a
-        failure waits for the Finish's answer: then that is the answer)."""
-        if self._finish is not _Finish.SENT:
-            return []
-        now = self.clock()
-        give_up = self._finish_since + self.finish_wait_s
-        again = event.code in FINISH_RETRIED and not self.released
-        back = self.recovery and self.lifecycle is Lifecycle.RECONNECTING and self._held is None
-        if again and back and now < give_up:  # the scheduler may come back for it
-            self._finish = _Finish.HELD
-            said = steps.Say(
-                f"{self.where} is away ({self._lost}): this node's finish waits for it to take "
-                f"this node back, up to {give_up - now:.0f} s more (recovery is on)"
-            )
-            return [said, steps.HoldFinish(give_up - now)]
-        pause_s = self._finish_pause.next_s()
-        if again and event.stream_up and now + pause_s < give_up:
-            return [steps.RetryFinish(pause_s)]
-        timed_out = event.code == DEADLINE_EXCEEDED
-        return self._finish_unheard(timed_out, now - self._finish_since, event.details)
+        away = self._lost if self.lifecycle is Lifecycle.RECONNECTING else None
+        decided = self._finish.failed(event, away=away, released=self.released, where=self.where)
+        return self._finish_unheard(decided)
 
     def _finish_retry_due(self) -> Actions:
-        """Send the Finish again: after its pause, or once the node it was held for is back (or
-        the hold's time is up)."""
-        if self._finish not in (_Finish.SENT, _Finish.HELD):
-            return []
-        now = self.clock()
-        left = self._finish_since + self.finish_wait_s - now
-        if self._finish is _Finish.HELD:
-            if self.lifecycle is Lifecycle.FINISHED:  # the job finished meanwhile: heard
-                self._finish_heard()
-                return []
-            if self.lifecycle is Lifecycle.RECONNECTING and left > 0:
-                return [steps.HoldFinish(left)]  # not back yet
-            self._finish = _Finish.SENT
-        if left <= 0:
-            why = f"this node was not back with it within {self.finish_wait_s:g} s"
-            return self._finish_unheard(False, now - self._finish_since, why)
-        return [steps.SendFinish(left)]
+        finished = self.lifecycle is Lifecycle.FINISHED
+        reconnecting = self.lifecycle is Lifecycle.RECONNECTING
+        decided = self._finish.retry_due(finished=finished, reconnecting=reconnecting)
+        return self._finish_unheard(decided)
 
     def _finish_answered(self, event: steps.FinishAnswered) -> Actions:
-        if self._finish not in (_Finish.SENT, _Finish.HELD):
-            return []  # answered already (a cancelled Finish's owner reports it once more)
-        if event.heard:
-            self._finish_heard()
-            return []
-        return self._finish_unheard(event.timed_out, event.waited_s, event.details)
+        decided = self._finish.answered(event)
+        if self._finish.heard:
+            self.lifecycle = Lifecycle.FINISHED
+        return self._finish_unheard(decided)
 
     def _finish_heard(self) -> None:
-        self._finish = _Finish.HEARD
+        self._finish.hear()
         self.lifecycle = Lifecycle.FINISHED
-        self._held = None
 
-    def _finish_unheard(self, timed_out: bool, waited_s: float, details: str) -> Actions:
-        """The Finish was not heard: say so, and report the failure held meanwhile."""
-        self._finish = _Finish.NOT_SENT
-        if timed_out and self.recovery:
-            # The scheduler answers once the finish is saved: its saves are failing.
-            said = steps.Say(
-                f"{self.where} did not confirm within {waited_s:g} s that it saved this "
-                "node's finish (is its MS_RECOVERY_PATH full or read-only? see its log); this "
-                "node exits anyway, and the scheduler ends the job once it can save"
-            )
-        else:
-            said = steps.Say(f"could not tell {self.where} that this node finished: {details}")
-        held, self._held = self._held, None
+    def _finish_unheard(self, decided: Actions | Unheard) -> Actions:
+        """What the Finish decided; unheard, said, and the failure held meanwhile reported."""
+        if not isinstance(decided, Unheard):
+            return decided
+        said, held = self._finish.unheard(decided, self.where)
         return [said, *([] if held is None else self._fail(held))]
 
     def _call_cut_off(self) -> Actions:

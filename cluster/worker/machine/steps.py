@@ -82,9 +82,12 @@ class Refused:
 class Unanswered:
     """A registration attempt got no answer: the scheduler is down, busy, or speaks another
     protocol; or the attempt was cut off. `relay_cut_off`: the host's relay ended it, unable
-    to reach the scheduler, and why (it waits for the scheduler's port for its host)."""
+    to reach the scheduler, and why (it waits for the scheduler's port for its host). `relay`:
+    the host's relay it went through, which neither answered nor cut it off, and went silent
+    (or its connection down) too."""
 
     relay_cut_off: str = ""
+    relay: str = ""
 
 
 @frozen
@@ -127,11 +130,14 @@ class Unplaced:
 @frozen
 class StreamLost:
     """The event stream ended or broke; `silent_s`: nothing had arrived on it for that long (the
-    scheduler hung, or the network is cut), None: it broke or closed."""
+    scheduler hung, or the network is cut), None: it broke or closed. `relay`: the host's relay
+    the stream went through, which answers all the same (the silence is beyond it), and through
+    which the node registers again."""
 
     reason: str
     silent_s: float | None = None
     verified: bool = True  # as in Start, for the registration that follows
+    relay: str = ""
 
 
 @frozen
@@ -256,6 +262,14 @@ class Register:
 
 
 @frozen
+class LeaveRelay:
+    """The host's relay took this node's calls and answered none (`why`): talk to the scheduler
+    directly from now on, naming the relay in one line."""
+
+    why: str
+
+
+@frozen
 class Pause:
     """Wait this long, then step `PauseOver`."""
 
@@ -356,6 +370,7 @@ Action = (
     | AwaitListening
     | CheckScheduler
     | Register
+    | LeaveRelay
     | Pause
     | Follow
     | Watch

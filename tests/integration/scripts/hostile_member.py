@@ -44,7 +44,7 @@ async def _open_rounds(count: int, mib: int) -> list[object]:
     agent = runtime.session().agent
     payload = b"r" * (mib * MIB)
     calls = [
-        agent._stub.Exchange(
+        agent._link.stub.Exchange(
             pb.ExchangeRequest(
                 node_id=agent.identity.node_id,
                 generation=agent.topology.generation,

@@ -1,0 +1,157 @@
+"""A node's Finish, pure: whether it is on its way, held until the node is back, or heard; when
+it is sent again, and when it is given up. The rules are the worker core's (see
+`cluster.worker.machine.core`); `WorkerCore` holds one `Finish` and tells it what the node is
+doing (registering again, finished) where a decision depends on it.
+
+A Finish is made again only when it never reached the scheduler or was cut off with its
+connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED),
+while the node's stream is up or, with recovery, once it is back after registering again
+(`pacing`: how long it waits, and for how long in all). A failure heard while it is on its way
+waits for its answer (`takes`); a Finish that ends unheard (`Unheard`) has the core say so and
+report that failure.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from cluster.protocol.config import ClusterConfig
+from cluster.protocol.errors import ClusterError
+from cluster.protocol.value import frozen
+from cluster.worker.machine import steps
+from cluster.worker.machine.pacing import FINISH_RETRY, FINISH_SLACK_S
+
+FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
+
+Actions = list[steps.Action]
+
+
+class Sending(enum.Enum):
+    NOT_SENT = "not sent"
+    SENT = "sent"  # on its way, or sent again after a pause
+    HELD = "held"  # until the node is accepted again (its scheduler restarts)
+    HEARD = "heard"
+
+
+@frozen
+class Unheard:
+    """The Finish ended without the scheduler's word: `timed_out` (its answer did not come in
+    time), after `waited_s`, and why (`details`)."""
+
+    timed_out: bool
+    waited_s: float
+    details: str
+
+
+class Finish:
+    """One node's Finish (see the module docstring)."""
+
+    def __init__(self, config: ClusterConfig, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._recovery = config.recovery is not None
+        # The longest it is kept asking, from its first send.
+        self.wait_s = max(config.node_timeout_s, FINISH_SLACK_S) + FINISH_SLACK_S
+        self.sending = Sending.NOT_SENT
+        self._since = 0.0  # when it was first sent
+        self._pause = FINISH_RETRY.backoff()  # between the sends of one Finish
+        self._held: ClusterError | None = None  # a failure heard while it is on its way
+
+    @property
+    def heard(self) -> bool:
+        return self.sending is Sending.HEARD
+
+    @property
+    def out(self) -> bool:
+        """On its way, or held until the node is back."""
+        return self.sending in (Sending.SENT, Sending.HELD)
+
+    def send(self) -> Actions:
+        self.sending = Sending.SENT
+        self._since = self._clock()
+        self._pause = FINISH_RETRY.backoff()
+        return [steps.SendFinish(self.wait_s)]
+
+    def hear(self) -> None:
+        self.sending = Sending.HEARD
+        self._held = None
+
+    def takes(self, error: ClusterError) -> bool | Unheard:
+        """A failure of the node: kept for the answer of the Finish on its way (True); the end
+        of a Finish held for a scheduler that will not take the node back now (Unheard); or
+        nothing to do with it, none being out (False)."""
+        if self.sending is Sending.SENT:
+            self._held = self._held or error  # decided by the Finish's answer
+            return True
+        if self.sending is Sending.HELD:  # no scheduler heard it, and none will now
+            self._held = error
+            return Unheard(False, self._clock() - self._since, str(error))
+        return False
+
+    def failed(
+        self, event: steps.FinishFailed, *, away: str | None, released: bool, where: str
+    ) -> Actions | Unheard:
+        """Send it again only when it never reached the scheduler or was cut off with its
+        connection, and not past its give-up time: after a pause while the node's stream is up;
+        with recovery, while the node registers again (`away`: why its scheduler is), once it is
+        back (unless a failure waits for the Finish's answer: then that is the answer)."""
+        if self.sending is not Sending.SENT:
+            return []
+        now = self._clock()
+        give_up = self._since + self.wait_s
+        again = event.code in FINISH_RETRIED and not released
+        back = self._recovery and away is not None and self._held is None
+        if again and back and now < give_up:  # the scheduler may come back for it
+            self.sending = Sending.HELD
+            said = steps.Say(
+                f"{where} is away ({away}): this node's finish waits for it to take this node "
+                f"back, up to {give_up - now:.0f} s more (recovery is on)"
+            )
+            return [said, steps.HoldFinish(give_up - now)]
+        pause_s = self._pause.next_s()
+        if again and event.stream_up and now + pause_s < give_up:
+            return [steps.RetryFinish(pause_s)]
+        return Unheard(event.code == DEADLINE_EXCEEDED, now - self._since, event.details)
+
+    def retry_due(self, *, finished: bool, reconnecting: bool) -> Actions | Unheard:
+        """Send it again: after its pause, or once the node it was held for is back (or the
+        hold's time is up). Held while the job `finished`: heard."""
+        if not self.out:
+            return []
+        now = self._clock()
+        left = self._since + self.wait_s - now
+        if self.sending is Sending.HELD:
+            if finished:  # the job finished meanwhile: every finish was heard
+                self.hear()
+                return []
+            if reconnecting and left > 0:
+                return [steps.HoldFinish(left)]  # not back yet
+            self.sending = Sending.SENT
+        if left <= 0:
+            why = f"this node was not back with it within {self.wait_s:g} s"
+            return Unheard(False, now - self._since, why)
+        return [steps.SendFinish(left)]
+
+    def answered(self, event: steps.FinishAnswered) -> Actions | Unheard:
+        if not self.out:
+            return []  # answered already (a cancelled Finish's owner reports it once more)
+        if event.heard:
+            self.hear()
+            return []
+        return Unheard(event.timed_out, event.waited_s, event.details)
+
+    def unheard(self, end: Unheard, where: str) -> tuple[steps.Say, ClusterError | None]:
+        """It was not heard: what to say, and the failure held meanwhile, to report."""
+        self.sending = Sending.NOT_SENT
+        if end.timed_out and self._recovery:
+            # The scheduler answers once the finish is saved: its saves are failing.
+            said = steps.Say(
+                f"{where} did not confirm within {end.waited_s:g} s that it saved this node's "
+                "finish (is its MS_RECOVERY_PATH full or read-only? see its log); this node "
+                "exits anyway, and the scheduler ends the job once it can save"
+            )
+        else:
+            said = steps.Say(f"could not tell {where} that this node finished: {end.details}")
+        held, self._held = self._held, None
+        return said, held

@@ -93,6 +93,7 @@ def init(config: ClusterConfig | None = None) -> None:
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
         _session = WorkerSession(cfg, identity)
         atexit.register(_finalize_at_exit)
+        excepthook.watch_exits()  # the status sys.exit() is asked for is told at exit
         # The job's bound on pinned memory is the config's, which may not be the environment's.
         host_buffers.configure(cfg.pinned_max_bytes)
     try:
@@ -193,13 +194,18 @@ def finalize() -> None:
 
 
 def _finalize_at_exit() -> None:
-    # A program that dies of an uncaught exception has not finished its part of the job: it
-    # tells the scheduler the error it dies of instead, so the scheduler fails it in words.
+    # A program that dies of an uncaught exception, or whose sys.exit() asked for a non-zero
+    # status, has not finished its part of the job: it tells the scheduler the error or the
+    # status instead, so the scheduler fails it in words (and with recovery takes it back).
     current = _session
     if current is not None:
         current.at_exit()  # the job's failure is raised here, not by a signal
+    crash = excepthook.crash()
     try:
-        _close(finished=not excepthook.crashed, failure=excepthook.failure)
+        if crash is not None:
+            _close(finished=False, failure=crash)
+        else:
+            _close(finished=True, failure=excepthook.exit_failure())
     except ClusterError as error:
         _exit_failed(error)
 
@@ -207,7 +213,7 @@ def _finalize_at_exit() -> None:
 def _flush_at_exit() -> None:
     # Without a job (or after it was finalized), a program that returns right after its last
     # save still learns that the write failed: the one line, exit 1.
-    if excepthook.crashed:
+    if excepthook.crash() is not None:
         return  # the process ends of its own error; the write's was logged when it failed
     error = _flush_writes()
     if error is not None:
@@ -250,6 +256,9 @@ def _exit_failed(error: ClusterError) -> None:
 
 
 def _close(*, finished: bool, failure: str | None = None) -> None:
+    """`finished`: the program ended on its own (returned, or sys.exit()); else it crashed.
+    `failure`: what the scheduler is told instead of a finish (a crash's error, a non-zero
+    exit status)."""
     global _session
     with _lock:
         current, _session = _session, None
@@ -263,10 +272,12 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
     if error is not None:  # this worker's part is not done: the scheduler hears why
         current.finalize(finished=False, failure=excepthook.error_line(error))
         raise error
+    if finished:  # a non-zero exit status is no finish: the scheduler hears the status
+        current.finalize(finished=failure is None, failure=failure)
+        return
     # The scheduler learns of a crash first.
-    current.finalize(finished=finished, failure=None if finished else failure)
-    if not finished:
-        _run(_aborters, "aborting what this worker opened for the job")
+    current.finalize(finished=False, failure=failure)
+    _run(_aborters, "aborting what this worker opened for the job")
 
 
 def is_initialized() -> bool:

@@ -50,6 +50,15 @@ def test_a_crashed_worker_tells_the_scheduler_then_aborts(calls: list[str]) -> N
     assert calls == ["scheduler told finished=False failure=RuntimeError: NCCL error", "aborted"]
 
 
+def test_a_worker_that_exits_non_zero_closes_then_tells_the_scheduler_its_status(
+    calls: list[str],
+) -> None:
+    """sys.exit(2) is no crash (what it opened is closed as at a finish, not aborted), and no
+    finish either: the scheduler hears the status."""
+    runtime._close(finished=True, failure="exited with status 2")
+    assert calls == ["closed", "scheduler told finished=False failure=exited with status 2"]
+
+
 def test_an_abort_that_fails_is_logged_not_raised(
     calls: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:

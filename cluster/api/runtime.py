@@ -186,10 +186,11 @@ def configure_logging(who: str, observe: ObserveConfig | None = None) -> None:
 
 
 def finalize() -> None:
-    """Wait for the checkpoint writes queued, tell the scheduler this worker is done and close
-    the connection. Safe to call twice. A write that failed and was not raised yet (the last
-    save's) is raised here, as a CheckpointError, after the scheduler was told this worker
-    failed of it."""
+    """Wait for the checkpoint writes queued, run the `on_finalize` closers, tell the
+    scheduler this worker is done and close the connection. Safe to call twice. A write that
+    failed and was not raised yet (the last save's) is raised here, as a CheckpointError,
+    after the scheduler was told this worker failed of it; the job's failure, heard before or
+    during it, is raised at its end (no closer is interrupted by it)."""
     _close(finished=True)
 
 
@@ -197,9 +198,6 @@ def _finalize_at_exit() -> None:
     # A program that dies of an uncaught exception, or whose sys.exit() asked for a non-zero
     # status, has not finished its part of the job: it tells the scheduler the error or the
     # status instead, so the scheduler fails it in words (and with recovery takes it back).
-    current = _session
-    if current is not None:
-        current.at_exit()  # the job's failure is raised here, not by a signal
     crash = excepthook.crash()
     try:
         if crash is not None:
@@ -264,6 +262,7 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
         current, _session = _session, None
     if current is None:
         return
+    current.quiet()  # the job's failure, heard from now on, is raised at the end, once
     # After a crash neither the writes nor a closer are waited for: they may block on what
     # failed (a stuck disk, a hung NCCL call).
     error = _flush_writes() if finished else None

@@ -135,7 +135,6 @@ class WorkerSession:
         self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
         self._started = False
         self._closed = False
-        self._at_exit = False  # finalizing at interpreter exit (`at_exit`)
         # Set by a TrainingLoop around each step: the generation its collectives belong to.
         self.generation_pin: int | None = None
         orphan.watch_launcher(self._ending.end)
@@ -226,22 +225,24 @@ class WorkerSession:
                 self.agent.send_finish(FAILURE_REPORT_S, failure), timeout_s=FAILURE_REPORT_S + 1
             )
 
-    def at_exit(self) -> None:
-        """The program has returned without finalizing: the finalize that follows, at exit,
-        raises the job's failure (heard before or during it) instead of a signal raising it."""
-        self._at_exit = True
-        self._ending.at_exit()
+    def quiet(self) -> None:
+        """The worker finalizes (what it opened is being closed): the job's failure, heard
+        from now on, is raised by `finalize` at its end instead of by a signal wherever the
+        main thread is (a closer would only log it and go on)."""
+        self._ending.quiet()
 
     def finalize(self, *, finished: bool = True, failure: str | None = None) -> None:
         """Tell the scheduler this node finished (`finished`), or the error its process dies
-        of (`failure`, best effort: at most FAILURE_REPORT_S), then close. At exit (`at_exit`),
-        a node that finished while its job failed raises that failure."""
+        of (`failure`, best effort: at most FAILURE_REPORT_S), then close. A node that
+        finished while its job failed (heard before or during the finalize) raises that
+        failure."""
         if self._closed:
             return
         self._closed = True
+        self.quiet()
         self._finalize(finished=finished, failure=failure)
         fatal = self.agent.fatal
-        if self._at_exit and finished and fatal is not None:
+        if finished and fatal is not None:
             raise fatal
 
     def _finalize(self, *, finished: bool, failure: str | None) -> None:

@@ -3,6 +3,8 @@
 
 exit: rank 0's program returns without cluster.finalize(); its finalize at exit waits in a
     closer (as cluster.torch's destroy) until the failure has arrived.
+finalize: rank 0 calls cluster.finalize(), whose closer (as cluster.torch's destroy) waits
+    until the failure has arrived, and prints a line if it returns.
 thread: a call of another thread of rank 0 is pending (as the checkpoint writer's report)
     while its main thread computes.
 """
@@ -34,6 +36,14 @@ if sys.argv[1] == "exit":
     )
     flag.write_text("")
     print("returning without finalize", flush=True)
+    sys.exit(0)
+if sys.argv[1] == "finalize":
+    runtime.on_finalize(
+        lambda: wait_until(lambda: session.agent.fatal is not None, BOUND_S, "the failure")
+    )
+    flag.write_text("")
+    cluster.finalize()
+    print("finalize returned", flush=True)
     sys.exit(0)
 
 entered = threading.Event()

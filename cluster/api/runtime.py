@@ -49,6 +49,9 @@ _closers: list[Callable[[], None]] = []
 # Called instead of _closers when the program died of an uncaught exception (`on_crash`).
 _aborters: list[Callable[[], None]] = []
 _log = logging.getLogger(__name__)
+# The process whose writers and session these are (the one that imported this, or that called
+# init()): a child forked from it leaves them alone at its exit.
+_pid = os.getpid()
 
 
 def session() -> WorkerSession:
@@ -72,7 +75,11 @@ def init(config: ClusterConfig | None = None) -> None:
     its rank and the peer table. Scheduler (MS_SCHED): serves the job until it ends and then
     exits the process, 0 when every worker finished, 1 otherwise.
     """
-    global _session
+    global _session, _pid
+    # gRPC's fork handlers crash a child forked after the first call at random (a DataLoader's
+    # worker: grpc/grpc#32992); a child has no use for them (`WorkerSession.forked`). Before
+    # grpc is imported, which reads the variable once; a program that chose keeps its choice.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     cfg = config if config is not None else environment.from_env()
     if _ps_context_called:
         cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
@@ -92,6 +99,7 @@ def init(config: ClusterConfig | None = None) -> None:
             raise ClusterError("cluster.init() was already called in this process")
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
         _session = WorkerSession(cfg, identity)
+        _pid = os.getpid()
         atexit.register(_finalize_at_exit)
         excepthook.watch_exits()  # the status sys.exit() is asked for is told at exit
         # The job's bound on pinned memory is the config's, which may not be the environment's.
@@ -191,6 +199,9 @@ def finalize() -> None:
     failed and was not raised yet (the last save's) is raised here, as a CheckpointError,
     after the scheduler was told this worker failed of it; the job's failure, heard before or
     during it, is raised at its end (no closer is interrupted by it)."""
+    current = _session
+    if current is not None:
+        current.check_process()  # a forked child's is its parent's to finalize
     _close(finished=True)
 
 
@@ -198,6 +209,9 @@ def _finalize_at_exit() -> None:
     # A program that dies of an uncaught exception, or whose sys.exit() asked for a non-zero
     # status, has not finished its part of the job: it tells the scheduler the error or the
     # status instead, so the scheduler fails it in words (and with recovery takes it back).
+    current = _session
+    if current is not None and current.forked:
+        return  # a forked child's exit: the job and the session are its parent's
     crash = excepthook.crash()
     try:
         if crash is not None:
@@ -211,6 +225,8 @@ def _finalize_at_exit() -> None:
 def _flush_at_exit() -> None:
     # Without a job (or after it was finalized), a program that returns right after its last
     # save still learns that the write failed: the one line, exit 1.
+    if os.getpid() != _pid:
+        return  # a forked child: the writers (their threads stayed behind) are its parent's
     if excepthook.crash() is not None:
         return  # the process ends of its own error; the write's was logged when it failed
     error = _flush_writes()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # How long a process that dies of an error gives the scheduler to hear which (one call).
 FAILURE_REPORT_S = 2.0
+FORKED = (
+    "cluster calls are only for the process that called cluster.init(); pass values to "
+    "children instead"
+)
 
 
 class _Loop(asyncio.SelectorEventLoop):
@@ -116,6 +121,7 @@ class WorkerSession:
     def __init__(self, config: ClusterConfig, identity: NodeIdentity) -> None:
         self.config = config
         self.identity = identity
+        self._pid = os.getpid()
         self._prefix = f"cluster[{identity.node_id}]"
         self._pending = 0
         self._pending_lock = threading.Lock()
@@ -192,10 +198,25 @@ class WorkerSession:
         else:
             self._record_unsaved = False
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is the copy a forked child has (a DataLoader's worker, multiprocessing's
+        fork, os.fork): the agent's thread and connection stayed in the parent."""
+        return os.getpid() != self._pid
+
+    def check_process(self) -> None:
+        """Raise, in a forked child, what it must do instead of a cluster call (which would
+        wait forever for the agent's thread)."""
+        if self.forked:
+            raise ClusterError(FORKED)
+
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run an agent coroutine to its end (from any thread). `_pending` counts the main
         thread's calls only: another thread's call (the checkpoint writer's report, a user
         thread's kv_wait) raises the job's failure in that thread, not in the main one."""
+        if self.forked:
+            coro.close()  # never run: no "never awaited" warning
+            self.check_process()
         main = threading.current_thread() is threading.main_thread()
         if not main:
             return self._background.run(coro, timeout_s)

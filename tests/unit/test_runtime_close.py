@@ -16,6 +16,8 @@ from cluster.storage.background import BackgroundWriter
 class Session:
     """Stands for the worker's session: records when it was finalized and how."""
 
+    forked = False
+
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
 

@@ -98,20 +98,34 @@ def init(config: ClusterConfig | None = None) -> None:
         if _session is not None:
             raise ClusterError("cluster.init() was already called in this process")
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
-        _session = WorkerSession(cfg, identity)
+        current = _session = WorkerSession(cfg, identity)
         _pid = os.getpid()
         atexit.register(_finalize_at_exit)
         excepthook.watch_exits()  # the status sys.exit() is asked for is told at exit
         # The job's bound on pinned memory is the config's, which may not be the environment's.
         host_buffers.configure(cfg.pinned_max_bytes)
     try:
-        _session.start()
+        current.start()
     except ReleasedError as released:
         # A spare (or a restarted node waiting out its guard) that the job did not need: the
         # job's exit code is its ranked workers'.
-        _session.say(str(released))
-        _session.finalize(finished=False)
+        current.say(str(released))
+        current.finalize(finished=False)
         raise SystemExit(0) from None
+    except BaseException:
+        _abandon(current)
+        raise
+
+
+def _abandon(current: WorkerSession) -> None:
+    """A start that failed (the caller gets its error): the session is closed and forgotten,
+    so that init() may be called again and nothing of it is raised again at exit."""
+    global _session
+    with _lock:
+        if _session is current:
+            _session = None
+    atexit.unregister(_finalize_at_exit)
+    current.finalize(finished=False)
 
 
 def _run_scheduler(cfg: ClusterConfig) -> None:
@@ -255,18 +269,41 @@ def _flush_writes() -> ClusterError | None:
 
 def _exit_failed(error: ClusterError) -> None:
     """End a process whose program returned while its job failed as an uncaught error ends it:
-    one line, the other atexit handlers, exit 1. Python keeps the exit status it had when the
-    program returned (an exception in an atexit callback is only printed), hence `os._exit`."""
+    one line, the other atexit handlers (each once, as at any exit), exit 1."""
     excepthook.say(error)
-    atexit.unregister(_finalize_at_exit)
-    atexit.unregister(_flush_at_exit)
-    # The handlers registered before init() run as at any exit; those registered after it
-    # (run before this one) run again, as atexit cannot tell them apart.
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to say
-            stream.flush()
-    os._exit(1)
+    atexit.unregister(_flush_at_exit)  # the writes were waited for, or need not be
+    _exit_with(1)
+
+
+class _ExitStatus:
+    """Exits the process with `status` when it is deleted. Python keeps the exit status it had
+    when the program returned (an exception raised in an atexit callback is only printed), and
+    an atexit callback cannot run the others and end the process itself without running again
+    those that ran before it: held by this module (`_exit_with`), it is deleted when the
+    interpreter clears the modules, after every atexit callback ran and stdout and stderr were
+    flushed."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self._exit = os._exit  # held: the os module may be cleared first
+
+    def __del__(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # gone, closed or broken: nothing left to say
+                stream.flush()
+        self._exit(self.status)
+
+
+_exit_status: _ExitStatus | None = None
+
+
+def _exit_with(status: int) -> None:
+    """Have the process exit with `status` once the interpreter has finished its exit."""
+    global _exit_status
+    if _exit_status is None:
+        _exit_status = _ExitStatus(status)
+    else:  # replaced, the one held would be deleted, and end the process, now
+        _exit_status.status = status
 
 
 def _close(*, finished: bool, failure: str | None = None) -> None:

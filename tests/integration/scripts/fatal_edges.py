@@ -2,7 +2,8 @@
 (rank 0 writes the file CLUSTER_TEST_FLAG there); recovery off.
 
 exit: rank 0's program returns without cluster.finalize(); its finalize at exit waits in a
-    closer (as cluster.torch's destroy) until the failure has arrived.
+    closer (as cluster.torch's destroy) until the failure has arrived. It has atexit handlers
+    registered before init() and after it.
 finalize: rank 0 calls cluster.finalize(), whose closer (as cluster.torch's destroy) waits
     until the failure has arrived, and prints a line if it returns.
 thread: a call of another thread of rank 0 is pending (as the checkpoint writer's report)
@@ -11,6 +12,7 @@ thread: a call of another thread of rank 0 is pending (as the checkpoint writer'
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -23,6 +25,7 @@ from cluster.testing import wait_until
 
 BOUND_S = 30.0
 
+atexit.register(print, "atexit handler registered before init()", flush=True)
 cluster.init()
 flag = Path(os.environ["CLUSTER_TEST_FLAG"])
 if cluster.get_rank() == 1:
@@ -31,6 +34,7 @@ if cluster.get_rank() == 1:
 
 session = runtime.session()
 if sys.argv[1] == "exit":
+    atexit.register(print, "atexit handler registered after init()", flush=True)
     runtime.on_finalize(
         lambda: wait_until(lambda: session.agent.fatal is not None, BOUND_S, "the failure")
     )

@@ -37,8 +37,15 @@ from cluster.worker.identity import make_identity
 if TYPE_CHECKING:
     from cluster.worker.session import WorkerSession
 
+# Ctrl-C during the finalize at exit: the one line, and the status of a process it ended.
+INTERRUPTED = (
+    "cluster: KeyboardInterrupt: interrupted while this worker finalized at exit; the "
+    "scheduler may not have heard that it finished"
+)
+EXIT_INTERRUPTED = 130
 _lock = threading.Lock()
 _session: WorkerSession | None = None
+_finalized = False  # the last session was finalized (no init() since)
 # TLS as set_ps_context() decided it (None: off); when it was not called, the environment decides.
 _ps_context_called = False
 _ps_context_tls: TLSOptions | None = None
@@ -56,6 +63,10 @@ _pid = os.getpid()
 
 def session() -> WorkerSession:
     if _session is None or _session.topology is None:
+        if _finalized:
+            from cluster.worker.session import FINALIZED  # noqa: PLC0415 - imported by init()
+
+            raise NotInitializedError(FINALIZED)
         raise NotInitializedError(
             "this needs the job to be formed: call cluster.init() first (in every worker)"
         )
@@ -75,7 +86,7 @@ def init(config: ClusterConfig | None = None) -> None:
     its rank and the peer table. Scheduler (MS_SCHED): serves the job until it ends and then
     exits the process, 0 when every worker finished, 1 otherwise.
     """
-    global _session, _pid
+    global _session, _pid, _finalized
     # gRPC's fork handlers crash a child forked after the first call at random (a DataLoader's
     # worker: grpc/grpc#32992); a child has no use for them (`WorkerSession.forked`). Before
     # grpc is imported, which reads the variable once; a program that chose keeps its choice.
@@ -99,7 +110,7 @@ def init(config: ClusterConfig | None = None) -> None:
             raise ClusterError("cluster.init() was already called in this process")
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
         current = _session = WorkerSession(cfg, identity)
-        _pid = os.getpid()
+        _pid, _finalized = os.getpid(), False
         atexit.register(_finalize_at_exit)
         excepthook.watch_exits()  # the status sys.exit() is asked for is told at exit
         # The job's bound on pinned memory is the config's, which may not be the environment's.
@@ -234,6 +245,10 @@ def _finalize_at_exit() -> None:
             _close(finished=True, failure=excepthook.exit_failure())
     except ClusterError as error:
         _exit_failed(error)
+    except KeyboardInterrupt:  # Ctrl-C while it waited (for a scheduler that is away)
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        atexit.unregister(_flush_at_exit)
+        _exit_with(EXIT_INTERRUPTED)
 
 
 def _flush_at_exit() -> None:
@@ -310,9 +325,10 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
     """`finished`: the program ended on its own (returned, or sys.exit()); else it crashed.
     `failure`: what the scheduler is told instead of a finish (a crash's error, a non-zero
     exit status)."""
-    global _session
+    global _session, _finalized
     with _lock:
         current, _session = _session, None
+        _finalized = _finalized or current is not None
     if current is None:
         return
     current.quiet()  # the job's failure, heard from now on, is raised at the end, once

@@ -40,6 +40,9 @@ FORKED = (
     "cluster calls are only for the process that called cluster.init(); pass values to "
     "children instead"
 )
+# A call of this session once it was finalized, and one that finalize cut short.
+FINALIZED = "this worker was finalized (cluster.finalize(), or at exit): no cluster call follows"
+CUT = "the job was finalized while this call waited"
 
 
 class _Loop(asyncio.SelectorEventLoop):
@@ -81,6 +84,9 @@ class BackgroundLoop:
         self.loop = _Loop()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
+        # What `run` waits for now: `stop` ends each with CancelledError.
+        self._waiting: set[concurrent.futures.Future[Any]] = set()
+        self._waiting_lock = threading.Lock()
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -96,18 +102,32 @@ class BackgroundLoop:
         self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """`coro`'s result; concurrent.futures.CancelledError when `stop` ended it first."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._waiting_lock:
+            self._waiting.add(future)
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
+        finally:
+            with self._waiting_lock:
+                self._waiting.discard(future)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return  # still ending what it ran: it settles their futures itself
+        # The loop cancelled what it ran; a call handed to it as it stopped was never run.
+        with self._waiting_lock:
+            left = [future for future in self._waiting if not future.done()]
+        for future in left:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(concurrent.futures.CancelledError())
 
 
 def _say(prefix: str, message: str) -> None:
@@ -214,19 +234,24 @@ class WorkerSession:
         """Run an agent coroutine to its end (from any thread). `_pending` counts the main
         thread's calls only: another thread's call (the checkpoint writer's report, a user
         thread's kv_wait) raises the job's failure in that thread, not in the main one."""
-        if self.forked:
+        if self.forked or self._closed:
             coro.close()  # never run: no "never awaited" warning
             self.check_process()
+            raise ClusterError(FINALIZED)
         main = threading.current_thread() is threading.main_thread()
-        if not main:
-            return self._background.run(coro, timeout_s)
-        with self._pending_lock:
-            self._pending += 1
+        if main:
+            with self._pending_lock:
+                self._pending += 1
         try:
             return self._background.run(coro, timeout_s)
+        except concurrent.futures.CancelledError:
+            if not self._closed:
+                raise
+            raise ClusterError(CUT) from None
         finally:
-            with self._pending_lock:
-                self._pending -= 1
+            if main:
+                with self._pending_lock:
+                    self._pending -= 1
 
     def _on_fatal(self, error: ClusterError) -> None:
         """The job is over for this process (runs on the agent's thread)."""

@@ -37,8 +37,15 @@ from cluster.worker.identity import make_identity
 if TYPE_CHECKING:
     from cluster.worker.session import WorkerSession
 
+# Ctrl-C during the finalize at exit: the one line, and the status of a process it ended.
+INTERRUPTED = (
+    "cluster: KeyboardInterrupt: interrupted while this worker finalized at exit; the "
+    "scheduler may not have heard that it finished"
+)
+EXIT_INTERRUPTED = 130
 _lock = threading.Lock()
 _session: WorkerSession | None = None
+_finalized = False  # the last session was finalized (no init() since)
 # TLS as set_ps_context() decided it (None: off); when it was not called, the environment decides.
 _ps_context_called = False
 _ps_context_tls: TLSOptions | None = None
@@ -49,10 +56,17 @@ _closers: list[Callable[[], None]] = []
 # Called instead of _closers when the program died of an uncaught exception (`on_crash`).
 _aborters: list[Callable[[], None]] = []
 _log = logging.getLogger(__name__)
+# The process whose writers and session these are (the one that imported this, or that called
+# init()): a child forked from it leaves them alone at its exit.
+_pid = os.getpid()
 
 
 def session() -> WorkerSession:
     if _session is None or _session.topology is None:
+        if _finalized:
+            from cluster.worker.session import FINALIZED  # noqa: PLC0415 - imported by init()
+
+            raise NotInitializedError(FINALIZED)
         raise NotInitializedError(
             "this needs the job to be formed: call cluster.init() first (in every worker)"
         )
@@ -72,7 +86,11 @@ def init(config: ClusterConfig | None = None) -> None:
     its rank and the peer table. Scheduler (MS_SCHED): serves the job until it ends and then
     exits the process, 0 when every worker finished, 1 otherwise.
     """
-    global _session
+    global _session, _pid, _finalized
+    # gRPC's fork handlers crash a child forked after the first call at random (a DataLoader's
+    # worker: grpc/grpc#32992); a child has no use for them (`WorkerSession.forked`). Before
+    # grpc is imported, which reads the variable once; a program that chose keeps its choice.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     cfg = config if config is not None else environment.from_env()
     if _ps_context_called:
         cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
@@ -91,18 +109,34 @@ def init(config: ClusterConfig | None = None) -> None:
         if _session is not None:
             raise ClusterError("cluster.init() was already called in this process")
         identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
-        _session = WorkerSession(cfg, identity)
+        current = _session = WorkerSession(cfg, identity)
+        _pid, _finalized = os.getpid(), False
         atexit.register(_finalize_at_exit)
+        excepthook.watch_exits()  # the status sys.exit() is asked for is told at exit
         # The job's bound on pinned memory is the config's, which may not be the environment's.
         host_buffers.configure(cfg.pinned_max_bytes)
     try:
-        _session.start()
+        current.start()
     except ReleasedError as released:
         # A spare (or a restarted node waiting out its guard) that the job did not need: the
         # job's exit code is its ranked workers'.
-        _session.say(str(released))
-        _session.finalize(finished=False)
+        current.say(str(released))
+        current.finalize(finished=False)
         raise SystemExit(0) from None
+    except BaseException:
+        _abandon(current)
+        raise
+
+
+def _abandon(current: WorkerSession) -> None:
+    """A start that failed (the caller gets its error): the session is closed and forgotten,
+    so that init() may be called again and nothing of it is raised again at exit."""
+    global _session
+    with _lock:
+        if _session is current:
+            _session = None
+    atexit.unregister(_finalize_at_exit)
+    current.finalize(finished=False)
 
 
 def _run_scheduler(cfg: ClusterConfig) -> None:
@@ -185,29 +219,44 @@ def configure_logging(who: str, observe: ObserveConfig | None = None) -> None:
 
 
 def finalize() -> None:
-    """Wait for the checkpoint writes queued, tell the scheduler this worker is done and close
-    the connection. Safe to call twice. A write that failed and was not raised yet (the last
-    save's) is raised here, as a CheckpointError, after the scheduler was told this worker
-    failed of it."""
+    """Wait for the checkpoint writes queued, run the `on_finalize` closers, tell the
+    scheduler this worker is done and close the connection. Safe to call twice. A write that
+    failed and was not raised yet (the last save's) is raised here, as a CheckpointError,
+    after the scheduler was told this worker failed of it; the job's failure, heard before or
+    during it, is raised at its end (no closer is interrupted by it)."""
+    current = _session
+    if current is not None:
+        current.check_process()  # a forked child's is its parent's to finalize
     _close(finished=True)
 
 
 def _finalize_at_exit() -> None:
-    # A program that dies of an uncaught exception has not finished its part of the job: it
-    # tells the scheduler the error it dies of instead, so the scheduler fails it in words.
+    # A program that dies of an uncaught exception, or whose sys.exit() asked for a non-zero
+    # status, has not finished its part of the job: it tells the scheduler the error or the
+    # status instead, so the scheduler fails it in words (and with recovery takes it back).
     current = _session
-    if current is not None:
-        current.at_exit()  # the job's failure is raised here, not by a signal
+    if current is not None and current.forked:
+        return  # a forked child's exit: the job and the session are its parent's
+    crash = excepthook.crash()
     try:
-        _close(finished=not excepthook.crashed, failure=excepthook.failure)
+        if crash is not None:
+            _close(finished=False, failure=crash)
+        else:
+            _close(finished=True, failure=excepthook.exit_failure())
     except ClusterError as error:
         _exit_failed(error)
+    except KeyboardInterrupt:  # Ctrl-C while it waited (for a scheduler that is away)
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        atexit.unregister(_flush_at_exit)
+        _exit_with(EXIT_INTERRUPTED)
 
 
 def _flush_at_exit() -> None:
     # Without a job (or after it was finalized), a program that returns right after its last
     # save still learns that the write failed: the one line, exit 1.
-    if excepthook.crashed:
+    if os.getpid() != _pid:
+        return  # a forked child: the writers (their threads stayed behind) are its parent's
+    if excepthook.crash() is not None:
         return  # the process ends of its own error; the write's was logged when it failed
     error = _flush_writes()
     if error is not None:
@@ -235,26 +284,54 @@ def _flush_writes() -> ClusterError | None:
 
 def _exit_failed(error: ClusterError) -> None:
     """End a process whose program returned while its job failed as an uncaught error ends it:
-    one line, the other atexit handlers, exit 1. Python keeps the exit status it had when the
-    program returned (an exception in an atexit callback is only printed), hence `os._exit`."""
+    one line, the other atexit handlers (each once, as at any exit), exit 1."""
     excepthook.say(error)
-    atexit.unregister(_finalize_at_exit)
-    atexit.unregister(_flush_at_exit)
-    # The handlers registered before init() run as at any exit; those registered after it
-    # (run before this one) run again, as atexit cannot tell them apart.
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken stream: nothing left to say
-            stream.flush()
-    os._exit(1)
+    atexit.unregister(_flush_at_exit)  # the writes were waited for, or need not be
+    _exit_with(1)
+
+
+class _ExitStatus:
+    """Exits the process with `status` when it is deleted. Python keeps the exit status it had
+    when the program returned (an exception raised in an atexit callback is only printed), and
+    an atexit callback cannot run the others and end the process itself without running again
+    those that ran before it: held by this module (`_exit_with`), it is deleted when the
+    interpreter clears the modules, after every atexit callback ran and stdout and stderr were
+    flushed."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+        self._exit = os._exit  # held: the os module may be cleared first
+
+    def __del__(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # gone, closed or broken: nothing left to say
+                stream.flush()
+        self._exit(self.status)
+
+
+_exit_status: _ExitStatus | None = None
+
+
+def _exit_with(status: int) -> None:
+    """Have the process exit with `status` once the interpreter has finished its exit."""
+    global _exit_status
+    if _exit_status is None:
+        _exit_status = _ExitStatus(status)
+    else:  # replaced, the one held would be deleted, and end the process, now
+        _exit_status.status = status
 
 
 def _close(*, finished: bool, failure: str | None = None) -> None:
-    global _session
+    """`finished`: the program ended on its own (returned, or sys.exit()); else it crashed.
+    `failure`: what the scheduler is told instead of a finish (a crash's error, a non-zero
+    exit status)."""
+    global _session, _finalized
     with _lock:
         current, _session = _session, None
+        _finalized = _finalized or current is not None
     if current is None:
         return
+    current.quiet()  # the job's failure, heard from now on, is raised at the end, once
     # After a crash neither the writes nor a closer are waited for: they may block on what
     # failed (a stuck disk, a hung NCCL call).
     error = _flush_writes() if finished else None
@@ -263,10 +340,12 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
     if error is not None:  # this worker's part is not done: the scheduler hears why
         current.finalize(finished=False, failure=excepthook.error_line(error))
         raise error
+    if finished:  # a non-zero exit status is no finish: the scheduler hears the status
+        current.finalize(finished=failure is None, failure=failure)
+        return
     # The scheduler learns of a crash first.
-    current.finalize(finished=finished, failure=None if finished else failure)
-    if not finished:
-        _run(_aborters, "aborting what this worker opened for the job")
+    current.finalize(finished=False, failure=failure)
+    _run(_aborters, "aborting what this worker opened for the job")
 
 
 def is_initialized() -> bool:

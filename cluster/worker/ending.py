@@ -43,7 +43,7 @@ class Ending:
         self._grace_s = grace_s
         self._error: ClusterError | None = None
         self._exiting = False  # the process ends already, of its own error (`exiting`)
-        self._quiet = False  # the finalize at exit raises the job's error itself (`at_exit`)
+        self._quiet = False  # the finalize raises the job's error itself (`quiet`)
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self.interrupts = self._install()
@@ -84,10 +84,11 @@ class Ending:
         timer.daemon = True  # the process ending as it should ends the timer too
         timer.start()
 
-    def at_exit(self) -> None:
-        """The program has returned and its finalize runs at exit: the job's end sends no
-        signal (an exception raised in an atexit callback is a traceback and exit status 0);
-        that finalize raises the error itself. The last resort still bounds it."""
+    def quiet(self) -> None:
+        """The worker finalizes (`cluster.finalize()`, or at exit): the job's end sends no
+        signal, which would only interrupt a closer (that logs it and goes on) or an atexit
+        callback (a traceback, and exit status 0); the finalize raises the error itself at its
+        end. The last resort still bounds it."""
         with self._lock:
             self._quiet = True
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -35,6 +36,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 # How long a process that dies of an error gives the scheduler to hear which (one call).
 FAILURE_REPORT_S = 2.0
+FORKED = (
+    "cluster calls are only for the process that called cluster.init(); pass values to "
+    "children instead"
+)
+# A call of this session once it was finalized, and one that finalize cut short.
+FINALIZED = "this worker was finalized (cluster.finalize(), or at exit): no cluster call follows"
+CUT = "the job was finalized while this call waited"
 
 
 class _Loop(asyncio.SelectorEventLoop):
@@ -76,6 +84,9 @@ class BackgroundLoop:
         self.loop = _Loop()
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
+        # What `run` waits for now: `stop` ends each with CancelledError.
+        self._waiting: set[concurrent.futures.Future[Any]] = set()
+        self._waiting_lock = threading.Lock()
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -91,18 +102,32 @@ class BackgroundLoop:
         self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """`coro`'s result; concurrent.futures.CancelledError when `stop` ended it first."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._waiting_lock:
+            self._waiting.add(future)
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise
+        finally:
+            with self._waiting_lock:
+                self._waiting.discard(future)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return  # still ending what it ran: it settles their futures itself
+        # The loop cancelled what it ran; a call handed to it as it stopped was never run.
+        with self._waiting_lock:
+            left = [future for future in self._waiting if not future.done()]
+        for future in left:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(concurrent.futures.CancelledError())
 
 
 def _say(prefix: str, message: str) -> None:
@@ -116,6 +141,7 @@ class WorkerSession:
     def __init__(self, config: ClusterConfig, identity: NodeIdentity) -> None:
         self.config = config
         self.identity = identity
+        self._pid = os.getpid()
         self._prefix = f"cluster[{identity.node_id}]"
         self._pending = 0
         self._pending_lock = threading.Lock()
@@ -135,7 +161,6 @@ class WorkerSession:
         self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
         self._started = False
         self._closed = False
-        self._at_exit = False  # finalizing at interpreter exit (`at_exit`)
         # Set by a TrainingLoop around each step: the generation its collectives belong to.
         self.generation_pin: int | None = None
         orphan.watch_launcher(self._ending.end)
@@ -193,20 +218,40 @@ class WorkerSession:
         else:
             self._record_unsaved = False
 
+    @property
+    def forked(self) -> bool:
+        """Whether this is the copy a forked child has (a DataLoader's worker, multiprocessing's
+        fork, os.fork): the agent's thread and connection stayed in the parent."""
+        return os.getpid() != self._pid
+
+    def check_process(self) -> None:
+        """Raise, in a forked child, what it must do instead of a cluster call (which would
+        wait forever for the agent's thread)."""
+        if self.forked:
+            raise ClusterError(FORKED)
+
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run an agent coroutine to its end (from any thread). `_pending` counts the main
         thread's calls only: another thread's call (the checkpoint writer's report, a user
         thread's kv_wait) raises the job's failure in that thread, not in the main one."""
+        if self.forked or self._closed:
+            coro.close()  # never run: no "never awaited" warning
+            self.check_process()
+            raise ClusterError(FINALIZED)
         main = threading.current_thread() is threading.main_thread()
-        if not main:
-            return self._background.run(coro, timeout_s)
-        with self._pending_lock:
-            self._pending += 1
+        if main:
+            with self._pending_lock:
+                self._pending += 1
         try:
             return self._background.run(coro, timeout_s)
+        except concurrent.futures.CancelledError:
+            if not self._closed:
+                raise
+            raise ClusterError(CUT) from None
         finally:
-            with self._pending_lock:
-                self._pending -= 1
+            if main:
+                with self._pending_lock:
+                    self._pending -= 1
 
     def _on_fatal(self, error: ClusterError) -> None:
         """The job is over for this process (runs on the agent's thread)."""
@@ -226,22 +271,24 @@ class WorkerSession:
                 self.agent.send_finish(FAILURE_REPORT_S, failure), timeout_s=FAILURE_REPORT_S + 1
             )
 
-    def at_exit(self) -> None:
-        """The program has returned without finalizing: the finalize that follows, at exit,
-        raises the job's failure (heard before or during it) instead of a signal raising it."""
-        self._at_exit = True
-        self._ending.at_exit()
+    def quiet(self) -> None:
+        """The worker finalizes (what it opened is being closed): the job's failure, heard
+        from now on, is raised by `finalize` at its end instead of by a signal wherever the
+        main thread is (a closer would only log it and go on)."""
+        self._ending.quiet()
 
     def finalize(self, *, finished: bool = True, failure: str | None = None) -> None:
         """Tell the scheduler this node finished (`finished`), or the error its process dies
-        of (`failure`, best effort: at most FAILURE_REPORT_S), then close. At exit (`at_exit`),
-        a node that finished while its job failed raises that failure."""
+        of (`failure`, best effort: at most FAILURE_REPORT_S), then close. A node that
+        finished while its job failed (heard before or during the finalize) raises that
+        failure."""
         if self._closed:
             return
         self._closed = True
+        self.quiet()
         self._finalize(finished=finished, failure=failure)
         fatal = self.agent.fatal
-        if self._at_exit and finished and fatal is not None:
+        if finished and fatal is not None:
             raise fatal
 
     def _finalize(self, *, finished: bool, failure: str | None) -> None:

@@ -35,11 +35,28 @@ def test_a_failure_during_the_finalize_at_exit_is_one_line_and_exit_1(
     processes: Procs, tmp_path: Path
 ) -> None:
     # Rank 0's closer (at exit) waits until the failure has arrived: it is not interrupted
-    # (no warning that it failed), and the finalize ends the process with the failure.
+    # (no warning that it failed), and the finalize ends the process with the failure, after
+    # every other atexit handler ran, each once.
     output = run_job(processes, tmp_path, "exit")
     [line] = error_lines(output)
     assert line.startswith("cluster: JobFailedError: job failed: rank 1 "), output
-    assert output.splitlines() == ["returning without finalize", line]
+    assert output.splitlines() == [
+        "returning without finalize",
+        "atexit handler registered after init()",
+        line,
+        "atexit handler registered before init()",
+    ]
+
+
+def test_a_failure_during_cluster_finalize_is_raised_by_it_once_it_has_closed(
+    processes: Procs, tmp_path: Path
+) -> None:
+    # Rank 0's closer waits until the failure has arrived: it is not interrupted (no warning
+    # that it failed), and finalize() raises the failure at its end, whenever it ends.
+    output = run_job(processes, tmp_path, "finalize")
+    [line] = error_lines(output)
+    assert line.startswith("cluster: JobFailedError: job failed: rank 1 "), output
+    assert output.splitlines() == [line, "atexit handler registered before init()"]
 
 
 def test_a_call_of_another_thread_does_not_keep_the_failure_from_the_main_thread(

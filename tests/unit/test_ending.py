@@ -138,12 +138,13 @@ def test_a_program_that_takes_the_signal_after_init_gets_the_exit_at_once() -> N
     assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
 
 
-def test_at_exit_the_end_sends_no_signal_and_keeps_the_last_resort() -> None:
-    # The finalize at exit raises the error itself: nothing is raised in it (an atexit callback
-    # would print a traceback and exit 0), and the last resort still bounds the process.
+def test_while_finalizing_the_end_sends_no_signal_and_keeps_the_last_resort() -> None:
+    # The finalize raises the error itself: nothing is raised in it (a closer would log it and
+    # go on, an atexit callback would print a traceback and exit 0), and the last resort still
+    # bounds the process.
     result = run(
         """
-        end.at_exit()
+        end.quiet()
         ender = threading.Thread(target=end.end, args=(error,))
         ender.start()
         ender.join()

@@ -16,11 +16,13 @@ from cluster.storage.background import BackgroundWriter
 class Session:
     """Stands for the worker's session: records when it was finalized and how."""
 
+    forked = False
+
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
 
-    def at_exit(self) -> None:
-        self.calls.append("finalizing at exit")
+    def quiet(self) -> None:
+        self.calls.append("quiet")
 
     def finalize(self, *, finished: bool, failure: str | None = None) -> None:
         said = f" failure={failure}" if failure else ""
@@ -40,14 +42,31 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_a_finished_worker_closes_then_tells_the_scheduler(calls: list[str]) -> None:
     runtime._close(finished=True)
-    assert calls == ["closed", "scheduler told finished=True"]
+    assert calls == ["quiet", "closed", "scheduler told finished=True"]
     runtime._close(finished=True)  # twice: nothing more
-    assert calls == ["closed", "scheduler told finished=True"]
+    assert calls == ["quiet", "closed", "scheduler told finished=True"]
 
 
 def test_a_crashed_worker_tells_the_scheduler_then_aborts(calls: list[str]) -> None:
     runtime._close(finished=False, failure="RuntimeError: NCCL error")
-    assert calls == ["scheduler told finished=False failure=RuntimeError: NCCL error", "aborted"]
+    assert calls == [
+        "quiet",
+        "scheduler told finished=False failure=RuntimeError: NCCL error",
+        "aborted",
+    ]
+
+
+def test_a_worker_that_exits_non_zero_closes_then_tells_the_scheduler_its_status(
+    calls: list[str],
+) -> None:
+    """sys.exit(2) is no crash (what it opened is closed as at a finish, not aborted), and no
+    finish either: the scheduler hears the status."""
+    runtime._close(finished=True, failure="exited with status 2")
+    assert calls == [
+        "quiet",
+        "closed",
+        "scheduler told finished=False failure=exited with status 2",
+    ]
 
 
 def test_an_abort_that_fails_is_logged_not_raised(
@@ -58,7 +77,7 @@ def test_an_abort_that_fails_is_logged_not_raised(
 
     runtime.on_crash(broken)
     runtime._close(finished=False)
-    assert calls == ["scheduler told finished=False", "aborted"]
+    assert calls == ["quiet", "scheduler told finished=False", "aborted"]
     assert "ncclCommAbort failed" in caplog.text
 
 
@@ -85,7 +104,7 @@ def test_a_worker_at_exit_leaves_the_collector_alone(calls: list[str]) -> None:
     """Unlike the scheduler's process, a worker's is the training script's: its cyclic garbage
     (a logger's buffered file in a cycle) is still collected, and finalized, at exit."""
     runtime._finalize_at_exit()
-    assert calls == ["finalizing at exit", "closed", "scheduler told finished=True"]
+    assert calls == ["quiet", "closed", "scheduler told finished=True"]
     assert gc.get_freeze_count() == 0
 
 
@@ -101,6 +120,7 @@ def test_a_write_that_failed_unraised_fails_the_finalize(calls: list[str]) -> No
     with pytest.raises(CheckpointError, match=r"step 3 \(No space left on device\)"):
         runtime._close(finished=True)
     assert calls == [
+        "quiet",
         "closed",
         "scheduler told finished=False failure=cluster.protocol.errors.CheckpointError: "
         "cannot save the checkpoint of step 3 (No space left on device)",

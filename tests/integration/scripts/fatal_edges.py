@@ -2,13 +2,17 @@
 (rank 0 writes the file CLUSTER_TEST_FLAG there); recovery off.
 
 exit: rank 0's program returns without cluster.finalize(); its finalize at exit waits in a
-    closer (as cluster.torch's destroy) until the failure has arrived.
+    closer (as cluster.torch's destroy) until the failure has arrived. It has atexit handlers
+    registered before init() and after it.
+finalize: rank 0 calls cluster.finalize(), whose closer (as cluster.torch's destroy) waits
+    until the failure has arrived, and prints a line if it returns.
 thread: a call of another thread of rank 0 is pending (as the checkpoint writer's report)
     while its main thread computes.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -21,6 +25,7 @@ from cluster.testing import wait_until
 
 BOUND_S = 30.0
 
+atexit.register(print, "atexit handler registered before init()", flush=True)
 cluster.init()
 flag = Path(os.environ["CLUSTER_TEST_FLAG"])
 if cluster.get_rank() == 1:
@@ -29,11 +34,20 @@ if cluster.get_rank() == 1:
 
 session = runtime.session()
 if sys.argv[1] == "exit":
+    atexit.register(print, "atexit handler registered after init()", flush=True)
     runtime.on_finalize(
         lambda: wait_until(lambda: session.agent.fatal is not None, BOUND_S, "the failure")
     )
     flag.write_text("")
     print("returning without finalize", flush=True)
+    sys.exit(0)
+if sys.argv[1] == "finalize":
+    runtime.on_finalize(
+        lambda: wait_until(lambda: session.agent.fatal is not None, BOUND_S, "the failure")
+    )
+    flag.write_text("")
+    cluster.finalize()
+    print("finalize returned", flush=True)
     sys.exit(0)
 
 entered = threading.Event()

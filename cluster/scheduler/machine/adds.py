@@ -30,7 +30,6 @@ An add without a number (0: an older worker) is not recorded: counted each time 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -74,6 +73,8 @@ class Members(Protocol):
 
 
 def encode(record: AddRecord) -> bytes:
+    import json  # noqa: PLC0415 - at the first add: a scheduler starts without json
+
     add = record.add
     fields = {
         "node": add.node_id,
@@ -89,6 +90,8 @@ def encode(record: AddRecord) -> bytes:
 def decode(data: bytes) -> AddRecord | None:
     """The record saved as `data`; None when it is not one (it is then not used: that member's
     last add, made again, is counted again)."""
+    import json  # noqa: PLC0415 - at the first add: a scheduler starts without json
+
     try:
         fields = json.loads(data)
         node, key = fields["node"], fields["key"]

@@ -43,6 +43,7 @@ from cluster.protocol.errors import (
 from cluster.protocol.events import MemoryResume
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
+from cluster.scheduler.effect_log import EffectLog
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
@@ -65,14 +66,13 @@ log = logging.getLogger("cluster.scheduler")
 # timeout). Detection of a dead process does not depend on it: a broken stream is seen at once.
 TICK_S = 0.1
 # Registration progress is coalesced: at most one broadcast per interval (not one per
-# registration, which would be N^2 messages for N nodes), and one log line per PROGRESS_LOG_EVERY_S.
+# registration, which would be N^2 messages for N nodes).
 PROGRESS_BROADCAST_EVERY_S = 2.0
 # ... and at most this many progress messages a second in all: a broadcast is one write per open
 # stream, and a job forms in a time that grows with its size, so at a fixed interval the
 # broadcasts of a forming job cost N x T writes. At 8,192 nodes they filled the scheduler's loop,
 # which takes up one new call per turn, and registrations waited behind them for minutes.
 PROGRESS_WRITES_PER_S = 1000.0
-PROGRESS_LOG_EVERY_S = 5.0
 # A monitor tick this much later than due means the scheduler itself did not run (its process
 # stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
 # is not held against them (`SchedulerState.discount_stall`). One this long is logged (a burst of a
@@ -165,7 +165,7 @@ class SchedulerCore:
         self._beating = 0
         self.beats_closed = asyncio.Event()
         self.beats_closed.set()
-        self._last_progress_log = 0.0
+        self._effect_log = EffectLog(self.state, clock)
         self._pending_progress: state.ProgressEvent | None = None
         # The events on the wire, each serialized once for every stream; the whole tables.
         self._wire = EventWire()
@@ -635,7 +635,7 @@ class SchedulerCore:
             self._streams.put((effect.node_id, effect.incarnation), effect)
             return
         if effect is not None:
-            self._log(effect)
+            self._effect_log.told(effect)
             self.journal.effect(effect)
         if fail is not None:
             self.exchanges.fail_all(fail.error(fail.reason), keep_answer=fail.keep_answer)
@@ -669,28 +669,6 @@ class SchedulerCore:
             self._broadcast(self._pending_progress)
         self._pending_progress = None
         self._last_progress_broadcast = now
-
-    def _log(self, event: state.Event) -> None:
-        st = self.state
-        if isinstance(event, state.ProgressEvent):
-            now = self._clock()
-            full = event.registered == event.expected
-            if full or now - self._last_progress_log >= PROGRESS_LOG_EVERY_S:
-                self._last_progress_log = now
-                log.info("registered %d of %d nodes", event.registered, event.expected)
-        elif isinstance(event, state.TopologyReadyEvent):
-            log.info(
-                "topology ready: %d nodes, generation %d, %.2f s after start",
-                len(event.peers),
-                event.generation,
-                self._clock() - st.started,
-            )
-        elif isinstance(event, state.NodeFailedEvent):
-            log.error("node %r (rank %s) failed: %s", event.node_id, event.rank, event.reason)
-        elif event.ok:
-            log.info("job finished: %s", event.reason)
-        else:
-            log.error("job failed: %s", event.reason)
 
 
 def _as_sent(item: bytes) -> bytes:

@@ -31,7 +31,7 @@ from cluster.protocol.errors import (
     NotLeaderError,
     UnknownNodeError,
 )
-from cluster.scheduler import convert, host_link
+from cluster.scheduler import convert, host_link, wiring
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
@@ -444,7 +444,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         events: AsyncIterator[bytes]
         if kind == "attach":
             watch = self.Watch(_WATCH_REQUEST(attached.request), slot)
-            events = (_event_bytes(event) async for event in watch)
+            events = (wiring.event_bytes(event) async for event in watch)
         else:
             events = self._finished(_FINISH_REQUEST(attached.request), slot)
         link.attach(attached.slot, events, slot)
@@ -601,43 +601,3 @@ def _slot_end(end: host_link.SlotEnd) -> pb.SlotEnd:
         trailing=stub.metadata_pb(end.trailing),
         answer=end.answer,
     )
-
-
-def _event_bytes(event: pb.Event | bytes) -> bytes:
-    """Watch's serializer: an event that goes to every stream is serialized once, by the core."""
-    return event if isinstance(event, bytes) else event.SerializeToString()
-
-
-class _Capture:
-    """Stands in for the server while the generated code registers the handlers."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass  # the same handlers come again, by name, below
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
-    ) -> None:
-        self.handlers = dict(handlers)
-
-
-def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
-    """`add_SchedulerServicer_to_server`, with Watch writing pre-serialized events as they are."""
-    capture = _Capture()
-    pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
-    for method, handler in list(capture.handlers.items()):
-        deserializer = handler.request_deserializer
-        assert deserializer is not None  # the generated handlers all have one
-        capped = handlers.rebuilt(
-            handler,
-            request_deserializer=edge.capped(method, deserializer),
-            response_serializer=_event_bytes if method == "Watch" else None,
-        )
-        capture.handlers[method] = servicer.arrivals.wrap(method, capped)
-    service = "cluster.v1.Scheduler"
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, capture.handlers),)
-    )
-    server.add_registered_method_handlers(service, capture.handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs

@@ -51,6 +51,8 @@ from cluster.scheduler.kv_calls import KvCalls
 from cluster.scheduler.machine import ready as ready_
 from cluster.scheduler.machine import snapshot as snapshot_
 from cluster.scheduler.machine import state
+from cluster.scheduler.machine.rollback import held_steps
+from cluster.scheduler.member_limits import MemberLimits, ReportTurns
 from cluster.scheduler.persist import Saving, WriteAheadSaver
 from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams, Superseded
@@ -59,6 +61,8 @@ from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
 
 T = TypeVar("T")
+# A checkpoint report: node id, incarnation, steps, (generation, number).
+Report = tuple[str, int, list[int], tuple[int, int]]
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -138,6 +142,9 @@ class SchedulerCore:
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         # Refused calls: all counted, a bounded number told (`cluster.scheduler.refusals`).
         self.refusals = RefusalLimiter(clock)
+        # What one member may make this core hold or do (`cluster.scheduler.member_limits`).
+        self.bounds = MemberLimits(self.state.expected, settings.heartbeat_interval_s, clock)
+        self.reports: ReportTurns[Report] = ReportTurns(self.bounds, self._take_report, clock)
         limits = settings.limits
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
         if kv:
@@ -448,10 +455,12 @@ class SchedulerCore:
 
     def heartbeat(self, node_id: str, incarnation: int, caller: Caller | None) -> None:
         """A beat of the node; `caller` None: a later beat of a Heartbeat call whose first beat
-        was admitted for this node and incarnation (UnknownNodeError if it is no member now)."""
+        was admitted for this node and incarnation (UnknownNodeError if it is no member now).
+        A beat too soon after the node's last is dropped (`MemberLimits.beat`)."""
         if caller is not None:
             admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
-        self.state.heartbeat(node_id, incarnation)
+        if self.bounds.beat(node_id, incarnation):
+            self.state.heartbeat(node_id, incarnation)
 
     @contextlib.contextmanager
     def heartbeat_call(self) -> Iterator[None]:
@@ -479,16 +488,24 @@ class SchedulerCore:
         """Record the steps the node holds (and rank 0's resume from memory, `resumed`); a step
         every worker holds (see `held_by_all`). `numbered`: the generation the worker resumed
         in and the report's number (`SchedulerState.report_checkpoints`)."""
-        admitted(
+        member = admitted(
             self.state.admission.admit_report(node_id, incarnation, caller.presented, len(steps))
         )
-        self.state.report_checkpoints(node_id, incarnation, steps, *numbered)
         if resumed is not None:
             self.journal.memory_resume(node_id, resumed)
-        self._apply([])  # saves the new holdings (nothing to tell anyone)
+        # A report that changes the holdings waits for its member's turn (`ReportTurns`).
+        changes = held_steps(steps) != member.checkpoints
+        report = (node_id, incarnation, steps, numbered)
+        await self.reports.turn(member.node_id, report, changes=changes)
         held = self.state.held_by_all()  # of what this save holds, not of later reports
         await self.durable()
         return held
+
+    def _take_report(self, report: Report) -> None:
+        """Record a checkpoint report and save the new holdings (nothing to tell anyone)."""
+        node_id, incarnation, steps, numbered = report
+        self.state.report_checkpoints(node_id, incarnation, steps, *numbered)
+        self._apply([])
 
     def peer_table(self, caller: Caller, digest: bytes) -> bytes:
         """The compressed whole table of `digest`, for a member (`cluster.scheduler.tables`)."""

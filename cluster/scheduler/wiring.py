@@ -1,6 +1,7 @@
 """How the scheduler's servicer goes on a gRPC server: each method's request capped at the edge
 (`cluster.transport.edge.capped`), each call's first message awaited within its bounds
-(`handlers.Arrivals`), and Watch writing the events the core serialized once as they are."""
+(`handlers.Arrivals`), a member's calls counted to it from their start (`bounded`), and Watch
+writing the events the core serialized once as they are."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from cluster.scheduler.servicer import SchedulerServicer
+
+# The members' calls counted to their member from their start (`SchedulerServicer.bounded`).
+MEMBER_CALLS = frozenset(
+    {"Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "ReportCheckpoints", "PeerTable"}
+)
 
 
 def event_bytes(event: pb.Event | bytes) -> bytes:
@@ -48,7 +54,10 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
             request_deserializer=edge.capped(method, deserializer),
             response_serializer=event_bytes if method == "Watch" else None,
         )
-        capture.handlers[method] = servicer.arrivals.wrap(method, capped)
+        arriving = servicer.arrivals.wrap(method, capped)
+        if method in MEMBER_CALLS:
+            arriving = servicer.bounded(method, arriving)
+        capture.handlers[method] = arriving
     service = "cluster.v1.Scheduler"
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service, capture.handlers),)

@@ -43,6 +43,7 @@ from cluster.protocol.errors import (
 from cluster.protocol.events import MemoryResume
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
+from cluster.scheduler.effect_log import EffectLog
 from cluster.scheduler.events import EventJournal
 from cluster.scheduler.exchange import ExchangeTable
 from cluster.scheduler.kv import KvStore
@@ -50,6 +51,8 @@ from cluster.scheduler.kv_calls import KvCalls
 from cluster.scheduler.machine import ready as ready_
 from cluster.scheduler.machine import snapshot as snapshot_
 from cluster.scheduler.machine import state
+from cluster.scheduler.machine.rollback import held_steps
+from cluster.scheduler.member_limits import MemberLimits, ReportTurns
 from cluster.scheduler.persist import Saving, WriteAheadSaver
 from cluster.scheduler.refusals import RefusalLimiter
 from cluster.scheduler.streams import Streams, Superseded
@@ -58,6 +61,8 @@ from cluster.storage.state_store import StateStore
 from cluster.transport.membership import Caller
 
 T = TypeVar("T")
+# A checkpoint report: node id, incarnation, steps, (generation, number).
+Report = tuple[str, int, list[int], tuple[int, int]]
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -65,14 +70,13 @@ log = logging.getLogger("cluster.scheduler")
 # timeout). Detection of a dead process does not depend on it: a broken stream is seen at once.
 TICK_S = 0.1
 # Registration progress is coalesced: at most one broadcast per interval (not one per
-# registration, which would be N^2 messages for N nodes), and one log line per PROGRESS_LOG_EVERY_S.
+# registration, which would be N^2 messages for N nodes).
 PROGRESS_BROADCAST_EVERY_S = 2.0
 # ... and at most this many progress messages a second in all: a broadcast is one write per open
 # stream, and a job forms in a time that grows with its size, so at a fixed interval the
 # broadcasts of a forming job cost N x T writes. At 8,192 nodes they filled the scheduler's loop,
 # which takes up one new call per turn, and registrations waited behind them for minutes.
 PROGRESS_WRITES_PER_S = 1000.0
-PROGRESS_LOG_EVERY_S = 5.0
 # A monitor tick this much later than due means the scheduler itself did not run (its process
 # stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
 # is not held against them (`SchedulerState.discount_stall`). One this long is logged (a burst of a
@@ -138,6 +142,9 @@ class SchedulerCore:
         self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
         # Refused calls: all counted, a bounded number told (`cluster.scheduler.refusals`).
         self.refusals = RefusalLimiter(clock)
+        # What one member may make this core hold or do (`cluster.scheduler.member_limits`).
+        self.bounds = MemberLimits(self.state.expected, settings.heartbeat_interval_s, clock)
+        self.reports: ReportTurns[Report] = ReportTurns(self.bounds, self._take_report, clock)
         limits = settings.limits
         self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
         if kv:
@@ -165,7 +172,7 @@ class SchedulerCore:
         self._beating = 0
         self.beats_closed = asyncio.Event()
         self.beats_closed.set()
-        self._last_progress_log = 0.0
+        self._effect_log = EffectLog(self.state, clock)
         self._pending_progress: state.ProgressEvent | None = None
         # The events on the wire, each serialized once for every stream; the whole tables.
         self._wire = EventWire()
@@ -448,10 +455,12 @@ class SchedulerCore:
 
     def heartbeat(self, node_id: str, incarnation: int, caller: Caller | None) -> None:
         """A beat of the node; `caller` None: a later beat of a Heartbeat call whose first beat
-        was admitted for this node and incarnation (UnknownNodeError if it is no member now)."""
+        was admitted for this node and incarnation (UnknownNodeError if it is no member now).
+        A beat too soon after the node's last is dropped (`MemberLimits.beat`)."""
         if caller is not None:
             admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
-        self.state.heartbeat(node_id, incarnation)
+        if self.bounds.beat(node_id, incarnation):
+            self.state.heartbeat(node_id, incarnation)
 
     @contextlib.contextmanager
     def heartbeat_call(self) -> Iterator[None]:
@@ -479,16 +488,24 @@ class SchedulerCore:
         """Record the steps the node holds (and rank 0's resume from memory, `resumed`); a step
         every worker holds (see `held_by_all`). `numbered`: the generation the worker resumed
         in and the report's number (`SchedulerState.report_checkpoints`)."""
-        admitted(
+        member = admitted(
             self.state.admission.admit_report(node_id, incarnation, caller.presented, len(steps))
         )
-        self.state.report_checkpoints(node_id, incarnation, steps, *numbered)
         if resumed is not None:
             self.journal.memory_resume(node_id, resumed)
-        self._apply([])  # saves the new holdings (nothing to tell anyone)
+        # A report that changes the holdings waits for its member's turn (`ReportTurns`).
+        changes = held_steps(steps) != member.checkpoints
+        report = (node_id, incarnation, steps, numbered)
+        await self.reports.turn(member.node_id, report, changes=changes)
         held = self.state.held_by_all()  # of what this save holds, not of later reports
         await self.durable()
         return held
+
+    def _take_report(self, report: Report) -> None:
+        """Record a checkpoint report and save the new holdings (nothing to tell anyone)."""
+        node_id, incarnation, steps, numbered = report
+        self.state.report_checkpoints(node_id, incarnation, steps, *numbered)
+        self._apply([])
 
     def peer_table(self, caller: Caller, digest: bytes) -> bytes:
         """The compressed whole table of `digest`, for a member (`cluster.scheduler.tables`)."""
@@ -635,7 +652,7 @@ class SchedulerCore:
             self._streams.put((effect.node_id, effect.incarnation), effect)
             return
         if effect is not None:
-            self._log(effect)
+            self._effect_log.told(effect)
             self.journal.effect(effect)
         if fail is not None:
             self.exchanges.fail_all(fail.error(fail.reason), keep_answer=fail.keep_answer)
@@ -669,28 +686,6 @@ class SchedulerCore:
             self._broadcast(self._pending_progress)
         self._pending_progress = None
         self._last_progress_broadcast = now
-
-    def _log(self, event: state.Event) -> None:
-        st = self.state
-        if isinstance(event, state.ProgressEvent):
-            now = self._clock()
-            full = event.registered == event.expected
-            if full or now - self._last_progress_log >= PROGRESS_LOG_EVERY_S:
-                self._last_progress_log = now
-                log.info("registered %d of %d nodes", event.registered, event.expected)
-        elif isinstance(event, state.TopologyReadyEvent):
-            log.info(
-                "topology ready: %d nodes, generation %d, %.2f s after start",
-                len(event.peers),
-                event.generation,
-                self._clock() - st.started,
-            )
-        elif isinstance(event, state.NodeFailedEvent):
-            log.error("node %r (rank %s) failed: %s", event.node_id, event.rank, event.reason)
-        elif event.ok:
-            log.info("job finished: %s", event.reason)
-        else:
-            log.error("job failed: %s", event.reason)
 
 
 def _as_sent(item: bytes) -> bytes:

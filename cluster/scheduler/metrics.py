@@ -37,7 +37,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -118,6 +118,8 @@ class Reading:
     job: JobGauges | None  # None while this scheduler does not lead the job
     registration_refusals: dict[str, int]  # by reason
     edge_refusals: dict[tuple[str, str], int]  # by (method, reason)
+    # Members' calls refused, beats dropped, reports that waited, by (method, reason).
+    member_bounds: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class SchedulerCollector(Collector):
@@ -145,17 +147,30 @@ class SchedulerCollector(Collector):
         for reason, count in sorted(r.registration_refusals.items()):
             refusals.add_metric([reason], count)
         yield refusals
-        edge = CounterMetricFamily(
+        yield _by_method_and_reason(
             "cluster_edge_refusals",
             "Calls refused before they reached the job (malformed, oversized, unauthenticated, "
             "crowded, stalled), by method and reason.",
-            labels=["method", "reason"],
+            r.edge_refusals,
         )
-        for (method, reason), count in sorted(r.edge_refusals.items()):
-            edge.add_metric([method, reason], count)
-        yield edge
+        yield _by_method_and_reason(
+            "cluster_member_bounds",
+            "Members past their share: calls refused (member_calls, member_bytes), beats "
+            "dropped (beats_dropped), checkpoint reports that waited for their turn "
+            "(reports_coalesced), by method and reason; the log names the member.",
+            r.member_bounds,
+        )
         if r.job is not None:
             yield from job_metrics(r.job)
+
+
+def _by_method_and_reason(
+    name: str, documentation: str, counts: dict[tuple[str, str], int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=["method", "reason"])
+    for (method, reason), count in sorted(counts.items()):
+        family.add_metric([method, reason], count)
+    return family
 
 
 class SchedulerMetrics:
@@ -207,6 +222,7 @@ class SchedulerMetrics:
         self.rpc = RpcMetrics(r)
         self._core: SchedulerCore | None = None  # observed: its journal feeds `count`
         self._refused_before: collections.Counter[str] = collections.Counter()  # older cores'
+        self._bounds_before: collections.Counter[tuple[str, str]] = collections.Counter()
         self._guarded = 0  # guard refusals (once per wait), counted from the journal
         self._formation_s: float | None = None  # of the observed core, `JobGauges.formation_s`
 
@@ -215,6 +231,7 @@ class SchedulerMetrics:
         if self._core is not None and self._core is not core:
             for (_, reason), count in self._core.refusals.counts.items():
                 self._refused_before[reason] += count
+            self._bounds_before.update(self._core.bounds.counts)
         self._core = core
         # A job that formed before this scheduler took it: its formation time is not known here.
         self._formation_s = 0.0 if core.state.phase is state.Phase.WAITING else None
@@ -243,7 +260,11 @@ class SchedulerMetrics:
         if leading is not None:
             formation_s = self._formation_s if leading is self._core else None
             job = JobGauges.of(leading, formation_s)
-        return Reading(leading is not None, job, dict(refused), dict(gate.refusals.counts))
+        bounds = collections.Counter(self._bounds_before)
+        if self._core is not None:
+            bounds.update(self._core.bounds.counts)
+        edge = dict(gate.refusals.counts)
+        return Reading(leading is not None, job, dict(refused), edge, dict(bounds))
 
     def count(self, event: JobEvent) -> None:
         kind, view = event.kind, event.typed()

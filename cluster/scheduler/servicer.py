@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from cluster.protocol import auth
+from cluster.protocol.config import canonical_node_id
 from cluster.protocol.display import ERROR_LINE_CHARS, safe
 from cluster.protocol.errors import (
     BadRequestError,
@@ -31,7 +32,7 @@ from cluster.protocol.errors import (
     NotLeaderError,
     UnknownNodeError,
 )
-from cluster.scheduler import convert, host_link
+from cluster.scheduler import convert, host_link, member_limits, wiring
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.gate import Gate
@@ -39,7 +40,7 @@ from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
 from cluster.scheduler.machine.events import Kind, Record
 from cluster.transport import edge, failures, handlers, membership, stub
-from cluster.transport.handlers import peer_host
+from cluster.transport.handlers import Handler, peer_host
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -121,6 +122,31 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             refuse=self.turned_away,
         )
         self.host_calls = HostCalls(edge.HOST_CALLS_PER_PEER, self.member_peers)
+        # Each node's Heartbeat stream (canonical node id -> what ends it): one per node.
+        self.beat_streams: dict[str, asyncio.Future[None]] = {}
+
+    def bounded(self, method: str, handler: Handler) -> Handler:
+        """`handler`, a member's call, counted to the member it names from its start, while
+        its request is on its way (`MemberLimits.call`): past its share, refused at once."""
+
+        def wrap(behavior: Any) -> Any:
+            async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                metadata = context.invocation_metadata() or ()
+                node_id = next((str(v) for k, v in metadata if k == membership.NODE_ID_KEY), "")
+                core = self._gate.core
+                if not node_id or core is None:
+                    return await behavior(requests, context)
+                host = peer_host(context.peer() or "")
+                try:
+                    with core.bounds.call(node_id[:200], host, method):
+                        return await behavior(requests, context)
+                except CapacityError as exc:  # past its share of calls: its request unread
+                    _refuse(context, exc)
+                    return None
+
+            return call
+
+        return handlers.rebuilt(handler, wrap=wrap)
 
     @property
     def _core(self) -> SchedulerCore:
@@ -284,23 +310,55 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         request_iterator: AsyncIterator[pb.HeartbeatRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.HeartbeatResponse | None:
-        caller = _caller(context, "Heartbeat")
-        # A call proof is good for one call, and its number is taken once: the first beat is
-        # admitted with it, and the later beats of this call for the same node (else refused).
-        admitted: tuple[str, int] | None = None
+        """A node's beats (`_beats`), until it ends them or opens a newer Heartbeat stream:
+        one stream per node, the newest (this one then ends, answered)."""
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             core = self._core
             with core.heartbeat_call():
-                async for beat in request_iterator:
-                    if isinstance(beat, edge.Unparsed):
-                        raise self.at_edge(context, "Heartbeat", beat.reason, beat.message())
-                    who = (beat.node_id, beat.incarnation)
-                    self._core.heartbeat(*who, None if who == admitted else caller)
-                    admitted = who
+                reading = asyncio.ensure_future(
+                    self._beats(request_iterator, context, _caller(context, "Heartbeat"), ended)
+                )
+                try:
+                    await asyncio.wait((reading, ended), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    reading.cancel()
+                if reading.done() and not reading.cancelled():
+                    reading.result()
         except ClusterError as exc:
             _refuse(context, exc)
             return None
         return pb.HeartbeatResponse()
+
+    async def _beats(
+        self,
+        request_iterator: AsyncIterator[pb.HeartbeatRequest | edge.Unparsed],
+        context: grpc.aio.ServicerContext[Any, Any],
+        caller: membership.Caller,
+        ended: asyncio.Future[None],
+    ) -> None:
+        """The beats of one Heartbeat call. A call proof is good for one call, and its number
+        is taken once: the first beat is admitted with it, and the later beats of this call for
+        the same node (else refused). Once admitted, the call is its node's Heartbeat stream,
+        and ends the one the node had (`ended`)."""
+        admitted: tuple[str, int] | None = None
+        node = ""
+        try:
+            async for beat in request_iterator:
+                if isinstance(beat, edge.Unparsed):
+                    raise self.at_edge(context, "Heartbeat", beat.reason, beat.message())
+                who = (beat.node_id, beat.incarnation)
+                self._core.heartbeat(*who, None if who == admitted else caller)
+                if admitted is None:
+                    node = canonical_node_id(beat.node_id)
+                    older = self.beat_streams.get(node)
+                    if older is not None:
+                        _settle(older)  # superseded: it ends, answered
+                    self.beat_streams[node] = ended
+                admitted = who
+        finally:
+            if node and self.beat_streams.get(node) is ended:
+                del self.beat_streams[node]
 
     async def HostBeats(
         self,
@@ -444,7 +502,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         events: AsyncIterator[bytes]
         if kind == "attach":
             watch = self.Watch(_WATCH_REQUEST(attached.request), slot)
-            events = (_event_bytes(event) async for event in watch)
+            events = (wiring.event_bytes(event) async for event in watch)
         else:
             events = self._finished(_FINISH_REQUEST(attached.request), slot)
         link.attach(attached.slot, events, slot)
@@ -466,6 +524,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         op = _OPS.get(request.op)
         if op is None:
             raise BadRequestError("Exchange needs an op")
+        value = request.value
+        member_limits.request_bytes(len(value))
         values = await self._core.exchange(
             request.node_id,
             _caller(context, "Exchange", request),
@@ -473,7 +533,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             seq=request.seq,
             op=op,
             root=request.root,
-            value=request.value,
+            value=value,
         )
         return pb.ExchangeResponse(values=values)
 
@@ -481,7 +541,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     async def KvSet(
         self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvSetResponse:
-        await self._core.kv_set(_caller(context, "KvSet", request), request.key, request.value)
+        key, value = request.key, request.value
+        member_limits.request_bytes(len(key) + len(value))
+        await self._core.kv_set(_caller(context, "KvSet", request), key, value)
         return pb.KvSetResponse()
 
     @_mapped
@@ -601,43 +663,3 @@ def _slot_end(end: host_link.SlotEnd) -> pb.SlotEnd:
         trailing=stub.metadata_pb(end.trailing),
         answer=end.answer,
     )
-
-
-def _event_bytes(event: pb.Event | bytes) -> bytes:
-    """Watch's serializer: an event that goes to every stream is serialized once, by the core."""
-    return event if isinstance(event, bytes) else event.SerializeToString()
-
-
-class _Capture:
-    """Stands in for the server while the generated code registers the handlers."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass  # the same handlers come again, by name, below
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
-    ) -> None:
-        self.handlers = dict(handlers)
-
-
-def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
-    """`add_SchedulerServicer_to_server`, with Watch writing pre-serialized events as they are."""
-    capture = _Capture()
-    pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
-    for method, handler in list(capture.handlers.items()):
-        deserializer = handler.request_deserializer
-        assert deserializer is not None  # the generated handlers all have one
-        capped = handlers.rebuilt(
-            handler,
-            request_deserializer=edge.capped(method, deserializer),
-            response_serializer=_event_bytes if method == "Watch" else None,
-        )
-        capture.handlers[method] = servicer.arrivals.wrap(method, capped)
-    service = "cluster.v1.Scheduler"
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, capture.handlers),)
-    )
-    server.add_registered_method_handlers(service, capture.handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs

@@ -15,7 +15,7 @@ back to the beginning would silently discard what every worker saved.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import field
 
 from cluster.protocol.records import Member
@@ -31,6 +31,11 @@ class NoCommonStep:
     """The workers hold checkpoints, but no step is held by all: the job cannot roll back."""
 
     message: str
+
+
+def held_steps(steps: Iterable[int]) -> tuple[int, ...]:
+    """The checkpoint steps a report names, as a member holds them: sorted, once, none < 0."""
+    return tuple(sorted({int(s) for s in steps if int(s) >= 0}))
 
 
 def rollback_step(workers: Sequence[Member]) -> int | NoCommonStep:

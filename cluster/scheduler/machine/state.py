@@ -66,6 +66,7 @@ from cluster.scheduler.machine.rollback import (
     NoCommonStep,
     RollbackPlanner,
     from_the_beginning,
+    held_steps,
     rollback_step,
 )
 from cluster.scheduler.machine.spares import SparePool
@@ -335,7 +336,7 @@ class SchedulerState:
             member.node_id, incarnation, (generation, seq), self.generation
         ):
             return
-        held = tuple(sorted({int(s) for s in steps if int(s) >= 0}))
+        held = held_steps(steps)
         if held != member.checkpoints:
             member.checkpoints = held
             self.revision += 1

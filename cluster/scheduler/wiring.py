@@ -1,0 +1,65 @@
+"""How the scheduler's servicer goes on a gRPC server: each method's request capped at the edge
+(`cluster.transport.edge.capped`), each call's first message awaited within its bounds
+(`handlers.Arrivals`), a member's calls counted to it from their start (`bounded`), and Watch
+writing the events the core serialized once as they are."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from cluster.transport import edge, handlers
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from cluster.scheduler.servicer import SchedulerServicer
+
+# The members' calls counted to their member from their start (`SchedulerServicer.bounded`).
+MEMBER_CALLS = frozenset(
+    {"Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "ReportCheckpoints", "PeerTable"}
+)
+
+
+def event_bytes(event: pb.Event | bytes) -> bytes:
+    """Watch's serializer: an event that goes to every stream is serialized once, by the core."""
+    return event if isinstance(event, bytes) else event.SerializeToString()
+
+
+class _Capture:
+    """Stands in for the server while the generated code registers the handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers come again, by name, below
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
+        self.handlers = dict(handlers)
+
+
+def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
+    """`add_SchedulerServicer_to_server`, with Watch writing pre-serialized events as they are."""
+    capture = _Capture()
+    pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
+    for method, handler in list(capture.handlers.items()):
+        deserializer = handler.request_deserializer
+        assert deserializer is not None  # the generated handlers all have one
+        capped = handlers.rebuilt(
+            handler,
+            request_deserializer=edge.capped(method, deserializer),
+            response_serializer=event_bytes if method == "Watch" else None,
+        )
+        arriving = servicer.arrivals.wrap(method, capped)
+        if method in MEMBER_CALLS:
+            arriving = servicer.bounded(method, arriving)
+        capture.handlers[method] = arriving
+    service = "cluster.v1.Scheduler"
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, capture.handlers),)
+    )
+    server.add_registered_method_handlers(service, capture.handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs

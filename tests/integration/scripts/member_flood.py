@@ -1,0 +1,145 @@
+"""A member that runs away, for test_member_floods.py: rank 0 floods the scheduler for SECONDS
+with its own (valid) credential while every rank passes barriers; then each prints what it saw
+and the job ends.
+
+--kv-threads T: T threads each set one of two keys to 2 MiB again and again through
+  cluster.kv_store() (the public API; inside its key-value share).
+--beats N: N Heartbeat streams of rank 0, each beating as fast as it can (signed as rank 0).
+--reports N: N at once, checkpoint reports of 1,024 steps, alternately ascending and descending
+  (each changes what rank 0 holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+import cluster
+from cluster.api import runtime
+from cluster.v1 import scheduler_pb2 as pb
+
+MIB = 1024 * 1024
+BARRIERS = 20
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.codes: Counter[str] = Counter()
+        self.first: dict[str, str] = {}
+
+    def error(self, kind: str, details: str) -> None:
+        self.codes[kind] += 1
+        self.first.setdefault(kind, details)
+
+
+def kv_flood(threads: int, seconds: float, seen: Seen) -> None:
+    store, end, value = cluster.kv_store(), time.monotonic() + seconds, b"v" * (2 * MIB)
+
+    def loop(i: int) -> None:
+        while time.monotonic() < end:
+            try:
+                store.set(f"flood/{i % 2}", value)
+                seen.codes["OK"] += 1
+            except cluster.ClusterError as exc:
+                seen.error(type(exc).__name__, str(exc))
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+async def _beats(count: int, seconds: float, seen: Seen) -> None:
+    agent = runtime.session().agent
+    beat = pb.HeartbeatRequest(
+        node_id=agent.identity.node_id, incarnation=agent.identity.incarnation
+    )
+    end = time.monotonic() + seconds
+
+    async def beats() -> AsyncIterator[pb.HeartbeatRequest]:
+        while time.monotonic() < end:
+            yield beat
+            await asyncio.sleep(0)  # as fast as the loop goes
+
+    async def stream() -> None:
+        while time.monotonic() < end:
+            try:
+                metadata = agent._signed("Heartbeat")
+                await agent._link.stub.Heartbeat(beats(), metadata=metadata, timeout=seconds + 10)
+                # Ended by the scheduler while it still beat: a newer stream superseded it.
+                seen.codes["ended early" if time.monotonic() < end - 0.5 else "ended OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                seen.error(exc.code().name, exc.details() or "")
+
+    await asyncio.gather(*(stream() for _ in range(count)))
+
+
+async def _reports(count: int, seconds: float, seen: Seen) -> None:
+    agent = runtime.session().agent
+    node_id, incarnation = agent.identity.node_id, agent.identity.incarnation
+    end, made = time.monotonic() + seconds, [0]
+
+    async def one() -> None:
+        while time.monotonic() < end:
+            made[0] += 1
+            up = made[0] % 2
+            steps = list(range(1, 1025)) if up else list(range(1024, 0, -1))
+            steps[0] += made[0] % 7  # each differs from the last
+            request = pb.ReportCheckpointsRequest(
+                node_id=node_id, incarnation=incarnation, steps=steps
+            )
+            metadata = agent._signed("ReportCheckpoints", request)
+            try:
+                await agent._link.stub.ReportCheckpoints(request, metadata=metadata, timeout=30)
+                seen.codes["OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                seen.error(exc.code().name, exc.details() or "")
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
+def flood(args: Any, seen: Seen) -> None:
+    if args.kv_threads:
+        kv_flood(args.kv_threads, args.seconds, seen)
+    elif args.beats:
+        runtime.session().call(_beats(args.beats, args.seconds, seen))
+    elif args.reports:
+        runtime.session().call(_reports(args.reports, args.seconds, seen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--kv-threads", type=int, default=0)
+    parser.add_argument("--beats", type=int, default=0)
+    parser.add_argument("--reports", type=int, default=0)
+    args = parser.parse_args()
+    cluster.init()
+    rank = cluster.get_rank()
+    seen = Seen()
+    flooding = threading.Thread(target=flood, args=(args, seen)) if rank == 0 else None
+    if flooding is not None:
+        flooding.start()
+    for _ in range(BARRIERS):
+        cluster.barrier()
+    print(f"barriers done rank={rank} n={BARRIERS}", flush=True)
+    if flooding is not None:
+        flooding.join()
+        print(f"flood codes={dict(seen.codes)}", flush=True)
+        for kind, details in seen.first.items():
+            print(f"flood first {kind}: {details}", flush=True)
+    cluster.barrier()
+    print(f"done rank={rank}", flush=True)
+    cluster.finalize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""How a worker makes a call for the user (`WorkerAgent`'s collectives, key-value calls and
+checkpoint reports): signed, with the proof's number held while the call is in flight
+(`membership.CallSigner`), raced against the job's failure (`racing`), made again where the
+worker core says so (the scheduler went away during it, with recovery on) or on the new
+channel when a new leader was followed during it, and its failure turned into the error the
+caller raises."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.transport import failures, membership
+from cluster.worker.link import Link
+from cluster.worker.machine import steps
+from cluster.worker.racing import unless_failed
+
+T = TypeVar("T")
+
+
+class Calls:
+    """The user's calls of one worker over its `link`. `signed(method, request)`: a call's
+    metadata; `failed`: settled with the job's failure; `cut_off()`: what the core decides when
+    the scheduler did not answer a call (`steps.CallCutOff`): a `steps.RetryCall`, or not."""
+
+    def __init__(
+        self,
+        link: Link,
+        signer: membership.CallSigner | None,
+        signed: Callable[[str, Any], membership.Metadata],
+        failed: asyncio.Future[ClusterError],
+        cut_off: Callable[[], Awaitable[object]],
+    ) -> None:
+        self._link, self._signer, self._signed = link, signer, signed
+        self._failed, self._cut_off = failed, cut_off
+
+    async def call(self, what: str, rpc: Callable[[], Awaitable[T]]) -> T:
+        """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
+        with recovery on)."""
+        while True:
+            channel, signer = self._link.channel, self._signer
+            first = 0 if signer is None else signer.seq
+            call = rpc()  # signs it, synchronously: the numbers taken since `first` are its own
+            taken = range(0) if signer is None else range(first + 1, signer.seq + 1)
+            if signer is not None:
+                signer.hold(taken)
+            try:
+                return await unless_failed(call, self._failed)
+            except asyncio.CancelledError:
+                if self._cancelled_by_leader_change(channel):
+                    continue  # on the channel closed for a new leader: made again on the new one
+                raise
+            except grpc.aio.AioRpcError as exc:
+                failure = failures.failure_of(exc)
+                # A scheduler that does not lead (yet) answers for nothing: as one cut off.
+                if not failure.cut_off and failure.kind is not NotLeaderError:
+                    raise failure.error(what) from None
+                then = await self._cut_off()
+                if isinstance(then, steps.RetryCall):
+                    await asyncio.sleep(then.pause_s)
+                    continue
+                raise failure.error(what) from None
+            finally:
+                if signer is not None:
+                    signer.release(taken)
+
+    async def unary(self, what: str, method: str, request: Any, **options: Any) -> Any:
+        """The call `method` of `request` for the user, signed (`call`)."""
+        return await self.call(
+            what,
+            lambda: getattr(self._link.stub, method)(
+                request, wait_for_ready=True, metadata=self._signed(method, request), **options
+            ),
+        )
+
+    def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:
+        """Whether a call cancelled on `channel` was cut off by following a new leader (the
+        channel was closed for another), not by cancelling this task."""
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11 on
+        return channel is not self._link.channel and not (cancelling is not None and cancelling())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -546,7 +547,8 @@ class WorkerAgent:
         generation = topology.generation if generation is None else generation
         seq = self.core.next_seq(generation)
         request = convert.exchange_request(self.identity.node_id, generation, seq, op, root, value)
-        answer = await self._calls.unary(op, "Exchange", request)
+        unsent = functools.partial(self.core.collective_unsent, generation, seq)
+        answer = await self._calls.unary(op, "Exchange", request, unsent=unsent)
         self.core.collective_answered(generation, seq)
         return list(answer.values)
 

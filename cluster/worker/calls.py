@@ -13,13 +13,27 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.errors import CapacityError, ClusterError, NotLeaderError
 from cluster.transport import failures, membership
+from cluster.worker import scheduler_link
 from cluster.worker.link import Link
 from cluster.worker.machine import steps
 from cluster.worker.racing import unless_failed
 
 T = TypeVar("T")
+
+
+def _none() -> None:
+    pass
+
+
+def refused_by_grpc(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a call failed on gRPC's own limit of a message's size (this side's, as it sends,
+    or the scheduler's, as it receives), not by the scheduler's decision: RESOURCE_EXHAUSTED
+    without the kind of error the scheduler names on each of its refusals."""
+    pairs: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
+    named = {str(key) for key, _ in pairs}
+    return exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and failures.ERROR_KIND_KEY not in named
 
 
 class Calls:
@@ -38,9 +52,12 @@ class Calls:
         self._link, self._signer, self._signed = link, signer, signed
         self._failed, self._cut_off = failed, cut_off
 
-    async def call(self, what: str, rpc: Callable[[], Awaitable[T]]) -> T:
+    async def call(
+        self, what: str, rpc: Callable[[], Awaitable[T]], unsent: Callable[[], None] = _none
+    ) -> T:
         """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
-        with recovery on)."""
+        with recovery on). `unsent()` is called when gRPC refused the call's message, here or
+        at the scheduler, before the scheduler took it (`refused_by_grpc`)."""
         while True:
             channel, signer = self._link.channel, self._signer
             first = 0 if signer is None else signer.seq
@@ -56,6 +73,13 @@ class Calls:
                 raise
             except grpc.aio.AioRpcError as exc:
                 failure = failures.failure_of(exc)
+                if refused_by_grpc(exc):
+                    unsent()
+                    raise CapacityError(
+                        f"{what} was refused by gRPC before the scheduler took it "
+                        f"({failure.details}): a call carries at most "
+                        f"{scheduler_link.MAX_MESSAGE_BYTES} bytes (64 MiB); send less per call"
+                    ) from None
                 # A scheduler that does not lead (yet) answers for nothing: as one cut off.
                 if not failure.cut_off and failure.kind is not NotLeaderError:
                     raise failure.error(what) from None
@@ -68,13 +92,22 @@ class Calls:
                 if signer is not None:
                     signer.release(taken)
 
-    async def unary(self, what: str, method: str, request: Any, **options: Any) -> Any:
+    async def unary(
+        self,
+        what: str,
+        method: str,
+        request: Any,
+        *,
+        unsent: Callable[[], None] = _none,
+        **options: Any,
+    ) -> Any:
         """The call `method` of `request` for the user, signed (`call`)."""
         return await self.call(
             what,
             lambda: getattr(self._link.stub, method)(
                 request, wait_for_ready=True, metadata=self._signed(method, request), **options
             ),
+            unsent,
         )
 
     def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:

@@ -1091,6 +1091,18 @@ def test_collectives_are_numbered_per_generation() -> None:
     assert [core.next_seq(1), core.next_seq(1), core.next_seq(2), core.next_seq(1)] == [1, 2, 1, 3]
 
 
+def test_a_collective_that_never_reached_the_scheduler_gives_its_number_back() -> None:
+    """Refused on its way (gRPC's size limit), the call took part in no round: the node's next
+    collective has its number, the one its peers wait in; not once a later number was taken."""
+    core, _ = ready_core()
+    assert core.next_seq(1) == 1
+    core.collective_unsent(1, 1)
+    assert core.next_seq(1) == 1
+    assert core.next_seq(1) == 2
+    core.collective_unsent(1, 1)  # #2 was taken since: #1 stays used
+    assert core.next_seq(1) == 3
+
+
 def test_the_last_collective_answered_is_kept_for_the_next_registration() -> None:
     """What a restarted scheduler is told: the newest (generation, number) answered, answers
     of an older generation or an earlier number (calls from two threads) never moving it back."""

@@ -183,6 +183,13 @@ class WorkerCore:
         self._seqs[generation] = self._seqs.get(generation, 0) + 1
         return self._seqs[generation]
 
+    def collective_unsent(self, generation: int, seq: int) -> None:
+        """Collective #`seq` of `generation` never reached the scheduler (refused on its way):
+        its number is this node's next collective's, so that its numbers stay its peers' (unless
+        a later one was taken meanwhile)."""
+        if self._seqs.get(generation) == seq:
+            self._seqs[generation] = seq - 1
+
     def collective_answered(self, generation: int, seq: int) -> None:
         """Collective #`seq` of `generation` got its answer: a scheduler restarted since then
         learns, from the node's next registration, which rounds its predecessor answered."""

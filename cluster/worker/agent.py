@@ -107,7 +107,9 @@ class WorkerAgent:
         # Set when a new generation arrives / a peer of this one failed (each replaced then).
         self._new_generation = asyncio.Event()
         self._peer_failed = asyncio.Event()
-        self._calls = Calls(self._link, self._signer, self._signed, self._fatal, self._cut_off)
+        self._calls = Calls(
+            self._link, self._signer, self._signed, self._fatal, self.core, self._run
+        )
         self._report_seq = 0  # checkpoint reports are numbered
         self._add_seq = 0  # and key-value adds
         self.resumed_in: int | None = None  # the generation whose rollback this worker put back
@@ -529,10 +531,6 @@ class WorkerAgent:
         if self.topology is None:
             raise ClusterError("the job has not formed yet: cluster.init() has not returned")
         return self.topology
-
-    async def _cut_off(self) -> Outcome:
-        """What the core makes of a call for the user that the scheduler did not answer."""
-        return await self._run(self.core.step(steps.CallCutOff()))
 
     async def exchange(
         self, op: str, value: bytes, root: int = 0, generation: int | None = None

@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cluster.protocol.errors import CapacityError, ClusterError, NotLeaderError
+from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, NotLeaderError
 from cluster.transport import failures, membership
 from cluster.worker import scheduler_link
 from cluster.worker.link import Link
 from cluster.worker.machine import steps
+from cluster.worker.machine.core import WorkerCore
 from cluster.worker.racing import unless_failed
 
 T = TypeVar("T")
@@ -38,8 +39,8 @@ def refused_by_grpc(exc: grpc.aio.AioRpcError) -> bool:
 
 class Calls:
     """The user's calls of one worker over its `link`. `signed(method, request)`: a call's
-    metadata; `failed`: settled with the job's failure; `cut_off()`: what the core decides when
-    the scheduler did not answer a call (`steps.CallCutOff`): a `steps.RetryCall`, or not."""
+    metadata; `failed`: settled with the job's failure; `core`: the worker's, whose decision on
+    a call the scheduler did not answer (`steps.CallCutOff`) `run` carries out."""
 
     def __init__(
         self,
@@ -47,10 +48,11 @@ class Calls:
         signer: membership.CallSigner | None,
         signed: Callable[[str, Any], membership.Metadata],
         failed: asyncio.Future[ClusterError],
-        cut_off: Callable[[], Awaitable[object]],
+        core: WorkerCore,
+        run: Callable[[list[steps.Action]], Awaitable[object]],
     ) -> None:
         self._link, self._signer, self._signed = link, signer, signed
-        self._failed, self._cut_off = failed, cut_off
+        self._failed, self._core, self._run = failed, core, run
 
     async def call(
         self, what: str, rpc: Callable[[], Awaitable[T]], unsent: Callable[[], None] = _none
@@ -80,10 +82,14 @@ class Calls:
                         f"({failure.details}): a call carries at most "
                         f"{scheduler_link.MAX_MESSAGE_BYTES} bytes (64 MiB); send less per call"
                     ) from None
+                away = self._core.away() if failure.timed_out else ""
+                if away:  # the call's own deadline passed while the scheduler was away
+                    error = f"{what}: no answer before its deadline, as {away}"
+                    raise CollectiveError(error) from None
                 # A scheduler that does not lead (yet) answers for nothing: as one cut off.
                 if not failure.cut_off and failure.kind is not NotLeaderError:
                     raise failure.error(what) from None
-                then = await self._cut_off()
+                then = await self._run(self._core.step(steps.CallCutOff()))
                 if isinstance(then, steps.RetryCall):
                     await asyncio.sleep(then.pause_s)
                     continue

@@ -34,8 +34,7 @@ from cluster.protocol.topology import PeerColumns, Topology
 from cluster.transport import failures, membership
 from cluster.transport.channel import SchedulerProbe
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker import convert, peer_table, scheduler_link
-from cluster.worker.calls import Calls
+from cluster.worker import calls, convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.link import Closing, Link
 from cluster.worker.machine import steps
@@ -107,7 +106,7 @@ class WorkerAgent:
         # Set when a new generation arrives / a peer of this one failed (each replaced then).
         self._new_generation = asyncio.Event()
         self._peer_failed = asyncio.Event()
-        self._calls = Calls(
+        self._calls = calls.Calls(
             self._link, self._signer, self._signed, self._fatal, self.core, self._run
         )
         self._report_seq = 0  # checkpoint reports are numbered
@@ -421,6 +420,7 @@ class WorkerAgent:
                     node_id=self.identity.node_id, incarnation=self.identity.incarnation
                 ),
                 watch.heartbeat_interval_s,
+                self._beats_refused,
             )
             if self.config.heartbeat_enabled
             else None
@@ -464,6 +464,16 @@ class WorkerAgent:
                 if timer is not None:
                     timer.stop()
             call.cancel()
+
+    def _beats_refused(self, exc: grpc.aio.AioRpcError) -> bool:
+        """A Heartbeat call the scheduler ended: whether it refused this node's certificate
+        (revoked, expired), which fails the node with the scheduler's words; any other end is
+        the event stream's to tell."""
+        if not calls.refused_at_the_edge(exc):
+            return False
+        error = failures.failure_of(exc).error("heartbeat")
+        self._set_aside(self._run(self.core.step(steps.Fatal(error))))
+        return True
 
     def _look_for_relay(self) -> None:
         """While the stream runs direct: is the relay this node lost back (restarted, or

@@ -32,9 +32,22 @@ def refused_by_grpc(exc: grpc.aio.AioRpcError) -> bool:
     """Whether a call failed on gRPC's own limit of a message's size (this side's, as it sends,
     or the scheduler's, as it receives), not by the scheduler's decision: RESOURCE_EXHAUSTED
     without the kind of error the scheduler names on each of its refusals."""
+    exhausted = exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    return exhausted and failures.ERROR_KIND_KEY not in _named(exc)
+
+
+def refused_at_the_edge(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the scheduler refused a call before taking it up for the caller's certificate
+    (revoked, expired: `server_tls.PeerCertificateCheck`, on every call): UNAUTHENTICATED or
+    PERMISSION_DENIED without the kind of error the scheduler names on its own refusals."""
+    refusals = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    return exc.code() in refusals and failures.ERROR_KIND_KEY not in _named(exc)
+
+
+def _named(exc: grpc.aio.AioRpcError) -> set[str]:
+    """The keys of a failed call's trailing metadata."""
     pairs: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
-    named = {str(key) for key, _ in pairs}
-    return exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and failures.ERROR_KIND_KEY not in named
+    return {str(key) for key, _ in pairs}
 
 
 class Calls:

@@ -19,7 +19,7 @@ from typing import Any
 from cluster.api import runtime
 from cluster.api.worker_metrics import collective as timed
 from cluster.protocol.display import safe
-from cluster.protocol.errors import ClusterError, CollectiveError
+from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
 
 DEFAULT_WAIT_S = 300.0
 # The longest kv_store().wait: its call's gRPC deadline (the wait, plus a margin) must be a time
@@ -38,18 +38,23 @@ def allgather_object(obj: Any) -> list[Any]:
     """Every worker's `obj` (picklable), in rank order, on every worker."""
     import pickle  # noqa: PLC0415 - 1.5 ms at import; only the object collectives need it
 
-    values = allgather_bytes(pickle.dumps(obj))
+    mine = pickle.dumps(obj)
+    values = _allgather("allgather_object", mine, "this rank's object pickles to")
     return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
 
 
 def allgather_bytes(data: bytes) -> list[bytes]:
     """Every worker's `data`, in rank order, on every worker, never unpickled."""
+    return [bytes(v) for v in _allgather("allgather_bytes", data, "this rank's data is")]
+
+
+def _allgather(what: str, mine: bytes, made: str) -> list[bytes]:
+    _check_fits(what, mine, made)
     session = runtime.session()
     with timed("allgather"):
-        values = session.call(
-            session.agent.exchange("allgather", data, generation=session.generation_pin)
+        return session.call(
+            session.agent.exchange("allgather", mine, generation=session.generation_pin)
         )
-    return [bytes(v) for v in values]
 
 
 def broadcast_object(obj: Any, root: int = 0) -> Any:
@@ -62,6 +67,7 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     import pickle  # noqa: PLC0415 - see allgather_object
 
     mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
+    _check_fits("broadcast_object", mine, f"rank {root}'s object pickles to")
     with timed("broadcast"):
         (value,) = session.call(
             session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
@@ -74,12 +80,29 @@ def broadcast_bytes(data: bytes, root: int = 0) -> bytes:
     session = runtime.session()
     topology = session.topology
     mine = data if topology is not None and topology.rank == root else b""
+    _check_fits("broadcast_bytes", mine, f"rank {root}'s data is")
     (value,) = session.call(
         session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
     )
     return bytes(value)
 
 
+def _check_fits(what: str, payload: bytes, made: str) -> None:
+    """Refuse, before anything is sent and before the collective takes its number, a payload
+    that no collective carries: the rank's next collective is then the one its peers wait in."""
+    if len(payload) > MAX_COLLECTIVE_BYTES:
+        raise CapacityError(
+            f"{what}: {made} {len(payload)} bytes, more than the {MAX_COLLECTIVE_BYTES} a "
+            "control-plane collective carries (64 MiB less room for framing); nothing was sent, "
+            "and this rank's next collective takes this one's place: send less (a file's path, "
+            "a kv_store() key), or use a data-plane library (torch.distributed) for data this "
+            "large"
+        )
+
+
+# The longest value the store takes (the scheduler's `machine.kv.MAX_VALUE_BYTES`, not imported:
+# it would bring the scheduler's package into every worker).
+MAX_KV_VALUE_BYTES = 4 * 1024 * 1024
 # What one control-plane collective may carry in all (a gRPC message), less room for framing.
 MAX_COLLECTIVE_BYTES = 64 * 1024 * 1024 - 64 * 1024
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
@@ -174,6 +197,12 @@ class KeyValueStore:
             data = bytes(value)
         else:
             raise _refused("set", "value", value, "bytes or str (encode other values: str(n))")
+        if len(data) > MAX_KV_VALUE_BYTES:
+            raise CapacityError(
+                f"kv_store().set: the value for key {safe(repr(key), 60)} has {len(data)} bytes, "
+                f"more than the {MAX_KV_VALUE_BYTES} (4 MiB) the store takes a value; nothing was "
+                "sent: the store is for control data, so store a file's path instead"
+            )
         session = runtime.session()
         session.call(session.agent.kv_set(key, data))
 

@@ -7,18 +7,20 @@ this node, whether a call or a Finish is made again); every reaction goes `core.
 actions -> `_run`, the one interpreter, which carries them out (register, probe, pause, read the
 Watch stream with heartbeats, deliver the topology, send the Finish, report a failure through
 `on_fatal` exactly once) and steps the core with what came of them, converted from protobuf by
-`cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user races against
-the job's failure (`cluster.worker.racing`), so no caller waits on a job that is already over."""
+`cluster.worker.convert` (etcd's raft/RawNode split). Every call it makes for the user goes through
+`cluster.worker.calls`, and races against the job's failure (`cluster.worker.racing`), so no caller
+waits on a job that is already over."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import grpc
 
@@ -26,21 +28,19 @@ from cluster.protocol import auth
 from cluster.protocol.backoff import Spread
 from cluster.protocol.config import ClusterConfig, silence_limit
 from cluster.protocol.environment import read_job_secret
-from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.errors import ClusterError
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.topology import PeerColumns, Topology
 from cluster.transport import failures, membership
 from cluster.transport.channel import SchedulerProbe
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.worker import convert, peer_table, scheduler_link
+from cluster.worker import calls, convert, peer_table, scheduler_link
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.link import Closing, Link
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
 from cluster.worker.racing import unless_failed
 from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silence
-
-T = TypeVar("T")
 
 TTL_USE_S = auth.CHALLENGE_TTL_S / 2  # a scheduler's challenge is used for half its life
 # A node whose relay was lost looks for it this often; back, it registers through it (bounded by
@@ -106,6 +106,9 @@ class WorkerAgent:
         # Set when a new generation arrives / a peer of this one failed (each replaced then).
         self._new_generation = asyncio.Event()
         self._peer_failed = asyncio.Event()
+        self._calls = calls.Calls(
+            self._link, self._signer, self._signed, self._fatal, self.core, self._run
+        )
         self._report_seq = 0  # checkpoint reports are numbered
         self._add_seq = 0  # and key-value adds
         self.resumed_in: int | None = None  # the generation whose rollback this worker put back
@@ -417,6 +420,7 @@ class WorkerAgent:
                     node_id=self.identity.node_id, incarnation=self.identity.incarnation
                 ),
                 watch.heartbeat_interval_s,
+                self._beats_refused,
             )
             if self.config.heartbeat_enabled
             else None
@@ -460,6 +464,16 @@ class WorkerAgent:
                 if timer is not None:
                     timer.stop()
             call.cancel()
+
+    def _beats_refused(self, exc: grpc.aio.AioRpcError) -> bool:
+        """A Heartbeat call the scheduler ended: whether it refused this node's certificate
+        (revoked, expired), which fails the node with the scheduler's words; any other end is
+        the event stream's to tell."""
+        if not calls.refused_at_the_edge(exc):
+            return False
+        error = failures.failure_of(exc).error("heartbeat")
+        self._set_aside(self._run(self.core.step(steps.Fatal(error))))
+        return True
 
     def _look_for_relay(self) -> None:
         """While the stream runs direct: is the relay this node lost back (restarted, or
@@ -528,52 +542,6 @@ class WorkerAgent:
             raise ClusterError("the job has not formed yet: cluster.init() has not returned")
         return self.topology
 
-    async def _call(self, what: str, rpc: Callable[[], Awaitable[T]]) -> T:
-        """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
-        with recovery on)."""
-        while True:
-            channel, signer = self._link.channel, self._signer
-            first = 0 if signer is None else signer.seq
-            call = rpc()  # signs it, synchronously: the numbers taken since `first` are its own
-            taken = range(0) if signer is None else range(first + 1, signer.seq + 1)
-            if signer is not None:
-                signer.hold(taken)
-            try:
-                return await unless_failed(call, self._fatal)
-            except asyncio.CancelledError:
-                if self._cancelled_by_leader_change(channel):
-                    continue  # on the channel closed for a new leader: made again on the new one
-                raise
-            except grpc.aio.AioRpcError as exc:
-                failure = failures.failure_of(exc)
-                # A scheduler that does not lead (yet) answers for nothing: as one cut off.
-                if not failure.cut_off and failure.kind is not NotLeaderError:
-                    raise failure.error(what) from None
-                then = await self._run(self.core.step(steps.CallCutOff()))
-                if isinstance(then, steps.RetryCall):
-                    await asyncio.sleep(then.pause_s)
-                    continue
-                raise failure.error(what) from None
-            finally:
-                if signer is not None:
-                    signer.release(taken)
-
-    async def _unary(self, what: str, method: str, request: Any, **options: Any) -> Any:
-        """The call `method` of `request` for the user, signed (`_call`)."""
-        return await self._call(
-            what,
-            lambda: getattr(self._link.stub, method)(
-                request, wait_for_ready=True, metadata=self._signed(method, request), **options
-            ),
-        )
-
-    def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:
-        """Whether a call cancelled on `channel` was cut off by following a new leader (the
-        channel was closed for another), not by cancelling this task."""
-        task = asyncio.current_task()
-        cancelling = getattr(task, "cancelling", None)  # Python 3.11 on
-        return channel is not self._link.channel and not (cancelling is not None and cancelling())
-
     async def exchange(
         self, op: str, value: bytes, root: int = 0, generation: int | None = None
     ) -> list[bytes]:
@@ -587,7 +555,8 @@ class WorkerAgent:
         generation = topology.generation if generation is None else generation
         seq = self.core.next_seq(generation)
         request = convert.exchange_request(self.identity.node_id, generation, seq, op, root, value)
-        answer = await self._unary(op, "Exchange", request)
+        unsent = functools.partial(self.core.collective_unsent, generation, seq)
+        answer = await self._calls.unary(op, "Exchange", request, unsent=unsent)
         self.core.collective_answered(generation, seq)
         return list(answer.values)
 
@@ -629,25 +598,25 @@ class WorkerAgent:
         held = self.resumed_in or (0 if self.topology is None else self.topology.generation)
         seq = self._report_seq
         request = convert.checkpoints_request(self.identity, steps, held, seq, resumed)
-        answer = await self._unary("checkpoint report", "ReportCheckpoints", request)
+        answer = await self._calls.unary("checkpoint report", "ReportCheckpoints", request)
         return int(answer.held_by_all)
 
     async def kv_set(self, key: str, value: bytes) -> None:
-        await self._unary("kv set", "KvSet", pb.KvSetRequest(key=key, value=value))
+        await self._calls.unary("kv set", "KvSet", pb.KvSetRequest(key=key, value=value))
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        response = await self._unary("kv get", "KvGet", pb.KvGetRequest(keys=keys))
+        response = await self._calls.unary("kv get", "KvGet", pb.KvGetRequest(keys=keys))
         return list(response.values), list(response.missing)
 
     async def kv_wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
         request = pb.KvWaitRequest(keys=keys, timeout_s=timeout_s)
-        response = await self._unary("kv wait", "KvWait", request, timeout=timeout_s + 5.0)
+        response = await self._calls.unary("kv wait", "KvWait", request, timeout=timeout_s + 5.0)
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
         self._add_seq += 1  # a retry sends the same number: the scheduler counts the add once
         request = pb.KvAddRequest(key=key, amount=amount, add_id=self._add_seq)
-        response = await self._unary("kv add", "KvAdd", request)
+        response = await self._calls.unary("kv add", "KvAdd", request)
         return int(response.value)
 
     # -- end ---------------------------------------------------------------------------------

@@ -142,11 +142,19 @@ class Periodic:
 class Heartbeats:
     """Writes `beat` every `interval_s` on a Heartbeat stream, opened by `open_stream` at the
     first beat and again after it broke: a timer, and a task only while a beat is on its way
-    (not a task per stream that sleeps)."""
+    (not a task per stream that sleeps). A stream the scheduler ended is shown to `refuses`
+    (its error): True stops the beats (the scheduler refused this node for good)."""
 
-    def __init__(self, open_stream: Callable[[], Beats], beat: Beat, interval_s: float) -> None:
+    def __init__(
+        self,
+        open_stream: Callable[[], Beats],
+        beat: Beat,
+        interval_s: float,
+        refuses: Callable[[grpc.aio.AioRpcError], bool] = lambda _: False,
+    ) -> None:
         self._open_stream = open_stream
         self._beat = beat
+        self._refuses = refuses
         self._loop = asyncio.get_running_loop()
         self._stream: Beats | None = None
         self._sending: asyncio.Task[None] | None = None
@@ -157,15 +165,32 @@ class Heartbeats:
             self._sending = self._loop.create_task(self._send())
 
     async def _send(self) -> None:
-        if self._stream is None or self._stream.done():
-            self._stream = self._open_stream()
-        # A beat that fails is not this node's concern: the event stream tells whether the
-        # scheduler is there, and the next beat opens a new stream.
+        stream = self._stream
+        if stream is None or stream.done():
+            if stream is not None and await self._refused(stream):
+                return
+            stream = self._stream = self._open_stream()
+        # A beat that fails is not this node's concern, unless the scheduler refused it: the
+        # event stream tells whether the scheduler is there, and the next beat opens a new one.
         try:
-            await self._stream.write(self._beat)
+            await stream.write(self._beat)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            self._stream.cancel()
-            self._stream = None
+            if not (stream.done() and await self._refused(stream)):
+                stream.cancel()
+                self._stream = None
+
+    async def _refused(self, stream: Beats) -> bool:
+        """Whether `stream`, over, was ended by the scheduler in a way `refuses`: no beat
+        follows then."""
+        if stream.cancelled():
+            return False
+        try:
+            await stream
+        except grpc.aio.AioRpcError as exc:
+            if self._refuses(exc):
+                self._ticks.stop()
+                return True
+        return False
 
     def stop(self) -> None:
         self._ticks.stop()

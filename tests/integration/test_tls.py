@@ -7,6 +7,7 @@ started like MindSpore's launch loop (see test_launch.py), with the CLUSTER_TLS_
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -26,7 +27,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from cluster.protocol.config import TLSOptions
 from cluster.protocol.environment import from_env
-from cluster.protocol.errors import CollectiveError, TLSConfigError
+from cluster.protocol.errors import AccessDeniedError, ClusterError, CollectiveError, TLSConfigError
 from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.testing import Process, free_port
 from cluster.transport import certs
@@ -328,8 +329,9 @@ def settings(n: int) -> JobSettings:
 
 def agent(port: int, config: Path, say: Callable[[str], None], **kw: Any) -> WorkerAgent:
     env = {**tls_env(1, port, config), "MS_ROLE": "MS_WORKER", **kw.pop("env", {})}
-    identity = NodeIdentity("w", new_incarnation(), "127.0.0.1", 40000)
-    return WorkerAgent(from_env(env), identity, say=say, on_fatal=lambda _: None, **kw)
+    identity = NodeIdentity(kw.pop("node_id", "w"), new_incarnation(), "127.0.0.1", 40000)
+    on_fatal = kw.pop("on_fatal", lambda _: None)
+    return WorkerAgent(from_env(env), identity, say=say, on_fatal=on_fatal, **kw)
 
 
 async def test_a_certificate_revoked_while_running_is_refused_on_its_next_call(
@@ -349,6 +351,38 @@ async def test_a_certificate_revoked_while_running_is_refused_on_its_next_call(
         with pytest.raises(CollectiveError, match=r"this node's certificate .* is revoked"):
             await worker.kv_set("k", b"v2")
         await worker.close()
+
+
+async def test_a_certificate_revoked_while_only_heartbeating_fails_the_node_saying_so(
+    pki: certs.Pki, tmp_path: Path
+) -> None:
+    """A worker that makes no call but its heartbeats: the scheduler refuses them, and the
+    worker fails with the scheduler's words, not, a node timeout later, as one hung or cut off
+    (the job of two would fail with "no heartbeat for 3.0 s")."""
+    crl = tmp_path / "crl.pem"
+    crl.write_bytes(certs.crl_pem(pki.ca, []))
+    key, cert = certs.issue(pki.ca, "worker a", server=False)
+    p12 = certs.write_p12(tmp_path / "a.p12", key, cert, pki.client_password, pki.ca)
+    revoked = variant(pki, tmp_path, "a", client_cert_path=p12, crl_path=crl)
+    config = variant(pki, tmp_path, "b", crl_path=crl)
+    identity = load_identity(TLSOptions(config), server=True)
+    job = dataclasses.replace(settings(2), node_timeout_s=3.0)
+    async with SchedulerServer(job, tls=identity) as server:
+        fatal: list[ClusterError] = []
+        env = {"MS_WORKER_NUM": "2", "MS_NODE_TIMEOUT": "3"}
+        a = agent(server.port, revoked, lambda _: None, env=env, node_id="a", on_fatal=fatal.append)
+        b = agent(server.port, config, lambda _: None, env=env, node_id="b")
+        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+        crl.write_bytes(certs.crl_pem(pki.ca, [cert]))
+        os.utime(crl, ns=(1, 1))  # a new stamp even within the filesystem's time resolution
+        await eventually(lambda: bool(fatal), "worker a's failure", 10)
+        assert isinstance(fatal[0], AccessDeniedError), fatal
+        assert re.fullmatch(
+            r"heartbeat refused by the scheduler: this node's certificate \(.*\) is revoked "
+            r".*: use a valid certificate of the job's CA",
+            str(fatal[0]),
+        ), fatal
+        await asyncio.gather(a.close(), b.close())
 
 
 async def test_expiry_is_rechecked_while_running(

@@ -643,7 +643,7 @@ def test_a_broken_stream_is_reconnected_within_MS_NODE_TIMEOUT() -> None:
     clock.now += NODE_S
     (error,) = fails(core.step(steps.PauseOver()))
     assert isinstance(error, SchedulerUnreachableError)
-    assert "did not come back within 30 s" in str(error)
+    assert "did not come back within MS_NODE_TIMEOUT=30 s" in str(error)
 
 
 def test_with_recovery_the_reconnect_window_is_the_longer_timeout() -> None:
@@ -651,6 +651,40 @@ def test_with_recovery_the_reconnect_window_is_the_longer_timeout() -> None:
     actions = core.step(steps.StreamLost("", silent_s=NODE_S))
     assert fails(actions) == []
     assert core.deadline == clock.now + max(NODE_S, TOPO_S)
+
+
+def test_with_recovery_a_scheduler_not_back_is_failed_naming_the_window_it_had() -> None:
+    """The window waited is MS_TOPO_TIMEOUT's here (60 s), not MS_NODE_TIMEOUT's (30 s), and
+    the error says what brings the scheduler back."""
+    core, clock = ready_core(recovery=True)
+    core.step(steps.StreamLost("connection reset"))
+    core.step(steps.Unanswered())
+    clock.now += TOPO_S
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert isinstance(error, SchedulerUnreachableError)
+    assert str(error) == (
+        "the scheduler at 127.0.0.1:8118 is unreachable: connection reset, and it did not come "
+        "back within 60 s (the longer of MS_NODE_TIMEOUT and MS_TOPO_TIMEOUT, recovery on): to "
+        "go on, start the scheduler again on the job's saved state (the same MS_RECOVERY_PATH "
+        "or CLUSTER_STATE_URL) and this worker with it; a larger MS_TOPO_TIMEOUT waits longer"
+    )
+
+
+def test_while_the_scheduler_is_away_a_call_is_told_how_long_it_is_waited_for() -> None:
+    """What a call whose own deadline passes meanwhile says (`WorkerCore.away`); nothing while
+    the node is with its scheduler."""
+    core, clock = ready_core(recovery=True)
+    assert core.away() == ""
+    core.step(steps.StreamLost("connection reset"))
+    clock.now += 20
+    assert core.away() == (
+        "the scheduler at 127.0.0.1:8118 is away (connection reset), and this node waits 40 s "
+        "more for it, 60 s (the longer of MS_NODE_TIMEOUT and MS_TOPO_TIMEOUT, recovery on) in "
+        "all: start it again on the job's saved state (the same MS_RECOVERY_PATH or "
+        "CLUSTER_STATE_URL) within that time, and the workers go on"
+    )
+    core.step(accepted())
+    assert core.away() == ""
 
 
 def test_a_silence_beyond_a_relay_that_answers_is_said_so_and_waited_out_through_it() -> None:
@@ -1089,6 +1123,18 @@ def test_a_failed_node_does_nothing_more() -> None:
 def test_collectives_are_numbered_per_generation() -> None:
     core, _ = ready_core()
     assert [core.next_seq(1), core.next_seq(1), core.next_seq(2), core.next_seq(1)] == [1, 2, 1, 3]
+
+
+def test_a_collective_that_never_reached_the_scheduler_gives_its_number_back() -> None:
+    """Refused on its way (gRPC's size limit), the call took part in no round: the node's next
+    collective has its number, the one its peers wait in; not once a later number was taken."""
+    core, _ = ready_core()
+    assert core.next_seq(1) == 1
+    core.collective_unsent(1, 1)
+    assert core.next_seq(1) == 1
+    assert core.next_seq(1) == 2
+    core.collective_unsent(1, 1)  # #2 was taken since: #1 stays used
+    assert core.next_seq(1) == 3
 
 
 def test_the_last_collective_answered_is_kept_for_the_next_registration() -> None:

@@ -25,6 +25,16 @@ from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import mutable
 
 
+def silence_reason(silent_s: float) -> str:
+    """Why a member silent for `silent_s` was failed, as its failure says. A worker's beats come
+    from a Python thread, which cannot run while another holds the interpreter's lock: one
+    long C call (a backtracking regex, a large pickle) silences a healthy worker too."""
+    return (
+        f"no heartbeat for {silent_s:.1f} s (hung, cut off, or holding Python's GIL in a long "
+        "call: raise MS_NODE_TIMEOUT)"
+    )
+
+
 @mutable
 class Liveness:
     settings: JobSettings

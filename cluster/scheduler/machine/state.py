@@ -61,7 +61,7 @@ from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import mutable
 from cluster.scheduler.machine import ranks, snapshot, spares
 from cluster.scheduler.machine.admission import Admission, Denial, Denied, ExchangeTicket
-from cluster.scheduler.machine.liveness import Liveness
+from cluster.scheduler.machine.liveness import Liveness, silence_reason
 from cluster.scheduler.machine.rollback import (
     NoCommonStep,
     RollbackPlanner,
@@ -431,7 +431,7 @@ class SchedulerState:
             if member.node_id in self.awaiting:
                 why = f"it did not reconnect within {silent:.1f} s of the scheduler's restart"
             elif self.settings.heartbeat_enabled:
-                why = f"no heartbeat for {silent:.1f} s (hung or cut off?)"
+                why = silence_reason(silent)
             else:
                 return []
             return self._lose(member, why)

@@ -129,7 +129,8 @@ class WorkerCore:
         self._verified = True
         self._relay_unanswered = ""  # a relay that took the last registration, and answered none
         self.pace = Pace(config.expected_nodes, config.node_id, draws)  # between its tries
-        self._lost = ""
+        self._lost = ""  # why the stream was lost, while it is
+        self._window_s = 0.0  # the length of the last reconnect window
         self._finish = Finish(config, clock)  # this node's (`finishing`)
         self.released = False  # let go by a job that ended well without it (`Released`)
         self._guard_said = False  # the first guard refusal is said; the next ones now and then
@@ -182,6 +183,13 @@ class WorkerCore:
         """The number of this node's next collective of `generation`."""
         self._seqs[generation] = self._seqs.get(generation, 0) + 1
         return self._seqs[generation]
+
+    def collective_unsent(self, generation: int, seq: int) -> None:
+        """Collective #`seq` of `generation` never reached the scheduler (refused on its way):
+        its number is this node's next collective's, so that its numbers stay its peers' (unless
+        a later one was taken meanwhile)."""
+        if self._seqs.get(generation) == seq:
+            self._seqs[generation] = seq - 1
 
     def collective_answered(self, generation: int, seq: int) -> None:
         """Collective #`seq` of `generation` got its answer: a scheduler restarted since then
@@ -440,7 +448,40 @@ class WorkerCore:
             return SchedulerUnreachableError(f"{self.where} is unreachable: {lost}{why}")
         return SchedulerUnreachableError(
             f"{self.where} is unreachable: {lost}, and it did not come back within "
-            f"{self.config.node_timeout_s:g} s{why}"
+            f"{self._window()}{why}{self._bring_back(late=True)}"
+        )
+
+    def _window(self) -> str:
+        """The reconnect window of a formed job's node, as a sentence names it."""
+        if self.recovery:
+            return (
+                f"{self._window_s:g} s (the longer of MS_NODE_TIMEOUT and MS_TOPO_TIMEOUT, "
+                "recovery on)"
+            )
+        return f"MS_NODE_TIMEOUT={self._window_s:g} s"
+
+    def _bring_back(self, *, late: bool = False) -> str:
+        """What brings the scheduler back for a formed job's node (with recovery), or, `late`,
+        the job once this node has given the scheduler up."""
+        if not self.recovery:
+            return ""
+        state = "the job's saved state (the same MS_RECOVERY_PATH or CLUSTER_STATE_URL)"
+        if late:
+            return (
+                f": to go on, start the scheduler again on {state} and this worker with it; a "
+                "larger MS_TOPO_TIMEOUT waits longer"
+            )
+        return f": start it again on {state} within that time, and the workers go on"
+
+    def away(self) -> str:
+        """While a formed job's node registers again: where its scheduler went, how much longer
+        it is waited for, and what brings it back; "" otherwise."""
+        if self.lifecycle is not Lifecycle.RECONNECTING or self.topology is None:
+            return ""
+        left = max(self.deadline - self.clock(), 0.0)
+        return (
+            f"{self.where} is away ({self._lost or 'it did not take this node back'}), and this "
+            f"node waits {left:.0f} s more for it, {self._window()} in all{self._bring_back()}"
         )
 
     # -- the stream ----------------------------------------------------------------------------
@@ -554,7 +595,8 @@ class WorkerCore:
             self.deadline = min(self._topo_deadline, now + self.config.node_timeout_s)
         else:
             self.deadline = now + self.reconnect_window_s
-        return self.deadline - now
+        self._window_s = self.deadline - now
+        return self._window_s
 
     def _deadline_passed(self) -> Actions:
         if self.topology is not None or self.over or self.clock() < self.ready_by:

@@ -35,8 +35,7 @@ from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.descriptors import DescriptorReserve
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.observe import Observability
-from cluster.scheduler.servicer import SchedulerServicer
-from cluster.scheduler.wiring import add_to_server
+from cluster.scheduler.servicer import SchedulerServicer, add_to_server
 from cluster.storage.state_store import StateStore
 from cluster.transport import allocator, collector
 from cluster.transport.serving import server_options

@@ -663,3 +663,8 @@ def _slot_end(end: host_link.SlotEnd) -> pb.SlotEnd:
         trailing=stub.metadata_pb(end.trailing),
         answer=end.answer,
     )
+
+
+def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
+    """The scheduler's methods on `server`, bounded at the edge (`wiring`)."""
+    wiring.add_to_server(servicer, server, pb_grpc.add_SchedulerServicer_to_server)

@@ -5,13 +5,12 @@ writing the events the core serialized once as they are."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from cluster.transport import edge, handlers
-from cluster.v1 import scheduler_pb2 as pb
-from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from cluster.scheduler.servicer import SchedulerServicer
@@ -22,7 +21,16 @@ MEMBER_CALLS = frozenset(
 )
 
 
-def event_bytes(event: pb.Event | bytes) -> bytes:
+class _Message(Protocol):
+    def SerializeToString(self) -> bytes: ...  # protobuf's name
+
+
+# The generated `add_SchedulerServicer_to_server`: the servicer module passes it in, so that the
+# wire format is imported by the edge's few modules only (tests/unit/test_contracts.py).
+Register = Callable[[Any, Any], None]
+
+
+def event_bytes(event: _Message | bytes) -> bytes:
     """Watch's serializer: an event that goes to every stream is serialized once, by the core."""
     return event if isinstance(event, bytes) else event.SerializeToString()
 
@@ -42,10 +50,11 @@ class _Capture:
         self.handlers = dict(handlers)
 
 
-def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server) -> None:
-    """`add_SchedulerServicer_to_server`, with Watch writing pre-serialized events as they are."""
+def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server, register: Register) -> None:
+    """`register` (the generated `add_SchedulerServicer_to_server`), with each handler bounded
+    as the module says and Watch writing pre-serialized events as they are."""
     capture = _Capture()
-    pb_grpc.add_SchedulerServicer_to_server(servicer, capture)
+    register(servicer, capture)
     for method, handler in list(capture.handlers.items()):
         deserializer = handler.request_deserializer
         assert deserializer is not None  # the generated handlers all have one

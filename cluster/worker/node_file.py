@@ -4,18 +4,43 @@ It sits beside the scheduler's state under MS_RECOVERY_PATH (on the worker's hos
 node id. A restarted process reads it to present its old job id, so that a scheduler running
 another job (a new one, after its state was lost) refuses it instead of mixing two jobs; when
 the node has finished its part, the file says so and a new start is a new job's node.
+
+One live process per node id and directory (`NodeLock`): a worker holds an exclusive `flock` on
+`worker-<id>.lock` beside its record before it reads the record, until it finalizes or its process
+ends. Two jobs may give one directory to their workers on a host that runs only workers (no
+scheduler's lock covers it): a worker of the second job must neither present the first's live
+record nor write over the record the first job's restarted worker loads. The kernel drops the lock
+of a process that ends, however it ends (SIGKILL included), so a restarted worker takes it at once;
+a second live process is refused at init() with one line naming the directory, the lock file, the
+holder (pid, host, the job once known) and what to do. The holder writes who it is into the lock
+file. The descriptor is not inherited (O_CLOEXEC) and a forked child closes its copy at once, so no
+child keeps the lock after the worker is gone. The file stays when released: removing it would let
+a newcomer lock a new file while another locks the old one. It is opened without following a link
+(`atomic`) and written only when it is this user's own regular file with one name. Where the lock
+cannot be taken (a file system without locks: ENOLCK), the worker goes on without it, saying so
+once (on a read-only file system, where no record can be written either, it says nothing).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
 from dataclasses import asdict
 from pathlib import Path
 
-from cluster.protocol.errors import StateFileError
+from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.protocol.value import frozen
-from cluster.storage import store
+from cluster.storage import atomic, store
 
 KIND = "worker"
+# The most of a lock file read for its holder (a line of JSON).
+_HOLDER_BYTES = 4096
+# The descriptors of the node locks this process holds, closed in a child it forks.
+_held: set[int] = set()
 
 
 @frozen
@@ -29,6 +54,10 @@ class NodeRecord:
 
 def path_for(directory: Path, node_id: str) -> Path:
     return directory / f"worker-{node_id}.json"
+
+
+def lock_path_for(directory: Path, node_id: str) -> Path:
+    return directory / f"worker-{node_id}.lock"
 
 
 def load(directory: Path, node_id: str) -> NodeRecord | None:
@@ -59,3 +88,118 @@ def load(directory: Path, node_id: str) -> NodeRecord | None:
 
 def save(directory: Path, record: NodeRecord) -> None:
     store.save(path_for(directory, record.node_id), KIND, asdict(record))
+
+
+ADVICE = "give each job its own MS_RECOVERY_PATH (mscluster run --recovery-path)"
+
+
+class NodeLock:
+    """This process's hold on the record of node `node_id` in `directory`: `take` before the
+    record is read, `tell` the job once known, `release` at the end."""
+
+    def __init__(self, directory: Path, node_id: str) -> None:
+        self.directory = directory
+        self.node_id = node_id
+        self.path = lock_path_for(directory, node_id)
+        self._fd: int | None = None
+
+    def take(self) -> str:
+        """Lock the node's record, or a ConfigError naming the holder when another live process
+        holds it. Returns '' or, where the lock cannot be taken (no locks on this file system),
+        the line to say: the worker goes on without it."""
+        try:
+            fd = self._open()
+        except OSError as exc:
+            # Read-only: no record can be written there either, nothing to keep apart.
+            return "" if exc.errno == errno.EROFS else self._without(exc)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ConfigError(self._refusal(holder)) from None
+        except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
+            os.close(fd)
+            return self._without(exc)
+        self._fd = fd
+        _held.add(fd)
+        self.tell("")
+        return ""
+
+    def tell(self, job: str) -> None:
+        """Write the holder (this process, in job `job` when known) into the lock file; a
+        failure is harmless (a refused newcomer then names less)."""
+        if self._fd is None:
+            return
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "job": job}
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps(holder).encode() + b"\n", 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            _held.discard(self._fd)
+            os.close(self._fd)  # the lock goes with it
+            self._fd = None
+
+    def _open(self) -> int:
+        """The lock file, open for reading and writing; OSError, or ConfigError when a link or
+        a file not of this user's own is in its place."""
+        try:
+            fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            unfit = "a symbolic link"
+        else:
+            unfit = atomic.not_own_file(os.fstat(fd))
+            if not unfit:
+                return fd
+            os.close(fd)
+        raise ConfigError(
+            f"{self.path} is {unfit}: it was not made by a worker of this user, and is never "
+            "followed or written; remove it, and let only the job's user write "
+            f"MS_RECOVERY_PATH={str(self.directory)!r}"
+        )
+
+    def _without(self, exc: OSError) -> str:
+        return (
+            f"cannot lock {self.path} ({exc.strerror}): this worker goes on without the lock, "
+            f"and nothing keeps another job's node {self.node_id!r} off its record in "
+            f"MS_RECOVERY_PATH={str(self.directory)!r}; {ADVICE}"
+        )
+
+    def _refusal(self, holder: dict[str, object]) -> str:
+        pid, host, job = holder.get("pid"), holder.get("host"), holder.get("job")
+        if pid is None:
+            who = "a process whose pid is not written yet"
+        else:
+            where = "this host" if host == socket.gethostname() else f"host {host}"
+            who = f"pid {pid} on {where}" + (f", job {job}" if job else "")
+        return (
+            f"node {self.node_id!r} is already running on MS_RECOVERY_PATH="
+            f"{str(self.directory)!r} ({who} holds {self.path.name}): two processes of one "
+            "node id there would take each other's record and fail each other's job; "
+            f"{ADVICE}, or stop that process first"
+        )
+
+
+def _holder(fd: int) -> dict[str, object]:
+    """What the holder wrote into the lock file ({} when nothing readable is there yet)."""
+    try:
+        read = json.loads(os.pread(fd, _HOLDER_BYTES, 0))
+    except (OSError, ValueError):
+        return {}
+    return read if isinstance(read, dict) else {}
+
+
+def _close_in_child() -> None:
+    """In a child forked by a holder: close its copies of the locks' descriptors (the lock
+    stays with the parent's), so that no child keeps a lock after the worker is gone."""
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)

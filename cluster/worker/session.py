@@ -147,18 +147,26 @@ class WorkerSession:
         self._pending_lock = threading.Lock()
         self._recovery_dir = None if config.recovery is None else config.recovery.path
         self._record_unsaved = False  # the last save of this node's file failed
-        self._record = self._load_record()
-        previous_job = (
-            self._record.cluster_id
-            if self._record is not None and not self._record.finished
-            else ""
-        )
-        # Made here, in the main thread, where the signal that interrupts it can be set up.
-        self._ending = ending.Ending(self.say)
-        # What this session's checks of the scheduler found (`SchedulerProbe`): its agent's.
-        self._probe = SchedulerProbe()
-        self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
-        self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+        # Held from before the node's file is read until the session closes.
+        self._node_lock = self._lock_record()
+        try:
+            self._record = self._load_record()
+            previous_job = (
+                self._record.cluster_id
+                if self._record is not None and not self._record.finished
+                else ""
+            )
+            if self._node_lock is not None:
+                self._node_lock.tell(previous_job)
+            # Made here, in the main thread, where the signal that interrupts it can be set up.
+            self._ending = ending.Ending(self.say)
+            # What this session's checks of the scheduler found (`SchedulerProbe`): its agent's.
+            self._probe = SchedulerProbe()
+            self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
+            self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+        except BaseException:
+            self._unlock_record()
+            raise
         self._started = False
         self._closed = False
         # Set by a TrainingLoop around each step: the generation its collectives belong to.
@@ -187,8 +195,26 @@ class WorkerSession:
         topology = self.call(self.agent.start())
         self._started = True
         self._prefix = f"cluster[rank {topology.rank}]"
+        if self._node_lock is not None:
+            self._node_lock.tell(self.agent.cluster_id)
         self._save_record(topology, finished=False)
         return topology
+
+    def _lock_record(self) -> node_file.NodeLock | None:
+        """This node's hold on its file: ConfigError when another live process has it."""
+        if self._recovery_dir is None:
+            return None
+        from cluster.worker import node_file  # noqa: PLC0415 - see _load_record
+
+        lock = node_file.NodeLock(self._recovery_dir, self.identity.node_id)
+        unlocked = lock.take()
+        if unlocked:
+            self.say(unlocked)
+        return lock
+
+    def _unlock_record(self) -> None:
+        if self._node_lock is not None:
+            self._node_lock.release()
 
     def _load_record(self) -> node_file.NodeRecord | None:
         if self._recovery_dir is None:
@@ -307,3 +333,4 @@ class WorkerSession:
             pass  # exiting anyway; the scheduler sees the stream close
         finally:
             self._background.stop()
+            self._unlock_record()

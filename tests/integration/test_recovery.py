@@ -222,9 +222,15 @@ def test_a_worker_that_finishes_while_the_scheduler_restarts_is_heard_once_back(
 
 
 def test_a_live_node_id_cannot_be_claimed(processes: Procs, tmp_path: Path) -> None:
+    """A claimant on the live node's MS_RECOVERY_PATH is refused at init() by the node's lock;
+    one with its own (as from another host) by the scheduler, while the node heartbeats."""
     job = Job(processes, tmp_path, 2)
     before = job.status()
-    claimant = job.start_worker(1, "claimant")
+    beside = job.start_worker(1, "claimant-beside")
+    assert beside.wait(15) == 1, beside.output
+    assert f"pid {job.workers[1].pid} on this host" in beside.output, beside.output
+    elsewhere = {**job.env, "MS_NODE_ID": "1", "MS_RECOVERY_PATH": str(tmp_path / "elsewhere")}
+    claimant = job.processes.start_role("claimant", "MS_WORKER", job.args, elsewhere)
     claimant.wait_for_output("registration refused for now", 15)
     assert "was last seen alive" in claimant.output
     claimant.popen.send_signal(signal.SIGKILL)

@@ -303,6 +303,10 @@ def test_foreign_job() -> None:
     refusal = refuse(state, reg(state, "a", cluster_id="job-0"), Refusal.FOREIGN_JOB)
     assert "job-0" in refusal.message
     assert JOB in refusal.message
+    # Where the old job id came from, and the fix that keeps the other job's record intact.
+    assert "worker-a.json in the MS_RECOVERY_PATH of its host" in refusal.message
+    assert "give each job its own MS_RECOVERY_PATH" in refusal.message
+    assert "without its old state" not in refusal.message
     # The node's own job id, or none, is fine.
     accept(state, reg(state, "a", cluster_id=JOB))
     accept(state, reg(state, "b", cluster_id=""))

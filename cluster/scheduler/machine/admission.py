@@ -370,8 +370,10 @@ class Admission:
             return Refused(
                 Refusal.FOREIGN_JOB,
                 f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
-                f"job {job.cluster_id}{how}: start the node again without its old state to join "
-                "the new job",
+                f"job {job.cluster_id}{how}: the node's process was in that job, or read it from "
+                f"this node's record (worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its "
+                "host), which another job may share; give each job its own MS_RECOVERY_PATH "
+                "(mscluster run --recovery-path), and start the node again with this job's",
             )
         if reg.worker_num != settings.worker_num or reg.server_num != settings.server_num:
             return Refused(

@@ -113,6 +113,15 @@ def proven(secret: bytes, message: bytes, proof: bytes) -> bool:
     return _equal(prove(secret, message), proof)
 
 
+def trust_fingerprint(secret: bytes | None) -> str:
+    """What a job's saved state records of its secret, so that a scheduler of another job
+    (another secret) is told apart from one of this job: an HMAC of a fixed label under the
+    secret, never the secret itself; '' for a job without one."""
+    if secret is None:
+        return ""
+    return _mac(secret, _TRUST)[:_FINGERPRINT_BYTES].hex()
+
+
 # How long a challenge of the scheduler stays good: a node registers within it of asking for one.
 CHALLENGE_TTL_S = 60.0
 _START_ID_BYTES = 8
@@ -127,6 +136,8 @@ _WRAP = b"cluster.v1.wrap"
 _CALL_KEY = b"cluster.v1.call-key"
 _CALL = b"cluster.v1.call"
 _READ = b"cluster.v1.read"
+_TRUST = b"cluster.v1.state-trust"
+_FINGERPRINT_BYTES = 16
 # What the scheduler says of a read proof it took before (a reader's tool tells it apart).
 READ_REPLAYED = "its proof was used before (a replay)"
 

@@ -7,6 +7,15 @@ that pile up past `MAX_QUEUED` (a disk hung for long) are dropped, and that is s
 A scheduler started again on the same file appends to it, numbering on from its last line.
 The file rotates at CLUSTER_LOG_MAX_BYTES, CLUSTER_LOG_KEEP old ones kept (events.jsonl.1 the
 newest; `cluster.storage.rotation`): an outsider's refused registrations are events too.
+
+One scheduler writes the file at a time: the one that writes it holds an exclusive `flock` on
+FILE.lock beside it (`EventLogLock`, `cluster.storage.holder_lock`; its pid, host and state
+store written there), so two jobs' lines never interleave, their numbers never repeat, and
+neither cuts the other's lines when it takes back a failed write. A scheduler that finds it held
+by another job's scheduler, or by one of no state store, is refused at start (ConfigError).
+Standbys of one job (etcd) may share the file: a standby holds nothing; the scheduler that
+leads takes the lock (waiting up to `LEADER_WAIT_S` for the leader before it to let go, as
+it does when it steps down) and writes the job's events from there on.
 """
 
 from __future__ import annotations
@@ -15,10 +24,13 @@ import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
 from cluster.protocol.config import LogRotation
+from cluster.protocol.errors import ConfigError
 from cluster.scheduler.machine.events import JobEvent
+from cluster.storage import holder_lock
 from cluster.storage.rotation import RotatingFile, in_order
 
 log = logging.getLogger("cluster.scheduler")
@@ -27,6 +39,13 @@ MAX_QUEUED = 100_000
 CLOSE_TIMEOUT_S = 2.0
 _TAIL_BYTES = 64 * 1024
 _STOP = object()
+# How long a scheduler that starts to lead waits for the event log's lock, held by the
+# scheduler of the same job that led before it (it lets go as it steps down, within its lease).
+LEADER_WAIT_S = 15.0
+# How long a scheduler starting waits for the event log's lock held by another (a scheduler
+# whose launcher died ends within orphan.GRACE_S of noticing), before it is refused.
+START_WAIT_S = 10.0
+_LOCK_POLL_S = 0.05
 
 
 def last_seq(path: Path) -> int:
@@ -55,11 +74,122 @@ def _last_seq_in(path: Path) -> int:
     return 0
 
 
-class EventFile:
-    """Appends lines to `path` on a thread, rotated as `rotation` says; `write` never blocks."""
+class EventLogLock:
+    """FILE.lock of the event log `path`, for a scheduler of the job saved at `state` (its state
+    store's place; '' without one): `claim` at start, `hold` to write, `release`."""
 
-    def __init__(self, path: Path, rotation: LogRotation | None = None) -> None:
+    def __init__(self, path: Path, state: str = "") -> None:
         self.path = path
+        self.state = state
+        self._fd: int | None = None
+        self._open_lock = threading.Lock()
+        self.holder: dict[str, object] = {}  # what the holder wrote, when another holds it
+        self._said = False
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def claim(self, *, standby: bool = False) -> None:
+        """At start: hold the lock from now on (a standby only checks that it could), or a
+        ConfigError when a scheduler of another job (or of none) holds it for START_WAIT_S
+        more. One of this job (a standby's leader, a leader a restarted scheduler finds) is
+        left to it."""
+        taken = self._take()
+        if taken is False and not (self.state and self.holder.get("state") == self.state):
+            log.info(
+                "the event log %s is written by another scheduler (%s): waiting up to %g s "
+                "for it to end",
+                self.path,
+                _described(self.holder),
+                START_WAIT_S,
+            )
+            if not self.hold(START_WAIT_S, threading.Event()):
+                raise ConfigError(
+                    f"CLUSTER_EVENT_LOG={str(self.path)!r} is written by another scheduler "
+                    f"({_described(self.holder)}), whose events this one's would mix with: "
+                    "give each job its own event log (mscluster run: its own --log-dir), or "
+                    "stop that scheduler first"
+                )
+            taken = True
+        if taken and standby:
+            self.release()
+
+    def hold(self, wait_s: float, stop: threading.Event) -> bool:
+        """Hold the lock, waiting up to `wait_s` (or until `stop`) for its holder to let go;
+        True when held (or when the file system has no locks: nothing to hold)."""
+        deadline = time.monotonic() + wait_s
+        while not self.held:
+            taken = self._take()
+            if taken is None or taken:
+                return True
+            if time.monotonic() >= deadline or stop.wait(_LOCK_POLL_S):
+                return False
+        return True
+
+    def release(self) -> None:
+        with self._open_lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the lock goes with it; the file stays (`holder_lock`)
+
+    def _take(self) -> bool | None:
+        """True: held now (or already); False: another holds it (`_holder`); None: it cannot
+        be taken here (said once), and nothing keeps another scheduler out."""
+        with self._open_lock:
+            if self._fd is not None:
+                return True
+            where = holder_lock.lock_path(self.path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = holder_lock.open_lock(where)
+            except OSError as exc:
+                self._unlockable(where, exc)
+                return None
+            try:
+                holder = holder_lock.try_lock(fd)
+            except OSError as exc:
+                os.close(fd)
+                self._unlockable(where, exc)
+                return None
+            if holder is not None:
+                os.close(fd)
+                self.holder = holder
+                return False
+            holder_lock.write_holder(fd, state=self.state)
+            self._fd = fd
+            return True
+
+    def _unlockable(self, where: Path, exc: OSError) -> None:
+        if not self._said:
+            self._said = True
+            log.warning(
+                "cannot lock the event log's %s (%s): nothing keeps another scheduler from "
+                "writing %s",
+                where,
+                exc.strerror or exc,
+                self.path,
+            )
+
+
+def _described(holder: dict[str, object]) -> str:
+    """The holder of the event log's lock: its process, and the job's state store."""
+    state = holder.get("state")
+    job = f"for the job in {state}" if state else "without a state store"
+    return f"{holder_lock.described(holder)}, {job}"
+
+
+class EventFile:
+    """Appends lines to `path` on a thread, rotated as `rotation` says; `write` never blocks.
+    With `lock`, the thread holds it before its first write (`EventLogLock.hold`), and lets it
+    go when it ends."""
+
+    def __init__(
+        self, path: Path, rotation: LogRotation | None = None, lock: EventLogLock | None = None
+    ) -> None:
+        self.path = path
+        self._lock = lock
+        self._stopping = threading.Event()
         self._file = RotatingFile(path, rotation or LogRotation())
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._queued = 0  # approximate: read and written without a lock, for the bound only
@@ -84,11 +214,19 @@ class EventFile:
         self._queue.put(line)
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Write what is queued (for up to `timeout_s`), then stop the thread."""
+        """Write what is queued (for up to `timeout_s`), then stop the thread and let the lock
+        go."""
+        self._stopping.set()
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
+        if self._lock is not None:
+            self._lock.release()
 
     def _run(self) -> None:
+        lock = self._lock
+        if lock is not None and not lock.hold(LEADER_WAIT_S, self._stopping):
+            self._locked_out(lock)
+            return
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -103,6 +241,18 @@ class EventFile:
                 self._failing = False
                 log.info("the event log %s is written again", self.path)
         self._file.close()
+
+    def _locked_out(self, lock: EventLogLock) -> None:
+        """Another scheduler kept the event log: this one's events are not written there."""
+        if not self._stopping.is_set():
+            log.error(
+                "the event log %s is written by another scheduler (%s): this scheduler's "
+                "events are not written there; mscluster events --addr has them",
+                self.path,
+                _described(lock.holder),
+            )
+        while self._queue.get() is not _STOP:
+            self._queued -= 1
 
     def _failed(self, exc: OSError) -> None:
         if not self._failing:

@@ -29,7 +29,7 @@ from cluster.scheduler.machine import events, state
 from cluster.scheduler.machine.events import JobEvent, Kind, MemoryResume, Record
 
 if TYPE_CHECKING:
-    from cluster.scheduler.event_file import EventFile
+    from cluster.scheduler.event_file import EventFile, EventLogLock
 
 # Events kept in memory for `WatchEvents` (a 1024-node job's registrations fit twice).
 RETAINED_EVENTS = 4096
@@ -150,14 +150,16 @@ class EventJournal:
 
     # -- the log file --------------------------------------------------------------------------
 
-    def open(self, path: Path, rotation: LogRotation | None = None) -> None:
-        """Append every event from now on to `path` (rotated as `rotation` says), numbered on
-        from its last one."""
+    def open(
+        self, path: Path, rotation: LogRotation | None = None, lock: EventLogLock | None = None
+    ) -> None:
+        """Append every event from now on to `path` (rotated as `rotation` says, written once
+        `lock` is held), numbered on from its last one."""
         # Only with an event log (CLUSTER_EVENT_LOG): files, rotation, random names.
         from cluster.scheduler.event_file import EventFile, last_seq  # noqa: PLC0415
 
         self.seq = max(self.seq, last_seq(path))
-        self._file = EventFile(path, rotation)
+        self._file = EventFile(path, rotation, lock)
 
     def _end(self, follower: _Follower, error: ClusterError | None = None) -> None:
         """End a following stream: well (None), or with `error`, after what it has waiting."""
@@ -179,14 +181,18 @@ class EventJournal:
         self._failed = error
         for follower in list(self._followers):
             self._end(follower, error)
+        self._close_file()  # what it heard is written out, and the event log's lock let go
 
     def close(self) -> None:
         """End every following stream and write out the file."""
         for follower in list(self._followers):
             self._end(follower)
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._close_file()
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
     # -- readers -------------------------------------------------------------------------------
 

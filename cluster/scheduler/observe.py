@@ -19,6 +19,7 @@ from cluster.scheduler.machine import events
 from cluster.scheduler.persist import STATE
 
 if TYPE_CHECKING:
+    from cluster.scheduler.event_file import EventLogLock
     from cluster.scheduler.metrics import MetricsServer, SchedulerMetrics
     from cluster.scheduler.rpc_metrics import RpcMetrics
 
@@ -26,10 +27,16 @@ log = logging.getLogger("cluster.scheduler")
 
 
 class Observability:
-    def __init__(self, config: ObserveConfig, host: str, gate: Gate) -> None:
+    def __init__(self, config: ObserveConfig, host: str, gate: Gate, state: str = "") -> None:
         """`gate`: the server's, which says whether this scheduler leads the job (the metrics
-        show the job only while it does) and counts the calls refused at the edge."""
+        show the job only while it does) and counts the calls refused at the edge; `state`:
+        where its state store keeps the job ('' without one), which the event log's lock names."""
         self.config = config
+        self.log_lock: EventLogLock | None = None
+        if config.event_log is not None:
+            from cluster.scheduler.event_file import EventLogLock  # noqa: PLC0415 - files
+
+            self.log_lock = EventLogLock(config.event_log, state)
         self.host = host
         self.gate = gate
         self.metrics: SchedulerMetrics | None = None
@@ -50,11 +57,17 @@ class Observability:
     def interceptors(self) -> list[RpcMetrics]:
         return [] if self.metrics is None else [self.metrics.rpc]
 
+    def claim_event_log(self, *, standby: bool = False) -> None:
+        """At start: the event log's lock (`EventLogLock.claim`), a ConfigError when another
+        job's scheduler writes the file. A standby holds nothing until it leads."""
+        if self.log_lock is not None:
+            self.log_lock.claim(standby=standby)
+
     async def start(self, core: SchedulerCore, *, announce: bool = True) -> None:
         """Observe `core` (and serve /metrics when asked): once, at start. A standby starts
-        with a core of no job (`announce` False: no "started" event), and adopts the job's
-        core when it leads."""
-        self.adopt(core, announce=announce)
+        with a core of no job (`announce` False: no "started" event, no event log), and adopts
+        the job's core when it leads."""
+        self.adopt(core, announce=announce, log=announce)
         if self.metrics is not None and self.config.metrics_port is not None:
             from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
 
@@ -68,14 +81,15 @@ class Observability:
     def started(self) -> bool:
         return self._core is not None
 
-    def adopt(self, core: SchedulerCore, *, announce: bool = True) -> None:
+    def adopt(self, core: SchedulerCore, *, announce: bool = True, log: bool = True) -> None:
         """Observe `core` from now on (a standby that takes the job over answers with a core of
-        its own): its events go to the log and the metrics, its saves are counted."""
+        its own): its events go to the log (with `log`) and the metrics, its saves are
+        counted."""
         if self._core is not None and self._core is not core:
             self._core.journal.close()
         self._core = core
-        if self.config.event_log is not None:
-            core.journal.open(self.config.event_log, self.config.rotation)
+        if self.config.event_log is not None and log:
+            core.journal.open(self.config.event_log, self.config.rotation, self.log_lock)
         if core.persister is not None:
             core.persister.observer = self._saved
         if self.metrics is not None:
@@ -103,3 +117,5 @@ class Observability:
             self._http = None
         if self._core is not None:
             self._core.journal.close()
+        if self.log_lock is not None:
+            self.log_lock.release()

@@ -162,7 +162,8 @@ class SchedulerServer:
 
             self.ha = HighAvailability(self, election)
         # The event log and metrics (cluster.scheduler.observe); `observing.metrics_port`.
-        self.observing = Observability(observe or ObserveConfig(), host, self.gate)
+        where = "" if self.store is None else self.store.where
+        self.observing = Observability(observe or ObserveConfig(), host, self.gate, where)
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -197,12 +198,15 @@ class SchedulerServer:
         try:
             if self.ha is not None:
                 self.gate.core = None  # nothing is answered before this scheduler leads
+                self.observing.claim_event_log(standby=True)
                 await self.observing.start(self.core, announce=False)
                 await self._serve()
                 await self.ha.start()
             else:
                 if store is not None:
                     await store.acquire()  # ConfigError naming the holder when it is held
+                self.observing.claim_event_log()  # the same, for the event log
+                if store is not None:
                     await self.install(await self._resume())
                 else:
                     await self.observing.start(self.core)

@@ -24,17 +24,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
-import socket
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
-from cluster.storage import atomic
+from cluster.storage import atomic, holder_lock
 
 LOCK_FILE = "launcher.lock"
-# The most of the lock file read for its holder (a line of JSON).
-_HOLDER_BYTES = 4096
 
 
 class LogDirLock:
@@ -53,7 +49,7 @@ class LogDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(fd)
+            holder = holder_lock.read_holder(fd)
             os.close(fd)
             raise ConfigError(self._refusal(holder)) from None
         except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
@@ -64,11 +60,7 @@ class LogDirLock:
                 "mscluster run out of it; give every job its own --log-dir"
             )
         self._fd = fd
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "port": port}
-        # The lock holds without it: a refused launcher then names no holder.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode() + b"\n", 0)
+        holder_lock.write_holder(fd, port=port)
         return ""
 
     def release(self, *, remove: bool = False) -> None:
@@ -103,23 +95,12 @@ class LogDirLock:
         return fd
 
     def _refusal(self, holder: dict[str, object]) -> str:
-        pid, host, port = holder.get("pid"), holder.get("host"), holder.get("port")
-        if pid is None:
+        if holder.get("pid") is None:
             who = "whose pid and host are not written yet"
         else:
-            where = "this host" if host == socket.gethostname() else f"host {host}"
-            who = f"pid {pid} on {where}, --master-port {port}"
+            who = f"{holder_lock.described(holder)}, --master-port {holder.get('port')}"
         return (
             f"--log-dir {str(self.directory)!r} is in use by another mscluster run ({who}), "
             "whose job secret, pids and logs this run would replace: give this job another "
             "--log-dir, or stop that job first"
         )
-
-
-def _holder(fd: int) -> dict[str, object]:
-    """What the holder wrote into the lock file ({} when nothing readable is there yet)."""
-    try:
-        read = json.loads(os.pread(fd, _HOLDER_BYTES, 0))
-    except (OSError, ValueError):
-        return {}
-    return read if isinstance(read, dict) else {}

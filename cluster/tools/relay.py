@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -34,6 +35,7 @@ from cluster.protocol.environment import (
     tls_options_from_env,
 )
 from cluster.protocol.errors import ConfigError
+from cluster.storage import holder_lock
 from cluster.transport import collector
 
 EXIT_OK = 0
@@ -93,10 +95,12 @@ class Relay:
         self._channel: object | None = None
         self._forwarder: object | None = None
         self._bound: tuple[int, int] | None = None  # (device, inode) of the socket it bound
+        self._lock: int | None = None  # the descriptor of PATH.lock, locked while it serves
 
     async def start(self) -> str:
-        """Bind and serve; the address the workers reach it at. A ConfigError when the path is
-        not free for it (`_claim`): another relay serves it, or may."""
+        """Lock PATH.lock, bind and serve; the address the workers reach it at. A ConfigError
+        when the path is not free for it: another relay holds its lock (`_lock`), or one
+        without the lock serves it, or may (`_claim`)."""
         s = self.settings
         identity = None
         if s.tls is not None:
@@ -109,6 +113,7 @@ class Relay:
         from cluster.transport import channel, hop, relay, upstreams  # noqa: PLC0415
         from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
 
+        self._lock = _lock(s.path)  # held until `stop`: no other relay claims the path meanwhile
         _claim(s.path)
         options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
         server: hop.HopServer | None = None  # the workers' calls, on the local hop
@@ -151,6 +156,9 @@ class Relay:
             with contextlib.suppress(OSError):
                 self.settings.path.unlink()
         self._bound = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            os.close(lock)  # the lock goes with it; the file stays (`holder_lock`)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -160,6 +168,36 @@ def _identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _lock(path: Path) -> int | None:
+    """Lock PATH.lock for this relay (its descriptor), or a ConfigError naming the relay that
+    holds it: two relays started at once cannot both claim the path, each unlinking the
+    other's socket as it binds. Where the file system has no locks, None (said): the probe of
+    `_claim` alone keeps a serving relay's path."""
+    where = holder_lock.lock_path(path)
+    try:
+        fd = holder_lock.open_lock(where)
+    except OSError as exc:
+        raise ConfigError(
+            f"--socket {str(path)!r}: cannot listen there (its lock {str(where)!r}: "
+            f"{exc.strerror or exc}): give a path in a directory that exists and this user can "
+            "write in"
+        ) from None
+    try:
+        holder = holder_lock.try_lock(fd)
+    except OSError as exc:
+        os.close(fd)
+        _say(f"cannot lock {str(where)!r} ({exc.strerror or exc}): going on without the lock")
+        return None
+    if holder is not None:
+        os.close(fd)
+        raise ConfigError(
+            f"a relay already serves {str(path)!r} ({holder_lock.described(holder)} holds "
+            f"{str(where)!r}): stop it, or choose another --socket"
+        )
+    holder_lock.write_holder(fd, socket=str(path))
+    return fd
 
 
 def _claim(path: Path) -> None:

@@ -52,6 +52,7 @@ def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     assert sorted(p.name for p in logs.iterdir()) == [
         "events.jsonl",  # the scheduler's event log
+        "events.jsonl.lock",  # held by the scheduler that writes it: one at a time
         "job.secret",
         "launcher.lock",  # held while the launcher runs: no other launcher in this directory
         "pids",  # what the launcher started

@@ -135,6 +135,38 @@ def test_sigterm_leaves_a_recovering_job_to_the_scheduler_started_next(
         assert "generation=1 result=[0, 1]" in worker.output, worker.output
 
 
+def test_another_jobs_scheduler_is_refused_the_state_its_secret_does_not_match(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """A job left to resume (SIGTERM) on MS_RECOVERY_PATH, then another job's scheduler (its
+    own secret, the same worker count) started on that path by mistake: refused at start in
+    one line, not resuming the job and refusing all of its nodes; the job's own resumes it."""
+    job = Job(processes, tmp_path, 1, CLUSTER_JOB_SECRET="a" * 64)
+    job.scheduler.popen.send_signal(signal.SIGTERM)
+    assert job.scheduler.wait(15) == 0, job.scheduler.output
+    saved = (job.state_dir / "scheduler.json").read_bytes()
+    env = {**job.env, "MS_ROLE": "MS_SCHED", "CLUSTER_JOB_SECRET": "b" * 64}
+    env["MS_SCHED_PORT"] = str(free_port())
+    foreign = subprocess.run(
+        [PYTHON, "-m", "cluster", "scheduler"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert foreign.returncode == 2, foreign.stderr
+    lines = [line for line in foreign.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, foreign.stderr
+    assert f"MS_RECOVERY_PATH is not usable: the recovery state {job.state_dir}" in lines[0]
+    assert "another job secret than this scheduler" in lines[0]
+    assert "move it away to start a new job" in lines[0]
+    assert (job.state_dir / "scheduler.json").read_bytes() == saved
+    job.scheduler = job.start_scheduler("scheduler-restarted")
+    job.scheduler.wait_for_output("resuming job", 15)
+    job.finish(job.workers)
+
+
 @pytest.mark.parametrize(
     ("recovery", "signum"),
     [(False, signal.SIGTERM), (True, signal.SIGINT)],

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import time
 from pathlib import Path
 
 import grpc
@@ -19,13 +20,13 @@ from cluster.protocol.environment import from_env
 from cluster.protocol.errors import ConfigError
 from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
-from cluster.testing import free_port
+from cluster.testing import free_port, wait_until
 from cluster.tools.relay import Relay, RelaySettings
-from cluster.transport import edge, failures, hop_channel
+from cluster.transport import edge, failures, hop, hop_channel
 from cluster.worker.agent import WorkerAgent
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.aio import eventually
-from tests.procs import MSCLUSTER, Procs, job_env
+from tests.procs import MSCLUSTER, PYTHON, Procs, job_env
 
 EXIT_USAGE = 2  # `mscluster`'s code for a ConfigError
 
@@ -68,6 +69,82 @@ def test_a_second_relay_on_a_served_socket_leaves_it_serving(
     first.signal(signal.SIGTERM)
     assert first.wait(30) == 0, first.output
     assert not sock.exists()  # the relay that bound it removes it as it stops
+
+
+RACE_ROUNDS = 8
+# Run argv[2:] at the wall-clock time argv[1]: two relays started so begin within a millisecond
+# or two of each other, closer than two Popens of this (large) process follow one another.
+_AT = "import os,sys,time; time.sleep(max(0.0, float(sys.argv[1]) - time.time())); " + (
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def test_two_relays_started_at_once_one_serves_the_other_names_it(
+    processes: Procs, short_dir: Path
+) -> None:
+    """Two `mscluster relay --socket X` started together: one takes X.lock and serves, the
+    other is refused in one line naming it, never both saying `serving` while the first's
+    socket file was unlinked under it by the second's bind (a race of a few milliseconds:
+    without the lock about one start in four, so the start is made RACE_ROUNDS times)."""
+    sock = short_dir / "r.sock"
+    for round_ in range(RACE_ROUNDS):
+        command = [PYTHON, "-c", _AT, str(time.time() + 0.5), *MSCLUSTER]
+        command += ["relay", "--socket", f"unix:{sock}"]
+        env = job_env(2, free_port())
+        pair = [processes.start(f"relay-{round_}-{i}", command, env) for i in (0, 1)]
+
+        def decided() -> bool:
+            return all("serving unix:" in p.output or not p.running for p in pair)
+
+        wait_until(decided, 60, "both relays to serve or end")
+        serving = [p for p in pair if "serving unix:" in p.output]
+        assert len(serving) == 1, [p.output for p in pair]
+        (refused,) = [p for p in pair if p not in serving]
+        assert refused.wait(30) == EXIT_USAGE, refused.output
+        (line,) = refused.output.strip().splitlines()
+        assert f"a relay already serves '{sock}' (pid {serving[0].pid} on this host" in line
+        assert f"holds '{sock}.lock'" in line
+        assert _takes_connections(sock)
+        serving[0].signal(signal.SIGTERM)
+        assert serving[0].wait(30) == 0, serving[0].output
+        assert not sock.exists()
+
+
+async def test_a_relay_between_its_claim_and_its_bind_keeps_the_path(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race above made certain: relay a has claimed the path and not bound it yet (its
+    bind held back) when relay b starts on it. b is refused, naming a, instead of binding a
+    socket that a's bind would then unlink (both serving, only a reachable)."""
+    sock = short_dir / "r.sock"
+    address = f"unix:{sock}"
+    bind = hop.HopServer.start
+    claimed, go_on = asyncio.Event(), asyncio.Event()
+
+    async def held_back(server: hop.HopServer, path: str) -> None:
+        if not claimed.is_set():
+            claimed.set()
+            await go_on.wait()
+        await bind(server, path)
+
+    monkeypatch.setattr(hop.HopServer, "start", held_back)
+    first = Relay(RelaySettings(address, f"127.0.0.1:{free_port()}", 2, 30.0))
+    second = Relay(RelaySettings(address, f"127.0.0.1:{free_port()}", 2, 30.0))
+    starting = asyncio.create_task(first.start())
+    try:
+        await asyncio.wait_for(claimed.wait(), 20)
+        with pytest.raises(ConfigError, match=rf"a relay already serves '{sock}' \(pid \d+"):
+            await second.start()
+        go_on.set()
+        assert await asyncio.wait_for(starting, 20) == address
+        there = sock.lstat()
+        assert first._bound == (there.st_dev, there.st_ino)  # the socket a bound, still there
+    finally:
+        go_on.set()
+        await second.stop()
+        await asyncio.wait((starting,), timeout=20)
+        await first.stop()
+    assert not sock.exists()
 
 
 def test_a_relay_leaves_a_file_at_its_path(processes: Procs, short_dir: Path) -> None:

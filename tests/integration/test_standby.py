@@ -453,6 +453,35 @@ def test_a_scheduler_whose_worker_count_differs_from_the_saved_job_is_one_line_a
     assert "Traceback" not in done.stderr
 
 
+def test_another_jobs_scheduler_on_the_prefix_is_refused_at_start_not_left_to_stand_by(
+    schedulers: Schedulers,
+) -> None:
+    """Another job's scheduler (its own job secret, the same worker count) started on this
+    job's prefix by mistake, while the job's leader runs: one line at start, never a standby
+    that would take the job over and refuse every one of its nodes."""
+    leader = schedulers.leader()
+    job = register(schedulers.address(leader), "0").accepted.cluster_id
+    args = ["--host", "127.0.0.1", "--port", str(free_port()), "--worker-num", "2"]
+    env = job_env(2, schedulers.port, CLUSTER_JOB_SECRET="c" * 64)
+    done = subprocess.run(
+        [PYTHON, "-m", "cluster", "scheduler", *args, "--state-url", schedulers.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert f"CLUSTER_STATE_URL={schedulers.url.rstrip('/')!r} cannot be used" in said
+    assert f"it holds job {job}, which has no job secret, but this scheduler has one" in said
+    assert "give this job a prefix of its own" in said
+    assert "Traceback" not in done.stderr
+    status = schedulers.status(leader)
+    assert status is not None
+    assert (status.cluster_id, scheduler_role(status.leadership)) == (job, "leader")
+
+
 def test_a_new_leader_removes_the_chunks_that_no_key_names(
     processes: Procs, etcd_cluster: EtcdCluster
 ) -> None:

@@ -1730,6 +1730,31 @@ def test_restore_with_other_worker_num_is_refused() -> None:
         restore(recovering(FakeClock()).snapshot(), FakeClock(), worker_num=4)
 
 
+def test_restore_by_a_scheduler_of_another_job_secret_is_refused() -> None:
+    """The saved state records a keyed hash of the job's secret (never the secret): a
+    scheduler of another secret, or of none, is another job's; a state saved before the
+    field existed is taken as it is, and an ended job's is replaced whatever its secret."""
+    clock = FakeClock()
+    secret = dataclasses.replace(SETTINGS, worker_num=1, recovery=True, job_secret=b"s" * 32)
+    saved = SchedulerState(JOB, secret, clock).snapshot()
+    assert saved["trust"]
+    assert not {"s" * 32, "73" * 32} & set(json.dumps(saved).split('"'))
+    for other in (b"t" * 32, None):
+        with pytest.raises(SnapshotError, match=f"it holds job {JOB}, which has"):
+            SchedulerState.restore(
+                saved,
+                dataclasses.replace(secret, job_secret=other),
+                clock,
+                new_cluster_id="job-2",
+            )
+    assert SchedulerState.restore(saved, secret, clock, new_cluster_id="job-2").cluster_id == JOB
+    older = {k: v for k, v in saved.items() if k != "trust"}
+    open_job = dataclasses.replace(secret, job_secret=None)
+    assert SchedulerState.restore(older, open_job, clock, new_cluster_id="x").cluster_id == JOB
+    ended = {**saved, "phase": Phase.FINISHED.value}
+    assert SchedulerState.restore(ended, open_job, clock, new_cluster_id="x").cluster_id == "x"
+
+
 def test_restore_of_a_snapshot_missing_fields_is_refused() -> None:
     with pytest.raises(SnapshotError, match="lacks generation"):
         restore(

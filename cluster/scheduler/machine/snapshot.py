@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cluster.protocol.auth import trust_fingerprint
 from cluster.protocol.errors import SnapshotError
 from cluster.protocol.records import Member, Phase, TopologyReadyEvent
 
@@ -24,6 +25,8 @@ def save(job: SchedulerState) -> dict[str, Any]:
     return {
         "cluster_id": job.cluster_id,
         "previous_cluster_id": job.previous_cluster_id,
+        # The job's trust: a scheduler with another job secret does not take this job over.
+        "trust": trust_fingerprint(job.settings.job_secret),
         "worker_num": job.settings.worker_num,
         "server_num": job.settings.server_num,
         "phase": job.phase.value,
@@ -56,6 +59,7 @@ def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
             f"MS_SERVER_NUM={saved[1]}, but this scheduler has {settings.describe_counts()}: "
             "restart it with the job's values"
         )
+    _check_trust(snapshot, settings.job_secret)
     fresh.cluster_id = str(snapshot["cluster_id"])
     fresh.previous_cluster_id = str(snapshot.get("previous_cluster_id", ""))
     fresh.generation = int(snapshot["generation"])
@@ -81,6 +85,25 @@ def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
         fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
     )
     return fresh
+
+
+def _check_trust(snapshot: dict[str, Any], secret: bytes | None) -> None:
+    """SnapshotError when the job saved in `snapshot` is of another job secret than `secret`
+    (a state saved before states recorded it is taken as it is)."""
+    saved = snapshot.get("trust")
+    if saved is None or str(saved) == trust_fingerprint(secret):
+        return
+    if not saved:
+        differs = "has no job secret, but this scheduler has one"
+    elif secret is None:
+        differs = "has a job secret, but this scheduler has none"
+    else:
+        differs = "has another job secret than this scheduler"
+    raise SnapshotError(
+        f"it holds job {snapshot['cluster_id']}, which {differs} (CLUSTER_JOB_SECRET_FILE): "
+        "it is another job's state, whose nodes this scheduler would refuse; if it is this "
+        "job's, start this scheduler with that job's secret"
+    )
 
 
 def restored_note(restored: SchedulerState, snapshot: dict[str, object], path: str) -> str:

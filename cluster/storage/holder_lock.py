@@ -1,0 +1,113 @@
+"""A lock file held with an exclusive `flock` for as long as a process uses what it guards, its
+holder written into it: one line of JSON (pid, host, and what the holder adds), which the one
+refused reads back to name it.
+
+The kernel drops the lock of a process that ends, however it ends (SIGKILL included), so a
+holder that died never keeps the next one out. The file is opened without following a link
+(`atomic`), with O_CLOEXEC (no child keeps the lock after an exec), and locked only when it is
+this user's own regular file with one name. It stays when released: removing it would let a
+newcomer lock a new file while another locks the old one. `mscluster run`'s log directory
+(`cluster.tools.launch_lock`), a relay's socket (`cluster.tools.relay`) and the scheduler's
+event log (`cluster.scheduler.event_file`) are guarded this way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from cluster.storage import atomic
+
+# The most of the lock file read for its holder (a line of JSON).
+_HOLDER_BYTES = 4096
+# How long a refused process reads the lock file again for a holder that has just taken the
+# lock and not yet written itself (a few milliseconds; a loaded machine may take longer).
+SETTLE_S = 1.0
+_SETTLE_POLL_S = 0.01
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file that guards `path`: `path` with `.lock` added, beside it."""
+    return path.with_name(f"{path.name}.lock")
+
+
+def open_lock(path: Path) -> int:
+    """A descriptor of the lock file `path` (made if missing); OSError, also when it is not
+    this user's own regular file with one name (its strerror says what it is)."""
+    fd = atomic.open_no_follow(path, os.O_RDWR | os.O_CREAT)
+    unfit = atomic.not_own_file(os.fstat(fd))
+    if unfit:
+        os.close(fd)
+        raise OSError(errno.EPERM, f"it is {unfit}, not a lock file of this user's", str(path))
+    return fd
+
+
+def try_lock(fd: int) -> dict[str, object] | None:
+    """Take the lock of `fd` at once: None when this process holds it now, or what its holder
+    wrote ({} when nothing readable is there). A holder that has just taken the lock may not
+    have written itself yet (the file then names no one, or the holder before it, gone): what
+    the file says is read again for up to SETTLE_S, until it names a live process. OSError
+    when the file system has no locks (ENOLCK: NFS without its lock daemon; Lustre mounted
+    without flock)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = read_holder(fd)
+            if _names_live_process(holder) or time.monotonic() >= deadline:
+                return holder
+            time.sleep(_SETTLE_POLL_S)  # sleep-ok: the holder writes itself within moments
+            continue
+        return None
+
+
+def write_holder(fd: int, **fields: object) -> None:
+    """Write this process (pid, host and `fields`) into the lock file it holds: best effort,
+    the lock holds without it (the one refused then names no holder). Written over what is
+    there, then cut to its length: a reader never finds the file empty meanwhile."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), **fields}
+    line = json.dumps(holder).encode() + b"\n"
+    with contextlib.suppress(OSError):
+        os.pwrite(fd, line, 0)
+        os.ftruncate(fd, len(line))
+
+
+def _names_live_process(holder: dict[str, object]) -> bool:
+    """Whether `holder` names a process that runs (one of another host: taken as running)."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user
+        return True
+    return True
+
+
+def read_holder(fd: int) -> dict[str, object]:
+    """What the holder wrote into the lock file ({} when nothing readable is there yet)."""
+    try:
+        read = json.loads(os.pread(fd, _HOLDER_BYTES, 0))
+    except (OSError, ValueError):
+        return {}
+    return read if isinstance(read, dict) else {}
+
+
+def described(holder: dict[str, object]) -> str:
+    """The holder, as a refusal names it: `pid 42 on this host` (or `on host h2`)."""
+    pid, host = holder.get("pid"), holder.get("host")
+    if pid is None:
+        return "a process whose pid is not written yet"
+    where = "this host" if host == socket.gethostname() else f"host {host}"
+    return f"pid {pid} on {where}"

@@ -665,7 +665,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         if sharing is not None:
             slurm_io.share_secret(sharing, options.log_dir)
         if made_here:
-            _write_secret(options.log_dir)
+            _write_secret(options.log_dir, keep=options.enable_recovery)
         return asyncio.run(Launcher(options, plan, out).run())
     finally:
         lock.release()
@@ -673,9 +673,9 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
             slurm_io.remove_shared_secret(sharing)
 
 
-def _write_secret(log_dir: Path) -> None:
+def _write_secret(log_dir: Path, *, keep: bool) -> None:
     try:
-        write_job_secret(log_dir)
+        write_job_secret(log_dir, keep=keep)
     except OSError as exc:
         raise ConfigError(
             f"--log-dir: cannot write the job secret in {str(log_dir)!r} ({exc.strerror or exc})"

@@ -6,16 +6,30 @@ start, and give its path to each of them as CLUSTER_JOB_SECRET_FILE (docs/design
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import secrets
+import stat
 from pathlib import Path
+
+from cluster.storage import atomic
 
 JOB_SECRET_FILE = "job.secret"  # noqa: S105 - the file's name, not a secret
 
 
-def write_job_secret(directory: Path) -> Path:
-    """A new random job secret in `directory`/job.secret, readable by this user only."""
+_SECRET = re.compile(rb"[0-9a-f]{64}\n?\Z")
+
+
+def write_job_secret(directory: Path, *, keep: bool = False) -> Path:
+    """A new random job secret in `directory`/job.secret, readable by this user only. With
+    `keep`, a secret already there is kept when it is one this function wrote (this user's own
+    regular file, of mode 0600, holding 64 hex digits): a job with recovery started again in its
+    log directory resumes its saved state, which the scheduler takes only under the job's own
+    secret."""
     path = directory / JOB_SECRET_FILE
+    if keep and _made_here(path):
+        return path
     # A previous job's (`mscluster run` holds its log directory's lock, `launch_lock`, while
     # its job runs): this one gets its own, made 0600 below.
     path.unlink(missing_ok=True)
@@ -23,3 +37,15 @@ def write_job_secret(directory: Path) -> Path:
     with os.fdopen(descriptor, "w") as handle:
         handle.write(secrets.token_hex(32) + "\n")
     return path
+
+
+def _made_here(path: Path) -> bool:
+    """Whether `path` is a job secret `write_job_secret` made (see there)."""
+    with contextlib.suppress(OSError):
+        descriptor = atomic.open_no_follow(path, os.O_RDONLY)
+        with os.fdopen(descriptor, "rb") as handle:
+            st = os.fstat(handle.fileno())
+            if atomic.not_own_file(st) or stat.S_IMODE(st.st_mode) != 0o600:
+                return False
+            return _SECRET.match(handle.read(80)) is not None
+    return False

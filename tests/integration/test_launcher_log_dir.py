@@ -96,3 +96,28 @@ def test_a_sigkilled_launcher_keeps_no_one_out_of_its_log_dir(
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not any(alive(pid) for pid in orphans), 10, "the orphans to end")
+
+
+def test_a_recovering_job_killed_whole_resumes_when_run_again_in_its_log_dir(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The recovery guide's "the scheduler and every worker die: start them all again": the same
+    `mscluster run --enable-recovery` in the same log directory keeps the job's secret, under
+    which the scheduler takes its saved state back (a new secret would be another job's)."""
+    script, logs, port = private_copy(tmp_path), tmp_path / "logs", free_port()
+    recovering = ["--worker-num", "2", "--enable-recovery", "--node-timeout", "2"]
+    first = processes.start(
+        "first", [*run_args(tmp_path, script, port, *recovering), "--hold", "30"], os.environ
+    )
+    first.wait_for_output("2/2 registered (ready)", 30)
+    secret = (logs / "job.secret").read_bytes()
+    everyone = list(launched_pids(logs).values())
+    for pid in everyone:
+        os.kill(pid, signal.SIGKILL)
+    first.wait(10)
+    wait_until(lambda: not any(alive(pid) for pid in everyone), 10, "the job to be gone")
+
+    again = run_to_end(run_args(tmp_path, script, port, *recovering))
+    assert again.returncode == 0, again.stderr
+    assert (logs / "job.secret").read_bytes() == secret
+    assert "resuming job" in (logs / "scheduler.log").read_text()

@@ -7,8 +7,9 @@ holder that died never keeps the next one out. The file is opened without follow
 (`atomic`), with O_CLOEXEC (no child keeps the lock after an exec), and locked only when it is
 this user's own regular file with one name. It stays when released: removing it would let a
 newcomer lock a new file while another locks the old one. `mscluster run`'s log directory
-(`cluster.tools.launch_lock`), a relay's socket (`cluster.tools.relay`) and the scheduler's
-event log (`cluster.scheduler.event_file`) are guarded this way.
+(`cluster.tools.launch_lock`), a relay's socket (`cluster.tools.relay`), the scheduler's
+event log (`cluster.scheduler.event_file`) and a worker's node record (`cluster.worker.node_file`)
+are guarded this way.
 """
 
 from __future__ import annotations

@@ -25,20 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import json
 import os
-import socket
 from dataclasses import asdict
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError, StateFileError
 from cluster.protocol.value import frozen
-from cluster.storage import atomic, store
+from cluster.storage import atomic, holder_lock, store
 
 KIND = "worker"
-# The most of a lock file read for its holder (a line of JSON).
-_HOLDER_BYTES = 4096
 # The descriptors of the node locks this process holds, closed in a child it forks.
 _held: set[int] = set()
 
@@ -113,14 +108,13 @@ class NodeLock:
             # Read-only: no record can be written there either, nothing to keep apart.
             return "" if exc.errno == errno.EROFS else self._without(exc)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise ConfigError(self._refusal(holder)) from None
+            holder = holder_lock.try_lock(fd)
         except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
             os.close(fd)
             return self._without(exc)
+        if holder is not None:
+            os.close(fd)
+            raise ConfigError(self._refusal(holder))
         self._fd = fd
         _held.add(fd)
         self.tell("")
@@ -129,12 +123,8 @@ class NodeLock:
     def tell(self, job: str) -> None:
         """Write the holder (this process, in job `job` when known) into the lock file; a
         failure is harmless (a refused newcomer then names less)."""
-        if self._fd is None:
-            return
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "job": job}
-        with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, json.dumps(holder).encode() + b"\n", 0)
+        if self._fd is not None:
+            holder_lock.write_holder(self._fd, job=job)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -170,27 +160,14 @@ class NodeLock:
         )
 
     def _refusal(self, holder: dict[str, object]) -> str:
-        pid, host, job = holder.get("pid"), holder.get("host"), holder.get("job")
-        if pid is None:
-            who = "a process whose pid is not written yet"
-        else:
-            where = "this host" if host == socket.gethostname() else f"host {host}"
-            who = f"pid {pid} on {where}" + (f", job {job}" if job else "")
+        job = holder.get("job")
+        who = holder_lock.described(holder) + (f", job {job}" if job else "")
         return (
             f"node {self.node_id!r} is already running on MS_RECOVERY_PATH="
             f"{str(self.directory)!r} ({who} holds {self.path.name}): two processes of one "
             "node id there would take each other's record and fail each other's job; "
             f"{ADVICE}, or stop that process first"
         )
-
-
-def _holder(fd: int) -> dict[str, object]:
-    """What the holder wrote into the lock file ({} when nothing readable is there yet)."""
-    try:
-        read = json.loads(os.pread(fd, _HOLDER_BYTES, 0))
-    except (OSError, ValueError):
-        return {}
-    return read if isinstance(read, dict) else {}
 
 
 def _close_in_child() -> None:

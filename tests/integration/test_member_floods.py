@@ -102,11 +102,14 @@ def test_a_members_changing_checkpoint_reports_are_saved_at_most_once_a_turn(
     """16 at once, reports of 1,024 steps that change what rank 0 holds at every call: each
     waits for the member's turn, the newest wins; the saves of the state stay at about one a
     turn, not one a report."""
-    metrics = free_port()
+    metrics, go = free_port(), tmp_path / "go"
     sched, workers = run_flood(
-        processes, tmp_path, ["--reports", "16"], CLUSTER_METRICS_PORT=str(metrics)
+        processes, tmp_path, ["--reports", "16", "--go", str(go)], CLUSTER_METRICS_PORT=str(metrics)
     )
-    saves = scrape(metrics, "cluster_state_saves_total")
+    try:  # the scheduler's metrics, read before the job ends
+        saves = scrape(metrics, "cluster_state_saves_total")
+    finally:
+        go.touch()
     reports = codes(workers[0]).get("OK", 0)
     turns = SECONDS / TURN_S
     print(f"REPORTS reports={reports} saves={saves:g} turns={turns:g}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import threading
 import time
 from collections import Counter
@@ -121,6 +122,7 @@ def main() -> None:
     parser.add_argument("--kv-threads", type=int, default=0)
     parser.add_argument("--beats", type=int, default=0)
     parser.add_argument("--reports", type=int, default=0)
+    parser.add_argument("--go", help="rank 0 ends the job only once this file exists")
     args = parser.parse_args()
     cluster.init()
     rank = cluster.get_rank()
@@ -136,6 +138,10 @@ def main() -> None:
         print(f"flood codes={dict(seen.codes)}", flush=True)
         for kind, details in seen.first.items():
             print(f"flood first {kind}: {details}", flush=True)
+        if args.go:  # the test reads the scheduler's metrics before the job ends
+            deadline = time.monotonic() + 60
+            while not os.path.exists(args.go) and time.monotonic() < deadline:
+                time.sleep(0.05)  # sleep-ok: a bounded wait for the test's file
     cluster.barrier()
     print(f"done rank={rank}", flush=True)
     cluster.finalize()

@@ -301,13 +301,15 @@ async def read_metadata(
 async def _ask(stub: Any, secret: reading.ReadSecret | None, timeout_s: float) -> Any:
     """Status, with a proof of `secret` when there is one; a refused proof is made once more
     on a new challenge (the scheduler may have restarted between the challenge and the call,
-    or taken the proof for a replay)."""
+    taken the proof for a replay, or begun to lead since it gave no challenge as a standby)."""
     for again in (True, False):
         metadata = await read_metadata(stub, "Status", secret, timeout_s)
         try:
             return await stub.Status(pb.StatusRequest(), timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
-            if not (again and metadata and reading.refused(exc)):
+            # A scheduler that stood by when it was asked for a challenge gives none (no proof
+            # made), and may lead by the call: ask it again too.
+            if not (again and secret is not None and reading.refused(exc)):
                 raise
     raise AssertionError("unreachable")
 
@@ -475,7 +477,8 @@ async def watch_events(
 ) -> AsyncIterator[JobEvent]:
     """The job's events from the scheduler behind `channel` (WatchEvents), with a proof of
     `secret` when there is one; with `follow`, each new one until the job's last. A proof
-    refused before the first event is made once more on a new challenge (as `_ask`).
+    refused before the first event, or a call refused for want of one, is made once more on a
+    new challenge (as `_ask`).
     NotLeaderAnswer when the scheduler stands by, or ends the stream as it gives up leading."""
     stub = pb_grpc.SchedulerStub(channel)
     for again in (True, False):
@@ -495,8 +498,8 @@ async def watch_events(
             return
         except grpc.aio.AioRpcError as exc:
             if reading.refused(exc):
-                if again and metadata and not started:
-                    continue
+                if again and secret is not None and not started:
+                    continue  # a new challenge: see `_ask`
                 raise refusal(address, secret, exc) from None
             if (denied := reading.denied(address, exc)) is not None:
                 raise denied from None

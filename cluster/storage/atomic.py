@@ -23,6 +23,7 @@ behind its back) holds its file open and compares it with what the path names
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -55,6 +56,24 @@ def not_own_file(st: os.stat_result) -> str:
     if st.st_nlink != 1:
         return f"a file with {st.st_nlink} names (a hard link)"
     return ""
+
+
+def open_own(path: Path) -> tuple[int | None, str]:
+    """The file at `path` open for reading and writing (made if missing) as this process's own
+    (a lock file): (its descriptor, '') when it is this user's regular file with one name; else
+    (None, what it is instead: 'a symbolic link', never followed, or `not_own_file`'s words).
+    OSError for any other failure to open it."""
+    try:
+        fd = open_no_follow(path, os.O_RDWR | os.O_CREAT)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        return None, "a symbolic link"
+    unfit = not_own_file(os.fstat(fd))
+    if unfit:
+        os.close(fd)
+        return None, unfit
+    return fd, ""
 
 
 def read_no_follow(path: Path) -> bytes:

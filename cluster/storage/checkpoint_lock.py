@@ -225,25 +225,23 @@ class CheckpointLock:
     def _open(self) -> int | None:
         """The lock file, open for reading and writing; None when it cannot be (said)."""
         try:
-            fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+            fd, unfit = atomic.open_own(self.path)
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise CheckpointError(
-                    f"{self.path} is a symbolic link: it was not made by a CheckpointManager, "
-                    f"and is never followed; remove it, and let only the job's user write "
-                    f"{self.path.parent}"
-                ) from None
             self._without(exc)
             return None
-        unfit = atomic.not_own_file(os.fstat(fd))
-        if unfit:
-            os.close(fd)
+        if fd is not None:
+            return fd
+        if unfit == "a symbolic link":
             raise CheckpointError(
-                f"{self.path} is {unfit}: it was not made by a CheckpointManager of this user, "
-                f"and writing it would change a file elsewhere; remove it, and let only the "
-                f"job's user write {self.path.parent}"
+                f"{self.path} is a symbolic link: it was not made by a CheckpointManager, "
+                f"and is never followed; remove it, and let only the job's user write "
+                f"{self.path.parent}"
             )
-        return fd
+        raise CheckpointError(
+            f"{self.path} is {unfit}: it was not made by a CheckpointManager of this user, "
+            f"and writing it would change a file elsewhere; remove it, and let only the "
+            f"job's user write {self.path.parent}"
+        )
 
     def _take(self, fd: int, wait_s: float, seat: Seat | None) -> tuple[int, int] | _Missed:
         """Lock `fd`, waiting up to `wait_s` for another process; its (device, inode). Or

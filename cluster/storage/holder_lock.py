@@ -41,10 +41,8 @@ def lock_path(path: Path) -> Path:
 def open_lock(path: Path) -> int:
     """A descriptor of the lock file `path` (made if missing); OSError, also when it is not
     this user's own regular file with one name (its strerror says what it is)."""
-    fd = atomic.open_no_follow(path, os.O_RDWR | os.O_CREAT)
-    unfit = atomic.not_own_file(os.fstat(fd))
-    if unfit:
-        os.close(fd)
+    fd, unfit = atomic.open_own(path)
+    if fd is None:
         raise OSError(errno.EPERM, f"it is {unfit}, not a lock file of this user's", str(path))
     return fd
 

@@ -22,7 +22,6 @@ saying so (`take` returns the line).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 from pathlib import Path
@@ -75,24 +74,22 @@ class LogDirLock:
 
     def _open(self) -> int:
         try:
-            fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
+            fd, unfit = atomic.open_own(self.path)
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise ConfigError(
-                    f"--log-dir: {str(self.path)!r} is a symbolic link: it was not made by "
-                    "mscluster run, and is never followed; remove it"
-                ) from None
             raise ConfigError(
                 f"--log-dir: cannot write {str(self.path)!r} ({exc.strerror or exc})"
             ) from None
-        unfit = atomic.not_own_file(os.fstat(fd))
-        if unfit:
-            os.close(fd)
+        if fd is not None:
+            return fd
+        if unfit == "a symbolic link":
             raise ConfigError(
-                f"--log-dir: {str(self.path)!r} is {unfit}: it was not made by mscluster run "
-                "of this user, and writing it would change a file elsewhere; remove it"
+                f"--log-dir: {str(self.path)!r} is a symbolic link: it was not made by "
+                "mscluster run, and is never followed; remove it"
             )
-        return fd
+        raise ConfigError(
+            f"--log-dir: {str(self.path)!r} is {unfit}: it was not made by mscluster run "
+            "of this user, and writing it would change a file elsewhere; remove it"
+        )
 
     def _refusal(self, holder: dict[str, object]) -> str:
         if holder.get("pid") is None:

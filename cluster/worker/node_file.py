@@ -135,17 +135,9 @@ class NodeLock:
     def _open(self) -> int:
         """The lock file, open for reading and writing; OSError, or ConfigError when a link or
         a file not of this user's own is in its place."""
-        try:
-            fd = atomic.open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            unfit = "a symbolic link"
-        else:
-            unfit = atomic.not_own_file(os.fstat(fd))
-            if not unfit:
-                return fd
-            os.close(fd)
+        fd, unfit = atomic.open_own(self.path)
+        if fd is not None:
+            return fd
         raise ConfigError(
             f"{self.path} is {unfit}: it was not made by a worker of this user, and is never "
             "followed or written; remove it, and let only the job's user write "

@@ -74,6 +74,7 @@ def test_a_second_relay_on_a_served_socket_leaves_it_serving(
 RACE_ROUNDS = 8
 # Run argv[2:] at the wall-clock time argv[1]: two relays started so begin within a millisecond
 # or two of each other, closer than two Popens of this (large) process follow one another.
+# sleep-ok: the wait is the start instant itself, the race under test, not a synchronization.
 _AT = "import os,sys,time; time.sleep(max(0.0, float(sys.argv[1]) - time.time())); " + (
     "os.execv(sys.argv[2], sys.argv[2:])"
 )

@@ -1,6 +1,7 @@
 """What a mutual-TLS gRPC server of the job (the scheduler's, a worker's state server) runs
 around every call: the client certificate's check against the CRL and its expiry on each call
-(gRPC checks the CA only at the handshake), and the server's mutual-TLS credentials."""
+(gRPC checks the CA only at the handshake), and the server's mutual-TLS credentials, which
+follow its files as they are renewed (`ReloadingIdentity`)."""
 
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def _guarded(
 
 
 def server_credentials(identity: tls_module.Identity) -> grpc.ServerCredentials:
-    """Mutual TLS: the job's server certificate, and a client certificate of the CA required."""
+    """Mutual TLS: the job's server certificate, and a client certificate of the CA required;
+    fixed for the server's life (a server of the job serves `ReloadingIdentity.credentials`)."""
     return grpc.ssl_server_credentials(
         [(identity.key_pem, identity.chain_pem)],
         root_certificates=identity.ca_pem,
@@ -122,7 +124,9 @@ def _configuration(identity: tls_module.Identity) -> grpc.ServerCertificateConfi
 class ReloadingIdentity:
     """A server's identity as its files are now: its p12, CA bundle and ssl.json are read again
     when one of them changes (its time, size or inode), and new connections get what they now
-    hold. Connections already open keep what they were made with.
+    hold. Connections already open keep what they were made with. Every mutual-TLS server of
+    the job serves through one: the scheduler, and each worker's state server (its log lines
+    begin with `name`, "state server: ").
 
     New files are checked as at start (`tls.load_identity`) before they are used: files that do
     not check out (a wrong password, a half-written p12, an expired certificate, one the CA did
@@ -133,8 +137,9 @@ class ReloadingIdentity:
     expiry check asks `refresh` in the event loop; a lock keeps the two apart.
     """
 
-    def __init__(self, identity: tls_module.Identity) -> None:
+    def __init__(self, identity: tls_module.Identity, name: str = "") -> None:
         self.current = identity
+        self._said = f"{name}: " if name else ""  # what begins its log lines
         self._stamp = tls_module.files_stamp(identity.options, identity.settings, identity.server)
         self._served = identity  # the identity gRPC was last given
         self._lock = threading.RLock()
@@ -155,8 +160,9 @@ class ReloadingIdentity:
                 new = tls_module.load_identity(old.options, server=old.server)
             except TLSConfigError as exc:
                 log.warning(
-                    "%s: new connections still get the previous certificate (%s, valid until "
+                    "%s%s: new connections still get the previous certificate (%s, valid until "
                     "%s); it is read again when the files change",
+                    self._said,
                     exc,
                     trust.describe(old.cert),
                     trust.utc_date(old.cert.not_valid_after_utc),
@@ -164,12 +170,14 @@ class ReloadingIdentity:
                 return old
             if new.settings.ciphers != old.settings.ciphers:
                 log.warning(
-                    "cipher_list in %s changed: it takes effect when this process restarts",
+                    "%scipher_list in %s changed: it takes effect when this process restarts",
+                    self._said,
                     new.settings.path,
                 )
             self.current = new
         log.info(
-            "the TLS files changed: new connections get %s (%s, valid until %s)",
+            "%sthe TLS files changed: new connections get %s (%s, valid until %s)",
+            self._said,
             new.what,
             trust.describe(new.cert),
             trust.utc_date(new.cert.not_valid_after_utc),
@@ -183,7 +191,9 @@ class ReloadingIdentity:
             try:
                 identity = self.refresh()
             except Exception:  # one that raises fails the handshake: serve what it has instead
-                log.exception("reading the TLS files again failed; the previous ones are kept")
+                log.exception(
+                    "%sreading the TLS files again failed; the previous ones are kept", self._said
+                )
                 return None
             if identity is self._served:
                 return None

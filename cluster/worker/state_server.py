@@ -11,8 +11,11 @@ encoded as the same bytes, in pieces of `served.PIECE_BYTES`.
 Who may fetch: a request proves, with a fresh nonce, the serving token that the worker
 published in the job's key-value store (members only; `cluster.protocol.peer_state`); with TLS
 on, the server holds the job's server certificate and requires a client certificate of the
-job's CA, checked against the CRL on every call, as the scheduler does. Every refusal is a
-status with a message that names what was wrong, and changes nothing:
+job's CA, checked against the CRL on every call, as the scheduler does. As the scheduler's,
+its TLS files are read again when they change (`server_tls.ReloadingIdentity`): a renewed p12
+is served to new connections without a restart, and files that do not check out leave the last
+good certificate in use, said in one line. Every refusal is a status with a message that names
+what was wrong, and changes nothing:
 
 - bytes that are not a FetchRequest, or a field out of range (rank, step, prefix, nonce):
   INVALID_ARGUMENT;
@@ -53,7 +56,7 @@ from google.protobuf.message import DecodeError
 from cluster.protocol import auth, peer_state
 from cluster.storage.served import PIECE_BYTES, ServedCheckpoints
 from cluster.transport import channel, edge, handlers, tls
-from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, server_credentials
+from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, ReloadingIdentity
 from cluster.v1 import peer_state_pb2 as pb
 
 log = logging.getLogger("cluster.worker")
@@ -152,19 +155,22 @@ class StateServer:
 
     async def start(self) -> int:
         """Listen on host, a free port; the port."""
+        served = (
+            None if self._identity is None else ReloadingIdentity(self._identity, "state server")
+        )
         interceptors: list[Interceptor] = []
-        if self._identity is not None:
-            interceptors.append(PeerCertificateCheck(tls.PeerCheck(self._identity)))
+        if served is not None:
+            interceptors.append(PeerCertificateCheck(tls.PeerCheck(served)))
         options = [*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", self.max_connections)]
         server = grpc.aio.server(
             options=options, interceptors=interceptors, maximum_concurrent_rpcs=MAX_CALLS
         )
         _add_to_server(_Servicer(self), server, self.arrivals)
         where = f"[{self.host}]:0" if ":" in self.host else f"{self.host}:0"
-        if self._identity is None:
+        if served is None:
             self.port = server.add_insecure_port(where)
         else:
-            self.port = server.add_secure_port(where, server_credentials(self._identity))
+            self.port = server.add_secure_port(where, served.credentials())
         await server.start()
         self._server = server
         return self.port

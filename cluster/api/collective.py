@@ -49,7 +49,7 @@ def allgather_bytes(data: bytes) -> list[bytes]:
 
 
 def _allgather(what: str, mine: bytes, made: str) -> list[bytes]:
-    _check_fits(what, mine, made)
+    _check_fits(what, "allgather", mine, made)
     session = runtime.session()
     with timed("allgather"):
         return session.call(
@@ -67,7 +67,7 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     import pickle  # noqa: PLC0415 - see allgather_object
 
     mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
-    _check_fits("broadcast_object", mine, f"rank {root}'s object pickles to")
+    _check_fits("broadcast_object", "broadcast", mine, f"rank {root}'s object pickles to", root)
     with timed("broadcast"):
         (value,) = session.call(
             session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
@@ -80,24 +80,49 @@ def broadcast_bytes(data: bytes, root: int = 0) -> bytes:
     session = runtime.session()
     topology = session.topology
     mine = data if topology is not None and topology.rank == root else b""
-    _check_fits("broadcast_bytes", mine, f"rank {root}'s data is")
+    _check_fits("broadcast_bytes", "broadcast", mine, f"rank {root}'s data is", root)
     (value,) = session.call(
         session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
     )
     return bytes(value)
 
 
-def _check_fits(what: str, payload: bytes, made: str) -> None:
-    """Refuse, before anything is sent and before the collective takes its number, a payload
-    that no collective carries: the rank's next collective is then the one its peers wait in."""
-    if len(payload) > MAX_COLLECTIVE_BYTES:
-        raise CapacityError(
-            f"{what}: {made} {len(payload)} bytes, more than the {MAX_COLLECTIVE_BYTES} a "
-            "control-plane collective carries (64 MiB less room for framing); nothing was sent, "
-            "and this rank's next collective takes this one's place: send less (a file's path, "
-            "a kv_store() key), or use a data-plane library (torch.distributed) for data this "
-            "large"
-        )
+def _check_fits(what: str, op: str, payload: bytes, made: str, root: int = 0) -> None:
+    """Refuse a payload that no collective carries with a CapacityError, once this rank has
+    withdrawn from the collective `op` its peers are in (`_withdraw`): nothing of the payload
+    is sent, and every rank's call of that collective fails at once, naming this rank and the
+    size."""
+    size = len(payload)
+    if size <= MAX_COLLECTIVE_BYTES:
+        return
+    _withdraw(
+        op,
+        f"its {what} payload of {size} bytes ({size / 2**20:.1f} MiB) is over the "
+        f"{MAX_COLLECTIVE_BYTES} bytes a control-plane collective carries (64 MiB less room "
+        "for framing)",
+        root,
+    )
+    raise CapacityError(
+        f"{what}: {made} {size} bytes, more than the {MAX_COLLECTIVE_BYTES} a control-plane "
+        "collective carries (64 MiB less room for framing); it was not sent, this collective "
+        "failed for every rank (the others were told why), and the next one goes on: send less "
+        "(a file's path, a kv_store() key), or use a data-plane library (torch.distributed) "
+        "for data this large"
+    )
+
+
+def _withdraw(op: str, reason: str, root: int = 0) -> None:
+    """Take part in this rank's next collective, `op`, without a contribution, for `reason`
+    (in words, for its peers): the scheduler fails that collective at once for every rank, so
+    that none waits out its timeout, and every rank's next collective is the same one."""
+    session = runtime.session()
+    withdrawal = session.agent.exchange(
+        op, b"", root=root, generation=session.generation_pin, withdrawn=reason
+    )
+    try:
+        session.call(withdrawal)
+    except CollectiveError:
+        return  # the collective failed for every rank, as it must: the caller raises its own
 
 
 # The longest value the store takes (the scheduler's `machine.kv.MAX_VALUE_BYTES`, not imported:
@@ -130,12 +155,7 @@ def allreduce(array: Any, op: str = "sum") -> Any:
         )
     session = runtime.session()
     size = session.topology.size if session.topology is not None else 1
-    if mine.nbytes * size > MAX_COLLECTIVE_BYTES:
-        raise ClusterError(
-            f"allreduce of {mine.nbytes} bytes from each of {size} workers exceeds the "
-            f"{MAX_COLLECTIVE_BYTES // 2**20} MiB a control-plane collective carries: reduce "
-            "in chunks, or use a data-plane library (torch.distributed) for tensors this large"
-        )
+    _check_reduce_fits(mine.nbytes, size)
     import json  # noqa: PLC0415 - 1.5 ms at import; only allreduce's header needs it
 
     header = json.dumps({"dtype": mine.dtype.str, "shape": list(mine.shape)}).encode()
@@ -167,6 +187,24 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     if op == "mean":
         return result / len(arrays)
     return result
+
+
+def _check_reduce_fits(nbytes: int, size: int) -> None:
+    """Refuse an allreduce whose gathered arrays no collective carries with a ClusterError,
+    once this rank has withdrawn from it (`_withdraw`), as `_check_fits` does."""
+    if nbytes * size <= MAX_COLLECTIVE_BYTES:
+        return
+    _withdraw(
+        "allgather",
+        f"its allreduce array of {nbytes} bytes, from each of {size} workers, is over the "
+        f"{MAX_COLLECTIVE_BYTES} bytes a control-plane collective carries",
+    )
+    raise ClusterError(
+        f"allreduce of {nbytes} bytes from each of {size} workers exceeds the "
+        f"{MAX_COLLECTIVE_BYTES // 2**20} MiB a control-plane collective carries (it was not "
+        "sent, and this allreduce failed for every rank): reduce in chunks, or use a "
+        "data-plane library (torch.distributed) for tensors this large"
+    )
 
 
 def _array_header(raw: bytes) -> tuple[str, tuple[int, ...]]:

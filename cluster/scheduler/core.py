@@ -45,7 +45,7 @@ from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.effect_log import EffectLog
 from cluster.scheduler.events import EventJournal
-from cluster.scheduler.exchange import ExchangeTable
+from cluster.scheduler.exchange import ExchangeTable, Withdrawn
 from cluster.scheduler.kv import KvStore
 from cluster.scheduler.kv_calls import KvCalls
 from cluster.scheduler.machine import ready as ready_
@@ -555,8 +555,10 @@ class SchedulerCore:
         seq: int,
         op: str,
         root: int,
-        value: bytes,
+        value: bytes | Withdrawn,
     ) -> list[bytes]:
+        """`node_id`'s contribution `value` (or its `Withdrawn` reason) to collective #`seq`
+        of `generation`; its answer."""
         st = self.state
         if st.phase in (state.Phase.FINISHED, state.Phase.FAILED):
             await self.durable()  # the job's end is told once it is saved, not before

@@ -24,9 +24,10 @@ from cluster.scheduler.machine.rounds import (
     Joined,
     Round,
     Rounds,
+    Withdrawn,
 )
 
-__all__ = ["ALLGATHER", "BARRIER", "BROADCAST", "ROUNDS_PER_RANK", "ExchangeTable"]
+__all__ = ["ALLGATHER", "BARRIER", "BROADCAST", "ROUNDS_PER_RANK", "ExchangeTable", "Withdrawn"]
 
 
 class ExchangeTable:
@@ -65,22 +66,29 @@ class ExchangeTable:
         ticket: ExchangeTicket,
         op: str,
         root: int,
-        value: bytes,
+        value: bytes | Withdrawn,
     ) -> list[bytes]:
         """The admitted caller's (`ticket`) contribution to round `seq` of `generation`; its
-        answer once the round completes."""
+        answer once the round completes. A `Withdrawn` value fails the round for every rank
+        (`Rounds.withdraw`)."""
         loop = asyncio.get_running_loop()
-        rank, key = ticket.rank, (generation, seq)
+        rank, key, now = ticket.rank, (generation, seq), loop.time()
         joined: Joined | None
         if ticket.closed:  # a rank finished: only a call made again of an answered round
-            joined = self.rounds.made_again(key, rank=rank, op=op, root=root, value=value)
+            joined = None
+            if not isinstance(value, Withdrawn):
+                joined = self.rounds.made_again(key, rank=rank, op=op, root=root, value=value)
             if joined is None:
                 if self._durable is not None:
                     await self._durable()  # it tells of the rank's finish: once that is saved
                 raise CollectiveError(ticket.closed)
+        elif isinstance(value, Withdrawn):
+            joined = self.rounds.withdraw(
+                key, rank=rank, size=ticket.size, op=op, root=root, reason=value.reason, now=now
+            )
         else:
             joined = self.rounds.join(
-                key, rank=rank, size=ticket.size, op=op, root=root, value=value, now=loop.time()
+                key, rank=rank, size=ticket.size, op=op, root=root, value=value, now=now
             )
         rnd = joined.round
         done = self._wait_of(rnd, loop)

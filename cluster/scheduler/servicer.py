@@ -34,7 +34,7 @@ from cluster.protocol.errors import (
 )
 from cluster.scheduler import convert, host_link, member_limits, wiring
 from cluster.scheduler.core import SchedulerCore
-from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST
+from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, Withdrawn
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
@@ -524,8 +524,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         op = _OPS.get(request.op)
         if op is None:
             raise BadRequestError("Exchange needs an op")
-        value = request.value
-        member_limits.request_bytes(len(value))
+        value, withdrawn = request.value, request.withdrawn
+        if withdrawn and value:
+            raise BadRequestError("an Exchange that withdraws carries no value")
+        member_limits.request_bytes(len(value) + len(withdrawn))
+        contribution = Withdrawn(withdrawn) if withdrawn else value
         values = await self._core.exchange(
             request.node_id,
             _caller(context, "Exchange", request),
@@ -533,7 +536,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             seq=request.seq,
             op=op,
             root=request.root,
-            value=value,
+            value=contribution,
         )
         return pb.ExchangeResponse(values=values)
 

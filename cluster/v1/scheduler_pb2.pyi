@@ -384,20 +384,22 @@ class Event(_message.Message):
     def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., topology_ready: _Optional[_Union[TopologyReady, _Mapping]] = ..., node_failed: _Optional[_Union[NodeFailed, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., heartbeat: _Optional[_Union[SchedulerHeartbeat, _Mapping]] = ..., accepted: _Optional[_Union[Accepted, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class ExchangeRequest(_message.Message):
-    __slots__ = ("node_id", "generation", "seq", "op", "root", "value")
+    __slots__ = ("node_id", "generation", "seq", "op", "root", "value", "withdrawn")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     ROOT_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     seq: int
     op: ExchangeOp
     root: int
     value: bytes
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[_Union[ExchangeOp, str]] = ..., root: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    withdrawn: str
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[_Union[ExchangeOp, str]] = ..., root: _Optional[int] = ..., value: _Optional[bytes] = ..., withdrawn: _Optional[str] = ...) -> None: ...
 
 class ExchangeResponse(_message.Message):
     __slots__ = ("values",)

@@ -543,18 +543,26 @@ class WorkerAgent:
         return self.topology
 
     async def exchange(
-        self, op: str, value: bytes, root: int = 0, generation: int | None = None
+        self,
+        op: str,
+        value: bytes,
+        root: int = 0,
+        generation: int | None = None,
+        withdrawn: str = "",
     ) -> list[bytes]:
         """One control-plane collective; `op` is "barrier", "allgather" or "broadcast".
 
         `generation`: the one the caller's work belongs to (a training step that began before
         the job moved on must not take part in the new generation's collectives); default: the
-        current one.
+        current one. `withdrawn`: this rank's contribution was refused here, for that reason
+        (`value` is empty): it takes the collective's number and fails it for every rank
+        (the scheduler's CollectiveError, raised).
         """
         topology = self._require_topology()
         generation = topology.generation if generation is None else generation
         seq = self.core.next_seq(generation)
-        request = convert.exchange_request(self.identity.node_id, generation, seq, op, root, value)
+        node_id = self.identity.node_id
+        request = convert.exchange_request(node_id, generation, seq, op, root, value, withdrawn)
         unsent = functools.partial(self.core.collective_unsent, generation, seq)
         answer = await self._calls.unary(op, "Exchange", request, unsent=unsent)
         self.core.collective_answered(generation, seq)

@@ -232,9 +232,10 @@ _EXCHANGE_OPS = {
 
 
 def exchange_request(
-    node_id: str, generation: int, seq: int, op: str, root: int, value: bytes
+    node_id: str, generation: int, seq: int, op: str, root: int, value: bytes, withdrawn: str = ""
 ) -> pb.ExchangeRequest:
-    """Collective #`seq` of `generation`; `op` is "barrier", "allgather" or "broadcast"."""
+    """Collective #`seq` of `generation`; `op` is "barrier", "allgather" or "broadcast";
+    `withdrawn`: why this rank withdraws from it (no `value` then)."""
     return pb.ExchangeRequest(
         node_id=node_id,
         generation=generation,
@@ -242,6 +243,7 @@ def exchange_request(
         op=_EXCHANGE_OPS[op],
         root=root,
         value=value,
+        withdrawn=withdrawn,
     )
 
 

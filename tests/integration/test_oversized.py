@@ -1,6 +1,7 @@
-"""A payload no collective carries is refused at once, in the caller, naming the limit, and
-takes no collective number: the rank's next collective is the one its peers wait in, and the
-job goes on (real worker processes, and agents against a real scheduler)."""
+"""A payload no collective carries is refused at once, in the caller, naming the limit; that
+collective fails for its peers too (the rank withdraws from it: test_withdrawn.py), the rank's
+next collective is its peers' next, and the job goes on (real worker processes, and agents
+against a real scheduler)."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def test_the_callers_limits_are_the_schedulers() -> None:
 
 
 def test_a_broadcast_refused_for_its_size_leaves_the_job_going(tmp_path: Path) -> None:
-    """Rank 0's broadcast of 65 MiB is refused before it is sent; its smaller broadcast after
-    it is the one rank 1 waits in, and the barrier after passes (a collective's timeout, were
-    the numbers apart, would fail rank 1 within 10 s: the job would not exit 0)."""
+    """Rank 0's broadcast of 65 MiB is refused before it is sent, and rank 1's call of that
+    broadcast fails naming rank 0; its smaller broadcast after it is the one rank 1 makes next,
+    and the barrier after passes (a collective's timeout, were the numbers apart, would fail
+    rank 1 within 10 s: the job would not exit 0)."""
     job = LocalJob(
         SCRIPT,
         workers=2,
@@ -49,7 +51,12 @@ def test_a_broadcast_refused_for_its_size_leaves_the_job_going(tmp_path: Path) -
         f"refused: CapacityError: broadcast_object: rank 0's object pickles to {pickled} bytes, "
         f"more than the {MAX_COLLECTIVE_BYTES} a control-plane collective carries"
     ) in root, root
-    assert "nothing was sent, and this rank's next collective takes this one's place" in root
+    assert "it was not sent, this collective failed for every rank" in root, root
+    assert (
+        "withdrawn: CollectiveError: broadcast failed: broadcast(root=0) #1 of generation 1 "
+        "failed for every rank: rank 0 withdrew from it, as its broadcast_object payload of "
+        f"{pickled} bytes (65.0 MiB) is over the {MAX_COLLECTIVE_BYTES} bytes"
+    ) in other, other
     assert "rank=1 got='a smaller one'" in other, other
     assert (
         "kv refused: CapacityError: kv_store().set: the value for key 'big' has 4194305 bytes, "

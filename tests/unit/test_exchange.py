@@ -14,6 +14,7 @@ from cluster.scheduler.exchange import (
     BROADCAST,
     ROUNDS_PER_RANK,
     ExchangeTable,
+    Withdrawn,
 )
 from cluster.scheduler.machine.admission import ExchangeTicket
 from cluster.scheduler.machine.rounds import MAX_ANSWER_BYTES
@@ -21,7 +22,12 @@ from tests.aio import BOUND_S, settle
 
 
 def contribute(
-    table: ExchangeTable, rank: int, *, size: int, value: bytes | None = None, **round_: Any
+    table: ExchangeTable,
+    rank: int,
+    *,
+    size: int,
+    value: bytes | Withdrawn | None = None,
+    **round_: Any,
 ) -> asyncio.Task[list[bytes]]:
     """Rank `rank`'s contribution (`value`, by default v<rank>) to a round of `size` ranks:
     an allgather of sequence number 1 in generation 1 with root 0, unless `round_` says
@@ -351,3 +357,19 @@ async def test_an_allgather_too_large_to_answer_fails_at_once() -> None:
     with pytest.raises(CollectiveError, match="cannot carry"):
         await asyncio.wait_for(first, BOUND_S)
     assert table.held_bytes == 0
+
+
+async def test_a_withdrawal_fails_the_round_at_once_for_the_ranks_waiting_in_it() -> None:
+    """Rank 1 waits in rank 0's broadcast, whose payload rank 0's own process refused: rank 0
+    withdraws, and both calls fail at once (the timeout, an hour, never runs), naming rank 0;
+    no timer is left, and the next collective completes for both."""
+    table = ExchangeTable(timeout_s=3600.0)
+    waiting = contribute(table, 1, size=2, op=BROADCAST, value=b"")
+    await settle(lambda: len(table) == 1)
+    why = Withdrawn("its broadcast_object payload of 70 MiB is over the limit")
+    withdrawn = contribute(table, 0, size=2, op=BROADCAST, value=why)
+    for task in (withdrawn, waiting):
+        with pytest.raises(CollectiveError, match=rf"rank 0 withdrew from it, as {why.reason}"):
+            await asyncio.wait_for(task, BOUND_S)
+    assert (len(table), table.held_bytes, table._waits) == (0, 0, {})
+    assert await run_round(table, 2, op=BROADCAST, seq=2) == [[b"v0"]] * 2

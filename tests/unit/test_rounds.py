@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, JobFailedError
-from cluster.scheduler.machine.admission import ALLGATHER, BARRIER
+from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.machine.rounds import (
+    MAX_REASON_CHARS,
     ROUNDS_PER_RANK,
     Completed,
     Failed,
+    Key,
     Round,
     Rounds,
     Waiting,
@@ -57,6 +59,64 @@ def test_a_complete_round_whose_answers_are_not_taken_yet_does_not_expire() -> N
     assert last.round.outcome == [b"", b"", b""]
 
 
+WHY = "its broadcast_object payload of 73400320 bytes (70.0 MiB) is over the limit"
+
+
+def test_a_withdrawal_fails_the_round_at_once_for_the_ranks_in_it_and_those_to_come() -> None:
+    """Rank 1 waits in rank 0's broadcast; rank 0 withdraws (its payload was refused in its own
+    process): the round fails for rank 1 with an error naming rank 0 and the reason, rank 2
+    coming later gets it too, nothing is held, and the next round completes for everybody."""
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    waiting = rounds.join((1, 1), rank=1, size=3, op=BROADCAST, root=0, value=b"", now=0.0)
+    assert isinstance(waiting, Waiting)
+    failed = rounds.withdraw((1, 1), rank=0, size=3, op=BROADCAST, root=0, reason=WHY, now=1.0)
+    assert failed.round is waiting.round
+    assert failed.round.outcome is failed.error
+    assert isinstance(failed.error, CollectiveError)
+    assert not isinstance(failed.error, CapacityError)
+    assert str(failed.error) == (
+        "broadcast(root=0) #1 of generation 1 failed for every rank: rank 0 withdrew from it, "
+        f"as {WHY}; the next collective goes on"
+    )
+    assert (rounds.open, rounds.held_bytes) == ({}, 0)
+    rounds.answered(waiting.round, 1)
+    with pytest.raises(CollectiveError) as late:
+        rounds.join((1, 1), rank=2, size=3, op=BROADCAST, root=0, value=b"", now=2.0)
+    assert str(late.value) == str(failed.error)
+    again = rounds.withdraw  # the withdrawal made again (a lost connection): the same error
+    with pytest.raises(CollectiveError, match="rank 0 withdrew from it"):
+        again((1, 1), rank=0, size=3, op=BROADCAST, root=0, reason=WHY, now=3.0)
+    for rank in range(3):
+        last = rounds.join((1, 2), rank=rank, size=3, op=BROADCAST, root=0, value=b"x", now=4.0)
+    assert isinstance(last, Completed)
+    assert last.round.answer_for(last.gathered) == [b"x"]
+
+
+def test_a_withdrawal_is_refused_alone_when_it_cannot_be_this_rounds() -> None:
+    """A withdrawal from another collective than the round's, or after the rank contributed to
+    it, is that call's refusal: the round goes on."""
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=0.0)
+    with pytest.raises(CollectiveError, match="another rank called allgather"):
+        rounds.withdraw((1, 1), rank=1, size=2, op=BROADCAST, root=0, reason=WHY, now=0.0)
+    with pytest.raises(CollectiveError, match="after it contributed to it"):
+        rounds.withdraw((1, 1), rank=0, size=2, op=ALLGATHER, root=0, reason=WHY, now=0.0)
+    done = rounds.join((1, 1), rank=1, size=2, op=ALLGATHER, root=0, value=b"b", now=0.0)
+    assert isinstance(done, Completed)
+    assert done.gathered == [b"a", b"b"]
+
+
+def test_a_withdrawals_reason_is_shown_escaped_and_cut() -> None:
+    rounds = Rounds(max_bytes=1000, timeout_s=600.0)
+    reason = "\x1b[31m" + "y" * 10_000
+    failed = rounds.withdraw((1, 1), rank=0, size=2, op=BARRIER, root=0, reason=reason, now=0.0)
+    shown = str(failed.error)
+    assert "\x1b" not in shown
+    assert "\\x1b[31m" in shown
+    assert len(shown) < MAX_REASON_CHARS + 200
+    assert "(10005 chars)" in shown
+
+
 class RoundsMachine(RuleBasedStateMachine):
     @initialize(max_bytes=st.sampled_from([8, 64, 10_000]))
     def setup(self, max_bytes: int) -> None:
@@ -64,6 +124,8 @@ class RoundsMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.waiting: list[tuple[Round, int]] = []  # calls that wait for an outcome
         self.sent: dict[tuple[Round, int], bytes] = {}  # what each rank put in each round
+        self.withdrawn: dict[Key, str] = {}  # rounds failed by a withdrawal: their error
+        self.failed: set[Key] = set()  # rounds failed by a cap, a deadline or a withdrawal
 
     @rule(
         seq=st.integers(1, 4),
@@ -79,9 +141,16 @@ class RoundsMachine(RuleBasedStateMachine):
             )
         except (CapacityError, CollectiveError) as exc:
             event(f"refused: {type(exc).__name__}")
+            refused = str(exc)
+        else:
+            refused = ""
+        if refused:
+            # A rank that comes to a withdrawn round later gets the withdrawal's error.
+            assert refused == self.withdrawn.get(key, refused)
             return
         if isinstance(joined, Failed):
             event("failed by a cap")
+            self.failed.add(key)
             return
         self.sent.setdefault((joined.round, rank), value)
         self.waiting.append((joined.round, rank))
@@ -104,6 +173,40 @@ class RoundsMachine(RuleBasedStateMachine):
         else:
             self.waiting.append((rnd, rank))  # still waiting: nothing to answer yet
 
+    @rule(
+        seq=st.integers(1, 4),
+        rank=st.integers(0, SIZE - 1),
+        generation=st.integers(1, 2),
+    )
+    def a_rank_withdraws(self, seq: int, rank: int, generation: int) -> None:
+        """`rank`'s contribution was refused in its own process: the round fails at once for
+        every rank waiting in it, with an error naming `rank` and the reason."""
+        key = (generation, seq)
+        before = self.rounds.open.get(key)
+        others = before is not None and any(r != rank for r in before.values)
+        try:
+            failed = self.rounds.withdraw(
+                key, rank=rank, size=SIZE, op=ALLGATHER, root=0, reason=WHY, now=self.now
+            )
+        except CollectiveError as exc:
+            refused = str(exc)
+        else:
+            refused = ""
+        if refused:
+            event("withdrawal refused")
+            # That call alone: it contributed to the round already, or the round failed before
+            # (its error again, the withdrawal's for a round withdrawn from).
+            assert (before is not None and rank in before.values) or key in self.failed
+            assert refused == self.withdrawn.get(key, refused)
+            return
+        event("withdrawn" + (", others waiting" if others else ""))
+        assert before is None or failed.round is before
+        assert f"rank {rank} withdrew from it, as {WHY}" in str(failed.error)
+        assert failed.round.outcome is failed.error  # every caller waiting in it gets it
+        assert key not in self.rounds.open
+        self.withdrawn[key] = str(failed.error)
+        self.failed.add(key)
+
     @rule()
     def time_passes(self) -> None:
         self.now += 11.0
@@ -111,6 +214,8 @@ class RoundsMachine(RuleBasedStateMachine):
             if self.rounds.due(rnd) <= self.now:
                 was_open = rnd.open
                 expired = self.rounds.expire(rnd)
+                if expired is not None:
+                    self.failed.add(rnd.key)
                 # A complete round is kept until its answers are taken: its time is not up.
                 assert isinstance(expired, CollectiveError) if was_open else expired is None
 
@@ -118,6 +223,8 @@ class RoundsMachine(RuleBasedStateMachine):
     def the_job_fails(self) -> None:
         for rnd in self.rounds.fail_all(JobFailedError("a node died")):
             assert isinstance(rnd.outcome, ClusterError)
+        self.withdrawn.clear()  # a failure of the job forgets the rounds failed before
+        self.failed.clear()
 
     @invariant()
     def what_is_held_is_accounted_and_bounded(self) -> None:

@@ -25,6 +25,12 @@ by all open rounds are capped too (CLUSTER_COLLECTIVE_MAX_BYTES); a contribution
 fails its round for every rank in it, with a `CapacityError` naming the cap, and a rank that
 comes to that round later gets the same error instead of waiting.
 
+A rank whose contribution was refused in its own process (past what a collective carries)
+still takes the round's number and withdraws from it (`withdraw`): the round fails at once for
+every rank in it, and for those that come to it later, with a `CollectiveError` that names the
+rank and its reason, so nobody waits for its deadline and every rank's next collective is the
+next round.
+
 A restarted scheduler has none of its predecessor's rounds. When the predecessor died while
 answering a round, some ranks have their answer and went on, and the others make their call
 again; that round can never complete here. The table sees it either way round: when a call comes
@@ -39,8 +45,8 @@ its last; then it fails for every rank, those waiting and those that come later,
 
 This module decides; it holds no future and no timer. `cluster.scheduler.exchange` keeps, per
 round, the future its callers wait on and the timer of its deadline, and carries out what
-`join`, `expire` and `fail_all` answer: a `Completed` round's answer to every caller, a
-`Failed` round's error to every caller.
+`join`, `withdraw`, `expire` and `fail_all` answer: a `Completed` round's answer to every
+caller, a `Failed` round's error to every caller.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import collections
 from dataclasses import dataclass, field
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
+from cluster.protocol.display import safe
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
 from cluster.protocol.value import frozen
 from cluster.scheduler.machine.admission import ALLGATHER, BROADCAST
@@ -59,6 +66,8 @@ ROUNDS_PER_RANK = 2
 MAX_ANSWER_BYTES = 64 * 1024 * 1024 - 64 * 1024
 # Rounds failed by a cap, remembered so that a late rank gets the error instead of waiting.
 FAILED_KEPT = 64
+# How much of a rank's reason to withdraw from a round its peers' error quotes.
+MAX_REASON_CHARS = 512
 
 Key = tuple[int, int]  # (generation, seq)
 
@@ -96,6 +105,14 @@ class Round:
 
 
 @frozen
+class Withdrawn:
+    """What a rank sends instead of its contribution when that was refused in its own process
+    (past what a collective carries): `reason`, in words (`Rounds.withdraw`)."""
+
+    reason: str
+
+
+@frozen
 class Waiting:
     """The contribution is in (or is the same call again): wait for the round's outcome."""
 
@@ -112,7 +129,7 @@ class Completed:
 
 @frozen
 class Failed:
-    """This contribution failed the round for every rank in it (a cap)."""
+    """This contribution failed the round for every rank in it (a cap, a withdrawal)."""
 
     round: Round
     error: ClusterError
@@ -163,6 +180,29 @@ class Rounds:
         if not isinstance(joined, Failed):
             rnd.waiting[rank] += 1  # until `answered` or `abandoned`
         return joined
+
+    def withdraw(
+        self, key: Key, *, rank: int, size: int, op: str, root: int, reason: str, now: float
+    ) -> Failed:
+        """`rank` withdrew from the round `key`: its contribution was refused in its own
+        process, for `reason` (in words, from the wire: shown escaped and cut). The round fails
+        for every rank in it, and for those that come to it later. A refusal of this call alone
+        (the round is another collective, or `rank` contributed to it already) is raised and
+        changes nothing; a withdrawal made again gets the round's error again."""
+        rnd = self._round(key, rank=rank, size=size, op=op, root=root, now=now)
+        generation, seq = key
+        if rank in rnd.values:
+            raise CollectiveError(
+                f"rank {rank} withdrew from collective #{seq} of generation {generation} after "
+                "it contributed to it: a rank contributes once to each collective"
+            )
+        error = CollectiveError(
+            f"{describe(op, root)} #{seq} of generation {generation} failed for every rank: "
+            f"rank {rank} withdrew from it, as {safe(reason, MAX_REASON_CHARS)}; the next "
+            "collective goes on"
+        )
+        self._fail_round(rnd, error)
+        return Failed(rnd, error)
 
     def made_again(
         self, key: Key, *, rank: int, op: str, root: int, value: bytes

@@ -1,7 +1,8 @@
 """A worker for test_oversized.py: rank 0 broadcasts an object no collective carries, is
-refused at once, and broadcasts a smaller one instead, which the other ranks' one broadcast
-gets; rank 1 sets a value the store does not take. Then every rank passes a barrier. Each
-prints what came of each call."""
+refused at once, and broadcasts a smaller one after it; the other ranks' broadcast it was
+refused in fails for them too, and their next broadcast gets the smaller one. Rank 1 sets a
+value the store does not take. Then every rank passes a barrier. Each prints what came of each
+call."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ def main() -> None:
             print(f"refused: {type(exc).__name__}: {exc}", flush=True)
         got = cluster.broadcast_object("a smaller one")
     else:
+        try:
+            cluster.broadcast_object(None)
+        except cluster.CollectiveError as exc:
+            print(f"withdrawn: {type(exc).__name__}: {exc}", flush=True)
         got = cluster.broadcast_object(None)
     print(f"rank={rank} got={got!r}", flush=True)
     if rank == 1:

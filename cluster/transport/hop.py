@@ -27,17 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import os
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from cluster.protocol import endpoints
 from cluster.protocol.errors import ConfigError
-from cluster.transport import failures, stub
+from cluster.transport import failures, names, stub
 
 _LENGTH = struct.Struct(">I")
 # A frame holds one message of the service (at most 64 MiB, as gRPC's limit here) and its
@@ -64,6 +66,15 @@ _ELSEWHERE = (
 )
 # Lists of schedulers refused that the relay says, at most (each once).
 SAID_ELSEWHERE = 16
+# Lists of schedulers accepted that the relay remembers, at most (the next call of each is
+# accepted without comparing them again).
+KEPT_ACCEPTED = 64
+
+
+class Verdict(enum.Enum):
+    """What `HopServer.refusal` cannot say yet: a name's addresses decide it (`checked`)."""
+
+    LOOK_UP = "look up"
 
 
 def frame(payload: bytes) -> bytes:
@@ -125,18 +136,19 @@ async def _requests(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
 
 
 class _Connection:
-    """One worker's connection: its calls, each a task running its handler once `refusal` finds
-    the relay is the worker's (`HopServer.refusal`)."""
+    """One worker's connection: its calls, each a task running its handler once the relay is
+    found the worker's (`HopServer.refusal`; a call whose verdict waits on a name's lookup
+    waits in its task, `HopServer.checked`)."""
 
     def __init__(
         self,
         handlers: Handlers,
-        refusal: Callable[[tuple[str, ...]], str | None],
+        server: HopServer,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
         self._handlers = handlers
-        self._refusal = refusal
+        self._server = server
         self._reader, self._writer = reader, writer
         self._calls: dict[int, tuple[asyncio.Task[None], asyncio.Queue[bytes | None] | None]] = {}
         self._cancelled: set[int] = set()  # calls the worker cancelled, until they end
@@ -197,10 +209,9 @@ class _Connection:
     ) -> None:
         if number in self._calls:
             raise ValueError(f"call {number} started twice")
-        refused = self._refusal(schedulers)
-        if refused is not None:
-            code = grpc.StatusCode.FAILED_PRECONDITION
-            self.send(stub.hop_end(number, code, refused, _ELSEWHERE))
+        refused = self._server.refusal(schedulers)
+        if isinstance(refused, str):
+            self._refuse(number, refused)
             return
         found = self._handlers.get(method)
         if found is None:
@@ -218,19 +229,33 @@ class _Connection:
         else:
             request = message or b""
         context = HopContext(metadata, timeout_s)
-        task = asyncio.ensure_future(self._run(number, kind, answer, request, context))
+        checking = None if refused is None else schedulers
+        task = asyncio.ensure_future(self._run(number, kind, answer, request, context, checking))
         self._calls[number] = (task, requests)
         task.add_done_callback(lambda _: self._forget(number))
+
+    def _refuse(self, number: int, why: str) -> None:
+        self.send(stub.hop_end(number, grpc.StatusCode.FAILED_PRECONDITION, why, _ELSEWHERE))
 
     def _forget(self, number: int) -> None:
         self._calls.pop(number, None)
         self._cancelled.discard(number)
 
     async def _run(
-        self, number: int, kind: str, answer: Answer, request: Any, context: HopContext
+        self,
+        number: int,
+        kind: str,
+        answer: Answer,
+        request: Any,
+        context: HopContext,
+        checking: tuple[str, ...] | None,
     ) -> None:
+        """Run the call's handler; first, with `checking`, the verdict on those schedulers."""
         response: bytes | None = None
         try:
+            if checking is not None and (refused := await self._server.checked(checking)):
+                self._refuse(number, refused)
+                return
             if kind == "unary_stream":
                 async for message in answer(request, context):
                     self.send(stub.hop_response(number, message))
@@ -260,9 +285,12 @@ class HopServer:
     unix socket, one `_Connection` a worker.
 
     With `schedulers` (the relay's, HOST:PORT each, standbys included), a call serves only a
-    worker for one of them (`HopStart.schedulers`, its configuration's): another's (a worker of
-    another job, its CLUSTER_RELAY pointed here) or one that names none ends FAILED_PRECONDITION
-    with a line that names this relay, both lists and what to do, its kind a ConfigError marked
+    worker for one of them (`HopStart.schedulers`, its configuration's), however either list
+    spells it (`cluster.protocol.endpoints`: `localhost:80` is `LOCALHOST.:0080`, and is
+    `127.0.0.1:80` where localhost resolves to it; names looked up off the loop, `lookup`
+    through `names.Names`). Another's (a worker of another job, its CLUSTER_RELAY pointed here)
+    or one that names none ends FAILED_PRECONDITION with a line that names this relay, both
+    lists as written and as resolved, and what to do, its kind a ConfigError marked
     `failures.RELAY_ELSEWHERE`, and goes nowhere. The relay says each list of schedulers it
     refused to `say`, once (the first SAID_ELSEWHERE lists)."""
 
@@ -271,10 +299,13 @@ class HopServer:
         handlers: Handlers,
         schedulers: Sequence[str] | None = None,
         say: Callable[[str], None] = lambda line: None,
+        lookup: names.Lookup = names.addresses_of,
     ) -> None:
         self._handlers = handlers
         self._schedulers = None if schedulers is None else tuple(schedulers)
-        self._ours = frozenset(_comparable(schedulers or ()))
+        self._ours = endpoints.endpoints(schedulers or ())
+        self._names = names.Names(lookup)
+        self._accepted: set[tuple[str, ...]] = set()
         self._say = say
         self._said: set[tuple[str, ...]] = set()
         self._address = "its socket"
@@ -289,6 +320,7 @@ class HopServer:
     async def start(self, path: str) -> None:
         """Listen at `path` (a socket only this user can reach)."""
         self._address = f"unix:{path}"
+        self._names.start(endpoints.names(self._ours))  # the relay's own, looked up early
         previous = os.umask(0o077)
         try:
             self._server = await asyncio.start_unix_server(self._serve, path, backlog=BACKLOG)
@@ -298,7 +330,7 @@ class HopServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Not cancelled, but ended by closing its connection: asyncio (3.11) takes a connection's
         # task that ends cancelled for one that failed.
-        connection = _Connection(self._handlers, self.refusal, reader, writer)
+        connection = _Connection(self._handlers, self, reader, writer)
         ended = asyncio.get_running_loop().create_future()
         self._connections[connection] = ended
         try:
@@ -307,30 +339,61 @@ class HopServer:
             del self._connections[connection]
             ended.set_result(None)
 
-    def refusal(self, schedulers: tuple[str, ...]) -> str | None:
+    def refusal(self, schedulers: tuple[str, ...]) -> str | Verdict | None:
         """Why a call of a worker for `schedulers` is not this relay's to forward (None: it is,
-        or this server forwards for anyone)."""
-        ours = self._schedulers
-        if ours is None or not self._ours.isdisjoint(_comparable(schedulers)):
+        or this server forwards for anyone; LOOK_UP: `checked` says, once names are looked
+        up)."""
+        if self._schedulers is None or schedulers in self._accepted:
             return None
+        theirs = endpoints.endpoints(schedulers)
+        if endpoints.shared(self._ours, theirs, self._names.known):
+            self._accept(schedulers)
+            return None
+        if set(endpoints.names(self._ours, theirs)).difference(self._names.known):
+            return Verdict.LOOK_UP
+        return self._refused(schedulers, self._names.known, {})
+
+    async def checked(self, schedulers: tuple[str, ...]) -> str | None:
+        """`refusal`, once the names of both lists are looked up (waiting a bounded while for
+        them, `names.LOOKUP_S`)."""
+        theirs = endpoints.endpoints(schedulers)
+        resolved, failed = await self._names.resolve(endpoints.names(self._ours, theirs))
+        known = {**self._names.known, **resolved}
+        if endpoints.shared(self._ours, theirs, known):
+            self._accept(schedulers)
+            return None
+        return self._refused(schedulers, known, failed)
+
+    def _accept(self, schedulers: tuple[str, ...]) -> None:
+        if len(self._accepted) < KEPT_ACCEPTED:
+            self._accepted.add(schedulers)
+
+    def _refused(
+        self, schedulers: tuple[str, ...], resolved: endpoints.Resolved, failed: dict[str, str]
+    ) -> str:
+        """The line that refuses a worker for `schedulers`, said once in the relay's log."""
+        ours = self._schedulers or ()
+        hosts = endpoints.names(self._ours, endpoints.endpoints(schedulers))
+        note = endpoints.described(hosts, resolved, failed)
+        forwards = _named(ours) + (f" (resolved here: {note})" if note else "")
         relay = f"the relay at {self._address} (CLUSTER_RELAY)"
         if schedulers:
             why = (
                 f"this worker is for {_named(schedulers)} (MS_SCHED_HOST and MS_SCHED_PORT, or "
-                f"CLUSTER_SCHED_ADDRS), but {relay} forwards to {_named(ours)}: it is another "
+                f"CLUSTER_SCHED_ADDRS), but {relay} forwards to {forwards}: it is another "
                 "job's relay. Point CLUSTER_RELAY at this job's relay, or unset it to reach the "
                 "scheduler directly"
             )
         else:
             why = (
                 f"this caller does not say which scheduler it is for, and {relay} forwards to "
-                f"{_named(ours)} only (a worker of another version of cluster?): run the "
+                f"{forwards} only (a worker of another version of cluster?): run the "
                 "workers and their relay of one version"
             )
         if schedulers not in self._said and len(self._said) < SAID_ELSEWHERE:
             self._said.add(schedulers)
             theirs = _named(schedulers) if schedulers else "no scheduler named"
-            self._say(f"refused a worker's calls ({theirs}): this relay forwards to {_named(ours)}")
+            self._say(f"refused a worker's calls ({theirs}): this relay forwards to {forwards}")
         return why
 
     async def stop(self) -> None:
@@ -346,11 +409,6 @@ class HopServer:
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), _STOP_S)
-
-
-def _comparable(addresses: Iterable[str]) -> list[str]:
-    """Addresses as two spellings of one compare: host names are not case-sensitive."""
-    return [address.lower() for address in addresses]
 
 
 def _named(addresses: Sequence[str]) -> str:

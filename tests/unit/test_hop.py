@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import grpc
 import pytest
 
 from cluster.protocol.errors import ConfigError
-from cluster.transport import failures, hop, stub
+from cluster.transport import failures, hop, names, stub
 from cluster.transport.hop import HopContext, HopServer
 from cluster.transport.hop_channel import HopChannel
 from tests.aio import BOUND_S, eventually
@@ -397,9 +398,11 @@ async def test_a_relay_serves_only_the_workers_of_its_schedulers(short_dir: Path
     none of them (another job's, its CLUSTER_RELAY pointed here), or of one that names none, with
     FAILED_PRECONDITION: a ConfigError whose line names this relay, both lists and what to do,
     reaching no handler; said in the relay's log once per list. A worker for any of them (the
-    standby, a host spelt in other case) is served."""
+    standby, a host spelt in other case) is served. (Names of a hosts table of the test's own,
+    `hosts`: what a resolver answers for names made up is the machine's.)"""
     service, said = Service(), []
-    server = HopServer(service.handlers(), ["Leader:1", "standby:2"], said.append)
+    lookup = hosts({"leader": {"10.0.0.1"}, "standby": {"10.0.0.2"}})
+    server = HopServer(service.handlers(), ["Leader:1", "standby:2"], said.append, lookup)
     path = short_dir / "relay.sock"
     await server.start(str(path))
     try:
@@ -420,15 +423,103 @@ async def test_a_relay_serves_only_the_workers_of_its_schedulers(short_dir: Path
             else:
                 assert "does not say which scheduler it is for" in details
         assert service.seen == []
+        resolved = "leader is 10.0.0.1; standby is 10.0.0.2"
         assert said == [
             "refused a worker's calls (the schedulers at other:1, other:2): this relay forwards "
-            "to the schedulers at Leader:1, standby:2",
+            f"to the schedulers at Leader:1, standby:2 (resolved here: {resolved}; other does "
+            "not resolve (Name or service not known))",
             "refused a worker's calls (no scheduler named): this relay forwards to the "
-            "schedulers at Leader:1, standby:2",
+            f"schedulers at Leader:1, standby:2 (resolved here: {resolved})",
         ]
         for ours in (["other:1", "standby:2"], ["leader:1"]):
             async with HopChannel(f"unix:{path}", schedulers=ours) as channel:
                 assert await channel.unary_unary(ECHO)(b"hi") == b"echo:hi"
         assert len(service.seen) == 2
     finally:
+        await server.stop()
+
+
+def hosts(table: dict[str, set[str]]) -> Callable[[str], frozenset[str]]:
+    """A resolver of the names in `table` (the others: not known, as a resolver says it)."""
+
+    def lookup(name: str) -> frozenset[str]:
+        if name not in table:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return frozenset(table[name])
+
+    return lookup
+
+
+async def test_a_relay_serves_its_schedulers_workers_however_each_spells_them(
+    short_dir: Path,
+) -> None:
+    """A relay given `localhost:PORT` (looked up by this machine's resolver) serves a worker
+    given `127.0.0.1:PORT`, `LOCALHOST.:0PORT` or `[::ffff:127.0.0.1]:PORT`; a worker for
+    another port is refused with both lists as written and what localhost resolved to."""
+    try:
+        local = {info[4][0] for info in socket.getaddrinfo("localhost", None)}
+    except OSError:
+        local = set()
+    if "127.0.0.1" not in local:
+        pytest.skip("localhost does not resolve to 127.0.0.1 here")
+    service, said = Service(), []
+    server = HopServer(service.handlers(), ["localhost:7000"], said.append)
+    path = short_dir / "relay.sock"
+    await server.start(str(path))
+    try:
+        for ours in (["127.0.0.1:7000"], ["LOCALHOST.:07000"], ["[::ffff:127.0.0.1]:7000"]):
+            async with HopChannel(f"unix:{path}", schedulers=ours) as channel:
+                assert await channel.unary_unary(ECHO)(b"hi") == b"echo:hi"
+        assert len(service.seen) == 3
+        async with HopChannel(f"unix:{path}", schedulers=["127.0.0.1:7001"]) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await channel.unary_unary(ECHO)(b"hi")
+        details = refused.value.details() or ""
+        assert "this worker is for the scheduler at 127.0.0.1:7001" in details, details
+        forwards = "forwards to the scheduler at localhost:7000 (resolved here: localhost is "
+        assert forwards in details, details
+        assert "127.0.0.1" in details.split("resolved here:")[1]
+        assert len(service.seen) == 3
+        assert len(said) == 1
+    finally:
+        await server.stop()
+
+
+async def test_a_lookup_that_hangs_stalls_neither_the_relay_nor_its_other_workers(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's name whose lookup never answers (a resolver hung: `hosts` that waits) keeps
+    its call waiting at most LOOKUP_S, then refuses it saying so; meanwhile the relay serves a
+    worker that names its scheduler as it does, and the next call of the hung name's worker
+    waits on the same lookup, not on a second one."""
+    monkeypatch.setattr(names, "LOOKUP_S", 0.3)
+    release, asked = threading.Event(), []
+
+    def hung(name: str) -> frozenset[str]:
+        asked.append(name)
+        release.wait(BOUND_S)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    service = Service()
+    server = HopServer(service.handlers(), ["10.0.0.1:7000"], lookup=hung)
+    path = short_dir / "relay.sock"
+    await server.start(str(path))
+    try:
+        async with HopChannel(f"unix:{path}", schedulers=["sched.example:7000"]) as slow:
+            waiting = asyncio.ensure_future(slow.unary_unary(ECHO)(b"slow"))
+            async with HopChannel(f"unix:{path}", schedulers=["10.0.0.1:7000"]) as fast:
+                assert await fast.unary_unary(ECHO)(b"hi") == b"echo:hi"
+            assert not waiting.done()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await asyncio.wait_for(waiting, BOUND_S)
+            details = refused.value.details() or ""
+            assert "(resolved here: sched.example does not resolve (no answer within 0.3 s))" in (
+                details
+            ), details
+            with pytest.raises(grpc.aio.AioRpcError):
+                await asyncio.wait_for(slow.unary_unary(ECHO)(b"again"), BOUND_S)
+        assert asked == ["sched.example"]
+        assert len(service.seen) == 1  # the other worker's call only
+    finally:
+        release.set()
         await server.stop()

@@ -19,6 +19,12 @@ A job whose every worker runs here is closed to outsiders: the launcher makes a 
 (`<log-dir>/job.secret`, mode 0600) and gives it to every process it starts
 (CLUSTER_JOB_SECRET_FILE), unless CLUSTER_JOB_SECRET[_FILE] gives one, which is then used as it
 is (that is how the launchers of several hosts share one).
+
+This module holds the supervision: `Launcher`, the run from start to end and the decision on
+each exit, and `run`, which settles the options (a relay's socket, a Slurm step's shared secret,
+this job's own) before anything starts. The children themselves (each start, its output, its
+exit, the pids file, the lines said) and what the launcher has seen of them are
+`launch_children`'s.
 """
 
 from __future__ import annotations
@@ -32,41 +38,18 @@ import signal
 import socket
 import sys
 import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from cluster.protocol.display import safe
-from cluster.protocol.environment import tls_options_from_env
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
-from cluster.tools import processes, slurm_io
-from cluster.tools.launch_plan import (
-    LaunchOptions,
-    Plan,
-    Process,
-    child_environment,
-    render,
-    standby_hosts,
-    wants_relay,
-)
-from cluster.tools.launch_reading import (
-    POLL_CHANNEL_OPTIONS,
-    POLL_STATUS_S,
-    Fresh,
-    JobReader,
-    job_ended,
-    job_seen,
-    log_end,
-    without_rank_at_end,
-)
+from cluster.tools import slurm_io
+from cluster.tools.launch_children import Child, Children
+from cluster.tools.launch_plan import LaunchOptions, render, wants_relay
+from cluster.tools.launch_reading import POLL_CHANNEL_OPTIONS, POLL_STATUS_S, log_end
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
-from cluster.tools.status import JobView
 from cluster.transport import channel as scheduler_channel
-from cluster.transport import tls
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -93,129 +76,11 @@ RELAY_RESTARTS = 3
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-@dataclass
-class Child:
-    planned: Process
-    process: asyncio.subprocess.Process | None = None
-    restarts: int = 0
-    exit_code: int | None = None
-    pump: asyncio.Task[None] | None = None
-    reaper: asyncio.Task[None] | None = None
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
-
-
-class Launcher:
-    def __init__(
-        self,
-        options: LaunchOptions,
-        plan: Plan,
-        out: IO[str] = sys.stderr,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.options = options
-        self.plan = plan
-        self._clock = clock
-        self.out = out
-        self.address = plan.address
-        # Every scheduler of the job, the first first (--master-addr h1,h2: standbys follow).
-        port = options.master_port
-        self.addresses = [
-            plan.address,
-            *(setup.at(h, port) for h in standby_hosts(options.master_addr)),
-        ]
-        # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
-        identity: tls.Identity | None = None
-        if options.tls_config is not None:
-            tls_options = tls_options_from_env(os.environ, options.tls_config.resolve())
-            assert tls_options is not None  # a config path was given
-            identity = tls.load_identity(tls_options, server=False)
-        self.reader = JobReader(self.addresses, identity, options.job_secret_file)
-        self.scheduler: Child | None = None
-        self.relay: Child | None = None
-        self._relay_said = False
-        self.workers: list[Child] = []
-        self.view: JobView | None = None
-        # Once the job ended: whether each node held no rank at its end, by its event log.
-        self._at_end: dict[str, bool] | None = None
-        # When the poll that got `view` was asked, and when a child last exited (clock times):
-        # an answer asked before an exit is not shown beside the processes as they are now.
-        self._view_asked = float("-inf")
-        self._exited_at = float("-inf")
-        self._stop_signal: int | None = None
-        self._stopping = asyncio.Event()  # set with `_stop_signal`
-        self._wake = asyncio.Event()
-        self._started = clock()
-        self._tty = out.isatty()
-        self._last_line = ""
+class Launcher(Children):
+    """One host's part of a job from start to end: it starts the children, decides on each exit
+    (`launch_policy.decide`: restart, fail, finish, stop) and stops them all at the end."""
 
     # -- processes -----------------------------------------------------------------------------
-
-    async def _spawn(self, child: Child, args: list[str], env: dict[str, str]) -> None:
-        mode = "ab" if child.restarts else "wb"
-        if self.options.join and child.planned.index is not None:
-            child.process = await asyncio.create_subprocess_exec(
-                *args,
-                env=env,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True,  # our own process group: we stop it, not the terminal
-            )
-            child.pump = asyncio.create_task(self._pump(child, mode))
-        else:
-            with child.planned.log.open(mode) as log:
-                child.process = await asyncio.create_subprocess_exec(
-                    *args,
-                    env=env,
-                    stdout=log,
-                    stderr=asyncio.subprocess.STDOUT,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-        child.exit_code = None
-        child.exited.clear()
-        child.reaper = asyncio.create_task(self._reap(child))
-        self._write_pids()
-
-    def _write_pids(self) -> None:
-        """`<log-dir>/pids`: the pid of every process this launcher started (the newest
-        incarnation of each), so that a tool signals this job's processes and no other's."""
-        started = [c for c in [self.scheduler, self.relay, *self.workers] if c is not None]
-        pids = {_pid_name(c.planned): c.process.pid for c in started if c.process is not None}
-        with contextlib.suppress(OSError):  # a courtesy to tools: never fails the job
-            processes.write_pids(self.options.log_dir, pids)
-
-    async def _pump(self, child: Child, mode: str) -> None:
-        """--join: copy a worker's output to its log and, prefixed, to the terminal."""
-        assert child.process is not None
-        assert child.process.stdout is not None
-        with child.planned.log.open(mode) as log:
-            async for raw in child.process.stdout:
-                log.write(raw)
-                log.flush()
-                rank = self._rank_of(child)
-                # `_print` never raises: a terminal that went away stops the echo, not the log.
-                prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
-                self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}", raw=True)
-
-    async def _reap(self, child: Child) -> None:
-        assert child.process is not None
-        code = await child.process.wait()
-        if child.pump is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(child.pump, 2.0)
-        child.exit_code = code
-        self._exited_at = self._clock()
-        child.exited.set()
-        self._wake.set()
-
-    async def _start(self, child: Child) -> None:
-        planned = child.planned
-        await self._spawn(child, list(planned.args), child_environment(os.environ, planned))
 
     async def _stop_all(self) -> None:
         """SIGTERM every running child's process group (SIGINT the scheduler's: the job ends,
@@ -237,32 +102,6 @@ class Launcher:
 
     # -- watching ------------------------------------------------------------------------------
 
-    def _rank_of(self, child: Child) -> int | None:
-        node_id = child.planned.node_id
-        if node_id is not None and self._at_end is not None and self._at_end.get(node_id):
-            return None  # the job ended with its rank a spare's
-        if node_id is not None and self.view is not None:
-            rank = self.view.rank_of(node_id)
-            if rank is not None:
-                return rank
-        return child.planned.rank
-
-    def _spare(self, child: Child, view: JobView | None) -> bool:
-        """Whether `child` holds no rank now (the scheduler's word, its event log's once the
-        job ended; else how it started)."""
-        node_id = child.planned.node_id
-        known = None if view is None or node_id is None else view.is_spare(node_id)
-        if node_id is not None and self._at_end is not None:
-            known = self._at_end.get(node_id, known)
-        return child.planned.spare if known is None else known
-
-    def _who(self, child: Child) -> str:
-        rank = self._rank_of(child)
-        where = f"rank {rank}, " if rank is not None else ""
-        planned = child.planned
-        name = planned.name if planned.spare else f"worker {planned.index}"
-        return f"{name} ({where}node id {planned.node_id!r})"
-
     async def _poll_status(self) -> None:
         """The job's status every POLL_STATUS_S (`JobReader.poll`), for the progress line."""
         async with scheduler_channel.open_channel(
@@ -275,90 +114,6 @@ class Launcher:
                     self._view_asked = asked
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
-
-    def _progress(self) -> None:
-        """The progress line, from an answer asked after the last exit of a child (none until
-        one comes: the job as it was beside the workers as they are is no state it was in)."""
-        if self.view is not None and self._view_asked < self._exited_at:
-            return
-        running = sum(1 for w in self.workers if w.running)
-        job = (
-            f"{self.view.registered}/{self.view.expected} registered ({self.view.phase.value})"
-            if self.view is not None
-            else "scheduler not answering yet"
-        )
-        if self.options.spares or (self.view is not None and self.view.spares):
-            job += f" | spares {0 if self.view is None else self.view.spares}"
-        line = (
-            f"mscluster: {job} | local workers running {running}/{len(self.workers)} | "
-            f"restarts {self._restarts()}"
-        )
-        if self._tty and not self.options.join:
-            elapsed = self._clock() - self._started
-            setup.say(self.out, f"\r\x1b[K{line} | {elapsed:.0f} s")
-            self._last_line = line
-        elif line != self._last_line:
-            self._last_line = line
-            self._print(line)
-
-    def _restarts(self) -> str:
-        """'3' (the workers'), '3, scheduler 1' once the scheduler has been started again."""
-        workers = sum(w.restarts for w in self.workers)
-        sched = 0 if self.scheduler is None else self.scheduler.restarts
-        return f"{workers}, scheduler {sched}" if sched else str(workers)
-
-    def _print(self, line: str, *, raw: bool = False) -> None:
-        """One line for the person at the terminal, escaped (`safe`: a reason from the
-        scheduler, a log's tail); `raw`: a --join worker's own output, colours and all."""
-        start = "\r\x1b[K" if self._tty and not self.options.join else ""
-        setup.say(self.out, start + (line if raw else safe(line)) + "\n")
-
-    async def _seen(self, *, ask: bool) -> policy.Seen:
-        """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
-        scheduler too (a worker has failed: may the job take it back?)."""
-        fresh = await self.reader.fresh() if ask else Fresh()
-        if fresh.unread:
-            last = "none" if self.view is None else self.view.phase.value
-            self._print(
-                f"mscluster: the scheduler is up but refused to show the job ({fresh.unread}); "
-                f"deciding from its last answer ({last})"
-            )
-        now = fresh.view
-        sched = self.scheduler
-        view = now or self.view
-        ended = sched is not None and sched.exit_code == 0 and self._ended()
-        if ended and self._at_end is None:
-            self._at_end = without_rank_at_end(self._event_log())
-        return policy.Seen(
-            workers=tuple(
-                policy.WorkerSeen(
-                    w.planned.index or 0, w.exit_code, w.restarts, self._spare(w, view)
-                )
-                for w in self.workers
-            ),
-            max_restarts=self.options.max_restarts,
-            own_scheduler=sched is not None,
-            scheduler_exit=None if sched is None else sched.exit_code,
-            scheduler_restarts=0 if sched is None else sched.restarts,
-            recovery=self.options.enable_recovery,
-            standbys=len(self.addresses) > 1,
-            stop_signal=self._stop_signal,
-            ended=ended,
-            last=job_seen(self.view),
-            now=job_seen(now),
-            unreachable=fresh.unreachable,
-            unread=fresh.unread,
-        )
-
-    def _ended(self) -> bool:
-        """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
-        return job_ended(self.view, self._event_log())
-
-    def _event_log(self) -> Path | None:
-        """The event log of this launcher's scheduler (None: none, or not this launcher's)."""
-        planned = self.plan.scheduler
-        event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
-        return None if event_log is None else Path(event_log)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -691,8 +446,3 @@ def _accepts(path: Path) -> bool:
         except OSError:
             return False
     return True
-
-
-def _pid_name(planned: Process) -> str:
-    """A process's name in `<log-dir>/pids`: its log's (`scheduler`, `worker_2`, `spare_0`)."""
-    return planned.log.stem

@@ -22,39 +22,46 @@ generation, the nodes back), with a bound, never for a fixed time. The job runs 
 on, on a free port, with its recovery path and logs in a temporary directory (or `workdir`).
 pytest users get the `local_job` fixture from `cluster.testing` (add
 `pytest_plugins = ["cluster.tools.testing"]` to a conftest.py), which closes every job it made.
+
+`LocalJob` and that fixture are here; `Process` and the bounded waits are `testing_process`'s,
+`LocalJobOptions` and what a job settles before it starts are `testing_setup`'s. Every public
+name is importable from here (and from `cluster.testing`, `__all__`'s).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cluster.protocol.config import parse_seconds
-from cluster.protocol.environment import (
-    job_secret_from_env,
-    read_job_secret,
-    tls_options_from_env,
-)
+from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.records import Phase
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.processes import descendants, launched_pid, processes_running, worker_pid
 from cluster.tools.secret import write_job_secret
 from cluster.tools.status_client import StatusClient
-from cluster.worker import identity
-from cluster.worker.orphan import proc_stat
+
+# POLL_S and cpu_seconds are importable from here too, outside `__all__` (a benchmark reads a
+# process's CPU time with cpu_seconds): the aliases re-export them.
+from cluster.tools.testing_process import POLL_S as POLL_S  # noqa: PLC0414
+from cluster.tools.testing_process import Process, accepts, free_port, wait_until
+from cluster.tools.testing_process import cpu_seconds as cpu_seconds  # noqa: PLC0414
+from cluster.tools.testing_setup import (
+    LocalJobOptions,
+    check_options,
+    free_on,
+    free_port_on,
+    scheduler_hosts,
+    tls_identity,
+)
 
 __all__ = [
     "JobTimeoutError",
@@ -72,7 +79,6 @@ __all__ = [
     "worker_pid",
 ]
 
-POLL_S = 0.02
 DEFAULT_TIMEOUT_S = 60.0
 
 # What this process's environment may say of its TLS identity, passed on to the job's
@@ -84,141 +90,6 @@ _TLS_VARIABLES = (
     "CLUSTER_TLS_SERVER_PASSWORD",
     "CLUSTER_TLS_SERVER_PASSWORD_FILE",
 )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now, for MS_SCHED_PORT (the launch contract fixes it in
-    advance; another process may still take it before the scheduler binds it)."""
-    return identity.free_port(host)
-
-
-def wait_until(
-    predicate: Callable[[], bool], timeout_s: float, what: str, *, poll_s: float = POLL_S
-) -> None:
-    """Poll `predicate` every `poll_s` until it holds; JobTimeoutError naming `what` after
-    `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise JobTimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(poll_s)
-
-
-class Process:
-    """One process of the job: its Popen, its log, and its start time."""
-
-    def __init__(
-        self,
-        name: str,
-        args: list[str],
-        env: dict[str, str],
-        log: Path,
-        *,
-        cwd: Path | None = None,
-    ) -> None:
-        """Start `args` in a session of its own (so its group can be killed), its output
-        appended to `log`."""
-        self.name = name
-        self.log = log
-        with log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                args,
-                env=env,
-                cwd=cwd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.started = time.monotonic()
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def exit_line(self) -> str:
-        """How it ended, in one line: its exit code and the last line of its output (a
-        traceback's is the error)."""
-        last = self.output.strip().splitlines()[-1:] or ["(no output)"]
-        return f"{self.name} exited {self.popen.returncode}: {last[0]}"
-
-    def wait(self, timeout_s: float) -> int:
-        """Its exit code; JobTimeoutError with its output when it runs past `timeout_s`."""
-        try:
-            return self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise JobTimeoutError(
-                f"{self.name} did not exit within {timeout_s:g} s; its output:\n{self.output}"
-            ) from None
-
-    def wait_for_output(self, text: str, timeout_s: float) -> None:
-        """Until `text` is in its output; JobTimeoutError after `timeout_s`."""
-        wait_until(lambda: text in self.output, timeout_s, f"{text!r} in {self.name}'s output")
-
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signum)
-
-    def stopped(self) -> bool:
-        """True while the process is stopped (SIGSTOP), from /proc."""
-        fields = proc_stat(self.pid)
-        return fields is not None and fields[0] == "T"
-
-    def cpu_s(self) -> float:
-        """The user and system CPU seconds it has used so far (OSError once it is gone)."""
-        return cpu_seconds(self.pid)
-
-    def kill_group(self) -> None:
-        if self.running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(10)
-
-
-def cpu_seconds(pid: int) -> float:
-    """The user and system CPU seconds process `pid` has used so far, from /proc (OSError once
-    it is gone)."""
-    fields = proc_stat(pid)
-    if fields is None:
-        raise ProcessLookupError(f"no process {pid}")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass(frozen=True)
-class LocalJobOptions:
-    """What a `LocalJob` may change beyond its script, size, guard, directory and bound.
-
-    `recovery`: MS_ENABLE_RECOVERY with the recovery path in the job's directory; `env`: extra
-    environment for every process; `python`: the interpreter of every process; `network`: put
-    each worker in its own network namespace (set up by `start`); `spares`: spare workers
-    (CLUSTER_SPARE=1, node ids spare-<i>, logs spare_<i>.log); `state_url`: the schedulers keep
-    the job in etcd (CLUSTER_STATE_URL, lease `lease_s`); `standbys`: schedulers beside the
-    first (needs `state_url`), scheduler k on 127.0.0.<k+1> (or the lab's k-th scheduler
-    address), all on one port, logs scheduler_<k>.log; `port`: theirs (a free one by default);
-    `tls_config`: mutual TLS from this ssl.json for every process and for the job's status
-    calls (CLUSTER_TLS_CONFIG, with the TLS variables of this environment); `relay`: the
-    workers reach the scheduler through one relay (`mscluster relay`, log relay.log, socket in
-    a directory of this user's only), as `mscluster run` starts for 2 or more workers."""
-
-    recovery: bool = True
-    env: Mapping[str, str] = field(default_factory=dict)
-    python: str = sys.executable
-    network: NetworkLab | None = None
-    spares: int = 0
-    standbys: int = 0
-    state_url: str | None = None
-    lease_s: int = 2
-    port: int | None = None
-    tls_config: Path | None = None
-    relay: bool = False
 
 
 class LocalJob:
@@ -235,16 +106,16 @@ class LocalJob:
         node_timeout_s: float = 5.0,
         workdir: str | os.PathLike[str] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        options: LocalJobOptions = LocalJobOptions(),
+        options: LocalJobOptions = LocalJobOptions(),  # noqa: B008 - frozen, so shared safely
     ) -> None:
         """`workdir`: the logs and recovery state (a temporary directory by default);
         `timeout_s`: the bound of each wait; `options`: the rest (`LocalJobOptions`)."""
-        _check_options(workers, node_timeout_s, options)
-        self.hosts = _scheduler_hosts(options.standbys, options.state_url, options.network)
-        self.port = options.port or _free_port_on(self.hosts)
-        if options.port is not None and not _free_on(self.hosts, options.port):
+        check_options(workers, node_timeout_s, options)
+        self.hosts = scheduler_hosts(options.standbys, options.state_url, options.network)
+        self.port = options.port or free_port_on(self.hosts)
+        if options.port is not None and not free_on(self.hosts, options.port):
             raise ClusterError(f"LocalJob port {options.port} is not free on {self.hosts}")
-        self._identity = None if options.tls_config is None else _tls_identity(options.tls_config)
+        self._identity = None if options.tls_config is None else tls_identity(options.tls_config)
         self.script = Path(script)
         self.args = list(args)
         self.worker_num = workers
@@ -355,7 +226,7 @@ class LocalJob:
         def up() -> bool:
             if not relay.running:
                 raise ClusterError(f"the relay did not start: {relay.exit_line()}")
-            return _accepts(path)
+            return accepts(path)
 
         wait_until(up, self.timeout_s, "the relay taking connections")
 
@@ -586,84 +457,6 @@ class LocalJob:
 def scheduler_name(k: int) -> str:
     """Scheduler k's process and log name: "scheduler" for the first, as without standbys."""
     return "scheduler" if k == 0 else f"scheduler_{k}"
-
-
-def _scheduler_hosts(standbys: int, state_url: str | None, network: NetworkLab | None) -> list[str]:
-    """The schedulers' hosts: 127.0.0.1, 127.0.0.2, ... (the lab's addresses with a lab)."""
-    if standbys < 0 or (standbys and state_url is None):
-        raise ClusterError(
-            f"LocalJob standbys={standbys}: standby schedulers need state_url='etcd://...' "
-            "(they share the job's state in etcd) and a count >= 0"
-        )
-    if network is None:
-        return [f"127.0.0.{k + 1}" for k in range(standbys + 1)]
-    if len(network.scheduler_ips) < standbys + 1:
-        raise ClusterError(
-            f"LocalJob standbys={standbys} needs NetworkLab(..., schedulers={standbys + 1})"
-        )
-    return network.scheduler_ips[: standbys + 1]
-
-
-def _check_options(workers: int, node_timeout_s: float, options: LocalJobOptions) -> None:
-    """A ClusterError for a job LocalJob cannot run as asked."""
-    if workers < 1:
-        raise ClusterError(f"LocalJob workers={workers} must be >= 1")
-    parse_seconds("LocalJob node_timeout_s", repr(node_timeout_s))  # finite, > 0
-    lab = options.network
-    if lab is not None and lab.workers < workers + options.spares:
-        raise ClusterError(
-            f"LocalJob workers={workers} spares={options.spares} needs a namespace for "
-            f"each: NetworkLab({workers + options.spares}), not NetworkLab({lab.workers})"
-        )
-    if lab is not None and options.relay:
-        raise ClusterError(
-            "LocalJob relay=True with a NetworkLab: each worker is a host of its own there, "
-            "and a relay serves the workers of one host"
-        )
-
-
-def _tls_identity(config: Path) -> Any:
-    """The job's client identity for its status calls (`tls.prepare`: grpc's cipher list
-    first); a TLSConfigError naming what is wrong with the config or its files."""
-    from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
-
-    options = tls_options_from_env(os.environ, config.resolve())
-    assert options is not None  # a config path was given
-    return tls.prepare(options, server=False)
-
-
-def _accepts(path: Path) -> bool:
-    """Whether something takes connections on the unix socket at `path`."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-def _free_on(hosts: list[str], port: int) -> bool:
-    """Whether `port` is free on every loopback host of `hosts` now (a lab's hosts do not
-    exist yet)."""
-    return all(_bindable(host, port) for host in hosts if host.startswith("127."))
-
-
-def _free_port_on(hosts: list[str]) -> int:
-    """A port free on every loopback host of `hosts` now."""
-    for _ in range(100):
-        port = free_port()
-        if _free_on(hosts, port):
-            return port
-    raise ClusterError(f"no port is free on every one of {', '.join(hosts)}")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 # -- pytest --------------------------------------------------------------------------------------

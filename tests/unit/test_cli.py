@@ -11,7 +11,7 @@ import pytest
 
 import cluster
 from cluster.protocol.events import JobEvent
-from cluster.tools import cli
+from cluster.tools import cli, cli_args
 from cluster.tools.launch_plan import RESTARTS_WITH_RECOVERY, max_restarts_for
 from tests import docs_blocks
 
@@ -26,7 +26,7 @@ OUR_LINE = (
 
 
 def parse(line: str) -> argparse.Namespace:
-    return cli._parse(cli.build_parser(), ["run", *line.split()])
+    return cli_args.parse(cli.build_parser(), ["run", *line.split()])
 
 
 def test_an_msrun_line_parses_as_the_same_run_in_our_spelling() -> None:
@@ -84,7 +84,7 @@ def test_a_mistyped_option_of_another_command_is_suggested_from_that_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit):
-        cli._parse(cli.build_parser(), ["events", "--folow"])
+        cli_args.parse(cli.build_parser(), ["events", "--folow"])
     assert "(did you mean --follow?)" in capsys.readouterr().err
 
 

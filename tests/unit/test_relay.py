@@ -24,7 +24,7 @@ from cluster.protocol import backoff
 from cluster.protocol.environment import MAX_SOCKET_PATH, from_env, relay_from_env
 from cluster.protocol.errors import CapacityError, ConfigError
 from cluster.protocol.leader_search import DOWN_FOR_S, Upstream
-from cluster.tools import cli, launch_plan
+from cluster.tools import cli, cli_args, cli_commands, launch_plan
 from cluster.tools.launch_plan import LaunchOptions
 from cluster.tools.relay import settings_from_env
 from cluster.transport import edge, failures, hop, hop_channel, relay, stub, table_file
@@ -283,10 +283,11 @@ def test_the_plan_starts_the_relay_and_points_the_workers_at_it() -> None:
 
 def test_the_cli_parses_relay_and_no_relay() -> None:
     parser = cli.build_parser()
-    args = cli._parse(parser, ["relay", "--socket", "unix:/r.sock", "--scheduler", "h:1"])
-    assert (args.socket, args.scheduler, args.func) == ("unix:/r.sock", "h:1", cli._cmd_relay)
-    assert cli._parse(parser, ["run", "--no-relay", "t.py"]).relay is False
-    assert cli._parse(parser, ["run", "t.py"]).relay is True
+    args = cli_args.parse(parser, ["relay", "--socket", "unix:/r.sock", "--scheduler", "h:1"])
+    assert (args.socket, args.scheduler) == ("unix:/r.sock", "h:1")
+    assert args.func is cli_commands.cmd_relay
+    assert cli_args.parse(parser, ["run", "--no-relay", "t.py"]).relay is False
+    assert cli_args.parse(parser, ["run", "t.py"]).relay is True
 
 
 def unix_server(tmp_path: Path, name: str) -> tuple[socket.socket, Path]:

@@ -1,0 +1,153 @@
+"""The arguments of `mscluster run` (which `mscluster chaos` takes after `--` too), the options
+by which a reader proves the job secret (`status`, `events`), and the parsing that answers a
+mistyped option with the closest known one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from argparse import SUPPRESS
+from collections.abc import Sequence
+
+
+def add_run_arguments(run: argparse.ArgumentParser) -> None:
+    _add_placement_arguments(run)
+    _add_join_arguments(run)
+    _add_job_arguments(run)
+    run.add_argument("script", help="the training script")
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def _add_placement_arguments(run: argparse.ArgumentParser) -> None:
+    """Where the job's processes go. Each option also under msrun's name (--worker_num), so
+    that an msrun line runs as it is."""
+    run.add_argument(
+        "--worker-num",
+        "--worker_num",
+        type=int,
+        help="workers in the whole job (8; under Slurm: nodes x --local-worker-num)",
+    )
+    run.add_argument(
+        "--local-worker-num",
+        "--local_worker_num",
+        type=int,
+        help="workers on this host (--worker-num; under Slurm: SLURM_GPUS_ON_NODE, else 1)",
+    )
+    run.add_argument(
+        "--master-addr",
+        "--master_addr",
+        help="scheduler host (127.0.0.1; under Slurm: the first node of the step); with standby "
+        "schedulers every host, the first one's first (h1,h2: the workers get MS_SCHED_HOST=h1,h2)",
+    )
+    run.add_argument(
+        "--master-port",
+        "--master_port",
+        type=int,
+        help="scheduler port (8118; under Slurm: one per job step, 10000-29999)",
+    )
+    run.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        help="this host's index; its workers get node ids node_rank*local_worker_num+i "
+        "(under Slurm: SLURM_NODEID)",
+    )
+    run.add_argument(
+        "--log-dir",
+        "--log_dir",
+        help="where scheduler.log, worker_<i>.log go (logs; Slurm: logs/<job>.<step>[/node<R>])",
+    )
+
+
+def _add_join_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--join",
+        action="store_true",
+        help="also stream the workers' output, prefixed by rank (msrun's --join=True; "
+        "--join=False: logs only; the launcher always waits for the job)",
+    )
+    # msrun's --join takes a value. Whole words, matched before argparse splits at "=", so that
+    # a bare --join still leaves the next word to be the script.
+    for word, action in (("True", "store_true"), ("False", "store_false")):
+        for spelling in (word, word.lower()):
+            run.add_argument(
+                f"--join={spelling}", dest="join", action=action, default=False, help=SUPPRESS
+            )
+
+
+def _add_job_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--cluster-time-out",
+        "--cluster_time_out",
+        type=float,
+        help="seconds for all workers to register (MS_TOPO_TIMEOUT)",
+    )
+    run.add_argument("--node-timeout", type=float, help="heartbeat timeout (MS_NODE_TIMEOUT)")
+    run.add_argument("--enable-recovery", action="store_true", help="MS_ENABLE_RECOVERY=1")
+    run.add_argument("--recovery-path", help="MS_RECOVERY_PATH (default LOG_DIR/recovery)")
+    run.add_argument(
+        "--state-url",
+        help="the scheduler keeps the job's state in etcd (CLUSTER_STATE_URL: "
+        "etcd://HOST:PORT[,HOST:PORT...]/PREFIX); implies --enable-recovery",
+    )
+    run.add_argument("--lease", type=int, help="with --state-url: CLUSTER_LEASE_S (default 5)")
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        help="restart a failed local worker, and this host's scheduler when it was killed, up to "
+        "K times each (default: 1 with recovery on, else 0)",
+    )
+    run.add_argument("--spares", type=int, default=0, help="hot spare workers here (CLUSTER_SPARE)")
+    run.add_argument("--tls-config", help="ssl.json for mutual TLS (CLUSTER_TLS_CONFIG)")
+    run.add_argument(
+        "--no-relay",
+        dest="relay",
+        action="store_false",
+        help="no relay: each local worker connects to the scheduler itself (by default, with 2 "
+        "or more local workers, they share one connection through this host's relay)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        help="the scheduler serves Prometheus metrics on this port (CLUSTER_METRICS_PORT; off)",
+    )
+
+
+def add_reader_options(reader: argparse.ArgumentParser, *, events: bool = False) -> None:
+    """How `status` and `events --addr` prove the job secret to a scheduler that asks for it."""
+    reader.add_argument(
+        "--secret-file",
+        help="the job's secret file, to prove to a job with a secret that this reader may read "
+        "it (`mscluster run` writes LOG_DIR/job.secret); default: --log-dir's job.secret, "
+        "else CLUSTER_JOB_SECRET_FILE, else logs/job.secret when there",
+    )
+    reader.add_argument(
+        "--log-dir",
+        help="the job's log directory of `mscluster run` (logs): its job.secret proves this "
+        "reader" + ("; without --addr its events.jsonl is read" if events else ""),
+    )
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """parse_args, but an unknown option is answered with the closest known one."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        known = _known_options(parser, getattr(args, "command", None))
+        hints = []
+        import difflib  # noqa: PLC0415 - only for a mistyped option
+
+        for word in unknown:
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+            hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
+        parser.error(f"unrecognized arguments: {' '.join(hints)}")
+    return args
+
+
+def _known_options(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """The option strings of `parser` and of its subcommand `command`."""
+    known: list[str] = []
+    for action in parser._actions:
+        known += action.option_strings
+        if isinstance(action.choices, dict) and command in action.choices:
+            known += _known_options(action.choices[command], None)
+    return known

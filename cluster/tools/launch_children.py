@@ -1,0 +1,275 @@
+"""A launcher's children: the processes it starts, their output, and what it has seen of them.
+
+`Children` holds what one launcher knows: its options and plan, the scheduler, relay and
+workers it started (a `Child` each), the scheduler's last answer and the job's end as its event
+log tells it. It starts a child (its output to its log, or with --join through `_pump` to the
+terminal too), reaps its exit, rewrites `<log-dir>/pids`, says the progress line and every other
+line for the person at the terminal, and gathers what it has seen for `launch_policy.decide`
+(`_seen`). What to do about an exit, and the run from start to end, are `launch.Launcher`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from cluster.protocol.display import safe
+from cluster.protocol.environment import tls_options_from_env
+from cluster.tools import launch_policy as policy
+from cluster.tools import launch_setup as setup
+from cluster.tools import processes
+from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, standby_hosts
+from cluster.tools.launch_reading import Fresh, JobReader, job_ended, job_seen, without_rank_at_end
+from cluster.tools.status import JobView
+from cluster.transport import tls
+
+
+@dataclass
+class Child:
+    planned: Process
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    pump: asyncio.Task[None] | None = None
+    reaper: asyncio.Task[None] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Children:
+    """What one launcher started and has seen of it: the plumbing under `launch.Launcher`."""
+
+    def __init__(
+        self,
+        options: LaunchOptions,
+        plan: Plan,
+        out: IO[str] = sys.stderr,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options
+        self.plan = plan
+        self._clock = clock
+        self.out = out
+        self.address = plan.address
+        # Every scheduler of the job, the first first (--master-addr h1,h2: standbys follow).
+        port = options.master_port
+        self.addresses = [
+            plan.address,
+            *(setup.at(h, port) for h in standby_hosts(options.master_addr)),
+        ]
+        # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
+        identity: tls.Identity | None = None
+        if options.tls_config is not None:
+            tls_options = tls_options_from_env(os.environ, options.tls_config.resolve())
+            assert tls_options is not None  # a config path was given
+            identity = tls.load_identity(tls_options, server=False)
+        self.reader = JobReader(self.addresses, identity, options.job_secret_file)
+        self.scheduler: Child | None = None
+        self.relay: Child | None = None
+        self._relay_said = False
+        self.workers: list[Child] = []
+        self.view: JobView | None = None
+        # Once the job ended: whether each node held no rank at its end, by its event log.
+        self._at_end: dict[str, bool] | None = None
+        # When the poll that got `view` was asked, and when a child last exited (clock times):
+        # an answer asked before an exit is not shown beside the processes as they are now.
+        self._view_asked = float("-inf")
+        self._exited_at = float("-inf")
+        self._stop_signal: int | None = None
+        self._stopping = asyncio.Event()  # set with `_stop_signal`
+        self._wake = asyncio.Event()
+        self._started = clock()
+        self._tty = out.isatty()
+        self._last_line = ""
+
+    # -- processes -----------------------------------------------------------------------------
+
+    async def _spawn(self, child: Child, args: list[str], env: dict[str, str]) -> None:
+        mode = "ab" if child.restarts else "wb"
+        if self.options.join and child.planned.index is not None:
+            child.process = await asyncio.create_subprocess_exec(
+                *args,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # our own process group: we stop it, not the terminal
+            )
+            child.pump = asyncio.create_task(self._pump(child, mode))
+        else:
+            with child.planned.log.open(mode) as log:
+                child.process = await asyncio.create_subprocess_exec(
+                    *args,
+                    env=env,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+        child.exit_code = None
+        child.exited.clear()
+        child.reaper = asyncio.create_task(self._reap(child))
+        self._write_pids()
+
+    def _write_pids(self) -> None:
+        """`<log-dir>/pids`: the pid of every process this launcher started (the newest
+        incarnation of each), so that a tool signals this job's processes and no other's."""
+        started = [c for c in [self.scheduler, self.relay, *self.workers] if c is not None]
+        pids = {_pid_name(c.planned): c.process.pid for c in started if c.process is not None}
+        with contextlib.suppress(OSError):  # a courtesy to tools: never fails the job
+            processes.write_pids(self.options.log_dir, pids)
+
+    async def _pump(self, child: Child, mode: str) -> None:
+        """--join: copy a worker's output to its log and, prefixed, to the terminal."""
+        assert child.process is not None
+        assert child.process.stdout is not None
+        with child.planned.log.open(mode) as log:
+            async for raw in child.process.stdout:
+                log.write(raw)
+                log.flush()
+                rank = self._rank_of(child)
+                # `_print` never raises: a terminal that went away stops the echo, not the log.
+                prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
+                self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}", raw=True)
+
+    async def _reap(self, child: Child) -> None:
+        assert child.process is not None
+        code = await child.process.wait()
+        if child.pump is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(child.pump, 2.0)
+        child.exit_code = code
+        self._exited_at = self._clock()
+        child.exited.set()
+        self._wake.set()
+
+    async def _start(self, child: Child) -> None:
+        planned = child.planned
+        await self._spawn(child, list(planned.args), child_environment(os.environ, planned))
+
+    # -- watching ------------------------------------------------------------------------------
+
+    def _rank_of(self, child: Child) -> int | None:
+        node_id = child.planned.node_id
+        if node_id is not None and self._at_end is not None and self._at_end.get(node_id):
+            return None  # the job ended with its rank a spare's
+        if node_id is not None and self.view is not None:
+            rank = self.view.rank_of(node_id)
+            if rank is not None:
+                return rank
+        return child.planned.rank
+
+    def _spare(self, child: Child, view: JobView | None) -> bool:
+        """Whether `child` holds no rank now (the scheduler's word, its event log's once the
+        job ended; else how it started)."""
+        node_id = child.planned.node_id
+        known = None if view is None or node_id is None else view.is_spare(node_id)
+        if node_id is not None and self._at_end is not None:
+            known = self._at_end.get(node_id, known)
+        return child.planned.spare if known is None else known
+
+    def _who(self, child: Child) -> str:
+        rank = self._rank_of(child)
+        where = f"rank {rank}, " if rank is not None else ""
+        planned = child.planned
+        name = planned.name if planned.spare else f"worker {planned.index}"
+        return f"{name} ({where}node id {planned.node_id!r})"
+
+    def _progress(self) -> None:
+        """The progress line, from an answer asked after the last exit of a child (none until
+        one comes: the job as it was beside the workers as they are is no state it was in)."""
+        if self.view is not None and self._view_asked < self._exited_at:
+            return
+        running = sum(1 for w in self.workers if w.running)
+        job = (
+            f"{self.view.registered}/{self.view.expected} registered ({self.view.phase.value})"
+            if self.view is not None
+            else "scheduler not answering yet"
+        )
+        if self.options.spares or (self.view is not None and self.view.spares):
+            job += f" | spares {0 if self.view is None else self.view.spares}"
+        line = (
+            f"mscluster: {job} | local workers running {running}/{len(self.workers)} | "
+            f"restarts {self._restarts()}"
+        )
+        if self._tty and not self.options.join:
+            elapsed = self._clock() - self._started
+            setup.say(self.out, f"\r\x1b[K{line} | {elapsed:.0f} s")
+            self._last_line = line
+        elif line != self._last_line:
+            self._last_line = line
+            self._print(line)
+
+    def _restarts(self) -> str:
+        """'3' (the workers'), '3, scheduler 1' once the scheduler has been started again."""
+        workers = sum(w.restarts for w in self.workers)
+        sched = 0 if self.scheduler is None else self.scheduler.restarts
+        return f"{workers}, scheduler {sched}" if sched else str(workers)
+
+    def _print(self, line: str, *, raw: bool = False) -> None:
+        """One line for the person at the terminal, escaped (`safe`: a reason from the
+        scheduler, a log's tail); `raw`: a --join worker's own output, colours and all."""
+        start = "\r\x1b[K" if self._tty and not self.options.join else ""
+        setup.say(self.out, start + (line if raw else safe(line)) + "\n")
+
+    async def _seen(self, *, ask: bool) -> policy.Seen:
+        """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
+        scheduler too (a worker has failed: may the job take it back?)."""
+        fresh = await self.reader.fresh() if ask else Fresh()
+        if fresh.unread:
+            last = "none" if self.view is None else self.view.phase.value
+            self._print(
+                f"mscluster: the scheduler is up but refused to show the job ({fresh.unread}); "
+                f"deciding from its last answer ({last})"
+            )
+        now = fresh.view
+        sched = self.scheduler
+        view = now or self.view
+        ended = sched is not None and sched.exit_code == 0 and self._ended()
+        if ended and self._at_end is None:
+            self._at_end = without_rank_at_end(self._event_log())
+        return policy.Seen(
+            workers=tuple(
+                policy.WorkerSeen(
+                    w.planned.index or 0, w.exit_code, w.restarts, self._spare(w, view)
+                )
+                for w in self.workers
+            ),
+            max_restarts=self.options.max_restarts,
+            own_scheduler=sched is not None,
+            scheduler_exit=None if sched is None else sched.exit_code,
+            scheduler_restarts=0 if sched is None else sched.restarts,
+            recovery=self.options.enable_recovery,
+            standbys=len(self.addresses) > 1,
+            stop_signal=self._stop_signal,
+            ended=ended,
+            last=job_seen(self.view),
+            now=job_seen(now),
+            unreachable=fresh.unreachable,
+            unread=fresh.unread,
+        )
+
+    def _ended(self) -> bool:
+        """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
+        return job_ended(self.view, self._event_log())
+
+    def _event_log(self) -> Path | None:
+        """The event log of this launcher's scheduler (None: none, or not this launcher's)."""
+        planned = self.plan.scheduler
+        event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
+        return None if event_log is None else Path(event_log)
+
+
+def _pid_name(planned: Process) -> str:
+    """A process's name in `<log-dir>/pids`: its log's (`scheduler`, `worker_2`, `spare_0`)."""
+    return planned.log.stem

@@ -26,12 +26,13 @@ outside any job, or named by an unreadable file keeps the wait and the refusal.
 
 A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
 once, so it never keeps the lock after the holder is gone; `exec` closes it too (O_CLOEXEC).
-The file is opened without following a link (`atomic`) and written only when it is this user's
-own regular file with one name. It stays when released: removing it would let a newcomer lock a
-new file while a waiter locks the old one. Where the lock cannot be taken at all (a file system
-without `flock`, such as Lustre mounted without it; a directory this process cannot write), the
-manager goes on without it, saying so once (on a read-only file system nothing can write the
-files, and nothing is said).
+The file is opened without following a link (`atomic`), and written, or read for a claim, only
+when it is this user's own regular file with one name (a FIFO put there never blocks the reader).
+It stays when released: removing it would let a newcomer lock a new file while a waiter locks
+the old one. Where the lock cannot be taken at all (a file system without `flock`, such as
+Lustre mounted without it; a directory this process cannot write), the manager goes on without
+it, saying so once (on a read-only file system nothing can write the files, and nothing is
+said).
 """
 
 from __future__ import annotations
@@ -211,10 +212,7 @@ class CheckpointLock:
         otherwise, also when the file cannot be read."""
         if self._seat is None:
             return None
-        try:
-            holder = _parse(atomic.read_no_follow(self.path)[:400])
-        except OSError:
-            return None
+        holder = _read_holder_at(self.path)
         if holder is not None and replaces(holder.seat, self._seat):
             return holder
         return None
@@ -352,6 +350,24 @@ def _read_holder(fd: int) -> Holder | None:
         return _parse(os.pread(fd, 400, 0))
     except OSError:
         return None
+
+
+def _read_holder_at(path: Path) -> Holder | None:
+    """Who the lock file at `path` names, read as `_read_holder` reads it; None also when it
+    cannot be opened, or is not this user's own regular file: whatever is planted there (a
+    FIFO, which would block the open and the read, a large file) is never waited on or read."""
+    try:
+        fd = atomic.open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if atomic.not_own_file(os.fstat(fd)):
+            return None
+        return _read_holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _described(holder: Holder | None) -> str:

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,74 @@ def test_a_planted_lock_file_is_refused_and_never_written(tmp_path: Path, plante
     with pytest.raises(CheckpointError, match=f"{rank_dir / '.mlp.lock'} {why}.*remove it"):
         mlp(tmp_path)
     assert elsewhere.read_text() == "precious\n"
+
+
+def planted_by_another_user(path: Path) -> None:
+    """Give `path` to another user (nobody), as a file planted there by that user is."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+
+
+def test_a_fifo_planted_at_the_lock_path_never_blocks_the_holder(tmp_path: Path) -> None:
+    """The holder in a job reads the file for a successor's claim before each write: a FIFO
+    put in its place (the file removed, the rank directory writable by another user) is not a
+    claim, and is neither waited on nor read."""
+    lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+    lock.acquire(seat=EARLIER)
+    assert lock.held
+    path = tmp_path / ".mlp.lock"
+    path.unlink()
+    os.mkfifo(path)
+    planted_by_another_user(path)
+    read: list[object] = []
+    reader = threading.Thread(target=lambda: read.append(lock.displaced()), daemon=True)
+    reader.start()
+    reader.join(10)
+    blocked = reader.is_alive()
+    if blocked:  # a writer opens the FIFO: the blocked open and read end
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+    lock.release()
+    assert not blocked, "displaced() blocked opening the FIFO"
+    assert read == [None]
+
+
+# Holds the lock of argv[1] in a job, then a file of argv[2] bytes (holes: nothing on disk) of
+# another user is put in its place; reads the claim with at most 256 MiB more address space.
+LARGE = """
+import os, resource, sys
+from pathlib import Path
+from cluster.storage.checkpoint_lock import CheckpointLock, Seat
+
+directory = Path(sys.argv[1])
+lock = CheckpointLock(directory, "mlp")
+lock.acquire(seat=Seat("0a1b2c3d4e5f", "1", 11, 1))
+path = directory / ".mlp.lock"
+path.unlink()
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+os.ftruncate(fd, int(sys.argv[2]))
+os.close(fd)
+if os.geteuid() == 0:
+    os.chown(path, 65534, 65534)
+with open("/proc/self/statm") as statm:
+    used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), resource.RLIM_INFINITY))
+print("displaced:", lock.displaced(), flush=True)
+"""
+
+
+def test_a_large_file_planted_at_the_lock_path_is_not_read(tmp_path: Path) -> None:
+    """A file of 8 GiB in the lock file's place: reading it whole would take 8 GiB of memory."""
+    done = subprocess.run(
+        [PYTHON, "-c", LARGE, str(tmp_path), str(8 << 30)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=job_env(1, 0),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "displaced: None\n"
 
 
 def test_a_file_system_without_locks_is_said_once_and_the_manager_goes_on(

@@ -196,6 +196,27 @@ def test_a_planted_lock_file_is_refused_and_never_written(tmp_path: Path, plante
     assert elsewhere.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize("planted", ["directory", "socket"])
+def test_a_directory_or_socket_at_the_lock_path_is_refused_not_gone_on_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, planted: str
+) -> None:
+    """What cannot even be opened as a file is planted too: refused as a FIFO is, never taken
+    for a file system without locks (the manager would go on unlocked beside another)."""
+    rank_dir = tmp_path / "rank_0"
+    rank_dir.mkdir()
+    if planted == "directory":
+        (rank_dir / ".mlp.lock").mkdir()
+    else:
+        monkeypatch.chdir(rank_dir)  # a socket's path is short: bound by its relative name
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(".mlp.lock")
+        server.close()
+    why = f"{rank_dir / '.mlp.lock'} is not a regular file: it was not made by a Checkpoint"
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointError, match=why):
+        mlp(tmp_path)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
 def planted_by_another_user(path: Path) -> None:
     """Give `path` to another user (nobody), as a file planted there by that user is."""
     if os.geteuid() == 0:

@@ -25,12 +25,16 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def mounted(size: str = "1m", *, read_only: bool = False) -> Iterator[Path]:
-    """A fresh tmpfs of `size` (read-only with `read_only`), unmounted and removed at the end."""
+def mounted(
+    size: str = "1m", *, read_only: bool = False, inodes: int | None = None
+) -> Iterator[Path]:
+    """A fresh tmpfs of `size` (read-only with `read_only`; with room for `inodes` files and
+    directories, its root included, when given), unmounted and removed at the end."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     where = Path(tempfile.mkdtemp(prefix="cluster-tmpfs-"))
-    mount = _run("mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where))
+    options = f"size={size},mode=0755" + ("" if inodes is None else f",nr_inodes={inodes}")
+    mount = _run("mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where))
     if mount.returncode != 0:
         where.rmdir()
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")

@@ -30,9 +30,11 @@ The file is opened without following a link (`atomic`), and written, or read for
 when it is this user's own regular file with one name (a FIFO put there never blocks the reader).
 It stays when released: removing it would let a newcomer lock a new file while a waiter locks
 the old one. Where the lock cannot be taken at all (a file system without `flock`, such as
-Lustre mounted without it; a directory this process cannot write), the manager goes on without
-it, saying so once (on a read-only file system nothing can write the files, and nothing is
-said).
+Lustre mounted without it), the manager goes on without it, saying so once. Where the file
+cannot be opened (a directory this process cannot write; a file system out of room, inodes or
+quota), it goes on without it too, saying so once, and each later `acquire` tries again: it
+holds the lock once the file can be made (on a read-only file system nothing can write the
+files, and nothing is said).
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ class CheckpointLock:
         self._finalizer: weakref.finalize[[int, tuple[int, int], int], CheckpointLock] | None = None
         self._fd: int | None = None  # the held lock's descriptor
         self._seat: Seat | None = None  # as the file says it, while held or behind
-        self._unavailable = False  # this file system or directory has no lock for us (said)
+        self._unavailable = False  # this file system has no locks (said)
+        self._unmade = False  # the file could not be opened at the last try (said)
         self.behind = False  # going on without the lock, behind an earlier holder (said)
         # Where this lock's lines go: the worker's own lines in a job (`acquire`'s `say`),
         # else this module's log.
@@ -194,6 +197,9 @@ class CheckpointLock:
         if self.behind:
             line = f"the earlier holder of {self._what()} is gone: this manager holds the lock now"
             self._tell(logging.INFO, line)
+        elif self._unmade:
+            self._tell(logging.INFO, f"{self.path} can be locked now: this manager holds the lock")
+        self._unmade = False
         _write_holder(fd, seat)
         self._fd, self._seat, self.behind = fd, seat, False
         # Released by `release`, or when this object is dropped; the process's end does it too.
@@ -225,7 +231,7 @@ class CheckpointLock:
         try:
             fd, unfit = atomic.open_own(self.path)
         except OSError as exc:
-            self._without(exc)
+            self._unopened(exc)
             return None
         if fd is not None:
             return fd
@@ -257,6 +263,7 @@ class CheckpointLock:
             except BlockingIOError:
                 pass
             except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks here
+                self._unavailable = True
                 self._without(exc)
                 return "unavailable"
             else:
@@ -315,10 +322,16 @@ class CheckpointLock:
             "each job its own checkpoint directory or prefix, or stop the other process"
         )
 
+    def _unopened(self, exc: OSError) -> None:
+        """The file could not be opened (no room, no inode, no quota left; no permission):
+        said once while it lasts, and each use tries again (a full file system has room
+        later)."""
+        if exc.errno == errno.EROFS or self._unmade:
+            return  # read-only: nothing can write the files there, nothing to keep apart
+        self._unmade = True
+        self._without(exc)
+
     def _without(self, exc: OSError) -> None:
-        self._unavailable = True
-        if exc.errno == errno.EROFS:
-            return  # nothing can write the files there: nothing to keep apart
         self._tell(
             logging.WARNING,
             f"cannot lock {self.path} ({exc.strerror}): this CheckpointManager goes on without "

@@ -23,6 +23,7 @@ from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError
 from cluster.storage import checkpoint_lock
 from cluster.testing import Process, wait_until
+from tests import tmpfs
 from tests.procs import PYTHON, Procs, job_env
 
 # Holds rank 0's checkpoints of prefix 'mlp' under argv[1] (one saved) until it is killed;
@@ -301,6 +302,50 @@ def test_a_file_system_without_locks_is_said_once_and_the_manager_goes_on(
     assert len(lines) == 1, lines
     assert f"cannot lock {tmp_path / 'rank_0' / '.mlp.lock'} (No locks available)" in lines[0]
     assert "goes on without the lock" in lines[0]
+
+
+def fill_inodes(directory: Path) -> list[Path]:
+    """Empty files made in `directory` until its file system has no inode left; their paths."""
+    made: list[Path] = []
+    for count in range(4096):
+        path = directory / f"filler-{count}"
+        try:
+            path.touch()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return made
+        made.append(path)
+    raise AssertionError(f"{directory}: 4096 files made, and still room for more")
+
+
+def test_a_lock_file_that_could_not_be_made_is_made_and_locked_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file system out of inodes (or over its quota) refuses the lock file: the manager goes
+    on without it, saying so once (its saves fail there anyway). Once there is room again,
+    its next use makes and takes the lock, and a second manager is refused as ever."""
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 0.0)
+    with tmpfs.mounted("1m", inodes=16) as disk:
+        (disk / "rank_0").mkdir()
+        fillers = fill_inodes(disk)
+        with caplog.at_level(logging.WARNING, logger=checkpoint_lock.__name__):
+            ckpt = mlp(disk)
+            assert ckpt.steps() == []  # used again with no room yet: nothing more said
+        said = lines(caplog)
+        assert len(said) == 1, said
+        assert said[0].startswith(f"cannot lock {disk / 'rank_0' / '.mlp.lock'} (No space left")
+        for filler in fillers:
+            filler.unlink()
+        with caplog.at_level(logging.INFO, logger=checkpoint_lock.__name__):
+            ckpt.save(2, {"step": 2})
+            ckpt.flush()
+        with pytest.raises(CheckpointError, match="in use by another CheckpointManager"):
+            mlp(disk)
+        assert lines(caplog)[1:] == [
+            f"{disk / 'rank_0' / '.mlp.lock'} can be locked now: this manager holds the lock"
+        ]
+        ckpt.close()
 
 
 # -- within one job: the scheduler decides who holds a rank ---------------------------------

@@ -40,14 +40,19 @@ def mounted(
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
         if read_only:
-            remount = _run("mount", "-o", "remount,ro", str(where))
-            assert remount.returncode == 0, remount.stderr
+            make_read_only(where)
         yield where
     finally:
         if _run("umount", str(where)).returncode != 0:
             _run("umount", "-l", str(where))  # a process of the test still has a file open
         with contextlib.suppress(OSError):
             where.rmdir()
+
+
+def make_read_only(where: Path) -> None:
+    """Mount the tmpfs at `where` read-only from now on (files written before stay)."""
+    remount = _run("mount", "-o", "remount,ro", str(where))
+    assert remount.returncode == 0, remount.stderr
 
 
 def fill(directory: Path) -> Path:

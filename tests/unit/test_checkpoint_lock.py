@@ -348,6 +348,25 @@ def test_a_lock_file_that_could_not_be_made_is_made_and_locked_once_there_is_roo
         ckpt.close()
 
 
+def test_on_a_read_only_file_system_managers_read_without_the_lock_and_say_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Checkpoints kept on a file system mounted read-only: no manager can write there, so
+    there is nothing to keep apart; each loads without the lock, and nothing is said."""
+    with tmpfs.mounted("1m") as disk:
+        with mlp(disk) as ckpt:
+            ckpt.save(1, {"step": 1})
+            ckpt.flush()
+        tmpfs.make_read_only(disk)
+        with caplog.at_level(logging.DEBUG, logger=checkpoint_lock.__name__):
+            first, second = mlp(disk), mlp(disk)
+            assert first.load(1) == {"step": 1}
+            assert second.steps() == [1]
+            first.close()
+            second.close()
+        assert lines(caplog) == []
+
+
 # -- within one job: the scheduler decides who holds a rank ---------------------------------
 
 JOB, OTHER_JOB = "0a1b2c3d4e5f", "ffeeddccbbaa"

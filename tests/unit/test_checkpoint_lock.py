@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -458,7 +459,14 @@ def test_a_newcomer_goes_on_behind_an_earlier_holder_of_its_job_and_takes_the_lo
             "on without the lock, and takes it once that process is gone"
         ) in said[0]
         claim = (tmp_path / ".mlp.lock").read_text()
-        assert claim.endswith(" job=0a1b2c3d4e5f node=spare-0 incarnation=22 generation=2\n")
+        assert json.loads(claim) == {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "job": JOB,
+            "node": "spare-0",
+            "incarnation": 22,
+            "generation": 2,
+        }
         lock.acquire(seat=SPARE)  # the earlier holder is still there: no wait, nothing said
         assert lock.behind
         assert len(lines(caplog)) == 1
@@ -523,7 +531,7 @@ def test_a_displaced_holder_writes_nothing_more_in_the_rank_directory(
     ckpt.flush()
     assert ckpt._lock is not None
     ckpt._lock.acquire(seat=EARLIER)  # held: the seat is written in
-    assert (tmp_path / "rank_0" / ".mlp.lock").read_text().endswith("generation=1\n")
+    assert json.loads((tmp_path / "rank_0" / ".mlp.lock").read_text())["generation"] == 1
     assert ckpt._lock.displaced() is None
     spare = seated(processes, tmp_path / "rank_0", SPARE, wait="0")
     assert "behind" in spare.output

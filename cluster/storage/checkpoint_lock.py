@@ -395,7 +395,10 @@ def _let_go(fd: int, key: tuple[int, int], pid: int) -> None:
 
 def _close_in_child() -> None:
     """In a child forked by a holder: close the copies of the locks' descriptors, so that the
-    child never keeps a lock after the holder is gone."""
+    child never keeps a lock after the holder is gone. The registry's lock is made anew: a
+    thread of the parent that held it at the fork does not run in the child to release it."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
     for fd in _held.values():
         with contextlib.suppress(OSError):
             os.close(fd)

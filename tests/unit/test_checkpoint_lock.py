@@ -6,6 +6,7 @@ never keeps the lock; a planted file is refused; a file system without locks is 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
-from cluster.protocol.errors import CheckpointError
+from cluster.protocol.errors import CheckpointError, JobTimeoutError
 from cluster.storage import checkpoint_lock
 from cluster.testing import Process, wait_until
 from tests import tmpfs
@@ -139,6 +140,45 @@ def test_a_forked_child_of_the_holder_does_not_keep_the_lock(
         mlp(directory).close()
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_forked_while_another_thread_is_in_the_registry_can_lock(tmp_path: Path) -> None:
+    """A fork while another thread of the parent holds the lock of the registry of held files
+    (a manager being made or closed there): the child has no such thread, and its first manager
+    must not wait for it forever."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def in_the_registry() -> None:
+        with checkpoint_lock._registry_lock:
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=in_the_registry)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        child = os.fork()
+        if child == 0:  # the child: lock a directory of its own, say whether it holds it
+            lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+            lock.acquire(wait_s=0.0)
+            os._exit(0 if lock.held else 1)
+        ended: list[int] = []
+
+        def reaped() -> bool:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if pid:
+                ended.append(os.waitstatus_to_exitcode(status))
+            return bool(pid)
+
+        with contextlib.suppress(JobTimeoutError):
+            wait_until(reaped, 10, "the forked child to end")
+        if not ended:  # it waits for the registry's lock: it never ends by itself
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+    finally:
+        leave.set()
+        thread.join(10)
+    assert ended == [0], "the forked child waited for the registry's lock forever"
 
 
 def test_in_one_process_a_manager_closed_or_dropped_lets_the_next_in(

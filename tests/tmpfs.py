@@ -25,25 +25,34 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def mounted(size: str = "1m", *, read_only: bool = False) -> Iterator[Path]:
-    """A fresh tmpfs of `size` (read-only with `read_only`), unmounted and removed at the end."""
+def mounted(
+    size: str = "1m", *, read_only: bool = False, inodes: int | None = None
+) -> Iterator[Path]:
+    """A fresh tmpfs of `size` (read-only with `read_only`; with room for `inodes` files and
+    directories, its root included, when given), unmounted and removed at the end."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     where = Path(tempfile.mkdtemp(prefix="cluster-tmpfs-"))
-    mount = _run("mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where))
+    options = f"size={size},mode=0755" + ("" if inodes is None else f",nr_inodes={inodes}")
+    mount = _run("mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where))
     if mount.returncode != 0:
         where.rmdir()
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
     try:
         if read_only:
-            remount = _run("mount", "-o", "remount,ro", str(where))
-            assert remount.returncode == 0, remount.stderr
+            make_read_only(where)
         yield where
     finally:
         if _run("umount", str(where)).returncode != 0:
             _run("umount", "-l", str(where))  # a process of the test still has a file open
         with contextlib.suppress(OSError):
             where.rmdir()
+
+
+def make_read_only(where: Path) -> None:
+    """Mount the tmpfs at `where` read-only from now on (files written before stay)."""
+    remount = _run("mount", "-o", "remount,ro", str(where))
+    assert remount.returncode == 0, remount.stderr
 
 
 def fill(directory: Path) -> Path:

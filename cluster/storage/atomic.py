@@ -61,14 +61,21 @@ def not_own_file(st: os.stat_result) -> str:
 def open_own(path: Path) -> tuple[int | None, str]:
     """The file at `path` open for reading and writing (made if missing) as this process's own
     (a lock file): (its descriptor, '') when it is this user's regular file with one name; else
-    (None, what it is instead: 'a symbolic link', never followed, or `not_own_file`'s words).
-    OSError for any other failure to open it."""
+    (None, what it is instead: 'a symbolic link', never followed, or `not_own_file`'s words),
+    also where the open fails for what is there (a directory, a socket, a file of another user
+    that the kernel's protected_* rules keep closed). OSError for any other failure to open it."""
     try:
         fd = open_no_follow(path, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        return None, "a symbolic link"
+        if exc.errno == errno.ELOOP:
+            return None, "a symbolic link"
+        try:
+            there = not_own_file(os.lstat(path))
+        except OSError:
+            there = ""
+        if there:
+            return None, there
+        raise
     unfit = not_own_file(os.fstat(fd))
     if unfit:
         os.close(fd)

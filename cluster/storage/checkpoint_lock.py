@@ -1,13 +1,15 @@
-"""One `CheckpointManager` at a time per rank directory and prefix: a lock file.
+"""One `CheckpointManager` at a time per rank directory and prefix: a lock file
+(`holder_lock`).
 
 Two managers of one rank and prefix (two jobs given the same directory and prefix, a second
 process started by mistake) would each prune the other's newer checkpoints and remove the
 other's temporaries mid-write. So a manager holds `rank_<r>/.<prefix>.lock` with an exclusive
 `flock` from the moment it takes its rank until it is closed or dropped, or its process ends:
 the kernel releases the lock of a process that ends, however it ends (SIGKILL included), so a
-restarted worker takes it at once. The holder writes its pid and host into the file, and in a
-job its seat (`Seat`: the job's id, its node id and incarnation, the generation it took the
-rank in), for the message of the one refused and for the decision below.
+restarted worker takes it at once. The holder writes its pid and host into the file (a line of
+JSON, `holder_lock.write_holder`), and in a job its seat (`Seat`: the job's id, its node id and
+incarnation, the generation it took the rank in), for the message of the one refused and for
+the decision below.
 
 One that finds the lock held waits for it up to `WAIT_S` (a failed predecessor on the same host
 may still be exiting, flushing its last write), saying so in one line, then is refused with a
@@ -22,15 +24,19 @@ then goes on without the lock, saying so in one line, and writes its own seat in
 claim: the earlier holder, which ends once it hears its rank went to another, writes nothing
 more there once it reads it, `displaced`); each later `acquire` tries again, without waiting,
 and takes the lock once the earlier holder is gone. A lock held by another job, by a process
-outside any job, or named by an unreadable file keeps the wait and the refusal.
+outside any job, or named by an unreadable file (a file of another program; one written before
+the holder was a line of JSON) keeps the wait and the refusal.
 
 A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
 once, so it never keeps the lock after the holder is gone; `exec` closes it too (O_CLOEXEC).
-The file is opened without following a link (`atomic`) and written only when it is this user's
-own regular file with one name. It stays when released: removing it would let a newcomer lock a
-new file while a waiter locks the old one. Where the lock cannot be taken at all (a file system
-without `flock`, such as Lustre mounted without it; a directory this process cannot write), the
-manager goes on without it, saying so once (on a read-only file system nothing can write the
+The file is opened without following a link (`atomic`), and written, or read for a claim, only
+when it is this user's own regular file with one name (a FIFO put there never blocks the reader).
+It stays when released: removing it would let a newcomer lock a new file while a waiter locks
+the old one. Where the lock cannot be taken at all (a file system without `flock`, such as
+Lustre mounted without it), the manager goes on without it, saying so once. Where the file
+cannot be opened (a directory this process cannot write; a file system out of room, inodes or
+quota), it goes on without it too, saying so once, and each later `acquire` tries again: it
+holds the lock once the file can be made (on a read-only file system nothing can write the
 files, and nothing is said).
 """
 
@@ -38,10 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -52,7 +56,7 @@ from typing import Literal
 
 from cluster.protocol.errors import CheckpointError
 from cluster.protocol.value import frozen
-from cluster.storage import atomic
+from cluster.storage import atomic, holder_lock
 
 _log = logging.getLogger(__name__)
 
@@ -64,11 +68,6 @@ WAIT_S = 15.0
 # goes on without the lock: a predecessor on this host that is exiting is gone by then.
 SUCCESSOR_WAIT_S = 2.0
 _POLL_S = 0.05
-_NAME = r"[\x21-\x7e]{1,128}"
-_HOLDER_RE = re.compile(
-    r"pid=(\d{1,10}) host=([\x21-\x7e]{1,255})"
-    rf"(?: job=({_NAME}) node=({_NAME}) incarnation=(\d{{1,20}}) generation=(\d{{1,20}}))?\n"
-)
 # What `_take` found instead of the lock: no locks on this file system (said); an earlier
 # holder of the rank in this job, which this manager goes on without.
 _Missed = Literal["unavailable", "behind"]
@@ -88,15 +87,6 @@ class Seat:
     node: str
     incarnation: int
     generation: int
-
-    def fields(self) -> str:
-        """The seat as the lock file says it ('' when a name has a character it cannot hold)."""
-        if not (re.fullmatch(_NAME, self.job) and re.fullmatch(_NAME, self.node)):
-            return ""
-        return (
-            f" job={self.job} node={self.node} incarnation={self.incarnation} "
-            f"generation={self.generation}"
-        )
 
 
 @frozen
@@ -147,7 +137,8 @@ class CheckpointLock:
         self._finalizer: weakref.finalize[[int, tuple[int, int], int], CheckpointLock] | None = None
         self._fd: int | None = None  # the held lock's descriptor
         self._seat: Seat | None = None  # as the file says it, while held or behind
-        self._unavailable = False  # this file system or directory has no lock for us (said)
+        self._unavailable = False  # this file system has no locks (said)
+        self._unmade = False  # the file could not be opened at the last try (said)
         self.behind = False  # going on without the lock, behind an earlier holder (said)
         # Where this lock's lines go: the worker's own lines in a job (`acquire`'s `say`),
         # else this module's log.
@@ -193,6 +184,9 @@ class CheckpointLock:
         if self.behind:
             line = f"the earlier holder of {self._what()} is gone: this manager holds the lock now"
             self._tell(logging.INFO, line)
+        elif self._unmade:
+            self._tell(logging.INFO, f"{self.path} can be locked now: this manager holds the lock")
+        self._unmade = False
         _write_holder(fd, seat)
         self._fd, self._seat, self.behind = fd, seat, False
         # Released by `release`, or when this object is dropped; the process's end does it too.
@@ -211,10 +205,7 @@ class CheckpointLock:
         otherwise, also when the file cannot be read."""
         if self._seat is None:
             return None
-        try:
-            holder = _parse(atomic.read_no_follow(self.path)[:400])
-        except OSError:
-            return None
+        holder = _read_holder_at(self.path)
         if holder is not None and replaces(holder.seat, self._seat):
             return holder
         return None
@@ -227,7 +218,7 @@ class CheckpointLock:
         try:
             fd, unfit = atomic.open_own(self.path)
         except OSError as exc:
-            self._without(exc)
+            self._unopened(exc)
             return None
         if fd is not None:
             return fd
@@ -248,20 +239,21 @@ class CheckpointLock:
         "unavailable" when this file system has no locks (said); or "behind" when an earlier
         holder of this rank in this job holds it (after SUCCESSOR_WAIT_S, at once when behind
         it already; said once), or when the file names this process's own claim or a process
-        that replaced it (at once; its writer then writes nothing, `displaced`)."""
+        that replaced it (at once; its writer then writes nothing, `displaced`). A file that
+        names no live process is read again for up to `holder_lock.SETTLE_S` at each try (its
+        holder may not have written itself yet)."""
         info = os.fstat(fd)
         key = (info.st_dev, info.st_ino)
         start = time.monotonic()
         said = False
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass
+                found = holder_lock.try_lock(fd)
             except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks here
+                self._unavailable = True
                 self._without(exc)
                 return "unavailable"
-            else:
+            if found is None:
                 with _registry_lock:
                     _held[key] = fd
                 return key
@@ -269,7 +261,7 @@ class CheckpointLock:
                 ours = key in _held
             if ours:
                 raise CheckpointError(self._refusal(None, ours, wait_s))
-            holder = _read_holder(fd)
+            holder = _holder(found)
             theirs = None if holder is None else holder.seat
             if _same_process(seat, theirs) or replaces(theirs, seat):
                 return "behind"  # this process's own claim; or it was replaced (`displaced`)
@@ -317,10 +309,16 @@ class CheckpointLock:
             "each job its own checkpoint directory or prefix, or stop the other process"
         )
 
+    def _unopened(self, exc: OSError) -> None:
+        """The file could not be opened (no room, no inode, no quota left; no permission):
+        said once while it lasts, and each use tries again (a full file system has room
+        later)."""
+        if exc.errno == errno.EROFS or self._unmade:
+            return  # read-only: nothing can write the files there, nothing to keep apart
+        self._unmade = True
+        self._without(exc)
+
     def _without(self, exc: OSError) -> None:
-        self._unavailable = True
-        if exc.errno == errno.EROFS:
-            return  # nothing can write the files there: nothing to keep apart
         self._tell(
             logging.WARNING,
             f"cannot lock {self.path} ({exc.strerror}): this CheckpointManager goes on without "
@@ -335,23 +333,40 @@ class CheckpointLock:
             _log.log(level, "%s", line)
 
 
-def _parse(data: bytes) -> Holder | None:
-    match = _HOLDER_RE.match(data.decode("ascii", errors="replace"))
-    if match is None:
-        return None
-    pid, host, job, node, incarnation, generation = match.groups()
-    seat = None
-    if job is not None:
-        seat = Seat(job, node, int(incarnation), int(generation))
-    return Holder(int(pid), host, seat)
+def _holder(found: dict[str, object]) -> Holder | None:
+    """The holder that the lock file names (`holder_lock.read_holder`'s answer); None when it
+    names none (not written yet, or a file of another program)."""
+    match found:
+        case {
+            "pid": int(pid),
+            "host": str(host),
+            "job": str(job),
+            "node": str(node),
+            "incarnation": int(incarnation),
+            "generation": int(generation),
+        }:
+            return Holder(pid, host, Seat(job, node, incarnation, generation))
+        case {"pid": int(pid), "host": str(host)}:
+            return Holder(pid, host, None)
+    return None
 
 
-def _read_holder(fd: int) -> Holder | None:
-    """Who holds the lock, as its file says; None when it does not say (yet), or is foreign."""
+def _read_holder_at(path: Path) -> Holder | None:
+    """Who the lock file at `path` names; None also when it cannot be opened, or is not this
+    user's own regular file: whatever is planted there (a FIFO, which would block the open and
+    the read, a large file) is never waited on or read."""
     try:
-        return _parse(os.pread(fd, 400, 0))
+        fd = atomic.open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        if atomic.not_own_file(os.fstat(fd)):
+            return None
+        return _holder(holder_lock.read_holder(fd))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _described(holder: Holder | None) -> str:
@@ -361,15 +376,13 @@ def _described(holder: Holder | None) -> str:
 
 
 def _write_holder(fd: int, seat: Seat | None) -> None:
-    """Say who holds the lock (a failure is harmless: the message of one refused says less, and
-    an earlier holder goes on writing until it ends)."""
-    fields = "" if seat is None else seat.fields()
-    data = f"pid={os.getpid()} host={socket.gethostname()}{fields}\n".encode()
-    try:
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-    except OSError:
-        pass
+    """Say who holds the lock, or claims it (a failure is harmless: the message of one refused
+    says less, and an earlier holder goes on writing until it ends)."""
+    fields: dict[str, object] = {}
+    if seat is not None:
+        fields = {"job": seat.job, "node": seat.node, "incarnation": seat.incarnation}
+        fields["generation"] = seat.generation
+    holder_lock.write_holder(fd, **fields)
 
 
 def _let_go(fd: int, key: tuple[int, int], pid: int) -> None:
@@ -382,7 +395,10 @@ def _let_go(fd: int, key: tuple[int, int], pid: int) -> None:
 
 def _close_in_child() -> None:
     """In a child forked by a holder: close the copies of the locks' descriptors, so that the
-    child never keeps a lock after the holder is gone."""
+    child never keeps a lock after the holder is gone. The registry's lock is made anew: a
+    thread of the parent that held it at the fork does not run in the child to release it."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
     for fd in _held.values():
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -8,8 +8,9 @@ holder that died never keeps the next one out. The file is opened without follow
 this user's own regular file with one name. It stays when released: removing it would let a
 newcomer lock a new file while another locks the old one. `mscluster run`'s log directory
 (`cluster.tools.launch_lock`), a relay's socket (`cluster.tools.relay`), the scheduler's
-event log (`cluster.scheduler.event_file`) and a worker's node record (`cluster.worker.node_file`)
-are guarded this way.
+event log (`cluster.scheduler.event_file`), a worker's node record (`cluster.worker.node_file`)
+and a CheckpointManager's checkpoints of a rank and prefix (`checkpoint_lock`) are guarded this
+way.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def try_lock(fd: int) -> dict[str, object] | None:
 
 
 def write_holder(fd: int, **fields: object) -> None:
-    """Write this process (pid, host and `fields`) into the lock file it holds: best effort,
-    the lock holds without it (the one refused then names no holder). Written over what is
-    there, then cut to its length: a reader never finds the file empty meanwhile."""
+    """Write this process (pid, host and `fields`) into the lock file open at `fd`, as a rule
+    one it holds (`checkpoint_lock` also writes a claim its holder reads): best effort, the
+    lock holds without it (the one refused then names no holder). Written over what is there,
+    then cut to its length: a reader never finds the file empty meanwhile."""
     holder = {"pid": os.getpid(), "host": socket.gethostname(), **fields}
     line = json.dumps(holder).encode() + b"\n"
     with contextlib.suppress(OSError):

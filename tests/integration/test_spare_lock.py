@@ -11,6 +11,7 @@ takes the lock at a later save; the job ends 0.
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_a_spare_takes_the_rank_of_a_stopped_worker_that_holds_the_lock(
         assert f"(pid {stopped.pid} on host " in line
         assert "node '1' of job " in line
         assert "which the scheduler replaced by this process in generation 2" in line
-        assert "node=spare-0 " in lock.read_text()  # the spare's claim
+        assert json.loads(lock.read_text())["node"] == "spare-0"  # the spare's claim
         wait_until(lambda: "loss is" in spare.output, 60, "the spare to train as rank 1")
     finally:
         stopped.signal(signal.SIGCONT)
@@ -69,5 +70,5 @@ def test_a_spare_takes_the_rank_of_a_stopped_worker_that_holds_the_lock(
     assert job.worker(0).popen.wait(30) == 0
     assert spare.popen.wait(30) == 0, spare.output[-2000:]
     assert TAKEN in spare.output  # at a save after worker 1 ended
-    assert "node=spare-0 " in lock.read_text()
+    assert json.loads(lock.read_text())["node"] == "spare-0"
     assert (out / "final.sha256").exists()

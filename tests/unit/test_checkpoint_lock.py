@@ -6,12 +6,15 @@ never keeps the lock; a planted file is refused; a file system without locks is 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import signal
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,10 @@ from typing import Any
 import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
-from cluster.protocol.errors import CheckpointError
+from cluster.protocol.errors import CheckpointError, JobTimeoutError
 from cluster.storage import checkpoint_lock
 from cluster.testing import Process, wait_until
+from tests import tmpfs
 from tests.procs import PYTHON, Procs, job_env
 
 # Holds rank 0's checkpoints of prefix 'mlp' under argv[1] (one saved) until it is killed;
@@ -138,6 +142,45 @@ def test_a_forked_child_of_the_holder_does_not_keep_the_lock(
         os.kill(child, signal.SIGKILL)
 
 
+def test_a_child_forked_while_another_thread_is_in_the_registry_can_lock(tmp_path: Path) -> None:
+    """A fork while another thread of the parent holds the lock of the registry of held files
+    (a manager being made or closed there): the child has no such thread, and its first manager
+    must not wait for it forever."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def in_the_registry() -> None:
+        with checkpoint_lock._registry_lock:
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=in_the_registry)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        child = os.fork()
+        if child == 0:  # the child: lock a directory of its own, say whether it holds it
+            lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+            lock.acquire(wait_s=0.0)
+            os._exit(0 if lock.held else 1)
+        ended: list[int] = []
+
+        def reaped() -> bool:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if pid:
+                ended.append(os.waitstatus_to_exitcode(status))
+            return bool(pid)
+
+        with contextlib.suppress(JobTimeoutError):
+            wait_until(reaped, 10, "the forked child to end")
+        if not ended:  # it waits for the registry's lock: it never ends by itself
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+    finally:
+        leave.set()
+        thread.join(10)
+    assert ended == [0], "the forked child waited for the registry's lock forever"
+
+
 def test_in_one_process_a_manager_closed_or_dropped_lets_the_next_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,6 +238,95 @@ def test_a_planted_lock_file_is_refused_and_never_written(tmp_path: Path, plante
     assert elsewhere.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize("planted", ["directory", "socket"])
+def test_a_directory_or_socket_at_the_lock_path_is_refused_not_gone_on_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, planted: str
+) -> None:
+    """What cannot even be opened as a file is planted too: refused as a FIFO is, never taken
+    for a file system without locks (the manager would go on unlocked beside another)."""
+    rank_dir = tmp_path / "rank_0"
+    rank_dir.mkdir()
+    if planted == "directory":
+        (rank_dir / ".mlp.lock").mkdir()
+    else:
+        monkeypatch.chdir(rank_dir)  # a socket's path is short: bound by its relative name
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(".mlp.lock")
+        server.close()
+    why = f"{rank_dir / '.mlp.lock'} is not a regular file: it was not made by a Checkpoint"
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointError, match=why):
+        mlp(tmp_path)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def planted_by_another_user(path: Path) -> None:
+    """Give `path` to another user (nobody), as a file planted there by that user is."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+
+
+def test_a_fifo_planted_at_the_lock_path_never_blocks_the_holder(tmp_path: Path) -> None:
+    """The holder in a job reads the file for a successor's claim before each write: a FIFO
+    put in its place (the file removed, the rank directory writable by another user) is not a
+    claim, and is neither waited on nor read."""
+    lock = checkpoint_lock.CheckpointLock(tmp_path, "mlp")
+    lock.acquire(seat=EARLIER)
+    assert lock.held
+    path = tmp_path / ".mlp.lock"
+    path.unlink()
+    os.mkfifo(path)
+    planted_by_another_user(path)
+    read: list[object] = []
+    reader = threading.Thread(target=lambda: read.append(lock.displaced()), daemon=True)
+    reader.start()
+    reader.join(10)
+    blocked = reader.is_alive()
+    if blocked:  # a writer opens the FIFO: the blocked open and read end
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+    lock.release()
+    assert not blocked, "displaced() blocked opening the FIFO"
+    assert read == [None]
+
+
+# Holds the lock of argv[1] in a job, then a file of argv[2] bytes (holes: nothing on disk) of
+# another user is put in its place; reads the claim with at most 256 MiB more address space.
+LARGE = """
+import os, resource, sys
+from pathlib import Path
+from cluster.storage.checkpoint_lock import CheckpointLock, Seat
+
+directory = Path(sys.argv[1])
+lock = CheckpointLock(directory, "mlp")
+lock.acquire(seat=Seat("0a1b2c3d4e5f", "1", 11, 1))
+path = directory / ".mlp.lock"
+path.unlink()
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+os.ftruncate(fd, int(sys.argv[2]))
+os.close(fd)
+if os.geteuid() == 0:
+    os.chown(path, 65534, 65534)
+with open("/proc/self/statm") as statm:
+    used = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), resource.RLIM_INFINITY))
+print("displaced:", lock.displaced(), flush=True)
+"""
+
+
+def test_a_large_file_planted_at_the_lock_path_is_not_read(tmp_path: Path) -> None:
+    """A file of 8 GiB in the lock file's place: reading it whole would take 8 GiB of memory."""
+    done = subprocess.run(
+        [PYTHON, "-c", LARGE, str(tmp_path), str(8 << 30)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=job_env(1, 0),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "displaced: None\n"
+
+
 def test_a_file_system_without_locks_is_said_once_and_the_manager_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -211,6 +343,69 @@ def test_a_file_system_without_locks_is_said_once_and_the_manager_goes_on(
     assert len(lines) == 1, lines
     assert f"cannot lock {tmp_path / 'rank_0' / '.mlp.lock'} (No locks available)" in lines[0]
     assert "goes on without the lock" in lines[0]
+
+
+def fill_inodes(directory: Path) -> list[Path]:
+    """Empty files made in `directory` until its file system has no inode left; their paths."""
+    made: list[Path] = []
+    for count in range(4096):
+        path = directory / f"filler-{count}"
+        try:
+            path.touch()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            return made
+        made.append(path)
+    raise AssertionError(f"{directory}: 4096 files made, and still room for more")
+
+
+def test_a_lock_file_that_could_not_be_made_is_made_and_locked_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file system out of inodes (or over its quota) refuses the lock file: the manager goes
+    on without it, saying so once (its saves fail there anyway). Once there is room again,
+    its next use makes and takes the lock, and a second manager is refused as ever."""
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 0.0)
+    with tmpfs.mounted("1m", inodes=16) as disk:
+        (disk / "rank_0").mkdir()
+        fillers = fill_inodes(disk)
+        with caplog.at_level(logging.WARNING, logger=checkpoint_lock.__name__):
+            ckpt = mlp(disk)
+            assert ckpt.steps() == []  # used again with no room yet: nothing more said
+        said = lines(caplog)
+        assert len(said) == 1, said
+        assert said[0].startswith(f"cannot lock {disk / 'rank_0' / '.mlp.lock'} (No space left")
+        for filler in fillers:
+            filler.unlink()
+        with caplog.at_level(logging.INFO, logger=checkpoint_lock.__name__):
+            ckpt.save(2, {"step": 2})
+            ckpt.flush()
+        with pytest.raises(CheckpointError, match="in use by another CheckpointManager"):
+            mlp(disk)
+        assert lines(caplog)[1:] == [
+            f"{disk / 'rank_0' / '.mlp.lock'} can be locked now: this manager holds the lock"
+        ]
+        ckpt.close()
+
+
+def test_on_a_read_only_file_system_managers_read_without_the_lock_and_say_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Checkpoints kept on a file system mounted read-only: no manager can write there, so
+    there is nothing to keep apart; each loads without the lock, and nothing is said."""
+    with tmpfs.mounted("1m") as disk:
+        with mlp(disk) as ckpt:
+            ckpt.save(1, {"step": 1})
+            ckpt.flush()
+        tmpfs.make_read_only(disk)
+        with caplog.at_level(logging.DEBUG, logger=checkpoint_lock.__name__):
+            first, second = mlp(disk), mlp(disk)
+            assert first.load(1) == {"step": 1}
+            assert second.steps() == [1]
+            first.close()
+            second.close()
+        assert lines(caplog) == []
 
 
 # -- within one job: the scheduler decides who holds a rank ---------------------------------
@@ -304,7 +499,14 @@ def test_a_newcomer_goes_on_behind_an_earlier_holder_of_its_job_and_takes_the_lo
             "on without the lock, and takes it once that process is gone"
         ) in said[0]
         claim = (tmp_path / ".mlp.lock").read_text()
-        assert claim.endswith(" job=0a1b2c3d4e5f node=spare-0 incarnation=22 generation=2\n")
+        assert json.loads(claim) == {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "job": JOB,
+            "node": "spare-0",
+            "incarnation": 22,
+            "generation": 2,
+        }
         lock.acquire(seat=SPARE)  # the earlier holder is still there: no wait, nothing said
         assert lock.behind
         assert len(lines(caplog)) == 1
@@ -369,7 +571,7 @@ def test_a_displaced_holder_writes_nothing_more_in_the_rank_directory(
     ckpt.flush()
     assert ckpt._lock is not None
     ckpt._lock.acquire(seat=EARLIER)  # held: the seat is written in
-    assert (tmp_path / "rank_0" / ".mlp.lock").read_text().endswith("generation=1\n")
+    assert json.loads((tmp_path / "rank_0" / ".mlp.lock").read_text())["generation"] == 1
     assert ckpt._lock.displaced() is None
     spare = seated(processes, tmp_path / "rank_0", SPARE, wait="0")
     assert "behind" in spare.output

@@ -5,10 +5,12 @@ report) from its start, while its request is still on its way, and `request_byte
 request once it came: past the member's share of calls or of request bytes in flight the call
 is refused (CapacityError: RESOURCE_EXHAUSTED), and what it sent is dropped.
 `beat` drops a node's beats that come sooner than a fraction of the heartbeat interval after
-the last one. `ReportTurns` makes a member's changing checkpoint reports wait for its turn.
-Each of them is counted by method and reason (`counts`: the metrics' bounded labels), and the
-member is named in the scheduler's log at most once a `refusals.INTERVAL_S` (the refusal
-limiter, keyed by the member).
+the last one. `stream_open` refuses a node's Heartbeat stream opened faster than its rate
+(CapacityError: RESOURCE_EXHAUSTED), answered after a hold. `ReportTurns` makes a member's
+changing checkpoint reports wait for its turn. Each of them is counted by method and reason
+(`counts`: the metrics' bounded labels), and the member is named in the scheduler's log at
+most once a `refusals.INTERVAL_S` for each reason (the refusal limiter, keyed by the member
+and the reason).
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from typing import Generic, TypeVar
 
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import CapacityError, ClusterError
-from cluster.scheduler.machine.member_bounds import BeatGate, InFlight, Over, ReportPacer
+from cluster.scheduler.machine.member_bounds import (
+    OVER_OPENS,
+    BeatGate,
+    InFlight,
+    OpenRate,
+    Over,
+    ReportPacer,
+)
 from cluster.scheduler.refusals import RefusalLimiter
 
 log = logging.getLogger("cluster.scheduler")
@@ -43,6 +52,7 @@ class MemberLimits:
     def __init__(self, nodes: int, heartbeat_interval_s: float, clock: Callable[[], float]) -> None:
         self.in_flight = InFlight(nodes)
         self.beats: BeatGate[tuple[str, int]] = BeatGate(heartbeat_interval_s * BEAT_GAP)
+        self.opens: OpenRate[str] = OpenRate()
         self._clock = clock
         self._told = RefusalLimiter(clock)
 
@@ -88,9 +98,26 @@ class MemberLimits:
         )
         return False
 
+    async def stream_open(self, node_id: str, host: str) -> None:
+        """An admitted Heartbeat stream of the node (from `host`) opens, to supersede the one it
+        has: CapacityError when the node opens them faster than its rate (`OpenRate`), counted,
+        naming the node, and raised once its hold is over; the node's open stream goes on."""
+        node = canonical_node_id(node_id)
+        too_often = self.opens.take(node, self._clock())
+        if too_often is None:
+            return
+        error = too_often.error("Heartbeat", f"node {node!r} (from {host})")
+        self.tell(node, "Heartbeat", OVER_OPENS, str(error))
+        if too_often.hold_s > 0:
+            try:
+                await asyncio.sleep(too_often.hold_s)
+            finally:
+                self.opens.answered(node)
+        raise error
+
     def tell(self, node_id: str, method: str, reason: str, message: str) -> None:
         """Count a bound `node_id` met; name it in the log at a bounded rate."""
-        count = self._told.refused(f"node {node_id}", method, reason)
+        count = self._told.refused(f"node {node_id} ({reason})", method, reason)
         if count:
             since = f" ({count} times since last told)" if count > 1 else ""
             log.warning("node %r past its bounds (%s): %s%s", node_id, reason, message, since)

@@ -156,8 +156,9 @@ class SchedulerCollector(Collector):
         yield _by_method_and_reason(
             "cluster_member_bounds",
             "Members past their share: calls refused (member_calls, member_bytes), beats "
-            "dropped (beats_dropped), checkpoint reports that waited for their turn "
-            "(reports_coalesced), by method and reason; the log names the member.",
+            "dropped (beats_dropped), Heartbeat streams refused (stream_opens), checkpoint "
+            "reports that waited for their turn (reports_coalesced), by method and reason; "
+            "the log names the member.",
             r.member_bounds,
         )
         if r.job is not None:

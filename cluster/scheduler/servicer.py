@@ -339,7 +339,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
     ) -> None:
         """The beats of one Heartbeat call. A call proof is good for one call, and its number
         is taken once: the first beat is admitted with it, and the later beats of this call for
-        the same node (else refused). Once admitted, the call is its node's Heartbeat stream,
+        the same node (else refused). Once admitted, and within its node's rate of stream opens
+        (`MemberLimits.stream_open`, else refused), the call is its node's Heartbeat stream,
         and ends the one the node had (`ended`)."""
         admitted: tuple[str, int] | None = None
         node = ""
@@ -350,6 +351,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 who = (beat.node_id, beat.incarnation)
                 self._core.heartbeat(*who, None if who == admitted else caller)
                 if admitted is None:
+                    await self._core.bounds.stream_open(
+                        beat.node_id, peer_host(context.peer() or "")
+                    )
                     node = canonical_node_id(beat.node_id)
                     older = self.beat_streams.get(node)
                     if older is not None:

@@ -1,15 +1,17 @@
 """A member that runs away, with its own valid credential, against a real scheduler: its
 concurrent large calls are refused past its share and it is named; its Heartbeat streams are
-one (the newest), and its beats are taken at most once a fraction of the interval; its
-checkpoint reports are saved at most once a turn. Meanwhile another rank's barriers complete,
-and the job ends well."""
+one (the newest), its beats are taken at most once a fraction of the interval, and its stream
+opens at most at their rate (the others refused and it is named); its checkpoint reports are
+saved at most once a turn. Meanwhile another rank's barriers complete, and the job ends well."""
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.request
 from pathlib import Path
 
+from cluster.scheduler.machine.member_bounds import OPEN_EVERY_S, OPEN_HOLD_S, OPENS_BURST
 from cluster.testing import Process, free_port
 from tests.integration.test_hostile import START_S, env_for, start_scheduler, start_worker
 from tests.procs import ROOT, Procs
@@ -80,18 +82,25 @@ def test_heartbeat_streams_of_a_node_are_one_and_its_beats_are_bounded(
     processes: Procs, tmp_path: Path
 ) -> None:
     """16 Heartbeat streams of rank 0, each beating as fast as it can: each newer one ends the
-    older (which ends OK), the extra beats are dropped and the node is named."""
+    older (which ends OK), the extra beats are dropped and the node is named. (The streams
+    that reopen once superseded are past the node's rate of opens: see below.)"""
     sched, workers = run_flood(processes, tmp_path, ["--beats", "16"])
     seen = codes(workers[0])
-    assert seen.get("ended early", 0) >= 15, workers[0].output  # superseded while beating
+    # Superseded while beating: the opens of the node's burst but the last (one of the burst
+    # may be its real stream's, another come after the first reopens).
+    assert seen.get("ended early", 0) >= OPENS_BURST - 3, workers[0].output
     assert "node '0' past its bounds (beats_dropped)" in sched.output
     ends_well(sched, workers)
 
 
-def scrape(port: int, name: str) -> float:
+def scrape(port: int, name: str, missing: float | None = None) -> float:
+    """The value of the sample `name` (with its labels, as the exposition writes them);
+    `missing` when there is none (None: there must be one)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    if found is None and missing is not None:
+        return missing
     assert found, text[:2000]
     return float(found.group(1))
 
@@ -117,3 +126,64 @@ def test_a_members_changing_checkpoint_reports_are_saved_at_most_once_a_turn(
     assert saves < turns + 40  # a turn's saves, and the job's own (formation, ...)
     assert "node '0' past its bounds (reports_coalesced)" in sched.output
     ends_well(sched, workers)
+
+
+def test_a_node_reopening_its_heartbeat_stream_in_a_loop_is_refused_past_its_rate(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """4 loops of rank 0 open a Heartbeat stream each, beat once, and open another as soon as
+    theirs ends (superseded by another loop's, or refused) for SECONDS: past the node's burst
+    and rate the opens are refused (RESOURCE_EXHAUSTED, naming the node, the rate and what to
+    do), each answered after a hold, so the loops open about once a hold; the scheduler's
+    accepted opens stay within the rate, and it names the node. The real workers carry on and
+    the job ends well."""
+    metrics, go = free_port(), tmp_path / "go"
+    sched, workers = run_flood(
+        processes,
+        tmp_path,
+        ["--reopens", "4", "--go", str(go)],
+        CLUSTER_METRICS_PORT=str(metrics),
+    )
+    try:  # the scheduler's metrics, read before the job ends
+        accepted = heartbeat_calls(metrics, "OK")  # answered: superseded, or ended
+        refused = heartbeat_calls(metrics, "RESOURCE_EXHAUSTED")
+        bound = 'cluster_member_bounds_total{method="Heartbeat",reason="stream_opens"}'
+        named = scrape(metrics, bound, missing=0.0)
+        cpu_s = sched_cpu_s(sched)
+    finally:
+        go.touch()
+    seen = codes(workers[0])
+    # The burst, one a period after it, and the real workers' own streams (one each, and
+    # rank 0's again should its next be taken before the scrape).
+    most = OPENS_BURST + SECONDS / OPEN_EVERY_S + 3
+    print(f"REOPENS accepted={accepted:g} refused={refused:g} sched_cpu_s={cpu_s:.2f} {seen}")
+    assert accepted <= most, (accepted, seen)
+    assert seen.get("superseded", 0) <= most, workers[0].output
+    # Refused all along, each loop once a hold (or sooner, as the next open comes due).
+    assert 0 < seen.get("RESOURCE_EXHAUSTED", 0) <= 4 * (SECONDS / OPEN_HOLD_S + 2), seen
+    assert refused >= seen["RESOURCE_EXHAUSTED"]
+    assert named == refused
+    refusal = re.search(r"flood first RESOURCE_EXHAUSTED: (.*)", workers[0].output)
+    assert refusal, workers[0].output
+    for words in (
+        "a Heartbeat stream of node '0' (from 127.0.0.1) refused",
+        f"faster than {OPENS_BURST} at once and then one per {OPEN_EVERY_S:g} s",
+        "the stream it has open goes on",
+        "opens them in a loop",
+    ):
+        assert words in refusal.group(1), refusal.group(1)
+    assert "node '0' past its bounds (stream_opens)" in sched.output
+    assert "node '1' past its bounds" not in sched.output  # the real worker: never
+    ends_well(sched, workers)
+
+
+def heartbeat_calls(port: int, code: str) -> float:
+    """The Heartbeat calls the scheduler ended with `code` (`cluster_rpc_requests_total`)."""
+    labels = f'code="{code}",method="Heartbeat",service="cluster.v1.Scheduler"'
+    return scrape(port, f"cluster_rpc_requests_total{{{labels}}}", missing=0.0)
+
+
+def sched_cpu_s(sched: Process) -> float:
+    """The scheduler's CPU time so far (user and system), in seconds."""
+    fields = Path(f"/proc/{sched.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

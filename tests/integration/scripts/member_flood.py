@@ -5,6 +5,8 @@ and the job ends.
 --kv-threads T: T threads each set one of two keys to 2 MiB again and again through
   cluster.kv_store() (the public API; inside its key-value share).
 --beats N: N Heartbeat streams of rank 0, each beating as fast as it can (signed as rank 0).
+--reopens N: N loops of rank 0, each opening a Heartbeat stream, beating once, and opening
+  another as soon as that one ends (superseded by another loop's, or refused), as fast as it can.
 --reports N: N at once, checkpoint reports of 1,024 steps, alternately ascending and descending
   (each changes what rank 0 holds).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -83,6 +86,36 @@ async def _beats(count: int, seconds: float, seen: Seen) -> None:
     await asyncio.gather(*(stream() for _ in range(count)))
 
 
+async def _reopens(count: int, seconds: float, seen: Seen) -> None:
+    agent = runtime.session().agent
+    beat = pb.HeartbeatRequest(
+        node_id=agent.identity.node_id, incarnation=agent.identity.incarnation
+    )
+    end = time.monotonic() + seconds
+
+    async def one_beat(ended: asyncio.Event) -> AsyncIterator[pb.HeartbeatRequest]:
+        yield beat
+        # The stream stays open, as a node's does, until its call ends or the flood does.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), max(end - time.monotonic(), 0))
+
+    async def loop() -> None:
+        while time.monotonic() < end:
+            ended = asyncio.Event()
+            try:
+                metadata = agent._signed("Heartbeat")
+                await agent._link.stub.Heartbeat(
+                    one_beat(ended), metadata=metadata, timeout=seconds + 10
+                )
+                seen.codes["superseded" if time.monotonic() < end - 0.5 else "ended OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                seen.error(exc.code().name, exc.details() or "")
+            finally:
+                ended.set()
+
+    await asyncio.gather(*(loop() for _ in range(count)))
+
+
 async def _reports(count: int, seconds: float, seen: Seen) -> None:
     agent = runtime.session().agent
     node_id, incarnation = agent.identity.node_id, agent.identity.incarnation
@@ -112,6 +145,8 @@ def flood(args: Any, seen: Seen) -> None:
         kv_flood(args.kv_threads, args.seconds, seen)
     elif args.beats:
         runtime.session().call(_beats(args.beats, args.seconds, seen))
+    elif args.reopens:
+        runtime.session().call(_reopens(args.reopens, args.seconds, seen))
     elif args.reports:
         runtime.session().call(_reports(args.reports, args.seconds, seen))
 
@@ -121,6 +156,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--kv-threads", type=int, default=0)
     parser.add_argument("--beats", type=int, default=0)
+    parser.add_argument("--reopens", type=int, default=0)
     parser.add_argument("--reports", type=int, default=0)
     parser.add_argument("--go", help="rank 0 ends the job only once this file exists")
     args = parser.parse_args()

@@ -62,8 +62,9 @@ class Cause(enum.Enum):
     OTHER = "other"
 
 
-# The state machine's reasons for a failure (`SchedulerState.disconnect`, `.tick`, `._rejoin`),
-# by their opening words; tests/unit/test_events.py drives each path and checks the cause.
+# The state machine's reasons for a failure (`SchedulerState.disconnect`, `.tick`,
+# `Registrar._rejoin`), by their opening words; tests/unit/test_events.py drives each path and
+# checks the cause.
 _CAUSES = (
     ("its connection to the scheduler broke", Cause.STREAM_BROKEN),
     ("no heartbeat for", Cause.HEARTBEAT_SILENCE),

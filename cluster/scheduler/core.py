@@ -1,88 +1,44 @@
-"""The scheduler's engine: the state machine plus everything that waits.
-
-`SchedulerCore` owns the `SchedulerState`, the open Watch streams, the key-value store and the
-collective rounds, all on one asyncio loop (so none of it needs a lock). Every input goes to the
-state machine; the effects it returns are applied here: events fan out to every stream, an
-eviction ends one stream, a shutdown fails open collectives and marks the job done.
+"""The scheduler's node calls: Register, Watch, Heartbeat, checkpoint reports, the key-value
+calls, Finish and the collectives, served on the engine (`cluster.scheduler.engine.Engine`, which
+`SchedulerCore` extends: the state machine, the write-ahead saver, the streams).
 
 Every call of a node is admitted by the state machine first (`SchedulerState.admit*`: its
 membership, its credential, and for a collective the phase, the generation and the peers); a
 refused call raises the ClusterError of its refusal (`Denied.error()`), which the servicer turns
-into a status code, and changes nothing.
-
-With recovery on, effects that follow a change of the saved state wait until the change is saved in
-the state store (see `cluster.scheduler.persist`), and so do the answers to Register and Finish that
-made it, and to a key set (the same saver): what a node has been told, a restarted
-scheduler (or a standby taking over) knows. The order is decided by a pure machine,
-`cluster.scheduler.machine.ready.Outbox` (raft's Ready/Advance): `step` says what to save and what
-may be told now, `advance` what a landed save releases, with what each effect does to the
-collectives in progress; this engine only carries it out (`_carry_out`). A core whose saves are
-refused because another scheduler holds the store (fenced) answers nothing more: NotLeaderError."""
+into a status code, and changes nothing. What an admitted call changes goes to the state
+machine, and the engine applies what it decides (`_apply`: saved, then told); a call whose
+answer rests on a change is answered once that change is saved (`durable`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
-import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
 
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import (
     CollectiveError,
     EvictedError,
-    FencedError,
     NotLeaderError,
     PeerFailedError,
-    SnapshotError,
-    StateFileError,
     UnknownNodeError,
 )
 from cluster.protocol.events import MemoryResume
 from cluster.protocol.settings import JobSettings
-from cluster.scheduler import convert
-from cluster.scheduler.effect_log import EffectLog
-from cluster.scheduler.events import EventJournal
-from cluster.scheduler.exchange import ExchangeTable, Withdrawn
+from cluster.scheduler.engine import Engine
+from cluster.scheduler.exchange import Withdrawn
 from cluster.scheduler.kv import KvStore
-from cluster.scheduler.kv_calls import KvCalls
 from cluster.scheduler.machine import ready as ready_
-from cluster.scheduler.machine import snapshot as snapshot_
 from cluster.scheduler.machine import state
 from cluster.scheduler.machine.rollback import held_steps
-from cluster.scheduler.member_limits import MemberLimits, ReportTurns
-from cluster.scheduler.persist import Saving, WriteAheadSaver
-from cluster.scheduler.refusals import RefusalLimiter
-from cluster.scheduler.streams import Streams, Superseded
-from cluster.scheduler.tables import EventWire
-from cluster.storage.state_store import StateStore
+from cluster.scheduler.streams import Superseded
 from cluster.transport.membership import Caller
 
 T = TypeVar("T")
-# A checkpoint report: node id, incarnation, steps, (generation, number).
-Report = tuple[str, int, list[int], tuple[int, int]]
 
 log = logging.getLogger("cluster.scheduler")
-
-# How often the monitor lets time pass for the state machine (heartbeat silence, topology
-# timeout). Detection of a dead process does not depend on it: a broken stream is seen at once.
-TICK_S = 0.1
-# Registration progress is coalesced: at most one broadcast per interval (not one per
-# registration, which would be N^2 messages for N nodes).
-PROGRESS_BROADCAST_EVERY_S = 2.0
-# ... and at most this many progress messages a second in all: a broadcast is one write per open
-# stream, and a job forms in a time that grows with its size, so at a fixed interval the
-# broadcasts of a forming job cost N x T writes. At 8,192 nodes they filled the scheduler's loop,
-# which takes up one new call per turn, and registrations waited behind them for minutes.
-PROGRESS_WRITES_PER_S = 1000.0
-# A monitor tick this much later than due means the scheduler itself did not run (its process
-# stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
-# is not held against them (`SchedulerState.discount_stall`). One this long is logged (a burst of a
-# large job's registrations on a busy machine makes shorter ones).
-STALL_S = 1.0
-STALL_LOG_S = 5.0
 
 
 def admitted(verdict: T | state.Denied) -> T:
@@ -92,241 +48,13 @@ def admitted(verdict: T | state.Denied) -> T:
     return verdict
 
 
-# The scheduler's heartbeat, serialized once.
-
-
 # The name of JobSettings before it was the job's one settings object (kept for its callers).
 CoreSettings = JobSettings
 
 
-def new_cluster_id() -> str:
-    """12 random hex digits (what uuid4().hex[:12] was, without importing uuid and platform)."""
-    return os.urandom(6).hex()
-
-
-class SchedulerCore:
-    def __init__(
-        self,
-        settings: JobSettings,
-        clock: Callable[[], float] = time.monotonic,
-        *,
-        restored: state.SchedulerState | None = None,
-        state_store: StateStore | None = None,
-        token: str = "",
-        kv: dict[str, bytes] | None = None,
-    ) -> None:
-        """`restored`: the job as loaded from `state_store` (named there by `token`), with its
-        key-value store `kv`; `state_store`: where to save it (None: nothing is saved)."""
-        self.settings = settings
-        self._clock = clock
-        self.state = restored or state.SchedulerState(new_cluster_id(), settings, clock)
-        # Set by `resume` when it resumed a saved job: what to log once it is saved again.
-        self.restored_note = ""
-        # Set by `resume` when the saved job had ended: its id, and whether it finished.
-        self.ended_job: tuple[str, bool] | None = None
-        # The write-ahead order: effects wait until the state they follow from is saved.
-        self.outbox = ready_.Outbox(
-            write_ahead=state_store is not None, saved=-1, recovery=self.state.recovery
-        )
-        # The store's key-value part is another job's (or none): `save_first` claims it.
-        self._kv_to_claim = False
-        # Set when saves were refused because another scheduler holds the store: why.
-        self.fenced: str | None = None
-        self.on_fenced: Callable[[str], None] = lambda why: None
-        # What the nodes have been told (the topology, the job's end): with recovery, what is
-        # on disk. A stream opened now starts with it, and Status shows it.
-        self._catch_up: list[state.Event] = self.state.catch_up()
-        self._topology_told = next(
-            (e for e in self._catch_up if isinstance(e, state.TopologyReadyEvent)), None
-        )
-        self.journal = EventJournal(self.state)  # the job's events: log, WatchEvents, metrics
-        # Refused calls: all counted, a bounded number told (`cluster.scheduler.refusals`).
-        self.refusals = RefusalLimiter(clock)
-        # What one member may make this core hold or do (`cluster.scheduler.member_limits`).
-        self.bounds = MemberLimits(self.state.expected, settings.heartbeat_interval_s, clock)
-        self.reports: ReportTurns[Report] = ReportTurns(self.bounds, self._take_report, clock)
-        limits = settings.limits
-        self.kv = KvStore(limits.kv_max_bytes, limits.kv_max_keys, nodes=self.state.expected)
-        if kv:
-            self.kv.restore(kv)
-        # The one write-ahead saver: the state and the key-value store (None: nothing saved).
-        self.persister: WriteAheadSaver | None = None
-        if state_store is not None:
-            self._save_in(state_store, token)
-        # The members' key-value calls (`cluster.scheduler.kv_calls`), saved by the same saver.
-        self.kv_calls = KvCalls(self.kv, self.state, self.persister)
-        self.exchanges = ExchangeTable(
-            limits.collective_max_bytes, limits.collective_timeout_s, self.durable
-        )
-        self._init_delivery(settings, clock)
-
-    def _init_delivery(self, settings: JobSettings, clock: Callable[[], float]) -> None:
-        """What carries the job's events to the nodes: streams, beats, progress, the loop's lag."""
-        self._streams = Streams(clock)
-        self.done = asyncio.Event()
-        # Set at every registration answered (the end waits for nodes refused by the guard).
-        self.registrations = asyncio.Event()
-        self.streams_closed = asyncio.Event()
-        self.streams_closed.set()
-        # The nodes' Heartbeat calls in progress, and an event set while there are none.
-        self._beating = 0
-        self.beats_closed = asyncio.Event()
-        self.beats_closed.set()
-        self._effect_log = EffectLog(self.state, clock)
-        self._pending_progress: state.ProgressEvent | None = None
-        # The events on the wire, each serialized once for every stream; the whole tables.
-        self._wire = EventWire()
-        # The first progress broadcast comes one interval after the start: a worker learns the
-        # count when it is accepted, and reports progress only after waiting a while itself.
-        self._last_progress_broadcast = clock()
-        nodes = settings.worker_num + settings.server_num
-        self._progress_every_s = max(PROGRESS_BROADCAST_EVERY_S, nodes / PROGRESS_WRITES_PER_S)
-        # The event loop's lag as the monitor saw it: the largest, and stalls past STALL_S.
-        self.loop_lag_max_s = 0.0
-        self.stalls = 0
-
-    def _save_in(self, state_store: StateStore, token: str) -> None:
-        """Save the state (write-ahead) and the key-value store in `state_store`, whose
-        current content `token` names."""
-        self.persister = WriteAheadSaver(
-            state_store,
-            self.state.snapshot,
-            self._release,
-            token=token,
-            on_fenced=self._fence,
-            clock=self._clock,
-        )
-        self.persister.keep_kv(self.state.cluster_id, self.kv.commit)
-
-    @classmethod
-    async def resume(
-        cls,
-        settings: CoreSettings,
-        state_store: StateStore,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> SchedulerCore:
-        """A core that saves its job in `state_store` (held by this process), resuming the job
-        saved there if any, with its key-value store.
-
-        A state that cannot be used raises StateFileError and is left as it is.
-        """
-        stored = await state_store.load()
-        snapshot = stored.snapshot
-        restored = None
-        where = state_store.where
-        if snapshot is not None:
-            try:
-                restored = state.SchedulerState.restore(
-                    snapshot, settings, clock, new_cluster_id=new_cluster_id()
-                )
-            except SnapshotError as exc:
-                raise StateFileError(
-                    f"the recovery state {where} cannot be resumed: {exc}; move it away to "
-                    "start a new job"
-                ) from None
-        job = restored.cluster_id if restored is not None else ""
-        kv = await state_store.load_kv(job) if job else {}
-        core = cls(
-            settings, clock, restored=restored, state_store=state_store, token=stored.token, kv=kv
-        )
-        core._kv_to_claim = not kv
-        if restored is not None and snapshot is not None:
-            core.restored_note = snapshot_.restored_note(restored, snapshot, where)
-            if restored.previous_cluster_id == snapshot["cluster_id"]:
-                ended = str(snapshot["cluster_id"])
-                core.ended_job = (ended, snapshot["phase"] == state.Phase.FINISHED.value)
-        return core
-
-    @property
-    def ok(self) -> bool:
-        return self.state.phase is state.Phase.FINISHED
-
-    @property
-    def open_streams(self) -> int:
-        return len(self._streams)
-
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    async def monitor(self) -> None:
-        """Let time pass for the state machine until the job is over (or this scheduler no
-        longer answers for it)."""
-        due = self._clock() + TICK_S
-        while not self.done.is_set() and self.fenced is None:
-            self._stalled(self._clock() - due)
-            self._apply(self.state.tick())
-            self._flush_progress()
-            self._streams.idle(self.settings.heartbeat_interval_s, convert.HEARTBEAT)
-            due = self._clock() + TICK_S
-            try:
-                await asyncio.wait_for(self.done.wait(), TICK_S)
-            except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
-                continue
-
-    def _stalled(self, late_s: float) -> None:
-        """The monitor ran `late_s` after it was due: the event loop's lag."""
-        self.loop_lag_max_s = max(self.loop_lag_max_s, late_s)
-        if late_s < STALL_S:
-            return
-        self.stalls += 1
-        self.state.discount_stall(late_s)
-        if late_s < STALL_LOG_S:
-            return
-        log.warning(
-            "the scheduler did not run for %.1f s (its process was stopped, or the machine is "
-            "overloaded); the nodes' silence meanwhile is not counted against them",
-            late_s,
-        )
-
-    def abort(self, reason: str) -> None:
-        self._apply(self.state.abort(reason))
-
-    async def save_first(self) -> None:
-        """Save the job once, now, and claim the key-value store for it when it is new (a new
-        job, or a store another job left): before any node hears of the job. StateFileError
-        when that fails."""
-        if self.persister is None:
-            return
-        await self.persister.save_first()
-        self._release(self.persister.saved)
-        if self._kv_to_claim:
-            await self.persister.store.clear_kv(self.state.cluster_id)
-            self._kv_to_claim = False
-
-    def start_saving(self) -> None:
-        """Save from now on, in the background (after the first save, `persister.save_first`)."""
-        if self.persister is not None:
-            self.persister.start()
-
-    async def stop_saving(self, timeout_s: float | None) -> bool:
-        """Save what is decided (trying for up to `timeout_s` while saves fail), then stop;
-        True when everything decided is saved."""
-        return self.persister is None or await self.persister.stop(timeout_s)
-
-    def _fence(self, why: str) -> None:
-        """Another scheduler holds the store: this core tells nothing more."""
-        self.outbox.fence()
-        if self.fenced is None:
-            self.fenced = why
-            self.on_fenced(why)
-
-    def stand_down(self, error: NotLeaderError) -> None:
-        """Answer nothing more for the job (this scheduler no longer leads it): every open
-        stream, collective and key-value wait ends with `error`, which names the leader."""
-        self.outbox.fence()
-        if self.fenced is None:
-            self.fenced = str(error)
-        self._streams.broadcast(error)
-        self.exchanges.fail_all(error)  # the leader it names goes to every caller
-        self.kv.abandon(error)
-
-    async def durable(self) -> None:
-        """Wait until everything decided so far is saved (at once without recovery);
-        NotLeaderError when it never will be (another scheduler holds the job)."""
-        if self.persister is not None and self.persister.saved < self.state.revision:
-            try:
-                await self.persister.flushed(self.state.revision)
-            except FencedError as exc:
-                raise NotLeaderError(f"this scheduler no longer leads the job: {exc}") from None
+class SchedulerCore(Engine):
+    """The node calls of the scheduler, each admitted, stepped into the state machine, and
+    answered once what it decided is saved."""
 
     # -- node calls ----------------------------------------------------------------------------
 
@@ -501,12 +229,6 @@ class SchedulerCore:
         await self.durable()
         return held
 
-    def _take_report(self, report: Report) -> None:
-        """Record a checkpoint report and save the new holdings (nothing to tell anyone)."""
-        node_id, incarnation, steps, numbered = report
-        self.state.report_checkpoints(node_id, incarnation, steps, *numbered)
-        self._apply([])
-
     def peer_table(self, caller: Caller, digest: bytes) -> bytes:
         """The compressed whole table of `digest`, for a member (`cluster.scheduler.tables`)."""
         admitted(self.state.admission.admit(caller.node_id, caller.incarnation, caller.presented))
@@ -604,90 +326,6 @@ class SchedulerCore:
             cut = self.exchanges.answered_before(*report)
             if cut is not None:
                 self._cut_in_two(report[0], cut)
-
-    def now(self) -> float:
-        return self._clock()
-
-    def told(self) -> state.Told:
-        """Phase, generation and rollback step as the nodes were told them (with recovery: as
-        on disk): what a stream opened now starts with."""
-        last = self._catch_up[0] if self._catch_up else None
-        phase = state.Phase.WAITING if last is None else state.Phase.READY
-        if isinstance(last, state.ShutdownEvent):
-            phase = state.Phase.FINISHED if last.ok else state.Phase.FAILED
-        topology = self._topology_told
-        if topology is None:
-            return state.Told(phase, 0, 0)
-        return state.Told(phase, topology.generation, topology.rollback_step)
-
-    def saving(self) -> Saving | None:
-        """How saving goes (None: nothing is saved)."""
-        return None if self.persister is None else self.persister.status(self.state.revision)
-
-    # -- effects -------------------------------------------------------------------------------
-
-    def _apply(self, effects: Sequence[ready_.Decision]) -> None:
-        """The state machine decided `effects`: save, then tell (`machine.ready`)."""
-        self._carry_out(self.outbox.step(self.state.revision, effects))
-        persister = self.persister
-        ended = next((e for e in effects if isinstance(e, state.ShutdownEvent)), None)
-        if ended and self.outbox.waiting and persister is not None and persister.error:
-            log.error(
-                "the job has ended (%s), but its state cannot be saved: the nodes are told and "
-                "this scheduler exits once a save lands (SIGTERM stops it sooner)",
-                ended.reason,
-            )
-
-    def _release(self, saved_revision: int) -> None:
-        """The state up to `saved_revision` is stored: tell what waited for it."""
-        self._carry_out(self.outbox.advance(saved_revision))
-
-    def _carry_out(self, ready: ready_.Ready) -> None:
-        if ready.save is not None and self.persister is not None:
-            self.persister.request(ready.save)
-        for tell in ready.tell:
-            self._tell(tell)
-
-    def _tell(self, tell: ready_.Tell) -> None:
-        effect, fail = tell.effect, tell.fail
-        if isinstance(effect, state.Evict):
-            self._streams.put((effect.node_id, effect.incarnation), effect)
-            return
-        if effect is not None:
-            self._effect_log.told(effect)
-            self.journal.effect(effect)
-        if fail is not None:
-            self.exchanges.fail_all(fail.error(fail.reason), keep_answer=fail.keep_answer)
-        if effect is None:
-            return
-        if isinstance(effect, state.ProgressEvent):
-            self._pending_progress = effect
-            return
-        previous = self._topology_told
-        if isinstance(effect, state.TopologyReadyEvent | state.ShutdownEvent):
-            self._catch_up = [effect]
-        if isinstance(effect, state.TopologyReadyEvent):
-            self._topology_told = effect
-            self._pending_progress = None
-            self._streams.broadcast(self._wire.topology_change(effect, previous))
-        else:
-            self._broadcast(effect)
-        if isinstance(effect, state.ShutdownEvent):
-            self.done.set()
-
-    def _broadcast(self, event: state.Event) -> None:
-        self._streams.broadcast(self._wire.serialized(event))
-
-    def _flush_progress(self) -> None:
-        now = self._clock()
-        if self._pending_progress is None:
-            return
-        if now - self._last_progress_broadcast < self._progress_every_s:
-            return
-        if self.state.phase is state.Phase.WAITING:
-            self._broadcast(self._pending_progress)
-        self._pending_progress = None
-        self._last_progress_broadcast = now
 
 
 def _as_sent(item: bytes) -> bytes:

@@ -1,8 +1,9 @@
 """Planted bugs: switches that break the control plane on purpose, so that the simulation proves
 it looks (`python tests/sim/run.py --plant NAME`, `--list-plants`).
 
-Each plant is a subclass of a real part (the scheduler's `SchedulerState`, its `SparePool`, the
-`Outbox`), put in by the simulation in place of the real one; the real code has no switch.
+Each plant is a subclass of a real part (the scheduler's `SchedulerState`, its `Registrar` and
+`SparePool`, the `Outbox`), put in by the simulation in place of the real one; the real code has
+no switch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cluster.protocol.records import (
     TopologyReadyEvent,
 )
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
+from cluster.scheduler.machine.registrar import Registrar
 from cluster.scheduler.machine.rollback import NoCommonStep, RollbackPlanner
 from cluster.scheduler.machine.rounds import Rounds
 from cluster.scheduler.machine.spares import SparePool, live
@@ -101,14 +103,14 @@ class EagerPool(SparePool):
         return self.promote(live(job.spares.values())[0], victim)
 
 
-class NoGuard(SchedulerState):
+class NoGuard(Registrar):
     """`no-guard`: a new incarnation of a known node id is never refused by the guard."""
 
     def _register_known(
         self, member: Member, reg: Registration, now: float
     ) -> tuple[Accepted | Refused, list[Effect]]:
         if member.incarnation != reg.incarnation:
-            member.last_seen = min(member.last_seen, now - self.settings.node_timeout_s - 1.0)
+            member.last_seen = min(member.last_seen, now - self.job.settings.node_timeout_s - 1.0)
         return super()._register_known(member, reg, now)
 
 
@@ -133,13 +135,15 @@ class OrderedIncarnations(RollbackPlanner):
 
 def state_kind(plant: str) -> type[SchedulerState]:
     """The scheduler state the simulation runs with `plant`."""
-    return {"no-guard": NoGuard, "newest-min": NewestMin}.get(plant, SchedulerState)
+    return NewestMin if plant == "newest-min" else SchedulerState
 
 
 def planted(state: SchedulerState, plant: str) -> SchedulerState:
     """`state` with the plant's parts put in."""
     if plant == "eager-spare":
         state.pool = EagerPool(state)
+    if plant == "no-guard":
+        state.registrar = NoGuard(state)
     if plant == "ordered-incarnations":
         state.rollback = OrderedIncarnations()
     return state

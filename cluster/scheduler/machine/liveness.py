@@ -10,7 +10,7 @@ A node's heartbeats wait in gRPC's queue of calls behind the registrations that 
 them, and a large job's start is a burst of thousands: a live node's first beat was taken up
 only after 30 s of them at 8,192 nodes. So a live node's silence counts at the earliest from
 the last registration accepted in a burst (`silence`): while the job forms, or while a restored
-job's nodes come back (`SchedulerState._in_burst`, which bounds both by MS_TOPO_TIMEOUT). A
+job's nodes come back (`Registrar._in_burst`, which bounds both by MS_TOPO_TIMEOUT). A
 registration at any other time (a spare's, a node's retry, a rejoin) is one call in the queue
 and holds nobody's silence back, so no stream of them can hide a hung node: it is found
 MS_NODE_TIMEOUT after its last beat, or after the burst.

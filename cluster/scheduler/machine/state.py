@@ -33,9 +33,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import field, replace
 from typing import Any
 
-from cluster.protocol import auth
 from cluster.protocol.backoff import guard_poll_s
-from cluster.protocol.config import canonical_node_id, valid_node_id
+from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import EvictedError, SnapshotError, UnknownNodeError
 from cluster.protocol.records import (
     GUARD_POLL_MARGIN_S,
@@ -62,6 +61,7 @@ from cluster.protocol.value import mutable
 from cluster.scheduler.machine import ranks, snapshot, spares
 from cluster.scheduler.machine.admission import Admission, Denial, Denied, ExchangeTicket
 from cluster.scheduler.machine.liveness import Liveness, silence_reason
+from cluster.scheduler.machine.registrar import Registrar
 from cluster.scheduler.machine.rollback import (
     NoCommonStep,
     RollbackPlanner,
@@ -103,8 +103,9 @@ class SchedulerState:
     """The job as the scheduler sees it. All methods are synchronous and free of I/O.
 
     Its parts, each a module of `cluster.scheduler.machine`: `admission` (who may join, which
-    call is admitted), `liveness` (silence and the guard), `pool` (the spares, `spares`) and
-    `rollback` (the step every worker holds); ranks are placed by `ranks`.
+    call is admitted), `registrar` (what a registration does to the job, `registrar`),
+    `liveness` (silence and the guard), `pool` (the spares, `spares`) and `rollback` (the step
+    every worker holds); ranks are placed by `ranks`.
     """
 
     cluster_id: str
@@ -120,7 +121,7 @@ class SchedulerState:
     started: float = field(init=False)
     # Kept up to date with `members`, so that no input costs O(members): a 1024-node job
     # registers and finishes 1024 times.
-    _role_counts: dict[NodeRole, int] = field(init=False, repr=False, default_factory=dict)
+    role_counts: dict[NodeRole, int] = field(init=False, repr=False, default_factory=dict)
     _finished: int = field(init=False, repr=False, default=0)
     # The topology as last published; every late watcher gets this same event.
     published: TopologyReadyEvent | None = field(init=False, repr=False, default=None)
@@ -139,6 +140,7 @@ class SchedulerState:
     # over: the scheduler waits a moment for them at the end (not saved, like the nonces).
     guard_waiting: dict[str, float] = field(init=False, repr=False, default_factory=dict)
     admission: Admission = field(init=False, repr=False)
+    registrar: Registrar = field(init=False, repr=False)
     liveness: Liveness = field(init=False, repr=False)
     pool: SparePool = field(init=False, repr=False)
     rollback: RollbackPlanner = field(init=False, repr=False, default_factory=RollbackPlanner)
@@ -146,6 +148,7 @@ class SchedulerState:
     def __post_init__(self) -> None:
         self.started = self.clock()
         self.admission = Admission(self)
+        self.registrar = Registrar(self)
         self.liveness = Liveness(self.settings)
         self.pool = SparePool(self)
 
@@ -228,78 +231,8 @@ class SchedulerState:
     # -- inputs --------------------------------------------------------------------------------
 
     def register(self, reg: Registration) -> tuple[Accepted | Refused, list[Effect]]:
-        if not valid_node_id(reg.node_id):
-            return Refused(
-                Refusal.INVALID_NODE,
-                f"node id {reg.node_id[:140]!r} is not valid: use 1-128 characters of letters, "
-                "digits and . _ : @ -, starting with a letter or digit",
-            ), []
-        node_id = canonical_node_id(reg.node_id)
-        refusal = self.admission.check_registration(reg)
-        if refusal is not None:
-            if refusal.reason in (Refusal.JOB_OVER, Refusal.JOB_FINISHED):
-                self.guard_waiting.pop(node_id, None)  # told
-            return refusal, []
-        now = self.clock()
-        burst = self._in_burst(now)  # asked before: the registration that forms the job is one
-        known = self.find(node_id)
-        if known is not None and known.role is not reg.role:
-            return Refused(
-                Refusal.INVALID_NODE,
-                f"node id {node_id!r} is already used by a {known.role.value}; node ids are "
-                f"unique across roles, so give this {reg.role.value} another MS_NODE_ID "
-                "(e.g. 'ps0' for a parameter server)",
-            ), []
-        again = known is not None and known.incarnation == reg.incarnation
-        outcome = (
-            self._register_new(node_id, reg, now)
-            if known is None
-            else self._register_known(known, reg, now)
-        )
-        if isinstance(outcome[0], Accepted):
-            self.admission.registered(node_id, reg, again=again)
-            self.guard_waiting.pop(node_id, None)  # its wait is over: a next one is told again
-            if burst:
-                self.liveness.accepted(now)
-        return outcome
-
-    def _in_burst(self, now: float) -> bool:
-        """Whether registrations come as a burst, ahead of heartbeats in gRPC's queue
-        (`liveness`): while the job forms, and while a restored job's nodes come back (at most
-        MS_TOPO_TIMEOUT, as a forming job waits). Any other registration is one node's."""
-        if self.phase is Phase.WAITING:
-            return True
-        return bool(self.awaiting) and now - self.started <= self.settings.topo_timeout_s
-
-    def _register_new(
-        self, node_id: str, reg: Registration, now: float
-    ) -> tuple[Accepted | Refused, list[Effect]]:
-        if reg.spare:
-            refusal = spares.check_new_spare(node_id, reg, self.spares, self.settings)
-        else:
-            refusal = self.admission.check_new(node_id, reg, self._role_counts.get(reg.role, 0))
-        if refusal is not None:
-            return refusal, []
-        member = Member(
-            node_id=node_id,
-            role=reg.role,
-            host=reg.host,
-            port=reg.port,
-            incarnation=reg.incarnation,
-            last_seen=now,
-            credential_digest=reg.credential_digest,
-        )
-        self.liveness.seen(member, now)
-        if reg.spare:
-            self.spares[node_id] = member
-            self.revision += 1
-            return self.accepted(rejoined=False, spare=True), self.pool.fill_down_rank()
-        self._role_counts[reg.role] = self._role_counts.get(reg.role, 0) + 1
-        self.members[node_id] = member
-        effects: list[Effect] = [ProgressEvent(len(self.members), self.expected)]
-        if len(self.members) == self.expected:
-            effects.extend(self._form_topology())
-        return self.accepted(rejoined=False), effects
+        """A node's Register call: its answer, and what it changes (`Registrar.register`)."""
+        return self.registrar.register(reg)
 
     def connect(self, node_id: str, incarnation: int) -> list[Event]:
         """The node opened its Watch stream; returns what it must hear first. A node failed
@@ -379,7 +312,7 @@ class SchedulerState:
         # Alive until its connection broke: the guard counts from now, not from its last
         # heartbeat (which may be an interval older).
         self.liveness.seen(member, self.clock())
-        return self._lose(
+        return self.lose(
             member,
             why or "its connection to the scheduler broke (process exited, stopped or cut off?)",
         )
@@ -434,7 +367,7 @@ class SchedulerState:
                 why = silence_reason(silent)
             else:
                 return []
-            return self._lose(member, why)
+            return self.lose(member, why)
         if (
             member.state is NodeState.FAILED
             and self.phase is Phase.READY
@@ -507,118 +440,13 @@ class SchedulerState:
     def add_restored(self, member: Member) -> None:
         """A member read back from a snapshot, counted as registration would have counted it."""
         self.members[member.node_id] = member
-        self._role_counts[member.role] = self._role_counts.get(member.role, 0) + 1
+        self.role_counts[member.role] = self.role_counts.get(member.role, 0) + 1
         if member.state is NodeState.FINISHED:
             self._finished += 1
         elif member.state is NodeState.ALIVE:
             self.awaiting.add(member.node_id)
 
     # -- rules ---------------------------------------------------------------------------------
-
-    def _register_known(
-        self, member: Member, reg: Registration, now: float
-    ) -> tuple[Accepted | Refused, list[Effect]]:
-        if member.incarnation == reg.incarnation:
-            return self._register_again(member, reg, now)
-        if member.state is NodeState.FINISHED:
-            return Refused(
-                Refusal.JOB_OVER,
-                f"{member.describe()} has already finished this job; a node id finishes once",
-            ), []
-        guard_s = self.settings.node_timeout_s
-        remaining = member.last_seen + guard_s - now
-        if remaining > 0:
-            self.guard_waiting[member.node_id] = now
-            failed = " (failed)" if member.state is NodeState.FAILED else ""
-            return Refused(
-                Refusal.NODE_ALIVE,
-                f"node id {member.node_id!r}{failed} was last seen alive "
-                f"{now - member.last_seen:.1f} s ago; the scheduler takes a new process with that "
-                f"id only after MS_NODE_TIMEOUT={guard_s:g} s of silence, against network "
-                f"jitter and identity takeover (retry in {remaining:.1f} s)",
-                retry_after_s=remaining,
-            ), []
-        # Silent past the guard. A spare's id (or that of a node whose rank a spare took) comes
-        # back a spare, also while the job forms; a running job takes any other back with its
-        # rank, with recovery only.
-        if member.node_id in self.spares or (self.recovery and self.phase is Phase.READY):
-            back = self.pool.respare if member.node_id in self.spares else self._rejoin
-            return back(member, reg, now)
-        if self.phase is Phase.WAITING:  # still forming: the new process takes the old's place
-            evict = Evict(member.node_id, member.incarnation, "replaced by a new process")
-            member.incarnation = reg.incarnation
-            member.credential_digest = reg.credential_digest
-            member.host, member.port = reg.host, reg.port
-            self.liveness.seen(member, now)
-            member.restarts += 1
-            return self.accepted(rejoined=False), [evict]
-        return Refused(
-            Refusal.JOB_OVER,
-            f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
-            "rejoin; restart the whole job",
-        ), []
-
-    def _register_again(
-        self, member: Member, reg: Registration, now: float
-    ) -> tuple[Accepted | Refused, list[Effect]]:
-        """The same process again: a retry after a lost answer, or a reconnect. It proves it
-        is the same with its credential, and its address cannot change (a process keeps the
-        one it started with; a registration that would move a node is a forgery)."""
-        if not auth.same_digest(member.credential_digest, reg.credential_digest) or (
-            member.host,
-            member.port,
-        ) != (reg.host, reg.port):
-            return Refused(
-                Refusal.UNAUTHENTICATED,
-                f"{member.describe()} is registered with incarnation {member.incarnation}, and "
-                "this registration of that incarnation has another credential or address: only "
-                "the node's own process may register it again, from the same address",
-            ), []
-        if member.node_id in self.spares and not member.replaced_by:
-            # A spare's own process back (its connection broke): a spare again.
-            self.liveness.seen(member, now)
-            member.state, member.failure = NodeState.ALIVE, ""
-            self.revision += 1
-            return self.accepted(rejoined=False, spare=True), self.pool.fill_down_rank()
-        if member.node_id in self.spares:
-            return Refused(
-                Refusal.JOB_OVER,
-                f"{member.describe()} was cut off, and its rank went to a spare meanwhile: this "
-                "process cannot go on with it; start it again, and it joins as a spare once "
-                f"MS_NODE_TIMEOUT={self.settings.node_timeout_s:g} s have passed",
-            ), []
-        self.liveness.seen(member, now)
-        if member.state is NodeState.FAILED and self.recovery and self.phase is Phase.READY:
-            # Back after it was declared failed (its connection broke, or it was cut off): no
-            # other process can hold the id, so no guard; but the others have moved on
-            # without it, so it comes back in a new generation.
-            return self._rejoin(member, reg, now, restarted=False)
-        return self.accepted(rejoined=False), []
-
-    def _rejoin(
-        self, member: Member, reg: Registration, now: float, *, restarted: bool = True
-    ) -> tuple[Accepted, list[Effect]]:
-        """A failed (or silent) node takes its rank back: a new generation."""
-        effects: list[Effect] = []
-        if member.state is NodeState.ALIVE:  # silent past the guard, not yet noticed by tick()
-            why = "a new process registered with its node id"
-            effects.extend(self._lose(member, why, promote=False))
-        if restarted:
-            effects.append(Evict(member.node_id, member.incarnation, "replaced by a new process"))
-            member.restarts += 1
-        member.incarnation = reg.incarnation
-        member.credential_digest = reg.credential_digest
-        self.liveness.seen(member, now)
-        member.state = NodeState.ALIVE
-        member.failure = ""
-        if (member.host, member.port) != (reg.host, reg.port):
-            member.host, member.port = reg.host, reg.port
-            # Perhaps on another host now: local ranks follow the hosts (ranks do not change).
-            space = self.settings.space(member.role)
-            ranks.assign_ranks([m for m in self.members.values() if m.role is member.role], space)
-        self.awaiting.discard(member.node_id)
-        effects.extend(self.publish(f"{member.describe()} rejoined"))
-        return self.accepted(rejoined=True), effects
 
     def accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted:
         return Accepted(
@@ -630,7 +458,7 @@ class SchedulerState:
             spare=spare,
         )
 
-    def _form_topology(self) -> list[Effect]:
+    def form_topology(self) -> list[Effect]:
         for role in NodeRole:
             ranks.assign_ranks(
                 [m for m in self.members.values() if m.role is role], self.settings.space(role)
@@ -651,7 +479,7 @@ class SchedulerState:
         )
         return [self.published]
 
-    def _lose(self, member: Member, why: str, *, promote: bool = True) -> list[Effect]:
+    def lose(self, member: Member, why: str, *, promote: bool = True) -> list[Effect]:
         if self.phase is Phase.WAITING:
             # No rank yet, nobody depends on it: forget it so that a restart can take its place.
             self._forget(member)
@@ -681,7 +509,7 @@ class SchedulerState:
 
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]
-        self._role_counts[member.role] -= 1
+        self.role_counts[member.role] -= 1
         self.forgotten(member.node_id)
 
     def forgotten(self, node_id: str) -> None:

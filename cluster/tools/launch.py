@@ -418,7 +418,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
     lock = setup.make_paths(options, plan, out)  # --log-dir is this launcher's from here
     try:
         if sharing is not None:
-            slurm_io.share_secret(sharing, options.log_dir)
+            slurm_io.share_secret(sharing, options.log_dir, keep=options.enable_recovery)
         if made_here:
             _write_secret(options.log_dir, keep=options.enable_recovery)
         return asyncio.run(Launcher(options, plan, out).run())

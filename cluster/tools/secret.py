@@ -28,7 +28,7 @@ def write_job_secret(directory: Path, *, keep: bool = False) -> Path:
     log directory resumes its saved state, which the scheduler takes only under the job's own
     secret."""
     path = directory / JOB_SECRET_FILE
-    if keep and _made_here(path):
+    if keep and held_job_secret(path) is not None:
         return path
     # A previous job's (`mscluster run` holds its log directory's lock, `launch_lock`, while
     # its job runs): this one gets its own, made 0600 below.
@@ -39,13 +39,16 @@ def write_job_secret(directory: Path, *, keep: bool = False) -> Path:
     return path
 
 
-def _made_here(path: Path) -> bool:
-    """Whether `path` is a job secret `write_job_secret` made (see there)."""
+def held_job_secret(path: Path) -> str | None:
+    """The text of the job secret at `path` when it is one that `write_job_secret` (or a Slurm
+    step's node 0, `slurm_io`) made: this user's own regular file, never a link, of mode 0600,
+    holding 64 hex digits. None otherwise (missing, unreadable, another file)."""
     with contextlib.suppress(OSError):
         descriptor = atomic.open_no_follow(path, os.O_RDONLY)
         with os.fdopen(descriptor, "rb") as handle:
             st = os.fstat(handle.fileno())
             if atomic.not_own_file(st) or stat.S_IMODE(st.st_mode) != 0o600:
-                return False
-            return _SECRET.match(handle.read(80)) is not None
-    return False
+                return None
+            text = handle.read(80)
+            return text.decode() if _SECRET.match(text) else None
+    return None

@@ -178,6 +178,33 @@ def test_sighup_stops_every_child_and_removes_the_relay_directory(
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
 
 
+def ignores_sighup(pid: int) -> bool:
+    """Whether process `pid` ignores SIGHUP (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (mask,) = [line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")]
+    return bool(int(mask, 16) & 1 << (signal.SIGHUP - 1))
+
+
+def test_under_nohup_sighup_leaves_the_job_running(processes: Procs, tmp_path: Path) -> None:
+    """`nohup mscluster run ... &` and the ssh session closes: SIGHUP, ignored as nohup set it,
+    stops nothing, before the launcher watches its children or after; the job ends as it would."""
+    script = private_copy(tmp_path)
+    args = hold_args(tmp_path, script)
+    args[-1] = "3"  # --hold 3: the job ends by itself
+    run = processes.start("run", ["nohup", *args], os.environ)
+    wait_until(lambda: ignores_sighup(run.pid), 10, "nohup to ignore SIGHUP")
+
+    def hung_up_and_over() -> bool:
+        run.signal(signal.SIGHUP)  # the launcher itself: nohup execs it
+        return not run.running
+
+    wait_until(hung_up_and_over, 60, "the job to end while SIGHUP comes again and again")
+    assert run.wait(1) == 0, run.output
+    assert "SIGHUP" not in run.output
+    assert "job finished: 2 local workers exited 0" in run.output
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
 # Imported first by every Python the test starts: the relay (a launcher's child without MS_ROLE)
 # never gets to take connections.
 STALLED_RELAY = """

@@ -426,12 +426,17 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
-    lock = setup.make_paths(options, plan, out)  # --log-dir is this launcher's from here
-    try:
+    keep = options.enable_recovery  # the secret a run of this job made before is kept
+
+    def write_secret() -> None:
         if sharing is not None:
-            slurm_io.share_secret(sharing, options.log_dir, keep=options.enable_recovery)
+            slurm_io.share_secret(sharing, options.log_dir, keep=keep)
         if made_here:
-            _write_secret(options.log_dir, keep=options.enable_recovery)
+            _write_secret(options.log_dir, keep=keep)
+
+    # --log-dir is this launcher's from here, its job secret in it.
+    lock = setup.make_paths(options, plan, out, write_secret)
+    try:
         return asyncio.run(Launcher(options, plan, out).run())
     finally:
         lock.release()
@@ -442,10 +447,8 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
 def _write_secret(log_dir: Path, *, keep: bool) -> None:
     try:
         write_job_secret(log_dir, keep=keep)
-    except OSError as exc:
-        raise ConfigError(
-            f"--log-dir: cannot write the job secret in {str(log_dir)!r} ({exc.strerror or exc})"
-        ) from None
+    except ConfigError as exc:
+        raise ConfigError(f"--log-dir: {exc}") from None
 
 
 def _accepts(path: Path) -> bool:

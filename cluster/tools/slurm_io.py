@@ -36,6 +36,7 @@ from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import lookup_name
+from cluster.storage import atomic
 from cluster.tools import hostlist
 from cluster.tools.secret import JOB_SECRET_FILE, held_job_secret
 from cluster.tools.slurm import SECRET_DIR, Allocation, earlier_run, node_addr
@@ -122,8 +123,12 @@ def share_secret(
         _remove_earlier_runs(allocation)
         secret = held or secrets.token_hex(32) + "\n"
         _write_private(shared, secret, directory_mode=0o700)
-    secret = _wait_for(shared, allocation, wait_s)
-    _write_private(local, secret, directory_mode=None)
+    try:
+        secret = _wait_for(shared, allocation, wait_s)
+        _write_private(local, secret, directory_mode=None)
+    except (ConfigError, KeyboardInterrupt):  # node 0's launcher ends here: nothing of it stays
+        remove_shared_secret(allocation)
+        raise
     return local
 
 
@@ -147,30 +152,26 @@ def _remove_earlier_runs(allocation: Allocation) -> None:
 
 
 def _write_private(path: Path, text: str, directory_mode: int | None) -> None:
-    """`text` in `path`, mode 0600, whole or not at all (temporary file, then rename)."""
+    """`text` in `path`, mode 0600, whole or not at all (`atomic.write_atomically`: a
+    temporary beside it, synced, renamed over it), its directory made first (with
+    `directory_mode`, else as the umask has it)."""
+
+    def refused(exc: OSError) -> ConfigError:
+        return ConfigError(
+            f"cannot write the job secret to {path.absolute()} ({exc.strerror or exc}): run the "
+            "job from a directory it may write, or give CLUSTER_JOB_SECRET_FILE"
+        )
+
     try:
-        _write_whole(path, text, directory_mode)
+        if directory_mode is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(mode=directory_mode, parents=True, exist_ok=True)
+            path.parent.chmod(directory_mode)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot write the job secret to {path.absolute()} ({exc.strerror}): run the job "
-            "from a directory it may write, or give CLUSTER_JOB_SECRET_FILE"
-        ) from None
-
-
-def _write_whole(path: Path, text: str, directory_mode: int | None) -> None:
-    if directory_mode is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    else:
-        path.parent.mkdir(mode=directory_mode, parents=True, exist_ok=True)
-        path.parent.chmod(directory_mode)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(path)
+        raise refused(exc) from None
+    data = text.encode()
+    atomic.write_atomically(path, lambda fd: atomic.write_all(fd, data), refused)
 
 
 def _wait_for(shared: Path, allocation: Allocation, wait_s: float) -> str:

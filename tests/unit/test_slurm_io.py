@@ -64,7 +64,7 @@ def test_a_requeued_job_never_reads_the_secret_its_run_before_left(
     monkeypatch.chdir(tmp_path)
     first = slurm_io.share_secret(node(0), Path("run0/node0")).read_text()
     shared = tmp_path / ".mscluster"
-    (shared / ".slurm-31.2.r0.secret.4711").write_text("half")
+    (shared / ".slurm-31.2.r0.secret.0123456789abcdef.tmp").write_text("half")
     (shared / "slurm-31.5.r0.secret").write_text("another step's\n")
     (shared / "slurm-32.2.r0.secret").write_text("another job's\n")
     again = {"SLURM_RESTART_COUNT": "1"}

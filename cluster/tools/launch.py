@@ -73,6 +73,7 @@ RELAY_SOCKET = "relay.sock"
 # A relay that dies while the job runs is started again at most this many times.
 RELAY_RESTARTS = 3
 # The signals that stop the job: each child stopped, the launcher's files removed, 128 + signal.
+# SIGHUP is one unless the launcher was started with it ignored (`nohup`): see `stop_signals`.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -143,7 +144,8 @@ class Launcher(Children):
         o = self.options
         o.log_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
-        for signum in STOP_SIGNALS:
+        stops = stop_signals()
+        for signum in stops:
             loop.add_signal_handler(signum, self._on_signal, signum)
         poller: asyncio.Task[None] | None = None
         try:
@@ -173,7 +175,7 @@ class Launcher(Children):
                 with contextlib.suppress(asyncio.CancelledError):
                     await poller
             await self._stop_all()
-            for signum in STOP_SIGNALS:
+            for signum in stops:
                 loop.remove_signal_handler(signum)
 
     async def _relay_started(self) -> None:
@@ -364,9 +366,10 @@ def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = Fa
     what would start to stdout instead, and start nothing. A relay's socket goes in a directory
     of this user's only, made here and removed at the end. A stop signal that comes before the
     launcher watches its children (a Slurm step's secret still awaited) ends it the same way:
-    its files removed, one line, 128 + the signal."""
+    its files removed, one line, 128 + the signal. SIGHUP ignored at the start (`nohup`) stays
+    ignored throughout (`stop_signals`)."""
     setup.validate(options)
-    previous = {signum: signal.signal(signum, _interrupt) for signum in STOP_SIGNALS}
+    previous = {signum: signal.signal(signum, _interrupt) for signum in stop_signals()}
     try:
         return _run(options, out, dry_run=dry_run)
     except KeyboardInterrupt as exc:
@@ -377,6 +380,14 @@ def run(options: LaunchOptions, out: IO[str] = sys.stderr, *, dry_run: bool = Fa
         for signum, handler in previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The STOP_SIGNALS this launcher acts on: all of them, but SIGHUP only where it is not
+    ignored now. `nohup mscluster run ... &` starts it with SIGHUP ignored, so that the job
+    outlives the terminal; it is left so (and `run` decides this before it handles any)."""
+    hup_ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    return tuple(s for s in STOP_SIGNALS if not (s == signal.SIGHUP and hup_ignored))
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -415,12 +426,17 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         return EXIT_OK
     if plan.scheduler is not None:
         setup.check_port_free(plan.ip, options.master_port)
-    lock = setup.make_paths(options, plan, out)  # --log-dir is this launcher's from here
-    try:
+    keep = options.enable_recovery  # the secret a run of this job made before is kept
+
+    def write_secret() -> None:
         if sharing is not None:
-            slurm_io.share_secret(sharing, options.log_dir)
+            slurm_io.share_secret(sharing, options.log_dir, keep=keep)
         if made_here:
-            _write_secret(options.log_dir, keep=options.enable_recovery)
+            _write_secret(options.log_dir, keep=keep)
+
+    # --log-dir is this launcher's from here, its job secret in it.
+    lock = setup.make_paths(options, plan, out, write_secret)
+    try:
         return asyncio.run(Launcher(options, plan, out).run())
     finally:
         lock.release()
@@ -431,10 +447,8 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
 def _write_secret(log_dir: Path, *, keep: bool) -> None:
     try:
         write_job_secret(log_dir, keep=keep)
-    except OSError as exc:
-        raise ConfigError(
-            f"--log-dir: cannot write the job secret in {str(log_dir)!r} ({exc.strerror or exc})"
-        ) from None
+    except ConfigError as exc:
+        raise ConfigError(f"--log-dir: {exc}") from None
 
 
 def _accepts(path: Path) -> bool:

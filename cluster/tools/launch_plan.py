@@ -8,6 +8,7 @@ finds the job secret, then asks `make_plan` what to start, and starts exactly th
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,24 +120,35 @@ def wants_relay(options: LaunchOptions) -> bool:
     return options.relay and options.local_worker_num + options.spares >= RELAY_FROM
 
 
-def node_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
-    """The MS_NODE_ID of each local worker: numeric (so the rank) when it can be."""
+def launcher_name(options: LaunchOptions, hostname: str) -> str:
+    """This launcher's part of a job that spans hosts without --node-rank, as its node ids name
+    it: `<hostname>-<8 hex digits of the log directory's absolute path, links resolved>`. Two
+    launchers of one job on one host hold two log directories (`launch_lock`), so their names
+    differ; the same command run again on the same host with the same --log-dir (the host
+    rebooted) names its workers as before, and with recovery they rejoin their ranks."""
+    path = str(options.log_dir.resolve()).encode()
+    return f"{hostname}-{hashlib.sha256(path).hexdigest()[:8]}"
+
+
+def node_ids(options: LaunchOptions, hostname: str) -> list[str]:
+    """The MS_NODE_ID of each local worker: numeric (so the rank) when it can be; else unique
+    across the job's hosts and the same on every run of the launcher (`launcher_name`)."""
     local = options.local_worker_num
     if options.node_rank >= 0:
         return [str(options.node_rank * local + i) for i in range(local)]
     if local == options.worker_num:  # the whole job is here: worker i is rank i
         return [str(i) for i in range(local)]
-    return [f"{hostname}-{pid}-{i:04d}" for i in range(local)]
+    return [f"{launcher_name(options, hostname)}-{i:04d}" for i in range(local)]
 
 
-def spare_ids(options: LaunchOptions, hostname: str, pid: int) -> list[str]:
+def spare_ids(options: LaunchOptions, hostname: str) -> list[str]:
     """The MS_NODE_ID of each local spare: never numeric (a numeric id is a rank), unique
-    across the job's hosts."""
+    across the job's hosts, the same on every run of the launcher."""
     if options.local_worker_num == options.worker_num:
         return [f"spare-{i}" for i in range(options.spares)]
     if options.node_rank >= 0:
         return [f"spare-{options.node_rank}-{i}" for i in range(options.spares)]
-    return [f"spare-{hostname}-{pid}-{i}" for i in range(options.spares)]
+    return [f"spare-{launcher_name(options, hostname)}-{i}" for i in range(options.spares)]
 
 
 def bare_host(host: str) -> str:
@@ -232,7 +244,7 @@ def make_plan(
             node_id=node_id,
             index=i,
         )
-        for i, node_id in enumerate(node_ids(o, hostname, launcher_pid))
+        for i, node_id in enumerate(node_ids(o, hostname))
     )
     spares = tuple(
         Process(
@@ -245,7 +257,7 @@ def make_plan(
             index=o.local_worker_num + i,
             spare=True,
         )
-        for i, node_id in enumerate(spare_ids(o, hostname, launcher_pid))
+        for i, node_id in enumerate(spare_ids(o, hostname))
     )
     workers = workers + spares
     address = f"[{ip}]:{o.master_port}" if ":" in ip else f"{ip}:{o.master_port}"

@@ -215,12 +215,17 @@ def check_paths(options: LaunchOptions, plan: Plan) -> None:
         could_make(option, options.job_recovery_path)
 
 
-def make_paths(options: LaunchOptions, plan: Plan, out: IO[str]) -> LogDirLock:
+def make_paths(
+    options: LaunchOptions, plan: Plan, out: IO[str], write: Callable[[], object]
+) -> LogDirLock:
     """`check_paths`; then --log-dir made, checked and locked for this launcher
     (`launch_lock`: another launcher holding it is a refusal) before anything is written there,
-    and the recovery directory made and checked as the scheduler checks it. A refusal then (the
-    lock held, the recovery directory's owner or mode) removes the directories made here: a
-    refused run leaves none behind. The lock returned is held until it is released."""
+    the recovery directory made and checked as the scheduler checks it, and `write()` called:
+    what the launcher puts in --log-dir before anything starts (the job secret, each file
+    written whole or not at all). A refusal on the way (the lock held, the recovery directory's
+    owner or mode, a full disk) or a stop signal meanwhile (a Slurm step's secret awaited)
+    removes the directories made here: a refused run leaves none behind. The lock returned is
+    held until it is released."""
     check_paths(options, plan)
     recovery = options.enable_recovery and plan.scheduler is not None
     option = "--recovery-path" if options.recovery_path is not None else "--log-dir"
@@ -236,14 +241,15 @@ def make_paths(options: LaunchOptions, plan: Plan, out: IO[str]) -> LogDirLock:
                 check_recovery_path(RecoveryConfig(options.job_recovery_path))
             except ConfigError as exc:
                 raise ConfigError(f"{option}: {exc}") from None
+        write()
     return lock
 
 
 @contextlib.contextmanager
 def _removed_if_refused(paths: list[Path], lock: LogDirLock) -> Iterator[None]:
-    """On a ConfigError, let `lock` go and remove the directories of `paths` (and those above
-    them) that did not exist before, the deepest first (the lock file first where its directory
-    is one of them), and raise it on."""
+    """On a ConfigError (or a stop signal's KeyboardInterrupt, `launch.run`), let `lock` go and
+    remove the directories of `paths` (and those above them) that did not exist before, the
+    deepest first (the lock file first where its directory is one of them), and raise it on."""
     missing: set[Path] = set()
     for path in paths:
         here = Path(os.path.abspath(path))
@@ -252,7 +258,7 @@ def _removed_if_refused(paths: list[Path], lock: LogDirLock) -> Iterator[None]:
             here = here.parent
     try:
         yield
-    except ConfigError:
+    except (ConfigError, KeyboardInterrupt):
         lock.release(remove=Path(os.path.abspath(lock.directory)) in missing)
         for made in sorted(missing, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):

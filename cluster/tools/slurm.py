@@ -144,9 +144,10 @@ def _gpus(env: Mapping[str, str]) -> int | None:
     return count or None
 
 
-# A shared secret's file name, or its temporary's ('.' + name + '.' + pid).
+# A shared secret's file name, or its temporary's ('.NAME.<hex digits>.tmp', as
+# `cluster.storage.atomic` names them).
 _SECRET_NAME = re.compile(
-    r"\.?slurm-(?P<job>\d+)\.(?:\d+|batch)\.r(?P<restart>\d+)\.secret(?:\.\d+)?"
+    r"\.?slurm-(?P<job>\d+)\.(?:\d+|batch)\.r(?P<restart>\d+)\.secret(?:\.[0-9a-f]+\.tmp)?"
 )
 
 
@@ -156,7 +157,7 @@ def secret_name(step_name: str, restart_count: int) -> str:
 
 
 def earlier_run(name: str, job_id: int, restart_count: int) -> bool:
-    """Whether file `name` in SECRET_DIR is a shared secret (or its temporary, '.NAME.PID') of
+    """Whether file `name` in SECRET_DIR is a shared secret (or its temporary) of
     job `job_id` from a run before this one (restart count below `restart_count`)."""
     match = _SECRET_NAME.fullmatch(name)
     return (

@@ -14,6 +14,12 @@ job (its id, its nodes) guesses it, and it is readable only by the job's user.
 `<restarts>` is SLURM_RESTART_COUNT (0 when unset): a requeued job keeps its id and its step ids,
 and a run that ended with its node may have left its file behind, which the next run's nodes
 must not take for node 0's new one. Node 0 removes such files of earlier runs before it writes.
+
+With recovery on, the secret node 0 publishes is the one its `<log-dir>/job.secret` holds when
+an earlier run of the step made it there (this user's file, mode 0600, 64 hex digits:
+`secret.held_job_secret`): the step's saved state resumes only under the secret it was saved
+with, and a requeued step (same ids, same log directories) resumes it. Without recovery, or
+without such a file, the secret is new.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import lookup_name
+from cluster.storage import atomic
 from cluster.tools import hostlist
+from cluster.tools.secret import JOB_SECRET_FILE, held_job_secret
 from cluster.tools.slurm import SECRET_DIR, Allocation, earlier_run, node_addr
 from cluster.worker.identity import local_address_towards
 
@@ -40,7 +48,6 @@ SECRET_WAIT_S = 60.0
 SECRET_POLL_S = 0.1
 # How many of the step's other nodes are tried to find this host's address towards them.
 PEERS_TRIED = 3
-LOCAL_SECRET = "job.secret"  # noqa: S105 - the file's name, not a secret
 
 
 def node_address(name: str) -> str | None:
@@ -100,18 +107,28 @@ def shares_secret(allocation: Allocation | None, env: Mapping[str, str]) -> bool
 
 
 def local_secret_file(log_dir: Path) -> Path:
-    return log_dir / LOCAL_SECRET
+    return log_dir / JOB_SECRET_FILE
 
 
-def share_secret(allocation: Allocation, log_dir: Path, wait_s: float = SECRET_WAIT_S) -> Path:
-    """Node 0 makes the step's secret; every node copies it to LOG_DIR/job.secret, returned."""
+def share_secret(
+    allocation: Allocation, log_dir: Path, *, keep: bool = False, wait_s: float = SECRET_WAIT_S
+) -> Path:
+    """Node 0 publishes the step's secret; every node copies it to LOG_DIR/job.secret, returned.
+    With `keep` (recovery on), node 0 publishes the secret its LOG_DIR/job.secret holds when an
+    earlier run of the step made it (`held_job_secret`), else a new one."""
     shared = allocation.secret_path
-    if allocation.node_rank == 0:
-        _remove_earlier_runs(allocation)
-        _write_private(shared, secrets.token_hex(32) + "\n", directory_mode=0o700)
-    secret = _wait_for(shared, allocation, wait_s)
     local = local_secret_file(log_dir)
-    _write_private(local, secret, directory_mode=None)
+    if allocation.node_rank == 0:
+        held = held_job_secret(local) if keep else None
+        _remove_earlier_runs(allocation)
+        secret = held or secrets.token_hex(32) + "\n"
+        _write_private(shared, secret, directory_mode=0o700)
+    try:
+        secret = _wait_for(shared, allocation, wait_s)
+        _write_private(local, secret, directory_mode=None)
+    except (ConfigError, KeyboardInterrupt):  # node 0's launcher ends here: nothing of it stays
+        remove_shared_secret(allocation)
+        raise
     return local
 
 
@@ -135,30 +152,26 @@ def _remove_earlier_runs(allocation: Allocation) -> None:
 
 
 def _write_private(path: Path, text: str, directory_mode: int | None) -> None:
-    """`text` in `path`, mode 0600, whole or not at all (temporary file, then rename)."""
+    """`text` in `path`, mode 0600, whole or not at all (`atomic.write_atomically`: a
+    temporary beside it, synced, renamed over it), its directory made first (with
+    `directory_mode`, else as the umask has it)."""
+
+    def refused(exc: OSError) -> ConfigError:
+        return ConfigError(
+            f"cannot write the job secret to {path.absolute()} ({exc.strerror or exc}): run the "
+            "job from a directory it may write, or give CLUSTER_JOB_SECRET_FILE"
+        )
+
     try:
-        _write_whole(path, text, directory_mode)
+        if directory_mode is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(mode=directory_mode, parents=True, exist_ok=True)
+            path.parent.chmod(directory_mode)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot write the job secret to {path.absolute()} ({exc.strerror}): run the job "
-            "from a directory it may write, or give CLUSTER_JOB_SECRET_FILE"
-        ) from None
-
-
-def _write_whole(path: Path, text: str, directory_mode: int | None) -> None:
-    if directory_mode is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    else:
-        path.parent.mkdir(mode=directory_mode, parents=True, exist_ok=True)
-        path.parent.chmod(directory_mode)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.unlink(missing_ok=True)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(path)
+        raise refused(exc) from None
+    data = text.encode()
+    atomic.write_atomically(path, lambda fd: atomic.write_all(fd, data), refused)
 
 
 def _wait_for(shared: Path, allocation: Allocation, wait_s: float) -> str:

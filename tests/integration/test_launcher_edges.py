@@ -99,6 +99,61 @@ def test_an_unwritable_log_dir_is_one_line(tmp_path: Path) -> None:
     assert "Read-only file system" in line
 
 
+def slurm_step_env(rank: int, nodelist: str) -> dict[str, str]:
+    """This environment as srun gives it to node `rank`'s task of step 31.2 over the two nodes
+    of `nodelist`, with no job secret given: the nodes share one that node 0 makes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CLUSTER_JOB"))}
+    step = {
+        "SLURM_JOB_ID": "31",
+        "SLURM_STEP_ID": "2",
+        "SLURM_NODEID": str(rank),
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NODELIST": nodelist,
+    }
+    return {**env, **step, "PYTHONPATH": str(ROOT)}
+
+
+def test_a_full_log_dir_is_one_line_and_leaves_nothing_made(tmp_path: Path) -> None:
+    """The directories made, the lock taken, then the job secret refused (ENOSPC): the run is
+    refused as if it had not begun, with no directory, lock or empty job.secret left."""
+    with tmpfs.mounted("256k") as disk:
+        tmpfs.fill(disk)
+        line = one_line(run_in(tmp_path, disk / "a" / "b" / "logs"))
+        left = sorted(p.name for p in disk.iterdir())
+    assert line == (
+        f"mscluster: ConfigError: --log-dir: cannot write the job secret in "
+        f"{str(disk / 'a' / 'b' / 'logs')!r} (No space left on device)"
+    )
+    assert left == ["filler"]
+
+
+def test_a_slurm_node_whose_log_dir_is_full_leaves_nothing_made(tmp_path: Path) -> None:
+    """Node 0 of a Slurm step shares the secret through the working directory, then cannot copy
+    it into its full log directory: one line; the log directories, its copy and the shared
+    file are gone."""
+    env = slurm_step_env(0, "localhost,127.0.0.2")
+    script = chatty_script(tmp_path)
+    with tmpfs.mounted("256k") as disk:
+        tmpfs.fill(disk)
+        args = ["run", "--master-port", str(free_port()), "--log-dir", str(disk / "logs")]
+        result = subprocess.run(
+            [*MSCLUSTER, *args, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env=env,
+            cwd=tmp_path,
+        )
+        line = one_line(result)
+        left = sorted(p.name for p in disk.iterdir())
+    assert line.startswith("mscluster: ConfigError: cannot write the job secret to ")
+    assert "node0/job.secret (No space left on device)" in line
+    assert left == ["filler"]
+    assert list((tmp_path / ".mscluster").iterdir()) == []
+
+
 def test_a_refused_recovery_path_leaves_no_new_directory(tmp_path: Path) -> None:
     """Refused once made (a parent others may write without the sticky bit): the log and
     recovery directories made for the run are removed, as if it had not begun."""
@@ -178,6 +233,33 @@ def test_sighup_stops_every_child_and_removes_the_relay_directory(
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
 
 
+def ignores_sighup(pid: int) -> bool:
+    """Whether process `pid` ignores SIGHUP (its SigIgn mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    (mask,) = [line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")]
+    return bool(int(mask, 16) & 1 << (signal.SIGHUP - 1))
+
+
+def test_under_nohup_sighup_leaves_the_job_running(processes: Procs, tmp_path: Path) -> None:
+    """`nohup mscluster run ... &` and the ssh session closes: SIGHUP, ignored as nohup set it,
+    stops nothing, before the launcher watches its children or after; the job ends as it would."""
+    script = private_copy(tmp_path)
+    args = hold_args(tmp_path, script)
+    args[-1] = "3"  # --hold 3: the job ends by itself
+    run = processes.start("run", ["nohup", *args], os.environ)
+    wait_until(lambda: ignores_sighup(run.pid), 10, "nohup to ignore SIGHUP")
+
+    def hung_up_and_over() -> bool:
+        run.signal(signal.SIGHUP)  # the launcher itself: nohup execs it
+        return not run.running
+
+    wait_until(hung_up_and_over, 60, "the job to end while SIGHUP comes again and again")
+    assert run.wait(1) == 0, run.output
+    assert "SIGHUP" not in run.output
+    assert "job finished: 2 local workers exited 0" in run.output
+    wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
+
+
 # Imported first by every Python the test starts: the relay (a launcher's child without MS_ROLE)
 # never gets to take connections.
 STALLED_RELAY = """
@@ -215,16 +297,7 @@ def test_a_stop_signal_before_the_launcher_watches_is_one_line(
 ) -> None:
     """Node 1 of a Slurm step waits for the secret node 0 makes; Ctrl-C there (or its terminal
     closing): one line, 128 + the signal."""
-    step = {
-        "SLURM_JOB_ID": "31",
-        "SLURM_STEP_ID": "2",
-        "SLURM_NODEID": "1",
-        "SLURM_STEP_NUM_NODES": "2",
-        "SLURM_STEP_NUM_TASKS": "2",
-        "SLURM_STEP_NODELIST": "n[1-2]",
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "CLUSTER_JOB"))}
-    env.update(step, PYTHONPATH=str(ROOT))
+    env = slurm_step_env(1, "n[1-2]")
     logs = tmp_path / "logs"
     args = ["--master-addr", "127.0.0.1", "--worker-num", "2", "--local-worker-num", "1"]
     run = processes.start(
@@ -235,6 +308,7 @@ def test_a_stop_signal_before_the_launcher_watches_is_one_line(
     assert run.wait(10) == 128 + sig, run.output
     assert run.output.strip().splitlines()[-1] == f"mscluster: {sig.name} received; stopped"
     assert "Traceback" not in run.output
+    assert not logs.exists()  # made for the run, removed with it
 
 
 def test_a_stop_signal_while_the_launcher_awaits_its_scheduler_is_acted_on_at_once(

@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from cluster.protocol.errors import ConfigError
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
+from tests import tmpfs
 
 
 def test_a_new_job_gets_a_new_secret(tmp_path: Path) -> None:
@@ -37,3 +41,15 @@ def test_a_secret_it_did_not_make_is_not_kept(tmp_path: Path) -> None:
     kept = write_job_secret(tmp_path, keep=True)
     assert not kept.is_symlink()
     assert elsewhere.read_text() == "b" * 64 + "\n"
+
+
+def test_a_secret_that_cannot_be_written_leaves_the_old_one_whole() -> None:
+    # The old file was removed and the new one made empty before its bytes were refused: a job
+    # then ran on a secret of nothing. It is written whole beside it and renamed now.
+    with tmpfs.mounted("256k") as disk:
+        old = write_job_secret(disk).read_bytes()
+        tmpfs.fill(disk)
+        with pytest.raises(ConfigError, match="No space left on device"):
+            write_job_secret(disk)
+        assert (disk / JOB_SECRET_FILE).read_bytes() == old
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", JOB_SECRET_FILE]

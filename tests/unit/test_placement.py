@@ -4,6 +4,7 @@ defaults; and the plan of processes that `mscluster run` (and --dry-run) makes f
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -256,11 +257,38 @@ def test_node_zero_plans_the_scheduler_without_the_script() -> None:
 
 
 def test_without_a_node_rank_a_multi_host_job_gets_host_unique_ids() -> None:
-    made = plan(options(node_rank=-1, allocation=None))
+    made = plan(options(node_rank=-1, allocation=None, spares=1, enable_recovery=True))
+    name = launch_plan.launcher_name(options(), "gpu08")
+    assert re.fullmatch(r"gpu08-[0-9a-f]{8}", name)
     assert [(p.node_id, p.rank) for p in made.workers] == [
-        ("gpu08-99-0000", None),
-        ("gpu08-99-0001", None),
+        (f"{name}-0000", None),
+        (f"{name}-0001", None),
+        (f"spare-{name}-0", None),
     ]
+
+
+def test_a_launcher_run_again_names_its_workers_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ids are the launcher's host and log directory's, never its pid: a launcher started
+    # again (its host rebooted) gets its workers' ranks back in a job that recovers. Another
+    # log directory is another launcher of the job on this host (one launcher per directory).
+    monkeypatch.chdir(tmp_path)
+
+    def ids(log_dir: Path, pid: int) -> list[str | None]:
+        opts = options(node_rank=-1, allocation=None, log_dir=log_dir)
+        made = launch_plan.make_plan(
+            opts,
+            ip="10.1.1.7",
+            with_scheduler=False,
+            hostname="gpu08",
+            launcher_pid=pid,
+            tls_env={},
+        )
+        return [p.node_id for p in made.workers]
+
+    assert ids(Path("logs"), 99) == ids(Path("logs"), 4242) == ids(tmp_path / "logs", 7)
+    assert set(ids(Path("logs"), 99)).isdisjoint(ids(Path("other-logs"), 99))
 
 
 def test_a_child_gets_the_launchers_environment_without_its_ms_variables() -> None:

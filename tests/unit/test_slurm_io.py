@@ -64,7 +64,7 @@ def test_a_requeued_job_never_reads_the_secret_its_run_before_left(
     monkeypatch.chdir(tmp_path)
     first = slurm_io.share_secret(node(0), Path("run0/node0")).read_text()
     shared = tmp_path / ".mscluster"
-    (shared / ".slurm-31.2.r0.secret.4711").write_text("half")
+    (shared / ".slurm-31.2.r0.secret.0123456789abcdef.tmp").write_text("half")
     (shared / "slurm-31.5.r0.secret").write_text("another step's\n")
     (shared / "slurm-32.2.r0.secret").write_text("another job's\n")
     again = {"SLURM_RESTART_COUNT": "1"}
@@ -77,6 +77,36 @@ def test_a_requeued_job_never_reads_the_secret_its_run_before_left(
     # Node 0 removed what the run before left of this job, and nothing else.
     left = sorted(p.name for p in shared.iterdir())
     assert left == ["slurm-31.2.r1.secret", "slurm-32.2.r0.secret"]
+
+
+def test_a_requeued_step_with_recovery_shares_the_secret_node_zero_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Recovery on: the step's saved state resumes only under the secret it was saved with, which
+    # node 0's log directory holds from the run before; without recovery a run gets a new one.
+    monkeypatch.chdir(tmp_path)
+    first = slurm_io.share_secret(node(0), Path("logs/node0"), keep=True).read_text()
+    slurm_io.share_secret(node(1), Path("logs/node1"), keep=True)
+    again = {"SLURM_RESTART_COUNT": "1"}
+    zero = slurm_io.share_secret(node(0, **again), Path("logs/node0"), keep=True).read_text()
+    one = slurm_io.share_secret(node(1, **again), Path("logs/node1"), keep=True).read_text()
+    assert zero == one == first
+    assert sorted(p.name for p in (tmp_path / ".mscluster").iterdir()) == ["slurm-31.2.r1.secret"]
+    later = {"SLURM_RESTART_COUNT": "2"}
+    assert slurm_io.share_secret(node(0, **later), Path("logs/node0")).read_text() != first
+
+
+def test_node_zero_keeps_only_a_secret_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    held = tmp_path / "logs" / "node0" / "job.secret"
+    held.parent.mkdir(parents=True)
+    held.write_text("f" * 64 + "\n")
+    held.chmod(0o644)  # not a file the launcher made: others may have read it
+    zero = slurm_io.share_secret(node(0), Path("logs/node0"), keep=True).read_text()
+    assert zero != "f" * 64 + "\n"
+    assert mode(held) == 0o600
 
 
 @pytest.mark.parametrize("value", ["x", "-1"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from cluster.scheduler.machine.state import (
     Accepted,
     Effect,
     Evict,
+    Member,
     NodeFailedEvent,
     NodeRole,
     NodeState,
@@ -41,19 +44,22 @@ def job(
     n: int = 3,
     spares: tuple[str, ...] = ("s0",),
     servers: tuple[str, ...] = (),
+    hosts: Mapping[str, str] = MappingProxyType({}),
     **kw: object,
 ) -> SchedulerState:
     """A formed job of `n` workers (and `servers`, with server_num= among `kw`) with recovery,
-    and these spares registered and connected."""
+    and these spares registered and connected; each node on its host in `hosts` (else h0)."""
     state = make_state(clock, worker_num=n, recovery=True, **kw)  # type: ignore[arg-type]
     for node_id in spares:
-        outcome, _ = state.register(spare_reg(state, node_id, port=7000))
+        host = hosts.get(node_id, "h0")
+        outcome, _ = state.register(spare_reg(state, node_id, port=7000, host=host))
         assert isinstance(outcome, Accepted)
         assert outcome.spare
         state.connect(node_id, 1)
     ranked = [(str(i), NodeRole.WORKER) for i in range(n)]
     for i, (node_id, role) in enumerate([*ranked, *((s, NodeRole.SERVER) for s in servers)]):
-        outcome, _ = state.register(reg(state, node_id, port=6000 + i, role=role))
+        host = hosts.get(node_id, "h0")
+        outcome, _ = state.register(reg(state, node_id, port=6000 + i, role=role, host=host))
         assert isinstance(outcome, Accepted)
         assert not outcome.spare
         state.connect(node_id, 1)
@@ -362,30 +368,85 @@ def test_a_restarted_scheduler_knows_its_spares() -> None:
     assert isinstance(restored.register(spare_reg(restored, "s1", port=7000))[0], Accepted)
 
 
+def local_places(state: SchedulerState) -> dict[str, tuple[str, int, int]]:
+    """Each ranked worker's (host, local rank, local size), as the generation publishes it."""
+    return {p.node_id: (p.host, p.local_rank, p.local_size) for p in state.peers()}
+
+
+def test_a_spare_promoted_onto_another_host_takes_a_free_local_rank_there() -> None:
+    """The review's case: workers 0 and 1 on h1, worker 2 and the spare on h2; 0 dies. The
+    spare took local rank 0 beside worker 2, which had bound device 0 in generation 1 and was
+    told local rank 1 in generation 2; two ranks of h2 then used one GPU ("Duplicate GPU
+    detected"). The survivors keep their local ranks; only the local sizes follow."""
+    hosts = {"0": "h1", "1": "h1", "2": "h2", "s0": "h2"}
+    state = job(FakeClock(), 3, ("s0",), hosts=hosts)
+    assert local_places(state) == {"0": ("h1", 0, 2), "1": ("h1", 1, 2), "2": ("h2", 0, 1)}
+    (ready,) = ready_events(state.disconnect("0", 1))
+    assert ready.promoted == "s0"
+    assert {p.node_id: (p.host, p.local_rank, p.local_size) for p in ready.peers} == {
+        "s0": ("h2", 1, 2),  # rank 0 now, on worker 2's host: the free local rank
+        "1": ("h1", 1, 1),  # its device stays 1: alone on h1, a gap at 0
+        "2": ("h2", 0, 2),
+    }
+
+
+def test_spares_on_a_host_of_their_own_never_share_a_local_rank() -> None:
+    """Two spares on host sp take ranks 2 then 0: the second takes local rank 1, the first
+    keeps 0 (by rank order it was renumbered to 1 while its process had bound device 0)."""
+    hosts = {"0": "h1", "1": "h1", "2": "h2", "s0": "sp", "s1": "sp"}
+    state = job(FakeClock(), 3, ("s0", "s1"), hosts=hosts)
+    state.disconnect("2", 1)
+    assert local_places(state)["s0"] == ("sp", 0, 1)
+    state.disconnect("0", 1)
+    places = local_places(state)
+    assert (places["s0"], places["s1"]) == (("sp", 0, 2), ("sp", 1, 2))
+    assert places["1"] == ("h1", 1, 1)
+
+
+def test_a_spare_on_the_failed_workers_host_takes_its_local_rank_back() -> None:
+    """The spare of the failed worker's own host takes the local rank it freed."""
+    hosts = {"0": "h1", "1": "h1", "2": "h1", "s0": "h1"}
+    state = job(FakeClock(), 3, ("s0",), hosts=hosts)
+    state.disconnect("1", 1)
+    assert local_places(state) == {"0": ("h1", 0, 3), "s0": ("h1", 1, 3), "2": ("h1", 2, 3)}
+
+
 # -- the machine -------------------------------------------------------------------------------
 
 N = 3
 SERVER = "ps0"  # the job's one parameter server: its rank is never a spare's
 IDS = [str(i) for i in range(N)] + ["s0", "s1", "s2", SERVER]
+HOSTS = st.sampled_from(["h0", "h1", "h2"])
 
 
 class SparesMachine(RuleBasedStateMachine):
-    """Workers, a parameter server and spares join, die, come back and get promoted; time
-    passes."""
+    """Workers, a parameter server and spares join, die, come back (perhaps on another host)
+    and get promoted; time passes."""
 
-    @initialize(spares=st.integers(min_value=0, max_value=3), forming=st.booleans())
-    def start(self, spares: int, forming: bool) -> None:
+    @initialize(
+        spares=st.integers(min_value=0, max_value=3),
+        forming=st.booleans(),
+        hosts=st.lists(HOSTS, min_size=len(IDS), max_size=len(IDS)),
+    )
+    def start(self, spares: int, forming: bool, hosts: list[str]) -> None:
         """A formed job, or (`forming`) only its spares so far: its nodes join by `restart`."""
         self.clock = FakeClock()
         spare_ids = tuple(f"s{i}" for i in range(spares))
+        placed = dict(zip(IDS, hosts, strict=True))
         if forming:
             self.state = make_state(self.clock, worker_num=N, server_num=1, recovery=True)
             for node_id in spare_ids:
-                accept(self.state, spare_reg(self.state, node_id, port=7000))
+                registration = spare_reg(self.state, node_id, port=7000, host=placed[node_id])
+                accept(self.state, registration)
                 self.state.connect(node_id, 1)
         else:
-            self.state = job(self.clock, N, spare_ids, servers=(SERVER,), server_num=1)
+            self.state = job(
+                self.clock, N, spare_ids, servers=(SERVER,), server_num=1, hosts=placed
+            )
         self.incarnations = {node_id: 1 for node_id in IDS}
+        # The local rank each running process (node id, incarnation) had when it first held a
+        # rank: the device it bound.
+        self.bound: dict[tuple[str, int], int] = {}
         # When each id was last seen alive before it failed (its guard runs from there).
         self.failed_at: dict[str, float] = {}
 
@@ -405,12 +466,13 @@ class SparesMachine(RuleBasedStateMachine):
         if self.state.find(node_id) is not None:  # not forgotten (while forming): guarded
             self.failed_at[node_id] = self.clock()
 
-    @rule(node_id=st.sampled_from(IDS), spare=st.booleans())
-    def restart(self, node_id: str, spare: bool) -> None:
+    @rule(node_id=st.sampled_from(IDS), spare=st.booleans(), host=HOSTS)
+    def restart(self, node_id: str, spare: bool, host: str) -> None:
         self.incarnations[node_id] += 1
         role = NodeRole.SERVER if node_id == SERVER else NodeRole.WORKER
+        incarnation = self.incarnations[node_id]
         registration = reg(
-            self.state, node_id, incarnation=self.incarnations[node_id], cluster_id=JOB, role=role
+            self.state, node_id, incarnation=incarnation, cluster_id=JOB, role=role, host=host
         )
         registration = dataclasses.replace(registration, spare=spare)
         before = json.dumps(self.state.snapshot(), sort_keys=True)
@@ -451,6 +513,7 @@ class SparesMachine(RuleBasedStateMachine):
             assert {m["node_id"] for m in saved["spares"]} == set(self.state.spares)
         else:
             self.failed_at.clear()
+            self.bound.clear()
         for node_id in self._live():
             member = self.state.find(node_id)
             assert member is not None
@@ -474,6 +537,25 @@ class SparesMachine(RuleBasedStateMachine):
                 # Back with a rank: only after its guard (or it is the same process, which a
                 # disconnect in this machine never is).
                 assert self.clock() - failed >= GUARD
+
+    @invariant()
+    def local_ranks_follow_the_new_placement(self) -> None:
+        """Among the ranked members of a role on a host, no two share a local rank and each
+        one's local size is their number; a process that goes on keeps its local rank (its
+        device is bound), whoever is promoted or moves beside it."""
+        if self.state.generation == 0:  # not formed: nobody has a local rank yet
+            return
+        on_host: dict[tuple[NodeRole, str], list[Member]] = {}
+        for m in self.state.members.values():
+            on_host.setdefault((m.role, m.host), []).append(m)
+        for where, group in on_host.items():
+            local_ranks = sorted(m.local_rank for m in group)
+            assert len(set(local_ranks)) == len(group), (where, local_ranks)
+            assert {m.local_size for m in group} == {len(group)}, where
+        for m in self.state.members.values():
+            if m.state is NodeState.ALIVE:
+                bound = self.bound.setdefault((m.node_id, m.incarnation), m.local_rank)
+                assert m.local_rank == bound, (m.node_id, m.incarnation)
 
     @invariant()
     def spares_are_bounded(self) -> None:

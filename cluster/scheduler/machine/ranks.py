@@ -3,6 +3,7 @@ and which ranks a job that did not form was missing."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -11,20 +12,42 @@ from cluster.protocol.records import Member, NodeRole, TopologyReadyEvent
 from cluster.protocol.settings import JobSettings
 
 
-def assign_ranks(members: list[Member], space: int) -> None:
+def assign_ranks(members: list[Member], space: int, *, newcomer: str | None = None) -> None:
     """Numeric node ids keep their number; the others fill the free ranks by (host, node id).
-    Local ranks follow the hosts."""
+    Local ranks follow the hosts (`place_locally`)."""
     taken = {int(m.node_id) for m in members if is_numeric_node_id(m.node_id)}
     free = iter(r for r in range(space) if r not in taken)
     for m in sorted(members, key=lambda m: (m.host, m.node_id)):
         if m.rank is None:
             m.rank = int(m.node_id) if is_numeric_node_id(m.node_id) else next(free)
+    place_locally(members, newcomer)
+
+
+def place_locally(members: list[Member], newcomer: str | None) -> None:
+    """Each member's local rank and local size among the members (of one role) of its host;
+    the local size is how many they are. `newcomer`: the node id that holds its rank with a
+    new process (a promoted spare, a worker back on another host); every other member keeps
+    its local rank (its process goes on into the new generation with its device bound by it),
+    unless one of lower rank on its host holds it. None: the job forms, nobody keeps one. The
+    others, by rank, take the lowest local ranks free on their host: when the job forms, 0, 1,
+    ... by rank. A host that a member left keeps the gap, so a local rank may be at or past
+    the local size."""
     by_host: dict[str, list[Member]] = {}
     for m in sorted(members, key=lambda m: m.rank if m.rank is not None else -1):
         by_host.setdefault(m.host, []).append(m)
     for group in by_host.values():
-        for local_rank, m in enumerate(group):
-            m.local_rank, m.local_size = local_rank, len(group)
+        held: set[int] = set()
+        moved: list[Member] = []
+        for m in group:
+            if newcomer not in (None, m.node_id) and m.local_rank not in held:
+                held.add(m.local_rank)
+            else:
+                moved.append(m)
+        free = (i for i in itertools.count() if i not in held)
+        for m in moved:
+            m.local_rank = next(free)
+        for m in group:
+            m.local_size = len(group)
 
 
 def missing_ranks(workers: Iterable[Member], worker_num: int) -> list[tuple[int, int]] | None:

@@ -266,8 +266,9 @@ class Registrar:
         if (member.host, member.port) != (reg.host, reg.port):
             member.host, member.port = reg.host, reg.port
             # Perhaps on another host now: local ranks follow the hosts (ranks do not change).
+            same_role = [m for m in job.members.values() if m.role is member.role]
             space = job.settings.space(member.role)
-            ranks.assign_ranks([m for m in job.members.values() if m.role is member.role], space)
+            ranks.assign_ranks(same_role, space, newcomer=member.node_id)
         job.awaiting.discard(member.node_id)
         effects.extend(job.publish(f"{member.describe()} rejoined"))
         return job.accepted(rejoined=True), effects

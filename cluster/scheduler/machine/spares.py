@@ -11,7 +11,8 @@ The rules:
 - A ranked worker that fails with recovery on hands its rank to a live spare at once (the
   spare on the failed node's host first, so that it can read the rank's checkpoint files, then
   by node id); the spare inherits the failed node's reported checkpoints, since it holds that
-  rank's files from now on, and the job goes on in a new generation.
+  rank's files from now on, and the job goes on in a new generation. Its local rank is the
+  lowest free on its own host; the workers that go on keep theirs (`ranks.place_locally`).
 - A spare that registers while a worker's rank is down takes that rank at once.
 - A parameter server's rank never goes to a spare (spares are workers): the job waits for the
   server's node to rejoin, as it does without spares.
@@ -83,11 +84,11 @@ def pick(spares: Iterable[Member], failed: Member) -> Member | None:
 
 
 def hand_over(failed: Member, spare: Member) -> None:
-    """`spare` takes `failed`'s rank and the checkpoints reported for it; `failed` keeps its
+    """`spare` takes `failed`'s rank and the checkpoints reported for it, not its local rank
+    (the spare's host may be another: `SpareHost.place_workers` places it); `failed` keeps its
     record, rankless, for the guard."""
     spare.rank, failed.rank = failed.rank, None
     spare.checkpoints, failed.checkpoints = failed.checkpoints, ()
-    spare.local_rank, spare.local_size = failed.local_rank, failed.local_size
     failed.local_rank, failed.local_size = 0, 1
     failed.replaced_by = spare.node_id
 
@@ -114,7 +115,7 @@ class SpareHost(Protocol):
 
     def accepted(self, *, rejoined: bool, spare: bool = False) -> Accepted: ...
 
-    def place_workers(self) -> None: ...
+    def place_workers(self, newcomer: str) -> None: ...
 
     def forgotten(self, node_id: str) -> None: ...
 
@@ -147,7 +148,7 @@ class SparePool:
         hand_over(failed, spare)
         del job.members[failed.node_id], job.spares[spare.node_id]
         job.members[spare.node_id], job.spares[failed.node_id] = spare, failed
-        job.place_workers()
+        job.place_workers(spare.node_id)
         self.promotions += 1
         reason = f"spare {spare.node_id!r} took rank {spare.rank} of node {failed.node_id!r}"
         return job.publish(reason, promoted=spare.node_id)

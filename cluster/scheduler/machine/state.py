@@ -503,9 +503,11 @@ class SchedulerState:
             return [failed]
         return [failed, *self._end(ok=False, detail=f"{member.describe()} died: {why}")]
 
-    def place_workers(self) -> None:
+    def place_workers(self, newcomer: str) -> None:
+        """The workers' local ranks once `newcomer` holds a rank with a new process: the others
+        keep theirs (`ranks.place_locally`)."""
         workers = [m for m in self.members.values() if m.role is NodeRole.WORKER]
-        ranks.assign_ranks(workers, self.settings.worker_num)
+        ranks.assign_ranks(workers, self.settings.worker_num, newcomer=newcomer)
 
     def _forget(self, member: Member) -> None:
         del self.members[member.node_id]

@@ -8,9 +8,12 @@ stream, incarnation, restarts and newest checkpoint; heartbeat ages move at ever
 are shown, not reported.
 
 It refreshes at once when the scheduler reports an event (its WatchEvents stream), so it also
-learns of the job's end when the scheduler exits right after it. A scheduler that stops
-answering (a restart) is said once and asked again. The watch ends when the job has ended:
-exit 0 when it finished, 1 when it failed (or when nothing answered at first); 130 on Ctrl-C.
+learns of the job's end when the scheduler exits right after it; a stream that fails (refused,
+cut, its scheduler away) is opened again. A scheduler that stops answering (a restart) is said
+once and asked again, for up to `events.RECONNECT_S` (as `mscluster events --follow --addr`):
+then the watch says so in one line and exits 1, the job's end unknown. The watch ends when the
+job has ended: exit 0 when it finished, 1 when it failed (or when nothing answered at first,
+or for RECONNECT_S since); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import datetime
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import IO
@@ -46,6 +50,8 @@ from cluster.transport import tls
 JOB_FIELDS = ("phase", "generation", "rollback_step", "registered")
 NODE_FIELDS = ("rank", "state", "connected", "incarnation", "restarts", "checkpoint")
 HIGHLIGHT = "bold black on yellow"
+# The least time between two opens of the event stream (a refused one is opened again after it).
+RESTART_S = 1.0
 _OVER = (Phase.FINISHED, Phase.FAILED)
 
 
@@ -195,15 +201,19 @@ class Watcher:
         *,
         interval_s: float,
         terminal: bool,
+        reconnect_s: float = events.RECONNECT_S,
     ) -> None:
+        """`reconnect_s`: how long a scheduler that does not answer is asked again before the
+        watch gives up (SchedulerUnreachableError)."""
         self._fetch = fetch
         self._follow = follow
         self.out = out
         self.interval_s = interval_s
         self.terminal = terminal
+        self.reconnect_s = reconnect_s
         self.view: JobView | None = None
         self.ended: Ended | None = None  # the job's last event, once seen
-        self._lost = False
+        self._lost_at: float | None = None  # when the scheduler stopped answering
         self._moved = ""  # the last move to another scheduler, not shown yet on a terminal
         self._wake = asyncio.Event()
 
@@ -223,25 +233,38 @@ class Watcher:
                 await follower
 
     async def _events(self) -> None:
-        with contextlib.suppress(ClusterError):
-            async for event in self._follow():
-                if event.kind in FINAL:
-                    self.ended = _ended(event)
-                self._wake.set()
-                if self.ended is not None:
-                    return
+        """The scheduler's events until the job's last, the stream opened again (after
+        RESTART_S) whenever it fails: refused (CLUSTER_MAX_FOLLOWERS), cut, or its scheduler
+        away for `events.RECONNECT_S`. The poll says whether the scheduler answers."""
+        while True:
+            with contextlib.suppress(ClusterError):
+                async for event in self._follow():
+                    if event.kind in FINAL:
+                        self.ended = _ended(event)
+                    self._wake.set()
+                    if self.ended is not None:
+                        return
+            await asyncio.sleep(max(RESTART_S, self.interval_s))
 
     async def _poll(self) -> tuple[JobView, list[Change]] | None:
         """The next view and what changed, or None while the scheduler does not answer."""
         try:
             view = await self._fetch()
         except SchedulerUnreachableError as exc:
-            if not self._lost and self.ended is None:  # after the job's end: it has exited
-                self._lost = True
+            if self.ended is not None:  # after the job's end: it has exited
+                return None
+            now = time.monotonic()
+            if self._lost_at is None:
+                self._lost_at = now
                 self._line(f"scheduler not answering: {exc}")
+            elif now - self._lost_at >= self.reconnect_s:
+                raise SchedulerUnreachableError(
+                    f"the scheduler has not answered for {now - self._lost_at:.0f} s, so the "
+                    f"watch stops; the job's end is unknown (last: {exc})"
+                ) from None
             return None
-        if self._lost:
-            self._lost = False
+        if self._lost_at is not None:
+            self._lost_at = None
             if not self._moved:  # a move said it already
                 self._line("scheduler answering again")
         if not self.terminal:
@@ -313,9 +336,10 @@ def run(
     out: IO[str],
     secret: reading.Secret = reading.FROM_ENV,
 ) -> int:
-    """The whole command: 0 once the job has finished, 1 when it failed or when no scheduler
-    answered at first. With several addresses it follows the leader among them. `secret`:
-    what proves this reader (`cluster.tools.reading`)."""
+    """The whole command: 0 once the job has finished, 1 when it failed, when no scheduler
+    answered at first, or when none answered for `events.RECONNECT_S` since. With several
+    addresses it follows the leader among them. `secret`: what proves this reader
+    (`cluster.tools.reading`)."""
     if not interval_s > 0:
         raise ConfigError(f"--interval {interval_s} must be a positive number of seconds")
     listed = [addresses] if isinstance(addresses, str) else list(addresses)
@@ -338,6 +362,7 @@ def run(
                 out,
                 interval_s=interval_s,
                 terminal=out.isatty(),
+                reconnect_s=events.RECONNECT_S,
             )
             following.say = watcher.say
             return await watcher.run()

@@ -3,20 +3,23 @@ highlighted cells; and `mscluster events`' table and sources."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 from rich.text import Text
 
-from cluster.protocol.errors import ConfigError
+from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.scheduler.machine.state import Phase
-from cluster.tools import events
+from cluster.tools import events, watch
 from cluster.tools.status import JobView, NodeView
-from cluster.tools.watch import HIGHLIGHT, Change, changes, lines, table
+from cluster.tools.watch import HIGHLIGHT, Change, Watcher, changes, lines, table
+from tests.aio import BOUND_S
 
 
 def node(i: int, **changed: object) -> NodeView:
@@ -164,3 +167,29 @@ def test_a_followed_file_ends_with_the_jobs_last_event(tmp_path: Path) -> None:
     path.write_text("\n".join(lines_) + "\n")
     kinds = [e.kind for e in events.from_file(path, follow=True, poll_s=0.01)]
     assert kinds == ["formed", "finished"]
+
+
+# -- the watch's event stream ------------------------------------------------------------------
+
+
+async def test_a_watch_opens_its_failed_event_stream_again_and_ends_with_the_job() -> None:
+    """The stream refused (CLUSTER_MAX_FOLLOWERS reached: `from_scheduler` fails at once) is
+    opened again, and brings the job's end, which the polls never show: the scheduler answers
+    with the job running, then, once it has sent the end, exits."""
+    opened: list[int] = []
+
+    async def fetch() -> JobView:
+        if len(opened) == 2:
+            raise SchedulerUnreachableError("no scheduler answers at x")
+        return view(node(0), node(1))
+
+    async def follow() -> AsyncIterator[JobEvent]:
+        opened.append(len(opened))
+        if len(opened) == 1:
+            raise SchedulerUnreachableError("the scheduler at x refused: too many followers")
+        yield JobEvent(9, 9.0, "finished", {"detail": "all done"})
+
+    out = io.StringIO()
+    watcher = Watcher(fetch, follow, out, interval_s=0.01, terminal=False)
+    assert await asyncio.wait_for(watcher.run(), watch.RESTART_S + BOUND_S) == 0
+    assert len(opened) == 2

@@ -294,8 +294,10 @@ def _heartbeat_interval_from_env(env: Mapping[str, str], node_timeout: float, no
 
 
 def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
-    """CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG and CLUSTER_WORKER_METRICS_PORT."""
+    """CLUSTER_METRICS_PORT, CLUSTER_METRICS_HOST, CLUSTER_EVENT_LOG and
+    CLUSTER_WORKER_METRICS_PORT."""
     metrics = env.get("CLUSTER_METRICS_PORT", "").strip()
+    metrics_host = env.get("CLUSTER_METRICS_HOST", "").strip()
     event_log = env.get("CLUSTER_EVENT_LOG", "").strip()
     worker = env.get("CLUSTER_WORKER_METRICS_PORT", "").strip()
     log_file = env.get("CLUSTER_LOG_FILE", "").strip()
@@ -304,6 +306,9 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
             parse_int("CLUSTER_METRICS_PORT", metrics, minimum=0, maximum=65535)
             if metrics
             else None
+        ),
+        metrics_host=(
+            check_host("CLUSTER_METRICS_HOST", metrics_host).strip("[]") if metrics_host else None
         ),
         event_log=Path(event_log) if event_log else None,
         worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,

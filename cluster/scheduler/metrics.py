@@ -329,7 +329,7 @@ class MetricsServer:
             raise ConfigError(
                 f"CLUSTER_METRICS_PORT={self.requested_port}: the scheduler cannot serve metrics "
                 f"on {self.host}:{self.requested_port} ({exc.strerror or exc}); choose a free port "
-                "(0: any)"
+                "(0: any), and CLUSTER_METRICS_HOST an address of this host"
             ) from None
         self._http = http
         return port

@@ -48,6 +48,7 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_RECOVERY_PATH": args.recovery_path,
         "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
         "CLUSTER_METRICS_PORT": args.metrics_port,
+        "CLUSTER_METRICS_HOST": args.metrics_host,
         "CLUSTER_EVENT_LOG": args.event_log,
         "CLUSTER_STATE_URL": args.state_url,
         "CLUSTER_LEASE_S": args.lease,

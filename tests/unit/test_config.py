@@ -514,6 +514,14 @@ def test_observing_variables_are_parsed() -> None:
     assert observe.metrics_port == 0  # any free port, logged
     assert observe.event_log == Path("logs/events.jsonl")
     assert observe.worker_metrics_port == 9100
+    assert observe.metrics_host is None  # the scheduler's own host
+
+
+def test_the_metrics_host_is_a_host_of_its_own() -> None:
+    assert from_env(env(CLUSTER_METRICS_HOST=" 10.0.0.9 ")).observe.metrics_host == "10.0.0.9"
+    assert from_env(env(CLUSTER_METRICS_HOST="[::1]")).observe.metrics_host == "::1"
+    with pytest.raises(ConfigError, match=r"^CLUSTER_METRICS_HOST 'a b' is not a host name"):
+        from_env(env(CLUSTER_METRICS_HOST="a b"))
 
 
 @pytest.mark.parametrize(

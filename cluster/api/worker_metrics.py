@@ -2,9 +2,12 @@
 
 `TrainingLoop` and the collectives call the hooks below. With the variable unset, `start()`
 checks it once and every hook returns at once (one global read); with it set, the first
-`TrainingLoop` (or collective) after `cluster.init()` starts prometheus_client's HTTP server on
-the worker's advertised address, port base + local rank, so the workers of one host do not
-collide. A port that cannot be had is said once; training goes on without metrics.
+`TrainingLoop` (or collective) after `cluster.init()` serves /metrics on the worker's advertised
+address, port base + local rank, so the workers of one host do not collide. The port is plain
+HTTP and open to whoever reaches it; its server (`cluster.transport.bounded_http`, the
+scheduler's too) holds a bounded number of threads and descriptors for a bounded time, however
+many connections are opened to it, so an outsider cannot take the training process's
+descriptors. A port that cannot be had is said once; training goes on without metrics.
 
     cluster_worker_steps_total                  steps completed
     cluster_worker_step_seconds                 seconds per step (histogram)
@@ -26,6 +29,8 @@ from cluster.api import runtime
 
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 OPS = ("barrier", "allgather", "broadcast", "allreduce")
+# The longest a scrape's answer takes to make (the registry's values, read in this process).
+MAKING_S = 5.0
 
 
 class WorkerMetrics:
@@ -94,10 +99,14 @@ def start() -> WorkerMetrics | None:
     topology = runtime.topology()
     port = base + topology.local_rank
     metrics = WorkerMetrics(topology.rank, session.identity.node_id)
-    from prometheus_client import start_http_server  # noqa: PLC0415 - see WorkerMetrics
+    from prometheus_client import make_wsgi_app  # noqa: PLC0415 - see WorkerMetrics
 
+    from cluster.transport.bounded_http import BoundedHttp  # noqa: PLC0415 - http.server too
+
+    app = make_wsgi_app(metrics.registry)
+    host = session.identity.host
     try:
-        start_http_server(port, addr=session.identity.host, registry=metrics.registry)
+        BoundedHttp(app, host, port, making_s=MAKING_S, name="cluster-worker-metrics").start()
     except (OSError, OverflowError) as exc:
         sys.stderr.write(
             f"cluster[rank {topology.rank}]: no worker metrics: CLUSTER_WORKER_METRICS_PORT="

@@ -137,7 +137,9 @@ class LogRotation:
 class ObserveConfig:
     """What a process shows of itself (docs/howto/observing.md); all off by default.
 
-    `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged);
+    `metrics_port`: the scheduler's Prometheus /metrics (0: any free port, logged), plain HTTP
+    and open to whoever reaches it; `metrics_host`: the address it listens on (None: the
+    scheduler's own, MS_SCHED_HOST);
     `event_log`: the scheduler's JSON-lines event log; `worker_metrics_port`: a worker's
     /metrics on this port + its local rank; `log_file`: the file the scheduler writes its log
     (and its stdout and stderr) to (CLUSTER_LOG_FILE; None: stderr as it is); `rotation`: how
@@ -145,6 +147,7 @@ class ObserveConfig:
     """
 
     metrics_port: int | None = None
+    metrics_host: str | None = None
     event_log: Path | None = None
     worker_metrics_port: int | None = None
     log_file: Path | None = None

@@ -120,6 +120,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
         env.get("MS_NODE_TIMEOUT", "") or str(DEFAULT_NODE_TIMEOUT_S),
         minimum=MIN_NODE_TIMEOUT_S,
     )
+    observe = observe_from_env(env)
+    if role is Role.SCHEDULER:
+        check_metrics_port(sched_host, sched_port, observe)
     return ClusterConfig(
         role=role,
         worker_num=worker_num,
@@ -137,7 +140,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ClusterConfig:
             env, node_timeout, worker_num + server_num
         ),
         tls=tls_options_from_env(env),
-        observe=observe_from_env(env),
+        observe=observe,
         job_secret=job_secret_from_env(env),
         limits=limits_from_env(env),
         spare=_spare_from_env(env, role, recovery is not None),
@@ -294,8 +297,10 @@ def _heartbeat_interval_from_env(env: Mapping[str, str], node_timeout: float, no
 
 
 def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
-    """CLUSTER_METRICS_PORT, CLUSTER_EVENT_LOG and CLUSTER_WORKER_METRICS_PORT."""
+    """CLUSTER_METRICS_PORT, CLUSTER_METRICS_HOST, CLUSTER_EVENT_LOG and
+    CLUSTER_WORKER_METRICS_PORT."""
     metrics = env.get("CLUSTER_METRICS_PORT", "").strip()
+    metrics_host = env.get("CLUSTER_METRICS_HOST", "").strip()
     event_log = env.get("CLUSTER_EVENT_LOG", "").strip()
     worker = env.get("CLUSTER_WORKER_METRICS_PORT", "").strip()
     log_file = env.get("CLUSTER_LOG_FILE", "").strip()
@@ -305,10 +310,32 @@ def observe_from_env(env: Mapping[str, str]) -> ObserveConfig:
             if metrics
             else None
         ),
+        metrics_host=(
+            check_host("CLUSTER_METRICS_HOST", metrics_host).strip("[]") if metrics_host else None
+        ),
         event_log=Path(event_log) if event_log else None,
         worker_metrics_port=parse_port("CLUSTER_WORKER_METRICS_PORT", worker) if worker else None,
         log_file=Path(log_file) if log_file else None,
         rotation=log_rotation_from_env(env),
+    )
+
+
+# The hosts that stand for every address of this host, to listen on.
+_EVERY_ADDRESS = ("", "0.0.0.0", "::")  # noqa: S104 - compared with, never bound
+
+
+def check_metrics_port(sched_host: str, sched_port: int, observe: ObserveConfig) -> None:
+    """A ConfigError naming both settings when the scheduler's /metrics would listen where its
+    gRPC does (the same port, on the same host or on every address): the metrics server,
+    started first, would hold the port, and the scheduler's own bind would then fail."""
+    if observe.metrics_port != sched_port:
+        return
+    hosts = {sched_host, sched_host if observe.metrics_host is None else observe.metrics_host}
+    if len(hosts) == 2 and not hosts & set(_EVERY_ADDRESS):
+        return  # one port on two addresses of the host
+    raise ConfigError(
+        f"CLUSTER_METRICS_PORT={sched_port} (--metrics-port) is MS_SCHED_PORT (--port), where "
+        "the scheduler itself listens: give the metrics another port (0: any free one)"
     )
 
 

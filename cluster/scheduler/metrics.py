@@ -16,8 +16,9 @@ call or per heartbeat. On (`mscluster scheduler --metrics-port`, CLUSTER_METRICS
   costs one pass over the nodes; a heartbeat costs nothing more than without metrics;
 - RPCs by service, method and status code, with latency (`cluster.scheduler.rpc_metrics`).
 
-The HTTP server (`MetricsServer`) runs on threads of its own, a bounded number: a scrape reads
-the job on the scheduler's loop (`read_on_loop`), so it never sees a change half applied.
+The HTTP server (`MetricsServer`: `cluster.transport.bounded_http`) runs on threads of its own,
+a bounded number, whoever reaches the port: a scrape reads the job on the scheduler's loop
+(`read_on_loop`), so it never sees a change half applied.
 
 Label values are bounded: roles, states, phases, causes and refusal reasons are enums, services,
 methods and codes are gRPC's; series per node (`cluster_member_*`, labelled by rank and node id)
@@ -30,17 +31,11 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import enum
 import logging
-import socket
-import socketserver
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from typing import TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -62,6 +57,7 @@ from cluster.scheduler.job_gauges import JobGauges, gauge, job_metrics
 from cluster.scheduler.machine import state
 from cluster.scheduler.machine.events import Cause, JobEvent, Kind
 from cluster.scheduler.rpc_metrics import RpcMetrics
+from cluster.transport.bounded_http import BoundedHttp
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -71,18 +67,6 @@ SAVE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 # How long a scrape waits for the scheduler's loop to read the job: Prometheus's default scrape
 # timeout (it has given up by then).
 READ_TIMEOUT_S = 10.0
-# Connections the metrics port serves at once, in all and from one address (a scraper needs
-# one). Past the address's share, a connection is closed at once; with every slot taken, a new
-# one takes the slot of the oldest slow one (`_BoundedServer`). Each holds a thread.
-METRICS_CONNECTIONS = 32
-METRICS_CONNECTIONS_PER_ADDRESS = 4
-# Seconds a connection has, from its accept, to send its whole request (line and headers), and
-# then, once its answer is made (within READ_TIMEOUT_S), to take it; past either it is closed,
-# however it trickles its bytes.
-METRICS_REQUEST_S = 5.0
-METRICS_ANSWER_S = 5.0
-# How often the server closes the connections past their deadline.
-METRICS_SWEEP_S = 0.25
 
 
 def read_on_loop(loop: asyncio.AbstractEventLoop, read: Callable[[], T]) -> T | None:
@@ -317,181 +301,40 @@ def _save_metrics(r: CollectorRegistry) -> tuple[Counter, Counter, Histogram]:
     return saves, failures, seconds
 
 
-class _Handler(WSGIRequestHandler):
-    """One connection to /metrics, one request; nothing logged per request. Its deadlines are
-    the server's (`_BoundedServer`); the socket's own timeout only backs them up."""
-
-    timeout = METRICS_REQUEST_S
-    server: _BoundedServer
-
-    def parse_request(self) -> bool:
-        parsed = super().parse_request()
-        if parsed:  # its request line and headers are in: it is being answered
-            self.server.phase(self.request, _Phase.ANSWERING)
-        return parsed
-
-    def get_environ(self) -> dict[str, Any]:
-        environ: dict[str, Any] = super().get_environ()
-        environ[_CONNECTION] = self.request
-        return environ
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-_CONNECTION = "cluster.metrics.connection"
-
-
-class _Phase(enum.Enum):
-    REQUEST = "request"  # its request is being read (slow: may give its slot up)
-    ANSWERING = "answering"  # its answer is being made (a scrape: keeps its slot)
-    TAKING = "taking"  # its answer is being written (slow: may give its slot up)
-
-
-@dataclass
-class _Connection:
-    host: str
-    accepted: float
-    phase: _Phase
-    deadline: float
-
-
-class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most METRICS_CONNECTIONS of them and
-    METRICS_CONNECTIONS_PER_ADDRESS from one address, each for a bounded time: its whole request
-    within METRICS_REQUEST_S of its accept, its answer taken within METRICS_ANSWER_S once made
-    (closed then, by the serving thread's sweep, however it trickles its bytes).
-
-    A connection past its address's share is closed at once, before a thread or a byte is spent
-    on it. With every slot taken, a new one takes the slot of a slow connection (still sending
-    its request, or taking its answer), which is closed: the oldest of the address that holds
-    the most. Slots held open are held only while no one else asks, so a scrape from another
-    address gets in at once (and a scraper, with one connection that takes milliseconds, is
-    the last whose slot is taken). Only connections whose answer is being made keep theirs."""
-
-    daemon_threads = True
-    request_queue_size = 1024  # the listen backlog: a burst of connections waits, not dropped
-
-    def __init__(self, address: tuple[str, int], family: socket.AddressFamily) -> None:
-        self.address_family = family
-        self._lock = threading.Lock()
-        self._open: dict[socket.socket, _Connection] = {}
-        super().__init__(address, _Handler)
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        host = str(client_address[0])
-        now = time.monotonic()
-        with self._lock:
-            held = collections.Counter(c.host for c in self._open.values())
-            if held[host] >= METRICS_CONNECTIONS_PER_ADDRESS:
-                return False
-            if len(self._open) >= METRICS_CONNECTIONS:
-                slow = [
-                    (-held[c.host], c.accepted, s)
-                    for s, c in self._open.items()
-                    if c.phase is not _Phase.ANSWERING
-                ]
-                if not slow:
-                    return False
-                self._cut(min(slow, key=lambda held_oldest: held_oldest[:2])[2])
-            self._open[request] = _Connection(host, now, _Phase.REQUEST, now + METRICS_REQUEST_S)
-        return True
-
-    def phase(self, request: socket.socket, phase: _Phase) -> None:
-        """The connection of `request` is now in `phase`, with that phase's time."""
-        now = time.monotonic()
-        deadline = now + (
-            READ_TIMEOUT_S + METRICS_ANSWER_S if phase is _Phase.ANSWERING else METRICS_ANSWER_S
-        )
-        with self._lock:
-            connection = self._open.get(request)
-            if connection is not None:
-                connection.phase, connection.deadline = phase, deadline
-
-    def timed(self, app: Callable[..., Any]) -> Callable[..., Any]:
-        """`app`, after which the connection takes its answer (within METRICS_ANSWER_S)."""
-
-        def answered(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-            body = app(environ, start_response)
-            self.phase(environ[_CONNECTION], _Phase.TAKING)
-            return body
-
-        return answered
-
-    def service_actions(self) -> None:
-        """Between accepts (at least every METRICS_SWEEP_S): close what is past its time."""
-        now = time.monotonic()
-        with self._lock:
-            for request in [s for s, c in self._open.items() if c.deadline <= now]:
-                self._cut(request)
-
-    def _cut(self, request: socket.socket) -> None:
-        """Close the connection of `request` (its thread ends at once) and free its slot; under
-        the lock, which its thread takes before it closes the socket (`shutdown_request`)."""
-        del self._open[request]
-        with contextlib.suppress(OSError):
-            request.shutdown(socket.SHUT_RDWR)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._lock:
-            self._open.pop(request, None)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that timed out, was cut or went away is no error of the scheduler's."""
-        log.debug("a metrics connection from %s ended early", client_address[0], exc_info=True)
-
-
-def _listening_on(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
-    """The address family and address to listen on for `host` (IPv4 or IPv6)."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    return family, (str(sockaddr[0]), port)
-
-
 class MetricsServer:
-    """/metrics for `registry` at host:port, served by `_BoundedServer` on threads: bounded in
-    threads, connections and the time a connection may take, so that connections left open by
-    anyone who reaches the port cost a bounded amount and keep no scrape from another address
-    out."""
+    """/metrics for `registry` at host:port (`BoundedHttp`: bounded in threads, connections and
+    the time a connection may take); a scrape's answer is made within READ_TIMEOUT_S."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         self.registry = registry
         self.host = host
         self.requested_port = port
-        self.port = 0
-        self._server: _BoundedServer | None = None
-        self._thread: threading.Thread | None = None
+        self._http: BoundedHttp | None = None
+
+    @property
+    def port(self) -> int:
+        return 0 if self._http is None else self._http.port
 
     def start(self) -> int:
+        http = BoundedHttp(
+            make_wsgi_app(self.registry),
+            self.host,
+            self.requested_port,
+            making_s=READ_TIMEOUT_S,
+            name="cluster-metrics",
+        )
         try:
-            family, address = _listening_on(self.host, self.requested_port)
-            server = _BoundedServer(address, family)
+            port = http.start()
         except OSError as exc:
             raise ConfigError(
                 f"CLUSTER_METRICS_PORT={self.requested_port}: the scheduler cannot serve metrics "
                 f"on {self.host}:{self.requested_port} ({exc.strerror or exc}); choose a free port "
-                "(0: any)"
+                "(0: any), and CLUSTER_METRICS_HOST an address of this host"
             ) from None
-        server.set_app(server.timed(make_wsgi_app(self.registry)))
-        thread = threading.Thread(
-            target=server.serve_forever,
-            args=(METRICS_SWEEP_S,),
-            name="cluster-metrics",
-            daemon=True,
-        )
-        thread.start()
-        self._server, self._thread = server, thread
-        self.port = int(server.server_port)
-        return self.port
+        self._http = http
+        return port
 
     async def stop(self) -> None:
-        server = self._server
-        if server is None:
-            return
-        self._server = None
-        await asyncio.to_thread(server.shutdown)
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(5.0)
+        http, self._http = self._http, None
+        if http is not None:
+            await asyncio.to_thread(http.stop)

@@ -1,7 +1,8 @@
 """What the scheduler shows of itself: its event log and, when asked for, Prometheus metrics.
 
 `SchedulerServer` makes one `Observability` from the `ObserveConfig` (CLUSTER_EVENT_LOG,
-CLUSTER_METRICS_PORT), installs its interceptors in the gRPC server, starts it once its core is
+CLUSTER_METRICS_PORT and CLUSTER_METRICS_HOST: /metrics listens on the scheduler's host unless
+told another), installs its interceptors in the gRPC server, starts it once its core is
 final (a restarted scheduler's is loaded from disk) and stops it last. The journal of events
 exists whatever the config (`WatchEvents` reads it); the file and the metrics only when asked.
 """
@@ -72,9 +73,10 @@ class Observability:
             from cluster.scheduler.metrics import MetricsServer  # noqa: PLC0415
 
             self.metrics.attach(self.gate, asyncio.get_running_loop())
-            self._http = MetricsServer(self.metrics.registry, self.host, self.config.metrics_port)
+            host = self.host if self.config.metrics_host is None else self.config.metrics_host
+            self._http = MetricsServer(self.metrics.registry, host, self.config.metrics_port)
             port = self._http.start()
-            where = f"[{self.host}]" if ":" in self.host else self.host
+            where = f"[{host}]" if ":" in host else host
             log.info("metrics at http://%s:%d/metrics", where, port)
 
     @property

@@ -68,6 +68,29 @@ def try_lock(fd: int) -> dict[str, object] | None:
         return None
 
 
+def held(path: Path) -> bool | None:
+    """Whether a process holds the lock file `path` now (False: none does, or there is no file
+    there); None when that cannot be told (the file cannot be opened, or its file system has no
+    locks). A reader's test: a shared lock taken and let go at once, never waited for, nothing
+    written; one that takes the lock meanwhile is refused for moments (`try_lock` tries again
+    for up to SETTLE_S)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # the shared lock goes with it
+    return False
+
+
 def write_holder(fd: int, **fields: object) -> None:
     """Write this process (pid, host and `fields`) into the lock file open at `fd`, as a rule
     one it holds (`checkpoint_lock` also writes a claim its holder reads): best effort, the

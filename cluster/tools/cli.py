@@ -87,6 +87,11 @@ def _add_scheduler_options(sched: argparse.ArgumentParser) -> None:
         type=int,
         help="serve Prometheus metrics on this port, 0 for any (CLUSTER_METRICS_PORT; off)",
     )
+    sched.add_argument(
+        "--metrics-host",
+        help="the address /metrics listens on, plain HTTP and open to whoever reaches it: a "
+        "private one (CLUSTER_METRICS_HOST; default: --host)",
+    )
     sched.add_argument("--event-log", help="append the job's events here (CLUSTER_EVENT_LOG)")
     sched.add_argument(
         "--state-url",

@@ -48,15 +48,18 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "MS_RECOVERY_PATH": args.recovery_path,
         "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
         "CLUSTER_METRICS_PORT": args.metrics_port,
+        "CLUSTER_METRICS_HOST": args.metrics_host,
         "CLUSTER_EVENT_LOG": args.event_log,
         "CLUSTER_STATE_URL": args.state_url,
         "CLUSTER_LEASE_S": args.lease,
     }
     env.update({k: str(v) for k, v in overrides.items() if v is not None})
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
-    # Port 0 (any free port, logged at start) is allowed here, not in the launch contract.
+    # Port 0 (any free port, logged at start) is allowed here, not in the launch contract: the
+    # parse is given a stand-in, one the metrics port is not (`check_metrics_port`).
     port = args.port if args.port is not None else env.get("MS_SCHED_PORT")
-    env["MS_SCHED_PORT"] = "1" if str(port) == "0" else str(port or "")
+    stand_in = "2" if env.get("CLUSTER_METRICS_PORT", "").strip() == "1" else "1"
+    env["MS_SCHED_PORT"] = stand_in if str(port) == "0" else str(port or "")
     config = from_env(env)
     return dataclasses.replace(config, sched_port=0) if str(port) == "0" else config
 

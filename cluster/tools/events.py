@@ -11,7 +11,10 @@
 is read. A followed scheduler that restarts is asked again (for up to RECONNECT_S), one that
 stands by sends the follow to the leader it names, and the events already shown are not shown
 twice; a follow ends only at the job's last event (exit 1 when it is `job_failed`: `exit_status`),
-or with an error that says why.
+or with an error that says why. `--follow --file` gives up likewise (exit 1, one line) once no
+one writes the file: nobody holds FILE.lock (the lock its scheduler holds while it writes it)
+and it has not grown for RECONNECT_S; a live scheduler that is merely quiet holds the lock, and
+is followed on.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from cluster.protocol.display import safe
 from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent, Kind, LeaderChange
 from cluster.protocol.leader_search import LeaderSearch
-from cluster.storage import rotation
+from cluster.storage import holder_lock, rotation
 from cluster.tools import following, reading, status
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.transport import channel as scheduler_channel
@@ -50,6 +53,9 @@ BEGINS = frozenset({"started", "resumed"})  # a job's first event (or a restarte
 EVENT_LOG = "events.jsonl"  # in the log directory of `mscluster run`
 POLL_S = 0.25
 RECONNECT_S = 60.0
+# How often a follower at the end of an event log that does not grow asks whether its writer
+# holds the lock (`_Writer`).
+LOCK_ASKED_S = 1.0
 # A followed scheduler that stops answering gRPC's pings (its host lost power, a partition, a
 # stopped process: no connection is closed) is taken as gone between this and 4/3 of it, and a
 # second, after it last answered (`channel.keepalive_options`), and asked again.
@@ -128,13 +134,19 @@ def parse(lines: Iterator[str], source: str) -> Iterator[JobEvent]:
 
 
 def from_file(
-    path: Path, *, follow: bool, poll_s: float = POLL_S, say: Callable[[str], None] = print
+    path: Path,
+    *,
+    follow: bool,
+    poll_s: float = POLL_S,
+    say: Callable[[str], None] = print,
+    gone_s: float | None = None,
 ) -> Iterator[JobEvent]:
     """The events in `path`, its rotated old files first (PATH.<n> ... PATH.1); with `follow`,
     then each one appended, across rotations, until the end of the job that the log's last
     `started` or `resumed` began when the follow began (every `mscluster run` in a directory
     appends to its log: an earlier job's end is history); a file not there yet is waited for,
-    and `say` says so."""
+    and `say` says so. SchedulerUnreachableError once the file has no writer (`_Writer`:
+    nobody held its lock and it did not grow for `gone_s`, default RECONNECT_S)."""
     if not follow:
         files = rotation.in_order(path)
         if not files:
@@ -148,7 +160,8 @@ def from_file(
         say(f"mscluster: waiting for {path} (the scheduler writes it once it has started)")
     begun = _jobs_begun(rotation.in_order(path))  # the last one is followed to its end
     old = rotation.in_order(path)[:-1] if path.exists() else rotation.in_order(path)
-    with contextlib.closing(_follow_file(path, poll_s)) as appended:
+    writer = _Writer(path, RECONNECT_S if gone_s is None else gone_s)
+    with contextlib.closing(_follow_file(path, poll_s, writer)) as appended:
         for event in itertools.chain(parse(_lines(old), str(path)), appended):
             yield event
             if event.kind in BEGINS:
@@ -176,9 +189,10 @@ def _lines(files: list[Path]) -> Iterator[str]:
         yield from text.splitlines()
 
 
-def _follow_file(path: Path, poll_s: float) -> Generator[JobEvent, None, None]:
-    """The events appended to `path`, without end; when the scheduler rotates it (a new file
-    at `path`), the rest of the old one, then the new one from its start."""
+def _follow_file(path: Path, poll_s: float, writer: _Writer) -> Generator[JobEvent, None, None]:
+    """The events appended to `path` for as long as it has a `writer`; when the scheduler
+    rotates it (a new file at `path`), the rest of the old one, then the new one from its
+    start."""
     while (handle := _opened(path)) is None:
         time.sleep(poll_s)
     tail = _Tail(handle)
@@ -198,6 +212,7 @@ def _follow_file(path: Path, poll_s: float) -> Generator[JobEvent, None, None]:
                 # Rotated: once more to the end of the old file (written before the rename).
                 switching = _rotated(path, tail.handle)
                 if not switching:
+                    writer.check(tail.handle)
                     time.sleep(poll_s)
                 continue
             try:
@@ -207,6 +222,42 @@ def _follow_file(path: Path, poll_s: float) -> Generator[JobEvent, None, None]:
             yield event
     finally:
         tail.handle.close()
+
+
+class _Writer:
+    """Whether the event log `path` still has a writer, asked by a follower at the end of it:
+    gone once nobody held its FILE.lock (`holder_lock.held`, asked every LOCK_ASKED_S) and the
+    file did not grow, for `gone_s`. A lock that cannot be asked (no locks on its file system)
+    is taken as held: that follower waits for the job's last event as before."""
+
+    def __init__(self, path: Path, gone_s: float) -> None:
+        self.path = path
+        self.gone_s = gone_s
+        self._lock = holder_lock.lock_path(path)
+        self._size = -1
+        self._seen = time.monotonic()  # the last sign of a writer: the file grew, or its lock
+        self._asked = 0.0  # when the lock was asked last
+
+    def check(self, handle: IO[bytes]) -> None:
+        """At the end of what `handle` reads of the log: SchedulerUnreachableError once its
+        writer is gone."""
+        now = time.monotonic()
+        size = os.fstat(handle.fileno()).st_size
+        if size != self._size:
+            self._size, self._seen = size, now
+            return
+        if now - self._asked < LOCK_ASKED_S:
+            return
+        self._asked = now
+        if holder_lock.held(self._lock) is not False:
+            self._seen = now
+        elif now - self._seen >= self.gone_s:
+            raise SchedulerUnreachableError(
+                f"the event log {self.path} has no writer: nobody holds {self._lock.name} and "
+                f"nothing was added for {self.gone_s:g} s, but the job's last event is not in "
+                "it (its scheduler was killed, or its host lost?); mscluster status or events "
+                "--addr asks a scheduler of the job"
+            )
 
 
 def _opened(path: Path) -> IO[bytes] | None:

@@ -1,29 +1,38 @@
 """`mscluster status --watch`: the status table, refreshed until the job ends.
 
 On a terminal the table is redrawn in place (rich), and what changed since the last refresh is
-highlighted. Otherwise (a pipe, a file, a CI log) it prints the table once, then one line per
-change with the time, and the table again at the end. `changes` (pure) decides what changed:
+highlighted; it fits the terminal (`Fitted`): the nodes that need a look first, a line that
+counts them and the rows left out, and columns left out before a node id is cut. Otherwise (a
+pipe, a file, a CI log) it prints the table once, then one line per change with the time, and
+the table again at the end. `changes` (pure) decides what changed:
 the job's phase, generation, rollback step and registrations, and per node its rank, state,
 stream, incarnation, restarts and newest checkpoint; heartbeat ages move at every refresh and
 are shown, not reported.
 
 It refreshes at once when the scheduler reports an event (its WatchEvents stream), so it also
-learns of the job's end when the scheduler exits right after it. A scheduler that stops
-answering (a restart) is said once and asked again. The watch ends when the job has ended:
-exit 0 when it finished, 1 when it failed (or when nothing answered at first); 130 on Ctrl-C.
+learns of the job's end when the scheduler exits right after it; a stream that fails (refused,
+cut, its scheduler away) is opened again. A scheduler that stops answering (a restart) is said
+once and asked again, for up to `events.RECONNECT_S` (as `mscluster events --follow --addr`):
+then the watch says so in one line and exits 1, the job's end unknown. The watch ends when the
+job has ended: exit 0 when it finished, 1 when it failed (or when nothing answered at first,
+or for RECONNECT_S since); 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
+import io
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import IO
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -46,6 +55,8 @@ from cluster.transport import tls
 JOB_FIELDS = ("phase", "generation", "rollback_step", "registered")
 NODE_FIELDS = ("rank", "state", "connected", "incarnation", "restarts", "checkpoint")
 HIGHLIGHT = "bold black on yellow"
+# The least time between two opens of the event stream (a refused one is opened again after it).
+RESTART_S = 1.0
 _OVER = (Phase.FINISHED, Phase.FAILED)
 
 
@@ -109,8 +120,124 @@ def changes(before: JobView | None, after: JobView) -> list[Change]:
     return found
 
 
-def table(view: JobView, changed: list[Change], note: str = "") -> Table:
-    """The status as a rich table, the changed cells highlighted."""
+# The table's columns, each with the field of `changes` it shows (None: none).
+COLUMNS: dict[str, str | None] = {
+    "rank": "rank",
+    "node id": None,
+    "address": None,
+    "state": "state",
+    "stream": "connected",
+    "heartbeat": None,
+    "incarnation": "incarnation",
+    "restarts": "restarts",
+    "checkpoint": "checkpoint",
+}
+# Left out, in this order, while the table is wider than the terminal: the least telling first.
+# Rank, node id and state always stay, whole (a node id too long for the terminal folds).
+LEFT_OUT_FIRST = ("stream", "restarts", "incarnation", "heartbeat", "checkpoint", "address")
+_ORDER_OF_STATES = ("failed", "alive", "finished")
+_FOLD_MIN = 8  # the narrowest a folded node id column gets
+
+
+def _cells(node: NodeView) -> dict[str, str]:
+    values = _node_values(node)
+    return {
+        "rank": values["rank"],
+        "node id": shown(node.node_id),
+        "address": shown(node.address),
+        "state": values["state"],
+        "stream": values["connected"],
+        "heartbeat": f"{node.seconds_since_heartbeat:.1f} s",
+        "incarnation": values["incarnation"],
+        "restarts": values["restarts"],
+        "checkpoint": values["checkpoint"],
+    }
+
+
+def ordered(nodes: tuple[NodeView, ...], changed: list[Change]) -> list[NodeView]:
+    """The nodes that need a look first: failed, then alive without a stream, then those that
+    changed since the last refresh, then the rest; in rank order within each."""
+    moved = {c.node_id for c in changed if c.node_id is not None}
+
+    def concern(node: NodeView) -> int:
+        if node.state == "failed":
+            return 0
+        if node.state == "alive" and not node.connected:
+            return 1
+        return 2 if node.node_id in moved else 3
+
+    return sorted(nodes, key=concern)
+
+
+def summary(nodes: tuple[NodeView, ...], hidden: int = 0) -> str:
+    """The nodes counted by state ("3 failed, 37 alive"), and the rows left out."""
+    counts = collections.Counter(node.state for node in nodes)
+    states = [*_ORDER_OF_STATES, *sorted(set(counts) - set(_ORDER_OF_STATES))]
+    said = ", ".join(f"{counts[s]} {shown(s)}" for s in states if counts[s]) or "no nodes yet"
+    unstreamed = sum(node.state == "alive" and not node.connected for node in nodes)
+    if unstreamed:
+        said += f" ({unstreamed} without a stream)"
+    return said + (f"; {hidden} rows not shown" if hidden else "")
+
+
+def _fitted(rows: list[dict[str, str]], width: int | None) -> dict[str, int]:
+    """The columns to show in `width` (None: all), each with its width: as wide as its widest
+    cell, but the node id's when even the fewest columns are too wide (it folds)."""
+    natural = {c: max([cell_len(c), *(cell_len(row[c]) for row in rows)]) for c in COLUMNS}
+
+    def needs(columns: dict[str, int]) -> int:  # each with a space either side and a rule
+        return sum(w + 3 for w in columns.values()) + 1
+
+    for column in LEFT_OUT_FIRST:
+        if width is None or needs(natural) <= width:
+            return natural
+        del natural[column]
+    if width is not None and needs(natural) > width:
+        natural["node id"] = max(width - needs(natural) + natural["node id"], _FOLD_MIN)
+    return natural
+
+
+def table(
+    view: JobView,
+    changed: list[Change],
+    note: str = "",
+    *,
+    width: int | None = None,
+    height: int | None = None,
+) -> Table:
+    """The status as a rich table, the changed cells highlighted, the nodes that need a look
+    first (`ordered`), under a line that counts them (`summary`). Fitted to a terminal of
+    `width` x `height` (None: any): the least telling columns left out (LEFT_OUT_FIRST) and the
+    rows past its height, which the summary counts; node ids and addresses are never cut."""
+    nodes = ordered(view.nodes, changed)
+    rows = [_cells(node) for node in nodes]
+    columns = _fitted(rows, width)
+    shown_rows = len(rows)
+    if height is not None:
+        shown_rows = _rows_fitting(view, columns, rows, width, height, note)
+    said = summary(view.nodes, len(rows) - shown_rows)
+    grid = _grid(view, changed, note, said, columns, _folds(rows, columns))
+    marked = {(c.node_id, c.field) for c in changed}
+    for node, cells in zip(nodes[:shown_rows], rows[:shown_rows], strict=True):
+        grid.add_row(
+            *(
+                Text(cells[c], style=HIGHLIGHT if (node.node_id, COLUMNS[c]) in marked else "")
+                for c in columns
+            )
+        )
+    return grid
+
+
+def _grid(
+    view: JobView,
+    changed: list[Change],
+    note: str,
+    said: str,
+    columns: dict[str, int],
+    folds: bool,
+) -> Table:
+    """The table without its rows: the job in its title, then the summary line `said`; the
+    `columns` as wide as they say (a node id that does not fit folds)."""
     marked = {(c.node_id, c.field) for c in changed}
     title = Text(f"job {shown(view.cluster_id)} at {shown(view.address)}: ")
     for name, value in _job_values(view).items():
@@ -119,51 +246,54 @@ def table(view: JobView, changed: list[Change], note: str = "") -> Table:
         title.append("  ")
     if note:
         title.append(shown(note), style="bold red")
+    failed = any(node.state == "failed" for node in view.nodes)
+    title.append("\n" + said, style="bold red" if failed else "bold")
     caption = Text(shown(view.detail)) if view.detail else None  # Text: no rich markup in it
     grid = Table(title=title, title_justify="left", caption=caption)
-    for column in (
-        "rank",
-        "node id",
-        "address",
-        "state",
-        "stream",
-        "heartbeat",
-        "incarnation",
-        "restarts",
-        "checkpoint",
-    ):
-        grid.add_column(column)
-    for node in view.nodes:
-        values = _node_values(node)
-        cells = [
-            values["rank"],
-            shown(node.node_id),
-            shown(node.address),
-            values["state"],
-            values["connected"],
-            f"{node.seconds_since_heartbeat:.1f} s",
-            values["incarnation"],
-            values["restarts"],
-            values["checkpoint"],
-        ]
-        keys = (
-            "rank",
-            None,
-            None,
-            "state",
-            "connected",
-            None,
-            "incarnation",
-            "restarts",
-            "checkpoint",
-        )
-        grid.add_row(
-            *(
-                Text(cell, style=HIGHLIGHT if key and (node.node_id, key) in marked else "")
-                for cell, key in zip(cells, keys, strict=True)
-            )
-        )
+    for column, wide in columns.items():
+        if column == "node id" and folds:  # never cut: folded when it must be
+            grid.add_column(column, min_width=wide, max_width=wide, overflow="fold")
+        else:
+            grid.add_column(column, no_wrap=True, min_width=wide)
     return grid
+
+
+def _folds(rows: list[dict[str, str]], columns: dict[str, int]) -> bool:
+    """Whether a node id is wider than its column (`_fitted`)."""
+    return any(cell_len(row["node id"]) > columns["node id"] for row in rows)
+
+
+class Fitted:
+    """The `table` of `view`, fitted to the console that draws it, as it is then (a terminal
+    may have been resized): as wide as it is, and no higher."""
+
+    def __init__(self, view: JobView, changed: list[Change], note: str = "") -> None:
+        self.view, self.changed, self.note = view, changed, note
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width, height = options.max_width, options.size.height
+        yield table(self.view, self.changed, self.note, width=width, height=height)
+
+
+def _rows_fitting(
+    view: JobView,
+    columns: dict[str, int],
+    rows: list[dict[str, str]],
+    width: int | None,
+    height: int,
+    note: str,
+) -> int:
+    """How many of `rows` fit in `height` lines under the title, the header and the caption
+    (measured with the longest summary it may have), a row a line (a folded node id: more)."""
+    said = summary(view.nodes, len(rows))
+    empty = _grid(view, [], note, said, columns, _folds(rows, columns))
+    measuring = Console(file=io.StringIO(), width=width or 1000, height=height)
+    room = height - len(measuring.render_lines(empty, pad=False))
+    for count, row in enumerate(rows):
+        room -= max(-(-cell_len(row["node id"]) // columns["node id"]), 1)
+        if room < 0:
+            return count
+    return len(rows)
 
 
 def lines(found: list[Change]) -> list[str]:
@@ -195,15 +325,19 @@ class Watcher:
         *,
         interval_s: float,
         terminal: bool,
+        reconnect_s: float = events.RECONNECT_S,
     ) -> None:
+        """`reconnect_s`: how long a scheduler that does not answer is asked again before the
+        watch gives up (SchedulerUnreachableError)."""
         self._fetch = fetch
         self._follow = follow
         self.out = out
         self.interval_s = interval_s
         self.terminal = terminal
+        self.reconnect_s = reconnect_s
         self.view: JobView | None = None
         self.ended: Ended | None = None  # the job's last event, once seen
-        self._lost = False
+        self._lost_at: float | None = None  # when the scheduler stopped answering
         self._moved = ""  # the last move to another scheduler, not shown yet on a terminal
         self._wake = asyncio.Event()
 
@@ -223,25 +357,38 @@ class Watcher:
                 await follower
 
     async def _events(self) -> None:
-        with contextlib.suppress(ClusterError):
-            async for event in self._follow():
-                if event.kind in FINAL:
-                    self.ended = _ended(event)
-                self._wake.set()
-                if self.ended is not None:
-                    return
+        """The scheduler's events until the job's last, the stream opened again (after
+        RESTART_S) whenever it fails: refused (CLUSTER_MAX_FOLLOWERS), cut, or its scheduler
+        away for `events.RECONNECT_S`. The poll says whether the scheduler answers."""
+        while True:
+            with contextlib.suppress(ClusterError):
+                async for event in self._follow():
+                    if event.kind in FINAL:
+                        self.ended = _ended(event)
+                    self._wake.set()
+                    if self.ended is not None:
+                        return
+            await asyncio.sleep(max(RESTART_S, self.interval_s))
 
     async def _poll(self) -> tuple[JobView, list[Change]] | None:
         """The next view and what changed, or None while the scheduler does not answer."""
         try:
             view = await self._fetch()
         except SchedulerUnreachableError as exc:
-            if not self._lost and self.ended is None:  # after the job's end: it has exited
-                self._lost = True
+            if self.ended is not None:  # after the job's end: it has exited
+                return None
+            now = time.monotonic()
+            if self._lost_at is None:
+                self._lost_at = now
                 self._line(f"scheduler not answering: {exc}")
+            elif now - self._lost_at >= self.reconnect_s:
+                raise SchedulerUnreachableError(
+                    f"the scheduler has not answered for {now - self._lost_at:.0f} s, so the "
+                    f"watch stops; the job's end is unknown (last: {exc})"
+                ) from None
             return None
-        if self._lost:
-            self._lost = False
+        if self._lost_at is not None:
+            self._lost_at = None
             if not self._moved:  # a move said it already
                 self._line("scheduler answering again")
         if not self.terminal:
@@ -294,12 +441,12 @@ class Watcher:
                 seen = await self._poll()
                 if seen is not None:
                     view, found = seen
-                    screen.update(table(view, found, self._moved), refresh=True)
+                    screen.update(Fitted(view, found, self._moved), refresh=True)
                     if view.phase in _OVER:
                         return self._code(view)
                 elif self.view is not None:
                     note = "scheduler not answering" if self.ended is None else self._ending()
-                    screen.update(table(self.view, [], note), refresh=True)
+                    screen.update(Fitted(self.view, [], note), refresh=True)
                     if self.ended is not None:
                         return self._code(None)
                 await self._pause()
@@ -313,9 +460,10 @@ def run(
     out: IO[str],
     secret: reading.Secret = reading.FROM_ENV,
 ) -> int:
-    """The whole command: 0 once the job has finished, 1 when it failed or when no scheduler
-    answered at first. With several addresses it follows the leader among them. `secret`:
-    what proves this reader (`cluster.tools.reading`)."""
+    """The whole command: 0 once the job has finished, 1 when it failed, when no scheduler
+    answered at first, or when none answered for `events.RECONNECT_S` since. With several
+    addresses it follows the leader among them. `secret`: what proves this reader
+    (`cluster.tools.reading`)."""
     if not interval_s > 0:
         raise ConfigError(f"--interval {interval_s} must be a positive number of seconds")
     listed = [addresses] if isinstance(addresses, str) else list(addresses)
@@ -338,6 +486,7 @@ def run(
                 out,
                 interval_s=interval_s,
                 terminal=out.isatty(),
+                reconnect_s=events.RECONNECT_S,
             )
             following.say = watcher.say
             return await watcher.run()

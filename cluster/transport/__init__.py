@@ -5,8 +5,8 @@ made stub methods (`stub`), the one table from a gRPC status to a `ClusterError`
 (`failures`), gRPC's own log lines (`grpc_log`), how a server's own process keeps its memory
 (`allocator`, `collector`), TLS from PKCS#12, CA, CRL and a cipher list
 (`tls`), a mutual-TLS server's credentials and per-call certificate check (`server_tls`), the
-certificates for tests and first trials (`certs`), and a node's credential as call metadata
-(`membership`).
+certificates for tests and first trials (`certs`), a node's credential as call metadata
+(`membership`), and the bounded HTTP server of a /metrics port (`bounded_http`).
 
 May import: `cluster.protocol`, `cluster.v1`, grpc and cryptography. Never the scheduler, the
 worker or anything above them.

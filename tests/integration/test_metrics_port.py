@@ -1,7 +1,7 @@
 """The scheduler's metrics port against whoever reaches it: a real scheduler serving /metrics on
 loopback, and callers from other loopback addresses (127.0.0.2 and up). Hundreds of connections
 that send nothing hold a bounded number of the server's threads, each for at most
-METRICS_REQUEST_S, and the rest are closed at once; connections that trickle their request a
+REQUEST_S, and the rest are closed at once; connections that trickle their request a
 byte at a time are closed at that deadline all the same; and with every slot held by such
 connections from a few addresses, a real scrape from another address gets through at once."""
 
@@ -16,12 +16,13 @@ import time
 
 import pytest
 
-from cluster.scheduler import SchedulerServer, metrics
-from cluster.scheduler.metrics import (
-    METRICS_CONNECTIONS,
-    METRICS_CONNECTIONS_PER_ADDRESS,
-    METRICS_REQUEST_S,
-    METRICS_SWEEP_S,
+from cluster.scheduler import SchedulerServer
+from cluster.transport import bounded_http
+from cluster.transport.bounded_http import (
+    CONNECTIONS,
+    CONNECTIONS_PER_ADDRESS,
+    REQUEST_S,
+    SWEEP_S,
 )
 from tests.aio import BOUND_S, eventually
 from tests.scrape import ON, form, scrape, settings, value
@@ -77,16 +78,16 @@ async def test_idle_connections_hold_few_threads_briefly_and_keep_no_scrape_out(
         held = await asyncio.to_thread(open_idle, port, IDLE_CONNECTIONS)
         try:
             assert len(held) == IDLE_CONNECTIONS  # taken at once, none left waiting
-            assert serving_threads() <= METRICS_CONNECTIONS_PER_ADDRESS
+            assert serving_threads() <= CONNECTIONS_PER_ADDRESS
             started = time.monotonic()
             seen = await scrape(server)
             assert time.monotonic() - started < BOUND_S
             assert value(seen, "cluster_generation") == 1
             # Past the address's share, closed at once; the others once silent long enough.
             served = await asyncio.to_thread(still_open, held, 1.0)
-            assert len(served) <= METRICS_CONNECTIONS_PER_ADDRESS
-            assert await asyncio.to_thread(still_open, served, METRICS_REQUEST_S + BOUND_S) == []
-            assert serving_threads() <= METRICS_CONNECTIONS_PER_ADDRESS
+            assert len(served) <= CONNECTIONS_PER_ADDRESS
+            assert await asyncio.to_thread(still_open, served, REQUEST_S + BOUND_S) == []
+            assert serving_threads() <= CONNECTIONS_PER_ADDRESS
         finally:
             for conn in held:
                 with contextlib.suppress(OSError):
@@ -95,9 +96,7 @@ async def test_idle_connections_hold_few_threads_briefly_and_keep_no_scrape_out(
 
 
 # Addresses enough to hold every slot with their shares.
-SLOW_ADDRESSES = [
-    f"127.0.0.{2 + i}" for i in range(METRICS_CONNECTIONS // METRICS_CONNECTIONS_PER_ADDRESS)
-]
+SLOW_ADDRESSES = [f"127.0.0.{2 + i}" for i in range(CONNECTIONS // CONNECTIONS_PER_ADDRESS)]
 TRICKLE_EVERY_S = 0.2  # never silent for long: a per-read timeout never fires
 REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4096
 
@@ -163,22 +162,22 @@ class Trickle:
 async def test_a_request_trickled_a_byte_at_a_time_is_closed_at_its_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Never silent, so no read times out: the whole request is due within METRICS_REQUEST_S
+    """Never silent, so no read times out: the whole request is due within REQUEST_S
     of the accept all the same."""
-    monkeypatch.setattr(metrics, "METRICS_REQUEST_S", 1.0)
+    monkeypatch.setattr(bounded_http, "REQUEST_S", 1.0)
     async with SchedulerServer(settings(), observe=ON) as server:
         port = server.observing.metrics_port
         assert port is not None
-        trickle = Trickle(port, [OUTSIDER], METRICS_CONNECTIONS_PER_ADDRESS, again=False)
+        trickle = Trickle(port, [OUTSIDER], CONNECTIONS_PER_ADDRESS, again=False)
         try:
             await eventually(
                 lambda: not trickle.open, "the trickled connections closed", 1.0 + BOUND_S
             )
         finally:
             trickle.stop()
-        assert len(trickle.closed_after) == METRICS_CONNECTIONS_PER_ADDRESS
+        assert len(trickle.closed_after) == CONNECTIONS_PER_ADDRESS
         # At the deadline (from the accept, a moment before `started`), not before.
-        assert min(trickle.closed_after) >= 1.0 - METRICS_SWEEP_S
+        assert min(trickle.closed_after) >= 1.0 - SWEEP_S
 
 
 async def test_slow_connections_from_a_few_addresses_keep_no_scrape_out() -> None:
@@ -189,9 +188,9 @@ async def test_slow_connections_from_a_few_addresses_keep_no_scrape_out() -> Non
         await form(server)
         port = server.observing.metrics_port
         assert port is not None
-        trickle = Trickle(port, SLOW_ADDRESSES, METRICS_CONNECTIONS_PER_ADDRESS, again=True)
+        trickle = Trickle(port, SLOW_ADDRESSES, CONNECTIONS_PER_ADDRESS, again=True)
         try:
-            assert len(trickle.open) == METRICS_CONNECTIONS  # every slot taken
+            assert len(trickle.open) == CONNECTIONS  # every slot taken
             for _ in range(3):
                 started = time.monotonic()
                 assert value(await scrape(server), "cluster_generation") == 1

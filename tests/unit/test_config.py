@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,11 @@ from cluster.protocol.environment import from_env, job_settings, read_job_secret
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.protocol.parse import is_decimal, lookup_name, split_address
 from cluster.storage.recovery_dir import check_recovery_path
+from cluster.tools import cli_commands
+from cluster.tools.cli import build_parser
 from cluster.transport.channel import KEEPALIVE_MIN_MS, KEEPALIVE_SLACK_MS, keepalive_options
 from cluster.worker.scheduler_link import channel_options
+from tests.procs import MSCLUSTER
 
 
 def env(**overrides: str | None) -> dict[str, str]:
@@ -514,6 +518,14 @@ def test_observing_variables_are_parsed() -> None:
     assert observe.metrics_port == 0  # any free port, logged
     assert observe.event_log == Path("logs/events.jsonl")
     assert observe.worker_metrics_port == 9100
+    assert observe.metrics_host is None  # the scheduler's own host
+
+
+def test_the_metrics_host_is_a_host_of_its_own() -> None:
+    assert from_env(env(CLUSTER_METRICS_HOST=" 10.0.0.9 ")).observe.metrics_host == "10.0.0.9"
+    assert from_env(env(CLUSTER_METRICS_HOST="[::1]")).observe.metrics_host == "::1"
+    with pytest.raises(ConfigError, match=r"^CLUSTER_METRICS_HOST 'a b' is not a host name"):
+        from_env(env(CLUSTER_METRICS_HOST="a b"))
 
 
 @pytest.mark.parametrize(
@@ -647,3 +659,57 @@ def test_bad_scheduler_address_lists_are_one_line(overrides: dict[str, str], nam
         from_env(env(**overrides))
     assert named in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def scheduler_env(**overrides: str | None) -> dict[str, str]:
+    return env(MS_ROLE="MS_SCHED", MS_SCHED_HOST="127.0.0.1", **overrides)
+
+
+def test_the_schedulers_metrics_port_is_refused_on_its_own_port() -> None:
+    """Its metrics server, started first, would hold the port its gRPC then fails to bind,
+    with an error that blames MS_SCHED_HOST / MS_SCHED_PORT."""
+    rule = (
+        r"^CLUSTER_METRICS_PORT=8118 \(--metrics-port\) is MS_SCHED_PORT \(--port\), where the "
+        r"scheduler itself listens: give the metrics another port \(0: any free one\)$"
+    )
+    for host in (None, "127.0.0.1", "0.0.0.0"):
+        with pytest.raises(ConfigError, match=rule):
+            from_env(scheduler_env(CLUSTER_METRICS_PORT="8118", CLUSTER_METRICS_HOST=host))
+    # Another port, or the same one on another address of the host; a worker serves no
+    # scheduler metrics.
+    assert from_env(scheduler_env(CLUSTER_METRICS_PORT="8119")).observe.metrics_port == 8119
+    apart = scheduler_env(CLUSTER_METRICS_PORT="8118", CLUSTER_METRICS_HOST="10.0.0.2")
+    assert from_env(apart).observe.metrics_host == "10.0.0.2"
+    assert from_env(env(CLUSTER_METRICS_PORT="8118")).observe.metrics_port == 8118
+
+
+def test_mscluster_scheduler_port_and_metrics_port_alike_is_one_line() -> None:
+    result = subprocess.run(
+        [*MSCLUSTER, "scheduler", "--port", "8118", "--metrics-port", "8118", "--worker-num", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "mscluster: ConfigError: CLUSTER_METRICS_PORT=8118 (--metrics-port) is MS_SCHED_PORT "
+        "(--port), where the scheduler itself listens: give the metrics another port (0: any "
+        "free one)"
+    ]
+
+
+def test_scheduler_port_0_is_no_port_the_metrics_are_refused_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`mscluster scheduler --port 0` (any free port) is parsed with a stand-in port: never
+    the metrics port's."""
+    for name in [k for k in os.environ if k.startswith(("MS_", "CLUSTER_"))]:
+        monkeypatch.delenv(name)
+    for metrics in ("1", "2", "0"):
+        args = build_parser().parse_args(
+            ["scheduler", "--port", "0", "--metrics-port", metrics, "--worker-num", "1"]
+        )
+        config = cli_commands._scheduler_config(args)
+        assert (config.sched_port, config.observe.metrics_port) == (0, int(metrics))

@@ -1,7 +1,8 @@
 """`mscluster events --follow` on a file: every `mscluster run` in a directory appends to its
 logs/events.jsonl, and the follow goes on to the end of the job running when it began, past
 the ends of the earlier ones; a follower that read part of a line that a full disk then had
-cut off again reads the line written in its place whole."""
+cut off again reads the line written in its place whole; a log whose writer is gone (no one
+holds its lock, it does not grow) is given up, one whose writer is merely quiet is not."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol.config import LogRotation
+from cluster.protocol.errors import SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
-from cluster.storage import rotation
+from cluster.storage import holder_lock, rotation
 from cluster.storage.rotation import RotatingFile
 from cluster.tools import events as events_tool
 from cluster.tools.testing import Process, wait_until
@@ -131,3 +133,66 @@ def test_a_follower_that_read_a_part_cut_off_again_reads_the_next_event_whole(
         written = [JobEvent.from_json(text).seq for text in path.read_text().splitlines()]
         assert written[-2:] == [seq + 1, seq + 2]
         assert got == written  # none lost to the part cut off
+
+
+class Follower:
+    """`from_file(path, follow=True)` on a thread: the kinds it yields, then how it ended. It
+    gives a writer up after RECONNECT_S (GONE_S here)."""
+
+    def __init__(self, path: Path) -> None:
+        self.kinds: list[str] = []
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True)
+        self._thread.start()
+
+    def _run(self, path: Path) -> None:
+        try:
+            for found in events_tool.from_file(path, follow=True, poll_s=0.01):
+                self.kinds.append(found.kind)
+        except Exception as exc:  # told to the test
+            self.error = exc
+        self.done.set()
+
+
+GONE_S = 0.3
+
+
+def test_a_log_that_no_one_holds_and_that_stopped_growing_is_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its scheduler was SIGKILLed: the kernel let its lock go, and no last event will come."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(line(1, "started"))
+    fd = holder_lock.open_lock(holder_lock.lock_path(path))
+    assert holder_lock.try_lock(fd) is None
+    os.close(fd)  # the writer's lock let go, as the kernel does for a killed process
+    monkeypatch.setattr(events_tool, "RECONNECT_S", GONE_S)
+    followed = Follower(path)
+    assert followed.done.wait(GONE_S + events_tool.LOCK_ASKED_S + WAIT_S)
+    assert followed.kinds == ["started"]
+    assert isinstance(followed.error, SchedulerUnreachableError)
+    assert f"the event log {path} has no writer: nobody holds events.jsonl.lock" in str(
+        followed.error
+    )
+
+
+def test_a_quiet_log_whose_writer_holds_its_lock_is_followed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events_tool, "RECONNECT_S", GONE_S)
+    path = tmp_path / "events.jsonl"
+    path.write_text(line(1, "started"))
+    fd = holder_lock.open_lock(holder_lock.lock_path(path))
+    try:
+        assert holder_lock.try_lock(fd) is None  # a live scheduler, merely quiet
+        followed = Follower(path)
+        # Past GONE_S and several asks of the lock: still following (the wait is the check).
+        assert not followed.done.wait(GONE_S + 3 * events_tool.LOCK_ASKED_S)
+        with path.open("a") as log:
+            log.write(line(2, "finished", detail="all done"))
+        assert followed.done.wait(WAIT_S)
+    finally:
+        os.close(fd)
+    assert followed.error is None
+    assert followed.kinds == ["started", "finished"]

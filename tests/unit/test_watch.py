@@ -3,20 +3,24 @@ highlighted cells; and `mscluster events`' table and sources."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.live import Live
 from rich.text import Text
 
-from cluster.protocol.errors import ConfigError
+from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.scheduler.machine.state import Phase
-from cluster.tools import events
+from cluster.tools import events, watch
 from cluster.tools.status import JobView, NodeView
-from cluster.tools.watch import HIGHLIGHT, Change, changes, lines, table
+from cluster.tools.watch import HIGHLIGHT, Change, Watcher, changes, lines, table
+from tests.aio import BOUND_S
 
 
 def node(i: int, **changed: object) -> NodeView:
@@ -164,3 +168,95 @@ def test_a_followed_file_ends_with_the_jobs_last_event(tmp_path: Path) -> None:
     path.write_text("\n".join(lines_) + "\n")
     kinds = [e.kind for e in events.from_file(path, follow=True, poll_s=0.01)]
     assert kinds == ["formed", "finished"]
+
+
+# -- the watch's event stream ------------------------------------------------------------------
+
+
+async def test_a_watch_opens_its_failed_event_stream_again_and_ends_with_the_job() -> None:
+    """The stream refused (CLUSTER_MAX_FOLLOWERS reached: `from_scheduler` fails at once) is
+    opened again, and brings the job's end, which the polls never show: the scheduler answers
+    with the job running, then, once it has sent the end, exits."""
+    opened: list[int] = []
+
+    async def fetch() -> JobView:
+        if len(opened) == 2:
+            raise SchedulerUnreachableError("no scheduler answers at x")
+        return view(node(0), node(1))
+
+    async def follow() -> AsyncIterator[JobEvent]:
+        opened.append(len(opened))
+        if len(opened) == 1:
+            raise SchedulerUnreachableError("the scheduler at x refused: too many followers")
+        yield JobEvent(9, 9.0, "finished", {"detail": "all done"})
+
+    out = io.StringIO()
+    watcher = Watcher(fetch, follow, out, interval_s=0.01, terminal=False)
+    assert await asyncio.wait_for(watcher.run(), watch.RESTART_S + BOUND_S) == 0
+    assert len(opened) == 2
+
+
+# -- the table on a terminal: rows that need a look first, fitted to its size -------------------
+
+
+def drawn(shown: JobView, before: JobView, width: int, height: int) -> list[str]:
+    """The lines a terminal of `width` x `height` shows of the watch's table (as `_live`)."""
+    out = io.StringIO()
+    terminal = Console(file=out, width=width, height=height, force_terminal=True, color_system=None)
+    with Live(console=terminal, auto_refresh=False) as screen:
+        screen.update(watch.Fitted(shown, changes(before, shown)), refresh=True)
+        text = out.getvalue()
+    return text.replace("\x1b[?25l", "").rstrip("\n").split("\n")
+
+
+def test_a_failed_node_of_many_is_shown_and_counted_on_a_short_terminal() -> None:
+    """40 nodes on 24 rows: rank 33 failed comes first, and the rows left out are counted."""
+    nodes = [node(i, checkpoints=(100,)) for i in range(40)]
+    before = view(*nodes)
+    failed = view(
+        *nodes[:33], node(33, state="failed", connected=False, checkpoints=(100,)), *nodes[34:]
+    )
+    screen = drawn(failed, before, 100, 24)
+    assert len(screen) <= 24
+    assert screen[-1].startswith("└")  # the whole table: no "..." for rows cut by the terminal
+    rows = [line for line in screen if line.startswith("│")]
+    assert rows[0].split("│")[1].strip() == "33"
+    assert "failed" in rows[0]
+    assert f"1 failed, 39 alive; {40 - len(rows)} rows not shown" in [s.strip() for s in screen]
+
+
+def test_ids_and_addresses_are_whole_on_an_80_column_terminal() -> None:
+    nodes = [
+        node(i, node_id=f"trainer-node-{i:03d}.example", address=f"10.0.0.{i}:{6000 + i}")
+        for i in range(3)
+    ]
+    shown = view(*nodes)
+    for width in (80, 60):
+        screen = "\n".join(drawn(shown, shown, width, 24))
+        assert "…" not in screen, screen
+        for n in nodes:
+            assert f" {n.node_id} " in screen, screen
+        assert all(f" {n.address} " in screen for n in nodes) or width < 80, screen
+        assert all(len(line) <= width for line in screen.split("\n"))
+
+
+def test_a_node_id_wider_than_the_terminal_folds_whole() -> None:
+    long_id = "trainer-node-033.example.with.a.very.long.domain.name.of.the.cluster"
+    screen = drawn(view(node(0, node_id=long_id)), view(node(0, node_id=long_id)), 40, 24)
+    cells = "".join(line.split("│")[2].strip() for line in screen if line.startswith("│"))
+    assert cells == long_id
+    assert all(len(line) <= 40 for line in screen)
+
+
+def test_rows_that_need_a_look_come_first() -> None:
+    before = view(node(0), node(1), node(2), node(3))
+    after = view(
+        node(0),
+        node(1, checkpoints=(10, 20, 30)),
+        node(2, connected=False),
+        node(3, state="failed", connected=False),
+    )
+    assert [n.rank for n in watch.ordered(after.nodes, changes(before, after))] == [3, 2, 1, 0]
+    assert (
+        watch.summary(after.nodes, 2) == "1 failed, 3 alive (1 without a stream); 2 rows not shown"
+    )

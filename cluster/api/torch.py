@@ -86,7 +86,7 @@ try:
 except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
-from cluster.api import runtime, training
+from cluster.api import data_plane, runtime, training
 from cluster.api.collective import barrier, broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
@@ -201,7 +201,7 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
             dist.destroy_process_group()
         if isinstance(exc, PeerFailedError):
             raise
-        if runtime.peer_failed(generation, runtime.failure_wait_s()):
+        if data_plane.a_peer_failed(generation, exc, runtime.session().say):
             raise PeerFailedError(
                 f"a peer of generation {generation} failed while the {backend} process group "
                 f"was being made ({exc}); make it again in the next generation"

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cluster.api import runtime, worker_metrics
+from cluster.api import data_plane, runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
 from cluster.protocol import resume
 from cluster.protocol.errors import CollectiveError, ConfigError, PeerFailedError
@@ -145,9 +145,11 @@ class TrainingLoop:
     def step(self) -> Iterator[None]:
         """Around one step's work: a peer's failure in it ends the step early, for a rollback.
 
-        That is a PeerFailedError from a cluster collective, or any other error (from gloo,
-        NCCL, ...) when the scheduler confirms, within MS_NODE_TIMEOUT, that a peer of this
-        generation failed; other errors are raised as they are.
+        That is a PeerFailedError from a cluster collective; an error of the data plane (gloo,
+        NCCL) when the scheduler confirms, within MS_NODE_TIMEOUT + 2 s, that a peer of this
+        generation failed (the wait is said in a line); any other error when the scheduler
+        already knows that a peer failed. Other errors are raised at once
+        (`cluster.api.data_plane`).
         """
         session = runtime.session()
         # The step's collectives belong to the generation it began in: if the job moves on
@@ -158,7 +160,7 @@ class TrainingLoop:
         except PeerFailedError as exc:
             self._interrupted = exc
         except Exception as exc:
-            if not runtime.peer_failed(self._generation, runtime.failure_wait_s()):
+            if not data_plane.a_peer_failed(self._generation, exc, self._say):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed during the step: {exc}")
         finally:
@@ -257,7 +259,7 @@ class TrainingLoop:
             self._interrupted = exc
             return None
         except Exception as exc:
-            if not runtime.peer_failed(generation, runtime.failure_wait_s()):
+            if not data_plane.a_peer_failed(generation, exc, self._say):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
             return None

@@ -36,6 +36,7 @@ OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtake
 LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
 STORE = ROOT / "tests" / "integration" / "scripts" / "torch_store.py"
 DESTROY_FAILS = ROOT / "tests" / "integration" / "scripts" / "torch_destroy_fails.py"
+STEP_BUG = ROOT / "tests" / "integration" / "scripts" / "torch_step_bug.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -334,3 +335,23 @@ def test_a_worker_killed_after_the_final_barrier_restarts_and_the_job_succeeds(
     text = rank1.read_text()
     assert re.search(r"generation 2 \(.*\): resuming from step 30\n", text), text
     assert (out / "final.sha256").exists()
+
+
+def test_a_bug_in_a_step_ends_the_worker_at_once_and_its_peer_with_it(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """A ZeroDivisionError in rank 1's step is the program's, not a peer's failure: it is raised
+    at once, with its traceback. Every error of a step waited MS_NODE_TIMEOUT + 2 s for a peer's
+    failure that was not coming (62 s here), while rank 0 sat in its all_reduce on rank 1's gloo
+    group: rank 1 exited after 62 s, rank 0 after gloo's timeout. Now rank 0's all_reduce fails
+    as soon as rank 1 has exited, and the job's failure (recovery off) names rank 1's error."""
+    rank0, rank1 = start_job(processes, STEP_BUG, 2, MS_NODE_TIMEOUT="60", CK=str(tmp_path))
+    rank1.wait_for_output("rank 1 divides by zero", START_S)
+    assert rank1.wait(20) == 1, rank1.output
+    assert "Traceback (most recent call last)" in rank1.output, rank1.output
+    assert "ZeroDivisionError: division by zero" in rank1.output, rank1.output
+    assert "waiting up to" not in rank1.output, rank1.output
+    assert rank0.wait(20) == 1, rank0.output
+    assert "rank 0 all_reduce raised" in rank0.output, rank0.output
+    assert "JobFailedError: job failed: rank 1" in rank0.output, rank0.output
+    assert "ZeroDivisionError: division by zero" in rank0.output, rank0.output

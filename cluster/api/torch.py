@@ -3,9 +3,25 @@
     import cluster, cluster.torch
 
     cluster.init()
-    cluster.torch.init_process_group()      # gloo, ranks and size from the job
-    model = DistributedDataParallel(net, init_sync=False)
-    model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
+    model = None
+
+    def data_parallel():                    # over the group of the job's current generation
+        cluster.torch.init_process_group()  # gloo, ranks and size from the job
+        ddp = DistributedDataParallel(net, init_sync=False)
+        ddp.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
+        return ddp
+
+    def set_state(state):                   # the loop's: in every new generation
+        global model
+        net.load_state_dict(state["model"])
+        model = data_parallel() if cluster.torch.init_process_group() else None
+
+    loop = cluster.TrainingLoop(steps, checkpoints, get_state, set_state)
+    for step in loop:
+        with loop.step():
+            if model is None:               # the first generation's first step
+                model = data_parallel()
+            train_one_step(model, step)
 
 `init_process_group()` makes torch.distributed's default group for the job's current generation,
 without a fixed port: rank 0 of the generation starts a `TCPStore` on a free port of its
@@ -17,6 +33,13 @@ destroys the old group and makes a fresh one, so call it from the `set_state` of
 When that set_state puts back the loop's last step, it makes no group and returns False: no step
 follows, and a peer may have finished the job already, so no group could form (a worker killed
 after the final barrier and restarted only puts the final state back).
+
+A group made before the loop (torchrun's habit) is made again by the loop itself, in every
+generation after the first, at its resume point (before its first collective): a restarted
+worker or a spare runs the program from its start and makes its group there, before its loop,
+so each survivor must make it at that same point, or the two would call different collectives
+(`training.remake_at_resume`). What was made over the old group (a DDP wrapper made before the
+loop) is not: make it again in set_state.
 `cluster.finalize()` (and the exit of the process) destroys the group, before it tells the
 scheduler this worker is done: torch finds nothing to tear down (NCCL: nothing to warn about).
 
@@ -111,6 +134,8 @@ class _Group:
 
 
 _current: _Group | None = None
+# The backend and timeout of a group made before any TrainingLoop began (`_remake_in_the_loop`).
+_before_the_loop: tuple[str, float | None] | None = None
 
 
 def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> bool:
@@ -139,6 +164,8 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
+    if training.before_any_loop():
+        _remake_in_the_loop(backend, timeout_s)
     if training.TrainingLoop.restoring_the_end():
         destroy_process_group()  # an older generation's
         return False
@@ -168,6 +195,22 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     finally:
         session.generation_pin = pinned
     return True
+
+
+def _remake_in_the_loop(backend: str, timeout_s: float | None) -> None:
+    """A group made before any TrainingLoop began: in a restarted worker or a spare, which runs
+    the program from its start, it is the first collective of the new generation, where a
+    survivor's first is its loop's resume agreement. So every loop makes it again, with these
+    arguments, at its resume point, before that agreement (`training.remake_at_resume`): a
+    survivor makes it there, and the newcomer finds it made (a no-op)."""
+    global _before_the_loop
+    _before_the_loop = (backend, timeout_s)
+    training.remake_at_resume(_remake)
+
+
+def _remake() -> None:
+    if _before_the_loop is not None:
+        init_process_group(*_before_the_loop)
 
 
 def _topology_of_the_caller() -> Topology:

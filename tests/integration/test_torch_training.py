@@ -37,6 +37,8 @@ LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
 STORE = ROOT / "tests" / "integration" / "scripts" / "torch_store.py"
 DESTROY_FAILS = ROOT / "tests" / "integration" / "scripts" / "torch_destroy_fails.py"
 STEP_BUG = ROOT / "tests" / "integration" / "scripts" / "torch_step_bug.py"
+EARLY_GROUP = ROOT / "tests" / "integration" / "scripts" / "torch_early_group.py"
+BEFORE_LOOP = ROOT / "tests" / "integration" / "scripts" / "collective_before_loop.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -355,3 +357,67 @@ def test_a_bug_in_a_step_ends_the_worker_at_once_and_its_peer_with_it(
     assert "rank 0 all_reduce raised" in rank0.output, rank0.output
     assert "JobFailedError: job failed: rank 1" in rank0.output, rank0.output
     assert "ZeroDivisionError: division by zero" in rank0.output, rank0.output
+
+
+def start_with_a_spare(
+    processes: Procs, tmp_path: Path, script: Path
+) -> tuple[Process, Process, Process, Process]:
+    """A scheduler (recovery on), workers '0' and '1' and a spare running `script`."""
+    env = job_env(
+        2,
+        free_port(),
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        MS_NODE_TIMEOUT="10",
+        CK=str(tmp_path / "checkpoints"),
+    )
+    sched = processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    rank0, rank1 = (
+        processes.start_role(f"w{i}", "MS_WORKER", [str(script)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    )
+    spare_env = {**env, "MS_NODE_ID": "spare-0", "CLUSTER_SPARE": "1"}
+    spare = processes.start_role("spare", "MS_WORKER", [str(script)], spare_env)
+    return sched, rank0, rank1, spare
+
+
+def test_a_group_made_before_the_loop_survives_a_spare_taking_a_killed_rank(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The program makes its gloo group at its top, before its TrainingLoop. Rank 1 is
+    SIGKILLed and the spare takes its rank: the spare, running the program from its start,
+    made its group first (a broadcast of the store's port), while rank 0's first collective of
+    generation 2 was its loop's resume allgather. Rank 0 died of a CollectiveError ("called
+    allgather as collective #1, but another rank called broadcast"), then the spare of
+    PeerFailedError: the whole job. Now the loop makes that group again at its resume point,
+    before the allgather, and both go on to the end with every step counted once."""
+    sched, rank0, rank1, spare = start_with_a_spare(processes, tmp_path, EARLY_GROUP)
+    rank1.wait_for_output("rank 1 step 10 done", START_S)
+    rank1.popen.send_signal(signal.SIGKILL)
+    for worker in (rank0, spare):
+        assert worker.wait(START_S) == 0, worker.output
+    assert "promoted: this spare takes rank 1 in generation 2" in spare.output, spare.output
+    assert "rank 1 made its group in generation 2" in spare.output, spare.output
+    assert "rank 0 loop over: w=80" in rank0.output, rank0.output
+    assert "rank 1 loop over: w=80" in spare.output, spare.output
+    assert sched.wait(30) == 0, sched.output
+    for worker in (rank0, spare):
+        assert "CollectiveError" not in worker.output, worker.output
+
+
+def test_another_collective_before_the_loop_is_named_where_the_loop_resumes(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """What the loop cannot make again (a cluster.barrier() before the loop) meets a survivor's
+    resume allgather when a spare comes in: the survivor died of a bare CollectiveError ("rank
+    0 called allgather as collective #1, but another rank called barrier"). It now dies of a
+    ConfigError that names the likely cause and the fix, in one line."""
+    _sched, rank0, rank1, _spare = start_with_a_spare(processes, tmp_path, BEFORE_LOOP)
+    rank1.wait_for_output("rank 1 step 5 done", START_S)
+    rank1.popen.send_signal(signal.SIGKILL)
+    assert rank0.wait(START_S) == 1, rank0.output
+    [line] = [line for line in rank0.output.splitlines() if "cluster: " in line]
+    assert "ConfigError: the TrainingLoop's first collective of generation 2" in line, line
+    assert "called allgather as collective #1, but another rank called barrier" in line, line
+    assert line.endswith("make it in set_state or in a step"), line
+    assert "Traceback" not in rank0.output, rank0.output

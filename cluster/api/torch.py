@@ -87,6 +87,13 @@ generation is over (`release_process_group`, registered with `runtime.on_generat
 it shuts down the group's connections, and a rank blocked on this one fails at once with
 "connection closed", then does the same for the ranks blocked on it. Only a hung peer (or a
 silent network) still costs the timeout.
+
+An NCCL survivor may never get as far as learning it: its main thread can be blocked in a CUDA
+sync (`.item()`) behind a collective the failed peer never joins, where no Python error reaches
+it. So for an NCCL group the worker's agent aborts the group's communicators itself, on a thread
+of its own, as soon as it hears that the generation is over (`_abort_when_over`, registered with
+`runtime.on_generation_end_heard`): the kernels end, the step's next use of the group fails, and
+the loop rolls back and releases the group as above.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ import datetime
 import os
 import socket
 import stat
+import threading
 from typing import Any
 
 try:
@@ -131,9 +139,15 @@ class _Group:
     server: TCPStore | None
     # The inodes of the sockets gloo opened for the group (its listener and its connections).
     sockets: frozenset[int] = frozenset()
+    # torch's group (`abort()`: every communicator of it), and whether the agent's thread has
+    # aborted it already (`_abort_when_over`).
+    process_group: Any = None
+    aborted: bool = False
 
 
 _current: _Group | None = None
+# Taken by `_abort_when_over` (on the agent's thread) to claim a group's abort once.
+_abort_lock = threading.Lock()
 # The backend and timeout of a group made before any TrainingLoop began (`_remake_in_the_loop`).
 _before_the_loop: tuple[str, float | None] | None = None
 
@@ -233,7 +247,7 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
     generation = topology.generation
     try:
         server, client = _rendezvous(topology.rank, topology.peer(0).host, timeout)
-        sockets = _make_group(backend, client, topology, timeout)
+        sockets, process_group = _make_group(backend, client, topology, timeout)
         if backend == "gloo":
             # Every rank's group is connected once every rank's init has returned: nobody
             # reads the store any more, and rank 0's server closes as it is dropped.
@@ -250,16 +264,19 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
                 f"was being made ({exc}); make it again in the next generation"
             ) from exc
         raise
-    _current = _Group(generation, backend, server, sockets)
+    _current = _Group(generation, backend, server, sockets, process_group)
     runtime.on_generation_over(release_process_group)
     runtime.on_finalize(destroy_process_group)
     runtime.on_crash(abort_process_group)
+    if backend == "nccl":
+        runtime.on_generation_end_heard(_abort_when_over)
 
 
 def _make_group(
     backend: str, store: TCPStore, topology: Topology, timeout: datetime.timedelta
-) -> frozenset[int]:
-    """torch.distributed's default group over `store`; the sockets gloo opened for it."""
+) -> tuple[frozenset[int], dist.ProcessGroup]:
+    """torch.distributed's default group over `store`: the sockets gloo opened for it, and
+    the group."""
     before = _socket_inodes()
     dist.init_process_group(
         backend,
@@ -268,7 +285,8 @@ def _make_group(
         world_size=topology.size,
         timeout=timeout,
     )
-    return _socket_inodes() - before if backend == "gloo" else frozenset()
+    sockets = _socket_inodes() - before if backend == "gloo" else frozenset()
+    return sockets, dist.distributed_c10d._get_default_group()
 
 
 def _rendezvous(
@@ -350,6 +368,26 @@ def abort_process_group() -> None:
     if group.backend == "nccl" and dist.is_initialized():
         dist.distributed_c10d._abort_process_group()
     _current = None
+
+
+def _abort_when_over(generation: int) -> None:
+    """The agent heard that `generation` is over (`runtime.on_generation_end_heard`, on a
+    thread of its own, registered for an NCCL group only): abort the communicators of the NCCL
+    group of that generation, or of an older one, at once. The main thread may be blocked in a
+    CUDA sync behind a collective that a failed peer never completes (`.item()`), which no
+    Python error reaches and torch's watchdog ends only at the group's timeout:
+    ncclCommAbort ends the communicators' kernels, the collective fails, and the step's error
+    brings the loop to its rollback, whose release (`abort_process_group`) lets go of the
+    group. Only the communicators are aborted here, once per group: torch's bookkeeping of
+    the group is the main thread's."""
+    group = _current
+    if group is None or group.backend != "nccl" or group.generation > generation:
+        return
+    with _abort_lock:
+        if group.aborted:
+            return
+        group.aborted = True
+    group.process_group.abort()
 
 
 def release_process_group() -> None:

@@ -39,6 +39,7 @@ DESTROY_FAILS = ROOT / "tests" / "integration" / "scripts" / "torch_destroy_fail
 STEP_BUG = ROOT / "tests" / "integration" / "scripts" / "torch_step_bug.py"
 EARLY_GROUP = ROOT / "tests" / "integration" / "scripts" / "torch_early_group.py"
 BEFORE_LOOP = ROOT / "tests" / "integration" / "scripts" / "collective_before_loop.py"
+ABORT_HOOK = ROOT / "tests" / "integration" / "scripts" / "torch_abort_hook.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -421,3 +422,28 @@ def test_another_collective_before_the_loop_is_named_where_the_loop_resumes(
     assert "called allgather as collective #1, but another rank called barrier" in line, line
     assert line.endswith("make it in set_state or in a step"), line
     assert "Traceback" not in rank0.output, rank0.output
+
+
+def test_the_agent_aborts_an_nccl_group_once_when_its_generation_ends(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """An NCCL survivor's main thread blocked in a CUDA sync behind a collective its failed
+    peer never joins raises nothing, so its loop never reached the abort of its group, and it
+    hung until torch's watchdog. The agent, which hears of the failure, now aborts the group
+    itself, on a thread of its own. No GPU here: a fake stands in for torch's NCCL group
+    (tests/integration/scripts/torch_abort_hook.py); test_gpu.py aborts a real one. Only an
+    NCCL group registers the abort; it runs once for generation 1, though rank 0's agent hears
+    both rank 1's failure and the spare's generation 2, and while the main thread is blocked."""
+    _sched, rank0, rank1, _spare = start_with_a_spare(processes, tmp_path, ABORT_HOOK)
+    rank1.wait_for_output("rank 1 enders with an nccl group: 1", START_S)
+    rank0.wait_for_output("rank 0 blocked", START_S)
+    rank1.popen.send_signal(signal.SIGKILL)
+    assert rank0.wait(START_S) == 0, rank0.output
+    lines = [line for line in rank0.output.splitlines() if line.startswith("rank 0 ")]
+    assert lines == [
+        "rank 0 enders with a gloo group: 0",
+        "rank 0 enders with an nccl group: 1",
+        "rank 0 blocked",
+        "rank 0 released: True",
+        "rank 0 abort on cluster-generation-1-over of generation 1",
+    ], rank0.output

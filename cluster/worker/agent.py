@@ -651,7 +651,12 @@ class WorkerAgent:
 
     async def send_finish(self, timeout_s: float, failure: str = "") -> steps.Event:
         """One Finish call, waiting up to `timeout_s`: what came of it. With `failure` (the
-        first line of the error this process dies of), sent once by the session at exit."""
+        first line of the error this process dies of), sent once by the session at exit: the
+        node is closed first, so that what the scheduler does about it (it removes the node,
+        which ends its stream) is neither said ("lost the scheduler ... training goes on") nor
+        acted on (registering again) by a process that is ending."""
+        if failure:
+            self.core.step(steps.Close())
         request = convert.finish_request(self.identity, failure)
         try:
             await self._link.stub.Finish(

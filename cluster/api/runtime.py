@@ -468,6 +468,14 @@ def on_crash(abort: Callable[[], None]) -> None:
         _aborters.append(abort)
 
 
+def on_generation_end_heard(abort: Callable[[int], None]) -> None:
+    """Have `abort(generation)` called as soon as this worker's agent hears that `generation`
+    is over (a peer of it failed, or the job moved past it), once per generation, on a thread
+    of its own, while the main thread may be blocked (`cluster.worker.generation_end`).
+    cluster.torch aborts its NCCL group's communicators there."""
+    session().agent.generation_end.add(abort)
+
+
 def _run(calls: list[Callable[[], None]], what: str) -> None:
     for call in list(calls):
         try:

@@ -3,9 +3,25 @@
     import cluster, cluster.torch
 
     cluster.init()
-    cluster.torch.init_process_group()      # gloo, ranks and size from the job
-    model = DistributedDataParallel(net, init_sync=False)
-    model.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
+    model = None
+
+    def data_parallel():                    # over the group of the job's current generation
+        cluster.torch.init_process_group()  # gloo, ranks and size from the job
+        ddp = DistributedDataParallel(net, init_sync=False)
+        ddp.register_comm_hook(None, cluster.torch.allreduce_in_rank_order)  # exact rollbacks
+        return ddp
+
+    def set_state(state):                   # the loop's: in every new generation
+        global model
+        net.load_state_dict(state["model"])
+        model = data_parallel() if cluster.torch.init_process_group() else None
+
+    loop = cluster.TrainingLoop(steps, checkpoints, get_state, set_state)
+    for step in loop:
+        with loop.step():
+            if model is None:               # the first generation's first step
+                model = data_parallel()
+            train_one_step(model, step)
 
 `init_process_group()` makes torch.distributed's default group for the job's current generation,
 without a fixed port: rank 0 of the generation starts a `TCPStore` on a free port of its
@@ -17,6 +33,13 @@ destroys the old group and makes a fresh one, so call it from the `set_state` of
 When that set_state puts back the loop's last step, it makes no group and returns False: no step
 follows, and a peer may have finished the job already, so no group could form (a worker killed
 after the final barrier and restarted only puts the final state back).
+
+A group made before the loop (torchrun's habit) is made again by the loop itself, in every
+generation after the first, at its resume point (before its first collective): a restarted
+worker or a spare runs the program from its start and makes its group there, before its loop,
+so each survivor must make it at that same point, or the two would call different collectives
+(`training.remake_at_resume`). What was made over the old group (a DDP wrapper made before the
+loop) is not: make it again in set_state.
 `cluster.finalize()` (and the exit of the process) destroys the group, before it tells the
 scheduler this worker is done: torch finds nothing to tear down (NCCL: nothing to warn about).
 
@@ -64,6 +87,13 @@ generation is over (`release_process_group`, registered with `runtime.on_generat
 it shuts down the group's connections, and a rank blocked on this one fails at once with
 "connection closed", then does the same for the ranks blocked on it. Only a hung peer (or a
 silent network) still costs the timeout.
+
+An NCCL survivor may never get as far as learning it: its main thread can be blocked in a CUDA
+sync (`.item()`) behind a collective the failed peer never joins, where no Python error reaches
+it. So for an NCCL group the worker's agent aborts the group's communicators itself, on a thread
+of its own, as soon as it hears that the generation is over (`_abort_when_over`, registered with
+`runtime.on_generation_end_heard`): the kernels end, the step's next use of the group fails, and
+the loop rolls back and releases the group as above.
 """
 
 from __future__ import annotations
@@ -74,6 +104,7 @@ import datetime
 import os
 import socket
 import stat
+import threading
 from typing import Any
 
 try:
@@ -86,7 +117,7 @@ try:
 except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
-from cluster.api import runtime, training
+from cluster.api import data_plane, runtime, training
 from cluster.api.collective import barrier, broadcast_bytes
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
@@ -108,9 +139,17 @@ class _Group:
     server: TCPStore | None
     # The inodes of the sockets gloo opened for the group (its listener and its connections).
     sockets: frozenset[int] = frozenset()
+    # torch's group (`abort()`: every communicator of it), and whether the agent's thread has
+    # aborted it already (`_abort_when_over`).
+    process_group: Any = None
+    aborted: bool = False
 
 
 _current: _Group | None = None
+# Taken by `_abort_when_over` (on the agent's thread) to claim a group's abort once.
+_abort_lock = threading.Lock()
+# The backend and timeout of a group made before any TrainingLoop began (`_remake_in_the_loop`).
+_before_the_loop: tuple[str, float | None] | None = None
 
 
 def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> bool:
@@ -139,6 +178,8 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
+    if training.before_any_loop():
+        _remake_in_the_loop(backend, timeout_s)
     if training.TrainingLoop.restoring_the_end():
         destroy_process_group()  # an older generation's
         return False
@@ -170,6 +211,22 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     return True
 
 
+def _remake_in_the_loop(backend: str, timeout_s: float | None) -> None:
+    """A group made before any TrainingLoop began: in a restarted worker or a spare, which runs
+    the program from its start, it is the first collective of the new generation, where a
+    survivor's first is its loop's resume agreement. So every loop makes it again, with these
+    arguments, at its resume point, before that agreement (`training.remake_at_resume`): a
+    survivor makes it there, and the newcomer finds it made (a no-op)."""
+    global _before_the_loop
+    _before_the_loop = (backend, timeout_s)
+    training.remake_at_resume(_remake)
+
+
+def _remake() -> None:
+    if _before_the_loop is not None:
+        init_process_group(*_before_the_loop)
+
+
 def _topology_of_the_caller() -> Topology:
     """The current topology, which must be of the generation the caller's collectives belong to
     (`generation_pin`, set by a TrainingLoop around a step and a restore); PeerFailedError when
@@ -190,7 +247,7 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
     generation = topology.generation
     try:
         server, client = _rendezvous(topology.rank, topology.peer(0).host, timeout)
-        sockets = _make_group(backend, client, topology, timeout)
+        sockets, process_group = _make_group(backend, client, topology, timeout)
         if backend == "gloo":
             # Every rank's group is connected once every rank's init has returned: nobody
             # reads the store any more, and rank 0's server closes as it is dropped.
@@ -201,22 +258,25 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
             dist.destroy_process_group()
         if isinstance(exc, PeerFailedError):
             raise
-        if runtime.peer_failed(generation, runtime.failure_wait_s()):
+        if data_plane.a_peer_failed(generation, exc, runtime.session().say):
             raise PeerFailedError(
                 f"a peer of generation {generation} failed while the {backend} process group "
                 f"was being made ({exc}); make it again in the next generation"
             ) from exc
         raise
-    _current = _Group(generation, backend, server, sockets)
+    _current = _Group(generation, backend, server, sockets, process_group)
     runtime.on_generation_over(release_process_group)
     runtime.on_finalize(destroy_process_group)
     runtime.on_crash(abort_process_group)
+    if backend == "nccl":
+        runtime.on_generation_end_heard(_abort_when_over)
 
 
 def _make_group(
     backend: str, store: TCPStore, topology: Topology, timeout: datetime.timedelta
-) -> frozenset[int]:
-    """torch.distributed's default group over `store`; the sockets gloo opened for it."""
+) -> tuple[frozenset[int], dist.ProcessGroup]:
+    """torch.distributed's default group over `store`: the sockets gloo opened for it, and
+    the group."""
     before = _socket_inodes()
     dist.init_process_group(
         backend,
@@ -225,7 +285,8 @@ def _make_group(
         world_size=topology.size,
         timeout=timeout,
     )
-    return _socket_inodes() - before if backend == "gloo" else frozenset()
+    sockets = _socket_inodes() - before if backend == "gloo" else frozenset()
+    return sockets, dist.distributed_c10d._get_default_group()
 
 
 def _rendezvous(
@@ -307,6 +368,26 @@ def abort_process_group() -> None:
     if group.backend == "nccl" and dist.is_initialized():
         dist.distributed_c10d._abort_process_group()
     _current = None
+
+
+def _abort_when_over(generation: int) -> None:
+    """The agent heard that `generation` is over (`runtime.on_generation_end_heard`, on a
+    thread of its own, registered for an NCCL group only): abort the communicators of the NCCL
+    group of that generation, or of an older one, at once. The main thread may be blocked in a
+    CUDA sync behind a collective that a failed peer never completes (`.item()`), which no
+    Python error reaches and torch's watchdog ends only at the group's timeout:
+    ncclCommAbort ends the communicators' kernels, the collective fails, and the step's error
+    brings the loop to its rollback, whose release (`abort_process_group`) lets go of the
+    group. Only the communicators are aborted here, once per group: torch's bookkeeping of
+    the group is the main thread's."""
+    group = _current
+    if group is None or group.backend != "nccl" or group.generation > generation:
+        return
+    with _abort_lock:
+        if group.aborted:
+            return
+        group.aborted = True
+    group.process_group.abort()
 
 
 def release_process_group() -> None:

@@ -24,8 +24,13 @@ the others, in one allgather, which step it holds so; when every worker can get 
 the same step that way (the survivors their own copy, a newcomer a peer's), the job resumes
 from that step instead of the rollback step on disk (`cluster.protocol.resume`), so a failure
 costs at most the step it interrupted. That allgather is the first collective of every
-generation after the first: a program that makes a collective of its own before the loop's
-first step in a new generation (a process group made outside `set_state`) would meet it.
+generation after the first. A restarted worker or a promoted spare runs the program from its
+start, so whatever collectives the program makes before its loop come first there, and the
+survivors, already in their loop, make none of them: a process group made before the loop with
+`cluster.torch.init_process_group()` is made again by every loop at that point, before the
+allgather (`remake_at_resume`), so the survivors' collectives there are the newcomer's. Any
+other collective made before the loop meets the allgather of a survivor, which then raises a
+ConfigError that says so: make such collectives in `set_state` or in a step.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cluster.api import runtime, worker_metrics
+from cluster.api import data_plane, runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
 from cluster.protocol import resume
 from cluster.protocol.errors import CollectiveError, ConfigError, PeerFailedError
@@ -50,6 +55,28 @@ if TYPE_CHECKING:
 
 # True while a TrainingLoop's set_state puts back the state of its last step (`restoring_the_end`).
 _restoring_the_end = False
+# True once a TrainingLoop of this process has begun iterating (`before_any_loop`).
+_loop_began = False
+# Called by every TrainingLoop before its first collective of a new generation (`remake_at_resume`).
+_remakes: list[Callable[[], None]] = []
+# The scheduler's words for two ranks that called different collectives as the same one.
+_MISMATCH = "same collectives in the same order"
+
+
+def before_any_loop() -> bool:
+    """Whether no TrainingLoop of this process has begun iterating yet."""
+    return not _loop_began
+
+
+def remake_at_resume(remake: Callable[[], None]) -> None:
+    """Have `remake()` called by every TrainingLoop at the resume point of each generation after
+    the first, before the loop's first collective of it, with the collectives pinned to that
+    generation (a PeerFailedError from it is a peer's failure, as in a step). cluster.torch
+    makes there again a group that the program made before its loop: a restarted worker or a
+    spare made it at the start of the program, in the new generation, before its loop's first
+    collective, and each survivor now makes it at the same point (see the module)."""
+    if remake not in _remakes:
+        _remakes.append(remake)
 
 
 class TrainingLoop:
@@ -145,9 +172,11 @@ class TrainingLoop:
     def step(self) -> Iterator[None]:
         """Around one step's work: a peer's failure in it ends the step early, for a rollback.
 
-        That is a PeerFailedError from a cluster collective, or any other error (from gloo,
-        NCCL, ...) when the scheduler confirms, within MS_NODE_TIMEOUT, that a peer of this
-        generation failed; other errors are raised as they are.
+        That is a PeerFailedError from a cluster collective; an error of the data plane (gloo,
+        NCCL) when the scheduler confirms, within MS_NODE_TIMEOUT + 2 s, that a peer of this
+        generation failed (the wait is said in a line); any other error when the scheduler
+        already knows that a peer failed. Other errors are raised at once
+        (`cluster.api.data_plane`).
         """
         session = runtime.session()
         # The step's collectives belong to the generation it began in: if the job moves on
@@ -158,7 +187,7 @@ class TrainingLoop:
         except PeerFailedError as exc:
             self._interrupted = exc
         except Exception as exc:
-            if not runtime.peer_failed(self._generation, runtime.failure_wait_s()):
+            if not data_plane.a_peer_failed(self._generation, exc, self._say):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed during the step: {exc}")
         finally:
@@ -173,6 +202,8 @@ class TrainingLoop:
     # -- rollback ----------------------------------------------------------------------------
 
     def _start(self) -> int:
+        global _loop_began
+        _loop_began = True
         topology = runtime.topology()
         self._generation = topology.generation
         if topology.generation == 1 and topology.rollback_step == 0 and not runtime.is_rejoin():
@@ -218,17 +249,24 @@ class TrainingLoop:
     def _where(self, topology: Topology) -> resume.Resume | None:
         """Where the generation resumes: every worker contributes the step it holds in memory
         to one allgather and decides alike (`cluster.protocol.resume`); None when a peer failed
-        meanwhile. The first generation, and one whose rollback step is the end, need none."""
+        meanwhile. The first generation, and one whose rollback step is the end, need none.
+        Before the allgather, what was registered with `remake_at_resume` is made again."""
         disk = topology.rollback_step
         if topology.generation == 1 or disk >= self.steps:
             return resume.Resume(disk, False, (), "the rollback step")
         session = runtime.session()
         session.generation_pin = topology.generation
         try:
+            for remake in list(_remakes):
+                remake()
             gathered = allgather_bytes(resume.encode(self.memory.step))
         except PeerFailedError as exc:
             self._interrupted = exc
             return None
+        except CollectiveError as exc:
+            if type(exc) is CollectiveError and _MISMATCH in str(exc):
+                raise _met_another_collective(topology.generation, exc) from exc
+            raise
         finally:
             session.generation_pin = None
         held = [resume.decode(value) for value in gathered]
@@ -257,7 +295,7 @@ class TrainingLoop:
             self._interrupted = exc
             return None
         except Exception as exc:
-            if not runtime.peer_failed(generation, runtime.failure_wait_s()):
+            if not data_plane.a_peer_failed(generation, exc, self._say):
                 raise
             self._interrupted = PeerFailedError(f"a peer failed while restoring: {exc}")
             return None
@@ -325,6 +363,17 @@ class TrainingLoop:
             return False
         self._say(f"the other workers finished the job before this one came back ({exc})")
         return True
+
+
+def _met_another_collective(generation: int, exc: CollectiveError) -> ConfigError:
+    """The resume agreement of `generation` met another collective of a peer (`exc`)."""
+    return ConfigError(
+        f"the TrainingLoop's first collective of generation {generation} (where to resume, an "
+        f"allgather) met another one: {exc}. A restarted worker or a spare runs the program "
+        "from its start, so a collective made before the loop (cluster.barrier(), a "
+        "broadcast, a process group made other than with cluster.torch.init_process_group()) "
+        "comes first there, and not in the survivors: make it in set_state or in a step"
+    )
 
 
 def _resuming(where: resume.Resume, source: str) -> str:

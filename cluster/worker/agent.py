@@ -35,6 +35,7 @@ from cluster.transport import failures, membership
 from cluster.transport.channel import SchedulerProbe
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import calls, convert, peer_table, scheduler_link
+from cluster.worker.generation_end import GenerationEnd
 from cluster.worker.identity import NodeIdentity
 from cluster.worker.link import Closing, Link
 from cluster.worker.machine import steps
@@ -112,6 +113,7 @@ class WorkerAgent:
         self._report_seq = 0  # checkpoint reports are numbered
         self._add_seq = 0  # and key-value adds
         self.resumed_in: int | None = None  # the generation whose rollback this worker put back
+        self.generation_end = GenerationEnd(say)  # told off this loop when a generation is over
 
     # -- what the core knows -------------------------------------------------------------------
 
@@ -211,8 +213,9 @@ class WorkerAgent:
                 return action  # the caller makes the call again
             case steps.Deliver():
                 self._deliver(action)
-            case steps.PeerFailed():
+            case steps.PeerFailed(generation=generation):
                 self._peer_failed.set()
+                self.generation_end.heard(generation)
             case steps.Fail(error=error):
                 self._failed(error, report=report)
             case steps.Released(error=error):
@@ -250,6 +253,7 @@ class WorkerAgent:
 
     def _deliver(self, action: steps.Deliver) -> None:
         if action.new_generation:
+            self.generation_end.heard(action.topology.generation - 1)
             self._new_generation.set()
             self._new_generation = asyncio.Event()
             self._peer_failed = asyncio.Event()
@@ -647,7 +651,12 @@ class WorkerAgent:
 
     async def send_finish(self, timeout_s: float, failure: str = "") -> steps.Event:
         """One Finish call, waiting up to `timeout_s`: what came of it. With `failure` (the
-        first line of the error this process dies of), sent once by the session at exit."""
+        first line of the error this process dies of), sent once by the session at exit: the
+        node is closed first, so that what the scheduler does about it (it removes the node,
+        which ends its stream) is neither said ("lost the scheduler ... training goes on") nor
+        acted on (registering again) by a process that is ending."""
+        if failure:
+            self.core.step(steps.Close())
         request = convert.finish_request(self.identity, failure)
         try:
             await self._link.stub.Finish(

@@ -7,6 +7,7 @@ does not fail it). `benchmarks/gpu_check.sh` runs these with the rest of the GPU
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,25 @@ def test_an_nccl_error_is_named_with_its_first_line(processes: Procs, tmp_path: 
     assert "failed: its process died of an error: torch.distributed.DistBackendError: NCCL" in (
         scheduler
     ), scheduler
+
+
+def test_an_nccl_group_aborted_beside_a_blocked_main_thread_lets_it_go(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The agent aborts an NCCL group from a thread of its own when it hears that the group's
+    generation is over, while the main thread may be blocked in a CUDA sync (`.item()`) behind
+    a collective (see tests/integration/scripts/nccl_abort_blocked.py: one GPU holds no
+    collective that never completes, so a long kernel stands in for it). The abort returns, the
+    main thread comes back within a bound, the group's next collective fails instead of
+    waiting, and the loop's release leaves no group."""
+    code, output = run_script(processes, tmp_path, "nccl_abort_blocked.py", 1)
+    worker = (tmp_path / "logs" / "worker_0.log").read_text()
+    assert code == 0, output + worker
+    came_back = re.search(r"main thread: \.item\(\) .* after (\d+\.\d) s", worker)
+    assert came_back is not None, worker
+    assert float(came_back[1]) < 60, worker
+    assert re.search(r"abort returned after \d+\.\d s", worker), worker
+    assert "abort done: True" in worker, worker
+    assert "next all_reduce raised" in worker, worker
+    assert "after release, a group left: False" in worker, worker
+    assert NOT_DESTROYED not in worker, worker

@@ -36,6 +36,10 @@ OVERTAKEN = ROOT / "tests" / "integration" / "scripts" / "torch_restore_overtake
 LATE_DEATH = ROOT / "tests" / "integration" / "scripts" / "torch_late_death.py"
 STORE = ROOT / "tests" / "integration" / "scripts" / "torch_store.py"
 DESTROY_FAILS = ROOT / "tests" / "integration" / "scripts" / "torch_destroy_fails.py"
+STEP_BUG = ROOT / "tests" / "integration" / "scripts" / "torch_step_bug.py"
+EARLY_GROUP = ROOT / "tests" / "integration" / "scripts" / "torch_early_group.py"
+BEFORE_LOOP = ROOT / "tests" / "integration" / "scripts" / "collective_before_loop.py"
+ABORT_HOOK = ROOT / "tests" / "integration" / "scripts" / "torch_abort_hook.py"
 # Each process imports torch (seconds of CPU): generous bounds for a loaded 2-core machine.
 START_S = 90
 RESUMED = re.compile(r"resuming from step (\d+) in memory \((this worker's copy|a peer's copy);")
@@ -334,3 +338,112 @@ def test_a_worker_killed_after_the_final_barrier_restarts_and_the_job_succeeds(
     text = rank1.read_text()
     assert re.search(r"generation 2 \(.*\): resuming from step 30\n", text), text
     assert (out / "final.sha256").exists()
+
+
+def test_a_bug_in_a_step_ends_the_worker_at_once_and_its_peer_with_it(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """A ZeroDivisionError in rank 1's step is the program's, not a peer's failure: it is raised
+    at once, with its traceback. Every error of a step waited MS_NODE_TIMEOUT + 2 s for a peer's
+    failure that was not coming (62 s here), while rank 0 sat in its all_reduce on rank 1's gloo
+    group: rank 1 exited after 62 s, rank 0 after gloo's timeout. Now rank 0's all_reduce fails
+    as soon as rank 1 has exited, and the job's failure (recovery off) names rank 1's error."""
+    rank0, rank1 = start_job(processes, STEP_BUG, 2, MS_NODE_TIMEOUT="60", CK=str(tmp_path))
+    rank1.wait_for_output("rank 1 divides by zero", START_S)
+    assert rank1.wait(20) == 1, rank1.output
+    assert "Traceback (most recent call last)" in rank1.output, rank1.output
+    assert "ZeroDivisionError: division by zero" in rank1.output, rank1.output
+    assert "waiting up to" not in rank1.output, rank1.output
+    assert rank0.wait(20) == 1, rank0.output
+    assert "rank 0 all_reduce raised" in rank0.output, rank0.output
+    assert "JobFailedError: job failed: rank 1" in rank0.output, rank0.output
+    assert "ZeroDivisionError: division by zero" in rank0.output, rank0.output
+
+
+def start_with_a_spare(
+    processes: Procs, tmp_path: Path, script: Path
+) -> tuple[Process, Process, Process, Process]:
+    """A scheduler (recovery on), workers '0' and '1' and a spare running `script`."""
+    env = job_env(
+        2,
+        free_port(),
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        MS_NODE_TIMEOUT="10",
+        CK=str(tmp_path / "checkpoints"),
+    )
+    sched = processes.start("sched", [PYTHON, "-m", "cluster", "scheduler"], env)
+    rank0, rank1 = (
+        processes.start_role(f"w{i}", "MS_WORKER", [str(script)], {**env, "MS_NODE_ID": str(i)})
+        for i in range(2)
+    )
+    spare_env = {**env, "MS_NODE_ID": "spare-0", "CLUSTER_SPARE": "1"}
+    spare = processes.start_role("spare", "MS_WORKER", [str(script)], spare_env)
+    return sched, rank0, rank1, spare
+
+
+def test_a_group_made_before_the_loop_survives_a_spare_taking_a_killed_rank(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The program makes its gloo group at its top, before its TrainingLoop. Rank 1 is
+    SIGKILLed and the spare takes its rank: the spare, running the program from its start,
+    made its group first (a broadcast of the store's port), while rank 0's first collective of
+    generation 2 was its loop's resume allgather. Rank 0 died of a CollectiveError ("called
+    allgather as collective #1, but another rank called broadcast"), then the spare of
+    PeerFailedError: the whole job. Now the loop makes that group again at its resume point,
+    before the allgather, and both go on to the end with every step counted once."""
+    sched, rank0, rank1, spare = start_with_a_spare(processes, tmp_path, EARLY_GROUP)
+    rank1.wait_for_output("rank 1 step 10 done", START_S)
+    rank1.popen.send_signal(signal.SIGKILL)
+    for worker in (rank0, spare):
+        assert worker.wait(START_S) == 0, worker.output
+    assert "promoted: this spare takes rank 1 in generation 2" in spare.output, spare.output
+    assert "rank 1 made its group in generation 2" in spare.output, spare.output
+    assert "rank 0 loop over: w=80" in rank0.output, rank0.output
+    assert "rank 1 loop over: w=80" in spare.output, spare.output
+    assert sched.wait(30) == 0, sched.output
+    for worker in (rank0, spare):
+        assert "CollectiveError" not in worker.output, worker.output
+
+
+def test_another_collective_before_the_loop_is_named_where_the_loop_resumes(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """What the loop cannot make again (a cluster.barrier() before the loop) meets a survivor's
+    resume allgather when a spare comes in: the survivor died of a bare CollectiveError ("rank
+    0 called allgather as collective #1, but another rank called barrier"). It now dies of a
+    ConfigError that names the likely cause and the fix, in one line."""
+    _sched, rank0, rank1, _spare = start_with_a_spare(processes, tmp_path, BEFORE_LOOP)
+    rank1.wait_for_output("rank 1 step 5 done", START_S)
+    rank1.popen.send_signal(signal.SIGKILL)
+    assert rank0.wait(START_S) == 1, rank0.output
+    [line] = [line for line in rank0.output.splitlines() if "cluster: " in line]
+    assert "ConfigError: the TrainingLoop's first collective of generation 2" in line, line
+    assert "called allgather as collective #1, but another rank called barrier" in line, line
+    assert line.endswith("make it in set_state or in a step"), line
+    assert "Traceback" not in rank0.output, rank0.output
+
+
+def test_the_agent_aborts_an_nccl_group_once_when_its_generation_ends(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """An NCCL survivor's main thread blocked in a CUDA sync behind a collective its failed
+    peer never joins raises nothing, so its loop never reached the abort of its group, and it
+    hung until torch's watchdog. The agent, which hears of the failure, now aborts the group
+    itself, on a thread of its own. No GPU here: a fake stands in for torch's NCCL group
+    (tests/integration/scripts/torch_abort_hook.py); test_gpu.py aborts a real one. Only an
+    NCCL group registers the abort; it runs once for generation 1, though rank 0's agent hears
+    both rank 1's failure and the spare's generation 2, and while the main thread is blocked."""
+    _sched, rank0, rank1, _spare = start_with_a_spare(processes, tmp_path, ABORT_HOOK)
+    rank1.wait_for_output("rank 1 enders with an nccl group: 1", START_S)
+    rank0.wait_for_output("rank 0 blocked", START_S)
+    rank1.popen.send_signal(signal.SIGKILL)
+    assert rank0.wait(START_S) == 0, rank0.output
+    lines = [line for line in rank0.output.splitlines() if line.startswith("rank 0 ")]
+    assert lines == [
+        "rank 0 enders with a gloo group: 0",
+        "rank 0 enders with an nccl group: 1",
+        "rank 0 blocked",
+        "rank 0 released: True",
+        "rank 0 abort on cluster-generation-1-over of generation 1",
+    ], rank0.output

@@ -46,6 +46,7 @@ EXIT_INTERRUPTED = 130
 _lock = threading.Lock()
 _session: WorkerSession | None = None
 _finalized = False  # the last session was finalized (no init() since)
+_closing: WorkerSession | None = None  # the session `_close` is finalizing
 # TLS as set_ps_context() decided it (None: off); when it was not called, the environment decides.
 _ps_context_called = False
 _ps_context_tls: TLSOptions | None = None
@@ -325,16 +326,22 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
     """`finished`: the program ended on its own (returned, or sys.exit()); else it crashed.
     `failure`: what the scheduler is told instead of a finish (a crash's error, a non-zero
     exit status)."""
-    global _session, _finalized
+    global _session, _finalized, _closing
     with _lock:
-        current, _session = _session, None
-        _finalized = _finalized or current is not None
-    if current is None:
-        return
-    current.quiet()  # the job's failure, heard from now on, is raised at the end, once
-    # After a crash neither the writes nor a closer are waited for: they may block on what
-    # failed (a stuck disk, a hung NCCL call).
-    error = _flush_writes() if finished else None
+        current = _session
+        if current is None or current is _closing:
+            return  # finalized, or being finalized by another thread
+        _closing = current
+    try:
+        current.quiet()  # the job's failure, heard from now on, is raised at the end, once
+        # While the session is still this process's: a write reports its steps through it.
+        # After a crash neither the writes nor a closer are waited for: they may block on what
+        # failed (a stuck disk, a hung NCCL call).
+        error = _flush_writes() if finished else None
+    finally:
+        with _lock:
+            _session = _closing = None
+            _finalized = True
     if finished:
         _run(_closers, "closing what this worker opened for the job")
     if error is not None:  # this worker's part is not done: the scheduler hears why

@@ -200,8 +200,10 @@ class CheckpointManager:
         return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
 
     def should_save(self, step: int) -> bool:
-        """Whether `step` (the number of completed training steps) is a saving step."""
-        return _check_step(step) % self.config.save_checkpoint_steps == 0
+        """Whether `step` (the number of completed training steps) is a saving step: never 0,
+        where no step is done (a loop `for step in range(n)` asks for it too)."""
+        every = self.config.save_checkpoint_steps
+        return _check_step(step, least=0) > 0 and step % every == 0
 
     # -- saving ------------------------------------------------------------------------------
 
@@ -604,11 +606,11 @@ def _end_writers() -> None:
         manager._writer.close()
 
 
-def _check_step(step: int) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+def _check_step(step: int, *, least: int = 1) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < least:
         raise CheckpointError(
             f"step={step!r} is invalid: a step is the number of completed training steps, an "
-            "integer >= 1"
+            f"integer >= {least}"
         )
     return step
 

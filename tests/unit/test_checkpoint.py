@@ -289,8 +289,22 @@ def test_saving_an_older_step_drops_the_newer_ones(tmp_path: Path) -> None:
 def test_should_save_every_k_steps(tmp_path: Path) -> None:
     ckpt = manager(tmp_path, every=3)
     assert [s for s in range(1, 10) if ckpt.should_save(s)] == [3, 6, 9]
-    with pytest.raises(CheckpointError, match="step=0"):
-        ckpt.should_save(0)
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_should_save_takes_step_0_of_a_loop_over_range_and_says_no(
+    tmp_path: Path, every: int
+) -> None:
+    """`for step in range(n): if should_save(step): save(step, ...)`: step 0, where no training
+    step is done yet, is asked about too, and is no saving step (save itself takes 1 on)."""
+    ckpt = manager(tmp_path, keep=10, every=every)
+    for step in range(7):
+        if ckpt.should_save(step):
+            ckpt.save(step, {"step": step})
+    assert ckpt.steps() == [s for s in range(1, 7) if s % every == 0]
+    for bad in (-1, True, 1.0):
+        with pytest.raises(CheckpointError, match=r"step=.*integer >= 0"):
+            ckpt.should_save(bad)  # type: ignore[arg-type]
 
 
 def test_each_rank_has_its_own_directory(tmp_path: Path) -> None:

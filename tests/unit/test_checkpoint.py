@@ -216,6 +216,32 @@ def test_unsupported_values_are_refused_before_writing(
     assert names(ckpt.directory) == []
 
 
+class Tagged(np.ndarray[Any, Any]):
+    """A subclass of ndarray, as np.matrix is one (which warns when it is made)."""
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        (np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, False]), "numpy.ma.MaskedArray"),
+        (np.ma.masked, "numpy.ma.core.MaskedConstant"),
+        (np.arange(4.0).view(Tagged), "tests.unit.test_checkpoint.Tagged"),
+    ],
+    ids=["masked", "masked-constant", "subclass"],
+)
+def test_a_subclass_of_ndarray_is_refused_not_saved_without_what_it_adds(
+    tmp_path: Path, value: object, name: str
+) -> None:
+    """A masked array saved as an ndarray would come back with its masked values as data."""
+    ckpt = manager(tmp_path)
+    place = re.escape("state['opt'][1]")
+    with pytest.raises(CheckpointError, match=rf"{place} is a {name}.*subclass of numpy.ndarray"):
+        ckpt.save(1, {"opt": [np.zeros(2), value]})
+    assert names(ckpt.directory) == []
+    ckpt.save(1, {"data": np.asarray(value), "mask": np.ma.getmaskarray(value)})
+    assert type(ckpt.load(1)["data"]) is np.ndarray
+
+
 def test_state_must_be_a_mapping_of_str(tmp_path: Path) -> None:
     ckpt = manager(tmp_path)
     with pytest.raises(CheckpointError, match="keys are str"):

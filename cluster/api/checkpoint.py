@@ -343,7 +343,7 @@ class CheckpointManager:
         if self.report is None:
             return
         try:
-            self._heard(self.report(self._complete_steps()))
+            self._heard(self.report(self._reported()))
         except ClusterError as exc:
             raise CheckpointError(
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
@@ -373,7 +373,7 @@ class CheckpointManager:
                 _remove(path)
                 removed = True
         if removed and self.report is not None:
-            self._heard(self.report(self._complete_steps()))
+            self._heard(self.report(self._reported()))
 
     def steps(self) -> list[int]:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
@@ -423,7 +423,7 @@ class CheckpointManager:
                 "it by hand, or the rank reports it as held again"
             ) from None
         if self.report is not None:
-            self._heard(self.report(self._complete_steps()))
+            self._heard(self.report(self._reported()))
         moved = f"{damage}; it is moved aside to {aside.name}, kept for a look"
         if not self._serve_peers():
             raise CheckpointError(moved) from None
@@ -500,7 +500,7 @@ class CheckpointManager:
             f"{fetched.holder} in {time.perf_counter() - start:.2f} s{kept}"
         )
         if store and self.report is not None:
-            self._heard(self.report(self._complete_steps()))
+            self._heard(self.report(self._reported()))
         return fetched
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
@@ -516,6 +516,11 @@ class CheckpointManager:
             except CheckpointError as exc:
                 _log.warning("skipping a checkpoint: %s", exc)
         return None
+
+    def _reported(self) -> list[int]:
+        """The steps a report names: the newest of this rank's complete steps, at most as many
+        as the scheduler takes (`runtime.newest_reported`)."""
+        return runtime.newest_reported(self._complete_steps())
 
     def _complete_steps(self) -> list[int]:
         files = self._files()

@@ -409,7 +409,8 @@ def report_memory_resume(generation: int, step: int, why: str, steps: list[int])
     """Rank 0: generation `generation` resumed from `step` in the survivors' memory (not from
     disk), for the scheduler's events and status; with the steps held, as every report."""
     current = session()
-    current.call(current.agent.report_checkpoints(sorted(steps), (generation, step, why)))
+    held = newest_reported(steps)
+    current.call(current.agent.report_checkpoints(held, (generation, step, why)))
 
 
 def resumed_in(generation: int) -> None:
@@ -420,14 +421,27 @@ def resumed_in(generation: int) -> None:
 
 
 def report_checkpoints(steps: list[int]) -> int:
-    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does); a
-    step every worker holds (0: none), which this worker must keep."""
+    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does; the
+    newest of them, `newest_reported`); a step every worker holds (0: none), which this worker
+    must keep."""
     current = session()
-    held_by_all = current.call(current.agent.report_checkpoints(sorted(steps)))
+    held = newest_reported(steps)
+    held_by_all = current.call(current.agent.report_checkpoints(held))
     from cluster.api import worker_metrics  # noqa: PLC0415 - prometheus_client, when used
 
-    worker_metrics.reported(steps)
+    worker_metrics.reported(held)
     return held_by_all
+
+
+def newest_reported(steps: list[int]) -> list[int]:
+    """The steps a checkpoint report names of those held: the newest MAX_REPORTED_CHECKPOINTS
+    (1,024), sorted. The scheduler refuses a report that names more; it rolls the job back to
+    the newest step every worker holds, which is among each worker's newest, so an older step
+    held (`keep_checkpoint_max` above that) stays on disk but is never a rollback step."""
+    # The pure machine's constant (no grpc), imported with the first report.
+    from cluster.scheduler.machine.admission import MAX_REPORTED_CHECKPOINTS  # noqa: PLC0415
+
+    return sorted(steps)[-MAX_REPORTED_CHECKPOINTS:]
 
 
 def peer_failed(generation: int, wait_s: float = 0.0) -> bool:

@@ -26,6 +26,7 @@ import pytest
 from cluster.api import peer_state, runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
+from cluster.scheduler.machine.admission import MAX_REPORTED_CHECKPOINTS
 from cluster.storage import atomic
 from cluster.testing import wait_until
 
@@ -279,6 +280,25 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
     ]
     assert reports == [[1], [1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5], [4, 5, 6]]
     assert ckpt.latest() == (6, {"step": 6})
+
+
+def test_a_report_names_at_most_the_newest_steps_the_scheduler_takes(tmp_path: Path) -> None:
+    """keep_checkpoint_max past the scheduler's bound on a report (MAX_REPORTED_CHECKPOINTS,
+    whose report it refuses): the rank keeps every checkpoint, and reports the newest only."""
+    most = MAX_REPORTED_CHECKPOINTS
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, keep=most + 10, report=reports.append)
+    ckpt.save(1, {"w": np.ones(1)})
+    ckpt.flush()
+    # Steps 2 to most + 4 as links to step 1's file: the listing's cheap check (preamble, size,
+    # footer) takes them as complete, and this test loads none of them.
+    for step in range(2, most + 5):
+        os.link(ckpt.path(1), ckpt.path(step))
+    ckpt.save(most + 5, {"w": np.ones(1)})
+    ckpt.flush()
+    assert ckpt.steps() == list(range(1, most + 6))
+    assert reports[-1] == list(range(6, most + 6))
+    assert runtime.newest_reported([3, 1, 2]) == [1, 2, 3]
 
 
 def test_the_step_every_rank_holds_is_kept_past_keep_checkpoint_max(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ process): every save reported by the end, a finalize that comes before the write
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,31 @@ def test_a_save_then_finalize_without_flush_finishes_the_job(tmp_path: Path, end
     assert ("finalized" in log) is (ending == "finalize")
     assert "Error" not in log
     assert (ckpt / "rank_0" / "p-00000001.ckpt").is_file()
+
+
+@pytest.mark.parametrize("recovery", [False, True], ids=["no-recovery", "recovery"])
+def test_saves_faster_than_the_scheduler_takes_reports_are_coalesced(
+    tmp_path: Path, recovery: bool
+) -> None:
+    """The scheduler takes a worker's changing reports at most once per 0.1 s: 50 saves of a
+    tiny state send far fewer reports (the newest list follows the one under way; with
+    recovery, once the first answer named a step every rank holds), and once `flush()`
+    returned the scheduler holds the last step."""
+    ckpt, go = tmp_path / "ckpt", tmp_path / "go"
+    args = [str(ckpt), "--saves", "50", "--flush", "--hold", str(go)]
+    options = LocalJobOptions(recovery=recovery)
+    with LocalJob(SCRIPT, args, workers=1, options=options) as job:
+        job.worker(0).wait_for_output("flushed", job.timeout_s)
+        flushed = re.search(
+            r"flushed reports=(\d+) waits=\d+ persisted=(\d+) newest=(\d+)", job.log(0)
+        )
+        assert flushed is not None, job.log(0)
+        reports, persisted, newest = map(int, flushed.groups())
+        assert (persisted, newest) == (50, 50)
+        assert reports < 25, f"{reports} reports for 50 saves: not coalesced"
+        node = job.node(job.status(), 0)
+        assert node is not None
+        assert 50 in node.checkpoints, node
+        go.touch()
+        assert job.wait() == 0, f"{job.log(0)}\n{job.log()}"
+        assert "finalized" in job.log(0)

@@ -5,19 +5,21 @@ complete.
 `Snapshot`: the arrays' bytes, not pickled, in buffers reused from one save to the next) and
 returns; a background thread then writes `<directory>/rank_<r>/<prefix>-<step:08d>.ckpt`
 atomically (temporary file, fsync, rename, fsync of the directory: `cluster.storage.atomic`)
-with an XXH3 checksum, keeps the newest `keep_checkpoint_max`, and only then tells the scheduler
-which steps this rank holds: with recovery on, the job restarts from the newest step every rank
-holds, so a step is never named before it is whole on disk. A process killed at any moment
-leaves complete checkpoints only. One manager at a time uses a rank's files of a prefix (a lock
-file, `cluster.storage.checkpoint_lock`); a file found damaged when loaded is moved aside and,
-in a job, fetched from a live peer.
+with an XXH3 checksum, keeps the newest `keep_checkpoint_max`, and only then has the scheduler
+told which steps this rank holds: with recovery on, the job restarts from the newest step every
+rank holds, so a step is never named before it is whole on disk. A thread of its own tells it,
+the reporter (the scheduler takes a rank's changing reports at most once per 0.1 s): the writer
+goes on, and while a report is under way only the newest list waits to follow it. A process
+killed at any moment leaves complete checkpoints only. One manager at a time uses a rank's files
+of a prefix (a lock file, `cluster.storage.checkpoint_lock`); a file found damaged when loaded
+is moved aside and, in a job, fetched from a live peer.
 
 At most two snapshots exist: one being written and one copied. A save that finds both held
 waits for the writer (counted in `stats`), so a loop that saves faster than the disk writes is
 slowed to the disk's pace instead of growing without bound. An error of the writer (a full
-disk) is raised by the next `save` or `flush`. The file format is `cluster.storage.
-checkpoint_files`; the state's encoding is `cluster.storage.checkpoint_tree`; what to save and
-when, a `CheckpointConfig` (`cluster.api.checkpoint_config`).
+disk) or of the reporter (a report refused) is raised by the next `save` or `flush`. The file
+format is `cluster.storage.checkpoint_files`; the state's encoding is `cluster.storage.
+checkpoint_tree`; what to save and when, a `CheckpointConfig` (`cluster.api.checkpoint_config`).
 """
 
 from __future__ import annotations
@@ -52,11 +54,15 @@ from cluster.storage.snapshot import Snapshot, SnapshotPool
 # One snapshot being written, one being copied (or waiting for the writer).
 _SNAPSHOTS = 2
 # The fewest steps a rank keeps, with recovery on, until a report is answered with a step every
-# rank holds (`_prune`). A rank's writer is at most _SNAPSHOTS saves behind its loop (a save
-# waits until the one two saves before is written and reported), and its loop at most one save
-# behind another rank's (each step's collectives): its newest step reported is at most
-# _SNAPSHOTS + 1 saves older than the step another rank writes, so among that rank's newest
-# _SNAPSHOTS + 2 the ranks hold a step in common.
+# rank holds (`_prune`). Until then the writer waits for each report's answer (`_report`), so a
+# rank's writer is at most _SNAPSHOTS saves behind its loop (a save waits until the one two
+# saves before is written and reported), and its loop at most one save behind another rank's
+# (each step's collectives): its newest step reported is at most _SNAPSHOTS + 1 saves older than
+# the step another rank writes, so among that rank's newest _SNAPSHOTS + 2 the ranks hold a step
+# in common. Once answered with a step h, a rank keeps h and every newer step, and every rank's
+# reports name every step it saved from the h it heard (at most the newest h told) to its newest
+# reported: the newest step told is among every rank's reports, however far behind the rank's
+# writer they are, and the reports need not be waited for.
 _UNHEARD_KEEP = _SNAPSHOTS + 2
 # What a damaged checkpoint file is renamed to (`<name><DAMAGED>`): kept for a look, never listed.
 DAMAGED = ".damaged"
@@ -78,9 +84,10 @@ class CheckpointManager:
     `cluster.init()` at its first use or when it is connected) until `close()` or the end of its
     process, and another is refused (`cluster.storage.checkpoint_lock`), unless the scheduler
     gave it the rank after the holder, in the same job: it goes on without the lock, and the
-    holder writes nothing more there. `rank` defaults to
-    `cluster.get_rank()`, and `recovery` to whether recovery is on. `report` receives the steps
-    held after every checkpoint written; the default tells the scheduler. A manager made before
+    holder writes nothing more there. `rank` defaults to `cluster.get_rank()`, and `recovery`
+    to whether recovery is on. `report` receives the steps held after each checkpoint written,
+    on the reporter's thread (a list that a newer one overtook while a report was under way is
+    skipped); the default tells the scheduler. A manager made before
     `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
     `TrainingLoop`, or at its first save, load or listing in the job (`connect`).
     """
@@ -140,6 +147,11 @@ class CheckpointManager:
         self.rank = rank
         self.directory = checkpoint_files.rank_directory(self.root, rank)
         self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
+        self._reporter = BackgroundWriter(
+            f"checkpoint-reporter-{self.prefix}-rank{rank}",
+            newest_only=True,
+            doing="reporting (a scheduler that does not answer?)",
+        )
         _managers.add(self)
         runtime.on_finalize(_end_writers)
         self.served = ServedCheckpoints(self.root, self.prefix, rank)
@@ -200,8 +212,10 @@ class CheckpointManager:
         return self.directory / checkpoint_files.file_name(self.prefix, _check_step(step))
 
     def should_save(self, step: int) -> bool:
-        """Whether `step` (the number of completed training steps) is a saving step."""
-        return _check_step(step) % self.config.save_checkpoint_steps == 0
+        """Whether `step` (the number of completed training steps) is a saving step: never 0,
+        where no step is done (a loop `for step in range(n)` asks for it too)."""
+        every = self.config.save_checkpoint_steps
+        return _check_step(step, least=0) > 0 and step % every == 0
 
     # -- saving ------------------------------------------------------------------------------
 
@@ -223,6 +237,7 @@ class CheckpointManager:
             snapshot.fill(step, self.rank, self.prefix, encoded)
             self._pool.hold(snapshot)  # the writer's hold, released when it is on disk
             try:
+                self._reporter.raise_failed()
                 self._writer.submit(lambda: self._persist(snapshot, path))
             except BaseException:
                 self._pool.release(snapshot)
@@ -236,15 +251,20 @@ class CheckpointManager:
         return path
 
     def flush(self) -> None:
-        """Wait until every checkpoint saved so far is written and reported; raise the error of
-        one that could not be (a CheckpointError naming the file and the cause)."""
+        """Wait until every checkpoint saved so far is written and its steps reported (the
+        scheduler answered); raise the error of one that could not be (a CheckpointError naming
+        the file and the cause)."""
+        self._writer.wait()
+        self._reporter.wait()  # after the writer's: its last job posts the last report
         self._writer.flush()
+        self._reporter.flush()
 
     def close(self) -> None:
-        """Flush, then end the writer's thread, free the memory of the snapshots and let go of
-        the lock (a later save, load or listing takes them again)."""
+        """Flush, then end the writer's and the reporter's threads, free the memory of the
+        snapshots and let go of the lock (a later save, load or listing takes them again)."""
         self.flush()
         self._writer.close()
+        self._reporter.close()
         if self._offered:
             from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
 
@@ -313,7 +333,7 @@ class CheckpointManager:
                 if not self._displaced():  # claimed while this file was written: no pruning
                     self._prune(snapshot.step)
             finally:  # the file is whole: reported even when an older one could not be removed
-                self._send_report(path, snapshot.step)
+                self._report(path, snapshot.step)
         finally:
             self._pool.release(snapshot)
 
@@ -337,11 +357,29 @@ class CheckpointManager:
                 _log.warning("%s", line)
         return True
 
-    def _send_report(self, path: Path, step: int) -> None:
-        if self.report is None:
+    def _report(self, path: Path, step: int) -> None:
+        """The writer's: have the steps held now, `step` at `path` written last, reported by the
+        reporter, in place of a report that waits for it. With recovery on, until a report was
+        answered with a step every rank holds, wait for the answer (see `_UNHEARD_KEEP`)."""
+        report = self.report
+        if report is None:
             return
+        steps = self._reported()
+        self._reporter.post(lambda: self._send_report(report, steps, path, step))
+        if self.recovery and not self._held_by_all:
+            self._reporter.wait()
+
+    def _report_now(self) -> None:
+        """Report the steps held now, after the reports under way (a report overtakes none:
+        the scheduler takes a process's newest), and keep the answer; its error is raised."""
+        if self.report is not None:
+            self._reporter.wait()
+            self._heard(self.report(self._reported()))
+
+    def _send_report(self, report: Report, steps: list[int], path: Path, step: int) -> None:
+        """The reporter's job: `steps`, held once `step` was written at `path`."""
         try:
-            self._heard(self.report(self._complete_steps()))
+            self._heard(report(steps))
         except ClusterError as exc:
             raise CheckpointError(
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
@@ -363,6 +401,7 @@ class CheckpointManager:
         went to another process of the job (`_displaced`)."""
         self._begin()
         self._writer.wait()
+        self._reporter.wait()  # no list of the steps it removes is sent after it
         if self._displaced():
             return
         removed = False
@@ -370,8 +409,8 @@ class CheckpointManager:
             if newer > step:
                 _remove(path)
                 removed = True
-        if removed and self.report is not None:
-            self._heard(self.report(self._complete_steps()))
+        if removed:
+            self._report_now()
 
     def steps(self) -> list[int]:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
@@ -420,8 +459,7 @@ class CheckpointManager:
                 f"{damage}; it cannot be moved aside to {aside.name} ({exc.strerror}): remove "
                 "it by hand, or the rank reports it as held again"
             ) from None
-        if self.report is not None:
-            self._heard(self.report(self._complete_steps()))
+        self._report_now()
         moved = f"{damage}; it is moved aside to {aside.name}, kept for a look"
         if not self._serve_peers():
             raise CheckpointError(moved) from None
@@ -497,8 +535,8 @@ class CheckpointManager:
             f"fetched the checkpoint of step {step} ({fetched.nbytes} bytes) from "
             f"{fetched.holder} in {time.perf_counter() - start:.2f} s{kept}"
         )
-        if store and self.report is not None:
-            self._heard(self.report(self._complete_steps()))
+        if store:
+            self._report_now()
         return fetched
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
@@ -514,6 +552,11 @@ class CheckpointManager:
             except CheckpointError as exc:
                 _log.warning("skipping a checkpoint: %s", exc)
         return None
+
+    def _reported(self) -> list[int]:
+        """The steps a report names: the newest of this rank's complete steps, at most as many
+        as the scheduler takes (`runtime.newest_reported`)."""
+        return runtime.newest_reported(self._complete_steps())
 
     def _complete_steps(self) -> list[int]:
         files = self._files()
@@ -598,17 +641,18 @@ _managers: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
 
 
 def _end_writers() -> None:
-    """At cluster.finalize(), once every write was waited for: end each manager's writer
-    thread, so that none outlives the job (a later save starts another)."""
+    """At cluster.finalize(), once every write and report was waited for: end each manager's
+    writer and reporter threads, so that none outlives the job (a later save starts another)."""
     for manager in list(_managers):
         manager._writer.close()
+        manager._reporter.close()
 
 
-def _check_step(step: int) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+def _check_step(step: int, *, least: int = 1) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < least:
         raise CheckpointError(
             f"step={step!r} is invalid: a step is the number of completed training steps, an "
-            "integer >= 1"
+            f"integer >= {least}"
         )
     return step
 

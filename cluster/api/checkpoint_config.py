@@ -57,4 +57,4 @@ class CheckpointStats:
     pause_s: float  # the time the loop spent inside them, in all
     waits: int  # saves that waited for the writer (two snapshots were held)
     wait_s: float  # the time those waited, in all (part of pause_s)
-    persisted: int  # checkpoints written whole and reported
+    persisted: int  # checkpoints written whole (each reported by the reporter after)

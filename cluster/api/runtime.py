@@ -46,6 +46,7 @@ EXIT_INTERRUPTED = 130
 _lock = threading.Lock()
 _session: WorkerSession | None = None
 _finalized = False  # the last session was finalized (no init() since)
+_closing: WorkerSession | None = None  # the session `_close` is finalizing
 # TLS as set_ps_context() decided it (None: off); when it was not called, the environment decides.
 _ps_context_called = False
 _ps_context_tls: TLSOptions | None = None
@@ -325,16 +326,22 @@ def _close(*, finished: bool, failure: str | None = None) -> None:
     """`finished`: the program ended on its own (returned, or sys.exit()); else it crashed.
     `failure`: what the scheduler is told instead of a finish (a crash's error, a non-zero
     exit status)."""
-    global _session, _finalized
+    global _session, _finalized, _closing
     with _lock:
-        current, _session = _session, None
-        _finalized = _finalized or current is not None
-    if current is None:
-        return
-    current.quiet()  # the job's failure, heard from now on, is raised at the end, once
-    # After a crash neither the writes nor a closer are waited for: they may block on what
-    # failed (a stuck disk, a hung NCCL call).
-    error = _flush_writes() if finished else None
+        current = _session
+        if current is None or current is _closing:
+            return  # finalized, or being finalized by another thread
+        _closing = current
+    try:
+        current.quiet()  # the job's failure, heard from now on, is raised at the end, once
+        # While the session is still this process's: a write reports its steps through it.
+        # After a crash neither the writes nor a closer are waited for: they may block on what
+        # failed (a stuck disk, a hung NCCL call).
+        error = _flush_writes() if finished else None
+    finally:
+        with _lock:
+            _session = _closing = None
+            _finalized = True
     if finished:
         _run(_closers, "closing what this worker opened for the job")
     if error is not None:  # this worker's part is not done: the scheduler hears why
@@ -402,7 +409,8 @@ def report_memory_resume(generation: int, step: int, why: str, steps: list[int])
     """Rank 0: generation `generation` resumed from `step` in the survivors' memory (not from
     disk), for the scheduler's events and status; with the steps held, as every report."""
     current = session()
-    current.call(current.agent.report_checkpoints(sorted(steps), (generation, step, why)))
+    held = newest_reported(steps)
+    current.call(current.agent.report_checkpoints(held, (generation, step, why)))
 
 
 def resumed_in(generation: int) -> None:
@@ -413,14 +421,27 @@ def resumed_in(generation: int) -> None:
 
 
 def report_checkpoints(steps: list[int]) -> int:
-    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does); a
-    step every worker holds (0: none), which this worker must keep."""
+    """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does; the
+    newest of them, `newest_reported`); a step every worker holds (0: none), which this worker
+    must keep."""
     current = session()
-    held_by_all = current.call(current.agent.report_checkpoints(sorted(steps)))
+    held = newest_reported(steps)
+    held_by_all = current.call(current.agent.report_checkpoints(held))
     from cluster.api import worker_metrics  # noqa: PLC0415 - prometheus_client, when used
 
-    worker_metrics.reported(steps)
+    worker_metrics.reported(held)
     return held_by_all
+
+
+def newest_reported(steps: list[int]) -> list[int]:
+    """The steps a checkpoint report names of those held: the newest MAX_REPORTED_CHECKPOINTS
+    (1,024), sorted. The scheduler refuses a report that names more; it rolls the job back to
+    the newest step every worker holds, which is among each worker's newest, so an older step
+    held (`keep_checkpoint_max` above that) stays on disk but is never a rollback step."""
+    # The pure machine's constant (no grpc), imported with the first report.
+    from cluster.scheduler.machine.admission import MAX_REPORTED_CHECKPOINTS  # noqa: PLC0415
+
+    return sorted(steps)[-MAX_REPORTED_CHECKPOINTS:]
 
 
 def peer_failed(generation: int, wait_s: float = 0.0) -> bool:

@@ -70,6 +70,17 @@ def encode(state: Mapping[str, Any]) -> Encoded:
     return encoder.out
 
 
+def _subclass(array: np.ndarray[Any, Any], where: str) -> CheckpointError:
+    """An array of a subclass of numpy's ndarray (a masked array, a matrix, a memmap) would be
+    saved as its data only and come back as a plain ndarray: its mask, or what else its class
+    adds, silently lost."""
+    return CheckpointError(
+        f"{where} is a {type(array).__module__}.{kind_of(array)}, a subclass of numpy.ndarray: "
+        "a checkpoint holds plain arrays only, and would lose what the subclass adds (a masked "
+        "array's mask); pass np.asarray(x), or save a masked array's .data and .mask separately"
+    )
+
+
 class _Encoder:
     def __init__(self) -> None:
         self.out = Encoded()
@@ -85,6 +96,8 @@ class _Encoder:
         if isinstance(value, (int, float)):
             return value
         if isinstance(value, np.ndarray):
+            if type(value) is not np.ndarray:
+                raise _subclass(value, where)
             return {"$": "ndarray", "i": self._array(value, where, "ndarray")}
         if self._torch is not None and isinstance(value, self._torch.Tensor):
             return {"$": "tensor", "i": self._tensor(value, where)}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
-from cluster.protocol.errors import CheckpointError, SchedulerUnreachableError
+from cluster.protocol.errors import CheckpointError, ClusterError, SchedulerUnreachableError
 from cluster.storage import checkpoint_files
 from cluster.testing import wait_until
 
@@ -131,6 +131,66 @@ def test_a_report_that_fails_is_raised_by_the_next_flush(tmp_path: Path) -> None
         ckpt.flush()
     assert ckpt.steps() == [1]
     ckpt.flush()  # raised once
+
+
+def test_the_writer_goes_on_while_a_report_is_under_way_and_the_newest_list_follows_it(
+    tmp_path: Path,
+) -> None:
+    """A scheduler takes a rank's changing reports at most once per 0.1 s: the writer does not
+    wait for one (so neither does the loop, `stats.waits`), and while one is under way each
+    write's list of the steps held replaces the last: only the newest is reported next.
+    `flush` waits for that report's answer."""
+    answer = threading.Event()
+    reports: list[list[int]] = []
+
+    def report(steps: list[int]) -> int:
+        reports.append(steps)
+        assert answer.wait(30), "the test never let the scheduler answer"
+        return 0
+
+    ckpt = manager(tmp_path, report=report)
+    try:
+        for step in range(1, 11):
+            ckpt.save(step, {"step": step})
+            wait_until(
+                lambda step=step: ckpt.stats.persisted == step,  # type: ignore[misc]
+                10,
+                f"the writer to write step {step} (not waiting for the report of step 1)",
+                poll_s=0.001,
+            )
+            if step == 1:
+                wait_until(lambda: reports == [[1]], 10, "the report of step 1", poll_s=0.001)
+        assert reports == [[1]]
+        assert ckpt.stats.waits == 0
+    finally:
+        answer.set()
+    ckpt.flush()
+    assert reports == [[1], [8, 9, 10]]
+    assert ckpt.steps() == [8, 9, 10]
+
+
+def test_a_report_that_fails_is_raised_by_the_next_save(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a write's error: logged when it happens, then raised by the save after it, naming
+    the step and its file; once."""
+    refused: list[list[int]] = []
+
+    def report(steps: list[int]) -> int:
+        if not refused:
+            refused.append(steps)
+            raise ClusterError("checkpoint report refused by the scheduler: for a test")
+        return 0
+
+    ckpt = manager(tmp_path, report=report)
+    ckpt.save(1, {"a": 1})
+    wait_until(lambda: "could not be reported" in caplog.text, 10, "the refusal", poll_s=0.001)
+    saved = r"step 1 is saved \(.*net-00000001.ckpt\), but .* refused by the scheduler"
+    with pytest.raises(CheckpointError, match=saved):
+        ckpt.save(2, {"a": 2})
+    ckpt.save(2, {"a": 2})
+    ckpt.flush()
+    assert ckpt.steps() == [1, 2]
 
 
 def test_close_ends_the_writer_thread(tmp_path: Path) -> None:

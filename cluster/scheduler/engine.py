@@ -81,6 +81,20 @@ def new_cluster_id() -> str:
     return os.urandom(6).hex()
 
 
+def _beside(job: str, state_store: StateStore, left: tuple[str, ...]) -> str:
+    """The line of a new job `job` started with no saved state, beside what another job left in
+    `state_store` (`Stored.left`). What becomes of it: the key-value store is claimed for this
+    job (`save_first` empties it); the workers' records are left as they are, and a worker that
+    reads one presents the other job, which admission refuses (`Refusal.FOREIGN_JOB`)."""
+    return (
+        f"starting a new job {job}: there is no {state_store.where}, but {state_store.name} "
+        f"holds what another job left there: {'; '.join(left)}; the key-value store there is "
+        "this job's now (empty: the other job's keys are gone), and a worker that reads one of "
+        "those records presents that job and is refused: move them away to let their workers "
+        "join this job (or stop this scheduler and put that job's state back to resume it)"
+    )
+
+
 class Engine:
     """The scheduler's engine under `core.SchedulerCore`: what it owns, and how what the state
     machine decides is saved, then told."""
@@ -100,7 +114,8 @@ class Engine:
         self.settings = settings
         self._clock = clock
         self.state = restored or state.SchedulerState(new_cluster_id(), settings, clock)
-        # Set by `resume` when it resumed a saved job: what to log once it is saved again.
+        # Set by `resume` when it resumed a saved job, or started a new one beside what another
+        # job left in the store: what to log once it is saved.
         self.restored_note = ""
         # Set by `resume` when the saved job had ended: its id, and whether it finished.
         self.ended_job: tuple[str, bool] | None = None
@@ -210,6 +225,8 @@ class Engine:
             settings, clock, restored=restored, state_store=state_store, token=stored.token, kv=kv
         )
         core._kv_to_claim = not kv
+        if restored is None and stored.left:
+            core.restored_note = _beside(core.state.cluster_id, state_store, stored.left)
         if restored is not None and snapshot is not None:
             core.restored_note = snapshot_.restored_note(restored, snapshot, where)
             if restored.previous_cluster_id == snapshot["cluster_id"]:

@@ -120,7 +120,7 @@ class DirectoryStore:
         snapshot = store.load(self.path, SCHEDULER_KIND)
         token = "" if snapshot is None else store.checksum(snapshot)
         self._seen = (identity, token)
-        return Stored(snapshot, token)
+        return Stored(snapshot, token, store.left_behind(self.directory) if token == "" else ())
 
     async def save(self, snapshot: dict[str, Any], token: str) -> Written:
         if not self._held:

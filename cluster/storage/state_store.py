@@ -28,10 +28,13 @@ SCHEDULER_KIND = "scheduler"
 
 @frozen
 class Stored:
-    """What a store holds: the snapshot (None: nothing yet) and the token that names it."""
+    """What a store holds: the snapshot (None: nothing yet) and the token that names it;
+    with no snapshot, what other jobs left there that their processes read again (a phrase
+    each, naming the files and their job: `store.left_behind`)."""
 
     snapshot: dict[str, Any] | None
     token: str = ""
+    left: tuple[str, ...] = ()
 
 
 @frozen

@@ -9,6 +9,8 @@ and says when it no longer can (`check`): the path no longer names the file it l
 the directory was removed or replaced under the scheduler.
 Files are read and the lock opened without following a link (`atomic`); the lock is written only
 when it is this user's own regular file with one name, never a file linked in from elsewhere.
+`left_behind` names what jobs left in a directory that their processes read again (the key-value
+log, the records of workers not finished), for a new job's scheduler to say what it starts beside.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.protocol.errors import ConfigError, FencedError, StateFileError
-from cluster.storage import atomic
+from cluster.storage import atomic, kv_log
 
 FORMAT = "cluster-state"
 VERSION = 1
@@ -63,7 +65,27 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
     atomic.remove_temporaries(path)
 
 
-FILE_ADVICE = "move it away to start a new job, or restore it from a backup"
+# What to do with a damaged file, by its kind. The scheduler's state names the job that its
+# workers' records (worker-<id>.json, beside it on its host, in their own directories elsewhere)
+# name too: a new job's scheduler refuses every worker that reads one, so a new job starts on
+# directories of its own. A worker's record only tells its process which job it rejoins: without
+# it the node registers by its node id alone, and rejoins the job its scheduler runs.
+FILE_ADVICE = (
+    "restore it from a backup, or move the whole MS_RECOVERY_PATH directory away to start a new "
+    "job (on every host of the job: the workers' records there, worker-<id>.json, name this job, "
+    "and a new job's scheduler refuses the workers that read them)"
+)
+NODE_FILE_ADVICE = (
+    "move it away: without it this node registers by its node id alone, and rejoins the job its "
+    "scheduler runs"
+)
+NODE_KIND = "worker"
+NODE_FILES = "worker-*.json"
+
+
+def advice_for(kind: str) -> str:
+    """What a damaged file of `kind` calls for (FILE_ADVICE, or NODE_FILE_ADVICE)."""
+    return NODE_FILE_ADVICE if kind == NODE_KIND else FILE_ADVICE
 
 
 def load(path: Path, kind: str) -> dict[str, Any] | None:
@@ -74,7 +96,47 @@ def load(path: Path, kind: str) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         raise StateFileError(f"cannot read the recovery state {path} ({exc.strerror})") from None
-    return decode(data, kind, str(path), FILE_ADVICE)
+    return decode(data, kind, str(path), advice_for(kind))
+
+
+def left_behind(directory: Path) -> tuple[str, ...]:
+    """What jobs left in the recovery directory `directory` that their processes read again:
+    its key-value log, and the records of the workers that have not finished, a phrase per job
+    and kind naming the files ("kv.log (job f139...)", "worker-0.json and worker-1.json (job
+    f139...)"). A file that cannot be read is left out: its reader reports it."""
+    kv_job = _kv_job(directory)
+    left = [f"{kv_log.FILE_NAME} (job {kv_job})"] if kv_job else []
+    records: dict[str, list[str]] = {}
+    for path in sorted(directory.glob(NODE_FILES)):
+        try:
+            payload = load(path, NODE_KIND)
+        except StateFileError:
+            continue
+        if payload is not None and not payload.get("finished", True):
+            records.setdefault(str(payload.get("cluster_id", "")), []).append(path.name)
+    for job, names in records.items():
+        shown = names if len(names) <= 3 else [*names[:2], f"{len(names) - 2} more"]
+        files = ", ".join(shown[:-1]) + f" and {shown[-1]}" if len(shown) > 1 else shown[0]
+        left.append(f"{files} (job {job})")
+    return tuple(left)
+
+
+def _kv_job(directory: Path) -> str:
+    """The job that the key-value log in `directory` names ("" when none can be read)."""
+    try:
+        fd = atomic.open_no_follow(directory / kv_log.FILE_NAME, os.O_RDONLY)
+    except OSError:
+        return ""
+    try:
+        head = os.read(fd, 256)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    parts = head.partition(b"\n")[0].split(b" ", 2)
+    if len(parts) != 3 or parts[0] != kv_log.FORMAT:
+        return ""
+    return parts[2].decode(errors="replace")
 
 
 def decode(data: bytes, kind: str, where: str, advice: str) -> dict[str, Any]:

@@ -70,10 +70,11 @@ class AnswerLimit:
     (unless its connection is on its way, CONNECTING, and `patient()`: the scheduler was found
     up a moment ago), or that has and is still unanswered after `answer_s`, or after `longer()`
     seconds when that is more (asked at each check); calls `waiting(seconds)` every
-    REPORT_EVERY_S while it waits for the answer. Once connected, the answer is awaited longer
-    than the connection: a scheduler busy with a burst of registrations answers late, and giving
-    up on a registration it is about to accept only makes it do the work again. (A timer that
-    cancels the call, not a task and a timeout per attempt.)"""
+    REPORT_EVERY_S while it waits for the answer, and once more as it gives the answer up. Once
+    connected, the answer is awaited longer than the connection: a scheduler busy with a burst
+    of registrations answers late, and giving up on a registration it is about to accept only
+    makes it do the work again. (A timer that cancels the call, not a task and a timeout per
+    attempt.)"""
 
     def __init__(
         self,
@@ -117,6 +118,10 @@ class AnswerLimit:
             )
             return
         self.expired = True
+        if state is grpc.ChannelConnectivity.READY:
+            # Taken and unanswered to its end (a scheduler that cannot save holds its answer):
+            # said before the call ends, so that the node's error names it.
+            self._waiting(now - self._started)
         self._call.cancel()
 
     def stop(self) -> None:

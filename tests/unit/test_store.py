@@ -47,7 +47,7 @@ def test_truncated_file_is_reported_not_loaded(tmp_path: Path, keep: float) -> N
     data = path.read_bytes()
     cut = int(len(data) * keep) if isinstance(keep, float) else keep
     path.write_bytes(data[:cut])
-    with pytest.raises(StateFileError, match=r"truncated or corrupt.*move it away"):
+    with pytest.raises(StateFileError, match=r"truncated or corrupt.*move the whole"):
         store.load(path, "scheduler")
     assert path.read_bytes() == data[:cut]  # reading never rewrites
 

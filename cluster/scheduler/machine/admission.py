@@ -371,9 +371,13 @@ class Admission:
                 Refusal.FOREIGN_JOB,
                 f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
                 f"job {job.cluster_id}{how}: the node's process was in that job, or read it from "
-                f"this node's record (worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its "
-                "host), which another job may share; give each job its own MS_RECOVERY_PATH "
-                "(mscluster run --recovery-path), and start the node again with this job's",
+                f"its record, worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its host. "
+                "Where that directory is this job's own (the state of that job there was lost "
+                "or moved away), move that record away and start the node again: it joins this "
+                "job (to start a job anew, move the whole directory away before its scheduler "
+                "starts). Where another job shares that directory, give each job its own "
+                "MS_RECOVERY_PATH (mscluster run --recovery-path) and start the node again "
+                "with this job's own directory",
             )
         if reg.worker_num != settings.worker_num or reg.server_num != settings.server_num:
             return Refused(

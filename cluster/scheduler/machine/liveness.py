@@ -19,6 +19,7 @@ MS_NODE_TIMEOUT after its last beat, or after the burst.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import field
 
 from cluster.protocol.records import Member, NodeState
 from cluster.protocol.settings import JobSettings
@@ -42,10 +43,13 @@ class Liveness:
     next_scan: float = float("-inf")
     # When the scheduler last accepted a registration of a burst.
     last_accepted: float = float("-inf")
+    # The members restored from a snapshot and not seen since: their `last_seen` is the restore.
+    unheard: set[str] = field(default_factory=set)
 
     def seen(self, member: Member, now: float) -> None:
         """`member` was alive at `now` (its silence limit moves on, never back)."""
         member.last_seen = now
+        self.unheard.discard(member.node_id)
         self.next_scan = min(self.next_scan, now + self.settings.silence_limit_s)
 
     def accepted(self, now: float) -> None:

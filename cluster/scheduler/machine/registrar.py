@@ -179,13 +179,11 @@ class Registrar:
         remaining = member.last_seen + guard_s - now
         if remaining > 0:
             job.guard_waiting[member.node_id] = now
-            failed = " (failed)" if member.state is NodeState.FAILED else ""
             return Refused(
                 Refusal.NODE_ALIVE,
-                f"node id {member.node_id!r}{failed} was last seen alive "
-                f"{now - member.last_seen:.1f} s ago; the scheduler takes a new process with that "
-                f"id only after MS_NODE_TIMEOUT={guard_s:g} s of silence, against network "
-                f"jitter and identity takeover (retry in {remaining:.1f} s)",
+                f"node id {member.node_id!r}{self._last_heard(member, now)}; the scheduler takes a "
+                f"new process with that id only after MS_NODE_TIMEOUT={guard_s:g} s of silence, "
+                f"against network jitter and identity takeover (retry in {remaining:.1f} s)",
                 retry_after_s=remaining,
             ), []
         # Silent past the guard. A spare's id (or that of a node whose rank a spare took) comes
@@ -207,6 +205,18 @@ class Registrar:
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
             "rejoin; restart the whole job",
         ), []
+
+    def _last_heard(self, member: Member, now: float) -> str:
+        """When the guard's `member` was last heard, as its refusal says it. A member restored
+        from a snapshot and not heard since was given the guard from the restore: not a time
+        it was seen alive (its process may have died with the previous scheduler)."""
+        failed = " (failed)" if member.state is NodeState.FAILED else ""
+        if member.node_id in self.job.liveness.unheard:  # the state began at the restore
+            return (
+                f"{failed} was not heard by this scheduler since it was restored "
+                f"{now - self.job.started:.1f} s ago"
+            )
+        return f"{failed} was last seen alive {now - member.last_seen:.1f} s ago"
 
     def _register_again(
         self, member: Member, reg: Registration, now: float

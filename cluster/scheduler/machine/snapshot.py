@@ -73,6 +73,7 @@ def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
     for saved_spare in snapshot.get("spares", ()):
         spare = Member.loaded(saved_spare, now)
         fresh.spares[spare.node_id] = spare
+    fresh.liveness.unheard.update(fresh.members, fresh.spares)
     if len(fresh.members) != fresh.expected:
         raise SnapshotError(
             f"job {fresh.cluster_id} had formed, but the saved state names "

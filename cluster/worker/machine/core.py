@@ -10,7 +10,8 @@ or protobuf (an import-linter contract keeps it so), so it is tested without a n
 The rules it keeps:
 - Registration is retried until a deadline (MS_TOPO_TIMEOUT at the start; the reconnect window
   after the stream is lost: MS_NODE_TIMEOUT, with recovery the longer of it and MS_TOPO_TIMEOUT);
-  no attempt starts after it, and passing it fails the node.
+  no attempt starts after it, and passing it fails the node, naming the scheduler's last
+  refusal or held answer (`answers`), or, when nothing answered, why it could not be reached.
 - With recovery off, a silent scheduler fails a formed job's node at once; a broken stream is
   reconnected within MS_NODE_TIMEOUT (a restarted scheduler refuses the old job, and says so).
 - A failure is reported once and is final. A node whose Finish the scheduler heard, or whose job
@@ -63,6 +64,7 @@ from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.leader_search import DOWN_FOR_S, leader_to_follow, next_in_turn
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
+from cluster.worker.machine.answers import Answers
 from cluster.worker.machine.finishing import Finish, Unheard
 from cluster.worker.machine.pacing import ATTEMPT_TIMEOUT_S, FAILOVER_ATTEMPT_S, RETRY_PAUSE_S, Pace
 
@@ -123,6 +125,7 @@ class WorkerCore:
         self.error: ClusterError | None = None  # the failure, once FAILED
         # Why the scheduler could not be reached at the last check ("" when it could).
         self.unreachable = ""
+        self.answers = Answers()  # its last refusal or hold, for a deadline passed
         self.deadline = 0.0  # no registration attempt starts after it
         self.ready_by = 0.0  # the topology must have arrived by then
         self._topo_deadline = 0.0
@@ -202,6 +205,7 @@ class WorkerCore:
         """What to do now that `event` happened. A failed or closed node does nothing more."""
         if self.lifecycle in (Lifecycle.FAILED, Lifecycle.CLOSED):
             return []
+        self.answers.note(event, self.clock())
         match event:
             case steps.Start():
                 return self._start(event)
@@ -433,17 +437,23 @@ class WorkerCore:
         return [steps.Follow(self.address)]
 
     def _registration_timeout(self) -> ClusterError:
-        """The error of a registration deadline passed."""
+        """The error of a registration deadline passed: the scheduler's last refusal or hold, or
+        why it could not be reached; the address is doubted only when nothing answered."""
+        told = self.answers.why(self.clock())
         if self.lifecycle is Lifecycle.JOINING:
-            return TopologyTimeoutError(
-                f"{self.where} did not accept this node in time: "
-                + (
-                    self.unreachable
-                    or "is it running, and are MS_SCHED_HOST / MS_SCHED_PORT right?"
-                )
+            hint = (
+                told
+                or self.unreachable
+                or "is it running, and are MS_SCHED_HOST / MS_SCHED_PORT right?"
             )
+            return TopologyTimeoutError(f"{self.where} did not accept this node in time: {hint}")
         why = f" ({self.unreachable})" if self.unreachable else ""
         lost = self._lost or "it did not take this node back"
+        if told:  # it answers: not unreachable
+            within = "" if self.topology is None else f" within {self._window()}"
+            return SchedulerUnreachableError(
+                f"{self.where} did not take this node back{within} ({lost}): {told}"
+            )
         if self.topology is None:
             return SchedulerUnreachableError(f"{self.where} is unreachable: {lost}{why}")
         return SchedulerUnreachableError(

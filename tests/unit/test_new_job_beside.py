@@ -1,0 +1,131 @@
+"""A job's damaged or missing state: what each file's damage calls for, the refusal of a worker
+whose record names another job, and the line of a new job started beside what another job left.
+
+Following the scheduler's advice for a damaged scheduler.json (move it away) used to leave a job
+that could never form: the new job's scheduler refused every worker that read its own record of
+the old job, in a refusal cut off mid-sentence that blamed a shared path. Real files here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cluster.protocol.errors import StateFileError
+from cluster.protocol.records import Refusal
+from cluster.scheduler.core import SchedulerCore
+from cluster.storage import store
+from cluster.storage.directory_store import DirectoryStore
+from cluster.storage.kv_log import KvLog
+from cluster.worker import node_file
+from tests.conftest import FakeClock
+from tests.unit.test_persist import SETTINGS
+from tests.unit.test_state import JOB, make_state, refuse, reg
+
+OLD = "f139old0job0"
+
+
+def record(directory: Path, node_id: str, job: str = OLD, *, finished: bool = False) -> Path:
+    node_file.save(directory, node_file.NodeRecord(job, node_id, int(node_id), 1, finished))
+    return node_file.path_for(directory, node_id)
+
+
+def test_the_foreign_job_refusal_is_whole_and_names_the_record_to_move_away() -> None:
+    state = make_state(FakeClock())
+    refusal = refuse(state, reg(state, "1", cluster_id=OLD), Refusal.FOREIGN_JOB)
+    message = refusal.message
+    assert f"node '1' belongs to job {OLD}, but this scheduler runs job {JOB}" in message
+    # Where the old job id came from, and what to do when the path is this job's own ...
+    assert "its record, worker-1.json in the MS_RECOVERY_PATH of its host" in message
+    assert "is this job's own" in message
+    assert "move that record away and start the node again: it joins this job" in message
+    # ... or shared with another job; and the sentence ends whole.
+    assert "give each job its own MS_RECOVERY_PATH (mscluster run --recovery-path)" in message
+    assert message.endswith("start the node again with this job's own directory")
+
+
+def torn(path: Path, load: Callable[[], object]) -> str:
+    """The one line of `load()` once the file at `path` is cut short."""
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(StateFileError) as caught:
+        load()
+    message = str(caught.value)
+    assert f"the recovery state {path} is truncated or corrupt" in message
+    assert "\n" not in message
+    return message
+
+
+def test_a_damaged_scheduler_state_says_to_move_the_whole_directory_away(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.json"
+    store.save(path, "scheduler", {"cluster_id": OLD})
+    message = torn(path, lambda: store.load(path, "scheduler"))
+    assert message.endswith(store.FILE_ADVICE)
+    assert "restore it from a backup" in message
+    assert "move the whole MS_RECOVERY_PATH directory away to start a new job" in message
+    assert "worker-<id>.json, name this job" in message
+
+
+def test_a_damaged_worker_record_says_moving_it_away_lets_the_node_rejoin(tmp_path: Path) -> None:
+    message = torn(record(tmp_path, "1"), lambda: node_file.load(tmp_path, "1"))
+    assert message.endswith(store.NODE_FILE_ADVICE)
+    assert "rejoins the job its scheduler runs" in message
+    assert "directory" not in message  # the scheduler's advice is not this file's
+
+
+def test_what_another_job_left_is_named_by_file_and_job(tmp_path: Path) -> None:
+    log = KvLog(tmp_path)
+    log.reset(OLD)
+    log.append(OLD, {"k": b"v"})
+    log.close()
+    for node_id in ("0", "1", "2", "3"):
+        record(tmp_path, node_id)
+    record(tmp_path, "4", "other0job000")
+    record(tmp_path, "5", finished=True)  # a finished node's record is not presented
+    (tmp_path / "worker-6.json").write_bytes(b"torn")  # its worker reports it
+    assert store.left_behind(tmp_path) == (
+        f"kv.log (job {OLD})",
+        f"worker-0.json, worker-1.json and 2 more (job {OLD})",
+        "worker-4.json (job other0job000)",
+    )
+    assert store.left_behind(tmp_path / "none") == ()
+
+
+async def test_a_new_job_beside_another_jobs_files_says_so_and_keeps_the_records(
+    tmp_path: Path,
+) -> None:
+    """No scheduler.json, but the kv.log and worker records of another job: the new job's
+    scheduler says in one line what it found and what it does with each (it empties the
+    key-value store for its job; it keeps the records, whose workers it refuses)."""
+    log = KvLog(tmp_path)
+    log.reset(OLD)
+    log.append(OLD, {"k": b"v"})
+    log.close()
+    records = [record(tmp_path, "0"), record(tmp_path, "1")]
+    kept = [path.read_bytes() for path in records]
+    state_store = DirectoryStore(tmp_path)
+    await state_store.acquire()
+    try:
+        core = await SchedulerCore.resume(SETTINGS, state_store)
+        await core.save_first()
+        note = core.restored_note
+        assert "\n" not in note
+        assert note.startswith(f"starting a new job {core.state.cluster_id}: there is no ")
+        assert f"{tmp_path / 'scheduler.json'}, but MS_RECOVERY_PATH holds" in note
+        assert f"kv.log (job {OLD}); worker-0.json and worker-1.json (job {OLD})" in note
+        assert "the key-value store there is this job's now (empty" in note
+        assert "a worker that reads one of those records presents that job and is refused" in note
+        assert await state_store.load_kv(core.state.cluster_id) == {}  # emptied, as said
+    finally:
+        await state_store.close()
+    assert [path.read_bytes() for path in records] == kept  # kept, as said
+
+
+async def test_a_new_job_in_an_empty_directory_says_nothing_more(tmp_path: Path) -> None:
+    state_store = DirectoryStore(tmp_path)
+    await state_store.acquire()
+    try:
+        core = await SchedulerCore.resume(SETTINGS, state_store)
+        assert core.restored_note == ""
+    finally:
+        await state_store.close()

@@ -37,6 +37,7 @@ class Child:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
+    exited_at: float | None = None  # when it was reaped (the launcher's clock)
     pump: asyncio.Task[None] | None = None
     reaper: asyncio.Task[None] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
@@ -117,6 +118,7 @@ class Children:
                     start_new_session=True,
                 )
         child.exit_code = None
+        child.exited_at = None
         child.exited.clear()
         child.reaper = asyncio.create_task(self._reap(child))
         self._write_pids()
@@ -145,6 +147,7 @@ class Children:
     async def _reap(self, child: Child) -> None:
         assert child.process is not None
         code = await child.process.wait()
+        child.exited_at = self._clock()  # before the output's end: the order of the exits
         if child.pump is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2.0)
@@ -241,7 +244,11 @@ class Children:
         return policy.Seen(
             workers=tuple(
                 policy.WorkerSeen(
-                    w.planned.index or 0, w.exit_code, w.restarts, self._spare(w, view)
+                    w.planned.index or 0,
+                    w.exit_code,
+                    w.restarts,
+                    self._spare(w, view),
+                    None if w.exit_code is None else w.exited_at,
                 )
                 for w in self.workers
             ),

@@ -30,6 +30,9 @@ from cluster.tools.launch_reading import Fresh, JobReader, job_ended, job_seen, 
 from cluster.tools.status import JobView
 from cluster.transport import tls
 
+# While the job's processes stop, how often the launcher looks whether any is left.
+STOP_LOOK_S = 0.05
+
 
 @dataclass
 class Child:
@@ -79,6 +82,9 @@ class Children:
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
+        # Every process started, each incarnation (restarts too), in a group of its own: its
+        # helpers stay in that group after it exits, and are stopped with it at the end.
+        self.groups: list[asyncio.subprocess.Process] = []
         self.view: JobView | None = None
         # Once the job ended: whether each node held no rank at its end, by its event log.
         self._at_end: dict[str, bool] | None = None
@@ -117,6 +123,7 @@ class Children:
                     stdin=asyncio.subprocess.DEVNULL,
                     start_new_session=True,
                 )
+        self.groups.append(child.process)
         child.exit_code = None
         child.exited_at = None
         child.exited.clear()
@@ -130,6 +137,37 @@ class Children:
         pids = {_pid_name(c.planned): c.process.pid for c in started if c.process is not None}
         with contextlib.suppress(OSError):  # a courtesy to tools: never fails the job
             processes.write_pids(self.options.log_dir, pids)
+
+    def _signal_groups(self, signum: int, scheduler_signum: int) -> None:
+        """`signum` to every process group this launcher started (`groups`), its leader running
+        or not; `scheduler_signum` to the group of the scheduler while it runs."""
+        sched = None if self.scheduler is None else self.scheduler.process
+        for process in self.groups:
+            running = process.returncode is None
+            sent = scheduler_signum if process is sched and running else signum
+            processes.signal_group(process.pid, sent, leader_reaped=not running)
+
+    async def _groups_gone(self, timeout_s: float) -> bool:
+        """Whether, within `timeout_s`, no process of `groups` is left: every child reaped (its
+        exit seen) and no helper of one running."""
+        children = [c for c in [*self.workers, self.scheduler, self.relay] if c is not None]
+
+        def left() -> bool:
+            if any(c.process is not None and not c.exited.is_set() for c in children):
+                return True
+            ours = [
+                p.pid
+                for p in self.groups
+                if processes.group_is_ours(p.pid, leader_reaped=p.returncode is not None)
+            ]
+            return bool(processes.groups_running(ours))
+
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while left():
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(STOP_LOOK_S)
+        return True
 
     async def _pump(self, child: Child, mode: str) -> None:
         """--join: copy a worker's output to its log and, prefixed, to the terminal."""

@@ -140,6 +140,7 @@ class LocalJob:
         self._relay_dir: Path | None = None
         self._relay_wanted = options.relay
         self._status: StatusClient | None = None
+        self._started: list[Process] = []
 
     def _environment(self, options: LocalJobOptions) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
@@ -207,7 +208,7 @@ class LocalJob:
         args = [self.python, str(self.script.resolve()), *self.args]
         if self.network is not None and node_id is not None:
             args = self.network.command(self._slot(node_id), args)
-        return Process(name, args, env, self.workdir / f"{name}.log")
+        return self._process(name, args, env)
 
     def _slot(self, node_id: str) -> int:
         """Node `node_id`'s network namespace: worker i's is i, spare i's follows the workers'."""
@@ -221,7 +222,7 @@ class LocalJob:
         self._relay_dir = Path(tempfile.mkdtemp(prefix="cluster-relay-"))
         path = self._relay_dir / "relay.sock"
         args = [self.python, "-m", "cluster", "relay", "--socket", f"unix:{path}"]
-        relay = self.relay = Process("relay", args, dict(self.env), self.workdir / "relay.log")
+        relay = self.relay = self._process("relay", args, dict(self.env))
 
         def up() -> bool:
             if not relay.running:
@@ -233,7 +234,14 @@ class LocalJob:
     def _spawn_scheduler(self, k: int) -> Process:
         env = {**self.env, "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": self.hosts[k]}
         args = [self.python, str(self.script.resolve()), *self.args]
-        return Process(scheduler_name(k), args, env, self.workdir / f"{scheduler_name(k)}.log")
+        return self._process(scheduler_name(k), args, env)
+
+    def _process(self, name: str, args: list[str], env: dict[str, str]) -> Process:
+        """Start one process of the job, its output in `<workdir>/<name>.log`; each one started
+        (every incarnation) is `close()`'s to end."""
+        proc = Process(name, args, env, self.workdir / f"{name}.log")
+        self._started.append(proc)
+        return proc
 
     def worker(self, i: int) -> Process:
         proc = self.workers[i]
@@ -428,10 +436,10 @@ class LocalJob:
         return next((code for code in codes if code != 0), 0)
 
     def close(self) -> None:
-        """Kill whatever is still running (every process group) and clean up."""
-        for proc in [*self.schedulers, *self.workers, *self.spares, self.relay]:
-            if proc is not None:
-                proc.kill_group()
+        """Kill whatever is still running (the process group of every process it started, its
+        leader's exit or not: the helpers a worker left) and clean up."""
+        for proc in self._started:
+            proc.kill_group()
         if self._relay_dir is not None:
             shutil.rmtree(self._relay_dir, ignore_errors=True)
         if self._status is not None:

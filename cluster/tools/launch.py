@@ -86,11 +86,13 @@ class Launcher(Children):
         """Stop every process group this launcher started, its leader running or not (a
         worker that exited leaves the helpers it started in its group): SIGTERM (a running
         scheduler SIGINT: the job ends, where SIGTERM would hand it to a standby), then SIGKILL
-        to what is left after STOP_GRACE_S."""
+        to what is left after STOP_GRACE_S. Then what is left to say reaches the terminal
+        (bounded: `_said`)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
             self._signal_groups(sig, signal.SIGINT if sig == signal.SIGTERM else sig)
             if await self._groups_gone(STOP_GRACE_S):
-                return
+                break
+        await self._said()
 
     # -- watching ------------------------------------------------------------------------------
 

@@ -9,9 +9,9 @@ whole machine (another job may run the same script with the same node ids):
   child (a pid that exited, or was given to someone else since, is None);
 - `descendants(root)` and `worker_pid(root, node_id)`: the processes below `root` (a launcher,
   an `sbatch` or a shell the caller started), the worker of a node among them only;
-- `signal_group(pgid, ...)` and `groups_running(pgids)`: a process started in a session of its
-  own and what it started, which stays in its group after it exited (a worker's helper), to
-  stop them all at the end.
+- `signal_group(pgid, ...)`, `groups_running(pgids)` and `group_states(pgids)`: a process
+  started in a session of its own and what it started, which stays in its group after it
+  exited (a worker's helper), to stop them all at the end.
 
 `processes_running(marker)` scans the whole machine, for checks that nothing of a job is left
 (a process that escaped its parent is no one's descendant): give it a marker of this run only
@@ -43,16 +43,22 @@ def alive(pid: int) -> bool:
     return parent_of(pid) is not None
 
 
-def groups_running(pgids: Collection[int]) -> set[int]:
-    """Those of process groups `pgids` that a live process (not a zombie) is in: one look."""
+def group_states(pgids: Collection[int]) -> dict[int, list[str]]:
+    """The states (/proc's letters: R, S, T for stopped, ...) of the live processes (not
+    zombies) of each of process groups `pgids` that has any: one look."""
     wanted = {str(pgid) for pgid in pgids}
-    found = set()
+    found: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = proc_stat(entry.name)
             if stat is not None and stat[0] not in "ZX" and stat[2] in wanted:
-                found.add(int(stat[2]))
+                found.setdefault(int(stat[2]), []).append(stat[0])
     return found
+
+
+def groups_running(pgids: Collection[int]) -> set[int]:
+    """Those of process groups `pgids` that a live process (not a zombie) is in: one look."""
+    return set(group_states(pgids))
 
 
 def group_is_ours(pgid: int, *, leader_reaped: bool) -> bool:

@@ -32,6 +32,7 @@ from cluster.protocol.errors import (
     TLSConfigError,
 )
 from cluster.protocol.topology import Peer, Topology
+from cluster.worker import orphan
 from cluster.worker.identity import make_identity
 
 if TYPE_CHECKING:
@@ -143,6 +144,9 @@ def _abandon(current: WorkerSession) -> None:
 def _run_scheduler(cfg: ClusterConfig) -> None:
     from cluster.scheduler import server as scheduler_server  # noqa: PLC0415 - imports grpc
 
+    # Started by a launcher or a LocalJob (CLUSTER_LAUNCHER_PID): it ends when that is gone,
+    # as `python -m cluster scheduler` does.
+    orphan.watch_launcher()
     configure_logging("scheduler", cfg.observe)
     scheduler_server.run_and_exit(cfg)
 

@@ -84,22 +84,16 @@ class Launcher(Children):
     # -- processes -----------------------------------------------------------------------------
 
     async def _stop_all(self) -> None:
-        """SIGTERM every running child's process group (SIGINT the scheduler's: the job ends,
-        where SIGTERM would hand it to a standby); SIGKILL what is left after the grace."""
-        everyone = [*self.workers, self.scheduler, self.relay]
-        children = [c for c in everyone if c is not None and c.running]
+        """Stop every process group this launcher started, its leader running or not (a
+        worker that exited leaves the helpers it started in its group): SIGTERM (a running
+        scheduler SIGINT: the job ends, where SIGTERM would hand it to a standby), then SIGKILL
+        to what is left after STOP_GRACE_S. Then what is left to say reaches the terminal
+        (bounded: `_said`)."""
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for child in children:
-                if child.running and child.process is not None:
-                    first = signal.SIGINT if child is self.scheduler else signal.SIGTERM
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(child.process.pid, first if sig == signal.SIGTERM else sig)
-            waits = [c.exited.wait() for c in children]
-            try:
-                await asyncio.wait_for(asyncio.gather(*waits), STOP_GRACE_S)
-                return
-            except asyncio.TimeoutError:
-                continue
+            self._signal_groups(sig, signal.SIGINT if sig == signal.SIGTERM else sig)
+            if await self._groups_gone(STOP_GRACE_S):
+                break
+        await self._said()
 
     # -- watching ------------------------------------------------------------------------------
 

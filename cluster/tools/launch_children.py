@@ -4,14 +4,18 @@
 workers it started (a `Child` each), the scheduler's last answer and the job's end as its event
 log tells it. It starts a child (its output to its log, or with --join through `_pump` to the
 terminal too), reaps its exit, rewrites `<log-dir>/pids`, says the progress line and every other
-line for the person at the terminal, and gathers what it has seen for `launch_policy.decide`
-(`_seen`). What to do about an exit, and the run from start to end, are `launch.Launcher`'s.
+line for the person at the terminal (through `launch_echo.Terminal`, which never blocks), signals
+the process groups it started at the end, and gathers what it has seen for
+`launch_policy.decide` (`_seen`). What to do about an exit, and the run from start to end, are
+`launch.Launcher`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import io
 import os
 import sys
 import time
@@ -25,10 +29,18 @@ from cluster.protocol.environment import tls_options_from_env
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes
+from cluster.tools.launch_echo import EchoLines, Terminal
 from cluster.tools.launch_plan import LaunchOptions, Plan, Process, child_environment, standby_hosts
 from cluster.tools.launch_reading import Fresh, JobReader, job_ended, job_seen, without_rank_at_end
 from cluster.tools.status import JobView
 from cluster.transport import tls
+
+# While the job's processes stop, how often the launcher looks whether any is left.
+STOP_LOOK_S = 0.05
+# --join: how much of a worker's output is read at once.
+PUMP_CHUNK_BYTES = 64 * 1024
+# At the end, how long the terminal is given to take what is left to say.
+TERMINAL_DRAIN_S = 2.0
 
 
 @dataclass
@@ -37,6 +49,7 @@ class Child:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
+    exited_at: float | None = None  # when it was reaped (the launcher's clock)
     pump: asyncio.Task[None] | None = None
     reaper: asyncio.Task[None] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
@@ -78,6 +91,9 @@ class Children:
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
+        # Every process started, each incarnation (restarts too), in a group of its own: its
+        # helpers stay in that group after it exits, and are stopped with it at the end.
+        self.groups: list[asyncio.subprocess.Process] = []
         self.view: JobView | None = None
         # Once the job ended: whether each node held no rank at its end, by its event log.
         self._at_end: dict[str, bool] | None = None
@@ -90,6 +106,8 @@ class Children:
         self._wake = asyncio.Event()
         self._started = clock()
         self._tty = out.isatty()
+        # Every line for the person at the terminal goes through it: it never blocks the loop.
+        self.terminal = Terminal(out)
         self._last_line = ""
 
     # -- processes -----------------------------------------------------------------------------
@@ -116,7 +134,9 @@ class Children:
                     stdin=asyncio.subprocess.DEVNULL,
                     start_new_session=True,
                 )
+        self.groups.append(child.process)
         child.exit_code = None
+        child.exited_at = None
         child.exited.clear()
         child.reaper = asyncio.create_task(self._reap(child))
         self._write_pids()
@@ -129,22 +149,99 @@ class Children:
         with contextlib.suppress(OSError):  # a courtesy to tools: never fails the job
             processes.write_pids(self.options.log_dir, pids)
 
+    def _signal_groups(self, signum: int, scheduler_signum: int) -> None:
+        """`signum` to every process group this launcher started (`groups`), its leader running
+        or not; `scheduler_signum` to the group of the scheduler while it runs."""
+        sched = None if self.scheduler is None else self.scheduler.process
+        for process in self.groups:
+            running = process.returncode is None
+            sent = scheduler_signum if process is sched and running else signum
+            processes.signal_group(process.pid, sent, leader_reaped=not running)
+
+    async def _groups_gone(self, timeout_s: float) -> bool:
+        """Whether, within `timeout_s`, no process of `groups` is left: every child reaped (its
+        exit seen) and no helper of one running."""
+        children = [c for c in [*self.workers, self.scheduler, self.relay] if c is not None]
+
+        def left() -> bool:
+            if any(c.process is not None and not c.exited.is_set() for c in children):
+                return True
+            ours = [
+                p.pid
+                for p in self.groups
+                if processes.group_is_ours(p.pid, leader_reaped=p.returncode is not None)
+            ]
+            return bool(processes.groups_running(ours))
+
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while left():
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(STOP_LOOK_S)
+        return True
+
     async def _pump(self, child: Child, mode: str) -> None:
-        """--join: copy a worker's output to its log and, prefixed, to the terminal."""
+        """--join: copy a worker's output to its log as it comes, in chunks (whatever the length
+        of its lines), and echo its lines to the terminal, prefixed (`_echo`). A log that
+        cannot be written (a full disk) is said once and the output still drained: a worker
+        never blocks on a pipe that nobody reads."""
         assert child.process is not None
         assert child.process.stdout is not None
-        with child.planned.log.open(mode) as log:
-            async for raw in child.process.stdout:
-                log.write(raw)
-                log.flush()
-                rank = self._rank_of(child)
-                # `_print` never raises: a terminal that went away stops the echo, not the log.
-                prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
-                self._print(f"{prefix} {raw.decode(errors='replace').rstrip()}", raw=True)
+        stream = child.process.stdout
+        lines = EchoLines()
+        log = self._open_log(child, mode)
+        try:
+            while chunk := await stream.read(PUMP_CHUNK_BYTES):
+                if log is not None and not self._logged(child, log, chunk):
+                    log = None
+                self._echo(child, lines.feed(chunk))
+            self._echo(child, lines.end())
+        finally:
+            if log is not None:
+                with contextlib.suppress(OSError):
+                    log.close()
+
+    def _open_log(self, child: Child, mode: str) -> io.FileIO | None:
+        try:
+            return io.FileIO(child.planned.log, mode)
+        except OSError as exc:
+            self._log_failed(child, exc)
+            return None
+
+    def _logged(self, child: Child, log: io.FileIO, chunk: bytes) -> bool:
+        """Whether all of `chunk` went to the log; the first write that fails is said, and the
+        log closed."""
+        view = memoryview(chunk)
+        try:
+            while view:
+                view = view[log.write(view) or 0 :]
+        except OSError as exc:
+            self._log_failed(child, exc)
+            with contextlib.suppress(OSError):
+                log.close()
+            return False
+        return True
+
+    def _log_failed(self, child: Child, exc: OSError) -> None:
+        code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        self._print(
+            f"mscluster: cannot write {child.planned.log} ({exc.strerror or exc}, {code}): the "
+            f"rest of {child.planned.name}'s output is shown here only"
+        )
+
+    def _echo(self, child: Child, lines: list[tuple[bytes, int]]) -> None:
+        """Each of a worker's `lines` (with the bytes cut from it: `EchoLines`) to the terminal,
+        after its rank (`_print`: never blocks, never raises)."""
+        for line, cut in lines:
+            rank = self._rank_of(child)
+            prefix = f"[rank {rank}]" if rank is not None else f"[{child.planned.name}]"
+            more = f" [... {cut} more bytes of this line in {child.planned.log}]" if cut else ""
+            self._print(f"{prefix} {line.decode(errors='replace').rstrip()}{more}", raw=True)
 
     async def _reap(self, child: Child) -> None:
         assert child.process is not None
         code = await child.process.wait()
+        child.exited_at = self._clock()  # before the output's end: the order of the exits
         if child.pump is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(child.pump, 2.0)
@@ -204,7 +301,7 @@ class Children:
         )
         if self._tty and not self.options.join:
             elapsed = self._clock() - self._started
-            setup.say(self.out, f"\r\x1b[K{line} | {elapsed:.0f} s")
+            self.terminal.write(f"\r\x1b[K{line} | {elapsed:.0f} s")
             self._last_line = line
         elif line != self._last_line:
             self._last_line = line
@@ -220,7 +317,12 @@ class Children:
         """One line for the person at the terminal, escaped (`safe`: a reason from the
         scheduler, a log's tail); `raw`: a --join worker's own output, colours and all."""
         start = "\r\x1b[K" if self._tty and not self.options.join else ""
-        setup.say(self.out, start + (line if raw else safe(line)) + "\n")
+        self.terminal.write(start + (line if raw else safe(line)) + "\n")
+
+    async def _said(self) -> None:
+        """Once the job's processes are gone: what is left to say reaches the terminal, within
+        TERMINAL_DRAIN_S (a reader that pauses longer loses it; the logs hold the output)."""
+        await asyncio.to_thread(self.terminal.drain, TERMINAL_DRAIN_S)
 
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
@@ -241,7 +343,11 @@ class Children:
         return policy.Seen(
             workers=tuple(
                 policy.WorkerSeen(
-                    w.planned.index or 0, w.exit_code, w.restarts, self._spare(w, view)
+                    w.planned.index or 0,
+                    w.exit_code,
+                    w.restarts,
+                    self._spare(w, view),
+                    None if w.exit_code is None else w.exited_at,
                 )
                 for w in self.workers
             ),

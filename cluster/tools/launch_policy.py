@@ -36,6 +36,9 @@ class WorkerSeen:
     # Holds no rank now: a spare, or a worker whose rank a spare took (the scheduler says so;
     # before it answers, how it was started). Its exit never fails the job.
     spare: bool = False
+    # When it exited, on the launcher's clock (None while it runs): the first failure is the
+    # earliest exit, whatever the workers' order.
+    exited_at: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -114,16 +117,21 @@ def decide(seen: Seen) -> Decision:
 
 
 def _failed_worker(seen: Seen) -> Decision | None:
-    """The first failed worker: started again, or the job fails with it; None: none failed."""
-    for worker in seen.workers:
-        if not worker.failed:
-            continue
+    """The failed worker that exited first: started again, or the job fails with it; None:
+    none failed."""
+    for worker in sorted((w for w in seen.workers if w.failed), key=_exit_order):
         why_not = why_not_restart(worker, seen)
         if why_not is None:
             return Decision(Action.RESTART, worker.index)
         if not worker.spare:
             return Decision(Action.FAIL, worker.index, why_not)
     return None
+
+
+def _exit_order(worker: WorkerSeen) -> tuple[float, int]:
+    """Earliest exit first (one without a time last), then by index."""
+    at = worker.exited_at
+    return (float("inf") if at is None else at, worker.index)
 
 
 def left_to_resume(seen: Seen) -> bool:
@@ -214,23 +222,31 @@ def cause(
        the scheduler or a peer told of the failure may exit before it. Such a worker may still
        be running (`errors` has its line, its exit code is None): after its traceback, its
        exit can block on what failed (an NCCL communicator) while its connection is closed;
-    4. otherwise the first to fail.
+    4. when the first to fail died of the job's failure (its line is one of `FAILURE_ERRORS`):
+       the earliest-exited failed worker whose exit is no such consequence (`sys.exit(3)` after
+       a line of its own, `os._exit`);
+    5. otherwise the first to fail.
     """
     for worker in workers:
         if worker.exit_code is not None and worker.exit_code < 0:
             return worker.index
     if first is None and scheduler_exit is not None and scheduler_exit < 0:
         return None
+    said = errors or {}
+    ranked = sorted((w for w in workers if not w.spare), key=_exit_order)
     own = [
         w.index
-        for w in workers
-        if (w.failed or w.exit_code is None)
-        and not w.spare
-        and _own_error((errors or {}).get(w.index))
+        for w in ranked
+        if (w.failed or w.exit_code is None) and _own_error(said.get(w.index))
     ]
-    if first in own or not own:
+    if first in own:
         return first
-    return own[0]
+    if own:
+        return own[0]
+    if first is None or not _consequence(said.get(first)):
+        return first
+    not_told = [w.index for w in ranked if w.failed and not _consequence(said.get(w.index))]
+    return not_told[0] if not_told else first
 
 
 # The errors a worker dies of when the job failed around it: not a cause.
@@ -240,10 +256,16 @@ FAILURE_ERRORS = ("JobFailedError", "PeerFailedError", "SchedulerUnreachableErro
 def _own_error(line: str | None) -> bool:
     """`line`: 'cluster: JobFailedError: ...' (cluster's excepthook) or a traceback's last line,
     'cluster.protocol.errors.PeerFailedError: ...', 'RuntimeError: NCCL error ...'."""
+    return bool(line) and not _consequence(line)
+
+
+def _consequence(line: str | None) -> bool:
+    """Whether `line` (as `_own_error` takes it) is an error of the job's failure
+    (`FAILURE_ERRORS`): the worker died because another process failed."""
     if not line:
         return False
     kind = line.removeprefix("cluster: ").split(":", 1)[0].rsplit(".", 1)[-1]
-    return kind not in FAILURE_ERRORS
+    return kind in FAILURE_ERRORS
 
 
 def describe_scheduler_exit(code: int) -> str:

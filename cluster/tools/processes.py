@@ -8,7 +8,10 @@ whole machine (another job may run the same script with the same node ids):
   `<log-dir>/pids` (`PIDS_FILE`); this reads one and checks that it is still that launcher's
   child (a pid that exited, or was given to someone else since, is None);
 - `descendants(root)` and `worker_pid(root, node_id)`: the processes below `root` (a launcher,
-  an `sbatch` or a shell the caller started), the worker of a node among them only.
+  an `sbatch` or a shell the caller started), the worker of a node among them only;
+- `signal_group(pgid, ...)`, `groups_running(pgids)` and `group_states(pgids)`: a process
+  started in a session of its own and what it started, which stays in its group after it
+  exited (a worker's helper), to stop them all at the end.
 
 `processes_running(marker)` scans the whole machine, for checks that nothing of a job is left
 (a process that escaped its parent is no one's descendant): give it a marker of this run only
@@ -17,7 +20,9 @@ whole machine (another job may run the same script with the same node ids):
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from cluster.worker.orphan import proc_stat
@@ -36,6 +41,41 @@ def parent_of(pid: int) -> int | None:
 def alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not)."""
     return parent_of(pid) is not None
+
+
+def group_states(pgids: Collection[int]) -> dict[int, list[str]]:
+    """The states (/proc's letters: R, S, T for stopped, ...) of the live processes (not
+    zombies) of each of process groups `pgids` that has any: one look."""
+    wanted = {str(pgid) for pgid in pgids}
+    found: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = proc_stat(entry.name)
+            if stat is not None and stat[0] not in "ZX" and stat[2] in wanted:
+                found.setdefault(int(stat[2]), []).append(stat[0])
+    return found
+
+
+def groups_running(pgids: Collection[int]) -> set[int]:
+    """Those of process groups `pgids` that a live process (not a zombie) is in: one look."""
+    return set(group_states(pgids))
+
+
+def group_is_ours(pgid: int, *, leader_reaped: bool) -> bool:
+    """Whether process group `pgid` can still be that of a process this tool started in a
+    session of its own (its pid is the group's): while that leader runs, and once it was reaped
+    (`leader_reaped`) while no process has its pid, since one that has it was given the number
+    since and the group is empty (the kernel gives out no number a group still uses)."""
+    return not leader_reaped or proc_stat(pgid) is None
+
+
+def signal_group(pgid: int, signum: int, *, leader_reaped: bool) -> None:
+    """Send `signum` to process group `pgid`, which a process this tool started leads (or led:
+    what it started stays in its group when it exits), while it is ours (`group_is_ours`). An
+    empty group is no error."""
+    if group_is_ours(pgid, leader_reaped=leader_reaped):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signum)
 
 
 def descendants(root: int) -> list[int]:

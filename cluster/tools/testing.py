@@ -18,8 +18,11 @@ loss_percent=...)` adds delay and loss (tc netem). The namespaces, links and add
 removed.
 
 Every action waits for what it should cause to be visible (the node marked failed, the new
-generation, the nodes back), with a bound, never for a fixed time. The job runs with recovery
-on, on a free port, with its recovery path and logs in a temporary directory (or `workdir`).
+generation, the nodes back), with a bound, never for a fixed time. The job ends with the
+process that owns it (that started it), even SIGKILLed: its processes watch it as a launcher's
+children watch theirs (CLUSTER_LAUNCHER_PID), and its guard (`testing_guard`) ends those that
+cannot. The job runs with recovery on, on a free port, with its recovery path and logs in a
+temporary directory (or `workdir`).
 pytest users get the `local_job` fixture from `cluster.testing` (add
 `pytest_plugins = ["cluster.tools.testing"]` to a conftest.py), which closes every job it made.
 
@@ -30,6 +33,7 @@ name is importable from here (and from `cluster.testing`, `__all__`'s).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -44,6 +48,7 @@ from typing import Any
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.records import Phase
+from cluster.tools import testing_guard
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.processes import descendants, launched_pid, processes_running, worker_pid
 from cluster.tools.secret import write_job_secret
@@ -62,6 +67,7 @@ from cluster.tools.testing_setup import (
     scheduler_hosts,
     tls_identity,
 )
+from cluster.worker import orphan
 
 __all__ = [
     "JobTimeoutError",
@@ -140,6 +146,9 @@ class LocalJob:
         self._relay_dir: Path | None = None
         self._relay_wanted = options.relay
         self._status: StatusClient | None = None
+        self._started: list[Process] = []
+        # Ends the job's processes once this process is gone, even SIGKILLed (`testing_guard`).
+        self._guard: subprocess.Popen[bytes] | None = None
 
     def _environment(self, options: LocalJobOptions) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
@@ -183,6 +192,8 @@ class LocalJob:
 
     def start(self) -> LocalJob:
         """Start the scheduler and every worker (they form the job in the background)."""
+        if self._guard is None:
+            self._guard = testing_guard.start(self.python)
         if self.network is not None:
             self.network.setup()
         for k in range(len(self.hosts)):
@@ -207,7 +218,7 @@ class LocalJob:
         args = [self.python, str(self.script.resolve()), *self.args]
         if self.network is not None and node_id is not None:
             args = self.network.command(self._slot(node_id), args)
-        return Process(name, args, env, self.workdir / f"{name}.log")
+        return self._process(name, args, env)
 
     def _slot(self, node_id: str) -> int:
         """Node `node_id`'s network namespace: worker i's is i, spare i's follows the workers'."""
@@ -221,7 +232,7 @@ class LocalJob:
         self._relay_dir = Path(tempfile.mkdtemp(prefix="cluster-relay-"))
         path = self._relay_dir / "relay.sock"
         args = [self.python, "-m", "cluster", "relay", "--socket", f"unix:{path}"]
-        relay = self.relay = Process("relay", args, dict(self.env), self.workdir / "relay.log")
+        relay = self.relay = self._process("relay", args, dict(self.env))
 
         def up() -> bool:
             if not relay.running:
@@ -233,7 +244,17 @@ class LocalJob:
     def _spawn_scheduler(self, k: int) -> Process:
         env = {**self.env, "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": self.hosts[k]}
         args = [self.python, str(self.script.resolve()), *self.args]
-        return Process(scheduler_name(k), args, env, self.workdir / f"{scheduler_name(k)}.log")
+        return self._process(scheduler_name(k), args, env)
+
+    def _process(self, name: str, args: list[str], env: dict[str, str]) -> Process:
+        """Start one process of the job, its output in `<workdir>/<name>.log`; each one started
+        (every incarnation) is `close()`'s to end, and the guard's once this process is gone.
+        It watches this process as a launcher's child watches its launcher."""
+        env = {**env, orphan.ENV: str(os.getpid())}
+        proc = Process(name, args, env, self.workdir / f"{name}.log")
+        self._started.append(proc)
+        testing_guard.note(self._guard, proc.pid)
+        return proc
 
     def worker(self, i: int) -> Process:
         proc = self.workers[i]
@@ -428,10 +449,13 @@ class LocalJob:
         return next((code for code in codes if code != 0), 0)
 
     def close(self) -> None:
-        """Kill whatever is still running (every process group) and clean up."""
-        for proc in [*self.schedulers, *self.workers, *self.spares, self.relay]:
-            if proc is not None:
-                proc.kill_group()
+        """Kill whatever is still running (the process group of every process it started, its
+        leader's exit or not: the helpers a worker left) and clean up."""
+        for proc in self._started:
+            proc.kill_group()
+        if self._guard is not None:
+            self._end_guard(self._guard)
+            self._guard = None
         if self._relay_dir is not None:
             shutil.rmtree(self._relay_dir, ignore_errors=True)
         if self._status is not None:
@@ -441,6 +465,19 @@ class LocalJob:
             self.network.teardown()
         if self._tmp is not None:
             self._tmp.cleanup()
+
+    @staticmethod
+    def _end_guard(guard: subprocess.Popen[bytes]) -> None:
+        """Close the guard's pipe: it finds nothing left of the job, and exits (killed if it
+        has not within its bound)."""
+        if guard.stdin is not None:
+            with contextlib.suppress(OSError):
+                guard.stdin.close()
+        try:
+            guard.wait(testing_guard.GRACE_S + 5.0)
+        except subprocess.TimeoutExpired:
+            guard.kill()
+            guard.wait(10)
 
     def __enter__(self) -> LocalJob:
         return self.start()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cluster.protocol.errors import JobTimeoutError
+from cluster.tools.processes import signal_group
 from cluster.worker import identity
 from cluster.worker.orphan import proc_stat
 
@@ -114,9 +115,10 @@ class Process:
         return cpu_seconds(self.pid)
 
     def kill_group(self) -> None:
-        if self.running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+        """SIGKILL its process group, whether it still runs or not (what it started stays in
+        its group: a helper it left behind), and reap it."""
+        reaped = self.popen.poll() is not None
+        signal_group(self.pid, signal.SIGKILL, leader_reaped=reaped)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
 

@@ -281,6 +281,38 @@ def test_the_cause_is_the_worker_that_died_of_its_own_error_whoever_exited_first
     assert cause(spare, first=0, errors={0: told, 1: nccl}) == 0
 
 
+def test_the_first_failed_worker_is_the_one_that_exited_first_whatever_its_index() -> None:
+    """Rank 2 exits 3; ranks 0, 1 and 3 die of the job's failure just after it, before the
+    launcher decides: the failure is rank 2's."""
+    gave_up = (
+        WorkerSeen(0, 1, exited_at=10.2),
+        WorkerSeen(1, 1, exited_at=10.3),
+        WorkerSeen(2, 3, exited_at=10.0),
+        WorkerSeen(3, None),
+    )
+    seen = Seen(gave_up, last=READY_NO_RECOVERY, now=READY_NO_RECOVERY)
+    assert decide(seen).worker == 2
+    assert decide(dataclasses.replace(seen, max_restarts=1, now=READY)) == Decision(
+        Action.RESTART, 2
+    )
+
+
+def test_a_worker_that_died_of_the_job_s_failure_is_not_the_cause_of_it() -> None:
+    """Rank 0 died of JobFailedError and was seen first (its exit raced rank 2's): rank 2,
+    which exited with no such line, is the cause; the earliest of several."""
+    told = "cluster: JobFailedError: job failed: rank 2 died"
+    exits = (
+        WorkerSeen(0, 1, exited_at=5.0),
+        WorkerSeen(1, 3, exited_at=5.2),
+        WorkerSeen(2, 3, exited_at=5.1),
+    )
+    assert cause(exits, first=0, errors={0: told, 1: None, 2: None}) == 2
+    assert cause(exits, first=0, errors={0: told, 1: None, 2: told}) == 1
+    # A first whose exit is no consequence stays the cause; so does one nobody else explains.
+    assert cause(exits, first=1, errors={0: told, 1: None, 2: None}) == 1
+    assert cause(exits, first=0, errors={0: told, 1: told, 2: told}) == 0
+
+
 def test_exits_are_described_in_words() -> None:
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(KILLED) == "was killed by SIGKILL"

@@ -84,3 +84,30 @@ def test_launched_pid_gives_a_listed_child_of_the_listed_launcher_only(
     started[0].kill()
     started[0].wait(10)  # reaped: no longer a process
     assert processes.launched_pid(tmp_path, "scheduler") is None  # exited
+
+
+def test_a_group_whose_leader_exited_is_signalled_only_while_no_process_has_its_number(
+    started: list[subprocess.Popen[bytes]],
+) -> None:
+    """A shell leads a group and exits, leaving its sleeper there: the group is still signalled.
+    A process that has the number of a reaped leader got it since: its group is left alone."""
+    shell = subprocess.Popen(
+        ["bash", "-c", f"{shlex.join(SLEEP)} & echo $!"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert shell.stdout is not None
+    sleeper = int(shell.stdout.readline())
+    shell.stdout.close()
+    shell.wait(10)
+    try:
+        assert processes.groups_running([shell.pid]) == {shell.pid}
+        processes.signal_group(shell.pid, signal.SIGKILL, leader_reaped=True)
+        wait_until(lambda: not processes.alive(sleeper), 10, "the sleeper to end")
+        assert processes.groups_running([shell.pid]) == set()
+    finally:
+        processes.signal_group(shell.pid, signal.SIGKILL, leader_reaped=True)
+    other = start(started, SLEEP)  # stands for a process given a reaped leader's number
+    assert not processes.group_is_ours(other, leader_reaped=True)
+    processes.signal_group(other, signal.SIGKILL, leader_reaped=True)
+    assert processes.alive(other)

@@ -13,8 +13,10 @@ stands by sends the follow to the leader it names, and the events already shown 
 twice; a follow ends only at the job's last event (exit 1 when it is `job_failed`: `exit_status`),
 or with an error that says why. `--follow --file` gives up likewise (exit 1, one line) once no
 one writes the file: nobody holds FILE.lock (the lock its scheduler holds while it writes it)
+nor the launcher.lock beside it (`mscluster run` holds it from before its scheduler starts),
 and it has not grown for RECONNECT_S; a live scheduler that is merely quiet holds the lock, and
-is followed on.
+is followed on. A file that is not there is waited for while one of those locks is held, and
+for RECONNECT_S when none is: then one line says no event log came there (exit 2).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from cluster.protocol.events import JobEvent, Kind, LeaderChange
 from cluster.protocol.leader_search import LeaderSearch
 from cluster.storage import holder_lock, rotation
 from cluster.tools import following, reading, status
+from cluster.tools.launch_lock import LOCK_FILE as LAUNCHER_LOCK
 from cluster.tools.placement import DEFAULT_LOG_DIR
 from cluster.transport import channel as scheduler_channel
 from cluster.transport import tls
@@ -146,7 +149,8 @@ def from_file(
     `started` or `resumed` began when the follow began (every `mscluster run` in a directory
     appends to its log: an earlier job's end is history); a file not there yet is waited for,
     and `say` says so. SchedulerUnreachableError once the file has no writer (`_Writer`:
-    nobody held its lock and it did not grow for `gone_s`, default RECONNECT_S)."""
+    nobody held its lock or its directory's launcher.lock and it did not grow for `gone_s`,
+    default RECONNECT_S); ConfigError when it never came and nobody held either meanwhile."""
     if not follow:
         files = rotation.in_order(path)
         if not files:
@@ -194,6 +198,7 @@ def _follow_file(path: Path, poll_s: float, writer: _Writer) -> Generator[JobEve
     rotates it (a new file at `path`), the rest of the old one, then the new one from its
     start."""
     while (handle := _opened(path)) is None:
+        writer.check(None)
         time.sleep(poll_s)
     tail = _Tail(handle)
     try:
@@ -225,39 +230,54 @@ def _follow_file(path: Path, poll_s: float, writer: _Writer) -> Generator[JobEve
 
 
 class _Writer:
-    """Whether the event log `path` still has a writer, asked by a follower at the end of it:
-    gone once nobody held its FILE.lock (`holder_lock.held`, asked every LOCK_ASKED_S) and the
-    file did not grow, for `gone_s`. A lock that cannot be asked (no locks on its file system)
-    is taken as held: that follower waits for the job's last event as before."""
+    """Whether the event log `path` still has a writer, asked by a follower at the end of it
+    (or while there is no file there): gone once nobody held its FILE.lock (the scheduler that
+    writes it) nor the launcher.lock of its directory (`mscluster run`, from before its
+    scheduler made the file), asked every LOCK_ASKED_S, and the file did not grow (or come), for
+    `gone_s`. A lock that cannot be asked (no locks on its file system) is taken as held: that
+    follower waits for the job's last event as before."""
 
     def __init__(self, path: Path, gone_s: float) -> None:
         self.path = path
         self.gone_s = gone_s
-        self._lock = holder_lock.lock_path(path)
-        self._size = -1
-        self._seen = time.monotonic()  # the last sign of a writer: the file grew, or its lock
-        self._asked = 0.0  # when the lock was asked last
+        self._locks = (holder_lock.lock_path(path), path.with_name(LAUNCHER_LOCK))
+        self._size: int | None = None  # None: no file there
+        self._seen = time.monotonic()  # the last sign of a writer: the file grew, or a lock
+        self._asked = 0.0  # when the locks were asked last
 
-    def check(self, handle: IO[bytes]) -> None:
-        """At the end of what `handle` reads of the log: SchedulerUnreachableError once its
-        writer is gone."""
+    def check(self, handle: IO[bytes] | None) -> None:
+        """At the end of what `handle` reads of the log (None: no file there yet):
+        SchedulerUnreachableError once its writer is gone; ConfigError once no file came and
+        nothing would write one."""
         now = time.monotonic()
-        size = os.fstat(handle.fileno()).st_size
+        size = None if handle is None else os.fstat(handle.fileno()).st_size
         if size != self._size:
             self._size, self._seen = size, now
             return
         if now - self._asked < LOCK_ASKED_S:
             return
         self._asked = now
-        if holder_lock.held(self._lock) is not False:
+        if any(holder_lock.held(lock) is not False for lock in self._locks):
             self._seen = now
         elif now - self._seen >= self.gone_s:
-            raise SchedulerUnreachableError(
-                f"the event log {self.path} has no writer: nobody holds {self._lock.name} and "
-                f"nothing was added for {self.gone_s:g} s, but the job's last event is not in "
-                "it (its scheduler was killed, or its host lost?); mscluster status or events "
-                "--addr asks a scheduler of the job"
+            raise self._gone()
+
+    def _gone(self) -> ConfigError | SchedulerUnreachableError:
+        scheduler, launcher = (lock.name for lock in self._locks)
+        if self._size is None:
+            return ConfigError(
+                f"no event log appeared at {self.path} in {self.gone_s:g} s, and nothing "
+                f"would write one there: no `mscluster run` or scheduler holds {launcher} or "
+                f"{scheduler} in {self.path.parent}; run this in the directory `mscluster run` "
+                "ran in (or give its --log-dir), or give --file FILE (a scheduler's "
+                "CLUSTER_EVENT_LOG) or --addr HOST:PORT"
             )
+        return SchedulerUnreachableError(
+            f"the event log {self.path} has no writer: nobody holds {scheduler} or {launcher} "
+            f"and nothing was added for {self.gone_s:g} s, but the job's last event is not in "
+            "it (its scheduler was killed, or its host lost?); mscluster status or events "
+            "--addr asks a scheduler of the job"
+        )
 
 
 def _opened(path: Path) -> IO[bytes] | None:

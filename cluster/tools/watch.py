@@ -15,7 +15,8 @@ cut, its scheduler away) is opened again. A scheduler that stops answering (a re
 once and asked again, for up to `events.RECONNECT_S` (as `mscluster events --follow --addr`):
 then the watch says so in one line and exits 1, the job's end unknown. The watch ends when the
 job has ended: exit 0 when it finished, 1 when it failed (or when nothing answered at first,
-or for RECONNECT_S since); 130 on Ctrl-C.
+or for RECONNECT_S since); 130 on Ctrl-C. When its event told the end and the scheduler exited
+before a poll saw it, the last table is the last answer as the end leaves it (`ended_view`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import datetime
 import io
 import sys
@@ -337,6 +339,8 @@ class Watcher:
         self.reconnect_s = reconnect_s
         self.view: JobView | None = None
         self.ended: Ended | None = None  # the job's last event, once seen
+        self._ended_at = 0.0  # when it came (time.monotonic)
+        self._seen_at = 0.0  # when `view` came
         self._lost_at: float | None = None  # when the scheduler stopped answering
         self._moved = ""  # the last move to another scheduler, not shown yet on a terminal
         self._wake = asyncio.Event()
@@ -365,6 +369,7 @@ class Watcher:
                 async for event in self._follow():
                     if event.kind in FINAL:
                         self.ended = _ended(event)
+                        self._ended_at = time.monotonic()
                     self._wake.set()
                     if self.ended is not None:
                         return
@@ -394,7 +399,7 @@ class Watcher:
         if not self.terminal:
             self._moved = ""
         found = changes(self.view, view)
-        self.view = view
+        self.view, self._seen_at = view, time.monotonic()
         return view, found
 
     async def _pause(self) -> None:
@@ -444,12 +449,21 @@ class Watcher:
                     screen.update(Fitted(view, found, self._moved), refresh=True)
                     if view.phase in _OVER:
                         return self._code(view)
+                elif self.ended is not None:
+                    screen.update(self._last_frame(self.ended), refresh=True)
+                    return self._code(None)
                 elif self.view is not None:
-                    note = "scheduler not answering" if self.ended is None else self._ending()
-                    screen.update(Fitted(self.view, [], note), refresh=True)
-                    if self.ended is not None:
-                        return self._code(None)
+                    screen.update(Fitted(self.view, [], "scheduler not answering"), refresh=True)
                 await self._pause()
+
+    def _last_frame(self, ended: Ended) -> Fitted | Text:
+        """The job's end as the scheduler's event said it, its scheduler exited before a poll
+        saw it: the last view (`ended_view`), what the end changed in it highlighted, or the
+        ending alone when no poll answered at all."""
+        if self.view is None:
+            return Text(shown(self._ending()), style="bold red")
+        last = ended_view(self.view, ended, self._ended_at - self._seen_at)
+        return Fitted(last, changes(self.view, last), self._ending())
 
 
 def run(
@@ -500,6 +514,26 @@ def run(
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def ended_view(view: JobView, ended: Ended, before_s: float) -> JobView:
+    """`view`, the scheduler's last answer, `before_s` before the job's end `ended` came and
+    its scheduler exited: in the phase the job ended in; no node has a stream (the scheduler is
+    gone), and when it finished, every node that held a rank and was alive has finished (the
+    scheduler finishes a job only then); the rest as last answered, which its caption says."""
+
+    def after(node: NodeView) -> NodeView:
+        done = ended.ok and node.state == "alive" and not node.spare
+        return dataclasses.replace(node, state="finished" if done else node.state, connected=False)
+
+    word = "finished" if ended.ok else "failed"
+    return dataclasses.replace(
+        view,
+        phase=Phase.FINISHED if ended.ok else Phase.FAILED,
+        detail=f"the scheduler's last answer {max(before_s, 0.0):.1f} s before the job {word}; "
+        "it has exited since",
+        nodes=tuple(after(node) for node in view.nodes),
+    )
 
 
 def _ended(event: JobEvent) -> Ended:

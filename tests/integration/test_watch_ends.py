@@ -103,3 +103,18 @@ def test_a_watch_of_a_job_that_finishes_exits_0(processes: Procs, tmp_path: Path
     assert watch.wait(BOUND_S) == 0, watch.output
     assert "the job finished" in watch.output
     assert said(watch) == []
+
+
+def test_a_follow_where_no_job_is_ends_in_one_line(processes: Procs, tmp_path: Path) -> None:
+    """`mscluster events --follow` in a directory where no job ran (no logs/events.jsonl,
+    nothing holds a lock there): after the bound, one line that says so and what to give,
+    exit 2 (before: it waited forever)."""
+    env = {**reader_env(None), "PYTHONPATH": str(ROOT)}  # run from elsewhere than the checkout
+    follow = processes.start("follow", short("events", "--follow"), env, cwd=tmp_path)
+    assert follow.wait(GIVE_UP_S + BOUND_S) == 2, follow.output
+    assert "Traceback" not in follow.output, follow.output
+    waited, gave_up = said(follow)
+    assert waited.startswith("mscluster: waiting for logs/events.jsonl"), follow.output
+    assert "no event log appeared at logs/events.jsonl in 3 s" in gave_up, follow.output
+    assert "no `mscluster run` or scheduler holds launcher.lock" in gave_up
+    assert not (tmp_path / "logs").exists()  # a reader makes nothing

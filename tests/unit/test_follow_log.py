@@ -9,20 +9,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
 from pathlib import Path
 
 import pytest
 
 from cluster.protocol.config import LogRotation
-from cluster.protocol.errors import SchedulerUnreachableError
+from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent
 from cluster.storage import holder_lock, rotation
 from cluster.storage.rotation import RotatingFile
 from cluster.tools import events as events_tool
 from cluster.tools.testing import Process, wait_until
 from tests import tmpfs
-from tests.procs import MSCLUSTER, Procs, reader_env
+from tests.procs import MSCLUSTER, PYTHON, Procs, reader_env
 from tests.unit.test_rotation import event, write_until_refused
 
 WAIT_S = 30.0
@@ -196,3 +197,106 @@ def test_a_quiet_log_whose_writer_holds_its_lock_is_followed_on(
         os.close(fd)
     assert followed.error is None
     assert followed.kinds == ["started", "finished"]
+
+
+# -- a log that is not there yet ---------------------------------------------------------------
+
+# A process holding what a starting job holds in its log directory DIR (argv[1]) until killed:
+# `mscluster run`'s launcher.lock (taken before its scheduler starts), or the scheduler's
+# events.jsonl.lock (taken before it writes the file).
+HOLDING = {
+    "launcher.lock": "from cluster.tools.launch_lock import LogDirLock; LogDirLock(d).take(8118)",
+    "events.jsonl.lock": (
+        "from cluster.storage import holder_lock; "
+        "fd = holder_lock.open_lock(d / 'events.jsonl.lock'); "
+        "assert holder_lock.try_lock(fd) is None; holder_lock.write_holder(fd)"
+    ),
+}
+
+
+def holding(processes: Procs, lock: str, directory: Path) -> Process:
+    script = (
+        "import signal, sys; from pathlib import Path; d = Path(sys.argv[1]); "
+        f"{HOLDING[lock]}; print('held', flush=True); signal.pause()"
+    )
+    holder = processes.start(
+        f"holding-{lock}", [PYTHON, "-c", script, str(directory)], reader_env(None)
+    )
+    holder.wait_for_output("held", WAIT_S)
+    return holder
+
+
+def test_a_log_that_never_came_and_that_nothing_would_write_is_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mscluster events --follow` in a directory with no job (a newcomer in the wrong one):
+    no file, no lock held; one error that says so and what to give (before: waited forever)."""
+    monkeypatch.setattr(events_tool, "RECONNECT_S", GONE_S)
+    path = tmp_path / "logs" / "events.jsonl"
+    followed = Follower(path)
+    assert followed.done.wait(GONE_S + events_tool.LOCK_ASKED_S + WAIT_S)
+    assert followed.kinds == []
+    assert isinstance(followed.error, ConfigError), followed.error
+    said = str(followed.error)
+    assert f"no event log appeared at {path} in {GONE_S:g} s" in said
+    assert f"holds launcher.lock or events.jsonl.lock in {path.parent}" in said
+    assert "--log-dir" in said
+    assert "--file" in said
+    assert "--addr" in said
+    assert not path.exists()  # a reader makes nothing
+
+
+@pytest.mark.parametrize("lock", sorted(HOLDING))
+def test_a_log_not_there_yet_is_waited_for_while_its_job_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: Procs, lock: str
+) -> None:
+    """A launcher that is starting the job (its launcher.lock held) or a scheduler about to
+    write the log (its lock held): the follow waits past the bound, follows the file once it
+    comes, to the job's end."""
+    monkeypatch.setattr(events_tool, "RECONNECT_S", GONE_S)
+    path = tmp_path / "events.jsonl"
+    holder = holding(processes, lock, tmp_path)
+    followed = Follower(path)
+    # Past GONE_S and several asks of the locks: still waiting (the wait is the check).
+    assert not followed.done.wait(GONE_S + 3 * events_tool.LOCK_ASKED_S)
+    path.write_text(line(1, "started") + line(2, "finished", detail="all done"))
+    assert followed.done.wait(WAIT_S)
+    assert followed.error is None
+    assert followed.kinds == ["started", "finished"]
+    holder.kill_group()
+
+
+def test_a_log_not_there_whose_launcher_was_killed_is_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: Procs
+) -> None:
+    """The launcher died before its scheduler wrote the log: the kernel let its lock go, and
+    the follow gives up within the bound."""
+    monkeypatch.setattr(events_tool, "RECONNECT_S", GONE_S)
+    path = tmp_path / "events.jsonl"
+    holder = holding(processes, "launcher.lock", tmp_path)
+    followed = Follower(path)
+    assert not followed.done.wait(GONE_S + 2 * events_tool.LOCK_ASKED_S)
+    holder.signal(signal.SIGKILL)
+    assert holder.wait(WAIT_S) == -signal.SIGKILL
+    assert followed.done.wait(GONE_S + events_tool.LOCK_ASKED_S + WAIT_S)
+    assert isinstance(followed.error, ConfigError), followed.error
+    assert f"no event log appeared at {path}" in str(followed.error)
+
+
+def test_a_quiet_log_whose_launcher_runs_is_followed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: Procs
+) -> None:
+    """Nobody holds events.jsonl.lock (its scheduler was killed), but `mscluster run` holds its
+    launcher.lock there (restarting it): followed on past the bound, to the job's end."""
+    monkeypatch.setattr(events_tool, "RECONNECT_S", GONE_S)
+    path = tmp_path / "events.jsonl"
+    path.write_text(line(1, "started"))
+    holder = holding(processes, "launcher.lock", tmp_path)
+    followed = Follower(path)
+    assert not followed.done.wait(GONE_S + 3 * events_tool.LOCK_ASKED_S)
+    with path.open("a") as log:
+        log.write(line(2, "resumed") + line(3, "finished", detail="all done"))
+    assert followed.done.wait(WAIT_S)
+    assert followed.error is None
+    assert followed.kinds == ["started", "resumed", "finished"]
+    holder.kill_group()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -260,3 +261,105 @@ def test_rows_that_need_a_look_come_first() -> None:
     assert (
         watch.summary(after.nodes, 2) == "1 failed, 3 alive (1 without a stream); 2 rows not shown"
     )
+
+
+# -- the last frame on a terminal when the scheduler exited before a poll saw the end -----------
+
+
+class Terminal(io.StringIO):
+    """What the watch draws on: a terminal (rich draws its frames in place on it)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def last_frame(out: str) -> list[str]:
+    """The lines of the last frame `Live` drew on a terminal: after its last erase, no styles."""
+    frame = out.rsplit("\x1b[2K", 1)[-1]
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame)
+    return [line.rstrip() for line in plain.replace("\r", "").split("\n") if line.strip()]
+
+
+async def watched_to_an_end_no_poll_saw(kind: str, detail: str, *nodes: NodeView) -> list[str]:
+    """The last frame of a watch on a 160 x 24 terminal whose polls answer `nodes` in a ready
+    job until the scheduler sent the job's last event (`kind`), then fail: it has exited."""
+    fetched = asyncio.Event()
+    sent = False
+
+    async def fetch() -> JobView:
+        if sent:
+            raise SchedulerUnreachableError("no scheduler answers at 127.0.0.1:8118")
+        fetched.set()
+        return view(*nodes)
+
+    async def follow() -> AsyncIterator[JobEvent]:
+        nonlocal sent
+        await fetched.wait()
+        sent = True
+        yield JobEvent(9, 9.0, kind, {"detail": detail})
+
+    out = Terminal()
+    watcher = Watcher(fetch, follow, out, interval_s=BOUND_S, terminal=True)
+    code = await asyncio.wait_for(watcher.run(), BOUND_S)
+    assert code == (0 if kind == "finished" else 1)
+    return last_frame(out.getvalue())
+
+
+@pytest.fixture
+def terminal_160x24(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    monkeypatch.setenv("LINES", "24")
+
+
+@pytest.mark.usefixtures("terminal_160x24")
+async def test_the_last_frame_of_a_finished_job_shows_it_finished() -> None:
+    """The scheduler exited right after the job finished, before a poll saw it: the last
+    frame is in the phase the end says, its nodes finished, none with a stream, and it says
+    that the rest is the scheduler's last answer (before: `phase ready`, both `alive`, `yes`)."""
+    frame = await watched_to_an_end_no_poll_saw(
+        "finished", "all 2 nodes finished", node(0), node(1)
+    )
+    text = " ".join(" ".join(frame).split())  # the title wraps
+    assert "phase finished" in text, text
+    assert "phase ready" not in text, text
+    assert "the job finished: all 2 nodes finished" in text, text
+    assert re.search(r"last answer \d+\.\d s before the job finished", text), text
+    rows = [line.split("│")[1:-1] for line in frame if line.startswith("│")]
+    assert [[cell.strip() for cell in row[3:5]] for row in rows] == [["finished", "no"]] * 2
+    assert "2 finished" in text
+
+
+@pytest.mark.usefixtures("terminal_160x24")
+async def test_the_last_frame_of_a_failed_job_shows_no_node_with_a_stream() -> None:
+    """The job failed (rank 1 died) and its scheduler exited: the last frame is `failed`, the
+    nodes as last seen but none with a stream to the scheduler that is gone."""
+    frame = await watched_to_an_end_no_poll_saw(
+        "job_failed",
+        "rank 1 died",
+        node(0),
+        node(1, state="failed", connected=False),
+    )
+    text = " ".join(" ".join(frame).split())
+    assert "phase failed" in text, text
+    assert "phase ready" not in text, text
+    assert "the job failed: rank 1 died" in text, text
+    rows = [line.split("│")[1:-1] for line in frame if line.startswith("│")]
+    cells = sorted([cell.strip() for cell in row[3:5]] for row in rows)
+    assert cells == [["alive", "no"], ["failed", "no"]], text
+    assert "yes" not in [cell.strip() for row in rows for cell in row]
+
+
+async def test_a_watch_that_saw_no_view_before_the_end_says_the_end() -> None:
+    """The job's end came before any poll answered (the scheduler exited at once): the watch
+    on a terminal ends with the ending, no table (before: it polled on forever)."""
+
+    async def fetch() -> JobView:
+        raise SchedulerUnreachableError("no scheduler answers at 127.0.0.1:8118")
+
+    async def follow() -> AsyncIterator[JobEvent]:
+        yield JobEvent(9, 9.0, "finished", {"detail": "all 2 nodes finished"})
+
+    out = Terminal()
+    watcher = Watcher(fetch, follow, out, interval_s=0.01, terminal=True)
+    assert await asyncio.wait_for(watcher.run(), BOUND_S) == 0
+    assert "the job finished: all 2 nodes finished" in "\n".join(last_frame(out.getvalue()))

@@ -4,10 +4,11 @@
 - reference/environment.md keeps its hand-written table of meanings, and the build fails when
   that table and the variables the code reads disagree; the page gets where each variable is
   read and the defaults the code computes in place of its `<!-- generated: ... -->` marks;
-- results.md, development.md and changelog.md are benchmarks/RESULTS.md, CONTRIBUTING.md and
-  CHANGELOG.md, whose links into docs/ are made relative to the site. A page of docs/ links to
-  those files where they are in the checkout (`../benchmarks/RESULTS.md#measured`), so that the
-  link works there too; in the site it goes to their page (`results.md#measured`).
+- results.md, development.md, changelog.md and certs.md are benchmarks/RESULTS.md,
+  CONTRIBUTING.md, CHANGELOG.md and certs/README.md, whose links into docs/ are made relative to
+  the site. A page of docs/ links to those files where they are in the checkout
+  (`../benchmarks/RESULTS.md#measured`), so that the link works there too; in the site it goes
+  to their page (`results.md#measured`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ COPIES: dict[str, tuple[Path, str]] = {
     "results.md": (ROOT / "benchmarks" / "RESULTS.md", "../docs/"),
     "development.md": (ROOT / "CONTRIBUTING.md", "docs/"),
     "changelog.md": (ROOT / "CHANGELOG.md", "docs/"),
+    "certs.md": (ROOT / "certs" / "README.md", "../docs/"),
 }
 DOCS = ROOT / "docs"
 # A Markdown link's target: a path, then an anchor or nothing.

@@ -62,5 +62,7 @@ def test_the_site_links_to_the_page_it_makes_of_a_file_outside_docs(
         to_copies(home, "index.md")
         == "[Benchmark results](results.md) | [Development](development.md)"
     )
-    others = "[TLS](howto/tls.md), [the certs](../certs/README.md), [x](https://example.org/a.md)"
+    certs = "see [Certificates](../../certs/README.md)"
+    assert to_copies(certs, "howto/tls.md") == "see [Certificates](../certs.md)"
+    others = "[TLS](howto/tls.md), [a script](../examples/train_mlp.py), [x](https://x.org/a.md)"
     assert to_copies(others, "index.md") == others

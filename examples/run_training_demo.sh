@@ -12,8 +12,12 @@
 # `rejoined` events for node 2 and a new generation, and worker 2 resuming from a checkpoint.
 #
 #   bash examples/run_training_demo.sh        # logs and results in ./demo
+#   PORT=8119 bash scripts/demo               # the same, its scheduler on another port
 #
-# STEPS (120) and KILL_STEP (45) size it; SIGNAL (KILL) is what worker 2 gets.
+# PORT (8118) is the scheduler's port, on 127.0.0.1: another job's scheduler (or another demo)
+# there fails the run, and the demo shows the end of that run's log and says to set PORT.
+# STEPS (120) and KILL_STEP (45) size it; SIGNAL (KILL) is what worker 2 gets; OUT (demo) is
+# where its results and logs go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python}
@@ -46,6 +50,14 @@ launched_pid() {  # $1: a launcher's pid, $2: its log dir, $3: a name in its pid
   [ "$listed" = "$1" ] && [ -n "$pid" ] && [ "$(parent_of "$pid")" = "$1" ] && echo "$pid"
 }
 
+run_failed() {  # $1: a run's name, $2: its exit status; says why, from the end of its log
+  echo "demo: the $1 run failed (exit status $2); the end of $OUT/$1.log:" >&2
+  tail -n 15 "$OUT/$1.log" | sed 's/^/  /' >&2
+  echo "demo: its scheduler listens on 127.0.0.1:$PORT (PORT); if that port is in use (another" >&2
+  echo "job, another demo), run the demo on a free one: PORT=<port> bash scripts/demo" >&2
+  exit 1
+}
+
 did_not_land() {  # $1: what is missing
   echo "the kill of worker 2 did not land: $1 (see $OUT/faulty.log and $OUT/faulty/logs/)" >&2
   exit 1
@@ -56,7 +68,7 @@ shows() {  # $1: an extended regular expression, $2: a file; whether it is there
 }
 
 echo "== run 1: no faults"
-(run clean) > "$OUT/clean.log" 2>&1
+(run clean) > "$OUT/clean.log" 2>&1 || run_failed clean $?
 echo "== run 2: worker 2 is SIG$SIGNAL'd at step $KILL_STEP"
 run faulty > "$OUT/faulty.log" 2>&1 &
 launcher=$!
@@ -65,7 +77,12 @@ logs="$OUT/faulty/logs"
 steps_of_worker_2() { grep -c "^epoch: " "$logs/worker_2.log" 2>/dev/null || true; }
 for _ in $(seq 600); do
   [ "$(steps_of_worker_2)" -ge "$KILL_STEP" ] 2>/dev/null && break
-  kill -0 "$launcher" 2>/dev/null || did_not_land "the run ended before step $KILL_STEP"
+  if ! kill -0 "$launcher" 2>/dev/null; then
+    status=0
+    wait "$launcher" || status=$?
+    [ "$status" = 0 ] || run_failed faulty "$status"
+    did_not_land "the run ended before step $KILL_STEP"
+  fi
   sleep 0.1
 done
 [ "$(steps_of_worker_2)" -ge "$KILL_STEP" ] 2>/dev/null ||
@@ -80,7 +97,7 @@ trap - EXIT
 
 grep -h "restarting it\|job finished\|job failed" "$OUT/faulty.log" || true
 grep -h "resuming from step" "$logs/worker_2.log" | tail -1 || true
-[ "$status" = 0 ] || { echo "the faulty run exited $status (see $OUT/faulty.log)" >&2; exit 1; }
+[ "$status" = 0 ] || run_failed faulty "$status"
 shows "worker 2 \(.*\) was killed .*; restarting it" "$OUT/faulty.log" ||
   did_not_land "no restart of worker 2 in the launcher's output"
 shows '"event":"failed".*"node_id":"2"' "$logs/events.jsonl" ||

@@ -216,6 +216,16 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+# `mscluster certs --help`: what it writes, and where the docs say the rest (a wheel has no
+# certs/README.md: the site has it as its Certificates page).
+CERTS_DESCRIPTION = (
+    "Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the p12 passwords "
+    "(server.pass, client.pass) and DIR/ssl.json, a complete TLS config for `mscluster run "
+    "--tls-config DIR/ssl.json`. Not for production keys: see the docs' TLS how-to "
+    "(docs/howto/tls.md) and its Certificates page, for your own CA's."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mscluster", description="Scheduler/worker networking for distributed training."
@@ -261,9 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     cert = commands.add_parser(
         "certs",
         help="make a CA, p12 files, a CRL and ssl.json for tests and first trials",
-        description="Write DIR/ca.pem, server.p12, client.p12, client-revoked.p12, crl.pem, the "
-        "p12 passwords (server.pass, client.pass) and DIR/ssl.json, a complete TLS config for "
-        "`mscluster run --tls-config DIR/ssl.json`. Not for production keys: see certs/README.md.",
+        description=CERTS_DESCRIPTION,
     )
     _add_certs_options(cert)
     chaos = commands.add_parser(

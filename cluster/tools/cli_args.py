@@ -15,7 +15,8 @@ def add_run_arguments(run: argparse.ArgumentParser) -> None:
     _add_join_arguments(run)
     _add_job_arguments(run)
     run.add_argument("script", help="the training script")
-    run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    rest = run.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    rest.required = False  # none is fine; argparse (3.11) would name it among the missing
 
 
 def _add_placement_arguments(run: argparse.ArgumentParser) -> None:

@@ -208,14 +208,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         from cluster.tools import watch  # noqa: PLC0415 - imports grpc
 
         return watch.run(addrs, identity, interval_s=args.interval, out=sys.stdout, secret=secret)
+    from cluster.tools import status  # noqa: PLC0415 - imports grpc
+
     try:
         view = asyncio.run(_status(addrs, identity, secret))
     except SchedulerUnreachableError as exc:
-        print(f"mscluster: {safe(exc)}", file=sys.stderr)
+        print(f"mscluster: {status.pointed(safe(exc), bool(args.addr))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C while it asks
         return EXIT_INTERRUPTED
-    from cluster.tools import status  # noqa: PLC0415
 
     print(view.to_json() if args.json else status.render(view))
     return 0

@@ -10,8 +10,14 @@ CLUSTER_TLS_CONFIG when it is set; of several (standbys on etcd), the one that l
 socket is made readable by this user only: whoever may use it may speak as the workers of this
 host, as whoever may read their credentials could.
 
-The relay serves until it is stopped (SIGTERM, SIGINT) or its launcher is gone; then its
-workers' calls end, and each goes to the scheduler directly.
+A relay started by hand ends by itself, exit status 0, once this host's part in the job is
+over (its scheduler told the workers it carries that the job finished or failed, or every
+worker it carried finished) and every worker connected to it has closed its connection, so
+that a shell loop that ends in `wait` ends with the job. A scheduler lost (a standby taking
+over, one restarted to resume the job) is neither: the relay follows the new leader, or waits
+for the scheduler's port. A relay `mscluster run` started is its launcher's to stop. Either
+serves until it is stopped (SIGTERM, SIGINT) or its launcher is gone; then its workers' calls
+end, and each goes to the scheduler directly.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from cluster.protocol.environment import (
 from cluster.protocol.errors import ConfigError
 from cluster.storage import holder_lock
 from cluster.transport import collector
+from cluster.worker import orphan
 
 EXIT_OK = 0
 _PROBE_S = 1.0  # how long the probe of an existing socket waits for its connection
@@ -53,6 +60,9 @@ class RelaySettings:
     tls: TLSOptions | None = None
     # The job's other schedulers (standbys on etcd): the relay follows the one that leads.
     others: tuple[str, ...] = ()
+    # Whether it ends once the job has ended and its workers have closed (one started by hand),
+    # or serves on until stopped (one of `mscluster run`, which stops it).
+    ends_with_job: bool = False
 
     @property
     def schedulers(self) -> tuple[str, ...]:
@@ -83,6 +93,7 @@ def settings_from_env(
         nodes=workers + servers,
         node_timeout_s=None if silent else timeout,
         tls=tls_options_from_env(env),
+        ends_with_job=env.get(orphan.ENV) != str(os.getppid()),
     )
 
 
@@ -141,6 +152,29 @@ class Relay:
         self._server, self._bound = server, _identity(s.path)
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
         return s.address
+
+    async def job_over(self) -> str:
+        """Return once this host's part in the job is over (`HostLinks.done`: the scheduler
+        told its workers that the job ended, or every worker it carried finished) and every
+        worker connected to it has closed: the line that says so."""
+        from cluster.transport import hop, relay  # noqa: PLC0415 - grpc, as `start`
+
+        forwarder, server = self._forwarder, self._server
+        assert isinstance(forwarder, relay.Forwarder)
+        assert isinstance(server, hop.HopServer)
+        links = forwarder.links
+        while True:
+            await links.done.wait()
+            await server.emptied()
+            if links.done.is_set():  # not a worker come meanwhile, whose Finish is awaited
+                break
+        if links.job_end is None:
+            return f"every worker it carried ({links.finished}) finished and has closed: exiting"
+        ok, reason = links.job_end
+        return (
+            f"the job {'finished' if ok else 'failed'}: {reason}; every worker it carried "
+            "has closed: exiting"
+        )
 
     async def stop(self) -> None:
         server, upstream = self._server, self._channel
@@ -231,18 +265,29 @@ def _say(line: str, out: IO[str] = sys.stderr) -> None:
 
 
 async def serve(settings: RelaySettings) -> int:
-    """Serve until SIGTERM or SIGINT; the exit code."""
+    """Serve until SIGTERM or SIGINT, or (`ends_with_job`) until the job is over; the exit
+    code."""
     relay = Relay(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    stopped: asyncio.Task[object] | None = None
+    over: asyncio.Task[str] | None = None
     try:
         address = await relay.start()
         collector.tune_for_server()
         _say(f"serving {address} for the scheduler at {', '.join(settings.schedulers)}")
-        await stop.wait()
+        stopped = asyncio.ensure_future(stop.wait())
+        if settings.ends_with_job:
+            over = asyncio.ensure_future(relay.job_over())
+        await asyncio.wait([t for t in (stopped, over) if t], return_when=asyncio.FIRST_COMPLETED)
+        if over is not None and over.done() and not stop.is_set():
+            _say(over.result())
     finally:
+        for task in (stopped, over):
+            if task is not None:
+                task.cancel()
         await relay.stop()
     return EXIT_OK
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from cluster.protocol.leader_search import LeaderSearch
 from cluster.protocol.parse import split_address
 from cluster.protocol.records import NodeState, Phase
 from cluster.tools import reading
+from cluster.tools.placement import DEFAULT_MASTER_PORT
 from cluster.tools.table import format_table
 from cluster.transport import channel as channel_module
 from cluster.transport import failures, membership, tls
@@ -37,6 +39,11 @@ SHOWN_MAX = 256
 # passed under the CRL is taken as checked for `channel.CHECK_KEPT_S`.
 PROBE = channel_module.SchedulerProbe()
 _ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
+NO_ANSWER = "no scheduler answers at"
+# gRPC's details of a connection it could not make, its last words what the system said:
+# "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:8118: Failed to
+# connect to remote host: Connection refused".
+_UNCONNECTED = re.compile(r"^failed to connect to all addresses; last error: .*: ([^:]+)$")
 
 
 @dataclass(frozen=True)
@@ -237,7 +244,7 @@ async def fetch(
         if failure.kind is NotLeaderError and not failure.leader:
             raise stopping(address) from None
         raise SchedulerUnreachableError(
-            f"no scheduler answers at {address}: {failure.details}"
+            f"{NO_ANSWER} {address}: {unconnected(failure.details)}"
         ) from None
     assert isinstance(response, pb.StatusResponse)
     leadership = response.leadership
@@ -246,6 +253,27 @@ async def fetch(
     if leadership.role == pb.SCHEDULER_ROLE_UNSPECIFIED and not response.phase:
         raise stopping(address)  # a scheduler of an earlier version says it so
     return job_view(address, response)
+
+
+def unconnected(details: str) -> str:
+    """A failed call's `details`, gRPC's account of a connection it could not make said as the
+    system's reason alone (`connection refused`); any other as it is."""
+    found = _UNCONNECTED.match(details)
+    return details if found is None else found[1].strip().lower()
+
+
+def pointed(line: str, addr_given: bool) -> str:
+    """`line`, a SchedulerUnreachableError of `mscluster status`, with (when no scheduler
+    answered) where it looked and how to point it at the job's scheduler."""
+    if NO_ANSWER not in line:
+        return line
+    if addr_given:
+        return f"{line}: is the job running, with a scheduler at that --addr?"
+    return (
+        f"{line}: is the job running? Without --addr this asks MS_SCHED_HOST:MS_SCHED_PORT "
+        f"(127.0.0.1:{DEFAULT_MASTER_PORT} when unset): point it at the job's scheduler with "
+        "--addr HOST:PORT, or set those variables"
+    )
 
 
 def stopping(address: str) -> SchedulerUnreachableError:

@@ -311,11 +311,17 @@ class HopServer:
         self._address = "its socket"
         self._server: asyncio.Server | None = None
         self._connections: dict[_Connection, asyncio.Future[None]] = {}
+        self._empty = asyncio.Event()  # set while no worker is connected
+        self._empty.set()
 
     @property
     def connections(self) -> int:
         """How many workers are connected now."""
         return len(self._connections)
+
+    async def emptied(self) -> None:
+        """Return once no worker is connected (at once when none is)."""
+        await self._empty.wait()
 
     async def start(self, path: str) -> None:
         """Listen at `path` (a socket only this user can reach)."""
@@ -333,11 +339,14 @@ class HopServer:
         connection = _Connection(self._handlers, self, reader, writer)
         ended = asyncio.get_running_loop().create_future()
         self._connections[connection] = ended
+        self._empty.clear()
         try:
             await connection.serve()
         finally:
             del self._connections[connection]
             ended.set_result(None)
+            if not self._connections:
+                self._empty.set()
 
     def refusal(self, schedulers: tuple[str, ...]) -> str | Verdict | None:
         """Why a call of a worker for `schedulers` is not this relay's to forward (None: it is,

@@ -353,9 +353,12 @@ class _Link:
     the call ends, every slot still open ends with the call's status, as a stream forwarded on
     its own would have."""
 
-    def __init__(self, address: str, call: Any) -> None:
+    def __init__(
+        self, address: str, call: Any, heard: Callable[[bytes], None] = lambda event: None
+    ) -> None:
         self.address = address
         self._call = call
+        self._heard = heard  # every event that comes down, before it goes to its slots
         self.slots: dict[int, asyncio.Queue[bytes | stub.SlotEnd]] = {}
         self._up: asyncio.Queue[bytes] = asyncio.Queue()
         self.ended: _End | None = None
@@ -397,6 +400,8 @@ class _Link:
                 if raw is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from stubs
                     break
                 slots, event, ended = stub.host_down(raw)
+                if event:
+                    self._heard(event)
                 for slot in slots:
                     mailbox = self.slots.get(slot)
                     if mailbox is not None:
@@ -438,12 +443,50 @@ class HostLinks:
     one HostWatch call to the scheduler it follows (made again once that call ended, or when the
     relay moved). The worker's request and call metadata go up as they came; the events come
     back as the scheduler serialized them, and the end of the worker's call is the status the
-    scheduler gave its slot."""
+    scheduler gave its slot.
+
+    `done` is set while the host's part in the job is over: a scheduler told its workers that
+    the job ended (a Shutdown event; `job_end` its ok and reason), or every node whose Watch the
+    relay carried has had its Finish taken (`finished` of them: the job may go on elsewhere, with
+    nothing left for this relay). A scheduler lost is neither."""
 
     def __init__(self, upstreams: Upstreams) -> None:
         self._upstreams = upstreams
         self._links: dict[str, _Link] = {}
         self._numbers = itertools.count(1)
+        self.done = asyncio.Event()
+        self.job_end: tuple[bool, str] | None = None
+        self._carried: set[str] = set()  # the node ids of the Watch calls it carried
+        self._finished: set[str] = set()  # those whose Finish (not a failure's) was taken
+
+    @property
+    def finished(self) -> int:
+        return len(self._carried & self._finished)
+
+    def _heard(self, event: bytes) -> None:
+        if self.job_end is None and (end := stub.shutdown_of(event)) is not None:
+            self.job_end = end
+            self._settle()
+
+    def _settle(self) -> None:
+        if self.job_end is not None or (self._carried and self._carried <= self._finished):
+            self.done.set()
+        else:
+            self.done.clear()
+
+    def _carry(self, request: bytes) -> None:
+        """A local worker's Watch `request` is carried: its node's Finish is waited for."""
+        with contextlib.suppress(DecodeError):  # the scheduler refuses it in its words
+            self._carried.add(stub.watcher_of(request))
+            self._settle()
+
+    def _took(self, request: bytes) -> None:
+        """The scheduler took a local worker's Finish `request` (not a failure's)."""
+        with contextlib.suppress(DecodeError):
+            node, finished = stub.finisher_of(request)
+            if finished:
+                self._finished.add(node)
+                self._settle()
 
     def _link(self) -> _Link:
         address, method = self._upstreams.method("stream_stream", methods()[HOST_WATCH][1])
@@ -451,7 +494,7 @@ class HostLinks:
         if link is None or link.ended is not None:
             if link is not None:
                 link.close()
-            link = self._links[address] = _Link(address, method())
+            link = self._links[address] = _Link(address, method(), self._heard)
         return link
 
     def _open(self, request: bytes, context: Context, *, finish: bool) -> _Slot | None:
@@ -478,6 +521,7 @@ class HostLinks:
         if opened is None:
             return
         link, slot, mailbox = opened
+        self._carry(request)
         ended = False
         try:
             while True:
@@ -503,6 +547,8 @@ class HostLinks:
                 item = await mailbox.get()
                 if not isinstance(item, bytes):  # (a finish slot has no events)
                     ended = True
+                    if item[1] == grpc.StatusCode.OK:
+                        self._took(request)
                     return self._ended(link, item, context)
         finally:
             self._release(link, slot, detach=not ended)

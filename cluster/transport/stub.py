@@ -166,6 +166,39 @@ def host_down(raw: bytes) -> tuple[list[int], bytes, list[SlotEnd]]:
     return list(down.slots), down.event, ended
 
 
+def watcher_of(raw: bytes) -> str:
+    """The node id of a serialized WatchRequest (DecodeError if it is none)."""
+    request = pb.WatchRequest.FromString(raw)
+    said = request.register if request.WhichOneof("kind") == "register" else request.hello
+    return said.node_id
+
+
+def finisher_of(raw: bytes) -> tuple[str, bool]:
+    """(node id, whether it finished: no failure) of a serialized FinishRequest (DecodeError if
+    it is none)."""
+    request = pb.FinishRequest.FromString(raw)
+    return request.node_id, not request.failure
+
+
+# The first byte of a serialized Event that is a Shutdown: its one field, 4, length-delimited.
+_SHUTDOWN_TAG = b"\x22"
+
+
+def shutdown_of(event: bytes) -> tuple[bool, str] | None:
+    """(ok, reason) of a serialized Event that is a Shutdown, the job's end as the scheduler
+    tells it; None for any other event. Only a Shutdown's bytes are parsed (its tag leads them):
+    the relay reads no other event."""
+    if not event.startswith(_SHUTDOWN_TAG):
+        return None
+    try:
+        parsed = pb.Event.FromString(event)
+    except DecodeError:
+        return None
+    if parsed.WhichOneof("kind") != "shutdown":
+        return None
+    return parsed.shutdown.ok, parsed.shutdown.reason
+
+
 # -- whole peer tables by digest (`cluster.worker.peer_table`, the relay's shared tables) -------
 
 

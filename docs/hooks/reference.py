@@ -4,12 +4,17 @@
 - reference/environment.md keeps its hand-written table of meanings, and the build fails when
   that table and the variables the code reads disagree; the page gets where each variable is
   read and the defaults the code computes in place of its `<!-- generated: ... -->` marks;
-- results.md, development.md and changelog.md are benchmarks/RESULTS.md, CONTRIBUTING.md and
-  CHANGELOG.md, whose links into docs/ are made relative to the site.
+- results.md, development.md, changelog.md and certs.md are benchmarks/RESULTS.md,
+  CONTRIBUTING.md, CHANGELOG.md and certs/README.md, whose links into docs/ are made relative to
+  the site. A page of docs/ links to those files where they are in the checkout
+  (`../benchmarks/RESULTS.md#measured`), so that the link works there too; in the site it goes
+  to their page (`results.md#measured`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +41,11 @@ COPIES: dict[str, tuple[Path, str]] = {
     "results.md": (ROOT / "benchmarks" / "RESULTS.md", "../docs/"),
     "development.md": (ROOT / "CONTRIBUTING.md", "docs/"),
     "changelog.md": (ROOT / "CHANGELOG.md", "docs/"),
+    "certs.md": (ROOT / "certs" / "README.md", "../docs/"),
 }
+DOCS = ROOT / "docs"
+# A Markdown link's target: a path, then an anchor or nothing.
+_LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
 MARKS: dict[str, Callable[[], str]] = {
     "<!-- generated: environment-where -->": refgen.environment_where,
     "<!-- generated: environment-defaults -->": refgen.environment_defaults,
@@ -52,7 +61,24 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     return files
 
 
+def to_copies(markdown: str, src_uri: str) -> str:
+    """`markdown`, of the page docs/`src_uri`, with its links to a file that the site shows as a
+    page of its own (COPIES) made links to that page."""
+    here = (DOCS / src_uri).parent
+    pages = {os.path.normpath(source): uri for uri, (source, _) in COPIES.items()}
+
+    def swap(link: re.Match[str]) -> str:
+        uri = pages.get(os.path.normpath(here / link[1]))
+        if uri is None:
+            return link[0]
+        return f"]({os.path.relpath(DOCS / uri, here)}{link[2] or ''})"
+
+    return _LINK.sub(swap, markdown)
+
+
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    if not page.file.generated_by:
+        markdown = to_copies(markdown, page.file.src_uri)
     if page.file.src_uri != "reference/environment.md":
         return markdown
     problems = refgen.environment_check(markdown)

@@ -41,10 +41,18 @@ def _options(parser: argparse.ArgumentParser) -> Iterator[str]:
         names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.dest}`"
         if action.option_strings and action.nargs != 0:
             names += f" `{action.metavar or action.dest.upper()}`"
-        default = action.default
-        shown = "" if default in (None, False, argparse.SUPPRESS) else f"`{default}`"
         help_text = (action.help or "").replace("%%", "%")
-        yield f"| {names} | {cell(help_text)} | {shown} |"
+        yield f"| {names} | {cell(help_text)} | {_default(action)} |"
+
+
+def _default(action: argparse.Action) -> str:
+    """An option's default as the page shows it: none for a flag (a store_true's False and a
+    store_false's True say only that it was not given: `--no-relay`'s True is "a relay"), nor
+    for an option with none; any other value, 0 and "" too, as it is."""
+    default = action.default
+    if action.nargs == 0 or default is None or default is False or default is argparse.SUPPRESS:
+        return ""
+    return f"`{default}`"
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -11,6 +11,7 @@ MS_NODE_ID=2) are the demo's worker 2's. The demo runs a smaller workload (STEPS
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,19 @@ def test_a_demo_whose_kill_did_not_land_fails(tmp_path: Path) -> None:
         in result.stderr
     ), result.stderr
     assert "identical" not in result.stdout
+
+
+def test_a_demo_whose_port_is_taken_says_why_and_what_to_do(tmp_path: Path) -> None:
+    """Another process on the demo's port: its first run fails at once, and the demo shows the
+    end of that run's log (the launcher's line naming the port) and says to set PORT, instead
+    of exiting with nothing said."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_demo(tmp_path, PORT=str(port))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "demo: the clean run failed (exit status 2); the end of " in result.stderr
+    assert f"--master-port {port} is already in use on 127.0.0.1" in result.stderr
+    assert "PORT=<port> bash scripts/demo" in result.stderr, result.stderr
+    assert "== run 2" not in result.stdout

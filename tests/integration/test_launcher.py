@@ -21,6 +21,7 @@ from tests.procs import (
     PYTHON,
     ROOT,
     Procs,
+    job_env,
     launched,
     mscluster,
     private_copy,
@@ -567,10 +568,14 @@ def test_status_and_events_find_the_launchers_secret_or_say_what_to_pass(
     assert run.wait(15) == 130
 
 
-def test_status_of_a_dead_address_is_one_clear_line() -> None:
+@pytest.mark.parametrize("given", [True, False], ids=["addr", "environment"])
+def test_status_of_a_dead_address_is_one_clear_line(given: bool) -> None:
+    """Nothing listens there: one line that names the address and the refusal (not gRPC's
+    account of it), and how to point `mscluster status` at the job's scheduler."""
     port = free_port()
     result = subprocess.run(
-        [*MSCLUSTER, "status", "--addr", f"127.0.0.1:{port}"],
+        [*MSCLUSTER, "status", *(["--addr", f"127.0.0.1:{port}"] if given else [])],
+        env=job_env(1, port),
         capture_output=True,
         text=True,
         timeout=30,
@@ -579,7 +584,14 @@ def test_status_of_a_dead_address_is_one_clear_line() -> None:
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"mscluster: no scheduler answers at 127.0.0.1:{port}")
+    said = f"mscluster: no scheduler answers at 127.0.0.1:{port}: connection refused: "
+    assert lines[0].startswith(said), lines[0]
+    assert "failed to connect to all addresses" not in lines[0], lines[0]
+    if given:
+        assert lines[0].endswith("is the job running, with a scheduler at that --addr?")
+    else:
+        assert "Without --addr this asks MS_SCHED_HOST:MS_SCHED_PORT" in lines[0], lines[0]
+        assert "with --addr HOST:PORT, or set those variables" in lines[0], lines[0]
 
 
 def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path: Path) -> None:

@@ -672,7 +672,8 @@ def test_a_killed_worker_behind_a_relay_is_told_at_once(processes: Procs, short_
     for proc in [sched, workers[1], workers[2]]:
         assert proc.wait(15) != 0, proc.output
     assert "connection to the scheduler broke" in sched.output, sched.output
-    assert relay.running
+    assert relay.wait(30) == 0, relay.output  # the job over, its workers gone: it ends
+    assert "the job failed: rank" in relay.output, relay.output
 
 
 async def host_link_call(port: int, ups: list[pb.HostUp], ends: int) -> list[pb.HostDown]:

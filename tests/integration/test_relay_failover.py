@@ -106,7 +106,9 @@ def test_the_relay_follows_the_new_leader_and_its_workers_go_on(
         assert "lost the relay" not in w.output, w.output
     assert (out / "final.sha256").read_text().strip() == fault_free
     assert f"following the leader at {standby}:{port}" in relay.output, relay.output
-    assert relay.running
+    # The old leader's loss was no end of the job; its end is: the relay exits with it.
+    assert relay.wait(30) == 0, relay.output
+    assert "the job finished: " in relay.output, relay.output
     # The new leader ends the relay's host calls before its server stops: nothing cancelled.
     assert schedulers[standby].wait(30) == 0, schedulers[standby].output
     assert "Traceback" not in schedulers[standby].output, schedulers[standby].output

@@ -14,16 +14,21 @@ from tests.integration.test_relay import start_relayed_job
 from tests.procs import Procs
 
 
-def test_a_job_through_a_relay_ends_with_no_traceback_in_the_schedulers_log(
+def test_a_job_through_a_relay_ends_with_no_traceback_and_the_relay_exits_with_it(
     processes: Procs, short_dir: Path
 ) -> None:
+    """The relay, started by hand, exits 0 once the job finished and its workers closed,
+    saying so, and leaves no socket behind."""
     sched, relay, workers = start_relayed_job(processes, short_dir / "r.sock", 2, hold_s=0)
     for proc in [*workers, sched]:
         assert proc.wait(60) == 0, proc.output
     assert "job finished: all 2 nodes finished" in sched.output, sched.output
     assert "Traceback" not in sched.output, sched.output
-    assert relay.running
+    assert relay.wait(30) == 0, relay.output
+    said = "the job finished: all 2 nodes finished; every worker it carried has closed: exiting"
+    assert said in relay.output, relay.output
     assert "Traceback" not in relay.output, relay.output
+    assert not (short_dir / "r.sock").exists()
 
 
 @pytest.mark.parametrize(
@@ -48,5 +53,8 @@ def test_a_scheduler_stopped_by_a_signal_with_a_relay_connected_logs_no_tracebac
     assert sched.wait(15) == code, sched.output
     assert said in sched.output, sched.output
     assert "Traceback" not in sched.output, sched.output
-    assert relay.running
+    if signum == signal.SIGINT:  # the job over, its workers gone: the relay ends with them
+        assert relay.wait(30) == 0, relay.output
+    else:  # the job left to resume: the relay waits for it
+        assert relay.running, relay.output
     assert "Traceback" not in relay.output, relay.output

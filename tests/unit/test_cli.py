@@ -36,6 +36,18 @@ def test_an_msrun_line_parses_as_the_same_run_in_our_spelling() -> None:
     assert (args.script, args.script_args) == ("net.py", ["--lr", "0.1"])
 
 
+def test_a_run_without_its_script_asks_for_the_script_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The script's arguments are optional: the error names only the script."""
+    with pytest.raises(SystemExit) as exit_:
+        parse("")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith("error: the following arguments are required: script\n"), err
+    assert parse("net.py").script_args == []
+
+
 @pytest.mark.parametrize(
     ("options", "join"),
     [

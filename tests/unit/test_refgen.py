@@ -41,3 +41,13 @@ def test_the_other_generated_pages_build() -> None:
 def test_every_variable_the_code_reads_is_on_the_environment_page() -> None:
     page = (ROOT / "docs" / "reference" / "environment.md").read_text()
     assert refgen().environment_check(page) == []
+
+
+def test_the_cli_page_shows_a_default_only_where_it_is_a_value() -> None:
+    """A flag has none to show: `--no-relay` (store_false) defaults to True, which reads as "no
+    relay by default", the opposite of what it means. A default of 0 is a value: `--seed`'s."""
+    page = refgen().cli_page()
+    rows = {line.split(" | ")[0]: line for line in page.splitlines() if line.startswith("| `--")}
+    assert rows["| `--no-relay`"].endswith("|  |"), rows["| `--no-relay`"]
+    assert rows["| `--seed` `SEED`"].endswith("| `0` |"), rows["| `--seed` `SEED`"]
+    assert all(not row.endswith("| `True` |") for row in rows.values()), page

@@ -220,6 +220,45 @@ def test_the_relay_takes_the_job_and_the_scheduler_from_the_launch_environment()
     assert both.schedulers == ("10.0.0.1:8118", "10.0.0.2:8118")
 
 
+def test_a_relay_started_by_hand_ends_with_the_job_and_a_launchers_does_not() -> None:
+    """`mscluster run` stops its relay (and would take its exit for a failure to restart): only
+    a relay whose parent is not its launcher ends by itself once the job is over."""
+    assert settings_from_env(BASE, "/r.sock").ends_with_job
+    launched = {**BASE, "CLUSTER_LAUNCHER_PID": str(os.getppid())}
+    assert not settings_from_env(launched, "/r.sock").ends_with_job
+    elsewhere = {**BASE, "CLUSTER_LAUNCHER_PID": str(os.getpid())}  # not its parent
+    assert settings_from_env(elsewhere, "/r.sock").ends_with_job
+
+
+def test_the_relay_reads_the_jobs_end_and_no_other_event() -> None:
+    """The one event the relay parses: a Shutdown, finished or failed, reason and all."""
+    for ok, reason in ((True, "all 4 nodes finished"), (False, "")):
+        event = pb.Event(shutdown=pb.Shutdown(ok=ok, reason=reason)).SerializeToString()
+        assert stub.shutdown_of(event) == (ok, reason)
+    others = [
+        pb.Event(progress=pb.Progress()),
+        pb.Event(node_failed=pb.NodeFailed(rank=2, node_id="n", reason="died")),
+        pb.Event(heartbeat=pb.SchedulerHeartbeat()),
+        pb.Event(topology_ready=pb.TopologyReady(generation=3)),
+    ]
+    for other in others:
+        assert stub.shutdown_of(other.SerializeToString()) is None, other
+    assert stub.shutdown_of(b"\x22\xff") is None  # a Shutdown's tag, then no Shutdown
+
+
+def test_the_relay_reads_whose_watch_it_carries_and_whose_finish_was_a_failure() -> None:
+    """The node ids it waits on to finish: a Watch's (a Hello or a RegisterRequest), and a
+    Finish's, which finished the node unless it carried a failure."""
+    hello = pb.WatchRequest(hello=pb.Hello(node_id="a", incarnation=1))
+    register = pb.WatchRequest(register=pb.RegisterRequest(node_id="b"))
+    assert stub.watcher_of(hello.SerializeToString()) == "a"
+    assert stub.watcher_of(register.SerializeToString()) == "b"
+    done = pb.FinishRequest(node_id="a", incarnation=1)
+    died = pb.FinishRequest(node_id="b", incarnation=1, failure="RuntimeError: boom")
+    assert stub.finisher_of(done.SerializeToString()) == ("a", True)
+    assert stub.finisher_of(died.SerializeToString()) == ("b", False)
+
+
 def test_the_relay_refuses_a_node_timeout_the_job_would_refuse() -> None:
     """The relay reads MS_NODE_TIMEOUT as the scheduler and the workers do: at least 1 s."""
     with pytest.raises(ConfigError, match=r"MS_NODE_TIMEOUT='0.5' is out of range.*at least 1"):

@@ -81,6 +81,22 @@ def test_the_tests_and_ci_set_up_everything_the_test_servers_included(tmp_path: 
     assert "checkov==" in said
 
 
+def test_the_tests_set_up_the_cpu_build_of_torch_first(tmp_path: Path) -> None:
+    """PyPI's torch for Linux is the CUDA build (several GB of nvidia-* wheels): scripts/setup
+    installs torch alone first, the pin of the [torch] extra from PyTorch's CPU index (or a
+    wheel pip finds on the machine), so that the extras find it there."""
+    pin = re.search(
+        r'^torch = \["(torch==[0-9.]+)"\]$', (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    assert pin is not None
+    lines = dry_run(tmp_path, setup_options("scripts/test")).splitlines()
+    torch = [n for n, line in enumerate(lines) if line.endswith(f" {pin[1]}")]
+    extras = [n for n, line in enumerate(lines) if "-e .[dev,torch,etcd]" in line]
+    assert torch, lines
+    assert "--no-deps --index-url https://download.pytorch.org/whl/cpu " in lines[torch[0]]
+    assert torch[0] < extras[0], lines
+
+
 def test_the_demo_ends_with_the_line_that_activates_its_environment(tmp_path: Path) -> None:
     """scripts/demo, in a copy whose set-up and training steps are stand-ins: after the demo's
     own end it says how to put $VENV's python and mscluster on the shell's PATH, which the

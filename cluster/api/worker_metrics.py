@@ -1,9 +1,10 @@
 """A worker's Prometheus metrics, off by default: CLUSTER_WORKER_METRICS_PORT + its local rank.
 
 `TrainingLoop` and the collectives call the hooks below. With the variable unset, `start()`
-checks it once and every hook returns at once (one global read); with it set, the first
+checks it once a job and every hook returns at once (one global read); with it set, the first
 `TrainingLoop` (or collective) after `cluster.init()` serves /metrics on the worker's advertised
-address, port base + local rank, so the workers of one host do not collide. The port is plain
+address, port base + local rank, so the workers of one host do not collide, until the worker
+finalizes (`stop`: the port is closed, and a next `cluster.init()` serves it again). It is plain
 HTTP and open to whoever reaches it; its server (`cluster.transport.bounded_http`, the
 scheduler's too) holds a bounded number of threads and descriptors for a bounded time, however
 many connections are opened to it, so an outsider cannot take the training process's
@@ -24,8 +25,12 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from cluster.api import runtime
+
+if TYPE_CHECKING:
+    from cluster.transport.bounded_http import BoundedHttp
 
 SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 OPS = ("barrier", "allgather", "broadcast", "allreduce")
@@ -83,15 +88,19 @@ class WorkerMetrics:
 
 _metrics: WorkerMetrics | None = None
 _checked = False
+# The server of `_metrics`' port, from `start` until the worker finalizes (`stop`).
+_server: BoundedHttp | None = None
 
 
 def start() -> WorkerMetrics | None:
     """The process's metrics, started on the first call after `cluster.init()` when
-    CLUSTER_WORKER_METRICS_PORT is set (None: off, or not in a job yet)."""
-    global _metrics, _checked
+    CLUSTER_WORKER_METRICS_PORT is set (None: off, or not in a job yet). Its port is served
+    until the worker finalizes (`stop`, an `on_finalize` closer)."""
+    global _metrics, _checked, _server
     if _checked or not runtime.is_initialized():
         return _metrics
     _checked = True
+    runtime.on_finalize(stop)  # each job checks once: the next init()'s too
     session = runtime.session()
     base = session.config.observe.worker_metrics_port
     if base is None:
@@ -105,8 +114,9 @@ def start() -> WorkerMetrics | None:
 
     app = make_wsgi_app(metrics.registry)
     host = session.identity.host
+    server = BoundedHttp(app, host, port, making_s=MAKING_S, name="cluster-worker-metrics")
     try:
-        BoundedHttp(app, host, port, making_s=MAKING_S, name="cluster-worker-metrics").start()
+        server.start()
     except (OSError, OverflowError) as exc:
         sys.stderr.write(
             f"cluster[rank {topology.rank}]: no worker metrics: CLUSTER_WORKER_METRICS_PORT="
@@ -114,8 +124,19 @@ def start() -> WorkerMetrics | None:
             f"({getattr(exc, 'strerror', None) or exc}); training goes on\n"
         )
         return None
-    _metrics = metrics
+    _metrics, _server = metrics, server
     return metrics
+
+
+def stop() -> None:
+    """Close the metrics port and end its serving thread (within a sweep, and 5 s for the
+    thread: `BoundedHttp.stop`); the hooks record nothing more, and the first call after a
+    next `cluster.init()` starts metrics again."""
+    global _metrics, _checked, _server
+    server, _server = _server, None
+    _metrics, _checked = None, False
+    if server is not None:
+        server.stop()
 
 
 # -- hooks: each returns at once when metrics are off -----------------------------------------

@@ -95,6 +95,22 @@ def _beside(job: str, state_store: StateStore, left: tuple[str, ...]) -> str:
     )
 
 
+def _new_job_advice(state_store: StateStore) -> str:
+    """How to start a new job where `state_store` holds a job that cannot be resumed: on a
+    state of its own, and with none of the workers' records (worker-<id>.json) that name the
+    saved job, whose workers a new job's scheduler refuses (`Refusal.FOREIGN_JOB`)."""
+    if state_store.name == "MS_RECOVERY_PATH":
+        from cluster.storage import store  # noqa: PLC0415 - a directory store has it loaded
+
+        return store.NEW_JOB_ADVICE
+    return (
+        f"to start a new job, give it a prefix of its own in {state_store.name}, and "
+        "move away the workers' records, worker-<id>.json, from the MS_RECOVERY_PATH of every "
+        "host that keeps them: they name the saved job, and a new job's scheduler refuses the "
+        "workers that read them"
+    )
+
+
 class Engine:
     """The scheduler's engine under `core.SchedulerCore`: what it owns, and how what the state
     machine decides is saved, then told."""
@@ -216,8 +232,8 @@ class Engine:
                 )
             except SnapshotError as exc:
                 raise StateFileError(
-                    f"the recovery state {where} cannot be resumed: {exc}; move it away to "
-                    "start a new job"
+                    f"the recovery state {where} cannot be resumed: {exc}; "
+                    f"{_new_job_advice(state_store)}"
                 ) from None
         job = restored.cluster_id if restored is not None else ""
         kv = await state_store.load_kv(job) if job else {}

@@ -75,6 +75,15 @@ FILE_ADVICE = (
     "job (on every host of the job: the workers' records there, worker-<id>.json, name this job, "
     "and a new job's scheduler refuses the workers that read them)"
 )
+# What a saved state that is whole but cannot be resumed (of another worker count or job secret)
+# calls for, after the setting that resumes it: a new job, on directories of its own, for the
+# same reason.
+NEW_JOB_ADVICE = (
+    "to start a new job, move the whole MS_RECOVERY_PATH directory away, or give the new "
+    "job one of its own (mscluster run --recovery-path), on every host of the job: the workers' "
+    "records there, worker-<id>.json, name the saved job, and a new job's scheduler refuses the "
+    "workers that read them"
+)
 NODE_FILE_ADVICE = (
     "move it away: without it this node registers by its node id alone, and rejoins the job its "
     "scheduler runs"

@@ -57,3 +57,37 @@ def test_a_new_job_beside_the_old_jobs_records_says_what_to_move_and_then_forms(
         worker.wait_for_output("allgather rank=", 30)
     assert job.status()["cluster_id"] not in ("", old)
     job.finish(job.workers)
+
+
+def test_a_new_job_of_another_worker_count_forms_where_the_refusal_says(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """A whole job of 2 workers killed, then a job of 3 started on its MS_RECOVERY_PATH: the
+    scheduler refuses in one line, saying what resumes the saved job and how a new one starts;
+    done as it says, the new job forms. (Its advice was "move it away to start a new job": a
+    new job started with scheduler.json alone moved away refused the workers that read their
+    records of the saved job, for ever.)"""
+    job = Job(processes, tmp_path, 2)
+    old = job.status()["cluster_id"]
+    for proc in [job.scheduler, *job.workers]:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert sorted(path.name for path in job.state_dir.glob("worker-*.json")) == [
+        "worker-0.json",
+        "worker-1.json",
+    ]
+
+    bigger = run_scheduler(tmp_path, job.state_dir, 30, worker_num=3)
+    assert bigger.returncode == 2, bigger.stderr
+    (line,) = [line for line in bigger.stderr.splitlines() if line.strip()]
+    assert f"the recovery state {job.state_dir / 'scheduler.json'} cannot be resumed" in line
+    assert f"it holds job {old} with MS_WORKER_NUM=2" in line
+    assert "restart it with the job's values; to start a new job, move the whole " in line
+    assert "MS_RECOVERY_PATH directory away, or give the new job one of its own" in line
+    assert "on every host of the job" in line
+
+    # As it says: the whole directory moved away, a job of 3 forms where it was.
+    job.state_dir.rename(tmp_path / "recovery.old")
+    new = Job(processes, tmp_path, 3)
+    assert new.status()["cluster_id"] not in ("", old)
+    new.finish(new.workers)

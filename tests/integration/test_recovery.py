@@ -160,7 +160,9 @@ def test_another_jobs_scheduler_is_refused_the_state_its_secret_does_not_match(
     assert len(lines) == 1, foreign.stderr
     assert f"MS_RECOVERY_PATH is not usable: the recovery state {job.state_dir}" in lines[0]
     assert "another job secret than this scheduler" in lines[0]
-    assert "move it away to start a new job" in lines[0]
+    assert "if it is this job's, start this scheduler with that job's secret; " in lines[0]
+    assert "to start a new job, move the whole MS_RECOVERY_PATH directory away" in lines[0]
+    assert "on every host of the job" in lines[0]
     assert (job.state_dir / "scheduler.json").read_bytes() == saved
     job.scheduler = job.start_scheduler("scheduler-restarted")
     job.scheduler.wait_for_output("resuming job", 15)
@@ -277,10 +279,14 @@ def test_a_live_node_id_cannot_be_claimed(processes: Procs, tmp_path: Path) -> N
 
 
 def run_scheduler(
-    tmp_path: Path, state_dir: Path, timeout_s: float = 20
+    tmp_path: Path, state_dir: Path, timeout_s: float = 20, worker_num: int = 2
 ) -> subprocess.CompletedProcess[str]:
     env = job_env(
-        2, free_port(), MS_ROLE="MS_SCHED", MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(state_dir)
+        worker_num,
+        free_port(),
+        MS_ROLE="MS_SCHED",
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(state_dir),
     )
     return subprocess.run(
         [PYTHON, "-m", "cluster", "scheduler"],

@@ -1,5 +1,6 @@
 """A job's damaged or missing state: what each file's damage calls for, the refusal of a worker
-whose record names another job, and the line of a new job started beside what another job left.
+whose record names another job, the line of a new job started beside what another job left, and
+the line of a saved job that a scheduler of another worker count or job secret cannot resume.
 
 Following the scheduler's advice for a damaged scheduler.json (move it away) used to leave a job
 that could never form: the new job's scheduler refused every worker that read its own record of
@@ -7,17 +8,23 @@ the old job, in a refusal cut off mid-sentence that blamed a shared path. Real f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cluster.protocol.errors import StateFileError
 from cluster.protocol.records import Refusal
+from cluster.protocol.state_url import parse_state_url
+from cluster.scheduler import stores
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.machine import snapshot
 from cluster.storage import store
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.kv_log import KvLog
+from cluster.storage.state_store import StateStore
 from cluster.worker import node_file
 from tests.conftest import FakeClock
 from tests.unit.test_persist import SETTINGS
@@ -129,3 +136,58 @@ async def test_a_new_job_in_an_empty_directory_says_nothing_more(tmp_path: Path)
         assert core.restored_note == ""
     finally:
         await state_store.close()
+
+
+async def a_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> StateStore:
+    """A held store of `kind`: MS_RECOVERY_PATH on `tmp_path`, or a prefix of a real etcd."""
+    if kind == "directory":
+        made: StateStore = DirectoryStore(tmp_path)
+    else:
+        url = parse_state_url(request.getfixturevalue("etcd_cluster").state_url())
+        made = await stores.open_etcd(url, "127.0.0.1:1", lease_s=2)
+    assert await made.acquire() is None
+    return made
+
+
+@pytest.mark.parametrize("kind", ["directory", "etcd"])
+@pytest.mark.parametrize(
+    ("changed", "resumes"),
+    [
+        ({"worker_num": 3}, "restart it with the job's values; "),
+        ({"job_secret": b"b" * 32}, "start this scheduler with that job's secret; "),
+    ],
+    ids=["worker-count", "job-secret"],
+)
+async def test_a_state_another_setting_cannot_resume_says_how_to_resume_or_start_anew(
+    kind: str,
+    changed: dict[str, Any],
+    resumes: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The saved job of 2 workers, a scheduler started with another worker count or secret:
+    the line says what setting resumes it, and that a new job starts on a state of its own
+    with the workers' records moved away (moving scheduler.json away alone starts a job that
+    refuses every worker reading its record of the saved job, for ever)."""
+    saved = snapshot.save(make_state(FakeClock(), worker_num=2))
+    state_store = await a_store(kind, tmp_path, request)
+    try:
+        assert (await state_store.save(saved, "")).ok
+        settings = dataclasses.replace(SETTINGS, **changed)
+        with pytest.raises(StateFileError) as caught:
+            await SchedulerCore.resume(settings, state_store)
+    finally:
+        await state_store.close()
+    message = str(caught.value)
+    assert "\n" not in message
+    where = state_store.where
+    assert f"the recovery state {where} cannot be resumed: it holds job {JOB}" in message
+    assert resumes in message
+    assert "move it away" not in message
+    if kind == "directory":
+        assert message.endswith(store.NEW_JOB_ADVICE)
+        assert "move the whole MS_RECOVERY_PATH directory away" in message
+    else:
+        assert "give it a prefix of its own in CLUSTER_STATE_URL" in message
+    assert "on every host" in message or "of every host" in message
+    assert "worker-<id>.json" in message

@@ -29,6 +29,9 @@ the holder was a line of JSON) keeps the wait and the refusal.
 
 A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
 once, so it never keeps the lock after the holder is gone; `exec` closes it too (O_CLOEXEC).
+Its copy of a holder's `CheckpointLock` holds nothing (`held` is False there): its `acquire`,
+before each save, load or listing through that manager, raises a CheckpointError naming the
+parent the lock belongs to, and it writes nothing into the lock file.
 The file is opened without following a link (`atomic`), and written, or read for a claim, only
 when it is this user's own regular file with one name (a FIFO put there never blocks the reader).
 It stays when released: removing it would let a newcomer lock a new file while a waiter locks
@@ -144,6 +147,7 @@ class CheckpointLock:
         self.prefix = prefix
         self._finalizer: weakref.finalize[[int, tuple[int, int], int], CheckpointLock] | None = None
         self._fd: int | None = None  # the held lock's descriptor
+        self._pid = 0  # the process that took it (a child forked since holds nothing)
         self._seat: Seat | None = None  # as the file says it, while held or behind
         self._unavailable = False  # this file system has no locks (said)
         self._unmade = False  # the file could not be opened at the last try (said)
@@ -154,7 +158,8 @@ class CheckpointLock:
 
     @property
     def held(self) -> bool:
-        return self._finalizer is not None and self._finalizer.alive
+        alive = self._finalizer is not None and self._finalizer.alive
+        return alive and self._pid == os.getpid()
 
     def acquire(
         self,
@@ -164,13 +169,16 @@ class CheckpointLock:
     ) -> None:
         """Hold the lock (nothing when held already, but a `seat` learnt since is written in);
         CheckpointError when another manager holds it (after `wait_s`, default WAIT_S, when it
-        is another process) or a planted file is in its way. `seat`: this process's in its job,
+        is another process), when this is a child forked from the process that holds it, or
+        when a planted file is in its way. `seat`: this process's in its job,
         when the scheduler gave it this rank; behind a holder it `replaces`, the manager goes on
         without the lock (`behind`) and the next call tries again, without waiting. `say`: where
         its lines go (default: this module's log)."""
         self._say = say or self._say
         if self._unavailable:
             return
+        if self._fd is not None and self._pid != os.getpid():
+            raise CheckpointError(self._forked())
         lost = self._fd is not None and not holder_lock.still_holds(self._fd, self.path)
         if lost:
             self._let_go_of_lost()
@@ -199,7 +207,7 @@ class CheckpointLock:
             self._tell(logging.INFO, f"{self.path} can be locked now: this manager holds the lock")
         self._unmade = False
         _write_holder(fd, seat)
-        self._fd, self._seat, self.behind = fd, seat, False
+        self._fd, self._seat, self.behind, self._pid = fd, seat, False, os.getpid()
         # Released by `release`, or when this object is dropped; the process's end does it too.
         self._finalizer = weakref.finalize(self, _let_go, fd, taken, os.getpid())
         self._finalizer.atexit = False
@@ -320,6 +328,16 @@ class CheckpointLock:
             f"which the scheduler replaced by this process{generation}: this CheckpointManager "
             "goes on without the lock, and takes it once that process is gone (it ends once it "
             "hears its rank went to another)",
+        )
+
+    def _forked(self) -> str:
+        parent = self._pid
+        return (
+            f"{self._what()} are locked by this CheckpointManager in pid {parent}, the process "
+            f"this one (pid {os.getpid()}) was forked from: the lock belongs to pid {parent}, "
+            "so a forked child saves, loads and lists nothing through its parent's manager; "
+            f"do so in pid {parent}, or make a "
+            f"CheckpointManager in this process once pid {parent} has closed its own"
         )
 
     def _refusal(self, holder: Holder | None, ours: bool, wait_s: float, lost: bool) -> str:

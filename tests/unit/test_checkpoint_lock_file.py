@@ -179,3 +179,64 @@ def test_a_manager_whose_lock_file_is_removed_as_it_locks_it_is_refused_by_the_n
     )
     assert not lock.held
     assert lockers[0].running
+
+
+# Holds rank 0's checkpoints of prefix 'mlp' under argv[1] (step 1 saved), then forks a child
+# (a data loader's worker) that tries to save step 2, load step 1 and list the steps through
+# the parent's manager, saying what each did; SIGALRM ends a child that waits for ever.
+FORKER = """
+import os, signal, sys, threading
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.protocol.errors import CheckpointError
+
+ckpt = CheckpointManager(sys.argv[1], "mlp", CheckpointConfig(), rank=0, recovery=False)
+ckpt.save(1, {"step": 1})
+ckpt.flush()
+child = os.fork()
+if child == 0:
+    signal.alarm(5)
+    lock_file = os.open(os.devnull, os.O_RDONLY)  # takes the number the lock's copy had
+    print("child holds:", ckpt._lock.held, flush=True)
+    uses = {"save": lambda: ckpt.save(2, {"step": 2}), "load": lambda: ckpt.load(1)}
+    for use in (uses["save"], ckpt.flush, uses["load"], ckpt.steps):
+        try:
+            use()
+        except CheckpointError as exc:
+            print("child refused:", exc, flush=True)
+        else:
+            print("child went on", flush=True)
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+print("child ended", os.waitstatus_to_exitcode(status), flush=True)
+print("holding", ckpt._lock.held, flush=True)
+threading.Event().wait(600)
+"""
+
+
+def test_a_child_forked_from_the_holder_is_refused_naming_its_parent_and_writes_nothing(
+    processes: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data loader's worker forked by the holder uses the parent's manager: its save, load
+    and listing are refused, each with a line naming the parent the lock belongs to (it does
+    not hang on a writer thread that stayed in the parent), nothing is written, and the
+    parent still holds the lock."""
+    directory = tmp_path / "ckpt"
+    parent = processes.start("forker", [PYTHON, "-c", FORKER, str(directory)], job_env(1, 0))
+    parent.wait_for_output("holding", 30)
+    said = parent.output.splitlines()
+    assert "child holds: False" in said
+    assert "child ended 0" in said
+    assert "holding True" in said
+    refusals = [line for line in said if line.startswith("child refused: ")]
+    assert len(refusals) == 3, said
+    for refusal in refusals:
+        assert f"are locked by this CheckpointManager in pid {parent.pid}, the process " in refusal
+        assert f"the lock belongs to pid {parent.pid}, so a forked child " in refusal
+    assert sorted(p.name for p in (directory / "rank_0").iterdir()) == [
+        ".mlp.lock",
+        "mlp-00000001.ckpt",
+    ]
+    assert json.loads((directory / "rank_0" / ".mlp.lock").read_text())["pid"] == parent.pid
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 0.0)
+    with pytest.raises(CheckpointError, match=f"CheckpointManager \\(pid {parent.pid} on host "):
+        mlp(directory)

@@ -29,6 +29,9 @@ the holder was a line of JSON) keeps the wait and the refusal.
 
 A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
 once, so it never keeps the lock after the holder is gone; `exec` closes it too (O_CLOEXEC).
+Its copy of a holder's `CheckpointLock` holds nothing (`held` is False there): its `acquire`,
+before each save, load or listing through that manager, raises a CheckpointError naming the
+parent the lock belongs to, and it writes nothing into the lock file.
 The file is opened without following a link (`atomic`), and written, or read for a claim, only
 when it is this user's own regular file with one name (a FIFO put there never blocks the reader).
 It stays when released: removing it would let a newcomer lock a new file while a waiter locks
@@ -38,6 +41,14 @@ cannot be opened (a directory this process cannot write; a file system out of ro
 quota), it goes on without it too, saying so once, and each later `acquire` tries again: it
 holds the lock once the file can be made (on a read-only file system nothing can write the
 files, and nothing is said).
+
+The lock is the file its path names. One removed or replaced while held (by hand, with its
+directory) keeps no other manager out: a newcomer makes a new one and locks it. So each
+`acquire` of the holder (before each save, load or listing) checks that the path still names
+its file; where it does not, the holder lets its lock go, says so in one line and locks the
+file there now, or, where another manager has locked that one since, is refused at once with a
+CheckpointError naming it. A lock taken on a file removed between its open and its `flock` is
+never kept: `holder_lock.try_lock` opens the path anew.
 """
 
 from __future__ import annotations
@@ -136,6 +147,7 @@ class CheckpointLock:
         self.prefix = prefix
         self._finalizer: weakref.finalize[[int, tuple[int, int], int], CheckpointLock] | None = None
         self._fd: int | None = None  # the held lock's descriptor
+        self._pid = 0  # the process that took it (a child forked since holds nothing)
         self._seat: Seat | None = None  # as the file says it, while held or behind
         self._unavailable = False  # this file system has no locks (said)
         self._unmade = False  # the file could not be opened at the last try (said)
@@ -146,7 +158,8 @@ class CheckpointLock:
 
     @property
     def held(self) -> bool:
-        return self._finalizer is not None and self._finalizer.alive
+        alive = self._finalizer is not None and self._finalizer.alive
+        return alive and self._pid == os.getpid()
 
     def acquire(
         self,
@@ -156,24 +169,30 @@ class CheckpointLock:
     ) -> None:
         """Hold the lock (nothing when held already, but a `seat` learnt since is written in);
         CheckpointError when another manager holds it (after `wait_s`, default WAIT_S, when it
-        is another process) or a planted file is in its way. `seat`: this process's in its job,
+        is another process), when this is a child forked from the process that holds it, or
+        when a planted file is in its way. `seat`: this process's in its job,
         when the scheduler gave it this rank; behind a holder it `replaces`, the manager goes on
         without the lock (`behind`) and the next call tries again, without waiting. `say`: where
         its lines go (default: this module's log)."""
         self._say = say or self._say
         if self._unavailable:
             return
-        if self.held:
+        if self._fd is not None and self._pid != os.getpid():
+            raise CheckpointError(self._forked())
+        lost = self._fd is not None and not holder_lock.still_holds(self._fd, self.path)
+        if lost:
+            self._let_go_of_lost()
+        elif self.held:
             if self._seat is None and seat is not None and self._fd is not None:
                 self._seat = seat  # connected to its job since it took the lock
                 _write_holder(self._fd, seat)
             return
-        wait_s = WAIT_S if wait_s is None else wait_s
+        wait_s = 0.0 if lost else WAIT_S if wait_s is None else wait_s
         fd = self._open()
         if fd is None:
             return
         try:
-            taken = self._take(fd, wait_s, seat)
+            taken = self._take(fd, wait_s, seat, lost)
         except BaseException:
             os.close(fd)
             raise
@@ -188,7 +207,7 @@ class CheckpointLock:
             self._tell(logging.INFO, f"{self.path} can be locked now: this manager holds the lock")
         self._unmade = False
         _write_holder(fd, seat)
-        self._fd, self._seat, self.behind = fd, seat, False
+        self._fd, self._seat, self.behind, self._pid = fd, seat, False, os.getpid()
         # Released by `release`, or when this object is dropped; the process's end does it too.
         self._finalizer = weakref.finalize(self, _let_go, fd, taken, os.getpid())
         self._finalizer.atexit = False
@@ -198,6 +217,16 @@ class CheckpointLock:
             self._finalizer()
             self._finalizer = None
         self._fd, self._seat, self.behind = None, None, False
+
+    def _let_go_of_lost(self) -> None:
+        """The lock file this manager holds was removed or replaced (by hand, with its
+        directory): its lock keeps no other manager out. Let it go, and say so."""
+        self.release()
+        self._tell(
+            logging.WARNING,
+            f"{self.path} was removed or replaced while this CheckpointManager held it, so its "
+            "lock kept no other manager out: locking the file there now",
+        )
 
     def displaced(self) -> Holder | None:
         """The process of this job that holds the rank now, when its claim is in the file (it
@@ -234,25 +263,30 @@ class CheckpointLock:
             f"job's user write {self.path.parent}"
         )
 
-    def _take(self, fd: int, wait_s: float, seat: Seat | None) -> tuple[int, int] | _Missed:
-        """Lock `fd`, waiting up to `wait_s` for another process; its (device, inode). Or
+    def _take(
+        self, fd: int, wait_s: float, seat: Seat | None, lost: bool
+    ) -> tuple[int, int] | _Missed:
+        """Lock `fd` (the file that `path` names: `holder_lock.try_lock` opens it anew onto `fd`
+        when it was removed or replaced before it was locked), waiting up to `wait_s` for
+        another process; its (device, inode). `lost`: this manager's own file was removed or
+        replaced while it held it (a refusal says so). Or
         "unavailable" when this file system has no locks (said); or "behind" when an earlier
         holder of this rank in this job holds it (after SUCCESSOR_WAIT_S, at once when behind
         it already; said once), or when the file names this process's own claim or a process
         that replaced it (at once; its writer then writes nothing, `displaced`). A file that
         names no live process is read again for up to `holder_lock.SETTLE_S` at each try (its
         holder may not have written itself yet)."""
-        info = os.fstat(fd)
-        key = (info.st_dev, info.st_ino)
         start = time.monotonic()
         said = False
         while True:
             try:
-                found = holder_lock.try_lock(fd)
+                found = holder_lock.try_lock(fd, self.path)
             except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks here
                 self._unavailable = True
                 self._without(exc)
                 return "unavailable"
+            info = os.fstat(fd)  # of the file that `path` named when it was locked
+            key = (info.st_dev, info.st_ino)
             if found is None:
                 with _registry_lock:
                     _held[key] = fd
@@ -260,7 +294,7 @@ class CheckpointLock:
             with _registry_lock:
                 ours = key in _held
             if ours:
-                raise CheckpointError(self._refusal(None, ours, wait_s))
+                raise CheckpointError(self._refusal(None, ours, wait_s, lost))
             holder = _holder(found)
             theirs = None if holder is None else holder.seat
             if _same_process(seat, theirs) or replaces(theirs, seat):
@@ -271,7 +305,7 @@ class CheckpointLock:
                     self._step_in(fd, holder, seat)
                     return "behind"
             elif waited >= wait_s:
-                raise CheckpointError(self._refusal(holder, ours, wait_s))
+                raise CheckpointError(self._refusal(holder, ours, wait_s, lost))
             elif not said:
                 said = True
                 self._tell(
@@ -296,17 +330,30 @@ class CheckpointLock:
             "hears its rank went to another)",
         )
 
-    def _refusal(self, holder: Holder | None, ours: bool, wait_s: float) -> str:
+    def _forked(self) -> str:
+        parent = self._pid
+        return (
+            f"{self._what()} are locked by this CheckpointManager in pid {parent}, the process "
+            f"this one (pid {os.getpid()}) was forked from: the lock belongs to pid {parent}, "
+            "so a forked child saves, loads and lists nothing through its parent's manager; "
+            f"do so in pid {parent}, or make a "
+            f"CheckpointManager in this process once pid {parent} has closed its own"
+        )
+
+    def _refusal(self, holder: Holder | None, ours: bool, wait_s: float, lost: bool) -> str:
         why = "two managers of one rank and prefix remove each other's checkpoints"
         if ours:
             return (
                 f"{self._what()} are in use by another CheckpointManager of this process (pid "
                 f"{os.getpid()}): {why}; close() that one first, or go on with it"
             )
+        how = f"waited {wait_s:g} s for it to end"
+        if lost:
+            how = "locked since the file this manager held there was removed or replaced"
         return (
             f"{self._what()} are in use by another CheckpointManager ({_described(holder)}, "
-            f"which holds {self.path.name}; waited {wait_s:g} s for it to end): {why}; give "
-            "each job its own checkpoint directory or prefix, or stop the other process"
+            f"which holds {self.path.name}; {how}): {why}; give each job its own checkpoint "
+            "directory or prefix, or stop the other process"
         )
 
     def _unopened(self, exc: OSError) -> None:

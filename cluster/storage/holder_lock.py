@@ -6,11 +6,20 @@ The kernel drops the lock of a process that ends, however it ends (SIGKILL inclu
 holder that died never keeps the next one out. The file is opened without following a link
 (`atomic`), with O_CLOEXEC (no child keeps the lock after an exec), and locked only when it is
 this user's own regular file with one name. It stays when released: removing it would let a
-newcomer lock a new file while another locks the old one. `mscluster run`'s log directory
-(`cluster.tools.launch_lock`), a relay's socket (`cluster.tools.relay`), the scheduler's
-event log (`cluster.scheduler.event_file`), a worker's node record (`cluster.worker.node_file`)
-and a CheckpointManager's checkpoints of a rank and prefix (`checkpoint_lock`) are guarded this
-way.
+newcomer lock a new file while another locks the old one.
+
+The lock is the file that the path names: a lock taken on a file that was removed or replaced
+between its open and its `flock` keeps no one out, so `try_lock` given the path checks, once it
+holds the lock, that the path still names the file it locked, and opens the path anew when not.
+A file removed while held (by hand, with its directory) leaves its holder holding a lock no
+newcomer sees: `still_holds` tells a holder so, and one that runs long asks it at its natural
+points (`checkpoint_lock` before each save, load or listing), then locks the file there now or
+holds nothing more.
+
+`mscluster run`'s log directory (`cluster.tools.launch_lock`), a relay's socket
+(`cluster.tools.relay`), the scheduler's event log (`cluster.scheduler.event_file`), a worker's
+node record (`cluster.worker.node_file`) and a CheckpointManager's checkpoints of a rank and
+prefix (`checkpoint_lock`) are guarded this way.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ _HOLDER_BYTES = 4096
 # lock and not yet written itself (a few milliseconds; a loaded machine may take longer).
 SETTLE_S = 1.0
 _SETTLE_POLL_S = 0.01
+# How often `try_lock` opens the path anew when the file it locked is no longer there: each
+# time needs another removal in the moments between an open and its lock.
+_REOPENS = 16
 
 
 def lock_path(path: Path) -> Path:
@@ -48,14 +60,18 @@ def open_lock(path: Path) -> int:
     return fd
 
 
-def try_lock(fd: int) -> dict[str, object] | None:
+def try_lock(fd: int, path: Path | None = None) -> dict[str, object] | None:
     """Take the lock of `fd` at once: None when this process holds it now, or what its holder
     wrote ({} when nothing readable is there). A holder that has just taken the lock may not
     have written itself yet (the file then names no one, or the holder before it, gone): what
-    the file says is read again for up to SETTLE_S, until it names a live process. OSError
-    when the file system has no locks (ENOLCK: NFS without its lock daemon; Lustre mounted
-    without flock)."""
+    the file says is read again for up to SETTLE_S, until it names a live process. With `path`,
+    the file `fd` is open at: held only while `path` still names it; where the file was removed
+    or replaced before it was locked, `fd` is made a descriptor of the file at `path` now (as
+    `open_lock` opens it) and that one is locked. OSError when the file system has no locks
+    (ENOLCK: NFS without its lock daemon; Lustre mounted without flock), or when `path` cannot
+    be opened anew."""
     deadline = time.monotonic() + SETTLE_S
+    reopens = 0
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -65,7 +81,32 @@ def try_lock(fd: int) -> dict[str, object] | None:
                 return holder
             time.sleep(_SETTLE_POLL_S)  # sleep-ok: the holder writes itself within moments
             continue
-        return None
+        if path is None or still_holds(fd, path):
+            return None
+        if reopens == _REOPENS:
+            raise OSError(errno.EAGAIN, f"removed each of {_REOPENS} times it was locked", path)
+        reopens += 1
+        _reopen(fd, path)
+
+
+def still_holds(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open at `fd` (a lock file this process holds):
+    False when it was removed (its directory too) or replaced, and the lock of `fd` keeps no
+    one out. True when that cannot be told (`path` cannot be looked up)."""
+    try:
+        return atomic.names_open_file(path, fd)
+    except OSError:
+        return True
+
+
+def _reopen(fd: int, path: Path) -> None:
+    """Make `fd` a descriptor of the lock file at `path` now (its lock on the file it named
+    goes with it); OSError as `open_lock`."""
+    fresh = open_lock(path)
+    try:
+        os.dup2(fresh, fd, inheritable=False)
+    finally:
+        os.close(fresh)
 
 
 def held(path: Path) -> bool | None:

@@ -231,6 +231,8 @@ class Launcher(Children):
                 self._wake.set()  # another failed worker may be waiting for its turn
             elif decision.action is policy.Action.RESTART_SCHEDULER:
                 await self._restart_scheduler()
+            elif decision.action is policy.Action.ASK:
+                await self._ask_again(self.workers[decision.worker or 0])
             elif decision.action is policy.Action.FAIL:
                 return await self._fail(decision.worker, decision.reason)
             elif decision.action is policy.Action.FINISH:
@@ -251,6 +253,22 @@ class Launcher(Children):
         )
         await self._start(sched)
         self._wake.set()  # a worker that failed meanwhile is decided on next
+
+    async def _ask_again(self, child: Child) -> None:
+        """`child` failed while the scheduler of this launcher has not exited and does not
+        answer yet (`policy.awaits_scheduler`: started again a moment ago, it does not listen
+        yet): said once for this exit, then decided again after POLL_STATUS_S, or sooner when
+        another process exits or a signal comes."""
+        said = (child.planned.index or 0, child.restarts)
+        if said not in self._awaiting:
+            self._awaiting.add(said)
+            self._print(
+                f"mscluster: {self._who(child)} {policy.describe_exit(child.exit_code or 0)}; "
+                "the scheduler has not exited but does not answer yet: deciding on it once it "
+                f"does (within {self.scheduler_wait_s:g} s)"
+            )
+        await self._wait_or_stop(self._wake, POLL_STATUS_S)
+        self._wake.set()
 
     async def _settle(self) -> None:
         """Let the exits that a first failure causes arrive, to tell cause from effect."""

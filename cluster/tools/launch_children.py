@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from cluster.protocol.display import safe
-from cluster.protocol.environment import tls_options_from_env
+from cluster.protocol.environment import from_env, tls_options_from_env
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes
@@ -49,6 +49,7 @@ class Child:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
+    started_at: float = float("-inf")  # when it was last started (the launcher's clock)
     exited_at: float | None = None  # when it was reaped (the launcher's clock)
     pump: asyncio.Task[None] | None = None
     reaper: asyncio.Task[None] | None = None
@@ -88,6 +89,11 @@ class Children:
             identity = tls.load_identity(tls_options, server=False)
         self.reader = JobReader(self.addresses, identity, options.job_secret_file)
         self.scheduler: Child | None = None
+        # How long the job waits for its scheduler (`scheduler_wait_s`); a scheduler of ours
+        # that runs and does not answer is starting or busy within it, and gone past it.
+        self.scheduler_wait_s = 0.0 if plan.scheduler is None else scheduler_wait_s(plan.scheduler)
+        # The failed workers said to wait for the scheduler's answer: (index, restarts).
+        self._awaiting: set[tuple[int, int]] = set()
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
@@ -135,6 +141,7 @@ class Children:
                     start_new_session=True,
                 )
         self.groups.append(child.process)
+        child.started_at = self._clock()
         child.exit_code = None
         child.exited_at = None
         child.exited.clear()
@@ -363,7 +370,17 @@ class Children:
             now=job_seen(now),
             unreachable=fresh.unreachable,
             unread=fresh.unread,
+            scheduler_silent_s=self._silent(),
+            scheduler_start_s=self.scheduler_wait_s,
         )
+
+    def _silent(self) -> float | None:
+        """While this launcher's scheduler runs: for how long it has not answered, from its
+        last start or the last answer to a poll, whichever came later (None: none runs)."""
+        sched = self.scheduler
+        if sched is None or sched.process is None or sched.exit_code is not None:
+            return None
+        return self._clock() - max(sched.started_at, self._view_asked)
 
     def _ended(self) -> bool:
         """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
@@ -374,6 +391,15 @@ class Children:
         planned = self.plan.scheduler
         event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
         return None if event_log is None else Path(event_log)
+
+
+def scheduler_wait_s(planned: Process) -> float:
+    """How long the job waits for its scheduler, `planned`, by its settings: it forms the job
+    within MS_TOPO_TIMEOUT after a first start, while its workers wait for it (the launcher has
+    no wait of its own then), and the workers of a formed job, recovery on, take it back
+    within the longer of MS_NODE_TIMEOUT and MS_TOPO_TIMEOUT after it died."""
+    config = from_env(child_environment(os.environ, planned))
+    return max(config.node_timeout_s, config.topo_timeout_s)
 
 
 def _pid_name(planned: Process) -> str:

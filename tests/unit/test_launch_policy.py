@@ -15,6 +15,7 @@ from cluster.tools.launch_policy import (
     JobSeen,
     Seen,
     WorkerSeen,
+    awaits_scheduler,
     cause,
     decide,
     describe_exit,
@@ -113,6 +114,70 @@ def test_a_silent_scheduler_of_a_formed_job_cannot() -> None:
     assert reason is not None
     assert "its scheduler is gone (refused)" in reason
     assert "recovery is off" in reason
+
+
+CONNECTION_REFUSED = "no scheduler answers at 127.0.0.1:8118: Connection refused"
+# The OOM killer took the scheduler and rank 1 together; the launcher started the scheduler
+# again, and it does not listen yet when rank 1's exit is decided on.
+RESTARTED_SILENT = Seen(
+    (WorkerSeen(0, None), WorkerSeen(1, KILLED)),
+    max_restarts=3,
+    own_scheduler=True,
+    scheduler_exit=None,
+    scheduler_restarts=1,
+    recovery=True,
+    last=READY,
+    now=None,
+    unreachable=CONNECTION_REFUSED,
+    scheduler_silent_s=0.01,
+    scheduler_start_s=1800.0,
+)
+
+
+def test_a_scheduler_of_ours_started_again_a_moment_ago_is_asked_again_not_taken_for_gone() -> None:
+    """The decision on rank 1 waits for the answer of the scheduler started again (within the
+    job's wait for its scheduler), and that answer decides."""
+    assert awaits_scheduler(RESTARTED_SILENT)
+    assert decide(RESTARTED_SILENT).action is Action.ASK
+    assert decide(RESTARTED_SILENT).worker == 1
+    # It answers: the job takes rank 1 back.
+    answered = dataclasses.replace(RESTARTED_SILENT, now=READY, unreachable="")
+    assert decide(answered) == Decision(Action.RESTART, 1)
+    # It answers that the job is over: rank 1 is not started again.
+    over = JobSeen(Phase.FAILED, recovery=True, detail="rank 0 died")
+    assert decide(dataclasses.replace(answered, now=over)).action is Action.FAIL
+
+
+def test_a_scheduler_of_ours_silent_past_its_bound_or_exited_fails_the_formed_job() -> None:
+    past = dataclasses.replace(RESTARTED_SILENT, scheduler_silent_s=1800.0)
+    assert decide(past) == Decision(
+        Action.FAIL,
+        1,
+        "the job had formed and its scheduler, running, has not answered for 1800 s "
+        f"({CONNECTION_REFUSED})",
+    )
+    # Exited (dead, not to be started again): no answer is waited for.
+    exited = dataclasses.replace(past, scheduler_exit=1, scheduler_silent_s=None)
+    assert decide(exited).action is Action.FAIL
+    # Killed and to be started again: that comes first.
+    killed = dataclasses.replace(exited, scheduler_exit=KILLED)
+    assert decide(killed) == Decision(Action.RESTART_SCHEDULER)
+
+
+def test_a_silent_scheduler_is_waited_for_only_where_its_answer_can_take_the_worker() -> None:
+    waiting = dataclasses.replace(RESTARTED_SILENT, max_restarts=1)
+    assert decide(waiting).action is Action.ASK
+    # A job still forming (or never answered) takes the worker without an answer.
+    for last in (None, JobSeen(Phase.WAITING, recovery=True)):
+        assert decide(dataclasses.replace(waiting, last=last)) == Decision(Action.RESTART, 1)
+    # Without recovery a formed job never takes it back; with no restarts left, nothing can.
+    assert decide(dataclasses.replace(waiting, last=READY_NO_RECOVERY)).action is Action.FAIL
+    used_up = dataclasses.replace(waiting, workers=workers(None, KILLED, restarts=1))
+    assert decide(used_up).action is Action.FAIL
+    # A scheduler that is not ours, or a refused read (one that is up), is not waited for.
+    assert decide(dataclasses.replace(waiting, own_scheduler=False)).action is Action.FAIL
+    refused = dataclasses.replace(waiting, unreachable="", unread=REFUSED)
+    assert decide(refused) == Decision(Action.RESTART, 1)
 
 
 REFUSED = (
@@ -344,6 +409,10 @@ def seens(draw: st.DrawFn) -> Seen:
         ended=draw(st.booleans()),
         last=draw(jobs),
         now=draw(jobs),
+        unreachable=draw(st.sampled_from(["", "Connection refused"])),
+        unread=draw(st.sampled_from(["", "refused"])),
+        scheduler_silent_s=draw(st.one_of(st.none(), st.floats(0, 100))) if own else None,
+        scheduler_start_s=draw(st.floats(0, 100)),
     )
 
 
@@ -368,8 +437,24 @@ def test_decisions_respect_the_rules(seen: Seen) -> None:
         assert now is None or now.phase not in (Phase.FAILED, Phase.FINISHED)
     if decision.action is Action.FINISH:
         assert all(w.exit_code == 0 for w in seen.workers)
+    if decision.action is Action.ASK:  # an answer waited for: our scheduler's, within its bound
+        assert decision.worker is not None
+        assert seen.workers[decision.worker].failed
+        assert seen.workers[decision.worker].restarts < max_restarts
+        assert own
+        assert sched_exit is None
+        assert now is None
+        assert seen.unreachable
+        assert not seen.unread
+        assert seen.scheduler_silent_s is not None
+        assert seen.scheduler_silent_s < seen.scheduler_start_s
     if any(w.failed for w in seen.workers):  # a failure is never waited out
-        assert decision.action in (Action.RESTART, Action.RESTART_SCHEDULER, Action.FAIL)
+        assert decision.action in (
+            Action.RESTART,
+            Action.RESTART_SCHEDULER,
+            Action.FAIL,
+            Action.ASK,
+        )
     if own and sched_exit not in (None, 0):  # nor is a dead scheduler of ours
         assert decision.action is not Action.WAIT
     if own and sched_exit == 0 and seen.recovery and not seen.standbys and not seen.ended:

@@ -215,8 +215,15 @@ class Launcher(Children):
             await self._wake.wait()
             self._wake.clear()
             await self._relay_gone()
-            failed = any(w.exit_code not in (None, 0) for w in self.workers)
-            decision = policy.decide(await self._seen(ask=failed))
+            # A worker failed: a fresh answer decides on it (one the scheduler counted finished
+            # needs none: a node id finishes once).
+            failed = any(
+                w.exit_code not in (None, 0) and w.planned.node_id not in self.finished_nodes
+                for w in self.workers
+            )
+            seen = await self._seen(ask=failed)
+            self._note_finished(seen)
+            decision = policy.decide(seen)
             if decision.action is policy.Action.STOP:
                 return self._stopped()
             if decision.action is policy.Action.RESTART:
@@ -253,6 +260,20 @@ class Launcher(Children):
         )
         await self._start(sched)
         self._wake.set()  # a worker that failed meanwhile is decided on next
+
+    def _note_finished(self, seen: policy.Seen) -> None:
+        """Each worker that failed after it finished its part of the job (the scheduler counts
+        its node finished: a crash in its teardown), said once: it is not started again, and
+        the job goes on without it; the exit code at the end says it (`_finish`)."""
+        for worker in seen.workers:
+            child = self.workers[worker.index]
+            said = (worker.index, child.restarts)
+            if worker.failed_after_finishing and said not in self._noted:
+                self._noted.add(said)
+                self._print(
+                    f"mscluster: {self._who(child)} {policy.describe_exit(child.exit_code or 0)} "
+                    "after it finished its part of the job: not restarted"
+                )
 
     async def _ask_again(self, child: Child) -> None:
         """`child` failed while the scheduler of this launcher has not exited and does not
@@ -370,6 +391,14 @@ class Launcher(Children):
             f"mscluster: job finished: {exited} local worker{'' if exited == 1 else 's'} exited 0"
             f"{held} in {took:.1f} s" + (f", after {' and '.join(after)}" if after else "")
         )
+        # The others exited after they finished their part (`_note_finished`): not 0.
+        crashed = [w for w in ranked if w.exit_code != 0]
+        if crashed:
+            said = "; ".join(
+                f"{self._who(w)} {policy.describe_exit(w.exit_code or 0)}" for w in crashed
+            )
+            self._print(f"mscluster: exiting 1: {said} after it finished its part of the job")
+            return EXIT_FAILED
         return EXIT_OK
 
 

@@ -26,6 +26,7 @@ from typing import IO
 
 from cluster.protocol.display import safe
 from cluster.protocol.environment import from_env, tls_options_from_env
+from cluster.protocol.records import NodeState
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes
@@ -35,6 +36,8 @@ from cluster.tools.launch_reading import Fresh, JobReader, job_ended, job_seen, 
 from cluster.tools.status import JobView
 from cluster.transport import tls
 
+# A node's state in the scheduler's answer once it called finalize().
+FINISHED = NodeState.FINISHED.value
 # While the job's processes stop, how often the launcher looks whether any is left.
 STOP_LOOK_S = 0.05
 # --join: how much of a worker's output is read at once.
@@ -92,8 +95,13 @@ class Children:
         # How long the job waits for its scheduler (`scheduler_wait_s`); a scheduler of ours
         # that runs and does not answer is starting or busy within it, and gone past it.
         self.scheduler_wait_s = 0.0 if plan.scheduler is None else scheduler_wait_s(plan.scheduler)
-        # The failed workers said to wait for the scheduler's answer: (index, restarts).
+        # The failed workers said to wait for the scheduler's answer, and those said to have
+        # failed after they finished their part: (index, restarts) of each, said once.
         self._awaiting: set[tuple[int, int]] = set()
+        self._noted: set[tuple[int, int]] = set()
+        # The node ids the scheduler counted finished (their part of the job done): a node id
+        # finishes once, so an answer that said so holds for the rest of the job.
+        self.finished_nodes: set[str] = set()
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
@@ -344,6 +352,8 @@ class Children:
         now = fresh.view
         sched = self.scheduler
         view = now or self.view
+        if view is not None:
+            self.finished_nodes |= {n.node_id for n in view.nodes if n.state == FINISHED}
         ended = sched is not None and sched.exit_code == 0 and self._ended()
         if ended and self._at_end is None:
             self._at_end = without_rank_at_end(self._event_log())
@@ -355,6 +365,7 @@ class Children:
                     w.restarts,
                     self._spare(w, view),
                     None if w.exit_code is None else w.exited_at,
+                    w.planned.node_id in self.finished_nodes,
                 )
                 for w in self.workers
             ),

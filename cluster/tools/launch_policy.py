@@ -40,10 +40,23 @@ class WorkerSeen:
     # When it exited, on the launcher's clock (None while it runs): the first failure is the
     # earliest exit, whatever the workers' order.
     exited_at: float | None = None
+    # The scheduler counts its node finished (it called finalize(): its part of the job is
+    # done). A failed exit after that (a crash in its teardown) is neither started again (a node
+    # id finishes once: a new process would be refused) nor a failure of the job.
+    finished: bool = False
 
     @property
     def failed(self) -> bool:
         return self.exit_code is not None and self.exit_code != 0
+
+    @property
+    def failed_after_finishing(self) -> bool:
+        return self.finished and self.failed
+
+    @property
+    def done(self) -> bool:
+        """Its part of the job is over: it exited 0, or exited after it finished."""
+        return self.exit_code == 0 or self.failed_after_finishing
 
 
 @dataclass(frozen=True)
@@ -103,7 +116,8 @@ def decide(seen: Seen) -> Decision:
     again; then a failed worker (restart it, ask again while the answer that decides on it is
     still to come from a scheduler of ours that has not exited, or fail the job; a failed
     process holding no rank is restarted when it may be, and otherwise left alone: the job does
-    not need it); then the end of the job (every ranked worker exited 0: the spares are told by
+    not need it, and so is one that failed after it finished its part); then the end of the job
+    (every ranked worker done: exited 0, or exited after it finished; the spares are told by
     the scheduler, and the launcher stops those that could not hear it); then a failed
     scheduler."""
     if seen.stop_signal is not None:
@@ -118,7 +132,7 @@ def decide(seen: Seen) -> Decision:
     if failed is not None:
         return failed
     ranked = [w for w in seen.workers if not w.spare]
-    if ranked and all(w.exit_code == 0 for w in ranked):
+    if ranked and all(w.done for w in ranked):
         return Decision(Action.FINISH)
     if scheduler_died:
         return Decision(Action.FAIL, None, why_not_scheduler or "")
@@ -127,8 +141,10 @@ def decide(seen: Seen) -> Decision:
 
 def _failed_worker(seen: Seen) -> Decision | None:
     """The failed worker that exited first: started again, decided once the scheduler answers
-    (`awaits_scheduler`), or the job fails with it; None: none failed."""
-    for worker in sorted((w for w in seen.workers if w.failed), key=_exit_order):
+    (`awaits_scheduler`), or the job fails with it; None: none failed (one that failed after
+    it finished its part is left as it is)."""
+    failed = (w for w in seen.workers if w.failed and not w.finished)
+    for worker in sorted(failed, key=_exit_order):
         why_not = why_not_restart(worker, seen)
         if why_not is None:
             return Decision(Action.RESTART, worker.index)
@@ -265,7 +281,10 @@ def cause(
        the earliest-exited failed worker whose exit is no such consequence (`sys.exit(3)` after
        a line of its own, `os._exit`);
     5. otherwise the first to fail.
+
+    A worker that failed after it finished its part (`WorkerSeen.finished`) is never the cause.
     """
+    workers = [w for w in workers if not w.finished]
     for worker in workers:
         if worker.exit_code is not None and worker.exit_code < 0:
             return worker.index

@@ -77,3 +77,56 @@ def test_a_scheduler_and_a_worker_killed_together_are_both_started_again(
     assert logged(logs, "worker_0", "finalized rank=0")
     assert logged(logs, "scheduler", "job finished")
     assert not processes_running(str(tmp_path / "job"))
+
+
+# Rank 1 finishes its part early (finalize) and then hangs in its teardown, where the test kills
+# it (an NCCL destructor's segfault); rank 0 trains on until the test creates the file.
+FINISHES_EARLY = """\
+import sys, time
+from pathlib import Path
+import cluster
+cluster.init()
+rank = cluster.get_rank()
+print(f"{'rejoined' if cluster.is_rejoin() else 'first'} rank={rank}", flush=True)
+if rank == 1:
+    cluster.finalize()
+    print("finalized rank=1", flush=True)
+    time.sleep(90)  # sleep-ok: its teardown, where the test kills it
+    sys.exit(0)
+go, deadline = Path(sys.argv[1]), time.monotonic() + 90
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)  # sleep-ok: training, a bounded look for the test's word
+print("trained rank=0", flush=True)
+cluster.finalize()
+print("finalized rank=0", flush=True)
+"""
+
+
+def test_a_worker_killed_after_it_finished_its_part_is_noted_and_the_job_finishes(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Rank 1 called finalize() (the scheduler counts it finished) and dies in its teardown
+    while rank 0 trains on: it is not started again (a node id finishes once: a new process
+    would be refused), nor does it fail the job; rank 0 completes its training, the job
+    finishes, and the launcher says so and exits 1, as a worker did not exit 0."""
+    run, logs, go = start_run(processes, tmp_path, FINISHES_EARLY, "--max-restarts", "2")
+    wait_logged(run, logs, "worker_1", "finalized rank=1")
+    os.kill(launched(logs, "worker_1"), signal.SIGKILL)
+    noted = (
+        "worker 1 (rank 1, node id '1') was killed by SIGKILL after it finished its part of "
+        "the job: not restarted"
+    )
+    wait_until(lambda: noted in run.output or not run.running, 30, "the launcher's note")
+    assert noted in run.output, run.output
+    go.touch()
+    assert run.wait(60) == 1, run.output
+    assert logged(logs, "worker_0", "finalized rank=0"), run.output
+    assert "restarting it" not in run.output
+    assert "job failed" not in run.output
+    assert "job finished: 1 local worker exited 0" in run.output, run.output
+    assert (
+        "exiting 1: worker 1 (rank 1, node id '1') was killed by SIGKILL after it finished "
+        "its part of the job" in run.output
+    ), run.output
+    assert logged(logs, "scheduler", "job finished")
+    assert not processes_running(str(tmp_path / "job"))

@@ -395,11 +395,12 @@ jobs = st.one_of(
 def seens(draw: st.DrawFn) -> Seen:
     """What the launcher may have seen: workers' exits and restarts, its own scheduler's, the
     scheduler's answers."""
-    codes_and_restarts = draw(st.lists(st.tuples(codes, st.integers(0, 3)), min_size=1, max_size=5))
+    exits = st.tuples(codes, st.integers(0, 3), st.booleans())
+    codes_and_restarts = draw(st.lists(exits, min_size=1, max_size=5))
     own = draw(st.booleans())
     sched_exit = draw(st.one_of(st.none(), st.integers(-9, 2)))
     return Seen(
-        tuple(WorkerSeen(i, c, r) for i, (c, r) in enumerate(codes_and_restarts)),
+        tuple(WorkerSeen(i, c, r, finished=f) for i, (c, r, f) in enumerate(codes_and_restarts)),
         max_restarts=draw(st.integers(0, 3)),
         own_scheduler=own,
         scheduler_exit=sched_exit if own else None,
@@ -432,11 +433,14 @@ def test_decisions_respect_the_rules(seen: Seen) -> None:
     if decision.action is Action.RESTART:
         assert decision.worker is not None
         worker = seen.workers[decision.worker]
-        assert worker.failed  # only a failed worker is started again
+        assert worker.failed  # only a failed worker is started again,
+        assert not worker.finished  # never one whose node finished (a node finishes once)
         assert worker.restarts < max_restarts  # never beyond --max-restarts
         assert now is None or now.phase not in (Phase.FAILED, Phase.FINISHED)
+    if decision.action is Action.FAIL and decision.worker is not None:
+        assert not seen.workers[decision.worker].finished  # its part was done: no failure
     if decision.action is Action.FINISH:
-        assert all(w.exit_code == 0 for w in seen.workers)
+        assert all(w.exit_code == 0 or (w.finished and w.failed) for w in seen.workers)
     if decision.action is Action.ASK:  # an answer waited for: our scheduler's, within its bound
         assert decision.worker is not None
         assert seen.workers[decision.worker].failed
@@ -448,7 +452,7 @@ def test_decisions_respect_the_rules(seen: Seen) -> None:
         assert not seen.unread
         assert seen.scheduler_silent_s is not None
         assert seen.scheduler_silent_s < seen.scheduler_start_s
-    if any(w.failed for w in seen.workers):  # a failure is never waited out
+    if any(w.failed and not w.finished for w in seen.workers):  # a failure is never waited out
         assert decision.action in (
             Action.RESTART,
             Action.RESTART_SCHEDULER,
@@ -484,6 +488,44 @@ def test_the_job_finishes_when_its_ranked_workers_exited_0_whatever_the_spares_d
     for code in (None, 0, KILLED):
         done = Seen((*ranked, WorkerSeen(2, code, spare=True)), own_scheduler=True, now=READY)
         assert decide(done) == Decision(Action.FINISH)
+
+
+# -- a node that finished its part --------------------------------------------------------------
+
+
+def test_a_worker_failed_after_its_finish_is_neither_restarted_nor_a_failure() -> None:
+    """Rank 1 called finalize() (the scheduler counts its node finished) and was killed in its
+    teardown while rank 0 trains: a new process of it would be refused (a node id finishes
+    once), and the job does not need it."""
+    after_finish = WorkerSeen(1, KILLED, finished=True)
+    seen = Seen(
+        (WorkerSeen(0, None), after_finish),
+        max_restarts=3,
+        own_scheduler=True,
+        recovery=True,
+        last=READY,
+        now=READY,
+    )
+    assert after_finish.failed_after_finishing
+    assert decide(seen) == Decision(Action.WAIT)
+    # With no restarts asked for, or without recovery, the same: it is no failure of the job.
+    assert decide(dataclasses.replace(seen, max_restarts=0)) == Decision(Action.WAIT)
+    no_recovery = dataclasses.replace(seen, recovery=False, last=READY_NO_RECOVERY, now=None)
+    assert decide(no_recovery) == Decision(Action.WAIT)
+    # Rank 0 completes its training: the job is over.
+    trained = dataclasses.replace(seen, workers=(WorkerSeen(0, 0), after_finish))
+    assert decide(trained) == Decision(Action.FINISH)
+    # Not finished (killed before its finalize() was heard): restarted as before.
+    unfinished = dataclasses.replace(seen, workers=workers(None, KILLED))
+    assert decide(unfinished) == Decision(Action.RESTART, 1)
+
+
+def test_a_worker_that_failed_after_it_finished_is_never_the_cause_of_a_failure() -> None:
+    """Rank 0 then fails on its own: it is the cause, not rank 1 killed after its finish."""
+    exits = (WorkerSeen(0, 3, exited_at=9.0), WorkerSeen(1, KILLED, exited_at=2.0, finished=True))
+    seen = Seen(exits, max_restarts=0, last=READY, now=READY)
+    assert decide(seen) == Decision(Action.FAIL, 0, "no restarts left (--max-restarts 0)")
+    assert cause(exits, first=0) == 0
 
 
 NCCL_FAILURE = """\

@@ -215,8 +215,15 @@ class Launcher(Children):
             await self._wake.wait()
             self._wake.clear()
             await self._relay_gone()
-            failed = any(w.exit_code not in (None, 0) for w in self.workers)
-            decision = policy.decide(await self._seen(ask=failed))
+            # A worker failed: a fresh answer decides on it (one the scheduler counted finished
+            # needs none: a node id finishes once).
+            failed = any(
+                w.exit_code not in (None, 0) and w.planned.node_id not in self.finished_nodes
+                for w in self.workers
+            )
+            seen = await self._seen(ask=failed)
+            self._note_finished(seen)
+            decision = policy.decide(seen)
             if decision.action is policy.Action.STOP:
                 return self._stopped()
             if decision.action is policy.Action.RESTART:
@@ -231,6 +238,8 @@ class Launcher(Children):
                 self._wake.set()  # another failed worker may be waiting for its turn
             elif decision.action is policy.Action.RESTART_SCHEDULER:
                 await self._restart_scheduler()
+            elif decision.action is policy.Action.ASK:
+                await self._ask_again(self.workers[decision.worker or 0])
             elif decision.action is policy.Action.FAIL:
                 return await self._fail(decision.worker, decision.reason)
             elif decision.action is policy.Action.FINISH:
@@ -251,6 +260,36 @@ class Launcher(Children):
         )
         await self._start(sched)
         self._wake.set()  # a worker that failed meanwhile is decided on next
+
+    def _note_finished(self, seen: policy.Seen) -> None:
+        """Each worker that failed after it finished its part of the job (the scheduler counts
+        its node finished: a crash in its teardown), said once: it is not started again, and
+        the job goes on without it; the exit code at the end says it (`_finish`)."""
+        for worker in seen.workers:
+            child = self.workers[worker.index]
+            said = (worker.index, child.restarts)
+            if worker.failed_after_finishing and said not in self._noted:
+                self._noted.add(said)
+                self._print(
+                    f"mscluster: {self._who(child)} {policy.describe_exit(child.exit_code or 0)} "
+                    "after it finished its part of the job: not restarted"
+                )
+
+    async def _ask_again(self, child: Child) -> None:
+        """`child` failed while the scheduler of this launcher has not exited and does not
+        answer yet (`policy.awaits_scheduler`: started again a moment ago, it does not listen
+        yet): said once for this exit, then decided again after POLL_STATUS_S, or sooner when
+        another process exits or a signal comes."""
+        said = (child.planned.index or 0, child.restarts)
+        if said not in self._awaiting:
+            self._awaiting.add(said)
+            self._print(
+                f"mscluster: {self._who(child)} {policy.describe_exit(child.exit_code or 0)}; "
+                "the scheduler has not exited but does not answer yet: deciding on it once it "
+                f"does (within {self.scheduler_wait_s:g} s)"
+            )
+        await self._wait_or_stop(self._wake, POLL_STATUS_S)
+        self._wake.set()
 
     async def _settle(self) -> None:
         """Let the exits that a first failure causes arrive, to tell cause from effect."""
@@ -352,6 +391,14 @@ class Launcher(Children):
             f"mscluster: job finished: {exited} local worker{'' if exited == 1 else 's'} exited 0"
             f"{held} in {took:.1f} s" + (f", after {' and '.join(after)}" if after else "")
         )
+        # The others exited after they finished their part (`_note_finished`): not 0.
+        crashed = [w for w in ranked if w.exit_code != 0]
+        if crashed:
+            said = "; ".join(
+                f"{self._who(w)} {policy.describe_exit(w.exit_code or 0)}" for w in crashed
+            )
+            self._print(f"mscluster: exiting 1: {said} after it finished its part of the job")
+            return EXIT_FAILED
         return EXIT_OK
 
 

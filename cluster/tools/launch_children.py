@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import IO
 
 from cluster.protocol.display import safe
-from cluster.protocol.environment import tls_options_from_env
+from cluster.protocol.environment import from_env, tls_options_from_env
+from cluster.protocol.records import NodeState
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes
@@ -35,6 +36,8 @@ from cluster.tools.launch_reading import Fresh, JobReader, job_ended, job_seen, 
 from cluster.tools.status import JobView
 from cluster.transport import tls
 
+# A node's state in the scheduler's answer once it called finalize().
+FINISHED = NodeState.FINISHED.value
 # While the job's processes stop, how often the launcher looks whether any is left.
 STOP_LOOK_S = 0.05
 # --join: how much of a worker's output is read at once.
@@ -49,6 +52,7 @@ class Child:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     exit_code: int | None = None
+    started_at: float = float("-inf")  # when it was last started (the launcher's clock)
     exited_at: float | None = None  # when it was reaped (the launcher's clock)
     pump: asyncio.Task[None] | None = None
     reaper: asyncio.Task[None] | None = None
@@ -88,6 +92,16 @@ class Children:
             identity = tls.load_identity(tls_options, server=False)
         self.reader = JobReader(self.addresses, identity, options.job_secret_file)
         self.scheduler: Child | None = None
+        # How long the job waits for its scheduler (`scheduler_wait_s`); a scheduler of ours
+        # that runs and does not answer is starting or busy within it, and gone past it.
+        self.scheduler_wait_s = 0.0 if plan.scheduler is None else scheduler_wait_s(plan.scheduler)
+        # The failed workers said to wait for the scheduler's answer, and those said to have
+        # failed after they finished their part: (index, restarts) of each, said once.
+        self._awaiting: set[tuple[int, int]] = set()
+        self._noted: set[tuple[int, int]] = set()
+        # The node ids the scheduler counted finished (their part of the job done): a node id
+        # finishes once, so an answer that said so holds for the rest of the job.
+        self.finished_nodes: set[str] = set()
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
@@ -135,6 +149,7 @@ class Children:
                     start_new_session=True,
                 )
         self.groups.append(child.process)
+        child.started_at = self._clock()
         child.exit_code = None
         child.exited_at = None
         child.exited.clear()
@@ -337,6 +352,8 @@ class Children:
         now = fresh.view
         sched = self.scheduler
         view = now or self.view
+        if view is not None:
+            self.finished_nodes |= {n.node_id for n in view.nodes if n.state == FINISHED}
         ended = sched is not None and sched.exit_code == 0 and self._ended()
         if ended and self._at_end is None:
             self._at_end = without_rank_at_end(self._event_log())
@@ -348,6 +365,7 @@ class Children:
                     w.restarts,
                     self._spare(w, view),
                     None if w.exit_code is None else w.exited_at,
+                    w.planned.node_id in self.finished_nodes,
                 )
                 for w in self.workers
             ),
@@ -363,7 +381,17 @@ class Children:
             now=job_seen(now),
             unreachable=fresh.unreachable,
             unread=fresh.unread,
+            scheduler_silent_s=self._silent(),
+            scheduler_start_s=self.scheduler_wait_s,
         )
+
+    def _silent(self) -> float | None:
+        """While this launcher's scheduler runs: for how long it has not answered, from its
+        last start or the last answer to a poll, whichever came later (None: none runs)."""
+        sched = self.scheduler
+        if sched is None or sched.process is None or sched.exit_code is not None:
+            return None
+        return self._clock() - max(sched.started_at, self._view_asked)
 
     def _ended(self) -> bool:
         """Whether the job's end was seen (`job_ended`: the last answer, the event log)."""
@@ -374,6 +402,15 @@ class Children:
         planned = self.plan.scheduler
         event_log = None if planned is None else planned.env.get("CLUSTER_EVENT_LOG")
         return None if event_log is None else Path(event_log)
+
+
+def scheduler_wait_s(planned: Process) -> float:
+    """How long the job waits for its scheduler, `planned`, by its settings: it forms the job
+    within MS_TOPO_TIMEOUT after a first start, while its workers wait for it (the launcher has
+    no wait of its own then), and the workers of a formed job, recovery on, take it back
+    within the longer of MS_NODE_TIMEOUT and MS_TOPO_TIMEOUT after it died."""
+    config = from_env(child_environment(os.environ, planned))
+    return max(config.node_timeout_s, config.topo_timeout_s)
 
 
 def _pid_name(planned: Process) -> str:

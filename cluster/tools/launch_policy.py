@@ -24,6 +24,7 @@ class Action(enum.Enum):
     STOP = "stop"  # a signal asked the launcher to stop the job
     RESTART = "restart"  # start `worker` again
     RESTART_SCHEDULER = "restart-scheduler"  # start this launcher's scheduler again
+    ASK = "ask"  # `worker` failed: ask the scheduler again shortly, its answer decides on it
     FAIL = "fail"  # the job has failed: stop everything, report `worker` (None: the scheduler)
     FINISH = "finish"  # every local worker finished: wait for the scheduler, report
 
@@ -39,10 +40,23 @@ class WorkerSeen:
     # When it exited, on the launcher's clock (None while it runs): the first failure is the
     # earliest exit, whatever the workers' order.
     exited_at: float | None = None
+    # The scheduler counts its node finished (it called finalize(): its part of the job is
+    # done). A failed exit after that (a crash in its teardown) is neither started again (a node
+    # id finishes once: a new process would be refused) nor a failure of the job.
+    finished: bool = False
 
     @property
     def failed(self) -> bool:
         return self.exit_code is not None and self.exit_code != 0
+
+    @property
+    def failed_after_finishing(self) -> bool:
+        return self.finished and self.failed
+
+    @property
+    def done(self) -> bool:
+        """Its part of the job is over: it exited 0, or exited after it finished."""
+        return self.exit_code == 0 or self.failed_after_finishing
 
 
 @dataclass(frozen=True)
@@ -76,11 +90,17 @@ class Seen:
     # The scheduler's last answer before this decision (None: it never answered).
     last: JobSeen | None = None
     # An answer asked for this decision, when a worker has failed; None: no answer, and then
-    # `unreachable` (no scheduler answered: it is gone) or `unread` (one answered and refused
-    # to show the job, its words: it is up) says why.
+    # `unreachable` (no scheduler answered: it is gone, unless it is ours and running) or
+    # `unread` (one answered and refused to show the job, its words: it is up) says why.
     now: JobSeen | None = None
     unreachable: str = ""
     unread: str = ""
+    # While this launcher's scheduler runs: for how long it has not answered, from its last
+    # start or its last answer, whichever came later (None: not ours, or not running), and how
+    # long it may take (`scheduler_start_s`: the job's wait for its scheduler). Within that, one
+    # that none reaches is starting (just started again) or busy, not gone (`awaits_scheduler`).
+    scheduler_silent_s: float | None = None
+    scheduler_start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -93,10 +113,13 @@ class Decision:
 
 def decide(seen: Seen) -> Decision:
     """The next step. A signal wins; then a scheduler of ours that died and may be started
-    again; then a failed worker (restart it, or fail the job; a failed process holding no rank
-    is restarted when it may be, and otherwise left alone: the job does not need it); then the
-    end of the job (every ranked worker exited 0: the spares are told by the scheduler, and the
-    launcher stops those that could not hear it); then a failed scheduler."""
+    again; then a failed worker (restart it, ask again while the answer that decides on it is
+    still to come from a scheduler of ours that has not exited, or fail the job; a failed
+    process holding no rank is restarted when it may be, and otherwise left alone: the job does
+    not need it, and so is one that failed after it finished its part); then the end of the job
+    (every ranked worker done: exited 0, or exited after it finished; the spares are told by
+    the scheduler, and the launcher stops those that could not hear it); then a failed
+    scheduler."""
     if seen.stop_signal is not None:
         return Decision(Action.STOP)
     scheduler_died = seen.own_scheduler and (
@@ -109,7 +132,7 @@ def decide(seen: Seen) -> Decision:
     if failed is not None:
         return failed
     ranked = [w for w in seen.workers if not w.spare]
-    if ranked and all(w.exit_code == 0 for w in ranked):
+    if ranked and all(w.done for w in ranked):
         return Decision(Action.FINISH)
     if scheduler_died:
         return Decision(Action.FAIL, None, why_not_scheduler or "")
@@ -117,15 +140,40 @@ def decide(seen: Seen) -> Decision:
 
 
 def _failed_worker(seen: Seen) -> Decision | None:
-    """The failed worker that exited first: started again, or the job fails with it; None:
-    none failed."""
-    for worker in sorted((w for w in seen.workers if w.failed), key=_exit_order):
+    """The failed worker that exited first: started again, decided once the scheduler answers
+    (`awaits_scheduler`), or the job fails with it; None: none failed (one that failed after
+    it finished its part is left as it is)."""
+    failed = (w for w in seen.workers if w.failed and not w.finished)
+    for worker in sorted(failed, key=_exit_order):
         why_not = why_not_restart(worker, seen)
         if why_not is None:
             return Decision(Action.RESTART, worker.index)
+        if worker.restarts < seen.max_restarts and awaits_scheduler(seen):
+            return Decision(Action.ASK, worker.index, why_not)
         if not worker.spare:
             return Decision(Action.FAIL, worker.index, why_not)
     return None
+
+
+def awaits_scheduler(seen: Seen) -> bool:
+    """Whether a failed worker waits for the scheduler's answer: none reached it
+    (`unreachable`), but it is this launcher's own, running, silent for less than
+    `scheduler_start_s` (started again a moment ago, it does not listen yet), and its answer
+    may take the worker back (the job formed with recovery; one still forming takes it without
+    an answer, one without recovery does not take it whatever the answer)."""
+    last, silent = seen.last, seen.scheduler_silent_s
+    return (
+        seen.own_scheduler
+        and seen.scheduler_exit is None
+        and seen.now is None
+        and bool(seen.unreachable)
+        and not seen.unread
+        and silent is not None
+        and silent < seen.scheduler_start_s
+        and last is not None
+        and last.phase is not Phase.WAITING
+        and last.recovery
+    )
 
 
 def _exit_order(worker: WorkerSeen) -> tuple[float, int]:
@@ -187,8 +235,9 @@ def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:
 
 def _why_not_unanswered(seen: Seen) -> str | None:
     """A worker failed and no fresh answer came; the last one decides. A job that has not
-    formed can still take the worker. A scheduler that none reaches (`unreachable`) is gone:
-    a formed job cannot. One that is up but refused the read (`unread`) is no gone scheduler:
+    formed can still take the worker. A scheduler that none reaches (`unreachable`) is gone,
+    or, ours and running, silent past its bound (`awaits_scheduler` waits within it): a formed
+    job cannot. One that is up but refused the read (`unread`) is no gone scheduler:
     its last answer stands for a fresh one, so a formed job with recovery takes the worker
     back, and one over, or formed without recovery, cannot."""
     last = seen.last
@@ -196,7 +245,13 @@ def _why_not_unanswered(seen: Seen) -> str | None:
         return None
     if not seen.unread:
         off = "" if last.recovery else "; recovery is off, so the job cannot take it back"
-        return f"the job had formed and its scheduler is gone ({seen.unreachable}){off}"
+        silent = seen.scheduler_silent_s
+        gone = (
+            "its scheduler is gone"
+            if silent is None
+            else f"its scheduler, running, has not answered for {silent:.0f} s"
+        )
+        return f"the job had formed and {gone} ({seen.unreachable}){off}"
     refused = f"its scheduler is up but refused a fresh read: {seen.unread}"
     if last.phase in (Phase.FAILED, Phase.FINISHED):
         return f"the job was {last.phase.value} at its last answer ({last.detail}); {refused}"
@@ -226,7 +281,10 @@ def cause(
        the earliest-exited failed worker whose exit is no such consequence (`sys.exit(3)` after
        a line of its own, `os._exit`);
     5. otherwise the first to fail.
+
+    A worker that failed after it finished its part (`WorkerSeen.finished`) is never the cause.
     """
+    workers = [w for w in workers if not w.finished]
     for worker in workers:
         if worker.exit_code is not None and worker.exit_code < 0:
             return worker.index

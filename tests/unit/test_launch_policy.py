@@ -15,6 +15,7 @@ from cluster.tools.launch_policy import (
     JobSeen,
     Seen,
     WorkerSeen,
+    awaits_scheduler,
     cause,
     decide,
     describe_exit,
@@ -113,6 +114,70 @@ def test_a_silent_scheduler_of_a_formed_job_cannot() -> None:
     assert reason is not None
     assert "its scheduler is gone (refused)" in reason
     assert "recovery is off" in reason
+
+
+CONNECTION_REFUSED = "no scheduler answers at 127.0.0.1:8118: Connection refused"
+# The OOM killer took the scheduler and rank 1 together; the launcher started the scheduler
+# again, and it does not listen yet when rank 1's exit is decided on.
+RESTARTED_SILENT = Seen(
+    (WorkerSeen(0, None), WorkerSeen(1, KILLED)),
+    max_restarts=3,
+    own_scheduler=True,
+    scheduler_exit=None,
+    scheduler_restarts=1,
+    recovery=True,
+    last=READY,
+    now=None,
+    unreachable=CONNECTION_REFUSED,
+    scheduler_silent_s=0.01,
+    scheduler_start_s=1800.0,
+)
+
+
+def test_a_scheduler_of_ours_started_again_a_moment_ago_is_asked_again_not_taken_for_gone() -> None:
+    """The decision on rank 1 waits for the answer of the scheduler started again (within the
+    job's wait for its scheduler), and that answer decides."""
+    assert awaits_scheduler(RESTARTED_SILENT)
+    assert decide(RESTARTED_SILENT).action is Action.ASK
+    assert decide(RESTARTED_SILENT).worker == 1
+    # It answers: the job takes rank 1 back.
+    answered = dataclasses.replace(RESTARTED_SILENT, now=READY, unreachable="")
+    assert decide(answered) == Decision(Action.RESTART, 1)
+    # It answers that the job is over: rank 1 is not started again.
+    over = JobSeen(Phase.FAILED, recovery=True, detail="rank 0 died")
+    assert decide(dataclasses.replace(answered, now=over)).action is Action.FAIL
+
+
+def test_a_scheduler_of_ours_silent_past_its_bound_or_exited_fails_the_formed_job() -> None:
+    past = dataclasses.replace(RESTARTED_SILENT, scheduler_silent_s=1800.0)
+    assert decide(past) == Decision(
+        Action.FAIL,
+        1,
+        "the job had formed and its scheduler, running, has not answered for 1800 s "
+        f"({CONNECTION_REFUSED})",
+    )
+    # Exited (dead, not to be started again): no answer is waited for.
+    exited = dataclasses.replace(past, scheduler_exit=1, scheduler_silent_s=None)
+    assert decide(exited).action is Action.FAIL
+    # Killed and to be started again: that comes first.
+    killed = dataclasses.replace(exited, scheduler_exit=KILLED)
+    assert decide(killed) == Decision(Action.RESTART_SCHEDULER)
+
+
+def test_a_silent_scheduler_is_waited_for_only_where_its_answer_can_take_the_worker() -> None:
+    waiting = dataclasses.replace(RESTARTED_SILENT, max_restarts=1)
+    assert decide(waiting).action is Action.ASK
+    # A job still forming (or never answered) takes the worker without an answer.
+    for last in (None, JobSeen(Phase.WAITING, recovery=True)):
+        assert decide(dataclasses.replace(waiting, last=last)) == Decision(Action.RESTART, 1)
+    # Without recovery a formed job never takes it back; with no restarts left, nothing can.
+    assert decide(dataclasses.replace(waiting, last=READY_NO_RECOVERY)).action is Action.FAIL
+    used_up = dataclasses.replace(waiting, workers=workers(None, KILLED, restarts=1))
+    assert decide(used_up).action is Action.FAIL
+    # A scheduler that is not ours, or a refused read (one that is up), is not waited for.
+    assert decide(dataclasses.replace(waiting, own_scheduler=False)).action is Action.FAIL
+    refused = dataclasses.replace(waiting, unreachable="", unread=REFUSED)
+    assert decide(refused) == Decision(Action.RESTART, 1)
 
 
 REFUSED = (
@@ -330,11 +395,12 @@ jobs = st.one_of(
 def seens(draw: st.DrawFn) -> Seen:
     """What the launcher may have seen: workers' exits and restarts, its own scheduler's, the
     scheduler's answers."""
-    codes_and_restarts = draw(st.lists(st.tuples(codes, st.integers(0, 3)), min_size=1, max_size=5))
+    exits = st.tuples(codes, st.integers(0, 3), st.booleans())
+    codes_and_restarts = draw(st.lists(exits, min_size=1, max_size=5))
     own = draw(st.booleans())
     sched_exit = draw(st.one_of(st.none(), st.integers(-9, 2)))
     return Seen(
-        tuple(WorkerSeen(i, c, r) for i, (c, r) in enumerate(codes_and_restarts)),
+        tuple(WorkerSeen(i, c, r, finished=f) for i, (c, r, f) in enumerate(codes_and_restarts)),
         max_restarts=draw(st.integers(0, 3)),
         own_scheduler=own,
         scheduler_exit=sched_exit if own else None,
@@ -344,6 +410,10 @@ def seens(draw: st.DrawFn) -> Seen:
         ended=draw(st.booleans()),
         last=draw(jobs),
         now=draw(jobs),
+        unreachable=draw(st.sampled_from(["", "Connection refused"])),
+        unread=draw(st.sampled_from(["", "refused"])),
+        scheduler_silent_s=draw(st.one_of(st.none(), st.floats(0, 100))) if own else None,
+        scheduler_start_s=draw(st.floats(0, 100)),
     )
 
 
@@ -363,13 +433,32 @@ def test_decisions_respect_the_rules(seen: Seen) -> None:
     if decision.action is Action.RESTART:
         assert decision.worker is not None
         worker = seen.workers[decision.worker]
-        assert worker.failed  # only a failed worker is started again
+        assert worker.failed  # only a failed worker is started again,
+        assert not worker.finished  # never one whose node finished (a node finishes once)
         assert worker.restarts < max_restarts  # never beyond --max-restarts
         assert now is None or now.phase not in (Phase.FAILED, Phase.FINISHED)
+    if decision.action is Action.FAIL and decision.worker is not None:
+        assert not seen.workers[decision.worker].finished  # its part was done: no failure
     if decision.action is Action.FINISH:
-        assert all(w.exit_code == 0 for w in seen.workers)
-    if any(w.failed for w in seen.workers):  # a failure is never waited out
-        assert decision.action in (Action.RESTART, Action.RESTART_SCHEDULER, Action.FAIL)
+        assert all(w.exit_code == 0 or (w.finished and w.failed) for w in seen.workers)
+    if decision.action is Action.ASK:  # an answer waited for: our scheduler's, within its bound
+        assert decision.worker is not None
+        assert seen.workers[decision.worker].failed
+        assert seen.workers[decision.worker].restarts < max_restarts
+        assert own
+        assert sched_exit is None
+        assert now is None
+        assert seen.unreachable
+        assert not seen.unread
+        assert seen.scheduler_silent_s is not None
+        assert seen.scheduler_silent_s < seen.scheduler_start_s
+    if any(w.failed and not w.finished for w in seen.workers):  # a failure is never waited out
+        assert decision.action in (
+            Action.RESTART,
+            Action.RESTART_SCHEDULER,
+            Action.FAIL,
+            Action.ASK,
+        )
     if own and sched_exit not in (None, 0):  # nor is a dead scheduler of ours
         assert decision.action is not Action.WAIT
     if own and sched_exit == 0 and seen.recovery and not seen.standbys and not seen.ended:
@@ -399,6 +488,44 @@ def test_the_job_finishes_when_its_ranked_workers_exited_0_whatever_the_spares_d
     for code in (None, 0, KILLED):
         done = Seen((*ranked, WorkerSeen(2, code, spare=True)), own_scheduler=True, now=READY)
         assert decide(done) == Decision(Action.FINISH)
+
+
+# -- a node that finished its part --------------------------------------------------------------
+
+
+def test_a_worker_failed_after_its_finish_is_neither_restarted_nor_a_failure() -> None:
+    """Rank 1 called finalize() (the scheduler counts its node finished) and was killed in its
+    teardown while rank 0 trains: a new process of it would be refused (a node id finishes
+    once), and the job does not need it."""
+    after_finish = WorkerSeen(1, KILLED, finished=True)
+    seen = Seen(
+        (WorkerSeen(0, None), after_finish),
+        max_restarts=3,
+        own_scheduler=True,
+        recovery=True,
+        last=READY,
+        now=READY,
+    )
+    assert after_finish.failed_after_finishing
+    assert decide(seen) == Decision(Action.WAIT)
+    # With no restarts asked for, or without recovery, the same: it is no failure of the job.
+    assert decide(dataclasses.replace(seen, max_restarts=0)) == Decision(Action.WAIT)
+    no_recovery = dataclasses.replace(seen, recovery=False, last=READY_NO_RECOVERY, now=None)
+    assert decide(no_recovery) == Decision(Action.WAIT)
+    # Rank 0 completes its training: the job is over.
+    trained = dataclasses.replace(seen, workers=(WorkerSeen(0, 0), after_finish))
+    assert decide(trained) == Decision(Action.FINISH)
+    # Not finished (killed before its finalize() was heard): restarted as before.
+    unfinished = dataclasses.replace(seen, workers=workers(None, KILLED))
+    assert decide(unfinished) == Decision(Action.RESTART, 1)
+
+
+def test_a_worker_that_failed_after_it_finished_is_never_the_cause_of_a_failure() -> None:
+    """Rank 0 then fails on its own: it is the cause, not rank 1 killed after its finish."""
+    exits = (WorkerSeen(0, 3, exited_at=9.0), WorkerSeen(1, KILLED, exited_at=2.0, finished=True))
+    seen = Seen(exits, max_restarts=0, last=READY, now=READY)
+    assert decide(seen) == Decision(Action.FAIL, 0, "no restarts left (--max-restarts 0)")
+    assert cause(exits, first=0) == 0
 
 
 NCCL_FAILURE = """\

@@ -31,7 +31,8 @@ def test_a_claimant_refused_for_its_whole_wait_names_the_guard(
     elsewhere = str(tmp_path / "elsewhere")  # as from another host
     line = gave_up(job, "claimant", MS_NODE_ID="1", MS_RECOVERY_PATH=elsewhere, MS_TOPO_TIMEOUT="3")
     assert "did not accept this node in time: it refused this node for the whole wait" in line
-    assert "the last time because node id '1' was last seen alive" in line
+    assert "the last time because node id '1' is held by a live process" in line
+    assert "two processes of this job have the same MS_NODE_ID?" in line
     job.finish(job.workers)
 
 

@@ -266,7 +266,7 @@ def test_a_live_node_id_cannot_be_claimed(processes: Procs, tmp_path: Path) -> N
     elsewhere = {**job.env, "MS_NODE_ID": "1", "MS_RECOVERY_PATH": str(tmp_path / "elsewhere")}
     claimant = job.processes.start_role("claimant", "MS_WORKER", job.args, elsewhere)
     claimant.wait_for_output("registration refused for now", 15)
-    assert "was last seen alive" in claimant.output
+    assert "node id '1' is held by a live process" in claimant.output, claimant.output
     claimant.popen.send_signal(signal.SIGKILL)
     claimant.wait(10)
     after = job.status()

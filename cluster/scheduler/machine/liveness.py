@@ -25,6 +25,9 @@ from cluster.protocol.records import Member, NodeState
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import mutable
 
+# A live process is heard every heartbeat interval: one heard within this many is live now.
+LIVE_WITHIN_BEATS = 2
+
 
 def silence_reason(silent_s: float) -> str:
     """Why a member silent for `silent_s` was failed, as its failure says. A worker's beats come
@@ -55,6 +58,19 @@ class Liveness:
     def accepted(self, now: float) -> None:
         """A registration of a burst was accepted at `now`."""
         self.last_accepted = now
+
+    def live_now(self, member: Member, now: float) -> bool:
+        """Whether `member`'s process is live right now, as far as the scheduler can tell: its
+        stream is open and it was heard within LIVE_WITHIN_BEATS heartbeat intervals. One that
+        stopped (SIGSTOP, hung) is not once those have passed, nor one whose stream broke, nor
+        one restored and not heard since; with MS_DISABLE_HEARTBEAT, one is only just after its
+        stream opened."""
+        return (
+            member.state is NodeState.ALIVE
+            and member.connected
+            and member.node_id not in self.unheard
+            and now - member.last_seen <= LIVE_WITHIN_BEATS * self.settings.heartbeat_interval_s
+        )
 
     def silence(self, member: Member, now: float) -> float:
         """How long a live `member` has been silent, as far as it counts: not before the last

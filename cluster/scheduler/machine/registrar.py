@@ -9,7 +9,8 @@ the job named, the room left for the role); this part decides what the registrat
 - the same process again (the same incarnation) is a retry after a lost answer, or a
   reconnect: it proves itself with its credential, and its address cannot change;
 - a new process of a known node id is refused until the old one has been silent for the guard
-  (MS_NODE_TIMEOUT, `guard_waiting` notes who waits); then, in a running job with recovery, it
+  (MS_NODE_TIMEOUT, `guard_waiting` notes who waits; beside a live old one, the refusal says the
+  id is likely given to two processes, `_guard_message`); then, in a running job with recovery, it
   takes its rank back in a new generation (`_rejoin`), comes back a spare when its rank went to
   one, or takes the old process's place while the job forms.
 
@@ -175,15 +176,12 @@ class Registrar:
                 Refusal.JOB_OVER,
                 f"{member.describe()} has already finished this job; a node id finishes once",
             ), []
-        guard_s = job.settings.node_timeout_s
-        remaining = member.last_seen + guard_s - now
+        remaining = member.last_seen + job.settings.node_timeout_s - now
         if remaining > 0:
             job.guard_waiting[member.node_id] = now
             return Refused(
                 Refusal.NODE_ALIVE,
-                f"node id {member.node_id!r}{self._last_heard(member, now)}; the scheduler takes a "
-                f"new process with that id only after MS_NODE_TIMEOUT={guard_s:g} s of silence, "
-                f"against network jitter and identity takeover (retry in {remaining:.1f} s)",
+                self._guard_message(member, reg, now, remaining),
                 retry_after_s=remaining,
             ), []
         # Silent past the guard. A spare's id (or that of a node whose rank a spare took) comes
@@ -205,6 +203,32 @@ class Registrar:
             f"{member.describe()} failed and recovery is off (MS_ENABLE_RECOVERY), so it cannot "
             "rejoin; restart the whole job",
         ), []
+
+    def _guard_message(
+        self, member: Member, reg: Registration, now: float, remaining: float
+    ) -> str:
+        """Why the guard refuses `reg`, a new process of `member`'s node id. While the id's
+        holder is live right now (`Liveness.live_now`), the newcomer is most likely a second
+        process given the same MS_NODE_ID, not a restart: its wait would be pushed back for as
+        long as the holder lives, so the refusal names both processes and the likely mistake.
+        Otherwise (the holder stopped, hung, or is not heard yet) it names when the holder was
+        last heard and when the guard ends."""
+        guard_s = self.job.settings.node_timeout_s
+        if self.job.liveness.live_now(member, now):
+            return (
+                f"node id {member.node_id!r} is held by a live process (at {member.host}:"
+                f"{member.port}, incarnation {member.incarnation}, heard "
+                f"{now - member.last_seen:.1f} s ago), and this process (at {reg.host}:{reg.port}, "
+                f"incarnation {reg.incarnation}) registers with it too: two processes of this job "
+                "have the same MS_NODE_ID? give each its own; a restarted "
+                f"{member.role.value} is taken once the old one has been silent for "
+                f"MS_NODE_TIMEOUT={guard_s:g} s"
+            )
+        return (
+            f"node id {member.node_id!r}{self._last_heard(member, now)}; the scheduler takes a "
+            f"new process with that id only after MS_NODE_TIMEOUT={guard_s:g} s of silence, "
+            f"against network jitter and identity takeover (retry in {remaining:.1f} s)"
+        )
 
     def _last_heard(self, member: Member, now: float) -> str:
         """When the guard's `member` was last heard, as its refusal says it. A member restored

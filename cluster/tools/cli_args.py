@@ -6,8 +6,13 @@ mistyped option with the closest known one.
 from __future__ import annotations
 
 import argparse
+import sys
 from argparse import SUPPRESS
 from collections.abc import Sequence
+
+# The values of msrun's --join (ast.literal_eval'd there, True or False: 1 and 0 too), with the
+# lower-case words people write; what each means.
+JOIN_VALUES = {"True": True, "true": True, "1": True, "False": False, "false": False, "0": False}
 
 
 def add_run_arguments(run: argparse.ArgumentParser) -> None:
@@ -64,16 +69,20 @@ def _add_join_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--join",
         action="store_true",
-        help="also stream the workers' output, prefixed by rank (msrun's --join=True; "
-        "--join=False: logs only; the launcher always waits for the job)",
+        help="also stream the workers' output, prefixed by rank (msrun's --join True; "
+        "--join False: logs only; the launcher always waits for the job)",
     )
     # msrun's --join takes a value. Whole words, matched before argparse splits at "=", so that
-    # a bare --join still leaves the next word to be the script.
-    for word, action in (("True", "store_true"), ("False", "store_false")):
-        for spelling in (word, word.lower()):
-            run.add_argument(
-                f"--join={spelling}", dest="join", action=action, default=False, help=SUPPRESS
-            )
+    # a bare --join still leaves the next word to be the script; `--join True` is joined into
+    # `--join=True` by `parse` (`_join_value_apart`).
+    for word, on in JOIN_VALUES.items():
+        run.add_argument(
+            f"--join={word}",
+            dest="join",
+            action="store_true" if on else "store_false",
+            default=False,
+            help=SUPPRESS,
+        )
 
 
 def _add_job_arguments(run: argparse.ArgumentParser) -> None:
@@ -130,8 +139,13 @@ def add_reader_options(reader: argparse.ArgumentParser, *, events: bool = False)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """parse_args, but an unknown option is answered with the closest known one."""
-    args, unknown = parser.parse_known_args(argv)
+    """parse_args, but an unknown option is answered with the closest known one, and msrun's
+    `--join True` (its value a word of its own) is `--join=True`."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(words)
+    joined = _join_value_apart(words, args)
+    if joined is not None:
+        args, unknown = parser.parse_known_args(joined)
     if unknown:
         known = _known_options(parser, getattr(args, "command", None))
         hints = []
@@ -142,6 +156,18 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
             hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
         parser.error(f"unrecognized arguments: {' '.join(hints)}")
     return args
+
+
+def _join_value_apart(words: list[str], args: argparse.Namespace) -> list[str] | None:
+    """`words` with msrun's `--join VALUE` as `--join=VALUE` when argparse took that VALUE for
+    the script (and the script for the script's first argument); None when it did not."""
+    script = getattr(args, "script", None)
+    if script not in JOIN_VALUES:
+        return None
+    at = len(words) - len(args.script_args) - 1  # the script's arguments are the last words
+    if at < 1 or words[at] != script or words[at - 1] != "--join":
+        return None
+    return [*words[: at - 1], f"--join={script}", *words[at + 1 :]]
 
 
 def _known_options(parser: argparse.ArgumentParser, command: str | None) -> list[str]:

@@ -36,12 +36,14 @@ def test_an_msrun_line_parses_as_the_same_run_in_our_spelling() -> None:
     assert (args.script, args.script_args) == ("net.py", ["--lr", "0.1"])
 
 
+@pytest.mark.parametrize("options", ["", "--join True"])
 def test_a_run_without_its_script_asks_for_the_script_alone(
-    capsys: pytest.CaptureFixture[str],
+    options: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The script's arguments are optional: the error names only the script."""
+    """The script's arguments are optional: the error names only the script (msrun's `--join
+    True` is no script either)."""
     with pytest.raises(SystemExit) as exit_:
-        parse("")
+        parse(options)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.endswith("error: the following arguments are required: script\n"), err
@@ -57,6 +59,14 @@ def test_a_run_without_its_script_asks_for_the_script_alone(
         ("--join=true", True),
         ("--join=False", False),
         ("--join=false", False),
+        ("--join=1", True),
+        ("--join=0", False),
+        ("--join True", True),
+        ("--join true", True),
+        ("--join 1", True),
+        ("--join False", False),
+        ("--join 0", False),
+        ("--worker_num=2 --join True --log_dir=logs", True),
     ],
 )
 def test_join_takes_msrun_values_and_a_bare_join_leaves_the_script(
@@ -64,6 +74,14 @@ def test_join_takes_msrun_values_and_a_bare_join_leaves_the_script(
 ) -> None:
     args = parse(f"{options} net.py")
     assert (args.join, args.script, args.script_args) == (join, "net.py", [])
+
+
+def test_msruns_join_with_its_value_apart_leaves_the_script_and_its_arguments() -> None:
+    """msrun takes `--join True` as `--join=True`: True is not the script, train.py not its
+    argument; a `--join True` after the script is the script's."""
+    args = parse("--worker_num=2 --local_worker_num=2 --join True train.py --join True --lr 1")
+    assert (args.join, args.worker_num, args.script) == (True, 2, "train.py")
+    assert args.script_args == ["--join", "True", "--lr", "1"]
 
 
 def test_options_after_the_script_are_the_scripts() -> None:

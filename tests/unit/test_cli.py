@@ -110,6 +110,34 @@ def test_a_mistyped_option_names_the_right_one(
     assert f"(did you mean {meant}?)" in err, err
 
 
+@pytest.mark.parametrize("option", ["--sim_level 1", "--sim_rank_id=0", "--rank_table_file r.json"])
+def test_msruns_options_without_a_counterpart_here_are_refused_in_one_line(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(f"--worker_num=2 {option} net.py")
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    name = re.split("[ =]", option, maxsplit=1)[0]
+    assert line.startswith(f"mscluster run: error: msrun's {name} is not supported by "), line
+    assert "did you mean" not in line
+
+
+@pytest.mark.parametrize(
+    "option", ["--bind_core True", "--worker_log_name=w.log", "--tail_worker_log 0"]
+)
+def test_msruns_options_the_job_runs_the_same_without_are_ignored_with_a_note(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Said once, though `--join True` has the line parsed twice."""
+    args = parse(f"--worker_num=2 {option} --join True net.py --lr 1")
+    (note,) = capsys.readouterr().err.splitlines()
+    name = re.split("[ =]", option, maxsplit=1)[0]
+    assert note.startswith(f"mscluster run: note: msrun's {name} is ignored: "), note
+    assert vars(args) == vars(parse("--worker_num=2 --join net.py --lr 1"))
+    assert (args.join, args.script, args.script_args) == (True, "net.py", ["--lr", "1"])
+
+
 def test_a_mistyped_option_of_another_command_is_suggested_from_that_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

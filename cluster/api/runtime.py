@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from cluster.api import excepthook
 from cluster.protocol import environment
 from cluster.protocol.config import ClusterConfig, ObserveConfig, Role, TLSOptions
-from cluster.protocol.display import SafeFormatter
+from cluster.protocol.display import SafeFormatter, quoted
 from cluster.protocol.errors import (
     CheckpointError,
     ClusterError,
@@ -81,19 +81,41 @@ def topology() -> Topology:
     return topo
 
 
-def init(config: ClusterConfig | None = None) -> None:
-    """Join the job described by the MS_* environment.
+def _given_config(config: object) -> ClusterConfig | None:
+    """init()'s argument: a ClusterConfig, or None for the environment's. A string is
+    MindSpore's backend name (`init("nccl")`, kept by a ported script), ignored in one line:
+    cluster forms the job, and the data plane's backend is the script's. Anything else is a
+    ConfigError naming its type."""
+    if config is None or isinstance(config, ClusterConfig):
+        return config
+    if isinstance(config, str):
+        sys.stderr.write(
+            f"cluster: init({quoted(config, 64)}): MindSpore's backend name is ignored: cluster "
+            "forms the job, and the data plane's backend is the script's (cluster.torch's "
+            "init_process_group(backend), or the framework's)\n"
+        )
+        return None
+    raise ConfigError(
+        f"cluster.init() takes a ClusterConfig (or MindSpore's backend name, which it ignores), "
+        f"not {type(config).__name__}: call cluster.init() to read the MS_* environment"
+    )
+
+
+def init(config: ClusterConfig | str | None = None) -> None:
+    """Join the job described by the MS_* environment (or `config`; a string is MindSpore's
+    backend name, ignored in one line).
 
     Worker (MS_WORKER, MS_PSERVER): returns once every node has registered and this process has
     its rank and the peer table. Scheduler (MS_SCHED): serves the job until it ends and then
     exits the process, 0 when every worker finished, 1 otherwise.
     """
     global _session, _pid, _finalized
+    given = _given_config(config)
     # gRPC's fork handlers crash a child forked after the first call at random (a DataLoader's
     # worker: grpc/grpc#32992); a child has no use for them (`WorkerSession.forked`). Before
     # grpc is imported, which reads the variable once; a program that chose keeps its choice.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    cfg = config if config is not None else environment.from_env()
+    cfg = given if given is not None else environment.from_env()
     if _ps_context_called:
         cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
     if cfg.tls is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import field
 
 from cluster.protocol import auth
@@ -14,6 +15,9 @@ from cluster.protocol.parse import check_host, lookup_name
 from cluster.protocol.value import frozen
 
 ADVERTISE = "CLUSTER_ADVERTISE_HOST"
+# MindSpore's name for the address a worker networks on, read when CLUSTER_ADVERTISE_HOST is
+# unset (or empty).
+WORKER_IP = "MS_WORKER_IP"
 
 
 @frozen
@@ -66,21 +70,32 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def advertised_host(value: str) -> str:
-    """CLUSTER_ADVERTISE_HOST's `value` as this process listens on it: a host name or IP
-    address (an IPv6 address given in [ ] without them); else a ConfigError."""
-    host = check_host(ADVERTISE, value)
+def advertise_setting(env: Mapping[str, str]) -> tuple[str, str]:
+    """(variable, value) of the address this worker is told to advertise in `env`:
+    CLUSTER_ADVERTISE_HOST, else MS_WORKER_IP; the value is "" when neither is set."""
+    for name in (ADVERTISE, WORKER_IP):
+        value = env.get(name, "").strip()
+        if value:
+            return name, value
+    return ADVERTISE, ""
+
+
+def advertised_host(value: str, name: str) -> str:
+    """Variable `name`'s `value` as this process listens on it: a host name or IP address (an
+    IPv6 address given in [ ] without them); else a ConfigError."""
+    host = check_host(name, value)
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not bare or "[" in bare or "]" in bare:
         raise ConfigError(
-            f"{ADVERTISE} {quoted(value, 64)} is not a host name or IP address: [ ] go only "
+            f"{name} {quoted(value, 64)} is not a host name or IP address: [ ] go only "
             "around a whole IPv6 address"
         )
     return bare
 
 
-def unusable(advertised: str, host: str, exc: OSError) -> ConfigError:
-    """The ConfigError for a host this process cannot listen on: `exc` from `free_port`."""
+def unusable(advertised: str, host: str, exc: OSError, name: str) -> ConfigError:
+    """The ConfigError for a host this process cannot listen on: `exc` from `free_port`;
+    `advertised` the value of variable `name` ("": none was given)."""
     if isinstance(exc, socket.gaierror):
         why = f"does not resolve ({exc.strerror})"
     elif exc.errno == errno.EADDRNOTAVAIL:
@@ -93,23 +108,25 @@ def unusable(advertised: str, host: str, exc: OSError) -> ConfigError:
             f"{ADVERTISE} to an address of this host that peers reach"
         )
     return ConfigError(
-        f"{ADVERTISE} {quoted(advertised, 64)} {why}: this worker listens on the address it "
+        f"{name} {quoted(advertised, 64)} {why}: this worker listens on the address it "
         "advertises, so give an address (or host name) of this host that peers reach, or unset "
         "it to use the local address that routes to the scheduler"
     )
 
 
 def make_identity(node_id: str | None, sched_host: str, sched_port: int) -> NodeIdentity:
-    """This process's identity; a ConfigError when CLUSTER_ADVERTISE_HOST (or the address
-    found in its place) is not one this process can listen on."""
-    advertised = os.environ.get(ADVERTISE, "").strip()
+    """This process's identity; a ConfigError when CLUSTER_ADVERTISE_HOST (else MS_WORKER_IP,
+    else the address found in their place) is not one this process can listen on."""
+    name, advertised = advertise_setting(os.environ)
     host = (
-        advertised_host(advertised) if advertised else local_address_towards(sched_host, sched_port)
+        advertised_host(advertised, name)
+        if advertised
+        else local_address_towards(sched_host, sched_port)
     )
     try:
         port = free_port(host)
     except OSError as exc:
-        raise unusable(advertised, host, exc) from None
+        raise unusable(advertised, host, exc, name) from None
     return NodeIdentity(
         node_id=node_id or generated_node_id(),
         incarnation=new_incarnation(),

@@ -36,12 +36,14 @@ def test_an_msrun_line_parses_as_the_same_run_in_our_spelling() -> None:
     assert (args.script, args.script_args) == ("net.py", ["--lr", "0.1"])
 
 
+@pytest.mark.parametrize("options", ["", "--join True"])
 def test_a_run_without_its_script_asks_for_the_script_alone(
-    capsys: pytest.CaptureFixture[str],
+    options: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The script's arguments are optional: the error names only the script."""
+    """The script's arguments are optional: the error names only the script (msrun's `--join
+    True` is no script either)."""
     with pytest.raises(SystemExit) as exit_:
-        parse("")
+        parse(options)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.endswith("error: the following arguments are required: script\n"), err
@@ -57,6 +59,14 @@ def test_a_run_without_its_script_asks_for_the_script_alone(
         ("--join=true", True),
         ("--join=False", False),
         ("--join=false", False),
+        ("--join=1", True),
+        ("--join=0", False),
+        ("--join True", True),
+        ("--join true", True),
+        ("--join 1", True),
+        ("--join False", False),
+        ("--join 0", False),
+        ("--worker_num=2 --join True --log_dir=logs", True),
     ],
 )
 def test_join_takes_msrun_values_and_a_bare_join_leaves_the_script(
@@ -64,6 +74,14 @@ def test_join_takes_msrun_values_and_a_bare_join_leaves_the_script(
 ) -> None:
     args = parse(f"{options} net.py")
     assert (args.join, args.script, args.script_args) == (join, "net.py", [])
+
+
+def test_msruns_join_with_its_value_apart_leaves_the_script_and_its_arguments() -> None:
+    """msrun takes `--join True` as `--join=True`: True is not the script, train.py not its
+    argument; a `--join True` after the script is the script's."""
+    args = parse("--worker_num=2 --local_worker_num=2 --join True train.py --join True --lr 1")
+    assert (args.join, args.worker_num, args.script) == (True, 2, "train.py")
+    assert args.script_args == ["--join", "True", "--lr", "1"]
 
 
 def test_options_after_the_script_are_the_scripts() -> None:
@@ -90,6 +108,34 @@ def test_a_mistyped_option_names_the_right_one(
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert f"(did you mean {meant}?)" in err, err
+
+
+@pytest.mark.parametrize("option", ["--sim_level 1", "--sim_rank_id=0", "--rank_table_file r.json"])
+def test_msruns_options_without_a_counterpart_here_are_refused_in_one_line(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(f"--worker_num=2 {option} net.py")
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    name = re.split("[ =]", option, maxsplit=1)[0]
+    assert line.startswith(f"mscluster run: error: msrun's {name} is not supported by "), line
+    assert "did you mean" not in line
+
+
+@pytest.mark.parametrize(
+    "option", ["--bind_core True", "--worker_log_name=w.log", "--tail_worker_log 0"]
+)
+def test_msruns_options_the_job_runs_the_same_without_are_ignored_with_a_note(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Said once, though `--join True` has the line parsed twice."""
+    args = parse(f"--worker_num=2 {option} --join True net.py --lr 1")
+    (note,) = capsys.readouterr().err.splitlines()
+    name = re.split("[ =]", option, maxsplit=1)[0]
+    assert note.startswith(f"mscluster run: note: msrun's {name} is ignored: "), note
+    assert vars(args) == vars(parse("--worker_num=2 --join net.py --lr 1"))
+    assert (args.join, args.script, args.script_args) == (True, "net.py", ["--lr", "1"])
 
 
 def test_a_mistyped_option_of_another_command_is_suggested_from_that_command(

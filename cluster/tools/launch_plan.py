@@ -21,7 +21,21 @@ from cluster.tools.table import format_table
 
 HIDDEN = "<hidden>"
 # Variables of the launcher's own environment that matter to the job, shown by --dry-run.
-SHOWN_PREFIXES = ("CLUSTER_", "GRPC_")
+SHOWN_PREFIXES = ("CLUSTER_", "GRPC_", "MS_")
+
+# The variables the launcher sets itself, for the job or per process: one of its own
+# environment is not passed on (`child_environment`), and --dry-run names those it replaces.
+LAUNCHER_SET = ("MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT")
+# msrun's variables that are the defaults of an option here, with the LaunchOptions field each
+# sets: one of the launcher's environment is that option's value unless the option is given
+# (`launch_setup.settle`), and its children get the value the options say, never the inherited
+# one as it is. Every other MS_* variable (MS_ALLOC_CONF, MS_DEV_SAVE_GRAPHS, ...) is passed on.
+OPTION_VARIABLES = {
+    "MS_TOPO_TIMEOUT": ("--cluster-time-out", "cluster_time_out"),
+    "MS_NODE_TIMEOUT": ("--node-timeout", "node_timeout"),
+    "MS_ENABLE_RECOVERY": ("--enable-recovery", "enable_recovery"),
+    "MS_RECOVERY_PATH": ("--recovery-path", "recovery_path"),
+}
 
 
 # --max-restarts when not given, with recovery on: a scheduler (or worker) killed once is started
@@ -69,6 +83,8 @@ class LaunchOptions:
     # and where it serves them: a socket in a private directory the launcher makes (None: none).
     relay: bool = True
     relay_socket: Path | None = None
+    # How the options were settled from the environment (`launch_setup.settle`): --dry-run's notes.
+    notes: tuple[str, ...] = ()
 
     @property
     def job_recovery_path(self) -> Path:
@@ -276,8 +292,10 @@ def relay_process(options: LaunchOptions, base: Mapping[str, str]) -> Process | 
 # Variables that define the job which the launcher decides itself, with what decides them and
 # what it makes of them when it sets none: one of its own environment would reach its children
 # (all of them, or those it sets it for not) and override its plan, so it is passed on only when
-# it says what the launcher's does (`launch_setup.check_inherited`). MS_* ones never are.
+# it says what the launcher's does (`launch_setup.check_inherited`). Those it always sets
+# (LAUNCHER_SET, OPTION_VARIABLES) are never passed on.
 DECIDED = {
+    "MS_SERVER_NUM": ("it starts workers and no server", "0"),
     "CLUSTER_SCHED_ADDRS": ("--master-addr and --master-port", ""),
     "CLUSTER_STATE_URL": ("--state-url", "not given"),
     "CLUSTER_LEASE_S": ("--lease", "not given"),
@@ -291,6 +309,7 @@ def decided_values(options: LaunchOptions, plan: Plan) -> dict[str, str | None]:
     schedulers' addresses are those its workers' MS_SCHED_HOST and MS_SCHED_PORT name."""
     sched = {k: plan.workers[0].env[k] for k in ("MS_SCHED_HOST", "MS_SCHED_PORT")}
     return {
+        "MS_SERVER_NUM": "0",
         "CLUSTER_SCHED_ADDRS": ",".join(sched_addresses_from_env(sched)),
         "CLUSTER_STATE_URL": options.state_url,
         "CLUSTER_LEASE_S": None if options.lease_s is None else str(options.lease_s),
@@ -300,11 +319,16 @@ def decided_values(options: LaunchOptions, plan: Plan) -> dict[str, str | None]:
 
 
 def child_environment(inherited: Mapping[str, str], process: Process) -> dict[str, str]:
-    """A child's whole environment: the launcher's own without its MS_* (the job's are set
-    afresh), then the process's."""
-    env = {k: v for k, v in inherited.items() if not k.startswith("MS_")}
+    """A child's whole environment: the launcher's own without the variables it sets itself
+    (LAUNCHER_SET, OPTION_VARIABLES), then the process's."""
+    env = {k: v for k, v in inherited.items() if not _set_here(k)}
     env.update(process.env)
     return env
+
+
+def _set_here(name: str) -> bool:
+    """Whether the launcher sets `name` itself, so that an inherited one is not passed on."""
+    return name in LAUNCHER_SET or name in OPTION_VARIABLES
 
 
 def shown_value(name: str, value: str) -> str:
@@ -354,7 +378,7 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     """The variables every process gets (those all of them share), the scheduler's own, those
-    of the launcher's environment that matter, and its MS_* that are not passed on."""
+    of the launcher's environment passed on that matter, and those it sets itself instead."""
     per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
     common = {
         k: v
@@ -375,12 +399,14 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
         lines.append("the scheduler's own:")
         lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(own.items())]
     passed = {
-        k: v for k, v in inherited.items() if k.startswith(SHOWN_PREFIXES) and k not in common
+        k: v
+        for k, v in inherited.items()
+        if k.startswith(SHOWN_PREFIXES) and k not in common and not _set_here(k)
     }
     if passed:
         lines.append("passed on from this environment (with the rest of it):")
         lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(passed.items())]
-    dropped = sorted(k for k in inherited if k.startswith("MS_"))
-    if dropped:
-        lines.append(f"not passed on (the job's own are set): {', '.join(dropped)}")
+    replaced = sorted(k for k in inherited if k in LAUNCHER_SET)
+    if replaced:
+        lines.append(f"not passed on (mscluster run sets its own): {', '.join(replaced)}")
     return lines

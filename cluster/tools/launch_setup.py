@@ -8,6 +8,7 @@ launcher's lines to a stream that may have gone away.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import os
@@ -15,12 +16,14 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cluster.protocol.config import (
     MAX_NODES,
     MIN_NODE_TIMEOUT_S,
     RecoveryConfig,
+    parse_bool,
+    parse_int,
     parse_seconds,
 )
 from cluster.protocol.environment import (
@@ -37,6 +40,7 @@ from cluster.tools import slurm_io
 from cluster.tools.launch_lock import LogDirLock
 from cluster.tools.launch_plan import (
     DECIDED,
+    OPTION_VARIABLES,
     LaunchOptions,
     Plan,
     bare_host,
@@ -44,6 +48,7 @@ from cluster.tools.launch_plan import (
     decided_values,
     make_plan,
     master_host,
+    max_restarts_for,
 )
 from cluster.transport import tls
 
@@ -98,6 +103,66 @@ def writable_dir(option: str, path: Path, *, make: bool = True) -> None:
     except OSError as exc:
         cause = exc.strerror or str(exc)
         raise ConfigError(f"{option}: cannot write in {str(path)!r} ({cause})") from None
+
+
+def settle(
+    options: LaunchOptions, env: Mapping[str, str], out: IO[str], *, max_restarts: int | None
+) -> LaunchOptions:
+    """The options to run with, msrun's way: each of msrun's variables of this environment
+    that is an option here (`launch_plan.OPTION_VARIABLES`: `export MS_ENABLE_RECOVERY=1;
+    msrun ...`) is that option's value when the option is not given, and --max-restarts
+    (`max_restarts`, None: not given) defaults by the recovery that makes. An option given wins
+    over its variable: said in one line to `out` when they differ. Where each value came from
+    is in the options' notes, which --dry-run shows. A bad value is a ConfigError naming it."""
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    overridden: list[str] = []
+    for name, (option, attribute) in OPTION_VARIABLES.items():
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        given = _given_option(options, attribute)
+        value = _inherited_value(name, raw)
+        if given is None:
+            if value != getattr(options, attribute):
+                changes[attribute] = value
+                notes.append(f"{_option_text(option, value)}: {name}={raw} of this environment")
+        elif value != getattr(options, attribute):
+            overridden.append(f"{name}={raw} of this environment is not used: {given} was given")
+    for line in overridden:
+        say(out, f"mscluster: {line}\n")
+    recovery = changes.get("enable_recovery", options.enable_recovery)
+    changes["max_restarts"] = max_restarts_for(max_restarts, recovery=recovery)
+    changes["notes"] = (*options.notes, *notes, *overridden)
+    return dataclasses.replace(options, **changes)
+
+
+def _given_option(options: LaunchOptions, attribute: str) -> str | None:
+    """The option that gave `attribute` its value, as typed (None: not given)."""
+    value = getattr(options, attribute)
+    if attribute == "enable_recovery":
+        if options.state_url is not None:
+            return "--state-url (recovery on)"
+        return "--enable-recovery" if value else None
+    option = next(o for o, a in OPTION_VARIABLES.values() if a == attribute)
+    return None if value is None else _option_text(option, value)
+
+
+def _inherited_value(name: str, raw: str) -> object:
+    """The value of msrun's variable `name` (`raw`), read as the launcher's children read it."""
+    if name == "MS_ENABLE_RECOVERY":
+        return parse_bool(name, raw)
+    if name == "MS_RECOVERY_PATH":
+        return Path(raw)
+    minimum = MIN_NODE_TIMEOUT_S if name == "MS_NODE_TIMEOUT" else None
+    return parse_seconds(name, raw, minimum=minimum)
+
+
+def _option_text(option: str, value: object) -> str:
+    """`--node-timeout 60`, `--enable-recovery` (a flag on), as typed."""
+    if isinstance(value, bool):
+        return option
+    return f"{option} {value:g}" if isinstance(value, float) else f"{option} {value}"
 
 
 def validate(options: LaunchOptions) -> None:
@@ -182,6 +247,7 @@ def _same(name: str, given: str, wanted: str) -> bool:
     """Whether `given` and `wanted`, values of `name`, say the same, read as a process reads
     them (a value it would refuse says nothing)."""
     read: dict[str, Callable[[str], object]] = {
+        "MS_SERVER_NUM": lambda v: parse_int("MS_SERVER_NUM", v, minimum=0),
         "CLUSTER_SCHED_ADDRS": lambda v: sched_addresses_from_env({"CLUSTER_SCHED_ADDRS": v}),
         "CLUSTER_STATE_URL": lambda v: str(parse_state_url(v)),
         "CLUSTER_LEASE_S": parse_lease,
@@ -285,7 +351,8 @@ def could_make(option: str, path: Path) -> None:
 def plan_job(options: LaunchOptions) -> Plan:
     """What to start on this host: the master address resolved, whether the scheduler runs
     here, the TLS variables read from the config."""
-    ip, notes = resolve_master(options)
+    ip, found = resolve_master(options)
+    notes = [*options.notes, *found]
     with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
     if with_scheduler and _loopback(ip) and _from_node_list_of_several(options):
         ip = address_for_other_nodes(options, ip, notes)

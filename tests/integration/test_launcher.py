@@ -473,7 +473,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert f"MS_RECOVERY_PATH={tmp_path / 'logs' / 'recovery'}" in text
     assert "CLUSTER_JOB_SECRET=<hidden>" in text
     assert "hunter2" not in text + result.stderr
-    assert "not passed on (the job's own are set): MS_ROLE" in text
+    assert "not passed on (mscluster run sets its own): MS_ROLE" in text
     assert not (tmp_path / "logs").exists()
     assert not processes_running(str(script))
 

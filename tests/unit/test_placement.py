@@ -291,13 +291,23 @@ def test_a_launcher_run_again_names_its_workers_as_before(
     assert set(ids(Path("logs"), 99)).isdisjoint(ids(Path("other-logs"), 99))
 
 
-def test_a_child_gets_the_launchers_environment_without_its_ms_variables() -> None:
+def test_a_child_gets_the_launchers_environment_without_the_variables_it_sets() -> None:
     made = plan(options())
-    inherited = {"PATH": "/bin", "MS_ROLE": "MS_SCHED", "MS_NODE_ID": "7", "MS_SERVER_NUM": "2"}
+    inherited = {
+        "PATH": "/bin",
+        "MS_ROLE": "MS_SCHED",
+        "MS_NODE_ID": "7",
+        "MS_NODE_TIMEOUT": "60",  # --node-timeout's value (`launch_setup.settle`), not passed on
+        "MS_ALLOC_CONF": "enable_vmm:true",  # MindSpore's own: passed on
+    }
     env = launch_plan.child_environment(inherited, made.workers[0])
     assert env["PATH"] == "/bin"
     assert (env["MS_ROLE"], env["MS_NODE_ID"]) == ("MS_WORKER", "2")
-    assert "MS_SERVER_NUM" not in env
+    assert "MS_NODE_TIMEOUT" not in env
+    assert env["MS_ALLOC_CONF"] == "enable_vmm:true"
+    scheduler = plan(options(node_rank=0), with_scheduler=True).scheduler
+    assert scheduler is not None
+    assert "MS_NODE_ID" not in launch_plan.child_environment(inherited, scheduler)
 
 
 def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
@@ -307,6 +317,7 @@ def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
         "CLUSTER_TLS_CLIENT_PASSWORD": "pa55",
         "CLUSTER_TLS_CLIENT_PASSWORD_FILE": "/etc/client.pass",
         "MS_ROLE": "MS_WORKER",
+        "MS_ALLOC_CONF": "enable_vmm:true",
         "HOME": "/root",
     }
     text = launch_plan.render(plan(opts), opts, inherited)
@@ -321,7 +332,9 @@ def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
     assert "s3cr3t" not in text
     assert "pa55" not in text
     assert "HOME" not in text  # the rest of the environment is passed on, not listed
-    assert "not passed on (the job's own are set): MS_ROLE" in text
+    assert "not passed on (mscluster run sets its own): MS_ROLE" in text
+    passed = text.partition("passed on from this environment")[2]
+    assert "  MS_ALLOC_CONF=enable_vmm:true" in passed.partition("not passed on")[0]
 
 
 def test_the_state_url_and_lease_go_to_the_scheduler_alone() -> None:

@@ -25,7 +25,11 @@ SHOWN_PREFIXES = ("CLUSTER_", "GRPC_", "MS_")
 
 # The variables the launcher sets itself, for the job or per process: one of its own
 # environment is not passed on (`child_environment`), and --dry-run names those it replaces.
-LAUNCHER_SET = ("MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT")
+LAUNCHER_SET = (
+    *("MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT"),
+    # msrun's, which user scripts read (`place`): every process gets RANK_SIZE.
+    *("RANK_SIZE", "RANK_ID", "RANK", "LOCAL_RANK", "DEVICE_ID"),
+)
 # msrun's variables that are the defaults of an option here, with the LaunchOptions field each
 # sets: one of the launcher's environment is that option's value unless the option is given
 # (`launch_setup.settle`), and its children get the value the options say, never the inherited
@@ -191,6 +195,7 @@ def job_environment(
     o = options
     env = {
         "MS_WORKER_NUM": str(o.worker_num),
+        "RANK_SIZE": str(o.worker_num),  # msrun's, for user scripts
         # The standbys' hosts after the master's (--master-addr h1,h2): workers follow the leader.
         "MS_SCHED_HOST": ",".join([ip, *standby_hosts(o.master_addr)]),
         "MS_SCHED_PORT": str(o.master_port),
@@ -255,7 +260,7 @@ def make_plan(
             f"worker {i}",
             "MS_WORKER",
             (o.python, str(o.script), *o.script_args),
-            {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id},
+            {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, **place(node_id, i)},
             o.log_dir / f"worker_{i}.log",
             node_id=node_id,
             index=i,
@@ -278,6 +283,17 @@ def make_plan(
     workers = workers + spares
     address = f"[{ip}]:{o.master_port}" if ":" in ip else f"{ip}:{o.master_port}"
     return Plan(ip, address, scheduler, workers, tuple(notes), relay)
+
+
+def place(node_id: str, index: int) -> dict[str, str]:
+    """msrun's variables of a worker's place, which user scripts read: LOCAL_RANK and DEVICE_ID,
+    its index among this launcher's workers; RANK_ID and RANK, its planned rank, where its node
+    id is numeric (it is the rank then). The rank it holds is `cluster.get_rank()`'s: a worker
+    of assigned node ids is ranked at registration, and a spare may take a rank over."""
+    env = {"LOCAL_RANK": str(index), "DEVICE_ID": str(index)}
+    if is_numeric_node_id(node_id):
+        env.update(RANK_ID=node_id, RANK=node_id)
+    return env
 
 
 def relay_process(options: LaunchOptions, base: Mapping[str, str]) -> Process | None:
@@ -379,7 +395,7 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     """The variables every process gets (those all of them share), the scheduler's own, those
     of the launcher's environment passed on that matter, and those it sets itself instead."""
-    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
+    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY", *place("0", 0)}
     common = {
         k: v
         for k, v in plan.processes[0].env.items()
@@ -388,8 +404,9 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     relayed = "" if plan.relay is None else f"; CLUSTER_RELAY={plan.relay.args[-1]} for the workers"
     lines = [
         "",
-        "environment of every process (MS_ROLE and MS_NODE_ID as in the table; CLUSTER_SPARE=1 "
-        f"for the spares{relayed}):",
+        "environment of every process (MS_ROLE and MS_NODE_ID as in the table; for each worker "
+        "RANK_ID and RANK its rank where the table shows one, LOCAL_RANK and DEVICE_ID its "
+        f"index; CLUSTER_SPARE=1 for the spares{relayed}):",
     ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
     if plan.scheduler is not None:

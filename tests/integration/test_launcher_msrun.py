@@ -64,3 +64,16 @@ def test_mindspores_own_variables_reach_the_script(tmp_path: Path) -> None:
         "MS_DEV_SAVE_GRAPHS": "1",
         "MS_ROLE": "MS_WORKER",  # the launcher's own, per process
     }
+
+
+def test_each_worker_gets_msruns_rank_variables(tmp_path: Path) -> None:
+    # msrun documents RANK_ID and RANK_SIZE for user scripts; without them every worker's
+    # `os.getenv("RANK_ID", "0")` was 0: the same data shard and checkpoint directory for all.
+    # One exported for a single-process run is replaced, not passed on.
+    names = ("RANK_ID", "RANK", "RANK_SIZE", "LOCAL_RANK", "DEVICE_ID")
+    env = {"RANK_ID": "0", "DEVICE_ID": "7"}
+    result = launch(tmp_path, env, "--worker-num", "2", str(LAUNCH_ENV), *names)
+    assert result.returncode == 0, result.stderr
+    for i in range(2):
+        seen = seen_by(tmp_path / "logs" / f"worker_{i}.log")
+        assert seen == {"rank": i, "env": dict.fromkeys(names, str(i)) | {"RANK_SIZE": "2"}}

@@ -239,6 +239,9 @@ def test_the_plan_names_each_process_its_node_id_rank_and_log() -> None:
     env = made.workers[1].env
     assert env["MS_ROLE"] == "MS_WORKER"
     assert env["MS_NODE_ID"] == "3"
+    # msrun's, for user scripts: the planned rank, the index on this host.
+    assert (env["RANK_ID"], env["RANK"], env["RANK_SIZE"]) == ("3", "3", "4")
+    assert (env["LOCAL_RANK"], env["DEVICE_ID"]) == ("1", "1")
     assert env["MS_SCHED_HOST"] == "10.1.1.7"
     assert env["MS_ENABLE_RECOVERY"] == "1"
     assert env["MS_RECOVERY_PATH"].endswith("logs/node1/recovery")
@@ -265,6 +268,17 @@ def test_without_a_node_rank_a_multi_host_job_gets_host_unique_ids() -> None:
         (f"{name}-0001", None),
         (f"spare-{name}-0", None),
     ]
+    # Ranked at registration: no RANK_ID (cluster.get_rank() says it); a spare has no place.
+    ranks = ("RANK_ID", "RANK", "LOCAL_RANK", "DEVICE_ID", "RANK_SIZE")
+    assert [[p.env.get(k) for k in ranks] for p in made.workers] == [
+        [None, None, "0", "0", "4"],
+        [None, None, "1", "1", "4"],
+        [None, None, None, None, "4"],
+    ]
+    inherited = {"RANK_ID": "0", "LOCAL_RANK": "0"}  # exported for a single-process run
+    env = launch_plan.child_environment(inherited, made.workers[2])
+    assert "RANK_ID" not in env
+    assert "LOCAL_RANK" not in env
 
 
 def test_a_launcher_run_again_names_its_workers_as_before(

@@ -261,7 +261,7 @@ def make_plan(
             "MS_WORKER",
             (o.python, str(o.script), *o.script_args),
             {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, **place(node_id, i)},
-            o.log_dir / f"worker_{i}.log",
+            o.log_dir / f"worker_{worker_log_name(node_id, i)}.log",
             node_id=node_id,
             index=i,
         )
@@ -283,6 +283,13 @@ def make_plan(
     workers = workers + spares
     address = f"[{ip}]:{o.master_port}" if ":" in ip else f"{ip}:{o.master_port}"
     return Plan(ip, address, scheduler, workers, tuple(notes), relay)
+
+
+def worker_log_name(node_id: str, index: int) -> str:
+    """What names a worker's log, `worker_<this>.log`, as msrun names it: its planned rank
+    where its node id is numeric (worker_2.log on the host of ranks 2 and 3, so that the logs
+    of several hosts gathered in one place do not collide), else its index here."""
+    return node_id if is_numeric_node_id(node_id) else str(index)
 
 
 def place(node_id: str, index: int) -> dict[str, str]:

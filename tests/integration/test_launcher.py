@@ -255,10 +255,13 @@ def test_two_invocations_form_one_job(
         in (tmp_path / "node0" / "scheduler.log").read_text()
     )
     assert joining is shared_secret
+    # Each worker's log is named by its rank, as msrun names it: the two hosts' logs gathered in
+    # one place do not collide.
+    logs = [sorted(p.name for p in (tmp_path / f"node{n}").glob("worker_*.log")) for n in (0, 1)]
+    assert logs == [["worker_0.log", "worker_1.log"], ["worker_2.log", "worker_3.log"]]
     lines = [
-        (tmp_path / f"node{node}" / f"worker_{i}.log").read_text().strip()
-        for node in (0, 1)
-        for i in (0, 1)
+        (tmp_path / f"node{rank // 2}" / f"worker_{rank}.log").read_text().strip()
+        for rank in range(4)
     ]
     assert lines == [f"allgather rank={r} size=4 result=[0, 1, 2, 3]" for r in range(4)]
 
@@ -627,11 +630,12 @@ def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path
     lines = [
         [
             line
-            for line in (tmp_path / f"host{node}" / f"worker_{i}.log").read_text().splitlines()
+            for line in (tmp_path / f"host{rank // 2}" / f"worker_{rank}.log")
+            .read_text()
+            .splitlines()
             if "waiting for the scheduler" not in line
         ]
-        for node in (0, 1)
-        for i in (0, 1)
+        for rank in range(4)
     ]
     assert lines == [[f"allgather rank={r} size=4 result=[0, 1, 2, 3]"] for r in range(4)]
     status_note = (tmp_path / "host0" / "scheduler.log").read_text()

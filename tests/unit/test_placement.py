@@ -233,8 +233,8 @@ def test_the_plan_names_each_process_its_node_id_rank_and_log() -> None:
     assert made.scheduler is None
     assert made.address == "10.1.1.7:14242"
     assert [(p.name, p.node_id, p.rank, p.log) for p in made.workers] == [
-        ("worker 0", "2", 2, Path("logs/node1/worker_0.log")),
-        ("worker 1", "3", 3, Path("logs/node1/worker_1.log")),
+        ("worker 0", "2", 2, Path("logs/node1/worker_2.log")),  # by rank, as msrun names it
+        ("worker 1", "3", 3, Path("logs/node1/worker_3.log")),
     ]
     env = made.workers[1].env
     assert env["MS_ROLE"] == "MS_WORKER"
@@ -338,7 +338,7 @@ def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
     assert "placement: Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])" in text
     assert "not started here: this is node rank 1, node 0 starts it" in text
     row = next(line for line in text.splitlines() if line.startswith("worker 1 "))
-    assert row.split()[:6] == ["worker", "1", "MS_WORKER", "3", "3", "logs/node1/worker_1.log"]
+    assert row.split()[:6] == ["worker", "1", "MS_WORKER", "3", "3", "logs/node1/worker_3.log"]
     assert "CLUSTER_JOB_SECRET_FILE=/j/job.secret" in text
     assert "CLUSTER_JOB_SECRET=<hidden>" in text
     assert "CLUSTER_TLS_CLIENT_PASSWORD=<hidden>" in text

@@ -203,9 +203,9 @@ def job_environment(
         "CLUSTER_LAUNCHER_PID": str(launcher_pid),  # children stop when the launcher is gone
     }
     if o.cluster_time_out is not None:
-        env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
+        env["MS_TOPO_TIMEOUT"] = seconds_text(o.cluster_time_out)
     if o.node_timeout is not None:
-        env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
+        env["MS_NODE_TIMEOUT"] = seconds_text(o.node_timeout)
     if o.enable_recovery:
         env["MS_ENABLE_RECOVERY"] = "1"
         env["MS_RECOVERY_PATH"] = str(o.job_recovery_path.resolve())
@@ -213,6 +213,11 @@ def job_environment(
     if o.job_secret_file is not None:
         env["CLUSTER_JOB_SECRET_FILE"] = str(o.job_secret_file.resolve())
     return env
+
+
+def seconds_text(seconds: float) -> str:
+    """`seconds` as the launcher passes it on: 1800, 0.5, 2000000 (never 2e+06)."""
+    return f"{seconds:.15g}"
 
 
 def observe_environment(options: LaunchOptions) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from cluster.protocol.config import (
     MAX_NODES,
+    MAX_SECONDS,
     MIN_NODE_TIMEOUT_S,
     RecoveryConfig,
     parse_bool,
@@ -33,7 +34,7 @@ from cluster.protocol.environment import (
     sched_addresses_from_env,
 )
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import check_host, shown
+from cluster.protocol.parse import check_host, plain_float, shown
 from cluster.protocol.state_url import parse_lease, parse_state_url, state_url_from_env
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import slurm_io
@@ -49,6 +50,7 @@ from cluster.tools.launch_plan import (
     make_plan,
     master_host,
     max_restarts_for,
+    seconds_text,
 )
 from cluster.transport import tls
 
@@ -129,12 +131,38 @@ def settle(
                 notes.append(f"{_option_text(option, value)}: {name}={raw} of this environment")
         elif value != getattr(options, attribute):
             overridden.append(f"{name}={raw} of this environment is not used: {given} was given")
-    for line in overridden:
+    settled, said = msrun_values(dataclasses.replace(options, **changes))
+    for line in (*overridden, *said):
         say(out, f"mscluster: {line}\n")
-    recovery = changes.get("enable_recovery", options.enable_recovery)
-    changes["max_restarts"] = max_restarts_for(max_restarts, recovery=recovery)
-    changes["notes"] = (*options.notes, *notes, *overridden)
-    return dataclasses.replace(options, **changes)
+    return dataclasses.replace(
+        settled,
+        max_restarts=max_restarts_for(max_restarts, recovery=settled.enable_recovery),
+        notes=(*options.notes, *notes, *overridden, *said),
+    )
+
+
+def msrun_values(options: LaunchOptions) -> tuple[LaunchOptions, list[str]]:
+    """msrun's values that mean something else here, taken as msrun takes them, each with the
+    line that says so: a --node-rank where every worker runs on this host is ignored (outside a
+    Slurm step of several nodes, where it is this node's, and another node's launcher starts
+    the same ranks), and a negative --cluster-time-out ('wait without end') is MAX_SECONDS,
+    the longest wait a scheduler takes."""
+    said: list[str] = []
+    o = options
+    several_nodes = o.allocation is not None and o.allocation.node_count > 1
+    if o.node_rank > 0 and o.local_worker_num == o.worker_num and not several_nodes:
+        said.append(
+            f"--node-rank {o.node_rank} is ignored, as msrun ignores it: every worker of the job "
+            f"runs on this host (--local-worker-num = --worker-num = {o.worker_num})"
+        )
+        o = dataclasses.replace(o, node_rank=-1)
+    if o.cluster_time_out is not None and o.cluster_time_out < 0:
+        said.append(
+            f"--cluster-time-out {o.cluster_time_out:g} is msrun's 'wait without end': taken as "
+            f"{MAX_SECONDS} s (23 days), the longest a scheduler waits"
+        )
+        o = dataclasses.replace(o, cluster_time_out=float(MAX_SECONDS))
+    return o, said
 
 
 def _given_option(options: LaunchOptions, attribute: str) -> str | None:
@@ -154,6 +182,9 @@ def _inherited_value(name: str, raw: str) -> object:
         return parse_bool(name, raw)
     if name == "MS_RECOVERY_PATH":
         return Path(raw)
+    number = plain_float(raw)
+    if name == "MS_TOPO_TIMEOUT" and number is not None and number < 0:
+        return number  # msrun's 'wait without end' (`msrun_values`)
     minimum = MIN_NODE_TIMEOUT_S if name == "MS_NODE_TIMEOUT" else None
     return parse_seconds(name, raw, minimum=minimum)
 
@@ -162,7 +193,7 @@ def _option_text(option: str, value: object) -> str:
     """`--node-timeout 60`, `--enable-recovery` (a flag on), as typed."""
     if isinstance(value, bool):
         return option
-    return f"{option} {value:g}" if isinstance(value, float) else f"{option} {value}"
+    return f"{option} {seconds_text(value)}" if isinstance(value, float) else f"{option} {value}"
 
 
 def validate(options: LaunchOptions) -> None:
@@ -218,7 +249,7 @@ def check_job_settings(options: LaunchOptions) -> None:
         ("--node-timeout", options.node_timeout, MIN_NODE_TIMEOUT_S),
     ):
         if seconds is not None:  # as job_environment passes it on
-            parse_seconds(option, f"{seconds:g}", minimum=minimum)
+            parse_seconds(option, seconds_text(seconds), minimum=minimum)
     if options.lease_s is not None:
         parse_lease(str(options.lease_s), "--lease")
     if options.state_url is not None:

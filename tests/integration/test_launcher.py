@@ -364,7 +364,7 @@ ETCD = "etcd://127.0.0.1:2379/job"
     [
         (["--node-timeout", "0"], {}, "--node-timeout='0' is out of range"),
         (["--node-timeout", "inf"], {}, "--node-timeout='inf' is out of range"),
-        (["--cluster-time-out", "-1"], {}, "--cluster-time-out='-1' is out of range"),
+        (["--cluster-time-out", "0"], {}, "--cluster-time-out='0' is out of range"),
         (["--cluster-time-out", "nan"], {}, "--cluster-time-out='nan' is out of range"),
         (["--state-url", ETCD, "--lease", "0"], {}, "--lease='0' must be between 2 and 3600"),
         (["--state-url", ETCD, "--lease", "-3"], {}, "--lease='-3' must be between 2 and 3600"),

@@ -77,3 +77,27 @@ def test_each_worker_gets_msruns_rank_variables(tmp_path: Path) -> None:
     for i in range(2):
         seen = seen_by(tmp_path / "logs" / f"worker_{i}.log")
         assert seen == {"rank": i, "env": dict.fromkeys(names, str(i)) | {"RANK_SIZE": "2"}}
+
+
+def test_msruns_single_host_node_rank_and_endless_time_out_run(tmp_path: Path) -> None:
+    # An msrun line: the node rank is ignored when every worker runs here, and a negative
+    # --cluster_time_out waits without end. Both were refused (exit 2).
+    script = str(private_copy(tmp_path))
+    line = ["--worker_num=2", "--local_worker_num=2", "--node_rank=1", "--cluster_time_out=-1"]
+    shown = launch(tmp_path, {}, *line, "--dry-run", script)
+    assert shown.returncode == 0, shown.stderr
+    assert "  MS_TOPO_TIMEOUT=2000000" in shown.stdout
+    assert "scheduler: 127.0.0.1:" in shown.stdout
+    assert "started here" in shown.stdout
+    result = launch(tmp_path, {}, *line, script)
+    assert result.returncode == 0, result.stderr
+    said = [x for x in result.stderr.splitlines() if x.startswith("mscluster: --")]
+    assert said == [
+        "mscluster: --node-rank 1 is ignored, as msrun ignores it: every worker of the job runs "
+        "on this host (--local-worker-num = --worker-num = 2)",
+        "mscluster: --cluster-time-out -1 is msrun's 'wait without end': taken as 2000000 s "
+        "(23 days), the longest a scheduler waits",
+    ]
+    for rank in range(2):
+        text = (tmp_path / "logs" / f"worker_{rank}.log").read_text()
+        assert f"allgather rank={rank} size=2 result=[0, 1]" in text

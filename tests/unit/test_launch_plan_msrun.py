@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cluster.protocol.config import MAX_SECONDS
 from cluster.protocol.errors import ConfigError
-from cluster.tools import launch_plan, launch_setup
+from cluster.tools import launch_plan, launch_setup, slurm
 from cluster.tools.launch_plan import LaunchOptions
 
 
@@ -85,3 +86,61 @@ def test_a_bad_exported_value_is_refused_naming_it() -> None:
         settle(options(), {"MS_ENABLE_RECOVERY": "maybe"})
     with pytest.raises(ConfigError, match=re.escape("MS_NODE_TIMEOUT='0.5' is out of range")):
         settle(options(), {"MS_NODE_TIMEOUT": "0.5"})
+
+
+def test_a_node_rank_where_every_worker_runs_here_is_ignored_as_msrun_does() -> None:
+    # `--worker_num=2 --local_worker_num=2 --node_rank=1` was refused: "would start ranks up
+    # to 3". msrun ignores the node rank when every worker runs on this host.
+    settled, said = settle(options(node_rank=1), {})
+    assert settled.node_rank == -1
+    line = (
+        "--node-rank 1 is ignored, as msrun ignores it: every worker of the job runs on this "
+        "host (--local-worker-num = --worker-num = 2)"
+    )
+    assert said == f"mscluster: {line}\n"
+    assert settled.notes == (line,)
+    made = launch_plan.make_plan(
+        settled, ip="127.0.0.1", with_scheduler=True, hostname="h", launcher_pid=1, tls_env={}
+    )
+    assert [p.rank for p in made.workers] == [0, 1]
+    # Node rank 0 and a host of part of the job are as before.
+    assert settle(options(node_rank=0), {}) == (options(node_rank=0), "")
+    part = options(node_rank=1, worker_num=4)
+    assert settle(part, {})[0].node_rank == 1
+
+
+def test_a_node_rank_of_a_slurm_node_of_several_is_still_refused() -> None:
+    # There the node rank is this node's, and node 0's launcher starts the same ranks.
+    step = slurm.allocation_from_env(
+        {
+            "SLURM_JOB_ID": "9",
+            "SLURM_STEP_ID": "0",
+            "SLURM_NODEID": "1",
+            "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_STEP_NODELIST": "n[1-2]",
+            "SLURM_STEP_NUM_TASKS": "2",
+        }
+    )
+    assert step is not None
+    settled, said = settle(options(node_rank=1, allocation=step, script=Path(__file__)), {})
+    assert (settled.node_rank, said) == (1, "")
+    with pytest.raises(ConfigError, match="would start ranks up to 3"):
+        launch_setup.validate(settled)
+
+
+def test_a_negative_cluster_time_out_is_the_longest_wait() -> None:
+    # msrun: a negative --cluster_time_out waits without end; it was refused as out of range.
+    line = (
+        "--cluster-time-out -1 is msrun's 'wait without end': taken as 2000000 s (23 days), the "
+        "longest a scheduler waits"
+    )
+    for given, env in (
+        (options(cluster_time_out=-1.0), {}),
+        (options(), {"MS_TOPO_TIMEOUT": "-1"}),
+    ):
+        settled, said = settle(given, env)
+        assert settled.cluster_time_out == MAX_SECONDS
+        assert said == f"mscluster: {line}\n"
+        launch_setup.check_job_settings(settled)  # what the scheduler takes
+    with pytest.raises(ConfigError, match=re.escape("--cluster-time-out='0' is out of range")):
+        launch_setup.check_job_settings(settle(options(cluster_time_out=0.0), {})[0])

@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from cluster.transport import tls  # noqa: PLC0415 - cryptography, only with TLS
 
         os.environ.update(tls.launch_environment(Path(args.tls_config).resolve()))
-    from cluster.tools import launch  # noqa: PLC0415 - imports grpc
+    from cluster.tools import launch, launch_setup  # noqa: PLC0415 - imports grpc
 
     where = placement.place(_requested(args), slurm.allocation_from_env(os.environ))
     recovery = args.enable_recovery or bool(args.state_url)
@@ -132,6 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         master_is_node=where.master_is_node,
         relay=args.relay,
     )
+    # msrun's variables of this environment (MS_ENABLE_RECOVERY, ...) as the options' defaults.
+    options = launch_setup.settle(options, os.environ, sys.stderr, max_restarts=args.max_restarts)
     return launch.run(options, dry_run=args.dry_run)
 
 

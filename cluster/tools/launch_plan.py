@@ -21,7 +21,25 @@ from cluster.tools.table import format_table
 
 HIDDEN = "<hidden>"
 # Variables of the launcher's own environment that matter to the job, shown by --dry-run.
-SHOWN_PREFIXES = ("CLUSTER_", "GRPC_")
+SHOWN_PREFIXES = ("CLUSTER_", "GRPC_", "MS_")
+
+# The variables the launcher sets itself, for the job or per process: one of its own
+# environment is not passed on (`child_environment`), and --dry-run names those it replaces.
+LAUNCHER_SET = (
+    *("MS_ROLE", "MS_NODE_ID", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT"),
+    # msrun's, which user scripts read (`place`): every process gets RANK_SIZE.
+    *("RANK_SIZE", "RANK_ID", "RANK", "LOCAL_RANK", "DEVICE_ID"),
+)
+# msrun's variables that are the defaults of an option here, with the LaunchOptions field each
+# sets: one of the launcher's environment is that option's value unless the option is given
+# (`launch_setup.settle`), and its children get the value the options say, never the inherited
+# one as it is. Every other MS_* variable (MS_ALLOC_CONF, MS_DEV_SAVE_GRAPHS, ...) is passed on.
+OPTION_VARIABLES = {
+    "MS_TOPO_TIMEOUT": ("--cluster-time-out", "cluster_time_out"),
+    "MS_NODE_TIMEOUT": ("--node-timeout", "node_timeout"),
+    "MS_ENABLE_RECOVERY": ("--enable-recovery", "enable_recovery"),
+    "MS_RECOVERY_PATH": ("--recovery-path", "recovery_path"),
+}
 
 
 # --max-restarts when not given, with recovery on: a scheduler (or worker) killed once is started
@@ -69,6 +87,8 @@ class LaunchOptions:
     # and where it serves them: a socket in a private directory the launcher makes (None: none).
     relay: bool = True
     relay_socket: Path | None = None
+    # How the options were settled from the environment (`launch_setup.settle`): --dry-run's notes.
+    notes: tuple[str, ...] = ()
 
     @property
     def job_recovery_path(self) -> Path:
@@ -175,6 +195,7 @@ def job_environment(
     o = options
     env = {
         "MS_WORKER_NUM": str(o.worker_num),
+        "RANK_SIZE": str(o.worker_num),  # msrun's, for user scripts
         # The standbys' hosts after the master's (--master-addr h1,h2): workers follow the leader.
         "MS_SCHED_HOST": ",".join([ip, *standby_hosts(o.master_addr)]),
         "MS_SCHED_PORT": str(o.master_port),
@@ -182,9 +203,9 @@ def job_environment(
         "CLUSTER_LAUNCHER_PID": str(launcher_pid),  # children stop when the launcher is gone
     }
     if o.cluster_time_out is not None:
-        env["MS_TOPO_TIMEOUT"] = f"{o.cluster_time_out:g}"
+        env["MS_TOPO_TIMEOUT"] = seconds_text(o.cluster_time_out)
     if o.node_timeout is not None:
-        env["MS_NODE_TIMEOUT"] = f"{o.node_timeout:g}"
+        env["MS_NODE_TIMEOUT"] = seconds_text(o.node_timeout)
     if o.enable_recovery:
         env["MS_ENABLE_RECOVERY"] = "1"
         env["MS_RECOVERY_PATH"] = str(o.job_recovery_path.resolve())
@@ -192,6 +213,11 @@ def job_environment(
     if o.job_secret_file is not None:
         env["CLUSTER_JOB_SECRET_FILE"] = str(o.job_secret_file.resolve())
     return env
+
+
+def seconds_text(seconds: float) -> str:
+    """`seconds` as the launcher passes it on: 1800, 0.5, 2000000 (never 2e+06)."""
+    return f"{seconds:.15g}"
 
 
 def observe_environment(options: LaunchOptions) -> dict[str, str]:
@@ -239,8 +265,8 @@ def make_plan(
             f"worker {i}",
             "MS_WORKER",
             (o.python, str(o.script), *o.script_args),
-            {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id},
-            o.log_dir / f"worker_{i}.log",
+            {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, **place(node_id, i)},
+            o.log_dir / f"worker_{worker_log_name(node_id, i)}.log",
             node_id=node_id,
             index=i,
         )
@@ -264,6 +290,24 @@ def make_plan(
     return Plan(ip, address, scheduler, workers, tuple(notes), relay)
 
 
+def worker_log_name(node_id: str, index: int) -> str:
+    """What names a worker's log, `worker_<this>.log`, as msrun names it: its planned rank
+    where its node id is numeric (worker_2.log on the host of ranks 2 and 3, so that the logs
+    of several hosts gathered in one place do not collide), else its index here."""
+    return node_id if is_numeric_node_id(node_id) else str(index)
+
+
+def place(node_id: str, index: int) -> dict[str, str]:
+    """msrun's variables of a worker's place, which user scripts read: LOCAL_RANK and DEVICE_ID,
+    its index among this launcher's workers; RANK_ID and RANK, its planned rank, where its node
+    id is numeric (it is the rank then). The rank it holds is `cluster.get_rank()`'s: a worker
+    of assigned node ids is ranked at registration, and a spare may take a rank over."""
+    env = {"LOCAL_RANK": str(index), "DEVICE_ID": str(index)}
+    if is_numeric_node_id(node_id):
+        env.update(RANK_ID=node_id, RANK=node_id)
+    return env
+
+
 def relay_process(options: LaunchOptions, base: Mapping[str, str]) -> Process | None:
     """This host's relay, when it has a socket to serve (`LaunchOptions.relay_socket`)."""
     if options.relay_socket is None:
@@ -276,8 +320,10 @@ def relay_process(options: LaunchOptions, base: Mapping[str, str]) -> Process | 
 # Variables that define the job which the launcher decides itself, with what decides them and
 # what it makes of them when it sets none: one of its own environment would reach its children
 # (all of them, or those it sets it for not) and override its plan, so it is passed on only when
-# it says what the launcher's does (`launch_setup.check_inherited`). MS_* ones never are.
+# it says what the launcher's does (`launch_setup.check_inherited`). Those it always sets
+# (LAUNCHER_SET, OPTION_VARIABLES) are never passed on.
 DECIDED = {
+    "MS_SERVER_NUM": ("it starts workers and no server", "0"),
     "CLUSTER_SCHED_ADDRS": ("--master-addr and --master-port", ""),
     "CLUSTER_STATE_URL": ("--state-url", "not given"),
     "CLUSTER_LEASE_S": ("--lease", "not given"),
@@ -291,6 +337,7 @@ def decided_values(options: LaunchOptions, plan: Plan) -> dict[str, str | None]:
     schedulers' addresses are those its workers' MS_SCHED_HOST and MS_SCHED_PORT name."""
     sched = {k: plan.workers[0].env[k] for k in ("MS_SCHED_HOST", "MS_SCHED_PORT")}
     return {
+        "MS_SERVER_NUM": "0",
         "CLUSTER_SCHED_ADDRS": ",".join(sched_addresses_from_env(sched)),
         "CLUSTER_STATE_URL": options.state_url,
         "CLUSTER_LEASE_S": None if options.lease_s is None else str(options.lease_s),
@@ -300,11 +347,16 @@ def decided_values(options: LaunchOptions, plan: Plan) -> dict[str, str | None]:
 
 
 def child_environment(inherited: Mapping[str, str], process: Process) -> dict[str, str]:
-    """A child's whole environment: the launcher's own without its MS_* (the job's are set
-    afresh), then the process's."""
-    env = {k: v for k, v in inherited.items() if not k.startswith("MS_")}
+    """A child's whole environment: the launcher's own without the variables it sets itself
+    (LAUNCHER_SET, OPTION_VARIABLES), then the process's."""
+    env = {k: v for k, v in inherited.items() if not _set_here(k)}
     env.update(process.env)
     return env
+
+
+def _set_here(name: str) -> bool:
+    """Whether the launcher sets `name` itself, so that an inherited one is not passed on."""
+    return name in LAUNCHER_SET or name in OPTION_VARIABLES
 
 
 def shown_value(name: str, value: str) -> str:
@@ -354,8 +406,8 @@ def _scheduler_here(plan: Plan, options: LaunchOptions) -> str:
 
 def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     """The variables every process gets (those all of them share), the scheduler's own, those
-    of the launcher's environment that matter, and its MS_* that are not passed on."""
-    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY"}
+    of the launcher's environment passed on that matter, and those it sets itself instead."""
+    per_process = {"MS_ROLE", "MS_NODE_ID", "CLUSTER_SPARE", "CLUSTER_RELAY", *place("0", 0)}
     common = {
         k: v
         for k, v in plan.processes[0].env.items()
@@ -364,8 +416,9 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     relayed = "" if plan.relay is None else f"; CLUSTER_RELAY={plan.relay.args[-1]} for the workers"
     lines = [
         "",
-        "environment of every process (MS_ROLE and MS_NODE_ID as in the table; CLUSTER_SPARE=1 "
-        f"for the spares{relayed}):",
+        "environment of every process (MS_ROLE and MS_NODE_ID as in the table; for each worker "
+        "RANK_ID and RANK its rank where the table shows one, LOCAL_RANK and DEVICE_ID its "
+        f"index; CLUSTER_SPARE=1 for the spares{relayed}):",
     ]
     lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(common.items())]
     if plan.scheduler is not None:
@@ -375,12 +428,14 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
         lines.append("the scheduler's own:")
         lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(own.items())]
     passed = {
-        k: v for k, v in inherited.items() if k.startswith(SHOWN_PREFIXES) and k not in common
+        k: v
+        for k, v in inherited.items()
+        if k.startswith(SHOWN_PREFIXES) and k not in common and not _set_here(k)
     }
     if passed:
         lines.append("passed on from this environment (with the rest of it):")
         lines += [f"  {k}={shown_value(k, v)}" for k, v in sorted(passed.items())]
-    dropped = sorted(k for k in inherited if k.startswith("MS_"))
-    if dropped:
-        lines.append(f"not passed on (the job's own are set): {', '.join(dropped)}")
+    replaced = sorted(k for k in inherited if k in LAUNCHER_SET)
+    if replaced:
+        lines.append(f"not passed on (mscluster run sets its own): {', '.join(replaced)}")
     return lines

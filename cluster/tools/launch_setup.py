@@ -8,6 +8,7 @@ launcher's lines to a stream that may have gone away.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import os
@@ -15,12 +16,15 @@ import socket
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cluster.protocol.config import (
     MAX_NODES,
+    MAX_SECONDS,
     MIN_NODE_TIMEOUT_S,
     RecoveryConfig,
+    parse_bool,
+    parse_int,
     parse_seconds,
 )
 from cluster.protocol.environment import (
@@ -30,13 +34,14 @@ from cluster.protocol.environment import (
     sched_addresses_from_env,
 )
 from cluster.protocol.errors import ConfigError
-from cluster.protocol.parse import check_host, shown
+from cluster.protocol.parse import check_host, plain_float, shown
 from cluster.protocol.state_url import parse_lease, parse_state_url, state_url_from_env
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import slurm_io
 from cluster.tools.launch_lock import LogDirLock
 from cluster.tools.launch_plan import (
     DECIDED,
+    OPTION_VARIABLES,
     LaunchOptions,
     Plan,
     bare_host,
@@ -44,6 +49,8 @@ from cluster.tools.launch_plan import (
     decided_values,
     make_plan,
     master_host,
+    max_restarts_for,
+    seconds_text,
 )
 from cluster.transport import tls
 
@@ -100,6 +107,95 @@ def writable_dir(option: str, path: Path, *, make: bool = True) -> None:
         raise ConfigError(f"{option}: cannot write in {str(path)!r} ({cause})") from None
 
 
+def settle(
+    options: LaunchOptions, env: Mapping[str, str], out: IO[str], *, max_restarts: int | None
+) -> LaunchOptions:
+    """The options to run with, msrun's way: each of msrun's variables of this environment
+    that is an option here (`launch_plan.OPTION_VARIABLES`: `export MS_ENABLE_RECOVERY=1;
+    msrun ...`) is that option's value when the option is not given, and --max-restarts
+    (`max_restarts`, None: not given) defaults by the recovery that makes. An option given wins
+    over its variable: said in one line to `out` when they differ. Where each value came from
+    is in the options' notes, which --dry-run shows. A bad value is a ConfigError naming it."""
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    overridden: list[str] = []
+    for name, (option, attribute) in OPTION_VARIABLES.items():
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        given = _given_option(options, attribute)
+        value = _inherited_value(name, raw)
+        if given is None:
+            if value != getattr(options, attribute):
+                changes[attribute] = value
+                notes.append(f"{_option_text(option, value)}: {name}={raw} of this environment")
+        elif value != getattr(options, attribute):
+            overridden.append(f"{name}={raw} of this environment is not used: {given} was given")
+    settled, said = msrun_values(dataclasses.replace(options, **changes))
+    for line in (*overridden, *said):
+        say(out, f"mscluster: {line}\n")
+    return dataclasses.replace(
+        settled,
+        max_restarts=max_restarts_for(max_restarts, recovery=settled.enable_recovery),
+        notes=(*options.notes, *notes, *overridden, *said),
+    )
+
+
+def msrun_values(options: LaunchOptions) -> tuple[LaunchOptions, list[str]]:
+    """msrun's values that mean something else here, taken as msrun takes them, each with the
+    line that says so: a --node-rank where every worker runs on this host is ignored (outside a
+    Slurm step of several nodes, where it is this node's, and another node's launcher starts
+    the same ranks), and a negative --cluster-time-out ('wait without end') is MAX_SECONDS,
+    the longest wait a scheduler takes."""
+    said: list[str] = []
+    o = options
+    several_nodes = o.allocation is not None and o.allocation.node_count > 1
+    if o.node_rank > 0 and o.local_worker_num == o.worker_num and not several_nodes:
+        said.append(
+            f"--node-rank {o.node_rank} is ignored, as msrun ignores it: every worker of the job "
+            f"runs on this host (--local-worker-num = --worker-num = {o.worker_num})"
+        )
+        o = dataclasses.replace(o, node_rank=-1)
+    if o.cluster_time_out is not None and o.cluster_time_out < 0:
+        said.append(
+            f"--cluster-time-out {o.cluster_time_out:g} is msrun's 'wait without end': taken as "
+            f"{MAX_SECONDS} s (23 days), the longest a scheduler waits"
+        )
+        o = dataclasses.replace(o, cluster_time_out=float(MAX_SECONDS))
+    return o, said
+
+
+def _given_option(options: LaunchOptions, attribute: str) -> str | None:
+    """The option that gave `attribute` its value, as typed (None: not given)."""
+    value = getattr(options, attribute)
+    if attribute == "enable_recovery":
+        if options.state_url is not None:
+            return "--state-url (recovery on)"
+        return "--enable-recovery" if value else None
+    option = next(o for o, a in OPTION_VARIABLES.values() if a == attribute)
+    return None if value is None else _option_text(option, value)
+
+
+def _inherited_value(name: str, raw: str) -> object:
+    """The value of msrun's variable `name` (`raw`), read as the launcher's children read it."""
+    if name == "MS_ENABLE_RECOVERY":
+        return parse_bool(name, raw)
+    if name == "MS_RECOVERY_PATH":
+        return Path(raw)
+    number = plain_float(raw)
+    if name == "MS_TOPO_TIMEOUT" and number is not None and number < 0:
+        return number  # msrun's 'wait without end' (`msrun_values`)
+    minimum = MIN_NODE_TIMEOUT_S if name == "MS_NODE_TIMEOUT" else None
+    return parse_seconds(name, raw, minimum=minimum)
+
+
+def _option_text(option: str, value: object) -> str:
+    """`--node-timeout 60`, `--enable-recovery` (a flag on), as typed."""
+    if isinstance(value, bool):
+        return option
+    return f"{option} {seconds_text(value)}" if isinstance(value, float) else f"{option} {value}"
+
+
 def validate(options: LaunchOptions) -> None:
     """Every check that needs no child process; ConfigError naming the option otherwise."""
     if not 1 <= options.worker_num <= MAX_NODES:
@@ -153,7 +249,7 @@ def check_job_settings(options: LaunchOptions) -> None:
         ("--node-timeout", options.node_timeout, MIN_NODE_TIMEOUT_S),
     ):
         if seconds is not None:  # as job_environment passes it on
-            parse_seconds(option, f"{seconds:g}", minimum=minimum)
+            parse_seconds(option, seconds_text(seconds), minimum=minimum)
     if options.lease_s is not None:
         parse_lease(str(options.lease_s), "--lease")
     if options.state_url is not None:
@@ -182,6 +278,7 @@ def _same(name: str, given: str, wanted: str) -> bool:
     """Whether `given` and `wanted`, values of `name`, say the same, read as a process reads
     them (a value it would refuse says nothing)."""
     read: dict[str, Callable[[str], object]] = {
+        "MS_SERVER_NUM": lambda v: parse_int("MS_SERVER_NUM", v, minimum=0),
         "CLUSTER_SCHED_ADDRS": lambda v: sched_addresses_from_env({"CLUSTER_SCHED_ADDRS": v}),
         "CLUSTER_STATE_URL": lambda v: str(parse_state_url(v)),
         "CLUSTER_LEASE_S": parse_lease,
@@ -285,7 +382,8 @@ def could_make(option: str, path: Path) -> None:
 def plan_job(options: LaunchOptions) -> Plan:
     """What to start on this host: the master address resolved, whether the scheduler runs
     here, the TLS variables read from the config."""
-    ip, notes = resolve_master(options)
+    ip, found = resolve_master(options)
+    notes = [*options.notes, *found]
     with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
     if with_scheduler and _loopback(ip) and _from_node_list_of_several(options):
         ip = address_for_other_nodes(options, ip, notes)

@@ -80,7 +80,7 @@ def dry_run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("option", "said"),
     [
-        ("3e6", "--node-timeout='3e+06' is out of range"),
+        ("3e6", "--node-timeout='3000000' is out of range"),
         ("0.5", "--node-timeout='0.5' is out of range"),
     ],
 )

@@ -42,6 +42,11 @@ STEP_S = 90  # a bound on a wait for steps: 32 Python start-ups, or a rejoin, co
 GENERATION = re.compile(r"\]: generation (\d+) \(")  # cluster[rank 3]: generation 2 (...
 
 
+def worker_name(host: int, worker: int) -> str:
+    """Worker `worker` of host `host`'s log and pids name: by its rank (`--node-rank host`)."""
+    return f"worker_{host * PER_HOST + worker}"
+
+
 @dataclass
 class Job:
     """One `mscluster run` per host; host h logs to `<tmp>/<name>/host<h>`, its rank 0 (if it
@@ -52,7 +57,7 @@ class Job:
     outs: list[Path]
 
     def log(self, host: int, worker: int) -> Path:
-        return self.logs[host] / f"worker_{worker}.log"
+        return self.logs[host] / f"{worker_name(host, worker)}.log"
 
     def text(self, host: int, worker: int, since: int = 0) -> str:
         """Worker `worker` of host `host`'s log (a restart appends to it) from byte `since`."""
@@ -134,7 +139,9 @@ def one_connection_per_host(job: Job) -> None:
     launchers' own, for their progress lines, aside)."""
     scheduler = launched(job.logs[0], "scheduler")
     relays = [launched(log, "relay") for log in job.logs]
-    workers = [launched(log, f"worker_{w}") for log in job.logs for w in range(PER_HOST)]
+    workers = [
+        launched(log, worker_name(h, w)) for h, log in enumerate(job.logs) for w in range(PER_HOST)
+    ]
     launchers = [launched_pids(log)["launcher"] for log in job.logs]
     owners = connections_by_owner(scheduler, [*relays, *workers, *launchers])
     assert all(owners.get(relay) == 1 for relay in relays), owners
@@ -146,7 +153,7 @@ def kill_a_worker(job: Job, host: int, worker: int) -> None:
     wait_until(lambda: job.steps(host, worker) >= 10, STEP_S, "step 10")
     one_connection_per_host(job)
     since = job.size(host, worker)
-    os.kill(launched(job.logs[host], f"worker_{worker}"), signal.SIGKILL)
+    os.kill(launched(job.logs[host], worker_name(host, worker)), signal.SIGKILL)
     wait_until(
         lambda: back_and_training(job, host, worker, since),
         STEP_S,
@@ -193,7 +200,7 @@ def test_four_hosts_of_eight_workers_survive_a_worker_and_a_relay_killed(
         assert run_job(processes, at, tmp_path, "faulted", 8119, faults=True) == fault_free
     for h in range(HOSTS):
         for w in range(PER_HOST):
-            log = (tmp_path / "faulted" / f"host{h}" / f"worker_{w}.log").read_text()
+            log = (tmp_path / "faulted" / f"host{h}" / f"{worker_name(h, w)}.log").read_text()
             assert "Traceback" not in log, log
             # A worker that went direct when its relay died moved back to the relay started again
             # (test_relay.py counts the scheduler's connections after such a move).

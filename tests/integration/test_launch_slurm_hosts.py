@@ -68,7 +68,7 @@ def test_node_zero_whose_name_is_loopback_still_serves_the_other_node(
                 assert run.wait(60) == 0, run.output
     logs = tmp_path / "logs" / "7301.0"
     for rank in (0, 1):
-        log = (logs / f"node{rank}" / "worker_0.log").read_text()
+        log = (logs / f"node{rank}" / f"worker_{rank}.log").read_text()
         assert f"allgather rank={rank} size=2 result=[0, 1]" in log
     assert f"listening on {a.ip}:" in (logs / "node0" / "scheduler.log").read_text()
     assert not processes_running(str(script))

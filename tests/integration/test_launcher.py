@@ -255,10 +255,13 @@ def test_two_invocations_form_one_job(
         in (tmp_path / "node0" / "scheduler.log").read_text()
     )
     assert joining is shared_secret
+    # Each worker's log is named by its rank, as msrun names it: the two hosts' logs gathered in
+    # one place do not collide.
+    logs = [sorted(p.name for p in (tmp_path / f"node{n}").glob("worker_*.log")) for n in (0, 1)]
+    assert logs == [["worker_0.log", "worker_1.log"], ["worker_2.log", "worker_3.log"]]
     lines = [
-        (tmp_path / f"node{node}" / f"worker_{i}.log").read_text().strip()
-        for node in (0, 1)
-        for i in (0, 1)
+        (tmp_path / f"node{rank // 2}" / f"worker_{rank}.log").read_text().strip()
+        for rank in range(4)
     ]
     assert lines == [f"allgather rank={r} size=4 result=[0, 1, 2, 3]" for r in range(4)]
 
@@ -361,7 +364,7 @@ ETCD = "etcd://127.0.0.1:2379/job"
     [
         (["--node-timeout", "0"], {}, "--node-timeout='0' is out of range"),
         (["--node-timeout", "inf"], {}, "--node-timeout='inf' is out of range"),
-        (["--cluster-time-out", "-1"], {}, "--cluster-time-out='-1' is out of range"),
+        (["--cluster-time-out", "0"], {}, "--cluster-time-out='0' is out of range"),
         (["--cluster-time-out", "nan"], {}, "--cluster-time-out='nan' is out of range"),
         (["--state-url", ETCD, "--lease", "0"], {}, "--lease='0' must be between 2 and 3600"),
         (["--state-url", ETCD, "--lease", "-3"], {}, "--lease='-3' must be between 2 and 3600"),
@@ -473,7 +476,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert f"MS_RECOVERY_PATH={tmp_path / 'logs' / 'recovery'}" in text
     assert "CLUSTER_JOB_SECRET=<hidden>" in text
     assert "hunter2" not in text + result.stderr
-    assert "not passed on (the job's own are set): MS_ROLE" in text
+    assert "not passed on (mscluster run sets its own): MS_ROLE" in text
     assert not (tmp_path / "logs").exists()
     assert not processes_running(str(script))
 
@@ -627,11 +630,12 @@ def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path
     lines = [
         [
             line
-            for line in (tmp_path / f"host{node}" / f"worker_{i}.log").read_text().splitlines()
+            for line in (tmp_path / f"host{rank // 2}" / f"worker_{rank}.log")
+            .read_text()
+            .splitlines()
             if "waiting for the scheduler" not in line
         ]
-        for node in (0, 1)
-        for i in (0, 1)
+        for rank in range(4)
     ]
     assert lines == [[f"allgather rank={r} size=4 result=[0, 1, 2, 3]"] for r in range(4)]
     status_note = (tmp_path / "host0" / "scheduler.log").read_text()

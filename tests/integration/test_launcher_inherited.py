@@ -60,6 +60,13 @@ def run(
         ({"CLUSTER_LEASE_S": "7"}, ["--state-url", ETCD, "--lease", "3"], "(--lease: 3)"),
         ({"CLUSTER_SPARE": "1"}, [], "CLUSTER_SPARE='1' is set in this environment"),
         ({"CLUSTER_RELAY": "unix:/tmp/other.sock"}, ["--no-relay"], "CLUSTER_RELAY='unix:"),
+        # Passed on, it would have the scheduler wait for servers that nobody starts.
+        (
+            {"MS_SERVER_NUM": "2"},
+            [],
+            "MS_SERVER_NUM='2' is set in this environment, but mscluster run decides it (it "
+            "starts workers and no server: 0)",
+        ),
     ],
 )
 def test_an_inherited_variable_against_the_launchers_options_is_refused(
@@ -86,6 +93,7 @@ def test_an_inherited_variable_against_the_launchers_options_is_refused(
             ["--state-url", ETCD, "--lease", "3"],
         ),
         ({"CLUSTER_SPARE": "", "CLUSTER_RELAY": " "}, []),
+        ({"MS_SERVER_NUM": "0"}, []),
     ],
 )
 def test_an_inherited_variable_that_agrees_is_taken(

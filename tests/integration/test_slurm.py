@@ -72,7 +72,7 @@ def test_srun_two_nodes_form_one_job_with_a_shared_secret(slurm: Slurm, tmp_path
     done = slurm.run(args, cwd=work, timeout_s=SRUN_TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(2):
-        log = step_logs(work) / f"node{rank}" / "worker_0.log"
+        log = step_logs(work) / f"node{rank}" / f"worker_{rank}.log"  # by rank, as msrun
         assert f"allgather rank={rank} size=2 result=[0, 1]" in log.read_text()
     assert (step_logs(work) / "node0" / "scheduler.log").exists()
     assert not (step_logs(work) / "node1" / "scheduler.log").exists()
@@ -101,7 +101,7 @@ def test_srun_dry_run_shows_each_nodes_part_and_starts_nothing(
         assert "node node1 does not resolve: NodeAddr 127.0.0.1 (scontrol)" in task
         assert "MS_WORKER_NUM=2" in task
         assert "job secret: node 0 writes .mscluster/slurm-" in task
-    assert re.search(r" logs/\d+\.0/node1/worker_0\.log ", tasks["1"])
+    assert re.search(r" logs/\d+\.0/node1/worker_1\.log ", tasks["1"])
     assert not (work / "logs").exists()
     assert not (work / ".mscluster").exists()
 
@@ -217,10 +217,10 @@ def test_the_example_sbatch_trains_through_a_killed_worker(
 
     args = ["sbatch", "--wait", str(SBATCH), "--node-timeout", "2", "--log-dir", "logs"]
     batch = processes.start("sbatch", [*args, *train, "--out", "faulty"], batch_env(slurm), work)
-    log = work / "logs" / "node1" / "worker_0.log"
+    log = work / "logs" / "node1" / "worker_1.log"
     # Steps are numbered within an epoch of 16: epoch 3 is step 32 on.
     wait_until(lambda: log.exists() and "epoch: 3 " in log.read_text(), 60, "step 32 on node 1")
-    os.kill(launched(log.parent, "worker_0"), signal.SIGKILL)  # node 1's launcher's worker
+    os.kill(launched(log.parent, "worker_1"), signal.SIGKILL)  # node 1's launcher's worker
     assert batch.wait(SRUN_TIMEOUT_S) == 0, batch.output + job_output(work)
 
     output = job_output(work)

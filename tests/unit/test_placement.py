@@ -233,12 +233,15 @@ def test_the_plan_names_each_process_its_node_id_rank_and_log() -> None:
     assert made.scheduler is None
     assert made.address == "10.1.1.7:14242"
     assert [(p.name, p.node_id, p.rank, p.log) for p in made.workers] == [
-        ("worker 0", "2", 2, Path("logs/node1/worker_0.log")),
-        ("worker 1", "3", 3, Path("logs/node1/worker_1.log")),
+        ("worker 0", "2", 2, Path("logs/node1/worker_2.log")),  # by rank, as msrun names it
+        ("worker 1", "3", 3, Path("logs/node1/worker_3.log")),
     ]
     env = made.workers[1].env
     assert env["MS_ROLE"] == "MS_WORKER"
     assert env["MS_NODE_ID"] == "3"
+    # msrun's, for user scripts: the planned rank, the index on this host.
+    assert (env["RANK_ID"], env["RANK"], env["RANK_SIZE"]) == ("3", "3", "4")
+    assert (env["LOCAL_RANK"], env["DEVICE_ID"]) == ("1", "1")
     assert env["MS_SCHED_HOST"] == "10.1.1.7"
     assert env["MS_ENABLE_RECOVERY"] == "1"
     assert env["MS_RECOVERY_PATH"].endswith("logs/node1/recovery")
@@ -265,6 +268,17 @@ def test_without_a_node_rank_a_multi_host_job_gets_host_unique_ids() -> None:
         (f"{name}-0001", None),
         (f"spare-{name}-0", None),
     ]
+    # Ranked at registration: no RANK_ID (cluster.get_rank() says it); a spare has no place.
+    ranks = ("RANK_ID", "RANK", "LOCAL_RANK", "DEVICE_ID", "RANK_SIZE")
+    assert [[p.env.get(k) for k in ranks] for p in made.workers] == [
+        [None, None, "0", "0", "4"],
+        [None, None, "1", "1", "4"],
+        [None, None, None, None, "4"],
+    ]
+    inherited = {"RANK_ID": "0", "LOCAL_RANK": "0"}  # exported for a single-process run
+    env = launch_plan.child_environment(inherited, made.workers[2])
+    assert "RANK_ID" not in env
+    assert "LOCAL_RANK" not in env
 
 
 def test_a_launcher_run_again_names_its_workers_as_before(
@@ -291,13 +305,23 @@ def test_a_launcher_run_again_names_its_workers_as_before(
     assert set(ids(Path("logs"), 99)).isdisjoint(ids(Path("other-logs"), 99))
 
 
-def test_a_child_gets_the_launchers_environment_without_its_ms_variables() -> None:
+def test_a_child_gets_the_launchers_environment_without_the_variables_it_sets() -> None:
     made = plan(options())
-    inherited = {"PATH": "/bin", "MS_ROLE": "MS_SCHED", "MS_NODE_ID": "7", "MS_SERVER_NUM": "2"}
+    inherited = {
+        "PATH": "/bin",
+        "MS_ROLE": "MS_SCHED",
+        "MS_NODE_ID": "7",
+        "MS_NODE_TIMEOUT": "60",  # --node-timeout's value (`launch_setup.settle`), not passed on
+        "MS_ALLOC_CONF": "enable_vmm:true",  # MindSpore's own: passed on
+    }
     env = launch_plan.child_environment(inherited, made.workers[0])
     assert env["PATH"] == "/bin"
     assert (env["MS_ROLE"], env["MS_NODE_ID"]) == ("MS_WORKER", "2")
-    assert "MS_SERVER_NUM" not in env
+    assert "MS_NODE_TIMEOUT" not in env
+    assert env["MS_ALLOC_CONF"] == "enable_vmm:true"
+    scheduler = plan(options(node_rank=0), with_scheduler=True).scheduler
+    assert scheduler is not None
+    assert "MS_NODE_ID" not in launch_plan.child_environment(inherited, scheduler)
 
 
 def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
@@ -307,13 +331,14 @@ def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
         "CLUSTER_TLS_CLIENT_PASSWORD": "pa55",
         "CLUSTER_TLS_CLIENT_PASSWORD_FILE": "/etc/client.pass",
         "MS_ROLE": "MS_WORKER",
+        "MS_ALLOC_CONF": "enable_vmm:true",
         "HOME": "/root",
     }
     text = launch_plan.render(plan(opts), opts, inherited)
     assert "placement: Slurm job 4242 step 3, node 1 of 2 (gpu[07-08])" in text
     assert "not started here: this is node rank 1, node 0 starts it" in text
     row = next(line for line in text.splitlines() if line.startswith("worker 1 "))
-    assert row.split()[:6] == ["worker", "1", "MS_WORKER", "3", "3", "logs/node1/worker_1.log"]
+    assert row.split()[:6] == ["worker", "1", "MS_WORKER", "3", "3", "logs/node1/worker_3.log"]
     assert "CLUSTER_JOB_SECRET_FILE=/j/job.secret" in text
     assert "CLUSTER_JOB_SECRET=<hidden>" in text
     assert "CLUSTER_TLS_CLIENT_PASSWORD=<hidden>" in text
@@ -321,7 +346,9 @@ def test_dry_run_shows_the_plan_and_hides_every_secret() -> None:
     assert "s3cr3t" not in text
     assert "pa55" not in text
     assert "HOME" not in text  # the rest of the environment is passed on, not listed
-    assert "not passed on (the job's own are set): MS_ROLE" in text
+    assert "not passed on (mscluster run sets its own): MS_ROLE" in text
+    passed = text.partition("passed on from this environment")[2]
+    assert "  MS_ALLOC_CONF=enable_vmm:true" in passed.partition("not passed on")[0]
 
 
 def test_the_state_url_and_lease_go_to_the_scheduler_alone() -> None:

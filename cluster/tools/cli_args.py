@@ -90,7 +90,7 @@ def _add_placement_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--log-dir",
         "--log_dir",
-        help="where scheduler.log, worker_<i>.log go (logs; Slurm: logs/<job>.<step>[/node<R>])",
+        help="where scheduler.log, worker_<rank>.log go (logs; Slurm: logs/<job>.<step>[/node<R>])",
     )
 
 

@@ -1,10 +1,11 @@
 """`mscluster run`: start a job's local processes, watch them, and end them all together.
 
 One launcher per host. It starts the scheduler when the master address is this host's (and the
-node rank is 0 or unset), starts the local workers with the full MS_* environment, writes each
-process's output to `<log-dir>/scheduler.log` and `<log-dir>/worker_<i>.log`, shows progress,
-restarts a failed worker when asked and when the job can still take it back, and stops everything
-it started when the job fails or when it is told to stop. No child outlives it.
+node rank is 0 or unset), starts the local workers with its MS_* environment (less what it sets
+itself per process), writes each process's output to `<log-dir>/scheduler.log` and
+`<log-dir>/worker_<rank>.log` (`worker_<i>.log` for a worker ranked at registration), shows
+progress, restarts a failed worker when asked and when the job can still take it back, and stops
+everything it started when the job fails or when it is told to stop. No child outlives it.
 It lists the pid of each process it started (and its own) in `<log-dir>/pids`, rewritten at every
 start and restart: the demo, the tests and the benchmarks find the process to signal there
 (`cluster.tools.processes.launched_pid`), never by a name on the whole machine. One launcher

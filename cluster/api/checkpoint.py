@@ -8,8 +8,8 @@ atomically (temporary file, fsync, rename, fsync of the directory: `cluster.stor
 with an XXH3 checksum, keeps the newest `keep_checkpoint_max`, and only then has the scheduler
 told which steps this rank holds: with recovery on, the job restarts from the newest step every
 rank holds, so a step is never named before it is whole on disk. A thread of its own tells it,
-the reporter (the scheduler takes a rank's changing reports at most once per 0.1 s): the writer
-goes on, and while a report is under way only the newest list waits to follow it. A process
+the reporter, while the writer goes on (`cluster.api.checkpoint_writing`: what the two threads
+do; `cluster.api.checkpoint_listing`: the rank's files, as listed and removed). A process
 killed at any moment leaves complete checkpoints only. One manager at a time uses a rank's files
 of a prefix (a lock file, `cluster.storage.checkpoint_lock`); a file found damaged when loaded
 is moved aside and, in a job, fetched from a live peer.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -36,34 +35,20 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.api.checkpoint_config import CheckpointConfig, CheckpointStats
+from cluster.api.checkpoint_listing import RankFiles, remove
+from cluster.api.checkpoint_writing import SNAPSHOTS, Report, WriteBehind
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import (
     CheckpointError,
-    ClusterError,
     ConfigError,
     CorruptCheckpointError,
 )
 from cluster.protocol.peer_state import PREFIX_RE
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
-from cluster.storage.background import BackgroundWriter
-from cluster.storage.checkpoint_files import SUFFIX
 from cluster.storage.checkpoint_lock import CheckpointLock, Seat
 from cluster.storage.served import ServedCheckpoints
 from cluster.storage.snapshot import Snapshot, SnapshotPool
 
-# One snapshot being written, one being copied (or waiting for the writer).
-_SNAPSHOTS = 2
-# The fewest steps a rank keeps, with recovery on, until a report is answered with a step every
-# rank holds (`_prune`). Until then the writer waits for each report's answer (`_report`), so a
-# rank's writer is at most _SNAPSHOTS saves behind its loop (a save waits until the one two
-# saves before is written and reported), and its loop at most one save behind another rank's
-# (each step's collectives): its newest step reported is at most _SNAPSHOTS + 1 saves older than
-# the step another rank writes, so among that rank's newest _SNAPSHOTS + 2 the ranks hold a step
-# in common. Once answered with a step h, a rank keeps h and every newer step, and every rank's
-# reports name every step it saved from the h it heard (at most the newest h told) to its newest
-# reported: the newest step told is among every rank's reports, however far behind the rank's
-# writer they are, and the reports need not be waited for.
-_UNHEARD_KEEP = _SNAPSHOTS + 2
 # What a damaged checkpoint file is renamed to (`<name><DAMAGED>`): kept for a look, never listed.
 DAMAGED = ".damaged"
 
@@ -71,9 +56,6 @@ if TYPE_CHECKING:
     from cluster.worker.state_fetch import Fetched
 
 _log = logging.getLogger(__name__)
-
-# Reports the steps a rank holds; may answer a step every rank holds, which it then keeps.
-Report = Callable[[list[int]], int | None]
 
 
 class CheckpointManager:
@@ -129,15 +111,13 @@ class CheckpointManager:
         self.config = config
         self.root = Path(directory)
         self.report: Report | None = report or (runtime.report_checkpoints if in_job else None)
-        self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
-        self._pool = SnapshotPool(_SNAPSHOTS)
+        self._pool = SnapshotPool(SNAPSHOTS)
         self._saves = 0
         self._pause_s = 0.0
-        # A step every rank holds, as the scheduler last answered a report (0: none heard).
-        self._held_by_all = 0
         self._offered = False
         self._lock: CheckpointLock | None = None
         self._said_displaced = False
+        self._writes = WriteBehind(self)  # its writer's and reporter's threads, and their jobs
         self._place(chosen)
         self._serve_peers()
 
@@ -145,23 +125,13 @@ class CheckpointManager:
         """Be the manager of `rank`: its directory, its lock (once the rank is known), its
         writer, what it offers to peers that take a rank without its checkpoints."""
         self.rank = rank
-        self.directory = checkpoint_files.rank_directory(self.root, rank)
-        self._writer = BackgroundWriter(f"checkpoint-writer-{self.prefix}-rank{rank}")
-        self._reporter = BackgroundWriter(
-            f"checkpoint-reporter-{self.prefix}-rank{rank}",
-            newest_only=True,
-            doing="reporting (a scheduler that does not answer?)",
-        )
+        self._disk = RankFiles(self.root, self.prefix, rank)  # its files (`checkpoint_listing`)
+        self.directory = self._disk.directory
+        self._writes.place(rank)
         _managers.add(self)
         runtime.on_finalize(_end_writers)
         self.served = ServedCheckpoints(self.root, self.prefix, rank)
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
-                "give a writable directory"
-            ) from None
+        self._disk.make()
         if self._lock is not None:
             self._lock.release()
         self._lock = CheckpointLock(self.directory, self.prefix)
@@ -237,8 +207,8 @@ class CheckpointManager:
             snapshot.fill(step, self.rank, self.prefix, encoded)
             self._pool.hold(snapshot)  # the writer's hold, released when it is on disk
             try:
-                self._reporter.raise_failed()
-                self._writer.submit(lambda: self._persist(snapshot, path))
+                self._writes.reporter.raise_failed()
+                self._writes.writer.submit(lambda: self._writes.persist(snapshot, path))
             except BaseException:
                 self._pool.release(snapshot)
                 raise
@@ -254,17 +224,17 @@ class CheckpointManager:
         """Wait until every checkpoint saved so far is written and its steps reported (the
         scheduler answered); raise the error of one that could not be (a CheckpointError naming
         the file and the cause)."""
-        self._writer.wait()
-        self._reporter.wait()  # after the writer's: its last job posts the last report
-        self._writer.flush()
-        self._reporter.flush()
+        self._writes.writer.wait()
+        self._writes.reporter.wait()  # after the writer's: its last job posts the last report
+        self._writes.writer.flush()
+        self._writes.reporter.flush()
 
     def close(self) -> None:
         """Flush, then end the writer's and the reporter's threads, free the memory of the
         snapshots and let go of the lock (a later save, load or listing takes them again)."""
         self.flush()
-        self._writer.close()
-        self._reporter.close()
+        self._writes.writer.close()
+        self._writes.reporter.close()
         if self._offered:
             from cluster.api import peer_state  # noqa: PLC0415 - imports grpc, in a job only
 
@@ -286,7 +256,7 @@ class CheckpointManager:
     def stats(self) -> CheckpointStats:
         pool = self._pool.stats
         return CheckpointStats(
-            self._saves, self._pause_s, pool.waits, pool.wait_s, self._writer.done
+            self._saves, self._pause_s, pool.waits, pool.wait_s, self._writes.writer.done
         )
 
     @contextlib.contextmanager
@@ -319,24 +289,6 @@ class CheckpointManager:
         if snapshot is not None:
             self._serve_peers()
 
-    def _persist(self, snapshot: Snapshot, path: Path) -> None:
-        """The writer's job: the file, pruning, the report; then the snapshot is free again.
-        Nothing once the rank's files went to another process of the job (`_displaced`)."""
-        try:
-            if self._displaced():
-                return
-            if not (self._lock is not None and self._lock.behind):
-                self._remove_temporaries()  # behind: the earlier holder may be writing one
-            checkpoint_files.write(path, snapshot.step, snapshot.chunks())
-            snapshot.persisted = True
-            try:
-                if not self._displaced():  # claimed while this file was written: no pruning
-                    self._prune(snapshot.step)
-            finally:  # the file is whole: reported even when an older one could not be removed
-                self._report(path, snapshot.step)
-        finally:
-            self._pool.release(snapshot)
-
     def _displaced(self) -> bool:
         """Whether the scheduler gave this rank to another process of the job, which claimed
         its files (`CheckpointLock.displaced`): this process ends once it hears so, and writes,
@@ -357,41 +309,6 @@ class CheckpointManager:
                 _log.warning("%s", line)
         return True
 
-    def _report(self, path: Path, step: int) -> None:
-        """The writer's: have the steps held now, `step` at `path` written last, reported by the
-        reporter, in place of a report that waits for it. With recovery on, until a report was
-        answered with a step every rank holds, wait for the answer (see `_UNHEARD_KEEP`)."""
-        report = self.report
-        if report is None:
-            return
-        steps = self._reported()
-        self._reporter.post(lambda: self._send_report(report, steps, path, step))
-        if self.recovery and not self._held_by_all:
-            self._reporter.wait()
-
-    def _report_now(self) -> None:
-        """Report the steps held now, after the reports under way (a report overtakes none:
-        the scheduler takes a process's newest), and keep the answer; its error is raised."""
-        if self.report is not None:
-            self._reporter.wait()
-            self._heard(self.report(self._reported()))
-
-    def _send_report(self, report: Report, steps: list[int], path: Path, step: int) -> None:
-        """The reporter's job: `steps`, held once `step` was written at `path`."""
-        try:
-            self._heard(report(steps))
-        except ClusterError as exc:
-            raise CheckpointError(
-                f"the checkpoint of step {step} is saved ({path}), but the steps held could "
-                f"not be reported: {exc}"
-            ) from None
-        except Exception as exc:  # a session closed under the writer: its call cancelled, ...
-            raise CheckpointError(
-                f"the checkpoint of step {step} is saved ({path}), but the steps held could "
-                f"not be reported ({type(exc).__name__}: {exc}): save and flush checkpoints "
-                "between cluster.init() and cluster.finalize()"
-            ) from exc
-
     # -- what is on disk ---------------------------------------------------------------------
 
     def discard_newer(self, step: int) -> None:
@@ -400,25 +317,25 @@ class CheckpointManager:
         step again before this rank's next save replaces them. Nothing once the rank's files
         went to another process of the job (`_displaced`)."""
         self._begin()
-        self._writer.wait()
-        self._reporter.wait()  # no list of the steps it removes is sent after it
+        self._writes.writer.wait()
+        self._writes.reporter.wait()  # no list of the steps it removes is sent after it
         if self._displaced():
             return
         removed = False
-        for newer, path in self._files().items():
+        for newer, path in self._disk.files().items():
             if newer > step:
-                _remove(path)
+                remove(path)
                 removed = True
         if removed:
-            self._report_now()
+            self._writes.report_now()
 
     def steps(self) -> list[int]:
         """The steps of this rank's complete checkpoints, ascending, once the saves made so far
         are written (a cheap check of each file: its preamble, size and footer; `load`
         verifies the checksum)."""
         self._begin()
-        self._writer.wait()
-        return self._complete_steps()
+        self._writes.writer.wait()
+        return self._disk.complete_steps()
 
     def load(self, step: int) -> dict[str, Any]:
         """The state saved at `step`, read from its file and verified (after the saves made so
@@ -431,14 +348,14 @@ class CheckpointManager:
         steps are reported again), and then fetched as a missing one; without peers, the
         CheckpointError names it and where it went."""
         self._begin()
-        self._writer.wait()
+        self._writes.writer.wait()
         path = self.path(step)
         if not path.exists():
             if self._serve_peers():
                 return self._fetch(step).state
             raise CheckpointError(
                 f"there is no checkpoint of step {step} ({path}): rank {self.rank} holds steps "
-                f"{self._complete_steps()}"
+                f"{self._disk.complete_steps()}"
             )
         try:
             # Replicas: a peer's file, fetched as this rank's, will do.
@@ -459,7 +376,7 @@ class CheckpointManager:
                 f"{damage}; it cannot be moved aside to {aside.name} ({exc.strerror}): remove "
                 "it by hand, or the rank reports it as held again"
             ) from None
-        self._report_now()
+        self._writes.report_now()
         moved = f"{damage}; it is moved aside to {aside.name}, kept for a look"
         if not self._serve_peers():
             raise CheckpointError(moved) from None
@@ -480,7 +397,7 @@ class CheckpointManager:
         with recovery on; CheckpointError naming the rank, the step and the places looked at
         when no peer has it."""
         self._begin()
-        self._writer.wait()
+        self._writes.writer.wait()
         self._need_peers(step)
         self._fetch(step)
         return self.path(step)
@@ -496,7 +413,7 @@ class CheckpointManager:
         removed before this returns (after a kill, by this rank's next checkpoint write). Needs
         a job with recovery on; CheckpointError as `fetch`."""
         self._begin()
-        self._writer.wait()
+        self._writes.writer.wait()
         self._need_peers(step)
         return self._fetch(step, store=False).state
 
@@ -536,7 +453,7 @@ class CheckpointManager:
             f"{fetched.holder} in {time.perf_counter() - start:.2f} s{kept}"
         )
         if store:
-            self._report_now()
+            self._writes.report_now()
         return fetched
 
     def latest(self) -> tuple[int, dict[str, Any]] | None:
@@ -545,95 +462,13 @@ class CheckpointManager:
         A corrupt checkpoint is skipped with a warning naming the file, never loaded.
         """
         self._begin()
-        self._writer.wait()
-        for step in sorted(self._files(), reverse=True):
+        self._writes.writer.wait()
+        for step in sorted(self._disk.files(), reverse=True):
             try:
                 return step, self.load(step)
             except CheckpointError as exc:
                 _log.warning("skipping a checkpoint: %s", exc)
         return None
-
-    def _reported(self) -> list[int]:
-        """The steps a report names: the newest of this rank's complete steps, at most as many
-        as the scheduler takes (`runtime.newest_reported`)."""
-        return runtime.newest_reported(self._complete_steps())
-
-    def _complete_steps(self) -> list[int]:
-        files = self._files()
-        return sorted(s for s, path in files.items() if checkpoint_files.looks_complete(path))
-
-    def _files(self) -> dict[int, Path]:
-        files = {}
-        for name in self._names():
-            match = self._name_re.match(name)
-            step = int(match.group(1)) if match else 0
-            # Only the canonical spelling: 'p-000000001.ckpt' is not the file of step 1.
-            if step >= 1 and name == checkpoint_files.file_name(self.prefix, step):
-                files[step] = self.directory / name
-        return files
-
-    def _names(self) -> list[str]:
-        """The names in this rank's directory (none when it is gone)."""
-        try:
-            return os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise CheckpointError(
-                f"cannot list the checkpoint directory {self.directory} ({exc.strerror}): it must "
-                "be a directory this process can read and write"
-            ) from None
-
-    def _heard(self, held_by_all: int | None) -> None:
-        """The scheduler's answer to a report: a step every rank holds, kept from now on."""
-        if held_by_all:
-            self._held_by_all = held_by_all
-
-    def _prune(self, step: int) -> None:
-        """Keep the newest `keep_checkpoint_max` complete steps up to `step`, and every step from
-        the one every rank holds (as last heard) on: this rank's writer runs ahead of the other
-        ranks' reports, and the newest step they all hold is where the job rolls back to.
-
-        With recovery on, until a report has been answered with such a step (at the start: the
-        scheduler answers 0 while a rank holds none, and the same answer for a second), the
-        newest `_UNHEARD_KEEP` at least: a slower rank's newest step is among them (see there).
-        """
-        files = self._files()
-        complete = [
-            s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
-        ]
-        count = self.config.keep_checkpoint_max
-        if self.recovery and self.report is not None and not self._held_by_all:
-            count = max(count, _UNHEARD_KEEP)
-        keep = set(complete[-count:])
-        keep.update(s for s in complete if s >= self._held_by_all > 0)
-        for old_step, path in files.items():
-            if old_step not in keep:
-                _remove(path)
-
-    def _remove_temporaries(self) -> None:
-        """Temporaries left by a save that was killed (this manager holds the lock of the rank's
-        files of its prefix: no other is writing one)."""
-        # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
-        stem = rf"\.{re.escape(self.prefix)}-\d{{8,}}{re.escape(SUFFIX)}"
-        stale = re.compile(stem + atomic.TEMPORARY_TAIL)
-        for name in self._names():
-            if stale.fullmatch(name):
-                with contextlib.suppress(OSError):
-                    (self.directory / name).unlink()
-
-
-def _remove(path: Path) -> None:
-    """Remove the checkpoint `path` (one gone already is fine)."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise CheckpointError(
-            f"cannot remove the checkpoint {path} ({exc.strerror}): it must be a file this "
-            f"process can remove from {path.parent}; remove it by hand"
-        ) from None
 
 
 # The managers of this process: their writers' threads end at cluster.finalize().
@@ -644,8 +479,8 @@ def _end_writers() -> None:
     """At cluster.finalize(), once every write and report was waited for: end each manager's
     writer and reporter threads, so that none outlives the job (a later save starts another)."""
     for manager in list(_managers):
-        manager._writer.close()
-        manager._reporter.close()
+        manager._writes.writer.close()
+        manager._writes.reporter.close()
 
 
 def _check_step(step: int, *, least: int = 1) -> int:

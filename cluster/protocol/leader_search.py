@@ -11,9 +11,9 @@ is passed over. Two rules decide where to go next, and all three clients share t
 `LeaderSearch` is one pass over the addresses built on these rules, each asked at most once,
 as `mscluster status` (`cluster.tools.status.fetch_any`) and `StatusClient` make it. The worker
 core applies the same rules for as long as its registration deadline lasts, passing over a
-leader found down within DOWN_FOR_S (`cluster.worker.machine.core`). No clock and no I/O here: the
-caller asks, and says what the answer was. `Upstream` applies them for a host's relay, which
-sends every call of its workers to the one scheduler it takes for the leader
+leader found down within DOWN_FOR_S (`cluster.worker.machine.joining`). No clock and no I/O
+here: the caller asks, and says what the answer was. `Upstream` applies them for a host's
+relay, which sends every call of its workers to the one scheduler it takes for the leader
 (`cluster.transport.relay`).
 """
 

@@ -3,7 +3,8 @@
 
 Here: the engine that carries out the machine's decisions (`core`), the thin gRPC servicer
 (`servicer`, no cluster logic) and what runs around every call (`gate`: which scheduler
-answers; the client certificate's check is `cluster.transport.server_tls`), the server's
+answers; `servicer_edge`: the refusals at the edge and the books of the members' connections;
+the client certificate's check is `cluster.transport.server_tls`), the server's
 lifecycle (`server`), write-ahead saving of the state and the key-value store (`persist`)
 to the state store made from the settings (`stores`: the directory, or etcd in `etcd_store`
 over `etcd_client`), standby schedulers (`ha`, the election's

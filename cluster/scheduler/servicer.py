@@ -1,12 +1,12 @@
 """The gRPC face of the scheduler: requests to `SchedulerCore` calls, errors to status codes.
 
 No cluster logic lives here. Every call first asks the gate for the core that answers
-(`cluster.scheduler.gate`): a scheduler that does not lead refuses it, naming the leader. A
-failure becomes a status code and its kind in the trailing metadata through the one table of
-`cluster.transport.failures`. A code is set on the call, not raised with `context.abort`: an
-aborted call's request stays reachable from the exception's frames until the garbage collector
-runs, so a flood of refused 4 MiB calls held hundreds of MiB. Who a call comes from is read
-from its metadata (`cluster.transport.membership`) and admitted by the core.
+(`cluster.scheduler.gate`): a scheduler that does not lead refuses it, naming the leader. What
+runs around each handler, the refusals at the edge, the books of the members' connections and
+a failure's status code set on its call, is `cluster.scheduler.servicer_edge`'s, the base of
+`SchedulerServicer`; here are the handlers, call family by call family: membership (Register,
+Challenge, Watch, Heartbeat), a host's relay (HostBeats, HostWatch), the collectives and the
+key-value store, the Finish and checkpoint reports, and the read side (Status, WatchEvents).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -25,22 +24,16 @@ from cluster.protocol.config import canonical_node_id
 from cluster.protocol.display import ERROR_LINE_CHARS, safe
 from cluster.protocol.errors import (
     BadRequestError,
-    CapacityError,
     ClusterError,
-    CrowdedError,
-    NotAuthenticatedError,
     NotLeaderError,
     UnknownNodeError,
 )
 from cluster.scheduler import convert, host_link, member_limits, wiring
-from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, Withdrawn
-from cluster.scheduler.gate import Gate
-from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
-from cluster.scheduler.machine.events import Kind, Record
-from cluster.transport import edge, failures, handlers, membership, stub
-from cluster.transport.handlers import Handler, peer_host
+from cluster.scheduler.servicer_edge import CallContext, ServicerEdge, caller_of, mapped, refuse
+from cluster.transport import edge, failures, membership, stub
+from cluster.transport.handlers import peer_host
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -53,107 +46,12 @@ _OPS = {
 # A host link's requests, capped as the calls they stand for (made once, used per attach).
 _WATCH_REQUEST = edge.capped("Watch", pb.WatchRequest.FromString)
 _FINISH_REQUEST = edge.capped("Finish", pb.FinishRequest.FromString)
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
 
 
-class CallContext(Protocol):
-    """What the Watch of a node reads from its call and tells it: a gRPC call's context, or a
-    host link's slot (`host_link.SlotContext`)."""
+class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped base
+    """The scheduler's calls, each a thin handler (`ServicerEdge`: what runs around them)."""
 
-    def peer(self) -> str: ...
-    def invocation_metadata(self) -> Any: ...
-    def set_trailing_metadata(self, trailing_metadata: Any, /) -> None: ...
-    def set_code(self, code: grpc.StatusCode, /) -> None: ...
-    def set_details(self, details: str, /) -> None: ...
-
-
-Ctx = TypeVar("Ctx", bound=CallContext)
-
-
-def _refuse(context: CallContext, exc: ClusterError) -> None:
-    """End the call with the status of `exc` (its handler then returns without an answer)."""
-    code, metadata = failures.status_of(exc)
-    context.set_trailing_metadata(metadata)
-    context.set_code(code)
-    context.set_details(str(exc))
-
-
-def _caller(context: CallContext, method: str, request: Any = None) -> membership.Caller:
-    """Who the call speaks for, with what it presents (a call proof covers `request`)."""
-    body = bytes if request is None else request.SerializeToString
-    return membership.caller(context.invocation_metadata(), method, body)
-
-
-def _mapped(
-    handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
-) -> Callable[[Any, Req, Ctx], Awaitable[Resp | None]]:
-    """A unary handler whose ClusterError ends the call with its status, and which refuses a
-    request over its method's limit or that did not parse (`edge.Unparsed`) without looking at
-    it."""
-
-    async def wrapper(self: Any, request: Req, context: Ctx) -> Resp | None:
-        try:
-            if isinstance(request, edge.Unparsed):
-                raise self.at_edge(context, request.method, request.reason, request.message())
-            return await handler(self, request, context)
-        except ClusterError as exc:
-            _refuse(context, exc)
-            return None
-
-    wrapper.__name__ = handler.__name__
-    return wrapper
-
-
-class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # untyped base
-    def __init__(self, gate: Gate | SchedulerCore) -> None:
-        self._gate = gate if isinstance(gate, Gate) else Gate(gate)
-        # The peers of the connections that carry an admitted Watch stream: the members', whose
-        # descriptors are never shed (`cluster.scheduler.descriptors`).
-        self.member_peers: Counter[str] = Counter()
-        # The connection (peer) of each node's admitted stream, and the stream's own token: a
-        # host's batched beats are taken only for the nodes whose streams they came beside.
-        self.stream_peers: dict[tuple[str, int], tuple[str, object]] = {}
-        self.arrivals = handlers.Arrivals(
-            per_peer=edge.ARRIVALS_PER_PEER,
-            total=edge.ARRIVALS_TOTAL,
-            deadline_s=edge.first_message_s,
-            peer_of=lambda context: peer_host(context.peer() or ""),
-            refuse=self.turned_away,
-        )
-        self.host_calls = HostCalls(edge.HOST_CALLS_PER_PEER, self.member_peers)
-        # Each node's Heartbeat stream (canonical node id -> what ends it): one per node.
-        self.beat_streams: dict[str, asyncio.Future[None]] = {}
-
-    def bounded(self, method: str, handler: Handler) -> Handler:
-        """`handler`, a member's call, counted to the member it names from its start, while
-        its request is on its way (`MemberLimits.call`): past its share, refused at once."""
-
-        def wrap(behavior: Any) -> Any:
-            async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                metadata = context.invocation_metadata() or ()
-                node_id = next((str(v) for k, v in metadata if k == membership.NODE_ID_KEY), "")
-                core = self._gate.core
-                if not node_id or core is None:
-                    return await behavior(requests, context)
-                host = peer_host(context.peer() or "")
-                try:
-                    with core.bounds.call(node_id[:200], host, method):
-                        return await behavior(requests, context)
-                except CapacityError as exc:  # past its share of calls: its request unread
-                    _refuse(context, exc)
-                    return None
-
-            return call
-
-        return handlers.rebuilt(handler, wrap=wrap)
-
-    @property
-    def _core(self) -> SchedulerCore:
-        """The core that answers this call (NotLeaderError when this scheduler does not lead)."""
-        return self._gate.current()
-
-    @_mapped
+    @mapped
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RegisterResponse:
@@ -188,35 +86,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             outcome, settings.heartbeat_interval_s, settings.node_timeout_s
         )
 
-    async def turned_away(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
-    ) -> None:
-        """End a call whose request never came in time, or that found too many waiting for
-        theirs (`handlers.Arrivals`): counted and told as every refusal at the edge, as
-        UNAVAILABLE (CrowdedError), which a real node meets by trying again: a request late
-        behind a loaded scheduler's loop, or behind the other calls of its host's relay on one
-        connection, is no fault of the node's."""
-        _refuse(context, self.at_edge(context, method, reason, problem))
-
-    def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
-        """A call refused before it reaches the job: counted, told at a bounded rate (the
-        journal and the log), its values quoted short and escaped by `problem`'s maker."""
-        peer = context.peer() or ""
-        count = self._gate.refusals.log(peer, method, reason, problem)
-        core = self._gate.core
-        if count and core is not None:
-            fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
-            fields.update(reason=reason, message=problem, count=count)
-            core.journal.emit(Record(Kind.REFUSED, fields))
-        kinds: dict[str, type[ClusterError]] = {
-            "oversized": CapacityError,
-            "unauthenticated": NotAuthenticatedError,
-            "crowded": CrowdedError,
-            "stalled": CrowdedError,
-        }
-        return kinds.get(reason, BadRequestError)(f"{problem}: refused")
-
-    @_mapped
+    @mapped
     async def Challenge(
         self, request: pb.ChallengeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ChallengeResponse:
@@ -230,27 +100,6 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             ttl_s=auth.CHALLENGE_TTL_S,
         )
 
-    def _check_reader(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
-        """With a job secret, reading the job needs proof of it: a `cluster-read` proof (which
-        `mscluster status` and `events` make from the secret file) or, with mutual TLS, the
-        certificate the handshake checked. CLUSTER_READERS_PROVE_SECRET=0 opens the read side;
-        a job without a secret is open (docs/design/security.md). Health stays open."""
-        core = self._gate.core
-        if core is None or core.settings.job_secret is None:
-            return  # a standby shows only who leads
-        if not core.settings.limits.readers_prove_secret:
-            return
-        if context.auth_context().get("transport_security_type") == [b"ssl"]:
-            return  # mutual TLS: the handshake checked a certificate of the job's CA
-        read = membership.read_proof(context.invocation_metadata())
-        problem: str | None = "it carries no proof of the job secret"
-        if read is not None:
-            problem = core.state.admission.read_problem(read[0], read[1], method)
-        if problem is not None:
-            raise self.at_edge(
-                context, method, "unauthenticated", membership.read_refusal(method, problem)
-            )
-
     async def Watch(
         self, request: pb.WatchRequest | edge.Unparsed, context: CallContext
     ) -> AsyncIterator[pb.Event | bytes]:
@@ -260,7 +109,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             async for event in self._watch(request, context):
                 yield event
         except ClusterError as exc:
-            _refuse(context, exc)
+            refuse(context, exc)
 
     async def _watch(
         self, request: pb.WatchRequest, context: CallContext
@@ -280,7 +129,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             node_id, incarnation = request.hello.node_id, request.hello.incarnation
         else:
             raise BadRequestError("Watch needs a RegisterRequest or a Hello")
-        caller = _caller(context, "Watch", request) if kind == "hello" else None
+        caller = caller_of(context, "Watch", request) if kind == "hello" else None
         # The node going away (its process dead, its connection cut) cancels this call, which
         # ends the core's stream and tells the core. (A registration just accepted is answered
         # by the core that accepted it, even if a step-down came in between: its stream ends
@@ -317,7 +166,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             core = self._core
             with core.heartbeat_call():
                 reading = asyncio.ensure_future(
-                    self._beats(request_iterator, context, _caller(context, "Heartbeat"), ended)
+                    self._beats(request_iterator, context, caller_of(context, "Heartbeat"), ended)
                 )
                 try:
                     await asyncio.wait((reading, ended), return_when=asyncio.FIRST_COMPLETED)
@@ -326,7 +175,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 if reading.done() and not reading.cancelled():
                     reading.result()
         except ClusterError as exc:
-            _refuse(context, exc)
+            refuse(context, exc)
             return None
         return pb.HeartbeatResponse()
 
@@ -385,7 +234,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 if reading.done():
                     reading.result()
         except ClusterError as exc:
-            _refuse(context, exc)
+            refuse(context, exc)
             return None
         return pb.HostBeatsResponse()
 
@@ -431,32 +280,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
                 if _failed(reading):
                     reading.result()
         except ClusterError as exc:
-            _refuse(context, exc)
+            refuse(context, exc)
         finally:
             reading.cancel()
             link.close()
-
-    @contextlib.contextmanager
-    def _host_call(
-        self, context: CallContext, method: str, end: Callable[[], None]
-    ) -> Iterator[None]:
-        """Around a host call (`HostCalls`), which `end()` ends: turned away, as crowded, past
-        the address's share of calls that speak for nobody."""
-        peer = context.peer() or ""
-        address, connection = peer_host(peer), reserve.peer_address(peer)
-        if not self.host_calls.open(address, connection, end):
-            raise self.at_edge(
-                context,
-                method,
-                "crowded",
-                f"{self.host_calls.memberless(address)} host calls from {address} carry no "
-                f"admitted Watch stream already, the most the scheduler holds "
-                f"({self.host_calls.per_peer}); try again",
-            )
-        try:
-            yield
-        finally:
-            self.host_calls.close(address, connection, end)
 
     async def _host_up(
         self,
@@ -521,7 +348,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         return
         yield b""  # an async generator, as a slot runs
 
-    @_mapped
+    @mapped
     async def Exchange(
         self, request: pb.ExchangeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ExchangeResponse:
@@ -535,7 +362,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         contribution = Withdrawn(withdrawn) if withdrawn else value
         values = await self._core.exchange(
             request.node_id,
-            _caller(context, "Exchange", request),
+            caller_of(context, "Exchange", request),
             generation=request.generation,
             seq=request.seq,
             op=op,
@@ -544,54 +371,54 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
         )
         return pb.ExchangeResponse(values=values)
 
-    @_mapped
+    @mapped
     async def KvSet(
         self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvSetResponse:
         key, value = request.key, request.value
         member_limits.request_bytes(len(key) + len(value))
-        await self._core.kv_set(_caller(context, "KvSet", request), key, value)
+        await self._core.kv_set(caller_of(context, "KvSet", request), key, value)
         return pb.KvSetResponse()
 
-    @_mapped
+    @mapped
     async def KvGet(
         self, request: pb.KvGetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvGetResponse:
-        store = self._core.kv_for(_caller(context, "KvGet", request))
+        store = self._core.kv_for(caller_of(context, "KvGet", request))
         values, missing = store.get(list(request.keys))
         return pb.KvGetResponse(values=values, missing=missing)
 
-    @_mapped
+    @mapped
     async def PeerTable(
         self, request: pb.PeerTableRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.PeerTableResponse:
-        table = self._core.peer_table(_caller(context, "PeerTable", request), request.digest)
+        table = self._core.peer_table(caller_of(context, "PeerTable", request), request.digest)
         return pb.PeerTableResponse(peers_zlib=table)
 
-    @_mapped
+    @mapped
     async def KvWait(
         self, request: pb.KvWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvWaitResponse:
-        caller = _caller(context, "KvWait", request)
+        caller = caller_of(context, "KvWait", request)
         values = await self._core.kv_wait(caller, list(request.keys), request.timeout_s)
         return pb.KvWaitResponse(values=values)
 
-    @_mapped
+    @mapped
     async def KvAdd(
         self, request: pb.KvAddRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.KvAddResponse:
-        caller = _caller(context, "KvAdd", request)
+        caller = caller_of(context, "KvAdd", request)
         value = await self._core.kv_add(caller, request.key, request.amount, request.add_id)
         return pb.KvAddResponse(value=value)
 
-    @_mapped
+    @mapped
     async def Finish(self, request: pb.FinishRequest, context: CallContext) -> pb.FinishResponse:
-        caller = _caller(context, "Finish", request)
+        caller = caller_of(context, "Finish", request)
         failure = safe(request.failure, ERROR_LINE_CHARS) if request.failure else ""
         await self._core.finish(request.node_id, request.incarnation, caller, failure)
         return pb.FinishResponse()
 
-    @_mapped
+    @mapped
     async def ReportCheckpoints(
         self, request: pb.ReportCheckpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.ReportCheckpointsResponse:
@@ -599,13 +426,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             request.node_id,
             request.incarnation,
             list(request.steps),
-            _caller(context, "ReportCheckpoints", request),
+            caller_of(context, "ReportCheckpoints", request),
             convert.memory_resume_of(request.resumed) if request.HasField("resumed") else None,
             (request.generation, request.report_seq),
         )
         return pb.ReportCheckpointsResponse(held_by_all=held_by_all)
 
-    @_mapped
+    @mapped
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.StatusResponse:
@@ -642,7 +469,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):  # type: ignore[misc]  # unt
             async for event in self._core.journal.follow(request.after_seq, follow=request.follow):
                 yield convert.job_event_to_pb(event)
         except ClusterError as exc:
-            _refuse(context, exc)
+            refuse(context, exc)
 
 
 def _settle(future: asyncio.Future[None]) -> None:

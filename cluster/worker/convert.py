@@ -268,6 +268,23 @@ def checkpoints_request(
     return request
 
 
+def kv_set_request(key: str, value: bytes) -> pb.KvSetRequest:
+    return pb.KvSetRequest(key=key, value=value)
+
+
+def kv_get_request(keys: list[str]) -> pb.KvGetRequest:
+    return pb.KvGetRequest(keys=keys)
+
+
+def kv_wait_request(keys: list[str], timeout_s: float) -> pb.KvWaitRequest:
+    return pb.KvWaitRequest(keys=keys, timeout_s=timeout_s)
+
+
+def kv_add_request(key: str, amount: int, add_id: int) -> pb.KvAddRequest:
+    """A counter's add, numbered: the scheduler counts a retry of it (the same `add_id`) once."""
+    return pb.KvAddRequest(key=key, amount=amount, add_id=add_id)
+
+
 async def first_answer(call: WatchCall, where: str) -> pb.Event:
     """The first event of a registration's stream: its answer, accepted or refused."""
     first = await call.read()

@@ -15,7 +15,7 @@ from cluster.scheduler import SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.tools.relay import Relay, RelaySettings
 from cluster.transport.relay import Context, HostLinks
-from cluster.worker import agent as agent_module
+from cluster.worker import watch_stream
 from tests.aio import eventually
 from tests.integration.test_relay import back_direct_from_a_stopped_relay, settings, slots
 
@@ -52,7 +52,7 @@ async def test_a_move_to_a_relay_slow_to_answer_fails_nobody(
     would end the node's current stream: the scheduler would disconnect a healthy node
     (NodeFailed, a new generation; recovery off, the job's end). The worker waits for the
     answer instead: both move, and the generation stays."""
-    monkeypatch.setattr(agent_module, "RELAY_MOVE_S", MOVE_S)
+    monkeypatch.setattr(watch_stream, "RELAY_MOVE_S", MOVE_S)
     async with SchedulerServer(dataclasses.replace(settings(2), recovery=True)) as srv:
         address = f"unix:{short_dir / 'r.sock'}"
         said: list[str] = []
@@ -64,7 +64,7 @@ async def test_a_move_to_a_relay_slow_to_answer_fails_nobody(
         await again.start()
 
         def moved() -> bool:
-            through = (a._move is None and a._link.route.relay == address for a in agents)
+            through = (a._stream._move is None and a._link.route.relay == address for a in agents)
             return slots(again) == 2 and all(through)
 
         failed = lambda: state.generation != generation  # noqa: E731

@@ -43,18 +43,18 @@ def test_time_or_asyncio_in_a_pure_machine_breaks_the_contracts(tmp_path: Path) 
 
 
 # The modules that may speak the wire (cluster.v1): the converters, the servicer, the stubs and
-# clients, the agent, the peer table's wire deltas and the peer-state server. Everything else
-# works on the domain's records.
+# clients, the worker's Watch call, the peer table's wire deltas and the peer-state server.
+# Everything else works on the domain's records.
 WIRE_MODULES = {
     "cluster/scheduler/convert.py",
     "cluster/scheduler/servicer.py",
     "cluster/tools/status.py",
     "cluster/transport/stub.py",
-    "cluster/worker/agent.py",
     "cluster/worker/convert.py",
     "cluster/worker/peer_table.py",
     "cluster/worker/state_fetch.py",
     "cluster/worker/state_server.py",
+    "cluster/worker/watch_stream.py",
 }
 
 

@@ -1,5 +1,5 @@
 """What the scheduler last answered a node's registration attempts, for the error of a deadline
-passed (`WorkerCore._registration_timeout`).
+passed (`Joining._registration_timeout`, a part of the worker core).
 
 A node that gives up registering was not always kept out by a wrong address or a scheduler that
 is down: the scheduler may have refused every try (its guard: the node id is still alive in

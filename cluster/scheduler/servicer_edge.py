@@ -1,0 +1,218 @@
+"""What every call of the scheduler's servicer meets around its handler: no wire format here.
+
+`ServicerEdge` is the base of `cluster.scheduler.servicer.SchedulerServicer`, which adds the
+handlers, call family by call family. It holds the gate (`cluster.scheduler.gate`: which core
+answers, or a refusal naming the leader) and what the servicer keeps of the connections: the
+peers that carry an admitted Watch stream (a member's, whose descriptors are never shed), the
+connection of each node's admitted stream, each node's Heartbeat stream, the calls that still
+wait for their first message (`handlers.Arrivals`) and the host calls open (`HostCalls`). A call
+refused before it reaches the job is counted and told at a bounded rate (`at_edge`); a member's
+calls are counted to it from their start (`bounded`); reading the job needs the job secret's
+proof (`_check_reader`).
+
+A failure becomes a status code and its kind in the trailing metadata through the one table of
+`cluster.transport.failures` (`refuse`). A code is set on the call, not raised with
+`context.abort`: an aborted call's request stays reachable from the exception's frames until the
+garbage collector runs, so a flood of refused 4 MiB calls held hundreds of MiB. Who a call comes
+from is read from its metadata (`cluster.transport.membership`: `caller_of`) and admitted by the
+core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from cluster.protocol.errors import (
+    BadRequestError,
+    CapacityError,
+    ClusterError,
+    CrowdedError,
+    NotAuthenticatedError,
+)
+from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.gate import Gate
+from cluster.scheduler.host_calls import HostCalls
+from cluster.scheduler.machine import reserve
+from cluster.scheduler.machine.events import Kind, Record
+from cluster.transport import edge, failures, handlers, membership
+from cluster.transport.handlers import Handler, peer_host
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+class CallContext(Protocol):
+    """What the Watch of a node reads from its call and tells it: a gRPC call's context, or a
+    host link's slot (`host_link.SlotContext`)."""
+
+    def peer(self) -> str: ...
+    def invocation_metadata(self) -> Any: ...
+    def set_trailing_metadata(self, trailing_metadata: Any, /) -> None: ...
+    def set_code(self, code: grpc.StatusCode, /) -> None: ...
+    def set_details(self, details: str, /) -> None: ...
+
+
+Ctx = TypeVar("Ctx", bound=CallContext)
+
+
+def refuse(context: CallContext, exc: ClusterError) -> None:
+    """End the call with the status of `exc` (its handler then returns without an answer)."""
+    code, metadata = failures.status_of(exc)
+    context.set_trailing_metadata(metadata)
+    context.set_code(code)
+    context.set_details(str(exc))
+
+
+def caller_of(context: CallContext, method: str, request: Any = None) -> membership.Caller:
+    """Who the call speaks for, with what it presents (a call proof covers `request`)."""
+    body = bytes if request is None else request.SerializeToString
+    return membership.caller(context.invocation_metadata(), method, body)
+
+
+def mapped(
+    handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
+) -> Callable[[Any, Req, Ctx], Awaitable[Resp | None]]:
+    """A unary handler whose ClusterError ends the call with its status, and which refuses a
+    request over its method's limit or that did not parse (`edge.Unparsed`) without looking at
+    it."""
+
+    async def wrapper(self: Any, request: Req, context: Ctx) -> Resp | None:
+        try:
+            if isinstance(request, edge.Unparsed):
+                raise self.at_edge(context, request.method, request.reason, request.message())
+            return await handler(self, request, context)
+        except ClusterError as exc:
+            refuse(context, exc)
+            return None
+
+    wrapper.__name__ = handler.__name__
+    return wrapper
+
+
+class ServicerEdge:
+    """The servicer's gate and books of its connections, and the refusals at its edge (see the
+    module docstring)."""
+
+    def __init__(self, gate: Gate | SchedulerCore) -> None:
+        self._gate = gate if isinstance(gate, Gate) else Gate(gate)
+        # The peers of the connections that carry an admitted Watch stream: the members', whose
+        # descriptors are never shed (`cluster.scheduler.descriptors`).
+        self.member_peers: Counter[str] = Counter()
+        # The connection (peer) of each node's admitted stream, and the stream's own token: a
+        # host's batched beats are taken only for the nodes whose streams they came beside.
+        self.stream_peers: dict[tuple[str, int], tuple[str, object]] = {}
+        self.arrivals = handlers.Arrivals(
+            per_peer=edge.ARRIVALS_PER_PEER,
+            total=edge.ARRIVALS_TOTAL,
+            deadline_s=edge.first_message_s,
+            peer_of=lambda context: peer_host(context.peer() or ""),
+            refuse=self.turned_away,
+        )
+        self.host_calls = HostCalls(edge.HOST_CALLS_PER_PEER, self.member_peers)
+        # Each node's Heartbeat stream (canonical node id -> what ends it): one per node.
+        self.beat_streams: dict[str, asyncio.Future[None]] = {}
+
+    def bounded(self, method: str, handler: Handler) -> Handler:
+        """`handler`, a member's call, counted to the member it names from its start, while
+        its request is on its way (`MemberLimits.call`): past its share, refused at once."""
+
+        def wrap(behavior: Any) -> Any:
+            async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                metadata = context.invocation_metadata() or ()
+                node_id = next((str(v) for k, v in metadata if k == membership.NODE_ID_KEY), "")
+                core = self._gate.core
+                if not node_id or core is None:
+                    return await behavior(requests, context)
+                host = peer_host(context.peer() or "")
+                try:
+                    with core.bounds.call(node_id[:200], host, method):
+                        return await behavior(requests, context)
+                except CapacityError as exc:  # past its share of calls: its request unread
+                    refuse(context, exc)
+                    return None
+
+            return call
+
+        return handlers.rebuilt(handler, wrap=wrap)
+
+    @property
+    def _core(self) -> SchedulerCore:
+        """The core that answers this call (NotLeaderError when this scheduler does not lead)."""
+        return self._gate.current()
+
+    async def turned_away(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, reason: str, problem: str
+    ) -> None:
+        """End a call whose request never came in time, or that found too many waiting for
+        theirs (`handlers.Arrivals`): counted and told as every refusal at the edge, as
+        UNAVAILABLE (CrowdedError), which a real node meets by trying again: a request late
+        behind a loaded scheduler's loop, or behind the other calls of its host's relay on one
+        connection, is no fault of the node's."""
+        refuse(context, self.at_edge(context, method, reason, problem))
+
+    def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
+        """A call refused before it reaches the job: counted, told at a bounded rate (the
+        journal and the log), its values quoted short and escaped by `problem`'s maker."""
+        peer = context.peer() or ""
+        count = self._gate.refusals.log(peer, method, reason, problem)
+        core = self._gate.core
+        if count and core is not None:
+            fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
+            fields.update(reason=reason, message=problem, count=count)
+            core.journal.emit(Record(Kind.REFUSED, fields))
+        kinds: dict[str, type[ClusterError]] = {
+            "oversized": CapacityError,
+            "unauthenticated": NotAuthenticatedError,
+            "crowded": CrowdedError,
+            "stalled": CrowdedError,
+        }
+        return kinds.get(reason, BadRequestError)(f"{problem}: refused")
+
+    def _check_reader(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
+        """With a job secret, reading the job needs proof of it: a `cluster-read` proof (which
+        `mscluster status` and `events` make from the secret file) or, with mutual TLS, the
+        certificate the handshake checked. CLUSTER_READERS_PROVE_SECRET=0 opens the read side;
+        a job without a secret is open (docs/design/security.md). Health stays open."""
+        core = self._gate.core
+        if core is None or core.settings.job_secret is None:
+            return  # a standby shows only who leads
+        if not core.settings.limits.readers_prove_secret:
+            return
+        if context.auth_context().get("transport_security_type") == [b"ssl"]:
+            return  # mutual TLS: the handshake checked a certificate of the job's CA
+        read = membership.read_proof(context.invocation_metadata())
+        problem: str | None = "it carries no proof of the job secret"
+        if read is not None:
+            problem = core.state.admission.read_problem(read[0], read[1], method)
+        if problem is not None:
+            raise self.at_edge(
+                context, method, "unauthenticated", membership.read_refusal(method, problem)
+            )
+
+    @contextlib.contextmanager
+    def _host_call(
+        self, context: CallContext, method: str, end: Callable[[], None]
+    ) -> Iterator[None]:
+        """Around a host call (`HostCalls`), which `end()` ends: turned away, as crowded, past
+        the address's share of calls that speak for nobody."""
+        peer = context.peer() or ""
+        address, connection = peer_host(peer), reserve.peer_address(peer)
+        if not self.host_calls.open(address, connection, end):
+            raise self.at_edge(
+                context,
+                method,
+                "crowded",
+                f"{self.host_calls.memberless(address)} host calls from {address} carry no "
+                f"admitted Watch stream already, the most the scheduler holds "
+                f"({self.host_calls.per_peer}); try again",
+            )
+        try:
+            yield
+        finally:
+            self.host_calls.close(address, connection, end)

@@ -15,7 +15,8 @@ A file removed while held (by hand, with its directory) leaves its holder holdin
 newcomer sees: `still_holds` tells a holder so, and one that runs long asks it at its natural
 points (`checkpoint_lock` before each save, load or listing; `node_file` before the worker
 writes its record; `event_file` before each batch of lines, and every second while idle;
-`launch_lock` every second), then locks the file there now (`take`) or holds nothing more.
+`launch_lock` and `relay` every second), then locks the file there now (`take`) or holds
+nothing more.
 
 A holder that removes its lock file (`launch_lock`'s run refused in a directory it made)
 removes it while it holds the lock, and then lets go: a process that opened the file and locks

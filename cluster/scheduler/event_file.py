@@ -16,6 +16,15 @@ by another job's scheduler, or by one of no state store, is refused at start (Co
 Standbys of one job (etcd) may share the file: a standby holds nothing; the scheduler that
 leads takes the lock (waiting up to `LEADER_WAIT_S` for the leader before it to let go, as
 it does when it steps down) and writes the job's events from there on.
+
+The lock is the file its path names (`holder_lock.try_lock` given the path: a file removed or
+replaced between its open and its lock is opened anew). One removed or replaced while held (by
+hand, with the log's other files) keeps no other scheduler out, so the writing thread checks
+that the path still names its file (`EventLogLock.keep`) before each batch of lines it writes,
+and every CHECK_S while it has none. Where it does not, the scheduler says so in one line and
+locks the file there now, at once: then it writes on and keeps later schedulers out; where
+another scheduler has locked that file since, it writes nothing more there (its events stay
+in memory, served by `WatchEvents`), so the lines of two schedulers never interleave.
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ LEADER_WAIT_S = 15.0
 # whose launcher died ends within orphan.GRACE_S of noticing), before it is refused.
 START_WAIT_S = 10.0
 _LOCK_POLL_S = 0.05
+# How often the writing thread, with no line to write, checks that it still holds the lock.
+CHECK_S = 1.0
 
 
 def last_seq(path: Path) -> int:
@@ -127,6 +138,37 @@ class EventLogLock:
                 return False
         return True
 
+    def keep(self) -> bool:
+        """Whether this scheduler may write on: True while the path names the lock file it
+        holds (or it holds none). Where that file was removed or replaced, its lock is let go
+        and the file there now locked at once, said in one line: True when taken (or when it
+        cannot be: said as at start), False when another scheduler has locked it since."""
+        where = holder_lock.lock_path(self.path)
+        with self._open_lock:
+            fd = self._fd
+            if fd is None or holder_lock.still_holds(fd, where):
+                return True
+            self._fd = None
+            os.close(fd)  # its lock keeps no one out
+        taken = self._take()
+        if taken is False:
+            log.error(
+                "%s was removed or replaced while this scheduler held it, and another "
+                "scheduler (%s) has locked the file there since: this scheduler's events are "
+                "not written to %s from now on; mscluster events --addr has them",
+                where,
+                _described(self.holder),
+                self.path,
+            )
+            return False
+        log.warning(
+            "%s was removed or replaced while this scheduler held it, so its lock kept no "
+            "other scheduler from writing %s: locked the file there anew",
+            where,
+            self.path,
+        )
+        return True
+
     def release(self) -> None:
         with self._open_lock:
             fd, self._fd = self._fd, None
@@ -143,20 +185,13 @@ class EventLogLock:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 fd = holder_lock.open_lock(where)
+                holder = holder_lock.take(fd, where, state=self.state)
             except OSError as exc:
-                self._unlockable(where, exc)
-                return None
-            try:
-                holder = holder_lock.try_lock(fd)
-            except OSError as exc:
-                os.close(fd)
                 self._unlockable(where, exc)
                 return None
             if holder is not None:
-                os.close(fd)
                 self.holder = holder
                 return False
-            holder_lock.write_holder(fd, state=self.state)
             self._fd = fd
             return True
 
@@ -181,7 +216,8 @@ def _described(holder: dict[str, object]) -> str:
 
 class EventFile:
     """Appends lines to `path` on a thread, rotated as `rotation` says; `write` never blocks.
-    With `lock`, the thread holds it before its first write (`EventLogLock.hold`), and lets it
+    With `lock`, the thread holds it before its first write (`EventLogLock.hold`), checks it
+    before each batch of lines and every CHECK_S while idle (`EventLogLock.keep`), and lets it
     go when it ends."""
 
     def __init__(
@@ -228,19 +264,32 @@ class EventFile:
             self._locked_out(lock)
             return
         while True:
-            item = self._queue.get()
+            batch = self._queue.empty()  # the line next is the first of a batch
+            try:
+                item = self._queue.get(timeout=CHECK_S)
+            except queue.Empty:
+                item = None
             if item is _STOP:
                 break
-            self._queued -= 1
-            try:
-                self._file.write(f"{item}\n".encode())
-            except OSError as exc:
-                self._failed(exc)
-                continue
-            if self._failing:
-                self._failing = False
-                log.info("the event log %s is written again", self.path)
+            if item is not None:
+                self._queued -= 1
+            if (batch or item is None) and lock is not None and not lock.keep():
+                self._file.close()
+                self._drain()  # another scheduler writes the file now (said)
+                return
+            if item is not None:
+                self._append(str(item))
         self._file.close()
+
+    def _append(self, line: str) -> None:
+        try:
+            self._file.write(f"{line}\n".encode())
+        except OSError as exc:
+            self._failed(exc)
+            return
+        if self._failing:
+            self._failing = False
+            log.info("the event log %s is written again", self.path)
 
     def _locked_out(self, lock: EventLogLock) -> None:
         """Another scheduler kept the event log: this one's events are not written there."""
@@ -251,6 +300,10 @@ class EventFile:
                 self.path,
                 _described(lock.holder),
             )
+        self._drain()
+
+    def _drain(self) -> None:
+        """Take the lines written from now on, and write none, until `close`."""
         while self._queue.get() is not _STOP:
             self._queued -= 1
 

@@ -13,8 +13,15 @@ between its open and its `flock` keeps no one out, so `try_lock` given the path 
 holds the lock, that the path still names the file it locked, and opens the path anew when not.
 A file removed while held (by hand, with its directory) leaves its holder holding a lock no
 newcomer sees: `still_holds` tells a holder so, and one that runs long asks it at its natural
-points (`checkpoint_lock` before each save, load or listing), then locks the file there now or
-holds nothing more.
+points (`checkpoint_lock` before each save, load or listing; `node_file` before the worker
+writes its record; `event_file` before each batch of lines, and every second while idle;
+`launch_lock` and `relay` every second), then locks the file there now (`take`) or holds
+nothing more.
+
+A holder that removes its lock file (`launch_lock`'s run refused in a directory it made)
+removes it while it holds the lock, and then lets go: a process that opened the file and locks
+it once let go finds that the path no longer names it, and locks the file there now. Removed
+after the lock was let go, the file could be one that another process had just locked.
 
 `mscluster run`'s log directory (`cluster.tools.launch_lock`), a relay's socket
 (`cluster.tools.relay`), the scheduler's event log (`cluster.scheduler.event_file`), a worker's
@@ -87,6 +94,22 @@ def try_lock(fd: int, path: Path | None = None) -> dict[str, object] | None:
             raise OSError(errno.EAGAIN, f"removed each of {_REOPENS} times it was locked", path)
         reopens += 1
         _reopen(fd, path)
+
+
+def take(fd: int, path: Path, **fields: object) -> dict[str, object] | None:
+    """`try_lock(fd, path)`: None when this process holds the lock now, and is written into the
+    file (`write_holder(fd, **fields)`); otherwise what its holder wrote, and `fd` is closed
+    (closed on an OSError too)."""
+    try:
+        holder = try_lock(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    if holder is not None:
+        os.close(fd)
+        return holder
+    write_holder(fd, **fields)
+    return None
 
 
 def still_holds(fd: int, path: Path) -> bool:

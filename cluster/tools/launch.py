@@ -47,6 +47,7 @@ from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import slurm_io
 from cluster.tools.launch_children import Child, Children
+from cluster.tools.launch_lock import LogDirLock
 from cluster.tools.launch_plan import LaunchOptions, render, wants_relay
 from cluster.tools.launch_reading import POLL_CHANNEL_OPTIONS, POLL_STATUS_S, log_end
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
@@ -135,7 +136,9 @@ class Launcher(Children):
             for wait in waits:
                 wait.cancel()
 
-    async def run(self) -> int:
+    async def run(self, lock: LogDirLock | None = None) -> int:
+        """The job from start to end; its exit code. `lock`: the log directory's, which it
+        checks while the job runs (`LogDirLock.watch`: a lock file removed or replaced)."""
         o = self.options
         o.log_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
@@ -143,6 +146,7 @@ class Launcher(Children):
         for signum in stops:
             loop.add_signal_handler(signum, self._on_signal, signum)
         poller: asyncio.Task[None] | None = None
+        watcher = None if lock is None else asyncio.create_task(lock.watch(self._print))
         try:
             if self.plan.scheduler is not None:
                 self.scheduler = Child(self.plan.scheduler)
@@ -165,10 +169,11 @@ class Launcher(Children):
             poller = asyncio.create_task(self._poll_status())
             return await self._watch()
         finally:
-            if poller is not None:
-                poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await poller
+            for task in (poller, watcher):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self._stop_all()
             for signum in stops:
                 loop.remove_signal_handler(signum)
@@ -479,7 +484,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
     # --log-dir is this launcher's from here, its job secret in it.
     lock = setup.make_paths(options, plan, out, write_secret)
     try:
-        return asyncio.run(Launcher(options, plan, out).run())
+        return asyncio.run(Launcher(options, plan, out).run(lock))
     finally:
         lock.release()
         if sharing is not None:

@@ -17,60 +17,141 @@ the lock after it. The file is opened without following a link (`atomic`) and wr
 it is this user's own regular file with one name. Where the file system has no locks (ENOLCK:
 NFS without its lock daemon; Lustre mounted without flock) the launcher goes on without one,
 saying so (`take` returns the line).
+
+The lock is the file its path names (`holder_lock.try_lock` given the path: a file removed or
+replaced between its open and its lock is opened anew). One removed or replaced while held (by
+hand, or with the directory's other files) keeps no other launcher out, so the launcher checks
+every CHECK_S while its job runs (`watch`) that the path still names its file. Where it does
+not, it says so in one line and locks the file there now, at once: then it keeps later
+launchers out again; where another launcher holds that file, it says who, and its job goes on
+(stopping a running job for a lock file would lose its work): the two runs write over each
+other's files until one is stopped. It tries again at each check, and says when it holds the
+lock again.
+
+A run refused before it began removes the file only while it holds its lock (`release`), and
+before it lets the lock go: a launcher that opened the old file and locks it once it is let go
+finds that the path no longer names it and locks the file there now. Removed after the lock
+was let go, the file could be one that another launcher had just locked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import fcntl
+import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster.protocol.errors import ConfigError
 from cluster.storage import atomic, holder_lock
 
 LOCK_FILE = "launcher.lock"
+# How often a launcher whose job runs checks that the path still names the file it locked.
+CHECK_S = 1.0
+# What a file system without locks answers `flock` with.
+_NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
 class LogDirLock:
-    """The lock of log directory `directory` for this launcher: `take`, then `release`."""
+    """The lock of log directory `directory` for this launcher: `take`, `watch` while the job
+    runs, then `release`."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / LOCK_FILE
         self._fd: int | None = None
+        self._port = 0
+        self._lost = False  # it held the lock, and its file was removed or replaced since
+        self._said_out = False  # said that it holds it no more
 
     def take(self, port: int) -> str:
         """Lock the directory, or a ConfigError when another launcher holds it (nothing
         written); the holder's pid, host and `port` written into the file. Returns '' or,
         where the file system has no locks, the line to say: the run goes on without one."""
+        self._port = port
         fd = self._open()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = holder_lock.read_holder(fd)
-            os.close(fd)
-            raise ConfigError(self._refusal(holder)) from None
-        except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
-            os.close(fd)
+            holder = self._lock(fd)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise ConfigError(
+                    f"--log-dir: cannot lock {str(self.path)!r} ({exc.strerror or exc}): give "
+                    "this job another --log-dir"
+                ) from None
             return (
                 f"mscluster: --log-dir {str(self.directory)!r} cannot be locked (its file "
                 f"system refuses a lock on {LOCK_FILE}: {exc.strerror}): nothing keeps another "
                 "mscluster run out of it; give every job its own --log-dir"
             )
-        self._fd = fd
-        holder_lock.write_holder(fd, port=port)
+        if holder is not None:
+            raise ConfigError(self._refusal(holder))
         return ""
+
+    async def watch(self, say: Callable[[str], None]) -> None:
+        """While the job runs (until cancelled): `keep` every CHECK_S, its lines said."""
+        while True:
+            await asyncio.sleep(CHECK_S)
+            line = await asyncio.to_thread(self.keep)
+            if line:
+                say(line)
+
+    def keep(self) -> str:
+        """'' while the path names the file this launcher locked (or it never held one: a file
+        system without locks). Where the file was removed or replaced, the lock is let go and
+        the file there now locked at once; the line to say: locked anew, or not (held by
+        another launcher: said once; each later `keep` tries again, and says when it holds it)."""
+        if self._fd is not None:
+            if holder_lock.still_holds(self._fd, self.path):
+                return ""
+            os.close(self._fd)  # its lock keeps no one out
+            self._fd, self._lost, self._said_out = None, True, False
+        elif not self._lost:
+            return ""
+        lost = f"mscluster: {str(self.path)!r} was removed or replaced while this run held it"
+        try:
+            holder = self._lock(holder_lock.open_lock(self.path))
+        except OSError as exc:
+            why = (
+                f"{lost}, and cannot be locked anew ({exc.strerror or exc}): this job goes on, "
+                f"but nothing keeps another mscluster run out of --log-dir {str(self.directory)!r}"
+            )
+        else:
+            if holder is None:
+                again = f"mscluster: this run holds {str(self.path)!r} again"
+                anew = f"{lost}, so it kept no other launcher out: locked the file there anew"
+                said, self._said_out = (again if self._said_out else anew), False
+                return said
+            why = (
+                f"{lost}, and another mscluster run ({self._who(holder)}) has locked the file "
+                "there since: this job goes on, but the two runs replace each other's job "
+                f"secret, pids and logs in --log-dir {str(self.directory)!r}; stop one of them"
+            )
+        if self._said_out:
+            return ""
+        self._said_out = True
+        return why
 
     def release(self, *, remove: bool = False) -> None:
         """Let the lock go. The file stays; with `remove`, given only where this run made the
-        directory and is refused before it began, the file is removed too (the directory next)."""
-        if remove:
+        directory and is refused before it began, the file is removed too (the directory next),
+        while this run still holds it, and only then: removed after its lock was let go, or by
+        a run that never held it, it may be the file another launcher has just locked."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if remove and holder_lock.still_holds(fd, self.path):
             with contextlib.suppress(OSError):
                 self.path.unlink()
-        if self._fd is not None:
-            os.close(self._fd)  # the lock goes with it
-            self._fd = None
+        os.close(fd)  # the lock goes with it
+
+    def _lock(self, fd: int) -> dict[str, object] | None:
+        """Take the lock of `fd`, open at the path, with this launcher written into it
+        (`holder_lock.take`): None; or what the launcher that holds it wrote (`fd` closed)."""
+        holder = holder_lock.take(fd, self.path, port=self._port)
+        if holder is None:
+            self._fd = fd
+        return holder
 
     def _open(self) -> int:
         try:
@@ -92,12 +173,16 @@ class LogDirLock:
         )
 
     def _refusal(self, holder: dict[str, object]) -> str:
-        if holder.get("pid") is None:
-            who = "whose pid and host are not written yet"
-        else:
-            who = f"{holder_lock.described(holder)}, --master-port {holder.get('port')}"
         return (
-            f"--log-dir {str(self.directory)!r} is in use by another mscluster run ({who}), "
+            f"--log-dir {str(self.directory)!r} is in use by another mscluster run "
+            f"({self._who(holder)}), "
             "whose job secret, pids and logs this run would replace: give this job another "
             "--log-dir, or stop that job first"
         )
+
+    @staticmethod
+    def _who(holder: dict[str, object]) -> str:
+        """The launcher that holds the lock, as the file says."""
+        if holder.get("pid") is None:
+            return "whose pid and host are not written yet"
+        return f"{holder_lock.described(holder)}, --master-port {holder.get('port')}"

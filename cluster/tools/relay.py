@@ -18,6 +18,14 @@ over, one restarted to resume the job) is neither: the relay follows the new lea
 for the scheduler's port. A relay `mscluster run` started is its launcher's to stop. Either
 serves until it is stopped (SIGTERM, SIGINT) or its launcher is gone; then its workers' calls
 end, and each goes to the scheduler directly.
+
+The relay holds PATH.lock while it serves (`holder_lock`; the lock is the file its path names:
+`try_lock` given the path opens a file removed or replaced before its lock anew). One removed or
+replaced while held (by hand, with the socket's directory's other files) keeps no other relay
+off the path, so the relay checks every LOCK_CHECK_S that the path still names its file. Where
+it does not, it says so in one line and locks the file there now, at once; where another relay
+has locked it since, it says so once and serves its workers on (the socket at the path stays
+the one bound there: it removes only its own), and tries again at each check.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ from cluster.worker import orphan
 
 EXIT_OK = 0
 _PROBE_S = 1.0  # how long the probe of an existing socket waits for its connection
+# How often a serving relay checks that PATH.lock still names the file it locked.
+LOCK_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,9 @@ class Relay:
         self._forwarder: object | None = None
         self._bound: tuple[int, int] | None = None  # (device, inode) of the socket it bound
         self._lock: int | None = None  # the descriptor of PATH.lock, locked while it serves
+        self._lost = False  # it held the lock, and its file was removed or replaced since
+        self._said_out = False  # said that it holds it no more
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         """Lock PATH.lock, bind and serve; the address the workers reach it at. A ConfigError
@@ -151,7 +164,46 @@ class Relay:
             ) from None
         self._server, self._bound = server, _identity(s.path)
         upstream.channel().get_state(try_to_connect=True)  # the one connection, made now
+        self._watch = asyncio.create_task(self._watch_lock())
         return s.address
+
+    async def _watch_lock(self) -> None:
+        """While it serves (until `stop`): `keep_lock` every LOCK_CHECK_S."""
+        while True:
+            await asyncio.sleep(LOCK_CHECK_S)
+            self.keep_lock()
+
+    def keep_lock(self) -> None:
+        """Nothing while PATH.lock names the file this relay locked (or it held none: a file
+        system without locks). Where that file was removed or replaced, its lock is let go and
+        the file there now locked at once, said in one line; held by another relay, said once
+        (each later check tries again, and says when it holds it)."""
+        where = holder_lock.lock_path(self.settings.path)
+        if self._lock is not None:
+            if holder_lock.still_holds(self._lock, where):
+                return
+            os.close(self._lock)  # its lock keeps no one out
+            self._lock, self._lost, self._said_out = None, True, False
+        elif not self._lost:
+            return
+        lost = f"{str(where)!r} was removed or replaced while this relay held it"
+        try:
+            fd = holder_lock.open_lock(where)
+            holder = holder_lock.take(fd, where, socket=str(self.settings.path))
+        except OSError as exc:
+            why = f"{lost}, and cannot be locked anew ({exc.strerror or exc})"
+        else:
+            if holder is None:
+                self._lock = fd
+                again = f"this relay holds {str(where)!r} again"
+                anew = f"{lost}, so it kept no other relay off the path: locked the file there anew"
+                _say(again if self._said_out else anew)
+                self._said_out = False
+                return
+            why = f"{lost}, and another relay ({holder_lock.described(holder)}) has locked it since"
+        if not self._said_out:
+            self._said_out = True
+            _say(f"{why}: this relay serves its workers on, and removes no socket but its own")
 
     async def job_over(self) -> str:
         """Return once this host's part in the job is over (`HostLinks.done`: the scheduler
@@ -177,7 +229,9 @@ class Relay:
         )
 
     async def stop(self) -> None:
-        server, upstream = self._server, self._channel
+        server, upstream, watch = self._server, self._channel, self._watch
+        if watch is not None:
+            watch.cancel()  # awaited once the server has stopped
         if self._forwarder is not None:
             self._forwarder.stop()  # type: ignore[attr-defined]
         if server is not None:
@@ -190,6 +244,10 @@ class Relay:
             with contextlib.suppress(OSError):
                 self.settings.path.unlink()
         self._bound = None
+        if watch is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            self._watch = None
         lock, self._lock = self._lock, None
         if lock is not None:
             os.close(lock)  # the lock goes with it; the file stays (`holder_lock`)
@@ -219,18 +277,15 @@ def _lock(path: Path) -> int | None:
             "write in"
         ) from None
     try:
-        holder = holder_lock.try_lock(fd)
+        holder = holder_lock.take(fd, where, socket=str(path))
     except OSError as exc:
-        os.close(fd)
         _say(f"cannot lock {str(where)!r} ({exc.strerror or exc}): going on without the lock")
         return None
     if holder is not None:
-        os.close(fd)
         raise ConfigError(
             f"a relay already serves {str(path)!r} ({holder_lock.described(holder)} holds "
             f"{str(where)!r}): stop it, or choose another --socket"
         )
-    holder_lock.write_holder(fd, socket=str(path))
     return fd
 
 

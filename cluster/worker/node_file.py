@@ -19,6 +19,14 @@ a newcomer lock a new file while another locks the old one. It is opened without
 (`atomic`) and written only when it is this user's own regular file with one name. Where the lock
 cannot be taken (a file system without locks: ENOLCK), the worker goes on without it, saying so
 once (on a read-only file system, where no record can be written either, it says nothing).
+
+The lock is the file its path names (`holder_lock.try_lock` given the path: a file removed or
+replaced between its open and its lock is opened anew). One removed or replaced while held (by
+hand, with the directory's other files) keeps no other process of the node id out, so before
+the worker writes its record (`NodeLock.keep`) it checks that the path still names its file.
+Where it does not, the lock is let go and the file there now locked at once: the worker says so
+in one line and writes its record; where another process has locked that file since, it writes
+no record (a ConfigError naming that process: the record is the other's now), and trains on.
 """
 
 from __future__ import annotations
@@ -97,6 +105,8 @@ class NodeLock:
         self.node_id = node_id
         self.path = lock_path_for(directory, node_id)
         self._fd: int | None = None
+        self._job = ""
+        self._lost = False  # it held the lock, and its file was removed or replaced since
 
     def take(self) -> str:
         """Lock the node's record, or a ConfigError naming the holder when another live process
@@ -108,21 +118,45 @@ class NodeLock:
             # Read-only: no record can be written there either, nothing to keep apart.
             return "" if exc.errno == errno.EROFS else self._without(exc)
         try:
-            holder = holder_lock.try_lock(fd)
+            holder = self._lock(fd)
         except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
-            os.close(fd)
             return self._without(exc)
         if holder is not None:
-            os.close(fd)
             raise ConfigError(self._refusal(holder))
-        self._fd = fd
-        _held.add(fd)
-        self.tell("")
         return ""
+
+    def keep(self) -> str:
+        """Before the record is written: '' while the path names the file this process locked
+        (or it holds none: no locks here). Where that file was removed or replaced, the lock is
+        let go and the file there now locked at once: the line to say; a ConfigError naming
+        the process that has locked it since (each later `keep` tries again)."""
+        if self._fd is not None:
+            if holder_lock.still_holds(self._fd, self.path):
+                return ""
+            self.release()  # its lock keeps no one out
+            self._lost = True
+        elif not self._lost:
+            return ""
+        lost = f"{self.path} was removed or replaced while this worker held it"
+        try:
+            holder = self._lock(holder_lock.open_lock(self.path))
+        except OSError as exc:
+            self._lost = False  # it goes on without the lock, as at `take`
+            return (
+                f"{lost}, and cannot be locked anew ({exc.strerror or exc}): nothing keeps "
+                f"another job's node {self.node_id!r} off its record; {ADVICE}"
+            )
+        if holder is not None:
+            raise ConfigError(f"{lost}, and {self._refusal(holder)}")
+        self._lost = False
+        return (
+            f"{lost}, so it kept no other process of this node id out: locked the file there anew"
+        )
 
     def tell(self, job: str) -> None:
         """Write the holder (this process, in job `job` when known) into the lock file; a
         failure is harmless (a refused newcomer then names less)."""
+        self._job = job
         if self._fd is not None:
             holder_lock.write_holder(self._fd, job=job)
 
@@ -131,6 +165,16 @@ class NodeLock:
             _held.discard(self._fd)
             os.close(self._fd)  # the lock goes with it
             self._fd = None
+
+    def _lock(self, fd: int) -> dict[str, object] | None:
+        """Take the lock of `fd`, open at the path, with this process (and its job, once
+        known) written into it (`holder_lock.take`): None; or what the process that holds it
+        wrote (`fd` closed)."""
+        holder = holder_lock.take(fd, self.path, job=self._job)
+        if holder is None:
+            self._fd = fd
+            _held.add(fd)
+        return holder
 
     def _open(self) -> int:
         """The lock file, open for reading and writing; OSError, or ConfigError when a link or

@@ -236,6 +236,10 @@ class WorkerSession:
             finished=finished,
         )
         try:
+            # The record only while the path names this node's lock file (`NodeLock.keep`).
+            said = "" if self._node_lock is None else self._node_lock.keep()
+            if said:
+                self.say(said)
             node_file.save(self._recovery_dir, record)
         except ClusterError as exc:
             if not self._record_unsaved:  # once: the next failure says nothing new

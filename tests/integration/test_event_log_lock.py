@@ -6,11 +6,17 @@ the file, the one that leads writing it."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
 
-from cluster.scheduler.event_file import START_WAIT_S
+import pytest
+
+from cluster.protocol.errors import ConfigError
+from cluster.scheduler import event_file
+from cluster.scheduler.event_file import START_WAIT_S, EventLogLock
+from cluster.storage import holder_lock
 from cluster.testing import Process, free_port, wait_until
 from tests.integration.test_standby import Schedulers, register
 from tests.procs import PYTHON, Procs, job_env
@@ -96,3 +102,52 @@ def test_standbys_of_one_job_share_the_event_log_and_the_leader_writes_it(
     assert taken, events[before:]
     assert taken[0]["address"] == schedulers.address(standby)
     assert "Traceback" not in schedulers.procs[standby].output
+
+
+def test_a_scheduler_whose_lock_file_was_removed_locks_a_new_one_that_keeps_others_out(
+    processes: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FILE.lock removed while the scheduler writes the log (by hand, with the log's other
+    files): within a check it says so and locks the file there anew, so that another job's
+    scheduler is refused, naming it, as before."""
+    log = tmp_path / "events.jsonl"
+    first = _scheduler(processes, "first", log)
+    wait_until(lambda: log.exists() and _kinds(log) == ["started"], 30, "first's start event")
+    holder_lock.lock_path(log).unlink()
+    first.wait_for_output("locked the file there anew", 15)
+    assert "was removed or replaced while this scheduler held it, so its lock kept" in first.output
+    monkeypatch.setattr(event_file, "START_WAIT_S", 0.0)
+    with pytest.raises(ConfigError, match=rf"another scheduler \(pid {first.pid} on this host"):
+        EventLogLock(log).claim()
+
+
+def test_a_scheduler_whose_lock_file_another_took_writes_nothing_more_there(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The file removed while the scheduler was stopped, and locked anew by another job's
+    scheduler before it looked: it says in one line who holds the log now, and writes none of
+    its events there from then on (they would interleave with the other's)."""
+    log, port = tmp_path / "events.jsonl", free_port()
+    env = job_env(2, port, MS_ROLE="MS_SCHED", CLUSTER_EVENT_LOG=str(log))
+    first = processes.start("first", [PYTHON, "-m", "cluster", "scheduler"], env)
+    first.wait_for_output("listening on", 60)
+    wait_until(lambda: log.exists() and _kinds(log) == ["started"], 30, "first's start event")
+    first.signal(signal.SIGSTOP)
+    wait_until(first.stopped, 10, "the scheduler to stop")
+    holder_lock.lock_path(log).unlink()
+    other = EventLogLock(log)
+    try:
+        other.claim()  # nothing of the first's to see
+        assert other.held
+        first.signal(signal.SIGCONT)
+        register(f"127.0.0.1:{port}", "0")  # an event the first would write
+        first.wait_for_output("has locked the file there since", 15)
+        assert (
+            f"another scheduler (pid {os.getpid()} on this host, without a state store) has "
+            "locked the file there since: this scheduler's events are not written to "
+        ) in first.output
+        register(f"127.0.0.1:{port}", "1")
+        assert _kinds(log) == ["started"]  # none of the first's since
+        assert first.running
+    finally:
+        other.release()

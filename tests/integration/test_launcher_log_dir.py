@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from cluster.testing import free_port, wait_until
-from cluster.tools.launch_lock import LOCK_FILE
+from cluster.tools.launch_lock import LOCK_FILE, LogDirLock
 from cluster.tools.processes import alive, launched_pids
 from tests.integration.test_launcher import run_args
 from tests.procs import ROOT, Procs, launched, mscluster, private_copy
@@ -121,3 +121,57 @@ def test_a_recovering_job_killed_whole_resumes_when_run_again_in_its_log_dir(
     assert again.returncode == 0, again.stderr
     assert (logs / "job.secret").read_bytes() == secret
     assert "resuming job" in (logs / "scheduler.log").read_text()
+
+
+def test_a_launcher_whose_lock_file_was_removed_locks_a_new_one_that_keeps_others_out(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """`launcher.lock` removed while the job runs (by hand, with the directory's other files):
+    within a check the launcher says so and locks the file there anew, and a second launcher
+    is refused, naming it, as before; the first job finishes."""
+    started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
+    late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
+    first = processes.start("first", late, os.environ)
+    wait_until(started.exists, 30, "the worker to start")
+    (logs / LOCK_FILE).unlink()
+    first.wait_for_output("was removed or replaced while this run held it, so it kept", 15)
+    assert "locked the file there anew" in first.output
+
+    second = run_to_end(run_args(tmp_path, private_copy(tmp_path), free_port()))
+    assert second.returncode == 2, second.stderr
+    assert f"in use by another mscluster run (pid {first.pid} on this host" in second.stderr
+    go.touch()
+    assert first.wait(60) == 0, first.output
+    assert "job finished: 1 local worker exited 0" in first.output
+
+
+def test_a_launcher_whose_lock_file_another_took_says_so_and_its_job_goes_on(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The file removed while the launcher was stopped, and locked anew by another run before
+    it looked: it says in one line who holds the directory now, and its job goes on (it is not
+    stopped for a lock file); once the other lets go, it holds the directory again."""
+    started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
+    late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
+    first = processes.start("first", late, os.environ)
+    wait_until(started.exists, 30, "the worker to start")
+    first.signal(signal.SIGSTOP)
+    wait_until(first.stopped, 10, "the launcher to stop")
+    (logs / LOCK_FILE).unlink()
+    other = LogDirLock(logs)
+    try:
+        assert other.take(8118) == ""  # nothing of the first's to see
+        first.signal(signal.SIGCONT)
+        first.wait_for_output("has locked the file there since", 15)
+        assert (
+            f"another mscluster run (pid {os.getpid()} on this host, --master-port 8118) has "
+            "locked the file there since: this job goes on"
+        ) in first.output
+        assert first.running
+    finally:
+        other.release()
+    first.wait_for_output(f"this run holds {str(logs / LOCK_FILE)!r} again", 15)
+    go.touch()
+    assert first.wait(60) == 0, first.output
+    assert "job finished: 1 local worker exited 0" in first.output
+    assert first.output.count("has locked the file there since") == 1

@@ -148,3 +148,51 @@ def test_a_child_the_holder_forked_never_keeps_the_lock(tmp_path: Path) -> None:
         os.close(go_write)  # the child's read returns: it exits
         os.close(up_read)
         os.waitpid(child, 0)
+
+
+def test_a_worker_whose_lock_file_was_removed_locks_it_anew_or_writes_no_record(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Both workers' lock files removed while they run (by hand, with the directory's other
+    files); node 1's made anew and locked by another process of that node id before its worker
+    looked. Each finds out before it writes its record at the end: worker 0 says so, locks the
+    file there anew and writes its record; worker 1 writes none (the record is the other's now),
+    saying in one line who holds it, and the job finishes."""
+    release = tmp_path / "release"
+    args = [*WORKER, "--release", str(release)]
+    env = recovery_env(free_port(), tmp_path / "sched")
+    sched = processes.start_role("scheduler", "MS_SCHED", args, env)
+    paths = {node: tmp_path / f"w{node}" for node in ("0", "1")}
+    workers = {
+        node: processes.start_role(
+            f"worker{node}", "MS_WORKER", args, recovery_env(int(env["MS_SCHED_PORT"]), path, node)
+        )
+        for node, path in paths.items()
+    }
+    for worker in workers.values():
+        worker.wait_for_output("allgather rank=", BOUND_S)
+    for node, path in paths.items():
+        node_file.lock_path_for(path, node).unlink()
+    other = node_file.NodeLock(paths["1"], "1")
+    try:
+        assert other.take() == ""  # nothing of worker 1's to see
+        release.touch()
+        for worker in (*workers.values(), sched):
+            assert worker.wait(BOUND_S) == 0, worker.output
+    finally:
+        other.release()
+    assert (
+        f"{paths['0'] / 'worker-0.lock'} was removed or replaced while this worker held it, so "
+        "it kept no other process of this node id out: locked the file there anew"
+    ) in workers["0"].output
+    records = {node: node_file.load(path, node) for node, path in paths.items()}
+    assert records["0"] is not None
+    assert records["0"].finished
+    assert (
+        f"{paths['1'] / 'worker-1.lock'} was removed or replaced while this worker held it, and "
+        f"node '1' is already running on MS_RECOVERY_PATH={str(paths['1'])!r} (pid "
+        f"{os.getpid()} on this host holds worker-1.lock)"
+    ) in workers["1"].output
+    assert records["1"] is not None
+    assert not records["1"].finished  # its record at the start, none written since
+    assert "Traceback" not in workers["1"].output

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import time
@@ -20,6 +21,7 @@ from cluster.protocol.environment import from_env
 from cluster.protocol.errors import ConfigError
 from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
+from cluster.storage import holder_lock
 from cluster.testing import free_port, wait_until
 from cluster.tools.relay import Relay, RelaySettings
 from cluster.transport import edge, failures, hop, hop_channel
@@ -245,3 +247,39 @@ async def test_a_workers_call_too_large_for_the_hosts_link_is_refused_alone(
             await channel.close()
             await agent.close()
             await relay.stop()
+
+
+def test_a_relay_whose_lock_file_was_removed_locks_it_anew_or_says_who_took_it(
+    processes: Procs, short_dir: Path
+) -> None:
+    """PATH.lock removed while a relay serves: within a check it says so and locks the file
+    there anew, and a second relay is refused, naming it. Removed again while it is stopped and
+    locked by another process before it looked: it says so once and serves on; once the other
+    lets go, it holds the file again."""
+    sock = short_dir / "r.sock"
+    where = holder_lock.lock_path(sock)
+    command = [*MSCLUSTER, "relay", "--socket", f"unix:{sock}"]
+    first = processes.start("relay", command, job_env(2, free_port()))
+    first.wait_for_output("mscluster relay: serving", 60)
+    where.unlink()
+    first.wait_for_output("so it kept no other relay off the path: locked the file there anew", 15)
+    line = _refusal(processes, "second", sock)
+    assert f"a relay already serves '{sock}' (pid {first.pid} on this host" in line
+
+    first.signal(signal.SIGSTOP)
+    wait_until(first.stopped, 10, "the relay to stop")
+    where.unlink()
+    fd = holder_lock.open_lock(where)
+    try:
+        assert holder_lock.try_lock(fd, where) is None
+        holder_lock.write_holder(fd)
+        first.signal(signal.SIGCONT)
+        first.wait_for_output("has locked it since", 15)
+        assert f"another relay (pid {os.getpid()} on this host) has locked it since" in first.output
+        assert _takes_connections(sock)
+    finally:
+        os.close(fd)
+    first.wait_for_output(f"this relay holds '{where}' again", 15)
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0, first.output
+    assert first.output.count("has locked it since") == 1

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster.protocol.errors import ConfigError
+from cluster.storage import atomic
 from cluster.tools.launch_lock import LOCK_FILE, LogDirLock
 
 
@@ -83,3 +84,79 @@ def test_a_file_system_without_locks_goes_on_saying_so(
         "it; give every job its own --log-dir"
     )
     lock.release()  # none held: nothing to let go
+
+
+def test_a_refused_run_removes_nothing_of_the_holders(tmp_path: Path) -> None:
+    """`release(remove=True)` (a run refused in a directory it made) removes the lock file only
+    while it holds it: two runs started at once in a directory neither found, the refused one
+    removed the holder's file, and a third run could then lock a new one beside the holder."""
+    first = LogDirLock(tmp_path)
+    assert first.take(1) == ""
+    refused = LogDirLock(tmp_path)
+    with pytest.raises(ConfigError, match="is in use by another mscluster run"):
+        refused.take(2)
+    refused.release(remove=True)
+    assert (tmp_path / LOCK_FILE).exists()  # the holder's, which keeps a third run out
+    with pytest.raises(ConfigError, match=r"--master-port 1\)"):
+        LogDirLock(tmp_path).take(3)
+    first.release(remove=True)  # held: removed, before its lock is let go
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_lock_file_removed_as_it_is_locked_is_taken_on_the_path_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flock on a file removed between its open and its lock: another run made the file there
+    anew and holds it. This run is refused, naming it, instead of holding a lock on a file no
+    one else can reach."""
+    others: list[LogDirLock] = []
+    real_open_own = atomic.open_own
+
+    def open_then_lose(where: Path) -> tuple[int | None, str]:
+        opened = real_open_own(where)
+        if not others:  # the first open only
+            where.unlink()
+            others.append(LogDirLock(tmp_path))
+            assert others[0].take(8118) == ""
+        return opened
+
+    monkeypatch.setattr(atomic, "open_own", open_then_lose)
+    with pytest.raises(
+        ConfigError, match=r"another mscluster run \(pid \d+ on this host, --master-port 8118\)"
+    ):
+        LogDirLock(tmp_path).take(1)
+    others[0].release()
+
+
+def test_a_holder_whose_lock_file_was_removed_says_so_and_locks_the_file_there_anew(
+    tmp_path: Path,
+) -> None:
+    """Removed while held: the next `keep` says so and locks a new file, which keeps later
+    runs out. Replaced by one another run holds: said once, the job going on; once that run
+    is gone, said that this run holds it again."""
+    path = tmp_path / LOCK_FILE
+    first = LogDirLock(tmp_path)
+    assert first.take(1) == ""
+    path.unlink()
+    assert first.keep() == (
+        f"mscluster: {str(path)!r} was removed or replaced while this run held it, so it kept "
+        "no other launcher out: locked the file there anew"
+    )
+    assert first.keep() == ""
+    with pytest.raises(ConfigError, match=r"--master-port 1\)"):
+        LogDirLock(tmp_path).take(2)
+    path.unlink()
+    other = LogDirLock(tmp_path)
+    assert other.take(2) == ""
+    said = first.keep()
+    assert said.startswith(
+        f"mscluster: {str(path)!r} was removed or replaced while this run held it, and another "
+        f"mscluster run (pid {os.getpid()} on this host, --master-port 2) has locked the file "
+        "there since: this job goes on, but the two runs replace each other's job secret, pids "
+        f"and logs in --log-dir {str(tmp_path)!r}; stop one of them"
+    ), said
+    assert first.keep() == ""  # said once
+    other.release()
+    assert first.keep() == f"mscluster: this run holds {str(path)!r} again"
+    assert json.loads(path.read_text())["port"] == 1
+    first.release()

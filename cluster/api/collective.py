@@ -142,12 +142,19 @@ def allreduce(array: Any, op: str = "sum") -> Any:
     the result does not depend on timing (float addition is not associative). For small arrays
     (gradients of small models, metrics): the array's size times the number of workers must stay
     under 64 MiB.
+
+    The result has the array's shape; a numpy scalar or a Python number gives a numpy scalar.
+    Its dtype is numpy's (`reduced_dtypes`), not the input's, where the input's would lose the
+    answer: sum and prod of bool and signed integers are taken in int64, of unsigned integers in
+    uint64 (as `np.sum`); mean of bool and integers in float64, of float16 in float32 and given
+    as float16 (as `np.mean`); max and min keep the dtype. torch.distributed.all_reduce works in
+    the tensor's own dtype instead (an int8 sum wraps past 127).
     """
     import numpy as np  # noqa: PLC0415 - numpy only for those who use it
 
     if op not in _REDUCE_OPS:
         raise ClusterError(f"allreduce op={op!r} is not one of {', '.join(_REDUCE_OPS)}")
-    mine = np.ascontiguousarray(array)
+    mine = np.asarray(array)  # a 0-d array for a scalar: the shape is kept
     if mine.dtype.kind not in _NUMERIC_KINDS or mine.dtype.hasobject:
         raise ClusterError(
             f"allreduce needs a numeric numpy array (bool, integer, float or complex), not one "
@@ -160,33 +167,65 @@ def allreduce(array: Any, op: str = "sum") -> Any:
 
     header = json.dumps({"dtype": mine.dtype.str, "shape": list(mine.shape)}).encode()
     payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
-    arrays = []
     gathered = session.agent.exchange("allgather", payload, generation=session.generation_pin)
     with timed("allreduce"):
         values = session.call(gathered)
-    for value in values:
-        length = int.from_bytes(value[:4], "little")
-        dtype, shape = _array_header(value[4 : 4 + length])
-        if (dtype, shape) != (mine.dtype.str, mine.shape):
-            raise ClusterError(
-                f"allreduce got an array of {dtype} {shape} from a peer, but this worker's is "
-                f"{mine.dtype.str} {mine.shape}: every worker must pass the same dtype and shape"
-            )
-        if len(value) != 4 + length + mine.nbytes:
-            raise ClusterError(
-                f"allreduce got {len(value) - 4 - length} bytes of array data from a peer for "
-                f"{mine.dtype.str} {mine.shape} ({mine.nbytes} bytes)"
-            )
-        arrays.append(np.frombuffer(value, dtype=mine.dtype, offset=4 + length).reshape(shape))
+    result = reduced([_peer_array(value, mine) for value in values], op)
+    return result if isinstance(array, np.ndarray) or result.ndim else result[()]
+
+
+def _peer_array(value: bytes, mine: Any) -> Any:
+    """A peer's allreduce contribution as an array like `mine`; ClusterError if it is not."""
+    import numpy as np  # noqa: PLC0415 - see allreduce
+
+    length = int.from_bytes(value[:4], "little")
+    dtype, shape = _array_header(value[4 : 4 + length])
+    if (dtype, shape) != (mine.dtype.str, mine.shape):
+        raise ClusterError(
+            f"allreduce got an array of {dtype} {shape} from a peer, but this worker's is "
+            f"{mine.dtype.str} {mine.shape}: every worker must pass the same dtype and shape"
+        )
+    if len(value) != 4 + length + mine.nbytes:
+        raise ClusterError(
+            f"allreduce got {len(value) - 4 - length} bytes of array data from a peer for "
+            f"{mine.dtype.str} {mine.shape} ({mine.nbytes} bytes)"
+        )
+    return np.frombuffer(value, dtype=mine.dtype, offset=4 + length).reshape(shape)
+
+
+def reduced(arrays: list[Any], op: str) -> Any:
+    """The element-wise `op` of `arrays` (one per rank, all of one dtype and shape), taken in
+    rank order, in the dtype `reduced_dtypes` names; an array of their shape (0-d for 0-d)."""
+    import numpy as np  # noqa: PLC0415 - see allreduce
+
+    work, given = reduced_dtypes(arrays[0].dtype, op)
     reduce = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}.get(
         op, np.multiply
     )
-    result = arrays[0].copy()
+    result = arrays[0].astype(work)  # a copy, which the others are reduced into
     for other in arrays[1:]:
         reduce(result, other, out=result)
     if op == "mean":
-        return result / len(arrays)
-    return result
+        np.divide(result, len(arrays), out=result)
+    return result.astype(given, copy=False)
+
+
+def reduced_dtypes(dtype: Any, op: str) -> tuple[Any, Any]:
+    """(the dtype `op` is taken in, the dtype of its result) for arrays of `dtype`: numpy's
+    `np.sum`, `np.prod` and `np.mean` rule, so that a sum of bools counts, an int8 sum does not
+    wrap at 127 and an integer mean has its fraction."""
+    import numpy as np  # noqa: PLC0415 - see allreduce
+
+    kind = dtype.kind
+    if op in ("max", "min"):
+        return dtype, dtype
+    if op == "mean":
+        if kind in "biu":
+            return np.dtype(np.float64), np.dtype(np.float64)
+        return (np.dtype(np.float32) if dtype == np.float16 else dtype), dtype
+    widened = {"b": np.int64, "i": np.int64, "u": np.uint64}.get(kind)
+    work = dtype if widened is None else np.dtype(widened)
+    return work, work
 
 
 def _check_reduce_fits(nbytes: int, size: int) -> None:

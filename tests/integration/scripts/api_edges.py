@@ -1,0 +1,53 @@
+"""A worker for test_api_edges.py: the API at its edges, in the mode API_EDGES names. Each mode
+prints one line per call, `name: what came of it`, then every rank passes a barrier.
+
+- reduce: allreduce of bools, small integers and scalars (every rank gives the same values,
+  and its rank).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import cluster
+
+
+def said(name: str, call: Callable[[], Any]) -> None:
+    """`name: <result's repr> <its type>`, or `name: <error's type>: <error>`."""
+    try:
+        got = call()
+    except Exception as exc:  # what each call raises is what the test reads
+        print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+    else:
+        print(f"{name}: {got!r} {type(got).__name__}", flush=True)
+
+
+def reduce(rank: int) -> None:
+    said("bool sum", lambda: cluster.allreduce(np.array([True]), "sum"))
+    said("bool mean", lambda: cluster.allreduce(np.array([True]), "mean"))
+    said("int8 sum", lambda: cluster.allreduce(np.array([100], dtype=np.int8), "sum"))
+    said("int8 mean", lambda: cluster.allreduce(np.array([100], dtype=np.int8), "mean"))
+    said("numpy scalar", lambda: cluster.allreduce(np.float64(1.5)))
+    said("0-d array", lambda: cluster.allreduce(np.array(1.5)))
+    said("number", lambda: cluster.allreduce(2))
+    said("ranks", lambda: cluster.allreduce(np.array([rank, 1]), "sum"))
+
+
+MODES: dict[str, Callable[[int], None]] = {"reduce": reduce}
+
+
+def main() -> None:
+    cluster.init()
+    rank = cluster.get_rank()
+    MODES[os.environ["API_EDGES"]](rank)
+    cluster.barrier()
+    print(f"barrier passed rank={rank}", flush=True)
+    cluster.finalize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The API at its edges in real worker processes, against a real scheduler: what allreduce
+gives for bools, small integers and scalars (tests/integration/scripts/api_edges.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from cluster.protocol.config import Limits
+from cluster.scheduler import SchedulerServer
+from tests.integration.test_api import settings
+from tests.procs import ROOT, Procs, job_env
+
+SCRIPT = ROOT / "tests" / "integration" / "scripts" / "api_edges.py"
+# Far longer than the test waits for a job: a rank that waits out a collective fails the test.
+COLLECTIVE_TIMEOUT_S = 600.0
+JOB_S = 60.0
+
+
+async def run(processes: Procs, n: int, mode: str) -> list[dict[str, str]]:
+    """Run `n` workers of the script in `mode` to their end; what each rank said, by name."""
+    job = dataclasses.replace(settings(n), limits=Limits(collective_timeout_s=COLLECTIVE_TIMEOUT_S))
+    async with SchedulerServer(job) as srv:
+        env = job_env(n, srv.port, API_EDGES=mode)
+        workers = [
+            processes.start_role(f"w{i}", "MS_WORKER", [str(SCRIPT)], {**env, "MS_NODE_ID": str(i)})
+            for i in range(n)
+        ]
+        codes = await asyncio.to_thread(lambda: [w.wait(JOB_S) for w in workers])
+    logs = [w.output for w in workers]
+    assert codes == [0] * n, logs
+    for rank, log in enumerate(logs):
+        assert f"barrier passed rank={rank}" in log, log
+    return [dict(line.split(": ", 1) for line in log.splitlines() if ": " in line) for log in logs]
+
+
+async def test_allreduce_widens_bools_and_small_integers_and_keeps_scalars(
+    processes: Procs,
+) -> None:
+    for seen in await run(processes, 3, "reduce"):
+        assert seen["bool sum"] == "array([3]) ndarray"
+        assert seen["bool mean"] == "array([1.]) ndarray"
+        assert seen["int8 sum"] == "array([300]) ndarray"
+        assert seen["int8 mean"] == "array([100.]) ndarray"
+        assert seen["numpy scalar"] == "np.float64(4.5) float64"
+        assert seen["0-d array"] == "array(4.5) ndarray"
+        assert seen["number"] == "np.int64(6) int64"
+        assert seen["ranks"] == "array([3, 3]) ndarray"

@@ -43,9 +43,10 @@ def allgather_object(obj: Any) -> list[Any]:
     return [pickle.loads(v) for v in values]  # noqa: S301 - peers of the same job
 
 
-def allgather_bytes(data: bytes) -> list[bytes]:
+def allgather_bytes(data: bytes | bytearray | memoryview) -> list[bytes]:
     """Every worker's `data`, in rank order, on every worker, never unpickled."""
-    return [bytes(v) for v in _allgather("allgather_bytes", data, "this rank's data is")]
+    mine = _as_bytes("allgather_bytes", data)
+    return [bytes(v) for v in _allgather("allgather_bytes", mine, "this rank's data is")]
 
 
 def _allgather(what: str, mine: bytes, made: str) -> list[bytes]:
@@ -75,16 +76,32 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
     return pickle.loads(value)  # noqa: S301 - peers of the same job
 
 
-def broadcast_bytes(data: bytes, root: int = 0) -> bytes:
+def broadcast_bytes(data: bytes | bytearray | memoryview, root: int = 0) -> bytes:
     """Rank `root`'s `data` on every worker, never unpickled (other ranks' `data` is ignored)."""
     session = runtime.session()
     topology = session.topology
-    mine = data if topology is not None and topology.rank == root else b""
+    root_here = topology is not None and topology.rank == root
+    mine = _as_bytes("broadcast_bytes", data) if root_here else b""
     _check_fits("broadcast_bytes", "broadcast", mine, f"rank {root}'s data is", root)
     (value,) = session.call(
         session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
     )
     return bytes(value)
+
+
+def _as_bytes(what: str, data: object) -> bytes:
+    """`data` as the bytes a collective sends; a CollectiveError, before this rank takes part in
+    the collective, when it is not bytes-like: the rank's next collective is the one its peers
+    are in."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise _wrong_type(
+        what,
+        "data",
+        data,
+        "bytes, a bytearray or a memoryview (a str: its .encode()); nothing was sent, and this "
+        "rank took no part in the collective",
+    )
 
 
 def _check_fits(what: str, op: str, payload: bytes, made: str, root: int = 0) -> None:
@@ -340,9 +357,14 @@ def _check_key(method: str, key: object) -> None:
 
 def _refused(method: str, name: str, value: object, must: str) -> CollectiveError:
     """The error of a KeyValueStore call whose argument `name` is of the wrong type."""
+    return _wrong_type(f"kv_store().{method}", name, value, must)
+
+
+def _wrong_type(call: str, name: str, value: object, must: str) -> CollectiveError:
+    """The error of a `call` whose argument `name` is of the wrong type."""
     shown = safe(repr(value), 60)
     return CollectiveError(
-        f"kv_store().{method}: {name}={shown} is of type {type(value).__name__}; it must be {must}"
+        f"{call}: {name}={shown} is of type {type(value).__name__}; it must be {must}"
     )
 
 

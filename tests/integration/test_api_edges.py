@@ -1,5 +1,6 @@
 """The API at its edges in real worker processes, against a real scheduler: what allreduce
-gives for bools, small integers and scalars (tests/integration/scripts/api_edges.py)."""
+gives for bools, small integers and scalars; bytes collectives given bytes-like values and a str
+(tests/integration/scripts/api_edges.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ SCRIPT = ROOT / "tests" / "integration" / "scripts" / "api_edges.py"
 # Far longer than the test waits for a job: a rank that waits out a collective fails the test.
 COLLECTIVE_TIMEOUT_S = 600.0
 JOB_S = 60.0
+# What a rank may wait in a collective that its peer's next call completes.
+QUICK_S = 20.0
 
 
 async def run(processes: Procs, n: int, mode: str) -> list[dict[str, str]]:
@@ -46,3 +49,24 @@ async def test_allreduce_widens_bools_and_small_integers_and_keeps_scalars(
         assert seen["0-d array"] == "array(4.5) ndarray"
         assert seen["number"] == "np.int64(6) int64"
         assert seen["ranks"] == "array([3, 3]) ndarray"
+
+
+async def test_bytes_collectives_take_bytes_like_values_and_refuse_a_str_before_taking_part(
+    processes: Procs,
+) -> None:
+    """A str is refused at once, in its rank, before that rank takes part: the peer already in
+    the collective is not left waiting, and every rank's next collective is the same one."""
+    ranks = await run(processes, 2, "bytes")
+    wrong = (
+        "CollectiveError: {}: data='a str' is of type str; it must be bytes, a bytearray or a "
+        "memoryview (a str: its .encode()); nothing was sent, and this rank took no part in the "
+        "collective"
+    )
+    assert ranks[1]["str refused"] == wrong.format("allgather_bytes")
+    assert ranks[0]["broadcast str refused"] == wrong.format("broadcast_bytes")
+    for seen in ranks:
+        assert seen["bytearray"] == "[b'a0', b'a1'] list"
+        assert seen["memoryview"] == "[b'm0', b'm1'] list"
+        assert seen["broadcast"] == "b'from 0' bytes"
+        assert float(seen["bytearray waited"]) < QUICK_S
+        assert float(seen["broadcast waited"]) < QUICK_S

@@ -3,17 +3,22 @@ prints one line per call, `name: what came of it`, then every rank passes a barr
 
 - reduce: allreduce of bools, small integers and scalars (every rank gives the same values,
   and its rank).
+- bytes: allgather_bytes and broadcast_bytes of bytes-like values; rank 1's allgather_bytes of
+  a str, and rank 0's broadcast_bytes of one, are refused before the collective its peer is
+  already in, which its next call of the same collective completes.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import cluster
+from cluster.api.collective import allgather_bytes, broadcast_bytes
 
 
 def said(name: str, call: Callable[[], Any]) -> None:
@@ -37,7 +42,21 @@ def reduce(rank: int) -> None:
     said("ranks", lambda: cluster.allreduce(np.array([rank, 1]), "sum"))
 
 
-MODES: dict[str, Callable[[int], None]] = {"reduce": reduce}
+def bytes_like(rank: int) -> None:
+    if rank == 1:
+        said("str refused", lambda: allgather_bytes("a str"))  # type: ignore[arg-type]
+    began = time.monotonic()
+    said("bytearray", lambda: allgather_bytes(bytearray(b"a%d" % rank)))
+    print(f"bytearray waited: {time.monotonic() - began:.1f}", flush=True)
+    said("memoryview", lambda: allgather_bytes(memoryview(b"m%d" % rank)))
+    if rank == 0:
+        said("broadcast str refused", lambda: broadcast_bytes("a str"))  # type: ignore[arg-type]
+    began = time.monotonic()
+    said("broadcast", lambda: broadcast_bytes(bytearray(b"from %d" % rank)))
+    print(f"broadcast waited: {time.monotonic() - began:.1f}", flush=True)
+
+
+MODES: dict[str, Callable[[int], None]] = {"reduce": reduce, "bytes": bytes_like}
 
 
 def main() -> None:

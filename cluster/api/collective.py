@@ -5,6 +5,10 @@ tensors: values travel through the scheduler and are limited to 64 MiB per call.
 must call the same collectives in the same order, as with any collective library; a mismatch
 is reported, not deadlocked on.
 
+Collectives are one at a time per process: the scheduler matches each rank's calls by their
+order in the rank's process, which calls made by two threads at once do not have, so a
+collective called while another thread's is in flight is refused (`_one_at_a_time`).
+
 What is unpickled: only what `allgather_object` and `broadcast_object` deliver, which the
 scheduler takes only from the job's members (every call proves its node's credential), as
 torch.distributed's object collectives trust their group. `allreduce`, `allgather_bytes` and
@@ -14,12 +18,18 @@ shape) and its raw bytes.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.api.worker_metrics import collective as timed
 from cluster.protocol.display import safe
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
+
+if TYPE_CHECKING:
+    from cluster.worker.session import WorkerSession
 
 DEFAULT_WAIT_S = 300.0
 # The longest kv_store().wait: its call's gRPC deadline (the wait, plus a margin) must be a time
@@ -27,10 +37,34 @@ DEFAULT_WAIT_S = 300.0
 MAX_WAIT_S = 1e9
 
 
+# Held while a collective of this process is in flight (`_one_at_a_time`).
+_in_flight = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_at_a_time(what: str) -> Iterator[WorkerSession]:
+    """The session, for the one collective `what` of this process in flight; a CollectiveError,
+    before anything is sent, while another thread's is. Every rank matches its calls with its
+    peers' by their order, which two threads' calls at once do not have: they would be paired
+    across ranks by timing, each thread given another's data."""
+    session = runtime.session()
+    session.check_process()  # a forked child: that error, not this one
+    if not _in_flight.acquire(blocking=False):
+        raise CollectiveError(
+            f"{what} was called while another thread of this process is in a collective: "
+            "collectives are one at a time per process (every rank must make them in the same "
+            "order, which threads calling at once do not have); nothing was sent: make them "
+            "from one thread, or hold a lock of your own around them"
+        )
+    try:
+        yield session
+    finally:
+        _in_flight.release()
+
+
 def barrier() -> None:
     """Return once every worker has called barrier()."""
-    session = runtime.session()
-    with timed("barrier"):
+    with _one_at_a_time("barrier") as session, timed("barrier"):
         session.call(session.agent.exchange("barrier", b"", generation=session.generation_pin))
 
 
@@ -50,42 +84,45 @@ def allgather_bytes(data: bytes | bytearray | memoryview) -> list[bytes]:
 
 
 def _allgather(what: str, mine: bytes, made: str) -> list[bytes]:
-    _check_fits(what, "allgather", mine, made)
-    session = runtime.session()
-    with timed("allgather"):
-        return session.call(
-            session.agent.exchange("allgather", mine, generation=session.generation_pin)
-        )
+    with _one_at_a_time(what) as session:
+        _check_fits(what, "allgather", mine, made)
+        with timed("allgather"):
+            return session.call(
+                session.agent.exchange("allgather", mine, generation=session.generation_pin)
+            )
 
 
 def broadcast_object(obj: Any, root: int = 0) -> Any:
     """The `obj` of rank `root`, on every worker (other ranks' `obj` is ignored)."""
-    session = runtime.session()
-    topology = session.topology
+    topology = runtime.session().topology
     size = 0 if topology is None else topology.size
     if not 0 <= root < size:
         raise ClusterError(f"broadcast_object root={root} is not a rank: use 0-{size - 1}")
     import pickle  # noqa: PLC0415 - see allgather_object
 
     mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
-    _check_fits("broadcast_object", "broadcast", mine, f"rank {root}'s object pickles to", root)
-    with timed("broadcast"):
-        (value,) = session.call(
-            session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
-        )
+    made = f"rank {root}'s object pickles to"
+    with _one_at_a_time("broadcast_object") as session:
+        _check_fits("broadcast_object", "broadcast", mine, made, root)
+        with timed("broadcast"):
+            (value,) = session.call(
+                session.agent.exchange(
+                    "broadcast", mine, root=root, generation=session.generation_pin
+                )
+            )
     return pickle.loads(value)  # noqa: S301 - peers of the same job
 
 
 def broadcast_bytes(data: bytes | bytearray | memoryview, root: int = 0) -> bytes:
     """Rank `root`'s `data` on every worker, never unpickled (other ranks' `data` is ignored)."""
-    session = runtime.session()
-    topology = session.topology
+    topology = runtime.session().topology
     root_here = topology is not None and topology.rank == root
     mine = _as_bytes("broadcast_bytes", data) if root_here else b""
-    _check_fits("broadcast_bytes", "broadcast", mine, f"rank {root}'s data is", root)
-    (value,) = session.call(
-        session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
-    )
+    with _one_at_a_time("broadcast_bytes") as session:
+        _check_fits("broadcast_bytes", "broadcast", mine, f"rank {root}'s data is", root)
+        (value,) = session.call(
+            session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
+        )
     return bytes(value)
 
 
@@ -177,16 +214,16 @@ def allreduce(array: Any, op: str = "sum") -> Any:
             f"allreduce needs a numeric numpy array (bool, integer, float or complex), not one "
             f"of {mine.dtype}"
         )
-    session = runtime.session()
-    size = session.topology.size if session.topology is not None else 1
-    _check_reduce_fits(mine.nbytes, size)
     import json  # noqa: PLC0415 - 1.5 ms at import; only allreduce's header needs it
 
-    header = json.dumps({"dtype": mine.dtype.str, "shape": list(mine.shape)}).encode()
-    payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
-    gathered = session.agent.exchange("allgather", payload, generation=session.generation_pin)
-    with timed("allreduce"):
-        values = session.call(gathered)
+    with _one_at_a_time("allreduce") as session:
+        size = session.topology.size if session.topology is not None else 1
+        _check_reduce_fits(mine.nbytes, size)
+        header = json.dumps({"dtype": mine.dtype.str, "shape": list(mine.shape)}).encode()
+        payload = len(header).to_bytes(4, "little") + header + mine.tobytes()
+        pin = session.generation_pin
+        with timed("allreduce"):
+            values = session.call(session.agent.exchange("allgather", payload, generation=pin))
     result = reduced([_peer_array(value, mine) for value in values], op)
     return result if isinstance(array, np.ndarray) or result.ndim else result[()]
 

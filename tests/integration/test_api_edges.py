@@ -1,15 +1,20 @@
 """The API at its edges in real worker processes, against a real scheduler: what allreduce
-gives for bools, small integers and scalars; bytes collectives given bytes-like values and a str
-(tests/integration/scripts/api_edges.py)."""
+gives for bools, small integers and scalars; bytes collectives given bytes-like values and a str;
+a collective called while another thread's is in flight (tests/integration/scripts/api_edges.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from cluster.protocol.config import Limits
 from cluster.scheduler import SchedulerServer
+from tests.aio import eventually
 from tests.integration.test_api import settings
+from tests.integration.test_withdrawn import waits_in
 from tests.procs import ROOT, Procs, job_env
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "api_edges.py"
@@ -20,15 +25,26 @@ JOB_S = 60.0
 QUICK_S = 20.0
 
 
-async def run(processes: Procs, n: int, mode: str) -> list[dict[str, str]]:
-    """Run `n` workers of the script in `mode` to their end; what each rank said, by name."""
+async def run(
+    processes: Procs,
+    n: int,
+    mode: str,
+    during: Callable[[SchedulerServer], Awaitable[None]] | None = None,
+    **env: str,
+) -> list[dict[str, str]]:
+    """Run `n` workers of the script in `mode` (with `env`) to their end, `during` their run;
+    what each rank said, by name."""
     job = dataclasses.replace(settings(n), limits=Limits(collective_timeout_s=COLLECTIVE_TIMEOUT_S))
     async with SchedulerServer(job) as srv:
-        env = job_env(n, srv.port, API_EDGES=mode)
+        base = job_env(n, srv.port, API_EDGES=mode, **env)
         workers = [
-            processes.start_role(f"w{i}", "MS_WORKER", [str(SCRIPT)], {**env, "MS_NODE_ID": str(i)})
+            processes.start_role(
+                f"w{i}", "MS_WORKER", [str(SCRIPT)], {**base, "MS_NODE_ID": str(i)}
+            )
             for i in range(n)
         ]
+        if during is not None:
+            await during(srv)
         codes = await asyncio.to_thread(lambda: [w.wait(JOB_S) for w in workers])
     logs = [w.output for w in workers]
     assert codes == [0] * n, logs
@@ -70,3 +86,27 @@ async def test_bytes_collectives_take_bytes_like_values_and_refuse_a_str_before_
         assert seen["broadcast"] == "b'from 0' bytes"
         assert float(seen["bytearray waited"]) < QUICK_S
         assert float(seen["broadcast waited"]) < QUICK_S
+
+
+async def test_a_collective_while_another_threads_is_in_flight_is_refused_at_once(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Rank 0's second thread is refused while its first waits in allgather_object #1; the
+    first completes with rank 1's call, and the ranks' next collective is the same one."""
+    go = tmp_path / "go"
+
+    async def cue(srv: SchedulerServer) -> None:
+        rounds = srv.core.exchanges.rounds
+        await eventually(lambda: waits_in(rounds, 1, 0), "rank 0 waiting in collective #1", JOB_S)
+        go.touch()
+
+    ranks = await run(processes, 2, "threads", cue, API_EDGES_GO=str(go))
+    assert ranks[0]["B refused"] == (
+        "CollectiveError: allgather_object was called while another thread of this process is "
+        "in a collective: collectives are one at a time per process (every rank must make them "
+        "in the same order, which threads calling at once do not have); nothing was sent: make "
+        "them from one thread, or hold a lock of your own around them"
+    )
+    for seen in ranks:
+        assert seen["A"] == "['A0', 'A1'] list"
+        assert seen["after"] == "[0, 1] list"

@@ -6,19 +6,28 @@ prints one line per call, `name: what came of it`, then every rank passes a barr
 - bytes: allgather_bytes and broadcast_bytes of bytes-like values; rank 1's allgather_bytes of
   a str, and rank 0's broadcast_bytes of one, are refused before the collective its peer is
   already in, which its next call of the same collective completes.
+- threads: rank 0's thread A waits in an allgather_object; once the test has seen it there (it
+  creates the file API_EDGES_GO), rank 0's main thread calls one too and is refused; rank 1
+  joins thread A's collective once it has heard of the refusal (a key of the store).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import cluster
 from cluster.api.collective import allgather_bytes, broadcast_bytes
+from cluster.testing import wait_until
+
+# How long a rank waits for its peer's or the test's cue.
+CUE_S = 60.0
 
 
 def said(name: str, call: Callable[[], Any]) -> None:
@@ -56,7 +65,27 @@ def bytes_like(rank: int) -> None:
     print(f"broadcast waited: {time.monotonic() - began:.1f}", flush=True)
 
 
-MODES: dict[str, Callable[[int], None]] = {"reduce": reduce, "bytes": bytes_like}
+def threads(rank: int) -> None:
+    kv = cluster.kv_store()
+    if rank == 0:
+        first = threading.Thread(target=said, args=("A", lambda: cluster.allgather_object("A0")))
+        first.start()
+        go = Path(os.environ["API_EDGES_GO"])
+        wait_until(go.exists, CUE_S, "the test's cue: thread A waits in its collective")
+        said("B refused", lambda: cluster.allgather_object("B0"))
+        kv.set("B refused", "yes")
+        first.join(CUE_S)
+    else:
+        kv.wait("B refused", CUE_S)
+        said("A", lambda: cluster.allgather_object("A1"))
+    said("after", lambda: cluster.allgather_object(rank))
+
+
+MODES: dict[str, Callable[[int], None]] = {
+    "reduce": reduce,
+    "bytes": bytes_like,
+    "threads": threads,
+}
 
 
 def main() -> None:

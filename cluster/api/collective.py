@@ -357,16 +357,9 @@ class KeyValueStore:
             raise _refused("wait", "keys", keys, "a list of str keys (or one str key)")
         for key in wanted:
             _check_key("wait", key)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-            raise _refused("wait", "timeout_s", timeout_s, "a number of seconds")
-        if not 0 <= timeout_s <= MAX_WAIT_S:  # also refuses nan and inf
-            raise CollectiveError(
-                f"kv_store().wait: timeout_s={safe(repr(timeout_s), 60)} is outside [0, "
-                f"{MAX_WAIT_S:g}]: it must be a finite number of seconds (at most about 31 "
-                "years, what the call's deadline can hold)"
-            )
+        wait_s = wait_seconds("kv_store().wait", timeout_s)
         session = runtime.session()
-        return session.call(session.agent.kv_wait(list(wanted), float(timeout_s)))
+        return session.call(session.agent.kv_wait(list(wanted), wait_s))
 
     def add(self, key: str, amount: int = 1) -> int:
         """Add `amount` (an int) to a counter atomically (missing counts as 0); the new value.
@@ -381,6 +374,20 @@ class KeyValueStore:
             )
         session = runtime.session()
         return session.call(session.agent.kv_add(key, amount))
+
+
+def wait_seconds(call: str, timeout_s: object) -> float:
+    """`timeout_s` of `call` as seconds; a CollectiveError naming it unless it is a finite
+    number from 0 to MAX_WAIT_S."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
+        raise _wrong_type(call, "timeout_s", timeout_s, "a number of seconds")
+    if not 0 <= timeout_s <= MAX_WAIT_S:  # also refuses nan and inf
+        raise CollectiveError(
+            f"{call}: timeout_s={safe(repr(timeout_s), 60)} is outside [0, {MAX_WAIT_S:g}]: it "
+            "must be a finite number of seconds (at most about 31 years, what the call's "
+            "deadline can hold)"
+        )
+    return float(timeout_s)
 
 
 # The range of a counter of the store, and so of what one add may add.

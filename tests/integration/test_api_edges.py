@@ -1,7 +1,7 @@
 """The API at its edges in real worker processes, against a real scheduler: what allreduce
 gives for bools, small integers and scalars; bytes collectives given bytes-like values and a str;
-a collective called while another thread's is in flight (tests/integration/scripts/api_edges.py).
-"""
+a collective called while another thread's is in flight; wait_for_generation's timeout
+(tests/integration/scripts/api_edges.py)."""
 
 from __future__ import annotations
 
@@ -110,3 +110,25 @@ async def test_a_collective_while_another_threads_is_in_flight_is_refused_at_onc
     for seen in ranks:
         assert seen["A"] == "['A0', 'A1'] list"
         assert seen["after"] == "[0, 1] list"
+
+
+async def test_wait_for_generation_past_its_timeout_says_so_as_a_cluster_error(
+    processes: Procs,
+) -> None:
+    (seen,) = await run(processes, 1, "generation")
+    assert seen["timed out"] == (
+        "CollectiveError: wait_for_generation: no generation above 1 came within 0.2 s: the job "
+        "is at generation 1 (a new one comes once a failed worker has rejoined)"
+    )
+    assert seen["at once"].startswith("CollectiveError: wait_for_generation: no generation above")
+    assert seen["past"] == "1 int"
+    outside = (
+        "CollectiveError: wait_for_generation: timeout_s={} is outside [0, 1e+09]: it must be a "
+        "finite number of seconds (at most about 31 years, what the call's deadline can hold)"
+    )
+    assert seen["negative"] == outside.format("-1")
+    assert seen["nan"] == outside.format("nan")
+    assert seen["text"] == (
+        "CollectiveError: wait_for_generation: timeout_s='5' is of type str; it must be a number "
+        "of seconds"
+    )

@@ -9,6 +9,8 @@ prints one line per call, `name: what came of it`, then every rank passes a barr
 - threads: rank 0's thread A waits in an allgather_object; once the test has seen it there (it
   creates the file API_EDGES_GO), rank 0's main thread calls one too and is refused; rank 1
   joins thread A's collective once it has heard of the refusal (a key of the store).
+- generation: wait_for_generation past its timeout, with timeouts it refuses, and for a
+  generation the job is past.
 """
 
 from __future__ import annotations
@@ -81,10 +83,20 @@ def threads(rank: int) -> None:
     said("after", lambda: cluster.allgather_object(rank))
 
 
+def generation(rank: int) -> None:
+    said("timed out", lambda: cluster.wait_for_generation(1, timeout_s=0.2))
+    said("at once", lambda: cluster.wait_for_generation(1, timeout_s=0))
+    said("past", lambda: cluster.wait_for_generation(0, timeout_s=0))
+    said("negative", lambda: cluster.wait_for_generation(1, timeout_s=-1))
+    said("nan", lambda: cluster.wait_for_generation(1, timeout_s=float("nan")))
+    said("text", lambda: cluster.wait_for_generation(1, timeout_s="5"))  # type: ignore[arg-type]
+
+
 MODES: dict[str, Callable[[int], None]] = {
     "reduce": reduce,
     "bytes": bytes_like,
     "threads": threads,
+    "generation": generation,
 }
 
 

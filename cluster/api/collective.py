@@ -27,6 +27,7 @@ from cluster.api import runtime
 from cluster.api.worker_metrics import collective as timed
 from cluster.protocol.display import safe
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
+from cluster.transport.edge import MESSAGE_LIMITS
 
 if TYPE_CHECKING:
     from cluster.worker.session import WorkerSession
@@ -179,9 +180,13 @@ def _withdraw(op: str, reason: str, root: int = 0) -> None:
         return  # the collective failed for every rank, as it must: the caller raises its own
 
 
-# The longest value the store takes (the scheduler's `machine.kv.MAX_VALUE_BYTES`, not imported:
-# it would bring the scheduler's package into every worker).
+# The longest value and key the store takes, in bytes (the scheduler's `machine.kv.MAX_VALUE_BYTES`
+# and `MAX_KEY_BYTES`, not imported: it would bring the scheduler's package into every worker).
 MAX_KV_VALUE_BYTES = 4 * 1024 * 1024
+MAX_KV_KEY_BYTES = 1024
+# The largest KvWait request the scheduler reads (`cluster.transport.edge`): what one wait's keys
+# may take, encoded (`_wait_request_bytes`).
+MAX_KV_WAIT_BYTES = MESSAGE_LIMITS["KvWait"]
 # What one control-plane collective may carry in all (a gRPC message), less room for framing.
 MAX_COLLECTIVE_BYTES = 64 * 1024 * 1024 - 64 * 1024
 _REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
@@ -315,15 +320,17 @@ def _array_header(raw: bytes) -> tuple[str, tuple[int, ...]]:
 class KeyValueStore:
     """The job's key-value store, shared by every node: set, get, wait, add.
 
-    Keys are str. Values are bytes (str is encoded as UTF-8). Counters made by `add` are stored
-    as decimal text, as in torch's TCPStore. An argument of the wrong type is refused at once,
-    before anything is sent, with a CollectiveError naming it.
+    Keys are str of 1 to MAX_KV_KEY_BYTES (1024) bytes in UTF-8. Values are bytes (str is
+    encoded as UTF-8). Counters made by `add` are stored as decimal text, as in torch's
+    TCPStore. An argument of the wrong type, or a key or str value that breaks these rules (a
+    lone surrogate has no UTF-8), is refused at once, before anything is sent, with a
+    CollectiveError naming it.
     """
 
     def set(self, key: str, value: bytes | str) -> None:
         _check_key("set", key)
         if isinstance(value, str):
-            data = value.encode()
+            data = _utf8("set", "value", value)
         elif isinstance(value, (bytes, bytearray, memoryview)):
             data = bytes(value)
         else:
@@ -351,12 +358,13 @@ class KeyValueStore:
 
         `keys` is a list of keys, as for TCPStore.wait; one str is one key: `wait("ready")`
         waits for the key "ready" and returns its value as the list's one item. `timeout_s`:
-        a finite number of seconds from 0 to MAX_WAIT_S (about 31 years)."""
+        a finite number of seconds from 0 to MAX_WAIT_S (about 31 years). One wait's keys may
+        take at most MAX_KV_WAIT_BYTES (256 KiB) as sent, about 20,000 keys of 10 bytes: more
+        are refused with a CapacityError (wait for them in batches)."""
         wanted = [keys] if isinstance(keys, str) else keys
         if not isinstance(wanted, (list, tuple)):
             raise _refused("wait", "keys", keys, "a list of str keys (or one str key)")
-        for key in wanted:
-            _check_key("wait", key)
+        _check_wait_fits([_check_key("wait", key) for key in wanted])
         wait_s = wait_seconds("kv_store().wait", timeout_s)
         session = runtime.session()
         return session.call(session.agent.kv_wait(list(wanted), wait_s))
@@ -394,9 +402,50 @@ def wait_seconds(call: str, timeout_s: object) -> float:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _check_key(method: str, key: object) -> None:
+def _check_key(method: str, key: object) -> int:
+    """The length of `key` in UTF-8; a CollectiveError unless it is a key the scheduler takes
+    (a str of 1 to MAX_KV_KEY_BYTES bytes)."""
     if not isinstance(key, str):
         raise _refused(method, "key", key, "a str")
+    size = len(_utf8(method, "key", key))
+    if not 1 <= size <= MAX_KV_KEY_BYTES:
+        raise CollectiveError(
+            f"kv_store().{method}: key {safe(repr(key), 60)} is {size} bytes long in UTF-8; a key "
+            f"must be 1-{MAX_KV_KEY_BYTES} bytes long"
+        )
+    return size
+
+
+def _utf8(method: str, name: str, text: str) -> bytes:
+    """`text` in UTF-8; a CollectiveError naming it when it has none (a lone surrogate)."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise CollectiveError(
+            f"kv_store().{method}: {name} {safe(repr(text), 60)} has no UTF-8 form ({exc.reason} "
+            f"at index {exc.start}, {text[exc.start]!r}): keys and str values must be valid "
+            "text; pass bytes for a value that is not"
+        ) from None
+
+
+def _check_wait_fits(key_sizes: list[int]) -> None:
+    """A CapacityError, before anything is sent, for keys of these sizes (in UTF-8) that make a
+    wait larger than the scheduler reads (MAX_KV_WAIT_BYTES)."""
+    size = _wait_request_bytes(key_sizes)
+    if size > MAX_KV_WAIT_BYTES:
+        raise CapacityError(
+            f"kv_store().wait: its {len(key_sizes):,} keys make a request of {size:,} bytes, more "
+            f"than the {MAX_KV_WAIT_BYTES:,} ({MAX_KV_WAIT_BYTES // 1024} KiB) the scheduler "
+            "takes for one wait; nothing was sent: wait for the keys in batches, one wait "
+            "after another"
+        )
+
+
+def _wait_request_bytes(key_sizes: list[int]) -> int:
+    """The size of a KvWait request for keys of these sizes, as protobuf encodes it: a key is its
+    tag, its length (a varint) and its bytes; the timeout, a tag and 8 bytes (counted also for
+    a timeout of 0, which is left out)."""
+    return sum(1 + max(1, (n.bit_length() + 6) // 7) + n for n in key_sizes) + 9
 
 
 def _refused(method: str, name: str, value: object, must: str) -> CollectiveError:

@@ -1,7 +1,7 @@
 """The API at its edges in real worker processes, against a real scheduler: what allreduce
 gives for bools, small integers and scalars; bytes collectives given bytes-like values and a str;
-a collective called while another thread's is in flight; wait_for_generation's timeout
-(tests/integration/scripts/api_edges.py)."""
+a collective called while another thread's is in flight; wait_for_generation's timeout; the
+key-value store's keys and waits at their limits (tests/integration/scripts/api_edges.py)."""
 
 from __future__ import annotations
 
@@ -131,4 +131,38 @@ async def test_wait_for_generation_past_its_timeout_says_so_as_a_cluster_error(
     assert seen["text"] == (
         "CollectiveError: wait_for_generation: timeout_s='5' is of type str; it must be a number "
         "of seconds"
+    )
+
+
+async def test_the_stores_keys_and_waits_are_checked_against_the_schedulers_limits(
+    processes: Procs,
+) -> None:
+    """What the caller refuses, the scheduler would have refused with a misleading word (a
+    version mismatch) or protobuf would have failed on; what it lets through, the scheduler
+    reads."""
+    (seen,) = await run(processes, 1, "kv")
+    assert seen["unicode"] == "(None, 'значение') tuple"
+    assert seen["longest key"] == "(None, b'1') tuple"
+    for method in ("set", "get", "wait", "add"):
+        assert seen[f"surrogate {method}"] == (
+            f"CollectiveError: kv_store().{method}: key '\\ud800' has no UTF-8 form (surrogates "
+            "not allowed at index 0, '\\ud800'): keys and str values must be valid text; pass "
+            "bytes for a value that is not"
+        )
+        for name, size in (("empty", 0), ("long", 1025)):
+            assert seen[f"{name} {method}"].startswith(
+                f"CollectiveError: kv_store().{method}: key "
+            )
+            assert seen[f"{name} {method}"].endswith(
+                f" is {size} bytes long in UTF-8; a key must be 1-1024 bytes long"
+            )
+    assert seen["surrogate value"].startswith(
+        "CollectiveError: kv_store().set: value '\\udfff' has no UTF-8 form"
+    )
+    assert seen["wait at limit"].startswith("CollectiveError: kv wait failed: key-value wait "), (
+        seen
+    )
+    assert seen["wait past limit"].startswith(
+        "CapacityError: kv_store().wait: its 21,844 keys make a request of 262,145 bytes, more "
+        "than the 262,144 (256 KiB) the scheduler takes for one wait"
     )

@@ -11,6 +11,7 @@ prints one line per call, `name: what came of it`, then every rank passes a barr
   joins thread A's collective once it has heard of the refusal (a key of the store).
 - generation: wait_for_generation past its timeout, with timeouts it refuses, and for a
   generation the job is past.
+- kv: the store's calls with keys and values at and past its limits.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 import cluster
 from cluster.api.collective import allgather_bytes, broadcast_bytes
 from cluster.testing import wait_until
+from cluster.transport.edge import MESSAGE_LIMITS
 
 # How long a rank waits for its peer's or the test's cue.
 CUE_S = 60.0
@@ -92,11 +94,39 @@ def generation(rank: int) -> None:
     said("text", lambda: cluster.wait_for_generation(1, timeout_s="5"))  # type: ignore[arg-type]
 
 
+def keys_making(request_bytes: int) -> list[str]:
+    """Keys of 10 to 21 bytes whose wait is a request of `request_bytes` (with its timeout)."""
+    count = (request_bytes - 9) // 12
+    last = request_bytes - 9 - 12 * (count - 1) - 2  # the rest, less its tag and length
+    return [f"k{i:09d}" for i in range(count - 1)] + ["z" * last]
+
+
+def kv(rank: int) -> None:
+    store = cluster.kv_store()
+    said("unicode", lambda: (store.set("ключ🔑", "значение"), store.get("ключ🔑").decode()))
+    said("longest key", lambda: (store.set("k" * 1024, b"1"), store.get("k" * 1024)))
+    for method, call in [
+        ("set", lambda key: store.set(key, b"1")),
+        ("get", store.get),
+        ("wait", lambda key: store.wait(key, 1)),
+        ("add", store.add),
+    ]:
+        said(f"surrogate {method}", lambda call=call: call("\ud800"))
+        said(f"empty {method}", lambda call=call: call(""))
+        said(f"long {method}", lambda call=call: call("k" * 1025))
+    said("surrogate value", lambda: store.set("v", "\udfff"))
+    # The scheduler's answer (a timeout): a wait at the limit is read.
+    limit = MESSAGE_LIMITS["KvWait"]
+    said("wait at limit", lambda: store.wait(keys_making(limit), 0.1))
+    said("wait past limit", lambda: store.wait(keys_making(limit + 1), 0.1))
+
+
 MODES: dict[str, Callable[[int], None]] = {
     "reduce": reduce,
     "bytes": bytes_like,
     "threads": threads,
     "generation": generation,
+    "kv": kv,
 }
 
 

@@ -26,6 +26,7 @@ from cluster.protocol.display import SafeFormatter, quoted
 from cluster.protocol.errors import (
     CheckpointError,
     ClusterError,
+    CollectiveError,
     ConfigError,
     NotInitializedError,
     ReleasedError,
@@ -426,9 +427,27 @@ def get_rollback_step() -> int:
 
 def wait_for_generation(newer_than: int, timeout_s: float | None = None) -> int:
     """Block until the job is at a generation above `newer_than` (after a failed worker
-    rejoined); the new generation. Raises the job's failure if it comes first."""
+    rejoined); the new generation. Raises the job's failure if it comes first.
+
+    `timeout_s`: None waits as long as it takes; otherwise a finite number of seconds from 0
+    to MAX_WAIT_S (0: the generation now), past which it raises a CollectiveError."""
+    from cluster.api.collective import wait_seconds  # noqa: PLC0415 - it imports this module
+
+    wait_s = None if timeout_s is None else wait_seconds("wait_for_generation", timeout_s)
     current = session()
-    return current.call(current.agent.wait_generation(newer_than), timeout_s).generation
+    now = topology().generation
+    if now > newer_than:
+        return now
+    try:
+        return current.call(current.agent.wait_generation(newer_than), wait_s).generation
+    except TimeoutError:
+        if wait_s is None:  # not the wait's: the agent's coroutine raises none, but if it did
+            raise
+        raise CollectiveError(
+            f"wait_for_generation: no generation above {newer_than} came within {wait_s:g} s: "
+            f"the job is at generation {topology().generation} (a new one comes once a failed "
+            "worker has rejoined)"
+        ) from None
 
 
 def report_memory_resume(generation: int, step: int, why: str, steps: list[int]) -> None:

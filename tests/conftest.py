@@ -110,6 +110,17 @@ def processes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Procs]
         yield group
 
 
+@pytest.fixture
+def left() -> Iterator[dict[int, str]]:
+    """A job's processes (pid -> start time, `tests.procs.note_below`); any still running at
+    the end (the test failed) is killed then, once checked to be that process still."""
+    from tests.procs import kill_noted  # noqa: PLC0415 - see `processes`
+
+    found: dict[int, str] = {}
+    yield found
+    kill_noted(found)
+
+
 # The fault-injection fixture users get (cluster.testing.local_job), and the real servers'
 # fixtures (tests/servers/: etcd_cluster, prometheus, slurm, scontrol_env, browser, ...).
 pytest_plugins = [

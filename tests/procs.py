@@ -9,8 +9,10 @@ Status and its events only to readers that prove it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +25,8 @@ from cluster.testing import (
     launched_pid,
     processes_running,  # noqa: F401 - the tests import it from here
 )
+from cluster.tools.processes import descendants
+from cluster.worker.orphan import proc_stat
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -114,6 +118,28 @@ def launched(log_dir: Path, name: str) -> int:
         listed = (log_dir / "pids").read_text() if (log_dir / "pids").exists() else "no file"
         raise AssertionError(f"no running {name} of the launcher in {log_dir}/pids: {listed}")
     return pid
+
+
+def started_at(pid: int) -> str | None:
+    """The start time of live process `pid` (field 22 of /proc/PID/stat), None if it is gone."""
+    stat = proc_stat(pid)
+    return None if stat is None or stat[0] in "ZX" else stat[19]
+
+
+def note_below(root: int, found: dict[int, str]) -> None:
+    """Add each live process below `root` to `found` (pid -> start time), for `kill_noted`."""
+    for pid in descendants(root):
+        started = started_at(pid)
+        if started is not None:
+            found[pid] = started
+
+
+def kill_noted(found: dict[int, str]) -> None:
+    """SIGKILL each process of `found` that still runs, once checked to be that process still."""
+    for pid, started in found.items():
+        if started_at(pid) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def private_copy(tmp_path: Path, source: Path = ROOT / "examples" / "allgather_check.py") -> Path:

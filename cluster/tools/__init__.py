@@ -9,8 +9,8 @@ with node lists by `hostlist`, and `slurm_io` for scontrol and the shared job se
 status view (`status`, live in `watch`, its tables in `table`), the event log reader (`events`),
 how both prove the job secret (`reading`), fault injection (`chaos`, with what it records in
 `chaos_record` and its picture in `timeline` and `report_html`) and the test harness (`testing`,
-public as `cluster.testing`, with the guard that ends a job whose owner is gone,
-`testing_guard`).
+public as `cluster.testing`), and the guard that ends the processes of a job (the
+launcher's, a test's) whose owner is gone, stopped ones too (`guard`).
 
 May import: anything in `cluster`. Nothing in `cluster` imports the tools.
 """

@@ -5,7 +5,8 @@ node rank is 0 or unset), starts the local workers with its MS_* environment (le
 itself per process), writes each process's output to `<log-dir>/scheduler.log` and
 `<log-dir>/worker_<rank>.log` (`worker_<i>.log` for a worker ranked at registration), shows
 progress, restarts a failed worker when asked and when the job can still take it back, and stops
-everything it started when the job fails or when it is told to stop. No child outlives it.
+everything it started when the job fails or when it is told to stop. No child outlives it: one
+that is SIGKILLed has its children end all the same, a stopped one too (its guard: `guard`).
 It lists the pid of each process it started (and its own) in `<log-dir>/pids`, rewritten at every
 start and restart: the demo, the tests and the benchmarks find the process to signal there
 (`cluster.tools.processes.launched_pid`), never by a name on the whole machine. One launcher
@@ -175,6 +176,7 @@ class Launcher(Children):
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await self._stop_all()
+            await self._close_guard()
             for signum in stops:
                 loop.remove_signal_handler(signum)
 

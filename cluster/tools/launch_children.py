@@ -5,8 +5,9 @@ workers it started (a `Child` each), the scheduler's last answer and the job's e
 log tells it. It starts a child (its output to its log, or with --join through `_pump` to the
 terminal too), reaps its exit, rewrites `<log-dir>/pids`, says the progress line and every other
 line for the person at the terminal (through `launch_echo.Terminal`, which never blocks), signals
-the process groups it started at the end, and gathers what it has seen for
-`launch_policy.decide` (`_seen`). What to do about an exit, and the run from start to end, are
+the process groups it started at the end, tells its guard (`guard`) of each group as it starts
+it (they end with the launcher even SIGKILLed, stopped ones too), and gathers what it has seen
+for `launch_policy.decide` (`_seen`). What to do about an exit, and the run from start to end, are
 `launch.Launcher`'s.
 """
 
@@ -17,6 +18,7 @@ import contextlib
 import errno
 import io
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from typing import IO
 from cluster.protocol.display import safe
 from cluster.protocol.environment import from_env, tls_options_from_env
 from cluster.protocol.records import NodeState
+from cluster.tools import guard as job_guard
 from cluster.tools import launch_policy as policy
 from cluster.tools import launch_setup as setup
 from cluster.tools import processes
@@ -108,6 +111,9 @@ class Children:
         # Every process started, each incarnation (restarts too), in a group of its own: its
         # helpers stay in that group after it exits, and are stopped with it at the end.
         self.groups: list[asyncio.subprocess.Process] = []
+        # Told of each of `groups` as it starts: it ends them once this launcher is gone, even
+        # SIGKILLed, a stopped one at once (`guard`). Started with the first child.
+        self.guard: subprocess.Popen[bytes] | None = None
         self.view: JobView | None = None
         # Once the job ended: whether each node held no rank at its end, by its event log.
         self._at_end: dict[str, bool] | None = None
@@ -128,6 +134,8 @@ class Children:
 
     async def _spawn(self, child: Child, args: list[str], env: dict[str, str]) -> None:
         mode = "ab" if child.restarts else "wb"
+        if self.guard is None:
+            self.guard = job_guard.start()
         if self.options.join and child.planned.index is not None:
             child.process = await asyncio.create_subprocess_exec(
                 *args,
@@ -149,6 +157,7 @@ class Children:
                     start_new_session=True,
                 )
         self.groups.append(child.process)
+        job_guard.note(self.guard, child.process.pid)
         child.started_at = self._clock()
         child.exit_code = None
         child.exited_at = None
@@ -172,6 +181,12 @@ class Children:
             running = process.returncode is None
             sent = scheduler_signum if process is sched and running else signum
             processes.signal_group(process.pid, sent, leader_reaped=not running)
+
+    async def _close_guard(self) -> None:
+        """Once every group was stopped: the guard ends what may be left, and exits."""
+        if self.guard is not None:
+            await asyncio.to_thread(job_guard.close, self.guard)
+            self.guard = None
 
     async def _groups_gone(self, timeout_s: float) -> bool:
         """Whether, within `timeout_s`, no process of `groups` is left: every child reaped (its

@@ -20,7 +20,7 @@ removed.
 Every action waits for what it should cause to be visible (the node marked failed, the new
 generation, the nodes back), with a bound, never for a fixed time. The job ends with the
 process that owns it (that started it), even SIGKILLed: its processes watch it as a launcher's
-children watch theirs (CLUSTER_LAUNCHER_PID), and its guard (`testing_guard`) ends those that
+children watch theirs (CLUSTER_LAUNCHER_PID), and its guard (`guard`) ends those that
 cannot. The job runs with recovery on, on a free port, with its recovery path and logs in a
 temporary directory (or `workdir`).
 pytest users get the `local_job` fixture from `cluster.testing` (add
@@ -33,7 +33,6 @@ name is importable from here (and from `cluster.testing`, `__all__`'s).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -48,7 +47,7 @@ from typing import Any
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.protocol.errors import ClusterError, JobTimeoutError, NetemUnavailableError
 from cluster.protocol.records import Phase
-from cluster.tools import testing_guard
+from cluster.tools import guard as job_guard
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.processes import descendants, launched_pid, processes_running, worker_pid
 from cluster.tools.secret import write_job_secret
@@ -147,7 +146,7 @@ class LocalJob:
         self._relay_wanted = options.relay
         self._status: StatusClient | None = None
         self._started: list[Process] = []
-        # Ends the job's processes once this process is gone, even SIGKILLed (`testing_guard`).
+        # Ends the job's processes once this process is gone, even SIGKILLed (`guard`).
         self._guard: subprocess.Popen[bytes] | None = None
 
     def _environment(self, options: LocalJobOptions) -> dict[str, str]:
@@ -193,7 +192,7 @@ class LocalJob:
     def start(self) -> LocalJob:
         """Start the scheduler and every worker (they form the job in the background)."""
         if self._guard is None:
-            self._guard = testing_guard.start(self.python)
+            self._guard = job_guard.start(self.python)
         if self.network is not None:
             self.network.setup()
         for k in range(len(self.hosts)):
@@ -253,7 +252,7 @@ class LocalJob:
         env = {**env, orphan.ENV: str(os.getpid())}
         proc = Process(name, args, env, self.workdir / f"{name}.log")
         self._started.append(proc)
-        testing_guard.note(self._guard, proc.pid)
+        job_guard.note(self._guard, proc.pid)
         return proc
 
     def worker(self, i: int) -> Process:
@@ -454,7 +453,7 @@ class LocalJob:
         for proc in self._started:
             proc.kill_group()
         if self._guard is not None:
-            self._end_guard(self._guard)
+            job_guard.close(self._guard)
             self._guard = None
         if self._relay_dir is not None:
             shutil.rmtree(self._relay_dir, ignore_errors=True)
@@ -465,19 +464,6 @@ class LocalJob:
             self.network.teardown()
         if self._tmp is not None:
             self._tmp.cleanup()
-
-    @staticmethod
-    def _end_guard(guard: subprocess.Popen[bytes]) -> None:
-        """Close the guard's pipe: it finds nothing left of the job, and exits (killed if it
-        has not within its bound)."""
-        if guard.stdin is not None:
-            with contextlib.suppress(OSError):
-                guard.stdin.close()
-        try:
-            guard.wait(testing_guard.GRACE_S + 5.0)
-        except subprocess.TimeoutExpired:
-            guard.kill()
-            guard.wait(10)
 
     def __enter__(self) -> LocalJob:
         return self.start()

@@ -703,7 +703,7 @@ def test_sigkill_of_the_launcher_leaves_no_process(processes: Procs, tmp_path: P
     )
     run.wait_for_output("2/2 registered (ready)", 30)
     children = children_of(run.pid)
-    assert len(children) == 4  # the scheduler, the relay and two workers
+    assert len(children) == 5  # the scheduler, the relay, two workers and the guard
     run.popen.send_signal(signal.SIGKILL)
     run.wait(10)
     wait_until(lambda: not any(alive(p) for p in children), 15, "the orphans to stop")

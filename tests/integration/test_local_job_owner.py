@@ -4,18 +4,13 @@ launcher's children watch it, and its guard ends a worker that is stopped and ca
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from cluster.testing import wait_until
-from cluster.tools.processes import descendants
 from cluster.worker.orphan import proc_stat
-from tests.procs import PYTHON, Procs
+from tests.procs import PYTHON, Procs, note_below, started_at
 
 HOLDS = """\
 import time
@@ -43,23 +38,6 @@ time.sleep(600)  # sleep-ok: held until the test SIGKILLs it
 """
 
 
-def started_at(pid: int) -> str | None:
-    stat = proc_stat(pid)
-    return None if stat is None or stat[0] in "ZX" else stat[19]
-
-
-@pytest.fixture
-def left() -> Iterator[dict[int, str]]:
-    """The job's processes (pid -> start time); any still running at the end (the test failed)
-    is killed then, once checked to be that process still."""
-    found: dict[int, str] = {}
-    yield found
-    for pid, started in found.items():
-        if started_at(pid) == started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def test_a_sigkilled_owner_leaves_no_process_of_its_job_a_stopped_worker_neither(
     processes: Procs, tmp_path: Path, left: dict[int, str]
 ) -> None:
@@ -72,10 +50,7 @@ def test_a_sigkilled_owner_leaves_no_process_of_its_job_a_stopped_worker_neither
     )
     wait_until(ready.exists, 60, "the job formed and worker 0 stopped")
     stopped = int(ready.read_text())
-    for pid in descendants(run.pid):
-        started = started_at(pid)
-        if started is not None:
-            left[pid] = started
+    note_below(run.pid, left)
     assert len(left) >= 4, left  # the scheduler, the relay, two workers (and the guard)
     assert stopped in left
     assert proc_stat(stopped)[0] == "T"  # type: ignore[index]

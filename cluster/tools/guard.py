@@ -1,14 +1,15 @@
-"""A `LocalJob`'s guard: its processes end when the process that owns the job is gone, however.
+"""A job's guard: its processes end when the process that owns the job is gone, however.
 
-The job's processes watch their owner themselves (CLUSTER_LAUNCHER_PID, `cluster.worker.orphan`)
-and end as a launcher's children do when it is gone; a process that is stopped (SIGSTOP: a
-chaos fault, a hung process) cannot, and one may ignore what it is told. The guard, a small
-process that `LocalJob.start` starts in a session of its own (`start`), reads the job's
-process groups from a pipe whose other end the owner alone holds: a line `PGID START` each, the
-leader's start time (field 22 of /proc/PID/stat) telling its group from a later one with the
-same number. When the pipe ends (the owner exited, even SIGKILLed, or closed the job), it
-SIGKILLs at once each group with a stopped process, gives the others GRACE_S to end by
-themselves, SIGKILLs what is left, and exits.
+The owner is `mscluster run` (`launch_children.Children`) or a `LocalJob` (`testing`). The job's
+processes watch their owner themselves (CLUSTER_LAUNCHER_PID, `cluster.worker.orphan`) and end
+when it is gone; a process that is stopped (SIGSTOP: a chaos fault, an operator's Ctrl-Z, a
+debugger) cannot, and one may ignore what it is told. The guard, a small process that the owner
+starts in a session of its own (`start`), reads the job's process groups from a pipe whose
+other end the owner alone holds: a line `PGID START` each (`note`), the leader's start time
+(field 22 of /proc/PID/stat) telling its group from a later one with the same number. When the
+pipe ends (the owner exited, even SIGKILLed, or `close`d it), it SIGKILLs at once each group
+with a stopped process, gives the others GRACE_S to end by themselves, SIGKILLs what is left,
+and exits.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ UNKNOWN = "-"
 def start(python: str = sys.executable) -> subprocess.Popen[bytes]:
     """The guard of a job this process owns; `note` each process the job starts to it."""
     return subprocess.Popen(
-        [python, "-m", "cluster.tools.testing_guard"],
+        [python, "-m", "cluster.tools.guard"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         start_new_session=True,  # neither a Ctrl-C to the owner's terminal nor its group's end
@@ -52,6 +53,19 @@ def note(guard: subprocess.Popen[bytes] | None, pid: int) -> None:
     with contextlib.suppress(OSError, ValueError):
         guard.stdin.write(f"{pid} {started}\n".encode())
         guard.stdin.flush()
+
+
+def close(guard: subprocess.Popen[bytes]) -> None:
+    """Close the guard's pipe once the owner ended the job itself: the guard ends what is left
+    of it, and exits (killed if it has not within its bound). Blocks up to GRACE_S + 15 s."""
+    if guard.stdin is not None:
+        with contextlib.suppress(OSError):
+            guard.stdin.close()
+    try:
+        guard.wait(GRACE_S + 5.0)
+    except subprocess.TimeoutExpired:
+        guard.kill()
+        guard.wait(10)
 
 
 def main() -> int:

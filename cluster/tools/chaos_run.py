@@ -25,8 +25,8 @@ from cluster.tools import report_html
 from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
 from cluster.tools.chaos_record import EVENT_LOG, load_events
 from cluster.tools.launch_lock import LogDirLock
-from cluster.tools.launch_plan import RELAY_FROM
-from cluster.tools.launch_setup import writable_dir
+from cluster.tools.launch_plan import RELAY_FROM, LaunchOptions
+from cluster.tools.launch_setup import settle, writable_dir
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.testing import LocalJob, LocalJobOptions
 
@@ -93,15 +93,26 @@ def refuse_run_options(given: Mapping[str, Any]) -> None:
             raise ConfigError(f"mscluster chaos does not take {option} after `--`: {why}")
 
 
-def spec_of(chaos: Any, run: Any, workers: int, log_dir: Path) -> ChaosSpec:
+def spec_of(
+    chaos: Any,
+    run: Any,
+    workers: int,
+    log_dir: Path,
+    *,
+    env: Mapping[str, str] = os.environ,
+    out: IO[str] = sys.stderr,
+) -> ChaosSpec:
     """The run of `mscluster chaos`: its own options (`chaos`, parsed) and `mscluster run`'s
-    after `--` (`run`, parsed, with the placement's `workers` and `log_dir`)."""
+    after `--` (`run`, parsed, with the placement's `workers` and `log_dir`), with msrun's
+    variables of `env` (MS_NODE_TIMEOUT, MS_RECOVERY_PATH, ...) as the options' defaults, as
+    `mscluster run` takes them (`launch_setup.settle`; an option given wins, said to `out`)."""
+    given = _settled(run, workers, log_dir, env, out)
     return ChaosSpec(
         Path(run.script),
         run.script_args,
         workers=workers,
         # A short guard by default, so that a run of a minute sees many faults.
-        node_timeout_s=run.node_timeout if run.node_timeout is not None else 3.0,
+        node_timeout_s=given.node_timeout if given.node_timeout is not None else 3.0,
         log_dir=log_dir,
         faults=[f.strip() for f in chaos.faults.split(",") if f.strip()],
         every_s=chaos.every,
@@ -114,12 +125,40 @@ def spec_of(chaos: Any, run: Any, workers: int, log_dir: Path) -> ChaosSpec:
         state_url=run.state_url,
         lease_s=run.lease,
         tls_config=Path(run.tls_config) if run.tls_config else None,
-        recovery_path=Path(run.recovery_path) if run.recovery_path else None,
-        topo_timeout_s=run.cluster_time_out,
+        recovery_path=given.recovery_path,
+        topo_timeout_s=given.cluster_time_out,
         master_port=run.master_port,
         metrics_port=run.metrics_port,
         relay=run.relay,
     )
+
+
+def _settled(
+    run: Any, workers: int, log_dir: Path, env: Mapping[str, str], out: IO[str]
+) -> LaunchOptions:
+    """`run`'s options settled with `env` as `mscluster run` settles them; a ConfigError where
+    the environment turns recovery off, which every chaos run needs."""
+    options = LaunchOptions(
+        script=Path(run.script),
+        script_args=tuple(run.script_args),
+        worker_num=workers,
+        local_worker_num=workers,
+        master_addr="127.0.0.1",
+        master_port=run.master_port or 0,
+        log_dir=log_dir,
+        cluster_time_out=run.cluster_time_out,
+        node_timeout=run.node_timeout,
+        enable_recovery=bool(run.enable_recovery or run.state_url),
+        recovery_path=Path(run.recovery_path) if run.recovery_path else None,
+    )
+    settled = settle(options, env, out, max_restarts=None)
+    if not settled.enable_recovery and env.get("MS_ENABLE_RECOVERY", "").strip():
+        raise ConfigError(
+            f"MS_ENABLE_RECOVERY={env['MS_ENABLE_RECOVERY'].strip()} of this environment turns "
+            "recovery off, and mscluster chaos runs its job with recovery on (the job must "
+            "resume after each process it kills): unset it, or give --enable-recovery after `--`"
+        )
+    return settled
 
 
 def run_chaos(

@@ -6,6 +6,7 @@ JSON and as a page beside it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -13,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -24,9 +25,9 @@ from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import report_html
 from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
 from cluster.tools.chaos_record import EVENT_LOG, load_events
-from cluster.tools.launch_lock import LogDirLock
+from cluster.tools.launch_lock import CHECK_S, LogDirLock
 from cluster.tools.launch_plan import RELAY_FROM, LaunchOptions
-from cluster.tools.launch_setup import settle, writable_dir
+from cluster.tools.launch_setup import say, settle, writable_dir
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.testing import LocalJob, LocalJobOptions
 
@@ -65,6 +66,9 @@ class ChaosSpec:
     metrics_port: int | None = None
     relay: bool = True
 
+
+# How long the end of a run waits for the lock check under way (a few file operations).
+KEEP_JOIN_S = 10.0
 
 # The options of `mscluster run` that chaos cannot honour, each with why: given after `--`,
 # they are refused in one line before anything starts (the others are honoured).
@@ -174,9 +178,31 @@ def run_chaos(
     if note:
         print(note, file=out, flush=True)
     try:
-        return _run_locked(spec, report_path, out, make_job)
+        with _keeping(lock, out):
+            return _run_locked(spec, report_path, out, make_job)
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def _keeping(lock: LogDirLock, out: IO[str]) -> Iterator[None]:
+    """While the run goes on, `lock` checked every CHECK_S as the launcher checks its own
+    (`LogDirLock.keep`: a lock file removed or replaced is locked anew), its lines to `out`."""
+    done = threading.Event()
+
+    def check() -> None:
+        while not done.wait(CHECK_S):
+            line = lock.keep()
+            if line:
+                say(out, f"{line}\n")
+
+    thread = threading.Thread(target=check, name="log-dir-lock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(KEEP_JOIN_S)
 
 
 def _run_locked(

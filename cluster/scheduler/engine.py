@@ -95,16 +95,17 @@ def _beside(job: str, state_store: StateStore, left: tuple[str, ...]) -> str:
     )
 
 
-def _new_job_advice(state_store: StateStore) -> str:
-    """How to start a new job where `state_store` holds a job that cannot be resumed: on a
-    state of its own, and with none of the workers' records (worker-<id>.json) that name the
-    saved job, whose workers a new job's scheduler refuses (`Refusal.FOREIGN_JOB`)."""
-    if state_store.name == "MS_RECOVERY_PATH":
+def new_job_advice(name: str) -> str:
+    """How to start a new job where the state store `name` (MS_RECOVERY_PATH,
+    CLUSTER_STATE_URL) holds a job that cannot be resumed: on a state of its own, and with none
+    of the workers' records (worker-<id>.json) that name the saved job, whose workers a new
+    job's scheduler refuses (`Refusal.FOREIGN_JOB`)."""
+    if name == "MS_RECOVERY_PATH":
         from cluster.storage import store  # noqa: PLC0415 - a directory store has it loaded
 
         return store.NEW_JOB_ADVICE
     return (
-        f"to start a new job, give it a prefix of its own in {state_store.name}, and "
+        f"to start a new job, give it a prefix of its own in {name}, and "
         "move away the workers' records, worker-<id>.json, from the MS_RECOVERY_PATH of every "
         "host that keeps them: they name the saved job, and a new job's scheduler refuses the "
         "workers that read them"
@@ -233,7 +234,7 @@ class Engine:
             except SnapshotError as exc:
                 raise StateFileError(
                     f"the recovery state {where} cannot be resumed: {exc}; "
-                    f"{_new_job_advice(state_store)}"
+                    f"{new_job_advice(state_store.name)}"
                 ) from None
         job = restored.cluster_id if restored is not None else ""
         kv = await state_store.load_kv(job) if job else {}

@@ -29,6 +29,7 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.leadership import Leadership
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.engine import new_job_advice
 from cluster.scheduler.leading import Leading
 from cluster.scheduler.machine import events
 from cluster.scheduler.machine.state import Phase, SchedulerState
@@ -233,7 +234,7 @@ def _check_resumable(
         SchedulerState.restore(snapshot, server.settings, time.monotonic, new_cluster_id="")
     except SnapshotError as exc:
         raise ConfigError(
-            f"{name}={where!r} cannot be used: {exc} (or give this job a prefix of its own)"
+            f"{name}={where!r} cannot be used: {exc}; {new_job_advice(name)}"
         ) from None
 
 

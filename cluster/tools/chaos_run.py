@@ -6,6 +6,7 @@ JSON and as a page beside it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import json
@@ -13,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -24,9 +25,9 @@ from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import report_html
 from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
 from cluster.tools.chaos_record import EVENT_LOG, load_events
-from cluster.tools.launch_lock import LogDirLock
-from cluster.tools.launch_plan import RELAY_FROM
-from cluster.tools.launch_setup import writable_dir
+from cluster.tools.launch_lock import CHECK_S, LogDirLock
+from cluster.tools.launch_plan import RELAY_FROM, LaunchOptions
+from cluster.tools.launch_setup import say, settle, writable_dir
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.testing import LocalJob, LocalJobOptions
 
@@ -66,6 +67,9 @@ class ChaosSpec:
     relay: bool = True
 
 
+# How long the end of a run waits for the lock check under way (a few file operations).
+KEEP_JOIN_S = 10.0
+
 # The options of `mscluster run` that chaos cannot honour, each with why: given after `--`,
 # they are refused in one line before anything starts (the others are honoured).
 NOT_FOR_CHAOS = (
@@ -93,15 +97,26 @@ def refuse_run_options(given: Mapping[str, Any]) -> None:
             raise ConfigError(f"mscluster chaos does not take {option} after `--`: {why}")
 
 
-def spec_of(chaos: Any, run: Any, workers: int, log_dir: Path) -> ChaosSpec:
+def spec_of(
+    chaos: Any,
+    run: Any,
+    workers: int,
+    log_dir: Path,
+    *,
+    env: Mapping[str, str] = os.environ,
+    out: IO[str] = sys.stderr,
+) -> ChaosSpec:
     """The run of `mscluster chaos`: its own options (`chaos`, parsed) and `mscluster run`'s
-    after `--` (`run`, parsed, with the placement's `workers` and `log_dir`)."""
+    after `--` (`run`, parsed, with the placement's `workers` and `log_dir`), with msrun's
+    variables of `env` (MS_NODE_TIMEOUT, MS_RECOVERY_PATH, ...) as the options' defaults, as
+    `mscluster run` takes them (`launch_setup.settle`; an option given wins, said to `out`)."""
+    given = _settled(run, workers, log_dir, env, out)
     return ChaosSpec(
         Path(run.script),
         run.script_args,
         workers=workers,
         # A short guard by default, so that a run of a minute sees many faults.
-        node_timeout_s=run.node_timeout if run.node_timeout is not None else 3.0,
+        node_timeout_s=given.node_timeout if given.node_timeout is not None else 3.0,
         log_dir=log_dir,
         faults=[f.strip() for f in chaos.faults.split(",") if f.strip()],
         every_s=chaos.every,
@@ -114,12 +129,40 @@ def spec_of(chaos: Any, run: Any, workers: int, log_dir: Path) -> ChaosSpec:
         state_url=run.state_url,
         lease_s=run.lease,
         tls_config=Path(run.tls_config) if run.tls_config else None,
-        recovery_path=Path(run.recovery_path) if run.recovery_path else None,
-        topo_timeout_s=run.cluster_time_out,
+        recovery_path=given.recovery_path,
+        topo_timeout_s=given.cluster_time_out,
         master_port=run.master_port,
         metrics_port=run.metrics_port,
         relay=run.relay,
     )
+
+
+def _settled(
+    run: Any, workers: int, log_dir: Path, env: Mapping[str, str], out: IO[str]
+) -> LaunchOptions:
+    """`run`'s options settled with `env` as `mscluster run` settles them; a ConfigError where
+    the environment turns recovery off, which every chaos run needs."""
+    options = LaunchOptions(
+        script=Path(run.script),
+        script_args=tuple(run.script_args),
+        worker_num=workers,
+        local_worker_num=workers,
+        master_addr="127.0.0.1",
+        master_port=run.master_port or 0,
+        log_dir=log_dir,
+        cluster_time_out=run.cluster_time_out,
+        node_timeout=run.node_timeout,
+        enable_recovery=bool(run.enable_recovery or run.state_url),
+        recovery_path=Path(run.recovery_path) if run.recovery_path else None,
+    )
+    settled = settle(options, env, out, max_restarts=None)
+    if not settled.enable_recovery and env.get("MS_ENABLE_RECOVERY", "").strip():
+        raise ConfigError(
+            f"MS_ENABLE_RECOVERY={env['MS_ENABLE_RECOVERY'].strip()} of this environment turns "
+            "recovery off, and mscluster chaos runs its job with recovery on (the job must "
+            "resume after each process it kills): unset it, or give --enable-recovery after `--`"
+        )
+    return settled
 
 
 def run_chaos(
@@ -135,9 +178,31 @@ def run_chaos(
     if note:
         print(note, file=out, flush=True)
     try:
-        return _run_locked(spec, report_path, out, make_job)
+        with _keeping(lock, out):
+            return _run_locked(spec, report_path, out, make_job)
     finally:
         lock.release()
+
+
+@contextlib.contextmanager
+def _keeping(lock: LogDirLock, out: IO[str]) -> Iterator[None]:
+    """While the run goes on, `lock` checked every CHECK_S as the launcher checks its own
+    (`LogDirLock.keep`: a lock file removed or replaced is locked anew), its lines to `out`."""
+    done = threading.Event()
+
+    def check() -> None:
+        while not done.wait(CHECK_S):
+            line = lock.keep()
+            if line:
+                say(out, f"{line}\n")
+
+    thread = threading.Thread(target=check, name="log-dir-lock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(KEEP_JOIN_S)
 
 
 def _run_locked(

@@ -475,7 +475,8 @@ def test_another_jobs_scheduler_on_the_prefix_is_refused_at_start_not_left_to_st
     said = done.stderr.strip().splitlines()[-1]
     assert f"CLUSTER_STATE_URL={schedulers.url.rstrip('/')!r} cannot be used" in said
     assert f"it holds job {job}, which has no job secret, but this scheduler has one" in said
-    assert "give this job a prefix of its own" in said
+    assert "to start a new job, give it a prefix of its own in CLUSTER_STATE_URL" in said
+    assert "move away the workers' records, worker-<id>.json" in said
     assert "Traceback" not in done.stderr
     status = schedulers.status(leader)
     assert status is not None

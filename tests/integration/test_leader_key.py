@@ -42,7 +42,7 @@ async def main():
     assert await election.campaign() is None
     print("leading", flush=True)
     while True:
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # sleep-ok: the leader's keepalive period, not a wait for an event
         await election.keepalive()
 
 asyncio.run(main())

@@ -77,7 +77,7 @@ RACE_ROUNDS = 8
 # Run argv[2:] at the wall-clock time argv[1]: two relays started so begin within a millisecond
 # or two of each other, closer than two Popens of this (large) process follow one another.
 # sleep-ok: the wait is the start instant itself, the race under test, not a synchronization.
-_AT = "import os,sys,time; time.sleep(max(0.0, float(sys.argv[1]) - time.time())); " + (
+_AT = "import os,sys,time; time.sleep(max(0.0, float(sys.argv[1]) - time.time())); " + (  # sleep-ok
     "os.execv(sys.argv[2], sys.argv[2:])"
 )
 

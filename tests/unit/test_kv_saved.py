@@ -159,7 +159,7 @@ async def test_an_add_made_again_while_its_save_fails_is_answered_once_it_lands(
     await eventually(lambda: saver.kv_error is not None, "a failed save of the key-value store")
     second = asyncio.ensure_future(core.kv_add(node, "n", 1, 1))
     for _ in range(20):  # turns of the loop: the second call runs to where it waits
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: a turn of the loop, to show nothing completes
     assert not first.done()
     assert not second.done()
     log_file.rmdir()

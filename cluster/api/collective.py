@@ -3,7 +3,7 @@
 For coordination (who has which checkpoint, a shared seed, a rendezvous address), not for
 tensors: values travel through the scheduler and are limited to 64 MiB per call. Every rank
 must call the same collectives in the same order, as with any collective library; a mismatch
-is reported, not deadlocked on.
+is reported (`CollectiveMismatchError`), not deadlocked on.
 
 Collectives are one at a time per process: the scheduler matches each rank's calls by their
 order in the rank's process, which calls made by two threads at once do not have, so a

@@ -45,7 +45,12 @@ from typing import TYPE_CHECKING, Any
 from cluster.api import data_plane, runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
 from cluster.protocol import resume
-from cluster.protocol.errors import CollectiveError, ConfigError, PeerFailedError
+from cluster.protocol.errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    ConfigError,
+    PeerFailedError,
+)
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
@@ -59,8 +64,6 @@ _restoring_the_end = False
 _loop_began = False
 # Called by every TrainingLoop before its first collective of a new generation (`remake_at_resume`).
 _remakes: list[Callable[[], None]] = []
-# The scheduler's words for two ranks that called different collectives as the same one.
-_MISMATCH = "same collectives in the same order"
 
 
 def before_any_loop() -> bool:
@@ -263,10 +266,8 @@ class TrainingLoop:
         except PeerFailedError as exc:
             self._interrupted = exc
             return None
-        except CollectiveError as exc:
-            if type(exc) is CollectiveError and _MISMATCH in str(exc):
-                raise _met_another_collective(topology.generation, exc) from exc
-            raise
+        except CollectiveMismatchError as exc:
+            raise _met_another_collective(topology.generation, exc) from exc
         finally:
             session.generation_pin = None
         held = [resume.decode(value) for value in gathered]
@@ -365,7 +366,7 @@ class TrainingLoop:
         return True
 
 
-def _met_another_collective(generation: int, exc: CollectiveError) -> ConfigError:
+def _met_another_collective(generation: int, exc: CollectiveMismatchError) -> ConfigError:
     """The resume agreement of `generation` met another collective of a peer (`exc`)."""
     return ConfigError(
         f"the TrainingLoop's first collective of generation {generation} (where to resume, an "

@@ -14,6 +14,7 @@ ClusterError is printed as one line without a traceback (see `cluster.api.except
       NotLeaderError              this scheduler is a standby; the leader is elsewhere
       JobFailedError              the job was stopped
       CollectiveError             a collective or key-value call could not complete
+        CollectiveMismatchError   ranks called different collectives as the same one
         PeerFailedError
         AccessDeniedError         the caller is not (or no longer) the member it speaks for
           NotAuthenticatedError
@@ -98,6 +99,12 @@ class ReleasedError(ClusterError):
 
 class CollectiveError(ClusterError):
     """A control-plane collective or key-value operation could not complete."""
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Two ranks called different collectives (or broadcasts from different roots) as the same
+    one: every rank must call the same collectives in the same order. The scheduler's refusal
+    says so by its reason (`ExchangeRefusal` on the wire), not by its words."""
 
 
 class PeerFailedError(CollectiveError):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import zlib
 
 from cluster.protocol import auth
+from cluster.protocol.errors import ClusterError, CollectiveMismatchError
 from cluster.protocol.leadership import Standing
 from cluster.scheduler.machine import state
 from cluster.scheduler.machine.events import JobEvent, MemoryResume
 from cluster.scheduler.persist import Saving
+from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
 
 # What the scheduler writes on an idle stream.
@@ -124,6 +126,21 @@ def not_leader_response(message: str, leader: str) -> pb.RegisterResponse:
             leader=leader,
         )
     )
+
+
+# The errors whose Exchange refusal says why by a reason (`failures.EXCHANGE_REFUSAL_KEY`).
+_EXCHANGE_REFUSAL_TO_PB: dict[type[ClusterError], pb.ExchangeRefusalReason] = {
+    CollectiveMismatchError: pb.EXCHANGE_REFUSAL_MISMATCH,
+}
+
+
+def exchange_refusal(error: ClusterError) -> tuple[tuple[str, bytes], ...]:
+    """The trailing metadata that says why an Exchange was refused with `error`, beside its
+    kind (`failures.status_of`): a serialized `ExchangeRefusal`; none without a reason."""
+    reason = _EXCHANGE_REFUSAL_TO_PB.get(type(error))
+    if reason is None:
+        return ()
+    return ((failures.EXCHANGE_REFUSAL_KEY, pb.ExchangeRefusal(reason=reason).SerializeToString()),)
 
 
 def peer_table(peers: tuple[state.PeerInfo, ...]) -> pb.PeerTable:

@@ -351,7 +351,7 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
     @mapped
     async def Exchange(
         self, request: pb.ExchangeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ExchangeResponse:
+    ) -> pb.ExchangeResponse | None:
         op = _OPS.get(request.op)
         if op is None:
             raise BadRequestError("Exchange needs an op")
@@ -360,15 +360,19 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
             raise BadRequestError("an Exchange that withdraws carries no value")
         member_limits.request_bytes(len(value) + len(withdrawn))
         contribution = Withdrawn(withdrawn) if withdrawn else value
-        values = await self._core.exchange(
-            request.node_id,
-            caller_of(context, "Exchange", request),
-            generation=request.generation,
-            seq=request.seq,
-            op=op,
-            root=request.root,
-            value=contribution,
-        )
+        try:
+            values = await self._core.exchange(
+                request.node_id,
+                caller_of(context, "Exchange", request),
+                generation=request.generation,
+                seq=request.seq,
+                op=op,
+                root=request.root,
+                value=contribution,
+            )
+        except ClusterError as exc:  # refused with its reason, where it has one
+            refuse(context, exc, convert.exchange_refusal(exc))
+            return None
         return pb.ExchangeResponse(values=values)
 
     @mapped

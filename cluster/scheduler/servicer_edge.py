@@ -61,10 +61,13 @@ class CallContext(Protocol):
 Ctx = TypeVar("Ctx", bound=CallContext)
 
 
-def refuse(context: CallContext, exc: ClusterError) -> None:
-    """End the call with the status of `exc` (its handler then returns without an answer)."""
+def refuse(
+    context: CallContext, exc: ClusterError, why: tuple[tuple[str, bytes], ...] = ()
+) -> None:
+    """End the call with the status of `exc` (its handler then returns without an answer);
+    `why`: the trailing metadata of its reason, where the call's refusals carry one."""
     code, metadata = failures.status_of(exc)
-    context.set_trailing_metadata(metadata)
+    context.set_trailing_metadata((*metadata, *why))
     context.set_code(code)
     context.set_details(str(exc))
 

@@ -9,6 +9,11 @@ scheduler or the connection went away), which only the caller knows how to handl
 
 A call refused without a kind (by gRPC itself, by the TLS certificate check) is classified by
 its code alone.
+
+A refused Exchange may say why beside its kind: `EXCHANGE_REFUSAL_KEY` holds a serialized
+`ExchangeRefusal` (its reason), which the converters write and read (`cluster.scheduler.convert`,
+`cluster.worker.convert`). An error told so goes with its base's kind (`_TOLD_BY_REASON`): a
+worker that reads no reason (an older one) raises that base, as it always did.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from cluster.protocol.errors import (
     CapacityError,
     ClusterError,
     CollectiveError,
+    CollectiveMismatchError,
     ConfigError,
     CrowdedError,
     EvictedError,
@@ -45,6 +51,8 @@ RELAY_KEY, RELAY_CUT_OFF = "cluster-relay", "cut-off"
 # Set by a relay on a worker's call it refuses itself, forwarding to none of the schedulers the
 # worker is for (another job's relay): the worker's error is the relay's line as it is.
 RELAY_ELSEWHERE = "elsewhere"
+# A refused Exchange's reason, a serialized `ExchangeRefusal` (binary metadata: "-bin").
+EXCHANGE_REFUSAL_KEY = "cluster-exchange-refusal-bin"
 Metadata = tuple[tuple[str, str], ...]
 
 # Each error's status code: the first row whose class it is an instance of.
@@ -74,6 +82,10 @@ _KINDS: dict[str, type[ClusterError]] = {
         FellBehindError,
     )
 }
+# The errors a refusal tells by its reason, not its kind: the kind they go with.
+_TOLD_BY_REASON: dict[type[ClusterError], type[ClusterError]] = {
+    CollectiveMismatchError: CollectiveError,
+}
 # A call refused without a kind.
 _BY_CODE: dict[grpc.StatusCode, type[ClusterError]] = {
     grpc.StatusCode.UNAUTHENTICATED: AccessDeniedError,
@@ -90,7 +102,8 @@ _CUT_OFF = (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE, grpc.StatusC
 def status_of(error: ClusterError) -> tuple[grpc.StatusCode, Metadata]:
     """How the scheduler ends a call that failed with `error`: its code and trailing metadata."""
     code = next(code for kind, code in _CODES if isinstance(error, kind))
-    metadata: Metadata = ((ERROR_KIND_KEY, type(error).__name__),)
+    named = _TOLD_BY_REASON.get(type(error), type(error))
+    metadata: Metadata = ((ERROR_KIND_KEY, named.__name__),)
     if isinstance(error, NotLeaderError):
         metadata += ((LEADER_KEY, error.leader),)
     return code, metadata

@@ -35,6 +35,11 @@ class ExchangeOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXCHANGE_ALLGATHER: _ClassVar[ExchangeOp]
     EXCHANGE_BROADCAST: _ClassVar[ExchangeOp]
 
+class ExchangeRefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXCHANGE_REFUSAL_UNSPECIFIED: _ClassVar[ExchangeRefusalReason]
+    EXCHANGE_REFUSAL_MISMATCH: _ClassVar[ExchangeRefusalReason]
+
 class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PHASE_UNSPECIFIED: _ClassVar[Phase]
@@ -74,6 +79,8 @@ EXCHANGE_UNSPECIFIED: ExchangeOp
 EXCHANGE_BARRIER: ExchangeOp
 EXCHANGE_ALLGATHER: ExchangeOp
 EXCHANGE_BROADCAST: ExchangeOp
+EXCHANGE_REFUSAL_UNSPECIFIED: ExchangeRefusalReason
+EXCHANGE_REFUSAL_MISMATCH: ExchangeRefusalReason
 PHASE_UNSPECIFIED: Phase
 PHASE_WAITING: Phase
 PHASE_READY: Phase
@@ -406,6 +413,12 @@ class ExchangeResponse(_message.Message):
     VALUES_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, values: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ExchangeRefusal(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: ExchangeRefusalReason
+    def __init__(self, reason: _Optional[_Union[ExchangeRefusalReason, str]] = ...) -> None: ...
 
 class KvSetRequest(_message.Message):
     __slots__ = ("key", "value")

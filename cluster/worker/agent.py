@@ -304,7 +304,8 @@ class WorkerAgent:
         the job moved on must not take part in the new generation's collectives); default: the
         current one. `withdrawn`: this rank's contribution was refused here, for that reason
         (`value` is empty): it takes the collective's number and fails it for every rank
-        (the scheduler's CollectiveError, raised).
+        (the scheduler's CollectiveError, raised). Another rank's call of another collective
+        as this one is a CollectiveMismatchError.
         """
         topology = self._require_topology()
         generation = topology.generation if generation is None else generation
@@ -312,7 +313,9 @@ class WorkerAgent:
         node_id = self.identity.node_id
         request = convert.exchange_request(node_id, generation, seq, op, root, value, withdrawn)
         unsent = functools.partial(self.core.collective_unsent, generation, seq)
-        answer = await self._calls.unary(op, "Exchange", request, unsent=unsent)
+        answer = await self._calls.unary(
+            op, "Exchange", request, unsent=unsent, read=convert.exchange_failure
+        )
         self.core.collective_answered(generation, seq)
         return list(answer.values)
 

@@ -22,10 +22,16 @@ from cluster.worker.machine.core import WorkerCore
 from cluster.worker.racing import unless_failed
 
 T = TypeVar("T")
+# What a method's failed call says beside its kind (its refusal's reason): the failure read so.
+ReadFailure = Callable[[grpc.aio.AioRpcError, failures.CallFailure], failures.CallFailure]
 
 
 def _none() -> None:
     pass
+
+
+def _as_it_is(exc: grpc.aio.AioRpcError, failure: failures.CallFailure) -> failures.CallFailure:
+    return failure
 
 
 def refused_by_grpc(exc: grpc.aio.AioRpcError) -> bool:
@@ -68,11 +74,16 @@ class Calls:
         self._failed, self._core, self._run = failed, core, run
 
     async def call(
-        self, what: str, rpc: Callable[[], Awaitable[T]], unsent: Callable[[], None] = _none
+        self,
+        what: str,
+        rpc: Callable[[], Awaitable[T]],
+        unsent: Callable[[], None] = _none,
+        read: ReadFailure = _as_it_is,
     ) -> T:
         """Make the call `rpc()` makes; again if the core says so (the scheduler died during it,
         with recovery on). `unsent()` is called when gRPC refused the call's message, here or
-        at the scheduler, before the scheduler took it (`refused_by_grpc`)."""
+        at the scheduler, before the scheduler took it (`refused_by_grpc`); `read` reads what
+        else a failure of this call's method says (`convert.exchange_failure`)."""
         while True:
             channel, signer = self._link.channel, self._signer
             first = 0 if signer is None else signer.seq
@@ -87,7 +98,7 @@ class Calls:
                     continue  # on the channel closed for a new leader: made again on the new one
                 raise
             except grpc.aio.AioRpcError as exc:
-                failure = failures.failure_of(exc)
+                failure = read(exc, failures.failure_of(exc))
                 if refused_by_grpc(exc):
                     unsent()
                     raise CapacityError(
@@ -118,6 +129,7 @@ class Calls:
         request: Any,
         *,
         unsent: Callable[[], None] = _none,
+        read: ReadFailure = _as_it_is,
         **options: Any,
     ) -> Any:
         """The call `method` of `request` for the user, signed (`call`)."""
@@ -127,6 +139,7 @@ class Calls:
                 request, wait_for_ready=True, metadata=self._signed(method, request), **options
             ),
             unsent,
+            read,
         )
 
     def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:

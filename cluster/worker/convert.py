@@ -9,12 +9,20 @@ of `cluster.transport.failures`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from cluster.protocol import auth
 from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id
-from cluster.protocol.errors import ClusterError, NotLeaderError
+from cluster.protocol.errors import (
+    ClusterError,
+    CollectiveError,
+    CollectiveMismatchError,
+    NotLeaderError,
+)
 from cluster.protocol.records import NodeRole, Registration
 from cluster.protocol.topology import PeerColumns, Topology, find_row
 from cluster.transport import failures
@@ -245,6 +253,31 @@ def exchange_request(
         value=value,
         withdrawn=withdrawn,
     )
+
+
+# The error each reason of an Exchange's refusal raises (`pb.ExchangeRefusal`).
+_EXCHANGE_REFUSALS: dict[int, type[CollectiveError]] = {
+    pb.EXCHANGE_REFUSAL_MISMATCH: CollectiveMismatchError,
+}
+
+
+def exchange_failure(
+    exc: grpc.aio.AioRpcError, failure: failures.CallFailure
+) -> failures.CallFailure:
+    """What a failed Exchange means, with the reason of the scheduler's refusal where it gives
+    one (`failures.EXCHANGE_REFUSAL_KEY`): a collective that another rank called as another
+    one is a CollectiveMismatchError. A CollectiveError without a reason (an older
+    scheduler's), or with one this worker does not know, stays a CollectiveError."""
+    if failure.kind is not CollectiveError:
+        return failure
+    pairs: Any = exc.trailing_metadata() or ()  # (key, value) pairs; the stubs disagree
+    sent = dict(pairs).get(failures.EXCHANGE_REFUSAL_KEY)
+    try:
+        reason = pb.ExchangeRefusal.FromString(sent if isinstance(sent, bytes) else b"").reason
+    except DecodeError:  # not a refusal's reason: none
+        reason = pb.EXCHANGE_REFUSAL_UNSPECIFIED
+    kind = _EXCHANGE_REFUSALS.get(reason)
+    return failure if kind is None else dataclasses.replace(failure, kind=kind)
 
 
 # A generation resumed from memory, as rank 0 reports it: (generation, step, why).

@@ -176,10 +176,11 @@ async def test_mismatched_collectives_are_reported_not_deadlocked(server: Schedu
         asyncio.create_task(a.exchange("barrier", b"")),
         asyncio.create_task(b.exchange("allgather", b"x")),
     }
-    # Whichever call reaches the scheduler second is the one told about the mismatch.
+    # Whichever call reaches the scheduler second is the one told about the mismatch, by the
+    # reason of its refusal (the words are for people).
     done, pending = await asyncio.wait(calls, timeout=10, return_when=asyncio.FIRST_COMPLETED)
     assert len(done) == 1
-    with pytest.raises(cluster.CollectiveError, match="same collectives in the same order"):
+    with pytest.raises(cluster.CollectiveMismatchError, match="same collectives in the same order"):
         done.pop().result()
     pending.pop().cancel()
     await asyncio.gather(a.close(), b.close())

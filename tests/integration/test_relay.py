@@ -22,7 +22,12 @@ import pytest
 
 from cluster.protocol.config import Limits
 from cluster.protocol.environment import from_env
-from cluster.protocol.errors import AccessDeniedError, CapacityError, PeerFailedError
+from cluster.protocol.errors import (
+    AccessDeniedError,
+    CapacityError,
+    CollectiveMismatchError,
+    PeerFailedError,
+)
 from cluster.scheduler import JobSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
@@ -92,6 +97,7 @@ async def test_a_relay_passes_each_workers_calls_and_refusals_unchanged(short_di
             assert await asyncio.wait_for(
                 asyncio.gather(a.exchange("allgather", b"1"), b.exchange("allgather", b"2")), 10
             ) == [[b"1", b"2"], [b"1", b"2"]]
+            await _told_a_mismatch(a, b)
             a._metadata = (a._metadata[0], a._metadata[1], b._metadata[2])
             with pytest.raises(AccessDeniedError, match="does not carry its credential"):
                 await a.kv_get(["small"])
@@ -100,6 +106,20 @@ async def test_a_relay_passes_each_workers_calls_and_refusals_unchanged(short_di
             await asyncio.gather(a.close(), b.close())
         finally:
             await relay.stop()
+
+
+async def _told_a_mismatch(a: WorkerAgent, b: WorkerAgent) -> None:
+    """`a` and `b` call different collectives as the same one: the second to reach the scheduler
+    is told so by its refusal's reason (binary trailing metadata), as direct."""
+    calls = {
+        asyncio.ensure_future(a.exchange("barrier", b"")),
+        asyncio.ensure_future(b.exchange("broadcast", b"x")),
+    }
+    done, pending = await asyncio.wait(calls, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    assert len(done) == 1
+    with pytest.raises(CollectiveMismatchError, match="same collectives in the same order"):
+        done.pop().result()
+    pending.pop().cancel()
 
 
 async def test_a_worker_whose_relay_does_not_answer_goes_direct(short_dir: Path) -> None:

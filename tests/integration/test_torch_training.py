@@ -412,11 +412,14 @@ def test_another_collective_before_the_loop_is_named_where_the_loop_resumes(
     """What the loop cannot make again (a cluster.barrier() before the loop) meets a survivor's
     resume allgather when a spare comes in: the survivor died of a bare CollectiveError ("rank
     0 called allgather as collective #1, but another rank called barrier"). It now dies of a
-    ConfigError that names the likely cause and the fix, in one line."""
+    ConfigError that names the likely cause and the fix, in one line. The loop knows the
+    mismatch by its type (CollectiveMismatchError, from the reason of the scheduler's
+    refusal), not by the scheduler's words; the program sees that type as the error's cause."""
     _sched, rank0, rank1, _spare = start_with_a_spare(processes, tmp_path, BEFORE_LOOP)
     rank1.wait_for_output("rank 1 step 5 done", START_S)
     rank1.popen.send_signal(signal.SIGKILL)
     assert rank0.wait(START_S) == 1, rank0.output
+    assert "rank 0 loop raised for CollectiveMismatchError" in rank0.output, rank0.output
     [line] = [line for line in rank0.output.splitlines() if "cluster: " in line]
     assert "ConfigError: the TrainingLoop's first collective of generation 2" in line, line
     assert "called allgather as collective #1, but another rank called barrier" in line, line

@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from cluster.protocol.errors import CapacityError, CollectiveError, JobFailedError
+from cluster.protocol.errors import (
+    CapacityError,
+    CollectiveError,
+    CollectiveMismatchError,
+    JobFailedError,
+)
 from cluster.scheduler.exchange import (
     ALLGATHER,
     BARRIER,
@@ -133,7 +138,7 @@ async def test_mismatched_op_at_same_seq(
     table = ExchangeTable()
     waiting = contribute(table, 0, size=2, op=first[0], root=first[1], seq=7)
     await settle(lambda: len(table) == 1)
-    with pytest.raises(CollectiveError) as info:
+    with pytest.raises(CollectiveMismatchError) as info:
         await asyncio.wait_for(
             table.contribute(
                 generation=1,

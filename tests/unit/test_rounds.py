@@ -9,7 +9,13 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, JobFailedError
+from cluster.protocol.errors import (
+    CapacityError,
+    ClusterError,
+    CollectiveError,
+    CollectiveMismatchError,
+    JobFailedError,
+)
 from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST
 from cluster.scheduler.machine.rounds import (
     MAX_REASON_CHARS,
@@ -97,7 +103,7 @@ def test_a_withdrawal_is_refused_alone_when_it_cannot_be_this_rounds() -> None:
     it, is that call's refusal: the round goes on."""
     rounds = Rounds(max_bytes=1000, timeout_s=600.0)
     rounds.join((1, 1), rank=0, size=2, op=ALLGATHER, root=0, value=b"a", now=0.0)
-    with pytest.raises(CollectiveError, match="another rank called allgather"):
+    with pytest.raises(CollectiveMismatchError, match="another rank called allgather"):
         rounds.withdraw((1, 1), rank=1, size=2, op=BROADCAST, root=0, reason=WHY, now=0.0)
     with pytest.raises(CollectiveError, match="after it contributed to it"):
         rounds.withdraw((1, 1), rank=0, size=2, op=ALLGATHER, root=0, reason=WHY, now=0.0)

@@ -56,7 +56,12 @@ from dataclasses import dataclass, field
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
 from cluster.protocol.display import safe
-from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError
+from cluster.protocol.errors import (
+    CapacityError,
+    ClusterError,
+    CollectiveError,
+    CollectiveMismatchError,
+)
 from cluster.protocol.value import frozen
 from cluster.scheduler.machine.admission import ALLGATHER, BROADCAST
 
@@ -329,7 +334,8 @@ class Rounds:
         return seq if done_generation == generation else 0
 
     def _round(self, key: Key, *, rank: int, size: int, op: str, root: int, now: float) -> Round:
-        """The open round of `key`, made when this is its first contribution."""
+        """The open round of `key`, made when this is its first contribution; a
+        CollectiveMismatchError when the round is another collective than `op` from `root`."""
         failed = self._failed.get(key)
         if failed is not None:
             raise type(failed)(str(failed))
@@ -337,7 +343,7 @@ class Rounds:
         if rnd is None:
             rnd = self.open[key] = Round(key, op, root, size, started=now)
         elif (rnd.op, rnd.root) != (op, root):
-            raise CollectiveError(
+            raise CollectiveMismatchError(
                 f"rank {rank} called {describe(op, root)} as collective #{key[1]}, but another "
                 f"rank called {describe(rnd.op, rnd.root)}: every rank must call the same "
                 "collectives in the same order"

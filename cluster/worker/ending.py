@@ -92,6 +92,16 @@ class Ending:
         with self._lock:
             self._quiet = True
 
+    def release(self) -> None:
+        """The session is closed: give the signal back its default action, when its handler
+        is still this one (a program that took it since keeps its own). After this a SIGUSR2
+        does what it does in a process without `cluster` (by default: end it), and the closed
+        session is no longer held by the signal's handler. Main thread only, as installing."""
+        if threading.current_thread() is not self._main or not self._owns_signal():
+            return
+        signal.signal(SIGNAL, signal.SIG_DFL)
+        self.interrupts = False
+
     def exiting(self) -> None:
         """The process is ending of its own error (its finalize at exit, telling the scheduler
         which): the job's end, which that may bring about, raises nothing more in it."""

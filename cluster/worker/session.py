@@ -338,3 +338,4 @@ class WorkerSession:
         finally:
             self._background.stop()
             self._unlock_record()
+            self._ending.release()

@@ -46,7 +46,10 @@ def test_public_api_in_real_workers(processes: Procs) -> None:
     for w in workers:
         assert w.wait(30) == 0, w.output
     assert sched.wait(30) == 0, sched.output
-    seen = [json.loads(w.output.strip().splitlines()[-1]) for w in workers]
+    seen = [json.loads(w.output.strip().splitlines()[-2]) for w in workers]
+    # The signal the agent ends the process with is the library's during the job only.
+    assert all(w.output.strip().splitlines()[-1].endswith("default: True") for w in workers)
+    assert all(s["sigusr2_taken"] for s in seen)
     seen.sort(key=lambda s: s["rank"])
     assert [s["rank"] for s in seen] == [0, 1, 2]
     # Same host for all: ranks by node id, local ranks equal ranks, local size 3.

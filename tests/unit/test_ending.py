@@ -159,3 +159,32 @@ def test_while_finalizing_the_end_sends_no_signal_and_keeps_the_last_resort() ->
     assert result.returncode == ending.EXIT_CODE
     assert result.stdout.splitlines() == ["not interrupted"]
     assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
+
+
+def test_release_gives_the_signal_back_its_default_action() -> None:
+    # A closed session leaves nothing behind: a SIGUSR2 after it does what it does in a process
+    # without cluster (a batch system's warning signal ends it, by default).
+    result = run(
+        """
+        print(signal.getsignal(SIGNAL) == end._raise, flush=True)
+        end.release()
+        print(signal.getsignal(SIGNAL) is signal.SIG_DFL, end.interrupts, flush=True)
+        os.kill(os.getpid(), SIGNAL)
+        threading.Event().wait(20)
+        """
+    )
+    assert result.stdout.splitlines() == ["True", "True False"]
+    assert result.returncode == -ending.SIGNAL
+
+
+def test_release_leaves_a_handler_the_program_took_since() -> None:
+    result = run(
+        """
+        signal.signal(SIGNAL, lambda signum, frame: print("own handler", flush=True))
+        end.release()
+        os.kill(os.getpid(), SIGNAL)
+        print("still here", flush=True)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["own handler", "still here", "atexit ran"]

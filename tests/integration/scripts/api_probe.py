@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 
 import cluster
 from cluster.api.collective import MAX_WAIT_S
@@ -71,8 +72,12 @@ print(
             "one_key": one_key,
             "longest": longest,
             "refused": refused,
+            "sigusr2_taken": signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL,
         }
     ),
     flush=True,
 )
 cluster.finalize()
+# What the library took it gives back: the signal that ends the process from its agent.
+released = signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+print(f"after finalize, SIGUSR2 default: {released}", flush=True)

@@ -50,7 +50,7 @@ async def test_a_leader_saving_many_times_the_quota_keeps_saving(
     try:
         assert await store.acquire() is None
         # Every 4 MiB written (by default 16 MiB, for etcd's default quota of 2 GiB), or 30 s.
-        store.compact_every_bytes = 4 * 1024 * 1024
+        store.history.every_bytes = 4 * 1024 * 1024
         token = (await store.load()).token
         saves = 3 * QUOTA_BYTES // (150 * 1024)
         for revision in range(saves):

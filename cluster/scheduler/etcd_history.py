@@ -11,14 +11,24 @@ etcd lets any user that may write one key do it. So CLUSTER_ETCD_COMPACTION choo
   comes first, up to the revision of its write that landed at the check before: etcd holds
   between one and two such periods of its writes, and every reader of an older revision reads
   again. For an etcd of the job's alone.
+
+A scheduler of the job that reads at a revision of its choosing while the leader may write (a
+standby loading the state at start: the manifest, then its chunks at the manifest's revision)
+holds the history for that long (`held`): a key PREFIX/reads/<id> on a lease of its own, put
+before it reads, so that the revision it reads at is never older than the key's. The leader
+compacts no further than the oldest such key: that mark alone does not keep the read's revision,
+as two checks may come within a moment of each other when the leader writes `every_bytes` that
+fast. The key goes with its lease, when the read ends or HOLD_TTL_S after its reader died.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 
 from cluster.protocol.errors import StateFileError
 from cluster.protocol.state_url import COMPACTION_ENV
@@ -28,12 +38,16 @@ log = logging.getLogger("cluster.scheduler")
 
 COMPACT_EVERY_S = 30.0
 COMPACT_EVERY_BYTES = 16 * 1024 * 1024
+# The lease of a hold (`held`): how long, at most, a reader that died keeps the leader from
+# compacting past it.
+HOLD_TTL_S = 60
 
 
 class EtcdHistory:
     def __init__(self, connection: EtcdConnection) -> None:
         self.connection = connection
         self.compacting = connection.url.compaction == "auto"
+        self.holds = connection.url.prefix.encode() + b"reads/"
         self.every_s = COMPACT_EVERY_S
         self.every_bytes = COMPACT_EVERY_BYTES
         self.clock: Callable[[], float] = time.monotonic
@@ -83,6 +97,7 @@ class EtcdHistory:
         if upto <= 0:
             return
         try:
+            upto = await self._unheld(upto)
             await self.connection.call(lambda c: c.compact(upto), "compact etcd's history")
         except StateFileError as exc:
             if "compacted" in str(exc):  # compacted past it already (etcd's auto-compaction)
@@ -97,3 +112,41 @@ class EtcdHistory:
             self._failed = True
             return
         self._failed = False
+
+    async def _unheld(self, upto: int) -> int:
+        """`upto`, or the revision of the oldest hold when that is older."""
+        found = await self.connection.call(
+            lambda c: c.get_prefix(self.holds, keys_only=True), "list the holds on etcd's history"
+        )
+        return min([upto, *(int(kv.mod_revision) for kv in found)])
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """The history held from now on, while the body reads at revisions it takes from reads
+        made inside it. Best effort: where etcd refuses the hold (its NOSPACE alarm), the body
+        reads without it, and reads again what a compaction took."""
+        lease = await self._hold()
+        try:
+            yield
+        finally:
+            if lease is not None:
+                with contextlib.suppress(StateFileError):  # it ends after HOLD_TTL_S anyway
+                    await self.connection.call(
+                        lambda c: c.revoke_lease(lease), "release a hold on etcd's history"
+                    )
+
+    async def _hold(self) -> int | None:
+        """The lease of a new hold (its key goes with it); None when etcd refused one."""
+        key = self.holds + uuid.uuid4().hex.encode()
+        try:
+            granted = await self.connection.call(
+                lambda c: c.lease(HOLD_TTL_S), "hold etcd's history"
+            )
+            lease = int(granted.id)
+            await self.connection.call(
+                lambda c: c.put(key, b"", lease=lease), "hold etcd's history"
+            )
+        except StateFileError as exc:
+            log.info("reading without a hold on etcd's history: %s", exc)
+            return None
+        return lease

@@ -7,6 +7,7 @@ Keys under the job's PREFIX:
     kvjob                           the job whose key-value store is kept
     kv/<key>                        one etcd key per key of the job's key-value store
     stateblob/<id>/<n>, kvblob/<id>/<n>   chunks of a value too large for one request
+    reads/<id>                      a scheduler's hold on etcd's history (`etcd_history`)
 
 Every write is one transaction conditioned on the create revision of this scheduler's leader
 key (its fence): a scheduler whose lease ended, or that never led, writes nothing, and learns
@@ -173,14 +174,17 @@ class EtcdStore:
     # -- the state -------------------------------------------------------------------------
 
     async def load(self) -> Stored:
-        for _ in range(READ_TRIES):
-            got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
-            if got is None:
-                self._state_blob = None
-                return Stored(None, "")
-            stored = await self._decode_state(got.value, got.mod_revision, got.header.revision)
-            if stored is not None:
-                return stored
+        """The state, its chunks read at the revision its manifest was read at: held from the
+        job's leader's compaction meanwhile (a standby's load races the leader's saves)."""
+        async with self.history.held():
+            for _ in range(READ_TRIES):
+                got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
+                if got is None:
+                    self._state_blob = None
+                    return Stored(None, "")
+                stored = await self._decode_state(got.value, got.mod_revision, got.header.revision)
+                if stored is not None:
+                    return stored
         raise StateFileError(
             f"cannot read the state in {self.where}: etcd compacted its revision before its "
             f"chunks were read, {READ_TRIES} times"
@@ -321,7 +325,9 @@ class EtcdStore:
         """The key-value store of `job`, as it was at one revision (the one its owner key was
         read at): the keys listed first, then their values read in sub-ranges of PAGE_KEYS
         keys each. etcd counts every key from a range's start to its end for a read, whatever
-        its limit: pages that each run to the end of the store would read it quadratically."""
+        its limit: pages that each run to the end of the store would read it quadratically.
+        A new leader loads it before it writes, while no other scheduler of the job may write
+        (their leader keys are gone): no compaction of the job's needs holding off meanwhile."""
         for _ in range(READ_TRIES):
             owner = await self.connection.call(
                 lambda c: c.get(self.kv_job_key), "read the kv owner"

@@ -1,4 +1,5 @@
-"""Where a scheduler keeps its job's state: CLUSTER_STATE_URL and CLUSTER_LEASE_S, parsed.
+"""Where a scheduler keeps its job's state: CLUSTER_STATE_URL, CLUSTER_LEASE_S and
+CLUSTER_ETCD_COMPACTION, parsed.
 
     etcd://HOST:PORT[,HOST:PORT...]/PREFIX     etcd v3, plaintext
     etcds://HOST:PORT[,HOST:PORT...]/PREFIX    etcd v3 over TLS (see `EtcdTLS`)
@@ -17,6 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import field
 from pathlib import Path
+from typing import Literal
 
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host, is_decimal, plain_float, shown
@@ -31,6 +33,14 @@ MAX_LEASE_S = 3600
 # Failover after a leader's death takes about the lease: 5 s keeps it short while a scheduler
 # stalled for a few seconds (a swapped-out host, a slow etcd) does not lose its job to a standby.
 DEFAULT_LEASE_S = 5
+COMPACTION_ENV = "CLUSTER_ETCD_COMPACTION"
+# Who compacts etcd's history, which a compaction drops for every key of that etcd, not only the
+# job's: "off", etcd itself (its --auto-compaction-* flags) or its operator; "auto", the job's
+# leader (`cluster.scheduler.etcd_history`). "off" by default: a job keeps to its prefix, and an
+# etcd shared by several users compacts its history once, for all of them.
+Compaction = Literal["off", "auto"]
+COMPACTIONS: tuple[Compaction, ...] = ("off", "auto")
+DEFAULT_COMPACTION: Compaction = "off"
 _SCHEMES = {"etcd": False, "etcds": True}
 _USAGE = "it must be etcd://HOST:PORT[,HOST:PORT...]/PREFIX (or etcds:// for TLS)"
 
@@ -72,6 +82,7 @@ class StateUrl:
     tls: bool = False
     tls_files: EtcdTLS = field(default_factory=EtcdTLS)
     auth: EtcdAuth | None = None
+    compaction: Compaction = DEFAULT_COMPACTION
 
     def __str__(self) -> str:
         hosts = ",".join(_endpoint(host, port) for host, port in self.endpoints)
@@ -163,7 +174,27 @@ def state_url_from_env(env: Mapping[str, str], given: str | None = None) -> Stat
             f"CLUSTER_ETCD_*_FILE are set, but the state URL {str(url)!r} is plaintext: use "
             "etcds:// to speak TLS to etcd"
         )
-    return StateUrl(url.endpoints, url.prefix, url.tls, files, etcd_auth_from_env(env))
+    return StateUrl(
+        url.endpoints, url.prefix, url.tls, files, etcd_auth_from_env(env), compaction_from_env(env)
+    )
+
+
+def parse_compaction(value: str, name: str = COMPACTION_ENV) -> Compaction:
+    """`value` as a compaction mode (any case), or ConfigError naming `name` and the modes."""
+    text = value.strip().lower()
+    for mode in COMPACTIONS:
+        if text == mode:
+            return mode
+    raise ConfigError(
+        f"{name}={shown(value)} is not a compaction mode: it must be off (this job never compacts "
+        "etcd's history: etcd does, with --auto-compaction-retention) or auto (the job's leader "
+        "compacts it, etcd-wide: for an etcd of this job's alone)"
+    )
+
+
+def compaction_from_env(env: Mapping[str, str]) -> Compaction:
+    raw = env.get(COMPACTION_ENV, "").strip()
+    return parse_compaction(raw) if raw else DEFAULT_COMPACTION
 
 
 def etcd_auth_from_env(env: Mapping[str, str]) -> EtcdAuth | None:

@@ -7,6 +7,7 @@ Keys under the job's PREFIX:
     kvjob                           the job whose key-value store is kept
     kv/<key>                        one etcd key per key of the job's key-value store
     stateblob/<id>/<n>, kvblob/<id>/<n>   chunks of a value too large for one request
+    reads/<id>                      a scheduler's hold on etcd's history (`etcd_history`)
 
 Every write is one transaction conditioned on the create revision of this scheduler's leader
 key (its fence): a scheduler whose lease ended, or that never led, writes nothing, and learns
@@ -22,7 +23,8 @@ chunks of a save whose outcome is unknown go with the next save that lands; what
 left unnamed (it died, or lost its lease, between writing chunks and naming them) is removed by
 the next leader when it starts leading (`collect_garbage`). A batch of key-value changes goes in
 transactions of at most TXN_OPS operations and TXN_BYTES bytes: each key is set atomically, and
-the batch is acknowledged once all of them are.
+the batch is acknowledged once all of them are. After each write that lands, the leader
+compacts etcd's history when it is due (`etcd_history`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,6 +41,7 @@ import xxhash
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.scheduler.etcd_client import EtcdConnection, describe, no_space
 from cluster.scheduler.etcd_election import EtcdElection
+from cluster.scheduler.etcd_history import EtcdHistory
 from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
@@ -56,11 +57,6 @@ PAGE_KEYS = 64  # a key-value page read at once: at most 32 MiB of inline values
 LIST_KEYS = 16384  # keys listed at once (keys only)
 READ_TRIES = 3  # reads of a value whose chunks' revision etcd compacted meanwhile
 UNKNOWN_KEPT = 16  # chunk sets of saves with an unknown outcome, removed by the next one
-# etcd keeps every revision of every key until it is compacted: a leader compacts its history
-# this often, or once it has written this much, up to the revision of its newest write at the
-# check before (so etcd holds between one and two such periods of its writes).
-COMPACT_EVERY_S = 30.0
-COMPACT_EVERY_BYTES = 16 * 1024 * 1024
 
 
 # A transaction's comparisons and operations, built on the client's `transactions` when sent.
@@ -124,15 +120,7 @@ class EtcdStore:
         # later save lands.
         self._unknown_blobs: set[str] = set()
         self._kv_blob: dict[str, str] = {}  # key-value keys stored as chunks -> their id
-        # Compaction (`_compact`): when it is due next, the revision it compacts up to then,
-        # and whether the last one failed.
-        self.compact_every_s = COMPACT_EVERY_S
-        self.compact_every_bytes = COMPACT_EVERY_BYTES
-        self.clock: Callable[[], float] = time.monotonic
-        self._compact_at = -math.inf
-        self._compact_mark = 0
-        self._written = 0  # bytes written since the last check
-        self._compact_failed = False
+        self.history = EtcdHistory(connection)  # compacted after the writes that land
 
     # -- holding ---------------------------------------------------------------------------
 
@@ -173,36 +161,6 @@ class EtcdStore:
                 f"{exc}; this scheduler stops leading the job, which it could not change"
             ) from None
 
-    async def _compact(self, revision: int, size: int) -> None:
-        """A write of `size` bytes (and of the chunks it names) landed at `revision`: compact
-        etcd's history, every `compact_every_s` or `compact_every_bytes` written, whichever
-        comes first, up to the revision of the write that landed at the check before (every
-        reader of an older revision reads again). Without it, every save stays in etcd until
-        its space quota is spent, and then etcd refuses every write."""
-        now = self.clock()
-        self._written += size
-        if now < self._compact_at and self._written < self.compact_every_bytes:
-            return
-        upto, self._compact_mark = self._compact_mark, revision
-        self._compact_at, self._written = now + self.compact_every_s, 0
-        if upto <= 0:
-            return
-        try:
-            await self.connection.call(lambda c: c.compact(upto), "compact etcd's history")
-        except StateFileError as exc:
-            if "compacted" in str(exc):  # compacted past it already (etcd's auto-compaction)
-                return
-            if not self._compact_failed:
-                log.warning(
-                    "cannot compact etcd's history up to revision %d: %s; etcd's database "
-                    "grows with every save until it is compacted",
-                    upto,
-                    exc,
-                )
-            self._compact_failed = True
-            return
-        self._compact_failed = False
-
     def _fenced(self, responses: list[Any], fence: int) -> None:
         """Raise FencedError when the leader key in `responses[0]` is not ours any more."""
         got = responses[0] if responses else []
@@ -216,14 +174,17 @@ class EtcdStore:
     # -- the state -------------------------------------------------------------------------
 
     async def load(self) -> Stored:
-        for _ in range(READ_TRIES):
-            got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
-            if got is None:
-                self._state_blob = None
-                return Stored(None, "")
-            stored = await self._decode_state(got.value, got.mod_revision, got.header.revision)
-            if stored is not None:
-                return stored
+        """The state, its chunks read at the revision its manifest was read at: held from the
+        job's leader's compaction meanwhile (a standby's load races the leader's saves)."""
+        async with self.history.held():
+            for _ in range(READ_TRIES):
+                got = await self.connection.call(lambda c: c.get(self.state_key), "read the state")
+                if got is None:
+                    self._state_blob = None
+                    return Stored(None, "")
+                stored = await self._decode_state(got.value, got.mod_revision, got.header.revision)
+                if stored is not None:
+                    return stored
         raise StateFileError(
             f"cannot read the state in {self.where}: etcd compacted its revision before its "
             f"chunks were read, {READ_TRIES} times"
@@ -259,7 +220,7 @@ class EtcdStore:
         if ok:
             self._landed(blob, unnamed)
             revision = responses[-1][0][1].header.revision
-            await self._compact(revision, len(value))
+            await self.history.wrote(revision, len(value))
             return Written(True, Stored(snapshot, str(revision)))
         self._fenced(responses, fence)
         raw, meta = responses[1][0] if responses[1] else (None, None)
@@ -325,7 +286,7 @@ class EtcdStore:
             )
             if not ok:
                 self._fenced(responses, fence)
-            self._written += len(chunk)  # counted for compaction (`_compact`)
+            self.history.count(len(chunk))
         manifest = {"id": blob, "size": len(data), "xxh3": xxhash.xxh3_128_hexdigest(data)}
         return CHUNKED + json.dumps(manifest).encode(), blob
 
@@ -364,7 +325,9 @@ class EtcdStore:
         """The key-value store of `job`, as it was at one revision (the one its owner key was
         read at): the keys listed first, then their values read in sub-ranges of PAGE_KEYS
         keys each. etcd counts every key from a range's start to its end for a read, whatever
-        its limit: pages that each run to the end of the store would read it quadratically."""
+        its limit: pages that each run to the end of the store would read it quadratically.
+        A new leader loads it before it writes, while no other scheduler of the job may write
+        (their leader keys are gone): no compaction of the job's needs holding off meanwhile."""
         for _ in range(READ_TRIES):
             owner = await self.connection.call(
                 lambda c: c.get(self.kv_job_key), "read the kv owner"
@@ -495,7 +458,7 @@ class EtcdStore:
                 self._kv_blob.pop(key, None)
             else:
                 self._kv_blob[key] = blob
-        await self._compact(responses[-1][0][1].header.revision, size)
+        await self.history.wrote(responses[-1][0][1].header.revision, size)
 
     async def clear_kv(self, job: str) -> None:
         fence = self._fence()

@@ -122,6 +122,7 @@ async def open_etcd(
             f"the state URL {str(url)!r} cannot be used: {exc}; is etcd running there, and "
             "does it take this client (etcds:// and its certificates)?"
         ) from None
+    store.history.announce()
     return store
 
 

@@ -2,14 +2,16 @@
 keeps every revision of every key until it is compacted, and a state save writes the whole
 state: a leader that never compacted spent the quota (2 GiB: about 14,000 saves of a 1,024-node
 job), after which etcd refused every write while the leader's keepalives still landed, so it
-led a frozen job. The leader compacts its history; when etcd refuses a write for want of space
-all the same (its NOSPACE alarm is on), the leader says so, with what to run, and steps down;
-once the operator has run it, a scheduler leads the job again."""
+led a frozen job. With CLUSTER_ETCD_COMPACTION=auto the leader compacts its history; when etcd
+refuses a write for want of space all the same (its NOSPACE alarm is on), the leader says so,
+with what to run, and steps down; once the operator has run it, a scheduler leads the job
+again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -45,12 +47,13 @@ async def test_a_leader_saving_many_times_the_quota_keeps_saving(
 ) -> None:
     etcd = make_etcd_cluster(1, quota_bytes=QUOTA_BYTES)
     etcd.prefix = "/job/"
-    store = await stores.open_etcd(parse_state_url(etcd.state_url()), "127.0.0.1:1", 30)
+    url = dataclasses.replace(parse_state_url(etcd.state_url()), compaction="auto")
+    store = await stores.open_etcd(url, "127.0.0.1:1", 30)
     assert isinstance(store, EtcdStore)
     try:
         assert await store.acquire() is None
         # Every 4 MiB written (by default 16 MiB, for etcd's default quota of 2 GiB), or 30 s.
-        store.compact_every_bytes = 4 * 1024 * 1024
+        store.history.every_bytes = 4 * 1024 * 1024
         token = (await store.load()).token
         saves = 3 * QUOTA_BYTES // (150 * 1024)
         for revision in range(saves):

@@ -137,6 +137,11 @@ LONG_VALUES = [
         "CLUSTER_STATE_URL": "etcd://h:1/p",
         "CLUSTER_ETCD_USER": HUGE,
     },
+    {
+        "MS_ROLE": "MS_SCHED",
+        "CLUSTER_STATE_URL": "etcd://h:1/p",
+        "CLUSTER_ETCD_COMPACTION": HUGE,
+    },
 ]
 
 

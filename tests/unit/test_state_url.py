@@ -1,5 +1,5 @@
-"""CLUSTER_STATE_URL and CLUSTER_LEASE_S: parsed in one place, every bad value a ConfigError that
-names the variable, the value and the rule."""
+"""CLUSTER_STATE_URL, CLUSTER_LEASE_S and CLUSTER_ETCD_COMPACTION: parsed in one place, every bad
+value a ConfigError that names the variable, the value and the rule."""
 
 from __future__ import annotations
 
@@ -75,6 +75,37 @@ def test_the_etcd_tls_files_need_etcds_and_go_together() -> None:
     with pytest.raises(ConfigError, match="--state-url="):
         state_url_from_env({}, given="etcd://h/j")
     assert state_url_from_env({"CLUSTER_STATE_URL": " "}) is None
+
+
+def test_compaction_is_off_unless_auto_is_asked_for() -> None:
+    """A compaction drops every key's history, other users' too: never by default."""
+    modes = {}
+    for given in ("", " ", "off", "OFF", "auto", " Auto "):
+        url = state_url_from_env({**URL, "CLUSTER_ETCD_COMPACTION": given})
+        assert url is not None
+        modes[given] = url.compaction
+    assert modes == {
+        "": "off",
+        " ": "off",
+        "off": "off",
+        "OFF": "off",
+        "auto": "auto",
+        " Auto ": "auto",
+    }
+    url = state_url_from_env(URL, given="etcd://h:1/k")  # --state-url: the variable still counts
+    assert url is not None
+    assert url.compaction == "off"
+
+
+@pytest.mark.parametrize("value", ["sometimes", "on", "1", "periodic", "auto,off"])
+def test_a_bad_compaction_is_one_line_naming_the_variable_and_the_modes(value: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        from_env(scheduler_env(**URL, CLUSTER_ETCD_COMPACTION=value))
+    message = str(raised.value)
+    assert message.startswith(f"CLUSTER_ETCD_COMPACTION={value!r} is not a compaction mode: ")
+    assert "it must be off (" in message
+    assert ") or auto (" in message
+    assert "\n" not in message
 
 
 def scheduler_env(**extra: str) -> dict[str, str]:

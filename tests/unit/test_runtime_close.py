@@ -35,6 +35,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(runtime, "_session", Session(made))
     monkeypatch.setattr(runtime, "_closers", [])
     monkeypatch.setattr(runtime, "_aborters", [])
+    monkeypatch.setattr(runtime, "_finalized", False)  # closing sets it: undone after the test
     runtime.on_finalize(lambda: made.append("closed"))
     runtime.on_crash(lambda: made.append("aborted"))
     return made

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,19 +59,16 @@ class LogDirLock:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / LOCK_FILE
-        self._fd: int | None = None
-        self._port = 0
-        self._lost = False  # it held the lock, and its file was removed or replaced since
-        self._said_out = False  # said that it holds it no more
+        self._hold = holder_lock.Hold(self.path)
 
     def take(self, port: int) -> str:
         """Lock the directory, or a ConfigError when another launcher holds it (nothing
         written); the holder's pid, host and `port` written into the file. Returns '' or,
         where the file system has no locks, the line to say: the run goes on without one."""
-        self._port = port
+        self._hold.tell(port=port)
         fd = self._open()
         try:
-            holder = self._lock(fd)
+            holder = self._hold.lock(fd)
         except OSError as exc:
             if exc.errno not in _NO_LOCKS:
                 raise ConfigError(
@@ -99,59 +95,40 @@ class LogDirLock:
     def keep(self) -> str:
         """'' while the path names the file this launcher locked (or it never held one: a file
         system without locks). Where the file was removed or replaced, the lock is let go and
-        the file there now locked at once; the line to say: locked anew, or not (held by
-        another launcher: said once; each later `keep` tries again, and says when it holds it)."""
-        if self._fd is not None:
-            if holder_lock.still_holds(self._fd, self.path):
-                return ""
-            os.close(self._fd)  # its lock keeps no one out
-            self._fd, self._lost, self._said_out = None, True, False
-        elif not self._lost:
+        the file there now locked at once (`holder_lock.Hold.keep`); the line to say: locked
+        anew, or not (held by another launcher: said once; each later `keep` tries again, and
+        says when it holds it)."""
+        found = self._hold.keep()
+        if found is None or not found.news:
             return ""
         lost = f"mscluster: {str(self.path)!r} was removed or replaced while this run held it"
-        try:
-            holder = self._lock(holder_lock.open_lock(self.path))
-        except OSError as exc:
-            why = (
-                f"{lost}, and cannot be locked anew ({exc.strerror or exc}): this job goes on, "
-                f"but nothing keeps another mscluster run out of --log-dir {str(self.directory)!r}"
-            )
-        else:
-            if holder is None:
-                again = f"mscluster: this run holds {str(self.path)!r} again"
-                anew = f"{lost}, so it kept no other launcher out: locked the file there anew"
-                said, self._said_out = (again if self._said_out else anew), False
-                return said
-            why = (
-                f"{lost}, and another mscluster run ({self._who(holder)}) has locked the file "
-                "there since: this job goes on, but the two runs replace each other's job "
+        if found.holder is not None:
+            return (
+                f"{lost}, and another mscluster run ({self._who(found.holder)}) has locked the "
+                "file there since: this job goes on, but the two runs replace each other's job "
                 f"secret, pids and logs in --log-dir {str(self.directory)!r}; stop one of them"
             )
-        if self._said_out:
-            return ""
-        self._said_out = True
-        return why
+        if found.error is not None:
+            return (
+                f"{lost}, and cannot be locked anew ({found.cause}): this job goes on, but "
+                f"nothing keeps another mscluster run out of --log-dir {str(self.directory)!r}"
+            )
+        if found.repeated:
+            return f"mscluster: this run holds {str(self.path)!r} again"
+        return f"{lost}, so it kept no other launcher out: locked the file there anew"
 
     def release(self, *, remove: bool = False) -> None:
         """Let the lock go. The file stays; with `remove`, given only where this run made the
         directory and is refused before it began, the file is removed too (the directory next),
         while this run still holds it, and only then: removed after its lock was let go, or by
         a run that never held it, it may be the file another launcher has just locked."""
-        fd, self._fd = self._fd, None
+        fd = self._hold.fd
         if fd is None:
             return
         if remove and holder_lock.still_holds(fd, self.path):
             with contextlib.suppress(OSError):
                 self.path.unlink()
-        os.close(fd)  # the lock goes with it
-
-    def _lock(self, fd: int) -> dict[str, object] | None:
-        """Take the lock of `fd`, open at the path, with this launcher written into it
-        (`holder_lock.take`): None; or what the launcher that holds it wrote (`fd` closed)."""
-        holder = holder_lock.take(fd, self.path, port=self._port)
-        if holder is None:
-            self._fd = fd
-        return holder
+        self._hold.release()
 
     def _open(self) -> int:
         try:

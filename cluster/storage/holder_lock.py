@@ -17,7 +17,9 @@ points (`checkpoint_lock` before each save, load or listing; `node_file` before 
 writes its record; `event_file` before each batch of lines, and every second while idle;
 `launch_lock` and `relay` every second), then locks the file there now (`take`) or holds
 nothing more. `Hold` is that check for `launch_lock`, `relay`, `node_file` and `event_file`:
-one state machine, each holder saying what it found (`Relock`) in its own words.
+one state machine, each holder saying what it found (`Relock`) in its own words. Between a
+removal and the check a newcomer can lock a new file: `launch_lock` also holds its directory
+itself (`lock_directory`), which no removal of a file in it undoes, and takes it first.
 
 A holder that removes its lock file (`launch_lock`'s run refused in a directory it made)
 removes it while it holds the lock, and then lets go: a process that opened the file and locks
@@ -156,6 +158,57 @@ def held(path: Path) -> bool | None:
     finally:
         os.close(fd)  # the shared lock goes with it
     return False
+
+
+def lock_directory(directory: Path) -> int | None:
+    """A descriptor of `directory` (the one its path leads to, links followed), O_CLOEXEC, on
+    which this process holds an exclusive `flock` now; None when another process holds it. A
+    guard beside a lock file in it: the directory cannot be removed or replaced behind its
+    holder's back as a file can while its holder runs on (`launch_lock`). One removed or
+    replaced between its open and its lock is opened anew. OSError when it cannot be opened or
+    locked (a file system that locks no directory)."""
+    for _ in range(_REOPENS):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _names_directory(directory, fd):
+            return fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, f"replaced each of {_REOPENS} times it was locked", directory)
+
+
+def _names_directory(directory: Path, fd: int) -> bool:
+    try:
+        return atomic.same_file(os.stat(directory), os.fstat(fd))
+    except OSError:
+        return False
+
+
+def live_holder(path: Path, wait_s: float) -> dict[str, object]:
+    """What the lock file `path` says of its holder once it names a live process, read again
+    for up to `wait_s` (a holder locks its file anew, and writes itself, within moments of
+    finding it removed); {} when nothing there names one by then. The file is opened for
+    reading only: never made, never through a link."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        holder: dict[str, object] = {}
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                holder = read_holder(fd)
+            finally:
+                os.close(fd)
+        if _names_live_process(holder):
+            return holder
+        if time.monotonic() >= deadline:
+            return {}
+        time.sleep(_SETTLE_POLL_S)  # sleep-ok: the holder writes itself within moments
 
 
 def write_holder(fd: int, **fields: object) -> None:

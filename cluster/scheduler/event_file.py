@@ -92,14 +92,17 @@ class EventLogLock:
     def __init__(self, path: Path, state: str = "") -> None:
         self.path = path
         self.state = state
-        self._fd: int | None = None
+        # Unlockable when lost: it writes on without the lock, as at start (said once).
+        self._hold = holder_lock.Hold(
+            holder_lock.lock_path(path), retry=False, open_file=_open_making_parent, state=state
+        )
         self._open_lock = threading.Lock()
         self.holder: dict[str, object] = {}  # what the holder wrote, when another holds it
         self._said = False
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._hold.fd is not None
 
     def claim(self, *, standby: bool = False) -> None:
         """At start: hold the lock from now on (a standby only checks that it could), or a
@@ -141,17 +144,16 @@ class EventLogLock:
     def keep(self) -> bool:
         """Whether this scheduler may write on: True while the path names the lock file it
         holds (or it holds none). Where that file was removed or replaced, its lock is let go
-        and the file there now locked at once, said in one line: True when taken (or when it
-        cannot be: said as at start), False when another scheduler has locked it since."""
-        where = holder_lock.lock_path(self.path)
+        and the file there now locked at once (`holder_lock.Hold.keep`), said in one line: True
+        when taken (or when it cannot be: said as at start), False when another scheduler has
+        locked it since."""
         with self._open_lock:
-            fd = self._fd
-            if fd is None or holder_lock.still_holds(fd, where):
-                return True
-            self._fd = None
-            os.close(fd)  # its lock keeps no one out
-        taken = self._take()
-        if taken is False:
+            found = self._hold.keep()
+        if found is None:
+            return True
+        where = self._hold.path
+        if found.holder is not None:
+            self.holder = found.holder
             log.error(
                 "%s was removed or replaced while this scheduler held it, and another "
                 "scheduler (%s) has locked the file there since: this scheduler's events are "
@@ -161,6 +163,8 @@ class EventLogLock:
                 self.path,
             )
             return False
+        if found.error is not None:
+            self._unlockable(where, found.error)
         log.warning(
             "%s was removed or replaced while this scheduler held it, so its lock kept no "
             "other scheduler from writing %s: locked the file there anew",
@@ -171,28 +175,22 @@ class EventLogLock:
 
     def release(self) -> None:
         with self._open_lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # the lock goes with it; the file stays (`holder_lock`)
+            self._hold.release()  # the file stays (`holder_lock`)
 
     def _take(self) -> bool | None:
         """True: held now (or already); False: another holds it (`_holder`); None: it cannot
         be taken here (said once), and nothing keeps another scheduler out."""
         with self._open_lock:
-            if self._fd is not None:
+            if self._hold.fd is not None:
                 return True
-            where = holder_lock.lock_path(self.path)
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = holder_lock.open_lock(where)
-                holder = holder_lock.take(fd, where, state=self.state)
+                holder = self._hold.open_and_lock()
             except OSError as exc:
-                self._unlockable(where, exc)
+                self._unlockable(self._hold.path, exc)
                 return None
             if holder is not None:
                 self.holder = holder
                 return False
-            self._fd = fd
             return True
 
     def _unlockable(self, where: Path, exc: OSError) -> None:
@@ -205,6 +203,12 @@ class EventLogLock:
                 exc.strerror or exc,
                 self.path,
             )
+
+
+def _open_making_parent(where: Path) -> int:
+    """The lock file `where` open (`holder_lock.open_lock`), its directory made first."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    return holder_lock.open_lock(where)
 
 
 def _described(holder: dict[str, object]) -> str:

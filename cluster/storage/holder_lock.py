@@ -16,7 +16,10 @@ newcomer sees: `still_holds` tells a holder so, and one that runs long asks it a
 points (`checkpoint_lock` before each save, load or listing; `node_file` before the worker
 writes its record; `event_file` before each batch of lines, and every second while idle;
 `launch_lock` and `relay` every second), then locks the file there now (`take`) or holds
-nothing more.
+nothing more. `Hold` is that check for `launch_lock`, `relay`, `node_file` and `event_file`:
+one state machine, each holder saying what it found (`Relock`) in its own words. Between a
+removal and the check a newcomer can lock a new file: `launch_lock` also holds its directory
+itself (`lock_directory`), which no removal of a file in it undoes, and takes it first.
 
 A holder that removes its lock file (`launch_lock`'s run refused in a directory it made)
 removes it while it holds the lock, and then lets go: a process that opened the file and locks
@@ -38,6 +41,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.storage import atomic
@@ -155,6 +160,57 @@ def held(path: Path) -> bool | None:
     return False
 
 
+def lock_directory(directory: Path) -> int | None:
+    """A descriptor of `directory` (the one its path leads to, links followed), O_CLOEXEC, on
+    which this process holds an exclusive `flock` now; None when another process holds it. A
+    guard beside a lock file in it: the directory cannot be removed or replaced behind its
+    holder's back as a file can while its holder runs on (`launch_lock`). One removed or
+    replaced between its open and its lock is opened anew. OSError when it cannot be opened or
+    locked (a file system that locks no directory)."""
+    for _ in range(_REOPENS):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _names_directory(directory, fd):
+            return fd
+        os.close(fd)
+    raise OSError(errno.EAGAIN, f"replaced each of {_REOPENS} times it was locked", directory)
+
+
+def _names_directory(directory: Path, fd: int) -> bool:
+    try:
+        return atomic.same_file(os.stat(directory), os.fstat(fd))
+    except OSError:
+        return False
+
+
+def live_holder(path: Path, wait_s: float) -> dict[str, object]:
+    """What the lock file `path` says of its holder once it names a live process, read again
+    for up to `wait_s` (a holder locks its file anew, and writes itself, within moments of
+    finding it removed); {} when nothing there names one by then. The file is opened for
+    reading only: never made, never through a link."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        holder: dict[str, object] = {}
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                holder = read_holder(fd)
+            finally:
+                os.close(fd)
+        if _names_live_process(holder):
+            return holder
+        if time.monotonic() >= deadline:
+            return {}
+        time.sleep(_SETTLE_POLL_S)  # sleep-ok: the holder writes itself within moments
+
+
 def write_holder(fd: int, **fields: object) -> None:
     """Write this process (pid, host and `fields`) into the lock file open at `fd`, as a rule
     one it holds (`checkpoint_lock` also writes a claim its holder reads): best effort, the
@@ -199,3 +255,129 @@ def described(holder: dict[str, object]) -> str:
         return "a process whose pid is not written yet"
     where = "this host" if host == socket.gethostname() else f"host {host}"
     return f"pid {pid} on {where}"
+
+
+@dataclass(frozen=True)
+class Relock:
+    """What `Hold.keep` found where the lock file it held was removed or replaced, and what
+    locking the file at the path now gave: this process holds it (`taken`), another does
+    (`holder`, what it wrote), or it cannot be locked (`error`). `repeated`: an earlier `keep`
+    since that loss found it another's or unlockable too (a holder that says a failure once
+    says nothing now; one that holds it again says so)."""
+
+    holder: dict[str, object] | None = None
+    error: OSError | None = None
+    repeated: bool = False
+
+    @property
+    def taken(self) -> bool:
+        return self.holder is None and self.error is None
+
+    @property
+    def cause(self) -> str:
+        """Why it cannot be locked (`error`'s words); '' when it could."""
+        return "" if self.error is None else str(self.error.strerror or self.error)
+
+    @property
+    def news(self) -> bool:
+        """Whether a holder that says each failure once per loss has this to say."""
+        return self.taken or not self.repeated
+
+
+class Hold:
+    """This process's hold on the lock file `path`, its holder written as `fields`: `lock` a
+    descriptor open at the path, `keep` at the holder's natural points, `release` at its end.
+
+    `keep` is nothing while the path names the file held (or nothing is held). Where it does
+    not, that file's lock is let go (it keeps no one out) and the file at the path now locked at
+    once (`open_file` opens it: `open_lock`), the `Relock` saying how: the holder says it in its
+    own words and decides what follows. One that another holds is tried again at each later
+    `keep`; one that cannot be locked too with `retry`, without it the holder goes on without
+    the lock (`keep` has nothing more to say). With `fork_safe`, a child this process forks
+    closes its copy of the descriptor at once: a `flock` is the open file's, which a fork
+    shares, and the lock then goes with this process alone."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        retry: bool = True,
+        fork_safe: bool = False,
+        open_file: Callable[[Path], int] = open_lock,
+        **fields: object,
+    ) -> None:
+        self.path = path
+        self.fields: dict[str, object] = dict(fields)
+        self.fd: int | None = None
+        self._retry = retry
+        self._fork_safe = fork_safe
+        self._open_file = open_file
+        self._lost = False  # it held the lock, and its file was removed or replaced since
+        self._failed = False  # a `keep` since then found the file there another's or unlockable
+
+    def lock(self, fd: int) -> dict[str, object] | None:
+        """`take(fd, path, **fields)`: None when held now; or what its holder wrote (`fd`
+        closed). OSError as `take`."""
+        holder = take(fd, self.path, **self.fields)
+        if holder is None:
+            self.fd = fd
+            if self._fork_safe:
+                _closed_in_child.add(fd)
+        return holder
+
+    def open_and_lock(self) -> dict[str, object] | None:
+        """`lock` the file at the path, opened (made if missing) as `open_file` opens it."""
+        return self.lock(self._open_file(self.path))
+
+    def tell(self, **fields: object) -> None:
+        """`fields` written from now on, and now where held (`write_holder`: best effort)."""
+        self.fields.update(fields)
+        if self.fd is not None:
+            write_holder(self.fd, **self.fields)
+
+    def keep(self) -> Relock | None:
+        """None while the path names the file held (or none is held, and none was lost);
+        otherwise the file there now locked at once, and how that went."""
+        if self.fd is not None:
+            if still_holds(self.fd, self.path):
+                return None
+            self._close()  # its lock keeps no one out
+            self._lost, self._failed = True, False
+        elif not self._lost:
+            return None
+        repeated = self._failed
+        try:
+            holder = self.open_and_lock()
+        except OSError as exc:
+            self._lost, self._failed = self._retry, True
+            return Relock(error=exc, repeated=repeated)
+        self._lost = self._failed = holder is not None
+        return Relock(holder=holder, repeated=repeated)
+
+    def release(self) -> None:
+        """Let the lock go (the file stays); nothing is lost from here on."""
+        self._close()
+        self._lost = False
+
+    def _close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            _closed_in_child.discard(fd)
+            os.close(fd)  # the lock goes with it
+
+
+# The descriptors of the `fork_safe` holds of this process, closed in a child it forks.
+_closed_in_child: set[int] = set()
+
+
+def _close_in_child() -> None:
+    """In a child forked by a holder: close its copies of the `fork_safe` locks' descriptors
+    (the lock stays with the parent's), so that no child keeps a lock after its holder is
+    gone."""
+    for fd in _closed_in_child:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _closed_in_child.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)

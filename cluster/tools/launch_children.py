@@ -429,5 +429,6 @@ def scheduler_wait_s(planned: Process) -> float:
 
 
 def _pid_name(planned: Process) -> str:
-    """A process's name in `<log-dir>/pids`: its log's (`scheduler`, `worker_2`, `spare_0`)."""
+    """A process's name in `<log-dir>/pids`: its log's (`scheduler`, `worker_2`, `spare_0`,
+    `spare_1-0`: `launch_plan.worker_log_name`, `launch_plan.spare_log_name`)."""
     return planned.log.stem

@@ -20,13 +20,21 @@ saying so (`take` returns the line).
 
 The lock is the file its path names (`holder_lock.try_lock` given the path: a file removed or
 replaced between its open and its lock is opened anew). One removed or replaced while held (by
-hand, or with the directory's other files) keeps no other launcher out, so the launcher checks
-every CHECK_S while its job runs (`watch`) that the path still names its file. Where it does
-not, it says so in one line and locks the file there now, at once: then it keeps later
-launchers out again; where another launcher holds that file, it says who, and its job goes on
-(stopping a running job for a lock file would lose its work): the two runs write over each
-other's files until one is stopped. It tries again at each check, and says when it holds the
-lock again.
+hand, or with the directory's other files) keeps no other launcher out by itself, so the
+launcher also holds an exclusive `flock` on the directory itself, taken first, before the lock
+file is opened or made (`holder_lock.lock_directory`): a directory is not removed or replaced
+behind a running job as a file in it is, so a newcomer is refused there, before it has made or
+written anything, however the lock file has fared. The refusal names the holder as its lock
+file does once it names a live process again (the holder locks it anew within a check; waited
+for up to CHECK_S + `holder_lock.SETTLE_S`), or says that it names no one. Where the directory
+cannot be locked, the lock file alone keeps others out.
+
+The launcher checks every CHECK_S while its job runs (`watch`) that the path still names its
+file. Where it does not, it says so in one line and locks the file there now, at once: then
+the file names it to newcomers again; where another process holds that file (a launcher on a
+file system that locks no directory), it says who, and its job goes on (stopping a running job
+for a lock file would lose its work): the two runs write over each other's files until one is
+stopped. It tries again at each check, and says when it holds the lock again.
 
 A run refused before it began removes the file only while it holds its lock (`release`), and
 before it lets the lock go: a launcher that opened the old file and locks it once it is let go
@@ -60,19 +68,49 @@ class LogDirLock:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / LOCK_FILE
-        self._fd: int | None = None
-        self._port = 0
-        self._lost = False  # it held the lock, and its file was removed or replaced since
-        self._said_out = False  # said that it holds it no more
+        self._hold = holder_lock.Hold(self.path)
+        self._directory_fd: int | None = None  # the directory's own lock, where it can be had
 
     def take(self, port: int) -> str:
         """Lock the directory, or a ConfigError when another launcher holds it (nothing
-        written); the holder's pid, host and `port` written into the file. Returns '' or,
-        where the file system has no locks, the line to say: the run goes on without one."""
-        self._port = port
+        written, nothing made); the holder's pid, host and `port` written into the file.
+        Returns '' or, where the file system has no locks, the line to say: the run goes on
+        without one."""
+        self._hold.tell(port=port)
+        self._lock_directory()
+        try:
+            return self._take_file()
+        except BaseException:
+            self._release_directory()
+            raise
+
+    def _lock_directory(self) -> None:
+        """The directory's own lock (`holder_lock.lock_directory`), taken before its lock file
+        is opened (or made): a ConfigError naming the launcher that holds it, as its lock file
+        names it (once it does, within a check: that file may have been removed or replaced
+        behind it). Where the directory cannot be locked, the lock file alone keeps others
+        out (its own errors said as `take` says them)."""
+        try:
+            fd = holder_lock.lock_directory(self.directory)
+        except OSError:
+            return
+        if fd is None:
+            holder = holder_lock.live_holder(self.path, CHECK_S + holder_lock.SETTLE_S)
+            gone = f"which holds the directory; its {LOCK_FILE} was removed or replaced since"
+            who = self._who(holder) if holder else f"{gone} and names no one"
+            raise ConfigError(self._refusal(who))
+        self._directory_fd = fd
+
+    def _release_directory(self) -> None:
+        fd, self._directory_fd = self._directory_fd, None
+        if fd is not None:
+            os.close(fd)  # the lock goes with it
+
+    def _take_file(self) -> str:
+        """`take`'s lock of the file, the directory's held (or not to be had)."""
         fd = self._open()
         try:
-            holder = self._lock(fd)
+            holder = self._hold.lock(fd)
         except OSError as exc:
             if exc.errno not in _NO_LOCKS:
                 raise ConfigError(
@@ -85,7 +123,7 @@ class LogDirLock:
                 "mscluster run out of it; give every job its own --log-dir"
             )
         if holder is not None:
-            raise ConfigError(self._refusal(holder))
+            raise ConfigError(self._refusal(self._who(holder)))
         return ""
 
     async def watch(self, say: Callable[[str], None]) -> None:
@@ -99,59 +137,40 @@ class LogDirLock:
     def keep(self) -> str:
         """'' while the path names the file this launcher locked (or it never held one: a file
         system without locks). Where the file was removed or replaced, the lock is let go and
-        the file there now locked at once; the line to say: locked anew, or not (held by
-        another launcher: said once; each later `keep` tries again, and says when it holds it)."""
-        if self._fd is not None:
-            if holder_lock.still_holds(self._fd, self.path):
-                return ""
-            os.close(self._fd)  # its lock keeps no one out
-            self._fd, self._lost, self._said_out = None, True, False
-        elif not self._lost:
+        the file there now locked at once (`holder_lock.Hold.keep`); the line to say: locked
+        anew, or not (held by another launcher: said once; each later `keep` tries again, and
+        says when it holds it)."""
+        found = self._hold.keep()
+        if found is None or not found.news:
             return ""
         lost = f"mscluster: {str(self.path)!r} was removed or replaced while this run held it"
-        try:
-            holder = self._lock(holder_lock.open_lock(self.path))
-        except OSError as exc:
-            why = (
-                f"{lost}, and cannot be locked anew ({exc.strerror or exc}): this job goes on, "
-                f"but nothing keeps another mscluster run out of --log-dir {str(self.directory)!r}"
-            )
-        else:
-            if holder is None:
-                again = f"mscluster: this run holds {str(self.path)!r} again"
-                anew = f"{lost}, so it kept no other launcher out: locked the file there anew"
-                said, self._said_out = (again if self._said_out else anew), False
-                return said
-            why = (
-                f"{lost}, and another mscluster run ({self._who(holder)}) has locked the file "
-                "there since: this job goes on, but the two runs replace each other's job "
+        if found.holder is not None:
+            return (
+                f"{lost}, and another mscluster run ({self._who(found.holder)}) has locked the "
+                "file there since: this job goes on, but the two runs replace each other's job "
                 f"secret, pids and logs in --log-dir {str(self.directory)!r}; stop one of them"
             )
-        if self._said_out:
-            return ""
-        self._said_out = True
-        return why
+        if found.error is not None:
+            return (
+                f"{lost}, and cannot be locked anew ({found.cause}): this job goes on, but "
+                f"nothing keeps another mscluster run out of --log-dir {str(self.directory)!r}"
+            )
+        if found.repeated:
+            return f"mscluster: this run holds {str(self.path)!r} again"
+        return f"{lost}, so it kept no other launcher out: locked the file there anew"
 
     def release(self, *, remove: bool = False) -> None:
         """Let the lock go. The file stays; with `remove`, given only where this run made the
         directory and is refused before it began, the file is removed too (the directory next),
         while this run still holds it, and only then: removed after its lock was let go, or by
         a run that never held it, it may be the file another launcher has just locked."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        if remove and holder_lock.still_holds(fd, self.path):
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        os.close(fd)  # the lock goes with it
-
-    def _lock(self, fd: int) -> dict[str, object] | None:
-        """Take the lock of `fd`, open at the path, with this launcher written into it
-        (`holder_lock.take`): None; or what the launcher that holds it wrote (`fd` closed)."""
-        holder = holder_lock.take(fd, self.path, port=self._port)
-        if holder is None:
-            self._fd = fd
-        return holder
+        fd = self._hold.fd
+        if fd is not None:
+            if remove and holder_lock.still_holds(fd, self.path):
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            self._hold.release()
+        self._release_directory()
 
     def _open(self) -> int:
         try:
@@ -172,10 +191,9 @@ class LogDirLock:
             "of this user, and writing it would change a file elsewhere; remove it"
         )
 
-    def _refusal(self, holder: dict[str, object]) -> str:
+    def _refusal(self, who: str) -> str:
         return (
-            f"--log-dir {str(self.directory)!r} is in use by another mscluster run "
-            f"({self._who(holder)}), "
+            f"--log-dir {str(self.directory)!r} is in use by another mscluster run ({who}), "
             "whose job secret, pids and logs this run would replace: give this job another "
             "--log-dir, or stop that job first"
         )

@@ -278,7 +278,7 @@ def make_plan(
             "MS_WORKER",
             (o.python, str(o.script), *o.script_args),
             {**base, **reach, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": node_id, "CLUSTER_SPARE": "1"},
-            o.log_dir / f"spare_{i}.log",
+            o.log_dir / f"spare_{spare_log_name(node_id)}.log",
             node_id=node_id,
             index=o.local_worker_num + i,
             spare=True,
@@ -295,6 +295,15 @@ def worker_log_name(node_id: str, index: int) -> str:
     where its node id is numeric (worker_2.log on the host of ranks 2 and 3, so that the logs
     of several hosts gathered in one place do not collide), else its index here."""
     return node_id if is_numeric_node_id(node_id) else str(index)
+
+
+def spare_log_name(node_id: str) -> str:
+    """What names a spare's log, `spare_<this>.log`: its node id (`spare_ids`) less `spare-`,
+    so unique across the job's hosts as its node id is (`spare_0.log` where the whole job runs
+    on this host, `spare_1-0.log` with --node-rank 1, `spare_<hostname>-<h>-0.log` on a host of
+    a job ranked at registration), and the logs of several hosts gathered in one place do not
+    collide."""
+    return node_id.removeprefix("spare-")
 
 
 def place(node_id: str, index: int) -> dict[str, str]:

@@ -28,7 +28,8 @@ from pathlib import Path
 from cluster.worker.orphan import proc_stat
 
 # The launcher's list of what it started: one `<name> <pid>` line each (`launcher` itself,
-# `scheduler`, `worker_<i>`, `spare_<i>`), the newest incarnation of each.
+# `scheduler`, `relay`, and each worker and spare by its log's name: `worker_<rank or index>`,
+# `spare_<its node id less spare->`), the newest incarnation of each.
 PIDS_FILE = "pids"
 
 

@@ -116,9 +116,10 @@ class Relay:
         self._channel: object | None = None
         self._forwarder: object | None = None
         self._bound: tuple[int, int] | None = None  # (device, inode) of the socket it bound
-        self._lock: int | None = None  # the descriptor of PATH.lock, locked while it serves
-        self._lost = False  # it held the lock, and its file was removed or replaced since
-        self._said_out = False  # said that it holds it no more
+        # PATH.lock, locked while it serves.
+        self._lock = holder_lock.Hold(
+            holder_lock.lock_path(settings.path), socket=str(settings.path)
+        )
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
@@ -137,7 +138,7 @@ class Relay:
         from cluster.transport import channel, hop, relay, upstreams  # noqa: PLC0415
         from cluster.worker import scheduler_link  # noqa: PLC0415 - grpc
 
-        self._lock = _lock(s.path)  # held until `stop`: no other relay claims the path meanwhile
+        _lock(self._lock, s.path)  # held until `stop`: no other relay claims the path meanwhile
         _claim(s.path)
         options = scheduler_link.channel_options(s.nodes, s.node_timeout_s)
         server: hop.HopServer | None = None  # the workers' calls, on the local hop
@@ -176,34 +177,23 @@ class Relay:
     def keep_lock(self) -> None:
         """Nothing while PATH.lock names the file this relay locked (or it held none: a file
         system without locks). Where that file was removed or replaced, its lock is let go and
-        the file there now locked at once, said in one line; held by another relay, said once
-        (each later check tries again, and says when it holds it)."""
-        where = holder_lock.lock_path(self.settings.path)
-        if self._lock is not None:
-            if holder_lock.still_holds(self._lock, where):
-                return
-            os.close(self._lock)  # its lock keeps no one out
-            self._lock, self._lost, self._said_out = None, True, False
-        elif not self._lost:
+        the file there now locked at once (`holder_lock.Hold.keep`), said in one line; held by
+        another relay, said once (each later check tries again, and says when it holds it)."""
+        found = self._lock.keep()
+        if found is None or not found.news:
             return
+        where = self._lock.path
         lost = f"{str(where)!r} was removed or replaced while this relay held it"
-        try:
-            fd = holder_lock.open_lock(where)
-            holder = holder_lock.take(fd, where, socket=str(self.settings.path))
-        except OSError as exc:
-            why = f"{lost}, and cannot be locked anew ({exc.strerror or exc})"
+        if found.taken:
+            anew = f"{lost}, so it kept no other relay off the path: locked the file there anew"
+            _say(f"this relay holds {str(where)!r} again" if found.repeated else anew)
+            return
+        if found.holder is not None:
+            who = holder_lock.described(found.holder)
+            why = f"{lost}, and another relay ({who}) has locked it since"
         else:
-            if holder is None:
-                self._lock = fd
-                again = f"this relay holds {str(where)!r} again"
-                anew = f"{lost}, so it kept no other relay off the path: locked the file there anew"
-                _say(again if self._said_out else anew)
-                self._said_out = False
-                return
-            why = f"{lost}, and another relay ({holder_lock.described(holder)}) has locked it since"
-        if not self._said_out:
-            self._said_out = True
-            _say(f"{why}: this relay serves its workers on, and removes no socket but its own")
+            why = f"{lost}, and cannot be locked anew ({found.cause})"
+        _say(f"{why}: this relay serves its workers on, and removes no socket but its own")
 
     async def job_over(self) -> str:
         """Return once this host's part in the job is over (`HostLinks.done`: the scheduler
@@ -248,9 +238,7 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
             self._watch = None
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            os.close(lock)  # the lock goes with it; the file stays (`holder_lock`)
+        self._lock.release()  # the file stays (`holder_lock`)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -262,12 +250,12 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _lock(path: Path) -> int | None:
-    """Lock PATH.lock for this relay (its descriptor), or a ConfigError naming the relay that
-    holds it: two relays started at once cannot both claim the path, each unlinking the
-    other's socket as it binds. Where the file system has no locks, None (said): the probe of
+def _lock(hold: holder_lock.Hold, path: Path) -> None:
+    """Lock PATH.lock (`hold`) for this relay, or a ConfigError naming the relay that holds
+    it: two relays started at once cannot both claim the path, each unlinking the other's
+    socket as it binds. Where the file system has no locks, nothing held (said): the probe of
     `_claim` alone keeps a serving relay's path."""
-    where = holder_lock.lock_path(path)
+    where = hold.path
     try:
         fd = holder_lock.open_lock(where)
     except OSError as exc:
@@ -277,16 +265,15 @@ def _lock(path: Path) -> int | None:
             "write in"
         ) from None
     try:
-        holder = holder_lock.take(fd, where, socket=str(path))
+        holder = hold.lock(fd)
     except OSError as exc:
         _say(f"cannot lock {str(where)!r} ({exc.strerror or exc}): going on without the lock")
-        return None
+        return
     if holder is not None:
         raise ConfigError(
             f"a relay already serves {str(path)!r} ({holder_lock.described(holder)} holds "
             f"{str(where)!r}): stop it, or choose another --socket"
         )
-    return fd
 
 
 def _claim(path: Path) -> None:

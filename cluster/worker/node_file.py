@@ -31,9 +31,7 @@ no record (a ConfigError naming that process: the record is the other's now), an
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -42,8 +40,6 @@ from cluster.protocol.value import frozen
 from cluster.storage import atomic, holder_lock, store
 
 KIND = "worker"
-# The descriptors of the node locks this process holds, closed in a child it forks.
-_held: set[int] = set()
 
 
 @frozen
@@ -104,9 +100,9 @@ class NodeLock:
         self.directory = directory
         self.node_id = node_id
         self.path = lock_path_for(directory, node_id)
-        self._fd: int | None = None
-        self._job = ""
-        self._lost = False  # it held the lock, and its file was removed or replaced since
+        # Unlockable when lost: it goes on without the lock, as at `take`. A forked child
+        # closes its copy at once, so that no child keeps the lock after the worker is gone.
+        self._hold = holder_lock.Hold(self.path, retry=False, fork_safe=True, job="")
 
     def take(self) -> str:
         """Lock the node's record, or a ConfigError naming the holder when another live process
@@ -118,7 +114,7 @@ class NodeLock:
             # Read-only: no record can be written there either, nothing to keep apart.
             return "" if exc.errno == errno.EROFS else self._without(exc)
         try:
-            holder = self._lock(fd)
+            holder = self._hold.lock(fd)
         except OSError as exc:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
             return self._without(exc)
         if holder is not None:
@@ -128,27 +124,20 @@ class NodeLock:
     def keep(self) -> str:
         """Before the record is written: '' while the path names the file this process locked
         (or it holds none: no locks here). Where that file was removed or replaced, the lock is
-        let go and the file there now locked at once: the line to say; a ConfigError naming
-        the process that has locked it since (each later `keep` tries again)."""
-        if self._fd is not None:
-            if holder_lock.still_holds(self._fd, self.path):
-                return ""
-            self.release()  # its lock keeps no one out
-            self._lost = True
-        elif not self._lost:
+        let go and the file there now locked at once (`holder_lock.Hold.keep`): the line to
+        say; a ConfigError naming the process that has locked it since (each later `keep` tries
+        again)."""
+        found = self._hold.keep()
+        if found is None:
             return ""
         lost = f"{self.path} was removed or replaced while this worker held it"
-        try:
-            holder = self._lock(holder_lock.open_lock(self.path))
-        except OSError as exc:
-            self._lost = False  # it goes on without the lock, as at `take`
+        if found.holder is not None:
+            raise ConfigError(f"{lost}, and {self._refusal(found.holder)}")
+        if found.error is not None:
             return (
-                f"{lost}, and cannot be locked anew ({exc.strerror or exc}): nothing keeps "
-                f"another job's node {self.node_id!r} off its record; {ADVICE}"
+                f"{lost}, and cannot be locked anew ({found.cause}): nothing keeps another "
+                f"job's node {self.node_id!r} off its record; {ADVICE}"
             )
-        if holder is not None:
-            raise ConfigError(f"{lost}, and {self._refusal(holder)}")
-        self._lost = False
         return (
             f"{lost}, so it kept no other process of this node id out: locked the file there anew"
         )
@@ -156,25 +145,10 @@ class NodeLock:
     def tell(self, job: str) -> None:
         """Write the holder (this process, in job `job` when known) into the lock file; a
         failure is harmless (a refused newcomer then names less)."""
-        self._job = job
-        if self._fd is not None:
-            holder_lock.write_holder(self._fd, job=job)
+        self._hold.tell(job=job)
 
     def release(self) -> None:
-        if self._fd is not None:
-            _held.discard(self._fd)
-            os.close(self._fd)  # the lock goes with it
-            self._fd = None
-
-    def _lock(self, fd: int) -> dict[str, object] | None:
-        """Take the lock of `fd`, open at the path, with this process (and its job, once
-        known) written into it (`holder_lock.take`): None; or what the process that holds it
-        wrote (`fd` closed)."""
-        holder = holder_lock.take(fd, self.path, job=self._job)
-        if holder is None:
-            self._fd = fd
-            _held.add(fd)
-        return holder
+        self._hold.release()  # the lock goes with it
 
     def _open(self) -> int:
         """The lock file, open for reading and writing; OSError, or ConfigError when a link or
@@ -204,15 +178,3 @@ class NodeLock:
             "node id there would take each other's record and fail each other's job; "
             f"{ADVICE}, or stop that process first"
         )
-
-
-def _close_in_child() -> None:
-    """In a child forked by a holder: close its copies of the locks' descriptors (the lock
-    stays with the parent's), so that no child keeps a lock after the worker is gone."""
-    for fd in _held:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _held.clear()
-
-
-os.register_at_fork(after_in_child=_close_in_child)

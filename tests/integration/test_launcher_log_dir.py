@@ -9,8 +9,9 @@ import signal
 import subprocess
 from pathlib import Path
 
+from cluster.storage import holder_lock
 from cluster.testing import free_port, wait_until
-from cluster.tools.launch_lock import LOCK_FILE, LogDirLock
+from cluster.tools.launch_lock import LOCK_FILE
 from cluster.tools.processes import alive, launched_pids
 from tests.integration.test_launcher import run_args
 from tests.procs import ROOT, Procs, launched, mscluster, private_copy
@@ -149,8 +150,9 @@ def test_a_launcher_whose_lock_file_another_took_says_so_and_its_job_goes_on(
     processes: Procs, tmp_path: Path
 ) -> None:
     """The file removed while the launcher was stopped, and locked anew by another run before
-    it looked: it says in one line who holds the directory now, and its job goes on (it is not
-    stopped for a lock file); once the other lets go, it holds the directory again."""
+    it looked (one that locks the file alone: a launcher does not get past the directory's
+    lock): it says in one line who holds the file now, and its job goes on (it is not stopped
+    for a lock file); once the other lets go, it holds the file again."""
     started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
     late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
     first = processes.start("first", late, os.environ)
@@ -158,9 +160,10 @@ def test_a_launcher_whose_lock_file_another_took_says_so_and_its_job_goes_on(
     first.signal(signal.SIGSTOP)
     wait_until(first.stopped, 10, "the launcher to stop")
     (logs / LOCK_FILE).unlink()
-    other = LogDirLock(logs)
+    # A run that locks the file alone (a launcher whose file system locks no directory).
+    other = holder_lock.Hold(logs / LOCK_FILE, port=8118)
     try:
-        assert other.take(8118) == ""  # nothing of the first's to see
+        assert other.open_and_lock() is None  # nothing of the first's to see
         first.signal(signal.SIGCONT)
         first.wait_for_output("has locked the file there since", 15)
         assert (
@@ -175,3 +178,70 @@ def test_a_launcher_whose_lock_file_another_took_says_so_and_its_job_goes_on(
     assert first.wait(60) == 0, first.output
     assert "job finished: 1 local worker exited 0" in first.output
     assert first.output.count("has locked the file there since") == 1
+
+
+def whole(logs: Path, *, skip: tuple[str, ...] = ()) -> dict[str, object]:
+    """Everything of `logs` a newcomer could change: each name with its inode, mode, mtime and
+    bytes (those of `skip`, written by the running job meanwhile, their names and inodes only),
+    and the directory's own mtime."""
+    found: dict[str, object] = {".": logs.stat().st_mtime_ns}
+    for path in sorted(logs.iterdir()):
+        st = path.lstat()
+        written = path.name not in skip and path.is_file()
+        found[path.name] = (
+            st.st_ino,
+            st.st_mode,
+            st.st_mtime_ns if written else 0,
+            path.read_bytes() if written else b"",
+        )
+    return found
+
+
+def test_a_launcher_started_while_the_lock_file_is_gone_changes_nothing_there(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """`launcher.lock` removed, then replaced by an old run's copy, behind a running launcher
+    (stopped, so that it cannot lock the file anew first): a second `mscluster run` in the
+    directory is refused all the same, by the directory's own lock, before it makes or writes
+    anything: the directory is exactly as it was. The first then locks its file anew, and the
+    next newcomer's refusal names it; its job finishes."""
+    started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
+    late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
+    first = processes.start("first", late, os.environ)
+    wait_until(started.exists, 30, "the worker to start")
+    events = logs / "events.jsonl"
+    wait_until(lambda: events.exists() and events.stat().st_size > 0, 30, "the scheduler's start")
+    first.signal(signal.SIGSTOP)
+    wait_until(first.stopped, 10, "the launcher to stop")
+    script = private_copy(tmp_path)
+    (logs / LOCK_FILE).unlink()
+    for stale in (None, '{"pid": 1, "host": "gone", "port": 1}\n'):
+        if stale is not None:  # replaced: a copy of another run's, made beside and moved in
+            (tmp_path / "copy").write_text(stale)
+            os.replace(tmp_path / "copy", logs / LOCK_FILE)
+        before = whole(logs, skip=("scheduler.log", "events.jsonl"))
+        second = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+        assert second.returncode == 2, second.stderr
+        named = (
+            "(pid 1 on host gone, --master-port 1)"
+            if stale
+            else (
+                f"(which holds the directory; its {LOCK_FILE} was removed or replaced since and "
+                "names no one)"
+            )
+        )
+        assert second.stderr.splitlines() == [
+            f"mscluster: ConfigError: --log-dir {str(logs)!r} is in use by another mscluster "
+            f"run {named}, whose job secret, pids and logs this run would replace: give this "
+            "job another --log-dir, or stop that job first"
+        ]
+        assert whole(logs, skip=("scheduler.log", "events.jsonl")) == before
+
+    first.signal(signal.SIGCONT)
+    first.wait_for_output("so it kept no other launcher out: locked the file there anew", 15)
+    third = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+    assert third.returncode == 2, third.stderr
+    assert f"in use by another mscluster run (pid {first.pid} on this host" in third.stderr
+    go.touch()
+    assert first.wait(60) == 0, first.output
+    assert "job finished: 1 local worker exited 0" in first.output

@@ -9,12 +9,14 @@ import fcntl
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from cluster.protocol.errors import ConfigError
-from cluster.storage import atomic
+from cluster.storage import atomic, holder_lock
+from cluster.tools import launch_lock
 from cluster.tools.launch_lock import LOCK_FILE, LogDirLock
 
 
@@ -107,17 +109,18 @@ def test_a_lock_file_removed_as_it_is_locked_is_taken_on_the_path_anew(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """flock on a file removed between its open and its lock: another run made the file there
-    anew and holds it. This run is refused, naming it, instead of holding a lock on a file no
-    one else can reach."""
-    others: list[LogDirLock] = []
+    anew and holds it (one that locks the file alone: a launcher whose file system locks no
+    directory). This run is refused, naming it, instead of holding a lock on a file no one else
+    can reach."""
+    others: list[holder_lock.Hold] = []
     real_open_own = atomic.open_own
 
     def open_then_lose(where: Path) -> tuple[int | None, str]:
         opened = real_open_own(where)
-        if not others:  # the first open only
+        if not others:  # the first open only: a run that locks the file alone (see below)
             where.unlink()
-            others.append(LogDirLock(tmp_path))
-            assert others[0].take(8118) == ""
+            others.append(holder_lock.Hold(where, port=8118))
+            assert others[0].open_and_lock() is None
         return opened
 
     monkeypatch.setattr(atomic, "open_own", open_then_lose)
@@ -132,8 +135,8 @@ def test_a_holder_whose_lock_file_was_removed_says_so_and_locks_the_file_there_a
     tmp_path: Path,
 ) -> None:
     """Removed while held: the next `keep` says so and locks a new file, which keeps later
-    runs out. Replaced by one another run holds: said once, the job going on; once that run
-    is gone, said that this run holds it again."""
+    runs out. Replaced by one another run holds (one that locks the file alone): said once,
+    the job going on; once that run is gone, said that this run holds it again."""
     path = tmp_path / LOCK_FILE
     first = LogDirLock(tmp_path)
     assert first.take(1) == ""
@@ -146,8 +149,8 @@ def test_a_holder_whose_lock_file_was_removed_says_so_and_locks_the_file_there_a
     with pytest.raises(ConfigError, match=r"--master-port 1\)"):
         LogDirLock(tmp_path).take(2)
     path.unlink()
-    other = LogDirLock(tmp_path)
-    assert other.take(2) == ""
+    other = holder_lock.Hold(path, port=2)  # a run that locks the file alone, as above
+    assert other.open_and_lock() is None
     said = first.keep()
     assert said.startswith(
         f"mscluster: {str(path)!r} was removed or replaced while this run held it, and another "
@@ -160,3 +163,44 @@ def test_a_holder_whose_lock_file_was_removed_says_so_and_locks_the_file_there_a
     assert first.keep() == f"mscluster: this run holds {str(path)!r} again"
     assert json.loads(path.read_text())["port"] == 1
     first.release()
+
+
+def test_a_newcomer_is_refused_by_the_directory_whatever_became_of_the_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holder's `launcher.lock` removed, or replaced by a file naming no one, before it
+    checked: a newcomer is refused by the directory's own lock, before it makes or writes
+    anything there, naming the holder once its file names it again."""
+    monkeypatch.setattr(launch_lock, "CHECK_S", 0.0)  # the refusal waits SETTLE_S for a name
+    path = tmp_path / LOCK_FILE
+    first = LogDirLock(tmp_path)
+    assert first.take(1) == ""
+    path.unlink()
+    with pytest.raises(ConfigError) as refused:
+        LogDirLock(tmp_path).take(2)
+    assert str(refused.value) == (
+        f"--log-dir {str(tmp_path)!r} is in use by another mscluster run (which holds the "
+        f"directory; its {LOCK_FILE} was removed or replaced since and names no one), whose job "
+        "secret, pids and logs this run would replace: give this job another --log-dir, or "
+        "stop that job first"
+    )
+    assert sorted(tmp_path.iterdir()) == []  # made nothing
+    stale = json.dumps({"pid": _reaped_pid(), "host": socket.gethostname(), "port": 9}) + "\n"
+    path.write_text(stale)  # an old run's copy, naming a process that ended
+    with pytest.raises(ConfigError, match="names no one"):
+        LogDirLock(tmp_path).take(2)
+    assert path.read_text() == stale  # wrote nothing
+    assert first.keep().endswith("locked the file there anew")
+    with pytest.raises(ConfigError, match=rf"\(pid {os.getpid()} on this host, --master-port 1\)"):
+        LogDirLock(tmp_path).take(2)
+    first.release()
+    second = LogDirLock(tmp_path)
+    assert second.take(2) == ""  # the directory's lock went with its holder too
+    second.release()
+
+
+def _reaped_pid() -> int:
+    """The pid of a process that has ended and been reaped."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid

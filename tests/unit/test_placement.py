@@ -281,6 +281,24 @@ def test_without_a_node_rank_a_multi_host_job_gets_host_unique_ids() -> None:
     assert "LOCAL_RANK" not in env
 
 
+def test_a_spares_log_is_named_by_its_node_id_so_hosts_never_share_one() -> None:
+    """The logs (and the names in LOG_DIR/pids) of the spares of several hosts gathered in one
+    place: `spare_<i>` on the one host of a job, unique per host across hosts, as the workers'
+    `worker_<rank>` are with --node-rank."""
+    name = launch_plan.launcher_name(options(), "gpu08")
+
+    def spare_logs(**changes: Any) -> list[str]:
+        return [p.log.name for p in plan(options(spares=2, **changes)).workers if p.spare]
+
+    assert spare_logs(worker_num=2, node_rank=-1) == ["spare_0.log", "spare_1.log"]
+    assert spare_logs(node_rank=0) == ["spare_0-0.log", "spare_0-1.log"]
+    assert spare_logs(node_rank=1) == ["spare_1-0.log", "spare_1-1.log"]
+    assert spare_logs(node_rank=-1, allocation=None) == [
+        f"spare_{name}-0.log",
+        f"spare_{name}-1.log",
+    ]
+
+
 def test_a_launcher_run_again_names_its_workers_as_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,6 +57,8 @@ class WriteBehind:
         self._owner = weakref.ref(manager)
         # A step every rank holds, as the scheduler last answered a report (0: none heard).
         self.held_by_all = 0
+        # The generation the scheduler's last report sent said (`_listed`; None: none sent).
+        self.told: int | None = None
         self.writer: BackgroundWriter
         self.reporter: BackgroundWriter
 
@@ -100,14 +102,13 @@ class WriteBehind:
         """The writer's: have the steps held now, `step` at `path` written last, reported by the
         reporter, in place of a report that waits for it. With recovery on, until a report was
         answered with a step every rank holds, wait for the answer (see `UNHEARD_KEEP`)."""
-        report = self._manager.report
-        if report is None:
+        send = self._listed()
+        if send is None:
             return
-        steps = self._reported()
         # The job holds the manager, as the writer's does: one dropped meanwhile keeps its lock
         # until the report is sent.
         manager = self._manager
-        self.reporter.post(lambda: self._send_report(report, steps, path, step, manager))
+        self.reporter.post(lambda: self._send_report(send, path, step, manager))
         if self._manager.recovery and not self.held_by_all:
             self.reporter.wait()
 
@@ -116,15 +117,48 @@ class WriteBehind:
         the scheduler takes a process's newest), and keep the answer; its error is raised."""
         if self._manager.report is not None:
             self.reporter.wait()
-            self._heard(self._manager.report(self._reported()))
+            send = self._listed()
+            assert send is not None  # a report is made
+            self._heard(send())
+
+    def told_another_generation(self) -> bool:
+        """Whether the scheduler's reports sent so far say another generation than one listed
+        now would (this worker has put back a newer generation's rollback step since)."""
+        return self._tells_scheduler() and self.told != runtime.report_generation()
+
+    def _listed(self) -> Callable[[], int | None] | None:
+        """The steps held now, as a report to send now or on the reporter's thread; None when
+        no report is made. The scheduler's report (`runtime.report_checkpoints`) says the
+        generation this worker reports from as the steps are listed, not as they are sent: a
+        list taken before it put back a newer generation's rollback step (a rollback) and sent
+        after says what it is, and the scheduler does not take it for one of the new
+        generation (`RollbackPlanner.report`)."""
+        report = self._manager.report
+        if report is None:
+            return None
+        steps = self._reported()
+        if not self._tells_scheduler():
+            return lambda: report(steps)
+        generation = runtime.report_generation()
+
+        def send() -> int:
+            answer = runtime.report_checkpoints(steps, generation)
+            self.told = generation
+            return answer
+
+        return send
+
+    def _tells_scheduler(self) -> bool:
+        """Whether the manager's report is the scheduler's (the default, given or not)."""
+        return self._manager.report is runtime.report_checkpoints
 
     def _send_report(
-        self, report: Report, steps: list[int], path: Path, step: int, _held: CheckpointManager
+        self, send: Callable[[], int | None], path: Path, step: int, _held: CheckpointManager
     ) -> None:
-        """The reporter's job: `steps`, held once `step` was written at `path` (by the manager
-        `_held`, kept until then)."""
+        """The reporter's job: `send` the steps held once `step` was written at `path` (by the
+        manager `_held`, kept until then)."""
         try:
-            self._heard(report(steps))
+            self._heard(send())
         except ClusterError as exc:
             raise CheckpointError(
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.api.checkpoint_config import CheckpointConfig, CheckpointStats
-from cluster.api.checkpoint_listing import RankFiles, remove
+from cluster.api.checkpoint_listing import RankFiles
 from cluster.api.checkpoint_writing import SNAPSHOTS, Report, WriteBehind
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import (
@@ -325,9 +325,9 @@ class CheckpointManager:
         if self._displaced():
             return
         removed = False
-        for newer, path in self._disk.files().items():
+        for newer in self._disk.files():
             if newer > step:
-                remove(path)
+                self._disk.remove(newer)
                 removed = True
         if removed or self._writes.told_another_generation():
             self._writes.report_now()

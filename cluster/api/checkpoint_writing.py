@@ -14,13 +14,13 @@ thread and raised by the manager's next `save` or `flush`.
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.api import runtime
-from cluster.api.checkpoint_listing import remove
 from cluster.protocol.errors import CheckpointError, ClusterError
 from cluster.storage import checkpoint_files
 from cluster.storage.background import BackgroundWriter
@@ -86,14 +86,16 @@ class WriteBehind:
         try:
             if manager._displaced():
                 return
-            if not (manager._lock is not None and manager._lock.behind):
-                manager._disk.remove_temporaries()  # behind: the earlier holder may write one
+            # Behind: the earlier holder may write here (a temporary, a file): listed each time.
+            manager._disk.look(sweep=not (manager._lock is not None and manager._lock.behind))
             checkpoint_files.write(path, snapshot.step, snapshot.chunks())
+            manager._disk.wrote(snapshot.step)
             snapshot.persisted = True
             try:
                 if not manager._displaced():  # claimed while this file was written: no pruning
                     self._prune(snapshot.step)
             finally:  # the file is whole: reported even when an older one could not be removed
+                manager._disk.settle()
                 self._report(path, snapshot.step)
         finally:
             manager._pool.release(snapshot)
@@ -117,6 +119,7 @@ class WriteBehind:
         the scheduler takes a process's newest), and keep the answer; its error is raised."""
         if self._manager.report is not None:
             self.reporter.wait()
+            self._manager._disk.look(sweep=False)  # the manager's own changes: listed
             send = self._listed()
             assert send is not None  # a report is made
             self._heard(send())
@@ -172,9 +175,9 @@ class WriteBehind:
             ) from exc
 
     def _reported(self) -> list[int]:
-        """The steps a report names: the newest of this rank's complete steps, at most as many
-        as the scheduler takes (`runtime.newest_reported`)."""
-        return runtime.newest_reported(self._manager._disk.complete_steps())
+        """The steps a report names: the newest of this rank's complete steps (as the writer's
+        view holds them), at most as many as the scheduler takes (`runtime.newest_reported`)."""
+        return runtime.newest_reported(self._manager._disk.held())
 
     def _heard(self, held_by_all: int | None) -> None:
         """The scheduler's answer to a report: a step every rank holds, kept from now on."""
@@ -189,16 +192,18 @@ class WriteBehind:
         With recovery on, until a report has been answered with such a step (at the start: the
         scheduler answers 0 while a rank holds none, and the same answer for a second), the
         newest `UNHEARD_KEEP` at least: a slower rank's newest step is among them (see there).
+        The others are removed, and so are the steps past `step` and the files that do not look
+        complete: found by their place among the writer's view's steps (`RankFiles.held`), so
+        that a save costs the same however many steps are kept.
         """
-        files = self._manager._disk.files()
-        complete = [
-            s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
-        ]
+        disk = self._manager._disk
+        complete = disk.held()
         count = self._manager.config.keep_checkpoint_max
         if self._manager.recovery and self._manager.report is not None and not self.held_by_all:
             count = max(count, UNHEARD_KEEP)
-        keep = set(complete[-count:])
-        keep.update(s for s in complete if s >= self.held_by_all > 0)
-        for old_step, path in files.items():
-            if old_step not in keep:
-                remove(path)
+        upto = bisect.bisect_right(complete, step)
+        kept_from = max(upto - count, 0)
+        if self.held_by_all > 0:
+            kept_from = min(kept_from, bisect.bisect_left(complete, self.held_by_all))
+        for old_step in [*complete[:kept_from], *complete[upto:], *disk.incomplete()]:
+            disk.remove(old_step)

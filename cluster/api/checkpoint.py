@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.api import runtime
 from cluster.api.checkpoint_config import CheckpointConfig, CheckpointStats
-from cluster.api.checkpoint_listing import RankFiles, remove
+from cluster.api.checkpoint_listing import RankFiles
 from cluster.api.checkpoint_writing import SNAPSHOTS, Report, WriteBehind
 from cluster.protocol.config import parse_bool
 from cluster.protocol.errors import (
@@ -314,19 +314,22 @@ class CheckpointManager:
     def discard_newer(self, step: int) -> None:
         """Remove this rank's checkpoints newer than `step` and report what is left: after a
         rollback to `step` they belong to the abandoned run, and must not be named as a rollback
-        step again before this rank's next save replaces them. Nothing once the rank's files
-        went to another process of the job (`_displaced`)."""
+        step again before this rank's next save replaces them. The report is made, with nothing
+        removed too, when the scheduler's reports so far say another generation than this
+        worker reports from now (it put back the rollback step of a new one: `resumed_in`).
+        Nothing once the rank's files went to another process of the job (`_displaced`)."""
         self._begin()
         self._writes.writer.wait()
-        self._writes.reporter.wait()  # no list of the steps it removes is sent after it
+        # The reports under way go first, each saying the generation its list was taken in.
+        self._writes.reporter.wait()
         if self._displaced():
             return
         removed = False
-        for newer, path in self._disk.files().items():
+        for newer in self._disk.files():
             if newer > step:
-                remove(path)
+                self._disk.remove(newer)
                 removed = True
-        if removed:
+        if removed or self._writes.told_another_generation():
             self._writes.report_now()
 
     def steps(self) -> list[int]:

@@ -14,13 +14,13 @@ thread and raised by the manager's next `save` or `flush`.
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.api import runtime
-from cluster.api.checkpoint_listing import remove
 from cluster.protocol.errors import CheckpointError, ClusterError
 from cluster.storage import checkpoint_files
 from cluster.storage.background import BackgroundWriter
@@ -57,6 +57,8 @@ class WriteBehind:
         self._owner = weakref.ref(manager)
         # A step every rank holds, as the scheduler last answered a report (0: none heard).
         self.held_by_all = 0
+        # The generation the scheduler's last report sent said (`_listed`; None: none sent).
+        self.told: int | None = None
         self.writer: BackgroundWriter
         self.reporter: BackgroundWriter
 
@@ -84,14 +86,16 @@ class WriteBehind:
         try:
             if manager._displaced():
                 return
-            if not (manager._lock is not None and manager._lock.behind):
-                manager._disk.remove_temporaries()  # behind: the earlier holder may write one
+            # Behind: the earlier holder may write here (a temporary, a file): listed each time.
+            manager._disk.look(sweep=not (manager._lock is not None and manager._lock.behind))
             checkpoint_files.write(path, snapshot.step, snapshot.chunks())
+            manager._disk.wrote(snapshot.step)
             snapshot.persisted = True
             try:
                 if not manager._displaced():  # claimed while this file was written: no pruning
                     self._prune(snapshot.step)
             finally:  # the file is whole: reported even when an older one could not be removed
+                manager._disk.settle()
                 self._report(path, snapshot.step)
         finally:
             manager._pool.release(snapshot)
@@ -100,14 +104,13 @@ class WriteBehind:
         """The writer's: have the steps held now, `step` at `path` written last, reported by the
         reporter, in place of a report that waits for it. With recovery on, until a report was
         answered with a step every rank holds, wait for the answer (see `UNHEARD_KEEP`)."""
-        report = self._manager.report
-        if report is None:
+        send = self._listed()
+        if send is None:
             return
-        steps = self._reported()
         # The job holds the manager, as the writer's does: one dropped meanwhile keeps its lock
         # until the report is sent.
         manager = self._manager
-        self.reporter.post(lambda: self._send_report(report, steps, path, step, manager))
+        self.reporter.post(lambda: self._send_report(send, path, step, manager))
         if self._manager.recovery and not self.held_by_all:
             self.reporter.wait()
 
@@ -116,15 +119,49 @@ class WriteBehind:
         the scheduler takes a process's newest), and keep the answer; its error is raised."""
         if self._manager.report is not None:
             self.reporter.wait()
-            self._heard(self._manager.report(self._reported()))
+            self._manager._disk.look(sweep=False)  # the manager's own changes: listed
+            send = self._listed()
+            assert send is not None  # a report is made
+            self._heard(send())
+
+    def told_another_generation(self) -> bool:
+        """Whether the scheduler's reports sent so far say another generation than one listed
+        now would (this worker has put back a newer generation's rollback step since)."""
+        return self._tells_scheduler() and self.told != runtime.report_generation()
+
+    def _listed(self) -> Callable[[], int | None] | None:
+        """The steps held now, as a report to send now or on the reporter's thread; None when
+        no report is made. The scheduler's report (`runtime.report_checkpoints`) says the
+        generation this worker reports from as the steps are listed, not as they are sent: a
+        list taken before it put back a newer generation's rollback step (a rollback) and sent
+        after says what it is, and the scheduler does not take it for one of the new
+        generation (`RollbackPlanner.report`)."""
+        report = self._manager.report
+        if report is None:
+            return None
+        steps = self._reported()
+        if not self._tells_scheduler():
+            return lambda: report(steps)
+        generation = runtime.report_generation()
+
+        def send() -> int:
+            answer = runtime.report_checkpoints(steps, generation)
+            self.told = generation
+            return answer
+
+        return send
+
+    def _tells_scheduler(self) -> bool:
+        """Whether the manager's report is the scheduler's (the default, given or not)."""
+        return self._manager.report is runtime.report_checkpoints
 
     def _send_report(
-        self, report: Report, steps: list[int], path: Path, step: int, _held: CheckpointManager
+        self, send: Callable[[], int | None], path: Path, step: int, _held: CheckpointManager
     ) -> None:
-        """The reporter's job: `steps`, held once `step` was written at `path` (by the manager
-        `_held`, kept until then)."""
+        """The reporter's job: `send` the steps held once `step` was written at `path` (by the
+        manager `_held`, kept until then)."""
         try:
-            self._heard(report(steps))
+            self._heard(send())
         except ClusterError as exc:
             raise CheckpointError(
                 f"the checkpoint of step {step} is saved ({path}), but the steps held could "
@@ -138,9 +175,9 @@ class WriteBehind:
             ) from exc
 
     def _reported(self) -> list[int]:
-        """The steps a report names: the newest of this rank's complete steps, at most as many
-        as the scheduler takes (`runtime.newest_reported`)."""
-        return runtime.newest_reported(self._manager._disk.complete_steps())
+        """The steps a report names: the newest of this rank's complete steps (as the writer's
+        view holds them), at most as many as the scheduler takes (`runtime.newest_reported`)."""
+        return runtime.newest_reported(self._manager._disk.held())
 
     def _heard(self, held_by_all: int | None) -> None:
         """The scheduler's answer to a report: a step every rank holds, kept from now on."""
@@ -155,16 +192,18 @@ class WriteBehind:
         With recovery on, until a report has been answered with such a step (at the start: the
         scheduler answers 0 while a rank holds none, and the same answer for a second), the
         newest `UNHEARD_KEEP` at least: a slower rank's newest step is among them (see there).
+        The others are removed, and so are the steps past `step` and the files that do not look
+        complete: found by their place among the writer's view's steps (`RankFiles.held`), so
+        that a save costs the same however many steps are kept.
         """
-        files = self._manager._disk.files()
-        complete = [
-            s for s in sorted(files) if s <= step and checkpoint_files.looks_complete(files[s])
-        ]
+        disk = self._manager._disk
+        complete = disk.held()
         count = self._manager.config.keep_checkpoint_max
         if self._manager.recovery and self._manager.report is not None and not self.held_by_all:
             count = max(count, UNHEARD_KEEP)
-        keep = set(complete[-count:])
-        keep.update(s for s in complete if s >= self.held_by_all > 0)
-        for old_step, path in files.items():
-            if old_step not in keep:
-                remove(path)
+        upto = bisect.bisect_right(complete, step)
+        kept_from = max(upto - count, 0)
+        if self.held_by_all > 0:
+            kept_from = min(kept_from, bisect.bisect_left(complete, self.held_by_all))
+        for old_step in [*complete[:kept_from], *complete[upto:], *disk.incomplete()]:
+            disk.remove(old_step)

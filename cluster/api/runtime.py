@@ -465,13 +465,21 @@ def resumed_in(generation: int) -> None:
     session().agent.resumed_in = generation
 
 
-def report_checkpoints(steps: list[int]) -> int:
+def report_generation() -> int:
+    """The generation this worker's checkpoint reports say now: the one whose rollback step it
+    put back (`resumed_in`), else the one it is in; 0 outside a job."""
+    return session().agent.report_generation if is_initialized() else 0
+
+
+def report_checkpoints(steps: list[int], generation: int = 0) -> int:
     """Tell the scheduler which checkpoint steps this worker holds (CheckpointManager does; the
     newest of them, `newest_reported`); a step every worker holds (0: none), which this worker
-    must keep."""
+    must keep. `generation`: what `report_generation()` said when `steps` were listed (0: what
+    it says now). A list taken before this worker put back a newer generation's rollback step
+    says the older one, so the scheduler does not take it as put back (`RollbackPlanner`)."""
     current = session()
     held = newest_reported(steps)
-    held_by_all = current.call(current.agent.report_checkpoints(held))
+    held_by_all = current.call(current.agent.report_checkpoints(held, generation=generation))
     from cluster.api import worker_metrics  # noqa: PLC0415 - prometheus_client, when used
 
     worker_metrics.reported(held)

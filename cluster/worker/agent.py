@@ -348,13 +348,20 @@ class WorkerAgent:
                 waiter.cancel()
         return peer_failed.is_set() or moved.is_set()
 
+    @property
+    def report_generation(self) -> int:
+        """The generation a checkpoint report says now: the one whose rollback step this worker
+        put back, else the one it is in (0: none yet)."""
+        return self.resumed_in or (0 if self.topology is None else self.topology.generation)
+
     async def report_checkpoints(
-        self, steps: list[int], resumed: convert.Resumed | None = None
+        self, steps: list[int], resumed: convert.Resumed | None = None, generation: int = 0
     ) -> int:
-        """Report the steps held (and, from rank 0, a generation resumed from memory); a step
-        every worker holds (0: none), to keep."""
+        """Report the steps held (and, from rank 0, a generation resumed from memory), listed
+        when `report_generation` was `generation` (0: now); a step every worker holds (0:
+        none), to keep."""
         self._report_seq += 1  # a retry sends the same number: the scheduler takes it once
-        held = self.resumed_in or (0 if self.topology is None else self.topology.generation)
+        held = generation or self.report_generation
         seq = self._report_seq
         request = convert.checkpoints_request(self.identity, steps, held, seq, resumed)
         answer = await self._calls.unary("checkpoint report", "ReportCheckpoints", request)

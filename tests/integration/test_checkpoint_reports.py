@@ -58,3 +58,30 @@ def test_saves_faster_than_the_scheduler_takes_reports_are_coalesced(
         go.touch()
         assert job.wait() == 0, f"{job.log(0)}\n{job.log()}"
         assert "finalized" in job.log(0)
+
+
+GENERATION_SCRIPT = ROOT / "tests" / "integration" / "scripts" / "report_generation.py"
+REPORT_LINE = re.compile(r"^report steps=\[([\d, ]*)\] generation=(\d+)$", re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("step", "last"), [(2, "1, 2"), (3, "1, 2, 3")], ids=["step-3-discarded", "none-newer"]
+)
+def test_a_report_under_way_at_a_rollback_says_the_generation_its_steps_were_listed_in(
+    tmp_path: Path, step: int, last: str
+) -> None:
+    """Steps 1 to 3 are listed in generation 1, the report of step 1 held up, then the worker
+    puts back `step` for generation 2 (as a TrainingLoop does) and the reports go. The lists
+    taken before say generation 1, so the scheduler still waits for this worker to report
+    from generation 2 before it names a step past `step` for every rank to keep; the list left
+    once the newer steps are discarded (none, from step 3) says generation 2. (A report said
+    the generation of the moment it was sent: all said 2, step 3 of the abandoned run among
+    them, and with none discarded generation 2 was not told apart.)"""
+    args = [str(tmp_path / "ckpt"), str(step)]
+    with LocalJob(GENERATION_SCRIPT, args, workers=1, options=NO_RECOVERY) as job:
+        code = job.wait()
+        log = job.log(0)
+        assert code == 0, f"{log}\n{job.log()}"
+    assert "done" in log
+    reports = [(steps, int(generation)) for steps, generation in REPORT_LINE.findall(log)]
+    assert reports == [("1", 1), ("1, 2, 3", 1), (last, 2)], log

@@ -383,15 +383,23 @@ def test_defaults_without_cluster_init(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rank, recovery and the report come from the joined job (faked here: no network)."""
-    reported: list[list[int]] = []
+    """Rank, recovery and the report come from the joined job (faked here: no network); the
+    report says the generation the worker reports from as its steps were listed."""
+    reported: list[tuple[list[int], int]] = []
     session = SimpleNamespace(
-        config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)), topology=None, say=print
+        config=SimpleNamespace(recovery=SimpleNamespace(path=tmp_path)),
+        topology=None,
+        say=print,
+        agent=SimpleNamespace(report_generation=7),
     )
+
+    def report(steps: list[int], generation: int = 0) -> None:
+        reported.append((steps, generation))
+
     monkeypatch.setattr(runtime, "is_initialized", lambda: True)
     monkeypatch.setattr(runtime, "get_rank", lambda: 3)
     monkeypatch.setattr(runtime, "session", lambda: session)
-    monkeypatch.setattr(runtime, "report_checkpoints", reported.append, raising=False)
+    monkeypatch.setattr(runtime, "report_checkpoints", report, raising=False)
     offered: list[Any] = []  # the state server (tests/unit/test_peer_state.py) is not started
     monkeypatch.setattr(peer_state, "serve", offered.append)
     monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
@@ -404,7 +412,7 @@ def test_defaults_after_cluster_init(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ckpt.save(step, {"a": step})
     ckpt.flush()
     # No step every rank holds heard yet (the fake answers None): at least 4 are kept.
-    assert reported == [[1], [1, 2], [1, 2, 3]]
+    assert reported == [([1], 7), ([1, 2], 7), ([1, 2, 3], 7)]
     assert (tmp_path / "rank_3" / "p-00000003.ckpt").is_file()
 
 

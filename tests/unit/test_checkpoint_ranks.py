@@ -51,7 +51,10 @@ class FakeJob:
         self.said: list[str] = []
         # No topology: no seat in a job for the manager's lock (tests/unit/test_checkpoint_lock).
         session = SimpleNamespace(
-            config=SimpleNamespace(recovery=None), topology=None, say=self.said.append
+            config=SimpleNamespace(recovery=None),
+            topology=None,
+            say=self.said.append,
+            agent=SimpleNamespace(report_generation=1),
         )
         monkeypatch.setattr(runtime, "is_initialized", lambda: self.rank is not None)
         monkeypatch.setattr(runtime, "get_rank", lambda: self.rank)
@@ -59,7 +62,7 @@ class FakeJob:
         monkeypatch.setattr(runtime, "report_checkpoints", self.report)
         monkeypatch.delenv("MS_ENABLE_RECOVERY", raising=False)
 
-    def report(self, steps: list[int]) -> int:
+    def report(self, steps: list[int], generation: int = 0) -> int:
         self.reported.append(steps)
         return 0
 

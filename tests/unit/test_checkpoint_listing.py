@@ -1,0 +1,108 @@
+"""What a CheckpointManager's writer knows of the rank's files (`checkpoint_listing`): a save
+costs the same however many steps are kept, and files changed behind the manager's back are
+still seen, by its saves or by its listings."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.storage import checkpoint_files
+from cluster.testing import wait_until
+
+OLDER = 300
+
+
+def manager(tmp_path: Path, reports: list[list[int]]) -> CheckpointManager:
+    config = CheckpointConfig(keep_checkpoint_max=OLDER + 1000)  # nothing pruned
+    return CheckpointManager(tmp_path, "net", config, rank=0, recovery=False, report=reports.append)
+
+
+def older_steps(tmp_path: Path) -> None:
+    """Steps 1 to OLDER on disk, complete (copies of one file: the cheap check reads only the
+    preamble, the size and the footer)."""
+    with manager(tmp_path, []) as first:
+        first.save(1, {"a": 1})
+    for step in range(2, OLDER + 1):
+        shutil.copy(first.path(1), first.path(step))
+
+
+def test_a_save_checks_none_of_the_older_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 300 steps kept, the first save of a new manager checks each older file once; the
+    next 20 check none (each save's report still names every step held). A save listed the
+    directory and opened every file in it twice (to prune, to report): its cost grew with the
+    steps kept, 0.9 ms a save with 10 against 104 ms with 5,000 (tmpfs)."""
+    older_steps(tmp_path)
+    checked: list[str] = []
+    check = checkpoint_files.looks_complete
+
+    def counted(path: Path) -> bool:
+        checked.append(path.name)
+        return check(path)
+
+    monkeypatch.setattr(checkpoint_files, "looks_complete", counted)
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, reports)
+    ckpt.save(OLDER + 1, {"a": OLDER + 1})
+    ckpt.flush()
+    assert sorted(checked) == [checkpoint_files.file_name("net", s) for s in range(1, OLDER + 1)]
+    checked.clear()
+    for step in range(OLDER + 2, OLDER + 22):
+        ckpt.save(step, {"a": step})
+    ckpt.flush()
+    assert checked == []
+    assert reports[-1] == list(range(1, OLDER + 22))
+    assert ckpt.steps() == reports[-1]  # a listing: each file checked again
+    ckpt.close()
+
+
+def test_files_removed_or_added_by_hand_are_seen_by_the_saves_after(tmp_path: Path) -> None:
+    """Step 2 removed and step 5 copied in by hand, a temporary left there: the saves after see
+    it (at the next one, once the directory's change shows; within a second whatever it
+    shows): step 2 is no longer reported, step 5 is, and the temporary is removed."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, reports)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"a": step})
+    ckpt.flush()
+    ckpt.path(2).unlink()
+    shutil.copy(ckpt.path(3), ckpt.path(5))
+    temporary = ckpt.directory / ".net-00000009.ckpt.0123abcd.tmp"
+    temporary.write_bytes(b"left by a killed save")
+    step = 10
+
+    def seen() -> bool:
+        nonlocal step
+        step += 1
+        ckpt.save(step, {"a": step})
+        ckpt.flush()
+        return reports[-1][:3] == [1, 3, 5] and not temporary.exists()
+
+    wait_until(seen, 30, "a save to see the files changed by hand", poll_s=0.01)
+    ckpt.close()
+
+
+def test_a_file_cut_short_is_reported_until_a_listing_checks_it(tmp_path: Path) -> None:
+    """Cut short in place, step 2's file keeps its name: saves do not open it again, and it is
+    reported as held (as a file whose bits flipped is, until loaded), until `steps()` checks
+    every file: from then on neither `steps()` nor the reports name it."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path, reports)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"a": step})
+    ckpt.flush()
+    path = ckpt.path(2)
+    path.write_bytes(path.read_bytes()[:100])
+    ckpt.save(4, {"a": 4})
+    ckpt.flush()
+    assert reports[-1] == [1, 2, 3, 4]
+    assert ckpt.steps() == [1, 3, 4]
+    ckpt.save(5, {"a": 5})
+    ckpt.flush()
+    assert reports[-1] == [1, 3, 4, 5]
+    ckpt.close()

@@ -4,13 +4,11 @@ The public API. Start every process of a job with the MS_* launch environment an
 `cluster.init()`; see docs/guide/training-script.md.
 """
 
-# The release; pyproject.toml reads it from here (`mscluster --version` shows the installed one).
-__version__ = "0.1.0"
-
 import importlib
 from typing import TYPE_CHECKING
 
 from cluster.api import excepthook as _excepthook
+from cluster.protocol import version as _version
 from cluster.protocol.errors import (
     AccessDeniedError,
     CapacityError,
@@ -29,6 +27,10 @@ from cluster.protocol.errors import (
 )
 from cluster.transport import grpc_log as _grpc_log
 from cluster.transport.lazy_protobuf import defer_pure_python_messages as _defer_protobuf
+
+# The release, kept in `cluster.protocol.version` beside the protocol's revision (pyproject.toml
+# reads it there; `mscluster --version` shows the installed one).
+__version__ = _version.VERSION
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager

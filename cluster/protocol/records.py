@@ -55,6 +55,8 @@ class Refusal(enum.Enum):
     # The job finished well: a node still waiting to (re)join it, a spare or a restarted node
     # waiting out its guard, has nothing left to do and exits 0.
     JOB_FINISHED = "job_finished"
+    # The node speaks another revision of the protocol (another release of cluster).
+    VERSION_MISMATCH = "version_mismatch"
 
     @property
     def transient(self) -> bool:
@@ -88,9 +90,14 @@ class Registration:
     # answered.
     collectives_generation: int = 0
     collectives_answered: int = 0
+    # Which cluster the node runs (`cluster.protocol.version`): its protocol revision (0: it
+    # says nothing, as nodes before revisions were sent) and its release ("" then).
+    protocol_revision: int = 0
+    cluster_version: str = ""
 
     def message(self) -> bytes:
-        """What a job-secret proof covers: every field above but the proof."""
+        """What a job-secret proof covers: every field above but the proof and the node's
+        version (a proof means the same in every release of one protocol revision)."""
         return auth.canonical(
             (
                 self.node_id,

@@ -45,6 +45,7 @@ _REFUSAL_TO_PB = {
     state.Refusal.NODE_ALIVE: pb.REFUSAL_NODE_ALIVE,
     state.Refusal.JOB_FINISHED: pb.REFUSAL_JOB_FINISHED,
     state.Refusal.STALE_CHALLENGE: pb.REFUSAL_STALE_CHALLENGE,
+    state.Refusal.VERSION_MISMATCH: pb.REFUSAL_VERSION_MISMATCH,
 }
 
 
@@ -84,6 +85,8 @@ def registration_from_pb(
         call_seq=req.call_seq,
         collectives_generation=req.collectives_generation,
         collectives_answered=req.collectives_answered,
+        protocol_revision=req.protocol_revision,
+        cluster_version=req.cluster_version,
     )
 
 

@@ -73,10 +73,10 @@ class HighAvailability:
             stored = await store.load()
         except StateFileError as exc:
             raise ConfigError(f"{store.name}={store.where!r} is not usable: {exc}") from None
-        if stored.snapshot is not None and stored.snapshot.get("phase") in _ENDED:
-            self._ended_at_start = str(stored.snapshot.get("cluster_id"))
-        elif stored.snapshot is not None:
+        if stored.snapshot is not None:
             _check_resumable(stored.snapshot, server, store.name, store.where)
+            if stored.snapshot.get("phase") in _ENDED:
+                self._ended_at_start = str(stored.snapshot.get("cluster_id"))
         gate = server.gate
         gate.leadership, gate.address, gate.state_store = (
             self.leadership,
@@ -229,7 +229,8 @@ def _check_resumable(
     snapshot: dict[str, Any], server: SchedulerServer, name: str, where: str
 ) -> None:
     """A ConfigError at start when this scheduler could never lead the job saved there (its
-    worker or server count differs), rather than campaigning, failing and campaigning again."""
+    worker or server count, or the protocol revision it was saved under, differs; an ended
+    job's counts do not matter), rather than campaigning, failing and campaigning again."""
     try:
         SchedulerState.restore(snapshot, server.settings, time.monotonic, new_cluster_id="")
     except SnapshotError as exc:

@@ -31,7 +31,14 @@ from cluster.protocol.errors import (
 from cluster.scheduler import convert, host_link, member_limits, wiring
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, Withdrawn
 from cluster.scheduler.machine import reserve
-from cluster.scheduler.servicer_edge import CallContext, ServicerEdge, caller_of, mapped, refuse
+from cluster.scheduler.servicer_edge import (
+    CallContext,
+    ServicerEdge,
+    caller_of,
+    mapped,
+    refuse,
+    relay_refusal,
+)
 from cluster.transport import edge, failures, membership, stub
 from cluster.transport.handlers import peer_host
 from cluster.v1 import scheduler_pb2 as pb
@@ -72,6 +79,7 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
                 name: (getattr(request, name), most)
                 for name, most in edge.REGISTRATION_BLOBS.items()
             },
+            request.cluster_version,
         )
         if problem is not None:
             raise self.at_edge(context, "Register", "invalid", f"a registration whose {problem}")
@@ -225,6 +233,9 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
             # Not a node's call (`heartbeat_call`): a relay's stream lasts as long as the relay,
             # and the end of the job does not wait for it.
             self._core  # noqa: B018 - a standby refuses it (NotLeaderError)
+            refused = relay_refusal(context)
+            if refused is not None:
+                raise refused
             with self._host_call(context, "HostBeats", functools.partial(_settle, ended)):
                 reading = asyncio.ensure_future(self._host_beats(request_iterator, context))
                 try:
@@ -264,6 +275,10 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
         """A relay's one stream for its workers' Watch streams (`host_link`): each attached slot
         runs as the Watch call it stands for, with the worker's own request and proof. It ends
         when the relay's side and every slot have, or when the scheduler stops (`_end_link`)."""
+        refused = relay_refusal(context)
+        if refused is not None:  # every slot would end with it: the link does at once
+            refuse(context, refused)
+            return
         link = host_link.HostLink(edge.HOST_SLOTS)
         reading = asyncio.ensure_future(self._host_up(request_iterator, context, link))
         # A request that is refused ends the call, and with it every slot.

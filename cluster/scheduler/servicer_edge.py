@@ -28,12 +28,15 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from cluster.protocol import version
+from cluster.protocol.display import safe
 from cluster.protocol.errors import (
     BadRequestError,
     CapacityError,
     ClusterError,
     CrowdedError,
     NotAuthenticatedError,
+    RegistrationRefused,
 )
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
@@ -76,6 +79,25 @@ def caller_of(context: CallContext, method: str, request: Any = None) -> members
     """Who the call speaks for, with what it presents (a call proof covers `request`)."""
     body = bytes if request is None else request.SerializeToString
     return membership.caller(context.invocation_metadata(), method, body)
+
+
+def relay_refusal(
+    context: CallContext, runs: tuple[str, int] = (version.VERSION, version.PROTOCOL_REVISION)
+) -> RegistrationRefused | None:
+    """Why a host's relay that makes this call (HostWatch, HostBeats) is refused: it runs
+    another protocol revision than this scheduler (`runs`: its release and revision), and what
+    it sends for its workers may mean something else here; None when it runs the same (a relay
+    that names none runs revision 1, `version.stamped`)."""
+    sent = dict(context.invocation_metadata() or ()).get(version.METADATA_KEY)
+    revision, release = version.stamped(None if sent is None else str(sent))
+    if revision == runs[1]:
+        return None
+    shown = safe(release, version.MAX_VERSION_CHARS)
+    return RegistrationRefused(
+        f"the relay of host {peer_host(context.peer() or '')} runs "
+        f"{version.describe(shown, revision)}, but this scheduler runs "
+        f"{version.describe(*runs)}: {version.SAME_VERSION_ADVICE}"
+    )
 
 
 def mapped(

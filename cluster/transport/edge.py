@@ -20,7 +20,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from cluster.protocol import auth
+from cluster.protocol import auth, version
 from cluster.protocol.config import valid_node_id
 from cluster.protocol.display import safe
 from cluster.protocol.value import frozen
@@ -166,9 +166,10 @@ def registration_problem(
     port: int,
     job_ids: tuple[str, ...],
     blobs: dict[str, tuple[bytes, int]],
+    release: str = "",
 ) -> str | None:
     """What is out of bounds in a registration, None when nothing is. `blobs`: name -> (value,
-    the most bytes it may have)."""
+    the most bytes it may have); `release`: the cluster version the node says it runs."""
     if not valid_node_id(node_id):
         return (
             f"node id {quoted(node_id)} ({len(node_id)} characters) is not valid: use 1-128 "
@@ -184,10 +185,23 @@ def registration_problem(
     for job_id in job_ids:
         if len(job_id) > MAX_JOB_ID_CHARS or not job_id.isprintable():
             return f"job id {quoted(job_id)} is not one this scheduler could have made"
+    return _blob_problem(blobs) or _release_problem(release)
+
+
+def _blob_problem(blobs: dict[str, tuple[bytes, int]]) -> str | None:
     for name, (value, most) in blobs.items():
         if len(value) > most:
             return f"{name} of {len(value)} bytes (at most {most})"
     return None
+
+
+def _release_problem(release: str) -> str | None:
+    if len(release) <= version.MAX_VERSION_CHARS and release.isprintable():
+        return None
+    return (
+        f"cluster version {quoted(release)} ({len(release)} characters) is not a release's: "
+        f"at most {version.MAX_VERSION_CHARS} printable characters"
+    )
 
 
 # The most bytes of each opaque field of a registration.

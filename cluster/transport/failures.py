@@ -38,6 +38,7 @@ from cluster.protocol.errors import (
     NotLeaderError,
     PeerFailedError,
     RegistrationPendingError,
+    RegistrationRefused,
     UnknownNodeError,
 )
 from cluster.protocol.value import frozen
@@ -80,6 +81,7 @@ _KINDS: dict[str, type[ClusterError]] = {
         PeerFailedError,
         CollectiveError,
         FellBehindError,
+        RegistrationRefused,  # a host's relay of another protocol revision, on its workers' Watch
     )
 }
 # The errors a refusal tells by its reason, not its kind: the kind they go with.

@@ -56,6 +56,7 @@ from typing import Any, Protocol, TypeAlias
 import grpc
 from google.protobuf.message import DecodeError
 
+from cluster.protocol import version
 from cluster.protocol.errors import (
     BadRequestError,
     CapacityError,
@@ -309,7 +310,7 @@ class HostBeats:
         if self._call is None or self._call[0] != address or self._call[1].done():
             if self._call is not None:
                 self._call[1].cancel()
-            self._call = (address, method())
+            self._call = (address, method(metadata=stamp()))
         call = self._call[1]
         try:
             for batch in stub.host_beats(heard, HOST_BATCH_BYTES):
@@ -338,6 +339,12 @@ class HostBeats:
             self._sending.cancel()
         if self._call is not None:
             self._call[1].cancel()
+
+
+def stamp() -> tuple[tuple[str, str], ...]:
+    """The call metadata of the relay's own calls (HostBeats, HostWatch): the protocol
+    revision and release it runs, which the scheduler refuses when they are not its own."""
+    return ((version.METADATA_KEY, version.stamp()),)
 
 
 WATCH, FINISH, HOST_WATCH = "Watch", "Finish", "HostWatch"
@@ -494,7 +501,7 @@ class HostLinks:
         if link is None or link.ended is not None:
             if link is not None:
                 link.close()
-            link = self._links[address] = _Link(address, method(), self._heard)
+            link = self._links[address] = _Link(address, method(metadata=stamp()), self._heard)
         return link
 
     def _open(self, request: bytes, context: Context, *, finish: bool) -> _Slot | None:

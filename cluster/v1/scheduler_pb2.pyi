@@ -24,6 +24,7 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_NOT_A_MEMBER: _ClassVar[RefusalReason]
     REFUSAL_UNAUTHENTICATED: _ClassVar[RefusalReason]
     REFUSAL_JOB_FINISHED: _ClassVar[RefusalReason]
+    REFUSAL_VERSION_MISMATCH: _ClassVar[RefusalReason]
     REFUSAL_NODE_ALIVE: _ClassVar[RefusalReason]
     REFUSAL_NOT_LEADER: _ClassVar[RefusalReason]
     REFUSAL_STALE_CHALLENGE: _ClassVar[RefusalReason]
@@ -72,6 +73,7 @@ REFUSAL_JOB_OVER: RefusalReason
 REFUSAL_NOT_A_MEMBER: RefusalReason
 REFUSAL_UNAUTHENTICATED: RefusalReason
 REFUSAL_JOB_FINISHED: RefusalReason
+REFUSAL_VERSION_MISMATCH: RefusalReason
 REFUSAL_NODE_ALIVE: RefusalReason
 REFUSAL_NOT_LEADER: RefusalReason
 REFUSAL_STALE_CHALLENGE: RefusalReason
@@ -95,7 +97,7 @@ SCHEDULER_ROLE_LEADER: SchedulerRole
 SCHEDULER_ROLE_STANDBY: SchedulerRole
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare", "challenge", "job_id", "call_seq", "collectives_generation", "collectives_answered")
+    __slots__ = ("node_id", "role", "host", "port", "incarnation", "worker_num", "server_num", "cluster_id", "credential", "nonce", "proof", "spare", "challenge", "job_id", "call_seq", "collectives_generation", "collectives_answered", "protocol_revision", "cluster_version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +115,8 @@ class RegisterRequest(_message.Message):
     CALL_SEQ_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_GENERATION_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_REVISION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: Role
     host: str
@@ -130,7 +134,9 @@ class RegisterRequest(_message.Message):
     call_seq: int
     collectives_generation: int
     collectives_answered: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ..., challenge: _Optional[bytes] = ..., job_id: _Optional[str] = ..., call_seq: _Optional[int] = ..., collectives_generation: _Optional[int] = ..., collectives_answered: _Optional[int] = ...) -> None: ...
+    protocol_revision: int
+    cluster_version: str
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., incarnation: _Optional[int] = ..., worker_num: _Optional[int] = ..., server_num: _Optional[int] = ..., cluster_id: _Optional[str] = ..., credential: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., spare: _Optional[bool] = ..., challenge: _Optional[bytes] = ..., job_id: _Optional[str] = ..., call_seq: _Optional[int] = ..., collectives_generation: _Optional[int] = ..., collectives_answered: _Optional[int] = ..., protocol_revision: _Optional[int] = ..., cluster_version: _Optional[str] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ()

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from cluster.protocol import auth
+from cluster.protocol import auth, version
 from cluster.protocol.config import ClusterConfig, Role, is_numeric_node_id
 from cluster.protocol.errors import (
     ClusterError,
@@ -206,14 +206,22 @@ def register_request(
         call_seq=call_seq,
         collectives_generation=collectives[0],
         collectives_answered=collectives[1],
+        protocol_revision=version.PROTOCOL_REVISION,
+        cluster_version=version.VERSION,
     )
     proof = b""
     if job_secret is not None:
         proof = auth.prove(job_secret, registration.message())
         credential = auth.wrap(job_secret, challenge[0], registration.nonce, credential)
+    return _on_the_wire(registration, credential, proof)
+
+
+def _on_the_wire(registration: Registration, credential: bytes, proof: bytes) -> pb.RegisterRequest:
+    """`registration` as the worker sends it, with its `credential` (wrapped under a job secret)
+    and `proof` (of the secret) in place of the credential's digest."""
     return pb.RegisterRequest(
         node_id=registration.node_id,
-        role=pb.ROLE_SERVER if role is NodeRole.SERVER else pb.ROLE_WORKER,
+        role=pb.ROLE_SERVER if registration.role is NodeRole.SERVER else pb.ROLE_WORKER,
         host=registration.host,
         port=registration.port,
         incarnation=registration.incarnation,
@@ -226,9 +234,11 @@ def register_request(
         spare=registration.spare,
         challenge=registration.challenge,
         job_id=registration.job_id,
-        call_seq=call_seq,
+        call_seq=registration.call_seq,
         collectives_generation=registration.collectives_generation,
         collectives_answered=registration.collectives_answered,
+        protocol_revision=registration.protocol_revision,
+        cluster_version=registration.cluster_version,
     )
 
 

@@ -757,7 +757,12 @@ async def test_a_link_left_behind_does_not_take_a_newer_links_place_with_it() ->
 
     class Channel:
         def stream_stream(self, path: str) -> object:
-            return lambda: calls.append(_HostCall("y:1")) or calls[-1]
+            def start(metadata: object) -> _HostCall:
+                assert metadata == relay.stamp()  # the relay's release, on its own call
+                calls.append(_HostCall("y:1"))
+                return calls[-1]
+
+            return start
 
         def get_state(self, try_to_connect: bool = False) -> None:
             pass
@@ -828,7 +833,8 @@ class _Channel:
         self.refusal = refusal
 
     def stream_unary(self, path: str) -> object:
-        def start() -> _BeatsCall:
+        def start(metadata: object) -> _BeatsCall:
+            assert metadata == relay.stamp()  # the relay's release, on its own call
             self.calls.append(_BeatsCall(self.refusal))
             return self.calls[-1]
 

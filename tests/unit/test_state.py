@@ -13,12 +13,13 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from cluster.protocol import auth
+from cluster.protocol import auth, version
 from cluster.protocol.backoff import guard_poll_s
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import EvictedError, SnapshotError, UnknownNodeError
 from cluster.protocol.records import GUARD_POLL_MARGIN_S
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.version import PROTOCOL_REVISION, VERSION
 from cluster.scheduler.machine.rollback import HELD_BY_ALL_EVERY_S
 from cluster.scheduler.machine.state import (
     Accepted,
@@ -1068,10 +1069,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         incarnation=incarnations,
         matching=st.integers(min_value=0, max_value=9),
         cluster_id=st.sampled_from(["", "", "", JOB, "other-job"]),
+        stated=st.booleans(),
     )
     def register(
-        self, node_id: str, host: str, incarnation: int, matching: int, cluster_id: str
+        self,
+        node_id: str,
+        host: str,
+        incarnation: int,
+        matching: int,
+        cluster_id: str,
+        stated: bool = True,
     ) -> None:
+        """`stated`: the node names its release and protocol revision (this one's), or names
+        none, as a node of a release before they were sent: taken alike."""
         role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
         host = self.hosts.setdefault((canonical_node_id(node_id), incarnation), host)
         worker_num = self.state.settings.worker_num + (1 if matching == 0 else 0)
@@ -1083,6 +1093,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             incarnation=incarnation,
             worker_num=worker_num,
             cluster_id=cluster_id,
+            protocol_revision=PROTOCOL_REVISION if stated else 0,
+            cluster_version=VERSION if stated else "",
         )
         before = len(self.state.members)
         self.sent = [*self.sent[-4:], registration]
@@ -1117,7 +1129,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         fresh = [i for i in WORKER_IDS + SERVER_IDS if canonical_node_id(i) not in taken]
         if fresh:
             node_id = fresh[index % len(fresh)]
-            self.register(node_id, host, incarnation=1, matching=1, cluster_id="")
+            self.register(node_id, host, incarnation=1, matching=1, cluster_id="", stated=True)
 
     @rule(hosts=st.lists(st.sampled_from(HOSTS), min_size=6, max_size=6))
     def fill(self, hosts: list[str]) -> None:
@@ -1361,6 +1373,64 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert effects == []
         assert _everything(self.state) == before
         event(f"forged registration refused: {outcome.reason.value}")
+
+    @rule(
+        index=st.integers(min_value=0, max_value=20),
+        revision=st.sampled_from([PROTOCOL_REVISION + 1, PROTOCOL_REVISION + 7]),
+        own=st.booleans(),
+    )
+    def other_revision_registers(self, index: int, revision: int, own: bool) -> None:
+        """A node of another protocol revision is refused, naming both releases, and nothing
+        changes: also a member's own process registering again (`own`: its credential, its
+        address, its proof of the secret; all of it but its revision would be taken)."""
+        picked = self._pick(index) if own else None
+        if picked is not None:
+            member = self.state.members[picked[0]]
+            node_id, host, port, role = member.node_id, member.host, member.port, member.role
+            incarnation, cluster_id = picked[1], JOB
+        else:
+            node_id = (WORKER_IDS + SERVER_IDS)[index % (len(WORKER_IDS) + len(SERVER_IDS))]
+            role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
+            host, port, incarnation, cluster_id = "h0", 5000, 20, ""
+        registration = reg(
+            self.state,
+            node_id,
+            host=host,
+            port=port,
+            role=role,
+            incarnation=incarnation,
+            cluster_id=cluster_id,
+            protocol_revision=revision,
+            cluster_version="9.9.9",
+        )
+        before = _everything(self.state)
+        outcome, effects = self.state.register(registration)
+        assert isinstance(outcome, Refused), outcome
+        assert outcome.reason is Refusal.VERSION_MISMATCH
+        assert f"cluster 9.9.9 (protocol revision {revision})" in outcome.message
+        assert f"cluster {VERSION} (protocol revision {PROTOCOL_REVISION})" in outcome.message
+        assert outcome.retry_after_s == 0
+        assert effects == []
+        assert _everything(self.state) == before
+        event(f"another revision refused ({'a member' if picked else 'a new node'})")
+
+    @rule(revision=st.sampled_from([0, PROTOCOL_REVISION + 1]))
+    def scheduler_of_another_revision_restarts(self, revision: int) -> None:
+        """What this scheduler saved is stamped with its revision: a scheduler of another
+        revision refuses to resume it, whatever its phase; a state saved without the stamp
+        (`revision` 0, by a release before it) is of revision 1."""
+        saved = json.loads(json.dumps(self.state.snapshot()))
+        assert saved["protocol_revision"] == PROTOCOL_REVISION
+        assert saved["cluster_version"] == VERSION
+        if revision:
+            saved["protocol_revision"] = revision
+        else:
+            del saved["protocol_revision"], saved["cluster_version"]
+        if version.revision_of(revision) == PROTOCOL_REVISION:
+            SchedulerState.restore(saved, self.state.settings, self.clock, new_cluster_id="new")
+            return
+        with pytest.raises(SnapshotError, match=f"saved by .* \\(protocol revision {revision}\\)"):
+            SchedulerState.restore(saved, self.state.settings, self.clock, new_cluster_id="new")
 
     @rule(
         node_id=node_ids,

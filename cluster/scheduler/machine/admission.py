@@ -8,9 +8,10 @@ against the phase, the generation and the other members. The answer is a `Denied
 (whose `error()` the scheduler sends back as a status code) or what the call may go on with; a
 refused call changes nothing.
 
-Who may join is decided here too (`check_registration`, `check_new`): the node's credential
-and, with a job secret, its proof of the secret (a fresh challenge, a nonce never seen), the
-job it names, its counts and the room left for its role.
+Who may join is decided here too (`check_registration`, `check_new`): the node's protocol
+revision first (`cluster.protocol.version`: what a node of another one sends may mean something
+else), its credential and, with a job secret, its proof of the secret (a fresh challenge, a
+nonce never seen), the job it names, its counts and the room left for its role.
 
 `Admission` is a part of `SchedulerState` (it reads the job through `JobView`) and owns what
 trust remembers: the nonces seen, the challenges issued, the read proofs accepted and each
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import Protocol
 
-from cluster.protocol import auth
+from cluster.protocol import auth, version
 from cluster.protocol.config import canonical_node_id, is_numeric_node_id, valid_node_id
 from cluster.protocol.errors import (
     CapacityError,
@@ -133,6 +134,8 @@ class Admission:
     _challenges: auth.ChallengeIssuer = field(default_factory=auth.ChallengeIssuer)
     # The operators' read proofs accepted while their challenges are good: each is taken once.
     _reads: auth.ReplayCache = field(default_factory=auth.ReplayCache)
+    # What this scheduler runs: its release and protocol revision.
+    runs: tuple[str, int] = (version.VERSION, version.PROTOCOL_REVISION)
 
     def admit(
         self, node_id: str, incarnation: int | None, presented: auth.Presented
@@ -305,8 +308,9 @@ class Admission:
         return None
 
     def check_registration(self, reg: Registration) -> Refused | None:
-        """Whether `reg` may be looked at: its credential and proof, its job and counts."""
-        return self._check_proof(reg) or self._check_job(reg)
+        """Whether `reg` may be looked at: its protocol revision, its credential and proof,
+        its job and counts."""
+        return self._check_version(reg) or self._check_proof(reg) or self._check_job(reg)
 
     def registered(self, node_id: str, reg: Registration, *, again: bool) -> None:
         """`reg` was accepted. The same process registering again (after a cut, `again`) keeps
@@ -322,6 +326,20 @@ class Admission:
         """`node_id` left the job for good: its call window goes (a registration of it starts
         a new one)."""
         self.call_windows.pop(node_id, None)
+
+    def _check_version(self, reg: Registration) -> Refused | None:
+        """A node of this scheduler's protocol revision (one that says none speaks revision
+        1, `version.revision_of`), whatever its release."""
+        revision = version.revision_of(reg.protocol_revision)
+        ours, our_revision = self.runs
+        if revision == our_revision:
+            return None
+        return Refused(
+            Refusal.VERSION_MISMATCH,
+            f"node {reg.node_id!r} runs {version.describe(reg.cluster_version, revision)}, but "
+            f"this scheduler runs {version.describe(ours, our_revision)}: "
+            f"{version.SAME_VERSION_ADVICE}",
+        )
 
     def _check_proof(self, reg: Registration) -> Refused | None:
         """The node's credential, and with a job secret its proof of the secret."""

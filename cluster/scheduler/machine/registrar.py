@@ -2,8 +2,9 @@
 the job, once admission has let it through.
 
 Pure, like `state`, which owns it (`SchedulerState.register`). Admission decides who may
-register at all (`Admission.check_registration`, `check_new`: the credential, the job secret,
-the job named, the room left for the role); this part decides what the registration becomes:
+register at all (`Admission.check_registration`, `check_new`: the protocol revision, the
+credential, the job secret, the job named, the room left for the role); this part decides what
+the registration becomes:
 - a new node id joins: a member counted toward the job (the last one forms it), or a spare
   (`spares`);
 - the same process again (the same incarnation) is a retry after a lost answer, or a

@@ -1,11 +1,15 @@
 """What a restarted scheduler needs of the job (`save`), and the job made again from it
-(`resume`): the state machine's snapshot, as plain JSON-able data."""
+(`resume`): the state machine's snapshot, as plain JSON-able data, stamped with the release and
+protocol revision of the scheduler that saved it (`cluster.protocol.version`): a scheduler of
+another revision resumes nothing of it (a state without the stamp is of revision 1)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cluster.protocol import version
 from cluster.protocol.auth import trust_fingerprint
+from cluster.protocol.display import safe
 from cluster.protocol.errors import SnapshotError
 from cluster.protocol.records import Member, Phase, TopologyReadyEvent
 
@@ -22,7 +26,11 @@ def save(job: SchedulerState) -> dict[str, Any]:
     after a restart they simply register again (their job id is the saved one).
     """
     forming = job.phase is Phase.WAITING
+    release, revision = job.admission.runs
     return {
+        # Who saved it: a scheduler of another protocol revision does not resume it.
+        "protocol_revision": revision,
+        "cluster_version": release,
         "cluster_id": job.cluster_id,
         "previous_cluster_id": job.previous_cluster_id,
         # The job's trust: a scheduler with another job secret does not take this job over.
@@ -45,6 +53,7 @@ def save(job: SchedulerState) -> dict[str, Any]:
 def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
     """This new state made the one `snapshot` saved (itself, when that job had ended)."""
     settings = fresh.settings
+    _check_version(snapshot, fresh.admission.runs)
     missing = [k for k in KEYS if k not in snapshot]
     if missing:
         raise SnapshotError(f"the saved state lacks {', '.join(missing)}")
@@ -86,6 +95,20 @@ def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
         fresh.generation, fresh.peers(), int(saved_step), str(snapshot.get("reason", "formed"))
     )
     return fresh
+
+
+def _check_version(snapshot: dict[str, Any], runs: tuple[str, int]) -> None:
+    """SnapshotError when `snapshot` was saved under another protocol revision than this
+    scheduler's (`runs`: its release and revision), whose keys may mean something else here."""
+    revision = version.revision_of(int(snapshot.get("protocol_revision", 0)))
+    if revision == runs[1]:
+        return
+    release = safe(snapshot.get("cluster_version", ""), version.MAX_VERSION_CHARS)
+    saver = f"cluster {release}" if release else "the release that saved it"
+    raise SnapshotError(
+        f"it was saved by {version.describe(release, revision)}, but this scheduler runs "
+        f"{version.describe(*runs)}: start the job's schedulers from {saver} to resume the job"
+    )
 
 
 def _check_trust(snapshot: dict[str, Any], secret: bytes | None) -> None:

@@ -1,0 +1,244 @@
+"""Processes of different releases of cluster, with real processes, files and etcd: a scheduler
+refuses a node and a saved state of another protocol revision at the first contact, in one line
+that names both releases and what to do, and nothing of the job, on disk or in etcd changes.
+
+A node of another release is played two ways: a forged registration over gRPC (as a worker makes
+it, but naming another revision), and a real worker process whose `cluster.protocol.version`
+says another release (set before its script runs, as an installed newer release would)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import aetcd
+import grpc
+import pytest
+
+from cluster.protocol import version
+from cluster.protocol.environment import from_env
+from cluster.protocol.settings import JobSettings
+from cluster.protocol.state_url import parse_state_url
+from cluster.scheduler import stores
+from cluster.scheduler.machine.state import SchedulerState
+from cluster.storage import store
+from cluster.storage.state_store import SCHEDULER_KIND
+from cluster.testing import free_port, wait_until
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.convert import register_request
+from cluster.worker.identity import NodeIdentity, new_incarnation
+from tests.integration.test_recovery import WORKER, run_scheduler, saved_state
+from tests.procs import PYTHON, ROOT, Procs, job_env
+from tests.servers.etcd import EtcdCluster
+
+OURS = f"cluster {version.VERSION} (protocol revision {version.PROTOCOL_REVISION})"
+NEWER = version.PROTOCOL_REVISION + 1
+THEIRS = f"cluster 9.9.9 (protocol revision {NEWER})"
+ADVICE = (
+    "start every process of the job (schedulers, relays, workers) from the same version of cluster"
+)
+# A worker of another release: its script run once `cluster.protocol.version` says so.
+ANOTHER_RELEASE = (
+    "import runpy, sys\n"
+    "import cluster.protocol.version as v\n"
+    f"v.VERSION, v.PROTOCOL_REVISION = '9.9.9', {NEWER}\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
+
+
+def _job(stub: pb_grpc.SchedulerStub) -> tuple[object, ...]:
+    """What a refusal must not change: the job's id, phase, generation and nodes."""
+    status = stub.Status(pb.StatusRequest(), timeout=5)
+    nodes = [(n.node_id, n.incarnation, n.state, n.rank) for n in status.nodes]
+    return status.cluster_id, status.phase, status.generation, nodes
+
+
+def _forged(port: int) -> pb.RegisterRequest:
+    """Node 1's registration as this release's worker makes it, but naming release 9.9.9."""
+    env = job_env(2, port, MS_ROLE="MS_WORKER")
+    identity = NodeIdentity("1", new_incarnation(), "127.0.0.1", 1)
+    request = register_request(from_env(env), identity, "", None)
+    request.protocol_revision, request.cluster_version = NEWER, "9.9.9"
+    return request
+
+
+def test_a_node_of_another_revision_is_refused_and_the_job_goes_on(
+    processes: Procs, tmp_path: Path
+) -> None:
+    port = free_port()
+    env = job_env(2, port)
+    args = [*WORKER, "--release", str(tmp_path / "release")]
+    scheduler = processes.start_role("scheduler", "MS_SCHED", args, env)
+    first = processes.start_role("worker0", "MS_WORKER", args, {**env, "MS_NODE_ID": "0"})
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        wait_until(lambda: _status_nodes(stub) == 1, 30, "worker 0 registered")
+        before = _job(stub)
+
+        refused = stub.Register(_forged(port), timeout=5).refused
+        assert refused.reason == pb.REFUSAL_VERSION_MISMATCH
+        assert (
+            refused.message == f"node '1' runs {THEIRS}, but this scheduler runs {OURS}: {ADVICE}"
+        )
+        assert refused.retry_after_s == 0
+        # As a worker registers: the first event of its Watch stream.
+        (answer,) = list(stub.Watch(pb.WatchRequest(register=_forged(port)), timeout=5))
+        assert answer.refused.reason == pb.REFUSAL_VERSION_MISMATCH
+        assert _job(stub) == before
+
+        # A worker of another release ends at once: one line, exit 1, no traceback.
+        newer = processes.start(
+            "worker1-newer",
+            [PYTHON, "-c", ANOTHER_RELEASE, *args],
+            {**env, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": "1"},
+        )
+        assert newer.wait(30) == 1, newer.output
+        assert "Traceback" not in newer.output
+        (line,) = [line for line in newer.output.splitlines() if "RegistrationRefused" in line]
+        assert f"the scheduler at 127.0.0.1:{port} refused this node" in line
+        assert f"node '1' runs {THEIRS}, but this scheduler runs {OURS}: {ADVICE}" in line
+        assert _job(stub) == before
+
+    # This release's worker joins the job, which forms and ends well.
+    second = processes.start_role("worker1", "MS_WORKER", args, {**env, "MS_NODE_ID": "1"})
+    for worker in (first, second):
+        worker.wait_for_output("allgather rank=", 30)
+    (tmp_path / "release").touch()
+    for worker in (first, second):
+        assert worker.wait(30) == 0, worker.output
+    assert scheduler.wait(30) == 0, scheduler.output
+
+
+# `mscluster` of another release: run once `cluster.protocol.version` says so.
+ANOTHER_MSCLUSTER = ANOTHER_RELEASE.replace(
+    "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')",
+    "sys.argv = ['mscluster', *sys.argv[1:]]\nrunpy.run_module('cluster', run_name='__main__')",
+)
+EXAMPLE = str(ROOT / "examples" / "allgather_check.py")
+
+
+def test_a_relay_of_another_revision_is_refused_and_its_workers_say_so(
+    processes: Procs, short_dir: Path
+) -> None:
+    """The relay's own calls name its release: the scheduler refuses its link, and each worker
+    behind it ends at its first contact with one line naming both releases. The job is
+    unchanged, and the worker started without the relay joins it."""
+    port = free_port()
+    env = job_env(1, port)
+    scheduler = processes.start_role("scheduler", "MS_SCHED", [EXAMPLE], env)
+    sock = short_dir / "relay.sock"
+    relay = processes.start(
+        "relay", [PYTHON, "-c", ANOTHER_MSCLUSTER, "relay", "--socket", f"unix:{sock}"], env
+    )
+    relay.wait_for_output("mscluster relay: serving", 30)
+    relayed = {**env, "MS_ROLE": "MS_WORKER", "CLUSTER_RELAY": f"unix:{sock}"}
+    behind = processes.start("worker-behind", [PYTHON, EXAMPLE], relayed)
+    assert behind.wait(30) == 1, behind.output
+    assert "Traceback" not in behind.output
+    (line,) = [line for line in behind.output.splitlines() if "RegistrationRefused" in line]
+    assert f"the relay of host 127.0.0.1 runs {THEIRS}, but this scheduler runs {OURS}" in line
+    assert line.endswith(ADVICE)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        status = pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=5)
+        assert (status.phase, list(status.nodes)) == (pb.PHASE_WAITING, [])
+
+    direct = processes.start_role("worker", "MS_WORKER", [EXAMPLE], env)
+    assert direct.wait(30) == 0, direct.output
+    assert "allgather rank=0 size=1" in direct.output
+    assert scheduler.wait(30) == 0, scheduler.output
+
+
+def _status_nodes(stub: pb_grpc.SchedulerStub) -> int:
+    try:
+        return len(stub.Status(pb.StatusRequest(), timeout=2).nodes)
+    except grpc.RpcError:
+        return -1
+
+
+def _stamped(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` as a scheduler of release 9.9.9 (revision NEWER) would have saved it."""
+    return {**payload, "protocol_revision": NEWER, "cluster_version": "9.9.9"}
+
+
+def test_a_state_file_of_another_revision_is_one_line_and_left_alone(tmp_path: Path) -> None:
+    saved = json.loads(saved_state(tmp_path))["payload"]
+    assert (saved["protocol_revision"], saved["cluster_version"]) == (
+        version.PROTOCOL_REVISION,
+        version.VERSION,
+    )
+    state_dir = tmp_path / "recovery"
+    state_dir.mkdir()
+    path = state_dir / "scheduler.json"
+    newer = store.encode(SCHEDULER_KIND, _stamped(saved))
+    path.write_bytes(newer)
+
+    result = run_scheduler(tmp_path, state_dir)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert f"the recovery state {path} cannot be resumed: it was saved by {THEIRS}" in line
+    assert f"but this scheduler runs {OURS}: start the job's schedulers from cluster 9.9.9" in line
+    assert "to start a new job, move the whole MS_RECOVERY_PATH directory away" in line
+    assert path.read_bytes() == newer
+    assert sorted(p.name for p in state_dir.iterdir()) == ["scheduler.json", "scheduler.lock"]
+
+
+async def _etcd_contents(etcd: EtcdCluster) -> dict[bytes, bytes]:
+    url = parse_state_url(etcd.state_url())
+    host, port = url.endpoints[0]
+    async with aetcd.Client(host=host, port=port, timeout=10) as client:
+        got = await client.get_prefix(url.prefix.encode())
+        return {kv.key: kv.value for kv in got}
+
+
+async def _save_newer_state(etcd: EtcdCluster, phase: str) -> None:
+    """A job saved in etcd by a scheduler of release 9.9.9, which then stopped."""
+    settings = JobSettings(2, 0, 30.0, 60.0, 1.0, recovery=True)
+    snapshot = _stamped(SchedulerState("job-newer", settings, time.monotonic).snapshot())
+    snapshot["phase"] = phase
+    saver = await stores.open_etcd(parse_state_url(etcd.state_url()), "127.0.0.1:1", lease_s=2)
+    try:
+        assert await saver.acquire() is None
+        written = await saver.save(snapshot, "")
+        assert written.ok
+    finally:
+        await saver.close()
+
+
+@pytest.mark.parametrize("phase", ["waiting", "finished"])
+def test_a_state_in_etcd_of_another_revision_is_one_line_and_left_alone(
+    etcd_cluster: EtcdCluster, phase: str
+) -> None:
+    """Whatever the job's phase: a job that ended is not taken as ended by another revision
+    either (what its keys say may mean something else)."""
+    asyncio.run(_save_newer_state(etcd_cluster, phase))
+    before = asyncio.run(_etcd_contents(etcd_cluster))
+    assert any(key.endswith(b"/state") for key in before)
+
+    args = ["--host", "127.0.0.1", "--port", str(free_port()), "--worker-num", "2"]
+    args += ["--state-url", etcd_cluster.state_url(), "--lease", "2"]
+    result = subprocess.run(
+        [PYTHON, "-m", "cluster", "scheduler", *args],
+        env=job_env(2, 1),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    # Its start is said as ever (listening, the etcd it uses); then the one line of the refusal.
+    (line,) = [line for line in result.stderr.splitlines() if "Error" in line]
+    assert result.stderr.splitlines()[-1] == line
+    assert line.startswith("mscluster: ConfigError: ")
+    assert f"CLUSTER_STATE_URL={etcd_cluster.state_url().rstrip('/')!r} cannot be used" in line
+    assert f"it was saved by {THEIRS}, but this scheduler runs {OURS}" in line
+    assert "start the job's schedulers from cluster 9.9.9 to resume the job" in line
+    assert "to start a new job, give it a prefix of its own in CLUSTER_STATE_URL" in line
+    assert asyncio.run(_etcd_contents(etcd_cluster)) == before

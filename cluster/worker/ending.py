@@ -80,7 +80,8 @@ class Ending:
                 self.last_resort(error)
                 return
             signal.pthread_kill(self._main.ident, SIGNAL)
-        timer = threading.Timer(self._grace_s, self.last_resort, args=(error,))
+        # The timer holds the line and the voice, not this (nor the session that made it).
+        timer = threading.Timer(self._grace_s, _last_resort, args=(self._say, str(error)))
         timer.daemon = True  # the process ending as it should ends the timer too
         timer.start()
 
@@ -110,6 +111,10 @@ class Ending:
 
     def last_resort(self, error: ClusterError) -> None:
         """The main thread did not end the process: say why, and exit now."""
-        self._say(str(error))
-        sys.stdout.flush()
-        os._exit(EXIT_CODE)
+        _last_resort(self._say, str(error))
+
+
+def _last_resort(say: Callable[[str], None], line: str) -> None:
+    say(line)
+    sys.stdout.flush()
+    os._exit(EXIT_CODE)

@@ -137,12 +137,23 @@ def _say(prefix: str, message: str) -> None:
     sys.stderr.flush()
 
 
+class _Voice:
+    """How a session speaks: its lines name the node, then its rank. Its `Ending` holds this,
+    not the session, as the last resort and the launcher watch may outlive the session."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def say(self, message: str) -> None:
+        _say(self.prefix, message)
+
+
 class WorkerSession:
     def __init__(self, config: ClusterConfig, identity: NodeIdentity) -> None:
         self.config = config
         self.identity = identity
         self._pid = os.getpid()
-        self._prefix = f"cluster[{identity.node_id}]"
+        self._voice = _Voice(f"cluster[{identity.node_id}]")
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._recovery_dir = None if config.recovery is None else config.recovery.path
@@ -159,7 +170,7 @@ class WorkerSession:
             if self._node_lock is not None:
                 self._node_lock.tell(previous_job)
             # Made here, in the main thread, where the signal that interrupts it can be set up.
-            self._ending = ending.Ending(self.say)
+            self._ending = ending.Ending(self._voice.say)
             # What this session's checks of the scheduler found (`SchedulerProbe`): its agent's.
             self._probe = SchedulerProbe()
             self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
@@ -189,12 +200,12 @@ class WorkerSession:
         return self.agent.topology if self._started else None
 
     def say(self, message: str) -> None:
-        _say(self._prefix, message)
+        self._voice.say(message)
 
     def start(self) -> Topology:
         topology = self.call(self.agent.start())
         self._started = True
-        self._prefix = f"cluster[rank {topology.rank}]"
+        self._voice.prefix = f"cluster[rank {topology.rank}]"
         if self._node_lock is not None:
             self._node_lock.tell(self.agent.cluster_id)
         self._save_record(topology, finished=False)

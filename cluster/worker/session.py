@@ -350,3 +350,4 @@ class WorkerSession:
             self._background.stop()
             self._unlock_record()
             self._ending.release()
+            orphan.unwatch(self._ending.end)  # the process's watch holds nothing of this

@@ -132,8 +132,12 @@ def init(config: ClusterConfig | str | None = None) -> None:
     with _lock:
         if _session is not None:
             raise ClusterError("cluster.init() was already called in this process")
-        identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
-        current = _session = WorkerSession(cfg, identity)
+        try:
+            identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
+            current = _session = WorkerSession(cfg, identity)
+        except BaseException:
+            _give_back()  # as after a start that failed (`_abandon`)
+            raise
         _pid, _finalized = os.getpid(), False
         atexit.unregister(_finalize_at_exit)  # one registration, however many jobs
         atexit.register(_finalize_at_exit)

@@ -169,14 +169,18 @@ class WorkerSession:
             )
             if self._node_lock is not None:
                 self._node_lock.tell(previous_job)
-            # Made here, in the main thread, where the signal that interrupts it can be set up.
-            self._ending = ending.Ending(self._voice.say)
             # What this session's checks of the scheduler found (`SchedulerProbe`): its agent's.
             self._probe = SchedulerProbe()
-            self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
-            self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+            # Made here, in the main thread, where the signal that interrupts it can be set up.
+            self._ending = ending.Ending(self._voice.say)
         except BaseException:
             self._unlock_record()
+            raise
+        self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
+        try:
+            self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+        except BaseException:  # (TLS that cannot be loaded, say): the caller gets it
+            self._let_go()
             raise
         self._started = False
         self._closed = False
@@ -347,7 +351,12 @@ class WorkerSession:
         except (concurrent.futures.TimeoutError, RuntimeError):
             pass  # exiting anyway; the scheduler sees the stream close
         finally:
-            self._background.stop()
-            self._unlock_record()
-            self._ending.release()
-            orphan.unwatch(self._ending.end)  # the process's watch holds nothing of this
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Give back what this session holds in the process: its agent's thread, its node's
+        lock, the signal's handler, the launcher watch's pointer to its ending."""
+        self._background.stop()
+        self._unlock_record()
+        self._ending.release()
+        orphan.unwatch(self._ending.end)  # the process's watch holds nothing of this

@@ -283,28 +283,43 @@ class WorkerSession:
             coro.close()  # never run: no "never awaited" warning
             self.check_process()
             raise ClusterError(FINALIZED)
-        main = threading.current_thread() is threading.main_thread()
-        if main:
-            with self._pending_lock:
-                self._pending += 1
+        if threading.current_thread() is not threading.main_thread():
+            return self._run(coro, timeout_s)
+        with self._pending_lock:
+            self._pending += 1
+        try:
+            result = self._run(coro, timeout_s)
+        except BaseException as exc:
+            self._waited(exc)
+            raise
+        self._waited(None)
+        return result
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         try:
             return self._background.run(coro, timeout_s)
         except concurrent.futures.CancelledError:
             if not self._closed:
                 raise
             raise ClusterError(CUT) from None
-        finally:
-            if main:
-                with self._pending_lock:
-                    self._pending -= 1
+
+    def _waited(self, raised: BaseException | None) -> None:
+        """A call of the main thread has ended (`raised`: with that). The job's error that
+        `_on_fatal` left to it, as it was waiting then, is raised here unless the call raised
+        it: its answer may have come as the job ended (an answer wins the race)."""
+        with self._pending_lock:
+            self._pending -= 1
+            owed = self._ending.owed()
+        if owed is not None and owed is not raised:
+            raise owed from raised
 
     def _on_fatal(self, error: ClusterError) -> None:
         """The job is over for this process (runs on the agent's thread)."""
+        # A waiting call of the main thread raises `error` there itself (`_waited`: held, so
+        # that the call cannot end unseen in between); otherwise the main thread is interrupted
+        # wherever it is. Either way the process ends within the grace.
         with self._pending_lock:
-            waiting = self._pending > 0
-        # A waiting call of the main thread raises `error` there itself; otherwise the main
-        # thread is interrupted wherever it is. Either way the process ends within the grace.
-        self._ending.end(error, raised=waiting)
+            self._ending.end(error, raised=self._pending > 0)
 
     def _report_failure(self, failure: str) -> None:
         """One call, best effort: the process goes on exiting whatever comes of it, and its

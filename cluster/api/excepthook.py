@@ -7,9 +7,10 @@ the hook that was there before.
 What a worker's process dies of is told to the scheduler at exit (`cluster.api.runtime`):
 `crash()` is the uncaught exception, whichever hook printed it, and `exit_failure()` the
 non-zero status the main thread asked for with `sys.exit()` (or the `exit()` / `quit()` of
-`site`), once `watch_exits()` wraps those at `cluster.init()`. A `SystemExit` raised by the
-program itself goes through neither, so it is not seen: Python runs no hook for it and keeps
-its status to itself until the process has ended.
+`site`), once `watch_exits()` wraps those at `cluster.init()` (`unwatch_exits()` gives them
+back at `cluster.finalize()`). A `SystemExit` raised by the program itself goes through
+neither, so it is not seen: Python runs no hook for it and keeps its status to itself until the
+process has ended.
 """
 
 from __future__ import annotations
@@ -112,9 +113,11 @@ class _Watched:
 
 def watch_exits() -> None:
     """From now on note the status the program asks `sys.exit()` for (see `exit_failure`),
-    and count only an uncaught exception of later as a crash (`crash`)."""
-    global _watching, _last_seen
+    and count only an uncaught exception of later as a crash (`crash`): a status asked for
+    before (in an earlier job of the process) is not this one's."""
+    global _watching, _last_seen, _exit_failure
     _last_seen = getattr(sys, "last_value", None)
+    _exit_failure = None
     if _watching:
         return
     _watching = True
@@ -122,6 +125,19 @@ def watch_exits() -> None:
     for name in ("exit", "quit"):  # site's, where the interpreter has them
         if hasattr(builtins, name):
             setattr(builtins, name, _Watched(getattr(builtins, name)))
+
+
+def unwatch_exits() -> None:
+    """Give `sys.exit` (and `exit`, `quit`) back as they were before `watch_exits`, where each
+    is still its wrapper (one the program replaced since stays the program's)."""
+    global _watching
+    _watching = False
+    if isinstance(sys.exit, _Watched):
+        sys.exit = sys.exit.original
+    for name in ("exit", "quit"):
+        watched = getattr(builtins, name, None)
+        if isinstance(watched, _Watched):
+            setattr(builtins, name, watched.original)
 
 
 def install() -> None:

@@ -62,6 +62,8 @@ _log = logging.getLogger(__name__)
 # The process whose writers and session these are (the one that imported this, or that called
 # init()): a child forked from it leaves them alone at its exit.
 _pid = os.getpid()
+FORK_SUPPORT = "GRPC_ENABLE_FORK_SUPPORT"
+_fork_support_taken = False  # init() set FORK_SUPPORT (`_take_fork_support`)
 
 
 def session() -> WorkerSession:
@@ -112,10 +114,6 @@ def init(config: ClusterConfig | str | None = None) -> None:
     """
     global _session, _pid, _finalized
     given = _given_config(config)
-    # gRPC's fork handlers crash a child forked after the first call at random (a DataLoader's
-    # worker: grpc/grpc#32992); a child has no use for them (`WorkerSession.forked`). Before
-    # grpc is imported, which reads the variable once; a program that chose keeps its choice.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     cfg = given if given is not None else environment.from_env()
     if _ps_context_called:
         cfg = dataclasses.replace(cfg, tls=_ps_context_tls)
@@ -125,6 +123,7 @@ def init(config: ClusterConfig | str | None = None) -> None:
         from cluster.storage import recovery_dir  # noqa: PLC0415 - only with recovery
 
         recovery_dir.check_recovery_path(cfg.recovery)
+    _take_fork_support()
     if cfg.role is Role.SCHEDULER:
         _run_scheduler(cfg)
     from cluster.storage import host_buffers  # noqa: PLC0415 - numpy only at a first buffer
@@ -133,9 +132,14 @@ def init(config: ClusterConfig | str | None = None) -> None:
     with _lock:
         if _session is not None:
             raise ClusterError("cluster.init() was already called in this process")
-        identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
-        current = _session = WorkerSession(cfg, identity)
+        try:
+            identity = make_identity(cfg.node_id, cfg.sched_host, cfg.sched_port)
+            current = _session = WorkerSession(cfg, identity)
+        except BaseException:
+            _give_back()  # as after a start that failed (`_abandon`)
+            raise
         _pid, _finalized = os.getpid(), False
+        atexit.unregister(_finalize_at_exit)  # one registration, however many jobs
         atexit.register(_finalize_at_exit)
         excepthook.watch_exits()  # the status sys.exit() is asked for is told at exit
         # The job's bound on pinned memory is the config's, which may not be the environment's.
@@ -160,8 +164,36 @@ def _abandon(current: WorkerSession) -> None:
     with _lock:
         if _session is current:
             _session = None
+    try:
+        current.finalize(finished=False)
+    finally:
+        _give_back()
+
+
+def _take_fork_support() -> None:
+    """gRPC's fork handlers crash a child forked after the first call at random (a
+    DataLoader's worker: grpc/grpc#32992); a child has no use for them
+    (`WorkerSession.forked`). Set before grpc is imported, which reads the variable once; a
+    program that chose keeps its choice. `_give_back` unsets what this set."""
+    global _fork_support_taken
+    if FORK_SUPPORT not in os.environ:
+        os.environ[FORK_SUPPORT] = "false"
+        _fork_support_taken = True
+
+
+def _give_back() -> None:
+    """The session is closed: give back what init() took for it, so that a process that
+    finalized holds what it held before init() (but for grpc's import, and the launcher watch
+    of a process that has a launcher: `orphan`), and a next init() takes it anew. The
+    finalize at exit, and with it the status sys.exit() is asked for, are this session's;
+    GRPC_ENABLE_FORK_SUPPORT was for this process's grpc, which read it at its import (a
+    program's later children get the environment they would get without cluster)."""
+    global _fork_support_taken
     atexit.unregister(_finalize_at_exit)
-    current.finalize(finished=False)
+    excepthook.unwatch_exits()
+    if _fork_support_taken and os.environ.get(FORK_SUPPORT) == "false":
+        del os.environ[FORK_SUPPORT]
+    _fork_support_taken = False
 
 
 def _run_scheduler(cfg: ClusterConfig) -> None:
@@ -255,7 +287,11 @@ def finalize() -> None:
     current = _session
     if current is not None:
         current.check_process()  # a forked child's is its parent's to finalize
-    _close(finished=True)
+    try:
+        _close(finished=True)
+    finally:
+        if _session is None:  # closed (here, or by another thread that is closing it)
+            _give_back()
 
 
 def _finalize_at_exit() -> None:

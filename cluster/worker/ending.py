@@ -44,6 +44,7 @@ class Ending:
         self._error: ClusterError | None = None
         self._exiting = False  # the process ends already, of its own error (`exiting`)
         self._quiet = False  # the finalize raises the job's error itself (`quiet`)
+        self._owed = False  # left to the main thread's waiting call (`owed`)
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self.interrupts = self._install()
@@ -68,21 +69,32 @@ class Ending:
             raise error
 
     def end(self, error: ClusterError, *, raised: bool = False) -> None:
-        """End the process with `error`. `raised`: a call of the main thread already raised it
-        there (only the last resort is left, should the program carry on regardless)."""
+        """End the process with `error`. `raised`: a call of the main thread waits, and raises
+        it there (or, when its answer came first, as it ends: `owed`); only the last resort is
+        left, should the program carry on regardless."""
         with self._lock:
             if self._error is not None or self._exiting:
                 return  # already ending
             self._error = error
             quiet = self._quiet
+            self._owed = raised and not quiet
         if not (raised or quiet):
             if not self._owns_signal() or self._main.ident is None:
                 self.last_resort(error)
                 return
             signal.pthread_kill(self._main.ident, SIGNAL)
-        timer = threading.Timer(self._grace_s, self.last_resort, args=(error,))
+        # The timer holds the line and the voice, not this (nor the session that made it).
+        timer = threading.Timer(self._grace_s, _last_resort, args=(self._say, str(error)))
         timer.daemon = True  # the process ending as it should ends the timer too
         timer.start()
+
+    def owed(self) -> ClusterError | None:
+        """The error `end(raised=True)` left to the main thread's waiting call, once, for that
+        call to raise when it ended otherwise (its answer came as the job ended); None when
+        there is none (or the finalize raises it: `quiet`)."""
+        with self._lock:
+            owed, self._owed = self._owed and not self._quiet, False
+            return self._error if owed else None
 
     def quiet(self) -> None:
         """The worker finalizes (`cluster.finalize()`, or at exit): the job's end sends no
@@ -110,6 +122,10 @@ class Ending:
 
     def last_resort(self, error: ClusterError) -> None:
         """The main thread did not end the process: say why, and exit now."""
-        self._say(str(error))
-        sys.stdout.flush()
-        os._exit(EXIT_CODE)
+        _last_resort(self._say, str(error))
+
+
+def _last_resort(say: Callable[[str], None], line: str) -> None:
+    say(line)
+    sys.stdout.flush()
+    os._exit(EXIT_CODE)

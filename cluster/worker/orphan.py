@@ -12,6 +12,11 @@ Ending: a worker's session raises a JobFailedError in its main thread (see `endi
 scheduler, whose main thread runs its event loop, gets the SIGTERM the launcher would have
 sent. Either way with a hard exit if that did not end it within a grace. Processes not started
 by the launcher are unaffected.
+
+A process has one watch, however many jobs it joins: a worker's session points it at its own
+ending while it is open (`watch_launcher`) and back at `terminate` when it closes (`unwatch`),
+so that a program that finalized and went on still ends with its launcher, and the watch holds
+nothing of the closed session.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from cluster.protocol.errors import ClusterError, JobFailedError
@@ -29,13 +35,6 @@ ENV = "CLUSTER_LAUNCHER_PID"
 CHECK_EVERY_S = 0.5
 GRACE_S = 5.0
 EXIT_CODE = 1
-
-
-def _watch(launcher_pid: int, stop: threading.Event, end: Callable[[ClusterError], None]) -> None:
-    while os.getppid() == launcher_pid:
-        if stop.wait(CHECK_EVERY_S):
-            return
-    end(JobFailedError(f"the launcher (pid {launcher_pid}) is gone; stopping this process"))
 
 
 def proc_stat(pid: int | str) -> list[str] | None:
@@ -77,20 +76,48 @@ def terminate(error: ClusterError) -> None:
     os._exit(EXIT_CODE)
 
 
-def watch_launcher(
-    end: Callable[[ClusterError], None] = terminate,
-) -> threading.Event | None:
-    """Start watching the launcher named in the environment, calling `end` (from the watching
-    thread) with the error once it is gone, at once when it is gone already; set the returned
-    event to stop. None: nothing to watch (no launcher, or it runs and is not the parent)."""
+Ender = Callable[[ClusterError], None]
+_lock = threading.Lock()
+# The process's one watch (None before the first), and whom it tells that the launcher is gone.
+_thread: threading.Thread | None = None
+_end: Ender = terminate
+
+
+def _watch(launcher_pid: int) -> None:
+    while os.getppid() == launcher_pid:
+        time.sleep(CHECK_EVERY_S)
+    with _lock:
+        end = _end
+    end(JobFailedError(f"the launcher (pid {launcher_pid}) is gone; stopping this process"))
+
+
+def watch_launcher(end: Ender = terminate) -> bool:
+    """Watch the launcher named in the environment, calling `end` (from the watching thread)
+    with the error once it is gone, at once when it is gone already. One watch a process: a
+    later call, while it runs, only makes `end` the one it tells. False: nothing to watch (no
+    launcher, or it runs and is not the parent)."""
+    global _thread, _end
     value = os.environ.get(ENV, "")
     if not is_decimal(value):
-        return None
+        return False
     launcher_pid = int(value)
     if launcher_pid != os.getppid() and not launcher_gone(launcher_pid):
-        return None  # a grandchild of a running launcher: its parent is watched
-    stop = threading.Event()
-    threading.Thread(
-        target=_watch, args=(launcher_pid, stop, end), name="cluster-launcher-watch", daemon=True
-    ).start()
-    return stop
+        return False  # a grandchild of a running launcher: its parent is watched
+    with _lock:
+        _end = end
+        if _thread is not None and _thread.is_alive():
+            return True
+        _thread = threading.Thread(
+            target=_watch, args=(launcher_pid,), name="cluster-launcher-watch", daemon=True
+        )
+        _thread.start()
+    return True
+
+
+def unwatch(end: Ender) -> None:
+    """`end` is not to be told any more (its session closed): the watch, which goes on, ends
+    the process as the launcher would have (`terminate`) from now on."""
+    global _end
+    with _lock:
+        if _end == end:
+            _end = terminate

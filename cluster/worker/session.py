@@ -137,12 +137,23 @@ def _say(prefix: str, message: str) -> None:
     sys.stderr.flush()
 
 
+class _Voice:
+    """How a session speaks: its lines name the node, then its rank. Its `Ending` holds this,
+    not the session, as the last resort and the launcher watch may outlive the session."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def say(self, message: str) -> None:
+        _say(self.prefix, message)
+
+
 class WorkerSession:
     def __init__(self, config: ClusterConfig, identity: NodeIdentity) -> None:
         self.config = config
         self.identity = identity
         self._pid = os.getpid()
-        self._prefix = f"cluster[{identity.node_id}]"
+        self._voice = _Voice(f"cluster[{identity.node_id}]")
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._recovery_dir = None if config.recovery is None else config.recovery.path
@@ -158,14 +169,18 @@ class WorkerSession:
             )
             if self._node_lock is not None:
                 self._node_lock.tell(previous_job)
-            # Made here, in the main thread, where the signal that interrupts it can be set up.
-            self._ending = ending.Ending(self.say)
             # What this session's checks of the scheduler found (`SchedulerProbe`): its agent's.
             self._probe = SchedulerProbe()
-            self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
-            self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+            # Made here, in the main thread, where the signal that interrupts it can be set up.
+            self._ending = ending.Ending(self._voice.say)
         except BaseException:
             self._unlock_record()
+            raise
+        self._background = BackgroundLoop(f"cluster-agent-{identity.node_id}")
+        try:
+            self.agent: WorkerAgent = self._background.run(self._make_agent(previous_job))
+        except BaseException:  # (TLS that cannot be loaded, say): the caller gets it
+            self._let_go()
             raise
         self._started = False
         self._closed = False
@@ -189,12 +204,12 @@ class WorkerSession:
         return self.agent.topology if self._started else None
 
     def say(self, message: str) -> None:
-        _say(self._prefix, message)
+        self._voice.say(message)
 
     def start(self) -> Topology:
         topology = self.call(self.agent.start())
         self._started = True
-        self._prefix = f"cluster[rank {topology.rank}]"
+        self._voice.prefix = f"cluster[rank {topology.rank}]"
         if self._node_lock is not None:
             self._node_lock.tell(self.agent.cluster_id)
         self._save_record(topology, finished=False)
@@ -268,28 +283,43 @@ class WorkerSession:
             coro.close()  # never run: no "never awaited" warning
             self.check_process()
             raise ClusterError(FINALIZED)
-        main = threading.current_thread() is threading.main_thread()
-        if main:
-            with self._pending_lock:
-                self._pending += 1
+        if threading.current_thread() is not threading.main_thread():
+            return self._run(coro, timeout_s)
+        with self._pending_lock:
+            self._pending += 1
+        try:
+            result = self._run(coro, timeout_s)
+        except BaseException as exc:
+            self._waited(exc)
+            raise
+        self._waited(None)
+        return result
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         try:
             return self._background.run(coro, timeout_s)
         except concurrent.futures.CancelledError:
             if not self._closed:
                 raise
             raise ClusterError(CUT) from None
-        finally:
-            if main:
-                with self._pending_lock:
-                    self._pending -= 1
+
+    def _waited(self, raised: BaseException | None) -> None:
+        """A call of the main thread has ended (`raised`: with that). The job's error that
+        `_on_fatal` left to it, as it was waiting then, is raised here unless the call raised
+        it: its answer may have come as the job ended (an answer wins the race)."""
+        with self._pending_lock:
+            self._pending -= 1
+            owed = self._ending.owed()
+        if owed is not None and owed is not raised:
+            raise owed from raised
 
     def _on_fatal(self, error: ClusterError) -> None:
         """The job is over for this process (runs on the agent's thread)."""
+        # A waiting call of the main thread raises `error` there itself (`_waited`: held, so
+        # that the call cannot end unseen in between); otherwise the main thread is interrupted
+        # wherever it is. Either way the process ends within the grace.
         with self._pending_lock:
-            waiting = self._pending > 0
-        # A waiting call of the main thread raises `error` there itself; otherwise the main
-        # thread is interrupted wherever it is. Either way the process ends within the grace.
-        self._ending.end(error, raised=waiting)
+            self._ending.end(error, raised=self._pending > 0)
 
     def _report_failure(self, failure: str) -> None:
         """One call, best effort: the process goes on exiting whatever comes of it, and its
@@ -336,6 +366,12 @@ class WorkerSession:
         except (concurrent.futures.TimeoutError, RuntimeError):
             pass  # exiting anyway; the scheduler sees the stream close
         finally:
-            self._background.stop()
-            self._unlock_record()
-            self._ending.release()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Give back what this session holds in the process: its agent's thread, its node's
+        lock, the signal's handler, the launcher watch's pointer to its ending."""
+        self._background.stop()
+        self._unlock_record()
+        self._ending.release()
+        orphan.unwatch(self._ending.end)  # the process's watch holds nothing of this

@@ -73,6 +73,7 @@ def _started() -> _Service:
             client = state_fetch.Client(identity, name or config.sched_host)
             _service = _Service(loop, _start_server(loop), client)
             runtime.on_finalize(stop)
+            atexit.unregister(stop)  # registered once, however many jobs the process runs
             atexit.register(stop)  # a process that never finalizes
         return _service
 

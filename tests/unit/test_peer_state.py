@@ -635,3 +635,26 @@ def test_an_outsiders_silent_calls_are_cut_at_the_deadline_while_a_member_fetche
     logged = [r.getMessage() for r in caplog.records if "state server: refused" in r.getMessage()]
     assert any("127.0.0.2" in line and "no request within 5 s" in line for line in logged)
     assert len(logged) < MAX_CALLS // 4  # told at a bounded rate
+
+
+def test_the_state_server_is_stopped_at_exit_once_however_many_jobs_started_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each job of a process starts its state server anew: its stop at exit is registered once,
+    not once per job (atexit keeps every registration to the process's end)."""
+    registered: list[object] = []
+
+    def unregister(func: object) -> None:  # as atexit's: every registration of func goes
+        registered[:] = [f for f in registered if f != func]
+
+    exits = SimpleNamespace(register=registered.append, unregister=unregister)
+    session = SimpleNamespace(config=SimpleNamespace(tls=None, sched_host="127.0.0.1"))
+    monkeypatch.setattr(api_peer_state, "atexit", exits)
+    monkeypatch.setattr(api_peer_state, "_service", None)
+    monkeypatch.setattr(runtime, "session", lambda: session)
+    monkeypatch.setattr(runtime, "on_finalize", lambda closer: None)
+    monkeypatch.setattr(api_peer_state, "_start_server", lambda loop: None)
+    for _ in range(3):  # three jobs, one after the other
+        api_peer_state._started()
+        api_peer_state.stop()
+    assert registered == [api_peer_state.stop]

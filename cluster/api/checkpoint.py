@@ -311,13 +311,18 @@ class CheckpointManager:
 
     # -- what is on disk ---------------------------------------------------------------------
 
-    def discard_newer(self, step: int) -> None:
+    def discard_newer(self, step: int, put_back: int = 0) -> None:
         """Remove this rank's checkpoints newer than `step` and report what is left: after a
         rollback to `step` they belong to the abandoned run, and must not be named as a rollback
-        step again before this rank's next save replaces them. The report is made, with nothing
-        removed too, when the scheduler's reports so far say another generation than this
-        worker reports from now (it put back the rollback step of a new one: `resumed_in`).
-        Nothing once the rank's files went to another process of the job (`_displaced`)."""
+        step again before this rank's next save replaces them.
+
+        `put_back` (in a job): the generation whose rollback step `step` is, put back now (a
+        `TrainingLoop` says so): once the newer steps are gone, and only then, this worker's
+        reports say it (`runtime.resumed_in`), so the scheduler counts no list of the abandoned
+        run's steps for that generation (`RollbackPlanner.holdings`). The report is made, with
+        nothing removed too, when the scheduler's reports so far say another generation than
+        this worker reports from now. Nothing once the rank's files went to another process of
+        the job (`_displaced`)."""
         self._begin()
         self._writes.writer.wait()
         # The reports under way go first, each saying the generation its list was taken in.
@@ -329,6 +334,8 @@ class CheckpointManager:
             if newer > step:
                 self._disk.remove(newer)
                 removed = True
+        if put_back:
+            runtime.resumed_in(put_back)
         if removed or self._writes.told_another_generation():
             self._writes.report_now()
 

@@ -213,6 +213,9 @@ class TrainingLoop:
             self.memory.keep(0, self._get_state(), saved=False)
             runtime.resumed_in(topology.generation)
             return 0  # a first start: the state as constructed
+        # The rank's files may hold steps of a run the job abandoned: until this process puts
+        # back a rollback step (`_restore`), its reports say the generation before this one.
+        runtime.resumed_in(topology.generation - 1)
         restored = self._take(topology, rolled_back=False)
         return self._roll_back(waited=True) if restored is None else restored
 
@@ -303,9 +306,9 @@ class TrainingLoop:
         finally:
             session.generation_pin = None
             _restoring_the_end = False
-        runtime.resumed_in(generation)  # told with the report discard_newer makes
         self._resumed_at_the_end = step >= self.steps
-        self.checkpoints.discard_newer(step)
+        # Put back once the steps past it are gone: only the report made then says so.
+        self.checkpoints.discard_newer(step, put_back=generation)
         self._furthest = max(self._furthest, step)
         if self.memory.step != step:
             self.memory.keep(step, self._get_state(), saved=False)

@@ -72,9 +72,10 @@ def test_a_report_under_way_at_a_rollback_says_the_generation_its_steps_were_lis
 ) -> None:
     """Steps 1 to 3 are listed in generation 1, the report of step 1 held up, then the worker
     puts back `step` for generation 2 (as a TrainingLoop does) and the reports go. The lists
-    taken before say generation 1, so the scheduler still waits for this worker to report
-    from generation 2 before it names a step past `step` for every rank to keep; the list left
-    once the newer steps are discarded (none, from step 3) says generation 2. (A report said
+    taken before say generation 1, so the scheduler still takes this worker as holding
+    nothing past `step` (for the step every rank keeps, and for a next generation's rollback
+    step) until it reports from generation 2; the list left once the newer steps are discarded
+    (none, from step 3) says generation 2. (A report said
     the generation of the moment it was sent: all said 2, step 3 of the abandoned run among
     them, and with none discarded generation 2 was not told apart.)"""
     args = [str(tmp_path / "ckpt"), str(step)]

@@ -12,7 +12,10 @@ names the rule):
 - `generations`: each node hears generations that only grow, and a scheduler restarted from
   the disk is at least at every generation any node was told;
 - `rollback`: a generation's rollback step is on disk for every rank it names, when it is told
-  and when the rank's process hears it;
+  and when the rank's process hears it as the job's newest generation;
+- `lineage`: that step is one state on every rank that holds it, a step of one run, not a
+  rank's step of a run the others abandoned (the workers put each rollback step back:
+  `putback`);
 - `failure-once`: each failure is told once;
 - `report-taken`: a checkpoint report of a member's process, newer than every report of that
   process heard before, is what the scheduler holds for it (processes draw random
@@ -51,6 +54,7 @@ from cluster.protocol.records import (
 )
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
+from tests.sim import putback
 from tests.sim.collectives import Collectives
 from tests.sim.cores import Cores
 from tests.sim.disks import kill_with_disk, may_lose_disk
@@ -59,6 +63,7 @@ from tests.sim.network import ETCD, SCHED, Network, Packet
 from tests.sim.plants import (
     PLANT_CORES,
     PLANT_SCHEDULERS,
+    PLANT_SPARES,
     PLANTS,
     EarlyRelease,
     outbox_kind,
@@ -130,6 +135,15 @@ class Process:
     rank: int | None = None  # its rank in the newest generation it heard
     paused: bool = False  # heard a failure, waits for the next generation
     reports: int = 0  # this process's checkpoint reports so far (numbered from 1, as a worker's)
+    # Its put-back of rollback steps (`putback`): per job, the generation whose step it put
+    # back; the generation and step it is putting back; the write its checkpoint writer has
+    # under way (step, run); its put-back report, until answered.
+    put_back: dict[str, int] = field(default_factory=dict)
+    restoring: tuple[int, int] | None = None
+    committed: tuple[int, int] | None = None  # past the allgather: put back whatever comes
+    step: int = 0  # the step its loop reached (`putback.step`)
+    writing: tuple[int, int] | None = None
+    awaiting: tuple[Any, ...] | None = None
     # The generations it heard, per job (a scheduler that restarts on an ended job's state
     # starts a new job, whose generations count from 1 again).
     generations: dict[str, list[int]] = field(default_factory=dict)
@@ -145,8 +159,9 @@ class Sim:
     worker_cores: bool = False  # the workers run the real worker core (`cores`)
     trace: list[str] = field(default_factory=list)
     # For transcripts (`tests/sim/transcript.py`): the node ids (a name starting with "s" is a
-    # spare), the guard, whether every heartbeat second ends in a collective, and the lines
-    # that say what the scheduler did (None: not kept).
+    # spare), the guard, whether every heartbeat second ends in a collective and the workers
+    # put their rollback steps back on their own (`putback`; a transcript says what each rank
+    # holds), and the lines that say what the scheduler did (None: not kept).
     names: list[str] | None = None
     node_timeout_s: float = NODE_TIMEOUT_S
     collective_steps: bool = True
@@ -186,6 +201,11 @@ class Sim:
         # worker holds (no rank prunes from there up).
         self.files: dict[int, set[int]] = {}
         self.keep_from: dict[int, int] = {}
+        # The run each file's state comes from (rank -> step -> the generation that computed
+        # it), and the group's run: the label of each step it holds (`putback`).
+        self.labels: dict[int, dict[int, int]] = {}
+        self.lineage: dict[int, int] = {}
+        self.late_rng = random.Random(self.seed * 32452843 + 4)  # writes a save behind
         # Per job: the peers of the last generation told, the newest generation told.
         self.peers_told: dict[str, dict[int, str]] = {}
         self.generation_told: dict[str, int] = {}
@@ -270,6 +290,8 @@ class Sim:
             self.failed_in[job] = effect.generation
         if isinstance(effect, TopologyReadyEvent):
             self.check_rollback(effect, effect.peers)
+            putback.check_lineage(self, effect)
+            putback.told(self, effect)
             self.check_handover(effect)
             self.generation_told[job] = max(self.generation_told.get(job, 0), effect.generation)
             self.progress = effect.rollback_step  # the group goes on from there
@@ -441,7 +463,8 @@ class Sim:
                 held = self.state.held_by_all()
                 self.step_machine([])  # saves the holdings
                 # As the engine: answered once the holdings it was computed from are saved.
-                self.answers.append((self.state.revision, node_id, ("held", incarnation, held)))
+                reply = ("held", incarnation, held, packet.body[4])
+                self.answers.append((self.state.revision, node_id, reply))
                 self.answer_saved()
             elif kind == "kv":
                 self.kv.on_call(node_id, incarnation, packet.body[2])
@@ -573,6 +596,7 @@ class Sim:
             self.kv.on_answer(proc, *packet.body[2:])
         elif kind == "held" and proc.rank is not None:
             self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
+            putback.answered(proc, packet.body[3])
         elif kind in ("evict", "unknown"):
             proc.member = False  # cut off: it registers again
 
@@ -626,9 +650,13 @@ class Sim:
             )
         seen.append(event.generation)
         mine = [p for p in event.peers if p.node_id == proc.node_id]
-        self.check_rollback(event, mine)
+        if event.generation >= self.generation_told.get(proc.job, 0):
+            # A generation heard after a newer one was told is never put back: its first
+            # collective fails (the newer one's step is checked when that is heard).
+            self.check_rollback(event, mine)
         proc.rank = mine[0].rank if mine else None
         proc.paused = False
+        putback.heard(self, proc, event)
 
     def new_incarnation(self, proc: Process) -> int:
         """The incarnation of `proc`'s next process: random, unordered, as a real one's."""
@@ -637,7 +665,9 @@ class Sim:
     def start(self, proc: Process) -> None:
         if not proc.running:
             proc.running, proc.incarnation, proc.ended = True, self.new_incarnation(proc), ""
-            proc.reports = 0
+            proc.reports, proc.put_back = 0, {}
+            proc.restoring, proc.committed, proc.writing = None, None, None
+            proc.awaiting, proc.step = None, 0
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
             self.collectives.forget(proc)
             self.kv.forget(proc)
@@ -662,24 +692,22 @@ class Sim:
         """The process trained on and saved a checkpoint of its rank; the rank keeps its newest
         three and every step from the one all workers hold (as a `CheckpointManager` prunes),
         and reports them; the scheduler's answer is the step every worker holds. Each step
-        ends in a collective (a barrier or an allgather: `collectives`)."""
+        ends in a collective (a barrier or an allgather: `collectives`). A process that heard
+        a new generation puts its rollback step back first (`putback`)."""
         if not proc.running or proc.stopped or not proc.member or proc.paused or proc.rank is None:
             return
         self.collectives.call(proc)
-        newest = self.generation_told.get(proc.job, 0)
-        if (
-            proc.generations.get(proc.job, [0])[-1] != newest
-            or self.failed_in.get(proc.job) == newest
-        ):
+        if not self.in_newest(proc):
             return  # its group moved on, or a peer failed: the data plane waits
-        files = self.files.setdefault(proc.rank, set())
-        # The ranks train in step (data parallel): each saves the step the group reached.
-        self.progress += 10 * self.rng.randrange(0, 2)
-        files.add(max(self.progress, 10))
-        keep = self.keep_from.get(proc.rank, 0)
-        files &= {s for s in files if s >= keep} | set(sorted(files)[-3:])
-        proc.reports += 1
-        self.send(proc, ("report", proc.incarnation, sorted(files), newest, proc.reports))
+        putback.train(self, proc)
+
+    def in_newest(self, proc: Process) -> bool:
+        """Whether `proc` is in its job's newest generation told, and no peer failed in it."""
+        newest = self.generation_told.get(proc.job, 0)
+        return (
+            proc.generations.get(proc.job, [0])[-1] == newest
+            and self.failed_in.get(proc.job) != newest
+        )
 
     def beat(self) -> None:
         """Every running process beats, or asks again to register."""
@@ -687,6 +715,9 @@ class Sim:
             if proc.running and not proc.stopped:
                 if proc.member:
                     self.send(proc, ("beat", proc.incarnation))
+                    putback.again(self, proc)
+                    if self.collective_steps:
+                        putback.beat(self, proc)  # its writer, its loop
                     if self.collective_steps:
                         self.collectives.call(proc)  # a step a second, each ends in a collective
                 elif self.cores is None:  # a core registers on its own timers
@@ -916,6 +947,7 @@ __all__ = [
     "PLANTS",
     "PLANT_CORES",
     "PLANT_SCHEDULERS",
+    "PLANT_SPARES",
     "EarlyRelease",
     "Sim",
     "Violation",

@@ -1,9 +1,10 @@
 """Planted bugs: switches that break the control plane on purpose, so that the simulation proves
 it looks (`python tests/sim/run.py --plant NAME`, `--list-plants`).
 
-Each plant is a subclass of a real part (the scheduler's `SchedulerState`, its `Registrar` and
-`SparePool`, the `Outbox`), put in by the simulation in place of the real one; the real code has
-no switch.
+Each plant is a subclass of a real part (the scheduler's `SchedulerState`, its `Registrar`,
+`SparePool` and `RollbackPlanner`, the `Outbox`), put in by the simulation in place of the real
+one; the real code has no switch. A plant of the simulated workers (`keep-abandoned`) is a
+switch in the simulation's own code (`putback`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ PLANTS = {
     "deaf-rounds": "a restarted scheduler ignores how far a registering node's collectives got",
     "ordered-incarnations": "checkpoint reports are ordered by (incarnation, number) across a "
     "node's processes, though incarnations are random",
+    "uncapped-rollback": "a new generation's rollback step is planned from every worker's steps "
+    "as reported, those of a worker that has not put back the current one's included",
+    "keep-abandoned": "a worker puts back a rollback step and keeps the abandoned run's newer "
+    "steps (simulated workers)",
 }
 # Plants of the election run with standbys (`standbys.py` puts them in).
 PLANT_SCHEDULERS = {
@@ -58,6 +63,9 @@ PLANT_SCHEDULERS = {
 }
 # Plants that only worker cores can show (`cores.py`): the simulation runs them with cores.
 PLANT_CORES = frozenset({"silent-supersede"})
+# Plants shown where a failure follows a new generation within seconds, a spare taking the
+# failed rank each time: the simulation runs them with this many spares at least.
+PLANT_SPARES = {"uncapped-rollback": 2}
 
 
 class EarlyRelease(Outbox):
@@ -133,19 +141,32 @@ class OrderedIncarnations(RollbackPlanner):
         return super().report(node_id, incarnation, numbered, now)
 
 
+class UncappedRollback(RollbackPlanner):
+    """`uncapped-rollback`: every worker's steps count as reported, put back or not (the rule
+    before the planner capped them at the rollback step of the generation they are in)."""
+
+    def holdings(
+        self, generation: int, workers: Sequence[Member], published_step: int
+    ) -> list[Member]:
+        return list(workers)
+
+
 def state_kind(plant: str) -> type[SchedulerState]:
     """The scheduler state the simulation runs with `plant`."""
     return NewestMin if plant == "newest-min" else SchedulerState
 
 
 def planted(state: SchedulerState, plant: str) -> SchedulerState:
-    """`state` with the plant's parts put in."""
+    """`state` with the plant's parts put in (a planner's: with what the state's held)."""
     if plant == "eager-spare":
         state.pool = EagerPool(state)
     if plant == "no-guard":
         state.registrar = NoGuard(state)
-    if plant == "ordered-incarnations":
-        state.rollback = OrderedIncarnations()
+    planner = {"ordered-incarnations": OrderedIncarnations, "uncapped-rollback": UncappedRollback}
+    if plant in planner:
+        saved = state.rollback.saved()
+        state.rollback = planner[plant]()
+        state.rollback.restored(saved)
     return state
 
 
@@ -161,6 +182,7 @@ __all__ = [
     "PLANTS",
     "PLANT_CORES",
     "PLANT_SCHEDULERS",
+    "PLANT_SPARES",
     "DeafRounds",
     "EagerPool",
     "EarlyRelease",
@@ -168,6 +190,7 @@ __all__ = [
     "NewestMin",
     "NoGuard",
     "OrderedIncarnations",
+    "UncappedRollback",
     "outbox_kind",
     "rounds_kind",
 ]

@@ -24,7 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.sim.control_plane import PLANT_CORES, PLANT_SCHEDULERS, PLANTS, Violation
+from tests.sim.control_plane import (
+    PLANT_CORES,
+    PLANT_SCHEDULERS,
+    PLANT_SPARES,
+    PLANTS,
+    Violation,
+)
 from tests.sim.shrink import Case, shrink, violation
 
 TRACE_SHOWN = 24
@@ -90,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         case = case.but(
             schedulers=max(case.schedulers, PLANT_SCHEDULERS.get(args.plant, 1)),
+            spares=max(case.spares, PLANT_SPARES.get(args.plant, 0)),
             worker_cores=case.worker_cores or args.plant in PLANT_CORES,
         )
         exc = violation(case)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.control_plane import PLANTS, Violation, run_seed
+from tests.sim.control_plane import PLANT_SPARES, PLANTS, Violation, run_seed
 from tests.sim.run import main, schedulers, worker_cores
 
 
@@ -61,7 +61,11 @@ def first_caught(plant: str, seeds: int = 2000) -> tuple[int, str]:
     for seed in range(seeds):
         try:
             run_seed(
-                seed, plant=plant, schedulers=schedulers(seed), worker_cores=worker_cores(seed)
+                seed,
+                plant=plant,
+                spares=max(1, PLANT_SPARES.get(plant, 0)),
+                schedulers=schedulers(seed),
+                worker_cores=worker_cores(seed),
             )
         except Violation as exc:
             return seed, str(exc)
@@ -110,6 +114,16 @@ def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(("seed", "steps"), [(2375, 288), (7389, 300)])
 def test_seeds_that_found_bugs_keep_every_invariant(seed: int, steps: int) -> None:
     run_seed(seed, workers=2, spares=1, steps=steps)
+
+
+def test_a_generation_decided_while_the_workers_put_a_step_back_names_no_step_they_remove() -> None:
+    """Seed 93 (two spares, a standby): generation 3 rolls back to step 20 while the ranks'
+    reports, some arriving late, still name the abandoned run's steps up to 60; generation 4,
+    decided as the ranks discard those to put step 20 back (a spare takes a failed rank), rolls
+    back to 20 again. The rule before (`uncapped-rollback`) named 60, which they removed."""
+    run_seed(93, steps=131, spares=2, schedulers=2)
+    with pytest.raises(Violation, match="generation 4 rolls back to step 60, which rank 1"):
+        run_seed(93, steps=131, spares=2, schedulers=2, plant="uncapped-rollback")
 
 
 def test_a_disk_is_lost_only_where_a_peer_holds_a_copy_of_its_files() -> None:

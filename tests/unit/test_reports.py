@@ -8,7 +8,7 @@ from cluster.scheduler.machine.state import (
     SchedulerState,
     TopologyReadyEvent,
 )
-from tests.unit.test_spares import GUARD, job, ready_events
+from tests.unit.test_spares import GUARD, job, ready_events, spare_reg
 from tests.unit.test_state import JOB, FakeClock, recovering, reg
 
 
@@ -77,3 +77,97 @@ def test_a_new_process_does_not_take_its_old_rank_from_a_generation_told_before(
     assert state.members["1"].rank == 0
     assert state.catch_up_for("1", told) == []
     assert state.catch_up_for("2", told) == told  # its rank is the same: it hears it
+
+
+def reform(state: SchedulerState) -> TopologyReadyEvent:
+    (ready,) = state.reform("a collective was cut off")
+    assert isinstance(ready, TopologyReadyEvent)
+    return ready
+
+
+def test_steps_listed_before_a_worker_put_back_the_rollback_step_are_not_rolled_back_to() -> None:
+    """Generation 2 rolls back to step 20: rank 2's write of step 30 was still under way.
+    Then the abandoned run's step 30 reaches the scheduler from every rank: rank 2's writer
+    ends that write while rank 2 puts step 20 back, and ranks 0 and 1, which discard their
+    step 30 now, have not had their reports of what is left arrive. None of those lists was
+    taken after its worker put step 20 back, so a generation decided now still rolls back to
+    20, which every rank keeps, and not to 30, which the ranks are removing (the rule before:
+    30; `tests/sim/putback.py`, seed 93 with 2 spares)."""
+    clock = FakeClock()
+    state = recovering(clock)
+    for node_id, steps in (("0", [10, 20, 30]), ("1", [10, 20, 30]), ("2", [10, 20])):
+        state.report_checkpoints(node_id, 1, steps, 1, seq=1)
+    assert reform(state).rollback_step == 20
+    state.report_checkpoints("2", 1, [10, 20, 30], 1, seq=2)  # listed before its put-back
+    assert state.rollback_step() == 20
+    assert reform(state).rollback_step == 20
+    clock.advance(5)  # past the planner's reuse of its last answer
+    assert state.held_by_all() == 20
+
+
+def test_a_worker_counts_with_all_it_holds_once_it_says_it_put_the_step_back() -> None:
+    """The steps a worker lists after it put back the generation's rollback step (and
+    discarded the newer ones) are what it holds: the new run's, past that step, count."""
+    clock = FakeClock()
+    state = recovering(clock)
+    all_report(state, [10, 20], 1)
+    assert reform(state).rollback_step == 20
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [10, 20, 30], 2)
+    state.report_checkpoints("2", 1, [10, 20, 30], 1)  # not put back yet
+    assert state.rollback_step() == 20
+    state.report_checkpoints("2", 1, [10, 20, 30], 2)
+    assert state.rollback_step() == 30
+    assert state.held_by_all() == 30  # no answer of a moment ago kept: it changed
+
+
+def test_a_worker_that_says_it_put_the_step_back_is_saved_before_it_is_answered() -> None:
+    """Whether a worker put back the rollback step decides what every worker keeps: a report
+    that says so changes the state to save (revision), the same steps held or not."""
+    state = recovering(FakeClock())
+    all_report(state, [10, 20], 1)
+    reform(state)
+    revision = state.revision
+    state.report_checkpoints("0", 1, [10, 20], 2)
+    assert state.revision == revision + 1
+    state.report_checkpoints("0", 1, [10, 20], 2)
+    assert state.revision == revision + 1
+
+
+def test_what_each_worker_put_back_is_restored_with_the_job() -> None:
+    """A restarted scheduler knows which workers put the rollback step back: it plans the
+    next rollback step as the one before it did; from a state saved without it, every worker
+    is taken as not yet past the step it was told."""
+    clock = FakeClock()
+    state = recovering(clock)
+    all_report(state, [10, 20], 1)
+    reform(state)
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [10, 20, 30], 2)
+    state.report_checkpoints("2", 1, [10, 20, 30], 1)
+    saved = state.snapshot()
+    restored = SchedulerState.restore(saved, state.settings, clock, new_cluster_id="job-2")
+    assert restored.rollback_step() == 20
+    restored.report_checkpoints("2", 1, [10, 20, 30], 2)
+    assert restored.rollback_step() == 30
+    older = {k: v for k, v in restored.snapshot().items() if k != "put_back"}
+    again = SchedulerState.restore(older, state.settings, clock, new_cluster_id="job-3")
+    assert again.rollback_step() == 20
+
+
+def test_a_spare_takes_what_the_failed_worker_put_back_with_its_steps() -> None:
+    """A spare that takes a failed rank takes the steps reported for it, and with them
+    whether they were listed after the rollback step was put back."""
+    clock = FakeClock()
+    state = job(clock)
+    for node_id in ("0", "1", "2"):
+        state.report_checkpoints(node_id, 1, [10, 20], 1)
+    (ready,) = ready_events(state.disconnect("2", 1))  # s0 takes rank 2 in generation 2
+    assert ready.rollback_step == 20
+    for node_id in ("0", "1", "s0"):
+        state.report_checkpoints(node_id, 1, [10, 20, 30], 2)
+    outcome, _ = state.register(spare_reg(state, "3", port=7001))
+    assert isinstance(outcome, Accepted)
+    state.connect("3", 1)
+    (ready,) = ready_events(state.disconnect("s0", 1))  # "3" takes rank 2 in generation 3
+    assert ready.rollback_step == 30

@@ -251,7 +251,7 @@ def _tables(state: SchedulerState) -> dict[str, int]:
         "members": len(state.members),
         "spares": len(state.spares),
         "call windows": len(state.admission.call_windows),
-        "reported in": len(state.rollback._reported_in),
+        "put back": len(state.rollback._put_back),
         "report numbers": len(state.rollback._report_seq),
         "guard waiting": len(state.guard_waiting),
         "awaiting": len(state.awaiting),

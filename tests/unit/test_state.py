@@ -1500,7 +1500,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         state = self.state
         kept = {
             *state.admission.call_windows,
-            *state.rollback._reported_in,
+            *state.rollback._put_back,
             *state.rollback._report_seq,
             *state.guard_waiting,
             *state.awaiting,

@@ -47,6 +47,9 @@ def save(job: SchedulerState) -> dict[str, Any]:
         "reason": "" if job.published is None else job.published.reason,
         "members": [] if forming else [m.saved() for m in job.members.values()],
         "spares": [] if forming else [m.saved() for m in job.spares.values()],
+        # By node id, the generation whose rollback step the worker had put back when it
+        # listed the checkpoints saved for it (`RollbackPlanner`).
+        "put_back": {} if forming else job.rollback.saved(),
     }
 
 
@@ -83,6 +86,7 @@ def resume(fresh: SchedulerState, snapshot: dict[str, Any]) -> SchedulerState:
         spare = Member.loaded(saved_spare, now)
         fresh.spares[spare.node_id] = spare
     fresh.liveness.unheard.update(fresh.members, fresh.spares)
+    fresh.rollback.restored(snapshot.get("put_back", {}))
     if len(fresh.members) != fresh.expected:
         raise SnapshotError(
             f"job {fresh.cluster_id} had formed, but the saved state names "

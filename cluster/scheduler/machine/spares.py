@@ -40,6 +40,7 @@ from cluster.protocol.records import (
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import mutable
 from cluster.scheduler.machine.liveness import Liveness
+from cluster.scheduler.machine.rollback import RollbackPlanner
 
 
 def check_new_spare(
@@ -110,6 +111,7 @@ class SpareHost(Protocol):
     spares: dict[str, Member]
     revision: int
     liveness: Liveness
+    rollback: RollbackPlanner
 
     def publish(self, reason: str, promoted: str = "") -> list[Effect]: ...
 
@@ -146,6 +148,7 @@ class SparePool:
         `failed` waits out its guard among the spares."""
         job = self.job
         hand_over(failed, spare)
+        job.rollback.handed_over(failed.node_id, spare.node_id)
         del job.members[failed.node_id], job.spares[spare.node_id]
         job.members[spare.node_id], job.spares[failed.node_id] = spare, failed
         job.place_workers(spare.node_id)

@@ -261,16 +261,18 @@ class SchedulerState:
         generation: int = 0,
         seq: int = 0,
     ) -> None:
-        """The worker holds these checkpoint steps now (complete ones, after pruning), and has
-        put back the rollback step of `generation` (0: it did not say). `seq`: the report's
-        number in its process (0: none); one older than a report already heard is ignored."""
+        """The worker holds these checkpoint steps now (complete ones, after pruning), listed
+        once it had put back the rollback step of `generation` (0: it did not say). `seq`: the
+        report's number in its process (0: none); one older than a report already heard is
+        ignored. Either change is saved: the step every worker keeps depends on both."""
         member = self.member(node_id, incarnation)
+        put_back = self.rollback.put_back(member.node_id)
         if not self.rollback.report(
             member.node_id, incarnation, (generation, seq), self.generation
         ):
             return
         held = held_steps(steps)
-        if held != member.checkpoints:
+        if held != member.checkpoints or self.rollback.put_back(member.node_id) != put_back:
             member.checkpoints = held
             self.revision += 1
 
@@ -284,9 +286,16 @@ class SchedulerState:
             self.generation, workers, now, self.published_rollback_step
         )
 
+    def holdings(self) -> list[Member]:
+        """The workers as a rollback step is planned from them (`RollbackPlanner.holdings`)."""
+        return self.rollback.holdings(
+            self.generation, self._workers(), self.published_rollback_step
+        )
+
     def rollback_step(self) -> int | NoCommonStep:
-        """The newest step every worker holds (`cluster.scheduler.machine.rollback`)."""
-        return rollback_step(self._workers())
+        """The newest step every worker holds, as far as a new generation may roll back to it
+        (`cluster.scheduler.machine.rollback`)."""
+        return rollback_step(self.holdings())
 
     def reform(self, reason: str) -> list[Effect]:
         """Start a new generation with the same members: everyone rolls back (e.g. a collective
@@ -470,7 +479,7 @@ class SchedulerState:
         step = self.rollback_step()
         if isinstance(step, NoCommonStep):
             return self._end(ok=False, detail=step.message)
-        if note := from_the_beginning(self._workers()):
+        if note := from_the_beginning(self.holdings()):
             reason = f"{reason}; {note}"
         self.generation += 1
         self.revision += 1

@@ -5,10 +5,9 @@ which generation each report says it comes from.
 
 Saves steps 1 to 3 while the scheduler's answers are held back: the report of step 1 is under
 way and the list of steps 1 to 3 waits behind it. Then it does what a TrainingLoop does when it
-resumes generation 2 from STEP (2 or 3): says it put that step back (`runtime.resumed_in`), lets
-the reports go, and discards the steps past it (`discard_newer`). Prints one line per report
-sent, as it goes on the wire, `report steps=<steps> generation=<generation>`, and `done` once
-flushed.
+resumes generation 2 from STEP (2 or 3): lets the reports go and puts that step back, discarding
+the steps past it (`discard_newer(STEP, put_back=2)`). Prints one line per report sent, as it
+goes on the wire, `report steps=<steps> generation=<generation>`, and `done` once flushed.
 """
 
 from __future__ import annotations
@@ -50,9 +49,8 @@ checkpoints = cluster.CheckpointManager(
 for step in (1, 2, 3):
     checkpoints.save(step, {"w": np.full(1, step)})
 assert checkpoints.steps() == [1, 2, 3]  # written: every list of steps is taken
-runtime.resumed_in(runtime.get_generation() + 1)
 gate.set()
-checkpoints.discard_newer(int(sys.argv[2]))
+checkpoints.discard_newer(int(sys.argv[2]), put_back=runtime.get_generation() + 1)
 checkpoints.flush()
 print("done", flush=True)
 cluster.finalize()

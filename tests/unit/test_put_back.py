@@ -1,0 +1,134 @@
+"""What a worker's checkpoint reports say while its `TrainingLoop` puts back a generation's
+rollback step: the scheduler counts a list for the new generation only when it was taken after
+the steps of the abandoned run were discarded (`RollbackPlanner.holdings`)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cluster.api import peer_state, runtime, training, worker_metrics
+from cluster.api.checkpoint import CheckpointManager
+from cluster.api.checkpoint_config import CheckpointConfig
+from cluster.protocol import resume
+from cluster.storage import checkpoint_files
+
+WAIT_S = 30.0
+
+
+class Agent:
+    """The part of a worker's agent the reports read (`WorkerAgent.report_generation`)."""
+
+    def __init__(self, topology: SimpleNamespace) -> None:
+        self.topology = topology
+        self.resumed_in: int | None = None
+        self.cluster_id = ""  # no seat in a job for the manager's lock (test_checkpoint_lock)
+
+    @property
+    def report_generation(self) -> int:
+        return self.resumed_in or self.topology.generation
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch) -> tuple[SimpleNamespace, list[tuple[list[int], int]]]:
+    """A worker of rank 0 in generation 2 of a job (faked: no network), and the reports it
+    sends, as (steps, generation said)."""
+    topology = SimpleNamespace(generation=2, rank=0, rollback_step=1, reason="rank 1 rejoined")
+    session = SimpleNamespace(
+        config=SimpleNamespace(recovery=None), topology=topology, say=print, generation_pin=None
+    )
+    session.agent = Agent(topology)
+    sent: list[tuple[list[int], int]] = []
+
+    def report(steps: list[int], generation: int = 0) -> int:
+        sent.append((list(steps), generation or session.agent.report_generation))
+        return 0
+
+    monkeypatch.setattr(runtime, "is_initialized", lambda: True)
+    monkeypatch.setattr(runtime, "session", lambda: session)
+    monkeypatch.setattr(runtime, "report_checkpoints", report)
+    monkeypatch.setattr(runtime, "report_memory_resume", lambda *args: None)
+    monkeypatch.setattr(worker_metrics, "start", lambda: None)
+    monkeypatch.setattr(peer_state, "serve", lambda served: None)  # no state server started
+    return session, sent
+
+
+def test_a_list_the_writer_takes_while_the_loop_puts_a_step_back_says_the_generation_before(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    job: tuple[SimpleNamespace, list[tuple[list[int], int]]],
+) -> None:
+    """Steps 1 to 3 are saved in generation 1; the write of step 3 ends only while the loop,
+    resuming generation 2 from step 1, waits for its writer to discard the steps past 1. The
+    list taken then (step 3 of the abandoned run among them) says generation 1; only the list
+    left once the newer steps are gone says generation 2. (The loop said it put generation 2
+    back before it discarded: that list said 2, and a generation decided while the worker
+    removed step 3 could roll back to it.)"""
+    session, sent = job
+    gate = threading.Event()
+    write = checkpoint_files.write
+
+    def held(path: Path, step: int, *args: Any, **kwargs: Any) -> None:
+        if step == 3:
+            assert gate.wait(WAIT_S)
+        write(path, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_files, "write", held)
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=5), recovery=True)
+    state = {"w": np.zeros(2)}
+    loop = training.TrainingLoop(4, ckpt, lambda: state, state.update, say=lambda line: None)
+    session.agent.resumed_in = 1  # generation 1 was put back (the job's first start)
+    for step in (1, 2):
+        ckpt.save(step, {"w": np.full(2, step)})
+    ckpt.flush()
+    loop.memory.keep(1, {"w": np.full(2, 1)}, saved=False)  # resumed from this, in memory
+    ckpt.save(3, {"w": np.full(2, 3)})  # its write ends while the loop puts step 1 back
+    writer = ckpt._writes.writer
+    wait = writer.wait
+
+    def waited() -> None:
+        gate.set()
+        wait()
+
+    monkeypatch.setattr(writer, "wait", waited)
+    where = resume.Resume(1, True, (0,), "every worker holds step 1")
+    assert loop._restore(where, session.topology) == 1
+    assert sent == [([1], 1), ([1, 2], 1), ([1, 2, 3], 1), ([1], 2)]
+    assert ckpt.steps() == [1]
+    ckpt.close()
+
+
+def test_a_fresh_process_says_the_generation_before_until_it_puts_a_step_back(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    job: tuple[SimpleNamespace, list[tuple[list[int], int]]],
+) -> None:
+    """A restarted worker (or a promoted spare) starts its loop in generation 2: the rank's
+    files (step 3 of the abandoned run among them) are listed before it puts step 1 back, and
+    say generation 1 (the generation it is in said 2); what is left once step 3 is gone says
+    2."""
+    session, sent = job
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=5))
+    for step in (1, 3):
+        ckpt.save(step, {"w": np.full(2, step)})
+    ckpt.flush()
+    sent.clear()
+    state = {"w": np.zeros(2)}
+    loop = training.TrainingLoop(4, ckpt, lambda: state, state.update, say=lambda line: None)
+    monkeypatch.setattr(runtime, "topology", lambda: session.topology)
+    monkeypatch.setattr(runtime, "is_rejoin", lambda: True)
+    monkeypatch.setattr(training, "allgather_bytes", lambda value: [resume.encode(None)])
+
+    def load(self: CheckpointManager, step: int) -> dict[str, Any]:
+        self._writes.report_now()  # the rank's files listed: a damaged file moved aside, ...
+        return {"w": np.full(2, step)}
+
+    monkeypatch.setattr(CheckpointManager, "load", load)
+    assert loop._start() == 1
+    assert sent == [([1, 3], 1), ([1], 2)]
+    ckpt.close()

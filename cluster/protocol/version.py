@@ -62,3 +62,17 @@ def describe(release: str, revision: int) -> str:
 SAME_VERSION_ADVICE = (
     "start every process of the job (schedulers, relays, workers) from the same version of cluster"
 )
+# What a scheduler runs: its release and protocol revision.
+RUNS = (VERSION, PROTOCOL_REVISION)
+
+
+def mismatch(who: str, release: str, revision: int, runs: tuple[str, int] = RUNS) -> str | None:
+    """Why a scheduler that `runs` (its release and revision) refuses `who` (a node, a host's
+    relay), which runs `release` of protocol `revision`: the line; None when the revisions are
+    the same, whatever the releases."""
+    if revision == runs[1]:
+        return None
+    return (
+        f"{who} runs {describe(release, revision)}, but this scheduler runs {describe(*runs)}: "
+        f"{SAME_VERSION_ADVICE}"
+    )

@@ -82,7 +82,7 @@ def caller_of(context: CallContext, method: str, request: Any = None) -> members
 
 
 def relay_refusal(
-    context: CallContext, runs: tuple[str, int] = (version.VERSION, version.PROTOCOL_REVISION)
+    context: CallContext, runs: tuple[str, int] = version.RUNS
 ) -> RegistrationRefused | None:
     """Why a host's relay that makes this call (HostWatch, HostBeats) is refused: it runs
     another protocol revision than this scheduler (`runs`: its release and revision), and what
@@ -90,14 +90,9 @@ def relay_refusal(
     that names none runs revision 1, `version.stamped`)."""
     sent = dict(context.invocation_metadata() or ()).get(version.METADATA_KEY)
     revision, release = version.stamped(None if sent is None else str(sent))
-    if revision == runs[1]:
-        return None
-    shown = safe(release, version.MAX_VERSION_CHARS)
-    return RegistrationRefused(
-        f"the relay of host {peer_host(context.peer() or '')} runs "
-        f"{version.describe(shown, revision)}, but this scheduler runs "
-        f"{version.describe(*runs)}: {version.SAME_VERSION_ADVICE}"
-    )
+    who = f"the relay of host {peer_host(context.peer() or '')}"
+    why = version.mismatch(who, safe(release, version.MAX_VERSION_CHARS), revision, runs)
+    return None if why is None else RegistrationRefused(why)
 
 
 def mapped(

@@ -135,7 +135,7 @@ class Admission:
     # The operators' read proofs accepted while their challenges are good: each is taken once.
     _reads: auth.ReplayCache = field(default_factory=auth.ReplayCache)
     # What this scheduler runs: its release and protocol revision.
-    runs: tuple[str, int] = (version.VERSION, version.PROTOCOL_REVISION)
+    runs: tuple[str, int] = version.RUNS
 
     def admit(
         self, node_id: str, incarnation: int | None, presented: auth.Presented
@@ -331,15 +331,8 @@ class Admission:
         """A node of this scheduler's protocol revision (one that says none speaks revision
         1, `version.revision_of`), whatever its release."""
         revision = version.revision_of(reg.protocol_revision)
-        ours, our_revision = self.runs
-        if revision == our_revision:
-            return None
-        return Refused(
-            Refusal.VERSION_MISMATCH,
-            f"node {reg.node_id!r} runs {version.describe(reg.cluster_version, revision)}, but "
-            f"this scheduler runs {version.describe(ours, our_revision)}: "
-            f"{version.SAME_VERSION_ADVICE}",
-        )
+        why = version.mismatch(f"node {reg.node_id!r}", reg.cluster_version, revision, self.runs)
+        return None if why is None else Refused(Refusal.VERSION_MISMATCH, why)
 
     def _check_proof(self, reg: Registration) -> Refused | None:
         """The node's credential, and with a job secret its proof of the secret."""

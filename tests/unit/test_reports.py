@@ -3,6 +3,9 @@ told (its save pending): rules the simulation (`tests/sim`) found wanting."""
 
 from __future__ import annotations
 
+import pytest
+
+from cluster.protocol.errors import SnapshotError
 from cluster.scheduler.machine.state import (
     Accepted,
     SchedulerState,
@@ -171,3 +174,15 @@ def test_a_spare_takes_what_the_failed_worker_put_back_with_its_steps() -> None:
     state.connect("3", 1)
     (ready,) = ready_events(state.disconnect("s0", 1))  # "3" takes rank 2 in generation 3
     assert ready.rollback_step == 30
+
+
+@pytest.mark.parametrize("put_back", [[], "0", 3, {"0": "two"}, {"0": None}])
+def test_a_malformed_put_back_in_a_saved_state_is_a_snapshot_error(put_back: object) -> None:
+    """A saved state whose `put_back` is not node ids to generations is refused as malformed,
+    in words (a SnapshotError), not with a traceback."""
+    clock = FakeClock()
+    state = recovering(clock)
+    all_report(state, [10, 20], 1)
+    saved = {**state.snapshot(), "put_back": put_back}
+    with pytest.raises(SnapshotError, match="the saved state is malformed"):
+        SchedulerState.restore(saved, state.settings, clock, new_cluster_id="job-2")

@@ -139,7 +139,10 @@ class RollbackPlanner:
 
     def restored(self, saved: Mapping[str, int]) -> None:
         """The planner of a restarted scheduler, from `saved` (empty from a scheduler that did
-        not save it: every worker is taken as not yet past the rollback step it was told)."""
+        not save it: every worker is taken as not yet past the rollback step it was told).
+        TypeError (or ValueError) when `saved` is not node ids to generations."""
+        if not isinstance(saved, Mapping):
+            raise TypeError(f"put_back is a {type(saved).__name__}, not a mapping")
         self._put_back = {str(node_id): int(g) for node_id, g in saved.items()}
 
     def holdings(

@@ -8,11 +8,12 @@ import pytest
 from cluster.protocol.errors import SnapshotError
 from cluster.scheduler.machine.state import (
     Accepted,
+    Phase,
     SchedulerState,
     TopologyReadyEvent,
 )
 from tests.unit.test_spares import GUARD, job, ready_events, spare_reg
-from tests.unit.test_state import JOB, FakeClock, recovering, reg
+from tests.unit.test_state import JOB, FakeClock, make_state, recovering, reg
 
 
 def all_report(state: SchedulerState, steps: list[int], generation: int) -> int:
@@ -186,3 +187,19 @@ def test_a_malformed_put_back_in_a_saved_state_is_a_snapshot_error(put_back: obj
     saved = {**state.snapshot(), "put_back": put_back}
     with pytest.raises(SnapshotError, match="the saved state is malformed"):
         SchedulerState.restore(saved, state.settings, clock, new_cluster_id="job-2")
+
+
+def test_a_report_before_any_generation_changes_nothing_saved() -> None:
+    """A worker of a job that never formed (here: failed waiting for the others) says it put
+    back generation 0's step, which is as saying nothing: the saved state stays as it is, and
+    its revision with it (found by the state machine's hypothesis test: a report that changed
+    what is saved without a new revision, so a restart would not have had it)."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=1, server_num=1, topo_timeout_s=15.0)
+    state.register(reg(state, "0", server_num=1))
+    clock.advance(40.0)
+    state.tick()
+    assert state.phase is Phase.FAILED
+    saved = state.snapshot()
+    state.report_checkpoints("0", 1, [], 0, seq=1)
+    assert state.snapshot() == saved

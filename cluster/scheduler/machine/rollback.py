@@ -111,7 +111,7 @@ class RollbackPlanner:
                 return False  # overtaken by a newer report of the same process
             self._report_seq[node_id] = (incarnation, seq)
         put_back = generation or now
-        if self._put_back.get(node_id) != put_back:
+        if self.put_back(node_id) != put_back:  # 0, before any generation: as none
             self._put_back[node_id] = put_back
             self._last = (-1, 0.0, 0)  # what every worker holds is planned afresh
         return True

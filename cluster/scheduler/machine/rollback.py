@@ -111,7 +111,7 @@ class RollbackPlanner:
                 return False  # overtaken by a newer report of the same process
             self._report_seq[node_id] = (incarnation, seq)
         put_back = generation or now
-        if self.put_back(node_id) != put_back:  # 0, before any generation: as none
+        if self._put_back.get(node_id) != put_back:
             self._put_back[node_id] = put_back
             self._last = (-1, 0.0, 0)  # what every worker holds is planned afresh
         return True
@@ -134,8 +134,9 @@ class RollbackPlanner:
             self._put_back[spare] = generation
 
     def saved(self) -> dict[str, int]:
-        """What a restarted scheduler needs of the planner (the job's snapshot holds it)."""
-        return dict(self._put_back)
+        """What a restarted scheduler needs of the planner (the job's snapshot holds it): a
+        put-back of generation 0 (a report before any generation) is as none, and not saved."""
+        return {node_id: g for node_id, g in self._put_back.items() if g}
 
     def restored(self, saved: Mapping[str, int]) -> None:
         """The planner of a restarted scheduler, from `saved` (empty from a scheduler that did

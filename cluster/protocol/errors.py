@@ -156,7 +156,7 @@ class StateFileError(ClusterError):
 
 class SnapshotError(StateFileError):
     """A saved snapshot cannot be restored into this scheduler (the message says why and what
-    to do)."""
+    to do). Never transient: read again, the same state is refused the same way."""
 
 
 class CheckpointError(ClusterError):

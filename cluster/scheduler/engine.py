@@ -26,12 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from cluster.protocol.errors import (
-    FencedError,
-    NotLeaderError,
-    SnapshotError,
-    StateFileError,
-)
+from cluster.protocol.errors import FencedError, NotLeaderError, SnapshotError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.effect_log import EffectLog
@@ -220,7 +215,10 @@ class Engine:
         """A core that saves its job in `state_store` (held by this process), resuming the job
         saved there if any, with its key-value store.
 
-        A state that cannot be used raises StateFileError and is left as it is.
+        A state that cannot be used is left as it is: one this scheduler can never resume
+        (saved under another protocol revision, worker or server count, or job secret) raises
+        SnapshotError, raised from the state machine's own, which says why alone; one that
+        cannot be read (etcd away, a torn or foreign state) raises StateFileError.
         """
         stored = await state_store.load()
         snapshot = stored.snapshot
@@ -232,10 +230,10 @@ class Engine:
                     snapshot, settings, clock, new_cluster_id=new_cluster_id()
                 )
             except SnapshotError as exc:
-                raise StateFileError(
+                raise SnapshotError(
                     f"the recovery state {where} cannot be resumed: {exc}; "
                     f"{new_job_advice(state_store.name)}"
-                ) from None
+                ) from exc
         job = restored.cluster_id if restored is not None else ""
         kv = await state_store.load_kv(job) if job else {}
         core = cls(

@@ -9,7 +9,12 @@ The server serves its port from the start; what answers there is decided by the 
 - standing by, or stepped down: every call is answered with the leader's address;
 - the job is over: the leader ends as a single scheduler does; a standby that takes over and
   finds the job it stood by for ended (not one that had ended before it started) exits with
-  that job's result instead of starting a new one, so every scheduler of a job ends with it.
+  that job's result instead of starting a new one, so every scheduler of a job ends with it;
+- the job can never be led here: a state saved after this scheduler started that it can never
+  resume (by a leader of another protocol revision, counts or job secret), found when it takes
+  over, ends it as the same state found at start does (a ConfigError, exit 2), its leader key
+  given back at once for a scheduler that can lead the job. A state that cannot be read (etcd
+  away, a torn read) steps it down to campaign again.
 """
 
 from __future__ import annotations
@@ -105,7 +110,11 @@ class HighAvailability:
     async def _lead(self) -> None:
         server = self.server
         assert server.store is not None
-        core = await SchedulerCore.resume(server.settings, server.store)
+        try:
+            core = await SchedulerCore.resume(server.settings, server.store)
+        except SnapshotError as exc:  # never resumable here; its cause says why alone
+            await self._give_back(exc.__cause__ or exc)
+            return
         ended = core.ended_job
         if ended is not None and ended[0] != self._ended_at_start:
             log.info(
@@ -125,6 +134,24 @@ class HighAvailability:
         core.journal.emit(events.of_leader_change(True, self.election.address, term))
         await self._unwatch()
         self._watching = asyncio.create_task(self._watch(core))
+
+    async def _give_back(self, why: BaseException) -> None:
+        """The job saved in the store is one this scheduler can never lead (`why`): it never
+        campaigns again, deletes its leader key, so that a scheduler that can lead the job
+        wins without waiting out this one's lease, and ends with the start-time refusal."""
+        store = self.server.store
+        assert store is not None
+        refusal = _refusal(store.name, store.where, why)
+        self.leadership.resign(str(refusal))
+        log.info(
+            "giving the leader key back, and stopping: the job saved in %s is one this "
+            "scheduler can never lead",
+            store.where,
+        )
+        try:
+            await self.election.resign()
+        finally:  # cancelled too: the process ends, and its lease with it
+            self._finish(refusal)
 
     async def _watch(self, core: SchedulerCore) -> None:
         await core.done.wait()
@@ -234,9 +261,13 @@ def _check_resumable(
     try:
         SchedulerState.restore(snapshot, server.settings, time.monotonic, new_cluster_id="")
     except SnapshotError as exc:
-        raise ConfigError(
-            f"{name}={where!r} cannot be used: {exc}; {new_job_advice(name)}"
-        ) from None
+        raise _refusal(name, where, exc) from None
+
+
+def _refusal(name: str, where: str, why: BaseException) -> ConfigError:
+    """The refusal of the state store `name` at `where`, whose job this scheduler can never
+    lead (`why`, the state machine's SnapshotError): at start, and when it takes over."""
+    return ConfigError(f"{name}={where!r} cannot be used: {why}; {new_job_advice(name)}")
 
 
 def _garbage_wait_s(lease_s: float) -> float:

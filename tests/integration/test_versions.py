@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from cluster.protocol import version
 from cluster.protocol.environment import from_env
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.state_url import parse_state_url
-from cluster.scheduler import stores
+from cluster.scheduler import etcd_store, stores
 from cluster.scheduler.machine.state import SchedulerState
 from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND
@@ -33,6 +35,7 @@ from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.integration.test_recovery import WORKER, run_scheduler, saved_state
+from tests.integration.test_standby import HOSTS, Schedulers
 from tests.procs import PYTHON, ROOT, Procs, job_env
 from tests.servers.etcd import EtcdCluster
 
@@ -242,3 +245,73 @@ def test_a_state_in_etcd_of_another_revision_is_one_line_and_left_alone(
     assert "start the job's schedulers from cluster 9.9.9 to resume the job" in line
     assert "to start a new job, give it a prefix of its own in CLUSTER_STATE_URL" in line
     assert asyncio.run(_etcd_contents(etcd_cluster)) == before
+
+
+async def _change_saved_state(etcd: EtcdCluster, change: Callable[[bytes], bytes]) -> bytes:
+    """The job's state in etcd, as its key holds it, replaced by what `change` makes of it;
+    what it held before."""
+    url = parse_state_url(etcd.state_url())
+    host, port = url.endpoints[0]
+    key = f"{url.prefix}state".encode()
+    async with aetcd.Client(host=host, port=port, timeout=10) as client:
+        got = await client.get(key)
+        assert got is not None
+        await client.put(key, change(got.value))
+        return bytes(got.value)
+
+
+def _as_newer(value: bytes) -> bytes:
+    """A state saved by this release's leader (inline in its key) as release 9.9.9 saves it."""
+    assert value[:1] == etcd_store.INLINE
+    saved = store.decode(value[1:], SCHEDULER_KIND, "the state key", "")
+    assert saved["protocol_revision"] == version.PROTOCOL_REVISION
+    return etcd_store.INLINE + store.encode(SCHEDULER_KIND, _stamped(saved))
+
+
+def test_a_standby_that_finds_another_revisions_state_at_takeover_gives_the_lead_back(
+    processes: Procs, etcd_cluster: EtcdCluster
+) -> None:
+    """A leader of another release saved the job after this standby started: the standby that
+    wins the election says so once, in the start-time refusal's words, gives the leader key
+    back at once and exits 2, rather than stepping down and winning again at every term."""
+    schedulers = Schedulers(processes, etcd_cluster)
+    leader = schedulers.leader()
+    standby = schedulers.procs[next(host for host in HOSTS if host != leader)]
+    asyncio.run(_change_saved_state(etcd_cluster, _as_newer))
+    schedulers.procs[leader].popen.send_signal(signal.SIGKILL)  # its key ends with its lease
+    assert schedulers.procs[leader].wait(10) == -signal.SIGKILL
+
+    assert standby.wait(60) == 2, standby.output
+    said = standby.output
+    assert "Traceback" not in said
+    assert "stepping down" not in said
+    (line,) = [line for line in said.splitlines() if "it was saved by" in line]
+    assert said.strip().splitlines()[-1] == line
+    assert line.startswith("mscluster: ConfigError: ")
+    assert f"CLUSTER_STATE_URL={schedulers.url.rstrip('/')!r} cannot be used" in line
+    assert f"it was saved by {THEIRS}, but this scheduler runs {OURS}" in line
+    assert "start the job's schedulers from cluster 9.9.9 to resume the job" in line
+    assert "to start a new job, give it a prefix of its own in CLUSTER_STATE_URL" in line
+    prefix = parse_state_url(etcd_cluster.state_url()).prefix
+    assert etcd_cluster.etcdctl("get", f"{prefix}leader") == ""
+
+
+def test_a_standby_that_cannot_read_the_state_at_takeover_campaigns_again(
+    processes: Procs, etcd_cluster: EtcdCluster
+) -> None:
+    """A state that cannot be read (here torn) may read well later: the standby that wins the
+    election steps down and campaigns again, and leads the job once the state is whole."""
+    schedulers = Schedulers(processes, etcd_cluster)
+    leader = schedulers.leader()
+    host = next(host for host in HOSTS if host != leader)
+    whole = asyncio.run(_change_saved_state(etcd_cluster, lambda value: value[: len(value) // 2]))
+    schedulers.procs[leader].popen.send_signal(signal.SIGKILL)
+    assert schedulers.procs[leader].wait(10) == -signal.SIGKILL
+
+    standby = schedulers.procs[host]
+    standby.wait_for_output("stepping down: it could not take the job over", 30)
+    assert "truncated or corrupt" in standby.output
+    assert standby.running
+    asyncio.run(_change_saved_state(etcd_cluster, lambda _: whole))
+    wait_until(lambda: schedulers.role(host) == "leader", 30, "the standby leading the job")
+    assert "Traceback" not in standby.output

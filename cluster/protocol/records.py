@@ -136,6 +136,9 @@ class Refused:
     reason: Refusal
     message: str
     retry_after_s: float = 0.0
+    # What the scheduler's own log says of it, where that is more than the caller may learn
+    # (`cluster.protocol.version.refusal`); empty: `message`.
+    logged: str = ""
 
 
 @frozen

@@ -13,8 +13,10 @@ A worker sends both with its registration (`RegisterRequest.protocol_revision`,
 `cluster_version`), a host's relay with its own calls to the scheduler (call metadata
 `METADATA_KEY`), and a scheduler writes both into the state it saves. A scheduler refuses a
 registration, a relay and a saved state of another revision, in one line naming both releases
-and what to do. What names no revision was made before revisions were named: it is revision 1
-(`revision_of`, `stamped`), which the protocol still is.
+and what to do; with a job secret, a registration that does not prove it and a relay are told
+the line without this scheduler's release, which the scheduler's log names (`refusal`). What
+names no revision was made before revisions were named: it is revision 1 (`revision_of`,
+`stamped`), which the protocol still is.
 """
 
 from __future__ import annotations
@@ -76,3 +78,24 @@ def mismatch(who: str, release: str, revision: int, runs: tuple[str, int] = RUNS
         f"{who} runs {describe(release, revision)}, but this scheduler runs {describe(*runs)}: "
         f"{SAME_VERSION_ADVICE}"
     )
+
+
+def refusal(
+    who: str, release: str, revision: int, runs: tuple[str, int] = RUNS, *, unproven: str = ""
+) -> tuple[str, str] | None:
+    """What `who` is told and what the scheduler logs when it refuses `who` (`mismatch`); None
+    when the revisions are the same. `unproven`: why `who` has not shown that it belongs to
+    the job, which has a secret (it did not prove the secret; a relay proves none of its own).
+    The line `who` is told then names `who`'s release and not this scheduler's, which only a
+    member learns (and the scheduler's operator, from its log); without it, both lines are
+    `mismatch`'s."""
+    line = mismatch(who, release, revision, runs)
+    if line is None or not unproven:
+        return None if line is None else (line, line)
+    named = "it names its own release only to a process that proves the job secret"
+    told = (
+        f"{who} runs {describe(release, revision)}, which this scheduler does not speak; "
+        f"{named} (CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET), {unproven}, and in its own "
+        f"log: {SAME_VERSION_ADVICE}"
+    )
+    return told, f"{line}; told without this scheduler's release: {named}, {unproven}"

@@ -90,7 +90,9 @@ class SchedulerCore(Engine):
         peer: str,
     ) -> None:
         """Journal and log a registration's outcome. Refusals other than the guard's can come
-        from anyone, as fast as they like: told at most once an interval per address."""
+        from anyone, as fast as they like: told at most once an interval per address. The
+        journal (which readers see) has what the node was told; the log, the whole line
+        (`Refused.logged`)."""
         if isinstance(outcome, state.Accepted):
             self.journal.registration(reg, prior, outcome, was_waiting=waiting)
             if outcome.rejoined:
@@ -109,7 +111,7 @@ class SchedulerCore(Engine):
         count = self.refusals.refused(peer, "Register", outcome.reason.value)
         if count:
             self.journal.registration(reg, prior, outcome, count=count)
-            log.info("refused node %r: %s", reg.node_id, outcome.message)
+            log.info("refused node %r: %s", reg.node_id, outcome.logged or outcome.message)
 
     async def _durable_keeping_alive(self, node_id: str, incarnation: int) -> None:
         """`durable()`, with the node counted alive meanwhile: its call waiting for the answer

@@ -21,6 +21,11 @@ class Gate:
     def __init__(self, core: SchedulerCore | None, address: str = "") -> None:
         self.core = core
         self.address = address  # this scheduler's, as nodes reach it
+        # Whether the job has no secret (anyone may join it): what is refused at the edge may
+        # then name this scheduler's release (`cluster.protocol.version.refusal`). The job's
+        # settings are its cores' for its whole life; without a core to read them from, the
+        # job counts as having a secret.
+        self.open_job = core is not None and core.settings.job_secret is None
         # None: no standbys, the core (if any) always answers.
         self.leadership: Leadership | None = None
         # With standbys: every scheduler of the job (host:port), and where the state is kept.

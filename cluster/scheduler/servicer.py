@@ -37,7 +37,6 @@ from cluster.scheduler.servicer_edge import (
     caller_of,
     mapped,
     refuse,
-    relay_refusal,
 )
 from cluster.transport import edge, failures, membership, stub
 from cluster.transport.handlers import peer_host
@@ -233,7 +232,7 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
             # Not a node's call (`heartbeat_call`): a relay's stream lasts as long as the relay,
             # and the end of the job does not wait for it.
             self._core  # noqa: B018 - a standby refuses it (NotLeaderError)
-            refused = relay_refusal(context)
+            refused = self.refused_relay(context, "HostBeats")
             if refused is not None:
                 raise refused
             with self._host_call(context, "HostBeats", functools.partial(_settle, ended)):
@@ -275,7 +274,7 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
         """A relay's one stream for its workers' Watch streams (`host_link`): each attached slot
         runs as the Watch call it stands for, with the worker's own request and proof. It ends
         when the relay's side and every slot have, or when the scheduler stops (`_end_link`)."""
-        refused = relay_refusal(context)
+        refused = self.refused_relay(context, "HostWatch")
         if refused is not None:  # every slot would end with it: the link does at once
             refuse(context, refused)
             return

@@ -46,6 +46,10 @@ from cluster.scheduler.machine.events import Kind, Record
 from cluster.transport import edge, failures, handlers, membership
 from cluster.transport.handlers import Handler, peer_host
 
+# Why a relay of another revision is not told this scheduler's release when the job has a
+# secret (`version.refusal`).
+_RELAY_UNPROVEN = "which a relay does not (each of its workers proves it for itself)"
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -82,17 +86,22 @@ def caller_of(context: CallContext, method: str, request: Any = None) -> members
 
 
 def relay_refusal(
-    context: CallContext, runs: tuple[str, int] = version.RUNS
-) -> RegistrationRefused | None:
-    """Why a host's relay that makes this call (HostWatch, HostBeats) is refused: it runs
-    another protocol revision than this scheduler (`runs`: its release and revision), and what
-    it sends for its workers may mean something else here; None when it runs the same (a relay
-    that names none runs revision 1, `version.stamped`)."""
+    context: CallContext, runs: tuple[str, int] = version.RUNS, *, open_job: bool = True
+) -> tuple[RegistrationRefused, str] | None:
+    """Why a host's relay that makes this call (HostWatch, HostBeats) is refused, and the line
+    the scheduler logs: it runs another protocol revision than this scheduler (`runs`: its
+    release and revision), and what it sends for its workers may mean something else here;
+    None when it runs the same (a relay that names none runs revision 1, `version.stamped`).
+    A relay proves no job secret of its own (its workers' slots carry theirs): unless the
+    job is open (`open_job`: it has no secret), it is not told this scheduler's release."""
     sent = dict(context.invocation_metadata() or ()).get(version.METADATA_KEY)
     revision, release = version.stamped(None if sent is None else str(sent))
     who = f"the relay of host {peer_host(context.peer() or '')}"
-    why = version.mismatch(who, safe(release, version.MAX_VERSION_CHARS), revision, runs)
-    return None if why is None else RegistrationRefused(why)
+    unproven = "" if open_job else _RELAY_UNPROVEN
+    lines = version.refusal(
+        who, safe(release, version.MAX_VERSION_CHARS), revision, runs, unproven=unproven
+    )
+    return None if lines is None else (RegistrationRefused(lines[0]), lines[1])
 
 
 def mapped(
@@ -179,13 +188,7 @@ class ServicerEdge:
     def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
         """A call refused before it reaches the job: counted, told at a bounded rate (the
         journal and the log), its values quoted short and escaped by `problem`'s maker."""
-        peer = context.peer() or ""
-        count = self._gate.refusals.log(peer, method, reason, problem)
-        core = self._gate.core
-        if count and core is not None:
-            fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
-            fields.update(reason=reason, message=problem, count=count)
-            core.journal.emit(Record(Kind.REFUSED, fields))
+        self._tell_at_edge(context, method, reason, problem)
         kinds: dict[str, type[ClusterError]] = {
             "oversized": CapacityError,
             "unauthenticated": NotAuthenticatedError,
@@ -193,6 +196,29 @@ class ServicerEdge:
             "stalled": CrowdedError,
         }
         return kinds.get(reason, BadRequestError)(f"{problem}: refused")
+
+    def _tell_at_edge(
+        self, context: CallContext, method: str, reason: str, problem: str, logged: str = ""
+    ) -> None:
+        """Count a refusal at the edge and tell it at a bounded rate: the journal (which
+        readers see) `problem`, the log `logged` (where it says more) or `problem`."""
+        peer = context.peer() or ""
+        count = self._gate.refusals.log(peer, method, reason, logged or problem)
+        core = self._gate.core
+        if count and core is not None:
+            fields: dict[str, object] = {"peer": peer_host(peer), "method": method}
+            fields.update(reason=reason, message=problem, count=count)
+            core.journal.emit(Record(Kind.REFUSED, fields))
+
+    def refused_relay(self, context: CallContext, method: str) -> RegistrationRefused | None:
+        """Why the relay that makes this call is refused (`relay_refusal`, under this job's
+        secret or none), counted and told as every refusal at the edge; None: it is not."""
+        found = relay_refusal(context, open_job=self._gate.open_job)
+        if found is None:
+            return None
+        refused, logged = found
+        self._tell_at_edge(context, method, "version", str(refused), logged)
+        return refused
 
     def _check_reader(self, context: grpc.aio.ServicerContext[Any, Any], method: str) -> None:
         """With a job secret, reading the job needs proof of it: a `cluster-read` proof (which

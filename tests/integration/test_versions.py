@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 import subprocess
 import time
@@ -34,6 +35,7 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
+from tests.credentials import read_metadata, secret_of
 from tests.integration.test_recovery import WORKER, run_scheduler, saved_state
 from tests.integration.test_standby import HOSTS, Schedulers
 from tests.procs import PYTHON, ROOT, Procs, job_env
@@ -62,11 +64,14 @@ def _job(stub: pb_grpc.SchedulerStub) -> tuple[object, ...]:
     return status.cluster_id, status.phase, status.generation, nodes
 
 
-def _forged(port: int) -> pb.RegisterRequest:
-    """Node 1's registration as this release's worker makes it, but naming release 9.9.9."""
+def _forged(
+    port: int, secret: bytes | None = None, challenge: tuple[bytes, str] = (b"", "")
+) -> pb.RegisterRequest:
+    """Node 1's registration as this release's worker makes it (with the job `secret`, its
+    proof of `challenge`), but naming release 9.9.9."""
     env = job_env(2, port, MS_ROLE="MS_WORKER")
     identity = NodeIdentity("1", new_incarnation(), "127.0.0.1", 1)
-    request = register_request(from_env(env), identity, "", None)
+    request = register_request(from_env(env), identity, "", secret, challenge=challenge)
     request.protocol_revision, request.cluster_version = NEWER, "9.9.9"
     return request
 
@@ -118,6 +123,52 @@ def test_a_node_of_another_revision_is_refused_and_the_job_goes_on(
     assert scheduler.wait(30) == 0, scheduler.output
 
 
+def _secret_file(tmp_path: Path) -> Path:
+    secret = tmp_path / "job.secret"
+    secret.write_text(secrets.token_hex(32))
+    secret.chmod(0o600)
+    return secret
+
+
+def test_with_a_job_secret_only_a_node_that_proves_it_learns_the_release(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """A registration of another revision from whoever reaches the port (a raw gRPC client: a
+    challenge is anyone's to ask) is told its own release and what to do, not this scheduler's,
+    which the scheduler's log names; one that proves the job secret is told both."""
+    port, secret = free_port(), _secret_file(tmp_path)
+    env = job_env(2, port, CLUSTER_JOB_SECRET_FILE=str(secret))
+    scheduler = processes.start("scheduler", [PYTHON, "-m", "cluster", "scheduler"], env)
+    scheduler.wait_for_output("listening on", 30)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+
+        def challenge() -> tuple[bytes, str]:
+            answer = stub.Challenge(pb.ChallengeRequest(), timeout=5)
+            return answer.challenge, answer.job_id
+
+        for forged in (_forged(port), _forged(port, b"another secret", challenge())):
+            refused = stub.Register(forged, timeout=5).refused
+            assert refused.reason == pb.REFUSAL_VERSION_MISMATCH
+            assert refused.message.startswith(
+                f"node '1' runs {THEIRS}, which this scheduler does not speak; it names its own "
+                "release only to a process that proves the job secret"
+            )
+            assert refused.message.endswith(ADVICE)
+            assert f"cluster {version.VERSION}" not in refused.message
+        # The scheduler's operator learns both (its first refusal of an address is logged).
+        scheduler.wait_for_output(f"but this scheduler runs {OURS}", 30)
+        (line,) = [line for line in scheduler.output.splitlines() if "refused node '1'" in line]
+        assert f"node '1' runs {THEIRS}, but this scheduler runs {OURS}: {ADVICE}" in line
+
+        proven = _forged(port, secret.read_text().encode(), challenge())
+        refused = stub.Register(proven, timeout=5).refused
+        assert refused.reason == pb.REFUSAL_VERSION_MISMATCH
+        assert (
+            refused.message == f"node '1' runs {THEIRS}, but this scheduler runs {OURS}: {ADVICE}"
+        )
+
+
 # `mscluster` of another release: run once `cluster.protocol.version` says so.
 ANOTHER_MSCLUSTER = ANOTHER_RELEASE.replace(
     "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')",
@@ -126,14 +177,17 @@ ANOTHER_MSCLUSTER = ANOTHER_RELEASE.replace(
 EXAMPLE = str(ROOT / "examples" / "allgather_check.py")
 
 
+@pytest.mark.parametrize("with_secret", [False, True], ids=["open", "job-secret"])
 def test_a_relay_of_another_revision_is_refused_and_its_workers_say_so(
-    processes: Procs, short_dir: Path
+    processes: Procs, short_dir: Path, tmp_path: Path, with_secret: bool
 ) -> None:
     """The relay's own calls name its release: the scheduler refuses its link, and each worker
-    behind it ends at its first contact with one line naming both releases. The job is
+    behind it ends at its first contact with one line naming both releases (with a job secret,
+    which a relay does not prove, only the relay's: the scheduler logs both). The job is
     unchanged, and the worker started without the relay joins it."""
     port = free_port()
-    env = job_env(1, port)
+    secret = {"CLUSTER_JOB_SECRET_FILE": str(_secret_file(tmp_path))} if with_secret else {}
+    env = job_env(1, port, **secret)
     scheduler = processes.start_role("scheduler", "MS_SCHED", [EXAMPLE], env)
     sock = short_dir / "relay.sock"
     relay = processes.start(
@@ -145,10 +199,19 @@ def test_a_relay_of_another_revision_is_refused_and_its_workers_say_so(
     assert behind.wait(30) == 1, behind.output
     assert "Traceback" not in behind.output
     (line,) = [line for line in behind.output.splitlines() if "RegistrationRefused" in line]
-    assert f"the relay of host 127.0.0.1 runs {THEIRS}, but this scheduler runs {OURS}" in line
+    both = f"the relay of host 127.0.0.1 runs {THEIRS}, but this scheduler runs {OURS}"
+    if with_secret:
+        assert f"the relay of host 127.0.0.1 runs {THEIRS}, which this scheduler does not" in line
+        assert f"cluster {version.VERSION}" not in line
+    else:
+        assert both in line
     assert line.endswith(ADVICE)
+    scheduler.wait_for_output(f"refused a HostWatch call from 127.0.0.1: {both}", 30)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        status = pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=5)
+        proof = read_metadata(channel, secret_of(env))
+        status = pb_grpc.SchedulerStub(channel).Status(
+            pb.StatusRequest(), metadata=proof, timeout=5
+        )
         assert (status.phase, list(status.nodes)) == (pb.PHASE_WAITING, [])
 
     direct = processes.start_role("worker", "MS_WORKER", [EXAMPLE], env)

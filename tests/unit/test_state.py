@@ -1378,11 +1378,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         index=st.integers(min_value=0, max_value=20),
         revision=st.sampled_from([PROTOCOL_REVISION + 1, PROTOCOL_REVISION + 7]),
         own=st.booleans(),
+        proven=st.booleans(),
     )
-    def other_revision_registers(self, index: int, revision: int, own: bool) -> None:
+    def other_revision_registers(self, index: int, revision: int, own: bool, proven: bool) -> None:
         """A node of another protocol revision is refused, naming both releases, and nothing
         changes: also a member's own process registering again (`own`: its credential, its
-        address, its proof of the secret; all of it but its revision would be taken)."""
+        address, its proof of the secret; all of it but its revision would be taken). With a
+        job secret, one that does not prove it (`proven` False) is told its own release only
+        (the scheduler logs both)."""
         picked = self._pick(index) if own else None
         if picked is not None:
             member = self.state.members[picked[0]]
@@ -1403,12 +1406,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             protocol_revision=revision,
             cluster_version="9.9.9",
         )
+        if not proven:
+            registration = dataclasses.replace(registration, proof=b"")
         before = _everything(self.state)
         outcome, effects = self.state.register(registration)
         assert isinstance(outcome, Refused), outcome
         assert outcome.reason is Refusal.VERSION_MISMATCH
+        ours = f"cluster {VERSION} (protocol revision {PROTOCOL_REVISION})"
+        told = proven or self.state.settings.job_secret is None
         assert f"cluster 9.9.9 (protocol revision {revision})" in outcome.message
-        assert f"cluster {VERSION} (protocol revision {PROTOCOL_REVISION})" in outcome.message
+        assert (ours in outcome.message) is told
+        assert ours in (outcome.logged or outcome.message)
         assert outcome.retry_after_s == 0
         assert effects == []
         assert _everything(self.state) == before

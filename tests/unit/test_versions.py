@@ -17,7 +17,7 @@ import cluster
 from cluster.protocol import auth, version
 from cluster.protocol.environment import from_env
 from cluster.protocol.errors import RegistrationRefused, SnapshotError
-from cluster.protocol.records import Refused
+from cluster.protocol.records import Refused, Registration
 from cluster.scheduler import convert
 from cluster.scheduler.machine.state import NodeRole, Phase, Refusal, SchedulerState
 from cluster.scheduler.servicer_edge import relay_refusal
@@ -80,15 +80,113 @@ def test_a_scheduler_of_a_later_revision_refuses_a_node_that_names_none() -> Non
     accept(state, reg(state, "0", protocol_revision=2, cluster_version="0.9.1"))
 
 
-def test_the_revision_is_looked_at_before_anything_else() -> None:
+def test_another_revision_is_refused_as_one_whatever_else_is_wrong() -> None:
     """What a node of another revision sends may mean something else: its proof of the job
-    secret, its counts and its job are not judged by this revision's rules."""
+    secret, its counts and its job are not judged by this revision's rules (its refusal says
+    the revision, not what those rules would find)."""
     state = ready_state(FakeClock(), ["0", "1"], job_secret=b"the secret")
     unproven = dataclasses.replace(reg(state, "7", worker_num=9, cluster_id="x"), proof=b"")
     refuse(state, dataclasses.replace(unproven, protocol_revision=2), Refusal.VERSION_MISMATCH)
     # The same registration of this revision is refused for what is wrong in it.
     assert isinstance(outcome := state.register(unproven)[0], Refused)
     assert outcome.reason is Refusal.NOT_A_MEMBER
+
+
+# This scheduler's release in the tests of what a node that did not prove the job secret learns:
+# a string no other part of a refusal names.
+HIDDEN = ("7.7.7+ours", version.PROTOCOL_REVISION)
+NEWER = version.PROTOCOL_REVISION + 1
+THEIRS = f"cluster 9.9.9 (protocol revision {NEWER})"
+TOLD = (
+    f"node '7' runs {THEIRS}, which this scheduler does not speak; it names its own release "
+    "only to a process that proves the job secret (CLUSTER_JOB_SECRET_FILE or "
+    "CLUSTER_JOB_SECRET), which this node did not (a process of another revision may make its "
+    "proof otherwise), and in its own log: start every process of the job (schedulers, relays, "
+    "workers) from the same version of cluster"
+)
+# The forgeries: what a registration of the next revision that does not prove the job secret
+# sends in place of what a member's process would.
+FORGERIES = ["no proof", "another secret", "another job", "no credential", "stale", "replay"]
+
+
+def _unproven(state: SchedulerState, clock: FakeClock, forgery: str) -> Registration:
+    """Node 7's registration of release 9.9.9, of the next revision, that does not prove the
+    job secret as `forgery` says."""
+    newer = reg(state, "7", protocol_revision=NEWER, cluster_version="9.9.9")
+    secret = state.settings.job_secret
+    assert secret is not None
+    if forgery == "stale":
+        clock.advance(auth.CHALLENGE_TTL_S + 5)
+        return newer
+    if forgery == "replay":
+        refuse(state, newer, Refusal.VERSION_MISMATCH)  # proven: told the release, once
+        return newer
+    forged = {
+        "no proof": {"proof": b""},
+        "another secret": {"proof": auth.prove(b"another secret", newer.message())},
+        "another job": {"job_id": "another-job"},
+        "no credential": {"credential_digest": b""},
+    }[forgery]
+    changed = dataclasses.replace(newer, **forged)  # type: ignore[arg-type]
+    if forgery == "another job":  # proven, for that job
+        changed = dataclasses.replace(changed, proof=auth.prove(secret, changed.message()))
+    return changed
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_a_node_that_does_not_prove_the_secret_is_not_told_the_release(forgery: str) -> None:
+    """Whoever reaches the port learns nothing of this scheduler from a registration of another
+    revision: it is told its own release and what to do; the scheduler's log names both."""
+    clock = FakeClock()
+    state = ready_state(clock, ["0", "1"], job_secret=b"the secret")
+    state.admission.runs = HIDDEN
+    refused = refuse(state, _unproven(state, clock, forgery), Refusal.VERSION_MISMATCH)
+    assert refused.message == TOLD
+    assert HIDDEN[0] not in refused.message
+    assert refused.logged == (
+        f"node '7' runs {THEIRS}, but this scheduler runs cluster 7.7.7+ours (protocol "
+        f"revision {version.PROTOCOL_REVISION}): start every process of the job (schedulers, "
+        "relays, workers) from the same version of cluster; told without this scheduler's "
+        "release: it names its own release only to a process that proves the job secret, "
+        "which this node did not (a process of another revision may make its proof otherwise)"
+    )
+    assert not refused.reason.transient
+
+
+def test_a_node_that_proves_the_secret_is_told_both_releases() -> None:
+    state = ready_state(FakeClock(), ["0", "1"], job_secret=b"the secret")
+    state.admission.runs = HIDDEN
+    newer = reg(state, "7", protocol_revision=NEWER, cluster_version="9.9.9")
+    refused = refuse(state, newer, Refusal.VERSION_MISMATCH)
+    assert refused.message == (
+        f"node '7' runs {THEIRS}, but this scheduler runs cluster 7.7.7+ours (protocol "
+        f"revision {version.PROTOCOL_REVISION}): start every process of the job (schedulers, "
+        "relays, workers) from the same version of cluster"
+    )
+    assert refused.logged == ""  # the log says what the node was told
+
+
+def test_in_an_open_job_any_node_is_told_both_releases() -> None:
+    """Without a job secret anyone may join: a node is told both, proof or none."""
+    state = make_state(FakeClock(), worker_num=2)
+    state.admission.runs = HIDDEN
+    newer = dataclasses.replace(
+        reg(state, "7", protocol_revision=NEWER, cluster_version="9.9.9"), credential_digest=b""
+    )
+    refused = refuse(state, newer, Refusal.VERSION_MISMATCH)
+    assert "but this scheduler runs cluster 7.7.7+ours" in refused.message
+    assert refused.logged == ""
+
+
+def test_a_node_of_this_revision_is_told_what_its_proof_lacks() -> None:
+    """The proof's own refusal, for a node of this revision: another secret is one."""
+    state = ready_state(FakeClock(), ["0", "1"], job_secret=b"the secret")
+    state.admission.runs = HIDDEN
+    same = reg(state, "7")
+    forged = dataclasses.replace(same, proof=auth.prove(b"another secret", same.message()))
+    refused = refuse(state, forged, Refusal.NOT_A_MEMBER)
+    assert "the node proved another secret" in refused.message
+    assert HIDDEN[0] not in refused.message
 
 
 def test_a_members_own_process_of_another_revision_changes_nothing() -> None:
@@ -250,13 +348,40 @@ def test_a_relay_of_another_revision_is_refused_and_its_workers_read_a_refusal()
     Watch the link carried reads as the end of its registration (not a failed collective)."""
     assert relay_refusal(_Call()) is None  # a relay from before stamps: revision 1
     assert relay_refusal(_Call(*relay.stamp())) is None
-    refused = relay_refusal(_Call((version.METADATA_KEY, "2 9.9.9\x1b")))
+    found = relay_refusal(_Call((version.METADATA_KEY, "2 9.9.9\x1b")))
+    assert found is not None
+    refused, logged = found
     assert isinstance(refused, RegistrationRefused)
-    assert str(refused) == (
-        "the relay of host 10.0.0.7 runs cluster 9.9.9\\x1b (protocol revision 2), but this "
-        f"scheduler runs {OURS}: start every process of the job (schedulers, relays, workers) "
-        "from the same version of cluster"
+    assert (
+        str(refused)
+        == logged
+        == (
+            "the relay of host 10.0.0.7 runs cluster 9.9.9\\x1b (protocol revision 2), but this "
+            f"scheduler runs {OURS}: start every process of the job (schedulers, relays, workers) "
+            "from the same version of cluster"
+        )
     )
     code, trailing = failures.status_of(refused)
     ended = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), "x")
     assert failures.failure_of(ended).kind is RegistrationRefused
+
+
+def test_a_relay_to_a_job_with_a_secret_is_not_told_the_release() -> None:
+    """A relay proves no job secret of its own: it is told its own release and what to do;
+    the scheduler's log names both."""
+    assert relay_refusal(_Call(*relay.stamp()), HIDDEN, open_job=False) is None
+    found = relay_refusal(_Call((version.METADATA_KEY, "2 9.9.9")), HIDDEN, open_job=False)
+    assert found is not None
+    refused, logged = found
+    assert str(refused) == (
+        "the relay of host 10.0.0.7 runs cluster 9.9.9 (protocol revision 2), which this "
+        "scheduler does not speak; it names its own release only to a process that proves the "
+        "job secret (CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET), which a relay does not "
+        "(each of its workers proves it for itself), and in its own log: start every process of "
+        "the job (schedulers, relays, workers) from the same version of cluster"
+    )
+    assert HIDDEN[0] not in str(refused)
+    assert logged.startswith(
+        "the relay of host 10.0.0.7 runs cluster 9.9.9 (protocol revision 2), but this "
+        f"scheduler runs cluster 7.7.7+ours (protocol revision {version.PROTOCOL_REVISION})"
+    )

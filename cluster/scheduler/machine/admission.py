@@ -9,9 +9,11 @@ against the phase, the generation and the other members. The answer is a `Denied
 refused call changes nothing.
 
 Who may join is decided here too (`check_registration`, `check_new`): the node's protocol
-revision first (`cluster.protocol.version`: what a node of another one sends may mean something
+revision (`cluster.protocol.version`: what a node of another one sends may mean something
 else), its credential and, with a job secret, its proof of the secret (a fresh challenge, a
-nonce never seen), the job it names, its counts and the room left for its role.
+nonce never seen), the job it names, its counts and the room left for its role. A node of
+another revision is refused as one, whatever else is wrong; with a job secret its proof is
+checked first, and only a node that proved the secret learns this scheduler's release from it.
 
 `Admission` is a part of `SchedulerState` (it reads the job through `JobView`) and owns what
 trust remembers: the nonces seen, the challenges issued, the read proofs accepted and each
@@ -54,6 +56,9 @@ BARRIER = "barrier"
 ALLGATHER = "allgather"
 BROADCAST = "broadcast"
 COLLECTIVE_OPS = (BARRIER, ALLGATHER, BROADCAST)
+# Why a node of another revision that did not prove the job secret is not told this
+# scheduler's release (`version.refusal`).
+_UNPROVEN = "which this node did not (a process of another revision may make its proof otherwise)"
 # A worker keeps a handful of checkpoints (keep_checkpoint_max); a report of more steps than
 # this is not a real one, and every step reported is held in the state and its saved file.
 MAX_REPORTED_CHECKPOINTS = 1024
@@ -309,8 +314,14 @@ class Admission:
 
     def check_registration(self, reg: Registration) -> Refused | None:
         """Whether `reg` may be looked at: its protocol revision, its credential and proof,
-        its job and counts."""
-        return self._check_version(reg) or self._check_proof(reg) or self._check_job(reg)
+        its job and counts. With a job secret the proof is checked first, then the revision:
+        a node of another revision is refused as one, whatever its proof's refusal (it may
+        make its proof otherwise), and told this scheduler's release only when it proved the
+        secret."""
+        if self.job.settings.job_secret is None:  # an open job: anyone may join it anyway
+            return self._check_version(reg) or self._check_proof(reg) or self._check_job(reg)
+        unproven = self._check_proof(reg)
+        return self._check_version(reg, proven=unproven is None) or unproven or self._check_job(reg)
 
     def registered(self, node_id: str, reg: Registration, *, again: bool) -> None:
         """`reg` was accepted. The same process registering again (after a cut, `again`) keeps
@@ -327,12 +338,19 @@ class Admission:
         a new one)."""
         self.call_windows.pop(node_id, None)
 
-    def _check_version(self, reg: Registration) -> Refused | None:
+    def _check_version(self, reg: Registration, *, proven: bool = True) -> Refused | None:
         """A node of this scheduler's protocol revision (one that says none speaks revision
-        1, `version.revision_of`), whatever its release."""
+        1, `version.revision_of`), whatever its release; one that has not `proven` the job
+        secret is not told this scheduler's release (the scheduler's log names it)."""
         revision = version.revision_of(reg.protocol_revision)
-        why = version.mismatch(f"node {reg.node_id!r}", reg.cluster_version, revision, self.runs)
-        return None if why is None else Refused(Refusal.VERSION_MISMATCH, why)
+        unproven = "" if proven else _UNPROVEN
+        lines = version.refusal(
+            f"node {reg.node_id!r}", reg.cluster_version, revision, self.runs, unproven=unproven
+        )
+        if lines is None:
+            return None
+        told, logged = lines
+        return Refused(Refusal.VERSION_MISMATCH, told, logged=logged if unproven else "")
 
     def _check_proof(self, reg: Registration) -> Refused | None:
         """The node's credential, and with a job secret its proof of the secret."""

@@ -44,6 +44,7 @@ from cluster.protocol.errors import (
     CorruptCheckpointError,
 )
 from cluster.protocol.peer_state import PREFIX_RE
+from cluster.protocol.put_back import put_back_by_discarding
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.checkpoint_lock import CheckpointLock, Seat
 from cluster.storage.served import ServedCheckpoints
@@ -311,18 +312,20 @@ class CheckpointManager:
 
     # -- what is on disk ---------------------------------------------------------------------
 
-    def discard_newer(self, step: int, put_back: int = 0) -> None:
+    def discard_newer(self, step: int, put_back: int | None = None) -> None:
         """Remove this rank's checkpoints newer than `step` and report what is left: after a
         rollback to `step` they belong to the abandoned run, and must not be named as a rollback
         step again before this rank's next save replaces them.
 
-        `put_back` (in a job): the generation whose rollback step `step` is, put back now (a
-        `TrainingLoop` says so): once the newer steps are gone, and only then, this worker's
-        reports say it (`runtime.resumed_in`), so the scheduler counts no list of the abandoned
-        run's steps for that generation (`RollbackPlanner.holdings`). The report is made, with
-        nothing removed too, when the scheduler's reports so far say another generation than
-        this worker reports from now. Nothing once the rank's files went to another process of
-        the job (`_displaced`)."""
+        `put_back` (in a job): the generation whose rollback step `step` is, put back now: once
+        the newer steps are gone, and only then, this worker's reports say it
+        (`runtime.resumed_in`), so the scheduler counts no list of the abandoned run's steps for
+        that generation (`RollbackPlanner.holdings`); a `TrainingLoop` says which. None (the
+        default: a rollback by hand) is the job's current generation when `step` is at or before
+        its rollback step (`cluster.get_rollback_step()`), else none, as 0 is. The report is
+        made, with nothing removed too, when the scheduler's reports so far say another
+        generation than this worker reports from now. Nothing once the rank's files went to
+        another process of the job (`_displaced`)."""
         self._begin()
         self._writes.writer.wait()
         # The reports under way go first, each saying the generation its list was taken in.
@@ -334,6 +337,9 @@ class CheckpointManager:
             if newer > step:
                 self._disk.remove(newer)
                 removed = True
+        if put_back is None and runtime.is_initialized():
+            topology = runtime.topology()
+            put_back = put_back_by_discarding(step, topology.generation, topology.rollback_step)
         if put_back:
             runtime.resumed_in(put_back)
         if removed or self._writes.told_another_generation():

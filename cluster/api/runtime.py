@@ -495,9 +495,9 @@ def report_memory_resume(generation: int, step: int, why: str, steps: list[int])
 
 
 def resumed_in(generation: int) -> None:
-    """This worker has put back the rollback step of `generation` (a TrainingLoop says so): its
-    checkpoint reports say it from now on, and until every worker does, the scheduler keeps
-    that step among those everyone must keep."""
+    """This worker has put back the rollback step of `generation` (`discard_newer` says so, for a
+    TrainingLoop or a rollback by hand): its checkpoint reports say it from now on, and until
+    every worker does, the scheduler keeps that step among those everyone must keep."""
     session().agent.resumed_in = generation
 
 

@@ -51,6 +51,7 @@ from cluster.protocol.errors import (
     ConfigError,
     PeerFailedError,
 )
+from cluster.protocol.put_back import first_start
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
@@ -209,7 +210,7 @@ class TrainingLoop:
         _loop_began = True
         topology = runtime.topology()
         self._generation = topology.generation
-        if topology.generation == 1 and topology.rollback_step == 0 and not runtime.is_rejoin():
+        if first_start(topology.generation, topology.rollback_step, runtime.is_rejoin()):
             self.memory.keep(0, self._get_state(), saved=False)
             runtime.resumed_in(topology.generation)
             return 0  # a first start: the state as constructed

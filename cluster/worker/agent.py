@@ -30,6 +30,7 @@ from cluster.protocol.config import ClusterConfig
 from cluster.protocol.environment import read_job_secret
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.exhaustive import assert_never
+from cluster.protocol.put_back import put_back_at_start
 from cluster.protocol.topology import Topology
 from cluster.transport import failures, membership
 from cluster.transport.channel import SchedulerProbe
@@ -239,6 +240,11 @@ class WorkerAgent:
             self._new_generation = asyncio.Event()
             self._peer_failed = asyncio.Event()
         if not self._ready.done():
+            if self.resumed_in is None:  # its first generation: what it has put back so far
+                topology = action.topology
+                self.resumed_in = put_back_at_start(
+                    topology.generation, topology.rollback_step, self.core.rejoined
+                )
             self._ready.set_result(action.topology)
 
     def _follow(self, address: str) -> None:
@@ -351,7 +357,8 @@ class WorkerAgent:
     @property
     def report_generation(self) -> int:
         """The generation a checkpoint report says now: the one whose rollback step this worker
-        put back, else the one it is in (0: none yet)."""
+        put back (`resumed_in`: from its first generation on, `put_back_at_start`, then each
+        put-back it makes, `runtime.resumed_in`), else the one it is in (0: none yet)."""
         return self.resumed_in or (0 if self.topology is None else self.topology.generation)
 
     async def report_checkpoints(

@@ -1,6 +1,7 @@
-"""What a worker's checkpoint reports say while its `TrainingLoop` puts back a generation's
-rollback step: the scheduler counts a list for the new generation only when it was taken after
-the steps of the abandoned run were discarded (`RollbackPlanner.holdings`)."""
+"""What a worker's checkpoint reports say while it puts back a generation's rollback step, with
+its `TrainingLoop` or by hand (`discard_newer`): the scheduler counts a list for the new
+generation only when it was taken after the steps of the abandoned run were discarded
+(`RollbackPlanner.holdings`). The rules are `cluster.protocol.put_back`'s."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cluster.api import peer_state, runtime, training, worker_metrics
 from cluster.api.checkpoint import CheckpointManager
 from cluster.api.checkpoint_config import CheckpointConfig
 from cluster.protocol import resume
+from cluster.protocol.put_back import put_back_at_start, put_back_by_discarding
 from cluster.storage import checkpoint_files
 
 WAIT_S = 30.0
@@ -132,3 +134,50 @@ def test_a_fresh_process_says_the_generation_before_until_it_puts_a_step_back(
     assert loop._start() == 1
     assert sent == [([1, 3], 1), ([1], 2)]
     ckpt.close()
+
+
+@pytest.mark.parametrize(
+    ("step", "put_back", "said"),
+    [(1, None, 2), (0, None, 2), (2, None, 1), (1, 0, 1), (2, 2, 2)],
+    ids=["the-rollback-step", "before-it", "past-it", "none-given", "given"],
+)
+def test_a_discard_by_hand_puts_the_generation_back_when_nothing_past_its_step_is_left(
+    tmp_path: Path,
+    job: tuple[SimpleNamespace, list[tuple[list[int], int]]],
+    step: int,
+    put_back: int | None,
+    said: int,
+) -> None:
+    """A worker that rolls back without a TrainingLoop, in generation 2 (rollback step 1),
+    calls `discard_newer(step)` with no generation: at or before the rollback step it puts
+    generation 2 back, and the list left says so; past it, a step of the run the job abandoned
+    may be left, and its reports still say the generation it had put back (1). A `put_back`
+    given wins, 0 included. (A worker that put back without a TrainingLoop never said so: its
+    reports said the generation it was in from the moment it heard it, the abandoned run's
+    steps included.)"""
+    session, sent = job
+    session.agent.resumed_in = 1  # as it took generation 2 (`resume.put_back_at_start`)
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=5))
+    for saved in (1, 2, 3):
+        ckpt.save(saved, {"w": np.full(2, saved)})
+    ckpt.flush()
+    sent.clear()
+    ckpt.discard_newer(step, put_back=put_back)
+    assert sent == [([s for s in (1, 2, 3) if s <= step], said)]
+    assert session.agent.resumed_in == said
+    ckpt.close()
+
+
+def test_a_process_has_put_back_its_first_generation_only_on_the_jobs_first_start() -> None:
+    """What a worker's reports say it put back when its process takes its first generation:
+    that one for the job's first start (generation 1 from step 0), else the one before (a
+    restarted worker, a promoted spare, a process of a job re-formed since)."""
+    assert put_back_at_start(1, 0, rejoined=False) == 1
+    assert put_back_at_start(3, 20, rejoined=True) == 2
+    assert put_back_at_start(4, 0, rejoined=False) == 3  # a spare promoted before any save
+
+
+def test_a_discard_puts_back_only_what_leaves_no_step_past_the_rollback_step() -> None:
+    assert put_back_by_discarding(20, 3, rollback_step=20) == 3
+    assert put_back_by_discarding(10, 3, rollback_step=20) == 3  # further back: none past 20
+    assert put_back_by_discarding(30, 3, rollback_step=20) == 0  # step 30 may be abandoned

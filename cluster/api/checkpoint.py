@@ -44,7 +44,7 @@ from cluster.protocol.errors import (
     CorruptCheckpointError,
 )
 from cluster.protocol.peer_state import PREFIX_RE
-from cluster.protocol.put_back import put_back_by_discarding
+from cluster.protocol.put_back import put_back_by_discarding, saved_before_put_back
 from cluster.storage import atomic, checkpoint_files, checkpoint_tree
 from cluster.storage.checkpoint_lock import CheckpointLock, Seat
 from cluster.storage.served import ServedCheckpoints
@@ -118,6 +118,7 @@ class CheckpointManager:
         self._offered = False
         self._lock: CheckpointLock | None = None
         self._said_displaced = False
+        self._said_not_put_back = 0  # the generation last said to be saved in before put back
         self._writes = WriteBehind(self)  # its writer's and reporter's threads, and their jobs
         self._place(chosen)
         self._serve_peers()
@@ -201,6 +202,7 @@ class CheckpointManager:
         start = time.perf_counter()
         self._begin()
         self._serve_peers()
+        self._check_put_back(step)
         path = self.path(step)
         encoded = checkpoint_tree.encode(state)  # a bad state is refused here, in the caller
         snapshot = self._pool.acquire()  # waits while one snapshot is written, one queued
@@ -220,6 +222,29 @@ class CheckpointManager:
         self._saves += 1
         self._pause_s += time.perf_counter() - start
         return path
+
+    def _check_put_back(self, step: int) -> None:
+        """Say once a generation that this worker saves `step` before it put back the
+        generation's rollback step (a rollback by hand without `discard_newer`): the scheduler
+        counts none of its steps past that step, so a failure rolls back to it again."""
+        topology = runtime.session().topology if runtime.is_initialized() else None
+        if topology is None:
+            return
+        generation, rollback_step = topology.generation, topology.rollback_step
+        reported = runtime.report_generation()
+        if self._said_not_put_back == generation or not saved_before_put_back(
+            step, generation, rollback_step, reported
+        ):
+            return
+        self._said_not_put_back = generation
+        line = (
+            f"saving step {step} of generation {generation}, whose rollback step is "
+            f"{rollback_step}, before this rank put that step back: the scheduler counts none "
+            f"of its steps past {rollback_step} until it does, so a failure rolls back to "
+            f"{rollback_step} again; after loading the rollback step, call "
+            f"discard_newer({rollback_step}) (TrainingLoop does)"
+        )
+        _tell(line)
 
     def flush(self) -> None:
         """Wait until every checkpoint saved so far is written and its steps reported (the
@@ -303,11 +328,7 @@ class CheckpointManager:
                 f"the checkpoints of prefix {self.prefix!r} in {self.directory} went to another "
                 f"process of this job ({holder}): this one writes nothing more there"
             )
-            say = _say()
-            if say is not None:
-                say(line)
-            else:
-                _log.warning("%s", line)
+            _tell(line)
         return True
 
     # -- what is on disk ---------------------------------------------------------------------
@@ -526,6 +547,15 @@ def _seat(rank: int) -> Seat | None:
 def _say() -> Callable[[str], None] | None:
     """The worker's own lines (`cluster[rank r]: ...`) in a job; None outside one (the log)."""
     return runtime.session().say if runtime.is_initialized() else None
+
+
+def _tell(line: str) -> None:
+    """Say `line` as the worker's own in a job, else log it as a warning."""
+    say = _say()
+    if say is not None:
+        say(line)
+    else:
+        _log.warning("%s", line)
 
 
 def _recovery_on() -> bool:

@@ -32,3 +32,10 @@ def put_back_by_discarding(step: int, generation: int, rollback_step: int) -> in
     before its rollback step (no step of a run the job abandoned is left), else none (0): a
     step past it may be one."""
     return generation if step <= rollback_step else 0
+
+
+def saved_before_put_back(step: int, generation: int, rollback_step: int, reported: int) -> bool:
+    """Whether a save of `step` in `generation` (rollback step `rollback_step`) comes before its
+    worker put that generation back (its reports say `reported`): the scheduler counts none of
+    its steps past the rollback step until it does (`put_back_by_discarding`)."""
+    return reported < generation and step > rollback_step

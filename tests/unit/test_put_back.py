@@ -17,7 +17,11 @@ from cluster.api import peer_state, runtime, training, worker_metrics
 from cluster.api.checkpoint import CheckpointManager
 from cluster.api.checkpoint_config import CheckpointConfig
 from cluster.protocol import resume
-from cluster.protocol.put_back import put_back_at_start, put_back_by_discarding
+from cluster.protocol.put_back import (
+    put_back_at_start,
+    put_back_by_discarding,
+    saved_before_put_back,
+)
 from cluster.storage import checkpoint_files
 
 WAIT_S = 30.0
@@ -181,3 +185,34 @@ def test_a_discard_puts_back_only_what_leaves_no_step_past_the_rollback_step() -
     assert put_back_by_discarding(20, 3, rollback_step=20) == 3
     assert put_back_by_discarding(10, 3, rollback_step=20) == 3  # further back: none past 20
     assert put_back_by_discarding(30, 3, rollback_step=20) == 0  # step 30 may be abandoned
+
+
+def test_a_save_before_the_generation_is_put_back_is_said_once_with_what_to_do(
+    tmp_path: Path, job: tuple[SimpleNamespace, list[tuple[list[int], int]]]
+) -> None:
+    """A worker that rolled back by hand to step 1 in generation 2 and saves past it without
+    `discard_newer` is told, once for the generation, that the scheduler counts none of its
+    steps past 1 and what to call; a save at or before the rollback step, or after the put-back,
+    says nothing."""
+    session, _ = job
+    lines: list[str] = []
+    session.say = lines.append
+    session.agent.resumed_in = 1  # as it took generation 2 (`put_back_at_start`)
+    ckpt = CheckpointManager(tmp_path, "p", CheckpointConfig(keep_checkpoint_max=5))
+    ckpt.save(1, {"w": np.full(2, 1)})
+    assert lines == []
+    for step in (2, 3):
+        ckpt.save(step, {"w": np.full(2, step)})
+    assert len(lines) == 1
+    assert "saving step 2 of generation 2" in lines[0]
+    assert "discard_newer(1)" in lines[0]
+    ckpt.discard_newer(1)
+    ckpt.save(2, {"w": np.full(2, 2)})
+    assert len(lines) == 1
+    ckpt.close()
+
+
+def test_only_a_save_past_the_rollback_step_before_the_put_back_is_early() -> None:
+    assert saved_before_put_back(30, 3, rollback_step=20, reported=2)
+    assert not saved_before_put_back(20, 3, rollback_step=20, reported=2)
+    assert not saved_before_put_back(30, 3, rollback_step=20, reported=3)

@@ -4,6 +4,8 @@ and the job ends.
 
 --kv-threads T: T threads each set one of two keys to 2 MiB again and again through
   cluster.kv_store() (the public API; inside its key-value share).
+--connections C (with --kv-threads T): T sets at once as above, over C connections of rank 0's
+  own to the scheduler instead of its one channel (each signed as rank 0).
 --beats N: N Heartbeat streams of rank 0, each beating as fast as it can (signed as rank 0).
 --reopens N: N loops of rank 0, each opening a Heartbeat stream, beating once, and opening
   another as soon as that one ends (superseded by another loop's, or refused), as fast as it can.
@@ -28,6 +30,7 @@ import grpc
 import cluster
 from cluster.api import runtime
 from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 MIB = 1024 * 1024
 BARRIERS = 20
@@ -59,6 +62,34 @@ def kv_flood(threads: int, seconds: float, seen: Seen) -> None:
         worker.start()
     for worker in workers:
         worker.join()
+
+
+async def _kv_connections(sets: int, connections: int, seconds: float, seen: Seen) -> None:
+    agent, value = runtime.session().agent, b"v" * (2 * MIB)
+    address = f"{os.environ['MS_SCHED_HOST']}:{os.environ['MS_SCHED_PORT']}"
+    end = time.monotonic() + seconds
+    # A channel argument of its own makes each channel open a connection of its own.
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("cluster.flood.connection", i)])
+        for i in range(connections)
+    ]
+
+    async def loop(i: int) -> None:
+        stub = pb_grpc.SchedulerStub(channels[i % connections])
+        request = pb.KvSetRequest(key=f"flood/{i % 2}", value=value)
+        while time.monotonic() < end:
+            try:
+                metadata = agent._signed("KvSet", request)
+                await stub.KvSet(request, metadata=metadata, timeout=seconds + 30)
+                seen.codes["OK"] += 1
+            except grpc.aio.AioRpcError as exc:
+                seen.error(exc.code().name, exc.details() or "")
+
+    try:
+        await asyncio.gather(*(loop(i) for i in range(sets)))
+    finally:
+        for channel in channels:
+            await channel.close()
 
 
 async def _beats(count: int, seconds: float, seen: Seen) -> None:
@@ -141,7 +172,11 @@ async def _reports(count: int, seconds: float, seen: Seen) -> None:
 
 
 def flood(args: Any, seen: Seen) -> None:
-    if args.kv_threads:
+    if args.kv_threads and args.connections:
+        runtime.session().call(
+            _kv_connections(args.kv_threads, args.connections, args.seconds, seen)
+        )
+    elif args.kv_threads:
         kv_flood(args.kv_threads, args.seconds, seen)
     elif args.beats:
         runtime.session().call(_beats(args.beats, args.seconds, seen))
@@ -155,6 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--kv-threads", type=int, default=0)
+    parser.add_argument("--connections", type=int, default=0)
     parser.add_argument("--beats", type=int, default=0)
     parser.add_argument("--reopens", type=int, default=0)
     parser.add_argument("--reports", type=int, default=0)

@@ -15,16 +15,31 @@ The attack of issue 24, against each system's server in the same run:
 Measured: the server's resident memory (VmRSS) before and after, and how much its files grew
 (cluster: events.jsonl and its output). Printed as a table.
 
+`--flood`: a member runs away instead (issue 25's runaway, with its own valid credential).
+- `cluster`: a recovered job of two workers of tests/integration/scripts/member_flood.py whose
+  rank 0 makes `--sets` key-value sets of 2 MiB at once, again and again for `--seconds`, over
+  its one channel (`--kv-threads`: threads calling cluster.kv_store()), and then 48 of them
+  over `--connections` of its own (48: its share of calls in a job of two, 64, less room for
+  its own barriers, which rank 1's need); rank 1 passes barriers meanwhile. The floor: the same
+  job with no flood.
+- `tcpstore`: `--sets` TCPStore clients each set one of two keys to 2 MiB again and again.
+Measured: the server's peak resident memory (VmHWM) at its start and once the flood is over,
+and the sets answered and refused.
+
 Usage: python benchmarks/outsider.py [--followers 50] [--count 8] [--mb 8]
        [--systems cluster,cluster-secret,tcpstore]
+       python benchmarks/outsider.py --flood [--sets 128] [--connections 8] [--seconds 4]
+       [--systems cluster,tcpstore]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -32,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +60,11 @@ HOST = "127.0.0.1"
 CALL_S = 10.0
 HOSTILE = "\x1b[2J\x1b]0;owned\x07\n2026-11-26 rank 0 finished\u202e"
 TCPSTORE_MAX_VALUE = 8 * 1024 * 1024
+MIB = 1024 * 1024
+SCRIPTS = Path(__file__).resolve().parent.parent / "tests" / "integration" / "scripts"
+FLOOD_SCRIPT = SCRIPTS / "member_flood.py"
+FLOOD_VALUE = 2 * MIB  # member_flood.py's values
+CONNECTION_SETS = 48
 TCPSTORE = """
 import sys, time, datetime
 import torch.distributed as dist
@@ -60,11 +81,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory (`field`: VmRSS now, VmHWM its peak so far), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 def wait_for(proc: subprocess.Popen[str], text: str, limit_s: float = 60.0) -> None:
@@ -118,16 +140,20 @@ def attack_cluster(port: int, args: argparse.Namespace) -> None:
             follower.cancel()
 
 
-def run_cluster(args: argparse.Namespace, tmp: Path, secret: bool) -> tuple[float, float, float]:
-    port, events = free_port(), tmp / f"events-{secret}.jsonl"
+def scheduler_env(port: int) -> dict[str, str]:
+    """The environment of a scheduler of a job of two on `port`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
-    env |= {
+    return env | {
         "MS_ROLE": "MS_SCHED",
         "MS_WORKER_NUM": "2",
         "MS_SCHED_HOST": HOST,
         "MS_SCHED_PORT": str(port),
-        "CLUSTER_EVENT_LOG": str(events),
     }
+
+
+def run_cluster(args: argparse.Namespace, tmp: Path, secret: bool) -> tuple[float, float, float]:
+    port, events = free_port(), tmp / f"events-{secret}.jsonl"
+    env = scheduler_env(port) | {"CLUSTER_EVENT_LOG": str(events)}
     if secret:
         path = tmp / "job.secret"
         path.write_text(secrets.token_hex(32))
@@ -177,13 +203,137 @@ def run_tcpstore(args: argparse.Namespace) -> tuple[float, float, float]:
     return before, after, 0.0
 
 
+Peaks = tuple[float, float, Counter[str]]
+
+
+def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peaks:
+    """A recovered job of member_flood.py whose rank 0 floods with the options `flood`: the
+    scheduler's peak memory at its start and once rank 0 flooded, and rank 0's codes."""
+    port = free_port()
+    env = scheduler_env(port) | {
+        "MS_TOPO_TIMEOUT": "60",
+        "MS_ENABLE_RECOVERY": "1",
+        "MS_RECOVERY_PATH": str(tmp / f"recovery-{port}"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    go, log = tmp / f"go-{port}", tmp / f"rank0-{port}.log"
+    script = [str(FLOOD_SCRIPT), "--seconds", str(args.seconds), *flood, "--go", str(go)]
+    with server([sys.executable, "-m", "cluster", "scheduler"], env, "listening on") as proc:
+        start = rss_mib(proc.pid, "VmHWM")
+        with log.open("w") as out:
+            workers = [
+                subprocess.Popen(
+                    [sys.executable, *script],
+                    env=env | {"MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank)},
+                    stdout=out if rank == 0 else subprocess.DEVNULL,
+                    stderr=subprocess.STDOUT,
+                )
+                for rank in (0, 1)
+            ]
+        try:
+            codes = flood_codes(log, workers[0])
+            peak = rss_mib(proc.pid, "VmHWM")
+        finally:
+            go.touch()
+            for worker in workers:
+                try:
+                    worker.wait(60)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+    return start, peak, codes
+
+
+def flood_codes(log: Path, worker: subprocess.Popen[bytes], limit_s: float = 120.0) -> Counter[str]:
+    """How rank 0's sets ended ("OK", or the error's kind), once it says so in `log`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        found = re.search(r"flood codes=(\{.*\})", log.read_text())
+        if found:
+            return Counter(ast.literal_eval(found.group(1)))
+        if worker.poll() is not None:
+            break
+        time.sleep(0.1)  # a benchmark's poll of a file, bounded by limit_s
+    raise RuntimeError(f"rank 0 did not say how its flood went:\n{log.read_text()[-3000:]}")
+
+
+def flood_tcpstore(args: argparse.Namespace) -> Peaks:
+    """`--sets` TCPStore clients setting 2 MiB values for `--seconds`: the server's peak memory
+    at its start and after, and how the sets ended."""
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    import torch.distributed as dist  # noqa: PLC0415 - after the log level; only for this row
+
+    port, value, codes = free_port(), b"v" * FLOOD_VALUE, Counter[str]()
+    argv = [sys.executable, "-c", TCPSTORE, str(port)]
+    timeout = datetime.timedelta(seconds=CALL_S * 6)
+    with server(argv, dict(os.environ), "listening") as proc:
+        start = rss_mib(proc.pid, "VmHWM")
+        # Connected one by one first: its one thread takes 128 at once slower than they wait.
+        stores = [
+            dist.TCPStore(HOST, port, is_master=False, timeout=timeout) for _ in range(args.sets)
+        ]
+        end = time.monotonic() + args.seconds
+
+        def sets(i: int) -> None:
+            while time.monotonic() < end:
+                try:
+                    stores[i].set(f"flood/{i % 2}", value)
+                    codes["OK"] += 1
+                except RuntimeError as exc:
+                    codes[type(exc).__name__] += 1
+
+        threads = [threading.Thread(target=sets, args=(i,)) for i in range(args.sets)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        peak = rss_mib(proc.pid, "VmHWM")
+    return start, peak, codes
+
+
+def run_floods(args: argparse.Namespace) -> None:
+    print(f"one member's sets of 2 MiB at once for {args.seconds:g} s")
+    header = f"{'peak at start':>13} {'peak':>9} {'grown':>9} {'sets':>6} {'refused':>8}"
+    print(f"{'system':34} {header}")
+    sets, connections = str(args.sets), str(args.connections)
+    rows: list[tuple[str, list[str] | None]] = [
+        ("cluster, no flood (the floor)", ["--kv-threads", "0"]),
+        (f"cluster, {sets} over 1 connection", ["--kv-threads", sets]),
+        (
+            f"cluster, {CONNECTION_SETS} over {connections} connections",
+            ["--kv-threads", str(CONNECTION_SETS), "--connections", connections],
+        ),
+    ]
+    systems = args.systems.split(",")
+    rows = [row for row in rows if "cluster" in systems]
+    if "tcpstore" in systems:
+        rows.append((f"tcpstore, {sets} clients", None))
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, flood in rows:
+            if flood is None:
+                start, peak, codes = flood_tcpstore(args)
+            else:
+                start, peak, codes = flood_cluster(args, Path(tmp), flood)
+            answered, refused = codes["OK"], codes.total() - codes["OK"]
+            print(
+                f"{label:34} {start:11.1f}MB {peak:7.1f}MB {peak - start:7.1f}MB "
+                f"{answered:6} {refused:8}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--followers", type=int, default=50)
     parser.add_argument("--count", type=int, default=8)
     parser.add_argument("--mb", type=int, default=8)
     parser.add_argument("--systems", default="cluster,cluster-secret,tcpstore")
+    parser.add_argument("--flood", action="store_true", help="a member runs away instead")
+    parser.add_argument("--sets", type=int, default=128)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args()
+    if args.flood:
+        run_floods(args)
+        return
     sent = 2 * args.count * args.mb
     print(
         f"{args.followers} idle followers, {2 * args.count} messages of {args.mb} MiB "

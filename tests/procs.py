@@ -2,9 +2,9 @@
 
 What is not only for tests (a free port, `wait_until`, a `Process` with its log) is the public
 `cluster.testing`; here are the test-only pieces: the environment of a job on this checkout, a
-private copy of a script, the processes running it, a group killed when the test ends, and
-`mscluster` as the job's operator runs it (with the job's secret file: a job with a secret shows
-Status and its events only to readers that prove it).
+private copy of a script, the processes running it, a group killed when the test ends, the
+command line of `mscluster run`, and `mscluster` as the job's operator runs it (with the job's
+secret file: a job with a secret shows Status and its events only to readers that prove it).
 """
 
 from __future__ import annotations
@@ -43,6 +43,28 @@ def job_env(worker_num: int, port: int, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def run_args(
+    *args: str | os.PathLike[str],
+    worker_num: int | str | None = None,
+    local_worker_num: int | str | None = None,
+    master_port: int | str | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+) -> list[str]:
+    """`mscluster run` with the usual flags that are given (`--worker-num`,
+    `--local-worker-num`, `--master-port`, `--log-dir`), then `args` as they are: other options,
+    the script and its arguments."""
+    flags = {
+        "--worker-num": worker_num,
+        "--local-worker-num": local_worker_num,
+        "--master-port": master_port,
+        "--log-dir": None if log_dir is None else os.fspath(log_dir),
+    }
+    given = [
+        word for flag, value in flags.items() if value is not None for word in (flag, str(value))
+    ]
+    return [*MSCLUSTER, "run", *given, *(os.fspath(arg) for arg in args)]
 
 
 def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

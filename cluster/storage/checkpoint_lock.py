@@ -28,7 +28,8 @@ outside any job, or named by an unreadable file (a file of another program; one 
 the holder was a line of JSON) keeps the wait and the refusal.
 
 A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
-once, so it never keeps the lock after the holder is gone; `exec` closes it too (O_CLOEXEC).
+once (`holder_lock.close_in_child`), so it never keeps the lock after the holder is gone; `exec`
+closes it too (O_CLOEXEC).
 Its copy of a holder's `CheckpointLock` holds nothing (`held` is False there): its `acquire`,
 before each save, load or listing through that manager, raises a CheckpointError naming the
 parent the lock belongs to, and it writes nothing into the lock file.
@@ -53,12 +54,10 @@ never kept: `holder_lock.try_lock` opens the path anew.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import socket
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -82,10 +81,6 @@ _POLL_S = 0.05
 # What `_take` found instead of the lock: no locks on this file system (said); an earlier
 # holder of the rank in this job, which this manager goes on without.
 _Missed = Literal["unavailable", "behind"]
-
-_registry_lock = threading.Lock()
-# The lock files this process holds, (device, inode) -> descriptor.
-_held: dict[tuple[int, int], int] = {}
 
 
 @frozen
@@ -145,7 +140,7 @@ class CheckpointLock:
     def __init__(self, directory: Path, prefix: str) -> None:
         self.path = directory / lock_name(prefix)
         self.prefix = prefix
-        self._finalizer: weakref.finalize[[int, tuple[int, int], int], CheckpointLock] | None = None
+        self._finalizer: weakref.finalize[[int, int], CheckpointLock] | None = None
         self._fd: int | None = None  # the held lock's descriptor
         self._pid = 0  # the process that took it (a child forked since holds nothing)
         self._seat: Seat | None = None  # as the file says it, while held or behind
@@ -196,7 +191,7 @@ class CheckpointLock:
         except BaseException:
             os.close(fd)
             raise
-        if isinstance(taken, str):
+        if taken is not None:
             os.close(fd)
             self._seat, self.behind = (seat, True) if taken == "behind" else (None, False)
             return
@@ -209,7 +204,7 @@ class CheckpointLock:
         _write_holder(fd, seat)
         self._fd, self._seat, self.behind, self._pid = fd, seat, False, os.getpid()
         # Released by `release`, or when this object is dropped; the process's end does it too.
-        self._finalizer = weakref.finalize(self, _let_go, fd, taken, os.getpid())
+        self._finalizer = weakref.finalize(self, _let_go, fd, os.getpid())
         self._finalizer.atexit = False
 
     def release(self) -> None:
@@ -263,13 +258,11 @@ class CheckpointLock:
             f"job's user write {self.path.parent}"
         )
 
-    def _take(
-        self, fd: int, wait_s: float, seat: Seat | None, lost: bool
-    ) -> tuple[int, int] | _Missed:
+    def _take(self, fd: int, wait_s: float, seat: Seat | None, lost: bool) -> _Missed | None:
         """Lock `fd` (the file that `path` names: `holder_lock.try_lock` opens it anew onto `fd`
         when it was removed or replaced before it was locked), waiting up to `wait_s` for
-        another process; its (device, inode). `lost`: this manager's own file was removed or
-        replaced while it held it (a refusal says so). Or
+        another process; None once held (a forked child closes its copy of `fd`). `lost`: this
+        manager's own file was removed or replaced while it held it (a refusal says so). Or
         "unavailable" when this file system has no locks (said); or "behind" when an earlier
         holder of this rank in this job holds it (after SUCCESSOR_WAIT_S, at once when behind
         it already; said once), or when the file names this process's own claim or a process
@@ -288,11 +281,9 @@ class CheckpointLock:
             info = os.fstat(fd)  # of the file that `path` named when it was locked
             key = (info.st_dev, info.st_ino)
             if found is None:
-                with _registry_lock:
-                    _held[key] = fd
-                return key
-            with _registry_lock:
-                ours = key in _held
+                holder_lock.close_in_child(fd, key)
+                return None
+            ours = holder_lock.held_here(key)
             if ours:
                 raise CheckpointError(self._refusal(None, ours, wait_s, lost))
             holder = _holder(found)
@@ -432,24 +423,7 @@ def _write_holder(fd: int, seat: Seat | None) -> None:
     holder_lock.write_holder(fd, **fields)
 
 
-def _let_go(fd: int, key: tuple[int, int], pid: int) -> None:
+def _let_go(fd: int, pid: int) -> None:
     if os.getpid() != pid:
         return  # a forked child: its copy was closed at the fork
-    with _registry_lock:
-        _held.pop(key, None)
-    os.close(fd)  # the lock goes with the last descriptor of it
-
-
-def _close_in_child() -> None:
-    """In a child forked by a holder: close the copies of the locks' descriptors, so that the
-    child never keeps a lock after the holder is gone. The registry's lock is made anew: a
-    thread of the parent that held it at the fork does not run in the child to release it."""
-    global _registry_lock
-    _registry_lock = threading.Lock()
-    for fd in _held.values():
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _held.clear()
-
-
-os.register_at_fork(after_in_child=_close_in_child)
+    holder_lock.let_go(fd)  # the lock goes with the last descriptor of it

@@ -40,6 +40,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -294,8 +295,7 @@ class Hold:
     own words and decides what follows. One that another holds is tried again at each later
     `keep`; one that cannot be locked too with `retry`, without it the holder goes on without
     the lock (`keep` has nothing more to say). With `fork_safe`, a child this process forks
-    closes its copy of the descriptor at once: a `flock` is the open file's, which a fork
-    shares, and the lock then goes with this process alone."""
+    closes its copy of the descriptor at once (`close_in_child`)."""
 
     def __init__(
         self,
@@ -322,7 +322,7 @@ class Hold:
         if holder is None:
             self.fd = fd
             if self._fork_safe:
-                _closed_in_child.add(fd)
+                close_in_child(fd)
         return holder
 
     def open_and_lock(self) -> dict[str, object] | None:
@@ -362,18 +362,46 @@ class Hold:
     def _close(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
-            _closed_in_child.discard(fd)
-            os.close(fd)  # the lock goes with it
+            let_go(fd)
 
 
-# The descriptors of the `fork_safe` holds of this process, closed in a child it forks.
-_closed_in_child: set[int] = set()
+_registry_lock = threading.Lock()
+# The descriptors of this process's locks that a child it forks closes (`close_in_child`), each
+# with the (device, inode) of the file it locks where its holder gave it.
+_closed_in_child: dict[int, tuple[int, int] | None] = {}
+
+
+def close_in_child(fd: int, file: tuple[int, int] | None = None) -> None:
+    """Have a child this process forks close its copy of `fd`, the descriptor of a lock this
+    process holds, at once (`exec` closes it too: O_CLOEXEC): a `flock` is the open file's,
+    which a fork shares, and the lock then goes with this process alone. `file`: the (device,
+    inode) it locks, which `held_here` answers for. Until `let_go(fd)`."""
+    with _registry_lock:
+        _closed_in_child[fd] = file
+
+
+def let_go(fd: int) -> None:
+    """Close `fd`, the descriptor of a lock this process holds (the lock goes with it), and
+    forget it (`close_in_child`)."""
+    with _registry_lock:
+        _closed_in_child.pop(fd, None)
+    os.close(fd)
+
+
+def held_here(file: tuple[int, int]) -> bool:
+    """Whether this process holds the lock of `file` (device, inode) through a descriptor a
+    child closes (`close_in_child` given `file`)."""
+    with _registry_lock:
+        return file in _closed_in_child.values()
 
 
 def _close_in_child() -> None:
-    """In a child forked by a holder: close its copies of the `fork_safe` locks' descriptors
-    (the lock stays with the parent's), so that no child keeps a lock after its holder is
-    gone."""
+    """In a child forked by a holder: close its copies of the descriptors `close_in_child`
+    named (the lock stays with the parent's), so that no child keeps a lock after its holder
+    is gone; the child holds none. The registry's lock is made anew: a thread of the parent
+    that held it at the fork does not run in the child to release it."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
     for fd in _closed_in_child:
         with contextlib.suppress(OSError):
             os.close(fd)

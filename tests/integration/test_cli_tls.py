@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from cluster.testing import free_port
-from tests.procs import MSCLUSTER, ROOT, Procs, certs, mscluster
+from tests.procs import MSCLUSTER, ROOT, Procs, certs, mscluster, run_args
 
 EXAMPLE = str(ROOT / "examples" / "allgather_check.py")
 
@@ -19,25 +19,11 @@ def test_certs_then_a_tls_job_through_the_launcher(tmp_path: Path) -> None:
     made = certs(tmp_path / "pki")
     assert made.returncode == 0, made.stderr
     assert f"--tls-config {tmp_path / 'pki' / 'ssl.json'}" in made.stdout
-    result = subprocess.run(
-        [
-            *MSCLUSTER,
-            "run",
-            "--worker-num",
-            "4",
-            "--master-port",
-            str(free_port()),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--tls-config",
-            str(tmp_path / "pki" / "ssl.json"),
-            EXAMPLE,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
+    ssl_json, logs = tmp_path / "pki" / "ssl.json", tmp_path / "logs"
+    args = run_args(
+        "--tls-config", ssl_json, EXAMPLE, worker_num=4, master_port=free_port(), log_dir=logs
     )
+    result = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False)
     assert result.returncode == 0, result.stderr
     for i in range(4):
         log = (tmp_path / "logs" / f"worker_{i}.log").read_text()
@@ -53,26 +39,9 @@ def test_cluster_tls_config_alone_is_the_launchers_tls_config(tmp_path: Path) ->
     line counts the registered workers, where it said "scheduler not answering")."""
     assert certs(tmp_path / "pki").returncode == 0
     env = {**os.environ, "CLUSTER_TLS_CONFIG": str(tmp_path / "pki" / "ssl.json")}
-    result = subprocess.run(
-        [
-            *MSCLUSTER,
-            "run",
-            "--worker-num",
-            "2",
-            "--master-port",
-            str(free_port()),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            EXAMPLE,
-            "--hold",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-        env=env,
-    )
+    logs = tmp_path / "logs"
+    args = run_args(EXAMPLE, "--hold", "3", worker_num=2, master_port=free_port(), log_dir=logs)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=90, check=False, env=env)
     assert result.returncode == 0, result.stderr
     assert "2/2 registered" in result.stdout + result.stderr, result.stdout + result.stderr
 
@@ -110,26 +79,9 @@ def test_certs_force_replaces_secrets_owner_only_never_writing_through_a_link(
 def test_status_of_a_tls_job(processes: Procs, tmp_path: Path) -> None:
     assert certs(tmp_path / "pki").returncode == 0
     ssl_json = str(tmp_path / "pki" / "ssl.json")
-    port = free_port()
-    run = processes.start(
-        "run",
-        [
-            *MSCLUSTER,
-            "run",
-            "--worker-num",
-            "2",
-            "--master-port",
-            str(port),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--tls-config",
-            ssl_json,
-            EXAMPLE,
-            "--hold",
-            "60",
-        ],
-        os.environ,
-    )
+    port, logs = free_port(), tmp_path / "logs"
+    args = run_args("--tls-config", ssl_json, EXAMPLE, worker_num=2, master_port=port, log_dir=logs)
+    run = processes.start("run", [*args, "--hold", "60"], os.environ)
     run.wait_for_output("2/2 registered (ready)", 60)  # the launcher polls over TLS
     addr = f"127.0.0.1:{port}"
     # The job has a secret (the launcher made one); the client certificate admits this reader,

@@ -15,7 +15,7 @@ import pytest
 from cluster.testing import free_port, wait_until
 from cluster.tools.processes import alive
 from cluster.tools.testing import LocalJob
-from tests.procs import MSCLUSTER, Procs
+from tests.procs import Procs, run_args
 
 # Every worker starts a helper in its own process group (a child's default) and notes its pid;
 # rank 1 then exits 3, which fails the job, leaving its helper behind in its group.
@@ -58,10 +58,8 @@ def test_the_launcher_stops_the_helper_of_a_worker_that_exited(
 ) -> None:
     script = tmp_path / "helper.py"
     script.write_text(LEAVES_A_HELPER)
-    args = [*MSCLUSTER, "run", "--worker-num", "2", "--master-port", str(free_port())]
-    run = processes.start(
-        "run", [*args, "--log-dir", str(tmp_path / "logs"), str(script), str(noted)], os.environ
-    )
+    args = run_args(script, noted, worker_num=2, master_port=free_port(), log_dir=tmp_path / "logs")
+    run = processes.start("run", args, os.environ)
     pids = helpers(noted, 2)
     assert run.wait(60) == 1, run.output
     assert "worker 1 (rank 1, node id '1') exited with code 3" in run.output, run.output

@@ -37,9 +37,8 @@ from cluster.transport import certs
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.credentials import read_metadata, secret_of
-from tests.integration.test_launcher import run_args
 from tests.integration.test_tls import pem_bytes
-from tests.procs import PYTHON, ROOT, Procs, job_env
+from tests.procs import PYTHON, ROOT, Procs, job_env, run_args
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 TARGET = SCRIPTS / "hostile_target.py"
@@ -417,12 +416,13 @@ def test_slot_squatting_against_mscluster_run_fails(
     tls_args = ["--tls-config", str(pki.ssl_json)] if tls else []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
     try:
-        args = run_args(tmp_path, TARGET, port, "--worker-num", "2", "--cluster-time-out", "60")
-        run = processes.start(
-            "run",
-            [*args[:-1], *tls_args, *args[-1:], str(go)],
-            env,
+        args = run_args(
+            *("--cluster-time-out", "60", *tls_args, TARGET, go),
+            worker_num=2,
+            master_port=port,
+            log_dir=tmp_path / "logs",
         )
+        run = processes.start("run", args, env)
         refused = "REFUSAL_NOT_A_MEMBER"
         wait_until(lambda: all(refused in g for g in got), START_S, "both squatters refused")
         go.touch()

@@ -11,7 +11,7 @@ from pathlib import Path
 from cluster.testing import free_port, wait_until
 from cluster.tools.processes import alive, launched_pids
 from tests.netns import two_hosts
-from tests.procs import MSCLUSTER, Procs, private_copy, processes_running
+from tests.procs import Procs, private_copy, processes_running, run_args
 
 
 def test_a_launcher_run_again_on_its_host_gets_its_workers_back_into_the_job(
@@ -27,16 +27,18 @@ def test_a_launcher_run_again_on_its_host_gets_its_workers_back_into_the_job(
     env = {**os.environ, "CLUSTER_JOB_SECRET_FILE": str(secret)}
     with two_hosts() as (a, b):
 
-        def run_args(name: str) -> list[str]:
-            return [
-                *MSCLUSTER,
-                *("run", "--worker-num", "2", "--local-worker-num", "1", "--enable-recovery"),
-                *("--master-addr", a.ip, "--master-port", str(port), "--node-timeout", "2"),
-                *("--log-dir", str(tmp_path / name), str(script), "--hold", "12"),
-            ]
+        def launcher(name: str) -> list[str]:
+            return run_args(
+                *("--enable-recovery", "--master-addr", a.ip, "--node-timeout", "2"),
+                *(script, "--hold", "12"),
+                worker_num=2,
+                local_worker_num=1,
+                master_port=port,
+                log_dir=tmp_path / name,
+            )
 
-        first = processes.start("a", a.command(run_args("a")), env, tmp_path)
-        host_b = processes.start("b", b.command(run_args("b")), env, tmp_path)
+        first = processes.start("a", a.command(launcher("a")), env, tmp_path)
+        host_b = processes.start("b", b.command(launcher("b")), env, tmp_path)
         first.wait_for_output("2/2 registered (ready)", 30)
         everyone = list(launched_pids(tmp_path / "b").values())
         for pid in everyone:  # host b's launcher and worker, as a reboot ends them
@@ -44,7 +46,7 @@ def test_a_launcher_run_again_on_its_host_gets_its_workers_back_into_the_job(
         host_b.wait(10)
         wait_until(lambda: not any(alive(pid) for pid in everyone), 10, "host b's part gone")
 
-        again = processes.start("b-again", b.command(run_args("b")), env, tmp_path)
+        again = processes.start("b-again", b.command(launcher("b")), env, tmp_path)
         assert again.wait(60) == 0, again.output
         assert first.wait(60) == 0, first.output
     assert "rejoined rank=1 size=2" in (tmp_path / "b" / "worker_0.log").read_text()

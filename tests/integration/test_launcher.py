@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pty
@@ -26,31 +27,19 @@ from tests.procs import (
     mscluster,
     private_copy,
     processes_running,
+    run_args,
 )
 
 EXAMPLE = ROOT / "examples" / "allgather_check.py"
 
 
-def run_args(tmp_path: Path, script: Path, port: int, *extra: str) -> list[str]:
-    return [
-        *MSCLUSTER,
-        "run",
-        "--master-port",
-        str(port),
-        "--log-dir",
-        str(tmp_path / "logs"),
-        *extra,
-        str(script),
-    ]
-
-
 def test_run_four_workers_writes_the_logs(tmp_path: Path) -> None:
     script = private_copy(tmp_path)
     port = free_port()
-    args = run_args(tmp_path, script, port, "--worker-num", "4", "--local-worker-num", "4")
+    logs = tmp_path / "logs"
+    args = run_args(script, worker_num=4, local_worker_num=4, master_port=port, log_dir=logs)
     result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    logs = tmp_path / "logs"
     assert sorted(p.name for p in logs.iterdir()) == [
         "events.jsonl",  # the scheduler's event log
         "events.jsonl.lock",  # held by the scheduler that writes it: one at a time
@@ -96,9 +85,8 @@ def test_a_worker_dying_of_an_error_is_named_with_the_error(
         "    raise RuntimeError('NCCL error: Duplicate GPU detected\\nLast error: more')\n"
         "cluster.barrier()\n"
     )
-    run = processes.start(
-        "run", run_args(tmp_path, script, free_port(), "--worker-num", "2"), os.environ
-    )
+    args = run_args(script, worker_num=2, master_port=free_port(), log_dir=tmp_path / "logs")
+    run = processes.start("run", args, os.environ)
     assert run.wait(60) == 1, run.output
     assert (
         "worker 1 (rank 1, node id '1') exited with code 1: RuntimeError: NCCL error: Duplicate "
@@ -117,10 +105,9 @@ def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
 ) -> None:
     script = private_copy(tmp_path)
     port = free_port()
-    run = processes.start(
-        "run", [*run_args(tmp_path, script, port, "--worker-num", "4"), "--hold", "60"], os.environ
-    )
     logs = tmp_path / "logs"
+    args = run_args(script, "--hold", "60", worker_num=4, master_port=port, log_dir=logs)
+    run = processes.start("run", args, os.environ)
     wait_until(
         lambda: (
             all(
@@ -152,11 +139,9 @@ def test_sigkill_of_a_worker_fails_the_run_naming_the_rank(
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_every_process(processes: Procs, tmp_path: Path, sig: int, code: int) -> None:
-    script = private_copy(tmp_path)
-    port = free_port()
-    run = processes.start(
-        "run", [*run_args(tmp_path, script, port, "--worker-num", "3"), "--hold", "60"], os.environ
-    )
+    script, logs = private_copy(tmp_path), tmp_path / "logs"
+    args = run_args(script, "--hold", "60", worker_num=3, master_port=free_port(), log_dir=logs)
+    run = processes.start("run", args, os.environ)
     run.wait_for_output("3/3 registered (ready)", 30)
     run.popen.send_signal(sig)
     assert run.wait(10) == code, run.output
@@ -165,8 +150,8 @@ def test_signal_stops_every_process(processes: Procs, tmp_path: Path, sig: int, 
 
 
 def test_join_streams_output_prefixed_by_rank(tmp_path: Path) -> None:
-    script = private_copy(tmp_path)
-    args = run_args(tmp_path, script, free_port(), "--worker-num", "2", "--join")
+    script, logs = private_copy(tmp_path), tmp_path / "logs"
+    args = run_args("--join", script, worker_num=2, master_port=free_port(), log_dir=logs)
     result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert "[rank 0] allgather rank=0 size=2 result=[0, 1]" in result.stderr
@@ -179,8 +164,10 @@ def test_with_recovery_its_killed_scheduler_is_started_again_by_default(
 ) -> None:
     """No --max-restarts: with recovery on, a scheduler killed once is started again and the
     job goes on (without recovery the default stays 0)."""
-    script = private_copy(tmp_path)
-    args = run_args(tmp_path, script, free_port(), "--worker-num", "2", "--enable-recovery")
+    script, logs = private_copy(tmp_path), tmp_path / "logs"
+    args = run_args(
+        "--enable-recovery", script, worker_num=2, master_port=free_port(), log_dir=logs
+    )
     run = processes.start("run", [*args, "--hold", "6"], {**os.environ, "MS_NODE_TIMEOUT": "5"})
     run.wait_for_output("2/2 registered (ready)", 30)
     os.kill(launched(tmp_path / "logs", "scheduler"), signal.SIGKILL)
@@ -225,20 +212,11 @@ def test_two_invocations_form_one_job(
         secret.write_text("a secret both hosts hold\n")
         secret.chmod(0o600)
         env["CLUSTER_JOB_SECRET_FILE"] = str(secret)
-    common = ["--worker-num", "4", "--local-worker-num", "2", "--master-port", str(port)]
+    node_args = functools.partial(run_args, worker_num=4, local_worker_num=2, master_port=port)
     runs = [
         processes.start(
             f"node{rank}",
-            [
-                *MSCLUSTER,
-                "run",
-                *common,
-                "--node-rank",
-                str(rank),
-                "--log-dir",
-                str(tmp_path / f"node{rank}"),
-                str(script),
-            ],
+            node_args("--node-rank", str(rank), script, log_dir=tmp_path / f"node{rank}"),
             env,
         )
         for rank in (0, 1)
@@ -286,8 +264,9 @@ def test_max_restarts_restarts_a_worker_that_failed_before_the_job_formed(
     script = tmp_path / "job" / "flaky.py"
     script.parent.mkdir()
     script.write_text(FLAKY)
+    logs = tmp_path / "logs"
     args = run_args(
-        tmp_path, script, free_port(), "--worker-num", "2", "--max-restarts", str(restarts)
+        "--max-restarts", str(restarts), script, worker_num=2, master_port=free_port(), log_dir=logs
     )
     env = {**os.environ, "FLAKY_DIR": str(tmp_path)}
     result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
@@ -308,16 +287,11 @@ def test_max_restarts_restarts_a_worker_that_failed_before_the_job_formed(
 def test_no_restart_once_the_job_has_failed_without_recovery(
     processes: Procs, tmp_path: Path
 ) -> None:
-    script = private_copy(tmp_path)
-    run = processes.start(
-        "run",
-        [
-            *run_args(tmp_path, script, free_port(), "--worker-num", "2", "--max-restarts", "2"),
-            "--hold",
-            "60",
-        ],
-        os.environ,
+    script, logs = private_copy(tmp_path), tmp_path / "logs"
+    args = run_args(
+        "--max-restarts", "2", script, worker_num=2, master_port=free_port(), log_dir=logs
     )
+    run = processes.start("run", [*args, "--hold", "60"], os.environ)
     run.wait_for_output("2/2 registered (ready)", 30)
     os.kill(launched(tmp_path / "logs", "worker_0"), signal.SIGKILL)
     assert run.wait(15) == 1, run.output
@@ -347,7 +321,7 @@ def test_bad_run_options_are_one_clear_line(
     tmp_path: Path, extra: list[str], expected: str
 ) -> None:
     script = private_copy(tmp_path)
-    args = run_args(tmp_path, script, free_port(), *extra)
+    args = run_args(*extra, script, master_port=free_port(), log_dir=tmp_path / "logs")
     result = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -382,8 +356,11 @@ def test_bad_job_settings_are_refused_before_anything_starts(
     script = private_copy(tmp_path)
     (tmp_path / "file").write_text("a file where a directory would go")
     extra = [arg.replace("{file}", str(tmp_path / "file")) for arg in extra]
+    logs = tmp_path / "logs"
     for dry_run in (["--dry-run"], []):
-        args = run_args(tmp_path, script, free_port(), "--worker-num", "2", *extra, *dry_run)
+        args = run_args(
+            *extra, *dry_run, script, worker_num=2, master_port=free_port(), log_dir=logs
+        )
         result = subprocess.run(
             args, env={**os.environ, **env}, capture_output=True, text=True, timeout=30, check=False
         )
@@ -414,7 +391,7 @@ def test_a_bad_job_secret_is_one_clear_line(
             path.chmod(0o644)
         value = str(path)
     result = subprocess.run(
-        run_args(tmp_path, script, free_port()),
+        run_args(script, master_port=free_port(), log_dir=tmp_path / "logs"),
         env={**os.environ, variable: value},
         capture_output=True,
         text=True,
@@ -431,7 +408,7 @@ def test_a_bad_job_secret_is_one_clear_line(
 
 def test_missing_script_is_one_clear_line(tmp_path: Path) -> None:
     result = subprocess.run(
-        run_args(tmp_path, tmp_path / "nope.py", free_port()),
+        run_args(tmp_path / "nope.py", master_port=free_port(), log_dir=tmp_path / "logs"),
         capture_output=True,
         text=True,
         timeout=30,
@@ -447,7 +424,10 @@ def test_missing_script_is_one_clear_line(tmp_path: Path) -> None:
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     script = private_copy(tmp_path)
     port = free_port()
-    args = run_args(tmp_path, script, port, "--dry-run", "--worker-num", "3", "--enable-recovery")
+    logs = tmp_path / "logs"
+    args = run_args(
+        "--dry-run", "--enable-recovery", script, worker_num=3, master_port=port, log_dir=logs
+    )
     env = {**os.environ, "CLUSTER_JOB_SECRET": "hunter2", "MS_ROLE": "MS_SCHED"}
     result = subprocess.run(
         [*args, "--hold", "5"],
@@ -489,7 +469,7 @@ def test_port_in_use_is_one_clear_line(processes: Procs, tmp_path: Path) -> None
     holder.wait_for_output("listening on", 20)
     script = private_copy(tmp_path)
     result = subprocess.run(
-        run_args(tmp_path, script, port, "--worker-num", "1"),
+        run_args(script, worker_num=1, master_port=port, log_dir=tmp_path / "logs"),
         capture_output=True,
         text=True,
         timeout=30,
@@ -503,11 +483,9 @@ def test_port_in_use_is_one_clear_line(processes: Procs, tmp_path: Path) -> None
 
 
 def test_status_lists_every_worker(processes: Procs, tmp_path: Path) -> None:
-    script = private_copy(tmp_path)
-    port = free_port()
-    run = processes.start(
-        "run", [*run_args(tmp_path, script, port, "--worker-num", "3"), "--hold", "60"], os.environ
-    )
+    script, logs, port = private_copy(tmp_path), tmp_path / "logs", free_port()
+    args = run_args(script, "--hold", "60", worker_num=3, master_port=port, log_dir=logs)
+    run = processes.start("run", args, os.environ)
     run.wait_for_output("3/3 registered (ready)", 30)
     secret_file = tmp_path / "logs" / "job.secret"
     shown = mscluster("status", "--addr", f"127.0.0.1:{port}", secret_file=secret_file)
@@ -536,13 +514,11 @@ def test_status_and_events_find_the_launchers_secret_or_say_what_to_pass(
     """A launched job has a secret, and shows itself only to readers that prove it: `mscluster
     status` and `events --addr` find it in --secret-file, --log-dir, CLUSTER_JOB_SECRET_FILE,
     or logs/ of the working directory (the launcher's default); without it, one line."""
-    script = private_copy(tmp_path)
-    port = free_port()
-    run = processes.start(
-        "run", [*run_args(tmp_path, script, port, "--worker-num", "2"), "--hold", "60"], os.environ
-    )
+    script, logs, port = private_copy(tmp_path), tmp_path / "logs", free_port()
+    args = run_args(script, "--hold", "60", worker_num=2, master_port=port, log_dir=logs)
+    run = processes.start("run", args, os.environ)
     run.wait_for_output("2/2 registered (ready)", 30)
-    logs, addr = tmp_path / "logs", f"127.0.0.1:{port}"
+    addr = f"127.0.0.1:{port}"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     for args, secret_file, cwd in (
@@ -601,23 +577,14 @@ def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path
     script = private_copy(tmp_path)
     port = 8118  # each namespace has its own ports: the default works
     with two_hosts() as (a, b):
-        common = ["--worker-num", "4", "--local-worker-num", "2", "--master-addr", a.ip]
+        node_args = functools.partial(
+            run_args, "--master-addr", a.ip, worker_num=4, local_worker_num=2, master_port=port
+        )
         runs = [
             processes.start(
                 f"host{rank}",
                 host.command(
-                    [
-                        *MSCLUSTER,
-                        "run",
-                        *common,
-                        "--master-port",
-                        str(port),
-                        "--node-rank",
-                        str(rank),
-                        "--log-dir",
-                        str(tmp_path / f"host{rank}"),
-                        str(script),
-                    ]
+                    node_args("--node-rank", str(rank), script, log_dir=tmp_path / f"host{rank}")
                 ),
                 os.environ,
             )
@@ -644,11 +611,12 @@ def test_two_hosts_in_network_namespaces_form_one_job(processes: Procs, tmp_path
 
 def test_progress_is_one_live_line_on_a_terminal(tmp_path: Path) -> None:
     """On a terminal the progress line is rewritten in place (carriage return + clear line)."""
-    script = private_copy(tmp_path)
+    script, logs = private_copy(tmp_path), tmp_path / "logs"
+    args = run_args(script, "--hold", "3", worker_num=2, master_port=free_port(), log_dir=logs)
     controller, terminal = pty.openpty()
     try:
         proc = subprocess.Popen(
-            [*run_args(tmp_path, script, free_port(), "--worker-num", "2"), "--hold", "3"],
+            args,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=terminal,
@@ -695,12 +663,9 @@ def alive(pid: int) -> bool:
 
 
 def test_sigkill_of_the_launcher_leaves_no_process(processes: Procs, tmp_path: Path) -> None:
-    script = private_copy(tmp_path)
-    run = processes.start(
-        "run",
-        [*run_args(tmp_path, script, free_port(), "--worker-num", "2"), "--hold", "60"],
-        os.environ,
-    )
+    script, logs = private_copy(tmp_path), tmp_path / "logs"
+    args = run_args(script, "--hold", "60", worker_num=2, master_port=free_port(), log_dir=logs)
+    run = processes.start("run", args, os.environ)
     run.wait_for_output("2/2 registered (ready)", 30)
     children = children_of(run.pid)
     assert len(children) == 5  # the scheduler, the relay, two workers and the guard

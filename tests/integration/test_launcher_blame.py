@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from cluster.testing import free_port
-from tests.procs import MSCLUSTER, Procs
+from tests.procs import Procs, run_args
 
 # Rank 2 gives up with a line of its own and exit code 3; the scheduler fails the job, and the
 # other ranks die of that (JobFailedError), after rank 2's exit as in a real job: each waits
@@ -39,18 +39,9 @@ def test_the_worker_that_exited_first_of_its_own_is_blamed_and_its_log_tailed(
     script = tmp_path / "gives_up.py"
     script.write_text(GIVES_UP)
     logs = tmp_path / "logs"
-    args = [
-        *MSCLUSTER,
-        "run",
-        "--worker-num",
-        "4",
-        "--master-port",
-        str(free_port()),
-        "--log-dir",
-        str(logs),
-        str(script),
-        str(tmp_path / "rank2.pid"),
-    ]
+    args = run_args(
+        script, tmp_path / "rank2.pid", worker_num=4, master_port=free_port(), log_dir=logs
+    )
     run = processes.start("run", args, os.environ)
     assert run.wait(60) == 1, run.output
     # Others died of the job's failure, after rank 2 (a slow one is stopped by the launcher).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from tests.procs import (
     private_copy,
     processes_running,
     reader_env,
+    run_args,
 )
 
 # A worker that prints far more than a pipe holds (64 KiB) once it is in the job.
@@ -48,9 +50,8 @@ def test_join_whose_reader_went_away_finishes_the_job_with_whole_logs(tmp_path: 
     """`mscluster run --join train.py 2>&1 | head -1`: the echo stops, the job does not."""
     script = chatty_script(tmp_path)
     logs = tmp_path / "logs"
-    args = [*MSCLUSTER, "run", "--join", "--worker-num", "2", "--master-port", str(free_port())]
     run = subprocess.Popen(
-        [*args, "--log-dir", str(logs), str(script)],
+        run_args("--join", script, worker_num=2, master_port=free_port(), log_dir=logs),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -210,9 +211,10 @@ def test_bad_chaos_options_touch_nothing_of_the_previous_run(tmp_path: Path) -> 
 
 
 def hold_args(tmp_path: Path, script: Path, *extra: str) -> list[str]:
-    port = str(free_port())
-    args = ["run", "--master-port", port, "--worker-num", "2", "--log-dir", str(tmp_path / "logs")]
-    return [*MSCLUSTER, *args, *extra, str(script), "--hold", "60"]
+    logs = tmp_path / "logs"
+    return run_args(
+        *extra, script, "--hold", "60", worker_num=2, master_port=free_port(), log_dir=logs
+    )
 
 
 def test_sighup_stops_every_child_and_removes_the_relay_directory(
@@ -317,14 +319,13 @@ def test_a_stop_signal_while_the_launcher_awaits_its_scheduler_is_acted_on_at_on
     """Node 0's worker finished; the scheduler serves node 1's, which holds: node 0's launcher
     awaits its scheduler's exit (up to 30 s), and a SIGTERM then ends it at once."""
     script = private_copy(tmp_path)
-    common = ["--worker-num", "2", "--local-worker-num", "1", "--master-port", str(free_port())]
+    node_args = functools.partial(
+        run_args, worker_num=2, local_worker_num=1, master_port=free_port()
+    )
     runs = [
         processes.start(
             f"node{rank}",
-            [
-                *(*MSCLUSTER, "run", *common, "--node-rank", str(rank)),
-                *("--log-dir", str(tmp_path / f"node{rank}"), str(script), *hold),
-            ],
+            node_args("--node-rank", str(rank), script, *hold, log_dir=tmp_path / f"node{rank}"),
             os.environ,
         )
         for rank, hold in ((0, []), (1, ["--hold", "60"]))
@@ -348,9 +349,10 @@ def test_a_scheduler_stopped_by_sigterm_alone_is_started_again_and_ends_the_job(
     exits 0 before the job's end: the launcher starts it again, and the job ends through it."""
     script = private_copy(tmp_path)
     logs = tmp_path / "logs"
-    args = [*MSCLUSTER, "run", "--master-port", str(free_port()), "--worker-num", "2"]
-    args += ["--log-dir", str(logs), "--enable-recovery", str(script), "--hold", "6"]
-    run = processes.start("run", args, {**os.environ, "MS_NODE_TIMEOUT": "5"})
+    args = run_args(
+        "--enable-recovery", script, worker_num=2, master_port=free_port(), log_dir=logs
+    )
+    run = processes.start("run", [*args, "--hold", "6"], {**os.environ, "MS_NODE_TIMEOUT": "5"})
     run.wait_for_output("2/2 registered (ready)", 30)
     os.kill(launched(logs, "scheduler"), signal.SIGTERM)
     run.wait_for_output("scheduler restart 1 of 1", 15)
@@ -393,8 +395,8 @@ def test_an_ipv6_master_address_runs_the_job_with_or_without_brackets(
         pytest.skip("no IPv6 loopback on this machine")
     script = private_copy(tmp_path)
     port = free_port()
-    args = [*MSCLUSTER, "run", "--master-addr", master, "--master-port", str(port)]
-    args += ["--worker-num", "2", "--log-dir", str(tmp_path / "logs"), str(script)]
+    logs = tmp_path / "logs"
+    args = run_args("--master-addr", master, script, worker_num=2, master_port=port, log_dir=logs)
     result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert f"with the scheduler at [::1]:{port}" in result.stderr

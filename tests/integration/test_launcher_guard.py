@@ -10,7 +10,7 @@ from pathlib import Path
 from cluster.testing import free_port, wait_until
 from cluster.tools.guard import GRACE_S
 from cluster.worker.orphan import proc_stat
-from tests.procs import MSCLUSTER, Procs, launched, note_below, private_copy, started_at
+from tests.procs import Procs, launched, note_below, private_copy, run_args, started_at
 
 
 def test_a_sigkilled_launcher_leaves_no_process_a_stopped_worker_neither(
@@ -18,10 +18,8 @@ def test_a_sigkilled_launcher_leaves_no_process_a_stopped_worker_neither(
 ) -> None:
     script = private_copy(tmp_path)
     logs = tmp_path / "logs"
-    args = ["--master-port", str(free_port()), "--log-dir", str(logs), "--worker-num", "2"]
-    run = processes.start(
-        "run", [*MSCLUSTER, "run", *args, str(script), "--hold", "60"], os.environ
-    )
+    args = run_args(script, "--hold", "60", worker_num=2, master_port=free_port(), log_dir=logs)
+    run = processes.start("run", args, os.environ)
     run.wait_for_output("2/2 registered (ready)", 30)
     worker_0 = launched(logs, "worker_0")
     os.kill(worker_0, signal.SIGSTOP)  # a chaos "stop" fault, a Ctrl-Z, a debugger

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port
-from tests.procs import MSCLUSTER, Procs, private_copy, processes_running
+from tests.procs import MSCLUSTER, Procs, private_copy, processes_running, run_args
 
 ETCD = "etcd://127.0.0.1:1/jobs/old"
 
@@ -21,9 +21,8 @@ def run(
 ) -> subprocess.CompletedProcess[str]:
     """`mscluster run --worker-num 1 ... script` in this environment with `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
-    args = ["--worker-num", "1", "--master-port", str(port), "--log-dir", str(tmp_path / "logs")]
     return subprocess.run(
-        [*MSCLUSTER, "run", *args, *extra, str(script)],
+        run_args(*extra, script, worker_num=1, master_port=port, log_dir=tmp_path / "logs"),
         env={**base, **env},
         capture_output=True,
         text=True,

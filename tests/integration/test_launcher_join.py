@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, wait_until
-from tests.procs import MSCLUSTER, Procs
+from tests.procs import Procs, run_args
 from tests.tmpfs import mounted
 
 # Rank 0 prints a 1 MB line with no newline, a tqdm-style bar over it (rewritten with '\r', its
@@ -76,29 +76,17 @@ cluster.barrier()
 """
 
 
-def run_args(logs: Path, script: Path, *extra: str) -> list[str]:
-    return [
-        *MSCLUSTER,
-        "run",
-        "--worker-num",
-        "2",
-        "--master-port",
-        str(free_port()),
-        "--log-dir",
-        str(logs),
-        "--join",
-        str(script),
-        *extra,
-    ]
-
-
 def test_a_line_of_a_megabyte_and_a_progress_bar_are_logged_whole_and_echoed_cut(
     processes: Procs, tmp_path: Path
 ) -> None:
     script = tmp_path / "long_lines.py"
     script.write_text(LONG_LINES)
     logs = tmp_path / "logs"
-    run = processes.start("run", run_args(logs, script), os.environ)
+    run = processes.start(
+        "run",
+        run_args("--join", script, worker_num=2, master_port=free_port(), log_dir=logs),
+        os.environ,
+    )
     assert run.wait(60) == 0, run.output[-3000:]
     log = (logs / "worker_0.log").read_bytes()
     assert b"x" * 1_000_000 + b"\repoch 0:" in log
@@ -122,7 +110,8 @@ def test_a_full_disk_under_the_logs_is_said_and_the_job_ends(
     script = tmp_path / "fills.py"
     script.write_text(FILLS_THE_DISK)
     with mounted("2m") as logs:
-        run = processes.start("run", run_args(logs, script, str(logs)), os.environ)
+        args = run_args("--join", script, logs, worker_num=2, master_port=free_port(), log_dir=logs)
+        run = processes.start("run", args, os.environ)
         code = run.wait(60)
         try:
             assert code in (0, 1), run.output[-3000:]
@@ -164,14 +153,21 @@ def test_a_terminal_that_does_not_read_stops_neither_the_job_nor_a_signal(
 ) -> None:
     finishing = tmp_path / "long_lines.py"
     finishing.write_text(LONG_LINES)
-    done = start_unread(unread, run_args(tmp_path / "done", finishing))
+    done = start_unread(
+        unread,
+        run_args(
+            "--join", finishing, worker_num=2, master_port=free_port(), log_dir=tmp_path / "done"
+        ),
+    )
     assert done.wait(60) == 0
     assert b"step 1999 " in (tmp_path / "done" / "worker_0.log").read_bytes()
 
     endless = tmp_path / "chatty.py"
     endless.write_text(CHATTY)
     logs = tmp_path / "stopped"
-    stopped = start_unread(unread, run_args(logs, endless))
+    stopped = start_unread(
+        unread, run_args("--join", endless, worker_num=2, master_port=free_port(), log_dir=logs)
+    )
 
     def logged(name: str) -> int:
         path = logs / name

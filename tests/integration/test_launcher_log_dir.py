@@ -13,8 +13,7 @@ from cluster.storage import holder_lock
 from cluster.testing import free_port, wait_until
 from cluster.tools.launch_lock import LOCK_FILE
 from cluster.tools.processes import alive, launched_pids
-from tests.integration.test_launcher import run_args
-from tests.procs import ROOT, Procs, launched, mscluster, private_copy
+from tests.procs import ROOT, Procs, launched, mscluster, private_copy, run_args
 
 LATE_INIT = ROOT / "tests" / "integration" / "scripts" / "late_init.py"
 
@@ -41,15 +40,16 @@ def test_a_second_launcher_on_a_held_log_dir_is_refused_and_the_job_goes_on(
     directory and the first launcher; the first job's secret, pids and logs are its own still,
     so `mscluster status` reads it and its restarted worker is taken back."""
     script, logs, port = private_copy(tmp_path), tmp_path / "logs", free_port()
-    recovering = ["--worker-num", "2", "--enable-recovery", "--node-timeout", "2"]
-    first = processes.start(
-        "first", [*run_args(tmp_path, script, port, *recovering), "--hold", "8"], os.environ
+    recovering = ["--enable-recovery", "--node-timeout", "2"]
+    args = run_args(
+        *recovering, script, "--hold", "8", worker_num=2, master_port=port, log_dir=logs
     )
+    first = processes.start("first", args, os.environ)
     first.wait_for_output("2/2 registered (ready)", 30)
     wait_until(lambda: b"allgather" in (logs / "worker_0.log").read_bytes(), 15, "the gather")
     before = snapshot(logs)
 
-    second = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+    second = run_to_end(run_args(script, worker_num=1, master_port=free_port(), log_dir=logs))
     assert second.returncode == 2, second.stderr
     assert second.stderr.splitlines() == [
         f"mscluster: ConfigError: --log-dir {str(logs)!r} is in use by another mscluster run "
@@ -77,7 +77,7 @@ def test_a_sigkilled_launcher_keeps_no_one_out_of_its_log_dir(
     started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
     crashed = processes.start(
         "crashed",
-        [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)],
+        run_args(LATE_INIT, started, go, worker_num=1, master_port=free_port(), log_dir=logs),
         os.environ,
     )
     wait_until(started.exists, 30, "the worker to start")
@@ -89,7 +89,7 @@ def test_a_sigkilled_launcher_keeps_no_one_out_of_its_log_dir(
         assert (logs / LOCK_FILE).exists()  # left behind, naming a launcher gone
         assert alive(children["worker_0"])  # waits for `go`, orphaned, holding no lock
         script = private_copy(tmp_path)
-        after = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+        after = run_to_end(run_args(script, worker_num=1, master_port=free_port(), log_dir=logs))
         assert after.returncode == 0, after.stderr
         assert "job finished: 1 local worker exited 0" in after.stderr
     finally:
@@ -106,10 +106,11 @@ def test_a_recovering_job_killed_whole_resumes_when_run_again_in_its_log_dir(
     `mscluster run --enable-recovery` in the same log directory keeps the job's secret, under
     which the scheduler takes its saved state back (a new secret would be another job's)."""
     script, logs, port = private_copy(tmp_path), tmp_path / "logs", free_port()
-    recovering = ["--worker-num", "2", "--enable-recovery", "--node-timeout", "2"]
-    first = processes.start(
-        "first", [*run_args(tmp_path, script, port, *recovering), "--hold", "30"], os.environ
+    recovering = ["--enable-recovery", "--node-timeout", "2"]
+    args = run_args(
+        *recovering, script, "--hold", "30", worker_num=2, master_port=port, log_dir=logs
     )
+    first = processes.start("first", args, os.environ)
     first.wait_for_output("2/2 registered (ready)", 30)
     secret = (logs / "job.secret").read_bytes()
     everyone = list(launched_pids(logs).values())
@@ -118,7 +119,7 @@ def test_a_recovering_job_killed_whole_resumes_when_run_again_in_its_log_dir(
     first.wait(10)
     wait_until(lambda: not any(alive(pid) for pid in everyone), 10, "the job to be gone")
 
-    again = run_to_end(run_args(tmp_path, script, port, *recovering))
+    again = run_to_end(run_args(*recovering, script, worker_num=2, master_port=port, log_dir=logs))
     assert again.returncode == 0, again.stderr
     assert (logs / "job.secret").read_bytes() == secret
     assert "resuming job" in (logs / "scheduler.log").read_text()
@@ -131,14 +132,14 @@ def test_a_launcher_whose_lock_file_was_removed_locks_a_new_one_that_keeps_other
     within a check the launcher says so and locks the file there anew, and a second launcher
     is refused, naming it, as before; the first job finishes."""
     started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
-    late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
+    late = run_args(LATE_INIT, started, go, worker_num=1, master_port=free_port(), log_dir=logs)
     first = processes.start("first", late, os.environ)
     wait_until(started.exists, 30, "the worker to start")
     (logs / LOCK_FILE).unlink()
     first.wait_for_output("was removed or replaced while this run held it, so it kept", 15)
     assert "locked the file there anew" in first.output
 
-    second = run_to_end(run_args(tmp_path, private_copy(tmp_path), free_port()))
+    second = run_to_end(run_args(private_copy(tmp_path), master_port=free_port(), log_dir=logs))
     assert second.returncode == 2, second.stderr
     assert f"in use by another mscluster run (pid {first.pid} on this host" in second.stderr
     go.touch()
@@ -154,7 +155,7 @@ def test_a_launcher_whose_lock_file_another_took_says_so_and_its_job_goes_on(
     lock): it says in one line who holds the file now, and its job goes on (it is not stopped
     for a lock file); once the other lets go, it holds the file again."""
     started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
-    late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
+    late = run_args(LATE_INIT, started, go, worker_num=1, master_port=free_port(), log_dir=logs)
     first = processes.start("first", late, os.environ)
     wait_until(started.exists, 30, "the worker to start")
     first.signal(signal.SIGSTOP)
@@ -206,7 +207,7 @@ def test_a_launcher_started_while_the_lock_file_is_gone_changes_nothing_there(
     anything: the directory is exactly as it was. The first then locks its file anew, and the
     next newcomer's refusal names it; its job finishes."""
     started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
-    late = [*run_args(tmp_path, LATE_INIT, free_port(), "--worker-num", "1"), str(started), str(go)]
+    late = run_args(LATE_INIT, started, go, worker_num=1, master_port=free_port(), log_dir=logs)
     first = processes.start("first", late, os.environ)
     wait_until(started.exists, 30, "the worker to start")
     events = logs / "events.jsonl"
@@ -220,7 +221,7 @@ def test_a_launcher_started_while_the_lock_file_is_gone_changes_nothing_there(
             (tmp_path / "copy").write_text(stale)
             os.replace(tmp_path / "copy", logs / LOCK_FILE)
         before = whole(logs, skip=("scheduler.log", "events.jsonl"))
-        second = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+        second = run_to_end(run_args(script, worker_num=1, master_port=free_port(), log_dir=logs))
         assert second.returncode == 2, second.stderr
         named = (
             "(pid 1 on host gone, --master-port 1)"
@@ -239,7 +240,7 @@ def test_a_launcher_started_while_the_lock_file_is_gone_changes_nothing_there(
 
     first.signal(signal.SIGCONT)
     first.wait_for_output("so it kept no other launcher out: locked the file there anew", 15)
-    third = run_to_end(run_args(tmp_path, script, free_port(), "--worker-num", "1"))
+    third = run_to_end(run_args(script, worker_num=1, master_port=free_port(), log_dir=logs))
     assert third.returncode == 2, third.stderr
     assert f"in use by another mscluster run (pid {first.pid} on this host" in third.stderr
     go.touch()

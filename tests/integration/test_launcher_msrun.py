@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from cluster.testing import free_port
-from tests.procs import MSCLUSTER, ROOT, private_copy
+from tests.procs import ROOT, private_copy, run_args
 
 LAUNCH_ENV = ROOT / "tests" / "integration" / "scripts" / "launch_env.py"
 
@@ -19,9 +19,8 @@ def launch(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Comple
     """`mscluster run ARGS` (the script and its arguments last) in this environment without its
     MS_* and CLUSTER_*, and with `env`; to its end."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
-    port = ["--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs")]
     return subprocess.run(
-        [*MSCLUSTER, "run", *port, *args],
+        run_args(*args, master_port=free_port(), log_dir=tmp_path / "logs"),
         env={**base, **env},
         capture_output=True,
         text=True,

@@ -8,8 +8,7 @@ import signal
 from pathlib import Path
 
 from cluster.testing import Process, free_port, wait_until
-from tests.integration.test_launcher import run_args
-from tests.procs import Procs, launched, processes_running
+from tests.procs import Procs, launched, processes_running, run_args
 
 # A worker of the job: it says whether it is a first start or a rejoin, then trains (waits)
 # until the test creates the file named by its first argument, within a bound, and finalizes.
@@ -38,9 +37,10 @@ def start_run(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script)
     go = tmp_path / "go"
-    recovery = ("--worker-num", "2", "--enable-recovery", "--node-timeout", "3", *extra)
-    args = [*run_args(tmp_path, path, free_port(), *recovery), str(go)]
-    return processes.start("run", args, os.environ), tmp_path / "logs", go
+    logs = tmp_path / "logs"
+    recovery = ("--enable-recovery", "--node-timeout", "3", *extra)
+    args = run_args(*recovery, path, go, worker_num=2, master_port=free_port(), log_dir=logs)
+    return processes.start("run", args, os.environ), logs, go
 
 
 def logged(logs: Path, name: str, text: str) -> bool:

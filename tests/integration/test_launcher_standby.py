@@ -17,6 +17,7 @@ from tests.procs import (
     mscluster,
     private_copy,
     reader_env,
+    run_args,
 )
 from tests.servers.etcd import EtcdCluster
 
@@ -34,16 +35,10 @@ def test_a_worker_failing_after_our_scheduler_handed_over_is_taken_back_by_the_l
     secret.chmod(0o600)
     port, url, logs = free_port(), etcd_cluster.state_url(), tmp_path / "logs"
     script = private_copy(tmp_path)
-    run = processes.start(
-        "run",
-        [
-            *(*MSCLUSTER, "run", "--master-addr", "127.0.0.1,127.0.0.2"),
-            *("--master-port", str(port), "--worker-num", "2", "--max-restarts", "1"),
-            *("--state-url", url, "--lease", LEASE, "--log-dir", str(logs)),
-            *(str(script), "--hold", "20"),
-        ],
-        {**os.environ, "CLUSTER_JOB_SECRET_FILE": str(secret)},
-    )
+    options = ["--master-addr", "127.0.0.1,127.0.0.2", "--max-restarts", "1"]
+    options += ["--state-url", url, "--lease", LEASE]
+    args = run_args(*options, script, "--hold", "20", worker_num=2, master_port=port, log_dir=logs)
+    run = processes.start("run", args, {**os.environ, "CLUSTER_JOB_SECRET_FILE": str(secret)})
     run.wait_for_output("2/2 registered", 30)
     processes.start(
         "standby",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, wait_until
-from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, reader_env
+from tests.procs import MSCLUSTER, ROOT, Procs, launched, private_copy, reader_env, run_args
 from tests.servers.prometheus import Prometheus, value_is
 
 pytestmark = pytest.mark.slow
@@ -66,16 +66,14 @@ def test_a_killed_worker_is_seen_by_prometheus_by_the_events_and_by_the_watch(
     script = private_copy(tmp_path, ROOT / "examples" / "train_mlp.py")
     port, metrics_port, workers_base = free_port(), free_port(), free_ports(4)
     logs = tmp_path / "logs"
-    run = processes.start(
-        "run",
-        [
-            *MSCLUSTER, "run", "--worker-num", "4", "--master-port", str(port),
-            "--log-dir", str(logs), "--enable-recovery", "--max-restarts", "1",
-            "--node-timeout", "6", "--metrics-port", str(metrics_port),
-            str(script), "--steps", "600", "--step-delay", "0.04", "--out", str(tmp_path / "out"),
-        ],
-        {**os.environ, "CLUSTER_WORKER_METRICS_PORT": str(workers_base)},
+    args = run_args(
+        "--enable-recovery", "--max-restarts", "1", "--node-timeout", "6",
+        "--metrics-port", str(metrics_port),
+        script, "--steps", "600", "--step-delay", "0.04", "--out", tmp_path / "out",
+        worker_num=4, master_port=port, log_dir=logs,
     )  # fmt: skip
+    env = {**os.environ, "CLUSTER_WORKER_METRICS_PORT": str(workers_base)}
+    run = processes.start("run", args, env)
     target = f"127.0.0.1:{metrics_port}"
     rank0 = f"127.0.0.1:{workers_base}"  # a survivor: worker 0 is rank 0, local rank 0
     prometheus.set_targets([target, *(f"127.0.0.1:{workers_base + i}" for i in range(4))])

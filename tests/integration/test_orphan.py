@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from cluster.testing import free_port, wait_until
-from tests.procs import MSCLUSTER, ROOT, Procs, launched
+from tests.procs import ROOT, Procs, launched, run_args
 
 LATE_INIT = ROOT / "tests" / "integration" / "scripts" / "late_init.py"
 AFTER_FINALIZE = ROOT / "tests" / "integration" / "scripts" / "after_finalize.py"
@@ -28,10 +28,8 @@ def test_a_worker_before_init_ends_at_init_when_the_launcher_was_sigkilled(
     processes: Procs, tmp_path: Path
 ) -> None:
     started, go, logs = tmp_path / "started", tmp_path / "go", tmp_path / "logs"
-    args = [*MSCLUSTER, "run", "--worker-num", "1", "--master-port", str(free_port())]
-    run = processes.start(
-        "run", [*args, "--log-dir", str(logs), str(LATE_INIT), str(started), str(go)], os.environ
-    )
+    args = run_args(LATE_INIT, started, go, worker_num=1, master_port=free_port(), log_dir=logs)
+    run = processes.start("run", args, os.environ)
     wait_until(started.exists, 30, "the worker to start")
     worker = launched(logs, "worker_0")
     run.popen.send_signal(signal.SIGKILL)
@@ -48,10 +46,8 @@ def test_a_worker_that_finalized_and_went_on_ends_when_the_launcher_is_sigkilled
     processes: Procs, tmp_path: Path
 ) -> None:
     finalized, logs = tmp_path / "finalized", tmp_path / "logs"
-    args = [*MSCLUSTER, "run", "--worker-num", "1", "--master-port", str(free_port())]
-    run = processes.start(
-        "run", [*args, "--log-dir", str(logs), str(AFTER_FINALIZE), str(finalized)], os.environ
-    )
+    args = run_args(AFTER_FINALIZE, finalized, worker_num=1, master_port=free_port(), log_dir=logs)
+    run = processes.start("run", args, os.environ)
     wait_until(finalized.exists, 60, "the worker to finalize")
     worker = launched(logs, "worker_0")
     run.popen.send_signal(signal.SIGKILL)

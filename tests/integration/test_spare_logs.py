@@ -4,12 +4,13 @@ tests/integration/test_launcher.py runs them): each host's spare log and its nam
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
 from cluster.testing import free_port, processes_running
 from cluster.tools.processes import launched_pids
-from tests.procs import MSCLUSTER, Procs, job_env, private_copy
+from tests.procs import Procs, job_env, private_copy, run_args
 
 LIMIT_S = 90
 
@@ -17,18 +18,18 @@ LIMIT_S = 90
 def test_the_spares_of_two_hosts_write_logs_of_their_own(processes: Procs, tmp_path: Path) -> None:
     script = private_copy(tmp_path)
     port = free_port()
-    common = [
-        *("--worker-num", "2", "--local-worker-num", "1", "--spares", "1"),
-        *("--enable-recovery", "--master-port", str(port)),
-    ]
+    node_args = functools.partial(
+        run_args, "--spares", "1", "--enable-recovery", worker_num=2, local_worker_num=1
+    )
     runs = [
         processes.start(
             f"node{rank}",
-            [
-                *(*MSCLUSTER, "run", *common, "--node-rank", str(rank)),
+            node_args(
                 # The job holds a while after its gather: the spares have registered by then.
-                *("--log-dir", str(tmp_path / f"node{rank}"), str(script), "--hold", "8"),
-            ],
+                *("--node-rank", str(rank), script, "--hold", "8"),
+                master_port=port,
+                log_dir=tmp_path / f"node{rank}",
+            ),
             job_env(2, 0),
         )
         for rank in (0, 1)

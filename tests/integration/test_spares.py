@@ -25,7 +25,7 @@ from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.credentials import read_metadata
-from tests.procs import PYTHON, ROOT, Procs, job_env, private_copy
+from tests.procs import ROOT, Procs, job_env, private_copy, run_args
 from tests.training_job import STEP_LINE, STEPS, WORKERS
 
 pytest.importorskip("numpy")
@@ -57,15 +57,16 @@ class Launched:
         self.logs = tmp / name / "logs"
         self.port = free_port()
         extra = [] if node_timeout is None else ["--node-timeout", node_timeout]
-        args = [
-            *(PYTHON, "-m", "cluster", "run", "--worker-num", str(WORKERS)),
-            *("--local-worker-num", str(WORKERS), "--spares", str(spares)),
-            *("--enable-recovery", "--max-restarts", "2", *extra),
-            *("--master-port", str(self.port), "--log-dir", str(self.logs)),
-            str(self.script),
+        args = run_args(
+            *("--spares", str(spares), "--enable-recovery", "--max-restarts", "2", *extra),
+            self.script,
             *("--steps", str(STEPS), "--save-every", save_every, "--step-delay", step_delay),
-            *("--out", str(self.out)),
-        ]
+            *("--out", self.out),
+            worker_num=WORKERS,
+            local_worker_num=WORKERS,
+            master_port=self.port,
+            log_dir=self.logs,
+        )
         self.started = time.monotonic()
         self.run = processes.start(f"run-{name}", args, job_env(WORKERS, 0))
 
@@ -205,11 +206,13 @@ def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
     script = private_copy(tmp_path, ROOT / "examples" / "allgather_check.py")
     port = free_port()
     logs = tmp_path / "logs"
-    args = [
-        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--local-worker-num", "2"),
-        *("--spares", "1", "--enable-recovery", "--master-port", str(port)),
-        *("--log-dir", str(logs), str(script), "--hold", "60"),
-    ]
+    args = run_args(
+        *("--spares", "1", "--enable-recovery", script, "--hold", "60"),
+        worker_num=2,
+        local_worker_num=2,
+        master_port=port,
+        log_dir=logs,
+    )
     processes.start("run", args, job_env(2, 0))
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.SchedulerStub(channel)
@@ -267,8 +270,8 @@ def test_a_live_spares_id_and_a_spare_without_the_secret_are_refused(
 
 def test_dry_run_shows_the_spares_and_spares_need_recovery(tmp_path: Path) -> None:
     script = private_copy(tmp_path, TRAIN)
-    base = [*(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--spares", "2")]
-    base += ["--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs")]
+    logs = tmp_path / "logs"
+    base = run_args("--spares", "2", worker_num=2, master_port=free_port(), log_dir=logs)
     dry = subprocess.run(
         [*base, "--enable-recovery", "--dry-run", str(script)],
         capture_output=True,
@@ -279,7 +282,6 @@ def test_dry_run_shows_the_spares_and_spares_need_recovery(tmp_path: Path) -> No
     assert dry.returncode == 0, dry.stderr
     assert "workers: 2 of 2 here, and 2 spares" in dry.stdout
     rows = [line.split() for line in dry.stdout.splitlines() if line.startswith("spare ")]
-    logs = tmp_path / "logs"
     assert [row[:6] for row in rows] == [
         ["spare", str(i), "MS_WORKER", f"spare-{i}", "-", str(logs / f"spare_{i}.log")]
         for i in range(2)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import free_port, launched_pid, wait_until
-from tests.procs import PYTHON, ROOT, Process, Procs, job_env, launched, private_copy
+from tests.procs import PYTHON, ROOT, Process, Procs, job_env, launched, private_copy, run_args
 from tests.training_job import (
     NODE_TIMEOUT_S,
     STEP_LINE,
@@ -62,16 +62,11 @@ def fault_free_hash(tmp_path_factory: pytest.TempPathFactory) -> str:
         job = Job(procs, tmp, "clean")
         # Meanwhile, the numpy example (light next to torch) on the same data and initial values:
         # the same network, so the same losses.
-        mlp = procs.start(
-            "mlp",
-            [
-                PYTHON,
-                *("-m", "cluster", "run", "--worker-num", str(WORKERS)),
-                *("--master-port", str(free_port()), "--log-dir", str(tmp / "mlp-logs")),
-                *(str(ROOT / "examples" / "train_mlp.py"), "--steps", str(STEPS)),
-            ],
-            job_env(WORKERS, 0),
+        example = [str(ROOT / "examples" / "train_mlp.py"), "--steps", str(STEPS)]
+        args = run_args(
+            *example, worker_num=WORKERS, master_port=free_port(), log_dir=tmp / "mlp-logs"
         )
+        mlp = procs.start("mlp", args, job_env(WORKERS, 0))
         digest = job.final_hash()
         lines = STEP_LINE.findall(job.workers[0].output)
         assert len(lines) == STEPS
@@ -196,31 +191,15 @@ def test_launcher_restarts_the_killed_worker_and_the_result_is_exact(
 ) -> None:
     script = private_copy(tmp_path, TRAIN)
     out = tmp_path / "launched"
-    run = processes.start(
-        "run",
-        [
-            PYTHON,
-            "-m",
-            "cluster",
-            "run",
-            "--worker-num",
-            str(WORKERS),
-            "--master-port",
-            str(free_port()),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--enable-recovery",
-            "--recovery-path",
-            str(tmp_path / "recovery"),
-            "--max-restarts",
-            "2",
-            "--node-timeout",
-            NODE_TIMEOUT_S,
-            str(script),
-            *train_args(out),
-        ],
-        job_env(WORKERS, 0),
+    args = run_args(
+        *("--enable-recovery", "--recovery-path", tmp_path / "recovery"),
+        *("--max-restarts", "2", "--node-timeout", NODE_TIMEOUT_S),
+        *(script, *train_args(out)),
+        worker_num=WORKERS,
+        master_port=free_port(),
+        log_dir=tmp_path / "logs",
     )
+    run = processes.start("run", args, job_env(WORKERS, 0))
     log = tmp_path / "logs" / "worker_1.log"
     wait_until(
         lambda: log.exists() and len(STEP_LINE.findall(log.read_text())) >= 25, START_S, "step 25"
@@ -240,12 +219,14 @@ def test_a_spare_takes_a_sigkilled_rank_and_the_state_moves_from_peers_memory(
     peer; at most the interrupted step is computed again, and the result is exact."""
     script = private_copy(tmp_path, TRAIN)
     out, logs = tmp_path / "out", tmp_path / "logs"
-    args = [
-        *(PYTHON, "-m", "cluster", "run", "--worker-num", str(WORKERS)),
-        *("--local-worker-num", str(WORKERS), "--spares", "1", "--enable-recovery"),
-        *("--max-restarts", "2", "--master-port", str(free_port()), "--log-dir", str(logs)),
-        *(str(script), *train_args(out, save_every=20)),
-    ]
+    args = run_args(
+        *("--spares", "1", "--enable-recovery", "--max-restarts", "2"),
+        *(script, *train_args(out, save_every=20)),
+        worker_num=WORKERS,
+        local_worker_num=WORKERS,
+        master_port=free_port(),
+        log_dir=logs,
+    )
     run = processes.start("run", args, job_env(WORKERS, 0))
     log = logs / "worker_1.log"
     wait_until(
@@ -283,12 +264,13 @@ def test_a_restore_overtaken_by_the_next_generation_goes_on_to_it(
     default), and the spare died of a CollectiveError."""
     script = private_copy(tmp_path, OVERTAKEN)
     out, logs = tmp_path / "out", tmp_path / "logs"
-    args = [
-        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--spares", "2"),
-        *("--enable-recovery", "--max-restarts", "2", "--node-timeout", "5"),
-        *("--master-port", str(free_port()), "--log-dir", str(logs)),
-        *(str(script), "--steps", "100", "--step-delay", "0.05", "--out", str(out)),
-    ]
+    args = run_args(
+        *("--spares", "2", "--enable-recovery", "--max-restarts", "2", "--node-timeout", "5"),
+        *(script, "--steps", "100", "--step-delay", "0.05", "--out", out),
+        worker_num=2,
+        master_port=free_port(),
+        log_dir=logs,
+    )
     run = processes.start("run", args, job_env(2, 0, CLUSTER_COLLECTIVE_TIMEOUT_S="10"))
     rank0, rank1 = logs / "worker_0.log", logs / "worker_1.log"
     wait_until(
@@ -318,13 +300,10 @@ def test_a_worker_killed_after_the_final_barrier_restarts_and_the_job_succeeds(
     back, and its set_state makes no process group (init_process_group returns False): rank 0
     could not join one. It made one, and died of "rank 0 ... has already finished"."""
     script = private_copy(tmp_path, LATE_DEATH)
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    args = [
-        *(PYTHON, "-m", "cluster", "run", "--worker-num", "2", "--enable-recovery"),
-        *("--max-restarts", "1", "--node-timeout", "3"),
-        *("--master-port", str(free_port()), "--log-dir", str(logs)),
-        *(str(script), "--steps", "30", "--out", str(out)),
-    ]
+    out, logs, port = tmp_path / "out", tmp_path / "logs", free_port()
+    recovery = ["--enable-recovery", "--max-restarts", "1", "--node-timeout", "3"]
+    train = ["--steps", "30", "--out", str(out)]
+    args = run_args(*recovery, script, *train, worker_num=2, master_port=port, log_dir=logs)
     run = processes.start("run", args, job_env(2, 0))
     rank1 = logs / "worker_1.log"
     wait_until(

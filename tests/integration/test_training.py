@@ -15,7 +15,7 @@ from cluster.protocol.events import JobEvent, MemoryResume
 from cluster.testing import Process, free_port, wait_until
 from cluster.tools.processes import launched_pid
 from tests import tmpfs
-from tests.procs import PYTHON, ROOT, Procs, job_env, launched, private_copy
+from tests.procs import ROOT, Procs, job_env, launched, private_copy, run_args
 from tests.sockets import connections_by_owner
 from tests.training_job import (
     NODE_TIMEOUT_S,
@@ -182,29 +182,15 @@ def launch_training(
     script = private_copy(tmp_path, TRAIN)
     run = processes.start(
         "run",
-        [
-            PYTHON,
-            "-m",
-            "cluster",
-            "run",
-            "--worker-num",
-            str(WORKERS),
-            "--local-worker-num",
-            str(WORKERS),
-            "--master-port",
-            str(free_port()),
-            "--log-dir",
-            str(tmp_path / "logs"),
+        run_args(
             "--enable-recovery",  # the state goes to LOG_DIR/recovery
-            "--max-restarts",
-            "2",
-            "--node-timeout",
-            NODE_TIMEOUT_S,
-            *extra,
-            str(script),
-            *train_args(out),
-            *script_args,
-        ],
+            *("--max-restarts", "2", "--node-timeout", NODE_TIMEOUT_S, *extra),
+            *(script, *train_args(out), *script_args),
+            worker_num=WORKERS,
+            local_worker_num=WORKERS,
+            master_port=free_port(),
+            log_dir=tmp_path / "logs",
+        ),
         job_env(WORKERS, 0),
     )
     return run, script

@@ -23,7 +23,7 @@ import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, JobTimeoutError
-from cluster.storage import checkpoint_lock
+from cluster.storage import checkpoint_lock, holder_lock
 from cluster.testing import Process, wait_until
 from tests import tmpfs
 from tests.procs import PYTHON, Procs, job_env
@@ -149,7 +149,7 @@ def test_a_child_forked_while_another_thread_is_in_the_registry_can_lock(tmp_pat
     inside, leave = threading.Event(), threading.Event()
 
     def in_the_registry() -> None:
-        with checkpoint_lock._registry_lock:
+        with holder_lock._registry_lock:
             inside.set()
             leave.wait(30)
 

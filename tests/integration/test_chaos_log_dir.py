@@ -40,6 +40,12 @@ def test_a_chaos_run_whose_lock_file_was_removed_locks_a_new_one_that_keeps_othe
 
     # Removed again while the chaos run is stopped (it cannot lock it anew first): a launcher
     # started meanwhile is refused by the directory's own lock, and makes or replaces nothing.
+    # The run's scheduler goes on while the run is stopped: it has made its files first.
+    wait_until(
+        lambda: all((logs / name).exists() for name in ("events.jsonl", "state")),
+        30,
+        "the chaos run's scheduler to make its event log and state",
+    )
     chaos.signal(signal.SIGSTOP)
     wait_until(chaos.stopped, 10, "the chaos run to stop")
     (logs / LOCK_FILE).unlink()

@@ -136,3 +136,22 @@ def test_a_formed_node_whose_answer_is_held_is_told_so_not_that_it_is_unreachabl
         message
     )
     assert "is unreachable" not in message
+
+
+def test_a_try_the_deadline_cut_off_on_its_way_leaves_the_refusals_named() -> None:
+    """The node's last try, refused by the guard like every one before it, was made just
+    before its deadline, which cut the call off a moment later: that is no answer held (the
+    node said "held its answer for 0 s", and blamed a scheduler that cannot save)."""
+    core, clock = joining()
+    core.step(steps.Refused(GUARD, transient=True, retry_after_s=2.6))
+    clock.now += TOPO_S - 0.1
+    core.step(steps.PauseOver())
+    clock.now += 0.1
+    assert core.step(steps.AnswerLate(0.1)) == []  # said nothing of a hold
+    core.step(steps.Unanswered())
+    (error,) = fails(core.step(steps.PauseOver()))
+    assert isinstance(error, TopologyTimeoutError)
+    message = str(error)
+    assert "did not accept this node in time: it refused this node " in message
+    assert message.endswith(f"the last time because {GUARD}")
+    assert "held its answer" not in message

@@ -15,6 +15,15 @@ from __future__ import annotations
 from cluster.protocol.value import mutable
 from cluster.worker.machine import steps
 
+# A registration unanswered this long has its answer held; one cut off sooner (the node's
+# deadline came while the call was on its way) says nothing of the scheduler's answers.
+HELD_AFTER_S = 1.0
+
+
+def held(event: steps.AnswerLate) -> bool:
+    """Whether `event` tells of an answer held, not of a call cut off on its way."""
+    return event.waited_s >= HELD_AFTER_S
+
 
 @mutable
 class Answers:
@@ -23,6 +32,7 @@ class Answers:
     refused_since: float = 0.0  # when the first of them was
     held_s: float | None = None  # how long the last registration's answer was held
     quiet: bool = False  # a try since the attempts began got no answer
+    cut_off: bool = False  # the try on its way was cut off by the node's deadline
 
     def begin(self) -> None:
         """Forget every answer: none is kept from before the attempts began."""
@@ -30,13 +40,18 @@ class Answers:
 
     def note(self, event: steps.Event, now: float) -> None:
         """Keep what `event` says of the scheduler's answers."""
+        cut_off, self.cut_off = self.cut_off, False
         match event:
+            case steps.Unanswered() if cut_off:
+                pass  # the end of a try the deadline cut off on its way: it says nothing
             case steps.Refused(transient=True, stale_challenge=False):
                 if not self.refusals:
                     self.refused_since = now
                 self.refusal, self.refusals, self.held_s = event.message, self.refusals + 1, None
-            case steps.AnswerLate():
+            case steps.AnswerLate() if held(event):
                 self.refusal, self.refusals, self.held_s = "", 0, event.waited_s
+            case steps.AnswerLate():
+                self.cut_off = True  # given up at once: what comes next is its end
             case steps.Unanswered():
                 # The end of an attempt whose answer was held, too: the hold is kept.
                 self.refusal, self.refusals, self.quiet = "", 0, True

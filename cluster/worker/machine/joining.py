@@ -39,7 +39,7 @@ from cluster.protocol.errors import (
 from cluster.protocol.leader_search import DOWN_FOR_S, leader_to_follow, next_in_turn
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
-from cluster.worker.machine.answers import Answers
+from cluster.worker.machine.answers import Answers, held
 from cluster.worker.machine.finishing import Finish
 from cluster.worker.machine.lifecycle import Lifecycle
 from cluster.worker.machine.pacing import ATTEMPT_TIMEOUT_S, FAILOVER_ATTEMPT_S, RETRY_PAUSE_S, Pace
@@ -199,6 +199,8 @@ class Joining:
         return self._pause(self.node.pace.retry_s())
 
     def answer_late(self, event: steps.AnswerLate) -> Actions:
+        if not held(event):
+            return []  # a call the deadline cut off on its way
         return [
             steps.Say(
                 f"{self.where} has not answered this node's registration for "

@@ -142,7 +142,7 @@ class Leading:
         except FencedError:
             step = leadership.lease_ended()
         except (StateFileError, asyncio.TimeoutError) as exc:
-            step = leadership.tick()
+            step = leadership.tick(stalled_s=self._clock() - (sent + budget))  # woken late
             if step is Step.NOTHING:
                 self._note(exc)
         else:
@@ -155,8 +155,8 @@ class Leading:
             return
         await self._refresh_schedulers()
         pause = min(leadership.keepalive_every_s, max(leadership.valid_until - self._clock(), 0))
-        await self._pause(pause)
-        if leadership.tick() is Step.STEP_DOWN:
+        stalled = await self._pause(pause)
+        if leadership.tick(stalled) is Step.STEP_DOWN:
             await self._stepped_down()
 
     async def _keepalive(self) -> tuple[float, str | None]:
@@ -174,13 +174,17 @@ class Leading:
             "leads by it now"
         )
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep `seconds`, or less when the takeover ends meanwhile."""
+    async def _pause(self, seconds: float) -> float:
+        """Sleep `seconds`, or less when the takeover ends meanwhile; how much later than
+        `seconds` it woke up (this process did not run meanwhile: stopped, or its host
+        stalled)."""
+        until = self._clock() + seconds
         takeover = self._takeover
         if takeover is None or takeover.done():
             await asyncio.sleep(seconds)
         else:
             await asyncio.wait((takeover,), timeout=seconds)
+        return max(0.0, self._clock() - until)
 
     async def _took_over(self) -> None:
         """Once the takeover is over: nothing when it went well; a StateFileError steps down

@@ -353,6 +353,9 @@ def test_a_leader_that_lost_its_lease_while_paused_answers_not_the_leader_and_wr
     status = schedulers.status(standby)
     assert status is not None
     assert (status.cluster_id, status.leadership.leader) == (job, there)
+    # It says why it stepped down: it did not run, not that etcd was away.
+    assert "stepping down: this scheduler did not run for" in old.output, old.output
+    assert "etcd unreachable" not in old.output
     assert "Traceback" not in old.output
 
 

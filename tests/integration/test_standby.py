@@ -503,3 +503,35 @@ def test_a_new_leader_removes_the_chunks_that_no_key_names(
         )
 
     wait_until(lambda: "orphan" not in orphans(), 30, "the unnamed chunks removed")
+
+
+def test_a_standby_given_another_prefix_says_it_leads_a_new_job_and_why_it_refuses_nodes(
+    processes: Procs, etcd_cluster: EtcdCluster
+) -> None:
+    """A scheduler meant to stand by for a running job, started with a mistyped prefix, leads
+    a job of its own on it (it cannot know): it says so at once, and when the job's nodes come
+    to it (their leader gone) its refusal names its CLUSTER_STATE_URL as the likely cause, not
+    the nodes' records, which are right."""
+    schedulers = Schedulers(processes, etcd_cluster)
+    leader = schedulers.leader()
+    job = register(schedulers.address(leader), "0").accepted.cluster_id
+    typo = etcd_cluster.state_url(etcd_cluster.prefix.rstrip("/") + "-typo/")
+    port = free_port()
+    args = ["--host", "127.0.0.3", "--port", str(port), "--worker-num", "2"]
+    args += ["--state-url", typo, "--lease", str(LEASE_S)]
+    wrong = processes.start(
+        "scheduler-typo", [PYTHON, "-m", "cluster", "scheduler", *args], job_env(2, port)
+    )
+    wrong.wait_for_output("starting a new job", 30)
+    (line,) = [line for line in wrong.output.splitlines() if "starting a new job" in line]
+    assert f"nothing is saved under {typo.rstrip('/')}" in line
+    assert "a scheduler meant to stand by for a running job names that job's prefix" in line
+
+    refused = register(f"127.0.0.3:{port}", "0", cluster_id=job).refused
+    assert refused.reason == pb.REFUSAL_FOREIGN_JOB
+    said = refused.message
+    assert said.startswith(f"node '0' belongs to job {job}, but this scheduler runs job ")
+    assert f"which it started anew under {typo.rstrip('/')}, where nothing was saved" in said
+    assert "this scheduler was started with the wrong CLUSTER_STATE_URL" in said
+    assert "keep the node's record; otherwise: the node's process was in that job" in said
+    assert "Traceback" not in wrong.output

@@ -395,6 +395,43 @@ def test_etcd_down_the_leader_steps_down_within_its_lease_and_the_job_resumes_wh
     print(f"the leader stepped down {stepped_down_s:.2f} s after etcd went (lease {LEASE_S} s)")
 
 
+def test_etcd_without_quorum_is_named_and_the_job_resumes_when_quorum_is_back(
+    schedulers: Schedulers, etcd_cluster: EtcdCluster
+) -> None:
+    """One etcd member of three killed (not etcd's leader, whose loss leaves etcd without a
+    leader for its election, 1-2 s, which a 2 s lease may not outlast): the job's leader goes
+    on and saves. A second one killed: etcd has no quorum, and its last member takes requests
+    and answers none; the leader steps down within its lease, and the schedulers say that
+    etcd may have lost its quorum, not only that no member answered (one runs). Quorum back:
+    the job resumes as saved."""
+    leader = schedulers.leader()
+    here = schedulers.address(leader)
+    job = register(here, "0").accepted.cluster_id
+    register(here, "1")
+    followers = [i for i in range(3) if i != etcd_cluster.leader()]
+    etcd_cluster.kill(followers[0])
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v2"))  # saved by two of three
+    assert schedulers.role(leader) == "leader"
+
+    etcd_cluster.kill(followers[1])
+    wait_until(lambda: schedulers.role(leader) != "leader", LEASE_S + 10, "the leader to step down")
+
+    def named() -> bool:
+        return any("etcd has lost its quorum" in p.output for p in schedulers.procs.values())
+
+    wait_until(named, 30, "a scheduler to name etcd's lost quorum")
+    etcd_cluster.start()
+    wait_until(lambda: any(schedulers.role(h) == "leader" for h in HOSTS), 60, "a leader again")
+    (now,) = [h for h in HOSTS if schedulers.role(h) == "leader"]
+    status = schedulers.status(now)
+    assert status is not None
+    assert (status.cluster_id, status.generation) == (job, 1)
+    answer = kv_call(schedulers.address(now), "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v2"]  # type: ignore[attr-defined]
+    for proc in schedulers.procs.values():
+        assert "Traceback" not in proc.output
+
+
 @pytest.mark.parametrize(
     ("url", "said"),
     [

@@ -149,9 +149,17 @@ class Leadership:
         self.role, self.leader, self.valid_until = Role.CANDIDATE, "", -math.inf
         return Step.NOTHING
 
-    def tick(self) -> Step:
-        """Time passes: a leader whose deadline has come steps down."""
+    def tick(self, stalled_s: float = 0.0) -> Step:
+        """Time passes: a leader whose deadline has come steps down. `stalled_s`: how long
+        this process did not run just now (a pause that ended that much later than it was to),
+        which, longer than the margin, is why no keepalive landed, not etcd."""
         if self.role is Role.LEADER and self.clock() >= self.valid_until:
+            if stalled_s > self.margin_s:
+                return self._step_down(
+                    f"this scheduler did not run for {stalled_s:.1f} s (its process was "
+                    "stopped, by SIGSTOP or a debugger, or its host stalled: swapped out, a "
+                    f"paused VM), and its {self.lease_s:g} s lease may have ended meanwhile"
+                )
             return self._step_down(
                 f"no keepalive of its {self.lease_s:g} s lease landed in time (etcd "
                 "unreachable or too slow)"

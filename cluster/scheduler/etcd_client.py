@@ -131,7 +131,7 @@ class EtcdConnection:
         """`request(client)` on the current member, then on each other one in turn while they
         fail to answer; EtcdUnavailable when none did, another StateFileError when etcd refused
         the request itself."""
-        errors = []
+        errors, late = [], []
         count = len(self.url.endpoints)
         for step in range(count):
             index = (self._current + step) % count
@@ -147,6 +147,8 @@ class EtcdConnection:
                         f"etcd refused to {what}: {problem}{_advice(problem)}"
                     ) from None
                 errors.append(f"{self._name(index)}: {problem}")
+                if _late(exc, problem):
+                    late.append(self._name(index))
                 continue
             if index != self._current:
                 log.info("etcd: now using %s (%s)", self._name(index), "; ".join(errors))
@@ -156,6 +158,7 @@ class EtcdConnection:
         self.last_error = "; ".join(errors)
         raise EtcdUnavailable(
             f"cannot {what}: no etcd member of {self.url} answered ({self.last_error})"
+            f"{_no_quorum_hint(late)}"
         )
 
     async def _request(self, index: int, request: Callable[[aetcd.Client], Awaitable[T]]) -> T:
@@ -287,6 +290,29 @@ def unavailable(exc: BaseException) -> bool:
         "WatchTimeoutError",
         "ClientError",
     }
+
+
+# What a member says, or its caller, when it took a request and did not answer it in time.
+_LATE = ("deadline exceeded", "request timed out", "no leader", "leader changed")
+
+
+def _late(exc: BaseException, problem: str) -> bool:
+    """Whether a member did not answer in time, rather than refuse the connection."""
+    if isinstance(exc, asyncio.TimeoutError) or _status(exc) is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    return any(said in problem.lower() for said in _LATE)
+
+
+def _no_quorum_hint(late: list[str]) -> str:
+    """What members that did not answer in time (`late`) may mean: etcd without a quorum."""
+    if not late:
+        return ""
+    return (
+        f"; {', '.join(late)} did not answer in time: an etcd member that runs answers nothing "
+        "while etcd has lost its quorum (fewer than a majority of its members running and in "
+        "touch: start the ones that are down; `etcdctl endpoint health` names them), and a "
+        "member that is overloaded or cut off does the same"
+    )
 
 
 # What etcd says of a write once its database is over its space quota (the NOSPACE alarm is on).

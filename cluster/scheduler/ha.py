@@ -14,7 +14,8 @@ The server serves its port from the start; what answers there is decided by the 
   resume (by a leader of another protocol revision, counts or job secret), found when it takes
   over, ends it as the same state found at start does (a ConfigError, exit 2), its leader key
   given back at once for a scheduler that can lead the job. A state that cannot be read (etcd
-  away, a torn read) steps it down to campaign again.
+  away, a torn read) steps it down to campaign again (`cluster.scheduler.leading`: after a
+  pause that grows while the same state stays unreadable, said once).
 """
 
 from __future__ import annotations

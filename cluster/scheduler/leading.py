@@ -19,6 +19,7 @@ save.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -35,6 +36,11 @@ log = logging.getLogger("cluster.scheduler")
 # While etcd does not answer: the first retry after this long, doubling up to RETRY_MAX_S.
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 2.0
+# While every takeover fails on the job's state (torn, foreign: etcd answered, and what it
+# holds cannot be used): the next campaign after this long, doubling up to TAKEOVER_RETRY_MAX_S,
+# until a takeover goes well. A state mended meanwhile is led within TAKEOVER_RETRY_MAX_S.
+TAKEOVER_RETRY_FIRST_S = 1.0
+TAKEOVER_RETRY_MAX_S = 16.0
 
 
 class Leading:
@@ -54,6 +60,10 @@ class Leading:
         self._clock = clock
         self._known: LeaderKey | None = None
         self._retry = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
+        self._takeover_retry = Backoff(TAKEOVER_RETRY_FIRST_S, TAKEOVER_RETRY_MAX_S)
+        # Why the takeovers fail, once said ("" when none failed since one went well, or
+        # since etcd answered again): the same failure is not said again at every term.
+        self._failing = ""
         self.unreachable = ""  # why etcd did not answer last ("" when it did)
         self.schedulers: list[str] = []
         # The takeover of the term won last (`lead()`), while it runs, and when it began.
@@ -86,7 +96,8 @@ class Leading:
         holder = await self.election.campaign()
         if holder is None:
             step = self.leadership.won(sent, ttl, self.election.address)
-            log.info(
+            say = log.debug if self._failing else log.info  # said when the takeover goes well
+            say(
                 "leading the job (term %d): holding the leader key in %s on a %g s lease",
                 self.leadership.terms,
                 self.election.connection.url,
@@ -131,7 +142,7 @@ class Leading:
         except FencedError:
             step = leadership.lease_ended()
         except (StateFileError, asyncio.TimeoutError) as exc:
-            step = leadership.tick()
+            step = leadership.tick(stalled_s=self._clock() - (sent + budget))  # woken late
             if step is Step.NOTHING:
                 self._note(exc)
         else:
@@ -144,8 +155,8 @@ class Leading:
             return
         await self._refresh_schedulers()
         pause = min(leadership.keepalive_every_s, max(leadership.valid_until - self._clock(), 0))
-        await self._pause(pause)
-        if leadership.tick() is Step.STEP_DOWN:
+        stalled = await self._pause(pause)
+        if leadership.tick(stalled) is Step.STEP_DOWN:
             await self._stepped_down()
 
     async def _keepalive(self) -> tuple[float, str | None]:
@@ -163,30 +174,74 @@ class Leading:
             "leads by it now"
         )
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep `seconds`, or less when the takeover ends meanwhile."""
+    async def _pause(self, seconds: float) -> float:
+        """Sleep `seconds`, or less when the takeover ends meanwhile; how much later than
+        `seconds` it woke up (this process did not run meanwhile: stopped, or its host
+        stalled)."""
+        until = self._clock() + seconds
         takeover = self._takeover
         if takeover is None or takeover.done():
             await asyncio.sleep(seconds)
         else:
             await asyncio.wait((takeover,), timeout=seconds)
+        return max(0.0, self._clock() - until)
 
     async def _took_over(self) -> None:
         """Once the takeover is over: nothing when it went well; a StateFileError steps down
-        (the loop then tries again after a pause), anything else is raised (a bug)."""
+        (etcd away or the leader key lost: the loop tries again after a pause; the job's state
+        unusable: `_failed`), anything else is raised (a bug)."""
         takeover = self._takeover
         if takeover is None or not takeover.done():
             return
         self._takeover = None
         exc = None if takeover.cancelled() else takeover.exception()
         if exc is None:
+            self._took_over_well()
             return
         if not isinstance(exc, StateFileError):
             raise exc
+        if isinstance(exc, EtcdUnavailable | FencedError):  # etcd away, or the key lost
+            if self.leadership.role is Role.LEADER:
+                self.leadership.fenced(f"it could not take the job over ({exc}); {self._took()}")
+                await self._stepped_down()
+            raise exc
+        await self._failed(exc)
+
+    def _took_over_well(self) -> None:
+        if self._failing and not self.leadership.resigned:  # given back: nothing is led
+            log.info(
+                "leading the job (term %d): the job's state in %s can be used again",
+                self.leadership.terms,
+                self.election.connection.url,
+            )
+        self._failing = ""
+        self._takeover_retry.reset()
+
+    async def _failed(self, exc: StateFileError) -> None:
+        """The takeover found the job's state unusable (etcd answered): step down, said once
+        for as long as the same thing is wrong, and campaign again after a pause that grows."""
+        why = str(exc)
+        quiet = why == self._failing
         if self.leadership.role is Role.LEADER:
-            self.leadership.fenced(f"it could not take the job over ({exc}); {self._took()}")
-            await self._stepped_down()
-        raise exc
+            self.leadership.fenced(
+                f"it could not take the job over ({why}); {self._took()}; it campaigns again "
+                f"after a pause that grows to {TAKEOVER_RETRY_MAX_S:g} s, and says nothing more "
+                "until what is wrong changes or the job's state can be used"
+            )
+            await self._stepped_down(quiet=quiet)
+        self._failing = why
+        await self._hold_off(self._takeover_retry.next_s())
+
+    async def _hold_off(self, seconds: float) -> None:
+        """Wait `seconds` before campaigning again, keeping this scheduler's lease (and so its
+        registration, shown by Status) alive meanwhile."""
+        every = self.leadership.keepalive_every_s
+        until = self._clock() + seconds
+        while (left := until - self._clock()) > 0:
+            # An ended lease is made anew when it campaigns.
+            with contextlib.suppress(StateFileError, asyncio.TimeoutError):
+                await within(self.election.keepalive(), min(every, left))
+            await asyncio.sleep(max(0.0, min(every, until - self._clock())))
 
     async def _end_takeover(self) -> None:
         """Cancel the takeover under way, if any (not when it is the caller)."""
@@ -205,11 +260,13 @@ class Leading:
         over = f", {took - lease:.1f} s longer than its lease" if took > lease else ""
         return f"this scheduler's takeover of the job ran {took:.1f} s ({lease:g} s lease{over})"
 
-    async def _stepped_down(self) -> None:
+    async def _stepped_down(self, *, quiet: bool = False) -> None:
+        """Step down; `quiet`: as the term before did, and for the same reason (not said)."""
         why = self.leadership.reason
         if self._takeover is not None and not self._takeover.done():
             why = f"{why}; {self._took()}"
-        log.error("stepping down: %s; no call is answered until this scheduler leads again", why)
+        say = log.debug if quiet else log.error
+        say("stepping down: %s; no call is answered until this scheduler leads again", why)
         await self._end_takeover()
         await self.election.resign()
         await self._step_down(why)
@@ -284,5 +341,6 @@ class Leading:
     def _reachable(self) -> None:
         if self.unreachable:
             log.info("etcd answers again")
+            self._failing = ""  # a takeover that fails again says why again
         self.unreachable = ""
         self._retry.reset()

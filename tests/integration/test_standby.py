@@ -353,6 +353,9 @@ def test_a_leader_that_lost_its_lease_while_paused_answers_not_the_leader_and_wr
     status = schedulers.status(standby)
     assert status is not None
     assert (status.cluster_id, status.leadership.leader) == (job, there)
+    # It says why it stepped down: it did not run, not that etcd was away.
+    assert "stepping down: this scheduler did not run for" in old.output, old.output
+    assert "etcd unreachable" not in old.output
     assert "Traceback" not in old.output
 
 
@@ -390,6 +393,43 @@ def test_etcd_down_the_leader_steps_down_within_its_lease_and_the_job_resumes_wh
     for proc in schedulers.procs.values():
         assert "Traceback" not in proc.output
     print(f"the leader stepped down {stepped_down_s:.2f} s after etcd went (lease {LEASE_S} s)")
+
+
+def test_etcd_without_quorum_is_named_and_the_job_resumes_when_quorum_is_back(
+    schedulers: Schedulers, etcd_cluster: EtcdCluster
+) -> None:
+    """One etcd member of three killed (not etcd's leader, whose loss leaves etcd without a
+    leader for its election, 1-2 s, which a 2 s lease may not outlast): the job's leader goes
+    on and saves. A second one killed: etcd has no quorum, and its last member takes requests
+    and answers none; the leader steps down within its lease, and the schedulers say that
+    etcd may have lost its quorum, not only that no member answered (one runs). Quorum back:
+    the job resumes as saved."""
+    leader = schedulers.leader()
+    here = schedulers.address(leader)
+    job = register(here, "0").accepted.cluster_id
+    register(here, "1")
+    followers = [i for i in range(3) if i != etcd_cluster.leader()]
+    etcd_cluster.kill(followers[0])
+    kv_call(here, "KvSet", pb.KvSetRequest(key="plan", value=b"v2"))  # saved by two of three
+    assert schedulers.role(leader) == "leader"
+
+    etcd_cluster.kill(followers[1])
+    wait_until(lambda: schedulers.role(leader) != "leader", LEASE_S + 10, "the leader to step down")
+
+    def named() -> bool:
+        return any("etcd has lost its quorum" in p.output for p in schedulers.procs.values())
+
+    wait_until(named, 30, "a scheduler to name etcd's lost quorum")
+    etcd_cluster.start()
+    wait_until(lambda: any(schedulers.role(h) == "leader" for h in HOSTS), 60, "a leader again")
+    (now,) = [h for h in HOSTS if schedulers.role(h) == "leader"]
+    status = schedulers.status(now)
+    assert status is not None
+    assert (status.cluster_id, status.generation) == (job, 1)
+    answer = kv_call(schedulers.address(now), "KvGet", pb.KvGetRequest(keys=["plan"]))
+    assert list(answer.values) == [b"v2"]  # type: ignore[attr-defined]
+    for proc in schedulers.procs.values():
+        assert "Traceback" not in proc.output
 
 
 @pytest.mark.parametrize(
@@ -500,3 +540,35 @@ def test_a_new_leader_removes_the_chunks_that_no_key_names(
         )
 
     wait_until(lambda: "orphan" not in orphans(), 30, "the unnamed chunks removed")
+
+
+def test_a_standby_given_another_prefix_says_it_leads_a_new_job_and_why_it_refuses_nodes(
+    processes: Procs, etcd_cluster: EtcdCluster
+) -> None:
+    """A scheduler meant to stand by for a running job, started with a mistyped prefix, leads
+    a job of its own on it (it cannot know): it says so at once, and when the job's nodes come
+    to it (their leader gone) its refusal names its CLUSTER_STATE_URL as the likely cause, not
+    the nodes' records, which are right."""
+    schedulers = Schedulers(processes, etcd_cluster)
+    leader = schedulers.leader()
+    job = register(schedulers.address(leader), "0").accepted.cluster_id
+    typo = etcd_cluster.state_url(etcd_cluster.prefix.rstrip("/") + "-typo/")
+    port = free_port()
+    args = ["--host", "127.0.0.3", "--port", str(port), "--worker-num", "2"]
+    args += ["--state-url", typo, "--lease", str(LEASE_S)]
+    wrong = processes.start(
+        "scheduler-typo", [PYTHON, "-m", "cluster", "scheduler", *args], job_env(2, port)
+    )
+    wrong.wait_for_output("starting a new job", 30)
+    (line,) = [line for line in wrong.output.splitlines() if "starting a new job" in line]
+    assert f"nothing is saved under {typo.rstrip('/')}" in line
+    assert "a scheduler meant to stand by for a running job names that job's prefix" in line
+
+    refused = register(f"127.0.0.3:{port}", "0", cluster_id=job).refused
+    assert refused.reason == pb.REFUSAL_FOREIGN_JOB
+    said = refused.message
+    assert said.startswith(f"node '0' belongs to job {job}, but this scheduler runs job ")
+    assert f"which it started anew under {typo.rstrip('/')}, where nothing was saved" in said
+    assert "this scheduler was started with the wrong CLUSTER_STATE_URL" in said
+    assert "keep the node's record; otherwise: the node's process was in that job" in said
+    assert "Traceback" not in wrong.output

@@ -359,22 +359,78 @@ def test_a_standby_that_finds_another_revisions_state_at_takeover_gives_the_lead
     assert etcd_cluster.etcdctl("get", f"{prefix}leader") == ""
 
 
+def _torn_at_takeover(processes: Procs, etcd: EtcdCluster) -> tuple[Schedulers, str, bytes]:
+    """Two schedulers; the job's state torn, then the leader killed: the standby's host, once
+    it has stepped down at its takeover, and the state as it was whole."""
+    schedulers = Schedulers(processes, etcd)
+    leader = schedulers.leader()
+    host = next(host for host in HOSTS if host != leader)
+    whole = asyncio.run(_change_saved_state(etcd, lambda value: value[: len(value) // 2]))
+    schedulers.procs[leader].popen.send_signal(signal.SIGKILL)
+    assert schedulers.procs[leader].wait(10) == -signal.SIGKILL
+    schedulers.procs[host].wait_for_output("stepping down: it could not take the job over", 30)
+    return schedulers, host, whole
+
+
 def test_a_standby_that_cannot_read_the_state_at_takeover_campaigns_again(
     processes: Procs, etcd_cluster: EtcdCluster
 ) -> None:
     """A state that cannot be read (here torn) may read well later: the standby that wins the
     election steps down and campaigns again, and leads the job once the state is whole."""
-    schedulers = Schedulers(processes, etcd_cluster)
-    leader = schedulers.leader()
-    host = next(host for host in HOSTS if host != leader)
-    whole = asyncio.run(_change_saved_state(etcd_cluster, lambda value: value[: len(value) // 2]))
-    schedulers.procs[leader].popen.send_signal(signal.SIGKILL)
-    assert schedulers.procs[leader].wait(10) == -signal.SIGKILL
-
+    schedulers, host, whole = _torn_at_takeover(processes, etcd_cluster)
     standby = schedulers.procs[host]
-    standby.wait_for_output("stepping down: it could not take the job over", 30)
     assert "truncated or corrupt" in standby.output
     assert standby.running
     asyncio.run(_change_saved_state(etcd_cluster, lambda _: whole))
     wait_until(lambda: schedulers.role(host) == "leader", 30, "the standby leading the job")
+    assert "Traceback" not in standby.output
+
+
+async def _terms_begun_within(etcd: EtcdCluster, seconds: float) -> int:
+    """How many terms begin (a campaign puts the job's leader key) within the next `seconds`."""
+    url = parse_state_url(etcd.state_url())
+    host, port = url.endpoints[0]
+    puts = 0
+    async with aetcd.Client(host=host, port=port, timeout=10) as client:
+        watch = await client.watch(f"{url.prefix}leader".encode())
+
+        async def count() -> None:
+            nonlocal puts
+            async for event in watch:
+                puts += event.kind == aetcd.EventKind.PUT
+
+        try:
+            await asyncio.wait_for(count(), seconds)
+        except asyncio.TimeoutError:  # the window is over
+            pass
+        finally:
+            await watch.cancel()
+    return puts
+
+
+def test_a_standby_that_keeps_finding_the_state_unreadable_says_so_once_and_does_not_spin(
+    processes: Procs, etcd_cluster: EtcdCluster
+) -> None:
+    """A torn state that nobody mends: the standby that wins steps down and campaigns again,
+    after a pause that grows, and says why once, not a step-down, a warning and "etcd answers
+    again" at every term (225 terms a minute here without the pause); once the state is mended
+    it leads the job, and says so."""
+    schedulers, host, whole = _torn_at_takeover(processes, etcd_cluster)
+    standby = schedulers.procs[host]
+
+    terms = asyncio.run(_terms_begun_within(etcd_cluster, 10.0))
+    assert 1 <= terms <= 5, f"{terms} terms in 10 s"
+    said = standby.output
+    assert said.count("leading the job") == 1, said
+    assert said.count("stepping down") == 1, said
+    assert "truncated or corrupt" in said
+    assert "it campaigns again after a pause that grows to 16 s" in said
+    assert "etcd answers again" not in said
+    assert "cannot use the job's state" not in said
+    assert standby.running
+
+    asyncio.run(_change_saved_state(etcd_cluster, lambda _: whole))
+    wait_until(lambda: schedulers.role(host) == "leader", 30, "the standby leading the job")
+    standby.wait_for_output("the job's state in etcd://", 10)
+    assert "can be used again" in standby.output
     assert "Traceback" not in standby.output

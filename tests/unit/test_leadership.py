@@ -70,6 +70,15 @@ def test_a_leader_cut_off_from_etcd_keeps_the_job_for_its_lease_then_steps_down(
     assert "no keepalive" in leading.reason
 
 
+def test_a_leader_that_did_not_run_past_its_lease_says_so_not_that_etcd_was_away() -> None:
+    clock = FakeClock(100.0)
+    leading = leader(clock)
+    clock.now += LEASE_S + 3.0  # SIGSTOP, then SIGCONT: its pause ended 4 s late
+    assert leading.tick(stalled_s=4.0) is Step.STEP_DOWN
+    assert "did not run for 4.0 s" in leading.reason
+    assert "etcd" not in leading.reason
+
+
 def test_a_keepalive_that_lands_too_late_does_not_revive_the_leader() -> None:
     clock = FakeClock(100.0)
     leading = leader(clock)

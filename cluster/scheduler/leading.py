@@ -133,7 +133,8 @@ class Leading:
 
     async def _keep(self) -> None:
         """One keepalive and a read of the leader key, bounded by the time the lease surely
-        has; then a pause (cut short when the takeover ends)."""
+        has; then a read of the job's schedulers and a pause (cut short when the takeover
+        ends), together no longer than a keepalive period and never past that time."""
         leadership = self.leadership
         sent = self._clock()
         budget = leadership.valid_until - sent
@@ -153,9 +154,9 @@ class Leading:
         if step is Step.STEP_DOWN:
             await self._stepped_down()
             return
-        await self._refresh_schedulers()
-        pause = min(leadership.keepalive_every_s, max(leadership.valid_until - self._clock(), 0))
-        stalled = await self._pause(pause)
+        due = min(self._clock() + leadership.keepalive_every_s, leadership.valid_until)
+        await self._refresh_schedulers(due - self._clock())
+        stalled = await self._pause(max(due - self._clock(), 0))
         if leadership.tick(stalled) is Step.STEP_DOWN:
             await self._stepped_down()
 
@@ -280,7 +281,7 @@ class Leading:
             await self.election.ensure_lease()  # ended while etcd was away: a new one
         except asyncio.TimeoutError:
             pass
-        await self._refresh_schedulers()
+        await self._refresh_schedulers(every)
         await self.election.wait_for_change(self._known, every)
         found = await self.election.leader()
         if found is not None and self.election.stale(found):
@@ -316,10 +317,12 @@ class Leading:
         if self.leadership.fenced(why) is Step.STEP_DOWN:
             await self._stepped_down()
 
-    async def _refresh_schedulers(self) -> None:
+    async def _refresh_schedulers(self, within_s: float) -> None:
+        """Read the job's schedulers (Status shows them) within `within_s`; a read etcd does not
+        answer in time keeps the list read before."""
         try:
-            peers = await self.election.peers()
-        except StateFileError:
+            peers = await within(self.election.peers(), within_s)
+        except (StateFileError, asyncio.TimeoutError):
             return
         self.schedulers[:] = [p.address for p in peers]  # in place: the gate shows it
 

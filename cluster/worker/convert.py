@@ -61,6 +61,7 @@ def answer(first: pb.Event) -> steps.Accepted | steps.Refused | steps.NotLeader:
         retry_after_s=refusal.retry_after_s,
         finished=refusal.reason == pb.REFUSAL_JOB_FINISHED,
         stale_challenge=refusal.reason == pb.REFUSAL_STALE_CHALLENGE,
+        foreign=refusal.reason == pb.REFUSAL_FOREIGN_JOB,
     )
 
 

@@ -542,6 +542,20 @@ def test_a_new_leader_removes_the_chunks_that_no_key_names(
     wait_until(lambda: "orphan" not in orphans(), 30, "the unnamed chunks removed")
 
 
+def start_with_a_typo(processes: Procs, etcd_cluster: EtcdCluster) -> tuple[Process, str, int]:
+    """A scheduler meant to stand by for the test's job, started at 127.0.0.3 with a mistyped
+    prefix, once it leads a job of its own: the process, its state URL and its port."""
+    typo = etcd_cluster.state_url(etcd_cluster.prefix.rstrip("/") + "-typo/")
+    port = free_port()
+    args = ["--host", "127.0.0.3", "--port", str(port), "--worker-num", "2"]
+    args += ["--state-url", typo, "--lease", str(LEASE_S)]
+    wrong = processes.start(
+        "scheduler-typo", [PYTHON, "-m", "cluster", "scheduler", *args], job_env(2, port)
+    )
+    wrong.wait_for_output("starting a new job", 30)
+    return wrong, typo, port
+
+
 def test_a_standby_given_another_prefix_says_it_leads_a_new_job_and_why_it_refuses_nodes(
     processes: Procs, etcd_cluster: EtcdCluster
 ) -> None:
@@ -552,14 +566,7 @@ def test_a_standby_given_another_prefix_says_it_leads_a_new_job_and_why_it_refus
     schedulers = Schedulers(processes, etcd_cluster)
     leader = schedulers.leader()
     job = register(schedulers.address(leader), "0").accepted.cluster_id
-    typo = etcd_cluster.state_url(etcd_cluster.prefix.rstrip("/") + "-typo/")
-    port = free_port()
-    args = ["--host", "127.0.0.3", "--port", str(port), "--worker-num", "2"]
-    args += ["--state-url", typo, "--lease", str(LEASE_S)]
-    wrong = processes.start(
-        "scheduler-typo", [PYTHON, "-m", "cluster", "scheduler", *args], job_env(2, port)
-    )
-    wrong.wait_for_output("starting a new job", 30)
+    wrong, typo, port = start_with_a_typo(processes, etcd_cluster)
     (line,) = [line for line in wrong.output.splitlines() if "starting a new job" in line]
     assert f"nothing is saved under {typo.rstrip('/')}" in line
     assert "a scheduler meant to stand by for a running job names that job's prefix" in line
@@ -571,4 +578,52 @@ def test_a_standby_given_another_prefix_says_it_leads_a_new_job_and_why_it_refus
     assert f"which it started anew under {typo.rstrip('/')}, where nothing was saved" in said
     assert "this scheduler was started with the wrong CLUSTER_STATE_URL" in said
     assert "keep the node's record; otherwise: the node's process was in that job" in said
+    assert "Traceback" not in wrong.output
+
+
+def test_workers_pass_over_a_standby_given_another_prefix_and_keep_the_job(
+    processes: Procs, etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    """A job's workers know three schedulers: the leader, a standby started with a mistyped
+    prefix (it leads a job of its own), and the right standby. The leader is killed; the
+    workers come to the wrong one first, which refuses them as nodes of another job: they say
+    so once, pass it over, and get back with the right standby, which takes the job over and
+    ends it well. (They exited at its refusal, and the job was lost.)"""
+    schedulers = Schedulers(processes, etcd_cluster)
+    leader = schedulers.leader()
+    standby = next(host for host in HOSTS if host != leader)
+    wrong, _, port = start_with_a_typo(processes, etcd_cluster)
+    # The wrong scheduler is the one in turn after the leader.
+    addrs = [schedulers.address(leader), f"127.0.0.3:{port}", schedulers.address(standby)]
+    env = job_env(
+        2,
+        schedulers.port,
+        CLUSTER_SCHED_ADDRS=",".join(addrs),
+        MS_NODE_TIMEOUT="5",
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+    )
+    go = tmp_path / "go"
+    script = [str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py"), str(go)]
+    workers = [
+        processes.start_role(f"worker-{i}", "MS_WORKER", script, env | {"MS_NODE_ID": str(i)})
+        for i in range(2)
+    ]
+    for worker in workers:
+        worker.wait_for_output("in rank=", 30)
+
+    os.kill(schedulers.procs[leader].pid, signal.SIGKILL)
+    back = f"back with the scheduler at {schedulers.address(standby)}"
+    for worker in workers:
+        wait_until(lambda w=worker: back in w.output or not w.running, 60, "back on the standby")
+        assert back in worker.output, worker.output
+        said = [line for line in worker.output.splitlines() if "127.0.0.3" in line]
+        assert len(said) == 1, said
+        assert "runs another job" in said[0], said[0]
+        assert "wrong CLUSTER_STATE_URL" in said[0], said[0]
+    go.touch()
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output
+    assert schedulers.procs[standby].wait(30) == 0, schedulers.procs[standby].output
+    assert wrong.running
     assert "Traceback" not in wrong.output

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cluster.protocol.errors import EtcdRefused
-from cluster.protocol.leadership import Leadership
+from cluster.protocol.leadership import KEEPALIVES_PER_LEASE, Leadership
 from cluster.protocol.state_url import parse_state_url
 from cluster.scheduler.etcd_client import EtcdConnection
 from cluster.scheduler.etcd_election import EtcdElection
@@ -147,19 +147,26 @@ async def test_the_election_ends_when_cancelled_as_a_keepalive_is_answered(
             await other.close()
 
 
+SHORT_LEASE_S = 2
+
+
+def on_a_short_lease(connection: EtcdConnection) -> tuple[EtcdElection, Leadership]:
+    """An election on a lease of SHORT_LEASE_S, and its leadership."""
+    election = EtcdElection(connection, ADDRESS, SHORT_LEASE_S)
+    return election, Leadership(float(SHORT_LEASE_S), time.monotonic)
+
+
 async def test_a_takeover_longer_than_the_lease_keeps_the_lease_and_leads(
     connection: EtcdConnection,
 ) -> None:
     """A new leader's takeover (load the job, save it, remove garbage) may take longer than
     its lease (a large key-value store): its lease is kept alive meanwhile, and it leads."""
-    lease_s = 2
-    election = EtcdElection(connection, ADDRESS, lease_s)
-    leadership = Leadership(float(lease_s), time.monotonic)
+    election, leadership = on_a_short_lease(connection)
     took_over = asyncio.Event()
     said: list[str] = []
 
     async def lead() -> None:
-        await asyncio.sleep(lease_s * 1.5)  # sleep-ok: a takeover longer than the lease
+        await asyncio.sleep(SHORT_LEASE_S * 1.5)  # sleep-ok: a takeover longer than the lease
         took_over.set()
 
     async def step_down(why: str) -> None:
@@ -168,7 +175,7 @@ async def test_a_takeover_longer_than_the_lease_keeps_the_lease_and_leads(
     leading = Leading(election, leadership, lead, step_down)
     task = asyncio.create_task(leading.run())
     try:
-        await asyncio.wait_for(took_over.wait(), lease_s * 1.5 + BOUND_S)
+        await asyncio.wait_for(took_over.wait(), SHORT_LEASE_S * 1.5 + BOUND_S)
         assert said == []
         assert leadership.serving()
         assert leadership.terms == 1
@@ -188,9 +195,7 @@ async def test_a_step_down_during_the_takeover_cancels_it_and_says_how_long_it_r
 ) -> None:
     """A leader whose lease ends while it takes the job over stops the takeover (nothing it
     would install opens the gate) and says it was taking the job over, and for how long."""
-    lease_s = 2
-    election = EtcdElection(connection, ADDRESS, lease_s)
-    leadership = Leadership(float(lease_s), time.monotonic)
+    election, leadership = on_a_short_lease(connection)
     started, cancelled, stepped = asyncio.Event(), asyncio.Event(), asyncio.Event()
     said: list[str] = []
 
@@ -213,11 +218,60 @@ async def test_a_step_down_during_the_takeover_cancels_it_and_says_how_long_it_r
         lease = election.lease_id
         assert lease is not None
         await connection.call(lambda c: c.revoke_lease(lease), "revoke the lease")
-        await asyncio.wait_for(stepped.wait(), lease_s + BOUND_S)
+        await asyncio.wait_for(stepped.wait(), SHORT_LEASE_S + BOUND_S)
         assert cancelled.is_set()
         assert "lease" in said[0]
         assert "this scheduler's takeover of the job ran" in said[0]
     finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await election.close()
+
+
+async def test_a_leader_keeps_its_lease_while_etcd_does_not_answer_the_list_of_schedulers(
+    connection: EtcdConnection,
+) -> None:
+    """After each keepalive a leader reads the job's schedulers (Status shows them). A read
+    etcd never answers (a member that takes requests and answers none) is given up by the next
+    keepalive's time: the keepalives go on, and the leader keeps its lease and leads. (The
+    loop waited on the read, sent no keepalive, and its lease ended in etcd while it still
+    took itself for the leader.)"""
+    election, leadership = on_a_short_lease(connection)
+    led = asyncio.Event()
+    said: list[str] = []
+
+    async def lead() -> None:
+        led.set()
+
+    async def step_down(why: str) -> None:
+        said.append(why)
+
+    plain = connection.call
+    lists: list[str] = []
+
+    async def unanswered_lists(request: Any, what: str) -> Any:
+        if what == "list the schedulers":
+            lists.append(what)
+            await asyncio.Event().wait()  # never answered
+        return await plain(request, what)
+
+    leading = Leading(election, leadership, lead, step_down)
+    task = asyncio.create_task(leading.run())
+    try:
+        await asyncio.wait_for(led.wait(), BOUND_S)
+        connection.call = unanswered_lists  # type: ignore[method-assign]
+        keepalives = 3 * KEEPALIVES_PER_LEASE  # three leases' worth
+        deadline = time.monotonic() + 3 * SHORT_LEASE_S + BOUND_S
+        while len(lists) < keepalives:
+            assert time.monotonic() < deadline, f"{len(lists)} turns in {3 * SHORT_LEASE_S} s"
+            assert not task.done()
+            await asyncio.sleep(0.05)  # sleep-ok: polls the count of reads, bounded above
+        assert said == []
+        assert leadership.serving()
+        assert election.lease_id is not None
+        assert await ttl_of(connection, election.lease_id) > 0
+    finally:
+        connection.call = plain  # type: ignore[method-assign]
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await election.close()

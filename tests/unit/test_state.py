@@ -21,6 +21,7 @@ from cluster.protocol.records import GUARD_POLL_MARGIN_S
 from cluster.protocol.settings import JobSettings
 from cluster.protocol.version import PROTOCOL_REVISION, VERSION
 from cluster.scheduler.machine.rollback import HELD_BY_ALL_EVERY_S
+from cluster.scheduler.machine.snapshot import restored_note
 from cluster.scheduler.machine.state import (
     Accepted,
     Denial,
@@ -1781,6 +1782,32 @@ def test_restored_nodes_that_do_not_reconnect_fail() -> None:
     assert isinstance(effects[0], NodeFailedEvent)
     assert "did not reconnect" in effects[0].reason
     assert restored.phase is Phase.READY
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_a_job_resumed_with_no_node_alive_says_what_it_waits_for(finished: int) -> None:
+    """Every node timed out (or some finished) before the scheduler restarted: its log said
+    "waiting ... for its 0 nodes to reconnect". It says that none is to reconnect, and that
+    the failed ones are waited for to rejoin, until when."""
+    clock = FakeClock()
+    state = recovering(clock)
+    for node_id in ("0", "1", "2"):
+        if int(node_id) < finished:
+            state.finish(node_id, 1)
+        else:
+            state.disconnect(node_id, 1)
+    snapshot = state.snapshot()
+    restored = restore(snapshot, clock)
+    assert (restored.phase, restored.awaiting) == (Phase.READY, set())
+    note = restored_note(restored, snapshot, "etcd://e1:2379/jobs/a")
+    who = "all 3 of its nodes" if not finished else "2 of its 3 nodes"
+    assert note.startswith(
+        f"resuming job {JOB} from etcd://e1:2379/jobs/a: generation 1, with no node to "
+        f"reconnect: {who} had failed"
+    )
+    assert ("had failed and 1 finished when it was saved" in note) == bool(finished)
+    assert "each that failed to rejoin (started again), up to MS_TOPO_TIMEOUT=60 s" in note
+    assert "0 nodes" not in note
 
 
 def test_snapshot_while_forming_keeps_the_job_id_only() -> None:

@@ -11,7 +11,7 @@ from cluster.protocol import version
 from cluster.protocol.auth import trust_fingerprint
 from cluster.protocol.display import safe
 from cluster.protocol.errors import SnapshotError
-from cluster.protocol.records import Member, Phase, TopologyReadyEvent
+from cluster.protocol.records import Member, NodeState, Phase, TopologyReadyEvent
 
 if TYPE_CHECKING:
     from cluster.scheduler.machine.state import SchedulerState
@@ -141,6 +141,11 @@ def restored_note(restored: SchedulerState, snapshot: dict[str, object], path: s
             f"the job saved in {path} ({snapshot['cluster_id']}) had ended "
             f"({snapshot['phase']}); starting a new job {restored.cluster_id}"
         )
+    if restored.phase is Phase.READY and not restored.awaiting:
+        return (
+            f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
+            f"with no node to reconnect: {_none_alive(restored)}"
+        )
     if restored.phase is Phase.READY:
         return (
             f"resuming job {restored.cluster_id} from {path}: generation {restored.generation}, "
@@ -148,3 +153,19 @@ def restored_note(restored: SchedulerState, snapshot: dict[str, object], path: s
             f"{len(restored.awaiting)} nodes to reconnect"
         )
     return f"resuming job {restored.cluster_id} from {path}: still forming"
+
+
+def _none_alive(restored: SchedulerState) -> str:
+    """What a formed job resumed with no node alive waits for, in words."""
+    members = len(restored.members)
+    failed = sum(member.state is NodeState.FAILED for member in restored.members.values())
+    who = (
+        f"all {members} of its nodes had failed"
+        if failed == members
+        else f"{failed} of its {members} nodes had failed and {members - failed} finished"
+    )
+    return (
+        f"{who} when it was saved; it waits for each that failed to rejoin (started again), up "
+        f"to MS_TOPO_TIMEOUT={restored.settings.topo_timeout_s:g} s after its guard ends, and "
+        "fails the job otherwise"
+    )

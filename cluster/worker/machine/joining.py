@@ -17,6 +17,11 @@ The rules it keeps:
   that names no leader, or names one found down a moment ago, sends the node to the next address
   in turn. Only an address of the configuration or one a scheduler named is ever followed.
   These rules are `cluster.protocol.leader_search`'s, shared with `mscluster status`.
+- A node of a job (it has the job's cluster id) that knows several schedulers, refused by one
+  as a node of another job, takes that one for a scheduler that is not its job's (a standby
+  started on another job's state, which leads a job of its own), like a standby that names no
+  leader: it says so once, tries the others in turn, and fails only at its deadline, naming
+  that refusal. With one scheduler the refusal fails the node at once.
 - Behind a host's relay: a registration the relay took and answered nothing, with the scheduler
   answering a probe a moment later, is the relay lost (stopped or hung, though its socket takes
   connections): the node leaves it (`LeaveRelay`), naming it, and goes on directly.
@@ -93,6 +98,8 @@ class Joining:
         self.address = self.addresses[0]
         # When each address was last found down (since the last acceptance).
         self._down: dict[str, float] = {}
+        # What each scheduler that runs another job said (since the last acceptance).
+        self._foreign: dict[str, str] = {}
         self._announced = ""  # the leader last said to be followed
         # Why the scheduler could not be reached at the last check ("" when it could).
         self.unreachable = ""
@@ -223,6 +230,8 @@ class Joining:
             # scheduler before the connection to it broke).
             self._finish_heard()
             return [steps.Say(f"the job finished: {event.message}"), steps.Done()]
+        if event.foreign and self.node.cluster_id and len(self.addresses) > 1:
+            return self._another_job(event.message)
         if not event.transient:
             return self.node.fail(
                 RegistrationRefused(f"{self.where} refused this node: {event.message}")
@@ -232,6 +241,21 @@ class Joining:
             said = self.report(f"waiting out the guard: {event.message}")
         self._guard_said = True
         return said + self._pause(self.node.pace.guard_s(event.retry_after_s))
+
+    def _another_job(self, message: str) -> Actions:
+        """The scheduler asked runs another job: passed over for the next in turn, said once."""
+        said: Actions = []
+        if self.address not in self._foreign:
+            left = max(self.node.deadline - self.node.clock(), 0.0)
+            said.append(
+                steps.Say(
+                    f"{self.where} runs another job, and refused this node: {message}; this "
+                    "node passes it over and tries its job's other schedulers, for up to "
+                    f"{left:.0f} s more"
+                )
+            )
+        self._foreign[self.address] = message
+        return said + self._next_address() + self._retry_pause()
 
     def _finish_heard(self) -> None:
         self.node.finish.hear()
@@ -254,6 +278,7 @@ class Joining:
             )
         self.node.cluster_id = event.cluster_id
         self._down.clear()
+        self._foreign.clear()
         self.node.progress = (event.registered, event.expected)
         self.node.heartbeat_interval_s = (
             event.heartbeat_interval_s or self.node.heartbeat_interval_s
@@ -304,6 +329,18 @@ class Joining:
         return [steps.Follow(self.address)]
 
     def _registration_timeout(self) -> ClusterError:
+        """The error of a registration deadline passed (`_timeout_error`), and what each
+        scheduler passed over as another job's said."""
+        error = self._timeout_error()
+        if not self._foreign:
+            return error
+        refused = "; ".join(
+            f"the scheduler at {address} runs another job, and refused this node: {message}"
+            for address, message in self._foreign.items()
+        )
+        return type(error)(f"{error}; {refused}")
+
+    def _timeout_error(self) -> ClusterError:
         """The error of a registration deadline passed: the scheduler's last refusal or hold, or
         why it could not be reached; the address is doubted only when nothing answered."""
         told = self.node.answers.why(self.node.clock())

@@ -76,6 +76,9 @@ class Refused:
     finished: bool = False  # the job finished well (REFUSAL_JOB_FINISHED)
     # The registration's challenge was stale (REFUSAL_STALE_CHALLENGE): ask for a new one.
     stale_challenge: bool = False
+    # The scheduler runs another job than the one this node's cluster id names
+    # (REFUSAL_FOREIGN_JOB).
+    foreign: bool = False
 
 
 @frozen

@@ -1,0 +1,196 @@
+"""A scheduler that runs another job, without a network (the worker core, an injected clock).
+
+A standby started with a mistyped CLUSTER_STATE_URL prefix finds nothing saved there and leads a
+job of its own. When the real leader dies, the workers that know every scheduler come to it, and
+it refuses them as nodes of another job (REFUSAL_FOREIGN_JOB). They exited at that refusal,
+though the other schedulers they knew (the real standby) would have taken them back, and the
+job was lost. A node of a job that knows several schedulers now passes such a one over, says so
+once, and gives up only at its deadline, naming the refusal."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given
+
+from cluster.protocol.errors import RegistrationRefused, SchedulerUnreachableError
+from cluster.worker.machine import steps
+from cluster.worker.machine.core import Lifecycle, WorkerCore
+from tests.conftest import FakeClock
+from tests.unit.test_worker_core import (
+    NODE_S,
+    TOPO_S,
+    accepted,
+    config,
+    fails,
+    kinds,
+    ready_core,
+    topology,
+)
+
+LEADER, WRONG, STANDBY = "127.0.0.1:8118", "127.0.0.2:8118", "127.0.0.3:8118"
+HOSTS = "127.0.0.1,127.0.0.2,127.0.0.3"
+FOREIGN = (
+    "node '0' belongs to job job-1, but this scheduler runs job job-9, which it started anew "
+    "under etcd://e1:2379/jobs/typo, where nothing was saved: ... the wrong CLUSTER_STATE_URL"
+)
+
+
+def another_job() -> steps.Refused:
+    return steps.Refused(FOREIGN, foreign=True)
+
+
+def said(actions: list[steps.Action]) -> list[str]:
+    return [action.text for action in actions if isinstance(action, steps.Say)]
+
+
+def lose_the_leader(core: WorkerCore) -> None:
+    """The leader dies: the stream breaks, the probe finds it down, the next is asked."""
+    assert kinds(core.step(steps.StreamLost("connection reset")))[-1] is steps.CheckScheduler
+    assert core.step(steps.Checked(False, "connection refused"))[0] == steps.Follow(WRONG)
+    assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
+    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+
+
+def test_a_scheduler_of_another_job_is_passed_over_for_the_jobs_standby() -> None:
+    core, clock = ready_core(recovery=True, hosts=HOSTS)
+    lose_the_leader(core)
+    actions = core.step(another_job())
+    (line,) = said(actions)
+    assert line.startswith(f"the scheduler at {WRONG} runs another job, and refused this node: ")
+    assert FOREIGN in line
+    assert f"tries its job's other schedulers, for up to {TOPO_S:.0f} s more" in line
+    assert kinds(actions) == [steps.Say, steps.Follow, steps.Pause]
+    assert actions[1] == steps.Follow(STANDBY)
+    assert fails(actions) == []
+    # The standby takes the job over, and takes the node back.
+    clock.advance(0.1)
+    assert kinds(core.step(steps.PauseOver())) == [steps.CheckScheduler]
+    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
+    assert (core.address, core.lifecycle) == (STANDBY, Lifecycle.READY)
+
+
+def answer(core: WorkerCore, clock: FakeClock, action: steps.Action) -> list[steps.Action]:
+    """What the schedulers answer: the leader is down, the standby names no leader (an election
+    that never ends), the wrong one refuses the node as another job's."""
+    match action:
+        case steps.CheckScheduler():
+            return core.step(steps.Checked(core.address != LEADER, "connection refused"))
+        case steps.Register() if core.address == WRONG:
+            return core.step(another_job())
+        case steps.Register():
+            return core.step(steps.NotLeader("", retry_after_s=0.5))
+        case steps.Pause(seconds=seconds):
+            clock.advance(seconds)
+            return core.step(steps.PauseOver())
+        case _:
+            return []
+
+
+@given(recovery=st.booleans())
+def test_a_node_refused_by_another_jobs_scheduler_gives_up_only_at_its_deadline(
+    recovery: bool,
+) -> None:
+    core, clock = ready_core(recovery=recovery, hosts=HOSTS)
+    lose_the_leader(core)
+    deadline = core.deadline
+    assert deadline - clock() == (max(NODE_S, TOPO_S) if recovery else NODE_S)
+    pending, lines = core.step(another_job()), []
+    for _ in range(100_000):
+        lines += said(pending)
+        if fails(pending):
+            break
+        pending = [a for action in pending for a in answer(core, clock, action)]
+    (error,) = fails(pending)
+    assert clock() >= deadline
+    assert isinstance(error, SchedulerUnreachableError)
+    assert str(error).endswith(
+        f"; the scheduler at {WRONG} runs another job, and refused this node: {FOREIGN}"
+    )
+    assert len([line for line in lines if "runs another job" in line]) == 1, lines
+
+
+@given(
+    order=st.permutations([LEADER, WRONG, STANDBY]),
+    standby=st.lists(st.sampled_from(["down", "no leader", "the dead leader"]), max_size=8),
+)
+def test_the_job_survives_another_jobs_scheduler_whatever_the_order(
+    order: list[str], standby: list[str]
+) -> None:
+    """Whatever the order of the addresses, and whatever the standby answers before it leads
+    (down a moment, an election under way, the dead leader still named), the node passes the
+    other job's scheduler over, says so once, and is taken back by the standby."""
+    clock = FakeClock()
+    core = WorkerCore(config(recovery=True, hosts=",".join(a.split(":")[0] for a in order)), clock)
+    core.step(steps.Start())
+    if core.address != LEADER:  # the node joined the job on its leader, as named to it
+        core.step(steps.NotLeader(LEADER))
+    assert core.address == LEADER
+    core.step(accepted())
+    core.step(steps.TopologyReady(topology()))
+    pending, lines = core.step(steps.StreamLost("connection reset")), []
+    answers = list(standby)
+    for _ in range(10_000):
+        lines += said(pending)
+        if fails(pending) or core.lifecycle is Lifecycle.READY:
+            break
+        pending = [a for action in pending for a in respond(core, clock, action, answers)]
+    assert fails(pending) == []
+    assert (core.lifecycle, core.address) == (Lifecycle.READY, STANDBY)
+    assert len([line for line in lines if "runs another job" in line]) <= 1, lines
+
+
+def respond(
+    core: WorkerCore, clock: FakeClock, action: steps.Action, standby: list[str]
+) -> list[steps.Action]:
+    """The dead leader is down; the other job's scheduler refuses the node; the standby answers
+    `standby` in turn, then takes the node back."""
+    event: steps.Event
+    match action:
+        case steps.CheckScheduler() if core.address == STANDBY and standby[:1] == ["down"]:
+            standby.pop(0)
+            event = steps.Checked(False, "connection refused")
+        case steps.CheckScheduler():
+            event = steps.Checked(core.address != LEADER, "connection refused")
+        case steps.Register() if core.address == WRONG:
+            event = another_job()
+        case steps.Register() if core.address == STANDBY and standby and standby[0] != "down":
+            named = LEADER if standby.pop(0) == "the dead leader" else ""
+            event = steps.NotLeader(named, retry_after_s=0.5)
+        case steps.Register():
+            assert core.address == STANDBY
+            event = accepted()
+        case steps.Pause(seconds=seconds):
+            clock.advance(seconds)
+            event = steps.PauseOver()
+        case _:
+            return []
+    return core.step(event)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "member"),
+    [("127.0.0.2", True), (HOSTS, False)],
+    ids=["one scheduler", "no job yet"],
+)
+def test_the_refusal_fails_a_node_at_once_that_has_no_other_scheduler_or_no_job(
+    hosts: str, member: bool
+) -> None:
+    """With one scheduler, there is no other to try; a node that belongs to no job yet is
+    refused as another job's by no scheduler of its own job."""
+    core = WorkerCore(config(hosts=hosts), FakeClock(), cluster_id="job-1" if member else "")
+    core.step(steps.Start())
+    (error,) = fails(core.step(another_job()))
+    assert isinstance(error, RegistrationRefused)
+    assert str(error).endswith(f"refused this node: {FOREIGN}")
+
+
+def test_a_restarted_node_with_its_jobs_id_passes_over_another_jobs_scheduler() -> None:
+    """A worker process restarted (its cluster id from its record) whose first scheduler runs
+    another job tries the next one."""
+    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
+    core.step(steps.Start())
+    actions = core.step(another_job())
+    assert kinds(actions) == [steps.Say, steps.Follow, steps.Pause]
+    assert actions[1] == steps.Follow(STANDBY)

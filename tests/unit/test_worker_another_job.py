@@ -194,3 +194,20 @@ def test_a_restarted_node_with_its_jobs_id_passes_over_another_jobs_scheduler() 
     actions = core.step(another_job())
     assert kinds(actions) == [steps.Say, steps.Follow, steps.Pause]
     assert actions[1] == steps.Follow(STANDBY)
+
+
+def test_a_node_every_scheduler_refuses_as_another_jobs_fails_at_once() -> None:
+    """A worker whose record names a job that none of its schedulers runs (the job was moved
+    away, a new one started) is refused so by each in turn: it fails once every one has,
+    naming each refusal, rather than asking them again until its deadline."""
+    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
+    core.step(steps.Start())
+    core.step(another_job())
+    assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
+    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    (error,) = fails(core.step(another_job()))
+    assert isinstance(error, RegistrationRefused)
+    message = str(error)
+    assert message.startswith("every scheduler this node knows runs another job")
+    assert f"{WRONG}: {FOREIGN}" in message
+    assert f"{STANDBY}: {FOREIGN}" in message

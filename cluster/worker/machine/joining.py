@@ -21,7 +21,8 @@ The rules it keeps:
   as a node of another job, takes that one for a scheduler that is not its job's (a standby
   started on another job's state, which leads a job of its own), like a standby that names no
   leader: it says so once, tries the others in turn, and fails only at its deadline, naming
-  that refusal. With one scheduler the refusal fails the node at once.
+  that refusal, or at once when every scheduler it knows has refused it so (its record names
+  a job none of them runs). With one scheduler the refusal fails the node at once.
 - Behind a host's relay: a registration the relay took and answered nothing, with the scheduler
   answering a probe a moment later, is the relay lost (stopped or hung, though its socket takes
   connections): the node leaves it (`LeaveRelay`), naming it, and goes on directly.
@@ -255,6 +256,13 @@ class Joining:
                 )
             )
         self._foreign[self.address] = message
+        if set(self.addresses) <= set(self._foreign):  # none of them runs this node's job
+            refused = "; ".join(f"{address}: {why}" for address, why in self._foreign.items())
+            return self.node.fail(
+                RegistrationRefused(
+                    f"every scheduler this node knows runs another job, and refused it ({refused})"
+                )
+            )
         return said + self._next_address() + self._retry_pause()
 
     def _finish_heard(self) -> None:

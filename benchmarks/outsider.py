@@ -22,6 +22,11 @@ Measured: the server's resident memory (VmRSS) before and after, and how much it
   over `--connections` of its own (48: its share of calls in a job of two, 64, less room for
   its own barriers, which rank 1's need); rank 1 passes barriers meanwhile. The floor: the same
   job with no flood.
+  Then `--large-sets` sets of `--large-mib` MiB at once over `--connections` (rank 0's own
+  gRPC calls, signed as rank 0: past the 4 MiB cluster.kv_store() sends, up to the 64 MiB a
+  message may have; the store refuses each once it has read it). And a well-behaved job's large
+  values, timed (`--legit` of member_flood.py): an allgather_object of 16 MiB objects and one
+  KvSet of 63 MiB, each the median of 3.
 - `tcpstore`: `--sets` TCPStore clients each set one of two keys to 2 MiB again and again.
 Measured: the server's peak resident memory (VmHWM) at its start and once the flood is over,
 and the sets answered and refused.
@@ -29,7 +34,7 @@ and the sets answered and refused.
 Usage: python benchmarks/outsider.py [--followers 50] [--count 8] [--mb 8]
        [--systems cluster,cluster-secret,tcpstore]
        python benchmarks/outsider.py --flood [--sets 128] [--connections 8] [--seconds 4]
-       [--systems cluster,tcpstore]
+       [--large-sets 48] [--large-mib 32] [--systems cluster,tcpstore]
 """
 
 from __future__ import annotations
@@ -203,7 +208,8 @@ def run_tcpstore(args: argparse.Namespace) -> tuple[float, float, float]:
     return before, after, 0.0
 
 
-Peaks = tuple[float, float, Counter[str]]
+# Peak memory at the start and after, how the sets ended, and what rank 0 printed.
+Peaks = tuple[float, float, Counter[str], str]
 
 
 def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peaks:
@@ -218,6 +224,7 @@ def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peak
     }
     go, log = tmp / f"go-{port}", tmp / f"rank0-{port}.log"
     script = [str(FLOOD_SCRIPT), "--seconds", str(args.seconds), *flood, "--go", str(go)]
+    text = ""
     with server([sys.executable, "-m", "cluster", "scheduler"], env, "listening on") as proc:
         start = rss_mib(proc.pid, "VmHWM")
         with log.open("w") as out:
@@ -233,6 +240,7 @@ def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peak
         try:
             codes = flood_codes(log, workers[0])
             peak = rss_mib(proc.pid, "VmHWM")
+            text = log.read_text()
         finally:
             go.touch()
             for worker in workers:
@@ -240,7 +248,7 @@ def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peak
                     worker.wait(60)
                 except subprocess.TimeoutExpired:
                     worker.kill()
-    return start, peak, codes
+    return start, peak, codes, text
 
 
 def flood_codes(log: Path, worker: subprocess.Popen[bytes], limit_s: float = 120.0) -> Counter[str]:
@@ -287,11 +295,11 @@ def flood_tcpstore(args: argparse.Namespace) -> Peaks:
         for thread in threads:
             thread.join()
         peak = rss_mib(proc.pid, "VmHWM")
-    return start, peak, codes
+    return start, peak, codes, ""
 
 
 def run_floods(args: argparse.Namespace) -> None:
-    print(f"one member's sets of 2 MiB at once for {args.seconds:g} s")
+    print(f"one member's sets of 2 MiB (or as said) at once for {args.seconds:g} s")
     header = f"{'peak at start':>13} {'peak':>9} {'grown':>9} {'sets':>6} {'refused':>8}"
     print(f"{'system':34} {header}")
     sets, connections = str(args.sets), str(args.connections)
@@ -303,6 +311,15 @@ def run_floods(args: argparse.Namespace) -> None:
             ["--kv-threads", str(CONNECTION_SETS), "--connections", connections],
         ),
     ]
+    large, large_mib = str(args.large_sets), str(args.large_mib)
+    if args.large_sets:
+        rows.append(
+            (
+                f"cluster, {large} of {large_mib} MiB, {connections} conn.",
+                ["--kv-threads", large, "--connections", connections, "--value-mib", large_mib],
+            )
+        )
+    rows.append(("cluster, no flood, --legit", ["--kv-threads", "0", "--legit"]))
     systems = args.systems.split(",")
     rows = [row for row in rows if "cluster" in systems]
     if "tcpstore" in systems:
@@ -310,14 +327,17 @@ def run_floods(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for label, flood in rows:
             if flood is None:
-                start, peak, codes = flood_tcpstore(args)
+                start, peak, codes, text = flood_tcpstore(args)
             else:
-                start, peak, codes = flood_cluster(args, Path(tmp), flood)
+                start, peak, codes, text = flood_cluster(args, Path(tmp), flood)
             answered, refused = codes["OK"], codes.total() - codes["OK"]
             print(
                 f"{label:34} {start:11.1f}MB {peak:7.1f}MB {peak - start:7.1f}MB "
                 f"{answered:6} {refused:8}"
             )
+            found = re.search(r"legit (.*)", text)
+            if found:
+                print(f"  {found.group(1)}")
 
 
 def main() -> None:
@@ -330,6 +350,8 @@ def main() -> None:
     parser.add_argument("--sets", type=int, default=128)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--large-sets", type=int, default=CONNECTION_SETS)
+    parser.add_argument("--large-mib", type=int, default=32)
     args = parser.parse_args()
     if args.flood:
         run_floods(args)

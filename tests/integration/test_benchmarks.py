@@ -108,6 +108,10 @@ SMOKES = {
         ),
         torch=True,
     ),
+    "unread_streams.py": Smoke(
+        ("benchmarks/unread_streams.py", "--calls", "2", "--mib", "1", "--hold", "0.5"),
+        (r"^never reads it +1 +[\d.]+MB", r"^reads its request +4 +[\d.]+MB"),
+    ),
     "peer_lookup.py": Smoke(
         ("benchmarks/peer_lookup.py", "--sizes", "256", "--repeat", "1"),
         (r"^ +N ids \| +wire KiB \|", r"^ +256 numeric \|", r"^ +256 named \|"),

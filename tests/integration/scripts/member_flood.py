@@ -6,6 +6,12 @@ and the job ends.
   cluster.kv_store() (the public API; inside its key-value share).
 --connections C (with --kv-threads T): T sets at once as above, over C connections of rank 0's
   own to the scheduler instead of its one channel (each signed as rank 0).
+--value-mib M (with --connections): each of those sets' values is M MiB (default 2; past the
+  4 MiB that cluster.kv_store() sends, as a script's own gRPC calls may be, up to the 64 MiB a
+  message may have).
+--legit: before any flood, what a well-behaved member's large values take, each the median of
+  3: an allgather_object of 16 MiB objects (every rank) and one KvSet of 63 MiB (rank 0's own
+  call, as above: the store refuses a value over 4 MiB once it has read it).
 --beats N: N Heartbeat streams of rank 0, each beating as fast as it can (signed as rank 0).
 --reopens N: N loops of rank 0, each opening a Heartbeat stream, beating once, and opening
   another as soon as that one ends (superseded by another loop's, or refused), as fast as it can.
@@ -30,7 +36,6 @@ import grpc
 import cluster
 from cluster.api import runtime
 from cluster.v1 import scheduler_pb2 as pb
-from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 
 MIB = 1024 * 1024
 BARRIERS = 20
@@ -64,8 +69,10 @@ def kv_flood(threads: int, seconds: float, seen: Seen) -> None:
         worker.join()
 
 
-async def _kv_connections(sets: int, connections: int, seconds: float, seen: Seen) -> None:
-    agent, value = runtime.session().agent, b"v" * (2 * MIB)
+async def _kv_connections(
+    sets: int, connections: int, seconds: float, seen: Seen, value_mib: int
+) -> None:
+    agent, value = runtime.session().agent, b"v" * (value_mib * MIB)
     address = f"{os.environ['MS_SCHED_HOST']}:{os.environ['MS_SCHED_PORT']}"
     end = time.monotonic() + seconds
     # A channel argument of its own makes each channel open a connection of its own.
@@ -74,13 +81,20 @@ async def _kv_connections(sets: int, connections: int, seconds: float, seen: See
         for i in range(connections)
     ]
 
+    # Serialized once: the calls send the same bytes (this process holds each call's copy only
+    # until it is sent), so that one process floods as fast as the network goes.
+    bodies = [pb.KvSetRequest(key=f"flood/{i}", value=value).SerializeToString() for i in (0, 1)]
+
     async def loop(i: int) -> None:
-        stub = pb_grpc.SchedulerStub(channels[i % connections])
-        request = pb.KvSetRequest(key=f"flood/{i % 2}", value=value)
+        kv_set = channels[i % connections].unary_unary(
+            "/cluster.v1.Scheduler/KvSet", response_deserializer=pb.KvSetResponse.FromString
+        )
+        body = bodies[i % 2]
         while time.monotonic() < end:
             try:
-                metadata = agent._signed("KvSet", request)
-                await stub.KvSet(request, metadata=metadata, timeout=seconds + 30)
+                signer = agent._signer
+                metadata = agent._metadata if signer is None else signer.metadata("KvSet", body)
+                await kv_set(body, metadata=metadata, timeout=seconds + 30)
                 seen.codes["OK"] += 1
             except grpc.aio.AioRpcError as exc:
                 seen.error(exc.code().name, exc.details() or "")
@@ -171,10 +185,35 @@ async def _reports(count: int, seconds: float, seen: Seen) -> None:
     await asyncio.gather(*(one() for _ in range(count)))
 
 
+async def _one_set(value: bytes) -> float:
+    """Seconds one KvSet of `value` takes, answered (the store's refusal is an answer)."""
+    agent = runtime.session().agent
+    request = pb.KvSetRequest(key="legit", value=value)
+    metadata = agent._signed("KvSet", request)
+    start = time.perf_counter()
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await agent._link.stub.KvSet(request, metadata=metadata, timeout=60)
+    return time.perf_counter() - start
+
+
+def legit(rank: int) -> None:
+    """Time a well-behaved member's large values (see --legit) and print them."""
+    gathers, sets, obj = [], [], b"x" * (16 * MIB)
+    for _ in range(3):
+        cluster.barrier()
+        start = time.perf_counter()
+        cluster.allgather_object(obj)
+        gathers.append(time.perf_counter() - start)
+        if rank == 0:
+            sets.append(runtime.session().call(_one_set(b"v" * (63 * MIB))))
+    gather_s, set_s = sorted(gathers)[1], sorted(sets)[1] if sets else 0.0
+    print(f"legit allgather_16mib_s={gather_s:.3f} kvset_63mib_s={set_s:.3f}", flush=True)
+
+
 def flood(args: Any, seen: Seen) -> None:
     if args.kv_threads and args.connections:
         runtime.session().call(
-            _kv_connections(args.kv_threads, args.connections, args.seconds, seen)
+            _kv_connections(args.kv_threads, args.connections, args.seconds, seen, args.value_mib)
         )
     elif args.kv_threads:
         kv_flood(args.kv_threads, args.seconds, seen)
@@ -191,6 +230,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--kv-threads", type=int, default=0)
     parser.add_argument("--connections", type=int, default=0)
+    parser.add_argument("--value-mib", type=int, default=2)
+    parser.add_argument("--legit", action="store_true")
     parser.add_argument("--beats", type=int, default=0)
     parser.add_argument("--reopens", type=int, default=0)
     parser.add_argument("--reports", type=int, default=0)
@@ -198,6 +239,8 @@ def main() -> None:
     args = parser.parse_args()
     cluster.init()
     rank = cluster.get_rank()
+    if args.legit:
+        legit(rank)
     seen = Seen()
     flooding = threading.Thread(target=flood, args=(args, seen)) if rank == 0 else None
     if flooding is not None:

@@ -42,6 +42,7 @@ from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
+from cluster.scheduler.machine.admission import Denied
 from cluster.scheduler.machine.events import Kind, Record
 from cluster.transport import edge, failures, handlers, membership
 from cluster.transport.handlers import Handler, peer_host
@@ -104,6 +105,19 @@ def relay_refusal(
     return None if lines is None else (RegistrationRefused(lines[0]), lines[1])
 
 
+def _stranger(core: SchedulerCore, method: str, caller: membership.Caller) -> ClusterError | None:
+    """Why a member's `method` call from `caller` is refused before its request is read: it
+    names no node, or none of the job's members and spares (`Admission.named`); None when it
+    names one, whose proof is looked at with the request."""
+    if not caller.node_id:
+        return NotAuthenticatedError(
+            f"a {method} call that names no node (no {membership.NODE_ID_KEY} metadata): only a "
+            "member of the job makes it, as itself"
+        )
+    named = core.state.admission.named(caller.node_id, caller.incarnation)
+    return named.error() if isinstance(named, Denied) else None
+
+
 def mapped(
     handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Ctx], Awaitable[Resp | None]]:
@@ -148,16 +162,21 @@ class ServicerEdge:
         self.beat_streams: dict[str, asyncio.Future[None]] = {}
 
     def bounded(self, method: str, handler: Handler) -> Handler:
-        """`handler`, a member's call, counted to the member it names from its start, while
-        its request is on its way (`MemberLimits.call`): past its share, refused at once."""
+        """`handler`, a member's call: refused unread when it names no member or spare of the
+        job (`Admission.named`: a stranger's request, up to the largest message, is never taken
+        in), else counted to the member it names from its start, while its request is on its
+        way (`MemberLimits.call`): past its share, refused at once."""
 
         def wrap(behavior: Any) -> Any:
             async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                metadata = context.invocation_metadata() or ()
-                node_id = next((str(v) for k, v in metadata if k == membership.NODE_ID_KEY), "")
-                core = self._gate.core
-                if not node_id or core is None:
+                caller = membership.caller(context.invocation_metadata(), method)
+                node_id, core = caller.node_id, self._gate.core
+                if core is None:  # a standby: its refusal names the leader
                     return await behavior(requests, context)
+                stranger = _stranger(core, method, caller)
+                if stranger is not None:
+                    refuse(context, stranger)
+                    return None
                 host = peer_host(context.peer() or "")
                 try:
                     with core.bounds.call(node_id[:200], host, method):

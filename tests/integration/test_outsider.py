@@ -32,7 +32,7 @@ from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.convert import register_request
 from cluster.worker.identity import NodeIdentity, new_incarnation
 from tests.credentials import read_metadata, secret_of
-from tests.integration.test_hostile import env_for, start_scheduler
+from tests.integration.test_hostile import env_for, peak_rss_kb, start_scheduler
 from tests.procs import PYTHON, Procs, mscluster
 
 pytestmark = pytest.mark.slow
@@ -208,3 +208,52 @@ def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Pat
     start_scheduler(processes, other_env)
     elsewhere = replayed(other_port, captured)
     assert elsewhere.refused.reason == pb.REFUSAL_STALE_CHALLENGE, elsewhere
+
+
+LARGE = 16 * 1024 * 1024
+
+
+@pytest.mark.parametrize("names", ["nobody", "a made-up node"])
+def test_an_outsiders_large_member_calls_are_refused_unread(
+    processes: Procs, tmp_path: Path, names: str
+) -> None:
+    """48 key-value sets of 16 MiB at once over 4 connections, from a caller that names no
+    member of the job (no node id, or one the job never saw): each is refused so
+    before the scheduler takes its request in: its peak grows by about 60 MiB (gRPC's buffers
+    of the streams it ends), where reading each request before looking at who sent it grew it
+    by 265-376 MiB (and by 1.4 GB under 64 such sets of 32 MiB)."""
+    secret = tmp_path / "job.secret"
+    secret.write_text(secrets.token_hex(32))
+    secret.chmod(0o600)
+    port = free_port()
+    sched = start_scheduler(
+        processes, env_for(port, tmp_path, None, CLUSTER_JOB_SECRET_FILE=str(secret))
+    )
+    before = peak_rss_kb(sched.pid)
+    metadata = () if names == "nobody" else (("cluster-node-id", "7"), ("cluster-incarnation", "1"))
+    request = pb.KvSetRequest(key="k", value=b"x" * LARGE)
+    channels = [
+        grpc.insecure_channel(
+            f"127.0.0.1:{port}",
+            [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)],
+        )
+        for _ in range(4)
+    ]
+    try:
+        stubs = [pb_grpc.SchedulerStub(channel) for channel in channels]
+        calls = [
+            stubs[i % 4].KvSet.future(request, metadata=metadata, timeout=60) for i in range(48)
+        ]
+        codes = {call.exception().code() for call in calls}  # type: ignore[union-attr]
+    finally:
+        for channel in channels:
+            channel.close()
+    code, said = (
+        (grpc.StatusCode.UNAUTHENTICATED, "that names no node")
+        if names == "nobody"
+        else (grpc.StatusCode.NOT_FOUND, "is not a member of job")
+    )
+    assert codes == {code}
+    grown_mib = (peak_rss_kb(sched.pid) - before) / 1024
+    assert grown_mib < 160, f"the scheduler's peak grew by {grown_mib:.0f} MiB"
+    assert said in calls[0].exception().details()  # type: ignore[union-attr]

@@ -147,6 +147,21 @@ class Admission:
     ) -> Member | Denied:
         """The member this call speaks for, if it may; `incarnation` None: any (the credential
         is per incarnation anyway)."""
+        member = self.named(node_id, incarnation)
+        if isinstance(member, Denied):
+            return member
+        secret = self.job.settings.job_secret
+        problem = (
+            self._check_bearer(member, presented.digest)
+            if secret is None
+            else self._check_call(member, presented.call, secret)
+        )
+        return member if problem is None else problem
+
+    def named(self, node_id: str, incarnation: int | None) -> Member | Denied:
+        """The member or spare a call names (`incarnation` None: any), before what it presents
+        is looked at: a call that names none is refused unread (`ServicerEdge.bounded`), so
+        that no stranger has the scheduler take its request in."""
         member = None
         if valid_node_id(node_id):
             key = canonical_node_id(node_id)
@@ -158,13 +173,7 @@ class Admission:
                 f"node {node_id[:140]!r}{which} is not a member of job {self.job.cluster_id}: "
                 "register first",
             )
-        secret = self.job.settings.job_secret
-        problem = (
-            self._check_bearer(member, presented.digest)
-            if secret is None
-            else self._check_call(member, presented.call, secret)
-        )
-        return member if problem is None else problem
+        return member
 
     @staticmethod
     def _check_bearer(member: Member, digest: bytes) -> Denied | None:

@@ -36,7 +36,9 @@ With several schedulers (standbys on etcd), the relay sends every call to the on
 the leader (`cluster.transport.upstreams`), by the rules the workers follow
 (`cluster.protocol.leader_search`): it reads only what a call came back with, the trailing
 metadata of a standby (`cluster-leader`) and a call cut off, and moves; the worker, told the
-same, asks again, and its call goes where the relay went.
+same, asks again, and its call goes where the relay went. A refusal moves it nowhere (a worker
+with a stale record is refused as another job's by the job's own leader): a worker refused as
+another job's through it asks directly (`cluster.worker.machine.joining`).
 
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the

@@ -187,8 +187,8 @@ class WorkerAgent:
             case steps.Register():
                 event = self._link.relayed(await self._stream.register(action))
                 return self._stream.registered(self.core.step(event))
-            case steps.LeaveRelay(why=why):
-                self._closing(self._link.leave_relay(self.core.address, why))
+            case steps.LeaveRelay(why=why, refused=refused):
+                self._closing(self._link.leave_relay(self.core.address, why, refused=refused))
             case steps.CheckScheduler(timeout_s=timeout_s):
                 return self.core.step(await self._check_scheduler(timeout_s))
             case steps.Pause(seconds=seconds):

@@ -110,10 +110,15 @@ class Link:
         why = "" if cut_off else await _check(relay)
         return self.follow(address) if self.route.relay_lost(cut_off=cut_off, why=why) else None
 
-    def leave_relay(self, address: str, why: str) -> Closing | None:
+    def leave_relay(self, address: str, why: str, *, refused: bool = False) -> Closing | None:
         """To the scheduler at `address` directly: the relay answered none of this node's calls
-        (`why`). The old channel's closing when the node moved."""
-        return self.follow(address) if self.route.relay_lost(cut_off=True, why=why) else None
+        (`why`), or, `refused`, its scheduler refused this node as another job's
+        (`Route.relay_refused`). The old channel's closing when the node moved."""
+        if refused:
+            left = self.route.relay_refused(why)
+        else:
+            left = self.route.relay_lost(cut_off=True, why=why)
+        return self.follow(address) if left else None
 
     async def check_lost_relay(self) -> str | None:
         """Why the relay this node lost does not answer ("" when it does: `Route.relay_back`
@@ -126,10 +131,13 @@ class Link:
         silence it was: a stream silent while the relay answers (`StreamLost.relay`: the silence
         is beyond it); a registration unanswered, not cut off by the relay, with the hop to it
         down or silent too (`Unanswered.relay`: the relay is lost if the scheduler answers; a
-        registration a busy scheduler is slow to answer leaves the relay answering)."""
+        registration a busy scheduler is slow to answer leaves the relay answering); a
+        refusal (`Refused.relay`: the scheduler the relay forwards to refused it)."""
         hop = self.hop
         if hop is None:
             return event
+        if isinstance(event, steps.Refused):  # the relay's scheduler's refusal
+            return dataclasses.replace(event, relay=hop.address)
         answering = hop.answering(RELAY_CHECK_S)
         if isinstance(event, steps.StreamLost) and event.silent_s is not None and answering:
             return dataclasses.replace(event, relay=hop.address)

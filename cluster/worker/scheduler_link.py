@@ -127,6 +127,9 @@ class Route:
     relay answers, else to the scheduler directly (a leader named elsewhere). A relay found gone
     is left, said in one line, until the worker finds it back (a launcher restarted it) when it
     opens a channel again, or while its stream runs direct (`WorkerAgent`: the stream moves).
+    A relay whose scheduler refused the worker as another job's is left the same way
+    (`relay_refused`), but taken back only by the stream's move, or once the stream is lost:
+    the channels the worker opens while it registers go direct.
     The checks of the relay (`relay_check`) are the caller's, off its event loop (the link's),
     but for the one `relay_back` makes when called without one."""
 
@@ -144,6 +147,7 @@ class Route:
         # after the loss, twice as late after each move back to it that failed (`move_failed`).
         self._lost: tuple[str, float] | None = None
         self._back = Backoff(RELAY_BACK_AFTER_S, RELAY_BACK_MOST_S)
+        self._refused = False  # the relay lost was left for its scheduler's refusal
 
     def checked(self, why: str) -> bool:
         """At start, the relay checked (`why` no relay answers there; "" when one does): True,
@@ -158,7 +162,7 @@ class Route:
 
     def open(self, address: str, identity: tls.Identity | None) -> grpc.aio.Channel:
         """A channel for calls to the scheduler at `address`."""
-        self.relay_back()
+        self.relay_back(opening=True)
         if self.relay is not None and address in self._config.addresses:
             # The local hop (`cluster.transport.hop`), on a socket of this user's: no TLS to the
             # relay, which holds the job's own. (Imported only behind a relay.)
@@ -178,19 +182,20 @@ class Route:
         lost = self._lost
         return None if lost is None or self._clock() < lost[1] else lost[0]
 
-    def relay_back(self, why: str | None = None) -> bool:
+    def relay_back(self, why: str | None = None, *, opening: bool = False) -> bool:
         """True, once, when the relay this node lost a while ago (RELAY_BACK_AFTER_S) answers
         again (a launcher restarted it, or it runs again after a stop): from now on calls go
         through it again (the caller opens that channel, or the next channel opened does).
-        `why`: a check of it made a moment ago (`relay_check`); None: checked now."""
+        `why`: a check of it made a moment ago (`relay_check`); None: checked now. `opening`:
+        asked as a channel opens, which takes no relay left for its scheduler's refusal back."""
         relay = self.due
-        if relay is None:
+        if relay is None or (opening and self._refused):
             return False
         if why is None:
             why = relay_check(relay, kept_up=False)
         if why:
             return False
-        self.relay, self._lost = relay, None
+        self.relay, self._lost, self._refused = relay, None, False
         self._say(f"the relay at {relay} answers again: this node talks through it")
         return True
 
@@ -205,9 +210,29 @@ class Route:
             return False
         said = f" ({why})" if why else ""
         self._say(f"lost the relay at {relay}{said}: this node talks to the scheduler directly")
+        self._leave(relay)
+        return True
+
+    def relay_refused(self, why: str) -> bool:
+        """True, once, when the scheduler that this node's calls reach through the relay refused
+        it as another job's (`why`): from now on they go to the scheduler directly (the caller
+        opens that channel), until the node's stream, running direct, moves back through the
+        relay, or is lost (`relay_back` with a check of the relay)."""
+        relay = self.relay
+        if relay is None:
+            return False
+        self._say(
+            f"leaves the relay at {relay} ({why}): this node asks its job's schedulers directly, "
+            "and goes back through the relay once it is in the job again"
+        )
+        self._leave(relay)
+        self._refused = True
+        return True
+
+    def _leave(self, relay: str) -> None:
+        """Direct from now on; `relay` looked for again RELAY_BACK_AFTER_S later."""
         self._back.reset()
         self.relay, self._lost = None, (relay, self._clock() + self._back.next_s())
-        return True
 
     def move_failed(self) -> None:
         """The relay found back did not take this node's stream (its own connection to the

@@ -3,7 +3,8 @@ etcd (127.0.0.1 and 127.0.0.2, one port), one `mscluster relay` that knows both,
 workers of examples/train_mlp.py behind it with recovery on. The leader is SIGKILLed mid-run:
 the relay finds the new leader by the workers' own rules, the workers' calls go there through
 it, and the job ends with the parameters of a run without faults, the new leader holding one
-connection of this host, the relay's."""
+connection of this host, the relay's. With a standby of another job (a mistyped prefix) in
+turn, the workers refused through the relay pass it over directly, and the job goes on."""
 
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ from cluster.testing import Process, free_port, wait_until
 from cluster.tools.status import scheduler_role
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.integration.test_standby import BesideATypo
 from tests.procs import MSCLUSTER, PYTHON, ROOT, Procs, job_env
 from tests.servers.etcd import EtcdCluster
 from tests.sockets import connections_by_owner
 from tests.training_job import WORKERS, TrainingJob, steps_done, train_args
-
-pytest.importorskip("numpy")
 
 TRAIN = ROOT / "examples" / "train_mlp.py"
 LEASE_S = 2
@@ -65,6 +65,7 @@ def start_schedulers(processes: Procs, etcd: EtcdCluster, port: int) -> dict[str
 def test_the_relay_follows_the_new_leader_and_its_workers_go_on(
     processes: Procs, tmp_path: Path, short_dir: Path, etcd_cluster: EtcdCluster
 ) -> None:
+    pytest.importorskip("numpy")
     fault_free = TrainingJob(processes, tmp_path, "clean", TRAIN).final_hash()
     port = free_port()
     schedulers = start_schedulers(processes, etcd_cluster, port)
@@ -112,3 +113,28 @@ def test_the_relay_follows_the_new_leader_and_its_workers_go_on(
     # The new leader ends the relay's host calls before its server stops: nothing cancelled.
     assert schedulers[standby].wait(30) == 0, schedulers[standby].output
     assert "Traceback" not in schedulers[standby].output, schedulers[standby].output
+
+
+def test_workers_behind_a_relay_pass_over_a_standby_given_another_prefix_and_keep_the_job(
+    processes: Procs, tmp_path: Path, short_dir: Path, etcd_cluster: EtcdCluster
+) -> None:
+    """A host's relay and its two workers know three schedulers: the leader, a standby started
+    with a mistyped prefix (it leads a job of its own), and the right standby. The leader is
+    killed: the relay moves to the wrong one (the next in turn), which refuses the workers as
+    nodes of another job. Each worker leaves the relay for the direct route, passes the wrong
+    scheduler over there, and gets back with the right standby, which ends the job well.
+    (They were refused through the relay whatever address they asked, and the job was lost.)"""
+    job = BesideATypo(processes, etcd_cluster, tmp_path)
+    sock = f"unix:{short_dir / 'r.sock'}"
+    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", sock], job.env)
+    relay.wait_for_output("mscluster relay: serving", 30)
+    workers = job.start_workers(processes, CLUSTER_RELAY=sock)
+    job.lose_the_leader(workers)
+    for worker in workers:
+        # Left once, for its scheduler's refusal (not lost); the wrong one passed over directly.
+        assert worker.output.count("leaves the relay at ") == 1, worker.output
+        assert "lost the relay" not in worker.output, worker.output
+        passed = f"the scheduler at {job.wrong_address} runs another job"
+        assert worker.output.count(passed) == 1, worker.output
+    job.ends_well(workers)
+    assert "Traceback" not in relay.output, relay.output

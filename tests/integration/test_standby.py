@@ -581,6 +581,66 @@ def test_a_standby_given_another_prefix_says_it_leads_a_new_job_and_why_it_refus
     assert "Traceback" not in wrong.output
 
 
+class BesideATypo:
+    """A job's leader and standby (`Schedulers`), and a scheduler started with a mistyped
+    prefix (`start_with_a_typo`), `wrong`, at `wrong_address`: the workers' environment `env`
+    names it in turn after the leader; `script` is a worker that finishes once `go` exists."""
+
+    def __init__(self, processes: Procs, etcd_cluster: EtcdCluster, tmp_path: Path) -> None:
+        self.schedulers = Schedulers(processes, etcd_cluster)
+        self.leader = self.schedulers.leader()
+        self.standby = next(host for host in HOSTS if host != self.leader)
+        self.wrong, _, port = start_with_a_typo(processes, etcd_cluster)
+        self.wrong_address = f"127.0.0.3:{port}"
+        addrs = [self.address(self.leader), self.wrong_address, self.address(self.standby)]
+        self.env = job_env(
+            2,
+            self.schedulers.port,
+            CLUSTER_SCHED_ADDRS=",".join(addrs),
+            MS_NODE_TIMEOUT="5",
+            MS_ENABLE_RECOVERY="1",
+            MS_RECOVERY_PATH=str(tmp_path / "recovery"),
+        )
+        self.go = tmp_path / "go"
+        self.script = [str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py")]
+        self.script.append(str(self.go))
+
+    def address(self, host: str) -> str:
+        return self.schedulers.address(host)
+
+    def start_workers(self, processes: Procs, **more: str) -> list[Process]:
+        """The job's two workers (`more`: their environment beside `env`), once in the job."""
+        workers = [
+            processes.start_role(
+                f"worker-{i}", "MS_WORKER", self.script, self.env | more | {"MS_NODE_ID": f"{i}"}
+            )
+            for i in range(2)
+        ]
+        for worker in workers:
+            worker.wait_for_output("in rank=", 30)
+        return workers
+
+    def lose_the_leader(self, workers: list[Process]) -> None:
+        """SIGKILL the leader; every worker comes back with the standby."""
+        os.kill(self.schedulers.procs[self.leader].pid, signal.SIGKILL)
+        back = f"back with the scheduler at {self.address(self.standby)}"
+        for worker in workers:
+            wait_until(
+                lambda w=worker: back in w.output or not w.running, 60, "back on the standby"
+            )
+            assert back in worker.output, worker.output
+
+    def ends_well(self, workers: list[Process]) -> None:
+        """The workers finish on cue, and the job with them on the standby; the wrong one runs."""
+        self.go.touch()
+        for worker in workers:
+            assert worker.wait(30) == 0, worker.output
+        standby = self.schedulers.procs[self.standby]
+        assert standby.wait(30) == 0, standby.output
+        assert self.wrong.running
+        assert "Traceback" not in self.wrong.output
+
+
 def test_workers_pass_over_a_standby_given_another_prefix_and_keep_the_job(
     processes: Procs, etcd_cluster: EtcdCluster, tmp_path: Path
 ) -> None:
@@ -589,41 +649,12 @@ def test_workers_pass_over_a_standby_given_another_prefix_and_keep_the_job(
     workers come to the wrong one first, which refuses them as nodes of another job: they say
     so once, pass it over, and get back with the right standby, which takes the job over and
     ends it well. (They exited at its refusal, and the job was lost.)"""
-    schedulers = Schedulers(processes, etcd_cluster)
-    leader = schedulers.leader()
-    standby = next(host for host in HOSTS if host != leader)
-    wrong, _, port = start_with_a_typo(processes, etcd_cluster)
-    # The wrong scheduler is the one in turn after the leader.
-    addrs = [schedulers.address(leader), f"127.0.0.3:{port}", schedulers.address(standby)]
-    env = job_env(
-        2,
-        schedulers.port,
-        CLUSTER_SCHED_ADDRS=",".join(addrs),
-        MS_NODE_TIMEOUT="5",
-        MS_ENABLE_RECOVERY="1",
-        MS_RECOVERY_PATH=str(tmp_path / "recovery"),
-    )
-    go = tmp_path / "go"
-    script = [str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py"), str(go)]
-    workers = [
-        processes.start_role(f"worker-{i}", "MS_WORKER", script, env | {"MS_NODE_ID": str(i)})
-        for i in range(2)
-    ]
+    job = BesideATypo(processes, etcd_cluster, tmp_path)
+    workers = job.start_workers(processes)
+    job.lose_the_leader(workers)
     for worker in workers:
-        worker.wait_for_output("in rank=", 30)
-
-    os.kill(schedulers.procs[leader].pid, signal.SIGKILL)
-    back = f"back with the scheduler at {schedulers.address(standby)}"
-    for worker in workers:
-        wait_until(lambda w=worker: back in w.output or not w.running, 60, "back on the standby")
-        assert back in worker.output, worker.output
         said = [line for line in worker.output.splitlines() if "127.0.0.3" in line]
         assert len(said) == 1, said
         assert "runs another job" in said[0], said[0]
         assert "wrong CLUSTER_STATE_URL" in said[0], said[0]
-    go.touch()
-    for worker in workers:
-        assert worker.wait(30) == 0, worker.output
-    assert schedulers.procs[standby].wait(30) == 0, schedulers.procs[standby].output
-    assert wrong.running
-    assert "Traceback" not in wrong.output
+    job.ends_well(workers)

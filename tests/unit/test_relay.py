@@ -394,6 +394,35 @@ def test_a_route_finds_a_lost_relay_back_when_it_next_opens_a_channel(answering:
     assert not route.relay_back()  # back already
 
 
+def test_a_route_left_for_its_schedulers_refusal_is_taken_back_by_the_stream_only(
+    answering: str,
+) -> None:
+    """A relay whose scheduler refused the node as another job's is left, said in one line;
+    the channels the node opens while it registers directly do not take it back (it would be
+    refused through it again), the move of its running stream, or its loss, does."""
+    now = [0.0]
+    said: list[str] = []
+    route = scheduler_link.Route(config(answering), said.append, lambda: now[0])  # type: ignore[arg-type]
+    assert route.relay_refused("the scheduler it forwards to runs another job: node '0' ...")
+    assert not route.relay_refused("again")  # said once
+    assert route.relay is None
+    assert route.away
+    assert said == [
+        f"leaves the relay at {answering} (the scheduler it forwards to runs another job: node "
+        "'0' ...): this node asks its job's schedulers directly, and goes back through the relay "
+        "once it is in the job again"
+    ]
+    now[0] += scheduler_link.RELAY_BACK_AFTER_S
+    assert not route.relay_back(opening=True)  # a channel opened: it stays direct
+    assert route.relay is None
+    assert route.relay_back(scheduler_link.relay_check(answering))  # the stream moves
+    assert route.relay == answering
+    # Lost later, it is found back as any lost relay is, when a channel opens.
+    assert route.relay_lost(cut_off=True)
+    now[0] += scheduler_link.RELAY_BACK_AFTER_S
+    assert route.relay_back(opening=True)
+
+
 def test_a_route_looks_for_a_relay_that_did_not_take_the_stream_back_later_each_time(
     answering: str,
 ) -> None:

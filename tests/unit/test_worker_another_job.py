@@ -5,9 +5,15 @@ job of its own. When the real leader dies, the workers that know every scheduler
 it refuses them as nodes of another job (REFUSAL_FOREIGN_JOB). They exited at that refusal,
 though the other schedulers they knew (the real standby) would have taken them back, and the
 job was lost. A node of a job that knows several schedulers now passes such a one over, says so
-once, and gives up only at its deadline, naming the refusal."""
+once, and gives up only at its deadline, naming the refusal.
+
+Behind a host's relay the refusal is the relay's scheduler's, whichever address the node asked:
+the relay, on the other job's scheduler, refused the node at every address it asked, and the job
+was lost. The node now leaves the relay and asks directly, where the rule above applies."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import hypothesis.strategies as st
 import pytest
@@ -36,8 +42,11 @@ FOREIGN = (
 )
 
 
-def another_job() -> steps.Refused:
-    return steps.Refused(FOREIGN, foreign=True)
+RELAY = "unix:/run/relay.sock"
+
+
+def another_job(relay: str = "") -> steps.Refused:
+    return steps.Refused(FOREIGN, foreign=True, relay=relay)
 
 
 def said(actions: list[steps.Action]) -> list[str]:
@@ -111,33 +120,48 @@ def test_a_node_refused_by_another_jobs_scheduler_gives_up_only_at_its_deadline(
     assert len([line for line in lines if "runs another job" in line]) == 1, lines
 
 
-@given(
-    order=st.permutations([LEADER, WRONG, STANDBY]),
-    standby=st.lists(st.sampled_from(["down", "no leader", "the dead leader"]), max_size=8),
-)
-def test_the_job_survives_another_jobs_scheduler_whatever_the_order(
-    order: list[str], standby: list[str]
-) -> None:
-    """Whatever the order of the addresses, and whatever the standby answers before it leads
-    (down a moment, an election under way, the dead leader still named), the node passes the
-    other job's scheduler over, says so once, and is taken back by the standby."""
+Respond = Callable[[WorkerCore, FakeClock, steps.Action], list[steps.Action]]
+# The order of the addresses, and what the standby answers before it leads (down a moment, an
+# election under way, the dead leader still named).
+ORDERS = st.permutations([LEADER, WRONG, STANDBY])
+STANDBY_ANSWERS = st.lists(st.sampled_from(["down", "no leader", "the dead leader"]), max_size=8)
+
+
+def back_after_losing_the_leader(
+    order: list[str], respond: Respond, *, relay: str = ""
+) -> list[str]:
+    """A node of schedulers `order` (`relay`: behind that relay), in the job on its leader,
+    loses the leader's stream; the schedulers answer as `respond` says until the node is back
+    or fails (asserted not). What it said meanwhile."""
     clock = FakeClock()
     core = WorkerCore(config(recovery=True, hosts=",".join(a.split(":")[0] for a in order)), clock)
-    core.step(steps.Start())
+    core.step(steps.Start(direct=not relay))
     if core.address != LEADER:  # the node joined the job on its leader, as named to it
         core.step(steps.NotLeader(LEADER))
     assert core.address == LEADER
     core.step(accepted())
     core.step(steps.TopologyReady(topology()))
     pending, lines = core.step(steps.StreamLost("connection reset")), []
-    answers = list(standby)
     for _ in range(10_000):
         lines += said(pending)
         if fails(pending) or core.lifecycle is Lifecycle.READY:
             break
-        pending = [a for action in pending for a in respond(core, clock, action, answers)]
+        pending = [a for action in pending for a in respond(core, clock, action)]
     assert fails(pending) == []
     assert (core.lifecycle, core.address) == (Lifecycle.READY, STANDBY)
+    return lines
+
+
+@given(order=ORDERS, standby=STANDBY_ANSWERS)
+def test_the_job_survives_another_jobs_scheduler_whatever_the_order(
+    order: list[str], standby: list[str]
+) -> None:
+    """Whatever the order of the addresses, and whatever the standby answers before it leads
+    (down a moment, an election under way, the dead leader still named), the node passes the
+    other job's scheduler over, says so once, and is taken back by the standby."""
+    lines = back_after_losing_the_leader(
+        order, lambda core, clock, action: respond(core, clock, action, standby)
+    )
     assert len([line for line in lines if "runs another job" in line]) <= 1, lines
 
 
@@ -169,19 +193,20 @@ def respond(
     return core.step(event)
 
 
+@pytest.mark.parametrize("relay", ["", RELAY], ids=["direct", "behind a relay"])
 @pytest.mark.parametrize(
     ("hosts", "member"),
     [("127.0.0.2", True), (HOSTS, False)],
     ids=["one scheduler", "no job yet"],
 )
 def test_the_refusal_fails_a_node_at_once_that_has_no_other_scheduler_or_no_job(
-    hosts: str, member: bool
+    hosts: str, member: bool, relay: str
 ) -> None:
-    """With one scheduler, there is no other to try; a node that belongs to no job yet is
-    refused as another job's by no scheduler of its own job."""
+    """With one scheduler, there is no other to try (a relay follows no other either); a node
+    that belongs to no job yet is refused as another job's by no scheduler of its own job."""
     core = WorkerCore(config(hosts=hosts), FakeClock(), cluster_id="job-1" if member else "")
     core.step(steps.Start())
-    (error,) = fails(core.step(another_job()))
+    (error,) = fails(core.step(another_job(relay)))
     assert isinstance(error, RegistrationRefused)
     assert str(error).endswith(f"refused this node: {FOREIGN}")
 
@@ -211,3 +236,60 @@ def test_a_node_every_scheduler_refuses_as_another_jobs_fails_at_once() -> None:
     assert message.startswith("every scheduler this node knows runs another job")
     assert f"{WRONG}: {FOREIGN}" in message
     assert f"{STANDBY}: {FOREIGN}" in message
+
+
+def test_behind_a_relay_the_refusal_leaves_the_relay_and_asks_the_same_scheduler_directly() -> None:
+    """The relay forwards to the scheduler it follows, whichever address the node asked: its
+    refusal names none of them. The node leaves the relay (for its scheduler's refusal, not as
+    lost), asks the same address directly at once, and passes over there only a scheduler that
+    refused it itself."""
+    core, clock = ready_core(recovery=True, hosts=HOSTS)
+    lose_the_leader(core)  # registering with the next in turn, through the relay
+    left, register = core.step(another_job(RELAY))
+    assert left == steps.LeaveRelay(
+        f"the scheduler it forwards to runs another job: {FOREIGN}", refused=True
+    )
+    assert isinstance(register, steps.Register)
+    assert core.address == WRONG  # asked again, directly: nothing passed over yet
+    # Directly: that one refuses it itself, and is passed over, said once.
+    actions = core.step(another_job())
+    assert kinds(actions) == [steps.Say, steps.Follow, steps.Pause]
+    assert actions[1] == steps.Follow(STANDBY)
+    clock.advance(1.0)
+    core.step(steps.PauseOver())
+    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
+    assert (core.address, core.lifecycle) == (STANDBY, Lifecycle.READY)
+
+
+@given(order=ORDERS, standby=STANDBY_ANSWERS)
+def test_behind_a_relay_on_another_jobs_scheduler_the_job_survives_whatever_the_order(
+    order: list[str], standby: list[str]
+) -> None:
+    """The relay sits on the other job's scheduler (it answers as a leader, and the relay moves
+    on no refusal): every registration through it is refused so, whatever address the node
+    asked. The node leaves the relay once, asks directly from then on, passes the other job's
+    scheduler over, says so at most once, and is taken back by the standby."""
+    shell = {"relay": True, "left": 0}
+    lines = back_after_losing_the_leader(
+        order, lambda core, clock, action: behind(core, clock, action, standby, shell), relay=RELAY
+    )
+    assert shell["left"] == 1
+    assert len([line for line in lines if "runs another job" in line]) <= 1, lines
+
+
+def behind(
+    core: WorkerCore,
+    clock: FakeClock,
+    action: steps.Action,
+    standby: list[str],
+    shell: dict[str, int],
+) -> list[steps.Action]:
+    """`respond`, with a relay on the other job's scheduler while the node talks through it."""
+    if isinstance(action, steps.LeaveRelay):
+        assert action.refused
+        shell["relay"], shell["left"] = False, shell["left"] + 1
+        return []
+    if isinstance(action, steps.Register) and shell["relay"]:
+        return core.step(another_job(RELAY))
+    return respond(core, clock, action, standby)

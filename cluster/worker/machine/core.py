@@ -13,7 +13,7 @@ the scheduler last answered the attempts), `pacing` (how long each wait is).
 The rules it keeps:
 - Registering, and registering again, is `joining`'s (see there): retried until a deadline, whose
   passing fails the node, following the leader a standby names, leaving a relay that answers
-  nothing.
+  nothing, or whose scheduler runs another job.
 - With recovery off, a silent scheduler fails a formed job's node at once; a broken stream is
   reconnected within MS_NODE_TIMEOUT (a restarted scheduler refuses the old job, and says so).
   Behind a host's relay, a stream silent while the relay answers (`StreamLost.relay`) is the

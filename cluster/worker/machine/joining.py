@@ -23,6 +23,11 @@ The rules it keeps:
   leader: it says so once, tries the others in turn, and fails only at its deadline, naming
   that refusal, or at once when every scheduler it knows has refused it so (its record names
   a job none of them runs). With one scheduler the refusal fails the node at once.
+  Behind a host's relay such a refusal is the relay's scheduler's, whichever address the node
+  asked (the relay forwards to the one it follows, and moves on no refusal: the others of the
+  host may be its job's): the node leaves the relay (`LeaveRelay`, refused) and asks the same
+  address directly, where the rule above applies; it goes back through the relay only once its
+  stream runs again.
 - Behind a host's relay: a registration the relay took and answered nothing, with the scheduler
   answering a probe a moment later, is the relay lost (stopped or hung, though its socket takes
   connections): the node leaves it (`LeaveRelay`), naming it, and goes on directly.
@@ -232,6 +237,9 @@ class Joining:
             self._finish_heard()
             return [steps.Say(f"the job finished: {event.message}"), steps.Done()]
         if event.foreign and self.node.cluster_id and len(self.addresses) > 1:
+            if event.relay:  # the relay's scheduler refused it: asked again directly
+                why = f"the scheduler it forwards to runs another job: {event.message}"
+                return [steps.LeaveRelay(why, refused=True), *self.next_attempt()]
             return self._another_job(event.message)
         if not event.transient:
             return self.node.fail(

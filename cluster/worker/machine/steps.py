@@ -79,6 +79,9 @@ class Refused:
     # The scheduler runs another job than the one this node's cluster id names
     # (REFUSAL_FOREIGN_JOB).
     foreign: bool = False
+    # The host's relay the refusal came through: the scheduler that refused is the one the
+    # relay forwards to, whichever address this node asked.
+    relay: str = ""
 
 
 @frozen
@@ -267,9 +270,12 @@ class Register:
 @frozen
 class LeaveRelay:
     """The host's relay took this node's calls and answered none (`why`): talk to the scheduler
-    directly from now on, naming the relay in one line."""
+    directly from now on, naming the relay in one line. `refused`: the relay answers, and the
+    scheduler it forwards to refused this node as another job's: the node goes back through
+    the relay only once its stream runs again (`cluster.worker.scheduler_link.Route`)."""
 
     why: str
+    refused: bool = False
 
 
 @frozen

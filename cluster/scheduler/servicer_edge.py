@@ -105,19 +105,6 @@ def relay_refusal(
     return None if lines is None else (RegistrationRefused(lines[0]), lines[1])
 
 
-def _stranger(core: SchedulerCore, method: str, caller: membership.Caller) -> ClusterError | None:
-    """Why a member's `method` call from `caller` is refused before its request is read: it
-    names no node, or none of the job's members and spares (`Admission.named`); None when it
-    names one, whose proof is looked at with the request."""
-    if not caller.node_id:
-        return NotAuthenticatedError(
-            f"a {method} call that names no node (no {membership.NODE_ID_KEY} metadata): only a "
-            "member of the job makes it, as itself"
-        )
-    named = core.state.admission.named(caller.node_id, caller.incarnation)
-    return named.error() if isinstance(named, Denied) else None
-
-
 def mapped(
     handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Ctx], Awaitable[Resp | None]]:
@@ -173,7 +160,7 @@ class ServicerEdge:
                 node_id, core = caller.node_id, self._gate.core
                 if core is None:  # a standby: its refusal names the leader
                     return await behavior(requests, context)
-                stranger = _stranger(core, method, caller)
+                stranger = self._stranger(context, core, method, caller)
                 if stranger is not None:
                     refuse(context, stranger)
                     return None
@@ -188,6 +175,24 @@ class ServicerEdge:
             return call
 
         return handlers.rebuilt(handler, wrap=wrap)
+
+    def _stranger(
+        self, context: CallContext, core: SchedulerCore, method: str, caller: membership.Caller
+    ) -> ClusterError | None:
+        """Why a member's `method` call from `caller` is refused before its request is read:
+        it names no node (counted at the edge), or none of the job's members and spares
+        (`Admission.named`, as the call read whole would be); None when it names one, whose
+        proof is looked at with the request."""
+        if not caller.node_id:
+            return self.at_edge(
+                context,
+                method,
+                "unauthenticated",
+                f"a {method} call that names no node (no {membership.NODE_ID_KEY} metadata): "
+                "only a member of the job makes it, as itself",
+            )
+        named = core.state.admission.named(caller.node_id, caller.incarnation)
+        return named.error() if isinstance(named, Denied) else None
 
     @property
     def _core(self) -> SchedulerCore:

@@ -13,6 +13,7 @@ import pytest
 
 from cluster.protocol import auth, peer_state
 from cluster.scheduler import SchedulerServer
+from cluster.scheduler.wiring import MEMBER_CALLS
 from cluster.storage.served import ServedCheckpoints
 from cluster.transport import edge
 from cluster.v1 import peer_state_pb2 as ps
@@ -62,18 +63,27 @@ async def _ends(channel: grpc.aio.Channel, method: str) -> grpc.aio.AioRpcError:
 
 
 async def test_every_method_of_the_scheduler_refuses_bytes_that_are_not_its_request() -> None:
+    """A member's method, called by a caller that names no node, is refused before its bytes
+    are read (`ServicerEdge.bounded`): UNAUTHENTICATED, counted as such."""
     methods = list(edge.MESSAGE_LIMITS)
     async with SchedulerServer(settings()) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             for method in methods:
                 refused = await _ends(channel, method)
+                if method in MEMBER_CALLS:
+                    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED, (method, refused)
+                    assert f"a {method} call that names no node" in str(refused.details())
+                    continue
                 assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, refused)
                 assert f"a {method} request of 3 bytes that is not one" in str(refused.details())
             stub = pb_grpc.SchedulerStub(channel)
             status = await stub.Status(pb.StatusRequest(), timeout=BOUND_S)
         assert status.worker_num == 2  # still answering
         counts = server.gate.refusals.counts
-        assert counts == {(method, "malformed"): 1 for method in methods}
+        assert counts == {
+            (method, "unauthenticated" if method in MEMBER_CALLS else "malformed"): 1
+            for method in methods
+        }
 
 
 @pytest.fixture

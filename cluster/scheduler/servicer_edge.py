@@ -156,7 +156,7 @@ class ServicerEdge:
 
         def wrap(behavior: Any) -> Any:
             async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                caller = membership.caller(context.invocation_metadata(), method)
+                caller = membership.named(context.invocation_metadata())
                 node_id, core = caller.node_id, self._gate.core
                 if core is None:  # a standby: its refusal names the leader
                     return await behavior(requests, context)

@@ -97,11 +97,7 @@ def caller(
     """The caller named by a call's invocation metadata; `body()`: the request as the caller
     serialized it (hashed only for a call proof)."""
     values = {str(key): value for key, value in metadata or ()}
-    incarnation: int | None = None
-    raw_incarnation = str(values.get(INCARNATION_KEY, ""))
-    if is_decimal(raw_incarnation) and len(raw_incarnation) <= 20:
-        incarnation = int(raw_incarnation)
-    node_id = str(values.get(NODE_ID_KEY, ""))[:200]
+    node_id, incarnation = _named(values)
     call = _call_proof(str(values.get(CALL_KEY, "")), method, body)
     if call is not None:
         return Caller(node_id, incarnation, auth.Presented(call=call))
@@ -113,6 +109,20 @@ def caller(
         except ValueError:
             digest = b""
     return Caller(node_id, incarnation, auth.Presented(digest=digest))
+
+
+def named(metadata: Iterable[tuple[str, Any]] | None) -> Caller:
+    """The node a call's invocation metadata names (its id and incarnation), without what it
+    presents: what can be known of the caller before its request is read."""
+    return Caller(*_named({str(key): value for key, value in metadata or ()}))
+
+
+def _named(values: dict[str, Any]) -> tuple[str, int | None]:
+    incarnation: int | None = None
+    raw_incarnation = str(values.get(INCARNATION_KEY, ""))
+    if is_decimal(raw_incarnation) and len(raw_incarnation) <= 20:
+        incarnation = int(raw_incarnation)
+    return str(values.get(NODE_ID_KEY, ""))[:200], incarnation
 
 
 def _call_proof(raw: str, method: str, body: Callable[[], bytes]) -> auth.CallProof | None:

@@ -64,6 +64,10 @@ PROGRESS_BROADCAST_EVERY_S = 2.0
 # broadcasts of a forming job cost N x T writes. At 8,192 nodes they filled the scheduler's loop,
 # which takes up one new call per turn, and registrations waited behind them for minutes.
 PROGRESS_WRITES_PER_S = 1000.0
+# While the job waits for a node that does not come, the count it has is told again at this
+# interval (or the one above, if longer): a worker says how long it has waited only when told,
+# and one told the count before it had waited long enough to say it would hear nothing more.
+PROGRESS_REPEAT_EVERY_S = 5.0
 # A monitor tick this much later than due means the scheduler itself did not run (its process
 # stopped, or starved of CPU, or a burst it had to work through): the nodes' silence meanwhile
 # is not held against them (`SchedulerState.discount_stall`). One this long is logged (a burst of a
@@ -192,6 +196,8 @@ class Engine:
         self._last_progress_broadcast = clock()
         nodes = settings.worker_num + settings.server_num
         self._progress_every_s = max(PROGRESS_BROADCAST_EVERY_S, nodes / PROGRESS_WRITES_PER_S)
+        self._progress_repeat_s = max(PROGRESS_REPEAT_EVERY_S, self._progress_every_s)
+        self._progress_told: state.ProgressEvent | None = None
         # The event loop's lag as the monitor saw it: the largest, and stalls past STALL_S.
         self.loop_lag_max_s = 0.0
         self.stalls = 0
@@ -422,7 +428,7 @@ class Engine:
             self._catch_up = [effect]
         if isinstance(effect, state.TopologyReadyEvent):
             self._topology_told = effect
-            self._pending_progress = None
+            self._pending_progress = self._progress_told = None
             self._streams.broadcast(self._wire.topology_change(effect, previous))
         else:
             self._broadcast(effect)
@@ -433,12 +439,20 @@ class Engine:
         self._streams.broadcast(self._wire.serialized(event))
 
     def _flush_progress(self) -> None:
+        """Tell the newest registration count, at most once an interval; while the job waits,
+        tell it again now and then."""
         now = self._clock()
+        since = now - self._last_progress_broadcast
         if self._pending_progress is None:
-            return
-        if now - self._last_progress_broadcast < self._progress_every_s:
+            if self._progress_told is None or since < self._progress_repeat_s:
+                return
+            self._pending_progress = self._progress_told
+        elif since < self._progress_every_s:
             return
         if self.state.phase is state.Phase.WAITING:
             self._broadcast(self._pending_progress)
+            self._progress_told = self._pending_progress
+        else:
+            self._progress_told = None
         self._pending_progress = None
         self._last_progress_broadcast = now

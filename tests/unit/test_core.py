@@ -11,6 +11,7 @@ import pytest
 from cluster.protocol.errors import CollectiveError, NotLeaderError, PeerFailedError
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler.core import SchedulerCore
+from cluster.scheduler.engine import PROGRESS_BROADCAST_EVERY_S, PROGRESS_REPEAT_EVERY_S
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
 from tests.aio import BOUND_S, settle
@@ -156,3 +157,33 @@ async def test_a_step_down_tells_the_collectives_waiting_where_the_leader_is() -
     with pytest.raises(NotLeaderError) as refused:
         await asyncio.wait_for(gather, BOUND_S)
     assert refused.value.leader == "10.0.0.9:8118"
+
+
+async def test_a_waiting_job_tells_its_count_again_while_a_node_is_missing() -> None:
+    """A worker says how long it has waited only when told the count, and only once it has
+    waited a while itself: one told the count sooner (the single broadcast of a registration)
+    heard nothing more while the other node was missing, and said nothing (a CI run waited 30 s
+    for its line). The count is told again every PROGRESS_REPEAT_EVERY_S while the job waits,
+    and no longer once it has formed."""
+    clock = FakeClock(100.0)
+    core = SchedulerCore(dataclasses.replace(SETTINGS, recovery=False), clock)
+    await asyncio.wait_for(core.register(registration("0")), BOUND_S)
+    stream = core.watch("0", 1, caller("0", 1))
+    first = asyncio.ensure_future(_next_event(stream))
+    await settle(lambda: core.open_streams == 1)
+    clock.now += PROGRESS_BROADCAST_EVERY_S
+    core._flush_progress()
+    told = (await first).progress
+    assert (told.registered, told.expected) == (1, 2)
+    for _ in range(2):
+        core._flush_progress()  # within the interval: nothing
+        clock.now += PROGRESS_REPEAT_EVERY_S
+        core._flush_progress()
+        again = (await _next_event(stream)).progress
+        assert (again.registered, again.expected) == (1, 2)
+    await asyncio.wait_for(core.register(registration("1")), BOUND_S)
+    assert (await _next_event(stream)).WhichOneof("kind") == "topology_ready"
+    clock.now += PROGRESS_REPEAT_EVERY_S
+    core._flush_progress()
+    core.abort("scheduler stopped by SIGINT")
+    assert (await _next_event(stream)).WhichOneof("kind") == "shutdown"

@@ -293,3 +293,21 @@ def behind(
     if isinstance(action, steps.Register) and shell["relay"]:
         return core.step(another_job(RELAY))
     return respond(core, clock, action, standby)
+
+
+def test_a_standby_naming_as_its_leader_a_scheduler_of_another_job_fails_the_node_at_once() -> None:
+    """The leader refused the node as another job's (its record names an older job), and the
+    next scheduler, a standby, names that leader: no scheduler of theirs runs the node's job.
+    The node fails at once, naming both, rather than following the leader to be refused again
+    until its deadline."""
+    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
+    core.step(steps.Start())
+    core.step(another_job())
+    assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
+    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    (error,) = fails(core.step(steps.NotLeader(WRONG)))
+    assert isinstance(error, RegistrationRefused)
+    assert str(error) == (
+        f"the scheduler at {STANDBY} is a standby of the scheduler at {WRONG}, which runs another "
+        f"job, and refused this node: {FOREIGN}; no scheduler of theirs runs this node's job"
+    )

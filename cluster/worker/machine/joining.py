@@ -327,6 +327,14 @@ class Joining:
             # ended yet): ask again shortly, the next scheduler when there are several.
             moved = self._next_address() if not event.leader else []
             return moved + self._pause(max(event.retry_after_s, RETRY_PAUSE_S))
+        if leader in self._foreign:
+            return self.node.fail(
+                RegistrationRefused(
+                    f"{self.where} is a standby of the scheduler at {leader}, which runs another "
+                    f"job, and refused this node: {self._foreign[leader]}; no scheduler of "
+                    "theirs runs this node's job"
+                )
+            )
         said: Actions = []
         if leader != self._announced:
             self._announced = leader

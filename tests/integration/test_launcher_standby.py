@@ -22,6 +22,7 @@ from tests.procs import (
 from tests.servers.etcd import EtcdCluster
 
 LEASE = "2"
+NODE_TIMEOUT = "8"
 
 
 def test_a_worker_failing_after_our_scheduler_handed_over_is_taken_back_by_the_leader(
@@ -36,8 +37,10 @@ def test_a_worker_failing_after_our_scheduler_handed_over_is_taken_back_by_the_l
     port, url, logs = free_port(), etcd_cluster.state_url(), tmp_path / "logs"
     script = private_copy(tmp_path)
     options = ["--master-addr", "127.0.0.1,127.0.0.2", "--max-restarts", "1"]
-    options += ["--state-url", url, "--lease", LEASE]
-    args = run_args(*options, script, "--hold", "20", worker_num=2, master_port=port, log_dir=logs)
+    # The leader that takes the job over holds the killed worker's id for MS_NODE_TIMEOUT (it has
+    # not heard the old process since it restored the job): short here, as is the hold after.
+    options += ["--state-url", url, "--lease", LEASE, "--node-timeout", NODE_TIMEOUT]
+    args = run_args(*options, script, "--hold", "12", worker_num=2, master_port=port, log_dir=logs)
     run = processes.start("run", args, {**os.environ, "CLUSTER_JOB_SECRET_FILE": str(secret)})
     run.wait_for_output("2/2 registered", 30)
     processes.start(
@@ -46,7 +49,13 @@ def test_a_worker_failing_after_our_scheduler_handed_over_is_taken_back_by_the_l
             *(PYTHON, "-m", "cluster", "scheduler", "--host", "127.0.0.2", "--port", str(port)),
             *("--worker-num", "2", "--state-url", url, "--lease", LEASE),
         ],
-        job_env(2, port, MS_SCHED_HOST="127.0.0.1,127.0.0.2", CLUSTER_JOB_SECRET_FILE=str(secret)),
+        job_env(
+            2,
+            port,
+            MS_SCHED_HOST="127.0.0.1,127.0.0.2",
+            MS_NODE_TIMEOUT=NODE_TIMEOUT,
+            CLUSTER_JOB_SECRET_FILE=str(secret),
+        ),
     )
     first, second = f"127.0.0.1:{port}", f"127.0.0.2:{port}"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
@@ -28,7 +27,6 @@ from cluster.protocol.errors import (
 )
 from cluster.protocol.events import MemoryResume
 from cluster.protocol.settings import JobSettings
-from cluster.protocol.state_url import STATE_URL_ENV
 from cluster.scheduler.engine import Engine
 from cluster.scheduler.exchange import Withdrawn
 from cluster.scheduler.kv import KvStore
@@ -70,7 +68,6 @@ class SchedulerCore(Engine):
         # journaled, the others are not.
         waiting = canonical_node_id(reg.node_id) in self.state.guard_waiting
         outcome, effects = self.state.register(reg)
-        outcome = self._foreign_here(reg, outcome)
         self.registrations.set()
         self._tell_registration(reg, prior, outcome, waiting=waiting, peer=peer)
         self._apply(effects)
@@ -82,28 +79,6 @@ class SchedulerCore(Engine):
         # A transient refusal (the guard) says nothing the disk must know: at once, so that
         # the node's next attempt comes when the guard ends, saves failing or not.
         return outcome
-
-    def _foreign_here(
-        self, reg: state.Registration, outcome: state.Accepted | state.Refused
-    ) -> state.Accepted | state.Refused:
-        """A node of another job refused by a scheduler that started its own job on an etcd
-        prefix where nothing was saved: most likely a scheduler meant to stand by for the
-        node's job, started with another prefix than that job's. Said first: the node's
-        record is right, and the fix is this scheduler's CLUSTER_STATE_URL."""
-        if (
-            not self.new_under
-            or not isinstance(outcome, state.Refused)
-            or outcome.reason is not state.Refusal.FOREIGN_JOB
-        ):
-            return outcome
-        head, _, rest = outcome.message.partition(": ")
-        hint = (
-            f"{head}, which it started anew under {self.new_under}, where nothing was saved: "
-            f"if job {reg.cluster_id} keeps its state in etcd under another prefix, this "
-            f"scheduler was started with the wrong {STATE_URL_ENV}: stop it and start it with "
-            "that job's prefix, and keep the node's record"
-        )
-        return dataclasses.replace(outcome, message=f"{hint}; otherwise: {rest}")
 
     def _tell_registration(
         self,

@@ -134,9 +134,6 @@ class Engine:
         # Set by `resume` when it resumed a saved job, or started a new one beside what another
         # job left in the store: what to log once it is saved.
         self.restored_note = ""
-        # Set by `resume` when it started a new job on an etcd prefix where nothing was saved:
-        # the prefix (a scheduler meant to stand by, given a wrong prefix, comes here).
-        self.new_under = ""
         # Set by `resume` when the saved job had ended: its id, and whether it finished.
         self.ended_job: tuple[str, bool] | None = None
         # The write-ahead order: effects wait until the state they follow from is saved.
@@ -253,7 +250,7 @@ class Engine:
         if restored is None and stored.left:
             core.restored_note = _beside(core.state.cluster_id, state_store, stored.left)
         elif restored is None and state_store.name == STATE_URL_ENV:
-            core.new_under = where
+            core.state.started_anew_under = where
             core.restored_note = (
                 f"starting a new job {core.state.cluster_id}: nothing is saved under {where} "
                 f"(a scheduler meant to stand by for a running job names that job's prefix in "

@@ -314,6 +314,23 @@ def test_foreign_job() -> None:
     accept(state, reg(state, "b", cluster_id=""))
 
 
+def test_a_job_started_anew_on_an_empty_prefix_names_a_wrong_prefix_first() -> None:
+    """A scheduler that found nothing saved under its etcd prefix and started a job of its own
+    is most likely a standby given another prefix than its job's: a node of that job is told
+    so first, and the record advice follows."""
+    state = make_state(FakeClock(), recovery=True)  # a standby's job recovers
+    state.started_anew_under = "etcd://e1:2379/jobs/typo"
+    refusal = refuse(state, reg(state, "a", cluster_id="job-0"), Refusal.FOREIGN_JOB)
+    assert refusal.message.startswith(
+        f"node 'a' belongs to job job-0, but this scheduler runs job {JOB}, which it started "
+        "anew under etcd://e1:2379/jobs/typo, where nothing was saved: if job job-0 keeps its "
+        "state in etcd under another prefix, this scheduler was started with the wrong "
+        "CLUSTER_STATE_URL: stop it and start it with that job's prefix, and keep the node's "
+        "record; otherwise: the node's process was in that job"
+    ), refusal.message
+    assert "give each job its own MS_RECOVERY_PATH" in refusal.message
+
+
 def test_numeric_id_out_of_range_is_invalid() -> None:
     state = make_state(FakeClock(), worker_num=4)
     refusal = refuse(state, reg(state, "4"), Refusal.INVALID_NODE)

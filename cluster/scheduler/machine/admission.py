@@ -50,6 +50,7 @@ from cluster.protocol.records import (
     Registration,
 )
 from cluster.protocol.settings import JobSettings
+from cluster.protocol.state_url import STATE_URL_ENV
 from cluster.protocol.value import frozen, mutable
 
 BARRIER = "barrier"
@@ -116,6 +117,7 @@ class JobView(Protocol):
 
     cluster_id: str
     previous_cluster_id: str
+    started_anew_under: str
     settings: JobSettings
     phase: Phase
     detail: str
@@ -405,18 +407,7 @@ class Admission:
                 if settings.recovery
                 else " (recovery is off, so a restarted scheduler starts a new job)"
             )
-            return Refused(
-                Refusal.FOREIGN_JOB,
-                f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
-                f"job {job.cluster_id}{how}: the node's process was in that job, or read it from "
-                f"its record, worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its host. "
-                "Where that directory is this job's own (the state of that job there was lost "
-                "or moved away), move that record away and start the node again: it joins this "
-                "job (to start a job anew, move the whole directory away before its scheduler "
-                "starts). Where another job shares that directory, give each job its own "
-                "MS_RECOVERY_PATH (mscluster run --recovery-path) and start the node again "
-                "with this job's own directory",
-            )
+            return Refused(Refusal.FOREIGN_JOB, self._foreign(reg, how))
         if reg.worker_num != settings.worker_num or reg.server_num != settings.server_num:
             return Refused(
                 Refusal.WORKER_NUM_MISMATCH,
@@ -432,6 +423,34 @@ class Admission:
                 "scheduler for a new job",
             )
         return None
+
+    def _foreign(self, reg: Registration, how: str) -> str:
+        """Why a node of another job is refused, and what to do. A scheduler that started its
+        job anew on an etcd prefix where nothing was saved is most likely one meant to stand by
+        for the node's job, given another prefix: that is said first, since the node's record
+        is right and the fix is this scheduler's CLUSTER_STATE_URL."""
+        job = self.job
+        head = (
+            f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
+            f"job {job.cluster_id}{how}"
+        )
+        record = (
+            f"the node's process was in that job, or read it from its record, "
+            f"worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its host. Where that "
+            "directory is this job's own (the state of that job there was lost or moved away), "
+            "move that record away and start the node again: it joins this job (to start a job "
+            "anew, move the whole directory away before its scheduler starts). Where another "
+            "job shares that directory, give each job its own MS_RECOVERY_PATH (mscluster run "
+            "--recovery-path) and start the node again with this job's own directory"
+        )
+        if not job.started_anew_under:
+            return f"{head}: {record}"
+        return (
+            f"{head}, which it started anew under {job.started_anew_under}, where nothing was "
+            f"saved: if job {reg.cluster_id} keeps its state in etcd under another prefix, this "
+            f"scheduler was started with the wrong {STATE_URL_ENV}: stop it and start it with "
+            f"that job's prefix, and keep the node's record; otherwise: {record}"
+        )
 
     def check_new(self, node_id: str, reg: Registration, same_role: int) -> Refused | None:
         """Whether a node id the job has not seen may join, with `same_role` members of its

@@ -130,6 +130,10 @@ class SchedulerState:
     # The job this one replaced on the same recovery path (it had ended): its nodes' saved
     # files name it, and they are welcome in this job as new nodes.
     previous_cluster_id: str = ""
+    # The etcd prefix where this scheduler found nothing saved and started this job ("": not
+    # so): a node of another job it refuses is told first that this scheduler may have been
+    # given the wrong prefix (`Admission`). Not saved: it is this process's finding.
+    started_anew_under: str = field(init=False, default="")
     # Restored from a snapshot: alive members not yet back since the restart (one that fails or
     # finishes meanwhile is awaited no more: it holds no registration burst open).
     awaiting: set[str] = field(init=False, default_factory=set)

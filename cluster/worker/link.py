@@ -157,6 +157,7 @@ class Link:
         closing, once its calls end. Not taken: direct again, unless something else moved the
         node meanwhile, and looked for again later; the relay channel's closing."""
         if took:
+            self.route.move_took()
             return close_for_good(move.direct, RELAY_MOVE_GRACE_S)
         if self.channel is not move.moved:
             return None

@@ -148,6 +148,9 @@ class Route:
         self._lost: tuple[str, float] | None = None
         self._back = Backoff(RELAY_BACK_AFTER_S, RELAY_BACK_MOST_S)
         self._refused = False  # the relay lost was left for its scheduler's refusal
+        # Moves of the stream back to the relay that failed since it was left: the first is
+        # said, and the one that takes, not each try in between (`move_failed`).
+        self._failed_moves = 0
 
     def checked(self, why: str) -> bool:
         """At start, the relay checked (`why` no relay answers there; "" when one does): True,
@@ -196,7 +199,8 @@ class Route:
         if why:
             return False
         self.relay, self._lost, self._refused = relay, None, False
-        self._say(f"the relay at {relay} answers again: this node talks through it")
+        if opening or not self._failed_moves:
+            self._say(f"the relay at {relay} answers again: this node talks through it")
         return True
 
     def relay_lost(self, *, cut_off: bool = False, why: str = "") -> bool:
@@ -232,17 +236,33 @@ class Route:
     def _leave(self, relay: str) -> None:
         """Direct from now on; `relay` looked for again RELAY_BACK_AFTER_S later."""
         self._back.reset()
+        self._failed_moves = 0
         self.relay, self._lost = None, (relay, self._clock() + self._back.next_s())
 
     def move_failed(self) -> None:
         """The relay found back did not take this node's stream (its own connection to the
-        scheduler not up yet, say): direct again, looked for again later."""
+        scheduler not up yet, or its scheduler refused the node): direct again, looked for again
+        later, twice as late each time. Said the first time; the tries after it are not (each
+        worker of the host would say two lines a minute while the relay's scheduler refuses
+        them), the one that takes is (`move_took`)."""
         relay = self.relay
         if relay is None:
             return
         wait_s = self._back.next_s()
         self.relay, self._lost = None, (relay, self._clock() + wait_s)
-        self._say(
-            f"the relay at {relay} did not take this node's stream: it stays direct, and looks "
-            f"again in {wait_s:g} s"
-        )
+        self._failed_moves += 1
+        if self._failed_moves == 1:
+            self._say(
+                f"the relay at {relay} did not take this node's stream: it stays direct, and "
+                f"looks again in {wait_s:g} s, then twice as late each time up to every "
+                f"{RELAY_BACK_MOST_S:g} s, saying so again once the relay takes it"
+            )
+
+    def move_took(self) -> None:
+        """The relay took this node's stream: said when moves to it had failed before."""
+        tries, self._failed_moves = self._failed_moves, 0
+        if tries and self.relay is not None:
+            self._say(
+                f"the relay at {self.relay} took this node's stream after {tries} failed "
+                f"{'try' if tries == 1 else 'tries'}: this node talks through it"
+            )

@@ -443,13 +443,24 @@ def test_a_route_looks_for_a_relay_that_did_not_take_the_stream_back_later_each_
         assert route.relay is None
         assert route.away
     assert waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
-    assert said[-1] == (
+    # Said: the loss, the relay answering, the first failed move; not each try after it (each
+    # worker of a host whose relay's scheduler refuses them said two lines a minute).
+    assert said[1:] == [
+        f"the relay at {answering} answers again: this node talks through it",
         f"the relay at {answering} did not take this node's stream: it stays direct, and looks "
-        "again in 60 s"
-    )
+        "again in 2 s, then twice as late each time up to every 60 s, saying so again once the "
+        "relay takes it",
+    ]
     assert route.relay_lost() is False  # direct already
     now[0] += 60.0
     assert route.relay_back()
+    route.move_took()
+    assert said[-1] == (
+        f"the relay at {answering} took this node's stream after 8 failed tries: this node "
+        "talks through it"
+    )
+    route.move_took()  # a move that took at once is not said
+    assert len(said) == 4
     assert route.relay_lost(cut_off=True)  # lost again later: looked for again after 1 s
     now[0] += scheduler_link.RELAY_BACK_AFTER_S
     assert route.relay_back()

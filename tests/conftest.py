@@ -31,7 +31,7 @@ SLOW_FILES = frozenset(
 
 
 # Files whose tests time real network faults or load the machine on purpose: `solo`, run
-# alone after the rest (`scripts/test` runs the rest two at a time: pytest-xdist).
+# alone after the rest (`scripts/test` runs the rest three at a time: pytest-xdist).
 SOLO_FILES = frozenset(
     {
         "integration/test_partition.py",  # network namespaces, partitions timed against 3 s

@@ -27,7 +27,9 @@ import cluster
 cluster.init()
 rank = cluster.get_rank()
 helper = subprocess.Popen(["sleep", "600"])
-Path(sys.argv[1], f"helper_{rank}").write_text(str(helper.pid))
+part = Path(sys.argv[1], f".helper_{rank}")  # written whole, then named: read whole
+part.write_text(str(helper.pid))
+part.rename(part.with_name(f"helper_{rank}"))
 if rank == 1:
     sys.exit(3)
 time.sleep(120)  # sleep-ok: the job fails under it

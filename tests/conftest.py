@@ -37,6 +37,7 @@ SOLO_FILES = frozenset(
         "integration/test_partition.py",  # network namespaces, partitions timed against 3 s
         "integration/test_scale.py",  # 64 real workers
         "integration/test_hostile.py",  # floods, and the scheduler's peak memory
+        "integration/test_member_floods.py",  # a member's calls at once, past its share
         "integration/test_connections.py",  # file-descriptor limits, thousands of sockets
         "integration/test_hosts.py",  # 4 network namespaces, 32 real workers, faults
     }

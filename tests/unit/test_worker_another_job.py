@@ -295,19 +295,37 @@ def behind(
     return respond(core, clock, action, standby)
 
 
-def test_a_standby_naming_as_its_leader_a_scheduler_of_another_job_fails_the_node_at_once() -> None:
+def test_a_standby_naming_as_its_leader_one_that_refused_the_node_so_is_followed_once() -> None:
     """The leader refused the node as another job's (its record names an older job), and the
-    next scheduler, a standby, names that leader: no scheduler of theirs runs the node's job.
-    The node fails at once, naming both, rather than following the leader to be refused again
-    until its deadline."""
+    next scheduler, a standby, names that leader. It is asked again (it may have been started
+    again with the job's prefix since, and won the lease): refused again, the node fails at
+    once, naming both, rather than following it to be refused until its deadline."""
     core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
     core.step(steps.Start())
     core.step(another_job())
     assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
     assert kinds(core.step(steps.Checked(True))) == [steps.Register]
-    (error,) = fails(core.step(steps.NotLeader(WRONG)))
+    followed = core.step(steps.NotLeader(WRONG))
+    assert fails(followed) == []
+    assert steps.Follow(WRONG) in followed
+    assert kinds(followed)[-1] is steps.Register
+    (error,) = fails(core.step(another_job()))
     assert isinstance(error, RegistrationRefused)
     assert str(error) == (
         f"the scheduler at {STANDBY} is a standby of the scheduler at {WRONG}, which runs another "
-        f"job, and refused this node: {FOREIGN}; no scheduler of theirs runs this node's job"
+        f"job, and refused this node again: {FOREIGN}; no scheduler of theirs runs this node's job"
     )
+
+
+def test_a_scheduler_started_again_with_the_jobs_prefix_takes_the_node_back() -> None:
+    """The scheduler that refused the node as another job's was started again with the job's
+    prefix and leads: the standby names it, and it takes the node."""
+    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
+    core.step(steps.Start())
+    core.step(another_job())
+    core.step(steps.PauseOver())
+    core.step(steps.Checked(True))
+    core.step(steps.NotLeader(WRONG))
+    assert kinds(core.step(accepted())) == [steps.Watch]
+    assert (core.address, core.lifecycle) == (WRONG, Lifecycle.FORMING)
+    assert fails(core.step(steps.TopologyReady(topology()))) == []

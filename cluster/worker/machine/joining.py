@@ -106,6 +106,9 @@ class Joining:
         self._down: dict[str, float] = {}
         # What each scheduler that runs another job said (since the last acceptance).
         self._foreign: dict[str, str] = {}
+        # Of those, each one a standby then named as its leader: that standby (it is asked again,
+        # since it may have been started again with this job's prefix since).
+        self._named_by: dict[str, str] = {}
         self._announced = ""  # the leader last said to be followed
         # Why the scheduler could not be reached at the last check ("" when it could).
         self.unreachable = ""
@@ -252,7 +255,18 @@ class Joining:
         return said + self._pause(self.node.pace.guard_s(event.retry_after_s))
 
     def _another_job(self, message: str) -> Actions:
-        """The scheduler asked runs another job: passed over for the next in turn, said once."""
+        """The scheduler asked runs another job: passed over for the next in turn, said once.
+        One that a standby named as its leader after it refused this node so, and refuses it
+        again, leads the standby's job: no scheduler of theirs runs this node's job."""
+        standby = self._named_by.pop(self.address, None)
+        if standby is not None:
+            return self.node.fail(
+                RegistrationRefused(
+                    f"the scheduler at {standby} is a standby of {self.where}, which runs another "
+                    f"job, and refused this node again: {message}; no scheduler of theirs runs "
+                    "this node's job"
+                )
+            )
         said: Actions = []
         if self.address not in self._foreign:
             left = max(self.node.deadline - self.node.clock(), 0.0)
@@ -295,6 +309,7 @@ class Joining:
         self.node.cluster_id = event.cluster_id
         self._down.clear()
         self._foreign.clear()
+        self._named_by.clear()
         self.node.progress = (event.registered, event.expected)
         self.node.heartbeat_interval_s = (
             event.heartbeat_interval_s or self.node.heartbeat_interval_s
@@ -328,13 +343,7 @@ class Joining:
             moved = self._next_address() if not event.leader else []
             return moved + self._pause(max(event.retry_after_s, RETRY_PAUSE_S))
         if leader in self._foreign:
-            return self.node.fail(
-                RegistrationRefused(
-                    f"{self.where} is a standby of the scheduler at {leader}, which runs another "
-                    f"job, and refused this node: {self._foreign[leader]}; no scheduler of "
-                    "theirs runs this node's job"
-                )
-            )
+            self._named_by[leader] = self.address
         said: Actions = []
         if leader != self._announced:
             self._announced = leader

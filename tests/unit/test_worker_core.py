@@ -1282,10 +1282,22 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.step(dataclasses.replace(answer, spare=spare and not rejoined))
 
     @precondition(lambda self: self.asked is steps.Register)
-    @rule(transient=st.booleans(), retry=st.sampled_from([0.0, 1.0, 29.0]), ended=st.booleans())
-    def refused(self, transient: bool, retry: float, ended: bool) -> None:
+    @rule(
+        transient=st.booleans(),
+        retry=st.sampled_from([0.0, 1.0, 29.0]),
+        ended=st.booleans(),
+        foreign=st.booleans(),
+    )
+    def refused(self, transient: bool, retry: float, ended: bool, foreign: bool) -> None:
+        """`foreign`: as a node of another job (a scheduler given another prefix, or a stale
+        record), which a node of a job that knows other schedulers passes over."""
         finished = ended and not transient
-        self.step(steps.Refused("refused", transient, retry_after_s=retry, finished=finished))
+        foreign = foreign and not (transient or finished)
+        self.step(
+            steps.Refused(
+                "refused", transient, retry_after_s=retry, finished=finished, foreign=foreign
+            )
+        )
 
     @precondition(lambda self: self.asked is steps.Register)
     @rule(seconds=st.sampled_from([0.1, 3.0]), relayed=st.booleans())
@@ -1296,7 +1308,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         self.relay_unanswered = relayed
 
     @precondition(lambda self: self.asked in (steps.Register, steps.Watch))
-    @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "10.0.0.3:8118"]))
+    @rule(leader=st.sampled_from(["", "10.0.0.2:8118", "127.0.0.1:8118", "127.0.0.2:8118"]))
     def not_leader(self, leader: str) -> None:
         self.named.add(leader)
         if self.asked is steps.Watch:  # the stream ends with it: the leader hands over

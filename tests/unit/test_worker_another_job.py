@@ -61,6 +61,17 @@ def lose_the_leader(core: WorkerCore) -> None:
     assert kinds(core.step(steps.Checked(True))) == [steps.Register]
 
 
+def registering_with_the_standby() -> WorkerCore:
+    """A restarted node of job-1 (its record's id) that knows WRONG and STANDBY: WRONG refused
+    it as another job's, and it registers with STANDBY now."""
+    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
+    core.step(steps.Start())
+    core.step(another_job())
+    assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
+    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    return core
+
+
 def test_a_scheduler_of_another_job_is_passed_over_for_the_jobs_standby() -> None:
     core, clock = ready_core(recovery=True, hosts=HOSTS)
     lose_the_leader(core)
@@ -225,11 +236,7 @@ def test_a_node_every_scheduler_refuses_as_another_jobs_fails_at_once() -> None:
     """A worker whose record names a job that none of its schedulers runs (the job was moved
     away, a new one started) is refused so by each in turn: it fails once every one has,
     naming each refusal, rather than asking them again until its deadline."""
-    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
-    core.step(steps.Start())
-    core.step(another_job())
-    assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
-    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    core = registering_with_the_standby()
     (error,) = fails(core.step(another_job()))
     assert isinstance(error, RegistrationRefused)
     message = str(error)
@@ -300,11 +307,7 @@ def test_a_standby_naming_as_its_leader_one_that_refused_the_node_so_is_followed
     next scheduler, a standby, names that leader. It is asked again (it may have been started
     again with the job's prefix since, and won the lease): refused again, the node fails at
     once, naming both, rather than following it to be refused until its deadline."""
-    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
-    core.step(steps.Start())
-    core.step(another_job())
-    assert core.step(steps.PauseOver()) == [steps.CheckScheduler(1.0)]
-    assert kinds(core.step(steps.Checked(True))) == [steps.Register]
+    core = registering_with_the_standby()
     followed = core.step(steps.NotLeader(WRONG))
     assert fails(followed) == []
     assert steps.Follow(WRONG) in followed
@@ -320,11 +323,7 @@ def test_a_standby_naming_as_its_leader_one_that_refused_the_node_so_is_followed
 def test_a_scheduler_started_again_with_the_jobs_prefix_takes_the_node_back() -> None:
     """The scheduler that refused the node as another job's was started again with the job's
     prefix and leads: the standby names it, and it takes the node."""
-    core = WorkerCore(config(hosts="127.0.0.2,127.0.0.3"), FakeClock(), cluster_id="job-1")
-    core.step(steps.Start())
-    core.step(another_job())
-    core.step(steps.PauseOver())
-    core.step(steps.Checked(True))
+    core = registering_with_the_standby()
     core.step(steps.NotLeader(WRONG))
     assert kinds(core.step(accepted())) == [steps.Watch]
     assert (core.address, core.lifecycle) == (WRONG, Lifecycle.FORMING)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.protocol import auth
+from cluster.protocol import auth, version
 from cluster.protocol.config import canonical_node_id
 from cluster.protocol.environment import job_secret_from_env, read_job_secret
 from cluster.scheduler.machine.state import NodeRole, Registration
@@ -58,6 +58,7 @@ def registration(node_id: str, incarnation: int = 1, cluster_id: str = "") -> Re
         2,
         0,
         cluster_id,
+        protocol_revision=version.PROTOCOL_REVISION,
         credential_digest=digest(node_id, incarnation),
     )
 

@@ -8,6 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from cluster.protocol import version
 from cluster.protocol.config import ObserveConfig
 from cluster.scheduler import CoreSettings, SchedulerServer
 from cluster.scheduler.machine.state import NodeRole, Registration
@@ -38,6 +39,7 @@ def reg(node_id: str, workers: int = 2) -> Registration:
         1,
         workers,
         0,
+        protocol_revision=version.PROTOCOL_REVISION,
         credential_digest=digest(node_id, 1),
     )
 

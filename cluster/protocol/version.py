@@ -16,13 +16,13 @@ registration, a relay and a saved state of another revision, in one line naming 
 and what to do; with a job secret, a registration that does not prove it and a relay are told
 the line without this scheduler's release, which the scheduler's log names (`refusal`). What
 names no revision was made before revisions were named: it is revision 1 (`revision_of`,
-`stamped`), which the protocol still is.
+`stamped`). What each revision changed: docs/design/architecture.md.
 """
 
 from __future__ import annotations
 
 VERSION = "0.1.0"
-PROTOCOL_REVISION = 1
+PROTOCOL_REVISION = 2
 # The revision of a process or a state that does not say (made before revisions were sent).
 UNSTATED_REVISION = 1
 # The most characters of a release a peer may name (`cluster.transport.edge`).

@@ -28,7 +28,7 @@ from cluster.protocol.errors import (
     NotLeaderError,
     UnknownNodeError,
 )
-from cluster.scheduler import convert, host_link, member_limits, wiring
+from cluster.scheduler import convert, host_link, wiring
 from cluster.scheduler.exchange import ALLGATHER, BARRIER, BROADCAST, Withdrawn
 from cluster.scheduler.machine import reserve
 from cluster.scheduler.servicer_edge import (
@@ -364,18 +364,21 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
 
     @mapped
     async def Exchange(
-        self, request: pb.ExchangeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        requests: AsyncIterator[pb.ExchangeRequest | edge.Unparsed],
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ExchangeResponse | None:
+        core = self._core  # a standby refuses before it reads the value
+        request: pb.ExchangeRequest = await self.joined(requests, context, "Exchange")
         op = _OPS.get(request.op)
         if op is None:
             raise BadRequestError("Exchange needs an op")
         value, withdrawn = request.value, request.withdrawn
         if withdrawn and value:
             raise BadRequestError("an Exchange that withdraws carries no value")
-        member_limits.request_bytes(len(value) + len(withdrawn))
         contribution = Withdrawn(withdrawn) if withdrawn else value
         try:
-            values = await self._core.exchange(
+            values = await core.exchange(
                 request.node_id,
                 caller_of(context, "Exchange", request),
                 generation=request.generation,
@@ -391,11 +394,13 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
 
     @mapped
     async def KvSet(
-        self, request: pb.KvSetRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        requests: AsyncIterator[pb.KvSetRequest | edge.Unparsed],
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.KvSetResponse:
-        key, value = request.key, request.value
-        member_limits.request_bytes(len(key) + len(value))
-        await self._core.kv_set(caller_of(context, "KvSet", request), key, value)
+        core = self._core  # a standby refuses before it reads the value
+        request: pb.KvSetRequest = await self.joined(requests, context, "KvSet")
+        await core.kv_set(caller_of(context, "KvSet", request), request.key, request.value)
         return pb.KvSetResponse()
 
     @mapped

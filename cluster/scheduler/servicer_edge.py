@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -38,6 +38,7 @@ from cluster.protocol.errors import (
     NotAuthenticatedError,
     RegistrationRefused,
 )
+from cluster.scheduler import member_limits
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.host_calls import HostCalls
@@ -208,6 +209,59 @@ class ServicerEdge:
         behind a loaded scheduler's loop, or behind the other calls of its host's relay on one
         connection, is no fault of the node's."""
         refuse(context, self.at_edge(context, method, reason, problem))
+
+    async def joined(
+        self,
+        requests: AsyncIterator[Any],
+        context: CallContext,
+        method: str,
+    ) -> Any:
+        """The request of a member's value call (`edge.VALUE_METHODS`), whose value comes in
+        pieces (`edge.pieces`): the first message, its value joined with the pieces after it.
+        Each message is counted to its member as it comes (`member_limits.request_bytes`: past
+        the member's share of bytes in flight, CapacityError, the rest unread), and the value
+        is refused once it passes `edge.MAX_VALUE_BYTES`, as a message that does not parse or a
+        later one that carries more than a piece is, at the edge. The rest of the value comes
+        within `edge.VALUE_WITHIN_S` of its first piece, else the call is turned away
+        (CrowdedError, as a request late behind a loaded scheduler: a real node tries again)."""
+        within_s = edge.VALUE_WITHIN_S
+        try:
+            first, parts = await asyncio.wait_for(self._pieces(requests, context, method), within_s)
+        except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
+            problem = f"the rest of a {method} value did not come within {within_s:g} s"
+            raise self.at_edge(context, method, "stalled", problem) from None
+        if len(parts) > 1:
+            first.value = b"".join(parts)
+        return first
+
+    async def _pieces(
+        self, requests: AsyncIterator[Any], context: CallContext, method: str
+    ) -> tuple[Any, list[bytes]]:
+        """The messages of a value call, read to its end (`joined`): the first, and the
+        value's pieces, its own first."""
+        first: Any = None
+        parts: list[bytes] = []
+        size = 0
+        async for message in requests:
+            if isinstance(message, edge.Unparsed):
+                raise self.at_edge(context, method, message.reason, message.message())
+            member_limits.request_bytes(message.ByteSize())
+            part = message.value
+            if first is None:
+                first = message
+            else:
+                message.ClearField("value")
+                if message.ByteSize():
+                    problem = f"a later message of a {method} carries more than a piece"
+                    raise self.at_edge(context, method, "malformed", problem)
+            size += len(part)
+            if size > edge.MAX_VALUE_BYTES:
+                problem = f"a {method} value of more than {edge.MAX_VALUE_BYTES:,} bytes"
+                raise self.at_edge(context, method, "oversized", problem)
+            parts.append(part)
+        if first is None:
+            raise BadRequestError(f"a {method} call ended without a request")
+        return first, parts
 
     def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
         """A call refused before it reaches the job: counted, told at a bounded rate (the

@@ -6,16 +6,19 @@ that does not parse as its method's message is refused as such (`Malformed`), an
 registration whose fields are out of bounds (`registration_problem`) is refused with a message
 that quotes at most a short, escaped prefix of what was sent. Such refusals are counted and
 journaled at a bounded rate by the scheduler (`cluster.scheduler.refusals`), never with the raw
-value. `Exchange` and `KvSet` carry a member's data: their bounds are the job's caps
-(CLUSTER_COLLECTIVE_MAX_BYTES, CLUSTER_KV_MAX_BYTES, at most `MAX_MESSAGE_BYTES` a message),
-applied after the call is admitted as a member's.
+value. `Exchange` and `KvSet` carry a member's data: their value comes in pieces of at most
+`PIECE_BYTES` (`pieces`; the scheduler joins them, `cluster.scheduler.servicer_edge.joined`), and
+its bounds are the job's caps (CLUSTER_COLLECTIVE_MAX_BYTES, CLUSTER_KV_MAX_BYTES, at most
+`MAX_VALUE_BYTES`), applied after the call is admitted as a member's. So no message of any
+method is over `MAX_REQUEST_BYTES`, which is gRPC's own limit on the scheduler's port: gRPC
+refuses a longer message from its length, before it reads it, whoever sent it.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -25,9 +28,11 @@ from cluster.protocol.config import valid_node_id
 from cluster.protocol.display import safe
 from cluster.protocol.value import frozen
 
-# The largest message any method takes (a member's collective contribution or key-value set).
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _KIB = 1024
+# The largest value a member's call carries (a collective contribution or a key-value set).
+MAX_VALUE_BYTES = 64 * 1024 * _KIB
+# The most bytes of a value one message carries: a larger value goes in pieces (`pieces`).
+PIECE_BYTES = 256 * _KIB
 # Each method's largest request, in bytes. A registration is a few hundred bytes; a checkpoint
 # report names at most 1,024 steps (`admission.MAX_REPORTED_CHECKPOINTS`, 10 bytes each).
 MESSAGE_LIMITS: dict[str, int] = {
@@ -45,14 +50,20 @@ MESSAGE_LIMITS: dict[str, int] = {
     "HostWatch": 64 * _KIB,  # a batch of attaches (each at most HOST_ATTACH_BYTES)
     "KvWait": 256 * _KIB,
     "KvAdd": 4 * _KIB,
-    "KvSet": MAX_MESSAGE_BYTES,
-    "Exchange": MAX_MESSAGE_BYTES,
+    "KvSet": PIECE_BYTES + 4 * _KIB,  # a piece of the value, and its key in the first
+    "Exchange": PIECE_BYTES + 4 * _KIB,  # a piece of the value, and the round's fields
 }
+# The largest message of any method: gRPC refuses a longer one unread (`serving`).
+MAX_REQUEST_BYTES = max(MESSAGE_LIMITS.values())
+# The methods whose value comes in pieces.
+VALUE_METHODS = ("Exchange", "KvSet")
 # How long a call may take to send its request after it started (HTTP/2 headers first, then the
-# message): a stream that never sends it is cut then, not held. A member's large value gets time
-# for 64 MiB on a slow link; everything else is a few KiB.
+# message): a stream that never sends it is cut then, not held. A member's value gets time for
+# 64 MiB on a slow link, for its first piece and again for the rest (`VALUE_WITHIN_S`);
+# everything else is a few KiB.
 FIRST_MESSAGE_S = 5.0
 FIRST_LARGE_MESSAGE_S = 60.0
+VALUE_WITHIN_S = 60.0
 # Calls waiting for their request at once, from one peer address and in all; past either a new
 # call is turned away at once (UNAVAILABLE: a real node tries again), so a peer's stalled streams
 # cost a bounded amount. A job's nodes register at once (up to thousands from one host in a
@@ -82,8 +93,23 @@ QUOTED_CHARS = 40
 
 def first_message_s(method: str) -> float:
     """How long a call of `method` may take to send its request."""
-    large = MESSAGE_LIMITS.get(method, 0) > 1024 * _KIB
-    return FIRST_LARGE_MESSAGE_S if large else FIRST_MESSAGE_S
+    return FIRST_LARGE_MESSAGE_S if method in VALUE_METHODS else FIRST_MESSAGE_S
+
+
+def pieces(request: Any, size: int = PIECE_BYTES) -> Iterator[Any]:
+    """`request` (an Exchange's or a KvSet's) as the messages of its call: itself when its
+    `value` fits one message, else a copy with the value's first `size` bytes, then a message of
+    its type with only the next piece of the value, each."""
+    value = request.value
+    if len(value) <= size:
+        yield request
+        return
+    first = type(request)()
+    first.CopyFrom(request)
+    first.value = value[:size]
+    yield first
+    for start in range(size, len(value), size):
+        yield type(request)(value=value[start : start + size])
 
 
 def quoted(value: str | bytes) -> str:

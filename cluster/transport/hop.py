@@ -39,7 +39,7 @@ from google.protobuf.message import DecodeError
 
 from cluster.protocol import endpoints
 from cluster.protocol.errors import ConfigError
-from cluster.transport import failures, names, stub
+from cluster.transport import edge, failures, names, stub
 
 _LENGTH = struct.Struct(">I")
 # A frame holds one message of the service (at most 64 MiB, as gRPC's limit here) and its
@@ -48,9 +48,10 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024 + 64 * 1024
 # Calls a worker may hold open at once on its connection (a Watch stream, a Heartbeat stream,
 # and its own calls); more are refused (RESOURCE_EXHAUSTED), as a scheduler refuses them.
 MAX_CALLS = 64
-# Request messages of a client-streaming call read ahead of its handler: a worker that writes
-# more (its beats come seconds apart) has its connection closed.
-READ_AHEAD = 16
+# Request messages of a client-streaming call read ahead of its handler: a value's pieces (its
+# beats come seconds apart), each at most a message the scheduler takes. A worker that writes
+# more, or a longer one, has its connection closed: at most about one value's bytes wait.
+READ_AHEAD = edge.MAX_VALUE_BYTES // edge.PIECE_BYTES + 16
 # What the relay holds for a worker that does not read its answers, at most: then the worker's
 # connection is closed (its calls end as cancelled by it).
 MAX_UNREAD_BYTES = 2 * MAX_FRAME_BYTES
@@ -193,6 +194,8 @@ class _Connection:
             task.cancel()
         elif requests is not None:
             message = carried if isinstance(carried, bytes) else None
+            if message is not None and len(message) > edge.MAX_REQUEST_BYTES:
+                raise ValueError(f"call {number} wrote a message of {len(message):,} bytes")
             try:
                 requests.put_nowait(message)
             except asyncio.QueueFull:

@@ -3,16 +3,20 @@ relay's (`cluster.transport.relay`), which serves the same calls of the same nod
 
 from __future__ import annotations
 
-from cluster.transport import channel
+from cluster.transport import channel, edge
 
 IDLE_CONNECTION_MS = 10_000
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# An answer may carry a whole allgather: every rank's value, at most 64 MiB in all.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     # grpc enables SO_REUSEPORT by default, which would let a second scheduler bind the same port
     # without an error and steal half the connections.
     ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # No method takes a message longer than this (a member's value comes in pieces): gRPC refuses
+    # a longer one from its length, unread. Left at the largest value, a stranger's 64 calls of
+    # 32 MiB to a method anyone may call were read whole before their method's cap: 1-2 GB.
+    ("grpc.max_receive_message_length", edge.MAX_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
     # Nodes keep one stream open for the whole job and ping it (`channel.keepalive_options`):
     # allow that, at up to twice the rate they use.
     ("grpc.keepalive_permit_without_calls", 1),

@@ -68,12 +68,12 @@ class SchedulerStub:
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
-        self.Exchange = channel.unary_unary(
+        self.Exchange = channel.stream_unary(
                 '/cluster.v1.Scheduler/Exchange',
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.ExchangeRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.ExchangeResponse.FromString,
                 _registered_method=True)
-        self.KvSet = channel.unary_unary(
+        self.KvSet = channel.stream_unary(
                 '/cluster.v1.Scheduler/KvSet',
                 request_serializer=cluster_dot_v1_dot_scheduler__pb2.KvSetRequest.SerializeToString,
                 response_deserializer=cluster_dot_v1_dot_scheduler__pb2.KvSetResponse.FromString,
@@ -184,15 +184,19 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Exchange(self, request, context):
+    def Exchange(self, request_iterator, context):
         """Control-plane collectives: every rank of the generation contributes once per sequence number
         and gets back what the operation defines (nothing, all contributions, the root's).
+        Exchange and KvSet send their value in pieces of at most 256 KiB (a message of any method
+        is at most 260 KiB, so what anyone sends is refused unread past that): the first message
+        carries every field and the value's first piece, each later one only the next piece of
+        `value`. A value of one piece is one message, as a unary call's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def KvSet(self, request, context):
+    def KvSet(self, request_iterator, context):
         """A small key-value store shared by the job.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -299,12 +303,12 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.HeartbeatResponse.SerializeToString,
             ),
-            'Exchange': grpc.unary_unary_rpc_method_handler(
+            'Exchange': grpc.stream_unary_rpc_method_handler(
                     servicer.Exchange,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.ExchangeRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.ExchangeResponse.SerializeToString,
             ),
-            'KvSet': grpc.unary_unary_rpc_method_handler(
+            'KvSet': grpc.stream_unary_rpc_method_handler(
                     servicer.KvSet,
                     request_deserializer=cluster_dot_v1_dot_scheduler__pb2.KvSetRequest.FromString,
                     response_serializer=cluster_dot_v1_dot_scheduler__pb2.KvSetResponse.SerializeToString,
@@ -493,7 +497,7 @@ class Scheduler:
             _registered_method=True)
 
     @staticmethod
-    def Exchange(request,
+    def Exchange(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -503,8 +507,8 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/cluster.v1.Scheduler/Exchange',
             cluster_dot_v1_dot_scheduler__pb2.ExchangeRequest.SerializeToString,
@@ -520,7 +524,7 @@ class Scheduler:
             _registered_method=True)
 
     @staticmethod
-    def KvSet(request,
+    def KvSet(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -530,8 +534,8 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_unary(
+            request_iterator,
             target,
             '/cluster.v1.Scheduler/KvSet',
             cluster_dot_v1_dot_scheduler__pb2.KvSetRequest.SerializeToString,

@@ -319,7 +319,7 @@ class WorkerAgent:
         node_id = self.identity.node_id
         request = convert.exchange_request(node_id, generation, seq, op, root, value, withdrawn)
         unsent = functools.partial(self.core.collective_unsent, generation, seq)
-        answer = await self._calls.unary(
+        answer = await self._calls.in_pieces(
             op, "Exchange", request, unsent=unsent, read=convert.exchange_failure
         )
         self.core.collective_answered(generation, seq)
@@ -375,7 +375,7 @@ class WorkerAgent:
         return int(answer.held_by_all)
 
     async def kv_set(self, key: str, value: bytes) -> None:
-        await self._calls.unary("kv set", "KvSet", convert.kv_set_request(key, value))
+        await self._calls.in_pieces("kv set", "KvSet", convert.kv_set_request(key, value))
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
         response = await self._calls.unary("kv get", "KvGet", convert.kv_get_request(keys))

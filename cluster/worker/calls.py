@@ -14,8 +14,7 @@ from typing import Any, TypeVar
 import grpc
 
 from cluster.protocol.errors import CapacityError, ClusterError, CollectiveError, NotLeaderError
-from cluster.transport import failures, membership
-from cluster.worker import scheduler_link
+from cluster.transport import edge, failures, membership
 from cluster.worker.link import Link
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
@@ -103,8 +102,7 @@ class Calls:
                     unsent()
                     raise CapacityError(
                         f"{what} was refused by gRPC before the scheduler took it "
-                        f"({failure.details}): a call carries at most "
-                        f"{scheduler_link.MAX_MESSAGE_BYTES} bytes (64 MiB); send less per call"
+                        f"({failure.details}): send less per call"
                     ) from None
                 away = self._core.away() if failure.timed_out else ""
                 if away:  # the call's own deadline passed while the scheduler was away
@@ -142,9 +140,49 @@ class Calls:
             read,
         )
 
+    async def in_pieces(
+        self,
+        what: str,
+        method: str,
+        request: Any,
+        *,
+        unsent: Callable[[], None] = _none,
+        read: ReadFailure = _as_it_is,
+    ) -> Any:
+        """The client-streaming call `method` (`edge.VALUE_METHODS`) of `request` for the user,
+        signed as the whole request, its value written in pieces (`edge.pieces`: the scheduler
+        takes no longer message). A value past `edge.MAX_VALUE_BYTES` is refused here, unsent."""
+        size = len(request.value)
+        if size > edge.MAX_VALUE_BYTES:
+            unsent()
+            raise CapacityError(
+                f"{what} carries {size:,} bytes, and a call carries at most "
+                f"{edge.MAX_VALUE_BYTES:,} (64 MiB): send less per call"
+            )
+
+        def rpc() -> Awaitable[Any]:
+            metadata = self._signed(method, request)  # signs it now, as `call` needs
+            open_call = getattr(self._link.stub, method)(metadata=metadata, wait_for_ready=True)
+            return _written(open_call, request)
+
+        return await self.call(what, rpc, unsent, read)
+
     def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:
         """Whether a call cancelled on `channel` was cut off by following a new leader (the
         channel was closed for another), not by cancelling this task."""
         task = asyncio.current_task()
         cancelling = getattr(task, "cancelling", None)  # Python 3.11 on
         return channel is not self._link.channel and not (cancelling is not None and cancelling())
+
+
+async def _written(call: Any, request: Any) -> Any:
+    """The answer of a client-streaming `call` once `request` is written on it in pieces; the
+    call is cancelled when this is (or fails) before its answer."""
+    try:
+        for piece in edge.pieces(request):
+            await call.write(piece)
+        await call.done_writing()
+        return await call
+    finally:
+        if not call.done():
+            call.cancel()

@@ -27,8 +27,8 @@ SCHEDULER_METHODS: dict[str, tuple[str, type[Message]]] = {
     "Register": (UNARY, pb.RegisterRequest),
     "Watch": (SERVER_STREAM, pb.WatchRequest),
     "Heartbeat": (CLIENT_STREAM, pb.HeartbeatRequest),
-    "Exchange": (UNARY, pb.ExchangeRequest),
-    "KvSet": (UNARY, pb.KvSetRequest),
+    "Exchange": (CLIENT_STREAM, pb.ExchangeRequest),
+    "KvSet": (CLIENT_STREAM, pb.KvSetRequest),
     "KvGet": (UNARY, pb.KvGetRequest),
     "KvWait": (UNARY, pb.KvWaitRequest),
     "KvAdd": (UNARY, pb.KvAddRequest),
@@ -286,7 +286,7 @@ def scheduler_calls(known: Known, method: str) -> st.SearchStrategy[Call]:
         who = draw(st.sampled_from(whos))
         requested = by_member if who in CARRIES_MEMBER_PROOF else made
         bodies = []
-        streams = method in ("Heartbeat", "HostWatch")
+        streams = SCHEDULER_METHODS[method][0] in (CLIENT_STREAM, BIDI)
         for _ in range(draw(st.integers(1, 3)) if streams else 1):
             shape = draw(st.sampled_from(["message"] * 6 + ["mutated", "random"]))
             body = draw(blobs) if shape == "random" else draw(requested).SerializeToString()

@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import cluster
+from cluster.protocol import version
 from cluster.protocol.config import Limits
 from cluster.protocol.environment import from_env
 from cluster.protocol.errors import (
@@ -201,6 +202,7 @@ async def test_second_process_with_a_live_node_id_is_refused(server: SchedulerSe
         incarnation=7,
         worker_num=2,
         credential=b"c" * 32,
+        protocol_revision=version.PROTOCOL_REVISION,
     )
     # Wait until "a" is in (observable through Status), then try to take its id.
     for _ in range(500):

@@ -82,7 +82,8 @@ class Attacker:
         return self.stub.Status(pb.StatusRequest(), timeout=CALL_S, metadata=metadata)
 
     def refused(self, call: Any, request: Any, metadata: Any = None) -> grpc.StatusCode:
-        """The code a unary call is refused with (it must be refused)."""
+        """The code a call with one answer is refused with (it must be refused): `request`
+        one message, or an iterator of them for a client-streaming method."""
         with pytest.raises(grpc.RpcError) as info:
             call(request, timeout=CALL_S, metadata=metadata)
         return info.value.code()  # type: ignore[attr-defined,no-any-return]
@@ -233,7 +234,7 @@ def forge_the_formed_job(spy: Attacker, marker: Path) -> None:
             exchange = pb.ExchangeRequest(
                 node_id=node_id, generation=1, seq=1, op=pb.EXCHANGE_ALLGATHER, value=bomb
             )
-            assert spy.refused(spy.stub.Exchange, exchange, metadata) in (
+            assert spy.refused(spy.stub.Exchange, iter([exchange]), metadata) in (
                 grpc.StatusCode.UNAUTHENTICATED,
             )
             finish = pb.FinishRequest(node_id=node_id, incarnation=incarnation)
@@ -248,7 +249,7 @@ def forge_the_formed_job(spy: Attacker, marker: Path) -> None:
             beats = spy.heartbeats(node_id, incarnation, 3, metadata)
             assert beats == grpc.StatusCode.UNAUTHENTICATED
             kv = pb.KvSetRequest(key="seed", value=b"forged")
-            assert spy.refused(spy.stub.KvSet, kv, metadata) in (
+            assert spy.refused(spy.stub.KvSet, iter([kv]), metadata) in (
                 grpc.StatusCode.UNAUTHENTICATED,
                 grpc.StatusCode.NOT_FOUND,  # no node id at all: not a member
             )

@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cluster.protocol import auth
 from cluster.protocol.environment import from_env
 from cluster.testing import free_port
+from cluster.transport import edge
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.convert import register_request
@@ -242,7 +243,8 @@ def test_an_outsiders_large_member_calls_are_refused_unread(
     try:
         stubs = [pb_grpc.SchedulerStub(channel) for channel in channels]
         calls = [
-            stubs[i % 4].KvSet.future(request, metadata=metadata, timeout=60) for i in range(48)
+            stubs[i % 4].KvSet.future(edge.pieces(request), metadata=metadata, timeout=60)
+            for i in range(48)
         ]
         codes = {call.exception().code() for call in calls}  # type: ignore[union-attr]
     finally:

@@ -17,7 +17,7 @@ from cluster.scheduler import SchedulerServer
 from cluster.scheduler.machine.kv import MAX_VALUE_BYTES
 from cluster.scheduler.machine.rounds import MAX_ANSWER_BYTES
 from cluster.testing import LocalJob, LocalJobOptions
-from cluster.worker.scheduler_link import MAX_MESSAGE_BYTES
+from cluster.transport import edge
 from tests.integration.scripts.oversized_payload import BIG
 from tests.integration.test_api import make_agent, settings
 from tests.procs import PYTHON, ROOT
@@ -66,14 +66,15 @@ def test_a_broadcast_refused_for_its_size_leaves_the_job_going(tmp_path: Path) -
         assert f"barrier passed rank={rank}" in log, log
 
 
-async def test_a_call_grpc_refuses_gives_its_collective_number_back() -> None:
-    """A collective gRPC refuses for its size (an agent's caller that checked nothing) reached
-    no round: the agent's next collective has its number, and completes with the peers'."""
+async def test_a_call_too_large_to_send_gives_its_collective_number_back() -> None:
+    """A collective larger than any call carries (an agent's caller that checked nothing) is
+    refused unsent and reached no round: the agent's next collective has its number, and
+    completes with the peers'."""
     async with SchedulerServer(settings(2)) as server:
         a, b = make_agent(server.port, 2, "a"), make_agent(server.port, 2, "b")
         await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
-        with pytest.raises(CapacityError, match=r"broadcast was refused by gRPC before the sch"):
-            await a.exchange("broadcast", b"z" * (MAX_MESSAGE_BYTES + 1))
+        with pytest.raises(CapacityError, match=r"broadcast carries 67,108,865 bytes, and a "):
+            await a.exchange("broadcast", b"z" * (edge.MAX_VALUE_BYTES + 1))
         got = await asyncio.wait_for(
             asyncio.gather(a.exchange("broadcast", b"small"), b.exchange("broadcast", b"")), 10
         )

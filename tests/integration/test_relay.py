@@ -33,6 +33,7 @@ from cluster.scheduler.machine.state import NodeState
 from cluster.testing import Process, free_port
 from cluster.tools.relay import Relay, RelaySettings
 from cluster.transport import channel, stub, table_file
+from cluster.transport.relay import stamp as relay_stamp
 from cluster.transport.upstreams import Upstreams
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import peer_table
@@ -667,7 +668,7 @@ async def test_batched_beats_count_only_for_streams_on_their_connection(short_di
                     request_serializer=pb.HostBeatsRequest.SerializeToString,
                     response_deserializer=pb.HostBeatsResponse.FromString,
                 )
-                await asyncio.wait_for(send(iter([beats])), 10)
+                await asyncio.wait_for(send(iter([beats]), metadata=relay_stamp()), 10)
             assert {n: members[n].last_seen for n in ("a", "b")} == before
             # The relay's own batch, from the worker's beat: only "a", whose stream it carries.
             relay._forwarder.beats._heard[("a", relayed.identity.incarnation)] = None  # type: ignore[attr-defined]
@@ -697,14 +698,15 @@ def test_a_killed_worker_behind_a_relay_is_told_at_once(processes: Procs, short_
 
 
 async def host_link_call(port: int, ups: list[pb.HostUp], ends: int) -> list[pb.HostDown]:
-    """An outsider's HostWatch: `ups` sent, then what comes down until `ends` slots ended."""
+    """An outsider's HostWatch (stamped with this release, as a relay's): `ups` sent, then what
+    comes down until `ends` slots ended."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         link = channel.stream_stream(
             "/cluster.v1.Scheduler/HostWatch",
             request_serializer=pb.HostUp.SerializeToString,
             response_deserializer=pb.HostDown.FromString,
         )
-        call = link()
+        call = link(metadata=relay_stamp())
         for up in ups:
             await call.write(up)
         downs: list[pb.HostDown] = []

@@ -23,6 +23,7 @@ import pytest
 from cluster.protocol.state_url import parse_state_url
 from cluster.testing import Process, free_port, wait_until
 from cluster.tools.status import scheduler_role
+from cluster.transport import edge
 from cluster.transport.failures import LEADER_KEY
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
@@ -123,11 +124,11 @@ def register(address: str, node_id: str, cluster_id: str = "") -> pb.RegisterRes
 
 
 def kv_call(address: str, method: str, request: object) -> object:
+    """`method` of `request` as node 0 (a KvSet's value in its pieces, as a worker sends it)."""
     metadata = call_metadata("0", 1, CREDENTIALS["0"])
+    sent = edge.pieces(request) if method in edge.VALUE_METHODS else request
     with grpc.insecure_channel(address) as channel:
-        return getattr(pb_grpc.SchedulerStub(channel), method)(
-            request, timeout=10, metadata=metadata
-        )
+        return getattr(pb_grpc.SchedulerStub(channel), method)(sent, timeout=10, metadata=metadata)
 
 
 def test_a_standby_names_the_leader_and_takes_the_job_over_when_the_leader_is_killed(

@@ -37,7 +37,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster.protocol import auth
+from cluster.protocol import auth, version
 from cluster.protocol.errors import EvictedError, UnknownNodeError
 from cluster.protocol.records import (
     Accepted,
@@ -566,6 +566,7 @@ class Sim:
             worker_num=self.workers,
             server_num=0,
             cluster_id=proc.job if job is None else job,
+            protocol_revision=version.PROTOCOL_REVISION,
             credential_digest=auth.credential_digest(f"{proc.node_id}:{proc.incarnation}".encode()),
             spare=proc.spare,
             collectives_generation=answered[0],

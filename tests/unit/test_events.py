@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.protocol import version
 from cluster.protocol.config import Limits
 from cluster.protocol.errors import CapacityError, FellBehindError
 from cluster.protocol.settings import JobSettings
@@ -58,6 +59,7 @@ def reg(node_id: str, incarnation: int = 1, workers: int = 2) -> Registration:
         incarnation,
         workers,
         0,
+        protocol_revision=version.PROTOCOL_REVISION,
         credential_digest=digest(node_id, incarnation),
     )
 

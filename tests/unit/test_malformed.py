@@ -15,7 +15,7 @@ from cluster.protocol import auth, peer_state
 from cluster.scheduler import SchedulerServer
 from cluster.scheduler.wiring import MEMBER_CALLS
 from cluster.storage.served import ServedCheckpoints
-from cluster.transport import edge
+from cluster.transport import edge, relay
 from cluster.v1 import peer_state_pb2 as ps
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
@@ -45,15 +45,17 @@ def test_bytes_that_do_not_parse_are_malformed_not_an_exception() -> None:
 
 
 async def _send(channel: grpc.aio.Channel, method: str) -> None:
-    """GARBAGE as the request of `method` (each beat of a Heartbeat stream)."""
+    """GARBAGE as the request of `method` (each beat of a Heartbeat stream), stamped with this
+    release as a host's relay stamps its calls (HostBeats, HostWatch)."""
     path = f"/cluster.v1.Scheduler/{method}"
+    stamped = {"timeout": BOUND_S, "metadata": relay.stamp()}
     if method in STREAMS:
-        async for _ in channel.unary_stream(path, _raw, _raw)(GARBAGE, timeout=BOUND_S):
+        async for _ in channel.unary_stream(path, _raw, _raw)(GARBAGE, **stamped):
             pass
     elif method == "Heartbeat":
-        await channel.stream_unary(path, _raw, _raw)(iter([GARBAGE]), timeout=BOUND_S)
+        await channel.stream_unary(path, _raw, _raw)(iter([GARBAGE]), **stamped)
     else:
-        await channel.unary_unary(path, _raw, _raw)(GARBAGE, timeout=BOUND_S)
+        await channel.unary_unary(path, _raw, _raw)(GARBAGE, **stamped)
 
 
 async def _ends(channel: grpc.aio.Channel, method: str) -> grpc.aio.AioRpcError:

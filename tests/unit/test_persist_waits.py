@@ -57,7 +57,7 @@ async def test_a_step_down_ends_the_calls_waiting_on_a_failing_save(tmp_path: Pa
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             kv_set = asyncio.ensure_future(
                 pb_grpc.SchedulerStub(channel).KvSet(
-                    pb.KvSetRequest(key="plan", value=b"v1"),
+                    iter([pb.KvSetRequest(key="plan", value=b"v1")]),
                     metadata=call_metadata("0", 1, credential("0", 1)),
                 )
             )

@@ -87,6 +87,7 @@ def reg(
             "server_num": state.settings.server_num,
             "cluster_id": "",
             "credential_digest": digest(node_id, incarnation),
+            "protocol_revision": PROTOCOL_REVISION,
             **{k: v for k, v in fields.items() if v is not None},
         }
     )
@@ -1098,8 +1099,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         cluster_id: str,
         stated: bool = True,
     ) -> None:
-        """`stated`: the node names its release and protocol revision (this one's), or names
-        none, as a node of a release before they were sent: taken alike."""
+        """`stated`: the node names its release beside its protocol revision (this one's), or
+        the revision alone: taken alike (a node that names no revision is of revision 1, which
+        `other_revision_registers` covers)."""
         role = NodeRole.SERVER if node_id in SERVER_IDS else NodeRole.WORKER
         host = self.hosts.setdefault((canonical_node_id(node_id), incarnation), host)
         worker_num = self.state.settings.worker_num + (1 if matching == 0 else 0)
@@ -1111,7 +1113,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             incarnation=incarnation,
             worker_num=worker_num,
             cluster_id=cluster_id,
-            protocol_revision=PROTOCOL_REVISION if stated else 0,
+            protocol_revision=PROTOCOL_REVISION,
             cluster_version=VERSION if stated else "",
         )
         before = len(self.state.members)
@@ -1394,7 +1396,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(
         index=st.integers(min_value=0, max_value=20),
-        revision=st.sampled_from([PROTOCOL_REVISION + 1, PROTOCOL_REVISION + 7]),
+        revision=st.sampled_from(
+            [PROTOCOL_REVISION - 1, PROTOCOL_REVISION + 1, PROTOCOL_REVISION + 7]
+        ),
         own=st.booleans(),
         proven=st.booleans(),
     )
@@ -1455,7 +1459,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if version.revision_of(revision) == PROTOCOL_REVISION:
             SchedulerState.restore(saved, self.state.settings, self.clock, new_cluster_id="new")
             return
-        with pytest.raises(SnapshotError, match=f"saved by .* \\(protocol revision {revision}\\)"):
+        stated = version.revision_of(revision)
+        with pytest.raises(SnapshotError, match=f"saved by .* \\(protocol revision {stated}\\)"):
             SchedulerState.restore(saved, self.state.settings, self.clock, new_cluster_id="new")
 
     @rule(
@@ -1882,7 +1887,14 @@ def test_restore_by_a_scheduler_of_another_job_secret_is_refused() -> None:
 def test_restore_of_a_snapshot_missing_fields_is_refused() -> None:
     with pytest.raises(SnapshotError, match="lacks generation"):
         restore(
-            {"cluster_id": "x", "worker_num": 1, "server_num": 0, "phase": "ready", "members": []},
+            {
+                "cluster_id": "x",
+                "worker_num": 1,
+                "server_num": 0,
+                "phase": "ready",
+                "members": [],
+                "protocol_revision": PROTOCOL_REVISION,
+            },
             FakeClock(),
         )
 

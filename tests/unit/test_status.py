@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from cluster.protocol import version
 from cluster.protocol.settings import JobSettings
 from cluster.scheduler import convert
 from cluster.scheduler.machine.state import NodeRole, Registration, SchedulerState
@@ -27,6 +28,7 @@ def formed_job() -> SchedulerState:
                 1,
                 2,
                 0,
+                protocol_revision=version.PROTOCOL_REVISION,
                 credential_digest=digest(str(i), 1),
             )
         )
@@ -41,7 +43,16 @@ def test_status_shows_generation_recovery_incarnations_restarts_and_checkpoints(
     state.clock = lambda: 111.0
     state.register(
         Registration(
-            "1", NodeRole.WORKER, "h0", 7001, 2, 2, 0, "job-1", credential_digest=digest("1", 2)
+            "1",
+            NodeRole.WORKER,
+            "h0",
+            7001,
+            2,
+            2,
+            0,
+            "job-1",
+            protocol_revision=version.PROTOCOL_REVISION,
+            credential_digest=digest("1", 2),
         )
     )
     view = job_view("127.0.0.1:8118", convert.status_to_pb(state, 111.0))
@@ -75,7 +86,15 @@ def test_failing_saves_are_shown_with_their_cause_and_duration() -> None:
 def test_status_shows_the_spares_and_does_not_count_them_as_registered() -> None:
     state = formed_job()
     spare = Registration(
-        "spare-0", NodeRole.WORKER, "h0", 7000, 1, 2, 0, credential_digest=digest("spare-0", 1)
+        "spare-0",
+        NodeRole.WORKER,
+        "h0",
+        7000,
+        1,
+        2,
+        0,
+        protocol_revision=version.PROTOCOL_REVISION,
+        credential_digest=digest("spare-0", 1),
     )
     state.register(dataclasses.replace(spare, spare=True))
     view = job_view("127.0.0.1:8118", convert.status_to_pb(state, 100.0))

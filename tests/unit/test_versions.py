@@ -19,6 +19,7 @@ from cluster.protocol.environment import from_env
 from cluster.protocol.errors import RegistrationRefused, SnapshotError
 from cluster.protocol.records import Refused, Registration
 from cluster.scheduler import convert
+from cluster.scheduler.machine import snapshot
 from cluster.scheduler.machine.state import NodeRole, Phase, Refusal, SchedulerState
 from cluster.scheduler.servicer_edge import relay_refusal
 from cluster.transport import edge, failures, relay
@@ -46,9 +47,11 @@ def test_the_release_is_kept_in_one_place() -> None:
 
 
 def test_a_node_that_names_no_revision_is_taken_as_revision_1() -> None:
-    """A node of a release before revisions were sent (no field) joins as one of revision 1."""
+    """A node of a release before revisions were sent (no field) joins as one of revision 1,
+    which a scheduler of revision 1 takes."""
     state = make_state(FakeClock(), worker_num=2)
-    accept(state, reg(state, "0"))  # nothing named
+    state.admission.runs = ("0.1.0", 1)
+    accept(state, reg(state, "0", protocol_revision=0))  # nothing named
     accept(state, reg(state, "1", protocol_revision=1, cluster_version="0.1.0"))
     assert state.phase is Phase.READY
 
@@ -72,7 +75,7 @@ def test_another_revision_is_refused_naming_both_releases() -> None:
 def test_a_scheduler_of_a_later_revision_refuses_a_node_that_names_none() -> None:
     state = make_state(FakeClock(), worker_num=2)
     state.admission.runs = ("0.9.0", 2)
-    refused = refuse(state, reg(state, "0"), Refusal.VERSION_MISMATCH)
+    refused = refuse(state, reg(state, "0", protocol_revision=0), Refusal.VERSION_MISMATCH)
     assert (
         "node '0' runs an older cluster that does not name its version (protocol revision 1), "
         "but this scheduler runs cluster 0.9.0 (protocol revision 2)" in refused.message
@@ -86,7 +89,8 @@ def test_another_revision_is_refused_as_one_whatever_else_is_wrong() -> None:
     the revision, not what those rules would find)."""
     state = ready_state(FakeClock(), ["0", "1"], job_secret=b"the secret")
     unproven = dataclasses.replace(reg(state, "7", worker_num=9, cluster_id="x"), proof=b"")
-    refuse(state, dataclasses.replace(unproven, protocol_revision=2), Refusal.VERSION_MISMATCH)
+    other = dataclasses.replace(unproven, protocol_revision=NEWER)
+    refuse(state, other, Refusal.VERSION_MISMATCH)
     # The same registration of this revision is refused for what is wrong in it.
     assert isinstance(outcome := state.register(unproven)[0], Refused)
     assert outcome.reason is Refusal.NOT_A_MEMBER
@@ -220,21 +224,27 @@ def test_a_state_saved_under_another_revision_is_not_resumed(phase: str) -> None
         state = ready_state(clock, ["0", "1"], recovery=True)
     else:
         state = make_state(clock, worker_num=2, recovery=True)
-    saved = {**_saved(state), "protocol_revision": 2, "cluster_version": "0.9.0"}
+    saved = {**_saved(state), "protocol_revision": NEWER, "cluster_version": "0.9.0"}
     with pytest.raises(SnapshotError) as refused:
         SchedulerState.restore(saved, state.settings, clock, new_cluster_id="new")
     assert str(refused.value) == (
-        f"it was saved by cluster 0.9.0 (protocol revision 2), but this scheduler runs {OURS}: "
+        f"it was saved by cluster 0.9.0 (protocol revision {NEWER}), but this scheduler runs "
+        f"{OURS}: "
         "start the job's schedulers from cluster 0.9.0 to resume the job"
     )
 
 
 def test_a_state_saved_without_the_stamp_is_of_revision_1() -> None:
+    """Resumed by a scheduler of revision 1, refused by one of a later revision."""
     clock = FakeClock()
     state = ready_state(clock, ["0", "1"], recovery=True)
     saved = _saved(state)
     del saved["protocol_revision"], saved["cluster_version"]
-    restored = SchedulerState.restore(saved, state.settings, clock, new_cluster_id="new")
+    with pytest.raises(SnapshotError, match=r"older cluster .* \(protocol revision 1\), but"):
+        SchedulerState.restore(saved, state.settings, clock, new_cluster_id="new")
+    of_revision_1 = make_state(clock, worker_num=2, recovery=True)
+    of_revision_1.admission.runs = ("0.1.0", 1)
+    restored = snapshot.resume(of_revision_1, saved)
     assert restored.cluster_id == state.cluster_id
     assert restored.phase is Phase.READY
 
@@ -346,9 +356,10 @@ class _Call:
 def test_a_relay_of_another_revision_is_refused_and_its_workers_read_a_refusal() -> None:
     """Its link and its beats are refused with a RegistrationRefused, which every worker whose
     Watch the link carried reads as the end of its registration (not a failed collective)."""
-    assert relay_refusal(_Call()) is None  # a relay from before stamps: revision 1
+    assert relay_refusal(_Call(), ("0.1.0", 1)) is None  # one from before stamps: revision 1
+    assert relay_refusal(_Call()) is not None
     assert relay_refusal(_Call(*relay.stamp())) is None
-    found = relay_refusal(_Call((version.METADATA_KEY, "2 9.9.9\x1b")))
+    found = relay_refusal(_Call((version.METADATA_KEY, f"{NEWER} 9.9.9\x1b")))
     assert found is not None
     refused, logged = found
     assert isinstance(refused, RegistrationRefused)
@@ -356,9 +367,9 @@ def test_a_relay_of_another_revision_is_refused_and_its_workers_read_a_refusal()
         str(refused)
         == logged
         == (
-            "the relay of host 10.0.0.7 runs cluster 9.9.9\\x1b (protocol revision 2), but this "
-            f"scheduler runs {OURS}: start every process of the job (schedulers, relays, workers) "
-            "from the same version of cluster"
+            f"the relay of host 10.0.0.7 runs cluster 9.9.9\\x1b (protocol revision {NEWER}), but "
+            f"this scheduler runs {OURS}: start every process of the job (schedulers, relays, "
+            "workers) from the same version of cluster"
         )
     )
     code, trailing = failures.status_of(refused)
@@ -370,11 +381,11 @@ def test_a_relay_to_a_job_with_a_secret_is_not_told_the_release() -> None:
     """A relay proves no job secret of its own: it is told its own release and what to do;
     the scheduler's log names both."""
     assert relay_refusal(_Call(*relay.stamp()), HIDDEN, open_job=False) is None
-    found = relay_refusal(_Call((version.METADATA_KEY, "2 9.9.9")), HIDDEN, open_job=False)
+    found = relay_refusal(_Call((version.METADATA_KEY, f"{NEWER} 9.9.9")), HIDDEN, open_job=False)
     assert found is not None
     refused, logged = found
     assert str(refused) == (
-        "the relay of host 10.0.0.7 runs cluster 9.9.9 (protocol revision 2), which this "
+        f"the relay of host 10.0.0.7 runs cluster 9.9.9 (protocol revision {NEWER}), which this "
         "scheduler does not speak; it names its own release only to a process that proves the "
         "job secret (CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET), which a relay does not "
         "(each of its workers proves it for itself), and in its own log: start every process of "
@@ -382,6 +393,6 @@ def test_a_relay_to_a_job_with_a_secret_is_not_told_the_release() -> None:
     )
     assert HIDDEN[0] not in str(refused)
     assert logged.startswith(
-        "the relay of host 10.0.0.7 runs cluster 9.9.9 (protocol revision 2), but this "
+        f"the relay of host 10.0.0.7 runs cluster 9.9.9 (protocol revision {NEWER}), but this "
         f"scheduler runs cluster 7.7.7+ours (protocol revision {version.PROTOCOL_REVISION})"
     )

@@ -21,6 +21,7 @@ from hostile_target import WAIT_S  # this script's folder is on sys.path
 import cluster
 from cluster.api import runtime
 from cluster.testing import wait_until
+from cluster.transport import edge
 from cluster.v1 import scheduler_pb2 as pb
 
 MIB = 1024 * 1024
@@ -45,12 +46,14 @@ async def _open_rounds(count: int, mib: int) -> list[object]:
     payload = b"r" * (mib * MIB)
     calls = [
         agent._link.stub.Exchange(
-            pb.ExchangeRequest(
-                node_id=agent.identity.node_id,
-                generation=agent.topology.generation,
-                seq=100_000 + i,
-                op=pb.EXCHANGE_ALLGATHER,
-                value=payload,
+            edge.pieces(
+                pb.ExchangeRequest(
+                    node_id=agent.identity.node_id,
+                    generation=agent.topology.generation,
+                    seq=100_000 + i,
+                    op=pb.EXCHANGE_ALLGATHER,
+                    value=payload,
+                )
             ),
             timeout=5.0,
             metadata=agent._metadata,

@@ -8,7 +8,7 @@ and the job ends.
   own to the scheduler instead of its one channel (each signed as rank 0).
 --value-mib M (with --connections): each of those sets' values is M MiB (default 2; past the
   4 MiB that cluster.kv_store() sends, as a script's own gRPC calls may be, up to the 64 MiB a
-  message may have).
+  value may have, in its pieces as a worker sends it).
 --legit: before any flood, what a well-behaved member's large values take, each the median of
   3: an allgather_object of 16 MiB objects (every rank) and one KvSet of 63 MiB (rank 0's own
   call, as above: the store refuses a value over 4 MiB once it has read it).
@@ -35,6 +35,7 @@ import grpc
 
 import cluster
 from cluster.api import runtime
+from cluster.transport import edge
 from cluster.v1 import scheduler_pb2 as pb
 
 MIB = 1024 * 1024
@@ -81,12 +82,15 @@ async def _kv_connections(
         for i in range(connections)
     ]
 
-    # Serialized once: the calls send the same bytes (this process holds each call's copy only
-    # until it is sent), so that one process floods as fast as the network goes.
-    bodies = [pb.KvSetRequest(key=f"flood/{i}", value=value).SerializeToString() for i in (0, 1)]
+    # Serialized once, whole (what a call proof covers) and in the pieces a worker sends: the
+    # calls send the same bytes (this process holds each call's copy only until it is sent), so
+    # that one process floods as fast as the network goes.
+    sets = [pb.KvSetRequest(key=f"flood/{i}", value=value) for i in (0, 1)]
+    bodies = [request.SerializeToString() for request in sets]
+    pieces = [[piece.SerializeToString() for piece in edge.pieces(request)] for request in sets]
 
     async def loop(i: int) -> None:
-        kv_set = channels[i % connections].unary_unary(
+        kv_set = channels[i % connections].stream_unary(
             "/cluster.v1.Scheduler/KvSet", response_deserializer=pb.KvSetResponse.FromString
         )
         body = bodies[i % 2]
@@ -94,7 +98,7 @@ async def _kv_connections(
             try:
                 signer = agent._signer
                 metadata = agent._metadata if signer is None else signer.metadata("KvSet", body)
-                await kv_set(body, metadata=metadata, timeout=seconds + 30)
+                await kv_set(iter(pieces[i % 2]), metadata=metadata, timeout=seconds + 30)
                 seen.codes["OK"] += 1
             except grpc.aio.AioRpcError as exc:
                 seen.error(exc.code().name, exc.details() or "")
@@ -192,7 +196,7 @@ async def _one_set(value: bytes) -> float:
     metadata = agent._signed("KvSet", request)
     start = time.perf_counter()
     with contextlib.suppress(grpc.aio.AioRpcError):
-        await agent._link.stub.KvSet(request, metadata=metadata, timeout=60)
+        await agent._link.stub.KvSet(edge.pieces(request), metadata=metadata, timeout=60)
     return time.perf_counter() - start
 
 

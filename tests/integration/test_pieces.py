@@ -1,0 +1,180 @@
+"""A member's value in pieces (`edge.pieces`, `ServicerEdge.joined`): a real scheduler takes no
+message over `edge.MAX_REQUEST_BYTES`, so a collective's contribution or a key-value set larger
+than a piece goes as a client stream of pieces, signed as the whole request. Real agents,
+directly and through a host's relay, with and without a job secret; and raw calls of a member
+that send what no worker sends."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cluster.protocol.config import Limits
+from cluster.scheduler import JobSettings, SchedulerServer
+from cluster.tools.relay import Relay, RelaySettings
+from cluster.transport import edge
+from cluster.transport.membership import call_metadata
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.aio import BOUND_S
+from tests.credentials import credential, registration
+from tests.integration.test_api import make_agent
+
+MIB = 1024 * 1024
+SECRET = "a1" * 32
+
+
+def settings(secret: bytes | None = None) -> JobSettings:
+    return JobSettings(
+        worker_num=2,
+        server_num=0,
+        node_timeout_s=30.0,
+        topo_timeout_s=60.0,
+        heartbeat_interval_s=0.5,
+        limits=Limits(kv_max_bytes=8 * MIB),
+        job_secret=secret,
+    )
+
+
+def test_a_value_goes_in_pieces_of_at_most_a_message() -> None:
+    request = pb.KvSetRequest(key="k", value=bytes(range(256)) * 4097)
+    pieces = list(edge.pieces(request))
+    assert [len(p.value) for p in pieces] == [edge.PIECE_BYTES] * 4 + [
+        256 * 4097 - 4 * edge.PIECE_BYTES
+    ]
+    assert pieces[0].key == "k"
+    assert all(not p.key for p in pieces[1:])
+    assert b"".join(p.value for p in pieces) == request.value
+    assert (
+        max(p.ByteSize() for p in pieces) <= edge.MESSAGE_LIMITS["KvSet"] <= edge.MAX_REQUEST_BYTES
+    )
+    small = pb.KvSetRequest(key="k", value=b"v")
+    assert list(edge.pieces(small)) == [small]
+
+
+@pytest.mark.parametrize(("path", "secret"), [("direct", None), ("relay", SECRET)])
+async def test_values_of_many_pieces_reach_the_scheduler_whole(
+    short_dir: Path, path: str, secret: str | None
+) -> None:
+    """Allgather and broadcast of several MiB, and a key-value set of 3 MiB, come back whole and
+    in order: directly without a job secret, and through a relay with one (each call's proof
+    covers the whole value)."""
+    job_secret = None if secret is None else secret.encode()
+    async with SchedulerServer(settings(job_secret)) as srv:
+        env = {} if secret is None else {"CLUSTER_JOB_SECRET": secret}
+        relay = None
+        if path == "relay":
+            address = f"unix:{short_dir / 'r.sock'}"
+            relay = Relay(RelaySettings(address, f"127.0.0.1:{srv.port}", 2, 30.0))
+            assert await relay.start() == address
+            env["CLUSTER_RELAY"] = address
+        try:
+            a, b = (make_agent(srv.port, 2, name, **env) for name in "ab")
+            if relay is not None:
+                assert a._link.route.relay is not None
+            await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+            one, two = bytes(range(256)) * (12 * 1024 + 3), b"\xff" * (3 * MIB + 1)
+            gathered = await asyncio.wait_for(
+                asyncio.gather(a.exchange("allgather", one), b.exchange("allgather", two)), 20
+            )
+            assert gathered == [[one, two], [one, two]]
+            told = await asyncio.wait_for(
+                asyncio.gather(a.exchange("broadcast", two), b.exchange("broadcast", b"")), 20
+            )
+            assert told == [[two], [two]]
+            await a.kv_set("big", two)
+            assert await b.kv_get(["big"]) == ([two], [])
+            await asyncio.gather(a.close(), b.close())
+        finally:
+            if relay is not None:
+                await relay.stop()
+
+
+@pytest.fixture
+async def member() -> AsyncIterator[tuple[SchedulerServer, grpc.aio.Channel]]:
+    """A formed job of two registered nodes ("0", "1"), and a channel to its scheduler on which
+    calls are made as node 0."""
+    async with SchedulerServer(settings()) as srv:
+        core = srv.gate.core
+        assert core is not None
+        for node_id in ("0", "1"):
+            await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+        options = [("grpc.max_send_message_length", 128 * MIB)]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}", options=options) as channel:
+            yield srv, channel
+
+
+def as_node_0() -> tuple[tuple[str, str], ...]:
+    return call_metadata("0", 1, credential("0", 1))
+
+
+async def kv_set(
+    channel: grpc.aio.Channel, messages: Iterator[pb.KvSetRequest]
+) -> grpc.aio.AioRpcError:
+    """The refusal of a KvSet made of `messages`, as node 0."""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(
+            pb_grpc.SchedulerStub(channel).KvSet(messages, metadata=as_node_0()), BOUND_S
+        )
+    return refused.value
+
+
+async def test_a_later_message_that_carries_more_than_a_piece_is_refused(
+    member: tuple[SchedulerServer, grpc.aio.Channel],
+) -> None:
+    srv, channel = member
+    two_keys = iter([pb.KvSetRequest(key="a", value=b"1"), pb.KvSetRequest(key="b", value=b"2")])
+    refused = await kv_set(channel, two_keys)
+    assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "a later message of a KvSet carries more than a piece" in (refused.details() or "")
+    assert ("KvSet", "malformed") in srv.gate.refusals.counts
+    got = await pb_grpc.SchedulerStub(channel).KvGet(
+        pb.KvGetRequest(keys=["a", "b"]), metadata=as_node_0(), timeout=BOUND_S
+    )
+    assert list(got.missing) == ["a", "b"]
+
+
+async def test_a_value_past_the_largest_is_refused_before_the_rest_is_read(
+    member: tuple[SchedulerServer, grpc.aio.Channel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the largest value (here 4 MiB): RESOURCE_EXHAUSTED once the piece that passes it
+    came, and what was not sent yet is never read; the job goes on."""
+    monkeypatch.setattr(edge, "MAX_VALUE_BYTES", 4 * MIB)
+    srv, channel = member
+    sent = 0
+
+    def endless() -> Iterator[pb.KvSetRequest]:
+        nonlocal sent
+        piece = b"x" * edge.PIECE_BYTES
+        yield pb.KvSetRequest(key="big", value=piece)
+        while sent < 1024:
+            sent += 1
+            yield pb.KvSetRequest(value=piece)
+
+    refused = await kv_set(channel, endless())
+    assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "a KvSet value of more than 4,194,304 bytes" in (refused.details() or "")
+    assert sent < 256, sent  # 64 MiB: what gRPC sends ahead of a reader is far less
+    assert ("KvSet", "oversized") in srv.gate.refusals.counts
+    status = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=BOUND_S)
+    assert status.phase == pb.PHASE_READY
+
+
+async def test_a_value_whose_rest_never_comes_is_cut_in_its_time(
+    member: tuple[SchedulerServer, grpc.aio.Channel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first piece, then nothing: the call is turned away once `VALUE_WITHIN_S` passed
+    (UNAVAILABLE, as one late behind a loaded scheduler: a real node tries again)."""
+    monkeypatch.setattr(edge, "VALUE_WITHIN_S", 0.5)
+    srv, channel = member
+    call = pb_grpc.SchedulerStub(channel).KvSet(metadata=as_node_0())
+    await call.write(pb.KvSetRequest(key="late", value=b"x" * edge.PIECE_BYTES))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(call, BOUND_S)
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert "the rest of a KvSet value did not come within 0.5 s" in (refused.value.details() or "")
+    assert ("KvSet", "stalled") in srv.gate.refusals.counts

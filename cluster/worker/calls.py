@@ -8,6 +8,7 @@ caller raises."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -176,13 +177,21 @@ class Calls:
 
 
 async def _written(call: Any, request: Any) -> Any:
-    """The answer of a client-streaming `call` once `request` is written on it in pieces; the
-    call is cancelled when this is (or fails) before its answer."""
+    """The answer of a client-streaming `call` (or what it ended with) once `request` is written
+    on it in pieces. The writes run beside the wait for the answer: gRPC's write waits for the
+    call's start, which a call that fails first (its channel closed for a new leader, its
+    connection gone) never makes, and the answer says how it ended. Both end with this."""
+    writer = asyncio.ensure_future(_write_pieces(call, request))
     try:
+        return await call
+    finally:
+        writer.cancel()
+        if not call.done():
+            call.cancel()
+
+
+async def _write_pieces(call: Any, request: Any) -> None:
+    with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):  # `call` says
         for piece in edge.pieces(request):
             await call.write(piece)
         await call.done_writing()
-        return await call
-    finally:
-        if not call.done():
-            call.cancel()

@@ -17,7 +17,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from cluster.protocol import peer_state
-from cluster.transport import membership
+from cluster.transport import edge, membership
 from cluster.v1 import peer_state_pb2 as ps
 from cluster.v1 import scheduler_pb2 as pb
 
@@ -40,6 +40,8 @@ SCHEDULER_METHODS: dict[str, tuple[str, type[Message]]] = {
     "HostBeats": (CLIENT_STREAM, pb.HostBeatsRequest),
     "HostWatch": (BIDI, pb.HostUp),
 }
+# The methods whose value comes in pieces (`edge.pieces`).
+VALUE_METHODS = ("Exchange", "KvSet")
 # Only a member may make these: an outsider's must never be answered OK.
 MEMBERS_ONLY = ("Heartbeat", "Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "Finish")
 MEMBERS_ONLY += ("ReportCheckpoints", "PeerTable")
@@ -243,6 +245,7 @@ class Call:
     who: str
     forged: tuple[tuple[str, str], ...] = ()  # metadata sent as it is (FORGED)
     other: str = ""  # the node id the member's proof is sent under (MEMBER_AS_OTHER)
+    whole: bytes | None = None  # a value's request whose pieces `bodies` are: what a proof covers
 
     def __repr__(self) -> str:  # hypothesis prints a failing call: keep it short
         sizes = [len(b) for b in self.bodies]
@@ -297,6 +300,12 @@ def scheduler_calls(known: Known, method: str) -> st.SearchStrategy[Call]:
         forged = draw(forged_metadata(known)) if who == FORGED else ()
         others = ["0", "1", MEMBER_ID + "x"]
         other = draw(st.sampled_from(others)) if who == MEMBER_AS_OTHER else ""
+        if method in VALUE_METHODS and draw(st.booleans()):  # a value in pieces, as a worker's
+            whole = draw(requested)
+            assume(harmless(known, method, who, whole.SerializeToString()))
+            cut = draw(st.integers(1, 4096))
+            pieces = [piece.SerializeToString() for piece in edge.pieces(whole, cut)]
+            return Call(method, tuple(pieces), who, forged, other, whole.SerializeToString())
         return Call(method, tuple(bodies), who, forged, other)
 
     return calls()

@@ -259,3 +259,39 @@ def test_an_outsiders_large_member_calls_are_refused_unread(
     grown_mib = (peak_rss_kb(sched.pid) - before) / 1024
     assert grown_mib < 160, f"the scheduler's peak grew by {grown_mib:.0f} MiB"
     assert said in calls[0].exception().details()  # type: ignore[union-attr]
+
+
+def test_an_outsiders_large_requests_to_any_method_are_refused_unread(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """32 registrations of 16 MiB at once over 8 connections (Register is anyone's to call, as
+    are Status, Challenge and WatchEvents): no method takes a message over
+    `edge.MAX_REQUEST_BYTES` (a member's value comes in pieces), so gRPC refuses each from its
+    length before it reads it, and the scheduler's peak grows by under 64 MiB (when every method
+    took a message of up to 64 MiB, 64 such calls of 32 MiB peaked it at 0.9-1.4 GB)."""
+    port = free_port()
+    sched = start_scheduler(processes, env_for(port, tmp_path, None))
+    before = peak_rss_kb(sched.pid)
+    body = pb.RegisterRequest(node_id="n", host="h" * LARGE, port=1).SerializeToString()
+    channels = [
+        grpc.insecure_channel(
+            f"127.0.0.1:{port}",
+            [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)],
+        )
+        for _ in range(8)
+    ]
+    try:
+        calls = [
+            channels[i % 8].unary_unary("/cluster.v1.Scheduler/Register").future(body, timeout=60)
+            for i in range(32)
+        ]
+        errors = [call.exception() for call in calls]
+        status = pb_grpc.SchedulerStub(channels[0]).Status(pb.StatusRequest(), timeout=CALL_S)
+    finally:
+        for channel in channels:
+            channel.close()
+    assert {error.code() for error in errors} == {grpc.StatusCode.RESOURCE_EXHAUSTED}  # type: ignore[union-attr]
+    assert "larger than max" in (errors[0].details() or "")  # type: ignore[union-attr]
+    grown_mib = (peak_rss_kb(sched.pid) - before) / 1024
+    assert grown_mib < 64, f"the scheduler's peak grew by {grown_mib:.0f} MiB"
+    assert status.worker_num == 2  # still answering

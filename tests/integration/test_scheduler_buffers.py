@@ -15,6 +15,7 @@ from cluster.protocol.errors import CollectiveError
 from cluster.scheduler import host_link
 from cluster.scheduler.machine.kv import INT64_MAX
 from cluster.transport import edge
+from cluster.transport.relay import stamp as relay_stamp
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import BOUND_S, eventually
 from tests.integration.test_relay import one_member_job
@@ -48,7 +49,7 @@ async def test_a_host_link_that_is_never_read_holds_its_bound_and_the_job_goes_o
             "/cluster.v1.Scheduler/HostWatch",
             request_serializer=pb.HostUp.SerializeToString,
             response_deserializer=pb.HostDown.FromString,
-        )()
+        )(metadata=relay_stamp())
 
         async def flood() -> None:
             for _ in range(FLOOD_BATCHES):

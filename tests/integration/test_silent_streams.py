@@ -17,6 +17,7 @@ import grpc
 from cluster.scheduler import SchedulerServer
 from cluster.tools.relay import Relay, RelaySettings
 from cluster.transport import edge
+from cluster.transport.relay import stamp as relay_stamp
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import eventually
 from tests.integration.test_relay import make_agent, settings
@@ -45,7 +46,7 @@ async def silent_calls(port: int, count: int) -> list[str]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         calls = [
             make(SERVICE + method, request_serializer=bytes, response_deserializer=bytes)(
-                no_request(), timeout=CALL_S
+                no_request(), timeout=CALL_S, metadata=relay_stamp()
             )
             for method, make in (
                 ("Heartbeat", channel.stream_unary),
@@ -75,7 +76,7 @@ async def speaking_for_nobody(channel: grpc.aio.Channel) -> list[Any]:
     calls: list[Any] = []
     for make, message in ((beats, pb.HostBeatsRequest()), (link, pb.HostUp(detach=7))):
         for _ in range(NOBODY):
-            call = make()
+            call = make(metadata=relay_stamp())
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await asyncio.wait_for(call.write(message), 10)
             calls.append(call)

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cluster.protocol import version
 from cluster.protocol.state_url import parse_state_url
 from cluster.testing import Process, free_port, wait_until
 from cluster.tools.status import scheduler_role
@@ -116,6 +117,7 @@ def register(address: str, node_id: str, cluster_id: str = "") -> pb.RegisterRes
         worker_num=2,
         credential=CREDENTIALS[node_id],
         cluster_id=cluster_id,
+        protocol_revision=version.PROTOCOL_REVISION,
     )
     with grpc.insecure_channel(address) as channel:
         response = pb_grpc.SchedulerStub(channel).Register(request, timeout=10)

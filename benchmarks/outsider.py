@@ -5,15 +5,17 @@ The attack of issue 24, against each system's server in the same run:
 - `cluster`: a real `mscluster scheduler` (an open job, and one with a job secret), its event log
   on disk. The outsider opens `--followers` WatchEvents(follow=True) streams that never read,
   then sends `--count` registrations whose node id is `--mb` MiB of terminal escapes, and as
-  many whose host is.
+  many whose host is; then `--burst` registrations of `--burst-mib` MiB at once over 8
+  connections (Register is anyone's to call).
 - `tcpstore`: torch's TCPStore server (`torch.distributed.TCPStore(is_master=True)`, as torchrun's
   c10d rendezvous uses it), in a process of its own. The outsider, a TCPStore client, opens
   `--followers` connections waiting on a key nobody sets, then sets 2 x `--count` keys of `--mb`
   MiB (a TCPStore has no notion of members: every client may write; it drops a connection that
-  sends a value over 8 MiB, so the values stop 1 KiB short of that).
+  sends a value over 8 MiB, so the values stop 1 KiB short of that), then `--burst` sets at
+  once, one client each (values 1 KiB short of 8 MiB).
 
-Measured: the server's resident memory (VmRSS) before and after, and how much its files grew
-(cluster: events.jsonl and its output). Printed as a table.
+Measured: the server's resident memory (VmRSS) before and after, its peak's growth (VmHWM), and
+how much its files grew (cluster: events.jsonl and its output). Printed as a table.
 
 `--flood`: a member runs away instead (issue 25's runaway, with its own valid credential).
 - `cluster`: a recovered job of two workers of tests/integration/scripts/member_flood.py whose
@@ -140,9 +142,25 @@ def attack_cluster(port: int, args: argparse.Namespace) -> None:
                 )
                 with contextlib.suppress(grpc.RpcError):
                     next(iter(stub.Watch(pb.WatchRequest(register=register), timeout=CALL_S)))
+        burst_cluster(port, args.burst, args.burst_mib)
         time.sleep(1.0)  # a benchmark, not a test: let the server settle before measuring
         for follower in followers:
             follower.cancel()
+
+
+def burst_cluster(port: int, count: int, mib: int) -> None:
+    """`count` registrations of `mib` MiB at once over 8 connections, each refused."""
+    body = pb.RegisterRequest(node_id="n", host="h" * (mib << 20), port=1).SerializeToString()
+    options = [("grpc.max_send_message_length", 256 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(f"{HOST}:{port}", options) for _ in range(8)]
+    try:
+        register = [c.unary_unary("/cluster.v1.Scheduler/Register") for c in channels]
+        calls = [register[i % 8].future(body, timeout=120) for i in range(count)]
+        for call in calls:
+            call.exception()  # each refused (or answered): waited for
+    finally:
+        for channel in channels:
+            channel.close()
 
 
 def scheduler_env(port: int) -> dict[str, str]:
@@ -156,7 +174,11 @@ def scheduler_env(port: int) -> dict[str, str]:
     }
 
 
-def run_cluster(args: argparse.Namespace, tmp: Path, secret: bool) -> tuple[float, float, float]:
+# RSS before and after, the peak's growth, and the files' growth, in MiB.
+Grown = tuple[float, float, float, float]
+
+
+def run_cluster(args: argparse.Namespace, tmp: Path, secret: bool) -> Grown:
     port, events = free_port(), tmp / f"events-{secret}.jsonl"
     env = scheduler_env(port) | {"CLUSTER_EVENT_LOG": str(events)}
     if secret:
@@ -167,13 +189,15 @@ def run_cluster(args: argparse.Namespace, tmp: Path, secret: bool) -> tuple[floa
     argv = [sys.executable, "-m", "cluster", "scheduler"]
     with server(argv, env, "listening on") as proc:
         before, files_before = rss_mib(proc.pid), events.stat().st_size
+        peak = rss_mib(proc.pid, "VmHWM")
         attack_cluster(port, args)
         after = rss_mib(proc.pid)
+        peak = rss_mib(proc.pid, "VmHWM") - peak
         files = (events.stat().st_size - files_before) / 2**20
-    return before, after, files
+    return before, after, peak, files
 
 
-def run_tcpstore(args: argparse.Namespace) -> tuple[float, float, float]:
+def run_tcpstore(args: argparse.Namespace) -> Grown:
     # Each waiter's end, when the server goes, is a warning with a C++ stack: not shown.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import torch.distributed as dist  # noqa: PLC0415 - after the log level; only for this row
@@ -190,7 +214,7 @@ def run_tcpstore(args: argparse.Namespace) -> tuple[float, float, float]:
         threading.Thread(target=wait_for_nothing, daemon=True) for _ in range(args.followers)
     ]
     with server(argv, dict(os.environ), "listening") as proc:
-        before = rss_mib(proc.pid)
+        before, peak = rss_mib(proc.pid), rss_mib(proc.pid, "VmHWM")
         outsider = dist.TCPStore(HOST, port, is_master=False, timeout=timeout)
         for waiter in waiters:
             waiter.start()
@@ -200,12 +224,23 @@ def run_tcpstore(args: argparse.Namespace) -> tuple[float, float, float]:
         for i in range(args.count):
             outsider.set(f"squatter-{i}", value)
             outsider.set(f"n{i}", value)
+        burst = (b"h" * (args.burst_mib << 20))[: TCPSTORE_MAX_VALUE - 1024]
+
+        def set_one(i: int) -> None:
+            with contextlib.suppress(RuntimeError):
+                dist.TCPStore(HOST, port, is_master=False, timeout=timeout).set(f"b{i}", burst)
+
+        setters = [threading.Thread(target=set_one, args=(i,)) for i in range(args.burst)]
+        for setter in setters:
+            setter.start()
+        for setter in setters:
+            setter.join(CALL_S * 6)
         time.sleep(1.0)
-        after = rss_mib(proc.pid)
+        after, peak = rss_mib(proc.pid), rss_mib(proc.pid, "VmHWM") - peak
     # The server is gone: each wait ends with its connection (torch aborts if they outlive us).
     for waiter in waiters:
         waiter.join(CALL_S * 2)
-    return before, after, 0.0
+    return before, after, peak, 0.0
 
 
 # Peak memory at the start and after, how the sets ended, and what rank 0 printed.
@@ -345,6 +380,8 @@ def main() -> None:
     parser.add_argument("--followers", type=int, default=50)
     parser.add_argument("--count", type=int, default=8)
     parser.add_argument("--mb", type=int, default=8)
+    parser.add_argument("--burst", type=int, default=64)
+    parser.add_argument("--burst-mib", type=int, default=32)
     parser.add_argument("--systems", default="cluster,cluster-secret,tcpstore")
     parser.add_argument("--flood", action="store_true", help="a member runs away instead")
     parser.add_argument("--sets", type=int, default=128)
@@ -359,18 +396,22 @@ def main() -> None:
     sent = 2 * args.count * args.mb
     print(
         f"{args.followers} idle followers, {2 * args.count} messages of {args.mb} MiB "
-        f"({sent} MiB sent)"
+        f"({sent} MiB sent), then {args.burst} of {args.burst_mib} MiB at once"
     )
-    print(f"{'system':16} {'RSS before':>11} {'RSS after':>10} {'grown':>8} {'files grown':>12}")
+    print(
+        f"{'system':16} {'RSS before':>11} {'RSS after':>10} {'grown':>8} {'peak grown':>11} "
+        f"{'files grown':>12}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for system in args.systems.split(","):
             if system == "tcpstore":
-                before, after, files = run_tcpstore(args)
+                before, after, peak, files = run_tcpstore(args)
             else:
-                before, after, files = run_cluster(args, Path(tmp), system == "cluster-secret")
+                grown = run_cluster(args, Path(tmp), system == "cluster-secret")
+                before, after, peak, files = grown
             print(
                 f"{system:16} {before:9.1f}MB {after:8.1f}MB {after - before:6.1f}MB "
-                f"{files:10.2f}MB"
+                f"{peak:9.1f}MB {files:10.2f}MB"
             )
 
 

@@ -131,7 +131,7 @@ class _Held:
         self.size = 0
 
     def request(self, size: int) -> None:
-        over = self.limits.in_flight.request(self.key, size, own=self.size)
+        over = self.limits.in_flight.request(self.key, size)
         if over is not None:
             raise self.limits._refused(over, self.method, self.node, self.host)
         self.size += size
@@ -141,9 +141,8 @@ _HELD: contextvars.ContextVar[_Held | None] = contextvars.ContextVar("member_cal
 
 
 def request_bytes(size: int) -> None:
-    """The request of the member call in progress (`MemberLimits.call`, in this task), or the
-    next piece of it, came, holding `size` bytes: CapacityError when its member is past its
-    share of bytes (a member's only call holding bytes is taken whatever its size)."""
+    """The request of the member call in progress (`MemberLimits.call`, in this task) came,
+    holding `size` bytes: CapacityError when its member is past its share of bytes."""
     held = _HELD.get()
     if held is not None:
         held.request(size)

@@ -368,7 +368,7 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
         requests: AsyncIterator[pb.ExchangeRequest | edge.Unparsed],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ExchangeResponse | None:
-        core = self._core  # a standby refuses before it reads the value
+        core = await self.value_core(requests)
         request: pb.ExchangeRequest = await self.joined(requests, context, "Exchange")
         op = _OPS.get(request.op)
         if op is None:
@@ -398,7 +398,7 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
         requests: AsyncIterator[pb.KvSetRequest | edge.Unparsed],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.KvSetResponse:
-        core = self._core  # a standby refuses before it reads the value
+        core = await self.value_core(requests)
         request: pb.KvSetRequest = await self.joined(requests, context, "KvSet")
         await core.kv_set(caller_of(context, "KvSet", request), request.key, request.value)
         return pb.KvSetResponse()

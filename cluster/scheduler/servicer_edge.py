@@ -36,6 +36,7 @@ from cluster.protocol.errors import (
     ClusterError,
     CrowdedError,
     NotAuthenticatedError,
+    NotLeaderError,
     RegistrationRefused,
 )
 from cluster.scheduler import member_limits
@@ -106,6 +107,26 @@ def relay_refusal(
     return None if lines is None else (RegistrationRefused(lines[0]), lines[1])
 
 
+async def drained(requests: AsyncIterator[Any], most_bytes: int) -> None:
+    """Read the rest of a value call refused before its value was read, dropping each piece, up
+    to `most_bytes` of value and within `edge.VALUE_WITHIN_S`. A member's call ended while its
+    worker still writes pieces can end there, in gRPC's Python client, as INTERNAL ("Internal
+    error from Core") in place of the refusal it was given: a standby's naming the leader, or a
+    share's naming what to do. A stranger's call is never read (`ServicerEdge.bounded`)."""
+
+    async def drain() -> None:
+        seen = 0
+        async for message in requests:
+            if isinstance(message, edge.Unparsed):
+                return
+            seen += len(message.value)
+            if seen >= most_bytes:
+                return
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(drain(), edge.VALUE_WITHIN_S)
+
+
 def mapped(
     handler: Callable[[Any, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Ctx], Awaitable[Resp | None]]:
@@ -170,6 +191,8 @@ class ServicerEdge:
                     with core.bounds.call(node_id[:200], host, method):
                         return await behavior(requests, context)
                 except CapacityError as exc:  # past its share of calls: its request unread
+                    if method in edge.VALUE_METHODS:
+                        await drained(requests, edge.MAX_VALUE_BYTES)
                     refuse(context, exc)
                     return None
 
@@ -195,6 +218,15 @@ class ServicerEdge:
         named = core.state.admission.named(caller.node_id, caller.incarnation)
         return named.error() if isinstance(named, Denied) else None
 
+    async def value_core(self, requests: AsyncIterator[Any]) -> SchedulerCore:
+        """The core that answers a value call (`edge.VALUE_METHODS`); a standby's refusal,
+        which names the leader, once the value was read and dropped (`drained`)."""
+        try:
+            return self._core
+        except NotLeaderError:
+            await drained(requests, edge.MAX_VALUE_BYTES)
+            raise
+
     @property
     def _core(self) -> SchedulerCore:
         """The core that answers this call (NotLeaderError when this scheduler does not lead)."""
@@ -218,10 +250,11 @@ class ServicerEdge:
     ) -> Any:
         """The request of a member's value call (`edge.VALUE_METHODS`), whose value comes in
         pieces (`edge.pieces`): the first message, its value joined with the pieces after it.
-        Each message is counted to its member as it comes (`member_limits.request_bytes`: past
-        the member's share of bytes in flight, CapacityError, the rest unread), and the value
-        is refused once it passes `edge.MAX_VALUE_BYTES`, as a message that does not parse or a
-        later one that carries more than a piece is, at the edge. The rest of the value comes
+        The whole value is counted to its member when its first piece comes
+        (`member_limits.request_bytes`: past the member's share of bytes in flight,
+        CapacityError, the rest unread), and refused at the edge past `edge.MAX_VALUE_BYTES`,
+        as a message that does not parse, a later one that carries more than a piece, or
+        pieces that do not make the length the first named are. The rest of the value comes
         within `edge.VALUE_WITHIN_S` of its first piece, else the call is turned away
         (CrowdedError, as a request late behind a loaded scheduler: a real node tries again)."""
         within_s = edge.VALUE_WITHIN_S
@@ -238,29 +271,45 @@ class ServicerEdge:
         self, requests: AsyncIterator[Any], context: CallContext, method: str
     ) -> tuple[Any, list[bytes]]:
         """The messages of a value call, read to its end (`joined`): the first, and the
-        value's pieces, its own first."""
+        value's pieces, its own first. The first names the whole value's length
+        (`value_bytes`; none: its own value is all of it), counted to the member at once and
+        refused past `edge.MAX_VALUE_BYTES` before anything more is read; the pieces make up
+        exactly that length."""
         first: Any = None
         parts: list[bytes] = []
-        size = 0
+        whole = size = 0
         async for message in requests:
             if isinstance(message, edge.Unparsed):
                 raise self.at_edge(context, method, message.reason, message.message())
-            member_limits.request_bytes(message.ByteSize())
             part = message.value
             if first is None:
-                first = message
+                first, whole = message, message.value_bytes or len(part)
+                if whole > edge.MAX_VALUE_BYTES:
+                    problem = (
+                        f"a {method} value of {whole:,} bytes (at most {edge.MAX_VALUE_BYTES:,})"
+                    )
+                    raise self.at_edge(context, method, "oversized", problem)
+                try:
+                    member_limits.request_bytes(message.ByteSize() - len(part) + whole)
+                except CapacityError:  # past the member's share of bytes: refused, told so
+                    await drained(requests, whole - len(part))
+                    raise
+                message.ClearField("value_bytes")  # the request its proof covers
             else:
                 message.ClearField("value")
                 if message.ByteSize():
                     problem = f"a later message of a {method} carries more than a piece"
                     raise self.at_edge(context, method, "malformed", problem)
             size += len(part)
-            if size > edge.MAX_VALUE_BYTES:
-                problem = f"a {method} value of more than {edge.MAX_VALUE_BYTES:,} bytes"
-                raise self.at_edge(context, method, "oversized", problem)
+            if size > whole:
+                problem = f"a {method} value longer than the {whole:,} bytes it named"
+                raise self.at_edge(context, method, "malformed", problem)
             parts.append(part)
         if first is None:
             raise BadRequestError(f"a {method} call ended without a request")
+        if size != whole:
+            problem = f"a {method} value of {size:,} bytes, short of the {whole:,} it named"
+            raise self.at_edge(context, method, "malformed", problem)
         return first, parts
 
     def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:

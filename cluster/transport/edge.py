@@ -98,8 +98,9 @@ def first_message_s(method: str) -> float:
 
 def pieces(request: Any, size: int = PIECE_BYTES) -> Iterator[Any]:
     """`request` (an Exchange's or a KvSet's) as the messages of its call: itself when its
-    `value` fits one message, else a copy with the value's first `size` bytes, then a message of
-    its type with only the next piece of the value, each."""
+    `value` fits one message, else a copy with the value's first `size` bytes and its whole
+    length (`value_bytes`), then a message of its type with only the next piece of the value,
+    each."""
     value = request.value
     if len(value) <= size:
         yield request
@@ -107,6 +108,7 @@ def pieces(request: Any, size: int = PIECE_BYTES) -> Iterator[Any]:
     first = type(request)()
     first.CopyFrom(request)
     first.value = value[:size]
+    first.value_bytes = len(value)
     yield first
     for start in range(size, len(value), size):
         yield type(request)(value=value[start : start + size])

@@ -319,7 +319,7 @@ class WorkerAgent:
         node_id = self.identity.node_id
         request = convert.exchange_request(node_id, generation, seq, op, root, value, withdrawn)
         unsent = functools.partial(self.core.collective_unsent, generation, seq)
-        answer = await self._calls.in_pieces(
+        answer = await self._calls.request(
             op, "Exchange", request, unsent=unsent, read=convert.exchange_failure
         )
         self.core.collective_answered(generation, seq)
@@ -371,25 +371,25 @@ class WorkerAgent:
         held = generation or self.report_generation
         seq = self._report_seq
         request = convert.checkpoints_request(self.identity, steps, held, seq, resumed)
-        answer = await self._calls.unary("checkpoint report", "ReportCheckpoints", request)
+        answer = await self._calls.request("checkpoint report", "ReportCheckpoints", request)
         return int(answer.held_by_all)
 
     async def kv_set(self, key: str, value: bytes) -> None:
-        await self._calls.in_pieces("kv set", "KvSet", convert.kv_set_request(key, value))
+        await self._calls.request("kv set", "KvSet", convert.kv_set_request(key, value))
 
     async def kv_get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        response = await self._calls.unary("kv get", "KvGet", convert.kv_get_request(keys))
+        response = await self._calls.request("kv get", "KvGet", convert.kv_get_request(keys))
         return list(response.values), list(response.missing)
 
     async def kv_wait(self, keys: list[str], timeout_s: float) -> list[bytes]:
         request = convert.kv_wait_request(keys, timeout_s)
-        response = await self._calls.unary("kv wait", "KvWait", request, timeout=timeout_s + 5.0)
+        response = await self._calls.request("kv wait", "KvWait", request, timeout=timeout_s + 5.0)
         return list(response.values)
 
     async def kv_add(self, key: str, amount: int) -> int:
         self._add_seq += 1  # a retry sends the same number: the scheduler counts the add once
         request = convert.kv_add_request(key, amount, self._add_seq)
-        response = await self._calls.unary("kv add", "KvAdd", request)
+        response = await self._calls.request("kv add", "KvAdd", request)
         return int(response.value)
 
     # -- end ---------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ class Calls:
                 if signer is not None:
                     signer.release(taken)
 
-    async def unary(
+    async def request(
         self,
         what: str,
         method: str,
@@ -131,28 +131,19 @@ class Calls:
         read: ReadFailure = _as_it_is,
         **options: Any,
     ) -> Any:
-        """The call `method` of `request` for the user, signed (`call`)."""
-        return await self.call(
-            what,
-            lambda: getattr(self._link.stub, method)(
-                request, wait_for_ready=True, metadata=self._signed(method, request), **options
-            ),
-            unsent,
-            read,
-        )
-
-    async def in_pieces(
-        self,
-        what: str,
-        method: str,
-        request: Any,
-        *,
-        unsent: Callable[[], None] = _none,
-        read: ReadFailure = _as_it_is,
-    ) -> Any:
-        """The client-streaming call `method` (`edge.VALUE_METHODS`) of `request` for the user,
-        signed as the whole request, its value written in pieces (`edge.pieces`: the scheduler
-        takes no longer message). A value past `edge.MAX_VALUE_BYTES` is refused here, unsent."""
+        """The call `method` of `request` for the user, signed (`call`). A value's call
+        (`edge.VALUE_METHODS`) is signed as the whole request and written in pieces
+        (`edge.pieces`: the scheduler takes no longer message); a value past
+        `edge.MAX_VALUE_BYTES` is refused here, unsent."""
+        if method not in edge.VALUE_METHODS:  # the link's stub at each try: a new leader's
+            return await self.call(
+                what,
+                lambda: getattr(self._link.stub, method)(
+                    request, wait_for_ready=True, metadata=self._signed(method, request), **options
+                ),
+                unsent,
+                read,
+            )
         size = len(request.value)
         if size > edge.MAX_VALUE_BYTES:
             unsent()
@@ -161,12 +152,14 @@ class Calls:
                 f"{edge.MAX_VALUE_BYTES:,} (64 MiB): send less per call"
             )
 
-        def rpc() -> Awaitable[Any]:
+        def in_pieces() -> Awaitable[Any]:
             metadata = self._signed(method, request)  # signs it now, as `call` needs
-            open_call = getattr(self._link.stub, method)(metadata=metadata, wait_for_ready=True)
-            return _written(open_call, request)
+            opened = getattr(self._link.stub, method)(
+                metadata=metadata, wait_for_ready=True, **options
+            )
+            return _written(opened, request)
 
-        return await self.call(what, rpc, unsent, read)
+        return await self.call(what, in_pieces, unsent, read)
 
     def _cancelled_by_leader_change(self, channel: grpc.aio.Channel) -> bool:
         """Whether a call cancelled on `channel` was cut off by following a new leader (the

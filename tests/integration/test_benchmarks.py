@@ -101,9 +101,12 @@ SMOKES = {
         (r'^  "us_per_rewrite": [\d.]+', r'^  "restart_full_s": [\d.]+'),
     ),
     "outsider.py": Smoke(
-        ("benchmarks/outsider.py", "--followers", "2", "--count", "1", "--mb", "1"),
         (
-            r"^system +RSS before +RSS after +grown +files grown$",
+            *("benchmarks/outsider.py", "--followers", "2", "--count", "1", "--mb", "1"),
+            *("--burst", "2", "--burst-mib", "1"),
+        ),
+        (
+            r"^system +RSS before +RSS after +grown +peak grown +files grown$",
             *(rf"^{s} +[\d.]+MB" for s in ("cluster", "cluster-secret", "tcpstore")),
         ),
         torch=True,

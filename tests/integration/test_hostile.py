@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import pytest
 
+from cluster.protocol import version
 from cluster.scheduler.exchange import ROUNDS_PER_RANK
 from cluster.scheduler.persist import STATE_KIND
 from cluster.storage import store
@@ -209,6 +210,7 @@ def forge_the_forming_job(spy: Attacker) -> None:
         incarnation=zero.incarnation,
         worker_num=2,
         credential=secrets.token_bytes(32),
+        protocol_revision=version.PROTOCOL_REVISION,
     )
     answer = spy.stub.Register(moved, timeout=CALL_S)
     assert answer.refused.reason == pb.REFUSAL_UNAUTHENTICATED, answer
@@ -349,6 +351,7 @@ def squat(
                     incarnation=secrets.randbits(62),
                     worker_num=2,
                     credential=secrets.token_bytes(32),
+                    protocol_revision=version.PROTOCOL_REVISION,
                 )
             )
             try:
@@ -387,6 +390,7 @@ def test_outsiders_cannot_take_the_slots_of_a_job_with_a_secret(
                         incarnation=7,
                         worker_num=2,
                         credential=secrets.token_bytes(32),
+                        protocol_revision=version.PROTOCOL_REVISION,
                     )
                 )
             )

@@ -214,6 +214,13 @@ def test_a_captured_registration_replays_nowhere(processes: Procs, tmp_path: Pat
 LARGE = 16 * 1024 * 1024
 
 
+def connections(port: int, count: int) -> list[grpc.Channel]:
+    """`count` channels to the scheduler at `port`, each a connection of its own, that send
+    messages of up to 64 MiB."""
+    options = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    return [grpc.insecure_channel(f"127.0.0.1:{port}", options) for _ in range(count)]
+
+
 @pytest.mark.parametrize("names", ["nobody", "a made-up node"])
 def test_an_outsiders_large_member_calls_are_refused_unread(
     processes: Procs, tmp_path: Path, names: str
@@ -233,13 +240,7 @@ def test_an_outsiders_large_member_calls_are_refused_unread(
     before = peak_rss_kb(sched.pid)
     metadata = () if names == "nobody" else (("cluster-node-id", "7"), ("cluster-incarnation", "1"))
     request = pb.KvSetRequest(key="k", value=b"x" * LARGE)
-    channels = [
-        grpc.insecure_channel(
-            f"127.0.0.1:{port}",
-            [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)],
-        )
-        for _ in range(4)
-    ]
+    channels = connections(port, 4)
     try:
         stubs = [pb_grpc.SchedulerStub(channel) for channel in channels]
         calls = [
@@ -273,13 +274,7 @@ def test_an_outsiders_large_requests_to_any_method_are_refused_unread(
     sched = start_scheduler(processes, env_for(port, tmp_path, None))
     before = peak_rss_kb(sched.pid)
     body = pb.RegisterRequest(node_id="n", host="h" * LARGE, port=1).SerializeToString()
-    channels = [
-        grpc.insecure_channel(
-            f"127.0.0.1:{port}",
-            [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)],
-        )
-        for _ in range(8)
-    ]
+    channels = connections(port, 8)
     try:
         calls = [
             channels[i % 8].unary_unary("/cluster.v1.Scheduler/Register").future(body, timeout=60)

@@ -46,7 +46,7 @@ def test_a_value_goes_in_pieces_of_at_most_a_message() -> None:
     assert [len(p.value) for p in pieces] == [edge.PIECE_BYTES] * 4 + [
         256 * 4097 - 4 * edge.PIECE_BYTES
     ]
-    assert pieces[0].key == "k"
+    assert (pieces[0].key, pieces[0].value_bytes) == ("k", len(request.value))
     assert all(not p.key for p in pieces[1:])
     assert b"".join(p.value for p in pieces) == request.value
     assert (
@@ -141,27 +141,41 @@ async def test_a_later_message_that_carries_more_than_a_piece_is_refused(
 async def test_a_value_past_the_largest_is_refused_before_the_rest_is_read(
     member: tuple[SchedulerServer, grpc.aio.Channel], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past the largest value (here 4 MiB): RESOURCE_EXHAUSTED once the piece that passes it
-    came, and what was not sent yet is never read; the job goes on."""
+    """Its first message names its length: past the largest value (here 4 MiB), the call is
+    refused (RESOURCE_EXHAUSTED) once that message came, and the rest is never read; the job
+    goes on."""
     monkeypatch.setattr(edge, "MAX_VALUE_BYTES", 4 * MIB)
     srv, channel = member
     sent = 0
 
-    def endless() -> Iterator[pb.KvSetRequest]:
+    def counted() -> Iterator[pb.KvSetRequest]:
         nonlocal sent
-        piece = b"x" * edge.PIECE_BYTES
-        yield pb.KvSetRequest(key="big", value=piece)
-        while sent < 1024:
+        for piece in edge.pieces(pb.KvSetRequest(key="big", value=b"x" * (64 * MIB))):
             sent += 1
-            yield pb.KvSetRequest(value=piece)
+            yield piece
 
-    refused = await kv_set(channel, endless())
-    assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "a KvSet value of more than 4,194,304 bytes" in (refused.details() or "")
-    assert sent < 256, sent  # 64 MiB: what gRPC sends ahead of a reader is far less
+    refused = await kv_set(channel, counted())
+    # Ended while the caller still writes, gRPC's Python client may say INTERNAL instead (a
+    # real worker never sends it: `Calls.request` refuses such a value unsent).
+    assert refused.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL)
+    if refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        assert "a KvSet value of 67,108,864 bytes (at most 4,194,304)" in (refused.details() or "")
+    assert sent < 64, sent  # of 256: what gRPC sends ahead of a reader, not the value
     assert ("KvSet", "oversized") in srv.gate.refusals.counts
     status = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=BOUND_S)
     assert status.phase == pb.PHASE_READY
+
+
+@pytest.mark.parametrize(("named", "said"), [(100, "longer than the 100"), (900, "short of")])
+async def test_pieces_that_do_not_make_the_length_named_are_refused(
+    member: tuple[SchedulerServer, grpc.aio.Channel], named: int, said: str
+) -> None:
+    _, channel = member
+    messages = [pb.KvSetRequest(key="k", value=b"a" * 90, value_bytes=named)]
+    messages.append(pb.KvSetRequest(value=b"b" * 90))
+    refused = await kv_set(channel, iter(messages))
+    assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert said in (refused.details() or "")
 
 
 async def test_a_value_whose_rest_never_comes_is_cut_in_its_time(
@@ -178,3 +192,40 @@ async def test_a_value_whose_rest_never_comes_is_cut_in_its_time(
     assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
     assert "the rest of a KvSet value did not come within 0.5 s" in (refused.value.details() or "")
     assert ("KvSet", "stalled") in srv.gate.refusals.counts
+
+
+async def test_a_value_past_the_members_share_is_refused_in_words_not_as_internal(
+    member: tuple[SchedulerServer, grpc.aio.Channel],
+) -> None:
+    """A member's value that would pass its share of bytes in flight (here 64 MiB, another of
+    its values of 60 MiB on its way) is refused once its first piece came: the rest is read and
+    dropped, so that the worker, still writing, hears RESOURCE_EXHAUSTED and the share's words
+    (a call ended under its writes can end as INTERNAL in gRPC's Python client)."""
+    _, channel = member
+    stub = pb_grpc.SchedulerStub(channel)
+    held = stub.KvSet(metadata=as_node_0())
+    large = next(edge.pieces(pb.KvSetRequest(key="held", value=b"h" * (60 * MIB))))
+    await held.write(large)
+    try:
+        for _ in range(5):
+            value = pb.KvSetRequest(key="more", value=b"m" * (8 * MIB))
+            refused = await kv_set(channel, edge.pieces(value))
+            assert refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "a member's share is" in (refused.details() or "")
+    finally:
+        held.cancel()
+
+
+async def test_a_standby_refuses_a_value_in_words_once_it_is_read(
+    member: tuple[SchedulerServer, grpc.aio.Channel],
+) -> None:
+    """A scheduler that no longer leads refuses a value call before it reads it, and reads the
+    rest, dropping it, before it ends the call: each of 20 values of 8 MiB is refused as not
+    led here, never as gRPC's INTERNAL of a call ended under its writes."""
+    srv, channel = member
+    await asyncio.wait_for(srv.uninstall(srv.gate.not_leader()), BOUND_S)
+    codes = set()
+    for _ in range(20):
+        value = pb.KvSetRequest(key="k", value=b"v" * (8 * MIB))
+        codes.add((await kv_set(channel, edge.pieces(value))).code())
+    assert codes == {grpc.StatusCode.UNAVAILABLE}

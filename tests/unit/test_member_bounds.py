@@ -61,23 +61,6 @@ def test_a_members_only_request_is_taken_whatever_its_size_then_bytes_are_bounde
     assert flight.held("0@h") == (0, 0)
 
 
-def test_a_members_only_call_is_taken_piece_by_piece_whatever_its_size() -> None:
-    """A value in pieces (`edge.pieces`): each piece counted as it comes, the call's own earlier
-    pieces not held against it; a piece of a second call past the share is refused."""
-    flight = InFlight(64)
-    piece = flight.byte_share // 3
-    assert flight.open("0@h") is None
-    for own in range(0, 10 * piece, piece):  # past the share, alone
-        assert flight.request("0@h", piece, own=own) is None
-    assert flight.open("0@h") is None
-    over = flight.request("0@h", piece)
-    assert over is not None
-    assert over.reason == OVER_BYTES
-    flight.close("0@h", 0)
-    flight.close("0@h", 10 * piece)
-    assert flight.held("0@h") == (0, 0)
-
-
 @given(
     st.lists(
         st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 8 * MIB), st.booleans()),

@@ -111,12 +111,11 @@ class InFlight:
         self._calls[key] = calls + 1
         return None
 
-    def request(self, key: str, size: int, own: int = 0) -> Over | None:
-        """The request (or the next piece of it) of an open call of `key` came, `size` bytes;
-        `own`: what the call's earlier pieces hold. What it is past (None: counted). A member's
-        only call holding bytes is taken whatever its size."""
+    def request(self, key: str, size: int) -> Over | None:
+        """The request of an open call of `key` came, `size` bytes; what it is past (None:
+        counted). A member's only request holding bytes is taken whatever its size."""
         held = self._bytes[key]
-        if held > own and held + size > self.byte_share:
+        if held and held + size > self.byte_share:
             return self._over(OVER_BYTES, key)
         if size:
             self._bytes[key] = held + size

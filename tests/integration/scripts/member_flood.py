@@ -85,9 +85,9 @@ async def _kv_connections(
     # Serialized once, whole (what a call proof covers) and in the pieces a worker sends: the
     # calls send the same bytes (this process holds each call's copy only until it is sent), so
     # that one process floods as fast as the network goes.
-    sets = [pb.KvSetRequest(key=f"flood/{i}", value=value) for i in (0, 1)]
-    bodies = [request.SerializeToString() for request in sets]
-    pieces = [[piece.SerializeToString() for piece in edge.pieces(request)] for request in sets]
+    wholes = [pb.KvSetRequest(key=f"flood/{i}", value=value) for i in (0, 1)]
+    bodies = [request.SerializeToString() for request in wholes]
+    pieces = [[piece.SerializeToString() for piece in edge.pieces(request)] for request in wholes]
 
     async def loop(i: int) -> None:
         kv_set = channels[i % connections].stream_unary(

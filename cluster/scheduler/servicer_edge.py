@@ -252,7 +252,8 @@ class ServicerEdge:
         pieces (`edge.pieces`): the first message, its value joined with the pieces after it.
         The whole value is counted to its member when its first piece comes
         (`member_limits.request_bytes`: past the member's share of bytes in flight,
-        CapacityError, the rest unread), and refused at the edge past `edge.MAX_VALUE_BYTES`,
+        CapacityError, the rest dropped as it comes, `drained`), and refused at the edge past
+        `edge.MAX_VALUE_BYTES` (the rest unread),
         as a message that does not parse, a later one that carries more than a piece, or
         pieces that do not make the length the first named are. The rest of the value comes
         within `edge.VALUE_WITHIN_S` of its first piece, else the call is turned away

@@ -125,6 +125,7 @@ async def drained(requests: AsyncIterator[Any], most_bytes: int) -> None:
 
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(drain(), edge.VALUE_WITHIN_S)
+    await handlers.done_reading(requests)
 
 
 def mapped(
@@ -248,70 +249,70 @@ class ServicerEdge:
         context: CallContext,
         method: str,
     ) -> Any:
-        """The request of a member's value call (`edge.VALUE_METHODS`), whose value comes in
-        pieces (`edge.pieces`): the first message, its value joined with the pieces after it.
-        The whole value is counted to its member when its first piece comes
-        (`member_limits.request_bytes`: past the member's share of bytes in flight,
+        """The request of a member's value call (`edge.VALUE_METHODS`), whose value may come in
+        pieces (`edge.pieces`): the first message (here already, `handlers.Arrivals`), its
+        value joined with the pieces after it. Its whole value (the length the first message
+        names, `value_bytes`, or its own) is counted to its member when the first message
+        comes (`member_limits.request_bytes`: past the member's share of bytes in flight,
         CapacityError, the rest dropped as it comes, `drained`), and refused at the edge past
-        `edge.MAX_VALUE_BYTES` (the rest unread),
-        as a message that does not parse, a later one that carries more than a piece, or
-        pieces that do not make the length the first named are. The rest of the value comes
-        within `edge.VALUE_WITHIN_S` of its first piece, else the call is turned away
-        (CrowdedError, as a request late behind a loaded scheduler: a real node tries again)."""
-        within_s = edge.VALUE_WITHIN_S
+        `edge.MAX_VALUE_BYTES` (the rest unread), as a message that does not parse, a later one
+        that carries more than a piece, or pieces that do not make the length named are. The
+        rest comes within `edge.VALUE_WITHIN_S` of the first message, else the call is turned
+        away (CrowdedError, as a request late behind a loaded scheduler: a real node tries
+        again)."""
+        first = await anext(aiter(requests), None)
+        if first is None:
+            raise BadRequestError(f"a {method} call ended without a request")
+        if isinstance(first, edge.Unparsed):
+            raise self.at_edge(context, method, first.reason, first.message())
+        whole = first.value_bytes
+        if not whole:  # the value is this message's: a unary call's
+            await handlers.done_reading(requests)
+            member_limits.request_bytes(len(first.value))  # its other fields: a few KiB at most
+            return first
+        if whole > edge.MAX_VALUE_BYTES:
+            problem = f"a {method} value of {whole:,} bytes (at most {edge.MAX_VALUE_BYTES:,})"
+            raise self.at_edge(context, method, "oversized", problem)
+        part = first.value
         try:
-            first, parts = await asyncio.wait_for(self._pieces(requests, context, method), within_s)
+            member_limits.request_bytes(whole)
+        except CapacityError:  # past the member's share of bytes: refused, told so
+            await drained(requests, whole - len(part))
+            raise
+        first.ClearField("value_bytes")  # the request its proof covers
+        within_s = edge.VALUE_WITHIN_S
+        rest = self._rest(requests, context, method, whole - len(part))
+        try:
+            parts = await asyncio.wait_for(rest, within_s)
         except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
             problem = f"the rest of a {method} value did not come within {within_s:g} s"
             raise self.at_edge(context, method, "stalled", problem) from None
-        if len(parts) > 1:
-            first.value = b"".join(parts)
+        first.value = b"".join([part, *parts])
         return first
 
-    async def _pieces(
-        self, requests: AsyncIterator[Any], context: CallContext, method: str
-    ) -> tuple[Any, list[bytes]]:
-        """The messages of a value call, read to its end (`joined`): the first, and the
-        value's pieces, its own first. The first names the whole value's length
-        (`value_bytes`; none: its own value is all of it), counted to the member at once and
-        refused past `edge.MAX_VALUE_BYTES` before anything more is read; the pieces make up
-        exactly that length."""
-        first: Any = None
+    async def _rest(
+        self, requests: AsyncIterator[Any], context: CallContext, method: str, left: int
+    ) -> list[bytes]:
+        """The pieces of a value after its first message (`joined`), read to the call's end:
+        exactly `left` bytes of it, each message only a piece."""
         parts: list[bytes] = []
-        whole = size = 0
         async for message in requests:
             if isinstance(message, edge.Unparsed):
                 raise self.at_edge(context, method, message.reason, message.message())
             part = message.value
-            if first is None:
-                first, whole = message, message.value_bytes or len(part)
-                if whole > edge.MAX_VALUE_BYTES:
-                    problem = (
-                        f"a {method} value of {whole:,} bytes (at most {edge.MAX_VALUE_BYTES:,})"
-                    )
-                    raise self.at_edge(context, method, "oversized", problem)
-                try:
-                    member_limits.request_bytes(message.ByteSize() - len(part) + whole)
-                except CapacityError:  # past the member's share of bytes: refused, told so
-                    await drained(requests, whole - len(part))
-                    raise
-                message.ClearField("value_bytes")  # the request its proof covers
-            else:
-                message.ClearField("value")
-                if message.ByteSize():
-                    problem = f"a later message of a {method} carries more than a piece"
-                    raise self.at_edge(context, method, "malformed", problem)
-            size += len(part)
-            if size > whole:
-                problem = f"a {method} value longer than the {whole:,} bytes it named"
+            message.ClearField("value")
+            if message.ByteSize():
+                problem = f"a later message of a {method} carries more than a piece"
+                raise self.at_edge(context, method, "malformed", problem)
+            left -= len(part)
+            if left < 0:
+                problem = f"a {method} value longer than the length it named"
                 raise self.at_edge(context, method, "malformed", problem)
             parts.append(part)
-        if first is None:
-            raise BadRequestError(f"a {method} call ended without a request")
-        if size != whole:
-            problem = f"a {method} value of {size:,} bytes, short of the {whole:,} it named"
+        if left:
+            problem = f"a {method} value {left:,} bytes short of the length it named"
             raise self.at_edge(context, method, "malformed", problem)
-        return first, parts
+        return parts
 
     def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
         """A call refused before it reaches the job: counted, told at a bounded rate (the

@@ -146,7 +146,7 @@ class Arrivals:
             """What the handler takes (None once the call was refused)."""
             first = await self.request(requests, context, method)
             if first is None or unary_request:
-                await _done_reading(requests)
+                await done_reading(requests)
                 return first
             return _from(first, requests)
 
@@ -178,7 +178,7 @@ class Arrivals:
         )
 
 
-async def _done_reading(requests: AsyncIterator[Any]) -> None:
+async def done_reading(requests: AsyncIterator[Any]) -> None:
     """Close gRPC's reader of a call's requests. Until it is closed it holds the last request it
     handed over, and it sits in a reference cycle with its call: left open, a call's request
     outlives the call until the garbage collector runs, which counts objects, not the bytes
@@ -189,7 +189,10 @@ async def _done_reading(requests: AsyncIterator[Any]) -> None:
 
 
 async def _from(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """`first`, then the requests of `rest`."""
-    yield first
-    async for request in rest:
-        yield request
+    """`first`, then the requests of `rest`; closed, it closes `rest` (`done_reading`)."""
+    try:
+        yield first
+        async for request in rest:
+            yield request
+    finally:
+        await done_reading(rest)

@@ -229,6 +229,10 @@ class _Connection:
         if kind == "stream_unary":
             requests = asyncio.Queue(READ_AHEAD)
             request: Any = _requests(requests)
+            if message is not None:  # called as unary, as on gRPC's wire: one message, the end
+                requests.put_nowait(message)
+                requests.put_nowait(None)
+                requests = None  # nothing more comes
         else:
             request = message or b""
         context = HopContext(metadata, timeout_s)

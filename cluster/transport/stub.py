@@ -67,6 +67,16 @@ class LazyStub:
         setattr(self, name, method)
         return method
 
+    def unary(self, name: str) -> Any:
+        """Method `name`, a client-streaming one, called with one request as a unary call: on
+        gRPC's wire (and the local hop's) the same, one message and the end, and sent in one
+        batch where a written stream takes one per message and one more for its end."""
+        made = self.__dict__.get(f"unary {name}")
+        if made is None:
+            _, path, options = methods()[name]
+            made = self.__dict__[f"unary {name}"] = self._channel.unary_unary(path, **options)
+        return made
+
 
 def beat_of(raw: bytes) -> tuple[str, int]:
     """(node id, incarnation) of a serialized HeartbeatRequest (DecodeError if it is none)."""

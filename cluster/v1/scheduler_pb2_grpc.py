@@ -187,8 +187,8 @@ class SchedulerServicer:
     def Exchange(self, request_iterator, context):
         """Control-plane collectives: every rank of the generation contributes once per sequence number
         and gets back what the operation defines (nothing, all contributions, the root's).
-        Exchange and KvSet send their value in pieces of at most 256 KiB (a message of any method
-        is at most 260 KiB, so what anyone sends is refused unread past that): the first message
+        Exchange and KvSet send their value in pieces of at most 1 MiB (a message of any method is
+        at most 1 MiB and 4 KiB, so what anyone sends is refused unread past that): the first message
         carries every field, the value's first piece and its whole length (`value_bytes`), each
         later one only the next piece of `value`. A value of one piece is one message, as a unary
         call's, without its length.

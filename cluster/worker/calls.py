@@ -131,20 +131,21 @@ class Calls:
         read: ReadFailure = _as_it_is,
         **options: Any,
     ) -> Any:
-        """The call `method` of `request` for the user, signed (`call`). A value's call
-        (`edge.VALUE_METHODS`) is signed as the whole request and written in pieces
-        (`edge.pieces`: the scheduler takes no longer message); a value past
-        `edge.MAX_VALUE_BYTES` is refused here, unsent."""
-        if method not in edge.VALUE_METHODS:  # the link's stub at each try: a new leader's
+        """The call `method` of `request` for the user, signed (`call`), on the link's stub at
+        each try (a new leader's). A value's call (`edge.VALUE_METHODS`) whose value passes one
+        message is signed as the whole request and written in pieces (`edge.pieces`: the
+        scheduler takes no longer message); a value past `edge.MAX_VALUE_BYTES` is refused here,
+        unsent. Any other request is one message: a unary call."""
+        size = len(request.value) if method in edge.VALUE_METHODS else 0
+        if size <= edge.PIECE_BYTES:
             return await self.call(
                 what,
-                lambda: getattr(self._link.stub, method)(
+                lambda: self._link.stub.unary(method)(
                     request, wait_for_ready=True, metadata=self._signed(method, request), **options
                 ),
                 unsent,
                 read,
             )
-        size = len(request.value)
         if size > edge.MAX_VALUE_BYTES:
             unsent()
             raise CapacityError(

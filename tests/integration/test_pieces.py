@@ -41,11 +41,9 @@ def settings(secret: bytes | None = None) -> JobSettings:
 
 
 def test_a_value_goes_in_pieces_of_at_most_a_message() -> None:
-    request = pb.KvSetRequest(key="k", value=bytes(range(256)) * 4097)
+    request = pb.KvSetRequest(key="k", value=bytes(range(256)) * (4 * edge.PIECE_BYTES // 256 + 1))
     pieces = list(edge.pieces(request))
-    assert [len(p.value) for p in pieces] == [edge.PIECE_BYTES] * 4 + [
-        256 * 4097 - 4 * edge.PIECE_BYTES
-    ]
+    assert [len(p.value) for p in pieces] == [edge.PIECE_BYTES] * 4 + [256]
     assert (pieces[0].key, pieces[0].value_bytes) == ("k", len(request.value))
     assert all(not p.key for p in pieces[1:])
     assert b"".join(p.value for p in pieces) == request.value
@@ -127,7 +125,8 @@ async def test_a_later_message_that_carries_more_than_a_piece_is_refused(
     member: tuple[SchedulerServer, grpc.aio.Channel],
 ) -> None:
     srv, channel = member
-    two_keys = iter([pb.KvSetRequest(key="a", value=b"1"), pb.KvSetRequest(key="b", value=b"2")])
+    first = pb.KvSetRequest(key="a", value=b"1", value_bytes=2)
+    two_keys = iter([first, pb.KvSetRequest(key="b", value=b"2")])
     refused = await kv_set(channel, two_keys)
     assert refused.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "a later message of a KvSet carries more than a piece" in (refused.details() or "")
@@ -166,7 +165,10 @@ async def test_a_value_past_the_largest_is_refused_before_the_rest_is_read(
     assert status.phase == pb.PHASE_READY
 
 
-@pytest.mark.parametrize(("named", "said"), [(100, "longer than the 100"), (900, "short of")])
+@pytest.mark.parametrize(
+    ("named", "said"),
+    [(100, "longer than the length it named"), (900, "short of the length it named")],
+)
 async def test_pieces_that_do_not_make_the_length_named_are_refused(
     member: tuple[SchedulerServer, grpc.aio.Channel], named: int, said: str
 ) -> None:
@@ -186,7 +188,8 @@ async def test_a_value_whose_rest_never_comes_is_cut_in_its_time(
     monkeypatch.setattr(edge, "VALUE_WITHIN_S", 0.5)
     srv, channel = member
     call = pb_grpc.SchedulerStub(channel).KvSet(metadata=as_node_0())
-    await call.write(pb.KvSetRequest(key="late", value=b"x" * edge.PIECE_BYTES))
+    value = pb.KvSetRequest(key="late", value=b"x" * (2 * edge.PIECE_BYTES))
+    await call.write(next(edge.pieces(value)))
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await asyncio.wait_for(call, BOUND_S)
     assert refused.value.code() is grpc.StatusCode.UNAVAILABLE

@@ -369,11 +369,11 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.ExchangeResponse | None:
         core = await self.value_core(requests)
-        request: pb.ExchangeRequest = await self.joined(requests, context, "Exchange")
+        request, value = await self.joined(requests, context, "Exchange")
         op = _OPS.get(request.op)
         if op is None:
             raise BadRequestError("Exchange needs an op")
-        value, withdrawn = request.value, request.withdrawn
+        withdrawn = request.withdrawn
         if withdrawn and value:
             raise BadRequestError("an Exchange that withdraws carries no value")
         contribution = Withdrawn(withdrawn) if withdrawn else value
@@ -399,8 +399,8 @@ class SchedulerServicer(ServicerEdge, pb_grpc.SchedulerServicer):  # type: ignor
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> pb.KvSetResponse:
         core = await self.value_core(requests)
-        request: pb.KvSetRequest = await self.joined(requests, context, "KvSet")
-        await core.kv_set(caller_of(context, "KvSet", request), request.key, request.value)
+        request, value = await self.joined(requests, context, "KvSet")
+        await core.kv_set(caller_of(context, "KvSet", request), request.key, value)
         return pb.KvSetResponse()
 
     @mapped

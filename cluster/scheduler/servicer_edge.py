@@ -248,12 +248,13 @@ class ServicerEdge:
         requests: AsyncIterator[Any],
         context: CallContext,
         method: str,
-    ) -> Any:
+    ) -> tuple[Any, bytes]:
         """The request of a member's value call (`edge.VALUE_METHODS`), whose value may come in
         pieces (`edge.pieces`): the first message (here already, `handlers.Arrivals`), its
-        value joined with the pieces after it. Its whole value (the length the first message
-        names, `value_bytes`, or its own) is counted to its member when the first message
-        comes (`member_limits.request_bytes`: past the member's share of bytes in flight,
+        value joined with the pieces after it, and that value (read out of the message once).
+        Its whole value (the length the first message names, `value_bytes`, or its own) is
+        counted to its member when the first message comes
+        (`member_limits.request_bytes`: past the member's share of bytes in flight,
         CapacityError, the rest dropped as it comes, `drained`), and refused at the edge past
         `edge.MAX_VALUE_BYTES` (the rest unread), as a message that does not parse, a later one
         that carries more than a piece, or pieces that do not make the length named are. The
@@ -268,8 +269,9 @@ class ServicerEdge:
         whole = first.value_bytes
         if not whole:  # the value is this message's: a unary call's
             await handlers.done_reading(requests)
-            member_limits.request_bytes(len(first.value))  # its other fields: a few KiB at most
-            return first
+            value = first.value
+            member_limits.request_bytes(len(value))  # its other fields: a few KiB at most
+            return first, value
         if whole > edge.MAX_VALUE_BYTES:
             problem = f"a {method} value of {whole:,} bytes (at most {edge.MAX_VALUE_BYTES:,})"
             raise self.at_edge(context, method, "oversized", problem)
@@ -287,8 +289,9 @@ class ServicerEdge:
         except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
             problem = f"the rest of a {method} value did not come within {within_s:g} s"
             raise self.at_edge(context, method, "stalled", problem) from None
-        first.value = b"".join([part, *parts])
-        return first
+        value = b"".join([part, *parts])
+        first.value = value  # what a call proof covers
+        return first, value
 
     async def _rest(
         self, requests: AsyncIterator[Any], context: CallContext, method: str, left: int

@@ -33,9 +33,8 @@ _KIB = 1024
 MAX_VALUE_BYTES = 64 * 1024 * _KIB
 # The most bytes of a value one message carries: a larger value goes in pieces (`pieces`). A
 # message's limit is what each of a stranger's calls can make the scheduler hold (gRPC reads a
-# message whole, up to it), and each piece costs a value a step of Python at both ends: pieces
-# of 256 KiB made a member's 2 MiB sets twice as slow, one by one; 4 MiB would let the 512 calls
-# one address may have waiting hold 2 GiB.
+# message whole, up to it), and each piece costs a value a step of Python at both ends: the
+# size weighs the one against the other (benchmarks/RESULTS.md measures both).
 PIECE_BYTES = 1024 * _KIB
 # Each method's largest request, in bytes. A registration is a few hundred bytes; a checkpoint
 # report names at most 1,024 steps (`admission.MAX_REPORTED_CHECKPOINTS`, 10 bytes each).

@@ -13,8 +13,8 @@ SERVER_OPTIONS = [
     # without an error and steal half the connections.
     ("grpc.so_reuseport", 0),
     # No method takes a message longer than this (a member's value comes in pieces): gRPC refuses
-    # a longer one from its length, unread. Left at the largest value, a stranger's 64 calls of
-    # 32 MiB to a method anyone may call were read whole before their method's cap: 1-2 GB.
+    # a longer one from its length, unread, whoever sends it to whichever method (its caps per
+    # method apply to what it has read: docs/design/security.md).
     ("grpc.max_receive_message_length", edge.MAX_REQUEST_BYTES),
     ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
     # Nodes keep one stream open for the whole job and ping it (`channel.keepalive_options`):

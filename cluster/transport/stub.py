@@ -57,6 +57,7 @@ class LazyStub:
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
+        self._unary: dict[str, Any] = {}  # client-streaming methods called as unary (`unary`)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -71,10 +72,10 @@ class LazyStub:
         """Method `name`, a client-streaming one, called with one request as a unary call: on
         gRPC's wire (and the local hop's) the same, one message and the end, and sent in one
         batch where a written stream takes one per message and one more for its end."""
-        made = self.__dict__.get(f"unary {name}")
+        made = self._unary.get(name)
         if made is None:
             _, path, options = methods()[name]
-            made = self.__dict__[f"unary {name}"] = self._channel.unary_unary(path, **options)
+            made = self._unary[name] = self._channel.unary_unary(path, **options)
         return made
 
 

@@ -55,6 +55,7 @@ _RELAY_UNPROVEN = "which a relay does not (each of its workers proves it for its
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+_V = TypeVar("_V")
 
 
 class CallContext(Protocol):
@@ -257,7 +258,8 @@ class ServicerEdge:
         (`member_limits.request_bytes`: past the member's share of bytes in flight,
         CapacityError, the rest dropped as it comes, `drained`), and refused at the edge past
         `edge.MAX_VALUE_BYTES` (the rest unread), as a message that does not parse, a later one
-        that carries more than a piece, or pieces that do not make the length named are. The
+        that carries more than a piece, or pieces that do not make the length named are (the
+        rules: `edge.Joining`). The
         rest comes within `edge.VALUE_WITHIN_S` of the first message, else the call is turned
         away (CrowdedError, as a request late behind a loaded scheduler: a real node tries
         again)."""
@@ -266,56 +268,39 @@ class ServicerEdge:
             raise BadRequestError(f"a {method} call ended without a request")
         if isinstance(first, edge.Unparsed):
             raise self.at_edge(context, method, first.reason, first.message())
-        whole = first.value_bytes
-        if not whole:  # the value is this message's: a unary call's
+        joining = self._refused(context, method, edge.Joining.opened(method, first))
+        if not joining.pieced:  # the value is this message's: a unary call's
             await handlers.done_reading(requests)
-            value = first.value
-            member_limits.request_bytes(len(value))  # its other fields: a few KiB at most
-            return first, value
-        if whole > edge.MAX_VALUE_BYTES:
-            problem = f"a {method} value of {whole:,} bytes (at most {edge.MAX_VALUE_BYTES:,})"
-            raise self.at_edge(context, method, "oversized", problem)
-        part = first.value
+            member_limits.request_bytes(joining.whole)  # its other fields: a few KiB at most
+            return self._refused(context, method, joining.end())
         try:
-            member_limits.request_bytes(whole)
+            member_limits.request_bytes(joining.whole)
         except CapacityError:  # past the member's share of bytes: refused, told so
-            await drained(requests, whole - len(part))
+            await drained(requests, joining.left)
             raise
-        first.ClearField("value_bytes")  # the request its proof covers
         within_s = edge.VALUE_WITHIN_S
-        rest = self._rest(requests, context, method, whole - len(part))
         try:
-            parts = await asyncio.wait_for(rest, within_s)
+            await asyncio.wait_for(self._rest(requests, context, joining), within_s)
         except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
             problem = f"the rest of a {method} value did not come within {within_s:g} s"
             raise self.at_edge(context, method, "stalled", problem) from None
-        value = b"".join([part, *parts])
-        first.value = value  # what a call proof covers
-        return first, value
+        return self._refused(context, method, joining.end())
 
     async def _rest(
-        self, requests: AsyncIterator[Any], context: CallContext, method: str, left: int
-    ) -> list[bytes]:
-        """The pieces of a value after its first message (`joined`), read to the call's end:
-        exactly `left` bytes of it, each message only a piece."""
-        parts: list[bytes] = []
+        self, requests: AsyncIterator[Any], context: CallContext, joining: edge.Joining
+    ) -> None:
+        """Read the messages of a value after its first (`joined`) to the call's end, each
+        taken by `joining`."""
         async for message in requests:
             if isinstance(message, edge.Unparsed):
-                raise self.at_edge(context, method, message.reason, message.message())
-            part = message.value
-            message.ClearField("value")
-            if message.ByteSize():
-                problem = f"a later message of a {method} carries more than a piece"
-                raise self.at_edge(context, method, "malformed", problem)
-            left -= len(part)
-            if left < 0:
-                problem = f"a {method} value longer than the length it named"
-                raise self.at_edge(context, method, "malformed", problem)
-            parts.append(part)
-        if left:
-            problem = f"a {method} value {left:,} bytes short of the length it named"
-            raise self.at_edge(context, method, "malformed", problem)
-        return parts
+                raise self.at_edge(context, joining.method, message.reason, message.message())
+            self._refused(context, joining.method, joining.add(message))
+
+    def _refused(self, context: CallContext, method: str, verdict: _V | edge.Refusal) -> _V:
+        """`verdict`, unless it is a Refusal: then the refusal at the edge that it names."""
+        if isinstance(verdict, edge.Refusal):
+            raise self.at_edge(context, method, verdict.reason, verdict.problem)
+        return verdict
 
     def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
         """A call refused before it reaches the job: counted, told at a bounded rate (the

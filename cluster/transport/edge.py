@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 from cluster.protocol import auth, version
 from cluster.protocol.config import valid_node_id
 from cluster.protocol.display import safe
-from cluster.protocol.value import frozen
+from cluster.protocol.value import frozen, mutable
 
 _KIB = 1024
 # The largest value a member's call carries (a collective contribution or a key-value set).
@@ -112,6 +112,82 @@ def pieces(request: Any, size: int = PIECE_BYTES) -> Iterator[Any]:
     yield type(request)(**fields, value=value[:size], value_bytes=len(value))
     for start in range(size, len(value), size):
         yield type(request)(value=value[start : start + size])
+
+
+@frozen
+class Refusal:
+    """Why a request is refused at the edge: `reason` as refusals are counted (`oversized`,
+    `malformed`), `problem` the sentence its caller is told."""
+
+    reason: str
+    problem: str
+
+
+@mutable
+class Joining:
+    """The rules of a value call's messages (`pieces`), without I/O: `opened` takes the first
+    message, `add` each later one, `end` the call's end. A value of one message is whole at once
+    (`left` is 0 and `add` refuses any more); a longer one names its whole length in the first
+    message (`value_bytes`, at most `MAX_VALUE_BYTES`), and each later message carries only the
+    next piece of it, until the pieces make exactly that length. Whatever breaks a rule is a
+    `Refusal` and the value is not used. The messages are the call's own: `add` takes each
+    one's value out, and `end` gives the first message back holding the whole value, as the
+    caller signed it (a call proof covers the whole request)."""
+
+    method: str
+    first: Any
+    left: int
+    parts: list[bytes]
+    pieced: bool  # the first message named the whole length: more messages follow it
+
+    @classmethod
+    def opened(cls, method: str, first: Any) -> Joining | Refusal:
+        """The joining of a call whose first message is `first`; a Refusal for a length named
+        over `MAX_VALUE_BYTES` (refused before another byte of it is read)."""
+        whole = first.value_bytes
+        if whole > MAX_VALUE_BYTES:
+            problem = f"a {method} value of {whole:,} bytes (at most {MAX_VALUE_BYTES:,})"
+            return Refusal("oversized", problem)
+        part = first.value
+        if len(part) > whole > 0:
+            return Refusal("malformed", f"a {method} value longer than the length it named")
+        first.ClearField("value_bytes")  # the request its proof covers
+        return cls(method, first, whole - len(part) if whole else 0, [part], pieced=whole > 0)
+
+    @property
+    def whole(self) -> int:
+        """The bytes of the whole value: what the first message named, or its own."""
+        return self.left + sum(len(part) for part in self.parts)
+
+    def add(self, message: Any) -> Refusal | None:
+        """Take the next message of the call: a piece of at least a byte and at most the length
+        still to come, and nothing else."""
+        method = self.method
+        if not self.pieced:
+            return Refusal("malformed", f"a {method} of one message followed by another")
+        part = message.value
+        message.ClearField("value")
+        if message.ByteSize():
+            return Refusal("malformed", f"a later message of a {method} carries more than a piece")
+        if not part:  # a call held open by empty messages: each costs the scheduler a step
+            return Refusal("malformed", f"a later message of a {method} carries no piece")
+        if len(part) > self.left:
+            return Refusal("malformed", f"a {method} value longer than the length it named")
+        self.left -= len(part)
+        self.parts.append(part)
+        return None
+
+    def end(self) -> tuple[Any, bytes] | Refusal:
+        """The call's request, holding its whole value, and that value; a Refusal when the
+        pieces came short of the length the first message named."""
+        if self.left:
+            problem = f"a {self.method} value {self.left:,} bytes short of the length it named"
+            return Refusal("malformed", problem)
+        if len(self.parts) == 1:
+            return self.first, self.parts[0]
+        value = b"".join(self.parts)
+        self.first.value = value
+        return self.first, value
 
 
 def quoted(value: str | bytes) -> str:

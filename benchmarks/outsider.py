@@ -28,7 +28,9 @@ how much its files grew (cluster: events.jsonl and its output). Printed as a tab
   gRPC calls, signed as rank 0: past the 4 MiB cluster.kv_store() sends, up to the 64 MiB a
   message may have; the store refuses each once it has read it). And a well-behaved job's large
   values, timed (`--legit` of member_flood.py): an allgather_object of 16 MiB objects and one
-  KvSet of 63 MiB, each the median of 3.
+  KvSet of 63 MiB, each the median of 3; with `--legit-rtt MS,...` also with the workers behind
+  a delay line of each round trip (`delay_line`: what the scheduler's stream window costs a
+  member across hosts).
 - `tcpstore`: `--sets` TCPStore clients each set one of two keys to 2 MiB again and again.
 Measured: the server's peak resident memory (VmHWM) at its start and once the flood is over,
 and the sets answered and refused.
@@ -36,13 +38,14 @@ and the sets answered and refused.
 Usage: python benchmarks/outsider.py [--followers 50] [--count 8] [--mb 8]
        [--systems cluster,cluster-secret,tcpstore]
        python benchmarks/outsider.py --flood [--sets 128] [--connections 8] [--seconds 4]
-       [--large-sets 48] [--large-mib 32] [--systems cluster,tcpstore]
+       [--large-sets 48] [--large-mib 32] [--legit-rtt 1,10] [--systems cluster,tcpstore]
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import contextlib
 import datetime
 import os
@@ -247,9 +250,67 @@ def run_tcpstore(args: argparse.Namespace) -> Grown:
 Peaks = tuple[float, float, Counter[str], str]
 
 
-def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peaks:
+@contextlib.contextmanager
+def delay_line(upstream: int, round_trip_ms: float) -> Iterator[int]:
+    """A TCP proxy to `upstream` on a port of its own (yielded) that holds every chunk for half
+    of `round_trip_ms` in each direction, reading on meanwhile: a longer link, not a slower one."""
+    port, loop, ready = free_port(), asyncio.new_event_loop(), threading.Event()
+    one_way_s = round_trip_ms / 2000
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, chunk = await chunks.get()
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if not chunk:
+                    writer.close()
+                    return
+                writer.write(chunk)
+                await writer.drain()
+
+        delivering = asyncio.ensure_future(deliver())
+        while chunk := await reader.read(1 << 20):
+            chunks.put_nowait((time.monotonic() + one_way_s, chunk))
+        chunks.put_nowait((time.monotonic() + one_way_s, b""))
+        await delivering
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(HOST, upstream)
+        ends = (pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(*ends, return_exceptions=True)
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(asyncio.start_server(connected, HOST, port))
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(CALL_S)
+    async def close() -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        loop.call_soon(loop.stop)
+
+    try:
+        yield port
+    finally:
+        asyncio.run_coroutine_threadsafe(close(), loop).result(CALL_S)
+        thread.join(CALL_S)
+        loop.close()
+
+
+def flood_cluster(
+    args: argparse.Namespace, tmp: Path, flood: list[str], round_trip_ms: float = 0.0
+) -> Peaks:
     """A recovered job of member_flood.py whose rank 0 floods with the options `flood`: the
-    scheduler's peak memory at its start and once rank 0 flooded, and rank 0's codes."""
+    scheduler's peak memory at its start and once rank 0 flooded, and rank 0's codes. With
+    `round_trip_ms`, the workers reach the scheduler through a `delay_line` of it."""
     port = free_port()
     env = scheduler_env(port) | {
         "MS_TOPO_TIMEOUT": "60",
@@ -260,13 +321,18 @@ def flood_cluster(args: argparse.Namespace, tmp: Path, flood: list[str]) -> Peak
     go, log = tmp / f"go-{port}", tmp / f"rank0-{port}.log"
     script = [str(FLOOD_SCRIPT), "--seconds", str(args.seconds), *flood, "--go", str(go)]
     text = ""
-    with server([sys.executable, "-m", "cluster", "scheduler"], env, "listening on") as proc:
+    with contextlib.ExitStack() as stack:
+        proc = stack.enter_context(
+            server([sys.executable, "-m", "cluster", "scheduler"], env, "listening on")
+        )
+        reached = stack.enter_context(delay_line(port, round_trip_ms)) if round_trip_ms else port
         start = rss_mib(proc.pid, "VmHWM")
+        worker_env = env | {"MS_ROLE": "MS_WORKER", "MS_SCHED_PORT": str(reached)}
         with log.open("w") as out:
             workers = [
                 subprocess.Popen(
                     [sys.executable, *script],
-                    env=env | {"MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank)},
+                    env=worker_env | {"MS_NODE_ID": str(rank)},
                     stdout=out if rank == 0 else subprocess.DEVNULL,
                     stderr=subprocess.STDOUT,
                 )
@@ -354,17 +420,21 @@ def run_floods(args: argparse.Namespace) -> None:
                 ["--kv-threads", large, "--connections", connections, "--value-mib", large_mib],
             )
         )
-    rows.append(("cluster, no flood, --legit", ["--kv-threads", "0", "--legit"]))
+    legit = ["--kv-threads", "0", "--legit"]
+    rows.append(("cluster, no flood, --legit", legit))
+    away = [float(ms) for ms in args.legit_rtt.split(",") if ms]
+    rows += [(f"cluster, --legit, {ms:g} ms away", legit) for ms in away]
+    round_trips = [0.0] * (len(rows) - len(away)) + away
     systems = args.systems.split(",")
-    rows = [row for row in rows if "cluster" in systems]
+    runs = [(*row, ms) for row, ms in zip(rows, round_trips, strict=True) if "cluster" in systems]
     if "tcpstore" in systems:
-        rows.append((f"tcpstore, {sets} clients", None))
+        runs.append((f"tcpstore, {sets} clients", None, 0.0))
     with tempfile.TemporaryDirectory() as tmp:
-        for label, flood in rows:
+        for label, flood, round_trip_ms in runs:
             if flood is None:
                 start, peak, codes, text = flood_tcpstore(args)
             else:
-                start, peak, codes, text = flood_cluster(args, Path(tmp), flood)
+                start, peak, codes, text = flood_cluster(args, Path(tmp), flood, round_trip_ms)
             answered, refused = codes["OK"], codes.total() - codes["OK"]
             print(
                 f"{label:34} {start:11.1f}MB {peak:7.1f}MB {peak - start:7.1f}MB "
@@ -389,6 +459,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--large-sets", type=int, default=CONNECTION_SETS)
     parser.add_argument("--large-mib", type=int, default=32)
+    parser.add_argument("--legit-rtt", default="", help="round trips in ms, e.g. 1,10")
     args = parser.parse_args()
     if args.flood:
         run_floods(args)

@@ -290,6 +290,7 @@ def delay_line(upstream: int, round_trip_ms: float) -> Iterator[int]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     ready.wait(CALL_S)
+
     async def close() -> None:
         tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in tasks:

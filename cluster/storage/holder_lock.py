@@ -249,12 +249,18 @@ def read_holder(fd: int) -> dict[str, object]:
     return read if isinstance(read, dict) else {}
 
 
+def elsewhere(holder: dict[str, object]) -> bool:
+    """The holder wrote that it runs on another host (the file is on a shared file system)."""
+    host = holder.get("host")
+    return host is not None and host != socket.gethostname()
+
+
 def described(holder: dict[str, object]) -> str:
     """The holder, as a refusal names it: `pid 42 on this host` (or `on host h2`)."""
     pid, host = holder.get("pid"), holder.get("host")
     if pid is None:
         return "a process whose pid is not written yet"
-    where = "this host" if host == socket.gethostname() else f"host {host}"
+    where = f"host {host}" if elsewhere(holder) else "this host"
     return f"pid {pid} on {where}"
 
 

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -106,7 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ.update(tls.launch_environment(Path(args.tls_config).resolve()))
     from cluster.tools import launch, launch_setup  # noqa: PLC0415 - imports grpc
 
-    where = placement.place(_requested(args), slurm.allocation_from_env(os.environ))
+    allocation = slurm.allocation_from_env(os.environ)
+    where = placement.place(_requested(args), allocation, host=socket.gethostname())
     recovery = args.enable_recovery or bool(args.state_url)
     options = LaunchOptions(
         script=Path(args.script),

@@ -98,7 +98,7 @@ class LogDirLock:
             holder = holder_lock.live_holder(self.path, CHECK_S + holder_lock.SETTLE_S)
             gone = f"which holds the directory; its {LOCK_FILE} was removed or replaced since"
             who = self._who(holder) if holder else f"{gone} and names no one"
-            raise ConfigError(self._refusal(who))
+            raise ConfigError(self._refusal(who, holder))
         self._directory_fd = fd
 
     def _release_directory(self) -> None:
@@ -123,7 +123,7 @@ class LogDirLock:
                 "mscluster run out of it; give every job its own --log-dir"
             )
         if holder is not None:
-            raise ConfigError(self._refusal(self._who(holder)))
+            raise ConfigError(self._refusal(self._who(holder), holder))
         return ""
 
     async def watch(self, say: Callable[[str], None]) -> None:
@@ -191,9 +191,22 @@ class LogDirLock:
             "of this user, and writing it would change a file elsewhere; remove it"
         )
 
-    def _refusal(self, who: str) -> str:
+    def _refusal(self, who: str, holder: dict[str, object] | None = None) -> str:
+        """Why this run is refused the directory: held by `who` (`holder`: what it wrote). A
+        holder on another host shares the directory through a shared file system, most often
+        as another host of the same job: each host's part of a job needs a directory of its
+        own."""
+        directory = str(self.directory)
+        if holder is not None and holder_lock.elsewhere(holder):
+            return (
+                f"--log-dir {directory!r} is in use by the mscluster run of another host "
+                f"({who}): the directory is shared by the hosts, and each host's part of a job "
+                "writes its own job secret, pids and logs: give each host a --log-dir of its "
+                f"own (e.g. --log-dir {directory}/node<rank>; without --log-dir, a job that "
+                "spans hosts keeps each host's part in logs/node<rank>/)"
+            )
         return (
-            f"--log-dir {str(self.directory)!r} is in use by another mscluster run ({who}), "
+            f"--log-dir {directory!r} is in use by another mscluster run ({who}), "
             "whose job secret, pids and logs this run would replace: give this job another "
             "--log-dir, or stop that job first"
         )

@@ -17,6 +17,10 @@ Under Slurm (one `mscluster run` per node, started by srun):
   own logs, pids, job secret and recovery state, which the same step of a requeued job (same ids)
   takes up again; a --log-dir given is used as it is. Then node<rank>/ under it when the step
   spans several nodes (the working directory, where the logs go, is usually shared by them) |
+
+Outside Slurm, a job whose workers are not all on this host (--local-worker-num under
+--worker-num) keeps this host's part in logs/node<rank>/ (logs/<host>/ without --node-rank)
+unless --log-dir is given, for the same reason.
 """
 
 from __future__ import annotations
@@ -62,17 +66,23 @@ class Placement:
     master_is_node: bool = False
 
 
-def place(requested: Requested, allocation: Allocation | None) -> Placement:
-    """The values to run with. ConfigError when the allocation cannot give what is missing."""
+def place(requested: Requested, allocation: Allocation | None, host: str = "") -> Placement:
+    """The values to run with. ConfigError when the allocation cannot give what is missing.
+    `host`: this host's name, which names its log directory in a job that spans hosts started
+    without --node-rank (`host_log_dir`)."""
     log_dir = _given(requested.log_dir, DEFAULT_LOG_DIR)
     if allocation is None:
         worker_num = _given(requested.worker_num, DEFAULT_WORKER_NUM)
+        local = _given(requested.local_worker_num, worker_num)
+        node_rank = _given(requested.node_rank, -1)
+        if requested.log_dir is None and local < worker_num:
+            log_dir = host_log_dir(node_rank, host)
         return Placement(
             worker_num=worker_num,
-            local_worker_num=_given(requested.local_worker_num, worker_num),
+            local_worker_num=local,
             master_addr=_given(requested.master_addr, DEFAULT_MASTER_ADDR),
             master_port=_given(requested.master_port, DEFAULT_MASTER_PORT),
-            node_rank=_given(requested.node_rank, -1),
+            node_rank=node_rank,
             log_dir=log_dir,
         )
     node_rank = _node_rank(requested, allocation)
@@ -93,6 +103,18 @@ def place(requested: Requested, allocation: Allocation | None) -> Placement:
         allocation=allocation,
         master_is_node=requested.master_addr is None,
     )
+
+
+def host_log_dir(node_rank: int, host: str) -> Path:
+    """The default log directory of one host's part of a job that spans hosts: `logs/node<R>`
+    (`--node-rank R`), else `logs/<host>`, so that hosts sharing a working directory (a shared
+    home, NFS) never share one: each writes its own job secret, pids and logs there, and holds
+    it (`launcher.lock`). `logs/` where the host's name is not known or is not one name."""
+    if node_rank >= 0:
+        return DEFAULT_LOG_DIR / f"node{node_rank}"
+    if not host or "/" in host or host in (".", ".."):
+        return DEFAULT_LOG_DIR
+    return DEFAULT_LOG_DIR / host
 
 
 def _node_rank(requested: Requested, allocation: Allocation) -> int:

@@ -42,13 +42,23 @@ def test_the_holder_is_written_and_a_second_lock_is_refused_naming_it(tmp_path: 
 
 
 def test_a_holder_on_another_host_or_not_written_yet_is_said_so(tmp_path: Path) -> None:
+    """A holder on another host shares the directory through a shared file system (NFS with
+    its locks), most often as another host of the same job: the refusal says that each host
+    needs a log directory of its own, and how to give one."""
     path = tmp_path / LOCK_FILE
     path.write_text('{"pid": 7, "host": "node12", "port": 8118}\n')
     fd = os.open(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        with pytest.raises(ConfigError, match=r"\(pid 7 on host node12, --master-port 8118\)"):
+        with pytest.raises(ConfigError) as refused:
             LogDirLock(tmp_path).take(1)
+        assert str(refused.value) == (
+            f"--log-dir {str(tmp_path)!r} is in use by the mscluster run of another host (pid 7 "
+            "on host node12, --master-port 8118): the directory is shared by the hosts, and "
+            "each host's part of a job writes its own job secret, pids and logs: give each host "
+            f"a --log-dir of its own (e.g. --log-dir {tmp_path}/node<rank>; without --log-dir, "
+            "a job that spans hosts keeps each host's part in logs/node<rank>/)"
+        )
         os.ftruncate(fd, 0)  # locked, its holder not written yet
         with pytest.raises(ConfigError, match=r"\(whose pid and host are not written yet\)"):
             LogDirLock(tmp_path).take(1)

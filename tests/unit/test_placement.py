@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,22 @@ def test_the_defaults_outside_slurm_are_todays() -> None:
     assert where.log_dir == Path("logs")
     where = placement.place(Requested(worker_num=4, local_worker_num=2, node_rank=1), None)
     assert (where.worker_num, where.local_worker_num, where.node_rank) == (4, 2, 1)
+
+
+def test_each_host_of_a_job_that_spans_hosts_has_its_own_default_log_dir() -> None:
+    """Hosts that share a working directory (a shared home) never share a log directory by
+    default: `logs/node<R>`, or `logs/<host>` without --node-rank; one typed is kept, and a
+    job of this host alone keeps `logs`."""
+    spans = Requested(worker_num=4, local_worker_num=2)
+    assert placement.place(replace(spans, node_rank=1), None, "h1").log_dir == Path("logs/node1")
+    assert placement.place(replace(spans, node_rank=0), None, "h0").log_dir == Path("logs/node0")
+    assert placement.place(spans, None, "gpu08").log_dir == Path("logs/gpu08")
+    assert placement.place(spans, None, "").log_dir == Path("logs")
+    assert placement.place(spans, None, "..").log_dir == Path("logs")
+    typed = replace(spans, node_rank=1, log_dir=Path("mine"))
+    assert placement.place(typed, None, "h1").log_dir == Path("mine")
+    alone = Requested(worker_num=4, local_worker_num=4, node_rank=0)
+    assert placement.place(alone, None, "h0").log_dir == Path("logs")
 
 
 def test_slurm_gives_what_was_not_typed() -> None:

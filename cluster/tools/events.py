@@ -157,6 +157,7 @@ def from_file(
             raise ConfigError(
                 f"no event log at {path}: give the one `mscluster run` wrote "
                 "(LOG_DIR/events.jsonl), or the scheduler's CLUSTER_EVENT_LOG, or --addr"
+                f"{found_below(path)}"
             )
         yield from parse(_lines(files), str(path))
         return
@@ -229,6 +230,30 @@ def _follow_file(path: Path, poll_s: float, writer: _Writer) -> Generator[JobEve
         tail.handle.close()
 
 
+# How many log directories below a missing event log's a refusal names.
+FOUND_BELOW = 3
+
+
+def found_below(path: Path) -> str:
+    """Where event logs of `path`'s name lie one or two directories below its directory, the
+    newest first (each host's part of a job that spans hosts, `logs/node<R>/`; a Slurm step's
+    `logs/<job>.<step>/` and its `node<R>/`), as the end of a refusal: '' when none do."""
+    with contextlib.suppress(OSError):
+        found = [*path.parent.glob(f"*/{path.name}"), *path.parent.glob(f"*/*/{path.name}")]
+        if found:
+            found.sort(key=lambda log: log.stat().st_mtime, reverse=True)
+            if len(found) == 1:
+                return (
+                    f"; one lies below it, in {found[0].parent}: give --log-dir {found[0].parent}"
+                )
+            shown = ", ".join(str(log.parent) for log in found[:FOUND_BELOW])
+            more = f" and {len(found) - FOUND_BELOW} more" if len(found) > FOUND_BELOW else ""
+            return (
+                f"; event logs lie below it, in {shown}{more} (newest first): give one as --log-dir"
+            )
+    return ""
+
+
 class _Writer:
     """Whether the event log `path` still has a writer, asked by a follower at the end of it
     (or while there is no file there): gone once nobody held its FILE.lock (the scheduler that
@@ -270,7 +295,7 @@ class _Writer:
                 f"would write one there: no `mscluster run` or scheduler holds {launcher} or "
                 f"{scheduler} in {self.path.parent}; run this in the directory `mscluster run` "
                 "ran in (or give its --log-dir), or give --file FILE (a scheduler's "
-                "CLUSTER_EVENT_LOG) or --addr HOST:PORT"
+                f"CLUSTER_EVENT_LOG) or --addr HOST:PORT{found_below(self.path)}"
             )
         return SchedulerUnreachableError(
             f"the event log {self.path} has no writer: nobody holds {scheduler} or {launcher} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -156,6 +157,32 @@ def test_a_file_that_is_not_an_event_log_is_a_clear_error(tmp_path: Path) -> Non
         list(events.from_file(path, follow=False))
     with pytest.raises(ConfigError, match=r"no event log at .*missing.jsonl"):
         list(events.from_file(tmp_path / "missing.jsonl", follow=False))
+
+
+def test_a_missing_log_names_the_event_logs_below_it(tmp_path: Path) -> None:
+    """A job that spans hosts keeps each host's part in logs/node<R>/, a Slurm step in
+    logs/<job>.<step>/: the default logs/events.jsonl is not there, and the refusal names
+    where event logs are, the newest first."""
+    logs = tmp_path / "logs"
+    path = logs / "events.jsonl"
+    line = JobEvent(1, 1.0, "formed", {"generation": 1}).to_json() + "\n"
+    (logs / "node0").mkdir(parents=True)
+    (logs / "node0" / "events.jsonl").write_text(line)
+    with pytest.raises(ConfigError) as one:
+        list(events.from_file(path, follow=False))
+    assert str(one.value).endswith(
+        f"; one lies below it, in {logs / 'node0'}: give --log-dir {logs / 'node0'}"
+    )
+    for age, step in enumerate(("12.0/node0", "12.0/node1", "13.0")):  # newer than node0
+        (logs / step).mkdir(parents=True)
+        (logs / step / "events.jsonl").write_text(line)
+        os.utime(logs / step / "events.jsonl", (2e9 - age, 2e9 - age))
+    with pytest.raises(ConfigError) as several:
+        list(events.from_file(path, follow=False))
+    assert str(several.value).endswith(
+        f"; event logs lie below it, in {logs / '12.0/node0'}, {logs / '12.0/node1'}, "
+        f"{logs / '13.0'} and 1 more (newest first): give one as --log-dir"
+    )
 
 
 def test_a_followed_file_ends_with_the_jobs_last_event(tmp_path: Path) -> None:

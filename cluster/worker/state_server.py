@@ -89,6 +89,11 @@ LIMIT_SHARE = 8
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", REQUEST_BYTES),
+    # What a stream may send ahead of what the server read: one request. gRPC's bandwidth-delay
+    # probe would open each stream to megabytes, taken in by the training's process for a
+    # stranger's call it refuses from the length it reads first (`cluster.transport.serving`).
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", REQUEST_BYTES),
     ("grpc.max_send_message_length", PIECE_BYTES + 4096),
     ("grpc.server_handshake_timeout_ms", channel.CONNECT_TIMEOUT_MS),
     ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),

@@ -377,6 +377,44 @@ def test_outsiders_get_nothing_from_the_workers_state_servers_and_training_goes_
     assert "state server: refused a request" in workers[0].output
 
 
+def test_a_strangers_large_requests_are_refused_unread_by_a_state_server(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """32 requests of 16 MiB at once over 8 connections to a worker's state server (which
+    takes requests of at most 4 KiB): gRPC refuses each from its length, and each stream may
+    send only a request ahead of what the server read, so the training's process grows by a
+    megabyte or two (72-92 MiB while gRPC's bandwidth-delay probe opened each stream to
+    megabytes)."""
+    server, _ = start_server(processes, "peer-0", tmp_path / "host0", 0)
+    published = holder_of(server, 0).published
+    before = peak_rss_kb(server.pid)
+    body = pb.FetchRequest(prefix="net", rank=1, step=5, proof=b"x" * (16 << 20))
+    options = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.insecure_channel(published.address, options) for _ in range(8)]
+    codes: set[grpc.StatusCode] = set()
+    try:
+        stubs = [pb_grpc.PeerStateStub(channel) for channel in channels]
+        calls = [stubs[i % 8].Fetch(body, timeout=60) for i in range(32)]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                list(call)
+            codes.add(refused.value.code())  # type: ignore[attr-defined]
+    finally:
+        for channel in channels:
+            channel.close()
+    assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    grown_mib = (peak_rss_kb(server.pid) - before) / 1024
+    assert grown_mib < 16, f"the state server's peak grew by {grown_mib:.0f} MiB"
+
+
+def peak_rss_kb(pid: int) -> int:
+    """The process's peak resident set (VmHWM), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
 def test_finalize_stops_the_state_server_and_ends_the_checkpoint_writers(
     processes: Procs, tmp_path: Path
 ) -> None:

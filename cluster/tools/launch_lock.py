@@ -98,7 +98,9 @@ class LogDirLock:
             holder = holder_lock.live_holder(self.path, CHECK_S + holder_lock.SETTLE_S)
             gone = f"which holds the directory; its {LOCK_FILE} was removed or replaced since"
             who = self._who(holder) if holder else f"{gone} and names no one"
-            raise ConfigError(self._refusal(who, holder))
+            # The directory's lock is had only where the kernel locks directories (no shared
+            # file system's): its holder is on this host, whatever an old file may say.
+            raise ConfigError(self._refusal(who))
         self._directory_fd = fd
 
     def _release_directory(self) -> None:

@@ -18,7 +18,8 @@ from cluster.tools.testing import LocalJob
 from tests.procs import Procs, run_args
 
 # Every worker starts a helper in its own process group (a child's default) and notes its pid;
-# rank 1 then exits 3, which fails the job, leaving its helper behind in its group.
+# rank 1 then exits 3, which fails the job, leaving its helper behind in its group. It waits
+# for rank 0's note first: the job's failure would end rank 0 before it noted its helper.
 LEAVES_A_HELPER = """\
 import subprocess, sys, time
 from pathlib import Path
@@ -31,6 +32,9 @@ part = Path(sys.argv[1], f".helper_{rank}")  # written whole, then named: read w
 part.write_text(str(helper.pid))
 part.rename(part.with_name(f"helper_{rank}"))
 if rank == 1:
+    deadline = time.monotonic() + 30
+    while not Path(sys.argv[1], "helper_0").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # sleep-ok: a bounded poll for rank 0's note
     sys.exit(3)
 time.sleep(120)  # sleep-ok: the job fails under it
 """

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import os
 import sys
 import threading
@@ -69,11 +70,36 @@ class _Loop(asyncio.SelectorEventLoop):
             handle.cancel()
             return handle
 
+    def default_exception_handler(self, context: dict[str, Any]) -> None:
+        """The loop's report of an error a callback raised, except grpc's poller reading its
+        wake-up socket after grpc closed it at the process's teardown (`OSError` EBADF, once,
+        after the job has ended): nothing is left for it to hand over, and the traceback would
+        read as a failure of a job that ended well."""
+        if _closed_grpc_poller(context.get("exception")):
+            return
+        super().default_exception_handler(context)
+
 
 def _is_grpc_completion(callback: Callable[..., object]) -> bool:
     return (
         getattr(callback, "__module__", None) == "grpc._cython.cygrpc"
         and getattr(callback, "__name__", None) == "_handle_callback_wrapper"
+    )
+
+
+def _closed_grpc_poller(error: object) -> bool:
+    """`error` is grpc's poller reading a closed wake-up socket: EBADF from
+    `PollerCompletionQueue._handle_events` (grpc/_cython/_cygrpc/aio/completion_queue.pyx.pxi)."""
+    if not isinstance(error, OSError) or error.errno != errno.EBADF:
+        return False
+    last = error.__traceback__
+    while last is not None and last.tb_next is not None:
+        last = last.tb_next
+    if last is None:
+        return False
+    code = last.tb_frame.f_code
+    return code.co_filename.endswith("completion_queue.pyx.pxi") and code.co_name.endswith(
+        "_handle_events"
     )
 
 

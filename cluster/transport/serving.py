@@ -1,5 +1,6 @@
-"""A gRPC server's options for the scheduler's service: the scheduler's own, and a host
-relay's (`cluster.transport.relay`), which serves the same calls of the same nodes."""
+"""The gRPC server's options for the scheduler's service. (A host's relay serves its workers
+the same calls over its own hop on a local socket, `cluster.transport.hop`, with its own
+bounds: a message over `edge.MAX_REQUEST_BYTES` ends the connection.)"""
 
 from __future__ import annotations
 

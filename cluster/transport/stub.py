@@ -69,12 +69,15 @@ class LazyStub:
         return method
 
     def unary(self, name: str) -> Any:
-        """Method `name`, a client-streaming one, called with one request as a unary call: on
-        gRPC's wire (and the local hop's) the same, one message and the end, and sent in one
-        batch where a written stream takes one per message and one more for its end."""
+        """Method `name` called with one request as a unary call: a unary method's own; a
+        client-streaming one's path as a unary call (on gRPC's wire, and the local hop's, the
+        same: one message and the end, sent in one batch where a written stream takes one per
+        message and one more for its end)."""
+        kind, path, options = methods()[name]
+        if kind == "unary_unary":
+            return getattr(self, name)
         made = self._unary.get(name)
         if made is None:
-            _, path, options = methods()[name]
             made = self._unary[name] = self._channel.unary_unary(path, **options)
         return made
 

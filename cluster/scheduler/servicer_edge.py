@@ -253,16 +253,16 @@ class ServicerEdge:
         """The request of a member's value call (`edge.VALUE_METHODS`), whose value may come in
         pieces (`edge.pieces`): the first message (here already, `handlers.Arrivals`), its
         value joined with the pieces after it, and that value (read out of the message once).
+
         Its whole value (the length the first message names, `value_bytes`, or its own) is
-        counted to its member when the first message comes
-        (`member_limits.request_bytes`: past the member's share of bytes in flight,
-        CapacityError, the rest dropped as it comes, `drained`), and refused at the edge past
-        `edge.MAX_VALUE_BYTES` (the rest unread), as a message that does not parse, a later one
-        that carries more than a piece, or pieces that do not make the length named are (the
-        rules: `edge.Joining`). The
-        rest comes within `edge.VALUE_WITHIN_S` of the first message, else the call is turned
-        away (CrowdedError, as a request late behind a loaded scheduler: a real node tries
-        again)."""
+        counted to its member when the first message comes (`member_limits.request_bytes`:
+        past the member's share of bytes in flight, CapacityError, the rest dropped as it comes,
+        `drained`). It is refused at the edge past `edge.MAX_VALUE_BYTES` (the rest unread), as
+        are a message that does not parse, a later one that carries more than a piece, and
+        pieces that do not make the length named (the rules: `edge.Joining`). The rest comes
+        within `edge.VALUE_WITHIN_S` of the first message, else the call is turned away
+        (CrowdedError, as a request late behind a loaded scheduler: a real node tries again).
+        """
         first = await anext(aiter(requests), None)
         if first is None:
             raise BadRequestError(f"a {method} call ended without a request")

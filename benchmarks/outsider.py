@@ -29,8 +29,8 @@ how much its files grew (cluster: events.jsonl and its output). Printed as a tab
   message may have; the store refuses each once it has read it). And a well-behaved job's large
   values, timed (`--legit` of member_flood.py): an allgather_object of 16 MiB objects and one
   KvSet of 63 MiB, each the median of 3; with `--legit-rtt MS,...` also with the workers behind
-  a delay line of each round trip (`delay_line`: what the scheduler's stream window costs a
-  member across hosts).
+  a proxy that delays each way by half the round trip (`tests.proxy.Proxy`: what the
+  scheduler's stream window costs a member across hosts).
 - `tcpstore`: `--sets` TCPStore clients each set one of two keys to 2 MiB again and again.
 Measured: the server's peak resident memory (VmHWM) at its start and once the flood is over,
 and the sets answered and refused.
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import asyncio
 import contextlib
 import datetime
 import os
@@ -63,8 +62,11 @@ from pathlib import Path
 
 import grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from tests.proxy import Proxy
 
 HOST = "127.0.0.1"
 CALL_S = 10.0
@@ -250,68 +252,13 @@ def run_tcpstore(args: argparse.Namespace) -> Grown:
 Peaks = tuple[float, float, Counter[str], str]
 
 
-@contextlib.contextmanager
-def delay_line(upstream: int, round_trip_ms: float) -> Iterator[int]:
-    """A TCP proxy to `upstream` on a port of its own (yielded) that holds every chunk for half
-    of `round_trip_ms` in each direction, reading on meanwhile: a longer link, not a slower one."""
-    port, loop, ready = free_port(), asyncio.new_event_loop(), threading.Event()
-    one_way_s = round_trip_ms / 2000
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                due, chunk = await chunks.get()
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-                if not chunk:
-                    writer.close()
-                    return
-                writer.write(chunk)
-                await writer.drain()
-
-        delivering = asyncio.ensure_future(deliver())
-        while chunk := await reader.read(1 << 20):
-            chunks.put_nowait((time.monotonic() + one_way_s, chunk))
-        chunks.put_nowait((time.monotonic() + one_way_s, b""))
-        await delivering
-
-    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(HOST, upstream)
-        ends = (pipe(reader, up_writer), pipe(up_reader, writer))
-        await asyncio.gather(*ends, return_exceptions=True)
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(asyncio.start_server(connected, HOST, port))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(CALL_S)
-
-    async def close() -> None:
-        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        loop.call_soon(loop.stop)
-
-    try:
-        yield port
-    finally:
-        asyncio.run_coroutine_threadsafe(close(), loop).result(CALL_S)
-        thread.join(CALL_S)
-        loop.close()
-
-
 def flood_cluster(
     args: argparse.Namespace, tmp: Path, flood: list[str], round_trip_ms: float = 0.0
 ) -> Peaks:
     """A recovered job of member_flood.py whose rank 0 floods with the options `flood`: the
     scheduler's peak memory at its start and once rank 0 flooded, and rank 0's codes. With
-    `round_trip_ms`, the workers reach the scheduler through a `delay_line` of it."""
+    `round_trip_ms`, the workers reach the scheduler through a `tests.proxy.Proxy` that delays
+    each way by half of it."""
     port = free_port()
     env = scheduler_env(port) | {
         "MS_TOPO_TIMEOUT": "60",
@@ -326,7 +273,11 @@ def flood_cluster(
         proc = stack.enter_context(
             server([sys.executable, "-m", "cluster", "scheduler"], env, "listening on")
         )
-        reached = stack.enter_context(delay_line(port, round_trip_ms)) if round_trip_ms else port
+        reached = port
+        if round_trip_ms:
+            line = Proxy((HOST, port), delay_s=round_trip_ms / 2000)
+            stack.callback(line.close)
+            reached = line.port
         start = rss_mib(proc.pid, "VmHWM")
         worker_env = env | {"MS_ROLE": "MS_WORKER", "MS_SCHED_PORT": str(reached)}
         with log.open("w") as out:

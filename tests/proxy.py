@@ -1,89 +1,142 @@
-"""A TCP proxy between one node and its scheduler, for tests that lose what the scheduler
-answered at a moment they pick: `hold_replies()` drops everything the scheduler sends from then
-on (what the node sends still goes), `cut()` closes every connection through it, and the
-connections made after that are plain again. With `source`, the proxy connects to the target
-from that loopback address (127.0.0.2, ...): the target sees its clients as another host.
+"""A TCP proxy between nodes and a server they reach, on one asyncio loop of its own.
+
+For tests that lose what the server answered at a moment they pick: `hold_replies()` drops
+everything the server sends from then on (what the node sends still goes), `cut()` closes every
+connection through it, and the connections made after that are plain again. With `source`, the
+proxy connects to the target from that loopback address (127.0.0.2, ...): the target sees its
+clients as another host. With `delay_s`, every chunk is held that long in each direction while
+the proxy reads on: a longer link, not a slower one (`benchmarks/outsider.py --legit-rtt`).
+
+One loop carries every connection, so the proxy costs a link no bandwidth that a thread per
+direction would (a 63 MiB request took a third longer through one).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-CHUNK = 64 * 1024
+CHUNK = 1 << 20
+TIMEOUT_S = 10.0  # the longest the proxy's own steps (connect upstream, cut, close) take
+_T = TypeVar("_T")
 
 
 class Proxy:
-    """Listens on a loopback port of its own (`port`); each connection is forwarded to
-    `target` by two threads, one per direction."""
+    """Listens on a loopback port of its own (`port`) and forwards each connection to
+    `target`."""
 
-    def __init__(self, target: tuple[str, int], source: str | None = None) -> None:
+    def __init__(
+        self, target: tuple[str, int], source: str | None = None, delay_s: float = 0.0
+    ) -> None:
         self.target = target
         self._source = None if source is None else (source, 0)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._open: list[socket.socket] = []
+        self._delay_s = delay_s
         self._holding = False
-        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
+        self._open: list[asyncio.StreamWriter] = []
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = listener.getsockname()[1]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="proxy", daemon=True)
+        self._thread.start()
+        self._server = self._call(asyncio.start_server(self._connected, sock=listener))
 
     def hold_replies(self) -> None:
         self._holding = True
 
     def cut(self) -> None:
         """Close every connection through the proxy; the next ones are forwarded whole."""
-        with self._lock:
-            gone, self._open = self._open, []
-            self._holding = False
-        for sock in gone:
-            _close(sock)
+        self._call(self._cut())
 
     def close(self) -> None:
-        _close(self._listener)
-        self.cut()
+        """Stop listening, close every connection, and stop the loop."""
+        if self._loop.is_closed():
+            return
+        self._call(self._close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(TIMEOUT_S)
+        self._loop.close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            try:
-                upstream = socket.create_connection(
-                    self.target, timeout=5.0, source_address=self._source
-                )
-            except OSError:
-                _close(client)  # the scheduler is not up: the node sees a refused connection
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._open += [client, upstream]
-            for source, sink, replies in ((client, upstream, False), (upstream, client, True)):
-                threading.Thread(
-                    target=self._pump, args=(source, sink, replies), daemon=True
-                ).start()
+    def _call(self, step: Coroutine[Any, Any, _T]) -> _T:
+        return asyncio.run_coroutine_threadsafe(step, self._loop).result(TIMEOUT_S)
 
-    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
-        while True:
-            try:
-                data = source.recv(CHUNK)
-            except OSError:
-                break
-            if not data:
-                break
-            if replies and self._holding:
-                continue  # dropped: the test cuts this connection before it matters
-            try:
-                sink.sendall(data)
-            except OSError:
-                break
-        _close(source)
-        _close(sink)
+    async def _cut(self) -> None:
+        gone, self._open = self._open, []
+        self._holding = False
+        for writer in gone:
+            _abort(writer)
+
+    async def _close(self) -> None:
+        self._server.close()
+        await self._cut()
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.wait_for(
+                asyncio.open_connection(*self.target, local_addr=self._source), TIMEOUT_S
+            )
+        except (OSError, asyncio.TimeoutError):
+            _abort(writer)  # the server is not up: the node sees its connection closed
+            return
+        self._open += [writer, up_writer]
+        await asyncio.gather(
+            self._pipe(reader, up_writer, replies=False),
+            self._pipe(up_reader, writer, replies=True),
+            return_exceptions=True,
+        )
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool
+    ) -> None:
+        """Forward what `reader` reads to `writer` until either end closes; then close `writer`
+        once what it holds is sent (the other direction's reader ends with its transport)."""
+        if self._delay_s <= 0:  # forwarded as read: the sink's pace holds back the source's
+            with contextlib.suppress(OSError):
+                while chunk := await reader.read(CHUNK):
+                    if not (replies and self._holding):
+                        writer.write(chunk)
+                        await writer.drain()
+            writer.close()
+            return
+        chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        delivering = asyncio.ensure_future(self._deliver(chunks, writer))
+        with contextlib.suppress(OSError):
+            while chunk := await reader.read(CHUNK):
+                if not (replies and self._holding):
+                    chunks.put_nowait((time.monotonic() + self._delay_s, chunk))
+        chunks.put_nowait((time.monotonic() + self._delay_s, b""))
+        await delivering
+
+    @staticmethod
+    async def _deliver(
+        chunks: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter
+    ) -> None:
+        """Write each chunk when it is due; an empty one ends the direction."""
+        with contextlib.suppress(OSError):
+            while True:
+                due, chunk = await chunks.get()
+                if (wait := due - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                if not chunk:
+                    break
+                writer.write(chunk)
+                await writer.drain()
+        writer.close()  # what is written still goes
 
 
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Close the connection at once, both ways (its peer sees it closed now, not at the next
+    turn of the loop), unsent bytes dropped."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    writer.transport.abort()

@@ -7,29 +7,38 @@ from __future__ import annotations
 from cluster.transport import channel, edge
 
 IDLE_CONNECTION_MS = 10_000
+
+
+def one_message_ahead(message_bytes: int) -> list[tuple[str, int]]:
+    """A gRPC server's options for requests of at most `message_bytes`: gRPC refuses a longer
+    one from its length, unread, whoever sends it to whichever method (its caps per method
+    apply to what it has read: docs/design/security.md), and a stream may send at most one
+    such message ahead of what the server has read. gRPC's bandwidth-delay probe, turned off
+    here, would grow that to megabytes a stream, which the server then holds for a stranger's
+    call it refuses from the length it reads first: 32 registrations of 16 MiB grew the
+    scheduler's peak by 44-94 MiB with the probe, 11-14 without it. A stream's data then flows
+    at most a message per round trip: 1 GB/s at 1 ms for the scheduler's."""
+    return [
+        ("grpc.max_receive_message_length", message_bytes),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", message_bytes),
+    ]
+
+
 # An answer may carry a whole allgather: every rank's value, at most 64 MiB in all.
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     # grpc enables SO_REUSEPORT by default, which would let a second scheduler bind the same port
     # without an error and steal half the connections.
     ("grpc.so_reuseport", 0),
-    # No method takes a message longer than this (a member's value comes in pieces): gRPC refuses
-    # a longer one from its length, unread, whoever sends it to whichever method (its caps per
-    # method apply to what it has read: docs/design/security.md).
-    ("grpc.max_receive_message_length", edge.MAX_REQUEST_BYTES),
+    # No method takes a message longer than this (a member's value comes in pieces).
+    *one_message_ahead(edge.MAX_REQUEST_BYTES),
     ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
     # Nodes keep one stream open for the whole job and ping it (`channel.keepalive_options`):
     # allow that, at up to twice the rate they use.
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", channel.KEEPALIVE_MIN_MS // 2),
     ("grpc.max_concurrent_streams", 100_000),
-    # What a stream may send ahead of what the scheduler has read: one message of the largest
-    # (a piece of a value). gRPC's bandwidth-delay probe would grow it to megabytes a stream,
-    # which the scheduler then holds for a stranger's call it refuses from the length it reads
-    # first: 32 registrations of 16 MiB grew its peak by 44-94 MiB with the probe, 11-14 without
-    # it. A stream's data then flows at most a piece per round trip: 1 GB/s at 1 ms.
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", edge.MAX_REQUEST_BYTES),
     # A connection holds a file descriptor: one that does not finish its handshake (TLS and
     # HTTP/2 settings) in time is dropped. The time is the one a node gives a connection attempt
     # before it abandons it and tries again, so no real node is refused by it; 2,000 idle

@@ -55,7 +55,7 @@ from google.protobuf.message import DecodeError
 
 from cluster.protocol import auth, peer_state
 from cluster.storage.served import PIECE_BYTES, ServedCheckpoints
-from cluster.transport import channel, edge, handlers, tls
+from cluster.transport import channel, edge, handlers, serving, tls
 from cluster.transport.server_tls import Interceptor, PeerCertificateCheck, ReloadingIdentity
 from cluster.v1 import peer_state_pb2 as pb
 
@@ -88,12 +88,9 @@ SPARE_CONNECTIONS = 16
 LIMIT_SHARE = 8
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", REQUEST_BYTES),
-    # What a stream may send ahead of what the server read: one request. gRPC's bandwidth-delay
-    # probe would open each stream to megabytes, taken in by the training's process for a
-    # stranger's call it refuses from the length it reads first (`cluster.transport.serving`).
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", REQUEST_BYTES),
+    # A stranger's large requests are refused unread, and take in the training's process at
+    # most a request a stream (a few KiB), not the megabytes gRPC would read ahead.
+    *serving.one_message_ahead(REQUEST_BYTES),
     ("grpc.max_send_message_length", PIECE_BYTES + 4096),
     ("grpc.server_handshake_timeout_ms", channel.CONNECT_TIMEOUT_MS),
     ("grpc.max_connection_idle_ms", IDLE_CONNECTION_MS),

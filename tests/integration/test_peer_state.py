@@ -26,6 +26,7 @@ from cluster.v1 import peer_state_pb2 as pb
 from cluster.v1 import peer_state_pb2_grpc as pb_grpc
 from cluster.worker import state_fetch
 from cluster.worker.session import BackgroundLoop
+from tests.integration.test_hostile import peak_rss_kb
 from tests.procs import PYTHON, ROOT, Procs, job_env
 from tests.training_job import WORKERS, TrainingJob, steps_done, train_args
 
@@ -405,14 +406,6 @@ def test_a_strangers_large_requests_are_refused_unread_by_a_state_server(
     assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
     grown_mib = (peak_rss_kb(server.pid) - before) / 1024
     assert grown_mib < 16, f"the state server's peak grew by {grown_mib:.0f} MiB"
-
-
-def peak_rss_kb(pid: int) -> int:
-    """The process's peak resident set (VmHWM), from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
 
 
 def test_finalize_stops_the_state_server_and_ends_the_checkpoint_writers(

@@ -152,15 +152,21 @@ def reap(procs: Sequence[subprocess.Popen[bytes]]) -> tuple[list[int], list[floa
     return codes, cpus
 
 
-def tutorial_job(tree: Path, env: dict[str, str], workers: int) -> tuple[float, float]:
-    """Wall seconds of the tutorial job, from the first start to the last exit, and the CPU
-    seconds of its processes."""
-    job = {
+def job_environment(env: dict[str, str], workers: int) -> dict[str, str]:
+    """`env` for one tutorial job of `workers` workers, its scheduler on a free loopback port
+    (MS_ROLE is each process's own)."""
+    return {
         **env,
         "MS_WORKER_NUM": str(workers),
         "MS_SCHED_HOST": "127.0.0.1",
         "MS_SCHED_PORT": str(free_port()),
     }
+
+
+def tutorial_job(tree: Path, env: dict[str, str], workers: int) -> tuple[float, float]:
+    """Wall seconds of the tutorial job, from the first start to the last exit, and the CPU
+    seconds of its processes."""
+    job = job_environment(env, workers)
     script = str(tree / EXAMPLE)
     with tempfile.TemporaryDirectory(prefix="startup-") as tmp:
         logs = [Path(tmp) / f"{i}.log" for i in range(workers + 1)]
@@ -275,12 +281,7 @@ def phases(tree: Path, job_repeat: int, workers: int) -> None:
     samples: dict[str, list[dict[str, float]]] = {"grpc": [], "worker": [], "scheduler": []}
     for _ in range(job_repeat):
         samples["grpc"] += marked_processes(env, ["grpc"] * (workers + 1))
-        job = {
-            **env,
-            "MS_WORKER_NUM": str(workers),
-            "MS_SCHED_HOST": "127.0.0.1",
-            "MS_SCHED_PORT": str(free_port()),
-        }
+        job = job_environment(env, workers)
         *each, scheduler = marked_processes(job, ["MS_WORKER"] * workers + ["MS_SCHED"])
         samples["worker"] += each
         samples["scheduler"].append(scheduler)

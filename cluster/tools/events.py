@@ -320,7 +320,9 @@ class _Tail:
     its end comes. When the scheduler cuts off the part of a line that a failed write left (a
     full disk: `rotation.RotatingFile`) after some of it was read here, the part held is
     dropped and the file read again from where that line began: the file is found shorter
-    than what was read, or the bytes held are no longer those at their place in it."""
+    than what was read, or a whole line read is not what the file holds at its place. Each
+    line is checked whole, as one read may begin in the part and go on in the line written
+    in its place after the cut (a line of two events)."""
 
     def __init__(self, handle: IO[bytes]) -> None:
         self.handle = handle
@@ -338,13 +340,14 @@ class _Tail:
                 return None
             if not self._held:
                 self._start = self.handle.tell() - len(chunk)
-            elif os.pread(self.handle.fileno(), len(self._held), self._start) != self._held:
+            self._held += chunk
+            if not self._held.endswith(b"\n"):
+                continue  # the end of what is written: readline says so next
+            line, self._held = self._held, b""
+            if os.pread(self.handle.fileno(), len(line), self._start) != line:
                 self._again(self._start)  # cut back, and another line written in its place
                 continue
-            self._held += chunk
-            if self._held.endswith(b"\n"):
-                line, self._held = self._held, b""
-                return line.decode("utf-8", errors="replace")
+            return line.decode("utf-8", errors="replace")
 
     def _again(self, offset: int) -> None:
         self.handle.seek(offset)

@@ -7,11 +7,13 @@ holds its lock, it does not grow) is given up, one whose writer is merely quiet 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,6 +136,40 @@ def test_a_follower_that_read_a_part_cut_off_again_reads_the_next_event_whole(
         written = [JobEvent.from_json(text).seq for text in path.read_text().splitlines()]
         assert written[-2:] == [seq + 1, seq + 2]
         assert got == written  # none lost to the part cut off
+
+
+def test_a_read_that_goes_on_past_a_cut_gives_the_line_written_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """One readline reads a part that a failed write left, the scheduler cuts it off and
+    writes another event in its place, and the readline goes on in that event: the follower
+    gives the event written, not a line made of the two (the part's seq with the rest of the
+    other's, as a loaded CI run once got)."""
+    path = tmp_path / "events.jsonl"
+    first, cut_off, placed = line(1, "started"), line(27, "formed"), line(28, "formed")
+    part = cut_off.encode()[:-5]  # all but its end: its seq and its time
+    path.write_bytes(first.encode() + part)
+
+    class CutAfterThePart(io.FileIO):
+        """The follower's reads of `path`; once a read ends at the part's end, the writer
+        cuts the part off and writes `placed` in its place, before the next read."""
+
+        cut = False
+
+        def readinto(self, buffer: Any) -> int | None:
+            read = super().readinto(buffer)
+            if not self.cut and self.tell() == len(first) + len(part):
+                self.cut = True
+                with path.open("r+b") as writer:
+                    writer.truncate(len(first))
+                    writer.seek(len(first))
+                    writer.write(placed.encode())
+            return read
+
+    with io.BufferedReader(CutAfterThePart(path, "r")) as handle:
+        tail = events_tool._Tail(handle)
+        lines = [tail.line(), tail.line(), tail.line()]
+    assert lines == [first, placed, None]
 
 
 class Follower:

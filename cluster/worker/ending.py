@@ -45,6 +45,8 @@ class Ending:
         self._exiting = False  # the process ends already, of its own error (`exiting`)
         self._quiet = False  # the finalize raises the job's error itself (`quiet`)
         self._owed = False  # left to the main thread's waiting call (`owed`)
+        # sys.last_value as the job began: another one is an exception it died of (`_dying`).
+        self._uncaught_before = getattr(sys, "last_value", None)
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self.interrupts = self._install()
@@ -65,8 +67,17 @@ class Ending:
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         """The handler, in the main thread: the job's error, raised where the program is."""
         error = self._error
-        if error is not None and not self._exiting:
+        if error is not None and not self._exiting and not self._dying():
             raise error
+
+    def _dying(self) -> bool:
+        """The main thread is dying of an uncaught exception of its own (one a waiting call
+        raised as the job failed): raised in its `sys.excepthook`, the job's error would only
+        break the hook's line into a traceback. CPython sets `sys.last_value` before it calls
+        the hook, whichever hook it is (`excepthook.crash` reads it so too). The process exits
+        1 of that exception, which its finalize at exit tells the scheduler. (At an interactive
+        prompt, after an error there, the job's end is left to the last resort.)"""
+        return getattr(sys, "last_value", None) is not self._uncaught_before
 
     def end(self, error: ClusterError, *, raised: bool = False) -> None:
         """End the process with `error`. `raised`: a call of the main thread waits, and raises

@@ -122,6 +122,31 @@ def test_an_error_already_raised_by_a_waiting_call_gets_only_the_last_resort() -
     assert result.stderr.splitlines() == ["cluster: rank 1 (node 1) failed: its process ended"]
 
 
+def test_a_main_thread_dying_of_its_own_error_prints_its_line_whole() -> None:
+    """A waiting call raised its own error as the job failed and nothing caught it; the job's
+    end comes while `sys.excepthook` prints it (a loaded CI run): the hook's line is printed
+    whole, with no "Error in sys.excepthook" and no traceback, and the process exits 1."""
+    result = run(
+        """
+        said = excepthook._hook
+
+        def hook(kind, value, traceback):
+            ending_thread = threading.Thread(target=end.end, args=(error,))
+            ending_thread.start()
+            ending_thread.join()  # the signal is handled in here, in the main thread
+            said(kind, value, traceback)
+
+        sys.excepthook = hook
+        raise JobFailedError("barrier failed: rank 1 (node 1) died")
+        """
+    )
+    assert result.returncode == ending.EXIT_CODE
+    assert result.stdout.splitlines() == ["atexit ran"]
+    assert result.stderr.splitlines() == [
+        "cluster: JobFailedError: barrier failed: rank 1 (node 1) died"
+    ]
+
+
 def test_a_program_that_takes_the_signal_after_init_gets_the_exit_at_once() -> None:
     # The program installs its own handler after the library took the signal: the library
     # does not run it (sending the signal) and ends the process at once instead.

@@ -196,7 +196,20 @@ def is_count(value: object) -> TypeGuard[int]:
 
 
 def allocate(entry: dict[str, Any]) -> tuple[Any, memoryview]:
-    """The value an entry becomes, and the bytes of it the file's data is read into."""
+    """The value an entry becomes, and the bytes of it the file's data is read into.
+    CorruptCheckpointError when numpy or torch cannot make it: a dtype string numpy cannot
+    parse (which raises SyntaxError as readily as TypeError), or a shape whose dimensions
+    overflow however few bytes it holds (`[0, 10**19]`)."""
+    try:
+        return _allocate(entry)
+    except (TypeError, ValueError, SyntaxError, OverflowError, RuntimeError) as exc:
+        why = str(exc).partition("\n")[0]  # torch's messages go on with a C++ stack
+        raise CorruptCheckpointError(
+            f"an array entry cannot be made ({type(exc).__name__}: {why:.200}): {entry!r:.200}"
+        ) from None
+
+
+def _allocate(entry: dict[str, Any]) -> tuple[Any, memoryview]:
     kind, shape, nbytes = entry["kind"], tuple(entry["shape"]), entry["nbytes"]
     count = math.prod(shape)
     if kind == "bytes":
@@ -219,7 +232,7 @@ def allocate(entry: dict[str, Any]) -> tuple[Any, memoryview]:
         return torch.from_numpy(buffer).view(dtype).reshape(shape), buffer.data
     try:
         np_dtype = np.dtype(entry["dtype"])
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):
         raise CorruptCheckpointError(f"unknown numpy dtype {entry['dtype']!r}") from None
     if np_dtype.hasobject or np_dtype.fields is not None or np_dtype.subdtype is not None:
         raise CorruptCheckpointError(

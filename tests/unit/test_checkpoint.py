@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import math
 import os
@@ -27,7 +28,8 @@ from cluster.api import peer_state, runtime
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError, ClusterError, ConfigError
 from cluster.scheduler.machine.admission import MAX_REPORTED_CHECKPOINTS
-from cluster.storage import atomic
+from cluster.storage import atomic, checkpoint_files
+from cluster.storage.checkpoint_tree import aligned
 from cluster.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -568,6 +570,52 @@ def test_a_foreign_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixt
     ckpt, path = saved_pair(tmp_path)
     path.write_bytes(b"PK\x03\x04" + bytes(200))
     assert ckpt.steps() == [1]
+    assert_refused(ckpt, path, caplog)
+
+
+def forged_array_file(path: Path, step: int, entry: dict[str, Any]) -> None:
+    """A checkpoint file whose one array is `entry` (of no bytes), its checksum wrong: what
+    a header edited by hand, or damaged into other valid JSON, looks like."""
+    header = {
+        "format": checkpoint_files.FORMAT,
+        "version": checkpoint_files.VERSION,
+        "step": step,
+        "rank": 0,
+        "prefix": "net",
+        "data_bytes": 0,
+        "entries": [entry],
+        "state": {"$": "dict", "items": [["w", {"$": "ndarray", "i": 0}]]},
+    }
+    raw = json.dumps(header).encode()
+    start = aligned(checkpoint_files.PREAMBLE.size + len(raw))
+    size = start + checkpoint_files.FOOTER_SIZE
+    preamble = checkpoint_files.PREAMBLE.pack(
+        checkpoint_files.MAGIC, checkpoint_files.VERSION, 0, len(raw), size
+    )
+    head = preamble + raw
+    path.write_bytes(head + bytes(start - len(head)) + checkpoint_files.END_MAGIC + bytes(16))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [
+        ("<f8", [0, 10**19]),  # numpy: ValueError, "Maximum allowed dimension exceeded"
+        ("<f8", [0, 2**62, 2**62]),  # numpy: ValueError, "array is too big"
+        ("u1,,", [0]),  # numpy's dtype parser: SyntaxError
+        ("float32", [0, 2**62, 2**62]),  # a tensor: torch's RuntimeError, stride overflow
+    ],
+)
+def test_an_array_numpy_or_torch_cannot_make_is_a_damaged_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, dtype: str, shape: list[int]
+) -> None:
+    """An array entry its checks let through, but that numpy or torch refuses to make, is
+    damage like any other: the file is named, moved aside, and an older step is taken."""
+    if dtype == "float32":
+        pytest.importorskip("torch")
+    kind = "tensor" if dtype == "float32" else "ndarray"
+    ckpt, path = saved_pair(tmp_path)
+    entry = {"kind": kind, "dtype": dtype, "shape": shape, "offset": 0, "nbytes": 0}
+    forged_array_file(path, 2, entry)
     assert_refused(ckpt, path, caplog)
 
 

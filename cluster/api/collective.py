@@ -95,13 +95,10 @@ def _allgather(what: str, mine: bytes, made: str) -> list[bytes]:
 
 def broadcast_object(obj: Any, root: int = 0) -> Any:
     """The `obj` of rank `root`, on every worker (other ranks' `obj` is ignored)."""
-    topology = runtime.session().topology
-    size = 0 if topology is None else topology.size
-    if not 0 <= root < size:
-        raise ClusterError(f"broadcast_object root={root} is not a rank: use 0-{size - 1}")
+    root_here = _is_this_rank("broadcast_object", root)
     import pickle  # noqa: PLC0415 - see allgather_object
 
-    mine = pickle.dumps(obj) if topology is not None and topology.rank == root else b""
+    mine = pickle.dumps(obj) if root_here else b""
     made = f"rank {root}'s object pickles to"
     with _one_at_a_time("broadcast_object") as session:
         _check_fits("broadcast_object", "broadcast", mine, made, root)
@@ -116,8 +113,7 @@ def broadcast_object(obj: Any, root: int = 0) -> Any:
 
 def broadcast_bytes(data: bytes | bytearray | memoryview, root: int = 0) -> bytes:
     """Rank `root`'s `data` on every worker, never unpickled (other ranks' `data` is ignored)."""
-    topology = runtime.session().topology
-    root_here = topology is not None and topology.rank == root
+    root_here = _is_this_rank("broadcast_bytes", root)
     mine = _as_bytes("broadcast_bytes", data) if root_here else b""
     with _one_at_a_time("broadcast_bytes") as session:
         _check_fits("broadcast_bytes", "broadcast", mine, f"rank {root}'s data is", root)
@@ -125,6 +121,28 @@ def broadcast_bytes(data: bytes | bytearray | memoryview, root: int = 0) -> byte
             session.agent.exchange("broadcast", mine, root=root, generation=session.generation_pin)
         )
     return bytes(value)
+
+
+def _is_this_rank(what: str, root: object) -> bool:
+    """Whether `root`, a broadcast's root, is this rank; a CollectiveError, before this rank
+    takes part in the broadcast, when it is not a rank of the job: the rank's next collective
+    is the one its peers are in."""
+    topology = runtime.session().topology
+    size = 0 if topology is None else topology.size
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise _wrong_type(
+            what,
+            "root",
+            root,
+            f"an int, a rank of the job (0-{size - 1}); nothing was sent, and this rank took no "
+            "part in the collective",
+        )
+    if not 0 <= root < size:
+        raise CollectiveError(
+            f"{what}: root={root} is not a rank of the job: use 0-{size - 1}; nothing was "
+            "sent, and this rank took no part in the collective"
+        )
+    return topology is not None and topology.rank == root
 
 
 def _as_bytes(what: str, data: object) -> bytes:

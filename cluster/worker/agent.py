@@ -316,9 +316,14 @@ class WorkerAgent:
         topology = self._require_topology()
         generation = topology.generation if generation is None else generation
         seq = self.core.next_seq(generation)
-        node_id = self.identity.node_id
-        request = convert.exchange_request(node_id, generation, seq, op, root, value, withdrawn)
         unsent = functools.partial(self.core.collective_unsent, generation, seq)
+        try:  # a root the message cannot carry: the number goes back, as for a refused send
+            request = convert.exchange_request(
+                self.identity.node_id, generation, seq, op, root, value, withdrawn
+            )
+        except (ValueError, TypeError):
+            unsent()
+            raise
         answer = await self._calls.request(
             op, "Exchange", request, unsent=unsent, read=convert.exchange_failure
         )

@@ -70,8 +70,10 @@ async def test_allreduce_widens_bools_and_small_integers_and_keeps_scalars(
 async def test_bytes_collectives_take_bytes_like_values_and_refuse_a_str_before_taking_part(
     processes: Procs,
 ) -> None:
-    """A str is refused at once, in its rank, before that rank takes part: the peer already in
-    the collective is not left waiting, and every rank's next collective is the same one."""
+    """A str, or a root that is not a rank, is refused at once, in its rank, before that rank
+    takes part (the number the agent took for a root the message cannot carry is given back):
+    the peer already in the collective is not left waiting, and every rank's next collective is
+    the same one."""
     ranks = await run(processes, 2, "bytes")
     wrong = (
         "CollectiveError: {}: data='a str' is of type str; it must be bytes, a bytearray or a "
@@ -80,6 +82,22 @@ async def test_bytes_collectives_take_bytes_like_values_and_refuse_a_str_before_
     )
     assert ranks[1]["str refused"] == wrong.format("allgather_bytes")
     assert ranks[0]["broadcast str refused"] == wrong.format("broadcast_bytes")
+    took_no_part = "; nothing was sent, and this rank took no part in the collective"
+    assert ranks[0]["root -1 refused"] == (
+        f"CollectiveError: broadcast_bytes: root=-1 is not a rank of the job: use 0-1{took_no_part}"
+    )
+    assert ranks[0]["root 2 refused"] == (
+        f"CollectiveError: broadcast_object: root=2 is not a rank of the job: use 0-1{took_no_part}"
+    )
+    for root, call, kind in (
+        ("True", "broadcast_object", "bool"),
+        ("0.0", "broadcast_bytes", "float"),
+    ):
+        assert ranks[0][f"root {root} refused"] == (
+            f"CollectiveError: {call}: root={root} is of type {kind}; it must be an int, a rank "
+            f"of the job (0-1){took_no_part}"
+        )
+    assert ranks[0]["agent root -1"].startswith("ValueError: "), ranks[0]["agent root -1"]
     for seen in ranks:
         assert seen["bytearray"] == "[b'a0', b'a1'] list"
         assert seen["memoryview"] == "[b'm0', b'm1'] list"

@@ -4,8 +4,9 @@ prints one line per call, `name: what came of it`, then every rank passes a barr
 - reduce: allreduce of bools, small integers and scalars (every rank gives the same values,
   and its rank).
 - bytes: allgather_bytes and broadcast_bytes of bytes-like values; rank 1's allgather_bytes of
-  a str, and rank 0's broadcast_bytes of one, are refused before the collective its peer is
-  already in, which its next call of the same collective completes.
+  a str, and rank 0's broadcast_bytes of one and broadcasts from roots that are not ranks, are
+  refused before the collective its peer is already in, which its next call of the same
+  collective completes.
 - threads: rank 0's thread A waits in an allgather_object; once the test has seen it there (it
   creates the file API_EDGES_GO), rank 0's main thread calls one too and is refused; rank 1
   joins thread A's collective once it has heard of the refusal (a key of the store).
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import cluster
+from cluster.api import runtime
 from cluster.api.collective import allgather_bytes, broadcast_bytes
 from cluster.testing import wait_until
 from cluster.transport.edge import MESSAGE_LIMITS
@@ -64,6 +66,12 @@ def bytes_like(rank: int) -> None:
     said("memoryview", lambda: allgather_bytes(memoryview(b"m%d" % rank)))
     if rank == 0:
         said("broadcast str refused", lambda: broadcast_bytes("a str"))  # type: ignore[arg-type]
+        said("root -1 refused", lambda: broadcast_bytes(b"x", root=-1))
+        said("root 2 refused", lambda: cluster.broadcast_object("x", root=2))
+        said("root True refused", lambda: cluster.broadcast_object("x", root=True))
+        said("root 0.0 refused", lambda: broadcast_bytes(b"x", root=0.0))  # type: ignore[arg-type]
+        session = runtime.session()  # below the API's check: the message cannot carry -1
+        said("agent root -1", lambda: session.call(session.agent.exchange("broadcast", b"", -1)))
     began = time.monotonic()
     said("broadcast", lambda: broadcast_bytes(bytearray(b"from %d" % rank)))
     print(f"broadcast waited: {time.monotonic() - began:.1f}", flush=True)

@@ -257,8 +257,15 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Flush, then end the writer's and the reporter's threads, free the memory of the
-        snapshots and let go of the lock (a later save, load or listing takes them again)."""
-        self.flush()
+        snapshots and let go of the lock (a later save, load or listing takes them again).
+        When the flush raises (a write or a report failed), all of that is still done, and
+        then its error is raised."""
+        try:
+            self.flush()
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
         self._writes.writer.close()
         self._writes.reporter.close()
         if self._offered:

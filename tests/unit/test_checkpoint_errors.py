@@ -6,9 +6,11 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
@@ -83,3 +85,20 @@ def test_a_report_that_fails_otherwise_is_a_checkpoint_error(
         ckpt.flush()
     assert "cluster.finalize()" in str(info.value)
     assert info.value.__cause__ is error
+
+
+def test_a_close_whose_flush_fails_still_lets_everything_go(tmp_path: Path) -> None:
+    """`with CheckpointManager(...)` around a save whose report fails: the close raises that
+    error, and still ends the threads and lets go of the lock, so that another manager of the
+    rank and prefix can be made."""
+
+    def report(steps: list[int]) -> int:
+        raise RuntimeError("the scheduler said no")
+
+    before = set(threading.enumerate())
+    ckpt = manager(tmp_path, report=report)
+    with pytest.raises(CheckpointError, match="could not be reported"), ckpt:
+        ckpt.save(1, {"w": np.zeros(1000)})
+    assert not [t.name for t in set(threading.enumerate()) - before]
+    with manager(tmp_path) as again:
+        assert again.steps() == [1]

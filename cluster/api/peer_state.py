@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout  # not TimeoutError before 3.11
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster.api import runtime
@@ -43,6 +44,7 @@ class _Service:
     loop: BackgroundLoop
     server: StateServer | None  # None: this process could not serve (it said why)
     client: state_fetch.Client
+    pid: int = field(default_factory=os.getpid)  # the process whose loop thread serves
 
 
 _service: _Service | None = None
@@ -104,11 +106,13 @@ def _start_server(loop: BackgroundLoop) -> StateServer | None:
 
 
 def stop() -> None:
-    """Stop the state server (at finalize or exit; safe to call twice)."""
+    """Stop the state server (at finalize or exit; safe to call twice). In a forked child, at
+    its exit, it lets the parent's alone: their loop's thread is not in the child, and a call
+    on it would wait out its timeout."""
     global _service
     with _lock:
         service, _service = _service, None
-    if service is None:
+    if service is None or service.pid != os.getpid():
         return
     try:
         if service.server is not None:

@@ -1,6 +1,7 @@
 """A worker of a job of one forks after cluster.init(): a child that makes a cluster call (a
 bare os.fork, and multiprocessing's fork context, as a DataLoader's workers), and children that
-exit normally (their atexit handlers run; gRPC's fork handlers crashed about one in six). Each
+exit normally (their atexit handlers run; gRPC's fork handlers crashed about one in six), also
+while a CheckpointManager serves this rank's checkpoints to peers (recovery is on). Each
 child is bounded by SIGALRM; the worker prints how they ended, then makes its own calls and
 finalizes."""
 
@@ -12,10 +13,15 @@ import signal
 import sys
 import time
 
+import numpy as np
+
 import cluster
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 
 BOUND_S = 20
-IN_TIME_S = 5.0  # a child's exit takes milliseconds; one that finalizes the job, seconds
+# A child's exit takes milliseconds; one that finalizes the job, or waits out a call on its
+# parent's threads, seconds.
+IN_TIME_S = 2.0
 EXITS = 12
 
 
@@ -46,6 +52,13 @@ def forked(child: str) -> str:
 cluster.init()
 print(f"os.fork, call: {forked('call')}", flush=True)
 print(f"os.fork, exit: {sorted({forked('exit') for _ in range(EXITS)})}", flush=True)
+# With recovery on, a CheckpointManager serves this rank's checkpoints to peers from a loop
+# thread of this process, which its children do not have: their exit leaves it alone.
+manager = CheckpointManager(os.environ["FORKED_CHECKPOINTS"], "net", CheckpointConfig())
+manager.save(1, {"w": np.zeros(4)})
+manager.flush()
+print(f"serving, os.fork, exit: {sorted({forked('exit') for _ in range(3)})}", flush=True)
+manager.close()
 process = multiprocessing.get_context("fork").Process(target=call)
 process.start()
 process.join(BOUND_S + 5)

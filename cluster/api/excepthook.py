@@ -67,7 +67,10 @@ def _hook(kind: type[BaseException], value: BaseException, traceback: TracebackT
 def crash() -> str | None:
     """The first line of the exception the program died of (`error_line`), whichever hook
     printed it (CPython keeps the uncaught one as `sys.last_value`, whatever the hook); None
-    when it did not die of one."""
+    when it did not die of one. An interactive interpreter (`python -i`) dies of none: its
+    prompt shows an uncaught exception and goes on, and its status is the prompt's."""
+    if sys.flags.interactive:
+        return None
     if failure is not None:
         return failure
     last = getattr(sys, "last_value", None)
@@ -86,10 +89,11 @@ def exit_failure() -> str | None:
 
 def exit_line(code: object) -> str | None:
     """What `sys.exit(code)` makes of the process, as a line: None for status 0."""
-    if code is None or (isinstance(code, int) and code == 0):
+    if isinstance(code, int):  # the status is its low byte: sys.exit(256) exits 0
+        status = int(code) % 256 if abs(code) < 2**63 else 255
+        return f"exited with status {status}" if status else None
+    if code is None:
         return None
-    if isinstance(code, int):
-        return f"exited with status {code}"
     lines = str(code).splitlines()
     said = f": {lines[0]}" if lines else ""
     return f"exited with status 1{said}"[:ERROR_LINE_CHARS]
@@ -115,9 +119,9 @@ def watch_exits() -> None:
     """From now on note the status the program asks `sys.exit()` for (see `exit_failure`),
     and count only an uncaught exception of later as a crash (`crash`): a status asked for
     before (in an earlier job of the process) is not this one's."""
-    global _watching, _last_seen, _exit_failure
+    global _watching, _last_seen, _exit_failure, failure
     _last_seen = getattr(sys, "last_value", None)
-    _exit_failure = None
+    _exit_failure, failure = None, None
     if _watching:
         return
     _watching = True

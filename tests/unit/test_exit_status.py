@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from cluster.api import excepthook
 from cluster.protocol.display import ERROR_LINE_CHARS
 
@@ -20,6 +22,60 @@ def test_the_line_of_an_exit_status() -> None:
     assert excepthook.exit_line("loss is NaN\nat step 7") == "exited with status 1: loss is NaN"
     assert excepthook.exit_line("") == "exited with status 1"
     assert len(excepthook.exit_line("x" * 10_000) or "") == ERROR_LINE_CHARS
+    assert excepthook.exit_line(True) == "exited with status 1"
+
+
+@pytest.mark.parametrize("code", [256, -1, 2**70, 300])
+def test_the_status_told_is_the_status_the_process_exits_with(code: int) -> None:
+    """The status is the low byte of what `sys.exit()` is given (255 past a C long long)."""
+    exited = subprocess.run([sys.executable, "-c", f"raise SystemExit({code})"], check=False)
+    told = excepthook.exit_line(code)
+    assert told == (f"exited with status {exited.returncode}" if exited.returncode else None)
+
+
+def test_an_uncaught_exception_before_the_watch_is_not_what_the_job_dies_of() -> None:
+    """An uncaught exception shown by an interactive prompt of `code.interact()` (its hook sets
+    what the process died of) before `cluster.init()` watches: not this job's crash."""
+    script = textwrap.dedent(
+        """
+        import code, io, sys
+        from cluster.api import excepthook
+        excepthook.install()
+        sys.stdin = io.StringIO("undefined_name\\n")
+        sys.ps1 = sys.ps2 = ""  # no prompts among the lines printed
+        code.interact(banner="", exitmsg="")
+        print(excepthook.crash() is not None)
+        excepthook.watch_exits()
+        print(excepthook.crash())
+        """
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert ran.stdout.splitlines() == ["True", "None"], ran.stderr
+
+
+def test_an_interactive_interpreter_dies_of_no_exception_its_prompt_showed() -> None:
+    """`python -i`: the prompt shows an uncaught exception and goes on; the process exits with
+    the prompt's status, 0 here, and tells no crash."""
+    typed = [
+        "from cluster.api import excepthook",
+        "excepthook.install()",
+        "excepthook.watch_exits()",
+        "atexit.register(lambda: print('crash:', excepthook.crash()))",
+        "undefined_name",
+    ]
+    ran = subprocess.run(
+        [sys.executable, "-i", "-c", "import atexit"],
+        input="\n".join(typed) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "crash: None" in ran.stdout, (ran.stdout, ran.stderr)
+    assert "NameError" in ran.stderr
 
 
 def watched(body: str) -> list[str]:

@@ -118,7 +118,8 @@ except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
 from cluster.api import data_plane, runtime, training
-from cluster.api.collective import barrier, broadcast_bytes
+from cluster.api.collective import MAX_WAIT_S, barrier, broadcast_bytes
+from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
 
@@ -176,8 +177,11 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
         raise ClusterError(
             f"cluster.torch backend={backend!r} is not supported: use one of {', '.join(BACKENDS)}"
         )
-    if timeout_s is not None and not timeout_s > 0:
-        raise ClusterError(f"cluster.torch timeout_s={timeout_s!r} must be a number > 0 seconds")
+    if timeout_s is not None and not _is_timeout(timeout_s):
+        raise ClusterError(
+            f"cluster.torch timeout_s={safe(repr(timeout_s), 60)} must be a number of seconds "
+            f"above 0 and at most {MAX_WAIT_S:g}, or None (the default)"
+        )
     if training.before_any_loop():
         _remake_in_the_loop(backend, timeout_s)
     if training.TrainingLoop.restoring_the_end():
@@ -209,6 +213,14 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None) ->
     finally:
         session.generation_pin = pinned
     return True
+
+
+def _is_timeout(value: object) -> bool:
+    """Whether `value` is a timeout a process group takes: a finite number of seconds above 0
+    (a timedelta holds it, and torch its milliseconds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return 0 < value <= MAX_WAIT_S  # also refuses nan and inf
 
 
 def _remake_in_the_loop(backend: str, timeout_s: float | None) -> None:

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch", reason="cluster.torch needs torch")
 
 from cluster.api import torch as cluster_torch  # after the skip
+from cluster.protocol.errors import ClusterError
 
 TIMEOUT = datetime.timedelta(seconds=5)
 BOUND_S = 5.0
@@ -41,3 +42,10 @@ def test_the_store_listens_on_its_host_only_and_closes_as_it_is_dropped() -> Non
 def test_a_host_that_is_not_this_machines_is_refused_with_the_os_error() -> None:
     with pytest.raises(OSError):
         cluster_torch._serve("192.0.2.1", TIMEOUT)  # TEST-NET-1: no address of this host
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("inf"), float("nan"), 1e10, "30", True])
+def test_a_bad_group_timeout_is_refused_naming_it(timeout_s: object) -> None:
+    """Before anything is made, and without a job: a ClusterError naming the value."""
+    with pytest.raises(ClusterError, match=r"cluster.torch timeout_s=.* must be a number of"):
+        cluster_torch.init_process_group(timeout_s=timeout_s)  # type: ignore[arg-type]

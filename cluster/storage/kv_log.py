@@ -1,22 +1,27 @@
 """The job's key-value store on disk: an append-only log of batches, compacted when it grows.
 
 `MS_RECOVERY_PATH/kv.log` starts with a header line naming the format and the job
-(`cluster-kv 1 <job id>`), followed by records, one per key set:
+(`cluster-kv 2 <job id>`), followed by records, one per key set:
 
-    b"KV" | body length (u32, big-endian) | body | XXH3-128 of the body (16 bytes)
+    b"KV" | body length (u32, big-endian) | XXH32 of the six bytes before (u32) | body |
+    XXH3-128 of the body (16 bytes)
     body = key length (u32) | key (UTF-8) | value
 
 A batch of changes is one write and one fsync, so a key set costs a fraction of an fsync however
 many arrive together, and never a rewrite of the whole store. A crash mid-append leaves a torn
 last record: it was never acknowledged (the answer waits for the fsync), so loading drops it and
-the next append overwrites it. A record whose length runs past the end of the file is taken for
-torn only when no chain of whole records (each its magic, a length within the file, its
-checksum, and followed by the next or by the end) begins after its header and reaches exactly
-the end of the file, and its own bytes to the end are not one whole record: otherwise its
-length was damaged, and what follows is saved records. (Records inside a torn record's value,
-which a member may set, stop short of the end: the rest of the value follows them.) That, a
-complete record that fails its checksum, or anything that is not a record, is corruption:
-reported, never half-loaded nor cut.
+the next append overwrites it. A record's header carries its own check, so its length is
+trusted or known damaged without looking at what follows: a header that checks out and whose
+record runs past the end of the file is a torn tail, whatever its value holds (a member may set
+a value that holds encoded records, ending exactly where a crash cuts it); a header that fails
+its check, a complete record that fails its checksum, or anything that is not a record, is
+corruption: reported, never half-loaded nor cut. A header cut short at the end of the file, or
+a tail of zeros, is torn.
+
+Version 1 logs, whose headers had no check, are read with their rule: a record whose length
+runs past the end is taken for torn only when no chain of whole records begins after its header
+and reaches exactly the end of the file, and its own bytes to the end are not one whole record
+(otherwise its length was damaged). Such a log is rewritten in version 2 at its first append.
 
 The log is compacted: it knows the size of the newest record of each key, so what a compacted
 log would hold (`live`: the header and one record per key) is exact, whatever was rewritten.
@@ -46,10 +51,12 @@ from cluster.storage import atomic
 
 FILE_NAME = "kv.log"
 FORMAT = b"cluster-kv"
-VERSION = 1
+VERSION = 2
 MAGIC = b"KV"
 _LENGTH = struct.Struct(">I")
 _DIGEST = 16
+# A record's header: its magic and body length, and from version 2 their XXH32.
+_HEAD_BYTES = {1: 6, 2: 10}
 COMPACT_MIN_BYTES = 4 * 1024 * 1024
 ADVICE = "move it away (the job's key-value store is then empty after a restart)"
 
@@ -61,33 +68,43 @@ def needs_compaction(size: int, live: int) -> bool:
     return size > max(COMPACT_MIN_BYTES, 2 * live)
 
 
-def record_size(key: str, value: bytes) -> int:
-    """The bytes of `encode_record(key, value)`."""
-    return len(MAGIC) + 2 * _LENGTH.size + len(key.encode()) + len(value) + _DIGEST
+def record_size(key: str, value: bytes, version: int = VERSION) -> int:
+    """The bytes of `encode_record(key, value, version)`."""
+    return _HEAD_BYTES[version] + _LENGTH.size + len(key.encode()) + len(value) + _DIGEST
 
 
 def _header(job: str) -> bytes:
     return b"%s %d %s\n" % (FORMAT, VERSION, job.encode())
 
 
-def encode_record(key: str, value: bytes) -> bytes:
+def encode_record(key: str, value: bytes, version: int = VERSION) -> bytes:
     raw_key = key.encode()
     body = _LENGTH.pack(len(raw_key)) + raw_key + value
-    return MAGIC + _LENGTH.pack(len(body)) + body + xxhash.xxh3_128_digest(body)
+    return _record_head(len(body), version) + body + xxhash.xxh3_128_digest(body)
 
 
-def _checks_out(view: memoryview, at: int, length: int) -> bool:
-    """Whether the record at `at`, its body `length` bytes, lies whole in `view` and verifies."""
-    end = at + 6 + length + _DIGEST
+def _record_head(length: int, version: int) -> bytes:
+    lead = MAGIC + _LENGTH.pack(length)
+    return lead if version == 1 else lead + _head_check(lead)
+
+
+def _head_check(lead: bytes | memoryview) -> bytes:
+    return _LENGTH.pack(xxhash.xxh32_intdigest(lead))
+
+
+def _checks_out(view: memoryview, at: int, length: int, head: int = 6) -> bool:
+    """Whether the record at `at`, its header `head` bytes and its body `length`, lies whole
+    in `view` and verifies."""
+    end = at + head + length + _DIGEST
     if length < 4 or end > len(view):
         return False
-    return xxhash.xxh3_128_digest(view[at + 6 : end - _DIGEST]) == view[end - _DIGEST : end]
+    return xxhash.xxh3_128_digest(view[at + head : end - _DIGEST]) == view[end - _DIGEST : end]
 
 
 def _damaged_length(data: bytes, at: int, length: int) -> str:
-    """Why the record at `at`, whose `length` runs past the end of `data`, is whole records
-    behind a damaged length rather than a torn tail ('' when it is torn): a whole record begins
-    after its header, or its own bytes to the end verify as one record."""
+    """Why the version-1 record at `at`, whose `length` runs past the end of `data`, is whole
+    records behind a damaged length rather than a torn tail ('' when it is torn): a whole record
+    begins after its header, or its own bytes to the end verify as one record."""
     whole = _next_whole_record(data, at + 6)
     if whole is not None:
         follows = f"a whole record follows at byte {whole}"
@@ -99,9 +116,9 @@ def _damaged_length(data: bytes, at: int, length: int) -> str:
 
 
 def _next_whole_record(data: bytes, start: int) -> int | None:
-    """Where the first record at or after `start` begins from which whole records (each its
-    magic, a length within `data`, its checksum) follow one another to exactly the end of
-    `data`; None when there is none. Records that stop short of the end are bytes of a value
+    """Where the first version-1 record at or after `start` begins from which whole records
+    (each its magic, a length within `data`, its checksum) follow one another to exactly the
+    end of `data`; None when there is none. Records that stop short of the end are bytes of a value
     (a torn last record whose value holds encoded records), not saved records: a saved record
     is followed by the next one or by the end of the log."""
     view = memoryview(data)
@@ -132,6 +149,14 @@ def _reaches_the_end(view: memoryview, at: int, dead: set[int]) -> bool:
     return False
 
 
+def _torn_head(data: bytes, at: int, size: int) -> bool:
+    """Whether what lies at `at`, where a record's header of `size` bytes is due, is the start
+    of one cut short: less than a header before the end of the file or a tail of zeros (a file
+    grown before its last bytes landed)."""
+    written = data[at:].rstrip(b"\0")
+    return len(written) < size and MAGIC.startswith(written[:2])
+
+
 def _read_from_start(fd: int) -> bytes:
     """Every byte of the file open at `fd`; OSError."""
     with open(fd, "rb", closefd=False) as file:
@@ -153,6 +178,7 @@ class KvLog:
     def __init__(self, directory: Path) -> None:
         self.path = directory / FILE_NAME
         self._job: str | None = None  # the job of the log on disk, once read or written
+        self._version = VERSION  # the format of its records
         self._size = 0  # bytes of the file that hold the header and whole records
         self._record_sizes: dict[str, int] = {}  # the size of the newest record of each key
         self._live = 0  # the header and the newest record of each key: the compacted size
@@ -190,43 +216,52 @@ class KvLog:
         parts = line.split(b" ", 2)
         if not newline or len(parts) != 3 or parts[0] != FORMAT:
             raise StateFileError(f"{self.path} is not a cluster key-value log: {ADVICE}")
-        if not parts[1].isdigit() or int(parts[1]) > VERSION:
+        if not parts[1].isdigit() or not 1 <= int(parts[1]) <= VERSION:
             raise StateFileError(
-                f"the key-value log {self.path} has format version {parts[1]!r}, but this "
-                f"cluster reads version {VERSION} at most: {ADVICE}"
+                f"the key-value log {self.path} has format version "
+                f"{parts[1].decode(errors='replace')!r}, but this "
+                f"cluster reads versions 1 to {VERSION}: {ADVICE}"
             )
         if parts[2].decode(errors="replace") != job:
             return None
-        values, end = self._records(data, len(line) + 1)
-        self._job, self._size = job, end
-        self._record_sizes = {key: record_size(key, value) for key, value in values.items()}
-        self._live = len(line) + 1 + sum(self._record_sizes.values())
+        version = int(parts[1])
+        values, end = self._records(data, len(line) + 1, version)
+        self._job, self._size, self._version = job, end, version
+        self._count(values, len(line) + 1)
         return values
+
+    def _count(self, values: Mapping[str, bytes], header: int) -> None:
+        """Take the sizes of a log of `values` in this log's version, after a `header`."""
+        self._record_sizes = {k: record_size(k, v, self._version) for k, v in values.items()}
+        self._live = header + sum(self._record_sizes.values())
 
     def _unreadable(self, exc: OSError) -> StateFileError:
         return StateFileError(f"cannot read the key-value log {self.path} ({exc.strerror})")
 
-    def _records(self, data: bytes, start: int) -> tuple[dict[str, bytes], int]:
-        """Every whole record from `start`, and where they end (a torn tail is dropped)."""
+    def _records(self, data: bytes, start: int, version: int) -> tuple[dict[str, bytes], int]:
+        """Every whole record from `start`, in `version`'s format, and where they end (a torn
+        tail is dropped)."""
         values: dict[str, bytes] = {}
         view = memoryview(data)  # slices of a view copy nothing: each value is copied once
-        at = start
+        size, at = _HEAD_BYTES[version], start
         while at < len(data):
-            head = data[at : at + 6]
-            if len(head) < 6 or head[:2] != MAGIC:
-                if not data[at:].strip(b"\0") or (len(head) < 6 and MAGIC.startswith(head[:2])):
+            head = data[at : at + size]
+            whole = len(head) == size and head[:2] == MAGIC
+            if not whole or (version > 1 and _head_check(head[:6]) != head[6:]):
+                if _torn_head(data, at, size):
                     break  # a torn tail: never acknowledged
-                raise self._corrupt(at, "no record starts there")
-            (length,) = _LENGTH.unpack(head[2:])
-            end = at + 6 + length + _DIGEST
+                why = "a record's header fails its check" if whole else "no record starts there"
+                raise self._corrupt(at, why)
+            (length,) = _LENGTH.unpack(head[2:6])
+            end = at + size + length + _DIGEST
             if end > len(data):
-                damaged = _damaged_length(data, at, length)
+                damaged = _damaged_length(data, at, length) if version == 1 else ""
                 if not damaged:
                     break  # torn
                 raise self._corrupt(at, damaged)
-            if not _checks_out(view, at, length):
+            if not _checks_out(view, at, length, size):
                 raise self._corrupt(at, "a record fails its checksum")
-            body = view[at + 6 : at + 6 + length]
+            body = view[at + size : at + size + length]
             (key_length,) = _LENGTH.unpack(body[:4])
             try:
                 key = str(body[4 : 4 + key_length], "utf-8")
@@ -246,7 +281,9 @@ class KvLog:
         batch is not durable; a failed compaction afterwards is logged, never raised."""
         if self._job != job:
             self.reset(job)
-        records = {key: encode_record(key, value) for key, value in changes.items()}
+        elif self._version != VERSION:
+            self._compact_logging_failure()  # an older format's log is rewritten in this one
+        records = {k: encode_record(k, v, self._version) for k, v in changes.items()}
         data = b"".join(records.values())
         fd = self._open_own()
         try:
@@ -263,7 +300,7 @@ class KvLog:
             self._live += len(record) - self._record_sizes.get(key, 0)
             self._record_sizes[key] = len(record)
         if needs_compaction(self._size, self._live):
-            self._compact_after_append()
+            self._compact_logging_failure()
 
     def _open_own(self) -> int:
         """The log at the path, open for writing; FencedError when it is not the file this log
@@ -292,7 +329,7 @@ class KvLog:
             "another scheduler may write there now, so nothing is written to it"
         )
 
-    def _compact_after_append(self) -> None:
+    def _compact_logging_failure(self) -> None:
         """Compact; a failure is logged once until a compaction succeeds again."""
         try:
             self.compact()
@@ -327,10 +364,12 @@ class KvLog:
             raise self._compaction_failed(exc) from None
         if values is None:
             raise StateFileError(f"{self.path} has become another job's key-value log: {ADVICE}")
-        data = _header(job) + b"".join(encode_record(k, v) for k, v in values.items())
+        header = _header(job)
+        data = header + b"".join(encode_record(k, v) for k, v in values.items())
 
         def compacted() -> None:
-            self._size = len(data)  # == self._live, as `_parse` counted it
+            self._version, self._size = VERSION, len(data)
+            self._count(values, len(header))  # in this version: `_live` is the size written
 
         self._replace(data, self._compaction_failed, compacted)
 
@@ -340,7 +379,7 @@ class KvLog:
 
         def emptied() -> None:
             self._job, self._size, self._live = job, len(header), len(header)
-            self._record_sizes = {}
+            self._version, self._record_sizes = VERSION, {}
 
         self._replace(header, self._failed, emptied)
 

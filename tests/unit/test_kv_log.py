@@ -27,7 +27,7 @@ def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def header_bytes(job: str) -> int:
-    return len(f"cluster-kv 1 {job}\n".encode())
+    return len(f"cluster-kv 2 {job}\n".encode())
 
 
 def compacted_size(values: dict[str, bytes], job: str = JOB) -> int:
@@ -169,17 +169,51 @@ def logged(directory: Path, batches: list[dict[str, bytes]]) -> list[int]:
     return starts
 
 
+def version_1_log(directory: Path, batches: list[dict[str, bytes]]) -> list[int]:
+    """A log of `batches` in format version 1 (record headers without a check), as an older
+    cluster wrote it; where each batch's first record begins."""
+    data, starts = f"cluster-kv 1 {JOB}\n".encode(), []
+    for batch in batches:
+        starts.append(len(data))
+        data += b"".join(encode_record(k, v, version=1) for k, v in batch.items())
+    (directory / FILE_NAME).write_bytes(data)
+    return starts
+
+
+@pytest.mark.parametrize("damaged", [1, 3])
+def test_a_damaged_length_of_a_saved_record_fails_its_header_check(
+    tmp_path: Path, damaged: int
+) -> None:
+    """One bit of a saved record's length flipped, so that the record seems to run past the end
+    of the log (the second record, or the last): its header's check tells the length is
+    damaged, whatever follows. It was acknowledged: the log is reported, never loaded without
+    it or cut."""
+    starts = logged(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
+    path = tmp_path / FILE_NAME
+    data = bytearray(path.read_bytes())
+    data[starts[damaged] + 2] ^= 0x80  # the length's high byte: 2 GiB past the end
+    path.write_bytes(data)
+    log = KvLog(tmp_path)
+    with pytest.raises(StateFileError) as caught:
+        log.load(JOB)
+    message = str(caught.value)
+    assert f"the key-value log {path} is corrupt at byte {starts[damaged]}" in message
+    assert "(a record's header fails its check)" in message
+    assert kv_log.ADVICE in message
+    assert path.read_bytes() == data  # nothing cut: what to do is the operator's call
+
+
 @pytest.mark.parametrize(
     ("damaged", "follows"),
     [(1, "a whole record follows at byte {next}"), (3, "its bytes to the end of the file are")],
 )
-def test_a_damaged_length_of_a_saved_record_is_corruption_never_a_torn_tail(
+def test_a_damaged_length_in_a_version_1_log_is_corruption_never_a_torn_tail(
     tmp_path: Path, damaged: int, follows: str
 ) -> None:
-    """One bit of a saved record's length flipped, so that the record seems to run past the end
-    of the log (the second record: whole ones follow it; the last: it is whole itself). They
-    were acknowledged: the log is reported, never loaded without them or cut."""
-    starts = logged(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
+    """Version 1's headers have no check: a length that runs past the end is damage when whole
+    records follow its header to the end (the second record), or its own bytes to the end are
+    one whole record (the last)."""
+    starts = version_1_log(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
     path = tmp_path / FILE_NAME
     data = bytearray(path.read_bytes())
     data[starts[damaged] + 2] ^= 0x80  # the length's high byte: 2 GiB past the end
@@ -214,6 +248,28 @@ def test_a_torn_last_record_is_dropped_and_the_next_append_overwrites_it(
     replayed = KvLog(tmp_path)
     assert replayed.load(JOB) == {"a": b"a" * 8, "b": b"b" * 8, "d": b"d"}
     replayed.close()
+
+
+@pytest.mark.parametrize("kept", range(1, record_size("c", b"c" * 8)))
+def test_a_tail_of_zeros_in_place_of_a_header_is_torn(tmp_path: Path, kept: int) -> None:
+    """A crash that grew the file but left the end of the last append unwritten (zeros, as on a
+    file system that grows a file before its data lands). Cut in its header, the record was
+    never acknowledged, and loading drops it; a whole header with zeros for its body is damage
+    it cannot tell from a tear, and is reported."""
+    logged(tmp_path, [{"a": b"a" * 8}])
+    path = tmp_path / FILE_NAME
+    whole = path.stat().st_size
+    record = encode_record("c", b"c" * 8)
+    with path.open("ab") as file:
+        file.write(record[:kept] + bytes(len(record) - kept))
+    log = KvLog(tmp_path)
+    if kept >= kv_log._HEAD_BYTES[kv_log.VERSION]:
+        with pytest.raises(StateFileError, match="a record fails its checksum"):
+            log.load(JOB)
+        return
+    assert log.load(JOB) == {"a": b"a" * 8}
+    assert log.size == whole
+    log.close()
 
 
 INNER = encode_record("x", b"y" * 10)
@@ -264,3 +320,50 @@ def test_an_append_never_writes_a_log_that_replaced_its_own(tmp_path: Path) -> N
         ours.append(JOB, {"c": b"3"})
     assert not (tmp_path / FILE_NAME).exists()
     ours.close()
+
+
+@pytest.mark.parametrize("inner", [1, 2])
+def test_a_torn_record_cut_where_a_record_in_its_value_ends_is_a_torn_tail(
+    tmp_path: Path, inner: int
+) -> None:
+    """A member's value that holds encoded records, its append cut by a crash exactly where one
+    of them ends: in version 1 that looked like whole records behind a damaged length, and the
+    scheduler refused to start. The header's check says the length is whole: the tail is torn,
+    and the acknowledged keys load."""
+    value = b"p" + INNER + INNER + b"z" * 100
+    starts = logged(tmp_path, [{"a": b"1"}, {"blob": value}])
+    path = tmp_path / FILE_NAME
+    inner_end = value.index(INNER) + inner * len(INNER)
+    head = kv_log._HEAD_BYTES[kv_log.VERSION] + 4 + len(b"blob")
+    os.truncate(path, starts[1] + head + inner_end)
+    log = KvLog(tmp_path)
+    assert log.load(JOB) == {"a": b"1"}
+    assert log.size == starts[1]
+    log.close()
+
+
+def test_a_version_1_log_loads_and_its_first_append_rewrites_it_in_version_2(
+    tmp_path: Path,
+) -> None:
+    """A log an older cluster wrote (a scheduler restarted on a newer one mid-job): its values
+    load, and the first append rewrites it in this version before adding its batch, so that no
+    log mixes two formats; the counts follow the rewritten log."""
+    version_1_log(tmp_path, [{"a": b"1" * 10}, {"b": b"2" * 10}, {"a": b"3" * 10}])
+    log = KvLog(tmp_path)
+    assert log.load(JOB) == {"a": b"3" * 10, "b": b"2" * 10}
+    log.append(JOB, {"c": b"4"})
+    path = tmp_path / FILE_NAME
+    assert path.read_bytes().startswith(f"cluster-kv {kv_log.VERSION} {JOB}\n".encode())
+    values = {"a": b"3" * 10, "b": b"2" * 10, "c": b"4"}
+    assert log.size == path.stat().st_size == log.live == compacted_size(values)
+    log.close()
+    replayed = KvLog(tmp_path)
+    assert replayed.load(JOB) == values
+    replayed.close()
+
+
+def test_a_log_of_a_newer_or_unknown_version_is_refused_naming_it(tmp_path: Path) -> None:
+    for version in ("0", "3", "x"):
+        (tmp_path / FILE_NAME).write_bytes(f"cluster-kv {version} {JOB}\n".encode())
+        with pytest.raises(StateFileError, match=f"has format version '{version}', but this"):
+            KvLog(tmp_path).load(JOB)

@@ -54,9 +54,15 @@ def in_order(path: Path) -> list[Path]:
 
 
 def rotate(path: Path, keep: int) -> None:
-    """FILE -> FILE.1 -> ... -> FILE.<keep>; the oldest beyond `keep` is removed."""
-    with contextlib.suppress(FileNotFoundError):
-        old_file(path, keep).unlink()
+    """FILE -> FILE.1 -> ... -> FILE.<keep>; the old files from FILE.<keep> on are removed
+    (more than one where `keep` was higher for an earlier writer of the file)."""
+    number = keep
+    while True:
+        try:
+            old_file(path, number).unlink()
+        except FileNotFoundError:
+            break
+        number += 1
     for number in range(keep - 1, 0, -1):
         with contextlib.suppress(FileNotFoundError):
             old_file(path, number).rename(old_file(path, number + 1))

@@ -105,6 +105,22 @@ def test_only_the_newest_keep_files_are_kept(tmp_path: Path) -> None:
     assert shown == list(range(shown[0], 200))  # the newest, in order, none twice
 
 
+def test_a_writer_that_keeps_fewer_removes_the_old_files_past_its_keep(tmp_path: Path) -> None:
+    """A scheduler started again with a lower CLUSTER_LOG_KEEP: its first rotation removes the
+    old files past its own keep too, and readers see only what it keeps."""
+    path = tmp_path / "events.jsonl"
+    log = EventFile(path, LogRotation(max_bytes=1024, keep=5))
+    for seq in range(1, 400):
+        log.write(event(seq).to_json())
+    log.close()
+    assert len(sizes(path)) == 6
+    log = EventFile(path, SMALL)
+    for seq in range(400, 430):
+        log.write(event(seq).to_json())
+    log.close()
+    assert sorted(sizes(path)) == ["events.jsonl", "events.jsonl.1", "events.jsonl.2"]
+
+
 def test_following_a_log_goes_on_across_its_rotations(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     writer = RotatingFile(path, SMALL)

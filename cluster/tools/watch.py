@@ -59,6 +59,8 @@ NODE_FIELDS = ("rank", "state", "connected", "incarnation", "restarts", "checkpo
 HIGHLIGHT = "bold black on yellow"
 # The least time between two opens of the event stream (a refused one is opened again after it).
 RESTART_S = 1.0
+# The range of --interval: a shorter one would have the view ask the scheduler back to back.
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.1, 86400.0
 _OVER = (Phase.FINISHED, Phase.FAILED)
 
 
@@ -478,8 +480,11 @@ def run(
     answered at first, or when none answered for `events.RECONNECT_S` since. With several
     addresses it follows the leader among them. `secret`: what proves this reader
     (`cluster.tools.reading`)."""
-    if not interval_s > 0:
-        raise ConfigError(f"--interval {interval_s} must be a positive number of seconds")
+    if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:  # also refuses nan
+        raise ConfigError(
+            f"--interval {interval_s:g} is out of range: it must be a number of seconds from "
+            f"{MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} (each view asks the scheduler once)"
+        )
     listed = [addresses] if isinstance(addresses, str) else list(addresses)
 
     async def main() -> int:

@@ -390,3 +390,10 @@ async def test_a_watch_that_saw_no_view_before_the_end_says_the_end() -> None:
     watcher = Watcher(fetch, follow, out, interval_s=0.01, terminal=True)
     assert await asyncio.wait_for(watcher.run(), BOUND_S) == 0
     assert "the job finished: all 2 nodes finished" in "\n".join(last_frame(out.getvalue()))
+
+
+@pytest.mark.parametrize("interval_s", [0.0, 1e-300, 0.05, float("nan"), float("inf"), -1.0])
+def test_an_interval_out_of_range_is_refused_before_anything_is_asked(interval_s: float) -> None:
+    """`--interval 1e-300` had the view ask the scheduler back to back."""
+    with pytest.raises(ConfigError, match=r"--interval .* is out of range: .* from 0\.1 to 86400"):
+        watch.run("127.0.0.1:1", None, interval_s=interval_s, out=io.StringIO())

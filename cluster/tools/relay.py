@@ -49,6 +49,7 @@ from cluster.protocol.environment import (
     tls_options_from_env,
 )
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import split_address
 from cluster.storage import holder_lock
 from cluster.transport import collector
 from cluster.worker import orphan
@@ -88,7 +89,9 @@ def settings_from_env(
 ) -> RelaySettings:
     """The relay of the launch environment `env`, serving at `socket` (unix:PATH or PATH);
     `scheduler` (HOST:PORT) instead of MS_SCHED_HOST and MS_SCHED_PORT when given."""
-    if scheduler is not None:
+    if scheduler is not None:  # checked as itself: an error names the option, not the variable
+        for entry in scheduler.split(","):
+            split_address("--scheduler", entry.strip())
         env = {**env, "CLUSTER_SCHED_ADDRS": scheduler}
     workers, servers = node_counts_from_env(env)
     silent = parse_bool("MS_DISABLE_HEARTBEAT", env.get("MS_DISABLE_HEARTBEAT", "0") or "0")

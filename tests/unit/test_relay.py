@@ -220,6 +220,14 @@ def test_the_relay_takes_the_job_and_the_scheduler_from_the_launch_environment()
     assert both.schedulers == ("10.0.0.1:8118", "10.0.0.2:8118")
 
 
+@pytest.mark.parametrize("scheduler", ["abc", "", "h:9,", "h:0"])
+def test_a_bad_scheduler_option_is_refused_naming_the_option(scheduler: str) -> None:
+    """`mscluster relay --scheduler abc` blamed CLUSTER_SCHED_ADDRS, which the user never set,
+    and `--scheduler ''` fell back to MS_SCHED_HOST without a word."""
+    with pytest.raises(ConfigError, match=r"^--scheduler .* must be HOST:PORT"):
+        settings_from_env(BASE, "/r.sock", scheduler)
+
+
 def test_a_relay_started_by_hand_ends_with_the_job_and_a_launchers_does_not() -> None:
     """`mscluster run` stops its relay (and would take its exit for a failure to restart): only
     a relay whose parent is not its launcher ends by itself once the job is over."""

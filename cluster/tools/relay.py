@@ -233,7 +233,8 @@ class Relay:
             await upstream.close()  # type: ignore[attr-defined]
         # Only the socket this relay bound, if it is still the one at the path: a relay that
         # did not start, or whose path was taken over since, leaves what is there.
-        if self._bound is not None and _identity(self.settings.path) == self._bound:
+        ours = self._bound is not None and _identity(self.settings.path) == self._bound
+        if ours:
             with contextlib.suppress(OSError):
                 self.settings.path.unlink()
         self._bound = None
@@ -241,7 +242,21 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
             self._watch = None
-        self._lock.release()  # the file stays (`holder_lock`)
+        self._lock.release()  # the file stays (`holder_lock`), but for a launcher's relay:
+        if ours and not self.settings.ends_with_job:
+            _clear_launchers_directory(self.settings.path)
+
+
+def _clear_launchers_directory(path: Path) -> None:
+    """The lock file beside `path` and the directory of both, once emptied. A relay that
+    `mscluster run` started serves in a directory of that launcher's own (mode 0700), where no
+    other relay locks the path: the relay removes it at its end, so that a launcher that is gone
+    without removing it (SIGKILL, the OOM killer) leaves nothing behind in the temporary
+    directory."""
+    with contextlib.suppress(OSError):
+        holder_lock.lock_path(path).unlink()
+    with contextlib.suppress(OSError):
+        path.parent.rmdir()  # only when empty: nothing else of anyone's is removed
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

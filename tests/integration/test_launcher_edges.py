@@ -235,6 +235,25 @@ def test_sighup_stops_every_child_and_removes_the_relay_directory(
     wait_until(lambda: not processes_running(str(script)), 10, "no process of the job left")
 
 
+def test_a_launcher_killed_leaves_no_relay_directory_behind(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """SIGKILL of `mscluster run` (the OOM killer, a preempted node): it removes nothing, but
+    its relay, which stops once its launcher is gone, takes its socket, its lock file and their
+    directory with it."""
+    script = private_copy(tmp_path)
+    run = processes.start("run", hold_args(tmp_path, script), os.environ)
+    run.wait_for_output("2/2 registered (ready)", 30)
+    relay = Path(f"/proc/{launched(tmp_path / 'logs', 'relay')}/cmdline").read_bytes()
+    (socket,) = [arg for arg in relay.decode().split("\0") if arg.startswith("unix:")]
+    directory = Path(socket.removeprefix("unix:")).parent
+    assert sorted(p.name for p in directory.iterdir()) == ["relay.sock", "relay.sock.lock"]
+    run.popen.kill()
+    run.wait(15)
+    wait_until(lambda: not processes_running(str(script)), 30, "no process of the job left")
+    wait_until(lambda: not directory.exists(), 30, f"{directory} to be removed by the relay")
+
+
 def ignores_sighup(pid: int) -> bool:
     """Whether process `pid` ignores SIGHUP (its SigIgn mask in /proc)."""
     status = Path(f"/proc/{pid}/status").read_text()

@@ -187,12 +187,27 @@ def relay_address(name: str, raw: str) -> str:
             f"{name}={shown(raw)} is not a relay address: give unix:PATH, the path of the relay's "
             "socket (mscluster relay --socket PATH)"
         )
-    if len(path.encode()) > MAX_SOCKET_PATH:
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:  # the bytes as given, in any encoding
         raise ConfigError(
             f"{name}={shown(raw)} is too long for a unix socket: its path must be at most "
             f"{MAX_SOCKET_PATH} bytes"
         )
+    if not _utf8(path):
+        raise ConfigError(
+            f"{name}={shown(raw)} is not UTF-8: gRPC names a unix socket in UTF-8 only; give "
+            "the relay's socket a path of UTF-8 characters"
+        )
     return RELAY_SCHEME + path
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is UTF-8 text: not bytes that are not, which os.environ and sys.argv
+    carry as lone surrogates (surrogateescape)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def node_counts_from_env(env: Mapping[str, str]) -> tuple[int, int]:
@@ -356,19 +371,23 @@ def log_rotation_from_env(env: Mapping[str, str]) -> LogRotation:
 
 
 def job_secret_from_env(env: Mapping[str, str]) -> JobSecretSource | None:
-    """CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET; None when neither is set."""
+    """CLUSTER_JOB_SECRET_FILE or CLUSTER_JOB_SECRET; None when neither is set.
+
+    The variable's secret is its bytes as the process got them (`os.fsencode`: bytes that are
+    not UTF-8 too), stripped as the file's are, so both forms of one secret are the same bytes
+    in every process of the job."""
     path = env.get("CLUSTER_JOB_SECRET_FILE", "").strip()
     if path:
         return JobSecretSource(path=Path(path))
     if "CLUSTER_JOB_SECRET" not in env:
         return None
-    value = env["CLUSTER_JOB_SECRET"].strip()
+    value = os.fsencode(env["CLUSTER_JOB_SECRET"]).strip()
     if not value:
         raise ConfigError(
             "CLUSTER_JOB_SECRET is set but empty: an empty secret proves nothing; give every "
             "process of the job the same secret (e.g. `openssl rand -hex 32`), or unset it"
         )
-    return JobSecretSource(value=value.encode())
+    return JobSecretSource(value=value)
 
 
 def read_job_secret(source: JobSecretSource, named: str | None = None) -> bytes:
@@ -436,9 +455,9 @@ def tls_options_from_env(
             return None
         config_path = Path(raw)
 
-    def password(name: str) -> bytes | None:
+    def password(name: str) -> bytes | None:  # its bytes as given, as a password file's are
         value = env.get(name)
-        return value.encode() if value else None
+        return os.fsencode(value) if value else None
 
     def path(name: str) -> Path | None:
         value = env.get(name, "").strip()

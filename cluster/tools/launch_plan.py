@@ -9,6 +9,7 @@ finds the job secret, then asks `make_plan` what to start, and starts exactly th
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,7 +147,7 @@ def launcher_name(options: LaunchOptions, hostname: str) -> str:
     launchers of one job on one host hold two log directories (`launch_lock`), so their names
     differ; the same command run again on the same host with the same --log-dir (the host
     rebooted) names its workers as before, and with recovery they rejoin their ranks."""
-    path = str(options.log_dir.resolve()).encode()
+    path = os.fsencode(options.log_dir.resolve())  # its bytes, UTF-8 or not
     return f"{hostname}-{hashlib.sha256(path).hexdigest()[:8]}"
 
 

@@ -406,6 +406,24 @@ def test_a_bad_job_secret_is_one_clear_line(
     assert not processes_running(str(script))
 
 
+def test_a_job_secret_that_is_not_utf8_is_proved_by_every_process(tmp_path: Path) -> None:
+    """CLUSTER_JOB_SECRET of bytes that are not UTF-8 was a UnicodeEncodeError traceback in the
+    launcher; the scheduler and each worker read the same bytes, so the job forms."""
+    script = private_copy(tmp_path)
+    env = {**os.environ, "CLUSTER_JOB_SECRET": os.fsdecode(b"\xff secret \xfe\x80")}
+    logs = tmp_path / "logs"
+    for dry_run in (["--dry-run"], []):
+        args = run_args(*dry_run, script, worker_num=2, master_port=free_port(), log_dir=logs)
+        result = subprocess.run(
+            args, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0, (dry_run, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert "nodes join with proof of the job secret" in (logs / "scheduler.log").read_text()
+    assert not (logs / "job.secret").exists()  # the given one, not one made here
+    assert not processes_running(str(script))
+
+
 def test_missing_script_is_one_clear_line(tmp_path: Path) -> None:
     result = subprocess.run(
         run_args(tmp_path / "nope.py", master_port=free_port(), log_dir=tmp_path / "logs"),

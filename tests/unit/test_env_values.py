@@ -1,7 +1,11 @@
 """Each value of the launch environment is read one way, whoever reads it: integers and seconds
-in ASCII digits, hosts to their last character, bad values quoted short, seconds bounded."""
+in ASCII digits, hosts to their last character, bad values quoted short, seconds bounded,
+secrets and passwords as the bytes given."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -10,11 +14,19 @@ from cluster.protocol.config import (
     MAX_SECONDS,
     MIN_HEARTBEAT_INTERVAL_S,
     MIN_NODE_TIMEOUT_S,
+    JobSecretSource,
     parse_int,
     parse_seconds,
     valid_node_id,
 )
-from cluster.protocol.environment import from_env
+from cluster.protocol.environment import (
+    MAX_SOCKET_PATH,
+    from_env,
+    job_secret_from_env,
+    read_job_secret,
+    relay_from_env,
+    tls_options_from_env,
+)
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host
 from cluster.protocol.state_url import parse_lease, parse_state_url
@@ -105,6 +117,49 @@ def test_a_node_id_is_checked_to_its_last_character(node_id: str) -> None:
     """From the wire a node id is not stripped: a newline at its end is no node id."""
     assert not valid_node_id(node_id)
     assert valid_node_id(node_id.rstrip("\n").replace("\n", ""))
+
+
+# -- bytes as given ---------------------------------------------------------------------------
+
+# What a process gets for a variable (or an argument) whose bytes are not UTF-8: lone
+# surrogates (surrogateescape), which str.encode() refuses with a traceback.
+NOT_UTF8 = b" \xffab\xc3( \n"
+
+
+def test_a_secret_that_is_not_utf8_is_its_bytes_in_both_forms(tmp_path: Path) -> None:
+    """CLUSTER_JOB_SECRET of bytes that are not UTF-8 was a UnicodeEncodeError traceback in
+    every process; the variable and the file of the same bytes are the same secret."""
+    source = job_secret_from_env({"CLUSTER_JOB_SECRET": os.fsdecode(NOT_UTF8)})
+    assert source is not None
+    path = tmp_path / "job.secret"
+    path.write_bytes(NOT_UTF8)
+    path.chmod(0o600)
+    from_file = read_job_secret(JobSecretSource(path=path))
+    assert read_job_secret(source) == from_file == b"\xffab\xc3("
+
+
+def test_a_tls_password_that_is_not_utf8_is_its_bytes() -> None:
+    given = {
+        "CLUSTER_TLS_CONFIG": "ssl.json",
+        "CLUSTER_TLS_CLIENT_PASSWORD": os.fsdecode(b"pw\xff"),
+        "CLUSTER_TLS_SERVER_PASSWORD": os.fsdecode(b"\xfe "),
+    }
+    options = tls_options_from_env(given)
+    assert options is not None
+    assert (options.client_password, options.server_password) == (b"pw\xff", b"\xfe ")
+
+
+@pytest.mark.parametrize(
+    ("path", "rule"),
+    [
+        (b"/" + b"\xff" * MAX_SOCKET_PATH, f"must be at most {MAX_SOCKET_PATH} bytes"),
+        (b"/run/\xff.sock", "is not UTF-8: gRPC names a unix socket in UTF-8 only"),
+    ],
+)
+def test_a_relay_path_that_is_not_utf8_is_one_clear_error(path: bytes, rule: str) -> None:
+    """Its length was a UnicodeEncodeError traceback; gRPC cannot name such a socket at all."""
+    with pytest.raises(ConfigError, match=rf"^CLUSTER_RELAY='unix:/.*{rule}"):
+        relay_from_env({"CLUSTER_RELAY": "unix:" + os.fsdecode(path)})
 
 
 # -- a bad value quoted short -----------------------------------------------------------------

@@ -4,6 +4,8 @@ defaults; and the plan of processes that `mscluster run` (and --dry-run) makes f
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -338,6 +340,22 @@ def test_a_launcher_run_again_names_its_workers_as_before(
 
     assert ids(Path("logs"), 99) == ids(Path("logs"), 4242) == ids(tmp_path / "logs", 7)
     assert set(ids(Path("logs"), 99)).isdisjoint(ids(Path("other-logs"), 99))
+
+
+def test_a_log_directory_that_is_not_utf8_names_the_launcher_by_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--log-dir of bytes that are not UTF-8 was a UnicodeEncodeError traceback; a UTF-8 one
+    keeps the name it had (its workers rejoin their ranks after an upgrade)."""
+    here = tmp_path.resolve()
+    monkeypatch.chdir(here)
+    name = launch_plan.launcher_name(options(log_dir=Path(os.fsdecode(b"logs-\xff"))), "gpu08")
+    digest = hashlib.sha256(bytes(here / os.fsdecode(b"logs-\xff"))).hexdigest()[:8]
+    assert name == f"gpu08-{digest}"
+    kept = hashlib.sha256(str(here / "logs-\u00e9").encode()).hexdigest()[:8]
+    assert launch_plan.launcher_name(options(log_dir=Path("logs-\u00e9")), "gpu08") == (
+        f"gpu08-{kept}"
+    )
 
 
 def test_a_child_gets_the_launchers_environment_without_the_variables_it_sets() -> None:

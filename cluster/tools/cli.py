@@ -164,8 +164,8 @@ def _add_certs_options(cert: argparse.ArgumentParser) -> None:
     cert.add_argument(
         "--host",
         action="append",
-        help="another name or address of the scheduler for its certificate (repeatable); "
-        "127.0.0.1, ::1 and localhost are always in",
+        help="another name or address of the scheduler for its certificate (repeatable; an "
+        "IPv6 address maybe in [ ]); 127.0.0.1, ::1 and localhost are always in",
     )
     cert.add_argument("--force", action="store_true", help="overwrite existing files")
     cert.set_defaults(func=commands.cmd_certs)

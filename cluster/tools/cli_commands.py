@@ -257,6 +257,8 @@ def cmd_certs(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is not a directory: give a directory to write to")
+    for host in args.host or ():
+        certs.server_name("--host", host)
     if not args.force and (held := certs.held_files(out)):
         raise ConfigError(
             f"{out} already holds {', '.join(held)}: choose an empty directory, or overwrite "

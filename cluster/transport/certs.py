@@ -15,6 +15,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cluster.protocol.errors import ConfigError
+from cluster.protocol.parse import MAX_HOST_CHARS, shown
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
@@ -143,14 +145,36 @@ def new_ca(
     return Authority(cert, key)
 
 
+# A DNS name as a certificate holds it: ASCII labels of letters, digits, '-' and '_' (not at
+# a label's ends), at most 63 characters each, separated by dots.
+_DNS_NAME_RE = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
+
+
+def server_name(name: str, host: str) -> x509.GeneralName:
+    """`host` as a server certificate names it: an IP address (an IPv6 one maybe in brackets,
+    as the rest of the CLI takes it) or a DNS name of at most MAX_HOST_CHARS; else a
+    ConfigError naming `name` (the option) and quoting `host`. Stricter than `check_host`: a
+    certificate holds no %zone, and no ':' or brackets in a name."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        address = None
+    if address is not None and not getattr(address, "scope_id", None):
+        return x509.IPAddress(address)
+    if bare == host and len(host) <= MAX_HOST_CHARS and _DNS_NAME_RE.fullmatch(host):
+        return x509.DNSName(host)
+    raise ConfigError(
+        f"{name} {shown(host)} is neither an IP address nor a host name a certificate can hold: "
+        "give an address (an IPv6 one maybe in [ ], without a %zone) or a name of at most "
+        f"{MAX_HOST_CHARS} ASCII letters, digits, - and _ in labels of at most 63, separated by "
+        "dots"
+    )
+
+
 def _san(names: Sequence[str]) -> x509.SubjectAlternativeName:
-    entries: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            entries.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            entries.append(x509.DNSName(name))
-    return x509.SubjectAlternativeName(entries)
+    entries = [server_name("a server certificate's name", name) for name in names]
+    return x509.SubjectAlternativeName(list(dict.fromkeys(entries)))
 
 
 def issue(

@@ -55,6 +55,18 @@ def test_certs_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert certs(tmp_path, "--force").returncode == 0
 
 
+def test_certs_refuses_a_host_no_certificate_can_hold_in_one_line(tmp_path: Path) -> None:
+    made = certs(tmp_path / "pki", "--host", "sched.example", "--host", "\u00e9.example")
+    assert made.returncode == 2
+    assert made.stderr.strip().splitlines() == [
+        "mscluster: ConfigError: --host '\u00e9.example' is neither an IP address nor a host "
+        "name a certificate can hold: give an address (an IPv6 one maybe in [ ], without a "
+        "%zone) or a name of at most 253 ASCII letters, digits, - and _ in labels of at most "
+        "63, separated by dots"
+    ]
+    assert not (tmp_path / "pki").exists()  # checked before anything is made
+
+
 def test_certs_force_replaces_secrets_owner_only_never_writing_through_a_link(
     tmp_path: Path,
 ) -> None:

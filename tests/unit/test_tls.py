@@ -82,6 +82,27 @@ def test_make_pki_adds_hosts_to_the_server_certificate(tmp_path: Path) -> None:
     assert {"sched.example", "10.1.2.3"} <= {str(n.value) for n in names.value}
 
 
+def test_a_bracketed_ipv6_host_is_an_ip_address_of_the_server_certificate(tmp_path: Path) -> None:
+    """`--host [2001:db8::5]`, as the rest of the CLI takes an IPv6 address, was written as a
+    DNS name that no address ever matches."""
+    made = certs.make_pki(tmp_path, hosts=["[2001:db8::5]", "[::1]"])
+    server = tls.load_identity(TLSOptions(made.ssl_json), server=True)
+    names = server.cert.extensions.get_extension_for_class(certs.x509.SubjectAlternativeName)
+    addresses = names.value.get_values_for_type(certs.x509.IPAddress)
+    assert [str(a) for a in addresses] == ["127.0.0.1", "::1", "2001:db8::5"]
+    assert names.value.get_values_for_type(certs.x509.DNSName) == ["localhost"]
+
+
+@pytest.mark.parametrize(
+    "host", ["\u00e9.example", "", "a b", "a:b", "[x]", "fe80::1%eth0", "-a.b", "x" * 64 + ".a"]
+)
+def test_a_host_no_certificate_can_hold_is_one_clear_error(host: str) -> None:
+    """A non-ASCII name was a ValueError traceback from cryptography; '' and 'a b' became
+    DNS names no client accepts."""
+    with pytest.raises(ConfigError, match=r"^--host .* is neither an IP address nor a host name"):
+        certs.server_name("--host", host)
+
+
 # -- ssl.json ----------------------------------------------------------------------------------
 
 

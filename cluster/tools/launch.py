@@ -465,6 +465,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         secret_file = slurm_io.local_secret_file(options.log_dir)
         options = dataclasses.replace(options, job_secret_file=secret_file)
     plan = setup.plan_job(options)
+    identity = setup.launcher_identity(options)  # a dry run checks it as a real run loads it
     made_here = setup.closes_the_job(options, plan, out)
     if made_here:
         options = dataclasses.replace(options, job_secret_file=options.log_dir / JOB_SECRET_FILE)
@@ -486,7 +487,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
     # --log-dir is this launcher's from here, its job secret in it.
     lock = setup.make_paths(options, plan, out, write_secret)
     try:
-        return asyncio.run(Launcher(options, plan, out).run(lock))
+        return asyncio.run(Launcher(options, plan, identity, out).run(lock))
     finally:
         lock.release()
         if sharing is not None:

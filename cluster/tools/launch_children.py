@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from cluster.protocol.display import safe
-from cluster.protocol.environment import from_env, tls_options_from_env
+from cluster.protocol.environment import from_env
 from cluster.protocol.records import NodeState
 from cluster.tools import guard as job_guard
 from cluster.tools import launch_policy as policy
@@ -73,6 +73,7 @@ class Children:
         self,
         options: LaunchOptions,
         plan: Plan,
+        identity: tls.Identity | None,
         out: IO[str] = sys.stderr,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -87,12 +88,8 @@ class Children:
             plan.address,
             *(setup.at(h, port) for h in standby_hosts(options.master_addr)),
         ]
-        # Polling the scheduler speaks TLS when the job does (the launcher is a client too).
-        identity: tls.Identity | None = None
-        if options.tls_config is not None:
-            tls_options = tls_options_from_env(os.environ, options.tls_config.resolve())
-            assert tls_options is not None  # a config path was given
-            identity = tls.load_identity(tls_options, server=False)
+        # Polling the scheduler speaks TLS when the job does, with `identity`, the launcher's
+        # own as a client (`launch_setup.launcher_identity`, loaded before anything is made).
         self.reader = JobReader(self.addresses, identity, options.job_secret_file)
         self.scheduler: Child | None = None
         # How long the job waits for its scheduler (`scheduler_wait_s`); a scheduler of ours

@@ -32,6 +32,7 @@ from cluster.protocol.environment import (
     job_secret_from_env,
     read_job_secret,
     sched_addresses_from_env,
+    tls_options_from_env,
 )
 from cluster.protocol.errors import ConfigError
 from cluster.protocol.parse import check_host, plain_float, shown
@@ -407,6 +408,18 @@ def plan_job(options: LaunchOptions) -> Plan:
     check_inherited(options, plan, os.environ)
     check_children(plan, os.environ)
     return plan
+
+
+def launcher_identity(options: LaunchOptions) -> tls.Identity | None:
+    """The launcher's own TLS client identity (it reads the job as a worker does), loaded from
+    --tls-config and the CLUSTER_TLS_* variables; None without --tls-config. A TLSConfigError
+    (a wrong password, a damaged or expired p12) comes before anything is made, and with
+    --dry-run too."""
+    if options.tls_config is None:
+        return None
+    tls_options = tls_options_from_env(os.environ, options.tls_config.resolve())
+    assert tls_options is not None  # a config path was given
+    return tls.load_identity(tls_options, server=False)
 
 
 def resolve_master(options: LaunchOptions) -> tuple[str, list[str]]:

@@ -46,6 +46,33 @@ def test_cluster_tls_config_alone_is_the_launchers_tls_config(tmp_path: Path) ->
     assert "2/2 registered" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
+def test_a_launcher_identity_that_does_not_load_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    """`mscluster run --dry-run` passed a client password the real run refused; the real run
+    refused it after it had made --log-dir, and left its job.secret and launcher.lock there."""
+    assert certs(tmp_path / "pki").returncode == 0
+    wrong = tmp_path / "wrong.pass"
+    wrong.write_text("not the password\n")
+    wrong.chmod(0o600)
+    env = {**os.environ, "CLUSTER_TLS_CLIENT_PASSWORD_FILE": str(wrong)}
+    ssl_json, logs = tmp_path / "pki" / "ssl.json", tmp_path / "logs"
+    for dry_run in (["--dry-run"], []):
+        args = run_args(
+            *dry_run, "--tls-config", ssl_json, EXAMPLE, master_port=free_port(), log_dir=logs
+        )
+        result = subprocess.run(
+            args, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 2, (dry_run, result.stderr)
+        assert result.stderr.strip().splitlines() == [
+            "mscluster: TLSConfigError: wrong password for client_cert_path "
+            f"{tmp_path / 'pki' / 'client.p12'}"
+        ]
+        assert result.stdout == ""
+        assert not logs.exists()
+
+
 def test_certs_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert certs(tmp_path).returncode == 0
     again = certs(tmp_path)

@@ -64,6 +64,15 @@ LOCK_ASKED_S = 1.0
 # second, after it last answered (`channel.keepalive_options`), and asked again.
 FOLLOW_KEEPALIVE_S = 10.0
 _SHOWN_APART = ("rank", "node_id")
+# The longest line of an event log read as an event, its newline counted: 16 times what a
+# reader can get of one event from a scheduler (gRPC's 4 MiB a message, and
+# CLUSTER_FOLLOWER_MAX_BYTES's default); the scheduler's events are far shorter (a node id is at
+# most 128 characters, a value from outside is cut to 64). A longer line is no event: it is read
+# past in pieces of SKIP_PIECE_BYTES, never held whole, so a file of no newline costs no memory.
+LINE_MAX_BYTES = 64 * 1024 * 1024
+SKIP_PIECE_BYTES = 1024 * 1024
+# What `_lines` gives for a line over LINE_MAX_BYTES: a line that is not an event.
+_OVERLONG = "<a line over LINE_MAX_BYTES>"
 # A value of an event is shown escaped (`safe`) and cut to this many characters (a node id is
 # at most 128; a reason a sentence or two): an outsider's 8 MiB id is a line, not a screenful.
 SHOWN_MAX = 512
@@ -186,12 +195,28 @@ def _jobs_begun(files: list[Path]) -> int:
 
 
 def _lines(files: list[Path]) -> Iterator[str]:
+    """The lines of `files` in turn, read one at a time (errors replaced); a line over
+    LINE_MAX_BYTES as `_OVERLONG`, read past (`_past_line`)."""
     for where in files:
         try:
-            text = where.read_text(encoding="utf-8", errors="replace")
+            with where.open("rb") as handle:
+                while chunk := handle.readline(LINE_MAX_BYTES):
+                    if len(chunk) == LINE_MAX_BYTES and not chunk.endswith(b"\n"):
+                        _past_line(handle)
+                        yield _OVERLONG
+                        continue
+                    yield chunk.removesuffix(b"\n").decode("utf-8", errors="replace")
         except OSError as exc:
             raise ConfigError(f"cannot read the event log {where} ({exc.strerror})") from None
-        yield from text.splitlines()
+
+
+def _past_line(handle: IO[bytes]) -> bool:
+    """Read past the rest of the line `handle` is in, SKIP_PIECE_BYTES at a time; whether its
+    end was reached (False: the end of what is written came first)."""
+    while piece := handle.readline(SKIP_PIECE_BYTES):
+        if piece.endswith(b"\n"):
+            return True
+    return False
 
 
 def _follow_file(path: Path, poll_s: float, writer: _Writer) -> Generator[JobEvent, None, None]:
@@ -322,26 +347,36 @@ class _Tail:
     dropped and the file read again from where that line began: the file is found shorter
     than what was read, or a whole line read is not what the file holds at its place. Each
     line is checked whole, as one read may begin in the part and go on in the line written
-    in its place after the cut (a line of two events)."""
+    in its place after the cut (a line of two events). A line over LINE_MAX_BYTES is no event
+    (the scheduler's are far shorter): it is read past, not held, and so not checked."""
 
     def __init__(self, handle: IO[bytes]) -> None:
         self.handle = handle
         self._held = b""
         self._start = 0  # where the held part of a line begins in the file
+        # Reading past a line over LINE_MAX_BYTES (none of it held): it is no event.
+        self._overlong = False
 
     def line(self) -> str | None:
-        """The next whole line; None at the end of what is written so far."""
+        """The next whole line of at most LINE_MAX_BYTES; None at the end of what is written
+        so far. A longer line is read past, its bytes not held."""
         while True:
-            chunk = self.handle.readline()
+            if self._overlong:
+                if not _past_line(self.handle):
+                    self._at_end()
+                    return None
+                self._overlong = False
+                continue
+            chunk = self.handle.readline(LINE_MAX_BYTES - len(self._held))
             if not chunk:
-                size = os.fstat(self.handle.fileno()).st_size
-                if size < self.handle.tell():  # cut back under this reader
-                    self._again(min(self._start, size) if self._held else size)
+                self._at_end()
                 return None
             if not self._held:
                 self._start = self.handle.tell() - len(chunk)
             self._held += chunk
             if not self._held.endswith(b"\n"):
+                if len(self._held) == LINE_MAX_BYTES:
+                    self._held, self._overlong = b"", True
                 continue  # the end of what is written: readline says so next
             line, self._held = self._held, b""
             if os.pread(self.handle.fileno(), len(line), self._start) != line:
@@ -349,9 +384,16 @@ class _Tail:
                 continue
             return line.decode("utf-8", errors="replace")
 
+    def _at_end(self) -> None:
+        """At the end of what is written: read again from where the held part (or the line
+        read past) began when the file was cut back under this reader."""
+        size = os.fstat(self.handle.fileno()).st_size
+        if size < self.handle.tell():  # cut back under this reader
+            self._again(min(self._start, size) if self._held or self._overlong else size)
+
     def _again(self, offset: int) -> None:
         self.handle.seek(offset)
-        self._held = b""
+        self._held, self._overlong = b"", False
 
 
 def _after(path: Path, handle: IO[bytes]) -> Path:

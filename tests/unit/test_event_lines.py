@@ -5,12 +5,15 @@ the log's last event (`last_seq`), the chaos report's `load_events`."""
 
 from __future__ import annotations
 
+import random
 import subprocess
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from cluster.protocol.config import ObserveConfig
+from cluster.protocol.errors import ConfigError
 from cluster.protocol.events import JobEvent
 from cluster.scheduler import SchedulerServer
 from cluster.scheduler.event_file import last_seq
@@ -88,6 +91,47 @@ async def test_a_scheduler_starts_on_a_damaged_log_and_numbers_on(tmp_path: Path
     path.write_text(f"{GOOD}\n{DAMAGED['seq null'][0]}\n")
     async with SchedulerServer(settings(), observe=ObserveConfig(event_log=path)) as server:
         assert [e.seq for e in server.core.journal.history()][:1] == [8]
+
+
+SMALL_CAP = 4096
+
+
+def test_a_line_over_the_cap_is_no_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line of LINE_MAX_BYTES with its newline is read; a longer one is skipped as any line
+    that is not an event is, and the events around it are read."""
+    monkeypatch.setattr(events_tool, "LINE_MAX_BYTES", SMALL_CAP)
+    fits = line(event='"' + "x" * (SMALL_CAP - len(line(event='""')) - 1) + '"')
+    assert len(fits) + 1 == SMALL_CAP
+    path = tmp_path / "events.jsonl"
+    path.write_text(f"{GOOD}\n{'y' * 3 * SMALL_CAP}\n{fits}\n{'z' * SMALL_CAP}")
+    assert [e.seq for e in events_tool.from_file(path, follow=False)] == [7, 8]
+    path.write_text("z" * 5 * SMALL_CAP)
+    with pytest.raises(ConfigError, match="is not an event log: none of its 1 lines is an event"):
+        list(events_tool.from_file(path, follow=False))
+
+
+@pytest.mark.parametrize("capped", [True, False], ids=["no newline", "random bytes"])
+def test_reading_a_file_that_is_no_event_log_holds_a_line_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capped: bool
+) -> None:
+    """`mscluster events --file` read the whole file into memory, about 9 times its size (915
+    MB for 100 MB of random bytes; /dev/zero without bound): now one line at a time, and at
+    most LINE_MAX_BYTES of one (a file of no newline)."""
+    path = tmp_path / "events.jsonl"
+    if capped:
+        monkeypatch.setattr(events_tool, "LINE_MAX_BYTES", SMALL_CAP)
+        monkeypatch.setattr(events_tool, "SKIP_PIECE_BYTES", SMALL_CAP)
+        path.write_bytes(b"\0" * (16 << 20))
+    else:
+        path.write_bytes(random.Random(7).randbytes(16 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="is not an event log"):
+            list(events_tool.from_file(path, follow=False))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
 
 
 def test_a_time_no_date_holds_is_shown_as_unknown() -> None:

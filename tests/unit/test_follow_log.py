@@ -172,6 +172,55 @@ def test_a_read_that_goes_on_past_a_cut_gives_the_line_written_in_its_place(
     assert lines == [first, placed, None]
 
 
+SMALL_CAP = 4096
+
+
+def test_a_follower_holds_at_most_the_cap_of_a_line_and_reads_past_a_longer_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower held a line still being written whole, without bound (a writer of no
+    newline grew it forever): it holds at most LINE_MAX_BYTES, reads past a longer line as it
+    is written, and gives the event after it."""
+    monkeypatch.setattr(events_tool, "LINE_MAX_BYTES", SMALL_CAP)
+    monkeypatch.setattr(events_tool, "SKIP_PIECE_BYTES", 512)
+    path = tmp_path / "events.jsonl"
+    first, after = line(1, "started"), line(2, "formed")
+    path.write_text(first + "x" * (SMALL_CAP - 1))
+    with path.open("rb") as handle:
+        tail = events_tool._Tail(handle)
+        assert tail.line() == first
+        assert tail.line() is None  # the cap's worth of the long line: held
+        with path.open("a") as writer:
+            for _ in range(64):
+                writer.write("x" * SMALL_CAP)
+                writer.flush()
+                assert tail.line() is None
+                assert len(tail._held) < SMALL_CAP
+            writer.write("x\n" + after)
+        assert tail.line() == after
+        assert tail.line() is None
+
+
+def test_a_long_line_cut_off_again_is_read_again_from_where_it_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line read past (over the cap) that the writer then cuts off: the follower reads the
+    line written in its place whole, as it does after a part it held."""
+    monkeypatch.setattr(events_tool, "LINE_MAX_BYTES", SMALL_CAP)
+    path = tmp_path / "events.jsonl"
+    first, placed = line(1, "started"), line(2, "formed")
+    path.write_text(first + "x" * 3 * SMALL_CAP)
+    with path.open("rb") as handle:
+        tail = events_tool._Tail(handle)
+        assert [tail.line(), tail.line()] == [first, None]
+        with path.open("r+b") as writer:
+            writer.truncate(len(first))
+            assert tail.line() is None  # the cut seen: back to where the line began
+            writer.seek(len(first))
+            writer.write(placed.encode())
+        assert tail.line() == placed
+
+
 class Follower:
     """`from_file(path, follow=True)` on a thread: the kinds it yields, then how it ended. It
     gives a writer up after RECONNECT_S (GONE_S here)."""

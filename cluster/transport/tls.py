@@ -130,6 +130,12 @@ def load_settings(path: Path) -> TLSSettings:
             raise TLSConfigError(
                 f"{key} in {path} must be a non-empty string, not {safe(repr(value), 64)}"
             )
+        problem = _unnameable(value)
+        if problem:
+            raise TLSConfigError(
+                f"{key} in {path} holds {problem}: no file or cipher name has one; remove it "
+                f"from {safe(repr(value), 64)}"
+            )
         return value.strip()
 
     def file(key: str) -> Path | None:
@@ -158,6 +164,18 @@ def load_settings(path: Path) -> TLSSettings:
     )
 
 
+def _unnameable(value: str) -> str:
+    """What in `value` no file name (open() raises ValueError) nor OpenSSL cipher name can
+    hold: a NUL, or a surrogate no byte stands for (JSON's "\\ud800"); '' when nothing."""
+    if "\0" in value:
+        return "a NUL character (\\u0000)"
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return "a lone surrogate (\\ud800-\\udfff)"
+    return ""
+
+
 def _warning_days(value: object, path: Path) -> int:
     if value is None:
         return DEFAULT_WARNING_DAYS
@@ -181,7 +199,7 @@ def _cipher_problem(name: str) -> str | None:
     probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         probe.set_ciphers(name)
-    except ssl.SSLError:
+    except (ssl.SSLError, ValueError):  # ValueError: a name OpenSSL cannot be given (a NUL)
         return "is not a cipher suite name (a typo?)"
     return "is not an ECDHE AEAD suite"
 

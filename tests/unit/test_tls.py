@@ -174,6 +174,31 @@ def test_a_config_json_cannot_read_is_a_tls_config_error(
         tls.load_settings(path)
 
 
+@pytest.mark.parametrize(
+    "key", ["server_cert_path", "ca_cert_path", "crl_path", "client_password_file", "cipher_list"]
+)
+@pytest.mark.parametrize(
+    ("held", "said"),
+    [("\0", r"a NUL character \(\\u0000\)"), ("\ud800", r"a lone surrogate \(\\ud800")],
+    ids=["nul", "surrogate"],
+)
+def test_a_value_no_file_or_cipher_name_can_hold_is_a_tls_config_error(
+    pki: certs.Pki, tmp_path: Path, key: str, held: str, said: str
+) -> None:
+    """A NUL in ssl.json was a ValueError traceback (open(): embedded null byte; OpenSSL's
+    set_ciphers: embedded null character), and so was a path of a lone surrogate."""
+    value = f"ECDHE-RSA-AES128-GCM-SHA256:{held}" if key == "cipher_list" else f"ca{held}.pem"
+    path = config(pki, tmp_path, **{key: value})
+    with pytest.raises(TLSConfigError, match=rf"^{key} in {re.escape(str(path))} holds {said}"):
+        tls.load_settings(path)
+
+
+@pytest.mark.parametrize("name", ["ECDHE\0", "\ud800"])
+def test_a_cipher_name_openssl_cannot_be_given_is_no_cipher_name(name: str) -> None:
+    with pytest.raises(TLSConfigError, match="is not a cipher suite name"):
+        tls.parse_cipher_list(name, Path("ssl.json"))
+
+
 def test_a_long_value_of_the_wrong_type_is_quoted_short(pki: certs.Pki, tmp_path: Path) -> None:
     with pytest.raises(TLSConfigError, match=r"must be a non-empty string, not \[1, .*chars\)$"):
         tls.load_settings(config(pki, tmp_path, server_cert_path=[1] * 100_000))

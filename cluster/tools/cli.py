@@ -27,6 +27,9 @@ option are `cli_args`'.
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import signal
 import sys
 from argparse import SUPPRESS
 from collections.abc import Sequence
@@ -52,6 +55,8 @@ __all__ = [
 ]
 
 EXIT_USAGE = 2
+# A command whose stdout's reader went: the status a shell gives a tool SIGPIPE ended.
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 # The distribution that installs this command (pyproject.toml's name; the import name is cluster).
 DISTRIBUTION = "mscluster-grpc"
 VERSION_HELP = "show the program's version number and exit"  # argparse's own words
@@ -298,12 +303,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mscluster: {type(exc).__name__}: {safe(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # the last net: a file or socket the command could not use
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():
+            return EXIT_BROKEN_PIPE  # stdout's reader went (`| head`): quiet, as Unix tools
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"mscluster: {safe(where)}{safe(exc.strerror or exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:  # Ctrl-C that no command took: its exit, without a traceback
         return EXIT_INTERRUPTED
     return code
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout's reader went (its pipe polls as an error); if so, stdout is pointed at
+    /dev/null, so that its flush at exit does not meet the broken pipe again."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(flags & select.POLLERR for _, flags in poller.poll(0)):
+            return False
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError):  # ValueError: a stdout of no descriptor (a test's)
+        return False
+    return True
 
 
 if __name__ == "__main__":

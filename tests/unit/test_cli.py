@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from cluster.protocol.events import JobEvent
 from cluster.tools import cli, cli_args
 from cluster.tools.launch_plan import RESTARTS_WITH_RECOVERY, max_restarts_for
 from tests import docs_blocks
+from tests.procs import MSCLUSTER
 
 MSRUN_LINE = (
     "--worker_num=8 --local_worker_num=8 --master_addr=127.0.0.1 --master_port=8118 "
@@ -222,3 +224,30 @@ def test_a_follow_exits_1_when_the_followed_job_failed(
     log.write_text("".join(f"{event.to_json()}\n" for event in events))
     assert cli.main(["events", "--file", str(log), *(["--follow"] if follow else [])]) == code
     assert last in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_a_command_whose_reader_went_away_exits_quietly(tmp_path: Path) -> None:
+    """`mscluster events --json | head -1` said `mscluster: Broken pipe` on stderr and exited
+    2: it now exits as a tool SIGPIPE ended does, saying nothing."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        "".join(JobEvent(i, 1e9 + i, "formed", {}).to_json() + "\n" for i in range(9999))
+    )
+    events = subprocess.Popen(
+        [*MSCLUSTER, "events", "--json", "--file", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert events.stdout is not None
+        assert events.stderr is not None
+        assert events.stdout.readline().startswith(b'{"time":')
+        events.stdout.close()  # the reader goes away
+        assert (events.wait(60), events.stderr.read()) == (141, b"")
+        assert cli.EXIT_BROKEN_PIPE == 141  # 128 + SIGPIPE
+    finally:
+        events.kill()
+        events.wait(10)
+        if events.stderr is not None:
+            events.stderr.close()

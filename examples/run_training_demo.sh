@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Training that survives a fault: examples/train_mlp.py with 4 workers under `mscluster run`,
 # once without faults and once with worker 2 SIGKILLed mid-run (the launcher starts it again; it
-# rejoins after the guard and every worker rolls back to the newest common checkpoint). Prints
+# rejoins after the guard and every worker resumes from the last step the survivors finished,
+# worker 2 fetching it from a peer; the newest common checkpoint is the fallback). Prints
 # both final parameter hashes and exits 0 when they are equal.
 #
 # Worker 2 is found through the launcher this demo started: `mscluster run` lists the pid of each
@@ -9,7 +10,7 @@
 # that launcher's child; never a process found by its script's name on the machine (another job
 # may run train_mlp.py with the same node ids). And the demo fails unless its faulty run shows
 # the fault it injected: the launcher restarting worker 2, the scheduler's `failed` and
-# `rejoined` events for node 2 and a new generation, and worker 2 resuming from a checkpoint.
+# `rejoined` events for node 2 and a new generation, and worker 2 resuming from a step.
 #
 #   bash examples/run_training_demo.sh        # logs and results in ./demo
 #   PORT=8119 bash scripts/demo               # the same, its scheduler on another port
@@ -107,7 +108,7 @@ shows '"event":"rejoined".*"node_id":"2"' "$logs/events.jsonl" ||
 shows '"event":"generation","generation":([2-9]|[1-9][0-9]+)[,}]' "$logs/events.jsonl" ||
   did_not_land "no new generation in $logs/events.jsonl"
 shows "resuming from step" "$logs/worker_2.log" ||
-  did_not_land "worker 2 did not resume from a checkpoint ($logs/worker_2.log)"
+  did_not_land "worker 2 did not resume from a step ($logs/worker_2.log)"
 clean=$(cat "$OUT/clean/final.sha256")
 faulty=$(cat "$OUT/faulty/final.sha256")
 echo "final parameters without faults: $clean"

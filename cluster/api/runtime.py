@@ -63,6 +63,8 @@ _log = logging.getLogger(__name__)
 # init()): a child forked from it leaves them alone at its exit.
 _pid = os.getpid()
 FORK_SUPPORT = "GRPC_ENABLE_FORK_SUPPORT"
+# The backend names MindSpore's init(backend_name) takes: a ported script's, which init() ignores.
+MINDSPORE_BACKENDS = ("hccl", "nccl", "mccl")
 _fork_support_taken = False  # init() set FORK_SUPPORT (`_take_fork_support`)
 
 
@@ -85,12 +87,18 @@ def topology() -> Topology:
 
 
 def _given_config(config: object) -> ClusterConfig | None:
-    """init()'s argument: a ClusterConfig, or None for the environment's. A string is
-    MindSpore's backend name (`init("nccl")`, kept by a ported script), ignored in one line:
-    cluster forms the job, and the data plane's backend is the script's. Anything else is a
-    ConfigError naming its type."""
+    """init()'s argument: a ClusterConfig, or None for the environment's. MindSpore's backend
+    name (`init("nccl")`, kept by a ported script) is ignored in one line: cluster forms the
+    job, and the data plane's backend is the script's. Any other string (a typo, a config
+    file's path) or value is a ConfigError naming it."""
     if config is None or isinstance(config, ClusterConfig):
         return config
+    if isinstance(config, str) and config not in MINDSPORE_BACKENDS:
+        raise ConfigError(
+            f"cluster.init({quoted(config, 64)}): a string is MindSpore's backend name, one of "
+            f"{', '.join(MINDSPORE_BACKENDS)}, which cluster ignores; call cluster.init() to "
+            "read the MS_* environment, or give a ClusterConfig"
+        )
     if isinstance(config, str):
         sys.stderr.write(
             f"cluster: init({quoted(config, 64)}): MindSpore's backend name is ignored: cluster "

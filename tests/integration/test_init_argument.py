@@ -1,7 +1,8 @@
 """`cluster.init()`'s argument: MindSpore's is the backend name (`init(backend_name=None)`), so
 a ported script keeps `cluster.init("nccl")`. That joins the job of the environment, saying in
-one line that the name is ignored; an argument that is neither a ClusterConfig nor a name is one
-ConfigError line naming its type. Real processes: a scheduler and two workers."""
+one line that the name is ignored; an argument that is neither a ClusterConfig nor such a name
+(another string: a typo, a config file's path) is one ConfigError line naming it. Real
+processes: a scheduler and two workers."""
 
 from __future__ import annotations
 
@@ -52,4 +53,25 @@ def test_an_argument_neither_a_config_nor_a_name_is_one_line_naming_its_type() -
     assert line == (
         "cluster: ConfigError: cluster.init() takes a ClusterConfig (or MindSpore's backend "
         "name, which it ignores), not int: call cluster.init() to read the MS_* environment"
+    )
+
+
+def test_a_string_that_is_not_a_backend_name_is_one_line_naming_it() -> None:
+    """`init("ssl.json")` was taken for a backend name and ignored: the job ran without what the
+    script meant to give it."""
+    env = job_env(2, free_port(), MS_ROLE="MS_WORKER")
+    done = subprocess.run(
+        [PYTHON, "-c", "import cluster; cluster.init('ssl.json')"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line == (
+        "cluster: ConfigError: cluster.init('ssl.json'): a string is MindSpore's backend name, "
+        "one of hccl, nccl, mccl, which cluster ignores; call cluster.init() to read the MS_* "
+        "environment, or give a ClusterConfig"
     )

@@ -39,7 +39,7 @@ def record(directory: Path, node_id: str, job: str = OLD, *, finished: bool = Fa
 
 
 def test_the_foreign_job_refusal_is_whole_and_names_the_record_to_move_away() -> None:
-    state = make_state(FakeClock())
+    state = make_state(FakeClock(), recovery=True)  # a job beside another's files recovers
     refusal = refuse(state, reg(state, "1", cluster_id=OLD), Refusal.FOREIGN_JOB)
     message = refusal.message
     assert f"node '1' belongs to job {OLD}, but this scheduler runs job {JOB}" in message

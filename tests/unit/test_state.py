@@ -301,8 +301,22 @@ def test_worker_num_mismatch(worker_num: int, server_num: int) -> None:
     assert state.members == {}
 
 
-def test_foreign_job() -> None:
+def test_foreign_job_without_recovery_says_to_start_the_node_again() -> None:
+    """The scheduler was restarted without recovery: the node's process was in the job that
+    ended with it, and joins this one once started again."""
     state = make_state(FakeClock())
+    refusal = refuse(state, reg(state, "a", cluster_id="job-0"), Refusal.FOREIGN_JOB)
+    assert refusal.message == (
+        f"node 'a' belongs to job job-0, but this scheduler runs job {JOB} (recovery is off, so "
+        "a restarted scheduler starts a new job): the node's process was in that job, which "
+        "ended when its scheduler stopped; start the node again and it joins this job (where it "
+        "read that job from its record, worker-a.json in the MS_RECOVERY_PATH of its host, move "
+        "that record away first)"
+    )
+
+
+def test_foreign_job() -> None:
+    state = make_state(FakeClock(), recovery=True)
     refusal = refuse(state, reg(state, "a", cluster_id="job-0"), Refusal.FOREIGN_JOB)
     assert "job-0" in refusal.message
     assert JOB in refusal.message

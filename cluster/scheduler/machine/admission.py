@@ -402,12 +402,7 @@ class Admission:
     def _check_job(self, reg: Registration) -> Refused | None:
         job, settings = self.job, self.job.settings
         if reg.cluster_id and reg.cluster_id not in (job.cluster_id, job.previous_cluster_id):
-            how = (
-                ""
-                if settings.recovery
-                else " (recovery is off, so a restarted scheduler starts a new job)"
-            )
-            return Refused(Refusal.FOREIGN_JOB, self._foreign(reg, how))
+            return Refused(Refusal.FOREIGN_JOB, self._foreign(reg, settings.recovery))
         if reg.worker_num != settings.worker_num or reg.server_num != settings.server_num:
             return Refused(
                 Refusal.WORKER_NUM_MISMATCH,
@@ -424,16 +419,26 @@ class Admission:
             )
         return None
 
-    def _foreign(self, reg: Registration, how: str) -> str:
-        """Why a node of another job is refused, and what to do. A scheduler that started its
-        job anew on an etcd prefix where nothing was saved is most likely one meant to stand by
-        for the node's job, given another prefix: that is said first, since the node's record
-        is right and the fix is this scheduler's CLUSTER_STATE_URL."""
+    def _foreign(self, reg: Registration, recovery: bool) -> str:
+        """Why a node of another job is refused, and what to do. Without recovery, that job
+        ended with its scheduler: the node's process was in it, and started again it joins this
+        one. A scheduler that started its job anew on an etcd prefix where nothing was saved is
+        most likely one meant to stand by for the node's job, given another prefix: that is
+        said first, since the node's record is right and the fix is this scheduler's
+        CLUSTER_STATE_URL."""
         job = self.job
         head = (
             f"node {reg.node_id!r} belongs to job {reg.cluster_id}, but this scheduler runs "
-            f"job {job.cluster_id}{how}"
+            f"job {job.cluster_id}"
         )
+        if not recovery:
+            return (
+                f"{head} (recovery is off, so a restarted scheduler starts a new job): the "
+                "node's process was in that job, which ended when its scheduler stopped; start "
+                "the node again and it joins this job (where it read that job from its record, "
+                f"worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its host, move that "
+                "record away first)"
+            )
         record = (
             f"the node's process was in that job, or read it from its record, "
             f"worker-{reg.node_id}.json in the MS_RECOVERY_PATH of its host. Where that "

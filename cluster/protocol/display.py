@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterable
 
 # Escapes for the controls people know by name; every other one is \xNN, \uNNNN or \UNNNNNNNN.
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -76,6 +77,14 @@ def quoted(text: object, limit: int | None = None) -> str:
     """`safe(text, limit)` in single quotes, for a value inside a sentence (as %r would, but
     with C1 controls and bidi characters escaped too)."""
     return f"'{safe(text, limit)}'"
+
+
+def listed(items: Iterable[str], most: int) -> str:
+    """The first `most` of `items`, comma-separated, then how many more there are: "a, b and 3
+    more". A list that names thousands of nodes or keys stays a line."""
+    shown = list(items)
+    head = ", ".join(shown[:most])
+    return f"{head} and {len(shown) - most} more" if len(shown) > most else head
 
 
 class SafeFormatter(logging.Formatter):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from cluster.protocol.config import DEFAULT_KV_MAX_BYTES, DEFAULT_KV_MAX_KEYS
+from cluster.protocol.display import listed
 from cluster.protocol.errors import CollectiveError
 from cluster.scheduler.machine.kv import (
     MAX_KEY_BYTES,
@@ -75,10 +76,9 @@ class KvStore(KvTable):
             try:
                 await asyncio.wait_for(waiter, max(remaining, 0.0))
             except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
-                shown = ", ".join(repr(k) for k in missing[:5])
-                more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
                 raise CollectiveError(
-                    f"key-value wait timed out after {timeout_s:g} s; still missing {shown}{more}"
+                    f"key-value wait timed out after {timeout_s:g} s; still missing "
+                    f"{listed(map(repr, missing), 5)}"
                 ) from None
             finally:
                 self._discard(missing[0], waiter)

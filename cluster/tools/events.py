@@ -40,7 +40,7 @@ from collections.abc import (
 from pathlib import Path
 from typing import IO, Any
 
-from cluster.protocol.display import safe
+from cluster.protocol.display import listed, safe
 from cluster.protocol.errors import ConfigError, NotLeaderAnswer, SchedulerUnreachableError
 from cluster.protocol.events import JobEvent, Kind, LeaderChange
 from cluster.protocol.leader_search import LeaderSearch
@@ -271,11 +271,8 @@ def found_below(path: Path) -> str:
                 return (
                     f"; one lies below it, in {found[0].parent}: give --log-dir {found[0].parent}"
                 )
-            shown = ", ".join(str(log.parent) for log in found[:FOUND_BELOW])
-            more = f" and {len(found) - FOUND_BELOW} more" if len(found) > FOUND_BELOW else ""
-            return (
-                f"; event logs lie below it, in {shown}{more} (newest first): give one as --log-dir"
-            )
+            shown = listed((str(log.parent) for log in found), FOUND_BELOW)
+            return f"; event logs lie below it, in {shown} (newest first): give one as --log-dir"
     return ""
 
 

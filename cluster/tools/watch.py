@@ -39,7 +39,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cluster.protocol.display import safe
+from cluster.protocol.display import listed, safe
 from cluster.protocol.errors import (
     ClusterError,
     ConfigError,
@@ -309,9 +309,7 @@ def lines(found: list[Change]) -> list[str]:
         if c.node_id is not None:
             alike.setdefault((c.field, c.before, c.after), []).append(c.node_id)
     for (name, before, after), ids in alike.items():
-        named = ", ".join(map(shown, ids[:8])) + (
-            f" and {len(ids) - 8} more" if len(ids) > 8 else ""
-        )
+        named = listed(map(shown, ids), 8)
         who = f"node {named}" if len(ids) == 1 else f"nodes {named}"
         out.append(f"{who}: {name} {shown(before)} -> {shown(after)}")
     return out

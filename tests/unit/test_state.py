@@ -773,6 +773,28 @@ def test_topology_timeout_lists_registered_non_numeric_ids() -> None:
     ]
 
 
+def test_a_topology_timeout_of_thousands_names_the_first_and_counts_the_rest() -> None:
+    """A job of thousands that did not form: its reason (told to every worker, journaled, sent
+    to each reader of the events) names the first 32 ids or spans of missing ranks, not 8 MiB."""
+    clock = FakeClock()
+    state = make_state(clock, worker_num=4000, topo_timeout_s=5.0, node_timeout_s=30.0)
+    for node_id in [f"w{i:04d}" for i in range(100)]:
+        accept(state, reg(state, node_id))
+    clock.advance(5.4)
+    (shutdown,) = state.tick()
+    assert isinstance(shutdown, ShutdownEvent)
+    names = ", ".join(f"w{i:04d}" for i in range(32))
+    assert shutdown.reason.endswith(f"registered node ids: {names} and 68 more")
+    state = make_state(clock, worker_num=4000, topo_timeout_s=5.0, node_timeout_s=30.0)
+    for rank in range(0, 4000, 2):  # every other rank: 2,000 spans missing
+        accept(state, reg(state, str(rank)))
+    clock.advance(5.4)
+    (shutdown,) = state.tick()
+    assert isinstance(shutdown, ShutdownEvent)
+    spans = ", ".join(str(rank) for rank in range(1, 64, 2))
+    assert shutdown.reason.endswith(f"missing: ranks {spans} and 1968 more")
+
+
 def test_topology_timeout_with_nobody() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, server_num=1, topo_timeout_s=5.0)

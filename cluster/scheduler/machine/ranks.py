@@ -8,8 +8,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from cluster.protocol.config import is_numeric_node_id
+from cluster.protocol.display import listed
 from cluster.protocol.records import Member, NodeRole, TopologyReadyEvent
 from cluster.protocol.settings import JobSettings
+
+# The most node ids, or spans of ranks, a reason names: thousands stay a line.
+LISTED_MAX = 32
 
 
 def assign_ranks(members: list[Member], space: int, *, newcomer: str | None = None) -> None:
@@ -79,18 +83,19 @@ def describe_missing(members: Iterable[Member], settings: JobSettings, waited: f
     head = f"{' and '.join(parts)} registered after {waited:.0f} s (MS_TOPO_TIMEOUT)"
     missing = missing_ranks(workers, settings.worker_num)
     if missing == []:
-        names = ", ".join(sorted(m.node_id for m in servers)) or "none"
+        names = listed(sorted(m.node_id for m in servers), LISTED_MAX) or "none"
         return f"{head}; registered servers: {names}"
     if missing is not None:
         several = len(missing) > 1 or missing[0][0] != missing[0][1]
-        return f"{head}; missing: rank{'s' if several else ''} {ranges(missing)}"
-    names = ", ".join(sorted(m.node_id for m in workers)) or "none"
+        return f"{head}; missing: rank{'s' if several else ''} {ranges(missing, LISTED_MAX)}"
+    names = listed(sorted(m.node_id for m in workers), LISTED_MAX) or "none"
     return f"{head}; registered node ids: {names}"
 
 
-def ranges(spans: list[tuple[int, int]]) -> str:
-    """[(0, 2), (5, 5)] -> '0-2, 5'."""
-    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in spans)
+def ranges(spans: list[tuple[int, int]], most: int | None = None) -> str:
+    """[(0, 2), (5, 5)] -> '0-2, 5'; with `most`, the first `most` spans and how many more."""
+    shown = (str(first) if first == last else f"{first}-{last}" for first, last in spans)
+    return listed(shown, len(spans) if most is None else most)
 
 
 def catch_up_for(member: Member | None, generation: int, told: list[Any]) -> list[Any]:

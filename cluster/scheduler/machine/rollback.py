@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field, replace
 
+from cluster.protocol.display import listed
 from cluster.protocol.records import Member
 from cluster.protocol.value import frozen, mutable
 
@@ -73,10 +74,9 @@ def from_the_beginning(workers: Sequence[Member]) -> str:
     empty = [m for m in workers if not m.checkpoints]
     if not empty or len(empty) == len(workers):
         return ""
-    who = ", ".join(m.describe() for m in sorted(empty, key=_by_rank)[:4])
-    more = f" and {len(empty) - 4} more" if len(empty) > 4 else ""
+    who = listed((m.describe() for m in sorted(empty, key=_by_rank)), 4)
     return (
-        f"no checkpoint on disk yet at {who}{more}, so the rollback step is 0: the workers "
+        f"no checkpoint on disk yet at {who}, so the rollback step is 0: the workers "
         "resume from the step the survivors hold in memory if they can, else from the beginning"
     )
 

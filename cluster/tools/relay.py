@@ -74,6 +74,9 @@ class RelaySettings:
     # Whether it ends once the job has ended and its workers have closed (one started by hand),
     # or serves on until stopped (one of `mscluster run`, which stops it).
     ends_with_job: bool = False
+    # Whether its socket's directory is its launcher's, made for it alone (`mscluster run`'s
+    # mkdtemp): the relay removes it at its end, with its lock file (`_clear_launchers_directory`).
+    owns_directory: bool = False
 
     @property
     def schedulers(self) -> tuple[str, ...]:
@@ -99,6 +102,7 @@ def settings_from_env(
         "MS_NODE_TIMEOUT", env.get("MS_NODE_TIMEOUT", "") or "30", minimum=MIN_NODE_TIMEOUT_S
     )
     schedulers = sched_addresses_from_env(env)
+    launched = env.get(orphan.ENV) == str(os.getppid())  # `mscluster run` is its parent
     return RelaySettings(
         address=relay_address("--socket", socket),
         scheduler=schedulers[0],
@@ -106,7 +110,8 @@ def settings_from_env(
         nodes=workers + servers,
         node_timeout_s=None if silent else timeout,
         tls=tls_options_from_env(env),
-        ends_with_job=env.get(orphan.ENV) != str(os.getppid()),
+        ends_with_job=not launched,
+        owns_directory=launched,
     )
 
 
@@ -243,7 +248,7 @@ class Relay:
                 await watch
             self._watch = None
         self._lock.release()  # the file stays (`holder_lock`), but for a launcher's relay:
-        if ours and not self.settings.ends_with_job:
+        if ours and self.settings.owns_directory:
             _clear_launchers_directory(self.settings.path)
 
 

@@ -234,6 +234,8 @@ def test_a_relay_started_by_hand_ends_with_the_job_and_a_launchers_does_not() ->
     assert settings_from_env(BASE, "/r.sock").ends_with_job
     launched = {**BASE, "CLUSTER_LAUNCHER_PID": str(os.getppid())}
     assert not settings_from_env(launched, "/r.sock").ends_with_job
+    assert settings_from_env(launched, "/r.sock").owns_directory  # mkdtemp'd for it alone
+    assert not settings_from_env(BASE, "/r.sock").owns_directory
     elsewhere = {**BASE, "CLUSTER_LAUNCHER_PID": str(os.getpid())}  # not its parent
     assert settings_from_env(elsewhere, "/r.sock").ends_with_job
 

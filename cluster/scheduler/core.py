@@ -253,7 +253,7 @@ class SchedulerCore(Engine):
     ) -> None:
         """The node is done; with `failure`, its process dies of that error (the first line,
         escaped): failed now with it as the reason, before its connection breaks."""
-        member = admitted(self.state.admission.admit(node_id, incarnation, caller.presented))
+        member = admitted(self.state.admission.admit_finish(node_id, incarnation, caller.presented))
         if failure:
             why = f"its process died of an error: {failure}"
             self._apply(self.state.disconnect(node_id, incarnation, why))

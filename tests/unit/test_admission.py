@@ -169,6 +169,24 @@ def test_collectives_are_refused_by_kind() -> None:
     denied(exchange(failed, "0", generation=1), Denial.PEER_FAILED, "moved on to generation 2")
 
 
+def test_a_finish_of_a_member_failed_while_the_job_waits_for_it_is_refused_for_now() -> None:
+    """With recovery, a formed job holds a failed member's rank for it to rejoin: its Finish,
+    counted, would leave the job waiting for a rejoin that never comes. Refused as transient
+    (the node registers again, then finishes); without recovery, or alive, it is admitted."""
+    clock = FakeClock()
+    held = ready_state(clock, ["0", "1"], recovery=True)
+    held.disconnect("1", 1, "no heartbeat for 3.0 s")
+    before = _everything(held)
+    verdict = held.admission.admit_finish("1", 1, auth.Presented(digest("1", 1)))
+    denied(verdict, Denial.REJOIN_FIRST, "rank 1", "no heartbeat for 3.0 s", "registers again")
+    assert _everything(held) == before
+    alive = held.admission.admit_finish("0", 1, auth.Presented(digest("0", 1)))
+    assert isinstance(alive, Member)
+    over = ready_state(clock, ["0", "1"])  # recovery off: the job fails with it
+    over.disconnect("1", 1)
+    assert isinstance(over.admission.admit_finish("1", 1, auth.Presented(digest("1", 1))), Member)
+
+
 def test_a_collective_as_another_node_is_refused_before_anything_else() -> None:
     state = ready_state(FakeClock(), ["0", "1"])
     before = _everything(state)

@@ -76,6 +76,9 @@ class Denial(enum.Enum):
     # A job secret's call proof of a node that has not registered with this scheduler (it was
     # restarted, or took over): transient, the node registers again and repeats the call.
     NOT_REGISTERED_HERE = "not_registered_here"
+    # A Finish of a member the job holds failed while it waits for it to rejoin (recovery):
+    # transient too, the node registers again, then finishes.
+    REJOIN_FIRST = "rejoin_first"
 
 
 # The error a refused call raises, in the scheduler and (sent back) in the caller.
@@ -88,6 +91,7 @@ _ERRORS: dict[Denial, type[ClusterError]] = {
     Denial.COLLECTIVE_MISUSE: CollectiveError,
     Denial.OVER_CAP: CapacityError,
     Denial.NOT_REGISTERED_HERE: RegistrationPendingError,
+    Denial.REJOIN_FIRST: RegistrationPendingError,
 }
 
 
@@ -159,6 +163,30 @@ class Admission:
             else self._check_call(member, presented.call, secret)
         )
         return member if problem is None else problem
+
+    def admit_finish(
+        self, node_id: str, incarnation: int, presented: auth.Presented
+    ) -> Member | Denied:
+        """`admit`, for a Finish. A member the job holds failed, waiting for it to rejoin (with
+        recovery, while it is formed), has its Finish refused for now: counted, it would leave
+        the job waiting for a rejoin that never comes (the node, told it was heard, would exit
+        as finished). The node registers again, then finishes."""
+        member = self.admit(node_id, incarnation, presented)
+        job = self.job
+        if (
+            isinstance(member, Denied)
+            or member.state is not NodeState.FAILED
+            or job.phase is not Phase.READY
+            or not job.settings.recovery
+            or member.node_id in job.spares
+            or member.replaced_by  # a spare took its rank: nobody waits for it
+        ):
+            return member
+        return Denied(
+            Denial.REJOIN_FIRST,
+            f"{member.describe()} was failed ({member.failure or 'its stream ended'}) and the "
+            "job waits for it to rejoin: it registers again, then finishes",
+        )
 
     def named(self, node_id: str, incarnation: int | None) -> Member | Denied:
         """The member or spare a call names (`incarnation` None: any), before what it presents

@@ -1,0 +1,49 @@
+"""A worker the scheduler failed (stopped past MS_NODE_TIMEOUT, recovery on) that calls
+finalize() as soon as it runs again. Its Finish reached the scheduler before it registered
+again, was answered as heard though the scheduler held the member failed, and the worker
+exited 0 as finished: the job, waiting for that rank to rejoin, failed MS_TOPO_TIMEOUT later
+though every worker had finished. The Finish is refused for now (the node registers again,
+then finishes), and the job finishes. Real processes, a real SIGSTOP."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from cluster.testing import free_port
+from tests.procs import ROOT, Procs, job_env
+
+SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "finalize_on_cue.py")
+BOUND_S = 60.0
+
+
+def test_a_failed_workers_finish_waits_for_it_to_rejoin(processes: Procs, tmp_path: Path) -> None:
+    recovery = tmp_path / "recovery"
+    base = job_env(
+        2,
+        free_port(),
+        MS_NODE_TIMEOUT="3",
+        MS_TOPO_TIMEOUT="30",
+        MS_ENABLE_RECOVERY="1",
+        MS_RECOVERY_PATH=str(recovery),
+    )
+    sched = processes.start_role("scheduler", "MS_SCHED", [SCRIPT, str(tmp_path / "-")], base)
+    workers = [
+        processes.start_role(
+            f"w{i}", "MS_WORKER", [SCRIPT, str(tmp_path / f"go{i}")], {**base, "MS_NODE_ID": str(i)}
+        )
+        for i in (0, 1)
+    ]
+    for worker in workers:
+        worker.wait_for_output("ready", BOUND_S)
+    workers[1].signal(signal.SIGSTOP)
+    (tmp_path / "go1").touch()  # it finalizes as soon as it runs again
+    sched.wait_for_output("node '1' (rank 1) failed: no heartbeat", BOUND_S)
+    workers[1].signal(signal.SIGCONT)
+    assert workers[1].wait(BOUND_S) == 0, workers[1].output
+    assert "it rejoins the job in generation 2" in workers[1].output  # before it finishes
+    assert "finalized" in workers[1].output
+    (tmp_path / "go0").touch()
+    assert workers[0].wait(BOUND_S) == 0, workers[0].output
+    assert sched.wait(BOUND_S) == 0, sched.output
+    assert "job finished: all 2 nodes finished" in sched.output

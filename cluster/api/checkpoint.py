@@ -42,6 +42,7 @@ from cluster.protocol.errors import (
     CheckpointError,
     ConfigError,
     CorruptCheckpointError,
+    NoPeerStateError,
 )
 from cluster.protocol.peer_state import PREFIX_RE
 from cluster.protocol.put_back import put_back_by_discarding, saved_before_put_back
@@ -427,6 +428,9 @@ class CheckpointManager:
         runtime.session().say(f"{moved}; fetching step {step} from a live peer")
         try:
             return self._fetch(step).state
+        except NoPeerStateError as exc:  # kept as such: a peer may have failed as it served
+            said = f"{moved}; no live peer gave step {step} either: {exc}"
+            raise NoPeerStateError(exc.failures, said) from None
         except CheckpointError as exc:
             raise CheckpointError(f"{moved}; no live peer gave step {step} either: {exc}") from None
 

@@ -9,6 +9,9 @@ either:
   scheduler's word follows a moment later (a hung peer's, after MS_NODE_TIMEOUT). So the
   scheduler is given `runtime.failure_wait_s()` to confirm a failed peer, and the wait is said
   in one line;
+- a fetch of a peer's state (`NoPeerStateError`) that got it from none of them: the peer that
+  held it may have died or hung as it served (a hung one is given up on after 10 s of
+  silence, well before the scheduler names it), so the scheduler is given the same wait;
 - anything else (ZeroDivisionError, a KeyError, a shape that does not match): the program's
   own error, raised at once, unless the scheduler already knows that a peer of the generation
   failed (the step may have failed of it). Waiting for a failure that is not coming would hold
@@ -30,6 +33,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 
 from cluster.api import excepthook, runtime
+from cluster.protocol.errors import NoPeerStateError
 
 # The modules whose frames raise a collective's error: torch.distributed's, and DDP's.
 _DATA_PLANE_MODULES = ("torch.distributed", "torch.nn.parallel")
@@ -43,12 +47,16 @@ def a_peer_failed(generation: int, error: BaseException, say: Callable[[str], No
     is of the data plane and the scheduler says so within `runtime.failure_wait_s()`."""
     if runtime.peer_failed(generation, 0.0):
         return True
-    if not is_data_plane_error(error):
+    if isinstance(error, NoPeerStateError):
+        what = "no peer gave its state"
+    elif is_data_plane_error(error):
+        what = "an error of the data plane"
+    else:
         return False
     wait_s = runtime.failure_wait_s()
     say(
-        f"{excepthook.error_line(error)}: an error of the data plane; waiting up to "
-        f"{wait_s:g} s (MS_NODE_TIMEOUT + 2 s) for the scheduler to say whether a peer failed"
+        f"{excepthook.error_line(error)}: {what}; waiting up to {wait_s:g} s "
+        "(MS_NODE_TIMEOUT + 2 s) for the scheduler to say whether a peer failed"
     )
     return runtime.peer_failed(generation, wait_s)
 

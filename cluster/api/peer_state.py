@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cluster.api import runtime
 from cluster.protocol import peer_state
-from cluster.protocol.errors import CheckpointError, ClusterError
+from cluster.protocol.errors import ClusterError, NoPeerStateError
 from cluster.storage.served import ServedCheckpoints
 from cluster.transport import tls
 from cluster.worker import state_fetch
@@ -151,15 +151,18 @@ def fetch(
     served: ServedCheckpoints, step: int, path: Path, *, replicated: bool, store: bool = True
 ) -> state_fetch.Fetched:
     """This rank's checkpoint of `step` from a live peer, verified and stored as `path` (with
-    `store=False`: verified only, nothing left at `path`). CheckpointError naming the rank, the
-    step and every place looked at when none has it."""
+    `store=False`: verified only, nothing left at `path`). NoPeerStateError (a CheckpointError)
+    naming the rank, the step and every place looked at when none gave it: a peer that held it
+    may have died or hung as it served (`data_plane.a_peer_failed` waits for the scheduler's
+    word on that)."""
     wanted = peer_state.Request(served.prefix, served.rank, step, replicated)
     service = _started()
     asked = holders()
     try:
         fetched = state_fetch.fetch(service.loop, asked, wanted, path, service.client, store=store)
     except state_fetch.NotFetched as exc:
-        raise CheckpointError(_not_fetched(served.rank, step, path, replicated, exc)) from None
+        message = _not_fetched(served.rank, step, path, replicated, exc)
+        raise NoPeerStateError(exc.failures, message) from None
     if fetched.failures:
         session = runtime.session()
         session.say(f"state from a peer: asked first {'; '.join(fetched.failures)}")

@@ -173,10 +173,11 @@ class PeerStateError(CheckpointError):
 
 
 class NoPeerStateError(CheckpointError):
-    """No live peer gave the checkpoint; `failures` holds each peer's answer."""
+    """No live peer gave the checkpoint; `failures` holds each peer's answer, `message` (when
+    given) says it for the user."""
 
-    def __init__(self, failures: list[str]) -> None:
-        super().__init__("; ".join(failures) or "no live peer serves checkpoints")
+    def __init__(self, failures: list[str], message: str = "") -> None:
+        super().__init__(message or "; ".join(failures) or "no live peer serves checkpoints")
         self.failures = failures
 
 

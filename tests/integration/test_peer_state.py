@@ -253,7 +253,7 @@ def test_per_rank_states_whose_holder_is_gone_give_an_error_naming_rank_step_and
 ) -> None:
     _, spare = sharded_job(processes, tmp_path, [tmp_path / "host0", tmp_path / "host1"])
     assert spare.wait(60) == 1, spare.output
-    lines = [x for x in spare.output.splitlines() if x.startswith("cluster: CheckpointError")]
+    lines = [x for x in spare.output.splitlines() if x.startswith("cluster: NoPeerStateError")]
     assert len(lines) == 1, spare.output
     line = lines[0]
     assert re.search(r"rank 1 needs the checkpoint of step \d+ and cannot get it", line), line

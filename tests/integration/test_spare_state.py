@@ -30,6 +30,7 @@ class CounterJob:
     tmp: Path
     args: tuple[str, ...]
     with_spare: bool = True
+    node_timeout_s: str = "2"
 
     def __post_init__(self) -> None:
         self.env = job_env(
@@ -37,7 +38,7 @@ class CounterJob:
             free_port(),
             MS_ENABLE_RECOVERY="1",
             MS_RECOVERY_PATH=str(self.tmp / "recovery"),
-            MS_NODE_TIMEOUT="2",
+            MS_NODE_TIMEOUT=self.node_timeout_s,
         )
         scheduler = ["-m", "cluster", "scheduler"]
         self.scheduler = self.processes.start_role("sched", "MS_SCHED", scheduler, self.env)
@@ -79,6 +80,27 @@ def test_a_manager_made_before_init_serves_its_step_in_memory_before_its_first_s
     spare = job.finished_by_the_spare(10)
     assert "fetched the checkpoint of step 5 (" in spare.output, spare.output
     assert "serving this worker's checkpoints to peers at" in job.workers[0].output
+
+
+def test_a_spare_whose_fetch_finds_its_holder_hung_waits_for_the_next_generation(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Node '1' dies in step 5; the spare, taking its rank, fetches step 5 from rank 0, which
+    holds it in memory only, and rank 0 is stopped as the fetch begins. The fetch gives up on
+    it after 10 s of silence, before the scheduler names it (MS_NODE_TIMEOUT 12 s): the spare
+    crashed with a CheckpointError. It now waits for the scheduler's word, and for the next
+    generation: rank 0, continued, rejoins, and the job finishes."""
+    cue = tmp_path / "cue"
+    args = ("--die-in-step", "5", "--fetch-on-cue", str(cue))
+    job = CounterJob(processes, tmp_path, args, node_timeout_s="12")
+    assert job.spare is not None
+    job.spare.wait_for_output("fetching step 5", EXIT_S)
+    job.workers[0].signal(signal.SIGSTOP)
+    cue.touch()
+    job.spare.wait_for_output("a peer failed; waiting for the job's next generation", EXIT_S)
+    assert "no peer gave its state; waiting up to 14 s" in job.spare.output, job.spare.output
+    job.workers[0].signal(signal.SIGCONT)
+    job.finished_by_the_spare(10)
 
 
 def test_the_survivors_finish_only_once_the_spare_has_fetched_the_final_step(

@@ -6,12 +6,15 @@ rank goes to a spare started beside the job; every worker prints `node <id> rank
 
     MS_ROLE=MS_WORKER ... python replicated_counter.py CKPT_DIR [--steps N] [--save-every K]
         [--early] [--die-in-step S | --die-at-the-end | --linger-after-the-loop]
+        [--fetch-on-cue FILE]
 
 `--early`: the CheckpointManager is made before `cluster.init()`. `--die-in-step S`: node '1'
 exits 1 in step S, before its barrier. `--die-at-the-end`: node '1' exits 1 once every rank
 holds the final step on disk (the scheduler's answer to its report says so), before the loop's
 end barrier: the next generation's rollback step is the end. `--linger-after-the-loop`: node
 '1', in its first process, waits after its loop (past the end barrier) until it is killed.
+`--fetch-on-cue FILE`: a fetch of a peer's state says `fetching step S` and waits until FILE
+exists before it begins (the test stops the peer that holds the state meanwhile).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import cluster
-from cluster.api import runtime
+from cluster.api import peer_state, runtime
 from cluster.testing import wait_until
 
 LINGER_S = 120.0
@@ -49,6 +52,18 @@ def dying_at(steps: int) -> Callable[[list[int]], int]:
     return report
 
 
+def fetching_on_cue(cue: Path) -> None:
+    """Have each fetch of a peer's state wait for `cue` (at most LINGER_S) before it begins."""
+    fetch = peer_state.fetch
+
+    def on_cue(*args: object, **kwargs: object) -> object:
+        print(f"fetching step {args[1]}", flush=True)
+        wait_until(cue.exists, LINGER_S, "the test's cue")
+        return fetch(*args, **kwargs)  # type: ignore[arg-type]
+
+    peer_state.fetch = on_cue  # type: ignore[assignment]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)
@@ -58,7 +73,10 @@ def main() -> None:
     parser.add_argument("--die-in-step", type=int, default=-1)
     parser.add_argument("--die-at-the-end", action="store_true")
     parser.add_argument("--linger-after-the-loop", action="store_true")
+    parser.add_argument("--fetch-on-cue", type=Path)
     args = parser.parse_args()
+    if args.fetch_on_cue is not None:
+        fetching_on_cue(args.fetch_on_cue)
     node = os.environ["MS_NODE_ID"]
     config = cluster.CheckpointConfig(save_checkpoint_steps=args.save_every, keep_checkpoint_max=3)
     dies = node == "1"

@@ -118,7 +118,7 @@ except ImportError as exc:  # say how to get it, not just that it is missing
     raise ImportError("cluster.torch needs torch: pip install 'mscluster-grpc[torch]'") from exc
 
 from cluster.api import data_plane, runtime, training
-from cluster.api.collective import MAX_WAIT_S, barrier, broadcast_bytes
+from cluster.api.collective import MAX_WAIT_S, allgather_bytes, barrier, broadcast_bytes
 from cluster.protocol.display import safe
 from cluster.protocol.errors import ClusterError, PeerFailedError
 from cluster.protocol.topology import Topology
@@ -138,7 +138,7 @@ class _Group:
     # at their first use, so it serves for as long as the group lives. None for gloo, whose
     # server is closed once every rank's group is made.
     server: TCPStore | None
-    # The inodes of the sockets gloo opened for the group (its listener and its connections).
+    # The inodes of the connections gloo opened for the group (`_gloo_connections`).
     sockets: frozenset[int] = frozenset()
     # torch's group (`abort()`: every communicator of it), and whether the agent's thread has
     # aborted it already (`_abort_when_over`).
@@ -287,8 +287,8 @@ def _make(backend: str, topology: Topology, timeout: datetime.timedelta) -> None
 def _make_group(
     backend: str, store: TCPStore, topology: Topology, timeout: datetime.timedelta
 ) -> tuple[frozenset[int], dist.ProcessGroup]:
-    """torch.distributed's default group over `store`: the sockets gloo opened for it, and
-    the group."""
+    """torch.distributed's default group over `store`: the connections gloo opened for it
+    (`_gloo_connections`), and the group."""
     before = _socket_inodes()
     dist.init_process_group(
         backend,
@@ -297,8 +297,51 @@ def _make_group(
         world_size=topology.size,
         timeout=timeout,
     )
-    sockets = _socket_inodes() - before if backend == "gloo" else frozenset()
+    sockets = _gloo_connections(_socket_inodes() - before) if backend == "gloo" else frozenset()
     return sockets, dist.distributed_c10d._get_default_group()
+
+
+def _gloo_connections(opened: frozenset[int]) -> frozenset[int]:
+    """Of the sockets `opened` while the group was made, gloo's connections: those whose local
+    port is a listener opened meanwhile (a peer connected to this rank's gloo) or whose remote
+    port is one of a peer's (this rank connected to its gloo), the ranks' listeners gathered
+    over the control plane. A socket another thread of the program opened meanwhile (its own
+    connection, gRPC's to the scheduler, a state server's) is left alone: it is no gloo's, and
+    shutting it down when the generation ends would cut that thread's work."""
+    ends = {inode: _ends(fd) for fd, inode in _sockets() if inode in opened}
+    mine = {local for local, remote in ends.values() if local and not remote}
+    listening = {int(p) for b in allgather_bytes(_ports(mine)) for p in b.split(b",") if p}
+    return frozenset(
+        inode
+        for inode, (local, remote) in ends.items()
+        if remote and (local in mine or remote in listening)
+    )
+
+
+def _ports(ports: set[int]) -> bytes:
+    return ",".join(map(str, sorted(ports))).encode()
+
+
+def _ends(fd: int) -> tuple[int, int]:
+    """(local port, remote port) of the TCP socket behind `fd`: 0 for an end it has none of
+    (a listener's remote), (0, 0) for any other socket (a unix one, one closed meanwhile)."""
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return 0, 0
+    try:
+        sock = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        return 0, 0
+    with sock:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return 0, 0
+        local = int(sock.getsockname()[1])
+        try:
+            return local, int(sock.getpeername()[1])
+        except OSError:  # not connected: a listener
+            return local, 0
 
 
 def _rendezvous(
@@ -428,13 +471,18 @@ def release_process_group() -> None:
 
 
 def _socket_inodes() -> frozenset[int]:
-    inodes = set()
+    return frozenset(inode for _, inode in _sockets())
+
+
+def _sockets() -> list[tuple[int, int]]:
+    """(descriptor, inode) of each socket of this process."""
+    found = []
     for fd in _descriptors():
         with contextlib.suppress(OSError):
             status = os.fstat(fd)
             if stat.S_ISSOCK(status.st_mode):
-                inodes.add(status.st_ino)
-    return frozenset(inodes)
+                found.append((fd, status.st_ino))
+    return found
 
 
 def _descriptors() -> list[int]:

@@ -117,9 +117,12 @@ def test_a_peer_blocked_on_a_worker_fails_at_once_when_that_worker_releases_its_
 ) -> None:
     """What frees a survivor stuck in gloo waiting on a live neighbour (a ring, the failed rank
     beyond it): the neighbour's TrainingLoop releases its group as soon as its generation is
-    over, and the stuck read ends at once instead of after the group's 30 s timeout."""
+    over, and the stuck read ends at once instead of after the group's 30 s timeout. A
+    connection of the program's own, opened while the group was being made, is no gloo's: it
+    stays open."""
     workers = start_job(processes, RELEASE, 2)
     workers[0].wait_for_output("rank 0 released; group left: False", START_S)
+    workers[0].wait_for_output("its own connection still carries: b'x'", 10)
     workers[1].wait_for_output("recv failed after", 10)
     failed_after = float(re.search(r"recv failed after (\d+\.\d+) s", workers[1].output)[1])
     assert failed_after < 25, workers[1].output  # not the timeout (30 s): the release

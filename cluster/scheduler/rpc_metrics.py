@@ -26,8 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from cluster.transport import handlers
 
-# The methods that are streams (one lives as long as a node, or a follower, does).
-STREAMS = frozenset({"Watch", "Heartbeat", "WatchEvents"})
+# The methods that are streams: one lives as long as a node, a follower or a host's relay does
+# (`Exchange` and `KvSet` take their request in pieces, but are answered at once: timed).
+STREAMS = frozenset({"Watch", "Heartbeat", "WatchEvents", "HostBeats", "HostWatch"})
 RPC_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30)
 
 if TYPE_CHECKING:  # generic in grpc-stubs only

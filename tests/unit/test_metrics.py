@@ -8,6 +8,7 @@ import dataclasses
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -22,6 +23,7 @@ from cluster.scheduler.job_gauges import NODE_LABEL_LIMIT
 from cluster.scheduler.machine import state
 from cluster.storage import store
 from cluster.storage.kv_log import FILE_NAME
+from cluster.transport import relay
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.aio import BOUND_S, eventually
@@ -96,6 +98,27 @@ async def test_rpcs_are_counted_by_method_and_code_and_unary_ones_timed() -> Non
     assert value(seen, "cluster_rpc_requests_total", method="Finish", code="NOT_FOUND") == 1
     assert value(seen, "cluster_rpc_duration_seconds_count", method="Status") == 1
     assert value(seen, "cluster_rpc_duration_seconds_bucket", method="Status", le="+Inf") == 1
+
+
+async def test_a_relays_beats_stream_is_counted_not_timed() -> None:
+    """HostBeats lives as long as a host's relay: timed as a unary call, each stream that ended
+    (a relay reconnecting, the job's end) put its whole life in the latency histogram."""
+    async with SchedulerServer(settings(), observe=ON) as server:
+        await form(server)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = pb_grpc.SchedulerStub(channel)
+
+            async def beats() -> AsyncIterator[pb.HostBeatsRequest]:
+                for _ in range(3):
+                    yield pb.HostBeatsRequest()
+                    await asyncio.sleep(0.1)  # sleep-ok: a relay's batches, apart
+
+            stream = stub.HostBeats(beats(), metadata=relay.stamp())
+            await asyncio.wait_for(stream, BOUND_S)
+        seen = await scrape(server)
+    assert value(seen, "cluster_rpc_requests_total", method="HostBeats", code="OK") == 1
+    timed = seen.get("cluster_rpc_duration_seconds_count", [])
+    assert [s for s in timed if s.labels["method"] == "HostBeats"] == []
 
 
 async def test_the_health_services_watch_is_not_the_schedulers_watch() -> None:

@@ -38,6 +38,27 @@ def test_set_and_get() -> None:
     assert len(kv) == 2
 
 
+def test_an_answer_too_large_to_send_is_refused_before_it_is_built() -> None:
+    """One 4 MiB key listed 20 times in a 60-byte request: the answer (80 MiB, or gigabytes at
+    the request's 256 KiB) was built whole before gRPC refused to send it, the loop blocked
+    meanwhile. Refused first, naming the size; a get and a wait that fit are answered."""
+    kv = KvStore()
+    kv.set("big", b"x" * MAX_VALUE_BYTES)
+    many = ["big"] * 20
+    with pytest.raises(CapacityError, match=r"^a get of 20 keys would answer 83886080 bytes, more"):
+        kv.get(many)
+    assert kv.get(
+        ["big"] * 15,
+    ) == ([b"x" * MAX_VALUE_BYTES] * 15, [])
+
+    async def waited() -> None:
+        with pytest.raises(CapacityError, match=r"^a wait of 20 keys would answer"):
+            await kv.wait(many, BOUND_S)
+        assert waiting(kv) == 0
+
+    asyncio.run(waited())
+
+
 def test_get_missing() -> None:
     kv = KvStore()
     assert kv.get(["x", "y"]) == ([], ["x", "y"])

@@ -43,6 +43,7 @@ from cluster.scheduler.machine.adds import (
     Members,
     is_reserved,
 )
+from cluster.scheduler.machine.rounds import MAX_ANSWER_BYTES
 
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 4 * 1024 * 1024
@@ -154,10 +155,24 @@ class KvTable:
                 self._staged[key] = (staged[0], staged[1] - 1)
 
     def get(self, keys: list[str]) -> tuple[list[bytes], list[str]]:
-        """Values of the present keys in request order, and the missing keys."""
-        values = [self.data[k] for k in keys if k in self.data]
+        """Values of the present keys in request order, and the missing keys; a CapacityError,
+        before any answer is built, when the values would not fit in one (`answer`)."""
+        values = self.answer("a get", [k for k in keys if k in self.data])
         missing = [k for k in keys if k not in self.data]
         return values, missing
+
+    def answer(self, what: str, keys: list[str]) -> list[bytes]:
+        """The values of `keys` (every one present), in their order, once their size is known to
+        fit in one answer: a request of 256 KiB may list one 4 MiB key thousands of times, and
+        its answer would be built whole (gigabytes) before gRPC refused to send it."""
+        size = sum(len(self.data[k]) for k in keys)
+        if size > MAX_ANSWER_BYTES:
+            raise CapacityError(
+                f"{what} of {len(keys)} keys would answer {size} bytes, more than the "
+                f"{MAX_ANSWER_BYTES} one answer carries (a key listed twice counts twice): ask "
+                "for fewer keys at a time"
+            )
+        return [self.data[k] for k in keys]
 
     def add(self, key: str, amount: int, owner: str = "") -> int:
         """Add to a counter (stage and commit at once); its new value."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 from grpc_health.v1 import _async as health_aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from cluster.protocol.config import ClusterConfig, ObserveConfig
 from cluster.protocol.environment import job_settings
@@ -34,8 +34,10 @@ from cluster.scheduler import limits
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.descriptors import DescriptorReserve
 from cluster.scheduler.gate import Gate
+from cluster.scheduler.health import BoundedHealth
 from cluster.scheduler.observe import Observability
 from cluster.scheduler.servicer import SchedulerServicer, add_to_server
+from cluster.scheduler.wiring import add_health_to_server
 from cluster.storage.state_store import StateStore
 from cluster.transport import allocator, collector
 from cluster.transport.serving import server_options
@@ -285,7 +287,7 @@ class SchedulerServer:
             interceptors=interceptors,
         )
         add_to_server(servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        add_health_to_server(BoundedHealth(self._health, servicer), server, servicer.arrivals)
         where = bind_address(self.host, self.requested_port)
         try:
             if self.served is None:

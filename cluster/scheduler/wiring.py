@@ -9,10 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from cluster.transport import edge, handlers
 
 if TYPE_CHECKING:
+    from cluster.scheduler.health import BoundedHealth
     from cluster.scheduler.servicer import SchedulerServicer
 
 # The members' calls counted to their member from their start (`SchedulerServicer.bounded`).
@@ -67,8 +69,27 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server, register
         if method in MEMBER_CALLS:
             arriving = servicer.bounded(method, arriving)
         capture.handlers[method] = arriving
-    service = "cluster.v1.Scheduler"
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, capture.handlers),)
-    )
-    server.add_registered_method_handlers(service, capture.handlers)  # type: ignore[attr-defined]  # missing from grpc-stubs
+    _add(server, "cluster.v1.Scheduler", capture.handlers)
+
+
+def add_health_to_server(
+    health: BoundedHealth, server: grpc.aio.Server, arrivals: handlers.Arrivals
+) -> None:
+    """The health service, each request capped (`edge.HEALTH_LIMITS`) and awaited within its
+    time among the calls that wait for theirs (`arrivals`), as the scheduler's own methods."""
+    capture = _Capture()
+    health_pb2_grpc.add_HealthServicer_to_server(health, capture)
+    for method, handler in list(capture.handlers.items()):
+        deserializer = handler.request_deserializer
+        assert deserializer is not None  # the generated handlers all have one
+        named = f"Health.{method}"
+        capped = handlers.rebuilt(handler, request_deserializer=edge.capped(named, deserializer))
+        capture.handlers[method] = arrivals.wrap(named, capped)
+    _add(server, "grpc.health.v1.Health", capture.handlers)
+
+
+def _add(
+    server: grpc.aio.Server, service: str, methods: dict[str, grpc.RpcMethodHandler[Any, Any]]
+) -> None:
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    server.add_registered_method_handlers(service, methods)  # type: ignore[attr-defined]  # missing from grpc-stubs

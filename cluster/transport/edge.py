@@ -58,6 +58,9 @@ MESSAGE_LIMITS: dict[str, int] = {
 }
 # The largest message of any method: gRPC refuses a longer one unread (`serving`).
 MAX_REQUEST_BYTES = max(MESSAGE_LIMITS.values())
+# The health service's requests (`grpc.health.v1.Health`, open to anyone): a service's name.
+HEALTH_LIMITS: dict[str, int] = {"Health.Check": 256, "Health.Watch": 256, "Health.List": 64}
+_LIMITS = {**MESSAGE_LIMITS, **HEALTH_LIMITS}
 # The methods whose value comes in pieces.
 VALUE_METHODS = ("Exchange", "KvSet")
 # How long a call may take to send its request after it started (HTTP/2 headers first, then the
@@ -206,7 +209,7 @@ class Oversized:
 
     @property
     def limit(self) -> int:
-        return MESSAGE_LIMITS[self.method]
+        return _LIMITS[self.method]
 
     def message(self) -> str:
         return (
@@ -239,7 +242,7 @@ Unparsed = Oversized | Malformed
 def capped(method: str, deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     """`deserializer`, which hands over an `Oversized` for a request over the method's limit,
     and a `Malformed` for bytes it cannot parse."""
-    limit = MESSAGE_LIMITS[method]
+    limit = _LIMITS[method]
 
     def deserialize(data: bytes) -> Any:
         if len(data) > limit:

@@ -69,6 +69,11 @@ class SchedulerCore(Engine):
         waiting = canonical_node_id(reg.node_id) in self.state.guard_waiting
         outcome, effects = self.state.register(reg)
         self.registrations.set()
+        if isinstance(outcome, state.Accepted) and outcome.rejoined:
+            key = canonical_node_id(reg.node_id)
+            for effect in effects:  # the process it replaced failed first (cause `replaced`)
+                if isinstance(effect, state.NodeFailedEvent) and effect.node_id == key:
+                    self.journal.effect_ahead(effect)
         self._tell_registration(reg, prior, outcome, waiting=waiting, peer=peer)
         self._apply(effects)
         if isinstance(outcome, state.Accepted):

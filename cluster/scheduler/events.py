@@ -73,6 +73,8 @@ class EventJournal:
         self.last_memory_resume: MemoryResume | None = None  # for Status
         # Called with every event, on the loop (the metrics count them).
         self.listeners: list[Callable[[JobEvent], None]] = []
+        # Effects journaled ahead of their telling (`effect_ahead`): not journaled again.
+        self._ahead: list[state.Effect] = []
 
     # -- what happened -------------------------------------------------------------------------
 
@@ -101,6 +103,19 @@ class EventJournal:
             self.emit(record)
 
     def effect(self, effect: state.Effect) -> None:
+        if effect in self._ahead:
+            self._ahead.remove(effect)
+            return
+        record = events.of_effect(effect, self._state)
+        if record is not None:
+            self.emit(record)
+
+    def effect_ahead(self, effect: state.Effect) -> None:
+        """Journal `effect` now, before what follows it here is journaled, though it is told
+        (and sent) only once saved: a new process that takes a silent node's id fails that
+        node's process (cause `replaced`), and its `rejoined` must come after that `failed`
+        in the journal, as it did in the job. Its telling journals nothing more."""
+        self._ahead.append(effect)
         record = events.of_effect(effect, self._state)
         if record is not None:
             self.emit(record)

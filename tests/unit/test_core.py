@@ -187,3 +187,20 @@ async def test_a_waiting_job_tells_its_count_again_while_a_node_is_missing() -> 
     core._flush_progress()
     core.abort("scheduler stopped by SIGINT")
     assert (await _next_event(stream)).WhichOneof("kind") == "shutdown"
+
+
+async def test_a_process_that_takes_a_silent_nodes_id_is_journaled_after_its_failure() -> None:
+    """Node '1' silent past its guard, not yet failed (the silence limit is 3 heartbeat
+    intervals): a new process of its id fails it (cause `replaced`) and rejoins. The journal
+    said `rejoined`, then `failed`: every reader (mscluster events, the chaos timeline) ended
+    with a live rank shown failed."""
+    settings = dataclasses.replace(SETTINGS, node_timeout_s=1.0, heartbeat_interval_s=1.0)
+    clock = FakeClock(100.0)
+    core = SchedulerCore(settings, clock)
+    for node_id in ("0", "1"):
+        await asyncio.wait_for(core.register(registration(node_id)), BOUND_S)
+    clock.now += 1.5  # past the guard (1 s), not past the silence limit (3 s)
+    await asyncio.wait_for(core.register(registration("1", incarnation=2)), BOUND_S)
+    told = [e for e in core.journal.history() if e.kind in ("failed", "rejoined", "generation")]
+    assert [e.kind for e in told] == ["failed", "rejoined", "generation"], told
+    assert told[0].fields["cause"] == "replaced"

@@ -230,6 +230,10 @@ def why_not_restart(worker: WorkerSeen, seen: Seen) -> str | None:
     if seen.now.phase in (Phase.FAILED, Phase.FINISHED):
         off = "" if seen.now.recovery else " and recovery is off"
         return f"the job is {seen.now.phase.value} ({seen.now.detail}){off}"
+    if seen.now.phase is not Phase.WAITING and not seen.now.recovery:
+        # The scheduler has not seen the worker go yet (its connection outlives it: a child
+        # that inherited it): a process started again would be refused all the same.
+        return "the job had formed and recovery is off, so it cannot take it back"
     return None
 
 
@@ -270,7 +274,10 @@ def cause(
     to fail, a worker's index or None for the scheduler; `errors`: each failed worker's own
     error line, `error_line`):
 
-    1. a worker killed by a signal: it is the cause, the others exited because of it;
+    1. a ranked worker killed by a signal: it is the cause, the others exited because of it.
+       Of several, the first to fail, else the earliest to exit whose last line is not the
+       job's failure (a peer that NCCL's watchdog aborted, SIGABRT, after another was
+       SIGKILLed); a spare, or a worker whose rank a spare took, is no cause of a failure;
     2. the scheduler killed by a signal, when it was first;
     3. a worker that died of an error of its own (an NCCL error, a bug in the script), not of
        the job's failure (`FAILURE_ERRORS`): which exit the launcher sees first is a race, and
@@ -285,13 +292,13 @@ def cause(
     A worker that failed after it finished its part (`WorkerSeen.finished`) is never the cause.
     """
     workers = [w for w in workers if not w.finished]
-    for worker in workers:
-        if worker.exit_code is not None and worker.exit_code < 0:
-            return worker.index
-    if first is None and scheduler_exit is not None and scheduler_exit < 0:
-        return None
     said = errors or {}
     ranked = sorted((w for w in workers if not w.spare), key=_exit_order)
+    killed = _killed(ranked, first, said)
+    if killed is not None:
+        return killed
+    if first is None and scheduler_exit is not None and scheduler_exit < 0:
+        return None
     own = [
         w.index
         for w in ranked
@@ -309,6 +316,20 @@ def cause(
 
 # The errors a worker dies of when the job failed around it: not a cause.
 FAILURE_ERRORS = ("JobFailedError", "PeerFailedError", "SchedulerUnreachableError")
+
+
+def _killed(
+    ranked: Sequence[WorkerSeen], first: int | None, said: Mapping[int, str | None]
+) -> int | None:
+    """Rule 1 of `cause`: of the `ranked` workers (earliest exit first) killed by a signal, the
+    first to fail, else the earliest whose last line is not the job's failure; None when none
+    was killed."""
+    killed = [w for w in ranked if w.exit_code is not None and w.exit_code < 0]
+    if not killed:
+        return None
+    if first in (w.index for w in killed):
+        return first
+    return next((w for w in killed if not _consequence(said.get(w.index))), killed[0]).index
 
 
 def _own_error(line: str | None) -> bool:

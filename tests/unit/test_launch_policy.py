@@ -61,6 +61,20 @@ def test_restarts_used_up_fail_the_job() -> None:
     assert decide(seen).action is Action.FAIL
 
 
+def test_a_formed_job_without_recovery_takes_no_worker_back_before_its_scheduler_knows() -> None:
+    """The scheduler still answers READY (the dead worker's connection outlives it: a forked
+    child holds it): a worker started again would wait out the guard and be refused, its
+    restart used up and its refusal blamed instead of the crash."""
+    seen = Seen(workers(None, 3), max_restarts=3, last=READY_NO_RECOVERY, now=READY_NO_RECOVERY)
+    assert decide(seen) == Decision(
+        Action.FAIL, 1, "the job had formed and recovery is off, so it cannot take it back"
+    )
+    forming = JobSeen(Phase.WAITING, recovery=False)
+    assert decide(Seen(workers(None, 3), max_restarts=3, last=forming, now=forming)) == Decision(
+        Action.RESTART, 1
+    )
+
+
 def test_a_job_that_is_over_does_not_take_a_restarted_worker() -> None:
     over = JobSeen(Phase.FAILED, recovery=False, detail="rank 0 died")
     seen = Seen(workers(1), max_restarts=3, last=READY_NO_RECOVERY, now=over)
@@ -321,6 +335,22 @@ def test_the_cause_is_the_worker_killed_by_a_signal_not_one_that_exited_because_
     assert cause(workers(1, KILLED, 1), first=0) == 1
     assert cause(workers(1, 1), first=0) == 0
     assert cause(workers(None, None), first=None) is None
+
+
+def test_of_several_killed_the_cause_is_the_earliest_ranked_one_not_a_consequence() -> None:
+    """Rank 1 SIGKILLed (the OOM killer), then rank 0 SIGABRTed of it (NCCL's watchdog): the
+    index does not decide. A spare killed long before is no cause of a later failure."""
+    abort = -signal.SIGABRT
+    died = (WorkerSeen(0, abort, exited_at=1.2), WorkerSeen(1, KILLED, exited_at=1.0))
+    assert cause(died, first=1) == 1
+    assert cause(died, first=None) == 1
+    told = {0: "cluster: JobFailedError: job failed: rank 1 (node '1') died"}
+    aborted_first = (WorkerSeen(0, abort, exited_at=0.9), WorkerSeen(1, KILLED, exited_at=1.0))
+    assert cause(aborted_first, first=0, errors=told) == 0  # the first to fail, killed
+    assert cause(aborted_first, first=None, errors=told) == 1  # its line is the job's failure
+    spare = WorkerSeen(2, KILLED, spare=True, exited_at=5.0)
+    crashed = WorkerSeen(0, 3, exited_at=50.0)
+    assert cause((crashed, WorkerSeen(1, None), spare), first=0) == 0
 
 
 def test_the_cause_is_the_worker_that_died_of_its_own_error_whoever_exited_first() -> None:

@@ -12,6 +12,7 @@ caller liked. grpc_health's own servicer keeps the statuses and answers.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grpc_health.v1 import _async as health_aio
@@ -37,20 +38,27 @@ class BoundedHealth:
     async def Check(
         self, request: Any, context: CallContext
     ) -> health_pb2.HealthCheckResponse | None:
-        try:
-            self._parsed(request, context, "Check")
-        except ClusterError as exc:
-            refuse(context, exc)
-            return None
-        return await self._inner.Check(request, context)
+        answer: health_pb2.HealthCheckResponse | None = await self._unary(
+            "Check", request, context, self._inner.Check
+        )
+        return answer
 
     async def List(self, request: Any, context: CallContext) -> Any:
+        return await self._unary("List", request, context, self._inner.List)
+
+    async def _unary(
+        self,
+        method: str,
+        request: Any,
+        context: CallContext,
+        answer: Callable[[Any, CallContext], Awaitable[Any]],
+    ) -> Any:
         try:
-            self._parsed(request, context, "List")
+            self._parsed(request, context, method)
         except ClusterError as exc:
             refuse(context, exc)
             return None
-        return await self._inner.List(request, context)
+        return await answer(request, context)
 
     async def Watch(self, request: Any, context: CallContext) -> None:
         """grpc_health's Watch, which writes each status with `context.write` until the caller

@@ -38,10 +38,11 @@ def test_a_ported_scripts_init_with_a_backend_name_joins_the_job(processes: Proc
     assert {"rank 0 of 2", "rank 1 of 2"} <= said, said
 
 
-def test_an_argument_neither_a_config_nor_a_name_is_one_line_naming_its_type() -> None:
+def refused_line(argument: str) -> str:
+    """The one line a worker that calls `cluster.init(ARGUMENT)` exits 1 with."""
     env = job_env(2, free_port(), MS_ROLE="MS_WORKER")
     done = subprocess.run(
-        [PYTHON, "-c", "import cluster; cluster.init(8)"],
+        [PYTHON, "-c", f"import cluster; cluster.init({argument})"],
         env=env,
         capture_output=True,
         text=True,
@@ -50,7 +51,11 @@ def test_an_argument_neither_a_config_nor_a_name_is_one_line_naming_its_type() -
     )
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.splitlines()
-    assert line == (
+    return line
+
+
+def test_an_argument_neither_a_config_nor_a_name_is_one_line_naming_its_type() -> None:
+    assert refused_line("8") == (
         "cluster: ConfigError: cluster.init() takes a ClusterConfig (or MindSpore's backend "
         "name, which it ignores), not int: call cluster.init() to read the MS_* environment"
     )
@@ -59,18 +64,7 @@ def test_an_argument_neither_a_config_nor_a_name_is_one_line_naming_its_type() -
 def test_a_string_that_is_not_a_backend_name_is_one_line_naming_it() -> None:
     """`init("ssl.json")` was taken for a backend name and ignored: the job ran without what the
     script meant to give it."""
-    env = job_env(2, free_port(), MS_ROLE="MS_WORKER")
-    done = subprocess.run(
-        [PYTHON, "-c", "import cluster; cluster.init('ssl.json')"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=LIMIT_S,
-        check=False,
-    )
-    assert done.returncode == 1, done.stderr
-    (line,) = done.stderr.splitlines()
-    assert line == (
+    assert refused_line("'ssl.json'") == (
         "cluster: ConfigError: cluster.init('ssl.json'): a string is MindSpore's backend name, "
         "one of hccl, nccl, mccl, which cluster ignores; call cluster.init() to read the MS_* "
         "environment, or give a ClusterConfig"

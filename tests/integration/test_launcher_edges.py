@@ -19,6 +19,7 @@ from tests import tmpfs
 from tests.procs import (
     MSCLUSTER,
     ROOT,
+    Process,
     Procs,
     launched,
     private_copy,
@@ -217,16 +218,24 @@ def hold_args(tmp_path: Path, script: Path, *extra: str) -> list[str]:
     )
 
 
+def held_job_and_its_relay_directory(
+    processes: Procs, tmp_path: Path, script: Path
+) -> tuple[Process, Path]:
+    """`mscluster run` of `script` holding its 2 workers, once they are registered, and the
+    directory of its relay's socket (from the relay's command line)."""
+    run = processes.start("run", hold_args(tmp_path, script), os.environ)
+    run.wait_for_output("2/2 registered (ready)", 30)
+    relay = Path(f"/proc/{launched(tmp_path / 'logs', 'relay')}/cmdline").read_bytes()
+    (socket,) = [arg for arg in relay.decode().split("\0") if arg.startswith("unix:")]
+    return run, Path(socket.removeprefix("unix:")).parent
+
+
 def test_sighup_stops_every_child_and_removes_the_relay_directory(
     processes: Procs, tmp_path: Path
 ) -> None:
     """The terminal of `mscluster run` closes: as SIGTERM, its children stopped, its files gone."""
     script = private_copy(tmp_path)
-    run = processes.start("run", hold_args(tmp_path, script), os.environ)
-    run.wait_for_output("2/2 registered (ready)", 30)
-    relay = Path(f"/proc/{launched(tmp_path / 'logs', 'relay')}/cmdline").read_bytes()
-    (socket,) = [arg for arg in relay.decode().split("\0") if arg.startswith("unix:")]
-    directory = Path(socket.removeprefix("unix:")).parent
+    run, directory = held_job_and_its_relay_directory(processes, tmp_path, script)
     assert directory.is_dir()
     run.popen.send_signal(signal.SIGHUP)
     assert run.wait(15) == 128 + signal.SIGHUP, run.output
@@ -242,11 +251,7 @@ def test_a_launcher_killed_leaves_no_relay_directory_behind(
     its relay, which stops once its launcher is gone, takes its socket, its lock file and their
     directory with it."""
     script = private_copy(tmp_path)
-    run = processes.start("run", hold_args(tmp_path, script), os.environ)
-    run.wait_for_output("2/2 registered (ready)", 30)
-    relay = Path(f"/proc/{launched(tmp_path / 'logs', 'relay')}/cmdline").read_bytes()
-    (socket,) = [arg for arg in relay.decode().split("\0") if arg.startswith("unix:")]
-    directory = Path(socket.removeprefix("unix:")).parent
+    run, directory = held_job_and_its_relay_directory(processes, tmp_path, script)
     assert sorted(p.name for p in directory.iterdir()) == ["relay.sock", "relay.sock.lock"]
     run.popen.kill()
     run.wait(15)

@@ -189,18 +189,24 @@ def test_a_damaged_length_of_a_saved_record_fails_its_header_check(
     damaged, whatever follows. It was acknowledged: the log is reported, never loaded without
     it or cut."""
     starts = logged(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
-    path = tmp_path / FILE_NAME
-    data = bytearray(path.read_bytes())
-    data[starts[damaged] + 2] ^= 0x80  # the length's high byte: 2 GiB past the end
-    path.write_bytes(data)
-    log = KvLog(tmp_path)
-    with pytest.raises(StateFileError) as caught:
-        log.load(JOB)
-    message = str(caught.value)
-    assert f"the key-value log {path} is corrupt at byte {starts[damaged]}" in message
+    message = refused_with_a_damaged_length(tmp_path, starts[damaged])
     assert "(a record's header fails its check)" in message
+
+
+def refused_with_a_damaged_length(directory: Path, at: int) -> str:
+    """The error of loading the log once the high byte of the length of its record at `at` is
+    flipped (2 GiB past the end); the log is left as it was."""
+    path = directory / FILE_NAME
+    data = bytearray(path.read_bytes())
+    data[at + 2] ^= 0x80
+    path.write_bytes(data)
+    with pytest.raises(StateFileError) as caught:
+        KvLog(directory).load(JOB)
+    message = str(caught.value)
+    assert f"the key-value log {path} is corrupt at byte {at}" in message
     assert kv_log.ADVICE in message
     assert path.read_bytes() == data  # nothing cut: what to do is the operator's call
+    return message
 
 
 @pytest.mark.parametrize(
@@ -214,18 +220,8 @@ def test_a_damaged_length_in_a_version_1_log_is_corruption_never_a_torn_tail(
     records follow its header to the end (the second record), or its own bytes to the end are
     one whole record (the last)."""
     starts = version_1_log(tmp_path, [{key: key.encode() * 8} for key in "abcd"])
-    path = tmp_path / FILE_NAME
-    data = bytearray(path.read_bytes())
-    data[starts[damaged] + 2] ^= 0x80  # the length's high byte: 2 GiB past the end
-    path.write_bytes(data)
-    log = KvLog(tmp_path)
-    with pytest.raises(StateFileError) as caught:
-        log.load(JOB)
-    message = str(caught.value)
-    assert f"the key-value log {path} is corrupt at byte {starts[damaged]}" in message
+    message = refused_with_a_damaged_length(tmp_path, starts[damaged])
     assert follows.format(next=starts[damaged + 1] if damaged < 3 else 0) in message
-    assert kv_log.ADVICE in message
-    assert path.read_bytes() == data  # nothing cut: what to do is the operator's call
 
 
 @pytest.mark.parametrize("kept", range(1, record_size("c", b"c" * 8)))

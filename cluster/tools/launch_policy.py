@@ -327,7 +327,7 @@ def _killed(
     killed = [w for w in ranked if w.exit_code is not None and w.exit_code < 0]
     if not killed:
         return None
-    if first in (w.index for w in killed):
+    if first is not None and first in {w.index for w in killed}:
         return first
     return next((w for w in killed if not _consequence(said.get(w.index))), killed[0]).index
 

@@ -1,9 +1,10 @@
 """The members' bounds on the scheduler's loop (the rules: `machine.member_bounds`).
 
 `MemberLimits.call` is around each member call (a collective, a key-value call, a checkpoint
-report) from its start, while its request is still on its way, and `request_bytes` counts the
-request once it came: past the member's share of calls or of request bytes in flight the call
-is refused (CapacityError: RESOURCE_EXHAUSTED), and what it sent is dropped.
+report) once its first message came (before, the calls that wait for theirs are bounded by
+address: `handlers.Arrivals`), and `request_bytes` counts the request as that message names
+it: past the member's share of calls or of request bytes in flight the call is refused
+(CapacityError: RESOURCE_EXHAUSTED), and what it sent is dropped.
 `beat` drops a node's beats that come sooner than a fraction of the heartbeat interval after
 the last one. `stream_open` refuses a node's Heartbeat stream opened faster than its rate
 (CapacityError: RESOURCE_EXHAUSTED), answered after a hold. `ReportTurns` makes a member's
@@ -63,10 +64,11 @@ class MemberLimits:
 
     @contextlib.contextmanager
     def call(self, node_id: str, host: str, method: str) -> Iterator[None]:
-        """Around a `method` call that says it is `node_id`'s, from `host`, from its start (its
-        request may be on its way): CapacityError when the member is past its share of calls.
-        Its request's bytes are counted once it came (`request_bytes`). A member is counted by
-        its node id and host: a call that names a node from elsewhere is not counted to it."""
+        """Around a `method` call that says it is `node_id`'s, from `host`, once its first
+        message came (the rest of a value may be on its way): CapacityError when the member is
+        past its share of calls. Its request's bytes are counted as the first message names
+        them (`request_bytes`). A member is counted by its node id and host: a call that names
+        a node from elsewhere is not counted to it."""
         node = canonical_node_id(node_id)
         key = f"{node}@{host}"
         over = self.in_flight.open(key)

@@ -7,7 +7,8 @@ peers that carry an admitted Watch stream (a member's, whose descriptors are nev
 connection of each node's admitted stream, each node's Heartbeat stream, the calls that still
 wait for their first message (`handlers.Arrivals`) and the host calls open (`HostCalls`). A call
 refused before it reaches the job is counted and told at a bounded rate (`at_edge`); a member's
-calls are counted to it from their start (`bounded`); reading the job needs the job secret's
+calls are refused unread when they name no member (`named`) and counted to their member once
+their request came (`counted`); reading the job needs the job secret's
 proof (`_check_reader`).
 
 A failure becomes a status code and its kind in the trailing metadata through the one table of
@@ -113,7 +114,7 @@ async def drained(requests: AsyncIterator[Any], most_bytes: int) -> None:
     to `most_bytes` of value and within `edge.VALUE_WITHIN_S`. A member's call ended while its
     worker still writes pieces can end there, in gRPC's Python client, as INTERNAL ("Internal
     error from Core") in place of the refusal it was given: a standby's naming the leader, or a
-    share's naming what to do. A stranger's call is never read (`ServicerEdge.bounded`)."""
+    share's naming what to do. A stranger's call is never read (`ServicerEdge.named`)."""
 
     async def drain() -> None:
         seen = 0
@@ -172,22 +173,40 @@ class ServicerEdge:
         # Each node's Heartbeat stream (canonical node id -> what ends it): one per node.
         self.beat_streams: dict[str, asyncio.Future[None]] = {}
 
-    def bounded(self, method: str, handler: Handler) -> Handler:
-        """`handler`, a member's call: refused unread when it names no member or spare of the
-        job (`Admission.named`: a stranger's request, up to the largest message, is never taken
-        in), else counted to the member it names from its start, while its request is on its
-        way (`MemberLimits.call`): past its share, refused at once."""
+    def named(self, method: str, handler: Handler) -> Handler:
+        """`handler`, a member's call from its start: refused unread when it names no member or
+        spare of the job (`Admission.named`: a stranger's request, up to the largest message, is
+        never taken in)."""
 
         def wrap(behavior: Any) -> Any:
             async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                caller = membership.named(context.invocation_metadata())
-                node_id, core = caller.node_id, self._gate.core
+                core = self._gate.core
+                if core is not None:  # a standby's refusal names the leader
+                    caller = membership.named(context.invocation_metadata())
+                    stranger = self._stranger(context, core, method, caller)
+                    if stranger is not None:
+                        refuse(context, stranger)
+                        return None
+                return await behavior(requests, context)
+
+            return call
+
+        return handlers.rebuilt(handler, wrap=wrap)
+
+    def counted(self, method: str, handler: Handler) -> Handler:
+        """`handler`, a member's call once its request came (`handlers.Arrivals` awaits it
+        before): counted to the member it names (`MemberLimits.call`), past its share refused
+        at once. Not from the call's start: a call that never sends its request is any
+        caller's, and one on the member's address could otherwise hold the member's share with
+        calls that name it and never send (the calls waiting for their request are bounded by
+        address, `Arrivals`, and a node tries again when crowded)."""
+
+        def wrap(behavior: Any) -> Any:
+            async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                core = self._gate.core
                 if core is None:  # a standby: its refusal names the leader
                     return await behavior(requests, context)
-                stranger = self._stranger(context, core, method, caller)
-                if stranger is not None:
-                    refuse(context, stranger)
-                    return None
+                node_id = membership.named(context.invocation_metadata()).node_id
                 host = peer_host(context.peer() or "")
                 try:
                     with core.bounds.call(node_id[:200], host, method):

@@ -1,7 +1,8 @@
 """How the scheduler's servicer goes on a gRPC server: each method's request capped at the edge
 (`cluster.transport.edge.capped`), each call's first message awaited within its bounds
-(`handlers.Arrivals`), a member's calls counted to it from their start (`bounded`), and Watch
-writing the events the core serialized once as they are."""
+(`handlers.Arrivals`), a member's call refused unread when it names no member (`named`) and
+counted to its member once its request came (`counted`), and Watch writing the events the core
+serialized once as they are."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from cluster.scheduler.health import BoundedHealth
     from cluster.scheduler.servicer import SchedulerServicer
 
-# The members' calls counted to their member from their start (`SchedulerServicer.bounded`).
+# The members' calls: named members only (`named`), each counted to its member (`counted`).
 MEMBER_CALLS = frozenset(
     {"Exchange", "KvSet", "KvGet", "KvWait", "KvAdd", "ReportCheckpoints", "PeerTable"}
 )
@@ -65,10 +66,11 @@ def add_to_server(servicer: SchedulerServicer, server: grpc.aio.Server, register
             request_deserializer=edge.capped(method, deserializer),
             response_serializer=event_bytes if method == "Watch" else None,
         )
-        arriving = servicer.arrivals.wrap(method, capped)
-        if method in MEMBER_CALLS:
-            arriving = servicer.bounded(method, arriving)
-        capture.handlers[method] = arriving
+        member = method in MEMBER_CALLS
+        arriving = servicer.arrivals.wrap(
+            method, servicer.counted(method, capped) if member else capped
+        )
+        capture.handlers[method] = servicer.named(method, arriving) if member else arriving
     _add(server, "cluster.v1.Scheduler", capture.handlers)
 
 

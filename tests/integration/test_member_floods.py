@@ -7,13 +7,19 @@ saved at most once a turn. Meanwhile another rank's barriers complete, and the j
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import urllib.request
 from pathlib import Path
 
+import grpc
+import pytest
+
 from cluster.scheduler.machine.member_bounds import OPEN_EVERY_S, OPEN_HOLD_S, OPENS_BURST
 from cluster.testing import Process, free_port
+from cluster.v1 import scheduler_pb2 as pb
+from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.integration.test_hostile import (
     START_S,
     env_for,
@@ -24,6 +30,9 @@ from tests.integration.test_hostile import (
 from tests.procs import ROOT, Procs
 
 FLOOD = ROOT / "tests" / "integration" / "scripts" / "member_flood.py"
+SETS_ON_CUE = ROOT / "tests" / "integration" / "scripts" / "sets_on_cue.py"
+# Calls that name member '0' and never send their request: past a member's share of calls (64).
+STALLED = 70
 SECONDS = 4.0
 # A member's turn for a report that changes what it holds (`member_limits.REPORT_EVERY_S`).
 TURN_S = 0.1
@@ -221,3 +230,35 @@ def sched_cpu_s(sched: Process) -> float:
     """The scheduler's CPU time so far (user and system), in seconds."""
     fields = Path(f"/proc/{sched.pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_calls_that_name_a_member_and_never_send_hold_none_of_its_share(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Anyone on a member's address (a local user, a NAT), without the job secret, opened 70
+    Exchange calls naming node '0' and never sent their request: each was counted to the
+    member from its start, and the member's own key-value sets were refused (CapacityError)
+    for as long as the calls were held. A call counts to its member once its request came;
+    until then the calls that wait for theirs are bounded by address."""
+    env = env_for(free_port(), tmp_path, None, CLUSTER_JOB_SECRET="s" * 32)
+    sched = start_scheduler(processes, env)
+    cue = tmp_path / "cue"
+    workers = [start_worker(processes, i, env, [str(SETS_ON_CUE), str(cue)]) for i in range(2)]
+    for rank, worker in enumerate(workers):
+        await asyncio.to_thread(worker.wait_for_output, f"ready rank={rank}", START_S * 2)
+    address = f"127.0.0.1:{env['MS_SCHED_PORT']}"
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        stalled = [stub.Exchange(metadata=(("cluster-node-id", "0"),)) for _ in range(STALLED)]
+        # A call made after them on the same connection has its answer once theirs are open.
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.Status(pb.StatusRequest(), timeout=START_S)
+        cue.touch()
+        for rank, worker in enumerate(workers):
+            await asyncio.to_thread(worker.wait_for_output, f"sets rank={rank}", START_S * 2)
+        for call in stalled:
+            call.cancel()
+    assert "sets rank=0 done=20 failed=0" in workers[0].output, workers[0].output
+    for worker in workers:
+        assert await asyncio.to_thread(worker.wait, START_S) == 0, worker.output
+    assert await asyncio.to_thread(sched.wait, START_S) == 0, sched.output

@@ -66,7 +66,7 @@ async def _ends(channel: grpc.aio.Channel, method: str) -> grpc.aio.AioRpcError:
 
 async def test_every_method_of_the_scheduler_refuses_bytes_that_are_not_its_request() -> None:
     """A member's method, called by a caller that names no node, is refused before its bytes
-    are read (`ServicerEdge.bounded`): UNAUTHENTICATED, counted as such."""
+    are read (`ServicerEdge.named`): UNAUTHENTICATED, counted as such."""
     methods = list(edge.MESSAGE_LIMITS)
     async with SchedulerServer(settings()) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:

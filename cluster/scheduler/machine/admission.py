@@ -190,7 +190,7 @@ class Admission:
 
     def named(self, node_id: str, incarnation: int | None) -> Member | Denied:
         """The member or spare a call names (`incarnation` None: any), before what it presents
-        is looked at: a call that names none is refused unread (`ServicerEdge.bounded`), so
+        is looked at: a call that names none is refused unread (`ServicerEdge.named`), so
         that no stranger has the scheduler take its request in."""
         member = None
         if valid_node_id(node_id):

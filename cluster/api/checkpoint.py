@@ -428,11 +428,11 @@ class CheckpointManager:
         runtime.session().say(f"{moved}; fetching step {step} from a live peer")
         try:
             return self._fetch(step).state
-        except NoPeerStateError as exc:  # kept as such: a peer may have failed as it served
-            said = f"{moved}; no live peer gave step {step} either: {exc}"
-            raise NoPeerStateError(exc.failures, said) from None
         except CheckpointError as exc:
-            raise CheckpointError(f"{moved}; no live peer gave step {step} either: {exc}") from None
+            said = f"{moved}; no live peer gave step {step} either: {exc}"
+            if isinstance(exc, NoPeerStateError):  # kept as such: a peer may have failed
+                raise NoPeerStateError(exc.failures, said) from None
+            raise CheckpointError(said) from None
 
     def fetch(self, step: int) -> Path:
         """Get this rank's checkpoint of `step` from a live peer of the job, verify it and

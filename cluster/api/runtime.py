@@ -93,13 +93,13 @@ def _given_config(config: object) -> ClusterConfig | None:
     file's path) or value is a ConfigError naming it."""
     if config is None or isinstance(config, ClusterConfig):
         return config
-    if isinstance(config, str) and config not in MINDSPORE_BACKENDS:
-        raise ConfigError(
-            f"cluster.init({quoted(config, 64)}): a string is MindSpore's backend name, one of "
-            f"{', '.join(MINDSPORE_BACKENDS)}, which cluster ignores; call cluster.init() to "
-            "read the MS_* environment, or give a ClusterConfig"
-        )
     if isinstance(config, str):
+        if config not in MINDSPORE_BACKENDS:
+            raise ConfigError(
+                f"cluster.init({quoted(config, 64)}): a string is MindSpore's backend name, one "
+                f"of {', '.join(MINDSPORE_BACKENDS)}, which cluster ignores; call cluster.init() "
+                "to read the MS_* environment, or give a ClusterConfig"
+            )
         sys.stderr.write(
             f"cluster: init({quoted(config, 64)}): MindSpore's backend name is ignored: cluster "
             "forms the job, and the data plane's backend is the script's (cluster.torch's "

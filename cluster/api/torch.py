@@ -297,18 +297,19 @@ def _make_group(
         world_size=topology.size,
         timeout=timeout,
     )
-    sockets = _gloo_connections(_socket_inodes() - before) if backend == "gloo" else frozenset()
+    sockets = _gloo_connections(before) if backend == "gloo" else frozenset()
     return sockets, dist.distributed_c10d._get_default_group()
 
 
-def _gloo_connections(opened: frozenset[int]) -> frozenset[int]:
-    """Of the sockets `opened` while the group was made, gloo's connections: those whose local
-    port is a listener opened meanwhile (a peer connected to this rank's gloo) or whose remote
-    port is one of a peer's (this rank connected to its gloo), the ranks' listeners gathered
-    over the control plane. A socket another thread of the program opened meanwhile (its own
-    connection, gRPC's to the scheduler, a state server's) is left alone: it is no gloo's, and
-    shutting it down when the generation ends would cut that thread's work."""
-    ends = {inode: _ends(fd) for fd, inode in _sockets() if inode in opened}
+def _gloo_connections(before: frozenset[int]) -> frozenset[int]:
+    """Of the sockets opened while the group was made (their inodes not in `before`), gloo's
+    connections: those whose local port is a listener opened meanwhile (a peer connected to this
+    rank's gloo) or whose remote port is one of a peer's (this rank connected to its gloo), the
+    ranks' listeners gathered over the control plane, in one scan. A socket another thread of
+    the program opened meanwhile (its own connection, gRPC's to the scheduler, a state server's)
+    is left alone: it is no gloo's, and shutting it down when the generation ends would cut that
+    thread's work."""
+    ends = {inode: _ends(fd) for fd, inode in _sockets() if inode not in before}
     mine = {local for local, remote in ends.values() if local and not remote}
     listening = {int(p) for b in allgather_bytes(_ports(mine)) for p in b.split(b",") if p}
     return frozenset(

@@ -12,14 +12,13 @@ caller liked. grpc_health's own servicer keeps the statuses and answers.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2
 
 from cluster.protocol.errors import ClusterError, CrowdedError
-from cluster.scheduler.servicer_edge import CallContext, ServicerEdge, refuse
+from cluster.scheduler.servicer_edge import CallContext, ServicerEdge, mapped, refuse
 from cluster.transport import edge
 
 # Health Watch streams open at once: a few probes and load balancers, not a stranger's flood.
@@ -27,44 +26,34 @@ HEALTH_WATCHES = 64
 
 
 class BoundedHealth:
-    """`inner`'s Check, List and Watch, each request refused at `edge_`'s edge when it is not one,
-    and at most HEALTH_WATCHES Watch streams open."""
+    """`inner`'s Check, List and Watch, each request refused at `edge_`'s edge when it is not one
+    (`mapped`, as the scheduler's own methods), and at most HEALTH_WATCHES Watch streams open."""
 
     def __init__(self, inner: health_aio.HealthServicer, edge_: ServicerEdge) -> None:
         self._inner = inner
         self._edge = edge_
         self.watching = 0
 
+    def at_edge(self, context: CallContext, method: str, reason: str, problem: str) -> ClusterError:
+        return self._edge.at_edge(context, method, reason, problem)
+
+    @mapped
     async def Check(
-        self, request: Any, context: CallContext
-    ) -> health_pb2.HealthCheckResponse | None:
-        answer: health_pb2.HealthCheckResponse | None = await self._unary(
-            "Check", request, context, self._inner.Check
-        )
+        self, request: health_pb2.HealthCheckRequest, context: CallContext
+    ) -> health_pb2.HealthCheckResponse:
+        answer: health_pb2.HealthCheckResponse = await self._inner.Check(request, context)
         return answer
 
+    @mapped
     async def List(self, request: Any, context: CallContext) -> Any:
-        return await self._unary("List", request, context, self._inner.List)
-
-    async def _unary(
-        self,
-        method: str,
-        request: Any,
-        context: CallContext,
-        answer: Callable[[Any, CallContext], Awaitable[Any]],
-    ) -> Any:
-        try:
-            self._parsed(request, context, method)
-        except ClusterError as exc:
-            refuse(context, exc)
-            return None
-        return await answer(request, context)
+        return await self._inner.List(request, context)
 
     async def Watch(self, request: Any, context: CallContext) -> None:
         """grpc_health's Watch, which writes each status with `context.write` until the caller
         ends the stream."""
         try:
-            self._parsed(request, context, "Watch")
+            if isinstance(request, edge.Unparsed):
+                raise self.at_edge(context, request.method, request.reason, request.message())
             if self.watching >= HEALTH_WATCHES:
                 raise CrowdedError(
                     f"{self.watching} health Watch streams are open, the most the scheduler "
@@ -78,8 +67,3 @@ class BoundedHealth:
             await self._inner.Watch(request, context)
         finally:
             self.watching -= 1
-
-    def _parsed(self, request: Any, context: CallContext, method: str) -> None:
-        """Raise the edge's refusal of a request that is not one (over its limit, unparsed)."""
-        if isinstance(request, edge.Unparsed):
-            raise self._edge.at_edge(context, f"Health.{method}", request.reason, request.message())

@@ -228,6 +228,8 @@ class Member:
     credential_digest: bytes = field(default=b"", repr=False)
     # A failed worker whose rank a spare took: that spare's node id ("" otherwise).
     replaced_by: str = ""
+    # A spare that took a rank: the node id that held the rank before it ("" otherwise).
+    took_over: str = ""
 
     def describe(self) -> str:
         who = f"node {self.node_id!r} at {self.host}:{self.port}"
@@ -251,6 +253,7 @@ class Member:
             # The hash only: the credential itself is never saved.
             "credential_sha256": self.credential_digest.hex(),
             "replaced_by": self.replaced_by,
+            "took_over": self.took_over,
         }
 
     @classmethod
@@ -273,4 +276,5 @@ class Member:
             checkpoints=tuple(int(s) for s in saved.get("checkpoints", ())),
             credential_digest=bytes.fromhex(str(saved.get("credential_sha256", ""))),
             replaced_by=str(saved.get("replaced_by", "")),
+            took_over=str(saved.get("took_over", "")),
         )

@@ -1,13 +1,13 @@
 """What the scheduler's log says of the job's events as they are told: registration progress
-(at most one line per `PROGRESS_LOG_EVERY_S`, and the last), a formed topology, a failed node,
-the job's end."""
+(at most one line per `PROGRESS_LOG_EVERY_S`, and the last), a formed topology, a failed node
+(and why no spare takes its rank, where that is not plain), the job's end."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from cluster.scheduler.machine import state
+from cluster.scheduler.machine import spares, state
 
 log = logging.getLogger("cluster.scheduler")
 
@@ -37,7 +37,26 @@ class EffectLog:
             )
         elif isinstance(event, state.NodeFailedEvent):
             log.error("node %r (rank %s) failed: %s", event.node_id, event.rank, event.reason)
+            self._kept_for_its_node(event)
         elif event.ok:
             log.info("job finished: %s", event.reason)
         else:
             log.error("job failed: %s", event.reason)
+
+    def _kept_for_its_node(self, event: state.NodeFailedEvent) -> None:
+        """Say why a live spare did not take the rank of the worker that failed, when that is
+        because every other worker has finished (`spares.others_finished`)."""
+        job, member = self._job, self._job.find(event.node_id)
+        if member is None or member.rank is None or not spares.live(job.spares.values()):
+            return
+        if spares.others_finished(job.members.values(), member):
+            before = f" (or node {member.took_over!r}, which held it before)"
+            log.warning(
+                "no spare takes rank %s: every other worker has finished, so a spare could "
+                "fetch the rank's final state from nobody; the rank waits for node %r to come "
+                "back%s, whose files hold that state, for up to MS_TOPO_TIMEOUT (%g s)",
+                member.rank,
+                member.node_id,
+                before if member.took_over else "",
+                job.settings.topo_timeout_s,
+            )

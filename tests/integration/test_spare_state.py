@@ -137,3 +137,25 @@ def test_a_worker_killed_after_the_end_barrier_finishes_alone_once_restarted(
     assert "resuming from step 4\n" in restarted.output, restarted.output
     assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output
     assert "the other workers finished the job before this one came back" in restarted.output
+
+
+def test_a_rank_that_fails_once_every_other_worker_finished_waits_for_its_node(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """As above, with a spare: node '1' is SIGKILLed after rank 0 finished. No spare takes its
+    rank (none could fetch the final state: the only peer that held it has finished); the rank
+    waits for node '1', which comes back, finishes from its own file, and so does the job. The
+    spare, never promoted, exits 0 with it."""
+    job = CounterJob(processes, tmp_path, ("--steps", "4", "--linger-after-the-loop"))
+    assert job.spare is not None
+    job.workers[1].wait_for_output("node 1 lingers after its loop", EXIT_S)
+    assert job.workers[0].wait(EXIT_S) == 0, job.workers[0].output
+    job.workers[1].signal(signal.SIGKILL)
+    assert job.workers[1].wait(EXIT_S) == -signal.SIGKILL
+    job.scheduler.wait_for_output("no spare takes rank 1: every other worker has finished", EXIT_S)
+    restarted = job.start("1")
+    assert restarted.wait(EXIT_S) == 0, restarted.output
+    assert job.scheduler.wait(EXIT_S) == 0, job.scheduler.output
+    assert job.spare.wait(EXIT_S) == 0, job.spare.output
+    assert "promoted" not in job.spare.output, job.spare.output
+    assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output

@@ -355,6 +355,60 @@ def test_the_end_of_the_job_is_told_to_spares_and_refuses_waiting_nodes_as_finis
     assert outcome.reason is Refusal.JOB_FINISHED
 
 
+def test_a_rank_that_fails_once_every_other_worker_finished_waits_for_its_node() -> None:
+    """Every other worker has finished (past the end, its state server stopped): a spare could
+    fetch the rank's state from nobody, so none takes it, and none that arrives meanwhile; the
+    rank waits for its node, which rejoins after its guard and finishes the job."""
+    clock = FakeClock()
+    state = job(clock)
+    for node_id in ("0", "2"):
+        assert state.finish(node_id, 1) == []
+    effects = state.disconnect("1", 1)
+    assert ready_events(effects) == []
+    assert (state.members["1"].state, state.members["1"].rank) == (NodeState.FAILED, 1)
+    outcome, effects = state.register(spare_reg(state, "s1", port=7001))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    assert ready_events(effects) == []
+    assert state.pool.promotions == 0
+    clock.advance(GUARD + 0.1)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    assert ready_events(effects)[0].promoted == ""
+    state.connect("1", 2)
+    assert state.finish("1", 2) == [ShutdownEvent(True, "all 3 nodes finished")]
+
+
+def test_a_promoted_spare_that_fails_once_the_others_finished_gives_the_rank_back() -> None:
+    """A spare took rank 1 while rank 0 was at work, and failed (it could not fetch the state)
+    once rank 0 had finished: no other spare takes the rank, but its previous holder, back as
+    a spare after its guard, does (its files hold the rank's state), also from a restarted
+    scheduler."""
+    clock = FakeClock()
+    state = job(clock, 2, spares=("s0", "s1"))
+    (ready,) = ready_events(state.disconnect("1", 1))
+    assert ready.promoted == "s0"
+    state.connect("s0", 1)
+    state.finish("0", 1)
+    assert ready_events(state.disconnect("s0", 1)) == []
+    assert state.spares["s1"].rank is None
+    saved = json.loads(json.dumps(state.snapshot()))
+    state = SchedulerState.restore(saved, state.settings, clock, new_cluster_id="next")
+    clock.advance(GUARD + 0.1)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    (ready,) = ready_events(effects)
+    assert (ready.promoted, state.members["1"].rank) == ("1", 1)
+
+
+def test_a_rank_that_fails_while_another_worker_is_still_at_work_goes_to_a_spare() -> None:
+    state = job(FakeClock())
+    state.finish("0", 1)
+    (ready,) = ready_events(state.disconnect("1", 1))
+    assert ready.promoted == "s0"
+
+
 def test_a_restarted_scheduler_knows_its_spares() -> None:
     clock = FakeClock()
     state = job(clock, spares=("s0", "s1"))

@@ -75,10 +75,23 @@ def live(spares: Iterable[Member]) -> list[Member]:
     return [m for m in spares if m.state is NodeState.ALIVE and m.rank is None]
 
 
-def pick(spares: Iterable[Member], failed: Member) -> Member | None:
+def others_finished(members: Iterable[Member], failed: Member) -> bool:
+    """Whether every other worker of the job has finished (called cluster.finalize()): past the
+    end then, and each finished worker's state server has stopped, so a spare given `failed`'s
+    rank could fetch the rank's state from nobody, while `failed`'s own node, restarted, finds
+    it in its files. Its rank waits for that node, or for the node that held it before
+    `failed` took it (`Member.took_over`), back as a spare."""
+    others = [m for m in members if m.role is NodeRole.WORKER and m is not failed]
+    return bool(others) and all(m.state is NodeState.FINISHED for m in others)
+
+
+def pick(spares: Iterable[Member], failed: Member, members: Iterable[Member]) -> Member | None:
     """The spare to take `failed`'s rank: one on its host first, then by node id. None for a
-    parameter server's: spares are workers, and a server's rank waits for its node."""
+    parameter server's (spares are workers, and a server's rank waits for its node); once
+    every other worker has finished, only the rank's previous holder (`others_finished`)."""
     candidates = live(spares) if failed.role is NodeRole.WORKER else []
+    if others_finished(members, failed):
+        candidates = [m for m in candidates if m.node_id == failed.took_over]
     if not candidates:
         return None
     return min(candidates, key=lambda m: (m.host != failed.host, m.node_id))
@@ -86,9 +99,10 @@ def pick(spares: Iterable[Member], failed: Member) -> Member | None:
 
 def hand_over(failed: Member, spare: Member) -> None:
     """`spare` takes `failed`'s rank and the checkpoints reported for it, not its local rank
-    (the spare's host may be another: `SpareHost.place_workers` places it); `failed` keeps its
-    record, rankless, for the guard."""
+    (the spare's host may be another: `SpareHost.place_workers` places it), and remembers whose
+    rank it took; `failed` keeps its record, rankless, for the guard."""
     spare.rank, failed.rank = failed.rank, None
+    spare.took_over, failed.took_over = failed.node_id, ""
     spare.checkpoints, failed.checkpoints = failed.checkpoints, ()
     failed.local_rank, failed.local_size = 0, 1
     failed.replaced_by = spare.node_id
@@ -165,7 +179,7 @@ class SparePool:
         if not down:
             return []
         failed = min(down, key=lambda m: (m.role is NodeRole.SERVER, m.rank))
-        spare = pick(job.spares.values(), failed)
+        spare = pick(job.spares.values(), failed, job.members.values())
         return [] if spare is None else self.promote(spare, failed)
 
     def respare(

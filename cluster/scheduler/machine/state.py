@@ -510,7 +510,11 @@ class SchedulerState:
             # if it is only cut off, is ended: a node must register again to come back, so
             # that its return is a new generation.
             evict = Evict(member.node_id, member.incarnation, why)
-            spare = spares.pick(self.spares.values(), member) if promote else None
+            spare = (
+                spares.pick(self.spares.values(), member, self.members.values())
+                if promote
+                else None
+            )
             return [failed, evict, *([] if spare is None else self.pool.promote(spare, member))]
         if self.phase is not Phase.READY:
             return [failed]

@@ -1024,3 +1024,78 @@ async def test_a_beats_stream_cut_off_or_at_a_standby_is_no_refusal() -> None:
             assert said == []
         finally:
             beats.stop()
+
+
+class _SwappedCall(_BeatsCall):
+    """A HostBeats call to the scheduler the relay leaves: its first write waits for `cut`,
+    then ends as gRPC ends it under a lost connection (raised), or is taken and never read
+    (a call that ended meanwhile)."""
+
+    def __init__(self, cut: asyncio.Event, raises: bool) -> None:
+        super().__init__(None)
+        self.cut, self.raises, self.cancelled = cut, raises, False
+
+    async def write(self, raw: bytes) -> None:
+        await self.cut.wait()
+        if self.raises:
+            raise _refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        self.written.append(raw)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _SwapChannel(_Channel):
+    def __init__(self, call: _BeatsCall | None = None) -> None:
+        super().__init__()
+        self._next = call
+
+    def stream_unary(self, path: str) -> object:
+        def start(metadata: object) -> _BeatsCall:
+            call, self._next = self._next or _BeatsCall(None), None
+            self.calls.append(call)
+            return call
+
+        return start
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return grpc.ChannelConnectivity.READY
+
+
+def _named(calls: list[_BeatsCall]) -> list[str]:
+    return [
+        h.node_id for c in calls for r in c.written for h in pb.HostBeatsRequest.FromString(r).nodes
+    ]
+
+
+@pytest.mark.parametrize("raises", [True, False], ids=["write-fails", "taken-unread"])
+async def test_a_batch_lost_as_the_relay_moves_is_superseded_by_the_next_at_the_new_scheduler(
+    raises: bool,
+) -> None:
+    """The batch on its way when the relay moves to another scheduler is lost (each beat goes
+    up once, never again); it costs each of its workers one beat, not more. The beats heard
+    while it was on its way go up next, to the scheduler the relay follows now, on a call of
+    its own, with no other beat needed to carry them; the workers' next beats follow on it.
+    One lost beat in MS_NODE_TIMEOUT is never a death (`config.silence_limit`: at least
+    MIN_HEARTBEATS_PER_TIMEOUT intervals), so the loss fails nobody."""
+    cut = asyncio.Event()
+    left = _SwappedCall(cut, raises)
+    channels = {"a:1": _SwapChannel(left), "b:1": _SwapChannel()}
+    upstreams = Upstreams(["a:1", "b:1"], channels.__getitem__)  # type: ignore[arg-type]
+    beats = relay.HostBeats(upstreams, 0.001)
+    try:
+        await beats.local(_requests([_beat("w", 1)]), _WorkerCall())
+        await eventually(lambda: bool(left in channels["a:1"].calls), "w's batch on its way")
+        await beats.local(_requests([_beat("v", 1)]), _WorkerCall())  # heard meanwhile
+        upstreams.answered("a:1", grpc.StatusCode.UNAVAILABLE, ())  # its link was cut: it moves
+        assert upstreams.current == "b:1"
+        cut.set()
+        moved = channels["b:1"].calls
+        await eventually(lambda: _named(moved) == ["v"], "v's beat at the new scheduler")
+        await beats.local(_requests([_beat("w", 1)]), _WorkerCall())
+        await eventually(lambda: _named(moved) == ["v", "w"], "w's next beat there")
+        assert len(moved) == 1  # one stream there
+        assert _named(channels["a:1"].calls) == ([] if raises else ["w"])  # lost either way
+        assert left.cancelled
+    finally:
+        beats.stop()

@@ -400,9 +400,9 @@ class WorkerAgent:
     # -- end ---------------------------------------------------------------------------------
 
     @property
-    def finish_wait_s(self) -> float:
+    def finish_bound_s(self) -> float:
         """The longest `finish()` keeps asking."""
-        return self.core.finish_wait_s
+        return self.core.finish_bound_s
 
     async def finish(self) -> bool:
         """Tell the scheduler this node is done (best effort when the job is over anyway);

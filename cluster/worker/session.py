@@ -383,7 +383,7 @@ class WorkerSession:
                 self._report_failure(failure)
             if finished and self.agent.fatal is None:
                 heard = self._background.run(
-                    self.agent.finish(), timeout_s=self.agent.finish_wait_s + ending.GRACE_S
+                    self.agent.finish(), timeout_s=self.agent.finish_bound_s + ending.GRACE_S
                 )
                 topology = self.topology
                 if heard and topology is not None:

@@ -220,17 +220,18 @@ def test_a_worker_that_finishes_while_the_scheduler_restarts_is_heard_once_back(
     processes: Procs, tmp_path: Path
 ) -> None:
     """Rank 1 finalizes while its scheduler is dead: its Finish waits for the restarted
-    scheduler to take the node back, and goes then, so the job ends 0. (It was given up at
-    once: the process exited 0, and the restarted scheduler failed the job MS_TOPO_TIMEOUT
-    later, though every rank had finished.)"""
+    scheduler to take the node back, as long as a training node would wait for it (past the
+    Finish's own give-up time, 10 s here), and goes then, so the job ends 0. (Given up, the
+    process exited 0, and the restarted scheduler failed the job MS_TOPO_TIMEOUT later, though
+    every rank had finished.)"""
     port, go = free_port(), [tmp_path / "go0", tmp_path / "go1"]
     env = job_env(
         2,
         port,
         MS_ENABLE_RECOVERY="1",
         MS_RECOVERY_PATH=str(tmp_path / "recovery"),
-        MS_NODE_TIMEOUT="3",  # a Finish is given up 10 s after it is first sent
-        MS_TOPO_TIMEOUT="20",
+        MS_NODE_TIMEOUT="3",  # a Finish sent is given up after 10 s, one held after 30
+        MS_TOPO_TIMEOUT="30",
     )
     script = str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py")
     scheduler = processes.start_role("scheduler", "MS_SCHED", [script, "-"], env)
@@ -248,6 +249,7 @@ def test_a_worker_that_finishes_while_the_scheduler_restarts_is_heard_once_back(
     scheduler.wait(10)
     go[1].touch()
     workers[1].wait_for_output("this node's finish waits for it to take this node back", 15)
+    time.sleep(11)  # sleep-ok: the outage's length (past the Finish's give-up time), the fault
     restarted = processes.start_role("scheduler-restarted", "MS_SCHED", [script, "-"], env)
     assert workers[1].wait(20) == 0, workers[1].output
     assert "could not tell" not in workers[1].output, workers[1].output

@@ -40,7 +40,7 @@ from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import FATAL_WAIT_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
-from cluster.worker.machine.finishing import FINISH_RETRIED
+from cluster.worker.machine.finishing import FINISH_RETRIED, HOLD_AGAIN_S
 from cluster.worker.machine.pacing import (
     ATTEMPT_TIMEOUT_S,
     CALL_RETRY_PAUSE_S,
@@ -921,48 +921,61 @@ def test_a_finish_heard_after_being_sent_again_finishes_the_node() -> None:
 
 def held_finish_core() -> tuple[WorkerCore, FakeClock, float]:
     """With recovery, a formed job's node that finishes while its scheduler restarts: the
-    Finish fails at once (nothing listens), its stream is down, it registers again."""
+    Finish fails at once (nothing listens), its stream is down, it registers again; the end of
+    its reconnect window."""
     core, clock = ready_core(recovery=True)
     core.step(steps.StreamLost("Socket closed"))
     assert core.lifecycle is Lifecycle.RECONNECTING
+    window_end = core.deadline
+    assert window_end == clock() + max(NODE_S, TOPO_S)
     clock.advance(0.5)
     assert kinds(core.step(steps.FinishSent())) == [steps.SendFinish]
-    give_up = clock() + core.finish_wait_s
     clock.advance(0.01)
     actions = core.step(steps.FinishFailed("UNAVAILABLE", "connection refused", stream_up=False))
-    assert actions[1:] == [steps.HoldFinish(pytest.approx(give_up - clock()))]
+    assert actions[1:] == [steps.HoldFinish(pytest.approx(window_end - clock()))]
     assert isinstance(actions[0], steps.Say)
-    assert "this node's finish waits for it to take this node back" in actions[0].text
-    return core, clock, give_up
+    assert "this node's finish waits for it to take this node back, up to " in actions[0].text
+    assert "as long as a training node waits for it (recovery is on)" in actions[0].text
+    return core, clock, window_end
 
 
 def test_with_recovery_a_finish_is_held_while_the_scheduler_restarts_and_sent_once_back() -> None:
     """The Finish of a node whose scheduler is restarting is not given up (the process would
     exit 0 and the restarted scheduler fail the job though every rank finished): it waits for
-    the node's next acceptance, then goes, within `finish_wait_s` of its first send."""
-    core, clock, give_up = held_finish_core()
-    clock.advance(4.0)
-    # Woken before the node is back: held on, for what is left.
-    assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(pytest.approx(give_up - clock()))]
+    the node's next acceptance, as long as a training node waits for its scheduler (far past
+    the Finish's own give-up time), then goes, with its give-up time afresh."""
+    core, clock, window_end = held_finish_core()
+    clock.advance(core.finish_wait_s + 5.0)
+    assert clock() < window_end
+    # Woken before the node is back: held on, for what is left of the window.
+    assert core.step(steps.FinishRetryDue()) == [
+        steps.HoldFinish(pytest.approx(window_end - clock()))
+    ]
     assert not core.over
     assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
-    assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(pytest.approx(give_up - clock()))]
+    assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(core.finish_wait_s)]
     assert core.step(steps.FinishAnswered(heard=True)) == []
     assert core.finish_heard
     assert core.lifecycle is Lifecycle.FINISHED
+    assert core.finish_bound_s == 2 * core.finish_wait_s + max(NODE_S, TOPO_S)
 
 
-def test_a_held_finish_is_given_up_at_its_give_up_time() -> None:
-    core, clock, give_up = held_finish_core()
-    clock.now = give_up
-    (said,) = core.step(steps.FinishRetryDue())
+def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> None:
+    """Not back within its reconnect window: the node fails as a training node does (its
+    process exits non-zero, saying to start the scheduler again and this worker with it),
+    after saying that its finish was not told."""
+    core, clock, window_end = held_finish_core()
+    clock.now = window_end
+    assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(HOLD_AGAIN_S)]
+    said, fail = core.step(steps.PauseOver())  # its registering again gives up
     assert isinstance(said, steps.Say)
-    assert said.text == (
-        "could not tell the scheduler at 127.0.0.1:8118 that this node finished: this node was "
-        f"not back with it within {core.finish_wait_s:g} s"
+    assert said.text.startswith(
+        "could not tell the scheduler at 127.0.0.1:8118 that this node finished: "
     )
+    assert isinstance(fail, steps.Fail)
+    assert "and it did not come back within 60 s" in str(fail.error)
+    assert core.lifecycle is Lifecycle.FAILED
     assert not core.finish_heard
-    core.step(accepted())
     assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
 
 
@@ -1003,11 +1016,15 @@ def test_a_job_that_finished_while_the_finish_was_held_or_on_its_way_heard_it(he
 FinishWait = steps.SendFinish | steps.RetryFinish | steps.HoldFinish
 
 
-def assert_within(action: FinishWait, now: float, give_up: float) -> None:
-    """A Finish is never sent, paused for, nor held past its give-up time."""
+def assert_within(action: FinishWait, now: float, give_up: float, window_end: float) -> None:
+    """A Finish is never sent nor paused for past its give-up time, nor held past the end of
+    the node's reconnect window (but for a hold woken there, which the node's failure ends)."""
     wait_s = action.after_s if isinstance(action, steps.RetryFinish) else action.timeout_s
     assert wait_s > 0
-    assert now + wait_s <= give_up + 1e-9
+    if isinstance(action, steps.HoldFinish):
+        assert now + wait_s <= window_end + 1e-9 or wait_s == HOLD_AGAIN_S
+    else:
+        assert now + wait_s <= give_up + 1e-9
 
 
 FINISH_LIFE = st.lists(
@@ -1027,9 +1044,10 @@ def test_a_held_finish_goes_once_the_node_is_back_and_never_past_its_give_up_tim
     held: bool, life: list[tuple[Any, ...]]
 ) -> None:
     """Whatever happens to a Finish with recovery (its calls fail, the stream is lost, the node
-    is taken back or refused), it is held only while the node registers again, sent from a
-    hold only once the node is back, never waited for past its give-up time, and a node whose
-    Finish was heard reports no failure."""
+    is taken back or refused), it is held only while the node registers again, within its
+    reconnect window, sent from a hold only once the node is back (with its give-up time
+    afresh), never sent nor paused for past its give-up time, and a node whose Finish was
+    heard reports no failure."""
     core, clock, give_up = held_finish_core() if held else finishing_core(recovery=True)
     asked: type[Any] | None = steps.HoldFinish if held else steps.SendFinish  # what it waits on
     for what, *args in life:
@@ -1054,8 +1072,10 @@ def test_a_held_finish_goes_once_the_node_is_back_and_never_past_its_give_up_tim
         was_held = asked is steps.HoldFinish
         actions = core.step(event)
         for action in actions:
+            if isinstance(action, steps.SendFinish) and was_held:
+                give_up = clock() + core.finish_wait_s
             if isinstance(action, FinishWait):
-                assert_within(action, clock(), give_up)
+                assert_within(action, clock(), give_up, core.deadline)
                 asked = type(action)
             if isinstance(action, steps.HoldFinish):
                 assert core.lifecycle is Lifecycle.RECONNECTING
@@ -1234,7 +1254,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             elif isinstance(action, steps.Done):
                 self.asked = None
             elif isinstance(action, FinishWait):
-                assert_within(action, now, self.give_up)
+                assert_within(action, now, self.give_up, self.core.deadline)
                 if isinstance(action, steps.HoldFinish):
                     # Held only with recovery, while registering again with a scheduler that
                     # may come back.
@@ -1401,10 +1421,11 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         actions = self.step(steps.FinishFailed(code, "x", stream_up=stream_up))
         retries = [a for a in actions if isinstance(a, steps.RetryFinish)]
         if self.held:
-            # Held: it never reached a scheduler, which may be back (recovery), in time.
+            # Held: it never reached a scheduler, which may be back (recovery), within the
+            # node's reconnect window.
             assert code in FINISH_RETRIED
             assert reconnecting
-            assert self.clock() < self.give_up
+            assert self.clock() < self.core.deadline
         if not retries:
             return
         assert actions == retries
@@ -1419,10 +1440,14 @@ class WorkerCoreMachine(RuleBasedStateMachine):
     @rule(waited_s=st.sampled_from([0.0, 2.0, 40.0]))
     def hold_over(self, waited_s: float) -> None:
         """The node was accepted again, the job ended for it, or the hold's time ran out (the
-        agent wakes for either): the Finish goes, is held on, or ends."""
-        self.clock.now = min(self.clock() + waited_s, self.give_up)
+        agent wakes for either): the Finish goes (with its give-up time afresh), is held on,
+        or ends."""
         reconnecting = self.core.lifecycle is Lifecycle.RECONNECTING
+        until = self.core.deadline if reconnecting else float("inf")
+        self.clock.now = max(self.clock(), min(self.clock() + waited_s, until))
         self.held = False
+        if not reconnecting:
+            self.give_up = self.clock() + self.core.finish_wait_s
         actions = self.step(steps.FinishRetryDue())
         if any(isinstance(a, steps.SendFinish) for a in actions):
             assert not reconnecting, "a held Finish goes once the node is back"

@@ -22,13 +22,15 @@ The rules it keeps:
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
   job's end arrive does not matter.
-- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED), and never
-  past `finish_wait_s` after it was first sent: while the node's stream is up, after a pause
-  that doubles; with recovery, while the node registers again with a scheduler that may come
-  back (restarting, or a standby taking over), it is held until the node is accepted again, and
-  sent then. A held Finish ends with the node's failure (it is reported), or with the job's end
-  (every finish, this one too, was heard). A call for the user cut off by the scheduler is made
-  again with recovery; without, it waits a moment for the reason the stream is about to give.
+- A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED): while the
+  node's stream is up, after a pause that doubles, within its give-up time; with recovery,
+  while the node registers again with a scheduler that may come back (restarting, or a standby
+  taking over), it is held until the node is accepted again, as long as a training node waits
+  for its scheduler (the reconnect window), and sent then, with its give-up time afresh. A
+  held Finish ends with the node's failure (it is reported: the window's end is one), or with
+  the job's end (every finish, this one too, was heard). A call for the user cut off by the
+  scheduler is made again with recovery; without, it waits a moment for the reason the stream
+  is about to give.
   The Finish's state and timing are `cluster.worker.machine.finishing.Finish`'s.
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
@@ -57,7 +59,7 @@ from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
 from cluster.worker.machine.answers import Answers
-from cluster.worker.machine.finishing import Finish, Unheard
+from cluster.worker.machine.finishing import Away, Finish, Unheard
 from cluster.worker.machine.joining import TOPOLOGY_MARGIN_S, Joining
 from cluster.worker.machine.lifecycle import Lifecycle
 from cluster.worker.machine.pacing import Pace
@@ -141,8 +143,15 @@ class WorkerCore:
 
     @property
     def finish_wait_s(self) -> float:
-        """The longest a Finish is kept asking, from its first send."""
+        """A Finish's give-up time, from its send (or from the node's return, after a hold)."""
         return self.finish.wait_s
+
+    @property
+    def finish_bound_s(self) -> float:
+        """The longest a Finish is kept asking, from its first send: its give-up time, and with
+        recovery a hold for the node's reconnect window and a give-up time afresh after it."""
+        held_s = self.joining.reconnect_window_s + self.finish.wait_s if self.recovery else 0.0
+        return self.finish.wait_s + held_s
 
     def away(self) -> str:
         """While a formed job's node registers again: where its scheduler went, how much longer
@@ -362,15 +371,20 @@ class WorkerCore:
     def _finish_sent(self) -> Actions:
         return self.finish.send() if self.may_finish else []
 
+    def _away(self) -> Away | None:
+        """While the node registers again: why its scheduler is away, and until when."""
+        if self.lifecycle is not Lifecycle.RECONNECTING:
+            return None
+        return Away(self.joining.lost, self.deadline)
+
     def _finish_failed(self, event: steps.FinishFailed) -> Actions:
-        away = self.joining.lost if self.lifecycle is Lifecycle.RECONNECTING else None
+        away = self._away()
         decided = self.finish.failed(event, away=away, released=self.released, where=self.where)
         return self._finish_unheard(decided)
 
     def _finish_retry_due(self) -> Actions:
         finished = self.lifecycle is Lifecycle.FINISHED
-        reconnecting = self.lifecycle is Lifecycle.RECONNECTING
-        decided = self.finish.retry_due(finished=finished, reconnecting=reconnecting)
+        decided = self.finish.retry_due(finished=finished, away=self._away())
         return self._finish_unheard(decided)
 
     def _finish_answered(self, event: steps.FinishAnswered) -> Actions:

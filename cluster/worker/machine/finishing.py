@@ -35,6 +35,18 @@ class Sending(enum.Enum):
     HEARD = "heard"
 
 
+HOLD_AGAIN_S = 1.0  # a hold woken at the end of the node's reconnect window: it fails then
+
+
+@frozen
+class Away:
+    """The node registers again with a scheduler that went away (`why`), until `until` (the end
+    of its reconnect window, on the core's clock)."""
+
+    why: str
+    until: float
+
+
 @frozen
 class Unheard:
     """The Finish ended without the scheduler's word: `timed_out` (its answer did not come in
@@ -90,44 +102,50 @@ class Finish:
         return False
 
     def failed(
-        self, event: steps.FinishFailed, *, away: str | None, released: bool, where: str
+        self, event: steps.FinishFailed, *, away: Away | None, released: bool, where: str
     ) -> Actions | Unheard:
         """Send it again only when it never reached the scheduler or was cut off with its
-        connection, and not past its give-up time: after a pause while the node's stream is up;
-        with recovery, while the node registers again (`away`: why its scheduler is), once it is
-        back (unless a failure waits for the Finish's answer: then that is the answer)."""
+        connection: after a pause while the node's stream is up, not past its give-up time;
+        with recovery, while the node registers again (`away`), once it is back, however long
+        that takes within the node's reconnect window, as long as a training node waits for
+        its scheduler (unless a failure waits for the Finish's answer: then that is the
+        answer)."""
         if self.sending is not Sending.SENT:
             return []
         now = self._clock()
-        give_up = self._since + self.wait_s
         again = event.code in FINISH_RETRIED and not released
         back = self._recovery and away is not None and self._held is None
-        if again and back and now < give_up:  # the scheduler may come back for it
+        if again and back and away is not None and now < away.until:  # it may come back
             self.sending = Sending.HELD
             said = steps.Say(
-                f"{where} is away ({away}): this node's finish waits for it to take this node "
-                f"back, up to {give_up - now:.0f} s more (recovery is on)"
+                f"{where} is away ({away.why}): this node's finish waits for it to take this "
+                f"node back, up to {away.until - now:.0f} s more, as long as a training node "
+                "waits for it (recovery is on)"
             )
-            return [said, steps.HoldFinish(give_up - now)]
+            return [said, steps.HoldFinish(away.until - now)]
+        give_up = self._since + self.wait_s
         pause_s = self._pause.next_s()
         if again and event.stream_up and now + pause_s < give_up:
             return [steps.RetryFinish(pause_s)]
         return Unheard(event.code == DEADLINE_EXCEEDED, now - self._since, event.details)
 
-    def retry_due(self, *, finished: bool, reconnecting: bool) -> Actions | Unheard:
-        """Send it again: after its pause, or once the node it was held for is back (or the
-        hold's time is up). Held while the job `finished`: heard."""
+    def retry_due(self, *, finished: bool, away: Away | None) -> Actions | Unheard:
+        """Send it again: after its pause, or once the node it was held for is back (with a
+        give-up time afresh). Held while the job `finished`: heard; while the node is still
+        `away`: held on (its reconnect window's end fails the node, which ends the hold:
+        `takes`)."""
         if not self.out:
             return []
         now = self._clock()
-        left = self._since + self.wait_s - now
         if self.sending is Sending.HELD:
             if finished:  # the job finished meanwhile: every finish was heard
                 self.hear()
                 return []
-            if reconnecting and left > 0:
-                return [steps.HoldFinish(left)]  # not back yet
+            if away is not None:  # not back yet
+                return [steps.HoldFinish(max(away.until - now, HOLD_AGAIN_S))]
             self.sending = Sending.SENT
+            self._since = now
+        left = self._since + self.wait_s - now
         if left <= 0:
             why = f"this node was not back with it within {self.wait_s:g} s"
             return Unheard(False, now - self._since, why)

@@ -21,8 +21,10 @@ Pure: hashing and HMAC over bytes, no I/O.
     nonces), so a listener on the path never learns it;
   - later calls carry no credential but a MAC (`call_mac`) under a key derived from the secret
     and the credential's hash, over the method, the node, a per-node sequence number and the
-    request's hash; the scheduler refuses a number it has seen or one below the window
-    (`CallWindow`), and the number the node had when it last registered;
+    request's hash (a value call's head's, which names the value's SHA-256, so that it is
+    checked on the call's first message: `cluster.transport.edge.head`); the scheduler
+    refuses a number it has seen or one below the window (`CallWindow`), and the number the
+    node had when it last registered;
   - an operator's read (Status, WatchEvents) carries `read_proof` over a challenge and the
     method, which the scheduler takes once: it remembers each proof it accepted (a
     `ReplayCache`) for as long as the proof's challenge is good.
@@ -230,10 +232,12 @@ class CallProof:
 class Presented:
     """What a call presents for the node it speaks for: the hash of the credential it carried
     (a job without a secret), or its call proof (a job with one); empty when it presented
-    nothing."""
+    nothing. `vouched`: the scheduler admitted it already, as the call's first message came
+    (a value call's: `cluster.scheduler.servicer_edge`); never read from the wire."""
 
     digest: bytes = field(default=b"", repr=False)
     call: CallProof | None = None
+    vouched: bool = False
 
 
 class CallWindow:

@@ -22,7 +22,7 @@ names no revision was made before revisions were named: it is revision 1 (`revis
 from __future__ import annotations
 
 VERSION = "0.1.0"
-PROTOCOL_REVISION = 2
+PROTOCOL_REVISION = 3
 # The revision of a process or a state that does not say (made before revisions were sent).
 UNSTATED_REVISION = 1
 # The most characters of a release a peer may name (`cluster.transport.edge`).

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import dataclasses
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from cluster.protocol import version
+from cluster.protocol import auth, version
 from cluster.protocol.display import safe
 from cluster.protocol.errors import (
     BadRequestError,
@@ -45,7 +47,7 @@ from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.gate import Gate
 from cluster.scheduler.host_calls import HostCalls
 from cluster.scheduler.machine import reserve
-from cluster.scheduler.machine.admission import Denied
+from cluster.scheduler.machine.admission import Denial, Denied
 from cluster.scheduler.machine.events import Kind, Record
 from cluster.transport import edge, failures, handlers, membership
 from cluster.transport.handlers import Handler, peer_host
@@ -84,8 +86,22 @@ def refuse(
     context.set_details(str(exc))
 
 
+# The caller of the value call under way in this task, admitted as its first message came
+# (`ServicerEdge.counted`): its handler's `caller_of` is that one.
+_VOUCHED: contextvars.ContextVar[membership.Caller | None] = contextvars.ContextVar(
+    "cluster_vouched_caller", default=None
+)
+
+
 def caller_of(context: CallContext, method: str, request: Any = None) -> membership.Caller:
-    """Who the call speaks for, with what it presents (a call proof covers `request`)."""
+    """Who the call speaks for, with what it presents (a call proof covers `request`, a value
+    call's its head: `edge.head`); a value call's caller as it was admitted at its first
+    message (`ServicerEdge.counted`)."""
+    if method in edge.VALUE_METHODS:
+        vouched = _VOUCHED.get()
+        if vouched is not None:
+            return vouched
+        return membership.caller(context.invocation_metadata(), method, lambda: edge.head(request))
     body = bytes if request is None else request.SerializeToString
     return membership.caller(context.invocation_metadata(), method, body)
 
@@ -208,6 +224,14 @@ class ServicerEdge:
                     return await behavior(requests, context)
                 node_id = membership.named(context.invocation_metadata()).node_id
                 host = peer_host(context.peer() or "")
+                vouched = None
+                if method in edge.VALUE_METHODS:
+                    first = await anext(requests)
+                    vouched = await self._vouched(core, method, first, requests, context)
+                    if vouched is None:
+                        return None
+                    requests = handlers.beginning_with(first, requests)
+                token = _VOUCHED.set(vouched)
                 try:
                     with core.bounds.call(node_id[:200], host, method):
                         return await behavior(requests, context)
@@ -216,10 +240,62 @@ class ServicerEdge:
                         await drained(requests, edge.MAX_VALUE_BYTES)
                     refuse(context, exc)
                     return None
+                finally:
+                    _VOUCHED.reset(token)
 
             return call
 
         return handlers.rebuilt(handler, wrap=wrap)
+
+    async def _vouched(
+        self,
+        core: SchedulerCore,
+        method: str,
+        first: Any,
+        requests: AsyncIterator[Any],
+        context: CallContext,
+    ) -> membership.Caller | None:
+        """The caller of a value call (`edge.VALUE_METHODS`), admitted as its `first` message
+        came (`Admission.admit`: the credential, or a job secret's call proof over the
+        request's head, `edge.head`, whose call number it takes now), before the call holds
+        anything of its member's share: a call that does not prove its member is refused at
+        once, unread; None once the call was refused. With a job secret the first message names
+        its value's SHA-256 (`joined` checks the value against it). `requests`: the messages
+        after the first."""
+        refused = self._unproven(core, method, first, context)
+        if refused is not None:
+            refuse(context, refused)
+            await handlers.done_reading(requests)
+            return None
+        caller = membership.caller(context.invocation_metadata(), method, lambda: edge.head(first))
+        admitted = core.state.admission.admit(caller.node_id, caller.incarnation, caller.presented)
+        if isinstance(admitted, Denied):
+            if admitted.kind is Denial.UNAUTHENTICATED:  # not the member's: never read
+                refuse(context, self.at_edge(context, method, "unauthenticated", admitted.message))
+                await handlers.done_reading(requests)
+            else:  # the member's own (it registers again, say): told in words, not INTERNAL
+                await drained(requests, edge.MAX_VALUE_BYTES)
+                refuse(context, admitted.error())
+            return None
+        return dataclasses.replace(
+            caller, presented=dataclasses.replace(caller.presented, vouched=True)
+        )
+
+    def _unproven(
+        self, core: SchedulerCore, method: str, first: Any, context: CallContext
+    ) -> ClusterError | None:
+        """Why a value call is refused on its first message alone, before anything it presents
+        is checked: the message did not parse, or (with a job secret) it names no SHA-256 of
+        its value."""
+        if isinstance(first, edge.Unparsed):
+            return self.at_edge(context, method, first.reason, first.message())
+        if core.state.settings.job_secret is None or len(first.value_sha256) == auth.DIGEST_BYTES:
+            return None
+        problem = (
+            f"a {method} call whose first message names no SHA-256 of its value, which a job "
+            "secret's call proof covers: only that node's own process may make it"
+        )
+        return self.at_edge(context, method, "unauthenticated", problem)
 
     def _stranger(
         self, context: CallContext, core: SchedulerCore, method: str, caller: membership.Caller
@@ -291,7 +367,7 @@ class ServicerEdge:
         if not joining.pieced:  # the value is this message's: a unary call's
             await handlers.done_reading(requests)
             member_limits.request_bytes(joining.whole)  # its other fields: a few KiB at most
-            return self._refused(context, method, joining.end())
+            return self._as_named(context, method, self._refused(context, method, joining.end()))
         try:
             member_limits.request_bytes(joining.whole)
         except CapacityError:  # past the member's share of bytes: refused, told so
@@ -303,7 +379,22 @@ class ServicerEdge:
         except asyncio.TimeoutError:  # not builtin TimeoutError before 3.11
             problem = f"the rest of a {method} value did not come within {within_s:g} s"
             raise self.at_edge(context, method, "stalled", problem) from None
-        return self._refused(context, method, joining.end())
+        return self._as_named(context, method, self._refused(context, method, joining.end()))
+
+    def _as_named(
+        self, context: CallContext, method: str, joined: tuple[Any, bytes]
+    ) -> tuple[Any, bytes]:
+        """A value call's request and value, once the value matches the SHA-256 its first
+        message named (`value_sha256`, which a job secret's call proof covers, and the call
+        was admitted by: `_vouched`)."""
+        request, value = joined
+        if request.value_sha256 and auth.sha256(value) != request.value_sha256:
+            problem = (
+                f"a {method} value whose SHA-256 is not the one its first message named (and "
+                "its call proof covers)"
+            )
+            raise self.at_edge(context, method, "unauthenticated", problem)
+        return joined
 
     async def _rest(
         self, requests: AsyncIterator[Any], context: CallContext, joining: edge.Joining

@@ -117,6 +117,31 @@ def pieces(request: Any, size: int = PIECE_BYTES) -> Iterator[Any]:
         yield type(request)(value=value[start : start + size])
 
 
+def head(request: Any) -> bytes:
+    """What the call proof of a value call covers (`VALUE_METHODS`): its request's fields but
+    the value, with the value's whole length (`value_bytes`: as a first piece names it, else
+    the value's own) and its SHA-256 (`value_sha256`) as sent. So the proof is checked as the
+    first message comes, whatever pieces follow, and the value against its SHA-256 once whole
+    (`cluster.scheduler.servicer_edge`)."""
+    whole = request.value_bytes or len(request.value)
+    fields = {f.name: kept for f, kept in request.ListFields() if f.name not in _NOT_IN_HEAD}
+    return bytes(type(request)(**fields, value_bytes=whole).SerializeToString(deterministic=True))
+
+
+_NOT_IN_HEAD = ("value", "value_bytes")
+
+
+def signed_body(method: str, request: Any) -> bytes:
+    """What the call proof of `method`'s `request` covers: a value call's head (`head`), with
+    its value's SHA-256 set on `request` first (its first message carries it); any other
+    request whole."""
+    if method not in VALUE_METHODS:
+        return bytes(request.SerializeToString())
+    if not request.value_sha256:
+        request.value_sha256 = auth.sha256(request.value)
+    return head(request)
+
+
 @frozen
 class Refusal:
     """Why a request is refused at the edge: `reason` as refusals are counted (`oversized`,

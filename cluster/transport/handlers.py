@@ -148,7 +148,7 @@ class Arrivals:
             if first is None or unary_request:
                 await done_reading(requests)
                 return first
-            return _from(first, requests)
+            return beginning_with(first, requests)
 
         async def answer(requests: AsyncIterator[Any], context: Context) -> Any:
             request = await taken(requests, context)
@@ -188,7 +188,7 @@ async def done_reading(requests: AsyncIterator[Any]) -> None:
         await close()
 
 
-async def _from(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def beginning_with(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """`first`, then the requests of `rest`; closed, it closes `rest` (`done_reading`)."""
     try:
         yield first

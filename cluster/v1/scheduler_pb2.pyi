@@ -397,7 +397,7 @@ class Event(_message.Message):
     def __init__(self, progress: _Optional[_Union[Progress, _Mapping]] = ..., topology_ready: _Optional[_Union[TopologyReady, _Mapping]] = ..., node_failed: _Optional[_Union[NodeFailed, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., heartbeat: _Optional[_Union[SchedulerHeartbeat, _Mapping]] = ..., accepted: _Optional[_Union[Accepted, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class ExchangeRequest(_message.Message):
-    __slots__ = ("node_id", "generation", "seq", "op", "root", "value", "withdrawn", "value_bytes")
+    __slots__ = ("node_id", "generation", "seq", "op", "root", "value", "withdrawn", "value_bytes", "value_sha256")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -406,6 +406,7 @@ class ExchangeRequest(_message.Message):
     VALUE_FIELD_NUMBER: _ClassVar[int]
     WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SHA256_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     seq: int
@@ -414,7 +415,8 @@ class ExchangeRequest(_message.Message):
     value: bytes
     withdrawn: str
     value_bytes: int
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[_Union[ExchangeOp, str]] = ..., root: _Optional[int] = ..., value: _Optional[bytes] = ..., withdrawn: _Optional[str] = ..., value_bytes: _Optional[int] = ...) -> None: ...
+    value_sha256: bytes
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[_Union[ExchangeOp, str]] = ..., root: _Optional[int] = ..., value: _Optional[bytes] = ..., withdrawn: _Optional[str] = ..., value_bytes: _Optional[int] = ..., value_sha256: _Optional[bytes] = ...) -> None: ...
 
 class ExchangeResponse(_message.Message):
     __slots__ = ("values",)
@@ -429,14 +431,16 @@ class ExchangeRefusal(_message.Message):
     def __init__(self, reason: _Optional[_Union[ExchangeRefusalReason, str]] = ...) -> None: ...
 
 class KvSetRequest(_message.Message):
-    __slots__ = ("key", "value", "value_bytes")
+    __slots__ = ("key", "value", "value_bytes", "value_sha256")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     VALUE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SHA256_FIELD_NUMBER: _ClassVar[int]
     key: str
     value: bytes
     value_bytes: int
-    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., value_bytes: _Optional[int] = ...) -> None: ...
+    value_sha256: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., value_bytes: _Optional[int] = ..., value_sha256: _Optional[bytes] = ...) -> None: ...
 
 class KvSetResponse(_message.Message):
     __slots__ = ()

@@ -189,8 +189,9 @@ class SchedulerServicer:
         and gets back what the operation defines (nothing, all contributions, the root's).
         Exchange and KvSet send their value in pieces of at most 1 MiB (a message of any method is
         at most 1 MiB and 4 KiB, so what anyone sends is refused unread past that): the first message
-        carries every field, the value's first piece and its whole length (`value_bytes`), each
-        later one only the next piece of `value`. A value of one piece is one message, as a unary
+        carries every field, the value's first piece and its whole length (`value_bytes`) and,
+        with a job secret, its SHA-256 (`value_sha256`), each later one only the next piece of
+        `value`. A value of one piece is one message, as a unary
         call's, without its length.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

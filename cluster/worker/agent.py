@@ -32,7 +32,7 @@ from cluster.protocol.errors import ClusterError
 from cluster.protocol.exhaustive import assert_never
 from cluster.protocol.put_back import put_back_at_start
 from cluster.protocol.topology import Topology
-from cluster.transport import failures, membership
+from cluster.transport import edge, failures, membership
 from cluster.transport.channel import SchedulerProbe
 from cluster.worker import calls, convert, peer_table, scheduler_link
 from cluster.worker.generation_end import GenerationEnd
@@ -286,7 +286,7 @@ class WorkerAgent:
         """The metadata of a call of this node: a fresh call proof with a job secret."""
         if self._signer is None:
             return self._metadata
-        body = b"" if request is None else request.SerializeToString()
+        body = b"" if request is None else edge.signed_body(method, request)
         return self._signer.metadata(method, body)
 
     # -- calls -------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ class Call:
     who: str
     forged: tuple[tuple[str, str], ...] = ()  # metadata sent as it is (FORGED)
     other: str = ""  # the node id the member's proof is sent under (MEMBER_AS_OTHER)
-    whole: bytes | None = None  # a value's request whose pieces `bodies` are: what a proof covers
+    whole: bytes | None = None  # what a value call's proof covers: its head (`edge.head`)
 
     def __repr__(self) -> str:  # hypothesis prints a failing call: keep it short
         sizes = [len(b) for b in self.bodies]
@@ -288,11 +288,18 @@ def scheduler_calls(known: Known, method: str) -> st.SearchStrategy[Call]:
     def calls(draw: st.DrawFn) -> Call:
         who = draw(st.sampled_from(whos))
         requested = by_member if who in CARRIES_MEMBER_PROOF else made
-        bodies = []
+        bodies: list[bytes] = []
+        signed: bytes | None = None  # what a proof of the first message covers
         streams = SCHEDULER_METHODS[method][0] in (CLIENT_STREAM, BIDI)
         for _ in range(draw(st.integers(1, 3)) if streams else 1):
             shape = draw(st.sampled_from(["message"] * 6 + ["mutated", "random"]))
-            body = draw(blobs) if shape == "random" else draw(requested).SerializeToString()
+            if shape == "random":
+                body = draw(blobs)
+            else:
+                message = draw(requested)
+                if method in VALUE_METHODS and not bodies:  # its head, its SHA-256 set
+                    signed = edge.signed_body(method, message)
+                body = message.SerializeToString()
             if shape == "mutated":
                 body = mutated(body, draw(u32), draw(st.binary(max_size=6)))
             bodies.append(body)
@@ -304,9 +311,10 @@ def scheduler_calls(known: Known, method: str) -> st.SearchStrategy[Call]:
             whole = draw(requested)
             assume(harmless(known, method, who, whole.SerializeToString()))
             cut = draw(st.integers(1, 4096))
+            head = edge.signed_body(method, whole)  # the first piece carries its SHA-256
             pieces = [piece.SerializeToString() for piece in edge.pieces(whole, cut)]
-            return Call(method, tuple(pieces), who, forged, other, whole.SerializeToString())
-        return Call(method, tuple(bodies), who, forged, other)
+            return Call(method, tuple(pieces), who, forged, other, head)
+        return Call(method, tuple(bodies), who, forged, other, signed)
 
     return calls()
 

@@ -327,7 +327,7 @@ def metadata_of(job: Job, call: Call) -> membership.Metadata:
     if call.who == REPLAY and job.member.last:
         return job.member.last
     if call.who in (MEMBER, MEMBER_AS_OTHER, REPLAY):
-        # What the scheduler hashes: the request (a value's whole), or nothing for a Heartbeat
+        # What the scheduler hashes: the request (a value's head), or nothing for a Heartbeat
         # stream.
         body = b"" if call.method == "Heartbeat" else call.whole or call.bodies[0]
         made = job.member.metadata(call.method, body)

@@ -8,9 +8,11 @@ saved at most once a turn. Meanwhile another rank's barriers complete, and the j
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -18,6 +20,7 @@ import pytest
 
 from cluster.scheduler.machine.member_bounds import OPEN_EVERY_S, OPEN_HOLD_S, OPENS_BURST
 from cluster.testing import Process, free_port
+from cluster.transport import edge
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.integration.test_hostile import (
@@ -232,6 +235,39 @@ def sched_cpu_s(sched: Process) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class SetsJob:
+    """A job of a secret whose two workers (sets_on_cue.py) set their keys on `cue`."""
+
+    sched: Process
+    workers: list[Process]
+    cue: Path
+    address: str
+
+    async def sets(self) -> None:
+        """Cue the workers' sets, and wait for them to say how they went."""
+        self.cue.touch()
+        for rank, worker in enumerate(self.workers):
+            await asyncio.to_thread(worker.wait_for_output, f"sets rank={rank}", START_S * 2)
+
+    async def ends_well(self) -> None:
+        """Every set of node '0' went through, and the job ended well."""
+        assert "sets rank=0 done=20 failed=0" in self.workers[0].output, self.workers[0].output
+        for worker in self.workers:
+            assert await asyncio.to_thread(worker.wait, START_S) == 0, worker.output
+        assert await asyncio.to_thread(self.sched.wait, START_S) == 0, self.sched.output
+
+
+async def sets_job(processes: Procs, tmp_path: Path) -> SetsJob:
+    env = env_for(free_port(), tmp_path, None, CLUSTER_JOB_SECRET="s" * 32)
+    sched = start_scheduler(processes, env)
+    cue = tmp_path / "cue"
+    workers = [start_worker(processes, i, env, [str(SETS_ON_CUE), str(cue)]) for i in range(2)]
+    for rank, worker in enumerate(workers):
+        await asyncio.to_thread(worker.wait_for_output, f"ready rank={rank}", START_S * 2)
+    return SetsJob(sched, workers, cue, f"127.0.0.1:{env['MS_SCHED_PORT']}")
+
+
 async def test_calls_that_name_a_member_and_never_send_hold_none_of_its_share(
     processes: Procs, tmp_path: Path
 ) -> None:
@@ -240,25 +276,40 @@ async def test_calls_that_name_a_member_and_never_send_hold_none_of_its_share(
     member from its start, and the member's own key-value sets were refused (CapacityError)
     for as long as the calls were held. A call counts to its member once its request came;
     until then the calls that wait for theirs are bounded by address."""
-    env = env_for(free_port(), tmp_path, None, CLUSTER_JOB_SECRET="s" * 32)
-    sched = start_scheduler(processes, env)
-    cue = tmp_path / "cue"
-    workers = [start_worker(processes, i, env, [str(SETS_ON_CUE), str(cue)]) for i in range(2)]
-    for rank, worker in enumerate(workers):
-        await asyncio.to_thread(worker.wait_for_output, f"ready rank={rank}", START_S * 2)
-    address = f"127.0.0.1:{env['MS_SCHED_PORT']}"
-    async with grpc.aio.insecure_channel(address) as channel:
+    job = await sets_job(processes, tmp_path)
+    async with grpc.aio.insecure_channel(job.address) as channel:
         stub = pb_grpc.SchedulerStub(channel)
         stalled = [stub.Exchange(metadata=(("cluster-node-id", "0"),)) for _ in range(STALLED)]
         # A call made after them on the same connection has its answer once theirs are open.
         with pytest.raises(grpc.aio.AioRpcError):
             await stub.Status(pb.StatusRequest(), timeout=START_S)
-        cue.touch()
-        for rank, worker in enumerate(workers):
-            await asyncio.to_thread(worker.wait_for_output, f"sets rank={rank}", START_S * 2)
+        await job.sets()
         for call in stalled:
             call.cancel()
-    assert "sets rank=0 done=20 failed=0" in workers[0].output, workers[0].output
-    for worker in workers:
-        assert await asyncio.to_thread(worker.wait, START_S) == 0, worker.output
-    assert await asyncio.to_thread(sched.wait, START_S) == 0, sched.output
+    await job.ends_well()
+
+
+async def test_calls_that_name_a_member_and_send_an_unproven_first_piece_hold_none_of_it(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """As above, each call sending the first piece of a 2 MiB value with a forged call proof,
+    then nothing more: a value call's proof covers its head, which the first message carries
+    (the value's length and SHA-256), so each is refused as that message comes, before it
+    counts to the member, and the member's own sets go through."""
+    job = await sets_job(processes, tmp_path)
+    forged = (("cluster-node-id", "0"), ("cluster-call", f"7.{'ab' * 32}"))
+    piece = pb.KvSetRequest(
+        key="k", value=b"v" * edge.PIECE_BYTES, value_bytes=2 * edge.PIECE_BYTES
+    )
+    piece.value_sha256 = os.urandom(32)
+    async with grpc.aio.insecure_channel(job.address) as channel:
+        stub = pb_grpc.SchedulerStub(channel)
+        stalled = [stub.KvSet(metadata=forged) for _ in range(STALLED)]
+        for call in stalled:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(piece)
+        codes = [await asyncio.wait_for(call.code(), START_S) for call in stalled]
+        assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}, codes
+        assert "its call proof is not that node's" in (await stalled[0].details() or "")
+        await job.sets()
+    await job.ends_well()

@@ -1,14 +1,17 @@
 """A member's value in pieces (`edge.pieces`, `ServicerEdge.joined`): a real scheduler takes no
 message over `edge.MAX_REQUEST_BYTES`, so a collective's contribution or a key-value set larger
-than a piece goes as a client stream of pieces, signed as the whole request. Real agents,
+than a piece goes as a client stream of pieces, signed as the request's head (`edge.head`: with a
+job secret, the first message names the value's SHA-256). Real agents,
 directly and through a host's relay, with and without a job secret; and raw calls of a member
 that send what no worker sends."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +23,7 @@ from cluster.transport import edge
 from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
+from cluster.worker.agent import WorkerAgent
 from tests.aio import BOUND_S
 from tests.credentials import credential, registration
 from tests.integration.test_api import make_agent
@@ -54,13 +58,35 @@ def test_a_value_goes_in_pieces_of_at_most_a_message() -> None:
     assert list(edge.pieces(small)) == [small]
 
 
+def test_a_value_calls_proof_covers_the_same_head_whole_as_in_its_first_piece() -> None:
+    """What a call proof covers (`edge.head`) is the same in the worker, which signs the whole
+    request, and in the scheduler, which has its first message (a first piece, or the whole
+    value) and later the request joined; it names the value's SHA-256 and length, and changes
+    with any field."""
+    for size in (3 * edge.PIECE_BYTES + 5, 7):
+        request = pb.KvSetRequest(key="k", value=b"v" * size)
+        signed = edge.signed_body("KvSet", request)
+        assert request.value_sha256 == hashlib.sha256(request.value).digest()
+        first = next(edge.pieces(request))
+        assert edge.head(first) == signed
+        joined = pb.KvSetRequest(key="k", value=request.value, value_sha256=request.value_sha256)
+        assert edge.head(joined) == signed
+        assert edge.head(pb.KvSetRequest(key="l", value=request.value)) != edge.head(joined)
+    exchange = pb.ExchangeRequest(node_id="0", generation=1, seq=2, value=b"x")
+    assert edge.signed_body("Exchange", exchange) != edge.signed_body(
+        "Exchange", pb.ExchangeRequest(node_id="0", generation=1, seq=3, value=b"x")
+    )
+    unary = pb.KvGetRequest(keys=["k"])
+    assert edge.signed_body("KvGet", unary) == unary.SerializeToString()
+
+
 @pytest.mark.parametrize(("path", "secret"), [("direct", None), ("relay", SECRET)])
 async def test_values_of_many_pieces_reach_the_scheduler_whole(
     short_dir: Path, path: str, secret: str | None
 ) -> None:
     """Allgather and broadcast of several MiB, and a key-value set of 3 MiB, come back whole and
     in order: directly without a job secret, and through a relay with one (each call's proof
-    covers the whole value)."""
+    covers the request's head, which names the value's SHA-256)."""
     job_secret = None if secret is None else secret.encode()
     async with SchedulerServer(settings(job_secret)) as srv:
         env = {} if secret is None else {"CLUSTER_JOB_SECRET": secret}
@@ -232,3 +258,64 @@ async def test_a_standby_refuses_a_value_in_words_once_it_is_read(
         value = pb.KvSetRequest(key="k", value=b"v" * (8 * MIB))
         codes.add((await kv_set(channel, edge.pieces(value))).code())
     assert codes == {grpc.StatusCode.UNAVAILABLE}
+
+
+@pytest.fixture
+async def proven() -> AsyncIterator[tuple[WorkerAgent, pb_grpc.SchedulerStub]]:
+    """A formed job with a job secret, of two real agents; a stub of its scheduler on which
+    calls are made with agent "a"'s own call proofs."""
+    async with SchedulerServer(settings(SECRET.encode())) as srv:
+        a, b = (make_agent(srv.port, 2, name, CLUSTER_JOB_SECRET=SECRET) for name in "ab")
+        await asyncio.wait_for(asyncio.gather(a.start(), b.start()), 20)
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
+                yield a, pb_grpc.SchedulerStub(channel)
+        finally:
+            await asyncio.gather(a.close(), b.close())
+
+
+async def refused_set(
+    stub: pb_grpc.SchedulerStub, request: pb.KvSetRequest, metadata: Any
+) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(stub.KvSet(edge.pieces(request), metadata=metadata), BOUND_S)
+    return refused.value
+
+
+async def test_a_value_that_is_not_the_one_its_proof_names_is_refused(
+    proven: tuple[WorkerAgent, pb_grpc.SchedulerStub],
+) -> None:
+    """With a job secret a value call is proven on its first message, whose head names the
+    value's SHA-256: a value changed after it was signed (its first piece and proof a
+    member's, the rest another's) is refused once whole, and nothing is set."""
+    agent, stub = proven
+    request = pb.KvSetRequest(key="k", value=b"v" * (2 * edge.PIECE_BYTES))
+    metadata = agent._signed("KvSet", request)
+    assert len(request.value_sha256) == 32  # named in its first message
+    request.value = b"v" * edge.PIECE_BYTES + b"w" * edge.PIECE_BYTES
+    refused = await refused_set(stub, request, metadata)
+    assert refused.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "a KvSet value whose SHA-256 is not the one its first message named" in (
+        refused.details() or ""
+    )
+    assert await agent.kv_get(["k"]) == ([], ["k"])  # nothing set
+
+
+async def test_a_value_calls_proof_is_taken_once_as_its_first_message_comes(
+    proven: tuple[WorkerAgent, pb_grpc.SchedulerStub],
+) -> None:
+    """A member's value call made again with the same proof (captured, and replayed) is refused
+    at its first message; one whose first message names no SHA-256 of its value is refused
+    too (a job secret's proof covers it)."""
+    agent, stub = proven
+    request = pb.KvSetRequest(key="k", value=b"v" * (2 * edge.PIECE_BYTES))
+    metadata = agent._signed("KvSet", request)
+    await asyncio.wait_for(stub.KvSet(edge.pieces(request), metadata=metadata), BOUND_S)
+    refused = await refused_set(stub, request, metadata)
+    assert refused.code() is grpc.StatusCode.UNAUTHENTICATED
+    bare = pb.KvSetRequest(key="k", value=b"x")
+    assert agent._signer is not None
+    refused = await refused_set(stub, bare, agent._signer.metadata("KvSet", edge.head(bare)))
+    assert refused.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "names no SHA-256 of its value" in (refused.details() or "")
+    assert await agent.kv_get(["k"]) == ([request.value], [])

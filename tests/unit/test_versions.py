@@ -252,12 +252,13 @@ def test_a_state_saved_without_the_stamp_is_of_revision_1() -> None:
 def test_a_state_of_another_revision_without_a_release_says_so() -> None:
     clock = FakeClock()
     state = make_state(clock, worker_num=2, recovery=True)
-    saved = {**_saved(state), "protocol_revision": 3, "cluster_version": "\x1b[2J"}
+    other = version.PROTOCOL_REVISION + 1
+    saved = {**_saved(state), "protocol_revision": other, "cluster_version": "\x1b[2J"}
     del saved["cluster_version"]
     with pytest.raises(SnapshotError, match="by an older cluster that does not name its version"):
         SchedulerState.restore(saved, state.settings, clock, new_cluster_id="new")
     saved["cluster_version"] = "\x1b[2J"  # shown escaped
-    with pytest.raises(SnapshotError, match=r"cluster \\x1b\[2J \(protocol revision 3\)"):
+    with pytest.raises(SnapshotError, match=rf"cluster \\x1b\[2J \(protocol revision {other}\)"):
         SchedulerState.restore(saved, state.settings, clock, new_cluster_id="new")
 
 

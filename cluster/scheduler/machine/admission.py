@@ -152,9 +152,10 @@ class Admission:
         self, node_id: str, incarnation: int | None, presented: auth.Presented
     ) -> Member | Denied:
         """The member this call speaks for, if it may; `incarnation` None: any (the credential
-        is per incarnation anyway)."""
+        is per incarnation anyway). What a call `presented` is checked once: a call admitted
+        as its first message came (`vouched`) is not checked again."""
         member = self.named(node_id, incarnation)
-        if isinstance(member, Denied):
+        if isinstance(member, Denied) or presented.vouched:
             return member
         secret = self.job.settings.job_secret
         problem = (

@@ -82,11 +82,11 @@ async def _kv_connections(
         for i in range(connections)
     ]
 
-    # Serialized once, whole (what a call proof covers) and in the pieces a worker sends: the
-    # calls send the same bytes (this process holds each call's copy only until it is sent), so
-    # that one process floods as fast as the network goes.
+    # Serialized once, as a call proof covers it (its head, its value's SHA-256 set) and in the
+    # pieces a worker sends: the calls send the same bytes (this process holds each call's copy
+    # only until it is sent), so that one process floods as fast as the network goes.
     wholes = [pb.KvSetRequest(key=f"flood/{i}", value=value) for i in (0, 1)]
-    bodies = [request.SerializeToString() for request in wholes]
+    bodies = [edge.signed_body("KvSet", request) for request in wholes]
     pieces = [[piece.SerializeToString() for piece in edge.pieces(request)] for request in wholes]
 
     async def loop(i: int) -> None:

@@ -266,10 +266,11 @@ HOST_BATCH_BYTES = 32 * 1024
 class HostBeats:
     """The host's workers' beats, sent upstream in batches: each worker's Heartbeat call ends
     here, and every `every_s` the nodes heard from since the last batch go on one HostBeats
-    stream to the scheduler the relay follows (made again when it broke, or moved), in messages
+    stream to the scheduler the relay follows (made again when it ended, or moved), in messages
     of HOST_BATCH_BYTES at most, so that the scheduler takes every one whatever the host's
-    workers and the length of their ids. A batch the scheduler refuses anyway (a relay of
-    another version of cluster) is said once, with `say`."""
+    workers and the length of their ids. How a stream ended is read as a forwarded call's end:
+    a standby's refusal sends the relay to the leader, and a batch the scheduler refuses anyway
+    (a relay of another version of cluster) is said once, with `say`."""
 
     def __init__(
         self, upstreams: Upstreams, every_s: float, say: Callable[[str], None] = lambda line: None
@@ -280,6 +281,7 @@ class HostBeats:
         self._heard: dict[tuple[str, int], None] = {}
         self._sending: asyncio.Task[None] | None = None
         self._call: tuple[str, Any] | None = None
+        self._stopped = False
 
     async def local(self, requests: AsyncIterator[bytes], context: Context) -> bytes | None:
         """A local worker's Heartbeat call: its beats join the next batch. A request the
@@ -308,20 +310,37 @@ class HostBeats:
             await self._send(heard)
 
     async def _send(self, heard: dict[tuple[str, int], None]) -> None:
+        if self._call is not None and self._call[1].done():
+            ended, self._call = self._call, None
+            await self._ended(*ended)  # how it ended may move the relay: read before choosing
         address, method = self._upstreams.method("stream_unary", methods()[HOST_BEATS][1])
-        if self._call is None or self._call[0] != address or self._call[1].done():
-            if self._call is not None:
-                self._call[1].cancel()
+        if self._call is not None and self._call[0] != address:
+            self._call[1].cancel()  # to a scheduler the relay left
+            self._call = None
+        if self._call is None:
             self._call = (address, method(metadata=stamp()))
         call = self._call[1]
         try:
             for batch in stub.host_beats(heard, HOST_BATCH_BYTES):
                 await call.write(batch)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            if isinstance(exc, grpc.aio.AioRpcError):
-                self._refused(address, exc)
-            call.cancel()  # made again at the next batch; the workers' streams tell the rest
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # Ended: the batch is lost, and the next goes where the relay goes then.
             self._call = None
+            await self._ended(address, call)
+
+    async def _ended(self, address: str, call: Any) -> None:
+        """Take in how the beats' `call` to `address` ended, as every forwarded call's end is
+        taken: a standby's pointer to the leader or a call cut off moves the relay
+        (`Upstreams.answered`), and a refusal is said (`_refused`)."""
+        call.cancel()  # a no-op on a call that ended; one that had not ends now, read at once
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            self._upstreams.answered(address, exc.code(), exc.trailing_metadata())
+            self._refused(address, exc)
+        except asyncio.CancelledError:
+            if self._stopped:
+                raise  # else: the call was cancelled, here or with its channel: no status
 
     def _refused(self, address: str, exc: grpc.aio.AioRpcError) -> None:
         """Say, once, that the scheduler refused a batch: not a call cut off (the next batch
@@ -337,6 +356,7 @@ class HostBeats:
         self._say = None
 
     def stop(self) -> None:
+        self._stopped = True
         if self._sending is not None:
             self._sending.cancel()
         if self._call is not None:

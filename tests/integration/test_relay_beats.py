@@ -1,19 +1,29 @@
-"""A host relay's batched beats reach a real scheduler whatever the host's workers and the length
-of their ids (`cluster.transport.relay.HostBeats`)."""
+"""A host relay's batched beats (`cluster.transport.relay.HostBeats`) reach a real scheduler
+whatever the host's workers and the length of their ids; the relay reads how each of its beats'
+calls ended, as every call it forwards: a scheduler's refusal of them is said once in the
+relay's log, and a standby's (on a real etcd) sends the relay to the leader it names."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from cluster.protocol import version
 from cluster.scheduler import SchedulerServer
 from cluster.scheduler.machine.member_bounds import BeatGate
+from cluster.tools import relay as relay_tool
 from cluster.tools.relay import Relay, RelaySettings
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import eventually
 from tests.integration.test_relay import make_agent, settings
+from tests.integration.test_stepping_down import leader_and_standby
+from tests.servers.etcd import EtcdCluster
 
 # Workers of a host besides the real one, each with an id of 128 characters: their batch names
 # about 290 KiB, past the 256 KiB the scheduler takes of one HostBeats message.
@@ -81,3 +91,89 @@ async def test_a_workers_beat_counts_among_thousands_of_long_ids_behind_its_rela
         finally:
             await agent.close()
             await relay.stop()
+
+
+# A local worker's heartbeat interval, in the tests that beat on: a tenth of their node timeout.
+BEAT_S = 0.2
+
+
+async def _beating(through: Relay, node: tuple[str, int]) -> None:
+    """A local worker that beats through a relay every BEAT_S until cancelled."""
+    beats = through._forwarder.beats  # type: ignore[attr-defined]
+    while True:
+        await beats.local(_beats([node]), _Beating())
+        await asyncio.sleep(BEAT_S)  # sleep-ok: the worker's beat interval, not a wait for an event
+
+
+@contextlib.asynccontextmanager
+async def _relay_beating(settings: RelaySettings) -> AsyncIterator[Relay]:
+    """A relay with one local worker beating through it."""
+    running = Relay(settings)
+    await running.start()
+    beating = asyncio.ensure_future(_beating(running, ("a", 1)))
+    try:
+        yield running
+    finally:
+        beating.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beating
+        await running.stop()
+
+
+class _Log:
+    """What the relays of this process say (`mscluster relay: ...` lines), as they print it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._out = io.StringIO()
+        say = relay_tool._say
+        monkeypatch.setattr(relay_tool, "_say", lambda line: say(line, self._out))
+
+    def read(self) -> str:
+        return self._out.getvalue()
+
+
+async def test_a_scheduler_that_refuses_the_relays_beats_is_said_once(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay of another protocol revision than its scheduler's: the scheduler refuses each of
+    its HostBeats calls, and the relay's log says so once, in the words docs/howto/launcher.md
+    shows, however many of its batches were refused."""
+    monkeypatch.setattr(version, "stamp", lambda: "999 9.9.9")  # what the relay's calls name
+    async with SchedulerServer(settings(1)) as srv:
+        scheduler = f"127.0.0.1:{srv.port}"
+        address = f"unix:{short_dir / 'r.sock'}"
+        log = _Log(monkeypatch)
+        async with _relay_beating(RelaySettings(address, scheduler, 1, 2.0)):
+            # A batch's refusal is read as the next batch goes: four refused, three read.
+            await eventually(
+                lambda: srv.gate.refusals.counts[("HostBeats", "version")] >= 4,
+                "four batches refused",
+            )
+        said = [line for line in log.read().splitlines() if "refused this host's beats" in line]
+        assert len(said) == 1, said
+        assert said[0].startswith(
+            f"mscluster relay: the scheduler at {scheduler} refused this host's beats ("
+        )
+        assert "protocol revision 999" in said[0]
+        assert said[0].endswith("(said once)")
+
+
+async def test_a_relays_beats_refused_by_a_standby_follow_it_to_the_leader(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch, etcd_cluster: EtcdCluster
+) -> None:
+    """A relay whose first scheduler is a standby, with no worker call through it but the
+    beats: the standby refuses the beats' call naming the leader, and the relay follows it
+    there, as it does for any call it forwards; its beats go to the leader from then on. A
+    standby's refusal is no refusal to say."""
+    async with leader_and_standby(etcd_cluster) as (leader, standby):
+        at_leader, at_standby = leader.gate.address, standby.gate.address
+        address = f"unix:{short_dir / 'r.sock'}"
+        log = _Log(monkeypatch)
+        relay_settings = RelaySettings(address, at_standby, 1, 2.0, others=(at_leader,))
+        async with _relay_beating(relay_settings):
+            followed = f"following the leader at {at_leader} (the scheduler at {at_standby}"
+            await eventually(lambda: followed in log.read(), "the relay to follow the leader")
+            await eventually(
+                lambda: leader.servicer.host_calls.held == 1, "the beats' call at the leader"
+            )
+        assert "refused this host's beats" not in log.read()

@@ -12,8 +12,9 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -859,7 +860,8 @@ LONG_ID = "n" * 120
 
 
 class _BeatsCall:
-    """A HostBeats call upstream: what the relay writes, or the refusal each write meets."""
+    """A HostBeats call upstream: what the relay writes, or the refusal each write meets and
+    the call, awaited, ends with."""
 
     def __init__(self, refusal: grpc.aio.AioRpcError | None) -> None:
         self.written: list[bytes] = []
@@ -876,6 +878,14 @@ class _BeatsCall:
     def cancel(self) -> None:
         pass
 
+    def __await__(self) -> Generator[Any, None, bytes]:
+        return self._answer().__await__()
+
+    async def _answer(self) -> bytes:
+        if self.refusal is not None:
+            raise self.refusal
+        return b""  # HostBeatsResponse: empty
+
 
 class _Channel:
     def __init__(self, refusal: grpc.aio.AioRpcError | None = None) -> None:
@@ -889,6 +899,9 @@ class _Channel:
             return self.calls[-1]
 
         return start
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return grpc.ChannelConnectivity.READY
 
 
 async def _requests(raws: Iterable[bytes]) -> AsyncIterator[bytes]:
@@ -1006,43 +1019,62 @@ async def test_a_batch_the_scheduler_refuses_is_said_once() -> None:
         beats.stop()
 
 
-async def test_a_beats_stream_cut_off_or_at_a_standby_is_no_refusal() -> None:
-    for refusal in (
-        _refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed"),
-        _refusal(
-            grpc.StatusCode.UNAVAILABLE,
-            "not the leader",
-            (failures.ERROR_KIND_KEY, "NotLeaderError"),
-            (failures.LEADER_KEY, "other:1"),
+@pytest.mark.parametrize(
+    ("refusal", "follows"),
+    [
+        (_refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed"), "sched:2"),
+        (
+            _refusal(
+                grpc.StatusCode.UNAVAILABLE,
+                "not the leader",
+                (failures.ERROR_KIND_KEY, "NotLeaderError"),
+                (failures.LEADER_KEY, "sched:3"),
+            ),
+            "sched:3",
         ),
-    ):
-        channel, said = _Channel(refusal), []
-        beats = _beats(channel, said)
-        try:
-            await beats.local(_requests([_beat("a", 1)]), _WorkerCall())
-            await eventually(lambda c=channel: len(c.calls) == 1, "a batch sent")
-            assert said == []
-        finally:
-            beats.stop()
+    ],
+    ids=["cut-off", "standby"],
+)
+async def test_a_beats_stream_cut_off_or_at_a_standby_moves_the_relay_and_is_no_refusal(
+    refusal: grpc.aio.AioRpcError, follows: str
+) -> None:
+    """How the beats' call ended moves the relay as a forwarded call's end does: cut off, to
+    the next scheduler; refused by a standby, to the leader it names. Neither is a refusal to
+    say."""
+    channel, said = _Channel(refusal), []
+    upstreams = Upstreams(["sched:1", "sched:2", "sched:3"], lambda address: channel)  # type: ignore[arg-type,return-value]
+    beats = relay.HostBeats(upstreams, 0.001, said.append)
+    try:
+        await beats.local(_requests([_beat("a", 1)]), _WorkerCall())
+        await eventually(lambda: upstreams.current == follows, f"the relay to follow {follows}")
+        assert said == []
+    finally:
+        beats.stop()
 
 
 class _SwappedCall(_BeatsCall):
     """A HostBeats call to the scheduler the relay leaves: its first write waits for `cut`,
-    then ends as gRPC ends it under a lost connection (raised), or is taken and never read
-    (a call that ended meanwhile)."""
+    then raises `ends` (gRPC's write raises an AioRpcError under a lost connection; the call,
+    awaited, ends so too), or, `ends` None, is taken and never read (a call that ended
+    meanwhile)."""
 
-    def __init__(self, cut: asyncio.Event, raises: bool) -> None:
+    def __init__(self, cut: asyncio.Event, ends: BaseException | None) -> None:
         super().__init__(None)
-        self.cut, self.raises, self.cancelled = cut, raises, False
+        self.cut, self.ends, self.cancelled = cut, ends, False
 
     async def write(self, raw: bytes) -> None:
         await self.cut.wait()
-        if self.raises:
-            raise _refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+        if self.ends is not None:
+            raise self.ends
         self.written.append(raw)
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    async def _answer(self) -> bytes:
+        if self.ends is not None:
+            raise self.ends
+        return b""
 
 
 class _SwapChannel(_Channel):
@@ -1058,9 +1090,6 @@ class _SwapChannel(_Channel):
 
         return start
 
-    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
-        return grpc.ChannelConnectivity.READY
-
 
 def _named(calls: list[_BeatsCall]) -> list[str]:
     return [
@@ -1068,9 +1097,13 @@ def _named(calls: list[_BeatsCall]) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("raises", [True, False], ids=["write-fails", "taken-unread"])
+@pytest.mark.parametrize(
+    "ends",
+    [_refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed"), None],
+    ids=["write-fails", "taken-unread"],
+)
 async def test_a_batch_lost_as_the_relay_moves_is_superseded_by_the_next_at_the_new_scheduler(
-    raises: bool,
+    ends: BaseException | None,
 ) -> None:
     """The batch on its way when the relay moves to another scheduler is lost (each beat goes
     up once, never again); it costs each of its workers one beat, not more. The beats heard
@@ -1079,7 +1112,7 @@ async def test_a_batch_lost_as_the_relay_moves_is_superseded_by_the_next_at_the_
     One lost beat in MS_NODE_TIMEOUT is never a death (`config.silence_limit`: at least
     MIN_HEARTBEATS_PER_TIMEOUT intervals), so the loss fails nobody."""
     cut = asyncio.Event()
-    left = _SwappedCall(cut, raises)
+    left = _SwappedCall(cut, ends)
     channels = {"a:1": _SwapChannel(left), "b:1": _SwapChannel()}
     upstreams = Upstreams(["a:1", "b:1"], channels.__getitem__)  # type: ignore[arg-type]
     beats = relay.HostBeats(upstreams, 0.001)
@@ -1095,7 +1128,8 @@ async def test_a_batch_lost_as_the_relay_moves_is_superseded_by_the_next_at_the_
         await beats.local(_requests([_beat("w", 1)]), _WorkerCall())
         await eventually(lambda: _named(moved) == ["v", "w"], "w's next beat there")
         assert len(moved) == 1  # one stream there
-        assert _named(channels["a:1"].calls) == ([] if raises else ["w"])  # lost either way
+        lost = [] if ends is not None else ["w"]  # lost either way: never read, or not written
+        assert _named(channels["a:1"].calls) == lost
         assert left.cancelled
     finally:
         beats.stop()

@@ -323,8 +323,11 @@ class HostBeats:
         try:
             for batch in stub.host_beats(heard, HOST_BATCH_BYTES):
                 await call.write(batch)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            # Ended: the batch is lost, and the next goes where the relay goes then.
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and self._stopped:
+                raise
+            # Ended (else cancelled with its channel, closed for a new one): the batch is lost,
+            # and the next goes where the relay goes then.
             self._call = None
             await self._ended(address, call)
 

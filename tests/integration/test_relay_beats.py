@@ -11,7 +11,9 @@ import dataclasses
 import io
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from cluster.protocol import version
@@ -19,6 +21,8 @@ from cluster.scheduler import SchedulerServer
 from cluster.scheduler.machine.member_bounds import BeatGate
 from cluster.tools import relay as relay_tool
 from cluster.tools.relay import Relay, RelaySettings
+from cluster.transport.relay import HostBeats
+from cluster.transport.upstreams import Upstreams
 from cluster.v1 import scheduler_pb2 as pb
 from tests.aio import eventually
 from tests.integration.test_relay import make_agent, settings
@@ -93,6 +97,8 @@ async def test_a_workers_beat_counts_among_thousands_of_long_ids_behind_its_rela
             await relay.stop()
 
 
+# A channel's and a server's flow-control window stays at HTTP/2's 64 KiB.
+_NO_WINDOW_GROWTH = [("grpc.http2.bdp_probe", 0)]
 # A local worker's heartbeat interval, in the tests that beat on: a tenth of their node timeout.
 BEAT_S = 0.2
 
@@ -177,3 +183,97 @@ async def test_a_relays_beats_refused_by_a_standby_follow_it_to_the_leader(
                 lambda: leader.servicer.host_calls.held == 1, "the beats' call at the leader"
             )
         assert "refused this host's beats" not in log.read()
+
+
+class _Unread(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in the stubs only
+    """A scheduler whose HostBeats reads nothing: once gRPC's flow-control window is full, a
+    write on the call waits."""
+
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        async def hold(requests: AsyncIterator[bytes], context: object) -> bytes:
+            await asyncio.Event().wait()  # until the server stops
+            return b""
+
+        return (
+            grpc.stream_unary_rpc_method_handler(hold)
+            if details.method.endswith("/HostBeats")
+            else None
+        )
+
+
+class _Writes:
+    """A real channel whose calls' writes the test sees begin and end (all else is the
+    channel's and its calls' own)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel, self.begun, self.under_way = channel, 0, 0
+
+    def stream_unary(self, path: str) -> Any:
+        method: Any = self.channel.stream_unary(path)
+        return lambda **kwargs: _Written(method(**kwargs), self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.channel, name)
+
+
+class _Written:
+    """A real call on a `_Writes` channel, which counts its writes."""
+
+    def __init__(self, call: Any, writes: _Writes) -> None:
+        self._call, self._writes = call, writes
+
+    async def write(self, raw: bytes) -> None:
+        self._writes.begun += 1
+        self._writes.under_way += 1
+        try:
+            await self._call.write(raw)
+        finally:
+            self._writes.under_way -= 1
+
+    def __await__(self) -> Any:
+        return self._call.__await__()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+
+async def test_a_write_cancelled_with_its_channel_stops_no_beats() -> None:
+    """The relay's beats' call to a scheduler it leaves has a write under way, waiting for the
+    scheduler to read, when the relay closes that scheduler's channel (as it does to replace
+    one): gRPC's write raises CancelledError. The batch is lost; the beats heard meanwhile go
+    up to the scheduler the relay follows, on a call of their own, with no other beat needed."""
+    held = grpc.aio.server(options=_NO_WINDOW_GROWTH)
+    held.add_generic_rpc_handlers((_Unread(),))
+    at_held = f"127.0.0.1:{held.add_insecure_port('127.0.0.1:0')}"
+    await held.start()
+    channels: dict[str, _Writes] = {}
+
+    def open_channel(address: str) -> Any:
+        channels[address] = _Writes(grpc.aio.insecure_channel(address, options=_NO_WINDOW_GROWTH))
+        return channels[address]
+
+    try:
+        async with SchedulerServer(settings(1)) as srv:
+            upstreams = Upstreams([at_held, f"127.0.0.1:{srv.port}"], open_channel)
+            beats = HostBeats(upstreams, 0.01)
+            try:
+                # 540 KB in messages of 32 KiB: the second is past the 64 KiB window, and waits.
+                host = [("n" * 120 + f"{i:08d}", i) for i in range(4000)]
+                await beats.local(_beats(host), _Beating())
+
+                def waits() -> bool:
+                    writes = channels.get(at_held)
+                    return writes is not None and writes.begun >= 2 and writes.under_way == 1
+
+                await eventually(waits, "a write past the window, waiting")
+                await beats.local(_beats([("v", 1)]), _Beating())  # heard meanwhile
+                upstreams.answered(at_held, grpc.StatusCode.UNAVAILABLE, ())  # it moves
+                await channels[at_held].channel.close(None)  # the write under way is cancelled
+                await eventually(
+                    lambda: srv.servicer.host_calls.held == 1, "v's batch at the next scheduler"
+                )
+            finally:
+                beats.stop()
+                await upstreams.close()
+    finally:
+        await held.stop(None)

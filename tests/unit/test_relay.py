@@ -1054,9 +1054,9 @@ async def test_a_beats_stream_cut_off_or_at_a_standby_moves_the_relay_and_is_no_
 
 class _SwappedCall(_BeatsCall):
     """A HostBeats call to the scheduler the relay leaves: its first write waits for `cut`,
-    then raises `ends` (gRPC's write raises an AioRpcError under a lost connection; the call,
-    awaited, ends so too), or, `ends` None, is taken and never read (a call that ended
-    meanwhile)."""
+    then raises `ends` (gRPC's write raises an AioRpcError under a lost connection, and
+    CancelledError under its channel closed for a new one; the call, awaited, ends so too),
+    or, `ends` None, is taken and never read (a call that ended meanwhile)."""
 
     def __init__(self, cut: asyncio.Event, ends: BaseException | None) -> None:
         super().__init__(None)
@@ -1099,8 +1099,8 @@ def _named(calls: list[_BeatsCall]) -> list[str]:
 
 @pytest.mark.parametrize(
     "ends",
-    [_refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed"), None],
-    ids=["write-fails", "taken-unread"],
+    [_refusal(grpc.StatusCode.UNAVAILABLE, "Socket closed"), asyncio.CancelledError(), None],
+    ids=["write-fails", "channel-closed", "taken-unread"],
 )
 async def test_a_batch_lost_as_the_relay_moves_is_superseded_by_the_next_at_the_new_scheduler(
     ends: BaseException | None,
@@ -1110,7 +1110,8 @@ async def test_a_batch_lost_as_the_relay_moves_is_superseded_by_the_next_at_the_
     while it was on its way go up next, to the scheduler the relay follows now, on a call of
     its own, with no other beat needed to carry them; the workers' next beats follow on it.
     One lost beat in MS_NODE_TIMEOUT is never a death (`config.silence_limit`: at least
-    MIN_HEARTBEATS_PER_TIMEOUT intervals), so the loss fails nobody."""
+    MIN_HEARTBEATS_PER_TIMEOUT intervals), so the loss fails nobody. A write cancelled under
+    the relay's beats (its channel closed for a new one) stops none of that."""
     cut = asyncio.Event()
     left = _SwappedCall(cut, ends)
     channels = {"a:1": _SwapChannel(left), "b:1": _SwapChannel()}

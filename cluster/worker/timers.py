@@ -1,9 +1,10 @@
 """The agent's timers on the event loop: one timer per stream or call, not a task per message.
 
-`Silence` cancels an event stream on which nothing arrived for too long, `AnswerLimit` a
-registration that did not reach the scheduler or was not answered in time, `Heartbeats`
-writes this node's heartbeats on their own stream, and `Periodic` calls a check now and then.
-Each only does I/O; what a cancelled call means is for the worker core to decide.
+`Silence` cancels an event stream on which nothing arrived for too long, `StallWatch` tells
+when this process itself did not run, `AnswerLimit` cancels a registration that did not reach
+the scheduler or was not answered in time, `Heartbeats` writes this node's heartbeats on their
+own stream, and `Periodic` calls a check now and then. Each only does I/O; what a cancelled
+call or a stall means is for the worker core to decide.
 """
 
 from __future__ import annotations
@@ -22,24 +23,52 @@ Call = WatchCall
 Beats = BeatsCall
 
 
-# A silence timer that runs this much later than due means this process did not run meanwhile
-# (stopped, or starved of CPU): it could not hear the scheduler either, so that time is not
-# counted as the scheduler's silence (what arrived meanwhile is read after the timer runs).
+# A stall watch's timer that runs this much later than due means this process did not run
+# meanwhile (stopped, starved of CPU, or its main thread holding Python's GIL).
 OWN_STALL_S = 1.0
+# The stall watch's timer is due this often: a stall is measured to within this much.
+STALL_TICK_S = 0.25
 # A registration whose channel is connecting is looked at again after this long.
 CONNECTING_RECHECK_S = 1.0
 
 
-class Silence:
-    """Cancels `call` when nothing has arrived on it for `limit_s` while `armed()`; one timer
-    per stream, re-armed only when it runs out (not a task and a timer per message)."""
+class StallWatch:
+    """Tells `stalled(seconds)` of each time this process did not run for over OWN_STALL_S: its
+    timer, due every STALL_TICK_S, ran that late (seen when it runs, or by `check()` first).
+    What a stall means is for the worker core to decide (`steps.Stalled`)."""
 
-    def __init__(
-        self, call: Call, limit_s: float, armed: Callable[[], bool] = lambda: True
-    ) -> None:
+    def __init__(self, stalled: Callable[[float], None]) -> None:
+        self._stalled = stalled
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(STALL_TICK_S, self._due)
+
+    def check(self) -> None:
+        """Tell a stall that is over by now, before its timer runs (a decision about to be
+        made counts it)."""
+        if self._loop.time() - self._timer.when() > OWN_STALL_S:
+            self._timer.cancel()
+            self._due()
+
+    def _due(self) -> None:
+        late = self._loop.time() - self._timer.when()
+        self._timer = self._loop.call_later(STALL_TICK_S, self._due)
+        if late > OWN_STALL_S:
+            self._stalled(late)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class Silence:
+    """Cancels `call` when nothing has arrived on it for long enough: `left(heard_at)`, asked
+    when its timer runs out, is how much longer the stream last heard at `heard_at` may stay
+    silent (the worker core decides, this process's own stalls not counted); one timer per
+    stream, re-armed only when it runs out (not a task and a timer per message)."""
+
+    def __init__(self, call: Call, limit_s: float, left: Callable[[float], float]) -> None:
         self._call = call
         self.limit_s = limit_s
-        self._armed = armed
+        self._left = left
         self._loop = asyncio.get_running_loop()
         self._last = self._loop.time()
         self.fired = False
@@ -49,14 +78,9 @@ class Silence:
         self._last = self._loop.time()
 
     def _check(self) -> None:
-        late = self._loop.time() - self._timer.when()
-        if late > OWN_STALL_S:
-            self._last += late
-        due = self._last + self.limit_s
-        if not self._armed():
-            due = max(due, self._loop.time() + self.limit_s)
-        if self._loop.time() < due:
-            self._timer = self._loop.call_at(due, self._check)
+        left = self._left(self._last)
+        if left > 0:
+            self._timer = self._loop.call_later(left, self._check)
             return
         self.fired = True
         self._call.cancel()

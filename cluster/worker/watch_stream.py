@@ -6,10 +6,11 @@ the scheduler's challenge first under a job secret (kept for half its life), sen
 registration on a new Watch call and waits for the first answer within the bounds of
 `AnswerLimit`; accepted, the call is kept for the agent's reader. `watch_forever` reads each
 accepted stream: the scheduler's events, whole tables fetched by their digest (`peer_table`),
-heartbeats on their own call (`Heartbeats`) and the scheduler's silence (`Silence`); while the
-node runs direct because its host's relay was lost, it looks for the relay and moves its stream
-back through it once it is there again. Whatever happens goes to the core as its event
-(`convert`), through the agent's interpreter, which carries out what the core decides.
+heartbeats on their own call (`Heartbeats`) and the scheduler's silence (`Silence`, which the
+core measures without this process's own stalls, `StallWatch`); while the node runs direct
+because its host's relay was lost, it looks for the relay and moves its stream back through it
+once it is there again. Whatever happens goes to the core as its event (`convert`), through the
+agent's interpreter, which carries out what the core decides.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from cluster.protocol import auth
 from cluster.protocol.config import silence_limit
 from cluster.protocol.errors import ClusterError
 from cluster.protocol.topology import PeerColumns
+from cluster.protocol.value import mutable
 from cluster.transport import failures
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import calls, convert, peer_table
 from cluster.worker.machine import steps
-from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silence
+from cluster.worker.timers import AnswerLimit, Call, Heartbeats, Periodic, Silence, StallWatch
 
 if TYPE_CHECKING:
     from cluster.worker.agent import WorkerAgent
@@ -37,6 +39,25 @@ TTL_USE_S = auth.CHALLENGE_TTL_S / 2  # a scheduler's challenge is used for half
 # A node whose relay was lost looks for it this often; back, it registers through it (bounded by
 # RELAY_MOVE_S); its direct channel closes as its calls end (`link.RELAY_MOVE_GRACE_S`).
 RELAY_LOOK_S, RELAY_MOVE_S = 1.0, 10.0
+
+
+@mutable
+class _StreamTimers:
+    """The timers that run while one accepted stream is read (`WatchStream._timers`)."""
+
+    beats: Heartbeats | None = None
+    stalls: StallWatch | None = None
+    silence: Silence | None = None
+    relay: Periodic | None = None
+
+    def check_stalls(self) -> None:
+        if self.stalls is not None:
+            self.stalls.check()
+
+    def stop(self) -> None:
+        for timer in (self.relay, self.silence, self.stalls, self.beats):
+            if timer is not None:
+                timer.stop()
 
 
 class WatchStream:
@@ -181,39 +202,21 @@ class WatchStream:
 
     async def _watch_once(self, call: Call, watch: steps.Watch) -> steps.Event | None:
         """Read `call` until it says its last word (None) or is lost (what ended it)."""
-        beats = (
-            Heartbeats(
-                lambda: self._link.stub.Heartbeat(metadata=self._agent._signed("Heartbeat")),
-                pb.HeartbeatRequest(
-                    node_id=self._identity.node_id, incarnation=self._identity.incarnation
-                ),
-                watch.heartbeat_interval_s,
-                self._beats_refused,
-            )
-            if self._config.heartbeat_enabled
-            else None
-        )
-        silence = (
-            Silence(
-                call,
-                silence_limit(self._config.node_timeout_s, watch.heartbeat_interval_s),
-                armed=lambda: self._core.topology is not None,
-            )
-            if beats is not None
-            else None
-        )
-        relay = Periodic(self._look_for_relay, RELAY_LOOK_S) if self._link.route.away else None
+        timers = self._timers(call, watch)
+        silence = timers.silence
         self.done, self.up = False, True
         try:
             while not self.done and not self._core.over:
                 try:
                     message = await call.read()
                 except (asyncio.CancelledError, grpc.aio.AioRpcError) as exc:
+                    timers.check_stalls()  # a stall that ended just now is the core's first
                     if silence is not None and silence.fired:
                         return steps.StreamLost("", silence.limit_s, self._agent._verified())
                     if isinstance(exc, asyncio.CancelledError):
                         raise
                     return self._lost(convert.lost(exc))
+                timers.check_stalls()
                 if silence is not None:
                     silence.heard()
                 if message is grpc.aio.EOF:  # type: ignore[attr-defined]  # missing from stubs
@@ -228,10 +231,35 @@ class WatchStream:
             return None
         finally:
             self.up = False
-            for timer in (relay, silence, beats):
-                if timer is not None:
-                    timer.stop()
+            timers.stop()
             call.cancel()
+
+    def _timers(self, call: Call, watch: steps.Watch) -> _StreamTimers:
+        """The timers of reading `call`: its heartbeats, the scheduler's silence on it and this
+        process's own stalls (with heartbeats on), and the look for a lost relay (while away)."""
+        relay = Periodic(self._look_for_relay, RELAY_LOOK_S) if self._link.route.away else None
+        if not self._config.heartbeat_enabled:
+            return _StreamTimers(relay=relay)
+        beats = Heartbeats(
+            lambda: self._link.stub.Heartbeat(metadata=self._agent._signed("Heartbeat")),
+            pb.HeartbeatRequest(
+                node_id=self._identity.node_id, incarnation=self._identity.incarnation
+            ),
+            watch.heartbeat_interval_s,
+            self._beats_refused,
+        )
+        stalls = StallWatch(self._stalled)
+        limit_s = silence_limit(self._config.node_timeout_s, watch.heartbeat_interval_s)
+
+        def left(heard_at: float) -> float:
+            stalls.check()  # the core counts a stall that ended just now
+            return self._core.silence_left(heard_at, limit_s)
+
+        return _StreamTimers(beats, stalls, Silence(call, limit_s, left), relay)
+
+    def _stalled(self, seconds: float) -> None:
+        """This process did not run for `seconds` (from a timer: what follows is done aside)."""
+        self._agent._set_aside(self._agent._run(self._core.step(steps.Stalled(seconds))))
 
     def _beats_refused(self, exc: grpc.aio.AioRpcError) -> bool:
         """A Heartbeat call the scheduler ended: whether it refused this node's certificate

@@ -10,11 +10,28 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from cluster.testing import free_port
+from cluster.testing import Process, free_port
 from tests.procs import ROOT, Procs, job_env
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "finalize_on_cue.py")
 BOUND_S = 60.0
+
+
+def start_cued(
+    processes: Procs, tmp_path: Path, base: dict[str, str]
+) -> tuple[Process, list[Process]]:
+    """The scheduler and workers '0' and '1' of `SCRIPT`, each worker ready: worker i
+    finalizes once the file go<i> in `tmp_path` is there."""
+    sched = processes.start_role("scheduler", "MS_SCHED", [SCRIPT, str(tmp_path / "-")], base)
+    workers = [
+        processes.start_role(
+            f"w{i}", "MS_WORKER", [SCRIPT, str(tmp_path / f"go{i}")], {**base, "MS_NODE_ID": str(i)}
+        )
+        for i in (0, 1)
+    ]
+    for worker in workers:
+        worker.wait_for_output("ready", BOUND_S)
+    return sched, workers
 
 
 def test_a_failed_workers_finish_waits_for_it_to_rejoin(processes: Procs, tmp_path: Path) -> None:
@@ -27,15 +44,7 @@ def test_a_failed_workers_finish_waits_for_it_to_rejoin(processes: Procs, tmp_pa
         MS_ENABLE_RECOVERY="1",
         MS_RECOVERY_PATH=str(recovery),
     )
-    sched = processes.start_role("scheduler", "MS_SCHED", [SCRIPT, str(tmp_path / "-")], base)
-    workers = [
-        processes.start_role(
-            f"w{i}", "MS_WORKER", [SCRIPT, str(tmp_path / f"go{i}")], {**base, "MS_NODE_ID": str(i)}
-        )
-        for i in (0, 1)
-    ]
-    for worker in workers:
-        worker.wait_for_output("ready", BOUND_S)
+    sched, workers = start_cued(processes, tmp_path, base)
     workers[1].signal(signal.SIGSTOP)
     (tmp_path / "go1").touch()  # it finalizes as soon as it runs again
     sched.wait_for_output("node '1' (rank 1) failed: no heartbeat", BOUND_S)

@@ -8,7 +8,8 @@ error, say this line). It holds the worker's one lifecycle, an injected clock, a
 or protobuf (an import-linter contract keeps it so), so it is tested without a network. Its parts:
 `joining` (the registration attempts, at the start and after the stream was lost: their
 deadlines, the leader followed, the relay left), `finishing` (this node's Finish), `answers` (what
-the scheduler last answered the attempts), `pacing` (how long each wait is).
+the scheduler last answered the attempts), `pacing` (how long each wait is), `stalls` (when this
+process itself did not run).
 
 The rules it keeps:
 - Registering, and registering again, is `joining`'s (see there): retried until a deadline, whose
@@ -18,6 +19,10 @@ The rules it keeps:
   reconnected within MS_NODE_TIMEOUT (a restarted scheduler refuses the old job, and says so).
   Behind a host's relay, a stream silent while the relay answers (`StreamLost.relay`) is the
   scheduler's silence: the node stays on the relay.
+- This process's own stalls (stopped, starved of CPU, or holding the GIL: `steps.Stalled`) are
+  never the scheduler's silence (`silence_left`), and a loss of the stream, or the job's
+  failure, that follows one long enough for the scheduler to fail this node names it, not the
+  scheduler (`stalls`).
 - A failure is reported once and is final. A node whose Finish the scheduler heard, or whose job
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
@@ -47,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cluster.protocol.backoff import Draws
-from cluster.protocol.config import ClusterConfig
+from cluster.protocol.config import ClusterConfig, silence_limit
 from cluster.protocol.errors import (
     ClusterError,
     JobFailedError,
@@ -63,6 +68,7 @@ from cluster.worker.machine.finishing import Away, Finish, Unheard
 from cluster.worker.machine.joining import TOPOLOGY_MARGIN_S, Joining
 from cluster.worker.machine.lifecycle import Lifecycle
 from cluster.worker.machine.pacing import Pace
+from cluster.worker.machine.stalls import Stalls
 
 # The core's names, with the part's that its callers and tests use.
 __all__ = ["FATAL_WAIT_S", "TOPOLOGY_MARGIN_S", "Lifecycle", "WorkerCore"]
@@ -109,6 +115,7 @@ class WorkerCore:
         # The last collective answered, (generation, number): said when registering again.
         self.answered: tuple[int, int] = (0, 0)
         self.joining = Joining(self)  # its registration attempts, and whom they go to
+        self.stalls = Stalls()  # when this process itself did not run (`stalls`)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -158,6 +165,16 @@ class WorkerCore:
         it is waited for, and what brings it back; "" otherwise (`Joining.away`)."""
         return self.joining.away()
 
+    def silence_left(self, heard_at: float, limit_s: float) -> float:
+        """How much longer the stream last heard at `heard_at` may stay silent before the
+        scheduler's silence reaches `limit_s` (none left: the stream is given up). This
+        process's own stalls since do not count (it could not hear anything while it did not
+        run), and a job that has not formed yet is not held to it (`limit_s` from now)."""
+        if self.topology is None:
+            return limit_s
+        now = self.clock()
+        return limit_s - (now - heard_at - self.stalls.within(heard_at, now))
+
     def next_seq(self, generation: int) -> int:
         """The number of this node's next collective of `generation`."""
         self._seqs[generation] = self._seqs.get(generation, 0) + 1
@@ -180,6 +197,9 @@ class WorkerCore:
     def step(self, event: steps.Event) -> Actions:  # noqa: PLR0911, PLR0912 - a case an event
         """What to do now that `event` happened. A failed or closed node does nothing more."""
         if self.lifecycle in (Lifecycle.FAILED, Lifecycle.CLOSED):
+            return []
+        if isinstance(event, steps.Stalled):  # says nothing of the scheduler's answers
+            self.stalls.add(event.seconds, self.clock())
             return []
         self.answers.note(event, self.clock())
         match event:
@@ -300,7 +320,9 @@ class WorkerCore:
         if event.ok:
             self.lifecycle = Lifecycle.FINISHED
             return [steps.Done()]
-        return [*self.fail(JobFailedError(f"job failed: {event.reason}")), steps.Done()]
+        stall = self._own_stall(self.clock())  # this node's stall may be why: said with it
+        reason = f"{event.reason}; {stall}" if stall else event.reason
+        return [*self.fail(JobFailedError(f"job failed: {reason}")), steps.Done()]
 
     def _stream_lost(self, event: steps.StreamLost) -> Actions:
         if self.lifecycle is Lifecycle.FINISHED:
@@ -315,19 +337,24 @@ class WorkerCore:
                     f"{silence} through the relay at {event.relay}, which answers: the scheduler "
                     "hung, or the relay's link to it is cut"
                 )
-        via = " through the relay" if event.relay else ""
+        stall = self._own_stall(now)
+        if stall:  # what the scheduler took this node for hung for: said before the loss
+            reason = f"{stall}; then its event stream ended: {reason}"
         self.joining.lost = reason
         if self.topology is not None and event.silent_s is not None and not self.recovery:
             return self.fail(SchedulerUnreachableError(f"{self.where} is unreachable: {reason}"))
         window = self.joining.reconnect_window(now)
         said: Actions = []
         if self.topology is not None:
+            lost = reason if stall else f"lost {self.where} ({reason})"
+            to = f" to {self.where}" if stall else ""
+            via = " through the relay" if event.relay else ""
             said.append(
                 steps.Say(
-                    f"lost {self.where} ({reason}); training goes on (recovery is on), "
-                    f"reconnecting{via} for up to {window:g} s"
+                    f"{lost}; training goes on (recovery is on), reconnecting{to}{via} for up "
+                    f"to {window:g} s"
                     if self.recovery
-                    else f"lost {self.where} ({reason}); reconnecting for up to "
+                    else f"{lost}; reconnecting{to} for up to "
                     f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
                 )
             )
@@ -335,6 +362,14 @@ class WorkerCore:
         # With several schedulers, probe first: a dead leader is passed over at once.
         self.joining.begin_attempts(now, event.verified and len(self.joining.addresses) == 1)
         return said + self.joining.await_listening()
+
+    def _own_stall(self, now: float) -> str:
+        """A stall of this process that ended a moment ago, long enough for the scheduler to
+        have failed this node, as a sentence ("" when there is none, or no heartbeats)."""
+        if not self.config.heartbeat_enabled:
+            return ""
+        limit_s = silence_limit(self.config.node_timeout_s, self.heartbeat_interval_s)
+        return self.stalls.named(now, limit_s, self.heartbeat_interval_s)
 
     def _deadline_passed(self) -> Actions:
         if self.topology is not None or self.over or self.clock() < self.ready_by:

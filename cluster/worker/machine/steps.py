@@ -147,6 +147,14 @@ class StreamLost:
 
 
 @frozen
+class Stalled:
+    """This process did not run for `seconds`, up to now (stopped, starved of CPU, or its main
+    thread holding Python's GIL): its event loop's timer ran that late."""
+
+    seconds: float
+
+
+@frozen
 class Fatal:
     """Something the shell found ends the job for this node (a registration rejected by a status
     code, a malformed answer, a topology without this node)."""
@@ -218,6 +226,7 @@ Event = (
     | NodeFailed
     | Shutdown
     | StreamLost
+    | Stalled
     | Fatal
     | DeadlinePassed
     | FinishSent

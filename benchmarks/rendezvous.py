@@ -568,7 +568,7 @@ def cluster_clients_main(c: Clients) -> None:
             finish0 = time.time()
             try:
                 heard = await asyncio.wait_for(
-                    asyncio.gather(*(a.finish() for a in agents)), agents[0].finish_wait_s + 5.0
+                    asyncio.gather(*(a.finish() for a in agents)), agents[0].finish_bound_s + 5.0
                 )
             except TimeoutError:
                 said = said_summary(messages)
@@ -912,7 +912,7 @@ def run_once(
             flush=True,
         )
         proceed.set()
-        # The agents wait for their finish's answer for up to finish_wait_s (the node timeout
+        # The agents wait for their finish's answer for up to finish_bound_s (the node timeout
         # and its slack), then close (at most 30 s): a slow finish storm is not a failure.
         from cluster.worker.machine.pacing import FINISH_SLACK_S
 

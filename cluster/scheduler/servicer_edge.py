@@ -260,15 +260,16 @@ class ServicerEdge:
         request's head, `edge.head`, whose call number it takes now), before the call holds
         anything of its member's share: a call that does not prove its member is refused at
         once, unread; None once the call was refused. With a job secret the first message names
-        its value's SHA-256 (`joined` checks the value against it). `requests`: the messages
-        after the first."""
-        refused = self._unproven(core, method, first, context)
-        if refused is not None:
-            refuse(context, refused)
+        its value's SHA-256 (`Admission.admit_value`; `joined` checks the value against it).
+        `requests`: the messages after the first."""
+        if isinstance(first, edge.Unparsed):
+            refuse(context, self.at_edge(context, method, first.reason, first.message()))
             await handlers.done_reading(requests)
             return None
         caller = membership.caller(context.invocation_metadata(), method, lambda: edge.head(first))
-        admitted = core.state.admission.admit(caller.node_id, caller.incarnation, caller.presented)
+        admitted = core.state.admission.admit_value(
+            caller.node_id, caller.incarnation, caller.presented, first.value_sha256, method
+        )
         if isinstance(admitted, Denied):
             if admitted.kind is Denial.UNAUTHENTICATED:  # not the member's: never read
                 refuse(context, self.at_edge(context, method, "unauthenticated", admitted.message))
@@ -280,22 +281,6 @@ class ServicerEdge:
         return dataclasses.replace(
             caller, presented=dataclasses.replace(caller.presented, vouched=True)
         )
-
-    def _unproven(
-        self, core: SchedulerCore, method: str, first: Any, context: CallContext
-    ) -> ClusterError | None:
-        """Why a value call is refused on its first message alone, before anything it presents
-        is checked: the message did not parse, or (with a job secret) it names no SHA-256 of
-        its value."""
-        if isinstance(first, edge.Unparsed):
-            return self.at_edge(context, method, first.reason, first.message())
-        if core.state.settings.job_secret is None or len(first.value_sha256) == auth.DIGEST_BYTES:
-            return None
-        problem = (
-            f"a {method} call whose first message names no SHA-256 of its value, which a job "
-            "secret's call proof covers: only that node's own process may make it"
-        )
-        return self.at_edge(context, method, "unauthenticated", problem)
 
     def _stranger(
         self, context: CallContext, core: SchedulerCore, method: str, caller: membership.Caller

@@ -20,7 +20,7 @@ from cluster.scheduler.machine.state import (
     NodeRole,
     Refusal,
 )
-from tests.credentials import digest
+from tests.credentials import digest, presented
 from tests.unit.test_state import (
     JOB,
     FakeClock,
@@ -355,3 +355,21 @@ def test_registration_message_covers_every_field() -> None:
         assert dataclasses.replace(base, **{name: value}).message() != base.message(), name
     for name, value in uncovered.items():
         assert dataclasses.replace(base, **{name: value}).message() == base.message(), name
+
+
+def test_with_a_job_secret_a_value_calls_first_message_names_its_sha256() -> None:
+    """A job secret's call proof of a value call covers its head, which names the value's
+    SHA-256: a first message that names none (or not 32 bytes) is refused before its proof is
+    looked at, and its call number is not taken; without a secret the credential is enough."""
+    state = ready_state(FakeClock(), ["0"], job_secret=SECRET)
+    proof = presented(SECRET, "0", 1, "KvSet")
+    for named in (b"", b"\x01" * 31):
+        denied(
+            state.admission.admit_value("0", 1, proof, named, "KvSet"),
+            Denial.UNAUTHENTICATED,
+            "a KvSet call whose first message names no SHA-256 of its value",
+        )
+    assert isinstance(state.admission.admit_value("0", 1, proof, b"\x01" * 32, "KvSet"), Member)
+    open_job = ready_state(FakeClock(), ["0"])
+    bearer = auth.Presented(digest("0", 1))
+    assert isinstance(open_job.admission.admit_value("0", 1, bearer, b"", "Exchange"), Member)

@@ -165,6 +165,25 @@ class Admission:
         )
         return member if problem is None else problem
 
+    def admit_value(
+        self,
+        node_id: str,
+        incarnation: int | None,
+        presented: auth.Presented,
+        value_sha256: bytes,
+        method: str,
+    ) -> Member | Denied:
+        """`admit`, for a value call (an Exchange's, a KvSet's) on its first message, whose
+        `value_sha256` a job secret's call proof covers (the call's head): with a secret, one
+        that names no SHA-256 of its value is refused, as no process of the node makes it."""
+        if self.job.settings.job_secret is not None and len(value_sha256) != auth.DIGEST_BYTES:
+            return Denied(
+                Denial.UNAUTHENTICATED,
+                f"a {method} call whose first message names no SHA-256 of its value, which a "
+                "job secret's call proof covers: only that node's own process may make it",
+            )
+        return self.admit(node_id, incarnation, presented)
+
     def admit_finish(
         self, node_id: str, incarnation: int, presented: auth.Presented
     ) -> Member | Denied:

@@ -106,9 +106,15 @@ class Collectives:
         if not heard or heard[-1] <= self.failed_at.get((proc.node_id, proc.job), 0):
             return
         key = (proc.job, proc.node_id, heard[-1])
-        seq = self.numbers[key] = self.numbers.get(key, 0) + 1
-        op = BARRIER if seq % 2 else ALLGATHER
-        self.calls[proc.node_id] = Call(proc.job, heard[-1], seq, op)
+        seq = self.numbers.get(key, 0) + 1
+        end = self.sim.finishes.next_call(proc, heard[-1], seq)
+        if end is None:
+            return  # past its end, or at its end barrier before it is ready for it
+        self.numbers[key] = seq
+        op = BARRIER if end or seq % 2 else ALLGATHER
+        call = self.calls[proc.node_id] = Call(proc.job, heard[-1], seq, op)
+        if end:
+            self.sim.finishes.ends[proc.node_id] = call
         self.send(proc)
 
     def send(self, proc: Process) -> None:
@@ -128,6 +134,7 @@ class Collectives:
         if self.calls.get(proc.node_id) != call:
             return  # an answer to a call it no longer waits on (a retry's twin)
         del self.calls[proc.node_id]
+        self.sim.finishes.answered(proc, call, outcome)
         if isinstance(outcome, ClusterError):
             self.failed_at[(proc.node_id, call.job)] = call.generation
             return
@@ -244,7 +251,7 @@ class Collectives:
             self.peers[(job, effect.generation)] = {p.rank: p.node_id for p in effect.peers}
         if tell.fail is not None:
             error = tell.fail.error(tell.fail.reason)
-            for rnd in self.rounds.fail_all(error):
+            for rnd in self.rounds.fail_all(error, keep_answer=tell.fail.keep_answer):
                 self.settle(rnd, error)
         if isinstance(effect, TopologyReadyEvent | NodeFailedEvent):
             newest = effect.generation + (1 if isinstance(effect, NodeFailedEvent) else 0)

@@ -23,8 +23,13 @@ names the rule):
 - `one-holder`: at most one live member holds each rank, and a rank goes to another node only
   once its holder's failure was told;
 - `guard`: a new process of a node id is taken only after MS_NODE_TIMEOUT of its silence;
-- `liveness`: when the faults stop, within a bounded virtual time the job forms again with
-  every process in it, or its end is told to every process.
+- `liveness`: when the faults stop, within a bounded virtual time the job ends and every
+  process is told (where the workers hold: the job forms again with every process in it but
+  those that finished);
+- the end of the job (`finishing`): a Finish heard is saved and never lost to a restart
+  (`finish-counted`), a job whose every rank finished ends well (`job-end`), a finished node
+  reports no failure (`finished-quiet`), a Finish cut off with its scheduler is held, never
+  given up silently (`finish-held`).
 
 Same seed, same run: every choice comes from `random.Random(seed)`.
 """
@@ -58,6 +63,7 @@ from tests.sim import putback
 from tests.sim.collectives import Collectives
 from tests.sim.cores import Cores
 from tests.sim.disks import kill_with_disk, may_lose_disk
+from tests.sim.finishing import Finishes
 from tests.sim.kv import KvSim
 from tests.sim.network import ETCD, SCHED, Network, Packet
 from tests.sim.plants import (
@@ -144,6 +150,12 @@ class Process:
     step: int = 0  # the step its loop reached (`putback.step`)
     writing: tuple[int, int] | None = None
     awaiting: tuple[Any, ...] | None = None
+    # Its last report sent and the number of the newest answered (its flush at the end waits
+    # for it); past its end barrier; finalize() called (`finishing`).
+    last_report: tuple[Any, ...] | None = None
+    answered_report: int = 0
+    past_end: bool = False
+    finishing: bool = False
     # The generations it heard, per job (a scheduler that restarts on an ended job's state
     # starts a new job, whose generations count from 1 again).
     generations: dict[str, list[int]] = field(default_factory=dict)
@@ -166,6 +178,7 @@ class Sim:
     node_timeout_s: float = NODE_TIMEOUT_S
     collective_steps: bool = True
     log: list[str] | None = None
+    finishing: bool = True  # the workers train to an end and finish (`finishing`)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -239,6 +252,7 @@ class Sim:
         self.ha = Standbys(self, self.schedulers, self.plant) if self.schedulers > 1 else None
         self.held_calls: list[Packet] = []
         self.cores = Cores(self) if self.worker_cores else None
+        self.finishes = Finishes(self, enabled=self.collective_steps and self.finishing)
         self.full = False  # the disk is full: every save fails until it is freed
         self.wiped: int | None = None  # the rank whose checkpoint files were lost (`disks`)
         self.disk_rng = random.Random(self.seed * 104729 + 1)  # disk faults: their own stream
@@ -274,6 +288,9 @@ class Sim:
                     "write-ahead",
                     f"told revision {tell.revision} with {saved} saved: {tell.effect}",
                 )
+            if tell.effect is None:  # only rounds to fail (a rank finished)
+                self.collectives.told(tell)
+                continue
             self.told += 1
             self.note(describe(tell.effect))
             self.check_told(tell)
@@ -288,6 +305,7 @@ class Sim:
                 raise Violation("failure-once", f"failure told twice: {effect}")
             self.failures_told.add(key)
             self.failed_in[job] = effect.generation
+        self.finishes.check_told(job, effect)
         if isinstance(effect, TopologyReadyEvent):
             self.check_rollback(effect, effect.peers)
             putback.check_lineage(self, effect)
@@ -361,6 +379,7 @@ class Sim:
             self.note(f"saved: revision {self.stored['revision']}")
             self.carry_out(self.outbox.advance(int(self.stored["revision"])))
             self.answer_saved()
+            self.finishes.answer_saved()
             self.open_saved()
 
     def answer_saved(self) -> None:
@@ -392,6 +411,7 @@ class Sim:
         """The scheduler that ran the job's machine died or stepped down: its rounds, its
         answers not sent and every connection to it are gone."""
         self.collectives.restart()
+        self.finishes.restart()
         self.answers = []  # their calls fail with the scheduler
         self.opening = []
         self.held_calls = []
@@ -422,6 +442,7 @@ class Sim:
         self.catch_up = self.state.catch_up()
         for node_id in self.heard:
             self.heard[node_id] = self.clock.now  # the restored guard counts from now
+        self.finishes.check_restored()
         told = self.generation_told.get(self.state.cluster_id, 0)
         if self.state.phase is Phase.READY and self.state.generation < told:
             raise Violation(
@@ -445,6 +466,9 @@ class Sim:
             elif packet.body[0] == "register" and len(packet.body) > 2:  # a core's attempt
                 answer = ("answer", packet.body[1].incarnation, None, packet.body[2], 0)
                 self.net.send(self.clock.now, SCHED, packet.src, answer)
+            elif packet.body[0] == "finish":  # a standby's NotLeader: UNAVAILABLE
+                refused = ("finish-answer", *packet.body[1:3], "UNAVAILABLE", "not the leader")
+                self.finishes.answer(packet.src, refused)
             elif packet.body[0] not in ("register", "closed"):
                 self.net.send(self.clock.now, SCHED, packet.src, ("unknown", packet.body[1]))
             return
@@ -470,6 +494,8 @@ class Sim:
                 self.kv.on_call(node_id, incarnation, packet.body[2])
             elif kind == "exchange":
                 self.collectives.on_exchange(node_id, incarnation, *packet.body[2:])
+            elif kind == "finish":
+                self.finishes.on_finish(node_id, incarnation, packet.body[2])
             elif kind == "closed":
                 if self.streams.get((node_id, incarnation)) != packet.body[2]:
                     return  # an older stream of the node (an attempt it gave up on) ended
@@ -576,6 +602,10 @@ class Sim:
     def send(self, proc: Process, body: tuple[Any, ...]) -> None:
         self.net.send(self.clock.now, proc.node_id, SCHED, body)
 
+    def send_on_stream(self, proc: Process, body: tuple[Any, ...]) -> None:
+        """A call on `proc`'s connection: in order, lost only with the connection."""
+        self.net.send(self.clock.now, proc.node_id, SCHED, body, stream=True)
+
     def to_worker(self, proc: Process, packet: Packet) -> None:
         if not proc.running:
             return
@@ -598,6 +628,10 @@ class Sim:
         elif kind == "held" and proc.rank is not None:
             self.keep_from[proc.rank] = max(self.keep_from.get(proc.rank, 0), packet.body[2])
             putback.answered(proc, packet.body[3])
+        elif kind == "finish-answer" and self.cores is not None:
+            self.finishes.on_core_answer(proc, *packet.body[2:])
+        elif kind == "finish-answer":
+            self.finishes.on_simple_answer(proc, *packet.body[3:])
         elif kind in ("evict", "unknown"):
             proc.member = False  # cut off: it registers again
 
@@ -629,6 +663,7 @@ class Sim:
         proc.member = True
         self.collectives.send(proc)  # the calls it waits on, made again (a new scheduler)
         self.kv.send(proc)
+        self.finishes.send(proc)
 
     def on_event(self, proc: Process, event: Effect) -> None:
         if isinstance(event, ShutdownEvent):
@@ -669,9 +704,12 @@ class Sim:
             proc.reports, proc.put_back = 0, {}
             proc.restoring, proc.committed, proc.writing = None, None, None
             proc.awaiting, proc.step = None, 0
+            proc.last_report, proc.answered_report = None, 0
+            proc.past_end, proc.finishing = False, False
             proc.member, proc.stopped, proc.inbox, proc.rank = False, False, [], None
             self.collectives.forget(proc)
             self.kv.forget(proc)
+            self.finishes.forget(proc)
             if self.cores is not None:
                 self.cores.start(proc)
             else:
@@ -682,6 +720,7 @@ class Sim:
         cut (then only its silence tells)."""
         if proc.running:
             proc.running = False
+            self.finishes.forget(proc)
             self.net.break_stream(proc.node_id)
             # Only a stream the scheduler has open breaks (a restart ended the others).
             stream = self.streams.get((proc.node_id, proc.incarnation))
@@ -697,6 +736,8 @@ class Sim:
         a new generation puts its rollback step back first (`putback`)."""
         if not proc.running or proc.stopped or not proc.member or proc.paused or proc.rank is None:
             return
+        if proc.past_end:
+            return  # its loop is over
         self.collectives.call(proc)
         if not self.in_newest(proc):
             return  # its group moved on, or a peer failed: the data plane waits
@@ -717,12 +758,13 @@ class Sim:
                 if proc.member:
                     self.send(proc, ("beat", proc.incarnation))
                     putback.again(self, proc)
-                    if self.collective_steps:
+                    if self.collective_steps and not proc.past_end:
                         putback.beat(self, proc)  # its writer, its loop
                     if self.collective_steps:
                         self.collectives.call(proc)  # a step a second, each ends in a collective
                 elif self.cores is None:  # a core registers on its own timers
                     self.send(proc, ("register", self.registration(proc)))
+                self.finishes.beat(proc)  # past its end: it calls finalize() at times
         if self.ha is not None:
             self.ha.beat()
             if self.ha.leader is None or self.ha.scheds[self.ha.leader].stopped:
@@ -847,16 +889,21 @@ class Sim:
             return "disk fills", lambda: setattr(self, "full", True)
         return "disk freed", lambda: setattr(self, "full", False)
 
-    def settled(self) -> bool:
-        """The job formed with every process in it at its newest generation, or it is over and
-        every process was told; nothing waits for a save."""
+    def settled(self) -> bool:  # noqa: PLR0911 - one return per way it is (not) settled
+        """The job is over and every process was told (`job-end`: ended well once every rank
+        finished); or, where the workers hold (call no collective, so that none reaches its
+        end barrier) or the run has no end, it formed with every process in it at its newest
+        generation, but for the ranks that finished; nothing waits for a save."""
         if self.outbox.waiting or self.outbox.requested > int(self.stored["revision"]):
             return False
         procs = self.processes.values()
         if self.state.phase in (Phase.FINISHED, Phase.FAILED):
+            self.finishes.check_settled(0.0)
             return all(not p.running for p in procs)
         if not self.serving() or self.state.phase is not Phase.READY:
             return False
+        if self.finishes.enabled and not self.holding:
+            return False  # the workers train on to the end, and finish
         collectives = self.collectives
         if (
             not all(p.member or p.ended for p in procs)
@@ -869,6 +916,8 @@ class Sim:
         for member in self.state.members.values():
             proc = self.processes[member.node_id]
             heard = proc.generations.get(proc.job, [0])
+            if member.state is NodeState.FINISHED and not proc.running:
+                continue
             if member.state is not NodeState.ALIVE or not proc.member or heard[-1] != generation:
                 return False
         return True
@@ -896,6 +945,8 @@ class Sim:
             self.check()
             if self.crash_after:  # the crash point fired as the job settled: it dies now
                 self.crash_answering()
+            self.finishes.end_fault()  # Finishes meet faults too
+        self.finishes.check_settled(bound_s)
         waiting = self.collectives.stuck() + self.collectives.cut_waiting()
         raise Violation(
             "liveness",
@@ -908,8 +959,11 @@ class Sim:
             self.start(proc)
         crashes = self.seed % 3 == 2 and self.ha is None
         armed_at = self.crash_rng.randrange(steps) if crashes else steps
+        self.finishes.arm(steps)
         for step in range(steps):
             self.collectives.crash_point |= step == armed_at
+            if step == self.finishes.decide_at:
+                self.finishes.decide()
             name, act = self.choose()
             self.trace.append(name)
             act()
@@ -918,11 +972,12 @@ class Sim:
                 self.crash_answering()
                 break
         self.trace.append("faults stop")
+        self.finishes.decide()
         self.holding = self.seed % 3 == 2
         self.heal()
 
 
-def run_seed(
+def run_seed(  # noqa: PLR0913 - the options of a schedule
     seed: int,
     steps: int = 200,
     workers: int = 3,
@@ -930,12 +985,15 @@ def run_seed(
     spares: int = 1,
     schedulers: int = 1,
     worker_cores: bool = False,
+    *,
+    finishing: bool = True,
 ) -> Sim:
     """One schedule; raises `Violation` (with `sim` set to the run) when an invariant breaks.
-    A plant of the election runs with standbys."""
+    A plant of the election runs with standbys. `finishing` False: the workers never reach an
+    end (the schedules before Finish was simulated, kept for the seeds that found bugs)."""
     schedulers = max(schedulers, PLANT_SCHEDULERS.get(plant, 1))
     worker_cores = worker_cores or plant in PLANT_CORES
-    sim = Sim(seed, workers, plant, spares, schedulers, worker_cores)
+    sim = Sim(seed, workers, plant, spares, schedulers, worker_cores, finishing=finishing)
     try:
         sim.run(steps)
     except Violation as exc:

@@ -7,11 +7,12 @@ probe the scheduler, pause, follow a standby's "not the leader", read its stream
 topology or wait as a spare, hear a failure, fail or be released. Its timers (an attempt's
 bound, a pause, the deadline for the first topology) run on the simulation's clock.
 
-A core that fails its node (its reconnect window passed, a topology without it) ends the process
-as `cluster.init()` would; the launcher starts it again (`Sim.heal`), unless the scheduler
-refused it for good. A failure says why (its message never ends in nothing), and a spare fails
-for a registration deadline only MS_NODE_TIMEOUT after its stream ended, never for one set
-before it was accepted.
+Past its end (`finishing`), the core is told `FinishSent` and drives its Finish as the agent
+does (`Finishes.step_core`). A core that fails its node (its reconnect window passed, a
+topology without it) ends the process as `cluster.init()` would; the launcher starts it again
+(`Sim.heal`), unless the scheduler refused it for good. A failure says why (its message never
+ends in nothing), and a spare fails for a registration deadline only MS_NODE_TIMEOUT after its
+stream ended, never for one set before it was accepted.
 
 With standbys, a stream the scheduler's end cut (it died, or stepped down) ends now and then
 with "not the leader" naming none yet, as a stepping-down leader's streams do, instead of
@@ -41,6 +42,8 @@ from cluster.v1 import scheduler_pb2 as pb
 from cluster.worker import convert as worker_convert
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import Lifecycle, WorkerCore
+from tests.sim.finishing import FINISH_EVENTS
+from tests.sim.plants import GiveUpFinish
 
 if TYPE_CHECKING:
     from tests.sim.control_plane import Process, Sim
@@ -57,6 +60,7 @@ class Timer:
     incarnation: int = field(compare=False)
     event: steps.Event = field(compare=False)
     attempt: int = field(compare=False, default=0)  # a registration attempt's bound: its number
+    finish: int = field(compare=False, default=0)  # a Finish call's deadline or hold: its number
 
 
 @dataclass
@@ -107,6 +111,8 @@ class Cores:
         # and its incarnation's.
         draws = Spread(self.sim.seed * 1_000_003 + proc.port * 101 + proc.incarnation)
         core = WorkerCore(self.config(proc), self.sim.clock, cluster_id=proc.job, draws=draws)
+        if self.sim.plant == "finish-give-up":
+            core.finish = GiveUpFinish(core.config, self.sim.clock)
         self.cores[proc.node_id] = core
         self.attempts.pop(proc.node_id, None)
         self.spares.discard(proc.node_id)
@@ -115,15 +121,19 @@ class Cores:
         self.carry(proc, core.step(steps.Start(verified=True, direct=True)))
         self.after(proc, core.ready_by - self.sim.clock.now, steps.DeadlinePassed())
 
-    def after(self, proc: Process, seconds: float, event: steps.Event, attempt: int = 0) -> None:
+    def after(
+        self, proc: Process, seconds: float, event: steps.Event, attempt: int = 0, finish: int = 0
+    ) -> None:
         at = self.sim.clock.now + max(seconds, 0.0)
-        timer = Timer(at, next(self.numbers), proc.node_id, proc.incarnation, event, attempt)
+        timer = Timer(
+            at, next(self.numbers), proc.node_id, proc.incarnation, event, attempt, finish
+        )
         heapq.heappush(self.timers, timer)
 
     def next_at(self) -> float:
         return self.timers[0].at if self.timers else float("inf")
 
-    def fire(self) -> None:
+    def fire(self) -> None:  # noqa: PLR0911 - one return per timer that no longer counts
         """The earliest timer is due: its event, unless it is for a process gone, or a
         registration attempt already answered, or a topology already held."""
         timer = heapq.heappop(self.timers)
@@ -131,10 +141,15 @@ class Cores:
         core = self.cores.get(proc.node_id)
         if core is None or not proc.running or proc.incarnation != timer.incarnation:
             return
-        if proc.stopped:
-            self.after(proc, 0.5, timer.event, timer.attempt)  # it runs again once continued
+        if proc.stopped:  # it runs again once continued
+            self.after(proc, 0.5, timer.event, timer.attempt, timer.finish)
             return
         if timer.attempt and self.attempts.get(proc.node_id) != timer.attempt:
+            return
+        if timer.finish and not self.sim.finishes.due(proc, timer.finish):
+            return  # the call was answered, or the hold ended, before
+        if isinstance(timer.event, FINISH_EVENTS):
+            self.sim.finishes.step_core(proc, timer.event)
             return
         by = self.answer_by.pop((proc.node_id, timer.attempt), None)
         if by is not None and by > self.sim.clock.now:  # connected: its answer is awaited
@@ -178,6 +193,7 @@ class Cores:
                     self.streams[proc.node_id] = self.answered
                     self.sim.collectives.send(proc)
                     self.sim.kv.send(proc)
+                    self.sim.finishes.back(proc)  # a held Finish goes on
                 case steps.Deliver(topology=topology):
                     ready = self.ready
                     assert ready is not None
@@ -188,7 +204,15 @@ class Cores:
                     proc.paused = True
                 case steps.Fail(error=error) | steps.Released(error=error):
                     self.exit(proc, action, error)
-                case _:  # Say, Follow, Done, RetryCall; no Finish is sent in the simulation
+                case steps.Done():
+                    self.sim.finishes.back(proc)  # over: a held Finish goes on
+                case steps.SendFinish(timeout_s=timeout_s):
+                    self.sim.finishes.send_core(proc, timeout_s)
+                case steps.RetryFinish(after_s=after_s):
+                    self.after(proc, after_s, steps.FinishRetryDue())
+                case steps.HoldFinish(timeout_s=timeout_s):
+                    self.sim.finishes.hold(proc, timeout_s)
+                case _:  # Say, Follow, RetryCall
                     pass
 
     def reached(self, node_id: str, attempt: int) -> None:
@@ -199,6 +223,7 @@ class Cores:
 
     def exit(self, proc: Process, action: steps.Action, error: Exception) -> None:
         """The core failed its node, or let it go: the process exits."""
+        self.sim.finishes.check_quiet(proc)
         self.check_failure(proc, error)
         self.failures.append(f"{proc.node_id}: {error}")
         self.sim.note(f"{proc.node_id} exits: {error}")
@@ -258,6 +283,7 @@ class Cores:
             self.ready = None
         if isinstance(effect, ShutdownEvent) and proc.running:  # the script ends with the job
             proc.running, proc.member, proc.ended = False, False, "shutdown"
+            self.sim.finishes.forget(proc)
 
     def lost(self, proc: Process, why: str, *, cut: bool = False) -> None:
         """Its stream broke (evicted, the scheduler gone or not knowing it; `cut`: by the end

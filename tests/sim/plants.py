@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from cluster.protocol import auth
 from cluster.protocol.records import (
     Accepted,
     Effect,
@@ -23,12 +24,16 @@ from cluster.protocol.records import (
     Registration,
     TopologyReadyEvent,
 )
+from cluster.scheduler.machine.admission import Admission, Denied
+from cluster.scheduler.machine.liveness import silence_reason
 from cluster.scheduler.machine.ready import Outbox, Ready, Tell
 from cluster.scheduler.machine.registrar import Registrar
 from cluster.scheduler.machine.rollback import NoCommonStep, RollbackPlanner
 from cluster.scheduler.machine.rounds import Rounds
 from cluster.scheduler.machine.spares import SparePool, live
 from cluster.scheduler.machine.state import SchedulerState
+from cluster.worker.machine import steps
+from cluster.worker.machine.finishing import Away, Finish, Sending, Unheard
 
 # What each plant breaks (`--list-plants`).
 PLANTS = {
@@ -53,6 +58,12 @@ PLANTS = {
     "as reported, those of a worker that has not put back the current one's included",
     "keep-abandoned": "a worker puts back a rollback step and keeps the abandoned run's newer "
     "steps (simulated workers)",
+    "finish-failed-member": "a Finish of a failed member the job waits for is answered, uncounted",
+    "early-finish-answer": "a Finish is answered before it is saved",
+    "uncounted-restore": "a restarted scheduler does not count the nodes that finished",
+    "finished-silence": "a finished node's silence fails it",
+    "finish-give-up": "a worker holds its Finish for a scheduler that went away only until its "
+    "give-up time, then exits as done (worker cores)",
 }
 # Plants of the election run with standbys (`standbys.py` puts them in).
 PLANT_SCHEDULERS = {
@@ -62,7 +73,7 @@ PLANT_SCHEDULERS = {
     "stale-lease-campaign": 2,
 }
 # Plants that only worker cores can show (`cores.py`): the simulation runs them with cores.
-PLANT_CORES = frozenset({"silent-supersede"})
+PLANT_CORES = frozenset({"silent-supersede", "finish-give-up"})
 # Plants shown where a failure follows a new generation within seconds, a spare taking the
 # failed rank each time: the simulation runs them with this many spares at least.
 PLANT_SPARES = {"uncapped-rollback": 2}
@@ -151,9 +162,65 @@ class UncappedRollback(RollbackPlanner):
         return list(workers)
 
 
+class FailedFinish(Admission):
+    """`finish-failed-member`: a failed member's Finish is admitted, though the job waits for it
+    to rejoin (the scheduler then answers it without counting it)."""
+
+    def admit_finish(
+        self, node_id: str, incarnation: int, presented: auth.Presented
+    ) -> Member | Denied:
+        return self.admit(node_id, incarnation, presented)
+
+
+class UncountedRestore(SchedulerState):
+    """`uncounted-restore`: a member restored FINISHED is not counted as finished."""
+
+    def add_restored(self, member: Member) -> None:
+        super().add_restored(member)
+        if member.state is NodeState.FINISHED:
+            self._finished -= 1
+
+
+class FinishedSilence(SchedulerState):
+    """`finished-silence`: the silence of a finished member fails it, as an alive one's."""
+
+    def _tick_member(self, member: Member, now: float) -> list[Effect]:
+        silent = self.liveness.silence(member, now)
+        if member.state is NodeState.FINISHED and silent > self.settings.silence_limit_s:
+            return self.lose(member, silence_reason(silent))
+        return super()._tick_member(member, now)
+
+
+class GiveUpFinish(Finish):
+    """`finish-give-up`: a Finish held for a scheduler that went away is held only until its
+    give-up time (MS_NODE_TIMEOUT and FINISH_SLACK_S from its send), then ends unheard."""
+
+    def failed(
+        self, event: steps.FinishFailed, *, away: Away | None, released: bool, where: str
+    ) -> list[steps.Action] | Unheard:
+        if away is not None:
+            away = Away(away.why, min(away.until, self._since + self.wait_s))
+        return super().failed(event, away=away, released=released, where=where)
+
+    def retry_due(self, *, finished: bool, away: Away | None) -> list[steps.Action] | Unheard:
+        now, give_up = self._clock(), self._since + self.wait_s
+        if self.sending is Sending.HELD and not finished and away is not None and now >= give_up:
+            self.sending = Sending.SENT
+            why = f"this node was not back with it within {self.wait_s:g} s"
+            return Unheard(False, now - self._since, why)
+        return super().retry_due(finished=finished, away=away)
+
+
+STATES: dict[str, type[SchedulerState]] = {
+    "newest-min": NewestMin,
+    "uncounted-restore": UncountedRestore,
+    "finished-silence": FinishedSilence,
+}
+
+
 def state_kind(plant: str) -> type[SchedulerState]:
     """The scheduler state the simulation runs with `plant`."""
-    return NewestMin if plant == "newest-min" else SchedulerState
+    return STATES.get(plant, SchedulerState)
 
 
 def planted(state: SchedulerState, plant: str) -> SchedulerState:
@@ -162,6 +229,8 @@ def planted(state: SchedulerState, plant: str) -> SchedulerState:
         state.pool = EagerPool(state)
     if plant == "no-guard":
         state.registrar = NoGuard(state)
+    if plant == "finish-failed-member":
+        state.admission = FailedFinish(state)
     planner = {"ordered-incarnations": OrderedIncarnations, "uncapped-rollback": UncappedRollback}
     if plant in planner:
         saved = state.rollback.saved()
@@ -186,11 +255,15 @@ __all__ = [
     "DeafRounds",
     "EagerPool",
     "EarlyRelease",
+    "FailedFinish",
+    "FinishedSilence",
+    "GiveUpFinish",
     "KeepRounds",
     "NewestMin",
     "NoGuard",
     "OrderedIncarnations",
     "UncappedRollback",
+    "UncountedRestore",
     "outbox_kind",
     "rounds_kind",
 ]

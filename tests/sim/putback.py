@@ -61,6 +61,7 @@ def report(sim: Sim, proc: Process) -> tuple[Any, ...]:
     files = sorted(sim.files.get(proc.rank, set()))
     body = ("report", proc.incarnation, files, proc.put_back.get(proc.job, 0), proc.reports)
     sim.send(proc, body)
+    proc.last_report = body
     return body
 
 
@@ -110,8 +111,12 @@ def train(sim: Sim, proc: Process, *, saves: bool = True) -> None:
     if proc.committed is not None:
         put_back(sim, proc)
     elif proc.restoring is not None:
-        generation = proc.restoring[0]
-        if every_rank(sim, proc, lambda p: p.generations.get(proc.job, [0])[-1] >= generation):
+        generation, rollback_step = proc.restoring
+        # A generation resumed at the end is opened by no allgather (a peer may have finished).
+        at_end = rollback_step >= sim.finishes.end_step
+        if at_end or every_rank(
+            sim, proc, lambda p: p.generations.get(proc.job, [0])[-1] >= generation
+        ):
             proc.committed, proc.restoring = proc.restoring, None
     elif saves and may_train(sim, proc):
         step(sim, proc)
@@ -122,8 +127,8 @@ def step(sim: Sim, proc: Process) -> None:
     group's steps go by ten, each rank saves each, and each step ends in a collective of every
     rank, so a rank that has saved the next one waits for the others."""
     upto = sim.progress + 10
-    if proc.step >= upto:
-        return  # in the collective of its next step, which waits for the others
+    if proc.step >= upto or upto > sim.finishes.end_step:
+        return  # in the collective of its next step, which waits for the others; or the end
     proc.step = upto
     generation = proc.generations.get(proc.job, [0])[-1]
     save(sim, proc, upto, sim.lineage.setdefault(upto, generation))
@@ -155,11 +160,22 @@ def put_back(sim: Sim, proc: Process) -> None:
         return
     land(sim, proc)
     files = sim.files.setdefault(proc.rank, set())
+    if step and step not in files:  # its disk was lost: fetched from a peer, kept as its own
+        fetch(sim, proc.rank, step)
     if sim.plant != "keep-abandoned":
         files.difference_update({s for s in files if s > step})
     proc.committed, proc.step = None, step
     proc.put_back[proc.job] = max(proc.put_back.get(proc.job, 0), generation)
     proc.awaiting = report(sim, proc)
+
+
+def fetch(sim: Sim, rank: int, step: int) -> None:
+    """`rank` gets `step` from a peer that holds it and writes it as its own checkpoint
+    (`CheckpointManager.load`), of the run the peer's is."""
+    for peer, held in sorted(sim.files.items()):
+        if peer != rank and step in held:
+            write(sim, rank, step, sim.labels[peer][step])
+            return
 
 
 def every_rank(sim: Sim, proc: Process, test: Callable[[Process], bool]) -> bool:
@@ -189,14 +205,25 @@ def may_train(sim: Sim, proc: Process) -> bool:
 
 def answered(proc: Process, seq: int) -> None:
     """The answer to `proc`'s report `seq` came."""
+    proc.answered_report = max(proc.answered_report, seq)
     if proc.awaiting is not None and proc.awaiting[4] == seq:
         proc.awaiting = None
 
 
 def again(sim: Sim, proc: Process) -> None:
-    """`proc` sends its unanswered put-back report again (a retried call)."""
-    if proc.awaiting is not None and proc.member:
+    """`proc` sends its unanswered put-back report again (a retried call); at the end of its
+    training, its last report, until answered (its checkpoints' flush before the end
+    barrier)."""
+    if not proc.member:
+        return
+    if proc.awaiting is not None:
         sim.send(proc, proc.awaiting)
+    elif (
+        proc.last_report is not None
+        and proc.answered_report < proc.reports
+        and sim.progress >= sim.finishes.end_step
+    ):
+        sim.send(proc, proc.last_report)
 
 
 def told(sim: Sim, ready: TopologyReadyEvent) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tests.sim.control_plane import Sim, Violation, run_seed
+from tests.sim.finishing import NOT_STEPS
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def violation(case: Case) -> Violation | None:
 def failed_at(exc: Violation) -> int:
     """How many steps of the schedule ran when `exc` broke (all of them: during the heal)."""
     sim: Sim = exc.sim  # type: ignore[attr-defined]
-    return len([s for s in sim.trace if s != "faults stop"])
+    return len([s for s in sim.trace if s != "faults stop" and not s.startswith(NOT_STEPS)])
 
 
 def shorter(case: Case, exc: Violation) -> tuple[Case, Violation]:

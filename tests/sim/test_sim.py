@@ -4,15 +4,30 @@ caught within 2,000 seeds, by a replay command that finds it again."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
+from cluster.protocol.records import Phase
 from tests.sim.control_plane import PLANT_SPARES, PLANTS, Violation, run_seed
 from tests.sim.run import main, schedulers, worker_cores
 
 
 def test_schedules_keep_every_invariant() -> None:
+    """They end their jobs too (`tests/sim/finishing.py`): most end well, with faults as they
+    end, and a Finish is refused while the job waits for its node to rejoin."""
+    ended = heard = faults = 0
+    refused: Counter[str] = Counter()
     for seed in range(300):
-        run_seed(seed)
+        sim = run_seed(seed)
+        ended += sim.state.phase is Phase.FINISHED
+        heard += len(sim.finishes.heard)
+        faults += sim.finishes.end_faults
+        refused += sim.finishes.refused
+    assert ended > 150
+    assert heard > 150
+    assert faults > 100
+    assert refused["rejoin_first"] > 0
 
 
 def test_schedules_with_standbys_keep_every_invariant() -> None:
@@ -25,10 +40,14 @@ def test_schedules_with_standbys_keep_every_invariant() -> None:
 
 
 def test_schedules_of_worker_cores_keep_every_invariant() -> None:
-    """The workers run by the real worker core, through the wire's converters."""
+    """The workers run by the real worker core, through the wire's converters; some hold their
+    Finish for a scheduler that went away."""
+    holds = 0
     for seed in range(200):
         sim = run_seed(seed, schedulers=1 + seed % 2, worker_cores=True)
         assert sim.cores is not None
+        holds += sim.finishes.holds_made
+    assert holds > 10  # a Finish held for a scheduler that went away (and heard once back)
 
 
 def test_a_crash_point_that_fires_as_the_job_settles_kills_the_scheduler() -> None:
@@ -37,7 +56,7 @@ def test_a_crash_point_that_fires_as_the_job_settles_kills_the_scheduler() -> No
     scheduler then dies there, and its successor re-forms the job for the others (before, the
     scheduler lived on with them never answered: a liveness violation of the simulation's own
     making, found by seed 2804 of an earlier schedule)."""
-    sim = run_seed(6029)
+    sim = run_seed(6029, finishing=False)
     assert sim.trace[-1] == "the scheduler answers s0 of round (2, 1) and dies"
     assert sim.trace[-2] == "faults stop"
 
@@ -54,6 +73,7 @@ def test_the_same_seed_replays_the_same_run(schedulers: int, cores: bool) -> Non
         again.told,
     )
     assert first.files == again.files
+    assert first.finishes.heard == again.finishes.heard
 
 
 def first_caught(plant: str, seeds: int = 2000) -> tuple[int, str]:
@@ -113,7 +133,7 @@ def test_the_command_line_says_what_it_found(capsys: pytest.CaptureFixture[str])
 # generation told before its new one was saved.
 @pytest.mark.parametrize(("seed", "steps"), [(2375, 288), (7389, 300)])
 def test_seeds_that_found_bugs_keep_every_invariant(seed: int, steps: int) -> None:
-    run_seed(seed, workers=2, spares=1, steps=steps)
+    run_seed(seed, workers=2, spares=1, steps=steps, finishing=False)
 
 
 def test_a_generation_decided_while_the_workers_put_a_step_back_names_no_step_they_remove() -> None:
@@ -121,9 +141,9 @@ def test_a_generation_decided_while_the_workers_put_a_step_back_names_no_step_th
     reports, some arriving late, still name the abandoned run's steps up to 60; generation 4,
     decided as the ranks discard those to put step 20 back (a spare takes a failed rank), rolls
     back to 20 again. The rule before (`uncapped-rollback`) named 60, which they removed."""
-    run_seed(93, steps=131, spares=2, schedulers=2)
+    run_seed(93, steps=131, spares=2, schedulers=2, finishing=False)
     with pytest.raises(Violation, match="generation 4 rolls back to step 60, which rank 1"):
-        run_seed(93, steps=131, spares=2, schedulers=2, plant="uncapped-rollback")
+        run_seed(93, steps=131, spares=2, schedulers=2, plant="uncapped-rollback", finishing=False)
 
 
 def test_a_disk_is_lost_only_where_a_peer_holds_a_copy_of_its_files() -> None:
@@ -131,7 +151,7 @@ def test_a_disk_is_lost_only_where_a_peer_holds_a_copy_of_its_files() -> None:
     peer (`tests/sim/disks.py`). A job of one worker has no peer: seed 61 of one worker lost
     its disk, the scheduler rolled back to the step the rank last reported, and the invariant
     (on disk, or held by a peer) could not hold, whatever the scheduler decided."""
-    alone = run_seed(61, steps=67, workers=1, spares=0, schedulers=2)
+    alone = run_seed(61, steps=67, workers=1, spares=0, schedulers=2, finishing=False)
     assert not any("with its disk" in line for line in alone.trace)
     pairs = [run_seed(seed, workers=2, spares=0) for seed in range(30)]
     assert any(sim.wiped is not None for sim in pairs)

@@ -30,8 +30,9 @@ Invariants (`Violation.invariant`):
   and once the faults stop its end is told (finished) within the liveness bound;
 - `finished-quiet`: the failure of a node whose Finish was heard is never told, and a worker
   core whose Finish was heard reports no failure;
-- `finish-held`: a worker core whose Finish was cut off with its scheduler (UNAVAILABLE) never
-  exits as done without it heard: it holds it until the node is back, or fails saying why.
+- `finish-held`: a worker core whose Finish was cut off with its scheduler (UNAVAILABLE, or its
+  answer late while the node lost its stream too) never exits as done without it heard: it
+  holds it until the node is back, or fails saying why.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ from cluster.scheduler.machine.admission import Denied
 from cluster.scheduler.machine.ready import FailRounds
 from cluster.transport import failures
 from cluster.worker.machine import steps
-from cluster.worker.machine.finishing import FINISH_RETRIED, Sending
+from cluster.worker.machine.finishing import DEADLINE_EXCEEDED, FINISH_RETRIED, Sending
+from cluster.worker.machine.lifecycle import Lifecycle
 from tests.sim.network import SCHED
 
 if TYPE_CHECKING:
@@ -71,6 +73,8 @@ FINALIZE_EACH_S = 0.5  # the chance, each second, that a rank past its end calls
 END_FAULTS = 3
 END_FAULT_EACH = 0.3
 FINISH_EVENTS = (steps.FinishSent, steps.FinishAnswered, steps.FinishFailed, steps.FinishRetryDue)
+# What `failed_with` adds to a call's code when it timed out as the node lost its stream too.
+CUT_OFF = " while reconnecting"
 
 
 @dataclass
@@ -362,7 +366,9 @@ class Finishes:
         assert cores is not None
         core = cores.cores[proc.node_id]
         if isinstance(event, steps.FinishFailed):
-            self.failed_with[proc.node_id] = event.code
+            # A call that timed out while the node lost its stream too was cut off with it.
+            cut = event.code == DEADLINE_EXCEEDED and core.lifecycle is Lifecycle.RECONNECTING
+            self.failed_with[proc.node_id] = f"{event.code}{CUT_OFF}" if cut else event.code
         was_out = core.finish.out
         cores.carry(proc, core.step(event))
         if not proc.running:
@@ -462,7 +468,7 @@ class Finishes:
     def check_held(self, proc: Process) -> None:
         """`finish-held`: a Finish cut off with its scheduler is not given up silently."""
         code = self.failed_with.get(proc.node_id, "")
-        if code in FINISH_RETRIED:
+        if code in FINISH_RETRIED or code.endswith(CUT_OFF):
             core = self.sim.cores.cores[proc.node_id]  # type: ignore[union-attr]
             raise self.sim.violation(
                 "finish-held",

@@ -136,6 +136,13 @@ def test_seeds_that_found_bugs_keep_every_invariant(seed: int, steps: int) -> No
     run_seed(seed, workers=2, spares=1, steps=steps, finishing=False)
 
 
+def test_a_finish_that_timed_out_as_the_stream_was_lost_is_held_for_the_nodes_return() -> None:
+    """Seed 331 (worker cores, a standby): node 0's Finish timed out (DEADLINE_EXCEEDED) while
+    a partition cut its stream too; it was given up, the process exited as done unheard, and
+    the job failed MS_TOPO_TIMEOUT later though every rank had finished (`finish-held`)."""
+    run_seed(331, workers=3, spares=1, schedulers=2, worker_cores=True, steps=200)
+
+
 def test_a_generation_decided_while_the_workers_put_a_step_back_names_no_step_they_remove() -> None:
     """Seed 93 (two spares, a standby): generation 3 rolls back to step 20 while the ranks'
     reports, some arriving late, still name the abandoned run's steps up to 60; generation 4,

@@ -960,6 +960,25 @@ def test_with_recovery_a_finish_is_held_while_the_scheduler_restarts_and_sent_on
     assert core.finish_bound_s == 2 * core.finish_wait_s + max(NODE_S, TOPO_S)
 
 
+def test_a_finish_that_timed_out_as_the_stream_was_lost_is_held_not_given_up() -> None:
+    """A Finish whose answer did not come in time while the node lost its stream (a partition
+    cut both) never reached the scheduler, or did and counts once: it is held for the node's
+    return, not given up with a word about the scheduler's disk. With the stream up, the
+    scheduler took it and has not saved it: given up, saying so."""
+    core, _ = ready_core(recovery=True)
+    core.step(steps.StreamLost("no heartbeat from the scheduler for 30 s"))
+    core.step(steps.FinishSent())
+    actions = core.step(steps.FinishFailed("DEADLINE_EXCEEDED", "deadline", stream_up=False))
+    assert kinds(actions) == [steps.Say, steps.HoldFinish]
+    assert "this node's finish waits for it to take this node back" in actions[0].text
+    assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
+    assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(core.finish_wait_s)]
+    core, _, _ = finishing_core(recovery=True)
+    (said,) = core.step(steps.FinishFailed("DEADLINE_EXCEEDED", "deadline", stream_up=True))
+    assert isinstance(said, steps.Say)
+    assert "did not confirm within" in said.text
+
+
 def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> None:
     """Not back within its reconnect window: the node fails as a training node does (its
     process exits non-zero, saying to start the scheduler again and this worker with it),

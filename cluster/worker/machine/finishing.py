@@ -4,7 +4,8 @@ it is sent again, and when it is given up. The rules are the worker core's (see
 doing (registering again, finished) where a decision depends on it.
 
 A Finish is made again only when it never reached the scheduler or was cut off with its
-connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED),
+connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED, and
+a call whose answer did not come in time while the node lost its stream too),
 while the node's stream is up or, with recovery, once it is back after registering again
 (`pacing`: how long it waits, and for how long in all). A failure heard while it is on its way
 waits for its answer (`takes`); a Finish that ends unheard (`Unheard`) has the core say so and
@@ -113,7 +114,11 @@ class Finish:
         if self.sending is not Sending.SENT:
             return []
         now = self._clock()
-        again = event.code in FINISH_RETRIED and not released
+        # A Finish whose answer did not come in time while the node lost its stream was cut off
+        # with it (a partition): sent again once the node is back, as one that never arrived.
+        # With the stream up, the scheduler took it and has not saved it yet: not sent again.
+        cut_off = event.code == DEADLINE_EXCEEDED and away is not None
+        again = (event.code in FINISH_RETRIED or cut_off) and not released
         back = self._recovery and away is not None and self._held is None
         if again and back and away is not None and now < away.until:  # it may come back
             self.sending = Sending.HELD

@@ -50,6 +50,7 @@ from cluster.protocol.errors import (
     CollectiveMismatchError,
     ConfigError,
     PeerFailedError,
+    PeerFinishedError,
 )
 from cluster.protocol.put_back import first_start
 
@@ -361,10 +362,13 @@ class TrainingLoop:
 
     def _finished_before(self, exc: CollectiveError) -> bool:
         """Whether the end barrier's `exc` says that the others finished the job already: a
-        plain CollectiveError (a round that cannot complete: a rank has finished) in a
-        generation that resumed at the end. Peers finish only past an end barrier that every
-        rank reached, so none of them waits for this worker (said in a line)."""
-        if not self._resumed_at_the_end or type(exc) is not CollectiveError:
+        PeerFinishedError (a rank of the generation has finished), in any generation (the
+        barrier's answer may have been lost with a scheduler that restarted as it was told),
+        or a plain CollectiveError (a scheduler that gives no reason) in a generation that
+        resumed at the end. Peers finish only past an end barrier that every rank reached, so
+        none of them waits for this worker (said in a line)."""
+        plain = self._resumed_at_the_end and type(exc) is CollectiveError
+        if not (plain or isinstance(exc, PeerFinishedError)):
             return False
         self._say(f"the other workers finished the job before this one came back ({exc})")
         return True

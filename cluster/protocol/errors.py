@@ -107,6 +107,13 @@ class CollectiveMismatchError(CollectiveError):
     says so by its reason (`ExchangeRefusal` on the wire), not by its words."""
 
 
+class PeerFinishedError(CollectiveError):
+    """A collective refused because a rank of the generation has finished (called
+    cluster.finalize()): no round of the generation completes any more. The scheduler's refusal
+    says so by its reason (`ExchangeRefusal` on the wire); a worker that reads no reason raises
+    a CollectiveError, as it always did."""
+
+
 class PeerFailedError(CollectiveError):
     """A collective could not complete because a peer died; with recovery on, the job goes on
     and the peer's rank comes back in a new generation."""

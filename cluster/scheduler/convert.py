@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 
 from cluster.protocol import auth
-from cluster.protocol.errors import ClusterError, CollectiveMismatchError
+from cluster.protocol.errors import ClusterError, CollectiveMismatchError, PeerFinishedError
 from cluster.protocol.leadership import Standing
 from cluster.scheduler.machine import state
 from cluster.scheduler.machine.events import JobEvent, MemoryResume
@@ -134,6 +134,7 @@ def not_leader_response(message: str, leader: str) -> pb.RegisterResponse:
 # The errors whose Exchange refusal says why by a reason (`failures.EXCHANGE_REFUSAL_KEY`).
 _EXCHANGE_REFUSAL_TO_PB: dict[type[ClusterError], pb.ExchangeRefusalReason] = {
     CollectiveMismatchError: pb.EXCHANGE_REFUSAL_MISMATCH,
+    PeerFinishedError: pb.EXCHANGE_REFUSAL_FINISHED,
 }
 
 

@@ -15,7 +15,7 @@ import copy
 from collections.abc import Awaitable, Callable
 
 from cluster.protocol.config import DEFAULT_COLLECTIVE_MAX_BYTES, DEFAULT_COLLECTIVE_TIMEOUT_S
-from cluster.protocol.errors import ClusterError, CollectiveError
+from cluster.protocol.errors import ClusterError, PeerFinishedError
 from cluster.scheduler.machine.admission import ALLGATHER, BARRIER, BROADCAST, ExchangeTicket
 from cluster.scheduler.machine.rounds import (
     ROUNDS_PER_RANK,
@@ -81,7 +81,7 @@ class ExchangeTable:
             if joined is None:
                 if self._durable is not None:
                     await self._durable()  # it tells of the rank's finish: once that is saved
-                raise CollectiveError(ticket.closed)
+                raise PeerFinishedError(ticket.closed)
         elif isinstance(value, Withdrawn):
             joined = self.rounds.withdraw(
                 key, rank=rank, size=ticket.size, op=op, root=root, reason=value.reason, now=now

@@ -37,6 +37,7 @@ from cluster.protocol.errors import (
     NotAuthenticatedError,
     NotLeaderError,
     PeerFailedError,
+    PeerFinishedError,
     RegistrationPendingError,
     RegistrationRefused,
     UnknownNodeError,
@@ -87,6 +88,7 @@ _KINDS: dict[str, type[ClusterError]] = {
 # The errors a refusal tells by its reason, not its kind: the kind they go with.
 _TOLD_BY_REASON: dict[type[ClusterError], type[ClusterError]] = {
     CollectiveMismatchError: CollectiveError,
+    PeerFinishedError: CollectiveError,
 }
 # A call refused without a kind.
 _BY_CODE: dict[grpc.StatusCode, type[ClusterError]] = {

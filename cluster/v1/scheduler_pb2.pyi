@@ -40,6 +40,7 @@ class ExchangeRefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     EXCHANGE_REFUSAL_UNSPECIFIED: _ClassVar[ExchangeRefusalReason]
     EXCHANGE_REFUSAL_MISMATCH: _ClassVar[ExchangeRefusalReason]
+    EXCHANGE_REFUSAL_FINISHED: _ClassVar[ExchangeRefusalReason]
 
 class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -83,6 +84,7 @@ EXCHANGE_ALLGATHER: ExchangeOp
 EXCHANGE_BROADCAST: ExchangeOp
 EXCHANGE_REFUSAL_UNSPECIFIED: ExchangeRefusalReason
 EXCHANGE_REFUSAL_MISMATCH: ExchangeRefusalReason
+EXCHANGE_REFUSAL_FINISHED: ExchangeRefusalReason
 PHASE_UNSPECIFIED: Phase
 PHASE_WAITING: Phase
 PHASE_READY: Phase

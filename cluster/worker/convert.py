@@ -22,6 +22,7 @@ from cluster.protocol.errors import (
     CollectiveError,
     CollectiveMismatchError,
     NotLeaderError,
+    PeerFinishedError,
 )
 from cluster.protocol.records import NodeRole, Registration
 from cluster.protocol.topology import PeerColumns, Topology, find_row
@@ -269,6 +270,7 @@ def exchange_request(
 # The error each reason of an Exchange's refusal raises (`pb.ExchangeRefusal`).
 _EXCHANGE_REFUSALS: dict[int, type[CollectiveError]] = {
     pb.EXCHANGE_REFUSAL_MISMATCH: CollectiveMismatchError,
+    pb.EXCHANGE_REFUSAL_FINISHED: PeerFinishedError,
 }
 
 
@@ -277,7 +279,8 @@ def exchange_failure(
 ) -> failures.CallFailure:
     """What a failed Exchange means, with the reason of the scheduler's refusal where it gives
     one (`failures.EXCHANGE_REFUSAL_KEY`): a collective that another rank called as another
-    one is a CollectiveMismatchError. A CollectiveError without a reason (an older
+    one is a CollectiveMismatchError, one refused as a rank has finished a PeerFinishedError.
+    A CollectiveError without a reason (an older
     scheduler's), or with one this worker does not know, stays a CollectiveError."""
     if failure.kind is not CollectiveError:
         return failure

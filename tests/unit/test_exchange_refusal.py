@@ -12,6 +12,7 @@ from cluster.protocol.errors import (
     CollectiveError,
     CollectiveMismatchError,
     PeerFailedError,
+    PeerFinishedError,
 )
 from cluster.scheduler import convert as scheduler_convert
 from cluster.transport.failures import (
@@ -55,6 +56,25 @@ def test_a_mismatch_crosses_the_wire_as_its_reason_and_keeps_its_words() -> None
     raised = failure.error("allgather")
     assert type(raised) is CollectiveMismatchError
     assert str(raised) == f"allgather failed: {MISMATCH}"
+
+
+FINISHED = "rank 0 has finished (called cluster.finalize()): no round of generation 1 completes"
+
+
+def test_a_finished_peer_crosses_the_wire_as_its_reason() -> None:
+    """A round refused because a rank has finished is a PeerFinishedError at the worker (its
+    TrainingLoop's end barrier tells the others finished by it), a CollectiveError to one that
+    reads no reason."""
+    error = PeerFinishedError(FINISHED)
+    why = scheduler_convert.exchange_refusal(error)
+    [(_, value)] = why
+    assert pb.ExchangeRefusal.FromString(value).reason == pb.EXCHANGE_REFUSAL_FINISHED
+    exc = _refused(error, *why)
+    assert dict(exc.trailing_metadata())[ERROR_KIND_KEY] == "CollectiveError"
+    raised = _read(exc).error("barrier")
+    assert type(raised) is PeerFinishedError
+    assert str(raised) == f"barrier failed: {FINISHED}"
+    assert type(failure_of(exc).error("barrier")) is CollectiveError
 
 
 def test_a_mismatch_goes_as_a_collective_error_to_a_worker_that_reads_no_reason() -> None:

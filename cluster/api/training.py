@@ -49,6 +49,7 @@ from cluster.protocol.errors import (
     CollectiveError,
     CollectiveMismatchError,
     ConfigError,
+    NoPeerStateError,
     PeerFailedError,
     PeerFinishedError,
 )
@@ -295,7 +296,7 @@ class TrainingLoop:
         _restoring_the_end = step >= self.steps
         try:
             if state is None:  # from a server's memory, which may fail meanwhile
-                state = self._peer_copy(step)
+                state = self._peer_copy(step, topology.rollback_step)
             self._set_state(state)
         except PeerFailedError as exc:
             self._interrupted = exc
@@ -319,15 +320,40 @@ class TrainingLoop:
             runtime.report_memory_resume(generation, step, where.why, self.checkpoints.steps())
         return step
 
-    def _peer_copy(self, step: int) -> dict[str, Any]:
+    def _peer_copy(self, step: int, disk: int) -> dict[str, Any]:
         """The state of `step`, which the servers hold in memory. A rank's checkpoints are the
         steps every worker saves, so that the rollback step (the newest step every rank holds)
         is one they all hold: at such a step, this rank's own file, or a server's copy stored
         as this rank's checkpoint (`load`); at any other, a server's copy that is not stored or
-        reported (`fetch_state`), which would be a step that this rank alone holds."""
+        reported (`fetch_state`), which would be a step that this rank alone holds.
+
+        The scheduler counts this rank as holding the generation's rollback step on disk,
+        `disk` (a newcomer takes the rank with the steps reported for it), and the next
+        generation rolls back to it when nobody holds a step in memory then (every worker
+        failed at once). So a newcomer whose files lack it gets it too, from a peer, as this
+        rank's file (`fetch`), before its report says what it holds: a report without it
+        would make the rollback step 0, with every step lost."""
         if self._saves(step) or step in self.checkpoints.steps():
-            return self.checkpoints.load(step)
-        return self.checkpoints.fetch_state(step)
+            state = self.checkpoints.load(step)
+        else:
+            state = self.checkpoints.fetch_state(step)
+        if 0 < disk < step and disk not in self.checkpoints.steps():
+            self._hold_rollback_step(disk)
+        return state
+
+    def _hold_rollback_step(self, disk: int) -> None:
+        """Fetch the generation's rollback step `disk` as this rank's file (see `_peer_copy`).
+        When no live peer gives it, this worker goes on from the state it has, and says what
+        that costs: it reports no such step, so the rollback step becomes 0."""
+        try:
+            self.checkpoints.fetch(disk)
+        except NoPeerStateError as exc:
+            asked = "; ".join(exc.failures) or "no live peer serves checkpoints"
+            self._say(
+                f"this rank does not hold the rollback step {disk} on disk, and no live peer gave "
+                f"it ({asked}): until its next checkpoint, a failure that no worker can resume "
+                "from memory rolls the job back to step 0"
+            )
 
     def _state_of(self, step: int, source: str) -> dict[str, Any]:
         if source == "own":

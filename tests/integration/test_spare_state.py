@@ -31,6 +31,7 @@ class CounterJob:
     args: tuple[str, ...]
     with_spare: bool = True
     node_timeout_s: str = "2"
+    first_of_node_1: tuple[str, ...] = ()  # more arguments for node '1''s first process
 
     def __post_init__(self) -> None:
         self.env = job_env(
@@ -42,12 +43,14 @@ class CounterJob:
         )
         scheduler = ["-m", "cluster", "scheduler"]
         self.scheduler = self.processes.start_role("sched", "MS_SCHED", scheduler, self.env)
-        self.workers = [self.start("0"), self.start("1")]
+        self.workers = [self.start("0"), self.start("1", *self.first_of_node_1)]
         self.spare = self.start("spare-0", CLUSTER_SPARE="1") if self.with_spare else None
 
-    def start(self, node: str, **extra: str) -> Process:
-        """Node `node` of the job (again: a restarted worker, with the same directory)."""
-        script = [str(SCRIPT), str(self.tmp / f"host-{node}"), *self.args]
+    def start(self, node: str, *more: str, host: str = "", **extra: str) -> Process:
+        """Node `node` of the job with ARGS and `more` (again: a restarted worker, with the same
+        directory, or that of `host`)."""
+        directory = self.tmp / f"host-{host or node}"
+        script = [str(SCRIPT), str(directory), *self.args, *more]
         return self.processes.start_role(
             f"{node}-{len(self.processes.started)}",
             "MS_WORKER",
@@ -159,3 +162,54 @@ def test_a_rank_that_fails_once_every_other_worker_finished_waits_for_its_node(
     assert job.spare.wait(EXIT_S) == 0, job.spare.output
     assert "promoted" not in job.spare.output, job.spare.output
     assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output
+
+
+def test_a_worker_restarted_on_an_empty_disk_keeps_the_rollback_step_on_disk(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Saves every 4 steps; node '1' dies in step 6 and is restarted on an empty disk (as on
+    another host): generation 2 resumes from step 6, which rank 0 holds in memory, a step
+    between saves. Then every worker dies in step 7, before the next save, and both are
+    restarted: nobody holds a step in memory, so generation 3 resumes from the rollback step on
+    disk. That is step 4, which rank 0 holds, and so does node '1': on taking the rank it got
+    the rank's rollback step as a file of its own. Not step 0, with every step lost."""
+    args = ("--save-every", "4", "--all-die-in-step", "7")
+    job = CounterJob(
+        processes, tmp_path, args, with_spare=False, first_of_node_1=("--die-in-step", "6")
+    )
+    assert job.workers[1].wait(EXIT_S) == 1, job.workers[1].output
+    second = job.start("1", host="elsewhere")
+    for proc in (job.workers[0], second):
+        proc.wait_for_output("dies in step 7 of generation 2", EXIT_S)
+        assert proc.wait(EXIT_S) == 1, proc.output
+    assert "resuming from step 6 in memory (a peer's copy" in second.output, second.output
+    last = [job.start("0"), job.start("1", host="elsewhere")]
+    for rank, proc in enumerate(last):
+        assert proc.wait(EXIT_S) == 0, proc.output
+        assert "resuming from step 4\n" in proc.output, proc.output
+        assert f"rank {rank} final w 10.0" in proc.output, proc.output
+    assert job.scheduler.wait(EXIT_S) == 0, job.scheduler.output
+    assert "fetched the checkpoint of step 4 (" in second.output, second.output
+
+
+def test_a_newcomer_that_no_peer_gives_the_rollback_step_goes_on_from_memory(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """As above, but rank 0's checkpoint files are removed by hand while node '1' is down: the
+    restarted node '1' gets step 6 from rank 0's memory, and no peer gives it step 4. It says
+    what that costs and goes on from step 6, and the job finishes."""
+    args = ("--save-every", "4")
+    job = CounterJob(
+        processes, tmp_path, args, with_spare=False, first_of_node_1=("--die-in-step", "6")
+    )
+    assert job.workers[1].wait(EXIT_S) == 1, job.workers[1].output
+    files = list((tmp_path / "host-0" / "rank_0").glob("w-*.ckpt"))
+    assert files, "rank 0 holds no checkpoint file"
+    for path in files:
+        path.unlink()
+    second = job.start("1", host="elsewhere")
+    for rank, proc in enumerate((job.workers[0], second)):
+        assert proc.wait(EXIT_S) == 0, proc.output
+        assert f"rank {rank} final w 10.0" in proc.output, proc.output
+    assert "resuming from step 6 in memory (a peer's copy" in second.output, second.output
+    assert "does not hold the rollback step 4 on disk, and no live peer gave" in second.output

@@ -6,15 +6,18 @@ rank goes to a spare started beside the job; every worker prints `node <id> rank
 
     MS_ROLE=MS_WORKER ... python replicated_counter.py CKPT_DIR [--steps N] [--save-every K]
         [--early] [--die-in-step S | --die-at-the-end | --linger-after-the-loop]
-        [--fetch-on-cue FILE]
+        [--fetch-on-cue FILE] [--all-die-in-step S]
 
 `--early`: the CheckpointManager is made before `cluster.init()`. `--die-in-step S`: node '1'
-exits 1 in step S, before its barrier. `--die-at-the-end`: node '1' exits 1 once every rank
-holds the final step on disk (the scheduler's answer to its report says so), before the loop's
-end barrier: the next generation's rollback step is the end. `--linger-after-the-loop`: node
-'1', in its first process, waits after its loop (past the end barrier) until it is killed.
-`--fetch-on-cue FILE`: a fetch of a peer's state says `fetching step S` and waits until FILE
-exists before it begins (the test stops the peer that holds the state meanwhile).
+exits 1 in step S, before its barrier, once every rank holds its newest checkpoint (the
+scheduler's answer to its report says so). `--die-at-the-end`: node '1' exits 1 once every rank
+holds the final step on disk, before the loop's end barrier: the next generation's rollback
+step is the end. `--linger-after-the-loop`: node '1', in its first process, waits after its
+loop (past the end barrier) until it is killed. `--fetch-on-cue FILE`: a fetch of a peer's
+state says `fetching step S` and waits until FILE exists before it begins (the test stops the
+peer that holds the state meanwhile). `--all-die-in-step S`: every worker exits 1 as it begins
+step S in generation 2 (the whole job fails at once: no survivor holds a step in memory in the
+next generation).
 """
 
 from __future__ import annotations
@@ -52,6 +55,21 @@ def dying_at(steps: int) -> Callable[[list[int]], int]:
     return report
 
 
+def every_rank_holds(checkpoints: cluster.CheckpointManager) -> str:
+    """Once this rank's newest checkpoint is written, wait until every rank holds it (the
+    scheduler's answer to a report says so); what to say of it ("" when none was saved)."""
+    checkpoints.flush()
+    held = checkpoints.steps()
+    if not held:
+        return ""
+    wait_until(
+        lambda: runtime.report_checkpoints(held) == held[-1],
+        60,
+        f"every rank to hold step {held[-1]}",
+    )
+    return f" (every rank holds step {held[-1]})"
+
+
 def fetching_on_cue(cue: Path) -> None:
     """Have each fetch of a peer's state wait for `cue` (at most LINGER_S) before it begins."""
     fetch = peer_state.fetch
@@ -74,6 +92,7 @@ def main() -> None:
     parser.add_argument("--die-at-the-end", action="store_true")
     parser.add_argument("--linger-after-the-loop", action="store_true")
     parser.add_argument("--fetch-on-cue", type=Path)
+    parser.add_argument("--all-die-in-step", type=int, default=-1)
     args = parser.parse_args()
     if args.fetch_on_cue is not None:
         fetching_on_cue(args.fetch_on_cue)
@@ -93,7 +112,11 @@ def main() -> None:
     for step in loop:
         with loop.step():
             if dies and step == args.die_in_step:
-                print(f"node 1 dies in step {step}", flush=True)
+                held = every_rank_holds(checkpoints)
+                print(f"node 1 dies in step {step}{held}", flush=True)
+                os._exit(1)
+            if step == args.all_die_in_step and cluster.get_generation() == 2:
+                print(f"node {node} dies in step {step} of generation 2", flush=True)
                 os._exit(1)
             state["w"] = state["w"] + 1
             cluster.barrier()

@@ -293,6 +293,12 @@ class CheckpointManager:
             self._saves, self._pause_s, pool.waits, pool.wait_s, self._writes.writer.done
         )
 
+    @property
+    def held_by_all(self) -> int:
+        """A step every rank holds, as the scheduler's last answer to this rank's reports that
+        named one said (0: none heard yet); this rank keeps it and every newer step."""
+        return self._writes.held_by_all
+
     @contextlib.contextmanager
     def latest_snapshot(self) -> Iterator[Snapshot | None]:
         """The newest step saved, as held in memory (None before the first save), kept from

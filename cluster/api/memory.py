@@ -13,6 +13,12 @@ for this step (`CheckpointManager.serve_memory`).
 `CheckpointConfig.memory_snapshot` bounds it: a state larger than that many bytes is not kept
 (said once), and the job rolls back to disk as without it; 0 turns it off. Without recovery
 nothing is kept (a failure ends the job).
+
+The loop also keeps the state of step 0, as constructed (`InitialState`), for a rollback to step
+0: a host copy (pageable, also for CUDA tensors), which `StepMemory` holds as its step 0 at the
+job's first start (one copy, not two). It is let go once the scheduler says that every rank
+holds a checkpoint (`CheckpointManager.held_by_all`): from then on the rollback step is 0 only
+if a rank's checkpoints are lost.
 """
 
 from __future__ import annotations
@@ -67,6 +73,17 @@ class StepMemory:
         self._held = snapshot
         self._serve(step, snapshot)
 
+    def keep_initial(self, initial: InitialState) -> None:
+        """Hold the state of step 0 that `initial` holds: that copy, not another one (nothing
+        when it holds none)."""
+        if self.limit == 0:
+            return
+        self.drop()
+        snapshot = initial.snapshot
+        if snapshot is not None and self._fits(snapshot.nbytes):
+            self._held = snapshot
+            self._serve(0, snapshot)
+
     def state(self) -> dict[str, Any]:
         """A decoded copy of the state held (the snapshot stays, to serve peers)."""
         assert self._held is not None, "StepMemory.state() with nothing held"
@@ -99,3 +116,25 @@ class StepMemory:
     def _serve(self, step: int, snapshot: Snapshot | None) -> None:
         # Step 0 is nobody's to fetch: every worker makes the state as constructed.
         self._checkpoints.serve_memory(step, snapshot if step > 0 else None)
+
+
+class InitialState:
+    """The state of step 0, a host copy of `state` (a `Snapshot` in pageable memory: a state on
+    a GPU is not copied on the GPU), until `let_go`; see the module."""
+
+    def __init__(self, checkpoints: CheckpointManager, state: Mapping[str, Any]) -> None:
+        encoded = checkpoint_tree.encode(state)  # a bad state is refused here
+        self.snapshot: Snapshot | None = Snapshot(pin=False)
+        self.snapshot.fill(0, checkpoints.rank, checkpoints.prefix, encoded)
+        self.let_go_at = 0  # the step every rank held when it was let go (0: held, or no job)
+
+    def state(self) -> dict[str, Any] | None:
+        """A decoded copy of the state of step 0; None once it was let go."""
+        return None if self.snapshot is None else self.snapshot.state()
+
+    def let_go(self, held_by_all: int = 0) -> None:
+        """Hold it no more (its memory is freed once `StepMemory` holds it no more either):
+        every rank holds a checkpoint of `held_by_all`, or no rollback can come."""
+        if self.snapshot is not None:
+            self.snapshot = None
+            self.let_go_at = held_by_all

@@ -36,7 +36,6 @@ ConfigError that says so: make such collectives in `set_state` or in a step.
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +45,7 @@ from cluster.api import data_plane, runtime, worker_metrics
 from cluster.api.collective import allgather_bytes, barrier
 from cluster.protocol import resume
 from cluster.protocol.errors import (
+    CheckpointError,
     CollectiveError,
     CollectiveMismatchError,
     ConfigError,
@@ -57,7 +57,7 @@ from cluster.protocol.put_back import first_start
 
 if TYPE_CHECKING:
     from cluster.api.checkpoint import CheckpointManager
-    from cluster.api.memory import StepMemory
+    from cluster.api.memory import InitialState, StepMemory
     from cluster.protocol.topology import Topology
 
 
@@ -100,7 +100,9 @@ class TrainingLoop:
         """`get_state()`: what a checkpoint holds (parameters, optimizer state, ...);
         `set_state(state)`: put such a state back (the collectives it makes belong to the
         generation it restores; when it restores the last step, `restoring_the_end()`, it
-        must make none). The state at construction is the state of step 0."""
+        must make none). The state at construction is the state of step 0: a host copy of it
+        is kept for a rollback to step 0 until every rank holds a checkpoint
+        (`cluster.api.memory.InitialState`)."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ConfigError(
                 f"TrainingLoop steps={steps!r} is invalid: it must be an integer >= 0, the number "
@@ -112,7 +114,6 @@ class TrainingLoop:
         self._get_state = get_state
         self._set_state = set_state
         self._say = say or _say
-        self._initial = copy.deepcopy(dict(get_state()))
         self._generation = 0
         self._interrupted: PeerFailedError | None = None
         self._furthest = 0
@@ -122,9 +123,11 @@ class TrainingLoop:
         self.rollbacks = 0
         # The state of the last step boundary, a copy (CheckpointConfig.memory_snapshot). Its
         # module imports numpy, as the manager's does: not at `import cluster`.
-        from cluster.api.memory import StepMemory  # noqa: PLC0415
+        from cluster.api.memory import InitialState, StepMemory  # noqa: PLC0415
 
         self.memory: StepMemory = StepMemory(checkpoints, self._say)
+        # The state of step 0, for a rollback to it, until every rank holds a checkpoint.
+        self._initial: InitialState = InitialState(checkpoints, get_state())
         # Steps this worker computed again after rollbacks (work lost to failures).
         self.steps_redone = 0
         worker_metrics.start()  # CLUSTER_WORKER_METRICS_PORT: off unless set
@@ -157,6 +160,7 @@ class TrainingLoop:
                     self._boundary(step)
             elif self._agree_on_the_end():
                 self.memory.close()
+                self._initial.let_go()
                 return
             else:
                 step = self._roll_back(waited=True)
@@ -169,6 +173,8 @@ class TrainingLoop:
             with worker_metrics.checkpoint(step):
                 self.checkpoints.save(step, state)
         self.memory.keep(step, state, saved=saved)
+        if self.checkpoints.held_by_all > 0:  # no rollback to step 0 from now on
+            self._initial.let_go(self.checkpoints.held_by_all)
 
     def _saves(self, step: int) -> bool:
         """Whether every worker saves a checkpoint of `step`."""
@@ -212,8 +218,10 @@ class TrainingLoop:
         _loop_began = True
         topology = runtime.topology()
         self._generation = topology.generation
+        if runtime.session().config.recovery is None:
+            self._initial.let_go()  # a failure ends the job: no rollback
         if first_start(topology.generation, topology.rollback_step, runtime.is_rejoin()):
-            self.memory.keep(0, self._get_state(), saved=False)
+            self.memory.keep_initial(self._initial)
             runtime.resumed_in(topology.generation)
             return 0  # a first start: the state as constructed
         # The rank's files may hold steps of a run the job abandoned: until this process puts
@@ -290,7 +298,7 @@ class TrainingLoop:
         global _restoring_the_end
         step, generation = where.step, topology.generation
         source = where.source(topology.rank, self.memory.step)
-        state = None if source == "peer" and step > 0 else self._state_of(step, source)
+        state = None if source == "peer" and step > 0 else self._state_of(step, source, topology)
         session = runtime.session()
         session.generation_pin = generation
         _restoring_the_end = step >= self.steps
@@ -355,12 +363,15 @@ class TrainingLoop:
                 "from memory rolls the job back to step 0"
             )
 
-    def _state_of(self, step: int, source: str) -> dict[str, Any]:
+    def _state_of(self, step: int, source: str, topology: Topology) -> dict[str, Any]:
         if source == "own":
             return self.memory.state()
-        if step == 0:
-            return copy.deepcopy(self._initial)
-        return self.checkpoints.load(step)
+        if step > 0:
+            return self.checkpoints.load(step)
+        initial = self._initial.state()
+        if initial is None:
+            raise _initial_gone(topology, self._initial.let_go_at)
+        return initial
 
     def _agree_on_the_end(self) -> bool:
         """True once every worker holds the final state; False after a peer failed first.
@@ -408,6 +419,19 @@ def _met_another_collective(generation: int, exc: CollectiveMismatchError) -> Co
         "from its start, so a collective made before the loop (cluster.barrier(), a "
         "broadcast, a process group made other than with cluster.torch.init_process_group()) "
         "comes first there, and not in the survivors: make it in set_state or in a step"
+    )
+
+
+def _initial_gone(topology: Topology, held: int) -> CheckpointError:
+    """A rollback to step 0 in `topology`'s generation, after this worker let the state of step
+    0 go once every rank held a checkpoint of `held`."""
+    return CheckpointError(
+        f"generation {topology.generation} rolls back to step 0 ({topology.reason}), but this "
+        "worker no longer holds the state of step 0: it let it go once the scheduler said every "
+        f"rank held a checkpoint (of step {held}), so a rank's checkpoints were lost since "
+        "(removed by hand, or a disk lost). Restart this worker (a new process makes the "
+        "state of step 0 again; mscluster run --max-restarts does), or put the lost checkpoint "
+        "files back and restart the job"
     )
 
 

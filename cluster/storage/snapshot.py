@@ -17,9 +17,9 @@ the back-pressure that bounds the memory of a loop that saves faster than the di
 each wait is counted. Buffers are kept from one save to the next, so a steady state of saves of
 the same layout allocates nothing (a fresh buffer costs a page fault per 4 KiB on first touch,
 ten times the copy itself). A state with CUDA tensors is copied into a pinned buffer (from
-`cluster.storage.host_buffers`, bounded by CLUSTER_PINNED_MAX_BYTES) on a copy stream
-(`cluster.storage.device_copy`), complete when `fill` returns; `state()` puts each tensor back
-on the device it was copied from.
+`cluster.storage.host_buffers`, bounded by CLUSTER_PINNED_MAX_BYTES; a snapshot made with
+`pin=False` uses pageable memory) on a copy stream (`cluster.storage.device_copy`), complete
+when `fill` returns; `state()` puts each tensor back on the device it was copied from.
 """
 
 from __future__ import annotations
@@ -41,10 +41,13 @@ _log = logging.getLogger(__name__)
 
 
 class Snapshot:
-    """The checkpoint of `step`, owned by a pool; see the module."""
+    """The checkpoint of `step`, owned by a pool (or by its maker); see the module."""
 
-    def __init__(self, buffers: HostBuffers | None = None) -> None:
+    def __init__(self, buffers: HostBuffers | None = None, *, pin: bool = True) -> None:
         self.step = 0
+        # Whether a state with CUDA tensors goes to a pinned buffer (False: pageable, for a
+        # copy made once and read rarely, which should not take from the pinned bound).
+        self._pin = pin
         # Whether this step's file is complete on disk (set by the writer after its rename).
         self.persisted = False
         self._head = b""
@@ -68,13 +71,14 @@ class Snapshot:
 
     def fill(self, step: int, rank: int, prefix: str, encoded: Encoded) -> None:
         """Copy an encoded state into this snapshot's buffers (grown only when too small, or
-        made pinned when the state holds CUDA tensors and the buffer is not)."""
+        made pinned when the state holds CUDA tensors, `pin` is on and the buffer is not)."""
         layout = [(entry["offset"], entry["nbytes"]) for entry in encoded.entries]
         on_device = any(device_copy.cuda_device(source) is not None for source in encoded.sources)
-        if self._buffer.nbytes < encoded.data_bytes or on_device != (self._host is not None):
+        pinned = on_device and self._pin
+        if self._buffer.nbytes < encoded.data_bytes or pinned != (self._host is not None):
             # Zeroed: the padding between arrays is zero, and the pages are touched (faulted
             # in) once, here or by the copies below.
-            self._replace_buffer(encoded.data_bytes, pinned=on_device)
+            self._replace_buffer(encoded.data_bytes, pinned=pinned)
         elif layout != self._layout:
             self._zero_gaps(layout, encoded.data_bytes)
         if on_device:

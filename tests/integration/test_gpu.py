@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from cluster import CheckpointConfig, CheckpointManager
+from cluster.api.memory import InitialState
 from cluster.storage.checkpoint_tree import encode
-from cluster.storage.host_buffers import HostBuffers
+from cluster.storage.host_buffers import HostBuffers, default_buffers
 from cluster.storage.snapshot import Snapshot
 from cluster.testing import free_port
 from tests.procs import PYTHON, ROOT, Procs
@@ -75,6 +76,26 @@ def test_a_snapshot_puts_tensors_back_on_their_device() -> None:
     assert back["t"].equal(state["t"])
     assert back["host"].device.type == "cpu"
     snapshot.free()
+
+
+def test_the_loops_state_of_step_0_is_kept_on_the_host_and_not_pinned(tmp_path: Path) -> None:
+    """A TrainingLoop's copy of the state of step 0 (`InitialState`) takes no GPU memory and no
+    pinned memory, and puts each tensor back on its device."""
+    state = cuda_state()
+    with CheckpointManager(tmp_path, "g", CheckpointConfig(), rank=0, recovery=False) as manager:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        pinned = default_buffers().pinned_bytes
+        initial = InitialState(manager, state)
+        assert torch.cuda.memory_allocated() == before
+        assert default_buffers().pinned_bytes == pinned
+        back = initial.state()
+        assert back is not None
+        assert back["w"].device == state["w"].device
+        assert back["w"].equal(state["w"])
+        assert back["t"].equal(state["t"])
+        initial.let_go(1)
+        assert initial.state() is None
 
 
 def test_train_torch_over_nccl_exits_clean(processes: Procs, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ EXIT_S = 60
 @dataclass
 class CounterJob:
     """A scheduler, workers '0' and '1' and (`with_spare`) spare 'spare-0' of
-    replicated_counter.py ARGS, each with a checkpoint directory of its own."""
+    replicated_counter.py (or `script`) ARGS, each with a checkpoint directory of its own."""
 
     processes: Procs
     tmp: Path
@@ -32,6 +32,7 @@ class CounterJob:
     with_spare: bool = True
     node_timeout_s: str = "2"
     first_of_node_1: tuple[str, ...] = ()  # more arguments for node '1''s first process
+    script: Path = SCRIPT
 
     def __post_init__(self) -> None:
         self.env = job_env(
@@ -50,7 +51,7 @@ class CounterJob:
         """Node `node` of the job with ARGS and `more` (again: a restarted worker, with the same
         directory, or that of `host`)."""
         directory = self.tmp / f"host-{host or node}"
-        script = [str(SCRIPT), str(directory), *self.args, *more]
+        script = [str(self.script), str(directory), *self.args, *more]
         return self.processes.start_role(
             f"{node}-{len(self.processes.started)}",
             "MS_WORKER",

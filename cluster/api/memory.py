@@ -14,11 +14,11 @@ for this step (`CheckpointManager.serve_memory`).
 (said once), and the job rolls back to disk as without it; 0 turns it off. Without recovery
 nothing is kept (a failure ends the job).
 
-The loop also keeps the state of step 0, as constructed (`InitialState`), for a rollback to step
-0: a host copy (pageable, also for CUDA tensors), which `StepMemory` holds as its step 0 at the
-job's first start (one copy, not two). It is let go once the scheduler says that every rank
-holds a checkpoint (`CheckpointManager.held_by_all`): from then on the rollback step is 0 only
-if a rank's checkpoints are lost.
+With recovery the loop also keeps the state of step 0, as constructed (`InitialState`), for a
+rollback to step 0: a host copy (pageable, also for CUDA tensors), which `StepMemory` holds as
+its step 0 at the job's first start (one copy, not two). It is let go once the scheduler says
+that every rank holds a checkpoint (`CheckpointManager.held_by_all`): from then on the
+rollback step is 0 only if a rank's checkpoints are lost.
 """
 
 from __future__ import annotations
@@ -120,12 +120,15 @@ class StepMemory:
 
 class InitialState:
     """The state of step 0, a host copy of `state` (a `Snapshot` in pageable memory: a state on
-    a GPU is not copied on the GPU), until `let_go`; see the module."""
+    a GPU is not copied on the GPU), until `let_go`; see the module. Without recovery none is
+    made (a failure ends the job: no rollback), so `state` is not looked at."""
 
     def __init__(self, checkpoints: CheckpointManager, state: Mapping[str, Any]) -> None:
-        encoded = checkpoint_tree.encode(state)  # a bad state is refused here
-        self.snapshot: Snapshot | None = Snapshot(pin=False)
-        self.snapshot.fill(0, checkpoints.rank, checkpoints.prefix, encoded)
+        self.snapshot: Snapshot | None = None
+        if checkpoints.recovery:
+            encoded = checkpoint_tree.encode(state)  # a bad state is refused here
+            self.snapshot = Snapshot(pin=False)
+            self.snapshot.fill(0, checkpoints.rank, checkpoints.prefix, encoded)
         self.let_go_at = 0  # the step every rank held when it was let go (0: held, or no job)
 
     def state(self) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.api.checkpoint_config import MEMORY_SNAPSHOT_DEFAULT
-from cluster.api.memory import StepMemory
+from cluster.api.memory import InitialState, StepMemory
 from cluster.protocol.errors import ConfigError
 
 
@@ -174,3 +174,14 @@ def test_what_is_held_is_a_checkpoint_file_of_this_rank(tmp_path: Path) -> None:
     ckpt.flush()
     assert mem._held is not None
     assert b"".join(bytes(c) for c in mem._held.chunks()) == ckpt.path(7).read_bytes()
+
+
+def test_no_initial_state_is_kept_without_recovery(tmp_path: Path) -> None:
+    """Without recovery no rollback comes: the state as constructed is not copied, so a state
+    the first steps make checkpointable (a lazy module's, materialised by its first forward)
+    is not refused when the loop is constructed."""
+    config = CheckpointConfig(10, 3)
+    ckpt = CheckpointManager(tmp_path / "ckpt", "net", config, rank=0, recovery=False)
+    initial = InitialState(ckpt, {"not_yet": {1, 2}})  # a set: no checkpoint holds it
+    assert initial.snapshot is None
+    assert initial.state() is None

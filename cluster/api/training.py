@@ -360,7 +360,8 @@ class TrainingLoop:
             self._say(
                 f"this rank does not hold the rollback step {disk} on disk, and no live peer gave "
                 f"it ({asked}): until its next checkpoint, a failure that no worker can resume "
-                "from memory rolls the job back to step 0"
+                "from memory rolls the job back to step 0 (a worker that no longer holds the "
+                "state of step 0 stops then, to be restarted)"
             )
 
     def _state_of(self, step: int, source: str, topology: Topology) -> dict[str, Any]:

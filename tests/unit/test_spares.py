@@ -361,6 +361,8 @@ def test_a_rank_that_fails_once_every_other_worker_finished_waits_for_its_node()
     rank waits for its node, which rejoins after its guard and finishes the job."""
     clock = FakeClock()
     state = job(clock)
+    for node_id in ("0", "1", "2"):
+        state.report_checkpoints(node_id, 1, [4])
     for node_id in ("0", "2"):
         assert state.finish(node_id, 1) == []
     effects = state.disconnect("1", 1)
@@ -387,6 +389,8 @@ def test_a_promoted_spare_that_fails_once_the_others_finished_gives_the_rank_bac
     scheduler."""
     clock = FakeClock()
     state = job(clock, 2, spares=("s0", "s1"))
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [4])
     (ready,) = ready_events(state.disconnect("1", 1))
     assert ready.promoted == "s0"
     state.connect("s0", 1)
@@ -400,6 +404,16 @@ def test_a_promoted_spare_that_fails_once_the_others_finished_gives_the_rank_bac
     assert isinstance(outcome, Accepted)
     (ready,) = ready_events(effects)
     assert (ready.promoted, state.members["1"].rank) == ("1", 1)
+
+
+def test_a_rank_that_reported_no_checkpoint_goes_to_a_spare_once_the_others_finished() -> None:
+    """Its state is not in its node's files (its ranks work alone, or keep their state
+    elsewhere): a spare takes it at once, as ever."""
+    state = job(FakeClock())
+    for node_id in ("0", "2"):
+        state.finish(node_id, 1)
+    (ready,) = ready_events(state.disconnect("1", 1))
+    assert ready.promoted == "s0"
 
 
 def test_a_rank_that_fails_while_another_worker_is_still_at_work_goes_to_a_spare() -> None:

@@ -76,11 +76,15 @@ def live(spares: Iterable[Member]) -> list[Member]:
 
 
 def others_finished(members: Iterable[Member], failed: Member) -> bool:
-    """Whether every other worker of the job has finished (called cluster.finalize()): past the
-    end then, and each finished worker's state server has stopped, so a spare given `failed`'s
-    rank could fetch the rank's state from nobody, while `failed`'s own node, restarted, finds
-    it in its files. Its rank waits for that node, or for the node that held it before
-    `failed` took it (`Member.took_over`), back as a spare."""
+    """Whether `failed`'s rank has a state that only its node holds now: it reported
+    checkpoints, and every other worker of the job has finished (called cluster.finalize()),
+    past the end, their state servers stopped. A spare given the rank could fetch its state
+    from nobody, while `failed`'s own node, restarted, finds it in its files: the rank waits
+    for that node, or for the node that held it before `failed` took it (`Member.took_over`),
+    back as a spare. A rank that reported none (its ranks work alone, or keep their state
+    elsewhere) goes to a spare as ever."""
+    if not failed.checkpoints:
+        return False
     others = [m for m in members if m.role is NodeRole.WORKER and m is not failed]
     return bool(others) and all(m.state is NodeState.FINISHED for m in others)
 

@@ -141,6 +141,13 @@ class _Encoder:
 
     def _tensor(self, tensor: Any, where: str) -> int:
         torch = self._torch
+        is_lazy = getattr(getattr(torch.nn, "parameter", None), "is_lazy", None)
+        if is_lazy is not None and is_lazy(tensor):
+            raise CheckpointError(
+                f"{where} is an uninitialized parameter of a lazy module (torch.nn.LazyLinear, "
+                "...): it holds no values yet. Run a forward pass (or the module's "
+                "initialize_parameters()) before building the TrainingLoop or saving"
+            )
         if tensor.layout != torch.strided or tensor.is_quantized:
             kind = "quantized" if tensor.is_quantized else str(tensor.layout)
             raise CheckpointError(

@@ -219,6 +219,19 @@ def test_unsupported_values_are_refused_before_writing(
     assert names(ckpt.directory) == []
 
 
+def test_a_lazy_modules_uninitialized_parameters_are_refused_in_words(tmp_path: Path) -> None:
+    """A lazy module before its first forward pass holds no values: refused with what to do,
+    not with torch's ValueError from deep inside the copy."""
+    torch = pytest.importorskip("torch")
+    ckpt = manager(tmp_path)
+    lazy = torch.nn.LazyLinear(4)
+    with pytest.raises(CheckpointError, match=r"state\['model'\]\['weight'\] is an uninitial"):
+        ckpt.save(1, {"model": lazy.state_dict()})
+    assert names(ckpt.directory) == []
+    lazy(torch.randn(2, 3))  # materialised: saved as any module
+    ckpt.save(1, {"model": lazy.state_dict()})
+
+
 class Tagged(np.ndarray[Any, Any]):
     """A subclass of ndarray, as np.matrix is one (which warns when it is made)."""
 

@@ -1440,9 +1440,9 @@ class WorkerCoreMachine(RuleBasedStateMachine):
         actions = self.step(steps.FinishFailed(code, "x", stream_up=stream_up))
         retries = [a for a in actions if isinstance(a, steps.RetryFinish)]
         if self.held:
-            # Held: it never reached a scheduler, which may be back (recovery), within the
-            # node's reconnect window.
-            assert code in FINISH_RETRIED
+            # Held: it never reached a scheduler (or timed out as the stream was lost too),
+            # which may be back (recovery), within the node's reconnect window.
+            assert code in FINISH_RETRIED or code == "DEADLINE_EXCEEDED"
             assert reconnecting
             assert self.clock() < self.core.deadline
         if not retries:

@@ -118,9 +118,10 @@ class Finish:
         # with it (a partition): sent again once the node is back, as one that never arrived.
         # With the stream up, the scheduler took it and has not saved it yet: not sent again.
         cut_off = event.code == DEADLINE_EXCEEDED and away is not None
-        again = (event.code in FINISH_RETRIED or cut_off) and not released
+        again = event.code in FINISH_RETRIED and not released
         back = self._recovery and away is not None and self._held is None
-        if again and back and away is not None and now < away.until:  # it may come back
+        held = (again or (cut_off and not released)) and back
+        if held and away is not None and now < away.until:  # it may come back
             self.sending = Sending.HELD
             said = steps.Say(
                 f"{where} is away ({away.why}): this node's finish waits for it to take this "

@@ -117,6 +117,10 @@ def pieces(request: Any, size: int = PIECE_BYTES) -> Iterator[Any]:
         yield type(request)(value=value[start : start + size])
 
 
+# The fields of a value call's request that its head leaves out (`head`).
+_NOT_IN_HEAD = ("value", "value_bytes")
+
+
 def head(request: Any) -> bytes:
     """What the call proof of a value call covers (`VALUE_METHODS`): its request's fields but
     the value, with the value's whole length (`value_bytes`: as a first piece names it, else
@@ -126,9 +130,6 @@ def head(request: Any) -> bytes:
     whole = request.value_bytes or len(request.value)
     fields = {f.name: kept for f, kept in request.ListFields() if f.name not in _NOT_IN_HEAD}
     return bytes(type(request)(**fields, value_bytes=whole).SerializeToString(deterministic=True))
-
-
-_NOT_IN_HEAD = ("value", "value_bytes")
 
 
 def signed_body(method: str, request: Any) -> bytes:

@@ -25,6 +25,11 @@ from cluster.worker.machine.pacing import FINISH_RETRY, FINISH_SLACK_S
 
 FINISH_RETRIED = ("UNAVAILABLE", "CANCELLED")
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own deadline passed
+# What holds a Finish while its node registers again (`Finish.failed`): a call that never
+# reached the scheduler, and one whose answer did not come in time as the node lost its stream
+# too (a partition cut both). With the stream up, a late answer means the scheduler took the
+# Finish and has not saved it yet: that one is not sent again.
+FINISH_HELD = (*FINISH_RETRIED, DEADLINE_EXCEEDED)
 
 Actions = list[steps.Action]
 
@@ -114,14 +119,8 @@ class Finish:
         if self.sending is not Sending.SENT:
             return []
         now = self._clock()
-        # A Finish whose answer did not come in time while the node lost its stream was cut off
-        # with it (a partition): sent again once the node is back, as one that never arrived.
-        # With the stream up, the scheduler took it and has not saved it yet: not sent again.
-        cut_off = event.code == DEADLINE_EXCEEDED and away is not None
-        again = event.code in FINISH_RETRIED and not released
-        back = self._recovery and away is not None and self._held is None
-        held = (again or (cut_off and not released)) and back
-        if held and away is not None and now < away.until:  # it may come back
+        held = event.code in FINISH_HELD and self._recovery and self._held is None
+        if held and not released and away is not None and now < away.until:  # may come back
             self.sending = Sending.HELD
             said = steps.Say(
                 f"{where} is away ({away.why}): this node's finish waits for it to take this "
@@ -131,6 +130,7 @@ class Finish:
             return [said, steps.HoldFinish(away.until - now)]
         give_up = self._since + self.wait_s
         pause_s = self._pause.next_s()
+        again = event.code in FINISH_RETRIED and not released
         if again and event.stream_up and now + pause_s < give_up:
             return [steps.RetryFinish(pause_s)]
         return Unheard(event.code == DEADLINE_EXCEEDED, now - self._since, event.details)

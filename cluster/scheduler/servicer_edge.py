@@ -127,10 +127,13 @@ def relay_refusal(
 
 async def drained(requests: AsyncIterator[Any], most_bytes: int) -> None:
     """Read the rest of a value call refused before its value was read, dropping each piece, up
-    to `most_bytes` of value and within `edge.VALUE_WITHIN_S`. A member's call ended while its
+    to `most_bytes` of value (0: the message that came already, none after it) and within
+    `edge.VALUE_WITHIN_S`. A member's call ended while its
     worker still writes pieces can end there, in gRPC's Python client, as INTERNAL ("Internal
-    error from Core") in place of the refusal it was given: a standby's naming the leader, or a
-    share's naming what to do. A stranger's call is never read (`ServicerEdge.named`)."""
+    error from Core": a write that fails once the status came replaces it, grpc/grpc#36066) in
+    place of the refusal it was given: a share's naming what to do, or a deposed leader's
+    naming the new one. Only a member's call is drained, within its share: a stranger's, and
+    any at a standby, is never read (`ServicerEdge.named`)."""
 
     async def drain() -> None:
         seen = 0
@@ -192,17 +195,21 @@ class ServicerEdge:
     def named(self, method: str, handler: Handler) -> Handler:
         """`handler`, a member's call from its start: refused unread when it names no member or
         spare of the job (`Admission.named`: a stranger's request, up to the largest message, is
-        never taken in)."""
+        never taken in), and at a standby, which knows no member, whatever it names: its
+        refusal names the leader (a value read on there would be anyone's, up to
+        `edge.MAX_VALUE_BYTES` a call, as many at once as they make)."""
 
         def wrap(behavior: Any) -> Any:
             async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 core = self._gate.core
-                if core is not None:  # a standby's refusal names the leader
-                    caller = membership.named(context.invocation_metadata())
-                    stranger = self._stranger(context, core, method, caller)
-                    if stranger is not None:
-                        refuse(context, stranger)
-                        return None
+                if core is None:
+                    refuse(context, self._gate.not_leader())
+                    return None
+                caller = membership.named(context.invocation_metadata())
+                stranger = self._stranger(context, core, method, caller)
+                if stranger is not None:
+                    refuse(context, stranger)
+                    return None
                 return await behavior(requests, context)
 
             return call
@@ -220,7 +227,7 @@ class ServicerEdge:
         def wrap(behavior: Any) -> Any:
             async def call(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 core = self._gate.core
-                if core is None:  # a standby: its refusal names the leader
+                if core is None:  # it stepped down since `named`: its refusal names the leader
                     return await behavior(requests, context)
                 node_id = membership.named(context.invocation_metadata()).node_id
                 host = peer_host(context.peer() or "")
@@ -301,12 +308,17 @@ class ServicerEdge:
         return named.error() if isinstance(named, Denied) else None
 
     async def value_core(self, requests: AsyncIterator[Any]) -> SchedulerCore:
-        """The core that answers a value call (`edge.VALUE_METHODS`); a standby's refusal,
-        which names the leader, once the value was read and dropped (`drained`)."""
+        """The core that answers a value call (`edge.VALUE_METHODS`); when it does not lead,
+        its refusal, which names the leader: once the value was read and dropped (`drained`)
+        when the call is a member's, admitted and counted to its share (`counted`: the core
+        lost its lease, or was fenced, since); else with nothing read past its first message
+        (this scheduler stepped down as it came; a standby refuses every call at its start,
+        `named`)."""
         try:
             return self._core
         except NotLeaderError:
-            await drained(requests, edge.MAX_VALUE_BYTES)
+            admitted = _VOUCHED.get() is not None
+            await drained(requests, edge.MAX_VALUE_BYTES if admitted else 0)
             raise
 
     @property

@@ -24,7 +24,7 @@ from cluster.transport.membership import call_metadata
 from cluster.v1 import scheduler_pb2 as pb
 from cluster.v1 import scheduler_pb2_grpc as pb_grpc
 from cluster.worker.agent import WorkerAgent
-from tests.aio import BOUND_S
+from tests.aio import BOUND_S, eventually
 from tests.credentials import credential, registration
 from tests.integration.test_api import make_agent
 
@@ -147,6 +147,23 @@ async def kv_set(
     return refused.value
 
 
+async def kv_set_taken(
+    channel: grpc.aio.Channel, value: pb.KvSetRequest
+) -> tuple[grpc.aio.AioRpcError, int]:
+    """The refusal of a KvSet of `value` in pieces, as node 0, and how many of them gRPC took
+    to send (what it sends ahead of a reader, or all of them)."""
+    taken = 0
+
+    def counted() -> Iterator[pb.KvSetRequest]:
+        nonlocal taken
+        for piece in edge.pieces(value):
+            taken += 1
+            yield piece
+
+    refused = await kv_set(channel, counted())
+    return refused, taken
+
+
 async def test_a_later_message_that_carries_more_than_a_piece_is_refused(
     member: tuple[SchedulerServer, grpc.aio.Channel],
 ) -> None:
@@ -171,21 +188,13 @@ async def test_a_value_past_the_largest_is_refused_before_the_rest_is_read(
     goes on."""
     monkeypatch.setattr(edge, "MAX_VALUE_BYTES", 4 * MIB)
     srv, channel = member
-    sent = 0
-
-    def counted() -> Iterator[pb.KvSetRequest]:
-        nonlocal sent
-        for piece in edge.pieces(pb.KvSetRequest(key="big", value=b"x" * (64 * MIB))):
-            sent += 1
-            yield piece
-
-    refused = await kv_set(channel, counted())
+    refused, sent = await kv_set_taken(channel, pb.KvSetRequest(key="big", value=b"x" * (64 * MIB)))
     # Ended while the caller still writes, gRPC's Python client may say INTERNAL instead (a
     # real worker never sends it: `Calls.request` refuses such a value unsent).
     assert refused.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL)
     if refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
         assert "a KvSet value of 67,108,864 bytes (at most 4,194,304)" in (refused.details() or "")
-    assert sent < 64, sent  # of 256: what gRPC sends ahead of a reader, not the value
+    assert sent < 64, sent  # of 64: what gRPC sends ahead of a reader, not the value
     assert ("KvSet", "oversized") in srv.gate.refusals.counts
     status = await pb_grpc.SchedulerStub(channel).Status(pb.StatusRequest(), timeout=BOUND_S)
     assert status.phase == pb.PHASE_READY
@@ -245,19 +254,66 @@ async def test_a_value_past_the_members_share_is_refused_in_words_not_as_interna
         held.cancel()
 
 
-async def test_a_standby_refuses_a_value_in_words_once_it_is_read(
+async def test_a_standby_refuses_a_members_call_at_its_start_unread(
     member: tuple[SchedulerServer, grpc.aio.Channel],
 ) -> None:
-    """A scheduler that no longer leads refuses a value call before it reads it, and reads the
-    rest, dropping it, before it ends the call: each of 20 values of 8 MiB is refused as not
-    led here, never as gRPC's INTERNAL of a call ended under its writes."""
+    """A scheduler that does not lead knows no member: it refuses every member's call at its
+    start, naming the leader, and reads none of it. A value of one message, sent as a worker
+    sends it (one unary call, `Calls.request`), is refused in words; of a value in pieces gRPC
+    sends no more than it sends ahead of a reader (of 64 MiB it read it all and dropped it),
+    and the caller, still writing, may hear gRPC's INTERNAL instead (grpc/grpc#36066), which
+    a worker takes, as it takes the refusal, for a call cut off: it asks again."""
     srv, channel = member
     await asyncio.wait_for(srv.uninstall(srv.gate.not_leader()), BOUND_S)
-    codes = set()
-    for _ in range(20):
-        value = pb.KvSetRequest(key="k", value=b"v" * (8 * MIB))
-        codes.add((await kv_set(channel, edge.pieces(value))).code())
-    assert codes == {grpc.StatusCode.UNAVAILABLE}
+    unary = channel.unary_unary(
+        "/cluster.v1.Scheduler/KvSet",
+        request_serializer=pb.KvSetRequest.SerializeToString,
+        response_deserializer=pb.KvSetResponse.FromString,
+    )
+    value = pb.KvSetRequest(key="k", value=b"v" * edge.PIECE_BYTES)
+    for _ in range(5):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(unary(value, metadata=as_node_0()), BOUND_S)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "not the leader" in (refused.value.details() or "")
+    large = pb.KvSetRequest(key="k", value=b"v" * (64 * MIB))
+    for _ in range(5):
+        ended, sent = await kv_set_taken(channel, large)
+        assert ended.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
+        assert sent < 64, sent  # of 64
+    stub = pb_grpc.SchedulerStub(channel)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.KvGet(pb.KvGetRequest(keys=["k"]), metadata=as_node_0(), timeout=BOUND_S)
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_value_whose_first_message_came_after_the_scheduler_stepped_down_is_not_read(
+    member: tuple[SchedulerServer, grpc.aio.Channel],
+) -> None:
+    """A value call that named a member as it started, while the scheduler led, and whose
+    first message came once it no longer did, was never admitted: it is refused naming the
+    leader with nothing read past that message (a member's admitted call is read to its end
+    and dropped, to hear the refusal in words)."""
+    srv, channel = member
+    servicer = srv.servicer
+    assert servicer is not None
+    go, sent = asyncio.Event(), 0
+
+    async def held() -> AsyncIterator[pb.KvSetRequest]:
+        nonlocal sent
+        await go.wait()
+        for piece in edge.pieces(pb.KvSetRequest(key="k", value=b"v" * (64 * MIB))):
+            sent += 1
+            yield piece
+
+    call = pb_grpc.SchedulerStub(channel).KvSet(held(), metadata=as_node_0())
+    await eventually(lambda: servicer.arrivals.waiting == 1, "the call to wait for its request")
+    await asyncio.wait_for(srv.uninstall(srv.gate.not_leader()), BOUND_S)
+    go.set()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await asyncio.wait_for(call, BOUND_S)
+    assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
+    assert sent < 64, sent  # of 64
 
 
 @pytest.fixture

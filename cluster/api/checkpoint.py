@@ -68,12 +68,15 @@ class CheckpointManager:
     `cluster.init()` at its first use or when it is connected) until `close()` or the end of its
     process, and another is refused (`cluster.storage.checkpoint_lock`), unless the scheduler
     gave it the rank after the holder, in the same job: it goes on without the lock, and the
-    holder writes nothing more there. `rank` defaults to `cluster.get_rank()`, and `recovery`
-    to whether recovery is on. `report` receives the steps held after each checkpoint written,
-    on the reporter's thread (a list that a newer one overtook while a report was under way is
-    skipped); the default tells the scheduler. A manager made before
-    `cluster.init()` takes the job's rank and the scheduler's report when it is connected: by a
-    `TrainingLoop`, or at its first save, load or listing in the job (`connect`).
+    holder writes nothing more there. `rank` defaults to `cluster.get_rank()`. Whether recovery
+    is on is the job's, as it was launched (MS_ENABLE_RECOVERY with MS_RECOVERY_PATH, as
+    `cluster.init()` took them): `recovery`, for a manager outside a job, is refused in one
+    that runs otherwise (`_recovery_of`). `report` receives the steps held after each
+    checkpoint written, on the reporter's thread (a list that a newer one overtook while a
+    report was under way is skipped); the default tells the scheduler. A manager made before
+    `cluster.init()` takes the job's rank, recovery and the scheduler's report when it is
+    connected: by a `TrainingLoop`, or at its first save, load or listing in the job
+    (`connect`).
     """
 
     def __init__(
@@ -102,13 +105,8 @@ class CheckpointManager:
         self._connecting = not in_job
         self._rank_given = rank is not None
         self._used = False
-        self.recovery = _recovery_on() if recovery is None else recovery
-        if self.recovery and config.keep_checkpoint_max < 2:
-            raise ConfigError(
-                f"CheckpointConfig keep_checkpoint_max={config.keep_checkpoint_max} is too small "
-                "with recovery on: it must be >= 2, because the newest step every rank holds, "
-                "where the job rolls back to, is often older than this rank's newest"
-            )
+        self._recovery_given = recovery
+        self.recovery = _recovery_of(recovery, config)  # the job's, once connected
         self.prefix = prefix
         self.config = config
         self.root = Path(directory)
@@ -143,14 +141,16 @@ class CheckpointManager:
 
     def connect(self) -> None:
         """After `cluster.init()`, a manager made before it takes the job's rank (unless `rank`
-        was given), reports to the scheduler (unless `report` was given) and, with recovery on,
-        offers its checkpoints to peers, as one made after it does from the start (a peer may
-        need this rank's step in memory before its first save); nothing otherwise.
+        was given) and recovery, reports to the scheduler (unless `report` was given) and, with
+        recovery on, offers its checkpoints to peers, as one made after it does from the start
+        (a peer may need this rank's step in memory before its first save); nothing otherwise.
 
         ConfigError when it saved or read checkpoints as rank 0 before `cluster.init()` and the
-        job's rank is another: those were another rank's files."""
+        job's rank is another: those were another rank's files; and when the `recovery` it was
+        given is not the job's."""
         if not self._connecting or not runtime.is_initialized():
             return
+        self.recovery = _recovery_of(self._recovery_given, self.config)
         job_rank = runtime.get_rank()
         if not self._rank_given and job_rank != self.rank:
             if self._used:
@@ -575,7 +575,47 @@ def _tell(line: str) -> None:
         _log.warning("%s", line)
 
 
-def _recovery_on() -> bool:
+def _recovery_of(given: bool | None, config: CheckpointConfig) -> bool:
+    """Whether recovery is on for a manager given `recovery=given`: in a job, the job's, as it
+    was launched (`cluster.init()`'s config: MS_ENABLE_RECOVERY with MS_RECOVERY_PATH), which
+    `given` may not contradict (ConfigError); before `cluster.init()`, `given`, else
+    MS_ENABLE_RECOVERY (taken again from the job when connected). With recovery on,
+    `config` must keep at least 2 checkpoints."""
     if runtime.is_initialized():
-        return runtime.session().config.recovery is not None
-    return parse_bool("MS_ENABLE_RECOVERY", os.environ.get("MS_ENABLE_RECOVERY", "0"))
+        on = runtime.session().config.recovery is not None
+        if given is not None and given != on:
+            raise _recovery_contradicted(given)
+    else:
+        on = parse_bool("MS_ENABLE_RECOVERY", os.environ.get("MS_ENABLE_RECOVERY", "0"))
+        on = on if given is None else given
+    if on and config.keep_checkpoint_max < 2:
+        raise ConfigError(
+            f"CheckpointConfig keep_checkpoint_max={config.keep_checkpoint_max} is too small "
+            "with recovery on: it must be >= 2, because the newest step every rank holds, "
+            "where the job rolls back to, is often older than this rank's newest"
+        )
+    return on
+
+
+def _recovery_contradicted(given: bool) -> ConfigError:
+    """A manager's `recovery=given` in a job that runs otherwise."""
+    if given:
+        job = (
+            "runs without recovery (MS_ENABLE_RECOVERY is off): a failed worker ends it, "
+            "whatever a manager keeps"
+        )
+        fix = (
+            "launch the job with MS_ENABLE_RECOVERY=1 and MS_RECOVERY_PATH (mscluster run "
+            "--enable-recovery)"
+        )
+    else:
+        job = (
+            "runs with recovery (MS_ENABLE_RECOVERY=1): it rolls back to what this manager "
+            "would not keep (the state of step 0, steps for peers, enough checkpoints)"
+        )
+        fix = "launch the job without MS_ENABLE_RECOVERY"
+    return ConfigError(
+        f"CheckpointManager(recovery={given}) contradicts this job, which {job}. Recovery is "
+        f"the job's, set where it is launched: leave recovery= out (it is for a manager used "
+        f"outside a job), or {fix}"
+    )

@@ -110,7 +110,10 @@ class TrainingLoop:
             )
         self.steps = steps
         self.checkpoints = checkpoints
-        checkpoints.connect()  # one made before cluster.init(): the job's rank and scheduler
+        checkpoints.connect()  # one made before cluster.init(): the job's rank and recovery
+        # Whether recovery is on: the job's, as the manager took it (`CheckpointManager`), and
+        # the copies below are kept for it; `_start` checks it once in the job.
+        self._recovery = checkpoints.recovery
         self._get_state = get_state
         self._set_state = set_state
         self._say = say or _say
@@ -216,10 +219,9 @@ class TrainingLoop:
     def _start(self) -> int:
         global _loop_began
         _loop_began = True
+        self._check_recovery()
         topology = runtime.topology()
         self._generation = topology.generation
-        if runtime.session().config.recovery is None:
-            self._initial.let_go()  # a failure ends the job: no rollback
         if first_start(topology.generation, topology.rollback_step, runtime.is_rejoin()):
             self.memory.keep_initial(self._initial)
             runtime.resumed_in(topology.generation)
@@ -229,6 +231,19 @@ class TrainingLoop:
         runtime.resumed_in(topology.generation - 1)
         restored = self._take(topology, rolled_back=False)
         return self._roll_back(waited=True) if restored is None else restored
+
+    def _check_recovery(self) -> None:
+        """The manager connected to the job (a loop made before `cluster.init()`: ConfigError
+        when the job's recovery is not the one the loop was made for, whose copies of the state
+        of step 0 and of its steps are kept with recovery only)."""
+        self.checkpoints.connect()
+        if self.checkpoints.recovery != self._recovery:
+            made, runs = ("with", "without") if self._recovery else ("without", "with")
+            raise ConfigError(
+                f"this TrainingLoop was made before cluster.init() for a job {made} recovery "
+                f"(MS_ENABLE_RECOVERY as it was then), but the job that cluster.init() joined "
+                f"runs {runs} it: make the TrainingLoop after cluster.init()"
+            )
 
     def _roll_back(self, *, waited: bool) -> int:
         while True:

@@ -58,3 +58,25 @@ def test_a_rollback_to_step_0_after_the_state_of_step_0_was_let_go_says_what_to_
         assert proc.wait(EXIT_S) == 0, proc.output
         assert f"node {rank} rank {rank} final w 10.0" in proc.output, proc.output
     assert job.scheduler.wait(EXIT_S) == 0, job.scheduler.output
+
+
+def test_a_manager_told_no_recovery_in_a_job_with_recovery_stops_the_worker_in_one_line(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """The job runs with recovery (MS_ENABLE_RECOVERY=1, MS_RECOVERY_PATH); the script makes
+    its CheckpointManager with recovery=False, and node '1' would die in step 1. The launch
+    decides: each worker stops as it makes the manager, with one line that says what
+    contradicts what and what to do. (The manager was taken at its word and the loop kept no
+    state of step 0: once node '1' came back, node '0' stopped at the rollback to step 0 with
+    a CheckpointError saying it had let that state go once every rank held a checkpoint,
+    which none did.)"""
+    args = ("--recovery-argument", "off", "--die-in-step", "1")
+    job = CounterJob(processes, tmp_path, args, with_spare=False, script=SCRIPT)
+    said = (
+        "cluster: ConfigError: CheckpointManager(recovery=False) contradicts this job, which "
+        "runs with recovery (MS_ENABLE_RECOVERY=1)"
+    )
+    for proc in job.workers:
+        assert proc.wait(EXIT_S) == 1, proc.output
+        assert said in proc.output, proc.output
+        assert "Traceback" not in proc.output, proc.output

@@ -42,11 +42,12 @@ class Agent:
 
 @pytest.fixture
 def job(monkeypatch: pytest.MonkeyPatch) -> tuple[SimpleNamespace, list[tuple[list[int], int]]]:
-    """A worker of rank 0 in generation 2 of a job (faked: no network), and the reports it
-    sends, as (steps, generation said)."""
+    """A worker of rank 0 in generation 2 of a job with recovery (faked: no network), and the
+    reports it sends, as (steps, generation said)."""
     topology = SimpleNamespace(generation=2, rank=0, rollback_step=1, reason="rank 1 rejoined")
+    recovery = SimpleNamespace(path=Path("recovery"))
     session = SimpleNamespace(
-        config=SimpleNamespace(recovery=None), topology=topology, say=print, generation_pin=None
+        config=SimpleNamespace(recovery=recovery), topology=topology, say=print, generation_pin=None
     )
     session.agent = Agent(topology)
     sent: list[tuple[list[int], int]] = []

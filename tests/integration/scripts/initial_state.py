@@ -4,6 +4,7 @@ ranks meet at a barrier; checkpoints go to CKPT_DIR/rank_<r>/ every 2 steps. Eve
 
     MS_ROLE=MS_WORKER ... python initial_state.py CKPT_DIR [--mib N] [--steps N]
         [--flush-in-step S] [--measure-in-step S] [--told-every-rank-holds] [--die-in-step S]
+        [--recovery-argument on|off]
 
 `--flush-in-step S`: in step S, wait until the checkpoints saved so far are written and their
 report answered (the loop's next boundary takes the answer in). `--measure-in-step S`: print in
@@ -12,7 +13,8 @@ included): `grown by X MiB beyond the state`. `--told-every-rank-holds`: node '0
 are reported to nobody, and its report answers that every rank holds its newest step; the
 scheduler counts none for it, so every rollback step is 0, and no step is kept in memory
 (`memory_snapshot=0`). `--die-in-step S`: node '1', in its first process, exits 1 in step S,
-before its barrier.
+before its barrier. `--recovery-argument`: the manager is made with `recovery=True` (on) or
+`recovery=False` (off), whatever the job runs with.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--measure-in-step", type=int, default=-1)
     parser.add_argument("--told-every-rank-holds", action="store_true")
     parser.add_argument("--die-in-step", type=int, default=-1)
+    parser.add_argument("--recovery-argument", choices=("on", "off"))
     args = parser.parse_args()
     node = os.environ["MS_NODE_ID"]
     told = args.told_every_rank_holds
@@ -46,7 +49,10 @@ def main() -> None:
     )
     cluster.init()
     report = (lambda held: held[-1] if held else None) if told and node == "0" else None
-    checkpoints = cluster.CheckpointManager(args.directory, "w", config, report=report)
+    given = None if args.recovery_argument is None else args.recovery_argument == "on"
+    checkpoints = cluster.CheckpointManager(
+        args.directory, "w", config, report=report, recovery=given
+    )
     tracemalloc.start()
     state = {"w": np.zeros(args.mib * MIB // 8)}
     base = tracemalloc.get_traced_memory()[0]

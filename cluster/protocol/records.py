@@ -228,8 +228,10 @@ class Member:
     credential_digest: bytes = field(default=b"", repr=False)
     # A failed worker whose rank a spare took: that spare's node id ("" otherwise).
     replaced_by: str = ""
-    # A spare that took a rank: the node id that held the rank before it ("" otherwise).
+    # A spare that took a rank: the node id that held the rank before it ("" otherwise), and
+    # the newest checkpoint step that node had reported then (-1: none, or not recorded).
     took_over: str = ""
+    took_over_step: int = -1
 
     def describe(self) -> str:
         who = f"node {self.node_id!r} at {self.host}:{self.port}"
@@ -254,6 +256,7 @@ class Member:
             "credential_sha256": self.credential_digest.hex(),
             "replaced_by": self.replaced_by,
             "took_over": self.took_over,
+            "took_over_step": self.took_over_step,
         }
 
     @classmethod
@@ -277,4 +280,5 @@ class Member:
             credential_digest=bytes.fromhex(str(saved.get("credential_sha256", ""))),
             replaced_by=str(saved.get("replaced_by", "")),
             took_over=str(saved.get("took_over", "")),
+            took_over_step=int(saved.get("took_over_step", -1)),
         )

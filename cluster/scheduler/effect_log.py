@@ -44,19 +44,35 @@ class EffectLog:
             log.error("job failed: %s", event.reason)
 
     def _kept_for_its_node(self, event: state.NodeFailedEvent) -> None:
-        """Say why a live spare did not take the rank of the worker that failed, when that is
-        because every other worker has finished (`spares.others_finished`)."""
+        """Say why no spare takes the rank of the worker that failed, when that is because
+        every other worker has finished (`spares.others_finished`): where a live spare waits,
+        or where the node that held the rank before cannot take it back (`spares.gives_back`),
+        which may come back as a spare later."""
         job, member = self._job, self._job.find(event.node_id)
-        if member is None or member.rank is None or not spares.live(job.spares.values()):
+        if member is None or member.rank is None:
             return
-        if spares.others_finished(job.members.values(), member):
+        if not spares.others_finished(job.members.values(), member):
+            return
+        back = spares.gives_back(member)
+        if not (spares.live(job.spares.values()) or (member.took_over and not back)):
+            return
+        before = after = ""
+        if back:
             before = f" (or node {member.took_over!r}, which held it before)"
-            log.warning(
-                "no spare takes rank %s: every other worker has finished, so a spare could "
-                "fetch the rank's final state from nobody; the rank waits for node %r to come "
-                "back%s, whose files hold that state, for up to MS_TOPO_TIMEOUT (%g s)",
-                member.rank,
-                member.node_id,
-                before if member.took_over else "",
-                job.settings.topo_timeout_s,
+        elif member.took_over:
+            held = member.took_over_step
+            after = (
+                f"; node {member.took_over!r}, which held it before, does not take it back: the "
+                f"rank reached step {spares.newest_step(member)} after it, and "
+                + (f"the newest step it reported was {held}" if held >= 0 else "it reported none")
             )
+        log.warning(
+            "no spare takes rank %s: every other worker has finished, so a spare could fetch "
+            "the rank's final state from nobody; the rank waits for node %r to come back%s, "
+            "whose files hold that state, for up to MS_TOPO_TIMEOUT (%g s)%s",
+            member.rank,
+            member.node_id,
+            before,
+            job.settings.topo_timeout_s,
+            after,
+        )

@@ -165,6 +165,36 @@ def test_a_rank_that_fails_once_every_other_worker_finished_waits_for_its_node(
     assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output
 
 
+def test_a_spare_that_trained_past_its_previous_holders_files_keeps_the_rank_for_its_node(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """Saves every 4 steps; node '1' dies in step 5, the spare takes rank 1 from step 4 and
+    trains to the end, step 8, on its own disk, lingers there, and is SIGKILLed once rank 0
+    has finished. Node '1', restarted, holds step 4 only: it waits as a spare instead of taking
+    the rank back (no peer is left to give it step 8: it exited 1). The rank waits for the
+    spare's node, which comes back, finishes from its own files, and so does the job."""
+    args = ("--steps", "8", "--save-every", "4", "--spare-lingers-after-the-loop")
+    job = CounterJob(processes, tmp_path, args, first_of_node_1=("--die-in-step", "5"))
+    assert job.spare is not None
+    assert job.workers[1].wait(EXIT_S) == 1, job.workers[1].output
+    job.spare.wait_for_output("node spare-0 lingers after its loop", EXIT_S)
+    assert job.workers[0].wait(EXIT_S) == 0, job.workers[0].output
+    job.spare.signal(signal.SIGKILL)
+    assert job.spare.wait(EXIT_S) == -signal.SIGKILL
+    previous = job.start("1")
+    previous.wait_for_output("as a spare", EXIT_S)
+    spare = job.start("spare-0", CLUSTER_SPARE="1")  # taken once its guard is over
+    for proc in (previous, spare, job.scheduler):
+        assert proc.wait(EXIT_S) == 0, proc.output
+    assert "promoted" not in previous.output, previous.output
+    assert "resuming from step 8\n" in spare.output, spare.output
+    assert "node spare-0 rank 1 final w 8.0" in spare.output, spare.output
+    assert (
+        "node '1', which held it before, does not take it back: the rank reached step 8 after "
+        "it, and the newest step it reported was 4"
+    ) in job.scheduler.output, job.scheduler.output
+
+
 def test_a_worker_restarted_on_an_empty_disk_keeps_the_rollback_step_on_disk(
     processes: Procs, tmp_path: Path
 ) -> None:

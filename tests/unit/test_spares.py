@@ -1,6 +1,7 @@
 """Hot spares in the scheduler's state machine (issue #15): the rules by name, and a hypothesis
 machine of their invariants (a rank has at most one live holder, a guarded id never holds a
-rank during its guard, the number of ranks never changes, a refused call changes nothing)."""
+rank during its guard, the number of ranks never changes, a refused call changes nothing, a
+rank given to a spare once every other worker finished goes where its newest step is)."""
 
 from __future__ import annotations
 
@@ -406,6 +407,62 @@ def test_a_promoted_spare_that_fails_once_the_others_finished_gives_the_rank_bac
     assert (ready.promoted, state.members["1"].rank) == ("1", 1)
 
 
+def test_a_promoted_spare_that_trained_past_its_previous_holders_files_keeps_the_rank() -> None:
+    """Spare s0 took rank 1 at step 4 (the newest node '1' had reported), trained on to step 8
+    on its own disk, and failed once rank 0 had finished: node '1', back as a spare after its
+    guard, does not take the rank back (its files hold step 4 only, and no peer is left to give
+    it step 8); the rank waits for s0's node, which rejoins with it, also from a restarted
+    scheduler (the step node '1' held is saved with s0's record)."""
+    clock = FakeClock()
+    state = job(clock, 2, spares=("s0",))
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [4])
+    (ready,) = ready_events(state.disconnect("1", 1))
+    assert ready.promoted == "s0"
+    state.connect("s0", 1)
+    for node_id in ("0", "s0"):
+        state.report_checkpoints(node_id, 1, [4, 8])
+    state.finish("0", 1)
+    assert ready_events(state.disconnect("s0", 1)) == []
+    saved = json.loads(json.dumps(state.snapshot()))
+    state = SchedulerState.restore(saved, state.settings, clock, new_cluster_id="next")
+    clock.advance(GUARD + 0.1)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    assert ready_events(effects) == []
+    assert (state.members["s0"].state, state.members["s0"].rank) == (NodeState.FAILED, 1)
+    outcome, effects = state.register(spare_reg(state, "s0", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.rejoined
+    (ready,) = ready_events(effects)
+    assert (ready.promoted, ready.rollback_step, state.members["s0"].rank) == ("", 8, 1)
+
+
+def test_a_saved_spare_without_its_previous_holders_step_keeps_the_rank_for_its_node() -> None:
+    """A snapshot of a scheduler that did not record the step (`took_over_step` absent):
+    nothing shows that node '1''s files hold the rank's newest step, so it does not take the
+    rank back once the others finished."""
+    clock = FakeClock()
+    state = job(clock, 2, spares=("s0",))
+    for node_id in ("0", "1"):
+        state.report_checkpoints(node_id, 1, [4])
+    state.disconnect("1", 1)
+    state.connect("s0", 1)
+    state.finish("0", 1)
+    state.disconnect("s0", 1)
+    saved = json.loads(json.dumps(state.snapshot()))
+    for member in saved["members"]:
+        del member["took_over_step"]
+    state = SchedulerState.restore(saved, state.settings, clock, new_cluster_id="next")
+    assert state.members["s0"].took_over_step == -1
+    clock.advance(GUARD + 0.1)
+    outcome, effects = state.register(reg(state, "1", incarnation=2, cluster_id=JOB))
+    assert isinstance(outcome, Accepted)
+    assert outcome.spare
+    assert ready_events(effects) == []
+
+
 def test_a_rank_that_reported_no_checkpoint_goes_to_a_spare_once_the_others_finished() -> None:
     """Its state is not in its node's files (its ranks work alone, or keep their state
     elsewhere): a spare takes it at once, as ever."""
@@ -517,6 +574,10 @@ class SparesMachine(RuleBasedStateMachine):
         self.bound: dict[tuple[str, int], int] = {}
         # When each id was last seen alive before it failed (its guard runs from there).
         self.failed_at: dict[str, float] = {}
+        # The newest checkpoint step each worker rank reached, and the newest each node id's
+        # files hold: those it reported, and those it got with a rank it took.
+        self.reached: dict[int, int] = {}
+        self.disk: dict[str, int] = {}
 
     def _live(self) -> list[str]:
         everyone = [*self.state.members.values(), *self.state.spares.values()]
@@ -530,9 +591,52 @@ class SparesMachine(RuleBasedStateMachine):
         node_id = live[index % len(live)]
         member = self.state.find(node_id)
         assert member is not None
-        self.state.disconnect(node_id, member.incarnation)
+        self._promotions(self.state.disconnect(node_id, member.incarnation))
         if self.state.find(node_id) is not None:  # not forgotten (while forming): guarded
             self.failed_at[node_id] = self.clock()
+
+    def _at_work(self) -> list[Member]:
+        """The live ranked workers of a formed job."""
+        if self.state.phase is not Phase.READY:
+            return []
+        members = self.state.members.values()
+        return [m for m in members if m.role is NodeRole.WORKER and m.state is NodeState.ALIVE]
+
+    @rule(index=st.integers(min_value=0, max_value=10))
+    def save(self, index: int) -> None:
+        """A live ranked worker saves a step newer than any its rank reached, and reports it."""
+        at_work = self._at_work()
+        if not at_work:
+            return
+        member = at_work[index % len(at_work)]
+        assert member.rank is not None
+        step = self.reached.get(member.rank, 0) + 4
+        self.state.report_checkpoints(member.node_id, member.incarnation, [step])
+        self.reached[member.rank] = self.disk[member.node_id] = step
+
+    @rule(index=st.integers(min_value=0, max_value=10), others=st.booleans())
+    def finish(self, index: int, others: bool) -> None:
+        """A live ranked worker finishes; or (`others`) every live ranked worker but that one."""
+        at_work = self._at_work()
+        if not at_work:
+            return
+        chosen = at_work[index % len(at_work)]
+        for member in [m for m in at_work if m is not chosen] if others else [chosen]:
+            self.state.finish(member.node_id, member.incarnation)
+
+    def _promotions(self, effects: list[Effect]) -> None:
+        """A spare given a rank once every other worker has finished, when no peer is left to
+        give it the rank's state, holds the rank's newest step in its files; a promoted spare
+        holds the steps reported for its rank from then on."""
+        for ready in ready_events(effects):
+            promoted = self.state.members.get(ready.promoted)
+            if promoted is None or promoted.rank is None:
+                continue
+            workers = [m for m in self.state.members.values() if m.role is NodeRole.WORKER]
+            reached = self.reached.get(promoted.rank, -1)
+            if all(m.state is NodeState.FINISHED for m in workers if m is not promoted):
+                assert self.disk.get(promoted.node_id, -1) >= reached, (promoted, reached)
+            self.disk[promoted.node_id] = max(self.disk.get(promoted.node_id, -1), reached)
 
     @rule(node_id=st.sampled_from(IDS), spare=st.booleans(), host=HOSTS)
     def restart(self, node_id: str, spare: bool, host: str) -> None:
@@ -549,6 +653,7 @@ class SparesMachine(RuleBasedStateMachine):
             assert effects == []
             assert json.dumps(self.state.snapshot(), sort_keys=True) == before
             return
+        self._promotions(effects)
         # Taken: a live node, a spare exactly when the scheduler keeps it among the spares (or
         # it took a down rank at once).
         promoted = any(e.promoted == node_id for e in ready_events(effects))
@@ -568,7 +673,7 @@ class SparesMachine(RuleBasedStateMachine):
             assert member is not None
             self.state.heartbeat(node_id, member.incarnation)
         if tick:
-            self.state.tick()
+            self._promotions(self.state.tick())
 
     @rule()
     def scheduler_restarts(self) -> None:

@@ -81,21 +81,40 @@ def others_finished(members: Iterable[Member], failed: Member) -> bool:
     past the end, their state servers stopped. A spare given the rank could fetch its state
     from nobody, while `failed`'s own node, restarted, finds it in its files: the rank waits
     for that node, or for the node that held it before `failed` took it (`Member.took_over`),
-    back as a spare. A rank that reported none (its ranks work alone, or keep their state
-    elsewhere) goes to a spare as ever."""
+    back as a spare, where its files hold the rank's newest step (`gives_back`). A rank that
+    reported none (its ranks work alone, or keep their state elsewhere) goes to a spare as
+    ever."""
     if not failed.checkpoints:
         return False
     others = [m for m in members if m.role is NodeRole.WORKER and m is not failed]
     return bool(others) and all(m.state is NodeState.FINISHED for m in others)
 
 
+def newest_step(member: Member) -> int:
+    """The newest checkpoint step reported for `member`'s rank (-1: none)."""
+    return max(member.checkpoints, default=-1)
+
+
+def gives_back(failed: Member) -> bool:
+    """Whether the node that held `failed`'s rank before `failed` took it (`Member.took_over`)
+    may take it back once every other worker has finished: only where its files hold the
+    rank's newest step, that is, where the rank reported no step newer than the newest that
+    node had reported when it lost the rank (`Member.took_over_step`). Where it did (`failed`
+    trained on, writing checkpoints on its own disk), that node could resume the rank from
+    an older step only, with no peer left to give it the newer one: the rank waits for
+    `failed`'s own node."""
+    return bool(failed.took_over) and newest_step(failed) <= failed.took_over_step
+
+
 def pick(spares: Iterable[Member], failed: Member, members: Iterable[Member]) -> Member | None:
     """The spare to take `failed`'s rank: one on its host first, then by node id. None for a
     parameter server's (spares are workers, and a server's rank waits for its node); once
-    every other worker has finished, only the rank's previous holder (`others_finished`)."""
+    every other worker has finished, only the rank's previous holder, where its files hold the
+    rank's newest step (`others_finished`, `gives_back`)."""
     candidates = live(spares) if failed.role is NodeRole.WORKER else []
     if others_finished(members, failed):
-        candidates = [m for m in candidates if m.node_id == failed.took_over]
+        back = failed.took_over if gives_back(failed) else None
+        candidates = [m for m in candidates if m.node_id == back]
     if not candidates:
         return None
     return min(candidates, key=lambda m: (m.host != failed.host, m.node_id))
@@ -104,9 +123,11 @@ def pick(spares: Iterable[Member], failed: Member, members: Iterable[Member]) ->
 def hand_over(failed: Member, spare: Member) -> None:
     """`spare` takes `failed`'s rank and the checkpoints reported for it, not its local rank
     (the spare's host may be another: `SpareHost.place_workers` places it), and remembers whose
-    rank it took; `failed` keeps its record, rankless, for the guard."""
+    rank it took and the newest step reported for it then; `failed` keeps its record,
+    rankless, for the guard."""
     spare.rank, failed.rank = failed.rank, None
     spare.took_over, failed.took_over = failed.node_id, ""
+    spare.took_over_step, failed.took_over_step = newest_step(failed), -1
     spare.checkpoints, failed.checkpoints = failed.checkpoints, ()
     failed.local_rank, failed.local_size = 0, 1
     failed.replaced_by = spare.node_id

@@ -6,14 +6,15 @@ rank goes to a spare started beside the job; every worker prints `node <id> rank
 
     MS_ROLE=MS_WORKER ... python replicated_counter.py CKPT_DIR [--steps N] [--save-every K]
         [--early] [--die-in-step S | --die-at-the-end | --linger-after-the-loop]
-        [--fetch-on-cue FILE] [--all-die-in-step S]
+        [--spare-lingers-after-the-loop] [--fetch-on-cue FILE] [--all-die-in-step S]
 
 `--early`: the CheckpointManager is made before `cluster.init()`. `--die-in-step S`: node '1'
 exits 1 in step S, before its barrier, once every rank holds its newest checkpoint (the
 scheduler's answer to its report says so). `--die-at-the-end`: node '1' exits 1 once every rank
 holds the final step on disk, before the loop's end barrier: the next generation's rollback
 step is the end. `--linger-after-the-loop`: node '1', in its first process, waits after its
-loop (past the end barrier) until it is killed. `--fetch-on-cue FILE`: a fetch of a peer's
+loop (past the end barrier) until it is killed; `--spare-lingers-after-the-loop`: so does the spare
+'spare-0', in its first process. `--fetch-on-cue FILE`: a fetch of a peer's
 state says `fetching step S` and waits until FILE exists before it begins (the test stops the
 peer that holds the state meanwhile). `--all-die-in-step S`: every worker exits 1 as it begins
 step S in generation 2 (the whole job fails at once: no survivor holds a step in memory in the
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--die-in-step", type=int, default=-1)
     parser.add_argument("--die-at-the-end", action="store_true")
     parser.add_argument("--linger-after-the-loop", action="store_true")
+    parser.add_argument("--spare-lingers-after-the-loop", action="store_true")
     parser.add_argument("--fetch-on-cue", type=Path)
     parser.add_argument("--all-die-in-step", type=int, default=-1)
     args = parser.parse_args()
@@ -121,8 +123,10 @@ def main() -> None:
             state["w"] = state["w"] + 1
             cluster.barrier()
     print(f"node {node} rank {cluster.get_rank()} final w {state['w'][0]}", flush=True)
-    if dies and args.linger_after_the_loop and not cluster.is_rejoin():
-        print("node 1 lingers after its loop", flush=True)
+    spare = node == "spare-0"
+    lingers = args.linger_after_the_loop if dies else spare and args.spare_lingers_after_the_loop
+    if lingers and not cluster.is_rejoin():
+        print(f"node {node} lingers after its loop", flush=True)
         time.sleep(LINGER_S)  # sleep-ok: the fault itself; the test kills this process
     cluster.finalize()
 

@@ -44,6 +44,9 @@ from cluster.worker.racing import unless_failed
 from cluster.worker.watch_stream import WatchStream
 
 Outcome = steps.Watch | steps.RetryCall | None  # for the caller: a stream, a call again, or none
+# How often a held Finish looks at the scheduler's saved state for it (`saved_finish`): a read
+# of one file, only while a Finish is held.
+HELD_LOOK_EVERY_S = 1.0
 
 
 class WorkerAgent:
@@ -221,9 +224,7 @@ class WorkerAgent:
                 return self.core.step(steps.FinishRetryDue())
             case steps.HoldFinish(timeout_s=timeout_s):
                 self._back.clear()  # (the core held it while registering again: not back yet)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._back.wait(), timeout_s)
-                return self.core.step(steps.FinishRetryDue())
+                return self.core.step(await self._hold_finish(timeout_s))
             case steps.AwaitFatal(wait_s=wait_s):
                 # The cut-off call's reason is on the event stream, an instant behind: raise
                 # that rather than a bare "CANCELLED" (none in time: the caller raises its own).
@@ -232,6 +233,38 @@ class WorkerAgent:
             case _:  # mypy checks that no action is left out
                 assert_never(action)
         return []
+
+    async def _hold_finish(self, timeout_s: float) -> steps.Event:
+        """Wait until this node is back or over, at most `timeout_s`, looking at the scheduler's
+        saved state at once and every HELD_LOOK_EVERY_S meanwhile (`saved_finish`): what ends
+        the hold."""
+        deadline = self._clock() + timeout_s
+        while True:
+            evidence = await self._finish_saved()
+            if evidence:
+                return steps.FinishCounted(evidence)
+            left = deadline - self._clock()
+            if self._back.is_set() or left <= 0:
+                return steps.FinishRetryDue()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._back.wait(), min(left, HELD_LOOK_EVERY_S))
+
+    async def _finish_saved(self) -> str:
+        """Whether this node's scheduler saved its Finish as counted, where this node can read
+        its state (with recovery): the evidence, in words ("" when none)."""
+        recovery = self.config.recovery
+        if recovery is None or not self.core.cluster_id:
+            return ""
+        from cluster.worker import saved_finish  # noqa: PLC0415 - recovery only: files, json
+
+        identity = self.identity
+        return await asyncio.to_thread(
+            saved_finish.counted,
+            recovery.path,
+            self.core.cluster_id,
+            identity.node_id,
+            identity.incarnation,
+        )
 
     def _deliver(self, action: steps.Deliver) -> None:
         if action.new_generation:

@@ -196,11 +196,11 @@ class GiveUpFinish(Finish):
     give-up time (MS_NODE_TIMEOUT and FINISH_SLACK_S from its send), then ends unheard."""
 
     def failed(
-        self, event: steps.FinishFailed, *, away: Away | None, released: bool, where: str
+        self, event: steps.FinishFailed, *, away: Away | None, **given: bool | str
     ) -> list[steps.Action] | Unheard:
         if away is not None:
             away = Away(away.why, min(away.until, self._since + self.wait_s))
-        return super().failed(event, away=away, released=released, where=where)
+        return super().failed(event, away=away, **given)  # type: ignore[arg-type]
 
     def retry_due(self, *, finished: bool, away: Away | None) -> list[steps.Action] | Unheard:
         now, give_up = self._clock(), self._since + self.wait_s

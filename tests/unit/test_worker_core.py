@@ -979,20 +979,28 @@ def test_a_finish_that_timed_out_as_the_stream_was_lost_is_held_not_given_up() -
     assert "did not confirm within" in said.text
 
 
+UNKNOWN = "the scheduler at 127.0.0.1:8118 did not answer whether it counted this node's finish"
+
+
 def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> None:
     """Not back within its reconnect window: the node fails as a training node does (its
-    process exits non-zero, saying to start the scheduler again and this worker with it),
-    after saying that its finish was not told."""
+    process exits non-zero, saying to start the scheduler again and this worker with it). The
+    scheduler may have counted the finish and ended the job before it went: the failure says
+    that this is what is unknown, not that telling it failed."""
     core, clock, window_end = held_finish_core()
     clock.now = window_end
     assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(HOLD_AGAIN_S)]
     said, fail = core.step(steps.PauseOver())  # its registering again gives up
-    assert isinstance(said, steps.Say)
-    assert said.text.startswith(
-        "could not tell the scheduler at 127.0.0.1:8118 that this node finished: "
-    )
+    assert said == steps.Say(UNKNOWN)
     assert isinstance(fail, steps.Fail)
+    assert isinstance(fail.error, SchedulerUnreachableError)
+    assert str(fail.error).startswith(
+        f"{UNKNOWN} before it went away, so this worker cannot know whether the job finished: "
+        'if it did (the scheduler\'s log ends with "job finished"), nothing is lost; if not, '
+        "the scheduler at 127.0.0.1:8118 is unreachable: "
+    )
     assert "and it did not come back within 60 s" in str(fail.error)
+    assert "start the scheduler again" in str(fail.error)
     assert core.lifecycle is Lifecycle.FAILED
     assert not core.finish_heard
     assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
@@ -1001,8 +1009,7 @@ def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> Non
 def test_a_failure_while_the_finish_is_held_ends_the_hold_and_is_reported() -> None:
     core, _, _ = held_finish_core()
     said, fail = core.step(steps.Refused("node 0 belongs to job job-1, but this runs job-2"))
-    assert isinstance(said, steps.Say)
-    assert said.text.startswith("could not tell the scheduler at 127.0.0.1:8118 that this node")
+    assert said == steps.Say(UNKNOWN)
     assert isinstance(fail, steps.Fail)
     assert isinstance(fail.error, RegistrationRefused)
     assert core.lifecycle is Lifecycle.FAILED
@@ -1030,6 +1037,46 @@ def test_a_job_that_finished_while_the_finish_was_held_or_on_its_way_heard_it(he
     assert core.lifecycle is Lifecycle.FINISHED
     assert core.error is None
     assert core.step(steps.FinishRetryDue()) == []
+
+
+def test_a_held_finish_that_the_schedulers_saved_state_shows_counted_is_heard() -> None:
+    """The scheduler counted the Finish, ended the job and went before its answer came: its
+    saved state, read by the agent while the Finish is held, says so. The node is done (exit
+    0, its record saved as finished), and its registering again stops without a word."""
+    core, clock, window_end = held_finish_core()
+    evidence = "its saved state (/r/scheduler.json) lists this node's finish as counted"
+    said, done = core.step(steps.FinishCounted(evidence))
+    assert said == steps.Say(
+        f"the scheduler at 127.0.0.1:8118 went away without answering this node's finish, but "
+        f"{evidence} (it saves a finish before it answers): this node is done"
+    )
+    assert done == steps.Done()
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+    assert core.step(steps.FinishRetryDue()) == []
+    assert core.step(steps.ListeningAwaited(refused=True, why="connection refused")) == []
+    assert core.step(steps.Unanswered()) == []
+    assert core.step(steps.Checked(ok=False, unreachable="connection refused")) == []
+    clock.now = window_end
+    assert core.step(steps.PauseOver()) == []  # the window's end fails nothing
+    assert core.error is None
+    assert core.step(steps.FinishCounted(evidence)) == []  # heard already: said once
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+@pytest.mark.parametrize("code", ["UNAVAILABLE", "DEADLINE_EXCEEDED"])
+def test_a_finish_whose_answer_is_lost_after_the_jobs_end_was_heard_is_heard(
+    recovery: bool, code: str
+) -> None:
+    """The stream told the job's end (every rank's finish counted, this one's too) and then
+    broke before the Finish's own answer came: the Finish was heard, and nothing is said of
+    a Finish not told or of the scheduler's saves."""
+    core, _, _ = finishing_core(recovery=recovery)
+    assert core.step(steps.Shutdown(ok=True, reason="all 2 nodes finished")) == [steps.Done()]
+    assert core.step(steps.FinishFailed(code, "Socket closed", stream_up=False)) == []
+    assert core.finish_heard
+    assert core.lifecycle is Lifecycle.FINISHED
+    assert core.error is None
 
 
 FinishWait = steps.SendFinish | steps.RetryFinish | steps.HoldFinish
@@ -1189,7 +1236,9 @@ def test_the_last_collective_answered_is_kept_for_the_next_registration() -> Non
 # -- the invariants, under any order of what can happen ----------------------------------------
 
 FINAL = (Lifecycle.FAILED, Lifecycle.CLOSED)
-FINISH_ANSWERS = steps.FinishAnswered | steps.FinishFailed | steps.FinishRetryDue
+FINISH_ANSWERS = (
+    steps.FinishAnswered | steps.FinishFailed | steps.FinishRetryDue | steps.FinishCounted
+)
 
 
 class WorkerCoreMachine(RuleBasedStateMachine):
@@ -1472,6 +1521,16 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             assert not reconnecting, "a held Finish goes once the node is back"
         if not actions:
             assert self.core.finish_heard or self.core.over
+
+    @precondition(lambda self: self.held)
+    @rule()
+    def finish_counted(self) -> None:
+        """The agent's look at the scheduler's saved state, while the Finish is held, found it
+        counted: the node is done, and reports no failure from then on."""
+        self.held = False
+        actions = self.step(steps.FinishCounted("its saved state lists this node as finished"))
+        assert kinds(actions) == [steps.Say, steps.Done]
+        assert self.core.finish_heard
 
     @precondition(lambda self: self.finish_sent)
     @rule(heard=st.booleans())

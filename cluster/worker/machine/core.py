@@ -32,10 +32,12 @@ The rules it keeps:
   while the node registers again with a scheduler that may come back (restarting, or a standby
   taking over), it is held until the node is accepted again, as long as a training node waits
   for its scheduler (the reconnect window), and sent then, with its give-up time afresh. A
-  held Finish ends with the node's failure (it is reported: the window's end is one), or with
-  the job's end (every finish, this one too, was heard). A call for the user cut off by the
-  scheduler is made again with recovery; without, it waits a moment for the reason the stream
-  is about to give.
+  held Finish ends with the node's failure (it is reported: the window's end is one, said as
+  what it is: the scheduler did not answer whether it counted the finish), or with the job's
+  end (every finish, this one too, was heard), or with the scheduler's saved state showing it
+  counted (`steps.FinishCounted`). The job's end heard on the stream makes a Finish whose
+  answer is lost heard too. A call for the user cut off by the scheduler is made again with
+  recovery; without, it waits a moment for the reason the stream is about to give.
   The Finish's state and timing are `cluster.worker.machine.finishing.Finish`'s.
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
@@ -245,6 +247,8 @@ class WorkerCore:
                 return self._finish_failed(event)
             case steps.FinishRetryDue():
                 return self._finish_retry_due()
+            case steps.FinishCounted():
+                return self._finish_counted(event)
             case steps.CallCutOff():
                 return self._call_cut_off()
             case steps.Close():
@@ -413,14 +417,29 @@ class WorkerCore:
         return Away(self.joining.lost, self.deadline)
 
     def _finish_failed(self, event: steps.FinishFailed) -> Actions:
-        away = self._away()
-        decided = self.finish.failed(event, away=away, released=self.released, where=self.where)
+        decided = self.finish.failed(
+            event,
+            away=self._away(),
+            released=self.released,
+            finished=self.lifecycle is Lifecycle.FINISHED,
+            where=self.where,
+        )
         return self._finish_unheard(decided)
 
     def _finish_retry_due(self) -> Actions:
         finished = self.lifecycle is Lifecycle.FINISHED
         decided = self.finish.retry_due(finished=finished, away=self._away())
         return self._finish_unheard(decided)
+
+    def _finish_counted(self, event: steps.FinishCounted) -> Actions:
+        if not self.finish.counted():
+            return []
+        self.lifecycle = Lifecycle.FINISHED
+        said = steps.Say(
+            f"{self.where} went away without answering this node's finish, but {event.evidence} "
+            "(it saves a finish before it answers): this node is done"
+        )
+        return [said, steps.Done()]
 
     def _finish_answered(self, event: steps.FinishAnswered) -> Actions:
         decided = self.finish.answered(event)

@@ -9,7 +9,10 @@ a call whose answer did not come in time while the node lost its stream too),
 while the node's stream is up or, with recovery, once it is back after registering again
 (`pacing`: how long it waits, and for how long in all). A failure heard while it is on its way
 waits for its answer (`takes`); a Finish that ends unheard (`Unheard`) has the core say so and
-report that failure.
+report that failure. Whether a Finish that got no answer was counted is known only from the
+scheduler: its word when the node is back, the job's end heard on the stream (a job ends well
+only once every rank's finish was counted), or its saved state showing it counted
+(`steps.FinishCounted`); failing those, a held Finish that ends says that it is unknown.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import enum
 from collections.abc import Callable
 
 from cluster.protocol.config import ClusterConfig
-from cluster.protocol.errors import ClusterError
+from cluster.protocol.errors import ClusterError, SchedulerUnreachableError
 from cluster.protocol.value import frozen
 from cluster.worker.machine import steps
 from cluster.worker.machine.pacing import FINISH_RETRY, FINISH_SLACK_S
@@ -56,11 +59,13 @@ class Away:
 @frozen
 class Unheard:
     """The Finish ended without the scheduler's word: `timed_out` (its answer did not come in
-    time), after `waited_s`, and why (`details`)."""
+    time), after `waited_s`, and why (`details`); `held`: it was held for a scheduler that went
+    away, perhaps after counting it, and did not come back."""
 
     timed_out: bool
     waited_s: float
     details: str
+    held: bool = False
 
 
 class Finish:
@@ -102,21 +107,30 @@ class Finish:
         if self.sending is Sending.SENT:
             self._held = self._held or error  # decided by the Finish's answer
             return True
-        if self.sending is Sending.HELD:  # no scheduler heard it, and none will now
+        if self.sending is Sending.HELD:  # whether a scheduler counted it, none will say now
             self._held = error
-            return Unheard(False, self._clock() - self._since, str(error))
+            return Unheard(False, self._clock() - self._since, str(error), held=True)
         return False
 
     def failed(
-        self, event: steps.FinishFailed, *, away: Away | None, released: bool, where: str
+        self,
+        event: steps.FinishFailed,
+        *,
+        away: Away | None,
+        released: bool,
+        finished: bool,
+        where: str,
     ) -> Actions | Unheard:
         """Send it again only when it never reached the scheduler or was cut off with its
         connection: after a pause while the node's stream is up, not past its give-up time;
         with recovery, while the node registers again (`away`), once it is back, however long
         that takes within the node's reconnect window, as long as a training node waits for
         its scheduler (unless a failure waits for the Finish's answer: then that is the
-        answer)."""
+        answer). The job's end heard meanwhile (`finished`) says it was counted: heard."""
         if self.sending is not Sending.SENT:
+            return []
+        if finished:  # every rank's finish was counted, this one's too
+            self.hear()
             return []
         now = self._clock()
         held = event.code in FINISH_HELD and self._recovery and self._held is None
@@ -165,9 +179,29 @@ class Finish:
             return []
         return Unheard(event.timed_out, event.waited_s, event.details)
 
+    def counted(self) -> bool:
+        """The scheduler's saved state shows it counted (`steps.FinishCounted`): heard, when it
+        was out."""
+        if not self.out:
+            return False
+        self.hear()
+        return True
+
     def unheard(self, end: Unheard, where: str) -> tuple[steps.Say, ClusterError | None]:
         """It was not heard: what to say, and the failure held meanwhile, to report."""
         self.sending = Sending.NOT_SENT
+        held, self._held = self._held, None
+        if end.held:
+            # Unknown, not failed: the scheduler may have counted it, and ended the job.
+            said = steps.Say(f"{where} did not answer whether it counted this node's finish")
+            if isinstance(held, SchedulerUnreachableError):
+                held = SchedulerUnreachableError(
+                    f"{where} did not answer whether it counted this node's finish before it "
+                    "went away, so this worker cannot know whether the job finished: if it did "
+                    '(the scheduler\'s log ends with "job finished"), nothing is lost; if not, '
+                    f"{held}"
+                )
+            return said, held
         if end.timed_out and self._recovery:
             # The scheduler answers once the finish is saved: its saves are failing.
             said = steps.Say(
@@ -177,5 +211,4 @@ class Finish:
             )
         else:
             said = steps.Say(f"could not tell {where} that this node finished: {end.details}")
-        held, self._held = self._held, None
         return said, held

@@ -153,6 +153,8 @@ class Joining:
         return [steps.AwaitListening(min(remaining, for_s), min(remaining, every_s))]
 
     def listening_awaited(self, event: steps.ListeningAwaited) -> Actions:
+        if self.node.over:
+            return []  # finished while registering again (its Finish counted): nothing to join
         if not event.refused:
             return self.next_attempt()
         self.unreachable = event.why
@@ -178,6 +180,8 @@ class Joining:
         return [steps.Pause(min(seconds, max(self.node.deadline - self.node.clock(), 0.0)))]
 
     def checked(self, event: steps.Checked) -> Actions:
+        if self.node.over:
+            return []
         self.unreachable = event.unreachable
         relay, self._relay_unanswered = self._relay_unanswered, ""
         if event.ok and relay:
@@ -199,6 +203,8 @@ class Joining:
         return said + self.next_attempt()
 
     def unanswered(self, event: steps.Unanswered) -> Actions:
+        if self.node.over:
+            return []
         if event.relay_cut_off:
             # The relay could not reach the scheduler; it waits for the port for this host, at
             # the host's share of the job's tries: ask it again, probe nothing.

@@ -201,6 +201,15 @@ class FinishRetryDue:
 
 
 @frozen
+class FinishCounted:
+    """While this node's Finish was held, the scheduler's saved state, where this node can read
+    it, showed the Finish counted (`evidence`, in words): the scheduler saves a finish before it
+    answers it, so it was heard though its answer was lost."""
+
+    evidence: str
+
+
+@frozen
 class CallCutOff:
     """A call for the user was cut off by the scheduler or the connection going away."""
 
@@ -233,6 +242,7 @@ Event = (
     | FinishAnswered
     | FinishFailed
     | FinishRetryDue
+    | FinishCounted
     | CallCutOff
     | Close
 )
@@ -362,7 +372,9 @@ class RetryFinish:
 class HoldFinish:
     """Wait until this node is accepted again (a `Watch`) or the job is over for it (a `Fail`,
     `Released` or `Done`), at most `timeout_s`; then step `FinishRetryDue` (the Finish held
-    meanwhile is sent, or held on, or given up)."""
+    meanwhile is sent, or held on, or given up). Meanwhile, with recovery, look at the
+    scheduler's saved state where this node can read it (beside its own record in
+    MS_RECOVERY_PATH): once it shows the Finish counted, step `FinishCounted` instead."""
 
     timeout_s: float
 

@@ -258,7 +258,10 @@ class SchedulerCore(Engine):
     ) -> None:
         """The node is done; with `failure`, its process dies of that error (the first line,
         escaped): failed now with it as the reason, before its connection breaks."""
-        member = admitted(self.state.admission.admit_finish(node_id, incarnation, caller.presented))
+        verdict = self.state.admission.admit_finish(node_id, incarnation, caller.presented)
+        if isinstance(verdict, state.Denied) and verdict.kind is state.Denial.JOB_OVER:
+            await self.durable()  # the refusal tells that the job failed: once that is saved
+        member = admitted(verdict)
         if failure:
             why = f"its process died of an error: {failure}"
             self._apply(self.state.disconnect(node_id, incarnation, why))

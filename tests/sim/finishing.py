@@ -52,7 +52,7 @@ from cluster.protocol.records import (
     ShutdownEvent,
     TopologyReadyEvent,
 )
-from cluster.scheduler.machine.admission import Denied
+from cluster.scheduler.machine.admission import Denial, Denied
 from cluster.scheduler.machine.ready import FailRounds
 from cluster.transport import failures
 from cluster.worker.machine import steps
@@ -281,7 +281,12 @@ class Finishes:
         if isinstance(member, Denied):
             self.refused[member.kind.value] += 1
             code = failures.status_of(member.error())[0].name
-            self.answer(node_id, ("finish-answer", incarnation, number, code, member.message))
+            refused = ("finish-answer", incarnation, number, code, member.message)
+            if member.kind is Denial.JOB_OVER:  # it tells the job's failure: once saved
+                self.answers.append((st.revision, node_id, refused))
+                self.answer_saved()
+            else:
+                self.answer(node_id, refused)
             return
         decided: list[Any] = [*st.finish(node_id, incarnation)]
         if member.state is NodeState.FINISHED and st.phase is Phase.READY:

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from cluster.protocol import auth
+from cluster.protocol.errors import JobFailedError
 from cluster.scheduler.machine.admission import MAX_REPORTED_CHECKPOINTS
 from cluster.scheduler.machine.state import (
     Denial,
@@ -172,7 +173,7 @@ def test_collectives_are_refused_by_kind() -> None:
 def test_a_finish_of_a_member_failed_while_the_job_waits_for_it_is_refused_for_now() -> None:
     """With recovery, a formed job holds a failed member's rank for it to rejoin: its Finish,
     counted, would leave the job waiting for a rejoin that never comes. Refused as transient
-    (the node registers again, then finishes); without recovery, or alive, it is admitted."""
+    (the node registers again, then finishes); alive, it is admitted."""
     clock = FakeClock()
     held = ready_state(clock, ["0", "1"], recovery=True)
     held.disconnect("1", 1, "no heartbeat for 3.0 s")
@@ -182,9 +183,25 @@ def test_a_finish_of_a_member_failed_while_the_job_waits_for_it_is_refused_for_n
     assert _everything(held) == before
     alive = held.admission.admit_finish("0", 1, auth.Presented(digest("0", 1)))
     assert isinstance(alive, Member)
-    over = ready_state(clock, ["0", "1"])  # recovery off: the job fails with it
+
+
+def test_a_finish_that_comes_after_the_job_failed_is_refused_with_its_failure() -> None:
+    """Without recovery a member's stream breaking fails the job; a Finish that comes after
+    that (its node was cut off and finalized meanwhile, or a survivor's) counts for nothing,
+    and its node, told it was heard, would exit 0 from a failed job. Refused with the job's
+    failure, and nothing changes; a Finish heard before the failure, sent again, is
+    answered."""
+    over = ready_state(FakeClock(), ["0", "1", "2"])
+    over.finish("2", 1)
     over.disconnect("1", 1)
-    assert isinstance(over.admission.admit_finish("1", 1, auth.Presented(digest("1", 1))), Member)
+    before = _everything(over)
+    for node in ("0", "1"):
+        verdict = over.admission.admit_finish(node, 1, auth.Presented(digest(node, 1)))
+        why = denied(verdict, Denial.JOB_OVER, "job failed: rank 1", "its connection")
+        assert why.message.endswith("; this node's finish came after that")
+        assert isinstance(why.error(), JobFailedError)
+    assert _everything(over) == before
+    assert isinstance(over.admission.admit_finish("2", 1, auth.Presented(digest("2", 1))), Member)
 
 
 def test_a_collective_as_another_node_is_refused_before_anything_else() -> None:

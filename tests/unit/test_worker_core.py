@@ -40,7 +40,7 @@ from cluster.protocol.records import GUARD_POLL_S
 from cluster.protocol.topology import Topology
 from cluster.worker.machine import steps
 from cluster.worker.machine.core import FATAL_WAIT_S, TOPOLOGY_MARGIN_S, Lifecycle, WorkerCore
-from cluster.worker.machine.finishing import FINISH_RETRIED, HOLD_AGAIN_S
+from cluster.worker.machine.finishing import FINISH_RETRIED, FINISH_TOO_LATE, HOLD_AGAIN_S
 from cluster.worker.machine.pacing import (
     ATTEMPT_TIMEOUT_S,
     CALL_RETRY_PAUSE_S,
@@ -821,7 +821,9 @@ def test_a_finish_is_sent_again_only_when_it_never_reached_a_scheduler_still_the
     deadline, an error) is not made again, nor one whose node lost its stream."""
     core, _, _ = finishing_core()
     actions = core.step(steps.FinishFailed(code, "details", stream_up=stream_up))
-    if code in FINISH_RETRIED and stream_up:
+    if code == FINISH_TOO_LATE:
+        assert kinds(actions) == [steps.Fail]  # refused: see the test below
+    elif code in FINISH_RETRIED and stream_up:
         assert actions == [steps.RetryFinish(FINISH_RETRY.first_s)]
     else:
         assert actions == [
@@ -830,6 +832,33 @@ def test_a_finish_is_sent_again_only_when_it_never_reached_a_scheduler_still_the
             )
         ]
         assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
+
+
+TOO_LATE = "job failed: rank 1 (node '1' at h:1) died: ...; this node's finish came after that"
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+@pytest.mark.parametrize("stream_up", [True, False])
+def test_a_finish_refused_as_the_job_failed_before_it_came_fails_the_node(
+    recovery: bool, stream_up: bool
+) -> None:
+    """The scheduler counts no Finish of a failed job: refused with the job's failure (its
+    node cut off, it never heard the Shutdown), the node fails with that, never exiting 0 as
+    finished. A failure held while the Finish was on its way (the Shutdown heard meanwhile)
+    is the one reported."""
+    core, _, _ = finishing_core(recovery=recovery)
+    if not stream_up:
+        core.step(steps.StreamLost("Socket closed"))
+    (error,) = fails(core.step(steps.FinishFailed(FINISH_TOO_LATE, TOO_LATE, stream_up=stream_up)))
+    assert isinstance(error, JobFailedError)
+    assert str(error) == TOO_LATE
+    assert core.lifecycle is Lifecycle.FAILED
+    assert not core.finish_heard
+    assert core.step(steps.FinishRetryDue()) == []
+    core, _, _ = finishing_core(recovery=recovery)
+    assert fails(core.step(steps.Shutdown(ok=False, reason="rank 1 failed"))) == []
+    (error,) = fails(core.step(steps.FinishFailed(FINISH_TOO_LATE, TOO_LATE, stream_up=True)))
+    assert str(error) == "job failed: rank 1 failed"
 
 
 def test_the_finish_pauses_double_up_to_their_ceiling_and_end_at_the_give_up_time() -> None:
@@ -870,7 +899,7 @@ def test_a_finish_is_never_sent_past_its_give_up_time(
         clock.advance(took_s)
         actions = core.step(steps.FinishFailed(code, "x", stream_up=stream_up))
         if kinds(actions) != [steps.RetryFinish]:
-            assert kinds(actions) == [steps.Say]
+            assert kinds(actions) == ([steps.Fail] if code == FINISH_TOO_LATE else [steps.Say])
             assert core.step(steps.FinishRetryDue()) == []
             return
         (retry,) = actions

@@ -187,12 +187,23 @@ class Admission:
     def admit_finish(
         self, node_id: str, incarnation: int, presented: auth.Presented
     ) -> Member | Denied:
-        """`admit`, for a Finish. A member the job holds failed, waiting for it to rejoin (with
-        recovery, while it is formed), has its Finish refused for now: counted, it would leave
-        the job waiting for a rejoin that never comes (the node, told it was heard, would exit
-        as finished). The node registers again, then finishes."""
+        """`admit`, for a Finish. Once the job failed, the Finish of a member that had not
+        finished is refused as the job's failure: it came too late to count, and a node told it
+        was heard would exit as finished (a Finish heard before, sent again, is answered). A
+        member the job holds failed, waiting for it to rejoin (with recovery, while it is
+        formed), has its Finish refused for now: counted, it would leave the job waiting for a
+        rejoin that never comes. The node registers again, then finishes."""
         member = self.admit(node_id, incarnation, presented)
         job = self.job
+        if (
+            not isinstance(member, Denied)
+            and job.phase is Phase.FAILED
+            and member.state is not NodeState.FINISHED
+        ):
+            return Denied(
+                Denial.JOB_OVER,
+                f"job failed: {job.detail}; this node's finish came after that",
+            )
         if (
             isinstance(member, Denied)
             or member.state is not NodeState.FAILED

@@ -26,7 +26,8 @@ The rules it keeps:
 - A failure is reported once and is final. A node whose Finish the scheduler heard, or whose job
   finished, reports no failure: what happens to the others is theirs to report. While its Finish
   is on its way, a failure waits for the answer, so the order in which the answer and the
-  job's end arrive does not matter.
+  job's end arrive does not matter. A Finish that came after the job failed is refused with
+  that failure (the scheduler counts no finish of a failed job), and the node fails with it.
 - A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED): while the
   node's stream is up, after a pause that doubles, within its give-up time; with recovery,
   while the node registers again with a scheduler that may come back (restarting, or a standby
@@ -452,7 +453,7 @@ class WorkerCore:
         if not isinstance(decided, Unheard):
             return decided
         said, held = self.finish.unheard(decided, self.where)
-        return [said, *([] if held is None else self.fail(held))]
+        return [*said, *([] if held is None else self.fail(held))]
 
     def _call_cut_off(self) -> Actions:
         if self.recovery and not self.over:

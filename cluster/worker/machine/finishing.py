@@ -12,7 +12,9 @@ waits for its answer (`takes`); a Finish that ends unheard (`Unheard`) has the c
 report that failure. Whether a Finish that got no answer was counted is known only from the
 scheduler: its word when the node is back, the job's end heard on the stream (a job ends well
 only once every rank's finish was counted), or its saved state showing it counted
-(`steps.FinishCounted`); failing those, a held Finish that ends says that it is unknown.
+(`steps.FinishCounted`); failing those, a held Finish that ends says that it is unknown. A
+Finish the scheduler refuses because the job failed before it came (FINISH_TOO_LATE) ends with
+that failure: the node never exits as finished from a failed job.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import enum
 from collections.abc import Callable
 
 from cluster.protocol.config import ClusterConfig
-from cluster.protocol.errors import ClusterError, SchedulerUnreachableError
+from cluster.protocol.errors import ClusterError, JobFailedError, SchedulerUnreachableError
 from cluster.protocol.value import frozen
 from cluster.worker.machine import steps
 from cluster.worker.machine.pacing import FINISH_RETRY, FINISH_SLACK_S
@@ -33,6 +35,9 @@ DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"  # the status code of a call whose own d
 # too (a partition cut both). With the stream up, a late answer means the scheduler took the
 # Finish and has not saved it yet: that one is not sent again.
 FINISH_HELD = (*FINISH_RETRIED, DEADLINE_EXCEEDED)
+# The status code of a Finish the scheduler refused as the job failed before it came
+# (JobFailedError): the node fails with that failure, whatever it was doing.
+FINISH_TOO_LATE = "ABORTED"
 
 Actions = list[steps.Action]
 
@@ -60,12 +65,14 @@ class Away:
 class Unheard:
     """The Finish ended without the scheduler's word: `timed_out` (its answer did not come in
     time), after `waited_s`, and why (`details`); `held`: it was held for a scheduler that went
-    away, perhaps after counting it, and did not come back."""
+    away, perhaps after counting it, and did not come back; `failure`: the scheduler's word
+    that the job failed before it came (reported unless a failure was held meanwhile)."""
 
     timed_out: bool
     waited_s: float
     details: str
     held: bool = False
+    failure: ClusterError | None = None
 
 
 class Finish:
@@ -133,6 +140,9 @@ class Finish:
             self.hear()
             return []
         now = self._clock()
+        if event.code == FINISH_TOO_LATE:
+            failure = JobFailedError(event.details)
+            return Unheard(False, now - self._since, event.details, failure=failure)
         held = event.code in FINISH_HELD and self._recovery and self._held is None
         if held and not released and away is not None and now < away.until:  # may come back
             self.sending = Sending.HELD
@@ -187,10 +197,13 @@ class Finish:
         self.hear()
         return True
 
-    def unheard(self, end: Unheard, where: str) -> tuple[steps.Say, ClusterError | None]:
-        """It was not heard: what to say, and the failure held meanwhile, to report."""
+    def unheard(self, end: Unheard, where: str) -> tuple[Actions, ClusterError | None]:
+        """It was not heard: what to say, and the failure to report (held meanwhile, or the
+        job's that the scheduler refused it with)."""
         self.sending = Sending.NOT_SENT
         held, self._held = self._held, None
+        if end.failure is not None:  # its line says what happened: nothing more to say
+            return [], held or end.failure
         if end.held:
             # Unknown, not failed: the scheduler may have counted it, and ended the job.
             said = steps.Say(f"{where} did not answer whether it counted this node's finish")
@@ -201,7 +214,7 @@ class Finish:
                     '(the scheduler\'s log ends with "job finished"), nothing is lost; if not, '
                     f"{held}"
                 )
-            return said, held
+            return [said], held
         if end.timed_out and self._recovery:
             # The scheduler answers once the finish is saved: its saves are failing.
             said = steps.Say(
@@ -211,4 +224,4 @@ class Finish:
             )
         else:
             said = steps.Say(f"could not tell {where} that this node finished: {end.details}")
-        return said, held
+        return [said], held

@@ -1189,13 +1189,52 @@ def test_a_held_finish_goes_once_the_node_is_back_and_never_past_its_give_up_tim
             asked = None  # heard, given up, or over
 
 
-def test_without_recovery_or_with_its_stream_up_a_finish_is_not_held() -> None:
-    """Without recovery a restarted scheduler runs a new job: nothing to hold the Finish for.
-    With its stream up, the node is not registering again: a pause, then the Finish again."""
-    core, _ = ready_core()
+def reconnecting_finish_core() -> tuple[WorkerCore, FakeClock]:
+    """Without recovery, a formed job's node that lost its stream and finalized: its Finish
+    fails at once (nothing listens), held while it registers again."""
+    core, clock = ready_core()
     core.step(steps.StreamLost("Socket closed"))
+    window_end = core.deadline
+    assert window_end == clock() + NODE_S
     core.step(steps.FinishSent())
-    assert kinds(core.step(steps.FinishFailed("UNAVAILABLE", "refused"))) == [steps.Say]
+    said, hold = core.step(steps.FinishFailed("UNAVAILABLE", "connection refused"))
+    assert hold == steps.HoldFinish(pytest.approx(window_end - clock()))
+    assert isinstance(said, steps.Say)
+    assert "this node's finish waits to reach it, up to 30 s more (MS_NODE_TIMEOUT" in said.text
+    assert "exits as finished only once its finish is heard" in said.text
+    assert not core.over
+    assert core.finish_bound_s == 2 * core.finish_wait_s + NODE_S
+    return core, clock
+
+
+def test_without_recovery_a_finish_unheard_as_the_stream_is_lost_is_held_for_the_jobs_word() -> (
+    None
+):
+    """A node without recovery whose stream broke is in a job that failed (the scheduler
+    fails a job whose node's stream breaks) unless its Finish got there first: its Finish,
+    unheard, is held while it registers again, so that it exits as finished only when its
+    Finish is heard, and fails with the scheduler's refusal (or at its window's end)
+    otherwise, instead of exiting 0 with its Finish untold."""
+    core, _ = reconnecting_finish_core()
+    refusal = "job j-1 is over (failed: rank 1 (node '1' at h:1) died: ...); start a new scheduler"
+    said, fail = core.step(steps.Refused(refusal))
+    assert isinstance(said, steps.Say)
+    assert said.text.startswith("could not tell the scheduler at 127.0.0.1:8118 that this node")
+    assert isinstance(fail, steps.Fail)
+    assert isinstance(fail.error, RegistrationRefused)
+    assert refusal in str(fail.error)
+    assert core.lifecycle is Lifecycle.FAILED
+    assert not core.finish_heard
+    core, _ = reconnecting_finish_core()  # taken back: the Finish goes, and is heard
+    assert kinds(core.step(accepted())) == [steps.Say, steps.Watch]
+    assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(core.finish_wait_s)]
+    assert core.step(steps.FinishAnswered(heard=True)) == []
+    assert core.lifecycle is Lifecycle.FINISHED
+
+
+def test_with_its_stream_up_a_finish_is_not_held() -> None:
+    """With its stream up, the node is not registering again: a pause, then the Finish
+    again."""
     core, _, _ = finishing_core(recovery=True)
     actions = core.step(steps.FinishFailed("UNAVAILABLE", "refused", stream_up=True))
     assert actions == [steps.RetryFinish(FINISH_RETRY.first_s)]
@@ -1320,6 +1359,7 @@ class WorkerCoreMachine(RuleBasedStateMachine):
                 assert not str(action.error).rstrip().endswith(":"), "a failure says why"
                 self.failures.append(action.error)
                 self.asked = None
+                self.held = False  # a held Finish ends with the node's failure
             elif isinstance(action, steps.Register | steps.CheckScheduler | steps.AwaitListening):
                 # Reconnect deadlines are honoured: no attempt (nor wait for the scheduler's
                 # port) starts after its deadline, nor outlasts it.
@@ -1353,9 +1393,8 @@ class WorkerCoreMachine(RuleBasedStateMachine):
             elif isinstance(action, FinishWait):
                 assert_within(action, now, self.give_up, self.core.deadline)
                 if isinstance(action, steps.HoldFinish):
-                    # Held only with recovery, while registering again with a scheduler that
-                    # may come back.
-                    assert self.core.recovery
+                    # Held only while registering again: with recovery, with a scheduler that
+                    # may come back; without, to learn whether the job failed.
                     assert self.core.lifecycle is Lifecycle.RECONNECTING
                 self.held = isinstance(action, steps.HoldFinish)
                 self.finish_sent = isinstance(action, steps.SendFinish | steps.RetryFinish)

@@ -29,16 +29,17 @@ The rules it keeps:
   job's end arrive does not matter. A Finish that came after the job failed is refused with
   that failure (the scheduler counts no finish of a failed job), and the node fails with it.
 - A Finish is sent again only when it never reached the scheduler (FINISH_RETRIED): while the
-  node's stream is up, after a pause that doubles, within its give-up time; with recovery,
-  while the node registers again with a scheduler that may come back (restarting, or a standby
-  taking over), it is held until the node is accepted again, as long as a training node waits
-  for its scheduler (the reconnect window), and sent then, with its give-up time afresh. A
-  held Finish ends with the node's failure (it is reported: the window's end is one, said as
-  what it is: the scheduler did not answer whether it counted the finish), or with the job's
-  end (every finish, this one too, was heard), or with the scheduler's saved state showing it
-  counted (`steps.FinishCounted`). The job's end heard on the stream makes a Finish whose
-  answer is lost heard too. A call for the user cut off by the scheduler is made again with
-  recovery; without, it waits a moment for the reason the stream is about to give.
+  node's stream is up, after a pause that doubles, within its give-up time; while the node
+  registers again, it is held until the node is accepted again, as long as a training node
+  waits for its scheduler (the reconnect window), and sent then, with its give-up time afresh:
+  with recovery the scheduler may come back (restarting, or a standby taking over); without,
+  the registration learns whether the job failed as the node lost its stream. A held Finish
+  ends with the node's failure (it is reported: a refusal is one, and so is the window's end,
+  said as what it is: the scheduler did not answer whether it counted the finish), or with the
+  job's end (every finish, this one too, was heard), or with the scheduler's saved state
+  showing it counted (`steps.FinishCounted`). The job's end heard on the stream makes a Finish
+  whose answer is lost heard too. A call for the user cut off by the scheduler is made again
+  with recovery; without, it waits a moment for the reason the stream is about to give.
   The Finish's state and timing are `cluster.worker.machine.finishing.Finish`'s.
 - Spares: a node accepted as a spare (CLUSTER_SPARE=1, or a restarted node whose
   rank a spare took meanwhile) waits, heartbeating, without a deadline, until a topology names
@@ -158,10 +159,9 @@ class WorkerCore:
 
     @property
     def finish_bound_s(self) -> float:
-        """The longest a Finish is kept asking, from its first send: its give-up time, and with
-        recovery a hold for the node's reconnect window and a give-up time afresh after it."""
-        held_s = self.joining.reconnect_window_s + self.finish.wait_s if self.recovery else 0.0
-        return self.finish.wait_s + held_s
+        """The longest a Finish is kept asking, from its first send: its give-up time, a hold
+        for the node's reconnect window and a give-up time afresh after it."""
+        return 2 * self.finish.wait_s + self.joining.reconnect_window_s
 
     def away(self) -> str:
         """While a formed job's node registers again: where its scheduler went, how much longer

@@ -5,16 +5,18 @@ doing (registering again, finished) where a decision depends on it.
 
 A Finish is made again only when it never reached the scheduler or was cut off with its
 connection (a finish counts once, so a repeat is harmless: the status codes FINISH_RETRIED, and
-a call whose answer did not come in time while the node lost its stream too),
-while the node's stream is up or, with recovery, once it is back after registering again
-(`pacing`: how long it waits, and for how long in all). A failure heard while it is on its way
-waits for its answer (`takes`); a Finish that ends unheard (`Unheard`) has the core say so and
-report that failure. Whether a Finish that got no answer was counted is known only from the
-scheduler: its word when the node is back, the job's end heard on the stream (a job ends well
-only once every rank's finish was counted), or its saved state showing it counted
-(`steps.FinishCounted`); failing those, a held Finish that ends says that it is unknown. A
-Finish the scheduler refuses because the job failed before it came (FINISH_TOO_LATE) ends with
-that failure: the node never exits as finished from a failed job.
+a call whose answer did not come in time while the node lost its stream too), while the node's
+stream is up, or once it is back after registering again (`pacing`: how long it waits, and for
+how long in all): with recovery its scheduler may come back; without, its registration learns
+whether the job failed as the node lost its stream (it fails), so that the node never exits as
+finished with its Finish unheard there. A failure heard while it is on its way waits for its
+answer (`takes`); a Finish that ends unheard (`Unheard`) has the core say so and report that
+failure. Whether a Finish that got no answer was counted is known only from the scheduler: its
+word when the node is back, the job's end heard on the stream (a job ends well only once every
+rank's finish was counted), or its saved state showing it counted (`steps.FinishCounted`);
+failing those, a held Finish that ends says that it is unknown. A Finish the scheduler refuses
+because the job failed before it came (FINISH_TOO_LATE) ends with that failure: the node never
+exits as finished from a failed job.
 """
 
 from __future__ import annotations
@@ -130,10 +132,10 @@ class Finish:
     ) -> Actions | Unheard:
         """Send it again only when it never reached the scheduler or was cut off with its
         connection: after a pause while the node's stream is up, not past its give-up time;
-        with recovery, while the node registers again (`away`), once it is back, however long
-        that takes within the node's reconnect window, as long as a training node waits for
-        its scheduler (unless a failure waits for the Finish's answer: then that is the
-        answer). The job's end heard meanwhile (`finished`) says it was counted: heard."""
+        while the node registers again (`away`), once it is back, however long that takes
+        within the node's reconnect window, as long as a training node waits for its scheduler
+        (unless a failure waits for the Finish's answer: then that is the answer). The job's end
+        heard meanwhile (`finished`) says it was counted: heard."""
         if self.sending is not Sending.SENT:
             return []
         if finished:  # every rank's finish was counted, this one's too
@@ -143,21 +145,32 @@ class Finish:
         if event.code == FINISH_TOO_LATE:
             failure = JobFailedError(event.details)
             return Unheard(False, now - self._since, event.details, failure=failure)
-        held = event.code in FINISH_HELD and self._recovery and self._held is None
+        held = event.code in FINISH_HELD and self._held is None
         if held and not released and away is not None and now < away.until:  # may come back
             self.sending = Sending.HELD
-            said = steps.Say(
-                f"{where} is away ({away.why}): this node's finish waits for it to take this "
-                f"node back, up to {away.until - now:.0f} s more, as long as a training node "
-                "waits for it (recovery is on)"
-            )
-            return [said, steps.HoldFinish(away.until - now)]
+            return [
+                self._holding(where, away, away.until - now),
+                steps.HoldFinish(away.until - now),
+            ]
         give_up = self._since + self.wait_s
         pause_s = self._pause.next_s()
         again = event.code in FINISH_RETRIED and not released
         if again and event.stream_up and now + pause_s < give_up:
             return [steps.RetryFinish(pause_s)]
         return Unheard(event.code == DEADLINE_EXCEEDED, now - self._since, event.details)
+
+    def _holding(self, where: str, away: Away, left_s: float) -> steps.Say:
+        if self._recovery:
+            return steps.Say(
+                f"{where} is away ({away.why}): this node's finish waits for it to take this "
+                f"node back, up to {left_s:.0f} s more, as long as a training node waits for it "
+                "(recovery is on)"
+            )
+        return steps.Say(
+            f"{where} is away ({away.why}): this node's finish waits to reach it, up to "
+            f"{left_s:.0f} s more (MS_NODE_TIMEOUT; recovery is off): this node exits as "
+            "finished only once its finish is heard"
+        )
 
     def retry_due(self, *, finished: bool, away: Away | None) -> Actions | Unheard:
         """Send it again: after its pause, or once the node it was held for is back (with a
@@ -204,16 +217,17 @@ class Finish:
         held, self._held = self._held, None
         if end.failure is not None:  # its line says what happened: nothing more to say
             return [], held or end.failure
-        if end.held:
-            # Unknown, not failed: the scheduler may have counted it, and ended the job.
+        if end.held and self._recovery:
+            # Unknown, not failed: the scheduler may have counted it, and ended the job. (Without
+            # recovery, the job's scheduler refuses a node that lost its stream: the job failed.)
             said = steps.Say(f"{where} did not answer whether it counted this node's finish")
-            if isinstance(held, SchedulerUnreachableError):
-                held = SchedulerUnreachableError(
-                    f"{where} did not answer whether it counted this node's finish before it "
-                    "went away, so this worker cannot know whether the job finished: if it did "
-                    '(the scheduler\'s log ends with "job finished"), nothing is lost; if not, '
-                    f"{held}"
-                )
+            if not isinstance(held, SchedulerUnreachableError):
+                return [said], held
+            held = SchedulerUnreachableError(
+                f"{where} did not answer whether it counted this node's finish before it went "
+                "away, so this worker cannot know whether the job finished: if it did (the "
+                f'scheduler\'s log ends with "job finished"), nothing is lost; if not, {held}'
+            )
             return [said], held
         if end.timed_out and self._recovery:
             # The scheduler answers once the finish is saved: its saves are failing.

@@ -14,7 +14,7 @@ core applies the same rules for as long as its registration deadline lasts, pass
 leader found down within DOWN_FOR_S (`cluster.worker.machine.joining`). No clock and no I/O
 here: the caller asks, and says what the answer was. `Upstream` applies them for a host's
 relay, which sends every call of its workers to the one scheduler it takes for the leader
-(`cluster.transport.relay`).
+(`cluster.transport.relay`), and follows a named leader wherever it is, as the workers do.
 """
 
 from __future__ import annotations
@@ -87,12 +87,15 @@ DOWN_FOR_S = 1.0
 class Upstream:
     """Where a host's relay sends its workers' calls among the job's schedulers `addresses`, by
     the rules above, as the worker core applies them: the first to begin with; a leader that a
-    standby names, unless it was found down within DOWN_FOR_S; the next in turn when the one
-    asked is found down, or a standby names no leader. Only an address of `addresses` is
-    followed (a worker sends a call for a leader named elsewhere directly). The caller says what
-    came back from `asked` with the time `now`; a word about any other address than the current
-    one is late (the relay moved already) and changes nothing. Each returns the new address, or
-    None when the relay stays where it is."""
+    standby names, unless it was found down within DOWN_FOR_S, wherever it is (one of
+    `addresses` or not: a scheduler started since, or one that advertises another name than the
+    list's, a pod's IP behind a DNS name), since the workers follow it too and their calls go
+    through the relay; the next in turn when the one asked is found down, or a standby names
+    no leader (the first of `addresses` after a leader named outside them). Only a scheduler
+    the relay asked names a leader to it, as only one a worker asked names one to the worker.
+    The caller says what came back from `asked` with the time `now`; a word about any other
+    address than the current one is late (the relay moved already) and changes nothing. Each
+    returns the new address, or None when the relay stays where it is."""
 
     def __init__(self, addresses: Sequence[str]) -> None:
         self.addresses = tuple(addresses)
@@ -102,7 +105,7 @@ class Upstream:
     def cut_off(self, asked: str, now: float) -> str | None:
         """A call to `asked` was cut off: the scheduler there, or the way to it, is down."""
         self._down[asked] = now
-        if asked != self.current or len(self.addresses) == 1:
+        if asked != self.current:
             return None
         return self._move(next_in_turn(self.addresses, asked))
 
@@ -112,10 +115,10 @@ class Upstream:
             return None
         lately_down = {a for a, when in self._down.items() if now - when < DOWN_FOR_S}
         named = leader_to_follow(asked, leader, lately_down)
-        if named is not None and named in self.addresses:
+        if named is not None:
             return self._move(named)
-        if leader or len(self.addresses) == 1:
-            return None  # a leader just found down, or one elsewhere: ask here again
+        if leader:
+            return None  # a leader just found down, or itself: ask here again
         return self._move(next_in_turn(self.addresses, asked))
 
     def _move(self, address: str) -> str | None:

@@ -122,9 +122,10 @@ def relay_check(
 
 
 class Route:
-    """Where a worker's calls go: through its host's relay (`config.relay`) while the worker
-    talks to a scheduler of its configuration (the relay follows the one that leads) and the
-    relay answers, else to the scheduler directly (a leader named elsewhere). A relay found gone
+    """Where a worker's calls go: through its host's relay (`config.relay`) while the relay
+    answers, whichever scheduler the worker talks to (one of its configuration, or a leader
+    one of them named: the relay follows the one that leads, by the worker's own rules), else
+    to the scheduler directly. A relay found gone
     is left, said in one line, until the worker finds it back (a launcher restarted it) when it
     opens a channel again, or while its stream runs direct (`WorkerAgent`: the stream moves).
     A relay whose scheduler refused the worker as another job's is left the same way
@@ -166,7 +167,7 @@ class Route:
     def open(self, address: str, identity: tls.Identity | None) -> grpc.aio.Channel:
         """A channel for calls to the scheduler at `address`."""
         self.relay_back(opening=True)
-        if self.relay is not None and address in self._config.addresses:
+        if self.relay is not None:
             # The local hop (`cluster.transport.hop`), on a socket of this user's: no TLS to the
             # relay, which holds the job's own. (Imported only behind a relay.)
             from cluster.transport.hop_channel import HopChannel  # noqa: PLC0415

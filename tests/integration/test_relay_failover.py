@@ -115,6 +115,42 @@ def test_the_relay_follows_the_new_leader_and_its_workers_go_on(
     assert "Traceback" not in schedulers[standby].output, schedulers[standby].output
 
 
+def test_the_relay_follows_a_leader_named_outside_its_list_and_its_workers_stay_behind_it(
+    processes: Procs, tmp_path: Path, short_dir: Path, etcd_cluster: EtcdCluster
+) -> None:
+    """The relay and its workers know only the standby's address (the leader is a scheduler
+    added since, or one listed under another name than it advertises: a pod's IP behind a DNS
+    name). The standby names the leader: the relay follows it, as each worker does, and the
+    workers' calls go there through it. (The relay followed only a listed leader, and its
+    workers went to the leader directly, one connection each: what a relay is there to spare
+    the scheduler of a large job.)"""
+    port = free_port()
+    schedulers = start_schedulers(processes, etcd_cluster, port)
+    leader = wait_leader(port)
+    standby = next(host for host in HOSTS if host != leader)
+    env = job_env(WORKERS, port, MS_SCHED_HOST=standby, MS_NODE_TIMEOUT="2")
+    sock = f"unix:{short_dir / 'r.sock'}"
+    relay = processes.start("relay", [*MSCLUSTER, "relay", "--socket", sock], env)
+    relay.wait_for_output("mscluster relay: serving", 30)
+    relayed = {**env, "CLUSTER_RELAY": sock}
+    script = [str(ROOT / "examples" / "allgather_check.py"), "--hold", "3"]
+    workers = [
+        processes.start_role(f"w{i}", "MS_WORKER", script, {**relayed, "MS_NODE_ID": str(i)})
+        for i in range(WORKERS)
+    ]
+    for worker in workers:
+        worker.wait_for_output("allgather rank=", 60)
+    owners = connections_by_owner(schedulers[leader].pid, [relay.pid, *(w.pid for w in workers)])
+    assert owners.get(relay.pid) == 1, owners
+    assert not any(owners.get(w.pid) for w in workers), owners
+    assert f"following the leader at {leader}:{port}" in relay.output, relay.output
+    for worker in workers:
+        assert worker.wait(60) == 0, worker.output
+        assert "directly" not in worker.output, worker.output
+    assert relay.wait(30) == 0, relay.output
+    assert schedulers[leader].wait(30) == 0, schedulers[leader].output
+
+
 def test_workers_behind_a_relay_pass_over_a_standby_given_another_prefix_and_keep_the_job(
     processes: Procs, tmp_path: Path, short_dir: Path, etcd_cluster: EtcdCluster
 ) -> None:

@@ -97,11 +97,28 @@ def test_the_relay_follows_the_leader_by_the_workers_rules() -> None:
     assert up.not_leader("b:1", "", 10.3) == "a:1"  # none leads (an election): next in turn
     assert up.not_leader("a:1", "b:1", 10.4) == "b:1"  # the one named
     assert up.not_leader("b:1", "a:1", 10.1 + DOWN_FOR_S) == "a:1"  # down long enough ago
-    assert up.not_leader("a:1", "c:1", 12.0) is None  # named elsewhere: workers go direct
     assert up.not_leader("a:1", "a:1", 12.0) is None  # itself
     single = Upstream(["a:1"])
     assert single.cut_off("a:1", 1.0) is None
     assert single.not_leader("a:1", "", 1.0) is None
+
+
+def test_the_relay_follows_a_leader_named_outside_its_list_as_its_workers_do() -> None:
+    """A standby names the leader by the address it advertises, which the relay's list may
+    not hold (a scheduler started since; a pod's IP behind a DNS name): followed, as the
+    workers follow it, so that their calls keep going through the relay. Found down, the
+    first listed is asked next, also with one listed."""
+    up = Upstream(["a:1", "b:1"])
+    assert up.not_leader("a:1", "10.0.0.9:1", 1.0) == "10.0.0.9:1"
+    assert up.not_leader("10.0.0.9:1", "b:1", 2.0) == "b:1"  # that one stood down in turn
+    assert up.cut_off("b:1", 3.0) == "a:1"
+    assert up.not_leader("a:1", "10.0.0.9:1", 3.1) == "10.0.0.9:1"
+    assert up.cut_off("10.0.0.9:1", 4.0) == "a:1"  # gone: back to the list
+    # The standby still names it (its lease lives): stay, and ask again.
+    assert up.not_leader("a:1", "10.0.0.9:1", 4.5) is None
+    single = Upstream(["s:1"])
+    assert single.not_leader("s:1", "l:1", 1.0) == "l:1"
+    assert single.cut_off("l:1", 2.0) == "s:1"
 
 
 def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:

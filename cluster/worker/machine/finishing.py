@@ -236,6 +236,8 @@ class Finish:
                 "finish (is its MS_RECOVERY_PATH full or read-only? see its log); this node "
                 "exits anyway, and the scheduler ends the job once it can save"
             )
+        elif end.held and held is not None:  # the failure that ended the hold says why
+            said = steps.Say(f"could not tell {where} that this node finished")
         else:
             said = steps.Say(f"could not tell {where} that this node finished: {end.details}")
         return [said], held

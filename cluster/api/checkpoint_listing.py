@@ -5,9 +5,11 @@ sees them.
 Only the canonical spelling of a step names its file ('p-000000001.ckpt' is not step 1's), a file
 is complete when its preamble, size and footer say so (`checkpoint_files.looks_complete`; the
 checksum is `load`'s to verify), a directory that is gone lists nothing, and a file removed is one
-gone already too. A directory that cannot be listed or made, or a file that cannot be removed,
-is a CheckpointError naming it. No thread and no job here: which steps to keep, and when, is the
-manager's writer's (`cluster.api.checkpoint_writing`).
+gone already too. A file that cannot be read (no permission, an I/O error) is neither complete
+nor torn: it is not reported, nor removed as a torn one is, and each listing checks it again. A
+directory that cannot be listed or made, or a file that cannot be removed, is a CheckpointError
+naming it. No thread and no job here: which steps to keep, and when, is the manager's writer's
+(`cluster.api.checkpoint_writing`).
 
 The writer's view (`look`, `held`) keeps what was listed and checked for the manager's life, so
 that a save costs the same however many steps are kept. Before each write it looks at the
@@ -51,10 +53,10 @@ _State = tuple[int, int, int, int, int] | None
 @dataclass(frozen=True)
 class _Seen:
     """A step's file in the view: its inode (another file under its name is checked again) and
-    whether it looked complete."""
+    whether it looked complete (None: it could not be read, and is checked again)."""
 
     inode: int
-    complete: bool
+    complete: bool | None
 
 
 class RankFiles:
@@ -124,11 +126,12 @@ class RankFiles:
             return list(self._complete)
 
     def incomplete(self) -> list[int]:
-        """The steps whose file did not look complete, as the view holds them."""
+        """The steps whose file was read and did not look complete, as the view holds them
+        (one that could not be read is not known to be torn)."""
         with self._lock:
             if len(self._seen) == len(self._complete):
                 return []
-            return sorted(s for s, seen in self._seen.items() if not seen.complete)
+            return sorted(s for s, seen in self._seen.items() if seen.complete is False)
 
     def wrote(self, step: int) -> None:
         """The writer wrote the file of `step`, whole (`checkpoint_files.write` renames it so)."""
@@ -185,15 +188,15 @@ class RankFiles:
                 "be a directory this process can read and write"
             ) from None
         self._seen, self._kinds = seen, kinds
-        self._complete = sorted(s for s, file in seen.items() if file.complete)
+        self._complete = sorted(s for s, file in seen.items() if file.complete is True)
         self._whole = None if left else state
         self._listed_at = time.monotonic()
 
     def _check(self, step: int, inode: int, again: bool) -> _Seen:
         known = self._seen.get(step)
-        if known is not None and known.inode == inode and not again:
-            return known
-        return _Seen(inode, checkpoint_files.looks_complete(self.path_of(step)))
+        if again or known is None or known.inode != inode or known.complete is None:
+            return _Seen(inode, checkpoint_files.looks_complete(self.path_of(step)))
+        return known
 
     def _kind(self, name: str) -> int:
         """The step whose file `name` is, or _TEMPORARY, or _OTHER."""

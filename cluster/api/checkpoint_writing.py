@@ -192,9 +192,10 @@ class WriteBehind:
         With recovery on, until a report has been answered with such a step (at the start: the
         scheduler answers 0 while a rank holds none, and the same answer for a second), the
         newest `UNHEARD_KEEP` at least: a slower rank's newest step is among them (see there).
-        The others are removed, and so are the steps past `step` and the files that do not look
-        complete: found by their place among the writer's view's steps (`RankFiles.held`), so
-        that a save costs the same however many steps are kept.
+        The others are removed, and so are the steps past `step` and the files read and found
+        not complete (one that cannot be read is left: `RankFiles.incomplete`): found by their
+        place among the writer's view's steps (`RankFiles.held`), so that a save costs the same
+        however many steps are kept.
         """
         disk = self._manager._disk
         complete = disk.held()

@@ -118,9 +118,11 @@ def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
     atomic.write_atomically(path, write_parts, failed)
 
 
-def looks_complete(path: Path) -> bool:
-    """The preamble, size and footer are right: a cheap check that the file was written whole
-    (`read` verifies the checksum)."""
+def looks_complete(path: Path) -> bool | None:
+    """Whether the preamble, size and footer are right: a cheap check that the file was written
+    whole (`read` verifies the checksum). None when the file cannot be opened or read (no
+    permission, an I/O error): whether it is whole is not known, and it is neither a complete
+    checkpoint nor one to remove as torn."""
     try:
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
@@ -132,7 +134,7 @@ def looks_complete(path: Path) -> bool:
             file.seek(size - len(END_MAGIC) - _DIGESTS[version][1])
             return file.read(len(END_MAGIC)) == END_MAGIC
     except OSError:
-        return False
+        return None
 
 
 def read(

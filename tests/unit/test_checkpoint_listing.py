@@ -4,7 +4,9 @@ still seen, by its saves or by its listings."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ import pytest
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.storage import checkpoint_files
 from cluster.testing import wait_until
+from tests.procs import PYTHON, ROOT
+from tests.servers import require
 
 OLDER = 300
 
@@ -106,3 +110,50 @@ def test_a_file_cut_short_is_reported_until_a_listing_checks_it(tmp_path: Path) 
     ckpt.flush()
     assert reports[-1] == [1, 3, 4, 5]
     ckpt.close()
+
+
+# A save by a process that cannot read step 2's file: what it reports and what it leaves.
+SAVE_BESIDE_UNREADABLE = """
+import sys
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+reports = []
+config = CheckpointConfig(keep_checkpoint_max=10)
+ckpt = CheckpointManager(sys.argv[1], "net", config, rank=0, recovery=False, report=reports.append)
+ckpt.save(4, {"a": 4})
+ckpt.flush()
+print(reports[-1], ckpt.steps())
+ckpt.close()
+"""
+
+
+def test_a_file_the_manager_cannot_read_is_not_reported_nor_removed(tmp_path: Path) -> None:
+    """Step 2's file is whole, but mode 0 (restored by another user, say): a process that may
+    not read it (root without the capabilities that pass over a file's mode, as any user is)
+    saves step 4. It reports 1, 3 and 4, and leaves step 2's file where it is: it was taken
+    for a torn file and removed, with nothing said, and a chmod could no longer bring it back."""
+    setpriv = shutil.which("setpriv")
+    require("reading as a user the mode keeps out needs root" if os.geteuid() != 0 else None)
+    require(None if setpriv is not None else "setpriv (util-linux) is not installed")
+    assert setpriv is not None
+    with manager(tmp_path, []) as first:
+        for step in (1, 2, 3):
+            first.save(step, {"a": step})
+    unreadable = first.path(2)
+    unreadable.chmod(0)
+    dropped = "-dac_override,-dac_read_search"
+    as_user = [setpriv, f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--", PYTHON]
+    result = subprocess.run(
+        [*as_user, "-c", SAVE_BESIDE_UNREADABLE, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[1,", "3,", "4]", "[1,", "3,", "4]"], result.stdout
+    assert unreadable.exists()
+    unreadable.chmod(0o600)
+    with manager(tmp_path, []) as again:
+        assert again.steps() == [1, 2, 3, 4]
+        assert again.load(2) == {"a": 2}

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import queue
+import stat
 import struct
 import threading
 from collections.abc import Iterable
@@ -121,20 +122,30 @@ def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
 def looks_complete(path: Path) -> bool | None:
     """Whether the preamble, size and footer are right: a cheap check that the file was written
     whole (`read` verifies the checksum). None when the file cannot be opened or read (no
-    permission, an I/O error): whether it is whole is not known, and it is neither a complete
-    checkpoint nor one to remove as torn."""
+    permission, an I/O error), or is not a regular file (a symbolic link, never followed, as
+    `read` never follows one; a FIFO, never waited on): whether it is whole is not known, and
+    it is neither a complete checkpoint nor one to remove as torn."""
     try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size < PREAMBLE.size + len(END_MAGIC):
-                return False
-            magic, version, _flags, _length, recorded = PREAMBLE.unpack(file.read(PREAMBLE.size))
-            if magic != MAGIC or version not in _DIGESTS or recorded != size:
-                return False
-            file.seek(size - len(END_MAGIC) - _DIGESTS[version][1])
-            return file.read(len(END_MAGIC)) == END_MAGIC
+        fd = atomic.open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        size = info.st_size
+        preamble = os.pread(fd, PREAMBLE.size, 0)
+        if size < PREAMBLE.size + len(END_MAGIC) or len(preamble) < PREAMBLE.size:
+            return False
+        magic, version, _flags, _length, recorded = PREAMBLE.unpack(preamble)
+        if magic != MAGIC or version not in _DIGESTS or recorded != size:
+            return False
+        end = size - len(END_MAGIC) - _DIGESTS[version][1]
+        return os.pread(fd, len(END_MAGIC), end) == END_MAGIC
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def read(

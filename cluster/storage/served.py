@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cluster.storage import checkpoint_files
+from cluster.storage import atomic, checkpoint_files
 from cluster.storage.snapshot import Snapshot
 
 # The bytes of one piece sent to a peer (one gRPC message).
@@ -139,7 +139,7 @@ class ServedCheckpoints:
             return None
         try:
             # Opened once: a prune or a rename while it is sent does not change what is sent.
-            fd = os.open(path, os.O_RDONLY)
+            fd = atomic.open_no_follow(path, os.O_RDONLY)
         except OSError:
             return None
         nbytes = os.fstat(fd).st_size

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.protocol.errors import CheckpointError
 from cluster.storage import checkpoint_files
+from cluster.storage.served import ServedCheckpoints
 from cluster.testing import wait_until
 from tests.procs import PYTHON, ROOT
 from tests.servers import require
@@ -157,3 +159,30 @@ def test_a_file_the_manager_cannot_read_is_not_reported_nor_removed(tmp_path: Pa
     with manager(tmp_path, []) as again:
         assert again.steps() == [1, 2, 3, 4]
         assert again.load(2) == {"a": 2}
+
+
+def test_a_link_in_a_steps_place_is_neither_reported_nor_served_nor_removed(
+    tmp_path: Path,
+) -> None:
+    """Step 3's name is a symbolic link to a whole checkpoint elsewhere. `load` never follows a
+    link, so the cheap check does not either: the step is not listed, reported or served to a
+    peer (it was, though no `load` of it, a rollback's included, could read it), and a save
+    leaves the link and its target alone."""
+    reports: list[list[int]] = []
+    ckpt = manager(tmp_path / "job", reports)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"a": step})
+    ckpt.flush()
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    ckpt.path(3).rename(elsewhere)
+    ckpt.path(3).symlink_to(elsewhere)
+    assert ckpt.steps() == [1, 2]
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint"):
+        ckpt.load(3)
+    ckpt.save(4, {"a": 4})
+    ckpt.flush()
+    assert reports[-1] == [1, 2, 4]
+    assert ckpt.path(3).is_symlink()
+    assert checkpoint_files.looks_complete(elsewhere)
+    assert ServedCheckpoints(tmp_path / "job", "net", 0).open(0, 3, any_rank=False) is None
+    ckpt.close()

@@ -90,6 +90,21 @@ def read_no_follow(path: Path) -> bytes:
         return file.read()
 
 
+def unreadable(what: str, path: Path, exc: OSError, advice: str) -> str:
+    """What a refusal of `what` at `path` says when reading it failed with `exc`: a link there
+    as one (it is never followed: the system's words, "Too many levels of symbolic links", say
+    nothing of that), else the system's cause; then what to do, ending with `advice`."""
+    if exc.errno == errno.ELOOP:
+        return (
+            f"{what} {path} is a symbolic link, which is never followed: put the file itself "
+            f"in its place, or {advice}"
+        )
+    return (
+        f"cannot read {what} {path} ({exc.strerror}): make it a file this process can read, "
+        f"or {advice}"
+    )
+
+
 def temporary_name(path: Path, tag: str) -> Path:
     return path.with_name(f".{path.name}.{tag}.tmp")
 

@@ -236,7 +236,7 @@ class KvLog:
         self._live = header + sum(self._record_sizes.values())
 
     def _unreadable(self, exc: OSError) -> StateFileError:
-        return StateFileError(f"cannot read the key-value log {self.path} ({exc.strerror})")
+        return StateFileError(atomic.unreadable("the key-value log", self.path, exc, ADVICE))
 
     def _records(self, data: bytes, start: int, version: int) -> tuple[dict[str, bytes], int]:
         """Every whole record from `start`, in `version`'s format, and where they end (a torn

@@ -104,7 +104,8 @@ def load(path: Path, kind: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StateFileError(f"cannot read the recovery state {path} ({exc.strerror})") from None
+        what = atomic.unreadable("the recovery state", path, exc, advice_for(kind))
+        raise StateFileError(what) from None
     return decode(data, kind, str(path), advice_for(kind))
 
 

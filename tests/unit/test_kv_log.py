@@ -84,7 +84,7 @@ def test_the_log_is_never_written_through_a_link(tmp_path: Path) -> None:
     (tmp_path / FILE_NAME).symlink_to(elsewhere)
     with pytest.raises(StateFileError, match="cannot save the key-value store"):
         log.append(JOB, {"a": b"2"})
-    with pytest.raises(StateFileError, match="cannot read the key-value log"):
+    with pytest.raises(StateFileError, match=r"the key-value log .* is a symbolic link"):
         KvLog(tmp_path).load(JOB)
     assert elsewhere.read_bytes() == b"not the job's"
 

@@ -21,7 +21,7 @@ from cluster.protocol.state_url import parse_state_url
 from cluster.scheduler import stores
 from cluster.scheduler.core import SchedulerCore
 from cluster.scheduler.machine import snapshot
-from cluster.storage import store
+from cluster.storage import kv_log, store
 from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.kv_log import KvLog
 from cluster.storage.state_store import StateStore
@@ -191,3 +191,53 @@ async def test_a_state_another_setting_cannot_resume_says_how_to_resume_or_start
         assert "give it a prefix of its own in CLUSTER_STATE_URL" in message
     assert "on every host" in message or "of every host" in message
     assert "worker-<id>.json" in message
+
+
+# Each state file: its name, what a refusal calls it, how it is read, what its damage calls for.
+STATE_FILES: dict[str, tuple[str, str, Callable[[Path], object], str]] = {
+    "scheduler": (
+        "scheduler.json",
+        "the recovery state",
+        lambda d: store.load(d / "scheduler.json", "scheduler"),
+        store.FILE_ADVICE,
+    ),
+    "worker": (
+        "worker-1.json",
+        "the recovery state",
+        lambda d: node_file.load(d, "1"),
+        store.NODE_FILE_ADVICE,
+    ),
+    "kv": ("kv.log", "the key-value log", lambda d: KvLog(d).load(OLD), kv_log.ADVICE),
+}
+
+
+@pytest.mark.parametrize("there", ["link", "directory"])
+@pytest.mark.parametrize("kind", sorted(STATE_FILES))
+def test_a_state_file_that_cannot_be_read_says_what_it_is_and_what_to_do(
+    tmp_path: Path, there: str, kind: str
+) -> None:
+    """A symbolic link (to a whole file elsewhere), or a directory, where a state file goes: the
+    one line names the file and what is there (a link as a link: the system's words are "Too
+    many levels of symbolic links") and ends with that file's advice, as a torn file's does
+    (it ended with the system's cause, saying nothing of what to do)."""
+    name, what, load, advice = STATE_FILES[kind]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    record(elsewhere, "1")
+    store.save(elsewhere / "scheduler.json", "scheduler", {"cluster_id": OLD})
+    KvLog(elsewhere).reset(OLD)
+    directory = tmp_path / "recovery"
+    directory.mkdir()
+    path = directory / name
+    if there == "link":
+        path.symlink_to(elsewhere / name)
+        said = f"{what} {path} is a symbolic link, which is never followed: put the file itself"
+    else:
+        path.mkdir()
+        said = f"cannot read {what} {path} (Is a directory): make it a file this process can read"
+    with pytest.raises(StateFileError) as caught:
+        load(directory)
+    message = str(caught.value)
+    assert said in message
+    assert message.endswith(f", or {advice}")
+    assert "\n" not in message

@@ -176,8 +176,15 @@ class CheckpointManager:
 
     def _hold(self) -> None:
         """Hold this rank's lock (again, after `close`; behind an earlier holder of the rank
-        in this job, try again to take it)."""
+        in this job, try again to take it), in the rank's directory: one removed while the
+        manager runs (by hand, with its files) is made again, and saves go on there (said)."""
         assert self._lock is not None  # made by _place
+        if self._disk.make():
+            _tell(
+                f"the checkpoint directory {self.directory} was removed, with the checkpoints in "
+                "it, while this CheckpointManager used it: made it again; the steps saved there "
+                "are no longer held by this rank, and the next saves go there"
+            )
         self._lock.acquire(seat=_seat(self.rank), say=_say())
 
     def path(self, step: int) -> Path:

@@ -76,8 +76,10 @@ class RankFiles:
         self._whole: _State = None  # the directory when the view was last whole (None: list)
         self._listed_at = 0.0  # time.monotonic() of the last listing
 
-    def make(self) -> None:
-        """Create the directory (and its parents) unless it is there."""
+    def make(self) -> bool:
+        """Create the directory (and its parents) unless it is there; whether it was made."""
+        if self.directory.is_dir():
+            return False
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -85,6 +87,7 @@ class RankFiles:
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "
                 "give a writable directory"
             ) from None
+        return True
 
     def path_of(self, step: int) -> Path:
         return self.directory / checkpoint_files.file_name(self.prefix, step)

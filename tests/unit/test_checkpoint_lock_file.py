@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -124,6 +125,34 @@ def test_a_holder_whose_lock_file_was_removed_locks_a_new_one_that_keeps_others_
         mlp(directory)
     assert save_next(first, 3) == "saved 3"
     assert first.output.count("was removed or replaced while this CheckpointManager") == 1
+
+
+def test_a_holder_whose_rank_directory_was_removed_makes_it_again_and_saves_on(
+    processes: Procs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rank's directory removed, with its checkpoints and the lock file, while the holder
+    runs (a clean-up by hand or by a timer): its next save says so once, makes the directory
+    again, locks a new file there and goes on saving; a newcomer is refused, naming it. Every
+    save failed instead ("No such file or directory"), ending a job that could go on."""
+    directory = tmp_path / "ckpt"
+    rank_directory = directory / "rank_0"
+    first = holder(processes, directory)
+    shutil.rmtree(rank_directory)
+    assert save_next(first, 2) == "saved 2"
+    assert save_next(first, 3) == "saved 3"
+    said = f"the checkpoint directory {rank_directory} was removed, with the checkpoints in it"
+    assert first.output.count(said) == 1, first.output
+    assert sorted(p.name for p in rank_directory.iterdir()) == [
+        ".mlp.lock",
+        "mlp-00000002.ckpt",
+        "mlp-00000003.ckpt",
+    ]
+    assert json.loads((rank_directory / ".mlp.lock").read_text())["pid"] == first.pid
+    monkeypatch.setattr(checkpoint_lock, "WAIT_S", 0.0)
+    with pytest.raises(
+        CheckpointError, match=f"in use by another CheckpointManager \\(pid {first.pid} "
+    ):
+        mlp(directory)
 
 
 def test_a_lock_taken_on_a_file_removed_before_it_took_hold_is_taken_on_the_path_anew(

@@ -20,7 +20,7 @@ def check_recovery_path(recovery: RecoveryConfig) -> None:
     ConfigError otherwise."""
     path = recovery.path
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make(path)
         directory, above = _path_entries(path)
         uids = {os.geteuid(), directory.uid, *(entry.uid for entry in above)}
         unsafe = recovery_path.problem(directory, above, os.geteuid(), _user_names(uids))
@@ -29,11 +29,39 @@ def check_recovery_path(recovery: RecoveryConfig) -> None:
                 pass
     except OSError as exc:
         raise ConfigError(
-            f"MS_RECOVERY_PATH={str(path)!r} is not a writable directory ({exc.strerror}): "
-            "point it at a directory this process can create files in"
+            f"MS_RECOVERY_PATH={str(path)!r} is not a writable directory ({exc.strerror}): {_FIX}"
         ) from None
     if unsafe is not None:
         raise ConfigError(unsafe)
+
+
+_FIX = "point it at a directory this process can create files in"
+
+
+def _make(path: Path) -> None:
+    """Create the recovery directory (mode 0700, and the directories above it) unless it is
+    there; ConfigError naming what is in the way when that is no directory (mkdir's own words,
+    "File exists" or "Not a directory", say nothing of it), OSError otherwise."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"MS_RECOVERY_PATH={str(path)!r} {_in_the_way(path)}") from None
+
+
+def _in_the_way(path: Path) -> str:
+    """What stands where the recovery directory, or one above it, should be, and what to do."""
+    ways = (p for p in (path, *path.parents) if os.path.lexists(p) and not p.is_dir())
+    blocker = next(ways, path)
+    where = "is" if blocker == path else f"lies under {str(blocker)!r}, which is"
+    if not blocker.is_symlink():
+        return f"{where} a file, not a directory: move that file away, or {_FIX}"
+    target = os.readlink(blocker)
+    if os.path.exists(blocker):
+        return f"{where} a symbolic link to {target!r}, a file, not a directory: {_FIX}"
+    return (
+        f"{where} a symbolic link to {target!r}, which does not exist (a volume not mounted?): "
+        f"make that directory, or {_FIX}"
+    )
 
 
 def _path_entries(path: Path) -> tuple[recovery_path.Entry, list[recovery_path.Entry]]:

@@ -149,3 +149,28 @@ def test_a_directory_of_another_user_on_disk_is_refused(tmp_path: Path) -> None:
     (tmp_path / "mine").mkdir()
     os.lchown(link, 65534, 65534)
     assert "the link" in refused(link)
+
+
+def test_a_link_to_nothing_or_to_a_file_where_the_directory_goes_is_named(
+    tmp_path: Path,
+) -> None:
+    """A link to nothing (a volume not mounted) or to a file, where the recovery directory or
+    one above it goes: the line says it is a link, to what, and what to do (mkdir's words
+    alone, "File exists", said neither; a file there: tests/unit/test_config.py)."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    nowhere = tmp_path / "unmounted"
+    (tmp_path / "to_nothing").symlink_to(nowhere)
+    (tmp_path / "to_a_file").symlink_to(a_file)
+    fix = "point it at a directory this process can create files in"
+    linked = (
+        f"is a symbolic link to {str(nowhere)!r}, which does not exist (a volume not "
+        f"mounted?): make that directory, or {fix}"
+    )
+    assert refused(tmp_path / "to_nothing").endswith(f"to_nothing' {linked}")
+    assert refused(tmp_path / "to_nothing" / "job").endswith(f"to_nothing', which {linked}")
+    assert refused(tmp_path / "to_a_file").endswith(
+        f"is a symbolic link to {str(a_file)!r}, a file, not a directory: {fix}"
+    )
+    assert not nowhere.exists()
+    assert a_file.read_text() == "not a directory"

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from cluster.protocol.config import RecoveryConfig
 from cluster.protocol.errors import FencedError, StateFileError
-from cluster.storage import atomic, store
+from cluster.storage import atomic, kv_log, store
 from cluster.storage.kv_log import KvLog
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
@@ -72,6 +72,10 @@ class DirectoryStore:
         await asyncio.to_thread(check_recovery_path, RecoveryConfig(self.directory))
         self._lock.acquire()  # ConfigError naming the holder when another scheduler has it
         self._held = True
+        # The only writer from here on: the temporaries that a writer killed mid-write left (a
+        # save's, a compaction's copy of the key-value log) are removed.
+        for name in (STATE_FILE, kv_log.FILE_NAME):
+            atomic.remove_temporaries(self.directory / name)
         return None
 
     async def release(self) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cluster.protocol.errors import FencedError, StateFileError
 from cluster.storage import atomic, kv_log
+from cluster.storage.directory_store import DirectoryStore
 from cluster.storage.kv_log import FILE_NAME, KvLog, encode_record, needs_compaction, record_size
 from tests import tmpfs
 
@@ -363,3 +364,32 @@ def test_a_log_of_a_newer_or_unknown_version_is_refused_naming_it(tmp_path: Path
         (tmp_path / FILE_NAME).write_bytes(f"cluster-kv {version} {JOB}\n".encode())
         with pytest.raises(StateFileError, match=f"has format version '{version}', but this"):
             KvLog(tmp_path).load(JOB)
+
+
+async def test_a_scheduler_taking_the_directory_removes_what_killed_writers_left(
+    tmp_path: Path,
+) -> None:
+    """A scheduler killed while it compacted the key-value log (or saved its state) leaves a
+    temporary copy, as large as the log: the next one to take the directory removes it, before
+    it resumes the job (which reads the log and never rewrites it unless it grows). It stayed
+    to the job's end and after. Other files are left."""
+    log = KvLog(tmp_path)
+    log.reset(JOB)
+    log.append(JOB, {"k": b"v"})
+    log.close()
+    left = [
+        atomic.temporary_name(tmp_path / n, "0123456789abcdef")
+        for n in ("kv.log", "scheduler.json")
+    ]
+    for temporary in left:
+        temporary.write_bytes(b"x" * 4096)
+    other = tmp_path / ".kv.log.notes"
+    other.write_text("the user's")
+    directory = DirectoryStore(tmp_path)
+    try:
+        assert await directory.acquire() is None
+        assert not [t for t in left if t.exists()]
+        assert await directory.load_kv(JOB) == {"k": b"v"}
+        assert other.read_text() == "the user's"
+    finally:
+        await directory.close()

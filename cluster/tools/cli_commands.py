@@ -231,7 +231,7 @@ def _to_stderr(line: str) -> None:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    from cluster.tools import events  # noqa: PLC0415 - imports grpc
+    from cluster.tools import events, status  # noqa: PLC0415 - imports grpc
 
     try:
         if args.addr is not None:
@@ -244,7 +244,7 @@ def cmd_events(args: argparse.Namespace) -> int:
             found = events.from_file(path, follow=args.follow, say=_to_stderr)
             last = events.show(found, sys.stdout, as_json=args.json)
     except SchedulerUnreachableError as exc:
-        print(f"mscluster: {safe(exc)}", file=sys.stderr)
+        print(f"mscluster: {status.pointed(safe(exc), addr_given=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -263,8 +263,8 @@ def unconnected(details: str) -> str:
 
 
 def pointed(line: str, addr_given: bool) -> str:
-    """`line`, a SchedulerUnreachableError of `mscluster status`, with (when no scheduler
-    answered) where it looked and how to point it at the job's scheduler."""
+    """`line`, a SchedulerUnreachableError of `mscluster status` or `mscluster events`, with
+    (when no scheduler answered) where it looked and how to point it at the job's scheduler."""
     if NO_ANSWER not in line:
         return line
     if addr_given:
@@ -534,8 +534,13 @@ async def watch_events(
             failure = failures.failure_of(exc)
             if failure.kind is NotLeaderError:
                 raise standing_by(address, failure.leader) from None
-            said = "no scheduler answers" if failure.cut_off else "the event stream ended"
-            raise SchedulerUnreachableError(f"{said} at {address}: {failure.details}") from None
+            if failure.cut_off:
+                raise SchedulerUnreachableError(
+                    f"{NO_ANSWER} {address}: {unconnected(failure.details)}"
+                ) from None
+            raise SchedulerUnreachableError(
+                f"the event stream ended at {address}: {failure.details}"
+            ) from None
 
 
 async def _watch_metadata(
@@ -548,5 +553,5 @@ async def _watch_metadata(
         if (denied := reading.denied(address, exc)) is not None:
             raise denied from None
         raise SchedulerUnreachableError(
-            f"no scheduler answers at {address}: {failures.failure_of(exc).details}"
+            f"{NO_ANSWER} {address}: {unconnected(failures.failure_of(exc).details)}"
         ) from None

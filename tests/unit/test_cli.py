@@ -12,6 +12,7 @@ import pytest
 
 import cluster
 from cluster.protocol.events import JobEvent
+from cluster.testing import free_port
 from cluster.tools import cli, cli_args
 from cluster.tools.launch_plan import RESTARTS_WITH_RECOVERY, max_restarts_for
 from tests import docs_blocks
@@ -251,3 +252,30 @@ def test_a_command_whose_reader_went_away_exits_quietly(tmp_path: Path) -> None:
         events.wait(10)
         if events.stderr is not None:
             events.stderr.close()
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["list", "follow"])
+@pytest.mark.parametrize("secret", [False, True], ids=["open", "secret"])
+def test_events_of_a_dead_address_is_one_clear_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    follow: bool,
+    secret: bool,
+) -> None:
+    """Nothing listens at --addr: `mscluster events` says so as `mscluster status` does, in one
+    line naming the address and the refusal (not gRPC's account of it) and what to check; with
+    a secret, its first call (the challenge) is the one refused."""
+    monkeypatch.chdir(tmp_path)  # no logs/job.secret here
+    monkeypatch.delenv("CLUSTER_JOB_SECRET_FILE", raising=False)
+    monkeypatch.delenv("CLUSTER_JOB_SECRET", raising=False)
+    secret_file = tmp_path / "job.secret"
+    secret_file.write_text("ab" * 32)
+    secret_file.chmod(0o600)
+    port = free_port()
+    args = ["events", "--addr", f"127.0.0.1:{port}", *(["--follow"] if follow else [])]
+    assert cli.main([*args, *(["--secret-file", str(secret_file)] if secret else [])]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"mscluster: no scheduler answers at 127.0.0.1:{port}: connection refused: is the job "
+        "running, with a scheduler at that --addr?"
+    ]

@@ -37,7 +37,13 @@ STATUS_TIMEOUT_S = 3.0
 SHOWN_MAX = 256
 # This process's checks of schedulers (`checked`, `explain`): a scheduler whose certificate
 # passed under the CRL is taken as checked for `channel.CHECK_KEPT_S`.
-PROBE = channel_module.SchedulerProbe()
+PROBE = channel_module.SchedulerProbe(
+    remedies=channel_module.TLSRemedies(
+        who="this reader",
+        add="give it --tls-config naming the job's ssl.json (or set CLUSTER_TLS_CONFIG)",
+        drop="leave out --tls-config (and CLUSTER_TLS_CONFIG): this job has no TLS",
+    )
+)
 _ROLE_NAMES = {pb.ROLE_WORKER: "worker", pb.ROLE_SERVER: "server"}
 NO_ANSWER = "no scheduler answers at"
 # gRPC's details of a connection it could not make, its last words what the system said:

@@ -50,6 +50,28 @@ CHECK_KEPT_S = 30.0
 CONNECT_TIMEOUT_MS = 5_000
 
 
+@frozen
+class TLSRemedies:
+    """What a process whose TLS differs from the scheduler's is told: `who` it is, what to do
+    when the scheduler uses TLS and it does not (`add`), and the other way round (`drop`)."""
+
+    who: str
+    add: str
+    drop: str
+
+
+# A worker, a relay or a scheduler's script: started with the job's environment.
+NODE_REMEDIES = TLSRemedies(
+    who="this node",
+    add=(
+        "start it with CLUSTER_TLS_CONFIG naming the job's ssl.json (mscluster run --tls-config "
+        "does that), or call cluster.set_ps_context(enable_ssl=True, config_file_path=...) "
+        "before cluster.init()"
+    ),
+    drop="start the scheduler with the same CLUSTER_TLS_CONFIG, or run this node without it",
+)
+
+
 def reconnect_options(first_ms: int, ceiling_ms: int) -> list[tuple[str, int]]:
     """Channel options for a client that must find the scheduler soon after it (re)appears:
     retry after `first_ms`, backing off to at most `ceiling_ms`, each attempt bounded by
@@ -153,8 +175,11 @@ class SchedulerProbe:
     one scheduler that run together are made once; a scheduler found up, or whose certificate
     passed under the CRL as it is now, is taken as such for CHECK_KEPT_S."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, remedies: TLSRemedies = NODE_REMEDIES
+    ) -> None:
         self._clock = clock
+        self._remedies = remedies  # what a TLSConfigError of a protocol mismatch says to do
         # (host, port, identity) -> (the CRL it passed under, when)
         self._passed: dict[tuple[str, int, tls.Identity], tuple[object, float]] = {}
         self._running: dict[tuple[Any, ...], asyncio.Future[Reach]] = {}
@@ -174,15 +199,15 @@ class SchedulerProbe:
         running = self._running.get(key)
         if running is None:
             check = (
-                _check_plaintext(host, port, where, timeout_s)
+                _check_plaintext(host, port, where, timeout_s, self._remedies)
                 if identity is None
                 else _check_tls(
-                    host,
-                    port,
+                    (host, port),
                     identity,
                     where,
                     timeout_s,
                     functools.partial(self._passed_now, host, port, identity),
+                    self._remedies,
                 )
             )
             running = asyncio.ensure_future(check)
@@ -425,7 +450,9 @@ async def _speaks_plain_http2(host: str, port: int, timeout_s: float) -> bool:
     return len(head) == _FRAME_HEADER and head[3] == _SETTINGS
 
 
-async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -> Reach:
+async def _check_plaintext(
+    host: str, port: int, where: str, timeout_s: float, remedies: TLSRemedies
+) -> Reach:
     """A TLS hello, no certificate shown or checked: a reply in TLS means a TLS scheduler."""
     try:
         opened = await _open(host, port, plain_probe_context(), host, timeout_s)
@@ -440,26 +467,23 @@ async def _check_plaintext(host: str, port: int, where: str, timeout_s: float) -
         if isinstance(opened, str):
             return Reach(ok=False, why=opened)
         await _close(opened[1])
-    raise TLSConfigError(
-        f"{where} uses TLS and this node does not: start it with CLUSTER_TLS_CONFIG naming the "
-        "job's ssl.json (mscluster run --tls-config does that), or call "
-        "cluster.set_ps_context(enable_ssl=True, config_file_path=...) before cluster.init()"
-    )
+    raise TLSConfigError(f"{where} uses TLS and {remedies.who} does not: {remedies.add}")
 
 
 async def _check_tls(
-    host: str,
-    port: int,
+    address: tuple[str, int],
     identity: tls.Identity,
     where: str,
     timeout_s: float,
     passed: Callable[[], None],
+    remedies: TLSRemedies,
 ) -> Reach:
     """`passed()` once the scheduler's certificate passed, under the CRL as it is now."""
     from cryptography import x509  # noqa: PLC0415 - TLS only
 
     from cluster.transport import tls, trust  # noqa: PLC0415 - TLS only
 
+    host, port = address
     name = identity.server_name or host
     try:
         opened = await _open(host, port, client_context(identity), name, timeout_s)
@@ -468,11 +492,11 @@ async def _check_tls(
     except (ConnectionResetError, asyncio.IncompleteReadError, ssl.SSLEOFError) as exc:
         # Dropped mid-handshake: a plaintext scheduler, or an overloaded one.
         if await _speaks_plain_http2(host, port, timeout_s):
-            raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
+            raise TLSConfigError(_plaintext_scheduler(where, identity, remedies)) from None
         return _unreached(exc, timeout_s)
     except ssl.SSLError as exc:
         if not _is_alert(exc) and await _speaks_plain_http2(host, port, timeout_s):
-            raise TLSConfigError(_plaintext_scheduler(where, identity)) from None
+            raise TLSConfigError(_plaintext_scheduler(where, identity, remedies)) from None
         raise TLSConfigError(_refused(where, identity, exc)) from None
     except (OSError, asyncio.TimeoutError) as exc:
         return _unreached(exc, timeout_s)
@@ -523,10 +547,10 @@ def _untrusted(
     )
 
 
-def _plaintext_scheduler(where: str, identity: tls.Identity) -> str:
+def _plaintext_scheduler(where: str, identity: tls.Identity, remedies: TLSRemedies) -> str:
     return (
-        f"{where} does not use TLS, but this node does (TLS config {identity.settings.path}): "
-        "start the scheduler with the same CLUSTER_TLS_CONFIG, or run this node without it"
+        f"{where} does not use TLS, but {remedies.who} does (TLS config "
+        f"{identity.settings.path}): {remedies.drop}"
     )
 
 

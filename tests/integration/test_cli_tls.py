@@ -139,7 +139,7 @@ def test_status_of_a_tls_job(processes: Procs, tmp_path: Path) -> None:
         env={k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_TLS")},
     )
     assert plain.returncode == 2
-    assert "uses TLS and this node does not" in plain.stderr
+    assert "uses TLS and this reader does not: give it --tls-config" in plain.stderr
     run.popen.send_signal(signal.SIGINT)
     assert run.wait(20) == 130
 

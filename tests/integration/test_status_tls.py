@@ -105,7 +105,26 @@ def test_a_plaintext_reader_of_a_tls_scheduler_is_told_so(
     code, lines = read(what, addrs, None)
     assert code == 2
     assert len(lines) == 1, lines
-    assert "uses TLS and this node does not" in lines[0], lines
+    # What a reader does about it: not a worker's remedy (CLUSTER_TLS_CONFIG at its start,
+    # or cluster.set_ps_context before cluster.init()).
+    assert lines[0].endswith(
+        "uses TLS and this reader does not: give it --tls-config naming the job's ssl.json "
+        "(or set CLUSTER_TLS_CONFIG)"
+    ), lines
+
+
+@pytest.mark.parametrize("what", READS, ids=" ".join)
+def test_a_tls_reader_of_a_plaintext_scheduler_is_told_so(
+    processes: Procs, pki: certs.Pki, what: tuple[str, ...]
+) -> None:
+    sched = scheduler(processes, None)
+    code, lines = read(what, f"127.0.0.1:{sched.port}", pki.ssl_json)  # type: ignore[attr-defined]
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert f"does not use TLS, but this reader does (TLS config {pki.ssl_json})" in lines[0]
+    assert lines[0].endswith(
+        "leave out --tls-config (and CLUSTER_TLS_CONFIG): this job has no TLS"
+    ), lines
 
 
 def has_ipv6_loopback() -> bool:

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
 from cluster.tools.cli_args import add_run_arguments, parse
-from cluster.tools.launch_plan import LaunchOptions, max_restarts_for
+from cluster.tools.launch_plan import LaunchOptions, max_restarts_for, seconds_text
 from cluster.worker import orphan
 
 if TYPE_CHECKING:
@@ -37,32 +38,83 @@ if TYPE_CHECKING:
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
+# `mscluster scheduler`'s options, by the variable each one gives (its default).
+SCHEDULER_OPTIONS = {
+    "MS_SCHED_HOST": "--host",
+    "MS_SCHED_PORT": "--port",
+    "MS_WORKER_NUM": "--worker-num",
+    "MS_SERVER_NUM": "--server-num",
+    "MS_NODE_TIMEOUT": "--node-timeout",
+    "MS_TOPO_TIMEOUT": "--topo-timeout",
+    "MS_RECOVERY_PATH": "--recovery-path",
+    "CLUSTER_METRICS_PORT": "--metrics-port",
+    "CLUSTER_METRICS_HOST": "--metrics-host",
+    "CLUSTER_EVENT_LOG": "--event-log",
+    "CLUSTER_STATE_URL": "--state-url",
+    "CLUSTER_LEASE_S": "--lease",
+}
+_VARIABLE_FIRST = re.compile(r"^([A-Z][A-Z0-9_]*)(\W.*)$", re.DOTALL)
+
+
 def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
+    """The scheduler's settings: its options, else the variables of its environment. A value
+    refused is said as given: an option's by the option (`_as_given`)."""
     env = dict(os.environ)
     env["MS_ROLE"] = "MS_SCHED"
     overrides = {
         "MS_SCHED_HOST": args.host,
+        "MS_SCHED_PORT": args.port,
         "MS_WORKER_NUM": args.worker_num,
         "MS_SERVER_NUM": args.server_num,
         "MS_NODE_TIMEOUT": args.node_timeout,
         "MS_TOPO_TIMEOUT": args.topo_timeout,
         "MS_RECOVERY_PATH": args.recovery_path,
-        "MS_ENABLE_RECOVERY": "1" if args.recovery_path else None,
         "CLUSTER_METRICS_PORT": args.metrics_port,
         "CLUSTER_METRICS_HOST": args.metrics_host,
         "CLUSTER_EVENT_LOG": args.event_log,
         "CLUSTER_STATE_URL": args.state_url,
         "CLUSTER_LEASE_S": args.lease,
     }
-    env.update({k: str(v) for k, v in overrides.items() if v is not None})
+    given = {name for name, value in overrides.items() if value is not None}
+    # As typed: a float option's 60 is "60" (`seconds_text`), not "60.0".
+    shown = {k: seconds_text(v) if isinstance(v, float) else str(v) for k, v in overrides.items()}
+    env.update({k: shown[k] for k in given})
+    if args.recovery_path:
+        env["MS_ENABLE_RECOVERY"] = "1"
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
     # Port 0 (any free port, logged at start) is allowed here, not in the launch contract: the
     # parse is given a stand-in, one the metrics port is not (`check_metrics_port`).
-    port = args.port if args.port is not None else env.get("MS_SCHED_PORT")
+    port = env.get("MS_SCHED_PORT", "")
     stand_in = "2" if env.get("CLUSTER_METRICS_PORT", "").strip() == "1" else "1"
-    env["MS_SCHED_PORT"] = stand_in if str(port) == "0" else str(port or "")
-    config = from_env(env)
-    return dataclasses.replace(config, sched_port=0) if str(port) == "0" else config
+    env["MS_SCHED_PORT"] = stand_in if port.strip() == "0" else port
+    try:
+        config = from_env(env)
+        if config.recovery is not None:
+            from cluster.storage.recovery_dir import check_recovery_path  # noqa: PLC0415 - tempfile
+
+            check_recovery_path(config.recovery)
+    except ConfigError as exc:
+        raise ConfigError(_as_given(str(exc), given)) from None
+    return dataclasses.replace(config, sched_port=0) if port.strip() == "0" else config
+
+
+def _as_given(message: str, given: set[str]) -> str:
+    """`message`, a ConfigError that begins with the variable it is about, naming the option
+    that gave the value instead (`--worker-num='0' is out of range: ...`), or, where the
+    variable is required and unset, that option too; one that names the option already, or
+    any other, as it is."""
+    found = _VARIABLE_FIRST.match(message)
+    if found is None or found[1] not in SCHEDULER_OPTIONS:
+        return message
+    variable, rest = found[1], found[2]
+    option = SCHEDULER_OPTIONS[variable]
+    if option in message:
+        return message
+    if variable in given:
+        return option + rest
+    if rest.startswith(" is not set"):
+        return f"{option} is not given and {variable}{rest}"
+    return message
 
 
 def _apply_ciphers(options: TLSOptions | None) -> None:
@@ -78,10 +130,6 @@ def _apply_ciphers(options: TLSOptions | None) -> None:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     config = _scheduler_config(args)
     _apply_ciphers(config.tls)
-    if config.recovery is not None:
-        from cluster.storage.recovery_dir import check_recovery_path  # noqa: PLC0415 - tempfile
-
-        check_recovery_path(config.recovery)
     orphan.watch_launcher()
     runtime.configure_logging("scheduler", config.observe)
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers

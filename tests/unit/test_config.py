@@ -713,3 +713,68 @@ def test_scheduler_port_0_is_no_port_the_metrics_are_refused_on(
         )
         config = cli_commands._scheduler_config(args)
         assert (config.sched_port, config.observe.metrics_port) == (0, int(metrics))
+
+
+@pytest.mark.parametrize(
+    ("options", "environment", "said"),
+    [
+        (
+            ["--port", "8118", "--worker-num", "0"],
+            {},
+            "--worker-num='0' is out of range: it must be between 1 and 1000000",
+        ),
+        (
+            ["--port", "8118"],
+            {},
+            "--worker-num is not given and MS_WORKER_NUM is not set: it is required",
+        ),
+        (
+            ["--worker-num", "2"],
+            {},
+            "--port is not given and MS_SCHED_PORT is not set: it is required",
+        ),
+        (["--port", "70000", "--worker-num", "2"], {}, "--port='70000' is out of range"),
+        (
+            ["--port", "8118", "--worker-num", "2", "--node-timeout", "0"],
+            {},
+            "--node-timeout='0' is out of range",
+        ),
+        (
+            ["--port", "8118", "--worker-num", "2", "--recovery-path", "FILE"],
+            {},
+            "--recovery-path='FILE' is not a writable directory",
+        ),
+        # A value of the environment is the variable's.
+        (["--port", "8118"], {"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM='0' is out of range"),
+        (["--worker-num", "2"], {"MS_SCHED_PORT": "x"}, "MS_SCHED_PORT='x' is not an integer"),
+        # A refusal that names the option already stays as it is.
+        (
+            ["--port", "8118", "--worker-num", "2", "--metrics-port", "8118"],
+            {},
+            "CLUSTER_METRICS_PORT=8118 (--metrics-port) is MS_SCHED_PORT (--port)",
+        ),
+    ],
+)
+def test_mscluster_scheduler_names_the_option_of_a_value_it_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    options: list[str],
+    environment: dict[str, str],
+    said: str,
+) -> None:
+    """`mscluster scheduler --worker-num 0` said `MS_WORKER_NUM='0' is out of range`, and
+    without --port `MS_SCHED_PORT is not set`: the variable, where the person typed (or must
+    type) an option."""
+    for name in [k for k in os.environ if k.startswith(("MS_", "CLUSTER_"))]:
+        monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    said = said.replace("FILE", str(a_file))
+    args = build_parser().parse_args(
+        ["scheduler", *(str(a_file) if o == "FILE" else o for o in options)]
+    )
+    with pytest.raises(ConfigError) as refused:
+        cli_commands._scheduler_config(args)
+    assert str(refused.value).startswith(said), str(refused.value)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from cluster.protocol.errors import ConfigError, EtcdRefused, EtcdUnavailable, StateFileError
-from cluster.protocol.state_url import PASSWORD_FILE_ENV, USER_ENV, StateUrl
+from cluster.protocol.state_url import PASSWORD_FILE_ENV, STATE_URL_ENV, USER_ENV, StateUrl
 
 if TYPE_CHECKING:
     import aetcd
@@ -63,12 +63,14 @@ class EtcdCredentials:
     key_pem: bytes | None = None
 
 
-def _import_aetcd() -> Any:
+def import_aetcd(named: str = STATE_URL_ENV) -> Any:
+    """aetcd, the etcd client of the `etcd` extra; a ConfigError naming `named` (the setting
+    that names an etcd URL) and what to install, where it is not installed."""
     try:
         import aetcd  # noqa: PLC0415 - the etcd store is optional
     except ImportError:
         raise ConfigError(
-            "CLUSTER_STATE_URL names etcd, but the etcd client is not installed: "
+            f"{named} names etcd, but the etcd client is not installed: "
             "pip install 'mscluster-grpc[etcd]' (it adds aetcd)"
         ) from None
     return aetcd
@@ -90,7 +92,7 @@ class EtcdConnection:
             raise ConfigError(f"{url} uses TLS (etcds://) but no CA was given for it")
         self.url = url
         self.timeout_s = timeout_s
-        self._aetcd = _import_aetcd()
+        self._aetcd = import_aetcd()
         self._credentials = credentials
         self._clients: dict[int, aetcd.Client] = {}
         self._current = 0

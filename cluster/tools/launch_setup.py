@@ -382,7 +382,8 @@ def could_make(option: str, path: Path) -> None:
 
 def plan_job(options: LaunchOptions) -> Plan:
     """What to start on this host: the master address resolved, whether the scheduler runs
-    here, the TLS variables read from the config."""
+    here, the TLS variables read from the config; a ConfigError where a scheduler to start
+    here would refuse its settings, or keeps the job's state in etcd without its client."""
     ip, found = resolve_master(options)
     notes = [*options.notes, *found]
     with_scheduler = is_local_address(ip) and options.node_rank in (-1, 0)
@@ -405,6 +406,12 @@ def plan_job(options: LaunchOptions) -> Plan:
         tls_env=tls_env,
         notes=notes,
     )
+    if plan.scheduler is not None and options.state_url is not None:
+        # The scheduler started here keeps the job's state in etcd: its client is here, or
+        # nothing starts (the scheduler would exit 2 once the workers were up).
+        from cluster.scheduler.etcd_client import import_aetcd  # noqa: PLC0415 - etcd only
+
+        import_aetcd("--state-url")
     check_inherited(options, plan, os.environ)
     check_children(plan, os.environ)
     return plan

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -279,3 +280,31 @@ def test_events_of_a_dead_address_is_one_clear_line(
         f"mscluster: no scheduler answers at 127.0.0.1:{port}: connection refused: is the job "
         "running, with a scheduler at that --addr?"
     ]
+
+
+@pytest.mark.parametrize("node_rank", ["0", "1"])
+def test_a_run_whose_scheduler_needs_the_etcd_extra_is_refused_before_it_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    node_rank: str,
+) -> None:
+    """Without the etcd client, `mscluster run --state-url etcd://...` started the job, and
+    only its scheduler's log said what to install as the job failed. The host that starts the
+    scheduler is refused at once (a dry run too), naming the option and the extra; a host
+    that starts workers alone needs no etcd client."""
+    monkeypatch.setitem(sys.modules, "aetcd", None)  # as where the extra is not installed
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    placed = ["--worker-num", "2", "--local-worker-num", "1", "--node-rank", node_rank]
+    state = ["--state-url", "etcd://127.0.0.1:2379/jobs/a"]
+    code = cli.main(["run", "--dry-run", *placed, *state, "train.py"])
+    err = capsys.readouterr().err
+    if node_rank == "1":
+        assert code == 0, err
+        return
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        "mscluster: ConfigError: --state-url names etcd, but the etcd client is not installed: "
+        "pip install 'mscluster-grpc[etcd]' (it adds aetcd)"
+    )

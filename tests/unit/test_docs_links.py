@@ -66,3 +66,42 @@ def test_the_site_links_to_the_page_it_makes_of_a_file_outside_docs(
     assert to_copies(certs, "howto/tls.md") == "see [Certificates](../certs.md)"
     others = "[TLS](howto/tls.md), [a script](../examples/train_mlp.py), [x](https://x.org/a.md)"
     assert to_copies(others, "index.md") == others
+
+
+# A dotted name of the package in code spans of the pages (`cluster.scheduler.SchedulerServer`,
+# `cluster.torch.init_process_group(backend)`).
+NAME = re.compile(r"`(cluster(?:\.[A-Za-z_]\w*)+)(?:\([^`]*\))?`")
+
+
+def _resolves(name: str) -> bool:
+    """Whether `name` is a module of the package or a name in one; in cluster.v1, a service
+    or message of the protos (protos/cluster/v1/*.proto) counts."""
+    parts = name.split(".")
+    if parts[:2] == ["cluster", "v1"] and len(parts) == 3:
+        protos = "".join(p.read_text() for p in (ROOT / "protos/cluster/v1").glob("*.proto"))
+        if re.search(rf"^(service|message) {parts[2]} ", protos, re.MULTILINE):
+            return True
+    for split in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@pytest.mark.slow  # imports every module named, cluster.torch's torch among them (about 6 s)
+def test_every_name_of_the_package_the_pages_give_is_there() -> None:
+    """`cluster.protocol.settings.JobSettings.from_config` was named for a function that does
+    not exist: a name the pages give is one a reader can import."""
+    missing = sorted(
+        f"{page.relative_to(ROOT)}: {found[1]}"
+        for page in PAGES
+        for found in NAME.finditer(page.read_text())
+        if not _resolves(found[1])
+    )
+    assert missing == []

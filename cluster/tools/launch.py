@@ -474,8 +474,7 @@ def _launch(options: LaunchOptions, out: IO[str], *, dry_run: bool = False) -> i
         setup.check_paths(options, plan)
         setup.say(sys.stdout, render(plan, options, os.environ) + "\n")
         return EXIT_OK
-    if plan.scheduler is not None:
-        setup.check_port_free(plan.ip, options.master_port)
+    setup.check_ports_free(options, plan)
     keep = options.enable_recovery  # the secret a run of this job made before is kept
 
     def write_secret() -> None:

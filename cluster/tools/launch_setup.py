@@ -80,19 +80,38 @@ def is_local_address(ip: str) -> bool:
     return True
 
 
-def check_port_free(ip: str, port: int) -> None:
+def check_ports_free(options: LaunchOptions, plan: Plan) -> None:
+    """The ports the scheduler started here would listen on are free: its own (--master-port)
+    and, when asked for, its metrics' (--metrics-port; 0, any free one, is always free) where
+    it serves them (CLUSTER_METRICS_HOST as it inherits it, else its own host); a ConfigError
+    naming the option, before anything is started, otherwise."""
+    if plan.scheduler is None:
+        return
+    check_port_free(plan.ip, options.master_port)
+    if options.metrics_port:
+        config = from_env(child_environment(os.environ, plan.scheduler))
+        host = config.observe.metrics_host or config.sched_host
+        check_port_free(host, options.metrics_port, "--metrics-port")
+
+
+def check_port_free(ip: str, port: int, option: str = "--master-port") -> None:
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((ip, port))
         except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
+            if option == "--master-port":
                 raise ConfigError(
                     f"--master-port {port} is already in use on {ip} (another job's scheduler?): "
                     "stop it or choose another port"
                 ) from None
-            raise ConfigError(f"cannot listen on {ip}:{port}: {exc.strerror}") from None
+            raise ConfigError(
+                f"{option} {port} is already in use on {ip}: stop what listens there or choose "
+                "another port (0: any free one)"
+            ) from None
 
 
 def writable_dir(option: str, path: Path, *, make: bool = True) -> None:

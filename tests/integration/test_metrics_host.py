@@ -6,18 +6,22 @@ servers on loopback addresses: the port answers there and is refused elsewhere."
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from cluster.protocol.config import ObserveConfig
 from cluster.scheduler import SchedulerServer
-from tests.procs import MSCLUSTER, Procs, job_env
+from cluster.testing import free_port
+from tests.procs import MSCLUSTER, ROOT, Procs, job_env, mscluster
 from tests.scrape import settings
 
 BOUND_S = 30.0
+SCRIPT = ROOT / "examples" / "allgather_check.py"
 
 
 def answers(host: str, port: int) -> bool:
@@ -65,3 +69,35 @@ def test_mscluster_scheduler_metrics_host(processes: Procs) -> None:
     port = int(found[2])
     assert "cluster_leader 1.0" in scraped("127.0.0.2", port)
     assert not answers("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("metrics_host", [None, "127.0.0.2"])
+def test_mscluster_run_on_a_metrics_port_in_use_starts_nothing(
+    tmp_path: Path, metrics_host: str | None
+) -> None:
+    """--metrics-port taken where the scheduler would serve it (its host, or the
+    CLUSTER_METRICS_HOST it inherits): the launcher started the job, the scheduler exited 2 and
+    the job failed (exit 1). It is refused now in one line naming the option, the port and the
+    address, exit 2, as a --master-port in use is, and nothing is started."""
+    with socket.socket() as taken:
+        taken.bind((metrics_host or "127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
+        if metrics_host is not None:
+            env["CLUSTER_METRICS_HOST"] = metrics_host
+        logs = tmp_path / "logs"
+        result = mscluster(
+            *("run", "--worker-num", "2", "--master-port", str(free_port())),
+            *("--log-dir", str(logs), "--metrics-port", str(port), str(SCRIPT)),
+            secret_file=None,
+            env=env,
+            timeout=60,
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"mscluster: ConfigError: --metrics-port {port} is already in use on "
+        f"{metrics_host or '127.0.0.1'}: stop what listens there or choose another port "
+        "(0: any free one)"
+    ]
+    assert not (tmp_path / "logs").exists()  # nothing started, nothing written

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # the package without its `torch` extra (scripts/demo installs none)
+    raise SystemExit(
+        "examples/train_torch.py needs torch: pip install 'mscluster-grpc[torch]' (the CPU "
+        "build: docs/install.md)"
+    ) from None
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from cluster.protocol.config import (
     DEFAULT_COLLECTIVE_MAX_BYTES,
@@ -25,6 +27,8 @@ from cluster.protocol.config import (
 from cluster.protocol.environment import from_env, job_settings, read_job_secret
 from cluster.protocol.errors import ClusterError, ConfigError
 from cluster.protocol.parse import is_decimal, lookup_name, split_address
+from cluster.scheduler.metrics import MetricsServer
+from cluster.scheduler.server import check_bindable
 from cluster.storage.recovery_dir import check_recovery_path
 from cluster.tools import cli_commands
 from cluster.tools.cli import build_parser
@@ -778,3 +782,20 @@ def test_mscluster_scheduler_names_the_option_of_a_value_it_refuses(
     with pytest.raises(ConfigError) as refused:
         cli_commands._scheduler_config(args)
     assert str(refused.value).startswith(said), str(refused.value)
+
+
+def test_a_scheduler_on_a_taken_port_names_the_option_beside_the_variable() -> None:
+    """What the scheduler's bind refuses names the variable and `mscluster scheduler`'s
+    option both: its port (`choose another MS_SCHED_PORT`) and its metrics' port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as refused:
+            check_bindable("127.0.0.1", port)
+        assert str(refused.value).endswith("choose another MS_SCHED_PORT (--port)")
+        with pytest.raises(ConfigError) as refused:
+            MetricsServer(CollectorRegistry(), "127.0.0.1", port).start()
+        said = str(refused.value)
+        assert said.startswith(f"CLUSTER_METRICS_PORT={port} (--metrics-port): "), said
+        assert said.endswith("CLUSTER_METRICS_HOST (--metrics-host) an address of this host")

@@ -38,6 +38,7 @@ compaction again (and logs once when it succeeds).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -304,13 +305,15 @@ class KvLog:
 
     def _open_own(self) -> int:
         """The log at the path, open for writing; FencedError when it is not the file this log
-        holds (removed or replaced: another writer's, perhaps), StateFileError when it cannot
-        be opened."""
+        holds (removed, or replaced by another file or a link: another writer's, perhaps),
+        StateFileError when it cannot be opened."""
         try:
             fd = atomic.open_no_follow(self.path, os.O_WRONLY)
         except FileNotFoundError:
             raise self._replaced("nothing is there") from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # never followed, as no link is this log's file
+                raise self._replaced("a symbolic link is there") from None
             raise self._failed(exc) from None
         try:
             own = self._file is not None and atomic.same_file(os.fstat(fd), os.fstat(self._file))

@@ -27,6 +27,7 @@ from cluster.testing import (
 )
 from cluster.tools.processes import descendants
 from cluster.worker.orphan import proc_stat
+from tests.servers import require
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -65,6 +66,18 @@ def run_args(
         word for flag, value in flags.items() if value is not None for word in (flag, str(value))
     ]
     return [*MSCLUSTER, "run", *given, *(os.fspath(arg) for arg in args)]
+
+
+def as_a_user() -> list[str]:
+    """The words that run a command as root without the capabilities that pass over a file's
+    mode (`setpriv`): a file's mode keeps it out, as it keeps any user out. The test is skipped,
+    saying why, where that cannot be done (not root, no setpriv)."""
+    setpriv = shutil.which("setpriv")
+    require("reading as a user the mode keeps out needs root" if os.geteuid() != 0 else None)
+    require(None if setpriv is not None else "setpriv (util-linux) is not installed")
+    assert setpriv is not None
+    dropped = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--"]
 
 
 def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -268,16 +268,29 @@ class RecoveryLock:
             )
 
     def _unusable(self, exc: OSError) -> ConfigError:
+        """Why the lock file could not be opened or written (`exc`), and what to do: what is
+        in its place (a link, a directory, a file this process may not open), else the disk."""
+        where = f"MS_RECOVERY_PATH={str(self.path.parent)!r}"
         if exc.errno == errno.ELOOP:
             return ConfigError(
                 f"{self.path} is a symbolic link: it was not made by this job, and is never "
-                "followed; remove it, and let only the job's user write "
-                f"MS_RECOVERY_PATH={str(self.path.parent)!r}"
+                f"followed; remove it, and let only the job's user write {where}"
             )
+        if exc.errno == errno.EISDIR:
+            return ConfigError(
+                f"{self.path} is a directory, where the scheduler keeps its lock file: move it "
+                f"out of {where}, then start the scheduler again"
+            )
+        if exc.errno in (errno.EACCES, errno.EPERM) and os.path.lexists(self.path):
+            return ConfigError(
+                f"this process may not open {self.path}, the scheduler's lock file, for reading "
+                f"and writing ({exc.strerror}): give the job's user read and write permission on "
+                f"it (chmod 600 {self.path}), or remove it (the scheduler makes it again)"
+            )
+        space = "free space there or " if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         return ConfigError(
-            f"MS_RECOVERY_PATH={str(self.path.parent)!r} cannot hold the job's state: writing "
-            f"{self.path.name} failed ({exc.strerror}); free space there or point "
-            "MS_RECOVERY_PATH at a writable directory"
+            f"{where} cannot hold the job's state: writing {self.path.name} failed "
+            f"({exc.strerror}); {space}point MS_RECOVERY_PATH at a writable directory"
         )
 
     def release(self) -> None:

@@ -4,7 +4,6 @@ still seen, by its saves or by its listings."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,8 +15,7 @@ from cluster.protocol.errors import CheckpointError
 from cluster.storage import checkpoint_files
 from cluster.storage.served import ServedCheckpoints
 from cluster.testing import wait_until
-from tests.procs import PYTHON, ROOT
-from tests.servers import require
+from tests.procs import PYTHON, ROOT, as_a_user
 
 OLDER = 300
 
@@ -133,19 +131,14 @@ def test_a_file_the_manager_cannot_read_is_not_reported_nor_removed(tmp_path: Pa
     not read it (root without the capabilities that pass over a file's mode, as any user is)
     saves step 4. It reports 1, 3 and 4, and leaves step 2's file where it is: it was taken
     for a torn file and removed, with nothing said, and a chmod could no longer bring it back."""
-    setpriv = shutil.which("setpriv")
-    require("reading as a user the mode keeps out needs root" if os.geteuid() != 0 else None)
-    require(None if setpriv is not None else "setpriv (util-linux) is not installed")
-    assert setpriv is not None
+    as_user = as_a_user()
     with manager(tmp_path, []) as first:
         for step in (1, 2, 3):
             first.save(step, {"a": step})
     unreadable = first.path(2)
     unreadable.chmod(0)
-    dropped = "-dac_override,-dac_read_search"
-    as_user = [setpriv, f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--", PYTHON]
     result = subprocess.run(
-        [*as_user, "-c", SAVE_BESIDE_UNREADABLE, str(tmp_path)],
+        [*as_user, PYTHON, "-c", SAVE_BESIDE_UNREADABLE, str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -15,6 +15,8 @@ import pytest
 from cluster.protocol.errors import ConfigError, FencedError, StateFileError
 from cluster.scheduler import descriptors
 from cluster.storage import store
+from cluster.testing import free_port
+from tests.procs import MSCLUSTER, ROOT, as_a_user, job_env
 
 PAYLOAD = {"job_id": "abc", "generation": 3, "nodes": [{"node_id": "0", "rank": 0}]}
 
@@ -176,13 +178,46 @@ def test_sigkill_at_a_random_moment_leaves_the_last_completed_save(
     assert [p.name for p in tmp_path.iterdir()] == ["scheduler.json"]
 
 
-def test_a_recovery_directory_that_cannot_take_the_lock_is_one_clear_error(tmp_path: Path) -> None:
-    (tmp_path / store.LOCK_NAME).mkdir()  # opening it for writing fails, as on a broken disk
-    with pytest.raises(ConfigError) as caught:
-        store.RecoveryLock(tmp_path).acquire()
-    message = str(caught.value)
-    assert f"MS_RECOVERY_PATH={str(tmp_path)!r} cannot hold the job's state" in message
-    assert "(Is a directory)" in message
+@pytest.mark.parametrize("there", ["a directory", "a file of mode 0"])
+def test_a_lock_file_the_scheduler_cannot_open_says_what_is_there_and_what_to_do(
+    tmp_path: Path, there: str
+) -> None:
+    """A real scheduler started where scheduler.lock is a directory, or a file of mode 0 (run
+    as a user whom the mode keeps out): its one line says what is there and what to do, not to
+    free space (what it says of a full disk), and the scheduler does not start."""
+    directory = tmp_path / "job"
+    directory.mkdir(mode=0o700)
+    lock = directory / store.LOCK_NAME
+    as_user: list[str] = []
+    if there == "a directory":
+        lock.mkdir()
+        expected = (
+            f"{lock} is a directory, where the scheduler keeps its lock file: move it out of "
+            f"MS_RECOVERY_PATH={str(directory)!r}, then start the scheduler again"
+        )
+    else:
+        as_user = as_a_user()
+        lock.touch(mode=0)
+        expected = (
+            f"this process may not open {lock}, the scheduler's lock file, for reading and "
+            "writing (Permission denied): give the job's user read and write permission on it "
+            f"(chmod 600 {lock}), or remove it (the scheduler makes it again)"
+        )
+    env = job_env(
+        1, free_port(), MS_ROLE="MS_SCHED", MS_ENABLE_RECOVERY="1", MS_RECOVERY_PATH=str(directory)
+    )
+    done = subprocess.run(
+        [*as_user, *MSCLUSTER, "scheduler"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"mscluster: ConfigError: {expected}"], done.stderr
+    assert sorted(p.name for p in directory.iterdir()) == [store.LOCK_NAME]
 
 
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])

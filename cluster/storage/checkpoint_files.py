@@ -17,6 +17,7 @@ forgeries (a checkpoint directory is as trusted as the code that reads it).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -119,21 +120,44 @@ def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
     atomic.write_atomically(path, write_parts, failed)
 
 
+def open_regular(path: Path) -> int:
+    """The checkpoint file `path`, open for reading: never through a symbolic link (ELOOP), and
+    never waiting on what is there (a FIFO is opened without blocking); OSError, also when it
+    is not a regular file (its strerror says what it is)."""
+    fd = atomic.open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+    return fd
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    return kinds.get(stat.S_IFMT(mode), "a device")
+
+
+def why_unreadable(exc: OSError) -> str:
+    """Why a checkpoint file could not be opened or read (`exc`), in words."""
+    return "a symbolic link, never followed" if exc.errno == errno.ELOOP else str(exc.strerror)
+
+
 def looks_complete(path: Path) -> bool | None:
     """Whether the preamble, size and footer are right: a cheap check that the file was written
     whole (`read` verifies the checksum). None when the file cannot be opened or read (no
-    permission, an I/O error), or is not a regular file (a symbolic link, never followed, as
-    `read` never follows one; a FIFO, never waited on): whether it is whole is not known, and
-    it is neither a complete checkpoint nor one to remove as torn."""
+    permission, an I/O error), or is not a regular file (`open_regular`: a symbolic link, never
+    followed, as `read` never follows one; a FIFO, never waited on): whether it is whole is not
+    known, and it is neither a complete checkpoint nor one to remove as torn."""
     try:
-        fd = atomic.open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = open_regular(path)
     except OSError:
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        size = info.st_size
+        size = os.fstat(fd).st_size
         preamble = os.pread(fd, PREAMBLE.size, 0)
         if size < PREAMBLE.size + len(END_MAGIC) or len(preamble) < PREAMBLE.size:
             return False
@@ -157,7 +181,7 @@ def read(
     open there (from its start; `fd` stays open), `path` only names it: a temporary being
     written, checked before its rename makes it `path`."""
     try:
-        opened = os.dup(fd) if fd is not None else atomic.open_no_follow(path, os.O_RDONLY)
+        opened = os.dup(fd) if fd is not None else open_regular(path)
         with open(opened, "rb", buffering=0) as file:
             file.seek(0)
             header, state = _read_file(file, step)
@@ -167,7 +191,10 @@ def read(
             "checkpoint may still be whole (CheckpointManager.latest() skips corrupt ones)"
         ) from None
     except OSError as exc:
-        raise CheckpointError(f"cannot read the checkpoint {path} ({exc.strerror})") from None
+        raise CheckpointError(
+            f"cannot read the checkpoint {path} ({why_unreadable(exc)}): it was not loaded; "
+            "make it a regular file this process can read, or move it away"
+        ) from None
     if rank is not None and header.get("rank", rank) != rank:
         raise CorruptCheckpointError(
             f"the checkpoint {path} holds the state of rank {header['rank']!r}, not of rank "

@@ -4,8 +4,13 @@ still seen, by its saves or by its listings."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import shutil
+import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -179,3 +184,47 @@ def test_a_link_in_a_steps_place_is_neither_reported_nor_served_nor_removed(
     assert checkpoint_files.looks_complete(elsewhere)
     assert ServedCheckpoints(tmp_path / "job", "net", 0).open(0, 3, any_rank=False) is None
     ckpt.close()
+
+
+def test_a_fifo_in_a_steps_place_is_refused_and_skipped_never_waited_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Step 3's name is a FIFO: `load(3)` refuses it, naming it and what it is, and `latest()`
+    skips it for step 2. Both opened it as a file and waited for a writer for ever."""
+    ckpt = manager(tmp_path, [])
+    for step in (1, 2):
+        ckpt.save(step, {"a": step})
+    ckpt.flush()
+    fifo = ckpt.path(3)
+    os.mkfifo(fifo)
+    caplog.set_level(logging.WARNING, logger="cluster.api.checkpoint")
+    got: list[object] = []
+
+    def calls() -> None:
+        try:
+            ckpt.load(3)
+        except CheckpointError as exc:
+            got.append(str(exc))
+        got.append(ckpt.latest())
+
+    caller = threading.Thread(target=calls, daemon=True)
+    caller.start()
+    caller.join(10)
+    blocked = caller.is_alive()
+    for _ in range(10):  # a writer that opens the FIFO ends each open that waits there
+        if not caller.is_alive():
+            break
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        caller.join(1)
+    ckpt.close()
+    assert not blocked, "load(3) or latest() waited on the FIFO"
+    assert got[0] == (
+        f"cannot read the checkpoint {fifo} (a FIFO, not a regular file): it was not loaded; "
+        "make it a regular file this process can read, or move it away"
+    )
+    latest = got[1]
+    assert isinstance(latest, tuple)
+    assert latest[0] == 2
+    assert [r.getMessage() for r in caplog.records] == [f"skipping a checkpoint: {got[0]}"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

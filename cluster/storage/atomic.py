@@ -11,9 +11,11 @@ advance is never opened, and the name to plant cannot be guessed (`create_tempor
 `write_atomically(path, write, fail)` lets `write(fd)` fill such a temporary, fsyncs it, renames
 it over `path` and fsyncs the directory, so the rename itself survives a power cut. Every OSError
 on the way becomes the caller's own ClusterError, made by `fail(exc)` in this one place, and the
-temporary is removed (as it is when `write` raises anything else); the previous file, if any,
-is untouched. The recovery state files (`store`), the key-value log (`kv_log`) and the
-checkpoints (`checkpoint_files`) are all written this way.
+temporary is removed (as it is when `write` raises anything else); before the rename, the
+previous file, if any, is untouched. A failed fsync of the directory comes after the rename: the
+new file is in place, not known durable (a caller that tells the two apart gives `unsynced`).
+The recovery state files (`store`), the key-value log (`kv_log`) and the checkpoints
+(`checkpoint_files`) are all written this way.
 
 A writer that must not write a file that replaced its own (a directory removed or replaced
 behind its back) holds its file open and compares it with what the path names
@@ -136,11 +138,17 @@ def remove_temporaries(path: Path) -> None:
 
 
 def write_atomically(
-    path: Path, write: Callable[[int], None], fail: Callable[[OSError], ClusterError]
+    path: Path,
+    write: Callable[[int], None],
+    fail: Callable[[OSError], ClusterError],
+    unsynced: Callable[[OSError], ClusterError] | None = None,
 ) -> None:
     """Replace `path` with what `write(fd)` writes, atomically and durably; `fail(exc)` is the
-    error raised for an OSError (`exc.strerror` says what the system refused). `fd` is open for
-    reading too: `write` may check what it wrote before the rename makes it `path`."""
+    error raised for an OSError before the rename (`exc.strerror` says what the system
+    refused): `path` is then as it was. `unsynced(exc)` (default `fail`) is the one raised when
+    the directory's fsync fails after the rename: the new file is `path` then, but the rename
+    may not survive a crash of the host. `fd` is open for reading too: `write` may check what
+    it wrote before the rename makes it `path`."""
     temporary: Path | None = None
     try:
         fd, temporary = create_temporary(path)
@@ -150,13 +158,16 @@ def write_atomically(
         finally:
             os.close(fd)
         os.replace(temporary, path)
-        fsync_directory(path.parent)
     except OSError as exc:
         _discard(temporary)
         raise fail(exc) from None
     except BaseException:  # the writer gave up (a transfer broke, bytes refused): no torn file
         _discard(temporary)
         raise
+    try:
+        fsync_directory(path.parent)
+    except OSError as exc:
+        raise (fail if unsynced is None else unsynced)(exc) from None
 
 
 def _discard(temporary: Path | None) -> None:

@@ -105,7 +105,9 @@ def footer(digest: bytes) -> bytes:
 
 
 def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
-    """Write a checkpoint file made of `parts` (head, data, footer) atomically and durably."""
+    """Write a checkpoint file made of `parts` (head, data, footer) atomically and durably;
+    CheckpointError naming the file and the cause: before the rename, the files there are as
+    they were; after it (the directory's fsync failed), the file is in place, not known durable."""
 
     def write_parts(fd: int) -> None:
         for part in parts:
@@ -117,7 +119,14 @@ def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
             "checkpoints saved before are unchanged"
         )
 
-    atomic.write_atomically(path, write_parts, failed)
+    def unsynced(exc: OSError) -> CheckpointError:
+        return CheckpointError(
+            f"the checkpoint of step {step} is in place at {path}, but syncing its directory "
+            f"failed ({exc.strerror}): a crash of the host may still lose it; the checkpoints "
+            "of other steps are unchanged; check the disk"
+        )
+
+    atomic.write_atomically(path, write_parts, failed, unsynced)
 
 
 def open_regular(path: Path) -> int:

@@ -513,6 +513,32 @@ def test_a_failed_save_leaves_the_older_checkpoints(
     assert_same_array(ckpt.load(2)["a"], np.ones(1000) * 2)
 
 
+def test_a_save_whose_directory_sync_fails_says_its_file_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory's fsync fails (an I/O error) once the rename has landed: the error says
+    the step's file is in place but may be lost to a crash, not that nothing changed."""
+    ckpt = manager(tmp_path)
+    ckpt.save(1, {"a": np.ones(10)})
+    ckpt.flush()
+
+    def failing(directory: Path) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(atomic, "fsync_directory", failing)
+    ckpt.save(2, {"a": np.ones(10) * 2})
+    with pytest.raises(CheckpointError) as info:
+        ckpt.flush()
+    assert str(info.value) == (
+        f"the checkpoint of step 2 is in place at {ckpt.path(2)}, but syncing its directory "
+        "failed (Input/output error): a crash of the host may still lose it; the checkpoints "
+        "of other steps are unchanged; check the disk"
+    )
+    assert names(ckpt.directory) == ["net-00000001.ckpt", "net-00000002.ckpt"]
+    assert_same_array(ckpt.load(2)["a"], np.ones(10) * 2)
+    ckpt.close()
+
+
 # Corrupt files
 
 

@@ -126,7 +126,7 @@ class CheckpointManager:
         """Be the manager of `rank`: its directory, its lock (once the rank is known), its
         writer, what it offers to peers that take a rank without its checkpoints."""
         self.rank = rank
-        self._disk = RankFiles(self.root, self.prefix, rank)  # its files (`checkpoint_listing`)
+        self._disk = RankFiles(self.root, self.prefix, rank, _tell)  # its files, listed
         self.directory = self._disk.directory
         self._writes.place(rank)
         _managers.add(self)

@@ -5,8 +5,9 @@ sees them.
 Only the canonical spelling of a step names its file ('p-000000001.ckpt' is not step 1's), a file
 is complete when its preamble, size and footer say so (`checkpoint_files.looks_complete`; the
 checksum is `load`'s to verify), a directory that is gone lists nothing, and a file removed is one
-gone already too. A file that cannot be read (no permission, an I/O error) is neither complete
-nor torn: it is not reported, nor removed as a torn one is, and each listing checks it again. A
+gone already too. A file that cannot be read (no permission, an I/O error, not a regular file)
+is neither complete nor torn: it is not reported, nor removed as a torn one is, and each listing
+checks it again; that it dropped out is said once (`tell`), until it is read again or gone. A
 directory that cannot be listed or made, or a file that cannot be removed, is a CheckpointError
 naming it. No thread and no job here: which steps to keep, and when, is the manager's writer's
 (`cluster.api.checkpoint_writing`).
@@ -31,6 +32,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +64,9 @@ class _Seen:
 class RankFiles:
     """The files of rank `rank` of `prefix` under `root`, in `directory`."""
 
-    def __init__(self, root: Path, prefix: str, rank: int) -> None:
+    def __init__(self, root: Path, prefix: str, rank: int, tell: Callable[[str], None]) -> None:
         self.prefix = prefix
+        self._tell = tell  # says a line to the user (a file that cannot be read)
         self.directory = checkpoint_files.rank_directory(root, rank)
         self._name_re = re.compile(rf"^{re.escape(prefix)}-(\d{{8,}}){re.escape(SUFFIX)}$")
         # A pattern, not a glob: '.model-*' would match the temporaries of prefix 'model-ema'.
@@ -75,6 +78,7 @@ class RankFiles:
         self._kinds: dict[str, int] = {}  # each name last listed: what it is (`_kind`)
         self._whole: _State = None  # the directory when the view was last whole (None: list)
         self._listed_at = 0.0  # time.monotonic() of the last listing
+        self._unread: set[int] = set()  # the steps whose file was said to be unreadable
 
     def make(self) -> bool:
         """Create the directory (and its parents) unless it is there; whether it was made."""
@@ -192,14 +196,32 @@ class RankFiles:
             ) from None
         self._seen, self._kinds = seen, kinds
         self._complete = sorted(s for s, file in seen.items() if file.complete is True)
+        self._unread &= {s for s, file in seen.items() if file.complete is None}
         self._whole = None if left else state
         self._listed_at = time.monotonic()
 
     def _check(self, step: int, inode: int, again: bool) -> _Seen:
         known = self._seen.get(step)
         if again or known is None or known.inode != inode or known.complete is None:
-            return _Seen(inode, checkpoint_files.looks_complete(self.path_of(step)))
+            return _Seen(inode, self._examine(step))
         return known
+
+    def _examine(self, step: int) -> bool | None:
+        """Whether the file of `step` looks complete; None when that cannot be told. Such a
+        file drops out of the reports: said once, until it is read again or gone."""
+        path = self.path_of(step)
+        found = checkpoint_files.examine(path)
+        if isinstance(found, bool):
+            self._unread.discard(step)
+            return found
+        if step not in self._unread and os.path.lexists(path):  # one removed meanwhile: gone
+            self._unread.add(step)
+            self._tell(
+                f"the checkpoint {path} cannot be read ({found}): step {step} is neither "
+                "reported as held nor removed while it cannot; make it a regular file this "
+                "process can read, or move it away"
+            )
+        return None
 
     def _kind(self, name: str) -> int:
         """The step whose file `name` is, or _TEMPORARY, or _OTHER."""

@@ -161,10 +161,17 @@ def looks_complete(path: Path) -> bool | None:
     permission, an I/O error), or is not a regular file (`open_regular`: a symbolic link, never
     followed, as `read` never follows one; a FIFO, never waited on): whether it is whole is not
     known, and it is neither a complete checkpoint nor one to remove as torn."""
+    found = examine(path)
+    return found if isinstance(found, bool) else None
+
+
+def examine(path: Path) -> bool | str:
+    """Whether the file looks complete (`looks_complete`), or, where that cannot be told, why
+    (`why_unreadable`: what keeps it from being read)."""
     try:
         fd = open_regular(path)
-    except OSError:
-        return None
+    except OSError as exc:
+        return why_unreadable(exc)
     try:
         size = os.fstat(fd).st_size
         preamble = os.pread(fd, PREAMBLE.size, 0)
@@ -175,8 +182,8 @@ def looks_complete(path: Path) -> bool | None:
             return False
         end = size - len(END_MAGIC) - _DIGESTS[version][1]
         return os.pread(fd, len(END_MAGIC), end) == END_MAGIC
-    except OSError:
-        return None
+    except OSError as exc:
+        return why_unreadable(exc)
     finally:
         os.close(fd)
 

@@ -48,13 +48,13 @@ def test_a_save_checks_none_of_the_older_checkpoints(
     steps kept, 0.9 ms a save with 10 against 104 ms with 5,000 (tmpfs)."""
     older_steps(tmp_path)
     checked: list[str] = []
-    check = checkpoint_files.looks_complete
+    check = checkpoint_files.examine
 
-    def counted(path: Path) -> bool:
+    def counted(path: Path) -> bool | str:
         checked.append(path.name)
         return check(path)
 
-    monkeypatch.setattr(checkpoint_files, "looks_complete", counted)
+    monkeypatch.setattr(checkpoint_files, "examine", counted)
     reports: list[list[int]] = []
     ckpt = manager(tmp_path, reports)
     ckpt.save(OLDER + 1, {"a": OLDER + 1})
@@ -126,7 +126,7 @@ config = CheckpointConfig(keep_checkpoint_max=10)
 ckpt = CheckpointManager(sys.argv[1], "net", config, rank=0, recovery=False, report=reports.append)
 ckpt.save(4, {"a": 4})
 ckpt.flush()
-print(reports[-1], ckpt.steps())
+print(reports[-1], ckpt.steps(), ckpt.steps())
 ckpt.close()
 """
 
@@ -135,7 +135,8 @@ def test_a_file_the_manager_cannot_read_is_not_reported_nor_removed(tmp_path: Pa
     """Step 2's file is whole, but mode 0 (restored by another user, say): a process that may
     not read it (root without the capabilities that pass over a file's mode, as any user is)
     saves step 4. It reports 1, 3 and 4, and leaves step 2's file where it is: it was taken
-    for a torn file and removed, with nothing said, and a chmod could no longer bring it back."""
+    for a torn file and removed, with nothing said, and a chmod could no longer bring it back.
+    That step 2 drops out is said in one warning, not at each of the three listings."""
     as_user = as_a_user()
     with manager(tmp_path, []) as first:
         for step in (1, 2, 3):
@@ -151,7 +152,12 @@ def test_a_file_the_manager_cannot_read_is_not_reported_nor_removed(tmp_path: Pa
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["[1,", "3,", "4]", "[1,", "3,", "4]"], result.stdout
+    assert result.stdout.split() == ["[1,", "3,", "4]", *["[1,", "3,", "4]"] * 2], result.stdout
+    assert result.stderr.splitlines() == [
+        f"the checkpoint {unreadable} cannot be read (Permission denied): step 2 is neither "
+        "reported as held nor removed while it cannot; make it a regular file this process can "
+        "read, or move it away"
+    ]
     assert unreadable.exists()
     unreadable.chmod(0o600)
     with manager(tmp_path, []) as again:
@@ -226,5 +232,10 @@ def test_a_fifo_in_a_steps_place_is_refused_and_skipped_never_waited_on(
     latest = got[1]
     assert isinstance(latest, tuple)
     assert latest[0] == 2
-    assert [r.getMessage() for r in caplog.records] == [f"skipping a checkpoint: {got[0]}"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the checkpoint {fifo} cannot be read (a FIFO, not a regular file): step 3 is neither "
+        "reported as held nor removed while it cannot; make it a regular file this process can "
+        "read, or move it away",
+        f"skipping a checkpoint: {got[0]}",
+    ]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)

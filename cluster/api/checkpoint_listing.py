@@ -86,6 +86,12 @@ class RankFiles:
             return False
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # something else stands there (a link to none is not followed)
+            kind = "a link" if self.directory.is_symlink() else "no directory"
+            raise CheckpointError(
+                f"the checkpoint directory {self.directory} is {kind}: move it away (the "
+                "manager makes the directory again), or give another directory"
+            ) from None
         except OSError as exc:
             raise CheckpointError(
                 f"cannot create the checkpoint directory {self.directory} ({exc.strerror}): "

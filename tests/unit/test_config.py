@@ -746,7 +746,7 @@ def test_scheduler_port_0_is_no_port_the_metrics_are_refused_on(
         (
             ["--port", "8118", "--worker-num", "2", "--recovery-path", "FILE"],
             {},
-            "--recovery-path='FILE' is not a writable directory",
+            "--recovery-path='FILE' is a file, not a directory",
         ),
         # A value of the environment is the variable's.
         (["--port", "8118"], {"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM='0' is out of range"),

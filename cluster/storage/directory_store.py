@@ -39,12 +39,16 @@ STATE_FILE = "scheduler.json"
 # How long `release` waits for the writes still running: short, as a stopping scheduler has a few
 # seconds before the launcher's SIGKILL (a killed process loses its lock only with its threads).
 WRITE_WAIT_S = 1.0
-_Identity = tuple[int, int, int]
+# A file as `file_identity` tells it: (inode, size, mtime in ns).
+FileIdentity = tuple[int, int, int]
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
 
-def _identity(path: Path) -> _Identity | None:
+def file_identity(path: Path) -> FileIdentity | None:
+    """The file at `path` itself (not followed), as a change to it shows: a file replaced by a
+    rename is another inode, one rewritten in place another size or mtime; None when there is
+    none."""
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -64,7 +68,7 @@ class DirectoryStore:
         self._held = False
         self._kv = KvLog(directory)
         # What this process last read or wrote: the file's identity and its token.
-        self._seen: tuple[_Identity | None, str] | None = None
+        self._seen: tuple[FileIdentity | None, str] | None = None
         self._writes: set[asyncio.Future[Any]] = set()  # the writes whose thread still runs
 
     async def acquire(self) -> str | None:
@@ -120,7 +124,7 @@ class DirectoryStore:
         return await asyncio.to_thread(self._load)
 
     def _load(self) -> Stored:
-        identity = _identity(self.path)
+        identity = file_identity(self.path)
         snapshot = store.load(self.path, SCHEDULER_KIND)
         token = "" if snapshot is None else store.checksum(snapshot)
         self._seen = (identity, token)
@@ -137,7 +141,7 @@ class DirectoryStore:
             return Written(False, self._load())
         store.save(self.path, SCHEDULER_KIND, snapshot)
         written = store.checksum(snapshot)
-        self._seen = (_identity(self.path), written)
+        self._seen = (file_identity(self.path), written)
         return Written(True, Stored(snapshot, written))
 
     def _current_token(self) -> str | None:
@@ -145,7 +149,7 @@ class DirectoryStore:
         behind the lock, not another writer: the save writes it again, or says what the disk
         refused)."""
         try:
-            identity = _identity(self.path)
+            identity = file_identity(self.path)
         except OSError:
             return None
         seen = self._seen

@@ -21,7 +21,7 @@ import functools
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -42,6 +42,9 @@ from cluster.worker.machine import steps
 from cluster.worker.machine.core import WorkerCore
 from cluster.worker.racing import unless_failed
 from cluster.worker.watch_stream import WatchStream
+
+if TYPE_CHECKING:
+    from cluster.worker.saved_finish import SavedFinish
 
 Outcome = steps.Watch | steps.RetryCall | None  # for the caller: a stream, a call again, or none
 # How often a held Finish looks at the scheduler's saved state for it (`saved_finish`): a read
@@ -92,6 +95,7 @@ class WorkerAgent:
         self._aside: set[asyncio.Task[Any]] = set()  # old channels closing, late answers said
         self._stream = WatchStream(self)  # its registrations, and the accepted stream read
         self._back = asyncio.Event()  # accepted again, or over: a held Finish goes on
+        self._saved_finish: SavedFinish | None = None  # its looks at the scheduler's state
         self.accepted_at: float | None = None  # first accepted (this clock): a benchmark's stage
         loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[Topology] = loop.create_future()
@@ -251,20 +255,17 @@ class WorkerAgent:
 
     async def _finish_saved(self) -> str:
         """Whether this node's scheduler saved its Finish as counted, where this node can read
-        its state (with recovery): the evidence, in words ("" when none)."""
+        its state (with recovery): the evidence, in words ("" when none). One look at a time,
+        each awaited: a slow volume slows the looks, it never piles them up."""
         recovery = self.config.recovery
         if recovery is None or not self.core.cluster_id:
             return ""
-        from cluster.worker import saved_finish  # noqa: PLC0415 - recovery only: files, json
+        if self._saved_finish is None:
+            from cluster.worker.saved_finish import SavedFinish  # noqa: PLC0415 - files, json
 
-        identity = self.identity
-        return await asyncio.to_thread(
-            saved_finish.counted,
-            recovery.path,
-            self.core.cluster_id,
-            identity.node_id,
-            identity.incarnation,
-        )
+            whose = (self.core.cluster_id, self.identity.node_id, self.identity.incarnation)
+            self._saved_finish = SavedFinish(recovery.path, *whose)
+        return await asyncio.to_thread(self._saved_finish.look)
 
     def _deliver(self, action: steps.Deliver) -> None:
         if action.new_generation:

@@ -9,6 +9,12 @@ scheduler's host, or a directory the hosts share), and takes it as evidence only
 this node's job and lists this very process (node id and incarnation) as finished. A state of
 another job, of another process of this node, a state it cannot read, or none (another host,
 a state store in etcd) shows nothing: the worker then cannot know, and says so.
+
+A held Finish looks every second, for as long as its node's reconnect window (MS_TOPO_TIMEOUT
+with recovery), and the file is the whole job's state (about 430 bytes a member: 28 MB, and
+half a second of a core or more to read, at 65,536 workers), often on a volume the hosts
+share: a state that showed nothing is read again only once the file changed (`SavedFinish`),
+which a scheduler that went away never does. Between two looks a worker only stats it.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from cluster.protocol.config import canonical_node_id
 from cluster.protocol.errors import StateFileError
 from cluster.protocol.records import NodeState, Phase
 from cluster.storage import store
-from cluster.storage.directory_store import STATE_FILE
+from cluster.storage.directory_store import STATE_FILE, FileIdentity, file_identity
 from cluster.storage.state_store import SCHEDULER_KIND
 
 
@@ -46,3 +52,28 @@ def counted(directory: Path, cluster_id: str, node_id: str, incarnation: int) ->
         return ""
     job = " and the job as finished" if saved.get("phase") == Phase.FINISHED.value else ""
     return f"its saved state ({path}) lists this node's finish as counted{job}"
+
+
+class SavedFinish:
+    """The looks of one process (`incarnation`) of node `node_id` in job `cluster_id` at the
+    scheduler's state saved in `directory`: `counted`'s evidence, the file read only when it
+    changed since a read that showed nothing."""
+
+    def __init__(self, directory: Path, cluster_id: str, node_id: str, incarnation: int) -> None:
+        self._directory, self._path = directory, directory / STATE_FILE
+        self._whose = (cluster_id, node_id, incarnation)
+        self._nothing_in: FileIdentity | None = None  # the file last read, that showed nothing
+
+    def look(self) -> str:
+        """The evidence, in words, that the scheduler counted this process's Finish ("" when
+        none)."""
+        try:
+            identity = file_identity(self._path)
+        except OSError:
+            return ""  # cannot be looked at now: looked at again next time
+        if identity is None or identity == self._nothing_in:
+            return ""
+        evidence = counted(self._directory, *self._whose)
+        if not evidence:
+            self._nothing_in = identity  # replaced meanwhile: another identity, read next time
+        return evidence

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cluster.scheduler.machine.state import SchedulerState
 from cluster.storage import store
 from cluster.storage.directory_store import STATE_FILE
 from cluster.storage.state_store import SCHEDULER_KIND
+from cluster.worker import saved_finish
 from cluster.worker.saved_finish import counted
 from tests.conftest import FakeClock
 from tests.unit.test_state import JOB, accept, make_state, reg
@@ -74,3 +77,31 @@ def test_a_state_that_cannot_be_read_shows_nothing(tmp_path: Path) -> None:
     assert counted(tmp_path, JOB, "1", 1) == ""
     path.write_bytes(whole.replace(b'"finished"', b'"alive"', 1))  # edited: fails its checksum
     assert counted(tmp_path, JOB, "1", 1) == ""
+
+
+def test_a_state_that_showed_nothing_is_read_again_only_once_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held Finish looks every second for as long as its reconnect window, and the file is
+    the whole job's state: one that showed nothing (the scheduler went away before it counted
+    the finish, or for good) is only stat'ed until the scheduler saves again."""
+    reads: list[Path] = []
+    read = saved_finish.counted
+
+    def counting(directory: Path, *whose: str | int) -> str:
+        reads.append(directory)
+        return read(directory, *whose)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(saved_finish, "counted", counting)
+    looks = saved_finish.SavedFinish(tmp_path, JOB, "1", 1)
+    assert looks.look() == ""  # no state here yet: nothing to read
+    assert reads == []
+    state = formed()
+    saved(tmp_path, state)
+    for _ in range(3):
+        assert looks.look() == ""  # still at work
+    assert len(reads) == 1
+    state.finish("1", 1)
+    path = saved(tmp_path, state)  # saved again: another file in its place
+    assert looks.look() == f"its saved state ({path}) lists this node's finish as counted"
+    assert len(reads) == 2

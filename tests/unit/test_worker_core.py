@@ -1011,15 +1011,10 @@ def test_a_finish_that_timed_out_as_the_stream_was_lost_is_held_not_given_up() -
 UNKNOWN = "the scheduler at 127.0.0.1:8118 did not answer whether it counted this node's finish"
 
 
-def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> None:
-    """Not back within its reconnect window: the node fails as a training node does (its
-    process exits non-zero, saying to start the scheduler again and this worker with it). The
-    scheduler may have counted the finish and ended the job before it went: the failure says
-    that this is what is unknown, not that telling it failed."""
-    core, clock, window_end = held_finish_core()
-    clock.now = window_end
-    assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(HOLD_AGAIN_S)]
-    said, fail = core.step(steps.PauseOver())  # its registering again gives up
+def failed_unknown(actions: list[steps.Action]) -> str:
+    """`actions` say that whether the scheduler counted the held finish is unknown, and fail
+    the node with an unreachable scheduler, saying so: that error's text."""
+    said, fail = actions
     assert said == steps.Say(UNKNOWN)
     assert isinstance(fail, steps.Fail)
     assert isinstance(fail.error, SchedulerUnreachableError)
@@ -1028,8 +1023,20 @@ def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> Non
         'if it did (the scheduler\'s log ends with "job finished"), nothing is lost; if not, '
         "the scheduler at 127.0.0.1:8118 is unreachable: "
     )
-    assert "and it did not come back within 60 s" in str(fail.error)
-    assert "start the scheduler again" in str(fail.error)
+    return str(fail.error)
+
+
+def test_a_held_finish_ends_with_the_reconnect_window_as_the_node_fails() -> None:
+    """Not back within its reconnect window: the node fails as a training node does (its
+    process exits non-zero, saying to start the scheduler again and this worker with it). The
+    scheduler may have counted the finish and ended the job before it went: the failure says
+    that this is what is unknown, not that telling it failed."""
+    core, clock, window_end = held_finish_core()
+    clock.now = window_end
+    assert core.step(steps.FinishRetryDue()) == [steps.HoldFinish(HOLD_AGAIN_S)]
+    error = failed_unknown(core.step(steps.PauseOver()))  # its registering again gives up
+    assert "and it did not come back within 60 s" in error
+    assert "start the scheduler again" in error
     assert core.lifecycle is Lifecycle.FAILED
     assert not core.finish_heard
     assert core.step(steps.FinishRetryDue()) == []  # given up: nothing more is sent
@@ -1230,6 +1237,19 @@ def test_without_recovery_a_finish_unheard_as_the_stream_is_lost_is_held_for_the
     assert core.step(steps.FinishRetryDue()) == [steps.SendFinish(core.finish_wait_s)]
     assert core.step(steps.FinishAnswered(heard=True)) == []
     assert core.lifecycle is Lifecycle.FINISHED
+
+
+def test_without_recovery_a_held_finish_whose_scheduler_does_not_come_back_is_unknown() -> None:
+    """The scheduler counted the Finish, ended the job and exited before its answer came (a
+    partition at the job's end): without recovery nothing says whether it did, or failed the
+    job as the stream broke. The node fails at its window's end (exit 1), saying that this is
+    what is unknown, not that the scheduler is overloaded or hung."""
+    core, clock = reconnecting_finish_core()
+    clock.now = core.deadline
+    error = failed_unknown(core.step(steps.PauseOver()))  # its registering again gives up
+    assert "and it did not come back within MS_NODE_TIMEOUT=30 s" in error
+    assert core.lifecycle is Lifecycle.FAILED
+    assert not core.finish_heard
 
 
 def test_with_its_stream_up_a_finish_is_not_held() -> None:

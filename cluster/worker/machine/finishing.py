@@ -217,9 +217,10 @@ class Finish:
         held, self._held = self._held, None
         if end.failure is not None:  # its line says what happened: nothing more to say
             return [], held or end.failure
-        if end.held and self._recovery:
-            # Unknown, not failed: the scheduler may have counted it, and ended the job. (Without
-            # recovery, the job's scheduler refuses a node that lost its stream: the job failed.)
+        if end.held and (self._recovery or isinstance(held, SchedulerUnreachableError)):
+            # Unknown, not failed: the scheduler may have counted it, ended the job and exited,
+            # with recovery or without. (Without recovery, a scheduler that answers refuses a
+            # node that lost its stream as the job failed: the refusal's line says so.)
             said = steps.Say(f"{where} did not answer whether it counted this node's finish")
             if not isinstance(held, SchedulerUnreachableError):
                 return [said], held

@@ -1214,6 +1214,30 @@ def reconnecting_finish_core() -> tuple[WorkerCore, FakeClock]:
     return core, clock
 
 
+def test_a_finish_a_new_scheduler_does_not_know_is_held_for_the_registrations_word() -> None:
+    """Without recovery, a node that lost its stream and finalized, whose Finish reached a
+    scheduler started since (a new job, which knows no such node: NOT_FOUND): held while the
+    node registers again, whose refusal (another job's scheduler) fails it; never "finished"
+    on that answer. With its stream up, the same answer ends the Finish unheard, as before."""
+    core, _ = ready_core()
+    core.step(steps.StreamLost("Socket closed"))
+    core.step(steps.FinishSent())
+    unknown = "node '0' is not a member of this job"
+    _, hold = core.step(steps.FinishFailed("NOT_FOUND", unknown))
+    assert isinstance(hold, steps.HoldFinish)
+    assert not core.over
+    assert not core.finish_heard
+    refusal = "the scheduler at 127.0.0.1:8118 runs job j-2, and this node belongs to job j-1"
+    actions = core.step(steps.Refused(refusal))
+    assert steps.Fail in kinds(actions)
+    assert core.lifecycle is Lifecycle.FAILED
+    assert not core.finish_heard
+    core, _ = ready_core()  # its stream up: the scheduler's word, as ever
+    core.step(steps.FinishSent())
+    actions = core.step(steps.FinishFailed("NOT_FOUND", unknown, stream_up=True))
+    assert not any(isinstance(a, steps.HoldFinish) for a in actions)
+
+
 def test_without_recovery_a_finish_unheard_as_the_stream_is_lost_is_held_for_the_jobs_word() -> (
     None
 ):

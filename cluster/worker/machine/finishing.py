@@ -40,6 +40,11 @@ FINISH_HELD = (*FINISH_RETRIED, DEADLINE_EXCEEDED)
 # The status code of a Finish the scheduler refused as the job failed before it came
 # (JobFailedError): the node fails with that failure, whatever it was doing.
 FINISH_TOO_LATE = "ABORTED"
+# The status code of a Finish a scheduler refused as from a node it does not know
+# (UnknownNodeError): while the node registers again, one started since (a new job without
+# recovery) may be answering; held like FINISH_HELD, so that the registration says whose job
+# it is, and the node never exits as finished on it.
+FINISH_UNKNOWN_NODE = "NOT_FOUND"
 
 Actions = list[steps.Action]
 
@@ -145,7 +150,7 @@ class Finish:
         if event.code == FINISH_TOO_LATE:
             failure = JobFailedError(event.details)
             return Unheard(False, now - self._since, event.details, failure=failure)
-        held = event.code in FINISH_HELD and self._held is None
+        held = event.code in (*FINISH_HELD, FINISH_UNKNOWN_NODE) and self._held is None
         if held and not released and away is not None and now < away.until:  # may come back
             self.sending = Sending.HELD
             return [

@@ -207,17 +207,23 @@ async def test_sets_given_up_while_saves_fail_hold_one_value_of_their_key(tmp_pa
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
+            given_up = []
             for i in range(calls):
                 call = asyncio.ensure_future(core.kv_set(node, "k", bytes([i]) * value_bytes))
                 await asyncio.sleep(0)  # sleep-ok: a turn of the loop, the set is staged
                 call.cancel()
-                await asyncio.sleep(0)  # sleep-ok: a turn of the loop, the call ends
+                given_up.append(call)
+            # Every call ended (a loaded machine may take more than a turn for one to): what is
+            # held now is the saver's, not a call's.
+            await asyncio.wait_for(asyncio.gather(*given_up, return_exceptions=True), BOUND_S)
+            given_up.clear()  # (a cancelled task's error holds its frames, and so its value)
             await eventually(lambda: saver.kv_error is not None, "a failed key-value save")
             grown = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        # The newest value, staged and waiting (a batch in flight holds one more): not 100.
-        assert grown < 4 * value_bytes, f"{grown} bytes held for {calls} sets of one key"
+        # The newest value, staged and waiting, and a batch or two of one value each: the one
+        # being written and the one whose write just failed (until its retry): not 100.
+        assert grown < 8 * value_bytes, f"{grown} bytes held for {calls} sets of one key"
         assert "No space left on device" in (saver.kv_error or "")
         filler.unlink()
         await asyncio.wait_for(core.kv_set(node, "k", b"last"), BOUND_S)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -116,6 +117,7 @@ class CheckpointManager:
         self._pause_s = 0.0
         self._offered = False
         self._lock: CheckpointLock | None = None
+        self._holding = threading.Lock()  # `_hold`: the callers' thread, and the writer's
         self._said_displaced = False
         self._said_not_put_back = 0  # the generation last said to be saved in before put back
         self._writes = WriteBehind(self)  # its writer's and reporter's threads, and their jobs
@@ -174,18 +176,23 @@ class CheckpointManager:
             self._used = self._connecting
         self._hold()
 
-    def _hold(self) -> None:
+    def _hold(self) -> bool:
         """Hold this rank's lock (again, after `close`; behind an earlier holder of the rank
         in this job, try again to take it), in the rank's directory: one removed while the
-        manager runs (by hand, with its files) is made again, and saves go on there (said)."""
+        manager runs (by hand, with its files) is made again, and saves go on there (said);
+        whether it was made again. Called by the writer too, for a directory removed under
+        its write (`WriteBehind.persist`)."""
         assert self._lock is not None  # made by _place
-        if self._disk.make():
-            _tell(
-                f"the checkpoint directory {self.directory} was removed, with the checkpoints in "
-                "it, while this CheckpointManager used it: made it again; the steps saved there "
-                "are no longer held by this rank, and the next saves go there"
-            )
-        self._lock.acquire(seat=_seat(self.rank), say=_say())
+        with self._holding:
+            made = self._disk.make()
+            if made:
+                _tell(
+                    f"the checkpoint directory {self.directory} was removed, with the checkpoints "
+                    "in it, while this CheckpointManager used it: made it again; the steps saved "
+                    "there are no longer held by this rank, and the next saves go there"
+                )
+            self._lock.acquire(seat=_seat(self.rank), say=_say())
+        return made
 
     def path(self, step: int) -> Path:
         self.connect()

@@ -99,6 +99,12 @@ class RankFiles:
             ) from None
         return True
 
+    def identity(self) -> tuple[int, int] | None:
+        """The directory's device and inode (None: it is gone): another one made in its place
+        has another."""
+        state = self._state()
+        return None if state is None else state[:2]
+
     def path_of(self, step: int) -> Path:
         return self.directory / checkpoint_files.file_name(self.prefix, step)
 

@@ -86,9 +86,7 @@ class WriteBehind:
         try:
             if manager._displaced():
                 return
-            # Behind: the earlier holder may write here (a temporary, a file): listed each time.
-            manager._disk.look(sweep=not (manager._lock is not None and manager._lock.behind))
-            checkpoint_files.write(path, snapshot.step, snapshot.chunks())
+            self._write(manager, snapshot, path)
             manager._disk.wrote(snapshot.step)
             snapshot.persisted = True
             try:
@@ -99,6 +97,23 @@ class WriteBehind:
                 self._report(path, snapshot.step)
         finally:
             manager._pool.release(snapshot)
+
+    @staticmethod
+    def _write(manager: CheckpointManager, snapshot: Snapshot, path: Path) -> None:
+        """Write the file of `snapshot` at `path`, the writer's view of the directory up to
+        date first; once more where the rank's directory was removed under the write (by
+        hand, with its files): made again and locked there (`CheckpointManager._hold`, by this
+        thread or the manager's caller), the step is written there."""
+        for last in (False, True):
+            # Behind: the earlier holder may write here (a temporary, a file): listed each time.
+            manager._disk.look(sweep=not (manager._lock is not None and manager._lock.behind))
+            began = manager._disk.identity()
+            try:
+                checkpoint_files.write(path, snapshot.step, snapshot.chunks())
+                return
+            except CheckpointError:
+                if last or not (manager._hold() or manager._disk.identity() != began):
+                    raise
 
     def _report(self, path: Path, step: int) -> None:
         """The writer's: have the steps held now, `step` at `path` written last, reported by the

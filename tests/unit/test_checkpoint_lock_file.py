@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.protocol.errors import CheckpointError
 from cluster.storage import atomic, checkpoint_lock, holder_lock
 from cluster.testing import Process
+from tests.aio import BOUND_S
 from tests.procs import PYTHON, Procs, job_env
 
 # Holds rank 0's checkpoints of prefix 'mlp' under argv[1] (step 1 saved); at each SIGUSR1 it
@@ -153,6 +155,36 @@ def test_a_holder_whose_rank_directory_was_removed_makes_it_again_and_saves_on(
         CheckpointError, match=f"in use by another CheckpointManager \\(pid {first.pid} "
     ):
         mlp(directory)
+
+
+def test_a_rank_directory_removed_under_a_write_is_made_again_and_the_write_lands_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rank's directory removed while a save waits for the writer (or is written): the
+    writer makes it again, locks a new file there and writes the step there, said once. Its
+    write failed instead ("No such file or directory"), the next save raised that error, and
+    the step was lost though the manager could save on."""
+    directory = tmp_path / "ckpt"
+    rank_directory = directory / "rank_0"
+    ckpt = mlp(directory)
+    try:
+        ckpt.save(1, {"step": 1})
+        ckpt.flush()
+        gate = threading.Event()
+        ckpt._writes.writer.submit(lambda: gate.wait(BOUND_S) or None)  # holds the writer
+        ckpt.save(2, {"step": 2})  # waits behind it
+        shutil.rmtree(rank_directory)
+        gate.set()
+        ckpt.flush()  # the writer meets the directory gone
+        ckpt.save(3, {"step": 3})
+        ckpt.flush()
+        assert ckpt.steps() == [2, 3]
+        holder = json.loads((rank_directory / ".mlp.lock").read_text())
+        assert holder["pid"] == os.getpid()
+        said = f"the checkpoint directory {rank_directory} was removed, with the checkpoints in it"
+        assert caplog.text.count(said) == 1, caplog.text
+    finally:
+        ckpt.close()
 
 
 def test_a_lock_taken_on_a_file_removed_before_it_took_hold_is_taken_on_the_path_anew(

@@ -68,15 +68,16 @@ def run_args(
     return [*MSCLUSTER, "run", *given, *(os.fspath(arg) for arg in args)]
 
 
-def as_a_user() -> list[str]:
+def as_a_user(*also: str) -> list[str]:
     """The words that run a command as root without the capabilities that pass over a file's
-    mode (`setpriv`): a file's mode keeps it out, as it keeps any user out. The test is skipped,
-    saying why, where that cannot be done (not root, no setpriv)."""
+    mode (`setpriv`), and without `also` (e.g. "fowner", which passes over its owner): a file's
+    mode keeps it out, as it keeps any user out. The test is skipped, saying why, where that
+    cannot be done (not root, no setpriv)."""
     setpriv = shutil.which("setpriv")
     require("reading as a user the mode keeps out needs root" if os.geteuid() != 0 else None)
     require(None if setpriv is not None else "setpriv (util-linux) is not installed")
     assert setpriv is not None
-    dropped = "-dac_override,-dac_read_search"
+    dropped = ",".join(f"-{cap}" for cap in ("dac_override", "dac_read_search", *also))
     return [setpriv, f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--"]
 
 

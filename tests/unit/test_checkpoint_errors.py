@@ -4,8 +4,10 @@ that names the value or the path, never in a raw traceback."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import re
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,9 @@ import pytest
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.api.training import TrainingLoop
 from cluster.protocol.errors import CheckpointError, ConfigError
+from tests.procs import PYTHON, ROOT, as_a_user
+
+NOBODY = 65534  # the user that owns what this process, as a user, may not remove
 
 
 def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
@@ -29,6 +34,80 @@ def test_training_loop_steps_must_be_an_integer(tmp_path: Path, steps: Any) -> N
     invalid = rf"steps={re.escape(repr(steps))} is invalid"
     with manager(tmp_path) as ckpt, pytest.raises(ConfigError, match=invalid):
         TrainingLoop(steps, ckpt, dict, lambda state: None)
+
+
+def run_as_a_user(script: str, directory: Path, *also: str) -> str:
+    """What `script` prints, given `directory`, run as a user (`as_a_user`, without `also`)."""
+    result = subprocess.run(
+        [*as_a_user(*also), PYTHON, "-c", script, str(directory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+# Saves step 2 beside a torn step 1 that it may not remove (`argv[1]`): what it raises and
+# reports.
+SAVE_BESIDE_UNREMOVABLE = """
+import sys
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.protocol.errors import CheckpointError
+reports = []
+config = CheckpointConfig(keep_checkpoint_max=2)
+ckpt = CheckpointManager(sys.argv[1], "net", config, rank=0, recovery=False, report=reports.append)
+ckpt.save(2, {"a": 2})
+try:
+    ckpt.flush()
+except CheckpointError as exc:
+    print("refused:", exc)
+print("reported:", reports)
+ckpt.close()
+"""
+
+
+def test_a_checkpoint_that_cannot_be_pruned_names_its_path(tmp_path: Path) -> None:
+    """Step 1's file is torn, and the system refuses to remove it (another user's, in a sticky
+    directory of theirs): the save that prunes it fails naming it, yet its own step, whole on
+    disk, is reported."""
+    rank_directory = tmp_path / "rank_0"
+    rank_directory.mkdir()
+    torn = rank_directory / "net-00000001.ckpt"
+    torn.write_bytes(b"torn")
+    for path, mode in ((torn, 0o644), (rank_directory, 0o1777)):
+        os.chown(path, NOBODY, NOBODY)
+        path.chmod(mode)
+    said = run_as_a_user(SAVE_BESIDE_UNREMOVABLE, tmp_path, "fowner").splitlines()
+    assert said[0].startswith(f"refused: cannot remove the checkpoint {torn} ("), said
+    assert said[1:] == ["reported: [[2]]"], said
+    assert torn.exists()
+
+
+# Lists the checkpoints of rank 0 under `argv[1]`: what it says.
+LIST = """
+import sys
+from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
+from cluster.protocol.errors import CheckpointError
+ckpt = CheckpointManager(sys.argv[1], "net", CheckpointConfig(), rank=0, recovery=False)
+try:
+    print(ckpt.steps())
+except CheckpointError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_checkpoint_directory_that_cannot_be_listed_names_its_path(tmp_path: Path) -> None:
+    """The rank's directory may be written but not read (mode 0300), as a user: a listing is
+    refused naming it."""
+    rank_directory = tmp_path / "rank_0"
+    rank_directory.mkdir(mode=0o300)
+    rank_directory.chmod(0o300)
+    said = run_as_a_user(LIST, tmp_path)
+    listing = f"refused: cannot list the checkpoint directory {rank_directory} (Permission denied)"
+    assert said.startswith(listing), said
 
 
 def test_a_directory_in_a_steps_place_is_named_never_reported_nor_removed(

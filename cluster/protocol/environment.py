@@ -349,7 +349,7 @@ def check_metrics_port(sched_host: str, sched_port: int, observe: ObserveConfig)
     if len(hosts) == 2 and not hosts & set(_EVERY_ADDRESS):
         return  # one port on two addresses of the host
     raise ConfigError(
-        f"CLUSTER_METRICS_PORT={sched_port} (--metrics-port) is MS_SCHED_PORT (--port), where "
+        f"CLUSTER_METRICS_PORT={sched_port} is MS_SCHED_PORT, where "
         "the scheduler itself listens: give the metrics another port (0: any free one)"
     )
 

@@ -327,10 +327,9 @@ class MetricsServer:
             port = http.start()
         except OSError as exc:
             raise ConfigError(
-                f"CLUSTER_METRICS_PORT={self.requested_port} (--metrics-port): the scheduler "
-                f"cannot serve metrics on {self.host}:{self.requested_port} "
-                f"({exc.strerror or exc}); choose a free port (0: any), and CLUSTER_METRICS_HOST "
-                "(--metrics-host) an address of this host"
+                f"CLUSTER_METRICS_PORT={self.requested_port}: the scheduler cannot serve metrics "
+                f"on {self.host}:{self.requested_port} ({exc.strerror or exc}); choose a free port "
+                "(0: any), and CLUSTER_METRICS_HOST an address of this host"
             ) from None
         self._http = http
         return port

@@ -90,7 +90,7 @@ def check_bindable(host: str, port: int) -> None:
         )
     except socket.gaierror as exc:
         raise ConfigError(
-            f"the scheduler cannot listen on {host!r}: MS_SCHED_HOST (--host) does not resolve "
+            f"the scheduler cannot listen on {host!r}: MS_SCHED_HOST does not resolve "
             f"({exc.strerror}); use an address or host name of this machine"
         ) from None
     family, kind, proto, _, sockaddr = infos[0]
@@ -103,12 +103,11 @@ def check_bindable(host: str, port: int) -> None:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(
                     f"the scheduler cannot listen on {where}: the port is already in use "
-                    "(another scheduler still running?); free it or choose another MS_SCHED_PORT "
-                    "(--port)"
+                    "(another scheduler still running?); free it or choose another MS_SCHED_PORT"
                 ) from None
             raise ConfigError(
-                f"the scheduler cannot listen on {where}: {exc.strerror} (MS_SCHED_HOST, --host, "
-                "must be an address of the machine the scheduler runs on)"
+                f"the scheduler cannot listen on {where}: {exc.strerror} (MS_SCHED_HOST must be "
+                "an address of the machine the scheduler runs on)"
             ) from None
 
 

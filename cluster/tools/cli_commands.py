@@ -53,15 +53,16 @@ SCHEDULER_OPTIONS = {
     "CLUSTER_STATE_URL": "--state-url",
     "CLUSTER_LEASE_S": "--lease",
 }
+# Where the scheduler listens: what its refusals at a bind name, anywhere in the line.
+_BOUND = frozenset(
+    {"MS_SCHED_HOST", "MS_SCHED_PORT", "CLUSTER_METRICS_PORT", "CLUSTER_METRICS_HOST"}
+)
 _VARIABLE_FIRST = re.compile(r"^([A-Z][A-Z0-9_]*)(\W.*)$", re.DOTALL)
 
 
-def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
-    """The scheduler's settings: its options, else the variables of its environment. A value
-    refused is said as given: an option's by the option (`_as_given`)."""
-    env = dict(os.environ)
-    env["MS_ROLE"] = "MS_SCHED"
-    overrides = {
+def _scheduler_options(args: argparse.Namespace) -> dict[str, object]:
+    """The values `mscluster scheduler`'s options were given, by the variable each one sets."""
+    options = {
         "MS_SCHED_HOST": args.host,
         "MS_SCHED_PORT": args.port,
         "MS_WORKER_NUM": args.worker_num,
@@ -75,10 +76,20 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
         "CLUSTER_STATE_URL": args.state_url,
         "CLUSTER_LEASE_S": args.lease,
     }
-    given = {name for name, value in overrides.items() if value is not None}
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
+    """The scheduler's settings: its options, else the variables of its environment. A value
+    refused is said as given: an option's by the option (`_as_given`)."""
+    env = dict(os.environ)
+    env["MS_ROLE"] = "MS_SCHED"
+    overrides = _scheduler_options(args)
+    given = set(overrides)
     # As typed: a float option's 60 is "60" (`seconds_text`), not "60.0".
-    shown = {k: seconds_text(v) if isinstance(v, float) else str(v) for k, v in overrides.items()}
-    env.update({k: shown[k] for k in given})
+    env.update(
+        {k: seconds_text(v) if isinstance(v, float) else str(v) for k, v in overrides.items()}
+    )
     if args.recovery_path:
         env["MS_ENABLE_RECOVERY"] = "1"
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
@@ -101,19 +112,29 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
 def _as_given(message: str, given: set[str]) -> str:
     """`message`, a ConfigError that begins with the variable it is about, naming the option
     that gave the value instead (`--worker-num='0' is out of range: ...`), or, where the
-    variable is required and unset, that option too; one that names the option already, or
-    any other, as it is."""
+    variable is required and unset, that option too; then each variable of where the scheduler
+    listens as it was given (`_bound_as_given`). One that names the option already, or any
+    other, as it is."""
     found = _VARIABLE_FIRST.match(message)
-    if found is None or found[1] not in SCHEDULER_OPTIONS:
-        return message
-    variable, rest = found[1], found[2]
-    option = SCHEDULER_OPTIONS[variable]
-    if option in message:
-        return message
-    if variable in given:
-        return option + rest
-    if rest.startswith(" is not set"):
-        return f"{option} is not given and {variable}{rest}"
+    if found is not None and found[1] in SCHEDULER_OPTIONS:
+        variable, rest = found[1], found[2]
+        option = SCHEDULER_OPTIONS[variable]
+        if variable in given and option not in message:
+            message = option + rest
+        elif variable not in given and rest.startswith(" is not set"):
+            return f"{option} is not given and {variable}{rest}"
+    return _bound_as_given(message, given)
+
+
+def _bound_as_given(message: str, given: set[str]) -> str:
+    """`message`, a ConfigError of the scheduler, naming the option for each variable of where
+    it listens (`_BOUND`) that an option gave (`choose another --port`), unless it names that
+    option already. The scheduler's own lines name the variables, as the launch contract
+    gives them (`cluster.init()` as MS_SCHED, `mscluster run`'s scheduler)."""
+    for variable in sorted(given & _BOUND):
+        option = SCHEDULER_OPTIONS[variable]
+        if option not in message:
+            message = re.sub(rf"\b{variable}\b", option, message)
     return message
 
 
@@ -134,7 +155,10 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     runtime.configure_logging("scheduler", config.observe)
     from cluster.scheduler import server  # noqa: PLC0415 - after TLS set grpc's ciphers
 
-    server.run_and_exit(config)
+    try:
+        server.run_and_exit(config)
+    except ConfigError as exc:  # a port or a host it cannot bind, a recovery path held, ...
+        raise ConfigError(_bound_as_given(str(exc), set(_scheduler_options(args)))) from None
 
 
 def cmd_relay(args: argparse.Namespace) -> int:

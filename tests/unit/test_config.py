@@ -673,8 +673,8 @@ def test_the_schedulers_metrics_port_is_refused_on_its_own_port() -> None:
     """Its metrics server, started first, would hold the port its gRPC then fails to bind,
     with an error that blames MS_SCHED_HOST / MS_SCHED_PORT."""
     rule = (
-        r"^CLUSTER_METRICS_PORT=8118 \(--metrics-port\) is MS_SCHED_PORT \(--port\), where the "
-        r"scheduler itself listens: give the metrics another port \(0: any free one\)$"
+        r"^CLUSTER_METRICS_PORT=8118 is MS_SCHED_PORT, where the scheduler itself listens: give "
+        r"the metrics another port \(0: any free one\)$"
     )
     for host in (None, "127.0.0.1", "0.0.0.0"):
         with pytest.raises(ConfigError, match=rule):
@@ -687,20 +687,29 @@ def test_the_schedulers_metrics_port_is_refused_on_its_own_port() -> None:
     assert from_env(env(CLUSTER_METRICS_PORT="8118")).observe.metrics_port == 8118
 
 
-def test_mscluster_scheduler_port_and_metrics_port_alike_is_one_line() -> None:
+def mscluster_scheduler_refusal(*options: str, **environment: str) -> list[str]:
+    """What `mscluster scheduler` with `options`, in an environment of no MS_ or CLUSTER_
+    variable but `environment`, says as it exits 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))}
     result = subprocess.run(
-        [*MSCLUSTER, "scheduler", "--port", "8118", "--metrics-port", "8118", "--worker-num", "1"],
+        [*MSCLUSTER, "scheduler", *options],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("MS_", "CLUSTER_"))},
+        env={**env, **environment},
     )
     assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines() == [
-        "mscluster: ConfigError: CLUSTER_METRICS_PORT=8118 (--metrics-port) is MS_SCHED_PORT "
-        "(--port), where the scheduler itself listens: give the metrics another port (0: any "
-        "free one)"
+    return result.stderr.splitlines()
+
+
+def test_mscluster_scheduler_port_and_metrics_port_alike_is_one_line() -> None:
+    said = mscluster_scheduler_refusal(
+        "--port", "8118", "--metrics-port", "8118", "--worker-num", "1"
+    )
+    assert said == [
+        "mscluster: ConfigError: --metrics-port=8118 is --port, where the scheduler itself "
+        "listens: give the metrics another port (0: any free one)"
     ]
 
 
@@ -746,16 +755,22 @@ def test_scheduler_port_0_is_no_port_the_metrics_are_refused_on(
         (
             ["--port", "8118", "--worker-num", "2", "--recovery-path", "FILE"],
             {},
-            "--recovery-path='FILE' is a file, not a directory",
+            "--recovery-path='FILE' is a file, not a directory: move that file away",
         ),
         # A value of the environment is the variable's.
         (["--port", "8118"], {"MS_WORKER_NUM": "0"}, "MS_WORKER_NUM='0' is out of range"),
         (["--worker-num", "2"], {"MS_SCHED_PORT": "x"}, "MS_SCHED_PORT='x' is not an integer"),
-        # A refusal that names the option already stays as it is.
+        # Each variable of a value given by an option is said as the option, the others as
+        # they are.
         (
             ["--port", "8118", "--worker-num", "2", "--metrics-port", "8118"],
             {},
-            "CLUSTER_METRICS_PORT=8118 (--metrics-port) is MS_SCHED_PORT (--port)",
+            "--metrics-port=8118 is --port, where",
+        ),
+        (
+            ["--worker-num", "2", "--metrics-port", "8118"],
+            {"MS_SCHED_PORT": "8118"},
+            "--metrics-port=8118 is MS_SCHED_PORT, where",
         ),
     ],
 )
@@ -784,18 +799,34 @@ def test_mscluster_scheduler_names_the_option_of_a_value_it_refuses(
     assert str(refused.value).startswith(said), str(refused.value)
 
 
-def test_a_scheduler_on_a_taken_port_names_the_option_beside_the_variable() -> None:
-    """What the scheduler's bind refuses names the variable and `mscluster scheduler`'s
-    option both: its port (`choose another MS_SCHED_PORT`) and its metrics' port."""
+def test_a_scheduler_on_a_taken_port_names_its_setting_as_it_was_given() -> None:
+    """What the scheduler's bind refuses names the setting as the scheduler was given it: the
+    variables of the launch contract (`cluster.init()` as MS_SCHED, `mscluster run`'s
+    scheduler), and `mscluster scheduler`'s option where one gave the value. It named
+    `mscluster scheduler`'s options to everyone, who could not give them."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError) as refused:
             check_bindable("127.0.0.1", port)
-        assert str(refused.value).endswith("choose another MS_SCHED_PORT (--port)")
+        assert str(refused.value).endswith("choose another MS_SCHED_PORT")
         with pytest.raises(ConfigError) as refused:
             MetricsServer(CollectorRegistry(), "127.0.0.1", port).start()
         said = str(refused.value)
-        assert said.startswith(f"CLUSTER_METRICS_PORT={port} (--metrics-port): "), said
-        assert said.endswith("CLUSTER_METRICS_HOST (--metrics-host) an address of this host")
+        assert said.startswith(f"CLUSTER_METRICS_PORT={port}: "), said
+        assert said.endswith("CLUSTER_METRICS_HOST an address of this host")
+        in_use = f"127.0.0.1:{port}: the port is already in use (another scheduler still running?)"
+        options = ("--worker-num", "1", "--host", "127.0.0.1")
+        assert mscluster_scheduler_refusal("--port", str(port), *options) == [
+            f"mscluster: ConfigError: the scheduler cannot listen on {in_use}; free it or "
+            "choose another --port"
+        ]
+        assert mscluster_scheduler_refusal(*options, MS_SCHED_PORT=str(port)) == [
+            f"mscluster: ConfigError: the scheduler cannot listen on {in_use}; free it or "
+            "choose another MS_SCHED_PORT"
+        ]
+        metrics = ("--port", "0", "--metrics-port", str(port), *options)
+        said = mscluster_scheduler_refusal(*metrics)[-1]
+        assert said.startswith(f"mscluster: ConfigError: --metrics-port={port}: "), said
+        assert said.endswith("and CLUSTER_METRICS_HOST an address of this host"), said

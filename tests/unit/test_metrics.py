@@ -305,7 +305,7 @@ async def test_a_metrics_port_in_use_is_a_clear_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         server = SchedulerServer(settings(), observe=ObserveConfig(metrics_port=port))
-        with pytest.raises(ConfigError, match=rf"CLUSTER_METRICS_PORT={port} .*: .*choose a free"):
+        with pytest.raises(ConfigError, match=rf"CLUSTER_METRICS_PORT={port}: .*choose a free"):
             await server.start()
     assert server.port == 0  # the scheduler did not start serving
 

@@ -61,7 +61,14 @@ def save(path: Path, kind: str, payload: dict[str, Any]) -> None:
             "any, is unchanged"
         )
 
-    atomic.write_atomically(path, lambda fd: atomic.write_all(fd, data), failed)
+    def unsynced(exc: OSError) -> StateFileError:
+        return StateFileError(
+            f"cannot save the recovery state to {path}: the new state is in place, but syncing "
+            f"its directory failed ({exc.strerror}), so a crash of the host may still lose it; "
+            "it counts as not saved until a save succeeds"
+        )
+
+    atomic.write_atomically(path, lambda fd: atomic.write_all(fd, data), failed, unsynced)
     atomic.remove_temporaries(path)
 
 

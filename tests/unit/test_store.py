@@ -14,7 +14,7 @@ import pytest
 
 from cluster.protocol.errors import ConfigError, FencedError, StateFileError
 from cluster.scheduler import descriptors
-from cluster.storage import store
+from cluster.storage import atomic, store
 from cluster.testing import free_port
 from tests.procs import MSCLUSTER, ROOT, as_a_user, job_env
 
@@ -99,6 +99,27 @@ def test_a_failed_save_leaves_the_old_state_and_no_temporary(
         store.save(path, "scheduler", {**PAYLOAD, "generation": 5})
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_a_save_whose_directory_sync_fails_says_the_new_state_is_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory's fsync fails (an I/O error) once the rename landed: the error says the
+    new state is there but not known durable (so the save counts as failed), not that the
+    previous state is unchanged."""
+    path = tmp_path / "s.json"
+    store.save(path, "scheduler", PAYLOAD)
+    newer = {**PAYLOAD, "generation": 5}
+
+    def failing(directory: Path) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(atomic, "fsync_directory", failing)
+    with pytest.raises(StateFileError) as info:
+        store.save(path, "scheduler", newer)
+    assert "the new state is in place, but syncing its directory failed" in str(info.value)
+    assert "unchanged" not in str(info.value)
+    assert store.load(path, "scheduler") == newer
 
 
 def test_a_killed_writer_never_leaves_a_half_file(tmp_path: Path) -> None:

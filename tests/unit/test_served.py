@@ -4,9 +4,13 @@ while a peer reads it (copy-on-replace)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.storage import checkpoint_files, checkpoint_tree
@@ -107,3 +111,24 @@ def test_the_reader_accepts_a_replicas_file_stored_under_another_rank(tmp_path: 
         reader.path(2).write_bytes(writer.path(2).read_bytes())
         assert checkpoint_files.looks_complete(reader.path(2))
         assert reader.load(2)["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_fifo_put_in_a_steps_place_after_its_check_is_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What stands in a step's place may change between the check and the open: a FIFO put
+    there meanwhile is refused (nothing served), never waited on by the server's thread."""
+    with manager(tmp_path) as checkpoints:
+        checkpoints.save(4, big_state(1.5))
+        checkpoints.flush()
+        path = checkpoints.path(4)
+        monkeypatch.setattr(checkpoint_files, "looks_complete", lambda path: True)
+        path.unlink()
+        os.mkfifo(path)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            opened = pool.submit(checkpoints.served.open, 0, 4, any_rank=True)
+            try:
+                assert opened.result(timeout=10) is None
+            finally:  # a writer lets an open that waits go, so that the pool can end
+                with contextlib.suppress(OSError):  # (ENXIO: none waits)
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))

@@ -85,10 +85,31 @@ def open_own(path: Path) -> tuple[int | None, str]:
     return fd, ""
 
 
+def open_regular(path: Path) -> int:
+    """The file `path`, open for reading: never through a symbolic link (ELOOP), and never
+    waiting on what is there (a FIFO is opened without blocking); OSError, also when it is not
+    a regular file (its strerror says what it is)."""
+    fd = open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+    return fd
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+    return kinds.get(stat.S_IFMT(mode), "a device")
+
+
 def read_no_follow(path: Path) -> bytes:
-    """The bytes of the file at `path`, never read through a link there; OSError."""
-    fd = open_no_follow(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as file:
+    """The bytes of the regular file at `path`, never read through a link there nor waited on
+    (`open_regular`); OSError."""
+    with os.fdopen(open_regular(path), "rb") as file:
         return file.read()
 
 

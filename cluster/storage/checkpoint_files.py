@@ -23,7 +23,6 @@ import io
 import json
 import os
 import queue
-import stat
 import struct
 import threading
 from collections.abc import Iterable
@@ -129,27 +128,6 @@ def write(path: Path, step: int, parts: Iterable[memoryview | bytes]) -> None:
     atomic.write_atomically(path, write_parts, failed, unsynced)
 
 
-def open_regular(path: Path) -> int:
-    """The checkpoint file `path`, open for reading: never through a symbolic link (ELOOP), and
-    never waiting on what is there (a FIFO is opened without blocking); OSError, also when it
-    is not a regular file (its strerror says what it is)."""
-    fd = atomic.open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
-    return fd
-
-
-def _kind(mode: int) -> str:
-    kinds = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
-    return kinds.get(stat.S_IFMT(mode), "a device")
-
-
 def why_unreadable(exc: OSError) -> str:
     """Why a checkpoint file could not be opened or read (`exc`), in words."""
     return "a symbolic link, never followed" if exc.errno == errno.ELOOP else str(exc.strerror)
@@ -158,9 +136,9 @@ def why_unreadable(exc: OSError) -> str:
 def looks_complete(path: Path) -> bool | None:
     """Whether the preamble, size and footer are right: a cheap check that the file was written
     whole (`read` verifies the checksum). None when the file cannot be opened or read (no
-    permission, an I/O error), or is not a regular file (`open_regular`: a symbolic link, never
-    followed, as `read` never follows one; a FIFO, never waited on): whether it is whole is not
-    known, and it is neither a complete checkpoint nor one to remove as torn."""
+    permission, an I/O error), or is not a regular file (`atomic.open_regular`: a symbolic
+    link, never followed, as `read` never follows one; a FIFO, never waited on): whether it is
+    whole is not known, and it is neither a complete checkpoint nor one to remove as torn."""
     found = examine(path)
     return found if isinstance(found, bool) else None
 
@@ -169,7 +147,7 @@ def examine(path: Path) -> bool | str:
     """Whether the file looks complete (`looks_complete`), or, where that cannot be told, why
     (`why_unreadable`: what keeps it from being read)."""
     try:
-        fd = open_regular(path)
+        fd = atomic.open_regular(path)
     except OSError as exc:
         return why_unreadable(exc)
     try:
@@ -197,7 +175,7 @@ def read(
     open there (from its start; `fd` stays open), `path` only names it: a temporary being
     written, checked before its rename makes it `path`."""
     try:
-        opened = os.dup(fd) if fd is not None else open_regular(path)
+        opened = os.dup(fd) if fd is not None else atomic.open_regular(path)
         with open(opened, "rb", buffering=0) as file:
             file.seek(0)
             header, state = _read_file(file, step)

@@ -191,7 +191,7 @@ class KvLog:
         """The store of `job`; empty when the log is missing or another job's. The log read is
         held open from then on (`close`): `append` writes to that file only."""
         try:
-            fd = atomic.open_no_follow(self.path, os.O_RDONLY)
+            fd = atomic.open_regular(self.path)
         except FileNotFoundError:
             return {}
         except OSError as exc:

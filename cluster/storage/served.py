@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cluster.storage import checkpoint_files
+from cluster.storage import atomic, checkpoint_files
 from cluster.storage.snapshot import Snapshot
 
 # The bytes of one piece sent to a peer (one gRPC message).
@@ -141,7 +141,7 @@ class ServedCheckpoints:
             # Opened once: a prune or a rename while it is sent does not change what is sent.
             # A regular file only, never waited on: what is there may have changed since it was
             # checked (a FIFO would hold the server's thread for ever).
-            fd = checkpoint_files.open_regular(path)
+            fd = atomic.open_regular(path)
         except OSError:
             return None
         nbytes = os.fstat(fd).st_size

@@ -141,7 +141,7 @@ def left_behind(directory: Path) -> tuple[str, ...]:
 def _kv_job(directory: Path) -> str:
     """The job that the key-value log in `directory` names ("" when none can be read)."""
     try:
-        fd = atomic.open_no_follow(directory / kv_log.FILE_NAME, os.O_RDONLY)
+        fd = atomic.open_regular(directory / kv_log.FILE_NAME)
     except OSError:
         return ""
     try:

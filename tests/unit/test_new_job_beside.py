@@ -8,7 +8,10 @@ the old job, in a refusal cut off mid-sentence that blamed a shared path. Real f
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -211,15 +214,28 @@ STATE_FILES: dict[str, tuple[str, str, Callable[[Path], object], str]] = {
 }
 
 
-@pytest.mark.parametrize("there", ["link", "directory"])
+def loaded_at_once(load: Callable[[Path], object], directory: Path, path: Path) -> None:
+    """`load(directory)`, which must end within seconds whatever is at `path` (a FIFO there
+    held the reading process for ever); a writer opened then lets a waiting open go."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(load, directory)
+        try:
+            loading.result(timeout=10)
+        finally:
+            with contextlib.suppress(OSError):  # (ENXIO: none waits)
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("there", ["link", "directory", "fifo"])
 @pytest.mark.parametrize("kind", sorted(STATE_FILES))
 def test_a_state_file_that_cannot_be_read_says_what_it_is_and_what_to_do(
     tmp_path: Path, there: str, kind: str
 ) -> None:
-    """A symbolic link (to a whole file elsewhere), or a directory, where a state file goes: the
-    one line names the file and what is there (a link as a link: the system's words are "Too
-    many levels of symbolic links") and ends with that file's advice, as a torn file's does
-    (it ended with the system's cause, saying nothing of what to do)."""
+    """A symbolic link (to a whole file elsewhere), a directory, or a FIFO where a state file
+    goes: the one line names the file and what is there (a link as a link: the system's words
+    are "Too many levels of symbolic links"; a FIFO is never waited on) and ends with that
+    file's advice, as a torn file's does (it ended with the system's cause, saying nothing of
+    what to do)."""
     name, what, load, advice = STATE_FILES[kind]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -232,11 +248,14 @@ def test_a_state_file_that_cannot_be_read_says_what_it_is_and_what_to_do(
     if there == "link":
         path.symlink_to(elsewhere / name)
         said = f"{what} {path} is a symbolic link, which is never followed: put the file itself"
-    else:
+    elif there == "directory":
         path.mkdir()
-        said = f"cannot read {what} {path} (Is a directory): make it a file this process can read"
+        said = f"cannot read {what} {path} (a directory, not a regular file): make it a file"
+    else:
+        os.mkfifo(path)
+        said = f"cannot read {what} {path} (a FIFO, not a regular file): make it a file"
     with pytest.raises(StateFileError) as caught:
-        load(directory)
+        loaded_at_once(load, directory, path)
     message = str(caught.value)
     assert said in message
     assert message.endswith(f", or {advice}")

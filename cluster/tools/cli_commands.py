@@ -27,7 +27,12 @@ from cluster.protocol.errors import ConfigError, SchedulerUnreachableError
 from cluster.protocol.parse import split_address
 from cluster.tools import placement, slurm
 from cluster.tools.cli_args import add_run_arguments, parse
-from cluster.tools.launch_plan import LaunchOptions, max_restarts_for, seconds_text
+from cluster.tools.launch_plan import (
+    LaunchOptions,
+    lease_without_store,
+    max_restarts_for,
+    seconds_text,
+)
 from cluster.worker import orphan
 
 if TYPE_CHECKING:
@@ -92,6 +97,8 @@ def _scheduler_config(args: argparse.Namespace) -> ClusterConfig:
     )
     if args.recovery_path:
         env["MS_ENABLE_RECOVERY"] = "1"
+    if args.lease is not None and not env.get("CLUSTER_STATE_URL", "").strip():
+        raise lease_without_store("--state-url (or CLUSTER_STATE_URL)")
     env.setdefault("MS_SCHED_HOST", "127.0.0.1")
     # Port 0 (any free port, logged at start) is allowed here, not in the launch contract: the
     # parse is given a stand-in, one the metrics port is not (`check_metrics_port`).

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cluster.protocol.config import is_numeric_node_id
 from cluster.protocol.environment import sched_addresses_from_env
+from cluster.protocol.errors import ConfigError
 from cluster.tools.slurm import Allocation
 from cluster.tools.table import format_table
 
@@ -449,3 +450,11 @@ def _environment(plan: Plan, inherited: Mapping[str, str]) -> list[str]:
     if replaced:
         lines.append(f"not passed on (mscluster run sets its own): {', '.join(replaced)}")
     return lines
+
+
+def lease_without_store(state_url: str) -> ConfigError:
+    """`--lease` given where no state store in etcd is (`state_url`: how one is given)."""
+    return ConfigError(
+        f"--lease is the leader's hold on a state store in etcd, and this job has none: give "
+        f"{state_url} with it, or leave --lease out"
+    )

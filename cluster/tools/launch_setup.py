@@ -48,6 +48,7 @@ from cluster.tools.launch_plan import (
     bare_host,
     child_environment,
     decided_values,
+    lease_without_store,
     make_plan,
     master_host,
     max_restarts_for,
@@ -272,6 +273,8 @@ def check_job_settings(options: LaunchOptions) -> None:
             parse_seconds(option, seconds_text(seconds), minimum=minimum)
     if options.lease_s is not None:
         parse_lease(str(options.lease_s), "--lease")
+        if options.state_url is None:
+            raise lease_without_store("--state-url")
     if options.state_url is not None:
         state_url_from_env(os.environ, options.state_url)
 

@@ -308,3 +308,31 @@ def test_a_run_whose_scheduler_needs_the_etcd_extra_is_refused_before_it_starts(
         "mscluster: ConfigError: --state-url names etcd, but the etcd client is not installed: "
         "pip install 'mscluster-grpc[etcd]' (it adds aetcd)"
     )
+
+
+@pytest.mark.parametrize("command", ["run", "scheduler"])
+def test_a_lease_without_a_state_store_is_refused_naming_what_to_give(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """`--lease` is the leader's hold on a state store in etcd: given without one (no
+    --state-url, and for `mscluster scheduler` no CLUSTER_STATE_URL either) it was ignored
+    without a word; it is refused, naming what to give, and nothing starts."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CLUSTER_STATE_URL", raising=False)
+    (tmp_path / "train.py").write_text("")
+    if command == "run":
+        argv = ["run", "--dry-run", "--worker-num", "1", "--lease", "5", "train.py"]
+        give = "--state-url"
+    else:
+        argv = ["scheduler", "--port", "0", "--worker-num", "1", "--lease", "5"]
+        give = "--state-url (or CLUSTER_STATE_URL)"
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.splitlines()[-1] == (
+        "mscluster: ConfigError: --lease is the leader's hold on a state store in etcd, and "
+        f"this job has none: give {give} with it, or leave --lease out"
+    )

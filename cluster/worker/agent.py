@@ -255,8 +255,11 @@ class WorkerAgent:
 
     async def _finish_saved(self) -> str:
         """Whether this node's scheduler saved its Finish as counted, where this node can read
-        its state (with recovery): the evidence, in words ("" when none). One look at a time,
-        each awaited: a slow volume slows the looks, it never piles them up."""
+        its state (with recovery): the evidence, in words ("" when none). Looked at on this
+        loop, one look at a time: a Finish is held most often in the finalize at exit, where
+        the executor of `asyncio.to_thread` takes no more work (RuntimeError, and the finalize
+        gave up the Finish unheard); a look is one `lstat`, and a read only when the file
+        changed, while this node is away anyway (`SavedFinish`)."""
         recovery = self.config.recovery
         if recovery is None or not self.core.cluster_id:
             return ""
@@ -265,7 +268,7 @@ class WorkerAgent:
 
             whose = (self.core.cluster_id, self.identity.node_id, self.identity.incarnation)
             self._saved_finish = SavedFinish(recovery.path, *whose)
-        return await asyncio.to_thread(self._saved_finish.look)
+        return self._saved_finish.look()
 
     def _deliver(self, action: steps.Deliver) -> None:
         if action.new_generation:

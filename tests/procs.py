@@ -81,6 +81,21 @@ def as_a_user(*also: str) -> list[str]:
     return [setpriv, f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--"]
 
 
+def run_as_a_user(script: str, directory: Path, *also: str) -> subprocess.CompletedProcess[str]:
+    """`python -c script directory` run to its end as a user (`as_a_user`, without `also`),
+    from the repository's root; it must exit 0."""
+    result = subprocess.run(
+        [*as_a_user(*also), PYTHON, "-c", script, str(directory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def certs(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """`mscluster certs --out OUT EXTRA` run to its end; its output as text."""
     return subprocess.run(

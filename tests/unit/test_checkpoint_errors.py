@@ -7,7 +7,6 @@ import concurrent.futures
 import os
 import re
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from cluster.api.checkpoint import CheckpointConfig, CheckpointManager
 from cluster.api.training import TrainingLoop
 from cluster.protocol.errors import CheckpointError, ConfigError
-from tests.procs import PYTHON, ROOT, as_a_user
+from tests.procs import run_as_a_user
 
 NOBODY = 65534  # the user that owns what this process, as a user, may not remove
 
@@ -34,20 +33,6 @@ def test_training_loop_steps_must_be_an_integer(tmp_path: Path, steps: Any) -> N
     invalid = rf"steps={re.escape(repr(steps))} is invalid"
     with manager(tmp_path) as ckpt, pytest.raises(ConfigError, match=invalid):
         TrainingLoop(steps, ckpt, dict, lambda state: None)
-
-
-def run_as_a_user(script: str, directory: Path, *also: str) -> str:
-    """What `script` prints, given `directory`, run as a user (`as_a_user`, without `also`)."""
-    result = subprocess.run(
-        [*as_a_user(*also), PYTHON, "-c", script, str(directory)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 # Saves step 2 beside a torn step 1 that it may not remove (`argv[1]`): what it raises and
@@ -80,7 +65,7 @@ def test_a_checkpoint_that_cannot_be_pruned_names_its_path(tmp_path: Path) -> No
     for path, mode in ((torn, 0o644), (rank_directory, 0o1777)):
         os.chown(path, NOBODY, NOBODY)
         path.chmod(mode)
-    said = run_as_a_user(SAVE_BESIDE_UNREMOVABLE, tmp_path, "fowner").splitlines()
+    said = run_as_a_user(SAVE_BESIDE_UNREMOVABLE, tmp_path, "fowner").stdout.splitlines()
     assert said[0].startswith(f"refused: cannot remove the checkpoint {torn} ("), said
     assert said[1:] == ["reported: [[2]]"], said
     assert torn.exists()
@@ -105,7 +90,7 @@ def test_a_checkpoint_directory_that_cannot_be_listed_names_its_path(tmp_path: P
     rank_directory = tmp_path / "rank_0"
     rank_directory.mkdir(mode=0o300)
     rank_directory.chmod(0o300)
-    said = run_as_a_user(LIST, tmp_path)
+    said = run_as_a_user(LIST, tmp_path).stdout
     listing = f"refused: cannot list the checkpoint directory {rank_directory} (Permission denied)"
     assert said.startswith(listing), said
 

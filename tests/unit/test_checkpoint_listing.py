@@ -9,7 +9,6 @@ import logging
 import os
 import shutil
 import stat
-import subprocess
 import threading
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from cluster.protocol.errors import CheckpointError
 from cluster.storage import checkpoint_files
 from cluster.storage.served import ServedCheckpoints
 from cluster.testing import wait_until
-from tests.procs import PYTHON, ROOT, as_a_user
+from tests.procs import run_as_a_user
 
 OLDER = 300
 
@@ -137,21 +136,12 @@ def test_a_file_the_manager_cannot_read_is_not_reported_nor_removed(tmp_path: Pa
     saves step 4. It reports 1, 3 and 4, and leaves step 2's file where it is: it was taken
     for a torn file and removed, with nothing said, and a chmod could no longer bring it back.
     That step 2 drops out is said in one warning, not at each of the three listings."""
-    as_user = as_a_user()
     with manager(tmp_path, []) as first:
         for step in (1, 2, 3):
             first.save(step, {"a": step})
     unreadable = first.path(2)
     unreadable.chmod(0)
-    result = subprocess.run(
-        [*as_user, PYTHON, "-c", SAVE_BESIDE_UNREADABLE, str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_as_a_user(SAVE_BESIDE_UNREADABLE, tmp_path)
     assert result.stdout.split() == ["[1,", "3,", "4]", *["[1,", "3,", "4]"] * 2], result.stdout
     assert result.stderr.splitlines() == [
         f"the checkpoint {unreadable} cannot be read (Permission denied): step 2 is neither "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +37,12 @@ from cluster.storage.recovery_dir import check_recovery_path
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
 STATE_FILE = "scheduler.json"
+# What a state found damaged while this scheduler runs on the directory calls for: nothing of the
+# operator's (at start-up, the file is all a scheduler knows of the job, and it is refused).
+_SAVED_AGAIN = (
+    "this scheduler holds the directory's lock and saves the job's state there again, so the job "
+    "goes on"
+)
 # How long `release` waits for the writes still running: short, as a stopping scheduler has a few
 # seconds before the launcher's SIGKILL (a killed process loses its lock only with its threads).
 WRITE_WAIT_S = 1.0
@@ -147,7 +154,7 @@ class DirectoryStore:
     def _current_token(self) -> str | None:
         """The token of what is on disk; None when there is no file to read (a disk fault
         behind the lock, not another writer: the save writes it again, or says what the disk
-        refused)."""
+        refused) or it was damaged and is now kept aside (`_keep_damaged`)."""
         try:
             identity = file_identity(self.path)
         except OSError:
@@ -160,10 +167,24 @@ class DirectoryStore:
         except OSError:
             return None  # gone or unreadable (a disk fault, not another writer): rewritten
         try:
-            snapshot = store.decode(data, SCHEDULER_KIND, str(self.path), store.FILE_ADVICE)
-        except StateFileError:
-            return "unreadable"  # not a state this scheduler saved: never overwritten blindly
+            snapshot = store.decode(data, SCHEDULER_KIND, str(self.path), _SAVED_AGAIN)
+        except StateFileError as exc:
+            self._keep_damaged(str(exc))
+            return None
         return store.checksum(snapshot)
+
+    def _keep_damaged(self, why: str) -> None:
+        """The state on disk is no state any scheduler saves whole (torn, edited, foreign): no
+        other scheduler wrote it, as this one holds the lock, and waiting cannot mend it. Keep
+        its bytes beside it for the operator and say so, once: the save then writes the state
+        this scheduler holds (a file that cannot be moved is left to the save to replace)."""
+        kept = _damaged_name(self.path)
+        try:
+            self.path.replace(kept)
+        except OSError as exc:
+            _log.warning("%s; keeping the damaged file failed (%s)", why, exc.strerror)
+            return
+        _log.warning("%s; the damaged file is kept as %s", why, kept)
 
     async def load_kv(self, job: str) -> dict[str, bytes]:
         return await asyncio.to_thread(self._kv.load, job)
@@ -177,3 +198,14 @@ class DirectoryStore:
         if not self._held:
             raise FencedError(f"this scheduler does not hold the lock of {self.directory}")
         await self._write(self._kv.reset, job)
+
+
+def _damaged_name(path: Path) -> Path:
+    """Where a damaged state file is kept: beside it, named by the UTC time it was found."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    kept = path.with_name(f"{path.name}.damaged-{stamp}")
+    number = 1
+    while kept.exists():
+        number += 1
+        kept = path.with_name(f"{path.name}.damaged-{stamp}-{number}")
+    return kept

@@ -173,7 +173,7 @@ def decode(data: bytes, kind: str, where: str, advice: str) -> dict[str, Any]:
     if not isinstance(version, int) or version > VERSION:
         raise StateFileError(
             f"the recovery state {where} has format version {version!r}, but this cluster reads "
-            f"version {VERSION} at most: use the cluster release that wrote it, or {advice}"
+            f"version {VERSION} at most (a newer cluster release wrote it, and reads it); {advice}"
         )
     if envelope.get("kind") != kind:
         raise StateFileError(

@@ -46,6 +46,9 @@ from cluster.storage import store
 from cluster.storage.state_store import SCHEDULER_KIND, Stored, Written
 
 log = logging.getLogger("cluster.scheduler")
+# What a state found damaged while this scheduler leads calls for: nothing of the operator's (a
+# scheduler that reads it to lead the job is refused instead, `EtcdStore._advice`).
+_SAVED_AGAIN = "this scheduler leads the job and saves its state there again, so the job goes on"
 
 INLINE = b"\x00"
 CHUNKED = b"\x01"
@@ -110,6 +113,7 @@ class EtcdStore:
         self.kv_job_key = prefix + b"kvjob"
         self.kv_prefix = prefix + b"kv/"
         self.kv_blobs = prefix + b"kvblob/"
+        self.damaged_prefix = prefix + b"damaged/"  # states found damaged, kept for a look
         self._advice = f"delete it (etcdctl del {self.state_key.decode()}) to start a new job"
         self._torn_advice = (
             f"check that no scheduler leads the job (etcdctl get {prefix.decode()}leader shows "
@@ -190,19 +194,28 @@ class EtcdStore:
             f"chunks were read, {READ_TRIES} times"
         )
 
-    async def _decode_state(self, raw: bytes, revision: int, read_at: int) -> Stored | None:
+    async def _decode_state(
+        self, raw: bytes, revision: int, read_at: int, advice: str | None = None
+    ) -> Stored | None:
         """The state `raw` holds (its chunks read at revision `read_at`); None when etcd
-        compacted that revision meanwhile."""
+        compacted that revision meanwhile. StateFileError ends with `advice` (by default what
+        a scheduler that reads it to lead the job is advised)."""
         where = f"{self.where} (key {self.state_key.decode()})"
-        value = await self._value(raw, read_at, self.state_blobs, where, self._torn_advice)
+        torn = self._torn_advice if advice is None else advice
+        value = await self._value(raw, read_at, self.state_blobs, where, torn)
         if value is None:
             return None
         data, blob = value
-        snapshot = store.decode(data, SCHEDULER_KIND, where, self._advice)
+        snapshot = store.decode(data, SCHEDULER_KIND, where, advice or self._advice)
         self._state_blob = blob
         return Stored(snapshot, str(revision))
 
     async def save(self, snapshot: dict[str, Any], token: str) -> Written:
+        return await self._save(snapshot, token, mend=True)
+
+    async def _save(self, snapshot: dict[str, Any], token: str, *, mend: bool) -> Written:
+        """Save `snapshot` over the state of `token`; where the state found in its place is
+        damaged while this scheduler leads (`mend`), keep it aside and save over it once."""
         fence = self._fence()
         unknown = self._unknown_blobs
         value, blob = await self._stored_form(
@@ -234,8 +247,24 @@ class EtcdStore:
         if meta is None:
             self._state_blob = None
             return Written(False, Stored(None, ""))
-        current = await self._decode_state(raw or b"", meta.mod_revision, meta.header.revision)
+        try:
+            current = await self._decode_state(
+                raw or b"", meta.mod_revision, meta.header.revision, _SAVED_AGAIN
+            )
+        except StateFileError as exc:
+            if not mend:
+                raise
+            await self._keep_damaged(raw or b"", meta.mod_revision, str(exc))
+            return await self._save(snapshot, str(meta.mod_revision), mend=False)
         return Written(False, current or await self.load())
+
+    async def _keep_damaged(self, raw: bytes, revision: int, why: str) -> None:
+        """The state key holds what no scheduler saves whole (torn, edited, foreign) while this
+        one leads, so no other scheduler wrote it, and waiting cannot mend it: keep its value
+        under `damaged/` for the operator and say so, once; the save then writes over it."""
+        kept = self.damaged_prefix + f"state-{revision}".encode()
+        await self.connection.call(lambda c: c.put(kept, raw), "keep the damaged state")
+        log.warning("%s; the damaged value is kept at key %s", why, kept.decode())
 
     def _landed(self, blob: str | None, unnamed: set[str]) -> None:
         """A state save naming chunks `blob` landed, removing chunk sets `unnamed`."""

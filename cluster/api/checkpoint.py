@@ -181,10 +181,11 @@ class CheckpointManager:
         in this job, try again to take it), in the rank's directory: one removed while the
         manager runs (by hand, with its files) is made again, and saves go on there (said);
         whether it was made again. Called by the writer too, for a directory removed under
-        its write (`WriteBehind.persist`)."""
+        its write (`WriteBehind.persist`). Once the rank went to another process of the job
+        (`_displaced`), nothing is made: no directory, no lock file."""
         assert self._lock is not None  # made by _place
         with self._holding:
-            made = self._disk.make()
+            made = not self._displaced() and self._disk.make()
             if made:
                 _tell(
                     f"the checkpoint directory {self.directory} was removed, with the checkpoints "
@@ -353,8 +354,11 @@ class CheckpointManager:
         if not self._said_displaced:
             self._said_displaced = True
             line = (
-                f"the checkpoints of prefix {self.prefix!r} in {self.directory} went to another "
-                f"process of this job ({holder}): this one writes nothing more there"
+                f"rank {self.rank}'s checkpoints of prefix {self.prefix!r} in {self.directory} "
+                f"went to another process of this job ({holder}), which the scheduler gave the "
+                "rank to: this one writes nothing more there, whatever happens to the lock file "
+                "(its saves are dropped), and ends once it hears its rank went away; stop it if "
+                "it trains on"
             )
             _tell(line)
         return True

@@ -23,9 +23,13 @@ storage keeps its lock for the lease). The newcomer waits `SUCCESSOR_WAIT_S` for
 then goes on without the lock, saying so in one line, and writes its own seat into the file (a
 claim: the earlier holder, which ends once it hears its rank went to another, writes nothing
 more there once it reads it, `displaced`); each later `acquire` tries again, without waiting,
-and takes the lock once the earlier holder is gone. A lock held by another job, by a process
-outside any job, or named by an unreadable file (a file of another program; one written before
-the holder was a line of JSON) keeps the wait and the refusal.
+and takes the lock once the earlier holder is gone. The claim outlives the file: an earlier
+holder that read it remembers it, and makes no new lock where the file is removed (alone, or
+with its directory); a newcomer whose claim went with the file before the earlier holder read
+it finds the new file locked by that holder at its next `acquire`, and claims it again. A
+lock held by another job, by a process outside any job, or named by an unreadable file (a file
+of another program; one written before the holder was a line of JSON) keeps the wait and the
+refusal.
 
 A child forked by the holder (a data loader's worker) closes its copy of the descriptor at
 once (`holder_lock.close_in_child`), so it never keeps the lock after the holder is gone; `exec`
@@ -147,6 +151,9 @@ class CheckpointLock:
         self._unavailable = False  # this file system has no locks (said)
         self._unmade = False  # the file could not be opened at the last try (said)
         self.behind = False  # going on without the lock, behind an earlier holder (said)
+        # The process of this job that the rank went to, once known (`displaced`): this
+        # manager makes no new lock and writes nothing more, whatever happens to the file.
+        self._gone_to: Holder | None = None
         # Where this lock's lines go: the worker's own lines in a job (`acquire`'s `say`),
         # else this module's log.
         self._say: Callable[[str], None] | None = None
@@ -174,6 +181,9 @@ class CheckpointLock:
             return
         if self._fd is not None and self._pid != os.getpid():
             raise CheckpointError(self._forked())
+        if self._gone_to is not None:
+            self._stay_out(self._gone_to)
+            return
         lost = self._fd is not None and not holder_lock.still_holds(self._fd, self.path)
         if lost:
             self._let_go_of_lost()
@@ -223,16 +233,29 @@ class CheckpointLock:
             "lock kept no other manager out: locking the file there now",
         )
 
+    def _stay_out(self, gone_to: Holder) -> None:
+        """Displaced: where the file this manager held was removed or replaced, let go of it
+        (said), and make no new one: the successor, which goes on without the lock, would
+        never claim it, and both would write the rank's files."""
+        if self._fd is None or holder_lock.still_holds(self._fd, self.path):
+            return
+        self.release()
+        self._tell(
+            logging.WARNING,
+            f"{self.path} was removed or replaced while this CheckpointManager held it, but "
+            f"{self._what()} went to another process of this job ({gone_to}): this manager "
+            "makes no new lock there",
+        )
+
     def displaced(self) -> Holder | None:
-        """The process of this job that holds the rank now, when its claim is in the file (it
-        `replaces` this manager's seat): this manager writes nothing more there. None
-        otherwise, also when the file cannot be read."""
-        if self._seat is None:
-            return None
-        holder = _read_holder_at(self.path)
+        """The process of this job that holds the rank now, once its claim was in the file (it
+        `replaces` this manager's seat): this manager writes nothing more there, and makes no
+        new lock file, whatever happens to this one (remembered). None otherwise, also when the
+        file cannot be read."""
+        holder = None if self._seat is None else _read_holder_at(self.path)
         if holder is not None and replaces(holder.seat, self._seat):
-            return holder
-        return None
+            self._gone_to = holder  # the newest claim read, named in what is said
+        return self._gone_to
 
     def _what(self) -> str:
         return f"the checkpoints of prefix {self.prefix!r} in {self.path.parent}"
@@ -288,8 +311,11 @@ class CheckpointLock:
                 raise CheckpointError(self._refusal(None, ours, wait_s, lost))
             holder = _holder(found)
             theirs = None if holder is None else holder.seat
-            if _same_process(seat, theirs) or replaces(theirs, seat):
-                return "behind"  # this process's own claim; or it was replaced (`displaced`)
+            if replaces(theirs, seat):
+                self._gone_to = holder  # it was replaced (`displaced`): remembered
+                return "behind"
+            if _same_process(seat, theirs):
+                return "behind"  # this process's own claim
             waited = time.monotonic() - start
             if replaces(seat, theirs) and holder is not None:
                 if self.behind or waited >= min(SUCCESSOR_WAIT_S, wait_s):
@@ -308,10 +334,19 @@ class CheckpointLock:
 
     def _step_in(self, fd: int, holder: Holder, seat: Seat | None) -> None:
         """Go on without the lock held by `holder`, which this process's `seat` replaces:
-        write the claim the earlier holder reads (`displaced`) and say so, the first time."""
-        if self.behind:
-            return  # claimed and said when it first stepped in
+        write the claim the earlier holder reads (`displaced`) and say so. Behind it already,
+        the file names the holder, not this claim: the file was removed (alone, or with its
+        directory) before the holder read the claim, and it made a new one and locked it;
+        claim that one again (said), or both would write the rank's files for good."""
         _write_holder(fd, seat)
+        if self.behind:
+            self._tell(
+                logging.WARNING,
+                f"the claim this process wrote in {self.path} is gone (the file was removed and "
+                f"made anew), and the earlier holder of this rank in this job ({holder}) locked "
+                "the new one: claimed it again, so that it writes nothing more there",
+            )
+            return
         generation = "" if seat is None else f" in generation {seat.generation}"
         self._tell(
             logging.WARNING,

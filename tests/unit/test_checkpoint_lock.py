@@ -586,7 +586,9 @@ def test_a_displaced_holder_writes_nothing_more_in_the_rank_directory(
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1, said
     assert said[0].endswith(
-        f"went to another process of this job ({holder}): this one writes nothing more there"
+        f"went to another process of this job ({holder}), which the scheduler gave the rank to: "
+        "this one writes nothing more there, whatever happens to the lock file (its saves are "
+        "dropped), and ends once it hears its rank went away; stop it if it trains on"
     )
     ckpt.close()
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -94,6 +95,37 @@ def test_the_wheel_carries_the_run_time_files_and_no_tests(built: Path) -> None:
     (sdist,) = built.glob("*.tar.gz")
     checked = _run([sys.executable, "-m", "twine", "check", str(wheel), str(sdist)], built, 60)
     assert checked.stdout.count("PASSED") == 2, checked.stdout
+
+
+def test_the_sdist_regenerates_the_protocol_code_and_carries_the_license(
+    built: Path, tmp_path: Path
+) -> None:
+    """A user building from the sdist can regenerate cluster/v1/ from its .proto files with
+    the one command (`python scripts/gen_protos.py`), and gets what is in it; and the license
+    files of the checkout (`LICEN[CS]E*`, `COPYING*`, `NOTICE*`) are in it. The sdist had
+    neither protos/ nor the command."""
+    (sdist,) = built.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path, filter="data")
+    (source,) = tmp_path.iterdir()
+    protos = sorted(p.relative_to(ROOT) for p in (ROOT / "protos").rglob("*.proto"))
+    assert protos
+    assert sorted(p.relative_to(source) for p in (source / "protos").rglob("*.proto")) == protos
+    licenses = ("LICEN[CS]E*", "COPYING*", "NOTICE*")
+    for pattern in licenses:
+        assert sorted(p.name for p in source.glob(pattern)) == sorted(
+            p.name for p in ROOT.glob(pattern)
+        )
+    fresh = tmp_path / "fresh"
+    _run(
+        [sys.executable, str(source / "scripts" / "gen_protos.py"), "--out", str(fresh)],
+        source,
+        120,
+    )
+    generated = sorted((fresh / "cluster" / "v1").glob("*_pb2*"))
+    shipped = sorted((source / "cluster" / "v1").glob("*_pb2*"))
+    assert [p.name for p in generated] == [p.name for p in shipped]
+    assert [p.read_bytes() for p in generated] == [p.read_bytes() for p in shipped]
 
 
 def test_the_wheel_runs_a_job_from_a_fresh_venv_outside_the_checkout(

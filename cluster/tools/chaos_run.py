@@ -27,7 +27,7 @@ from cluster.tools.chaos import FAULTS, Chaos, ChaosReport, check_injection
 from cluster.tools.chaos_record import EVENT_LOG, load_events
 from cluster.tools.launch_lock import CHECK_S, LogDirLock
 from cluster.tools.launch_plan import RELAY_FROM, LaunchOptions
-from cluster.tools.launch_setup import say, settle, writable_dir
+from cluster.tools.launch_setup import check_lease, say, settle, writable_dir
 from cluster.tools.netlab import NetworkLab
 from cluster.tools.testing import LocalJob, LocalJobOptions
 
@@ -110,6 +110,7 @@ def spec_of(
     after `--` (`run`, parsed, with the placement's `workers` and `log_dir`), with msrun's
     variables of `env` (MS_NODE_TIMEOUT, MS_RECOVERY_PATH, ...) as the options' defaults, as
     `mscluster run` takes them (`launch_setup.settle`; an option given wins, said to `out`)."""
+    check_lease(run.lease, run.state_url)  # as `mscluster run` refuses it
     given = _settled(run, workers, log_dir, env, out)
     return ChaosSpec(
         Path(run.script),

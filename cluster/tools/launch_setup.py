@@ -271,12 +271,18 @@ def check_job_settings(options: LaunchOptions) -> None:
     ):
         if seconds is not None:  # as job_environment passes it on
             parse_seconds(option, seconds_text(seconds), minimum=minimum)
-    if options.lease_s is not None:
-        parse_lease(str(options.lease_s), "--lease")
-        if options.state_url is None:
-            raise lease_without_store("--state-url")
+    check_lease(options.lease_s, options.state_url)
     if options.state_url is not None:
         state_url_from_env(os.environ, options.state_url)
+
+
+def check_lease(lease_s: int | None, state_url: str | None) -> None:
+    """`--lease`, when given: seconds etcd grants, and only with `--state-url` (the lease is
+    the leader's hold on the state in etcd); `mscluster run`'s and `mscluster chaos`'s."""
+    if lease_s is not None:
+        parse_lease(str(lease_s), "--lease")
+        if state_url is None:
+            raise lease_without_store("--state-url")
 
 
 def check_inherited(options: LaunchOptions, plan: Plan, inherited: Mapping[str, str]) -> None:

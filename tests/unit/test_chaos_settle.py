@@ -83,3 +83,42 @@ def test_recovery_turned_off_by_the_environment_is_refused_before_anything_start
     assert len(said) == 1, done.stderr
     assert "MS_ENABLE_RECOVERY=0 of this environment turns recovery off" in said[0]
     assert not logs.exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "refusal"),
+    [
+        (
+            ["--lease", "5"],
+            "--lease is the leader's hold on a state store in etcd, and this job has none: "
+            "give --state-url with it, or leave --lease out",
+        ),
+        (
+            ["--state-url", "etcd://127.0.0.1:1/jobs/a", "--lease", "0"],
+            "--lease='0' must be between 2 and 3600 seconds (etcd lengthens a lease shorter "
+            "than 2 s anyway)",
+        ),
+    ],
+)
+def test_a_lease_is_refused_as_mscluster_run_refuses_it(
+    tmp_path: Path, given: list[str], refusal: str
+) -> None:
+    """`--lease` after `--` without `--state-url`, or one etcd would not grant: chaos ran the
+    job and ignored it without a word, where `mscluster run` (and `mscluster scheduler`)
+    refuses it. The same line, exit 2, nothing started or written in the log directory."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    logs = tmp_path / "logs"
+    env = {k: v for k, v in os.environ.items() if k != "CLUSTER_STATE_URL"}
+    run = ["--worker-num", "2", "--log-dir", str(logs), *given, str(script)]
+    done = subprocess.run(
+        [sys.executable, "-m", "cluster", "chaos", "--duration", "1", "--", *run],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"mscluster: ConfigError: {refusal}"]
+    assert not logs.exists()

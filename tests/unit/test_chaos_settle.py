@@ -61,15 +61,13 @@ def test_a_bad_variable_is_one_line_naming_it() -> None:
         _spec([], {"MS_NODE_TIMEOUT": "soon"}, io.StringIO())
 
 
-def test_recovery_turned_off_by_the_environment_is_refused_before_anything_starts(
-    tmp_path: Path,
-) -> None:
-    """Run as a user runs it: one line, exit 2, nothing written in the log directory."""
+def _refused(tmp_path: Path, given: list[str], env: dict[str, str]) -> str:
+    """`mscluster chaos -- --worker-num 2 --log-dir LOGS GIVEN train.py` run as a user runs it
+    with `env`, refused: its one line (exit 2, nothing written in the log directory)."""
     script = tmp_path / "train.py"
     script.write_text("")
     logs = tmp_path / "logs"
-    env = {**os.environ, "MS_ENABLE_RECOVERY": "0"}
-    run = ["--worker-num", "2", "--log-dir", str(logs), str(script)]
+    run = ["--worker-num", "2", "--log-dir", str(logs), *given, str(script)]
     done = subprocess.run(
         [sys.executable, "-m", "cluster", "chaos", "--duration", "1", "--", *run],
         capture_output=True,
@@ -81,8 +79,16 @@ def test_recovery_turned_off_by_the_environment_is_refused_before_anything_start
     assert done.returncode == 2, done.stderr
     said = done.stderr.strip().splitlines()
     assert len(said) == 1, done.stderr
-    assert "MS_ENABLE_RECOVERY=0 of this environment turns recovery off" in said[0]
     assert not logs.exists()
+    return said[0]
+
+
+def test_recovery_turned_off_by_the_environment_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """Run as a user runs it: one line, exit 2, nothing written in the log directory."""
+    said = _refused(tmp_path, [], {**os.environ, "MS_ENABLE_RECOVERY": "0"})
+    assert "MS_ENABLE_RECOVERY=0 of this environment turns recovery off" in said
 
 
 @pytest.mark.parametrize(
@@ -106,19 +112,5 @@ def test_a_lease_is_refused_as_mscluster_run_refuses_it(
     """`--lease` after `--` without `--state-url`, or one etcd would not grant: chaos ran the
     job and ignored it without a word, where `mscluster run` (and `mscluster scheduler`)
     refuses it. The same line, exit 2, nothing started or written in the log directory."""
-    script = tmp_path / "train.py"
-    script.write_text("")
-    logs = tmp_path / "logs"
     env = {k: v for k, v in os.environ.items() if k != "CLUSTER_STATE_URL"}
-    run = ["--worker-num", "2", "--log-dir", str(logs), *given, str(script)]
-    done = subprocess.run(
-        [sys.executable, "-m", "cluster", "chaos", "--duration", "1", "--", *run],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == [f"mscluster: ConfigError: {refusal}"]
-    assert not logs.exists()
+    assert _refused(tmp_path, given, env) == f"mscluster: ConfigError: {refusal}"

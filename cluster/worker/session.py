@@ -42,6 +42,14 @@ FORKED = (
     "children instead"
 )
 # A call of this session once it was finalized, and one that finalize cut short.
+# What a RuntimeError says when an executor takes no more work: shut by the interpreter's exit
+# (concurrent.futures' submit), one made first at that exit (its module's import registers a
+# hook with threading, closed by then), or shut by its loop (asyncio's default executor).
+_SHUT_EXECUTOR = (
+    "cannot schedule new futures after",
+    "can't register atexit after shutdown",
+    "Executor shutdown has been called",
+)
 FINALIZED = "this worker was finalized (cluster.finalize(), or at exit): no cluster call follows"
 CUT = "the job was finalized while this call waited"
 
@@ -128,8 +136,13 @@ class BackgroundLoop:
         self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """`coro`'s result; concurrent.futures.CancelledError when `stop` ended it first."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """`coro`'s result; concurrent.futures.CancelledError when `stop` ended it first, and
+        RuntimeError when the loop was closed before (`closed`: then `coro` never runs)."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:
+            coro.close()  # never run: no "never awaited" warning
+            raise
         with self._waiting_lock:
             self._waiting.add(future)
         try:
@@ -140,6 +153,11 @@ class BackgroundLoop:
         finally:
             with self._waiting_lock:
                 self._waiting.discard(future)
+
+    @property
+    def closed(self) -> bool:
+        """Whether this loop takes no more work: stopped, or its thread ended."""
+        return self.loop.is_closed() or not self._thread.is_alive()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.loop.is_closed():
@@ -352,10 +370,16 @@ class WorkerSession:
         connection breaking says the same. The job failing because of it (no recovery) must
         not raise its error in this exiting process (`Ending.exiting`)."""
         self._ending.exiting()
-        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError, ClusterError):
-            self._background.run(
-                self.agent.send_finish(FAILURE_REPORT_S, failure), timeout_s=FAILURE_REPORT_S + 1
-            )
+        with contextlib.suppress(concurrent.futures.TimeoutError, ClusterError):
+            try:
+                self._background.run(
+                    self.agent.send_finish(FAILURE_REPORT_S, failure),
+                    timeout_s=FAILURE_REPORT_S + 1,
+                )
+            except RuntimeError as exc:
+                self._unless_exiting(
+                    exc, "could not tell the scheduler what this process dies of", "its error"
+                )
 
     def quiet(self) -> None:
         """The worker finalizes (what it opened is being closed): the job's failure, heard
@@ -389,10 +413,30 @@ class WorkerSession:
                 if heard and topology is not None:
                     self._save_record(topology, finished=True)
             self._background.run(self.agent.close(), timeout_s=5.0)
-        except (concurrent.futures.TimeoutError, RuntimeError):
-            pass  # exiting anyway; the scheduler sees the stream close
+        except concurrent.futures.TimeoutError:
+            pass  # past its bound: the scheduler sees the stream close
+        except RuntimeError as exc:
+            if finished and not self.agent.core.finish_heard:
+                self._unless_exiting(
+                    exc, "could not tell the scheduler that this node finished", "a Finish"
+                )
+            else:
+                self._unless_exiting(exc, "could not close this node's connection", "its close")
         finally:
             self._let_go()
+
+    def _unless_exiting(self, error: RuntimeError, failed: str, instead: str) -> None:
+        """Say what `failed` of `error` and that the scheduler sees this node's connection close
+        instead of `instead`. Silent when the process is past telling anyone (this session's
+        loop closed, an executor shut by the interpreter's exit): the scheduler sees the stream
+        close, as it does when a process ends. Anything else (a bug, a failed call that surfaced
+        as a RuntimeError) is said, in one line."""
+        if self._background.closed or any(s in str(error) for s in _SHUT_EXECUTOR):
+            return
+        self.say(
+            f"{failed} ({type(error).__name__}: {error}): it sees this node's connection close "
+            f"instead of {instead}"
+        )
 
     def _let_go(self) -> None:
         """Give back what this session holds in the process: its agent's thread, its node's

@@ -86,3 +86,14 @@ def test_grpcs_poller_reading_its_closed_socket_is_not_reported(
         assert reported == [other_errno, elsewhere]
     finally:
         background.stop()
+
+
+def test_a_stopped_loop_is_closed_and_runs_nothing_more() -> None:
+    background = BackgroundLoop("test-stopped")
+    assert not background.closed
+    background.stop()
+    assert background.closed
+    coro = _answer()
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        background.run(coro, timeout_s=10.0)
+    assert coro.cr_frame is None  # closed, never run: no "never awaited" warning

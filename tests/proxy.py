@@ -2,7 +2,8 @@
 
 For tests that lose what the server answered at a moment they pick: `hold_replies()` drops
 everything the server sends from then on (what the node sends still goes), `cut()` closes every
-connection through it, and the connections made after that are plain again. With `source`, the
+connection through it, and the connections made after that are plain again; `down()` closes
+them too and closes each new one at once, until `up()` (a link down for a while). With `source`, the
 proxy connects to the target from that loopback address (127.0.0.2, ...): the target sees its
 clients as another host. With `delay_s`, every chunk is held that long in each direction while
 the proxy reads on: a longer link, not a slower one (`benchmarks/outsider.py --legit-rtt`).
@@ -37,6 +38,7 @@ class Proxy:
         self._source = None if source is None else (source, 0)
         self._delay_s = delay_s
         self._holding = False
+        self._down = False
         self._open: list[asyncio.StreamWriter] = []
         listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = listener.getsockname()[1]
@@ -51,6 +53,14 @@ class Proxy:
     def cut(self) -> None:
         """Close every connection through the proxy; the next ones are forwarded whole."""
         self._call(self._cut())
+
+    def down(self) -> None:
+        """Cut every connection, and close each new one at once until `up()`."""
+        self._down = True
+        self.cut()
+
+    def up(self) -> None:
+        self._down = False
 
     def close(self) -> None:
         """Stop listening, close every connection, and stop the loop."""
@@ -79,6 +89,9 @@ class Proxy:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._down:
+            _abort(writer)  # the link is down: the node sees its connection closed
+            return
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(*self.target, local_addr=self._source), TIMEOUT_S

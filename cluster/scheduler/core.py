@@ -176,7 +176,7 @@ class SchedulerCore(Engine):
                     raise item
                 if isinstance(item, Superseded):
                     return  # the node's newer stream speaks for it (closing: not current)
-                yield form(item)
+                yield form(self._handed(node_id, item))
                 if item is self._wire.final:
                     return
         finally:
@@ -187,6 +187,12 @@ class SchedulerCore(Engine):
                 # Only the node's current stream speaks for it: an older one (a registration
                 # attempt the node gave up on and made again) ending late is not a failure.
                 self._apply(self.state.disconnect(node_id, incarnation))
+
+    def _handed(self, node_id: str, item: bytes) -> bytes:
+        """`item`, handed to `node_id`'s stream: the job's end told it, when it is that."""
+        if item is self._wire.final:
+            self.state.told_end(node_id)
+        return item
 
     def heartbeat(self, node_id: str, incarnation: int, caller: Caller | None) -> None:
         """A beat of the node; `caller` None: a later beat of a Heartbeat call whose first beat
@@ -277,6 +283,8 @@ class SchedulerCore(Engine):
                 effects.append(ready_.FailRounds(reason, CollectiveError, keep_answer=True))
             self._apply(effects)
         await self.durable()
+        if not failure:  # its answer goes now: lost, if its stream closed since the count
+            self.state.finish_answered(node_id)
 
     async def exchange(
         self,

@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
@@ -80,6 +81,40 @@ async def _tell_cut_off(core: SchedulerCore, deadline: float) -> None:
     if core.ok or not any(m.state is NodeState.FAILED and not m.connected for m in members):
         return
     await asyncio.sleep(max(deadline - asyncio.get_running_loop().time(), 0.0))
+
+
+async def _tell_lost_finishes(core: SchedulerCore) -> None:
+    """A finished job whose members' Finish answers were lost with their connections (a
+    relay's host, a network cut) owes them its end (`SchedulerState.owed_end`): their workers
+    ask again, and the refusal that the job finished tells them their finish counted, where
+    they would otherwise look for a scheduler that is gone and exit 1. Serve them until each
+    asked, or its time is up."""
+    owed = core.state.owed_end()
+    if not owed:
+        return
+    log.info(
+        "the answer to the finish of %s was lost with its connection: serving up to %.0f s "
+        "more (MS_NODE_TIMEOUT from the loss) for it to ask again and hear that it counted",
+        _named(core, owed),
+        max(owed.values()),
+    )
+    waited = set(owed)
+    while owed:
+        core.registrations.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(core.registrations.wait(), min(owed.values()))
+        owed = core.state.owed_end()
+    if gone := waited & core.state.answers.lost.keys():
+        log.warning(
+            "%s did not ask again within MS_NODE_TIMEOUT: its worker may say that it cannot know "
+            "whether its finish counted (it did)",
+            _named(core, gone),
+        )
+
+
+def _named(core: SchedulerCore, nodes: Iterable[str]) -> str:
+    """The members `nodes`, as the log names them."""
+    return ", ".join(core.state.members[node_id].describe() for node_id in sorted(nodes))
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -488,6 +523,7 @@ class SchedulerServer:
                 core, max(deadline, loop_time + core.state.guard_window_s())
             )
             await _tell_cut_off(core, deadline)
+            await _tell_lost_finishes(core)
         if self.ha is not None:
             await self.ha.stop()
         for task in (self._monitor, self._expiry, self._reserve):

@@ -7,7 +7,14 @@ scheduler's saved state (the scheduler's host), that state shows the Finish coun
 exits 0 at once. Where it does not (another host), rank 1 cannot know: at the end of its
 reconnect window it exits 1 saying what is unknown, not that something failed. Without
 recovery there is no saved state to read: rank 1 holds its Finish for MS_NODE_TIMEOUT and
-exits 1 saying the same, not that the scheduler is overloaded or hung."""
+exits 1 saying the same, not that the scheduler is overloaded or hung.
+
+Where the scheduler sees rank 1's connection break before its Finish is answered (the answer
+waits for a full disk to take the count, and the link is down meanwhile), it knows the answer
+was lost: once the job's end is saved it serves on, up to MS_NODE_TIMEOUT, until rank 1 asks
+again, and tells it that the job finished and its finish counted. Rank 1, on another host
+(its MS_RECOVERY_PATH is not the scheduler's), exits 0. The scheduler stopped at once, and
+rank 1 waited out its reconnect window and exited 1."""
 
 from __future__ import annotations
 
@@ -16,12 +23,31 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import Process, free_port
+from tests import tmpfs
 from tests.procs import ROOT, Procs, job_env
 from tests.proxy import Proxy
 
 SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "finish_on_cue.py")
 WINDOW_S = 10  # MS_TOPO_TIMEOUT: the reconnect window, with recovery
 EXIT_S = 30
+
+
+def rank0_finished(
+    processes: Procs, env: dict[str, str], proxy: Proxy, go: list[Path], rank1_env: dict[str, str]
+) -> tuple[Process, Process]:
+    """The scheduler and rank 1 (through `proxy`, with `rank1_env` over `env`) of the job
+    above, once rank 0 has finished and exited."""
+    scheduler = processes.start_role("scheduler", "MS_SCHED", [SCRIPT, "-"], env)
+    rank0 = processes.start_role(
+        "worker0", "MS_WORKER", [SCRIPT, str(go[0])], env | {"MS_NODE_ID": "0"}
+    )
+    rank1_env = env | {"MS_NODE_ID": "1", "MS_SCHED_PORT": str(proxy.port)} | rank1_env
+    rank1 = processes.start_role("worker1", "MS_WORKER", [SCRIPT, str(go[1])], rank1_env)
+    for worker in (rank0, rank1):
+        worker.wait_for_output("in rank=", EXIT_S)
+    go[0].touch()
+    assert rank0.wait(EXIT_S) == 0, rank0.output
+    return scheduler, rank1
 
 
 def finish_with_its_answer_lost(
@@ -40,17 +66,8 @@ def finish_with_its_answer_lost(
     )
     proxy = Proxy(("127.0.0.1", port))
     try:
-        scheduler = processes.start_role("scheduler", "MS_SCHED", [SCRIPT, "-"], env)
-        rank0 = processes.start_role(
-            "worker0", "MS_WORKER", [SCRIPT, str(go[0])], env | {"MS_NODE_ID": "0"}
-        )
         own = {"MS_RECOVERY_PATH": str(tmp_path / "elsewhere")} if own_path else {}
-        rank1_env = env | {"MS_NODE_ID": "1", "MS_SCHED_PORT": str(proxy.port)} | own
-        rank1 = processes.start_role("worker1", "MS_WORKER", [SCRIPT, str(go[1])], rank1_env)
-        for worker in (rank0, rank1):
-            worker.wait_for_output("in rank=", EXIT_S)
-        go[0].touch()
-        assert rank0.wait(EXIT_S) == 0, rank0.output
+        scheduler, rank1 = rank0_finished(processes, env, proxy, go, own)
         proxy.hold_replies()
         go[1].touch()
         assert scheduler.wait(EXIT_S) == 0, scheduler.output
@@ -83,3 +100,32 @@ def test_a_finish_whose_answer_was_lost_with_no_saved_state_to_read_says_what_is
         '"job finished"), nothing is lost; if not, '
     ) in rank1.output, rank1.output
     assert "could not tell" not in rank1.output, rank1.output
+
+
+def test_a_finish_whose_answer_was_lost_with_its_connection_hears_the_end_from_the_scheduler(
+    processes: Procs, tmp_path: Path
+) -> None:
+    port, go = free_port(), [tmp_path / "go0", tmp_path / "go1"]
+    with tmpfs.mounted("4m") as disk:
+        saved = {"MS_ENABLE_RECOVERY": "1", "MS_RECOVERY_PATH": str(disk)}
+        env = job_env(2, port, MS_NODE_TIMEOUT="10", MS_TOPO_TIMEOUT=str(WINDOW_S), **saved)
+        proxy = Proxy(("127.0.0.1", port))
+        try:
+            elsewhere = {"MS_RECOVERY_PATH": str(tmp_path / "elsewhere")}  # another host's
+            scheduler, rank1 = rank0_finished(processes, env, proxy, go, elsewhere)
+            filler = tmpfs.fill(disk)  # rank 1's finish, and the job's end, wait for space
+            go[1].touch()
+            scheduler.wait_for_output("cannot save the recovery state", EXIT_S)
+            proxy.down()  # its answer is lost with the connection
+            rank1.wait_for_output("this node's finish waits ", EXIT_S)
+            filler.unlink()
+            scheduler.wait_for_output("was lost with its connection: serving up to", EXIT_S)
+            proxy.up()
+            assert rank1.wait(EXIT_S) == 0, rank1.output
+            assert scheduler.wait(EXIT_S) == 0, scheduler.output
+        finally:
+            proxy.close()
+    assert "job finished: all 2 nodes finished" in scheduler.output, scheduler.output
+    assert "this node's finish counted" in rank1.output, rank1.output
+    assert "finalized" in rank1.output, rank1.output
+    assert "did not ask again" not in scheduler.output, scheduler.output

@@ -22,6 +22,7 @@ back) hold the members' silence back (`Liveness.accepted`, `_in_burst`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from cluster.protocol import auth
@@ -43,6 +44,7 @@ from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import mutable
 from cluster.scheduler.machine import ranks, spares
 from cluster.scheduler.machine.admission import Admission
+from cluster.scheduler.machine.finish_answers import FinishAnswers
 from cluster.scheduler.machine.liveness import Liveness
 from cluster.scheduler.machine.spares import SparePool
 
@@ -50,6 +52,8 @@ from cluster.scheduler.machine.spares import SparePool
 class RegistrarHost(Protocol):
     """What registration reads and changes of the job (`SchedulerState`)."""
 
+    cluster_id: str
+    detail: str
     settings: JobSettings
     phase: Phase
     members: dict[str, Member]
@@ -59,6 +63,7 @@ class RegistrarHost(Protocol):
     revision: int
     awaiting: set[str]
     guard_waiting: dict[str, float]
+    answers: FinishAnswers
     admission: Admission
     liveness: Liveness
     pool: SparePool
@@ -102,6 +107,7 @@ class Registrar:
         if refusal is not None:
             if refusal.reason in (Refusal.JOB_OVER, Refusal.JOB_FINISHED):
                 job.guard_waiting.pop(node_id, None)  # told
+                return self._told_over(node_id, refusal), []
             return refusal, []
         now = job.clock()
         burst = self._in_burst(now)  # asked before: the registration that forms the job is one
@@ -125,6 +131,20 @@ class Registrar:
             if burst:
                 job.liveness.accepted(now)
         return outcome
+
+    def _told_over(self, node_id: str, refusal: Refused) -> Refused:
+        """The refusal that tells `node_id` its job is over. A member whose Finish counted
+        in a job that finished (its worker asks again, the answer lost with its connection)
+        hears that it did, not to start a new scheduler."""
+        job = self.job
+        job.answers.told(node_id)
+        member = job.members.get(node_id)
+        if refusal.reason is not Refusal.JOB_FINISHED or member is None:
+            return refusal
+        if member.state is not NodeState.FINISHED:
+            return refusal
+        counted = f"job {job.cluster_id} finished ({job.detail}); this node's finish counted"
+        return replace(refusal, message=counted)
 
     def _in_burst(self, now: float) -> bool:
         """Whether registrations come as a burst, ahead of heartbeats in gRPC's queue

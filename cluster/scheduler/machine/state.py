@@ -60,6 +60,7 @@ from cluster.protocol.settings import JobSettings
 from cluster.protocol.value import mutable
 from cluster.scheduler.machine import ranks, snapshot, spares
 from cluster.scheduler.machine.admission import Admission, Denial, Denied, ExchangeTicket
+from cluster.scheduler.machine.finish_answers import FinishAnswers
 from cluster.scheduler.machine.liveness import Liveness, silence_reason
 from cluster.scheduler.machine.registrar import Registrar
 from cluster.scheduler.machine.rollback import (
@@ -143,6 +144,9 @@ class SchedulerState:
     # Nodes refused by the guard lately (node id -> when), until they hear that the job is
     # over: the scheduler waits a moment for them at the end (not saved, like the nonces).
     guard_waiting: dict[str, float] = field(init=False, repr=False, default_factory=dict)
+    # Members whose Finish answer is on its way, or was lost with their stream: a finished job
+    # waits a moment for those to ask again and hear it (`finish_answers`; not saved either).
+    answers: FinishAnswers = field(init=False, repr=False, default_factory=FinishAnswers)
     admission: Admission = field(init=False, repr=False)
     registrar: Registrar = field(init=False, repr=False)
     liveness: Liveness = field(init=False, repr=False)
@@ -249,6 +253,7 @@ class SchedulerState:
                 "its stream opened: it registers again"
             )
         member.connected = True
+        self.answers.told(member.node_id)  # back: this stream tells it the end
         self.liveness.seen(member, self.clock())
         self.awaiting.discard(member.node_id)
         return self.catch_up()
@@ -316,6 +321,8 @@ class SchedulerState:
         except UnknownNodeError:
             return []  # an old incarnation's stream closing late: nothing to do
         member.connected = False
+        if member.state is NodeState.FINISHED:
+            self.answers.closed(member.node_id, self.clock())
         if member.state is not NodeState.ALIVE or self.phase in (Phase.FINISHED, Phase.FAILED):
             return []
         if member.node_id in self.spares:
@@ -343,9 +350,29 @@ class SchedulerState:
             self.awaiting.discard(member.node_id)
             self._finished += 1
             self.revision += 1
+        if member.state is NodeState.FINISHED:
+            self.answers.counted(member.node_id)
         if self.phase is Phase.READY and self._finished == len(self.members):
             return self._end(ok=True, detail=f"all {len(self.members)} nodes finished")
         return []
+
+    def finish_answered(self, node_id: str) -> None:
+        """The answer to the node's Finish goes now (its saved count): lost with the node's
+        stream, if that closed since the count (`finish_answers`)."""
+        self.answers.answered(canonical_node_id(node_id))
+
+    def told_end(self, node_id: str) -> None:
+        """The job's end is handed to the node's stream."""
+        self.answers.told(canonical_node_id(node_id))
+
+    def owed_end(self) -> dict[str, float]:
+        """The members a finished job still owes its end (their Finish counted, its answer lost
+        with their stream), and how long more each is waited for: MS_NODE_TIMEOUT from when its
+        stream closed (`finish_answers`). Nobody once every one heard it, or in any other
+        phase."""
+        if self.phase is not Phase.FINISHED:
+            return {}
+        return self.answers.owed(self.clock(), self.settings.node_timeout_s)
 
     def tick(self) -> list[Effect]:
         """Let time pass: heartbeat silence, the rejoin window and the topology timeout.

@@ -181,6 +181,10 @@ def _say(prefix: str, message: str) -> None:
     sys.stderr.flush()
 
 
+def _named(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
 class _Voice:
     """How a session speaks: its lines name the node, then its rank. Its `Ending` holds this,
     not the session, as the last resort and the launcher watch may outlive the session."""
@@ -377,9 +381,11 @@ class WorkerSession:
                     timeout_s=FAILURE_REPORT_S + 1,
                 )
             except RuntimeError as exc:
-                self._unless_exiting(
-                    exc, "could not tell the scheduler what this process dies of", "its error"
-                )
+                if not self._exiting(exc):
+                    self.say(
+                        f"could not tell the scheduler what this process dies of ({_named(exc)}):"
+                        " it sees this node's connection close instead"
+                    )
 
     def quiet(self) -> None:
         """The worker finalizes (what it opened is being closed): the job's failure, heard
@@ -416,27 +422,26 @@ class WorkerSession:
         except concurrent.futures.TimeoutError:
             pass  # past its bound: the scheduler sees the stream close
         except RuntimeError as exc:
-            if finished and not self.agent.core.finish_heard:
-                self._unless_exiting(
-                    exc, "could not tell the scheduler that this node finished", "a Finish"
+            if self._exiting(exc):
+                pass  # the scheduler sees the stream close, as when a process ends
+            elif finished and not self.agent.core.finish_heard:
+                self.say(
+                    f"could not tell the scheduler that this node finished ({_named(exc)}): it "
+                    "sees this node's connection close instead of a Finish"
                 )
             else:
-                self._unless_exiting(exc, "could not close this node's connection", "its close")
+                self.say(
+                    f"could not close this node's connection to the scheduler ({_named(exc)}): "
+                    "it closes as this process exits"
+                )
         finally:
             self._let_go()
 
-    def _unless_exiting(self, error: RuntimeError, failed: str, instead: str) -> None:
-        """Say what `failed` of `error` and that the scheduler sees this node's connection close
-        instead of `instead`. Silent when the process is past telling anyone (this session's
-        loop closed, an executor shut by the interpreter's exit): the scheduler sees the stream
-        close, as it does when a process ends. Anything else (a bug, a failed call that surfaced
-        as a RuntimeError) is said, in one line."""
-        if self._background.closed or any(s in str(error) for s in _SHUT_EXECUTOR):
-            return
-        self.say(
-            f"{failed} ({type(error).__name__}: {error}): it sees this node's connection close "
-            f"instead of {instead}"
-        )
+    def _exiting(self, error: RuntimeError) -> bool:
+        """Whether `error` says that this process is past telling anyone: this session's loop
+        closed, or an executor shut by the interpreter's exit. Any other RuntimeError (a bug, a
+        failed call that surfaced as one) is said, in one line."""
+        return self._background.closed or any(s in str(error) for s in _SHUT_EXECUTOR)
 
     def _let_go(self) -> None:
         """Give back what this session holds in the process: its agent's thread, its node's

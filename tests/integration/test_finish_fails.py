@@ -19,12 +19,13 @@ SCRIPT = str(ROOT / "tests" / "integration" / "scripts" / "finish_fails.py")
 BOUND_S = 60.0
 
 
-def job(processes: Procs, how: str) -> tuple[Process, Process]:
-    """The scheduler and the one worker of a job whose Finish fails `how`; both ended."""
+def job(processes: Procs, how: str, status: int = 0) -> tuple[Process, Process]:
+    """The scheduler and the one worker of a job whose Finish fails `how` (the worker exits
+    with `status`); both ended."""
     env = job_env(1, free_port(), MS_NODE_ID="0")
     sched = processes.start("scheduler", [*MSCLUSTER, "scheduler"], {**env, "MS_ROLE": "MS_SCHED"})
     worker = processes.start_role("w0", "MS_WORKER", [SCRIPT, how], env)
-    assert worker.wait(BOUND_S) == 0, worker.output
+    assert worker.wait(BOUND_S) == status, worker.output
     # Told no finish, the scheduler sees the node's stream close (recovery is off).
     assert sched.wait(BOUND_S) == 1, sched.output
     assert "died: its connection to the scheduler broke" in sched.output, sched.output
@@ -54,3 +55,14 @@ def test_a_finish_at_exit_that_finds_the_executor_shut_exits_without_a_word(
     _, worker = job(processes, how)
     assert "the executor took it" not in worker.output, worker.output
     assert worker.output.splitlines() == ["in rank=0"], worker.output
+
+
+def test_a_failure_report_that_fails_of_an_error_of_its_own_says_so(processes: Procs) -> None:
+    _, worker = job(processes, "report", status=1)
+    said = [line for line in worker.output.splitlines() if "could not" in line]
+    assert said == [
+        "cluster[rank 0]: could not tell the scheduler what this process dies of "
+        "(RuntimeError: planted: the report failed): it sees this node's connection close "
+        "instead"
+    ], worker.output
+    assert "ValueError: the program's own error" in worker.output, worker.output

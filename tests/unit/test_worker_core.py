@@ -706,6 +706,21 @@ def test_a_silence_beyond_a_relay_that_answers_is_said_so_and_waited_out_through
     assert "through the relay at unix:/r.sock, which answers" in str(error)
 
 
+@pytest.mark.parametrize("recovery", [True, False], ids=["recovery", "no recovery"])
+def test_a_node_that_loses_its_stream_while_finishing_says_it_waits_for_the_answer(
+    recovery: bool,
+) -> None:
+    """Its training is over: it reconnects to hear whether its Finish counted, not to train."""
+    core, _ = ready_core(recovery=recovery)
+    core.step(steps.FinishSent())
+    said, *_ = core.step(steps.StreamLost("connection reset"))
+    bound = f"{TOPO_S:g} s" if recovery else f"MS_NODE_TIMEOUT={NODE_S:g} s"
+    assert said == steps.Say(
+        "lost the scheduler at 127.0.0.1:8118 (connection reset); this node finished: "
+        f"reconnecting for up to {bound} to hear whether the scheduler counted its finish"
+    )
+
+
 def test_back_after_a_reconnect_the_node_is_ready_again() -> None:
     core, _ = ready_core()
     core.step(steps.StreamLost("connection reset"))

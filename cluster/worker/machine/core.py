@@ -351,22 +351,32 @@ class WorkerCore:
         window = self.joining.reconnect_window(now)
         said: Actions = []
         if self.topology is not None:
-            lost = reason if stall else f"lost {self.where} ({reason})"
-            to = f" to {self.where}" if stall else ""
-            via = " through the relay" if event.relay else ""
-            said.append(
-                steps.Say(
-                    f"{lost}; training goes on (recovery is on), reconnecting{to}{via} for up "
-                    f"to {window:g} s"
-                    if self.recovery
-                    else f"{lost}; reconnecting{to} for up to "
-                    f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
-                )
-            )
+            said.append(steps.Say(self._reconnecting(reason, stall, event.relay, window)))
         self.lifecycle = Lifecycle.RECONNECTING
         # With several schedulers, probe first: a dead leader is passed over at once.
         self.joining.begin_attempts(now, event.verified and len(self.joining.addresses) == 1)
         return said + self.joining.await_listening()
+
+    def _reconnecting(self, reason: str, stall: str, relay: str, window: float) -> str:
+        """What this node says as it reconnects after losing its stream (`reason`)."""
+        lost = reason if stall else f"lost {self.where} ({reason})"
+        to = f" to {self.where}" if stall else ""
+        via = " through the relay" if relay else ""
+        if self.finish.out:  # its training is over: what it waits for is the Finish's answer
+            bound = f"{window:g} s" if self.recovery else self._node_timeout()
+            return (
+                f"{lost}; this node finished: reconnecting{to}{via} for up to {bound} to hear "
+                "whether the scheduler counted its finish"
+            )
+        if self.recovery:
+            return (
+                f"{lost}; training goes on (recovery is on), reconnecting{to}{via} for up to "
+                f"{window:g} s"
+            )
+        return f"{lost}; reconnecting{to} for up to {self._node_timeout()}"
+
+    def _node_timeout(self) -> str:
+        return f"MS_NODE_TIMEOUT={self.config.node_timeout_s:g} s"
 
     def _own_stall(self, now: float) -> str:
         """A stall of this process that ended a moment ago, long enough for the scheduler to

@@ -30,12 +30,15 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from cluster.protocol.errors import ClusterError, JobTimeoutError
 from cluster.protocol.events import Kind
 from cluster.protocol.records import Phase
+from cluster.tools import launch_policy as policy
 from cluster.tools.chaos_record import StepSampler
+from cluster.tools.launch_reading import joined_nodes
 from cluster.tools.testing import LocalJob, wait_until
 
 FAULTS = ("kill", "stop", "scheduler", "partition")
@@ -47,6 +50,9 @@ QUIET_MARGIN = 0.25
 QUIET_MARGIN_MIN_S = 0.5
 # A fault's note when the job failed after it instead of coming back.
 FAILED_AFTER = "the job failed after it"
+# Once a worker exited without joining the job, how long the others get to exit too (named in
+# the same line), as `mscluster run` lets the exits a first one causes arrive.
+UNJOINED_SETTLE_S = 0.3
 # How long the job gets to end after the last fault.
 FINISH_TIMEOUT_S = 600.0
 
@@ -177,8 +183,9 @@ class Chaos:
                 self._inject_faults(time.monotonic())
                 self.report.exit_code = self._wait_for_the_end()
             else:
-                self.report.exit_code = self._ended_code()
-            if self.report.exit_code != 0:
+                self.report.detail = self._unjoined()
+                self.report.exit_code = 1 if self.report.detail else self._ended_code()
+            if self.report.exit_code != 0 and not self.report.detail:
                 self.report.detail = self._first_failure()
         except (ClusterError, OSError) as exc:
             self.report.detail = str(exc)
@@ -198,6 +205,59 @@ class Chaos:
                 raise  # the bound passed with the job running
             return False
         return True
+
+    def _unjoined(self) -> str:
+        """Once the job ended before it formed: the line naming the workers that exited 0
+        without joining it (`launch_policy.unjoined`, in `mscluster run`'s words), '' when none
+        did or it is not known. The exits that come together (a script that never calls
+        `cluster.init()` ends in every worker) are let in for UNJOINED_SETTLE_S first."""
+        left = policy.unjoined(self._exits())
+        settle_until = time.monotonic() + UNJOINED_SETTLE_S
+        while left and time.monotonic() < settle_until and any(self._running()):
+            time.sleep(0.05)
+            left = policy.unjoined(self._exits())
+        if not left:
+            return ""
+        return policy.unjoined_line(
+            [(f"worker {w.index} (node id '{w.index}')", 0, self._log(w.index)) for w in left]
+        )
+
+    def _running(self) -> list[bool]:
+        return [w.running for w in self.job.workers if w is not None]
+
+    def _exits(self) -> list[policy.WorkerSeen]:
+        """Each worker's exit and whether it joined the job (`_listed`)."""
+        listed = self._listed()
+        return [
+            policy.WorkerSeen(
+                i,
+                None if w.running else w.popen.returncode,
+                joined=None if listed is None else str(i) in listed,
+            )
+            for i, w in enumerate(self.job.workers)
+            if w is not None
+        ]
+
+    def _listed(self) -> set[str] | None:
+        """The node ids that joined the job: those the scheduler's answer lists, or, once every
+        scheduler exited, those its event log names (None: it has none). A scheduler that runs
+        and does not answer yet (starting, or ending) is waited for, bounded."""
+        found: list[set[str] | None] = []
+        event_log = self.job.env.get("CLUSTER_EVENT_LOG")
+
+        def known() -> bool:
+            view = self.job.status()
+            if view is not None:
+                found.append({n.node_id for n in view.nodes})
+            elif not any(s.running for s in self.job.schedulers if s is not None):
+                found.append(joined_nodes(Path(event_log)) if event_log else None)
+            return bool(found)
+
+        wait_until(known, self.job.timeout_s, "the scheduler's answer, or its exit")
+        return found[0]
+
+    def _log(self, i: int) -> str:
+        return str(self.job.workdir / f"worker_{i}.log")
 
     def _ended_code(self) -> int:
         """The exit code of a job that ended before it formed: the first code other than 0 of

@@ -101,7 +101,9 @@ class Launcher(Children):
     # -- watching ------------------------------------------------------------------------------
 
     async def _poll_status(self) -> None:
-        """The job's status every POLL_STATUS_S (`JobReader.poll`), for the progress line."""
+        """The job's status every POLL_STATUS_S (`JobReader.poll`), for the progress line.
+        While a worker that exited 0 is not known to have joined the job (its exit came before
+        the scheduler answered), each poll wakes the decision on it, answered or not."""
         async with scheduler_channel.open_channel(
             self.address, self.reader.identity, POLL_CHANNEL_OPTIONS
         ) as channel:
@@ -110,6 +112,9 @@ class Launcher(Children):
                 with contextlib.suppress(ClusterError):
                     self.view = await self.reader.poll(channel)
                     self._view_asked = asked
+                    self._note_members(self.view)
+                if self._unseen_exit():
+                    self._wake.set()  # decided on again (`_asks`, `policy.joining_unknown`)
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
 
@@ -223,13 +228,7 @@ class Launcher(Children):
             await self._wake.wait()
             self._wake.clear()
             await self._relay_gone()
-            # A worker failed: a fresh answer decides on it (one the scheduler counted finished
-            # needs none: a node id finishes once).
-            failed = any(
-                w.exit_code not in (None, 0) and w.planned.node_id not in self.finished_nodes
-                for w in self.workers
-            )
-            seen = await self._seen(ask=failed)
+            seen = await self._seen(ask=self._asks())
             self._note_finished(seen)
             decision = policy.decide(seen)
             if decision.action is policy.Action.STOP:
@@ -250,6 +249,8 @@ class Launcher(Children):
                 await self._ask_again(self.workers[decision.worker or 0])
             elif decision.action is policy.Action.FAIL:
                 return await self._fail(decision.worker, decision.reason)
+            elif decision.action is policy.Action.UNJOINED:
+                return await self._unjoined()
             elif decision.action is policy.Action.FINISH:
                 return await self._finish()
 
@@ -347,6 +348,26 @@ class Launcher(Children):
             self._print(f"mscluster: last lines of {cause.planned.log}:")
             for line in tail:
                 self._print(f"    {line}")
+        running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
+        if running:
+            self._print(f"mscluster: stopping the {len(running)} other running processes")
+        self._print("mscluster: job failed")
+        return EXIT_FAILED
+
+    async def _unjoined(self) -> int:
+        """Workers exited 0 without joining the job (`policy.unjoined`): it cannot form, and
+        its scheduler would wait for them until MS_TOPO_TIMEOUT. Once the exits that come
+        together have arrived, they are named in one line with what to do, and the job ends."""
+        await self._settle()
+        seen = await self._seen(ask=True)
+        left = policy.unjoined(seen.workers) or [
+            w for w in seen.workers if w.exit_code == 0 and w.joined is not True and not w.spare
+        ]
+        exits = [
+            (self._who(child), child.exit_code or 0, str(child.planned.log))
+            for child in (self.workers[w.index] for w in left)
+        ]
+        self._print(f"mscluster: {policy.unjoined_line(exits)}")
         running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
         if running:
             self._print(f"mscluster: stopping the {len(running)} other running processes")

@@ -102,6 +102,8 @@ class Children:
         # The node ids the scheduler counted finished (their part of the job done): a node id
         # finishes once, so an answer that said so holds for the rest of the job.
         self.finished_nodes: set[str] = set()
+        # The node ids any answer of the scheduler listed: each of them joined the job.
+        self.members_seen: set[str] = set()
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
@@ -366,6 +368,8 @@ class Children:
         view = now or self.view
         if view is not None:
             self.finished_nodes |= {n.node_id for n in view.nodes if n.state == FINISHED}
+        for answer in (self.view, now):
+            self._note_members(answer)
         ended = sched is not None and sched.exit_code == 0 and self._ended()
         if ended and self._at_end is None:
             self._at_end = without_rank_at_end(self._event_log())
@@ -378,6 +382,7 @@ class Children:
                     self._spare(w, view),
                     None if w.exit_code is None else w.exited_at,
                     w.planned.node_id in self.finished_nodes,
+                    self._joined(w, now),
                 )
                 for w in self.workers
             ),
@@ -396,6 +401,39 @@ class Children:
             scheduler_silent_s=self._silent(),
             scheduler_start_s=self.scheduler_wait_s,
         )
+
+    def _asks(self) -> bool:
+        """Whether a decision needs a fresh answer: a worker failed (may the job take it
+        back? one the scheduler counted finished needs none: a node id finishes once), or a
+        ranked one exited 0 that no answer listed yet (did it join the job?) while a scheduler
+        may answer (not ours, or ours running)."""
+        failed = any(
+            w.exit_code not in (None, 0) and w.planned.node_id not in self.finished_nodes
+            for w in self.workers
+        )
+        return failed or self._unseen_exit()
+
+    def _unseen_exit(self) -> bool:
+        """Whether a ranked worker exited 0 that no answer listed yet (did it join the job?)
+        while a scheduler may answer (not ours, or ours running)."""
+        unseen = any(
+            w.exit_code == 0 and not w.planned.spare and w.planned.node_id not in self.members_seen
+            for w in self.workers
+        )
+        sched = self.scheduler
+        return unseen and (sched is None or sched.running)
+
+    def _note_members(self, view: JobView | None) -> None:
+        """The node ids `view` (an answer) lists, kept in `members_seen`."""
+        if view is not None:
+            self.members_seen |= {n.node_id for n in view.nodes}
+
+    def _joined(self, child: Child, now: JobView | None) -> bool | None:
+        """Whether `child`'s node joined the job (`policy.WorkerSeen.joined`): True once an
+        answer listed it; False when `now`, asked after its exit, does not; else not known."""
+        if child.planned.node_id in self.members_seen:
+            return True
+        return False if now is not None and child.exit_code is not None else None
 
     def _silent(self) -> float | None:
         """While this launcher's scheduler runs: for how long it has not answered, from its

@@ -27,6 +27,8 @@ class Action(enum.Enum):
     ASK = "ask"  # `worker` failed: ask the scheduler again shortly, its answer decides on it
     FAIL = "fail"  # the job has failed: stop everything, report `worker` (None: the scheduler)
     FINISH = "finish"  # every local worker finished: wait for the scheduler, report
+    # `worker` (and maybe others: `unjoined`) exited 0 without joining the job: it cannot form
+    UNJOINED = "unjoined"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class WorkerSeen:
     # done). A failed exit after that (a crash in its teardown) is neither started again (a node
     # id finishes once: a new process would be refused) nor a failure of the job.
     finished: bool = False
+    # Whether its node is in the job, by the scheduler's answers: True once one listed it (or
+    # counted it finished); False when an answer asked after its exit does not list it (it
+    # never registered, or left before the job formed); None: not known (no such answer).
+    joined: bool | None = None
 
     @property
     def failed(self) -> bool:
@@ -116,7 +122,10 @@ def decide(seen: Seen) -> Decision:
     again; then a failed worker (restart it, ask again while the answer that decides on it is
     still to come from a scheduler of ours that has not exited, or fail the job; a failed
     process holding no rank is restarted when it may be, and otherwise left alone: the job does
-    not need it, and so is one that failed after it finished its part); then the end of the job
+    not need it, and so is one that failed after it finished its part); then a worker that
+    exited 0 without joining the job (`unjoined`: the job cannot form without it, and its
+    scheduler would wait for it until MS_TOPO_TIMEOUT); then the end of the job, once whether
+    each worker joined it is known (`joining_unknown`)
     (every ranked worker done: exited 0, or exited after it finished; the spares are told by
     the scheduler, and the launcher stops those that could not hear it); then a failed
     scheduler."""
@@ -128,11 +137,11 @@ def decide(seen: Seen) -> Decision:
     why_not_scheduler = why_not_restart_scheduler(seen) if scheduler_died else None
     if scheduler_died and why_not_scheduler is None:
         return Decision(Action.RESTART_SCHEDULER)
-    failed = _failed_worker(seen)
-    if failed is not None:
-        return failed
+    exited = _failed_worker(seen) or _unjoined_worker(seen)
+    if exited is not None:
+        return exited
     ranked = [w for w in seen.workers if not w.spare]
-    if ranked and all(w.done for w in ranked):
+    if ranked and all(w.done for w in ranked) and not joining_unknown(seen):
         return Decision(Action.FINISH)
     if scheduler_died:
         return Decision(Action.FAIL, None, why_not_scheduler or "")
@@ -153,6 +162,67 @@ def _failed_worker(seen: Seen) -> Decision | None:
         if not worker.spare:
             return Decision(Action.FAIL, worker.index, why_not)
     return None
+
+
+def _unjoined_worker(seen: Seen) -> Decision | None:
+    """The first of the workers that exited 0 without joining the job (`unjoined`), or None."""
+    left = unjoined(seen.workers)
+    return Decision(Action.UNJOINED, min(left, key=_exit_order).index) if left else None
+
+
+def unjoined(workers: Sequence[WorkerSeen]) -> list[WorkerSeen]:
+    """The ranked workers that exited 0 without joining the job (`WorkerSeen.joined` False),
+    in their order: a script that never called `cluster.init()`, or called it under another
+    environment. The job cannot form without them; a failed exit is `_failed_worker`'s (its
+    own error says more), and a spare's is no loss to the job."""
+    found = (w for w in workers if w.exit_code == 0 and w.joined is False and not w.spare)
+    return sorted(found, key=lambda w: w.index)
+
+
+# How long a scheduler of ours that runs may stay silent while whether a worker that exited 0
+# joined the job is not known (`joining_unknown`): as long as it gets to exit once the job ended.
+JOINING_ANSWER_S = 30.0
+
+
+def joining_unknown(seen: Seen) -> bool:
+    """Whether the end of the job waits for an answer: a ranked worker exited 0 and no answer
+    since says whether it joined the job (its exit came before the scheduler listened), while
+    the scheduler is this launcher's, runs, and has been silent for less than JOINING_ANSWER_S
+    (its answer, or its exit, decides: a job that finished ends as before)."""
+    silent = seen.scheduler_silent_s
+    return (
+        any(w.exit_code == 0 and w.joined is None and not w.spare for w in seen.workers)
+        and seen.own_scheduler
+        and seen.scheduler_exit is None
+        and silent is not None
+        and silent < JOINING_ANSWER_S
+    )
+
+
+# What a worker that exited without joining the job most likely did, and what to do about it.
+UNJOINED_REMEDY = (
+    "the script must call cluster.init() (it ended without calling it, or called it under "
+    "another environment than the MS_* variables it was started with)"
+)
+
+
+def unjoined_line(exits: Sequence[tuple[str, int, str]]) -> str:
+    """One line for the workers that exited without joining the job (`unjoined`), each of
+    `exits` (who, exit code, log): 'worker 1 (node id '1') exited with code 0 without joining
+    the job: the script must call cluster.init() (...); see logs/worker_1.log'. `mscluster run`
+    and `mscluster chaos` both say it."""
+    codes = {code for _, code, _ in exits}
+    if len(codes) == 1:  # 'worker 0 (...) and worker 1 (...) exited with code 0'
+        said = [_and([who for who, _, _ in exits]) + " " + describe_exit(codes.pop())]
+    else:
+        said = [f"{who} {describe_exit(code)}" for who, code, _ in exits]
+    logs = ", ".join(log for _, _, log in exits)
+    return f"{_and(said)} without joining the job: {UNJOINED_REMEDY}; see {logs}"
+
+
+def _and(items: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def awaits_scheduler(seen: Seen) -> bool:

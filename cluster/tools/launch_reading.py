@@ -182,6 +182,13 @@ def without_rank_at_end(event_log: Path | None) -> dict[str, bool]:
     return decided
 
 
+def joined_nodes(event_log: Path) -> set[str]:
+    """The node ids that joined the event log's last job (a `registered` event, or a later one
+    that names the node: `without_rank_at_end`'s); none when the log is not there (no
+    scheduler served a job)."""
+    return set(without_rank_at_end(event_log))
+
+
 def _events_back(path: Path, words: tuple[bytes, ...]) -> Iterator[JobEvent]:
     """The events of the event log at `path` in pieces that hold one of `words`, newest first:
     its lines read back from the end, then those of its rotated files, newest first (a torn

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from cluster.scheduler.machine.state import Phase
 from cluster.tools.launch_policy import (
+    JOINING_ANSWER_S,
     Action,
     Decision,
     JobSeen,
@@ -20,12 +21,15 @@ from cluster.tools.launch_policy import (
     decide,
     describe_exit,
     error_line,
+    unjoined,
+    unjoined_line,
     why_not_restart,
     why_not_restart_scheduler,
 )
 
 READY = JobSeen(Phase.READY, recovery=True)
 READY_NO_RECOVERY = JobSeen(Phase.READY, recovery=False)
+WAITING = JobSeen(Phase.WAITING, recovery=False)
 KILLED = -signal.SIGKILL
 
 
@@ -615,3 +619,80 @@ def test_no_error_line_without_an_error() -> None:
     assert error_line(["epoch: 1 step: 1, loss is 0.5", "Killed"]) is None
     assert error_line([]) is None
     assert error_line(["Traceback (most recent call last):", '  File "x.py"']) is None
+
+
+def joined(*states: tuple[int | None, bool | None]) -> tuple[WorkerSeen, ...]:
+    """Workers by (exit code, joined)."""
+    return tuple(WorkerSeen(i, code, joined=j) for i, (code, j) in enumerate(states))
+
+
+def test_workers_that_exit_0_without_joining_end_the_job_at_once() -> None:
+    """A script that never calls cluster.init(): every worker exits 0, none joined. Not a
+    finished job: the job cannot form, and the launcher says so rather than wait for its
+    scheduler."""
+    both = (
+        WorkerSeen(0, 0, exited_at=2.0, joined=False),
+        WorkerSeen(1, 0, exited_at=1.0, joined=False),
+    )
+    seen = Seen(both, own_scheduler=True, last=WAITING)
+    assert decide(seen) == Decision(Action.UNJOINED, 1)  # the first to exit
+    assert [w.index for w in unjoined(seen.workers)] == [0, 1]  # named in their order
+
+
+def test_one_worker_that_exits_0_without_joining_ends_the_job_the_other_waits_for() -> None:
+    """Its peer blocks in init() until the job forms, which it never will: the launcher knows
+    the worker exited, so it ends the job rather than wait until MS_TOPO_TIMEOUT."""
+    seen = Seen(joined((None, True), (0, False)), own_scheduler=True, last=WAITING)
+    assert decide(seen) == Decision(Action.UNJOINED, 1)
+
+
+def test_an_exit_0_not_yet_known_to_have_joined_waits_for_an_answer() -> None:
+    """No answer since its exit (the scheduler not listening yet): not known, not decided."""
+    assert decide(Seen(joined((None, None), (0, None)))) == Decision(Action.WAIT)
+    assert decide(Seen(joined((0, None), (0, None)))) == Decision(Action.FINISH)
+
+
+def test_a_job_whose_workers_joined_finishes_as_before() -> None:
+    assert decide(Seen(joined((0, True), (0, True)))) == Decision(Action.FINISH)
+
+
+def test_a_failed_exit_without_joining_is_decided_as_a_failure_with_its_own_error() -> None:
+    seen = Seen(joined((None, True), (3, False)), now=WAITING)
+    assert decide(seen) == Decision(Action.FAIL, 1, "no restarts left (--max-restarts 0)")
+    assert unjoined(seen.workers) == []
+
+
+def test_a_spare_that_exits_without_joining_is_no_loss_to_the_job() -> None:
+    spare = WorkerSeen(2, 0, spare=True, joined=False)
+    seen = Seen((*joined((0, True), (0, True)), spare))
+    assert decide(seen) == Decision(Action.FINISH)
+
+
+def test_the_unjoined_line_names_each_worker_its_exit_the_remedy_and_the_logs() -> None:
+    one = unjoined_line([("worker 1 (node id '1')", 0, "logs/worker_1.log")])
+    assert one == (
+        "worker 1 (node id '1') exited with code 0 without joining the job: the script must "
+        "call cluster.init() (it ended without calling it, or called it under another "
+        "environment than the MS_* variables it was started with); see logs/worker_1.log"
+    )
+    both = unjoined_line([("worker 0", 0, "w0.log"), ("worker 1", 0, "w1.log")])
+    assert both.startswith("worker 0 and worker 1 exited with code 0 without joining the job: ")
+    assert both.endswith("; see w0.log, w1.log")
+    mixed = unjoined_line([("worker 0", 0, "w0.log"), ("worker 1", 3, "w1.log")])
+    assert mixed.startswith("worker 0 exited with code 0 and worker 1 exited with code 3 without")
+
+
+def test_the_end_waits_for_our_scheduler_to_say_whether_the_workers_joined() -> None:
+    """Every worker exited 0 before the scheduler of this launcher listened: its answer (or
+    its exit) decides, within JOINING_ANSWER_S of silence; one that ended (exited) or is not
+    ours does not hold the end."""
+    unknown = joined((0, None), (0, None))
+    starting = Seen(unknown, own_scheduler=True, scheduler_silent_s=1.0)
+    assert decide(starting) == Decision(Action.WAIT)
+    silent = dataclasses.replace(starting, scheduler_silent_s=JOINING_ANSWER_S)
+    assert decide(silent) == Decision(Action.FINISH)
+    exited = dataclasses.replace(starting, scheduler_exit=0, scheduler_silent_s=None)
+    assert decide(exited) == Decision(Action.FINISH)
+    assert decide(Seen(unknown)) == Decision(Action.FINISH)
+    known = Seen(joined((0, True), (0, True)), own_scheduler=True, scheduler_silent_s=1.0)
+    assert decide(known) == Decision(Action.FINISH)

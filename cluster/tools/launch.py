@@ -348,8 +348,14 @@ class Launcher(Children):
             self._print(f"mscluster: last lines of {cause.planned.log}:")
             for line in tail:
                 self._print(f"    {line}")
+        return self._job_failed()
+
+    def _job_failed(self) -> int:
+        """Say what is stopped with the job, and that it failed."""
         running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
-        if running:
+        if len(running) == 1:
+            self._print("mscluster: stopping the other running process")
+        elif running:
             self._print(f"mscluster: stopping the {len(running)} other running processes")
         self._print("mscluster: job failed")
         return EXIT_FAILED
@@ -368,11 +374,7 @@ class Launcher(Children):
             for child in (self.workers[w.index] for w in left)
         ]
         self._print(f"mscluster: {policy.unjoined_line(exits)}")
-        running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
-        if running:
-            self._print(f"mscluster: stopping the {len(running)} other running processes")
-        self._print("mscluster: job failed")
-        return EXIT_FAILED
+        return self._job_failed()
 
     async def _let_spares_go(self) -> None:
         """The processes holding no rank hear of the end from the scheduler and exit 0; one that

@@ -50,7 +50,12 @@ from cluster.tools import slurm_io
 from cluster.tools.launch_children import Child, Children
 from cluster.tools.launch_lock import LogDirLock
 from cluster.tools.launch_plan import LaunchOptions, render, wants_relay
-from cluster.tools.launch_reading import POLL_CHANNEL_OPTIONS, POLL_STATUS_S, log_end
+from cluster.tools.launch_reading import (
+    POLL_CHANNEL_OPTIONS,
+    POLL_STATUS_S,
+    joined_nodes,
+    log_end,
+)
 from cluster.tools.secret import JOB_SECRET_FILE, write_job_secret
 from cluster.transport import channel as scheduler_channel
 
@@ -102,18 +107,22 @@ class Launcher(Children):
 
     async def _poll_status(self) -> None:
         """The job's status every POLL_STATUS_S (`JobReader.poll`), for the progress line.
-        While a worker that exited 0 is not known to have joined the job (its exit came before
-        the scheduler answered), each poll wakes the decision on it, answered or not."""
+        While whether a worker that exited 0 is in the job is not known (its exit came before
+        the scheduler answered, or before it forgot the worker while the job forms), each poll
+        wakes the decision on it, answered or not, and so does the poll whose answer settles
+        it."""
         async with scheduler_channel.open_channel(
             self.address, self.reader.identity, POLL_CHANNEL_OPTIONS
         ) as channel:
             while True:
                 asked = self._clock()
+                in_doubt = self._unseen_exit()  # this answer may settle it: decided on then
                 with contextlib.suppress(ClusterError):
                     self.view = await self.reader.poll(channel)
                     self._view_asked = asked
                     self._note_members(self.view)
-                if self._unseen_exit():
+                    self._note_answer(self.view, asked)
+                if in_doubt or self._unseen_exit():
                     self._wake.set()  # decided on again (`_asks`, `policy.joining_unknown`)
                 self._progress()
                 await asyncio.sleep(POLL_STATUS_S)
@@ -350,6 +359,16 @@ class Launcher(Children):
                 self._print(f"    {line}")
         return self._job_failed()
 
+    def _with_registered(self, worker: policy.WorkerSeen) -> policy.WorkerSeen:
+        """`worker` with `registered` also from our scheduler's event log, once the scheduler
+        answered (it wrote this job's start: the log's last job is this one): a worker that
+        registered and left between two polls was never listed."""
+        event_log = self._event_log()
+        if worker.registered or self._latest is None or event_log is None:
+            return worker
+        node_id = self.workers[worker.index].planned.node_id
+        return dataclasses.replace(worker, registered=node_id in joined_nodes(event_log))
+
     def _job_failed(self) -> int:
         """Say what is stopped with the job, and that it failed."""
         running = [c for c in [*self.workers, self.scheduler] if c is not None and c.running]
@@ -363,17 +382,21 @@ class Launcher(Children):
     async def _unjoined(self) -> int:
         """Workers exited 0 without joining the job (`policy.unjoined`): it cannot form, and
         its scheduler would wait for them until MS_TOPO_TIMEOUT. Once the exits that come
-        together have arrived, they are named in one line with what to do, and the job ends."""
+        together have arrived, they are named in one line with what to do (one for those that
+        never registered, one for those that left before the job formed), and the job ends."""
         await self._settle()
         seen = await self._seen(ask=True)
         left = policy.unjoined(seen.workers) or [
             w for w in seen.workers if w.exit_code == 0 and w.joined is not True and not w.spare
         ]
-        exits = [
-            (self._who(child), child.exit_code or 0, str(child.planned.log))
-            for child in (self.workers[w.index] for w in left)
-        ]
-        self._print(f"mscluster: {policy.unjoined_line(exits)}")
+        left = [self._with_registered(w) for w in left]
+        for registered in (False, True):  # those that never registered, then those that left
+            exits = [
+                (self._who(child), child.exit_code or 0, str(child.planned.log))
+                for child in (self.workers[w.index] for w in left if w.registered is registered)
+            ]
+            if exits:
+                self._print(f"mscluster: {policy.unjoined_line(exits, left=registered)}")
         return self._job_failed()
 
     async def _let_spares_go(self) -> None:

@@ -102,8 +102,9 @@ class Children:
         # The node ids the scheduler counted finished (their part of the job done): a node id
         # finishes once, so an answer that said so holds for the rest of the job.
         self.finished_nodes: set[str] = set()
-        # The node ids any answer of the scheduler listed: each of them joined the job.
+        # The node ids the scheduler's answers listed; its freshest answer, when asked (`_joined`).
         self.members_seen: set[str] = set()
+        self._latest: tuple[float, JobView] | None = None
         self.relay: Child | None = None
         self._relay_said = False
         self.workers: list[Child] = []
@@ -356,6 +357,7 @@ class Children:
     async def _seen(self, *, ask: bool) -> policy.Seen:
         """What the launcher has seen, for `policy.decide`; with `ask`, a fresh answer from the
         scheduler too (a worker has failed: may the job take it back?)."""
+        asked = self._clock()
         fresh = await self.reader.fresh() if ask else Fresh()
         if fresh.unread:
             last = "none" if self.view is None else self.view.phase.value
@@ -370,6 +372,8 @@ class Children:
             self.finished_nodes |= {n.node_id for n in view.nodes if n.state == FINISHED}
         for answer in (self.view, now):
             self._note_members(answer)
+        if now is not None:
+            self._note_answer(now, asked)
         ended = sched is not None and sched.exit_code == 0 and self._ended()
         if ended and self._at_end is None:
             self._at_end = without_rank_at_end(self._event_log())
@@ -382,7 +386,8 @@ class Children:
                     self._spare(w, view),
                     None if w.exit_code is None else w.exited_at,
                     w.planned.node_id in self.finished_nodes,
-                    self._joined(w, now),
+                    self._joined(w),
+                    w.planned.node_id in self.members_seen,
                 )
                 for w in self.workers
             ),
@@ -414,10 +419,12 @@ class Children:
         return failed or self._unseen_exit()
 
     def _unseen_exit(self) -> bool:
-        """Whether a ranked worker exited 0 that no answer listed yet (did it join the job?)
-        while a scheduler may answer (not ours, or ours running)."""
+        """Whether a ranked worker exited 0 and whether it is in the job is not known yet
+        (`_joined`: no answer listed it, or one listed it while the job formed and none asked
+        after its exit says whether the scheduler forgot it) while a scheduler may answer (not
+        ours, or ours running)."""
         unseen = any(
-            w.exit_code == 0 and not w.planned.spare and w.planned.node_id not in self.members_seen
+            w.exit_code == 0 and not w.planned.spare and self._joined(w) is None
             for w in self.workers
         )
         sched = self.scheduler
@@ -428,12 +435,25 @@ class Children:
         if view is not None:
             self.members_seen |= {n.node_id for n in view.nodes}
 
-    def _joined(self, child: Child, now: JobView | None) -> bool | None:
-        """Whether `child`'s node joined the job (`policy.WorkerSeen.joined`): True once an
-        answer listed it; False when `now`, asked after its exit, does not; else not known."""
-        if child.planned.node_id in self.members_seen:
-            return True
-        return False if now is not None and child.exit_code is not None else None
+    def _note_answer(self, view: JobView, asked: float) -> None:
+        """`view`, asked at `asked`, is the freshest answer unless a later-asked one came."""
+        if self._latest is None or asked >= self._latest[0]:
+            self._latest = (asked, view)
+
+    def _joined(self, child: Child) -> bool | None:
+        """Whether `child`'s node is in the job (`policy.WorkerSeen.joined`), decided by
+        `policy.joined_by_answers` once it exited (from the freshest answer, and whether that
+        was asked after its exit); while it runs, True once an answer listed it."""
+        node_id = child.planned.node_id
+        listed = node_id in self.members_seen
+        if child.exit_code is None or child.exited_at is None:
+            return True if listed else None
+        latest = self._latest
+        last = None if latest is None else latest[1].phase
+        after = None
+        if latest is not None and latest[0] >= child.exited_at:
+            after = (latest[1].phase, node_id in {n.node_id for n in latest[1].nodes})
+        return policy.joined_by_answers(listed, last, after)
 
     def _silent(self) -> float | None:
         """While this launcher's scheduler runs: for how long it has not answered, from its

@@ -49,7 +49,11 @@ class WorkerSeen:
     # Whether its node is in the job, by the scheduler's answers: True once one listed it (or
     # counted it finished); False when an answer asked after its exit does not list it (it
     # never registered, or left before the job formed); None: not known (no such answer).
+    # `joined_by_answers` decides it.
     joined: bool | None = None
+    # An answer listed its node once: it registered. With `joined` False, it left the job
+    # before the job formed (the scheduler forgets a node whose connection closes then).
+    registered: bool = False
 
     @property
     def failed(self) -> bool:
@@ -170,11 +174,39 @@ def _unjoined_worker(seen: Seen) -> Decision | None:
     return Decision(Action.UNJOINED, min(left, key=_exit_order).index) if left else None
 
 
+def joined_by_answers(
+    listed: bool, last: Phase | None, after_exit: tuple[Phase, bool] | None
+) -> bool | None:
+    """`WorkerSeen.joined` of a worker that exited, from the scheduler's answers: `listed`,
+    whether one ever listed its node; `last`, the phase of the freshest answer (None: none
+    came); `after_exit`, the phase of the freshest answer asked after its exit and whether it
+    lists the node (None: none came since).
+
+    An answer asked after the exit that does not list the node says it is not in the job: it
+    never registered, or it left while the job formed (the scheduler forgets such a node, so
+    that the job can take another process in its place; a spare never takes it, and recovery
+    takes nodes back only once the job formed). One that lists it while the job still forms
+    says nothing yet: the scheduler has not seen its connection close, and will forget it (a
+    worker that exited 0 cannot have finished a job that has not formed). Listed in a job
+    that formed: it joined."""
+    if after_exit is not None:
+        phase, lists = after_exit
+        if not lists:
+            return False
+        return None if phase is Phase.WAITING else True
+    if not listed or last in (None, Phase.WAITING):
+        return None
+    return True
+
+
 def unjoined(workers: Sequence[WorkerSeen]) -> list[WorkerSeen]:
     """The ranked workers that exited 0 without joining the job (`WorkerSeen.joined` False),
     in their order: a script that never called `cluster.init()`, or called it under another
-    environment. The job cannot form without them; a failed exit is `_failed_worker`'s (its
-    own error says more), and a spare's is no loss to the job."""
+    environment, or one that registered and ended before the job formed (`registered`). The
+    job cannot form without them: nothing takes their place (`joined_by_answers`), and an exit
+    0 is not started again (restarts are for failures; the script would end the same way). A
+    failed exit is `_failed_worker`'s (its own error says more), and a spare's is no loss to
+    the job."""
     found = (w for w in workers if w.exit_code == 0 and w.joined is False and not w.spare)
     return sorted(found, key=lambda w: w.index)
 
@@ -204,19 +236,30 @@ UNJOINED_REMEDY = (
     "the script must call cluster.init() (it ended without calling it, or called it under "
     "another environment than the MS_* variables it was started with)"
 )
+# The same for a worker that registered and exited before the job formed (`registered`).
+LEFT_REMEDY = (
+    "the script must wait for cluster.init() to return and call cluster.finalize() before it "
+    "ends (it ended while init() waited for the other workers: os._exit(), or init() in a "
+    "thread it did not wait for)"
+)
 
 
-def unjoined_line(exits: Sequence[tuple[str, int, str]]) -> str:
+def unjoined_line(exits: Sequence[tuple[str, int, str]], *, left: bool = False) -> str:
     """One line for the workers that exited without joining the job (`unjoined`), each of
     `exits` (who, exit code, log): 'worker 1 (node id '1') exited with code 0 without joining
-    the job: the script must call cluster.init() (...); see logs/worker_1.log'. `mscluster run`
-    and `mscluster chaos` both say it."""
+    the job: the script must call cluster.init() (...); see logs/worker_1.log'. `left`: they
+    had registered, and left the job before it formed ('... exited with code 0 after it
+    registered, leaving the job before it formed: the script must wait for ...'). `mscluster
+    run` and `mscluster chaos` both say it."""
     codes = {code for _, code, _ in exits}
     if len(codes) == 1:  # 'worker 0 (...) and worker 1 (...) exited with code 0'
         said = [_and([who for who, _, _ in exits]) + " " + describe_exit(codes.pop())]
     else:
         said = [f"{who} {describe_exit(code)}" for who, code, _ in exits]
     logs = ", ".join(log for _, _, log in exits)
+    if left:
+        why = f"after {'it' if len(exits) == 1 else 'they'} registered, leaving the job before "
+        return f"{_and(said)} {why}it formed: {LEFT_REMEDY}; see {logs}"
     return f"{_and(said)} without joining the job: {UNJOINED_REMEDY}; see {logs}"
 
 

@@ -21,6 +21,7 @@ from cluster.tools.launch_policy import (
     decide,
     describe_exit,
     error_line,
+    joined_by_answers,
     unjoined,
     unjoined_line,
     why_not_restart,
@@ -696,3 +697,48 @@ def test_the_end_waits_for_our_scheduler_to_say_whether_the_workers_joined() -> 
     assert decide(Seen(unknown)) == Decision(Action.FINISH)
     known = Seen(joined((0, True), (0, True)), own_scheduler=True, scheduler_silent_s=1.0)
     assert decide(known) == Decision(Action.FINISH)
+
+
+def test_a_worker_listed_while_the_job_forms_is_not_known_to_be_in_it_after_its_exit() -> None:
+    """The scheduler forgets a node whose connection closes while the job forms: an answer
+    asked after the exit that still lists it (the close not seen yet) says nothing, and one
+    that no longer lists it says the worker left. A job that formed keeps its nodes listed."""
+    waiting, ready = Phase.WAITING, Phase.READY
+    assert joined_by_answers(True, waiting, (waiting, True)) is None
+    assert joined_by_answers(True, waiting, (waiting, False)) is False
+    assert joined_by_answers(True, ready, (ready, True)) is True
+    assert joined_by_answers(True, Phase.FINISHED, (Phase.FINISHED, True)) is True
+    # No answer since its exit: listed in a job that had formed, it joined; while it formed,
+    # the next answer decides.
+    assert joined_by_answers(True, ready, None) is True
+    assert joined_by_answers(True, waiting, None) is None
+    assert joined_by_answers(False, None, None) is None
+    # Never listed, and not in an answer asked after its exit: it never registered.
+    assert joined_by_answers(False, waiting, (waiting, False)) is False
+
+
+def test_a_worker_that_registered_and_left_before_the_job_formed_ends_it() -> None:
+    """Listed, then exited 0 while the job formed, and forgotten by the scheduler: nothing
+    takes its place (no spare, no restart of an exit 0), so the job ends rather than wait
+    for it until MS_TOPO_TIMEOUT; its peer is still in init()."""
+    left = WorkerSeen(0, 0, exited_at=1.0, joined=False, registered=True)
+    seen = Seen((left, WorkerSeen(1, None, joined=None)), own_scheduler=True, last=WAITING)
+    assert decide(seen) == Decision(Action.UNJOINED, 0)
+    assert decide(dataclasses.replace(seen, max_restarts=3)) == Decision(Action.UNJOINED, 0)
+    # Still listed after its exit: the scheduler has not forgotten it yet, nothing decided.
+    doubt = dataclasses.replace(
+        seen, workers=(dataclasses.replace(left, joined=None), seen.workers[1])
+    )
+    assert decide(doubt) == Decision(Action.WAIT)
+
+
+def test_the_line_for_workers_that_left_says_they_left_before_the_job_formed() -> None:
+    one = unjoined_line([("worker 0 (node id '0')", 0, "logs/worker_0.log")], left=True)
+    assert one == (
+        "worker 0 (node id '0') exited with code 0 after it registered, leaving the job before "
+        "it formed: the script must wait for cluster.init() to return and call "
+        "cluster.finalize() before it ends (it ended while init() waited for the other "
+        "workers: os._exit(), or init() in a thread it did not wait for); see logs/worker_0.log"
+    )
+    both = unjoined_line([("worker 0", 0, "w0.log"), ("worker 1", 0, "w1.log")], left=True)
+    assert both.startswith("worker 0 and worker 1 exited with code 0 after they registered, ")

@@ -68,6 +68,9 @@ STOP_GRACE_S = 5.0
 # After the first failure, wait this long for the other exits it causes, so the report names
 # the process that died first (the cause) rather than one that stopped because of it.
 SETTLE_S = 0.3
+# How long a failed worker's report waits for the scheduler to say whether it had joined the
+# job (`policy.awaits_joined`: ours, just started, does not answer yet).
+JOINED_REPORT_S = 5.0
 # Once the job finished, how long the processes holding no rank get to exit by themselves.
 SPARE_EXIT_S = 1.0
 # Once every local worker finished, how long the scheduler gets to end the job and exit.
@@ -341,8 +344,8 @@ class Launcher(Children):
             how = "failed and had not exited (stopped now)"
         elif index is None:
             how = policy.describe_scheduler_exit(cause.exit_code or 0)
-        else:
-            how = policy.describe_exit(cause.exit_code or 0)
+        else:  # one that had not joined the job says so: the job never formed with it
+            how = policy.describe_exit(cause.exit_code or 0) + await self._not_joined(index)
         self._print(f"mscluster: {what} {how}{said}")
         if index is None and why_not_restarted and self.options.enable_recovery:
             self._print(f"mscluster: not restarting it: {why_not_restarted}")
@@ -358,6 +361,21 @@ class Launcher(Children):
             for line in tail:
                 self._print(f"    {line}")
         return self._job_failed()
+
+    async def _not_joined(self, index: int) -> str:
+        """What the report of worker `index`, which failed, adds when it had not joined the job
+        (`policy.not_joined_note`). While a scheduler of ours runs and no answer says yet
+        (`policy.awaits_joined`), the polls' answers are waited for, JOINED_REPORT_S at most."""
+        deadline = self._clock() + JOINED_REPORT_S
+        while True:
+            seen = await self._seen(ask=False)
+            worker = seen.workers[index]
+            if not policy.awaits_joined(worker, seen) or self._clock() >= deadline:
+                break
+            await self._wait_or_stop(asyncio.Event(), POLL_STATUS_S)
+            if self._stop_signal is not None:
+                break
+        return policy.not_joined_note(self._with_registered(worker))
 
     def _with_registered(self, worker: policy.WorkerSeen) -> policy.WorkerSeen:
         """`worker` with `registered` also from our scheduler's event log, once the scheduler

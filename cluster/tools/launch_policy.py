@@ -263,6 +263,27 @@ def unjoined_line(exits: Sequence[tuple[str, int, str]], *, left: bool = False) 
     return f"{_and(said)} without joining the job: {UNJOINED_REMEDY}; see {logs}"
 
 
+def awaits_joined(worker: WorkerSeen, seen: Seen) -> bool:
+    """Whether the failure report of `worker` waits for an answer that says whether it had
+    joined the job (`not_joined_note`): none says yet, and the scheduler is this launcher's
+    and runs (starting, it does not answer yet; forming, it has not yet forgotten a worker
+    that left). The launcher bounds the wait (`launch.JOINED_REPORT_S`)."""
+    return worker.joined is None and seen.own_scheduler and seen.scheduler_exit is None
+
+
+def not_joined_note(worker: WorkerSeen) -> str:
+    """What a failed worker's report adds when it had not joined the job (`joined` False: an
+    answer asked after its exit does not list it): ' before it joined the job', or ' after it
+    registered, before the job formed'; '' otherwise (it joined, or it is not known)."""
+    if worker.joined is not False:
+        return ""
+    return (
+        " after it registered, before the job formed"
+        if worker.registered
+        else (" before it joined the job")
+    )
+
+
 def _and(items: Sequence[str]) -> str:
     """'a', 'a and b', 'a, b and c'."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -60,6 +60,17 @@ LEAVES_WHEN_TOLD = LEAVES.replace(
     'any(json.loads(line).get("node_id") == "0" for line in lines if line.strip())',
     '(Path(__file__).parent / "go").exists()',
 )
+# Worker 1 dies of an error before cluster.init(); worker 0 waits in init() for it.
+FAILS_FIRST = """
+import os
+
+import cluster
+
+if os.environ.get("MS_NODE_ID") == "1":
+    raise ValueError("bad --data path")
+cluster.init()
+cluster.finalize()
+"""
 REMEDY = "without joining the job: the script must call cluster.init()"
 # Far below MS_TOPO_TIMEOUT: the job's end comes from the launcher, not from its scheduler.
 BOUND_S = 45
@@ -191,4 +202,16 @@ def test_a_worker_the_launcher_saw_registered_that_left_before_the_job_formed_en
         "job before it formed: " in said
     ), said
     assert said.rstrip().endswith("mscluster: job failed"), said
+    assert not processes_running(str(tmp_path / "job"))
+
+
+def test_a_worker_that_failed_before_it_joined_the_job_says_so(tmp_path: Path) -> None:
+    """Its failure report says it had not joined: the job never formed with it."""
+    result = run(tmp_path, FAILS_FIRST)
+    assert result.returncode == 1, result.stderr
+    said = (
+        "worker 1 (rank 1, node id '1') exited with code 1 before it joined the job: "
+        "ValueError: bad --data path"
+    )
+    assert said in result.stderr, result.stderr
     assert not processes_running(str(tmp_path / "job"))

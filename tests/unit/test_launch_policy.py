@@ -16,12 +16,14 @@ from cluster.tools.launch_policy import (
     JobSeen,
     Seen,
     WorkerSeen,
+    awaits_joined,
     awaits_scheduler,
     cause,
     decide,
     describe_exit,
     error_line,
     joined_by_answers,
+    not_joined_note,
     unjoined,
     unjoined_line,
     why_not_restart,
@@ -742,3 +744,20 @@ def test_the_line_for_workers_that_left_says_they_left_before_the_job_formed() -
     )
     both = unjoined_line([("worker 0", 0, "w0.log"), ("worker 1", 0, "w1.log")], left=True)
     assert both.startswith("worker 0 and worker 1 exited with code 0 after they registered, ")
+
+
+def test_a_failed_worker_that_had_not_joined_says_so_in_its_report() -> None:
+    assert not_joined_note(WorkerSeen(1, 3, joined=False)) == " before it joined the job"
+    left = WorkerSeen(1, 3, joined=False, registered=True)
+    assert not_joined_note(left) == " after it registered, before the job formed"
+    assert not_joined_note(WorkerSeen(1, 3, joined=True)) == ""
+    assert not_joined_note(WorkerSeen(1, 3, joined=None)) == ""
+
+
+def test_a_failure_report_waits_for_our_running_scheduler_to_say_whether_it_joined() -> None:
+    unknown = WorkerSeen(1, 3, joined=None)
+    ours = Seen((unknown,), own_scheduler=True)
+    assert awaits_joined(unknown, ours)
+    assert not awaits_joined(unknown, dataclasses.replace(ours, scheduler_exit=1))
+    assert not awaits_joined(unknown, Seen((unknown,)))
+    assert not awaits_joined(WorkerSeen(1, 3, joined=False), ours)

@@ -109,12 +109,24 @@ class Upstream:
             return None
         return self._move(next_in_turn(self.addresses, asked))
 
+    def found_down(self, address: str, now: float) -> None:
+        """The scheduler at `address` was found down (not by a call the relay follows it for:
+        it stays where it is); a standby naming it is not followed for DOWN_FOR_S."""
+        self._down[address] = now
+
+    def follows(self, asked: str, leader: str, now: float) -> bool:
+        """Whether `not_leader(asked, leader, now)` would move to `leader`."""
+        named = leader_to_follow(asked, leader, self._lately_down(now))
+        return asked == self.current and named is not None and named != self.current
+
+    def _lately_down(self, now: float) -> set[str]:
+        return {a for a, when in self._down.items() if now - when < DOWN_FOR_S}
+
     def not_leader(self, asked: str, leader: str, now: float) -> str | None:
         """The scheduler at `asked` stands by and named `leader` ("" for none)."""
         if asked != self.current:
             return None
-        lately_down = {a for a, when in self._down.items() if now - when < DOWN_FOR_S}
-        named = leader_to_follow(asked, leader, lately_down)
+        named = leader_to_follow(asked, leader, self._lately_down(now))
         if named is not None:
             return self._move(named)
         if leader:

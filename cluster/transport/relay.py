@@ -38,7 +38,9 @@ the leader (`cluster.transport.upstreams`), by the rules the workers follow
 metadata of a standby (`cluster-leader`) and a call cut off, and moves; the worker, told the
 same, asks again, and its call goes where the relay went. A refusal moves it nowhere (a worker
 with a stale record is refused as another job's by the job's own leader): a worker refused as
-another job's through it asks directly (`cluster.worker.machine.joining`).
+another job's through it asks directly (`cluster.worker.machine.joining`). A named leader of
+another job than the one its workers were accepted into is not followed, and reaches the
+workers unnamed (`Upstreams.may_follow`).
 
 Upstream calls are made without waiting for a connection that is down: a worker whose scheduler
 cannot be reached hears UNAVAILABLE at once, as it would from its own channel, and checks the
@@ -122,9 +124,9 @@ def _refuse(context: Context, error: ClusterError) -> None:
     context.set_details(str(error))
 
 
-def _answer_with(context: Context, error: grpc.aio.AioRpcError) -> None:
-    """End the worker's call as the scheduler (or the way to it) ended the upstream one."""
-    trailing = error.trailing_metadata()
+def _answer_with(context: Context, error: grpc.aio.AioRpcError, trailing: Any) -> None:
+    """End the worker's call as the scheduler (or the way to it) ended the upstream one, with
+    `trailing` (its trailing metadata as `Upstreams.settled` passes it on)."""
     context.set_trailing_metadata(relayed(error.code(), forwarded(trailing)))
     context.set_code(error.code())
     context.set_details(error.details() or "")
@@ -144,8 +146,8 @@ def _one_answer(
         try:
             return bytes(await call)
         except grpc.aio.AioRpcError as exc:
-            upstreams.answered(address, exc.code(), exc.trailing_metadata())
-            _answer_with(context, exc)
+            trailing = await upstreams.settled(address, exc.code(), exc.trailing_metadata())
+            _answer_with(context, exc, trailing)
             return None
         finally:
             call.cancel()  # the worker went away (this task cancelled): so does the call
@@ -169,11 +171,11 @@ def _server_stream(
                 yield message
             # A standby's refusal of a registration ends its stream naming the leader.
             trailing = await call.trailing_metadata()
-            upstreams.answered(address, grpc.StatusCode.OK, trailing)
+            trailing = await upstreams.settled(address, grpc.StatusCode.OK, trailing)
             context.set_trailing_metadata(forwarded(trailing))
         except grpc.aio.AioRpcError as exc:
-            upstreams.answered(address, exc.code(), exc.trailing_metadata())
-            _answer_with(context, exc)
+            trailing = await upstreams.settled(address, exc.code(), exc.trailing_metadata())
+            _answer_with(context, exc, trailing)
         finally:
             call.cancel()
 
@@ -339,7 +341,7 @@ class HostBeats:
         try:
             await call
         except grpc.aio.AioRpcError as exc:
-            self._upstreams.answered(address, exc.code(), exc.trailing_metadata())
+            await self._upstreams.settled(address, exc.code(), exc.trailing_metadata())
             self._refused(address, exc)
         except asyncio.CancelledError:
             if self._stopped:
@@ -496,6 +498,7 @@ class HostLinks:
         return len(self._carried & self._finished)
 
     def _heard(self, event: bytes) -> None:
+        self._upstreams.heard(event)
         if self.job_end is None and (end := stub.shutdown_of(event)) is not None:
             self.job_end = end
             self._settle()
@@ -559,10 +562,10 @@ class HostLinks:
             while True:
                 item = await mailbox.get()
                 if isinstance(item, bytes):
-                    yield item
+                    yield await self._upstreams.event(link.address, item)
                     continue
                 ended = True
-                self._ended(link, item, context)
+                await self._ended(link, item, context)
                 return
         finally:
             self._release(link, slot, detach=not ended)
@@ -581,14 +584,14 @@ class HostLinks:
                     ended = True
                     if item[1] == grpc.StatusCode.OK:
                         self._took(request)
-                    return self._ended(link, item, context)
+                    return await self._ended(link, item, context)
         finally:
             self._release(link, slot, detach=not ended)
 
-    def _ended(self, link: _Link, end: stub.SlotEnd, context: Context) -> bytes | None:
+    async def _ended(self, link: _Link, end: stub.SlotEnd, context: Context) -> bytes | None:
         """End the worker's call as the scheduler ended its slot; a finish slot's answer."""
         _, code, details, trailing, answer = end
-        self._upstreams.answered(link.address, code, trailing)
+        trailing = await self._upstreams.settled(link.address, code, trailing)
         context.set_trailing_metadata(relayed(code, trailing))
         if code != grpc.StatusCode.OK:
             context.set_code(code)

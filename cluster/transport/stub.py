@@ -213,6 +213,49 @@ def shutdown_of(event: bytes) -> tuple[bool, str] | None:
     return parsed.shutdown.ok, parsed.shutdown.reason
 
 
+# The first byte of a serialized Event that answers a registration: accepted (6) or refused (7).
+_ACCEPTED_TAG, _REFUSED_TAG = b"\x32", b"\x3a"
+
+
+def _event_of(event: bytes, tag: bytes, kind: str) -> pb.Event | None:
+    """The serialized Event `event` parsed, when it is one of `kind` (its tag leads it)."""
+    if not event.startswith(tag):
+        return None
+    try:
+        parsed = pb.Event.FromString(event)
+    except DecodeError:
+        return None
+    return parsed if parsed.WhichOneof("kind") == kind else None
+
+
+def accepted_job_of(event: bytes) -> str | None:
+    """The job (cluster id) a serialized Event that accepts a registration names; None for any
+    other event (only those bytes are parsed)."""
+    parsed = _event_of(event, _ACCEPTED_TAG, "accepted")
+    return None if parsed is None else parsed.accepted.cluster_id
+
+
+def named_leader_of(event: bytes) -> str | None:
+    """The leader a standby names in a serialized Event that refuses a registration; None for
+    any other event, and for a standby that names none."""
+    parsed = _event_of(event, _REFUSED_TAG, "refused")
+    if parsed is None or parsed.refused.reason != pb.REFUSAL_NOT_LEADER:
+        return None
+    return parsed.refused.leader or None
+
+
+def without_leader(event: bytes) -> bytes:
+    """A standby's refusal of a registration (`named_leader_of`), naming no leader."""
+    parsed = pb.Event.FromString(event)
+    parsed.refused.leader = ""
+    return parsed.SerializeToString()
+
+
+def challenge_job_of(raw: bytes) -> str:
+    """The job a serialized ChallengeResponse names ("": a standby's, which runs none)."""
+    return pb.ChallengeResponse.FromString(raw).job_id
+
+
 # -- whole peer tables by digest (`cluster.worker.peer_table`, the relay's shared tables) -------
 
 

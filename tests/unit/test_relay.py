@@ -121,12 +121,15 @@ def test_the_relay_follows_a_leader_named_outside_its_list_as_its_workers_do() -
     assert single.cut_off("l:1", 2.0) == "s:1"
 
 
-def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
+async def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
     opened: list[str] = []
     said: list[str] = []
 
     class Channel:
         def get_state(self, try_to_connect: bool = False) -> None:
+            pass
+
+        async def close(self, grace: float | None = None) -> None:
             pass
 
     def open_channel(address: str) -> Channel:
@@ -835,6 +838,9 @@ async def test_a_link_left_behind_does_not_take_a_newer_links_place_with_it() ->
         def get_state(self, try_to_connect: bool = False) -> None:
             pass
 
+        async def close(self, grace: float | None = None) -> None:
+            pass
+
     upstreams = Upstreams(["x:1", "y:1"], lambda address: Channel())  # type: ignore[arg-type,return-value]
     links = relay.HostLinks(upstreams)
     first, second = _WorkerCall(), _WorkerCall()
@@ -919,6 +925,9 @@ class _Channel:
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         return grpc.ChannelConnectivity.READY
+
+    async def close(self, grace: float | None = None) -> None:
+        pass
 
 
 async def _requests(raws: Iterable[bytes]) -> AsyncIterator[bytes]:

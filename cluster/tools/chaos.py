@@ -458,8 +458,21 @@ class Chaos:
     # -- observations --------------------------------------------------------------------------
 
     def _generation(self) -> int:
-        view = self.job.status()
-        return 0 if view is None else int(view.generation)
+        """The job's generation now, waited for while its scheduler runs but does not answer
+        (busy, or starved on a loaded machine: read as 0, every later answer was taken for a
+        newer generation, and the fault for a failure); 0 once no scheduler runs."""
+        found: list[int] = []
+
+        def answered() -> bool:
+            view = self.job.status()
+            if view is not None:
+                found.append(int(view.generation))
+            elif self.job.scheduler is None or not self.job.scheduler.running:
+                found.append(0)
+            return bool(found)
+
+        wait_until(answered, self.job.timeout_s, "the scheduler's status")
+        return found[0]
 
     def _failed(self, i: int) -> bool:
         view = self.job.status()

@@ -34,6 +34,9 @@ from tests.procs import ROOT, Procs
 
 FLOOD = ROOT / "tests" / "integration" / "scripts" / "member_flood.py"
 SETS_ON_CUE = ROOT / "tests" / "integration" / "scripts" / "sets_on_cue.py"
+# Rank 0's threads setting 2 MiB at once: past its share of bytes (64 MiB: 32 of them), and
+# with its barrier under its share of calls (64).
+KV_THREADS = 48
 # Calls that name member '0' and never send their request: past a member's share of calls (64).
 STALLED = 70
 SECONDS = 4.0
@@ -87,10 +90,18 @@ def codes(worker: Process) -> dict[str, int]:
 def test_a_members_concurrent_large_calls_are_refused_past_its_share_and_named(
     processes: Procs, tmp_path: Path
 ) -> None:
-    """64 threads of rank 0 set 2 MiB values at once through cluster.kv_store() (two keys:
-    inside its key-value share): past its share of request bytes in flight the scheduler
-    refuses them, naming the node, its share and what to do; rank 1's barriers complete."""
-    sched, workers = run_flood(processes, tmp_path, ["--kv-threads", "64"])
+    """KV_THREADS threads of rank 0 set 2 MiB values at once through cluster.kv_store() (two
+    keys: inside its key-value share): past its share of request bytes in flight the scheduler
+    refuses them, naming the node, its share and what to do; rank 1's barriers complete.
+
+    The threads go on past SECONDS until a set was refused (`--until-refused`): how many of
+    them overlap at the scheduler within a given time is the machine's load's to say (a flood
+    of 0.1 s went unrefused 2 times in 4). And they are fewer than the member's share of calls
+    (64, with 2 nodes), so that rank 0's own barriers, made meanwhile, are never past it: with
+    64 threads, 64 sets open at a slow scheduler refused rank 0's barrier, and the job failed."""
+    sched, workers = run_flood(
+        processes, tmp_path, ["--kv-threads", str(KV_THREADS), "--until-refused"]
+    )
     seen = codes(workers[0])
     assert seen.get("CapacityError", 0) > 0, workers[0].output
     assert seen.get("OK", 0) > 0, workers[0].output  # the member's share still goes through

@@ -4,6 +4,9 @@ and the job ends.
 
 --kv-threads T: T threads each set one of two keys to 2 MiB again and again through
   cluster.kv_store() (the public API; inside its key-value share).
+--until-refused (with --kv-threads alone): past SECONDS, the threads go on until a set was
+  refused with a CapacityError and one was taken (at most REFUSED_WAIT_S more): whether the
+  threads' sets overlap enough at the scheduler in a given time depends on the machine's load.
 --connections C (with --kv-threads T): T sets at once as above, over C connections of rank 0's
   own to the scheduler instead of its one channel (each signed as rank 0).
 --value-mib M (with --connections): each of those sets' values is M MiB (default 2; past the
@@ -40,6 +43,7 @@ from cluster.v1 import scheduler_pb2 as pb
 
 MIB = 1024 * 1024
 BARRIERS = 20
+REFUSED_WAIT_S = 60.0
 
 
 class Seen:
@@ -52,11 +56,18 @@ class Seen:
         self.first.setdefault(kind, details)
 
 
-def kv_flood(threads: int, seconds: float, seen: Seen) -> None:
+def kv_flood(threads: int, seconds: float, seen: Seen, *, until_refused: bool = False) -> None:
     store, end, value = cluster.kv_store(), time.monotonic() + seconds, b"v" * (2 * MIB)
 
+    def going() -> bool:
+        now = time.monotonic()
+        if now < end:
+            return True
+        answered = seen.codes["CapacityError"] and seen.codes["OK"]
+        return until_refused and not answered and now < end + REFUSED_WAIT_S
+
     def loop(i: int) -> None:
-        while time.monotonic() < end:
+        while going():
             try:
                 store.set(f"flood/{i % 2}", value)
                 seen.codes["OK"] += 1
@@ -220,7 +231,7 @@ def flood(args: Any, seen: Seen) -> None:
             _kv_connections(args.kv_threads, args.connections, args.seconds, seen, args.value_mib)
         )
     elif args.kv_threads:
-        kv_flood(args.kv_threads, args.seconds, seen)
+        kv_flood(args.kv_threads, args.seconds, seen, until_refused=args.until_refused)
     elif args.beats:
         runtime.session().call(_beats(args.beats, args.seconds, seen))
     elif args.reopens:
@@ -234,6 +245,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--kv-threads", type=int, default=0)
     parser.add_argument("--connections", type=int, default=0)
+    parser.add_argument("--until-refused", action="store_true")
     parser.add_argument("--value-mib", type=int, default=2)
     parser.add_argument("--legit", action="store_true")
     parser.add_argument("--beats", type=int, default=0)

@@ -121,6 +121,22 @@ def test_the_relay_follows_a_leader_named_outside_its_list_as_its_workers_do() -
     assert single.cut_off("l:1", 2.0) == "s:1"
 
 
+def test_the_relay_checks_only_a_leader_it_would_follow_and_one_found_down_is_not() -> None:
+    """`follows` says whether a standby's word would move the relay (so only then is the
+    leader asked which job it runs); a leader that did not answer that question is taken
+    for down (`found_down`) without moving the relay: not followed for DOWN_FOR_S."""
+    up = Upstream(["a:1", "b:1"])
+    assert up.follows("a:1", "l:1", 1.0)
+    assert not up.follows("b:1", "l:1", 1.0)  # a late word: not the current one
+    assert not up.follows("a:1", "a:1", 1.0)  # itself
+    assert not up.follows("a:1", "", 1.0)  # none named
+    up.found_down("l:1", 1.0)
+    assert up.current == "a:1"
+    assert not up.follows("a:1", "l:1", 1.5)
+    assert up.not_leader("a:1", "l:1", 1.5) is None  # stays, asks again
+    assert up.follows("a:1", "l:1", 1.0 + DOWN_FOR_S)
+
+
 async def test_the_relay_moves_on_what_a_forwarded_call_came_back_with() -> None:
     opened: list[str] = []
     said: list[str] = []

@@ -183,8 +183,7 @@ class Chaos:
                 self._inject_faults(time.monotonic())
                 self.report.exit_code = self._wait_for_the_end()
             else:
-                self.report.detail = self._unjoined()
-                self.report.exit_code = 1 if self.report.detail else self._ended_code()
+                self._ended_unformed()
             if self.report.exit_code != 0 and not self.report.detail:
                 self.report.detail = self._first_failure()
         except (ClusterError, OSError) as exc:
@@ -205,6 +204,18 @@ class Chaos:
                 raise  # the bound passed with the job running
             return False
         return True
+
+    def _ended_unformed(self) -> None:
+        """The job ended before it formed: failed, naming the workers that exited 0 without
+        joining it, when some did; else as its processes ended. A scheduler that exits before
+        any worker did (it runs the script too, which may never serve) leaves the workers' exits
+        to come: once every process ended 0, they are all known, and looked at again."""
+        detail = self._unjoined()
+        code = 1 if detail else self._ended_code()
+        if code == 0:
+            detail = self._unjoined()
+            code = 1 if detail else 0
+        self.report.detail, self.report.exit_code = detail, code
 
     def _unjoined(self) -> str:
         """Once the job ended before it formed: the line naming the workers that exited 0

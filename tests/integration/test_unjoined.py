@@ -128,6 +128,30 @@ def test_workers_that_never_join_fail_the_job_naming_them_and_the_remedy(
     assert not processes_running(str(tmp_path / "job"))
 
 
+# As NO_INIT, but the workers end well after the scheduler (which runs the script too, under
+# chaos): the job has ended (its scheduler is gone) before any worker's exit is known.
+NO_INIT_SLOW = """
+import os
+import time
+
+if os.environ.get("MS_ROLE") != "MS_SCHED":
+    time.sleep(1.5)  # sleep-ok: the workers end after the scheduler did
+"""
+
+
+def test_chaos_names_workers_that_never_join_when_they_end_after_the_scheduler(
+    tmp_path: Path,
+) -> None:
+    """Under load the scheduler's process (the script, which never serves) may end first: the
+    job is over before any worker's exit is known, and chaos reported it finished correctly."""
+    result = chaos(tmp_path, NO_INIT_SLOW)
+    assert result.returncode == 1, result.stderr
+    said = "worker 0 (node id '0') and worker 1 (node id '1') exited with code 0 "
+    assert said + REMEDY in result.stderr, result.stderr
+    assert "finished correctly" not in result.stderr
+    assert not processes_running(str(tmp_path / "job"))
+
+
 @pytest.mark.parametrize("command", [run, chaos])
 def test_one_worker_that_never_joins_ends_the_job_its_peer_waits_in(
     tmp_path: Path, command: object

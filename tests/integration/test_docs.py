@@ -7,22 +7,30 @@ the reader's activated virtual environment. Nothing is added to a command: a pag
 `logs/` makes it itself. A page that needs a server (`<!-- test: needs etcd -->`) gets one of
 tests/servers/, named in the variable the page's commands read (SERVERS), as the reader's shell
 would name theirs.
+
+The pages' commands listen on fixed ports, as the reader's do (8118, the default, on 127.0.0.1
+and 127.0.0.2): two test processes on one machine (two checkouts' test runs side by side) would
+each find the other's scheduler on them. So one page runs at a time on the machine
+(`_one_page_at_a_time`), across test processes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
-from contextlib import suppress
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
 
-from cluster.testing import free_port
+from cluster.protocol.errors import JobTimeoutError
+from cluster.testing import free_port, wait_until
 from tests import docs_blocks
 from tests.docs_blocks import ROOT, Block
 from tests.integration.test_demo import run_demo
@@ -31,6 +39,10 @@ from tests.servers.etcd import EtcdCluster
 from tests.servers.slurm import Slurm
 
 RUN_S = 120
+# Held by the test process whose page runs; another waits for it up to PAGE_WAIT_S (the
+# standbys' page, the longest, took 23-43 s on the 2-core machine at a load average of 6-9).
+PAGES_LOCK = Path(tempfile.gettempdir()) / "cluster-docs-pages.lock"
+PAGE_WAIT_S = 300
 # What a checkout holds that is not the reader's: build outputs, caches, virtual environments.
 NOT_CHECKOUT = re.compile(r"^(\.git|\.venv.*|\.ci-venv|logs|demo|checkpoints|site|build|dist)$")
 
@@ -54,6 +66,25 @@ SERVERS: dict[str, Callable[[pytest.FixtureRequest], dict[str, str]]] = {
     "etcd": _etcd,
     "slurm": _slurm,
 }
+
+
+@contextmanager
+def _one_page_at_a_time() -> Iterator[None]:
+    """Hold PAGES_LOCK while a page runs: no other test process's page takes its ports. The
+    kernel releases it when the holder ends, however it ends."""
+
+    with PAGES_LOCK.open("a") as lock:
+
+        def taken() -> bool:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        what = f"another test process's docs page to end (it holds {PAGES_LOCK})"
+        wait_until(taken, PAGE_WAIT_S, what, poll_s=0.2)
+        yield
 
 
 def _runnable_pages() -> list[Path]:
@@ -123,12 +154,18 @@ def test_every_mark_is_on_a_block_and_runs_are_found() -> None:
             assert page in _runnable_pages(), f"{page}: needs {server!r} but runs nothing"
 
 
+@pytest.mark.timeout(PAGE_WAIT_S + RUN_S)  # the wait for another process's page, then its own
 @pytest.mark.parametrize(
     "page", _runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)).replace("/", ".")
 )
 def test_the_pages_examples_do_what_the_page_shows(
     page: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    with _one_page_at_a_time():
+        _run_page(page, tmp_path, request)
+
+
+def _run_page(page: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     checkout = _checkout(tmp_path)
     env = _reader_env()
     for server in docs_blocks.needs(page):
@@ -143,6 +180,36 @@ def test_the_pages_examples_do_what_the_page_shows(
         elif block.kind == "output":
             missing = docs_blocks.shows(block.text, printed)
             assert not missing, f"{block.where}: not printed: {missing}\nprinted:\n{printed}"
+
+
+def test_one_page_runs_at_a_time_across_test_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another test process's page holds the machine's ports: this one waits for it to end."""
+    holder = subprocess.Popen(
+        [
+            *(PYTHON, "-c"),
+            "import sys\n"
+            "from tests.integration.test_docs import _one_page_at_a_time\n"
+            "with _one_page_at_a_time():\n"
+            "    print('holding', flush=True)\n"
+            "    sys.stdin.read()\n",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "holding\n"
+        monkeypatch.setattr(f"{__name__}.PAGE_WAIT_S", 0.5)
+        waited = pytest.raises(JobTimeoutError, match="another test process's docs page")
+        with waited, _one_page_at_a_time():
+            pass
+    finally:
+        holder.communicate("", timeout=30)  # stdin closed: it lets go and ends
+    with _one_page_at_a_time():
+        pass
 
 
 def test_the_readme_training_script_runs_as_a_job(processes: Procs, tmp_path: Path) -> None:

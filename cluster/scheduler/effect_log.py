@@ -45,16 +45,18 @@ class EffectLog:
 
     def _kept_for_its_node(self, event: state.NodeFailedEvent) -> None:
         """Say why no spare takes the rank of the worker that failed, when that is because
-        every other worker has finished (`spares.others_finished`): where a live spare waits,
-        or where the node that held the rank before cannot take it back (`spares.gives_back`),
-        which may come back as a spare later."""
+        every other worker has finished (`spares.others_finished`): where the job has a spare
+        (live, or taken for dead a moment ago: a starved spare comes back), or where the node
+        that held the rank before cannot take it back (`spares.gives_back`), which may come back
+        as a spare later."""
         job, member = self._job, self._job.find(event.node_id)
         if member is None or member.rank is None:
             return
         if not spares.others_finished(job.members.values(), member):
             return
         back = spares.gives_back(member)
-        if not (spares.live(job.spares.values()) or (member.took_over and not back)):
+        has_spare = any(not m.replaced_by for m in job.spares.values())
+        if not (has_spare or (member.took_over and not back)):
             return
         before = after = ""
         if back:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import Process, free_port
+from cluster.testing import Process, StatusClient, free_port, wait_until
 from tests.procs import ROOT, Procs, job_env
 
 pytest.importorskip("numpy")
@@ -162,6 +162,43 @@ def test_a_rank_that_fails_once_every_other_worker_finished_waits_for_its_node(
     assert job.scheduler.wait(EXIT_S) == 0, job.scheduler.output
     assert job.spare.wait(EXIT_S) == 0, job.spare.output
     assert "promoted" not in job.spare.output, job.spare.output
+    assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output
+
+
+def test_the_rank_waits_for_its_node_and_says_so_while_its_spare_is_away(
+    processes: Procs, tmp_path: Path
+) -> None:
+    """As above, with the spare taken for dead when node '1' fails (stopped past MS_NODE_TIMEOUT,
+    as a loaded machine may starve it): the scheduler still says why the rank waits, which it
+    said only while a live spare waited. The spare, continued, waits out its guard and comes
+    back as a spare; nothing takes the rank from node '1'."""
+    job = CounterJob(processes, tmp_path, ("--steps", "4", "--linger-after-the-loop"))
+    spare = job.spare
+    assert spare is not None
+    job.workers[1].wait_for_output("node 1 lingers after its loop", EXIT_S)
+    assert job.workers[0].wait(EXIT_S) == 0, job.workers[0].output
+    status = StatusClient(f"{job.env['MS_SCHED_HOST']}:{job.env['MS_SCHED_PORT']}")
+    try:
+        spare.signal(signal.SIGSTOP)
+        wait_until(
+            lambda: any(
+                n.node_id == "spare-0" and n.state == "failed"
+                for n in getattr(status.fetch(), "nodes", ())
+            ),
+            EXIT_S,
+            "the scheduler takes the stopped spare for dead",
+        )
+    finally:
+        status.close()
+    job.workers[1].signal(signal.SIGKILL)
+    assert job.workers[1].wait(EXIT_S) == -signal.SIGKILL
+    job.scheduler.wait_for_output("no spare takes rank 1: every other worker has finished", EXIT_S)
+    spare.signal(signal.SIGCONT)
+    restarted = job.start("1")
+    assert restarted.wait(EXIT_S) == 0, restarted.output
+    assert job.scheduler.wait(EXIT_S) == 0, job.scheduler.output
+    assert spare.wait(EXIT_S) == 0, spare.output
+    assert "promoted" not in spare.output, spare.output
     assert "node 1 rank 1 final w 4.0" in restarted.output, restarted.output
 
 

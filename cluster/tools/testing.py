@@ -443,9 +443,20 @@ class LocalJob:
                 codes.append(proc.popen.wait(max(deadline - time.monotonic(), 0.01)))
             except subprocess.TimeoutExpired:
                 raise JobTimeoutError(
-                    f"{proc.name} did not exit within {timeout_s or self.timeout_s:g} s"
+                    f"{proc.name} did not exit within {timeout_s or self.timeout_s:g} s; "
+                    f"{self._still_running()}"
                 ) from None
         return next((code for code in codes if code != 0), 0)
+
+    def _still_running(self) -> str:
+        """The processes of the job that still run, each with the last lines of its log."""
+        said = []
+        for proc in [*self.schedulers, *self.workers, *self.spares]:
+            if proc is not None and proc.popen.poll() is None:
+                path = self.workdir / f"{proc.name}.log"
+                lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+                said.append(f"{proc.name} still runs, its log ending: {' | '.join(lines[-4:])}")
+        return "; ".join(said)
 
     def close(self) -> None:
         """Kill whatever is still running (the process group of every process it started, its

@@ -60,6 +60,23 @@ def test_waiting_for_a_job_that_ended_ends_with_its_exit(
         job.wait_formed()
 
 
+def test_a_job_that_does_not_end_in_time_names_what_still_runs(
+    local_job: Callable[..., LocalJob], tmp_path: Path
+) -> None:
+    """`wait` past its bound says which processes still run, with the end of their logs."""
+    release = tmp_path / "release"
+    job = local_job(WORKER, ["--release", str(release)], workers=2, node_timeout_s=2)
+    job.wait_formed()
+    wait_until(lambda: all("allgather rank=" in job.log(i) for i in range(2)), 30, "gathers")
+    with pytest.raises(JobTimeoutError) as raised:
+        job.wait(timeout_s=0.5)
+    said = str(raised.value)
+    assert "worker_0 still runs, its log ending: " in said, said
+    assert "allgather rank=0 size=2" in said, said
+    release.touch()
+    assert job.wait() == 0
+
+
 def test_a_guard_that_is_no_positive_number_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="node_timeout_s='inf' is out of range"):
         LocalJob(WORKER, workers=2, node_timeout_s=float("inf"), workdir=tmp_path)

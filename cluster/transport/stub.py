@@ -194,31 +194,14 @@ def finisher_of(raw: bytes) -> tuple[str, bool]:
     return request.node_id, not request.failure
 
 
-# The first byte of a serialized Event that is a Shutdown: its one field, 4, length-delimited.
-_SHUTDOWN_TAG = b"\x22"
-
-
-def shutdown_of(event: bytes) -> tuple[bool, str] | None:
-    """(ok, reason) of a serialized Event that is a Shutdown, the job's end as the scheduler
-    tells it; None for any other event. Only a Shutdown's bytes are parsed (its tag leads them):
-    the relay reads no other event."""
-    if not event.startswith(_SHUTDOWN_TAG):
-        return None
-    try:
-        parsed = pb.Event.FromString(event)
-    except DecodeError:
-        return None
-    if parsed.WhichOneof("kind") != "shutdown":
-        return None
-    return parsed.shutdown.ok, parsed.shutdown.reason
-
-
-# The first byte of a serialized Event that answers a registration: accepted (6) or refused (7).
-_ACCEPTED_TAG, _REFUSED_TAG = b"\x32", b"\x3a"
+# The first byte of a serialized Event of a kind the relay reads (its one field, length-
+# delimited): a Shutdown (4), a registration accepted (6) or refused (7).
+_SHUTDOWN_TAG, _ACCEPTED_TAG, _REFUSED_TAG = b"\x22", b"\x32", b"\x3a"
 
 
 def _event_of(event: bytes, tag: bytes, kind: str) -> pb.Event | None:
-    """The serialized Event `event` parsed, when it is one of `kind` (its tag leads it)."""
+    """The serialized Event `event` parsed, when it is one of `kind`; only those bytes are
+    parsed (their tag leads them)."""
     if not event.startswith(tag):
         return None
     try:
@@ -226,6 +209,13 @@ def _event_of(event: bytes, tag: bytes, kind: str) -> pb.Event | None:
     except DecodeError:
         return None
     return parsed if parsed.WhichOneof("kind") == kind else None
+
+
+def shutdown_of(event: bytes) -> tuple[bool, str] | None:
+    """(ok, reason) of a serialized Event that is a Shutdown, the job's end as the scheduler
+    tells it; None for any other event."""
+    parsed = _event_of(event, _SHUTDOWN_TAG, "shutdown")
+    return None if parsed is None else (parsed.shutdown.ok, parsed.shutdown.reason)
 
 
 def accepted_job_of(event: bytes) -> str | None:
